@@ -1,0 +1,253 @@
+//! The validated model of a `#[derive(Versioned)]` input. Code generation reads
+//! only this; it never looks at attributes.
+
+use syn::{Data, DeriveInput, Fields, Ident, Path, Type};
+
+use crate::attr::{self, DEFAULT_VERSION_FIELD};
+use crate::ctxt::Ctxt;
+
+pub struct Model<'a> {
+    pub input: &'a DeriveInput,
+    /// `items` or `crate::schema::items`.
+    pub table: Path,
+    /// The primary key fields, in `primary_key(...)` order.
+    pub keys: Vec<&'a ModelField<'a>>,
+    pub version: &'a ModelField<'a>,
+    /// Fields written by `update_versioned`: not a key, not the version, not `skip_update`.
+    pub changeset: Vec<&'a ModelField<'a>>,
+}
+
+pub struct ModelField<'a> {
+    pub ident: &'a Ident,
+    pub ty: &'a Type,
+    pub column: Ident,
+    /// `Some(inner)` for `Option<inner>` written only when `Some` (Diesel's default).
+    pub skip_none: bool,
+    pub skip_update: bool,
+    pub unsupported: Option<Ident>,
+    pub marked_version: Option<Ident>,
+}
+
+/// Reads the fields; the model borrows them, so they are built first.
+pub fn fields<'a>(
+    cx: &mut Ctxt,
+    input: &'a DeriveInput,
+) -> Option<(attr::DieselContainer, Vec<ModelField<'a>>)> {
+    attr::lockkit_container(cx, &input.attrs);
+    let container = attr::diesel_container(cx, &input.attrs);
+    let named = match &input.data {
+        Data::Struct(data) => match &data.fields {
+            Fields::Named(named) => named,
+            Fields::Unnamed(_) | Fields::Unit => {
+                cx.error_with_help(
+                    &input.ident,
+                    "`Versioned` needs a struct with named fields",
+                    "write `struct Item { id: i32, lock_version: i32, .. }`",
+                );
+                return None;
+            }
+        },
+        Data::Enum(data) => {
+            cx.error_with_help(
+                data.enum_token,
+                "`Versioned` cannot be derived for an enum",
+                "derive it on the struct that maps the table's row",
+            );
+            return None;
+        }
+        Data::Union(data) => {
+            cx.error_with_help(
+                data.union_token,
+                "`Versioned` cannot be derived for a union",
+                "derive it on the struct that maps the table's row",
+            );
+            return None;
+        }
+    };
+    let fields = named
+        .named
+        .iter()
+        .map(|field| {
+            let diesel = attr::diesel_field(cx, &field.attrs);
+            let lockkit = attr::lockkit_field(cx, &field.attrs);
+            let ident = field.ident.as_ref().expect("named field");
+            let treat_none_as_null = diesel
+                .treat_none_as_null
+                .unwrap_or(container.treat_none_as_null);
+            ModelField {
+                ident,
+                ty: &field.ty,
+                column: diesel.column_name.unwrap_or_else(|| ident.clone()),
+                skip_none: option_inner(&field.ty).is_some() && !treat_none_as_null,
+                skip_update: diesel.skip_update,
+                unsupported: diesel.unsupported,
+                marked_version: lockkit.version,
+            }
+        })
+        .collect();
+    Some((container, fields))
+}
+
+pub fn model<'a>(
+    cx: &mut Ctxt,
+    input: &'a DeriveInput,
+    container: &attr::DieselContainer,
+    fields: &'a [ModelField<'a>],
+) -> Option<Model<'a>> {
+    let table = container.table_name.clone().unwrap_or_else(|| {
+        Ident::new(&infer_table_name(&input.ident.to_string()), input.ident.span()).into()
+    });
+
+    let primary_key = container
+        .primary_key
+        .clone()
+        .unwrap_or_else(|| vec![Ident::new("id", input.ident.span())]);
+    let keys: Vec<_> = primary_key
+        .iter()
+        .filter_map(|column| {
+            let field = fields.iter().find(|f| f.column == *column);
+            if field.is_none() {
+                cx.error_with_help(
+                    column,
+                    format!("no field maps the primary key column `{column}`"),
+                    "name the key columns with `#[diesel(primary_key(col, ..))]` as Diesel's `Identifiable` does",
+                );
+            }
+            field
+        })
+        .collect();
+
+    let version = version_field(cx, input, fields)?;
+    if let Some(key) = keys.iter().find(|k| k.ident == version.ident) {
+        cx.error_with_help(
+            key.ident,
+            "the version field cannot be part of the primary key",
+            "use a separate column such as `lock_version: i32`",
+        );
+    }
+    check_version_type(cx, version);
+
+    let changeset = fields
+        .iter()
+        .filter(|f| f.ident != version.ident && !keys.iter().any(|k| k.ident == f.ident))
+        .filter(|f| !f.skip_update)
+        .collect::<Vec<_>>();
+    for field in &changeset {
+        if let Some(kind) = &field.unsupported {
+            cx.error_with_help(
+                kind,
+                format!("`Versioned` cannot mirror `#[diesel({kind})]` in `update_versioned`"),
+                "add `#[diesel(skip_update)]` to this field and write it with `update_versioned_with`",
+            );
+        }
+    }
+
+    Some(Model {
+        input,
+        table,
+        keys,
+        version,
+        changeset,
+    })
+}
+
+fn version_field<'a>(
+    cx: &mut Ctxt,
+    input: &DeriveInput,
+    fields: &'a [ModelField<'a>],
+) -> Option<&'a ModelField<'a>> {
+    let marked: Vec<_> = fields.iter().filter(|f| f.marked_version.is_some()).collect();
+    match marked.as_slice() {
+        [one] => Some(one),
+        [] => {
+            let by_name = fields.iter().find(|f| f.ident == DEFAULT_VERSION_FIELD);
+            if by_name.is_none() {
+                cx.error_with_help(
+                    &input.ident,
+                    format!("`{}` has no version field", input.ident),
+                    "add `lock_version: i32`, or mark an integer field with `#[lockkit(version)]`",
+                );
+            }
+            by_name
+        }
+        [_, rest @ ..] => {
+            for extra in rest {
+                cx.error_with_help(
+                    extra.marked_version.as_ref().expect("marked"),
+                    "more than one field is marked `#[lockkit(version)]`",
+                    "mark exactly one field as the version",
+                );
+            }
+            None
+        }
+    }
+}
+
+fn check_version_type(cx: &mut Ctxt, version: &ModelField<'_>) {
+    if option_inner(version.ty).is_some() {
+        cx.error_with_help(
+            version.ty,
+            "the version cannot be an `Option`: a NULL version cannot be compared",
+            "declare the column `NOT NULL DEFAULT 0` and the field `i32`",
+        );
+    } else if !matches!(type_name(version.ty).as_deref(), Some("i16" | "i32" | "i64")) {
+        cx.error_with_help(
+            version.ty,
+            "the version must be `i16`, `i32` or `i64`",
+            "use an integer column (`SMALLINT`, `INTEGER` or `BIGINT`) as the version",
+        );
+    }
+}
+
+/// `Some(T)` for `Option<T>`, matched by name as Diesel does.
+pub fn option_inner(ty: &Type) -> Option<&Type> {
+    let Type::Path(path) = ty else { return None };
+    let last = path.path.segments.last()?;
+    if last.ident != "Option" {
+        return None;
+    }
+    match &last.arguments {
+        syn::PathArguments::AngleBracketed(args) if args.args.len() == 1 => match &args.args[0] {
+            syn::GenericArgument::Type(inner) => Some(inner),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn type_name(ty: &Type) -> Option<String> {
+    match ty {
+        Type::Path(path) if path.qself.is_none() => path.path.get_ident().map(|i| i.to_string()),
+        Type::Group(group) => type_name(&group.elem),
+        _ => None,
+    }
+}
+
+/// Diesel's default table name: `FooBar` -> `foo_bars`.
+pub fn infer_table_name(name: &str) -> String {
+    let mut result = String::with_capacity(name.len() + 1);
+    for (i, character) in name.chars().enumerate() {
+        if character.is_uppercase() {
+            if i > 0 {
+                result.push('_');
+            }
+            result.extend(character.to_lowercase());
+        } else {
+            result.push(character);
+        }
+    }
+    result.push('s');
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::infer_table_name;
+
+    #[test]
+    fn table_names_follow_diesel() {
+        assert_eq!(infer_table_name("Item"), "items");
+        assert_eq!(infer_table_name("FooBar"), "foo_bars");
+        assert_eq!(infer_table_name("FooBarBaz"), "foo_bar_bazs");
+    }
+}

@@ -1,0 +1,155 @@
+//! Reading attributes. lockkit's own keys live in `#[lockkit(...)]` (Diesel
+//! rejects unknown keys inside `#[diesel(...)]`); Diesel's keys are read
+//! tolerantly: the few lockkit needs are parsed, every other key is skipped.
+
+// `Ident::parse_any` accepts keywords too (`type`, `ref`), as Diesel does.
+use syn::ext::IdentExt;
+use syn::parse::ParseStream;
+use syn::{Attribute, Ident, LitBool, Path, Token};
+
+use crate::ctxt::Ctxt;
+
+pub const LOCKKIT: &str = "lockkit";
+pub const DIESEL: &str = "diesel";
+/// `#[lockkit(version)]` on a field: this is the version column.
+pub const VERSION: &str = "version";
+/// The field used as the version when none is marked.
+pub const DEFAULT_VERSION_FIELD: &str = "lock_version";
+
+/// `#[diesel(...)]` keys lockkit reads on the struct.
+#[derive(Default)]
+pub struct DieselContainer {
+    pub table_name: Option<Path>,
+    pub primary_key: Option<Vec<Ident>>,
+    pub treat_none_as_null: bool,
+}
+
+/// `#[diesel(...)]` keys lockkit reads on a field.
+#[derive(Default)]
+pub struct DieselField {
+    pub column_name: Option<Ident>,
+    pub skip_update: bool,
+    pub treat_none_as_null: Option<bool>,
+    /// `serialize_as` or `embed`: changesets lockkit cannot mirror.
+    pub unsupported: Option<Ident>,
+}
+
+/// `#[lockkit(...)]` keys on a field.
+#[derive(Default)]
+pub struct LockkitField {
+    pub version: Option<Ident>,
+}
+
+pub fn diesel_container(cx: &mut Ctxt, attrs: &[Attribute]) -> DieselContainer {
+    let mut out = DieselContainer::default();
+    for attr in attrs.iter().filter(|a| a.path().is_ident(DIESEL)) {
+        let result = attr.parse_nested_meta(|meta| {
+            if meta.path.is_ident("table_name") {
+                out.table_name = Some(meta.value()?.parse()?);
+            } else if meta.path.is_ident("primary_key") {
+                let content;
+                syn::parenthesized!(content in meta.input);
+                let keys = content.parse_terminated(Ident::parse_any, Token![,])?;
+                out.primary_key = Some(keys.into_iter().collect());
+            } else if meta.path.is_ident("treat_none_as_null") {
+                out.treat_none_as_null = meta.value()?.parse::<LitBool>()?.value;
+            } else {
+                skip_value(meta.input)?;
+            }
+            Ok(())
+        });
+        if let Err(err) = result {
+            cx.syn_error(err);
+        }
+    }
+    out
+}
+
+pub fn diesel_field(cx: &mut Ctxt, attrs: &[Attribute]) -> DieselField {
+    let mut out = DieselField::default();
+    for attr in attrs.iter().filter(|a| a.path().is_ident(DIESEL)) {
+        let result = attr.parse_nested_meta(|meta| {
+            if meta.path.is_ident("column_name") {
+                let value = meta.value()?;
+                // Diesel accepts an identifier or a string literal.
+                out.column_name = Some(if value.peek(syn::LitStr) {
+                    value.parse::<syn::LitStr>()?.parse_with(Ident::parse_any)?
+                } else {
+                    value.call(Ident::parse_any)?
+                });
+            } else if meta.path.is_ident("skip_update") {
+                out.skip_update = true;
+            } else if meta.path.is_ident("treat_none_as_null") {
+                out.treat_none_as_null = Some(meta.value()?.parse::<LitBool>()?.value);
+            } else if meta.path.is_ident("serialize_as") || meta.path.is_ident("embed") {
+                out.unsupported = meta.path.get_ident().cloned();
+                skip_value(meta.input)?;
+            } else {
+                skip_value(meta.input)?;
+            }
+            Ok(())
+        });
+        if let Err(err) = result {
+            cx.syn_error(err);
+        }
+    }
+    out
+}
+
+pub fn lockkit_field(cx: &mut Ctxt, attrs: &[Attribute]) -> LockkitField {
+    let mut out = LockkitField::default();
+    for attr in attrs.iter().filter(|a| a.path().is_ident(LOCKKIT)) {
+        let result = attr.parse_nested_meta(|meta| {
+            if meta.path.is_ident(VERSION) {
+                if out.version.is_some() {
+                    cx.error_with_help(
+                        &meta.path,
+                        "duplicate `#[lockkit(version)]`",
+                        "write `#[lockkit(version)]` once",
+                    );
+                }
+                out.version = meta.path.get_ident().cloned();
+            } else {
+                cx.error_with_help(
+                    &meta.path,
+                    format!(
+                        "unknown lockkit attribute `{}`",
+                        quote::ToTokens::to_token_stream(&meta.path)
+                    ),
+                    "the only field attribute is `#[lockkit(version)]`",
+                );
+                skip_value(meta.input)?;
+            }
+            Ok(())
+        });
+        if let Err(err) = result {
+            cx.syn_error(err);
+        }
+    }
+    out
+}
+
+/// `#[lockkit(...)]` on the struct itself: there are no struct-level keys.
+pub fn lockkit_container(cx: &mut Ctxt, attrs: &[Attribute]) {
+    for attr in attrs.iter().filter(|a| a.path().is_ident(LOCKKIT)) {
+        cx.error_with_help(
+            attr,
+            "`#[lockkit(...)]` is not allowed on the struct",
+            "put `#[lockkit(version)]` on the version field",
+        );
+    }
+}
+
+/// Skips `= value` or `(...)` after a key lockkit does not read.
+fn skip_value(input: ParseStream) -> syn::Result<()> {
+    if input.peek(Token![=]) {
+        input.parse::<Token![=]>()?;
+        input.parse::<syn::Expr>()?;
+    } else if input.peek(syn::token::Paren) {
+        let _content;
+        syn::parenthesized!(_content in input);
+        // The group is consumed whole; its contents are Diesel's business.
+        let _: proc_macro2::TokenStream = _content.parse()?;
+    }
+    Ok(())
+}

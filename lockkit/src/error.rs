@@ -1,0 +1,228 @@
+//! The one error type of lockkit, and the stale-write report.
+//!
+//! Every fallible lockkit call returns [`Error`]. Database errors become typed
+//! variants through [`classify`](crate::classify) (also used by `From<diesel::result::Error>`),
+//! so a caller matches on what happened, not on server text:
+//!
+//! ```
+//! # use lockkit::Error;
+//! fn http_status(err: &Error) -> u16 {
+//!     match err {
+//!         Error::Stale(_) => 409,
+//!         Error::NotFound => 404,
+//!         e if e.is_retryable() => 503,
+//!         _ => 500,
+//!     }
+//! }
+//! assert_eq!(http_status(&Error::NotFound), 404);
+//! assert_eq!(http_status(&Error::Deadlock), 503);
+//! ```
+
+use std::fmt;
+
+/// Everything that can go wrong in lockkit.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A version-checked write matched no row: someone else changed or deleted it.
+    #[error(transparent)]
+    Stale(#[from] StaleObjectError),
+
+    /// The row to read or lock does not exist.
+    #[error("row not found")]
+    NotFound,
+
+    /// A lock could not be taken at once (`NOWAIT`), or SQLite's database is locked.
+    #[error("the row is locked by another transaction (lock not available)")]
+    Busy,
+
+    /// Waiting for a lock took longer than the lock timeout.
+    #[error("lock wait timed out")]
+    LockTimeout,
+
+    /// The statement ran past the server's statement timeout and was cancelled.
+    #[error("statement timed out")]
+    StatementTimeout,
+
+    /// The server broke a deadlock by aborting this transaction.
+    #[error("deadlock detected; the transaction was rolled back")]
+    Deadlock,
+
+    /// A serializable (or snapshot) transaction could not be serialized.
+    #[error("could not serialize access due to concurrent update")]
+    SerializationFailure,
+
+    /// The version is already at its type's maximum; see [`crate::version`].
+    #[error("{table} {key}: version {version} is the maximum of its type; refusing to write")]
+    VersionOverflow {
+        /// Table of the row.
+        table: &'static str,
+        /// The row's primary key, formatted.
+        key: String,
+        /// The version that cannot be incremented.
+        version: i64,
+    },
+
+    /// [`retry`](crate::retry) gave up; `last` is the error of the final attempt.
+    #[error("gave up after {attempts} attempts: {last}")]
+    RetriesExhausted {
+        /// How many times the operation ran.
+        attempts: u32,
+        /// The error of the last attempt.
+        last: Box<Error>,
+    },
+
+    /// Any other database error, unchanged.
+    #[error(transparent)]
+    Database(diesel::result::Error),
+}
+
+impl Error {
+    /// Whether running the same work again (after re-reading) may succeed.
+    ///
+    /// True for [`Stale`](Error::Stale), [`Busy`](Error::Busy),
+    /// [`LockTimeout`](Error::LockTimeout), [`Deadlock`](Error::Deadlock) and
+    /// [`SerializationFailure`](Error::SerializationFailure): they are caused by
+    /// other transactions and go away when those finish.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::Stale(_)
+                | Error::Busy
+                | Error::LockTimeout
+                | Error::Deadlock
+                | Error::SerializationFailure
+        )
+    }
+
+    /// The stale-write report, if this is [`Error::Stale`].
+    pub fn as_stale(&self) -> Option<&StaleObjectError> {
+        match self {
+            Error::Stale(stale) => Some(stale),
+            _ => None,
+        }
+    }
+}
+
+impl From<diesel::result::Error> for Error {
+    /// Classifies the error; see [`crate::classify`].
+    fn from(err: diesel::result::Error) -> Self {
+        crate::classify(err)
+    }
+}
+
+/// Which version-checked operation found the row changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    /// `update_versioned`, `update_versioned_with`, `update_by_version`.
+    Update,
+    /// `delete_versioned`.
+    Delete,
+    /// `touch_versioned` (version bump only).
+    Touch,
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Operation::Update => "update",
+            Operation::Delete => "delete",
+            Operation::Touch => "touch",
+        })
+    }
+}
+
+/// What the database holds now, found by one `SELECT` after a stale write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CurrentState {
+    /// The row exists with this version.
+    Version(i64),
+    /// The row no longer exists.
+    Deleted,
+}
+
+/// A version-checked write matched no row (Rails' `ActiveRecord::StaleObjectError`).
+///
+/// Nothing was written and the in-memory model was left as it was. Re-read the
+/// row, re-apply the change and try again (see [`retry`](crate::retry)), or report a
+/// conflict to the user.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "stale {operation} of {table} {key}: expected {version_column} = {expected_version}, {current}"
+)]
+pub struct StaleObjectError {
+    /// The table's name.
+    pub table: &'static str,
+    /// The primary key, formatted with `Debug` (`1`, `(1, 2)`, `"sku-9"`).
+    pub key: String,
+    /// The version column's name.
+    pub version_column: &'static str,
+    /// The operation that was refused.
+    pub operation: Operation,
+    /// The version the writer expected to find.
+    pub expected_version: i64,
+    /// What is in the database now.
+    pub current: CurrentState,
+}
+
+impl fmt::Display for CurrentState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CurrentState::Version(v) => write!(f, "found {v} (changed by someone else)"),
+            CurrentState::Deleted => f.write_str("but the row was deleted"),
+        }
+    }
+}
+
+/// `Result` with lockkit's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_message_names_everything() {
+        let err = Error::from(StaleObjectError {
+            table: "items",
+            key: "7".into(),
+            version_column: "lock_version",
+            operation: Operation::Update,
+            expected_version: 3,
+            current: CurrentState::Version(4),
+        });
+        assert_eq!(
+            err.to_string(),
+            "stale update of items 7: expected lock_version = 3, found 4 (changed by someone else)"
+        );
+        assert!(err.is_retryable());
+        let gone = StaleObjectError {
+            current: CurrentState::Deleted,
+            operation: Operation::Delete,
+            ..err.as_stale().unwrap().clone()
+        };
+        assert_eq!(
+            gone.to_string(),
+            "stale delete of items 7: expected lock_version = 3, but the row was deleted"
+        );
+    }
+
+    #[test]
+    fn retryable_kinds() {
+        assert!(Error::Busy.is_retryable());
+        assert!(Error::LockTimeout.is_retryable());
+        assert!(Error::Deadlock.is_retryable());
+        assert!(Error::SerializationFailure.is_retryable());
+        assert!(!Error::NotFound.is_retryable());
+        assert!(!Error::StatementTimeout.is_retryable());
+        let exhausted = Error::RetriesExhausted {
+            attempts: 5,
+            last: Box::new(Error::Deadlock),
+        };
+        assert!(!exhausted.is_retryable());
+        assert_eq!(
+            exhausted.to_string(),
+            "gave up after 5 attempts: deadlock detected; the transaction was rolled back"
+        );
+    }
+}

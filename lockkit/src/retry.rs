@@ -1,0 +1,218 @@
+//! Bounded retry with exponential backoff and full jitter.
+//!
+//! Conflicts ([`Error::is_retryable`]) go away when the other transaction
+//! finishes, so the cure is to re-read and try again, a bounded number of times,
+//! waiting a random time that grows with each attempt so that the losers of a race
+//! do not collide again in lock-step ("full jitter": the delay before attempt
+//! `n + 1` is uniform in `0 ..= min(max_delay, base_delay * 2^(n-1))`).
+//!
+//! ```
+//! use lockkit::{retry, Error, RetryPolicy};
+//!
+//! let mut conflicts = 2;
+//! let value = retry(&RetryPolicy::immediate(5), |attempt| {
+//!     // re-read, change, save: here the first two attempts meet a conflict
+//!     if conflicts > 0 {
+//!         conflicts -= 1;
+//!         return Err(Error::Deadlock);
+//!     }
+//!     Ok(attempt)
+//! })
+//! .unwrap();
+//! assert_eq!(value, 3);
+//! ```
+
+use std::time::Duration;
+
+use diesel::Connection;
+
+use crate::Error;
+
+/// How often and how patiently to retry. `RetryPolicy::default()`: 5 attempts,
+/// backoff from 10 ms doubling up to 1 s, full jitter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    max_attempts: u32,
+    base_delay: Duration,
+    max_delay: Duration,
+    jitter: bool,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 5,
+            base_delay: Duration::from_millis(10),
+            max_delay: Duration::from_secs(1),
+            jitter: true,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Retries at once, without waiting, up to `max_attempts` in all. Useful in
+    /// tests and to measure what backoff buys.
+    pub fn immediate(max_attempts: u32) -> Self {
+        RetryPolicy {
+            max_attempts: max_attempts.max(1),
+            base_delay: Duration::ZERO,
+            max_delay: Duration::ZERO,
+            jitter: false,
+        }
+    }
+
+    /// At most this many runs of the operation in all (at least 1).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// The first backoff ceiling; it doubles after every failed attempt.
+    pub fn base_delay(mut self, delay: Duration) -> Self {
+        self.base_delay = delay;
+        self
+    }
+
+    /// The largest backoff ceiling.
+    pub fn max_delay(mut self, delay: Duration) -> Self {
+        self.max_delay = delay;
+        self
+    }
+
+    /// `false` waits the full ceiling each time instead of a random part of it.
+    pub fn jitter(mut self, jitter: bool) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// The configured number of attempts.
+    pub fn attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The wait after failed attempt number `attempt` (1-based).
+    pub fn delay_after(&self, attempt: u32) -> Duration {
+        let exponent = attempt.saturating_sub(1).min(31);
+        let ceiling = self
+            .base_delay
+            .saturating_mul(1u32 << exponent)
+            .min(self.max_delay);
+        if self.jitter && !ceiling.is_zero() {
+            // fastrand: uniform over 0..=ceiling in nanoseconds.
+            let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
+            Duration::from_nanos(fastrand::u64(0..=nanos))
+        } else {
+            ceiling
+        }
+    }
+}
+
+/// Runs `op` until it succeeds, returns a non-retryable error, or has run
+/// `policy.attempts()` times; then [`Error::RetriesExhausted`] carries the last error.
+///
+/// `op` receives the attempt number, starting at 1. It must do the whole
+/// read-change-write each time: retrying only the write would fail the same way.
+pub fn retry<T, F>(policy: &RetryPolicy, mut op: F) -> Result<T, Error>
+where
+    F: FnMut(u32) -> Result<T, Error>,
+{
+    let mut attempt = 1;
+    loop {
+        match op(attempt) {
+            Ok(value) => return Ok(value),
+            Err(err) if !err.is_retryable() => return Err(err),
+            Err(err) if attempt >= policy.max_attempts => {
+                tracing::warn!(target: "lockkit", attempts = attempt, error = %err, "retries exhausted");
+                return Err(Error::RetriesExhausted {
+                    attempts: attempt,
+                    last: Box::new(err),
+                });
+            }
+            Err(err) => {
+                let delay = policy.delay_after(attempt);
+                tracing::debug!(target: "lockkit", attempt, ?delay, error = %err, "retrying");
+                if !delay.is_zero() {
+                    std::thread::sleep(delay);
+                }
+                attempt += 1;
+            }
+        }
+    }
+}
+
+/// [`retry`] around a transaction: each attempt runs `op` in a fresh
+/// transaction on `conn`, which is rolled back when `op` fails.
+///
+/// ```
+/// # use diesel::prelude::*;
+/// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+/// let n = lockkit::transaction_with_retry(&mut conn, &lockkit::RetryPolicy::default(), |conn| {
+///     Ok(diesel::sql_query("SELECT 1").execute(conn)?)
+/// })
+/// .unwrap();
+/// assert_eq!(n, 0);
+/// ```
+pub fn transaction_with_retry<Conn, T, F>(
+    conn: &mut Conn,
+    policy: &RetryPolicy,
+    mut op: F,
+) -> Result<T, Error>
+where
+    Conn: Connection,
+    F: FnMut(&mut Conn) -> Result<T, Error>,
+{
+    retry(policy, |_| conn.transaction(|conn| op(conn)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let policy = RetryPolicy::default().jitter(false);
+        assert_eq!(policy.delay_after(1), Duration::from_millis(10));
+        assert_eq!(policy.delay_after(2), Duration::from_millis(20));
+        assert_eq!(policy.delay_after(4), Duration::from_millis(80));
+        assert_eq!(policy.delay_after(30), Duration::from_secs(1));
+        assert_eq!(policy.delay_after(u32::MAX), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn jitter_stays_under_the_ceiling() {
+        let policy = RetryPolicy::default();
+        for attempt in 1..10 {
+            let ceiling = RetryPolicy::default().jitter(false).delay_after(attempt);
+            for _ in 0..100 {
+                assert!(policy.delay_after(attempt) <= ceiling);
+            }
+        }
+    }
+
+    #[test]
+    fn gives_up_after_max_attempts_with_the_last_error() {
+        let mut runs = 0;
+        let result: Result<(), Error> = retry(&RetryPolicy::immediate(3), |_| {
+            runs += 1;
+            Err(Error::Busy)
+        });
+        assert_eq!(runs, 3);
+        match result {
+            Err(Error::RetriesExhausted { attempts: 3, last }) => {
+                assert!(matches!(*last, Error::Busy))
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn non_retryable_errors_return_at_once() {
+        let mut runs = 0;
+        let result: Result<(), Error> = retry(&RetryPolicy::immediate(5), |_| {
+            runs += 1;
+            Err(Error::NotFound)
+        });
+        assert_eq!(runs, 1);
+        assert!(matches!(result, Err(Error::NotFound)));
+    }
+}

@@ -1,0 +1,73 @@
+//! The integer types a version column may have, and what happens at their limit.
+//!
+//! Versions are `i16`, `i32` or `i64` (`SMALLINT`, `INTEGER`, `BIGINT`). A write
+//! bumps the version by exactly one, in SQL: `lock_version = lock_version + 1`.
+//!
+//! # Overflow policy
+//!
+//! lockkit never wraps and never panics. A write whose expected version is already
+//! the type's maximum is refused with [`Error::VersionOverflow`](crate::Error::VersionOverflow)
+//! *before* any statement is sent, so the row and the struct are left untouched.
+//! A row that reaches the maximum must have its version reset by an operator (or the
+//! column widened); with `i32` that is two billion writes to one row, with `i16` it is
+//! 32,767, which is why `i32` or `i64` is the recommended type.
+
+use std::fmt::{Debug, Display};
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for i16 {}
+    impl Sealed for i32 {}
+    impl Sealed for i64 {}
+}
+
+/// An integer type usable as a lock version: `i16`, `i32` or `i64`.
+pub trait VersionNumber:
+    sealed::Sealed + Copy + Eq + Ord + Debug + Display + Send + Sync + 'static
+{
+    /// The largest version; a row at this version cannot be written by lockkit.
+    const MAX: Self;
+    /// The increment, as the column's own type (used in `version + 1`).
+    const ONE: Self;
+
+    /// The version after `self`, or `None` at [`Self::MAX`].
+    fn checked_next(self) -> Option<Self>;
+
+    /// The version widened to `i64`, for error reports.
+    fn to_i64(self) -> i64;
+}
+
+macro_rules! version_number {
+    ($($t:ty),*) => {$(
+        impl VersionNumber for $t {
+            const MAX: Self = <$t>::MAX;
+            const ONE: Self = 1;
+
+            #[inline]
+            fn checked_next(self) -> Option<Self> {
+                self.checked_add(1)
+            }
+
+            #[inline]
+            fn to_i64(self) -> i64 {
+                i64::from(self)
+            }
+        }
+    )*};
+}
+
+version_number!(i16, i32, i64);
+
+#[cfg(test)]
+mod tests {
+    use super::VersionNumber;
+
+    #[test]
+    fn next_stops_at_max() {
+        assert_eq!(41i32.checked_next(), Some(42));
+        assert_eq!(i16::MAX.checked_next(), None);
+        assert_eq!(i32::MAX.checked_next(), None);
+        assert_eq!(i64::MAX.checked_next(), None);
+        assert_eq!((-1i64).checked_next(), Some(0));
+    }
+}
