@@ -1,0 +1,330 @@
+//! One fresh database per test, on a real server.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use diesel::r2d2::{ConnectionManager, Pool, PooledConnection, R2D2Connection};
+use diesel::Connection;
+use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A backend the suite runs on.
+pub trait TestBackend: R2D2Connection + Connection + Sized + 'static {
+    /// Creates an empty database for one test; returns its URL and how to remove it.
+    fn create_database(name: &str) -> (String, Cleanup);
+    /// Applies the test schema.
+    fn migrate(conn: &mut Self);
+    /// Session settings for every pooled connection.
+    fn on_acquire(_conn: &mut Self) -> diesel::QueryResult<()> {
+        Ok(())
+    }
+}
+
+/// How a test database is removed when the test ends.
+pub enum Cleanup {
+    /// `DROP DATABASE` through a connection to the admin URL.
+    Drop { admin_url: String, statement: String },
+    /// Remove the SQLite files.
+    Files(Vec<std::path::PathBuf>),
+}
+
+/// A database of its own for one test, with a pool of connections to it.
+pub struct TestDb<C: TestBackend> {
+    /// The database's URL (pass it to other processes or examples).
+    pub url: String,
+    pool: Option<Pool<ConnectionManager<C>>>,
+    cleanup: Option<Cleanup>,
+}
+
+impl<C: TestBackend> TestDb<C> {
+    /// Creates the database, applies the schema and opens a pool (up to 16 connections).
+    pub fn new(test_name: &str) -> Self {
+        let name = unique_name(test_name);
+        let (url, cleanup) = C::create_database(&name);
+        let mut db = TestDb {
+            url,
+            pool: None,
+            cleanup: Some(cleanup),
+        };
+        let mut conn = db.connect();
+        C::migrate(&mut conn);
+        drop(conn);
+        db.pool = Some(
+            Pool::builder()
+                .max_size(16)
+                .min_idle(Some(0))
+                .connection_timeout(Duration::from_secs(20))
+                .connection_customizer(Box::new(OnAcquire))
+                .build(ConnectionManager::<C>::new(&db.url))
+                .unwrap_or_else(|e| panic!("cannot open a pool on {}: {e}", db.url)),
+        );
+        db
+    }
+
+    /// The pool (cheap to clone; share it with threads).
+    pub fn pool(&self) -> Pool<ConnectionManager<C>> {
+        self.pool.clone().expect("pool is open")
+    }
+
+    /// A pooled connection.
+    pub fn conn(&self) -> PooledConnection<ConnectionManager<C>> {
+        self.pool().get().expect("pooled connection")
+    }
+
+    /// A dedicated connection outside the pool.
+    pub fn connect(&self) -> C {
+        let mut conn = C::establish(&self.url)
+            .unwrap_or_else(|e| panic!("cannot connect to test database {}: {e}", self.url));
+        C::on_acquire(&mut conn).expect("session settings");
+        conn
+    }
+}
+
+impl<C: TestBackend> Drop for TestDb<C> {
+    fn drop(&mut self) {
+        drop(self.pool.take());
+        match self.cleanup.take() {
+            Some(Cleanup::Drop {
+                admin_url,
+                statement,
+            }) => {
+                if let Ok(mut admin) = C::establish(&admin_url) {
+                    let _ = diesel::connection::SimpleConnection::batch_execute(&mut admin, &statement);
+                }
+            }
+            Some(Cleanup::Files(files)) => {
+                for file in files {
+                    let _ = std::fs::remove_file(file);
+                }
+            }
+            None => {}
+        }
+    }
+}
+
+#[derive(Debug)]
+struct OnAcquire;
+
+impl<C: TestBackend> diesel::r2d2::CustomizeConnection<C, diesel::r2d2::Error> for OnAcquire {
+    fn on_acquire(&self, conn: &mut C) -> Result<(), diesel::r2d2::Error> {
+        C::on_acquire(conn).map_err(diesel::r2d2::Error::QueryError)
+    }
+}
+
+/// `lk_<test>_<pid>_<n>`: unique across threads and processes, a valid identifier.
+fn unique_name(test_name: &str) -> String {
+    let cleaned: String = test_name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' })
+        .take(32)
+        .collect();
+    format!(
+        "lk_{cleaned}_{}_{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The pid inside a test database name, if the name is ours.
+fn owner_pid(database: &str) -> Option<u32> {
+    let rest = database.strip_prefix("lk_")?;
+    let mut parts = rest.rsplitn(3, '_');
+    let _counter = parts.next()?;
+    parts.next()?.parse().ok()
+}
+
+/// Whether a database was left behind by a test process that no longer runs.
+fn is_orphan(database: &str) -> bool {
+    owner_pid(database).is_some_and(|pid| {
+        pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+    })
+}
+
+fn env_url(var: &str, default: &str) -> String {
+    std::env::var(var)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_owned())
+}
+
+/// Replaces the database name (the URL's path) of a server URL.
+fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let host_end = base[scheme_end..]
+        .find('/')
+        .map_or(base.len(), |i| scheme_end + i);
+    let mut out = format!("{}/{database}", &base[..host_end]);
+    if let Some(query) = query {
+        out.push('?');
+        out.push_str(query);
+    }
+    out
+}
+
+fn admin<C: Connection>(url: &str, server: &str, var: &str) -> C {
+    C::establish(url).unwrap_or_else(|e| {
+        panic!(
+            "cannot reach {server} at {url} ({e}). Set {var}, or run scripts/test.sh, \
+             which finds, starts or installs the server"
+        )
+    })
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+    use diesel::{PgConnection, RunQueryDsl};
+
+    const MIGRATIONS: EmbeddedMigrations = diesel_migrations::embed_migrations!("migrations/postgres");
+
+    #[derive(diesel::QueryableByName)]
+    struct Name {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        datname: String,
+    }
+
+    impl TestBackend for PgConnection {
+        fn create_database(name: &str) -> (String, Cleanup) {
+            let admin_url = env_url("PG_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test");
+            let mut conn: PgConnection = admin(&admin_url, "PostgreSQL", "PG_DATABASE_URL");
+            static SWEEP: std::sync::Once = std::sync::Once::new();
+            SWEEP.call_once(|| {
+                let names = diesel::sql_query("SELECT datname FROM pg_database WHERE datname LIKE 'lk\\_%'")
+                    .load::<Name>(&mut conn)
+                    .unwrap_or_default();
+                for db in names.into_iter().filter(|n| is_orphan(&n.datname)) {
+                    let _ = diesel::sql_query(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.datname))
+                        .execute(&mut conn);
+                }
+            });
+            diesel::sql_query(format!("CREATE DATABASE {name}"))
+                .execute(&mut conn)
+                .unwrap_or_else(|e| panic!("CREATE DATABASE {name} on {admin_url}: {e}"));
+            (
+                with_database(&admin_url, name),
+                Cleanup::Drop {
+                    statement: format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+                    admin_url,
+                },
+            )
+        }
+
+        fn migrate(conn: &mut Self) {
+            conn.run_pending_migrations(MIGRATIONS).expect("migrations");
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::*;
+    use diesel::{MysqlConnection, RunQueryDsl};
+
+    const MIGRATIONS: EmbeddedMigrations = diesel_migrations::embed_migrations!("migrations/mysql");
+
+    #[derive(diesel::QueryableByName)]
+    struct Name {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        name: String,
+    }
+
+    impl TestBackend for MysqlConnection {
+        fn create_database(name: &str) -> (String, Cleanup) {
+            let admin_url = env_url("MYSQL_DATABASE_URL", "mysql://root@127.0.0.1:3306/test");
+            let mut conn: MysqlConnection = admin(&admin_url, "MySQL/MariaDB", "MYSQL_DATABASE_URL");
+            static SWEEP: std::sync::Once = std::sync::Once::new();
+            SWEEP.call_once(|| {
+                let names = diesel::sql_query(
+                    "SELECT SCHEMA_NAME AS name FROM information_schema.SCHEMATA WHERE SCHEMA_NAME LIKE 'lk\\_%'",
+                )
+                .load::<Name>(&mut conn)
+                .unwrap_or_default();
+                for db in names.into_iter().filter(|n| is_orphan(&n.name)) {
+                    let _ = diesel::sql_query(format!("DROP DATABASE IF EXISTS {}", db.name))
+                        .execute(&mut conn);
+                }
+            });
+            diesel::sql_query(format!("CREATE DATABASE {name}"))
+                .execute(&mut conn)
+                .unwrap_or_else(|e| panic!("CREATE DATABASE {name} on {admin_url}: {e}"));
+            (
+                with_database(&admin_url, name),
+                Cleanup::Drop {
+                    statement: format!("DROP DATABASE IF EXISTS {name}"),
+                    admin_url,
+                },
+            )
+        }
+
+        fn migrate(conn: &mut Self) {
+            conn.run_pending_migrations(MIGRATIONS).expect("migrations");
+        }
+    }
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use super::*;
+    use diesel::connection::SimpleConnection;
+    use diesel::SqliteConnection;
+
+    const MIGRATIONS: EmbeddedMigrations = diesel_migrations::embed_migrations!("migrations/sqlite");
+
+    impl TestBackend for SqliteConnection {
+        fn create_database(name: &str) -> (String, Cleanup) {
+            let path = std::env::temp_dir().join(format!("{name}.sqlite"));
+            let files = ["", "-wal", "-shm", "-journal"]
+                .iter()
+                .map(|suffix| std::path::PathBuf::from(format!("{}{suffix}", path.display())))
+                .collect::<Vec<_>>();
+            for file in &files {
+                let _ = std::fs::remove_file(file);
+            }
+            (path.display().to_string(), Cleanup::Files(files))
+        }
+
+        fn migrate(conn: &mut Self) {
+            conn.batch_execute("PRAGMA journal_mode = WAL;").expect("WAL");
+            conn.run_pending_migrations(MIGRATIONS).expect("migrations");
+        }
+
+        fn on_acquire(conn: &mut Self) -> diesel::QueryResult<()> {
+            // Writers queue for up to 10 s instead of failing at once with SQLITE_BUSY.
+            conn.batch_execute("PRAGMA busy_timeout = 10000; PRAGMA foreign_keys = ON;")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_get_the_database_replaced() {
+        assert_eq!(
+            with_database("postgres://postgres@127.0.0.1:5432/test", "lk_x"),
+            "postgres://postgres@127.0.0.1:5432/lk_x"
+        );
+        assert_eq!(
+            with_database("mysql://root@127.0.0.1:3306", "lk_x"),
+            "mysql://root@127.0.0.1:3306/lk_x"
+        );
+        assert_eq!(
+            with_database("postgres://u:p@h/db?sslmode=disable", "lk_y"),
+            "postgres://u:p@h/lk_y?sslmode=disable"
+        );
+    }
+
+    #[test]
+    fn orphans_are_recognised_by_pid() {
+        assert_eq!(owner_pid("lk_lost_update_123_7"), Some(123));
+        assert_eq!(owner_pid("lk_a_b_c_99_0"), Some(99));
+        assert_eq!(owner_pid("test"), None);
+        assert!(!is_orphan(&format!("lk_x_{}_0", std::process::id())));
+    }
+}

@@ -1,0 +1,68 @@
+//! Models covering the shapes `#[derive(Versioned)]` supports.
+
+use diesel::prelude::*;
+use lockkit::Versioned;
+
+use crate::schema::{documents, gadgets, items, order_lines};
+
+/// The classic: `lock_version: i32`, and a Diesel `AsChangeset` that includes it.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, AsChangeset, Versioned)]
+#[diesel(table_name = items)]
+pub struct Item {
+    pub id: i32,
+    pub name: String,
+    pub stock: i32,
+    pub lock_version: i32,
+}
+
+/// The same table, with Diesel's `AsChangeset` told to skip the version.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, AsChangeset, Versioned)]
+#[diesel(table_name = items)]
+pub struct ItemSkippingVersion {
+    pub id: i32,
+    pub name: String,
+    pub stock: i32,
+    #[diesel(skip_update)]
+    pub lock_version: i32,
+}
+
+/// `i16` version under another name, marked explicitly, with a renamed column.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Versioned)]
+#[diesel(table_name = gadgets)]
+pub struct Gadget {
+    pub id: i32,
+    pub label: String,
+    #[lockkit(version)]
+    #[diesel(column_name = version)]
+    pub revision: i16,
+}
+
+/// `i64` key and version, and an `Option` field (skipped when `None`, as Diesel does).
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Versioned)]
+#[diesel(table_name = documents)]
+pub struct Document {
+    pub id: i64,
+    pub title: String,
+    pub note: Option<String>,
+    pub lock_version: i64,
+}
+
+/// `Document` with `treat_none_as_null`: `None` writes `NULL`.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Versioned)]
+#[diesel(table_name = documents, treat_none_as_null = true)]
+pub struct DocumentNullable {
+    pub id: i64,
+    pub title: String,
+    pub note: Option<String>,
+    pub lock_version: i64,
+}
+
+/// A composite primary key.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Versioned)]
+#[diesel(table_name = order_lines, primary_key(order_id, line_no))]
+pub struct OrderLine {
+    pub order_id: i32,
+    pub line_no: i32,
+    pub qty: i32,
+    pub lock_version: i32,
+}

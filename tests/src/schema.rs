@@ -1,0 +1,36 @@
+//! The test schema; the SQL is in `migrations/<backend>/`.
+
+diesel::table! {
+    items (id) {
+        id -> Integer,
+        name -> Text,
+        stock -> Integer,
+        lock_version -> Integer,
+    }
+}
+
+diesel::table! {
+    gadgets (id) {
+        id -> Integer,
+        label -> Text,
+        version -> SmallInt,
+    }
+}
+
+diesel::table! {
+    documents (id) {
+        id -> BigInt,
+        title -> Text,
+        note -> Nullable<Text>,
+        lock_version -> BigInt,
+    }
+}
+
+diesel::table! {
+    order_lines (order_id, line_no) {
+        order_id -> Integer,
+        line_no -> Integer,
+        qty -> Integer,
+        lock_version -> Integer,
+    }
+}
