@@ -1,0 +1,280 @@
+//! `lockkit::classify` against each real server: every lock error is provoked
+//! for real and must arrive as its typed variant.
+
+use std::sync::{mpsc, Barrier};
+use std::thread;
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use lockkit::{classify, classify_nowait, Error};
+use lockkit_tests::db::TestBackend;
+use lockkit_tests::{seed_items, TestDb};
+
+/// Runs `blocked` on the calling thread while another connection holds an
+/// uncommitted write lock on items row 1.
+fn while_row_locked<C: TestBackend, T>(db: &TestDb<C>, blocked: impl FnOnce() -> T) -> T {
+    let (locked_tx, locked_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    thread::scope(|s| {
+        let holder = s.spawn(move || {
+            let mut conn = db.connect();
+            conn.transaction(|conn| {
+                conn.batch_execute("UPDATE items SET stock = stock WHERE id = 1")?;
+                locked_tx.send(()).unwrap();
+                let _ = release_rx.recv();
+                diesel::QueryResult::Ok(())
+            })
+            .unwrap();
+        });
+        locked_rx.recv().unwrap();
+        let out = blocked();
+        release_tx.send(()).unwrap();
+        holder.join().unwrap();
+        out
+    })
+}
+
+/// Two transactions lock rows 1 and 2 in opposite order; returns both outcomes.
+fn provoke_deadlock<C: TestBackend>(db: &TestDb<C>) -> Vec<Result<(), Error>> {
+    seed_items(&mut db.connect(), &[(1, 10), (2, 10)]);
+    let barrier = Barrier::new(2);
+    thread::scope(|s| {
+        let runs: Vec<_> = [(1, 2), (2, 1)]
+            .into_iter()
+            .map(|(first, second)| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let mut conn = db.connect();
+                    conn.transaction(|conn| {
+                        conn.batch_execute(&format!("UPDATE items SET stock = stock - 1 WHERE id = {first}"))?;
+                        barrier.wait();
+                        conn.batch_execute(&format!("UPDATE items SET stock = stock - 1 WHERE id = {second}"))
+                    })
+                    .map_err(classify)
+                })
+            })
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    })
+}
+
+fn assert_one_deadlock(outcomes: &[Result<(), Error>]) {
+    let deadlocks = outcomes.iter().filter(|o| matches!(o, Err(Error::Deadlock))).count();
+    let ok = outcomes.iter().filter(|o| o.is_ok()).count();
+    assert_eq!((deadlocks, ok), (1, 1), "{outcomes:?}");
+    assert!(Error::Deadlock.is_retryable());
+}
+
+#[test]
+fn not_found_is_not_found() {
+    assert!(matches!(classify(diesel::result::Error::NotFound), Error::NotFound));
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+    use diesel::PgConnection;
+    use lockkit_tests::models::Item;
+    use lockkit_tests::schema::items;
+
+    type Db = TestDb<PgConnection>;
+
+    #[test]
+    fn deadlock_40p01() {
+        let db = Db::new("pg_deadlock");
+        assert_one_deadlock(&provoke_deadlock(&db));
+    }
+
+    #[test]
+    fn nowait_55p03_is_busy() {
+        let db = Db::new("pg_nowait");
+        seed_items(&mut db.connect(), &[(1, 10)]);
+        let err = while_row_locked(&db, || {
+            let mut conn = db.connect();
+            conn.transaction(|conn| items::table.find(1).for_update().no_wait().first::<Item>(conn))
+                .unwrap_err()
+        });
+        assert!(err.to_string().contains("could not obtain lock"), "{err}");
+        assert!(matches!(classify(clone_error(&err)), Error::Busy));
+        assert!(matches!(classify_nowait(err), Error::Busy));
+    }
+
+    #[test]
+    fn lock_timeout_55p03_is_lock_timeout() {
+        let db = Db::new("pg_lock_timeout");
+        seed_items(&mut db.connect(), &[(1, 10)]);
+        let err = while_row_locked(&db, || {
+            let mut conn = db.connect();
+            conn.transaction(|conn| {
+                conn.batch_execute("SET LOCAL lock_timeout = '100ms'")?;
+                conn.batch_execute("UPDATE items SET stock = 0 WHERE id = 1")
+            })
+            .unwrap_err()
+        });
+        assert!(matches!(classify(err), Error::LockTimeout));
+    }
+
+    #[test]
+    fn statement_timeout_57014_is_statement_timeout() {
+        let db = Db::new("pg_statement_timeout");
+        seed_items(&mut db.connect(), &[(1, 10)]);
+        let err = while_row_locked(&db, || {
+            let mut conn = db.connect();
+            conn.transaction(|conn| {
+                conn.batch_execute("SET LOCAL statement_timeout = '100ms'")?;
+                conn.batch_execute("UPDATE items SET stock = 0 WHERE id = 1")
+            })
+            .unwrap_err()
+        });
+        let err = classify(err);
+        assert!(matches!(err, Error::StatementTimeout), "{err:?}");
+        assert!(!err.is_retryable());
+    }
+
+    #[test]
+    fn serialization_failure_40001() {
+        let db = Db::new("pg_serialization");
+        seed_items(&mut db.connect(), &[(1, 10)]);
+        let mut a = db.connect();
+        let err = a
+            .build_transaction()
+            .serializable()
+            .run(|a| {
+                let _ = items::table.find(1).first::<Item>(a)?;
+                db.connect().batch_execute("UPDATE items SET stock = 5 WHERE id = 1")?;
+                a.batch_execute("UPDATE items SET stock = 0 WHERE id = 1")
+            })
+            .unwrap_err();
+        assert!(matches!(classify(err), Error::SerializationFailure));
+    }
+
+    #[test]
+    fn other_errors_stay_database_errors() {
+        let db = Db::new("pg_other");
+        seed_items(&mut db.connect(), &[(1, 10)]);
+        // A duplicate key whose value spells "deadlock" must not be read as one.
+        let err = db
+            .connect()
+            .batch_execute("INSERT INTO items (id, name, stock) VALUES (1, 'deadlock detected', 0)")
+            .unwrap_err();
+        assert!(matches!(classify(err), Error::Database(_)));
+    }
+
+    fn clone_error(err: &diesel::result::Error) -> diesel::result::Error {
+        match err {
+            diesel::result::Error::DatabaseError(kind, info) => diesel::result::Error::DatabaseError(
+                *kind,
+                Box::new(info.message().to_owned()),
+            ),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::*;
+    use diesel::MysqlConnection;
+    use lockkit_tests::models::Item;
+    use lockkit_tests::schema::items;
+
+    type Db = TestDb<MysqlConnection>;
+
+    fn is_mariadb(conn: &mut MysqlConnection) -> bool {
+        diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>("VERSION()"))
+            .get_result::<String>(conn)
+            .unwrap()
+            .contains("MariaDB")
+    }
+
+    #[test]
+    fn deadlock_1213() {
+        let db = Db::new("my_deadlock");
+        assert_one_deadlock(&provoke_deadlock(&db));
+    }
+
+    #[test]
+    fn lock_wait_timeout_1205() {
+        let db = Db::new("my_lock_wait");
+        seed_items(&mut db.connect(), &[(1, 10)]);
+        let err = while_row_locked(&db, || {
+            let mut conn = db.connect();
+            conn.batch_execute("SET SESSION innodb_lock_wait_timeout = 1").unwrap();
+            conn.transaction(|conn| conn.batch_execute("UPDATE items SET stock = 0 WHERE id = 1"))
+                .unwrap_err()
+        });
+        assert!(matches!(classify(err), Error::LockTimeout));
+    }
+
+    #[test]
+    fn nowait_is_busy_mariadb_reports_it_as_1205() {
+        let db = Db::new("my_nowait");
+        seed_items(&mut db.connect(), &[(1, 10)]);
+        let mariadb = is_mariadb(&mut db.connect());
+        let (plain, nowait) = while_row_locked(&db, || {
+            let mut conn = db.connect();
+            let mut attempt = || {
+                conn.transaction(|conn| items::table.find(1).for_update().no_wait().first::<Item>(conn))
+                    .unwrap_err()
+            };
+            (classify(attempt()), classify_nowait(attempt()))
+        });
+        assert!(matches!(nowait, Error::Busy), "{nowait:?}");
+        if mariadb {
+            // MariaDB's NOWAIT error is 1205, indistinguishable from a lock wait timeout.
+            assert!(matches!(plain, Error::LockTimeout), "{plain:?}");
+        } else {
+            assert!(matches!(plain, Error::Busy), "{plain:?}");
+        }
+    }
+
+    #[test]
+    fn statement_timeout_is_statement_timeout() {
+        let db = Db::new("my_statement_timeout");
+        seed_items(&mut db.connect(), &[(1, 10)]);
+        let mut conn = db.connect();
+        let setting = if is_mariadb(&mut conn) {
+            "SET SESSION max_statement_time = 0.2"
+        } else {
+            "SET SESSION max_execution_time = 200"
+        };
+        conn.batch_execute(setting).unwrap();
+        let err = while_row_locked(&db, || {
+            conn.transaction(|conn| items::table.find(1).for_update().first::<Item>(conn)).unwrap_err()
+        });
+        assert!(matches!(classify(err), Error::StatementTimeout));
+    }
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use super::*;
+    use diesel::SqliteConnection;
+
+    #[test]
+    fn database_is_locked_is_busy() {
+        let db = TestDb::<SqliteConnection>::new("sqlite_busy");
+        seed_items(&mut db.connect(), &[(1, 10)]);
+        let (locked_tx, locked_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        thread::scope(|s| {
+            let db = &db;
+            s.spawn(move || {
+                let mut conn = db.connect();
+                conn.immediate_transaction(|conn| {
+                    conn.batch_execute("UPDATE items SET stock = 1 WHERE id = 1")?;
+                    locked_tx.send(()).unwrap();
+                    let _ = release_rx.recv();
+                    diesel::QueryResult::Ok(())
+                })
+                .unwrap();
+            });
+            locked_rx.recv().unwrap();
+            let mut conn = db.connect();
+            conn.batch_execute("PRAGMA busy_timeout = 0").unwrap();
+            let err = conn.batch_execute("UPDATE items SET stock = 2 WHERE id = 1").unwrap_err();
+            release_tx.send(()).unwrap();
+            assert!(matches!(classify(err), Error::Busy));
+        });
+    }
+}
