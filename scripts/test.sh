@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# lockkit's test command: formatting, lints and the whole test suite on real
+# PostgreSQL, MySQL/MariaDB and SQLite.
+#
+# Servers, in this order:
+#   1. PG_DATABASE_URL / MYSQL_DATABASE_URL when set;
+#   2. a server already listening on 127.0.0.1:$PG_PORT (5432) / :$MYSQL_PORT (3306),
+#      used as postgres://postgres@127.0.0.1:PORT/test and mysql://root@127.0.0.1:PORT/test;
+#   3. a throwaway server started from the installed binaries (trust auth, data in
+#      $LOCKKIT_SERVER_DIR, stopped when this script ends);
+#   4. the binaries installed with apt-get (Debian/Ubuntu, as root), then 3.
+# A backend that cannot be reached fails the run: nothing is skipped.
+# SQLite is compiled in (bundled); the PostgreSQL and MySQL client libraries
+# (libpq, libmariadb) are installed with apt-get when missing.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+PG_PORT="${PG_PORT:-5432}"
+MYSQL_PORT="${MYSQL_PORT:-3306}"
+SERVER_DIR="${LOCKKIT_SERVER_DIR:-${TMPDIR:-/tmp}/lockkit-servers}"
+CLEANUP=()
+
+log() { printf '\033[1m[test.sh]\033[0m %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+wait_for_port() {
+  for _ in $(seq 1 60); do listening "$1" && return 0; sleep 0.5; done
+  return 1
+}
+cleanup() {
+  local i
+  for ((i = ${#CLEANUP[@]} - 1; i >= 0; i--)); do eval "${CLEANUP[i]}" || true; done
+}
+trap cleanup EXIT
+
+APT_UPDATED=0
+apt_install() {
+  if ! command -v apt-get >/dev/null; then
+    die "missing $*; install them with your package manager (Debian: apt-get install $*)"
+  fi
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || die "missing $*; run: sudo apt-get install -y $*"
+    sudo="sudo"
+  fi
+  log "installing $* with apt-get"
+  if [ "$APT_UPDATED" -eq 0 ]; then
+    $sudo apt-get update -qq
+    APT_UPDATED=1
+  fi
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
+
+# --- toolchain and client libraries ----------------------------------------
+command -v cargo >/dev/null || die "cargo not found; install Rust from https://rustup.rs"
+missing=()
+command -v cc >/dev/null || missing+=(gcc)
+command -v pkg-config >/dev/null || missing+=(pkg-config)
+command -v pg_config >/dev/null || pkg-config --exists libpq 2>/dev/null || missing+=(libpq-dev)
+command -v mysql_config >/dev/null || command -v mariadb_config >/dev/null \
+  || pkg-config --exists mysqlclient libmariadb 2>/dev/null || missing+=(libmariadb-dev-compat libmariadb-dev)
+[ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
+
+# --- PostgreSQL --------------------------------------------------------------
+pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
+start_throwaway_pg() {
+  local bin dir
+  bin="$(pg_bin)"
+  if [ -z "$bin" ]; then
+    apt_install postgresql
+    bin="$(pg_bin)"
+  fi
+  [ -x "$bin/initdb" ] || die "no PostgreSQL binaries; run: apt-get install -y postgresql"
+  dir="$SERVER_DIR/postgres-$PG_PORT"
+  rm -rf "$dir" && mkdir -p "$dir"
+  local run=()
+  if [ "$(id -u)" -eq 0 ]; then # PostgreSQL refuses to run as root
+    id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
+    chown -R postgres "$dir"
+    run=(runuser -u postgres --)
+  fi
+  log "starting a throwaway PostgreSQL on 127.0.0.1:$PG_PORT ($dir)"
+  "${run[@]}" "$bin/initdb" -D "$dir/data" -U postgres --auth=trust >"$dir/initdb.log" 2>&1 \
+    || { cat "$dir/initdb.log" >&2; die "initdb failed"; }
+  "${run[@]}" "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w \
+    -o "-p $PG_PORT -k $dir -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off" start >/dev/null \
+    || { cat "$dir/server.log" >&2; die "PostgreSQL did not start"; }
+  CLEANUP+=("${run[*]} '$bin/pg_ctl' -D '$dir/data' -m immediate stop >/dev/null 2>&1")
+  "${run[@]}" "$bin/createdb" -h 127.0.0.1 -p "$PG_PORT" -U postgres test
+}
+if [ -z "${PG_DATABASE_URL:-}" ]; then
+  if ! listening "$PG_PORT"; then
+    start_throwaway_pg
+  fi
+  wait_for_port "$PG_PORT" || die "PostgreSQL is not reachable on 127.0.0.1:$PG_PORT"
+  export PG_DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/test"
+fi
+log "PostgreSQL: $PG_DATABASE_URL"
+
+# --- MySQL / MariaDB -----------------------------------------------------------
+start_throwaway_mysql() {
+  local server dir
+  server="$(command -v mariadbd || command -v mysqld || ls /usr/sbin/mariadbd /usr/sbin/mysqld 2>/dev/null | head -n 1 || true)"
+  if [ -z "$server" ]; then
+    apt_install mariadb-server
+    server="$(command -v mariadbd || ls /usr/sbin/mariadbd)"
+  fi
+  command -v mariadb-install-db >/dev/null || die "no mariadb-install-db; run: apt-get install -y mariadb-server"
+  dir="$SERVER_DIR/mysql-$MYSQL_PORT"
+  rm -rf "$dir" && mkdir -p "$dir"
+  local user=()
+  if [ "$(id -u)" -eq 0 ]; then user=(--user=root); fi
+  log "starting a throwaway MariaDB on 127.0.0.1:$MYSQL_PORT ($dir)"
+  mariadb-install-db --no-defaults "${user[@]}" --datadir="$dir/data" \
+    --auth-root-authentication-method=normal >"$dir/install.log" 2>&1 \
+    || { cat "$dir/install.log" >&2; die "mariadb-install-db failed"; }
+  "$server" --no-defaults "${user[@]}" --datadir="$dir/data" --socket="$dir/mysqld.sock" \
+    --port="$MYSQL_PORT" --bind-address=127.0.0.1 --pid-file="$dir/mysqld.pid" \
+    --innodb-flush-log-at-trx-commit=2 --max-connections=300 >"$dir/server.log" 2>&1 &
+  CLEANUP+=("kill $! 2>/dev/null; wait $! 2>/dev/null")
+  wait_for_port "$MYSQL_PORT" || { cat "$dir/server.log" >&2; die "MariaDB did not start"; }
+  for _ in $(seq 1 20); do
+    mariadb --no-defaults -uroot -h127.0.0.1 -P"$MYSQL_PORT" -e "CREATE DATABASE IF NOT EXISTS test" 2>/dev/null && return 0
+    sleep 0.5
+  done
+  die "could not create database test on the throwaway MariaDB"
+}
+if [ -z "${MYSQL_DATABASE_URL:-}" ]; then
+  if ! listening "$MYSQL_PORT"; then
+    start_throwaway_mysql
+  fi
+  wait_for_port "$MYSQL_PORT" || die "MySQL/MariaDB is not reachable on 127.0.0.1:$MYSQL_PORT"
+  export MYSQL_DATABASE_URL="mysql://root@127.0.0.1:$MYSQL_PORT/test"
+fi
+log "MySQL/MariaDB: $MYSQL_DATABASE_URL"
+
+# --- the suite ---------------------------------------------------------------
+log "cargo fmt --check"
+cargo fmt --all -- --check
+log "cargo clippy"
+cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
+log "cargo test (PostgreSQL, MySQL/MariaDB, SQLite)"
+cargo test --workspace --all-features --locked "$@"
