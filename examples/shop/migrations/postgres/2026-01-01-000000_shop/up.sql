@@ -1,0 +1,11 @@
+CREATE TABLE items (
+    id SERIAL PRIMARY KEY,
+    name TEXT NOT NULL,
+    stock INTEGER NOT NULL,
+    lock_version INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE orders (
+    id SERIAL PRIMARY KEY,
+    item_id INTEGER NOT NULL REFERENCES items (id),
+    qty INTEGER NOT NULL
+);

@@ -1,0 +1,239 @@
+//! `shop`: buyers racing for limited stock, once per strategy, on SQLite,
+//! PostgreSQL or MySQL/MariaDB. Run `shop --help` for the options.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use shop::{Backend, Config, ShopError, Strategy};
+
+const USAGE: &str = "\
+shop: the overselling problem, naive and with lockkit
+
+USAGE:
+    shop [OPTIONS]
+
+OPTIONS:
+    --buyers N          buyer threads                        [default: 8]
+    --stock N           units in stock at the start          [default: 100]
+    --strategy S        all, naive or optimistic             [default: all]
+    --attempts N        purchases each buyer tries at most   [default: 50]
+    --think-ms N        pause between read and write, in ms  [default: 5]
+    --sqlite-file PATH  SQLite database, recreated at start  [default: shop.sqlite]
+    -h, --help          this text
+
+DATABASE_URL=postgres://... (or postgresql://) runs on PostgreSQL,
+DATABASE_URL=mysql://... on MySQL/MariaDB; the tables `items` and `orders` are
+created there if missing and emptied. Without it, shop uses the SQLite file.
+";
+
+/// The parsed command line.
+struct Options {
+    config: Config,
+    strategies: Vec<Strategy>,
+    sqlite_file: PathBuf,
+}
+
+fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Options>, ShopError> {
+    let mut options = Options {
+        config: Config::default(),
+        strategies: Strategy::ALL.to_vec(),
+        sqlite_file: PathBuf::from("shop.sqlite"),
+    };
+    while let Some(arg) = args.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => {
+                (flag.to_owned(), Some(value.to_owned()))
+            }
+            _ => (arg, None),
+        };
+        if flag == "-h" || flag == "--help" {
+            return Ok(None);
+        }
+        let value = match inline.or_else(|| args.next()) {
+            Some(value) => value,
+            None => return Err(ShopError::Usage(format!("{flag} needs a value"))),
+        };
+        match flag.as_str() {
+            "--buyers" => options.config.buyers = number(&flag, &value)?,
+            "--stock" => options.config.stock = number(&flag, &value)?,
+            "--attempts" => options.config.attempts = number(&flag, &value)?,
+            "--think-ms" => options.config.think = Duration::from_millis(number(&flag, &value)?),
+            "--sqlite-file" => options.sqlite_file = PathBuf::from(value),
+            "--strategy" if value == "all" => options.strategies = Strategy::ALL.to_vec(),
+            "--strategy" => options.strategies = vec![value.parse()?],
+            _ => return Err(ShopError::Usage(format!("unknown option `{flag}`"))),
+        }
+    }
+    Ok(Some(options))
+}
+
+fn number<T: std::str::FromStr>(flag: &str, value: &str) -> Result<T, ShopError> {
+    value
+        .parse()
+        .map_err(|_| ShopError::Usage(format!("{flag}: `{value}` is not a valid number")))
+}
+
+fn main() -> ExitCode {
+    let options = match parse_args(std::env::args().skip(1)) {
+        Ok(Some(options)) => options,
+        Ok(None) => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("shop: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match play(&options) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("shop: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs every chosen strategy and prints the table; `Ok(false)` if a strategy
+/// that should prevent lost updates did not.
+fn play(options: &Options) -> Result<bool, ShopError> {
+    let server_url = std::env::var("DATABASE_URL")
+        .ok()
+        .filter(|url| Backend::from_url(url) != Backend::Sqlite);
+    let (url, shown) = match server_url {
+        Some(url) => {
+            let shown = redact(&url);
+            (url, shown)
+        }
+        None => {
+            shop::remove_sqlite_files(&options.sqlite_file).map_err(|e| {
+                ShopError::Usage(format!(
+                    "cannot remove {}: {e}",
+                    options.sqlite_file.display()
+                ))
+            })?;
+            let path = options.sqlite_file.display().to_string();
+            (path.clone(), path)
+        }
+    };
+    let config = &options.config;
+    println!(
+        "shop on {} ({shown}): {} buyers, {} in stock, up to {} purchases of 1-3 units each, {} ms think time\n",
+        Backend::from_url(&url),
+        config.buyers,
+        config.stock,
+        config.attempts,
+        config.think.as_millis(),
+    );
+
+    let mut reports = Vec::new();
+    for &strategy in &options.strategies {
+        reports.push(shop::run(&url, strategy, config)?);
+    }
+    print!("{}", shop::format_table(&reports));
+
+    let mut ok = true;
+    for report in &reports {
+        if report.is_consistent() {
+            continue;
+        }
+        if report.strategy.is_safe() {
+            ok = false;
+            println!(
+                "\nBUG: {} lost {} units, but it must never lose an update",
+                report.strategy,
+                report.oversold()
+            );
+        } else {
+            println!(
+                "\n{}: {} units sold that were never in stock (lost updates)",
+                report.strategy,
+                report.oversold()
+            );
+        }
+    }
+    Ok(ok)
+}
+
+/// The URL without its password, for printing.
+fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => match rest[..at].split_once(':') {
+            Some((user, _password)) => {
+                format!("{}{user}:***{}", &url[..scheme_end], &rest[at..])
+            }
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Option<Options>, ShopError> {
+        parse_args(args.iter().map(|a| a.to_string()))
+    }
+
+    #[test]
+    fn options_and_defaults() {
+        let options = parse(&[]).unwrap().unwrap();
+        assert_eq!(options.config.buyers, 8);
+        assert_eq!(options.config.stock, 100);
+        assert_eq!(options.strategies, Strategy::ALL);
+        assert_eq!(options.sqlite_file, PathBuf::from("shop.sqlite"));
+
+        let options = parse(&[
+            "--buyers",
+            "3",
+            "--stock=7",
+            "--strategy",
+            "naive",
+            "--think-ms",
+            "0",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!((options.config.buyers, options.config.stock), (3, 7));
+        assert_eq!(options.strategies, [Strategy::Naive]);
+        assert_eq!(options.config.think, Duration::ZERO);
+        assert_eq!(
+            parse(&["--strategy", "all"]).unwrap().unwrap().strategies,
+            Strategy::ALL
+        );
+        assert!(parse(&["--help"]).unwrap().is_none());
+    }
+
+    #[test]
+    fn bad_options_are_usage_errors() {
+        for args in [
+            &["--buyers"][..],
+            &["--buyers", "many"],
+            &["--strategy", "psychic"],
+            &["--colour", "red"],
+        ] {
+            assert!(matches!(parse(args), Err(ShopError::Usage(_))), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn passwords_are_not_printed() {
+        assert_eq!(
+            redact("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(
+            redact("mysql://root@127.0.0.1/db"),
+            "mysql://root@127.0.0.1/db"
+        );
+        assert_eq!(redact("shop.sqlite"), "shop.sqlite");
+    }
+}

@@ -1,0 +1,30 @@
+//! The shop's tables (`migrations/<backend>/` creates them).
+
+diesel::table! {
+    /// Things for sale; `lock_version` is the optimistic-locking version.
+    items (id) {
+        /// Primary key.
+        id -> Integer,
+        /// Display name.
+        name -> Text,
+        /// Units left.
+        stock -> Integer,
+        /// Bumped by every version-checked write.
+        lock_version -> Integer,
+    }
+}
+
+diesel::table! {
+    /// One row per accepted purchase.
+    orders (id) {
+        /// Primary key.
+        id -> Integer,
+        /// The item bought.
+        item_id -> Integer,
+        /// Units bought.
+        qty -> Integer,
+    }
+}
+
+diesel::joinable!(orders -> items (item_id));
+diesel::allow_tables_to_appear_in_same_query!(items, orders);
