@@ -42,7 +42,10 @@ pub fn fields<'a>(
                 cx.error_with_help(
                     &input.ident,
                     "`Versioned` needs a struct with named fields",
-                    "write `struct Item { id: i32, lock_version: i32, .. }`",
+                    &format!(
+                        "write `struct {} {{ id: i32, lock_version: i32, .. }}`",
+                        input.ident
+                    ),
                 );
                 return None;
             }
@@ -95,7 +98,11 @@ pub fn model<'a>(
     fields: &'a [ModelField<'a>],
 ) -> Option<Model<'a>> {
     let table = container.table_name.clone().unwrap_or_else(|| {
-        Ident::new(&infer_table_name(&input.ident.to_string()), input.ident.span()).into()
+        Ident::new(
+            &infer_table_name(&input.ident.to_string()),
+            input.ident.span(),
+        )
+        .into()
     });
 
     let primary_key = container
@@ -107,10 +114,15 @@ pub fn model<'a>(
         .filter_map(|column| {
             let field = fields.iter().find(|f| f.column == *column);
             if field.is_none() {
+                let help = if container.primary_key.is_some() {
+                    "name a field after each key column, or map one with `#[diesel(column_name = ..)]`"
+                } else {
+                    "without `#[diesel(primary_key(..))]` the key is `id`: add an `id` field, or name the key columns with `#[diesel(primary_key(col, ..))]`"
+                };
                 cx.error_with_help(
                     column,
                     format!("no field maps the primary key column `{column}`"),
-                    "name the key columns with `#[diesel(primary_key(col, ..))]` as Diesel's `Identifiable` does",
+                    help,
                 );
             }
             field
@@ -136,7 +148,7 @@ pub fn model<'a>(
         if let Some(kind) = &field.unsupported {
             cx.error_with_help(
                 kind,
-                format!("`Versioned` cannot mirror `#[diesel({kind})]` in `update_versioned`"),
+                format!("`update_versioned` cannot write a field with `#[diesel({kind})]`"),
                 "add `#[diesel(skip_update)]` to this field and write it with `update_versioned_with`",
             );
         }
@@ -156,7 +168,10 @@ fn version_field<'a>(
     input: &DeriveInput,
     fields: &'a [ModelField<'a>],
 ) -> Option<&'a ModelField<'a>> {
-    let marked: Vec<_> = fields.iter().filter(|f| f.marked_version.is_some()).collect();
+    let marked: Vec<_> = fields
+        .iter()
+        .filter(|f| f.marked_version.is_some())
+        .collect();
     match marked.as_slice() {
         [one] => Some(one),
         [] => {
@@ -190,7 +205,10 @@ fn check_version_type(cx: &mut Ctxt, version: &ModelField<'_>) {
             "the version cannot be an `Option`: a NULL version cannot be compared",
             "declare the column `NOT NULL DEFAULT 0` and the field `i32`",
         );
-    } else if !matches!(type_name(version.ty).as_deref(), Some("i16" | "i32" | "i64")) {
+    } else if !matches!(
+        type_name(version.ty).as_deref(),
+        Some("i16" | "i32" | "i64")
+    ) {
         cx.error_with_help(
             version.ty,
             "the version must be `i16`, `i32` or `i64`",

@@ -4,7 +4,7 @@
 
 // `Ident::parse_any` accepts keywords too (`type`, `ref`), as Diesel does.
 use syn::ext::IdentExt;
-use syn::parse::ParseStream;
+use syn::parse::{Parse, ParseStream};
 use syn::{Attribute, Ident, LitBool, Path, Token};
 
 use crate::ctxt::Ctxt;
@@ -45,14 +45,23 @@ pub fn diesel_container(cx: &mut Ctxt, attrs: &[Attribute]) -> DieselContainer {
     for attr in attrs.iter().filter(|a| a.path().is_ident(DIESEL)) {
         let result = attr.parse_nested_meta(|meta| {
             if meta.path.is_ident("table_name") {
-                out.table_name = Some(meta.value()?.parse()?);
+                out.table_name = Some(diesel_eq(meta.input, "table_name = foo")?);
             } else if meta.path.is_ident("primary_key") {
+                if meta.input.is_empty() {
+                    return Err(diesel_format_error(
+                        meta.input,
+                        "parentheses",
+                        // Diesel's own note, so that rustc shows the error once.
+                        "key1, key2",
+                    ));
+                }
                 let content;
                 syn::parenthesized!(content in meta.input);
                 let keys = content.parse_terminated(Ident::parse_any, Token![,])?;
                 out.primary_key = Some(keys.into_iter().collect());
             } else if meta.path.is_ident("treat_none_as_null") {
-                out.treat_none_as_null = meta.value()?.parse::<LitBool>()?.value;
+                out.treat_none_as_null =
+                    diesel_eq::<LitBool>(meta.input, "treat_none_as_null = true")?.value;
             } else {
                 skip_value(meta.input)?;
             }
@@ -70,6 +79,9 @@ pub fn diesel_field(cx: &mut Ctxt, attrs: &[Attribute]) -> DieselField {
     for attr in attrs.iter().filter(|a| a.path().is_ident(DIESEL)) {
         let result = attr.parse_nested_meta(|meta| {
             if meta.path.is_ident("column_name") {
+                if meta.input.is_empty() {
+                    return Err(diesel_format_error(meta.input, "`=`", "column_name = foo"));
+                }
                 let value = meta.value()?;
                 // Diesel accepts an identifier or a string literal.
                 out.column_name = Some(if value.peek(syn::LitStr) {
@@ -80,7 +92,8 @@ pub fn diesel_field(cx: &mut Ctxt, attrs: &[Attribute]) -> DieselField {
             } else if meta.path.is_ident("skip_update") {
                 out.skip_update = true;
             } else if meta.path.is_ident("treat_none_as_null") {
-                out.treat_none_as_null = Some(meta.value()?.parse::<LitBool>()?.value);
+                out.treat_none_as_null =
+                    Some(diesel_eq::<LitBool>(meta.input, "treat_none_as_null = true")?.value);
             } else if meta.path.is_ident("serialize_as") || meta.path.is_ident("embed") {
                 out.unsupported = meta.path.get_ident().cloned();
                 skip_value(meta.input)?;
@@ -107,6 +120,14 @@ pub fn lockkit_field(cx: &mut Ctxt, attrs: &[Attribute]) -> LockkitField {
                         "duplicate `#[lockkit(version)]`",
                         "write `#[lockkit(version)]` once",
                     );
+                }
+                if !meta.input.is_empty() && !meta.input.peek(Token![,]) {
+                    cx.error_with_help(
+                        &meta.path,
+                        "`version` takes no value",
+                        "write `#[lockkit(version)]`",
+                    );
+                    skip_value(meta.input)?;
                 }
                 out.version = meta.path.get_ident().cloned();
             } else {
@@ -140,11 +161,39 @@ pub fn lockkit_container(cx: &mut Ctxt, attrs: &[Attribute]) {
     }
 }
 
+/// `= value` after a Diesel key. A Diesel derive beside ours reports the same
+/// malformed attribute; the message is Diesel's, word for word, so that rustc,
+/// which shows identical errors once, shows it once.
+fn diesel_eq<T: Parse>(input: ParseStream, note: &str) -> syn::Result<T> {
+    if input.is_empty() {
+        return Err(diesel_format_error(input, "`=`", note));
+    }
+    input.parse::<Token![=]>()?;
+    input.parse()
+}
+
+fn diesel_format_error(input: ParseStream, expected: &str, note: &str) -> syn::Error {
+    syn::Error::new(
+        input.span(),
+        format!(
+            "unexpected end of input, expected {expected}\n\
+             help: the correct format looks like `#[diesel({note})]`"
+        ),
+    )
+}
+
 /// Skips `= value` or `(...)` after a key lockkit does not read.
 fn skip_value(input: ParseStream) -> syn::Result<()> {
     if input.peek(Token![=]) {
         input.parse::<Token![=]>()?;
-        input.parse::<syn::Expr>()?;
+        // Values are types (`sql_type = Nullable<Text>`, which is no expression)
+        // or expressions (`base_query = items::table.order_by(items::id)`).
+        let fork = input.fork();
+        if fork.parse::<syn::Type>().is_ok() && (fork.is_empty() || fork.peek(Token![,])) {
+            input.parse::<syn::Type>()?;
+        } else {
+            input.parse::<syn::Expr>()?;
+        }
     } else if input.peek(syn::token::Paren) {
         let _content;
         syn::parenthesized!(_content in input);

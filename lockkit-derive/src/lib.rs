@@ -12,6 +12,8 @@ mod ast;
 mod attr;
 mod ctxt;
 mod expand;
+#[cfg(test)]
+mod tests;
 
 use proc_macro::TokenStream;
 

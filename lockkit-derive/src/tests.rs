@@ -1,0 +1,352 @@
+//! Expansion snapshots and error collection, calling the derive as a
+//! `proc_macro2` function. The compile-fail suite (what a user sees from rustc)
+//! lives in the `lockkit-tests` crate, `tests/ui/`.
+
+use proc_macro2::TokenStream;
+use quote::ToTokens;
+use syn::DeriveInput;
+
+use crate::expand::derive_versioned;
+
+/// Snapshots the input and its expansion, both pretty-printed.
+macro_rules! assert_expansion {
+    ($($input:tt)*) => {{
+        let input: DeriveInput = syn::parse_quote!($($input)*);
+        insta::assert_snapshot!(expand(&input));
+    }};
+}
+
+/// The input, then its expansion; panics if the derive reported errors.
+fn expand(input: &DeriveInput) -> String {
+    let tokens = derive_versioned(input);
+    let errors = compile_errors(tokens.clone());
+    assert!(errors.is_empty(), "unexpected errors: {errors:#?}");
+    format!(
+        "{}\n// ---- expands to ----\n\n{}",
+        pretty(input.to_token_stream()),
+        pretty(tokens)
+    )
+}
+
+fn pretty(tokens: TokenStream) -> String {
+    prettyplease::unparse(&syn::parse2::<syn::File>(tokens).unwrap())
+}
+
+/// The messages of every `compile_error!` in the derive's output.
+fn errors(input: DeriveInput) -> Vec<String> {
+    compile_errors(derive_versioned(&input))
+}
+
+fn compile_errors(tokens: TokenStream) -> Vec<String> {
+    let file = syn::parse2::<syn::File>(tokens).expect("the derive emits items");
+    file.items
+        .iter()
+        .filter_map(|item| match item {
+            // `::core::compile_error! { "..." }`
+            syn::Item::Macro(item)
+                if item.mac.path.segments.last().unwrap().ident == "compile_error" =>
+            {
+                Some(&item.mac)
+            }
+            _ => None,
+        })
+        .map(|mac| mac.parse_body::<syn::LitStr>().unwrap().value())
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// Expansions
+
+#[test]
+fn plain_item() {
+    assert_expansion! {
+        #[diesel(table_name = items)]
+        pub struct Item {
+            pub id: i32,
+            pub name: String,
+            pub stock: i32,
+            pub lock_version: i32,
+        }
+    }
+}
+
+#[test]
+fn marked_i16_version_with_column_name() {
+    assert_expansion! {
+        #[diesel(table_name = gadgets)]
+        pub struct Gadget {
+            pub id: i32,
+            pub label: String,
+            #[lockkit(version)]
+            #[diesel(column_name = version)]
+            pub revision: i16,
+        }
+    }
+}
+
+#[test]
+fn composite_primary_key() {
+    assert_expansion! {
+        #[diesel(table_name = order_lines, primary_key(order_id, line_no))]
+        pub struct OrderLine {
+            pub order_id: i32,
+            pub line_no: i32,
+            pub qty: i32,
+            pub lock_version: i32,
+        }
+    }
+}
+
+#[test]
+fn option_field_skipped_when_none() {
+    assert_expansion! {
+        #[diesel(table_name = documents)]
+        pub struct Document {
+            pub id: i64,
+            pub title: String,
+            pub note: Option<String>,
+            pub lock_version: i64,
+        }
+    }
+}
+
+#[test]
+fn option_field_treat_none_as_null() {
+    assert_expansion! {
+        #[diesel(table_name = documents, treat_none_as_null = true)]
+        pub struct DocumentNullable {
+            pub id: i64,
+            pub title: String,
+            pub note: Option<String>,
+            pub lock_version: i64,
+        }
+    }
+}
+
+#[test]
+fn option_field_treat_none_as_null_per_field() {
+    // The field's setting wins over the struct's, in both directions.
+    assert_expansion! {
+        #[diesel(table_name = documents, treat_none_as_null = true)]
+        pub struct Document {
+            pub id: i64,
+            #[diesel(treat_none_as_null = false)]
+            pub title: Option<String>,
+            pub note: Option<String>,
+            pub lock_version: i64,
+        }
+    }
+}
+
+#[test]
+fn skip_update_field() {
+    assert_expansion! {
+        #[diesel(table_name = items)]
+        pub struct Item {
+            pub id: i32,
+            #[diesel(skip_update)]
+            pub name: String,
+            pub stock: i32,
+            pub lock_version: i32,
+        }
+    }
+}
+
+#[test]
+fn only_key_and_version() {
+    // Nothing to write but the version bump: the changeset is an empty `Option`.
+    assert_expansion! {
+        #[diesel(table_name = items)]
+        pub struct ItemVersion {
+            pub id: i32,
+            #[diesel(skip_update)]
+            pub name: String,
+            pub lock_version: i32,
+        }
+    }
+}
+
+#[test]
+fn table_path() {
+    assert_expansion! {
+        #[diesel(table_name = crate::schema::items)]
+        pub struct Item {
+            pub id: i32,
+            pub name: String,
+            pub stock: i32,
+            pub lock_version: i32,
+        }
+    }
+}
+
+#[test]
+fn inferred_table_name() {
+    assert_expansion! {
+        pub struct StockItem {
+            pub id: i32,
+            pub name: String,
+            pub lock_version: i32,
+        }
+    }
+}
+
+#[test]
+fn generics_and_i64_key() {
+    // The struct's generics carry over; the changeset lifetime is the derive's own.
+    assert_expansion! {
+        #[diesel(table_name = documents)]
+        pub struct DocumentRef<'a, T: Clone>
+        where
+            T: ::core::fmt::Debug,
+        {
+            pub id: i64,
+            pub title: &'a str,
+            pub extra: T,
+            pub lock_version: i64,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Errors
+
+#[test]
+fn errors_are_collected_across_fields() {
+    let errors = errors(syn::parse_quote! {
+        #[diesel(table_name = items)]
+        pub struct Item {
+            pub id: i32,
+            #[lockkit(foo)]
+            pub name: String,
+            #[lockkit(version)]
+            pub lock_version: String,
+        }
+    });
+    assert_eq!(errors.len(), 2, "{errors:#?}");
+    assert!(errors[0].starts_with("unknown lockkit attribute `foo`"));
+    assert!(errors[1].starts_with("the version must be `i16`, `i32` or `i64`"));
+    assert!(
+        errors.iter().all(|e| e.contains("\n\nhelp: ")),
+        "{errors:#?}"
+    );
+}
+
+#[test]
+fn errors_are_collected_across_stages() {
+    // An attribute error (reading) and a model error (validation) together.
+    let errors = errors(syn::parse_quote! {
+        #[lockkit(version)]
+        #[diesel(table_name = items, primary_key(code))]
+        pub struct Item {
+            pub id: i32,
+            pub lock_version: i32,
+        }
+    });
+    assert_eq!(errors.len(), 2, "{errors:#?}");
+    assert!(errors[0].starts_with("`#[lockkit(...)]` is not allowed on the struct"));
+    assert!(errors[1].starts_with("no field maps the primary key column `code`"));
+}
+
+#[test]
+fn every_extra_version_mark_is_reported() {
+    let errors = errors(syn::parse_quote! {
+        pub struct Item {
+            pub id: i32,
+            #[lockkit(version)]
+            pub a: i32,
+            #[lockkit(version)]
+            pub b: i32,
+            #[lockkit(version)]
+            pub c: i32,
+        }
+    });
+    assert_eq!(errors.len(), 2, "{errors:#?}");
+    assert!(errors
+        .iter()
+        .all(|e| e.starts_with("more than one field is marked `#[lockkit(version)]`")));
+}
+
+#[test]
+fn no_version_field_and_missing_key() {
+    let errors = errors(syn::parse_quote! {
+        pub struct Item {
+            pub code: String,
+            pub name: String,
+        }
+    });
+    assert_eq!(errors.len(), 2, "{errors:#?}");
+    assert!(errors[0].starts_with("no field maps the primary key column `id`"));
+    assert!(errors[1].starts_with("`Item` has no version field"));
+}
+
+#[test]
+fn valid_input_has_no_errors() {
+    assert_eq!(
+        errors(syn::parse_quote! {
+            pub struct Item {
+                pub id: i32,
+                pub lock_version: i32,
+            }
+        }),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn diesel_keys_lockkit_does_not_read_are_skipped() {
+    // Values of every shape Diesel takes: types with generics (no expressions),
+    // expressions (no types), lists, and keys without a value.
+    assert_eq!(
+        errors(syn::parse_quote! {
+            #[diesel(table_name = documents, check_for_backend(diesel::pg::Pg, diesel::sqlite::Sqlite))]
+            #[diesel(base_query = documents::table.order_by(documents::id))]
+            #[diesel(base_query_type = dsl::OrderBy<documents::table, documents::id>, aggregate)]
+            pub struct Document {
+                pub id: i64,
+                #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+                pub note: Option<String>,
+                #[diesel(
+                    select_expression = documents::title.concat("!"),
+                    select_expression_type = dsl::Concat<documents::title, &'static str>,
+                )]
+                pub title: String,
+                #[diesel(deserialize_as = Option<i64>, treat_none_as_default_value = false)]
+                pub lock_version: i64,
+            }
+        }),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn malformed_diesel_keys_are_reported_as_diesel_reports_them() {
+    // Word for word Diesel's messages: rustc shows the error of both derives once.
+    let errors = errors(syn::parse_quote! {
+        #[diesel(table_name)]
+        #[diesel(primary_key)]
+        #[diesel(treat_none_as_null)]
+        pub struct Item {
+            pub id: i32,
+            #[diesel(column_name)]
+            pub name: String,
+            #[diesel(treat_none_as_null)]
+            pub note: Option<String>,
+            pub lock_version: i32,
+        }
+    });
+    assert_eq!(
+        errors,
+        [
+            "unexpected end of input, expected `=`\n\
+             help: the correct format looks like `#[diesel(table_name = foo)]`",
+            "unexpected end of input, expected parentheses\n\
+             help: the correct format looks like `#[diesel(key1, key2)]`",
+            "unexpected end of input, expected `=`\n\
+             help: the correct format looks like `#[diesel(treat_none_as_null = true)]`",
+            "unexpected end of input, expected `=`\n\
+             help: the correct format looks like `#[diesel(column_name = foo)]`",
+            "unexpected end of input, expected `=`\n\
+             help: the correct format looks like `#[diesel(treat_none_as_null = true)]`",
+        ]
+    );
+}

@@ -1,0 +1,21 @@
+use diesel::prelude::*;
+
+diesel::table! {
+    items (id) {
+        id -> Integer,
+        lock_version -> Integer,
+        revision -> Integer,
+    }
+}
+
+#[derive(Queryable, lockkit::Versioned)]
+#[diesel(table_name = items)]
+pub struct Item {
+    pub id: i32,
+    #[lockkit(version)]
+    pub lock_version: i32,
+    #[lockkit(version)]
+    pub revision: i32,
+}
+
+fn main() {}
