@@ -1,10 +1,28 @@
-//! The validated model of a `#[derive(Versioned)]` input. Code generation reads
-//! only this; it never looks at attributes.
+//! The validated model of a `#[derive(Versioned)]` or `#[derive(Lockable)]` input.
+//! Code generation reads only this; it never looks at attributes.
 
 use syn::{Data, DeriveInput, Fields, Ident, Path, Type};
 
 use crate::attr::{self, DEFAULT_VERSION_FIELD};
 use crate::ctxt::Ctxt;
+
+/// Which derive is being expanded.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Derive {
+    /// Table, key, version and changeset.
+    Versioned,
+    /// Table and key only.
+    Lockable,
+}
+
+impl Derive {
+    pub fn name(self) -> &'static str {
+        match self {
+            Derive::Versioned => "Versioned",
+            Derive::Lockable => "Lockable",
+        }
+    }
+}
 
 pub struct Model<'a> {
     pub input: &'a DeriveInput,
@@ -12,6 +30,11 @@ pub struct Model<'a> {
     pub table: Path,
     /// The primary key fields, in `primary_key(...)` order.
     pub keys: Vec<&'a ModelField<'a>>,
+    /// Present for `Versioned`.
+    pub versioning: Option<Versioning<'a>>,
+}
+
+pub struct Versioning<'a> {
     pub version: &'a ModelField<'a>,
     /// Fields written by `update_versioned`: not a key, not the version, not `skip_update`.
     pub changeset: Vec<&'a ModelField<'a>>,
@@ -32,6 +55,7 @@ pub struct ModelField<'a> {
 pub fn fields<'a>(
     cx: &mut Ctxt,
     input: &'a DeriveInput,
+    derive: Derive,
 ) -> Option<(attr::DieselContainer, Vec<ModelField<'a>>)> {
     attr::lockkit_container(cx, &input.attrs);
     let container = attr::diesel_container(cx, &input.attrs);
@@ -41,7 +65,7 @@ pub fn fields<'a>(
             Fields::Unnamed(_) | Fields::Unit => {
                 cx.error_with_help(
                     &input.ident,
-                    "`Versioned` needs a struct with named fields",
+                    format!("`{}` needs a struct with named fields", derive.name()),
                     &format!(
                         "write `struct {} {{ id: i32, lock_version: i32, .. }}`",
                         input.ident
@@ -53,7 +77,7 @@ pub fn fields<'a>(
         Data::Enum(data) => {
             cx.error_with_help(
                 data.enum_token,
-                "`Versioned` cannot be derived for an enum",
+                format!("`{}` cannot be derived for an enum", derive.name()),
                 "derive it on the struct that maps the table's row",
             );
             return None;
@@ -61,7 +85,7 @@ pub fn fields<'a>(
         Data::Union(data) => {
             cx.error_with_help(
                 data.union_token,
-                "`Versioned` cannot be derived for a union",
+                format!("`{}` cannot be derived for a union", derive.name()),
                 "derive it on the struct that maps the table's row",
             );
             return None;
@@ -96,6 +120,7 @@ pub fn model<'a>(
     input: &'a DeriveInput,
     container: &attr::DieselContainer,
     fields: &'a [ModelField<'a>],
+    derive: Derive,
 ) -> Option<Model<'a>> {
     let table = container.table_name.clone().unwrap_or_else(|| {
         Ident::new(
@@ -129,6 +154,36 @@ pub fn model<'a>(
         })
         .collect();
 
+    let versioning = match derive {
+        Derive::Versioned => Some(versioning(cx, input, fields, &keys)?),
+        Derive::Lockable => {
+            for field in fields {
+                if let Some(marker) = &field.marked_version {
+                    cx.error_with_help(
+                        marker,
+                        "`#[lockkit(version)]` has no effect on `Lockable`",
+                        "derive `Versioned` instead: it implements `Lockable` too",
+                    );
+                }
+            }
+            None
+        }
+    };
+
+    Some(Model {
+        input,
+        table,
+        keys,
+        versioning,
+    })
+}
+
+fn versioning<'a>(
+    cx: &mut Ctxt,
+    input: &DeriveInput,
+    fields: &'a [ModelField<'a>],
+    keys: &[&'a ModelField<'a>],
+) -> Option<Versioning<'a>> {
     let version = version_field(cx, input, fields)?;
     if let Some(key) = keys.iter().find(|k| k.ident == version.ident) {
         cx.error_with_help(
@@ -154,13 +209,7 @@ pub fn model<'a>(
         }
     }
 
-    Some(Model {
-        input,
-        table,
-        keys,
-        version,
-        changeset,
-    })
+    Some(Versioning { version, changeset })
 }
 
 fn version_field<'a>(

@@ -1,19 +1,29 @@
-//! Code generation: the `Versioned` impl, from a validated [`Model`].
+//! Code generation: the `Lockable` and `Versioned` impls, from a validated [`Model`].
 
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote};
 use syn::DeriveInput;
 
-use crate::ast::{self, Model, ModelField};
+use crate::ast::{self, Derive, Model, ModelField, Versioning};
 use crate::ctxt::Ctxt;
 
-/// The whole derive, as a `proc_macro2` function so tests can call and snapshot it.
+/// `#[derive(Versioned)]`, as a `proc_macro2` function so tests can call and
+/// snapshot it.
 pub fn derive_versioned(input: &DeriveInput) -> TokenStream {
+    derive(input, Derive::Versioned)
+}
+
+/// `#[derive(Lockable)]`.
+pub fn derive_lockable(input: &DeriveInput) -> TokenStream {
+    derive(input, Derive::Lockable)
+}
+
+fn derive(input: &DeriveInput, derive: Derive) -> TokenStream {
     let mut cx = Ctxt::default();
-    let parsed = ast::fields(&mut cx, input);
+    let parsed = ast::fields(&mut cx, input, derive);
     let model = parsed
         .as_ref()
-        .and_then(|(container, fields)| ast::model(&mut cx, input, container, fields));
+        .and_then(|(container, fields)| ast::model(&mut cx, input, container, fields, derive));
     match (cx.check(), model) {
         (Ok(()), Some(model)) => expand(&model),
         (Err(errors), _) => errors,
@@ -22,6 +32,24 @@ pub fn derive_versioned(input: &DeriveInput) -> TokenStream {
 }
 
 fn expand(model: &Model<'_>) -> TokenStream {
+    let lockable = expand_lockable(model);
+    let versioned = model
+        .versioning
+        .as_ref()
+        .map(|versioning| expand_versioned(model, versioning));
+    let dummy = format_ident!("_");
+    quote! {
+        const #dummy: () = {
+            use ::lockkit::__private::diesel;
+
+            #lockable
+            #versioned
+        };
+    }
+}
+
+/// `impl Lockable`: the table and the primary key.
+fn expand_lockable(model: &Model<'_>) -> TokenStream {
     let ident = &model.input.ident;
     let (impl_generics, ty_generics, where_clause) = model.input.generics.split_for_impl();
     let table = &model.table;
@@ -30,12 +58,14 @@ fn expand(model: &Model<'_>) -> TokenStream {
         .last()
         .map(|segment| segment.ident.to_string())
         .unwrap_or_default();
-    let lifetime = syn::Lifetime::new("'__lockkit", proc_macro2::Span::call_site());
 
     let (key_type, key_value) = match model.keys.as_slice() {
         [key] => {
             let (ty, field) = (key.ty, key.ident);
-            (quote!(#ty), quote!(::core::clone::Clone::clone(&self.#field)))
+            (
+                quote!(#ty),
+                quote!(::core::clone::Clone::clone(&self.#field)),
+            )
         }
         keys => {
             let types = keys.iter().map(|k| k.ty);
@@ -47,63 +77,79 @@ fn expand(model: &Model<'_>) -> TokenStream {
         }
     };
 
-    let version_field = model.version.ident;
-    let version_type = model.version.ty;
-    let version_column = &model.version.column;
+    quote! {
+        #[automatically_derived]
+        impl #impl_generics ::lockkit::Lockable for #ident #ty_generics #where_clause {
+            type Table = #table::table;
+            type Key = #key_type;
 
-    let (changeset_type, changeset_value) = if model.changeset.is_empty() {
+            const TABLE_NAME: &'static str = #table_name;
+
+            fn key(&self) -> Self::Key {
+                #key_value
+            }
+        }
+    }
+}
+
+/// `impl Versioned`: the version column and the changeset of the other fields.
+fn expand_versioned(model: &Model<'_>, versioning: &Versioning<'_>) -> TokenStream {
+    let ident = &model.input.ident;
+    let (impl_generics, ty_generics, where_clause) = model.input.generics.split_for_impl();
+    let table = &model.table;
+    let lifetime = syn::Lifetime::new("'__lockkit", proc_macro2::Span::call_site());
+
+    let version_field = versioning.version.ident;
+    let version_type = versioning.version.ty;
+    let version_column = &versioning.version.column;
+
+    let (changeset_type, changeset_value) = if versioning.changeset.is_empty() {
         // Nothing but key and version: the version bump is the whole update.
         (
             quote!(::core::option::Option<diesel::dsl::Eq<#table::#version_column, #version_type>>),
             quote!(::core::option::Option::None),
         )
     } else {
-        let types = model
+        let types = versioning
             .changeset
             .iter()
             .map(|f| changeset_type(table, f, &lifetime));
-        let values = model.changeset.iter().map(|f| changeset_value(table, f));
+        let values = versioning
+            .changeset
+            .iter()
+            .map(|f| changeset_value(table, f));
         (quote!((#(#types,)*)), quote!((#(#values,)*)))
     };
 
-    let dummy = format_ident!("_");
     quote! {
-        const #dummy: () = {
-            use ::lockkit::__private::diesel;
+        #[automatically_derived]
+        impl #impl_generics ::lockkit::Versioned for #ident #ty_generics #where_clause {
+            type VersionColumn = #table::#version_column;
+            type Version = #version_type;
+            type Changeset<#lifetime> = #changeset_type where Self: #lifetime;
 
-            #[automatically_derived]
-            impl #impl_generics ::lockkit::Versioned for #ident #ty_generics #where_clause {
-                type Table = #table::table;
-                type Key = #key_type;
-                type VersionColumn = #table::#version_column;
-                type Version = #version_type;
-                type Changeset<#lifetime> = #changeset_type where Self: #lifetime;
-
-                const TABLE_NAME: &'static str = #table_name;
-
-                fn key(&self) -> Self::Key {
-                    #key_value
-                }
-
-                fn version(&self) -> Self::Version {
-                    self.#version_field
-                }
-
-                fn set_version(&mut self, version: Self::Version) {
-                    self.#version_field = version;
-                }
-
-                fn versioned_changeset(&self) -> Self::Changeset<'_> {
-                    #changeset_value
-                }
+            fn version(&self) -> Self::Version {
+                self.#version_field
             }
-        };
+
+            fn set_version(&mut self, version: Self::Version) {
+                self.#version_field = version;
+            }
+
+            fn versioned_changeset(&self) -> Self::Changeset<'_> {
+                #changeset_value
+            }
+        }
     }
 }
 
 /// Mirrors Diesel's `AsChangeset` for `&Model`: `Option` fields are skipped when
 /// `None` unless `treat_none_as_null`.
-fn changeset_type(table: &syn::Path, field: &ModelField<'_>, lifetime: &syn::Lifetime) -> TokenStream {
+fn changeset_type(
+    table: &syn::Path,
+    field: &ModelField<'_>,
+    lifetime: &syn::Lifetime,
+) -> TokenStream {
     let column = &field.column;
     match (field.skip_none, ast::option_inner(field.ty)) {
         (true, Some(inner)) => {

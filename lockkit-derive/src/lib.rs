@@ -1,7 +1,8 @@
-//! `#[derive(Versioned)]` for [lockkit](https://docs.rs/lockkit).
+//! `#[derive(Versioned)]` and `#[derive(Lockable)]` for [lockkit](https://docs.rs/lockkit).
 //!
-//! The derive only *describes* a model to lockkit: its table, primary key, version
-//! column and version type, and the changeset of its other fields. All behaviour
+//! The derives only *describe* a model to lockkit: its table and primary key
+//! (`Lockable`), plus its version column and type and the changeset of its other
+//! fields (`Versioned`, which implements both traits). All behaviour
 //! lives in the `lockkit` crate as generic code. See `lockkit::Versioned`.
 //!
 //! Stages, one module each: [`attr`] reads `#[diesel(...)]` and `#[lockkit(...)]`,
@@ -17,9 +18,18 @@ mod tests;
 
 use proc_macro::TokenStream;
 
-/// Implements `lockkit::Versioned`. See the `lockkit` crate for the attributes.
+/// Implements `lockkit::Versioned` and `lockkit::Lockable`. See the `lockkit`
+/// crate for the attributes.
 #[proc_macro_derive(Versioned, attributes(lockkit))]
 pub fn derive_versioned(input: TokenStream) -> TokenStream {
     let input = syn::parse_macro_input!(input as syn::DeriveInput);
     expand::derive_versioned(&input).into()
+}
+
+/// Implements `lockkit::Lockable` (table and primary key) for a model without a
+/// version column.
+#[proc_macro_derive(Lockable, attributes(lockkit))]
+pub fn derive_lockable(input: TokenStream) -> TokenStream {
+    let input = syn::parse_macro_input!(input as syn::DeriveInput);
+    expand::derive_lockable(&input).into()
 }

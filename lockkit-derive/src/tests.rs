@@ -6,7 +6,7 @@ use proc_macro2::TokenStream;
 use quote::ToTokens;
 use syn::DeriveInput;
 
-use crate::expand::derive_versioned;
+use crate::expand::{derive_lockable, derive_versioned};
 
 /// Snapshots the input and its expansion, both pretty-printed.
 macro_rules! assert_expansion {
@@ -56,6 +56,38 @@ fn compile_errors(tokens: TokenStream) -> Vec<String> {
 
 // ---------------------------------------------------------------------------
 // Expansions
+
+#[test]
+fn lockable_without_a_version() {
+    let input: DeriveInput = syn::parse_quote! {
+        #[diesel(table_name = jobs)]
+        pub struct Job {
+            pub id: i64,
+            pub payload: String,
+        }
+    };
+    let tokens = derive_lockable(&input);
+    assert!(compile_errors(tokens.clone()).is_empty());
+    insta::assert_snapshot!(pretty(tokens));
+}
+
+#[test]
+fn lockable_rejects_a_version_marker() {
+    let input: DeriveInput = syn::parse_quote! {
+        pub struct Job {
+            pub id: i64,
+            #[lockkit(version)]
+            pub rev: i32,
+        }
+    };
+    let errors = compile_errors(derive_lockable(&input));
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].contains("has no effect on `Lockable`"),
+        "{errors:?}"
+    );
+    assert!(errors[0].contains("help: derive `Versioned`"), "{errors:?}");
+}
 
 #[test]
 fn plain_item() {

@@ -63,6 +63,21 @@ pub enum Error {
         version: i64,
     },
 
+    /// The call needs an open transaction (row locks outside one would be released
+    /// at once), e.g. [`Lockable::lock_all`](crate::Lockable::lock_all).
+    #[error("this call must run inside a transaction")]
+    NotInTransaction,
+
+    /// The call opens its own transaction and cannot run inside another one,
+    /// e.g. [`serializable`](crate::serializable).
+    #[error("this call opens its own transaction and cannot be nested in another")]
+    AlreadyInTransaction,
+
+    /// A conditional update ([`atomic`](crate::atomic)) matched no row: its
+    /// condition was false or the row does not exist. Nothing was written.
+    #[error("the conditional update matched no row; nothing was written")]
+    NoRowMatched,
+
     /// [`retry`](crate::retry) gave up; `last` is the error of the final attempt.
     #[error("gave up after {attempts} attempts: {last}")]
     RetriesExhausted {

@@ -15,16 +15,28 @@
 
 #![warn(missing_docs)]
 
+pub mod advisory;
+pub mod atomic;
 pub mod classify;
 mod error;
+pub mod isolation;
+pub mod lock_waits;
+pub mod lockable;
+pub mod locking_connection;
+pub mod queue;
 pub mod retry;
+pub mod row_lock;
 pub mod version;
 pub mod version_check;
 pub mod versioned;
 
 pub use classify::{classify, classify_nowait};
 pub use error::{CurrentState, Error, Operation, Result, StaleObjectError};
+pub use isolation::serializable;
+pub use lockable::{locked_transaction, with_lock, with_lock_opts, Lockable};
+pub use locking_connection::{AsLockingConnection, LockOptions, LockingConnection};
 pub use retry::{retry, transaction_with_retry, RetryPolicy};
+pub use row_lock::{LockQueryExt, LockStrength, RowLock, WaitMode};
 pub use version::VersionNumber;
 pub use versioned::Versioned;
 
@@ -32,10 +44,15 @@ pub use versioned::Versioned;
 #[cfg(feature = "derive")]
 pub use lockkit_derive::Versioned;
 
+/// `#[derive(Lockable)]`: see [`Lockable`].
+#[cfg(feature = "derive")]
+pub use lockkit_derive::Lockable;
+
 /// The traits whose methods lockkit adds: `use lockkit::prelude::*;`.
 pub mod prelude {
+    pub use crate::lockable::{LockAll, LockRow};
     pub use crate::version_check::{CurrentVersionQuery, VersionCheck};
-    pub use crate::Versioned;
+    pub use crate::{LockQueryExt, Lockable, Versioned};
 }
 
 #[doc(hidden)]

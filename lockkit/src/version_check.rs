@@ -55,8 +55,8 @@ impl<M> VersionCheck for M
 where
     M: Versioned,
     M::Table: FindDsl<M::Key>,
-    Find<M::Table, M::Key>: FilterDsl<dsl::Eq<VersionColumnOf<M>, VersionOf<M>>>
-        + SelectDsl<VersionColumnOf<M>>,
+    Find<M::Table, M::Key>:
+        FilterDsl<dsl::Eq<VersionColumnOf<M>, VersionOf<M>>> + SelectDsl<VersionColumnOf<M>>,
     dsl::Filter<Find<M::Table, M::Key>, dsl::Eq<VersionColumnOf<M>, VersionOf<M>>>:
         IntoUpdateTarget<Table = M::Table>,
     VersionColumnOf<M>: ExpressionMethods + std::ops::Add<VersionOf<M>>,
@@ -124,11 +124,13 @@ pub(crate) fn checked_next<M: Versioned>(
     key: &M::Key,
     expected: M::Version,
 ) -> Result<M::Version, Error> {
-    expected.checked_next().ok_or_else(|| Error::VersionOverflow {
-        table: M::TABLE_NAME,
-        key: format!("{key:?}"),
-        version: expected.to_i64(),
-    })
+    expected
+        .checked_next()
+        .ok_or_else(|| Error::VersionOverflow {
+            table: M::TABLE_NAME,
+            key: format!("{key:?}"),
+            version: expected.to_i64(),
+        })
 }
 
 /// Runs a version-checked statement: one matched row is success, zero is stale.

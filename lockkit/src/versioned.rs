@@ -64,17 +64,14 @@ use crate::version::VersionNumber;
 use crate::version_check::{
     self, CurrentVersionQuery, DeleteVersioned, TouchVersioned, UpdateVersioned, VersionCheck,
 };
-use crate::{Error, Operation};
+use crate::{Error, Lockable, Operation};
 
 /// A Diesel model with a version column. Implement it with `#[derive(Versioned)]`.
 ///
-/// The trait only *describes* the model (table, key, version column and type); the
-/// version-checked writes are provided methods, generic over every backend.
-pub trait Versioned: Sized {
-    /// The Diesel table (`items::table`).
-    type Table: diesel::Table + Default;
-    /// The primary key, owned: `i32`, `String`, or a tuple for composite keys.
-    type Key: Clone + std::fmt::Debug;
+/// The trait only *describes* the model (version column and type, and the fields
+/// to write; table and key come from [`Lockable`]); the version-checked writes are
+/// provided methods, generic over every backend.
+pub trait Versioned: Lockable {
     /// The version column (`items::lock_version`).
     type VersionColumn: Column<Table = Self::Table> + Default;
     /// The version's Rust type: `i16`, `i32` or `i64`.
@@ -86,11 +83,6 @@ pub trait Versioned: Sized {
     where
         Self: 'a;
 
-    /// The table's name, for error reports.
-    const TABLE_NAME: &'static str;
-
-    /// This row's primary key.
-    fn key(&self) -> Self::Key;
     /// The version this row was read at.
     fn version(&self) -> Self::Version;
     /// Records a new version after a successful write.

@@ -1,0 +1,379 @@
+//! Advisory locks: one job, cron run or migration at a time across many app
+//! instances, without a row to lock.
+//!
+//! | | PostgreSQL | MySQL / MariaDB |
+//! | --- | --- | --- |
+//! | session lock (guard, unlocks on drop) | `pg_advisory_lock($1)` / `pg_advisory_unlock($1)` | `GET_LOCK(?, ?)` / `RELEASE_LOCK(?)` |
+//! | try, no wait | `pg_try_advisory_lock($1)` | `GET_LOCK(?, 0)` |
+//! | transaction lock (released at commit) | `pg_advisory_xact_lock($1)`, `pg_try_advisory_xact_lock($1)` | — |
+//!
+//! SQLite has no advisory locks; these functions do not compile for it.
+//!
+//! # Keys
+//!
+//! An [`AdvisoryKey`] is an `i64`, or a string hashed to one with 64-bit FNV-1a
+//! over its UTF-8 bytes (the same value on every machine, release and run; written
+//! out in [`AdvisoryKey::from_name`]). PostgreSQL takes the number; MySQL/MariaDB
+//! lock names are strings of at most 64 characters, so the key is sent as
+//! `lockkit:` followed by its 16 hexadecimal digits. Keys always travel as bound
+//! parameters.
+//!
+//! ```no_run
+//! # #[cfg(feature = "postgres")] {
+//! use diesel::prelude::*;
+//! use lockkit::advisory::{self, AdvisoryKey};
+//! let mut conn = PgConnection::establish("postgres://localhost/app").unwrap();
+//! let lock = advisory::try_lock(&mut conn, AdvisoryKey::from_name("nightly-report")).unwrap();
+//! if let Some(mut guard) = lock {
+//!     // only one instance gets here; `guard` derefs to the connection
+//!     diesel::sql_query("SELECT 1").execute(&mut *guard).unwrap();
+//! } // unlocked here
+//! # }
+//! ```
+
+use std::ops::{Deref, DerefMut};
+
+use diesel::connection::LoadConnection;
+use diesel::Connection;
+
+use crate::{classify, Error};
+
+/// An advisory lock's key; see the [module docs](self).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AdvisoryKey(pub i64);
+
+impl AdvisoryKey {
+    /// The key of a name: 64-bit FNV-1a of its UTF-8 bytes (offset basis
+    /// `0xcbf29ce484222325`, prime `0x100000001b3`), as a two's-complement `i64`.
+    ///
+    /// ```
+    /// use lockkit::advisory::AdvisoryKey;
+    /// assert_eq!(AdvisoryKey::from_name("").0 as u64, 0xcbf29ce484222325);
+    /// assert_eq!(AdvisoryKey::from_name("a").0 as u64, 0xaf63dc4c8601ec8c);
+    /// ```
+    pub const fn from_name(name: &str) -> Self {
+        let bytes = name.as_bytes();
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut i = 0;
+        while i < bytes.len() {
+            hash ^= bytes[i] as u64;
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+            i += 1;
+        }
+        AdvisoryKey(hash as i64)
+    }
+
+    /// The MySQL/MariaDB lock name: `lockkit:` and 16 hex digits.
+    pub fn mysql_name(self) -> String {
+        format!("lockkit:{:016x}", self.0 as u64)
+    }
+}
+
+impl From<i64> for AdvisoryKey {
+    fn from(key: i64) -> Self {
+        AdvisoryKey(key)
+    }
+}
+
+impl From<&str> for AdvisoryKey {
+    fn from(name: &str) -> Self {
+        AdvisoryKey::from_name(name)
+    }
+}
+
+/// A backend with session-level advisory locks: PostgreSQL and MySQL/MariaDB.
+pub trait AdvisoryBackend: diesel::backend::Backend {
+    /// Waits for the lock.
+    fn acquire<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<()>
+    where
+        C: Connection<Backend = Self> + LoadConnection;
+    /// Takes the lock if it is free; `false` if another session holds it.
+    fn try_acquire<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<bool>
+    where
+        C: Connection<Backend = Self> + LoadConnection;
+    /// Releases it; `false` if this session did not hold it.
+    fn release<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<bool>
+    where
+        C: Connection<Backend = Self> + LoadConnection;
+}
+
+/// A held session-level advisory lock. Derefs to the connection; releases the
+/// lock when dropped (or explicitly with [`AdvisoryLock::unlock`]).
+#[must_use = "the lock is released when the guard is dropped"]
+pub struct AdvisoryLock<'c, C>
+where
+    C: Connection + LoadConnection,
+    C::Backend: AdvisoryBackend,
+{
+    conn: &'c mut C,
+    key: AdvisoryKey,
+    held: bool,
+}
+
+impl<C> AdvisoryLock<'_, C>
+where
+    C: Connection + LoadConnection,
+    C::Backend: AdvisoryBackend,
+{
+    /// The key.
+    pub fn key(&self) -> AdvisoryKey {
+        self.key
+    }
+
+    /// Releases the lock now, reporting failure.
+    pub fn unlock(mut self) -> Result<(), Error> {
+        self.held = false;
+        match C::Backend::release(self.conn, self.key).map_err(classify)? {
+            true => Ok(()),
+            false => Err(Error::NotFound),
+        }
+    }
+}
+
+impl<C> Deref for AdvisoryLock<'_, C>
+where
+    C: Connection + LoadConnection,
+    C::Backend: AdvisoryBackend,
+{
+    type Target = C;
+    fn deref(&self) -> &C {
+        self.conn
+    }
+}
+
+impl<C> DerefMut for AdvisoryLock<'_, C>
+where
+    C: Connection + LoadConnection,
+    C::Backend: AdvisoryBackend,
+{
+    fn deref_mut(&mut self) -> &mut C {
+        self.conn
+    }
+}
+
+impl<C> Drop for AdvisoryLock<'_, C>
+where
+    C: Connection + LoadConnection,
+    C::Backend: AdvisoryBackend,
+{
+    fn drop(&mut self) {
+        if self.held {
+            if let Err(err) = C::Backend::release(self.conn, self.key) {
+                // A broken connection has lost its session, and the lock with it.
+                tracing::warn!(target: "lockkit", key = self.key.0, error = %err, "advisory unlock failed");
+            }
+        }
+    }
+}
+
+/// Waits for the session-level advisory lock `key`.
+pub fn lock<C>(conn: &mut C, key: impl Into<AdvisoryKey>) -> Result<AdvisoryLock<'_, C>, Error>
+where
+    C: Connection + LoadConnection,
+    C::Backend: AdvisoryBackend,
+{
+    let key = key.into();
+    C::Backend::acquire(conn, key).map_err(classify)?;
+    Ok(AdvisoryLock {
+        conn,
+        key,
+        held: true,
+    })
+}
+
+/// Takes the session-level advisory lock `key` if it is free.
+pub fn try_lock<C>(
+    conn: &mut C,
+    key: impl Into<AdvisoryKey>,
+) -> Result<Option<AdvisoryLock<'_, C>>, Error>
+where
+    C: Connection + LoadConnection,
+    C::Backend: AdvisoryBackend,
+{
+    let key = key.into();
+    Ok(
+        match C::Backend::try_acquire(conn, key).map_err(classify)? {
+            true => Some(AdvisoryLock {
+                conn,
+                key,
+                held: true,
+            }),
+            false => None,
+        },
+    )
+}
+
+#[derive(diesel::QueryableByName)]
+struct Locked {
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    locked: bool,
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use diesel::connection::{LoadConnection, TransactionManager};
+    use diesel::pg::Pg;
+    use diesel::sql_types::BigInt;
+    use diesel::{Connection, RunQueryDsl};
+
+    use super::{AdvisoryBackend, AdvisoryKey, Locked};
+    use crate::{classify, Error};
+
+    fn call<C>(conn: &mut C, sql: &'static str, key: AdvisoryKey) -> diesel::QueryResult<bool>
+    where
+        C: Connection<Backend = Pg> + LoadConnection,
+    {
+        diesel::sql_query(sql)
+            .bind::<BigInt, _>(key.0)
+            .get_result::<Locked>(conn)
+            .map(|row| row.locked)
+    }
+
+    impl AdvisoryBackend for Pg {
+        fn acquire<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<()>
+        where
+            C: Connection<Backend = Self> + LoadConnection,
+        {
+            call(
+                conn,
+                "SELECT pg_advisory_lock($1) IS NOT NULL AS locked",
+                key,
+            )
+            .map(drop)
+        }
+
+        fn try_acquire<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<bool>
+        where
+            C: Connection<Backend = Self> + LoadConnection,
+        {
+            call(conn, "SELECT pg_try_advisory_lock($1) AS locked", key)
+        }
+
+        fn release<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<bool>
+        where
+            C: Connection<Backend = Self> + LoadConnection,
+        {
+            call(conn, "SELECT pg_advisory_unlock($1) AS locked", key)
+        }
+    }
+
+    fn in_transaction<C: Connection>(conn: &mut C) -> bool {
+        matches!(
+            C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
+            Ok(Some(_))
+        )
+    }
+
+    /// PostgreSQL: waits for the transaction-level advisory lock `key`, held until
+    /// the transaction ends. [`Error::NotInTransaction`] outside a transaction.
+    pub fn xact_lock<C>(conn: &mut C, key: impl Into<AdvisoryKey>) -> Result<(), Error>
+    where
+        C: Connection<Backend = Pg> + LoadConnection,
+    {
+        if !in_transaction(conn) {
+            return Err(Error::NotInTransaction);
+        }
+        call(
+            conn,
+            "SELECT pg_advisory_xact_lock($1) IS NOT NULL AS locked",
+            key.into(),
+        )
+        .map(drop)
+        .map_err(classify)
+    }
+
+    /// PostgreSQL: takes the transaction-level advisory lock `key` if it is free.
+    pub fn try_xact_lock<C>(conn: &mut C, key: impl Into<AdvisoryKey>) -> Result<bool, Error>
+    where
+        C: Connection<Backend = Pg> + LoadConnection,
+    {
+        if !in_transaction(conn) {
+            return Err(Error::NotInTransaction);
+        }
+        call(
+            conn,
+            "SELECT pg_try_advisory_xact_lock($1) AS locked",
+            key.into(),
+        )
+        .map_err(classify)
+    }
+}
+
+#[cfg(feature = "postgres")]
+pub use postgres::{try_xact_lock, xact_lock};
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use diesel::connection::LoadConnection;
+    use diesel::mysql::Mysql;
+    use diesel::sql_types::{Integer, Text};
+    use diesel::{Connection, RunQueryDsl};
+
+    use super::{AdvisoryBackend, AdvisoryKey, Locked};
+
+    /// `GET_LOCK` waits this long at most when asked to wait: one year.
+    const FOREVER_SECS: i32 = 365 * 24 * 3600;
+
+    fn call<C>(
+        conn: &mut C,
+        sql: &'static str,
+        key: AdvisoryKey,
+        secs: Option<i32>,
+    ) -> diesel::QueryResult<bool>
+    where
+        C: Connection<Backend = Mysql> + LoadConnection,
+    {
+        let query = diesel::sql_query(sql).bind::<Text, _>(key.mysql_name());
+        let row = match secs {
+            Some(secs) => query.bind::<Integer, _>(secs).get_result::<Locked>(conn),
+            None => query.get_result::<Locked>(conn),
+        };
+        row.map(|row| row.locked)
+    }
+
+    impl AdvisoryBackend for Mysql {
+        fn acquire<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<()>
+        where
+            C: Connection<Backend = Self> + LoadConnection,
+        {
+            match call(
+                conn,
+                "SELECT COALESCE(GET_LOCK(?, ?), 0) = 1 AS locked",
+                key,
+                Some(FOREVER_SECS),
+            )? {
+                true => Ok(()),
+                false => Err(diesel::result::Error::DatabaseError(
+                    diesel::result::DatabaseErrorKind::Unknown,
+                    Box::new(String::from(
+                        "Lock wait timeout exceeded; GET_LOCK did not return 1",
+                    )),
+                )),
+            }
+        }
+
+        fn try_acquire<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<bool>
+        where
+            C: Connection<Backend = Self> + LoadConnection,
+        {
+            call(
+                conn,
+                "SELECT COALESCE(GET_LOCK(?, ?), 0) = 1 AS locked",
+                key,
+                Some(0),
+            )
+        }
+
+        fn release<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<bool>
+        where
+            C: Connection<Backend = Self> + LoadConnection,
+        {
+            call(
+                conn,
+                "SELECT COALESCE(RELEASE_LOCK(?), 0) = 1 AS locked",
+                key,
+                None,
+            )
+        }
+    }
+}

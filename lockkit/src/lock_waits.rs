@@ -1,0 +1,202 @@
+//! Who is waiting on whom, right now.
+//!
+//! When a request hangs, the question is which session holds the lock it waits
+//! for. [`blocked_sessions`] answers it from the server's own views:
+//!
+//! * PostgreSQL: `pg_stat_activity` and `pg_blocking_pids(pid)`;
+//! * MariaDB: `information_schema.INNODB_LOCK_WAITS` and `INNODB_TRX`
+//!   (MySQL 8: `performance_schema.data_lock_waits`).
+//!
+//! A session is identified as [`session_id`] reports it: `pg_backend_pid()` or
+//! `CONNECTION_ID()`.
+
+use std::time::Duration;
+
+use diesel::connection::LoadConnection;
+use diesel::Connection;
+
+use crate::{classify, Error};
+
+/// A session waiting for a lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockedSession {
+    /// The waiting session.
+    pub session: i64,
+    /// The sessions holding what it waits for.
+    pub blocked_by: Vec<i64>,
+    /// How long it has been waiting (PostgreSQL: since its state last changed).
+    pub waiting: Duration,
+    /// The statement it is running.
+    pub query: String,
+}
+
+/// A backend whose lock waits lockkit can list: PostgreSQL, MySQL/MariaDB.
+pub trait LockMonitor: diesel::backend::Backend {
+    /// This connection's session id.
+    fn session_id<C>(conn: &mut C) -> diesel::QueryResult<i64>
+    where
+        C: Connection<Backend = Self> + LoadConnection;
+    /// Every session now waiting for a lock, by session id.
+    fn blocked_sessions<C>(conn: &mut C) -> diesel::QueryResult<Vec<BlockedSession>>
+    where
+        C: Connection<Backend = Self> + LoadConnection;
+}
+
+/// This connection's session id (`pg_backend_pid()`, `CONNECTION_ID()`).
+pub fn session_id<C>(conn: &mut C) -> Result<i64, Error>
+where
+    C: Connection + LoadConnection,
+    C::Backend: LockMonitor,
+{
+    C::Backend::session_id(conn).map_err(classify)
+}
+
+/// Every session now waiting for a lock, ordered by session id.
+pub fn blocked_sessions<C>(conn: &mut C) -> Result<Vec<BlockedSession>, Error>
+where
+    C: Connection + LoadConnection,
+    C::Backend: LockMonitor,
+{
+    C::Backend::blocked_sessions(conn).map_err(classify)
+}
+
+#[derive(diesel::QueryableByName)]
+struct SessionId {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    id: i64,
+}
+
+fn millis(ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use diesel::pg::Pg;
+    use diesel::sql_types::{Array, BigInt, Text};
+    use diesel::RunQueryDsl;
+
+    use super::*;
+
+    #[derive(diesel::QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = BigInt)]
+        session: i64,
+        #[diesel(sql_type = Array<BigInt>)]
+        blocked_by: Vec<i64>,
+        #[diesel(sql_type = BigInt)]
+        waiting_ms: i64,
+        #[diesel(sql_type = Text)]
+        query: String,
+    }
+
+    impl LockMonitor for Pg {
+        fn session_id<C>(conn: &mut C) -> diesel::QueryResult<i64>
+        where
+            C: Connection<Backend = Self> + LoadConnection,
+        {
+            diesel::sql_query("SELECT pg_backend_pid()::bigint AS id")
+                .get_result::<SessionId>(conn)
+                .map(|row| row.id)
+        }
+
+        fn blocked_sessions<C>(conn: &mut C) -> diesel::QueryResult<Vec<BlockedSession>>
+        where
+            C: Connection<Backend = Self> + LoadConnection,
+        {
+            let rows = diesel::sql_query(
+                "SELECT pid::bigint AS session, \
+                        pg_blocking_pids(pid)::bigint[] AS blocked_by, \
+                        (EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(state_change, query_start)) * 1000)::bigint AS waiting_ms, \
+                        COALESCE(query, '') AS query \
+                   FROM pg_stat_activity \
+                  WHERE cardinality(pg_blocking_pids(pid)) > 0 \
+                  ORDER BY pid",
+            )
+            .load::<Row>(conn)?;
+            Ok(rows
+                .into_iter()
+                .map(|row| BlockedSession {
+                    session: row.session,
+                    blocked_by: row.blocked_by,
+                    waiting: millis(row.waiting_ms),
+                    query: row.query,
+                })
+                .collect())
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use diesel::mysql::Mysql;
+    use diesel::sql_types::{BigInt, Text};
+    use diesel::RunQueryDsl;
+
+    use super::*;
+
+    #[derive(diesel::QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = BigInt)]
+        session: i64,
+        #[diesel(sql_type = BigInt)]
+        blocker: i64,
+        #[diesel(sql_type = BigInt)]
+        waiting_ms: i64,
+        #[diesel(sql_type = Text)]
+        query: String,
+    }
+
+    const MARIADB: &str = "SELECT CAST(r.trx_mysql_thread_id AS SIGNED) AS session, \
+            CAST(b.trx_mysql_thread_id AS SIGNED) AS blocker, \
+            CAST(TIMESTAMPDIFF(MICROSECOND, r.trx_wait_started, NOW(6)) DIV 1000 AS SIGNED) AS waiting_ms, \
+            COALESCE(r.trx_query, '') AS query \
+       FROM information_schema.INNODB_LOCK_WAITS w \
+       JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id \
+       JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id \
+      ORDER BY session, blocker";
+
+    const MYSQL8: &str = "SELECT CAST(r.trx_mysql_thread_id AS SIGNED) AS session, \
+            CAST(b.trx_mysql_thread_id AS SIGNED) AS blocker, \
+            CAST(TIMESTAMPDIFF(MICROSECOND, r.trx_wait_started, NOW(6)) DIV 1000 AS SIGNED) AS waiting_ms, \
+            COALESCE(r.trx_query, '') AS query \
+       FROM performance_schema.data_lock_waits w \
+       JOIN information_schema.INNODB_TRX r ON r.trx_id = w.REQUESTING_ENGINE_TRANSACTION_ID \
+       JOIN information_schema.INNODB_TRX b ON b.trx_id = w.BLOCKING_ENGINE_TRANSACTION_ID \
+      ORDER BY session, blocker";
+
+    impl LockMonitor for Mysql {
+        fn session_id<C>(conn: &mut C) -> diesel::QueryResult<i64>
+        where
+            C: Connection<Backend = Self> + LoadConnection,
+        {
+            diesel::sql_query("SELECT CAST(CONNECTION_ID() AS SIGNED) AS id")
+                .get_result::<SessionId>(conn)
+                .map(|row| row.id)
+        }
+
+        fn blocked_sessions<C>(conn: &mut C) -> diesel::QueryResult<Vec<BlockedSession>>
+        where
+            C: Connection<Backend = Self> + LoadConnection,
+        {
+            let rows = match diesel::sql_query(MARIADB).load::<Row>(conn) {
+                Ok(rows) => rows,
+                // MySQL 8 removed INNODB_LOCK_WAITS.
+                Err(_) => diesel::sql_query(MYSQL8).load::<Row>(conn)?,
+            };
+            let mut sessions: Vec<BlockedSession> = Vec::new();
+            for row in rows {
+                match sessions.last_mut() {
+                    Some(last) if last.session == row.session => last.blocked_by.push(row.blocker),
+                    _ => sessions.push(BlockedSession {
+                        session: row.session,
+                        blocked_by: vec![row.blocker],
+                        waiting: millis(row.waiting_ms),
+                        query: row.query,
+                    }),
+                }
+            }
+            Ok(sessions)
+        }
+    }
+}

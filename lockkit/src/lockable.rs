@@ -1,0 +1,319 @@
+//! Pessimistic locking of models: [`Lockable::with_lock`] and [`Lockable::lock_all`].
+//!
+//! `with_lock` is Rails' `with_lock`, made safe: it opens a transaction, re-reads
+//! the row by primary key with `FOR UPDATE`, hands the closure the *fresh* row,
+//! commits when the closure returns `Ok` and rolls back on `Err`. The struct you
+//! called it on is only used for its key: any unsaved changes on it are neither
+//! silently applied nor silently discarded, because the closure works on the row
+//! as it is in the database, locked.
+//!
+//! ```sql
+//! BEGIN;                                      -- SQLite: BEGIN IMMEDIATE
+//! SELECT set_config('lock_timeout', $1, true); -- only with LockOptions::timeout
+//! SELECT items.id, items.name, items.stock, items.lock_version
+//!   FROM items WHERE items.id = $1 FOR UPDATE; -- SQLite: no clause
+//! -- your closure
+//! COMMIT;                                     -- or ROLLBACK on Err
+//! ```
+//!
+//! Nested inside an open transaction, `with_lock` uses a savepoint: the row lock is
+//! then held until the **outermost** transaction ends, not when the closure returns.
+//!
+//! On SQLite, which has no row locks, the transaction is `BEGIN IMMEDIATE`: it takes
+//! the database's write lock up front, so concurrent `with_lock` calls run one after
+//! another and no update is lost.
+//!
+//! ```
+//! use diesel::prelude::*;
+//! use lockkit::prelude::*;
+//! # diesel::table! { items (id) { id -> Integer, name -> Text, stock -> Integer, lock_version -> Integer } }
+//! #[derive(Queryable, Selectable, Identifiable, Versioned)]
+//! #[diesel(table_name = items)]
+//! pub struct Item { pub id: i32, pub name: String, pub stock: i32, pub lock_version: i32 }
+//!
+//! # fn main() -> Result<(), lockkit::Error> {
+//! # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+//! # diesel::sql_query("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL DEFAULT 0)").execute(&mut conn)?;
+//! # diesel::sql_query("INSERT INTO items VALUES (1, 'widget', 10, 0)").execute(&mut conn)?;
+//! let item = items::table.find(1).first::<Item>(&mut conn)?;
+//! let left = item.with_lock(&mut conn, |conn, fresh| {
+//!     if fresh.stock < 8 {
+//!         return Err(lockkit::Error::NoRowMatched);
+//!     }
+//!     diesel::update(items::table.find(fresh.id))
+//!         .set(items::stock.eq(fresh.stock - 8))
+//!         .execute(conn)?;
+//!     Ok(fresh.stock - 8)
+//! })?;
+//! assert_eq!(left, 2);
+//! # Ok(()) }
+//! ```
+
+use diesel::dsl::{self, AsSelect, Find, Select};
+use diesel::expression::Expression;
+use diesel::query_dsl::methods::{FilterDsl, FindDsl, LockingDsl, OrderDsl, SelectDsl};
+use diesel::query_dsl::LoadQuery;
+use diesel::{
+    ExpressionMethods, OptionalExtension, RunQueryDsl, Selectable, SelectableHelper, Table,
+};
+
+use crate::locking_connection::{AsLockingConnection, LockOptions, LockingConnection};
+use crate::row_lock::{RowLock, WaitMode};
+use crate::{classify, classify_nowait, Error};
+
+type Backend<C> = <C as diesel::Connection>::Backend;
+type Pk<M> = <<M as Lockable>::Table as Table>::PrimaryKey;
+
+/// A model whose row can be locked: table and primary key.
+///
+/// `#[derive(Versioned)]` implements it; for a model without a version column use
+/// `#[derive(Lockable)]`.
+pub trait Lockable: Sized {
+    /// The Diesel table (`items::table`).
+    type Table: Table + Default;
+    /// The primary key, owned: `i32`, `String`, or a tuple for composite keys.
+    type Key: Clone + std::fmt::Debug;
+
+    /// The table's name, for error reports.
+    const TABLE_NAME: &'static str;
+
+    /// This row's primary key.
+    fn key(&self) -> Self::Key;
+
+    /// Locks this row (`FOR UPDATE`) in a transaction and runs `f` on the fresh
+    /// row; see the [module docs](self).
+    fn with_lock<C, T, F>(&self, conn: &mut C, f: F) -> Result<T, Error>
+    where
+        C: AsLockingConnection,
+        Self: LockRow<C::Conn>,
+        F: FnOnce(&mut C::Conn, Self) -> Result<T, Error>,
+    {
+        with_lock_opts(conn, self.key(), LockOptions::default(), f)
+    }
+
+    /// [`with_lock`](Self::with_lock) with [`LockOptions`]: strength, `nowait()`,
+    /// `skip_locked()`, `timeout(..)`.
+    fn with_lock_opts<C, T, F>(&self, conn: &mut C, options: LockOptions, f: F) -> Result<T, Error>
+    where
+        C: AsLockingConnection,
+        Self: LockRow<C::Conn>,
+        F: FnOnce(&mut C::Conn, Self) -> Result<T, Error>,
+    {
+        with_lock_opts(conn, self.key(), options, f)
+    }
+
+    /// Locks the rows with these keys in ascending key order, in one statement,
+    /// and returns them in that order.
+    ///
+    /// Two transactions that lock overlapping sets one row at a time in different
+    /// orders deadlock; locking every set in the same (key) order cannot. Must run
+    /// inside a transaction ([`Error::NotInTransaction`] otherwise); a missing key is
+    /// [`Error::NotFound`]. Duplicate keys are locked once. On SQLite run it inside
+    /// [`locked_transaction`](crate::locked_transaction), whose `BEGIN IMMEDIATE`
+    /// is the lock.
+    ///
+    /// ```sql
+    /// SELECT ... FROM items WHERE items.id = ANY($1) ORDER BY items.id FOR UPDATE   -- PostgreSQL
+    /// SELECT ... FROM items WHERE items.id IN (?, ?) ORDER BY items.id FOR UPDATE   -- MySQL
+    /// ```
+    fn lock_all<C>(conn: &mut C, keys: &[Self::Key]) -> Result<Vec<Self>, Error>
+    where
+        C: AsLockingConnection,
+        Self: LockAll<C::Conn>,
+        Self::Key: Ord,
+    {
+        let conn = conn.locking_connection();
+        if !conn.in_transaction() {
+            return Err(Error::NotInTransaction);
+        }
+        let mut keys = keys.to_vec();
+        keys.sort();
+        keys.dedup();
+        let wanted = keys.len();
+        let rows = Self::load_all_locked(conn, keys).map_err(classify)?;
+        if rows.len() != wanted {
+            return Err(Error::NotFound);
+        }
+        Ok(rows)
+    }
+}
+
+/// Locks the row `key` of `M` and runs `f` on it: the free-function form of
+/// [`Lockable::with_lock`], for when you have a key but no loaded model.
+///
+/// ```
+/// # use diesel::prelude::*;
+/// # use lockkit::prelude::*;
+/// # diesel::table! { items (id) { id -> Integer, stock -> Integer } }
+/// # #[derive(Queryable, Selectable, lockkit::Lockable)]
+/// # #[diesel(table_name = items)]
+/// # pub struct Item { pub id: i32, pub stock: i32 }
+/// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+/// # diesel::sql_query("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL)").execute(&mut conn).unwrap();
+/// # diesel::sql_query("INSERT INTO items VALUES (1, 10)").execute(&mut conn).unwrap();
+/// let stock = lockkit::with_lock(&mut conn, 1, |_conn, item: Item| Ok(item.stock)).unwrap();
+/// assert_eq!(stock, 10);
+/// ```
+pub fn with_lock<M, C, T, F>(conn: &mut C, key: M::Key, f: F) -> Result<T, Error>
+where
+    C: AsLockingConnection,
+    M: LockRow<C::Conn>,
+    F: FnOnce(&mut C::Conn, M) -> Result<T, Error>,
+{
+    with_lock_opts(conn, key, LockOptions::default(), f)
+}
+
+/// [`with_lock`] with [`LockOptions`].
+pub fn with_lock_opts<M, C, T, F>(
+    conn: &mut C,
+    key: M::Key,
+    options: LockOptions,
+    f: F,
+) -> Result<T, Error>
+where
+    C: AsLockingConnection,
+    M: LockRow<C::Conn>,
+    F: FnOnce(&mut C::Conn, M) -> Result<T, Error>,
+{
+    conn.locking_connection()
+        .locked_transaction(&options, |conn| {
+            let lock = options.row_lock();
+            let reclassify = match lock.wait {
+                WaitMode::Wait => classify,
+                WaitMode::NoWait | WaitMode::SkipLocked => classify_nowait,
+            };
+            let row = M::load_locked(conn, key.clone(), lock).map_err(reclassify)?;
+            let row = match row {
+                Some(row) => row,
+                // SKIP LOCKED hides a locked row: tell "held by someone" from "absent".
+                None if lock.wait == WaitMode::SkipLocked => {
+                    return Err(match M::exists(conn, key).map_err(classify)? {
+                        true => Error::Busy,
+                        false => Error::NotFound,
+                    })
+                }
+                None => return Err(Error::NotFound),
+            };
+            f(conn, row)
+        })
+}
+
+/// Runs `f` in a transaction fit for locking: a plain transaction on PostgreSQL and
+/// MySQL (with the options' lock timeout), `BEGIN IMMEDIATE` on SQLite. Use it around
+/// [`Lockable::lock_all`] and [`queue::claim`](crate::queue::claim).
+pub fn locked_transaction<C, T, F>(conn: &mut C, options: LockOptions, f: F) -> Result<T, Error>
+where
+    C: AsLockingConnection,
+    F: FnOnce(&mut C::Conn) -> Result<T, Error>,
+{
+    conn.locking_connection().locked_transaction(&options, f)
+}
+
+/// The locked re-read of one row. Blanket-implemented for every [`Lockable`]
+/// model that is `Selectable` on the connection's backend.
+pub trait LockRow<Conn: LockingConnection>: Lockable {
+    /// `SELECT <fields> FROM <table> WHERE <key> FOR UPDATE`.
+    fn load_locked(
+        conn: &mut Conn,
+        key: Self::Key,
+        lock: RowLock,
+    ) -> diesel::QueryResult<Option<Self>>;
+    /// Whether the row exists (an unlocked read).
+    fn exists(conn: &mut Conn, key: Self::Key) -> diesel::QueryResult<bool>;
+}
+
+type ByKey<M, C> =
+    Select<Find<<M as Lockable>::Table, <M as Lockable>::Key>, AsSelect<M, Backend<C>>>;
+
+impl<M, Conn> LockRow<Conn> for M
+where
+    Conn: LockingConnection,
+    M: Lockable + Selectable<Backend<Conn>>,
+    AsSelect<M, Backend<Conn>>: Expression,
+    M::Table: FindDsl<M::Key>,
+    Find<M::Table, M::Key>: SelectDsl<AsSelect<M, Backend<Conn>>>,
+    ByKey<M, Conn>: LockingDsl<RowLock> + for<'q> LoadQuery<'q, Conn, M>,
+    Conn::Locked<ByKey<M, Conn>>: for<'q> LoadQuery<'q, Conn, M>,
+{
+    fn load_locked(conn: &mut Conn, key: M::Key, lock: RowLock) -> diesel::QueryResult<Option<M>> {
+        let query = M::Table::default().find(key).select(M::as_select());
+        Conn::apply_lock(query, lock).get_result(conn).optional()
+    }
+
+    fn exists(conn: &mut Conn, key: M::Key) -> diesel::QueryResult<bool> {
+        let query = M::Table::default().find(key).select(M::as_select());
+        query
+            .get_result::<M>(conn)
+            .optional()
+            .map(|row| row.is_some())
+    }
+}
+
+/// The ordered multi-row lock of [`Lockable::lock_all`]. Blanket-implemented for
+/// models with a single-column primary key.
+pub trait LockAll<Conn: LockingConnection>: Lockable {
+    /// `SELECT .. WHERE pk IN (..) ORDER BY pk FOR UPDATE`.
+    fn load_all_locked(conn: &mut Conn, keys: Vec<Self::Key>) -> diesel::QueryResult<Vec<Self>>;
+}
+
+/// A primary-key column that can be matched against a list of keys
+/// (`pk = ANY($1)` / `pk IN (..)`): integer and text keys.
+///
+/// Diesel's `eq_any` bound cannot be named in generic code, so it is stated here
+/// once per key type.
+pub trait KeyColumn<K>: Sized {
+    /// `pk.eq_any(keys)`.
+    type EqAny;
+    /// Builds `pk.eq_any(keys)`.
+    fn eq_any_keys(self, keys: Vec<K>) -> Self::EqAny;
+}
+
+macro_rules! key_column {
+    ($($key:ty => $sql:ty),*) => {$(
+        impl<C> KeyColumn<$key> for C
+        where
+            C: Expression<SqlType = $sql> + ExpressionMethods,
+        {
+            type EqAny = dsl::EqAny<C, Vec<$key>>;
+            fn eq_any_keys(self, keys: Vec<$key>) -> Self::EqAny {
+                self.eq_any(keys)
+            }
+        }
+    )*};
+}
+
+key_column!(
+    i16 => diesel::sql_types::SmallInt,
+    i32 => diesel::sql_types::Integer,
+    i64 => diesel::sql_types::BigInt,
+    String => diesel::sql_types::Text
+);
+
+type KeysFilter<M> = <Pk<M> as KeyColumn<<M as Lockable>::Key>>::EqAny;
+type AllByKeys<M, C> = Select<
+    dsl::Order<dsl::Filter<<M as Lockable>::Table, KeysFilter<M>>, dsl::Asc<Pk<M>>>,
+    AsSelect<M, Backend<C>>,
+>;
+
+impl<M, Conn> LockAll<Conn> for M
+where
+    Conn: LockingConnection,
+    M: Lockable + Selectable<Backend<Conn>>,
+    AsSelect<M, Backend<Conn>>: Expression,
+    Pk<M>: KeyColumn<M::Key> + ExpressionMethods,
+    M::Table: FilterDsl<KeysFilter<M>>,
+    dsl::Filter<M::Table, KeysFilter<M>>: OrderDsl<dsl::Asc<Pk<M>>>,
+    dsl::Order<dsl::Filter<M::Table, KeysFilter<M>>, dsl::Asc<Pk<M>>>:
+        SelectDsl<AsSelect<M, Backend<Conn>>>,
+    AllByKeys<M, Conn>: LockingDsl<RowLock>,
+    Conn::Locked<AllByKeys<M, Conn>>: for<'q> LoadQuery<'q, Conn, M>,
+{
+    fn load_all_locked(conn: &mut Conn, keys: Vec<M::Key>) -> diesel::QueryResult<Vec<M>> {
+        let pk = || M::Table::default().primary_key();
+        let query = M::Table::default()
+            .filter(pk().eq_any_keys(keys))
+            .order(pk().asc())
+            .select(M::as_select());
+        Conn::apply_lock(query, RowLock::update()).load(conn)
+    }
+}

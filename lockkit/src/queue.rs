@@ -1,0 +1,69 @@
+//! Work queues with `FOR UPDATE SKIP LOCKED`.
+//!
+//! Many workers claim rows from one table without waiting on each other: each
+//! claims up to `n` rows that nobody else holds, processes them, marks them done
+//! and commits. A crashed worker's transaction rolls back and its rows become
+//! claimable again. Every row is processed exactly once as long as "mark done"
+//! happens in the claiming transaction.
+//!
+//! ```sql
+//! BEGIN;
+//! SELECT ... FROM jobs WHERE jobs.done = false ORDER BY jobs.id LIMIT $1 FOR UPDATE SKIP LOCKED;
+//! -- process, then UPDATE jobs SET done = true WHERE id IN (...)
+//! COMMIT;
+//! ```
+//!
+//! On SQLite, which has no row locks, run the claim inside
+//! [`locked_transaction`](crate::locked_transaction): its `BEGIN IMMEDIATE` makes
+//! workers take turns, which keeps exactly-once (without the parallelism).
+//!
+//! ```
+//! use diesel::prelude::*;
+//! use lockkit::{locked_transaction, queue, LockOptions};
+//! # diesel::table! { jobs (id) { id -> Integer, done -> Bool } }
+//! # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+//! # diesel::sql_query("CREATE TABLE jobs (id INTEGER PRIMARY KEY, done BOOLEAN NOT NULL)").execute(&mut conn).unwrap();
+//! # diesel::sql_query("INSERT INTO jobs VALUES (1, false), (2, false), (3, false)").execute(&mut conn).unwrap();
+//! let done = locked_transaction(&mut conn, LockOptions::default(), |conn| {
+//!     let ids: Vec<i32> = queue::claim(
+//!         conn,
+//!         jobs::table.filter(jobs::done.eq(false)).order(jobs::id).select(jobs::id),
+//!         2,
+//!     )?;
+//!     diesel::update(jobs::table.filter(jobs::id.eq_any(&ids)))
+//!         .set(jobs::done.eq(true))
+//!         .execute(conn)?;
+//!     Ok(ids)
+//! })
+//! .unwrap();
+//! assert_eq!(done, vec![1, 2]);
+//! ```
+
+use diesel::dsl::Limit;
+use diesel::query_dsl::methods::{LimitDsl, LockingDsl};
+use diesel::query_dsl::LoadQuery;
+use diesel::RunQueryDsl;
+
+use crate::locking_connection::{AsLockingConnection, LockingConnection};
+use crate::row_lock::RowLock;
+use crate::{classify, Error};
+
+/// Claims up to `limit` rows of `query` that no other transaction holds, locking
+/// them until the current transaction ends (`LIMIT n FOR UPDATE SKIP LOCKED`).
+///
+/// Must run in a transaction: [`Error::NotInTransaction`] otherwise. Give `query`
+/// an `ORDER BY` so that the oldest work goes first.
+pub fn claim<M, C, Q>(conn: &mut C, query: Q, limit: i64) -> Result<Vec<M>, Error>
+where
+    C: AsLockingConnection,
+    Q: LimitDsl,
+    Limit<Q>: LockingDsl<RowLock>,
+    <C::Conn as LockingConnection>::Locked<Limit<Q>>: for<'q> LoadQuery<'q, C::Conn, M>,
+{
+    let conn = conn.locking_connection();
+    if !conn.in_transaction() {
+        return Err(Error::NotInTransaction);
+    }
+    let query = C::Conn::apply_lock(query.limit(limit), RowLock::update().skip_locked());
+    query.load(conn).map_err(classify)
+}

@@ -1,0 +1,279 @@
+//! Row-lock clauses: `FOR UPDATE`, `NOWAIT`, `SKIP LOCKED`, `FOR UPDATE OF`.
+//!
+//! Diesel already ships `.for_update()`, `.for_no_key_update()`, `.for_share()`,
+//! `.for_key_share()`, `.skip_locked()` and `.no_wait()` on PostgreSQL and MySQL;
+//! use them. [`LockQueryExt`] adds only what Diesel lacks:
+//!
+//! * `.nowait()`: the same clause as Diesel's `.no_wait()`, in SQL's own spelling;
+//! * `.for_update_of(table)` (and `_no_key_update_of`, `_share_of`,
+//!   `_key_share_of`): lock only the rows of one table of a join. PostgreSQL refuses
+//!   `FOR UPDATE` on the nullable side of an outer join; `OF` names the side to lock.
+//!   PostgreSQL and MySQL 8 (not MariaDB); on SQLite it does not compile.
+//!
+//! ```
+//! # #[cfg(feature = "postgres")] {
+//! use diesel::prelude::*;
+//! use lockkit::prelude::*;
+//! # diesel::table! { items (id) { id -> Integer, stock -> Integer } }
+//! # diesel::table! { orders (id) { id -> Integer, item_id -> Integer } }
+//! # diesel::joinable!(orders -> items (item_id));
+//! # diesel::allow_tables_to_appear_in_same_query!(items, orders);
+//! let busy = items::table.find(1).for_update().nowait();
+//! assert_eq!(
+//!     diesel::debug_query::<diesel::pg::Pg, _>(&busy).to_string(),
+//!     r#"SELECT "items"."id", "items"."stock" FROM "items" WHERE ("items"."id" = $1) FOR UPDATE NOWAIT -- binds: [1]"#
+//! );
+//! let of = orders::table.left_join(items::table).select(orders::id).for_update_of(orders::table).skip_locked();
+//! assert!(diesel::debug_query::<diesel::pg::Pg, _>(&of).to_string().contains(r#"FOR UPDATE OF "orders" SKIP LOCKED"#));
+//! # }
+//! ```
+//!
+//! [`RowLock`] is the runtime-selected clause behind [`with_lock`](crate::with_lock),
+//! [`lock_all`](crate::Lockable::lock_all) and [`queue::claim`](crate::queue::claim):
+//! a lock strength and a wait mode, passed to Diesel's own `LockingDsl`.
+
+use diesel::query_builder::{AstPass, QueryFragment, QueryId};
+use diesel::query_dsl::methods::{LockingDsl, ModifyLockDsl};
+use diesel::QueryResult;
+
+/// How strong a row lock is (PostgreSQL's four lock strengths).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum LockStrength {
+    /// `FOR UPDATE`: exclusive; blocks other lockers and writers. The default.
+    #[default]
+    Update,
+    /// `FOR NO KEY UPDATE` (PostgreSQL): exclusive, but lets foreign keys that point
+    /// at the row be checked concurrently. `FOR UPDATE` on MySQL/MariaDB.
+    NoKeyUpdate,
+    /// `FOR SHARE` (PostgreSQL) / `LOCK IN SHARE MODE` (MySQL/MariaDB): readers
+    /// share it, writers wait.
+    Share,
+    /// `FOR KEY SHARE` (PostgreSQL); `LOCK IN SHARE MODE` on MySQL/MariaDB.
+    KeyShare,
+}
+
+/// What to do when the row is already locked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum WaitMode {
+    /// Wait (up to the lock timeout). The default.
+    #[default]
+    Wait,
+    /// `NOWAIT`: fail at once with [`Error::Busy`](crate::Error::Busy).
+    NoWait,
+    /// `SKIP LOCKED`: leave locked rows out of the result.
+    SkipLocked,
+}
+
+/// A row-lock clause chosen at run time: strength plus wait mode.
+///
+/// Handed to Diesel's `LockingDsl`, so Diesel places it in the statement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RowLock {
+    /// The lock strength.
+    pub strength: LockStrength,
+    /// The wait mode.
+    pub wait: WaitMode,
+}
+
+impl RowLock {
+    /// `FOR UPDATE`.
+    pub const fn update() -> Self {
+        RowLock {
+            strength: LockStrength::Update,
+            wait: WaitMode::Wait,
+        }
+    }
+
+    /// The same lock with `SKIP LOCKED`.
+    pub const fn skip_locked(self) -> Self {
+        RowLock {
+            wait: WaitMode::SkipLocked,
+            ..self
+        }
+    }
+
+    /// The same lock with `NOWAIT`.
+    pub const fn nowait(self) -> Self {
+        RowLock {
+            wait: WaitMode::NoWait,
+            ..self
+        }
+    }
+}
+
+// The clause's text depends on run-time values, so it must not share a prepared
+// statement cache entry with other clauses: no static query id.
+impl QueryId for RowLock {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl WaitMode {
+    fn sql(self) -> &'static str {
+        match self {
+            WaitMode::Wait => "",
+            WaitMode::NoWait => " NOWAIT",
+            WaitMode::SkipLocked => " SKIP LOCKED",
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl LockStrength {
+    fn pg(self) -> &'static str {
+        match self {
+            LockStrength::Update => " FOR UPDATE",
+            LockStrength::NoKeyUpdate => " FOR NO KEY UPDATE",
+            LockStrength::Share => " FOR SHARE",
+            LockStrength::KeyShare => " FOR KEY SHARE",
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl LockStrength {
+    fn mysql(self) -> &'static str {
+        match self {
+            LockStrength::Update | LockStrength::NoKeyUpdate => " FOR UPDATE",
+            // MariaDB has no `FOR SHARE`; both servers accept the older spelling.
+            LockStrength::Share | LockStrength::KeyShare => " LOCK IN SHARE MODE",
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl QueryFragment<diesel::pg::Pg> for RowLock {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::pg::Pg>) -> QueryResult<()> {
+        out.unsafe_to_cache_prepared();
+        out.push_sql(self.strength.pg());
+        out.push_sql(self.wait.sql());
+        Ok(())
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl QueryFragment<diesel::mysql::Mysql> for RowLock {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::mysql::Mysql>) -> QueryResult<()> {
+        out.unsafe_to_cache_prepared();
+        out.push_sql(self.strength.mysql());
+        out.push_sql(self.wait.sql());
+        Ok(())
+    }
+}
+
+/// The `NOWAIT` modifier of [`LockQueryExt::nowait`].
+///
+/// Diesel's own marker type for `.no_wait()` is private, so it cannot be named in a
+/// generic bound; this one-word marker goes through Diesel's public `ModifyLockDsl`
+/// to the very place `.no_wait()` uses, and renders the same SQL (a test compares
+/// both with `debug_query`).
+#[derive(Debug, Clone, Copy, Default, QueryId)]
+pub struct NoWait;
+
+#[cfg(feature = "postgres")]
+impl QueryFragment<diesel::pg::Pg> for NoWait {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::pg::Pg>) -> QueryResult<()> {
+        out.push_sql(" NOWAIT");
+        Ok(())
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl QueryFragment<diesel::mysql::Mysql> for NoWait {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::mysql::Mysql>) -> QueryResult<()> {
+        out.push_sql(" NOWAIT");
+        Ok(())
+    }
+}
+
+/// `FOR <strength> OF <table>`; build it with [`LockQueryExt`].
+#[derive(Debug, Clone, Copy)]
+pub struct LockOf<T> {
+    strength: LockStrength,
+    table: T,
+}
+
+impl<T> QueryId for LockOf<T> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+#[cfg(feature = "postgres")]
+impl<T: QueryFragment<diesel::pg::Pg>> QueryFragment<diesel::pg::Pg> for LockOf<T> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::pg::Pg>) -> QueryResult<()> {
+        out.unsafe_to_cache_prepared();
+        out.push_sql(self.strength.pg());
+        out.push_sql(" OF ");
+        self.table.walk_ast(out.reborrow())
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl<T: QueryFragment<diesel::mysql::Mysql>> QueryFragment<diesel::mysql::Mysql> for LockOf<T> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::mysql::Mysql>) -> QueryResult<()> {
+        out.unsafe_to_cache_prepared();
+        // MySQL 8 spells the shared lock `FOR SHARE OF t`.
+        out.push_sql(match self.strength {
+            LockStrength::Update | LockStrength::NoKeyUpdate => " FOR UPDATE OF ",
+            LockStrength::Share | LockStrength::KeyShare => " FOR SHARE OF ",
+        });
+        self.table.walk_ast(out.reborrow())
+    }
+}
+
+/// Lock clauses Diesel lacks, on every query that has Diesel's locking methods.
+pub trait LockQueryExt: Sized {
+    /// `NOWAIT`: the same clause as Diesel's `.no_wait()`, in SQL's spelling.
+    fn nowait(self) -> <Self as ModifyLockDsl<NoWait>>::Output
+    where
+        Self: ModifyLockDsl<NoWait>,
+    {
+        self.modify_lock(NoWait)
+    }
+
+    /// `FOR UPDATE OF <table>`.
+    fn for_update_of<T>(self, table: T) -> <Self as LockingDsl<LockOf<T>>>::Output
+    where
+        Self: LockingDsl<LockOf<T>>,
+    {
+        self.with_lock(LockOf {
+            strength: LockStrength::Update,
+            table,
+        })
+    }
+
+    /// `FOR NO KEY UPDATE OF <table>` (PostgreSQL).
+    fn for_no_key_update_of<T>(self, table: T) -> <Self as LockingDsl<LockOf<T>>>::Output
+    where
+        Self: LockingDsl<LockOf<T>>,
+    {
+        self.with_lock(LockOf {
+            strength: LockStrength::NoKeyUpdate,
+            table,
+        })
+    }
+
+    /// `FOR SHARE OF <table>`.
+    fn for_share_of<T>(self, table: T) -> <Self as LockingDsl<LockOf<T>>>::Output
+    where
+        Self: LockingDsl<LockOf<T>>,
+    {
+        self.with_lock(LockOf {
+            strength: LockStrength::Share,
+            table,
+        })
+    }
+
+    /// `FOR KEY SHARE OF <table>` (PostgreSQL).
+    fn for_key_share_of<T>(self, table: T) -> <Self as LockingDsl<LockOf<T>>>::Output
+    where
+        Self: LockingDsl<LockOf<T>>,
+    {
+        self.with_lock(LockOf {
+            strength: LockStrength::KeyShare,
+            table,
+        })
+    }
+}
+
+impl<Q> LockQueryExt for Q {}
