@@ -24,7 +24,10 @@ pub trait TestBackend: R2D2Connection + Connection + Sized + 'static {
 /// How a test database is removed when the test ends.
 pub enum Cleanup {
     /// `DROP DATABASE` through a connection to the admin URL.
-    Drop { admin_url: String, statement: String },
+    Drop {
+        admin_url: String,
+        statement: String,
+    },
     /// Remove the SQLite files.
     Files(Vec<std::path::PathBuf>),
 }
@@ -90,7 +93,8 @@ impl<C: TestBackend> Drop for TestDb<C> {
                 statement,
             }) => {
                 if let Ok(mut admin) = C::establish(&admin_url) {
-                    let _ = diesel::connection::SimpleConnection::batch_execute(&mut admin, &statement);
+                    let _ =
+                        diesel::connection::SimpleConnection::batch_execute(&mut admin, &statement);
                 }
             }
             Some(Cleanup::Files(files)) => {
@@ -116,7 +120,13 @@ impl<C: TestBackend> diesel::r2d2::CustomizeConnection<C, diesel::r2d2::Error> f
 fn unique_name(test_name: &str) -> String {
     let cleaned: String = test_name
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
         .take(32)
         .collect();
     format!(
@@ -180,7 +190,8 @@ mod postgres {
     use super::*;
     use diesel::{PgConnection, RunQueryDsl};
 
-    const MIGRATIONS: EmbeddedMigrations = diesel_migrations::embed_migrations!("migrations/postgres");
+    const MIGRATIONS: EmbeddedMigrations =
+        diesel_migrations::embed_migrations!("migrations/postgres");
 
     #[derive(diesel::QueryableByName)]
     struct Name {
@@ -194,12 +205,17 @@ mod postgres {
             let mut conn: PgConnection = admin(&admin_url, "PostgreSQL", "PG_DATABASE_URL");
             static SWEEP: std::sync::Once = std::sync::Once::new();
             SWEEP.call_once(|| {
-                let names = diesel::sql_query("SELECT datname FROM pg_database WHERE datname LIKE 'lk\\_%'")
-                    .load::<Name>(&mut conn)
-                    .unwrap_or_default();
+                let names = diesel::sql_query(
+                    "SELECT datname FROM pg_database WHERE datname LIKE 'lk\\_%'",
+                )
+                .load::<Name>(&mut conn)
+                .unwrap_or_default();
                 for db in names.into_iter().filter(|n| is_orphan(&n.datname)) {
-                    let _ = diesel::sql_query(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.datname))
-                        .execute(&mut conn);
+                    let _ = diesel::sql_query(format!(
+                        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                        db.datname
+                    ))
+                    .execute(&mut conn);
                 }
             });
             diesel::sql_query(format!("CREATE DATABASE {name}"))
@@ -236,7 +252,8 @@ mod mysql {
     impl TestBackend for MysqlConnection {
         fn create_database(name: &str) -> (String, Cleanup) {
             let admin_url = env_url("MYSQL_DATABASE_URL", "mysql://root@127.0.0.1:3306/test");
-            let mut conn: MysqlConnection = admin(&admin_url, "MySQL/MariaDB", "MYSQL_DATABASE_URL");
+            let mut conn: MysqlConnection =
+                admin(&admin_url, "MySQL/MariaDB", "MYSQL_DATABASE_URL");
             static SWEEP: std::sync::Once = std::sync::Once::new();
             SWEEP.call_once(|| {
                 let names = diesel::sql_query(
@@ -273,7 +290,8 @@ mod sqlite {
     use diesel::connection::SimpleConnection;
     use diesel::SqliteConnection;
 
-    const MIGRATIONS: EmbeddedMigrations = diesel_migrations::embed_migrations!("migrations/sqlite");
+    const MIGRATIONS: EmbeddedMigrations =
+        diesel_migrations::embed_migrations!("migrations/sqlite");
 
     impl TestBackend for SqliteConnection {
         fn create_database(name: &str) -> (String, Cleanup) {
@@ -289,7 +307,8 @@ mod sqlite {
         }
 
         fn migrate(conn: &mut Self) {
-            conn.batch_execute("PRAGMA journal_mode = WAL;").expect("WAL");
+            conn.batch_execute("PRAGMA journal_mode = WAL;")
+                .expect("WAL");
             conn.run_pending_migrations(MIGRATIONS).expect("migrations");
         }
 

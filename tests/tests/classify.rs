@@ -46,9 +46,13 @@ fn provoke_deadlock<C: TestBackend>(db: &TestDb<C>) -> Vec<Result<(), Error>> {
                 s.spawn(move || {
                     let mut conn = db.connect();
                     conn.transaction(|conn| {
-                        conn.batch_execute(&format!("UPDATE items SET stock = stock - 1 WHERE id = {first}"))?;
+                        conn.batch_execute(&format!(
+                            "UPDATE items SET stock = stock - 1 WHERE id = {first}"
+                        ))?;
                         barrier.wait();
-                        conn.batch_execute(&format!("UPDATE items SET stock = stock - 1 WHERE id = {second}"))
+                        conn.batch_execute(&format!(
+                            "UPDATE items SET stock = stock - 1 WHERE id = {second}"
+                        ))
                     })
                     .map_err(classify)
                 })
@@ -59,7 +63,10 @@ fn provoke_deadlock<C: TestBackend>(db: &TestDb<C>) -> Vec<Result<(), Error>> {
 }
 
 fn assert_one_deadlock(outcomes: &[Result<(), Error>]) {
-    let deadlocks = outcomes.iter().filter(|o| matches!(o, Err(Error::Deadlock))).count();
+    let deadlocks = outcomes
+        .iter()
+        .filter(|o| matches!(o, Err(Error::Deadlock)))
+        .count();
     let ok = outcomes.iter().filter(|o| o.is_ok()).count();
     assert_eq!((deadlocks, ok), (1, 1), "{outcomes:?}");
     assert!(Error::Deadlock.is_retryable());
@@ -67,7 +74,10 @@ fn assert_one_deadlock(outcomes: &[Result<(), Error>]) {
 
 #[test]
 fn not_found_is_not_found() {
-    assert!(matches!(classify(diesel::result::Error::NotFound), Error::NotFound));
+    assert!(matches!(
+        classify(diesel::result::Error::NotFound),
+        Error::NotFound
+    ));
 }
 
 #[cfg(feature = "postgres")]
@@ -91,8 +101,14 @@ mod postgres {
         seed_items(&mut db.connect(), &[(1, 10)]);
         let err = while_row_locked(&db, || {
             let mut conn = db.connect();
-            conn.transaction(|conn| items::table.find(1).for_update().no_wait().first::<Item>(conn))
-                .unwrap_err()
+            conn.transaction(|conn| {
+                items::table
+                    .find(1)
+                    .for_update()
+                    .no_wait()
+                    .first::<Item>(conn)
+            })
+            .unwrap_err()
         });
         assert!(err.to_string().contains("could not obtain lock"), "{err}");
         assert!(matches!(classify(clone_error(&err)), Error::Busy));
@@ -141,7 +157,8 @@ mod postgres {
             .serializable()
             .run(|a| {
                 let _ = items::table.find(1).first::<Item>(a)?;
-                db.connect().batch_execute("UPDATE items SET stock = 5 WHERE id = 1")?;
+                db.connect()
+                    .batch_execute("UPDATE items SET stock = 5 WHERE id = 1")?;
                 a.batch_execute("UPDATE items SET stock = 0 WHERE id = 1")
             })
             .unwrap_err();
@@ -162,10 +179,9 @@ mod postgres {
 
     fn clone_error(err: &diesel::result::Error) -> diesel::result::Error {
         match err {
-            diesel::result::Error::DatabaseError(kind, info) => diesel::result::Error::DatabaseError(
-                *kind,
-                Box::new(info.message().to_owned()),
-            ),
+            diesel::result::Error::DatabaseError(kind, info) => {
+                diesel::result::Error::DatabaseError(*kind, Box::new(info.message().to_owned()))
+            }
             other => panic!("unexpected {other:?}"),
         }
     }
@@ -199,7 +215,8 @@ mod mysql {
         seed_items(&mut db.connect(), &[(1, 10)]);
         let err = while_row_locked(&db, || {
             let mut conn = db.connect();
-            conn.batch_execute("SET SESSION innodb_lock_wait_timeout = 1").unwrap();
+            conn.batch_execute("SET SESSION innodb_lock_wait_timeout = 1")
+                .unwrap();
             conn.transaction(|conn| conn.batch_execute("UPDATE items SET stock = 0 WHERE id = 1"))
                 .unwrap_err()
         });
@@ -214,8 +231,14 @@ mod mysql {
         let (plain, nowait) = while_row_locked(&db, || {
             let mut conn = db.connect();
             let mut attempt = || {
-                conn.transaction(|conn| items::table.find(1).for_update().no_wait().first::<Item>(conn))
-                    .unwrap_err()
+                conn.transaction(|conn| {
+                    items::table
+                        .find(1)
+                        .for_update()
+                        .no_wait()
+                        .first::<Item>(conn)
+                })
+                .unwrap_err()
             };
             (classify(attempt()), classify_nowait(attempt()))
         });
@@ -240,7 +263,8 @@ mod mysql {
         };
         conn.batch_execute(setting).unwrap();
         let err = while_row_locked(&db, || {
-            conn.transaction(|conn| items::table.find(1).for_update().first::<Item>(conn)).unwrap_err()
+            conn.transaction(|conn| items::table.find(1).for_update().first::<Item>(conn))
+                .unwrap_err()
         });
         assert!(matches!(classify(err), Error::StatementTimeout));
     }
@@ -272,7 +296,9 @@ mod sqlite {
             locked_rx.recv().unwrap();
             let mut conn = db.connect();
             conn.batch_execute("PRAGMA busy_timeout = 0").unwrap();
-            let err = conn.batch_execute("UPDATE items SET stock = 2 WHERE id = 1").unwrap_err();
+            let err = conn
+                .batch_execute("UPDATE items SET stock = 2 WHERE id = 1")
+                .unwrap_err();
             release_tx.send(()).unwrap();
             assert!(matches!(classify(err), Error::Busy));
         });
