@@ -6,6 +6,7 @@
 //! | row lock | `FOR UPDATE` (and strengths) | `FOR UPDATE` / `LOCK IN SHARE MODE` | none: the transaction is `BEGIN IMMEDIATE`, which takes the database's write lock and so serializes writers |
 //! | timeout | `SELECT set_config('lock_timeout', $1, true)` (= `SET LOCAL`) | `SET SESSION innodb_lock_wait_timeout = ?`, whole seconds, restored afterwards | `PRAGMA busy_timeout = n`, restored afterwards |
 //! | `NOWAIT` / `SKIP LOCKED` | in the clause | in the clause | busy timeout 0: a locked database is [`Error::Busy`] |
+//! | wait ran out | [`Error::LockTimeout`] | [`Error::LockTimeout`] | [`Error::LockTimeout`] (busy at `BEGIN IMMEDIATE`) |
 //! | nested | savepoint | savepoint | savepoint (the outer transaction's lock mode applies) |
 //!
 //! Timeouts come from a [`Duration`](std::time::Duration) and reach the server as a
@@ -322,11 +323,24 @@ mod sqlite {
                 }
                 _ => None,
             };
+            // SQLite waits for the lock at BEGIN IMMEDIATE; a busy error before `f`
+            // ran means the wait ran out.
+            let mut entered = false;
+            let run = |conn: &mut Self| {
+                entered = true;
+                f(conn)
+            };
             let result = if nested {
-                self.transaction(f)
+                self.transaction(run)
             } else {
                 // Takes the write lock before the first read: writers queue here.
-                self.immediate_transaction(f)
+                self.immediate_transaction(run)
+            };
+            let result = match result {
+                Err(Error::Busy) if !entered && options.wait_mode() == WaitMode::Wait => {
+                    Err(Error::LockTimeout)
+                }
+                other => other,
             };
             if let Some(previous) = previous {
                 let restored = set_busy_timeout(self, previous);

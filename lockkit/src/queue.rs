@@ -13,6 +13,12 @@
 //! COMMIT;
 //! ```
 //!
+//! Mark the claimed rows one primary key at a time (`WHERE id = ?`), as below. On
+//! MySQL/MariaDB an `UPDATE ... WHERE id IN (..)` over a small table may be run as
+//! a full scan, which under REPEATABLE READ locks every row it reads, including
+//! rows another worker claimed: the workers then wait on or deadlock with each
+//! other.
+//!
 //! On SQLite, which has no row locks, run the claim inside
 //! [`locked_transaction`](crate::locked_transaction): its `BEGIN IMMEDIATE` makes
 //! workers take turns, which keeps exactly-once (without the parallelism).
@@ -30,9 +36,9 @@
 //!         jobs::table.filter(jobs::done.eq(false)).order(jobs::id).select(jobs::id),
 //!         2,
 //!     )?;
-//!     diesel::update(jobs::table.filter(jobs::id.eq_any(&ids)))
-//!         .set(jobs::done.eq(true))
-//!         .execute(conn)?;
+//!     for id in &ids {
+//!         diesel::update(jobs::table.find(id)).set(jobs::done.eq(true)).execute(conn)?;
+//!     }
 //!     Ok(ids)
 //! })
 //! .unwrap();

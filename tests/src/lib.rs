@@ -20,53 +20,41 @@ pub use db::TestDb;
 /// `BACKEND` its name; the argument is a fresh [`TestDb`].
 #[macro_export]
 macro_rules! backend_tests {
-    ($($(#[$meta:meta])* fn $name:ident($db:ident) $body:block)*) => {
-        #[cfg(feature = "postgres")]
-        mod postgres {
+    (@backend $feature:literal, $module:ident, $conn:ident, $($backend:ident)::+; $($(#[$meta:meta])* fn $name:ident($db:ident) $body:block)*) => {
+        #[cfg(feature = $feature)]
+        mod $module {
             #[allow(unused_imports)]
             use super::*;
             #[allow(dead_code)]
-            type Conn = ::diesel::PgConnection;
+            type Conn = ::diesel::$conn;
             #[allow(dead_code)]
-            type Backend = ::diesel::pg::Pg;
+            type Backend = ::diesel::$($backend)::+;
             #[allow(dead_code)]
-            const BACKEND: &str = "postgres";
-            $crate::backend_tests!(@tests $($(#[$meta])* fn $name($db) $body)*);
-        }
-        #[cfg(feature = "mysql")]
-        mod mysql {
-            #[allow(unused_imports)]
-            use super::*;
-            #[allow(dead_code)]
-            type Conn = ::diesel::MysqlConnection;
-            #[allow(dead_code)]
-            type Backend = ::diesel::mysql::Mysql;
-            #[allow(dead_code)]
-            const BACKEND: &str = "mysql";
-            $crate::backend_tests!(@tests $($(#[$meta])* fn $name($db) $body)*);
-        }
-        #[cfg(feature = "sqlite")]
-        mod sqlite {
-            #[allow(unused_imports)]
-            use super::*;
-            #[allow(dead_code)]
-            type Conn = ::diesel::SqliteConnection;
-            #[allow(dead_code)]
-            type Backend = ::diesel::sqlite::Sqlite;
-            #[allow(dead_code)]
-            const BACKEND: &str = "sqlite";
-            $crate::backend_tests!(@tests $($(#[$meta])* fn $name($db) $body)*);
+            const BACKEND: &str = $feature;
+            $(
+                $(#[$meta])*
+                #[test]
+                fn $name() {
+                    let $db = $crate::TestDb::<Conn>::new(stringify!($name));
+                    $body
+                }
+            )*
         }
     };
-    (@tests $($(#[$meta:meta])* fn $name:ident($db:ident) $body:block)*) => {
-        $(
-            $(#[$meta])*
-            #[test]
-            fn $name() {
-                let $db = $crate::TestDb::<Conn>::new(stringify!($name));
-                $body
-            }
-        )*
+    ($($tests:tt)*) => {
+        $crate::backend_tests!(@backend "postgres", postgres, PgConnection, pg::Pg; $($tests)*);
+        $crate::backend_tests!(@backend "mysql", mysql, MysqlConnection, mysql::Mysql; $($tests)*);
+        $crate::backend_tests!(@backend "sqlite", sqlite, SqliteConnection, sqlite::Sqlite; $($tests)*);
+    };
+}
+
+/// [`backend_tests!`] for the servers with row locks only: PostgreSQL and
+/// MySQL/MariaDB.
+#[macro_export]
+macro_rules! server_tests {
+    ($($tests:tt)*) => {
+        $crate::backend_tests!(@backend "postgres", postgres, PgConnection, pg::Pg; $($tests)*);
+        $crate::backend_tests!(@backend "mysql", mysql, MysqlConnection, mysql::Mysql; $($tests)*);
     };
 }
 

@@ -1,9 +1,9 @@
 //! Models covering the shapes `#[derive(Versioned)]` supports.
 
 use diesel::prelude::*;
-use lockkit::Versioned;
+use lockkit::{Lockable, Versioned};
 
-use crate::schema::{documents, gadgets, items, order_lines};
+use crate::schema::{documents, gadgets, items, jobs, order_lines};
 
 /// The classic: `lock_version: i32`, and a Diesel `AsChangeset` that includes it.
 #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, AsChangeset, Versioned)]
@@ -65,4 +65,13 @@ pub struct OrderLine {
     pub line_no: i32,
     pub qty: i32,
     pub lock_version: i32,
+}
+
+/// A model without a version column: `Lockable` only.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Lockable)]
+#[diesel(table_name = jobs)]
+pub struct Job {
+    pub id: i32,
+    pub payload: String,
+    pub done: bool,
 }

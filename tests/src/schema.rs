@@ -34,3 +34,30 @@ diesel::table! {
         lock_version -> Integer,
     }
 }
+
+diesel::table! {
+    jobs (id) {
+        id -> Integer,
+        payload -> Text,
+        done -> Bool,
+    }
+}
+
+diesel::table! {
+    doctors (id) {
+        id -> Integer,
+        name -> Text,
+        on_call -> Bool,
+    }
+}
+
+diesel::table! {
+    orders (id) {
+        id -> Integer,
+        item_id -> Nullable<Integer>,
+        qty -> Integer,
+    }
+}
+
+diesel::joinable!(orders -> items (item_id));
+diesel::allow_tables_to_appear_in_same_query!(items, orders);

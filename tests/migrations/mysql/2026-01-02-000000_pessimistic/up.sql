@@ -1,0 +1,15 @@
+CREATE TABLE jobs (
+    id INTEGER PRIMARY KEY,
+    payload VARCHAR(255) NOT NULL,
+    done BOOLEAN NOT NULL DEFAULT FALSE
+) ENGINE = InnoDB;
+CREATE TABLE doctors (
+    id INTEGER PRIMARY KEY,
+    name VARCHAR(255) NOT NULL,
+    on_call BOOLEAN NOT NULL
+) ENGINE = InnoDB;
+CREATE TABLE orders (
+    id INTEGER PRIMARY KEY,
+    item_id INTEGER REFERENCES items (id),
+    qty INTEGER NOT NULL
+) ENGINE = InnoDB;

@@ -1,0 +1,15 @@
+CREATE TABLE jobs (
+    id INTEGER PRIMARY KEY,
+    payload TEXT NOT NULL,
+    done BOOLEAN NOT NULL DEFAULT FALSE
+);
+CREATE TABLE doctors (
+    id INTEGER PRIMARY KEY,
+    name TEXT NOT NULL,
+    on_call BOOLEAN NOT NULL
+);
+CREATE TABLE orders (
+    id INTEGER PRIMARY KEY,
+    item_id INTEGER REFERENCES items (id),
+    qty INTEGER NOT NULL
+);

@@ -1,0 +1,1 @@
+DROP TABLE orders; DROP TABLE doctors; DROP TABLE jobs;

@@ -1,0 +1,341 @@
+//! Pessimistic locking on real servers: `with_lock`, lock options, `lock_all`,
+//! SKIP LOCKED claims, advisory locks, `serializable`, conditional updates and
+//! the lock-wait view. Concurrency claims use several connections on threads.
+
+use std::sync::{mpsc, Barrier, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use diesel::prelude::*;
+use lockkit::prelude::*;
+use lockkit::{locked_transaction, queue, Error, LockOptions};
+use lockkit_tests::db::TestBackend;
+use lockkit_tests::models::*;
+use lockkit_tests::schema::*;
+use lockkit_tests::{exec, seed_items, TestDb};
+
+#[derive(QueryableByName)]
+struct Setting {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    value: String,
+}
+
+#[derive(QueryableByName)]
+struct BusyTimeout {
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    timeout: i32,
+}
+
+/// The session setting that holds each backend's lock timeout.
+fn lock_timeout_setting<C>(conn: &mut C, backend: &str) -> String
+where
+    C: diesel::connection::LoadConnection,
+    diesel::query_builder::SqlQuery: diesel::query_dsl::LoadQuery<'static, C, Setting>
+        + diesel::query_dsl::LoadQuery<'static, C, BusyTimeout>,
+{
+    match backend {
+        "postgres" => {
+            diesel::sql_query("SELECT current_setting('lock_timeout') AS value")
+                .get_result::<Setting>(conn)
+                .unwrap()
+                .value
+        }
+        "mysql" => {
+            diesel::sql_query("SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS CHAR) AS value")
+                .get_result::<Setting>(conn)
+                .unwrap()
+                .value
+        }
+        _ => diesel::sql_query("PRAGMA busy_timeout")
+            .get_result::<BusyTimeout>(conn)
+            .unwrap()
+            .timeout
+            .to_string(),
+    }
+}
+
+/// Holds `with_lock` on items row 1 on another connection while `blocked` runs.
+fn while_item_locked<C, T>(db: &TestDb<C>, blocked: impl FnOnce() -> T) -> T
+where
+    C: TestBackend + lockkit::LockingConnection + lockkit::AsLockingConnection<Conn = C>,
+    Item: LockRow<C>,
+{
+    let (locked_tx, locked_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    thread::scope(|s| {
+        let holder = s.spawn(move || {
+            let mut conn = db.connect();
+            lockkit::with_lock(&mut conn, 1, |_conn, _item: Item| {
+                locked_tx.send(()).unwrap();
+                let _ = release_rx.recv();
+                Ok(())
+            })
+            .unwrap();
+        });
+        locked_rx.recv().unwrap();
+        let out = blocked();
+        release_tx.send(()).unwrap();
+        holder.join().unwrap();
+        out
+    })
+}
+
+mod all {
+    use super::*;
+
+    lockkit_tests::backend_tests! {
+        fn with_lock_serializes_concurrent_buyers(db) {
+            // Every buyer read stock = 10 before locking; with_lock hands each the
+            // fresh row, so nobody sells from a stale count.
+            const BUYERS: usize = 5;
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let barrier = Barrier::new(BUYERS);
+            let sold: i32 = thread::scope(|s| {
+                let buyers: Vec<_> = (0..BUYERS)
+                    .map(|_| s.spawn(|| {
+                        let mut conn = db.conn();
+                        let stale = items::table.find(1).first::<Item>(&mut conn).unwrap();
+                        barrier.wait();
+                        stale
+                            .with_lock(&mut conn, |conn, fresh| {
+                                thread::sleep(Duration::from_millis(20)); // widen the race window
+                                if fresh.stock < 3 {
+                                    return Ok(0);
+                                }
+                                diesel::update(items::table.find(fresh.id))
+                                    .set(items::stock.eq(fresh.stock - 3))
+                                    .execute(conn)?;
+                                Ok(3)
+                            })
+                            .unwrap()
+                    }))
+                    .collect();
+                buyers.into_iter().map(|b| b.join().unwrap()).sum()
+            });
+            let stock = items::table.find(1).select(items::stock).first::<i32>(&mut db.conn()).unwrap();
+            assert_eq!((sold, stock), (9, 1), "three buyers of 3 from 10");
+            assert_eq!(sold + stock, 10, "units sold + stock = initial");
+        }
+
+        fn with_lock_hands_over_the_fresh_row_and_leaves_the_struct_alone(db) {
+            let mut conn = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            let mut item = items::table.find(1).first::<Item>(&mut conn).unwrap();
+            exec(&mut conn, "UPDATE items SET stock = 7 WHERE id = 1");
+            item.name = "unsaved".into();
+            let seen = item.with_lock(&mut conn, |_conn, fresh| Ok(fresh)).unwrap();
+            assert_eq!((seen.stock, seen.name.as_str()), (7, "item 1"));
+            assert_eq!((item.stock, item.name.as_str()), (10, "unsaved"), "not reloaded, not saved");
+        }
+
+        fn with_lock_rolls_back_when_the_closure_fails(db) {
+            let mut conn = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            let item = items::table.find(1).first::<Item>(&mut conn).unwrap();
+            let err = item
+                .with_lock(&mut conn, |conn, fresh| {
+                    diesel::update(items::table.find(fresh.id)).set(items::stock.eq(0)).execute(conn)?;
+                    Err::<(), _>(Error::NoRowMatched)
+                })
+                .unwrap_err();
+            assert!(matches!(err, Error::NoRowMatched));
+            assert_eq!(items::table.find(1).select(items::stock).first::<i32>(&mut conn).unwrap(), 10);
+        }
+
+        fn with_lock_on_a_missing_row_is_not_found(db) {
+            let mut conn = db.conn();
+            let ghost = Item { id: 99, name: "ghost".into(), stock: 0, lock_version: 0 };
+            let err = ghost.with_lock(&mut conn, |_, _| Ok(())).unwrap_err();
+            assert!(matches!(err, Error::NotFound), "{err:?}");
+        }
+
+        fn with_lock_and_update_versioned_compose(db) {
+            let mut conn = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            let item = items::table.find(1).first::<Item>(&mut conn).unwrap();
+            let version = item
+                .with_lock(&mut conn, |conn, mut fresh| {
+                    fresh.stock -= 1;
+                    fresh.update_versioned(conn)?;
+                    Ok(fresh.lock_version)
+                })
+                .unwrap();
+            assert_eq!(version, 1);
+        }
+
+        fn lockable_models_without_a_version_can_be_locked(db) {
+            let mut conn = db.conn();
+            exec(&mut conn, "INSERT INTO jobs (id, payload, done) VALUES (1, 'a', false)");
+            let job = jobs::table.find(1).first::<Job>(&mut conn).unwrap();
+            job.with_lock(&mut conn, |conn, fresh| {
+                diesel::update(jobs::table.find(fresh.id)).set(jobs::done.eq(true)).execute(conn)?;
+                Ok(())
+            })
+            .unwrap();
+            assert!(jobs::table.find(1).select(jobs::done).first::<bool>(&mut conn).unwrap());
+        }
+
+        fn nowait_reports_busy_at_once(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let item = items::table.find(1).first::<Item>(&mut db.conn()).unwrap();
+            let err = while_item_locked(&db, || {
+                let mut conn = db.connect();
+                item.with_lock_opts(&mut conn, LockOptions::default().nowait(), |_, _| Ok(())).unwrap_err()
+            });
+            assert!(matches!(err, Error::Busy), "{err:?}");
+            // Once released, the same call succeeds.
+            item.with_lock_opts(&mut db.conn(), LockOptions::default().nowait(), |_, _| Ok(())).unwrap();
+        }
+
+        fn a_lock_wait_past_the_timeout_is_lock_timeout(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let item = items::table.find(1).first::<Item>(&mut db.conn()).unwrap();
+            let mut conn = db.connect();
+            let before = lock_timeout_setting(&mut conn, BACKEND);
+            let err = while_item_locked(&db, || {
+                item.with_lock_opts(&mut conn, LockOptions::default().timeout(Duration::from_millis(300)), |_, _| Ok(()))
+                    .unwrap_err()
+            });
+            assert!(matches!(err, Error::LockTimeout), "{err:?}");
+            assert_eq!(lock_timeout_setting(&mut conn, BACKEND), before, "the session's own timeout is restored");
+        }
+
+        fn skip_locked_tells_held_from_absent(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let item = items::table.find(1).first::<Item>(&mut db.conn()).unwrap();
+            let err = while_item_locked(&db, || {
+                item.with_lock_opts(&mut db.connect(), LockOptions::default().skip_locked(), |_, _| Ok(())).unwrap_err()
+            });
+            assert!(matches!(err, Error::Busy), "{err:?}");
+            let err = lockkit::with_lock_opts(&mut db.conn(), 42, LockOptions::default().skip_locked(), |_, _: Item| Ok(()))
+                .unwrap_err();
+            assert!(matches!(err, Error::NotFound), "{err:?}");
+        }
+
+        fn claims_process_every_job_exactly_once(db) {
+            const WORKERS: usize = 4;
+            const JOBS: i32 = 120;
+            let values: Vec<String> = (1..=JOBS).map(|id| format!("({id}, 'job {id}', false)")).collect();
+            exec(&mut db.conn(), &format!("INSERT INTO jobs (id, payload, done) VALUES {}", values.join(", ")));
+            let processed = Mutex::new(Vec::new());
+            thread::scope(|s| {
+                for _ in 0..WORKERS {
+                    s.spawn(|| {
+                        let mut conn = db.conn();
+                        loop {
+                            let batch = locked_transaction(&mut conn, LockOptions::default(), |conn| {
+                                let batch: Vec<Job> = queue::claim(
+                                    conn,
+                                    jobs::table.filter(jobs::done.eq(false)).order(jobs::id).select(Job::as_select()),
+                                    5,
+                                )?;
+                                let ids: Vec<i32> = batch.iter().map(|j| j.id).collect();
+                                // One row at a time: InnoDB may scan (and lock) the whole
+                                // table for `id IN (..)`, taking other workers' rows.
+                                for id in &ids {
+                                    diesel::update(jobs::table.find(id)).set(jobs::done.eq(true)).execute(conn)?;
+                                }
+                                Ok(ids)
+                            })
+                            .unwrap();
+                            if batch.is_empty() {
+                                break;
+                            }
+                            processed.lock().unwrap().extend(batch);
+                        }
+                    });
+                }
+            });
+            let mut processed = processed.into_inner().unwrap();
+            processed.sort();
+            assert_eq!(processed, (1..=JOBS).collect::<Vec<_>>(), "each job once");
+            let pending = jobs::table.filter(jobs::done.eq(false)).count().get_result::<i64>(&mut db.conn()).unwrap();
+            assert_eq!(pending, 0);
+        }
+
+        fn claiming_outside_a_transaction_is_an_error(db) {
+            let err = queue::claim::<Job, _, _>(&mut db.conn(), jobs::table.select(Job::as_select()), 1).unwrap_err();
+            assert!(matches!(err, Error::NotInTransaction));
+        }
+
+        fn lock_all_returns_rows_in_key_order(db) {
+            let mut conn = db.conn();
+            seed_items(&mut conn, &[(1, 1), (2, 2), (3, 3)]);
+            let err = Item::lock_all(&mut conn, &[1, 2]).unwrap_err();
+            assert!(matches!(err, Error::NotInTransaction), "locking outside a transaction is refused");
+            let rows = locked_transaction(&mut conn, LockOptions::default(), |conn| Item::lock_all(conn, &[3, 1, 3]))
+                .unwrap();
+            assert_eq!(rows.iter().map(|r| r.id).collect::<Vec<_>>(), vec![1, 3]);
+            let err = locked_transaction(&mut conn, LockOptions::default(), |conn| Item::lock_all(conn, &[1, 7]))
+                .unwrap_err();
+            assert!(matches!(err, Error::NotFound));
+        }
+
+        fn serializable_keeps_the_on_call_invariant(db) {
+            // Two doctors on call; each may go off duty only if another stays on.
+            exec(&mut db.conn(), "INSERT INTO doctors (id, name, on_call) VALUES (1, 'alice', true), (2, 'bob', true)");
+            let policy = lockkit::RetryPolicy::default().max_attempts(10);
+            let barrier = Barrier::new(2);
+            let went_off: Vec<bool> = thread::scope(|s| {
+                let runs: Vec<_> = [1, 2]
+                    .into_iter()
+                    .map(|id| {
+                        let (barrier, policy, db) = (&barrier, &policy, &db);
+                        s.spawn(move || {
+                            let mut conn = db.connect();
+                            let mut first = true;
+                            lockkit::serializable(&mut conn, policy, |conn| {
+                                let on_call: i64 = doctors::table.filter(doctors::on_call.eq(true)).count().get_result(conn)?;
+                                if std::mem::take(&mut first) && BACKEND != "sqlite" {
+                                    barrier.wait(); // both have read "2 on call"
+                                }
+                                if on_call < 2 {
+                                    return Ok(false);
+                                }
+                                diesel::update(doctors::table.find(id)).set(doctors::on_call.eq(false)).execute(conn)?;
+                                Ok(true)
+                            })
+                            .unwrap()
+                        })
+                    })
+                    .collect();
+                runs.into_iter().map(|r| r.join().unwrap()).collect()
+            });
+            let on_call: i64 = doctors::table.filter(doctors::on_call.eq(true)).count().get_result(&mut db.conn()).unwrap();
+            assert_eq!(on_call, 1, "one doctor stays on call: {went_off:?}");
+            assert_eq!(went_off.iter().filter(|w| **w).count(), 1);
+        }
+
+        fn conditional_updates_never_oversell(db) {
+            const BUYERS: usize = 6;
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let barrier = Barrier::new(BUYERS);
+            let outcomes: Vec<Result<usize, Error>> = thread::scope(|s| {
+                let buyers: Vec<_> = (0..BUYERS)
+                    .map(|_| s.spawn(|| {
+                        let mut conn = db.conn();
+                        barrier.wait();
+                        lockkit::atomic::update_if(
+                            &mut conn,
+                            diesel::update(items::table.find(1).filter(items::stock.ge(3)))
+                                .set(items::stock.eq(items::stock - 3)),
+                        )
+                    }))
+                    .collect();
+                buyers.into_iter().map(|b| b.join().unwrap()).collect()
+            });
+            let sold = 3 * outcomes.iter().filter(|o| matches!(o, Ok(1))).count() as i32;
+            let refused = outcomes.iter().filter(|o| matches!(o, Err(Error::NoRowMatched))).count();
+            let stock = items::table.find(1).select(items::stock).first::<i32>(&mut db.conn()).unwrap();
+            assert_eq!((sold, refused, stock), (9, 3, 1), "{outcomes:?}");
+        }
+
+        fn serializable_refuses_to_nest(db) {
+            let mut conn = db.connect();
+            let err = conn
+                .transaction(|conn| lockkit::serializable(conn, &lockkit::RetryPolicy::default(), |_| Ok(())))
+                .unwrap_err();
+            assert!(matches!(err, Error::AlreadyInTransaction));
+        }
+    }
+}
