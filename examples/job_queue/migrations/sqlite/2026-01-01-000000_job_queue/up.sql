@@ -1,0 +1,21 @@
+CREATE TABLE jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    payload TEXT NOT NULL,
+    done BOOLEAN NOT NULL DEFAULT FALSE
+);
+CREATE TABLE job_runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id INTEGER NOT NULL REFERENCES jobs (id),
+    worker TEXT NOT NULL
+);
+CREATE INDEX job_runs_job_id ON job_runs (job_id);
+CREATE TABLE outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    topic TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    sent BOOLEAN NOT NULL DEFAULT FALSE
+);
+CREATE TABLE published (
+    outbox_id INTEGER PRIMARY KEY NOT NULL REFERENCES outbox (id),
+    relay TEXT NOT NULL
+);

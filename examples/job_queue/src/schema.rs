@@ -1,0 +1,55 @@
+//! The job queue's tables (`migrations/<backend>/` creates them).
+
+diesel::table! {
+    /// Work to do; a worker claims a pending row, runs it and sets `done`.
+    jobs (id) {
+        /// Primary key; workers take the oldest (lowest) first.
+        id -> Integer,
+        /// What to do.
+        payload -> Text,
+        /// Set in the transaction that claimed the job.
+        done -> Bool,
+    }
+}
+
+diesel::table! {
+    /// One row per execution of a job: the audit trail that exposes duplicates.
+    job_runs (id) {
+        /// Primary key.
+        id -> Integer,
+        /// The job that ran.
+        job_id -> Integer,
+        /// The worker that ran it (`w1`, `w2`, …).
+        worker -> Text,
+    }
+}
+
+diesel::table! {
+    /// The transactional outbox: messages written with the business data, to be
+    /// relayed to a message broker.
+    outbox (id) {
+        /// Primary key.
+        id -> Integer,
+        /// Where the message goes.
+        topic -> Text,
+        /// The message.
+        payload -> Text,
+        /// Set in the transaction that published the message.
+        sent -> Bool,
+    }
+}
+
+diesel::table! {
+    /// Stands in for the message broker: one row per published message. Its
+    /// primary key makes a second publication of the same message an error.
+    published (outbox_id) {
+        /// The outbox row published.
+        outbox_id -> Integer,
+        /// The relay instance that published it.
+        relay -> Text,
+    }
+}
+
+diesel::joinable!(job_runs -> jobs (job_id));
+diesel::joinable!(published -> outbox (outbox_id));
+diesel::allow_tables_to_appear_in_same_query!(jobs, job_runs, outbox, published);
