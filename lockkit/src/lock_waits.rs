@@ -8,7 +8,9 @@
 //!   (MySQL 8: `performance_schema.data_lock_waits`).
 //!
 //! A session is identified as [`session_id`] reports it: `pg_backend_pid()` or
-//! `CONNECTION_ID()`.
+//! `CONNECTION_ID()`. The views are server-wide (every database). InnoDB serves
+//! `information_schema` from a copy it refreshes only after 100 ms without a read:
+//! poll it more slowly than that, or every poll sees the same snapshot.
 
 use std::time::Duration;
 

@@ -1,0 +1,354 @@
+//! Row locks on the servers that have them (PostgreSQL, MySQL/MariaDB): deadlocks
+//! and how `lock_all` prevents them, nested `with_lock`, lock clauses, advisory
+//! locks, write skew, and who waits on whom.
+
+use std::sync::{mpsc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use diesel::prelude::*;
+use lockkit::advisory::{self, AdvisoryKey};
+use lockkit::lock_waits;
+use lockkit::prelude::*;
+use lockkit::{locked_transaction, Error, LockOptions};
+use lockkit_tests::models::*;
+use lockkit_tests::schema::*;
+use lockkit_tests::{exec, seed_items};
+
+lockkit_tests::server_tests! {
+    fn locking_in_opposite_orders_deadlocks_and_lock_all_never_does(db) {
+        seed_items(&mut db.conn(), &[(1, 100), (2, 100)]);
+        // One row at a time, {1, 2} against {2, 1}: the server must break a deadlock.
+        let barrier = Barrier::new(2);
+        let outcomes: Vec<Result<(), Error>> = thread::scope(|s| {
+            let runs: Vec<_> = [[1, 2], [2, 1]]
+                .into_iter()
+                .map(|order| {
+                    let (barrier, db) = (&barrier, &db);
+                    s.spawn(move || {
+                        let mut conn = db.connect();
+                        locked_transaction(&mut conn, LockOptions::default(), |conn| {
+                            for (i, id) in order.into_iter().enumerate() {
+                                let _: Item = items::table.find(id).for_update().first(conn)?;
+                                if i == 0 {
+                                    barrier.wait();
+                                }
+                            }
+                            Ok(())
+                        })
+                    })
+                })
+                .collect();
+            runs.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        assert_eq!(outcomes.iter().filter(|o| matches!(o, Err(Error::Deadlock))).count(), 1, "{outcomes:?}");
+
+        // The same workload through lock_all, many times over: no deadlock, no loss.
+        const ROUNDS: usize = 25;
+        let barrier = Barrier::new(2);
+        thread::scope(|s| {
+            for order in [[1, 2], [2, 1]] {
+                let (barrier, db) = (&barrier, &db);
+                s.spawn(move || {
+                    let mut conn = db.connect();
+                    for _ in 0..ROUNDS {
+                        barrier.wait();
+                        locked_transaction(&mut conn, LockOptions::default(), |conn| {
+                            let rows = Item::lock_all(conn, &order)?;
+                            for row in rows {
+                                diesel::update(items::table.find(row.id))
+                                    .set(items::stock.eq(row.stock - 1))
+                                    .execute(conn)?;
+                            }
+                            Ok(())
+                        })
+                        .expect("lock_all never deadlocks");
+                    }
+                });
+            }
+        });
+        let stocks: Vec<i32> = items::table.order(items::id).select(items::stock).load(&mut db.conn()).unwrap();
+        assert_eq!(stocks, vec![100 - 2 * ROUNDS as i32; 2]);
+    }
+
+    fn nested_with_lock_holds_the_lock_until_the_outer_commit(db) {
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let item = items::table.find(1).first::<Item>(&mut db.conn()).unwrap();
+        let mut conn = db.connect();
+        let mut other = db.connect();
+        let nowait = LockOptions::default().nowait();
+        conn.transaction(|conn| {
+            item.with_lock(conn, |_, _| Ok(()))?;
+            // The closure has returned, but only a savepoint was released.
+            let err = item.with_lock_opts(&mut other, nowait, |_, _| Ok(())).unwrap_err();
+            assert!(matches!(err, Error::Busy), "{err:?}");
+            Ok::<_, Error>(())
+        })
+        .unwrap();
+        item.with_lock_opts(&mut other, nowait, |_, _| Ok(())).unwrap();
+    }
+
+    fn nowait_is_the_same_clause_as_diesels_no_wait(db) {
+        let _ = db;
+        let ours = diesel::debug_query::<Backend, _>(&items::table.find(1).for_update().nowait()).to_string();
+        let diesels = diesel::debug_query::<Backend, _>(&items::table.find(1).for_update().no_wait()).to_string();
+        assert_eq!(ours, diesels);
+        assert!(ours.contains("FOR UPDATE NOWAIT"), "{ours}");
+    }
+
+    fn our_nowait_fails_fast_on_a_locked_row(db) {
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let (locked_tx, locked_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        thread::scope(|s| {
+            let db = &db;
+            s.spawn(move || {
+                lockkit::with_lock(&mut db.connect(), 1, |_, _: Item| {
+                    locked_tx.send(()).unwrap();
+                    let _ = release_rx.recv();
+                    Ok(())
+                })
+                .unwrap();
+            });
+            locked_rx.recv().unwrap();
+            let err = db
+                .connect()
+                .transaction(|conn| items::table.find(1).for_update().nowait().first::<Item>(conn))
+                .unwrap_err();
+            release_tx.send(()).unwrap();
+            assert!(matches!(lockkit::classify_nowait(err), Error::Busy));
+        });
+    }
+
+    fn advisory_locks_admit_one_session_at_a_time(db) {
+        let mut a = db.connect();
+        let mut b = db.connect();
+        for key in [AdvisoryKey::from(7), AdvisoryKey::from_name("nightly-report")] {
+            let guard = advisory::try_lock(&mut a, key).unwrap().expect("free at first");
+            assert!(advisory::try_lock(&mut b, key).unwrap().is_none(), "held by a");
+            drop(guard);
+            let again = advisory::try_lock(&mut b, key).unwrap().expect("released on drop");
+            again.unlock().unwrap();
+        }
+        // A waiting `lock` gets the lock once the holder lets go.
+        let key = AdvisoryKey::from_name("migration");
+        let held = advisory::lock(&mut a, key).unwrap();
+        thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                let started = Instant::now();
+                let guard = advisory::lock(&mut b, key).unwrap();
+                drop(guard);
+                started.elapsed()
+            });
+            thread::sleep(Duration::from_millis(200));
+            drop(held);
+            assert!(waiter.join().unwrap() >= Duration::from_millis(150), "b waited for a");
+        });
+    }
+
+    fn hostile_advisory_names_are_only_data(db) {
+        let mut conn = db.conn();
+        seed_items(&mut conn, &[(1, 10)]);
+        let name = "x'); DROP TABLE items; -- \" ` \\";
+        let guard = advisory::try_lock(&mut *conn, name).unwrap().expect("lock");
+        guard.unlock().unwrap();
+        assert_eq!(items::table.count().get_result::<i64>(&mut conn).unwrap(), 1);
+    }
+
+    fn repeatable_read_lets_write_skew_break_the_invariant(db) {
+        // The baseline `serializable` is measured against: both doctors read
+        // "two on call" from their snapshots and both go off duty.
+        exec(&mut db.conn(), "INSERT INTO doctors (id, name, on_call) VALUES (1, 'alice', true), (2, 'bob', true)");
+        let barrier = Barrier::new(2);
+        thread::scope(|s| {
+            for id in [1, 2] {
+                let (barrier, db) = (&barrier, &db);
+                s.spawn(move || {
+                    let mut conn = db.connect();
+                    exec(&mut conn, "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ");
+                    conn.transaction(|conn| {
+                        let on_call: i64 = doctors::table.filter(doctors::on_call.eq(true)).count().get_result(conn)?;
+                        barrier.wait();
+                        if on_call >= 2 {
+                            diesel::update(doctors::table.find(id)).set(doctors::on_call.eq(false)).execute(conn)?;
+                        }
+                        diesel::QueryResult::Ok(())
+                    })
+                    .unwrap();
+                });
+            }
+        });
+        let on_call: i64 = doctors::table.filter(doctors::on_call.eq(true)).count().get_result(&mut db.conn()).unwrap();
+        assert_eq!(on_call, 0, "write skew: nobody is on call");
+    }
+
+    fn lock_waits_show_who_waits_on_whom(db) {
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut a = db.connect();
+        let mut b = db.connect();
+        let mut observer = db.connect();
+        let a_id = lock_waits::session_id(&mut a).unwrap();
+        let b_id = lock_waits::session_id(&mut b).unwrap();
+        let (locked_tx, locked_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        thread::scope(|s| {
+            s.spawn(move || {
+                lockkit::with_lock(&mut a, 1, |_, _: Item| {
+                    locked_tx.send(()).unwrap();
+                    let _ = release_rx.recv();
+                    Ok(())
+                })
+                .unwrap();
+            });
+            locked_rx.recv().unwrap();
+            let waiter = s.spawn(move || lockkit::with_lock(&mut b, 1, |_, item: Item| Ok(item.stock)));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let blocked = loop {
+                let sessions = lock_waits::blocked_sessions(&mut observer).unwrap();
+                if let Some(found) = sessions.into_iter().find(|s| s.session == b_id) {
+                    break found;
+                }
+                assert!(Instant::now() < deadline, "b never showed up as waiting");
+                thread::sleep(Duration::from_millis(250));
+            };
+            assert_eq!(blocked.blocked_by, vec![a_id], "b waits on a");
+            assert!(blocked.query.to_uppercase().contains("FOR UPDATE"), "{}", blocked.query);
+            release_tx.send(()).unwrap();
+            assert_eq!(waiter.join().unwrap().unwrap(), 10);
+        });
+        // The view is server-wide (other tests may be waiting): look for b only.
+        // InnoDB refreshes its information_schema copy only after 100 ms without
+        // a read, so poll more slowly than that.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let sessions = lock_waits::blocked_sessions(&mut observer).unwrap();
+            if sessions.iter().all(|s| s.session != b_id) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "b still shown waiting: {sessions:?}");
+            thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    fn lock_timeouts_reach_the_server_as_numbers(db) {
+        // The timeout is a Duration, bound (PostgreSQL, MySQL) or formatted as an
+        // integer: there is no text to inject. Extreme values are clamped, not errors.
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        for timeout in [Duration::ZERO, Duration::from_nanos(1), Duration::MAX] {
+            let stock = lockkit::with_lock_opts(&mut db.conn(), 1, LockOptions::default().timeout(timeout), |_, item: Item| {
+                Ok(item.stock)
+            })
+            .unwrap();
+            assert_eq!(stock, 10);
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres_only {
+    use super::*;
+    use diesel::PgConnection;
+    use lockkit_tests::TestDb;
+
+    #[test]
+    fn for_update_of_locks_one_side_of_an_outer_join() {
+        let db = TestDb::<PgConnection>::new("for_update_of");
+        let mut conn = db.conn();
+        seed_items(&mut conn, &[(1, 10)]);
+        exec(
+            &mut conn,
+            "INSERT INTO orders (id, item_id, qty) VALUES (1, 1, 2), (2, NULL, 1)",
+        );
+        let query = || {
+            orders::table
+                .left_join(items::table)
+                .select((orders::id, items::stock.nullable()))
+        };
+        let refused = conn
+            .transaction(|conn| query().for_update().load::<(i32, Option<i32>)>(conn))
+            .unwrap_err();
+        assert!(
+            refused
+                .to_string()
+                .contains("nullable side of an outer join"),
+            "{refused}"
+        );
+        let rows = conn
+            .transaction(|conn| {
+                query()
+                    .order(orders::id)
+                    .for_update_of(orders::table)
+                    .load::<(i32, Option<i32>)>(conn)
+            })
+            .unwrap();
+        assert_eq!(rows, vec![(1, Some(10)), (2, None)]);
+        let sql = diesel::debug_query::<diesel::pg::Pg, _>(
+            &query().for_update_of(orders::table).skip_locked(),
+        )
+        .to_string();
+        assert!(
+            sql.contains(r#"FOR UPDATE OF "orders" SKIP LOCKED"#),
+            "{sql}"
+        );
+    }
+
+    #[test]
+    fn transaction_advisory_locks_end_with_the_transaction() {
+        let db = TestDb::<PgConnection>::new("pg_xact_advisory");
+        let mut a = db.connect();
+        let mut b = db.connect();
+        assert!(matches!(
+            advisory::xact_lock(&mut a, 5),
+            Err(Error::NotInTransaction)
+        ));
+        a.transaction(|a| {
+            advisory::xact_lock(a, 5)?;
+            b.transaction(|b| {
+                assert!(!advisory::try_xact_lock(b, 5)?, "held by a's transaction");
+                Ok::<_, Error>(())
+            })
+        })
+        .unwrap();
+        b.transaction(|b| {
+            assert!(advisory::try_xact_lock(b, 5)?, "released at a's commit");
+            Ok::<_, Error>(())
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn update_returning_hands_back_the_row_or_no_row_matched() {
+        let db = TestDb::<PgConnection>::new("pg_update_returning");
+        let mut conn = db.conn();
+        seed_items(&mut conn, &[(1, 5)]);
+        let buy = |conn: &mut PgConnection, qty: i32| {
+            lockkit::atomic::update_returning::<_, _, Item>(
+                conn,
+                diesel::update(items::table.find(1).filter(items::stock.ge(qty)))
+                    .set(items::stock.eq(items::stock - qty))
+                    .returning(Item::as_returning()),
+            )
+        };
+        assert_eq!(buy(&mut conn, 3).unwrap().stock, 2);
+        assert!(matches!(buy(&mut conn, 3), Err(Error::NoRowMatched)));
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql_only {
+    use super::*;
+    use diesel::MysqlConnection;
+
+    #[test]
+    fn for_update_of_renders_mysql_8_syntax() {
+        let sql = diesel::debug_query::<diesel::mysql::Mysql, _>(
+            &orders::table
+                .left_join(items::table)
+                .select(orders::id)
+                .for_update_of(orders::table),
+        )
+        .to_string();
+        assert!(sql.contains("FOR UPDATE OF `orders`"), "{sql}");
+        let _ = std::marker::PhantomData::<MysqlConnection>;
+    }
+}
