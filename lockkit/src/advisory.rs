@@ -203,6 +203,7 @@ where
     )
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 #[derive(diesel::QueryableByName)]
 struct Locked {
     #[diesel(sql_type = diesel::sql_types::Bool)]

@@ -62,12 +62,14 @@ where
     C::Backend::blocked_sessions(conn).map_err(classify)
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 #[derive(diesel::QueryableByName)]
 struct SessionId {
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     id: i64,
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 fn millis(ms: i64) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }

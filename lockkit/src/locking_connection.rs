@@ -147,6 +147,7 @@ pub trait AsLockingConnection {
     fn locking_connection(&mut self) -> &mut Self::Conn;
 }
 
+#[allow(unused_macros)] // used once per enabled backend
 macro_rules! as_locking_connection {
     ($($conn:ty),*) => {$(
         impl AsLockingConnection for $conn {

@@ -32,8 +32,11 @@
 //! [`lock_all`](crate::Lockable::lock_all) and [`queue::claim`](crate::queue::claim):
 //! a lock strength and a wait mode, passed to Diesel's own `LockingDsl`.
 
-use diesel::query_builder::{AstPass, QueryFragment, QueryId};
+use diesel::query_builder::QueryId;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use diesel::query_builder::{AstPass, QueryFragment};
 use diesel::query_dsl::methods::{LockingDsl, ModifyLockDsl};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 use diesel::QueryResult;
 
 /// How strong a row lock is (PostgreSQL's four lock strengths).
@@ -108,6 +111,7 @@ impl QueryId for RowLock {
     const HAS_STATIC_QUERY_ID: bool = false;
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl WaitMode {
     fn sql(self) -> &'static str {
         match self {
@@ -188,6 +192,7 @@ impl QueryFragment<diesel::mysql::Mysql> for NoWait {
 
 /// `FOR <strength> OF <table>`; build it with [`LockQueryExt`].
 #[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub struct LockOf<T> {
     strength: LockStrength,
     table: T,
