@@ -17,8 +17,11 @@
 
 pub mod advisory;
 pub mod atomic;
+#[cfg(feature = "axum")]
+pub mod axum;
 pub mod classify;
 mod error;
+pub mod etag;
 pub mod isolation;
 pub mod lock_waits;
 pub mod lockable;

@@ -1,0 +1,1 @@
+//! axum glue for [`etag`](crate::etag) (feature `axum`).

@@ -1,0 +1,374 @@
+//! ETag / `If-Match` for HTTP APIs (RFC 9110 §8.8.3, §13.1.1), free of any web
+//! framework.
+//!
+//! Optimistic locking over HTTP: `GET` returns the row with a strong ETag made
+//! from its version; the client sends it back in `If-Match` on `PUT`/`DELETE`; the
+//! handler turns the header into the expected version and calls
+//! [`Versioned::update_by_version`](crate::Versioned::update_by_version). A client
+//! that edited an old copy gets `412 Precondition Failed` instead of overwriting
+//! someone else's change.
+//!
+//! | request | outcome | status |
+//! | --- | --- | --- |
+//! | `If-Match: "v7"` and the row is at version 7 | the write happens | 200 / 204 |
+//! | `If-Match: "v6"` (stale), or only weak / foreign tags | [`Error::Stale`] or [`IfMatchError::NoMatch`] | 412 |
+//! | `If-Match: *` | any version matches (the row must exist) | 200 / 404 |
+//! | no `If-Match` where one is required | [`IfMatchError::Missing`] | 428 |
+//! | a header that is not a list of entity tags | [`IfMatchError::Malformed`] | 400 |
+//!
+//! ```
+//! use lockkit::etag::{self, ETag, Expected};
+//!
+//! let tag = ETag::from_version(7_i32);
+//! assert_eq!(tag.to_string(), "\"v7\"");
+//! assert_eq!(etag::expected_version::<i32>(Some("\"v7\"")), Ok(Expected::Version(7)));
+//! assert_eq!(etag::expected_version::<i32>(Some("*")), Ok(Expected::Any));
+//! assert!(etag::expected_version::<i32>(Some("W/\"v7\"")).is_err()); // weak never matches
+//! assert!(etag::expected_version::<i32>(None).is_err());             // 428
+//! ```
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::{Error, VersionNumber};
+
+/// A strong entity tag made from a row's version: `"v<version>"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ETag(i64);
+
+impl ETag {
+    /// The tag of a version.
+    pub fn from_version<V: VersionNumber>(version: V) -> Self {
+        ETag(version.to_i64())
+    }
+
+    /// The version inside.
+    pub fn version(self) -> i64 {
+        self.0
+    }
+}
+
+impl fmt::Display for ETag {
+    /// The header value, quotes included: `"v7"`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "\"v{}\"", self.0)
+    }
+}
+
+/// One entity tag of a header, as sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntityTag {
+    /// `W/` prefix: weak tags never match under `If-Match`.
+    pub weak: bool,
+    /// The opaque tag, without quotes.
+    pub opaque: String,
+}
+
+/// A parsed `If-Match` header value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IfMatch {
+    /// `*`: matches any current representation.
+    Any,
+    /// A list of entity tags (never empty).
+    Tags(Vec<EntityTag>),
+}
+
+/// Why an `If-Match` header cannot lead to a write.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IfMatchError {
+    /// No `If-Match` header where one is required: 428 Precondition Required.
+    #[error("this request requires an If-Match header with the resource's ETag")]
+    Missing,
+    /// Not a valid `If-Match` value: 400 Bad Request.
+    #[error("malformed If-Match header: {0}")]
+    Malformed(&'static str),
+    /// No strong lockkit tag in the list, so nothing can match: 412.
+    #[error("no entity tag in If-Match can match the current version")]
+    NoMatch,
+}
+
+impl IfMatchError {
+    /// The HTTP status code this error maps to.
+    pub fn status(&self) -> u16 {
+        match self {
+            IfMatchError::Missing => 428,
+            IfMatchError::Malformed(_) => 400,
+            IfMatchError::NoMatch => 412,
+        }
+    }
+}
+
+impl FromStr for IfMatch {
+    type Err = IfMatchError;
+
+    /// Parses `*` or `#entity-tag` (RFC 9110): comma-separated, optional
+    /// whitespace, empty list elements ignored, `W/` for weak, `etagc` characters
+    /// inside the quotes (`!`, `#`..`~`, and bytes from 0x80).
+    fn from_str(value: &str) -> Result<Self, IfMatchError> {
+        let value = value.trim_matches(is_ows);
+        if value == "*" {
+            return Ok(IfMatch::Any);
+        }
+        let mut tags = Vec::new();
+        let mut rest = value;
+        loop {
+            rest = rest.trim_start_matches(|c| is_ows(c) || c == ',');
+            if rest.is_empty() {
+                break;
+            }
+            let (weak, after_prefix) = match rest.strip_prefix("W/") {
+                Some(after) => (true, after),
+                None => (false, rest),
+            };
+            let inner = after_prefix
+                .strip_prefix('"')
+                .ok_or(IfMatchError::Malformed("an entity tag must be quoted"))?;
+            let end = inner
+                .find('"')
+                .ok_or(IfMatchError::Malformed("unterminated entity tag"))?;
+            let opaque = &inner[..end];
+            if !opaque.chars().all(is_etagc) {
+                return Err(IfMatchError::Malformed("invalid character in an entity tag"));
+            }
+            tags.push(EntityTag {
+                weak,
+                opaque: opaque.to_owned(),
+            });
+            rest = inner[end + 1..].trim_start_matches(is_ows);
+            if !rest.is_empty() && !rest.starts_with(',') {
+                return Err(IfMatchError::Malformed("entity tags must be separated by commas"));
+            }
+        }
+        if tags.is_empty() {
+            return Err(IfMatchError::Malformed("no entity tag"));
+        }
+        Ok(IfMatch::Tags(tags))
+    }
+}
+
+fn is_ows(c: char) -> bool {
+    c == ' ' || c == '\t'
+}
+
+fn is_etagc(c: char) -> bool {
+    c == '\x21' || ('\x23'..='\x7e').contains(&c) || c >= '\u{80}'
+}
+
+/// The version(s) a request may write over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expected<V> {
+    /// `If-Match: *`: any version (write with the current one, the row must exist).
+    Any,
+    /// Exactly one strong lockkit tag: write if the row is still at this version.
+    Version(V),
+    /// Several strong lockkit tags: write if the row is at any of them.
+    OneOf(Vec<V>),
+}
+
+impl IfMatch {
+    /// The versions named by strong lockkit tags (`"v<n>"` that fits `V`). Weak
+    /// tags and tags lockkit did not make are ignored: under `If-Match` they can
+    /// never match.
+    pub fn expected<V: VersionNumber + TryFrom<i64>>(&self) -> Result<Expected<V>, IfMatchError> {
+        let tags = match self {
+            IfMatch::Any => return Ok(Expected::Any),
+            IfMatch::Tags(tags) => tags,
+        };
+        let mut versions: Vec<V> = tags
+            .iter()
+            .filter(|tag| !tag.weak)
+            .filter_map(|tag| tag.opaque.strip_prefix('v'))
+            .filter(|digits| {
+                let digits = digits.strip_prefix('-').unwrap_or(digits);
+                !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+            })
+            .filter_map(|digits| digits.parse::<i64>().ok())
+            .filter_map(|version| V::try_from(version).ok())
+            .collect();
+        versions.sort();
+        versions.dedup();
+        match versions.len() {
+            0 => Err(IfMatchError::NoMatch),
+            1 => Ok(Expected::Version(versions[0])),
+            _ => Ok(Expected::OneOf(versions)),
+        }
+    }
+}
+
+/// From the raw `If-Match` header (`None` when absent) to the expected version:
+/// parse, then [`IfMatch::expected`].
+pub fn expected_version<V: VersionNumber + TryFrom<i64>>(
+    header: Option<&str>,
+) -> Result<Expected<V>, IfMatchError> {
+    header
+        .ok_or(IfMatchError::Missing)?
+        .parse::<IfMatch>()?
+        .expected()
+}
+
+/// The HTTP status for a lockkit error in a write handler: `Stale` → 412 (the
+/// client's copy is old), `NotFound` → 404, a conditional update that matched
+/// nothing → 409, lock contention → 503 (try again), anything else → 500.
+pub fn status_for(error: &Error) -> u16 {
+    match error {
+        Error::Stale(stale) if stale.current == crate::CurrentState::Deleted => 404,
+        Error::Stale(_) => 412,
+        Error::NotFound => 404,
+        Error::NoRowMatched => 409,
+        Error::Busy
+        | Error::LockTimeout
+        | Error::Deadlock
+        | Error::SerializationFailure
+        | Error::RetriesExhausted { .. } => 503,
+        _ => 500,
+    }
+}
+
+/// A response body for a refused write, in the shape of RFC 9457 problem details.
+/// Serialize it with your framework (`serde` feature).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Problem {
+    /// The HTTP status.
+    pub status: u16,
+    /// A short, stable summary.
+    pub title: &'static str,
+    /// What happened and what to do.
+    pub detail: String,
+    /// The current ETag when known: re-read the resource to get the new state.
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub current_etag: Option<String>,
+}
+
+impl Problem {
+    /// The problem for a lockkit error.
+    pub fn from_error(error: &Error) -> Self {
+        let status = status_for(error);
+        let (title, detail) = match error {
+            Error::Stale(stale) if status == 412 => (
+                "Precondition Failed",
+                format!("{stale}. Re-read the resource (GET) and apply your change to the current version."),
+            ),
+            Error::Stale(_) | Error::NotFound => ("Not Found", "the resource does not exist".to_owned()),
+            Error::NoRowMatched => ("Conflict", error.to_string()),
+            _ if status == 503 => ("Service Unavailable", format!("{error}; try again")),
+            _ => ("Internal Server Error", "the request could not be completed".to_owned()),
+        };
+        let current_etag = match error {
+            Error::Stale(stale) => match stale.current {
+                crate::CurrentState::Version(v) => Some(ETag(v).to_string()),
+                crate::CurrentState::Deleted => None,
+            },
+            _ => None,
+        };
+        Problem {
+            status,
+            title,
+            detail,
+            current_etag,
+        }
+    }
+
+    /// The problem for an unusable `If-Match` header.
+    pub fn from_if_match(error: &IfMatchError) -> Self {
+        let title = match error {
+            IfMatchError::Missing => "Precondition Required",
+            IfMatchError::Malformed(_) => "Bad Request",
+            IfMatchError::NoMatch => "Precondition Failed",
+        };
+        let detail = match error {
+            IfMatchError::Missing => "send If-Match with the ETag from your last GET".to_owned(),
+            IfMatchError::NoMatch => {
+                "no strong ETag in If-Match names a version of this resource; re-read it (GET)".to_owned()
+            }
+            other => other.to_string(),
+        };
+        Problem {
+            status: error.status(),
+            title,
+            detail,
+            current_etag: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(value: &str) -> Result<IfMatch, IfMatchError> {
+        value.parse()
+    }
+
+    fn strong(opaque: &str) -> EntityTag {
+        EntityTag {
+            weak: false,
+            opaque: opaque.into(),
+        }
+    }
+
+    #[test]
+    fn parses_the_forms_of_rfc_9110() {
+        assert_eq!(parse("*"), Ok(IfMatch::Any));
+        assert_eq!(parse(" * "), Ok(IfMatch::Any));
+        assert_eq!(parse("\"v1\""), Ok(IfMatch::Tags(vec![strong("v1")])));
+        assert_eq!(
+            parse("\"v1\" ,W/\"v2\",  , \"\""),
+            Ok(IfMatch::Tags(vec![
+                strong("v1"),
+                EntityTag { weak: true, opaque: "v2".into() },
+                strong(""),
+            ]))
+        );
+        assert_eq!(parse("\"é\""), Ok(IfMatch::Tags(vec![strong("é")])));
+    }
+
+    #[test]
+    fn malformed_headers_are_errors_not_panics() {
+        for bad in ["", " ", ",", "v1", "\"v1", "\"v1\" \"v2\"", "W/v1", "w/\"v1\"", "\"a b\"", "**", "*, \"v1\"", "\"\u{7f}\""] {
+            assert!(matches!(parse(bad), Err(IfMatchError::Malformed(_))), "{bad:?}: {:?}", parse(bad));
+        }
+    }
+
+    #[test]
+    fn only_strong_lockkit_tags_name_versions() {
+        let expected = |h: &str| expected_version::<i32>(Some(h));
+        assert_eq!(expected("\"v7\""), Ok(Expected::Version(7)));
+        assert_eq!(expected("\"v-3\""), Ok(Expected::Version(-3)));
+        assert_eq!(expected("W/\"v7\""), Err(IfMatchError::NoMatch));
+        assert_eq!(expected("\"7\", \"abc\", \"v\", \"v+1\", \"v1x\""), Err(IfMatchError::NoMatch));
+        assert_eq!(expected("\"v99999999999\""), Err(IfMatchError::NoMatch), "too big for i32");
+        assert_eq!(expected("\"v2\", W/\"v3\", \"v1\", \"v2\""), Ok(Expected::OneOf(vec![1, 2])));
+        assert_eq!(expected_version::<i16>(None), Err(IfMatchError::Missing));
+        assert_eq!(expected("bad").unwrap_err().status(), 400);
+        assert_eq!(IfMatchError::Missing.status(), 428);
+        assert_eq!(IfMatchError::NoMatch.status(), 412);
+    }
+
+    #[test]
+    fn etags_round_trip() {
+        for version in [0_i64, 1, -5, i64::MAX, i64::MIN] {
+            let header = ETag::from_version(version).to_string();
+            assert_eq!(expected_version::<i64>(Some(&header)), Ok(Expected::Version(version)));
+        }
+    }
+
+    #[test]
+    fn errors_map_to_statuses_and_problems() {
+        let stale = Error::Stale(crate::StaleObjectError {
+            table: "items",
+            key: "1".into(),
+            version_column: "lock_version",
+            operation: crate::Operation::Update,
+            expected_version: 3,
+            current: crate::CurrentState::Version(4),
+        });
+        let problem = Problem::from_error(&stale);
+        assert_eq!((problem.status, problem.title), (412, "Precondition Failed"));
+        assert_eq!(problem.current_etag.as_deref(), Some("\"v4\""));
+        assert!(problem.detail.contains("Re-read"), "{}", problem.detail);
+        assert_eq!(status_for(&Error::NotFound), 404);
+        assert_eq!(status_for(&Error::Deadlock), 503);
+        assert_eq!(Problem::from_if_match(&IfMatchError::Missing).status, 428);
+    }
+}
