@@ -104,8 +104,9 @@ impl RowLock {
     }
 }
 
-// The clause's text depends on run-time values, so it must not share a prepared
-// statement cache entry with other clauses: no static query id.
+// The clause's text depends on run-time values, so it has no static query id:
+// Diesel then keys its prepared-statement cache by the SQL text, which keeps each
+// variant cached without mixing them up.
 impl QueryId for RowLock {
     type QueryId = ();
     const HAS_STATIC_QUERY_ID: bool = false;
@@ -148,7 +149,6 @@ impl LockStrength {
 #[cfg(feature = "postgres")]
 impl QueryFragment<diesel::pg::Pg> for RowLock {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::pg::Pg>) -> QueryResult<()> {
-        out.unsafe_to_cache_prepared();
         out.push_sql(self.strength.pg());
         out.push_sql(self.wait.sql());
         Ok(())
@@ -158,7 +158,6 @@ impl QueryFragment<diesel::pg::Pg> for RowLock {
 #[cfg(feature = "mysql")]
 impl QueryFragment<diesel::mysql::Mysql> for RowLock {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::mysql::Mysql>) -> QueryResult<()> {
-        out.unsafe_to_cache_prepared();
         out.push_sql(self.strength.mysql());
         out.push_sql(self.wait.sql());
         Ok(())
@@ -206,7 +205,6 @@ impl<T> QueryId for LockOf<T> {
 #[cfg(feature = "postgres")]
 impl<T: QueryFragment<diesel::pg::Pg>> QueryFragment<diesel::pg::Pg> for LockOf<T> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::pg::Pg>) -> QueryResult<()> {
-        out.unsafe_to_cache_prepared();
         out.push_sql(self.strength.pg());
         out.push_sql(" OF ");
         self.table.walk_ast(out.reborrow())
@@ -216,7 +214,6 @@ impl<T: QueryFragment<diesel::pg::Pg>> QueryFragment<diesel::pg::Pg> for LockOf<
 #[cfg(feature = "mysql")]
 impl<T: QueryFragment<diesel::mysql::Mysql>> QueryFragment<diesel::mysql::Mysql> for LockOf<T> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::mysql::Mysql>) -> QueryResult<()> {
-        out.unsafe_to_cache_prepared();
         // MySQL 8 spells the shared lock `FOR SHARE OF t`.
         out.push_sql(match self.strength {
             LockStrength::Update | LockStrength::NoKeyUpdate => " FOR UPDATE OF ",
