@@ -71,14 +71,13 @@ fn classify_with(err: DieselError, wait: LockWait) -> Error {
         },
         _ => None,
     };
-    match kind {
+    let classified = match kind {
         Some(Error::LockTimeout) if wait == LockWait::NoWait => Error::Busy,
-        Some(classified) => {
-            tracing::debug!(target: "lockkit", error = %err, classified = ?classified, "database error classified");
-            classified
-        }
-        None => Error::Database(err),
-    }
+        Some(classified) => classified,
+        None => return Error::Database(err),
+    };
+    crate::metrics::record_lock_error(&classified, &err.to_string());
+    classified
 }
 
 fn is_deadlock(message: &str) -> bool {

@@ -28,6 +28,11 @@ pub enum Error {
     #[error(transparent)]
     Stale(#[from] StaleObjectError),
 
+    /// A versioned bulk update found these rows changed; nothing was written.
+    /// See [`Versioned::update_all_by_version`](crate::Versioned::update_all_by_version).
+    #[error("{} of the rows were changed by someone else; nothing was written: {}", .0.len(), stale_keys(.0))]
+    StaleRows(Vec<StaleObjectError>),
+
     /// The row to read or lock does not exist.
     #[error("row not found")]
     NotFound,
@@ -103,6 +108,7 @@ impl Error {
         matches!(
             self,
             Error::Stale(_)
+                | Error::StaleRows(_)
                 | Error::Busy
                 | Error::LockTimeout
                 | Error::Deadlock
@@ -117,6 +123,15 @@ impl Error {
             _ => None,
         }
     }
+}
+
+fn stale_keys(stale: &[StaleObjectError]) -> String {
+    let keys: Vec<&str> = stale.iter().map(|s| s.key.as_str()).collect();
+    format!(
+        "{} {}",
+        stale.first().map_or("", |s| s.table),
+        keys.join(", ")
+    )
 }
 
 impl From<diesel::result::Error> for Error {

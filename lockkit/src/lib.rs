@@ -26,11 +26,13 @@ pub mod isolation;
 pub mod lock_waits;
 pub mod lockable;
 pub mod locking_connection;
+pub mod metrics;
 pub mod queue;
 pub mod retry;
 pub mod row_lock;
 pub mod version;
 pub mod version_check;
+pub mod version_trigger;
 pub mod versioned;
 
 pub use classify::{classify, classify_nowait};

@@ -182,7 +182,11 @@ where
                 WaitMode::Wait => classify,
                 WaitMode::NoWait | WaitMode::SkipLocked => classify_nowait,
             };
+            let started = std::time::Instant::now();
             let row = M::load_locked(conn, key.clone(), lock).map_err(reclassify)?;
+            if row.is_some() {
+                crate::metrics::record_lock_acquired(M::TABLE_NAME, started.elapsed());
+            }
             let row = match row {
                 Some(row) => row,
                 // SKIP LOCKED hides a locked row: tell "held by someone" from "absent".

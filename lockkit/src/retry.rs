@@ -122,7 +122,7 @@ where
             Ok(value) => return Ok(value),
             Err(err) if !err.is_retryable() => return Err(err),
             Err(err) if attempt >= policy.max_attempts => {
-                tracing::warn!(target: "lockkit", attempts = attempt, error = %err, "retries exhausted");
+                crate::metrics::record_exhausted(attempt, &err);
                 return Err(Error::RetriesExhausted {
                     attempts: attempt,
                     last: Box::new(err),
@@ -130,7 +130,7 @@ where
             }
             Err(err) => {
                 let delay = policy.delay_after(attempt);
-                tracing::debug!(target: "lockkit", attempt, ?delay, error = %err, "retrying");
+                crate::metrics::record_retry(attempt, delay, &err);
                 if !delay.is_zero() {
                     std::thread::sleep(delay);
                 }

@@ -146,6 +146,25 @@ where
     Conn: Connection,
     S: ExecuteDsl<Conn>,
 {
+    match try_execute::<M, S, Conn>(statement, conn, key, expected, operation)? {
+        None => Ok(()),
+        Some(stale) => Err(stale.into()),
+    }
+}
+
+/// Like [`execute`], with a stale write as `Ok(Some(report))` instead of an error.
+pub(crate) fn try_execute<M, S, Conn>(
+    statement: S,
+    conn: &mut Conn,
+    key: M::Key,
+    expected: M::Version,
+    operation: Operation,
+) -> Result<Option<StaleObjectError>, Error>
+where
+    M: CurrentVersionQuery<Conn>,
+    Conn: Connection,
+    S: ExecuteDsl<Conn>,
+{
     let rows = ExecuteDsl::execute(statement, conn).map_err(classify)?;
     if rows >= 1 {
         if rows > 1 {
@@ -156,7 +175,7 @@ where
                 "a versioned write matched more than one row; is the primary key declared right?"
             );
         }
-        return Ok(());
+        return Ok(None);
     }
     let current = match M::load_current_version(conn, key.clone()).map_err(classify)? {
         Some(version) => CurrentState::Version(version.to_i64()),
@@ -170,6 +189,6 @@ where
         expected_version: expected.to_i64(),
         current,
     };
-    tracing::info!(target: "lockkit", error = %stale, "stale write");
-    Err(stale.into())
+    crate::metrics::record_stale(&stale);
+    Ok(Some(stale))
 }

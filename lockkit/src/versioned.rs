@@ -204,6 +204,51 @@ pub trait Versioned: Lockable {
         Ok(next)
     }
 
+    /// Applies one changeset to many rows, each checked against its own expected
+    /// version, in one transaction: either every row matches and every version
+    /// advances, or nothing is written and [`Error::StaleRows`] lists **every**
+    /// stale key (not just the first). Returns the new versions, in input order.
+    ///
+    /// One `UPDATE` per row (each is the statement of
+    /// [`update_by_version`](Self::update_by_version)), inside a transaction (a
+    /// savepoint when one is already open).
+    fn update_all_by_version<Conn, C>(
+        conn: &mut Conn,
+        rows: &[(Self::Key, Self::Version)],
+        changes: C,
+    ) -> Result<Vec<Self::Version>, Error>
+    where
+        Conn: Connection,
+        Self: VersionCheck + CurrentVersionQuery<Conn>,
+        C: Clone,
+        (C, Self::Bump): AsChangeset<Target = Self::Table>,
+        UpdateVersioned<Self, C>: AsQuery + ExecuteDsl<Conn>,
+    {
+        conn.transaction(|conn| {
+            let mut versions = Vec::with_capacity(rows.len());
+            let mut stale = Vec::new();
+            for (key, expected) in rows {
+                let next = version_check::checked_next::<Self>(key, *expected)?;
+                let statement = Self::update_statement(key.clone(), *expected, changes.clone());
+                match version_check::try_execute::<Self, _, _>(
+                    statement,
+                    conn,
+                    key.clone(),
+                    *expected,
+                    Operation::Update,
+                )? {
+                    None => versions.push(next),
+                    Some(report) => stale.push(report),
+                }
+            }
+            if stale.is_empty() {
+                Ok(versions)
+            } else {
+                Err(Error::StaleRows(stale))
+            }
+        })
+    }
+
     /// The unexecuted statement of [`update_versioned`](Self::update_versioned), for
     /// `diesel::debug_query`.
     fn update_versioned_statement<'a>(&'a self) -> UpdateVersioned<Self, Self::Changeset<'a>>

@@ -1,0 +1,181 @@
+//! Conflict metrics: how often writers collide, and how long they wait.
+//!
+//! Conflicts are how a team learns that its locking strategy no longer fits the
+//! load: a rising stale-write rate says optimistic locking is retrying more than it
+//! writes; rising lock waits say a hot row needs a different design. lockkit counts
+//! them in-process ([`snapshot`]) and reports each one three ways:
+//!
+//! * a `tracing` event (target `lockkit`): stale writes and retries at `INFO`/`DEBUG`,
+//!   exhausted retries and deadlocks at `WARN`;
+//! * the counters below, readable at any time with [`snapshot`];
+//! * with the `metrics` feature, the [`metrics`](https://docs.rs/metrics) facade:
+//!   counters `lockkit_stale_writes_total`, `lockkit_retries_total`,
+//!   `lockkit_retries_exhausted_total`, `lockkit_lock_errors_total{kind=busy|lock_timeout|deadlock|serialization_failure|statement_timeout}`,
+//!   `lockkit_locks_acquired_total` and histogram `lockkit_lock_acquire_seconds`.
+//!
+//! ```
+//! let before = lockkit::metrics::snapshot();
+//! // ... run the workload ...
+//! let delta = lockkit::metrics::snapshot().since(&before);
+//! println!("{delta}");
+//! ```
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use crate::{Error, StaleObjectError};
+
+static STALE_WRITES: AtomicU64 = AtomicU64::new(0);
+static RETRIES: AtomicU64 = AtomicU64::new(0);
+static RETRIES_EXHAUSTED: AtomicU64 = AtomicU64::new(0);
+static BUSY: AtomicU64 = AtomicU64::new(0);
+static LOCK_TIMEOUTS: AtomicU64 = AtomicU64::new(0);
+static DEADLOCKS: AtomicU64 = AtomicU64::new(0);
+static SERIALIZATION_FAILURES: AtomicU64 = AtomicU64::new(0);
+static STATEMENT_TIMEOUTS: AtomicU64 = AtomicU64::new(0);
+static LOCKS_ACQUIRED: AtomicU64 = AtomicU64::new(0);
+static LOCK_ACQUIRE_NANOS: AtomicU64 = AtomicU64::new(0);
+static LOCK_ACQUIRE_MAX_NANOS: AtomicU64 = AtomicU64::new(0);
+
+/// The counters at one moment, since the process started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Metrics {
+    /// Version-checked writes that matched no row ([`Error::Stale`]), bulk rows included.
+    pub stale_writes: u64,
+    /// Attempts [`retry`](crate::retry) made after a retryable error.
+    pub retries: u64,
+    /// Times [`retry`](crate::retry) gave up ([`Error::RetriesExhausted`]).
+    pub retries_exhausted: u64,
+    /// [`Error::Busy`]: `NOWAIT` or SQLite's busy database.
+    pub busy: u64,
+    /// [`Error::LockTimeout`].
+    pub lock_timeouts: u64,
+    /// [`Error::Deadlock`].
+    pub deadlocks: u64,
+    /// [`Error::SerializationFailure`].
+    pub serialization_failures: u64,
+    /// [`Error::StatementTimeout`].
+    pub statement_timeouts: u64,
+    /// Rows locked by [`with_lock`](crate::with_lock).
+    pub locks_acquired: u64,
+    /// Total time `with_lock` spent taking its lock (the locked read, waits included).
+    pub lock_acquire_time: Duration,
+    /// The longest single lock acquisition.
+    pub lock_acquire_max: Duration,
+}
+
+impl Metrics {
+    /// What happened between `earlier` and `self` (the maximum is kept as is).
+    pub fn since(&self, earlier: &Metrics) -> Metrics {
+        Metrics {
+            stale_writes: self.stale_writes - earlier.stale_writes,
+            retries: self.retries - earlier.retries,
+            retries_exhausted: self.retries_exhausted - earlier.retries_exhausted,
+            busy: self.busy - earlier.busy,
+            lock_timeouts: self.lock_timeouts - earlier.lock_timeouts,
+            deadlocks: self.deadlocks - earlier.deadlocks,
+            serialization_failures: self.serialization_failures - earlier.serialization_failures,
+            statement_timeouts: self.statement_timeouts - earlier.statement_timeouts,
+            locks_acquired: self.locks_acquired - earlier.locks_acquired,
+            lock_acquire_time: self
+                .lock_acquire_time
+                .saturating_sub(earlier.lock_acquire_time),
+            lock_acquire_max: self.lock_acquire_max,
+        }
+    }
+}
+
+impl fmt::Display for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "stale writes {}, retries {} (exhausted {}), busy {}, lock timeouts {}, deadlocks {}, \
+             serialization failures {}, statement timeouts {}, locks {} (waited {:?}, max {:?})",
+            self.stale_writes,
+            self.retries,
+            self.retries_exhausted,
+            self.busy,
+            self.lock_timeouts,
+            self.deadlocks,
+            self.serialization_failures,
+            self.statement_timeouts,
+            self.locks_acquired,
+            self.lock_acquire_time,
+            self.lock_acquire_max,
+        )
+    }
+}
+
+/// The counters now.
+pub fn snapshot() -> Metrics {
+    Metrics {
+        stale_writes: STALE_WRITES.load(Relaxed),
+        retries: RETRIES.load(Relaxed),
+        retries_exhausted: RETRIES_EXHAUSTED.load(Relaxed),
+        busy: BUSY.load(Relaxed),
+        lock_timeouts: LOCK_TIMEOUTS.load(Relaxed),
+        deadlocks: DEADLOCKS.load(Relaxed),
+        serialization_failures: SERIALIZATION_FAILURES.load(Relaxed),
+        statement_timeouts: STATEMENT_TIMEOUTS.load(Relaxed),
+        locks_acquired: LOCKS_ACQUIRED.load(Relaxed),
+        lock_acquire_time: Duration::from_nanos(LOCK_ACQUIRE_NANOS.load(Relaxed)),
+        lock_acquire_max: Duration::from_nanos(LOCK_ACQUIRE_MAX_NANOS.load(Relaxed)),
+    }
+}
+
+pub(crate) fn record_stale(stale: &StaleObjectError) {
+    STALE_WRITES.fetch_add(1, Relaxed);
+    tracing::info!(target: "lockkit", table = stale.table, key = %stale.key, operation = %stale.operation,
+        expected = stale.expected_version, current = %stale.current, "stale write");
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!("lockkit_stale_writes_total", "table" => stale.table).increment(1);
+}
+
+pub(crate) fn record_retry(attempt: u32, delay: Duration, error: &Error) {
+    RETRIES.fetch_add(1, Relaxed);
+    tracing::debug!(target: "lockkit", attempt, ?delay, %error, "retrying");
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!("lockkit_retries_total").increment(1);
+}
+
+pub(crate) fn record_exhausted(attempts: u32, error: &Error) {
+    RETRIES_EXHAUSTED.fetch_add(1, Relaxed);
+    tracing::warn!(target: "lockkit", attempts, %error, "retries exhausted");
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!("lockkit_retries_exhausted_total").increment(1);
+}
+
+/// Called by [`classify`](crate::classify) for every lock error it recognises.
+pub(crate) fn record_lock_error(error: &Error, server_message: &str) {
+    let (counter, kind) = match error {
+        Error::Busy => (&BUSY, "busy"),
+        Error::LockTimeout => (&LOCK_TIMEOUTS, "lock_timeout"),
+        Error::Deadlock => (&DEADLOCKS, "deadlock"),
+        Error::SerializationFailure => (&SERIALIZATION_FAILURES, "serialization_failure"),
+        Error::StatementTimeout => (&STATEMENT_TIMEOUTS, "statement_timeout"),
+        _ => return,
+    };
+    counter.fetch_add(1, Relaxed);
+    if matches!(error, Error::Deadlock) {
+        tracing::warn!(target: "lockkit", kind, message = server_message, "lock error");
+    } else {
+        tracing::debug!(target: "lockkit", kind, message = server_message, "lock error");
+    }
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!("lockkit_lock_errors_total", "kind" => kind).increment(1);
+}
+
+pub(crate) fn record_lock_acquired(table: &'static str, waited: Duration) {
+    LOCKS_ACQUIRED.fetch_add(1, Relaxed);
+    let nanos = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+    LOCK_ACQUIRE_NANOS.fetch_add(nanos, Relaxed);
+    LOCK_ACQUIRE_MAX_NANOS.fetch_max(nanos, Relaxed);
+    tracing::trace!(target: "lockkit", table, ?waited, "row locked");
+    #[cfg(feature = "metrics")]
+    {
+        ::metrics::counter!("lockkit_locks_acquired_total", "table" => table).increment(1);
+        ::metrics::histogram!("lockkit_lock_acquire_seconds", "table" => table)
+            .record(waited.as_secs_f64());
+    }
+}

@@ -1,0 +1,85 @@
+//! Operating lockkit: version triggers for writers that bypass it, versioned
+//! bulk updates, and conflict metrics.
+
+use diesel::prelude::*;
+use lockkit::prelude::*;
+use lockkit::version_trigger::{down_sql, up_sql, Dialect};
+use lockkit::{retry, CurrentState, Error, RetryPolicy};
+use lockkit_tests::models::*;
+use lockkit_tests::schema::*;
+use lockkit_tests::{exec, seed_items};
+
+fn dialect(backend: &str) -> Dialect {
+    match backend {
+        "postgres" => Dialect::Postgres,
+        "mysql" => Dialect::Mysql,
+        _ => Dialect::Sqlite,
+    }
+}
+
+lockkit_tests::backend_tests! {
+    fn a_version_trigger_makes_raw_writers_visible(db) {
+        let mut conn = db.conn();
+        seed_items(&mut conn, &[(1, 10)]);
+        exec(&mut conn, &up_sql(dialect(BACKEND), "items", "lock_version").unwrap());
+        let mut stale = items::table.find(1).first::<Item>(&mut conn).unwrap();
+
+        // Someone else writes with raw SQL and never mentions the version.
+        exec(&mut conn, "UPDATE items SET stock = 5 WHERE id = 1");
+        let err = stale.update_versioned(&mut conn).unwrap_err();
+        assert_eq!(err.as_stale().unwrap().current, CurrentState::Version(1));
+
+        // lockkit's own bump is not doubled: exactly one per update.
+        let mut fresh = items::table.find(1).first::<Item>(&mut conn).unwrap();
+        fresh.stock -= 1;
+        fresh.update_versioned(&mut conn).unwrap();
+        fresh.touch_versioned(&mut conn).unwrap();
+        let stored = items::table.find(1).first::<Item>(&mut conn).unwrap();
+        assert_eq!((stored.stock, stored.lock_version, fresh.lock_version), (4, 3, 3));
+
+        // A writer that sets the version itself is left alone.
+        exec(&mut conn, "UPDATE items SET lock_version = 10 WHERE id = 1");
+        assert_eq!(items::table.find(1).select(items::lock_version).first::<i32>(&mut conn).unwrap(), 10);
+
+        exec(&mut conn, &down_sql(dialect(BACKEND), "items", "lock_version").unwrap());
+        exec(&mut conn, "UPDATE items SET stock = 1 WHERE id = 1");
+        assert_eq!(items::table.find(1).select(items::lock_version).first::<i32>(&mut conn).unwrap(), 10);
+        stale.lock_version = 10;
+        stale.update_versioned(&mut conn).unwrap();
+    }
+
+    fn bulk_updates_write_all_rows_or_none_and_name_every_stale_key(db) {
+        let mut conn = db.conn();
+        seed_items(&mut conn, &[(1, 10), (2, 10), (3, 10)]);
+        let versions = Item::update_all_by_version(&mut conn, &[(1, 0), (2, 0), (3, 0)], items::stock.eq(items::stock - 1)).unwrap();
+        assert_eq!(versions, vec![1, 1, 1]);
+
+        exec(&mut conn, "UPDATE items SET lock_version = 5 WHERE id = 3");
+        exec(&mut conn, "DELETE FROM items WHERE id = 2");
+        let err = Item::update_all_by_version(&mut conn, &[(1, 1), (2, 1), (3, 1)], items::stock.eq(0)).unwrap_err();
+        let Error::StaleRows(stale) = &err else { panic!("{err:?}") };
+        let keys: Vec<(&str, CurrentState)> = stale.iter().map(|s| (s.key.as_str(), s.current)).collect();
+        assert_eq!(keys, vec![("2", CurrentState::Deleted), ("3", CurrentState::Version(5))]);
+        assert!(err.is_retryable());
+        assert_eq!(err.to_string(), "2 of the rows were changed by someone else; nothing was written: items 2, 3");
+        let row1: (i32, i32) = items::table.find(1).select((items::stock, items::lock_version)).first(&mut conn).unwrap();
+        assert_eq!(row1, (9, 1), "row 1 matched, but the transaction rolled back");
+    }
+
+    fn conflicts_are_counted(db) {
+        let mut conn = db.conn();
+        seed_items(&mut conn, &[(1, 10)]);
+        let before = lockkit::metrics::snapshot();
+        let mut stale = items::table.find(1).first::<Item>(&mut conn).unwrap();
+        exec(&mut conn, "UPDATE items SET lock_version = lock_version + 1 WHERE id = 1");
+        let result: Result<(), Error> = retry(&RetryPolicy::immediate(3), |_| stale.update_versioned(&mut conn));
+        assert!(matches!(result, Err(Error::RetriesExhausted { attempts: 3, .. })));
+        lockkit::with_lock(&mut conn, 1, |_, _: Item| Ok(())).unwrap();
+        // Other tests run in parallel in this process: at least our share.
+        let delta = lockkit::metrics::snapshot().since(&before);
+        assert!(delta.stale_writes >= 3, "{delta}");
+        assert!(delta.retries >= 2, "{delta}");
+        assert!(delta.retries_exhausted >= 1, "{delta}");
+        assert!(delta.locks_acquired >= 1, "{delta}");
+    }
+}
