@@ -83,6 +83,18 @@ pub enum Error {
     #[error("the conditional update matched no row; nothing was written")]
     NoRowMatched,
 
+    /// Another request with the same idempotency key is still running (HTTP 409).
+    #[error("a request with this idempotency key is still in progress")]
+    IdempotencyInProgress,
+
+    /// The idempotency key was used before for a different request (HTTP 422).
+    #[error("this idempotency key was already used for a different request")]
+    IdempotencyKeyReused,
+
+    /// A value from the caller is out of range; nothing was sent.
+    #[error("invalid input: {0}")]
+    InvalidInput(&'static str),
+
     /// [`retry`](crate::retry) gave up; `last` is the error of the final attempt.
     #[error("gave up after {attempts} attempts: {last}")]
     RetriesExhausted {

@@ -128,7 +128,9 @@ impl FromStr for IfMatch {
                 .ok_or(IfMatchError::Malformed("unterminated entity tag"))?;
             let opaque = &inner[..end];
             if !opaque.chars().all(is_etagc) {
-                return Err(IfMatchError::Malformed("invalid character in an entity tag"));
+                return Err(IfMatchError::Malformed(
+                    "invalid character in an entity tag",
+                ));
             }
             tags.push(EntityTag {
                 weak,
@@ -136,7 +138,9 @@ impl FromStr for IfMatch {
             });
             rest = inner[end + 1..].trim_start_matches(is_ows);
             if !rest.is_empty() && !rest.starts_with(',') {
-                return Err(IfMatchError::Malformed("entity tags must be separated by commas"));
+                return Err(IfMatchError::Malformed(
+                    "entity tags must be separated by commas",
+                ));
             }
         }
         if tags.is_empty() {
@@ -207,14 +211,18 @@ pub fn expected_version<V: VersionNumber + TryFrom<i64>>(
 }
 
 /// The HTTP status for a lockkit error in a write handler: `Stale` → 412 (the
-/// client's copy is old), `NotFound` → 404, a conditional update that matched
-/// nothing → 409, lock contention → 503 (try again), anything else → 500.
+/// client's copy is old; 404 when the row is gone), `NotFound` → 404, a
+/// conditional update that matched nothing or an idempotency key in use → 409, a
+/// reused idempotency key → 422, invalid input → 400, lock contention → 503 (try
+/// again), anything else → 500.
 pub fn status_for(error: &Error) -> u16 {
     match error {
         Error::Stale(stale) if stale.current == crate::CurrentState::Deleted => 404,
         Error::Stale(_) => 412,
         Error::NotFound => 404,
-        Error::NoRowMatched => 409,
+        Error::NoRowMatched | Error::IdempotencyInProgress => 409,
+        Error::IdempotencyKeyReused => 422,
+        Error::InvalidInput(_) => 400,
         Error::Busy
         | Error::LockTimeout
         | Error::Deadlock
@@ -250,7 +258,9 @@ impl Problem {
                 format!("{stale}. Re-read the resource (GET) and apply your change to the current version."),
             ),
             Error::Stale(_) | Error::NotFound => ("Not Found", "the resource does not exist".to_owned()),
-            Error::NoRowMatched => ("Conflict", error.to_string()),
+            Error::NoRowMatched | Error::IdempotencyInProgress => ("Conflict", error.to_string()),
+            Error::IdempotencyKeyReused => ("Unprocessable Content", error.to_string()),
+            Error::InvalidInput(_) => ("Bad Request", error.to_string()),
             _ if status == 503 => ("Service Unavailable", format!("{error}; try again")),
             _ => ("Internal Server Error", "the request could not be completed".to_owned()),
         };
@@ -279,7 +289,8 @@ impl Problem {
         let detail = match error {
             IfMatchError::Missing => "send If-Match with the ETag from your last GET".to_owned(),
             IfMatchError::NoMatch => {
-                "no strong ETag in If-Match names a version of this resource; re-read it (GET)".to_owned()
+                "no strong ETag in If-Match names a version of this resource; re-read it (GET)"
+                    .to_owned()
             }
             other => other.to_string(),
         };
@@ -316,7 +327,10 @@ mod tests {
             parse("\"v1\" ,W/\"v2\",  , \"\""),
             Ok(IfMatch::Tags(vec![
                 strong("v1"),
-                EntityTag { weak: true, opaque: "v2".into() },
+                EntityTag {
+                    weak: true,
+                    opaque: "v2".into()
+                },
                 strong(""),
             ]))
         );
@@ -325,8 +339,25 @@ mod tests {
 
     #[test]
     fn malformed_headers_are_errors_not_panics() {
-        for bad in ["", " ", ",", "v1", "\"v1", "\"v1\" \"v2\"", "W/v1", "w/\"v1\"", "\"a b\"", "**", "*, \"v1\"", "\"\u{7f}\""] {
-            assert!(matches!(parse(bad), Err(IfMatchError::Malformed(_))), "{bad:?}: {:?}", parse(bad));
+        for bad in [
+            "",
+            " ",
+            ",",
+            "v1",
+            "\"v1",
+            "\"v1\" \"v2\"",
+            "W/v1",
+            "w/\"v1\"",
+            "\"a b\"",
+            "**",
+            "*, \"v1\"",
+            "\"\u{7f}\"",
+        ] {
+            assert!(
+                matches!(parse(bad), Err(IfMatchError::Malformed(_))),
+                "{bad:?}: {:?}",
+                parse(bad)
+            );
         }
     }
 
@@ -336,9 +367,19 @@ mod tests {
         assert_eq!(expected("\"v7\""), Ok(Expected::Version(7)));
         assert_eq!(expected("\"v-3\""), Ok(Expected::Version(-3)));
         assert_eq!(expected("W/\"v7\""), Err(IfMatchError::NoMatch));
-        assert_eq!(expected("\"7\", \"abc\", \"v\", \"v+1\", \"v1x\""), Err(IfMatchError::NoMatch));
-        assert_eq!(expected("\"v99999999999\""), Err(IfMatchError::NoMatch), "too big for i32");
-        assert_eq!(expected("\"v2\", W/\"v3\", \"v1\", \"v2\""), Ok(Expected::OneOf(vec![1, 2])));
+        assert_eq!(
+            expected("\"7\", \"abc\", \"v\", \"v+1\", \"v1x\""),
+            Err(IfMatchError::NoMatch)
+        );
+        assert_eq!(
+            expected("\"v99999999999\""),
+            Err(IfMatchError::NoMatch),
+            "too big for i32"
+        );
+        assert_eq!(
+            expected("\"v2\", W/\"v3\", \"v1\", \"v2\""),
+            Ok(Expected::OneOf(vec![1, 2]))
+        );
         assert_eq!(expected_version::<i16>(None), Err(IfMatchError::Missing));
         assert_eq!(expected("bad").unwrap_err().status(), 400);
         assert_eq!(IfMatchError::Missing.status(), 428);
@@ -349,7 +390,10 @@ mod tests {
     fn etags_round_trip() {
         for version in [0_i64, 1, -5, i64::MAX, i64::MIN] {
             let header = ETag::from_version(version).to_string();
-            assert_eq!(expected_version::<i64>(Some(&header)), Ok(Expected::Version(version)));
+            assert_eq!(
+                expected_version::<i64>(Some(&header)),
+                Ok(Expected::Version(version))
+            );
         }
     }
 
@@ -364,7 +408,10 @@ mod tests {
             current: crate::CurrentState::Version(4),
         });
         let problem = Problem::from_error(&stale);
-        assert_eq!((problem.status, problem.title), (412, "Precondition Failed"));
+        assert_eq!(
+            (problem.status, problem.title),
+            (412, "Precondition Failed")
+        );
         assert_eq!(problem.current_etag.as_deref(), Some("\"v4\""));
         assert!(problem.detail.contains("Re-read"), "{}", problem.detail);
         assert_eq!(status_for(&Error::NotFound), 404);

@@ -22,6 +22,8 @@ pub mod axum;
 pub mod classify;
 mod error;
 pub mod etag;
+#[cfg(feature = "idempotency")]
+pub mod idempotency;
 pub mod isolation;
 pub mod lock_waits;
 pub mod lockable;

@@ -1,0 +1,1 @@
+DROP TABLE lockkit_idempotency_keys;

@@ -1,0 +1,420 @@
+//! Idempotency keys: run a request's work at most once per client key
+//! (feature `idempotency`).
+//!
+//! A client that retries a `POST` after a timeout cannot know whether the first
+//! attempt went through. With an idempotency key (e.g. the `Idempotency-Key`
+//! header) the server runs the work once and answers every repeat with the stored
+//! result.
+//!
+//! | situation | result | HTTP |
+//! | --- | --- | --- |
+//! | first request for the key | the work runs; its response is stored | 2xx |
+//! | repeat after it completed | [`Outcome::Replayed`] with the stored response; the work does not run | the stored status |
+//! | repeat while the first still runs | [`Error::IdempotencyInProgress`] | 409 |
+//! | same key, different request (fingerprint) | [`Error::IdempotencyKeyReused`] | 422 |
+//! | the work failed | the key is released: the next attempt runs it again | the error's |
+//! | the process died between start and finish | after the lease (default 60 s) the next attempt takes the key over and runs the work | |
+//!
+//! **Expiry:** a completed key is kept for the retention period (default 24 h)
+//! after it finished; a repeat after that runs the work again, and
+//! [`Idempotency::purge_expired`] deletes such keys (run it from a periodic job).
+//! Times come from the application's clock (Unix milliseconds), so keep server
+//! clocks in sync to within a small fraction of the lease.
+//!
+//! **Exactly once:** the work runs in a transaction together with the write that
+//! marks the key completed. If the lease ran out and another request took the key
+//! over in the meantime, that final write matches nothing and the work is rolled
+//! back ([`Error::IdempotencyInProgress`]), so the database sees it at most once.
+//!
+//! The table ships as an embedded migration: run
+//! `conn.run_pending_migrations(lockkit::idempotency::POSTGRES_MIGRATIONS)` (or
+//! `MYSQL_MIGRATIONS`, `SQLITE_MIGRATIONS`) with `diesel_migrations::MigrationHarness`.
+//!
+//! ```
+//! # use diesel::prelude::*;
+//! use diesel_migrations::MigrationHarness;
+//! use lockkit::idempotency::{Idempotency, Outcome};
+//! let mut conn = SqliteConnection::establish(":memory:").unwrap();
+//! conn.run_pending_migrations(lockkit::idempotency::SQLITE_MIGRATIONS).unwrap();
+//!
+//! let keys = Idempotency::default();
+//! let first = keys.run(&mut conn, "order-42", "POST /orders {qty:1}", |_conn| Ok("201 order 7".to_owned())).unwrap();
+//! assert_eq!(first, Outcome::Ran("201 order 7".to_owned()));
+//! let again = keys.run(&mut conn, "order-42", "POST /orders {qty:1}", |_conn| unreachable!()).unwrap();
+//! assert_eq!(again, Outcome::Replayed("201 order 7".to_owned()));
+//! ```
+//!
+//! Keys and fingerprints are 1 to 255 characters without NUL (PostgreSQL cannot
+//! store it), checked before anything is sent, and always travel as bound
+//! parameters.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use diesel::Connection;
+use diesel_migrations::EmbeddedMigrations;
+
+use crate::locking_connection::AsLockingConnection;
+use crate::Error;
+
+/// The idempotency table's migration for PostgreSQL.
+#[cfg(feature = "postgres")]
+pub const POSTGRES_MIGRATIONS: EmbeddedMigrations =
+    diesel_migrations::embed_migrations!("migrations/idempotency/postgres");
+/// The idempotency table's migration for MySQL/MariaDB.
+#[cfg(feature = "mysql")]
+pub const MYSQL_MIGRATIONS: EmbeddedMigrations =
+    diesel_migrations::embed_migrations!("migrations/idempotency/mysql");
+/// The idempotency table's migration for SQLite.
+#[cfg(feature = "sqlite")]
+pub const SQLITE_MIGRATIONS: EmbeddedMigrations =
+    diesel_migrations::embed_migrations!("migrations/idempotency/sqlite");
+
+mod schema {
+    diesel::table! {
+    lockkit_idempotency_keys (idempotency_key) {
+        idempotency_key -> Text,
+        fingerprint -> Text,
+        state -> Text,
+        response -> Nullable<Text>,
+        started_at -> BigInt,
+        finished_at -> Nullable<BigInt>,
+    }
+    }
+}
+
+use schema::lockkit_idempotency_keys as keys;
+
+const RUNNING: &str = "running";
+const DONE: &str = "done";
+const MAX_LEN: usize = 255;
+
+/// What [`Idempotency::run`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome<T> {
+    /// The work ran now; this is its response (now stored).
+    Ran(T),
+    /// The work had already run for this key; this is the stored response.
+    Replayed(T),
+}
+
+impl<T> Outcome<T> {
+    /// The response either way.
+    pub fn into_inner(self) -> T {
+        match self {
+            Outcome::Ran(value) | Outcome::Replayed(value) => value,
+        }
+    }
+}
+
+/// Idempotency settings: the lease of a running key and the retention of a
+/// completed one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Idempotency {
+    /// How long a running key is protected before another request may take it
+    /// over (it must exceed the longest run of the work). Default 60 s.
+    pub lease: Duration,
+    /// How long a completed key is kept. Default 24 h.
+    pub retention: Duration,
+}
+
+impl Default for Idempotency {
+    fn default() -> Self {
+        Idempotency {
+            lease: Duration::from_secs(60),
+            retention: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// A stored key, as [`IdempotencyStore`] reads it.
+#[doc(hidden)]
+#[derive(Debug, Clone, diesel::Queryable)]
+pub struct StoredKey {
+    pub fingerprint: String,
+    pub state: String,
+    pub response: Option<String>,
+    pub started_at: i64,
+    pub finished_at: Option<i64>,
+}
+
+/// How a request starts: it owns the key (from `started_at`) or replays.
+enum Start {
+    Owned { started_at: i64 },
+    Replay(String),
+}
+
+impl Idempotency {
+    /// Runs `work` at most once for `key`; see the [module docs](self).
+    ///
+    /// `fingerprint` identifies the request (e.g. method, path and a hash of the
+    /// body): a key reused for another request is refused. `work` returns the
+    /// response to store and replay.
+    pub fn run<C, F>(
+        &self,
+        conn: &mut C,
+        key: &str,
+        fingerprint: &str,
+        work: F,
+    ) -> Result<Outcome<String>, Error>
+    where
+        C: AsLockingConnection,
+        C::Conn: IdempotencyStore,
+        F: FnOnce(&mut C::Conn) -> Result<String, Error>,
+    {
+        let valid = |text: &str| text.chars().count() <= MAX_LEN && !text.contains('\0');
+        if key.is_empty() || !valid(key) || !valid(fingerprint) {
+            return Err(Error::InvalidInput(
+                "idempotency keys and fingerprints are 1 to 255 characters, without NUL",
+            ));
+        }
+        let conn = conn.locking_connection();
+        let started_at = match self.start(conn, key, fingerprint)? {
+            Start::Replay(response) => return Ok(Outcome::Replayed(response)),
+            Start::Owned { started_at } => started_at,
+        };
+        let result = conn.transaction(|conn| {
+            let response = work(conn)?;
+            match C::Conn::finish(conn, key, started_at, &response, now_millis())? {
+                true => Ok(response),
+                // The lease ran out and another request took the key: undo our work.
+                false => Err(Error::IdempotencyInProgress),
+            }
+        });
+        match result {
+            Ok(response) => Ok(Outcome::Ran(response)),
+            Err(err) => {
+                if !matches!(err, Error::IdempotencyInProgress) {
+                    // Release the key so that a retry runs the work again.
+                    let _ = C::Conn::release(conn, key, started_at);
+                }
+                Err(err)
+            }
+        }
+    }
+
+    fn start<C: IdempotencyStore>(
+        &self,
+        conn: &mut C,
+        key: &str,
+        fingerprint: &str,
+    ) -> Result<Start, Error> {
+        // A few rounds at most: each lost race means another request just
+        // inserted, released or expired the key.
+        for _ in 0..5 {
+            let now = now_millis();
+            if C::insert_running(conn, key, fingerprint, now)? {
+                return Ok(Start::Owned { started_at: now });
+            }
+            let Some(row) = C::load(conn, key)? else {
+                continue; // released meanwhile: try to insert again
+            };
+            if row.fingerprint != fingerprint {
+                return Err(Error::IdempotencyKeyReused);
+            }
+            match row.state.as_str() {
+                DONE if row.finished_at.unwrap_or(row.started_at)
+                    < now - millis(self.retention) =>
+                {
+                    C::delete_if_started(conn, key, row.started_at)?;
+                }
+                DONE => return Ok(Start::Replay(row.response.unwrap_or_default())),
+                _ if row.started_at < now - millis(self.lease) => {
+                    // The owner died (or overran its lease): take the key over.
+                    if C::take_over(conn, key, row.started_at, now)? {
+                        return Ok(Start::Owned { started_at: now });
+                    }
+                }
+                _ => return Err(Error::IdempotencyInProgress),
+            }
+        }
+        Err(Error::IdempotencyInProgress)
+    }
+
+    /// Deletes completed keys older than the retention; returns how many.
+    pub fn purge_expired<C>(&self, conn: &mut C) -> Result<usize, Error>
+    where
+        C: AsLockingConnection,
+        C::Conn: IdempotencyStore,
+    {
+        C::Conn::purge(
+            conn.locking_connection(),
+            now_millis() - millis(self.retention),
+        )
+    }
+}
+
+fn now_millis() -> i64 {
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX / 2)
+}
+
+/// The statements behind [`Idempotency`], per connection type.
+pub trait IdempotencyStore: diesel::Connection + Sized {
+    #[doc(hidden)]
+    fn insert_running(
+        conn: &mut Self,
+        key: &str,
+        fingerprint: &str,
+        now: i64,
+    ) -> Result<bool, Error>;
+    #[doc(hidden)]
+    fn load(conn: &mut Self, key: &str) -> Result<Option<StoredKey>, Error>;
+    #[doc(hidden)]
+    fn take_over(conn: &mut Self, key: &str, seen_started_at: i64, now: i64)
+        -> Result<bool, Error>;
+    #[doc(hidden)]
+    fn finish(
+        conn: &mut Self,
+        key: &str,
+        started_at: i64,
+        response: &str,
+        now: i64,
+    ) -> Result<bool, Error>;
+    #[doc(hidden)]
+    fn release(conn: &mut Self, key: &str, started_at: i64) -> Result<bool, Error>;
+    #[doc(hidden)]
+    fn delete_if_started(conn: &mut Self, key: &str, started_at: i64) -> Result<bool, Error>;
+    #[doc(hidden)]
+    fn purge(conn: &mut Self, finished_before: i64) -> Result<usize, Error>;
+}
+
+#[allow(unused_macros)] // used once per enabled backend
+macro_rules! idempotency_store {
+    ($conn:ty) => {
+        impl IdempotencyStore for $conn {
+            fn insert_running(
+                conn: &mut Self,
+                key: &str,
+                fingerprint: &str,
+                now: i64,
+            ) -> Result<bool, Error> {
+                use diesel::prelude::*;
+                use diesel::result::{DatabaseErrorKind, Error as DieselError};
+                // A savepoint when nested: a failed INSERT must not poison the caller's transaction.
+                let inserted = conn.transaction(|conn| {
+                    diesel::insert_into(keys::table)
+                        .values((
+                            keys::idempotency_key.eq(key),
+                            keys::fingerprint.eq(fingerprint),
+                            keys::state.eq(RUNNING),
+                            keys::started_at.eq(now),
+                        ))
+                        .execute(conn)
+                });
+                match inserted {
+                    Ok(_) => Ok(true),
+                    Err(DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {
+                        Ok(false)
+                    }
+                    Err(err) => Err(err.into()),
+                }
+            }
+
+            fn load(conn: &mut Self, key: &str) -> Result<Option<StoredKey>, Error> {
+                use diesel::prelude::*;
+                Ok(keys::table
+                    .find(key)
+                    .select((
+                        keys::fingerprint,
+                        keys::state,
+                        keys::response,
+                        keys::started_at,
+                        keys::finished_at,
+                    ))
+                    .first::<StoredKey>(conn)
+                    .optional()?)
+            }
+
+            fn take_over(
+                conn: &mut Self,
+                key: &str,
+                seen_started_at: i64,
+                now: i64,
+            ) -> Result<bool, Error> {
+                use diesel::prelude::*;
+                let rows = diesel::update(
+                    keys::table
+                        .find(key)
+                        .filter(keys::state.eq(RUNNING))
+                        .filter(keys::started_at.eq(seen_started_at)),
+                )
+                .set(keys::started_at.eq(now))
+                .execute(conn)?;
+                Ok(rows == 1)
+            }
+
+            fn finish(
+                conn: &mut Self,
+                key: &str,
+                started_at: i64,
+                response: &str,
+                now: i64,
+            ) -> Result<bool, Error> {
+                use diesel::prelude::*;
+                let rows = diesel::update(
+                    keys::table
+                        .find(key)
+                        .filter(keys::state.eq(RUNNING))
+                        .filter(keys::started_at.eq(started_at)),
+                )
+                .set((
+                    keys::state.eq(DONE),
+                    keys::response.eq(response),
+                    keys::finished_at.eq(now),
+                ))
+                .execute(conn)?;
+                Ok(rows == 1)
+            }
+
+            fn release(conn: &mut Self, key: &str, started_at: i64) -> Result<bool, Error> {
+                use diesel::prelude::*;
+                let rows = diesel::delete(
+                    keys::table
+                        .find(key)
+                        .filter(keys::state.eq(RUNNING))
+                        .filter(keys::started_at.eq(started_at)),
+                )
+                .execute(conn)?;
+                Ok(rows == 1)
+            }
+
+            fn delete_if_started(
+                conn: &mut Self,
+                key: &str,
+                started_at: i64,
+            ) -> Result<bool, Error> {
+                use diesel::prelude::*;
+                let rows = diesel::delete(
+                    keys::table
+                        .find(key)
+                        .filter(keys::started_at.eq(started_at)),
+                )
+                .execute(conn)?;
+                Ok(rows == 1)
+            }
+
+            fn purge(conn: &mut Self, finished_before: i64) -> Result<usize, Error> {
+                use diesel::prelude::*;
+                Ok(diesel::delete(
+                    keys::table
+                        .filter(keys::state.eq(DONE))
+                        .filter(keys::finished_at.lt(finished_before)),
+                )
+                .execute(conn)?)
+            }
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+idempotency_store!(diesel::PgConnection);
+#[cfg(feature = "mysql")]
+idempotency_store!(diesel::MysqlConnection);
+#[cfg(feature = "sqlite")]
+idempotency_store!(diesel::SqliteConnection);

@@ -1,0 +1,172 @@
+//! Idempotency keys on real servers: concurrent duplicates, failures, reuse,
+//! crashes between start and finish, expiry, hostile keys.
+
+use std::sync::Barrier;
+use std::thread;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use diesel::prelude::*;
+use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
+use lockkit::idempotency::{self, Idempotency, Outcome};
+use lockkit::Error;
+use lockkit_tests::schema::*;
+use lockkit_tests::{exec, seed_items};
+
+fn migrations(backend: &str) -> EmbeddedMigrations {
+    match backend {
+        "postgres" => idempotency::POSTGRES_MIGRATIONS,
+        "mysql" => idempotency::MYSQL_MIGRATIONS,
+        _ => idempotency::SQLITE_MIGRATIONS,
+    }
+}
+
+fn now_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// The work of a request: sell one unit, in the idempotency transaction.
+fn sell_one<C: Connection>(conn: &mut C) -> Result<String, Error> {
+    conn.batch_execute("UPDATE items SET stock = stock - 1 WHERE id = 1")?;
+    Ok("201 sold".to_owned())
+}
+
+lockkit_tests::backend_tests! {
+    fn concurrent_duplicates_run_the_work_once(db) {
+        db.conn().run_pending_migrations(migrations(BACKEND)).unwrap();
+        seed_items(&mut db.conn(), &[(1, 100)]);
+        const CLIENTS: usize = 8;
+        let barrier = Barrier::new(CLIENTS);
+        let keys = Idempotency::default();
+        let outcomes: Vec<Result<Outcome<String>, Error>> = thread::scope(|s| {
+            let clients: Vec<_> = (0..CLIENTS)
+                .map(|_| s.spawn(|| {
+                    let mut conn = db.conn();
+                    barrier.wait();
+                    keys.run(&mut conn, "order-1", "POST /orders qty=1", |conn| {
+                        thread::sleep(Duration::from_millis(200)); // the others arrive meanwhile
+                        sell_one(conn)
+                    })
+                }))
+                .collect();
+            clients.into_iter().map(|c| c.join().unwrap()).collect()
+        });
+        let ran = outcomes.iter().filter(|o| matches!(o, Ok(Outcome::Ran(_)))).count();
+        let others_ok = outcomes.iter().all(|o| {
+            matches!(o, Ok(Outcome::Ran(_)) | Ok(Outcome::Replayed(_)) | Err(Error::IdempotencyInProgress))
+        });
+        assert_eq!(ran, 1, "{outcomes:?}");
+        assert!(others_ok, "{outcomes:?}");
+        let stock = items::table.find(1).select(items::stock).first::<i32>(&mut db.conn()).unwrap();
+        assert_eq!(stock, 99, "the work ran exactly once");
+        let again = keys.run(&mut db.conn(), "order-1", "POST /orders qty=1", |_| -> Result<String, Error> { panic!("must not run") });
+        assert_eq!(again.unwrap(), Outcome::Replayed("201 sold".to_owned()));
+        assert_eq!(lockkit::etag::status_for(&Error::IdempotencyInProgress), 409);
+    }
+
+    fn a_failed_run_releases_the_key(db) {
+        let mut conn = db.conn();
+        conn.run_pending_migrations(migrations(BACKEND)).unwrap();
+        seed_items(&mut conn, &[(1, 100)]);
+        let keys = Idempotency::default();
+        let err = keys
+            .run(&mut conn, "k", "fp", |conn| {
+                sell_one(conn)?;
+                Err::<String, _>(Error::NoRowMatched)
+            })
+            .unwrap_err();
+        assert!(matches!(err, Error::NoRowMatched));
+        assert_eq!(items::table.find(1).select(items::stock).first::<i32>(&mut conn).unwrap(), 100, "rolled back");
+        let retried = keys.run(&mut conn, "k", "fp", sell_one).unwrap();
+        assert_eq!(retried, Outcome::Ran("201 sold".to_owned()));
+        assert_eq!(items::table.find(1).select(items::stock).first::<i32>(&mut conn).unwrap(), 99);
+    }
+
+    fn a_key_reused_for_another_request_is_refused(db) {
+        let mut conn = db.conn();
+        conn.run_pending_migrations(migrations(BACKEND)).unwrap();
+        seed_items(&mut conn, &[(1, 100)]);
+        let keys = Idempotency::default();
+        keys.run(&mut conn, "k", "POST /orders qty=1", sell_one).unwrap();
+        let err = keys.run(&mut conn, "k", "POST /orders qty=5", sell_one).unwrap_err();
+        assert!(matches!(err, Error::IdempotencyKeyReused));
+        assert_eq!(lockkit::etag::status_for(&err), 422);
+        assert_eq!(items::table.find(1).select(items::stock).first::<i32>(&mut conn).unwrap(), 99);
+    }
+
+    fn a_crash_between_start_and_finish_is_recovered_after_the_lease(db) {
+        let mut conn = db.conn();
+        conn.run_pending_migrations(migrations(BACKEND)).unwrap();
+        seed_items(&mut conn, &[(1, 100)]);
+        let keys = Idempotency::default();
+        // A process inserted its key and died: its row says "running" forever.
+        exec(&mut conn, &format!(
+            "INSERT INTO lockkit_idempotency_keys (idempotency_key, fingerprint, state, started_at) \
+             VALUES ('fresh', 'fp', 'running', {}), ('dead', 'fp', 'running', {})",
+            now_millis(),
+            now_millis() - 120_000
+        ));
+        assert!(matches!(keys.run(&mut conn, "fresh", "fp", sell_one), Err(Error::IdempotencyInProgress)));
+        assert_eq!(keys.run(&mut conn, "dead", "fp", sell_one).unwrap(), Outcome::Ran("201 sold".to_owned()));
+        assert_eq!(items::table.find(1).select(items::stock).first::<i32>(&mut conn).unwrap(), 99);
+    }
+
+    fn an_owner_that_overruns_its_lease_is_rolled_back(db) {
+        db.conn().run_pending_migrations(migrations(BACKEND)).unwrap();
+        seed_items(&mut db.conn(), &[(1, 100)]);
+        let keys = Idempotency { lease: Duration::from_millis(100), ..Idempotency::default() };
+        let (slow, fast) = thread::scope(|s| {
+            let slow = s.spawn(|| {
+                keys.run(&mut db.conn(), "k", "fp", |conn| {
+                    let out = sell_one(conn);
+                    thread::sleep(Duration::from_millis(600));
+                    out
+                })
+            });
+            thread::sleep(Duration::from_millis(300));
+            let fast = keys.run(&mut db.conn(), "k", "fp", sell_one);
+            (slow.join().unwrap(), fast)
+        });
+        if BACKEND == "sqlite" {
+            // SQLite serializes writers: the takeover waits for the slow owner's
+            // commit, then finds the key done.
+            assert_eq!(slow.unwrap(), Outcome::Ran("201 sold".to_owned()));
+            assert_eq!(fast.unwrap(), Outcome::Replayed("201 sold".to_owned()));
+        } else {
+            assert_eq!(fast.unwrap(), Outcome::Ran("201 sold".to_owned()), "took the expired lease over");
+            assert!(matches!(slow, Err(Error::IdempotencyInProgress)), "{slow:?}");
+        }
+        assert_eq!(items::table.find(1).select(items::stock).first::<i32>(&mut db.conn()).unwrap(), 99, "sold once");
+    }
+
+    fn completed_keys_expire_after_the_retention(db) {
+        let mut conn = db.conn();
+        conn.run_pending_migrations(migrations(BACKEND)).unwrap();
+        seed_items(&mut conn, &[(1, 100)]);
+        let keys = Idempotency::default();
+        let old = now_millis() - 25 * 3600 * 1000;
+        exec(&mut conn, &format!(
+            "INSERT INTO lockkit_idempotency_keys (idempotency_key, fingerprint, state, response, started_at, finished_at) \
+             VALUES ('old', 'fp', 'done', 'stored', {old}, {old}), ('older', 'fp', 'done', 'stored', {old}, {old})"
+        ));
+        assert_eq!(keys.run(&mut conn, "old", "fp", sell_one).unwrap(), Outcome::Ran("201 sold".to_owned()));
+        assert_eq!(keys.purge_expired(&mut conn).unwrap(), 1, "`older` is purged, `old` ran again and is fresh");
+        assert_eq!(keys.run(&mut conn, "old", "fp", sell_one).unwrap(), Outcome::Replayed("201 sold".to_owned()));
+    }
+
+    fn keys_are_data_not_sql(db) {
+        let mut conn = db.conn();
+        conn.run_pending_migrations(migrations(BACKEND)).unwrap();
+        seed_items(&mut conn, &[(1, 100)]);
+        let keys = Idempotency::default();
+        let hostile = "'); DROP TABLE items; -- \" ` \\ é";
+        assert_eq!(keys.run(&mut conn, hostile, hostile, sell_one).unwrap(), Outcome::Ran("201 sold".to_owned()));
+        assert_eq!(keys.run(&mut conn, hostile, hostile, sell_one).unwrap(), Outcome::Replayed("201 sold".to_owned()));
+        assert_eq!(items::table.count().get_result::<i64>(&mut conn).unwrap(), 1);
+        for bad in ["".to_owned(), "k".repeat(256), "nul\u{0}byte".to_owned()] {
+            assert!(matches!(keys.run(&mut conn, &bad, "fp", sell_one), Err(Error::InvalidInput(_))));
+        }
+    }
+}
