@@ -1,0 +1,222 @@
+//! Every statement lockkit sends, captured from a real connection of each backend
+//! (Diesel's instrumentation) while a script calls each lockkit operation once.
+//! The log is pinned by a snapshot per backend, and `docs/SQL.md` is generated
+//! from the same log: `UPDATE_DOCS=1 cargo test -p lockkit-tests --test sql_log`
+//! rewrites it, and the test fails when the file and the code disagree.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use diesel::connection::{Instrumentation, InstrumentationEvent};
+use diesel::prelude::*;
+use diesel_migrations::MigrationHarness;
+use lockkit::prelude::*;
+use lockkit::{locked_transaction, queue, Error, LockOptions, RetryPolicy};
+use lockkit_tests::models::*;
+use lockkit_tests::schema::*;
+use lockkit_tests::{exec, seed_items};
+
+/// Collects the SQL of every statement, section by section.
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<(String, Vec<String>)>>>);
+
+impl Log {
+    fn section(&self, title: &str) {
+        self.0.lock().unwrap().push((title.to_owned(), Vec::new()));
+    }
+
+    fn instrumentation(&self) -> impl Instrumentation {
+        let log = self.clone();
+        move |event: InstrumentationEvent<'_>| {
+            if let InstrumentationEvent::StartQuery { query, .. } = event {
+                let mut sections = log.0.lock().unwrap();
+                if let Some((_, lines)) = sections.last_mut() {
+                    lines.push(normalize(&query.to_string()));
+                }
+            }
+        }
+    }
+
+    fn render(&self) -> String {
+        let mut out = String::new();
+        for (title, lines) in self
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, lines)| !lines.is_empty())
+        {
+            out.push_str(&format!("-- {title}\n"));
+            for line in lines {
+                out.push_str(line);
+                out.push('\n');
+            }
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Timestamps (Unix milliseconds) vary from run to run.
+fn normalize(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut digits = String::new();
+    for c in sql.chars().chain(std::iter::once('\u{0}')) {
+        if c.is_ascii_digit() {
+            digits.push(c);
+            continue;
+        }
+        if digits.len() == 13 {
+            out.push_str("<unix-ms>");
+        } else {
+            out.push_str(&digits);
+        }
+        digits.clear();
+        if c != '\u{0}' {
+            out.push(c);
+        }
+    }
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Writes or checks the section of `docs/SQL.md` for one backend.
+fn check_docs(backend: &str, log: &str) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/SQL.md");
+    let begin = format!("<!-- {backend}: begin -->");
+    let end = format!("<!-- {backend}: end -->");
+    let docs = std::fs::read_to_string(&path).unwrap_or_default();
+    let generated = format!("{begin}\n```sql\n{log}```\n{end}");
+    let current = match (docs.find(&begin), docs.find(&end)) {
+        (Some(b), Some(e)) => docs[b..e + end.len()].to_owned(),
+        _ => String::new(),
+    };
+    if current == generated {
+        return;
+    }
+    if std::env::var_os("UPDATE_DOCS").is_some() {
+        let updated = if current.is_empty() {
+            format!("{docs}\n## {backend}\n\n{generated}\n")
+        } else {
+            docs.replace(&current, &generated)
+        };
+        std::fs::write(&path, updated).unwrap();
+    } else {
+        panic!("docs/SQL.md is out of date for {backend}; run UPDATE_DOCS=1 cargo test -p lockkit-tests --test sql_log");
+    }
+}
+
+lockkit_tests::backend_tests! {
+    fn every_statement_lockkit_sends(db) {
+        let mut conn = db.connect();
+        conn.run_pending_migrations(match BACKEND {
+            "postgres" => lockkit::idempotency::POSTGRES_MIGRATIONS,
+            "mysql" => lockkit::idempotency::MYSQL_MIGRATIONS,
+            _ => lockkit::idempotency::SQLITE_MIGRATIONS,
+        })
+        .unwrap();
+        seed_items(&mut conn, &[(1, 10), (2, 10), (3, 10)]);
+        exec(&mut conn, "INSERT INTO jobs (id, payload, done) VALUES (1, 'a', false), (2, 'b', false)");
+        let log = Log::default();
+        conn.set_instrumentation(log.instrumentation());
+
+        log.section("item.update_versioned(&mut conn)");
+        let mut item = items::table.find(1).first::<Item>(&mut db.conn()).unwrap();
+        item.stock = 9;
+        item.update_versioned(&mut conn).unwrap();
+
+        log.section("a stale item.update_versioned(&mut conn): the update, then one SELECT on the failure path");
+        let mut stale = item.clone();
+        stale.lock_version = 0;
+        assert!(stale.update_versioned(&mut conn).is_err());
+
+        log.section("item.update_versioned_with(&mut conn, items::stock.eq(items::stock - 1))");
+        item.update_versioned_with(&mut conn, items::stock.eq(items::stock - 1)).unwrap();
+
+        log.section("item.touch_versioned(&mut conn)");
+        item.touch_versioned(&mut conn).unwrap();
+
+        log.section("Item::update_by_version(&mut conn, 2, 0, items::name.eq(\"from a form\"))");
+        Item::update_by_version(&mut conn, 2, 0, items::name.eq("from a form")).unwrap();
+
+        log.section("Item::update_all_by_version(&mut conn, &[(2, 1), (3, 0)], items::stock.eq(0))");
+        Item::update_all_by_version(&mut conn, &[(2, 1), (3, 0)], items::stock.eq(0)).unwrap();
+
+        log.section("item.delete_versioned(&mut conn)");
+        let three = items::table.find(3).first::<Item>(&mut db.conn()).unwrap();
+        three.delete_versioned(&mut conn).unwrap();
+
+        log.section("item.with_lock(&mut conn, ..)");
+        item.with_lock(&mut conn, |_, _| Ok(())).unwrap();
+
+        log.section("item.with_lock_opts(&mut conn, LockOptions::default().nowait(), ..)");
+        item.with_lock_opts(&mut conn, LockOptions::default().nowait(), |_, _| Ok(())).unwrap();
+
+        log.section("item.with_lock_opts(&mut conn, LockOptions::default().timeout(Duration::from_millis(250)), ..)");
+        item.with_lock_opts(&mut conn, LockOptions::default().timeout(Duration::from_millis(250)), |_, _| Ok(())).unwrap();
+
+        log.section("lockkit::with_lock_opts(&mut conn, 42, LockOptions::default().skip_locked(), ..) on a missing row");
+        let missing = lockkit::with_lock_opts(&mut conn, 42, LockOptions::default().skip_locked(), |_, _: Item| Ok(()));
+        assert!(matches!(missing, Err(Error::NotFound)));
+
+        log.section("locked_transaction(.., |conn| Item::lock_all(conn, &[2, 1]))");
+        locked_transaction(&mut conn, LockOptions::default(), |conn| Item::lock_all(conn, &[2, 1])).unwrap();
+
+        log.section("locked_transaction(.., |conn| queue::claim(conn, jobs.filter(done = false).order(id), 10))");
+        locked_transaction(&mut conn, LockOptions::default(), |conn| {
+            queue::claim::<Job, _, _>(conn, jobs::table.filter(jobs::done.eq(false)).order(jobs::id).select(Job::as_select()), 10)
+        })
+        .unwrap();
+
+        log.section("lockkit::serializable(&mut conn, &policy, ..)");
+        lockkit::serializable(&mut conn, &RetryPolicy::default(), |conn| {
+            Ok(items::table.count().get_result::<i64>(conn)?)
+        })
+        .unwrap();
+
+        log.section("lockkit::atomic::update_if(&mut conn, UPDATE items SET stock = stock - 1 WHERE id = 1 AND stock >= 1)");
+        lockkit::atomic::update_if(
+            &mut conn,
+            diesel::update(items::table.find(1).filter(items::stock.ge(1))).set(items::stock.eq(items::stock - 1)),
+        )
+        .unwrap();
+
+        log.section("Idempotency::default().run(&mut conn, \"order-1\", \"POST /orders\", ..) twice: run, then replay");
+        let keys = lockkit::idempotency::Idempotency::default();
+        keys.run(&mut conn, "order-1", "POST /orders", |_| Ok("201".to_owned())).unwrap();
+        keys.run(&mut conn, "order-1", "POST /orders", |_| Ok("201".to_owned())).unwrap();
+
+        ServerStatements::run(&mut conn, &log);
+
+        let rendered = log.render();
+        insta::assert_snapshot!(format!("sql_log_{BACKEND}"), rendered);
+        check_docs(BACKEND, &rendered);
+    }
+}
+
+/// Advisory locks and the lock-wait view: PostgreSQL and MySQL only.
+trait ServerStatements {
+    fn run(&mut self, log: &Log);
+}
+
+impl ServerStatements for diesel::SqliteConnection {
+    fn run(&mut self, _log: &Log) {}
+}
+
+macro_rules! server_statements {
+    ($($conn:ty),*) => {$(
+        impl ServerStatements for $conn {
+            fn run(&mut self, log: &Log) {
+                log.section("lockkit::advisory::try_lock(&mut conn, \"nightly-report\") and the guard's drop");
+                drop(lockkit::advisory::try_lock(self, "nightly-report").unwrap());
+                log.section("lockkit::advisory::lock(&mut conn, 42_i64), then .unlock()");
+                lockkit::advisory::lock(self, 42_i64).unwrap().unlock().unwrap();
+                log.section("lockkit::lock_waits::session_id(&mut conn)");
+                lockkit::lock_waits::session_id(self).unwrap();
+                log.section("lockkit::lock_waits::blocked_sessions(&mut conn)");
+                lockkit::lock_waits::blocked_sessions(self).unwrap();
+            }
+        }
+    )*};
+}
+
+server_statements!(diesel::PgConnection, diesel::MysqlConnection);
