@@ -19,6 +19,8 @@
 //! | MySQL | 3572 | `NOWAIT is set` | [`Error::Busy`] |
 //! | MySQL/MariaDB | 3024 / 1969 | `maximum statement execution time` / `max_statement_time` | [`Error::StatementTimeout`] |
 //! | SQLite | `SQLITE_BUSY` | `database is locked` | [`Error::Busy`] |
+//! | PostgreSQL | 57P01, lost socket | `terminating connection due to administrator command`, `server closed the connection unexpectedly` (or Diesel's `ClosedConnection`) | [`Error::ConnectionLost`] |
+//! | MySQL/MariaDB | 1927, 2006, 2013 | `Connection was killed`, `MySQL server has gone away`, `Lost connection to` | [`Error::ConnectionLost`] |
 //!
 //! # Limits
 //!
@@ -67,6 +69,7 @@ fn classify_with(err: DieselError, wait: LockWait) -> Error {
             }
             DatabaseErrorKind::SerializationFailure => Some(Error::SerializationFailure),
             DatabaseErrorKind::Unknown => classify_message(info.message()),
+            DatabaseErrorKind::ClosedConnection => Some(Error::ConnectionLost),
             _ => None,
         },
         _ => None,
@@ -85,6 +88,18 @@ fn is_deadlock(message: &str) -> bool {
     message.starts_with("deadlock detected") || message.starts_with("Deadlock found")
 }
 
+fn is_connection_lost(message: &str) -> bool {
+    // PostgreSQL: pg_terminate_backend, a restart, a broken socket.
+    message.starts_with("terminating connection due to administrator command")
+        || message.contains("server closed the connection unexpectedly")
+        || message.starts_with("no connection to the server")
+        // MySQL/MariaDB: KILL (1927), 2006, 2013.
+        || message.starts_with("Connection was killed")
+        || message.starts_with("MySQL server has gone away")
+        || message.starts_with("Server has gone away")
+        || message.starts_with("Lost connection to")
+}
+
 fn classify_message(message: &str) -> Option<Error> {
     if is_deadlock(message) {
         Some(Error::Deadlock)
@@ -98,6 +113,8 @@ fn classify_message(message: &str) -> Option<Error> {
         || message.starts_with("canceling statement due to lock timeout")
     {
         Some(Error::LockTimeout)
+    } else if is_connection_lost(message) {
+        Some(Error::ConnectionLost)
     } else if message.starts_with("canceling statement due to statement timeout")
         || message.contains("maximum statement execution time exceeded")
         || message.contains("max_statement_time exceeded")

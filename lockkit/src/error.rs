@@ -45,6 +45,12 @@ pub enum Error {
     #[error("lock wait timed out")]
     LockTimeout,
 
+    /// The connection to the server was lost or killed; its open transaction was
+    /// rolled back by the server. Not retryable on the same connection: take a new
+    /// one (a pool does).
+    #[error("the database connection was lost; its transaction was rolled back")]
+    ConnectionLost,
+
     /// The statement ran past the server's statement timeout and was cancelled.
     #[error("statement timed out")]
     StatementTimeout,

@@ -9,6 +9,9 @@
 //! | wait ran out | [`Error::LockTimeout`] | [`Error::LockTimeout`] | [`Error::LockTimeout`] (busy at `BEGIN IMMEDIATE`) |
 //! | nested | savepoint | savepoint | savepoint (the outer transaction's lock mode applies) |
 //!
+//! A panic in the closure rolls the transaction back before it unwinds further, so
+//! the connection is never left inside a transaction.
+//!
 //! Timeouts come from a [`Duration`](std::time::Duration) and reach the server as a
 //! bound parameter (PostgreSQL, MySQL) or a formatted integer (SQLite's `PRAGMA`
 //! takes no parameters); no caller text is ever interpolated.
@@ -106,6 +109,36 @@ impl LockOptions {
     }
 }
 
+/// Catches a panic in a closure run inside a transaction, so that the transaction
+/// is rolled back before the panic goes on: the connection is then left usable,
+/// with no transaction open (and a pooled one is not returned mid-transaction).
+#[derive(Default)]
+pub(crate) struct PanicGuard(Option<Box<dyn std::any::Any + Send + 'static>>);
+
+impl PanicGuard {
+    /// Runs `f`; a panic becomes an error that makes Diesel roll back.
+    pub(crate) fn call<C, T>(
+        &mut self,
+        conn: &mut C,
+        f: impl FnOnce(&mut C) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(conn))) {
+            Ok(result) => result,
+            Err(payload) => {
+                self.0 = Some(payload);
+                Err(Error::Database(diesel::result::Error::RollbackTransaction))
+            }
+        }
+    }
+
+    /// Goes on with the caught panic, if there was one (after the rollback).
+    pub(crate) fn resume(self) {
+        if let Some(payload) = self.0 {
+            std::panic::resume_unwind(payload);
+        }
+    }
+}
+
 /// A connection lockkit can take row locks on: `PgConnection`, `MysqlConnection`
 /// or `SqliteConnection`.
 pub trait LockingConnection:
@@ -188,15 +221,18 @@ mod postgres {
         where
             F: FnOnce(&mut Self) -> Result<T, Error>,
         {
-            self.transaction(|conn| {
+            let mut guard = PanicGuard::default();
+            let result = self.transaction(|conn| {
                 if let Some(millis) = options.timeout_millis() {
                     // `set_config(.., true)` is `SET LOCAL`, with the value bound.
                     diesel::sql_query("SELECT set_config('lock_timeout', $1, true)")
                         .bind::<Text, _>(format!("{millis}ms"))
                         .execute(conn)?;
                 }
-                f(conn)
-            })
+                guard.call(conn, f)
+            });
+            guard.resume();
+            result
         }
 
         fn serializable_transaction<T, F>(&mut self, f: F) -> Result<T, Error>
@@ -206,7 +242,13 @@ mod postgres {
             if self.in_transaction() {
                 return Err(Error::AlreadyInTransaction);
             }
-            self.build_transaction().serializable().run(f)
+            let mut guard = PanicGuard::default();
+            let result = self
+                .build_transaction()
+                .serializable()
+                .run(|conn| guard.call(conn, f));
+            guard.resume();
+            result
         }
     }
 }
@@ -254,13 +296,16 @@ mod mysql {
                 }
                 None => None,
             };
-            let result = self.transaction(f);
+            let mut guard = PanicGuard::default();
+            let result = self.transaction(|conn| guard.call(conn, f));
             if let Some(previous) = previous {
                 let restored = set_lock_wait_timeout(self, previous);
                 if let (Ok(_), Err(err)) = (&result, restored) {
+                    guard.resume();
                     return Err(crate::classify(err));
                 }
             }
+            guard.resume();
             result
         }
 
@@ -273,7 +318,10 @@ mod mysql {
             }
             // Applies to the next transaction only.
             diesel::sql_query("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE").execute(self)?;
-            self.transaction(f)
+            let mut guard = PanicGuard::default();
+            let result = self.transaction(|conn| guard.call(conn, f));
+            guard.resume();
+            result
         }
     }
 }
@@ -327,9 +375,10 @@ mod sqlite {
             // SQLite waits for the lock at BEGIN IMMEDIATE; a busy error before `f`
             // ran means the wait ran out.
             let mut entered = false;
+            let mut guard = PanicGuard::default();
             let run = |conn: &mut Self| {
                 entered = true;
-                f(conn)
+                guard.call(conn, f)
             };
             let result = if nested {
                 self.transaction(run)
@@ -346,9 +395,11 @@ mod sqlite {
             if let Some(previous) = previous {
                 let restored = set_busy_timeout(self, previous);
                 if let (Ok(_), Err(err)) = (&result, restored) {
+                    guard.resume();
                     return Err(crate::classify(err));
                 }
             }
+            guard.resume();
             result
         }
 
@@ -359,7 +410,10 @@ mod sqlite {
             if self.in_transaction() {
                 return Err(Error::AlreadyInTransaction);
             }
-            self.immediate_transaction(f)
+            let mut guard = PanicGuard::default();
+            let result = self.immediate_transaction(|conn| guard.call(conn, f));
+            guard.resume();
+            result
         }
     }
 }

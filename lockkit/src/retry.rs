@@ -141,7 +141,8 @@ where
 }
 
 /// [`retry`] around a transaction: each attempt runs `op` in a fresh
-/// transaction on `conn`, which is rolled back when `op` fails.
+/// transaction on `conn`, which is rolled back when `op` fails (or panics: the
+/// rollback happens before the panic continues).
 ///
 /// ```
 /// # use diesel::prelude::*;
@@ -161,7 +162,12 @@ where
     Conn: Connection,
     F: FnMut(&mut Conn) -> Result<T, Error>,
 {
-    retry(policy, |_| conn.transaction(|conn| op(conn)))
+    retry(policy, |_| {
+        let mut guard = crate::locking_connection::PanicGuard::default();
+        let result = conn.transaction(|conn| guard.call(conn, &mut op));
+        guard.resume();
+        result
+    })
 }
 
 #[cfg(test)]

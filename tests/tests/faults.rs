@@ -1,0 +1,206 @@
+//! Things going wrong: the server kills the session in the middle of `with_lock`,
+//! the connection drops between the read and the versioned write, a statement
+//! timeout fires while waiting for a lock, closures panic. Each time the caller
+//! gets a typed error, nothing is half-written, and the lock is free again.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc;
+use std::thread;
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use lockkit::lock_waits;
+use lockkit::prelude::*;
+use lockkit::{Error, LockOptions, RetryPolicy};
+use lockkit_tests::models::*;
+use lockkit_tests::schema::*;
+use lockkit_tests::{exec, seed_items};
+
+/// Ends another session from the server side.
+fn kill_session<C: SimpleConnection>(admin: &mut C, backend: &str, session: i64) {
+    // `session` is an integer read from the server, never text.
+    let sql = match backend {
+        "postgres" => format!("SELECT pg_terminate_backend({session})"),
+        _ => format!("KILL {session}"),
+    };
+    admin.batch_execute(&sql).unwrap();
+}
+
+/// The stock of item 1, read on a fresh connection or the given one.
+macro_rules! stock_of {
+    ($conn:expr) => {
+        items::table
+            .find(1)
+            .select(items::stock)
+            .first::<i32>($conn)
+            .unwrap()
+    };
+}
+
+/// `nowait` succeeds: nobody holds row 1.
+macro_rules! assert_row_free {
+    ($db:expr) => {
+        lockkit::with_lock_opts(
+            &mut $db.connect(),
+            1,
+            LockOptions::default().nowait(),
+            |_, _: Item| Ok(()),
+        )
+        .expect("the row lock was released");
+    };
+}
+
+mod servers {
+    use super::*;
+
+    lockkit_tests::server_tests! {
+        fn the_server_killing_the_session_inside_with_lock(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let (id_tx, id_rx) = mpsc::channel();
+            let (killed_tx, killed_rx) = mpsc::channel::<()>();
+            let outcome = thread::scope(|s| {
+                let db = &db;
+                let victim = s.spawn(move || {
+                    let mut conn = db.connect();
+                    lockkit::with_lock(&mut conn, 1, |conn, item: Item| {
+                        diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 5)).execute(conn)?;
+                        id_tx.send(lock_waits::session_id(conn)?).unwrap();
+                        killed_rx.recv().unwrap();
+                        diesel::update(items::table.find(1)).set(items::name.eq("never")).execute(conn)?;
+                        Ok(())
+                    })
+                });
+                let session = id_rx.recv().unwrap();
+                kill_session(&mut db.connect(), BACKEND, session);
+                killed_tx.send(()).unwrap();
+                victim.join().unwrap()
+            });
+            assert!(matches!(outcome, Err(Error::ConnectionLost)), "{outcome:?}");
+            assert_eq!(stock_of!(&mut db.connect()), 10, "nothing half-written");
+            assert_row_free!(db);
+        }
+
+        fn the_connection_dropping_between_read_and_versioned_write(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn = db.connect();
+            let mut item = items::table.find(1).first::<Item>(&mut conn).unwrap();
+            let session = lock_waits::session_id(&mut conn).unwrap();
+            kill_session(&mut db.connect(), BACKEND, session);
+            item.stock -= 1;
+            let before = item.clone();
+            let err = item.update_versioned(&mut conn).unwrap_err();
+            assert!(matches!(err, Error::ConnectionLost), "{err:?}");
+            assert_eq!(item, before, "the struct is unchanged");
+            // A fresh connection finishes the job with the same struct.
+            item.update_versioned(&mut db.connect()).unwrap();
+            assert_eq!(stock_of!(&mut db.connect()), 9);
+        }
+
+        fn a_statement_timeout_while_waiting_for_a_lock(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let (locked_tx, locked_rx) = mpsc::channel();
+            let (release_tx, release_rx) = mpsc::channel::<()>();
+            thread::scope(|s| {
+                let db = &db;
+                s.spawn(move || {
+                    lockkit::with_lock(&mut db.connect(), 1, |conn, item: Item| {
+                        diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
+                        locked_tx.send(()).unwrap();
+                        release_rx.recv().unwrap();
+                        Ok(())
+                    })
+                    .unwrap();
+                });
+                locked_rx.recv().unwrap();
+                let mut conn = db.connect();
+                let setting = match BACKEND {
+                    "postgres" => "SET statement_timeout = 200",
+                    _ if diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>("VERSION()"))
+                        .get_result::<String>(&mut conn)
+                        .is_ok_and(|v| v.contains("MariaDB")) => "SET SESSION max_statement_time = 0.2",
+                    _ => "SET SESSION max_execution_time = 200",
+                };
+                exec(&mut conn, setting);
+                let err = lockkit::with_lock(&mut conn, 1, |conn, item: Item| {
+                    diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 100)).execute(conn)?;
+                    Ok(())
+                })
+                .unwrap_err();
+                release_tx.send(()).unwrap();
+                assert!(matches!(err, Error::StatementTimeout), "{err:?}");
+            });
+            assert_eq!(stock_of!(&mut db.connect()), 9, "only the holder's write");
+            assert_row_free!(db);
+        }
+    }
+}
+
+mod all {
+    use super::*;
+
+    lockkit_tests::backend_tests! {
+        fn a_panic_inside_with_lock_rolls_back_and_frees_the_connection(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn = db.connect();
+            let panicked = catch_unwind(AssertUnwindSafe(|| {
+                let _: Result<(), Error> = lockkit::with_lock(&mut conn, 1, |conn, item: Item| {
+                    diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 5)).execute(conn)?;
+                    panic!("bug in the closure");
+                });
+            }));
+            assert!(panicked.is_err(), "the panic goes on");
+            assert_eq!(stock_of!(&mut db.connect()), 10, "rolled back");
+            // The same connection is usable, outside any transaction: a new
+            // transaction is a real one, not a savepoint in the dead one.
+            assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
+            lockkit::with_lock(&mut conn, 1, |conn, item: Item| {
+                diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(stock_of!(&mut db.connect()), 9);
+            assert_row_free!(db);
+        }
+
+        fn a_panic_with_a_pooled_connection_never_returns_it_mid_transaction(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let pool = db.pool();
+            for _ in 0..3 {
+                let panicked = catch_unwind(AssertUnwindSafe(|| {
+                    let mut pooled = pool.get().unwrap();
+                    let _: Result<(), Error> = lockkit::transaction_with_retry(&mut *pooled, &RetryPolicy::immediate(2), |conn| {
+                        conn.batch_execute("UPDATE items SET stock = 0 WHERE id = 1")?;
+                        panic!("bug");
+                        #[allow(unreachable_code)]
+                        Ok(())
+                    });
+                }));
+                assert!(panicked.is_err());
+            }
+            // Every connection the pool hands out is outside a transaction.
+            for _ in 0..3 {
+                let mut pooled = pool.get().unwrap();
+                assert!(!lockkit::LockingConnection::in_transaction(&mut *pooled));
+            }
+            assert_eq!(stock_of!(&mut db.connect()), 10);
+            assert_row_free!(db);
+        }
+
+        fn a_panic_inside_serializable_rolls_back(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn = db.connect();
+            let panicked = catch_unwind(AssertUnwindSafe(|| {
+                let _: Result<(), Error> = lockkit::serializable(&mut conn, &RetryPolicy::default(), |conn| {
+                    conn.batch_execute("UPDATE items SET stock = 0 WHERE id = 1")?;
+                    panic!("bug");
+                    #[allow(unreachable_code)]
+                    Ok(())
+                });
+            }));
+            assert!(panicked.is_err());
+            assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
+            assert_eq!(stock_of!(&mut conn), 10);
+            lockkit::serializable(&mut conn, &RetryPolicy::default(), |_| Ok(())).unwrap();
+        }
+    }
+}
