@@ -16,9 +16,12 @@ use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
 use lockkit_tests::{exec, seed_items};
 
+/// A titled group of statements.
+type Section = (String, Vec<String>);
+
 /// Collects the SQL of every statement, section by section.
 #[derive(Clone, Default)]
-struct Log(Arc<Mutex<Vec<(String, Vec<String>)>>>);
+struct Log(Arc<Mutex<Vec<Section>>>);
 
 impl Log {
     fn section(&self, title: &str) {
