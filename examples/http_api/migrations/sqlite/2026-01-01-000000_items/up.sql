@@ -1,0 +1,6 @@
+CREATE TABLE items (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL,
+    stock INTEGER NOT NULL,
+    lock_version INTEGER NOT NULL DEFAULT 0
+);

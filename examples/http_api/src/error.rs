@@ -1,0 +1,114 @@
+//! The service's errors: at start-up, and per request (as problem+json responses).
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use lockkit::axum::HttpError;
+use lockkit::etag::Problem;
+
+use crate::Backend;
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// The URL names a backend this build has no cargo feature for.
+    #[error("this build of http_api has no {0} support (enable the `{0}` feature)")]
+    Unsupported(Backend),
+
+    /// The database could not be reached.
+    #[error("cannot connect: {0}")]
+    Connection(#[from] diesel::ConnectionError),
+
+    /// The connection pool could not be built.
+    #[error("connection pool: {0}")]
+    Pool(#[from] diesel::r2d2::PoolError),
+
+    /// Applying the embedded migrations failed.
+    #[error("migrations: {0}")]
+    Migration(String),
+
+    /// A database error while setting up.
+    #[error("database: {0}")]
+    Database(#[from] diesel::result::Error),
+}
+
+/// Why a request failed. Every variant is a `application/problem+json` response.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// A lockkit error: `412` (stale, with the current `ETag`), `404`, `503`, ...
+    /// as [`lockkit::etag::status_for`] says.
+    #[error(transparent)]
+    Lock(#[from] lockkit::Error),
+
+    /// No pooled connection became free in time: `503`.
+    #[error("no database connection available: {0}")]
+    Pool(#[from] diesel::r2d2::PoolError),
+
+    /// The request is well-formed but its content is not acceptable: `422`.
+    #[error("{0}")]
+    Invalid(String),
+
+    /// axum refused the path or body (`400`, `415`, `422`, ...), with its reason.
+    #[error("{detail}")]
+    Rejected {
+        /// axum's status for the rejection.
+        status: StatusCode,
+        /// axum's explanation.
+        detail: String,
+    },
+
+    /// A bug or a crash: `500`. The body says nothing more; the cause is logged.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<diesel::result::Error> for ApiError {
+    fn from(err: diesel::result::Error) -> Self {
+        ApiError::Lock(err.into())
+    }
+}
+
+impl ApiError {
+    /// The status of the response.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::Lock(error) => StatusCode::from_u16(lockkit::etag::status_for(error))
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            ApiError::Pool(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::Rejected { status, .. } => *status,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            eprintln!("http_api: {status}: {self}");
+        }
+        let problem = |title: &'static str, detail: String| Problem {
+            status: status.as_u16(),
+            title,
+            detail,
+            current_etag: None,
+        };
+        match self {
+            ApiError::Lock(error) => HttpError(error).into_response(),
+            ApiError::Pool(_) => problem(
+                "Service Unavailable",
+                "no database connection became available; try again".to_owned(),
+            )
+            .into_response(),
+            ApiError::Invalid(detail) => problem("Unprocessable Content", detail).into_response(),
+            ApiError::Rejected { detail, .. } => {
+                problem(status.canonical_reason().unwrap_or("Bad Request"), detail).into_response()
+            }
+            ApiError::Internal(_) => problem(
+                "Internal Server Error",
+                "the request could not be completed".to_owned(),
+            )
+            .into_response(),
+        }
+    }
+}
