@@ -96,14 +96,10 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
 
 use crate::etag::{self, ETag, Expected, IfMatchError, Problem};
-use crate::{CurrentState, Error, VersionNumber};
+use crate::{Error, VersionNumber};
 
 /// The media type of [`Problem`] bodies (RFC 9457).
 pub const PROBLEM_JSON: &str = "application/problem+json";
-
-/// How many times [`IfMatchVersion::apply`] re-reads and retries a write under
-/// `If-Match: *` when other writers keep changing the row in between.
-pub const ANY_MATCH_ATTEMPTS: u32 = 5;
 
 /// The `If-Match` header of a request, as the version(s) a write may go over.
 ///
@@ -120,7 +116,7 @@ pub const ANY_MATCH_ATTEMPTS: u32 = 5;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IfMatchVersion<V>(pub Expected<V>);
 
-impl<V: VersionNumber + TryFrom<i64>> IfMatchVersion<V> {
+impl<V: VersionNumber> IfMatchVersion<V> {
     /// Parses the `If-Match` field lines of `headers`, as the extractor does.
     pub fn from_headers(headers: &HeaderMap) -> Result<Self, IfMatchError> {
         match if_match_value(headers)? {
@@ -144,72 +140,20 @@ impl<V: VersionNumber> IfMatchVersion<V> {
         }
     }
 
-    /// Whether a row at version `current` satisfies the header.
+    /// Whether a row at version `current` satisfies the header; see
+    /// [`Expected::matches`].
     pub fn matches(&self, current: V) -> bool {
-        match &self.0 {
-            Expected::Any => true,
-            Expected::Version(version) => *version == current,
-            Expected::OneOf(versions) => versions.contains(&current),
-        }
+        self.0.matches(current)
     }
 
-    /// Runs a version-checked write for this header: `write(conn, expected)` must
-    /// write only if the row is still at `expected` (e.g.
-    /// [`Versioned::update_by_version`](crate::Versioned::update_by_version)) and
-    /// report [`Error::Stale`] otherwise; `current(conn)` reads the row's version
-    /// ([`Error::NotFound`] when it does not exist).
-    ///
-    /// * one tag: `write` with it; `current` is not called.
-    /// * several tags: `current`, then `write` with it if it is listed, else with a
-    ///   listed version, which the database refuses as stale (`412` with the
-    ///   current `ETag`) unless the row got there in between.
-    /// * `*`: `current`, then `write` with it; when another writer got in between
-    ///   (stale, row still there), again, up to [`ANY_MATCH_ATTEMPTS`] times, then
-    ///   [`Error::RetriesExhausted`] (`503`). A missing row is `404`.
-    ///
-    /// An empty `OneOf` (the parser never makes one) writes nothing and is
-    /// [`Error::NoRowMatched`].
+    /// Runs a version-checked write for this header; see [`Expected::apply`].
     pub fn apply<C: ?Sized, T>(
         &self,
         conn: &mut C,
-        mut current: impl FnMut(&mut C) -> Result<V, Error>,
-        mut write: impl FnMut(&mut C, V) -> Result<T, Error>,
+        current: impl FnMut(&mut C) -> Result<V, Error>,
+        write: impl FnMut(&mut C, V) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        match &self.0 {
-            Expected::Version(version) => write(conn, *version),
-            Expected::OneOf(versions) => {
-                let now = current(conn)?;
-                if versions.contains(&now) {
-                    return write(conn, now);
-                }
-                match versions.last() {
-                    Some(&listed) => write(conn, listed),
-                    // The parser never makes an empty list; one built by hand
-                    // matches nothing.
-                    None => Err(Error::NoRowMatched),
-                }
-            }
-            Expected::Any => {
-                let mut attempt = 1;
-                loop {
-                    let now = current(conn)?;
-                    match write(conn, now) {
-                        Err(Error::Stale(stale))
-                            if matches!(stale.current, CurrentState::Version(_)) =>
-                        {
-                            if attempt >= ANY_MATCH_ATTEMPTS {
-                                return Err(Error::RetriesExhausted {
-                                    attempts: attempt,
-                                    last: Box::new(Error::Stale(stale)),
-                                });
-                            }
-                            attempt += 1;
-                        }
-                        other => return other,
-                    }
-                }
-            }
-        }
+        self.0.apply(conn, current, write)
     }
 }
 
@@ -234,7 +178,7 @@ fn if_match_value(headers: &HeaderMap) -> Result<Option<String>, IfMatchError> {
 impl<S, V> FromRequestParts<S> for IfMatchVersion<V>
 where
     S: Send + Sync,
-    V: VersionNumber + TryFrom<i64>,
+    V: VersionNumber,
 {
     type Rejection = IfMatchError;
 
@@ -246,7 +190,7 @@ where
 impl<S, V> OptionalFromRequestParts<S> for IfMatchVersion<V>
 where
     S: Send + Sync,
-    V: VersionNumber + TryFrom<i64>,
+    V: VersionNumber,
 {
     type Rejection = IfMatchError;
 
@@ -350,6 +294,8 @@ mod tests {
     use axum::http::Request;
 
     use super::*;
+    use crate::etag::ANY_MATCH_ATTEMPTS;
+    use crate::CurrentState;
     use crate::{Operation, StaleObjectError};
 
     /// Polls a future that needs no I/O to completion (extractors, full bodies).

@@ -30,7 +30,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::{Error, VersionNumber};
+use crate::{CurrentState, Error, VersionNumber};
 
 /// A strong entity tag made from a row's version: `"v<version>"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -52,6 +52,18 @@ impl fmt::Display for ETag {
     /// The header value, quotes included: `"v7"`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "\"v{}\"", self.0)
+    }
+}
+
+impl FromStr for ETag {
+    type Err = IfMatchError;
+
+    /// Parses a strong lockkit tag, quotes included: `"v7"`.
+    fn from_str(value: &str) -> Result<Self, IfMatchError> {
+        match value.parse::<IfMatch>()?.expected::<i64>()? {
+            Expected::Version(version) => Ok(ETag(version)),
+            _ => Err(IfMatchError::Malformed("not a single lockkit entity tag")),
+        }
     }
 }
 
@@ -173,7 +185,7 @@ impl IfMatch {
     /// The versions named by strong lockkit tags (`"v<n>"` that fits `V`). Weak
     /// tags and tags lockkit did not make are ignored: under `If-Match` they can
     /// never match.
-    pub fn expected<V: VersionNumber + TryFrom<i64>>(&self) -> Result<Expected<V>, IfMatchError> {
+    pub fn expected<V: VersionNumber>(&self) -> Result<Expected<V>, IfMatchError> {
         let tags = match self {
             IfMatch::Any => return Ok(Expected::Any),
             IfMatch::Tags(tags) => tags,
@@ -187,7 +199,7 @@ impl IfMatch {
                 !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
             })
             .filter_map(|digits| digits.parse::<i64>().ok())
-            .filter_map(|version| V::try_from(version).ok())
+            .filter_map(V::from_i64)
             .collect();
         versions.sort();
         versions.dedup();
@@ -199,9 +211,83 @@ impl IfMatch {
     }
 }
 
+/// How many times [`Expected::apply`] re-reads and retries a write under
+/// `If-Match: *` when other writers keep changing the row in between.
+pub const ANY_MATCH_ATTEMPTS: u32 = 5;
+
+impl<V: VersionNumber> Expected<V> {
+    /// Whether a row at version `current` satisfies the `If-Match` header.
+    pub fn matches(&self, current: V) -> bool {
+        match self {
+            Expected::Any => true,
+            Expected::Version(version) => *version == current,
+            Expected::OneOf(versions) => versions.contains(&current),
+        }
+    }
+
+    /// Runs a version-checked write for this `If-Match`: `write(conn, expected)` must
+    /// write only if the row is still at `expected` (e.g.
+    /// [`Versioned::update_by_version`](crate::Versioned::update_by_version)) and
+    /// report [`Error::Stale`] otherwise; `current(conn)` reads the row's version
+    /// ([`Error::NotFound`] when it does not exist).
+    ///
+    /// * one tag: `write` with it; `current` is not called.
+    /// * several tags: `current`, then `write` with it if it is listed, else with a
+    ///   listed version, which the database refuses as stale (`412` with the
+    ///   current `ETag`) unless the row got there in between.
+    /// * `*`: `current`, then `write` with it; when another writer got in between
+    ///   (stale, row still there), again, up to [`ANY_MATCH_ATTEMPTS`] times, then
+    ///   [`Error::RetriesExhausted`] (`503`). A missing row is `404`.
+    ///
+    /// An empty `OneOf` (the parser never makes one) writes nothing and is
+    /// [`Error::NoRowMatched`].
+    pub fn apply<C: ?Sized, T>(
+        &self,
+        conn: &mut C,
+        mut current: impl FnMut(&mut C) -> Result<V, Error>,
+        mut write: impl FnMut(&mut C, V) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        match self {
+            Expected::Version(version) => write(conn, *version),
+            Expected::OneOf(versions) => {
+                let now = current(conn)?;
+                if versions.contains(&now) {
+                    return write(conn, now);
+                }
+                match versions.last() {
+                    Some(&listed) => write(conn, listed),
+                    // The parser never makes an empty list; one built by hand
+                    // matches nothing.
+                    None => Err(Error::NoRowMatched),
+                }
+            }
+            Expected::Any => {
+                let mut attempt = 1;
+                loop {
+                    let now = current(conn)?;
+                    match write(conn, now) {
+                        Err(Error::Stale(stale))
+                            if matches!(stale.current, CurrentState::Version(_)) =>
+                        {
+                            if attempt >= ANY_MATCH_ATTEMPTS {
+                                return Err(Error::RetriesExhausted {
+                                    attempts: attempt,
+                                    last: Box::new(Error::Stale(stale)),
+                                });
+                            }
+                            attempt += 1;
+                        }
+                        other => return other,
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// From the raw `If-Match` header (`None` when absent) to the expected version:
 /// parse, then [`IfMatch::expected`].
-pub fn expected_version<V: VersionNumber + TryFrom<i64>>(
+pub fn expected_version<V: VersionNumber>(
     header: Option<&str>,
 ) -> Result<Expected<V>, IfMatchError> {
     header
@@ -217,7 +303,7 @@ pub fn expected_version<V: VersionNumber + TryFrom<i64>>(
 /// again), anything else → 500.
 pub fn status_for(error: &Error) -> u16 {
     match error {
-        Error::Stale(stale) if stale.current == crate::CurrentState::Deleted => 404,
+        Error::Stale(stale) if stale.current == CurrentState::Deleted => 404,
         Error::Stale(_) => 412,
         Error::NotFound => 404,
         Error::NoRowMatched | Error::IdempotencyInProgress => 409,
@@ -255,19 +341,30 @@ impl Problem {
         let (title, detail) = match error {
             Error::Stale(stale) if status == 412 => (
                 "Precondition Failed",
-                format!("{stale}. Re-read the resource (GET) and apply your change to the current version."),
+                format!(
+                    "the resource was changed by someone else after you read it (you sent {}, it is now {}); \
+                     re-read it (GET) and apply your change to the current version",
+                    ETag(stale.expected_version),
+                    match stale.current {
+                        CurrentState::Version(v) => ETag(v).to_string(),
+                        CurrentState::Deleted => "deleted".to_owned(),
+                    }
+                ),
             ),
             Error::Stale(_) | Error::NotFound => ("Not Found", "the resource does not exist".to_owned()),
             Error::NoRowMatched | Error::IdempotencyInProgress => ("Conflict", error.to_string()),
             Error::IdempotencyKeyReused => ("Unprocessable Content", error.to_string()),
             Error::InvalidInput(_) => ("Bad Request", error.to_string()),
-            _ if status == 503 => ("Service Unavailable", format!("{error}; try again")),
+            _ if status == 503 => (
+                "Service Unavailable",
+                "the resource is busy with other changes; try again".to_owned(),
+            ),
             _ => ("Internal Server Error", "the request could not be completed".to_owned()),
         };
         let current_etag = match error {
             Error::Stale(stale) => match stale.current {
-                crate::CurrentState::Version(v) => Some(ETag(v).to_string()),
-                crate::CurrentState::Deleted => None,
+                CurrentState::Version(v) => Some(ETag(v).to_string()),
+                CurrentState::Deleted => None,
             },
             _ => None,
         };
@@ -405,7 +502,7 @@ mod tests {
             version_column: "lock_version",
             operation: crate::Operation::Update,
             expected_version: 3,
-            current: crate::CurrentState::Version(4),
+            current: CurrentState::Version(4),
         });
         let problem = Problem::from_error(&stale);
         assert_eq!(
@@ -413,7 +510,17 @@ mod tests {
             (412, "Precondition Failed")
         );
         assert_eq!(problem.current_etag.as_deref(), Some("\"v4\""));
-        assert!(problem.detail.contains("Re-read"), "{}", problem.detail);
+        assert_eq!(
+            problem.detail,
+            "the resource was changed by someone else after you read it (you sent \"v3\", it is now \"v4\"); \
+             re-read it (GET) and apply your change to the current version"
+        );
+        assert!(
+            !problem.detail.contains("items"),
+            "no table names for clients"
+        );
+        assert_eq!("\"v4\"".parse::<ETag>(), Ok(ETag(4)));
+        assert!("W/\"v4\"".parse::<ETag>().is_err());
         assert_eq!(status_for(&Error::NotFound), 404);
         assert_eq!(status_for(&Error::Deadlock), 503);
         assert_eq!(Problem::from_if_match(&IfMatchError::Missing).status, 428);

@@ -35,6 +35,9 @@ pub trait VersionNumber:
 
     /// The version widened to `i64`, for error reports.
     fn to_i64(self) -> i64;
+
+    /// The version from an `i64`, if it fits the type.
+    fn from_i64(value: i64) -> Option<Self>;
 }
 
 macro_rules! version_number {
@@ -51,6 +54,11 @@ macro_rules! version_number {
             #[inline]
             fn to_i64(self) -> i64 {
                 i64::from(self)
+            }
+
+            #[inline]
+            fn from_i64(value: i64) -> Option<Self> {
+                <$t>::try_from(value).ok()
             }
         }
     )*};

@@ -156,6 +156,28 @@ pub trait Versioned: Lockable {
         )
     }
 
+    /// Deletes the row `key` if its version is still `expected_version`, without
+    /// loading it first (e.g. `DELETE` with `If-Match`).
+    fn delete_by_version<Conn>(
+        conn: &mut Conn,
+        key: Self::Key,
+        expected_version: Self::Version,
+    ) -> Result<(), Error>
+    where
+        Conn: Connection,
+        Self: VersionCheck + CurrentVersionQuery<Conn>,
+        DeleteVersioned<Self>: ExecuteDsl<Conn>,
+    {
+        let statement = diesel::delete(Self::target(key.clone(), expected_version));
+        version_check::execute::<Self, _, _>(
+            statement,
+            conn,
+            key,
+            expected_version,
+            Operation::Delete,
+        )
+    }
+
     /// Bumps the version only (JPA's `OPTIMISTIC_FORCE_INCREMENT`): marks the row
     /// as changed, e.g. when a child row changed, so concurrent editors of the parent
     /// become stale.

@@ -245,18 +245,7 @@ macro_rules! api_backend {
                     if_match.apply(
                         self,
                         |conn| current_version(conn, id),
-                        |conn, expected| {
-                            // lockkit deletes through a model (there is no
-                            // `delete_by_version`); its statement reads only the key
-                            // and the version, so the other fields do not matter.
-                            let target = Item {
-                                id,
-                                name: String::new(),
-                                stock: 0,
-                                lock_version: expected,
-                            };
-                            target.delete_versioned(conn)
-                        },
+                        |conn, expected| Item::delete_by_version(conn, id, expected),
                     )
                 }
             }
