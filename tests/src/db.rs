@@ -43,6 +43,16 @@ pub struct TestDb<C: TestBackend> {
 impl<C: TestBackend> TestDb<C> {
     /// Creates the database, applies the schema and opens a pool (up to 16 connections).
     pub fn new(test_name: &str) -> Self {
+        Self::create(test_name, true)
+    }
+
+    /// Creates an empty database (no schema) for a program that brings its own
+    /// migrations, e.g. the example apps' tests: pass it [`TestDb::url`].
+    pub fn empty(test_name: &str) -> Self {
+        Self::create(test_name, false)
+    }
+
+    fn create(test_name: &str, migrate: bool) -> Self {
         let name = unique_name(test_name);
         let (url, cleanup) = C::create_database(&name);
         let mut db = TestDb {
@@ -51,7 +61,9 @@ impl<C: TestBackend> TestDb<C> {
             cleanup: Some(cleanup),
         };
         let mut conn = db.connect();
-        C::migrate(&mut conn);
+        if migrate {
+            C::migrate(&mut conn);
+        }
         drop(conn);
         db.pool = Some(
             Pool::builder()
