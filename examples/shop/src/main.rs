@@ -14,17 +14,40 @@ USAGE:
     shop [OPTIONS]
 
 OPTIONS:
-    --buyers N          buyer threads                        [default: 8]
-    --stock N           units in stock at the start          [default: 100]
-    --strategy S        all, naive or optimistic             [default: all]
-    --attempts N        purchases each buyer tries at most   [default: 50]
-    --think-ms N        pause between read and write, in ms  [default: 5]
-    --sqlite-file PATH  SQLite database, recreated at start  [default: shop.sqlite]
+    --buyers N          buyer threads                          [default: 8]
+    --stock N           units in stock at the start, per item  [default: 100]
+    --items N           items on sale in the basket strategies [default: 4]
+    --strategy S        all, or one of the strategies below    [default: all]
+    --attempts N        purchases each buyer tries at most     [default: 50]
+    --think-ms N        pause between read and write, in ms    [default: 5]
+    --pg-deadlock-timeout-ms N
+                        PostgreSQL deadlock_timeout for the basket strategies;
+                        0 keeps the server's (1 s by default)  [default: 20]
+    --sqlite-file PATH  SQLite database, recreated at start    [default: shop.sqlite]
     -h, --help          this text
+
+STRATEGIES (one item, 1-3 units per order):
+    naive            read, think, write `stock = <read> - qty`: loses updates
+    optimistic       version-checked write (#[derive(Versioned)]), retried when stale
+    pessimistic      item.with_lock: SELECT .. FOR UPDATE, check, think, write
+    atomic           UPDATE .. SET stock = stock - qty WHERE stock >= qty (update_if)
+    nowait           with_lock_opts(.. nowait()): a locked row is Busy, retried
+STRATEGIES (baskets of 2-3 items, 1-3 units each, all or nothing):
+    basket-naive     FOR UPDATE one item at a time in the buyer's order:
+                     deadlocks, retried (none on SQLite, which serializes writers)
+    basket-lock-all  Item::lock_all in locked_transaction, in key order: no deadlocks
+
+`conflicts` counts stale writes (optimistic) and busy rows (nowait), `deadlocks`
+the transactions the server aborted to break one. For the basket strategies
+`orders` are whole baskets and the stock columns add up all items. shop exits
+with 1 if a strategy other than naive oversells.
 
 DATABASE_URL=postgres://... (or postgresql://) runs on PostgreSQL,
 DATABASE_URL=mysql://... on MySQL/MariaDB; the tables `items` and `orders` are
 created there if missing and emptied. Without it, shop uses the SQLite file.
+Lowering PostgreSQL's deadlock_timeout needs a superuser or
+`GRANT SET ON PARAMETER deadlock_timeout`; otherwise the server's value stays,
+and every basket-naive deadlock costs that long.
 ";
 
 /// The parsed command line.
@@ -57,6 +80,13 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Options>,
         match flag.as_str() {
             "--buyers" => options.config.buyers = number(&flag, &value)?,
             "--stock" => options.config.stock = number(&flag, &value)?,
+            "--items" => options.config.items = number(&flag, &value)?,
+            "--pg-deadlock-timeout-ms" => {
+                options.config.deadlock_timeout = match number(&flag, &value)? {
+                    0 => None,
+                    millis => Some(Duration::from_millis(millis)),
+                }
+            }
             "--attempts" => options.config.attempts = number(&flag, &value)?,
             "--think-ms" => options.config.think = Duration::from_millis(number(&flag, &value)?),
             "--sqlite-file" => options.sqlite_file = PathBuf::from(value),
@@ -120,13 +150,20 @@ fn play(options: &Options) -> Result<bool, ShopError> {
     };
     let config = &options.config;
     println!(
-        "shop on {} ({shown}): {} buyers, {} in stock, up to {} purchases of 1-3 units each, {} ms think time\n",
+        "shop on {} ({shown}): {} buyers, {} in stock, up to {} purchases of 1-3 units each, {} ms think time",
         Backend::from_url(&url),
         config.buyers,
         config.stock,
         config.attempts,
         config.think.as_millis(),
     );
+    if options.strategies.iter().any(|s| s.is_basket()) {
+        println!(
+            "baskets: {} items with {} units each, 2-3 distinct items of 1-3 units per basket",
+            config.items, config.stock,
+        );
+    }
+    println!();
 
     let mut reports = Vec::new();
     for &strategy in &options.strategies {
@@ -136,15 +173,19 @@ fn play(options: &Options) -> Result<bool, ShopError> {
 
     let mut ok = true;
     for report in &reports {
+        if let Some(note) = &report.note {
+            println!("\n{}: {note}", report.strategy);
+        }
         if report.is_consistent() {
             continue;
         }
         if report.strategy.is_safe() {
             ok = false;
             println!(
-                "\nBUG: {} lost {} units, but it must never lose an update",
+                "\nBUG: {} lost {} units (lowest stock {}), but it must never lose an update",
                 report.strategy,
-                report.oversold()
+                report.oversold(),
+                report.lowest_stock
             );
         } else {
             println!(
@@ -188,6 +229,7 @@ mod tests {
         let options = parse(&[]).unwrap().unwrap();
         assert_eq!(options.config.buyers, 8);
         assert_eq!(options.config.stock, 100);
+        assert_eq!(options.config.items, 4);
         assert_eq!(options.strategies, Strategy::ALL);
         assert_eq!(options.sqlite_file, PathBuf::from("shop.sqlite"));
 
@@ -210,6 +252,33 @@ mod tests {
             Strategy::ALL
         );
         assert!(parse(&["--help"]).unwrap().is_none());
+
+        let options = parse(&[
+            "--strategy",
+            "basket-lock-all",
+            "--items=6",
+            "--pg-deadlock-timeout-ms",
+            "0",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(options.strategies, [Strategy::BasketLockAll]);
+        assert_eq!(options.config.items, 6);
+        assert_eq!(options.config.deadlock_timeout, None);
+        for strategy in Strategy::ALL {
+            let parsed = parse(&["--strategy", strategy.name()]).unwrap().unwrap();
+            assert_eq!(parsed.strategies, [*strategy]);
+        }
+    }
+
+    #[test]
+    fn the_help_names_every_strategy() {
+        for strategy in Strategy::ALL {
+            assert!(
+                USAGE.contains(&format!("\n    {} ", strategy.name())),
+                "{strategy} is missing from the help"
+            );
+        }
     }
 
     #[test]

@@ -21,7 +21,7 @@ pub struct Item {
     pub lock_version: i32,
 }
 
-/// An accepted purchase, to insert.
+/// An accepted purchase (or one line of a basket), to insert.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Insertable)]
 #[diesel(table_name = orders)]
 pub struct NewOrder {
@@ -29,4 +29,6 @@ pub struct NewOrder {
     pub item_id: i32,
     /// Units bought.
     pub qty: i32,
+    /// The basket this line belongs to; `None` for a single-item purchase.
+    pub basket_id: Option<i32>,
 }

@@ -15,7 +15,7 @@ diesel::table! {
 }
 
 diesel::table! {
-    /// One row per accepted purchase.
+    /// One row per accepted purchase, or per line of an accepted basket.
     orders (id) {
         /// Primary key.
         id -> Integer,
@@ -23,6 +23,8 @@ diesel::table! {
         item_id -> Integer,
         /// Units bought.
         qty -> Integer,
+        /// The basket this line belongs to (`NULL` for a single-item purchase).
+        basket_id -> Nullable<Integer>,
     }
 }
 
