@@ -106,7 +106,9 @@ pub trait Lockable: Sized {
     /// and returns them in that order.
     ///
     /// Two transactions that lock overlapping sets one row at a time in different
-    /// orders deadlock; locking every set in the same (key) order cannot. Must run
+    /// orders deadlock; locking every set in the same (key) order cannot. (A
+    /// deadlock is not only an error: PostgreSQL looks for one only after a lock
+    /// wait of `deadlock_timeout`, 1 s by default, so each one also costs that long.) Must run
     /// inside a transaction ([`Error::NotInTransaction`] otherwise); a missing key is
     /// [`Error::NotFound`]. Duplicate keys are locked once. On SQLite run it inside
     /// [`locked_transaction`](crate::locked_transaction), whose `BEGIN IMMEDIATE`
