@@ -177,6 +177,9 @@ where
     M: LockRow<C::Conn>,
     F: FnOnce(&mut C::Conn, M) -> Result<T, Error>,
 {
+    // Lock waits happen at the locked read (row locks) or at `BEGIN IMMEDIATE`
+    // (SQLite): measure from before the transaction begins.
+    let started = std::time::Instant::now();
     conn.locking_connection()
         .locked_transaction(&options, |conn| {
             let lock = options.row_lock();
@@ -184,7 +187,6 @@ where
                 WaitMode::Wait => classify,
                 WaitMode::NoWait | WaitMode::SkipLocked => classify_nowait,
             };
-            let started = std::time::Instant::now();
             let row = M::load_locked(conn, key.clone(), lock).map_err(reclassify)?;
             if row.is_some() {
                 crate::metrics::record_lock_acquired(M::TABLE_NAME, started.elapsed());

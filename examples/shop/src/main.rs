@@ -166,10 +166,20 @@ fn play(options: &Options) -> Result<bool, ShopError> {
     println!();
 
     let mut reports = Vec::new();
+    let mut metrics = Vec::new();
     for &strategy in &options.strategies {
+        let before = lockkit::metrics::snapshot();
         reports.push(shop::run(&url, strategy, config)?);
+        metrics.push((strategy, lockkit::metrics::snapshot().since(&before)));
     }
     print!("{}", shop::format_table(&reports));
+
+    // What lockkit itself counted (lockkit::metrics), per strategy.
+    println!("
+lockkit metrics:");
+    for (strategy, delta) in &metrics {
+        println!("  {:<16} {delta}", strategy.name());
+    }
 
     let mut ok = true;
     for report in &reports {
