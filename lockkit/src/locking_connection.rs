@@ -139,6 +139,22 @@ impl PanicGuard {
     }
 }
 
+/// The end of a locking transaction that changed a session setting: `restored`
+/// is how putting it back went. A failed restore is reported only when the work
+/// itself succeeded; a panic in the work goes on after the restore.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+fn after_restore<T>(
+    result: Result<T, Error>,
+    restored: Option<diesel::QueryResult<()>>,
+    guard: PanicGuard,
+) -> Result<T, Error> {
+    guard.resume();
+    match (result, restored) {
+        (Ok(_), Some(Err(err))) => Err(crate::classify(err)),
+        (result, _) => result,
+    }
+}
+
 /// A connection lockkit can take row locks on: `PgConnection`, `MysqlConnection`
 /// or `SqliteConnection`.
 pub trait LockingConnection:
@@ -298,15 +314,8 @@ mod mysql {
             };
             let mut guard = PanicGuard::default();
             let result = self.transaction(|conn| guard.call(conn, f));
-            if let Some(previous) = previous {
-                let restored = set_lock_wait_timeout(self, previous);
-                if let (Ok(_), Err(err)) = (&result, restored) {
-                    guard.resume();
-                    return Err(crate::classify(err));
-                }
-            }
-            guard.resume();
-            result
+            let restored = previous.map(|previous| set_lock_wait_timeout(self, previous));
+            after_restore(result, restored, guard)
         }
 
         fn serializable_transaction<T, F>(&mut self, f: F) -> Result<T, Error>
@@ -392,15 +401,8 @@ mod sqlite {
                 }
                 other => other,
             };
-            if let Some(previous) = previous {
-                let restored = set_busy_timeout(self, previous);
-                if let (Ok(_), Err(err)) = (&result, restored) {
-                    guard.resume();
-                    return Err(crate::classify(err));
-                }
-            }
-            guard.resume();
-            result
+            let restored = previous.map(|previous| set_busy_timeout(self, previous));
+            after_restore(result, restored, guard)
         }
 
         fn serializable_transaction<T, F>(&mut self, f: F) -> Result<T, Error>
