@@ -2,31 +2,19 @@
 //! 127.0.0.1 (port 0, so the tests run in parallel) and blocking `ureq` clients
 //! talk to it, each from its own thread when they race.
 //!
-//! SQLite runs on a temporary file. PostgreSQL and MySQL/MariaDB run on the
-//! servers named by `PG_DATABASE_URL` and `MYSQL_DATABASE_URL` (defaults:
-//! `postgres://postgres@127.0.0.1:5432/test`, `mysql://root@127.0.0.1:3306/test`),
-//! each test in a database of its own, `http_api_<pid>_<n>`, dropped at the end. A
-//! server that cannot be reached fails the test; nothing is skipped.
+//! Each test runs in an empty database of its own from
+//! [`lockkit_tests::TestDb::empty`]: a temporary SQLite file, or a database on the
+//! PostgreSQL and MySQL/MariaDB servers named by `PG_DATABASE_URL` and
+//! `MYSQL_DATABASE_URL`, removed at the end. A server that cannot be reached fails
+//! the test; nothing is skipped.
 
 #![cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Barrier;
 use std::thread;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-
-static COUNTER: AtomicUsize = AtomicUsize::new(0);
-
-/// `http_api_<pid>_<n>`: unique across the threads and processes of concurrent runs.
-fn unique_name() -> String {
-    format!(
-        "http_api_{}_{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
 
 /// The service, on its own tokio runtime, listening on 127.0.0.1 at a free port.
 struct Server {
@@ -57,10 +45,12 @@ impl Server {
         }
     }
 
-    /// A new client: its own agent, so its own connections.
+    /// A new client: its own agent, and a new connection per request (a kept-alive
+    /// one can be closed by the server just as the client reuses it).
     fn client(&self) -> Client {
         let config = ureq::Agent::config_builder()
             .http_status_as_error(false)
+            .max_idle_connections(0)
             .timeout_global(Some(Duration::from_secs(30)))
             .build();
         Client {
@@ -403,29 +393,29 @@ fn concurrent_decrements(url: &str) {
     );
 }
 
-/// The same tests for each backend, each test on a database of its own.
+/// The same tests for each backend, each test on an empty database of its own,
+/// kept (and removed at the end) by the `TestDb` that lives for the whole test.
 macro_rules! backend_tests {
-    ($(#[$meta:meta])* mod $backend:ident, $database:expr) => {
+    ($(#[$meta:meta])* mod $backend:ident, $conn:ty) => {
         $(#[$meta])*
         mod $backend {
-            #[allow(unused_imports)]
-            use super::*;
+            use lockkit_tests::TestDb;
 
             #[test]
             fn two_clients_one_wins() {
-                let db = $database;
+                let db = TestDb::<$conn>::empty("http_api_two_clients_one_wins");
                 super::two_clients_one_wins(&db.url);
             }
 
             #[test]
             fn preconditions() {
-                let db = $database;
+                let db = TestDb::<$conn>::empty("http_api_preconditions");
                 super::preconditions(&db.url);
             }
 
             #[test]
             fn concurrent_decrements() {
-                let db = $database;
+                let db = TestDb::<$conn>::empty("http_api_concurrent_decrements");
                 super::concurrent_decrements(&db.url);
             }
         }
@@ -435,123 +425,17 @@ macro_rules! backend_tests {
 backend_tests!(
     #[cfg(feature = "sqlite")]
     mod sqlite,
-    SqliteFile::new()
+    diesel::SqliteConnection
 );
 
 backend_tests!(
     #[cfg(feature = "postgres")]
     mod postgres,
-    server::Database::<diesel::PgConnection>::create(
-        "PG_DATABASE_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-        "WITH (FORCE)",
-    )
+    diesel::PgConnection
 );
 
 backend_tests!(
     #[cfg(feature = "mysql")]
     mod mysql,
-    server::Database::<diesel::MysqlConnection>::create(
-        "MYSQL_DATABASE_URL",
-        "mysql://root@127.0.0.1:3306/test",
-        "",
-    )
+    diesel::MysqlConnection
 );
-
-/// A SQLite file in the temporary directory, removed (with its companions) when
-/// this value is dropped, even when the test fails.
-#[cfg(feature = "sqlite")]
-struct SqliteFile {
-    url: String,
-}
-
-#[cfg(feature = "sqlite")]
-impl SqliteFile {
-    fn new() -> Self {
-        let path = std::env::temp_dir().join(format!("{}.sqlite", unique_name()));
-        http_api::remove_sqlite_files(&path).expect("remove old files");
-        SqliteFile {
-            url: path.display().to_string(),
-        }
-    }
-}
-
-#[cfg(feature = "sqlite")]
-impl Drop for SqliteFile {
-    fn drop(&mut self) {
-        let _ = http_api::remove_sqlite_files(std::path::Path::new(&self.url));
-    }
-}
-
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-mod server {
-    use std::marker::PhantomData;
-
-    use diesel::Connection;
-
-    /// A database of its own on a server, dropped when this value is.
-    pub struct Database<C: Connection> {
-        /// The database's URL.
-        pub url: String,
-        admin_url: String,
-        drop_statement: String,
-        backend: PhantomData<C>,
-    }
-
-    impl<C: Connection> Database<C> {
-        /// Creates `http_api_<pid>_<n>` on the server that `var` (or `default`)
-        /// names. Panics, failing the test, when the server cannot be reached.
-        pub fn create(var: &str, default: &str, drop_options: &str) -> Self {
-            let admin_url = std::env::var(var)
-                .ok()
-                .filter(|url| !url.is_empty())
-                .unwrap_or_else(|| default.to_owned());
-            let mut admin = C::establish(&admin_url).unwrap_or_else(|e| {
-                panic!("cannot reach the server at {admin_url} ({e}); set {var} to a reachable one")
-            });
-            let name = super::unique_name();
-            admin
-                .batch_execute(&format!("CREATE DATABASE {name}"))
-                .unwrap_or_else(|e| panic!("CREATE DATABASE {name} on {admin_url}: {e}"));
-            Database {
-                url: with_database(&admin_url, &name),
-                drop_statement: format!("DROP DATABASE IF EXISTS {name} {drop_options}"),
-                admin_url,
-                backend: PhantomData,
-            }
-        }
-    }
-
-    impl<C: Connection> Drop for Database<C> {
-        fn drop(&mut self) {
-            let dropped = C::establish(&self.admin_url)
-                .map_err(|e| e.to_string())
-                .and_then(|mut admin| {
-                    admin
-                        .batch_execute(&self.drop_statement)
-                        .map_err(|e| e.to_string())
-                });
-            if let Err(e) = dropped {
-                eprintln!("{}: {e}", self.drop_statement);
-            }
-        }
-    }
-
-    /// Replaces the database name (the URL's path) of a server URL.
-    fn with_database(url: &str, database: &str) -> String {
-        let (base, query) = match url.split_once('?') {
-            Some((base, query)) => (base, Some(query)),
-            None => (url, None),
-        };
-        let scheme_end = base.find("://").map_or(0, |i| i + 3);
-        let host_end = base[scheme_end..]
-            .find('/')
-            .map_or(base.len(), |i| scheme_end + i);
-        let mut out = format!("{}/{database}", &base[..host_end]);
-        if let Some(query) = query {
-            out.push('?');
-            out.push_str(query);
-        }
-        out
-    }
-}

@@ -312,17 +312,3 @@ pub fn outbox_audit(url: &str) -> Result<OutboxAudit, JobQueueError> {
 pub fn job_audit(url: &str) -> Result<JobAudit, JobQueueError> {
     on_backend!(url, |Conn, path| runner::job_audit::<Conn>(path))
 }
-
-/// Removes a SQLite database file and its `-wal`, `-shm` and `-journal`
-/// companions. Missing files are fine.
-pub fn remove_sqlite_files(path: &std::path::Path) -> std::io::Result<()> {
-    for suffix in ["", "-wal", "-shm", "-journal"] {
-        let mut file = path.as_os_str().to_owned();
-        file.push(suffix);
-        match std::fs::remove_file(&file) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-    }
-    Ok(())
-}

@@ -1,31 +1,20 @@
 //! The job queue on every backend: `SKIP LOCKED` workers and relays process every
 //! row exactly once, and a naive claim does not.
 //!
-//! SQLite runs on a temporary file. PostgreSQL and MySQL/MariaDB run on the
-//! servers named by `PG_DATABASE_URL` and `MYSQL_DATABASE_URL` (defaults:
-//! `postgres://postgres@127.0.0.1:5432/test`, `mysql://root@127.0.0.1:3306/test`),
-//! each test in a database of its own, `job_queue_<pid>_<n>`, dropped at the end.
-//! A server that cannot be reached fails the test; nothing is skipped.
+//! Each test runs in an empty database of its own from
+//! [`lockkit_tests::TestDb::empty`]: a temporary SQLite file (passed to the relay
+//! processes as `--sqlite-file`), or a database on the PostgreSQL and
+//! MySQL/MariaDB servers named by `PG_DATABASE_URL` and `MYSQL_DATABASE_URL`,
+//! removed at the end. A server that cannot be reached fails the test; nothing is
+//! skipped.
 
 #![cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use job_queue::{Backend, Claim, OutboxAudit, WorkerConfig, WorkerReport};
-
-static COUNTER: AtomicUsize = AtomicUsize::new(0);
-
-/// `job_queue_<pid>_<n>`: unique across the threads and processes of concurrent runs.
-fn unique_name() -> String {
-    format!(
-        "job_queue_{}_{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
 
 const JOBS: u32 = 300;
 
@@ -283,197 +272,87 @@ fn two_relay_processes_publish_every_message_once(url: &str, relays: &Relays) {
 
 #[cfg(feature = "sqlite")]
 mod sqlite {
-    use std::path::PathBuf;
-
-    /// A temporary SQLite file, removed (with its companions) even when the test fails.
-    struct File(PathBuf);
-
-    impl File {
-        fn new() -> Self {
-            let path = std::env::temp_dir().join(format!("{}.sqlite", super::unique_name()));
-            job_queue::remove_sqlite_files(&path).expect("remove old files");
-            File(path)
-        }
-
-        fn url(&self) -> String {
-            self.0.display().to_string()
-        }
-    }
-
-    impl Drop for File {
-        fn drop(&mut self) {
-            let _ = job_queue::remove_sqlite_files(&self.0);
-        }
-    }
+    use lockkit_tests::TestDb;
 
     #[test]
     fn workers_run_every_job_exactly_once() {
-        super::workers_run_every_job_exactly_once(&File::new().url());
+        let db = TestDb::<diesel::SqliteConnection>::empty("job_queue_workers");
+        super::workers_run_every_job_exactly_once(&db.url);
     }
 
     #[test]
     fn two_relay_processes_publish_every_message_once() {
-        super::two_relay_processes_publish_every_message_once(&File::new().url(), &super::MANY);
+        let db = TestDb::<diesel::SqliteConnection>::empty("job_queue_relays_many");
+        super::two_relay_processes_publish_every_message_once(&db.url, &super::MANY);
     }
 
     #[test]
     fn two_relay_processes_share_a_small_outbox() {
-        super::two_relay_processes_publish_every_message_once(&File::new().url(), &super::FEW);
+        let db = TestDb::<diesel::SqliteConnection>::empty("job_queue_relays_few");
+        super::two_relay_processes_publish_every_message_once(&db.url, &super::FEW);
     }
 
     #[test]
     fn naive_claim_runs_jobs_twice() {
-        super::naive_claim_runs_jobs_twice(&File::new().url());
+        let db = TestDb::<diesel::SqliteConnection>::empty("job_queue_naive_claim");
+        super::naive_claim_runs_jobs_twice(&db.url);
     }
 }
 
 #[cfg(feature = "postgres")]
 mod postgres {
-    use super::server::Database;
-
-    fn database() -> Database<diesel::PgConnection> {
-        Database::create(
-            "PG_DATABASE_URL",
-            "postgres://postgres@127.0.0.1:5432/test",
-            "WITH (FORCE)",
-        )
-    }
+    use lockkit_tests::TestDb;
 
     #[test]
     fn workers_run_every_job_exactly_once() {
-        super::workers_run_every_job_exactly_once(&database().url);
+        let db = TestDb::<diesel::PgConnection>::empty("job_queue_workers");
+        super::workers_run_every_job_exactly_once(&db.url);
     }
 
     #[test]
     fn two_relay_processes_publish_every_message_once() {
-        super::two_relay_processes_publish_every_message_once(&database().url, &super::MANY);
+        let db = TestDb::<diesel::PgConnection>::empty("job_queue_relays_many");
+        super::two_relay_processes_publish_every_message_once(&db.url, &super::MANY);
     }
 
     #[test]
     fn two_relay_processes_share_a_small_outbox() {
-        super::two_relay_processes_publish_every_message_once(&database().url, &super::FEW);
+        let db = TestDb::<diesel::PgConnection>::empty("job_queue_relays_few");
+        super::two_relay_processes_publish_every_message_once(&db.url, &super::FEW);
     }
 
     #[test]
     fn naive_claim_runs_jobs_twice() {
-        super::naive_claim_runs_jobs_twice(&database().url);
+        let db = TestDb::<diesel::PgConnection>::empty("job_queue_naive_claim");
+        super::naive_claim_runs_jobs_twice(&db.url);
     }
 }
 
 #[cfg(feature = "mysql")]
 mod mysql {
-    use super::server::Database;
-
-    fn database() -> Database<diesel::MysqlConnection> {
-        Database::create("MYSQL_DATABASE_URL", "mysql://root@127.0.0.1:3306/test", "")
-    }
+    use lockkit_tests::TestDb;
 
     #[test]
     fn workers_run_every_job_exactly_once() {
-        super::workers_run_every_job_exactly_once(&database().url);
+        let db = TestDb::<diesel::MysqlConnection>::empty("job_queue_workers");
+        super::workers_run_every_job_exactly_once(&db.url);
     }
 
     #[test]
     fn two_relay_processes_publish_every_message_once() {
-        super::two_relay_processes_publish_every_message_once(&database().url, &super::MANY);
+        let db = TestDb::<diesel::MysqlConnection>::empty("job_queue_relays_many");
+        super::two_relay_processes_publish_every_message_once(&db.url, &super::MANY);
     }
 
     #[test]
     fn two_relay_processes_share_a_small_outbox() {
-        super::two_relay_processes_publish_every_message_once(&database().url, &super::FEW);
+        let db = TestDb::<diesel::MysqlConnection>::empty("job_queue_relays_few");
+        super::two_relay_processes_publish_every_message_once(&db.url, &super::FEW);
     }
 
     #[test]
     fn naive_claim_runs_jobs_twice() {
-        super::naive_claim_runs_jobs_twice(&database().url);
-    }
-}
-
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-mod server {
-    use std::marker::PhantomData;
-
-    use diesel::Connection;
-
-    /// A database of its own on a server, dropped when this value is.
-    pub struct Database<C: Connection> {
-        /// The database's URL.
-        pub url: String,
-        admin_url: String,
-        drop_statement: String,
-        backend: PhantomData<C>,
-    }
-
-    impl<C: Connection> Database<C> {
-        /// Creates `job_queue_<pid>_<n>` on the server that `var` (or `default`)
-        /// names. Panics, failing the test, when the server cannot be reached.
-        pub fn create(var: &str, default: &str, drop_options: &str) -> Self {
-            let admin_url = std::env::var(var)
-                .ok()
-                .filter(|url| !url.is_empty())
-                .unwrap_or_else(|| default.to_owned());
-            let mut admin = C::establish(&admin_url).unwrap_or_else(|e| {
-                panic!("cannot reach the server at {admin_url} ({e}); set {var} to a reachable one")
-            });
-            let name = super::unique_name();
-            admin
-                .batch_execute(&format!("CREATE DATABASE {name}"))
-                .unwrap_or_else(|e| panic!("CREATE DATABASE {name} on {admin_url}: {e}"));
-            Database {
-                url: with_database(&admin_url, &name),
-                drop_statement: format!("DROP DATABASE IF EXISTS {name} {drop_options}"),
-                admin_url,
-                backend: PhantomData,
-            }
-        }
-    }
-
-    impl<C: Connection> Drop for Database<C> {
-        fn drop(&mut self) {
-            let dropped = C::establish(&self.admin_url)
-                .map_err(|e| e.to_string())
-                .and_then(|mut admin| {
-                    admin
-                        .batch_execute(&self.drop_statement)
-                        .map_err(|e| e.to_string())
-                });
-            if let Err(e) = dropped {
-                eprintln!("{}: {e}", self.drop_statement);
-            }
-        }
-    }
-
-    /// Replaces the database name (the URL's path) of a server URL.
-    fn with_database(url: &str, database: &str) -> String {
-        let (base, query) = match url.split_once('?') {
-            Some((base, query)) => (base, Some(query)),
-            None => (url, None),
-        };
-        let scheme_end = base.find("://").map_or(0, |i| i + 3);
-        let host_end = base[scheme_end..]
-            .find('/')
-            .map_or(base.len(), |i| scheme_end + i);
-        let mut out = format!("{}/{database}", &base[..host_end]);
-        if let Some(query) = query {
-            out.push('?');
-            out.push_str(query);
-        }
-        out
-    }
-
-    #[test]
-    fn urls_get_the_database_replaced() {
-        assert_eq!(
-            with_database("postgres://postgres@127.0.0.1:5432/test", "job_queue_1_0"),
-            "postgres://postgres@127.0.0.1:5432/job_queue_1_0"
-        );
-        assert_eq!(
-            with_database("mysql://root@127.0.0.1:3306", "job_queue_1_0"),
-            "mysql://root@127.0.0.1:3306/job_queue_1_0"
-        );
-        assert_eq!(
-            with_database("postgres://u:p@h/db?sslmode=disable", "job_queue_1_0"),
-            "postgres://u:p@h/job_queue_1_0?sslmode=disable"
-        );
+        let db = TestDb::<diesel::MysqlConnection>::empty("job_queue_naive_claim");
+        super::naive_claim_runs_jobs_twice(&db.url);
     }
 }

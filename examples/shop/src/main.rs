@@ -175,8 +175,10 @@ fn play(options: &Options) -> Result<bool, ShopError> {
     print!("{}", shop::format_table(&reports));
 
     // What lockkit itself counted (lockkit::metrics), per strategy.
-    println!("
-lockkit metrics:");
+    println!(
+        "
+lockkit metrics:"
+    );
     for (strategy, delta) in &metrics {
         println!("  {:<16} {delta}", strategy.name());
     }

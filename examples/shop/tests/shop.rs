@@ -2,28 +2,15 @@
 //! never does; `basket-naive` deadlocks on the servers (and is retried), and
 //! `basket-lock-all` never does.
 //!
-//! SQLite runs on a temporary file. PostgreSQL and MySQL/MariaDB run on the
-//! servers named by `PG_DATABASE_URL` and `MYSQL_DATABASE_URL` (defaults:
-//! `postgres://postgres@127.0.0.1:5432/test`, `mysql://root@127.0.0.1:3306/test`),
-//! each test in a database of its own, `shop_<pid>_<n>`, dropped at the end. A
-//! server that cannot be reached fails the test; nothing is skipped.
+//! Each test runs in an empty database of its own from
+//! [`lockkit_tests::TestDb::empty`]: a temporary SQLite file, or a database on the
+//! PostgreSQL and MySQL/MariaDB servers named by `PG_DATABASE_URL` and
+//! `MYSQL_DATABASE_URL`, removed at the end. A server that cannot be reached fails
+//! the test; nothing is skipped.
 
 #![cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use shop::{Backend, Config, Report, Strategy};
-
-static COUNTER: AtomicUsize = AtomicUsize::new(0);
-
-/// `shop_<pid>_<n>`: unique across the threads and processes of concurrent runs.
-fn unique_name() -> String {
-    format!(
-        "shop_{}_{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
 
 /// Plays `strategies` on `url` one after the other (so each run also checks that
 /// the tables are reset) and prints the table.
@@ -177,79 +164,52 @@ fn check_consistent(report: &Report, table: &str) {
 
 #[cfg(feature = "sqlite")]
 mod sqlite {
-    /// A temporary database file, removed with its companions even when the test
-    /// fails.
-    struct Files(std::path::PathBuf);
-
-    impl Files {
-        fn new() -> Files {
-            let files =
-                Files(std::env::temp_dir().join(format!("{}.sqlite", super::unique_name())));
-            shop::remove_sqlite_files(&files.0).expect("remove old files");
-            files
-        }
-
-        fn url(&self) -> String {
-            self.0.display().to_string()
-        }
-    }
-
-    impl Drop for Files {
-        fn drop(&mut self) {
-            let _ = shop::remove_sqlite_files(&self.0);
-        }
-    }
+    use lockkit_tests::TestDb;
 
     #[test]
     fn one_item() {
-        super::one_item(&Files::new().url());
+        let db = TestDb::<diesel::SqliteConnection>::empty("shop_one_item");
+        super::one_item(&db.url);
     }
 
     #[test]
     fn baskets() {
-        super::baskets(&Files::new().url());
+        let db = TestDb::<diesel::SqliteConnection>::empty("shop_baskets");
+        super::baskets(&db.url);
     }
 }
 
 #[cfg(feature = "postgres")]
 mod postgres {
-    fn database() -> super::server::Database<diesel::PgConnection> {
-        super::server::Database::create(
-            "PG_DATABASE_URL",
-            "postgres://postgres@127.0.0.1:5432/test",
-            "WITH (FORCE)",
-        )
-    }
+    use lockkit_tests::TestDb;
 
     #[test]
     fn one_item() {
-        super::one_item(&database().url);
+        let db = TestDb::<diesel::PgConnection>::empty("shop_one_item");
+        super::one_item(&db.url);
     }
 
     #[test]
     fn baskets() {
-        super::baskets(&database().url);
+        let db = TestDb::<diesel::PgConnection>::empty("shop_baskets");
+        super::baskets(&db.url);
     }
 }
 
 #[cfg(feature = "mysql")]
 mod mysql {
-    fn database() -> super::server::Database<diesel::MysqlConnection> {
-        super::server::Database::create(
-            "MYSQL_DATABASE_URL",
-            "mysql://root@127.0.0.1:3306/test",
-            "",
-        )
-    }
+    use lockkit_tests::TestDb;
 
     #[test]
     fn one_item() {
-        super::one_item(&database().url);
+        let db = TestDb::<diesel::MysqlConnection>::empty("shop_one_item");
+        super::one_item(&db.url);
     }
 
     #[test]
     fn baskets() {
-        super::baskets(&database().url);
+        let db = TestDb::<diesel::MysqlConnection>::empty("shop_baskets");
+        super::baskets(&db.url);
     }
 }
 
@@ -263,93 +223,4 @@ fn baskets_need_two_items() {
     };
     let err = shop::run("unused.sqlite", Strategy::BasketLockAll, &config).unwrap_err();
     assert!(matches!(err, shop::ShopError::Usage(_)), "{err}");
-}
-
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-mod server {
-    use std::marker::PhantomData;
-
-    use diesel::Connection;
-
-    /// A database of its own on a server, dropped when this value is.
-    pub struct Database<C: Connection> {
-        /// The database's URL.
-        pub url: String,
-        admin_url: String,
-        drop_statement: String,
-        backend: PhantomData<C>,
-    }
-
-    impl<C: Connection> Database<C> {
-        /// Creates `shop_<pid>_<n>` on the server that `var` (or `default`) names.
-        /// Panics, failing the test, when the server cannot be reached.
-        pub fn create(var: &str, default: &str, drop_options: &str) -> Self {
-            let admin_url = std::env::var(var)
-                .ok()
-                .filter(|url| !url.is_empty())
-                .unwrap_or_else(|| default.to_owned());
-            let mut admin = C::establish(&admin_url).unwrap_or_else(|e| {
-                panic!("cannot reach the server at {admin_url} ({e}); set {var} to a reachable one")
-            });
-            let name = super::unique_name();
-            admin
-                .batch_execute(&format!("CREATE DATABASE {name}"))
-                .unwrap_or_else(|e| panic!("CREATE DATABASE {name} on {admin_url}: {e}"));
-            Database {
-                url: with_database(&admin_url, &name),
-                drop_statement: format!("DROP DATABASE IF EXISTS {name} {drop_options}"),
-                admin_url,
-                backend: PhantomData,
-            }
-        }
-    }
-
-    impl<C: Connection> Drop for Database<C> {
-        fn drop(&mut self) {
-            let dropped = C::establish(&self.admin_url)
-                .map_err(|e| e.to_string())
-                .and_then(|mut admin| {
-                    admin
-                        .batch_execute(&self.drop_statement)
-                        .map_err(|e| e.to_string())
-                });
-            if let Err(e) = dropped {
-                eprintln!("{}: {e}", self.drop_statement);
-            }
-        }
-    }
-
-    /// Replaces the database name (the URL's path) of a server URL.
-    fn with_database(url: &str, database: &str) -> String {
-        let (base, query) = match url.split_once('?') {
-            Some((base, query)) => (base, Some(query)),
-            None => (url, None),
-        };
-        let scheme_end = base.find("://").map_or(0, |i| i + 3);
-        let host_end = base[scheme_end..]
-            .find('/')
-            .map_or(base.len(), |i| scheme_end + i);
-        let mut out = format!("{}/{database}", &base[..host_end]);
-        if let Some(query) = query {
-            out.push('?');
-            out.push_str(query);
-        }
-        out
-    }
-
-    #[test]
-    fn urls_get_the_database_replaced() {
-        assert_eq!(
-            with_database("postgres://postgres@127.0.0.1:5432/test", "shop_1_0"),
-            "postgres://postgres@127.0.0.1:5432/shop_1_0"
-        );
-        assert_eq!(
-            with_database("mysql://root@127.0.0.1:3306", "shop_1_0"),
-            "mysql://root@127.0.0.1:3306/shop_1_0"
-        );
-        assert_eq!(
-            with_database("postgres://u:p@h/db?sslmode=disable", "shop_1_0"),
-            "postgres://u:p@h/shop_1_0?sslmode=disable"
-        );
-    }
 }
