@@ -1,0 +1,240 @@
+//! The command line.
+
+use std::time::Duration;
+
+pub const USAGE: &str = "\
+lockkit-torture: every lockkit strategy at once on a few hot rows, from several
+processes, then an exact audit of the database
+
+USAGE:
+    lockkit-torture --url URL [OPTIONS]
+
+OPTIONS:
+    --url URL            postgres://..., mysql://..., or a SQLite file (path or sqlite://path)
+    --processes N        worker processes, each with its own connection pool   [default: 2]
+    --threads N          worker threads per process                             [default: 4]
+    --seconds S          stop starting operations after S seconds               [default: 10]
+    --ops N              and after N operations per thread                      [default: 1000000]
+    --items N            hot rows                                               [default: 4]
+    --stock N            initial stock of each item                             [default: 50]
+    --jobs N             jobs in the queue before the run                       [default: 50]
+    --bump MODE          how writers that do not check the version bump it:
+                           trigger   lockkit::version_trigger on the items table [default]
+                           explicit  lock_version = lock_version + 1 in their UPDATE
+                           none      they do not: optimistic writers then lose updates
+                                     (the audit must catch it)
+    --tolerate-outages   treat lost connections and server errors as an outage: retry
+                         with a fresh pooled connection (until --seconds + --grace), and
+                         find out whether the interrupted transaction committed
+    --grace S            how long past --seconds an outage may last                [default: 60]
+    --seed N             random seed                                            [default: from the clock]
+    -h, --help           this text
+
+Exit status: 0 when every worker finished without an unexpected error and every
+invariant holds; 1 otherwise; 2 for a bad command line.
+";
+
+/// Which database the URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Mysql,
+    Sqlite,
+}
+
+/// How writers that do not check the version (with_lock, lock_all, atomic)
+/// keep optimistic writers honest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bump {
+    Trigger,
+    Explicit,
+    None,
+}
+
+impl Bump {
+    pub fn name(self) -> &'static str {
+        match self {
+            Bump::Trigger => "trigger",
+            Bump::Explicit => "explicit",
+            Bump::None => "none",
+        }
+    }
+}
+
+/// The parent (orchestrates and audits) or worker number N (from 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Parent,
+    Worker(u32),
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub url: String,
+    pub processes: u32,
+    pub threads: u32,
+    pub seconds: f64,
+    pub ops: u64,
+    pub items: i32,
+    pub stock: i32,
+    pub jobs: i64,
+    pub bump: Bump,
+    pub tolerate_outages: bool,
+    pub grace: f64,
+    pub seed: u64,
+    pub role: Role,
+}
+
+impl Config {
+    /// `Ok(None)` for `--help`.
+    pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Config>, String> {
+        let mut config = Config {
+            url: String::new(),
+            processes: 2,
+            threads: 4,
+            seconds: 10.0,
+            ops: 1_000_000,
+            items: 4,
+            stock: 50,
+            jobs: 50,
+            bump: Bump::Trigger,
+            tolerate_outages: false,
+            grace: 60.0,
+            seed: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64),
+            role: Role::Parent,
+        };
+        while let Some(arg) = args.next() {
+            let (flag, inline) = match arg.split_once('=') {
+                Some((flag, value)) if flag.starts_with("--") => {
+                    (flag.to_owned(), Some(value.to_owned()))
+                }
+                _ => (arg.clone(), None),
+            };
+            let mut value = |name: &str| {
+                inline
+                    .clone()
+                    .or_else(|| args.next())
+                    .ok_or_else(|| format!("{name} needs a value"))
+            };
+            match flag.as_str() {
+                "-h" | "--help" => return Ok(None),
+                "--url" => config.url = value("--url")?,
+                "--processes" => config.processes = number(&flag, &value(&flag)?, 1, 64)?,
+                "--threads" => config.threads = number(&flag, &value(&flag)?, 1, 256)?,
+                "--seconds" => config.seconds = seconds(&flag, &value(&flag)?)?,
+                "--ops" => config.ops = number(&flag, &value(&flag)?, 1, u64::MAX)?,
+                "--items" => config.items = number(&flag, &value(&flag)?, 1, 1000)?,
+                "--stock" => config.stock = number(&flag, &value(&flag)?, 0, 1_000_000_000)?,
+                "--jobs" => config.jobs = number(&flag, &value(&flag)?, 0, 10_000_000)?,
+                "--bump" => {
+                    config.bump = match value(&flag)?.as_str() {
+                        "trigger" => Bump::Trigger,
+                        "explicit" => Bump::Explicit,
+                        "none" => Bump::None,
+                        other => return Err(format!("--bump {other}: trigger, explicit or none")),
+                    }
+                }
+                "--tolerate-outages" => config.tolerate_outages = true,
+                "--grace" => config.grace = seconds(&flag, &value(&flag)?)?,
+                "--seed" => config.seed = number(&flag, &value(&flag)?, 0, u64::MAX)?,
+                // Internal: how the parent starts its workers.
+                "--worker" => config.role = Role::Worker(number(&flag, &value(&flag)?, 1, 64)?),
+                other => return Err(format!("unknown argument {other}")),
+            }
+        }
+        if config.url.is_empty() {
+            return Err("--url is required".into());
+        }
+        Ok(Some(config))
+    }
+
+    pub fn backend(&self) -> Backend {
+        if self.url.starts_with("postgres://") || self.url.starts_with("postgresql://") {
+            Backend::Postgres
+        } else if self.url.starts_with("mysql://") {
+            Backend::Mysql
+        } else {
+            Backend::Sqlite
+        }
+    }
+
+    /// What to hand to `Connection::establish`.
+    pub fn connection_url(&self) -> &str {
+        self.url.strip_prefix("sqlite://").unwrap_or(&self.url)
+    }
+
+    /// The arguments that start worker `n` with this configuration.
+    pub fn worker_args(&self, n: u32) -> Vec<String> {
+        let mut args = vec![
+            "--worker".to_owned(),
+            n.to_string(),
+            "--url".to_owned(),
+            self.url.clone(),
+            "--threads".to_owned(),
+            self.threads.to_string(),
+            "--seconds".to_owned(),
+            self.seconds.to_string(),
+            "--ops".to_owned(),
+            self.ops.to_string(),
+            "--items".to_owned(),
+            self.items.to_string(),
+            "--bump".to_owned(),
+            self.bump.name().to_owned(),
+            "--grace".to_owned(),
+            self.grace.to_string(),
+            "--seed".to_owned(),
+            self.seed
+                .wrapping_add(u64::from(n).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                .to_string(),
+        ];
+        if self.tolerate_outages {
+            args.push("--tolerate-outages".to_owned());
+        }
+        args
+    }
+
+    pub fn run_time(&self) -> Duration {
+        Duration::from_secs_f64(self.seconds)
+    }
+
+    pub fn grace_time(&self) -> Duration {
+        Duration::from_secs_f64(self.grace)
+    }
+
+    /// The URL without a password, for printing.
+    pub fn display_url(&self) -> String {
+        match (self.url.find("://"), self.url.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => {
+                let userinfo = &self.url[scheme + 3..at];
+                match userinfo.split_once(':') {
+                    Some((user, _)) => {
+                        format!("{}{user}:***{}", &self.url[..scheme + 3], &self.url[at..])
+                    }
+                    None => self.url.clone(),
+                }
+            }
+            _ => self.url.clone(),
+        }
+    }
+}
+
+fn number<T>(flag: &str, value: &str, min: T, max: T) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
+{
+    match value.parse::<T>() {
+        Ok(n) if n >= min && n <= max => Ok(n),
+        _ => Err(format!(
+            "{flag} {value}: expected a number from {min} to {max}"
+        )),
+    }
+}
+
+fn seconds(flag: &str, value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s <= 7.0 * 24.0 * 3600.0 => Ok(s),
+        _ => Err(format!("{flag} {value}: expected seconds, more than 0")),
+    }
+}

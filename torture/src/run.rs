@@ -1,0 +1,419 @@
+//! The parent (setup, workers, drain, audit) and the worker processes.
+
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool};
+use lockkit::{Error, RetryPolicy};
+
+use crate::backend::TortureConnection;
+use crate::config::Config;
+use crate::report;
+use crate::stats::{op_id, Op, Outcome, Stats, Strategy};
+
+/// Conflicts are retried with a short, jittered backoff, and patiently: a
+/// thread that still loses after this many attempts is starving, which the run
+/// reports as a failure.
+fn retry_policy() -> RetryPolicy {
+    RetryPolicy::default()
+        .max_attempts(500)
+        .base_delay(Duration::from_millis(1))
+        .max_delay(Duration::from_millis(25))
+}
+
+#[derive(Debug)]
+struct Session;
+
+impl<C: TortureConnection> CustomizeConnection<C, diesel::r2d2::Error> for Session {
+    fn on_acquire(&self, conn: &mut C) -> Result<(), diesel::r2d2::Error> {
+        C::session(conn).map_err(diesel::r2d2::Error::QueryError)
+    }
+}
+
+fn pool<C: TortureConnection>(config: &Config, size: u32) -> Pool<ConnectionManager<C>> {
+    // Checked-out connections are tested first (r2d2's default): a connection
+    // the server dropped is replaced by a fresh one.
+    Pool::builder()
+        .max_size(size)
+        .min_idle(Some(0))
+        .test_on_check_out(true)
+        .connection_timeout(if config.tolerate_outages {
+            Duration::from_secs(2)
+        } else {
+            Duration::from_secs(30)
+        })
+        .connection_customizer(Box::new(Session))
+        .build_unchecked(ConnectionManager::<C>::new(config.connection_url()))
+}
+
+/// A dedicated connection; waits for the server up to `--grace` with
+/// `--tolerate-outages`.
+fn connect<C: TortureConnection>(config: &Config) -> Result<C, String> {
+    let until = Instant::now()
+        + if config.tolerate_outages {
+            config.grace_time()
+        } else {
+            Duration::ZERO
+        };
+    loop {
+        let attempt = C::establish(config.connection_url())
+            .map_err(|e| e.to_string())
+            .and_then(|mut conn| {
+                C::session(&mut conn).map_err(|e| e.to_string())?;
+                Ok(conn)
+            });
+        match attempt {
+            Ok(conn) => return Ok(conn),
+            Err(_) if Instant::now() < until => thread::sleep(Duration::from_millis(200)),
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// A lost connection or a server error while the server goes away or comes
+/// back: with `--tolerate-outages` the operation is retried on a fresh pooled
+/// connection. Constraint violations and decoding errors are never an outage.
+fn is_outage(err: &Error) -> bool {
+    use diesel::result::{DatabaseErrorKind as Kind, Error as Diesel};
+    match err {
+        Error::ConnectionLost => true,
+        Error::Database(Diesel::DatabaseError(kind, _)) => !matches!(
+            kind,
+            Kind::UniqueViolation
+                | Kind::ForeignKeyViolation
+                | Kind::NotNullViolation
+                | Kind::CheckViolation
+                | Kind::ReadOnlyTransaction
+        ),
+        Error::Database(Diesel::BrokenTransactionManager)
+        | Error::Database(Diesel::RollbackErrorOnCommit { .. }) => true,
+        _ => false,
+    }
+}
+
+fn note_outage(stats: &mut Stats, err: &Error) {
+    stats.outage_errors += 1;
+    let kind = match err {
+        Error::ConnectionLost => "Error::ConnectionLost".to_owned(),
+        other => format!("Error::Database: {other}"),
+    };
+    *stats.outages.entry(kind).or_default() += 1;
+}
+
+fn describe(err: &Error) -> String {
+    format!("{err} ({err:?})")
+}
+
+/// Runs `op` to completion: conflicts through `lockkit::retry`, outages (with
+/// `--tolerate-outages`) on a fresh pooled connection, after finding out whether
+/// the interrupted attempt committed (then it is not run again).
+fn perform<C: TortureConnection>(
+    pool: &Pool<ConnectionManager<C>>,
+    op: &Op,
+    config: &Config,
+    give_up: Instant,
+    stats: &mut Stats,
+) -> Result<Outcome, String> {
+    let policy = retry_policy();
+    let mut interrupted = false;
+    let mut outages = 0;
+    loop {
+        if Instant::now() > give_up {
+            return Err(format!(
+                "the database was still unreachable {} s after the end of the run (--grace)",
+                config.grace
+            ));
+        }
+        let mut conn = match pool.get() {
+            Ok(conn) => conn,
+            Err(_) if config.tolerate_outages => {
+                stats.pool_errors += 1;
+                thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+            Err(err) => return Err(format!("no connection from the pool: {err}")),
+        };
+        if interrupted {
+            match C::committed(&mut conn, op) {
+                Ok(Some(done)) => {
+                    stats.confirmed += 1;
+                    return Ok(Outcome::Done(done));
+                }
+                // Rolled back: run it again (`interrupted` is set anew if
+                // this attempt is interrupted too).
+                Ok(None) => stats.redone += 1,
+                Err(err) if is_outage(&err) => {
+                    note_outage(stats, &err);
+                    thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+                Err(err) => return Err(describe(&err)),
+            }
+        }
+        let mut attempts = 0;
+        let result = lockkit::retry(&policy, |attempt| {
+            attempts = attempt;
+            C::run_op(&mut conn, op)
+        });
+        stats.per[op.strategy.index()].retries += u64::from(attempts.saturating_sub(1));
+        match result {
+            Ok(outcome) => return Ok(outcome),
+            Err(err) if config.tolerate_outages && is_outage(&err) => {
+                note_outage(stats, &err);
+                outages += 1;
+                if outages > 1000 {
+                    return Err(format!(
+                        "1000 outage errors in a row, last: {}",
+                        describe(&err)
+                    ));
+                }
+                // The attempt may have committed just before the connection went.
+                interrupted = true;
+                drop(conn);
+                thread::sleep(Duration::from_millis(50));
+            }
+            Err(err) => return Err(describe(&err)),
+        }
+    }
+}
+
+fn next_op(rng: &mut fastrand::Rng, config: &Config, id: i64, worker: &str) -> Op {
+    let strategy = Strategy::pick(rng);
+    let mut item = || rng.i32(1..=config.items);
+    let lines = match strategy {
+        Strategy::LockAll => {
+            let mut ids: Vec<i32> = (1..=config.items).collect();
+            rng.shuffle(&mut ids);
+            ids.truncate(rng.usize(2..=3).min(ids.len()));
+            ids.into_iter().map(|id| (id, rng.i32(1..=3))).collect()
+        }
+        Strategy::ByVersion => {
+            let id = item();
+            vec![(id, -rng.i32(1..=12))]
+        }
+        Strategy::SkipLocked => Vec::new(),
+        _ => {
+            let id = item();
+            vec![(id, rng.i32(1..=3))]
+        }
+    };
+    Op {
+        id,
+        strategy,
+        lines,
+        batch: rng.i64(1..=6),
+        worker: worker.to_owned(),
+        bump: config.bump,
+    }
+}
+
+fn worker_thread<C: TortureConnection>(
+    pool: &Pool<ConnectionManager<C>>,
+    config: &Config,
+    process: u32,
+    thread: u32,
+    deadline: Instant,
+) -> Stats {
+    let mut stats = Stats {
+        threads: 1,
+        ..Stats::default()
+    };
+    let mut rng = fastrand::Rng::with_seed(
+        config
+            .seed
+            .wrapping_add(u64::from(thread).wrapping_mul(0x2545_f491_4f6c_dd1d)),
+    );
+    let worker = format!("p{process}t{thread}");
+    let give_up = deadline + config.grace_time();
+    let mut seq: u32 = 0;
+    while Instant::now() < deadline && u64::from(seq) < config.ops && seq < u32::MAX {
+        seq += 1;
+        let op = next_op(&mut rng, config, op_id(process, thread, seq), &worker);
+        match perform::<C>(pool, &op, config, give_up, &mut stats) {
+            Ok(outcome) => {
+                stats.record(op.strategy, outcome);
+                let after_outage = stats.outage_errors + stats.pool_errors > 0;
+                if after_outage && matches!(outcome, Outcome::Done(_)) {
+                    stats.recovered_ops += 1;
+                }
+            }
+            Err(failure) => {
+                stats.failures.push(format!(
+                    "{worker} op {} ({}: {}): {failure}",
+                    op.id,
+                    op.strategy.name(),
+                    op.strategy.calls()
+                ));
+                break;
+            }
+        }
+    }
+    stats
+}
+
+/// A worker process: a pool, `--threads` threads, a report on stdout.
+pub fn worker<C: TortureConnection>(config: &Config, process: u32) -> bool {
+    let pool = pool::<C>(config, config.threads + 1);
+    let deadline = Instant::now() + config.run_time();
+    let mut total = Stats::default();
+    thread::scope(|s| {
+        let threads: Vec<_> = (0..config.threads)
+            .map(|t| {
+                let pool = &pool;
+                s.spawn(move || worker_thread::<C>(pool, config, process, t, deadline))
+            })
+            .collect();
+        for (t, handle) in threads.into_iter().enumerate() {
+            match handle.join() {
+                Ok(stats) => total.merge(&stats),
+                Err(_) => total
+                    .failures
+                    .push(format!("p{process}t{t}: thread panicked")),
+            }
+        }
+    });
+    print!("{}", total.to_report());
+    total.failures.is_empty()
+}
+
+/// Reads a child's stdout on a thread, so that a full pipe never blocks it.
+fn collect_stdout(child: &mut Child) -> thread::JoinHandle<String> {
+    let mut stdout = child.stdout.take().expect("piped stdout");
+    thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    })
+}
+
+/// The parent: setup, workers, drain, audit, report. `true` when everything holds.
+pub fn parent<C: TortureConnection>(config: &Config) -> bool {
+    report::print_header(C::NAME, config);
+    let setup = connect::<C>(config).and_then(|mut conn| {
+        C::setup(&mut conn, config).map_err(|e| format!("setting up the tables: {e}"))
+    });
+    if let Err(err) = setup {
+        eprintln!(
+            "lockkit-torture: cannot run on {}: {err}",
+            config.display_url()
+        );
+        return false;
+    }
+
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(err) => {
+            eprintln!("lockkit-torture: cannot find my own executable: {err}");
+            return false;
+        }
+    };
+    let started = Instant::now();
+    let mut failures = Vec::new();
+    let mut children = Vec::new();
+    for n in 1..=config.processes {
+        let spawned = Command::new(&exe)
+            .args(config.worker_args(n))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn();
+        match spawned {
+            Ok(mut child) => {
+                let reader = collect_stdout(&mut child);
+                children.push((n, child, reader));
+            }
+            Err(err) => failures.push(format!("cannot start worker {n}: {err}")),
+        }
+    }
+
+    // Every worker stops by itself at --seconds (plus --grace through an
+    // outage); one that does not is killed.
+    let limit = config.run_time() + config.grace_time() + Duration::from_secs(30);
+    let mut statuses = vec![None; children.len()];
+    loop {
+        for (i, (_, child, _)) in children.iter_mut().enumerate() {
+            if statuses[i].is_none() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    statuses[i] = Some(status);
+                }
+            }
+        }
+        if statuses.iter().all(Option::is_some) {
+            break;
+        }
+        if started.elapsed() > limit {
+            for (i, (n, child, _)) in children.iter_mut().enumerate() {
+                if statuses[i].is_none() {
+                    failures.push(format!(
+                        "worker {n} did not stop within {} s; killed",
+                        limit.as_secs()
+                    ));
+                    let _ = child.kill();
+                    statuses[i] = child.wait().ok();
+                }
+            }
+            break;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    let elapsed = started.elapsed();
+
+    let mut total = Stats::default();
+    for ((n, _, reader), status) in children.into_iter().zip(statuses) {
+        let text = reader.join().unwrap_or_default();
+        match Stats::parse_report(&text) {
+            Ok(stats) => {
+                if stats.failures.is_empty() && !status.is_some_and(|s| s.success()) {
+                    failures.push(format!("worker {n} exited with {status:?}"));
+                }
+                total.merge(&stats);
+            }
+            Err(err) => failures.push(format!(
+                "worker {n} ({status:?}) gave no report ({err}); it printed: {}",
+                text.trim()
+            )),
+        }
+    }
+
+    // What is left in the queue is drained by the parent, through the same
+    // claim, so that at the end every job must have run exactly once.
+    let drain_pool = pool::<C>(config, 1);
+    let mut drained = 0;
+    let mut drain_stats = Stats::default();
+    let give_up = Instant::now() + config.grace_time();
+    for seq in 1.. {
+        let op = Op {
+            id: op_id(0, 0, seq),
+            strategy: Strategy::SkipLocked,
+            lines: Vec::new(),
+            batch: 200,
+            worker: "drain".to_owned(),
+            bump: config.bump,
+        };
+        match perform::<C>(&drain_pool, &op, config, give_up, &mut drain_stats) {
+            Ok(Outcome::Done(done)) => drained += done.jobs_claimed,
+            Ok(_) => break,
+            Err(err) => {
+                failures.push(format!("draining the queue: {err}"));
+                break;
+            }
+        }
+    }
+    drop(drain_pool);
+
+    let audit = match connect::<C>(config)
+        .and_then(|mut conn| C::audit(&mut conn).map_err(|e| format!("reading the tables: {e}")))
+    {
+        Ok(audit) => audit,
+        Err(err) => {
+            eprintln!("lockkit-torture: audit failed: {err}");
+            return false;
+        }
+    };
+    failures.extend(total.failures.iter().cloned());
+    report::print_run(config, &total, elapsed, drained);
+    let checks = report::check(config, &total, drained, &audit, &failures);
+    report::print_checks(&checks)
+}

@@ -1,0 +1,98 @@
+//! The short torture run, part of the normal test command: for each backend, 2
+//! processes x 4 threads mix every strategy on 4 hot rows for 3 seconds, then
+//! the run checks its invariants exactly. Each server run gets a fresh database
+//! (created and dropped by the suite's harness); an unreachable server fails.
+//! The long run is a command: see "Guarantees and the tests behind them" in the README.
+
+use std::process::Command;
+
+use diesel::{MysqlConnection, PgConnection, SqliteConnection};
+use lockkit_tests::TestDb;
+
+/// Runs the binary; `(exit success, stdout + stderr)`.
+fn torture(url: &str, extra: &[&str]) -> (bool, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_lockkit-torture"))
+        .args(["--url", url, "--processes", "2", "--threads", "4"])
+        .args(["--seconds", "3", "--seed", "20260509"])
+        .args(extra)
+        .output()
+        .expect("run lockkit-torture");
+    let text = format!(
+        "{}\n--- stderr ---\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+/// Every invariant held and every strategy did real work.
+fn assert_clean_run(url: &str) {
+    let (ok, out) = torture(url, &[]);
+    assert!(ok, "the torture run failed:\n{out}");
+    assert!(out.contains("all 21 invariants hold"), "{out}");
+    assert!(!out.contains("FAIL"), "{out}");
+    assert!(
+        !out.contains("committed no operation"),
+        "a strategy never committed:\n{out}"
+    );
+    println!("{out}");
+}
+
+#[test]
+fn sqlite_file() {
+    let db = TestDb::<SqliteConnection>::new("torture_sqlite");
+    assert_clean_run(&db.url);
+}
+
+#[test]
+fn postgres() {
+    let db = TestDb::<PgConnection>::new("torture_postgres");
+    assert_clean_run(&db.url);
+}
+
+#[test]
+fn mysql() {
+    let db = TestDb::<MysqlConnection>::new("torture_mysql");
+    assert_clean_run(&db.url);
+}
+
+/// The audit is not vacuous: when the writers that do not check the version do
+/// not bump it either (no trigger, no explicit bump), optimistic writers
+/// overwrite their changes, and the run must fail on `stock + sold = initial`.
+#[test]
+fn lost_updates_are_caught_when_writers_do_not_bump_the_version() {
+    let db = TestDb::<PgConnection>::new("torture_no_bump");
+    let (ok, out) = torture(&db.url, &["--bump", "none", "--seconds", "2"]);
+    assert!(!ok, "lost updates went unnoticed:\n{out}");
+    assert!(out.contains("VIOLATION"), "{out}");
+    assert!(out.contains("FAIL  item "), "{out}");
+}
+
+/// An unreachable server fails the run at once, with the URL it tried.
+#[test]
+fn an_unreachable_server_fails() {
+    for url in [
+        "postgres://postgres@127.0.0.1:1/nowhere",
+        "mysql://root@127.0.0.1:1/nowhere",
+    ] {
+        let started = std::time::Instant::now();
+        let (ok, out) = torture(url, &[]);
+        assert!(!ok, "{out}");
+        assert!(out.contains("cannot run on"), "{out}");
+        assert!(out.contains("127.0.0.1:1"), "{out}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn a_bad_command_line_is_refused() {
+    let output = Command::new(env!("CARGO_BIN_EXE_lockkit-torture"))
+        .args(["--url", "x.sqlite", "--processes", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--processes"));
+}
