@@ -187,6 +187,10 @@ pub enum CurrentState {
     Version(i64),
     /// The row no longer exists.
     Deleted,
+    /// The row exists but its version is NULL, which no expected version matches:
+    /// the row was written by something that ignores the version (declare the
+    /// column `NOT NULL`).
+    NullVersion,
 }
 
 /// A version-checked write matched no row (Rails' `ActiveRecord::StaleObjectError`).
@@ -218,6 +222,7 @@ impl fmt::Display for CurrentState {
         match self {
             CurrentState::Version(v) => write!(f, "found {v} (changed by someone else)"),
             CurrentState::Deleted => f.write_str("but the row was deleted"),
+            CurrentState::NullVersion => f.write_str("but the row's version is NULL"),
         }
     }
 }

@@ -348,6 +348,7 @@ impl Problem {
                     match stale.current {
                         CurrentState::Version(v) => ETag(v).to_string(),
                         CurrentState::Deleted => "deleted".to_owned(),
+                        CurrentState::NullVersion => "unversioned".to_owned(),
                     }
                 ),
             ),
@@ -364,7 +365,7 @@ impl Problem {
         let current_etag = match error {
             Error::Stale(stale) => match stale.current {
                 CurrentState::Version(v) => Some(ETag(v).to_string()),
-                CurrentState::Deleted => None,
+                CurrentState::Deleted | CurrentState::NullVersion => None,
             },
             _ => None,
         };

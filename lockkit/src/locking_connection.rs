@@ -100,7 +100,8 @@ impl LockOptions {
     }
 
     /// The timeout in whole seconds, rounded up, clamped to 1 ..= 1,073,741,824
-    /// (MySQL's range for `innodb_lock_wait_timeout`).
+    /// (MySQL's range for `innodb_lock_wait_timeout`; MariaDB caps it further, at
+    /// 100,000,000 s, with a warning).
     pub fn timeout_secs(&self) -> Option<i64> {
         self.timeout.map(|t| {
             let secs = t.as_secs().saturating_add(u64::from(t.subsec_nanos() > 0));

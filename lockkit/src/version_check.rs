@@ -177,9 +177,15 @@ where
         }
         return Ok(None);
     }
-    let current = match M::load_current_version(conn, key.clone()).map_err(classify)? {
-        Some(version) => CurrentState::Version(version.to_i64()),
-        None => CurrentState::Deleted,
+    let current = match M::load_current_version(conn, key.clone()) {
+        Ok(Some(version)) => CurrentState::Version(version.to_i64()),
+        Ok(None) => CurrentState::Deleted,
+        Err(diesel::result::Error::DeserializationError(err))
+            if err.is::<diesel::result::UnexpectedNullError>() =>
+        {
+            CurrentState::NullVersion
+        }
+        Err(err) => return Err(classify(err)),
     };
     let stale = StaleObjectError {
         table: M::TABLE_NAME,

@@ -748,7 +748,7 @@ mod all {
             assert_intact!(&mut conn, items: 0);
         }
 
-        fn a_null_version_is_a_deserialization_error_and_nothing_is_written(db) {
+        fn a_null_version_never_matches_and_is_reported_stale(db) {
             let mut conn = db.conn();
             conn.batch_execute(NULLABLE_VERSIONS).unwrap();
             fn load(conn: &mut Conn, id: i32) -> Result<Legacy, Error> {
@@ -771,41 +771,29 @@ mod all {
             assert!(!err.is_retryable());
             assert_eq!(load(&mut conn, 2).unwrap().lock_version, 0, "a counted row loads");
 
-            // Version-checked writes never match a NULL version: nothing is written.
-            // lockkit reports it with the error of its follow-up read of the current
-            // version (the same DeserializationError), not as Error::Stale; see
-            // `a_null_version_is_reported_as_stale`, ignored until lockkit does.
+            // Version-checked writes never match a NULL version: nothing is written,
+            // and the stale report says why.
             for expected in [0, 1, -1, i32::MIN, i32::MAX - 1] {
                 let err = Legacy::update_by_version(&mut conn, 1, expected, nullable_versions::name.eq("overwritten")).unwrap_err();
-                assert!(
-                    matches!(err, Error::Database(diesel::result::Error::DeserializationError(_))),
-                    "{expected}: {err:?}"
-                );
+                assert_eq!(err.as_stale().map(|s| s.current), Some(CurrentState::NullVersion), "{expected}: {err:?}");
+                assert!(err.to_string().ends_with("but the row's version is NULL"), "{err}");
                 assert_eq!(raw(&mut conn), stored, "{expected}: nothing written");
             }
             let mut struct_from_elsewhere = Legacy { id: 1, name: "overwritten".into(), lock_version: 0 };
-            assert!(struct_from_elsewhere.update_versioned(&mut conn).is_err());
-            assert!(struct_from_elsewhere.touch_versioned(&mut conn).is_err());
-            assert!(struct_from_elsewhere.delete_versioned(&mut conn).is_err());
+            let null_stale = |result: Result<(), Error>| {
+                result.unwrap_err().as_stale().map(|s| s.current) == Some(CurrentState::NullVersion)
+            };
+            assert!(null_stale(struct_from_elsewhere.update_versioned(&mut conn)));
+            assert!(null_stale(struct_from_elsewhere.touch_versioned(&mut conn)));
+            assert!(null_stale(struct_from_elsewhere.delete_versioned(&mut conn)));
             assert_eq!(struct_from_elsewhere.lock_version, 0);
             let bulk = Legacy::update_all_by_version(&mut conn, &[(2, 0), (1, 0)], nullable_versions::name.eq("overwritten"));
-            assert!(bulk.is_err());
+            assert!(matches!(&bulk, Err(Error::StaleRows(rows)) if rows.len() == 1 && rows[0].current == CurrentState::NullVersion), "{bulk:?}");
             // At MAX the overflow check comes first, before anything is sent.
             let err = Legacy::update_by_version(&mut conn, 1, i32::MAX, nullable_versions::name.eq("overwritten")).unwrap_err();
             assert!(matches!(err, Error::VersionOverflow { .. }), "{err:?}");
             assert_eq!(raw(&mut conn), stored);
             assert_eq!(load(&mut conn, 2).unwrap(), Legacy { id: 2, name: "counted".into(), lock_version: 0 }, "the bulk update rolled back whole");
-        }
-
-        #[ignore = "lockkit bug: a version-checked write on a row whose version is NULL \
-                    returns Error::Database(DeserializationError) from the follow-up read, not Error::Stale"]
-        fn a_null_version_is_reported_as_stale(db) {
-            let mut conn = db.conn();
-            conn.batch_execute(NULLABLE_VERSIONS).unwrap();
-            for expected in [0, 1, -1, i32::MIN, i32::MAX - 1] {
-                let result = Legacy::update_by_version(&mut conn, 1, expected, nullable_versions::name.eq("overwritten"));
-                assert!(matches!(result, Err(Error::Stale(_))), "{expected}: {result:?}");
-            }
         }
     }
 }
@@ -865,11 +853,9 @@ mod postgres_only {
 }
 
 /// Idempotency keys are compared exactly: two keys that differ only in case, or
-/// in trailing spaces, are two requests. Written out per backend because the
-/// MySQL/MariaDB instance is ignored: lockkit's MySQL migration declares the key
-/// `VARCHAR(255)` with the server's default collation, which is case-insensitive
-/// and ignores trailing spaces, so the second request is *replayed* with the first
-/// one's response and its work never runs.
+/// in trailing spaces, are two requests (on MySQL/MariaDB a `VARCHAR` key with the
+/// server's default collation would make them one, and replay the first one's
+/// response for the second: the key column is `VARBINARY`).
 macro_rules! exact_idempotency_keys {
     ($(#[$meta:meta])* $name:ident, $conn:ty, $backend:literal) => {
         #[test]
@@ -901,9 +887,6 @@ exact_idempotency_keys!(
 );
 #[cfg(feature = "mysql")]
 exact_idempotency_keys!(
-    #[ignore = "lockkit bug: on MySQL/MariaDB idempotency keys that differ only in case or \
-                trailing spaces are one key (the migration's default collation); the second \
-                request is replayed and its work never runs"]
     idempotency_keys_are_exact_on_mysql,
     MysqlConnection,
     "mysql"
