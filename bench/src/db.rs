@@ -1,0 +1,192 @@
+//! A fresh database per backend for one benchmark run, removed at the end.
+//!
+//! PostgreSQL and MariaDB/MySQL are found through `PG_DATABASE_URL` and
+//! `MYSQL_DATABASE_URL` (defaults: `postgres://postgres@127.0.0.1:5432/test`,
+//! `mysql://root@127.0.0.1:3306/test`); the benchmark creates `lkbench_<pid>` next
+//! to that database and drops it when done. Databases left by a benchmark process
+//! that no longer runs are dropped first. SQLite is a file in the temp directory.
+
+use diesel::connection::SimpleConnection;
+use diesel::{Connection, RunQueryDsl};
+
+use crate::{Backend, BenchError};
+
+/// The admin URL of a server backend (from its environment variable or the default).
+pub fn admin_url(backend: Backend) -> String {
+    let (var, default) = match backend {
+        Backend::Postgres => ("PG_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
+        Backend::Mysql => ("MYSQL_DATABASE_URL", "mysql://root@127.0.0.1:3306/test"),
+        Backend::Sqlite => return String::new(),
+    };
+    std::env::var(var)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_owned())
+}
+
+/// Replaces the database name (the URL's path) of a server URL.
+pub fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let host_end = base[scheme_end..]
+        .find('/')
+        .map_or(base.len(), |i| scheme_end + i);
+    let mut out = format!("{}/{database}", &base[..host_end]);
+    if let Some(query) = query {
+        out.push('?');
+        out.push_str(query);
+    }
+    out
+}
+
+/// A database made for this run; dropped (or its files removed) on drop.
+#[derive(Debug)]
+pub struct BenchDb {
+    /// Which backend.
+    pub backend: Backend,
+    /// The URL (SQLite: the file path).
+    pub url: String,
+    /// The database's name.
+    pub name: String,
+    admin_url: String,
+}
+
+#[derive(diesel::QueryableByName)]
+struct Name {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    name: String,
+}
+
+/// The pid inside `lkbench_<pid>_<tag>`, if the name is ours.
+fn owner_pid(database: &str) -> Option<u32> {
+    database
+        .strip_prefix("lkbench_")?
+        .split('_')
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn is_orphan(database: &str) -> bool {
+    owner_pid(database).is_some_and(|pid| {
+        pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+    })
+}
+
+impl BenchDb {
+    /// Creates an empty database `lkbench_<pid>_<tag>` on the backend's server.
+    pub fn create(backend: Backend, tag: &str) -> Result<BenchDb, BenchError> {
+        static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("lkbench_{}_{tag}{n}", std::process::id());
+        let admin_url = admin_url(backend);
+        let url = match backend {
+            Backend::Postgres => {
+                let mut admin = diesel::PgConnection::establish(&admin_url).map_err(|e| {
+                    BenchError::Other(format!(
+                        "cannot reach PostgreSQL at {admin_url} ({e}); set PG_DATABASE_URL"
+                    ))
+                })?;
+                let old = diesel::sql_query(
+                    "SELECT datname AS name FROM pg_database WHERE datname LIKE 'lkbench\\_%'",
+                )
+                .load::<Name>(&mut admin)?;
+                for db in old.iter().filter(|n| is_orphan(&n.name)) {
+                    admin.batch_execute(&format!(
+                        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                        db.name
+                    ))?;
+                }
+                admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))?;
+                admin.batch_execute(&format!("CREATE DATABASE {name}"))?;
+                with_database(&admin_url, &name)
+            }
+            Backend::Mysql => {
+                let mut admin = diesel::MysqlConnection::establish(&admin_url).map_err(|e| {
+                    BenchError::Other(format!(
+                        "cannot reach MariaDB/MySQL at {admin_url} ({e}); set MYSQL_DATABASE_URL"
+                    ))
+                })?;
+                let old = diesel::sql_query(
+                    "SELECT SCHEMA_NAME AS name FROM information_schema.SCHEMATA \
+                     WHERE SCHEMA_NAME LIKE 'lkbench\\_%'",
+                )
+                .load::<Name>(&mut admin)?;
+                for db in old.iter().filter(|n| is_orphan(&n.name)) {
+                    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {}", db.name))?;
+                }
+                admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))?;
+                admin.batch_execute(&format!("CREATE DATABASE {name}"))?;
+                with_database(&admin_url, &name)
+            }
+            Backend::Sqlite => {
+                let path = std::env::temp_dir().join(format!("{name}.sqlite"));
+                let url = path.display().to_string();
+                remove_sqlite_files(&url);
+                let mut conn = diesel::SqliteConnection::establish(&url)?;
+                conn.batch_execute("PRAGMA journal_mode = WAL;")?;
+                url
+            }
+        };
+        Ok(BenchDb {
+            backend,
+            url,
+            name,
+            admin_url,
+        })
+    }
+}
+
+fn remove_sqlite_files(path: &str) {
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let _ = std::fs::remove_file(format!("{path}{suffix}"));
+    }
+}
+
+impl Drop for BenchDb {
+    fn drop(&mut self) {
+        match self.backend {
+            Backend::Postgres => {
+                if let Ok(mut admin) = diesel::PgConnection::establish(&self.admin_url) {
+                    let _ = admin.batch_execute(&format!(
+                        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                        self.name
+                    ));
+                }
+            }
+            Backend::Mysql => {
+                if let Ok(mut admin) = diesel::MysqlConnection::establish(&self.admin_url) {
+                    let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {}", self.name));
+                }
+            }
+            Backend::Sqlite => remove_sqlite_files(&self.url),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_get_the_database_replaced() {
+        assert_eq!(
+            with_database("postgres://postgres@127.0.0.1:5432/test", "lkbench_1_x"),
+            "postgres://postgres@127.0.0.1:5432/lkbench_1_x"
+        );
+        assert_eq!(
+            with_database("mysql://root@127.0.0.1:3306", "x"),
+            "mysql://root@127.0.0.1:3306/x"
+        );
+    }
+
+    #[test]
+    fn orphans_are_recognised_by_pid() {
+        assert_eq!(owner_pid("lkbench_123_run"), Some(123));
+        assert_eq!(owner_pid("lk_test_1_2"), None);
+        assert!(!is_orphan(&format!("lkbench_{}_x", std::process::id())));
+    }
+}

@@ -1,0 +1,66 @@
+//! The benchmark's two tables and its model (the DDL is in [`crate::db`]).
+
+use diesel::prelude::*;
+use lockkit::Versioned;
+
+diesel::table! {
+    /// Stock: the hot row, the workers' own rows and the order items.
+    items (id) {
+        /// Primary key.
+        id -> Integer,
+        /// Display name.
+        name -> Text,
+        /// Units left.
+        stock -> Integer,
+        /// The optimistic-locking version.
+        lock_version -> Integer,
+    }
+}
+
+diesel::table! {
+    /// The job queue.
+    jobs (id) {
+        /// Primary key.
+        id -> Integer,
+        /// Set by the worker that ran the job.
+        done -> Bool,
+    }
+}
+
+/// An item. `#[derive(Versioned)]`: `lock_version` is its version.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Versioned)]
+#[diesel(table_name = items)]
+pub struct Item {
+    /// Primary key.
+    pub id: i32,
+    /// Display name.
+    pub name: String,
+    /// Units left.
+    pub stock: i32,
+    /// The version this row was read at.
+    pub lock_version: i32,
+}
+
+/// A job row to insert.
+#[derive(Debug, Clone, Copy, Insertable)]
+#[diesel(table_name = jobs)]
+pub struct NewJob {
+    /// Primary key.
+    pub id: i32,
+    /// Always `false` when seeded.
+    pub done: bool,
+}
+
+/// An item row to insert.
+#[derive(Debug, Clone, Insertable)]
+#[diesel(table_name = items)]
+pub struct NewItem {
+    /// Primary key.
+    pub id: i32,
+    /// Display name.
+    pub name: String,
+    /// Units.
+    pub stock: i32,
+    /// Starts at 0.
+    pub lock_version: i32,
+}

@@ -1,0 +1,484 @@
+//! The whole benchmark: which cases run, in what order, how often.
+//!
+//! Repetitions are the outer loop (every case once per repetition, backend by
+//! backend), so a slow minute on the machine spreads over all cases instead of
+//! hitting one. lockkit-versus-hand-written pairs run `a b b a` within a
+//! repetition ([`run_pair`]).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use diesel::{MysqlConnection, PgConnection, SqliteConnection};
+
+use crate::callgrind::CallgrindRow;
+use crate::db::BenchDb;
+use crate::machine::{Machine, ServerInfo};
+use crate::ops::{BenchConnection, DURABLE};
+use crate::pgbench::{Mode, PgbenchRun, Script};
+use crate::profile::ProfileRow;
+use crate::runner::{pool, run_case, run_pair, BenchPool, Sample};
+use crate::{Backend, BenchError, Case, Limits, Retry, Strategy, Workload, MAX_WORKERS};
+
+/// Everything that sets how long the benchmark runs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `--quick`: one short repetition.
+    pub quick: bool,
+    /// Repetitions of every case.
+    pub reps: usize,
+    /// Bounds of one run.
+    pub limits: Limits,
+    /// Bounds of a pair's slices.
+    pub pair_limits: Limits,
+    /// Rounds of `a b b a` per pair and repetition.
+    pub pair_rounds: usize,
+    /// `pgbench -T`.
+    pub pgbench_secs: u32,
+    /// Jobs in the queue for a pgbench queue run.
+    pub pgbench_jobs: i32,
+    /// Whether to run pgbench.
+    pub pgbench: bool,
+    /// The backends to run.
+    pub backends: Vec<Backend>,
+    /// `--durable`: PostgreSQL sessions keep `synchronous_commit = on`.
+    pub durable: bool,
+    /// Calls per measurement in the client-cost profile (0: skip it).
+    pub profile_ops: u64,
+    /// Calls per callgrind count (0: skip callgrind).
+    pub callgrind_ops: u64,
+    /// Where BENCHMARKS.md and the charts go.
+    pub out_dir: PathBuf,
+    /// `--only TEXT`: run only the cases whose label contains it (development).
+    pub only: Option<String>,
+}
+
+impl Settings {
+    fn wants(&self, label: &str) -> bool {
+        self.only.as_deref().is_none_or(|o| label.contains(o))
+    }
+}
+
+impl Settings {
+    /// The full run: 3 repetitions of 0.8 s runs (about 9 minutes).
+    pub fn full() -> Settings {
+        Settings {
+            quick: false,
+            reps: 3,
+            limits: Limits {
+                run: Duration::from_millis(800),
+                max_ops_per_worker: 1_000_000,
+                jobs: 50_000,
+            },
+            pair_limits: Limits {
+                run: Duration::from_millis(250),
+                max_ops_per_worker: 1_000_000,
+                jobs: 30_000,
+            },
+            pair_rounds: 2,
+            pgbench_secs: 1,
+            pgbench_jobs: 50_000,
+            pgbench: true,
+            backends: Backend::ALL.to_vec(),
+            durable: false,
+            profile_ops: 10_000,
+            callgrind_ops: 300,
+            out_dir: default_out_dir(),
+            only: None,
+        }
+    }
+
+    /// `--quick`: one repetition of short runs (about a minute).
+    pub fn quick() -> Settings {
+        Settings {
+            quick: true,
+            reps: 1,
+            limits: Limits {
+                run: Duration::from_millis(300),
+                max_ops_per_worker: 1_000_000,
+                jobs: 15_000,
+            },
+            pair_limits: Limits {
+                run: Duration::from_millis(150),
+                max_ops_per_worker: 1_000_000,
+                jobs: 8_000,
+            },
+            pair_rounds: 1,
+            pgbench_secs: 1,
+            pgbench_jobs: 50_000,
+            profile_ops: 3_000,
+            callgrind_ops: 0,
+            ..Settings::full()
+        }
+    }
+}
+
+/// `docs/` at the workspace root.
+pub fn default_out_dir() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .map_or_else(|| manifest.join(".."), PathBuf::from)
+        .join("docs")
+}
+
+/// The hot row's worker counts.
+pub const HOT_WORKERS: [usize; 4] = [1, 4, 16, 32];
+/// Workers of the uncontended workload.
+pub const UNCONTENDED_WORKERS: [usize; 2] = [1, 4];
+/// Workers draining the queue (pgbench uses as many clients).
+pub const QUEUE_WORKERS: usize = 16;
+/// Workers placing multi-row orders.
+pub const ORDER_WORKERS: usize = 8;
+/// The worker count of the retry-waste comparison.
+pub const RETRY_WORKERS: usize = 16;
+/// The `RetryPolicy::immediate(n)` values compared with the default.
+pub const IMMEDIATE: [u32; 2] = [5, 20];
+
+/// The lockkit cases that run next to a hand-written twin.
+pub fn paired_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for w in UNCONTENDED_WORKERS {
+        cases.push(Case::new(Workload::Uncontended, Strategy::Versioned, w));
+    }
+    for s in [Strategy::Optimistic, Strategy::WithLock, Strategy::Atomic] {
+        for w in [1, 16] {
+            cases.push(Case::new(Workload::HotRow, s, w));
+        }
+    }
+    for batch in [1, 10] {
+        cases.push(Case::new(Workload::Queue, Strategy::Claim, QUEUE_WORKERS).batch(batch));
+    }
+    cases
+}
+
+/// The cases that run alone.
+pub fn single_cases() -> Vec<Case> {
+    let paired = paired_cases();
+    let mut cases = Vec::new();
+    for s in Strategy::HOT_ROW {
+        for w in HOT_WORKERS {
+            let case = Case::new(Workload::HotRow, s, w);
+            if !paired.contains(&case) {
+                cases.push(case);
+            }
+        }
+    }
+    for n in IMMEDIATE {
+        cases.push(
+            Case::new(Workload::HotRow, Strategy::Optimistic, RETRY_WORKERS)
+                .retry(Retry::Immediate(n)),
+        );
+    }
+    for s in [Strategy::NaiveOrder, Strategy::LockAll] {
+        cases.push(Case::new(Workload::Orders, s, ORDER_WORKERS));
+    }
+    cases
+}
+
+/// A lockkit-versus-hand-written pair from one repetition.
+#[derive(Debug, Clone)]
+pub struct Pair {
+    /// The repetition.
+    pub rep: usize,
+    /// Through lockkit.
+    pub lockkit: Sample,
+    /// Hand-written.
+    pub hand: Sample,
+}
+
+impl Pair {
+    /// lockkit's throughput over the hand-written one's.
+    pub fn ratio(&self) -> f64 {
+        self.lockkit.throughput() / self.hand.throughput()
+    }
+}
+
+/// lockkit and pgbench on the same SQL, from one repetition.
+#[derive(Debug, Clone)]
+pub struct PgbenchPair {
+    /// The repetition.
+    pub rep: usize,
+    /// The script.
+    pub script: Script,
+    /// lockkit (two runs, merged).
+    pub lockkit: Sample,
+    /// pgbench (two runs per mode).
+    pub pgbench: Vec<PgbenchRun>,
+}
+
+impl PgbenchPair {
+    /// pgbench's mean rate in `mode` (units per second).
+    pub fn pgbench_rate(&self, mode: Mode) -> f64 {
+        let rates: Vec<f64> = self
+            .pgbench
+            .iter()
+            .filter(|r| r.mode == mode)
+            .map(|r| r.units_per_s)
+            .collect();
+        rates.iter().sum::<f64>() / rates.len().max(1) as f64
+    }
+
+    /// lockkit's rate over pgbench's in `mode`.
+    pub fn ratio(&self, mode: Mode) -> f64 {
+        self.lockkit.throughput() / self.pgbench_rate(mode)
+    }
+}
+
+/// Everything one benchmark run measured.
+#[derive(Debug)]
+pub struct Results {
+    /// How it ran.
+    pub settings: Settings,
+    /// Every measured run (the lockkit and hand-written halves of pairs too).
+    pub samples: Vec<Sample>,
+    /// The pairs.
+    pub pairs: Vec<Pair>,
+    /// The pgbench comparisons.
+    pub pgbench: Vec<PgbenchPair>,
+    /// The machine.
+    pub machine: Machine,
+    /// The servers' versions and settings.
+    pub servers: Vec<ServerInfo>,
+    /// Client-side cost per call (SQLite in memory).
+    pub profile: Vec<ProfileRow>,
+    /// Client instructions per call, by callgrind.
+    pub callgrind: Vec<CallgrindRow>,
+    /// Wall time of the whole run.
+    pub wall: Duration,
+    /// What was skipped, and why.
+    pub notes: Vec<String>,
+}
+
+struct BackendRun<C: BenchConnection> {
+    // Fields drop in order: the pool's connections close before the database goes.
+    pool: BenchPool<C>,
+    db: BenchDb,
+}
+
+impl<C: BenchConnection> BackendRun<C> {
+    fn open(backend: Backend) -> Result<Self, BenchError> {
+        let db = BenchDb::create(backend, "run")?;
+        let mut conn = C::establish(&db.url)?;
+        conn.configure_session()?;
+        conn.create_schema()?;
+        drop(conn);
+        let pool = pool::<C>(&db.url, MAX_WORKERS as u32)?;
+        Ok(BackendRun { pool, db })
+    }
+}
+
+fn progress(rep: usize, reps: usize, sample: &Sample) {
+    eprintln!(
+        "[{}/{}] {:<10} {:<70} {:>9.0}/s  p99 {:>8.2} ms  att/ok {:>5.2}  cpu/op {:>5.0}+{:<5}µs {}{}",
+        rep + 1,
+        reps,
+        sample.backend.title(),
+        sample.case.label(),
+        sample.throughput(),
+        sample.latency_ms(0.99),
+        sample.attempts_per_success(),
+        sample.client_cpu_us(),
+        match sample.server_cpu_us() {
+            v if v.is_finite() => format!("{v:.0}"),
+            _ => "-".to_owned(),
+        },
+        if sample.check.ok {
+            "ok".to_owned()
+        } else {
+            format!("LOST {}", sample.check.lost)
+        },
+        sample
+            .first_error
+            .as_deref()
+            .map(|e| format!("  error: {e}"))
+            .unwrap_or_default(),
+    );
+}
+
+fn run_backend<C: BenchConnection>(
+    run: &BackendRun<C>,
+    rep: usize,
+    settings: &Settings,
+    results: &mut Results,
+) -> Result<(), BenchError> {
+    for case in paired_cases() {
+        if !settings.wants(&case.label()) {
+            continue;
+        }
+        let (lockkit, hand) = run_pair(
+            &run.pool,
+            &case,
+            &case.hand(),
+            &settings.pair_limits,
+            settings.pair_rounds,
+        )?;
+        progress(rep, settings.reps, &lockkit);
+        progress(rep, settings.reps, &hand);
+        results.samples.push(lockkit.clone());
+        results.samples.push(hand.clone());
+        results.pairs.push(Pair { rep, lockkit, hand });
+    }
+    for case in single_cases() {
+        if !settings.wants(&case.label()) {
+            continue;
+        }
+        let sample = run_case(&run.pool, &case, &settings.limits)?;
+        progress(rep, settings.reps, &sample);
+        results.samples.push(sample);
+    }
+    Ok(())
+}
+
+fn run_pgbench(
+    run: &BackendRun<PgConnection>,
+    rep: usize,
+    settings: &Settings,
+    results: &mut Results,
+) -> Result<(), BenchError> {
+    // lockkit, each pgbench mode, each mode again in reverse, lockkit.
+    let limits = Limits {
+        run: Duration::from_secs(u64::from(settings.pgbench_secs)),
+        jobs: settings.pgbench_jobs,
+        ..settings.limits
+    };
+    for script in Script::ALL {
+        if !settings.wants(&format!("pgbench {}", script.title())) {
+            continue;
+        }
+        let mut lockkit = run_case(&run.pool, &script.case(), &limits)?;
+        let mut runs = Vec::new();
+        let order: Vec<Mode> = Mode::ALL
+            .iter()
+            .chain(Mode::ALL.iter().rev())
+            .copied()
+            .collect();
+        for mode in order {
+            let r = crate::pgbench::run(&run.db.url, &run.pool, script, mode, settings)?;
+            eprintln!(
+                "[{}/{}] PostgreSQL pgbench {:<28} {:<22} {:>9.0}/s  (tps {:.0}, failed {})  cpu/op {:>5.0}+{:<5.0}µs{}",
+                rep + 1,
+                settings.reps,
+                script.title(),
+                mode.title(),
+                r.units_per_s,
+                r.tps,
+                r.failed,
+                r.client_cpu_us(),
+                r.server_cpu_us(),
+                if r.ran_dry { "  (queue ran dry)" } else { "" }
+            );
+            runs.push(r);
+        }
+        lockkit.merge(&run_case(&run.pool, &script.case(), &limits)?);
+        progress(rep, settings.reps, &lockkit);
+        results.pgbench.push(PgbenchPair {
+            rep,
+            script,
+            lockkit,
+            pgbench: runs,
+        });
+    }
+    Ok(())
+}
+
+/// Runs everything `settings` asks for.
+pub fn run(settings: Settings) -> Result<Results, BenchError> {
+    let started = Instant::now();
+    DURABLE.store(settings.durable, std::sync::atomic::Ordering::Relaxed);
+    let mut results = Results {
+        machine: Machine::read(),
+        settings: settings.clone(),
+        samples: Vec::new(),
+        pairs: Vec::new(),
+        pgbench: Vec::new(),
+        servers: Vec::new(),
+        profile: Vec::new(),
+        callgrind: Vec::new(),
+        wall: Duration::ZERO,
+        notes: Vec::new(),
+    };
+    let mut settings = settings;
+    if settings.pgbench && crate::pgbench::binary().is_none() {
+        let note = "pgbench was not found (PATH, /usr/lib/postgresql/*/bin, PGBENCH): \
+                    the pgbench comparison was skipped.";
+        eprintln!("lockkit-bench: {note}");
+        results.notes.push(note.to_owned());
+        settings.pgbench = false;
+    }
+    if settings.callgrind_ops > 0 && crate::callgrind::valgrind().is_none() {
+        let note = "valgrind was not found: the instruction counts were skipped \
+                    (apt-get install valgrind).";
+        eprintln!("lockkit-bench: {note}");
+        results.notes.push(note.to_owned());
+        settings.callgrind_ops = 0;
+    }
+    results.settings = settings.clone();
+    let has = |b| settings.backends.contains(&b);
+    let pg = has(Backend::Postgres)
+        .then(|| BackendRun::<PgConnection>::open(Backend::Postgres))
+        .transpose()?;
+    let my = has(Backend::Mysql)
+        .then(|| BackendRun::<MysqlConnection>::open(Backend::Mysql))
+        .transpose()?;
+    let lite = has(Backend::Sqlite)
+        .then(|| BackendRun::<SqliteConnection>::open(Backend::Sqlite))
+        .transpose()?;
+    if let Some(r) = &pg {
+        results
+            .servers
+            .push(ServerInfo::postgres(&mut *r.pool.get()?)?);
+    }
+    if let Some(r) = &my {
+        results
+            .servers
+            .push(ServerInfo::mysql(&mut *r.pool.get()?)?);
+    }
+    if let Some(r) = &lite {
+        results
+            .servers
+            .push(ServerInfo::sqlite(&mut *r.pool.get()?)?);
+    }
+
+    for rep in 0..settings.reps {
+        if let Some(r) = &pg {
+            run_backend(r, rep, &settings, &mut results)?;
+            if settings.pgbench {
+                run_pgbench(r, rep, &settings, &mut results)?;
+            }
+        }
+        if let Some(r) = &my {
+            run_backend(r, rep, &settings, &mut results)?;
+        }
+        if let Some(r) = &lite {
+            run_backend(r, rep, &settings, &mut results)?;
+        }
+    }
+    drop((pg, my, lite));
+
+    if settings.profile_ops > 0 {
+        results.profile = crate::profile::run_all(settings.profile_ops)?;
+    }
+    if settings.callgrind_ops > 0 && settings.only.is_none() {
+        results.callgrind = crate::callgrind::run_all(&settings.backends, settings.callgrind_ops)?;
+    }
+    results.machine.load_after = crate::machine::loadavg();
+    results.wall = started.elapsed();
+    Ok(results)
+}
+
+/// Runs one case once on a fresh database of `backend` (the smoke test's entry).
+pub fn run_one(backend: Backend, case: &Case, limits: &Limits) -> Result<Sample, BenchError> {
+    fn go<C: BenchConnection>(
+        backend: Backend,
+        case: &Case,
+        limits: &Limits,
+    ) -> Result<Sample, BenchError> {
+        let run = BackendRun::<C>::open(backend)?;
+        run_case(&run.pool, case, limits)
+    }
+    match backend {
+        Backend::Postgres => go::<PgConnection>(backend, case, limits),
+        Backend::Mysql => go::<MysqlConnection>(backend, case, limits),
+        Backend::Sqlite => go::<SqliteConnection>(backend, case, limits),
+    }
+}

@@ -1,0 +1,115 @@
+//! The benchmark's code, exercised by `cargo test`: a fraction of a second of a
+//! few workloads on SQLite (no server needed), with their correctness lines.
+
+use std::time::Duration;
+
+use lockkit_bench::suite::run_one;
+use lockkit_bench::{Backend, Case, Limits, Strategy, Workload};
+
+fn limits() -> Limits {
+    Limits {
+        run: Duration::from_millis(150),
+        max_ops_per_worker: 2_000,
+        jobs: 500,
+    }
+}
+
+#[test]
+fn hot_row_with_lock_loses_nothing() {
+    let case = Case::new(Workload::HotRow, Strategy::WithLock, 4);
+    let sample = run_one(Backend::Sqlite, &case, &limits()).expect("run");
+    assert!(sample.counts.successes > 0, "{sample:?}");
+    assert!(sample.check.ok, "{}", sample.check.detail);
+    assert_eq!(sample.check.lost, 0);
+    assert!(sample.throughput() > 0.0);
+    assert!(sample.latency_ms(0.99) > 0.0);
+}
+
+#[test]
+fn optimistic_and_atomic_balance_the_books() {
+    for (strategy, flavor_hand) in [
+        (Strategy::Optimistic, false),
+        (Strategy::Optimistic, true),
+        (Strategy::Atomic, false),
+        (Strategy::Atomic, true),
+    ] {
+        let mut case = Case::new(Workload::HotRow, strategy, 3);
+        if flavor_hand {
+            case = case.hand();
+        }
+        let sample = run_one(Backend::Sqlite, &case, &limits()).expect("run");
+        assert!(sample.counts.successes > 0, "{}", case.label());
+        assert!(sample.check.ok, "{}: {}", case.label(), sample.check.detail);
+    }
+}
+
+#[test]
+fn queue_runs_no_job_twice() {
+    let case = Case::new(Workload::Queue, Strategy::Claim, 4).batch(10);
+    let sample = run_one(Backend::Sqlite, &case, &limits()).expect("run");
+    assert!(sample.check.ok, "{}", sample.check.detail);
+    assert!(sample.counts.units > 0);
+    // The queue is small: it drains before the time limit, and every job ran once.
+    assert_eq!(sample.counts.units, 500, "{}", sample.check.detail);
+}
+
+#[test]
+fn orders_and_uncontended_updates_balance() {
+    for case in [
+        Case::new(Workload::Orders, Strategy::LockAll, 2),
+        Case::new(Workload::Uncontended, Strategy::Versioned, 2),
+        Case::new(Workload::Uncontended, Strategy::Versioned, 2).hand(),
+    ] {
+        let sample = run_one(Backend::Sqlite, &case, &limits()).expect("run");
+        assert!(sample.counts.successes > 0, "{}", case.label());
+        assert!(sample.check.ok, "{}: {}", case.label(), sample.check.detail);
+    }
+}
+
+#[test]
+fn naive_is_counted_not_hidden() {
+    // Naive may or may not lose updates in a short run; either way the check
+    // reports exactly the difference between sold and taken.
+    let case = Case::new(Workload::HotRow, Strategy::Naive, 4);
+    let sample = run_one(Backend::Sqlite, &case, &limits()).expect("run");
+    assert_eq!(sample.check.ok, sample.check.lost == 0);
+    assert!(sample.check.lost >= 0, "{}", sample.check.detail);
+}
+
+#[test]
+fn the_whole_pipeline_writes_the_report_and_charts() {
+    use lockkit_bench::suite::{self, Settings};
+    let out = std::env::temp_dir().join(format!("lkbench_smoke_{}", std::process::id()));
+    let mut settings = Settings::quick();
+    settings.backends = vec![Backend::Sqlite];
+    settings.pgbench = false;
+    settings.callgrind_ops = 0;
+    settings.profile_ops = 50;
+    settings.limits.run = Duration::from_millis(40);
+    settings.limits.jobs = 300;
+    settings.pair_limits.run = Duration::from_millis(20);
+    settings.pair_limits.jobs = 200;
+    settings.out_dir = out.clone();
+    let results = suite::run(settings).expect("suite");
+    std::fs::create_dir_all(&out).expect("out dir");
+    let charts = lockkit_bench::charts::write_all(&results, &out).expect("charts");
+    assert!(charts.contains(&"hot_row.svg".to_owned()), "{charts:?}");
+    let md = lockkit_bench::report::markdown(&results);
+    for section in [
+        "## Which strategy when",
+        "## Headline",
+        "## Machine and servers",
+        "## 2. Hot row",
+        "## 4. Multi-row orders",
+        "## What lockkit itself costs",
+    ] {
+        assert!(md.contains(section), "missing {section}");
+    }
+    // Every safe strategy balanced its books in every run.
+    for s in results.samples.iter().filter(|s| s.case.strategy.is_safe()) {
+        assert!(s.check.ok, "{}: {}", s.case.label(), s.check.detail);
+    }
+    let svg = std::fs::read_to_string(out.join("hot_row.svg")).expect("svg");
+    assert!(svg.contains("<text"), "the chart has text");
+    let _ = std::fs::remove_dir_all(&out);
+}
