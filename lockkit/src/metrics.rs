@@ -66,7 +66,8 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// What happened between `earlier` and `self` (the maximum is kept as is).
+    /// What happened between `earlier` and `self`. Counters and total times are
+    /// differences; `lock_acquire_max` stays the process-wide maximum.
     pub fn since(&self, earlier: &Metrics) -> Metrics {
         Metrics {
             stale_writes: self.stale_writes - earlier.stale_writes,
@@ -91,7 +92,7 @@ impl fmt::Display for Metrics {
         write!(
             f,
             "stale writes {}, retries {} (exhausted {}), busy {}, lock timeouts {}, deadlocks {}, \
-             serialization failures {}, statement timeouts {}, locks {} (waited {:?}, max {:?})",
+             serialization failures {}, statement timeouts {}, locks {}",
             self.stale_writes,
             self.retries,
             self.retries_exhausted,
@@ -101,9 +102,16 @@ impl fmt::Display for Metrics {
             self.serialization_failures,
             self.statement_timeouts,
             self.locks_acquired,
-            self.lock_acquire_time,
-            self.lock_acquire_max,
-        )
+        )?;
+        if self.locks_acquired > 0 {
+            // The maximum is the process's, not the interval's (see `since`).
+            write!(
+                f,
+                " (waited {:?}, longest so far {:?})",
+                self.lock_acquire_time, self.lock_acquire_max
+            )?;
+        }
+        Ok(())
     }
 }
 
