@@ -212,12 +212,13 @@ struct Locked {
 
 #[cfg(feature = "postgres")]
 mod postgres {
-    use diesel::connection::{LoadConnection, TransactionManager};
+    use diesel::connection::LoadConnection;
     use diesel::pg::Pg;
     use diesel::sql_types::BigInt;
     use diesel::{Connection, RunQueryDsl};
 
     use super::{AdvisoryBackend, AdvisoryKey, Locked};
+    use crate::locking_connection::in_transaction;
     use crate::{classify, Error};
 
     fn call<C>(conn: &mut C, sql: &'static str, key: AdvisoryKey) -> diesel::QueryResult<bool>
@@ -256,13 +257,6 @@ mod postgres {
         {
             call(conn, "SELECT pg_advisory_unlock($1) AS locked", key)
         }
-    }
-
-    fn in_transaction<C: Connection>(conn: &mut C) -> bool {
-        matches!(
-            C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
-            Ok(Some(_))
-        )
     }
 
     /// PostgreSQL: waits for the transaction-level advisory lock `key`, held until

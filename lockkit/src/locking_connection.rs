@@ -12,7 +12,7 @@
 //! A panic in the closure rolls the transaction back before it unwinds further, so
 //! the connection is never left inside a transaction.
 //!
-//! Timeouts come from a [`Duration`](std::time::Duration) and reach the server as a
+//! Timeouts come from a [`Duration`] and reach the server as a
 //! bound parameter (PostgreSQL, MySQL) or a formatted integer (SQLite's `PRAGMA`
 //! takes no parameters); no caller text is ever interpolated.
 
@@ -180,11 +180,17 @@ pub trait LockingConnection:
 
     /// Whether a transaction is open on this connection.
     fn in_transaction(&mut self) -> bool {
-        matches!(
-            AnsiTransactionManager::transaction_manager_status_mut(self).transaction_depth(),
-            Ok(Some(_))
-        )
+        in_transaction(self)
     }
+}
+
+/// Whether a transaction is open on `conn`, for any connection type (pooled ones
+/// included): Diesel's transaction manager knows its depth.
+pub(crate) fn in_transaction<C: Connection>(conn: &mut C) -> bool {
+    matches!(
+        C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
+        Ok(Some(_))
+    )
 }
 
 /// Something that gives access to a [`LockingConnection`]: the connection itself
