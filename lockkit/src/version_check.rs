@@ -117,7 +117,11 @@ where
 
 /// The version a successful write will leave, or [`Error::VersionOverflow`].
 pub(crate) fn next_version<M: Versioned>(model: &M) -> Result<M::Version, Error> {
-    checked_next::<M>(&model.key(), model.version())
+    match model.version().checked_next() {
+        Some(next) => Ok(next),
+        // The key is only needed (and cloned) for the error.
+        None => checked_next::<M>(&model.key(), model.version()),
+    }
 }
 
 pub(crate) fn checked_next<M: Versioned>(
@@ -134,10 +138,11 @@ pub(crate) fn checked_next<M: Versioned>(
 }
 
 /// Runs a version-checked statement: one matched row is success, zero is stale.
+/// `key` is called only on the failure path, to report and re-read the row.
 pub(crate) fn execute<M, S, Conn>(
     statement: S,
     conn: &mut Conn,
-    key: M::Key,
+    key: impl FnOnce() -> M::Key,
     expected: M::Version,
     operation: Operation,
 ) -> Result<(), Error>
@@ -156,7 +161,7 @@ where
 pub(crate) fn try_execute<M, S, Conn>(
     statement: S,
     conn: &mut Conn,
-    key: M::Key,
+    key: impl FnOnce() -> M::Key,
     expected: M::Version,
     operation: Operation,
 ) -> Result<Option<StaleObjectError>, Error>
@@ -177,6 +182,7 @@ where
         }
         return Ok(None);
     }
+    let key = key();
     let current = match M::load_current_version(conn, key.clone()) {
         Ok(Some(version)) => CurrentState::Version(version.to_i64()),
         Ok(None) => CurrentState::Deleted,

@@ -109,7 +109,7 @@ pub trait Versioned: Lockable {
         version_check::execute::<Self, _, _>(
             statement,
             conn,
-            self.key(),
+            || self.key(),
             self.version(),
             Operation::Update,
         )?;
@@ -132,7 +132,7 @@ pub trait Versioned: Lockable {
         version_check::execute::<Self, _, _>(
             statement,
             conn,
-            self.key(),
+            || self.key(),
             self.version(),
             Operation::Update,
         )?;
@@ -150,7 +150,7 @@ pub trait Versioned: Lockable {
         version_check::execute::<Self, _, _>(
             self.delete_versioned_statement(),
             conn,
-            self.key(),
+            || self.key(),
             self.version(),
             Operation::Delete,
         )
@@ -172,7 +172,7 @@ pub trait Versioned: Lockable {
         version_check::execute::<Self, _, _>(
             statement,
             conn,
-            key,
+            || key,
             expected_version,
             Operation::Delete,
         )
@@ -191,7 +191,7 @@ pub trait Versioned: Lockable {
         version_check::execute::<Self, _, _>(
             self.touch_versioned_statement(),
             conn,
-            self.key(),
+            || self.key(),
             self.version(),
             Operation::Touch,
         )?;
@@ -219,7 +219,7 @@ pub trait Versioned: Lockable {
         version_check::execute::<Self, _, _>(
             statement,
             conn,
-            key,
+            || key,
             expected_version,
             Operation::Update,
         )?;
@@ -255,7 +255,7 @@ pub trait Versioned: Lockable {
                 match version_check::try_execute::<Self, _, _>(
                     statement,
                     conn,
-                    key.clone(),
+                    || key.clone(),
                     *expected,
                     Operation::Update,
                 )? {
