@@ -101,7 +101,7 @@ pub enum Error {
     #[error("invalid input: {0}")]
     InvalidInput(&'static str),
 
-    /// [`retry`](crate::retry) gave up; `last` is the error of the final attempt.
+    /// [`retry`](crate::retry()) gave up; `last` is the error of the final attempt.
     #[error("gave up after {attempts} attempts: {last}")]
     RetriesExhausted {
         /// How many times the operation ran.
@@ -153,7 +153,7 @@ fn stale_keys(stale: &[StaleObjectError]) -> String {
 }
 
 impl From<diesel::result::Error> for Error {
-    /// Classifies the error; see [`crate::classify`].
+    /// Classifies the error; see [`crate::classify()`].
     fn from(err: diesel::result::Error) -> Self {
         crate::classify(err)
     }
@@ -196,7 +196,7 @@ pub enum CurrentState {
 /// A version-checked write matched no row (Rails' `ActiveRecord::StaleObjectError`).
 ///
 /// Nothing was written and the in-memory model was left as it was. Re-read the
-/// row, re-apply the change and try again (see [`retry`](crate::retry)), or report a
+/// row, re-apply the change and try again (see [`retry`](crate::retry())), or report a
 /// conflict to the user.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(

@@ -4,14 +4,23 @@
 //! ten in stock, and no error anywhere. lockkit gives Diesel applications the
 //! standard cures, typed and tested on PostgreSQL, MySQL/MariaDB and SQLite:
 //!
-//! * **Optimistic locking** — [`Versioned`] (`#[derive(Versioned)]`): every write
-//!   checks and bumps a version column; a lost race is [`Error::Stale`].
-//! * **Retry** — [`retry`] and [`transaction_with_retry`]: bounded attempts,
-//!   exponential backoff, full jitter.
-//! * **Typed errors** — [`Error`]: stale, busy, lock timeout, deadlock,
-//!   serialization failure, classified in one place ([`classify`]).
+//! * **Optimistic locking**: [`Versioned`] (`#[derive(Versioned)]`), every write
+//!   checks and bumps a version column; a lost race is [`Error::Stale`]
+//!   ([`versioned`], [`version_check`], [`version`]).
+//! * **Pessimistic locking**: [`Lockable::with_lock`], [`Lockable::lock_all`],
+//!   [`LockOptions`] (strength, `NOWAIT`, `SKIP LOCKED`, timeouts) and the query
+//!   extensions of [`LockQueryExt`] ([`lockable`], [`row_lock`],
+//!   [`locking_connection`]); work queues ([`queue`]), advisory locks
+//!   ([`advisory`]), `SERIALIZABLE` with retry ([`isolation`]), conditional
+//!   updates ([`atomic`]) and who waits on whom ([`lock_waits`]).
+//! * **Around them**: bounded [`retry()`] with backoff and jitter, one error type
+//!   classified in one place ([`classify()`]), ETag / `If-Match` for HTTP ([`etag`],
+//!   and `axum` behind its feature), idempotency keys (`idempotency`, feature),
+//!   version triggers for writers that bypass lockkit ([`version_trigger`]) and
+//!   conflict metrics ([`metrics`]).
 //!
-//! Start with [`versioned`] for a complete example.
+//! Start with [`versioned`] and [`lockable`] for complete examples; the repository's
+//! `docs/SQL.md` lists every statement lockkit sends.
 
 #![warn(missing_docs)]
 

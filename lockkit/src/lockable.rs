@@ -111,7 +111,7 @@ pub trait Lockable: Sized {
     /// wait of `deadlock_timeout`, 1 s by default, so each one also costs that long.) Must run
     /// inside a transaction ([`Error::NotInTransaction`] otherwise); a missing key is
     /// [`Error::NotFound`]. Duplicate keys are locked once. On SQLite run it inside
-    /// [`locked_transaction`](crate::locked_transaction), whose `BEGIN IMMEDIATE`
+    /// [`locked_transaction`], whose `BEGIN IMMEDIATE`
     /// is the lock.
     ///
     /// ```sql

@@ -43,9 +43,9 @@ static LOCK_ACQUIRE_MAX_NANOS: AtomicU64 = AtomicU64::new(0);
 pub struct Metrics {
     /// Version-checked writes that matched no row ([`Error::Stale`]), bulk rows included.
     pub stale_writes: u64,
-    /// Attempts [`retry`](crate::retry) made after a retryable error.
+    /// Attempts [`retry`](crate::retry()) made after a retryable error.
     pub retries: u64,
-    /// Times [`retry`](crate::retry) gave up ([`Error::RetriesExhausted`]).
+    /// Times [`retry`](crate::retry()) gave up ([`Error::RetriesExhausted`]).
     pub retries_exhausted: u64,
     /// [`Error::Busy`]: `NOWAIT` or SQLite's busy database.
     pub busy: u64,
