@@ -2,11 +2,14 @@
 //! bypass lockkit (raw SQL, other services, admin consoles).
 //!
 //! Optimistic locking only works if every writer bumps the version. A trigger
-//! makes the database do it: when an `UPDATE` leaves the version unchanged, the
-//! trigger adds one; when the statement already moved it (lockkit's
-//! `lock_version = lock_version + 1`), the trigger leaves it alone. Either way the
-//! version moves by exactly one per update, and a struct read before a raw write
-//! gets [`Error::Stale`](crate::Error::Stale) on its next versioned write.
+//! makes the database do it: every `UPDATE` must move the version forward. When
+//! the statement already did (lockkit's `lock_version = lock_version + 1`, or a
+//! writer that sets a larger number), the trigger leaves it alone; when it left
+//! the version unchanged, set it to NULL, or moved it *back* (a plain save of a
+//! struct read long ago writes its old version), the trigger sets it to the old
+//! version plus one. So the version never repeats, every raw write is visible,
+//! and a struct read before a raw write gets [`Error::Stale`](crate::Error::Stale)
+//! on its next versioned write.
 //!
 //! Put the SQL in a migration:
 //!
@@ -22,7 +25,7 @@
 //! -- PostgreSQL
 //! CREATE OR REPLACE FUNCTION lockkit_version_items_lock_version() RETURNS trigger AS $$
 //! BEGIN
-//!   IF NEW.lock_version IS NOT DISTINCT FROM OLD.lock_version THEN
+//!   IF NEW.lock_version IS NULL OR NEW.lock_version <= OLD.lock_version THEN
 //!     NEW.lock_version := OLD.lock_version + 1;
 //!   END IF;
 //!   RETURN NEW;
@@ -33,12 +36,12 @@
 //!
 //! -- MySQL / MariaDB
 //! CREATE TRIGGER lockkit_version_items_lock_version BEFORE UPDATE ON items FOR EACH ROW
-//!   SET NEW.lock_version = IF(NEW.lock_version <=> OLD.lock_version, OLD.lock_version + 1, NEW.lock_version);
+//!   SET NEW.lock_version = IF(NEW.lock_version IS NULL OR NEW.lock_version <= OLD.lock_version, OLD.lock_version + 1, NEW.lock_version);
 //!
 //! -- SQLite (AFTER, as SQLite cannot assign NEW; recursive triggers are off by default)
 //! CREATE TRIGGER lockkit_version_items_lock_version AFTER UPDATE ON items FOR EACH ROW
-//!   WHEN NEW.lock_version IS OLD.lock_version
-//!   BEGIN UPDATE items SET lock_version = lock_version + 1 WHERE rowid = NEW.rowid; END;
+//!   WHEN NEW.lock_version IS NULL OR NEW.lock_version <= OLD.lock_version
+//!   BEGIN UPDATE items SET lock_version = OLD.lock_version + 1 WHERE rowid = NEW.rowid; END;
 //! ```
 //!
 //! Table and column names are identifiers, not values, so they cannot be bound:
@@ -92,18 +95,18 @@ pub fn up_sql(dialect: Dialect, table: &str, column: &str) -> Result<String, Inv
     Ok(match dialect {
         Dialect::Postgres => format!(
             "CREATE OR REPLACE FUNCTION {name}() RETURNS trigger AS $$\n\
-             BEGIN\n  IF NEW.{c} IS NOT DISTINCT FROM OLD.{c} THEN\n    NEW.{c} := OLD.{c} + 1;\n  END IF;\n  RETURN NEW;\nEND\n\
+             BEGIN\n  IF NEW.{c} IS NULL OR NEW.{c} <= OLD.{c} THEN\n    NEW.{c} := OLD.{c} + 1;\n  END IF;\n  RETURN NEW;\nEND\n\
              $$ LANGUAGE plpgsql;\n\
              CREATE TRIGGER {name} BEFORE UPDATE ON {t}\n  FOR EACH ROW EXECUTE FUNCTION {name}();\n"
         ),
         Dialect::Mysql => format!(
             "CREATE TRIGGER {name} BEFORE UPDATE ON {t} FOR EACH ROW\n  \
-             SET NEW.{c} = IF(NEW.{c} <=> OLD.{c}, OLD.{c} + 1, NEW.{c});\n"
+             SET NEW.{c} = IF(NEW.{c} IS NULL OR NEW.{c} <= OLD.{c}, OLD.{c} + 1, NEW.{c});\n"
         ),
         Dialect::Sqlite => format!(
             "CREATE TRIGGER {name} AFTER UPDATE ON {t} FOR EACH ROW\n  \
-             WHEN NEW.{c} IS OLD.{c}\n  \
-             BEGIN UPDATE {t} SET {c} = {c} + 1 WHERE rowid = NEW.rowid; END;\n"
+             WHEN NEW.{c} IS NULL OR NEW.{c} <= OLD.{c}\n  \
+             BEGIN UPDATE {t} SET {c} = OLD.{c} + 1 WHERE rowid = NEW.rowid; END;\n"
         ),
     })
 }
