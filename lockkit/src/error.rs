@@ -110,6 +110,28 @@ pub enum Error {
         last: Box<Error>,
     },
 
+    /// A versioned write's key matched more than one row: the table's declared
+    /// primary key is not unique in the database. The statement was undone;
+    /// nothing was written. Declare the real key (or add the constraint).
+    #[error("{table} {key}: the key matched more than one row; nothing was written (is the primary key declared right?)")]
+    AmbiguousKey {
+        /// Table of the rows.
+        table: &'static str,
+        /// The key, formatted.
+        key: String,
+    },
+
+    /// The same row was named twice in one call (e.g.
+    /// [`Versioned::update_all_by_version`](crate::Versioned::update_all_by_version));
+    /// nothing was sent.
+    #[error("{table} {key} is named more than once; nothing was written")]
+    DuplicateKey {
+        /// Table of the row.
+        table: &'static str,
+        /// The key, formatted.
+        key: String,
+    },
+
     /// Any other database error, unchanged.
     #[error(transparent)]
     Database(diesel::result::Error),
@@ -191,6 +213,11 @@ pub enum CurrentState {
     /// the row was written by something that ignores the version (declare the
     /// column `NOT NULL`).
     NullVersion,
+    /// The row exists with this version, which is *lower* than the one the writer
+    /// expected: the struct is ahead of the row. Its version was never committed
+    /// (set by hand, or a write it made was rolled back and could not be matched to
+    /// this struct). Reload the row.
+    Behind(i64),
 }
 
 /// A version-checked write matched no row (Rails' `ActiveRecord::StaleObjectError`).
@@ -223,6 +250,10 @@ impl fmt::Display for CurrentState {
             CurrentState::Version(v) => write!(f, "found {v} (changed by someone else)"),
             CurrentState::Deleted => f.write_str("but the row was deleted"),
             CurrentState::NullVersion => f.write_str("but the row's version is NULL"),
+            CurrentState::Behind(v) => write!(
+                f,
+                "found {v}, behind this struct (its version was never committed: reload the row)"
+            ),
         }
     }
 }

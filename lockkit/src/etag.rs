@@ -346,7 +346,7 @@ impl Problem {
                      re-read it (GET) and apply your change to the current version",
                     ETag(stale.expected_version),
                     match stale.current {
-                        CurrentState::Version(v) => ETag(v).to_string(),
+                        CurrentState::Version(v) | CurrentState::Behind(v) => ETag(v).to_string(),
                         CurrentState::Deleted => "deleted".to_owned(),
                         CurrentState::NullVersion => "unversioned".to_owned(),
                     }
@@ -364,7 +364,7 @@ impl Problem {
         };
         let current_etag = match error {
             Error::Stale(stale) => match stale.current {
-                CurrentState::Version(v) => Some(ETag(v).to_string()),
+                CurrentState::Version(v) | CurrentState::Behind(v) => Some(ETag(v).to_string()),
                 CurrentState::Deleted | CurrentState::NullVersion => None,
             },
             _ => None,
