@@ -34,10 +34,12 @@ pub mod etag;
 #[cfg(feature = "idempotency")]
 pub mod idempotency;
 pub mod isolation;
+pub mod journal;
 pub mod lock_waits;
 pub mod lockable;
 pub mod locking_connection;
 pub mod metrics;
+pub mod optimistic_backend;
 pub mod queue;
 pub mod retry;
 pub mod row_lock;

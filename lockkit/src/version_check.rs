@@ -8,17 +8,32 @@
 //! * the target: `WHERE <primary key> = $key AND <version> = $expected`
 //! * the bump: `SET <version> = <version> + 1`
 //! * the follow-up read after a stale write: `SELECT <version> WHERE <primary key> = $key`
+//!   (`LOCK IN SHARE MODE` on MySQL/MariaDB, so that it sees the latest commit)
+//!
+//! and [`write`], the one sequence every versioned write goes through:
+//!
+//! 1. the [journal](crate::journal) says which version to check (the struct's, or
+//!    the one before a write of it that was rolled back);
+//! 2. a version at its type's maximum is refused before anything is sent;
+//! 3. the statement runs, in a savepoint if the database does not enforce the
+//!    declared key ([`Error::AmbiguousKey`] if it matched several rows);
+//! 4. one row: the new version is recorded (tentative inside a transaction);
+//!    no row: the latest committed version is read and reported as stale.
 
+use diesel::connection::LoadConnection;
 use diesel::dsl::{self, Find, Select};
 use diesel::expression::{AsExpression, Expression};
-use diesel::query_builder::{AsChangeset, IntoUpdateTarget};
-use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, FindDsl, SelectDsl};
+use diesel::query_builder::{AsChangeset, AsQuery, IntoUpdateTarget};
+use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, FindDsl, LockingDsl, SelectDsl};
 use diesel::query_dsl::LoadQuery;
 use diesel::sql_types::SqlType;
 use diesel::{Column, Connection, ExpressionMethods, OptionalExtension, RunQueryDsl};
 
+use crate::journal::{self, Plan};
+use crate::locking_connection::in_transaction;
+use crate::optimistic_backend::{InShareMode, OptimisticBackend};
 use crate::version::VersionNumber;
-use crate::{classify, CurrentState, Error, Operation, StaleObjectError, Versioned};
+use crate::{classify, CurrentState, Error, Lockable, Operation, StaleObjectError, Versioned};
 
 type VersionColumnOf<M> = <M as Versioned>::VersionColumn;
 type VersionOf<M> = <M as Versioned>::Version;
@@ -90,44 +105,92 @@ where
     }
 }
 
-/// Reads the current version of a row after a stale write (failure path only).
+/// What a versioned write needs from the connection besides the statement: the
+/// reads and the one extra write of its failure path, and the key check.
 ///
-/// Blanket-implemented for every connection that can run the query.
+/// Blanket-implemented for every connection of a supported backend; it exists
+/// so that these bounds are written once, here.
 pub trait CurrentVersionQuery<Conn>: VersionCheck {
-    /// `Some(version)`, or `None` when the row is gone.
+    /// `Some(version)`, or `None` when the row is gone: the latest committed state.
     fn load_current_version(
         conn: &mut Conn,
         key: Self::Key,
     ) -> diesel::QueryResult<Option<Self::Version>>;
+
+    /// `UPDATE .. SET <version> = <version> + 1 WHERE <key> AND <version> = $version`:
+    /// moves the row past a version that a rolled-back struct may still hold.
+    fn bump_past(
+        conn: &mut Conn,
+        key: Self::Key,
+        version: Self::Version,
+    ) -> diesel::QueryResult<usize>;
+
+    /// Whether the database enforces the declared key (a unique index on key
+    /// columns only), so that it can never match two rows.
+    fn key_is_unique(conn: &mut Conn) -> diesel::QueryResult<bool>;
+
+    /// The row's identity for the [journal](crate::journal): database, table and
+    /// key; `None` when the journal needs none (nothing recorded, no transaction).
+    fn row_id(conn: &mut Conn, key: &Self::Key) -> diesel::QueryResult<Option<String>>;
 }
 
 impl<M, Conn> CurrentVersionQuery<Conn> for M
 where
     M: VersionCheck,
-    Conn: Connection,
-    M::CurrentVersion: for<'q> LoadQuery<'q, Conn, M::Version>,
+    Conn: Connection + LoadConnection,
+    Conn::Backend: OptimisticBackend,
+    M::CurrentVersion: LockingDsl<InShareMode>,
+    <Conn::Backend as OptimisticBackend>::Latest<M::CurrentVersion>:
+        for<'q> LoadQuery<'q, Conn, M::Version>,
+    TouchVersioned<M>: AsQuery + ExecuteDsl<Conn>,
 {
     fn load_current_version(
         conn: &mut Conn,
         key: M::Key,
     ) -> diesel::QueryResult<Option<M::Version>> {
-        M::current_version(key).get_result(conn).optional()
+        <Conn::Backend as OptimisticBackend>::latest(M::current_version(key))
+            .get_result(conn)
+            .optional()
+    }
+
+    fn bump_past(conn: &mut Conn, key: M::Key, version: M::Version) -> diesel::QueryResult<usize> {
+        ExecuteDsl::execute(diesel::update(M::target(key, version)).set(M::bump()), conn)
+    }
+
+    fn key_is_unique(conn: &mut Conn) -> diesel::QueryResult<bool> {
+        if let Some(known) = journal::cached_unique_key(conn, M::TABLE_NAME) {
+            return Ok(known);
+        }
+        let unique = <Conn::Backend as OptimisticBackend>::key_is_unique(
+            conn,
+            M::TABLE_NAME,
+            M::KEY_COLUMNS,
+        )?;
+        journal::cache_unique_key(conn, M::TABLE_NAME, unique);
+        Ok(unique)
+    }
+
+    fn row_id(conn: &mut Conn, key: &M::Key) -> diesel::QueryResult<Option<String>> {
+        if !journal::needs_row_ids(conn) {
+            return Ok(None);
+        }
+        let database = match journal::cached_database_id(conn) {
+            Some(id) => id,
+            None => {
+                let id = <Conn::Backend as OptimisticBackend>::database_id(conn)?;
+                journal::cache_database_id(conn, &id);
+                id
+            }
+        };
+        Ok(Some(format!("{database}/{key:?}")))
     }
 }
 
 /// The version a successful write will leave, or [`Error::VersionOverflow`].
-pub(crate) fn next_version<M: Versioned>(model: &M) -> Result<M::Version, Error> {
-    match model.version().checked_next() {
-        Some(next) => Ok(next),
-        // The key is only needed (and cloned) for the error.
-        None => checked_next::<M>(&model.key(), model.version()),
-    }
-}
-
-pub(crate) fn checked_next<M: Versioned>(
+pub(crate) fn checked_next<M: Lockable, V: VersionNumber>(
     key: &M::Key,
-    expected: M::Version,
-) -> Result<M::Version, Error> {
+    expected: V,
+) -> Result<V, Error> {
     expected
         .checked_next()
         .ok_or_else(|| Error::VersionOverflow {
@@ -137,52 +200,53 @@ pub(crate) fn checked_next<M: Versioned>(
         })
 }
 
-/// Runs a version-checked statement: one matched row is success, zero is stale.
-/// `key` is called only on the failure path, to report and re-read the row.
-pub(crate) fn execute<M, S, Conn>(
-    statement: S,
-    conn: &mut Conn,
-    key: impl FnOnce() -> M::Key,
-    expected: M::Version,
-    operation: Operation,
-) -> Result<(), Error>
-where
-    M: CurrentVersionQuery<Conn>,
-    Conn: Connection,
-    S: ExecuteDsl<Conn>,
-{
-    match try_execute::<M, S, Conn>(statement, conn, key, expected, operation)? {
-        None => Ok(()),
-        Some(stale) => Err(stale.into()),
-    }
+/// How a versioned write ended, when it did not fail.
+pub(crate) enum Written<V> {
+    /// One row matched; `Some(version)` is the row's new version (`None` for a delete).
+    Done(Option<V>),
+    /// No row matched.
+    Stale(StaleObjectError),
 }
 
-/// Like [`execute`], with a stale write as `Ok(Some(report))` instead of an error.
-pub(crate) fn try_execute<M, S, Conn>(
-    statement: S,
+/// Runs one versioned write; see the [module docs](self) for the sequence.
+///
+/// `statement` builds the statement for the version to check (usually
+/// `expected`; see [`journal`]).
+pub(crate) fn write<M, S, Conn>(
     conn: &mut Conn,
-    key: impl FnOnce() -> M::Key,
+    key: &M::Key,
     expected: M::Version,
     operation: Operation,
-) -> Result<Option<StaleObjectError>, Error>
+    statement: impl FnOnce(M::Version) -> S,
+) -> Result<Written<M::Version>, Error>
 where
     M: CurrentVersionQuery<Conn>,
     Conn: Connection,
     S: ExecuteDsl<Conn>,
 {
-    let rows = ExecuteDsl::execute(statement, conn).map_err(classify)?;
-    if rows >= 1 {
-        if rows > 1 {
-            tracing::warn!(
-                target: "lockkit",
-                table = M::TABLE_NAME,
-                rows,
-                "a versioned write matched more than one row; is the primary key declared right?"
-            );
-        }
-        return Ok(None);
+    let row = M::row_id(conn, key).map_err(classify)?;
+    let plan = journal::plan(conn, M::TABLE_NAME, row.as_deref(), expected.to_i64());
+    let checked = match plan {
+        Plan::Restore { restore, .. } => M::Version::from_i64(restore).unwrap_or(expected),
+        Plan::Write => expected,
+    };
+    let next = match operation {
+        Operation::Delete => None,
+        Operation::Update | Operation::Touch => Some(checked_next::<M, _>(key, checked)?),
+    };
+    let rows = execute_once::<M, _, _>(conn, key, statement(checked))?;
+    if rows == 1 {
+        journal::written(
+            conn,
+            M::TABLE_NAME,
+            row.as_deref(),
+            plan,
+            checked.to_i64(),
+            next.map(VersionNumber::to_i64),
+        );
+        return Ok(Written::Done(next));
     }
-    let key = key();
+
     let current = match M::load_current_version(conn, key.clone()) {
         Ok(Some(version)) => CurrentState::Version(version.to_i64()),
         Ok(None) => CurrentState::Deleted,
@@ -193,6 +257,24 @@ where
         }
         Err(err) => return Err(classify(err)),
     };
+    let current = match (plan, current) {
+        // The row holds the number a rolled-back write gave this struct: somebody
+        // wrote it again, and this struct cannot be told from theirs. Move the row
+        // past it so that neither can write on a guess.
+        (Plan::Restore { tentative, .. }, CurrentState::Version(v)) if v == tentative => {
+            let bumped = M::bump_past(conn, key.clone(), expected).map_err(classify)?;
+            CurrentState::Version(if bumped == 1 { v + 1 } else { v })
+        }
+        (_, CurrentState::Version(v)) if v < expected.to_i64() => CurrentState::Behind(v),
+        (_, current) => current,
+    };
+    if let (Plan::Restore { .. }, CurrentState::Version(v)) = (plan, current) {
+        // Outside a transaction what was read (and bumped) is committed: the
+        // rolled-back numbers at or below it can never match again.
+        if let (false, Some(row)) = (in_transaction(conn), &row) {
+            journal::forget_through(M::TABLE_NAME, row.clone(), v);
+        }
+    }
     let stale = StaleObjectError {
         table: M::TABLE_NAME,
         key: format!("{key:?}"),
@@ -202,5 +284,27 @@ where
         current,
     };
     crate::metrics::record_stale(&stale);
-    Ok(Some(stale))
+    Ok(Written::Stale(stale))
+}
+
+/// Executes a versioned statement; where the database does not enforce the
+/// key, in a savepoint that is undone if it matched more than one row.
+fn execute_once<M, S, Conn>(conn: &mut Conn, key: &M::Key, statement: S) -> Result<usize, Error>
+where
+    M: CurrentVersionQuery<Conn>,
+    Conn: Connection,
+    S: ExecuteDsl<Conn>,
+{
+    if M::key_is_unique(conn).map_err(classify)? {
+        return ExecuteDsl::execute(statement, conn).map_err(classify);
+    }
+    conn.transaction(
+        |conn| match ExecuteDsl::execute(statement, conn).map_err(classify)? {
+            rows @ (0 | 1) => Ok(rows),
+            _ => Err(Error::AmbiguousKey {
+                table: M::TABLE_NAME,
+                key: format!("{key:?}"),
+            }),
+        },
+    )
 }

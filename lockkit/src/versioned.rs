@@ -56,13 +56,16 @@
 //! # Ok(()) }
 //! ```
 
-use diesel::query_builder::{AsChangeset, AsQuery};
-use diesel::query_dsl::methods::ExecuteDsl;
+use diesel::dsl::{self, Find};
+use diesel::query_builder::{AsChangeset, AsQuery, IntoUpdateTarget};
+use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, FindDsl};
 use diesel::{Column, Connection};
 
+use crate::lockable::BumpVersion;
 use crate::version::VersionNumber;
 use crate::version_check::{
     self, CurrentVersionQuery, DeleteVersioned, TouchVersioned, UpdateVersioned, VersionCheck,
+    Written,
 };
 use crate::{Error, Lockable, Operation};
 
@@ -71,7 +74,7 @@ use crate::{Error, Lockable, Operation};
 /// The trait only *describes* the model (version column and type, and the fields
 /// to write; table and key come from [`Lockable`]); the version-checked writes are
 /// provided methods, generic over every backend.
-pub trait Versioned: Lockable {
+pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// The version column (`items::lock_version`).
     type VersionColumn: Column<Table = Self::Table> + Default;
     /// The version's Rust type: `i16`, `i32` or `i64`.
@@ -104,17 +107,14 @@ pub trait Versioned: Lockable {
         for<'a> (Self::Changeset<'a>, Self::Bump): AsChangeset<Target = Self::Table>,
         for<'a> UpdateVersioned<Self, Self::Changeset<'a>>: AsQuery,
     {
-        let next = version_check::next_version(self)?;
-        let statement = self.update_versioned_statement();
-        version_check::execute::<Self, _, _>(
-            statement,
+        let written = version_check::write::<Self, _, _>(
             conn,
-            || self.key(),
+            &self.key(),
             self.version(),
             Operation::Update,
+            |checked| Self::update_statement(self.key(), checked, self.versioned_changeset()),
         )?;
-        self.set_version(next);
-        Ok(())
+        settle(self, written)
     }
 
     /// Like [`update_versioned`](Self::update_versioned), with your own changeset
@@ -127,17 +127,15 @@ pub trait Versioned: Lockable {
         (C, Self::Bump): AsChangeset<Target = Self::Table>,
         UpdateVersioned<Self, C>: AsQuery + ExecuteDsl<Conn>,
     {
-        let next = version_check::next_version(self)?;
-        let statement = Self::update_statement(self.key(), self.version(), changes);
-        version_check::execute::<Self, _, _>(
-            statement,
+        let key = self.key();
+        let written = version_check::write::<Self, _, _>(
             conn,
-            || self.key(),
+            &key,
             self.version(),
             Operation::Update,
+            |checked| Self::update_statement(key.clone(), checked, changes),
         )?;
-        self.set_version(next);
-        Ok(())
+        settle(self, written)
     }
 
     /// Deletes the row if it still has the version this struct was read at.
@@ -147,13 +145,7 @@ pub trait Versioned: Lockable {
         Self: VersionCheck + CurrentVersionQuery<Conn>,
         DeleteVersioned<Self>: ExecuteDsl<Conn>,
     {
-        version_check::execute::<Self, _, _>(
-            self.delete_versioned_statement(),
-            conn,
-            || self.key(),
-            self.version(),
-            Operation::Delete,
-        )
+        Self::delete_by_version(conn, self.key(), self.version())
     }
 
     /// Deletes the row `key` if its version is still `expected_version`, without
@@ -168,14 +160,16 @@ pub trait Versioned: Lockable {
         Self: VersionCheck + CurrentVersionQuery<Conn>,
         DeleteVersioned<Self>: ExecuteDsl<Conn>,
     {
-        let statement = diesel::delete(Self::target(key.clone(), expected_version));
-        version_check::execute::<Self, _, _>(
-            statement,
+        match version_check::write::<Self, _, _>(
             conn,
-            || key,
+            &key,
             expected_version,
             Operation::Delete,
-        )
+            |checked| diesel::delete(Self::target(key.clone(), checked)),
+        )? {
+            Written::Done(_) => Ok(()),
+            Written::Stale(stale) => Err(stale.into()),
+        }
     }
 
     /// Bumps the version only (JPA's `OPTIMISTIC_FORCE_INCREMENT`): marks the row
@@ -187,16 +181,15 @@ pub trait Versioned: Lockable {
         Self: VersionCheck + CurrentVersionQuery<Conn>,
         TouchVersioned<Self>: AsQuery + ExecuteDsl<Conn>,
     {
-        let next = version_check::next_version(self)?;
-        version_check::execute::<Self, _, _>(
-            self.touch_versioned_statement(),
+        let key = self.key();
+        let written = version_check::write::<Self, _, _>(
             conn,
-            || self.key(),
+            &key,
             self.version(),
             Operation::Touch,
+            |checked| diesel::update(Self::target(key.clone(), checked)).set(Self::bump()),
         )?;
-        self.set_version(next);
-        Ok(())
+        settle(self, written)
     }
 
     /// Applies `changes` to the row `key` if its version is still
@@ -214,16 +207,60 @@ pub trait Versioned: Lockable {
         (C, Self::Bump): AsChangeset<Target = Self::Table>,
         UpdateVersioned<Self, C>: AsQuery + ExecuteDsl<Conn>,
     {
-        let next = version_check::checked_next::<Self>(&key, expected_version)?;
-        let statement = Self::update_statement(key.clone(), expected_version, changes);
-        version_check::execute::<Self, _, _>(
-            statement,
+        match version_check::write::<Self, _, _>(
             conn,
-            || key,
+            &key,
             expected_version,
             Operation::Update,
-        )?;
-        Ok(next)
+            |checked| Self::update_statement(key.clone(), checked, changes),
+        )? {
+            Written::Done(next) => Ok(next.unwrap_or(expected_version)),
+            Written::Stale(stale) => Err(stale.into()),
+        }
+    }
+
+    /// A conditional update of the row `key` that also bumps its version, in one
+    /// statement: `UPDATE .. SET <changes>, <version> = <version> + 1 WHERE <key>
+    /// AND <condition>`. [`Error::NoRowMatched`] when the condition is false or the
+    /// row is gone; nothing is written then.
+    ///
+    /// This is [`atomic::update_if`](crate::atomic::update_if) for a versioned
+    /// table: the version moves, so an optimistic writer who read the row before
+    /// gets [`Error::Stale`] instead of writing over this change.
+    ///
+    /// ```
+    /// # use diesel::prelude::*;
+    /// # use lockkit::prelude::*;
+    /// # diesel::table! { items (id) { id -> Integer, stock -> Integer, lock_version -> Integer } }
+    /// # #[derive(Queryable, Selectable, Versioned)]
+    /// # #[diesel(table_name = items)]
+    /// # pub struct Item { pub id: i32, pub stock: i32, pub lock_version: i32 }
+    /// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+    /// # diesel::sql_query("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL)").execute(&mut conn).unwrap();
+    /// # diesel::sql_query("INSERT INTO items VALUES (1, 10, 0)").execute(&mut conn).unwrap();
+    /// Item::update_if(&mut conn, 1, items::stock.ge(8), items::stock.eq(items::stock - 8)).unwrap();
+    /// let again = Item::update_if(&mut conn, 1, items::stock.ge(8), items::stock.eq(items::stock - 8));
+    /// assert!(matches!(again, Err(lockkit::Error::NoRowMatched)));
+    /// ```
+    fn update_if<Conn, P, C>(
+        conn: &mut Conn,
+        key: Self::Key,
+        condition: P,
+        changes: C,
+    ) -> Result<(), Error>
+    where
+        Conn: Connection,
+        Self::Table: FindDsl<Self::Key>,
+        Find<Self::Table, Self::Key>: FilterDsl<P>,
+        dsl::Filter<Find<Self::Table, Self::Key>, P>: IntoUpdateTarget<Table = Self::Table>,
+        Self: VersionCheck,
+        (C, Self::Bump): AsChangeset<Target = Self::Table>,
+        dsl::Update<dsl::Filter<Find<Self::Table, Self::Key>, P>, (C, Self::Bump)>:
+            AsQuery + ExecuteDsl<Conn>,
+    {
+        let target = Self::Table::default().find(key).filter(condition);
+        crate::atomic::update_if(conn, diesel::update(target).set((changes, Self::bump())))
+            .map(drop)
     }
 
     /// Applies one changeset to many rows, each checked against its own expected
@@ -233,7 +270,9 @@ pub trait Versioned: Lockable {
     ///
     /// One `UPDATE` per row (each is the statement of
     /// [`update_by_version`](Self::update_by_version)), inside a transaction (a
-    /// savepoint when one is already open).
+    /// savepoint when one is already open), in key order (so two bulk updates of
+    /// overlapping rows cannot deadlock). A key named twice is
+    /// [`Error::DuplicateKey`], before anything is sent.
     fn update_all_by_version<Conn, C>(
         conn: &mut Conn,
         rows: &[(Self::Key, Self::Version)],
@@ -242,29 +281,37 @@ pub trait Versioned: Lockable {
     where
         Conn: Connection,
         Self: VersionCheck + CurrentVersionQuery<Conn>,
+        Self::Key: Ord,
         C: Clone,
         (C, Self::Bump): AsChangeset<Target = Self::Table>,
         UpdateVersioned<Self, C>: AsQuery + ExecuteDsl<Conn>,
     {
+        let mut order: Vec<usize> = (0..rows.len()).collect();
+        order.sort_by(|&a, &b| rows[a].0.cmp(&rows[b].0));
+        if let Some(twice) = order.windows(2).find(|w| rows[w[0]].0 == rows[w[1]].0) {
+            return Err(Error::DuplicateKey {
+                table: Self::TABLE_NAME,
+                key: format!("{:?}", rows[twice[0]].0),
+            });
+        }
         conn.transaction(|conn| {
-            let mut versions = Vec::with_capacity(rows.len());
+            let mut versions = vec![None; rows.len()];
             let mut stale = Vec::new();
-            for (key, expected) in rows {
-                let next = version_check::checked_next::<Self>(key, *expected)?;
-                let statement = Self::update_statement(key.clone(), *expected, changes.clone());
-                match version_check::try_execute::<Self, _, _>(
-                    statement,
+            for i in order {
+                let (key, expected) = &rows[i];
+                match version_check::write::<Self, _, _>(
                     conn,
-                    || key.clone(),
+                    key,
                     *expected,
                     Operation::Update,
+                    |checked| Self::update_statement(key.clone(), checked, changes.clone()),
                 )? {
-                    None => versions.push(next),
-                    Some(report) => stale.push(report),
+                    Written::Done(next) => versions[i] = next,
+                    Written::Stale(report) => stale.push(report),
                 }
             }
             if stale.is_empty() {
-                Ok(versions)
+                Ok(versions.into_iter().flatten().collect())
             } else {
                 Err(Error::StaleRows(stale))
             }
@@ -312,5 +359,18 @@ pub trait Versioned: Lockable {
         TouchVersioned<Self>: AsQuery,
     {
         diesel::update(Self::target(self.key(), self.version())).set(Self::bump())
+    }
+}
+
+/// Applies a write's outcome to the model: the new version, or the stale report.
+fn settle<M: Versioned>(model: &mut M, written: Written<M::Version>) -> Result<(), Error> {
+    match written {
+        Written::Done(next) => {
+            if let Some(next) = next {
+                model.set_version(next);
+            }
+            Ok(())
+        }
+        Written::Stale(stale) => Err(stale.into()),
     }
 }

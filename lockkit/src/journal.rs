@@ -1,0 +1,520 @@
+//! Rollbacks, seen: the versions lockkit wrote inside transactions that did not
+//! commit, so that a struct holding one never writes over somebody else's row.
+//!
+//! # The problem
+//!
+//! A versioned write inside a transaction advances the struct's version at once
+//! (`lock_version` 0 → 1), as later writes in the same transaction need. If the
+//! transaction then rolls back, the row is at 0 again but the struct says 1. When
+//! somebody else now writes the row (0 → 1, with *their* data), the first struct's
+//! next write checks `lock_version = 1`, matches, and overwrites them: a lost update
+//! that no version number can reveal (the "rollback ABA"). Rails avoids it by
+//! restoring `lock_version` on rollback; Diesel has no transaction callbacks, and
+//! lockkit cannot reach a struct after the write returned.
+//!
+//! # What lockkit does
+//!
+//! Diesel reports every `BEGIN`, `COMMIT`, `ROLLBACK` and savepoint to the
+//! connection's [`Instrumentation`]. lockkit installs a [`Journal`] there (the
+//! first time it writes a versioned row on a connection that has no
+//! instrumentation of its own), and records each version it writes inside a
+//! transaction as *tentative*. A commit forgets them; a rollback (of the
+//! transaction or of the savepoint that holds them, or the connection being
+//! dropped with the transaction open) marks them rolled back. A later versioned
+//! write from a struct holding a rolled-back version then:
+//!
+//! 1. writes as if the version had been restored (Rails' behaviour): it expects the
+//!    version the row had before the rolled-back write; if nobody wrote since, it
+//!    succeeds, exactly once;
+//! 2. otherwise, if the row now holds the very number the struct holds (somebody
+//!    re-produced it), it cannot tell the struct from a legitimate reader of that
+//!    number: it moves the row's version past it (`SET v = v + 1 WHERE v = $n`,
+//!    data untouched) and reports [`Error::Stale`](crate::Error::Stale). The
+//!    struct's write never lands, and any other holder of that number reloads once.
+//!
+//! A connection with its own Diesel instrumentation keeps it: wrap it with
+//! [`Journal::wrap`] (`conn.set_instrumentation(Journal::wrap(yours))`, or in
+//! `diesel::connection::set_default_instrumentation`) to let lockkit see
+//! commits. Without that, lockkit cannot tell a committed transaction from a
+//! rolled-back one: it treats the versions written in it as possibly rolled back,
+//! which never loses an update but may report a reused struct as stale after a
+//! commit.
+//!
+//! The record is per process (a rolled-back transaction's struct lives in the
+//! process that ran it) and bounded ([`MAX_TENTATIVE`] versions); entries go away
+//! when their transaction commits, when the row's version moves past them, or when
+//! the struct holding them writes again.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{LazyLock, Mutex, MutexGuard};
+
+use diesel::connection::{Instrumentation, InstrumentationEvent, TransactionManager};
+use diesel::Connection;
+
+/// At most this many tentative versions are remembered; past it the oldest
+/// rolled-back ones are forgotten (with a warning), which re-opens the rollback
+/// ABA for the structs that held them.
+pub const MAX_TENTATIVE: usize = 100_000;
+
+/// lockkit's per-connection record of transactions, installed as the
+/// connection's Diesel [`Instrumentation`]; see the [module docs](self).
+pub struct Journal {
+    id: u64,
+    inner: Option<Box<dyn Instrumentation>>,
+    /// Versions this connection wrote in its open transaction.
+    open: Vec<(RowId, i64)>,
+    /// A top-level `COMMIT` was sent; its outcome comes with the next event.
+    committing: bool,
+    /// Whether each table's declared key is unique in this connection's database.
+    unique_keys: HashMap<&'static str, bool>,
+    /// The database this connection writes to.
+    database: Option<String>,
+}
+
+impl Journal {
+    /// A journal for a connection without other instrumentation.
+    pub fn new() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Journal {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            inner: None,
+            open: Vec::new(),
+            committing: false,
+            unique_keys: HashMap::new(),
+            database: None,
+        }
+    }
+
+    /// A journal that passes every event on to your own instrumentation.
+    pub fn wrap(inner: impl Instrumentation) -> Self {
+        let mut journal = Journal::new();
+        journal.inner = Some(Box::new(inner));
+        journal
+    }
+
+    /// Your instrumentation, if this journal wraps one.
+    pub fn inner(&mut self) -> Option<&mut dyn Instrumentation> {
+        self.inner.as_deref_mut()
+    }
+
+    fn rolled_back(&mut self, depth: u32) {
+        let mut registry = registry();
+        self.open.retain(|(row, version)| {
+            let Some(entry) = registry.find_mut(row, *version) else {
+                return false;
+            };
+            match entry.state {
+                State::Open { depth: d, .. } if d >= depth => {
+                    entry.state = State::RolledBack;
+                    false
+                }
+                _ => true,
+            }
+        });
+    }
+
+    fn released(&mut self, depth: u32) {
+        let mut registry = registry();
+        for (row, version) in &self.open {
+            if let Some(Entry {
+                state: State::Open { depth: d, .. },
+                ..
+            }) = registry.find_mut(row, *version)
+            {
+                if *d >= depth {
+                    *d = depth - 1;
+                }
+            }
+        }
+    }
+
+    fn committed(&mut self) {
+        let mut registry = registry();
+        for (row, version) in self.open.drain(..) {
+            registry.remove(&row, |e| e.version == version);
+        }
+    }
+}
+
+impl Default for Journal {
+    fn default() -> Self {
+        Journal::new()
+    }
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal")
+            .field("id", &self.id)
+            .field("open", &self.open.len())
+            .field("wraps", &self.inner.is_some())
+            .finish()
+    }
+}
+
+impl Instrumentation for Journal {
+    fn on_connection_event(&mut self, event: InstrumentationEvent<'_>) {
+        match &event {
+            InstrumentationEvent::BeginTransaction { .. } if self.committing => {
+                self.committing = false;
+                self.committed();
+            }
+            InstrumentationEvent::CommitTransaction { depth, .. } => {
+                if depth.get() == 1 {
+                    self.committing = !self.open.is_empty();
+                } else {
+                    self.released(depth.get());
+                }
+            }
+            InstrumentationEvent::RollbackTransaction { depth, .. } => {
+                self.committing = false;
+                self.rolled_back(depth.get());
+            }
+            InstrumentationEvent::FinishQuery { error, .. } if self.committing => {
+                self.committing = false;
+                match error {
+                    None => self.committed(),
+                    // A failed COMMIT did not commit.
+                    Some(_) => self.rolled_back(1),
+                }
+            }
+            _ => {}
+        }
+        if let Some(inner) = &mut self.inner {
+            inner.on_connection_event(event);
+        }
+    }
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        // The server rolls back a transaction whose session ends.
+        self.rolled_back(1);
+    }
+}
+
+/// The connection's journal, installed if the connection has no instrumentation;
+/// `None` if it has instrumentation of its own.
+pub(crate) fn journal_of<C: Connection>(conn: &mut C) -> Option<&mut Journal> {
+    if !conn.instrumentation().is::<Journal>() {
+        if !has_no_instrumentation(conn) {
+            static WARNED: AtomicBool = AtomicBool::new(false);
+            if !WARNED.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    target: "lockkit",
+                    "this connection has its own Diesel instrumentation: wrap it in \
+                     lockkit::journal::Journal::wrap so that lockkit can tell commits from rollbacks"
+                );
+            }
+            return None;
+        }
+        conn.set_instrumentation(Journal::new());
+    }
+    conn.instrumentation().downcast_mut::<Journal>()
+}
+
+/// Whether `conn` has Diesel's built-in "no instrumentation".
+///
+/// Diesel's connections keep that placeholder, a zero-sized value, inline in the
+/// connection (inline also in an r2d2 `PooledConnection`), while every
+/// instrumentation a user sets is boxed, so on the heap (or, if zero-sized, at a
+/// dangling address). Anything else is treated as the user's own, which is the
+/// safe side: lockkit then never replaces it.
+fn has_no_instrumentation<C: Connection>(conn: &mut C) -> bool {
+    let start = std::ptr::from_mut(conn) as *mut u8 as usize;
+    let end = start + std::mem::size_of::<C>();
+    let current = conn.instrumentation();
+    let at = std::ptr::from_mut(current) as *mut u8 as usize;
+    // A zero-sized field may sit at the very end of the connection.
+    std::mem::size_of_val(current) == 0 && (start..=end).contains(&at)
+}
+
+/// Whether the table's key is known to be unique on this connection's database.
+pub(crate) fn cached_unique_key<C: Connection>(conn: &mut C, table: &'static str) -> Option<bool> {
+    journal_of(conn).and_then(|j| j.unique_keys.get(table).copied())
+}
+
+/// Remembers whether the table's key is unique on this connection's database.
+pub(crate) fn cache_unique_key<C: Connection>(conn: &mut C, table: &'static str, unique: bool) {
+    if let Some(journal) = journal_of(conn) {
+        journal.unique_keys.insert(table, unique);
+    }
+}
+
+/// Table, and database with key.
+type RowId = (&'static str, String);
+
+/// Whether a versioned write on `conn` must name its row to the journal: when
+/// something is recorded, or the write happens inside a transaction.
+pub(crate) fn needs_row_ids<C: Connection>(conn: &mut C) -> bool {
+    ENTRIES.load(Ordering::Relaxed) > 0 || transaction_depth(conn).is_some()
+}
+
+/// The database id cached on this connection's journal.
+pub(crate) fn cached_database_id<C: Connection>(conn: &mut C) -> Option<String> {
+    journal_of(conn).and_then(|j| j.database.clone())
+}
+
+/// Caches the database id on this connection's journal.
+pub(crate) fn cache_database_id<C: Connection>(conn: &mut C, id: &str) {
+    if let Some(journal) = journal_of(conn) {
+        journal.database = Some(id.to_owned());
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Written in a transaction still open on the journal `journal`, at `depth`.
+    Open { journal: u64, depth: u32 },
+    /// Its transaction (or savepoint) rolled back, or its commit failed.
+    RolledBack,
+    /// Written in a transaction on a connection lockkit cannot watch (identified
+    /// by its address), at `depth`: once that transaction is over, its fate is
+    /// unknown.
+    Unwatched { conn: usize, depth: u32 },
+}
+
+#[derive(Debug)]
+struct Entry {
+    version: i64,
+    /// The version the row had before this write.
+    restore: i64,
+    state: State,
+    seq: u64,
+}
+
+#[derive(Default)]
+struct Registry {
+    rows: HashMap<RowId, Vec<Entry>>,
+    /// Rows in the order their entries were made, oldest first, for eviction
+    /// (an entry removed since is skipped when its turn comes).
+    order: std::collections::VecDeque<(u64, RowId)>,
+    seq: u64,
+}
+
+static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
+/// How many entries the registry holds: the fast path skips it when zero.
+static ENTRIES: AtomicUsize = AtomicUsize::new(0);
+
+fn registry() -> MutexGuard<'static, Registry> {
+    // A panic while holding the lock leaves consistent data (every change is one
+    // step), so a poisoned lock is used as it is.
+    REGISTRY
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Registry {
+    fn find_mut(&mut self, row: &RowId, version: i64) -> Option<&mut Entry> {
+        self.rows
+            .get_mut(row)?
+            .iter_mut()
+            .find(|e| e.version == version)
+    }
+
+    fn remove(&mut self, row: &RowId, mut doomed: impl FnMut(&Entry) -> bool) {
+        if let Some(entries) = self.rows.get_mut(row) {
+            let before = entries.len();
+            entries.retain(|e| !doomed(e));
+            ENTRIES.fetch_sub(before - entries.len(), Ordering::Relaxed);
+            if entries.is_empty() {
+                self.rows.remove(row);
+            }
+        }
+    }
+
+    fn insert(&mut self, row: RowId, mut entry: Entry) {
+        if ENTRIES.load(Ordering::Relaxed) >= MAX_TENTATIVE {
+            self.evict_oldest();
+        }
+        self.compact();
+        self.seq += 1;
+        entry.seq = self.seq;
+        self.order.push_back((entry.seq, row.clone()));
+        let entries = self.rows.entry(row).or_default();
+        let before = entries.len();
+        entries.retain(|e| e.version != entry.version);
+        entries.push(entry);
+        let after = entries.len();
+        if after > before {
+            ENTRIES.fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            ENTRIES.fetch_sub(before - after, Ordering::Relaxed);
+        }
+    }
+
+    /// Forgets the oldest entry, unless it belongs to an open transaction (those
+    /// go away at its end).
+    fn evict_oldest(&mut self) {
+        while let Some((seq, row)) = self.order.pop_front() {
+            let state = self
+                .rows
+                .get(&row)
+                .and_then(|entries| entries.iter().find(|e| e.seq == seq))
+                .map(|e| e.state);
+            match state {
+                None => continue, // removed since
+                Some(State::Open { .. }) => {
+                    self.order.push_front((seq, row));
+                    return;
+                }
+                Some(_) => {
+                    tracing::warn!(target: "lockkit", table = row.0, key = %row.1,
+                        "forgetting a rolled-back version: more than {MAX_TENTATIVE} are remembered");
+                    self.remove(&row, |e| e.seq == seq);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Drops the queue's slots of entries removed since, when they outnumber
+    /// the live ones.
+    fn compact(&mut self) {
+        let live = ENTRIES.load(Ordering::Relaxed);
+        if self.order.len() > 2 * live.max(1024) {
+            let rows = &self.rows;
+            self.order.retain(|(seq, row)| {
+                rows.get(row)
+                    .is_some_and(|entries| entries.iter().any(|e| e.seq == *seq))
+            });
+        }
+    }
+}
+
+/// How to run a versioned write whose struct holds `expected`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Plan {
+    /// As usual: check `expected`.
+    Write,
+    /// `expected` (`tentative`) was written in a transaction that did not commit
+    /// (or may not have): check the version the row had before it, `restore`.
+    Restore { restore: i64, tentative: i64 },
+}
+
+fn transaction_depth<C: Connection>(conn: &mut C) -> Option<u32> {
+    C::TransactionManager::transaction_manager_status_mut(conn)
+        .transaction_depth()
+        .ok()
+        .flatten()
+        .map(|d| d.get())
+}
+
+fn conn_id<C>(conn: &mut C) -> usize {
+    std::ptr::from_mut(conn) as *mut u8 as usize
+}
+
+/// Decides how to write `row` from a struct holding `expected`.
+pub(crate) fn plan<C: Connection>(
+    conn: &mut C,
+    table: &'static str,
+    row: Option<&str>,
+    expected: i64,
+) -> Plan {
+    let Some(row) = row else {
+        return Plan::Write;
+    };
+    if ENTRIES.load(Ordering::Relaxed) == 0 {
+        return Plan::Write;
+    }
+    let row = (table, row.to_owned());
+    let here = (conn_id(conn), transaction_depth(conn));
+    let registry = registry();
+    let Some(entries) = registry.rows.get(&row) else {
+        return Plan::Write;
+    };
+    let uncommitted = |e: &Entry| match e.state {
+        State::Open { .. } => false,
+        State::RolledBack => true,
+        // Still inside the transaction that wrote it, on the same connection.
+        State::Unwatched { conn, depth } => {
+            !(conn == here.0 && here.1.is_some_and(|now| now >= depth))
+        }
+    };
+    match entries.iter().find(|e| e.version == expected) {
+        Some(entry) if uncommitted(entry) => {
+            let mut restore = entry.restore;
+            while let Some(earlier) = entries
+                .iter()
+                .find(|e| e.version == restore && uncommitted(e))
+            {
+                restore = earlier.restore;
+            }
+            Plan::Restore {
+                restore,
+                tentative: expected,
+            }
+        }
+        _ => Plan::Write,
+    }
+}
+
+/// After a versioned write moved `row` from `from` to `to` (`None`: deleted):
+/// forgets what can no longer recur and, inside a transaction, records `to` as
+/// tentative.
+pub(crate) fn written<C: Connection>(
+    conn: &mut C,
+    table: &'static str,
+    row: Option<&str>,
+    plan: Plan,
+    from: i64,
+    to: Option<i64>,
+) {
+    let Some(row) = row else {
+        return;
+    };
+    let depth = transaction_depth(conn);
+    if ENTRIES.load(Ordering::Relaxed) == 0 && (depth.is_none() || to.is_none()) {
+        return;
+    }
+    let row = (table, row.to_owned());
+    if let Plan::Restore { restore, tentative } = plan {
+        // The struct's rolled-back versions are behind it now.
+        registry().remove(&row, |e| e.version > restore && e.version <= tentative);
+    }
+    let Some(to) = to else {
+        registry().remove(&row, |_| true);
+        return;
+    };
+    let Some(depth) = depth else {
+        // Committed: versions only grow, so a number below the row's can never
+        // match again.
+        registry().remove(&row, |e| {
+            e.version < to && !matches!(e.state, State::Open { .. })
+        });
+        return;
+    };
+    let state = match journal_of(conn) {
+        Some(journal) => {
+            journal.open.push((row.clone(), to));
+            State::Open {
+                journal: journal.id,
+                depth,
+            }
+        }
+        None => State::Unwatched {
+            conn: conn_id(conn),
+            depth,
+        },
+    };
+    registry().insert(
+        row,
+        Entry {
+            version: to,
+            restore: from,
+            state,
+            seq: 0,
+        },
+    );
+}
+
+/// After a write planned as [`Plan::Restore`] found the row elsewhere: forgets
+/// the tentative versions at or below what the row holds now.
+pub(crate) fn forget_through(table: &'static str, key: String, current: i64) {
+    if ENTRIES.load(Ordering::Relaxed) > 0 {
+        registry().remove(&(table, key), |e| {
+            e.version <= current && !matches!(e.state, State::Open { .. })
+        });
+    }
+}

@@ -1,0 +1,229 @@
+//! What optimistic locking needs to know about each backend: whether a table's
+//! declared key is unique in the database, and how to read the latest committed
+//! version after a stale write.
+//!
+//! | | PostgreSQL | MySQL / MariaDB | SQLite |
+//! | --- | --- | --- | --- |
+//! | key unique? (once per connection and table) | `pg_index`: a unique index, without predicate or expressions, on key columns only | `information_schema.STATISTICS`: a unique index on key columns only | `pragma_index_list` / `pragma_index_info`, or the `INTEGER PRIMARY KEY` (rowid) |
+//! | latest version after a stale write | plain `SELECT` (READ COMMITTED sees it; REPEATABLE READ fails the write itself) | `SELECT .. LOCK IN SHARE MODE`: a locking read sees the latest commit even under REPEATABLE READ | plain `SELECT` (one writer at a time) |
+//!
+//! A key the catalog cannot prove unique (no constraint, a view, a table in
+//! another schema) is not an error: lockkit then runs each versioned write in a
+//! savepoint and undoes it if it matched more than one row
+//! ([`Error::AmbiguousKey`](crate::Error::AmbiguousKey)).
+
+use diesel::backend::Backend;
+use diesel::connection::LoadConnection;
+use diesel::query_builder::QueryId;
+use diesel::query_dsl::methods::LockingDsl;
+use diesel::{Connection, QueryResult};
+
+/// A backend lockkit's versioned writes run on: PostgreSQL, MySQL/MariaDB, SQLite.
+///
+/// Implemented by lockkit for each backend feature; you never implement it.
+pub trait OptimisticBackend: Backend {
+    /// The query, as a read that sees the latest committed row.
+    type Latest<Q: LockingDsl<InShareMode>>;
+
+    /// Makes `query` a read of the latest committed row.
+    fn latest<Q: LockingDsl<InShareMode>>(query: Q) -> Self::Latest<Q>;
+
+    /// Names the database this connection writes to (server and database), so
+    /// that rows of two databases with the same table and key are told apart.
+    fn database_id<C>(conn: &mut C) -> QueryResult<String>
+    where
+        C: Connection<Backend = Self> + LoadConnection;
+
+    /// Whether a unique index covers only (some of) `key_columns` of `table`, so
+    /// that the key can never match two rows.
+    fn key_is_unique<C>(conn: &mut C, table: &str, key_columns: &[&str]) -> QueryResult<bool>
+    where
+        C: Connection<Backend = Self> + LoadConnection;
+}
+
+/// `LOCK IN SHARE MODE` (MySQL/MariaDB): the clause of the latest-version read.
+#[derive(Debug, Clone, Copy, Default, QueryId)]
+pub struct InShareMode;
+
+#[derive(diesel::QueryableByName)]
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+struct DatabaseId {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    id: String,
+}
+
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+fn database_id<C: LoadConnection>(conn: &mut C, sql: &'static str) -> QueryResult<String>
+where
+    diesel::query_builder::SqlQuery: for<'q> diesel::query_dsl::LoadQuery<'q, C, DatabaseId>,
+{
+    use diesel::RunQueryDsl;
+    diesel::sql_query(sql)
+        .get_result::<DatabaseId>(conn)
+        .map(|row| row.id)
+}
+
+#[derive(diesel::QueryableByName)]
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+struct Unique {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    unique_key: i64,
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use diesel::pg::Pg;
+    use diesel::sql_types::{Array, Text};
+    use diesel::RunQueryDsl;
+
+    use super::*;
+
+    impl OptimisticBackend for Pg {
+        type Latest<Q: LockingDsl<InShareMode>> = Q;
+
+        fn latest<Q: LockingDsl<InShareMode>>(query: Q) -> Q {
+            query
+        }
+
+        fn database_id<C>(conn: &mut C) -> QueryResult<String>
+        where
+            C: Connection<Backend = Self> + LoadConnection,
+        {
+            database_id(
+                conn,
+                "SELECT concat_ws(':', current_database(), inet_server_addr(), inet_server_port()) AS id",
+            )
+        }
+
+        fn key_is_unique<C>(conn: &mut C, table: &str, key_columns: &[&str]) -> QueryResult<bool>
+        where
+            C: Connection<Backend = Self> + LoadConnection,
+        {
+            diesel::sql_query(
+                "SELECT COUNT(*) AS unique_key FROM pg_index i \
+                  WHERE i.indrelid = to_regclass(quote_ident($1)) \
+                    AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL \
+                    AND NOT EXISTS (SELECT 1 FROM unnest(i.indkey) AS k(attnum) \
+                          JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
+                         WHERE a.attname::text <> ALL ($2))",
+            )
+            .bind::<Text, _>(table)
+            .bind::<Array<Text>, _>(key_columns.to_vec())
+            .get_result::<Unique>(conn)
+            .map(|row| row.unique_key != 0)
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use diesel::mysql::Mysql;
+    use diesel::query_builder::{AstPass, QueryFragment};
+    use diesel::sql_types::Text;
+    use diesel::RunQueryDsl;
+
+    use super::*;
+
+    impl QueryFragment<Mysql> for InShareMode {
+        fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+            out.push_sql(" LOCK IN SHARE MODE");
+            Ok(())
+        }
+    }
+
+    impl OptimisticBackend for Mysql {
+        type Latest<Q: LockingDsl<InShareMode>> = Q::Output;
+
+        fn latest<Q: LockingDsl<InShareMode>>(query: Q) -> Q::Output {
+            query.with_lock(InShareMode)
+        }
+
+        fn database_id<C>(conn: &mut C) -> QueryResult<String>
+        where
+            C: Connection<Backend = Self> + LoadConnection,
+        {
+            database_id(
+                conn,
+                "SELECT CONCAT_WS(':', DATABASE(), @@hostname, @@port) AS id",
+            )
+        }
+
+        fn key_is_unique<C>(conn: &mut C, table: &str, key_columns: &[&str]) -> QueryResult<bool>
+        where
+            C: Connection<Backend = Self> + LoadConnection,
+        {
+            diesel::sql_query(
+                "SELECT CAST(COUNT(*) AS SIGNED) AS unique_key FROM ( \
+                   SELECT INDEX_NAME FROM information_schema.STATISTICS \
+                    WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND NON_UNIQUE = 0 \
+                    GROUP BY INDEX_NAME \
+                   HAVING SUM(FIND_IN_SET(COLUMN_NAME, ?) = 0) = 0) AS unique_indexes",
+            )
+            .bind::<Text, _>(table)
+            .bind::<Text, _>(key_columns.join(","))
+            .get_result::<Unique>(conn)
+            .map(|row| row.unique_key != 0)
+        }
+    }
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use diesel::sql_types::Text;
+    use diesel::sqlite::Sqlite;
+    use diesel::RunQueryDsl;
+
+    use super::*;
+
+    impl OptimisticBackend for Sqlite {
+        type Latest<Q: LockingDsl<InShareMode>> = Q;
+
+        fn latest<Q: LockingDsl<InShareMode>>(query: Q) -> Q {
+            query
+        }
+
+        fn database_id<C>(conn: &mut C) -> QueryResult<String>
+        where
+            C: Connection<Backend = Self> + LoadConnection,
+        {
+            database_id(
+                conn,
+                "SELECT COALESCE((SELECT file FROM pragma_database_list WHERE name = 'main'), '') AS id",
+            )
+        }
+
+        fn key_is_unique<C>(conn: &mut C, table: &str, key_columns: &[&str]) -> QueryResult<bool>
+        where
+            C: Connection<Backend = Self> + LoadConnection,
+        {
+            // `,a,b,` lists the key columns for an exact `instr` match.
+            let columns = format!(",{},", key_columns.join(","));
+            diesel::sql_query(
+                "SELECT (EXISTS (SELECT 1 FROM pragma_index_list(?) AS l \
+                          WHERE l.\"unique\" = 1 AND l.partial = 0 \
+                            AND NOT EXISTS (SELECT 1 FROM pragma_index_info(l.name) AS i \
+                                 WHERE i.name IS NULL OR instr(?, ',' || i.name || ',') = 0)) \
+                      OR EXISTS (SELECT 1 FROM pragma_table_info(?) AS c \
+                          WHERE c.pk = 1 AND lower(c.type) = 'integer' \
+                            AND instr(?, ',' || c.name || ',') > 0 \
+                            AND (SELECT COUNT(*) FROM pragma_table_info(?) WHERE pk > 0) = 1)) AS unique_key",
+            )
+            .bind::<Text, _>(table)
+            .bind::<Text, _>(&columns)
+            .bind::<Text, _>(table)
+            .bind::<Text, _>(&columns)
+            .bind::<Text, _>(table)
+            .get_result::<Unique>(conn)
+            .map(|row| row.unique_key != 0)
+        }
+    }
+}
