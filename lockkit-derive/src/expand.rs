@@ -77,13 +77,24 @@ fn expand_lockable(model: &Model<'_>) -> TokenStream {
         }
     };
 
+    let key_columns = model.keys.iter().map(|k| {
+        let column = &k.column;
+        quote!(<#table::#column as diesel::Column>::NAME)
+    });
+    let on_lock = match model.versioning {
+        Some(_) => quote!(::lockkit::lockable::BumpVersion),
+        None => quote!(::lockkit::lockable::NoVersion),
+    };
+
     quote! {
         #[automatically_derived]
         impl #impl_generics ::lockkit::Lockable for #ident #ty_generics #where_clause {
             type Table = #table::table;
             type Key = #key_type;
+            type OnLock = #on_lock;
 
             const TABLE_NAME: &'static str = #table_name;
+            const KEY_COLUMNS: &'static [&'static str] = &[#(#key_columns),*];
 
             fn key(&self) -> Self::Key {
                 #key_value

@@ -12,9 +12,22 @@
 //! SELECT set_config('lock_timeout', $1, true); -- only with LockOptions::timeout
 //! SELECT items.id, items.name, items.stock, items.lock_version
 //!   FROM items WHERE items.id = $1 FOR UPDATE; -- SQLite: no clause
+//! UPDATE items SET lock_version = lock_version + 1
+//!  WHERE items.id = $1 AND items.lock_version = $2; -- Versioned models only
 //! -- your closure
 //! COMMIT;                                     -- or ROLLBACK on Err
 //! ```
+//!
+//! On a [`Versioned`](crate::Versioned) model, taking the lock also advances the
+//! version (`UPDATE .. SET lock_version = lock_version + 1 WHERE id = $1 AND
+//! lock_version = $2`, right after the locked read, in the same transaction): the
+//! closure may write the row any way it likes (a plain `diesel::update`, as
+//! below) and an optimistic writer who read the row before still gets
+//! [`Error::Stale`]. The fresh row handed to the closure carries the new version,
+//! so a versioned write inside the closure works as usual. A shared lock
+//! ([`LockOptions::share`]) is a read and leaves the version alone. A rollback
+//! undoes the bump with everything else. [`Lockable::lock_all`] does the same for
+//! every row it locks.
 //!
 //! Nested inside an open transaction, `with_lock` uses a savepoint: the row lock is
 //! then held until the **outermost** transaction ends, not when the closure returns.
@@ -51,15 +64,22 @@
 
 use diesel::dsl::{self, AsSelect, Find, Select};
 use diesel::expression::Expression;
-use diesel::query_dsl::methods::{FilterDsl, FindDsl, LockingDsl, OrderDsl, SelectDsl};
+use diesel::query_builder::AsQuery;
+use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, FindDsl, LockingDsl, OrderDsl, SelectDsl};
 use diesel::query_dsl::LoadQuery;
 use diesel::{
     ExpressionMethods, OptionalExtension, RunQueryDsl, Selectable, SelectableHelper, Table,
 };
 
 use crate::locking_connection::{AsLockingConnection, LockOptions, LockingConnection};
-use crate::row_lock::{RowLock, WaitMode};
-use crate::{classify, classify_nowait, Error};
+use crate::row_lock::{LockStrength, RowLock, WaitMode};
+use crate::version_check::{CurrentVersionQuery, TouchVersioned, VersionCheck};
+use crate::{classify, classify_nowait, Error, Versioned};
+
+/// `lock_all` sends at most this many keys per statement (SQLite's oldest limit
+/// on bound parameters is 999); longer lists are locked chunk by chunk, in key
+/// order, which keeps the no-deadlock promise.
+pub const MAX_KEYS_PER_STATEMENT: usize = 900;
 
 type Backend<C> = <C as diesel::Connection>::Backend;
 type Pk<M> = <<M as Lockable>::Table as Table>::PrimaryKey;
@@ -76,6 +96,14 @@ pub trait Lockable: Sized {
 
     /// The table's name, for error reports.
     const TABLE_NAME: &'static str;
+
+    /// The primary key's column names, in key order.
+    const KEY_COLUMNS: &'static [&'static str];
+
+    /// What taking an exclusive lock on the row also writes: [`NoVersion`] for a
+    /// model without a version column, [`BumpVersion`] for a
+    /// [`Versioned`](crate::Versioned) one (see the [module docs](self)).
+    type OnLock;
 
     /// This row's primary key.
     fn key(&self) -> Self::Key;
@@ -124,6 +152,7 @@ pub trait Lockable: Sized {
         Self: LockAll<C::Conn>,
         Self::Key: Ord,
     {
+        let started = std::time::Instant::now();
         let conn = conn.locking_connection();
         if !conn.in_transaction() {
             return Err(Error::NotInTransaction);
@@ -131,11 +160,32 @@ pub trait Lockable: Sized {
         let mut keys = keys.to_vec();
         keys.sort();
         keys.dedup();
-        let wanted = keys.len();
-        let rows = Self::load_all_locked(conn, keys).map_err(classify)?;
-        if rows.len() != wanted {
-            return Err(Error::NotFound);
+        let mut rows = Vec::with_capacity(keys.len());
+        // Chunk after chunk in key order: every transaction takes the locks in
+        // the same order, whatever the length of its list.
+        for chunk in keys.chunks(MAX_KEYS_PER_STATEMENT) {
+            let mut locked = Self::load_all_locked(conn, chunk.to_vec()).map_err(classify)?;
+            if locked.len() < chunk.len() {
+                // A key without a row, or (MySQL/MariaDB) keys that the column's
+                // collation holds equal ("k", "K"), which find one row.
+                let found: std::collections::BTreeSet<Self::Key> =
+                    locked.iter().map(Lockable::key).collect();
+                for key in chunk.iter().filter(|key| !found.contains(key)) {
+                    if !Self::exists(conn, key.clone()).map_err(classify)? {
+                        return Err(Error::NotFound);
+                    }
+                }
+                // A row found by two keys of this chunk is returned once.
+                locked.dedup_by(|a, b| a.key() == b.key());
+            }
+            // One `UPDATE .. WHERE <key> = $1` per row: on MySQL/MariaDB an
+            // `IN (..)` list may be run as a scan that locks rows of others.
+            for row in &mut locked {
+                <Self::OnLock as MarkLocked<Self, C::Conn>>::mark(conn, row)?;
+            }
+            rows.append(&mut locked);
         }
+        crate::metrics::record_lock_acquired(Self::TABLE_NAME, started.elapsed());
         Ok(rows)
     }
 }
@@ -191,7 +241,7 @@ where
             if row.is_some() {
                 crate::metrics::record_lock_acquired(M::TABLE_NAME, started.elapsed());
             }
-            let row = match row {
+            let mut row = match row {
                 Some(row) => row,
                 // SKIP LOCKED hides a locked row: tell "held by someone" from "absent".
                 None if lock.wait == WaitMode::SkipLocked => {
@@ -202,6 +252,9 @@ where
                 }
                 None => return Err(Error::NotFound),
             };
+            if lock.strength.is_exclusive() {
+                <M::OnLock as MarkLocked<M, C::Conn>>::mark(conn, &mut row)?;
+            }
             f(conn, row)
         })
 }
@@ -219,7 +272,7 @@ where
 
 /// The locked re-read of one row. Blanket-implemented for every [`Lockable`]
 /// model that is `Selectable` on the connection's backend.
-pub trait LockRow<Conn: LockingConnection>: Lockable {
+pub trait LockRow<Conn: LockingConnection>: Lockable<OnLock: MarkLocked<Self, Conn>> {
     /// `SELECT <fields> FROM <table> WHERE <key> FOR UPDATE`.
     fn load_locked(
         conn: &mut Conn,
@@ -237,6 +290,7 @@ impl<M, Conn> LockRow<Conn> for M
 where
     Conn: LockingConnection,
     M: Lockable + Selectable<Backend<Conn>>,
+    M::OnLock: MarkLocked<M, Conn>,
     AsSelect<M, Backend<Conn>>: Expression,
     M::Table: FindDsl<M::Key>,
     Find<M::Table, M::Key>: SelectDsl<AsSelect<M, Backend<Conn>>>,
@@ -259,7 +313,7 @@ where
 
 /// The ordered multi-row lock of [`Lockable::lock_all`]. Blanket-implemented for
 /// models with a single-column primary key.
-pub trait LockAll<Conn: LockingConnection>: Lockable {
+pub trait LockAll<Conn: LockingConnection>: LockRow<Conn> {
     /// `SELECT .. WHERE pk IN (..) ORDER BY pk FOR UPDATE`.
     fn load_all_locked(conn: &mut Conn, keys: Vec<Self::Key>) -> diesel::QueryResult<Vec<Self>>;
 }
@@ -306,7 +360,7 @@ type AllByKeys<M, C> = Select<
 impl<M, Conn> LockAll<Conn> for M
 where
     Conn: LockingConnection,
-    M: Lockable + Selectable<Backend<Conn>>,
+    M: LockRow<Conn> + Selectable<Backend<Conn>>,
     AsSelect<M, Backend<Conn>>: Expression,
     Pk<M>: KeyColumn<M::Key> + ExpressionMethods,
     M::Table: FilterDsl<KeysFilter<M>>,
@@ -323,5 +377,46 @@ where
             .order(pk().asc())
             .select(M::as_select());
         Conn::apply_lock(query, RowLock::update()).load(conn)
+    }
+}
+
+impl LockStrength {
+    /// `FOR UPDATE` and `FOR NO KEY UPDATE`: the locks a writer takes.
+    fn is_exclusive(self) -> bool {
+        matches!(self, LockStrength::Update | LockStrength::NoKeyUpdate)
+    }
+}
+
+/// [`Lockable::OnLock`] of a model without a version column: a lock writes nothing.
+#[derive(Debug, Clone, Copy)]
+pub struct NoVersion;
+
+/// [`Lockable::OnLock`] of a [`Versioned`](crate::Versioned) model: an exclusive
+/// lock advances the version.
+#[derive(Debug, Clone, Copy)]
+pub struct BumpVersion;
+
+/// What an exclusive lock on one row writes to it ([`Lockable::OnLock`]).
+/// Implemented by [`NoVersion`] and [`BumpVersion`]; you never implement it.
+pub trait MarkLocked<M, Conn> {
+    /// Marks one locked row as written (the model is updated to match).
+    fn mark(conn: &mut Conn, row: &mut M) -> Result<(), Error>;
+}
+
+impl<M, Conn> MarkLocked<M, Conn> for NoVersion {
+    fn mark(_: &mut Conn, _: &mut M) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+impl<M, Conn> MarkLocked<M, Conn> for BumpVersion
+where
+    Conn: diesel::Connection,
+    M: Versioned + VersionCheck + CurrentVersionQuery<Conn>,
+    TouchVersioned<M>: AsQuery + ExecuteDsl<Conn>,
+{
+    fn mark(conn: &mut Conn, row: &mut M) -> Result<(), Error> {
+        // The row is locked: the version cannot have moved since the locked read.
+        row.touch_versioned(conn)
     }
 }
