@@ -3,7 +3,7 @@
 use diesel::prelude::*;
 use lockkit::{Lockable, Versioned};
 
-use crate::schema::{documents, gadgets, items, jobs, order_lines};
+use crate::schema::{documents, gadgets, items, jobs, order_lines, sku_codes, twins};
 
 /// The classic: `lock_version: i32`, and a Diesel `AsChangeset` that includes it.
 #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, AsChangeset, Versioned)]
@@ -74,4 +74,22 @@ pub struct Job {
     pub id: i32,
     pub payload: String,
     pub done: bool,
+}
+
+/// A model whose declared key the database does not enforce.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Versioned)]
+#[diesel(table_name = twins)]
+pub struct Twin {
+    pub id: i32,
+    pub label: String,
+    pub lock_version: i32,
+}
+
+/// A string primary key.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Versioned)]
+#[diesel(table_name = sku_codes, primary_key(code))]
+pub struct Sku {
+    pub code: String,
+    pub stock: i32,
+    pub lock_version: i32,
 }

@@ -61,3 +61,20 @@ diesel::table! {
 
 diesel::joinable!(orders -> items (item_id));
 diesel::allow_tables_to_appear_in_same_query!(items, orders);
+
+diesel::table! {
+    /// Declared with a key the database does not enforce (no constraint).
+    twins (id) {
+        id -> Integer,
+        label -> Text,
+        lock_version -> Integer,
+    }
+}
+
+diesel::table! {
+    sku_codes (code) {
+        code -> Text,
+        stock -> Integer,
+        lock_version -> Integer,
+    }
+}

@@ -622,9 +622,11 @@ mod all {
             assert_eq!(got, want);
 
             // Versioned writes by hostile key.
+            // (with_lock and lock_all above advanced each row's version.)
             for key in &keys {
-                assert_eq!(Sku::update_by_version(&mut conn, key.clone(), 0, skus::stock.eq(100)).unwrap(), 1);
-                assert_eq!(load!(&mut conn, skus, Sku, key.clone()), Sku { sku: key.clone(), stock: 100, lock_version: 1 });
+                let version = load!(&mut conn, skus, Sku, key.clone()).lock_version;
+                assert_eq!(Sku::update_by_version(&mut conn, key.clone(), version, skus::stock.eq(100)).unwrap(), version + 1);
+                assert_eq!(load!(&mut conn, skus, Sku, key.clone()), Sku { sku: key.clone(), stock: 100, lock_version: version + 1 });
             }
             assert_eq!(load!(&mut conn, skus, Sku, "plain".to_owned()), plain, "the other row is untouched");
             assert_eq!(skus::table.count().get_result::<i64>(&mut conn).unwrap(), keys.len() as i64 + 1);

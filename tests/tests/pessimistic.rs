@@ -160,7 +160,9 @@ mod all {
                     Ok(fresh.lock_version)
                 })
                 .unwrap();
-            assert_eq!(version, 1);
+            // One bump for taking the lock on a versioned row, one for the write.
+            assert_eq!(version, 2);
+            assert_eq!(items::table.find(1).select(items::lock_version).first::<i32>(&mut conn).unwrap(), 2);
         }
 
         fn lockable_models_without_a_version_can_be_locked(db) {

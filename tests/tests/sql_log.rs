@@ -120,7 +120,9 @@ lockkit_tests::backend_tests! {
         seed_items(&mut conn, &[(1, 10), (2, 10), (3, 10)]);
         exec(&mut conn, "INSERT INTO jobs (id, payload, done) VALUES (1, 'a', false), (2, 'b', false)");
         let log = Log::default();
-        conn.set_instrumentation(log.instrumentation());
+        // Wrapped in lockkit's journal, as an application with its own
+        // instrumentation should do, so that lockkit sees commits.
+        conn.set_instrumentation(lockkit::journal::Journal::wrap(log.instrumentation()));
 
         log.section("item.update_versioned(&mut conn)");
         let mut item = items::table.find(1).first::<Item>(&mut db.conn()).unwrap();

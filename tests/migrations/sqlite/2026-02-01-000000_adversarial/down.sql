@@ -1,0 +1,1 @@
+DROP TABLE sku_codes; DROP TABLE twins;

@@ -1,0 +1,505 @@
+//! Where strategies meet, transactions roll back and keys misbehave: every way a
+//! user could combine lockkit's documented tools, each checked for the update it
+//! must not lose.
+//!
+//! * a write under a pessimistic lock (or a versioned conditional update) makes a
+//!   stale optimistic writer stale;
+//! * a versioned write that was rolled back never succeeds over somebody else's
+//!   later write (the "rollback ABA"), and a struct retried after a rollback
+//!   writes as Rails would (its version restored);
+//! * the version trigger never lets a raw writer move the version back;
+//! * a key that matches several rows is an error and writes nothing;
+//! * a stale report inside a transaction shows the latest commit;
+//! * `lock_all` takes any number of keys, in key order across statements;
+//! * a bulk update naming a row twice is refused.
+
+use std::sync::Barrier;
+use std::thread;
+
+use diesel::prelude::*;
+use lockkit::journal::Journal;
+use lockkit::prelude::*;
+use lockkit::version_trigger::{up_sql, Dialect};
+use lockkit::{locked_transaction, CurrentState, Error, LockOptions, RetryPolicy};
+use lockkit_tests::models::*;
+use lockkit_tests::schema::*;
+use lockkit_tests::{exec, seed_items};
+
+fn dialect(backend: &str) -> Dialect {
+    match backend {
+        "postgres" => Dialect::Postgres,
+        "mysql" => Dialect::Mysql,
+        _ => Dialect::Sqlite,
+    }
+}
+
+/// The item row `id`, as stored.
+macro_rules! item {
+    ($conn:expr, $id:expr) => {
+        items::table.find($id).first::<Item>($conn).unwrap()
+    };
+}
+
+/// Inserts items `1..=n` (stock 10, version 0) in one statement.
+fn seed_many(conn: &mut impl diesel::Connection, backend: &str, n: usize) {
+    let generate = match backend {
+        "postgres" => format!(
+            "INSERT INTO items (id, name, stock, lock_version) \
+             SELECT n, 'item', 10, 0 FROM generate_series(1, {n}) AS n"
+        ),
+        "mysql" => {
+            exec(conn, "SET SESSION max_recursive_iterations = 10000000");
+            format!(
+                "INSERT INTO items (id, name, stock, lock_version) \
+                 WITH RECURSIVE seq(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM seq WHERE n < {n}) \
+                 SELECT n, 'item', 10, 0 FROM seq"
+            )
+        }
+        _ => format!(
+            "INSERT INTO items (id, name, stock, lock_version) \
+             WITH RECURSIVE seq(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM seq WHERE n < {n}) \
+             SELECT n, 'item', 10, 0 FROM seq"
+        ),
+    };
+    exec(conn, &generate);
+}
+
+mod all {
+    use super::*;
+
+    lockkit_tests::backend_tests! {
+        // --- 1. a write under a lock advances the version -------------------------
+
+        fn a_write_under_with_lock_makes_a_stale_optimistic_writer_stale(db) {
+            let mut a = db.conn();
+            let mut b = db.conn();
+            seed_items(&mut a, &[(1, 10)]);
+            let mut o = item!(&mut a, 1);
+            // The README's own with_lock example: a plain Diesel update in the closure.
+            o.with_lock(&mut b, |c, fresh| {
+                diesel::update(items::table.find(fresh.id))
+                    .set(items::stock.eq(fresh.stock - 8))
+                    .execute(c)?;
+                Ok(())
+            })
+            .unwrap();
+            o.stock -= 1;
+            let err = o.update_versioned(&mut a).unwrap_err();
+            assert!(matches!(err, Error::Stale(_)), "{err:?}");
+            let stored = item!(&mut a, 1);
+            assert_eq!((stored.stock, stored.lock_version), (2, 1), "eight sold once, version advanced once");
+        }
+
+        fn with_lock_and_a_versioned_write_inside_bump_once(db) {
+            let mut conn = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            let o = item!(&mut conn, 1);
+            let after = o
+                .with_lock(&mut conn, |c, mut fresh| {
+                    fresh.stock -= 1;
+                    fresh.update_versioned(c)?;
+                    Ok(fresh)
+                })
+                .unwrap();
+            let stored = item!(&mut conn, 1);
+            assert_eq!(stored, after, "the struct handed back is what is stored");
+            assert_eq!(stored.stock, 9);
+        }
+
+        fn a_shared_lock_is_a_read_and_leaves_the_version(db) {
+            let mut conn = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            let mut o = item!(&mut conn, 1);
+            let seen = o.with_lock_opts(&mut conn, LockOptions::default().share(), |_, fresh| Ok(fresh.lock_version)).unwrap();
+            assert_eq!(seen, 0);
+            o.stock -= 1;
+            o.update_versioned(&mut conn).unwrap();
+        }
+
+        fn lock_all_then_a_plain_update_makes_a_stale_optimistic_writer_stale(db) {
+            let mut a = db.conn();
+            let mut b = db.conn();
+            seed_items(&mut a, &[(1, 10), (2, 10)]);
+            let mut o = item!(&mut a, 2);
+            let locked = locked_transaction(&mut b, LockOptions::default(), |c| {
+                let rows = Item::lock_all(c, &[2, 1])?;
+                for row in &rows {
+                    diesel::update(items::table.find(row.id)).set(items::stock.eq(row.stock - 8)).execute(c)?;
+                }
+                Ok(rows)
+            })
+            .unwrap();
+            assert_eq!(locked.iter().map(|r| r.lock_version).collect::<Vec<_>>(), vec![1, 1], "the rows carry their new version");
+            o.stock -= 1;
+            assert!(matches!(o.update_versioned(&mut a), Err(Error::Stale(_))));
+            // A row handed out by lock_all can be written with a versioned write.
+            let again = locked_transaction(&mut b, LockOptions::default(), |c| {
+                let mut rows = Item::lock_all(c, &[1])?;
+                rows[0].stock = 0;
+                rows[0].update_versioned(c)?;
+                Ok(rows.remove(0))
+            })
+            .unwrap();
+            assert_eq!(item!(&mut a, 1), again);
+        }
+
+        fn a_versioned_conditional_update_makes_a_stale_optimistic_writer_stale(db) {
+            let mut conn = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            let mut o = item!(&mut conn, 1);
+            Item::update_if(&mut conn, 1, items::stock.ge(8), items::stock.eq(items::stock - 8)).unwrap();
+            assert!(matches!(
+                Item::update_if(&mut conn, 1, items::stock.ge(8), items::stock.eq(items::stock - 8)),
+                Err(Error::NoRowMatched)
+            ));
+            o.stock -= 1;
+            assert!(matches!(o.update_versioned(&mut conn), Err(Error::Stale(_))));
+            let stored = item!(&mut conn, 1);
+            assert_eq!((stored.stock, stored.lock_version), (2, 1));
+        }
+
+        // --- 2. a rolled-back write is never mistaken for a committed one ---------
+
+        fn a_rolled_back_write_never_overwrites_a_later_writer(db) {
+            let mut a_conn = db.conn();
+            let mut b_conn = db.conn();
+            seed_items(&mut a_conn, &[(1, 10)]);
+            let mut a = item!(&mut a_conn, 1);
+            let rolled_back: Result<(), Error> = a_conn.transaction(|c| {
+                a.stock = 5;
+                a.update_versioned(c)?;
+                Err(Error::NoRowMatched)
+            });
+            assert!(rolled_back.is_err());
+            assert_eq!(item!(&mut a_conn, 1).lock_version, 0, "the row is back at version 0");
+
+            let mut b = item!(&mut b_conn, 1);
+            b.stock = 7;
+            b.update_versioned(&mut b_conn).unwrap();
+
+            a.stock = 3;
+            let err = a.update_versioned(&mut a_conn).unwrap_err();
+            assert!(matches!(err, Error::Stale(_)), "{err:?}");
+            let stored = item!(&mut a_conn, 1);
+            assert_eq!((stored.stock, stored.lock_version), (7, 2), "B's write stands; the version moved past the reused number");
+            // B's struct holds the same number A's did and cannot be told from it: it
+            // is stale once, and a reload writes.
+            b.stock = 6;
+            assert!(matches!(b.update_versioned(&mut b_conn), Err(Error::Stale(_))));
+            let mut b = item!(&mut b_conn, 1);
+            b.stock = 6;
+            b.update_versioned(&mut b_conn).unwrap();
+            // A, reloaded, writes too.
+            let mut a = item!(&mut a_conn, 1);
+            a.stock = 5;
+            a.update_versioned(&mut a_conn).unwrap();
+        }
+
+        fn a_struct_retried_after_a_rollback_writes_as_if_restored(db) {
+            let mut conn = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            let mut a = item!(&mut conn, 1);
+            let mut attempts = 0;
+            lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c| {
+                attempts += 1;
+                a.stock = 9;
+                a.update_versioned(c)?;
+                if attempts == 1 {
+                    return Err(Error::Deadlock); // a conflict after the write
+                }
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(attempts, 2);
+            let stored = item!(&mut conn, 1);
+            assert_eq!((stored.stock, stored.lock_version), (9, 1), "one committed write, one bump");
+            assert_eq!(a, stored);
+            // Without a retry, the struct keeps working after the rollback as well.
+            let _ = conn.transaction(|c| {
+                a.stock = 1;
+                a.update_versioned(c)?;
+                Err::<(), _>(Error::NoRowMatched)
+            });
+            a.stock = 8;
+            a.update_versioned(&mut conn).unwrap();
+            assert_eq!(item!(&mut conn, 1), a);
+        }
+
+        fn a_rolled_back_savepoint_is_tracked_like_a_transaction(db) {
+            let mut a_conn = db.conn();
+            let mut b_conn = db.conn();
+            seed_items(&mut a_conn, &[(1, 10)]);
+            let mut a = item!(&mut a_conn, 1);
+            a_conn
+                .transaction(|c| {
+                    let inner: Result<(), Error> = c.transaction(|c| {
+                        a.stock = 5;
+                        a.update_versioned(c)?;
+                        Err(Error::NoRowMatched)
+                    });
+                    assert!(inner.is_err());
+                    Ok::<_, Error>(())
+                })
+                .unwrap();
+            let mut b = item!(&mut b_conn, 1);
+            b.stock = 7;
+            b.update_versioned(&mut b_conn).unwrap();
+            a.stock = 3;
+            assert!(matches!(a.update_versioned(&mut a_conn), Err(Error::Stale(_))));
+            assert_eq!(item!(&mut a_conn, 1).stock, 7);
+        }
+
+        fn a_committed_transaction_leaves_the_struct_writable(db) {
+            let mut conn = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            let mut a = item!(&mut conn, 1);
+            conn.transaction(|c| {
+                a.stock = 5;
+                a.update_versioned(c)?;
+                a.stock = 4;
+                a.update_versioned(c)
+            })
+            .unwrap();
+            a.stock = 3;
+            a.update_versioned(&mut conn).unwrap();
+            let stored = item!(&mut conn, 1);
+            assert_eq!((stored.stock, stored.lock_version), (3, 3));
+        }
+
+        fn the_journal_watches_bare_and_pooled_connections(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut bare = db.connect();
+            let mut pooled = db.conn();
+            let mut a = item!(&mut bare, 1);
+            bare.transaction(|c| a.update_versioned(c)).unwrap();
+            assert!(bare.instrumentation().is::<Journal>(), "bare connection");
+            let mut b = item!(&mut pooled, 1);
+            pooled.transaction(|c| b.update_versioned(c)).unwrap();
+            assert!(pooled.instrumentation().is::<Journal>(), "pooled connection");
+            // The committed structs write on.
+            b.update_versioned(&mut pooled).unwrap();
+            a = item!(&mut bare, 1);
+            a.update_versioned(&mut bare).unwrap();
+        }
+
+        fn a_connection_with_its_own_instrumentation_keeps_it_and_never_loses_an_update(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let counter = seen.clone();
+            let mut own = db.connect();
+            own.set_instrumentation(move |_: diesel::connection::InstrumentationEvent<'_>| {
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            });
+            let mut other = db.connect();
+            let mut a = item!(&mut own, 1);
+            let _ = own.transaction(|c| {
+                a.update_versioned(c)?;
+                Err::<(), _>(Error::NoRowMatched)
+            });
+            assert!(!own.instrumentation().is::<Journal>(), "the user's instrumentation stays");
+            let mut b = item!(&mut other, 1);
+            b.stock = 7;
+            b.update_versioned(&mut other).unwrap();
+            assert!(matches!(a.update_versioned(&mut own), Err(Error::Stale(_))), "never over B");
+            assert_eq!(item!(&mut other, 1).stock, 7);
+            assert!(seen.load(std::sync::atomic::Ordering::Relaxed) > 0);
+
+            // Wrapped in a journal, it sees every event and lockkit sees commits.
+            let counter = seen.clone();
+            own.set_instrumentation(Journal::wrap(move |_: diesel::connection::InstrumentationEvent<'_>| {
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }));
+            let before = seen.load(std::sync::atomic::Ordering::Relaxed);
+            let mut c = item!(&mut own, 1);
+            own.transaction(|conn| c.update_versioned(conn)).unwrap();
+            c.update_versioned(&mut own).unwrap();
+            assert!(seen.load(std::sync::atomic::Ordering::Relaxed) > before);
+        }
+
+        fn a_struct_ahead_of_the_row_is_reported_as_such(db) {
+            let mut conn = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            let mut a = item!(&mut conn, 1);
+            a.lock_version = 4; // a version the row never had
+            let err = a.update_versioned(&mut conn).unwrap_err();
+            let stale = err.as_stale().expect("stale");
+            assert_eq!(stale.current, CurrentState::Behind(0));
+            assert!(err.to_string().contains("behind"), "{err}");
+        }
+
+        // --- 4. the version trigger only moves forward -----------------------------
+
+        fn the_version_trigger_never_lets_a_raw_writer_move_the_version_back(db) {
+            let mut conn = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            exec(&mut conn, &up_sql(dialect(BACKEND), "items", "lock_version").unwrap());
+            let mut stale = item!(&mut conn, 1); // v0
+            exec(&mut conn, "UPDATE items SET stock = 2 WHERE id = 1"); // v1
+            // A plain save of an old struct writes its old version back.
+            exec(&mut conn, "UPDATE items SET stock = 3, lock_version = 0 WHERE id = 1");
+            exec(&mut conn, "UPDATE items SET stock = 4, lock_version = lock_version WHERE id = 1");
+            let stored = item!(&mut conn, 1);
+            assert_eq!((stored.stock, stored.lock_version), (4, 3), "every raw write advanced it");
+            stale.stock = 1;
+            assert!(matches!(stale.update_versioned(&mut conn), Err(Error::Stale(_))));
+            // lockkit's own write still bumps exactly once.
+            let mut fresh = item!(&mut conn, 1);
+            fresh.update_versioned(&mut conn).unwrap();
+            assert_eq!(item!(&mut conn, 1).lock_version, 4);
+        }
+
+        // --- 5. a key that matches several rows -------------------------------------
+
+        fn a_key_matching_several_rows_is_an_error_and_writes_nothing(db) {
+            let mut conn = db.conn();
+            exec(&mut conn, "INSERT INTO twins (id, label, lock_version) VALUES (1, 'a', 0)");
+            exec(&mut conn, "INSERT INTO twins (id, label, lock_version) VALUES (1, 'b', 0)");
+            let mut twin = Twin { id: 1, label: "c".into(), lock_version: 0 };
+            let labels = |conn: &mut _| twins::table.order(twins::label).select((twins::label, twins::lock_version)).load::<(String, i32)>(conn).unwrap();
+            let before = labels(&mut conn);
+
+            let err = twin.update_versioned(&mut conn).unwrap_err();
+            assert!(matches!(err, Error::AmbiguousKey { table: "twins", .. }), "{err:?}");
+            assert_eq!(twin.lock_version, 0);
+            assert_eq!(labels(&mut conn), before, "nothing was written");
+
+            let err = twin.delete_versioned(&mut conn).unwrap_err();
+            assert!(matches!(err, Error::AmbiguousKey { .. }), "{err:?}");
+            assert_eq!(labels(&mut conn), before, "nothing was deleted");
+
+            // Inside a transaction the statement is undone too, and the transaction goes on.
+            conn.transaction(|c| {
+                assert!(matches!(twin.touch_versioned(c), Err(Error::AmbiguousKey { .. })));
+                exec(c, "INSERT INTO twins (id, label, lock_version) VALUES (2, 'z', 0)");
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+            assert_eq!(labels(&mut conn)[..2], before[..]);
+            // A key that matches one row writes as usual.
+            let mut single = Twin { id: 2, label: "y".into(), lock_version: 0 };
+            single.update_versioned(&mut conn).unwrap();
+            assert_eq!(single.lock_version, 1);
+        }
+
+        // --- 10. any number of keys ---------------------------------------------------
+
+        fn lock_all_takes_any_number_of_keys(db) {
+            const N: usize = 70_001;
+            let mut conn = db.conn();
+            seed_many(&mut conn, BACKEND, N);
+            let keys: Vec<i32> = (1..=N as i32).rev().collect();
+            let rows = locked_transaction(&mut conn, LockOptions::default(), |c| Item::lock_all(c, &keys)).unwrap();
+            assert_eq!(rows.len(), N);
+            assert!(rows.windows(2).all(|w| w[0].id < w[1].id), "key order");
+            assert!(rows.iter().all(|r| r.lock_version == 1));
+            let bumped: i64 = items::table.filter(items::lock_version.eq(1)).count().get_result(&mut conn).unwrap();
+            assert_eq!(bumped, N as i64);
+            let mut missing = keys.clone();
+            missing.push(N as i32 + 1);
+            let err = locked_transaction(&mut conn, LockOptions::default(), |c| Item::lock_all(c, &missing)).unwrap_err();
+            assert!(matches!(err, Error::NotFound), "{err:?}");
+        }
+
+        // --- 11. a bulk update naming a row twice ---------------------------------------
+
+        fn a_bulk_update_naming_a_row_twice_is_refused(db) {
+            let mut conn = db.conn();
+            seed_items(&mut conn, &[(1, 10), (2, 10)]);
+            for rows in [[(1, 0), (2, 0), (1, 1)], [(1, 0), (2, 0), (1, 0)]] {
+                let err = Item::update_all_by_version(&mut conn, &rows, items::stock.eq(items::stock - 1)).unwrap_err();
+                assert!(matches!(&err, Error::DuplicateKey { table: "items", key } if key == "1"), "{err:?}");
+            }
+            let stored: Vec<(i32, i32)> = items::table.order(items::id).select((items::stock, items::lock_version)).load(&mut conn).unwrap();
+            assert_eq!(stored, vec![(10, 0), (10, 0)], "nothing written");
+        }
+    }
+}
+
+mod servers {
+    use super::*;
+
+    lockkit_tests::server_tests! {
+        // --- 6. the stale report shows the latest commit --------------------------------
+
+        fn a_stale_report_inside_a_transaction_shows_the_latest_commit(db) {
+            let mut a_conn = db.conn();
+            let mut b_conn = db.conn();
+            seed_items(&mut a_conn, &[(1, 10), (2, 10)]);
+            a_conn
+                .transaction(|c| {
+                    // The transaction has read both rows: under REPEATABLE READ its
+                    // snapshot is fixed from here on.
+                    let mut one = item!(c, 1);
+                    let two = item!(c, 2);
+                    exec(&mut b_conn, "UPDATE items SET stock = 1, lock_version = 1 WHERE id = 1");
+                    exec(&mut b_conn, "DELETE FROM items WHERE id = 2");
+                    one.stock = 0;
+                    let err = one.update_versioned(c).unwrap_err();
+                    assert_eq!(err.as_stale().unwrap().current, CurrentState::Version(1), "{err}");
+                    let err = two.delete_versioned(c).unwrap_err();
+                    assert_eq!(err.as_stale().unwrap().current, CurrentState::Deleted, "{err}");
+                    Ok::<_, Error>(())
+                })
+                .unwrap();
+        }
+
+        fn lock_all_locks_chunks_in_key_order_so_opposite_orders_never_deadlock(db) {
+            // Keys in opposite orders, more than one statement's worth: if lock_all
+            // locked chunk by chunk in the order given, the two would deadlock.
+            const N: usize = 2 * lockkit::lockable::MAX_KEYS_PER_STATEMENT + 1;
+            seed_many(&mut db.conn(), BACKEND, N);
+            let up: Vec<i32> = (1..=N as i32).collect();
+            let down: Vec<i32> = up.iter().rev().copied().collect();
+            let db = &db;
+            for _round in 0..3 {
+                let barrier = Barrier::new(2);
+                let results: Vec<Result<usize, Error>> = thread::scope(|s| {
+                    [&up, &down]
+                        .map(|keys| {
+                            let barrier = &barrier;
+                            s.spawn(move || {
+                                let mut conn = db.conn();
+                                barrier.wait();
+                                locked_transaction(&mut conn, LockOptions::default(), |c| {
+                                    Item::lock_all(c, keys).map(|rows| rows.len())
+                                })
+                            })
+                        })
+                        .into_iter()
+                        .map(|h| h.join().unwrap())
+                        .collect()
+                });
+                for result in results {
+                    assert_eq!(result.unwrap(), N);
+                }
+            }
+        }
+    }
+}
+
+mod mysql_only {
+    use super::*;
+    use diesel::MysqlConnection;
+    use lockkit_tests::TestDb;
+
+    #[test]
+    fn lock_all_with_keys_equal_under_the_collation_returns_the_one_row() {
+        let db = TestDb::<MysqlConnection>::new("collation_keys");
+        let mut conn = db.conn();
+        exec(
+            &mut conn,
+            "INSERT INTO sku_codes (code, stock, lock_version) VALUES ('k', 5, 0)",
+        );
+        let rows = locked_transaction(&mut conn, LockOptions::default(), |c| {
+            Sku::lock_all(c, &["K".to_owned(), "k".to_owned()])
+        })
+        .unwrap();
+        assert_eq!(rows.len(), 1, "one row, found by both keys");
+        assert_eq!((rows[0].code.as_str(), rows[0].lock_version), ("k", 1));
+        let err = locked_transaction(&mut conn, LockOptions::default(), |c| {
+            Sku::lock_all(c, &["k".to_owned(), "missing".to_owned()])
+        })
+        .unwrap_err();
+        assert!(matches!(err, Error::NotFound), "{err:?}");
+    }
+}
