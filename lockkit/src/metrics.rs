@@ -166,9 +166,9 @@ pub(crate) fn record_lock_error(error: &Error, server_message: &str) {
     };
     counter.fetch_add(1, Relaxed);
     if matches!(error, Error::Deadlock) {
-        tracing::warn!(target: "lockkit", kind, message = server_message, "lock error");
+        tracing::warn!(target: "lockkit", kind, server_message, "lock error");
     } else {
-        tracing::debug!(target: "lockkit", kind, message = server_message, "lock error");
+        tracing::debug!(target: "lockkit", kind, server_message, "lock error");
     }
     #[cfg(feature = "metrics")]
     ::metrics::counter!("lockkit_lock_errors_total", "kind" => kind).increment(1);
