@@ -2,10 +2,12 @@
 //!
 //! Diesel exposes no SQLSTATE or server error number. It maps PostgreSQL's
 //! `40001` and MySQL's `1213` to [`DatabaseErrorKind::SerializationFailure`], and
-//! PostgreSQL's `40P01` (deadlock) and `55P03` (lock not available), MySQL's
-//! `1205` (lock wait timeout) and `3572` (`NOWAIT`) to
-//! [`DatabaseErrorKind::Unknown`]. So this module, and nothing else in lockkit,
-//! reads the server's message for those two kinds.
+//! leaves PostgreSQL's `40P01` (deadlock) and `55P03` (lock not available), MySQL's
+//! `1205` (lock wait timeout) and `3572` (`NOWAIT`) without a kind of their own
+//! (Diesel's hidden `Unknown`, which it asks users to match as `_`, since later
+//! releases may add kinds). So this module, and nothing else in lockkit, reads the
+//! server's message: for `SerializationFailure` and for every kind that is not a
+//! constraint violation (whose messages may quote user data).
 //!
 //! | server | error | message lockkit looks for | result |
 //! | --- | --- | --- | --- |
@@ -27,8 +29,9 @@
 //! * The servers must speak English (`lc_messages` on PostgreSQL,
 //!   `lc_messages`/`--language` on MySQL/MariaDB): a translated message is left as
 //!   [`Error::Database`] (or [`Error::SerializationFailure`] by kind), never
-//!   misclassified. Only the `Unknown` and `SerializationFailure` kinds are read, so
-//!   user data inside other messages (e.g. a duplicate key) is never matched.
+//!   misclassified. Messages of constraint violations (unique, foreign key, not
+//!   null, check, restrict, exclusion) are never read, so user data inside them
+//!   (e.g. a duplicate key that spells "deadlock") is never matched.
 //! * MariaDB reports a failed `NOWAIT` with error 1205, the same as a lock wait
 //!   timeout. Calls that know they asked for `NOWAIT` use [`classify_nowait`], which
 //!   reports [`Error::Busy`]; a `?` on your own NOWAIT query gives
@@ -68,9 +71,16 @@ fn classify_with(err: DieselError, wait: LockWait) -> Error {
                 Some(Error::Deadlock)
             }
             DatabaseErrorKind::SerializationFailure => Some(Error::SerializationFailure),
-            DatabaseErrorKind::Unknown => classify_message(info.message()),
             DatabaseErrorKind::ClosedConnection => Some(Error::ConnectionLost),
-            _ => None,
+            // Their messages may quote the user's data.
+            DatabaseErrorKind::UniqueViolation
+            | DatabaseErrorKind::ForeignKeyViolation
+            | DatabaseErrorKind::NotNullViolation
+            | DatabaseErrorKind::CheckViolation
+            | DatabaseErrorKind::RestrictViolation
+            | DatabaseErrorKind::ExclusionViolation => None,
+            // Diesel's hidden `Unknown`, and any kind a later Diesel adds.
+            _ => classify_message(info.message()),
         },
         _ => None,
     };
