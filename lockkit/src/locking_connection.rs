@@ -12,6 +12,22 @@
 //! A panic in the closure rolls the transaction back before it unwinds further, so
 //! the connection is never left inside a transaction.
 //!
+//! # When the server aborts the whole transaction
+//!
+//! A nested call runs in a savepoint. PostgreSQL rolls back to the savepoint after
+//! any error, so retrying there is sound. InnoDB answers a deadlock by rolling back
+//! the *whole* transaction, while Diesel still counts it as open; work retried in
+//! it would run in autocommit and commit half an operation. So when a nested
+//! lockkit transaction ([`locked_transaction`](crate::locked_transaction), behind
+//! `with_lock`, and [`transaction_with_retry`](crate::transaction_with_retry)) fails, lockkit
+//! asks the server whether its transaction is still open (MariaDB: `SELECT
+//! @@in_transaction`; where that variable is missing, a deadlock or a lost
+//! connection counts as the end) and, if not, returns
+//! [`Error::TransactionAborted`], which is not retryable: it travels up to the code
+//! that opened the outermost transaction, and nothing was committed. The lockkit
+//! calls that open the outermost transaction themselves retry (or report) the
+//! cause. The question costs one statement, on the error path of nested calls only.
+//!
 //! Timeouts come from a [`Duration`] and reach the server as a
 //! bound parameter (PostgreSQL, MySQL) or a formatted integer (SQLite's `PRAGMA`
 //! takes no parameters); no caller text is ever interpolated.
@@ -182,6 +198,34 @@ pub trait LockingConnection:
     fn in_transaction(&mut self) -> bool {
         in_transaction(self)
     }
+
+    /// After a nested transaction on this connection failed with `cause`: whether
+    /// the server has ended the whole transaction (see the
+    /// [module docs](self#when-the-server-aborts-the-whole-transaction)). Asked on
+    /// error paths only. The default: only a lost connection does.
+    fn transaction_aborted(&mut self, cause: &Error) -> bool {
+        matches!(cause, Error::ConnectionLost)
+    }
+}
+
+/// The error of a lockkit transaction that failed, decided in one place: a nested
+/// one (`nested`: a transaction was open when it began) whose whole transaction
+/// the server ended becomes [`Error::TransactionAborted`]; an outermost one hands
+/// on the cause of such an error, since the transaction is gone and a new one may
+/// begin.
+pub(crate) fn failed_transaction<C: LockingConnection>(
+    conn: &mut C,
+    nested: bool,
+    error: Error,
+) -> Error {
+    match error {
+        Error::TransactionAborted(cause) if !nested => *cause,
+        Error::TransactionAborted(_) => error,
+        _ if nested && conn.transaction_aborted(&error) => {
+            Error::TransactionAborted(Box::new(error))
+        }
+        _ => error,
+    }
 }
 
 /// Whether a transaction is open on `conn`, for any connection type (pooled ones
@@ -244,6 +288,7 @@ mod postgres {
         where
             F: FnOnce(&mut Self) -> Result<T, Error>,
         {
+            let nested = self.in_transaction();
             let mut guard = PanicGuard::default();
             let result = self.transaction(|conn| {
                 if let Some(millis) = options.timeout_millis() {
@@ -255,7 +300,7 @@ mod postgres {
                 guard.call(conn, f)
             });
             guard.resume();
-            result
+            result.map_err(|err| failed_transaction(self, nested, err))
         }
 
         fn serializable_transaction<T, F>(&mut self, f: F) -> Result<T, Error>
@@ -271,7 +316,7 @@ mod postgres {
                 .serializable()
                 .run(|conn| guard.call(conn, f));
             guard.resume();
-            result
+            result.map_err(|err| failed_transaction(self, false, err))
         }
     }
 }
@@ -290,6 +335,13 @@ mod mysql {
             "CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED)",
         ))
         .get_result(conn)
+    }
+
+    /// MariaDB's `@@in_transaction`: whether the server has a transaction open.
+    fn in_server_transaction(conn: &mut MysqlConnection) -> diesel::QueryResult<bool> {
+        diesel::select(diesel::dsl::sql::<BigInt>("CAST(@@in_transaction AS SIGNED)"))
+            .get_result::<i64>(conn)
+            .map(|open| open != 0)
     }
 
     fn set_lock_wait_timeout(conn: &mut MysqlConnection, secs: i64) -> diesel::QueryResult<()> {
@@ -319,10 +371,11 @@ mod mysql {
                 }
                 None => None,
             };
+            let nested = self.in_transaction();
             let mut guard = PanicGuard::default();
             let result = self.transaction(|conn| guard.call(conn, f));
             let restored = previous.map(|previous| set_lock_wait_timeout(self, previous));
-            after_restore(result, restored, guard)
+            after_restore(result, restored, guard).map_err(|err| failed_transaction(self, nested, err))
         }
 
         fn serializable_transaction<T, F>(&mut self, f: F) -> Result<T, Error>
@@ -337,7 +390,16 @@ mod mysql {
             let mut guard = PanicGuard::default();
             let result = self.transaction(|conn| guard.call(conn, f));
             guard.resume();
-            result
+            result.map_err(|err| failed_transaction(self, false, err))
+        }
+
+        fn transaction_aborted(&mut self, cause: &Error) -> bool {
+            // MariaDB knows; MySQL has no such variable, but InnoDB always ends
+            // the transaction of a deadlock victim.
+            match in_server_transaction(self) {
+                Ok(open) => !open,
+                Err(_) => matches!(cause, Error::Deadlock | Error::ConnectionLost),
+            }
         }
     }
 }
@@ -409,7 +471,7 @@ mod sqlite {
                 other => other,
             };
             let restored = previous.map(|previous| set_busy_timeout(self, previous));
-            after_restore(result, restored, guard)
+            after_restore(result, restored, guard).map_err(|err| failed_transaction(self, nested, err))
         }
 
         fn serializable_transaction<T, F>(&mut self, f: F) -> Result<T, Error>
@@ -422,7 +484,7 @@ mod sqlite {
             let mut guard = PanicGuard::default();
             let result = self.immediate_transaction(|conn| guard.call(conn, f));
             guard.resume();
-            result
+            result.map_err(|err| failed_transaction(self, false, err))
         }
     }
 }

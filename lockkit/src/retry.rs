@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use diesel::Connection;
 
+use crate::locking_connection::{failed_transaction, AsLockingConnection, LockingConnection};
 use crate::Error;
 
 /// How often and how patiently to retry. `RetryPolicy::default()`: 5 attempts,
@@ -144,6 +145,12 @@ where
 /// transaction on `conn`, which is rolled back when `op` fails (or panics: the
 /// rollback happens before the panic continues).
 ///
+/// Called inside another transaction, each attempt is a savepoint. If the server
+/// rolled back the whole transaction (InnoDB on a deadlock), nothing is retried in
+/// it: the result is [`Error::TransactionAborted`] for the owner of the outermost
+/// transaction. Called outside one, an attempt that ended that way is retried
+/// like its cause. See [`locking_connection`](crate::locking_connection#when-the-server-aborts-the-whole-transaction).
+///
 /// ```
 /// # use diesel::prelude::*;
 /// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
@@ -153,20 +160,18 @@ where
 /// .unwrap();
 /// assert_eq!(n, 0);
 /// ```
-pub fn transaction_with_retry<Conn, T, F>(
-    conn: &mut Conn,
-    policy: &RetryPolicy,
-    mut op: F,
-) -> Result<T, Error>
+pub fn transaction_with_retry<C, T, F>(conn: &mut C, policy: &RetryPolicy, mut op: F) -> Result<T, Error>
 where
-    Conn: Connection,
-    F: FnMut(&mut Conn) -> Result<T, Error>,
+    C: AsLockingConnection,
+    F: FnMut(&mut C::Conn) -> Result<T, Error>,
 {
+    let conn = conn.locking_connection();
     retry(policy, |_| {
+        let nested = conn.in_transaction();
         let mut guard = crate::locking_connection::PanicGuard::default();
         let result = conn.transaction(|conn| guard.call(conn, &mut op));
         guard.resume();
-        result
+        result.map_err(|err| failed_transaction(conn, nested, err))
     })
 }
 

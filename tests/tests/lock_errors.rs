@@ -1,0 +1,153 @@
+//! Lock calls that fail, nest or wait, on real servers: a deadlock inside a nested
+//! retry, `NOWAIT` through `?`, lock options of nested calls, SQLite's write lock
+//! in deferred transactions, advisory locks in aborted transactions, and what
+//! the metrics and `tracing` events say about each (observed on the calling
+//! thread only, so the counts are exact).
+
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+use diesel::prelude::*;
+use lockkit::{retry, Error, RetryPolicy};
+use lockkit_tests::models::*;
+use lockkit_tests::schema::*;
+use lockkit_tests::{exec, seed_items};
+
+/// The stock of item 1.
+macro_rules! stock_of {
+    ($conn:expr) => {
+        items::table.find(1).select(items::stock).first::<i32>($conn).unwrap()
+    };
+}
+
+/// How many order lines exist.
+macro_rules! order_lines {
+    ($conn:expr) => {
+        orders::table.count().get_result::<i64>($conn).unwrap()
+    };
+}
+
+/// A deadlock whose victim is the first attempt of `$work` (run on `$conn` by
+/// `$run`): that attempt locks item 1, then waits for item 2, which a heavier
+/// transaction on another connection holds while it waits for item 1. InnoDB
+/// rolls back the transaction with fewer changed rows; PostgreSQL's deadlock
+/// check runs in the session that waited `deadlock_timeout` first, and the other
+/// session's is set far higher. Later attempts only take item 1.
+macro_rules! deadlock_first_attempt {
+    ($db:expr, |$conn:ident, $work:ident| $run:expr) => {{
+        let db = &$db;
+        let (a_tx, a_rx) = mpsc::channel::<()>();
+        let (b_tx, b_rx) = mpsc::channel::<()>();
+        thread::scope(|s| {
+            let neighbour = s.spawn(move || {
+                let mut conn = db.connect();
+                if BACKEND == "postgres" {
+                    exec(&mut conn, "SET deadlock_timeout = '30s'");
+                }
+                conn.transaction(|conn| {
+                    exec(conn, "UPDATE items SET name = 'heavy' WHERE id >= 3");
+                    let _: Item = items::table.find(2).for_update().first(conn)?;
+                    b_tx.send(()).unwrap();
+                    a_rx.recv().unwrap();
+                    thread::sleep(Duration::from_millis(200));
+                    let _: Item = items::table.find(1).for_update().first(conn)?;
+                    diesel::QueryResult::Ok(())
+                })
+                .expect("the heavier transaction is never the victim");
+            });
+            let mut attempts = 0;
+            let mut $work = |conn: &mut Conn, attempt: u32| -> Result<(), Error> {
+                attempts += 1;
+                let item: Item = items::table.find(1).for_update().first(conn)?;
+                diesel::update(items::table.find(1))
+                    .set(items::stock.eq(item.stock - 1))
+                    .execute(conn)?;
+                if attempt == 1 {
+                    a_tx.send(()).unwrap();
+                    b_rx.recv().unwrap();
+                    let _: Item = items::table.find(2).for_update().first(conn)?;
+                }
+                Ok(())
+            };
+            let mut $conn = db.connect();
+            let outcome: Result<(), Error> = $run;
+            neighbour.join().unwrap();
+            (outcome, attempts, $conn)
+        })
+    }};
+}
+
+mod servers {
+    use super::*;
+
+    lockkit_tests::server_tests! {
+        fn a_deadlock_inside_a_nested_retry_commits_nothing(db) {
+            seed_items(&mut db.conn(), &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>());
+            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
+                conn.transaction(|conn| {
+                    exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)");
+                    retry(&RetryPolicy::default(), |attempt| {
+                        lockkit::with_lock(conn, 1, |conn, _: Item| work(conn, attempt))
+                    })
+                })
+            });
+            assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
+            let (stock, lines) = (stock_of!(&mut conn), order_lines!(&mut conn));
+            if BACKEND == "postgres" {
+                // The savepoint rollback undid attempt 1 only; attempt 2 ran inside
+                // the same outer transaction, which committed.
+                assert!(outcome.is_ok(), "{outcome:?}");
+                assert_eq!((attempts, stock, lines), (2, 9, 1));
+            } else {
+                // InnoDB rolled back the whole transaction: nothing is retried in
+                // it, and the owner of the outer transaction gets the deadlock.
+                assert_eq!((attempts, stock, lines), (1, 10, 0), "nothing committed");
+                match &outcome {
+                    Err(Error::TransactionAborted(cause)) => assert!(matches!(**cause, Error::Deadlock), "{cause:?}"),
+                    other => panic!("{other:?}"),
+                }
+                assert!(!outcome.as_ref().unwrap_err().is_retryable());
+            }
+        }
+
+        fn a_deadlock_inside_a_nested_transaction_with_retry_commits_nothing(db) {
+            seed_items(&mut db.conn(), &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>());
+            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
+                conn.transaction(|conn| {
+                    exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)");
+                    let mut attempt = 0;
+                    lockkit::transaction_with_retry(conn, &RetryPolicy::default(), |conn| {
+                        attempt += 1;
+                        work(conn, attempt)
+                    })
+                })
+            });
+            let (stock, lines) = (stock_of!(&mut conn), order_lines!(&mut conn));
+            if BACKEND == "postgres" {
+                assert!(outcome.is_ok(), "{outcome:?}");
+                assert_eq!((attempts, stock, lines), (2, 9, 1));
+            } else {
+                assert_eq!((attempts, stock, lines), (1, 10, 0), "nothing committed");
+                assert!(matches!(outcome, Err(Error::TransactionAborted(_))), "{outcome:?}");
+            }
+        }
+
+        fn a_top_level_transaction_with_retry_reruns_after_a_nested_abort(db) {
+            // The owner of the outermost transaction may retry: the server rolled
+            // everything back, and the next attempt is a new transaction.
+            seed_items(&mut db.conn(), &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>());
+            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
+                let mut attempt = 0;
+                lockkit::transaction_with_retry(&mut conn, &RetryPolicy::default(), |conn| {
+                    attempt += 1;
+                    exec(conn, &format!("INSERT INTO orders (id, item_id, qty) VALUES ({attempt}, NULL, 1)"));
+                    let this = attempt;
+                    lockkit::with_lock(conn, 1, |conn, _: Item| work(conn, this))
+                })
+            });
+            assert!(outcome.is_ok(), "{outcome:?}");
+            assert_eq!((attempts, stock_of!(&mut conn), order_lines!(&mut conn)), (2, 9, 1));
+        }
+    }
+}
