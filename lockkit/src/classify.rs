@@ -17,7 +17,7 @@
 //! | PostgreSQL | 57014 | `statement timeout` | [`Error::StatementTimeout`] |
 //! | PostgreSQL | 40001 | (kind) | [`Error::SerializationFailure`] |
 //! | MySQL/MariaDB | 1213 | `Deadlock found` | [`Error::Deadlock`] |
-//! | MySQL/MariaDB | 1205 | `Lock wait timeout exceeded` | [`Error::LockTimeout`] (MariaDB's `NOWAIT` too, see below) |
+//! | MySQL/MariaDB | 1205 | `Lock wait timeout exceeded` | [`Error::LockTimeout`]; right after lockkit's `NOWAIT` (MariaDB's failed `NOWAIT`), [`Error::Busy`], see below |
 //! | MySQL | 3572 | `NOWAIT is set` | [`Error::Busy`] |
 //! | MySQL/MariaDB | 3024 / 1969 | `maximum statement execution time` / `max_statement_time` | [`Error::StatementTimeout`] |
 //! | SQLite | `SQLITE_BUSY` | `database is locked` | [`Error::Busy`] |
@@ -32,14 +32,29 @@
 //!   misclassified. Messages of constraint violations (unique, foreign key, not
 //!   null, check, restrict, exclusion) are never read, so user data inside them
 //!   (e.g. a duplicate key that spells "deadlock") is never matched.
-//! * MariaDB reports a failed `NOWAIT` with error 1205, the same as a lock wait
-//!   timeout. Calls that know they asked for `NOWAIT` use [`classify_nowait`], which
-//!   reports [`Error::Busy`]; a `?` on your own NOWAIT query gives
-//!   [`Error::LockTimeout`] on MariaDB. Both are retryable.
+//! * MariaDB reports a failed `NOWAIT` with error 1205, the same error and text as
+//!   a lock wait timeout. lockkit tells them apart by time: its `NOWAIT` clause
+//!   ([`LockQueryExt::nowait`](crate::LockQueryExt::nowait), [`RowLock`](crate::RowLock)
+//!   with [`WaitMode::NoWait`](crate::WaitMode::NoWait)) notes on the thread when it
+//!   is sent, and a 1205 classified within [`NOWAIT_WINDOW`] of that is
+//!   [`Error::Busy`]. This cannot misread a real lock wait timeout: every statement
+//!   sent after the `NOWAIT` one waits at least `innodb_lock_wait_timeout`, one
+//!   second or more (0 means "do not wait", which is `NOWAIT`), before its 1205.
+//!   Diesel's own `.no_wait()` is not seen, and a 1205 kept for longer than the
+//!   window before it is classified stays [`Error::LockTimeout`]; calls that know
+//!   they asked for `NOWAIT` can use [`classify_nowait`]. Both are retryable.
+
+use std::cell::Cell;
+use std::time::{Duration, Instant};
 
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 
 use crate::Error;
+
+/// How long after lockkit sent a `NOWAIT` clause on a thread a MySQL/MariaDB lock
+/// wait timeout (1205) is read as that clause's failure, [`Error::Busy`]. Under the
+/// smallest real lock wait, one second.
+pub const NOWAIT_WINDOW: Duration = Duration::from_millis(500);
 
 /// Classifies a Diesel error; see the [module docs](self) for the table.
 ///
@@ -48,22 +63,46 @@ use crate::Error;
 /// assert!(matches!(lockkit::classify(DieselError::NotFound), lockkit::Error::NotFound));
 /// ```
 pub fn classify(err: DieselError) -> Error {
-    classify_with(err, LockWait::Wait)
+    classify_with(err, Context::Statement)
 }
 
 /// Like [`classify`], for a statement that used `NOWAIT`: a lock wait timeout can
 /// only mean the lock was not available (MariaDB), so it is [`Error::Busy`].
 pub fn classify_nowait(err: DieselError) -> Error {
-    classify_with(err, LockWait::NoWait)
+    classify_with(err, Context::NoWait)
 }
 
+thread_local! {
+    static NOWAIT_SENT: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// Called by lockkit's MySQL `NOWAIT` clause each time a statement with it is
+/// built, which Diesel does right before sending it (the SQL may come from the
+/// statement cache, the bind values never do).
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) fn nowait_sent() {
+    NOWAIT_SENT.with(|sent| sent.set(Some(Instant::now())));
+}
+
+/// Whether lockkit sent a `NOWAIT` clause on this thread within [`NOWAIT_WINDOW`];
+/// forgets it, so that one clause explains one error at most.
+fn nowait_just_sent() -> bool {
+    NOWAIT_SENT
+        .with(Cell::take)
+        .is_some_and(|sent| sent.elapsed() < NOWAIT_WINDOW)
+}
+
+/// What the failed statement was doing, which decides between [`Error::Busy`]
+/// and [`Error::LockTimeout`].
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum LockWait {
-    Wait,
+enum Context {
+    /// Any statement.
+    Statement,
+    /// A statement with `NOWAIT`.
     NoWait,
 }
 
-fn classify_with(err: DieselError, wait: LockWait) -> Error {
+fn classify_with(err: DieselError, context: Context) -> Error {
     let kind = match &err {
         DieselError::NotFound => return Error::NotFound,
         DieselError::DatabaseError(kind, info) => match kind {
@@ -84,10 +123,11 @@ fn classify_with(err: DieselError, wait: LockWait) -> Error {
         },
         _ => None,
     };
-    let classified = match kind {
-        Some(Error::LockTimeout) if wait == LockWait::NoWait => Error::Busy,
-        Some(classified) => classified,
-        None => return Error::Database(err),
+    let classified = match (kind, context) {
+        (Some(Error::LockTimeout), Context::NoWait) => Error::Busy,
+        (Some(Error::LockTimeout), Context::Statement) if nowait_just_sent() => Error::Busy,
+        (Some(classified), _) => classified,
+        (None, _) => return Error::Database(err),
     };
     crate::metrics::record_lock_error(&classified, &err.to_string());
     classified

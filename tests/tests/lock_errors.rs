@@ -6,13 +6,40 @@
 
 use std::sync::mpsc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
+use lockkit::prelude::*;
 use lockkit::{retry, Error, RetryPolicy};
+use lockkit_tests::db::TestBackend;
 use lockkit_tests::models::*;
+use lockkit_tests::observe::observe;
 use lockkit_tests::schema::*;
-use lockkit_tests::{exec, seed_items};
+use lockkit_tests::{exec, seed_items, TestDb};
+
+/// Holds `with_lock` on items row 1 (SQLite: the database's write lock) on another
+/// connection for `hold`, then commits; `during` runs once the lock is held.
+fn item_1_locked_for<C, T>(db: &TestDb<C>, hold: Duration, during: impl FnOnce() -> T) -> T
+where
+    C: TestBackend + lockkit::LockingConnection + lockkit::AsLockingConnection<Conn = C>,
+    Item: LockRow<C>,
+{
+    let (locked_tx, locked_rx) = mpsc::channel();
+    thread::scope(|s| {
+        let holder = s.spawn(move || {
+            lockkit::with_lock(&mut db.connect(), 1, |_, _: Item| {
+                locked_tx.send(()).unwrap();
+                thread::sleep(hold);
+                Ok(())
+            })
+            .unwrap();
+        });
+        locked_rx.recv().unwrap();
+        let out = during();
+        holder.join().unwrap();
+        out
+    })
+}
 
 /// The stock of item 1.
 macro_rules! stock_of {
@@ -148,6 +175,42 @@ mod servers {
             });
             assert!(outcome.is_ok(), "{outcome:?}");
             assert_eq!((attempts, stock_of!(&mut conn), order_lines!(&mut conn)), (2, 9, 1));
+        }
+
+        fn our_nowait_through_the_question_mark_is_busy(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn = db.connect();
+            let (err, seen) = item_1_locked_for(&db, Duration::from_millis(1500), || {
+                observe(|| {
+                    let started = Instant::now();
+                    // Twice: the second statement comes from the prepared-statement cache.
+                    let errors: Vec<Error> = (0..2)
+                        .map(|_| {
+                            conn.transaction(|conn| -> Result<Item, Error> {
+                                Ok(items::table.find(1).for_update().nowait().first::<Item>(conn)?)
+                            })
+                            .unwrap_err()
+                        })
+                        .collect();
+                    assert!(started.elapsed() < Duration::from_secs(1), "NOWAIT did not wait");
+                    errors
+                })
+            });
+            assert!(err.iter().all(|e| matches!(e, Error::Busy)), "{err:?}");
+            assert_eq!(seen.counter("lockkit_lock_errors_total{kind=busy}"), 2);
+            assert_eq!(seen.counter("lockkit_lock_errors_total{kind=lock_timeout}"), 0);
+            // A real lock wait timeout right after it is still a lock timeout.
+            exec(&mut conn, if BACKEND == "postgres" { "SET lock_timeout = '1s'" } else { "SET SESSION innodb_lock_wait_timeout = 1" });
+            let err = item_1_locked_for(&db, Duration::from_millis(2500), || {
+                let _ = conn.transaction(|conn| -> Result<Item, Error> {
+                    Ok(items::table.find(2).for_update().nowait().first::<Item>(conn)?)
+                });
+                conn.transaction(|conn| -> Result<Item, Error> {
+                    Ok(items::table.find(1).for_update().first::<Item>(conn)?)
+                })
+                .unwrap_err()
+            });
+            assert!(matches!(err, Error::LockTimeout), "{err:?}");
         }
     }
 }
