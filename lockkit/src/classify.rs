@@ -20,7 +20,7 @@
 //! | MySQL/MariaDB | 1205 | `Lock wait timeout exceeded` | [`Error::LockTimeout`]; right after lockkit's `NOWAIT` (MariaDB's failed `NOWAIT`), [`Error::Busy`], see below |
 //! | MySQL | 3572 | `NOWAIT is set` | [`Error::Busy`] |
 //! | MySQL/MariaDB | 3024 / 1969 | `maximum statement execution time` / `max_statement_time` | [`Error::StatementTimeout`] |
-//! | SQLite | `SQLITE_BUSY` | `database is locked` | [`Error::Busy`] |
+//! | SQLite | `SQLITE_BUSY` | `database is locked` | [`Error::Busy`] ([`Error::LockTimeout`] when lockkit waited for the write lock, see [`locking_connection`](crate::locking_connection)) |
 //! | PostgreSQL | 57P01, lost socket | `terminating connection due to administrator command`, `server closed the connection unexpectedly` (or Diesel's `ClosedConnection`) | [`Error::ConnectionLost`] |
 //! | MySQL/MariaDB | 1927, 2006, 2013 | `Connection was killed`, `MySQL server has gone away`, `Lost connection to` | [`Error::ConnectionLost`] |
 //!
@@ -72,6 +72,14 @@ pub fn classify_nowait(err: DieselError) -> Error {
     classify_with(err, Context::NoWait)
 }
 
+/// Like [`classify`], for SQLite's attempt to take the database's write lock after
+/// waiting up to its busy timeout: "database is locked" then means the wait ran
+/// out, [`Error::LockTimeout`].
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+pub(crate) fn classify_lock_wait(err: DieselError) -> Error {
+    classify_with(err, Context::WaitedForWriteLock)
+}
+
 thread_local! {
     static NOWAIT_SENT: Cell<Option<Instant>> = const { Cell::new(None) };
 }
@@ -100,6 +108,8 @@ enum Context {
     Statement,
     /// A statement with `NOWAIT`.
     NoWait,
+    /// SQLite taking the write lock with a busy timeout.
+    WaitedForWriteLock,
 }
 
 fn classify_with(err: DieselError, context: Context) -> Error {
@@ -126,6 +136,7 @@ fn classify_with(err: DieselError, context: Context) -> Error {
     let classified = match (kind, context) {
         (Some(Error::LockTimeout), Context::NoWait) => Error::Busy,
         (Some(Error::LockTimeout), Context::Statement) if nowait_just_sent() => Error::Busy,
+        (Some(Error::Busy), Context::WaitedForWriteLock) => Error::LockTimeout,
         (Some(classified), _) => classified,
         (None, _) => return Error::Database(err),
     };

@@ -6,7 +6,7 @@
 //! | row lock | `FOR UPDATE` (and strengths) | `FOR UPDATE` / `LOCK IN SHARE MODE` | none: the transaction is `BEGIN IMMEDIATE`, which takes the database's write lock and so serializes writers |
 //! | timeout | `SELECT set_config('lock_timeout', $1, true)` (= `SET LOCAL`) | `SET SESSION innodb_lock_wait_timeout = ?`, whole seconds, restored afterwards | `PRAGMA busy_timeout = n`, restored afterwards |
 //! | `NOWAIT` / `SKIP LOCKED` | in the clause | in the clause | busy timeout 0: a locked database is [`Error::Busy`] |
-//! | wait ran out | [`Error::LockTimeout`] | [`Error::LockTimeout`] | [`Error::LockTimeout`] (busy at `BEGIN IMMEDIATE`) |
+//! | wait ran out | [`Error::LockTimeout`] | [`Error::LockTimeout`] | [`Error::LockTimeout`] (busy while taking the write lock) |
 //! | nested | savepoint | savepoint | savepoint (the outer transaction's lock mode applies) |
 //!
 //! A panic in the closure rolls the transaction back before it unwinds further, so
@@ -410,6 +410,7 @@ mod sqlite {
     use diesel::{RunQueryDsl, SqliteConnection};
 
     use super::*;
+    use crate::classify::classify_lock_wait;
 
     as_locking_connection!(SqliteConnection);
 
@@ -417,6 +418,19 @@ mod sqlite {
     struct BusyTimeout {
         #[diesel(sql_type = diesel::sql_types::Integer)]
         timeout: i32,
+    }
+
+    /// A transaction's error before lockkit classified it: from Diesel (`BEGIN`,
+    /// `COMMIT`), or from the work.
+    enum Failed {
+        Diesel(diesel::result::Error),
+        Work(Error),
+    }
+
+    impl From<diesel::result::Error> for Failed {
+        fn from(err: diesel::result::Error) -> Self {
+            Failed::Diesel(err)
+        }
     }
 
     fn set_busy_timeout(conn: &mut SqliteConnection, millis: i32) -> diesel::QueryResult<()> {
@@ -450,25 +464,29 @@ mod sqlite {
                 }
                 _ => None,
             };
-            // SQLite waits for the lock at BEGIN IMMEDIATE; a busy error before `f`
-            // ran means the wait ran out.
-            let mut entered = false;
-            let mut guard = PanicGuard::default();
-            let run = |conn: &mut Self| {
-                entered = true;
-                guard.call(conn, f)
+            // Busy while taking the write lock: the wait ran out, unless it was
+            // not to wait at all.
+            let lock_error = |err| match options.wait_mode() {
+                WaitMode::Wait => classify_lock_wait(err),
+                WaitMode::NoWait | WaitMode::SkipLocked => crate::classify(err),
             };
+            let mut guard = PanicGuard::default();
             let result = if nested {
-                self.transaction(run)
+                self.transaction(|conn| guard.call(conn, f))
             } else {
                 // Takes the write lock before the first read: writers queue here.
-                self.immediate_transaction(run)
-            };
-            let result = match result {
-                Err(Error::Busy) if !entered && options.wait_mode() == WaitMode::Wait => {
-                    Err(Error::LockTimeout)
-                }
-                other => other,
+                // Diesel's own errors (BEGIN, COMMIT) are classified here, once,
+                // knowing which statement failed.
+                let mut entered = false;
+                self.immediate_transaction(|conn| {
+                    entered = true;
+                    guard.call(conn, f).map_err(Failed::Work)
+                })
+                .map_err(|failed| match failed {
+                    Failed::Work(err) => err,
+                    Failed::Diesel(err) if !entered => lock_error(err),
+                    Failed::Diesel(err) => crate::classify(err),
+                })
             };
             let restored = previous.map(|previous| set_busy_timeout(self, previous));
             after_restore(result, restored, guard).map_err(|err| failed_transaction(self, nested, err))

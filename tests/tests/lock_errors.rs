@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
 use lockkit::prelude::*;
-use lockkit::{retry, Error, RetryPolicy};
+use lockkit::{retry, Error, LockOptions, RetryPolicy};
 use lockkit_tests::db::TestBackend;
 use lockkit_tests::models::*;
 use lockkit_tests::observe::observe;
@@ -211,6 +211,29 @@ mod servers {
                 .unwrap_err()
             });
             assert!(matches!(err, Error::LockTimeout), "{err:?}");
+        }
+    }
+}
+
+mod all {
+    use super::*;
+
+    lockkit_tests::backend_tests! {
+        fn a_lock_timeout_is_counted_once_as_a_lock_timeout(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn = db.connect();
+            let (err, seen) = item_1_locked_for(&db, Duration::from_millis(1500), || {
+                observe(|| {
+                    lockkit::with_lock_opts(&mut conn, 1, LockOptions::default().timeout(Duration::from_millis(100)), |_, _: Item| Ok(()))
+                        .unwrap_err()
+                })
+            });
+            assert!(matches!(err, Error::LockTimeout), "{err:?}");
+            assert_eq!(seen.counter("lockkit_lock_errors_total{kind=lock_timeout}"), 1);
+            assert_eq!(seen.counter("lockkit_lock_errors_total{kind=busy}"), 0);
+            let events = seen.events_named("lock error");
+            assert_eq!(events.len(), 1, "{:?}", seen.events);
+            assert_eq!(events[0].field("kind"), Some("lock_timeout"));
         }
     }
 }
