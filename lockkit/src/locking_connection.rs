@@ -7,10 +7,11 @@
 //! | timeout | `SELECT set_config('lock_timeout', $1, true)` (= `SET LOCAL`) | `SET SESSION innodb_lock_wait_timeout = ?`, whole seconds, restored afterwards | `PRAGMA busy_timeout = n`, restored afterwards |
 //! | `NOWAIT` / `SKIP LOCKED` | in the clause | in the clause | busy timeout 0: a locked database is [`Error::Busy`] |
 //! | wait ran out | [`Error::LockTimeout`] | [`Error::LockTimeout`] | [`Error::LockTimeout`] (busy while taking the write lock) |
-//! | nested | savepoint | savepoint | savepoint (the outer transaction's lock mode applies) |
+//! | nested | savepoint; a timeout is put back before the savepoint is released (`SET LOCAL` outlives `RELEASE SAVEPOINT`) | savepoint | savepoint, then `PRAGMA incremental_vacuum(1)`, which takes the write lock a deferred outer transaction lacks |
 //!
-//! A panic in the closure rolls the transaction back before it unwinds further, so
-//! the connection is never left inside a transaction.
+//! Options apply to the call that asked for them and to nothing after it, nested
+//! or not. A panic in the closure rolls the transaction back before it unwinds
+//! further, so the connection is never left inside a transaction.
 //!
 //! # When the server aborts the whole transaction
 //!
@@ -199,6 +200,15 @@ pub trait LockingConnection:
         in_transaction(self)
     }
 
+    /// Makes sure the open transaction holds what row locks need. On SQLite, the
+    /// database's write lock, which a deferred transaction (`conn.transaction`)
+    /// takes only at its first write: sends `PRAGMA incremental_vacuum(1)`, which
+    /// takes it (waiting up to the busy timeout, then [`Error::Busy`]) and changes
+    /// no data. A no-op on PostgreSQL and MySQL, whose row locks need nothing more.
+    fn take_write_lock(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// After a nested transaction on this connection failed with `cause`: whether
     /// the server has ended the whole transaction (see the
     /// [module docs](self#when-the-server-aborts-the-whole-transaction)). Asked on
@@ -277,6 +287,18 @@ mod postgres {
 
     as_locking_connection!(PgConnection);
 
+    fn lock_timeout(conn: &mut PgConnection) -> diesel::QueryResult<String> {
+        diesel::select(diesel::dsl::sql::<Text>("current_setting('lock_timeout')")).get_result(conn)
+    }
+
+    fn set_lock_timeout(conn: &mut PgConnection, value: &str) -> diesel::QueryResult<()> {
+        // `set_config(.., true)` is `SET LOCAL`, with the value bound.
+        diesel::sql_query("SELECT set_config('lock_timeout', $1, true)")
+            .bind::<Text, _>(value)
+            .execute(conn)
+            .map(drop)
+    }
+
     impl LockingConnection for PgConnection {
         type Locked<Q: LockingDsl<RowLock>> = Q::Output;
 
@@ -291,13 +313,25 @@ mod postgres {
             let nested = self.in_transaction();
             let mut guard = PanicGuard::default();
             let result = self.transaction(|conn| {
-                if let Some(millis) = options.timeout_millis() {
-                    // `set_config(.., true)` is `SET LOCAL`, with the value bound.
-                    diesel::sql_query("SELECT set_config('lock_timeout', $1, true)")
-                        .bind::<Text, _>(format!("{millis}ms"))
-                        .execute(conn)?;
+                let outer = match options.timeout_millis() {
+                    Some(millis) => {
+                        let outer = if nested {
+                            Some(lock_timeout(conn)?)
+                        } else {
+                            None
+                        };
+                        set_lock_timeout(conn, &format!("{millis}ms"))?;
+                        outer
+                    }
+                    None => None,
+                };
+                let result = guard.call(conn, f)?;
+                // `SET LOCAL` survives `RELEASE SAVEPOINT`: give the outer
+                // transaction its own value back (a rollback to the savepoint does).
+                if let Some(outer) = outer {
+                    set_lock_timeout(conn, &outer)?;
                 }
-                guard.call(conn, f)
+                Ok(result)
             });
             guard.resume();
             result.map_err(|err| failed_transaction(self, nested, err))
@@ -433,6 +467,16 @@ mod sqlite {
         }
     }
 
+    /// Takes the database's write lock in the open transaction without changing
+    /// data: `incremental_vacuum` is a write (so it takes the lock, waiting up to
+    /// the busy timeout) that frees at most one unused page, and none unless the
+    /// database uses `auto_vacuum = INCREMENTAL`. It reads nothing first: a read
+    /// would fix the transaction's snapshot, and a snapshot older than the lock
+    /// holder's commit could never be upgraded to a write.
+    fn write_lock(conn: &mut SqliteConnection) -> diesel::QueryResult<()> {
+        conn.batch_execute("PRAGMA incremental_vacuum(1)")
+    }
+
     fn set_busy_timeout(conn: &mut SqliteConnection, millis: i32) -> diesel::QueryResult<()> {
         // PRAGMA takes no bound parameters; `millis` is an integer, never caller text.
         conn.batch_execute(&format!("PRAGMA busy_timeout = {millis}"))
@@ -455,14 +499,14 @@ mod sqlite {
             };
             let nested = self.in_transaction();
             let previous = match busy_timeout {
-                Some(millis) if !nested => {
+                Some(millis) => {
                     let previous = diesel::sql_query("PRAGMA busy_timeout")
                         .get_result::<BusyTimeout>(self)?
                         .timeout;
                     set_busy_timeout(self, millis)?;
                     Some(previous)
                 }
-                _ => None,
+                None => None,
             };
             // Busy while taking the write lock: the wait ran out, unless it was
             // not to wait at all.
@@ -472,7 +516,12 @@ mod sqlite {
             };
             let mut guard = PanicGuard::default();
             let result = if nested {
-                self.transaction(|conn| guard.call(conn, f))
+                // A savepoint takes no lock, and the outer transaction may be a
+                // deferred one that has none yet.
+                self.transaction(|conn| {
+                    write_lock(conn).map_err(lock_error)?;
+                    guard.call(conn, f)
+                })
             } else {
                 // Takes the write lock before the first read: writers queue here.
                 // Diesel's own errors (BEGIN, COMMIT) are classified here, once,
@@ -503,6 +552,10 @@ mod sqlite {
             let result = self.immediate_transaction(|conn| guard.call(conn, f));
             guard.resume();
             result.map_err(|err| failed_transaction(self, false, err))
+        }
+
+        fn take_write_lock(&mut self) -> Result<(), Error> {
+            write_lock(self).map_err(crate::classify)
         }
     }
 }

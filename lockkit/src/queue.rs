@@ -19,9 +19,18 @@
 //! rows another worker claimed: the workers then wait on or deadlock with each
 //! other.
 //!
-//! On SQLite, which has no row locks, run the claim inside
-//! [`locked_transaction`](crate::locked_transaction): its `BEGIN IMMEDIATE` makes
-//! workers take turns, which keeps exactly-once (without the parallelism).
+//! On SQLite, which has no row locks, the claim takes the database's write lock
+//! ([`LockingConnection::take_write_lock`]) before it reads, so workers take turns,
+//! which keeps exactly-once (without the parallelism), even in a plain deferred
+//! `conn.transaction`. [`locked_transaction`](crate::locked_transaction) is the
+//! transaction to use: its `BEGIN IMMEDIATE` takes the lock at once (and a
+//! deferred transaction that read before claiming may find the lock taken by a
+//! writer it cannot wait for: [`Error::Busy`]).
+//!
+//! ```sql
+//! PRAGMA incremental_vacuum(1);  -- SQLite only: takes the write lock, changes no data
+//! SELECT ... FROM jobs WHERE jobs.done = false ORDER BY jobs.id LIMIT ?;
+//! ```
 //!
 //! ```
 //! use diesel::prelude::*;
@@ -70,6 +79,7 @@ where
     if !conn.in_transaction() {
         return Err(Error::NotInTransaction);
     }
+    conn.take_write_lock()?;
     let query = C::Conn::apply_lock(query.limit(limit), RowLock::update().skip_locked());
     query.load(conn).map_err(classify)
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
 use lockkit::prelude::*;
-use lockkit::{retry, Error, LockOptions, RetryPolicy};
+use lockkit::{queue, retry, Error, LockOptions, RetryPolicy};
 use lockkit_tests::db::TestBackend;
 use lockkit_tests::models::*;
 use lockkit_tests::observe::observe;
@@ -212,6 +212,24 @@ mod servers {
             });
             assert!(matches!(err, Error::LockTimeout), "{err:?}");
         }
+
+        fn a_nested_lock_timeout_applies_to_that_call_only(db) {
+            seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+            let mut conn = db.connect();
+            let outcome = conn.transaction(|conn| {
+                lockkit::with_lock_opts(conn, 2, LockOptions::default().timeout(Duration::from_millis(100)), |_, _: Item| Ok(()))?;
+                // A plain lock later in the same transaction waits as long as the
+                // session allows (well over the 100 ms above).
+                item_1_locked_for(&db, Duration::from_millis(700), || {
+                    lockkit::with_lock(conn, 1, |conn, item: Item| {
+                        diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
+                        Ok(())
+                    })
+                })
+            });
+            assert!(outcome.is_ok(), "{outcome:?}");
+            assert_eq!(stock_of!(&mut conn), 9);
+        }
     }
 }
 
@@ -219,6 +237,44 @@ mod all {
     use super::*;
 
     lockkit_tests::backend_tests! {
+        fn a_nested_nowait_fails_while_another_connection_holds_the_lock(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn = db.connect();
+            let outcome = item_1_locked_for(&db, Duration::from_millis(500), || {
+                conn.transaction(|conn| {
+                    lockkit::with_lock_opts(conn, 1, LockOptions::default().nowait(), |_, item: Item| Ok(item.stock))
+                })
+            });
+            assert!(matches!(outcome, Err(Error::Busy)), "{outcome:?}");
+        }
+
+        fn claims_in_a_plain_transaction_never_share_a_job(db) {
+            exec(&mut db.conn(), "INSERT INTO jobs (id, payload, done) VALUES (1, 'a', false), (2, 'b', false)");
+            let (claimed_tx, claimed_rx) = mpsc::channel::<()>();
+            let claim_one = |conn: &mut Conn| -> Result<Vec<i32>, Error> {
+                let ids: Vec<i32> = queue::claim(conn, jobs::table.filter(jobs::done.eq(false)).order(jobs::id).select(jobs::id), 1)?;
+                for id in &ids {
+                    diesel::update(jobs::table.find(id)).set(jobs::done.eq(true)).execute(conn)?;
+                }
+                Ok(ids)
+            };
+            let (first, second) = thread::scope(|s| {
+                let db = &db;
+                let first = s.spawn(move || {
+                    db.connect().transaction(|conn| {
+                        let ids = claim_one(conn)?;
+                        claimed_tx.send(()).unwrap();
+                        thread::sleep(Duration::from_millis(300));
+                        Ok::<_, Error>(ids)
+                    })
+                });
+                claimed_rx.recv().unwrap();
+                let second = db.connect().transaction(|conn| claim_one(conn));
+                (first.join().unwrap(), second)
+            });
+            assert_eq!((first.unwrap(), second.unwrap()), (vec![1], vec![2]), "each job claimed once");
+        }
+
         fn a_lock_timeout_is_counted_once_as_a_lock_timeout(db) {
             seed_items(&mut db.conn(), &[(1, 10)]);
             let mut conn = db.connect();

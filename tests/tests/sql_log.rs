@@ -157,6 +157,10 @@ lockkit_tests::backend_tests! {
         log.section("item.with_lock_opts(&mut conn, LockOptions::default().timeout(Duration::from_millis(250)), ..)");
         item.with_lock_opts(&mut conn, LockOptions::default().timeout(Duration::from_millis(250)), |_, _| Ok(())).unwrap();
 
+        log.section("conn.transaction(|conn| item.with_lock_opts(conn, LockOptions::default().timeout(Duration::from_millis(250)), ..)): nested");
+        conn.transaction(|conn| item.with_lock_opts(conn, LockOptions::default().timeout(Duration::from_millis(250)), |_, _| Ok(())))
+            .unwrap();
+
         log.section("lockkit::with_lock_opts(&mut conn, 42, LockOptions::default().skip_locked(), ..) on a missing row");
         let missing = lockkit::with_lock_opts(&mut conn, 42, LockOptions::default().skip_locked(), |_, _: Item| Ok(()));
         assert!(matches!(missing, Err(Error::NotFound)));
