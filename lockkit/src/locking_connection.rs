@@ -445,6 +445,7 @@ mod sqlite {
 
     use super::*;
     use crate::classify::classify_lock_wait;
+    use crate::metrics::LockWait;
 
     as_locking_connection!(SqliteConnection);
 
@@ -514,26 +515,30 @@ mod sqlite {
                 WaitMode::Wait => classify_lock_wait(err),
                 WaitMode::NoWait | WaitMode::SkipLocked => crate::classify(err),
             };
+            let waited = LockWait::start();
             let mut guard = PanicGuard::default();
             let result = if nested {
                 // A savepoint takes no lock, and the outer transaction may be a
                 // deferred one that has none yet.
                 self.transaction(|conn| {
                     write_lock(conn).map_err(lock_error)?;
+                    waited.acquired("database", 1);
                     guard.call(conn, f)
                 })
             } else {
                 // Takes the write lock before the first read: writers queue here.
                 // Diesel's own errors (BEGIN, COMMIT) are classified here, once,
                 // knowing which statement failed.
-                let mut entered = false;
+                let mut waited = Some(waited);
                 self.immediate_transaction(|conn| {
-                    entered = true;
+                    if let Some(waited) = waited.take() {
+                        waited.acquired("database", 1);
+                    }
                     guard.call(conn, f).map_err(Failed::Work)
                 })
                 .map_err(|failed| match failed {
                     Failed::Work(err) => err,
-                    Failed::Diesel(err) if !entered => lock_error(err),
+                    Failed::Diesel(err) if waited.is_some() => lock_error(err),
                     Failed::Diesel(err) => crate::classify(err),
                 })
             };

@@ -60,6 +60,7 @@ use diesel::query_dsl::LoadQuery;
 use diesel::RunQueryDsl;
 
 use crate::locking_connection::{AsLockingConnection, LockingConnection};
+use crate::metrics::LockWait;
 use crate::row_lock::RowLock;
 use crate::{classify, Error};
 
@@ -67,7 +68,8 @@ use crate::{classify, Error};
 /// them until the current transaction ends (`LIMIT n FOR UPDATE SKIP LOCKED`).
 ///
 /// Must run in a transaction: [`Error::NotInTransaction`] otherwise. Give `query`
-/// an `ORDER BY` so that the oldest work goes first.
+/// an `ORDER BY` so that the oldest work goes first. The claimed rows count as
+/// locks of table `queue` in the [`metrics`](crate::metrics).
 pub fn claim<M, C, Q>(conn: &mut C, query: Q, limit: i64) -> Result<Vec<M>, Error>
 where
     C: AsLockingConnection,
@@ -79,7 +81,10 @@ where
     if !conn.in_transaction() {
         return Err(Error::NotInTransaction);
     }
+    let waited = LockWait::start();
     conn.take_write_lock()?;
     let query = C::Conn::apply_lock(query.limit(limit), RowLock::update().skip_locked());
-    query.load(conn).map_err(classify)
+    let rows: Vec<M> = query.load(conn).map_err(classify)?;
+    waited.acquired("queue", rows.len());
+    Ok(rows)
 }

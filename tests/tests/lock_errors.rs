@@ -291,5 +291,22 @@ mod all {
             assert_eq!(events.len(), 1, "{:?}", seen.events);
             assert_eq!(events[0].field("kind"), Some("lock_timeout"));
         }
+
+        fn lock_waits_are_recorded_for_claims(db) {
+            exec(&mut db.conn(), "INSERT INTO jobs (id, payload, done) VALUES (1, 'a', false), (2, 'b', false)");
+            let mut conn = db.connect();
+            let (claimed, seen) = observe(|| {
+                lockkit::locked_transaction(&mut conn, LockOptions::default(), |conn| {
+                    queue::claim::<i32, _, _>(conn, jobs::table.order(jobs::id).select(jobs::id), 5)
+                })
+                .unwrap()
+            });
+            assert_eq!(claimed, vec![1, 2]);
+            assert_eq!(seen.counter("lockkit_locks_acquired_total{table=queue}"), 2, "{seen:?}");
+            assert_eq!(seen.histogram("lockkit_lock_acquire_seconds{table=queue}").len(), 1, "{seen:?}");
+            // SQLite's lock is the transaction's: BEGIN IMMEDIATE, counted once.
+            let database_locks = if BACKEND == "sqlite" { 1 } else { 0 };
+            assert_eq!(seen.counter("lockkit_locks_acquired_total{table=database}"), database_locks, "{seen:?}");
+        }
     }
 }
