@@ -80,6 +80,14 @@ pub(crate) fn classify_lock_wait(err: DieselError) -> Error {
     classify_with(err, Context::WaitedForWriteLock)
 }
 
+/// A lock error lockkit found without a database error (MySQL's `GET_LOCK`
+/// returning 0): counted and reported like a classified one.
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) fn lock_error(error: Error, what: &str) -> Error {
+    crate::metrics::record_lock_error(&error, what);
+    error
+}
+
 thread_local! {
     static NOWAIT_SENT: Cell<Option<Instant>> = const { Cell::new(None) };
 }

@@ -44,7 +44,11 @@ where
 /// The stock of item 1.
 macro_rules! stock_of {
     ($conn:expr) => {
-        items::table.find(1).select(items::stock).first::<i32>($conn).unwrap()
+        items::table
+            .find(1)
+            .select(items::stock)
+            .first::<i32>($conn)
+            .unwrap()
     };
 }
 
@@ -230,6 +234,30 @@ mod servers {
             assert!(outcome.is_ok(), "{outcome:?}");
             assert_eq!(stock_of!(&mut conn), 9);
         }
+
+        fn an_advisory_lock_never_outlives_an_aborted_transaction(db) {
+            let mut a = db.connect();
+            let mut b = db.connect();
+            let key = lockkit::advisory::AdvisoryKey::from_name("aborted");
+            let outcome = a.transaction(|a| {
+                let mut guard = lockkit::advisory::lock(a, key)?;
+                assert!(lockkit::advisory::try_lock(&mut b, key)?.is_none(), "held");
+                // A failed statement: PostgreSQL aborts the transaction.
+                let _ = exec_fallible(&mut *guard, "INSERT INTO items (id, name, stock) VALUES (NULL, NULL, NULL)");
+                drop(guard);
+                Err::<(), _>(Error::NoRowMatched)
+            });
+            assert!(matches!(outcome, Err(Error::NoRowMatched)), "{outcome:?}");
+            let again = lockkit::advisory::try_lock(&mut b, key).unwrap();
+            assert!(again.is_some(), "the lock ended with a's transaction");
+        }
+    }
+
+    fn exec_fallible<C: diesel::connection::SimpleConnection>(
+        conn: &mut C,
+        sql: &str,
+    ) -> diesel::QueryResult<()> {
+        conn.batch_execute(sql)
     }
 }
 
