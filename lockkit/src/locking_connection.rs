@@ -373,9 +373,11 @@ mod mysql {
 
     /// MariaDB's `@@in_transaction`: whether the server has a transaction open.
     fn in_server_transaction(conn: &mut MysqlConnection) -> diesel::QueryResult<bool> {
-        diesel::select(diesel::dsl::sql::<BigInt>("CAST(@@in_transaction AS SIGNED)"))
-            .get_result::<i64>(conn)
-            .map(|open| open != 0)
+        diesel::select(diesel::dsl::sql::<BigInt>(
+            "CAST(@@in_transaction AS SIGNED)",
+        ))
+        .get_result::<i64>(conn)
+        .map(|open| open != 0)
     }
 
     fn set_lock_wait_timeout(conn: &mut MysqlConnection, secs: i64) -> diesel::QueryResult<()> {
@@ -409,7 +411,8 @@ mod mysql {
             let mut guard = PanicGuard::default();
             let result = self.transaction(|conn| guard.call(conn, f));
             let restored = previous.map(|previous| set_lock_wait_timeout(self, previous));
-            after_restore(result, restored, guard).map_err(|err| failed_transaction(self, nested, err))
+            after_restore(result, restored, guard)
+                .map_err(|err| failed_transaction(self, nested, err))
         }
 
         fn serializable_transaction<T, F>(&mut self, f: F) -> Result<T, Error>
@@ -543,7 +546,8 @@ mod sqlite {
                 })
             };
             let restored = previous.map(|previous| set_busy_timeout(self, previous));
-            after_restore(result, restored, guard).map_err(|err| failed_transaction(self, nested, err))
+            after_restore(result, restored, guard)
+                .map_err(|err| failed_transaction(self, nested, err))
         }
 
         fn serializable_transaction<T, F>(&mut self, f: F) -> Result<T, Error>

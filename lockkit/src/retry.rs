@@ -160,7 +160,11 @@ where
 /// .unwrap();
 /// assert_eq!(n, 0);
 /// ```
-pub fn transaction_with_retry<C, T, F>(conn: &mut C, policy: &RetryPolicy, mut op: F) -> Result<T, Error>
+pub fn transaction_with_retry<C, T, F>(
+    conn: &mut C,
+    policy: &RetryPolicy,
+    mut op: F,
+) -> Result<T, Error>
 where
     C: AsLockingConnection,
     F: FnMut(&mut C::Conn) -> Result<T, Error>,

@@ -56,7 +56,10 @@ impl Observed {
 
     /// The events with this message.
     pub fn events_named(&self, message: &str) -> Vec<&Seen> {
-        self.events.iter().filter(|e| e.message() == message).collect()
+        self.events
+            .iter()
+            .filter(|e| e.message() == message)
+            .collect()
     }
 }
 
