@@ -199,7 +199,10 @@ mod tests {
         for attempt in 1..10 {
             let ceiling = RetryPolicy::default().jitter(false).delay_after(attempt);
             let delays: Vec<Duration> = (0..100).map(|_| policy.delay_after(attempt)).collect();
-            assert!(delays.iter().all(|d| *d <= ceiling), "{attempt}: {delays:?}");
+            assert!(
+                delays.iter().all(|d| *d <= ceiling),
+                "{attempt}: {delays:?}"
+            );
             // Spread over the whole range (uniform: each half is missed by all
             // 100 draws with probability 2^-100), not stuck at 0 or the ceiling.
             let half = ceiling / 2;

@@ -6,8 +6,8 @@ use lockkit::prelude::*;
 use lockkit::version_trigger::{down_sql, up_sql, Dialect};
 use lockkit::{retry, CurrentState, Error, RetryPolicy};
 use lockkit_tests::models::*;
-use lockkit_tests::schema::*;
 use lockkit_tests::observe::observe;
+use lockkit_tests::schema::*;
 use lockkit_tests::{exec, seed_items};
 
 fn dialect(backend: &str) -> Dialect {
