@@ -131,7 +131,9 @@ impl Error {
     /// True for [`Stale`](Error::Stale), [`Busy`](Error::Busy),
     /// [`LockTimeout`](Error::LockTimeout), [`Deadlock`](Error::Deadlock) and
     /// [`SerializationFailure`](Error::SerializationFailure): they are caused by
-    /// other transactions and go away when those finish.
+    /// other transactions and go away when those finish. Not
+    /// [`TransactionAborted`](Error::TransactionAborted): nothing may run in that
+    /// transaction any more; run the outermost one again instead.
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,

@@ -113,6 +113,11 @@ impl RetryPolicy {
 ///
 /// `op` receives the attempt number, starting at 1. It must do the whole
 /// read-change-write each time: retrying only the write would fail the same way.
+///
+/// Inside a transaction you opened yourself, a lockkit call whose transaction the
+/// server rolled back reports [`Error::TransactionAborted`], which is not
+/// retryable: `retry` returns it at once, for you to roll back (return it from the
+/// transaction's closure) and, if you like, run the whole transaction again.
 pub fn retry<T, F>(policy: &RetryPolicy, mut op: F) -> Result<T, Error>
 where
     F: FnMut(u32) -> Result<T, Error>,
