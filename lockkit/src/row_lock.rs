@@ -176,7 +176,7 @@ impl QueryFragment<diesel::mysql::Mysql> for RowLock {
 /// to the very place `.no_wait()` uses, and renders the same SQL (a test compares
 /// both with `debug_query`). Unlike Diesel's, it makes a failed `NOWAIT` on
 /// MariaDB classify as [`Error::Busy`](crate::Error::Busy) through `?` too (see
-/// [`classify`](crate::classify#limits)): prefer it.
+/// [`classify`](mod@crate::classify#limits)): prefer it.
 #[derive(Debug, Clone, Copy, Default, QueryId)]
 pub struct NoWait;
 
