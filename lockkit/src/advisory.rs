@@ -3,9 +3,17 @@
 //!
 //! | | PostgreSQL | MySQL / MariaDB |
 //! | --- | --- | --- |
-//! | session lock (guard, unlocks on drop) | `pg_advisory_lock($1)` / `pg_advisory_unlock($1)` | `GET_LOCK(?, ?)` / `RELEASE_LOCK(?)` |
-//! | try, no wait | `pg_try_advisory_lock($1)` | `GET_LOCK(?, 0)` |
-//! | transaction lock (released at commit) | `pg_advisory_xact_lock($1)`, `pg_try_advisory_xact_lock($1)` | — |
+//! | [`lock`] / [`try_lock`] outside a transaction: session lock, released when the guard drops | `pg_advisory_lock($1)` / `pg_try_advisory_lock($1)`, then `pg_advisory_unlock($1)` | `GET_LOCK(?, ?)` / `GET_LOCK(?, 0)`, then `RELEASE_LOCK(?)` |
+//! | [`lock`] / [`try_lock`] inside a transaction | transaction lock: `pg_advisory_xact_lock($1)` / `pg_try_advisory_xact_lock($1)`, released when the transaction ends | session lock, as above |
+//! | [`xact_lock`] / [`try_xact_lock`] (released at commit) | `pg_advisory_xact_lock($1)`, `pg_try_advisory_xact_lock($1)` | — |
+//!
+//! Why the transaction lock inside a transaction: PostgreSQL refuses every
+//! statement in a transaction that a failed statement aborted, the unlock
+//! included, so a session lock taken there would outlive the guard (and the
+//! transaction) until the connection closes. A transaction lock cannot: it ends
+//! with the transaction, commit or rollback. It ends *then*, not when the guard
+//! drops ([`AdvisoryLock::scope`]). MySQL's locks belong to the session, and its
+//! transactions never refuse `RELEASE_LOCK`.
 //!
 //! SQLite has no advisory locks; these functions do not compile for it.
 //!
@@ -36,6 +44,7 @@ use std::ops::{Deref, DerefMut};
 use diesel::connection::LoadConnection;
 use diesel::Connection;
 
+use crate::locking_connection::in_transaction;
 use crate::{classify, Error};
 
 /// An advisory lock's key; see the [module docs](self).
@@ -81,24 +90,50 @@ impl From<&str> for AdvisoryKey {
     }
 }
 
-/// A backend with session-level advisory locks: PostgreSQL and MySQL/MariaDB.
+/// How long an advisory lock lasts; see the [module docs](self).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// Until the guard drops (or [`AdvisoryLock::unlock`]), or the session ends.
+    Session,
+    /// Until the transaction it was taken in ends (PostgreSQL); it cannot be
+    /// released earlier.
+    Transaction,
+}
+
+/// A backend with advisory locks: PostgreSQL and MySQL/MariaDB.
 pub trait AdvisoryBackend: diesel::backend::Backend {
-    /// Waits for the lock.
-    fn acquire<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<()>
+    /// Whether this backend has locks that end with the transaction (PostgreSQL).
+    const TRANSACTION_LOCKS: bool;
+    /// Waits for the lock; `false` if the server gave up waiting.
+    fn acquire<C>(conn: &mut C, key: AdvisoryKey, scope: Scope) -> diesel::QueryResult<bool>
     where
         C: Connection<Backend = Self> + LoadConnection;
     /// Takes the lock if it is free; `false` if another session holds it.
-    fn try_acquire<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<bool>
+    fn try_acquire<C>(conn: &mut C, key: AdvisoryKey, scope: Scope) -> diesel::QueryResult<bool>
     where
         C: Connection<Backend = Self> + LoadConnection;
-    /// Releases it; `false` if this session did not hold it.
+    /// Releases a session lock; `false` if this session did not hold it.
     fn release<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<bool>
     where
         C: Connection<Backend = Self> + LoadConnection;
 }
 
-/// A held session-level advisory lock. Derefs to the connection; releases the
-/// lock when dropped (or explicitly with [`AdvisoryLock::unlock`]).
+/// The scope of a lock taken now on `conn`, decided in one place.
+fn scope_on<C>(conn: &mut C) -> Scope
+where
+    C: Connection + LoadConnection,
+    C::Backend: AdvisoryBackend,
+{
+    if C::Backend::TRANSACTION_LOCKS && in_transaction(conn) {
+        Scope::Transaction
+    } else {
+        Scope::Session
+    }
+}
+
+/// A held advisory lock. Derefs to the connection; a session lock is released
+/// when the guard drops (or explicitly with [`AdvisoryLock::unlock`]), a
+/// transaction lock when its transaction ends ([`AdvisoryLock::scope`]).
 #[must_use = "the lock is released when the guard is dropped"]
 pub struct AdvisoryLock<'c, C>
 where
@@ -107,6 +142,7 @@ where
 {
     conn: &'c mut C,
     key: AdvisoryKey,
+    scope: Scope,
     held: bool,
 }
 
@@ -120,9 +156,18 @@ where
         self.key
     }
 
-    /// Releases the lock now, reporting failure.
+    /// How long the lock lasts.
+    pub fn scope(&self) -> Scope {
+        self.scope
+    }
+
+    /// Releases a session lock now, reporting failure. A transaction lock is
+    /// released when its transaction ends; for it this does nothing.
     pub fn unlock(mut self) -> Result<(), Error> {
         self.held = false;
+        if self.scope == Scope::Transaction {
+            return Ok(());
+        }
         match C::Backend::release(self.conn, self.key).map_err(classify)? {
             true => Ok(()),
             false => Err(Error::NotFound),
@@ -157,7 +202,7 @@ where
     C::Backend: AdvisoryBackend,
 {
     fn drop(&mut self) {
-        if self.held {
+        if self.held && self.scope == Scope::Session {
             if let Err(err) = C::Backend::release(self.conn, self.key) {
                 // A broken connection has lost its session, and the lock with it.
                 tracing::warn!(target: "lockkit", key = self.key.0, error = %err, "advisory unlock failed");
@@ -166,22 +211,30 @@ where
     }
 }
 
-/// Waits for the session-level advisory lock `key`.
+/// Waits for the advisory lock `key`: a session lock, or inside a transaction on
+/// PostgreSQL a transaction lock (see the [module docs](self)).
 pub fn lock<C>(conn: &mut C, key: impl Into<AdvisoryKey>) -> Result<AdvisoryLock<'_, C>, Error>
 where
     C: Connection + LoadConnection,
     C::Backend: AdvisoryBackend,
 {
     let key = key.into();
-    C::Backend::acquire(conn, key).map_err(classify)?;
+    let scope = scope_on(conn);
+    if !C::Backend::acquire(conn, key, scope).map_err(classify)? {
+        return Err(crate::classify::lock_error(
+            Error::LockTimeout,
+            "GET_LOCK gave up waiting",
+        ));
+    }
     Ok(AdvisoryLock {
         conn,
         key,
+        scope,
         held: true,
     })
 }
 
-/// Takes the session-level advisory lock `key` if it is free.
+/// Takes the advisory lock `key` if it is free (scoped as by [`lock`]).
 pub fn try_lock<C>(
     conn: &mut C,
     key: impl Into<AdvisoryKey>,
@@ -191,11 +244,13 @@ where
     C::Backend: AdvisoryBackend,
 {
     let key = key.into();
+    let scope = scope_on(conn);
     Ok(
-        match C::Backend::try_acquire(conn, key).map_err(classify)? {
+        match C::Backend::try_acquire(conn, key, scope).map_err(classify)? {
             true => Some(AdvisoryLock {
                 conn,
                 key,
+                scope,
                 held: true,
             }),
             false => None,
@@ -217,7 +272,7 @@ mod postgres {
     use diesel::sql_types::BigInt;
     use diesel::{Connection, RunQueryDsl};
 
-    use super::{AdvisoryBackend, AdvisoryKey, Locked};
+    use super::{AdvisoryBackend, AdvisoryKey, Locked, Scope};
     use crate::locking_connection::in_transaction;
     use crate::{classify, Error};
 
@@ -232,23 +287,28 @@ mod postgres {
     }
 
     impl AdvisoryBackend for Pg {
-        fn acquire<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<()>
+        const TRANSACTION_LOCKS: bool = true;
+
+        fn acquire<C>(conn: &mut C, key: AdvisoryKey, scope: Scope) -> diesel::QueryResult<bool>
         where
             C: Connection<Backend = Self> + LoadConnection,
         {
-            call(
-                conn,
-                "SELECT pg_advisory_lock($1) IS NOT NULL AS locked",
-                key,
-            )
-            .map(drop)
+            let sql = match scope {
+                Scope::Session => "SELECT pg_advisory_lock($1) IS NOT NULL AS locked",
+                Scope::Transaction => "SELECT pg_advisory_xact_lock($1) IS NOT NULL AS locked",
+            };
+            call(conn, sql, key)
         }
 
-        fn try_acquire<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<bool>
+        fn try_acquire<C>(conn: &mut C, key: AdvisoryKey, scope: Scope) -> diesel::QueryResult<bool>
         where
             C: Connection<Backend = Self> + LoadConnection,
         {
-            call(conn, "SELECT pg_try_advisory_lock($1) AS locked", key)
+            let sql = match scope {
+                Scope::Session => "SELECT pg_try_advisory_lock($1) AS locked",
+                Scope::Transaction => "SELECT pg_try_advisory_xact_lock($1) AS locked",
+            };
+            call(conn, sql, key)
         }
 
         fn release<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<bool>
@@ -268,13 +328,9 @@ mod postgres {
         if !in_transaction(conn) {
             return Err(Error::NotInTransaction);
         }
-        call(
-            conn,
-            "SELECT pg_advisory_xact_lock($1) IS NOT NULL AS locked",
-            key.into(),
-        )
-        .map(drop)
-        .map_err(classify)
+        Pg::acquire(conn, key.into(), Scope::Transaction)
+            .map(drop)
+            .map_err(classify)
     }
 
     /// PostgreSQL: takes the transaction-level advisory lock `key` if it is free.
@@ -285,12 +341,7 @@ mod postgres {
         if !in_transaction(conn) {
             return Err(Error::NotInTransaction);
         }
-        call(
-            conn,
-            "SELECT pg_try_advisory_xact_lock($1) AS locked",
-            key.into(),
-        )
-        .map_err(classify)
+        Pg::try_acquire(conn, key.into(), Scope::Transaction).map_err(classify)
     }
 }
 
@@ -304,7 +355,7 @@ mod mysql {
     use diesel::sql_types::{Integer, Text};
     use diesel::{Connection, RunQueryDsl};
 
-    use super::{AdvisoryBackend, AdvisoryKey, Locked};
+    use super::{AdvisoryBackend, AdvisoryKey, Locked, Scope};
 
     /// `GET_LOCK` waits this long at most when asked to wait: one year.
     const FOREVER_SECS: i32 = 365 * 24 * 3600;
@@ -327,27 +378,21 @@ mod mysql {
     }
 
     impl AdvisoryBackend for Mysql {
-        fn acquire<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<()>
+        const TRANSACTION_LOCKS: bool = false;
+
+        fn acquire<C>(conn: &mut C, key: AdvisoryKey, _: Scope) -> diesel::QueryResult<bool>
         where
             C: Connection<Backend = Self> + LoadConnection,
         {
-            match call(
+            call(
                 conn,
                 "SELECT COALESCE(GET_LOCK(?, ?), 0) = 1 AS locked",
                 key,
                 Some(FOREVER_SECS),
-            )? {
-                true => Ok(()),
-                false => Err(diesel::result::Error::DatabaseError(
-                    diesel::result::DatabaseErrorKind::Unknown,
-                    Box::new(String::from(
-                        "Lock wait timeout exceeded; GET_LOCK did not return 1",
-                    )),
-                )),
-            }
+            )
         }
 
-        fn try_acquire<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<bool>
+        fn try_acquire<C>(conn: &mut C, key: AdvisoryKey, _: Scope) -> diesel::QueryResult<bool>
         where
             C: Connection<Backend = Self> + LoadConnection,
         {

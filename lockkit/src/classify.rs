@@ -2,10 +2,12 @@
 //!
 //! Diesel exposes no SQLSTATE or server error number. It maps PostgreSQL's
 //! `40001` and MySQL's `1213` to [`DatabaseErrorKind::SerializationFailure`], and
-//! PostgreSQL's `40P01` (deadlock) and `55P03` (lock not available), MySQL's
-//! `1205` (lock wait timeout) and `3572` (`NOWAIT`) to
-//! [`DatabaseErrorKind::Unknown`]. So this module, and nothing else in lockkit,
-//! reads the server's message for those two kinds.
+//! leaves PostgreSQL's `40P01` (deadlock) and `55P03` (lock not available), MySQL's
+//! `1205` (lock wait timeout) and `3572` (`NOWAIT`) without a kind of their own
+//! (Diesel's hidden `Unknown`, which it asks users to match as `_`, since later
+//! releases may add kinds). So this module, and nothing else in lockkit, reads the
+//! server's message: for `SerializationFailure` and for every kind that is not a
+//! constraint violation (whose messages may quote user data).
 //!
 //! | server | error | message lockkit looks for | result |
 //! | --- | --- | --- | --- |
@@ -15,10 +17,10 @@
 //! | PostgreSQL | 57014 | `statement timeout` | [`Error::StatementTimeout`] |
 //! | PostgreSQL | 40001 | (kind) | [`Error::SerializationFailure`] |
 //! | MySQL/MariaDB | 1213 | `Deadlock found` | [`Error::Deadlock`] |
-//! | MySQL/MariaDB | 1205 | `Lock wait timeout exceeded` | [`Error::LockTimeout`] (MariaDB's `NOWAIT` too, see below) |
+//! | MySQL/MariaDB | 1205 | `Lock wait timeout exceeded` | [`Error::LockTimeout`]; right after lockkit's `NOWAIT` (MariaDB's failed `NOWAIT`), [`Error::Busy`], see below |
 //! | MySQL | 3572 | `NOWAIT is set` | [`Error::Busy`] |
 //! | MySQL/MariaDB | 3024 / 1969 | `maximum statement execution time` / `max_statement_time` | [`Error::StatementTimeout`] |
-//! | SQLite | `SQLITE_BUSY` | `database is locked` | [`Error::Busy`] |
+//! | SQLite | `SQLITE_BUSY` | `database is locked` | [`Error::Busy`] ([`Error::LockTimeout`] when lockkit waited for the write lock, see [`locking_connection`](crate::locking_connection)) |
 //! | PostgreSQL | 57P01, lost socket | `terminating connection due to administrator command`, `server closed the connection unexpectedly` (or Diesel's `ClosedConnection`) | [`Error::ConnectionLost`] |
 //! | MySQL/MariaDB | 1927, 2006, 2013 | `Connection was killed`, `MySQL server has gone away`, `Lost connection to` | [`Error::ConnectionLost`] |
 //!
@@ -27,16 +29,32 @@
 //! * The servers must speak English (`lc_messages` on PostgreSQL,
 //!   `lc_messages`/`--language` on MySQL/MariaDB): a translated message is left as
 //!   [`Error::Database`] (or [`Error::SerializationFailure`] by kind), never
-//!   misclassified. Only the `Unknown` and `SerializationFailure` kinds are read, so
-//!   user data inside other messages (e.g. a duplicate key) is never matched.
-//! * MariaDB reports a failed `NOWAIT` with error 1205, the same as a lock wait
-//!   timeout. Calls that know they asked for `NOWAIT` use [`classify_nowait`], which
-//!   reports [`Error::Busy`]; a `?` on your own NOWAIT query gives
-//!   [`Error::LockTimeout`] on MariaDB. Both are retryable.
+//!   misclassified. Messages of constraint violations (unique, foreign key, not
+//!   null, check, restrict, exclusion) are never read, so user data inside them
+//!   (e.g. a duplicate key that spells "deadlock") is never matched.
+//! * MariaDB reports a failed `NOWAIT` with error 1205, the same error and text as
+//!   a lock wait timeout. lockkit tells them apart by time: its `NOWAIT` clause
+//!   ([`LockQueryExt::nowait`](crate::LockQueryExt::nowait), [`RowLock`](crate::RowLock)
+//!   with [`WaitMode::NoWait`](crate::WaitMode::NoWait)) notes on the thread when it
+//!   is sent, and a 1205 classified within [`NOWAIT_WINDOW`] of that is
+//!   [`Error::Busy`]. This cannot misread a real lock wait timeout: every statement
+//!   sent after the `NOWAIT` one waits at least `innodb_lock_wait_timeout`, one
+//!   second or more (0 means "do not wait", which is `NOWAIT`), before its 1205.
+//!   Diesel's own `.no_wait()` is not seen, and a 1205 kept for longer than the
+//!   window before it is classified stays [`Error::LockTimeout`]; calls that know
+//!   they asked for `NOWAIT` can use [`classify_nowait`]. Both are retryable.
+
+use std::cell::Cell;
+use std::time::{Duration, Instant};
 
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 
 use crate::Error;
+
+/// How long after lockkit sent a `NOWAIT` clause on a thread a MySQL/MariaDB lock
+/// wait timeout (1205) is read as that clause's failure, [`Error::Busy`]. Under the
+/// smallest real lock wait, one second.
+pub const NOWAIT_WINDOW: Duration = Duration::from_millis(500);
 
 /// Classifies a Diesel error; see the [module docs](self) for the table.
 ///
@@ -45,22 +63,64 @@ use crate::Error;
 /// assert!(matches!(lockkit::classify(DieselError::NotFound), lockkit::Error::NotFound));
 /// ```
 pub fn classify(err: DieselError) -> Error {
-    classify_with(err, LockWait::Wait)
+    classify_with(err, Context::Statement)
 }
 
 /// Like [`classify`], for a statement that used `NOWAIT`: a lock wait timeout can
 /// only mean the lock was not available (MariaDB), so it is [`Error::Busy`].
 pub fn classify_nowait(err: DieselError) -> Error {
-    classify_with(err, LockWait::NoWait)
+    classify_with(err, Context::NoWait)
 }
 
+/// Like [`classify`], for SQLite's attempt to take the database's write lock after
+/// waiting up to its busy timeout: "database is locked" then means the wait ran
+/// out, [`Error::LockTimeout`].
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+pub(crate) fn classify_lock_wait(err: DieselError) -> Error {
+    classify_with(err, Context::WaitedForWriteLock)
+}
+
+/// A lock error lockkit found without a database error (MySQL's `GET_LOCK`
+/// returning 0): counted and reported like a classified one.
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) fn lock_error(error: Error, what: &str) -> Error {
+    crate::metrics::record_lock_error(&error, what);
+    error
+}
+
+thread_local! {
+    static NOWAIT_SENT: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// Called by lockkit's MySQL `NOWAIT` clause each time a statement with it is
+/// built, which Diesel does right before sending it (the SQL may come from the
+/// statement cache, the bind values never do).
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) fn nowait_sent() {
+    NOWAIT_SENT.with(|sent| sent.set(Some(Instant::now())));
+}
+
+/// Whether lockkit sent a `NOWAIT` clause on this thread within [`NOWAIT_WINDOW`];
+/// forgets it, so that one clause explains one error at most.
+fn nowait_just_sent() -> bool {
+    NOWAIT_SENT
+        .with(Cell::take)
+        .is_some_and(|sent| sent.elapsed() < NOWAIT_WINDOW)
+}
+
+/// What the failed statement was doing, which decides between [`Error::Busy`]
+/// and [`Error::LockTimeout`].
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum LockWait {
-    Wait,
+enum Context {
+    /// Any statement.
+    Statement,
+    /// A statement with `NOWAIT`.
     NoWait,
+    /// SQLite taking the write lock with a busy timeout.
+    WaitedForWriteLock,
 }
 
-fn classify_with(err: DieselError, wait: LockWait) -> Error {
+fn classify_with(err: DieselError, context: Context) -> Error {
     let kind = match &err {
         DieselError::NotFound => return Error::NotFound,
         DieselError::DatabaseError(kind, info) => match kind {
@@ -68,16 +128,25 @@ fn classify_with(err: DieselError, wait: LockWait) -> Error {
                 Some(Error::Deadlock)
             }
             DatabaseErrorKind::SerializationFailure => Some(Error::SerializationFailure),
-            DatabaseErrorKind::Unknown => classify_message(info.message()),
             DatabaseErrorKind::ClosedConnection => Some(Error::ConnectionLost),
-            _ => None,
+            // Their messages may quote the user's data.
+            DatabaseErrorKind::UniqueViolation
+            | DatabaseErrorKind::ForeignKeyViolation
+            | DatabaseErrorKind::NotNullViolation
+            | DatabaseErrorKind::CheckViolation
+            | DatabaseErrorKind::RestrictViolation
+            | DatabaseErrorKind::ExclusionViolation => None,
+            // Diesel's hidden `Unknown`, and any kind a later Diesel adds.
+            _ => classify_message(info.message()),
         },
         _ => None,
     };
-    let classified = match kind {
-        Some(Error::LockTimeout) if wait == LockWait::NoWait => Error::Busy,
-        Some(classified) => classified,
-        None => return Error::Database(err),
+    let classified = match (kind, context) {
+        (Some(Error::LockTimeout), Context::NoWait) => Error::Busy,
+        (Some(Error::LockTimeout), Context::Statement) if nowait_just_sent() => Error::Busy,
+        (Some(Error::Busy), Context::WaitedForWriteLock) => Error::LockTimeout,
+        (Some(classified), _) => classified,
+        (None, _) => return Error::Database(err),
     };
     crate::metrics::record_lock_error(&classified, &err.to_string());
     classified

@@ -132,6 +132,16 @@ pub enum Error {
         key: String,
     },
 
+    /// The server rolled back the whole transaction while a nested lockkit call
+    /// (a savepoint) ran in it; `0` is what went wrong. InnoDB does this on a
+    /// deadlock. Nothing of the transaction was committed, and nothing more may
+    /// run in it: not retryable here. Return it to the code that opened the
+    /// outermost transaction; [`transaction_with_retry`](crate::transaction_with_retry),
+    /// [`serializable`](crate::serializable) and [`locked_transaction`](crate::locked_transaction)
+    /// opened at the top level retry (or report) the cause itself.
+    #[error("the server rolled back the whole transaction: {0}")]
+    TransactionAborted(Box<Error>),
+
     /// Any other database error, unchanged.
     #[error(transparent)]
     Database(diesel::result::Error),
@@ -143,7 +153,9 @@ impl Error {
     /// True for [`Stale`](Error::Stale), [`Busy`](Error::Busy),
     /// [`LockTimeout`](Error::LockTimeout), [`Deadlock`](Error::Deadlock) and
     /// [`SerializationFailure`](Error::SerializationFailure): they are caused by
-    /// other transactions and go away when those finish.
+    /// other transactions and go away when those finish. Not
+    /// [`TransactionAborted`](Error::TransactionAborted): nothing may run in that
+    /// transaction any more; run the outermost one again instead.
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
@@ -299,6 +311,7 @@ mod tests {
         assert!(Error::SerializationFailure.is_retryable());
         assert!(!Error::NotFound.is_retryable());
         assert!(!Error::StatementTimeout.is_retryable());
+        assert!(!Error::TransactionAborted(Box::new(Error::Deadlock)).is_retryable());
         let exhausted = Error::RetriesExhausted {
             attempts: 5,
             last: Box::new(Error::Deadlock),

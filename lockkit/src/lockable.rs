@@ -152,11 +152,12 @@ pub trait Lockable: Sized {
         Self: LockAll<C::Conn>,
         Self::Key: Ord,
     {
-        let started = std::time::Instant::now();
         let conn = conn.locking_connection();
         if !conn.in_transaction() {
             return Err(Error::NotInTransaction);
         }
+        let waited = crate::metrics::LockWait::start();
+        conn.take_write_lock()?; // SQLite: a deferred transaction holds no lock yet
         let mut keys = keys.to_vec();
         keys.sort();
         keys.dedup();
@@ -185,7 +186,7 @@ pub trait Lockable: Sized {
             }
             rows.append(&mut locked);
         }
-        crate::metrics::record_lock_acquired(Self::TABLE_NAME, started.elapsed());
+        waited.acquired(Self::TABLE_NAME, rows.len());
         Ok(rows)
     }
 }
@@ -227,11 +228,11 @@ where
     M: LockRow<C::Conn>,
     F: FnOnce(&mut C::Conn, M) -> Result<T, Error>,
 {
-    // Lock waits happen at the locked read (row locks) or at `BEGIN IMMEDIATE`
-    // (SQLite): measure from before the transaction begins.
-    let started = std::time::Instant::now();
     conn.locking_connection()
         .locked_transaction(&options, |conn| {
+            // The wait at SQLite's `BEGIN IMMEDIATE` is recorded by
+            // `locked_transaction`; here, the locked read's.
+            let started = std::time::Instant::now();
             let lock = options.row_lock();
             let reclassify = match lock.wait {
                 WaitMode::Wait => classify,

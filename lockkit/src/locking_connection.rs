@@ -6,11 +6,28 @@
 //! | row lock | `FOR UPDATE` (and strengths) | `FOR UPDATE` / `LOCK IN SHARE MODE` | none: the transaction is `BEGIN IMMEDIATE`, which takes the database's write lock and so serializes writers |
 //! | timeout | `SELECT set_config('lock_timeout', $1, true)` (= `SET LOCAL`) | `SET SESSION innodb_lock_wait_timeout = ?`, whole seconds, restored afterwards | `PRAGMA busy_timeout = n`, restored afterwards |
 //! | `NOWAIT` / `SKIP LOCKED` | in the clause | in the clause | busy timeout 0: a locked database is [`Error::Busy`] |
-//! | wait ran out | [`Error::LockTimeout`] | [`Error::LockTimeout`] | [`Error::LockTimeout`] (busy at `BEGIN IMMEDIATE`) |
-//! | nested | savepoint | savepoint | savepoint (the outer transaction's lock mode applies) |
+//! | wait ran out | [`Error::LockTimeout`] | [`Error::LockTimeout`] | [`Error::LockTimeout`] (busy while taking the write lock) |
+//! | nested | savepoint; a timeout is put back before the savepoint is released (`SET LOCAL` outlives `RELEASE SAVEPOINT`) | savepoint | savepoint, then `PRAGMA incremental_vacuum(1)`, which takes the write lock a deferred outer transaction lacks |
 //!
-//! A panic in the closure rolls the transaction back before it unwinds further, so
-//! the connection is never left inside a transaction.
+//! Options apply to the call that asked for them and to nothing after it, nested
+//! or not. A panic in the closure rolls the transaction back before it unwinds
+//! further, so the connection is never left inside a transaction.
+//!
+//! # When the server aborts the whole transaction
+//!
+//! A nested call runs in a savepoint. PostgreSQL rolls back to the savepoint after
+//! any error, so retrying there is sound. InnoDB answers a deadlock by rolling back
+//! the *whole* transaction, while Diesel still counts it as open; work retried in
+//! it would run in autocommit and commit half an operation. So when a nested
+//! lockkit transaction ([`locked_transaction`](crate::locked_transaction), behind
+//! `with_lock`, and [`transaction_with_retry`](crate::transaction_with_retry)) fails, lockkit
+//! asks the server whether its transaction is still open (MariaDB: `SELECT
+//! @@in_transaction`; where that variable is missing, a deadlock or a lost
+//! connection counts as the end) and, if not, returns
+//! [`Error::TransactionAborted`], which is not retryable: it travels up to the code
+//! that opened the outermost transaction, and nothing was committed. The lockkit
+//! calls that open the outermost transaction themselves retry (or report) the
+//! cause. The question costs one statement, on the error path of nested calls only.
 //!
 //! Timeouts come from a [`Duration`] and reach the server as a
 //! bound parameter (PostgreSQL, MySQL) or a formatted integer (SQLite's `PRAGMA`
@@ -182,6 +199,43 @@ pub trait LockingConnection:
     fn in_transaction(&mut self) -> bool {
         in_transaction(self)
     }
+
+    /// Makes sure the open transaction holds what row locks need. On SQLite, the
+    /// database's write lock, which a deferred transaction (`conn.transaction`)
+    /// takes only at its first write: sends `PRAGMA incremental_vacuum(1)`, which
+    /// takes it (waiting up to the busy timeout, then [`Error::Busy`]) and changes
+    /// no data. A no-op on PostgreSQL and MySQL, whose row locks need nothing more.
+    fn take_write_lock(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// After a nested transaction on this connection failed with `cause`: whether
+    /// the server has ended the whole transaction (see the
+    /// [module docs](self#when-the-server-aborts-the-whole-transaction)). Asked on
+    /// error paths only. The default: only a lost connection does.
+    fn transaction_aborted(&mut self, cause: &Error) -> bool {
+        matches!(cause, Error::ConnectionLost)
+    }
+}
+
+/// The error of a lockkit transaction that failed, decided in one place: a nested
+/// one (`nested`: a transaction was open when it began) whose whole transaction
+/// the server ended becomes [`Error::TransactionAborted`]; an outermost one hands
+/// on the cause of such an error, since the transaction is gone and a new one may
+/// begin.
+pub(crate) fn failed_transaction<C: LockingConnection>(
+    conn: &mut C,
+    nested: bool,
+    error: Error,
+) -> Error {
+    match error {
+        Error::TransactionAborted(cause) if !nested => *cause,
+        Error::TransactionAborted(_) => error,
+        _ if nested && conn.transaction_aborted(&error) => {
+            Error::TransactionAborted(Box::new(error))
+        }
+        _ => error,
+    }
 }
 
 /// Whether a transaction is open on `conn`, for any connection type (pooled ones
@@ -233,6 +287,18 @@ mod postgres {
 
     as_locking_connection!(PgConnection);
 
+    fn lock_timeout(conn: &mut PgConnection) -> diesel::QueryResult<String> {
+        diesel::select(diesel::dsl::sql::<Text>("current_setting('lock_timeout')")).get_result(conn)
+    }
+
+    fn set_lock_timeout(conn: &mut PgConnection, value: &str) -> diesel::QueryResult<()> {
+        // `set_config(.., true)` is `SET LOCAL`, with the value bound.
+        diesel::sql_query("SELECT set_config('lock_timeout', $1, true)")
+            .bind::<Text, _>(value)
+            .execute(conn)
+            .map(drop)
+    }
+
     impl LockingConnection for PgConnection {
         type Locked<Q: LockingDsl<RowLock>> = Q::Output;
 
@@ -244,18 +310,31 @@ mod postgres {
         where
             F: FnOnce(&mut Self) -> Result<T, Error>,
         {
+            let nested = self.in_transaction();
             let mut guard = PanicGuard::default();
             let result = self.transaction(|conn| {
-                if let Some(millis) = options.timeout_millis() {
-                    // `set_config(.., true)` is `SET LOCAL`, with the value bound.
-                    diesel::sql_query("SELECT set_config('lock_timeout', $1, true)")
-                        .bind::<Text, _>(format!("{millis}ms"))
-                        .execute(conn)?;
+                let outer = match options.timeout_millis() {
+                    Some(millis) => {
+                        let outer = if nested {
+                            Some(lock_timeout(conn)?)
+                        } else {
+                            None
+                        };
+                        set_lock_timeout(conn, &format!("{millis}ms"))?;
+                        outer
+                    }
+                    None => None,
+                };
+                let result = guard.call(conn, f)?;
+                // `SET LOCAL` survives `RELEASE SAVEPOINT`: give the outer
+                // transaction its own value back (a rollback to the savepoint does).
+                if let Some(outer) = outer {
+                    set_lock_timeout(conn, &outer)?;
                 }
-                guard.call(conn, f)
+                Ok(result)
             });
             guard.resume();
-            result
+            result.map_err(|err| failed_transaction(self, nested, err))
         }
 
         fn serializable_transaction<T, F>(&mut self, f: F) -> Result<T, Error>
@@ -271,7 +350,7 @@ mod postgres {
                 .serializable()
                 .run(|conn| guard.call(conn, f));
             guard.resume();
-            result
+            result.map_err(|err| failed_transaction(self, false, err))
         }
     }
 }
@@ -290,6 +369,15 @@ mod mysql {
             "CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED)",
         ))
         .get_result(conn)
+    }
+
+    /// MariaDB's `@@in_transaction`: whether the server has a transaction open.
+    fn in_server_transaction(conn: &mut MysqlConnection) -> diesel::QueryResult<bool> {
+        diesel::select(diesel::dsl::sql::<BigInt>(
+            "CAST(@@in_transaction AS SIGNED)",
+        ))
+        .get_result::<i64>(conn)
+        .map(|open| open != 0)
     }
 
     fn set_lock_wait_timeout(conn: &mut MysqlConnection, secs: i64) -> diesel::QueryResult<()> {
@@ -319,10 +407,12 @@ mod mysql {
                 }
                 None => None,
             };
+            let nested = self.in_transaction();
             let mut guard = PanicGuard::default();
             let result = self.transaction(|conn| guard.call(conn, f));
             let restored = previous.map(|previous| set_lock_wait_timeout(self, previous));
             after_restore(result, restored, guard)
+                .map_err(|err| failed_transaction(self, nested, err))
         }
 
         fn serializable_transaction<T, F>(&mut self, f: F) -> Result<T, Error>
@@ -337,7 +427,16 @@ mod mysql {
             let mut guard = PanicGuard::default();
             let result = self.transaction(|conn| guard.call(conn, f));
             guard.resume();
-            result
+            result.map_err(|err| failed_transaction(self, false, err))
+        }
+
+        fn transaction_aborted(&mut self, cause: &Error) -> bool {
+            // MariaDB knows; MySQL has no such variable, but InnoDB always ends
+            // the transaction of a deadlock victim.
+            match in_server_transaction(self) {
+                Ok(open) => !open,
+                Err(_) => matches!(cause, Error::Deadlock | Error::ConnectionLost),
+            }
         }
     }
 }
@@ -348,6 +447,8 @@ mod sqlite {
     use diesel::{RunQueryDsl, SqliteConnection};
 
     use super::*;
+    use crate::classify::classify_lock_wait;
+    use crate::metrics::LockWait;
 
     as_locking_connection!(SqliteConnection);
 
@@ -355,6 +456,29 @@ mod sqlite {
     struct BusyTimeout {
         #[diesel(sql_type = diesel::sql_types::Integer)]
         timeout: i32,
+    }
+
+    /// A transaction's error before lockkit classified it: from Diesel (`BEGIN`,
+    /// `COMMIT`), or from the work.
+    enum Failed {
+        Diesel(diesel::result::Error),
+        Work(Error),
+    }
+
+    impl From<diesel::result::Error> for Failed {
+        fn from(err: diesel::result::Error) -> Self {
+            Failed::Diesel(err)
+        }
+    }
+
+    /// Takes the database's write lock in the open transaction without changing
+    /// data: `incremental_vacuum` is a write (so it takes the lock, waiting up to
+    /// the busy timeout) that frees at most one unused page, and none unless the
+    /// database uses `auto_vacuum = INCREMENTAL`. It reads nothing first: a read
+    /// would fix the transaction's snapshot, and a snapshot older than the lock
+    /// holder's commit could never be upgraded to a write.
+    fn write_lock(conn: &mut SqliteConnection) -> diesel::QueryResult<()> {
+        conn.batch_execute("PRAGMA incremental_vacuum(1)")
     }
 
     fn set_busy_timeout(conn: &mut SqliteConnection, millis: i32) -> diesel::QueryResult<()> {
@@ -379,37 +503,51 @@ mod sqlite {
             };
             let nested = self.in_transaction();
             let previous = match busy_timeout {
-                Some(millis) if !nested => {
+                Some(millis) => {
                     let previous = diesel::sql_query("PRAGMA busy_timeout")
                         .get_result::<BusyTimeout>(self)?
                         .timeout;
                     set_busy_timeout(self, millis)?;
                     Some(previous)
                 }
-                _ => None,
+                None => None,
             };
-            // SQLite waits for the lock at BEGIN IMMEDIATE; a busy error before `f`
-            // ran means the wait ran out.
-            let mut entered = false;
+            // Busy while taking the write lock: the wait ran out, unless it was
+            // not to wait at all.
+            let lock_error = |err| match options.wait_mode() {
+                WaitMode::Wait => classify_lock_wait(err),
+                WaitMode::NoWait | WaitMode::SkipLocked => crate::classify(err),
+            };
+            let waited = LockWait::start();
             let mut guard = PanicGuard::default();
-            let run = |conn: &mut Self| {
-                entered = true;
-                guard.call(conn, f)
-            };
             let result = if nested {
-                self.transaction(run)
+                // A savepoint takes no lock, and the outer transaction may be a
+                // deferred one that has none yet.
+                self.transaction(|conn| {
+                    write_lock(conn).map_err(lock_error)?;
+                    waited.acquired("database", 1);
+                    guard.call(conn, f)
+                })
             } else {
                 // Takes the write lock before the first read: writers queue here.
-                self.immediate_transaction(run)
-            };
-            let result = match result {
-                Err(Error::Busy) if !entered && options.wait_mode() == WaitMode::Wait => {
-                    Err(Error::LockTimeout)
-                }
-                other => other,
+                // Diesel's own errors (BEGIN, COMMIT) are classified here, once,
+                // knowing which statement failed.
+                let mut waited = Some(waited);
+                self.immediate_transaction(|conn| {
+                    if let Some(waited) = waited.take() {
+                        waited.acquired("database", 1);
+                    }
+                    guard.call(conn, f).map_err(Failed::Work)
+                })
+                .map_err(|failed| match failed {
+                    Failed::Work(err) => err,
+                    Failed::Diesel(err) if waited.is_some() => lock_error(err),
+                    Failed::Diesel(err) => crate::classify(err),
+                })
             };
             let restored = previous.map(|previous| set_busy_timeout(self, previous));
             after_restore(result, restored, guard)
+                .map_err(|err| failed_transaction(self, nested, err))
         }
 
         fn serializable_transaction<T, F>(&mut self, f: F) -> Result<T, Error>
@@ -422,7 +560,11 @@ mod sqlite {
             let mut guard = PanicGuard::default();
             let result = self.immediate_transaction(|conn| guard.call(conn, f));
             guard.resume();
-            result
+            result.map_err(|err| failed_transaction(self, false, err))
+        }
+
+        fn take_write_lock(&mut self) -> Result<(), Error> {
+            write_lock(self).map_err(crate::classify)
         }
     }
 }

@@ -11,7 +11,9 @@
 //! * with the `metrics` feature, the [`metrics`](https://docs.rs/metrics) facade:
 //!   counters `lockkit_stale_writes_total`, `lockkit_retries_total`,
 //!   `lockkit_retries_exhausted_total`, `lockkit_lock_errors_total{kind=busy|lock_timeout|deadlock|serialization_failure|statement_timeout}`,
-//!   `lockkit_locks_acquired_total` and histogram `lockkit_lock_acquire_seconds`.
+//!   `lockkit_locks_acquired_total{table}` and histogram `lockkit_lock_acquire_seconds{table}`
+//!   (`table` is the model's table; `queue` for [`queue::claim`](crate::queue::claim),
+//!   whose query lockkit cannot name; `database` for SQLite's write lock).
 //!
 //! ```
 //! let before = lockkit::metrics::snapshot();
@@ -22,7 +24,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::{Error, StaleObjectError};
 
@@ -57,9 +59,12 @@ pub struct Metrics {
     pub serialization_failures: u64,
     /// [`Error::StatementTimeout`].
     pub statement_timeouts: u64,
-    /// Rows locked by [`with_lock`](crate::with_lock).
+    /// Locks taken: rows locked by [`with_lock`](crate::with_lock),
+    /// [`lock_all`](crate::Lockable::lock_all) and [`queue::claim`](crate::queue::claim),
+    /// and on SQLite the database's write lock taken by a locking transaction.
     pub locks_acquired: u64,
-    /// Total time `with_lock` spent taking its lock (the locked read, waits included).
+    /// Total time spent taking them (the locked read or `BEGIN IMMEDIATE`, waits
+    /// included), counted once per statement however many rows it locked.
     pub lock_acquire_time: Duration,
     /// The longest single lock acquisition.
     pub lock_acquire_max: Duration,
@@ -166,24 +171,49 @@ pub(crate) fn record_lock_error(error: &Error, server_message: &str) {
     };
     counter.fetch_add(1, Relaxed);
     if matches!(error, Error::Deadlock) {
-        tracing::warn!(target: "lockkit", kind, message = server_message, "lock error");
+        tracing::warn!(target: "lockkit", kind, server_message, "lock error");
     } else {
-        tracing::debug!(target: "lockkit", kind, message = server_message, "lock error");
+        tracing::debug!(target: "lockkit", kind, server_message, "lock error");
     }
     #[cfg(feature = "metrics")]
     ::metrics::counter!("lockkit_lock_errors_total", "kind" => kind).increment(1);
 }
 
 pub(crate) fn record_lock_acquired(table: &'static str, waited: Duration) {
-    LOCKS_ACQUIRED.fetch_add(1, Relaxed);
+    record_locks_acquired(table, 1, waited);
+}
+
+/// `rows` locks on `table` taken by one statement that waited `waited`.
+fn record_locks_acquired(table: &'static str, rows: u64, waited: Duration) {
+    LOCKS_ACQUIRED.fetch_add(rows, Relaxed);
     let nanos = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
     LOCK_ACQUIRE_NANOS.fetch_add(nanos, Relaxed);
     LOCK_ACQUIRE_MAX_NANOS.fetch_max(nanos, Relaxed);
-    tracing::trace!(target: "lockkit", table, ?waited, "row locked");
+    tracing::trace!(target: "lockkit", table, rows, ?waited, "row locked");
     #[cfg(feature = "metrics")]
     {
-        ::metrics::counter!("lockkit_locks_acquired_total", "table" => table).increment(1);
+        ::metrics::counter!("lockkit_locks_acquired_total", "table" => table).increment(rows);
         ::metrics::histogram!("lockkit_lock_acquire_seconds", "table" => table)
             .record(waited.as_secs_f64());
+    }
+}
+
+/// Times one lock acquisition: start it right before the statement that waits
+/// for the lock (the locked read, or SQLite's `BEGIN IMMEDIATE`), finish it with
+/// [`LockWait::acquired`] once the statement returned its rows.
+#[must_use]
+pub(crate) struct LockWait(Instant);
+
+impl LockWait {
+    pub(crate) fn start() -> Self {
+        LockWait(Instant::now())
+    }
+
+    /// Records `rows` locks on `table` (nothing when no row was locked).
+    pub(crate) fn acquired(self, table: &'static str, rows: usize) {
+        if rows > 0 {
+            let rows = u64::try_from(rows).unwrap_or(u64::MAX);
+            record_locks_acquired(table, rows, self.0.elapsed());
+        }
     }
 }

@@ -19,9 +19,18 @@
 //! rows another worker claimed: the workers then wait on or deadlock with each
 //! other.
 //!
-//! On SQLite, which has no row locks, run the claim inside
-//! [`locked_transaction`](crate::locked_transaction): its `BEGIN IMMEDIATE` makes
-//! workers take turns, which keeps exactly-once (without the parallelism).
+//! On SQLite, which has no row locks, the claim takes the database's write lock
+//! ([`LockingConnection::take_write_lock`]) before it reads, so workers take turns,
+//! which keeps exactly-once (without the parallelism), even in a plain deferred
+//! `conn.transaction`. [`locked_transaction`](crate::locked_transaction) is the
+//! transaction to use: its `BEGIN IMMEDIATE` takes the lock at once (and a
+//! deferred transaction that read before claiming may find the lock taken by a
+//! writer it cannot wait for: [`Error::Busy`]).
+//!
+//! ```sql
+//! PRAGMA incremental_vacuum(1);  -- SQLite only: takes the write lock, changes no data
+//! SELECT ... FROM jobs WHERE jobs.done = false ORDER BY jobs.id LIMIT ?;
+//! ```
 //!
 //! ```
 //! use diesel::prelude::*;
@@ -51,6 +60,7 @@ use diesel::query_dsl::LoadQuery;
 use diesel::RunQueryDsl;
 
 use crate::locking_connection::{AsLockingConnection, LockingConnection};
+use crate::metrics::LockWait;
 use crate::row_lock::RowLock;
 use crate::{classify, Error};
 
@@ -58,7 +68,8 @@ use crate::{classify, Error};
 /// them until the current transaction ends (`LIMIT n FOR UPDATE SKIP LOCKED`).
 ///
 /// Must run in a transaction: [`Error::NotInTransaction`] otherwise. Give `query`
-/// an `ORDER BY` so that the oldest work goes first.
+/// an `ORDER BY` so that the oldest work goes first. The claimed rows count as
+/// locks of table `queue` in the [`metrics`](crate::metrics).
 pub fn claim<M, C, Q>(conn: &mut C, query: Q, limit: i64) -> Result<Vec<M>, Error>
 where
     C: AsLockingConnection,
@@ -70,6 +81,10 @@ where
     if !conn.in_transaction() {
         return Err(Error::NotInTransaction);
     }
+    let waited = LockWait::start();
+    conn.take_write_lock()?;
     let query = C::Conn::apply_lock(query.limit(limit), RowLock::update().skip_locked());
-    query.load(conn).map_err(classify)
+    let rows: Vec<M> = query.load(conn).map_err(classify)?;
+    waited.acquired("queue", rows.len());
+    Ok(rows)
 }

@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use diesel::Connection;
 
+use crate::locking_connection::{failed_transaction, AsLockingConnection, LockingConnection};
 use crate::Error;
 
 /// How often and how patiently to retry. `RetryPolicy::default()`: 5 attempts,
@@ -112,6 +113,11 @@ impl RetryPolicy {
 ///
 /// `op` receives the attempt number, starting at 1. It must do the whole
 /// read-change-write each time: retrying only the write would fail the same way.
+///
+/// Inside a transaction you opened yourself, a lockkit call whose transaction the
+/// server rolled back reports [`Error::TransactionAborted`], which is not
+/// retryable: `retry` returns it at once, for you to roll back (return it from the
+/// transaction's closure) and, if you like, run the whole transaction again.
 pub fn retry<T, F>(policy: &RetryPolicy, mut op: F) -> Result<T, Error>
 where
     F: FnMut(u32) -> Result<T, Error>,
@@ -144,6 +150,12 @@ where
 /// transaction on `conn`, which is rolled back when `op` fails (or panics: the
 /// rollback happens before the panic continues).
 ///
+/// Called inside another transaction, each attempt is a savepoint. If the server
+/// rolled back the whole transaction (InnoDB on a deadlock), nothing is retried in
+/// it: the result is [`Error::TransactionAborted`] for the owner of the outermost
+/// transaction. Called outside one, an attempt that ended that way is retried
+/// like its cause. See [`locking_connection`](crate::locking_connection#when-the-server-aborts-the-whole-transaction).
+///
 /// ```
 /// # use diesel::prelude::*;
 /// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
@@ -153,20 +165,22 @@ where
 /// .unwrap();
 /// assert_eq!(n, 0);
 /// ```
-pub fn transaction_with_retry<Conn, T, F>(
-    conn: &mut Conn,
+pub fn transaction_with_retry<C, T, F>(
+    conn: &mut C,
     policy: &RetryPolicy,
     mut op: F,
 ) -> Result<T, Error>
 where
-    Conn: Connection,
-    F: FnMut(&mut Conn) -> Result<T, Error>,
+    C: AsLockingConnection,
+    F: FnMut(&mut C::Conn) -> Result<T, Error>,
 {
+    let conn = conn.locking_connection();
     retry(policy, |_| {
+        let nested = conn.in_transaction();
         let mut guard = crate::locking_connection::PanicGuard::default();
         let result = conn.transaction(|conn| guard.call(conn, &mut op));
         guard.resume();
-        result
+        result.map_err(|err| failed_transaction(conn, nested, err))
     })
 }
 
@@ -189,9 +203,16 @@ mod tests {
         let policy = RetryPolicy::default();
         for attempt in 1..10 {
             let ceiling = RetryPolicy::default().jitter(false).delay_after(attempt);
-            for _ in 0..100 {
-                assert!(policy.delay_after(attempt) <= ceiling);
-            }
+            let delays: Vec<Duration> = (0..100).map(|_| policy.delay_after(attempt)).collect();
+            assert!(
+                delays.iter().all(|d| *d <= ceiling),
+                "{attempt}: {delays:?}"
+            );
+            // Spread over the whole range (uniform: each half is missed by all
+            // 100 draws with probability 2^-100), not stuck at 0 or the ceiling.
+            let half = ceiling / 2;
+            assert!(delays.iter().any(|d| *d < half), "{attempt}: {delays:?}");
+            assert!(delays.iter().any(|d| *d > half), "{attempt}: {delays:?}");
         }
     }
 

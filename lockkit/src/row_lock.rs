@@ -4,7 +4,9 @@
 //! `.for_key_share()`, `.skip_locked()` and `.no_wait()` on PostgreSQL and MySQL;
 //! use them. [`LockQueryExt`] adds only what Diesel lacks:
 //!
-//! * `.nowait()`: the same clause as Diesel's `.no_wait()`, in SQL's own spelling;
+//! * `.nowait()`: the same clause as Diesel's `.no_wait()`, in SQL's own spelling,
+//!   whose failure is [`Error::Busy`](crate::Error::Busy) through `?` on every
+//!   server, MariaDB included (which reports it as a lock wait timeout);
 //! * `.for_update_of(table)` (and `_no_key_update_of`, `_share_of`,
 //!   `_key_share_of`): lock only the rows of one table of a join. PostgreSQL refuses
 //!   `FOR UPDATE` on the nullable side of an outer join; `OF` names the side to lock.
@@ -158,6 +160,9 @@ impl QueryFragment<diesel::pg::Pg> for RowLock {
 #[cfg(feature = "mysql")]
 impl QueryFragment<diesel::mysql::Mysql> for RowLock {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::mysql::Mysql>) -> QueryResult<()> {
+        if self.wait == WaitMode::NoWait {
+            crate::classify::nowait_sent();
+        }
         out.push_sql(self.strength.mysql());
         out.push_sql(self.wait.sql());
         Ok(())
@@ -169,7 +174,9 @@ impl QueryFragment<diesel::mysql::Mysql> for RowLock {
 /// Diesel's own marker type for `.no_wait()` is private, so it cannot be named in a
 /// generic bound; this one-word marker goes through Diesel's public `ModifyLockDsl`
 /// to the very place `.no_wait()` uses, and renders the same SQL (a test compares
-/// both with `debug_query`).
+/// both with `debug_query`). Unlike Diesel's, it makes a failed `NOWAIT` on
+/// MariaDB classify as [`Error::Busy`](crate::Error::Busy) through `?` too (see
+/// [`classify`](mod@crate::classify#limits)): prefer it.
 #[derive(Debug, Clone, Copy, Default, QueryId)]
 pub struct NoWait;
 
@@ -184,6 +191,8 @@ impl QueryFragment<diesel::pg::Pg> for NoWait {
 #[cfg(feature = "mysql")]
 impl QueryFragment<diesel::mysql::Mysql> for NoWait {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::mysql::Mysql>) -> QueryResult<()> {
+        // MariaDB reports a failed NOWAIT as a lock wait timeout: see `classify`.
+        crate::classify::nowait_sent();
         out.push_sql(" NOWAIT");
         Ok(())
     }

@@ -10,6 +10,7 @@
 
 pub mod db;
 pub mod models;
+pub mod observe;
 pub mod schema;
 
 pub use db::TestDb;

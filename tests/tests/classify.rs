@@ -80,6 +80,32 @@ fn not_found_is_not_found() {
     ));
 }
 
+#[test]
+fn messages_are_read_for_every_kind_but_constraint_violations() {
+    use diesel::result::DatabaseErrorKind as Kind;
+    let error = |kind, message: &str| {
+        diesel::result::Error::DatabaseError(kind, Box::new(message.to_owned()))
+    };
+    // Diesel's PostgreSQL connection reports a failed send with libpq's text.
+    let lost = error(
+        Kind::UnableToSendCommand,
+        "server closed the connection unexpectedly",
+    );
+    assert!(matches!(classify(lost), Error::ConnectionLost));
+    // A constraint violation's message may hold user data: never read.
+    for kind in [
+        Kind::UniqueViolation,
+        Kind::ForeignKeyViolation,
+        Kind::NotNullViolation,
+        Kind::CheckViolation,
+        Kind::RestrictViolation,
+        Kind::ExclusionViolation,
+    ] {
+        let err = classify(error(kind, "deadlock detected"));
+        assert!(matches!(err, Error::Database(_)), "{kind:?}: {err:?}");
+    }
+}
+
 #[cfg(feature = "postgres")]
 mod postgres {
     use super::*;

@@ -6,6 +6,7 @@ use lockkit::prelude::*;
 use lockkit::version_trigger::{down_sql, up_sql, Dialect};
 use lockkit::{retry, CurrentState, Error, RetryPolicy};
 use lockkit_tests::models::*;
+use lockkit_tests::observe::observe;
 use lockkit_tests::schema::*;
 use lockkit_tests::{exec, seed_items};
 
@@ -72,10 +73,33 @@ lockkit_tests::backend_tests! {
         let before = lockkit::metrics::snapshot();
         let mut stale = items::table.find(1).first::<Item>(&mut conn).unwrap();
         exec(&mut conn, "UPDATE items SET lock_version = lock_version + 1 WHERE id = 1");
-        let result: Result<(), Error> = retry(&RetryPolicy::immediate(3), |_| stale.update_versioned(&mut conn));
-        assert!(matches!(result, Err(Error::RetriesExhausted { attempts: 3, .. })));
-        lockkit::with_lock(&mut conn, 1, |_, _: Item| Ok(())).unwrap();
-        // Other tests run in parallel in this process: at least our share.
+        // What this thread reports, and nothing from the tests running beside it.
+        let ((), seen) = observe(|| {
+            let result: Result<(), Error> = retry(&RetryPolicy::immediate(3), |_| stale.update_versioned(&mut conn));
+            assert!(matches!(result, Err(Error::RetriesExhausted { attempts: 3, .. })));
+            lockkit::with_lock(&mut conn, 1, |_, _: Item| Ok(())).unwrap();
+        });
+        // The `metrics` facade.
+        assert_eq!(seen.counter("lockkit_stale_writes_total{table=items}"), 3, "{seen:?}");
+        assert_eq!(seen.counter("lockkit_retries_total"), 2, "{seen:?}");
+        assert_eq!(seen.counter("lockkit_retries_exhausted_total"), 1, "{seen:?}");
+        assert_eq!(seen.counter("lockkit_locks_acquired_total{table=items}"), 1, "{seen:?}");
+        assert_eq!(seen.histogram("lockkit_lock_acquire_seconds{table=items}").len(), 1, "{seen:?}");
+        // The `tracing` events, with what they say.
+        let stale_writes = seen.events_named("stale write");
+        assert_eq!(stale_writes.len(), 3, "{:?}", seen.events);
+        for event in &stale_writes {
+            assert_eq!(event.level, tracing::Level::INFO);
+            assert_eq!((event.field("table"), event.field("key"), event.field("expected")), (Some("items"), Some("1"), Some("0")));
+            assert_eq!(event.field("operation"), Some("update"));
+            assert_eq!(event.field("current"), Some(CurrentState::Version(1).to_string().as_str()), "{event:?}");
+        }
+        let retries: Vec<Option<&str>> = seen.events_named("retrying").iter().map(|e| e.field("attempt")).collect();
+        assert_eq!(retries, vec![Some("1"), Some("2")]);
+        let exhausted = seen.events_named("retries exhausted");
+        assert_eq!(exhausted.len(), 1);
+        assert_eq!((exhausted[0].level, exhausted[0].field("attempts")), (tracing::Level::WARN, Some("3")));
+        // The process-wide counters also saw them (other tests add theirs).
         let delta = lockkit::metrics::snapshot().since(&before);
         assert!(delta.stale_writes >= 3, "{delta}");
         assert!(delta.retries >= 2, "{delta}");

@@ -4,7 +4,7 @@
 
 use std::sync::{mpsc, Barrier, Mutex};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
 use lockkit::prelude::*;
@@ -194,11 +194,18 @@ mod all {
             let item = items::table.find(1).first::<Item>(&mut db.conn()).unwrap();
             let mut conn = db.connect();
             let before = lock_timeout_setting(&mut conn, BACKEND);
-            let err = while_item_locked(&db, || {
-                item.with_lock_opts(&mut conn, LockOptions::default().timeout(Duration::from_millis(300)), |_, _| Ok(()))
-                    .unwrap_err()
+            let (err, waited) = while_item_locked(&db, || {
+                let started = Instant::now();
+                let err = item.with_lock_opts(&mut conn, LockOptions::default().timeout(Duration::from_millis(300)), |_, _| Ok(()))
+                    .unwrap_err();
+                (err, started.elapsed())
             });
             assert!(matches!(err, Error::LockTimeout), "{err:?}");
+            // The error comes from our timeout (MySQL counts whole seconds: 1 s),
+            // not from the server's default (MySQL/MariaDB: 50 s).
+            let asked = if BACKEND == "mysql" { Duration::from_secs(1) } else { Duration::from_millis(300) };
+            assert!(waited >= asked.mul_f64(0.9), "gave up early: {waited:?}");
+            assert!(waited < asked + Duration::from_secs(2), "waited past the timeout: {waited:?}");
             assert_eq!(lock_timeout_setting(&mut conn, BACKEND), before, "the session's own timeout is restored");
         }
 
@@ -338,6 +345,43 @@ mod all {
                 .transaction(|conn| lockkit::serializable(conn, &lockkit::RetryPolicy::default(), |_| Ok(())))
                 .unwrap_err();
             assert!(matches!(err, Error::AlreadyInTransaction));
+        }
+    }
+}
+
+mod servers {
+    use super::*;
+
+    lockkit_tests::server_tests! {
+        fn a_claim_skips_a_held_job_without_waiting(db) {
+            let values: Vec<String> = (1..=3).map(|id| format!("({id}, 'job {id}', false)")).collect();
+            exec(&mut db.conn(), &format!("INSERT INTO jobs (id, payload, done) VALUES {}", values.join(", ")));
+            let pending = || jobs::table.filter(jobs::done.eq(false)).order(jobs::id).select(jobs::id);
+            let (claimed_tx, claimed_rx) = mpsc::channel();
+            let (release_tx, release_rx) = mpsc::channel::<()>();
+            thread::scope(|s| {
+                let db = &db;
+                let holder = s.spawn(move || {
+                    locked_transaction(&mut db.connect(), LockOptions::default(), |conn| {
+                        let ids: Vec<i32> = queue::claim(conn, pending(), 1)?;
+                        claimed_tx.send(ids).unwrap();
+                        let _ = release_rx.recv();
+                        Ok(())
+                    })
+                    .unwrap();
+                });
+                assert_eq!(claimed_rx.recv().unwrap(), vec![1]);
+                let mut conn = db.connect();
+                // A plain FOR UPDATE would wait for job 1 here: let it fail, not hang.
+                exec(&mut conn, if BACKEND == "postgres" { "SET lock_timeout = '3s'" } else { "SET SESSION innodb_lock_wait_timeout = 3" });
+                let started = Instant::now();
+                let second = locked_transaction(&mut conn, LockOptions::default(), |conn| queue::claim::<i32, _, _>(conn, pending(), 2));
+                let waited = started.elapsed();
+                release_tx.send(()).unwrap();
+                holder.join().unwrap();
+                assert_eq!(second.unwrap(), vec![2, 3], "job 1 skipped while held");
+                assert!(waited < Duration::from_secs(1), "the claim waited {waited:?}");
+            });
         }
     }
 }

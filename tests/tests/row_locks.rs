@@ -1,6 +1,6 @@
 //! Row locks on the servers that have them (PostgreSQL, MySQL/MariaDB): deadlocks
-//! and how `lock_all` prevents them, nested `with_lock`, lock clauses, advisory
-//! locks, write skew, and who waits on whom.
+//! and how `lock_all` prevents them, nested `with_lock`, lock clauses and lock
+//! strengths, advisory locks, write skew, and who waits on whom.
 
 use std::sync::{mpsc, Barrier};
 use std::thread;
@@ -10,7 +10,7 @@ use diesel::prelude::*;
 use lockkit::advisory::{self, AdvisoryKey};
 use lockkit::lock_waits;
 use lockkit::prelude::*;
-use lockkit::{locked_transaction, Error, LockOptions};
+use lockkit::{locked_transaction, Error, LockOptions, LockStrength};
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
 use lockkit_tests::{exec, seed_items};
@@ -230,6 +230,32 @@ lockkit_tests::server_tests! {
         }
     }
 
+    fn for_share_is_shared_by_readers_and_keeps_writers_out(db) {
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let share = LockOptions::default().share();
+        let (locked_tx, locked_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let (shared, exclusive) = thread::scope(|s| {
+            let db = &db;
+            s.spawn(move || {
+                lockkit::with_lock_opts(&mut db.connect(), 1, share, |_, _: Item| {
+                    locked_tx.send(()).unwrap();
+                    let _ = release_rx.recv();
+                    Ok(())
+                })
+                .unwrap();
+            });
+            locked_rx.recv().unwrap();
+            let mut other = db.connect();
+            let shared = lockkit::with_lock_opts(&mut other, 1, share.nowait(), |_, item: Item| Ok(item.stock));
+            let exclusive = lockkit::with_lock_opts(&mut other, 1, LockOptions::default().nowait(), |_, _: Item| Ok(()));
+            release_tx.send(()).unwrap();
+            (shared, exclusive)
+        });
+        assert_eq!(shared.unwrap(), 10, "a second reader shares the lock");
+        assert!(matches!(exclusive, Err(Error::Busy)), "{exclusive:?}");
+    }
+
     fn lock_timeouts_reach_the_server_as_numbers(db) {
         // The timeout is a Duration, bound (PostgreSQL, MySQL) or formatted as an
         // integer: there is no text to inject. Extreme values are clamped, not errors.
@@ -247,6 +273,7 @@ lockkit_tests::server_tests! {
 #[cfg(feature = "postgres")]
 mod postgres_only {
     use super::*;
+    use diesel::connection::SimpleConnection;
     use diesel::PgConnection;
     use lockkit_tests::TestDb;
 
@@ -290,6 +317,100 @@ mod postgres_only {
             sql.contains(r#"FOR UPDATE OF "orders" SKIP LOCKED"#),
             "{sql}"
         );
+
+        // What is locked, seen from another connection with NOWAIT.
+        let mut other = db.connect();
+        let mut free = |table: &str| {
+            let sql = format!("SELECT 1 FROM {table} WHERE id = 1 FOR UPDATE NOWAIT");
+            other.transaction(|other| other.batch_execute(&sql)).is_ok()
+        };
+        // Without OF (on an inner join, where it is allowed) both sides are locked...
+        conn.transaction(|conn| {
+            orders::table
+                .inner_join(items::table)
+                .select(orders::id)
+                .for_update()
+                .load::<i32>(conn)?;
+            assert_eq!((free("orders"), free("items")), (false, false));
+            diesel::QueryResult::Ok(())
+        })
+        .unwrap();
+        // ... with OF, only the orders rows; the items stay free.
+        conn.transaction(|conn| {
+            query()
+                .for_update_of(orders::table)
+                .load::<(i32, Option<i32>)>(conn)?;
+            assert_eq!((free("orders"), free("items")), (false, true));
+            diesel::QueryResult::Ok(())
+        })
+        .unwrap();
+    }
+
+    /// Holds row 1 of items with `options` on another connection while `during` runs.
+    fn while_held<T>(
+        db: &TestDb<PgConnection>,
+        options: LockOptions,
+        during: impl FnOnce() -> T,
+    ) -> T {
+        let (locked_tx, locked_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        thread::scope(|s| {
+            let holder = s.spawn(move || {
+                lockkit::with_lock_opts(&mut db.connect(), 1, options, |_, _: Item| {
+                    locked_tx.send(()).unwrap();
+                    let _ = release_rx.recv();
+                    Ok(())
+                })
+                .unwrap();
+            });
+            locked_rx.recv().unwrap();
+            let out = during();
+            release_tx.send(()).unwrap();
+            holder.join().unwrap();
+            out
+        })
+    }
+
+    /// Whether `options` with NOWAIT can lock row 1 of items now.
+    fn can_lock(conn: &mut PgConnection, options: LockOptions) -> Result<(), Error> {
+        lockkit::with_lock_opts(conn, 1, options.nowait(), |_, _: Item| Ok(()))
+    }
+
+    #[test]
+    fn no_key_update_lets_a_foreign_key_insert_through() {
+        // Inserting an order for item 1 checks the foreign key with FOR KEY SHARE
+        // on the item: FOR UPDATE blocks it, FOR NO KEY UPDATE does not.
+        let db = TestDb::<PgConnection>::new("no_key_update_fk");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut inserter = db.connect();
+        exec(&mut inserter, "SET lock_timeout = '500ms'");
+        let insert = |conn: &mut PgConnection, id: i32| {
+            conn.batch_execute(&format!(
+                "INSERT INTO orders (id, item_id, qty) VALUES ({id}, 1, 1)"
+            ))
+            .map_err(lockkit::classify)
+        };
+        let no_key = LockOptions::default().no_key_update();
+        let inserted = while_held(&db, no_key, || insert(&mut inserter, 1));
+        assert!(inserted.is_ok(), "{inserted:?}");
+        let blocked = while_held(&db, LockOptions::default(), || insert(&mut inserter, 2));
+        assert!(matches!(blocked, Err(Error::LockTimeout)), "{blocked:?}");
+    }
+
+    #[test]
+    fn key_share_blocks_only_key_changes() {
+        let db = TestDb::<PgConnection>::new("key_share");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let key_share = LockOptions::default().strength(LockStrength::KeyShare);
+        let (no_key_update, update) = while_held(&db, key_share, || {
+            let mut other = db.connect();
+            (
+                can_lock(&mut other, LockOptions::default().no_key_update()),
+                can_lock(&mut other, LockOptions::default()),
+            )
+        });
+        assert!(no_key_update.is_ok(), "{no_key_update:?}");
+        assert!(matches!(update, Err(Error::Busy)), "{update:?}");
     }
 
     #[test]

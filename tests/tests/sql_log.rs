@@ -159,6 +159,14 @@ lockkit_tests::backend_tests! {
         log.section("item.with_lock_opts(&mut conn, LockOptions::default().timeout(Duration::from_millis(250)), ..)");
         item.with_lock_opts(&mut conn, LockOptions::default().timeout(Duration::from_millis(250)), |_, _| Ok(())).unwrap();
 
+        log.section("conn.transaction(|conn| item.with_lock_opts(conn, LockOptions::default().timeout(Duration::from_millis(250)), ..)): nested");
+        conn.transaction(|conn| item.with_lock_opts(conn, LockOptions::default().timeout(Duration::from_millis(250)), |_, _| Ok(())))
+            .unwrap();
+
+        log.section("conn.transaction(|conn| lockkit::with_lock(conn, 42, ..)) on a missing row: a nested call that fails asks MySQL whether the transaction is still open");
+        let missing = conn.transaction(|conn| lockkit::with_lock(conn, 42, |_, _: Item| Ok(())));
+        assert!(matches!(missing, Err(Error::NotFound)));
+
         log.section("lockkit::with_lock_opts(&mut conn, 42, LockOptions::default().skip_locked(), ..) on a missing row");
         let missing = lockkit::with_lock_opts(&mut conn, 42, LockOptions::default().skip_locked(), |_, _: Item| Ok(()));
         assert!(matches!(missing, Err(Error::NotFound)));
@@ -215,6 +223,8 @@ macro_rules! server_statements {
                 drop(lockkit::advisory::try_lock(self, "nightly-report").unwrap());
                 log.section("lockkit::advisory::lock(&mut conn, 42_i64), then .unlock()");
                 lockkit::advisory::lock(self, 42_i64).unwrap().unlock().unwrap();
+                log.section("conn.transaction(|conn| lockkit::advisory::lock(conn, 42_i64)): inside a transaction (PostgreSQL: a transaction lock)");
+                self.transaction(|conn| lockkit::advisory::lock(conn, 42_i64).map(drop)).unwrap();
                 log.section("lockkit::lock_waits::session_id(&mut conn)");
                 lockkit::lock_waits::session_id(self).unwrap();
                 log.section("lockkit::lock_waits::blocked_sessions(&mut conn)");

@@ -1,0 +1,340 @@
+//! Lock calls that fail, nest or wait, on real servers: a deadlock inside a nested
+//! retry, `NOWAIT` through `?`, lock options of nested calls, SQLite's write lock
+//! in deferred transactions, advisory locks in aborted transactions, and what
+//! the metrics and `tracing` events say about each (observed on the calling
+//! thread only, so the counts are exact).
+
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use diesel::prelude::*;
+use lockkit::prelude::*;
+use lockkit::{queue, retry, Error, LockOptions, RetryPolicy};
+use lockkit_tests::db::TestBackend;
+use lockkit_tests::models::*;
+use lockkit_tests::observe::observe;
+use lockkit_tests::schema::*;
+use lockkit_tests::{exec, seed_items, TestDb};
+
+/// Holds `with_lock` on items row 1 (SQLite: the database's write lock) on another
+/// connection for `hold`, then commits; `during` runs once the lock is held.
+fn item_1_locked_for<C, T>(db: &TestDb<C>, hold: Duration, during: impl FnOnce() -> T) -> T
+where
+    C: TestBackend + lockkit::LockingConnection + lockkit::AsLockingConnection<Conn = C>,
+    Item: LockRow<C>,
+{
+    let (locked_tx, locked_rx) = mpsc::channel();
+    thread::scope(|s| {
+        let holder = s.spawn(move || {
+            lockkit::with_lock(&mut db.connect(), 1, |_, _: Item| {
+                locked_tx.send(()).unwrap();
+                thread::sleep(hold);
+                Ok(())
+            })
+            .unwrap();
+        });
+        locked_rx.recv().unwrap();
+        let out = during();
+        holder.join().unwrap();
+        out
+    })
+}
+
+/// The stock of item 1.
+macro_rules! stock_of {
+    ($conn:expr) => {
+        items::table
+            .find(1)
+            .select(items::stock)
+            .first::<i32>($conn)
+            .unwrap()
+    };
+}
+
+/// How many order lines exist.
+macro_rules! order_lines {
+    ($conn:expr) => {
+        orders::table.count().get_result::<i64>($conn).unwrap()
+    };
+}
+
+/// A deadlock whose victim is the first attempt of `$work` (run on `$conn` by
+/// `$run`): that attempt locks item 1, then waits for item 2, which a heavier
+/// transaction on another connection holds while it waits for item 1. InnoDB
+/// rolls back the transaction with fewer changed rows; PostgreSQL's deadlock
+/// check runs in the session that waited `deadlock_timeout` first, and the other
+/// session's is set far higher. Later attempts only take item 1.
+macro_rules! deadlock_first_attempt {
+    ($db:expr, |$conn:ident, $work:ident| $run:expr) => {{
+        let db = &$db;
+        let (a_tx, a_rx) = mpsc::channel::<()>();
+        let (b_tx, b_rx) = mpsc::channel::<()>();
+        thread::scope(|s| {
+            let neighbour = s.spawn(move || {
+                let mut conn = db.connect();
+                if BACKEND == "postgres" {
+                    exec(&mut conn, "SET deadlock_timeout = '30s'");
+                }
+                conn.transaction(|conn| {
+                    exec(conn, "UPDATE items SET name = 'heavy' WHERE id >= 3");
+                    let _: Item = items::table.find(2).for_update().first(conn)?;
+                    b_tx.send(()).unwrap();
+                    a_rx.recv().unwrap();
+                    thread::sleep(Duration::from_millis(200));
+                    let _: Item = items::table.find(1).for_update().first(conn)?;
+                    diesel::QueryResult::Ok(())
+                })
+                .expect("the heavier transaction is never the victim");
+            });
+            let mut attempts = 0;
+            let mut $work = |conn: &mut Conn, attempt: u32| -> Result<(), Error> {
+                attempts += 1;
+                let item: Item = items::table.find(1).for_update().first(conn)?;
+                diesel::update(items::table.find(1))
+                    .set(items::stock.eq(item.stock - 1))
+                    .execute(conn)?;
+                if attempt == 1 {
+                    a_tx.send(()).unwrap();
+                    b_rx.recv().unwrap();
+                    let _: Item = items::table.find(2).for_update().first(conn)?;
+                }
+                Ok(())
+            };
+            let mut $conn = db.connect();
+            let outcome: Result<(), Error> = $run;
+            neighbour.join().unwrap();
+            (outcome, attempts, $conn)
+        })
+    }};
+}
+
+mod servers {
+    use super::*;
+
+    lockkit_tests::server_tests! {
+        fn a_deadlock_inside_a_nested_retry_commits_nothing(db) {
+            seed_items(&mut db.conn(), &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>());
+            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
+                conn.transaction(|conn| {
+                    exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)");
+                    retry(&RetryPolicy::default(), |attempt| {
+                        lockkit::with_lock(conn, 1, |conn, _: Item| work(conn, attempt))
+                    })
+                })
+            });
+            assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
+            let (stock, lines) = (stock_of!(&mut conn), order_lines!(&mut conn));
+            if BACKEND == "postgres" {
+                // The savepoint rollback undid attempt 1 only; attempt 2 ran inside
+                // the same outer transaction, which committed.
+                assert!(outcome.is_ok(), "{outcome:?}");
+                assert_eq!((attempts, stock, lines), (2, 9, 1));
+            } else {
+                // InnoDB rolled back the whole transaction: nothing is retried in
+                // it, and the owner of the outer transaction gets the deadlock.
+                assert_eq!((attempts, stock, lines), (1, 10, 0), "nothing committed");
+                match &outcome {
+                    Err(Error::TransactionAborted(cause)) => assert!(matches!(**cause, Error::Deadlock), "{cause:?}"),
+                    other => panic!("{other:?}"),
+                }
+                assert!(!outcome.as_ref().unwrap_err().is_retryable());
+            }
+        }
+
+        fn a_deadlock_inside_a_nested_transaction_with_retry_commits_nothing(db) {
+            seed_items(&mut db.conn(), &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>());
+            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
+                conn.transaction(|conn| {
+                    exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)");
+                    let mut attempt = 0;
+                    lockkit::transaction_with_retry(conn, &RetryPolicy::default(), |conn| {
+                        attempt += 1;
+                        work(conn, attempt)
+                    })
+                })
+            });
+            let (stock, lines) = (stock_of!(&mut conn), order_lines!(&mut conn));
+            if BACKEND == "postgres" {
+                assert!(outcome.is_ok(), "{outcome:?}");
+                assert_eq!((attempts, stock, lines), (2, 9, 1));
+            } else {
+                assert_eq!((attempts, stock, lines), (1, 10, 0), "nothing committed");
+                assert!(matches!(outcome, Err(Error::TransactionAborted(_))), "{outcome:?}");
+            }
+        }
+
+        fn a_top_level_transaction_with_retry_reruns_after_a_nested_abort(db) {
+            // The owner of the outermost transaction may retry: the server rolled
+            // everything back, and the next attempt is a new transaction.
+            seed_items(&mut db.conn(), &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>());
+            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
+                let mut attempt = 0;
+                lockkit::transaction_with_retry(&mut conn, &RetryPolicy::default(), |conn| {
+                    attempt += 1;
+                    exec(conn, &format!("INSERT INTO orders (id, item_id, qty) VALUES ({attempt}, NULL, 1)"));
+                    let this = attempt;
+                    lockkit::with_lock(conn, 1, |conn, _: Item| work(conn, this))
+                })
+            });
+            assert!(outcome.is_ok(), "{outcome:?}");
+            assert_eq!((attempts, stock_of!(&mut conn), order_lines!(&mut conn)), (2, 9, 1));
+        }
+
+        fn our_nowait_through_the_question_mark_is_busy(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn = db.connect();
+            let (err, seen) = item_1_locked_for(&db, Duration::from_millis(1500), || {
+                observe(|| {
+                    let started = Instant::now();
+                    // Twice: the second statement comes from the prepared-statement cache.
+                    let errors: Vec<Error> = (0..2)
+                        .map(|_| {
+                            conn.transaction(|conn| -> Result<Item, Error> {
+                                Ok(items::table.find(1).for_update().nowait().first::<Item>(conn)?)
+                            })
+                            .unwrap_err()
+                        })
+                        .collect();
+                    assert!(started.elapsed() < Duration::from_secs(1), "NOWAIT did not wait");
+                    errors
+                })
+            });
+            assert!(err.iter().all(|e| matches!(e, Error::Busy)), "{err:?}");
+            assert_eq!(seen.counter("lockkit_lock_errors_total{kind=busy}"), 2);
+            assert_eq!(seen.counter("lockkit_lock_errors_total{kind=lock_timeout}"), 0);
+            // A real lock wait timeout right after it is still a lock timeout.
+            exec(&mut conn, if BACKEND == "postgres" { "SET lock_timeout = '1s'" } else { "SET SESSION innodb_lock_wait_timeout = 1" });
+            let err = item_1_locked_for(&db, Duration::from_millis(2500), || {
+                let _ = conn.transaction(|conn| -> Result<Item, Error> {
+                    Ok(items::table.find(2).for_update().nowait().first::<Item>(conn)?)
+                });
+                conn.transaction(|conn| -> Result<Item, Error> {
+                    Ok(items::table.find(1).for_update().first::<Item>(conn)?)
+                })
+                .unwrap_err()
+            });
+            assert!(matches!(err, Error::LockTimeout), "{err:?}");
+        }
+
+        fn a_nested_lock_timeout_applies_to_that_call_only(db) {
+            seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+            let mut conn = db.connect();
+            let outcome = conn.transaction(|conn| {
+                lockkit::with_lock_opts(conn, 2, LockOptions::default().timeout(Duration::from_millis(100)), |_, _: Item| Ok(()))?;
+                // A plain lock later in the same transaction waits as long as the
+                // session allows (well over the 100 ms above).
+                item_1_locked_for(&db, Duration::from_millis(700), || {
+                    lockkit::with_lock(conn, 1, |conn, item: Item| {
+                        diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
+                        Ok(())
+                    })
+                })
+            });
+            assert!(outcome.is_ok(), "{outcome:?}");
+            assert_eq!(stock_of!(&mut conn), 9);
+        }
+
+        fn an_advisory_lock_never_outlives_an_aborted_transaction(db) {
+            let mut a = db.connect();
+            let mut b = db.connect();
+            let key = lockkit::advisory::AdvisoryKey::from_name("aborted");
+            let outcome = a.transaction(|a| {
+                let mut guard = lockkit::advisory::lock(a, key)?;
+                assert!(lockkit::advisory::try_lock(&mut b, key)?.is_none(), "held");
+                // A failed statement: PostgreSQL aborts the transaction.
+                let _ = exec_fallible(&mut *guard, "INSERT INTO items (id, name, stock) VALUES (NULL, NULL, NULL)");
+                drop(guard);
+                Err::<(), _>(Error::NoRowMatched)
+            });
+            assert!(matches!(outcome, Err(Error::NoRowMatched)), "{outcome:?}");
+            let again = lockkit::advisory::try_lock(&mut b, key).unwrap();
+            assert!(again.is_some(), "the lock ended with a's transaction");
+        }
+    }
+
+    fn exec_fallible<C: diesel::connection::SimpleConnection>(
+        conn: &mut C,
+        sql: &str,
+    ) -> diesel::QueryResult<()> {
+        conn.batch_execute(sql)
+    }
+}
+
+mod all {
+    use super::*;
+
+    lockkit_tests::backend_tests! {
+        fn a_nested_nowait_fails_while_another_connection_holds_the_lock(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn = db.connect();
+            let outcome = item_1_locked_for(&db, Duration::from_millis(500), || {
+                conn.transaction(|conn| {
+                    lockkit::with_lock_opts(conn, 1, LockOptions::default().nowait(), |_, item: Item| Ok(item.stock))
+                })
+            });
+            assert!(matches!(outcome, Err(Error::Busy)), "{outcome:?}");
+        }
+
+        fn claims_in_a_plain_transaction_never_share_a_job(db) {
+            exec(&mut db.conn(), "INSERT INTO jobs (id, payload, done) VALUES (1, 'a', false), (2, 'b', false)");
+            let (claimed_tx, claimed_rx) = mpsc::channel::<()>();
+            let claim_one = |conn: &mut Conn| -> Result<Vec<i32>, Error> {
+                let ids: Vec<i32> = queue::claim(conn, jobs::table.filter(jobs::done.eq(false)).order(jobs::id).select(jobs::id), 1)?;
+                for id in &ids {
+                    diesel::update(jobs::table.find(id)).set(jobs::done.eq(true)).execute(conn)?;
+                }
+                Ok(ids)
+            };
+            let (first, second) = thread::scope(|s| {
+                let db = &db;
+                let first = s.spawn(move || {
+                    db.connect().transaction(|conn| {
+                        let ids = claim_one(conn)?;
+                        claimed_tx.send(()).unwrap();
+                        thread::sleep(Duration::from_millis(300));
+                        Ok::<_, Error>(ids)
+                    })
+                });
+                claimed_rx.recv().unwrap();
+                let second = db.connect().transaction(|conn| claim_one(conn));
+                (first.join().unwrap(), second)
+            });
+            assert_eq!((first.unwrap(), second.unwrap()), (vec![1], vec![2]), "each job claimed once");
+        }
+
+        fn a_lock_timeout_is_counted_once_as_a_lock_timeout(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn = db.connect();
+            let (err, seen) = item_1_locked_for(&db, Duration::from_millis(1500), || {
+                observe(|| {
+                    lockkit::with_lock_opts(&mut conn, 1, LockOptions::default().timeout(Duration::from_millis(100)), |_, _: Item| Ok(()))
+                        .unwrap_err()
+                })
+            });
+            assert!(matches!(err, Error::LockTimeout), "{err:?}");
+            assert_eq!(seen.counter("lockkit_lock_errors_total{kind=lock_timeout}"), 1);
+            assert_eq!(seen.counter("lockkit_lock_errors_total{kind=busy}"), 0);
+            let events = seen.events_named("lock error");
+            assert_eq!(events.len(), 1, "{:?}", seen.events);
+            assert_eq!(events[0].field("kind"), Some("lock_timeout"));
+        }
+
+        fn lock_waits_are_recorded_for_claims(db) {
+            exec(&mut db.conn(), "INSERT INTO jobs (id, payload, done) VALUES (1, 'a', false), (2, 'b', false)");
+            let mut conn = db.connect();
+            let (claimed, seen) = observe(|| {
+                lockkit::locked_transaction(&mut conn, LockOptions::default(), |conn| {
+                    queue::claim::<i32, _, _>(conn, jobs::table.order(jobs::id).select(jobs::id), 5)
+                })
+                .unwrap()
+            });
+            assert_eq!(claimed, vec![1, 2]);
+            assert_eq!(seen.counter("lockkit_locks_acquired_total{table=queue}"), 2, "{seen:?}");
+            assert_eq!(seen.histogram("lockkit_lock_acquire_seconds{table=queue}").len(), 1, "{seen:?}");
+            // SQLite's lock is the transaction's: BEGIN IMMEDIATE, counted once.
+            let database_locks = if BACKEND == "sqlite" { 1 } else { 0 };
+            assert_eq!(seen.counter("lockkit_locks_acquired_total{table=database}"), database_locks, "{seen:?}");
+        }
+    }
+}
