@@ -137,6 +137,17 @@ log "MySQL/MariaDB: $MYSQL_DATABASE_URL"
 # --- the suite ---------------------------------------------------------------
 log "cargo fmt --check"
 cargo fmt --all -- --check
+
+# `cargo run -p shop` must work with Rust alone: with default features no example
+# may link a database client library, even on this machine, which has them.
+log "examples: default features need no database client library"
+for example in shop job_queue http_api; do
+  for sys in pq-sys mysqlclient-sys; do
+    tree="$(cargo tree --locked -p "$example" -e normal -i "$sys" 2>/dev/null)" \
+      || die "cargo tree -p $example failed"
+    [ -z "$tree" ] || { printf '%s\n' "$tree" >&2; die "$example's default features depend on $sys"; }
+  done
+done
 log "cargo clippy"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 log "cargo test (PostgreSQL, MySQL/MariaDB, SQLite)"
