@@ -148,6 +148,19 @@ for example in shop job_queue http_api; do
     [ -z "$tree" ] || { printf '%s\n' "$tree" >&2; die "$example's default features depend on $sys"; }
   done
 done
+# Users pay only for the features they pick: each of lockkit's features builds
+# alone and in the usual combinations, and the examples build with their defaults.
+# A loop over `cargo clippy` (dependencies are shared with the run below) rather
+# than cargo-hack, which would have to be compiled first.
+log "lockkit: each feature alone and the usual combinations"
+for features in "" derive postgres mysql sqlite r2d2 idempotency idempotency-migrations \
+  metrics serde axum postgres,r2d2 mysql,r2d2 sqlite,r2d2 postgres,idempotency \
+  sqlite,idempotency-migrations postgres,axum,metrics; do
+  cargo clippy --locked -q -p lockkit --no-default-features --features "$features" --all-targets \
+    -- -D warnings || die "lockkit does not build with features [$features]"
+done
+log "examples: default features"
+cargo clippy --locked -q -p shop -p job_queue -p http_api --all-targets -- -D warnings
 log "cargo clippy"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 log "cargo test (PostgreSQL, MySQL/MariaDB, SQLite)"

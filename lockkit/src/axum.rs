@@ -89,11 +89,11 @@
 
 use std::convert::Infallible;
 
-use axum::extract::{FromRequestParts, OptionalFromRequestParts};
-use axum::http::header::{CONTENT_TYPE, ETAG, IF_MATCH};
-use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
+use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
+use axum_core::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
+use http::header::{CONTENT_TYPE, ETAG, IF_MATCH};
+use http::request::Parts;
+use http::{HeaderMap, HeaderValue, StatusCode};
 
 use crate::etag::{self, ETag, Expected, IfMatchError, Problem};
 use crate::{Error, VersionNumber};
@@ -291,7 +291,7 @@ mod tests {
     use std::pin::pin;
     use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 
-    use axum::http::Request;
+    use http::Request;
 
     use super::*;
     use crate::etag::ANY_MATCH_ATTEMPTS;
