@@ -289,7 +289,7 @@ pub fn etag_value(tag: ETag) -> HeaderValue {
 mod tests {
     use std::future::Future;
     use std::pin::pin;
-    use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
+    use std::task::{Context, Poll, Waker};
 
     use http::Request;
 
@@ -300,17 +300,7 @@ mod tests {
 
     /// Polls a future that needs no I/O to completion (extractors, full bodies).
     fn ready<F: Future>(future: F) -> F::Output {
-        fn raw() -> RawWaker {
-            fn clone(_: *const ()) -> RawWaker {
-                raw()
-            }
-            fn noop(_: *const ()) {}
-            static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, noop, noop, noop);
-            RawWaker::new(std::ptr::null(), &VTABLE)
-        }
-        // SAFETY: the vtable's functions do nothing and never touch the data pointer.
-        let waker = unsafe { Waker::from_raw(raw()) };
-        let mut cx = Context::from_waker(&waker);
+        let mut cx = Context::from_waker(Waker::noop());
         match pin!(future).poll(&mut cx) {
             Poll::Ready(output) => output,
             Poll::Pending => panic!("the future is not ready"),

@@ -23,6 +23,7 @@
 //! `docs/SQL.md` lists every statement lockkit sends.
 
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod advisory;
 pub mod atomic;
