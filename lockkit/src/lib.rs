@@ -72,6 +72,13 @@ pub mod prelude {
     pub use crate::{LockQueryExt, Lockable, Versioned};
 }
 
+// `Error` crosses threads and tasks (`anyhow`, `Box<dyn Error + Send + Sync>`, axum
+// handlers): keep it that way.
+const _: () = {
+    const fn assert_send_sync_static<T: Send + Sync + 'static>() {}
+    assert_send_sync_static::<Error>();
+};
+
 #[doc(hidden)]
 pub mod __private {
     //! Paths the derive's generated code uses. Not public API.
