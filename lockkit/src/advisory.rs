@@ -309,6 +309,7 @@ mod postgres {
 }
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::{try_xact_lock, xact_lock};
 
 #[cfg(feature = "mysql")]

@@ -24,15 +24,18 @@
 
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod advisory;
 pub mod atomic;
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod axum;
 pub mod classify;
 mod error;
 pub mod etag;
 #[cfg(feature = "idempotency")]
+#[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
 pub mod idempotency;
 pub mod isolation;
 pub mod lock_waits;
@@ -59,10 +62,12 @@ pub use versioned::Versioned;
 
 /// `#[derive(Versioned)]`: see [`Versioned`].
 #[cfg(feature = "derive")]
+#[cfg_attr(docsrs, doc(cfg(feature = "derive")))]
 pub use lockkit_derive::Versioned;
 
 /// `#[derive(Lockable)]`: see [`Lockable`].
 #[cfg(feature = "derive")]
+#[cfg_attr(docsrs, doc(cfg(feature = "derive")))]
 pub use lockkit_derive::Lockable;
 
 /// The traits whose methods lockkit adds: `use lockkit::prelude::*;`.
