@@ -159,6 +159,8 @@ for features in "" derive postgres mysql sqlite r2d2 idempotency idempotency-mig
   cargo clippy --locked -q -p lockkit --no-default-features --features "$features" --all-targets \
     -- -D warnings || die "lockkit does not build with features [$features]"
 done
+log "lockkit: doc examples with default features"
+cargo test --locked -q -p lockkit --doc
 log "examples: default features"
 cargo clippy --locked -q -p shop -p job_queue -p http_api --all-targets -- -D warnings
 log "cargo clippy"
