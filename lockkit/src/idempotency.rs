@@ -35,6 +35,7 @@
 //! ```
 //! # #[cfg(feature = "sqlite")] {
 //! # use diesel::prelude::*;
+//! use diesel::connection::SimpleConnection;
 //! use lockkit::idempotency::{up_sql, Dialect, Idempotency, Outcome};
 //! let mut conn = SqliteConnection::establish(":memory:").unwrap();
 //! conn.batch_execute(up_sql(Dialect::Sqlite)).unwrap();
