@@ -84,6 +84,11 @@ const _: () = {
     assert_send_sync_static::<Error>();
 };
 
+// The README's examples run as doc tests, so they cannot drift from the code.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
+
 #[doc(hidden)]
 pub mod __private {
     //! Paths the derive's generated code uses. Not public API.
