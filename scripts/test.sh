@@ -163,6 +163,11 @@ log "lockkit: doc examples with default features"
 cargo test --locked -q -p lockkit --doc
 log "examples: default features"
 cargo clippy --locked -q -p shop -p job_queue -p http_api --all-targets -- -D warnings
+log "cargo doc (published crates, all features, warnings are errors)"
+RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings" cargo doc --locked -q --no-deps --all-features \
+  -p lockkit -p lockkit-derive
+log "cargo package (lockkit-derive, then lockkit, verified together)"
+cargo package --locked -q --allow-dirty -p lockkit-derive -p lockkit
 log "cargo clippy"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 log "cargo test (PostgreSQL, MySQL/MariaDB, SQLite)"
