@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# lockkit's test command: formatting, lints and the whole test suite on real
-# PostgreSQL, MySQL/MariaDB and SQLite.
+# lockkit's test command: formatting, lints, the first-contact, feature, doc and
+# packaging checks, and the whole test suite on real PostgreSQL, MySQL/MariaDB and
+# SQLite (CONTRIBUTING.md lists the steps).
 #
 # Servers, in this order:
 #   1. PG_DATABASE_URL / MYSQL_DATABASE_URL when set;
