@@ -105,17 +105,26 @@ pub fn down_sql(dialect: Dialect) -> &'static str {
 
 /// The idempotency table's migration for PostgreSQL.
 #[cfg(all(feature = "idempotency-migrations", feature = "postgres"))]
-#[cfg_attr(docsrs, doc(cfg(all(feature = "idempotency-migrations", feature = "postgres"))))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(all(feature = "idempotency-migrations", feature = "postgres")))
+)]
 pub const POSTGRES_MIGRATIONS: diesel_migrations::EmbeddedMigrations =
     diesel_migrations::embed_migrations!("migrations/idempotency/postgres");
 /// The idempotency table's migration for MySQL/MariaDB.
 #[cfg(all(feature = "idempotency-migrations", feature = "mysql"))]
-#[cfg_attr(docsrs, doc(cfg(all(feature = "idempotency-migrations", feature = "mysql"))))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(all(feature = "idempotency-migrations", feature = "mysql")))
+)]
 pub const MYSQL_MIGRATIONS: diesel_migrations::EmbeddedMigrations =
     diesel_migrations::embed_migrations!("migrations/idempotency/mysql");
 /// The idempotency table's migration for SQLite.
 #[cfg(all(feature = "idempotency-migrations", feature = "sqlite"))]
-#[cfg_attr(docsrs, doc(cfg(all(feature = "idempotency-migrations", feature = "sqlite"))))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(all(feature = "idempotency-migrations", feature = "sqlite")))
+)]
 pub const SQLITE_MIGRATIONS: diesel_migrations::EmbeddedMigrations =
     diesel_migrations::embed_migrations!("migrations/idempotency/sqlite");
 
