@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# lockkit's test command: formatting, lints and the whole test suite on real
-# PostgreSQL, MySQL/MariaDB and SQLite.
+# lockkit's test command: formatting, lints, the first-contact, feature, doc and
+# packaging checks, and the whole test suite on real PostgreSQL, MySQL/MariaDB and
+# SQLite (CONTRIBUTING.md lists the steps).
 #
 # Servers, in this order:
 #   1. PG_DATABASE_URL / MYSQL_DATABASE_URL when set;
@@ -137,6 +138,37 @@ log "MySQL/MariaDB: $MYSQL_DATABASE_URL"
 # --- the suite ---------------------------------------------------------------
 log "cargo fmt --check"
 cargo fmt --all -- --check
+
+# `cargo run -p shop` must work with Rust alone: with default features no example
+# may link a database client library, even on this machine, which has them.
+log "examples: default features need no database client library"
+for example in shop job_queue http_api; do
+  for sys in pq-sys mysqlclient-sys; do
+    tree="$(cargo tree --locked -p "$example" -e normal -i "$sys" 2>/dev/null)" \
+      || die "cargo tree -p $example failed"
+    [ -z "$tree" ] || { printf '%s\n' "$tree" >&2; die "$example's default features depend on $sys"; }
+  done
+done
+# Users pay only for the features they pick: each of lockkit's features builds
+# alone and in the usual combinations, and the examples build with their defaults.
+# A loop over `cargo clippy` (dependencies are shared with the run below) rather
+# than cargo-hack, which would have to be compiled first.
+log "lockkit: each feature alone and the usual combinations"
+for features in "" derive postgres mysql sqlite r2d2 idempotency idempotency-migrations \
+  metrics serde axum postgres,r2d2 mysql,r2d2 sqlite,r2d2 postgres,idempotency \
+  sqlite,idempotency-migrations postgres,axum,metrics; do
+  cargo clippy --locked -q -p lockkit --no-default-features --features "$features" --all-targets \
+    -- -D warnings || die "lockkit does not build with features [$features]"
+done
+log "lockkit: doc examples with default features"
+cargo test --locked -q -p lockkit --doc
+log "examples: default features"
+cargo clippy --locked -q -p shop -p job_queue -p http_api --all-targets -- -D warnings
+log "cargo doc (published crates, all features, warnings are errors)"
+RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings" cargo doc --locked -q --no-deps --all-features \
+  -p lockkit -p lockkit-derive
+log "cargo package (lockkit-derive, then lockkit, verified together)"
+cargo package --locked -q --allow-dirty -p lockkit-derive -p lockkit
 log "cargo clippy"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 log "cargo test (PostgreSQL, MySQL/MariaDB, SQLite)"

@@ -1,7 +1,10 @@
 //! `cargo run --release -p lockkit-bench -- [--quick]`: see the crate docs and
-//! `docs/BENCHMARKS.md`.
+//! `docs/BENCHMARKS.md`; `-- --help` lists the options.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use clap::Parser;
 
 use lockkit_bench::suite::{self, Settings};
 use lockkit_bench::{alloc, charts, profile, report, Backend, BenchError};
@@ -9,31 +12,66 @@ use lockkit_bench::{alloc, charts, profile, report, Backend, BenchError};
 #[global_allocator]
 static ALLOCATOR: alloc::Counting = alloc::Counting;
 
-const USAGE: &str = "\
-lockkit-bench: lockkit's strategies on PostgreSQL, MariaDB/MySQL and SQLite
+/// lockkit-bench: lockkit's strategies on PostgreSQL, MariaDB/MySQL and SQLite
+///
+/// Servers: PG_DATABASE_URL (postgres://postgres@127.0.0.1:5432/test) and
+/// MYSQL_DATABASE_URL (mysql://root@127.0.0.1:3306/test); a database
+/// lkbench_<pid>_* is created on each and dropped at the end.
+#[derive(Debug, Parser)]
+#[command(
+    name = "lockkit-bench",
+    override_usage = "cargo run --release -p lockkit-bench -- [OPTIONS]"
+)]
+struct Cli {
+    /// One short repetition (about a minute) instead of three
+    #[arg(long)]
+    quick: bool,
+    /// Comma-separated: postgres,mysql,sqlite [default: all]
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = backend)]
+    backends: Vec<Backend>,
+    /// Skip the pgbench comparison
+    #[arg(long)]
+    no_pgbench: bool,
+    /// Skip the instruction counts (valgrind; full run only)
+    #[arg(long, conflicts_with = "callgrind")]
+    no_callgrind: bool,
+    /// Count instructions in a --quick run too
+    #[arg(long)]
+    callgrind: bool,
+    /// Keep synchronous_commit = on in PostgreSQL sessions
+    #[arg(long)]
+    durable: bool,
+    /// Where BENCHMARKS.md and the charts go [default: docs/]
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Run only the cases whose label contains TEXT (development)
+    #[arg(long, value_name = "TEXT")]
+    only: Option<String>,
+    /// Length of one run (pairs: two slices of N/2; pgbench: N rounded up to s)
+    #[arg(long, value_name = "N")]
+    run_ms: Option<u64>,
+    /// Run one side of the client-cost profile and exit (for valgrind
+    /// --tool=callgrind); --ops N calls; on in-memory SQLite, or on the one
+    /// backend of --backends
+    #[arg(long, value_name = "NAME")]
+    profile_only: Option<String>,
+    /// Calls for --profile-only
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "profile_only",
+        default_value_t = 20_000
+    )]
+    ops: u64,
+}
 
-usage: cargo run --release -p lockkit-bench -- [options]
-
-  --quick               one short repetition (about a minute) instead of three
-  --backends LIST       comma-separated: postgres,mysql,sqlite (default: all)
-  --no-pgbench          skip the pgbench comparison
-  --no-callgrind        skip the instruction counts (valgrind; full run only)
-  --callgrind           count instructions in a --quick run too
-  --durable             keep synchronous_commit = on in PostgreSQL sessions
-  --out DIR             where BENCHMARKS.md and the charts go (default: docs/)
-  --only TEXT           run only the cases whose label contains TEXT (development)
-  --run-ms N            length of one run (pairs: two slices of N/2; pgbench: N rounded up to s)
-  --profile-only NAME   run one side of the client-cost profile and exit
-                        (for valgrind --tool=callgrind); --ops N calls; on
-                        in-memory SQLite, or on the one backend of --backends
-  -h, --help            this text
-
-Servers: PG_DATABASE_URL (postgres://postgres@127.0.0.1:5432/test) and
-MYSQL_DATABASE_URL (mysql://root@127.0.0.1:3306/test); a database
-lkbench_<pid>_* is created on each and dropped at the end.";
+/// One name of `--backends`.
+fn backend(name: &str) -> Result<Backend, String> {
+    Backend::parse(name.trim()).ok_or_else(|| format!("unknown backend {name}"))
+}
 
 fn main() -> ExitCode {
-    match run() {
+    match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("lockkit-bench: {e}");
@@ -42,71 +80,36 @@ fn main() -> ExitCode {
     }
 }
 
-fn run() -> Result<(), BenchError> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut settings = if args.iter().any(|a| a == "--quick") {
+fn run(cli: Cli) -> Result<(), BenchError> {
+    let mut settings = if cli.quick {
         Settings::quick()
     } else {
         Settings::full()
     };
-    let mut profile_only = None;
-    let mut ops = None;
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .cloned()
-                .ok_or_else(|| BenchError::Other(format!("{name} needs a value\n\n{USAGE}")))
-        };
-        match arg.as_str() {
-            "--quick" => {}
-            "--no-pgbench" => settings.pgbench = false,
-            "--no-callgrind" => settings.callgrind_ops = 0,
-            "--callgrind" => settings.callgrind_ops = Settings::full().callgrind_ops,
-            "--durable" => settings.durable = true,
-            "--backends" => {
-                settings.backends = value("--backends")?
-                    .split(',')
-                    .map(|b| {
-                        Backend::parse(b.trim()).ok_or_else(|| {
-                            BenchError::Other(format!("unknown backend {b}\n\n{USAGE}"))
-                        })
-                    })
-                    .collect::<Result<_, _>>()?;
-            }
-            "--out" => settings.out_dir = value("--out")?.into(),
-            "--only" => settings.only = Some(value("--only")?),
-            "--run-ms" => {
-                let ms = value("--run-ms")?
-                    .parse::<u64>()
-                    .map_err(|e| BenchError::Other(format!("--run-ms: {e}")))?;
-                settings.limits.run = std::time::Duration::from_millis(ms);
-                settings.pair_limits.run =
-                    std::time::Duration::from_millis(ms / (2 * settings.pair_rounds as u64));
-                settings.pgbench_secs = ms.div_ceil(1000).max(1) as u32;
-            }
-            "--profile-only" => profile_only = Some(value("--profile-only")?),
-            "--ops" => {
-                ops = Some(
-                    value("--ops")?
-                        .parse::<u64>()
-                        .map_err(|e| BenchError::Other(format!("--ops: {e}")))?,
-                )
-            }
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                return Ok(());
-            }
-            other => {
-                return Err(BenchError::Other(format!(
-                    "unknown option {other}\n\n{USAGE}"
-                )))
-            }
-        }
+    settings.pgbench &= !cli.no_pgbench;
+    if cli.no_callgrind {
+        settings.callgrind_ops = 0;
     }
+    if cli.callgrind {
+        settings.callgrind_ops = Settings::full().callgrind_ops;
+    }
+    settings.durable |= cli.durable;
+    if !cli.backends.is_empty() {
+        settings.backends = cli.backends;
+    }
+    if let Some(out) = cli.out {
+        settings.out_dir = out;
+    }
+    settings.only = cli.only;
+    if let Some(ms) = cli.run_ms {
+        settings.limits.run = std::time::Duration::from_millis(ms);
+        settings.pair_limits.run =
+            std::time::Duration::from_millis(ms / (2 * settings.pair_rounds as u64));
+        settings.pgbench_secs = ms.div_ceil(1000).max(1) as u32;
+    }
+    let (profile_only, ops) = (cli.profile_only, cli.ops);
 
     if let Some(name) = profile_only {
-        let ops = ops.unwrap_or(20_000);
         let backend = match settings.backends.as_slice() {
             [one] => *one,
             _ => Backend::Sqlite,
@@ -141,4 +144,26 @@ fn run() -> Result<(), BenchError> {
         results.wall
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn an_option_is_not_taken_for_a_value() {
+        // `--only --quick` used to run only the cases labelled "--quick", in quick mode.
+        assert!(Cli::try_parse_from(["lockkit-bench", "--only", "--quick"]).is_err());
+        let cli =
+            Cli::try_parse_from(["lockkit-bench", "--backends", "postgres,sqlite", "--quick"])
+                .unwrap();
+        assert_eq!(cli.backends, [Backend::Postgres, Backend::Sqlite]);
+        assert!(cli.quick);
+    }
 }

@@ -3,11 +3,13 @@
 //! The derives only *describe* a model to lockkit: its table and primary key
 //! (`Lockable`), plus its version column and type and the changeset of its other
 //! fields (`Versioned`, which implements both traits). All behaviour
-//! lives in the `lockkit` crate as generic code. See `lockkit::Versioned`.
+//! lives in the `lockkit` crate as generic code. Use them through lockkit, whose
+//! docs list the attributes: [`lockkit::Versioned`](https://docs.rs/lockkit/latest/lockkit/derive.Versioned.html)
+//! and [`lockkit::Lockable`](https://docs.rs/lockkit/latest/lockkit/derive.Lockable.html).
 //!
-//! Stages, one module each: [`attr`] reads `#[diesel(...)]` and `#[lockkit(...)]`,
-//! [`ast`] builds and validates the model (collecting every error through
-//! [`ctxt`]), and [`expand`] generates the impl.
+//! Stages, one private module each: `attr` reads `#[diesel(...)]` and
+//! `#[lockkit(...)]`, `ast` builds and validates the model (collecting every error
+//! through `ctxt`), and `expand` generates the impl.
 
 mod ast;
 mod attr;
@@ -18,8 +20,9 @@ mod tests;
 
 use proc_macro::TokenStream;
 
-/// Implements `lockkit::Versioned` and `lockkit::Lockable`. See the `lockkit`
-/// crate for the attributes.
+/// Implements `lockkit::Versioned` and `lockkit::Lockable`. The attributes
+/// (`#[lockkit(version)]`, the `lock_version` default, the `#[diesel(..)]` keys it
+/// reads) are documented on [`lockkit::Versioned`](https://docs.rs/lockkit/latest/lockkit/derive.Versioned.html).
 #[proc_macro_derive(Versioned, attributes(lockkit))]
 pub fn derive_versioned(input: TokenStream) -> TokenStream {
     let input = syn::parse_macro_input!(input as syn::DeriveInput);

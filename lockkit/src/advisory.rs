@@ -175,6 +175,20 @@ where
     }
 }
 
+/// Shows the key and whether the lock is still held, not the connection.
+impl<C> std::fmt::Debug for AdvisoryLock<'_, C>
+where
+    C: Connection + LoadConnection,
+    C::Backend: AdvisoryBackend,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdvisoryLock")
+            .field("key", &self.key)
+            .field("held", &self.held)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<C> Deref for AdvisoryLock<'_, C>
 where
     C: Connection + LoadConnection,
@@ -346,6 +360,7 @@ mod postgres {
 }
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::{try_xact_lock, xact_lock};
 
 #[cfg(feature = "mysql")]

@@ -89,11 +89,11 @@
 
 use std::convert::Infallible;
 
-use axum::extract::{FromRequestParts, OptionalFromRequestParts};
-use axum::http::header::{CONTENT_TYPE, ETAG, IF_MATCH};
-use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
+use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
+use axum_core::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
+use http::header::{CONTENT_TYPE, ETAG, IF_MATCH};
+use http::request::Parts;
+use http::{HeaderMap, HeaderValue, StatusCode};
 
 use crate::etag::{self, ETag, Expected, IfMatchError, Problem};
 use crate::{Error, VersionNumber};
@@ -289,9 +289,9 @@ pub fn etag_value(tag: ETag) -> HeaderValue {
 mod tests {
     use std::future::Future;
     use std::pin::pin;
-    use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
+    use std::task::{Context, Poll, Waker};
 
-    use axum::http::Request;
+    use http::Request;
 
     use super::*;
     use crate::etag::ANY_MATCH_ATTEMPTS;
@@ -300,17 +300,7 @@ mod tests {
 
     /// Polls a future that needs no I/O to completion (extractors, full bodies).
     fn ready<F: Future>(future: F) -> F::Output {
-        fn raw() -> RawWaker {
-            fn clone(_: *const ()) -> RawWaker {
-                raw()
-            }
-            fn noop(_: *const ()) {}
-            static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, noop, noop, noop);
-            RawWaker::new(std::ptr::null(), &VTABLE)
-        }
-        // SAFETY: the vtable's functions do nothing and never touch the data pointer.
-        let waker = unsafe { Waker::from_raw(raw()) };
-        let mut cx = Context::from_waker(&waker);
+        let mut cx = Context::from_waker(Waker::noop());
         match pin!(future).poll(&mut cx) {
             Poll::Ready(output) => output,
             Poll::Pending => panic!("the future is not ready"),

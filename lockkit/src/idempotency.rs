@@ -26,47 +26,106 @@
 //! over in the meantime, that final write matches nothing and the work is rolled
 //! back ([`Error::IdempotencyInProgress`]), so the database sees it at most once.
 //!
-//! The table ships as an embedded migration: run
+//! The table's SQL comes as plain strings, [`up_sql`] and [`down_sql`] per
+//! [`Dialect`], to copy into your own migrations. With the feature
+//! `idempotency-migrations` it also ships as embedded migrations: run
 //! `conn.run_pending_migrations(lockkit::idempotency::POSTGRES_MIGRATIONS)` (or
 //! `MYSQL_MIGRATIONS`, `SQLITE_MIGRATIONS`) with `diesel_migrations::MigrationHarness`.
 //!
 //! ```
+//! # #[cfg(feature = "sqlite")] {
 //! # use diesel::prelude::*;
-//! use diesel_migrations::MigrationHarness;
-//! use lockkit::idempotency::{Idempotency, Outcome};
+//! use diesel::connection::SimpleConnection;
+//! use lockkit::idempotency::{up_sql, Dialect, Idempotency, Outcome};
 //! let mut conn = SqliteConnection::establish(":memory:").unwrap();
-//! conn.run_pending_migrations(lockkit::idempotency::SQLITE_MIGRATIONS).unwrap();
+//! conn.batch_execute(up_sql(Dialect::Sqlite)).unwrap();
 //!
 //! let keys = Idempotency::default();
 //! let first = keys.run(&mut conn, "order-42", "POST /orders {qty:1}", |_conn| Ok("201 order 7".to_owned())).unwrap();
 //! assert_eq!(first, Outcome::Ran("201 order 7".to_owned()));
 //! let again = keys.run(&mut conn, "order-42", "POST /orders {qty:1}", |_conn| unreachable!()).unwrap();
 //! assert_eq!(again, Outcome::Replayed("201 order 7".to_owned()));
+//! # }
 //! ```
 //!
 //! Keys and fingerprints are 1 to 255 characters without NUL (PostgreSQL cannot
 //! store it), checked before anything is sent, and always travel as bound
 //! parameters.
 
+// Without a backend feature nothing implements the store: the feature still builds.
+#![cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code, unused_imports)
+)]
+
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use diesel::Connection;
-use diesel_migrations::EmbeddedMigrations;
 
 use crate::locking_connection::AsLockingConnection;
 use crate::Error;
 
+pub use crate::version_trigger::Dialect;
+
+/// `CREATE TABLE lockkit_idempotency_keys`, the table [`Idempotency`] uses, for
+/// `dialect`: put it in a migration.
+///
+/// ```
+/// use lockkit::idempotency::{up_sql, Dialect};
+/// assert!(up_sql(Dialect::Postgres).contains("CREATE TABLE lockkit_idempotency_keys"));
+/// ```
+pub fn up_sql(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Postgres => include_str!(
+            "../migrations/idempotency/postgres/2026-11-30-000000_lockkit_idempotency/up.sql"
+        ),
+        Dialect::Mysql => include_str!(
+            "../migrations/idempotency/mysql/2026-11-30-000000_lockkit_idempotency/up.sql"
+        ),
+        Dialect::Sqlite => include_str!(
+            "../migrations/idempotency/sqlite/2026-11-30-000000_lockkit_idempotency/up.sql"
+        ),
+    }
+}
+
+/// Drops the table [`up_sql`] creates (a migration's `down.sql`).
+pub fn down_sql(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Postgres => include_str!(
+            "../migrations/idempotency/postgres/2026-11-30-000000_lockkit_idempotency/down.sql"
+        ),
+        Dialect::Mysql => include_str!(
+            "../migrations/idempotency/mysql/2026-11-30-000000_lockkit_idempotency/down.sql"
+        ),
+        Dialect::Sqlite => include_str!(
+            "../migrations/idempotency/sqlite/2026-11-30-000000_lockkit_idempotency/down.sql"
+        ),
+    }
+}
+
 /// The idempotency table's migration for PostgreSQL.
-#[cfg(feature = "postgres")]
-pub const POSTGRES_MIGRATIONS: EmbeddedMigrations =
+#[cfg(all(feature = "idempotency-migrations", feature = "postgres"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(all(feature = "idempotency-migrations", feature = "postgres")))
+)]
+pub const POSTGRES_MIGRATIONS: diesel_migrations::EmbeddedMigrations =
     diesel_migrations::embed_migrations!("migrations/idempotency/postgres");
 /// The idempotency table's migration for MySQL/MariaDB.
-#[cfg(feature = "mysql")]
-pub const MYSQL_MIGRATIONS: EmbeddedMigrations =
+#[cfg(all(feature = "idempotency-migrations", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(all(feature = "idempotency-migrations", feature = "mysql")))
+)]
+pub const MYSQL_MIGRATIONS: diesel_migrations::EmbeddedMigrations =
     diesel_migrations::embed_migrations!("migrations/idempotency/mysql");
 /// The idempotency table's migration for SQLite.
-#[cfg(feature = "sqlite")]
-pub const SQLITE_MIGRATIONS: EmbeddedMigrations =
+#[cfg(all(feature = "idempotency-migrations", feature = "sqlite"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(all(feature = "idempotency-migrations", feature = "sqlite")))
+)]
+pub const SQLITE_MIGRATIONS: diesel_migrations::EmbeddedMigrations =
     diesel_migrations::embed_migrations!("migrations/idempotency/sqlite");
 
 mod schema {

@@ -23,15 +23,19 @@
 //! `docs/SQL.md` lists every statement lockkit sends.
 
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod advisory;
 pub mod atomic;
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod axum;
 pub mod classify;
 mod error;
 pub mod etag;
 #[cfg(feature = "idempotency")]
+#[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
 pub mod idempotency;
 pub mod isolation;
 pub mod journal;
@@ -58,12 +62,99 @@ pub use row_lock::{LockQueryExt, LockStrength, RowLock, WaitMode};
 pub use version::VersionNumber;
 pub use versioned::Versioned;
 
-/// `#[derive(Versioned)]`: see [`Versioned`].
+/// `#[derive(Versioned)]`: implements [`Versioned`] and [`Lockable`] for a model
+/// with a version column.
+///
+/// The derive only describes the model (table, key, version column and type, the
+/// changeset of the other fields); every method is generic code in lockkit.
+///
+/// # The version field
+///
+/// The field named `lock_version`, or the one field marked `#[lockkit(version)]`
+/// (which takes no value and may appear once). Its type is `i16`, `i32` or `i64`:
+/// not an `Option` (a NULL version cannot be compared; declare the column
+/// `NOT NULL DEFAULT 0`), and not part of the primary key.
+///
+/// # What it reads from `#[diesel(..)]`
+///
+/// Diesel's own attributes, with Diesel's defaults, so the model needs nothing
+/// twice:
+///
+/// | attribute | on | default | used for |
+/// | --- | --- | --- | --- |
+/// | `table_name = items` | struct | the struct's name in snake case plus `s` (`FooBar` → `foo_bars`) | every statement |
+/// | `primary_key(id)` / `primary_key(a, b)` | struct | `id` | the `WHERE` of every write; a composite key is a tuple (`Key = (i32, i32)`) |
+/// | `column_name = "..."` | field | the field's name | the field's column |
+/// | `skip_update` | field | | `update_versioned` leaves the column out |
+/// | `treat_none_as_null = true` | struct or field | `false` | `update_versioned` writes `None` as `NULL` instead of skipping it |
+///
+/// Fields with `#[diesel(serialize_as = ..)]` or `#[diesel(embed)]` are refused
+/// with a hint to add `skip_update` and write them with `update_versioned_with`.
+/// Every mistake is a compile error at the attribute, with a `help:` line showing
+/// the correct form.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use lockkit::prelude::*;
+///
+/// diesel::table! {
+///     order_lines (order_id, line) {
+///         order_id -> Integer,
+///         line -> Integer,
+///         qty -> Integer,
+///         row_version -> BigInt,
+///     }
+/// }
+///
+/// #[derive(Queryable, Selectable, Versioned)]
+/// #[diesel(table_name = order_lines, primary_key(order_id, line))]
+/// pub struct OrderLine {
+///     pub order_id: i32,
+///     pub line: i32,
+///     pub qty: i32,
+///     #[lockkit(version)]
+///     pub row_version: i64,
+/// }
+///
+/// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+/// # diesel::sql_query("CREATE TABLE order_lines (order_id INTEGER NOT NULL, line INTEGER NOT NULL, qty INTEGER NOT NULL, row_version BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (order_id, line))").execute(&mut conn).unwrap();
+/// # diesel::sql_query("INSERT INTO order_lines (order_id, line, qty) VALUES (7, 1, 2)").execute(&mut conn).unwrap();
+/// let mut line = order_lines::table.find((7, 1)).first::<OrderLine>(&mut conn).unwrap();
+/// line.qty = 3;
+/// line.update_versioned(&mut conn).unwrap();
+/// assert_eq!(line.row_version, 1);
+/// ```
 #[cfg(feature = "derive")]
+#[cfg_attr(docsrs, doc(cfg(feature = "derive")))]
 pub use lockkit_derive::Versioned;
 
-/// `#[derive(Lockable)]`: see [`Lockable`].
+/// `#[derive(Lockable)]`: implements [`Lockable`] (table and primary key) for a
+/// model without a version column, for [`Lockable::with_lock`] and
+/// [`Lockable::lock_all`].
+///
+/// It reads `#[diesel(table_name = ..)]` and `#[diesel(primary_key(..))]` with
+/// Diesel's defaults, as [`Versioned`](derive@Versioned) does; a composite key is a
+/// tuple. `#[derive(Versioned)]` already implements `Lockable`: derive one or the
+/// other.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use lockkit::prelude::*;
+///
+/// diesel::table! { accounts (id) { id -> Integer, balance -> BigInt } }
+///
+/// #[derive(Queryable, Selectable, Lockable)]
+/// #[diesel(table_name = accounts)]
+/// pub struct Account { pub id: i32, pub balance: i64 }
+///
+/// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+/// # diesel::sql_query("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL)").execute(&mut conn).unwrap();
+/// # diesel::sql_query("INSERT INTO accounts VALUES (1, 100)").execute(&mut conn).unwrap();
+/// let balance = lockkit::with_lock(&mut conn, 1, |_conn, account: Account| Ok(account.balance)).unwrap();
+/// assert_eq!(balance, 100);
+/// ```
 #[cfg(feature = "derive")]
+#[cfg_attr(docsrs, doc(cfg(feature = "derive")))]
 pub use lockkit_derive::Lockable;
 
 /// The traits whose methods lockkit adds: `use lockkit::prelude::*;`.
@@ -72,6 +163,18 @@ pub mod prelude {
     pub use crate::version_check::{CurrentVersionQuery, VersionCheck};
     pub use crate::{LockQueryExt, Lockable, Versioned};
 }
+
+// `Error` crosses threads and tasks (`anyhow`, `Box<dyn Error + Send + Sync>`, axum
+// handlers): keep it that way.
+const _: () = {
+    const fn assert_send_sync_static<T: Send + Sync + 'static>() {}
+    assert_send_sync_static::<Error>();
+};
+
+// The README's examples run as doc tests, so they cannot drift from the code.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
 
 #[doc(hidden)]
 pub mod __private {

@@ -248,7 +248,7 @@ pub(crate) fn in_transaction<C: Connection>(conn: &mut C) -> bool {
 }
 
 /// Something that gives access to a [`LockingConnection`]: the connection itself
-/// or an r2d2 pooled connection to it. This is what lets `item.with_lock(&mut conn, ..)`
+/// or an r2d2 pooled connection to it (feature `r2d2`). This is what lets `item.with_lock(&mut conn, ..)`
 /// take either; the closure receives the underlying connection.
 pub trait AsLockingConnection {
     /// The underlying connection.
@@ -267,6 +267,8 @@ macro_rules! as_locking_connection {
             }
         }
 
+        #[cfg(feature = "r2d2")]
+        #[cfg_attr(docsrs, doc(cfg(feature = "r2d2")))]
         impl AsLockingConnection
             for diesel::r2d2::PooledConnection<diesel::r2d2::ConnectionManager<$conn>>
         {

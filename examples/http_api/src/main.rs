@@ -2,60 +2,72 @@
 //!
 //! ```sh
 //! cargo run -p http_api                                   # SQLite file http_api.sqlite
-//! DATABASE_URL=postgres://postgres@127.0.0.1/test cargo run -p http_api
-//! HTTP_API_ADDR=127.0.0.1:8080 cargo run -p http_api
+//! DATABASE_URL=postgres://postgres@127.0.0.1/test cargo run -p http_api --features postgres
+//! cargo run -p http_api -- --addr 127.0.0.1:8080          # or HTTP_API_ADDR=...
+//! RUST_LOG=debug cargo run -p http_api                    # more detail than the default
 //! ```
 
 use std::process::ExitCode;
 
-const USAGE: &str = "\
-http_api: an items API where ETag / If-Match stop lost updates
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
 
-USAGE:
-    http_api
-
-ENVIRONMENT:
-    DATABASE_URL    postgres://..., mysql://... or a SQLite file  [default: http_api.sqlite]
-    HTTP_API_ADDR   address to listen on                          [default: 127.0.0.1:3000]
-
+/// What `--help` prints after the options.
+const AFTER_HELP: &str = "\
 ROUTES:
     POST   /items        {\"name\": \"widget\", \"stock\": 10}       -> 201, ETag
     GET    /items/{id}                                       -> 200, ETag
     PUT    /items/{id}   If-Match: \"v0\"  {\"name\":..,\"stock\":..} -> 200 | 412 | 428
     DELETE /items/{id}   If-Match: \"v1\"                      -> 204 | 412 | 428
+
+A postgres:// or mysql:// DATABASE_URL needs a build with `--features postgres`
+or `--features mysql`. RUST_LOG filters the log (default: info, and every request from tower_http).
 ";
 
-fn main() -> ExitCode {
-    if std::env::args().skip(1).any(|a| a == "-h" || a == "--help") {
-        print!("{USAGE}");
-        return ExitCode::SUCCESS;
-    }
-    if let Some(arg) = std::env::args().nth(1) {
-        eprintln!("http_api: unexpected argument `{arg}`\n\n{USAGE}");
-        return ExitCode::from(2);
-    }
-    let url = std::env::var("DATABASE_URL")
-        .ok()
-        .filter(|url| !url.is_empty())
-        .unwrap_or_else(|| "http_api.sqlite".to_owned());
-    let addr = std::env::var("HTTP_API_ADDR")
-        .ok()
-        .filter(|addr| !addr.is_empty())
-        .unwrap_or_else(|| "127.0.0.1:3000".to_owned());
+/// http_api: an items API where ETag / If-Match stop lost updates
+#[derive(Debug, Parser)]
+#[command(name = "http_api", after_help = AFTER_HELP)]
+struct Cli {
+    /// postgres://..., mysql://... or a SQLite file
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        value_name = "URL",
+        default_value = "http_api.sqlite"
+    )]
+    database_url: String,
+    /// Address to listen on
+    #[arg(
+        long,
+        env = "HTTP_API_ADDR",
+        value_name = "ADDR",
+        default_value = "127.0.0.1:3000"
+    )]
+    addr: String,
+}
 
-    let app = match http_api::connect(&url, &http_api::Config::default()) {
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| EnvFilter::new("info,tower_http=debug")),
+        )
+        .init();
+
+    let app = match http_api::connect(&cli.database_url, &http_api::Config::default()) {
         Ok(app) => app,
         Err(e) => {
-            eprintln!("http_api: {url}: {e}");
+            tracing::error!("{}: {e}", cli.database_url);
             return ExitCode::FAILURE;
         }
     };
     let backend = app.backend();
     let served = tokio::runtime::Runtime::new().and_then(|runtime| {
         runtime.block_on(async {
-            let listener = tokio::net::TcpListener::bind(&addr).await?;
-            eprintln!(
-                "http_api: listening on http://{} ({backend}); Ctrl-C stops",
+            let listener = tokio::net::TcpListener::bind(&cli.addr).await?;
+            tracing::info!(
+                "listening on http://{} ({backend}); Ctrl-C stops",
                 listener.local_addr()?
             );
             http_api::serve(listener, app)
@@ -68,8 +80,19 @@ fn main() -> ExitCode {
     match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("http_api: {addr}: {e}");
+            tracing::error!("{}: {e}", cli.addr);
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 }

@@ -8,11 +8,17 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use lockkit::axum::IfMatchVersion;
 use lockkit::etag::ETag;
+use tower_http::trace::TraceLayer;
 
 use crate::models::{Item, ItemInput};
 use crate::{ApiError, App};
 
 /// The API: `POST /items`, `GET`/`PUT`/`DELETE /items/{id}`.
+///
+/// Every request is traced (`tower_http::trace::TraceLayer`: method, path,
+/// status and latency as `tracing` spans and events). The state is the pool:
+/// handlers take `State<App>` and run their database work on a blocking thread
+/// with a connection from it (`App::blocking`).
 pub fn router(app: App) -> Router {
     Router::new()
         .route("/items", post(create_item))
@@ -20,6 +26,7 @@ pub fn router(app: App) -> Router {
             "/items/{id}",
             get(get_item).put(update_item).delete(delete_item),
         )
+        .layer(TraceLayer::new_for_http())
         .with_state(app)
 }
 

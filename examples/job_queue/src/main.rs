@@ -6,50 +6,69 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::{Parser, ValueEnum};
 use job_queue::{Backend, Claim, JobQueueError, RelayConfig, WorkerConfig};
 
-const USAGE: &str = "\
-job_queue: exactly-once job workers and outbox relays with FOR UPDATE SKIP LOCKED
-
-USAGE:
+/// What `--help` prints after the options.
+const AFTER_HELP: &str = "\
+USAGE BY ROLE:
     job_queue --role workers [--workers N] [--jobs M] [--batch N] [--think-ms N] [--unsafe]
     job_queue --role seed-outbox [--count M]
     job_queue --role relay [--name NAME] [--batch N] [--think-ms N]
     job_queue --role outbox-report
 
-ROLES:
-    workers        enqueue M jobs, drain them with N worker threads, report
-    seed-outbox    empty the outbox and write M unsent messages
-    relay          publish unsent outbox messages until none is left; run several
-                   of these processes at once against the same database
-    outbox-report  count what the outbox and the broker table hold
-
-OPTIONS:
-    --role ROLE         see above                                   [default: workers]
-    --workers N         worker threads                              [default: 4]
-    --jobs M            jobs to enqueue                             [default: 1000]
-    --count M           outbox messages to write                    [default: 1000]
-    --batch N           rows claimed per transaction (LIMIT)        [default: 10]
-    --think-ms N        time spent on each claimed batch, in ms     [default: 1 for
-                        workers, 0 for relays]
-    --unsafe            workers read jobs without locking (duplicates!)
-    --name NAME         relay name, recorded in `published`         [default: relay-<pid>]
-    --sqlite-file PATH  SQLite database                             [default: job_queue.sqlite]
-    -h, --help          this text
-
 DATABASE_URL=postgres://... (or postgresql://) runs on PostgreSQL,
-DATABASE_URL=mysql://... on MySQL/MariaDB; the tables are created there if
-missing. Without it, job_queue uses the SQLite file. On PostgreSQL and MySQL
-workers run in parallel and never wait (a lock wait over 1 s fails the run);
-on SQLite they take turns (BEGIN IMMEDIATE), and one may do all the work.
+DATABASE_URL=mysql://... on MySQL/MariaDB (build with `--features postgres` or
+`--features mysql`); the tables are created there if missing. Without it,
+job_queue uses the SQLite file. On PostgreSQL and MySQL workers run in parallel
+and never wait (a lock wait over 1 s fails the run); on SQLite they take turns
+(BEGIN IMMEDIATE), and one may do all the work.
 ";
 
+/// job_queue: exactly-once job workers and outbox relays with FOR UPDATE SKIP LOCKED
+#[derive(Debug, Parser)]
+#[command(name = "job_queue", after_help = AFTER_HELP)]
+struct Cli {
+    /// What to do
+    #[arg(long, value_enum, default_value_t = Role::Workers)]
+    role: Role,
+    /// Worker threads
+    #[arg(long, value_name = "N", default_value_t = WorkerConfig::default().workers)]
+    workers: usize,
+    /// Jobs to enqueue
+    #[arg(long, value_name = "M", default_value_t = WorkerConfig::default().jobs)]
+    jobs: u32,
+    /// Outbox messages to write
+    #[arg(long, value_name = "M", default_value_t = 1000)]
+    count: u32,
+    /// Rows claimed per transaction (LIMIT) [default: 10]
+    #[arg(long, value_name = "N")]
+    batch: Option<i64>,
+    /// Time spent on each claimed batch, in ms [default: 1 for workers, 0 for relays]
+    #[arg(long, value_name = "N")]
+    think_ms: Option<u64>,
+    /// Workers read jobs without locking (duplicates!)
+    #[arg(long = "unsafe")]
+    naive: bool,
+    /// Relay name, recorded in `published` [default: relay-<pid>]
+    #[arg(long, value_name = "NAME", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    name: Option<String>,
+    /// SQLite database
+    #[arg(long, value_name = "PATH", default_value = "job_queue.sqlite")]
+    sqlite_file: PathBuf,
+}
+
 /// What to do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Role {
+    /// Enqueue M jobs, drain them with N worker threads, report
     Workers,
+    /// Empty the outbox and write M unsent messages
     SeedOutbox,
+    /// Publish unsent outbox messages until none is left; run several of these
+    /// processes at once against the same database
     Relay,
+    /// Count what the outbox and the broker table hold
     OutboxReport,
 }
 
@@ -63,88 +82,42 @@ struct Options {
     sqlite_file: PathBuf,
 }
 
-fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Options>, JobQueueError> {
-    let mut options = Options {
-        role: Role::Workers,
-        workers: WorkerConfig::default(),
-        relay: RelayConfig {
-            name: format!("relay-{}", std::process::id()),
+impl From<Cli> for Options {
+    fn from(cli: Cli) -> Self {
+        let mut workers = WorkerConfig {
+            workers: cli.workers,
+            jobs: cli.jobs,
+            ..WorkerConfig::default()
+        };
+        let mut relay = RelayConfig {
+            name: cli
+                .name
+                .unwrap_or_else(|| format!("relay-{}", std::process::id())),
             ..RelayConfig::default()
-        },
-        count: 1000,
-        sqlite_file: PathBuf::from("job_queue.sqlite"),
-    };
-    while let Some(arg) = args.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((flag, value)) if flag.starts_with("--") => {
-                (flag.to_owned(), Some(value.to_owned()))
-            }
-            _ => (arg, None),
         };
-        match flag.as_str() {
-            "-h" | "--help" => return Ok(None),
-            "--unsafe" => {
-                options.workers.claim = Claim::Naive;
-                continue;
-            }
-            _ => {}
+        if cli.naive {
+            workers.claim = Claim::Naive;
         }
-        let value = match inline.or_else(|| args.next()) {
-            Some(value) => value,
-            None => return Err(JobQueueError::Usage(format!("{flag} needs a value"))),
-        };
-        match flag.as_str() {
-            "--role" => {
-                options.role = match value.as_str() {
-                    "workers" => Role::Workers,
-                    "seed-outbox" => Role::SeedOutbox,
-                    "relay" => Role::Relay,
-                    "outbox-report" => Role::OutboxReport,
-                    _ => return Err(JobQueueError::Usage(format!("unknown role `{value}`"))),
-                }
-            }
-            "--workers" => options.workers.workers = number(&flag, &value)?,
-            "--jobs" => options.workers.jobs = number(&flag, &value)?,
-            "--count" => options.count = number(&flag, &value)?,
-            "--batch" => {
-                let batch = number(&flag, &value)?;
-                options.workers.batch_size = batch;
-                options.relay.batch_size = batch;
-            }
-            "--think-ms" => {
-                let think = Duration::from_millis(number(&flag, &value)?);
-                options.workers.think = think;
-                options.relay.think = think;
-            }
-            "--name" if value.is_empty() => {
-                return Err(JobQueueError::Usage("--name cannot be empty".into()))
-            }
-            "--name" => options.relay.name = value,
-            "--sqlite-file" => options.sqlite_file = PathBuf::from(value),
-            _ => return Err(JobQueueError::Usage(format!("unknown option `{flag}`"))),
+        if let Some(batch) = cli.batch {
+            workers.batch_size = batch;
+            relay.batch_size = batch;
+        }
+        if let Some(think) = cli.think_ms.map(Duration::from_millis) {
+            workers.think = think;
+            relay.think = think;
+        }
+        Options {
+            role: cli.role,
+            workers,
+            relay,
+            count: cli.count,
+            sqlite_file: cli.sqlite_file,
         }
     }
-    Ok(Some(options))
-}
-
-fn number<T: std::str::FromStr>(flag: &str, value: &str) -> Result<T, JobQueueError> {
-    value
-        .parse()
-        .map_err(|_| JobQueueError::Usage(format!("{flag}: `{value}` is not a valid number")))
 }
 
 fn main() -> ExitCode {
-    let options = match parse_args(std::env::args().skip(1)) {
-        Ok(Some(options)) => options,
-        Ok(None) => {
-            print!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("job_queue: {e}\n\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    let options = Options::from(Cli::parse());
     match play(&options) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
@@ -247,19 +220,29 @@ fn redact(url: &str) -> String {
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Option<Options>, JobQueueError> {
-        parse_args(args.iter().map(|a| a.to_string()))
+    fn parse(args: &[&str]) -> Result<Options, clap::Error> {
+        let args = std::iter::once("job_queue").chain(args.iter().copied());
+        Cli::try_parse_from(args).map(Options::from)
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 
     #[test]
     fn defaults() {
-        let options = parse(&[]).unwrap().unwrap();
+        let options = parse(&[]).unwrap();
         assert_eq!(options.role, Role::Workers);
         assert_eq!(options.workers, WorkerConfig::default());
         assert_eq!(options.relay.batch_size, 10);
         assert!(options.relay.name.starts_with("relay-"));
         assert_eq!(options.sqlite_file, PathBuf::from("job_queue.sqlite"));
-        assert!(parse(&["-h"]).unwrap().is_none());
+        assert_eq!(
+            parse(&["-h"]).unwrap_err().kind(),
+            clap::error::ErrorKind::DisplayHelp
+        );
     }
 
     #[test]
@@ -276,7 +259,6 @@ mod tests {
             "0",
             "--unsafe",
         ])
-        .unwrap()
         .unwrap();
         let w = &options.workers;
         assert_eq!((w.workers, w.jobs, w.batch_size), (3, 300, 1));
@@ -290,16 +272,13 @@ mod tests {
             "--batch=5",
             "--think-ms=20",
         ])
-        .unwrap()
         .unwrap();
         assert_eq!(options.role, Role::Relay);
         assert_eq!(options.relay.name, "r1");
         assert_eq!(options.relay.batch_size, 5);
         assert_eq!(options.relay.think, Duration::from_millis(20));
 
-        let options = parse(&["--role", "seed-outbox", "--count", "7"])
-            .unwrap()
-            .unwrap();
+        let options = parse(&["--role", "seed-outbox", "--count", "7"]).unwrap();
         assert_eq!((options.role, options.count), (Role::SeedOutbox, 7));
     }
 

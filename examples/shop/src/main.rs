@@ -5,27 +5,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::Parser;
 use shop::{Backend, Config, ShopError, Strategy};
 
-const USAGE: &str = "\
-shop: the overselling problem, naive and with lockkit
-
-USAGE:
-    shop [OPTIONS]
-
-OPTIONS:
-    --buyers N          buyer threads                          [default: 8]
-    --stock N           units in stock at the start, per item  [default: 100]
-    --items N           items on sale in the basket strategies [default: 4]
-    --strategy S        all, or one of the strategies below    [default: all]
-    --attempts N        purchases each buyer tries at most     [default: 50]
-    --think-ms N        pause between read and write, in ms    [default: 5]
-    --pg-deadlock-timeout-ms N
-                        PostgreSQL deadlock_timeout for the basket strategies;
-                        0 keeps the server's (1 s by default)  [default: 20]
-    --sqlite-file PATH  SQLite database, recreated at start    [default: shop.sqlite]
-    -h, --help          this text
-
+/// What `--help` prints after the options.
+const AFTER_HELP: &str = "\
 STRATEGIES (one item, 1-3 units per order):
     naive            read, think, write `stock = <read> - qty`: loses updates
     optimistic       version-checked write (#[derive(Versioned)]), retried when stale
@@ -43,12 +27,55 @@ the transactions the server aborted to break one. For the basket strategies
 with 1 if a strategy other than naive oversells.
 
 DATABASE_URL=postgres://... (or postgresql://) runs on PostgreSQL,
-DATABASE_URL=mysql://... on MySQL/MariaDB; the tables `items` and `orders` are
-created there if missing and emptied. Without it, shop uses the SQLite file.
-Lowering PostgreSQL's deadlock_timeout needs a superuser or
-`GRANT SET ON PARAMETER deadlock_timeout`; otherwise the server's value stays,
-and every basket-naive deadlock costs that long.
+DATABASE_URL=mysql://... on MySQL/MariaDB (build with `--features postgres` or
+`--features mysql`); the tables `items` and `orders` are created there if missing
+and emptied. Without it, shop uses the SQLite file. Lowering PostgreSQL's
+deadlock_timeout needs a superuser or `GRANT SET ON PARAMETER deadlock_timeout`;
+otherwise the server's value stays, and every basket-naive deadlock costs that long.
 ";
+
+/// shop: the overselling problem, naive and with lockkit
+#[derive(Debug, Parser)]
+#[command(name = "shop", after_help = AFTER_HELP)]
+struct Cli {
+    /// Buyer threads
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    buyers: usize,
+    /// Units in stock at the start, per item
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    stock: i32,
+    /// Items on sale in the basket strategies
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    items: usize,
+    /// `all`, or one of the strategies below
+    #[arg(long, value_name = "S", default_value = "all", value_parser = strategies)]
+    strategy: Strategies,
+    /// Purchases each buyer tries at most
+    #[arg(long, value_name = "N", default_value_t = 50)]
+    attempts: u32,
+    /// Pause between read and write, in ms
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    think_ms: u64,
+    /// PostgreSQL deadlock_timeout for the basket strategies; 0 keeps the server's (1 s by default)
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pg_deadlock_timeout_ms: u64,
+    /// SQLite database, recreated at start
+    #[arg(long, value_name = "PATH", default_value = "shop.sqlite")]
+    sqlite_file: PathBuf,
+}
+
+/// The strategies to run.
+#[derive(Debug, Clone)]
+struct Strategies(Vec<Strategy>);
+
+/// `--strategy`: `all` or one strategy's name.
+fn strategies(value: &str) -> Result<Strategies, ShopError> {
+    if value == "all" {
+        Ok(Strategies(Strategy::ALL.to_vec()))
+    } else {
+        Ok(Strategies(vec![value.parse()?]))
+    }
+}
 
 /// The parsed command line.
 struct Options {
@@ -57,65 +84,29 @@ struct Options {
     sqlite_file: PathBuf,
 }
 
-fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Options>, ShopError> {
-    let mut options = Options {
-        config: Config::default(),
-        strategies: Strategy::ALL.to_vec(),
-        sqlite_file: PathBuf::from("shop.sqlite"),
-    };
-    while let Some(arg) = args.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((flag, value)) if flag.starts_with("--") => {
-                (flag.to_owned(), Some(value.to_owned()))
-            }
-            _ => (arg, None),
-        };
-        if flag == "-h" || flag == "--help" {
-            return Ok(None);
-        }
-        let value = match inline.or_else(|| args.next()) {
-            Some(value) => value,
-            None => return Err(ShopError::Usage(format!("{flag} needs a value"))),
-        };
-        match flag.as_str() {
-            "--buyers" => options.config.buyers = number(&flag, &value)?,
-            "--stock" => options.config.stock = number(&flag, &value)?,
-            "--items" => options.config.items = number(&flag, &value)?,
-            "--pg-deadlock-timeout-ms" => {
-                options.config.deadlock_timeout = match number(&flag, &value)? {
+impl From<Cli> for Options {
+    fn from(cli: Cli) -> Self {
+        Options {
+            config: Config {
+                buyers: cli.buyers,
+                stock: cli.stock,
+                items: cli.items,
+                attempts: cli.attempts,
+                think: Duration::from_millis(cli.think_ms),
+                deadlock_timeout: match cli.pg_deadlock_timeout_ms {
                     0 => None,
                     millis => Some(Duration::from_millis(millis)),
-                }
-            }
-            "--attempts" => options.config.attempts = number(&flag, &value)?,
-            "--think-ms" => options.config.think = Duration::from_millis(number(&flag, &value)?),
-            "--sqlite-file" => options.sqlite_file = PathBuf::from(value),
-            "--strategy" if value == "all" => options.strategies = Strategy::ALL.to_vec(),
-            "--strategy" => options.strategies = vec![value.parse()?],
-            _ => return Err(ShopError::Usage(format!("unknown option `{flag}`"))),
+                },
+                ..Config::default()
+            },
+            strategies: cli.strategy.0,
+            sqlite_file: cli.sqlite_file,
         }
     }
-    Ok(Some(options))
-}
-
-fn number<T: std::str::FromStr>(flag: &str, value: &str) -> Result<T, ShopError> {
-    value
-        .parse()
-        .map_err(|_| ShopError::Usage(format!("{flag}: `{value}` is not a valid number")))
 }
 
 fn main() -> ExitCode {
-    let options = match parse_args(std::env::args().skip(1)) {
-        Ok(Some(options)) => options,
-        Ok(None) => {
-            print!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("shop: {e}\n\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    let options = Options::from(Cli::parse());
     match play(&options) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
@@ -232,16 +223,25 @@ fn redact(url: &str) -> String {
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Option<Options>, ShopError> {
-        parse_args(args.iter().map(|a| a.to_string()))
+    fn parse(args: &[&str]) -> Result<Options, clap::Error> {
+        Cli::try_parse_from(std::iter::once("shop").chain(args.iter().copied())).map(Options::from)
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 
     #[test]
     fn options_and_defaults() {
-        let options = parse(&[]).unwrap().unwrap();
+        let options = parse(&[]).unwrap();
+        let defaults = Config::default();
         assert_eq!(options.config.buyers, 8);
         assert_eq!(options.config.stock, 100);
         assert_eq!(options.config.items, 4);
+        assert_eq!(options.config.think, defaults.think);
+        assert_eq!(options.config.deadlock_timeout, defaults.deadlock_timeout);
         assert_eq!(options.strategies, Strategy::ALL);
         assert_eq!(options.sqlite_file, PathBuf::from("shop.sqlite"));
 
@@ -254,16 +254,14 @@ mod tests {
             "--think-ms",
             "0",
         ])
-        .unwrap()
         .unwrap();
         assert_eq!((options.config.buyers, options.config.stock), (3, 7));
         assert_eq!(options.strategies, [Strategy::Naive]);
         assert_eq!(options.config.think, Duration::ZERO);
         assert_eq!(
-            parse(&["--strategy", "all"]).unwrap().unwrap().strategies,
+            parse(&["--strategy", "all"]).unwrap().strategies,
             Strategy::ALL
         );
-        assert!(parse(&["--help"]).unwrap().is_none());
 
         let options = parse(&[
             "--strategy",
@@ -272,13 +270,12 @@ mod tests {
             "--pg-deadlock-timeout-ms",
             "0",
         ])
-        .unwrap()
         .unwrap();
         assert_eq!(options.strategies, [Strategy::BasketLockAll]);
         assert_eq!(options.config.items, 6);
         assert_eq!(options.config.deadlock_timeout, None);
         for strategy in Strategy::ALL {
-            let parsed = parse(&["--strategy", strategy.name()]).unwrap().unwrap();
+            let parsed = parse(&["--strategy", strategy.name()]).unwrap();
             assert_eq!(parsed.strategies, [*strategy]);
         }
     }
@@ -287,7 +284,7 @@ mod tests {
     fn the_help_names_every_strategy() {
         for strategy in Strategy::ALL {
             assert!(
-                USAGE.contains(&format!("\n    {} ", strategy.name())),
+                AFTER_HELP.contains(&format!("\n    {} ", strategy.name())),
                 "{strategy} is missing from the help"
             );
         }
@@ -301,7 +298,10 @@ mod tests {
             &["--strategy", "psychic"],
             &["--colour", "red"],
         ] {
-            assert!(matches!(parse(args), Err(ShopError::Usage(_))), "{args:?}");
+            let error = parse(args)
+                .err()
+                .unwrap_or_else(|| panic!("{args:?} parsed"));
+            assert_eq!(error.exit_code(), 2, "{args:?}");
         }
     }
 
