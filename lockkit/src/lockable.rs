@@ -18,7 +18,7 @@
 //! COMMIT;                                     -- or ROLLBACK on Err
 //! ```
 //!
-//! On a [`Versioned`](crate::Versioned) model, taking the lock also advances the
+//! On a [`Versioned`] model, taking the lock also advances the
 //! version (`UPDATE .. SET lock_version = lock_version + 1 WHERE id = $1 AND
 //! lock_version = $2`, right after the locked read, in the same transaction): the
 //! closure may write the row any way it likes (a plain `diesel::update`, as
@@ -102,7 +102,7 @@ pub trait Lockable: Sized {
 
     /// What taking an exclusive lock on the row also writes: [`NoVersion`] for a
     /// model without a version column, [`BumpVersion`] for a
-    /// [`Versioned`](crate::Versioned) one (see the [module docs](self)).
+    /// [`Versioned`] one (see the [module docs](self)).
     type OnLock;
 
     /// This row's primary key.
@@ -392,7 +392,7 @@ impl LockStrength {
 #[derive(Debug, Clone, Copy)]
 pub struct NoVersion;
 
-/// [`Lockable::OnLock`] of a [`Versioned`](crate::Versioned) model: an exclusive
+/// [`Lockable::OnLock`] of a [`Versioned`] model: an exclusive
 /// lock advances the version.
 #[derive(Debug, Clone, Copy)]
 pub struct BumpVersion;

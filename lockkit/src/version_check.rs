@@ -12,7 +12,7 @@
 //!
 //! and [`write`], the one sequence every versioned write goes through:
 //!
-//! 1. the [journal](crate::journal) says which version to check (the struct's, or
+//! 1. the [`journal`] says which version to check (the struct's, or
 //!    the one before a write of it that was rolled back);
 //! 2. a version at its type's maximum is refused before anything is sent;
 //! 3. the statement runs, in a savepoint if the database does not enforce the
@@ -129,7 +129,7 @@ pub trait CurrentVersionQuery<Conn>: VersionCheck {
     /// columns only), so that it can never match two rows.
     fn key_is_unique(conn: &mut Conn) -> diesel::QueryResult<bool>;
 
-    /// The row's identity for the [journal](crate::journal): database, table and
+    /// The row's identity for the [`journal`]: database, table and
     /// key; `None` when the journal needs none (nothing recorded, no transaction).
     fn row_id(conn: &mut Conn, key: &Self::Key) -> diesel::QueryResult<Option<String>>;
 }
