@@ -116,7 +116,8 @@ macro_rules! torture_backend {
             }
 
             /// A plain write of the stock (the row is locked), bumping the
-            /// version itself only with `--bump explicit`.
+            /// version itself only with `--bump explicit` (lockkit's lock already
+            /// did).
             fn set_stock(conn: &mut Conn, id: i32, stock: i32, bump: Bump) -> QueryResult<usize> {
                 let row = torture_items::table.find(id);
                 match bump {
@@ -126,7 +127,7 @@ macro_rules! torture_backend {
                             torture_items::lock_version.eq(torture_items::lock_version + 1),
                         ))
                         .execute(conn),
-                    Bump::Trigger | Bump::None => diesel::update(row)
+                    Bump::Trigger | Bump::Lockkit | Bump::None => diesel::update(row)
                         .set(torture_items::stock.eq(stock))
                         .execute(conn),
                 }
@@ -260,6 +261,13 @@ macro_rules! torture_backend {
                                                 .eq(torture_items::lock_version + 1),
                                         )),
                                     ),
+                                    Bump::Lockkit => Item::update_if(
+                                        conn,
+                                        id,
+                                        torture_items::stock.ge(qty),
+                                        torture_items::stock.eq(torture_items::stock - qty),
+                                    )
+                                    .map(|()| 1),
                                     Bump::Trigger | Bump::None => lockkit::atomic::update_if(
                                         conn,
                                         diesel::update(target).set(

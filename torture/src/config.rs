@@ -21,8 +21,11 @@ OPTIONS:
     --bump MODE          how writers that do not check the version bump it:
                            trigger   lockkit::version_trigger on the items table [default]
                            explicit  lock_version = lock_version + 1 in their UPDATE
-                           none      they do not: optimistic writers then lose updates
-                                     (the audit must catch it)
+                           lockkit   nothing but lockkit's tools: its row locks bump the
+                                     version, the atomic write is Versioned::update_if
+                           none      the atomic write does not (plain atomic::update_if):
+                                     optimistic writers then lose updates (the audit
+                                     must catch it)
     --tolerate-outages   treat lost connections and server errors as an outage: retry
                          with a fresh pooled connection (until --seconds + --grace), and
                          find out whether the interrupted transaction committed
@@ -48,6 +51,9 @@ pub enum Backend {
 pub enum Bump {
     Trigger,
     Explicit,
+    /// No trigger, no explicit bump: lockkit's own tools only (its locks bump
+    /// the version, the conditional update is `Versioned::update_if`).
+    Lockkit,
     None,
 }
 
@@ -56,6 +62,7 @@ impl Bump {
         match self {
             Bump::Trigger => "trigger",
             Bump::Explicit => "explicit",
+            Bump::Lockkit => "lockkit",
             Bump::None => "none",
         }
     }
@@ -132,8 +139,13 @@ impl Config {
                     config.bump = match value(&flag)?.as_str() {
                         "trigger" => Bump::Trigger,
                         "explicit" => Bump::Explicit,
+                        "lockkit" => Bump::Lockkit,
                         "none" => Bump::None,
-                        other => return Err(format!("--bump {other}: trigger, explicit or none")),
+                        other => {
+                            return Err(format!(
+                                "--bump {other}: trigger, explicit, lockkit or none"
+                            ))
+                        }
                     }
                 }
                 "--tolerate-outages" => config.tolerate_outages = true,
