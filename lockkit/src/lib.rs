@@ -6,7 +6,8 @@
 //!
 //! * **Optimistic locking**: [`Versioned`] (`#[derive(Versioned)]`), every write
 //!   checks and bumps a version column; a lost race is [`Error::Stale`]
-//!   ([`versioned`], [`version_check`], [`version`]).
+//!   ([`versioned`], [`version_check`], [`version`]); rollbacks seen by the
+//!   [`journal`], and what each backend adds in [`optimistic_backend`].
 //! * **Pessimistic locking**: [`Lockable::with_lock`], [`Lockable::lock_all`],
 //!   [`LockOptions`] (strength, `NOWAIT`, `SKIP LOCKED`, timeouts) and the query
 //!   extensions of [`LockQueryExt`] ([`lockable`], [`row_lock`],
