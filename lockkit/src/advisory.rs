@@ -92,6 +92,7 @@ impl From<&str> for AdvisoryKey {
 
 /// How long an advisory lock lasts; see the [module docs](self).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Scope {
     /// Until the guard drops (or [`AdvisoryLock::unlock`]), or the session ends.
     Session,

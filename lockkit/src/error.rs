@@ -195,6 +195,7 @@ impl From<diesel::result::Error> for Error {
 
 /// Which version-checked operation found the row changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Operation {
     /// `update_versioned`, `update_versioned_with`, `update_by_version`.
     Update,
@@ -216,6 +217,7 @@ impl fmt::Display for Operation {
 
 /// What the database holds now, found by one `SELECT` after a stale write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum CurrentState {
     /// The row exists with this version.
     Version(i64),
@@ -241,6 +243,7 @@ pub enum CurrentState {
 #[error(
     "stale {operation} of {table} {key}: expected {version_column} = {expected_version}, {current}"
 )]
+#[non_exhaustive]
 pub struct StaleObjectError {
     /// The table's name.
     pub table: &'static str,

@@ -87,6 +87,7 @@ pub enum IfMatch {
 
 /// Why an `If-Match` header cannot lead to a write.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum IfMatchError {
     /// No `If-Match` header where one is required: 428 Precondition Required.
     #[error("this request requires an If-Match header with the resource's ETag")]
@@ -106,6 +107,34 @@ impl IfMatchError {
             IfMatchError::Missing => 428,
             IfMatchError::Malformed(_) => 400,
             IfMatchError::NoMatch => 412,
+        }
+    }
+}
+
+impl fmt::Display for EntityTag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.weak {
+            f.write_str("W/")?;
+        }
+        write!(f, "\"{}\"", self.opaque)
+    }
+}
+
+/// The header value, as it would be sent: `*` or the tags separated by `, `
+/// (parses back to the same value).
+impl fmt::Display for IfMatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IfMatch::Any => f.write_str("*"),
+            IfMatch::Tags(tags) => {
+                for (i, tag) in tags.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{tag}")?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -172,6 +201,7 @@ fn is_etagc(c: char) -> bool {
 
 /// The version(s) a request may write over.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Expected<V> {
     /// `If-Match: *`: any version (write with the current one, the row must exist).
     Any,
@@ -322,6 +352,7 @@ pub fn status_for(error: &Error) -> u16 {
 /// Serialize it with your framework (`serde` feature).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct Problem {
     /// The HTTP status.
     pub status: u16,
@@ -335,6 +366,17 @@ pub struct Problem {
 }
 
 impl Problem {
+    /// A problem of your own (for errors that are not lockkit's), without a
+    /// current ETag.
+    pub fn new(status: u16, title: &'static str, detail: impl Into<String>) -> Self {
+        Problem {
+            status,
+            title,
+            detail: detail.into(),
+            current_etag: None,
+        }
+    }
+
     /// The problem for a lockkit error.
     pub fn from_error(error: &Error) -> Self {
         let status = status_for(error);

@@ -149,6 +149,7 @@ const MAX_LEN: usize = 255;
 
 /// What [`Idempotency::run`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome<T> {
     /// The work ran now; this is its response (now stored).
     Ran(T),

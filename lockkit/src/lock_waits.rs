@@ -21,6 +21,7 @@ use crate::{classify, Error};
 
 /// A session waiting for a lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BlockedSession {
     /// The waiting session.
     pub session: i64,

@@ -60,12 +60,14 @@ pub struct LockOptions {
 }
 
 impl LockOptions {
+    #[must_use]
     /// Fail at once with [`Error::Busy`] if the row is locked.
     pub fn nowait(mut self) -> Self {
         self.lock.wait = WaitMode::NoWait;
         self
     }
 
+    #[must_use]
     /// Skip a locked row: [`with_lock`](crate::with_lock) then reports [`Error::Busy`]
     /// (the row exists but someone holds it) or [`Error::NotFound`].
     pub fn skip_locked(mut self) -> Self {
@@ -73,6 +75,7 @@ impl LockOptions {
         self
     }
 
+    #[must_use]
     /// Wait at most `timeout` for the lock, then fail with [`Error::LockTimeout`].
     ///
     /// Clamped to 1 ms ..= `i32::MAX` ms. MySQL/MariaDB count whole seconds, so the
@@ -82,17 +85,20 @@ impl LockOptions {
         self
     }
 
+    #[must_use]
     /// The lock strength ([`LockStrength::Update`] by default).
     pub fn strength(mut self, strength: LockStrength) -> Self {
         self.lock.strength = strength;
         self
     }
 
+    #[must_use]
     /// `FOR NO KEY UPDATE` on PostgreSQL (`FOR UPDATE` elsewhere).
     pub fn no_key_update(self) -> Self {
         self.strength(LockStrength::NoKeyUpdate)
     }
 
+    #[must_use]
     /// `FOR SHARE` / `LOCK IN SHARE MODE`.
     pub fn share(self) -> Self {
         self.strength(LockStrength::Share)

@@ -42,6 +42,7 @@ static LOCK_ACQUIRE_MAX_NANOS: AtomicU64 = AtomicU64::new(0);
 
 /// The counters at one moment, since the process started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Metrics {
     /// Version-checked writes that matched no row ([`Error::Stale`]), bulk rows included.
     pub stale_writes: u64,

@@ -62,24 +62,28 @@ impl RetryPolicy {
         }
     }
 
+    #[must_use]
     /// At most this many runs of the operation in all (at least 1).
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts.max(1);
         self
     }
 
+    #[must_use]
     /// The first backoff ceiling; it doubles after every failed attempt.
     pub fn base_delay(mut self, delay: Duration) -> Self {
         self.base_delay = delay;
         self
     }
 
+    #[must_use]
     /// The largest backoff ceiling.
     pub fn max_delay(mut self, delay: Duration) -> Self {
         self.max_delay = delay;
         self
     }
 
+    #[must_use]
     /// `false` waits the full ceiling each time instead of a random part of it.
     pub fn jitter(mut self, jitter: bool) -> Self {
         self.jitter = jitter;

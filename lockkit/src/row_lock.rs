@@ -43,6 +43,7 @@ use diesel::QueryResult;
 
 /// How strong a row lock is (PostgreSQL's four lock strengths).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum LockStrength {
     /// `FOR UPDATE`: exclusive; blocks other lockers and writers. The default.
     #[default]
@@ -59,6 +60,7 @@ pub enum LockStrength {
 
 /// What to do when the row is already locked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum WaitMode {
     /// Wait (up to the lock timeout). The default.
     #[default]
@@ -89,6 +91,7 @@ impl RowLock {
         }
     }
 
+    #[must_use]
     /// The same lock with `SKIP LOCKED`.
     pub const fn skip_locked(self) -> Self {
         RowLock {
@@ -97,6 +100,7 @@ impl RowLock {
         }
     }
 
+    #[must_use]
     /// The same lock with `NOWAIT`.
     pub const fn nowait(self) -> Self {
         RowLock {

@@ -50,6 +50,7 @@
 
 /// The SQL dialect of the generated trigger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Dialect {
     /// PostgreSQL 11+ (`EXECUTE FUNCTION`).
     Postgres,

@@ -87,12 +87,8 @@ impl IntoResponse for ApiError {
         if status.is_server_error() {
             eprintln!("http_api: {status}: {self}");
         }
-        let problem = |title: &'static str, detail: String| Problem {
-            status: status.as_u16(),
-            title,
-            detail,
-            current_etag: None,
-        };
+        let problem =
+            |title: &'static str, detail: String| Problem::new(status.as_u16(), title, detail);
         match self {
             ApiError::Lock(error) => HttpError(error).into_response(),
             ApiError::Pool(_) => problem(
