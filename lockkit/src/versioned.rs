@@ -99,6 +99,18 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     ///
     /// The model's own `AsChangeset` is not used: lockkit writes the version itself
     /// (exactly once), whether or not your `AsChangeset` includes or skips it.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::Stale`] when no row matched the key and the expected version:
+    ///   someone else changed or deleted it. Nothing was written.
+    /// * [`Error::VersionOverflow`] when the version is already its type's maximum;
+    ///   nothing is sent.
+    /// * [`Error::AmbiguousKey`] when the key matched more than one row (the
+    ///   database does not enforce the declared key); the statement was undone.
+    /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
+    ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
+    ///   [`Error::Database`]); see [`classify`](crate::classify()).
     fn update_versioned<Conn>(&mut self, conn: &mut Conn) -> Result<(), Error>
     where
         Conn: Connection,
@@ -120,6 +132,39 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// Like [`update_versioned`](Self::update_versioned), with your own changeset
     /// instead of the model's fields, e.g. `items::stock.eq(items::stock - 1)`.
     /// Only the version is refreshed in memory; re-read the row if you need the rest.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::Stale`] when no row matched the key and the expected version:
+    ///   someone else changed or deleted it. Nothing was written.
+    /// * [`Error::VersionOverflow`] when the version is already its type's maximum;
+    ///   nothing is sent.
+    /// * [`Error::AmbiguousKey`] when the key matched more than one row (the
+    ///   database does not enforce the declared key); the statement was undone.
+    /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
+    ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
+    ///   [`Error::Database`]); see [`classify`](crate::classify()).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use diesel::prelude::*;
+    /// # use lockkit::prelude::*;
+    /// # diesel::table! { items (id) { id -> Integer, stock -> Integer, lock_version -> Integer } }
+    /// # #[derive(Queryable, Selectable, Versioned)]
+    /// # #[diesel(table_name = items)]
+    /// # pub struct Item { pub id: i32, pub stock: i32, pub lock_version: i32 }
+    /// # fn main() -> Result<(), lockkit::Error> {
+    /// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+    /// # diesel::sql_query("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL)").execute(&mut conn)?;
+    /// # diesel::sql_query("INSERT INTO items VALUES (1, 10, 0), (2, 5, 0)").execute(&mut conn)?;
+    /// let mut item = items::table.find(1).first::<Item>(&mut conn)?;
+    /// item.update_versioned_with(&mut conn, items::stock.eq(items::stock - 3))?;
+    /// assert_eq!(item.lock_version, 1);
+    /// assert_eq!(item.stock, 10); // the struct keeps what it read
+    /// assert_eq!(items::table.find(1).select(items::stock).first::<i32>(&mut conn)?, 7);
+    /// # Ok(()) }
+    /// ```
     fn update_versioned_with<Conn, C>(&mut self, conn: &mut Conn, changes: C) -> Result<(), Error>
     where
         Conn: Connection,
@@ -139,6 +184,40 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     }
 
     /// Deletes the row if it still has the version this struct was read at.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::Stale`] when no row matched the key and the expected version:
+    ///   someone else changed or deleted it. Nothing was written.
+    /// * [`Error::AmbiguousKey`] when the key matched more than one row (the
+    ///   database does not enforce the declared key); the statement was undone.
+    /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
+    ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
+    ///   [`Error::Database`]); see [`classify`](crate::classify()).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use diesel::prelude::*;
+    /// # use lockkit::prelude::*;
+    /// # diesel::table! { items (id) { id -> Integer, stock -> Integer, lock_version -> Integer } }
+    /// # #[derive(Queryable, Selectable, Versioned)]
+    /// # #[diesel(table_name = items)]
+    /// # pub struct Item { pub id: i32, pub stock: i32, pub lock_version: i32 }
+    /// # fn main() -> Result<(), lockkit::Error> {
+    /// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+    /// # diesel::sql_query("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL)").execute(&mut conn)?;
+    /// # diesel::sql_query("INSERT INTO items VALUES (1, 10, 0), (2, 5, 0)").execute(&mut conn)?;
+    /// let old = items::table.find(1).first::<Item>(&mut conn)?;
+    /// let mut fresh = items::table.find(1).first::<Item>(&mut conn)?;
+    /// fresh.touch_versioned(&mut conn)?; // someone else writes: version 0 -> 1
+    ///
+    /// let err = old.delete_versioned(&mut conn).unwrap_err();
+    /// assert!(matches!(err, lockkit::Error::Stale(_)));
+    /// fresh.delete_versioned(&mut conn)?;
+    /// assert_eq!(items::table.find(1).count().get_result::<i64>(&mut conn)?, 0);
+    /// # Ok(()) }
+    /// ```
     fn delete_versioned<Conn>(&self, conn: &mut Conn) -> Result<(), Error>
     where
         Conn: Connection,
@@ -150,6 +229,36 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
 
     /// Deletes the row `key` if its version is still `expected_version`, without
     /// loading it first (e.g. `DELETE` with `If-Match`).
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::Stale`] when no row matched the key and the expected version:
+    ///   someone else changed or deleted it. Nothing was written.
+    /// * [`Error::AmbiguousKey`] when the key matched more than one row (the
+    ///   database does not enforce the declared key); the statement was undone.
+    /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
+    ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
+    ///   [`Error::Database`]); see [`classify`](crate::classify()).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use diesel::prelude::*;
+    /// # use lockkit::prelude::*;
+    /// # diesel::table! { items (id) { id -> Integer, stock -> Integer, lock_version -> Integer } }
+    /// # #[derive(Queryable, Selectable, Versioned)]
+    /// # #[diesel(table_name = items)]
+    /// # pub struct Item { pub id: i32, pub stock: i32, pub lock_version: i32 }
+    /// # fn main() -> Result<(), lockkit::Error> {
+    /// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+    /// # diesel::sql_query("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL)").execute(&mut conn)?;
+    /// # diesel::sql_query("INSERT INTO items VALUES (1, 10, 0), (2, 5, 0)").execute(&mut conn)?;
+    /// Item::delete_by_version(&mut conn, 1, 0)?;
+    ///
+    /// let again = Item::delete_by_version(&mut conn, 1, 0).unwrap_err();
+    /// assert_eq!(again.as_stale().unwrap().current, lockkit::CurrentState::Deleted);
+    /// # Ok(()) }
+    /// ```
     fn delete_by_version<Conn>(
         conn: &mut Conn,
         key: Self::Key,
@@ -175,6 +284,42 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// Bumps the version only (JPA's `OPTIMISTIC_FORCE_INCREMENT`): marks the row
     /// as changed, e.g. when a child row changed, so concurrent editors of the parent
     /// become stale.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::Stale`] when no row matched the key and the expected version:
+    ///   someone else changed or deleted it. Nothing was written.
+    /// * [`Error::VersionOverflow`] when the version is already its type's maximum;
+    ///   nothing is sent.
+    /// * [`Error::AmbiguousKey`] when the key matched more than one row (the
+    ///   database does not enforce the declared key); the statement was undone.
+    /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
+    ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
+    ///   [`Error::Database`]); see [`classify`](crate::classify()).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use diesel::prelude::*;
+    /// # use lockkit::prelude::*;
+    /// # diesel::table! { items (id) { id -> Integer, stock -> Integer, lock_version -> Integer } }
+    /// # #[derive(Queryable, Selectable, Versioned)]
+    /// # #[diesel(table_name = items)]
+    /// # pub struct Item { pub id: i32, pub stock: i32, pub lock_version: i32 }
+    /// # fn main() -> Result<(), lockkit::Error> {
+    /// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+    /// # diesel::sql_query("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL)").execute(&mut conn)?;
+    /// # diesel::sql_query("INSERT INTO items VALUES (1, 10, 0), (2, 5, 0)").execute(&mut conn)?;
+    /// let mut parent = items::table.find(1).first::<Item>(&mut conn)?;
+    /// let mut editor = items::table.find(1).first::<Item>(&mut conn)?;
+    ///
+    /// parent.touch_versioned(&mut conn)?; // e.g. one of its child rows changed
+    /// assert_eq!(parent.lock_version, 1);
+    ///
+    /// editor.stock = 0;
+    /// assert!(matches!(editor.update_versioned(&mut conn), Err(lockkit::Error::Stale(_))));
+    /// # Ok(()) }
+    /// ```
     fn touch_versioned<Conn>(&mut self, conn: &mut Conn) -> Result<(), Error>
     where
         Conn: Connection,
@@ -195,6 +340,41 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// Applies `changes` to the row `key` if its version is still
     /// `expected_version`, without loading it first: for a version that arrives from
     /// outside (a form's hidden field, an `If-Match` header). Returns the new version.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::Stale`] when no row matched the key and the expected version:
+    ///   someone else changed or deleted it. Nothing was written.
+    /// * [`Error::VersionOverflow`] when the version is already its type's maximum;
+    ///   nothing is sent.
+    /// * [`Error::AmbiguousKey`] when the key matched more than one row (the
+    ///   database does not enforce the declared key); the statement was undone.
+    /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
+    ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
+    ///   [`Error::Database`]); see [`classify`](crate::classify()).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use diesel::prelude::*;
+    /// # use lockkit::prelude::*;
+    /// # diesel::table! { items (id) { id -> Integer, stock -> Integer, lock_version -> Integer } }
+    /// # #[derive(Queryable, Selectable, Versioned)]
+    /// # #[diesel(table_name = items)]
+    /// # pub struct Item { pub id: i32, pub stock: i32, pub lock_version: i32 }
+    /// # fn main() -> Result<(), lockkit::Error> {
+    /// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+    /// # diesel::sql_query("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL)").execute(&mut conn)?;
+    /// # diesel::sql_query("INSERT INTO items VALUES (1, 10, 0), (2, 5, 0)").execute(&mut conn)?;
+    /// // The client read version 0 and sends it back with its change.
+    /// let version = Item::update_by_version(&mut conn, 1, 0, items::stock.eq(7))?;
+    /// assert_eq!(version, 1);
+    ///
+    /// // A second client that also read version 0 is refused.
+    /// let err = Item::update_by_version(&mut conn, 1, 0, items::stock.eq(3)).unwrap_err();
+    /// assert_eq!(err.as_stale().unwrap().current, lockkit::CurrentState::Version(1));
+    /// # Ok(()) }
+    /// ```
     fn update_by_version<Conn, C>(
         conn: &mut Conn,
         key: Self::Key,
@@ -227,6 +407,15 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// This is [`atomic::update_if`](crate::atomic::update_if) for a versioned
     /// table: the version moves, so an optimistic writer who read the row before
     /// gets [`Error::Stale`] instead of writing over this change.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::NoRowMatched`] when the condition is false or the row is gone.
+    /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
+    ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
+    ///   [`Error::Database`]); see [`classify`](crate::classify()).
+    ///
+    /// # Example
     ///
     /// ```
     /// # use diesel::prelude::*;
@@ -273,6 +462,45 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// savepoint when one is already open), in key order (so two bulk updates of
     /// overlapping rows cannot deadlock). A key named twice is
     /// [`Error::DuplicateKey`], before anything is sent.
+    ///
+    /// # Errors
+    ///
+    /// Nothing is written on any of them:
+    ///
+    /// * [`Error::DuplicateKey`] when a key is named twice; nothing is sent.
+    /// * [`Error::StaleRows`] with one report per row that no longer has its
+    ///   expected version (changed or deleted).
+    /// * [`Error::VersionOverflow`] when an expected version is already its type's
+    ///   maximum.
+    /// * [`Error::AmbiguousKey`] when a key matched more than one row.
+    /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
+    ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
+    ///   [`Error::Database`]); see [`classify`](crate::classify()).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use diesel::prelude::*;
+    /// # use lockkit::prelude::*;
+    /// # diesel::table! { items (id) { id -> Integer, stock -> Integer, lock_version -> Integer } }
+    /// # #[derive(Queryable, Selectable, Versioned)]
+    /// # #[diesel(table_name = items)]
+    /// # pub struct Item { pub id: i32, pub stock: i32, pub lock_version: i32 }
+    /// # fn main() -> Result<(), lockkit::Error> {
+    /// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+    /// # diesel::sql_query("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL)").execute(&mut conn)?;
+    /// # diesel::sql_query("INSERT INTO items VALUES (1, 10, 0), (2, 5, 0)").execute(&mut conn)?;
+    /// let versions = Item::update_all_by_version(&mut conn, &[(2, 0), (1, 0)], items::stock.eq(0))?;
+    /// assert_eq!(versions, vec![1, 1]); // in input order
+    ///
+    /// // Row 2 is no longer at version 0: neither row is written.
+    /// let err = Item::update_all_by_version(&mut conn, &[(1, 1), (2, 0)], items::stock.eq(9)).unwrap_err();
+    /// let lockkit::Error::StaleRows(stale) = err else { panic!("{err}") };
+    /// assert_eq!(stale.len(), 1);
+    /// assert_eq!(stale[0].key, "2");
+    /// assert_eq!(items::table.find(1).first::<Item>(&mut conn)?.lock_version, 1);
+    /// # Ok(()) }
+    /// ```
     fn update_all_by_version<Conn, C>(
         conn: &mut Conn,
         rows: &[(Self::Key, Self::Version)],
