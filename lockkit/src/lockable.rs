@@ -110,6 +110,26 @@ pub trait Lockable: Sized {
 
     /// Locks this row (`FOR UPDATE`) in a transaction and runs `f` on the fresh
     /// row; see the [module docs](self).
+    ///
+    /// # Errors
+    ///
+    /// The transaction is rolled back on every error:
+    ///
+    /// * [`Error::NotFound`] when no row has the key.
+    /// * [`Error::Busy`] with `nowait()` or `skip_locked()` when another transaction
+    ///   holds the row (SQLite: the database's write lock).
+    /// * [`Error::LockTimeout`] when waiting for the lock ran past the lock timeout
+    ///   (the options' or the server's).
+    /// * [`Error::Deadlock`] when the server chose this transaction as a deadlock's
+    ///   victim.
+    /// * [`Error::TransactionAborted`] when nested in an open transaction that the
+    ///   server rolled back as a whole (InnoDB on a deadlock); not retryable here.
+    /// * [`Error::VersionOverflow`] for a [`Versioned`] model whose version is at
+    ///   its type's maximum (an exclusive lock advances it).
+    /// * any other classified database error ([`Error::SerializationFailure`],
+    ///   [`Error::ConnectionLost`], .., else [`Error::Database`]); see
+    ///   [`classify`](crate::classify()).
+    /// * whatever `f` returns.
     fn with_lock<C, T, F>(&self, conn: &mut C, f: F) -> Result<T, Error>
     where
         C: AsLockingConnection,
@@ -121,6 +141,10 @@ pub trait Lockable: Sized {
 
     /// [`with_lock`](Self::with_lock) with [`LockOptions`]: strength, `nowait()`,
     /// `skip_locked()`, `timeout(..)`.
+    ///
+    /// # Errors
+    ///
+    /// As [`with_lock`](Self::with_lock).
     fn with_lock_opts<C, T, F>(&self, conn: &mut C, options: LockOptions, f: F) -> Result<T, Error>
     where
         C: AsLockingConnection,
@@ -145,6 +169,56 @@ pub trait Lockable: Sized {
     /// ```sql
     /// SELECT ... FROM items WHERE items.id = ANY($1) ORDER BY items.id FOR UPDATE   -- PostgreSQL
     /// SELECT ... FROM items WHERE items.id IN (?, ?) ORDER BY items.id FOR UPDATE   -- MySQL
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::NotInTransaction`] outside a transaction; nothing is sent.
+    /// * [`Error::NotFound`] when a key has no row.
+    /// * [`Error::Busy`] on SQLite when another connection holds the database's
+    ///   write lock past the busy timeout.
+    /// * [`Error::LockTimeout`] or [`Error::Deadlock`] when waiting for a row lock
+    ///   failed (PostgreSQL, MySQL/MariaDB).
+    /// * [`Error::VersionOverflow`] for a [`Versioned`] model whose version is at
+    ///   its type's maximum (each locked row's version advances).
+    /// * any other classified database error ([`Error::SerializationFailure`],
+    ///   [`Error::ConnectionLost`], .., else [`Error::Database`]); see
+    ///   [`classify`](crate::classify()).
+    ///
+    /// The locks taken before the error are held until the transaction ends: roll
+    /// it back (return the error from its closure).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use diesel::prelude::*;
+    /// use lockkit::prelude::*;
+    /// use lockkit::{locked_transaction, LockOptions};
+    /// # diesel::table! { accounts (id) { id -> Integer, balance -> BigInt } }
+    /// # #[derive(Queryable, Selectable, lockkit::Lockable, Debug)]
+    /// # #[diesel(table_name = accounts)]
+    /// # pub struct Account { pub id: i32, pub balance: i64 }
+    /// # fn main() -> Result<(), lockkit::Error> {
+    /// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+    /// # diesel::sql_query("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL)").execute(&mut conn)?;
+    /// # diesel::sql_query("INSERT INTO accounts VALUES (1, 100), (2, 50)").execute(&mut conn)?;
+    /// // A transfer locks both accounts, always in key order.
+    /// let total = locked_transaction(&mut conn, LockOptions::default(), |conn| {
+    ///     let accounts = Account::lock_all(conn, &[2, 1])?;
+    ///     assert_eq!(accounts.iter().map(|a| a.id).collect::<Vec<_>>(), [1, 2]);
+    ///     Ok(accounts.iter().map(|a| a.balance).sum::<i64>())
+    /// })?;
+    /// assert_eq!(total, 150);
+    ///
+    /// let missing = locked_transaction(&mut conn, LockOptions::default(), |conn| {
+    ///     Account::lock_all(conn, &[1, 3])
+    /// });
+    /// assert!(matches!(missing, Err(lockkit::Error::NotFound)));
+    ///
+    /// // Outside a transaction the locks would be released at once.
+    /// let outside = Account::lock_all(&mut conn, &[1]);
+    /// assert!(matches!(outside, Err(lockkit::Error::NotInTransaction)));
+    /// # Ok(()) }
     /// ```
     fn lock_all<C>(conn: &mut C, keys: &[Self::Key]) -> Result<Vec<Self>, Error>
     where
@@ -194,6 +268,12 @@ pub trait Lockable: Sized {
 /// Locks the row `key` of `M` and runs `f` on it: the free-function form of
 /// [`Lockable::with_lock`], for when you have a key but no loaded model.
 ///
+/// # Errors
+///
+/// As [`Lockable::with_lock`].
+///
+/// # Example
+///
 /// ```
 /// # use diesel::prelude::*;
 /// # use lockkit::prelude::*;
@@ -217,6 +297,11 @@ where
 }
 
 /// [`with_lock`] with [`LockOptions`].
+///
+/// # Errors
+///
+/// As [`Lockable::with_lock`]; [`Error::Busy`] with `nowait()` or `skip_locked()`
+/// when the row is held, [`Error::LockTimeout`] after `timeout(..)`.
 pub fn with_lock_opts<M, C, T, F>(
     conn: &mut C,
     key: M::Key,
@@ -263,6 +348,19 @@ where
 /// Runs `f` in a transaction fit for locking: a plain transaction on PostgreSQL and
 /// MySQL (with the options' lock timeout), `BEGIN IMMEDIATE` on SQLite. Use it around
 /// [`Lockable::lock_all`] and [`queue::claim`](crate::queue::claim).
+///
+/// # Errors
+///
+/// The transaction is rolled back on every error:
+///
+/// * [`Error::LockTimeout`] (or [`Error::Busy`] with `nowait()` or
+///   `skip_locked()`) on SQLite when another connection holds the database's
+///   write lock.
+/// * [`Error::TransactionAborted`] when nested in an open transaction that the
+///   server rolled back as a whole; not retryable here.
+/// * a classified database error from `BEGIN`, the lock timeout's setting or
+///   `COMMIT`; see [`classify`](crate::classify()).
+/// * whatever `f` returns.
 pub fn locked_transaction<C, T, F>(conn: &mut C, options: LockOptions, f: F) -> Result<T, Error>
 where
     C: AsLockingConnection,
@@ -275,12 +373,20 @@ where
 /// model that is `Selectable` on the connection's backend.
 pub trait LockRow<Conn: LockingConnection>: Lockable<OnLock: MarkLocked<Self, Conn>> {
     /// `SELECT <fields> FROM <table> WHERE <key> FOR UPDATE`.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
     fn load_locked(
         conn: &mut Conn,
         key: Self::Key,
         lock: RowLock,
     ) -> diesel::QueryResult<Option<Self>>;
     /// Whether the row exists (an unlocked read).
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified.
     fn exists(conn: &mut Conn, key: Self::Key) -> diesel::QueryResult<bool>;
 }
 
@@ -316,6 +422,10 @@ where
 /// models with a single-column primary key.
 pub trait LockAll<Conn: LockingConnection>: LockRow<Conn> {
     /// `SELECT .. WHERE pk IN (..) ORDER BY pk FOR UPDATE`.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified.
     fn load_all_locked(conn: &mut Conn, keys: Vec<Self::Key>) -> diesel::QueryResult<Vec<Self>>;
 }
 
@@ -401,6 +511,10 @@ pub struct BumpVersion;
 /// Implemented by [`NoVersion`] and [`BumpVersion`]; you never implement it.
 pub trait MarkLocked<M, Conn> {
     /// Marks one locked row as written (the model is updated to match).
+    ///
+    /// # Errors
+    ///
+    /// [`BumpVersion`]: those of [`Versioned::touch_versioned`].
     fn mark(conn: &mut Conn, row: &mut M) -> Result<(), Error>;
 }
 
