@@ -106,14 +106,26 @@ pub trait AdvisoryBackend: diesel::backend::Backend {
     /// Whether this backend has locks that end with the transaction (PostgreSQL).
     const TRANSACTION_LOCKS: bool;
     /// Waits for the lock; `false` if the server gave up waiting.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
     fn acquire<C>(conn: &mut C, key: AdvisoryKey, scope: Scope) -> diesel::QueryResult<bool>
     where
         C: Connection<Backend = Self> + LoadConnection;
     /// Takes the lock if it is free; `false` if another session holds it.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified.
     fn try_acquire<C>(conn: &mut C, key: AdvisoryKey, scope: Scope) -> diesel::QueryResult<bool>
     where
         C: Connection<Backend = Self> + LoadConnection;
     /// Releases a session lock; `false` if this session did not hold it.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified.
     fn release<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<bool>
     where
         C: Connection<Backend = Self> + LoadConnection;
@@ -164,6 +176,13 @@ where
 
     /// Releases a session lock now, reporting failure. A transaction lock is
     /// released when its transaction ends; for it this does nothing.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::NotFound`] when the server says this session did not hold the
+    ///   lock.
+    /// * a classified database error ([`Error::ConnectionLost`], .., else
+    ///   [`Error::Database`]); see [`classify`](crate::classify()).
     pub fn unlock(mut self) -> Result<(), Error> {
         self.held = false;
         if self.scope == Scope::Transaction {
@@ -228,6 +247,15 @@ where
 
 /// Waits for the advisory lock `key`: a session lock, or inside a transaction on
 /// PostgreSQL a transaction lock (see the [module docs](self)).
+///
+/// # Errors
+///
+/// * [`Error::LockTimeout`] when the wait ran out: PostgreSQL's `lock_timeout`,
+///   or MySQL/MariaDB's `GET_LOCK` giving up.
+/// * [`Error::Deadlock`] when the server broke a deadlock with this session.
+/// * any other classified database error ([`Error::ConnectionLost`],
+///   [`Error::StatementTimeout`], .., else [`Error::Database`]); see
+///   [`classify`](crate::classify()).
 pub fn lock<C>(conn: &mut C, key: impl Into<AdvisoryKey>) -> Result<AdvisoryLock<'_, C>, Error>
 where
     C: Connection + LoadConnection,
@@ -250,6 +278,12 @@ where
 }
 
 /// Takes the advisory lock `key` if it is free (scoped as by [`lock`]).
+/// `Ok(None)` when another session holds it.
+///
+/// # Errors
+///
+/// A classified database error ([`Error::ConnectionLost`], .., else
+/// [`Error::Database`]); see [`classify`](crate::classify()).
 pub fn try_lock<C>(
     conn: &mut C,
     key: impl Into<AdvisoryKey>,
@@ -336,6 +370,13 @@ mod postgres {
 
     /// PostgreSQL: waits for the transaction-level advisory lock `key`, held until
     /// the transaction ends. [`Error::NotInTransaction`] outside a transaction.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::NotInTransaction`] outside a transaction; nothing is sent.
+    /// * [`Error::LockTimeout`] when the wait ran past `lock_timeout`.
+    /// * [`Error::Deadlock`] when the server broke a deadlock with this session.
+    /// * any other classified database error; see [`classify`](crate::classify()).
     pub fn xact_lock<C>(conn: &mut C, key: impl Into<AdvisoryKey>) -> Result<(), Error>
     where
         C: Connection<Backend = Pg> + LoadConnection,
@@ -349,6 +390,12 @@ mod postgres {
     }
 
     /// PostgreSQL: takes the transaction-level advisory lock `key` if it is free.
+    /// `Ok(false)` when another session holds it.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::NotInTransaction`] outside a transaction; nothing is sent.
+    /// * a classified database error; see [`classify`](crate::classify()).
     pub fn try_xact_lock<C>(conn: &mut C, key: impl Into<AdvisoryKey>) -> Result<bool, Error>
     where
         C: Connection<Backend = Pg> + LoadConnection,

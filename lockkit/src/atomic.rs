@@ -36,6 +36,13 @@ use crate::{classify, Error};
 
 /// Executes a conditional `UPDATE` (or `DELETE`): the number of rows written, or
 /// [`Error::NoRowMatched`] when its `WHERE` matched nothing.
+///
+/// # Errors
+///
+/// * [`Error::NoRowMatched`] when the `WHERE` matched no row; nothing was written.
+/// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
+///   [`Error::Deadlock`], .., else [`Error::Database`]); see
+///   [`classify`](crate::classify()).
 pub fn update_if<Conn, S>(conn: &mut Conn, statement: S) -> Result<usize, Error>
 where
     Conn: Connection,
@@ -49,6 +56,15 @@ where
 
 /// Executes a conditional `UPDATE ... RETURNING` (PostgreSQL, SQLite 3.35+) and
 /// returns the updated row, or [`Error::NoRowMatched`].
+///
+/// # Errors
+///
+/// * [`Error::NoRowMatched`] when the `WHERE` matched no row; nothing was written.
+/// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
+///   [`Error::Deadlock`], .., else [`Error::Database`]); see
+///   [`classify`](crate::classify()).
+///
+/// # Example
 ///
 /// ```
 /// # use diesel::prelude::*;

@@ -118,6 +118,13 @@ pub struct IfMatchVersion<V>(pub Expected<V>);
 
 impl<V: VersionNumber> IfMatchVersion<V> {
     /// Parses the `If-Match` field lines of `headers`, as the extractor does.
+    ///
+    /// # Errors
+    ///
+    /// * [`IfMatchError::Missing`] without the header (`428`).
+    /// * [`IfMatchError::Malformed`] when a line is not UTF-8, or not `*` or a
+    ///   list of entity tags (`400`).
+    /// * [`IfMatchError::NoMatch`] when no strong lockkit tag in it fits `V` (`412`).
     pub fn from_headers(headers: &HeaderMap) -> Result<Self, IfMatchError> {
         match if_match_value(headers)? {
             Some(value) => etag::expected_version(Some(&value)).map(IfMatchVersion),
@@ -147,6 +154,10 @@ impl<V: VersionNumber> IfMatchVersion<V> {
     }
 
     /// Runs a version-checked write for this header; see [`Expected::apply`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Expected::apply`].
     pub fn apply<C: ?Sized, T>(
         &self,
         conn: &mut C,

@@ -215,6 +215,10 @@ impl IfMatch {
     /// The versions named by strong lockkit tags (`"v<n>"` that fits `V`). Weak
     /// tags and tags lockkit did not make are ignored: under `If-Match` they can
     /// never match.
+    ///
+    /// # Errors
+    ///
+    /// [`IfMatchError::NoMatch`] when no tag names a version (`412`).
     pub fn expected<V: VersionNumber>(&self) -> Result<Expected<V>, IfMatchError> {
         let tags = match self {
             IfMatch::Any => return Ok(Expected::Any),
@@ -271,6 +275,14 @@ impl<V: VersionNumber> Expected<V> {
     ///
     /// An empty `OneOf` (the parser never makes one) writes nothing and is
     /// [`Error::NoRowMatched`].
+    ///
+    /// # Errors
+    ///
+    /// * whatever `current` or `write` return: [`Error::Stale`] when the row is
+    ///   not at an expected version, [`Error::NotFound`] when it is gone, ...
+    /// * [`Error::RetriesExhausted`] under `*` when every one of
+    ///   [`ANY_MATCH_ATTEMPTS`] writes found the row changed in between.
+    /// * [`Error::NoRowMatched`] for an empty `OneOf`.
     pub fn apply<C: ?Sized, T>(
         &self,
         conn: &mut C,
@@ -317,6 +329,13 @@ impl<V: VersionNumber> Expected<V> {
 
 /// From the raw `If-Match` header (`None` when absent) to the expected version:
 /// parse, then [`IfMatch::expected`].
+///
+/// # Errors
+///
+/// * [`IfMatchError::Missing`] without a header (`428`).
+/// * [`IfMatchError::Malformed`] when it is not `*` or a list of entity tags
+///   (`400`).
+/// * [`IfMatchError::NoMatch`] when no strong lockkit tag in it fits `V` (`412`).
 pub fn expected_version<V: VersionNumber>(
     header: Option<&str>,
 ) -> Result<Expected<V>, IfMatchError> {

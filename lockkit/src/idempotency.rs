@@ -209,6 +209,19 @@ impl Idempotency {
     /// `fingerprint` identifies the request (e.g. method, path and a hash of the
     /// body): a key reused for another request is refused. `work` returns the
     /// response to store and replay.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::InvalidInput`] when `key` is empty, or `key` or `fingerprint` is
+    ///   longer than 255 characters or contains NUL; nothing is sent.
+    /// * [`Error::IdempotencyKeyReused`] when the key was used for a request with
+    ///   another fingerprint.
+    /// * [`Error::IdempotencyInProgress`] when another request holds the key (its
+    ///   lease has not run out), or took it over while `work` ran (which is then
+    ///   rolled back).
+    /// * whatever `work` returns; its transaction is rolled back and the key
+    ///   released, so a retry runs it again.
+    /// * a classified database error; see [`classify`](crate::classify()).
     pub fn run<C, F>(
         &self,
         conn: &mut C,
@@ -291,6 +304,10 @@ impl Idempotency {
     }
 
     /// Deletes completed keys older than the retention; returns how many.
+    ///
+    /// # Errors
+    ///
+    /// A classified database error; see [`classify`](crate::classify()).
     pub fn purge_expired<C>(&self, conn: &mut C) -> Result<usize, Error>
     where
         C: AsLockingConnection,

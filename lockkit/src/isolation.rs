@@ -22,6 +22,18 @@ use crate::{retry, Error, RetryPolicy};
 /// `f` may run several times: keep side effects outside the database out of it.
 /// It cannot be nested in another transaction ([`Error::AlreadyInTransaction`]).
 ///
+/// # Errors
+///
+/// * [`Error::AlreadyInTransaction`] when a transaction is already open; nothing
+///   is sent.
+/// * [`Error::RetriesExhausted`] when every attempt failed with a
+///   [retryable](Error::is_retryable) error ([`Error::SerializationFailure`],
+///   [`Error::Deadlock`], ..); `last` is the final one.
+/// * the first non-retryable error, at once: `f`'s own, or a classified
+///   database error (e.g. [`Error::ConnectionLost`]).
+///
+/// # Example
+///
 /// ```
 /// # use diesel::prelude::*;
 /// # let mut conn = SqliteConnection::establish(":memory:").unwrap();

@@ -36,16 +36,29 @@ pub struct BlockedSession {
 /// A backend whose lock waits lockkit can list: PostgreSQL, MySQL/MariaDB.
 pub trait LockMonitor: diesel::backend::Backend {
     /// This connection's session id.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
     fn session_id<C>(conn: &mut C) -> diesel::QueryResult<i64>
     where
         C: Connection<Backend = Self> + LoadConnection;
     /// Every session now waiting for a lock, by session id.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
     fn blocked_sessions<C>(conn: &mut C) -> diesel::QueryResult<Vec<BlockedSession>>
     where
         C: Connection<Backend = Self> + LoadConnection;
 }
 
 /// This connection's session id (`pg_backend_pid()`, `CONNECTION_ID()`).
+///
+/// # Errors
+///
+/// A classified database error ([`Error::ConnectionLost`], .., else
+/// [`Error::Database`]); see [`classify`](crate::classify()).
 pub fn session_id<C>(conn: &mut C) -> Result<i64, Error>
 where
     C: Connection + LoadConnection,
@@ -55,6 +68,29 @@ where
 }
 
 /// Every session now waiting for a lock, ordered by session id.
+///
+/// # Errors
+///
+/// A classified database error: [`Error::Database`] when the server's views
+/// cannot be read (MySQL 8 without access to `performance_schema`, missing
+/// privileges), [`Error::ConnectionLost`], [`Error::StatementTimeout`], ..; see
+/// [`classify`](crate::classify()).
+///
+/// # Example
+///
+/// ```no_run
+/// # #[cfg(feature = "postgres")] {
+/// use diesel::prelude::*;
+/// use lockkit::lock_waits;
+/// let mut conn = PgConnection::establish("postgres://localhost/app").unwrap();
+/// for waiter in lock_waits::blocked_sessions(&mut conn).unwrap() {
+///     println!(
+///         "session {} has waited {:?} on {:?}: {}",
+///         waiter.session, waiter.waiting, waiter.blocked_by, waiter.query
+///     );
+/// }
+/// # }
+/// ```
 pub fn blocked_sessions<C>(conn: &mut C) -> Result<Vec<BlockedSession>, Error>
 where
     C: Connection + LoadConnection,

@@ -191,12 +191,24 @@ pub trait LockingConnection:
     fn apply_lock<Q: LockingDsl<RowLock>>(query: Q, lock: RowLock) -> Self::Locked<Q>;
 
     /// Runs `f` in a transaction fit for locking, with the options' timeout.
+    ///
+    /// # Errors
+    ///
+    /// As [`locked_transaction`](crate::locked_transaction).
     fn locked_transaction<T, F>(&mut self, options: &LockOptions, f: F) -> Result<T, Error>
     where
         F: FnOnce(&mut Self) -> Result<T, Error>;
 
     /// Runs `f` in a `SERIALIZABLE` transaction (SQLite: `BEGIN IMMEDIATE`, which
     /// is serializable).
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::AlreadyInTransaction`] when a transaction is already open.
+    /// * [`Error::SerializationFailure`], [`Error::Deadlock`] or another
+    ///   classified database error, e.g. from `COMMIT`; not retried here (see
+    ///   [`serializable`](crate::serializable)).
+    /// * whatever `f` returns.
     fn serializable_transaction<T, F>(&mut self, f: F) -> Result<T, Error>
     where
         F: FnOnce(&mut Self) -> Result<T, Error>;
@@ -211,6 +223,11 @@ pub trait LockingConnection:
     /// takes only at its first write: sends `PRAGMA incremental_vacuum(1)`, which
     /// takes it (waiting up to the busy timeout, then [`Error::Busy`]) and changes
     /// no data. A no-op on PostgreSQL and MySQL, whose row locks need nothing more.
+    ///
+    /// # Errors
+    ///
+    /// SQLite: [`Error::Busy`] when another connection holds the write lock past
+    /// the busy timeout, or another classified database error.
     fn take_write_lock(&mut self) -> Result<(), Error> {
         Ok(())
     }

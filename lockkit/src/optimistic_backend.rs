@@ -30,12 +30,20 @@ pub trait OptimisticBackend: Backend {
 
     /// Names the database this connection writes to (server and database), so
     /// that rows of two databases with the same table and key are told apart.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
     fn database_id<C>(conn: &mut C) -> QueryResult<String>
     where
         C: Connection<Backend = Self> + LoadConnection;
 
     /// Whether a unique index covers only (some of) `key_columns` of `table`, so
     /// that the key can never match two rows.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
     fn key_is_unique<C>(conn: &mut C, table: &str, key_columns: &[&str]) -> QueryResult<bool>
     where
         C: Connection<Backend = Self> + LoadConnection;

@@ -70,6 +70,15 @@ use crate::{classify, Error};
 /// Must run in a transaction: [`Error::NotInTransaction`] otherwise. Give `query`
 /// an `ORDER BY` so that the oldest work goes first. The claimed rows count as
 /// locks of table `queue` in the [`metrics`](crate::metrics).
+///
+/// # Errors
+///
+/// * [`Error::NotInTransaction`] outside a transaction; nothing is sent.
+/// * [`Error::Busy`] on SQLite when another connection holds the database's
+///   write lock past the busy timeout.
+/// * any other classified database error ([`Error::Deadlock`],
+///   [`Error::ConnectionLost`], .., else [`Error::Database`]); see
+///   [`classify`](crate::classify()).
 pub fn claim<M, C, Q>(conn: &mut C, query: Q, limit: i64) -> Result<Vec<M>, Error>
 where
     C: AsLockingConnection,

@@ -122,6 +122,13 @@ impl RetryPolicy {
 /// server rolled back reports [`Error::TransactionAborted`], which is not
 /// retryable: `retry` returns it at once, for you to roll back (return it from the
 /// transaction's closure) and, if you like, run the whole transaction again.
+///
+/// # Errors
+///
+/// * the first error of `op` that is not [retryable](Error::is_retryable), at
+///   once.
+/// * [`Error::RetriesExhausted`] when `op` failed with retryable errors
+///   `policy.attempts()` times; `last` is the final one.
 pub fn retry<T, F>(policy: &RetryPolicy, mut op: F) -> Result<T, Error>
 where
     F: FnMut(u32) -> Result<T, Error>,
@@ -159,6 +166,19 @@ where
 /// it: the result is [`Error::TransactionAborted`] for the owner of the outermost
 /// transaction. Called outside one, an attempt that ended that way is retried
 /// like its cause. See [`locking_connection`](crate::locking_connection#when-the-server-aborts-the-whole-transaction).
+///
+/// # Errors
+///
+/// Each failed attempt is rolled back:
+///
+/// * the first error that is not [retryable](Error::is_retryable), at once:
+///   `op`'s own, or a classified database error from `BEGIN` or `COMMIT`.
+/// * [`Error::TransactionAborted`] when nested in an open transaction that the
+///   server rolled back as a whole; not retried.
+/// * [`Error::RetriesExhausted`] when every attempt failed with a retryable
+///   error; `last` is the final one.
+///
+/// # Example
 ///
 /// ```
 /// # use diesel::prelude::*;

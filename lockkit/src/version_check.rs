@@ -112,6 +112,10 @@ where
 /// so that these bounds are written once, here.
 pub trait CurrentVersionQuery<Conn>: VersionCheck {
     /// `Some(version)`, or `None` when the row is gone: the latest committed state.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
     fn load_current_version(
         conn: &mut Conn,
         key: Self::Key,
@@ -119,6 +123,10 @@ pub trait CurrentVersionQuery<Conn>: VersionCheck {
 
     /// `UPDATE .. SET <version> = <version> + 1 WHERE <key> AND <version> = $version`:
     /// moves the row past a version that a rolled-back struct may still hold.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
     fn bump_past(
         conn: &mut Conn,
         key: Self::Key,
@@ -127,10 +135,18 @@ pub trait CurrentVersionQuery<Conn>: VersionCheck {
 
     /// Whether the database enforces the declared key (a unique index on key
     /// columns only), so that it can never match two rows.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
     fn key_is_unique(conn: &mut Conn) -> diesel::QueryResult<bool>;
 
     /// The row's identity for the [`journal`]: database, table and
     /// key; `None` when the journal needs none (nothing recorded, no transaction).
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
     fn row_id(conn: &mut Conn, key: &Self::Key) -> diesel::QueryResult<Option<String>>;
 }
 

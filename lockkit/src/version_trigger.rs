@@ -80,6 +80,10 @@ fn identifier(name: &str) -> Result<&str, InvalidIdentifier> {
 }
 
 /// The trigger's name: `lockkit_version_<table>_<column>`.
+///
+/// # Errors
+///
+/// [`InvalidIdentifier`] when `table` or `column` is not a plain identifier.
 pub fn trigger_name(table: &str, column: &str) -> Result<String, InvalidIdentifier> {
     Ok(format!(
         "lockkit_version_{}_{}",
@@ -90,6 +94,10 @@ pub fn trigger_name(table: &str, column: &str) -> Result<String, InvalidIdentifi
 
 /// The SQL that installs the trigger (one or two statements; run it with
 /// `batch_execute` or put it in a migration's `up.sql`).
+///
+/// # Errors
+///
+/// [`InvalidIdentifier`] when `table` or `column` is not a plain identifier.
 pub fn up_sql(dialect: Dialect, table: &str, column: &str) -> Result<String, InvalidIdentifier> {
     let name = trigger_name(table, column)?;
     let (t, c) = (table, column);
@@ -113,6 +121,10 @@ pub fn up_sql(dialect: Dialect, table: &str, column: &str) -> Result<String, Inv
 }
 
 /// The SQL that removes the trigger (for a migration's `down.sql`).
+///
+/// # Errors
+///
+/// [`InvalidIdentifier`] when `table` or `column` is not a plain identifier.
 pub fn down_sql(dialect: Dialect, table: &str, column: &str) -> Result<String, InvalidIdentifier> {
     let name = trigger_name(table, column)?;
     Ok(match dialect {
