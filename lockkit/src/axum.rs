@@ -73,14 +73,14 @@
 //! let ok = (ETag::from_version(8_i32), "saved").into_response();
 //! assert_eq!(ok.headers()[header::ETAG], "\"v8\"");
 //!
-//! let stale = Error::Stale(StaleObjectError {
-//!     table: "items",
-//!     key: "1".into(),
-//!     version_column: "lock_version",
-//!     operation: Operation::Update,
-//!     expected_version: 7,
-//!     current: CurrentState::Version(8),
-//! });
+//! let stale = Error::Stale(StaleObjectError::new(
+//!     "items",
+//!     "1",
+//!     "lock_version",
+//!     Operation::Update,
+//!     7,
+//!     CurrentState::Version(8),
+//! ));
 //! let refused = HttpError(stale).into_response();
 //! assert_eq!(refused.status(), StatusCode::PRECONDITION_FAILED);
 //! assert_eq!(refused.headers()[header::CONTENT_TYPE], "application/problem+json");

@@ -259,6 +259,27 @@ pub struct StaleObjectError {
     pub current: CurrentState,
 }
 
+impl StaleObjectError {
+    /// A stale-write report, e.g. to test how your code maps one to a response.
+    pub fn new(
+        table: &'static str,
+        key: impl Into<String>,
+        version_column: &'static str,
+        operation: Operation,
+        expected_version: i64,
+        current: CurrentState,
+    ) -> Self {
+        StaleObjectError {
+            table,
+            key: key.into(),
+            version_column,
+            operation,
+            expected_version,
+            current,
+        }
+    }
+}
+
 impl fmt::Display for CurrentState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
