@@ -251,16 +251,34 @@ pub(crate) fn needs_row_ids<C: Connection>(conn: &mut C) -> bool {
     ENTRIES.load(Ordering::Relaxed) > 0 || transaction_depth(conn).is_some()
 }
 
-/// The database id cached on this connection's journal.
-pub(crate) fn cached_database_id<C: Connection>(conn: &mut C) -> Option<String> {
-    journal_of(conn).and_then(|j| j.database.clone())
-}
-
-/// Caches the database id on this connection's journal.
-pub(crate) fn cache_database_id<C: Connection>(conn: &mut C, id: &str) {
-    if let Some(journal) = journal_of(conn) {
-        journal.database = Some(id.to_owned());
+/// The row's identity for the journal: database, table and key, or `None`
+/// when the write needs none (nothing recorded, no transaction).
+///
+/// The database id is read with `fetch` once per journaled connection, at its
+/// first versioned write (so that every connection sends the same statements),
+/// and on a connection without a journal only when an identity is needed.
+pub(crate) fn row_id<C: Connection>(
+    conn: &mut C,
+    key: &dyn std::fmt::Debug,
+    fetch: impl FnOnce(&mut C) -> diesel::QueryResult<String>,
+) -> diesel::QueryResult<Option<String>> {
+    let needed = needs_row_ids(conn);
+    match journal_of(conn).map(|j| j.database.is_some()) {
+        Some(false) => {
+            let id = fetch(conn)?;
+            if let Some(journal) = journal_of(conn) {
+                journal.database = Some(id);
+            }
+        }
+        None if needed => return Ok(Some(format!("{}/{key:?}", fetch(conn)?))),
+        _ => {}
     }
+    if !needed {
+        return Ok(None);
+    }
+    Ok(journal_of(conn)
+        .and_then(|j| j.database.as_deref())
+        .map(|database| format!("{database}/{key:?}")))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -187,20 +187,7 @@ where
     }
 
     fn row_id(conn: &mut Conn, key: &M::Key) -> diesel::QueryResult<Option<String>> {
-        // Read once per connection (cached on its journal), when it first writes.
-        let database = match journal::cached_database_id(conn) {
-            Some(id) => id,
-            None if journal::needs_row_ids(conn) || journal::journal_of(conn).is_some() => {
-                let id = <Conn::Backend as OptimisticBackend>::database_id(conn)?;
-                journal::cache_database_id(conn, &id);
-                id
-            }
-            None => return Ok(None),
-        };
-        if !journal::needs_row_ids(conn) {
-            return Ok(None);
-        }
-        Ok(Some(format!("{database}/{key:?}")))
+        journal::row_id(conn, key, <Conn::Backend as OptimisticBackend>::database_id)
     }
 }
 
