@@ -82,8 +82,8 @@ fn expand_lockable(model: &Model<'_>) -> TokenStream {
         quote!(<#table::#column as diesel::Column>::NAME)
     });
     let on_lock = match model.versioning {
-        Some(_) => quote!(::lockkit::lockable::BumpVersion),
-        None => quote!(::lockkit::lockable::NoVersion),
+        Some(_) => quote!(::lockkit::__private::BumpVersion),
+        None => quote!(::lockkit::__private::NoVersion),
     };
 
     quote! {

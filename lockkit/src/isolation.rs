@@ -13,7 +13,7 @@
 //! | MySQL/MariaDB | `SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; BEGIN` (reads take shared locks) |
 //! | SQLite | `BEGIN IMMEDIATE` (one writer at a time is serializable) |
 
-use crate::locking_connection::{AsLockingConnection, LockingConnection};
+use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
 use crate::{retry, Error, RetryPolicy};
 
 /// Runs `f` in a `SERIALIZABLE` transaction, retrying serialization failures and

@@ -4,64 +4,63 @@
 //! ten in stock, and no error anywhere. lockkit gives Diesel applications the
 //! standard cures, typed and tested on PostgreSQL, MySQL/MariaDB and SQLite:
 //!
-//! * **Optimistic locking**: [`Versioned`] (`#[derive(Versioned)]`), every write
-//!   checks and bumps a version column; a lost race is [`Error::Stale`]
-//!   ([`versioned`], [`version_check`], [`version`]); rollbacks seen by the
-//!   [`journal`], and what each backend adds in [`optimistic_backend`].
-//! * **Pessimistic locking**: [`Lockable::with_lock`], [`Lockable::lock_all`],
-//!   [`LockOptions`] (strength, `NOWAIT`, `SKIP LOCKED`, timeouts) and the query
-//!   extensions of [`LockQueryExt`] ([`lockable`], [`row_lock`],
-//!   [`locking_connection`]); work queues ([`queue`]), advisory locks
-//!   ([`advisory`]), `SERIALIZABLE` with retry ([`isolation`]), conditional
-//!   updates ([`atomic`]) and who waits on whom ([`lock_waits`]).
-//! * **Around them**: bounded [`retry()`] with backoff and jitter, one error type
-//!   classified in one place ([`classify()`]), ETag / `If-Match` for HTTP ([`etag`],
-//!   and `axum` behind its feature), idempotency keys (`idempotency`, feature),
-//!   version triggers for writers that bypass lockkit ([`version_trigger`]) and
-//!   conflict metrics ([`metrics`]).
+//! * **Optimistic locking** ([`optimistic`]): [`Versioned`] (`#[derive(Versioned)]`),
+//!   every write checks and bumps a version column; a lost race is
+//!   [`Error::Stale`]. Rollbacks are seen by the [`journal`]; tables without a
+//!   version column get conditional updates ([`atomic`]); writers that bypass
+//!   lockkit get [`version_trigger`]s.
+//! * **Pessimistic locking** ([`pessimistic`]): [`Lockable::with_lock`],
+//!   [`Lockable::lock_all`], [`LockOptions`] (strength, `NOWAIT`, `SKIP LOCKED`,
+//!   timeouts) and the query extensions of [`LockQueryExt`]; work queues
+//!   ([`queue`]), advisory locks ([`advisory`]) and who waits on whom
+//!   ([`lock_waits`]).
+//! * **Around them**: bounded [`retry()`] with backoff and jitter,
+//!   [`serializable`] transactions retried, one [`Error`] type classified in one
+//!   place ([`error::classification`]), ETag / `If-Match` for HTTP, axum glue and
+//!   idempotency keys ([`http`]), and conflict [`metrics`].
 //!
-//! Start with [`versioned`] and [`lockable`] for complete examples; the repository's
-//! `docs/SQL.md` lists every statement lockkit sends.
+//! | folder | concept |
+//! | --- | --- |
+//! | [`optimistic`] | version-checked writes |
+//! | [`pessimistic`] | row locks, queues, advisory locks |
+//! | [`http`] | ETag / `If-Match`, axum, idempotency keys |
+//! | [`error`] | the error type and the one place that reads server messages |
+//! | `transaction` (private) | what every lockkit transaction does the same way: the panic guard |
+//!
+//! Start with [`optimistic::versioned`] and [`pessimistic::lockable`] for complete
+//! examples; the repository's `docs/SQL.md` lists every statement lockkit sends.
 
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod advisory;
-pub mod atomic;
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub mod axum;
-pub mod classify;
-mod error;
-pub mod etag;
-#[cfg(feature = "idempotency")]
-#[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
-pub mod idempotency;
-pub mod isolation;
-pub mod journal;
-pub mod lock_waits;
-pub mod lockable;
-pub mod locking_connection;
+pub mod error;
+pub mod http;
 pub mod metrics;
-pub mod optimistic_backend;
-pub mod queue;
-pub mod retry;
-pub mod row_lock;
-pub mod version;
-pub mod version_check;
-pub mod version_trigger;
-pub mod versioned;
+pub mod optimistic;
+pub mod pessimistic;
 
-pub use classify::{classify, classify_nowait};
+mod isolation;
+mod retry;
+mod transaction;
+
+// The modules users name, at the crate's root.
+#[cfg(feature = "axum")]
+pub use http::axum;
+pub use http::etag;
+#[cfg(feature = "idempotency")]
+pub use http::idempotency;
+pub use optimistic::{atomic, journal, version_trigger};
+pub use pessimistic::{advisory, lock_waits, queue};
+
+pub use error::{classify, classify_nowait};
 pub use error::{CurrentState, Error, Operation, Result, StaleObjectError};
 pub use isolation::serializable;
-pub use lockable::{locked_transaction, with_lock, with_lock_opts, Lockable};
-pub use locking_connection::{AsLockingConnection, LockOptions, LockingConnection};
+pub use optimistic::{VersionNumber, Versioned};
+pub use pessimistic::{locked_transaction, with_lock, with_lock_opts, Lockable};
+pub use pessimistic::{AsLockingConnection, LockOptions, LockingConnection};
+pub use pessimistic::{LockQueryExt, LockStrength, RowLock, WaitMode};
 pub use retry::{retry, transaction_with_retry, RetryPolicy};
-pub use row_lock::{LockQueryExt, LockStrength, RowLock, WaitMode};
-pub use version::VersionNumber;
-pub use versioned::Versioned;
 
 /// `#[derive(Versioned)]`: implements [`Versioned`] and [`Lockable`] for a model
 /// with a version column.
@@ -160,8 +159,8 @@ pub use lockkit_derive::Lockable;
 
 /// The traits whose methods lockkit adds: `use lockkit::prelude::*;`.
 pub mod prelude {
-    pub use crate::lockable::{LockAll, LockRow};
-    pub use crate::version_check::{CurrentVersionQuery, VersionCheck};
+    pub use crate::optimistic::version_check::{CurrentVersionQuery, VersionCheck};
+    pub use crate::pessimistic::lockable::{LockAll, LockRow};
     pub use crate::{LockQueryExt, Lockable, Versioned};
 }
 
@@ -181,4 +180,7 @@ struct ReadmeDoctests;
 pub mod __private {
     //! Paths the derive's generated code uses. Not public API.
     pub use diesel;
+
+    pub use crate::optimistic::BumpVersion;
+    pub use crate::pessimistic::NoVersion;
 }

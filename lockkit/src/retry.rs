@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use diesel::Connection;
 
-use crate::locking_connection::{failed_transaction, AsLockingConnection, LockingConnection};
+use crate::pessimistic::connection::{failed_transaction, AsLockingConnection, LockingConnection};
 use crate::Error;
 
 /// How often and how patiently to retry. `RetryPolicy::default()`: 5 attempts,
@@ -165,7 +165,7 @@ where
 /// rolled back the whole transaction (InnoDB on a deadlock), nothing is retried in
 /// it: the result is [`Error::TransactionAborted`] for the owner of the outermost
 /// transaction. Called outside one, an attempt that ended that way is retried
-/// like its cause. See [`locking_connection`](crate::locking_connection#when-the-server-aborts-the-whole-transaction).
+/// like its cause. See [`locking_connection`](crate::pessimistic::connection#when-the-server-aborts-the-whole-transaction).
 ///
 /// # Errors
 ///
@@ -201,7 +201,7 @@ where
     let conn = conn.locking_connection();
     retry(policy, |_| {
         let nested = conn.in_transaction();
-        let mut guard = crate::locking_connection::PanicGuard::default();
+        let mut guard = crate::transaction::PanicGuard::default();
         let result = conn.transaction(|conn| guard.call(conn, &mut op));
         guard.resume();
         result.map_err(|err| failed_transaction(conn, nested, err))

@@ -446,7 +446,7 @@ mod servers {
         fn lock_all_locks_chunks_in_key_order_so_opposite_orders_never_deadlock(db) {
             // Keys in opposite orders, more than one statement's worth: if lock_all
             // locked chunk by chunk in the order given, the two would deadlock.
-            const N: usize = 2 * lockkit::lockable::MAX_KEYS_PER_STATEMENT + 1;
+            const N: usize = 2 * lockkit::pessimistic::lockable::MAX_KEYS_PER_STATEMENT + 1;
             seed_many(&mut db.conn(), BACKEND, N);
             let up: Vec<i32> = (1..=N as i32).collect();
             let down: Vec<i32> = up.iter().rev().copied().collect();

@@ -1,7 +1,7 @@
 //! The one error type of lockkit, and the stale-write report.
 //!
 //! Every fallible lockkit call returns [`Error`]. Database errors become typed
-//! variants through [`classify`](crate::classify) (also used by `From<diesel::result::Error>`),
+//! variants through [`classify`] (also used by `From<diesel::result::Error>`),
 //! so a caller matches on what happened, not on server text:
 //!
 //! ```
@@ -17,6 +17,10 @@
 //! assert_eq!(http_status(&Error::NotFound), 404);
 //! assert_eq!(http_status(&Error::Deadlock), 503);
 //! ```
+
+pub mod classification;
+
+pub use classification::{classify, classify_nowait};
 
 use std::fmt;
 
@@ -63,7 +67,7 @@ pub enum Error {
     #[error("could not serialize access due to concurrent update")]
     SerializationFailure,
 
-    /// The version is already at its type's maximum; see [`crate::version`].
+    /// The version is already at its type's maximum; see [`crate::optimistic::version`].
     #[error("{table} {key}: version {version} is the maximum of its type; refusing to write")]
     VersionOverflow {
         /// Table of the row.
@@ -184,13 +188,6 @@ fn stale_keys(stale: &[StaleObjectError]) -> String {
         stale.first().map_or("", |s| s.table),
         keys.join(", ")
     )
-}
-
-impl From<diesel::result::Error> for Error {
-    /// Classifies the error; see [`crate::classify()`].
-    fn from(err: diesel::result::Error) -> Self {
-        crate::classify(err)
-    }
 }
 
 /// Which version-checked operation found the row changed.

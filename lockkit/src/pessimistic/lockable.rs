@@ -18,7 +18,7 @@
 //! COMMIT;                                     -- or ROLLBACK on Err
 //! ```
 //!
-//! On a [`Versioned`] model, taking the lock also advances the
+//! On a [`Versioned`](crate::Versioned) model, taking the lock also advances the
 //! version (`UPDATE .. SET lock_version = lock_version + 1 WHERE id = $1 AND
 //! lock_version = $2`, right after the locked read, in the same transaction): the
 //! closure may write the row any way it likes (a plain `diesel::update`, as
@@ -64,17 +64,16 @@
 
 use diesel::dsl::{self, AsSelect, Find, Select};
 use diesel::expression::Expression;
-use diesel::query_builder::AsQuery;
-use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, FindDsl, LockingDsl, OrderDsl, SelectDsl};
+use diesel::query_dsl::methods::{FilterDsl, FindDsl, LockingDsl, OrderDsl, SelectDsl};
 use diesel::query_dsl::LoadQuery;
 use diesel::{
     ExpressionMethods, OptionalExtension, RunQueryDsl, Selectable, SelectableHelper, Table,
 };
 
-use crate::locking_connection::{AsLockingConnection, LockOptions, LockingConnection};
-use crate::row_lock::{LockStrength, RowLock, WaitMode};
-use crate::version_check::{CurrentVersionQuery, TouchVersioned, VersionCheck};
-use crate::{classify, classify_nowait, Error, Versioned};
+use super::connection::{AsLockingConnection, LockingConnection};
+use super::options::LockOptions;
+use super::row_lock::{LockStrength, RowLock, WaitMode};
+use crate::{classify, classify_nowait, Error};
 
 /// `lock_all` sends at most this many keys per statement (SQLite's oldest limit
 /// on bound parameters is 999); longer lists are locked chunk by chunk, in key
@@ -101,8 +100,8 @@ pub trait Lockable: Sized {
     const KEY_COLUMNS: &'static [&'static str];
 
     /// What taking an exclusive lock on the row also writes: [`NoVersion`] for a
-    /// model without a version column, [`BumpVersion`] for a
-    /// [`Versioned`] one (see the [module docs](self)).
+    /// model without a version column, [`BumpVersion`](crate::optimistic::BumpVersion) for a
+    /// [`Versioned`](crate::Versioned) one (see the [module docs](self)).
     type OnLock;
 
     /// This row's primary key.
@@ -124,7 +123,7 @@ pub trait Lockable: Sized {
     ///   victim.
     /// * [`Error::TransactionAborted`] when nested in an open transaction that the
     ///   server rolled back as a whole (InnoDB on a deadlock); not retryable here.
-    /// * [`Error::VersionOverflow`] for a [`Versioned`] model whose version is at
+    /// * [`Error::VersionOverflow`] for a [`Versioned`](crate::Versioned) model whose version is at
     ///   its type's maximum (an exclusive lock advances it).
     /// * any other classified database error ([`Error::SerializationFailure`],
     ///   [`Error::ConnectionLost`], .., else [`Error::Database`]); see
@@ -179,7 +178,7 @@ pub trait Lockable: Sized {
     ///   write lock past the busy timeout.
     /// * [`Error::LockTimeout`] or [`Error::Deadlock`] when waiting for a row lock
     ///   failed (PostgreSQL, MySQL/MariaDB).
-    /// * [`Error::VersionOverflow`] for a [`Versioned`] model whose version is at
+    /// * [`Error::VersionOverflow`] for a [`Versioned`](crate::Versioned) model whose version is at
     ///   its type's maximum (each locked row's version advances).
     /// * any other classified database error ([`Error::SerializationFailure`],
     ///   [`Error::ConnectionLost`], .., else [`Error::Database`]); see
@@ -502,36 +501,19 @@ impl LockStrength {
 #[derive(Debug, Clone, Copy)]
 pub struct NoVersion;
 
-/// [`Lockable::OnLock`] of a [`Versioned`] model: an exclusive
-/// lock advances the version.
-#[derive(Debug, Clone, Copy)]
-pub struct BumpVersion;
-
 /// What an exclusive lock on one row writes to it ([`Lockable::OnLock`]).
-/// Implemented by [`NoVersion`] and [`BumpVersion`]; you never implement it.
+/// Implemented by [`NoVersion`] and [`BumpVersion`](crate::optimistic::BumpVersion); you never implement it.
 pub trait MarkLocked<M, Conn> {
     /// Marks one locked row as written (the model is updated to match).
     ///
     /// # Errors
     ///
-    /// [`BumpVersion`]: those of [`Versioned::touch_versioned`].
+    /// [`BumpVersion`](crate::optimistic::BumpVersion): those of [`Versioned::touch_versioned`](crate::Versioned::touch_versioned).
     fn mark(conn: &mut Conn, row: &mut M) -> Result<(), Error>;
 }
 
 impl<M, Conn> MarkLocked<M, Conn> for NoVersion {
     fn mark(_: &mut Conn, _: &mut M) -> Result<(), Error> {
         Ok(())
-    }
-}
-
-impl<M, Conn> MarkLocked<M, Conn> for BumpVersion
-where
-    Conn: diesel::Connection,
-    M: Versioned + VersionCheck + CurrentVersionQuery<Conn>,
-    TouchVersioned<M>: AsQuery + ExecuteDsl<Conn>,
-{
-    fn mark(conn: &mut Conn, row: &mut M) -> Result<(), Error> {
-        // The row is locked: the version cannot have moved since the locked read.
-        row.touch_versioned(conn)
     }
 }

@@ -29,139 +29,20 @@
 //! calls that open the outermost transaction themselves retry (or report) the
 //! cause. The question costs one statement, on the error path of nested calls only.
 //!
-//! Timeouts come from a [`Duration`] and reach the server as a
+//! Timeouts come from a [`Duration`](std::time::Duration) and reach the server as a
 //! bound parameter (PostgreSQL, MySQL) or a formatted integer (SQLite's `PRAGMA`
 //! takes no parameters); no caller text is ever interpolated.
 
-use std::time::Duration;
-
-use diesel::connection::{AnsiTransactionManager, TransactionManager};
+use diesel::connection::AnsiTransactionManager;
 use diesel::query_dsl::methods::LockingDsl;
 use diesel::Connection;
 
-use crate::row_lock::{LockStrength, RowLock, WaitMode};
+use super::options::LockOptions;
+use super::row_lock::RowLock;
+use crate::transaction::in_transaction;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use crate::transaction::PanicGuard;
 use crate::Error;
-
-/// How to lock: strength, wait mode and lock timeout. `LockOptions::default()` is
-/// `FOR UPDATE`, waiting up to the server's own lock timeout.
-///
-/// ```
-/// use std::time::Duration;
-/// use lockkit::LockOptions;
-/// let opts = LockOptions::default().nowait();
-/// let patient = LockOptions::default().timeout(Duration::from_millis(250));
-/// let weaker = LockOptions::default().no_key_update();
-/// # let _ = (opts, patient, weaker);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct LockOptions {
-    lock: RowLock,
-    timeout: Option<Duration>,
-}
-
-impl LockOptions {
-    #[must_use]
-    /// Fail at once with [`Error::Busy`] if the row is locked.
-    pub fn nowait(mut self) -> Self {
-        self.lock.wait = WaitMode::NoWait;
-        self
-    }
-
-    #[must_use]
-    /// Skip a locked row: [`with_lock`](crate::with_lock) then reports [`Error::Busy`]
-    /// (the row exists but someone holds it) or [`Error::NotFound`].
-    pub fn skip_locked(mut self) -> Self {
-        self.lock.wait = WaitMode::SkipLocked;
-        self
-    }
-
-    #[must_use]
-    /// Wait at most `timeout` for the lock, then fail with [`Error::LockTimeout`].
-    ///
-    /// Clamped to 1 ms ..= `i32::MAX` ms. MySQL/MariaDB count whole seconds, so the
-    /// timeout is rounded up to the next second there.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
-        self
-    }
-
-    #[must_use]
-    /// The lock strength ([`LockStrength::Update`] by default).
-    pub fn strength(mut self, strength: LockStrength) -> Self {
-        self.lock.strength = strength;
-        self
-    }
-
-    #[must_use]
-    /// `FOR NO KEY UPDATE` on PostgreSQL (`FOR UPDATE` elsewhere).
-    pub fn no_key_update(self) -> Self {
-        self.strength(LockStrength::NoKeyUpdate)
-    }
-
-    #[must_use]
-    /// `FOR SHARE` / `LOCK IN SHARE MODE`.
-    pub fn share(self) -> Self {
-        self.strength(LockStrength::Share)
-    }
-
-    /// The row-lock clause these options produce.
-    pub fn row_lock(&self) -> RowLock {
-        self.lock
-    }
-
-    /// The wait mode.
-    pub fn wait_mode(&self) -> WaitMode {
-        self.lock.wait
-    }
-
-    /// The timeout in whole milliseconds, clamped to 1 ..= `i32::MAX`.
-    pub fn timeout_millis(&self) -> Option<i32> {
-        self.timeout.map(|t| {
-            let millis = t.as_millis().clamp(1, i32::MAX as u128);
-            i32::try_from(millis).unwrap_or(i32::MAX)
-        })
-    }
-
-    /// The timeout in whole seconds, rounded up, clamped to 1 ..= 1,073,741,824
-    /// (MySQL's range for `innodb_lock_wait_timeout`; MariaDB caps it further, at
-    /// 100,000,000 s, with a warning).
-    pub fn timeout_secs(&self) -> Option<i64> {
-        self.timeout.map(|t| {
-            let secs = t.as_secs().saturating_add(u64::from(t.subsec_nanos() > 0));
-            i64::try_from(secs.clamp(1, 1_073_741_824)).unwrap_or(1_073_741_824)
-        })
-    }
-}
-
-/// Catches a panic in a closure run inside a transaction, so that the transaction
-/// is rolled back before the panic goes on: the connection is then left usable,
-/// with no transaction open (and a pooled one is not returned mid-transaction).
-#[derive(Default)]
-pub(crate) struct PanicGuard(Option<Box<dyn std::any::Any + Send + 'static>>);
-
-impl PanicGuard {
-    /// Runs `f`; a panic becomes an error that makes Diesel roll back.
-    pub(crate) fn call<C, T>(
-        &mut self,
-        conn: &mut C,
-        f: impl FnOnce(&mut C) -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(conn))) {
-            Ok(result) => result,
-            Err(payload) => {
-                self.0 = Some(payload);
-                Err(Error::Database(diesel::result::Error::RollbackTransaction))
-            }
-        }
-    }
-
-    /// Goes on with the caught panic, if there was one (after the rollback).
-    pub(crate) fn resume(self) {
-        if let Some(payload) = self.0 {
-            std::panic::resume_unwind(payload);
-        }
-    }
-}
 
 /// The end of a locking transaction that changed a session setting: `restored`
 /// is how putting it back went. A failed restore is reported only when the work
@@ -259,15 +140,6 @@ pub(crate) fn failed_transaction<C: LockingConnection>(
         }
         _ => error,
     }
-}
-
-/// Whether a transaction is open on `conn`, for any connection type (pooled ones
-/// included): Diesel's transaction manager knows its depth.
-pub(crate) fn in_transaction<C: Connection>(conn: &mut C) -> bool {
-    matches!(
-        C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
-        Ok(Some(_))
-    )
 }
 
 /// Something that gives access to a [`LockingConnection`]: the connection itself
@@ -468,11 +340,12 @@ mod mysql {
 
 #[cfg(feature = "sqlite")]
 mod sqlite {
+    use crate::pessimistic::WaitMode;
     use diesel::connection::SimpleConnection;
     use diesel::{RunQueryDsl, SqliteConnection};
 
     use super::*;
-    use crate::classify::classify_lock_wait;
+    use crate::error::classification::classify_lock_wait;
     use crate::metrics::LockWait;
 
     as_locking_connection!(SqliteConnection);
@@ -591,27 +464,5 @@ mod sqlite {
         fn take_write_lock(&mut self) -> Result<(), Error> {
             write_lock(self).map_err(crate::classify)
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn timeouts_are_clamped_and_rounded() {
-        let opts = LockOptions::default();
-        assert_eq!(opts.timeout_millis(), None);
-        let opts = opts.timeout(Duration::from_micros(10));
-        assert_eq!(opts.timeout_millis(), Some(1));
-        assert_eq!(opts.timeout_secs(), Some(1));
-        let opts = opts.timeout(Duration::from_millis(2500));
-        assert_eq!(
-            (opts.timeout_millis(), opts.timeout_secs()),
-            (Some(2500), Some(3))
-        );
-        let opts = opts.timeout(Duration::MAX);
-        assert_eq!(opts.timeout_millis(), Some(i32::MAX));
-        assert_eq!(opts.timeout_secs(), Some(1_073_741_824));
     }
 }

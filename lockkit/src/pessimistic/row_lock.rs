@@ -165,7 +165,7 @@ impl QueryFragment<diesel::pg::Pg> for RowLock {
 impl QueryFragment<diesel::mysql::Mysql> for RowLock {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::mysql::Mysql>) -> QueryResult<()> {
         if self.wait == WaitMode::NoWait {
-            crate::classify::nowait_sent();
+            crate::error::classification::nowait_sent();
         }
         out.push_sql(self.strength.mysql());
         out.push_sql(self.wait.sql());
@@ -180,7 +180,7 @@ impl QueryFragment<diesel::mysql::Mysql> for RowLock {
 /// to the very place `.no_wait()` uses, and renders the same SQL (a test compares
 /// both with `debug_query`). Unlike Diesel's, it makes a failed `NOWAIT` on
 /// MariaDB classify as [`Error::Busy`](crate::Error::Busy) through `?` too (see
-/// [`classify`](mod@crate::classify#limits)): prefer it.
+/// [`classify`](crate::error::classification#limits)): prefer it.
 #[derive(Debug, Clone, Copy, Default, QueryId)]
 pub struct NoWait;
 
@@ -196,7 +196,7 @@ impl QueryFragment<diesel::pg::Pg> for NoWait {
 impl QueryFragment<diesel::mysql::Mysql> for NoWait {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::mysql::Mysql>) -> QueryResult<()> {
         // MariaDB reports a failed NOWAIT as a lock wait timeout: see `classify`.
-        crate::classify::nowait_sent();
+        crate::error::classification::nowait_sent();
         out.push_sql(" NOWAIT");
         Ok(())
     }

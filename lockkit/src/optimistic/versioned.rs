@@ -61,12 +61,12 @@ use diesel::query_builder::{AsChangeset, AsQuery, IntoUpdateTarget};
 use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, FindDsl};
 use diesel::{Column, Connection};
 
-use crate::lockable::BumpVersion;
-use crate::version::VersionNumber;
-use crate::version_check::{
+use crate::optimistic::version::VersionNumber;
+use crate::optimistic::version_check::{
     self, CurrentVersionQuery, DeleteVersioned, TouchVersioned, UpdateVersioned, VersionCheck,
     Written,
 };
+use crate::pessimistic::lockable::MarkLocked;
 use crate::{Error, Lockable, Operation};
 
 /// A Diesel model with a version column. Implement it with `#[derive(Versioned)]`.
@@ -600,5 +600,22 @@ fn settle<M: Versioned>(model: &mut M, written: Written<M::Version>) -> Result<(
             Ok(())
         }
         Written::Stale(stale) => Err(stale.into()),
+    }
+}
+
+/// [`Lockable::OnLock`] of a [`Versioned`] model: an exclusive
+/// lock advances the version.
+#[derive(Debug, Clone, Copy)]
+pub struct BumpVersion;
+
+impl<M, Conn> MarkLocked<M, Conn> for BumpVersion
+where
+    Conn: diesel::Connection,
+    M: Versioned + VersionCheck + CurrentVersionQuery<Conn>,
+    TouchVersioned<M>: AsQuery + ExecuteDsl<Conn>,
+{
+    fn mark(conn: &mut Conn, row: &mut M) -> Result<(), Error> {
+        // The row is locked: the version cannot have moved since the locked read.
+        row.touch_versioned(conn)
     }
 }

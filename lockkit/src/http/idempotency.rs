@@ -62,7 +62,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use diesel::Connection;
 
-use crate::locking_connection::AsLockingConnection;
+use crate::pessimistic::connection::AsLockingConnection;
 use crate::Error;
 
 pub use crate::version_trigger::Dialect;
@@ -77,13 +77,13 @@ pub use crate::version_trigger::Dialect;
 pub fn up_sql(dialect: Dialect) -> &'static str {
     match dialect {
         Dialect::Postgres => include_str!(
-            "../migrations/idempotency/postgres/2026-11-30-000000_lockkit_idempotency/up.sql"
+            "../../migrations/idempotency/postgres/2026-11-30-000000_lockkit_idempotency/up.sql"
         ),
         Dialect::Mysql => include_str!(
-            "../migrations/idempotency/mysql/2026-11-30-000000_lockkit_idempotency/up.sql"
+            "../../migrations/idempotency/mysql/2026-11-30-000000_lockkit_idempotency/up.sql"
         ),
         Dialect::Sqlite => include_str!(
-            "../migrations/idempotency/sqlite/2026-11-30-000000_lockkit_idempotency/up.sql"
+            "../../migrations/idempotency/sqlite/2026-11-30-000000_lockkit_idempotency/up.sql"
         ),
     }
 }
@@ -92,13 +92,13 @@ pub fn up_sql(dialect: Dialect) -> &'static str {
 pub fn down_sql(dialect: Dialect) -> &'static str {
     match dialect {
         Dialect::Postgres => include_str!(
-            "../migrations/idempotency/postgres/2026-11-30-000000_lockkit_idempotency/down.sql"
+            "../../migrations/idempotency/postgres/2026-11-30-000000_lockkit_idempotency/down.sql"
         ),
         Dialect::Mysql => include_str!(
-            "../migrations/idempotency/mysql/2026-11-30-000000_lockkit_idempotency/down.sql"
+            "../../migrations/idempotency/mysql/2026-11-30-000000_lockkit_idempotency/down.sql"
         ),
         Dialect::Sqlite => include_str!(
-            "../migrations/idempotency/sqlite/2026-11-30-000000_lockkit_idempotency/down.sql"
+            "../../migrations/idempotency/sqlite/2026-11-30-000000_lockkit_idempotency/down.sql"
         ),
     }
 }

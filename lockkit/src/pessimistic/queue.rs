@@ -59,9 +59,9 @@ use diesel::query_dsl::methods::{LimitDsl, LockingDsl};
 use diesel::query_dsl::LoadQuery;
 use diesel::RunQueryDsl;
 
-use crate::locking_connection::{AsLockingConnection, LockingConnection};
 use crate::metrics::LockWait;
-use crate::row_lock::RowLock;
+use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
+use crate::pessimistic::row_lock::RowLock;
 use crate::{classify, Error};
 
 /// Claims up to `limit` rows of `query` that no other transaction holds, locking

@@ -44,7 +44,7 @@ use std::ops::{Deref, DerefMut};
 use diesel::connection::LoadConnection;
 use diesel::Connection;
 
-use crate::locking_connection::in_transaction;
+use crate::transaction::in_transaction;
 use crate::{classify, Error};
 
 /// An advisory lock's key; see the [module docs](self).
@@ -264,7 +264,7 @@ where
     let key = key.into();
     let scope = scope_on(conn);
     if !C::Backend::acquire(conn, key, scope).map_err(classify)? {
-        return Err(crate::classify::lock_error(
+        return Err(crate::error::classification::lock_error(
             Error::LockTimeout,
             "GET_LOCK gave up waiting",
         ));
@@ -322,7 +322,7 @@ mod postgres {
     use diesel::{Connection, RunQueryDsl};
 
     use super::{AdvisoryBackend, AdvisoryKey, Locked, Scope};
-    use crate::locking_connection::in_transaction;
+    use crate::transaction::in_transaction;
     use crate::{classify, Error};
 
     fn call<C>(conn: &mut C, sql: &'static str, key: AdvisoryKey) -> diesel::QueryResult<bool>

@@ -20,7 +20,7 @@
 //! | MySQL/MariaDB | 1205 | `Lock wait timeout exceeded` | [`Error::LockTimeout`]; right after lockkit's `NOWAIT` (MariaDB's failed `NOWAIT`), [`Error::Busy`], see below |
 //! | MySQL | 3572 | `NOWAIT is set` | [`Error::Busy`] |
 //! | MySQL/MariaDB | 3024 / 1969 | `maximum statement execution time` / `max_statement_time` | [`Error::StatementTimeout`] |
-//! | SQLite | `SQLITE_BUSY` | `database is locked` | [`Error::Busy`] ([`Error::LockTimeout`] when lockkit waited for the write lock, see [`locking_connection`](crate::locking_connection)) |
+//! | SQLite | `SQLITE_BUSY` | `database is locked` | [`Error::Busy`] ([`Error::LockTimeout`] when lockkit waited for the write lock, see [`locking_connection`](crate::pessimistic::connection)) |
 //! | PostgreSQL | 57P01, lost socket | `terminating connection due to administrator command`, `server closed the connection unexpectedly` (or Diesel's `ClosedConnection`) | [`Error::ConnectionLost`] |
 //! | MySQL/MariaDB | 1927, 2006, 2013 | `Connection was killed`, `MySQL server has gone away`, `Lost connection to` | [`Error::ConnectionLost`] |
 //!
@@ -191,5 +191,12 @@ fn classify_message(message: &str) -> Option<Error> {
         Some(Error::StatementTimeout)
     } else {
         None
+    }
+}
+
+impl From<diesel::result::Error> for Error {
+    /// Classifies the error; see [`classify()`].
+    fn from(err: diesel::result::Error) -> Self {
+        crate::classify(err)
     }
 }

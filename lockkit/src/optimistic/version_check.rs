@@ -30,9 +30,9 @@ use diesel::sql_types::SqlType;
 use diesel::{Column, Connection, ExpressionMethods, OptionalExtension, RunQueryDsl};
 
 use crate::journal::{self, Plan};
-use crate::locking_connection::in_transaction;
-use crate::optimistic_backend::{InShareMode, OptimisticBackend};
-use crate::version::VersionNumber;
+use crate::optimistic::backend::{InShareMode, OptimisticBackend};
+use crate::optimistic::version::VersionNumber;
+use crate::transaction::in_transaction;
 use crate::{classify, CurrentState, Error, Lockable, Operation, StaleObjectError, Versioned};
 
 type VersionColumnOf<M> = <M as Versioned>::VersionColumn;

@@ -1,0 +1,25 @@
+//! Optimistic locking: write only if nobody wrote since you read.
+//!
+//! | file | what it holds |
+//! | --- | --- |
+//! | [`versioned`] | the [`Versioned`] model trait and its version-checked writes (start here) |
+//! | [`version_check`] | the one write sequence every versioned write runs, and what a stale write reports |
+//! | [`version`] | the integer types a version column may have, and their limit |
+//! | [`backend`] | what each backend adds: key uniqueness, reading the latest committed version |
+//! | [`journal`] | versions written inside transactions that rolled back |
+//! | [`atomic`] | conditional single-statement updates, for tables without a version column |
+//! | [`version_trigger`] | database triggers for writers that bypass lockkit |
+//!
+//! Versions are checked in SQL (`WHERE lock_version = $read`), so they hold across
+//! processes and servers; nothing here takes a lock.
+
+pub mod atomic;
+pub mod backend;
+pub mod journal;
+pub mod version;
+pub mod version_check;
+pub mod version_trigger;
+pub mod versioned;
+
+pub use version::VersionNumber;
+pub use versioned::{BumpVersion, Versioned};

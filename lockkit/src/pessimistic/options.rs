@@ -1,0 +1,123 @@
+//! [`LockOptions`]: how to lock a row (strength, wait mode, lock timeout), for
+//! [`with_lock`](crate::with_lock), [`Lockable::lock_all`](crate::Lockable::lock_all)
+//! and [`queue::claim`](crate::queue::claim). What each option becomes on each
+//! backend is decided in [`LockingConnection`](crate::LockingConnection)'s impls.
+
+use std::time::Duration;
+
+use super::row_lock::{LockStrength, RowLock, WaitMode};
+#[allow(unused_imports)] // doc links
+use crate::Error;
+
+/// How to lock: strength, wait mode and lock timeout. `LockOptions::default()` is
+/// `FOR UPDATE`, waiting up to the server's own lock timeout.
+///
+/// ```
+/// use std::time::Duration;
+/// use lockkit::LockOptions;
+/// let opts = LockOptions::default().nowait();
+/// let patient = LockOptions::default().timeout(Duration::from_millis(250));
+/// let weaker = LockOptions::default().no_key_update();
+/// # let _ = (opts, patient, weaker);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct LockOptions {
+    lock: RowLock,
+    timeout: Option<Duration>,
+}
+
+impl LockOptions {
+    #[must_use]
+    /// Fail at once with [`Error::Busy`] if the row is locked.
+    pub fn nowait(mut self) -> Self {
+        self.lock.wait = WaitMode::NoWait;
+        self
+    }
+
+    #[must_use]
+    /// Skip a locked row: [`with_lock`](crate::with_lock) then reports [`Error::Busy`]
+    /// (the row exists but someone holds it) or [`Error::NotFound`].
+    pub fn skip_locked(mut self) -> Self {
+        self.lock.wait = WaitMode::SkipLocked;
+        self
+    }
+
+    #[must_use]
+    /// Wait at most `timeout` for the lock, then fail with [`Error::LockTimeout`].
+    ///
+    /// Clamped to 1 ms ..= `i32::MAX` ms. MySQL/MariaDB count whole seconds, so the
+    /// timeout is rounded up to the next second there.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    #[must_use]
+    /// The lock strength ([`LockStrength::Update`] by default).
+    pub fn strength(mut self, strength: LockStrength) -> Self {
+        self.lock.strength = strength;
+        self
+    }
+
+    #[must_use]
+    /// `FOR NO KEY UPDATE` on PostgreSQL (`FOR UPDATE` elsewhere).
+    pub fn no_key_update(self) -> Self {
+        self.strength(LockStrength::NoKeyUpdate)
+    }
+
+    #[must_use]
+    /// `FOR SHARE` / `LOCK IN SHARE MODE`.
+    pub fn share(self) -> Self {
+        self.strength(LockStrength::Share)
+    }
+
+    /// The row-lock clause these options produce.
+    pub fn row_lock(&self) -> RowLock {
+        self.lock
+    }
+
+    /// The wait mode.
+    pub fn wait_mode(&self) -> WaitMode {
+        self.lock.wait
+    }
+
+    /// The timeout in whole milliseconds, clamped to 1 ..= `i32::MAX`.
+    pub fn timeout_millis(&self) -> Option<i32> {
+        self.timeout.map(|t| {
+            let millis = t.as_millis().clamp(1, i32::MAX as u128);
+            i32::try_from(millis).unwrap_or(i32::MAX)
+        })
+    }
+
+    /// The timeout in whole seconds, rounded up, clamped to 1 ..= 1,073,741,824
+    /// (MySQL's range for `innodb_lock_wait_timeout`; MariaDB caps it further, at
+    /// 100,000,000 s, with a warning).
+    pub fn timeout_secs(&self) -> Option<i64> {
+        self.timeout.map(|t| {
+            let secs = t.as_secs().saturating_add(u64::from(t.subsec_nanos() > 0));
+            i64::try_from(secs.clamp(1, 1_073_741_824)).unwrap_or(1_073_741_824)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_are_clamped_and_rounded() {
+        let opts = LockOptions::default();
+        assert_eq!(opts.timeout_millis(), None);
+        let opts = opts.timeout(Duration::from_micros(10));
+        assert_eq!(opts.timeout_millis(), Some(1));
+        assert_eq!(opts.timeout_secs(), Some(1));
+        let opts = opts.timeout(Duration::from_millis(2500));
+        assert_eq!(
+            (opts.timeout_millis(), opts.timeout_secs()),
+            (Some(2500), Some(3))
+        );
+        let opts = opts.timeout(Duration::MAX);
+        assert_eq!(opts.timeout_millis(), Some(i32::MAX));
+        assert_eq!(opts.timeout_secs(), Some(1_073_741_824));
+    }
+}
