@@ -11,6 +11,41 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Subscriber};
 
+/// `tracing` caches, per callsite, whether any subscriber wants its events. A
+/// callsite first reached on a thread without a subscriber, while none was
+/// installed anywhere, would be cached as "never" and stay silent for the local
+/// subscribers installed later (a race between parallel tests). A global
+/// subscriber that wants nothing but answers "sometimes" for every callsite keeps
+/// each one asking the subscriber of the current thread.
+fn keep_every_callsite_asking() {
+    struct AskEveryTime;
+    impl Subscriber for AskEveryTime {
+        fn register_callsite(
+            &self,
+            _: &'static tracing::Metadata<'static>,
+        ) -> tracing::subscriber::Interest {
+            tracing::subscriber::Interest::sometimes()
+        }
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            false
+        }
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            Id::from_u64(1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, _: &Event<'_>) {}
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // Fails only if the test binary installed a global subscriber itself.
+        let _ = tracing::subscriber::set_global_default(AskEveryTime);
+        tracing::callsite::rebuild_interest_cache();
+    });
+}
+
 /// One `tracing` event: its level and fields, values formatted with `Debug`
 /// (strings without quotes).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,6 +100,7 @@ impl Observed {
 
 /// Runs `f` with a metrics recorder and a tracing subscriber local to this thread.
 pub fn observe<T>(f: impl FnOnce() -> T) -> (T, Observed) {
+    keep_every_callsite_asking();
     let recorder = LocalRecorder::default();
     let subscriber = LocalSubscriber::default();
     let events = subscriber.events.clone();
