@@ -1,21 +1,28 @@
-//! `SERIALIZABLE` transactions, retried.
-//!
-//! Row locks protect the rows you lock. Some invariants span rows nobody locks:
-//! "at least one doctor stays on call" is broken when two doctors each see the
-//! other on call and both go off duty (write skew). A `SERIALIZABLE` transaction
-//! makes the database detect that interleaving and abort one side with a
-//! serialization failure (PostgreSQL) or a deadlock (InnoDB); [`serializable`]
-//! retries it, and the retry sees the other's commit.
-//!
-//! | backend | how |
-//! | --- | --- |
-//! | PostgreSQL | `BEGIN TRANSACTION ISOLATION LEVEL SERIALIZABLE` (SSI) |
-//! | MySQL/MariaDB | `SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; BEGIN` (reads take shared locks) |
-//! | SQLite | `BEGIN IMMEDIATE` (one writer at a time is serializable) |
+//! `SERIALIZABLE` transactions, retried; see [`serializable`].
 
 use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
-use crate::{retry, Error, RetryPolicy};
+use crate::retry::{may_retry, retry_while, RetryableError};
+#[allow(unused_imports)] // doc links
+use crate::Error;
+use crate::RetryPolicy;
 
+/// `SERIALIZABLE` transactions, retried.
+///
+/// Row locks protect the rows you lock. Some invariants span rows nobody locks:
+/// "at least one doctor stays on call" is broken when two doctors each see the
+/// other on call and both go off duty (write skew). A `SERIALIZABLE` transaction
+/// makes the database detect that interleaving and abort one side with a
+/// serialization failure (PostgreSQL) or a deadlock (InnoDB); [`serializable`]
+/// retries it, and the retry sees the other's commit.
+///
+/// | backend | how |
+/// | --- | --- |
+/// | PostgreSQL | `BEGIN TRANSACTION ISOLATION LEVEL SERIALIZABLE` (SSI) |
+/// | MySQL/MariaDB | `SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; BEGIN` (reads take shared locks) |
+/// | SQLite | `BEGIN IMMEDIATE` (one writer at a time is serializable) |
+///
+/// # Running `f`
+///
 /// Runs `f` in a `SERIALIZABLE` transaction, retrying serialization failures and
 /// deadlocks (and the other [retryable](Error::is_retryable) errors) with `policy`.
 ///
@@ -37,14 +44,19 @@ use crate::{retry, Error, RetryPolicy};
 /// ```
 /// # use diesel::prelude::*;
 /// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
-/// let answer = lockkit::serializable(&mut conn, &lockkit::RetryPolicy::default(), |_conn| Ok(42)).unwrap();
+/// let answer = lockkit::serializable(&mut conn, &lockkit::RetryPolicy::default(), |_conn| Ok::<_, lockkit::Error>(42)).unwrap();
 /// assert_eq!(answer, 42);
 /// ```
-pub fn serializable<C, T, F>(conn: &mut C, policy: &RetryPolicy, mut f: F) -> Result<T, Error>
+pub fn serializable<C, T, E, F>(conn: &mut C, policy: &RetryPolicy, mut f: F) -> Result<T, E>
 where
     C: AsLockingConnection,
-    F: FnMut(&mut C::Conn) -> Result<T, Error>,
+    E: RetryableError,
+    F: FnMut(&mut C::Conn) -> Result<T, E>,
 {
     let conn = conn.locking_connection();
-    retry(policy, |_| conn.serializable_transaction(&mut f))
+    retry_while(
+        policy,
+        |_| conn.serializable_transaction(&mut f),
+        |err| may_retry(err, false),
+    )
 }

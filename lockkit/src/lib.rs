@@ -57,10 +57,10 @@ pub use error::{classify, classify_nowait};
 pub use error::{CurrentState, Error, Operation, Result, StaleObjectError};
 pub use isolation::serializable;
 pub use optimistic::{VersionNumber, Versioned};
-pub use pessimistic::{locked_transaction, with_lock, with_lock_opts, Lockable};
+pub use pessimistic::{locked_transaction, with_lock, Lockable};
 pub use pessimistic::{AsLockingConnection, LockOptions, LockingConnection};
 pub use pessimistic::{LockQueryExt, LockStrength, RowLock, WaitMode};
-pub use retry::{retry, transaction_with_retry, RetryPolicy};
+pub use retry::{retry, transaction_with_retry, RetryPolicy, RetryableError};
 
 /// `#[derive(Versioned)]`: implements [`Versioned`] and [`Lockable`] for a model
 /// with a version column.
@@ -150,7 +150,7 @@ pub use lockkit_derive::Versioned;
 /// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
 /// # diesel::sql_query("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL)").execute(&mut conn).unwrap();
 /// # diesel::sql_query("INSERT INTO accounts VALUES (1, 100)").execute(&mut conn).unwrap();
-/// let balance = lockkit::with_lock(&mut conn, 1, |_conn, account: Account| Ok(account.balance)).unwrap();
+/// let balance = lockkit::with_lock(&mut conn, 1, lockkit::LockOptions::default(), |_conn, account: Account| Ok::<_, lockkit::Error>(account.balance)).unwrap();
 /// assert_eq!(balance, 100);
 /// ```
 #[cfg(feature = "derive")]

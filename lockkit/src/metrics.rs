@@ -146,16 +146,16 @@ pub(crate) fn record_stale(stale: &StaleObjectError) {
     ::metrics::counter!("lockkit_stale_writes_total", "table" => stale.table).increment(1);
 }
 
-pub(crate) fn record_retry(attempt: u32, delay: Duration, error: &Error) {
+pub(crate) fn record_retry(attempt: u32, delay: Duration, error: Option<&Error>) {
     RETRIES.fetch_add(1, Relaxed);
-    tracing::debug!(target: "lockkit", attempt, ?delay, %error, "retrying");
+    tracing::debug!(target: "lockkit", attempt, ?delay, error = error.map(tracing::field::display), "retrying");
     #[cfg(feature = "metrics")]
     ::metrics::counter!("lockkit_retries_total").increment(1);
 }
 
-pub(crate) fn record_exhausted(attempts: u32, error: &Error) {
+pub(crate) fn record_exhausted(attempts: u32, error: Option<&Error>) {
     RETRIES_EXHAUSTED.fetch_add(1, Relaxed);
-    tracing::warn!(target: "lockkit", attempts, %error, "retries exhausted");
+    tracing::warn!(target: "lockkit", attempts, error = error.map(tracing::field::display), "retries exhausted");
     #[cfg(feature = "metrics")]
     ::metrics::counter!("lockkit_retries_exhausted_total").increment(1);
 }

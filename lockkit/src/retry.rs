@@ -1,33 +1,78 @@
-//! Bounded retry with exponential backoff and full jitter.
-//!
-//! Conflicts ([`Error::is_retryable`]) go away when the other transaction
-//! finishes, so the cure is to re-read and try again, a bounded number of times,
-//! waiting a random time that grows with each attempt so that the losers of a race
-//! do not collide again in lock-step ("full jitter": the delay before attempt
-//! `n + 1` is uniform in `0 ..= min(max_delay, base_delay * 2^(n-1))`).
-//!
-//! ```
-//! use lockkit::{retry, Error, RetryPolicy};
-//!
-//! let mut conflicts = 2;
-//! let value = retry(&RetryPolicy::immediate(5), |attempt| {
-//!     // re-read, change, save: here the first two attempts meet a conflict
-//!     if conflicts > 0 {
-//!         conflicts -= 1;
-//!         return Err(Error::Deadlock);
-//!     }
-//!     Ok(attempt)
-//! })
-//! .unwrap();
-//! assert_eq!(value, 3);
-//! ```
+//! Bounded retry with exponential backoff and full jitter; see [`retry()`].
 
 use std::time::Duration;
 
-use diesel::Connection;
-
-use crate::pessimistic::connection::{failed_transaction, AsLockingConnection, LockingConnection};
+use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
+use crate::transaction::{self, Failure};
 use crate::Error;
+
+/// What the retrying calls ([`retry()`], [`transaction_with_retry`],
+/// [`serializable`](crate::serializable)) need to know about the error type your
+/// closure returns: which errors are worth another attempt.
+///
+/// Implemented for [`lockkit::Error`](Error). For your own error type, say where
+/// its lockkit error is; the default methods do the rest:
+///
+/// ```
+/// #[derive(Debug, thiserror::Error)]
+/// enum AppError {
+///     #[error("out of stock")]
+///     OutOfStock,
+///     #[error(transparent)]
+///     Lock(#[from] lockkit::Error),
+/// }
+///
+/// impl lockkit::RetryableError for AppError {
+///     fn lockkit_error(&self) -> Option<&lockkit::Error> {
+///         match self {
+///             AppError::Lock(err) => Some(err),
+///             AppError::OutOfStock => None,
+///         }
+///     }
+/// }
+///
+/// let mut conflicts = 1;
+/// let result: Result<(), AppError> = lockkit::retry(&lockkit::RetryPolicy::immediate(3), |_attempt| {
+///     if conflicts > 0 {
+///         conflicts -= 1;
+///         return Err(AppError::from(lockkit::Error::Deadlock)); // retried
+///     }
+///     Err(AppError::OutOfStock) // returned at once
+/// });
+/// assert!(matches!(result, Err(AppError::OutOfStock)));
+/// ```
+pub trait RetryableError: From<Error> {
+    /// The lockkit error this error carries, if any.
+    fn lockkit_error(&self) -> Option<&Error>;
+
+    /// Whether running the work again may succeed. By default: when it carries a
+    /// [retryable](Error::is_retryable) lockkit error.
+    fn is_retryable(&self) -> bool {
+        self.lockkit_error().is_some_and(Error::is_retryable)
+    }
+
+    /// What the retrying call returns after `attempts` attempts failed, the last
+    /// one with `self`. By default `self`; [`Error`] wraps itself in
+    /// [`Error::RetriesExhausted`].
+    #[must_use]
+    fn retries_exhausted(self, attempts: u32) -> Self {
+        let _ = attempts;
+        self
+    }
+}
+
+impl RetryableError for Error {
+    fn lockkit_error(&self) -> Option<&Error> {
+        Some(self)
+    }
+
+    fn retries_exhausted(self, attempts: u32) -> Self {
+        Error::RetriesExhausted {
+            attempts,
+            last: Box::new(self),
+        }
+    }
+}
 
 /// How often and how patiently to retry. `RetryPolicy::default()`: 5 attempts,
 /// backoff from 10 ms doubling up to 1 s, full jitter.
@@ -112,11 +157,37 @@ impl RetryPolicy {
     }
 }
 
-/// Runs `op` until it succeeds, returns a non-retryable error, or has run
-/// `policy.attempts()` times; then [`Error::RetriesExhausted`] carries the last error.
+/// Bounded retry with exponential backoff and full jitter.
 ///
-/// `op` receives the attempt number, starting at 1. It must do the whole
-/// read-change-write each time: retrying only the write would fail the same way.
+/// Conflicts ([`Error::is_retryable`]) go away when the other transaction
+/// finishes, so the cure is to re-read and try again, a bounded number of times,
+/// waiting a random time that grows with each attempt so that the losers of a race
+/// do not collide again in lock-step ("full jitter": the delay before attempt
+/// `n + 1` is uniform in `0 ..= min(max_delay, base_delay * 2^(n-1))`).
+///
+/// ```
+/// use lockkit::{retry, Error, RetryPolicy};
+///
+/// let mut conflicts = 2;
+/// let value = retry(&RetryPolicy::immediate(5), |attempt| {
+///     // re-read, change, save: here the first two attempts meet a conflict
+///     if conflicts > 0 {
+///         conflicts -= 1;
+///         return Err(Error::Deadlock);
+///     }
+///     Ok(attempt)
+/// })
+/// .unwrap();
+/// assert_eq!(value, 3);
+/// ```
+///
+/// # Running `op`
+///
+/// `retry` runs `op` until it succeeds, returns a non-retryable error, or has run
+/// `policy.attempts()` times. `op` receives the attempt number, starting at 1. It
+/// must do the whole read-change-write each time: retrying only the write would
+/// fail the same way. Its error type is yours: any [`RetryableError`] (lockkit's
+/// [`Error`], or your own type that says where its lockkit error is).
 ///
 /// Inside a transaction you opened yourself, a lockkit call whose transaction the
 /// server rolled back reports [`Error::TransactionAborted`], which is not
@@ -125,35 +196,58 @@ impl RetryPolicy {
 ///
 /// # Errors
 ///
-/// * the first error of `op` that is not [retryable](Error::is_retryable), at
-///   once.
-/// * [`Error::RetriesExhausted`] when `op` failed with retryable errors
-///   `policy.attempts()` times; `last` is the final one.
-pub fn retry<T, F>(policy: &RetryPolicy, mut op: F) -> Result<T, Error>
+/// * the first error of `op` that is not retryable
+///   ([`RetryableError::is_retryable`]), at once.
+/// * when `op` failed with retryable errors `policy.attempts()` times: the last
+///   one, through [`RetryableError::retries_exhausted`] (for lockkit's [`Error`],
+///   [`Error::RetriesExhausted`], whose `last` is the final error).
+pub fn retry<T, E, F>(policy: &RetryPolicy, op: F) -> Result<T, E>
 where
-    F: FnMut(u32) -> Result<T, Error>,
+    E: RetryableError,
+    F: FnMut(u32) -> Result<T, E>,
+{
+    retry_while(policy, op, E::is_retryable)
+}
+
+/// The one retry loop: runs `op` until it succeeds, fails with an error
+/// `retryable` refuses, or has run `policy.attempts()` times.
+pub(crate) fn retry_while<T, E, F>(
+    policy: &RetryPolicy,
+    mut op: F,
+    retryable: impl Fn(&E) -> bool,
+) -> Result<T, E>
+where
+    E: RetryableError,
+    F: FnMut(u32) -> Result<T, E>,
 {
     let mut attempt = 1;
     loop {
         match op(attempt) {
             Ok(value) => return Ok(value),
-            Err(err) if !err.is_retryable() => return Err(err),
+            Err(err) if !retryable(&err) => return Err(err),
             Err(err) if attempt >= policy.max_attempts => {
-                crate::metrics::record_exhausted(attempt, &err);
-                return Err(Error::RetriesExhausted {
-                    attempts: attempt,
-                    last: Box::new(err),
-                });
+                crate::metrics::record_exhausted(attempt, err.lockkit_error());
+                return Err(err.retries_exhausted(attempt));
             }
             Err(err) => {
                 let delay = policy.delay_after(attempt);
-                crate::metrics::record_retry(attempt, delay, &err);
+                crate::metrics::record_retry(attempt, delay, err.lockkit_error());
                 if !delay.is_zero() {
                     std::thread::sleep(delay);
                 }
                 attempt += 1;
             }
         }
+    }
+}
+
+/// Whether a failed transaction may run again: as its error says, except that the
+/// owner of the outermost transaction (`nested` false) may rerun one the server
+/// ended as a whole: the transaction is gone, and the next attempt is a new one.
+pub(crate) fn may_retry<E: RetryableError>(err: &E, nested: bool) -> bool {
+    match err.lockkit_error() {
+        Some(Error::TransactionAborted(cause)) if !nested => cause.is_retryable(),
+        _ => err.is_retryable(),
     }
 }
 
@@ -171,12 +265,14 @@ where
 ///
 /// Each failed attempt is rolled back:
 ///
-/// * the first error that is not [retryable](Error::is_retryable), at once:
-///   `op`'s own, or a classified database error from `BEGIN` or `COMMIT`.
+/// * the first error that is not retryable ([`RetryableError::is_retryable`]),
+///   at once: `op`'s own, or a classified database error from `BEGIN` or
+///   `COMMIT`.
 /// * [`Error::TransactionAborted`] when nested in an open transaction that the
 ///   server rolled back as a whole; not retried.
-/// * [`Error::RetriesExhausted`] when every attempt failed with a retryable
-///   error; `last` is the final one.
+/// * when every attempt failed with a retryable error, the last one through
+///   [`RetryableError::retries_exhausted`] ([`Error::RetriesExhausted`] for
+///   lockkit's own error type).
 ///
 /// # Example
 ///
@@ -184,28 +280,28 @@ where
 /// # use diesel::prelude::*;
 /// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
 /// let n = lockkit::transaction_with_retry(&mut conn, &lockkit::RetryPolicy::default(), |conn| {
-///     Ok(diesel::sql_query("SELECT 1").execute(conn)?)
+///     Ok::<_, lockkit::Error>(diesel::sql_query("SELECT 1").execute(conn)?)
 /// })
 /// .unwrap();
 /// assert_eq!(n, 0);
 /// ```
-pub fn transaction_with_retry<C, T, F>(
+pub fn transaction_with_retry<C, T, E, F>(
     conn: &mut C,
     policy: &RetryPolicy,
     mut op: F,
-) -> Result<T, Error>
+) -> Result<T, E>
 where
     C: AsLockingConnection,
-    F: FnMut(&mut C::Conn) -> Result<T, Error>,
+    E: RetryableError,
+    F: FnMut(&mut C::Conn) -> Result<T, E>,
 {
     let conn = conn.locking_connection();
-    retry(policy, |_| {
-        let nested = conn.in_transaction();
-        let mut guard = crate::transaction::PanicGuard::default();
-        let result = conn.transaction(|conn| guard.call(conn, &mut op));
-        guard.resume();
-        result.map_err(|err| failed_transaction(conn, nested, err))
-    })
+    let nested = conn.in_transaction();
+    retry_while(
+        policy,
+        |_| transaction::run(conn, |conn| op(conn).map_err(Failure::Closure)),
+        |err| may_retry(err, nested),
+    )
 }
 
 #[cfg(test)]

@@ -80,7 +80,7 @@ mod all {
                 diesel::update(items::table.find(fresh.id))
                     .set(items::stock.eq(fresh.stock - 8))
                     .execute(c)?;
-                Ok(())
+                Ok::<_, lockkit::Error>(())
             })
             .unwrap();
             o.stock -= 1;
@@ -98,7 +98,7 @@ mod all {
                 .with_lock(&mut conn, |c, mut fresh| {
                     fresh.stock -= 1;
                     fresh.update_versioned(c)?;
-                    Ok(fresh)
+                    Ok::<_, lockkit::Error>(fresh)
                 })
                 .unwrap();
             let stored = item!(&mut conn, 1);
@@ -110,7 +110,7 @@ mod all {
             let mut conn = db.conn();
             seed_items(&mut conn, &[(1, 10)]);
             let mut o = item!(&mut conn, 1);
-            let seen = o.with_lock_opts(&mut conn, LockOptions::default().share(), |_, fresh| Ok(fresh.lock_version)).unwrap();
+            let seen = lockkit::with_lock(&mut conn, o.id, LockOptions::default().share(), |_, fresh: Item| Ok::<_, Error>(fresh.lock_version)).unwrap();
             assert_eq!(seen, 0);
             o.stock -= 1;
             o.update_versioned(&mut conn).unwrap();
@@ -126,7 +126,7 @@ mod all {
                 for row in &rows {
                     diesel::update(items::table.find(row.id)).set(items::stock.eq(row.stock - 8)).execute(c)?;
                 }
-                Ok(rows)
+                Ok::<_, lockkit::Error>(rows)
             })
             .unwrap();
             assert_eq!(locked.iter().map(|r| r.lock_version).collect::<Vec<_>>(), vec![1, 1], "the rows carry their new version");
@@ -137,7 +137,7 @@ mod all {
                 let mut rows = Item::lock_all(c, &[1])?;
                 rows[0].stock = 0;
                 rows[0].update_versioned(c)?;
-                Ok(rows.remove(0))
+                Ok::<_, lockkit::Error>(rows.remove(0))
             })
             .unwrap();
             assert_eq!(item!(&mut a, 1), again);

@@ -40,11 +40,11 @@ macro_rules! stock_of {
 /// `nowait` succeeds: nobody holds row 1.
 macro_rules! assert_row_free {
     ($db:expr) => {
-        lockkit::with_lock_opts(
+        lockkit::with_lock(
             &mut $db.connect(),
             1,
             LockOptions::default().nowait(),
-            |_, _: Item| Ok(()),
+            |_, _: Item| Ok::<_, lockkit::Error>(()),
         )
         .expect("the row lock was released");
     };
@@ -62,7 +62,7 @@ mod servers {
                 let db = &db;
                 let victim = s.spawn(move || {
                     let mut conn = db.connect();
-                    lockkit::with_lock(&mut conn, 1, |conn, item: Item| {
+                    lockkit::with_lock(&mut conn, 1, lockkit::LockOptions::default(), |conn, item: Item| {
                         diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 5)).execute(conn)?;
                         id_tx.send(lock_waits::session_id(conn)?).unwrap();
                         killed_rx.recv().unwrap();
@@ -103,11 +103,11 @@ mod servers {
             thread::scope(|s| {
                 let db = &db;
                 s.spawn(move || {
-                    lockkit::with_lock(&mut db.connect(), 1, |conn, item: Item| {
+                    lockkit::with_lock(&mut db.connect(), 1, lockkit::LockOptions::default(), |conn, item: Item| {
                         diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
                         locked_tx.send(()).unwrap();
                         release_rx.recv().unwrap();
-                        Ok(())
+                        Ok::<_, lockkit::Error>(())
                     })
                     .unwrap();
                 });
@@ -121,7 +121,7 @@ mod servers {
                     _ => "SET SESSION max_execution_time = 200",
                 };
                 exec(&mut conn, setting);
-                let err = lockkit::with_lock(&mut conn, 1, |conn, item: Item| {
+                let err = lockkit::with_lock(&mut conn, 1, lockkit::LockOptions::default(), |conn, item: Item| {
                     diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 100)).execute(conn)?;
                     Ok(())
                 })
@@ -143,7 +143,7 @@ mod all {
             seed_items(&mut db.conn(), &[(1, 10)]);
             let mut conn = db.connect();
             let panicked = catch_unwind(AssertUnwindSafe(|| {
-                let _: Result<(), Error> = lockkit::with_lock(&mut conn, 1, |conn, item: Item| {
+                let _: Result<(), Error> = lockkit::with_lock(&mut conn, 1, lockkit::LockOptions::default(), |conn, item: Item| {
                     diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 5)).execute(conn)?;
                     panic!("bug in the closure");
                 });
@@ -153,9 +153,9 @@ mod all {
             // The same connection is usable, outside any transaction: a new
             // transaction is a real one, not a savepoint in the dead one.
             assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
-            lockkit::with_lock(&mut conn, 1, |conn, item: Item| {
+            lockkit::with_lock(&mut conn, 1, lockkit::LockOptions::default(), |conn, item: Item| {
                 diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
-                Ok(())
+                Ok::<_, lockkit::Error>(())
             })
             .unwrap();
             assert_eq!(stock_of!(&mut db.connect()), 9);
@@ -200,7 +200,7 @@ mod all {
             assert!(panicked.is_err());
             assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
             assert_eq!(stock_of!(&mut conn), 10);
-            lockkit::serializable(&mut conn, &RetryPolicy::default(), |_| Ok(())).unwrap();
+            lockkit::serializable(&mut conn, &RetryPolicy::default(), |_| Ok::<_, lockkit::Error>(())).unwrap();
         }
     }
 }

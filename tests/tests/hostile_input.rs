@@ -579,24 +579,24 @@ mod all {
 
             // with_lock by each key: that row, fresh, and only it.
             for key in &keys {
-                let left = lockkit::with_lock(&mut conn, key.clone(), |conn, sku: Sku| {
+                let left = lockkit::with_lock(&mut conn, key.clone(), lockkit::LockOptions::default(), |conn, sku: Sku| {
                     assert_eq!(&sku.sku, key);
                     diesel::update(skus::table.find(&sku.sku)).set(skus::stock.eq(sku.stock - 1)).execute(conn)?;
-                    Ok(sku.stock - 1)
+                    Ok::<_, lockkit::Error>(sku.stock - 1)
                 })
                 .unwrap();
                 assert_eq!(left, 9);
                 let sku = load!(&mut conn, skus, Sku, key.clone());
-                sku.with_lock_opts(&mut conn, LockOptions::default().nowait(), |_, fresh| {
+                lockkit::with_lock(&mut conn, sku.key(), LockOptions::default().nowait(), |_, fresh: Sku| {
                     assert_eq!(fresh.stock, 9);
-                    Ok(())
+                    Ok::<_, lockkit::Error>(())
                 })
                 .unwrap();
             }
 
             // Keys that name no row: NotFound, never "every row".
             for absent in ["' OR 'x'='x", "plain' OR '1'='1' --", "plain%", "%", "plain'--", "PLAIN"] {
-                let err = lockkit::with_lock(&mut conn, absent.to_owned(), |_, _: Sku| Ok(())).unwrap_err();
+                let err = lockkit::with_lock(&mut conn, absent.to_owned(), lockkit::LockOptions::default(), |_, _: Sku| Ok(())).unwrap_err();
                 assert!(matches!(err, Error::NotFound), "{absent}: {err:?}");
                 let err = lockkit::locked_transaction(&mut conn, LockOptions::default(), |conn| {
                     Sku::lock_all(conn, &[absent.to_owned()])
@@ -662,12 +662,12 @@ mod all {
                     "mysql" => options.timeout_secs().unwrap().min(server_max),
                     _ => i64::from(options.timeout_millis().unwrap()),
                 };
-                let inside = lockkit::with_lock_opts(&mut conn, 1, options, |conn, _: Item| {
-                    Ok(session_timeout!(conn))
+                let inside = lockkit::with_lock(&mut conn, 1, options, |conn, _: Item| {
+                    Ok::<_, Error>(session_timeout!(conn))
                 })
                 .unwrap_or_else(|e| panic!("{timeout:?}: {e:?}"));
                 assert_eq!(inside, expected, "{timeout:?}");
-                let inside = lockkit::locked_transaction(&mut conn, options, |conn| Ok(session_timeout!(conn))).unwrap();
+                let inside = lockkit::locked_transaction(&mut conn, options, |conn| Ok::<_, lockkit::Error>(session_timeout!(conn))).unwrap();
                 assert_eq!(inside, expected, "{timeout:?}");
                 assert_eq!(session_timeout!(&mut conn), outside, "{timeout:?}: restored afterwards");
             }
@@ -691,7 +691,7 @@ mod all {
                 let response = format!("201 {key}");
                 let ran = keys.run(&mut conn, key, fingerprint, |conn| {
                     diesel::update(items::table.find(1)).set(items::stock.eq(items::stock - 1)).execute(conn)?;
-                    Ok(response.clone())
+                    Ok::<_, Error>(response.clone())
                 });
                 assert_eq!(ran.unwrap(), Outcome::Ran(response.clone()), "{key}");
                 let again = keys.run(&mut conn, key, fingerprint, |_| -> Result<String, Error> { panic!("ran twice: {key}") });
@@ -716,7 +716,7 @@ mod all {
 
             // The limits, checked before anything is sent: 1 to 255 characters, no NUL.
             let longest = "\u{e9}".repeat(255); // 510 bytes, 255 characters
-            let ran = keys.run(&mut conn, &longest, &longest, |_| Ok("ok".to_owned())).unwrap();
+            let ran = keys.run(&mut conn, &longest, &longest, |_| Ok::<_, lockkit::Error>("ok".to_owned())).unwrap();
             assert_eq!(ran, Outcome::Ran("ok".to_owned()));
             for (key, fingerprint) in [
                 ("", "fp"),
@@ -729,7 +729,7 @@ mod all {
                 assert!(matches!(refused, Err(Error::InvalidInput(_))), "{key:?} {fingerprint:?}: {refused:?}");
             }
             // An empty fingerprint is allowed (the key alone names the request).
-            let ran = keys.run(&mut conn, "no fingerprint", "", |_| Ok("ok".to_owned())).unwrap();
+            let ran = keys.run(&mut conn, "no fingerprint", "", |_| Ok::<_, lockkit::Error>("ok".to_owned())).unwrap();
             assert_eq!(ran, Outcome::Ran("ok".to_owned()));
             assert_intact!(&mut conn, items: 1);
         }
@@ -868,7 +868,7 @@ macro_rules! exact_idempotency_keys {
             conn.run_pending_migrations(idempotency_migrations($backend)).unwrap();
             let keys = Idempotency::default();
             for key in ["order-abc", "ORDER-ABC", "Order-Abc", "order-abc ", "order-abc  "] {
-                let ran = keys.run(&mut conn, key, "POST /orders", |_| Ok(format!("201 {key}"))).unwrap();
+                let ran = keys.run(&mut conn, key, "POST /orders", |_| Ok::<_, lockkit::Error>(format!("201 {key}"))).unwrap();
                 assert_eq!(ran, Outcome::Ran(format!("201 {key}")), "{key:?} is a key of its own");
             }
         }

@@ -27,11 +27,16 @@ where
     let (locked_tx, locked_rx) = mpsc::channel();
     thread::scope(|s| {
         let holder = s.spawn(move || {
-            lockkit::with_lock(&mut db.connect(), 1, |_, _: Item| {
-                locked_tx.send(()).unwrap();
-                thread::sleep(hold);
-                Ok(())
-            })
+            lockkit::with_lock(
+                &mut db.connect(),
+                1,
+                lockkit::LockOptions::default(),
+                |_, _: Item| {
+                    locked_tx.send(()).unwrap();
+                    thread::sleep(hold);
+                    Ok::<_, lockkit::Error>(())
+                },
+            )
             .unwrap();
         });
         locked_rx.recv().unwrap();
@@ -119,7 +124,7 @@ mod servers {
                 conn.transaction(|conn| {
                     exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)");
                     retry(&RetryPolicy::default(), |attempt| {
-                        lockkit::with_lock(conn, 1, |conn, _: Item| work(conn, attempt))
+                        lockkit::with_lock(conn, 1, lockkit::LockOptions::default(), |conn, _: Item| work(conn, attempt))
                     })
                 })
             });
@@ -139,6 +144,67 @@ mod servers {
                     other => panic!("{other:?}"),
                 }
                 assert!(!outcome.as_ref().unwrap_err().is_retryable());
+            }
+        }
+
+        fn a_deadlock_hidden_in_the_callers_error_type_still_commits_nothing(db) {
+            // The closure's error type hides lockkit's error from lockkit, and the
+            // caller's `is_retryable` says yes to anything: lockkit asks the server
+            // whether the transaction survived, instead of trusting the error.
+            #[derive(Debug, thiserror::Error)]
+            enum AppError {
+                #[error("opaque: {0}")]
+                Opaque(String),
+                #[error(transparent)]
+                Lock(#[from] Error),
+            }
+            impl From<diesel::result::Error> for AppError {
+                fn from(err: diesel::result::Error) -> Self {
+                    AppError::Lock(err.into())
+                }
+            }
+            impl lockkit::RetryableError for AppError {
+                fn lockkit_error(&self) -> Option<&Error> {
+                    match self {
+                        AppError::Lock(err) => Some(err),
+                        AppError::Opaque(_) => None,
+                    }
+                }
+                fn is_retryable(&self) -> bool {
+                    match self {
+                        AppError::Lock(err) => err.is_retryable(),
+                        AppError::Opaque(_) => true, // careless, on purpose
+                    }
+                }
+            }
+            seed_items(&mut db.conn(), &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>());
+            let mut seen = None;
+            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
+                let result = conn.transaction(|conn| {
+                    exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)");
+                    retry(&RetryPolicy::default(), |attempt| {
+                        lockkit::with_lock(conn, 1, LockOptions::default(), |conn, _: Item| {
+                            work(conn, attempt).map_err(|err| AppError::Opaque(err.to_string()))
+                        })
+                    })
+                });
+                let outcome = result.as_ref().map(drop).map_err(|err| Error::InvalidInput(if matches!(err, AppError::Opaque(_)) { "opaque" } else { "lock" }));
+                seen = Some(result);
+                outcome
+            });
+            assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
+            let (stock, lines) = (stock_of!(&mut conn), order_lines!(&mut conn));
+            if BACKEND == "postgres" {
+                assert!(outcome.is_ok(), "{seen:?}");
+                assert_eq!((attempts, stock, lines), (2, 9, 1));
+            } else {
+                assert_eq!((attempts, stock, lines), (1, 10, 0), "nothing committed: {seen:?}");
+                match seen {
+                    Some(Err(AppError::Lock(Error::TransactionAborted(cause)))) => {
+                        assert!(matches!(*cause, Error::Deadlock), "{cause:?}")
+                    }
+                    other => panic!("{other:?}"),
+                }
             }
         }
 
@@ -174,7 +240,7 @@ mod servers {
                     attempt += 1;
                     exec(conn, &format!("INSERT INTO orders (id, item_id, qty) VALUES ({attempt}, NULL, 1)"));
                     let this = attempt;
-                    lockkit::with_lock(conn, 1, |conn, _: Item| work(conn, this))
+                    lockkit::with_lock(conn, 1, lockkit::LockOptions::default(), |conn, _: Item| work(conn, this))
                 })
             });
             assert!(outcome.is_ok(), "{outcome:?}");
@@ -220,12 +286,12 @@ mod servers {
         fn a_nested_lock_timeout_applies_to_that_call_only(db) {
             seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
             let mut conn = db.connect();
-            let outcome = conn.transaction(|conn| {
-                lockkit::with_lock_opts(conn, 2, LockOptions::default().timeout(Duration::from_millis(100)), |_, _: Item| Ok(()))?;
+            let outcome = conn.transaction::<_, Error, _>(|conn| {
+                lockkit::with_lock(conn, 2, LockOptions::default().timeout(Duration::from_millis(100)), |_, _: Item| Ok::<_, lockkit::Error>(()))?;
                 // A plain lock later in the same transaction waits as long as the
                 // session allows (well over the 100 ms above).
                 item_1_locked_for(&db, Duration::from_millis(700), || {
-                    lockkit::with_lock(conn, 1, |conn, item: Item| {
+                    lockkit::with_lock(conn, 1, lockkit::LockOptions::default(), |conn, item: Item| {
                         diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
                         Ok(())
                     })
@@ -270,7 +336,7 @@ mod all {
             let mut conn = db.connect();
             let outcome = item_1_locked_for(&db, Duration::from_millis(500), || {
                 conn.transaction(|conn| {
-                    lockkit::with_lock_opts(conn, 1, LockOptions::default().nowait(), |_, item: Item| Ok(item.stock))
+                    lockkit::with_lock(conn, 1, LockOptions::default().nowait(), |_, item: Item| Ok(item.stock))
                 })
             });
             assert!(matches!(outcome, Err(Error::Busy)), "{outcome:?}");
@@ -308,7 +374,7 @@ mod all {
             let mut conn = db.connect();
             let (err, seen) = item_1_locked_for(&db, Duration::from_millis(1500), || {
                 observe(|| {
-                    lockkit::with_lock_opts(&mut conn, 1, LockOptions::default().timeout(Duration::from_millis(100)), |_, _: Item| Ok(()))
+                    lockkit::with_lock(&mut conn, 1, LockOptions::default().timeout(Duration::from_millis(100)), |_, _: Item| Ok(()))
                         .unwrap_err()
                 })
             });

@@ -77,7 +77,7 @@ lockkit_tests::backend_tests! {
         let ((), seen) = observe(|| {
             let result: Result<(), Error> = retry(&RetryPolicy::immediate(3), |_| stale.update_versioned(&mut conn));
             assert!(matches!(result, Err(Error::RetriesExhausted { attempts: 3, .. })));
-            lockkit::with_lock(&mut conn, 1, |_, _: Item| Ok(())).unwrap();
+            lockkit::with_lock(&mut conn, 1, lockkit::LockOptions::default(), |_, _: Item| Ok::<_, lockkit::Error>(())).unwrap();
         });
         // The `metrics` facade.
         assert_eq!(seen.counter("lockkit_stale_writes_total{table=items}"), 3, "{seen:?}");

@@ -309,7 +309,7 @@ lockkit_tests::backend_tests! {
                             }
                             item.stock += 1;
                             item.update_versioned(&mut conn)?;
-                            Ok(attempt)
+                            Ok::<_, lockkit::Error>(attempt)
                         })
                         .unwrap();
                         conflicts += attempts as usize - 1;
@@ -366,7 +366,7 @@ lockkit_tests::backend_tests! {
             from.update_versioned(conn)?;
             to.stock += 3;
             to.update_versioned(conn)?;
-            Ok(from.lock_version)
+            Ok::<_, lockkit::Error>(from.lock_version)
         })
         .unwrap();
         assert_eq!(attempts, 1, "the first attempt's write to `from` was rolled back");

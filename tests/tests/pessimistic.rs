@@ -65,11 +65,16 @@ where
     thread::scope(|s| {
         let holder = s.spawn(move || {
             let mut conn = db.connect();
-            lockkit::with_lock(&mut conn, 1, |_conn, _item: Item| {
-                locked_tx.send(()).unwrap();
-                let _ = release_rx.recv();
-                Ok(())
-            })
+            lockkit::with_lock(
+                &mut conn,
+                1,
+                lockkit::LockOptions::default(),
+                |_conn, _item: Item| {
+                    locked_tx.send(()).unwrap();
+                    let _ = release_rx.recv();
+                    Ok::<_, lockkit::Error>(())
+                },
+            )
             .unwrap();
         });
         locked_rx.recv().unwrap();
@@ -100,7 +105,7 @@ mod all {
                             .with_lock(&mut conn, |conn, fresh| {
                                 thread::sleep(Duration::from_millis(20)); // widen the race window
                                 if fresh.stock < 3 {
-                                    return Ok(0);
+                                    return Ok::<_, lockkit::Error>(0);
                                 }
                                 diesel::update(items::table.find(fresh.id))
                                     .set(items::stock.eq(fresh.stock - 3))
@@ -123,7 +128,7 @@ mod all {
             let mut item = items::table.find(1).first::<Item>(&mut conn).unwrap();
             exec(&mut conn, "UPDATE items SET stock = 7 WHERE id = 1");
             item.name = "unsaved".into();
-            let seen = item.with_lock(&mut conn, |_conn, fresh| Ok(fresh)).unwrap();
+            let seen = item.with_lock(&mut conn, |_conn, fresh| Ok::<_, lockkit::Error>(fresh)).unwrap();
             assert_eq!((seen.stock, seen.name.as_str()), (7, "item 1"));
             assert_eq!((item.stock, item.name.as_str()), (10, "unsaved"), "not reloaded, not saved");
         }
@@ -157,7 +162,7 @@ mod all {
                 .with_lock(&mut conn, |conn, mut fresh| {
                     fresh.stock -= 1;
                     fresh.update_versioned(conn)?;
-                    Ok(fresh.lock_version)
+                    Ok::<_, lockkit::Error>(fresh.lock_version)
                 })
                 .unwrap();
             // One bump for taking the lock on a versioned row, one for the write.
@@ -171,7 +176,7 @@ mod all {
             let job = jobs::table.find(1).first::<Job>(&mut conn).unwrap();
             job.with_lock(&mut conn, |conn, fresh| {
                 diesel::update(jobs::table.find(fresh.id)).set(jobs::done.eq(true)).execute(conn)?;
-                Ok(())
+                Ok::<_, lockkit::Error>(())
             })
             .unwrap();
             assert!(jobs::table.find(1).select(jobs::done).first::<bool>(&mut conn).unwrap());
@@ -182,11 +187,11 @@ mod all {
             let item = items::table.find(1).first::<Item>(&mut db.conn()).unwrap();
             let err = while_item_locked(&db, || {
                 let mut conn = db.connect();
-                item.with_lock_opts(&mut conn, LockOptions::default().nowait(), |_, _| Ok(())).unwrap_err()
+                lockkit::with_lock(&mut conn, item.id, LockOptions::default().nowait(), |_, _: Item| Ok::<_, Error>(())).unwrap_err()
             });
             assert!(matches!(err, Error::Busy), "{err:?}");
             // Once released, the same call succeeds.
-            item.with_lock_opts(&mut db.conn(), LockOptions::default().nowait(), |_, _| Ok(())).unwrap();
+            lockkit::with_lock(&mut db.conn(), item.id, LockOptions::default().nowait(), |_, _: Item| Ok::<_, Error>(())).unwrap();
         }
 
         fn a_lock_wait_past_the_timeout_is_lock_timeout(db) {
@@ -196,7 +201,7 @@ mod all {
             let before = lock_timeout_setting(&mut conn, BACKEND);
             let (err, waited) = while_item_locked(&db, || {
                 let started = Instant::now();
-                let err = item.with_lock_opts(&mut conn, LockOptions::default().timeout(Duration::from_millis(300)), |_, _| Ok(()))
+                let err = lockkit::with_lock(&mut conn, item.id, LockOptions::default().timeout(Duration::from_millis(300)), |_, _: Item| Ok::<_, Error>(()))
                     .unwrap_err();
                 (err, started.elapsed())
             });
@@ -213,10 +218,10 @@ mod all {
             seed_items(&mut db.conn(), &[(1, 10)]);
             let item = items::table.find(1).first::<Item>(&mut db.conn()).unwrap();
             let err = while_item_locked(&db, || {
-                item.with_lock_opts(&mut db.connect(), LockOptions::default().skip_locked(), |_, _| Ok(())).unwrap_err()
+                lockkit::with_lock(&mut db.connect(), item.id, LockOptions::default().skip_locked(), |_, _: Item| Ok::<_, Error>(())).unwrap_err()
             });
             assert!(matches!(err, Error::Busy), "{err:?}");
-            let err = lockkit::with_lock_opts(&mut db.conn(), 42, LockOptions::default().skip_locked(), |_, _: Item| Ok(()))
+            let err = lockkit::with_lock(&mut db.conn(), 42, LockOptions::default().skip_locked(), |_, _: Item| Ok(()))
                 .unwrap_err();
             assert!(matches!(err, Error::NotFound), "{err:?}");
         }
@@ -244,7 +249,7 @@ mod all {
                                 for id in &ids {
                                     diesel::update(jobs::table.find(id)).set(jobs::done.eq(true)).execute(conn)?;
                                 }
-                                Ok(ids)
+                                Ok::<_, lockkit::Error>(ids)
                             })
                             .unwrap();
                             if batch.is_empty() {
@@ -299,7 +304,7 @@ mod all {
                                     barrier.wait(); // both have read "2 on call"
                                 }
                                 if on_call < 2 {
-                                    return Ok(false);
+                                    return Ok::<_, lockkit::Error>(false);
                                 }
                                 diesel::update(doctors::table.find(id)).set(doctors::on_call.eq(false)).execute(conn)?;
                                 Ok(true)
@@ -366,7 +371,7 @@ mod servers {
                         let ids: Vec<i32> = queue::claim(conn, pending(), 1)?;
                         claimed_tx.send(ids).unwrap();
                         let _ = release_rx.recv();
-                        Ok(())
+                        Ok::<_, lockkit::Error>(())
                     })
                     .unwrap();
                 });

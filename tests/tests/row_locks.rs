@@ -60,7 +60,7 @@ lockkit_tests::server_tests! {
                                     .set(items::stock.eq(row.stock - 1))
                                     .execute(conn)?;
                             }
-                            Ok(())
+                            Ok::<_, lockkit::Error>(())
                         })
                         .expect("lock_all never deadlocks");
                     }
@@ -78,14 +78,14 @@ lockkit_tests::server_tests! {
         let mut other = db.connect();
         let nowait = LockOptions::default().nowait();
         conn.transaction(|conn| {
-            item.with_lock(conn, |_, _| Ok(()))?;
+            item.with_lock(conn, |_, _| Ok::<_, lockkit::Error>(()))?;
             // The closure has returned, but only a savepoint was released.
-            let err = item.with_lock_opts(&mut other, nowait, |_, _| Ok(())).unwrap_err();
+            let err = lockkit::with_lock(&mut other, item.id, nowait, |_, _: Item| Ok::<_, Error>(())).unwrap_err();
             assert!(matches!(err, Error::Busy), "{err:?}");
             Ok::<_, Error>(())
         })
         .unwrap();
-        item.with_lock_opts(&mut other, nowait, |_, _| Ok(())).unwrap();
+        lockkit::with_lock(&mut other, item.id, nowait, |_, _: Item| Ok::<_, Error>(())).unwrap();
     }
 
     fn nowait_is_the_same_clause_as_diesels_no_wait(db) {
@@ -103,10 +103,10 @@ lockkit_tests::server_tests! {
         thread::scope(|s| {
             let db = &db;
             s.spawn(move || {
-                lockkit::with_lock(&mut db.connect(), 1, |_, _: Item| {
+                lockkit::with_lock(&mut db.connect(), 1, lockkit::LockOptions::default(), |_, _: Item| {
                     locked_tx.send(()).unwrap();
                     let _ = release_rx.recv();
-                    Ok(())
+                    Ok::<_, lockkit::Error>(())
                 })
                 .unwrap();
             });
@@ -193,15 +193,15 @@ lockkit_tests::server_tests! {
         let (release_tx, release_rx) = mpsc::channel::<()>();
         thread::scope(|s| {
             s.spawn(move || {
-                lockkit::with_lock(&mut a, 1, |_, _: Item| {
+                lockkit::with_lock(&mut a, 1, lockkit::LockOptions::default(), |_, _: Item| {
                     locked_tx.send(()).unwrap();
                     let _ = release_rx.recv();
-                    Ok(())
+                    Ok::<_, lockkit::Error>(())
                 })
                 .unwrap();
             });
             locked_rx.recv().unwrap();
-            let waiter = s.spawn(move || lockkit::with_lock(&mut b, 1, |_, item: Item| Ok(item.stock)));
+            let waiter = s.spawn(move || lockkit::with_lock(&mut b, 1, lockkit::LockOptions::default(), |_, item: Item| Ok::<_, lockkit::Error>(item.stock)));
             let deadline = Instant::now() + Duration::from_secs(10);
             let blocked = loop {
                 let sessions = lock_waits::blocked_sessions(&mut observer).unwrap();
@@ -238,17 +238,17 @@ lockkit_tests::server_tests! {
         let (shared, exclusive) = thread::scope(|s| {
             let db = &db;
             s.spawn(move || {
-                lockkit::with_lock_opts(&mut db.connect(), 1, share, |_, _: Item| {
+                lockkit::with_lock(&mut db.connect(), 1, share, |_, _: Item| {
                     locked_tx.send(()).unwrap();
                     let _ = release_rx.recv();
-                    Ok(())
+                    Ok::<_, lockkit::Error>(())
                 })
                 .unwrap();
             });
             locked_rx.recv().unwrap();
             let mut other = db.connect();
-            let shared = lockkit::with_lock_opts(&mut other, 1, share.nowait(), |_, item: Item| Ok(item.stock));
-            let exclusive = lockkit::with_lock_opts(&mut other, 1, LockOptions::default().nowait(), |_, _: Item| Ok(()));
+            let shared = lockkit::with_lock(&mut other, 1, share.nowait(), |_, item: Item| Ok::<_, lockkit::Error>(item.stock));
+            let exclusive = lockkit::with_lock(&mut other, 1, LockOptions::default().nowait(), |_, _: Item| Ok(()));
             release_tx.send(()).unwrap();
             (shared, exclusive)
         });
@@ -261,8 +261,8 @@ lockkit_tests::server_tests! {
         // integer: there is no text to inject. Extreme values are clamped, not errors.
         seed_items(&mut db.conn(), &[(1, 10)]);
         for timeout in [Duration::ZERO, Duration::from_nanos(1), Duration::MAX] {
-            let stock = lockkit::with_lock_opts(&mut db.conn(), 1, LockOptions::default().timeout(timeout), |_, item: Item| {
-                Ok(item.stock)
+            let stock = lockkit::with_lock(&mut db.conn(), 1, LockOptions::default().timeout(timeout), |_, item: Item| {
+                Ok::<_, lockkit::Error>(item.stock)
             })
             .unwrap();
             assert_eq!(stock, 10);
@@ -356,10 +356,10 @@ mod postgres_only {
         let (release_tx, release_rx) = mpsc::channel::<()>();
         thread::scope(|s| {
             let holder = s.spawn(move || {
-                lockkit::with_lock_opts(&mut db.connect(), 1, options, |_, _: Item| {
+                lockkit::with_lock(&mut db.connect(), 1, options, |_, _: Item| {
                     locked_tx.send(()).unwrap();
                     let _ = release_rx.recv();
-                    Ok(())
+                    Ok::<_, lockkit::Error>(())
                 })
                 .unwrap();
             });
@@ -373,7 +373,7 @@ mod postgres_only {
 
     /// Whether `options` with NOWAIT can lock row 1 of items now.
     fn can_lock(conn: &mut PgConnection, options: LockOptions) -> Result<(), Error> {
-        lockkit::with_lock_opts(conn, 1, options.nowait(), |_, _: Item| Ok(()))
+        lockkit::with_lock(conn, 1, options.nowait(), |_, _: Item| Ok(()))
     }
 
     #[test]

@@ -151,24 +151,24 @@ lockkit_tests::backend_tests! {
         three.delete_versioned(&mut conn).unwrap();
 
         log.section("item.with_lock(&mut conn, ..)");
-        item.with_lock(&mut conn, |_, _| Ok(())).unwrap();
+        item.with_lock(&mut conn, |_, _| Ok::<_, lockkit::Error>(())).unwrap();
 
-        log.section("item.with_lock_opts(&mut conn, LockOptions::default().nowait(), ..)");
-        item.with_lock_opts(&mut conn, LockOptions::default().nowait(), |_, _| Ok(())).unwrap();
+        log.section("lockkit::with_lock(&mut conn, item.id, LockOptions::default().nowait(), ..)");
+        lockkit::with_lock(&mut conn, item.id, LockOptions::default().nowait(), |_, _: Item| Ok::<_, Error>(())).unwrap();
 
-        log.section("item.with_lock_opts(&mut conn, LockOptions::default().timeout(Duration::from_millis(250)), ..)");
-        item.with_lock_opts(&mut conn, LockOptions::default().timeout(Duration::from_millis(250)), |_, _| Ok(())).unwrap();
+        log.section("lockkit::with_lock(&mut conn, item.id, LockOptions::default().timeout(Duration::from_millis(250)), ..)");
+        lockkit::with_lock(&mut conn, item.id, LockOptions::default().timeout(Duration::from_millis(250)), |_, _: Item| Ok::<_, Error>(())).unwrap();
 
-        log.section("conn.transaction(|conn| item.with_lock_opts(conn, LockOptions::default().timeout(Duration::from_millis(250)), ..)): nested");
-        conn.transaction(|conn| item.with_lock_opts(conn, LockOptions::default().timeout(Duration::from_millis(250)), |_, _| Ok(())))
+        log.section("conn.transaction(|conn| lockkit::with_lock(conn, item.id, LockOptions::default().timeout(Duration::from_millis(250)), ..)): nested");
+        conn.transaction(|conn| lockkit::with_lock(conn, item.id, LockOptions::default().timeout(Duration::from_millis(250)), |_, _: Item| Ok::<_, Error>(())))
             .unwrap();
 
         log.section("conn.transaction(|conn| lockkit::with_lock(conn, 42, ..)) on a missing row: a nested call that fails asks MySQL whether the transaction is still open");
-        let missing = conn.transaction(|conn| lockkit::with_lock(conn, 42, |_, _: Item| Ok(())));
+        let missing = conn.transaction(|conn| lockkit::with_lock(conn, 42, lockkit::LockOptions::default(), |_, _: Item| Ok(())));
         assert!(matches!(missing, Err(Error::NotFound)));
 
-        log.section("lockkit::with_lock_opts(&mut conn, 42, LockOptions::default().skip_locked(), ..) on a missing row");
-        let missing = lockkit::with_lock_opts(&mut conn, 42, LockOptions::default().skip_locked(), |_, _: Item| Ok(()));
+        log.section("lockkit::with_lock(&mut conn, 42, LockOptions::default().skip_locked(), ..) on a missing row");
+        let missing = lockkit::with_lock(&mut conn, 42, LockOptions::default().skip_locked(), |_, _: Item| Ok(()));
         assert!(matches!(missing, Err(Error::NotFound)));
 
         log.section("locked_transaction(.., |conn| Item::lock_all(conn, &[2, 1]))");
@@ -182,7 +182,7 @@ lockkit_tests::backend_tests! {
 
         log.section("lockkit::serializable(&mut conn, &policy, ..)");
         lockkit::serializable(&mut conn, &RetryPolicy::default(), |conn| {
-            Ok(items::table.count().get_result::<i64>(conn)?)
+            Ok::<_, lockkit::Error>(items::table.count().get_result::<i64>(conn)?)
         })
         .unwrap();
 
@@ -195,8 +195,8 @@ lockkit_tests::backend_tests! {
 
         log.section("Idempotency::default().run(&mut conn, \"order-1\", \"POST /orders\", ..) twice: run, then replay");
         let keys = lockkit::idempotency::Idempotency::default();
-        keys.run(&mut conn, "order-1", "POST /orders", |_| Ok("201".to_owned())).unwrap();
-        keys.run(&mut conn, "order-1", "POST /orders", |_| Ok("201".to_owned())).unwrap();
+        keys.run(&mut conn, "order-1", "POST /orders", |_| Ok::<_, lockkit::Error>("201".to_owned())).unwrap();
+        keys.run(&mut conn, "order-1", "POST /orders", |_| Ok::<_, lockkit::Error>("201".to_owned())).unwrap();
 
         ServerStatements::run(&mut conn, &log);
 

@@ -30,7 +30,8 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::{CurrentState, Error, VersionNumber};
+use crate::retry::retry_while;
+use crate::{CurrentState, Error, RetryPolicy, RetryableError, VersionNumber};
 
 /// A strong entity tag made from a row's version: `"v<version>"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -283,12 +284,15 @@ impl<V: VersionNumber> Expected<V> {
     /// * [`Error::RetriesExhausted`] under `*` when every one of
     ///   [`ANY_MATCH_ATTEMPTS`] writes found the row changed in between.
     /// * [`Error::NoRowMatched`] for an empty `OneOf`.
-    pub fn apply<C: ?Sized, T>(
+    pub fn apply<C: ?Sized, T, E>(
         &self,
         conn: &mut C,
-        mut current: impl FnMut(&mut C) -> Result<V, Error>,
-        mut write: impl FnMut(&mut C, V) -> Result<T, Error>,
-    ) -> Result<T, Error> {
+        mut current: impl FnMut(&mut C) -> Result<V, E>,
+        mut write: impl FnMut(&mut C, V) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: RetryableError,
+    {
         match self {
             Expected::Version(version) => write(conn, *version),
             Expected::OneOf(versions) => {
@@ -300,29 +304,23 @@ impl<V: VersionNumber> Expected<V> {
                     Some(&listed) => write(conn, listed),
                     // The parser never makes an empty list; one built by hand
                     // matches nothing.
-                    None => Err(Error::NoRowMatched),
+                    None => Err(E::from(Error::NoRowMatched)),
                 }
             }
-            Expected::Any => {
-                let mut attempt = 1;
-                loop {
+            // Another writer got in between: read the new version and write again.
+            Expected::Any => retry_while(
+                &RetryPolicy::immediate(ANY_MATCH_ATTEMPTS),
+                |_| {
                     let now = current(conn)?;
-                    match write(conn, now) {
-                        Err(Error::Stale(stale))
-                            if matches!(stale.current, CurrentState::Version(_)) =>
-                        {
-                            if attempt >= ANY_MATCH_ATTEMPTS {
-                                return Err(Error::RetriesExhausted {
-                                    attempts: attempt,
-                                    last: Box::new(Error::Stale(stale)),
-                                });
-                            }
-                            attempt += 1;
-                        }
-                        other => return other,
-                    }
-                }
-            }
+                    write(conn, now)
+                },
+                |err: &E| {
+                    matches!(
+                        err.lockkit_error(),
+                        Some(Error::Stale(stale)) if matches!(stale.current, CurrentState::Version(_))
+                    )
+                },
+            ),
         }
     }
 }

@@ -41,9 +41,9 @@
 //! conn.batch_execute(up_sql(Dialect::Sqlite)).unwrap();
 //!
 //! let keys = Idempotency::default();
-//! let first = keys.run(&mut conn, "order-42", "POST /orders {qty:1}", |_conn| Ok("201 order 7".to_owned())).unwrap();
+//! let first = keys.run(&mut conn, "order-42", "POST /orders {qty:1}", |_conn| Ok::<_, lockkit::Error>("201 order 7".to_owned())).unwrap();
 //! assert_eq!(first, Outcome::Ran("201 order 7".to_owned()));
-//! let again = keys.run(&mut conn, "order-42", "POST /orders {qty:1}", |_conn| unreachable!()).unwrap();
+//! let again = keys.run(&mut conn, "order-42", "POST /orders {qty:1}", |_conn| -> Result<String, lockkit::Error> { unreachable!() }).unwrap();
 //! assert_eq!(again, Outcome::Replayed("201 order 7".to_owned()));
 //! # }
 //! ```
@@ -60,9 +60,11 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use diesel::Connection;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use crate::pessimistic::connection::AsLockingConnection;
+use crate::transaction::{self, Failure};
 use crate::Error;
 
 pub use crate::version_trigger::Dialect;
@@ -208,9 +210,13 @@ impl Idempotency {
     ///
     /// `fingerprint` identifies the request (e.g. method, path and a hash of the
     /// body): a key reused for another request is refused. `work` returns the
-    /// response to store and replay.
+    /// response to store and replay: any `Serialize + DeserializeOwned` value,
+    /// stored as JSON. Its error type is yours, as in Diesel's `transaction`: any
+    /// `E` that a [`lockkit::Error`](Error) converts into.
     ///
     /// # Errors
+    ///
+    /// lockkit's errors reach you converted into `E`:
     ///
     /// * [`Error::InvalidInput`] when `key` is empty, or `key` or `fingerprint` is
     ///   longer than 255 characters or contains NUL; nothing is sent.
@@ -219,50 +225,59 @@ impl Idempotency {
     /// * [`Error::IdempotencyInProgress`] when another request holds the key (its
     ///   lease has not run out), or took it over while `work` ran (which is then
     ///   rolled back).
-    /// * whatever `work` returns; its transaction is rolled back and the key
-    ///   released, so a retry runs it again.
+    /// * whatever `work` returns, untouched; its transaction is rolled back and
+    ///   the key released, so a retry runs it again.
+    /// * [`Error::Database`] with Diesel's `SerializationError` when the response
+    ///   cannot be written as JSON, or `DeserializationError` when a stored one
+    ///   does not read as `R` (the response type changed since it was stored).
     /// * a classified database error; see [`classify`](crate::classify()).
-    pub fn run<C, F>(
+    pub fn run<C, R, E, F>(
         &self,
         conn: &mut C,
         key: &str,
         fingerprint: &str,
         work: F,
-    ) -> Result<Outcome<String>, Error>
+    ) -> Result<Outcome<R>, E>
     where
         C: AsLockingConnection,
         C::Conn: IdempotencyStore,
-        F: FnOnce(&mut C::Conn) -> Result<String, Error>,
+        R: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: FnOnce(&mut C::Conn) -> Result<R, E>,
     {
         let valid = |text: &str| text.chars().count() <= MAX_LEN && !text.contains('\0');
         if key.is_empty() || !valid(key) || !valid(fingerprint) {
-            return Err(Error::InvalidInput(
+            return Err(E::from(Error::InvalidInput(
                 "idempotency keys and fingerprints are 1 to 255 characters, without NUL",
-            ));
+            )));
         }
         let conn = conn.locking_connection();
         let started_at = match self.start(conn, key, fingerprint)? {
-            Start::Replay(response) => return Ok(Outcome::Replayed(response)),
+            Start::Replay(stored) => {
+                let response = serde_json::from_str(&stored).map_err(|err| {
+                    Error::Database(diesel::result::Error::DeserializationError(Box::new(err)))
+                })?;
+                return Ok(Outcome::Replayed(response));
+            }
             Start::Owned { started_at } => started_at,
         };
-        let result = conn.transaction(|conn| {
-            let response = work(conn)?;
-            match C::Conn::finish(conn, key, started_at, &response, now_millis())? {
+        let result = transaction::run(conn, |conn| {
+            let response = work(conn).map_err(Failure::Closure)?;
+            let stored = serde_json::to_string(&response).map_err(|err| {
+                Error::Database(diesel::result::Error::SerializationError(Box::new(err)))
+            })?;
+            match C::Conn::finish(conn, key, started_at, &stored, now_millis())? {
                 true => Ok(response),
                 // The lease ran out and another request took the key: undo our work.
-                false => Err(Error::IdempotencyInProgress),
+                false => Err(Failure::Lockkit(Error::IdempotencyInProgress)),
             }
         });
-        match result {
-            Ok(response) => Ok(Outcome::Ran(response)),
-            Err(err) => {
-                if !matches!(err, Error::IdempotencyInProgress) {
-                    // Release the key so that a retry runs the work again.
-                    let _ = C::Conn::release(conn, key, started_at);
-                }
-                Err(err)
-            }
+        if result.is_err() {
+            // Release the key so that a retry runs the work again; a no-op when
+            // another request took it over (its `started_at` is not ours).
+            let _ = C::Conn::release(conn, key, started_at);
         }
+        result.map(Outcome::Ran)
     }
 
     fn start<C: IdempotencyStore>(

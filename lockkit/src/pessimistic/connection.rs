@@ -33,66 +33,60 @@
 //! bound parameter (PostgreSQL, MySQL) or a formatted integer (SQLite's `PRAGMA`
 //! takes no parameters); no caller text is ever interpolated.
 
-use diesel::connection::AnsiTransactionManager;
 use diesel::query_dsl::methods::LockingDsl;
-use diesel::Connection;
 
 use super::options::LockOptions;
 use super::row_lock::RowLock;
-use crate::transaction::in_transaction;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-use crate::transaction::PanicGuard;
+use crate::transaction::{finish, Failure, PanicGuard};
+use crate::transaction::{in_transaction, Control};
 use crate::Error;
-
-/// The end of a locking transaction that changed a session setting: `restored`
-/// is how putting it back went. A failed restore is reported only when the work
-/// itself succeeded; a panic in the work goes on after the restore.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-fn after_restore<T>(
-    result: Result<T, Error>,
-    restored: Option<diesel::QueryResult<()>>,
-    guard: PanicGuard,
-) -> Result<T, Error> {
-    guard.resume();
-    match (result, restored) {
-        (Ok(_), Some(Err(err))) => Err(crate::classify(err)),
-        (result, _) => result,
-    }
-}
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use diesel::Connection;
 
 /// A connection lockkit can take row locks on: `PgConnection`, `MysqlConnection`
-/// or `SqliteConnection`.
-pub trait LockingConnection:
-    Connection<TransactionManager = AnsiTransactionManager> + Sized
-{
+/// or `SqliteConnection`. Sealed: lockkit implements it for these three, and its
+/// methods are how each backend does what [`locked_transaction`](crate::locked_transaction),
+/// [`serializable`](crate::serializable) and the row locks need; call those.
+#[diagnostic::on_unimplemented(
+    message = "lockkit does not lock rows on `{Self}`",
+    label = "not a connection lockkit supports",
+    note = "lockkit supports `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`), and r2d2 pooled connections to them (feature `r2d2`)"
+)]
+pub trait LockingConnection: Control {
     /// The query with its row-lock clause (SQLite: the query unchanged).
     type Locked<Q: LockingDsl<RowLock>>;
 
     /// Adds the row-lock clause to a query.
     fn apply_lock<Q: LockingDsl<RowLock>>(query: Q, lock: RowLock) -> Self::Locked<Q>;
 
-    /// Runs `f` in a transaction fit for locking, with the options' timeout.
+    /// Runs `f` in a transaction fit for locking, with the options' timeout: the
+    /// backend's half of [`locked_transaction`](crate::locked_transaction).
     ///
     /// # Errors
     ///
     /// As [`locked_transaction`](crate::locked_transaction).
-    fn locked_transaction<T, F>(&mut self, options: &LockOptions, f: F) -> Result<T, Error>
+    #[doc(hidden)]
+    fn locked_transaction<T, E, F>(&mut self, options: &LockOptions, f: F) -> Result<T, E>
     where
-        F: FnOnce(&mut Self) -> Result<T, Error>;
+        E: From<Error>,
+        F: FnOnce(&mut Self) -> Result<T, E>;
 
     /// Runs `f` in a `SERIALIZABLE` transaction (SQLite: `BEGIN IMMEDIATE`, which
-    /// is serializable).
+    /// is serializable), once: the backend's half of
+    /// [`serializable`](crate::serializable).
     ///
     /// # Errors
     ///
     /// * [`Error::AlreadyInTransaction`] when a transaction is already open.
     /// * [`Error::SerializationFailure`], [`Error::Deadlock`] or another
-    ///   classified database error, e.g. from `COMMIT`; not retried here (see
-    ///   [`serializable`](crate::serializable)).
+    ///   classified database error, e.g. from `COMMIT`.
     /// * whatever `f` returns.
-    fn serializable_transaction<T, F>(&mut self, f: F) -> Result<T, Error>
+    #[doc(hidden)]
+    fn serializable_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
     where
-        F: FnOnce(&mut Self) -> Result<T, Error>;
+        E: From<Error>,
+        F: FnOnce(&mut Self) -> Result<T, E>;
 
     /// Whether a transaction is open on this connection.
     fn in_transaction(&mut self) -> bool {
@@ -111,34 +105,6 @@ pub trait LockingConnection:
     /// the busy timeout, or another classified database error.
     fn take_write_lock(&mut self) -> Result<(), Error> {
         Ok(())
-    }
-
-    /// After a nested transaction on this connection failed with `cause`: whether
-    /// the server has ended the whole transaction (see the
-    /// [module docs](self#when-the-server-aborts-the-whole-transaction)). Asked on
-    /// error paths only. The default: only a lost connection does.
-    fn transaction_aborted(&mut self, cause: &Error) -> bool {
-        matches!(cause, Error::ConnectionLost)
-    }
-}
-
-/// The error of a lockkit transaction that failed, decided in one place: a nested
-/// one (`nested`: a transaction was open when it began) whose whole transaction
-/// the server ended becomes [`Error::TransactionAborted`]; an outermost one hands
-/// on the cause of such an error, since the transaction is gone and a new one may
-/// begin.
-pub(crate) fn failed_transaction<C: LockingConnection>(
-    conn: &mut C,
-    nested: bool,
-    error: Error,
-) -> Error {
-    match error {
-        Error::TransactionAborted(cause) if !nested => *cause,
-        Error::TransactionAborted(_) => error,
-        _ if nested && conn.transaction_aborted(&error) => {
-            Error::TransactionAborted(Box::new(error))
-        }
-        _ => error,
     }
 }
 
@@ -203,9 +169,10 @@ mod postgres {
             query.with_lock(lock)
         }
 
-        fn locked_transaction<T, F>(&mut self, options: &LockOptions, f: F) -> Result<T, Error>
+        fn locked_transaction<T, E, F>(&mut self, options: &LockOptions, f: F) -> Result<T, E>
         where
-            F: FnOnce(&mut Self) -> Result<T, Error>,
+            E: From<Error>,
+            F: FnOnce(&mut Self) -> Result<T, E>,
         {
             let nested = self.in_transaction();
             let mut guard = PanicGuard::default();
@@ -222,7 +189,7 @@ mod postgres {
                     }
                     None => None,
                 };
-                let result = guard.call(conn, f)?;
+                let result = guard.call(conn, |conn| f(conn).map_err(Failure::Closure))?;
                 // `SET LOCAL` survives `RELEASE SAVEPOINT`: give the outer
                 // transaction its own value back (a rollback to the savepoint does).
                 if let Some(outer) = outer {
@@ -230,26 +197,27 @@ mod postgres {
                 }
                 Ok(result)
             });
-            guard.resume();
-            result.map_err(|err| failed_transaction(self, nested, err))
+            finish(self, nested, guard, result, None, crate::classify)
         }
 
-        fn serializable_transaction<T, F>(&mut self, f: F) -> Result<T, Error>
+        fn serializable_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
         where
-            F: FnOnce(&mut Self) -> Result<T, Error>,
+            E: From<Error>,
+            F: FnOnce(&mut Self) -> Result<T, E>,
         {
             if self.in_transaction() {
-                return Err(Error::AlreadyInTransaction);
+                return Err(E::from(Error::AlreadyInTransaction));
             }
             let mut guard = PanicGuard::default();
             let result = self
                 .build_transaction()
                 .serializable()
-                .run(|conn| guard.call(conn, f));
-            guard.resume();
-            result.map_err(|err| failed_transaction(self, false, err))
+                .run(|conn| guard.call(conn, |conn| f(conn).map_err(Failure::Closure)));
+            finish(self, false, guard, result, None, crate::classify)
         }
     }
+
+    impl Control for PgConnection {}
 }
 
 #[cfg(feature = "mysql")]
@@ -291,48 +259,63 @@ mod mysql {
             query.with_lock(lock)
         }
 
-        fn locked_transaction<T, F>(&mut self, options: &LockOptions, f: F) -> Result<T, Error>
+        fn locked_transaction<T, E, F>(&mut self, options: &LockOptions, f: F) -> Result<T, E>
         where
-            F: FnOnce(&mut Self) -> Result<T, Error>,
+            E: From<Error>,
+            F: FnOnce(&mut Self) -> Result<T, E>,
         {
             // innodb_lock_wait_timeout is a session setting: set it, run, put it back.
             let previous = match options.timeout_secs() {
                 Some(secs) => {
-                    let previous = lock_wait_timeout(self)?;
-                    set_lock_wait_timeout(self, secs)?;
+                    let previous = lock_wait_timeout(self).map_err(crate::classify)?;
+                    set_lock_wait_timeout(self, secs).map_err(crate::classify)?;
                     Some(previous)
                 }
                 None => None,
             };
             let nested = self.in_transaction();
             let mut guard = PanicGuard::default();
-            let result = self.transaction(|conn| guard.call(conn, f));
+            let result =
+                self.transaction(|conn| guard.call(conn, |conn| f(conn).map_err(Failure::Closure)));
             let restored = previous.map(|previous| set_lock_wait_timeout(self, previous));
-            after_restore(result, restored, guard)
-                .map_err(|err| failed_transaction(self, nested, err))
+            finish(self, nested, guard, result, restored, crate::classify)
         }
 
-        fn serializable_transaction<T, F>(&mut self, f: F) -> Result<T, Error>
+        fn serializable_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
         where
-            F: FnOnce(&mut Self) -> Result<T, Error>,
+            E: From<Error>,
+            F: FnOnce(&mut Self) -> Result<T, E>,
         {
             if self.in_transaction() {
-                return Err(Error::AlreadyInTransaction);
+                return Err(E::from(Error::AlreadyInTransaction));
             }
             // Applies to the next transaction only.
-            diesel::sql_query("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE").execute(self)?;
+            diesel::sql_query("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+                .execute(self)
+                .map_err(crate::classify)?;
             let mut guard = PanicGuard::default();
-            let result = self.transaction(|conn| guard.call(conn, f));
-            guard.resume();
-            result.map_err(|err| failed_transaction(self, false, err))
+            let result =
+                self.transaction(|conn| guard.call(conn, |conn| f(conn).map_err(Failure::Closure)));
+            finish(self, false, guard, result, None, crate::classify)
         }
+    }
 
-        fn transaction_aborted(&mut self, cause: &Error) -> bool {
-            // MariaDB knows; MySQL has no such variable, but InnoDB always ends
-            // the transaction of a deadlock victim.
+    impl Control for MysqlConnection {
+        fn transaction_ended(&mut self, cause: Option<&Error>) -> Option<Error> {
+            // MariaDB knows. InnoDB ends a transaction while the connection lives
+            // only for a deadlock's victim (or a lock wait timeout under
+            // `innodb_rollback_on_timeout`); MySQL has no such variable, but
+            // always ends the transaction of a deadlock victim.
             match in_server_transaction(self) {
-                Ok(open) => !open,
-                Err(_) => matches!(cause, Error::Deadlock | Error::ConnectionLost),
+                Ok(true) => None,
+                Ok(false) => Some(Error::Deadlock),
+                Err(err) => match (cause, crate::classify(err)) {
+                    (Some(Error::Deadlock), _) => Some(Error::Deadlock),
+                    (_, Error::ConnectionLost) | (Some(Error::ConnectionLost), _) => {
+                        Some(Error::ConnectionLost)
+                    }
+                    _ => None,
+                },
             }
         }
     }
@@ -354,19 +337,6 @@ mod sqlite {
     struct BusyTimeout {
         #[diesel(sql_type = diesel::sql_types::Integer)]
         timeout: i32,
-    }
-
-    /// A transaction's error before lockkit classified it: from Diesel (`BEGIN`,
-    /// `COMMIT`), or from the work.
-    enum Failed {
-        Diesel(diesel::result::Error),
-        Work(Error),
-    }
-
-    impl From<diesel::result::Error> for Failed {
-        fn from(err: diesel::result::Error) -> Self {
-            Failed::Diesel(err)
-        }
     }
 
     /// Takes the database's write lock in the open transaction without changing
@@ -391,9 +361,10 @@ mod sqlite {
             query
         }
 
-        fn locked_transaction<T, F>(&mut self, options: &LockOptions, f: F) -> Result<T, Error>
+        fn locked_transaction<T, E, F>(&mut self, options: &LockOptions, f: F) -> Result<T, E>
         where
-            F: FnOnce(&mut Self) -> Result<T, Error>,
+            E: From<Error>,
+            F: FnOnce(&mut Self) -> Result<T, E>,
         {
             let busy_timeout = match options.wait_mode() {
                 WaitMode::NoWait | WaitMode::SkipLocked => Some(0),
@@ -403,9 +374,10 @@ mod sqlite {
             let previous = match busy_timeout {
                 Some(millis) => {
                     let previous = diesel::sql_query("PRAGMA busy_timeout")
-                        .get_result::<BusyTimeout>(self)?
+                        .get_result::<BusyTimeout>(self)
+                        .map_err(crate::classify)?
                         .timeout;
-                    set_busy_timeout(self, millis)?;
+                    set_busy_timeout(self, millis).map_err(crate::classify)?;
                     Some(previous)
                 }
                 None => None,
@@ -418,51 +390,54 @@ mod sqlite {
             };
             let waited = LockWait::start();
             let mut guard = PanicGuard::default();
+            let work = |conn: &mut Self| f(conn).map_err(Failure::Closure);
             let result = if nested {
                 // A savepoint takes no lock, and the outer transaction may be a
                 // deferred one that has none yet.
                 self.transaction(|conn| {
                     write_lock(conn).map_err(lock_error)?;
                     waited.acquired("database", 1);
-                    guard.call(conn, f)
+                    guard.call(conn, work)
                 })
             } else {
                 // Takes the write lock before the first read: writers queue here.
-                // Diesel's own errors (BEGIN, COMMIT) are classified here, once,
-                // knowing which statement failed.
+                // A failure of Diesel's own statements is read knowing which one
+                // failed: `BEGIN IMMEDIATE` waited for the lock, `COMMIT` did not.
                 let mut waited = Some(waited);
                 self.immediate_transaction(|conn| {
                     if let Some(waited) = waited.take() {
                         waited.acquired("database", 1);
                     }
-                    guard.call(conn, f).map_err(Failed::Work)
+                    guard.call(conn, work)
                 })
-                .map_err(|failed| match failed {
-                    Failed::Work(err) => err,
-                    Failed::Diesel(err) if waited.is_some() => lock_error(err),
-                    Failed::Diesel(err) => crate::classify(err),
+                .map_err(|failure| match failure {
+                    Failure::Diesel(err) if waited.is_some() => Failure::Lockkit(lock_error(err)),
+                    failure => failure,
                 })
             };
             let restored = previous.map(|previous| set_busy_timeout(self, previous));
-            after_restore(result, restored, guard)
-                .map_err(|err| failed_transaction(self, nested, err))
+            finish(self, nested, guard, result, restored, crate::classify)
         }
 
-        fn serializable_transaction<T, F>(&mut self, f: F) -> Result<T, Error>
+        fn serializable_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
         where
-            F: FnOnce(&mut Self) -> Result<T, Error>,
+            E: From<Error>,
+            F: FnOnce(&mut Self) -> Result<T, E>,
         {
             if self.in_transaction() {
-                return Err(Error::AlreadyInTransaction);
+                return Err(E::from(Error::AlreadyInTransaction));
             }
             let mut guard = PanicGuard::default();
-            let result = self.immediate_transaction(|conn| guard.call(conn, f));
-            guard.resume();
-            result.map_err(|err| failed_transaction(self, false, err))
+            let result = self.immediate_transaction(|conn| {
+                guard.call(conn, |conn| f(conn).map_err(Failure::Closure))
+            });
+            finish(self, false, guard, result, None, crate::classify)
         }
 
         fn take_write_lock(&mut self) -> Result<(), Error> {
             write_lock(self).map_err(crate::classify)
         }
     }
+
+    impl Control for SqliteConnection {}
 }

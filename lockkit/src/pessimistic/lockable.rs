@@ -108,7 +108,15 @@ pub trait Lockable: Sized {
     fn key(&self) -> Self::Key;
 
     /// Locks this row (`FOR UPDATE`) in a transaction and runs `f` on the fresh
-    /// row; see the [module docs](self).
+    /// row; see the [module docs](self). This is [`with_lock`](crate::with_lock)
+    /// with this row's key and the default [`LockOptions`]; call that for
+    /// `nowait()`, `skip_locked()`, a timeout or a shared lock, or when you have
+    /// a key but no loaded model.
+    ///
+    /// `f` returns your own error type, as in Diesel's `transaction`: any `E`
+    /// that a [`lockkit::Error`](Error) converts into (`lockkit::Error` itself, or
+    /// your enum with a `#[from] lockkit::Error` variant). An `Err` (or a panic)
+    /// rolls the transaction back; the error comes back to you untouched.
     ///
     /// # Errors
     ///
@@ -129,28 +137,14 @@ pub trait Lockable: Sized {
     ///   [`Error::ConnectionLost`], .., else [`Error::Database`]); see
     ///   [`classify`](crate::classify()).
     /// * whatever `f` returns.
-    fn with_lock<C, T, F>(&self, conn: &mut C, f: F) -> Result<T, Error>
+    fn with_lock<C, T, E, F>(&self, conn: &mut C, f: F) -> Result<T, E>
     where
         C: AsLockingConnection,
         Self: LockRow<C::Conn>,
-        F: FnOnce(&mut C::Conn, Self) -> Result<T, Error>,
+        E: From<Error>,
+        F: FnOnce(&mut C::Conn, Self) -> Result<T, E>,
     {
-        with_lock_opts(conn, self.key(), LockOptions::default(), f)
-    }
-
-    /// [`with_lock`](Self::with_lock) with [`LockOptions`]: strength, `nowait()`,
-    /// `skip_locked()`, `timeout(..)`.
-    ///
-    /// # Errors
-    ///
-    /// As [`with_lock`](Self::with_lock).
-    fn with_lock_opts<C, T, F>(&self, conn: &mut C, options: LockOptions, f: F) -> Result<T, Error>
-    where
-        C: AsLockingConnection,
-        Self: LockRow<C::Conn>,
-        F: FnOnce(&mut C::Conn, Self) -> Result<T, Error>,
-    {
-        with_lock_opts(conn, self.key(), options, f)
+        with_lock(conn, self.key(), LockOptions::default(), f)
     }
 
     /// Locks the rows with these keys in ascending key order, in one statement,
@@ -205,7 +199,7 @@ pub trait Lockable: Sized {
     /// let total = locked_transaction(&mut conn, LockOptions::default(), |conn| {
     ///     let accounts = Account::lock_all(conn, &[2, 1])?;
     ///     assert_eq!(accounts.iter().map(|a| a.id).collect::<Vec<_>>(), [1, 2]);
-    ///     Ok(accounts.iter().map(|a| a.balance).sum::<i64>())
+    ///     Ok::<_, lockkit::Error>(accounts.iter().map(|a| a.balance).sum::<i64>())
     /// })?;
     /// assert_eq!(total, 150);
     ///
@@ -264,18 +258,27 @@ pub trait Lockable: Sized {
     }
 }
 
-/// Locks the row `key` of `M` and runs `f` on it: the free-function form of
-/// [`Lockable::with_lock`], for when you have a key but no loaded model.
+/// Locks the row `key` of `M` as `options` say and runs `f` on the fresh row, in
+/// a transaction: [`Lockable::with_lock`] with a key instead of a loaded model,
+/// and with [`LockOptions`] (strength, `nowait()`, `skip_locked()`,
+/// `timeout(..)`).
+///
+/// `f` returns your own error type, as in Diesel's `transaction`: any `E` that a
+/// [`lockkit::Error`](Error) converts into. An `Err` (or a panic) rolls the
+/// transaction back; the error comes back to you untouched.
 ///
 /// # Errors
 ///
-/// As [`Lockable::with_lock`].
+/// As [`Lockable::with_lock`]; [`Error::Busy`] with `nowait()` or `skip_locked()`
+/// when the row is held, [`Error::LockTimeout`] after `timeout(..)`. lockkit's
+/// errors reach you converted into `E`.
 ///
 /// # Example
 ///
 /// ```
 /// # use diesel::prelude::*;
 /// # use lockkit::prelude::*;
+/// use lockkit::LockOptions;
 /// # diesel::table! { items (id) { id -> Integer, stock -> Integer } }
 /// # #[derive(Queryable, Selectable, lockkit::Lockable)]
 /// # #[diesel(table_name = items)]
@@ -283,70 +286,96 @@ pub trait Lockable: Sized {
 /// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
 /// # diesel::sql_query("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL)").execute(&mut conn).unwrap();
 /// # diesel::sql_query("INSERT INTO items VALUES (1, 10)").execute(&mut conn).unwrap();
-/// let stock = lockkit::with_lock(&mut conn, 1, |_conn, item: Item| Ok(item.stock)).unwrap();
-/// assert_eq!(stock, 10);
+/// #[derive(Debug, thiserror::Error)]
+/// enum ShopError {
+///     #[error("only {0} left")]
+///     NotEnough(i32),
+///     #[error(transparent)]
+///     Lock(#[from] lockkit::Error),
+/// }
+///
+/// let opts = LockOptions::default().nowait();
+/// let left = lockkit::with_lock(&mut conn, 1, opts, |conn, item: Item| {
+///     if item.stock < 8 {
+///         return Err(ShopError::NotEnough(item.stock));
+///     }
+///     diesel::update(items::table.find(item.id))
+///         .set(items::stock.eq(item.stock - 8))
+///         .execute(conn)
+///         .map_err(lockkit::Error::from)?;
+///     Ok(item.stock - 8)
+/// });
+/// assert_eq!(left.unwrap(), 2);
+/// let again = lockkit::with_lock(&mut conn, 1, opts, |_conn, item: Item| {
+///     if item.stock < 8 {
+///         return Err(ShopError::NotEnough(item.stock));
+///     }
+///     Ok(item.stock)
+/// });
+/// assert!(matches!(again, Err(ShopError::NotEnough(2))));
 /// ```
-pub fn with_lock<M, C, T, F>(conn: &mut C, key: M::Key, f: F) -> Result<T, Error>
-where
-    C: AsLockingConnection,
-    M: LockRow<C::Conn>,
-    F: FnOnce(&mut C::Conn, M) -> Result<T, Error>,
-{
-    with_lock_opts(conn, key, LockOptions::default(), f)
-}
-
-/// [`with_lock`] with [`LockOptions`].
-///
-/// # Errors
-///
-/// As [`Lockable::with_lock`]; [`Error::Busy`] with `nowait()` or `skip_locked()`
-/// when the row is held, [`Error::LockTimeout`] after `timeout(..)`.
-pub fn with_lock_opts<M, C, T, F>(
+pub fn with_lock<M, C, T, E, F>(
     conn: &mut C,
     key: M::Key,
     options: LockOptions,
     f: F,
-) -> Result<T, Error>
+) -> Result<T, E>
 where
     C: AsLockingConnection,
     M: LockRow<C::Conn>,
-    F: FnOnce(&mut C::Conn, M) -> Result<T, Error>,
+    E: From<Error>,
+    F: FnOnce(&mut C::Conn, M) -> Result<T, E>,
 {
     conn.locking_connection()
         .locked_transaction(&options, |conn| {
-            // The wait at SQLite's `BEGIN IMMEDIATE` is recorded by
-            // `locked_transaction`; here, the locked read's.
-            let started = std::time::Instant::now();
-            let lock = options.row_lock();
-            let reclassify = match lock.wait {
-                WaitMode::Wait => classify,
-                WaitMode::NoWait | WaitMode::SkipLocked => classify_nowait,
-            };
-            let row = M::load_locked(conn, key.clone(), lock).map_err(reclassify)?;
-            if row.is_some() {
-                crate::metrics::record_lock_acquired(M::TABLE_NAME, started.elapsed());
-            }
-            let mut row = match row {
-                Some(row) => row,
-                // SKIP LOCKED hides a locked row: tell "held by someone" from "absent".
-                None if lock.wait == WaitMode::SkipLocked => {
-                    return Err(match M::exists(conn, key).map_err(classify)? {
-                        true => Error::Busy,
-                        false => Error::NotFound,
-                    })
-                }
-                None => return Err(Error::NotFound),
-            };
-            if lock.strength.is_exclusive() {
-                <M::OnLock as MarkLocked<M, C::Conn>>::mark(conn, &mut row)?;
-            }
+            let row = lock_row::<M, _>(conn, key, options)?;
             f(conn, row)
         })
+}
+
+/// The locked read of [`with_lock`], in its transaction: the row, its version
+/// advanced when the lock is exclusive and the model versioned.
+fn lock_row<M, Conn>(conn: &mut Conn, key: M::Key, options: LockOptions) -> Result<M, Error>
+where
+    Conn: LockingConnection,
+    M: LockRow<Conn>,
+{
+    // The wait at SQLite's `BEGIN IMMEDIATE` is recorded by
+    // `locked_transaction`; here, the locked read's.
+    let started = std::time::Instant::now();
+    let lock = options.row_lock();
+    let reclassify = match lock.wait {
+        WaitMode::Wait => classify,
+        WaitMode::NoWait | WaitMode::SkipLocked => classify_nowait,
+    };
+    let row = M::load_locked(conn, key.clone(), lock).map_err(reclassify)?;
+    if row.is_some() {
+        crate::metrics::record_lock_acquired(M::TABLE_NAME, started.elapsed());
+    }
+    let mut row = match row {
+        Some(row) => row,
+        // SKIP LOCKED hides a locked row: tell "held by someone" from "absent".
+        None if lock.wait == WaitMode::SkipLocked => {
+            return Err(match M::exists(conn, key).map_err(classify)? {
+                true => Error::Busy,
+                false => Error::NotFound,
+            })
+        }
+        None => return Err(Error::NotFound),
+    };
+    if lock.strength.is_exclusive() {
+        <M::OnLock as MarkLocked<M, Conn>>::mark(conn, &mut row)?;
+    }
+    Ok(row)
 }
 
 /// Runs `f` in a transaction fit for locking: a plain transaction on PostgreSQL and
 /// MySQL (with the options' lock timeout), `BEGIN IMMEDIATE` on SQLite. Use it around
 /// [`Lockable::lock_all`] and [`queue::claim`](crate::queue::claim).
+///
+/// `f` returns your own error type, as in Diesel's `transaction`: any `E` that a
+/// [`lockkit::Error`](Error) converts into. An `Err` (or a panic) rolls the
+/// transaction back; the error comes back to you untouched.
 ///
 /// # Errors
 ///
@@ -360,10 +389,11 @@ where
 /// * a classified database error from `BEGIN`, the lock timeout's setting or
 ///   `COMMIT`; see [`classify`](crate::classify()).
 /// * whatever `f` returns.
-pub fn locked_transaction<C, T, F>(conn: &mut C, options: LockOptions, f: F) -> Result<T, Error>
+pub fn locked_transaction<C, T, E, F>(conn: &mut C, options: LockOptions, f: F) -> Result<T, E>
 where
     C: AsLockingConnection,
-    F: FnOnce(&mut C::Conn) -> Result<T, Error>,
+    E: From<Error>,
+    F: FnOnce(&mut C::Conn) -> Result<T, E>,
 {
     conn.locking_connection().locked_transaction(&options, f)
 }

@@ -19,6 +19,6 @@ pub mod queue;
 pub mod row_lock;
 
 pub use connection::{AsLockingConnection, LockingConnection};
-pub use lockable::{locked_transaction, with_lock, with_lock_opts, Lockable, NoVersion};
+pub use lockable::{locked_transaction, with_lock, Lockable, NoVersion};
 pub use options::LockOptions;
 pub use row_lock::{LockQueryExt, LockStrength, RowLock, WaitMode};

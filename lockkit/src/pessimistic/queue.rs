@@ -48,7 +48,7 @@
 //!     for id in &ids {
 //!         diesel::update(jobs::table.find(id)).set(jobs::done.eq(true)).execute(conn)?;
 //!     }
-//!     Ok(ids)
+//!     Ok::<_, lockkit::Error>(ids)
 //! })
 //! .unwrap();
 //! assert_eq!(done, vec![1, 2]);

@@ -1,6 +1,6 @@
 //! The panic guard of every lockkit transaction.
 
-use crate::Error;
+use super::Failure;
 
 /// Catches a panic in a closure run inside a transaction, so that the transaction
 /// is rolled back before the panic goes on: the connection is then left usable,
@@ -10,16 +10,16 @@ pub(crate) struct PanicGuard(Option<Box<dyn std::any::Any + Send + 'static>>);
 
 impl PanicGuard {
     /// Runs `f`; a panic becomes an error that makes Diesel roll back.
-    pub(crate) fn call<C, T>(
+    pub(crate) fn call<C, T, E>(
         &mut self,
         conn: &mut C,
-        f: impl FnOnce(&mut C) -> Result<T, Error>,
-    ) -> Result<T, Error> {
+        f: impl FnOnce(&mut C) -> Result<T, Failure<E>>,
+    ) -> Result<T, Failure<E>> {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(conn))) {
             Ok(result) => result,
             Err(payload) => {
                 self.0 = Some(payload);
-                Err(Error::Database(diesel::result::Error::RollbackTransaction))
+                Err(Failure::Diesel(diesel::result::Error::RollbackTransaction))
             }
         }
     }
