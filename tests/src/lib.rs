@@ -74,3 +74,14 @@ pub fn exec<C: diesel::Connection>(conn: &mut C, sql: &str) {
     conn.batch_execute(sql)
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
+
+/// lockkit's idempotency table as embedded migrations, for the backend named
+/// `backend` (`"postgres"`, `"mysql"` or `"sqlite"`).
+pub fn idempotency_migrations(backend: &str) -> diesel_migrations::EmbeddedMigrations {
+    use lockkit::idempotency;
+    match backend {
+        "postgres" => idempotency::POSTGRES_MIGRATIONS,
+        "mysql" => idempotency::MYSQL_MIGRATIONS,
+        _ => idempotency::SQLITE_MIGRATIONS,
+    }
+}

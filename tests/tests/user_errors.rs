@@ -1,0 +1,228 @@
+//! The closures of lockkit's calls return the caller's own error type, as Diesel's
+//! `transaction` does: a `thiserror` enum with a `#[from] lockkit::Error` variant
+//! flows through every closure-taking call untouched, the transaction is rolled
+//! back on it (and on a panic), and the retrying calls ask it which errors are
+//! worth another attempt.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread;
+
+use diesel::prelude::*;
+use lockkit::etag::Expected;
+use lockkit::idempotency::{Idempotency, Outcome};
+use lockkit::prelude::*;
+use lockkit::{Error, LockOptions, RetryPolicy, RetryableError};
+use lockkit_tests::models::*;
+use lockkit_tests::schema::*;
+use lockkit_tests::seed_items;
+
+#[derive(Debug, thiserror::Error)]
+enum ShopError {
+    #[error("only {0} left")]
+    NotEnough(i32),
+    #[error(transparent)]
+    Lock(#[from] Error),
+}
+
+impl From<diesel::result::Error> for ShopError {
+    fn from(err: diesel::result::Error) -> Self {
+        ShopError::Lock(err.into())
+    }
+}
+
+impl RetryableError for ShopError {
+    fn lockkit_error(&self) -> Option<&Error> {
+        match self {
+            ShopError::Lock(err) => Some(err),
+            ShopError::NotEnough(_) => None,
+        }
+    }
+}
+
+/// A response stored by an idempotency key: any `Serialize + DeserializeOwned`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Receipt {
+    order: i64,
+    left: i32,
+    note: String,
+}
+
+macro_rules! stock_of {
+    ($conn:expr, $id:expr) => {
+        items::table
+            .find($id)
+            .select(items::stock)
+            .first::<i32>($conn)
+            .unwrap()
+    };
+}
+
+/// Takes 8 of item `id` under its row lock, or refuses with the caller's error.
+macro_rules! take_eight {
+    ($conn:expr, $id:expr) => {{
+        let id: i32 = $id;
+        lockkit::with_lock($conn, id, LockOptions::default(), |conn, item: Item| {
+            if item.stock < 8 {
+                return Err(ShopError::NotEnough(item.stock));
+            }
+            diesel::update(items::table.find(id))
+                .set(items::stock.eq(item.stock - 8))
+                .execute(conn)?;
+            Ok(item.stock - 8)
+        })
+    }};
+}
+
+lockkit_tests::backend_tests! {
+    fn with_lock_hands_back_the_callers_error_and_rolls_back(db) {
+        let mut conn = db.conn();
+        seed_items(&mut conn, &[(1, 10)]);
+        assert_eq!(take_eight!(&mut conn, 1).unwrap(), 2);
+        // The closure wrote before refusing: the write is rolled back.
+        let item: Item = items::table.find(1).first(&mut conn).unwrap();
+        let refused = item.with_lock(&mut conn, |conn, fresh| {
+            diesel::update(items::table.find(1)).set(items::stock.eq(0)).execute(conn)?;
+            Err::<(), _>(ShopError::NotEnough(fresh.stock))
+        });
+        assert!(matches!(refused, Err(ShopError::NotEnough(2))), "{refused:?}");
+        assert_eq!(stock_of!(&mut conn, 1), 2, "rolled back");
+        // lockkit's own errors arrive in the caller's type.
+        let missing = take_eight!(&mut conn, 99);
+        assert!(matches!(missing, Err(ShopError::Lock(Error::NotFound))), "{missing:?}");
+    }
+
+    fn concurrent_buyers_with_their_own_error_type_lose_nothing(db) {
+        seed_items(&mut db.conn(), &[(1, 80)]);
+        let (sold, refused) = thread::scope(|s| {
+            let buyers: Vec<_> = (0..4)
+                .map(|_| {
+                    let db = &db;
+                    s.spawn(move || {
+                        let mut conn = db.connect();
+                        let (mut sold, mut refused) = (0, 0);
+                        for _ in 0..4 {
+                            match take_eight!(&mut conn, 1) {
+                                Ok(_) => sold += 8,
+                                Err(ShopError::NotEnough(_)) => refused += 1,
+                                Err(other) => panic!("{other:?}"),
+                            }
+                        }
+                        (sold, refused)
+                    })
+                })
+                .collect();
+            buyers.into_iter().map(|b| b.join().unwrap()).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+        });
+        assert_eq!((sold, refused), (80, 6));
+        assert_eq!(stock_of!(&mut db.conn(), 1), 0);
+    }
+
+    fn a_panic_with_the_callers_error_type_still_rolls_back(db) {
+        let mut conn = db.conn();
+        seed_items(&mut conn, &[(1, 10)]);
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _: Result<(), ShopError> = lockkit::locked_transaction(&mut conn, LockOptions::default(), |conn| {
+                diesel::update(items::table.find(1)).set(items::stock.eq(0)).execute(conn)?;
+                panic!("in the closure");
+            });
+        }));
+        assert!(panicked.is_err());
+        assert!(!lockkit::LockingConnection::in_transaction(&mut *conn));
+        assert_eq!(stock_of!(&mut conn, 1), 10);
+    }
+
+    fn locked_transaction_returns_the_callers_error_untouched(db) {
+        let mut conn = db.conn();
+        seed_items(&mut conn, &[(1, 10), (2, 3)]);
+        let result = lockkit::locked_transaction(&mut conn, LockOptions::default(), |conn| {
+            let rows = Item::lock_all(conn, &[1, 2])?;
+            for row in &rows {
+                diesel::update(items::table.find(row.id)).set(items::stock.eq(row.stock - 5)).execute(conn)?;
+                if row.stock < 5 {
+                    return Err(ShopError::NotEnough(row.stock));
+                }
+            }
+            Ok(())
+        });
+        assert!(matches!(result, Err(ShopError::NotEnough(3))), "{result:?}");
+        assert_eq!((stock_of!(&mut conn, 1), stock_of!(&mut conn, 2)), (10, 3), "both rolled back");
+    }
+
+    fn retries_ask_the_callers_type_what_is_retryable(db) {
+        let mut conn = db.conn();
+        seed_items(&mut conn, &[(1, 10)]);
+        // A stale write inside the caller's type is retried; the next attempt re-reads.
+        let attempts = AtomicU32::new(0);
+        let stale_once = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |conn| {
+            let mut item: Item = items::table.find(1).first(conn)?;
+            if attempts.fetch_add(1, Ordering::SeqCst) == 0 {
+                // someone else's write since the read
+                diesel::update(items::table.find(1)).set(items::lock_version.eq(items::lock_version + 1)).execute(conn)?;
+            }
+            item.stock -= 1;
+            item.update_versioned(conn)?;
+            Ok::<_, ShopError>(item.stock)
+        });
+        assert_eq!(stale_once.unwrap(), 9);
+        assert_eq!(attempts.load(Ordering::SeqCst), 2);
+        // The caller's own refusal is not retryable: one attempt, rolled back.
+        let attempts = AtomicU32::new(0);
+        let refused: Result<(), ShopError> = lockkit::serializable(&mut conn, &RetryPolicy::immediate(3), |conn| {
+            attempts.fetch_add(1, Ordering::SeqCst);
+            diesel::update(items::table.find(1)).set(items::stock.eq(0)).execute(conn)?;
+            Err(ShopError::NotEnough(0))
+        });
+        assert!(matches!(refused, Err(ShopError::NotEnough(0))));
+        assert_eq!(attempts.load(Ordering::SeqCst), 1);
+        assert_eq!(stock_of!(&mut conn, 1), 9);
+        // Retries that run out hand back the last error as the caller's type says.
+        let always: Result<(), ShopError> = lockkit::retry(&RetryPolicy::immediate(3), |_| Err(Error::Deadlock.into()));
+        assert!(matches!(always, Err(ShopError::Lock(Error::Deadlock))), "{always:?}");
+        let lockkit_own: Result<(), Error> = lockkit::retry(&RetryPolicy::immediate(3), |_| Err(Error::Deadlock));
+        assert!(matches!(lockkit_own, Err(Error::RetriesExhausted { attempts: 3, .. })), "{lockkit_own:?}");
+    }
+
+    fn idempotency_stores_and_replays_any_serde_response(db) {
+        use diesel_migrations::MigrationHarness;
+        let mut conn = db.conn();
+        conn.run_pending_migrations(lockkit_tests::idempotency_migrations(BACKEND)).unwrap();
+        seed_items(&mut conn, &[(1, 10)]);
+        let keys = Idempotency::default();
+        let order = |conn: &mut Conn| -> Result<Receipt, ShopError> {
+            let left = take_eight!(conn, 1)?;
+            Ok(Receipt { order: 7, left, note: "first \"run\"".to_owned() })
+        };
+        let ran = keys.run(&mut conn, "order-7", "POST /orders", order).unwrap();
+        let receipt = Receipt { order: 7, left: 2, note: "first \"run\"".to_owned() };
+        assert_eq!(ran, Outcome::Ran(receipt.clone()));
+        let replayed = keys.run(&mut conn, "order-7", "POST /orders", order).unwrap();
+        assert_eq!(replayed, Outcome::Replayed(receipt));
+        assert_eq!(stock_of!(&mut conn, 1), 2, "the work ran once");
+        // The caller's error: the work is rolled back and the key released, so a
+        // later attempt runs it again.
+        let refused = keys.run(&mut conn, "order-8", "POST /orders", order);
+        assert!(matches!(refused, Err(ShopError::NotEnough(2))), "{refused:?}");
+        seed_items(&mut conn, &[(2, 0)]);
+        diesel::update(items::table.find(1)).set(items::stock.eq(8)).execute(&mut conn).unwrap();
+        let again = keys.run(&mut conn, "order-8", "POST /orders", order).unwrap();
+        assert!(matches!(again, Outcome::Ran(Receipt { left: 0, .. })), "{again:?}");
+        // A stored response that no longer reads as the type asked for.
+        let wrong: Result<Outcome<i64>, Error> = keys.run(&mut conn, "order-8", "POST /orders", |_| unreachable!());
+        assert!(matches!(wrong, Err(Error::Database(diesel::result::Error::DeserializationError(_)))), "{wrong:?}");
+    }
+
+    fn if_match_applies_with_the_callers_error_type(db) {
+        let mut conn = db.conn();
+        seed_items(&mut conn, &[(1, 10)]);
+        let read = |conn: &mut Conn| -> Result<i32, ShopError> {
+            Ok(items::table.find(1).select(items::lock_version).first(conn)?)
+        };
+        let write = |conn: &mut Conn, v: i32| -> Result<i32, ShopError> {
+            Ok(Item::update_by_version(conn, 1, v, items::stock.eq(items::stock - 1))?)
+        };
+        assert_eq!(Expected::Any.apply(&mut *conn, read, write).unwrap(), 1);
+        let stale = Expected::Version(0).apply(&mut *conn, read, write);
+        assert!(matches!(stale, Err(ShopError::Lock(Error::Stale(_)))), "{stale:?}");
+        assert_eq!(stock_of!(&mut conn, 1), 9);
+    }
+}
