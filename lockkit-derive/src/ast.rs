@@ -3,8 +3,8 @@
 
 use syn::{Data, DeriveInput, Fields, Ident, Path, Type};
 
-use crate::attr::{self, DEFAULT_VERSION_FIELD};
-use crate::ctxt::Ctxt;
+use crate::attr::{self, Located, DEFAULT_VERSION_FIELD};
+use crate::ctxt::{Ctxt, Pos};
 
 /// Which derive is being expanded.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -41,14 +41,16 @@ pub struct Versioning<'a> {
 }
 
 pub struct ModelField<'a> {
+    /// The field's place among the struct's fields.
+    pub index: usize,
     pub ident: &'a Ident,
     pub ty: &'a Type,
     pub column: Ident,
     /// `Some(inner)` for `Option<inner>` written only when `Some` (Diesel's default).
     pub skip_none: bool,
     pub skip_update: bool,
-    pub unsupported: Option<Ident>,
-    pub marked_version: Option<Ident>,
+    pub unsupported: Option<Located<Ident>>,
+    pub marked_version: Option<Located<Ident>>,
 }
 
 /// Reads the fields; the model borrows them, so they are built first.
@@ -64,6 +66,7 @@ pub fn fields<'a>(
             Fields::Named(named) => named,
             Fields::Unnamed(_) | Fields::Unit => {
                 cx.error_with_help(
+                    Pos::NAME,
                     &input.ident,
                     format!("`{}` needs a struct with named fields", derive.name()),
                     &format!(
@@ -76,6 +79,7 @@ pub fn fields<'a>(
         },
         Data::Enum(data) => {
             cx.error_with_help(
+                Pos::NAME,
                 data.enum_token,
                 format!("`{}` cannot be derived for an enum", derive.name()),
                 "derive it on the struct that maps the table's row",
@@ -84,6 +88,7 @@ pub fn fields<'a>(
         }
         Data::Union(data) => {
             cx.error_with_help(
+                Pos::NAME,
                 data.union_token,
                 format!("`{}` cannot be derived for a union", derive.name()),
                 "derive it on the struct that maps the table's row",
@@ -94,14 +99,16 @@ pub fn fields<'a>(
     let fields = named
         .named
         .iter()
-        .map(|field| {
-            let diesel = attr::diesel_field(cx, &field.attrs);
-            let lockkit = attr::lockkit_field(cx, &field.attrs);
+        .enumerate()
+        .map(|(index, field)| {
+            let diesel = attr::diesel_field(cx, index, &field.attrs);
+            let lockkit = attr::lockkit_field(cx, index, &field.attrs);
             let ident = field.ident.as_ref().expect("named field");
             let treat_none_as_null = diesel
                 .treat_none_as_null
                 .unwrap_or(container.treat_none_as_null);
             ModelField {
+                index,
                 ident,
                 ty: &field.ty,
                 column: diesel.column_name.unwrap_or_else(|| ident.clone()),
@@ -130,10 +137,10 @@ pub fn model<'a>(
         .into()
     });
 
-    let primary_key = container
-        .primary_key
-        .clone()
-        .unwrap_or_else(|| vec![Ident::new("id", input.ident.span())]);
+    let (primary_key, key_pos) = match &container.primary_key {
+        Some(keys) => (keys.value.clone(), keys.pos),
+        None => (vec![Ident::new("id", input.ident.span())], Pos::NAME),
+    };
     let keys: Vec<_> = primary_key
         .iter()
         .filter_map(|column| {
@@ -145,6 +152,7 @@ pub fn model<'a>(
                     "without `#[diesel(primary_key(..))]` the key is `id`: add an `id` field, or name the key columns with `#[diesel(primary_key(col, ..))]`"
                 };
                 cx.error_with_help(
+                    key_pos,
                     column,
                     format!("no field maps the primary key column `{column}`"),
                     help,
@@ -160,7 +168,8 @@ pub fn model<'a>(
             for field in fields {
                 if let Some(marker) = &field.marked_version {
                     cx.error_with_help(
-                        marker,
+                        marker.pos,
+                        &marker.value,
                         "`#[lockkit(version)]` has no effect on `Lockable`",
                         "derive `Versioned` instead: it implements `Lockable` too",
                     );
@@ -187,6 +196,7 @@ fn versioning<'a>(
     let version = version_field(cx, input, fields)?;
     if let Some(key) = keys.iter().find(|k| k.ident == version.ident) {
         cx.error_with_help(
+            Pos::field_name(key.index),
             key.ident,
             "the version field cannot be part of the primary key",
             "use a separate column such as `lock_version: i32`",
@@ -202,8 +212,12 @@ fn versioning<'a>(
     for field in &changeset {
         if let Some(kind) = &field.unsupported {
             cx.error_with_help(
-                kind,
-                format!("`update_versioned` cannot write a field with `#[diesel({kind})]`"),
+                kind.pos,
+                &kind.value,
+                format!(
+                    "`update_versioned` cannot write a field with `#[diesel({})]`",
+                    kind.value
+                ),
                 "add `#[diesel(skip_update)]` to this field and write it with `update_versioned_with`",
             );
         }
@@ -227,6 +241,7 @@ fn version_field<'a>(
             let by_name = fields.iter().find(|f| f.ident == DEFAULT_VERSION_FIELD);
             if by_name.is_none() {
                 cx.error_with_help(
+                    Pos::NAME,
                     &input.ident,
                     format!("`{}` has no version field", input.ident),
                     "add `lock_version: i32`, or mark an integer field with `#[lockkit(version)]`",
@@ -236,8 +251,10 @@ fn version_field<'a>(
         }
         [_, rest @ ..] => {
             for extra in rest {
+                let marker = extra.marked_version.as_ref().expect("marked");
                 cx.error_with_help(
-                    extra.marked_version.as_ref().expect("marked"),
+                    marker.pos,
+                    &marker.value,
                     "more than one field is marked `#[lockkit(version)]`",
                     "mark exactly one field as the version",
                 );
@@ -250,6 +267,7 @@ fn version_field<'a>(
 fn check_version_type(cx: &mut Ctxt, version: &ModelField<'_>) {
     if option_inner(version.ty).is_some() {
         cx.error_with_help(
+            Pos::field_type(version.index),
             version.ty,
             "the version cannot be an `Option`: a NULL version cannot be compared",
             "declare the column `NOT NULL DEFAULT 0` and the field `i32`",
@@ -259,6 +277,7 @@ fn check_version_type(cx: &mut Ctxt, version: &ModelField<'_>) {
         Some("i16" | "i32" | "i64")
     ) {
         cx.error_with_help(
+            Pos::field_type(version.index),
             version.ty,
             "the version must be `i16`, `i32` or `i64`",
             "use an integer column (`SMALLINT`, `INTEGER` or `BIGINT`) as the version",

@@ -26,7 +26,7 @@ fn derive(input: &DeriveInput, derive: Derive) -> TokenStream {
         .and_then(|(container, fields)| ast::model(&mut cx, input, container, fields, derive));
     match (cx.check(), model) {
         (Ok(()), Some(model)) => expand(&model),
-        (Err(errors), _) => errors,
+        (Err(errors), _) => errors.iter().map(syn::Error::to_compile_error).collect(),
         (Ok(()), None) => unreachable!("a missing model always records an error"),
     }
 }

@@ -280,6 +280,34 @@ fn errors_are_collected_across_stages() {
 }
 
 #[test]
+fn errors_come_in_source_order() {
+    // Found by different stages (reading attributes, the key, the version), but
+    // reported in the order of the source, whichever stage found them.
+    let errors = errors(syn::parse_quote! {
+        #[diesel(table_name = items, primary_key(item_id))]
+        pub struct Item {
+            #[lockkit(versoin)]
+            pub id: i32,
+            #[lockkit(version)]
+            pub a: i32,
+            #[lockkit(version)]
+            #[lockkit(foo)]
+            pub b: i32,
+        }
+    });
+    let first_lines: Vec<_> = errors.iter().map(|e| e.lines().next().unwrap()).collect();
+    assert_eq!(
+        first_lines,
+        [
+            "no field maps the primary key column `item_id`",
+            "unknown lockkit attribute `versoin`",
+            "more than one field is marked `#[lockkit(version)]`",
+            "unknown lockkit attribute `foo`",
+        ]
+    );
+}
+
+#[test]
 fn every_extra_version_mark_is_reported() {
     let errors = errors(syn::parse_quote! {
         pub struct Item {
