@@ -178,9 +178,10 @@ struct ReadmeDoctests;
 
 #[doc(hidden)]
 pub mod __private {
-    //! Paths the derive's generated code uses. Not public API.
-    pub use diesel;
-
+    //! Every path the derive's generated code uses, so that lockkit's modules can
+    //! move without touching the derive. Not public API.
     pub use crate::optimistic::BumpVersion;
     pub use crate::pessimistic::NoVersion;
+    pub use crate::{Lockable, Versioned};
+    pub use diesel;
 }
