@@ -22,6 +22,14 @@ impl Derive {
             Derive::Lockable => "Lockable",
         }
     }
+
+    /// The shape the derive expects, for `help:` lines.
+    fn example(self, ident: &Ident) -> String {
+        match self {
+            Derive::Versioned => format!("struct {ident} {{ id: i32, lock_version: i32, .. }}"),
+            Derive::Lockable => format!("struct {ident} {{ id: i32, .. }}"),
+        }
+    }
 }
 
 pub struct Model<'a> {
@@ -69,10 +77,7 @@ pub fn fields<'a>(
                     Pos::NAME,
                     &input.ident,
                     format!("`{}` needs a struct with named fields", derive.name()),
-                    &format!(
-                        "write `struct {} {{ id: i32, lock_version: i32, .. }}`",
-                        input.ident
-                    ),
+                    format!("write `{}`", derive.example(&input.ident)),
                 );
                 return None;
             }
@@ -82,7 +87,10 @@ pub fn fields<'a>(
                 Pos::NAME,
                 data.enum_token,
                 format!("`{}` cannot be derived for an enum", derive.name()),
-                "derive it on the struct that maps the table's row",
+                format!(
+                    "derive it on a struct with named fields: `{}`",
+                    derive.example(&input.ident)
+                ),
             );
             return None;
         }
@@ -91,7 +99,10 @@ pub fn fields<'a>(
                 Pos::NAME,
                 data.union_token,
                 format!("`{}` cannot be derived for a union", derive.name()),
-                "derive it on the struct that maps the table's row",
+                format!(
+                    "derive it on a struct with named fields: `{}`",
+                    derive.example(&input.ident)
+                ),
             );
             return None;
         }
@@ -147,9 +158,18 @@ pub fn model<'a>(
             let field = fields.iter().find(|f| f.column == *column);
             if field.is_none() {
                 let help = if container.primary_key.is_some() {
-                    "name a field after each key column, or map one with `#[diesel(column_name = ..)]`"
+                    format!(
+                        "add a field `{column}`, or map one to it with `#[diesel(column_name = {column})]`"
+                    )
                 } else {
-                    "without `#[diesel(primary_key(..))]` the key is `id`: add an `id` field, or name the key columns with `#[diesel(primary_key(col, ..))]`"
+                    // The first field that is not the version, as an example.
+                    let example = fields
+                        .iter()
+                        .find(|f| f.marked_version.is_none() && f.ident != DEFAULT_VERSION_FIELD)
+                        .map_or("code".to_string(), |f| f.column.to_string());
+                    format!(
+                        "add an `id` field, or name the key columns: `#[diesel(primary_key({example}))]`"
+                    )
                 };
                 cx.error_with_help(
                     key_pos,
@@ -171,7 +191,7 @@ pub fn model<'a>(
                         marker.pos,
                         &marker.value,
                         "`#[lockkit(version)]` has no effect on `Lockable`",
-                        "derive `Versioned` instead: it implements `Lockable` too",
+                        "write `#[derive(Versioned)]` instead: it implements `Lockable` too",
                     );
                 }
             }
@@ -199,7 +219,7 @@ fn versioning<'a>(
             Pos::field_name(key.index),
             key.ident,
             "the version field cannot be part of the primary key",
-            "use a separate column such as `lock_version: i32`",
+            "add a separate version field, such as `lock_version: i32`",
         );
     }
     check_version_type(cx, version);
@@ -256,7 +276,7 @@ fn version_field<'a>(
                     marker.pos,
                     &marker.value,
                     "more than one field is marked `#[lockkit(version)]`",
-                    "mark exactly one field as the version",
+                    "keep `#[lockkit(version)]` on one field only",
                 );
             }
             None
@@ -264,23 +284,32 @@ fn version_field<'a>(
     }
 }
 
+/// The types a version may have.
+const INTEGERS: [&str; 3] = ["i16", "i32", "i64"];
+
 fn check_version_type(cx: &mut Ctxt, version: &ModelField<'_>) {
-    if option_inner(version.ty).is_some() {
+    let name = version.ident;
+    if let Some(inner) = option_inner(version.ty) {
         cx.error_with_help(
             Pos::field_type(version.index),
             version.ty,
             "the version cannot be an `Option`: a NULL version cannot be compared",
-            "declare the column `NOT NULL DEFAULT 0` and the field `i32`",
+            format!(
+                "write `{name}: {}`, on a column declared `NOT NULL DEFAULT 0`",
+                type_name(inner)
+                    .filter(|t| INTEGERS.contains(&t.as_str()))
+                    .as_deref()
+                    .unwrap_or("i32")
+            ),
         );
-    } else if !matches!(
-        type_name(version.ty).as_deref(),
-        Some("i16" | "i32" | "i64")
-    ) {
+    } else if !type_name(version.ty).is_some_and(|t| INTEGERS.contains(&t.as_str())) {
         cx.error_with_help(
             Pos::field_type(version.index),
             version.ty,
             "the version must be `i16`, `i32` or `i64`",
-            "use an integer column (`SMALLINT`, `INTEGER` or `BIGINT`) as the version",
+            format!(
+                "write `{name}: i32`, on an `INTEGER` column (`i16` for `SMALLINT`, `i64` for `BIGINT`)"
+            ),
         );
     }
 }

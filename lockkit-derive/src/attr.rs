@@ -167,7 +167,7 @@ pub fn lockkit_field(cx: &mut Ctxt, field: usize, attrs: &[Attribute]) -> Lockki
                         "unknown lockkit attribute `{}`",
                         quote::ToTokens::to_token_stream(&meta.path)
                     ),
-                    "the only field attribute is `#[lockkit(version)]`",
+                    "the only lockkit attribute is `#[lockkit(version)]`, on the version field",
                 );
                 skip_value(meta.input)?;
             }

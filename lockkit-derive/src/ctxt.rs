@@ -71,7 +71,9 @@ pub struct Ctxt {
 }
 
 impl Ctxt {
-    /// An error at `tokens`, with a `help:` line showing the correct form.
+    /// An error at `tokens`: what is wrong, then a `help:` line with the correct
+    /// form. The layout is Diesel's, so that lockkit's own errors and the Diesel
+    /// errors it repeats word for word (see `attr::diesel_eq`) read alike.
     pub fn error_with_help(
         &mut self,
         pos: Pos,
@@ -81,7 +83,7 @@ impl Ctxt {
     ) {
         self.errors.push((
             pos,
-            syn::Error::new_spanned(tokens, format!("{message}\n\nhelp: {help}")),
+            syn::Error::new_spanned(tokens, format!("{message}\nhelp: {help}")),
         ));
     }
 

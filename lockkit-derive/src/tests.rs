@@ -86,7 +86,10 @@ fn lockable_rejects_a_version_marker() {
         errors[0].contains("has no effect on `Lockable`"),
         "{errors:?}"
     );
-    assert!(errors[0].contains("help: derive `Versioned`"), "{errors:?}");
+    assert!(
+        errors[0].contains("help: write `#[derive(Versioned)]`"),
+        "{errors:?}"
+    );
 }
 
 #[test]
@@ -257,10 +260,7 @@ fn errors_are_collected_across_fields() {
     assert_eq!(errors.len(), 2, "{errors:#?}");
     assert!(errors[0].starts_with("unknown lockkit attribute `foo`"));
     assert!(errors[1].starts_with("the version must be `i16`, `i32` or `i64`"));
-    assert!(
-        errors.iter().all(|e| e.contains("\n\nhelp: ")),
-        "{errors:#?}"
-    );
+    assert!(errors.iter().all(|e| e.contains("\nhelp: ")), "{errors:#?}");
 }
 
 #[test]
@@ -376,6 +376,45 @@ fn diesel_keys_lockkit_does_not_read_are_skipped() {
         }),
         Vec::<String>::new()
     );
+}
+
+#[test]
+fn every_error_is_one_line_then_a_help_line() {
+    // lockkit's own errors and Diesel's, which lockkit repeats, in one layout.
+    // (Where Diesel passes on syn's bare message, `table_name, ..` without `=`,
+    // lockkit repeats that too: rustc shows the two derives' error once.)
+    let inputs: [DeriveInput; 4] = [
+        syn::parse_quote! {
+            #[lockkit(version)]
+            #[diesel(primary_key(code))]
+            #[diesel(table_name)]
+            pub struct Item {
+                #[lockkit(version = 1, foo)]
+                #[diesel(serialize_as = String)]
+                pub name: String,
+                #[lockkit(version)]
+                #[lockkit(version)]
+                pub lock_version: Option<String>,
+            }
+        },
+        syn::parse_quote! {
+            pub struct Item {
+                #[lockkit(version)]
+                pub id: f64,
+            }
+        },
+        syn::parse_quote! { pub struct Item(i32); },
+        syn::parse_quote! { pub enum Item {} },
+    ];
+    let errors: Vec<String> = inputs.into_iter().flat_map(errors).collect();
+    assert!(errors.len() >= 10, "{errors:#?}");
+    for error in &errors {
+        let lines: Vec<_> = error.lines().collect();
+        assert!(
+            matches!(lines.as_slice(), [message, help] if !message.is_empty() && help.starts_with("help: ")),
+            "{error}"
+        );
+    }
 }
 
 #[test]
