@@ -6,6 +6,7 @@ use syn::DeriveInput;
 
 use crate::ast::{self, Derive, Model, ModelField, Versioning};
 use crate::ctxt::Ctxt;
+use crate::fallback;
 
 /// `#[derive(Versioned)]`, as a `proc_macro2` function so tests can call and
 /// snapshot it.
@@ -26,7 +27,7 @@ fn derive(input: &DeriveInput, derive: Derive) -> TokenStream {
         .and_then(|(container, fields)| ast::model(&mut cx, input, container, fields, derive));
     match (cx.check(), model) {
         (Ok(()), Some(model)) => expand(&model),
-        (Err(errors), _) => errors.iter().map(syn::Error::to_compile_error).collect(),
+        (Err(errors), _) => fallback::expand(input, derive, &errors),
         (Ok(()), None) => unreachable!("a missing model always records an error"),
     }
 }
@@ -37,6 +38,15 @@ fn expand(model: &Model<'_>) -> TokenStream {
         .versioning
         .as_ref()
         .map(|versioning| expand_versioned(model, versioning));
+    dummy_const(quote! {
+        #lockable
+        #versioned
+    })
+}
+
+/// `const _: () = { .. };`, so that nothing generated leaks into the user's
+/// module, hidden from docs and lints.
+pub fn dummy_const(body: TokenStream) -> TokenStream {
     quote! {
         #[doc(hidden)]
         #[allow(
@@ -46,8 +56,7 @@ fn expand(model: &Model<'_>) -> TokenStream {
             clippy::absolute_paths
         )]
         const _: () = {
-            #lockable
-            #versioned
+            #body
         };
     }
 }

@@ -2,7 +2,7 @@
 //! `proc_macro2` function. The compile-fail suite (what a user sees from rustc)
 //! lives in the `lockkit-tests` crate, `tests/ui/`.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{TokenStream, TokenTree};
 use quote::ToTokens;
 use syn::DeriveInput;
 
@@ -37,21 +37,31 @@ fn errors(input: DeriveInput) -> Vec<String> {
     compile_errors(derive_versioned(&input))
 }
 
+/// The messages of every `compile_error!` in the output, in order, wherever it
+/// sits (the fallback puts the first one in a type).
 fn compile_errors(tokens: TokenStream) -> Vec<String> {
-    let file = syn::parse2::<syn::File>(tokens).expect("the derive emits items");
-    file.items
-        .iter()
-        .filter_map(|item| match item {
-            // `::core::compile_error! { "..." }`
-            syn::Item::Macro(item)
-                if item.mac.path.segments.last().unwrap().ident == "compile_error" =>
-            {
-                Some(&item.mac)
+    syn::parse2::<syn::File>(tokens.clone()).expect("the derive emits items");
+    let mut messages = Vec::new();
+    collect_compile_errors(tokens, &mut messages);
+    messages
+}
+
+fn collect_compile_errors(tokens: TokenStream, messages: &mut Vec<String>) {
+    let tokens: Vec<TokenTree> = tokens.into_iter().collect();
+    for (i, token) in tokens.iter().enumerate() {
+        match (token, tokens.get(i + 1), tokens.get(i + 2)) {
+            (
+                TokenTree::Ident(name),
+                Some(TokenTree::Punct(bang)),
+                Some(TokenTree::Group(body)),
+            ) if name == "compile_error" && bang.as_char() == '!' => {
+                let message: syn::LitStr = syn::parse2(body.stream()).unwrap();
+                messages.push(message.value());
             }
-            _ => None,
-        })
-        .map(|mac| mac.parse_body::<syn::LitStr>().unwrap().value())
-        .collect()
+            (TokenTree::Group(group), _, _) => collect_compile_errors(group.stream(), messages),
+            _ => {}
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -244,6 +254,33 @@ fn generics_and_i64_key() {
 
 // ---------------------------------------------------------------------------
 // Errors
+
+#[test]
+fn fallback_on_errors() {
+    // The errors, and the traits implemented anyway with erroneous types, so that
+    // call sites add no errors of their own.
+    let input: DeriveInput = syn::parse_quote! {
+        pub struct Document<'a, T> {
+            pub id: i64,
+            #[lockkit(foo)]
+            pub title: &'a str,
+            pub extra: T,
+            pub lock_version: Option<i64>,
+        }
+    };
+    let tokens = derive_versioned(&input);
+    assert_eq!(compile_errors(tokens.clone()).len(), 2);
+    insta::assert_snapshot!(pretty(tokens));
+}
+
+#[test]
+fn fallback_of_lockable() {
+    let tokens = derive_lockable(&syn::parse_quote! {
+        pub enum Job {}
+    });
+    assert_eq!(compile_errors(tokens.clone()).len(), 1);
+    insta::assert_snapshot!(pretty(tokens));
+}
 
 #[test]
 fn errors_are_collected_across_fields() {
