@@ -3,8 +3,8 @@
 
 use syn::{Data, DeriveInput, Fields, Ident, Path, Type};
 
-use crate::attr::{self, DEFAULT_VERSION_FIELD};
-use crate::ctxt::Ctxt;
+use crate::attr::{self, Located, DEFAULT_VERSION_FIELD};
+use crate::ctxt::{Ctxt, Pos};
 
 /// Which derive is being expanded.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -20,6 +20,14 @@ impl Derive {
         match self {
             Derive::Versioned => "Versioned",
             Derive::Lockable => "Lockable",
+        }
+    }
+
+    /// The shape the derive expects, for `help:` lines.
+    fn example(self, ident: &Ident) -> String {
+        match self {
+            Derive::Versioned => format!("struct {ident} {{ id: i32, lock_version: i32, .. }}"),
+            Derive::Lockable => format!("struct {ident} {{ id: i32, .. }}"),
         }
     }
 }
@@ -41,14 +49,16 @@ pub struct Versioning<'a> {
 }
 
 pub struct ModelField<'a> {
+    /// The field's place among the struct's fields.
+    pub index: usize,
     pub ident: &'a Ident,
     pub ty: &'a Type,
     pub column: Ident,
     /// `Some(inner)` for `Option<inner>` written only when `Some` (Diesel's default).
     pub skip_none: bool,
     pub skip_update: bool,
-    pub unsupported: Option<Ident>,
-    pub marked_version: Option<Ident>,
+    pub unsupported: Option<Located<Ident>>,
+    pub marked_version: Option<Located<Ident>>,
 }
 
 /// Reads the fields; the model borrows them, so they are built first.
@@ -64,29 +74,35 @@ pub fn fields<'a>(
             Fields::Named(named) => named,
             Fields::Unnamed(_) | Fields::Unit => {
                 cx.error_with_help(
+                    Pos::NAME,
                     &input.ident,
                     format!("`{}` needs a struct with named fields", derive.name()),
-                    &format!(
-                        "write `struct {} {{ id: i32, lock_version: i32, .. }}`",
-                        input.ident
-                    ),
+                    format!("write `{}`", derive.example(&input.ident)),
                 );
                 return None;
             }
         },
         Data::Enum(data) => {
             cx.error_with_help(
+                Pos::NAME,
                 data.enum_token,
                 format!("`{}` cannot be derived for an enum", derive.name()),
-                "derive it on the struct that maps the table's row",
+                format!(
+                    "derive it on a struct with named fields: `{}`",
+                    derive.example(&input.ident)
+                ),
             );
             return None;
         }
         Data::Union(data) => {
             cx.error_with_help(
+                Pos::NAME,
                 data.union_token,
                 format!("`{}` cannot be derived for a union", derive.name()),
-                "derive it on the struct that maps the table's row",
+                format!(
+                    "derive it on a struct with named fields: `{}`",
+                    derive.example(&input.ident)
+                ),
             );
             return None;
         }
@@ -94,14 +110,16 @@ pub fn fields<'a>(
     let fields = named
         .named
         .iter()
-        .map(|field| {
-            let diesel = attr::diesel_field(cx, &field.attrs);
-            let lockkit = attr::lockkit_field(cx, &field.attrs);
+        .enumerate()
+        .map(|(index, field)| {
+            let diesel = attr::diesel_field(cx, index, &field.attrs);
+            let lockkit = attr::lockkit_field(cx, index, &field.attrs);
             let ident = field.ident.as_ref().expect("named field");
             let treat_none_as_null = diesel
                 .treat_none_as_null
                 .unwrap_or(container.treat_none_as_null);
             ModelField {
+                index,
                 ident,
                 ty: &field.ty,
                 column: diesel.column_name.unwrap_or_else(|| ident.clone()),
@@ -130,21 +148,31 @@ pub fn model<'a>(
         .into()
     });
 
-    let primary_key = container
-        .primary_key
-        .clone()
-        .unwrap_or_else(|| vec![Ident::new("id", input.ident.span())]);
+    let (primary_key, key_pos) = match &container.primary_key {
+        Some(keys) => (keys.value.clone(), keys.pos),
+        None => (vec![Ident::new("id", input.ident.span())], Pos::NAME),
+    };
     let keys: Vec<_> = primary_key
         .iter()
         .filter_map(|column| {
             let field = fields.iter().find(|f| f.column == *column);
             if field.is_none() {
                 let help = if container.primary_key.is_some() {
-                    "name a field after each key column, or map one with `#[diesel(column_name = ..)]`"
+                    format!(
+                        "add a field `{column}`, or map one to it with `#[diesel(column_name = {column})]`"
+                    )
                 } else {
-                    "without `#[diesel(primary_key(..))]` the key is `id`: add an `id` field, or name the key columns with `#[diesel(primary_key(col, ..))]`"
+                    // The first field that is not the version, as an example.
+                    let example = fields
+                        .iter()
+                        .find(|f| f.marked_version.is_none() && f.ident != DEFAULT_VERSION_FIELD)
+                        .map_or("code".to_string(), |f| f.column.to_string());
+                    format!(
+                        "add an `id` field, or name the key columns: `#[diesel(primary_key({example}))]`"
+                    )
                 };
                 cx.error_with_help(
+                    key_pos,
                     column,
                     format!("no field maps the primary key column `{column}`"),
                     help,
@@ -160,9 +188,10 @@ pub fn model<'a>(
             for field in fields {
                 if let Some(marker) = &field.marked_version {
                     cx.error_with_help(
-                        marker,
+                        marker.pos,
+                        &marker.value,
                         "`#[lockkit(version)]` has no effect on `Lockable`",
-                        "derive `Versioned` instead: it implements `Lockable` too",
+                        "write `#[derive(Versioned)]` instead: it implements `Lockable` too",
                     );
                 }
             }
@@ -187,9 +216,10 @@ fn versioning<'a>(
     let version = version_field(cx, input, fields)?;
     if let Some(key) = keys.iter().find(|k| k.ident == version.ident) {
         cx.error_with_help(
+            Pos::field_name(key.index),
             key.ident,
             "the version field cannot be part of the primary key",
-            "use a separate column such as `lock_version: i32`",
+            "add a separate version field, such as `lock_version: i32`",
         );
     }
     check_version_type(cx, version);
@@ -202,8 +232,12 @@ fn versioning<'a>(
     for field in &changeset {
         if let Some(kind) = &field.unsupported {
             cx.error_with_help(
-                kind,
-                format!("`update_versioned` cannot write a field with `#[diesel({kind})]`"),
+                kind.pos,
+                &kind.value,
+                format!(
+                    "`update_versioned` cannot write a field with `#[diesel({})]`",
+                    kind.value
+                ),
                 "add `#[diesel(skip_update)]` to this field and write it with `update_versioned_with`",
             );
         }
@@ -227,6 +261,7 @@ fn version_field<'a>(
             let by_name = fields.iter().find(|f| f.ident == DEFAULT_VERSION_FIELD);
             if by_name.is_none() {
                 cx.error_with_help(
+                    Pos::NAME,
                     &input.ident,
                     format!("`{}` has no version field", input.ident),
                     "add `lock_version: i32`, or mark an integer field with `#[lockkit(version)]`",
@@ -236,10 +271,12 @@ fn version_field<'a>(
         }
         [_, rest @ ..] => {
             for extra in rest {
+                let marker = extra.marked_version.as_ref().expect("marked");
                 cx.error_with_help(
-                    extra.marked_version.as_ref().expect("marked"),
+                    marker.pos,
+                    &marker.value,
                     "more than one field is marked `#[lockkit(version)]`",
-                    "mark exactly one field as the version",
+                    "keep `#[lockkit(version)]` on one field only",
                 );
             }
             None
@@ -247,21 +284,32 @@ fn version_field<'a>(
     }
 }
 
+/// The types a version may have.
+const INTEGERS: [&str; 3] = ["i16", "i32", "i64"];
+
 fn check_version_type(cx: &mut Ctxt, version: &ModelField<'_>) {
-    if option_inner(version.ty).is_some() {
+    let name = version.ident;
+    if let Some(inner) = option_inner(version.ty) {
         cx.error_with_help(
+            Pos::field_type(version.index),
             version.ty,
             "the version cannot be an `Option`: a NULL version cannot be compared",
-            "declare the column `NOT NULL DEFAULT 0` and the field `i32`",
+            format!(
+                "write `{name}: {}`, on a column declared `NOT NULL DEFAULT 0`",
+                type_name(inner)
+                    .filter(|t| INTEGERS.contains(&t.as_str()))
+                    .as_deref()
+                    .unwrap_or("i32")
+            ),
         );
-    } else if !matches!(
-        type_name(version.ty).as_deref(),
-        Some("i16" | "i32" | "i64")
-    ) {
+    } else if !type_name(version.ty).is_some_and(|t| INTEGERS.contains(&t.as_str())) {
         cx.error_with_help(
+            Pos::field_type(version.index),
             version.ty,
             "the version must be `i16`, `i32` or `i64`",
-            "use an integer column (`SMALLINT`, `INTEGER` or `BIGINT`) as the version",
+            format!(
+                "write `{name}: i32`, on an `INTEGER` column (`i16` for `SMALLINT`, `i64` for `BIGINT`)"
+            ),
         );
     }
 }

@@ -7,7 +7,7 @@ use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
 use syn::{Attribute, Ident, LitBool, Path, Token};
 
-use crate::ctxt::Ctxt;
+use crate::ctxt::{Ctxt, Pos};
 
 pub const LOCKKIT: &str = "lockkit";
 pub const DIESEL: &str = "diesel";
@@ -16,11 +16,17 @@ pub const VERSION: &str = "version";
 /// The field used as the version when none is marked.
 pub const DEFAULT_VERSION_FIELD: &str = "lock_version";
 
+/// A value and the place of the attribute it was read from, for errors about it.
+pub struct Located<T> {
+    pub value: T,
+    pub pos: Pos,
+}
+
 /// `#[diesel(...)]` keys lockkit reads on the struct.
 #[derive(Default)]
 pub struct DieselContainer {
     pub table_name: Option<Path>,
-    pub primary_key: Option<Vec<Ident>>,
+    pub primary_key: Option<Located<Vec<Ident>>>,
     pub treat_none_as_null: bool,
 }
 
@@ -31,18 +37,22 @@ pub struct DieselField {
     pub skip_update: bool,
     pub treat_none_as_null: Option<bool>,
     /// `serialize_as` or `embed`: changesets lockkit cannot mirror.
-    pub unsupported: Option<Ident>,
+    pub unsupported: Option<Located<Ident>>,
 }
 
 /// `#[lockkit(...)]` keys on a field.
 #[derive(Default)]
 pub struct LockkitField {
-    pub version: Option<Ident>,
+    pub version: Option<Located<Ident>>,
 }
 
 pub fn diesel_container(cx: &mut Ctxt, attrs: &[Attribute]) -> DieselContainer {
     let mut out = DieselContainer::default();
-    for attr in attrs.iter().filter(|a| a.path().is_ident(DIESEL)) {
+    for (index, attr) in attrs.iter().enumerate() {
+        if !attr.path().is_ident(DIESEL) {
+            continue;
+        }
+        let pos = Pos::attr(index);
         let result = attr.parse_nested_meta(|meta| {
             if meta.path.is_ident("table_name") {
                 out.table_name = Some(diesel_eq(meta.input, "table_name = foo")?);
@@ -58,7 +68,10 @@ pub fn diesel_container(cx: &mut Ctxt, attrs: &[Attribute]) -> DieselContainer {
                 let content;
                 syn::parenthesized!(content in meta.input);
                 let keys = content.parse_terminated(Ident::parse_any, Token![,])?;
-                out.primary_key = Some(keys.into_iter().collect());
+                out.primary_key = Some(Located {
+                    value: keys.into_iter().collect(),
+                    pos,
+                });
             } else if meta.path.is_ident("treat_none_as_null") {
                 out.treat_none_as_null =
                     diesel_eq::<LitBool>(meta.input, "treat_none_as_null = true")?.value;
@@ -68,15 +81,19 @@ pub fn diesel_container(cx: &mut Ctxt, attrs: &[Attribute]) -> DieselContainer {
             Ok(())
         });
         if let Err(err) = result {
-            cx.syn_error(err);
+            cx.syn_error(pos, err);
         }
     }
     out
 }
 
-pub fn diesel_field(cx: &mut Ctxt, attrs: &[Attribute]) -> DieselField {
+pub fn diesel_field(cx: &mut Ctxt, field: usize, attrs: &[Attribute]) -> DieselField {
     let mut out = DieselField::default();
-    for attr in attrs.iter().filter(|a| a.path().is_ident(DIESEL)) {
+    for (index, attr) in attrs.iter().enumerate() {
+        if !attr.path().is_ident(DIESEL) {
+            continue;
+        }
+        let pos = Pos::field_attr(field, index);
         let result = attr.parse_nested_meta(|meta| {
             if meta.path.is_ident("column_name") {
                 if meta.input.is_empty() {
@@ -95,7 +112,10 @@ pub fn diesel_field(cx: &mut Ctxt, attrs: &[Attribute]) -> DieselField {
                 out.treat_none_as_null =
                     Some(diesel_eq::<LitBool>(meta.input, "treat_none_as_null = true")?.value);
             } else if meta.path.is_ident("serialize_as") || meta.path.is_ident("embed") {
-                out.unsupported = meta.path.get_ident().cloned();
+                out.unsupported = meta.path.get_ident().map(|kind| Located {
+                    value: kind.clone(),
+                    pos,
+                });
                 skip_value(meta.input)?;
             } else {
                 skip_value(meta.input)?;
@@ -103,19 +123,24 @@ pub fn diesel_field(cx: &mut Ctxt, attrs: &[Attribute]) -> DieselField {
             Ok(())
         });
         if let Err(err) = result {
-            cx.syn_error(err);
+            cx.syn_error(pos, err);
         }
     }
     out
 }
 
-pub fn lockkit_field(cx: &mut Ctxt, attrs: &[Attribute]) -> LockkitField {
+pub fn lockkit_field(cx: &mut Ctxt, field: usize, attrs: &[Attribute]) -> LockkitField {
     let mut out = LockkitField::default();
-    for attr in attrs.iter().filter(|a| a.path().is_ident(LOCKKIT)) {
+    for (index, attr) in attrs.iter().enumerate() {
+        if !attr.path().is_ident(LOCKKIT) {
+            continue;
+        }
+        let pos = Pos::field_attr(field, index);
         let result = attr.parse_nested_meta(|meta| {
             if meta.path.is_ident(VERSION) {
                 if out.version.is_some() {
                     cx.error_with_help(
+                        pos,
                         &meta.path,
                         "duplicate `#[lockkit(version)]`",
                         "write `#[lockkit(version)]` once",
@@ -123,28 +148,33 @@ pub fn lockkit_field(cx: &mut Ctxt, attrs: &[Attribute]) -> LockkitField {
                 }
                 if !meta.input.is_empty() && !meta.input.peek(Token![,]) {
                     cx.error_with_help(
+                        pos,
                         &meta.path,
                         "`version` takes no value",
                         "write `#[lockkit(version)]`",
                     );
                     skip_value(meta.input)?;
                 }
-                out.version = meta.path.get_ident().cloned();
+                out.version = meta.path.get_ident().map(|ident| Located {
+                    value: ident.clone(),
+                    pos,
+                });
             } else {
                 cx.error_with_help(
+                    pos,
                     &meta.path,
                     format!(
                         "unknown lockkit attribute `{}`",
                         quote::ToTokens::to_token_stream(&meta.path)
                     ),
-                    "the only field attribute is `#[lockkit(version)]`",
+                    "the only lockkit attribute is `#[lockkit(version)]`, on the version field",
                 );
                 skip_value(meta.input)?;
             }
             Ok(())
         });
         if let Err(err) = result {
-            cx.syn_error(err);
+            cx.syn_error(pos, err);
         }
     }
     out
@@ -152,8 +182,12 @@ pub fn lockkit_field(cx: &mut Ctxt, attrs: &[Attribute]) -> LockkitField {
 
 /// `#[lockkit(...)]` on the struct itself: there are no struct-level keys.
 pub fn lockkit_container(cx: &mut Ctxt, attrs: &[Attribute]) {
-    for attr in attrs.iter().filter(|a| a.path().is_ident(LOCKKIT)) {
+    for (index, attr) in attrs.iter().enumerate() {
+        if !attr.path().is_ident(LOCKKIT) {
+            continue;
+        }
         cx.error_with_help(
+            Pos::attr(index),
             attr,
             "`#[lockkit(...)]` is not allowed on the struct",
             "put `#[lockkit(version)]` on the version field",

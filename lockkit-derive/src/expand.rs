@@ -1,11 +1,12 @@
 //! Code generation: the `Lockable` and `Versioned` impls, from a validated [`Model`].
 
 use proc_macro2::TokenStream;
-use quote::{format_ident, quote};
+use quote::quote;
 use syn::DeriveInput;
 
 use crate::ast::{self, Derive, Model, ModelField, Versioning};
 use crate::ctxt::Ctxt;
+use crate::fallback;
 
 /// `#[derive(Versioned)]`, as a `proc_macro2` function so tests can call and
 /// snapshot it.
@@ -26,7 +27,7 @@ fn derive(input: &DeriveInput, derive: Derive) -> TokenStream {
         .and_then(|(container, fields)| ast::model(&mut cx, input, container, fields, derive));
     match (cx.check(), model) {
         (Ok(()), Some(model)) => expand(&model),
-        (Err(errors), _) => errors,
+        (Err(errors), _) => fallback::expand(input, derive, &errors),
         (Ok(()), None) => unreachable!("a missing model always records an error"),
     }
 }
@@ -37,13 +38,25 @@ fn expand(model: &Model<'_>) -> TokenStream {
         .versioning
         .as_ref()
         .map(|versioning| expand_versioned(model, versioning));
-    let dummy = format_ident!("_");
-    quote! {
-        const #dummy: () = {
-            use ::lockkit::__private::diesel;
+    dummy_const(quote! {
+        #lockable
+        #versioned
+    })
+}
 
-            #lockable
-            #versioned
+/// `const _: () = { .. };`, so that nothing generated leaks into the user's
+/// module, hidden from docs and lints.
+pub fn dummy_const(body: TokenStream) -> TokenStream {
+    quote! {
+        #[doc(hidden)]
+        #[allow(
+            non_upper_case_globals,
+            unused_attributes,
+            unused_qualifications,
+            clippy::absolute_paths
+        )]
+        const _: () = {
+            #body
         };
     }
 }
@@ -79,7 +92,7 @@ fn expand_lockable(model: &Model<'_>) -> TokenStream {
 
     let key_columns = model.keys.iter().map(|k| {
         let column = &k.column;
-        quote!(<#table::#column as diesel::Column>::NAME)
+        quote!(<#table::#column as ::lockkit::__private::diesel::Column>::NAME)
     });
     let on_lock = match model.versioning {
         Some(_) => quote!(::lockkit::__private::BumpVersion),
@@ -88,7 +101,7 @@ fn expand_lockable(model: &Model<'_>) -> TokenStream {
 
     quote! {
         #[automatically_derived]
-        impl #impl_generics ::lockkit::Lockable for #ident #ty_generics #where_clause {
+        impl #impl_generics ::lockkit::__private::Lockable for #ident #ty_generics #where_clause {
             type Table = #table::table;
             type Key = #key_type;
             type OnLock = #on_lock;
@@ -117,7 +130,7 @@ fn expand_versioned(model: &Model<'_>, versioning: &Versioning<'_>) -> TokenStre
     let (changeset_type, changeset_value) = if versioning.changeset.is_empty() {
         // Nothing but key and version: the version bump is the whole update.
         (
-            quote!(::core::option::Option<diesel::dsl::Eq<#table::#version_column, #version_type>>),
+            quote!(::core::option::Option<::lockkit::__private::diesel::dsl::Eq<#table::#version_column, #version_type>>),
             quote!(::core::option::Option::None),
         )
     } else {
@@ -134,7 +147,7 @@ fn expand_versioned(model: &Model<'_>, versioning: &Versioning<'_>) -> TokenStre
 
     quote! {
         #[automatically_derived]
-        impl #impl_generics ::lockkit::Versioned for #ident #ty_generics #where_clause {
+        impl #impl_generics ::lockkit::__private::Versioned for #ident #ty_generics #where_clause {
             type VersionColumn = #table::#version_column;
             type Version = #version_type;
             type Changeset<#lifetime> = #changeset_type where Self: #lifetime;
@@ -164,11 +177,11 @@ fn changeset_type(
     let column = &field.column;
     match (field.skip_none, ast::option_inner(field.ty)) {
         (true, Some(inner)) => {
-            quote!(::core::option::Option<diesel::dsl::Eq<#table::#column, &#lifetime #inner>>)
+            quote!(::core::option::Option<::lockkit::__private::diesel::dsl::Eq<#table::#column, &#lifetime #inner>>)
         }
         _ => {
             let ty = field.ty;
-            quote!(diesel::dsl::Eq<#table::#column, &#lifetime #ty>)
+            quote!(::lockkit::__private::diesel::dsl::Eq<#table::#column, &#lifetime #ty>)
         }
     }
 }
@@ -179,9 +192,9 @@ fn changeset_value(table: &syn::Path, field: &ModelField<'_>) -> TokenStream {
     if field.skip_none {
         quote!(::core::option::Option::map(
             ::core::option::Option::as_ref(&self.#ident),
-            |value| diesel::ExpressionMethods::eq(#table::#column, value),
+            |value| ::lockkit::__private::diesel::ExpressionMethods::eq(#table::#column, value),
         ))
     } else {
-        quote!(diesel::ExpressionMethods::eq(#table::#column, &self.#ident))
+        quote!(::lockkit::__private::diesel::ExpressionMethods::eq(#table::#column, &self.#ident))
     }
 }

@@ -2,35 +2,135 @@
 //!
 //! The derives only *describe* a model to lockkit: its table and primary key
 //! (`Lockable`), plus its version column and type and the changeset of its other
-//! fields (`Versioned`, which implements both traits). All behaviour
-//! lives in the `lockkit` crate as generic code. Use them through lockkit, whose
-//! docs list the attributes: [`lockkit::Versioned`](https://docs.rs/lockkit/latest/lockkit/derive.Versioned.html)
-//! and [`lockkit::Lockable`](https://docs.rs/lockkit/latest/lockkit/derive.Lockable.html).
+//! fields (`Versioned`, which implements both traits). All behaviour lives in the
+//! `lockkit` crate as generic code. Use them through lockkit (`lockkit::Versioned`,
+//! `lockkit::Lockable`); their attributes are documented on the two derives below.
 //!
 //! Stages, one private module each: `attr` reads `#[diesel(...)]` and
 //! `#[lockkit(...)]`, `ast` builds and validates the model (collecting every error
-//! through `ctxt`), and `expand` generates the impl.
+//! through `ctxt`), and `expand` generates the impl; on errors, `fallback` emits
+//! them with stub impls, so that call sites add no errors of their own.
 
 mod ast;
 mod attr;
 mod ctxt;
 mod expand;
+mod fallback;
 #[cfg(test)]
 mod tests;
 
 use proc_macro::TokenStream;
 
-/// Implements `lockkit::Versioned` and `lockkit::Lockable`. The attributes
-/// (`#[lockkit(version)]`, the `lock_version` default, the `#[diesel(..)]` keys it
-/// reads) are documented on [`lockkit::Versioned`](https://docs.rs/lockkit/latest/lockkit/derive.Versioned.html).
+/// Implements `lockkit::Versioned` and `lockkit::Lockable` for a struct that
+/// maps a table with a version column.
+///
+/// The derive only describes the model: its table and primary key, its version
+/// column and type, and the changeset of its other fields. Every method is
+/// generic code in lockkit.
+///
+/// # Attributes
+///
+/// lockkit has one attribute of its own, on a field:
+///
+/// | attribute | on | default | meaning |
+/// | --- | --- | --- | --- |
+/// | `#[lockkit(version)]` | field | the field named `lock_version` | this field is the version column; no value, on one field, once |
+///
+/// The version field is `i16`, `i32` or `i64`: not an `Option` (a `NULL` version
+/// cannot be compared; declare the column `NOT NULL DEFAULT 0`), and not part of
+/// the primary key.
+///
+/// Everything else is read from Diesel's own `#[diesel(..)]` attributes, with
+/// Diesel's defaults, so the model says nothing twice. Keys not listed here are
+/// left to Diesel.
+///
+/// | attribute | on | default | used for |
+/// | --- | --- | --- | --- |
+/// | `#[diesel(table_name = items)]`, or a path (`crate::schema::items`) | struct | the struct's name in snake case plus `s` (`FooBar` → `foo_bars`) | the table of every statement |
+/// | `#[diesel(primary_key(id))]`, `primary_key(a, b)` | struct | `id` | the `WHERE` of every write; a composite key is a tuple (`Key = (i32, i32)`) |
+/// | `#[diesel(column_name = version)]` | field | the field's name | the field's column, for the key, the version and the changeset |
+/// | `#[diesel(skip_update)]` | field | not set | `update_versioned` leaves the column out |
+/// | `#[diesel(treat_none_as_null = true)]` | struct, or field (which wins) | `false` | `update_versioned` writes `None` as `NULL`; by default a `None` leaves its column alone, as Diesel's `AsChangeset` does |
+/// | `#[diesel(serialize_as = ..)]`, `#[diesel(embed)]` | field | | refused unless the field is `skip_update`: `update_versioned` cannot write it; write it with `update_versioned_with` |
+///
+/// # Errors
+///
+/// Every mistake is a compile error at the attribute, field or type at fault:
+/// what is wrong, then a `help:` line with the correct form. All of them are
+/// reported in one build, in source order:
+///
+/// ```text
+/// error: the version must be `i16`, `i32` or `i64`
+///        help: write `lock_version: i32`, on an `INTEGER` column (`i16` for `SMALLINT`, `i64` for `BIGINT`)
+///   --> src/models.rs:14:23
+///    |
+/// 14 |     pub lock_version: String,
+///    |                       ^^^^^^
+/// ```
+///
+/// The traits are implemented even then, so that calls such as
+/// `update_versioned` or `with_lock` add no errors of their own.
+///
+/// # What it generates
+///
+/// For `struct Item { id: i32, name: String, lock_version: i32 }` with
+/// `#[diesel(table_name = items)]`, inside a `const _: () = { .. };`:
+///
+/// ```ignore
+/// impl Lockable for Item {
+///     type Table = items::table;
+///     type Key = i32;
+///     type OnLock = BumpVersion; // an exclusive lock advances the version
+///     const TABLE_NAME: &'static str = "items";
+///     const KEY_COLUMNS: &'static [&'static str] = &["id"];
+///     fn key(&self) -> i32 {
+///         self.id.clone()
+///     }
+/// }
+///
+/// impl Versioned for Item {
+///     type VersionColumn = items::lock_version;
+///     type Version = i32;
+///     type Changeset<'a> = (Eq<items::name, &'a String>,) where Self: 'a;
+///     fn version(&self) -> i32 {
+///         self.lock_version
+///     }
+///     fn set_version(&mut self, version: i32) {
+///         self.lock_version = version;
+///     }
+///     fn versioned_changeset(&self) -> Self::Changeset<'_> {
+///         (items::name.eq(&self.name),)
+///     }
+/// }
+/// ```
 #[proc_macro_derive(Versioned, attributes(lockkit))]
 pub fn derive_versioned(input: TokenStream) -> TokenStream {
     let input = syn::parse_macro_input!(input as syn::DeriveInput);
     expand::derive_versioned(&input).into()
 }
 
-/// Implements `lockkit::Lockable` (table and primary key) for a model without a
-/// version column.
+/// Implements `lockkit::Lockable` for a struct without a version column: its
+/// table and primary key, for `with_lock` and `lock_all`. A lock writes nothing
+/// to the row (`OnLock = NoVersion`).
+///
+/// `#[derive(Versioned)]` implements `Lockable` too: derive one or the other.
+///
+/// # Attributes
+///
+/// No `#[lockkit(..)]` attribute: `#[lockkit(version)]` is refused, with a hint
+/// to derive `Versioned`. From Diesel's `#[diesel(..)]`, with Diesel's defaults:
+///
+/// | attribute | on | default | used for |
+/// | --- | --- | --- | --- |
+/// | `#[diesel(table_name = jobs)]`, or a path (`crate::schema::jobs`) | struct | the struct's name in snake case plus `s` (`FooBar` → `foo_bars`) | the table locked |
+/// | `#[diesel(primary_key(id))]`, `primary_key(a, b)` | struct | `id` | the `WHERE` of the locked read; a composite key is a tuple (`Key = (i32, i32)`) |
+/// | `#[diesel(column_name = job_id)]` | field | the field's name | the field's column, to find the key's fields |
+///
+/// # Errors
+///
+/// As for `#[derive(Versioned)]`: each mistake once, in source order, with a
+/// `help:` line, and the trait implemented anyway so that call sites add no
+/// errors of their own.
 #[proc_macro_derive(Lockable, attributes(lockkit))]
 pub fn derive_lockable(input: TokenStream) -> TokenStream {
     let input = syn::parse_macro_input!(input as syn::DeriveInput);

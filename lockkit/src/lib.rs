@@ -63,35 +63,8 @@ pub use pessimistic::{LockQueryExt, LockStrength, RowLock, WaitMode};
 pub use retry::{retry, transaction_with_retry, RetryPolicy, RetryableError};
 
 /// `#[derive(Versioned)]`: implements [`Versioned`] and [`Lockable`] for a model
-/// with a version column.
-///
-/// The derive only describes the model (table, key, version column and type, the
-/// changeset of the other fields); every method is generic code in lockkit.
-///
-/// # The version field
-///
-/// The field named `lock_version`, or the one field marked `#[lockkit(version)]`
-/// (which takes no value and may appear once). Its type is `i16`, `i32` or `i64`:
-/// not an `Option` (a NULL version cannot be compared; declare the column
-/// `NOT NULL DEFAULT 0`), and not part of the primary key.
-///
-/// # What it reads from `#[diesel(..)]`
-///
-/// Diesel's own attributes, with Diesel's defaults, so the model needs nothing
-/// twice:
-///
-/// | attribute | on | default | used for |
-/// | --- | --- | --- | --- |
-/// | `table_name = items` | struct | the struct's name in snake case plus `s` (`FooBar` → `foo_bars`) | every statement |
-/// | `primary_key(id)` / `primary_key(a, b)` | struct | `id` | the `WHERE` of every write; a composite key is a tuple (`Key = (i32, i32)`) |
-/// | `column_name = "..."` | field | the field's name | the field's column |
-/// | `skip_update` | field | | `update_versioned` leaves the column out |
-/// | `treat_none_as_null = true` | struct or field | `false` | `update_versioned` writes `None` as `NULL` instead of skipping it |
-///
-/// Fields with `#[diesel(serialize_as = ..)]` or `#[diesel(embed)]` are refused
-/// with a hint to add `skip_update` and write them with `update_versioned_with`.
-/// Every mistake is a compile error at the attribute, with a `help:` line showing
-/// the correct form.
+/// with a version column. The attributes it reads, their defaults, its errors and
+/// the code it generates are listed after the example.
 ///
 /// ```
 /// use diesel::prelude::*;
@@ -130,12 +103,7 @@ pub use lockkit_derive::Versioned;
 
 /// `#[derive(Lockable)]`: implements [`Lockable`] (table and primary key) for a
 /// model without a version column, for [`Lockable::with_lock`] and
-/// [`Lockable::lock_all`].
-///
-/// It reads `#[diesel(table_name = ..)]` and `#[diesel(primary_key(..))]` with
-/// Diesel's defaults, as [`Versioned`](derive@Versioned) does; a composite key is a
-/// tuple. `#[derive(Versioned)]` already implements `Lockable`: derive one or the
-/// other.
+/// [`Lockable::lock_all`]. The attributes it reads are listed after the example.
 ///
 /// ```
 /// use diesel::prelude::*;
@@ -178,9 +146,10 @@ struct ReadmeDoctests;
 
 #[doc(hidden)]
 pub mod __private {
-    //! Paths the derive's generated code uses. Not public API.
-    pub use diesel;
-
+    //! Every path the derive's generated code uses, so that lockkit's modules can
+    //! move without touching the derive. Not public API.
     pub use crate::optimistic::BumpVersion;
     pub use crate::pessimistic::NoVersion;
+    pub use crate::{Lockable, Versioned};
+    pub use diesel;
 }
