@@ -28,6 +28,7 @@ pub mod callgrind;
 pub mod charts;
 pub mod cpu;
 pub mod db;
+pub mod error;
 pub mod machine;
 pub mod ops;
 pub mod pgbench;
@@ -38,58 +39,10 @@ pub mod schema;
 pub mod stats;
 pub mod suite;
 
-use std::fmt;
 use std::time::Duration;
 
-/// A database backend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Backend {
-    /// PostgreSQL.
-    Postgres,
-    /// MariaDB or MySQL.
-    Mysql,
-    /// SQLite (bundled, a file in the temp directory).
-    Sqlite,
-}
-
-impl Backend {
-    /// Every backend, in report order.
-    pub const ALL: [Backend; 3] = [Backend::Postgres, Backend::Mysql, Backend::Sqlite];
-
-    /// The short name used on the command line and in file names.
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Postgres => "postgres",
-            Backend::Mysql => "mysql",
-            Backend::Sqlite => "sqlite",
-        }
-    }
-
-    /// The name shown in the report.
-    pub fn title(self) -> &'static str {
-        match self {
-            Backend::Postgres => "PostgreSQL",
-            Backend::Mysql => "MariaDB",
-            Backend::Sqlite => "SQLite",
-        }
-    }
-
-    /// Parses a short name (`pg` and `mariadb` are accepted too).
-    pub fn parse(name: &str) -> Option<Backend> {
-        match name {
-            "postgres" | "pg" | "postgresql" => Some(Backend::Postgres),
-            "mysql" | "mariadb" => Some(Backend::Mysql),
-            "sqlite" => Some(Backend::Sqlite),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.title())
-    }
-}
+pub use db::Backend;
+pub use error::BenchError;
 
 /// The four workloads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -323,62 +276,3 @@ pub const ORDER_ITEMS: i32 = 6;
 pub const OWN_BASE: i32 = 1001;
 /// The most workers any case uses (the pool's size).
 pub const MAX_WORKERS: usize = 32;
-
-/// Errors that stop the benchmark.
-#[derive(Debug)]
-pub enum BenchError {
-    /// A database error outside the measured loop (setup, tally).
-    Db(diesel::result::Error),
-    /// A connection could not be opened.
-    Connection(diesel::ConnectionError),
-    /// The pool failed.
-    Pool(String),
-    /// A file could not be written, or a program not run.
-    Io(std::io::Error),
-    /// Anything else.
-    Other(String),
-}
-
-impl fmt::Display for BenchError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BenchError::Db(e) => write!(f, "database error: {e}"),
-            BenchError::Connection(e) => write!(f, "connection error: {e}"),
-            BenchError::Pool(e) => write!(f, "pool error: {e}"),
-            BenchError::Io(e) => write!(f, "I/O error: {e}"),
-            BenchError::Other(e) => f.write_str(e),
-        }
-    }
-}
-
-impl std::error::Error for BenchError {}
-
-impl From<diesel::result::Error> for BenchError {
-    fn from(e: diesel::result::Error) -> Self {
-        BenchError::Db(e)
-    }
-}
-
-impl From<diesel::ConnectionError> for BenchError {
-    fn from(e: diesel::ConnectionError) -> Self {
-        BenchError::Connection(e)
-    }
-}
-
-impl From<diesel::r2d2::PoolError> for BenchError {
-    fn from(e: diesel::r2d2::PoolError) -> Self {
-        BenchError::Pool(e.to_string())
-    }
-}
-
-impl From<std::io::Error> for BenchError {
-    fn from(e: std::io::Error) -> Self {
-        BenchError::Io(e)
-    }
-}
-
-impl From<lockkit::Error> for BenchError {
-    fn from(e: lockkit::Error) -> Self {
-        BenchError::Other(format!("lockkit: {e}"))
-    }
-}
