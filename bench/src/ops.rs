@@ -187,7 +187,7 @@ macro_rules! bench_backend {
 
             use super::{hand_backoff, BenchConnection, HAND_ATTEMPTS};
             use crate::runner::{OpError, Tally, WorkerState};
-            use crate::schema::{items, jobs, Item, NewItem, NewJob};
+            use crate::vocabulary::schema::{items, jobs, Item, NewItem, NewJob};
             use crate::{
                 Backend, Case, Flavor, Strategy, Workload, HOT_ID, INITIAL_STOCK, MAX_WORKERS,
                 ORDER_ITEMS, ORDER_ITEM_BASE, OWN_BASE,

@@ -16,7 +16,7 @@ use diesel::PgConnection;
 use crate::cpu::{self, Cpu};
 use crate::ops::BenchConnection;
 use crate::runner::BenchPool;
-use crate::schema::jobs;
+use crate::vocabulary::schema::jobs;
 use crate::suite::Settings;
 use crate::{Backend, BenchError, Case, Strategy, Workload, HOT_ID};
 

@@ -13,7 +13,7 @@ use hdrhistogram::Histogram;
 
 use crate::cpu::{self, micros_per, Cpu};
 use crate::ops::BenchConnection;
-use crate::schema::Item;
+use crate::vocabulary::schema::Item;
 use crate::{
     Backend, BenchError, Case, Limits, Workload, HOT_ID, INITIAL_STOCK, ORDER_ITEMS,
     ORDER_ITEM_BASE, OWN_BASE,
