@@ -8,7 +8,8 @@ use plotters::prelude::*;
 
 use crate::pgbench::Mode;
 use crate::report::{overhead, pgbench_summaries, summaries, OVERHEAD_TARGET};
-use crate::suite::{paired_cases, Results, HOT_WORKERS};
+use crate::plan::{paired_cases, HOT_WORKERS};
+use crate::suite::Results;
 use crate::{Backend, BenchError, Case, Strategy, Workload};
 
 fn err<E: std::fmt::Display>(e: E) -> BenchError {

@@ -32,6 +32,7 @@ pub mod error;
 pub mod machine;
 pub mod ops;
 pub mod pgbench;
+pub mod plan;
 pub mod profile;
 pub mod report;
 pub mod runner;

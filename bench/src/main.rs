@@ -6,7 +6,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use lockkit_bench::suite::{self, Settings};
+use lockkit_bench::plan::Settings;
+use lockkit_bench::suite;
 use lockkit_bench::{alloc, charts, profile, report, Backend, BenchError};
 
 #[global_allocator]

@@ -15,9 +15,9 @@ use diesel::PgConnection;
 
 use crate::cpu::{self, Cpu};
 use crate::ops::BenchConnection;
+use crate::plan::Settings;
 use crate::runner::BenchPool;
 use crate::vocabulary::schema::jobs;
-use crate::suite::Settings;
 use crate::{Backend, BenchError, Case, Strategy, Workload, HOT_ID};
 
 /// Clients of every pgbench run.

@@ -7,10 +7,11 @@ use crate::callgrind::CallgrindRow;
 use crate::pgbench::{self, Mode, Script};
 use crate::runner::Sample;
 use crate::stats::{median, Summary};
-use crate::suite::{
-    self, Results, HOT_WORKERS, IMMEDIATE, ORDER_WORKERS, QUEUE_WORKERS, RETRY_WORKERS,
+use crate::plan::{
+    self, HOT_WORKERS, IMMEDIATE, ORDER_WORKERS, QUEUE_WORKERS, RETRY_WORKERS,
     UNCONTENDED_WORKERS,
 };
+use crate::suite::Results;
 use crate::{Backend, Case, Retry, Strategy, Workload, INITIAL_STOCK, ORDER_ITEMS};
 
 /// The overhead target: lockkit / hand-written.
@@ -715,7 +716,7 @@ fn headline(
     let _ = writeln!(w);
     let _ = writeln!(w, "| --- |{}", " ---: |".repeat(bs.len()));
     let mut all = Vec::new();
-    for case in suite::paired_cases() {
+    for case in plan::paired_cases() {
         let _ = write!(w, "| {} |", short_label(&case));
         for &b in bs {
             match overhead(results, b, &case) {

@@ -78,7 +78,8 @@ fn naive_is_counted_not_hidden() {
 
 #[test]
 fn the_whole_pipeline_writes_the_report_and_charts() {
-    use lockkit_bench::suite::{self, Settings};
+    use lockkit_bench::plan::Settings;
+    use lockkit_bench::suite;
     let out = std::env::temp_dir().join(format!("lkbench_smoke_{}", std::process::id()));
     let mut settings = Settings::quick();
     settings.backends = vec![Backend::Sqlite];
