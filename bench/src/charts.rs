@@ -6,10 +6,10 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::pgbench::Mode;
+use crate::run::pgbench::Mode;
 use crate::report::{overhead, pgbench_summaries, summaries, OVERHEAD_TARGET};
 use crate::plan::{paired_cases, HOT_WORKERS};
-use crate::suite::Results;
+use crate::run::Results;
 use crate::{Backend, BenchError, Case, Strategy, Workload};
 
 fn err<E: std::fmt::Display>(e: E) -> BenchError {

@@ -23,21 +23,13 @@
 //! The per-backend code is written once in a macro and instantiated per connection
 //! type ([`ops`]); the runner ([`runner`]) is generic over the backend.
 
-pub mod alloc;
-pub mod callgrind;
 pub mod charts;
-pub mod cpu;
 pub mod db;
 pub mod error;
-pub mod machine;
-pub mod ops;
-pub mod pgbench;
 pub mod plan;
-pub mod profile;
 pub mod report;
-pub mod runner;
+pub mod run;
 pub mod stats;
-pub mod suite;
 pub mod vocabulary;
 
 pub use db::Backend;

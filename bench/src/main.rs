@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use lockkit_bench::plan::Settings;
-use lockkit_bench::suite;
-use lockkit_bench::{alloc, charts, profile, report, Backend, BenchError};
+use lockkit_bench::run::profile::{self, alloc};
+use lockkit_bench::{charts, report, run, Backend, BenchError};
 
 #[global_allocator]
 static ALLOCATOR: alloc::Counting = alloc::Counting;
@@ -132,7 +132,7 @@ fn run(cli: Cli) -> Result<(), BenchError> {
             .join(", "),
         settings.out_dir.display()
     );
-    let results = suite::run(settings)?;
+    let results = run::all(settings)?;
     let dir = &results.settings.out_dir;
     std::fs::create_dir_all(dir)?;
     let charts = charts::write_all(&results, dir)?;

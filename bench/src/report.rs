@@ -3,15 +3,15 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::callgrind::CallgrindRow;
-use crate::pgbench::{self, Mode, Script};
-use crate::runner::Sample;
+use crate::run::profile::callgrind::CallgrindRow;
+use crate::run::pgbench::{self, Mode, Script};
+use crate::run::runner::Sample;
 use crate::stats::{median, Summary};
 use crate::plan::{
     self, HOT_WORKERS, IMMEDIATE, ORDER_WORKERS, QUEUE_WORKERS, RETRY_WORKERS,
     UNCONTENDED_WORKERS,
 };
-use crate::suite::Results;
+use crate::run::Results;
 use crate::{Backend, Case, Retry, Strategy, Workload, INITIAL_STOCK, ORDER_ITEMS};
 
 /// The overhead target: lockkit / hand-written.
@@ -110,7 +110,7 @@ pub fn pgbench_summaries(results: &Results) -> Vec<PgbenchSummary> {
             if pairs.is_empty() {
                 return None;
             }
-            let runs = |mode: Mode| -> Vec<&crate::pgbench::PgbenchRun> {
+            let runs = |mode: Mode| -> Vec<&crate::run::pgbench::PgbenchRun> {
                 pairs
                     .iter()
                     .flat_map(|p| p.pgbench.iter())
@@ -120,7 +120,7 @@ pub fn pgbench_summaries(results: &Results) -> Vec<PgbenchSummary> {
             let lockkit_med = |f: &dyn Fn(&Sample) -> f64| {
                 median(&pairs.iter().map(|p| f(&p.lockkit)).collect::<Vec<_>>())
             };
-            let run_med = |mode: Mode, f: &dyn Fn(&crate::pgbench::PgbenchRun) -> f64| {
+            let run_med = |mode: Mode, f: &dyn Fn(&crate::run::pgbench::PgbenchRun) -> f64| {
                 median(&runs(mode).iter().map(|r| f(r)).collect::<Vec<_>>())
             };
             Some(PgbenchSummary {

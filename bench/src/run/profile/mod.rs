@@ -1,19 +1,22 @@
 //! Client-side cost per call: each lockkit call and its hand-written twin, one
 //! thread, on an in-memory SQLite database, so that no network or disk hides what
 //! the library itself costs. Reports nanoseconds and heap allocations per call
-//! (the binary counts allocations with [`crate::alloc::Counting`]).
+//! (the binary counts allocations with [`crate::run::profile::alloc::Counting`]).
 //!
 //! `lockkit-bench --profile-only NAME [--ops N]` runs one side alone, for
 //! `valgrind --tool=callgrind`.
+
+pub mod alloc;
+pub mod callgrind;
 
 use std::time::Instant;
 
 use diesel::{Connection, SqliteConnection};
 
-use crate::alloc::{allocated_bytes, allocations};
 use crate::db::BenchDb;
-use crate::ops::BenchConnection;
-use crate::runner::{OpError, WorkerState};
+use crate::run::ops::BenchConnection;
+use crate::run::profile::alloc::{allocated_bytes, allocations};
+use crate::run::runner::{OpError, WorkerState};
 use crate::{Backend, BenchError, Case, Flavor, Strategy, Workload};
 
 /// One compared call.

@@ -18,7 +18,7 @@ use diesel::connection::SimpleConnection;
 use diesel::r2d2::R2D2Connection;
 use diesel::QueryResult;
 
-use crate::runner::{OpError, Tally, WorkerState};
+use crate::run::runner::{OpError, Tally, WorkerState};
 use crate::{Backend, Case};
 
 /// A connection type the benchmark runs on; implemented by [`bench_backend!`].
@@ -186,7 +186,7 @@ macro_rules! bench_backend {
             use lockkit::LockOptions;
 
             use super::{hand_backoff, BenchConnection, HAND_ATTEMPTS};
-            use crate::runner::{OpError, Tally, WorkerState};
+            use crate::run::runner::{OpError, Tally, WorkerState};
             use crate::vocabulary::schema::{items, jobs, Item, NewItem, NewJob};
             use crate::{
                 Backend, Case, Flavor, Strategy, Workload, HOT_ID, INITIAL_STOCK, MAX_WORKERS,

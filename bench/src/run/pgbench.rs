@@ -13,10 +13,10 @@ use std::process::Command;
 use diesel::prelude::*;
 use diesel::PgConnection;
 
-use crate::cpu::{self, Cpu};
-use crate::ops::BenchConnection;
 use crate::plan::Settings;
-use crate::runner::BenchPool;
+use crate::run::cpu::{self, Cpu};
+use crate::run::ops::BenchConnection;
+use crate::run::runner::BenchPool;
 use crate::vocabulary::schema::jobs;
 use crate::{Backend, BenchError, Case, Strategy, Workload, HOT_ID};
 

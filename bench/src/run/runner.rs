@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool, PooledConnection};
 use hdrhistogram::Histogram;
 
-use crate::cpu::{self, micros_per, Cpu};
-use crate::ops::BenchConnection;
+use crate::run::cpu::{self, micros_per, Cpu};
+use crate::run::ops::BenchConnection;
 use crate::vocabulary::schema::Item;
 use crate::{
     Backend, BenchError, Case, Limits, Workload, HOT_ID, INITIAL_STOCK, ORDER_ITEMS,

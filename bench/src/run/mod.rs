@@ -6,15 +6,22 @@ use std::time::{Duration, Instant};
 
 use diesel::{MysqlConnection, PgConnection, SqliteConnection};
 
-use crate::callgrind::CallgrindRow;
+pub mod cpu;
+pub mod machine;
+pub mod ops;
+pub mod pgbench;
+pub mod profile;
+pub mod runner;
+
 use crate::db::BenchDb;
-use crate::machine::{Machine, ServerInfo};
-use crate::ops::{BenchConnection, DURABLE};
-use crate::pgbench::{Mode, PgbenchRun, Script};
 use crate::plan::{paired_cases, single_cases, Settings};
-use crate::profile::ProfileRow;
-use crate::runner::{pool, run_case, run_pair, BenchPool, Sample};
 use crate::{Backend, BenchError, Case, Limits, MAX_WORKERS};
+use machine::{Machine, ServerInfo};
+use ops::{BenchConnection, DURABLE};
+use pgbench::{Mode, PgbenchRun, Script};
+use profile::callgrind::CallgrindRow;
+use profile::ProfileRow;
+use runner::{pool, run_case, run_pair, BenchPool, Sample};
 
 /// A lockkit-versus-hand-written pair from one repetition.
 #[derive(Debug, Clone)]
@@ -194,7 +201,7 @@ fn run_pgbench(
             .copied()
             .collect();
         for mode in order {
-            let r = crate::pgbench::run(&run.db.url, &run.pool, script, mode, settings)?;
+            let r = pgbench::run(&run.db.url, &run.pool, script, mode, settings)?;
             eprintln!(
                 "[{}/{}] PostgreSQL pgbench {:<28} {:<22} {:>9.0}/s  (tps {:.0}, failed {})  cpu/op {:>5.0}+{:<5.0}µs{}",
                 rep + 1,
@@ -223,7 +230,7 @@ fn run_pgbench(
 }
 
 /// Runs everything `settings` asks for.
-pub fn run(settings: Settings) -> Result<Results, BenchError> {
+pub fn all(settings: Settings) -> Result<Results, BenchError> {
     let started = Instant::now();
     DURABLE.store(settings.durable, std::sync::atomic::Ordering::Relaxed);
     let mut results = Results {
@@ -239,14 +246,14 @@ pub fn run(settings: Settings) -> Result<Results, BenchError> {
         notes: Vec::new(),
     };
     let mut settings = settings;
-    if settings.pgbench && crate::pgbench::binary().is_none() {
+    if settings.pgbench && pgbench::binary().is_none() {
         let note = "pgbench was not found (PATH, /usr/lib/postgresql/*/bin, PGBENCH): \
                     the pgbench comparison was skipped.";
         eprintln!("lockkit-bench: {note}");
         results.notes.push(note.to_owned());
         settings.pgbench = false;
     }
-    if settings.callgrind_ops > 0 && crate::callgrind::valgrind().is_none() {
+    if settings.callgrind_ops > 0 && profile::callgrind::valgrind().is_none() {
         let note = "valgrind was not found: the instruction counts were skipped \
                     (apt-get install valgrind).";
         eprintln!("lockkit-bench: {note}");
@@ -297,18 +304,19 @@ pub fn run(settings: Settings) -> Result<Results, BenchError> {
     drop((pg, my, lite));
 
     if settings.profile_ops > 0 {
-        results.profile = crate::profile::run_all(settings.profile_ops)?;
+        results.profile = profile::run_all(settings.profile_ops)?;
     }
     if settings.callgrind_ops > 0 && settings.only.is_none() {
-        results.callgrind = crate::callgrind::run_all(&settings.backends, settings.callgrind_ops)?;
+        results.callgrind =
+            profile::callgrind::run_all(&settings.backends, settings.callgrind_ops)?;
     }
-    results.machine.load_after = crate::machine::loadavg();
+    results.machine.load_after = machine::loadavg();
     results.wall = started.elapsed();
     Ok(results)
 }
 
 /// Runs one case once on a fresh database of `backend` (the smoke test's entry).
-pub fn run_one(backend: Backend, case: &Case, limits: &Limits) -> Result<Sample, BenchError> {
+pub fn one(backend: Backend, case: &Case, limits: &Limits) -> Result<Sample, BenchError> {
     fn go<C: BenchConnection>(
         backend: Backend,
         case: &Case,
