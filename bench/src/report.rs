@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use crate::run::profile::callgrind::CallgrindRow;
 use crate::run::pgbench::{self, Mode, Script};
-use crate::run::runner::Sample;
+use crate::run::sample::Sample;
 use crate::stats::{median, Summary};
 use crate::plan::{
     self, HOT_WORKERS, IMMEDIATE, ORDER_WORKERS, QUEUE_WORKERS, RETRY_WORKERS,

@@ -1,6 +1,6 @@
 //! Medians over repeated runs.
 
-use crate::run::runner::Sample;
+use crate::run::sample::Sample;
 use crate::{Backend, Case};
 
 /// The median of some numbers (NaN when there are none); NaNs are ignored.

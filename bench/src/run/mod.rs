@@ -6,12 +6,15 @@ use std::time::{Duration, Instant};
 
 use diesel::{MysqlConnection, PgConnection, SqliteConnection};
 
+pub mod check;
 pub mod cpu;
 pub mod machine;
 pub mod ops;
 pub mod pgbench;
 pub mod profile;
 pub mod runner;
+pub mod sample;
+pub mod worker;
 
 use crate::db::BenchDb;
 use crate::plan::{paired_cases, single_cases, Settings};
@@ -21,7 +24,8 @@ use ops::{BenchConnection, DURABLE};
 use pgbench::{Mode, PgbenchRun, Script};
 use profile::callgrind::CallgrindRow;
 use profile::ProfileRow;
-use runner::{pool, run_case, run_pair, BenchPool, Sample};
+use runner::{pool, run_case, run_pair, BenchPool};
+use sample::Sample;
 
 /// A lockkit-versus-hand-written pair from one repetition.
 #[derive(Debug, Clone)]

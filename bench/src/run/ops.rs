@@ -18,7 +18,8 @@ use diesel::connection::SimpleConnection;
 use diesel::r2d2::R2D2Connection;
 use diesel::QueryResult;
 
-use crate::run::runner::{OpError, Tally, WorkerState};
+use crate::run::check::Tally;
+use crate::run::worker::{OpError, WorkerState};
 use crate::{Backend, Case};
 
 /// A connection type the benchmark runs on; implemented by [`bench_backend!`].
@@ -186,7 +187,8 @@ macro_rules! bench_backend {
             use lockkit::LockOptions;
 
             use super::{hand_backoff, BenchConnection, HAND_ATTEMPTS};
-            use crate::run::runner::{OpError, Tally, WorkerState};
+            use crate::run::check::Tally;
+            use crate::run::worker::{OpError, WorkerState};
             use crate::vocabulary::schema::{items, jobs, Item, NewItem, NewJob};
             use crate::{
                 Backend, Case, Flavor, Strategy, Workload, HOT_ID, INITIAL_STOCK, MAX_WORKERS,

@@ -16,7 +16,7 @@ use diesel::{Connection, SqliteConnection};
 use crate::db::BenchDb;
 use crate::run::ops::BenchConnection;
 use crate::run::profile::alloc::{allocated_bytes, allocations};
-use crate::run::runner::{OpError, WorkerState};
+use crate::run::worker::{OpError, WorkerState};
 use crate::{Backend, BenchError, Case, Flavor, Strategy, Workload};
 
 /// One compared call.
