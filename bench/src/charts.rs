@@ -9,7 +9,7 @@ use plotters::prelude::*;
 use crate::run::pgbench::Mode;
 use crate::report::{overhead, pgbench_summaries, summaries, OVERHEAD_TARGET};
 use crate::plan::{paired_cases, HOT_WORKERS};
-use crate::run::Results;
+use crate::run::results::Results;
 use crate::{Backend, BenchError, Case, Strategy, Workload};
 
 fn err<E: std::fmt::Display>(e: E) -> BenchError {

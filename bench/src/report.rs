@@ -11,7 +11,7 @@ use crate::plan::{
     self, HOT_WORKERS, IMMEDIATE, ORDER_WORKERS, QUEUE_WORKERS, RETRY_WORKERS,
     UNCONTENDED_WORKERS,
 };
-use crate::run::Results;
+use crate::run::results::Results;
 use crate::{Backend, Case, Retry, Strategy, Workload, INITIAL_STOCK, ORDER_ITEMS};
 
 /// The overhead target: lockkit / hand-written.

@@ -2,104 +2,30 @@
 //! backend by backend; lockkit-versus-hand-written pairs `a b b a` within a
 //! repetition ([`run_pair`]).
 
-use std::time::{Duration, Instant};
-
-use diesel::{MysqlConnection, PgConnection, SqliteConnection};
-
 pub mod check;
 pub mod cpu;
 pub mod machine;
 pub mod ops;
 pub mod pgbench;
 pub mod profile;
+pub mod results;
 pub mod runner;
 pub mod sample;
 pub mod worker;
+
+use std::time::{Duration, Instant};
+
+use diesel::{MysqlConnection, PgConnection, SqliteConnection};
 
 use crate::db::BenchDb;
 use crate::plan::{paired_cases, single_cases, Settings};
 use crate::{Backend, BenchError, Case, Limits, MAX_WORKERS};
 use machine::{Machine, ServerInfo};
 use ops::{BenchConnection, DURABLE};
-use pgbench::{Mode, PgbenchRun, Script};
-use profile::callgrind::CallgrindRow;
-use profile::ProfileRow;
+use pgbench::{Mode, Script};
+use results::{Pair, PgbenchPair, Results};
 use runner::{pool, run_case, run_pair, BenchPool};
 use sample::Sample;
-
-/// A lockkit-versus-hand-written pair from one repetition.
-#[derive(Debug, Clone)]
-pub struct Pair {
-    /// The repetition.
-    pub rep: usize,
-    /// Through lockkit.
-    pub lockkit: Sample,
-    /// Hand-written.
-    pub hand: Sample,
-}
-
-impl Pair {
-    /// lockkit's throughput over the hand-written one's.
-    pub fn ratio(&self) -> f64 {
-        self.lockkit.throughput() / self.hand.throughput()
-    }
-}
-
-/// lockkit and pgbench on the same SQL, from one repetition.
-#[derive(Debug, Clone)]
-pub struct PgbenchPair {
-    /// The repetition.
-    pub rep: usize,
-    /// The script.
-    pub script: Script,
-    /// lockkit (two runs, merged).
-    pub lockkit: Sample,
-    /// pgbench (two runs per mode).
-    pub pgbench: Vec<PgbenchRun>,
-}
-
-impl PgbenchPair {
-    /// pgbench's mean rate in `mode` (units per second).
-    pub fn pgbench_rate(&self, mode: Mode) -> f64 {
-        let rates: Vec<f64> = self
-            .pgbench
-            .iter()
-            .filter(|r| r.mode == mode)
-            .map(|r| r.units_per_s)
-            .collect();
-        rates.iter().sum::<f64>() / rates.len().max(1) as f64
-    }
-
-    /// lockkit's rate over pgbench's in `mode`.
-    pub fn ratio(&self, mode: Mode) -> f64 {
-        self.lockkit.throughput() / self.pgbench_rate(mode)
-    }
-}
-
-/// Everything one benchmark run measured.
-#[derive(Debug)]
-pub struct Results {
-    /// How it ran.
-    pub settings: Settings,
-    /// Every measured run (the lockkit and hand-written halves of pairs too).
-    pub samples: Vec<Sample>,
-    /// The pairs.
-    pub pairs: Vec<Pair>,
-    /// The pgbench comparisons.
-    pub pgbench: Vec<PgbenchPair>,
-    /// The machine.
-    pub machine: Machine,
-    /// The servers' versions and settings.
-    pub servers: Vec<ServerInfo>,
-    /// Client-side cost per call (SQLite in memory).
-    pub profile: Vec<ProfileRow>,
-    /// Client instructions per call, by callgrind.
-    pub callgrind: Vec<CallgrindRow>,
-    /// Wall time of the whole run.
-    pub wall: Duration,
-    /// What was skipped, and why.
-    pub notes: Vec<String>,
-}
 
 struct BackendRun<C: BenchConnection> {
     // Fields drop in order: the pool's connections close before the database goes.
