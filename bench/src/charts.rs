@@ -6,9 +6,10 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::run::pgbench::Mode;
-use crate::report::{overhead, pgbench_summaries, summaries, OVERHEAD_TARGET};
+use crate::analysis::ratios::{overhead, pgbench_summaries, PgbenchSummary, OVERHEAD_TARGET};
+use crate::analysis::statistics::summaries;
 use crate::plan::{paired_cases, HOT_WORKERS};
+use crate::run::pgbench::Mode;
 use crate::run::results::Results;
 use crate::{Backend, BenchError, Case, Strategy, Workload};
 
@@ -256,7 +257,7 @@ fn overhead_chart(results: &Results, path: &Path) -> Result<bool, BenchError> {
 type Bar = (
     String,
     RGBColor,
-    Box<dyn Fn(&crate::report::PgbenchSummary) -> f64>,
+    Box<dyn Fn(&PgbenchSummary) -> f64>,
 );
 
 /// lockkit against pgbench (three ways) per script.

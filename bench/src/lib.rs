@@ -23,13 +23,13 @@
 //! The per-backend code is written once in a macro and instantiated per connection
 //! type ([`ops`]); the runner ([`runner`]) is generic over the backend.
 
+pub mod analysis;
 pub mod charts;
 pub mod db;
 pub mod error;
 pub mod plan;
 pub mod report;
 pub mod run;
-pub mod stats;
 pub mod vocabulary;
 
 pub use db::Backend;

@@ -3,161 +3,18 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::run::profile::callgrind::CallgrindRow;
-use crate::run::pgbench::{self, Mode, Script};
-use crate::run::sample::Sample;
-use crate::stats::{median, Summary};
+use crate::analysis::ratios::{
+    overhead, pgbench_summaries, PgbenchSummary, OVERHEAD_TARGET, PGBENCH_TARGET,
+};
+use crate::analysis::statistics::{median, summaries, Summary};
 use crate::plan::{
     self, HOT_WORKERS, IMMEDIATE, ORDER_WORKERS, QUEUE_WORKERS, RETRY_WORKERS,
     UNCONTENDED_WORKERS,
 };
+use crate::run::pgbench::{self, Mode};
+use crate::run::profile::callgrind::CallgrindRow;
 use crate::run::results::Results;
 use crate::{Backend, Case, Retry, Strategy, Workload, INITIAL_STOCK, ORDER_ITEMS};
-
-/// The overhead target: lockkit / hand-written.
-pub const OVERHEAD_TARGET: f64 = 0.97;
-/// The pgbench target: lockkit / pgbench.
-pub const PGBENCH_TARGET: f64 = 0.85;
-
-/// The summaries of every (backend, case).
-pub fn summaries(results: &Results) -> BTreeMap<(Backend, Case), Summary> {
-    let mut groups: BTreeMap<(Backend, Case), Vec<&Sample>> = BTreeMap::new();
-    for s in &results.samples {
-        groups.entry((s.backend, s.case)).or_default().push(s);
-    }
-    groups
-        .into_iter()
-        .filter_map(|(k, v)| Summary::of(&v).map(|s| (k, s)))
-        .collect()
-}
-
-/// Median, min and max of the per-repetition lockkit/hand-written ratios of `case`.
-pub fn overhead(results: &Results, backend: Backend, case: &Case) -> Option<(f64, f64, f64)> {
-    let ratios: Vec<f64> = results
-        .pairs
-        .iter()
-        .filter(|p| p.lockkit.backend == backend && p.lockkit.case == *case)
-        .map(|p| p.ratio())
-        .collect();
-    if ratios.is_empty() {
-        return None;
-    }
-    Some((
-        median(&ratios),
-        ratios.iter().copied().fold(f64::INFINITY, f64::min),
-        ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-    ))
-}
-
-/// The pgbench comparison of one script, over the repetitions.
-#[derive(Debug, Clone)]
-pub struct PgbenchSummary {
-    /// The script.
-    pub script: Script,
-    /// lockkit's median rate.
-    pub lockkit: f64,
-    /// Per pgbench mode: its median rate, and the median, min and max of the
-    /// per-repetition ratios lockkit / pgbench.
-    pub modes: Vec<(Mode, f64, (f64, f64, f64))>,
-    /// Client CPU µs per unit: lockkit, pgbench `-M prepared`.
-    pub client_cpu: (f64, f64),
-    /// Server CPU µs per unit: with lockkit, with `-M prepared`, with `-M extended`.
-    pub server_cpu: (f64, f64, f64),
-    /// lockkit's p99 latency, ms.
-    pub p99_ms: f64,
-    /// Whether a pgbench queue ran dry.
-    pub ran_dry: bool,
-    /// Whether lockkit's books balanced in every run.
-    pub ok: bool,
-}
-
-impl PgbenchSummary {
-    /// pgbench's median rate in `mode`.
-    pub fn rate(&self, mode: Mode) -> f64 {
-        self.modes
-            .iter()
-            .find(|m| m.0 == mode)
-            .map_or(f64::NAN, |m| m.1)
-    }
-
-    /// lockkit / pgbench in `mode`: median, min, max.
-    pub fn ratio(&self, mode: Mode) -> (f64, f64, f64) {
-        self.modes
-            .iter()
-            .find(|m| m.0 == mode)
-            .map_or((f64::NAN, f64::NAN, f64::NAN), |m| m.2)
-    }
-}
-
-fn spread(values: &[f64]) -> (f64, f64, f64) {
-    (
-        median(values),
-        values.iter().copied().fold(f64::INFINITY, f64::min),
-        values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-    )
-}
-
-/// One [`PgbenchSummary`] per script measured.
-pub fn pgbench_summaries(results: &Results) -> Vec<PgbenchSummary> {
-    Script::ALL
-        .iter()
-        .filter_map(|&script| {
-            let pairs: Vec<_> = results
-                .pgbench
-                .iter()
-                .filter(|p| p.script == script)
-                .collect();
-            if pairs.is_empty() {
-                return None;
-            }
-            let runs = |mode: Mode| -> Vec<&crate::run::pgbench::PgbenchRun> {
-                pairs
-                    .iter()
-                    .flat_map(|p| p.pgbench.iter())
-                    .filter(|r| r.mode == mode)
-                    .collect()
-            };
-            let lockkit_med = |f: &dyn Fn(&Sample) -> f64| {
-                median(&pairs.iter().map(|p| f(&p.lockkit)).collect::<Vec<_>>())
-            };
-            let run_med = |mode: Mode, f: &dyn Fn(&crate::run::pgbench::PgbenchRun) -> f64| {
-                median(&runs(mode).iter().map(|r| f(r)).collect::<Vec<_>>())
-            };
-            Some(PgbenchSummary {
-                script,
-                lockkit: lockkit_med(&|s| s.throughput()),
-                modes: Mode::ALL
-                    .iter()
-                    .map(|&mode| {
-                        let rate = median(
-                            &pairs
-                                .iter()
-                                .map(|p| p.pgbench_rate(mode))
-                                .collect::<Vec<_>>(),
-                        );
-                        let ratios: Vec<f64> = pairs.iter().map(|p| p.ratio(mode)).collect();
-                        (mode, rate, spread(&ratios))
-                    })
-                    .collect(),
-                client_cpu: (
-                    lockkit_med(&|s| s.client_cpu_us()),
-                    run_med(Mode::Prepared, &|r| r.client_cpu_us()),
-                ),
-                server_cpu: (
-                    lockkit_med(&|s| s.server_cpu_us()),
-                    run_med(Mode::Prepared, &|r| r.server_cpu_us()),
-                    run_med(Mode::Extended, &|r| r.server_cpu_us()),
-                ),
-                p99_ms: lockkit_med(&|s| s.latency_ms(0.99)),
-                ran_dry: pairs
-                    .iter()
-                    .flat_map(|p| p.pgbench.iter())
-                    .any(|r| r.ran_dry),
-                ok: pairs.iter().all(|p| p.lockkit.check.ok),
-            })
-        })
-        .collect()
-}
 
 /// `12,345`.
 pub fn rate(v: f64) -> String {

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::machine::{Machine, ServerInfo};
-use super::pgbench::{Mode, PgbenchRun, Script};
+use super::pgbench::{PgbenchRun, Script};
 use super::profile::callgrind::CallgrindRow;
 use super::profile::ProfileRow;
 use super::sample::Sample;
@@ -20,13 +20,6 @@ pub struct Pair {
     pub hand: Sample,
 }
 
-impl Pair {
-    /// lockkit's throughput over the hand-written one's.
-    pub fn ratio(&self) -> f64 {
-        self.lockkit.throughput() / self.hand.throughput()
-    }
-}
-
 /// lockkit and pgbench on the same SQL, from one repetition.
 #[derive(Debug, Clone)]
 pub struct PgbenchPair {
@@ -38,24 +31,6 @@ pub struct PgbenchPair {
     pub lockkit: Sample,
     /// pgbench (two runs per mode).
     pub pgbench: Vec<PgbenchRun>,
-}
-
-impl PgbenchPair {
-    /// pgbench's mean rate in `mode` (units per second).
-    pub fn pgbench_rate(&self, mode: Mode) -> f64 {
-        let rates: Vec<f64> = self
-            .pgbench
-            .iter()
-            .filter(|r| r.mode == mode)
-            .map(|r| r.units_per_s)
-            .collect();
-        rates.iter().sum::<f64>() / rates.len().max(1) as f64
-    }
-
-    /// lockkit's rate over pgbench's in `mode`.
-    pub fn ratio(&self, mode: Mode) -> f64 {
-        self.lockkit.throughput() / self.pgbench_rate(mode)
-    }
 }
 
 /// Everything one benchmark run measured.
