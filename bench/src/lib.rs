@@ -24,7 +24,6 @@
 //! type ([`ops`]); the runner ([`runner`]) is generic over the backend.
 
 pub mod analysis;
-pub mod charts;
 pub mod db;
 pub mod error;
 pub mod plan;

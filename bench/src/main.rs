@@ -7,8 +7,9 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use lockkit_bench::plan::Settings;
+use lockkit_bench::report::{self, charts};
 use lockkit_bench::run::profile::{self, alloc};
-use lockkit_bench::{charts, report, run, Backend, BenchError};
+use lockkit_bench::{run, Backend, BenchError};
 
 #[global_allocator]
 static ALLOCATOR: alloc::Counting = alloc::Counting;

@@ -91,7 +91,7 @@ fn the_whole_pipeline_writes_the_report_and_charts() {
     settings.out_dir = out.clone();
     let results = lockkit_bench::run::all(settings).expect("suite");
     std::fs::create_dir_all(&out).expect("out dir");
-    let charts = lockkit_bench::charts::write_all(&results, &out).expect("charts");
+    let charts = lockkit_bench::report::charts::write_all(&results, &out).expect("charts");
     assert!(charts.contains(&"hot_row.svg".to_owned()), "{charts:?}");
     let md = lockkit_bench::report::markdown(&results);
     for section in [

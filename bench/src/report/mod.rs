@@ -1,5 +1,7 @@
 //! `docs/BENCHMARKS.md`: written from the measured numbers, nothing by hand.
 
+pub mod charts;
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
