@@ -6,6 +6,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
+use super::format::rate;
 use crate::analysis::ratios::{overhead, pgbench_summaries, PgbenchSummary, OVERHEAD_TARGET};
 use crate::analysis::statistics::summaries;
 use crate::plan::{paired_cases, HOT_WORKERS};
@@ -123,7 +124,7 @@ fn hot_row(results: &Results, path: &Path) -> Result<bool, BenchError> {
             })
             .x_desc("workers")
             .y_desc("updates/s")
-            .y_label_formatter(&|v| crate::report::rate(*v))
+            .y_label_formatter(&|v| rate(*v))
             .draw()
             .map_err(err)?;
         for (k, (_, points)) in series.into_iter().enumerate() {
@@ -254,11 +255,7 @@ fn overhead_chart(results: &Results, path: &Path) -> Result<bool, BenchError> {
 }
 
 /// A bar series of the pgbench chart: label, colour, value.
-type Bar = (
-    String,
-    RGBColor,
-    Box<dyn Fn(&PgbenchSummary) -> f64>,
-);
+type Bar = (String, RGBColor, Box<dyn Fn(&PgbenchSummary) -> f64>);
 
 /// lockkit against pgbench (three ways) per script.
 fn pgbench_chart(results: &Results, path: &Path) -> Result<bool, BenchError> {
@@ -296,7 +293,7 @@ fn pgbench_chart(results: &Results, path: &Path) -> Result<bool, BenchError> {
                 String::new()
             }
         })
-        .y_label_formatter(&|v| crate::report::rate(*v))
+        .y_label_formatter(&|v| rate(*v))
         .draw()
         .map_err(err)?;
     let bars: [Bar; 4] = [
