@@ -1,7 +1,7 @@
 //! "What lockkit itself costs": time and allocations per call (in-memory
 //! SQLite) and where the extra client work goes.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
 use super::format::{rate, ratio};
 use super::Report;
@@ -9,25 +9,25 @@ use crate::analysis::ratios::overhead;
 use crate::analysis::statistics::median;
 use crate::{Backend, Case, Strategy, Workload};
 
-pub(super) fn section(w: &mut String, report: &Report) {
+pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let results = report.results;
     if results.profile.is_empty() && results.callgrind.is_empty() {
-        return;
+        return Ok(());
     }
-    let _ = writeln!(w, "## What lockkit itself costs\n");
+    writeln!(w, "## What lockkit itself costs\n")?;
     if !results.profile.is_empty() {
-        let _ = writeln!(
+        writeln!(
             w,
             "Each call and its twin on one in-memory SQLite connection, one thread: no network \
              and no disk to hide the library's own time.\n"
-        );
-        let _ = writeln!(
+        )?;
+        writeln!(
             w,
             "| call | lockkit ns | compared with | ns | lockkit / other time | lockkit allocations | other allocations |"
-        );
-        let _ = writeln!(w, "| --- | ---: | --- | ---: | ---: | ---: | ---: |");
+        )?;
+        writeln!(w, "| --- | ---: | --- | ---: | ---: | ---: | ---: |")?;
         for r in &results.profile {
-            let _ = writeln!(
+            writeln!(
                 w,
                 "| `{}` | {} | {} | {} | {:.2} | {:.1} | {:.1} |",
                 r.name,
@@ -37,9 +37,9 @@ pub(super) fn section(w: &mut String, report: &Report) {
                 r.lockkit_ns / r.other_ns,
                 r.lockkit_allocs,
                 r.other_allocs
-            );
+            )?;
         }
-        let _ = writeln!(w);
+        writeln!(w)?;
     }
     let extra = |name: &str, backend: Backend| {
         results
@@ -195,19 +195,20 @@ pub(super) fn section(w: &mut String, report: &Report) {
         }
     }
     if !notes.is_empty() {
-        let _ = writeln!(
+        writeln!(
             w,
             "Where lockkit's extra client work goes (callgrind, `--profile-only`):\n"
-        );
+        )?;
         for n in notes {
-            let _ = writeln!(w, "{n}");
+            writeln!(w, "{n}")?;
         }
-        let _ = writeln!(
+        writeln!(
             w,
             "\nThe first changes the server's work too (a parse and plan per `UPDATE` on \
              PostgreSQL, a prepare round trip on MySQL); the others are client CPU, a few µs per \
              call: within this machine's noise on the throughput ratios above, visible when the \
              client's CPU is the limit.\n"
-        );
+        )?;
     }
+    Ok(())
 }

@@ -2,7 +2,7 @@
 //! instruction counts when callgrind ran; then the pgbench comparison
 //! ([`super::pgbench`]) and the retry waste ([`super::retry_waste`]).
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
 use super::format::{rate, ratio};
 use super::Report;
@@ -12,14 +12,14 @@ use crate::plan;
 use crate::run::profile::callgrind::CallgrindRow;
 use crate::{Case, Workload};
 
-pub(super) fn section(w: &mut String, report: &Report) {
+pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let (results, bs) = (report.results, report.backends.as_slice());
-    let _ = writeln!(w, "## Headline\n");
-    let _ = writeln!(
+    writeln!(w, "## Headline\n")?;
+    writeln!(
         w,
         "### lockkit / hand-written Diesel (the same SQL) — target {OVERHEAD_TARGET:.2} or better\n"
-    );
-    let _ = writeln!(
+    )?;
+    writeln!(
         w,
         "Throughput through lockkit divided by the same statements written with plain Diesel, \
          run alternately ({} × `lockkit, hand, hand, lockkit`, {:.2} s each) in every \
@@ -27,35 +27,35 @@ pub(super) fn section(w: &mut String, report: &Report) {
          the spread shows what this machine's noise is worth.\n",
         results.settings.pair_rounds,
         results.settings.pair_limits.run.as_secs_f64()
-    );
-    let _ = write!(w, "| case |");
+    )?;
+    write!(w, "| case |")?;
     for b in bs {
-        let _ = write!(w, " {b} |");
+        write!(w, " {b} |")?;
     }
-    let _ = writeln!(w);
-    let _ = writeln!(w, "| --- |{}", " ---: |".repeat(bs.len()));
+    writeln!(w)?;
+    writeln!(w, "| --- |{}", " ---: |".repeat(bs.len()))?;
     let mut all = Vec::new();
     for case in plan::paired_cases() {
-        let _ = write!(w, "| {} |", short_label(&case));
+        write!(w, "| {} |", short_label(&case))?;
         for &b in bs {
             match overhead(results, b, &case) {
                 Some((m, lo, hi)) => {
                     all.push(m);
-                    let _ = write!(w, " **{}** ({}–{}) |", ratio(m), ratio(lo), ratio(hi));
+                    write!(w, " **{}** ({}–{}) |", ratio(m), ratio(lo), ratio(hi))?;
                 }
                 None => {
-                    let _ = write!(w, " – |");
+                    write!(w, " – |")?;
                 }
             }
         }
-        let _ = writeln!(w);
+        writeln!(w)?;
     }
     let below: Vec<f64> = all
         .iter()
         .copied()
         .filter(|r| *r < OVERHEAD_TARGET)
         .collect();
-    let _ = writeln!(
+    writeln!(
         w,
         "\nMedian of all {} cells: **{}**; {} below {OVERHEAD_TARGET:.2}. ![lockkit / hand-written](overhead.svg)\n",
         all.len(),
@@ -65,12 +65,13 @@ pub(super) fn section(w: &mut String, report: &Report) {
         } else {
             format!("{} ({})", below.len(), below.iter().map(|r| ratio(*r)).collect::<Vec<_>>().join(", "))
         }
-    );
+    )?;
     if !results.callgrind.is_empty() {
-        callgrind_table(w, &results.callgrind);
+        callgrind_table(w, &results.callgrind)?;
     }
-    super::pgbench::section(w, report);
-    super::retry_waste::section(w, report);
+    super::pgbench::section(w, report)?;
+    super::retry_waste::section(w, report)?;
+    Ok(())
 }
 
 fn short_label(case: &Case) -> String {
@@ -95,20 +96,20 @@ fn short_label(case: &Case) -> String {
     }
 }
 
-fn callgrind_table(w: &mut String, rows: &[CallgrindRow]) {
-    let _ = writeln!(
+fn callgrind_table(w: &mut String, rows: &[CallgrindRow]) -> fmt::Result {
+    writeln!(
         w,
         "Client instructions per call (`valgrind --tool=callgrind`, counted inside the measured \
          loop only, one connection; the wait for the server costs no instructions). Unlike \
          wall-clock time these do not move with the machine's load:\n"
-    );
-    let _ = writeln!(
+    )?;
+    writeln!(
         w,
         "| call | backend | lockkit | compared with | instructions | lockkit / compared |"
-    );
-    let _ = writeln!(w, "| --- | --- | ---: | --- | ---: | ---: |");
+    )?;
+    writeln!(w, "| --- | --- | ---: | --- | ---: | ---: |")?;
     for r in rows {
-        let _ = writeln!(
+        writeln!(
             w,
             "| `{}` | {} | {} | {} | {} | {:.3} |",
             r.name,
@@ -117,7 +118,8 @@ fn callgrind_table(w: &mut String, rows: &[CallgrindRow]) {
             r.other_title,
             rate(r.other),
             r.lockkit / r.other
-        );
+        )?;
     }
-    let _ = writeln!(w, "\nWhere the extra instructions go is in [What lockkit itself costs](#what-lockkit-itself-costs).\n");
+    writeln!(w, "\nWhere the extra instructions go is in [What lockkit itself costs](#what-lockkit-itself-costs).\n")?;
+    Ok(())
 }

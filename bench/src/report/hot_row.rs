@@ -1,18 +1,18 @@
 //! Section 2, the hot row: every hot-row strategy at every worker count, per
 //! backend, with its latencies, conflicts and correctness.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
 use super::format::{check_cell, ms, num, rate};
 use super::{hot, Report};
 use crate::plan::HOT_WORKERS;
 use crate::{Backend, Case, Strategy, INITIAL_STOCK};
 
-pub(super) fn section(w: &mut String, report: &Report) {
+pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let get = |b: Backend, c: &Case| report.get(b, c);
     let bs = report.backends.as_slice();
-    let _ = writeln!(w, "## 2. Hot row\n");
-    let _ = writeln!(
+    writeln!(w, "## 2. Hot row\n")?;
+    writeln!(
         w,
         "All workers take one unit from the same row (stock {}), as fast as they can:\n\n\
          * **naive**: read the stock, write `stock = <read> - 1`. No lockkit; loses updates.\n\
@@ -25,40 +25,40 @@ pub(super) fn section(w: &mut String, report: &Report) {
          * **atomic update_if**: `lockkit::atomic::update_if(conn, UPDATE .. SET stock = stock - 1 \
          WHERE id = ? AND stock >= 1)`, no transaction.\n",
         rate(f64::from(INITIAL_STOCK))
-    );
-    let _ = writeln!(w, "![hot row throughput](hot_row.svg)\n");
+    )?;
+    writeln!(w, "![hot row throughput](hot_row.svg)\n")?;
     for &b in bs {
-        let _ = writeln!(w, "### {b}\n");
-        let _ = write!(w, "| strategy |");
+        writeln!(w, "### {b}\n")?;
+        write!(w, "| strategy |")?;
         for n in HOT_WORKERS {
-            let _ = write!(w, " {n} worker{} /s |", if n == 1 { "" } else { "s" });
+            write!(w, " {n} worker{} /s |", if n == 1 { "" } else { "s" })?;
         }
-        let _ = writeln!(w);
-        let _ = writeln!(w, "| --- |{}", " ---: |".repeat(HOT_WORKERS.len()));
+        writeln!(w)?;
+        writeln!(w, "| --- |{}", " ---: |".repeat(HOT_WORKERS.len()))?;
         for s in Strategy::HOT_ROW {
-            let _ = write!(w, "| {} |", s.title());
+            write!(w, "| {} |", s.title())?;
             for n in HOT_WORKERS {
-                let _ = write!(
+                write!(
                     w,
                     " {} |",
                     get(b, &hot(s, n)).map_or("–".into(), |x| rate(x.throughput))
-                );
+                )?;
             }
-            let _ = writeln!(w);
+            writeln!(w)?;
         }
-        let _ = writeln!(w);
-        let _ = writeln!(
+        writeln!(w)?;
+        writeln!(
             w,
             "| strategy | workers | p50 ms | p99 ms | attempts / success | conflicts per run | deadlocks per run | gave up per run | correctness |"
-        );
-        let _ = writeln!(
+        )?;
+        writeln!(
             w,
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
-        );
+        )?;
         for s in Strategy::HOT_ROW {
             for n in HOT_WORKERS {
                 if let Some(x) = get(b, &hot(s, n)) {
-                    let _ = writeln!(
+                    writeln!(
                         w,
                         "| {} | {n} | {} | {} | {:.2} | {} | {} | {} | {} |",
                         s.title(),
@@ -69,15 +69,16 @@ pub(super) fn section(w: &mut String, report: &Report) {
                         num(x.deadlocks),
                         num(x.gave_up),
                         check_cell(x)
-                    );
+                    )?;
                 }
             }
         }
-        let _ = writeln!(w);
+        writeln!(w)?;
     }
-    let _ = writeln!(
+    writeln!(
         w,
         "Conflicts are `Stale` writes (optimistic), `Busy` rows (nowait) and lock timeouts. \"Gave up\" counts operations whose retries ran out (`RetriesExhausted`); they \
          sold nothing and are not in the throughput.\n"
-    );
+    )?;
+    Ok(())
 }

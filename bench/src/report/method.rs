@@ -1,16 +1,16 @@
 //! "How it was measured": the method, with this run's settings.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
 use super::format::rate;
 use super::Report;
 use crate::INITIAL_STOCK;
 
-pub(super) fn section(w: &mut String, report: &Report) {
+pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let results = report.results;
     let s = &results.settings;
-    let _ = writeln!(w, "## How it was measured\n");
-    let _ = writeln!(
+    writeln!(w, "## How it was measured\n")?;
+    writeln!(
         w,
         "* One command: `cargo run --release -p lockkit-bench` (`-- --quick` for one short \
          repetition). It creates a database `lkbench_<pid>_*` on each server (SQLite: a file in \
@@ -77,13 +77,14 @@ pub(super) fn section(w: &mut String, report: &Report) {
              server's own `innodb_flush_log_at_trx_commit` (above)."
         },
         rate(s.profile_ops as f64),
-    );
+    )?;
     for note in &results.notes {
-        let _ = writeln!(w, "* **Skipped**: {note}");
+        writeln!(w, "* **Skipped**: {note}")?;
     }
     if !results.notes.is_empty() {
-        let _ = writeln!(w);
+        writeln!(w)?;
     }
+    Ok(())
 }
 
 fn humantime(d: std::time::Duration) -> String {

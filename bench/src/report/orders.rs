@@ -1,18 +1,18 @@
 //! Section 4, multi-row orders: row by row (deadlocks, retried) against
 //! `lock_all` (key order).
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
 use super::format::{check_cell, ms, num, rate};
 use super::Report;
 use crate::plan::ORDER_WORKERS;
 use crate::{Backend, Case, Strategy, Workload, ORDER_ITEMS};
 
-pub(super) fn section(w: &mut String, report: &Report) {
+pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let get = |b: Backend, c: &Case| report.get(b, c);
     let bs = report.backends.as_slice();
-    let _ = writeln!(w, "## 4. Multi-row orders\n");
-    let _ = writeln!(
+    writeln!(w, "## 4. Multi-row orders\n")?;
+    writeln!(
         w,
         "{ORDER_WORKERS} workers place orders of 2 or 3 distinct items out of {ORDER_ITEMS}, \
          in random order, one unit each, all or nothing, inside `lockkit::locked_transaction` \
@@ -22,19 +22,19 @@ pub(super) fn section(w: &mut String, report: &Report) {
          one (`Error::Deadlock`) and `retry` runs it again.\n\
          * **lock_all**: `Item::lock_all(conn, &ids)`: one `SELECT .. ORDER BY id FOR UPDATE`, \
          rows locked in key order, so no cycle of waits can form.\n"
-    );
-    let _ = writeln!(
+    )?;
+    writeln!(
         w,
         "| backend | strategy | orders/s | p50 ms | p99 ms | attempts / success | deadlocks per run | gave up per run | correctness |"
-    );
-    let _ = writeln!(
+    )?;
+    writeln!(
         w,
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
-    );
+    )?;
     for &b in bs {
         for s in [Strategy::NaiveOrder, Strategy::LockAll] {
             if let Some(x) = get(b, &Case::new(Workload::Orders, s, ORDER_WORKERS)) {
-                let _ = writeln!(
+                writeln!(
                     w,
                     "| {b} | {} | {} | {} | {} | {:.2} | {} | {} | {} |",
                     s.title(),
@@ -45,15 +45,16 @@ pub(super) fn section(w: &mut String, report: &Report) {
                     num(x.deadlocks),
                     num(x.gave_up),
                     check_cell(x)
-                );
+                )?;
             }
         }
     }
-    let _ = writeln!(
+    writeln!(
         w,
         "\nPostgreSQL looks for deadlocks only after a lock wait of `deadlock_timeout` (see the \
          settings above), so there every deadlock also costs that long; MariaDB detects them at \
          once. SQLite has no row locks: `BEGIN IMMEDIATE` makes writers take turns, and it \
          cannot deadlock.\n"
-    );
+    )?;
+    Ok(())
 }

@@ -1,23 +1,23 @@
 //! The headline's pgbench comparison (PostgreSQL only): lockkit against
 //! pgbench sending the same SQL three ways, and what makes up the gap.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
 use super::format::{rate, ratio, us};
 use super::Report;
 use crate::analysis::ratios::{pgbench_summaries, PgbenchSummary, PGBENCH_TARGET};
 use crate::run::pgbench::{self, Mode};
 
-pub(super) fn section(w: &mut String, report: &Report) {
+pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let results = report.results;
     let pg = pgbench_summaries(results);
     if !pg.is_empty() {
-        let _ = writeln!(
+        writeln!(
             w,
             "### lockkit / pgbench (the same SQL, {} clients) — target {PGBENCH_TARGET:.2} or better\n",
             pgbench::CLIENTS
-        );
-        let _ = writeln!(
+        )?;
+        writeln!(
             w,
             "PostgreSQL only. pgbench runs the statements lockkit sends, with bound parameters \
              (`-c {} -T {}`, scripts in [method](#how-it-was-measured)), in three ways: \
@@ -32,21 +32,21 @@ pub(super) fn section(w: &mut String, report: &Report) {
             pgbench::CLIENTS,
             results.settings.pgbench_secs,
             pgbench::CLIENTS
-        );
-        let _ = writeln!(
+        )?;
+        writeln!(
             w,
             "| script | lockkit /s | pgbench `-M prepared -j 2` /s | **lockkit / server limit** | `-M extended -j 2` /s | lockkit / that | `-M extended -j 16` /s | lockkit / that | client CPU µs: lockkit · pgbench | server CPU µs: lockkit · prepared · extended | correctness |"
-        );
-        let _ = writeln!(
+        )?;
+        writeln!(
             w,
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
-        );
+        )?;
         for s in &pg {
             let r = |m: Mode| {
                 let (med, lo, hi) = s.ratio(m);
                 format!("{} ({}–{})", ratio(med), ratio(lo), ratio(hi))
             };
-            let _ = writeln!(
+            writeln!(
                 w,
                 "| {}{} | {} | {} | **{}** | {} | {} | {} | {} | {} · {} | {} · {} · {} | {} |",
                 s.script.title(),
@@ -68,14 +68,15 @@ pub(super) fn section(w: &mut String, report: &Report) {
                 us(s.server_cpu.1),
                 us(s.server_cpu.2),
                 if s.ok { "✅" } else { "❌" }
-            );
+            )?;
         }
-        let _ = writeln!(w, "\n![lockkit and pgbench](pgbench.svg)\n");
-        pgbench_reading(w, &pg);
+        writeln!(w, "\n![lockkit and pgbench](pgbench.svg)\n")?;
+        pgbench_reading(w, &pg)?;
     }
+    Ok(())
 }
 
-fn pgbench_reading(w: &mut String, pg: &[PgbenchSummary]) {
+fn pgbench_reading(w: &mut String, pg: &[PgbenchSummary]) -> fmt::Result {
     // Values in the table's row order.
     let list =
         |f: &dyn Fn(&PgbenchSummary) -> String| pg.iter().map(f).collect::<Vec<_>>().join(", ");
@@ -87,13 +88,13 @@ fn pgbench_reading(w: &mut String, pg: &[PgbenchSummary]) {
         .filter(|s| s.ratio(Mode::Prepared).0 < PGBENCH_TARGET)
         .collect();
     if below.is_empty() {
-        let _ = writeln!(
+        writeln!(
             w,
             "Every script reaches the target against the server's own limit.\n"
-        );
-        return;
+        )?;
+        return Ok(());
     }
-    let _ = writeln!(
+    writeln!(
         w,
         "Below target against the server's own limit: {}. The gap is Diesel's, not lockkit's: \
          the hand-written Diesel twins run as fast as lockkit (table above), and against pgbench \
@@ -110,8 +111,8 @@ fn pgbench_reading(w: &mut String, pg: &[PgbenchSummary]) {
             .join(", "),
         list(&|s| ratio(s.ratio(Mode::Extended).0)),
         list(&|s| ratio(s.ratio(Mode::ExtendedThreads).0)),
-    );
-    let _ = writeln!(
+    )?;
+    writeln!(
         w,
         "* **Diesel never caches an `UPDATE`.** Diesel 2.3 marks every `UpdateStatement` unsafe \
          to cache (an `Option` in a changeset would change its SQL), so each `UPDATE` goes out as \
@@ -120,8 +121,8 @@ fn pgbench_reading(w: &mut String, pg: &[PgbenchSummary]) {
          and the server CPU column shows where it goes. In `with_lock` and the queue the `UPDATE` \
          runs while the row lock is held, so its parse and plan lengthen every holder's turn.",
         loss(Mode::Prepared, Mode::Extended),
-    );
-    let _ = writeln!(
+    )?;
+    writeln!(
         w,
         "* **One thread per connection.** The benchmark's 16 workers each block in a synchronous \
          Diesel call; pgbench multiplexes 16 connections on 2 threads. On 2 cores shared with the \
@@ -129,5 +130,6 @@ fn pgbench_reading(w: &mut String, pg: &[PgbenchSummary]) {
          holder whose thread waits for a core holds the lock longer. pgbench loses {} going from \
          `-j 2` to `-j 16`.\n",
         loss(Mode::Extended, Mode::ExtendedThreads),
-    );
+    )?;
+    Ok(())
 }

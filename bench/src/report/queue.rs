@@ -1,7 +1,7 @@
 //! Section 3, the queue drain: `queue::claim` in batches of 1 and 10 next to
 //! its hand-written twin.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
 use super::format::{check_cell, ms, num, rate, ratio};
 use super::Report;
@@ -9,13 +9,13 @@ use crate::analysis::ratios::overhead;
 use crate::plan::QUEUE_WORKERS;
 use crate::{Backend, Case, Strategy, Workload};
 
-pub(super) fn section(w: &mut String, report: &Report) {
+pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let results = report.results;
     let get = |b: Backend, c: &Case| report.get(b, c);
     let bs = report.backends.as_slice();
     let settings = &results.settings;
-    let _ = writeln!(w, "## 3. Queue drain\n");
-    let _ = writeln!(
+    writeln!(w, "## 3. Queue drain\n")?;
+    writeln!(
         w,
         "{QUEUE_WORKERS} workers drain a `jobs` table ({} jobs per run) with \
          `lockkit::queue::claim(conn, jobs.filter(done.eq(false)).order(id).select(id), n)` \
@@ -25,21 +25,21 @@ pub(super) fn section(w: &mut String, report: &Report) {
          (SQLite: `BEGIN IMMEDIATE`, no lock clause). \"No job twice\" is checked from the ids \
          every worker claimed and the table's `done` count.\n",
         rate(f64::from(settings.limits.jobs))
-    );
-    let _ = writeln!(
+    )?;
+    writeln!(
         w,
         "| backend | batch | lockkit jobs/s | hand-written jobs/s | lockkit / hand | p50 ms | p99 ms | attempts / success | deadlocks | correctness |"
-    );
-    let _ = writeln!(
+    )?;
+    writeln!(
         w,
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
-    );
+    )?;
     for &b in bs {
         for batch in [1, 10] {
             let case = Case::new(Workload::Queue, Strategy::Claim, QUEUE_WORKERS).batch(batch);
             if let (Some(l), Some(h)) = (get(b, &case), get(b, &case.hand())) {
                 let r = overhead(results, b, &case).map_or(f64::NAN, |r| r.0);
-                let _ = writeln!(
+                writeln!(
                     w,
                     "| {b} | {batch} | {} | {} | {} | {} | {} | {:.2} | {} | {} |",
                     rate(l.throughput),
@@ -50,9 +50,10 @@ pub(super) fn section(w: &mut String, report: &Report) {
                     l.attempts_per_success,
                     num(l.deadlocks),
                     check_cell(l)
-                );
+                )?;
             }
         }
     }
-    let _ = writeln!(w, "\nLatency is per claimed batch.\n");
+    writeln!(w, "\nLatency is per claimed batch.\n")?;
+    Ok(())
 }

@@ -1,10 +1,10 @@
 //! "Reproduce": the commands.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
-pub(super) fn section(w: &mut String) {
-    let _ = writeln!(w, "## Reproduce\n");
-    let _ = writeln!(
+pub(super) fn section(w: &mut String) -> fmt::Result {
+    writeln!(w, "## Reproduce\n")?;
+    writeln!(
         w,
         "```sh\n\
          cargo run --release -p lockkit-bench                 # full run, ~9 minutes, writes docs/\n\
@@ -17,5 +17,6 @@ pub(super) fn section(w: &mut String) {
          Servers: `PG_DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`), \
          `MYSQL_DATABASE_URL` (default `mysql://root@127.0.0.1:3306/test`); pgbench from the \
          `PATH`, `/usr/lib/postgresql/*/bin` or `PGBENCH`."
-    );
+    )?;
+    Ok(())
 }

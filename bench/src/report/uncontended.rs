@@ -1,7 +1,7 @@
 //! Section 1, the uncontended versioned update: lockkit next to the same
 //! hand-written `UPDATE`, per backend and worker count.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
 use super::format::{check_cell, ms, num, rate, ratio};
 use super::Report;
@@ -9,32 +9,32 @@ use crate::analysis::ratios::overhead;
 use crate::plan::UNCONTENDED_WORKERS;
 use crate::{Backend, Case, Strategy, Workload};
 
-pub(super) fn section(w: &mut String, report: &Report) {
+pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let results = report.results;
     let get = |b: Backend, c: &Case| report.get(b, c);
     let bs = report.backends.as_slice();
-    let _ = writeln!(w, "## 1. Uncontended versioned update\n");
-    let _ = writeln!(
+    writeln!(w, "## 1. Uncontended versioned update\n")?;
+    writeln!(
         w,
         "Each worker updates its own row with `item.update_versioned(&mut conn)` (one \
          `UPDATE .. WHERE id = ? AND lock_version = ?`), next to the same statement written \
          by hand with plain Diesel and its own row-count check. No conflicts: this is the \
          price of the version check itself.\n"
-    );
-    let _ = writeln!(
+    )?;
+    writeln!(
         w,
         "| backend | workers | lockkit /s | hand-written /s | lockkit / hand | p50 ms | p99 ms | attempts / success | deadlocks | correctness |"
-    );
-    let _ = writeln!(
+    )?;
+    writeln!(
         w,
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
-    );
+    )?;
     for &b in bs {
         for workers in UNCONTENDED_WORKERS {
             let case = Case::new(Workload::Uncontended, Strategy::Versioned, workers);
             if let (Some(l), Some(h)) = (get(b, &case), get(b, &case.hand())) {
                 let r = overhead(results, b, &case).map_or(f64::NAN, |r| r.0);
-                let _ = writeln!(
+                writeln!(
                     w,
                     "| {b} | {workers} | {} | {} | {} | {} | {} | {:.2} | {} | {} |",
                     rate(l.throughput),
@@ -45,9 +45,10 @@ pub(super) fn section(w: &mut String, report: &Report) {
                     l.attempts_per_success,
                     num(l.deadlocks),
                     check_cell(l)
-                );
+                )?;
             }
         }
     }
-    let _ = writeln!(w);
+    writeln!(w)?;
+    Ok(())
 }

@@ -1,7 +1,7 @@
 //! "Which strategy when": the advice, each point drawn from the numbers below it
 //! in the report.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
 use super::format::{ms, num, rate, ratio};
 use super::{hot, Report};
@@ -9,14 +9,14 @@ use crate::analysis::ratios::overhead;
 use crate::plan::{IMMEDIATE, ORDER_WORKERS, QUEUE_WORKERS, RETRY_WORKERS};
 use crate::{Backend, Case, Retry, Strategy, Workload};
 
-pub(super) fn section(w: &mut String, report: &Report) {
+pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let (results, sums, bs) = (report.results, &report.sums, report.backends.as_slice());
     let get = |b: Backend, c: &Case| sums.get(&(b, *c));
-    let _ = writeln!(w, "## Which strategy when\n");
-    let _ = writeln!(
+    writeln!(w, "## Which strategy when\n")?;
+    writeln!(
         w,
         "Drawn from the numbers below (hot row at 16 workers unless said otherwise).\n"
-    );
+    )?;
     let tp = |b: Backend, s: Strategy, n: usize| get(b, &hot(s, n)).map(|x| x.throughput);
     let per_backend = |f: &dyn Fn(Backend) -> Option<String>| -> String {
         bs.iter()
@@ -42,7 +42,7 @@ pub(super) fn section(w: &mut String, report: &Report) {
         })
         .collect();
     let atomic_best = best.iter().filter(|(_, s)| *s == Strategy::Atomic).count();
-    let _ = writeln!(
+    writeln!(
         w,
         "* **The change fits in one `UPDATE` → `atomic::update_if`.** {} No read, no lock held \
          across a round trip, no retries ({}).",
@@ -60,7 +60,7 @@ pub(super) fn section(w: &mut String, report: &Report) {
             let l = tp(b, Strategy::WithLock, 16)?;
             Some(format!("{}/s, {:.1}× with_lock", rate(a), a / l))
         })
-    );
+    )?;
     let hot16 = |b: Backend, st: Strategy| get(b, &hot(st, 16));
     let describe = |st: Strategy| {
         per_backend(&|b| {
@@ -75,7 +75,7 @@ pub(super) fn section(w: &mut String, report: &Report) {
             })
         })
     };
-    let _ = writeln!(
+    writeln!(
         w,
         "* **Read, decide, write a row that many write → `with_lock` when every operation must \
          go through, optimistic + retry when throughput matters more.** `with_lock` never \
@@ -84,7 +84,7 @@ pub(super) fn section(w: &mut String, report: &Report) {
         describe(Strategy::WithLock),
         describe(Strategy::Optimistic),
         describe(Strategy::Nowait),
-    );
+    )?;
     let cg = |name: &str| {
         bs.iter()
             .filter_map(|&b| {
@@ -98,7 +98,7 @@ pub(super) fn section(w: &mut String, report: &Report) {
             .join(", ")
     };
     let versioned_cg = cg("update_versioned");
-    let _ = writeln!(
+    writeln!(
         w,
         "* **Conflicts are rare, or the edit spans a user's think time → `update_versioned`.** \
          Uncontended it runs at the speed of the same hand-written `UPDATE` (lockkit / \
@@ -120,7 +120,7 @@ pub(super) fn section(w: &mut String, report: &Report) {
             .map(|x| format!("{:.2}", x.attempts_per_success))),
         per_backend(&|b| get(b, &hot(Strategy::Optimistic, 32))
             .map(|x| format!("{:.2}", x.attempts_per_success))),
-    );
+    )?;
     let order = |b: Backend, s: Strategy| get(b, &Case::new(Workload::Orders, s, ORDER_WORKERS));
     let deadlocking: Vec<Backend> = bs
         .iter()
@@ -134,16 +134,19 @@ pub(super) fn section(w: &mut String, report: &Report) {
             .join("; ")
     };
     if !deadlocking.is_empty() {
-        let _ =
-            writeln!(
+        writeln!(
             w,
             "* **Several rows in one transaction → `lock_all`.** Locking them one at a time in \
              the buyer's order deadlocked {} times per run ({} orders/s); `lock_all` locks in \
              key order and deadlocked {} times ({} orders/s).{}",
-            per(&deadlocking, &|b| order(b, Strategy::NaiveOrder).map(|x| num(x.deadlocks))),
-            per(&deadlocking, &|b| order(b, Strategy::NaiveOrder).map(|x| rate(x.throughput))),
-            per(&deadlocking, &|b| order(b, Strategy::LockAll).map(|x| num(x.deadlocks))),
-            per(&deadlocking, &|b| order(b, Strategy::LockAll).map(|x| rate(x.throughput))),
+            per(&deadlocking, &|b| order(b, Strategy::NaiveOrder)
+                .map(|x| num(x.deadlocks))),
+            per(&deadlocking, &|b| order(b, Strategy::NaiveOrder)
+                .map(|x| rate(x.throughput))),
+            per(&deadlocking, &|b| order(b, Strategy::LockAll)
+                .map(|x| num(x.deadlocks))),
+            per(&deadlocking, &|b| order(b, Strategy::LockAll)
+                .map(|x| rate(x.throughput))),
             if bs.contains(&Backend::Sqlite) && !deadlocking.contains(&Backend::Sqlite) {
                 " On SQLite, where writers take turns and nothing deadlocks, it is insurance \
                  only, and row by row is faster there (cached statements; `lock_all`'s \
@@ -151,7 +154,7 @@ pub(super) fn section(w: &mut String, report: &Report) {
             } else {
                 ""
             }
-        );
+        )?;
     }
     let queue = |b: Backend, n: i64| {
         get(
@@ -159,7 +162,7 @@ pub(super) fn section(w: &mut String, report: &Report) {
             &Case::new(Workload::Queue, Strategy::Claim, QUEUE_WORKERS).batch(n),
         )
     };
-    let _ = writeln!(
+    writeln!(
         w,
         "* **A work queue → `queue::claim`, in batches.** No job ran twice in any run; batches \
          of 10 drain {} the jobs per second of batches of 1.",
@@ -168,10 +171,10 @@ pub(super) fn section(w: &mut String, report: &Report) {
             let one = queue(b, 1)?.throughput;
             Some(format!("{:.1}×", ten / one))
         })
-    );
+    )?;
     let retry_row =
         |b: Backend, r: Retry| get(b, &hot(Strategy::Optimistic, RETRY_WORKERS).retry(r));
-    let _ = writeln!(
+    writeln!(
         w,
         "* **Keep the default backoff.** `RetryPolicy::immediate({n})` on the hot row needs {} \
          attempts per success where `RetryPolicy::default()` needs {}.",
@@ -181,20 +184,21 @@ pub(super) fn section(w: &mut String, report: &Report) {
             &|b| retry_row(b, Retry::Default).map(|x| format!("{:.2}", x.attempts_per_success))
         ),
         n = IMMEDIATE[0],
-    );
-    let _ = writeln!(
+    )?;
+    writeln!(
         w,
         "* **Never the naive read-modify-write.** It is fast because it is wrong: {} updates \
          lost per run at 16 workers.",
         per_backend(&|b| get(b, &hot(Strategy::Naive, 16)).map(|x| num(x.lost))),
-    );
+    )?;
     if bs.contains(&Backend::Sqlite) {
-        let _ = writeln!(
+        writeln!(
             w,
             "* **SQLite** has one writer at a time, so every safe strategy serializes writers \
              (`with_lock` is `BEGIN IMMEDIATE`); `atomic::update_if` and `with_lock` are the \
              ones that never retry."
-        );
+        )?;
     }
-    let _ = writeln!(w);
+    writeln!(w)?;
+    Ok(())
 }
