@@ -8,6 +8,7 @@ use clap::Parser;
 
 use lockkit_bench::plan::Settings;
 use lockkit_bench::report::{self, charts};
+use lockkit_bench::run::ops::Session;
 use lockkit_bench::run::profile::{self, alloc};
 use lockkit_bench::{run, Backend, BenchError};
 
@@ -116,7 +117,10 @@ fn run(cli: Cli) -> Result<(), BenchError> {
             [one] => *one,
             _ => Backend::Sqlite,
         };
-        let (ns, allocs, bytes) = profile::run_one(&name, ops, backend)?;
+        let session = Session {
+            durable: settings.durable,
+        };
+        let (ns, allocs, bytes) = profile::run_one(&name, ops, backend, session)?;
         println!("{name}: {ops} calls, {ns:.0} ns/call, {allocs:.2} allocations/call, {bytes:.0} bytes/call");
         return Ok(());
     }

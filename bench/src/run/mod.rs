@@ -21,7 +21,7 @@ use crate::db::BenchDb;
 use crate::plan::{paired_cases, single_cases, Settings};
 use crate::{Backend, BenchError, Case, Limits, MAX_WORKERS};
 use machine::{Machine, ServerInfo};
-use ops::{BenchConnection, DURABLE};
+use ops::{BenchConnection, Session};
 use pgbench::{Mode, Script};
 use results::{Pair, PgbenchPair, Results};
 use runner::{pool, run_case, run_pair, BenchPool};
@@ -34,13 +34,13 @@ struct BackendRun<C: BenchConnection> {
 }
 
 impl<C: BenchConnection> BackendRun<C> {
-    fn open(backend: Backend) -> Result<Self, BenchError> {
+    fn open(backend: Backend, session: Session) -> Result<Self, BenchError> {
         let db = BenchDb::create(backend, "run")?;
         let mut conn = C::establish(&db.url)?;
-        conn.configure_session()?;
+        conn.configure_session(session)?;
         conn.create_schema()?;
         drop(conn);
-        let pool = pool::<C>(&db.url, MAX_WORKERS as u32)?;
+        let pool = pool::<C>(&db.url, MAX_WORKERS as u32, session)?;
         Ok(BackendRun { pool, db })
     }
 }
@@ -162,7 +162,9 @@ fn run_pgbench(
 /// Runs everything `settings` asks for.
 pub fn all(settings: Settings) -> Result<Results, BenchError> {
     let started = Instant::now();
-    DURABLE.store(settings.durable, std::sync::atomic::Ordering::Relaxed);
+    let session = Session {
+        durable: settings.durable,
+    };
     let mut results = Results {
         machine: Machine::read(),
         settings: settings.clone(),
@@ -193,13 +195,13 @@ pub fn all(settings: Settings) -> Result<Results, BenchError> {
     results.settings = settings.clone();
     let has = |b| settings.backends.contains(&b);
     let pg = has(Backend::Postgres)
-        .then(|| BackendRun::<PgConnection>::open(Backend::Postgres))
+        .then(|| BackendRun::<PgConnection>::open(Backend::Postgres, session))
         .transpose()?;
     let my = has(Backend::Mysql)
-        .then(|| BackendRun::<MysqlConnection>::open(Backend::Mysql))
+        .then(|| BackendRun::<MysqlConnection>::open(Backend::Mysql, session))
         .transpose()?;
     let lite = has(Backend::Sqlite)
-        .then(|| BackendRun::<SqliteConnection>::open(Backend::Sqlite))
+        .then(|| BackendRun::<SqliteConnection>::open(Backend::Sqlite, session))
         .transpose()?;
     if let Some(r) = &pg {
         results
@@ -245,14 +247,15 @@ pub fn all(settings: Settings) -> Result<Results, BenchError> {
     Ok(results)
 }
 
-/// Runs one case once on a fresh database of `backend` (the smoke test's entry).
+/// Runs one case once on a fresh database of `backend`, with the default
+/// session settings (the smoke test's entry).
 pub fn one(backend: Backend, case: &Case, limits: &Limits) -> Result<Sample, BenchError> {
     fn go<C: BenchConnection>(
         backend: Backend,
         case: &Case,
         limits: &Limits,
     ) -> Result<Sample, BenchError> {
-        let run = BackendRun::<C>::open(backend)?;
+        let run = BackendRun::<C>::open(backend, Session::default())?;
         run_case(&run.pool, case, limits)
     }
     match backend {

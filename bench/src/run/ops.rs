@@ -27,7 +27,7 @@ pub trait BenchConnection: R2D2Connection + SimpleConnection + Send + 'static {
     /// Which backend this is.
     const BACKEND: Backend;
     /// Session settings for every connection.
-    fn configure_session(&mut self) -> QueryResult<()>;
+    fn configure_session(&mut self, session: Session) -> QueryResult<()>;
     /// Creates the tables.
     fn create_schema(&mut self) -> QueryResult<()>;
     /// Empties `items` and inserts the hot row, the workers' rows and the order
@@ -105,32 +105,30 @@ where
 /// The hand-written retry loop's attempts: those of `RetryPolicy::default()`.
 pub const HAND_ATTEMPTS: u32 = 5;
 
-/// Whether the benchmark's PostgreSQL sessions commit durably
-/// (`synchronous_commit = on`); see `--durable`.
-pub static DURABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-#[allow(dead_code)]
-fn durable() -> bool {
-    DURABLE.load(std::sync::atomic::Ordering::Relaxed)
+/// What the session settings of every benchmark connection depend on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Session {
+    /// `--durable`: PostgreSQL sessions commit durably (`synchronous_commit = on`).
+    pub durable: bool,
 }
 
 /// PostgreSQL: asynchronous commit unless `--durable` (the server's own setting is
 /// reported), and a lock timeout as a safety bound.
-fn postgres_session(conn: &mut diesel::PgConnection) -> QueryResult<()> {
-    let commit = if durable() { "on" } else { "off" };
+fn postgres_session(conn: &mut diesel::PgConnection, session: Session) -> QueryResult<()> {
+    let commit = if session.durable { "on" } else { "off" };
     conn.batch_execute(&format!(
         "SET synchronous_commit = {commit}; SET lock_timeout = '10s';"
     ))
 }
 
 /// MariaDB/MySQL: a lock wait timeout as a safety bound.
-fn mysql_session(conn: &mut diesel::MysqlConnection) -> QueryResult<()> {
+fn mysql_session(conn: &mut diesel::MysqlConnection, _: Session) -> QueryResult<()> {
     conn.batch_execute("SET SESSION innodb_lock_wait_timeout = 10;")
 }
 
 /// SQLite: writers wait for the write lock (up to 5 s) instead of failing at
 /// once; WAL with `synchronous = NORMAL` (no fsync per commit).
-fn sqlite_session(conn: &mut diesel::SqliteConnection) -> QueryResult<()> {
+fn sqlite_session(conn: &mut diesel::SqliteConnection, _: Session) -> QueryResult<()> {
     conn.batch_execute("PRAGMA busy_timeout = 5000; PRAGMA synchronous = NORMAL;")
 }
 
@@ -201,8 +199,8 @@ macro_rules! bench_backend {
             impl BenchConnection for Conn {
                 const BACKEND: Backend = $backend;
 
-                fn configure_session(&mut self) -> QueryResult<()> {
-                    $session(self)
+                fn configure_session(&mut self, session: super::Session) -> QueryResult<()> {
+                    $session(self, session)
                 }
 
                 fn create_schema(&mut self) -> QueryResult<()> {

@@ -12,7 +12,7 @@ use hdrhistogram::Histogram;
 
 use super::check::Check;
 use super::cpu;
-use super::ops::BenchConnection;
+use super::ops::{BenchConnection, Session};
 use super::sample::Sample;
 use super::worker::{Counts, OpError, WorkerState};
 use crate::{BenchError, Case, Limits, Workload};
@@ -25,22 +25,26 @@ pub type Pooled<C> = PooledConnection<ConnectionManager<C>>;
 
 /// Applies the backend's session settings to every connection the pool opens.
 #[derive(Debug)]
-struct Session;
+struct ApplySession(Session);
 
-impl<C: BenchConnection> CustomizeConnection<C, diesel::r2d2::Error> for Session {
+impl<C: BenchConnection> CustomizeConnection<C, diesel::r2d2::Error> for ApplySession {
     fn on_acquire(&self, conn: &mut C) -> Result<(), diesel::r2d2::Error> {
-        conn.configure_session()
+        conn.configure_session(self.0)
             .map_err(diesel::r2d2::Error::QueryError)
     }
 }
 
 /// A pool of `size` connections to `url` with the session settings.
-pub fn pool<C: BenchConnection>(url: &str, size: u32) -> Result<BenchPool<C>, BenchError> {
+pub fn pool<C: BenchConnection>(
+    url: &str,
+    size: u32,
+    session: Session,
+) -> Result<BenchPool<C>, BenchError> {
     Pool::builder()
         .max_size(size)
         .min_idle(Some(0))
         .connection_timeout(Duration::from_secs(30))
-        .connection_customizer(Box::new(Session))
+        .connection_customizer(Box::new(ApplySession(session)))
         .build(ConnectionManager::<C>::new(url))
         .map_err(|e| BenchError::Pool(e.to_string()))
 }
