@@ -66,7 +66,7 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
              changes its SQL between calls), so SQLite compiles each `UPDATE` again, PostgreSQL \
              parses and plans it again (unnamed statement) and MySQL spends a prepare round trip \
              on it. The same versioned `UPDATE` as a hand-built statement that Diesel may cache \
-             (`CacheableVersionedUpdate` in `bench/src/ops.rs`) takes {} ns and {:.0} allocations \
+             (`CacheableVersionedUpdate` in `bench/src/run/ops/versioned.rs`) takes {} ns and {:.0} allocations \
              where `update_versioned` takes {} ns and {:.0}{}. This is the largest saving \
              available to lockkit, and the one place where it could beat hand-written Diesel: \
              build the versioned `UPDATE` as lockkit's own `QueryFragment` (`UPDATE` + the \

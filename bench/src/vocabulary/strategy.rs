@@ -63,7 +63,7 @@ pub enum Flavor {
     /// Plain Diesel, no lockkit.
     Hand,
     /// Plain Diesel with a hand-built statement that Diesel may cache (the
-    /// client-cost profile only; see `ops::CacheableVersionedUpdate`).
+    /// client-cost profile only; see `run::ops::versioned::CacheableVersionedUpdate`).
     HandCached,
 }
 
