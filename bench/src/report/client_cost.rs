@@ -3,8 +3,8 @@
 
 use std::fmt::{self, Write as _};
 
+use super::context::Report;
 use super::format::{rate, ratio};
-use super::Report;
 use crate::analysis::ratios::overhead;
 use crate::analysis::statistics::median;
 use crate::{Backend, Case, Strategy, Workload};

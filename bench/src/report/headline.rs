@@ -4,8 +4,8 @@
 
 use std::fmt::{self, Write as _};
 
+use super::context::Report;
 use super::format::{rate, ratio};
-use super::Report;
 use crate::analysis::ratios::{overhead, OVERHEAD_TARGET};
 use crate::analysis::statistics::median;
 use crate::plan;

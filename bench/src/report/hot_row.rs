@@ -3,8 +3,8 @@
 
 use std::fmt::{self, Write as _};
 
+use super::context::{hot, Report};
 use super::format::{check_cell, ms, num, rate};
-use super::{hot, Report};
 use crate::plan::HOT_WORKERS;
 use crate::{Backend, Case, Strategy, INITIAL_STOCK};
 

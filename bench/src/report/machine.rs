@@ -2,7 +2,7 @@
 
 use std::fmt::{self, Write as _};
 
-use super::Report;
+use super::context::Report;
 
 pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let results = report.results;

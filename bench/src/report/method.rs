@@ -2,8 +2,8 @@
 
 use std::fmt::{self, Write as _};
 
+use super::context::Report;
 use super::format::rate;
-use super::Report;
 use crate::INITIAL_STOCK;
 
 pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {

@@ -1,11 +1,12 @@
 //! `docs/BENCHMARKS.md`: written from the measured numbers, nothing by hand.
 //!
 //! [`markdown`] writes the sections in order, one file each; every section
-//! reads the same [`Report`]: the results, their summaries and the backends
-//! that ran. The charts beside it are [`charts`].
+//! reads the same `Report` (`context.rs`): the results, their summaries and
+//! the backends that ran. The charts beside it are [`charts`].
 
 pub mod charts;
 mod client_cost;
+mod context;
 mod format;
 mod headline;
 mod hot_row;
@@ -19,42 +20,14 @@ mod retry_waste;
 mod uncontended;
 mod which_strategy;
 
-use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 
-use crate::analysis::statistics::{summaries, Summary};
 use crate::run::results::Results;
-use crate::{Backend, Case, Strategy, Workload};
-
-/// What every section reads: the results, their summaries per (backend,
-/// case), and the backends that ran, in report order.
-struct Report<'a> {
-    results: &'a Results,
-    sums: BTreeMap<(Backend, Case), Summary>,
-    backends: Vec<Backend>,
-}
-
-impl Report<'_> {
-    /// The summary of `case` on `backend`, if it ran.
-    fn get(&self, backend: Backend, case: &Case) -> Option<&Summary> {
-        self.sums.get(&(backend, *case))
-    }
-}
-
-fn hot(strategy: Strategy, workers: usize) -> Case {
-    Case::new(Workload::HotRow, strategy, workers)
-}
+use context::Report;
 
 /// The Markdown report.
 pub fn markdown(results: &Results) -> String {
-    let report = Report {
-        results,
-        sums: summaries(results),
-        backends: Backend::ALL
-            .into_iter()
-            .filter(|b| results.settings.backends.contains(b))
-            .collect(),
-    };
+    let report = Report::new(results);
     let mut md = String::new();
     write(&mut md, &report).expect("writing to a String does not fail");
     md

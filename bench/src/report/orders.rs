@@ -3,8 +3,8 @@
 
 use std::fmt::{self, Write as _};
 
+use super::context::Report;
 use super::format::{check_cell, ms, num, rate};
-use super::Report;
 use crate::plan::ORDER_WORKERS;
 use crate::{Backend, Case, Strategy, Workload, ORDER_ITEMS};
 

@@ -3,8 +3,8 @@
 
 use std::fmt::{self, Write as _};
 
+use super::context::Report;
 use super::format::{rate, ratio, us};
-use super::Report;
 use crate::analysis::ratios::{pgbench_summaries, PgbenchSummary, PGBENCH_TARGET};
 use crate::run::pgbench::{self, Mode};
 

@@ -3,8 +3,8 @@
 
 use std::fmt::{self, Write as _};
 
+use super::context::{hot, Report};
 use super::format::{num, rate};
-use super::{hot, Report};
 use crate::plan::{IMMEDIATE, RETRY_WORKERS};
 use crate::{Retry, Strategy};
 

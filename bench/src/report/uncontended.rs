@@ -3,8 +3,8 @@
 
 use std::fmt::{self, Write as _};
 
+use super::context::Report;
 use super::format::{check_cell, ms, num, rate, ratio};
-use super::Report;
 use crate::analysis::ratios::overhead;
 use crate::plan::UNCONTENDED_WORKERS;
 use crate::{Backend, Case, Strategy, Workload};

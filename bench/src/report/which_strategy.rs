@@ -3,8 +3,8 @@
 
 use std::fmt::{self, Write as _};
 
+use super::context::{hot, Report};
 use super::format::{ms, num, rate, ratio};
-use super::{hot, Report};
 use crate::analysis::ratios::overhead;
 use crate::plan::{IMMEDIATE, ORDER_WORKERS, QUEUE_WORKERS, RETRY_WORKERS};
 use crate::{Backend, Case, Retry, Strategy, Workload};
