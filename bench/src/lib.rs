@@ -20,8 +20,24 @@
 //! how close lockkit gets to the server's own limit), and the retry waste of
 //! `RetryPolicy::default()` against `RetryPolicy::immediate(n)`.
 //!
-//! The per-backend code is written once in a macro and instantiated per connection
-//! type ([`ops`]); the runner ([`runner`]) is generic over the backend.
+//! # The pipeline
+//!
+//! Each stage is a module and imports only from the stages before it:
+//!
+//! 1. [`vocabulary`]: the words: backends, workloads, strategies, a case, the
+//!    tables;
+//! 2. [`plan`]: what runs, how long and how often ([`plan::Settings`], the
+//!    cases);
+//! 3. [`run`]: the measurements: the worker runs ([`run::runner`]) of the
+//!    operations, one file per strategy ([`run::ops`]), next to pgbench
+//!    ([`run::pgbench`]) and the client-cost profile ([`run::profile`]); all of
+//!    it gathered in [`run::results::Results`];
+//! 4. [`analysis`]: medians and summaries ([`analysis::statistics`]), lockkit's
+//!    ratios to hand-written Diesel and to pgbench ([`analysis::ratios`]);
+//! 5. [`report`]: `BENCHMARKS.md`, one file per section, and the charts.
+//!
+//! Beside them: [`error`] (the error that stops the benchmark) and [`db`] (the
+//! backends and a fresh database per run).
 
 pub mod analysis;
 pub mod db;
@@ -30,10 +46,3 @@ pub mod plan;
 pub mod report;
 pub mod run;
 pub mod vocabulary;
-
-pub use db::Backend;
-pub use error::BenchError;
-pub use vocabulary::{
-    Case, Flavor, Limits, Retry, Strategy, Workload, HOT_ID, INITIAL_STOCK, MAX_WORKERS,
-    ORDER_ITEMS, ORDER_ITEM_BASE, OWN_BASE,
-};

@@ -6,11 +6,13 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+use lockkit_bench::error::BenchError;
 use lockkit_bench::plan::Settings;
 use lockkit_bench::report::{self, charts};
+use lockkit_bench::run;
 use lockkit_bench::run::ops::Session;
 use lockkit_bench::run::profile::{self, alloc};
-use lockkit_bench::{run, Backend, BenchError};
+use lockkit_bench::vocabulary::Backend;
 
 #[global_allocator]
 static ALLOCATOR: alloc::Counting = alloc::Counting;

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::{Backend, Case, Limits, Retry, Strategy, Workload};
+use crate::vocabulary::{Backend, Case, Limits, Retry, Strategy, Workload};
 
 /// Everything that sets how long the benchmark runs.
 #[derive(Debug, Clone)]

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lockkit_bench::{Backend, Case, Limits, Strategy, Workload};
+use lockkit_bench::vocabulary::{Backend, Case, Limits, Strategy, Workload};
 
 fn limits() -> Limits {
     Limits {

@@ -6,7 +6,7 @@ use super::statistics::{median, spread};
 use crate::run::pgbench::{Mode, PgbenchRun, Script};
 use crate::run::results::{Pair, PgbenchPair, Results};
 use crate::run::sample::Sample;
-use crate::{Backend, Case};
+use crate::vocabulary::{Backend, Case};
 
 /// The overhead target: lockkit / hand-written.
 pub const OVERHEAD_TARGET: f64 = 0.97;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::run::results::Results;
 use crate::run::sample::Sample;
-use crate::{Backend, Case};
+use crate::vocabulary::{Backend, Case};
 
 /// The median of some numbers (NaN when there are none); NaNs are ignored.
 pub fn median(values: &[f64]) -> f64 {

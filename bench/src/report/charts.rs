@@ -9,10 +9,11 @@ use plotters::prelude::*;
 use super::format::rate;
 use crate::analysis::ratios::{overhead, pgbench_summaries, PgbenchSummary, OVERHEAD_TARGET};
 use crate::analysis::statistics::summaries;
+use crate::error::BenchError;
 use crate::plan::{paired_cases, HOT_WORKERS};
 use crate::run::pgbench::Mode;
 use crate::run::results::Results;
-use crate::{Backend, BenchError, Case, Strategy, Workload};
+use crate::vocabulary::{Backend, Case, Strategy, Workload};
 
 fn err<E: std::fmt::Display>(e: E) -> BenchError {
     BenchError::Other(format!("chart: {e}"))

@@ -7,7 +7,7 @@ use super::context::Report;
 use super::format::{rate, ratio};
 use crate::analysis::ratios::overhead;
 use crate::analysis::statistics::median;
-use crate::{Backend, Case, Strategy, Workload};
+use crate::vocabulary::{Backend, Case, Strategy, Workload};
 
 pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let results = report.results;
@@ -52,7 +52,7 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let cacheable_profile = results
         .profile
         .iter()
-        .find(|r| r.other.flavor == crate::Flavor::HandCached);
+        .find(|r| r.other.flavor == crate::vocabulary::Flavor::HandCached);
     let cacheable_cg: Vec<String> = results
         .callgrind
         .iter()

@@ -10,7 +10,7 @@ use crate::analysis::ratios::{overhead, OVERHEAD_TARGET};
 use crate::analysis::statistics::median;
 use crate::plan;
 use crate::run::profile::callgrind::CallgrindRow;
-use crate::{Case, Workload};
+use crate::vocabulary::{Case, Workload};
 
 pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let (results, bs) = (report.results, report.backends.as_slice());

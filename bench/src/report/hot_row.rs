@@ -6,7 +6,7 @@ use std::fmt::{self, Write as _};
 use super::context::{hot, Report};
 use super::format::{check_cell, ms, num, rate};
 use crate::plan::HOT_WORKERS;
-use crate::{Backend, Case, Strategy, INITIAL_STOCK};
+use crate::vocabulary::{Backend, Case, Strategy, INITIAL_STOCK};
 
 pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let get = |b: Backend, c: &Case| report.get(b, c);

@@ -22,7 +22,7 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     writeln!(
         w,
         "* **Client**: this benchmark, release build, Diesel 2.3 (libpq, libmariadb, bundled SQLite), r2d2 pool of {} connections, one thread per worker.\n",
-        crate::MAX_WORKERS
+        crate::vocabulary::MAX_WORKERS
     )?;
     for s in &results.servers {
         writeln!(w, "**{}**: {}\n", s.backend, s.version.trim())?;

@@ -4,7 +4,7 @@ use std::fmt::{self, Write as _};
 
 use super::context::Report;
 use super::format::rate;
-use crate::INITIAL_STOCK;
+use crate::vocabulary::INITIAL_STOCK;
 
 pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let results = report.results;

@@ -6,7 +6,7 @@ use std::fmt::{self, Write as _};
 use super::context::Report;
 use super::format::{check_cell, ms, num, rate};
 use crate::plan::ORDER_WORKERS;
-use crate::{Backend, Case, Strategy, Workload, ORDER_ITEMS};
+use crate::vocabulary::{Backend, Case, Strategy, Workload, ORDER_ITEMS};
 
 pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let get = |b: Backend, c: &Case| report.get(b, c);

@@ -6,7 +6,7 @@ use std::fmt::{self, Write as _};
 use super::context::{hot, Report};
 use super::format::{num, rate};
 use crate::plan::{IMMEDIATE, RETRY_WORKERS};
-use crate::{Retry, Strategy};
+use crate::vocabulary::{Retry, Strategy};
 
 pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let (sums, bs) = (&report.sums, report.backends.as_slice());

@@ -7,7 +7,7 @@ use super::context::Report;
 use super::format::{check_cell, ms, num, rate, ratio};
 use crate::analysis::ratios::overhead;
 use crate::plan::UNCONTENDED_WORKERS;
-use crate::{Backend, Case, Strategy, Workload};
+use crate::vocabulary::{Backend, Case, Strategy, Workload};
 
 pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let results = report.results;

@@ -7,7 +7,7 @@ use super::context::{hot, Report};
 use super::format::{ms, num, rate, ratio};
 use crate::analysis::ratios::overhead;
 use crate::plan::{IMMEDIATE, ORDER_WORKERS, QUEUE_WORKERS, RETRY_WORKERS};
-use crate::{Backend, Case, Retry, Strategy, Workload};
+use crate::vocabulary::{Backend, Case, Retry, Strategy, Workload};
 
 pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let (results, sums, bs) = (report.results, &report.sums, report.backends.as_slice());

@@ -3,7 +3,9 @@
 
 use super::worker::Counts;
 use crate::vocabulary::schema::Item;
-use crate::{Case, Workload, HOT_ID, INITIAL_STOCK, ORDER_ITEMS, ORDER_ITEM_BASE, OWN_BASE};
+use crate::vocabulary::{
+    Case, Workload, HOT_ID, INITIAL_STOCK, ORDER_ITEMS, ORDER_ITEM_BASE, OWN_BASE,
+};
 
 /// What the tables hold after a run.
 #[derive(Debug, Clone, Default)]

@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 use diesel::{MysqlConnection, PgConnection, SqliteConnection};
 
 use crate::db::BenchDb;
+use crate::error::BenchError;
 use crate::plan::{paired_cases, single_cases, Settings};
-use crate::{Backend, BenchError, Case, Limits, MAX_WORKERS};
+use crate::vocabulary::{Backend, Case, Limits, MAX_WORKERS};
 use machine::{Machine, ServerInfo};
 use ops::{BenchConnection, Session};
 use pgbench::{Mode, Script};

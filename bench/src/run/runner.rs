@@ -15,7 +15,8 @@ use super::cpu;
 use super::ops::{BenchConnection, Session};
 use super::sample::Sample;
 use super::worker::{Counts, OpError, WorkerState};
-use crate::{BenchError, Case, Limits, Workload};
+use crate::error::BenchError;
+use crate::vocabulary::{Case, Limits, Workload};
 
 /// The pool every run of one backend uses.
 pub type BenchPool<C> = Pool<ConnectionManager<C>>;

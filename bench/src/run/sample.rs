@@ -7,7 +7,7 @@ use hdrhistogram::Histogram;
 use super::check::Check;
 use super::cpu::{micros_per, Cpu};
 use super::worker::Counts;
-use crate::{Backend, Case, Workload};
+use crate::vocabulary::{Backend, Case, Workload};
 
 /// One measured run (or the merge of a few slices of the same case).
 #[derive(Debug, Clone)]

@@ -1,7 +1,7 @@
 //! Every operation of every workload, written once and instantiated per backend.
 //!
 //! Diesel checks query types per backend, so (as in `examples/shop`) the code is
-//! a macro, [`bench_backend!`], instantiated for `PgConnection`,
+//! a macro, `bench_backend!`, instantiated for `PgConnection`,
 //! `MysqlConnection` and `SqliteConnection`; inside it `Conn` is that type. The
 //! only per-backend differences are the DDL, the session settings and, for the
 //! hand-written SQL, whether the backend has row locks: SQLite has none, so its
@@ -9,11 +9,11 @@
 //!
 //! This file holds the connection's setup (schema, session, reset, tally) and
 //! the dispatch from a [`Case`] to its operation; the operations themselves are
-//! in one file per [`Strategy`](crate::Strategy), the lockkit call next to its
+//! in one file per [`Strategy`](crate::vocabulary::Strategy), the lockkit call next to its
 //! hand-written twin: `versioned.rs`, `naive.rs`, `optimistic.rs`,
 //! `with_lock.rs`, `nowait.rs`, `atomic.rs`, `claim.rs`, `naive_order.rs`,
 //! `lock_all.rs`. Each writes its functions with a macro that
-//! [`bench_backend!`] expands.
+//! `bench_backend!` expands.
 //!
 //! Each operation counts what it saw (attempts, stale writes, busy rows,
 //! deadlocks) in the worker's [`WorkerState`] and returns how many units it
@@ -36,9 +36,9 @@ use diesel::QueryResult;
 
 use crate::run::check::Tally;
 use crate::run::worker::{OpError, WorkerState};
-use crate::{Backend, Case};
+use crate::vocabulary::{Backend, Case};
 
-/// A connection type the benchmark runs on; implemented by [`bench_backend!`].
+/// A connection type the benchmark runs on; implemented by `bench_backend!`.
 pub trait BenchConnection: R2D2Connection + SimpleConnection + Send + 'static {
     /// Which backend this is.
     const BACKEND: Backend;
@@ -47,7 +47,7 @@ pub trait BenchConnection: R2D2Connection + SimpleConnection + Send + 'static {
     /// Creates the tables.
     fn create_schema(&mut self) -> QueryResult<()>;
     /// Empties `items` and inserts the hot row, the workers' rows and the order
-    /// items, each with [`INITIAL_STOCK`](crate::INITIAL_STOCK).
+    /// items, each with [`INITIAL_STOCK`](crate::vocabulary::INITIAL_STOCK).
     fn reset_items(&mut self) -> QueryResult<()>;
     /// Empties `jobs` and enqueues `count` jobs (ids `1..=count`). No `ANALYZE`:
     /// with every job pending, statistics make `done = ?` look unselective, and the
@@ -145,7 +145,7 @@ macro_rules! bench_backend {
             use crate::run::check::Tally;
             use crate::run::worker::{OpError, WorkerState};
             use crate::vocabulary::schema::{items, jobs, Item, NewItem, NewJob};
-            use crate::{
+            use crate::vocabulary::{
                 Backend, Case, Flavor, Strategy, Workload, HOT_ID, INITIAL_STOCK, MAX_WORKERS,
                 ORDER_ITEMS, ORDER_ITEM_BASE, OWN_BASE,
             };

@@ -8,8 +8,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+use crate::error::BenchError;
 use crate::run::profile::{comparisons, side_name};
-use crate::{Backend, BenchError, Case, Strategy};
+use crate::vocabulary::{Backend, Case, Strategy};
 
 /// One comparison on one backend.
 #[derive(Debug, Clone)]

@@ -14,10 +14,11 @@ use std::time::Instant;
 use diesel::{Connection, SqliteConnection};
 
 use crate::db::BenchDb;
+use crate::error::BenchError;
 use crate::run::ops::{BenchConnection, Session};
 use crate::run::profile::alloc::{allocated_bytes, allocations};
 use crate::run::worker::{OpError, WorkerState};
-use crate::{Backend, BenchError, Case, Flavor, Strategy, Workload};
+use crate::vocabulary::{Backend, Case, Flavor, Strategy, Workload};
 
 /// One compared call.
 #[derive(Debug, Clone)]
