@@ -1,6 +1,16 @@
-//! The whole benchmark, run as [`crate::plan`] says: repetitions outermost,
-//! backend by backend; lockkit-versus-hand-written pairs `a b b a` within a
-//! repetition ([`run_pair`]).
+//! The measurements: [`all`] runs the whole benchmark as [`crate::plan`] says
+//! (repetitions outermost, backend by backend; lockkit-versus-hand-written
+//! pairs `a b b a` within a repetition, [`run_pair`]) and hands on
+//! [`results::Results`].
+//!
+//! * [`runner`]: one measured run of a case: reset the tables, start the
+//!   workers together, stop them, check the books;
+//! * [`ops`]: what a worker does, one file per strategy, per backend;
+//! * [`worker`], [`check`], [`sample`]: what a worker counts, whether a run's
+//!   books balance, and what one run yields;
+//! * [`pgbench`]: the same SQL through `pgbench`;
+//! * [`profile`]: client-side cost per call, and instructions by callgrind;
+//! * [`cpu`], [`machine`]: where the CPU went, and what it ran on.
 
 pub mod check;
 pub mod cpu;
