@@ -1,4 +1,8 @@
-//! A fresh database per backend for one benchmark run, removed at the end.
+//! The backends, and a fresh database per backend for one benchmark run,
+//! removed at the end.
+//!
+//! [`Backend`], [`admin_url`] and [`with_database`] have twins in the other
+//! crates of the workspace; they are kept together in this one file.
 //!
 //! PostgreSQL and MariaDB/MySQL are found through `PG_DATABASE_URL` and
 //! `MYSQL_DATABASE_URL` (defaults: `postgres://postgres@127.0.0.1:5432/test`,
@@ -6,10 +10,62 @@
 //! to that database and drops it when done. Databases left by a benchmark process
 //! that no longer runs are dropped first. SQLite is a file in the temp directory.
 
+use std::fmt;
+
 use diesel::connection::SimpleConnection;
 use diesel::{Connection, RunQueryDsl};
 
-use crate::{Backend, BenchError};
+use crate::error::BenchError;
+
+/// A database backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Backend {
+    /// PostgreSQL.
+    Postgres,
+    /// MariaDB or MySQL.
+    Mysql,
+    /// SQLite (bundled, a file in the temp directory).
+    Sqlite,
+}
+
+impl Backend {
+    /// Every backend, in report order.
+    pub const ALL: [Backend; 3] = [Backend::Postgres, Backend::Mysql, Backend::Sqlite];
+
+    /// The short name used on the command line and in file names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Postgres => "postgres",
+            Backend::Mysql => "mysql",
+            Backend::Sqlite => "sqlite",
+        }
+    }
+
+    /// The name shown in the report.
+    pub fn title(self) -> &'static str {
+        match self {
+            Backend::Postgres => "PostgreSQL",
+            Backend::Mysql => "MariaDB",
+            Backend::Sqlite => "SQLite",
+        }
+    }
+
+    /// Parses a short name (`pg` and `mariadb` are accepted too).
+    pub fn parse(name: &str) -> Option<Backend> {
+        match name {
+            "postgres" | "pg" | "postgresql" => Some(Backend::Postgres),
+            "mysql" | "mariadb" => Some(Backend::Mysql),
+            "sqlite" => Some(Backend::Sqlite),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.title())
+    }
+}
 
 /// The admin URL of a server backend (from its environment variable or the default).
 pub fn admin_url(backend: Backend) -> String {

@@ -6,8 +6,13 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use lockkit_bench::suite::{self, Settings};
-use lockkit_bench::{alloc, charts, profile, report, Backend, BenchError};
+use lockkit_bench::error::BenchError;
+use lockkit_bench::plan::Settings;
+use lockkit_bench::report::{self, charts};
+use lockkit_bench::run;
+use lockkit_bench::run::ops::Session;
+use lockkit_bench::run::profile::{self, alloc};
+use lockkit_bench::vocabulary::Backend;
 
 #[global_allocator]
 static ALLOCATOR: alloc::Counting = alloc::Counting;
@@ -114,7 +119,10 @@ fn run(cli: Cli) -> Result<(), BenchError> {
             [one] => *one,
             _ => Backend::Sqlite,
         };
-        let (ns, allocs, bytes) = profile::run_one(&name, ops, backend)?;
+        let session = Session {
+            durable: settings.durable,
+        };
+        let (ns, allocs, bytes) = profile::run_one(&name, ops, backend, session)?;
         println!("{name}: {ops} calls, {ns:.0} ns/call, {allocs:.2} allocations/call, {bytes:.0} bytes/call");
         return Ok(());
     }
@@ -131,7 +139,7 @@ fn run(cli: Cli) -> Result<(), BenchError> {
             .join(", "),
         settings.out_dir.display()
     );
-    let results = suite::run(settings)?;
+    let results = run::all(settings)?;
     let dir = &results.settings.out_dir;
     std::fs::create_dir_all(dir)?;
     let charts = charts::write_all(&results, dir)?;

@@ -3,8 +3,7 @@
 
 use std::time::Duration;
 
-use lockkit_bench::suite::run_one;
-use lockkit_bench::{Backend, Case, Limits, Strategy, Workload};
+use lockkit_bench::vocabulary::{Backend, Case, Limits, Strategy, Workload};
 
 fn limits() -> Limits {
     Limits {
@@ -17,7 +16,7 @@ fn limits() -> Limits {
 #[test]
 fn hot_row_with_lock_loses_nothing() {
     let case = Case::new(Workload::HotRow, Strategy::WithLock, 4);
-    let sample = run_one(Backend::Sqlite, &case, &limits()).expect("run");
+    let sample = lockkit_bench::run::one(Backend::Sqlite, &case, &limits()).expect("run");
     assert!(sample.counts.successes > 0, "{sample:?}");
     assert!(sample.check.ok, "{}", sample.check.detail);
     assert_eq!(sample.check.lost, 0);
@@ -37,7 +36,7 @@ fn optimistic_and_atomic_balance_the_books() {
         if flavor_hand {
             case = case.hand();
         }
-        let sample = run_one(Backend::Sqlite, &case, &limits()).expect("run");
+        let sample = lockkit_bench::run::one(Backend::Sqlite, &case, &limits()).expect("run");
         assert!(sample.counts.successes > 0, "{}", case.label());
         assert!(sample.check.ok, "{}: {}", case.label(), sample.check.detail);
     }
@@ -46,7 +45,7 @@ fn optimistic_and_atomic_balance_the_books() {
 #[test]
 fn queue_runs_no_job_twice() {
     let case = Case::new(Workload::Queue, Strategy::Claim, 4).batch(10);
-    let sample = run_one(Backend::Sqlite, &case, &limits()).expect("run");
+    let sample = lockkit_bench::run::one(Backend::Sqlite, &case, &limits()).expect("run");
     assert!(sample.check.ok, "{}", sample.check.detail);
     assert!(sample.counts.units > 0);
     // The queue is small: it drains before the time limit, and every job ran once.
@@ -60,7 +59,7 @@ fn orders_and_uncontended_updates_balance() {
         Case::new(Workload::Uncontended, Strategy::Versioned, 2),
         Case::new(Workload::Uncontended, Strategy::Versioned, 2).hand(),
     ] {
-        let sample = run_one(Backend::Sqlite, &case, &limits()).expect("run");
+        let sample = lockkit_bench::run::one(Backend::Sqlite, &case, &limits()).expect("run");
         assert!(sample.counts.successes > 0, "{}", case.label());
         assert!(sample.check.ok, "{}: {}", case.label(), sample.check.detail);
     }
@@ -71,14 +70,14 @@ fn naive_is_counted_not_hidden() {
     // Naive may or may not lose updates in a short run; either way the check
     // reports exactly the difference between sold and taken.
     let case = Case::new(Workload::HotRow, Strategy::Naive, 4);
-    let sample = run_one(Backend::Sqlite, &case, &limits()).expect("run");
+    let sample = lockkit_bench::run::one(Backend::Sqlite, &case, &limits()).expect("run");
     assert_eq!(sample.check.ok, sample.check.lost == 0);
     assert!(sample.check.lost >= 0, "{}", sample.check.detail);
 }
 
 #[test]
 fn the_whole_pipeline_writes_the_report_and_charts() {
-    use lockkit_bench::suite::{self, Settings};
+    use lockkit_bench::plan::Settings;
     let out = std::env::temp_dir().join(format!("lkbench_smoke_{}", std::process::id()));
     let mut settings = Settings::quick();
     settings.backends = vec![Backend::Sqlite];
@@ -90,9 +89,9 @@ fn the_whole_pipeline_writes_the_report_and_charts() {
     settings.pair_limits.run = Duration::from_millis(20);
     settings.pair_limits.jobs = 200;
     settings.out_dir = out.clone();
-    let results = suite::run(settings).expect("suite");
+    let results = lockkit_bench::run::all(settings).expect("suite");
     std::fs::create_dir_all(&out).expect("out dir");
-    let charts = lockkit_bench::charts::write_all(&results, &out).expect("charts");
+    let charts = lockkit_bench::report::charts::write_all(&results, &out).expect("charts");
     assert!(charts.contains(&"hot_row.svg".to_owned()), "{charts:?}");
     let md = lockkit_bench::report::markdown(&results);
     for section in [

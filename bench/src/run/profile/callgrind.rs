@@ -1,6 +1,6 @@
 //! Instructions per call, counted by `valgrind --tool=callgrind` when it is
 //! installed: the benchmark runs itself (`--profile-only`) under callgrind,
-//! collecting only inside [`measured_loop`](crate::profile::measured_loop), once per
+//! collecting only inside [`measured_loop`](crate::run::profile::measured_loop), once per
 //! side of each comparison. Instruction counts do not move with the machine's
 //! load, so they show differences of a few percent that wall-clock runs on a
 //! busy two-core machine cannot.
@@ -8,8 +8,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use crate::profile::{comparisons, side_name};
-use crate::{Backend, BenchError, Case, Strategy};
+use crate::error::BenchError;
+use crate::run::profile::{comparisons, side_name};
+use crate::vocabulary::{Backend, Case, Strategy};
 
 /// One comparison on one backend.
 #[derive(Debug, Clone)]

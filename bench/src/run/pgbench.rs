@@ -13,12 +13,13 @@ use std::process::Command;
 use diesel::prelude::*;
 use diesel::PgConnection;
 
-use crate::cpu::{self, Cpu};
-use crate::ops::BenchConnection;
-use crate::runner::BenchPool;
-use crate::schema::jobs;
-use crate::suite::Settings;
-use crate::{Backend, BenchError, Case, Strategy, Workload, HOT_ID};
+use crate::error::BenchError;
+use crate::plan::Settings;
+use crate::run::cpu::{self, Cpu};
+use crate::run::ops::BenchConnection;
+use crate::run::runner::BenchPool;
+use crate::vocabulary::schema::jobs;
+use crate::vocabulary::{Backend, Case, Strategy, Workload, HOT_ID};
 
 /// Clients of every pgbench run.
 pub const CLIENTS: usize = 16;

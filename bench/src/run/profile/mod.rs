@@ -1,20 +1,24 @@
 //! Client-side cost per call: each lockkit call and its hand-written twin, one
 //! thread, on an in-memory SQLite database, so that no network or disk hides what
 //! the library itself costs. Reports nanoseconds and heap allocations per call
-//! (the binary counts allocations with [`crate::alloc::Counting`]).
+//! (the binary counts allocations with [`crate::run::profile::alloc::Counting`]).
 //!
 //! `lockkit-bench --profile-only NAME [--ops N]` runs one side alone, for
 //! `valgrind --tool=callgrind`.
+
+pub mod alloc;
+pub mod callgrind;
 
 use std::time::Instant;
 
 use diesel::{Connection, SqliteConnection};
 
-use crate::alloc::{allocated_bytes, allocations};
 use crate::db::BenchDb;
-use crate::ops::BenchConnection;
-use crate::runner::{OpError, WorkerState};
-use crate::{Backend, BenchError, Case, Flavor, Strategy, Workload};
+use crate::error::BenchError;
+use crate::run::ops::{BenchConnection, Session};
+use crate::run::profile::alloc::{allocated_bytes, allocations};
+use crate::run::worker::{OpError, WorkerState};
+use crate::vocabulary::{Backend, Case, Flavor, Strategy, Workload};
 
 /// One compared call.
 #[derive(Debug, Clone)]
@@ -131,7 +135,7 @@ pub fn side_names() -> Vec<String> {
 /// A fresh in-memory database with the benchmark's tables.
 fn memory_db() -> Result<SqliteConnection, BenchError> {
     let mut conn = SqliteConnection::establish(":memory:")?;
-    conn.configure_session()?;
+    conn.configure_session(Session::default())?;
     conn.create_schema()?;
     Ok(conn)
 }
@@ -226,7 +230,12 @@ pub fn run_all(ops: u64) -> Result<Vec<ProfileRow>, BenchError> {
 /// Runs one side alone (`--profile-only`), for an external profiler: on an
 /// in-memory SQLite database, or over one connection to a fresh database on a
 /// server (the client's instructions are the same; the wait is not counted).
-pub fn run_one(name: &str, ops: u64, backend: Backend) -> Result<(f64, f64, f64), BenchError> {
+pub fn run_one(
+    name: &str,
+    ops: u64,
+    backend: Backend,
+    session: Session,
+) -> Result<(f64, f64, f64), BenchError> {
     let case = comparisons()
         .into_iter()
         .flat_map(|(_, a, b, _)| [a, b])
@@ -239,12 +248,13 @@ pub fn run_one(name: &str, ops: u64, backend: Backend) -> Result<(f64, f64, f64)
         })?;
     fn on<C: BenchConnection>(
         backend: Backend,
+        session: Session,
         case: &Case,
         ops: u64,
     ) -> Result<(f64, f64, f64), BenchError> {
         let db = BenchDb::create(backend, "profile")?;
         let mut conn = C::establish(&db.url)?;
-        conn.configure_session()?;
+        conn.configure_session(session)?;
         conn.create_schema()?;
         let result = measure(&mut conn, case, ops);
         drop(conn);
@@ -253,7 +263,7 @@ pub fn run_one(name: &str, ops: u64, backend: Backend) -> Result<(f64, f64, f64)
     }
     match backend {
         Backend::Sqlite => measure(&mut memory_db()?, &case, ops),
-        Backend::Postgres => on::<diesel::PgConnection>(backend, &case, ops),
-        Backend::Mysql => on::<diesel::MysqlConnection>(backend, &case, ops),
+        Backend::Postgres => on::<diesel::PgConnection>(backend, session, &case, ops),
+        Backend::Mysql => on::<diesel::MysqlConnection>(backend, session, &case, ops),
     }
 }

@@ -1,7 +1,11 @@
-//! Medians over repeated runs.
+//! Medians over repeated runs: the median and spread of a list, and one
+//! [`Summary`] per (backend, case).
 
-use crate::runner::Sample;
-use crate::{Backend, Case};
+use std::collections::BTreeMap;
+
+use crate::run::results::Results;
+use crate::run::sample::Sample;
+use crate::vocabulary::{Backend, Case};
 
 /// The median of some numbers (NaN when there are none); NaNs are ignored.
 pub fn median(values: &[f64]) -> f64 {
@@ -103,6 +107,27 @@ impl Summary {
             first_error: samples.iter().find_map(|s| s.first_error.clone()),
         })
     }
+}
+
+/// Median, min and max of some numbers.
+pub fn spread(values: &[f64]) -> (f64, f64, f64) {
+    (
+        median(values),
+        values.iter().copied().fold(f64::INFINITY, f64::min),
+        values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    )
+}
+
+/// The summaries of every (backend, case).
+pub fn summaries(results: &Results) -> BTreeMap<(Backend, Case), Summary> {
+    let mut groups: BTreeMap<(Backend, Case), Vec<&Sample>> = BTreeMap::new();
+    for s in &results.samples {
+        groups.entry((s.backend, s.case)).or_default().push(s);
+    }
+    groups
+        .into_iter()
+        .filter_map(|(k, v)| Summary::of(&v).map(|s| (k, s)))
+        .collect()
 }
 
 #[cfg(test)]

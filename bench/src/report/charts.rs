@@ -6,10 +6,14 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::pgbench::Mode;
-use crate::report::{overhead, pgbench_summaries, summaries, OVERHEAD_TARGET};
-use crate::suite::{paired_cases, Results, HOT_WORKERS};
-use crate::{Backend, BenchError, Case, Strategy, Workload};
+use super::format::rate;
+use crate::analysis::ratios::{overhead, pgbench_summaries, PgbenchSummary, OVERHEAD_TARGET};
+use crate::analysis::statistics::summaries;
+use crate::error::BenchError;
+use crate::plan::{paired_cases, HOT_WORKERS};
+use crate::run::pgbench::Mode;
+use crate::run::results::Results;
+use crate::vocabulary::{Backend, Case, Strategy, Workload};
 
 fn err<E: std::fmt::Display>(e: E) -> BenchError {
     BenchError::Other(format!("chart: {e}"))
@@ -121,7 +125,7 @@ fn hot_row(results: &Results, path: &Path) -> Result<bool, BenchError> {
             })
             .x_desc("workers")
             .y_desc("updates/s")
-            .y_label_formatter(&|v| crate::report::rate(*v))
+            .y_label_formatter(&|v| rate(*v))
             .draw()
             .map_err(err)?;
         for (k, (_, points)) in series.into_iter().enumerate() {
@@ -252,11 +256,7 @@ fn overhead_chart(results: &Results, path: &Path) -> Result<bool, BenchError> {
 }
 
 /// A bar series of the pgbench chart: label, colour, value.
-type Bar = (
-    String,
-    RGBColor,
-    Box<dyn Fn(&crate::report::PgbenchSummary) -> f64>,
-);
+type Bar = (String, RGBColor, Box<dyn Fn(&PgbenchSummary) -> f64>);
 
 /// lockkit against pgbench (three ways) per script.
 fn pgbench_chart(results: &Results, path: &Path) -> Result<bool, BenchError> {
@@ -294,7 +294,7 @@ fn pgbench_chart(results: &Results, path: &Path) -> Result<bool, BenchError> {
                 String::new()
             }
         })
-        .y_label_formatter(&|v| crate::report::rate(*v))
+        .y_label_formatter(&|v| rate(*v))
         .draw()
         .map_err(err)?;
     let bars: [Bar; 4] = [

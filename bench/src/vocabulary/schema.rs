@@ -1,4 +1,4 @@
-//! The benchmark's two tables and its model (the DDL is in [`crate::db`]).
+//! The benchmark's two tables and its model (the DDL is in [`crate::run::ops`]).
 
 use diesel::prelude::*;
 use lockkit::Versioned;

@@ -4,7 +4,8 @@
 use diesel::prelude::*;
 use diesel::sql_types::Text;
 
-use crate::{Backend, BenchError};
+use crate::error::BenchError;
+use crate::vocabulary::Backend;
 
 /// The machine.
 #[derive(Debug, Clone, Default)]

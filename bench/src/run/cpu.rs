@@ -6,7 +6,7 @@
 //! more CPU per transaction leaves less to the server: these numbers say whether
 //! a gap is on the client's side or the server's.
 
-use crate::Backend;
+use crate::vocabulary::Backend;
 
 /// Clock ticks per second (`USER_HZ`, 100 on Linux).
 pub const TICKS_PER_SECOND: f64 = 100.0;

@@ -1,0 +1,167 @@
+//! What the benchmark will run: the settings (how long, how often, which
+//! backends) and the cases, in the order they run.
+//!
+//! Repetitions are the outer loop (every case once per repetition, backend by
+//! backend), so a slow minute on the machine spreads over all cases instead of
+//! hitting one. lockkit-versus-hand-written pairs ([`paired_cases`]) run
+//! `a b b a` within a repetition; the other cases ([`single_cases`]) run once.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::vocabulary::{Backend, Case, Limits, Retry, Strategy, Workload};
+
+/// Everything that sets how long the benchmark runs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `--quick`: one short repetition.
+    pub quick: bool,
+    /// Repetitions of every case.
+    pub reps: usize,
+    /// Bounds of one run.
+    pub limits: Limits,
+    /// Bounds of a pair's slices.
+    pub pair_limits: Limits,
+    /// Rounds of `a b b a` per pair and repetition.
+    pub pair_rounds: usize,
+    /// `pgbench -T`.
+    pub pgbench_secs: u32,
+    /// Jobs in the queue for a pgbench queue run.
+    pub pgbench_jobs: i32,
+    /// Whether to run pgbench.
+    pub pgbench: bool,
+    /// The backends to run.
+    pub backends: Vec<Backend>,
+    /// `--durable`: PostgreSQL sessions keep `synchronous_commit = on`.
+    pub durable: bool,
+    /// Calls per measurement in the client-cost profile (0: skip it).
+    pub profile_ops: u64,
+    /// Calls per callgrind count (0: skip callgrind).
+    pub callgrind_ops: u64,
+    /// Where BENCHMARKS.md and the charts go.
+    pub out_dir: PathBuf,
+    /// `--only TEXT`: run only the cases whose label contains it (development).
+    pub only: Option<String>,
+}
+
+impl Settings {
+    /// Whether `--only` lets the case labelled `label` run.
+    pub fn wants(&self, label: &str) -> bool {
+        self.only.as_deref().is_none_or(|o| label.contains(o))
+    }
+
+    /// The full run: 3 repetitions of 0.8 s runs (about 9 minutes).
+    pub fn full() -> Settings {
+        Settings {
+            quick: false,
+            reps: 3,
+            limits: Limits {
+                run: Duration::from_millis(800),
+                max_ops_per_worker: 1_000_000,
+                jobs: 50_000,
+            },
+            pair_limits: Limits {
+                run: Duration::from_millis(250),
+                max_ops_per_worker: 1_000_000,
+                jobs: 30_000,
+            },
+            pair_rounds: 2,
+            pgbench_secs: 1,
+            pgbench_jobs: 50_000,
+            pgbench: true,
+            backends: Backend::ALL.to_vec(),
+            durable: false,
+            profile_ops: 10_000,
+            callgrind_ops: 300,
+            out_dir: default_out_dir(),
+            only: None,
+        }
+    }
+
+    /// `--quick`: one repetition of short runs (about a minute).
+    pub fn quick() -> Settings {
+        Settings {
+            quick: true,
+            reps: 1,
+            limits: Limits {
+                run: Duration::from_millis(300),
+                max_ops_per_worker: 1_000_000,
+                jobs: 15_000,
+            },
+            pair_limits: Limits {
+                run: Duration::from_millis(150),
+                max_ops_per_worker: 1_000_000,
+                jobs: 8_000,
+            },
+            pair_rounds: 1,
+            pgbench_secs: 1,
+            pgbench_jobs: 50_000,
+            profile_ops: 3_000,
+            callgrind_ops: 0,
+            ..Settings::full()
+        }
+    }
+}
+
+/// `docs/` at the workspace root.
+pub fn default_out_dir() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .map_or_else(|| manifest.join(".."), PathBuf::from)
+        .join("docs")
+}
+
+/// The hot row's worker counts.
+pub const HOT_WORKERS: [usize; 4] = [1, 4, 16, 32];
+/// Workers of the uncontended workload.
+pub const UNCONTENDED_WORKERS: [usize; 2] = [1, 4];
+/// Workers draining the queue (pgbench uses as many clients).
+pub const QUEUE_WORKERS: usize = 16;
+/// Workers placing multi-row orders.
+pub const ORDER_WORKERS: usize = 8;
+/// The worker count of the retry-waste comparison.
+pub const RETRY_WORKERS: usize = 16;
+/// The `RetryPolicy::immediate(n)` values compared with the default.
+pub const IMMEDIATE: [u32; 2] = [5, 20];
+
+/// The lockkit cases that run next to a hand-written twin.
+pub fn paired_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for w in UNCONTENDED_WORKERS {
+        cases.push(Case::new(Workload::Uncontended, Strategy::Versioned, w));
+    }
+    for s in [Strategy::Optimistic, Strategy::WithLock, Strategy::Atomic] {
+        for w in [1, 16] {
+            cases.push(Case::new(Workload::HotRow, s, w));
+        }
+    }
+    for batch in [1, 10] {
+        cases.push(Case::new(Workload::Queue, Strategy::Claim, QUEUE_WORKERS).batch(batch));
+    }
+    cases
+}
+
+/// The cases that run alone.
+pub fn single_cases() -> Vec<Case> {
+    let paired = paired_cases();
+    let mut cases = Vec::new();
+    for s in Strategy::HOT_ROW {
+        for w in HOT_WORKERS {
+            let case = Case::new(Workload::HotRow, s, w);
+            if !paired.contains(&case) {
+                cases.push(case);
+            }
+        }
+    }
+    for n in IMMEDIATE {
+        cases.push(
+            Case::new(Workload::HotRow, Strategy::Optimistic, RETRY_WORKERS)
+                .retry(Retry::Immediate(n)),
+        );
+    }
+    for s in [Strategy::NaiveOrder, Strategy::LockAll] {
+        cases.push(Case::new(Workload::Orders, s, ORDER_WORKERS));
+    }
+    cases
+}

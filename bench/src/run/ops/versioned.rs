@@ -1,0 +1,118 @@
+//! Uncontended: `update_versioned` on the worker's own row; the same `UPDATE`
+//! by hand; and the same by hand as a statement Diesel may cache
+//! ([`CacheableVersionedUpdate`]).
+
+use diesel::QueryResult;
+
+/// The versioned `UPDATE` as a hand-built statement that Diesel may cache.
+///
+/// Diesel 2.3 marks every `UpdateStatement` unsafe to cache (a changeset with
+/// `Option` fields changes its SQL from call to call), so each `UPDATE` it runs,
+/// lockkit's and hand-written alike, is prepared anew: SQLite compiles it again,
+/// PostgreSQL parses and plans it again (unnamed statement), MySQL spends a
+/// prepare round trip on it. This fragment renders the same statement with a static
+/// query id and no such mark, to measure what caching would save.
+#[derive(Debug, Clone, diesel::query_builder::QueryId)]
+pub struct CacheableVersionedUpdate {
+    /// New name.
+    pub name: String,
+    /// New stock.
+    pub stock: i32,
+    /// Primary key.
+    pub id: i32,
+    /// The version read.
+    pub version: i32,
+}
+
+impl<DB> diesel::query_builder::QueryFragment<DB> for CacheableVersionedUpdate
+where
+    DB: diesel::backend::Backend
+        + diesel::sql_types::HasSqlType<diesel::sql_types::Text>
+        + diesel::sql_types::HasSqlType<diesel::sql_types::Integer>,
+    String: diesel::serialize::ToSql<diesel::sql_types::Text, DB>,
+    i32: diesel::serialize::ToSql<diesel::sql_types::Integer, DB>,
+{
+    fn walk_ast<'b>(
+        &'b self,
+        mut out: diesel::query_builder::AstPass<'_, 'b, DB>,
+    ) -> QueryResult<()> {
+        use diesel::sql_types::{Integer, Text};
+        out.push_sql("UPDATE items SET name = ");
+        out.push_bind_param::<Text, _>(&self.name)?;
+        out.push_sql(", stock = ");
+        out.push_bind_param::<Integer, _>(&self.stock)?;
+        out.push_sql(", lock_version = lock_version + 1 WHERE id = ");
+        out.push_bind_param::<Integer, _>(&self.id)?;
+        out.push_sql(" AND lock_version = ");
+        out.push_bind_param::<Integer, _>(&self.version)?;
+        Ok(())
+    }
+}
+
+/// Writes `versioned`, `versioned_hand` and `versioned_cacheable` into one
+/// `bench_backend!` instantiation, where `Conn` is its connection type and
+/// `$locks` says whether the backend has row locks.
+macro_rules! versioned_ops {
+    ($locks:tt) => {
+        /// `item.update_versioned(conn)` on the worker's own row.
+        fn versioned(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
+            st.counts.attempts += 1;
+            let item = st.own.as_mut().expect("own row loaded");
+            item.stock -= 1;
+            if let Err(err) = item.update_versioned(conn) {
+                item.stock += 1;
+                st.counts.saw(&err);
+                return Err(OpError::Lockkit(err));
+            }
+            Ok(1)
+        }
+
+        /// The same statement by hand: `UPDATE .. SET name, stock,
+        /// lock_version = lock_version + 1 WHERE id = ? AND lock_version = ?`,
+        /// with its own row-count check.
+        fn versioned_hand(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
+            st.counts.attempts += 1;
+            let item = st.own.as_mut().expect("own row loaded");
+            let rows = diesel::update(
+                items::table
+                    .filter(items::id.eq(item.id))
+                    .filter(items::lock_version.eq(item.lock_version)),
+            )
+            .set((
+                items::name.eq(&item.name),
+                items::stock.eq(item.stock - 1),
+                items::lock_version.eq(items::lock_version + 1),
+            ))
+            .execute(conn)?;
+            if rows != 1 {
+                st.counts.stale += 1;
+                return Err(OpError::Other("stale write".into()));
+            }
+            item.stock -= 1;
+            item.lock_version += 1;
+            Ok(1)
+        }
+
+        /// The same statement as [`CacheableVersionedUpdate`](super::versioned::CacheableVersionedUpdate),
+        /// which Diesel caches.
+        fn versioned_cacheable(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
+            st.counts.attempts += 1;
+            let item = st.own.as_mut().expect("own row loaded");
+            let statement = super::versioned::CacheableVersionedUpdate {
+                name: item.name.clone(),
+                stock: item.stock - 1,
+                id: item.id,
+                version: item.lock_version,
+            };
+            let rows = diesel::query_dsl::methods::ExecuteDsl::execute(statement, conn)?;
+            if rows != 1 {
+                st.counts.stale += 1;
+                return Err(OpError::Other("stale write".into()));
+            }
+            item.stock -= 1;
+            item.lock_version += 1;
+            Ok(1)
+        }
+    };
+}
+pub(crate) use versioned_ops;

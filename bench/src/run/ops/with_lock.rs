@@ -1,0 +1,38 @@
+//! Hot row, `with_lock`: `SELECT .. FOR UPDATE`, write, commit; and the same
+//! transaction by hand.
+
+/// Writes `with_lock` and `with_lock_hand` into one `bench_backend!`
+/// instantiation, where `Conn` is its connection type and `$locks` says whether
+/// the backend has row locks.
+macro_rules! with_lock_ops {
+    ($locks:tt) => {
+        /// `lockkit::with_lock`: `SELECT .. FOR UPDATE`, write, commit.
+        fn with_lock(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
+            attempt(st, |_| {
+                lockkit::with_lock(conn, HOT_ID, |conn, item: Item| {
+                    diesel::update(items::table.find(item.id))
+                        .set(items::stock.eq(item.stock - 1))
+                        .execute(conn)?;
+                    Ok(())
+                })
+            })?;
+            Ok(1)
+        }
+
+        /// The same by hand: a transaction, `SELECT .. FOR UPDATE`, write.
+        fn with_lock_hand(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
+            st.counts.attempts += 1;
+            write_transaction!($locks, conn, |conn: &mut Conn| {
+                let item: Item =
+                    for_update!($locks, items::table.find(HOT_ID).select(Item::as_select()))
+                        .get_result(conn)?;
+                diesel::update(items::table.find(item.id))
+                    .set(items::stock.eq(item.stock - 1))
+                    .execute(conn)?;
+                Ok::<_, diesel::result::Error>(())
+            })?;
+            Ok(1)
+        }
+    };
+}
+pub(crate) use with_lock_ops;

@@ -1,0 +1,93 @@
+//! What one measured run yields: time, counts, latencies, CPU and its check.
+
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+
+use super::check::Check;
+use super::cpu::{micros_per, Cpu};
+use super::worker::Counts;
+use crate::vocabulary::{Backend, Case, Workload};
+
+/// One measured run (or the merge of a few slices of the same case).
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// The backend.
+    pub backend: Backend,
+    /// The case.
+    pub case: Case,
+    /// Wall time from the start line until the last worker stopped.
+    pub elapsed: Duration,
+    /// What the workers counted.
+    pub counts: Counts,
+    /// Latency of the operations that completed, in microseconds.
+    pub hist: Histogram<u64>,
+    /// The correctness line.
+    pub check: Check,
+    /// The first error other than a conflict, if any.
+    pub first_error: Option<String>,
+    /// CPU used by the client and the server during the run.
+    pub cpu: Cpu,
+}
+
+impl Sample {
+    /// Work done: operations, or jobs for the queue.
+    pub fn done(&self) -> f64 {
+        match self.case.workload {
+            Workload::Queue => self.counts.units as f64,
+            _ => self.counts.successes as f64,
+        }
+    }
+
+    /// Client CPU per unit of work, µs.
+    pub fn client_cpu_us(&self) -> f64 {
+        micros_per(self.cpu.client, self.done())
+    }
+
+    /// Server CPU per unit of work, µs (NaN for SQLite).
+    pub fn server_cpu_us(&self) -> f64 {
+        match self.backend {
+            Backend::Sqlite => f64::NAN,
+            _ => micros_per(self.cpu.server, self.done()),
+        }
+    }
+
+    /// Completed operations per second (queue: jobs per second).
+    pub fn throughput(&self) -> f64 {
+        self.done() / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// Attempts per completed operation.
+    pub fn attempts_per_success(&self) -> f64 {
+        self.counts.attempts as f64 / (self.counts.successes.max(1)) as f64
+    }
+
+    /// A latency percentile in milliseconds.
+    pub fn latency_ms(&self, quantile: f64) -> f64 {
+        if self.hist.is_empty() {
+            return f64::NAN;
+        }
+        self.hist.value_at_quantile(quantile) as f64 / 1000.0
+    }
+
+    /// Adds another slice of the same case.
+    pub fn merge(&mut self, other: &Sample) {
+        self.elapsed += other.elapsed;
+        self.counts.add(&other.counts);
+        self.cpu = Cpu {
+            client: self.cpu.client + other.cpu.client,
+            children: self.cpu.children + other.cpu.children,
+            server: self.cpu.server + other.cpu.server,
+        };
+        self.hist.add(&other.hist).expect("same histogram bounds");
+        self.check = Check {
+            ok: self.check.ok && other.check.ok,
+            lost: self.check.lost + other.check.lost,
+            detail: self.check.detail.clone(),
+            slices: self.check.slices + other.check.slices,
+        };
+        if self.first_error.is_none() {
+            self.first_error.clone_from(&other.first_error);
+        }
+    }
+}
