@@ -26,7 +26,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use crate::{Error, StaleObjectError};
+use std::fmt::Display;
 
 static STALE_WRITES: AtomicU64 = AtomicU64::new(0);
 static RETRIES: AtomicU64 = AtomicU64::new(0);
@@ -138,40 +138,57 @@ pub fn snapshot() -> Metrics {
     }
 }
 
-pub(crate) fn record_stale(stale: &StaleObjectError) {
+/// A version-checked write that matched no row, described by its report's
+/// fields (this module knows nothing of the error types).
+pub(crate) fn record_stale(
+    table: &'static str,
+    key: &str,
+    operation: impl Display,
+    expected: i64,
+    current: impl Display,
+) {
     STALE_WRITES.fetch_add(1, Relaxed);
-    tracing::info!(target: "lockkit", table = stale.table, key = %stale.key, operation = %stale.operation,
-        expected = stale.expected_version, current = %stale.current, "stale write");
+    tracing::info!(target: "lockkit", table, key, operation = %operation,
+        expected, current = %current, "stale write");
     #[cfg(feature = "metrics")]
-    ::metrics::counter!("lockkit_stale_writes_total", "table" => stale.table).increment(1);
+    ::metrics::counter!("lockkit_stale_writes_total", "table" => table).increment(1);
 }
 
-pub(crate) fn record_retry(attempt: u32, delay: Duration, error: Option<&Error>) {
+pub(crate) fn record_retry(attempt: u32, delay: Duration, error: Option<&dyn Display>) {
     RETRIES.fetch_add(1, Relaxed);
     tracing::debug!(target: "lockkit", attempt, ?delay, error = error.map(tracing::field::display), "retrying");
     #[cfg(feature = "metrics")]
     ::metrics::counter!("lockkit_retries_total").increment(1);
 }
 
-pub(crate) fn record_exhausted(attempts: u32, error: Option<&Error>) {
+pub(crate) fn record_exhausted(attempts: u32, error: Option<&dyn Display>) {
     RETRIES_EXHAUSTED.fetch_add(1, Relaxed);
     tracing::warn!(target: "lockkit", attempts, error = error.map(tracing::field::display), "retries exhausted");
     #[cfg(feature = "metrics")]
     ::metrics::counter!("lockkit_retries_exhausted_total").increment(1);
 }
 
+/// The lock errors counted, one counter each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LockErrorKind {
+    Busy,
+    LockTimeout,
+    Deadlock,
+    SerializationFailure,
+    StatementTimeout,
+}
+
 /// Called by [`classify`](crate::classify) for every lock error it recognises.
-pub(crate) fn record_lock_error(error: &Error, server_message: &str) {
-    let (counter, kind) = match error {
-        Error::Busy => (&BUSY, "busy"),
-        Error::LockTimeout => (&LOCK_TIMEOUTS, "lock_timeout"),
-        Error::Deadlock => (&DEADLOCKS, "deadlock"),
-        Error::SerializationFailure => (&SERIALIZATION_FAILURES, "serialization_failure"),
-        Error::StatementTimeout => (&STATEMENT_TIMEOUTS, "statement_timeout"),
-        _ => return,
+pub(crate) fn record_lock_error(kind: LockErrorKind, server_message: &str) {
+    let (counter, kind) = match kind {
+        LockErrorKind::Busy => (&BUSY, "busy"),
+        LockErrorKind::LockTimeout => (&LOCK_TIMEOUTS, "lock_timeout"),
+        LockErrorKind::Deadlock => (&DEADLOCKS, "deadlock"),
+        LockErrorKind::SerializationFailure => (&SERIALIZATION_FAILURES, "serialization_failure"),
+        LockErrorKind::StatementTimeout => (&STATEMENT_TIMEOUTS, "statement_timeout"),
     };
     counter.fetch_add(1, Relaxed);
-    if matches!(error, Error::Deadlock) {
+    if kind == "deadlock" {
         tracing::warn!(target: "lockkit", kind, server_message, "lock error");
     } else {
         tracing::debug!(target: "lockkit", kind, server_message, "lock error");

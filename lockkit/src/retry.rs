@@ -226,12 +226,12 @@ where
             Ok(value) => return Ok(value),
             Err(err) if !retryable(&err) => return Err(err),
             Err(err) if attempt >= policy.max_attempts => {
-                crate::metrics::record_exhausted(attempt, err.lockkit_error());
+                crate::metrics::record_exhausted(attempt, err.lockkit_error().map(|e| e as _));
                 return Err(err.retries_exhausted(attempt));
             }
             Err(err) => {
                 let delay = policy.delay_after(attempt);
-                crate::metrics::record_retry(attempt, delay, err.lockkit_error());
+                crate::metrics::record_retry(attempt, delay, err.lockkit_error().map(|e| e as _));
                 if !delay.is_zero() {
                     std::thread::sleep(delay);
                 }

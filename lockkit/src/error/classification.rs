@@ -84,7 +84,7 @@ pub(crate) fn classify_lock_wait(err: DieselError) -> Error {
 /// returning 0): counted and reported like a classified one.
 #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 pub(crate) fn lock_error(error: Error, what: &str) -> Error {
-    crate::metrics::record_lock_error(&error, what);
+    record(&error, what);
     error
 }
 
@@ -148,7 +148,7 @@ fn classify_with(err: DieselError, context: Context) -> Error {
         (Some(classified), _) => classified,
         (None, _) => return Error::Database(err),
     };
-    crate::metrics::record_lock_error(&classified, &err.to_string());
+    record(&classified, &err.to_string());
     classified
 }
 
@@ -199,4 +199,18 @@ impl From<diesel::result::Error> for Error {
     fn from(err: diesel::result::Error) -> Self {
         crate::classify(err)
     }
+}
+
+/// Counts a lock error in [`metrics`](crate::metrics); other errors are not counted.
+fn record(error: &Error, server_message: &str) {
+    use crate::metrics::LockErrorKind;
+    let kind = match error {
+        Error::Busy => LockErrorKind::Busy,
+        Error::LockTimeout => LockErrorKind::LockTimeout,
+        Error::Deadlock => LockErrorKind::Deadlock,
+        Error::SerializationFailure => LockErrorKind::SerializationFailure,
+        Error::StatementTimeout => LockErrorKind::StatementTimeout,
+        _ => return,
+    };
+    crate::metrics::record_lock_error(kind, server_message);
 }

@@ -288,7 +288,13 @@ where
         expected_version: expected.to_i64(),
         current,
     };
-    crate::metrics::record_stale(&stale);
+    crate::metrics::record_stale(
+        stale.table,
+        &stale.key,
+        stale.operation,
+        stale.expected_version,
+        stale.current,
+    );
     Ok(Written::Stale(stale))
 }
 

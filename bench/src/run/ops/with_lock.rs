@@ -9,11 +9,11 @@ macro_rules! with_lock_ops {
         /// `lockkit::with_lock`: `SELECT .. FOR UPDATE`, write, commit.
         fn with_lock(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
             attempt(st, |_| {
-                lockkit::with_lock(conn, HOT_ID, |conn, item: Item| {
+                lockkit::with_lock(conn, HOT_ID, LockOptions::default(), |conn, item: Item| {
                     diesel::update(items::table.find(item.id))
                         .set(items::stock.eq(item.stock - 1))
                         .execute(conn)?;
-                    Ok(())
+                    Ok::<_, lockkit::Error>(())
                 })
             })?;
             Ok(1)
