@@ -323,12 +323,10 @@ mod mysql {
 
 #[cfg(feature = "sqlite")]
 mod sqlite {
-    use crate::pessimistic::WaitMode;
     use diesel::connection::SimpleConnection;
     use diesel::{RunQueryDsl, SqliteConnection};
 
     use super::*;
-    use crate::error::classification::classify_lock_wait;
     use crate::metrics::LockWait;
 
     as_locking_connection!(SqliteConnection);
@@ -366,10 +364,8 @@ mod sqlite {
             E: From<Error>,
             F: FnOnce(&mut Self) -> Result<T, E>,
         {
-            let busy_timeout = match options.wait_mode() {
-                WaitMode::NoWait | WaitMode::SkipLocked => Some(0),
-                WaitMode::Wait => options.timeout_millis(),
-            };
+            let wait = options.wait_mode();
+            let busy_timeout = wait.busy_timeout_millis(options.timeout_millis());
             let nested = self.in_transaction();
             let previous = match busy_timeout {
                 Some(millis) => {
@@ -382,12 +378,7 @@ mod sqlite {
                 }
                 None => None,
             };
-            // Busy while taking the write lock: the wait ran out, unless it was
-            // not to wait at all.
-            let lock_error = |err| match options.wait_mode() {
-                WaitMode::Wait => classify_lock_wait(err),
-                WaitMode::NoWait | WaitMode::SkipLocked => crate::classify(err),
-            };
+            let lock_error = |err| wait.classify_write_lock(err);
             let waited = LockWait::start();
             let mut guard = PanicGuard::default();
             let work = |conn: &mut Self| f(conn).map_err(Failure::Closure);

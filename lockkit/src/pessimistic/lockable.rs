@@ -73,7 +73,7 @@ use diesel::{
 use super::connection::{AsLockingConnection, LockingConnection};
 use super::options::LockOptions;
 use super::row_lock::{LockStrength, RowLock, WaitMode};
-use crate::{classify, classify_nowait, Error};
+use crate::{classify, Error};
 
 /// `lock_all` sends at most this many keys per statement (SQLite's oldest limit
 /// on bound parameters is 999); longer lists are locked chunk by chunk, in key
@@ -344,11 +344,7 @@ where
     // `locked_transaction`; here, the locked read's.
     let started = std::time::Instant::now();
     let lock = options.row_lock();
-    let reclassify = match lock.wait {
-        WaitMode::Wait => classify,
-        WaitMode::NoWait | WaitMode::SkipLocked => classify_nowait,
-    };
-    let row = M::load_locked(conn, key.clone(), lock).map_err(reclassify)?;
+    let row = M::load_locked(conn, key.clone(), lock).map_err(|err| lock.wait.classify(err))?;
     if row.is_some() {
         crate::metrics::record_lock_acquired(M::TABLE_NAME, started.elapsed());
     }

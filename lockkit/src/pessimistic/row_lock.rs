@@ -71,6 +71,47 @@ pub enum WaitMode {
     SkipLocked,
 }
 
+/// What each wait mode means, decided here: how long a locking transaction may
+/// wait, and how lockkit reads the errors of statements that lock with it.
+impl WaitMode {
+    /// Whether a held lock is waited for (up to the lock timeout).
+    pub(crate) fn waits(self) -> bool {
+        matches!(self, WaitMode::Wait)
+    }
+
+    /// How long SQLite may wait for the database's write lock: `timeout` when
+    /// waiting, not at all under `NOWAIT` or `SKIP LOCKED`.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    pub(crate) fn busy_timeout_millis(self, timeout: Option<i32>) -> Option<i32> {
+        if self.waits() {
+            timeout
+        } else {
+            Some(0)
+        }
+    }
+
+    /// The error of a locking statement: under `NOWAIT` or `SKIP LOCKED`, a lock
+    /// wait timeout can only mean the lock was held ([`Error::Busy`](crate::Error::Busy)).
+    pub(crate) fn classify(self, err: diesel::result::Error) -> crate::Error {
+        if self.waits() {
+            crate::classify(err)
+        } else {
+            crate::classify_nowait(err)
+        }
+    }
+
+    /// The error of SQLite's attempt to take the write lock: when waiting, "database
+    /// is locked" means the wait ran out ([`Error::LockTimeout`](crate::Error::LockTimeout)).
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn classify_write_lock(self, err: diesel::result::Error) -> crate::Error {
+        if self.waits() {
+            crate::error::classification::classify_lock_wait(err)
+        } else {
+            crate::classify(err)
+        }
+    }
+}
+
 /// A row-lock clause chosen at run time: strength plus wait mode.
 ///
 /// Handed to Diesel's `LockingDsl`, so Diesel places it in the statement.
