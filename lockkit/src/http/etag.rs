@@ -31,7 +31,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::retry::retry_while;
-use crate::{CurrentState, Error, RetryPolicy, RetryableError, VersionNumber};
+use crate::{CurrentState, Error, RetryPolicy, RetryableError, StaleObjectError, VersionNumber};
 
 /// A strong entity tag made from a row's version: `"v<version>"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -349,19 +349,69 @@ pub fn expected_version<V: VersionNumber>(
 /// reused idempotency key → 422, invalid input → 400, lock contention → 503 (try
 /// again), anything else → 500.
 pub fn status_for(error: &Error) -> u16 {
-    match error {
-        Error::Stale(stale) if stale.current == CurrentState::Deleted => 404,
-        Error::Stale(_) => 412,
-        Error::NotFound => 404,
-        Error::NoRowMatched | Error::IdempotencyInProgress => 409,
-        Error::IdempotencyKeyReused => 422,
-        Error::InvalidInput(_) => 400,
-        Error::Busy
-        | Error::LockTimeout
-        | Error::Deadlock
-        | Error::SerializationFailure
-        | Error::RetriesExhausted { .. } => 503,
-        _ => 500,
+    Refusal::of(error).status()
+}
+
+/// How each lockkit error is refused over HTTP, decided here once: the status
+/// ([`status_for`]) and the problem's title and detail ([`Problem::from_error`])
+/// both read it.
+enum Refusal<'a> {
+    /// 412: the row changed since the client read it.
+    Changed(&'a StaleObjectError),
+    /// 404: the row is gone, or never was.
+    NotFound,
+    /// 409: a condition did not hold, or the same key is still running.
+    Conflict,
+    /// 422: an idempotency key reused for another request.
+    KeyReused,
+    /// 400: a value from the client out of range.
+    BadRequest,
+    /// 503: a conflict with other transactions that a retry may get past.
+    Busy,
+    /// 500: anything else.
+    Failed,
+}
+
+impl<'a> Refusal<'a> {
+    fn of(error: &'a Error) -> Self {
+        match error {
+            Error::Stale(stale) if stale.current == CurrentState::Deleted => Refusal::NotFound,
+            Error::Stale(stale) => Refusal::Changed(stale),
+            Error::NotFound => Refusal::NotFound,
+            Error::NoRowMatched | Error::IdempotencyInProgress => Refusal::Conflict,
+            Error::IdempotencyKeyReused => Refusal::KeyReused,
+            Error::InvalidInput(_) => Refusal::BadRequest,
+            Error::Busy
+            | Error::LockTimeout
+            | Error::Deadlock
+            | Error::SerializationFailure
+            | Error::RetriesExhausted { .. } => Refusal::Busy,
+            _ => Refusal::Failed,
+        }
+    }
+
+    fn status(&self) -> u16 {
+        match self {
+            Refusal::Changed(_) => 412,
+            Refusal::NotFound => 404,
+            Refusal::Conflict => 409,
+            Refusal::KeyReused => 422,
+            Refusal::BadRequest => 400,
+            Refusal::Busy => 503,
+            Refusal::Failed => 500,
+        }
+    }
+
+    fn title(&self) -> &'static str {
+        match self {
+            Refusal::Changed(_) => "Precondition Failed",
+            Refusal::NotFound => "Not Found",
+            Refusal::Conflict => "Conflict",
+            Refusal::KeyReused => "Unprocessable Content",
+            Refusal::BadRequest => "Bad Request",
+            Refusal::Busy => "Service Unavailable",
+            Refusal::Failed => "Internal Server Error",
+        }
     }
 }
 
@@ -396,30 +446,22 @@ impl Problem {
 
     /// The problem for a lockkit error.
     pub fn from_error(error: &Error) -> Self {
-        let status = status_for(error);
-        let (title, detail) = match error {
-            Error::Stale(stale) if status == 412 => (
-                "Precondition Failed",
-                format!(
-                    "the resource was changed by someone else after you read it (you sent {}, it is now {}); \
-                     re-read it (GET) and apply your change to the current version",
-                    ETag(stale.expected_version),
-                    match stale.current {
-                        CurrentState::Version(v) | CurrentState::Behind(v) => ETag(v).to_string(),
-                        CurrentState::Deleted => "deleted".to_owned(),
-                        CurrentState::NullVersion => "unversioned".to_owned(),
-                    }
-                ),
+        let refusal = Refusal::of(error);
+        let detail = match &refusal {
+            Refusal::Changed(stale) => format!(
+                "the resource was changed by someone else after you read it (you sent {}, it is now {}); \
+                 re-read it (GET) and apply your change to the current version",
+                ETag(stale.expected_version),
+                match stale.current {
+                    CurrentState::Version(v) | CurrentState::Behind(v) => ETag(v).to_string(),
+                    CurrentState::Deleted => "deleted".to_owned(),
+                    CurrentState::NullVersion => "unversioned".to_owned(),
+                }
             ),
-            Error::Stale(_) | Error::NotFound => ("Not Found", "the resource does not exist".to_owned()),
-            Error::NoRowMatched | Error::IdempotencyInProgress => ("Conflict", error.to_string()),
-            Error::IdempotencyKeyReused => ("Unprocessable Content", error.to_string()),
-            Error::InvalidInput(_) => ("Bad Request", error.to_string()),
-            _ if status == 503 => (
-                "Service Unavailable",
-                "the resource is busy with other changes; try again".to_owned(),
-            ),
-            _ => ("Internal Server Error", "the request could not be completed".to_owned()),
+            Refusal::NotFound => "the resource does not exist".to_owned(),
+            Refusal::Conflict | Refusal::KeyReused | Refusal::BadRequest => error.to_string(),
+            Refusal::Busy => "the resource is busy with other changes; try again".to_owned(),
+            Refusal::Failed => "the request could not be completed".to_owned(),
         };
         let current_etag = match error {
             Error::Stale(stale) => match stale.current {
@@ -429,8 +471,8 @@ impl Problem {
             _ => None,
         };
         Problem {
-            status,
-            title,
+            status: refusal.status(),
+            title: refusal.title(),
             detail,
             current_etag,
         }
