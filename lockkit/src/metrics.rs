@@ -28,87 +28,88 @@ use std::time::{Duration, Instant};
 
 use std::fmt::Display;
 
-static STALE_WRITES: AtomicU64 = AtomicU64::new(0);
-static RETRIES: AtomicU64 = AtomicU64::new(0);
-static RETRIES_EXHAUSTED: AtomicU64 = AtomicU64::new(0);
-static BUSY: AtomicU64 = AtomicU64::new(0);
-static LOCK_TIMEOUTS: AtomicU64 = AtomicU64::new(0);
-static DEADLOCKS: AtomicU64 = AtomicU64::new(0);
-static SERIALIZATION_FAILURES: AtomicU64 = AtomicU64::new(0);
-static STATEMENT_TIMEOUTS: AtomicU64 = AtomicU64::new(0);
-static LOCKS_ACQUIRED: AtomicU64 = AtomicU64::new(0);
-static LOCK_ACQUIRE_NANOS: AtomicU64 = AtomicU64::new(0);
-static LOCK_ACQUIRE_MAX_NANOS: AtomicU64 = AtomicU64::new(0);
+/// Declares every counter once: its process-wide atomic, its field in
+/// [`Metrics`] (with its doc), its words in [`Metrics`]' `Display`, and its part
+/// in [`snapshot`] and [`Metrics::since`]. A new counter is one line here plus
+/// the function that records it.
+macro_rules! counters {
+    ($($(#[doc = $doc:literal])* $field:ident: $name:ident, $words:literal;)*) => {
+        $(static $name: AtomicU64 = AtomicU64::new(0);)*
 
-/// The counters at one moment, since the process started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Metrics {
-    /// Version-checked writes that matched no row ([`Error::Stale`]), bulk rows included.
-    pub stale_writes: u64,
+        /// The counters at one moment, since the process started.
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        #[non_exhaustive]
+        pub struct Metrics {
+            $($(#[doc = $doc])* pub $field: u64,)*
+            /// Total time spent taking them (the locked read or `BEGIN IMMEDIATE`, waits
+            /// included), counted once per statement however many rows it locked.
+            pub lock_acquire_time: Duration,
+            /// The longest single lock acquisition.
+            pub lock_acquire_max: Duration,
+        }
+
+        impl Metrics {
+            /// What happened between `earlier` and `self`. Counters and total times are
+            /// differences; `lock_acquire_max` stays the process-wide maximum.
+            pub fn since(&self, earlier: &Metrics) -> Metrics {
+                Metrics {
+                    $($field: self.$field - earlier.$field,)*
+                    lock_acquire_time: self
+                        .lock_acquire_time
+                        .saturating_sub(earlier.lock_acquire_time),
+                    lock_acquire_max: self.lock_acquire_max,
+                }
+            }
+
+            /// Each counter with its words, in declaration order.
+            fn counts(&self) -> [(&'static str, u64); [$($words),*].len()] {
+                [$(($words, self.$field)),*]
+            }
+        }
+
+        /// The counters now.
+        pub fn snapshot() -> Metrics {
+            Metrics {
+                $($field: $name.load(Relaxed),)*
+                lock_acquire_time: Duration::from_nanos(LOCK_ACQUIRE_NANOS.load(Relaxed)),
+                lock_acquire_max: Duration::from_nanos(LOCK_ACQUIRE_MAX_NANOS.load(Relaxed)),
+            }
+        }
+    };
+}
+
+counters! {
+    /// Version-checked writes that matched no row ([`Error::Stale`](crate::Error::Stale)), bulk rows included.
+    stale_writes: STALE_WRITES, "stale writes";
     /// Attempts [`retry`](crate::retry()) made after a retryable error.
-    pub retries: u64,
-    /// Times [`retry`](crate::retry()) gave up ([`Error::RetriesExhausted`]).
-    pub retries_exhausted: u64,
-    /// [`Error::Busy`]: `NOWAIT` or SQLite's busy database.
-    pub busy: u64,
-    /// [`Error::LockTimeout`].
-    pub lock_timeouts: u64,
-    /// [`Error::Deadlock`].
-    pub deadlocks: u64,
-    /// [`Error::SerializationFailure`].
-    pub serialization_failures: u64,
-    /// [`Error::StatementTimeout`].
-    pub statement_timeouts: u64,
+    retries: RETRIES, "retries";
+    /// Times [`retry`](crate::retry()) gave up ([`Error::RetriesExhausted`](crate::Error::RetriesExhausted)).
+    retries_exhausted: RETRIES_EXHAUSTED, "retries exhausted";
+    /// [`Error::Busy`](crate::Error::Busy): `NOWAIT` or SQLite's busy database.
+    busy: BUSY, "busy";
+    /// [`Error::LockTimeout`](crate::Error::LockTimeout).
+    lock_timeouts: LOCK_TIMEOUTS, "lock timeouts";
+    /// [`Error::Deadlock`](crate::Error::Deadlock).
+    deadlocks: DEADLOCKS, "deadlocks";
+    /// [`Error::SerializationFailure`](crate::Error::SerializationFailure).
+    serialization_failures: SERIALIZATION_FAILURES, "serialization failures";
+    /// [`Error::StatementTimeout`](crate::Error::StatementTimeout).
+    statement_timeouts: STATEMENT_TIMEOUTS, "statement timeouts";
     /// Locks taken: rows locked by [`with_lock`](crate::with_lock),
     /// [`lock_all`](crate::Lockable::lock_all) and [`queue::claim`](crate::queue::claim),
     /// and on SQLite the database's write lock taken by a locking transaction.
-    pub locks_acquired: u64,
-    /// Total time spent taking them (the locked read or `BEGIN IMMEDIATE`, waits
-    /// included), counted once per statement however many rows it locked.
-    pub lock_acquire_time: Duration,
-    /// The longest single lock acquisition.
-    pub lock_acquire_max: Duration,
+    locks_acquired: LOCKS_ACQUIRED, "locks";
 }
 
-impl Metrics {
-    /// What happened between `earlier` and `self`. Counters and total times are
-    /// differences; `lock_acquire_max` stays the process-wide maximum.
-    pub fn since(&self, earlier: &Metrics) -> Metrics {
-        Metrics {
-            stale_writes: self.stale_writes - earlier.stale_writes,
-            retries: self.retries - earlier.retries,
-            retries_exhausted: self.retries_exhausted - earlier.retries_exhausted,
-            busy: self.busy - earlier.busy,
-            lock_timeouts: self.lock_timeouts - earlier.lock_timeouts,
-            deadlocks: self.deadlocks - earlier.deadlocks,
-            serialization_failures: self.serialization_failures - earlier.serialization_failures,
-            statement_timeouts: self.statement_timeouts - earlier.statement_timeouts,
-            locks_acquired: self.locks_acquired - earlier.locks_acquired,
-            lock_acquire_time: self
-                .lock_acquire_time
-                .saturating_sub(earlier.lock_acquire_time),
-            lock_acquire_max: self.lock_acquire_max,
-        }
-    }
-}
+static LOCK_ACQUIRE_NANOS: AtomicU64 = AtomicU64::new(0);
+static LOCK_ACQUIRE_MAX_NANOS: AtomicU64 = AtomicU64::new(0);
 
 impl fmt::Display for Metrics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "stale writes {}, retries {} (exhausted {}), busy {}, lock timeouts {}, deadlocks {}, \
-             serialization failures {}, statement timeouts {}, locks {}",
-            self.stale_writes,
-            self.retries,
-            self.retries_exhausted,
-            self.busy,
-            self.lock_timeouts,
-            self.deadlocks,
-            self.serialization_failures,
-            self.statement_timeouts,
-            self.locks_acquired,
-        )?;
+        for (i, (words, count)) in self.counts().into_iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            write!(f, "{sep}{words} {count}")?;
+        }
         if self.locks_acquired > 0 {
             // The maximum is the process's, not the interval's (see `since`).
             write!(
@@ -118,23 +119,6 @@ impl fmt::Display for Metrics {
             )?;
         }
         Ok(())
-    }
-}
-
-/// The counters now.
-pub fn snapshot() -> Metrics {
-    Metrics {
-        stale_writes: STALE_WRITES.load(Relaxed),
-        retries: RETRIES.load(Relaxed),
-        retries_exhausted: RETRIES_EXHAUSTED.load(Relaxed),
-        busy: BUSY.load(Relaxed),
-        lock_timeouts: LOCK_TIMEOUTS.load(Relaxed),
-        deadlocks: DEADLOCKS.load(Relaxed),
-        serialization_failures: SERIALIZATION_FAILURES.load(Relaxed),
-        statement_timeouts: STATEMENT_TIMEOUTS.load(Relaxed),
-        locks_acquired: LOCKS_ACQUIRED.load(Relaxed),
-        lock_acquire_time: Duration::from_nanos(LOCK_ACQUIRE_NANOS.load(Relaxed)),
-        lock_acquire_max: Duration::from_nanos(LOCK_ACQUIRE_MAX_NANOS.load(Relaxed)),
     }
 }
 
