@@ -108,7 +108,7 @@ pub trait Lockable: Sized {
     fn key(&self) -> Self::Key;
 
     /// Locks this row (`FOR UPDATE`) in a transaction and runs `f` on the fresh
-    /// row; see the [module docs](self). This is [`with_lock`](crate::with_lock)
+    /// row; see the [module docs](self). This is [`with_lock`]
     /// with this row's key and the default [`LockOptions`]; call that for
     /// `nowait()`, `skip_locked()`, a timeout or a shared lock, or when you have
     /// a key but no loaded model.
