@@ -7,18 +7,28 @@
 //! `mysql://root@127.0.0.1:3306/test`). A server that cannot be reached fails
 //! the test with the URL it tried; nothing is skipped. `scripts/test.sh` finds,
 //! starts or installs the servers before running the suite.
+//!
+//! The harness is the `harness` feature (on by default). [`support`] is always
+//! there: what the example programs, the torture test and the benchmark share.
 
+#[cfg(feature = "harness")]
 pub mod db;
+#[cfg(feature = "harness")]
 pub mod models;
+#[cfg(feature = "harness")]
 pub mod observe;
+#[cfg(feature = "harness")]
 pub mod schema;
+pub mod support;
 
+#[cfg(feature = "harness")]
 pub use db::TestDb;
 
 /// Writes each test once and instantiates it for every enabled backend, as
 /// `postgres::name`, `mysql::name` and `sqlite::name`. Inside a test, `Conn` is the
 /// backend's connection type, `Backend` its `diesel::backend::Backend`, and
 /// `BACKEND` its name; the argument is a fresh [`TestDb`].
+#[cfg(feature = "harness")]
 #[macro_export]
 macro_rules! backend_tests {
     (@backend $feature:literal, $module:ident, $conn:ident, $($backend:ident)::+; $($(#[$meta:meta])* fn $name:ident($db:ident) $body:block)*) => {
@@ -51,6 +61,7 @@ macro_rules! backend_tests {
 
 /// [`backend_tests!`] for the servers with row locks only: PostgreSQL and
 /// MySQL/MariaDB.
+#[cfg(feature = "harness")]
 #[macro_export]
 macro_rules! server_tests {
     ($($tests:tt)*) => {
@@ -60,6 +71,7 @@ macro_rules! server_tests {
 }
 
 /// Inserts `items` rows `(id, stock)` with version 0 (the same SQL on every backend).
+#[cfg(feature = "harness")]
 pub fn seed_items<C: diesel::Connection>(conn: &mut C, rows: &[(i32, i32)]) {
     for (id, stock) in rows {
         conn.batch_execute(&format!(
@@ -70,6 +82,7 @@ pub fn seed_items<C: diesel::Connection>(conn: &mut C, rows: &[(i32, i32)]) {
 }
 
 /// Runs the same SQL on every backend (test fixtures only, never outside input).
+#[cfg(feature = "harness")]
 pub fn exec<C: diesel::Connection>(conn: &mut C, sql: &str) {
     conn.batch_execute(sql)
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
