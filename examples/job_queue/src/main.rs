@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use job_queue::{Backend, Claim, JobQueueError, RelayConfig, WorkerConfig};
+use lockkit_tests::support::redact;
 
 /// What `--help` prints after the options.
 const AFTER_HELP: &str = "\
@@ -198,24 +199,6 @@ fn play(options: &Options) -> Result<bool, JobQueueError> {
     }
 }
 
-/// The URL without its password, for printing.
-fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => match rest[..at].split_once(':') {
-            Some((user, _password)) => {
-                format!("{}{user}:***{}", &url[..scheme_end], &rest[at..])
-            }
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,15 +272,5 @@ mod tests {
         assert!(parse(&["--jobs", "-3"]).is_err());
         assert!(parse(&["--name", ""]).is_err());
         assert!(parse(&["--frobnicate", "1"]).is_err());
-    }
-
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(
-            redact("postgres://u:secret@h:5432/db"),
-            "postgres://u:***@h:5432/db"
-        );
-        assert_eq!(redact("mysql://root@h/db"), "mysql://root@h/db");
-        assert_eq!(redact("job_queue.sqlite"), "job_queue.sqlite");
     }
 }

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use lockkit_tests::support::redact;
 use shop::{Backend, Config, ShopError, Strategy};
 
 /// What `--help` prints after the options.
@@ -201,24 +202,6 @@ lockkit metrics:"
     Ok(ok)
 }
 
-/// The URL without its password, for printing.
-fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => match rest[..at].split_once(':') {
-            Some((user, _password)) => {
-                format!("{}{user}:***{}", &url[..scheme_end], &rest[at..])
-            }
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -303,18 +286,5 @@ mod tests {
                 .unwrap_or_else(|| panic!("{args:?} parsed"));
             assert_eq!(error.exit_code(), 2, "{args:?}");
         }
-    }
-
-    #[test]
-    fn passwords_are_not_printed() {
-        assert_eq!(
-            redact("postgres://u:secret@h:5432/db"),
-            "postgres://u:***@h:5432/db"
-        );
-        assert_eq!(
-            redact("mysql://root@127.0.0.1/db"),
-            "mysql://root@127.0.0.1/db"
-        );
-        assert_eq!(redact("shop.sqlite"), "shop.sqlite");
     }
 }
