@@ -72,7 +72,7 @@ pub(crate) fn run_workers<C: QueueConnection>(
     });
     let workers = results
         .into_iter()
-        .map(|result| result.map_err(|_| JobQueueError::WorkerPanicked)?)
+        .map(|result| result.map_err(|_| JobQueueError::Panicked("worker"))?)
         .collect::<Result<Vec<_>, _>>()?;
 
     let audit = pool.get()?.job_audit()?;

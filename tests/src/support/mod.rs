@@ -10,6 +10,7 @@
 //!   `MYSQL_DATABASE_URL`, next to which tests and benchmarks create their own;
 //!   [`with_database`] names another database on the same server.
 //! * [`redact`]: a URL fit for printing, without its password.
+//! * [`ProgramError`]: the error type of the example programs.
 //!
 //! This module builds without the `harness` feature and without any backend
 //! feature. A program that depends on `lockkit-tests` with
@@ -28,7 +29,9 @@
 //! ```
 
 mod backend;
+mod error;
 mod url;
 
 pub use backend::Backend;
+pub use error::ProgramError;
 pub use url::{admin_url, admin_url_var, connection_url, redact, with_database};
