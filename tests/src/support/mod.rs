@@ -11,6 +11,9 @@
 //!   [`with_database`] names another database on the same server.
 //! * [`redact`]: a URL fit for printing, without its password.
 //! * [`ProgramError`]: the error type of the example programs.
+//! * [`SessionSettings`]: what every pooled connection runs once it is open
+//!   ([`sqlite_session_settings`] with the `sqlite` feature,
+//!   [`no_session_settings`]).
 //!
 //! This module builds without the `harness` feature and without any backend
 //! feature. A program that depends on `lockkit-tests` with
@@ -30,8 +33,12 @@
 
 mod backend;
 mod error;
+mod session;
 mod url;
 
 pub use backend::Backend;
 pub use error::ProgramError;
+#[cfg(feature = "sqlite")]
+pub use session::sqlite_session_settings;
+pub use session::{no_session_settings, SessionSettings};
 pub use url::{admin_url, admin_url_var, connection_url, redact, with_database};
