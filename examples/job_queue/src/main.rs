@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use job_queue::{Backend, Claim, JobQueueError, RelayConfig, WorkerConfig};
-use lockkit_tests::support::redact;
+use lockkit_tests::support::{database_url, exit_code};
 
 /// What `--help` prints after the options.
 const AFTER_HELP: &str = "\
@@ -118,32 +118,12 @@ impl From<Cli> for Options {
 }
 
 fn main() -> ExitCode {
-    let options = Options::from(Cli::parse());
-    match play(&options) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("job_queue: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    exit_code("job_queue", play(&Options::from(Cli::parse())))
 }
 
 /// Runs the role; `Ok(false)` if a safe run processed a job twice or left one.
 fn play(options: &Options) -> Result<bool, JobQueueError> {
-    let (url, shown) = match std::env::var("DATABASE_URL")
-        .ok()
-        .filter(|url| Backend::from_url(url) != Backend::Sqlite)
-    {
-        Some(url) => {
-            let shown = redact(&url);
-            (url, shown)
-        }
-        None => {
-            let path = options.sqlite_file.display().to_string();
-            (path.clone(), path)
-        }
-    };
+    let (url, shown) = database_url(&options.sqlite_file);
     let backend = Backend::from_url(&url);
     match options.role {
         Role::Workers => {

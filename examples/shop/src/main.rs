@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use lockkit_tests::support::redact;
+use lockkit_tests::support::{database_url, exit_code};
 use shop::{Backend, Config, ShopError, Strategy};
 
 /// What `--help` prints after the options.
@@ -107,39 +107,21 @@ impl From<Cli> for Options {
 }
 
 fn main() -> ExitCode {
-    let options = Options::from(Cli::parse());
-    match play(&options) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("shop: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    exit_code("shop", play(&Options::from(Cli::parse())))
 }
 
 /// Runs every chosen strategy and prints the table; `Ok(false)` if a strategy
 /// that should prevent lost updates did not.
 fn play(options: &Options) -> Result<bool, ShopError> {
-    let server_url = std::env::var("DATABASE_URL")
-        .ok()
-        .filter(|url| Backend::from_url(url) != Backend::Sqlite);
-    let (url, shown) = match server_url {
-        Some(url) => {
-            let shown = redact(&url);
-            (url, shown)
-        }
-        None => {
-            shop::remove_sqlite_files(&options.sqlite_file).map_err(|e| {
-                ShopError::Usage(format!(
-                    "cannot remove {}: {e}",
-                    options.sqlite_file.display()
-                ))
-            })?;
-            let path = options.sqlite_file.display().to_string();
-            (path.clone(), path)
-        }
-    };
+    let (url, shown) = database_url(&options.sqlite_file);
+    if Backend::from_url(&url) == Backend::Sqlite {
+        shop::remove_sqlite_files(&options.sqlite_file).map_err(|e| {
+            ShopError::Usage(format!(
+                "cannot remove {}: {e}",
+                options.sqlite_file.display()
+            ))
+        })?;
+    }
     let config = &options.config;
     println!(
         "shop on {} ({shown}): {} buyers, {} in stock, up to {} purchases of 1-3 units each, {} ms think time",

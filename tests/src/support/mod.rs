@@ -10,7 +10,8 @@
 //!   `MYSQL_DATABASE_URL`, next to which tests and benchmarks create their own;
 //!   [`with_database`] names another database on the same server.
 //! * [`redact`]: a URL fit for printing, without its password.
-//! * [`ProgramError`]: the error type of the example programs.
+//! * [`ProgramError`]: the error type of the example programs;
+//!   [`database_url`] and [`exit_code`], the start and the end of their `main`.
 //! * [`SessionSettings`]: what every pooled connection runs once it is open
 //!   ([`sqlite_session_settings`] with the `sqlite` feature,
 //!   [`no_session_settings`]).
@@ -33,11 +34,13 @@
 
 mod backend;
 mod error;
+mod program;
 mod session;
 mod url;
 
 pub use backend::Backend;
 pub use error::ProgramError;
+pub use program::{database_url, exit_code};
 #[cfg(feature = "sqlite")]
 pub use session::sqlite_session_settings;
 pub use session::{no_session_settings, SessionSettings};
