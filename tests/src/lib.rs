@@ -70,6 +70,40 @@ macro_rules! server_tests {
     };
 }
 
+/// [`backend_tests!`] for a program that brings its own schema (the examples):
+/// each test gets an empty database of its own ([`TestDb::empty`]), removed at
+/// the end, and is handed its URL as `&str`. The tests of a backend whose cargo
+/// feature is off in the calling crate are not compiled.
+///
+/// ```ignore
+/// lockkit_tests::url_tests! {
+///     fn one_item(url) { super::one_item(url) }
+/// }
+/// ```
+#[cfg(feature = "harness")]
+#[macro_export]
+macro_rules! url_tests {
+    (@backend $feature:literal, $module:ident, $conn:ident; $($(#[$meta:meta])* fn $name:ident($url:ident) $body:block)*) => {
+        #[cfg(feature = $feature)]
+        mod $module {
+            $(
+                $(#[$meta])*
+                #[test]
+                fn $name() {
+                    let db = $crate::TestDb::<::diesel::$conn>::empty(stringify!($name));
+                    let $url: &str = &db.url;
+                    $body
+                }
+            )*
+        }
+    };
+    ($($tests:tt)*) => {
+        $crate::url_tests!(@backend "postgres", postgres, PgConnection; $($tests)*);
+        $crate::url_tests!(@backend "mysql", mysql, MysqlConnection; $($tests)*);
+        $crate::url_tests!(@backend "sqlite", sqlite, SqliteConnection; $($tests)*);
+    };
+}
+
 /// Inserts `items` rows `(id, stock)` with version 0 (the same SQL on every backend).
 #[cfg(feature = "harness")]
 pub fn seed_items<C: diesel::Connection>(conn: &mut C, rows: &[(i32, i32)]) {
