@@ -104,6 +104,21 @@ macro_rules! url_tests {
     };
 }
 
+/// The stock of `items` row 1, read on `$conn`. A macro, not a function: Diesel
+/// checks the query per backend.
+#[cfg(feature = "harness")]
+#[macro_export]
+macro_rules! stock_of {
+    ($conn:expr) => {{
+        use ::diesel::prelude::*;
+        $crate::schema::items::table
+            .find(1)
+            .select($crate::schema::items::stock)
+            .first::<i32>($conn)
+            .unwrap()
+    }};
+}
+
 /// Inserts `items` rows `(id, stock)` with version 0 (the same SQL on every backend).
 #[cfg(feature = "harness")]
 pub fn seed_items<C: diesel::Connection>(conn: &mut C, rows: &[(i32, i32)]) {

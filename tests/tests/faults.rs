@@ -14,7 +14,7 @@ use lockkit::prelude::*;
 use lockkit::{Error, LockOptions, RetryPolicy};
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
-use lockkit_tests::{exec, seed_items};
+use lockkit_tests::{exec, seed_items, stock_of};
 
 /// Ends another session from the server side.
 fn kill_session<C: SimpleConnection>(admin: &mut C, backend: &str, session: i64) {
@@ -24,17 +24,6 @@ fn kill_session<C: SimpleConnection>(admin: &mut C, backend: &str, session: i64)
         _ => format!("KILL {session}"),
     };
     admin.batch_execute(&sql).unwrap();
-}
-
-/// The stock of item 1, read on a fresh connection or the given one.
-macro_rules! stock_of {
-    ($conn:expr) => {
-        items::table
-            .find(1)
-            .select(items::stock)
-            .first::<i32>($conn)
-            .unwrap()
-    };
 }
 
 /// `nowait` succeeds: nobody holds row 1.

@@ -29,7 +29,7 @@ use lockkit::version_trigger::{self, Dialect};
 use lockkit::{CurrentState, Error, LockOptions, StaleObjectError};
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
-use lockkit_tests::{exec, seed_items};
+use lockkit_tests::{exec, seed_items, stock_of};
 use proptest::prelude::*;
 
 /// Values an injection would use: quotes of every kind, comment starters,
@@ -711,7 +711,7 @@ mod all {
             }
             let stored = lockkit_idempotency_keys::table.count().get_result::<i64>(&mut conn).unwrap();
             assert_eq!(stored, HOSTILE.len() as i64);
-            let stock = items::table.find(1).select(items::stock).first::<i32>(&mut conn).unwrap();
+            let stock = stock_of!(&mut conn);
             assert_eq!(stock, 1000 - HOSTILE.len() as i32, "each request's work ran exactly once");
 
             // The limits, checked before anything is sent: 1 to 255 characters, no NUL.

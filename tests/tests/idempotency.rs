@@ -10,7 +10,7 @@ use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
 use lockkit::idempotency::{self, Idempotency, Outcome};
 use lockkit::Error;
 use lockkit_tests::schema::*;
-use lockkit_tests::{exec, seed_items};
+use lockkit_tests::{exec, seed_items, stock_of};
 
 fn migrations(backend: &str) -> EmbeddedMigrations {
     match backend {
@@ -59,7 +59,7 @@ lockkit_tests::backend_tests! {
         });
         assert_eq!(ran, 1, "{outcomes:?}");
         assert!(others_ok, "{outcomes:?}");
-        let stock = items::table.find(1).select(items::stock).first::<i32>(&mut db.conn()).unwrap();
+        let stock = stock_of!(&mut db.conn());
         assert_eq!(stock, 99, "the work ran exactly once");
         let again = keys.run(&mut db.conn(), "order-1", "POST /orders qty=1", |_| -> Result<String, Error> { panic!("must not run") });
         assert_eq!(again.unwrap(), Outcome::Replayed("201 sold".to_owned()));
@@ -78,10 +78,10 @@ lockkit_tests::backend_tests! {
             })
             .unwrap_err();
         assert!(matches!(err, Error::NoRowMatched));
-        assert_eq!(items::table.find(1).select(items::stock).first::<i32>(&mut conn).unwrap(), 100, "rolled back");
+        assert_eq!(stock_of!(&mut conn), 100, "rolled back");
         let retried = keys.run(&mut conn, "k", "fp", sell_one).unwrap();
         assert_eq!(retried, Outcome::Ran("201 sold".to_owned()));
-        assert_eq!(items::table.find(1).select(items::stock).first::<i32>(&mut conn).unwrap(), 99);
+        assert_eq!(stock_of!(&mut conn), 99);
     }
 
     fn a_key_reused_for_another_request_is_refused(db) {
@@ -93,7 +93,7 @@ lockkit_tests::backend_tests! {
         let err = keys.run(&mut conn, "k", "POST /orders qty=5", sell_one).unwrap_err();
         assert!(matches!(err, Error::IdempotencyKeyReused));
         assert_eq!(lockkit::etag::status_for(&err), 422);
-        assert_eq!(items::table.find(1).select(items::stock).first::<i32>(&mut conn).unwrap(), 99);
+        assert_eq!(stock_of!(&mut conn), 99);
     }
 
     fn a_crash_between_start_and_finish_is_recovered_after_the_lease(db) {
@@ -110,7 +110,7 @@ lockkit_tests::backend_tests! {
         ));
         assert!(matches!(keys.run(&mut conn, "fresh", "fp", sell_one), Err(Error::IdempotencyInProgress)));
         assert_eq!(keys.run(&mut conn, "dead", "fp", sell_one).unwrap(), Outcome::Ran("201 sold".to_owned()));
-        assert_eq!(items::table.find(1).select(items::stock).first::<i32>(&mut conn).unwrap(), 99);
+        assert_eq!(stock_of!(&mut conn), 99);
     }
 
     fn an_owner_that_overruns_its_lease_is_rolled_back(db) {
@@ -138,7 +138,7 @@ lockkit_tests::backend_tests! {
             assert_eq!(fast.unwrap(), Outcome::Ran("201 sold".to_owned()), "took the expired lease over");
             assert!(matches!(slow, Err(Error::IdempotencyInProgress)), "{slow:?}");
         }
-        assert_eq!(items::table.find(1).select(items::stock).first::<i32>(&mut db.conn()).unwrap(), 99, "sold once");
+        assert_eq!(stock_of!(&mut db.conn()), 99, "sold once");
     }
 
     fn completed_keys_expire_after_the_retention(db) {
