@@ -1,7 +1,8 @@
 //! One fresh database per test, on a real server.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Once;
+use std::sync::{mpsc, Once};
+use std::thread;
 use std::time::Duration;
 
 use diesel::connection::SimpleConnection;
@@ -99,6 +100,36 @@ impl<C: TestBackend> TestDb<C> {
             .unwrap_or_else(|e| panic!("cannot connect to test database {}: {e}", self.url));
         C::on_acquire(&mut conn).expect("session settings");
         conn
+    }
+
+    /// Runs `during` on this thread while another thread holds a lock. That
+    /// thread calls `hold` with a connection of its own and `wait`: `hold` takes
+    /// the lock, calls `wait()`, which returns once `during` has returned, and
+    /// then lets the lock go (commits or rolls back).
+    pub fn while_holding<T>(
+        &self,
+        hold: impl FnOnce(&mut C, &dyn Fn()) + Send,
+        during: impl FnOnce() -> T,
+    ) -> T
+    where
+        Self: Sync,
+    {
+        let (locked_tx, locked_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        thread::scope(|s| {
+            let holder = s.spawn(move || {
+                let wait = || {
+                    locked_tx.send(()).unwrap();
+                    let _ = release_rx.recv();
+                };
+                hold(&mut self.connect(), &wait);
+            });
+            locked_rx.recv().expect("the holder took its lock");
+            let out = during();
+            let _ = release_tx.send(());
+            holder.join().unwrap();
+            out
+        })
     }
 }
 

@@ -1,7 +1,7 @@
 //! `lockkit::classify` against each real server: every lock error is provoked
 //! for real and must arrive as its typed variant.
 
-use std::sync::{mpsc, Barrier};
+use std::sync::Barrier;
 use std::thread;
 
 use diesel::connection::SimpleConnection;
@@ -13,25 +13,17 @@ use lockkit_tests::{seed_items, TestDb};
 /// Runs `blocked` on the calling thread while another connection holds an
 /// uncommitted write lock on items row 1.
 fn while_row_locked<C: TestBackend, T>(db: &TestDb<C>, blocked: impl FnOnce() -> T) -> T {
-    let (locked_tx, locked_rx) = mpsc::channel();
-    let (release_tx, release_rx) = mpsc::channel::<()>();
-    thread::scope(|s| {
-        let holder = s.spawn(move || {
-            let mut conn = db.connect();
+    db.while_holding(
+        |conn, wait| {
             conn.transaction(|conn| {
                 conn.batch_execute("UPDATE items SET stock = stock WHERE id = 1")?;
-                locked_tx.send(()).unwrap();
-                let _ = release_rx.recv();
+                wait();
                 diesel::QueryResult::Ok(())
             })
             .unwrap();
-        });
-        locked_rx.recv().unwrap();
-        let out = blocked();
-        release_tx.send(()).unwrap();
-        holder.join().unwrap();
-        out
-    })
+        },
+        blocked,
+    )
 }
 
 /// Two transactions lock rows 1 and 2 in opposite order; returns both outcomes.
@@ -305,28 +297,22 @@ mod sqlite {
     fn database_is_locked_is_busy() {
         let db = TestDb::<SqliteConnection>::new("sqlite_busy");
         seed_items(&mut db.connect(), &[(1, 10)]);
-        let (locked_tx, locked_rx) = mpsc::channel();
-        let (release_tx, release_rx) = mpsc::channel::<()>();
-        thread::scope(|s| {
-            let db = &db;
-            s.spawn(move || {
-                let mut conn = db.connect();
+        let err = db.while_holding(
+            |conn, wait| {
                 conn.immediate_transaction(|conn| {
                     conn.batch_execute("UPDATE items SET stock = 1 WHERE id = 1")?;
-                    locked_tx.send(()).unwrap();
-                    let _ = release_rx.recv();
+                    wait();
                     diesel::QueryResult::Ok(())
                 })
                 .unwrap();
-            });
-            locked_rx.recv().unwrap();
-            let mut conn = db.connect();
-            conn.batch_execute("PRAGMA busy_timeout = 0").unwrap();
-            let err = conn
-                .batch_execute("UPDATE items SET stock = 2 WHERE id = 1")
-                .unwrap_err();
-            release_tx.send(()).unwrap();
-            assert!(matches!(classify(err), Error::Busy));
-        });
+            },
+            || {
+                let mut conn = db.connect();
+                conn.batch_execute("PRAGMA busy_timeout = 0").unwrap();
+                conn.batch_execute("UPDATE items SET stock = 2 WHERE id = 1")
+                    .unwrap_err()
+            },
+        );
+        assert!(matches!(classify(err), Error::Busy));
     }
 }

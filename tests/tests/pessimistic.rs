@@ -60,24 +60,16 @@ where
     C: TestBackend + lockkit::LockingConnection + lockkit::AsLockingConnection<Conn = C>,
     Item: LockRow<C>,
 {
-    let (locked_tx, locked_rx) = mpsc::channel();
-    let (release_tx, release_rx) = mpsc::channel::<()>();
-    thread::scope(|s| {
-        let holder = s.spawn(move || {
-            let mut conn = db.connect();
-            lockkit::with_lock(&mut conn, 1, |_conn, _item: Item| {
-                locked_tx.send(()).unwrap();
-                let _ = release_rx.recv();
+    db.while_holding(
+        |conn, wait| {
+            lockkit::with_lock(conn, 1, |_conn, _item: Item| {
+                wait();
                 Ok(())
             })
             .unwrap();
-        });
-        locked_rx.recv().unwrap();
-        let out = blocked();
-        release_tx.send(()).unwrap();
-        holder.join().unwrap();
-        out
-    })
+        },
+        blocked,
+    )
 }
 
 mod all {
