@@ -26,6 +26,21 @@ fn while_row_locked<C: TestBackend, T>(db: &TestDb<C>, blocked: impl FnOnce() ->
     )
 }
 
+/// Seeds items row 1 and, while another connection holds its write lock, runs
+/// `setting` (a timeout) and an `UPDATE` of the row in one transaction: the
+/// error the wait ended in.
+fn update_while_locked<C: TestBackend>(db: &TestDb<C>, setting: &str) -> diesel::result::Error {
+    seed_items(&mut db.connect(), &[(1, 10)]);
+    while_row_locked(db, || {
+        db.connect()
+            .transaction(|conn| {
+                conn.batch_execute(setting)?;
+                conn.batch_execute("UPDATE items SET stock = 0 WHERE id = 1")
+            })
+            .unwrap_err()
+    })
+}
+
 /// Two transactions lock rows 1 and 2 in opposite order; returns both outcomes.
 fn provoke_deadlock<C: TestBackend>(db: &TestDb<C>) -> Vec<Result<(), Error>> {
     seed_items(&mut db.connect(), &[(1, 10), (2, 10)]);
@@ -136,30 +151,14 @@ mod postgres {
     #[test]
     fn lock_timeout_55p03_is_lock_timeout() {
         let db = Db::new("pg_lock_timeout");
-        seed_items(&mut db.connect(), &[(1, 10)]);
-        let err = while_row_locked(&db, || {
-            let mut conn = db.connect();
-            conn.transaction(|conn| {
-                conn.batch_execute("SET LOCAL lock_timeout = '100ms'")?;
-                conn.batch_execute("UPDATE items SET stock = 0 WHERE id = 1")
-            })
-            .unwrap_err()
-        });
+        let err = update_while_locked(&db, "SET LOCAL lock_timeout = '100ms'");
         assert!(matches!(classify(err), Error::LockTimeout));
     }
 
     #[test]
     fn statement_timeout_57014_is_statement_timeout() {
         let db = Db::new("pg_statement_timeout");
-        seed_items(&mut db.connect(), &[(1, 10)]);
-        let err = while_row_locked(&db, || {
-            let mut conn = db.connect();
-            conn.transaction(|conn| {
-                conn.batch_execute("SET LOCAL statement_timeout = '100ms'")?;
-                conn.batch_execute("UPDATE items SET stock = 0 WHERE id = 1")
-            })
-            .unwrap_err()
-        });
+        let err = update_while_locked(&db, "SET LOCAL statement_timeout = '100ms'");
         let err = classify(err);
         assert!(matches!(err, Error::StatementTimeout), "{err:?}");
         assert!(!err.is_retryable());
@@ -230,14 +229,7 @@ mod mysql {
     #[test]
     fn lock_wait_timeout_1205() {
         let db = Db::new("my_lock_wait");
-        seed_items(&mut db.connect(), &[(1, 10)]);
-        let err = while_row_locked(&db, || {
-            let mut conn = db.connect();
-            conn.batch_execute("SET SESSION innodb_lock_wait_timeout = 1")
-                .unwrap();
-            conn.transaction(|conn| conn.batch_execute("UPDATE items SET stock = 0 WHERE id = 1"))
-                .unwrap_err()
-        });
+        let err = update_while_locked(&db, "SET SESSION innodb_lock_wait_timeout = 1");
         assert!(matches!(classify(err), Error::LockTimeout));
     }
 
