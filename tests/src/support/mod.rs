@@ -1,6 +1,7 @@
 //! What the example programs, the torture test and the benchmark need besides
-//! lockkit itself, written once: which backend a URL names, and the URL
-//! arithmetic around it.
+//! lockkit itself, written once: which backend a URL names and the URL
+//! arithmetic around it, the examples' error type, the start and the end of
+//! their `main`, and the session settings of their connections.
 //!
 //! * [`Backend`]: PostgreSQL, MySQL/MariaDB or SQLite, from a URL
 //!   ([`Backend::from_url`]) or a short name ([`Backend::parse`]).
