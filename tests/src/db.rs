@@ -213,12 +213,14 @@ struct Server {
     list: &'static str,
     /// `DROP DATABASE` of the database that is its argument.
     drop: fn(&str) -> String,
+    /// The first database a process creates sweeps the orphans first.
+    sweep: Once,
 }
 
 impl Server {
     /// Creates the empty database `name` on the server. The first call in a
     /// process first drops the databases of test processes that no longer run.
-    fn create_database<C>(&self, name: &str, sweep: &Once) -> (String, Cleanup)
+    fn create_database<C>(&self, name: &str) -> (String, Cleanup)
     where
         C: Connection,
         for<'a> SqlQuery: LoadQuery<'a, C, Name>,
@@ -233,7 +235,7 @@ impl Server {
                 admin_url_var(backend).expect("a server backend"),
             )
         });
-        sweep.call_once(|| {
+        self.sweep.call_once(|| {
             let names = diesel::sql_query(self.list)
                 .load::<Name>(&mut conn)
                 .unwrap_or_default();
@@ -253,57 +255,57 @@ impl Server {
     }
 }
 
-#[cfg(feature = "postgres")]
-mod postgres {
-    use super::*;
-    use diesel::PgConnection;
+/// The [`TestBackend`] of a server: its migrations, and its [`Server`].
+macro_rules! server_backend {
+    ($feature:literal, $module:ident, $conn:ident, $migrations:literal, $server:expr) => {
+        #[cfg(feature = $feature)]
+        mod $module {
+            use super::*;
 
-    const MIGRATIONS: EmbeddedMigrations =
-        diesel_migrations::embed_migrations!("migrations/postgres");
+            const MIGRATIONS: EmbeddedMigrations =
+                diesel_migrations::embed_migrations!($migrations);
 
-    const SERVER: Server = Server {
+            static SERVER: Server = $server;
+
+            impl TestBackend for diesel::$conn {
+                fn create_database(name: &str) -> (String, Cleanup) {
+                    SERVER.create_database::<Self>(name)
+                }
+
+                fn migrate(conn: &mut Self) {
+                    conn.run_pending_migrations(MIGRATIONS).expect("migrations");
+                }
+            }
+        }
+    };
+}
+
+server_backend!(
+    "postgres",
+    postgres,
+    PgConnection,
+    "migrations/postgres",
+    Server {
         backend: Backend::Postgres,
         list: "SELECT datname AS name FROM pg_database WHERE datname LIKE 'lk\\_%'",
         drop: |name| format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-    };
-
-    impl TestBackend for PgConnection {
-        fn create_database(name: &str) -> (String, Cleanup) {
-            static SWEEP: Once = Once::new();
-            SERVER.create_database::<Self>(name, &SWEEP)
-        }
-
-        fn migrate(conn: &mut Self) {
-            conn.run_pending_migrations(MIGRATIONS).expect("migrations");
-        }
+        sweep: Once::new(),
     }
-}
+);
 
-#[cfg(feature = "mysql")]
-mod mysql {
-    use super::*;
-    use diesel::MysqlConnection;
-
-    const MIGRATIONS: EmbeddedMigrations = diesel_migrations::embed_migrations!("migrations/mysql");
-
-    const SERVER: Server = Server {
+server_backend!(
+    "mysql",
+    mysql,
+    MysqlConnection,
+    "migrations/mysql",
+    Server {
         backend: Backend::Mysql,
         list: "SELECT SCHEMA_NAME AS name FROM information_schema.SCHEMATA \
                WHERE SCHEMA_NAME LIKE 'lk\\_%'",
         drop: |name| format!("DROP DATABASE IF EXISTS {name}"),
-    };
-
-    impl TestBackend for MysqlConnection {
-        fn create_database(name: &str) -> (String, Cleanup) {
-            static SWEEP: Once = Once::new();
-            SERVER.create_database::<Self>(name, &SWEEP)
-        }
-
-        fn migrate(conn: &mut Self) {
-            conn.run_pending_migrations(MIGRATIONS).expect("migrations");
-        }
+        sweep: Once::new(),
     }
-}
+);
 
 #[cfg(feature = "sqlite")]
 mod sqlite {
