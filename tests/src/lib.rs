@@ -19,6 +19,8 @@ pub mod models;
 pub mod observe;
 #[cfg(feature = "harness")]
 pub mod schema;
+#[cfg(feature = "harness")]
+pub mod settings;
 pub mod support;
 
 #[cfg(feature = "harness")]
@@ -117,6 +119,17 @@ macro_rules! stock_of {
             .first::<i32>($conn)
             .unwrap()
     }};
+}
+
+/// The embedded migrations of lockkit's idempotency table for `backend`
+/// (`postgres`, `mysql` or `sqlite`).
+#[cfg(feature = "harness")]
+pub fn idempotency_migrations(backend: &str) -> diesel_migrations::EmbeddedMigrations {
+    match backend {
+        "postgres" => lockkit::idempotency::POSTGRES_MIGRATIONS,
+        "mysql" => lockkit::idempotency::MYSQL_MIGRATIONS,
+        _ => lockkit::idempotency::SQLITE_MIGRATIONS,
+    }
 }
 
 /// Inserts `items` rows `(id, stock)` with version 0 (the same SQL on every backend).

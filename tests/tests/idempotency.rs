@@ -6,19 +6,11 @@ use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use diesel::prelude::*;
-use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
-use lockkit::idempotency::{self, Idempotency, Outcome};
+use diesel_migrations::MigrationHarness;
+use lockkit::idempotency::{Idempotency, Outcome};
 use lockkit::Error;
 use lockkit_tests::schema::*;
-use lockkit_tests::{exec, seed_items, stock_of};
-
-fn migrations(backend: &str) -> EmbeddedMigrations {
-    match backend {
-        "postgres" => idempotency::POSTGRES_MIGRATIONS,
-        "mysql" => idempotency::MYSQL_MIGRATIONS,
-        _ => idempotency::SQLITE_MIGRATIONS,
-    }
-}
+use lockkit_tests::{exec, idempotency_migrations, seed_items, stock_of};
 
 fn now_millis() -> i64 {
     SystemTime::now()
@@ -35,7 +27,7 @@ fn sell_one<C: Connection>(conn: &mut C) -> Result<String, Error> {
 
 lockkit_tests::backend_tests! {
     fn concurrent_duplicates_run_the_work_once(db) {
-        db.conn().run_pending_migrations(migrations(BACKEND)).unwrap();
+        db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
         seed_items(&mut db.conn(), &[(1, 100)]);
         const CLIENTS: usize = 8;
         let barrier = Barrier::new(CLIENTS);
@@ -68,7 +60,7 @@ lockkit_tests::backend_tests! {
 
     fn a_failed_run_releases_the_key(db) {
         let mut conn = db.conn();
-        conn.run_pending_migrations(migrations(BACKEND)).unwrap();
+        conn.run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
         seed_items(&mut conn, &[(1, 100)]);
         let keys = Idempotency::default();
         let err = keys
@@ -86,7 +78,7 @@ lockkit_tests::backend_tests! {
 
     fn a_key_reused_for_another_request_is_refused(db) {
         let mut conn = db.conn();
-        conn.run_pending_migrations(migrations(BACKEND)).unwrap();
+        conn.run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
         seed_items(&mut conn, &[(1, 100)]);
         let keys = Idempotency::default();
         keys.run(&mut conn, "k", "POST /orders qty=1", sell_one).unwrap();
@@ -98,7 +90,7 @@ lockkit_tests::backend_tests! {
 
     fn a_crash_between_start_and_finish_is_recovered_after_the_lease(db) {
         let mut conn = db.conn();
-        conn.run_pending_migrations(migrations(BACKEND)).unwrap();
+        conn.run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
         seed_items(&mut conn, &[(1, 100)]);
         let keys = Idempotency::default();
         // A process inserted its key and died: its row says "running" forever.
@@ -114,7 +106,7 @@ lockkit_tests::backend_tests! {
     }
 
     fn an_owner_that_overruns_its_lease_is_rolled_back(db) {
-        db.conn().run_pending_migrations(migrations(BACKEND)).unwrap();
+        db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
         seed_items(&mut db.conn(), &[(1, 100)]);
         let keys = Idempotency { lease: Duration::from_millis(100), ..Idempotency::default() };
         let (slow, fast) = thread::scope(|s| {
@@ -143,7 +135,7 @@ lockkit_tests::backend_tests! {
 
     fn completed_keys_expire_after_the_retention(db) {
         let mut conn = db.conn();
-        conn.run_pending_migrations(migrations(BACKEND)).unwrap();
+        conn.run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
         seed_items(&mut conn, &[(1, 100)]);
         let keys = Idempotency::default();
         let old = now_millis() - 25 * 3600 * 1000;
@@ -158,7 +150,7 @@ lockkit_tests::backend_tests! {
 
     fn keys_are_data_not_sql(db) {
         let mut conn = db.conn();
-        conn.run_pending_migrations(migrations(BACKEND)).unwrap();
+        conn.run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
         seed_items(&mut conn, &[(1, 100)]);
         let keys = Idempotency::default();
         let hostile = "'); DROP TABLE items; -- \" ` \\ é";
