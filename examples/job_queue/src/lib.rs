@@ -208,7 +208,10 @@ macro_rules! on_backend {
                 $body
             }
             #[allow(unreachable_patterns)]
-            backend => Err(JobQueueError::Unsupported(backend)),
+            backend => {
+                let _ = $path;
+                Err(JobQueueError::Unsupported(backend))
+            }
         }
     }};
 }
