@@ -143,7 +143,7 @@ pub fn connect(url: &str, config: &Config) -> Result<App, SetupError> {
         Backend::Sqlite => Arc::new(db::pool::<diesel::SqliteConnection>(url, config)?),
         #[allow(unreachable_patterns)]
         backend => {
-            let _ = config;
+            let _ = (url, config);
             return Err(SetupError::Unsupported(backend));
         }
     };
