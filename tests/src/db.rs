@@ -1,11 +1,18 @@
 //! One fresh database per test, on a real server.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Once};
+use std::thread;
 use std::time::Duration;
 
+use diesel::connection::SimpleConnection;
+use diesel::query_builder::SqlQuery;
+use diesel::query_dsl::LoadQuery;
 use diesel::r2d2::{ConnectionManager, Pool, PooledConnection, R2D2Connection};
-use diesel::Connection;
+use diesel::{Connection, RunQueryDsl};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
+
+use crate::support::{admin_url, admin_url_var, with_database, Backend};
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
@@ -94,6 +101,36 @@ impl<C: TestBackend> TestDb<C> {
         C::on_acquire(&mut conn).expect("session settings");
         conn
     }
+
+    /// Runs `during` on this thread while another thread holds a lock. That
+    /// thread calls `hold` with a connection of its own and `wait`: `hold` takes
+    /// the lock, calls `wait()`, which returns once `during` has returned, and
+    /// then lets the lock go (commits or rolls back).
+    pub fn while_holding<T>(
+        &self,
+        hold: impl FnOnce(&mut C, &dyn Fn()) + Send,
+        during: impl FnOnce() -> T,
+    ) -> T
+    where
+        Self: Sync,
+    {
+        let (locked_tx, locked_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        thread::scope(|s| {
+            let holder = s.spawn(move || {
+                let wait = || {
+                    locked_tx.send(()).unwrap();
+                    let _ = release_rx.recv();
+                };
+                hold(&mut self.connect(), &wait);
+            });
+            locked_rx.recv().expect("the holder took its lock");
+            let out = during();
+            let _ = release_tx.send(());
+            holder.join().unwrap();
+            out
+        })
+    }
 }
 
 impl<C: TestBackend> Drop for TestDb<C> {
@@ -105,8 +142,7 @@ impl<C: TestBackend> Drop for TestDb<C> {
                 statement,
             }) => {
                 if let Ok(mut admin) = C::establish(&admin_url) {
-                    let _ =
-                        diesel::connection::SimpleConnection::batch_execute(&mut admin, &statement);
+                    let _ = admin.batch_execute(&statement);
                 }
             }
             Some(Cleanup::Files(files)) => {
@@ -163,143 +199,117 @@ fn is_orphan(database: &str) -> bool {
     })
 }
 
-fn env_url(var: &str, default: &str) -> String {
-    std::env::var(var)
-        .ok()
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| default.to_owned())
+/// A database name, as the servers list them.
+#[derive(diesel::QueryableByName)]
+struct Name {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    name: String,
 }
 
-/// Replaces the database name (the URL's path) of a server URL.
-fn with_database(url: &str, database: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    let scheme_end = base.find("://").map_or(0, |i| i + 3);
-    let host_end = base[scheme_end..]
-        .find('/')
-        .map_or(base.len(), |i| scheme_end + i);
-    let mut out = format!("{}/{database}", &base[..host_end]);
-    if let Some(query) = query {
-        out.push('?');
-        out.push_str(query);
-    }
-    out
+/// How each server lists the test databases and drops one.
+struct Server {
+    backend: Backend,
+    /// Lists the `lk_` databases as `name`.
+    list: &'static str,
+    /// `DROP DATABASE` of the database that is its argument.
+    drop: fn(&str) -> String,
+    /// The first database a process creates sweeps the orphans first.
+    sweep: Once,
 }
 
-fn admin<C: Connection>(url: &str, server: &str, var: &str) -> C {
-    C::establish(url).unwrap_or_else(|e| {
-        panic!(
-            "cannot reach {server} at {url} ({e}). Set {var}, or run scripts/test.sh, \
-             which finds, starts or installs the server"
+impl Server {
+    /// Creates the empty database `name` on the server. The first call in a
+    /// process first drops the databases of test processes that no longer run.
+    fn create_database<C>(&self, name: &str) -> (String, Cleanup)
+    where
+        C: Connection,
+        for<'a> SqlQuery: LoadQuery<'a, C, Name>,
+    {
+        let backend = self.backend;
+        let admin_url = admin_url(backend).expect("a server backend");
+        let mut conn = C::establish(&admin_url).unwrap_or_else(|e| {
+            panic!(
+                "cannot reach {} at {admin_url} ({e}). Set {}, or run scripts/test.sh, \
+                 which finds, starts or installs the server",
+                backend.title(),
+                admin_url_var(backend).expect("a server backend"),
+            )
+        });
+        self.sweep.call_once(|| {
+            let names = diesel::sql_query(self.list)
+                .load::<Name>(&mut conn)
+                .unwrap_or_default();
+            for db in names.into_iter().filter(|n| is_orphan(&n.name)) {
+                let _ = conn.batch_execute(&(self.drop)(&db.name));
+            }
+        });
+        conn.batch_execute(&format!("CREATE DATABASE {name}"))
+            .unwrap_or_else(|e| panic!("CREATE DATABASE {name} on {admin_url}: {e}"));
+        (
+            with_database(&admin_url, name),
+            Cleanup::Drop {
+                statement: (self.drop)(name),
+                admin_url,
+            },
         )
-    })
+    }
 }
 
-#[cfg(feature = "postgres")]
-mod postgres {
-    use super::*;
-    use diesel::{PgConnection, RunQueryDsl};
+/// The [`TestBackend`] of a server: its migrations, and its [`Server`].
+macro_rules! server_backend {
+    ($feature:literal, $module:ident, $conn:ident, $migrations:literal, $server:expr) => {
+        #[cfg(feature = $feature)]
+        mod $module {
+            use super::*;
 
-    const MIGRATIONS: EmbeddedMigrations =
-        diesel_migrations::embed_migrations!("migrations/postgres");
+            const MIGRATIONS: EmbeddedMigrations =
+                diesel_migrations::embed_migrations!($migrations);
 
-    #[derive(diesel::QueryableByName)]
-    struct Name {
-        #[diesel(sql_type = diesel::sql_types::Text)]
-        datname: String,
-    }
+            static SERVER: Server = $server;
 
-    impl TestBackend for PgConnection {
-        fn create_database(name: &str) -> (String, Cleanup) {
-            let admin_url = env_url("PG_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test");
-            let mut conn: PgConnection = admin(&admin_url, "PostgreSQL", "PG_DATABASE_URL");
-            static SWEEP: std::sync::Once = std::sync::Once::new();
-            SWEEP.call_once(|| {
-                let names = diesel::sql_query(
-                    "SELECT datname FROM pg_database WHERE datname LIKE 'lk\\_%'",
-                )
-                .load::<Name>(&mut conn)
-                .unwrap_or_default();
-                for db in names.into_iter().filter(|n| is_orphan(&n.datname)) {
-                    let _ = diesel::sql_query(format!(
-                        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                        db.datname
-                    ))
-                    .execute(&mut conn);
+            impl TestBackend for diesel::$conn {
+                fn create_database(name: &str) -> (String, Cleanup) {
+                    SERVER.create_database::<Self>(name)
                 }
-            });
-            diesel::sql_query(format!("CREATE DATABASE {name}"))
-                .execute(&mut conn)
-                .unwrap_or_else(|e| panic!("CREATE DATABASE {name} on {admin_url}: {e}"));
-            (
-                with_database(&admin_url, name),
-                Cleanup::Drop {
-                    statement: format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-                    admin_url,
-                },
-            )
-        }
 
-        fn migrate(conn: &mut Self) {
-            conn.run_pending_migrations(MIGRATIONS).expect("migrations");
-        }
-    }
-}
-
-#[cfg(feature = "mysql")]
-mod mysql {
-    use super::*;
-    use diesel::{MysqlConnection, RunQueryDsl};
-
-    const MIGRATIONS: EmbeddedMigrations = diesel_migrations::embed_migrations!("migrations/mysql");
-
-    #[derive(diesel::QueryableByName)]
-    struct Name {
-        #[diesel(sql_type = diesel::sql_types::Text)]
-        name: String,
-    }
-
-    impl TestBackend for MysqlConnection {
-        fn create_database(name: &str) -> (String, Cleanup) {
-            let admin_url = env_url("MYSQL_DATABASE_URL", "mysql://root@127.0.0.1:3306/test");
-            let mut conn: MysqlConnection =
-                admin(&admin_url, "MySQL/MariaDB", "MYSQL_DATABASE_URL");
-            static SWEEP: std::sync::Once = std::sync::Once::new();
-            SWEEP.call_once(|| {
-                let names = diesel::sql_query(
-                    "SELECT SCHEMA_NAME AS name FROM information_schema.SCHEMATA WHERE SCHEMA_NAME LIKE 'lk\\_%'",
-                )
-                .load::<Name>(&mut conn)
-                .unwrap_or_default();
-                for db in names.into_iter().filter(|n| is_orphan(&n.name)) {
-                    let _ = diesel::sql_query(format!("DROP DATABASE IF EXISTS {}", db.name))
-                        .execute(&mut conn);
+                fn migrate(conn: &mut Self) {
+                    conn.run_pending_migrations(MIGRATIONS).expect("migrations");
                 }
-            });
-            diesel::sql_query(format!("CREATE DATABASE {name}"))
-                .execute(&mut conn)
-                .unwrap_or_else(|e| panic!("CREATE DATABASE {name} on {admin_url}: {e}"));
-            (
-                with_database(&admin_url, name),
-                Cleanup::Drop {
-                    statement: format!("DROP DATABASE IF EXISTS {name}"),
-                    admin_url,
-                },
-            )
+            }
         }
-
-        fn migrate(conn: &mut Self) {
-            conn.run_pending_migrations(MIGRATIONS).expect("migrations");
-        }
-    }
+    };
 }
+
+server_backend!(
+    "postgres",
+    postgres,
+    PgConnection,
+    "migrations/postgres",
+    Server {
+        backend: Backend::Postgres,
+        list: "SELECT datname AS name FROM pg_database WHERE datname LIKE 'lk\\_%'",
+        drop: |name| format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        sweep: Once::new(),
+    }
+);
+
+server_backend!(
+    "mysql",
+    mysql,
+    MysqlConnection,
+    "migrations/mysql",
+    Server {
+        backend: Backend::Mysql,
+        list: "SELECT SCHEMA_NAME AS name FROM information_schema.SCHEMATA \
+               WHERE SCHEMA_NAME LIKE 'lk\\_%'",
+        drop: |name| format!("DROP DATABASE IF EXISTS {name}"),
+        sweep: Once::new(),
+    }
+);
 
 #[cfg(feature = "sqlite")]
 mod sqlite {
     use super::*;
-    use diesel::connection::SimpleConnection;
     use diesel::SqliteConnection;
 
     const MIGRATIONS: EmbeddedMigrations =
@@ -334,22 +344,6 @@ mod sqlite {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn urls_get_the_database_replaced() {
-        assert_eq!(
-            with_database("postgres://postgres@127.0.0.1:5432/test", "lk_x"),
-            "postgres://postgres@127.0.0.1:5432/lk_x"
-        );
-        assert_eq!(
-            with_database("mysql://root@127.0.0.1:3306", "lk_x"),
-            "mysql://root@127.0.0.1:3306/lk_x"
-        );
-        assert_eq!(
-            with_database("postgres://u:p@h/db?sslmode=disable", "lk_y"),
-            "postgres://u:p@h/lk_y?sslmode=disable"
-        );
-    }
 
     #[test]
     fn orphans_are_recognised_by_pid() {

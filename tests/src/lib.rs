@@ -7,18 +7,30 @@
 //! `mysql://root@127.0.0.1:3306/test`). A server that cannot be reached fails
 //! the test with the URL it tried; nothing is skipped. `scripts/test.sh` finds,
 //! starts or installs the servers before running the suite.
+//!
+//! The harness is the `harness` feature (on by default). [`support`] is always
+//! there: what the example programs, the torture test and the benchmark share.
 
+#[cfg(feature = "harness")]
 pub mod db;
+#[cfg(feature = "harness")]
 pub mod models;
+#[cfg(feature = "harness")]
 pub mod observe;
+#[cfg(feature = "harness")]
 pub mod schema;
+#[cfg(feature = "harness")]
+pub mod settings;
+pub mod support;
 
+#[cfg(feature = "harness")]
 pub use db::TestDb;
 
 /// Writes each test once and instantiates it for every enabled backend, as
 /// `postgres::name`, `mysql::name` and `sqlite::name`. Inside a test, `Conn` is the
 /// backend's connection type, `Backend` its `diesel::backend::Backend`, and
 /// `BACKEND` its name; the argument is a fresh [`TestDb`].
+#[cfg(feature = "harness")]
 #[macro_export]
 macro_rules! backend_tests {
     (@backend $feature:literal, $module:ident, $conn:ident, $($backend:ident)::+; $($(#[$meta:meta])* fn $name:ident($db:ident) $body:block)*) => {
@@ -51,6 +63,7 @@ macro_rules! backend_tests {
 
 /// [`backend_tests!`] for the servers with row locks only: PostgreSQL and
 /// MySQL/MariaDB.
+#[cfg(feature = "harness")]
 #[macro_export]
 macro_rules! server_tests {
     ($($tests:tt)*) => {
@@ -59,7 +72,68 @@ macro_rules! server_tests {
     };
 }
 
+/// [`backend_tests!`] for a program that brings its own schema (the examples):
+/// each test gets an empty database of its own ([`TestDb::empty`]), removed at
+/// the end, and is handed its URL as `&str`. The tests of a backend whose cargo
+/// feature is off in the calling crate are not compiled.
+///
+/// ```ignore
+/// lockkit_tests::url_tests! {
+///     fn one_item(url) { super::one_item(url) }
+/// }
+/// ```
+#[cfg(feature = "harness")]
+#[macro_export]
+macro_rules! url_tests {
+    (@backend $feature:literal, $module:ident, $conn:ident; $($(#[$meta:meta])* fn $name:ident($url:ident) $body:block)*) => {
+        #[cfg(feature = $feature)]
+        mod $module {
+            $(
+                $(#[$meta])*
+                #[test]
+                fn $name() {
+                    let db = $crate::TestDb::<::diesel::$conn>::empty(stringify!($name));
+                    let $url: &str = &db.url;
+                    $body
+                }
+            )*
+        }
+    };
+    ($($tests:tt)*) => {
+        $crate::url_tests!(@backend "postgres", postgres, PgConnection; $($tests)*);
+        $crate::url_tests!(@backend "mysql", mysql, MysqlConnection; $($tests)*);
+        $crate::url_tests!(@backend "sqlite", sqlite, SqliteConnection; $($tests)*);
+    };
+}
+
+/// The stock of `items` row 1, read on `$conn`. A macro, not a function: Diesel
+/// checks the query per backend.
+#[cfg(feature = "harness")]
+#[macro_export]
+macro_rules! stock_of {
+    ($conn:expr) => {{
+        use ::diesel::prelude::*;
+        $crate::schema::items::table
+            .find(1)
+            .select($crate::schema::items::stock)
+            .first::<i32>($conn)
+            .unwrap()
+    }};
+}
+
+/// The embedded migrations of lockkit's idempotency table for `backend`
+/// (`postgres`, `mysql` or `sqlite`).
+#[cfg(feature = "harness")]
+pub fn idempotency_migrations(backend: &str) -> diesel_migrations::EmbeddedMigrations {
+    match backend {
+        "postgres" => lockkit::idempotency::POSTGRES_MIGRATIONS,
+        "mysql" => lockkit::idempotency::MYSQL_MIGRATIONS,
+        _ => lockkit::idempotency::SQLITE_MIGRATIONS,
+    }
+}
+
 /// Inserts `items` rows `(id, stock)` with version 0 (the same SQL on every backend).
+#[cfg(feature = "harness")]
 pub fn seed_items<C: diesel::Connection>(conn: &mut C, rows: &[(i32, i32)]) {
     for (id, stock) in rows {
         conn.batch_execute(&format!(
@@ -70,18 +144,8 @@ pub fn seed_items<C: diesel::Connection>(conn: &mut C, rows: &[(i32, i32)]) {
 }
 
 /// Runs the same SQL on every backend (test fixtures only, never outside input).
+#[cfg(feature = "harness")]
 pub fn exec<C: diesel::Connection>(conn: &mut C, sql: &str) {
     conn.batch_execute(sql)
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
-}
-
-/// lockkit's idempotency table as embedded migrations, for the backend named
-/// `backend` (`"postgres"`, `"mysql"` or `"sqlite"`).
-pub fn idempotency_migrations(backend: &str) -> diesel_migrations::EmbeddedMigrations {
-    use lockkit::idempotency;
-    match backend {
-        "postgres" => idempotency::POSTGRES_MIGRATIONS,
-        "mysql" => idempotency::MYSQL_MIGRATIONS,
-        _ => idempotency::SQLITE_MIGRATIONS,
-    }
 }

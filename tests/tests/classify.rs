@@ -1,7 +1,7 @@
 //! `lockkit::classify` against each real server: every lock error is provoked
 //! for real and must arrive as its typed variant.
 
-use std::sync::{mpsc, Barrier};
+use std::sync::Barrier;
 use std::thread;
 
 use diesel::connection::SimpleConnection;
@@ -13,24 +13,31 @@ use lockkit_tests::{seed_items, TestDb};
 /// Runs `blocked` on the calling thread while another connection holds an
 /// uncommitted write lock on items row 1.
 fn while_row_locked<C: TestBackend, T>(db: &TestDb<C>, blocked: impl FnOnce() -> T) -> T {
-    let (locked_tx, locked_rx) = mpsc::channel();
-    let (release_tx, release_rx) = mpsc::channel::<()>();
-    thread::scope(|s| {
-        let holder = s.spawn(move || {
-            let mut conn = db.connect();
+    db.while_holding(
+        |conn, wait| {
             conn.transaction(|conn| {
                 conn.batch_execute("UPDATE items SET stock = stock WHERE id = 1")?;
-                locked_tx.send(()).unwrap();
-                let _ = release_rx.recv();
+                wait();
                 diesel::QueryResult::Ok(())
             })
             .unwrap();
-        });
-        locked_rx.recv().unwrap();
-        let out = blocked();
-        release_tx.send(()).unwrap();
-        holder.join().unwrap();
-        out
+        },
+        blocked,
+    )
+}
+
+/// Seeds items row 1 and, while another connection holds its write lock, runs
+/// `setting` (a timeout) and an `UPDATE` of the row in one transaction: the
+/// error the wait ended in.
+fn update_while_locked<C: TestBackend>(db: &TestDb<C>, setting: &str) -> diesel::result::Error {
+    seed_items(&mut db.connect(), &[(1, 10)]);
+    while_row_locked(db, || {
+        db.connect()
+            .transaction(|conn| {
+                conn.batch_execute(setting)?;
+                conn.batch_execute("UPDATE items SET stock = 0 WHERE id = 1")
+            })
+            .unwrap_err()
     })
 }
 
@@ -144,30 +151,14 @@ mod postgres {
     #[test]
     fn lock_timeout_55p03_is_lock_timeout() {
         let db = Db::new("pg_lock_timeout");
-        seed_items(&mut db.connect(), &[(1, 10)]);
-        let err = while_row_locked(&db, || {
-            let mut conn = db.connect();
-            conn.transaction(|conn| {
-                conn.batch_execute("SET LOCAL lock_timeout = '100ms'")?;
-                conn.batch_execute("UPDATE items SET stock = 0 WHERE id = 1")
-            })
-            .unwrap_err()
-        });
+        let err = update_while_locked(&db, "SET LOCAL lock_timeout = '100ms'");
         assert!(matches!(classify(err), Error::LockTimeout));
     }
 
     #[test]
     fn statement_timeout_57014_is_statement_timeout() {
         let db = Db::new("pg_statement_timeout");
-        seed_items(&mut db.connect(), &[(1, 10)]);
-        let err = while_row_locked(&db, || {
-            let mut conn = db.connect();
-            conn.transaction(|conn| {
-                conn.batch_execute("SET LOCAL statement_timeout = '100ms'")?;
-                conn.batch_execute("UPDATE items SET stock = 0 WHERE id = 1")
-            })
-            .unwrap_err()
-        });
+        let err = update_while_locked(&db, "SET LOCAL statement_timeout = '100ms'");
         let err = classify(err);
         assert!(matches!(err, Error::StatementTimeout), "{err:?}");
         assert!(!err.is_retryable());
@@ -238,14 +229,7 @@ mod mysql {
     #[test]
     fn lock_wait_timeout_1205() {
         let db = Db::new("my_lock_wait");
-        seed_items(&mut db.connect(), &[(1, 10)]);
-        let err = while_row_locked(&db, || {
-            let mut conn = db.connect();
-            conn.batch_execute("SET SESSION innodb_lock_wait_timeout = 1")
-                .unwrap();
-            conn.transaction(|conn| conn.batch_execute("UPDATE items SET stock = 0 WHERE id = 1"))
-                .unwrap_err()
-        });
+        let err = update_while_locked(&db, "SET SESSION innodb_lock_wait_timeout = 1");
         assert!(matches!(classify(err), Error::LockTimeout));
     }
 
@@ -305,28 +289,22 @@ mod sqlite {
     fn database_is_locked_is_busy() {
         let db = TestDb::<SqliteConnection>::new("sqlite_busy");
         seed_items(&mut db.connect(), &[(1, 10)]);
-        let (locked_tx, locked_rx) = mpsc::channel();
-        let (release_tx, release_rx) = mpsc::channel::<()>();
-        thread::scope(|s| {
-            let db = &db;
-            s.spawn(move || {
-                let mut conn = db.connect();
+        let err = db.while_holding(
+            |conn, wait| {
                 conn.immediate_transaction(|conn| {
                     conn.batch_execute("UPDATE items SET stock = 1 WHERE id = 1")?;
-                    locked_tx.send(()).unwrap();
-                    let _ = release_rx.recv();
+                    wait();
                     diesel::QueryResult::Ok(())
                 })
                 .unwrap();
-            });
-            locked_rx.recv().unwrap();
-            let mut conn = db.connect();
-            conn.batch_execute("PRAGMA busy_timeout = 0").unwrap();
-            let err = conn
-                .batch_execute("UPDATE items SET stock = 2 WHERE id = 1")
-                .unwrap_err();
-            release_tx.send(()).unwrap();
-            assert!(matches!(classify(err), Error::Busy));
-        });
+            },
+            || {
+                let mut conn = db.connect();
+                conn.batch_execute("PRAGMA busy_timeout = 0").unwrap();
+                conn.batch_execute("UPDATE items SET stock = 2 WHERE id = 1")
+                    .unwrap_err()
+            },
+        );
+        assert!(matches!(classify(err), Error::Busy));
     }
 }

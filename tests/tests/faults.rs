@@ -14,7 +14,7 @@ use lockkit::prelude::*;
 use lockkit::{Error, LockOptions, RetryPolicy};
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
-use lockkit_tests::{exec, seed_items};
+use lockkit_tests::{exec, seed_items, stock_of};
 
 /// Ends another session from the server side.
 fn kill_session<C: SimpleConnection>(admin: &mut C, backend: &str, session: i64) {
@@ -24,17 +24,6 @@ fn kill_session<C: SimpleConnection>(admin: &mut C, backend: &str, session: i64)
         _ => format!("KILL {session}"),
     };
     admin.batch_execute(&sql).unwrap();
-}
-
-/// The stock of item 1, read on a fresh connection or the given one.
-macro_rules! stock_of {
-    ($conn:expr) => {
-        items::table
-            .find(1)
-            .select(items::stock)
-            .first::<i32>($conn)
-            .unwrap()
-    };
 }
 
 /// `nowait` succeeds: nobody holds row 1.
@@ -98,20 +87,15 @@ mod servers {
 
         fn a_statement_timeout_while_waiting_for_a_lock(db) {
             seed_items(&mut db.conn(), &[(1, 10)]);
-            let (locked_tx, locked_rx) = mpsc::channel();
-            let (release_tx, release_rx) = mpsc::channel::<()>();
-            thread::scope(|s| {
-                let db = &db;
-                s.spawn(move || {
-                    lockkit::with_lock(&mut db.connect(), 1, lockkit::LockOptions::default(), |conn, item: Item| {
-                        diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
-                        locked_tx.send(()).unwrap();
-                        release_rx.recv().unwrap();
-                        Ok::<_, lockkit::Error>(())
-                    })
-                    .unwrap();
-                });
-                locked_rx.recv().unwrap();
+            let hold = |conn: &mut Conn, wait: &dyn Fn()| {
+                lockkit::with_lock(conn, 1, lockkit::LockOptions::default(), |conn, item: Item| {
+                    diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
+                    wait();
+                    Ok::<_, lockkit::Error>(())
+                })
+                .unwrap();
+            };
+            let err = db.while_holding(hold, || {
                 let mut conn = db.connect();
                 let setting = match BACKEND {
                     "postgres" => "SET statement_timeout = 200",
@@ -121,14 +105,13 @@ mod servers {
                     _ => "SET SESSION max_execution_time = 200",
                 };
                 exec(&mut conn, setting);
-                let err = lockkit::with_lock(&mut conn, 1, lockkit::LockOptions::default(), |conn, item: Item| {
+                lockkit::with_lock(&mut conn, 1, lockkit::LockOptions::default(), |conn, item: Item| {
                     diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 100)).execute(conn)?;
                     Ok(())
                 })
-                .unwrap_err();
-                release_tx.send(()).unwrap();
-                assert!(matches!(err, Error::StatementTimeout), "{err:?}");
+                .unwrap_err()
             });
+            assert!(matches!(err, Error::StatementTimeout), "{err:?}");
             assert_eq!(stock_of!(&mut db.connect()), 9, "only the holder's write");
             assert_row_free!(db);
         }

@@ -20,16 +20,17 @@ use std::time::Duration;
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
-use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
+use diesel_migrations::MigrationHarness;
 use lockkit::advisory::AdvisoryKey;
 use lockkit::etag::{self, ETag, EntityTag, Expected, IfMatch, IfMatchError};
-use lockkit::idempotency::{self, Idempotency, Outcome};
+use lockkit::idempotency::{Idempotency, Outcome};
 use lockkit::prelude::*;
 use lockkit::version_trigger::{self, Dialect};
 use lockkit::{CurrentState, Error, LockOptions, StaleObjectError};
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
-use lockkit_tests::{exec, seed_items};
+use lockkit_tests::settings::lock_timeout;
+use lockkit_tests::{exec, idempotency_migrations, seed_items, stock_of};
 use proptest::prelude::*;
 
 /// Values an injection would use: quotes of every kind, comment starters,
@@ -360,46 +361,6 @@ diesel::table! {
     }
 }
 
-fn idempotency_migrations(backend: &str) -> EmbeddedMigrations {
-    match backend {
-        "postgres" => idempotency::POSTGRES_MIGRATIONS,
-        "mysql" => idempotency::MYSQL_MIGRATIONS,
-        _ => idempotency::SQLITE_MIGRATIONS,
-    }
-}
-
-#[derive(QueryableByName)]
-struct Setting {
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    value: String,
-}
-
-#[derive(QueryableByName)]
-struct BusyTimeout {
-    #[diesel(sql_type = diesel::sql_types::Integer)]
-    timeout: i32,
-}
-
-/// The session's lock timeout as the server holds it: PostgreSQL `lock_timeout`
-/// in ms, MySQL `innodb_lock_wait_timeout` in s, SQLite `busy_timeout` in ms.
-macro_rules! session_timeout {
-    ($conn:expr) => {{
-        let conn = $conn;
-        let sql = match BACKEND {
-            "postgres" => "SELECT setting AS value FROM pg_settings WHERE name = 'lock_timeout'",
-            "mysql" => "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS CHAR) AS value",
-            _ => "",
-        };
-        if sql.is_empty() {
-            let row = diesel::sql_query("PRAGMA busy_timeout").get_result::<BusyTimeout>(conn);
-            i64::from(row.unwrap().timeout)
-        } else {
-            let row = diesel::sql_query(sql).get_result::<Setting>(conn);
-            row.unwrap().value.parse::<i64>().unwrap()
-        }
-    }};
-}
-
 /// Loads one row of `$table` as `$model`.
 macro_rules! load {
     ($conn:expr, $table:ident, $model:ty, $key:expr) => {
@@ -636,7 +597,7 @@ mod all {
         fn extreme_lock_timeouts_are_clamped_never_an_error(db) {
             let mut conn = db.conn();
             seed_items(&mut conn, &[(1, 10)]);
-            let outside = session_timeout!(&mut conn);
+            let outside = lock_timeout(&mut conn, BACKEND);
             // MySQL 8 takes innodb_lock_wait_timeout up to 2^30 s, MariaDB up to
             // 10^8 s and truncates larger values itself (a warning, not an error).
             let server_max = match BACKEND {
@@ -663,13 +624,13 @@ mod all {
                     _ => i64::from(options.timeout_millis().unwrap()),
                 };
                 let inside = lockkit::with_lock(&mut conn, 1, options, |conn, _: Item| {
-                    Ok::<_, Error>(session_timeout!(conn))
+                    Ok::<_, Error>(lock_timeout(conn, BACKEND))
                 })
                 .unwrap_or_else(|e| panic!("{timeout:?}: {e:?}"));
                 assert_eq!(inside, expected, "{timeout:?}");
-                let inside = lockkit::locked_transaction(&mut conn, options, |conn| Ok::<_, lockkit::Error>(session_timeout!(conn))).unwrap();
+                let inside = lockkit::locked_transaction(&mut conn, options, |conn| Ok::<_, lockkit::Error>(lock_timeout(conn, BACKEND))).unwrap();
                 assert_eq!(inside, expected, "{timeout:?}");
-                assert_eq!(session_timeout!(&mut conn), outside, "{timeout:?}: restored afterwards");
+                assert_eq!(lock_timeout(&mut conn, BACKEND), outside, "{timeout:?}: restored afterwards");
             }
             // The clamps themselves.
             let clamp = |t: Duration| {
@@ -711,7 +672,7 @@ mod all {
             }
             let stored = lockkit_idempotency_keys::table.count().get_result::<i64>(&mut conn).unwrap();
             assert_eq!(stored, HOSTILE.len() as i64);
-            let stock = items::table.find(1).select(items::stock).first::<i32>(&mut conn).unwrap();
+            let stock = stock_of!(&mut conn);
             assert_eq!(stock, 1000 - HOSTILE.len() as i32, "each request's work ran exactly once");
 
             // The limits, checked before anything is sent: 1 to 255 characters, no NUL.

@@ -6,19 +6,11 @@ use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use diesel::prelude::*;
-use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
-use lockkit::idempotency::{self, Idempotency, Outcome};
+use diesel_migrations::MigrationHarness;
+use lockkit::idempotency::{Idempotency, Outcome};
 use lockkit::Error;
 use lockkit_tests::schema::*;
-use lockkit_tests::{exec, seed_items};
-
-fn migrations(backend: &str) -> EmbeddedMigrations {
-    match backend {
-        "postgres" => idempotency::POSTGRES_MIGRATIONS,
-        "mysql" => idempotency::MYSQL_MIGRATIONS,
-        _ => idempotency::SQLITE_MIGRATIONS,
-    }
-}
+use lockkit_tests::{exec, idempotency_migrations, seed_items, stock_of};
 
 fn now_millis() -> i64 {
     SystemTime::now()
@@ -35,7 +27,7 @@ fn sell_one<C: Connection>(conn: &mut C) -> Result<String, Error> {
 
 lockkit_tests::backend_tests! {
     fn concurrent_duplicates_run_the_work_once(db) {
-        db.conn().run_pending_migrations(migrations(BACKEND)).unwrap();
+        db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
         seed_items(&mut db.conn(), &[(1, 100)]);
         const CLIENTS: usize = 8;
         let barrier = Barrier::new(CLIENTS);
@@ -59,7 +51,7 @@ lockkit_tests::backend_tests! {
         });
         assert_eq!(ran, 1, "{outcomes:?}");
         assert!(others_ok, "{outcomes:?}");
-        let stock = items::table.find(1).select(items::stock).first::<i32>(&mut db.conn()).unwrap();
+        let stock = stock_of!(&mut db.conn());
         assert_eq!(stock, 99, "the work ran exactly once");
         let again = keys.run(&mut db.conn(), "order-1", "POST /orders qty=1", |_| -> Result<String, Error> { panic!("must not run") });
         assert_eq!(again.unwrap(), Outcome::Replayed("201 sold".to_owned()));
@@ -68,7 +60,7 @@ lockkit_tests::backend_tests! {
 
     fn a_failed_run_releases_the_key(db) {
         let mut conn = db.conn();
-        conn.run_pending_migrations(migrations(BACKEND)).unwrap();
+        conn.run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
         seed_items(&mut conn, &[(1, 100)]);
         let keys = Idempotency::default();
         let err = keys
@@ -78,27 +70,27 @@ lockkit_tests::backend_tests! {
             })
             .unwrap_err();
         assert!(matches!(err, Error::NoRowMatched));
-        assert_eq!(items::table.find(1).select(items::stock).first::<i32>(&mut conn).unwrap(), 100, "rolled back");
+        assert_eq!(stock_of!(&mut conn), 100, "rolled back");
         let retried = keys.run(&mut conn, "k", "fp", sell_one).unwrap();
         assert_eq!(retried, Outcome::Ran("201 sold".to_owned()));
-        assert_eq!(items::table.find(1).select(items::stock).first::<i32>(&mut conn).unwrap(), 99);
+        assert_eq!(stock_of!(&mut conn), 99);
     }
 
     fn a_key_reused_for_another_request_is_refused(db) {
         let mut conn = db.conn();
-        conn.run_pending_migrations(migrations(BACKEND)).unwrap();
+        conn.run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
         seed_items(&mut conn, &[(1, 100)]);
         let keys = Idempotency::default();
         keys.run(&mut conn, "k", "POST /orders qty=1", sell_one).unwrap();
         let err = keys.run(&mut conn, "k", "POST /orders qty=5", sell_one).unwrap_err();
         assert!(matches!(err, Error::IdempotencyKeyReused));
         assert_eq!(lockkit::etag::status_for(&err), 422);
-        assert_eq!(items::table.find(1).select(items::stock).first::<i32>(&mut conn).unwrap(), 99);
+        assert_eq!(stock_of!(&mut conn), 99);
     }
 
     fn a_crash_between_start_and_finish_is_recovered_after_the_lease(db) {
         let mut conn = db.conn();
-        conn.run_pending_migrations(migrations(BACKEND)).unwrap();
+        conn.run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
         seed_items(&mut conn, &[(1, 100)]);
         let keys = Idempotency::default();
         // A process inserted its key and died: its row says "running" forever.
@@ -110,11 +102,11 @@ lockkit_tests::backend_tests! {
         ));
         assert!(matches!(keys.run(&mut conn, "fresh", "fp", sell_one), Err(Error::IdempotencyInProgress)));
         assert_eq!(keys.run(&mut conn, "dead", "fp", sell_one).unwrap(), Outcome::Ran("201 sold".to_owned()));
-        assert_eq!(items::table.find(1).select(items::stock).first::<i32>(&mut conn).unwrap(), 99);
+        assert_eq!(stock_of!(&mut conn), 99);
     }
 
     fn an_owner_that_overruns_its_lease_is_rolled_back(db) {
-        db.conn().run_pending_migrations(migrations(BACKEND)).unwrap();
+        db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
         seed_items(&mut db.conn(), &[(1, 100)]);
         let keys = Idempotency { lease: Duration::from_millis(100), ..Idempotency::default() };
         let (slow, fast) = thread::scope(|s| {
@@ -138,12 +130,12 @@ lockkit_tests::backend_tests! {
             assert_eq!(fast.unwrap(), Outcome::Ran("201 sold".to_owned()), "took the expired lease over");
             assert!(matches!(slow, Err(Error::IdempotencyInProgress)), "{slow:?}");
         }
-        assert_eq!(items::table.find(1).select(items::stock).first::<i32>(&mut db.conn()).unwrap(), 99, "sold once");
+        assert_eq!(stock_of!(&mut db.conn()), 99, "sold once");
     }
 
     fn completed_keys_expire_after_the_retention(db) {
         let mut conn = db.conn();
-        conn.run_pending_migrations(migrations(BACKEND)).unwrap();
+        conn.run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
         seed_items(&mut conn, &[(1, 100)]);
         let keys = Idempotency::default();
         let old = now_millis() - 25 * 3600 * 1000;
@@ -158,7 +150,7 @@ lockkit_tests::backend_tests! {
 
     fn keys_are_data_not_sql(db) {
         let mut conn = db.conn();
-        conn.run_pending_migrations(migrations(BACKEND)).unwrap();
+        conn.run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
         seed_items(&mut conn, &[(1, 100)]);
         let keys = Idempotency::default();
         let hostile = "'); DROP TABLE items; -- \" ` \\ é";

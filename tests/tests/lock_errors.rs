@@ -15,7 +15,7 @@ use lockkit_tests::db::TestBackend;
 use lockkit_tests::models::*;
 use lockkit_tests::observe::observe;
 use lockkit_tests::schema::*;
-use lockkit_tests::{exec, seed_items, TestDb};
+use lockkit_tests::{exec, seed_items, stock_of, TestDb};
 
 /// Holds `with_lock` on items row 1 (SQLite: the database's write lock) on another
 /// connection for `hold`, then commits; `during` runs once the lock is held.
@@ -44,17 +44,6 @@ where
         holder.join().unwrap();
         out
     })
-}
-
-/// The stock of item 1.
-macro_rules! stock_of {
-    ($conn:expr) => {
-        items::table
-            .find(1)
-            .select(items::stock)
-            .first::<i32>($conn)
-            .unwrap()
-    };
 }
 
 /// How many order lines exist.

@@ -12,47 +12,8 @@ use lockkit::{locked_transaction, queue, Error, LockOptions};
 use lockkit_tests::db::TestBackend;
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
+use lockkit_tests::settings::lock_timeout;
 use lockkit_tests::{exec, seed_items, TestDb};
-
-#[derive(QueryableByName)]
-struct Setting {
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    value: String,
-}
-
-#[derive(QueryableByName)]
-struct BusyTimeout {
-    #[diesel(sql_type = diesel::sql_types::Integer)]
-    timeout: i32,
-}
-
-/// The session setting that holds each backend's lock timeout.
-fn lock_timeout_setting<C>(conn: &mut C, backend: &str) -> String
-where
-    C: diesel::connection::LoadConnection,
-    diesel::query_builder::SqlQuery: diesel::query_dsl::LoadQuery<'static, C, Setting>
-        + diesel::query_dsl::LoadQuery<'static, C, BusyTimeout>,
-{
-    match backend {
-        "postgres" => {
-            diesel::sql_query("SELECT current_setting('lock_timeout') AS value")
-                .get_result::<Setting>(conn)
-                .unwrap()
-                .value
-        }
-        "mysql" => {
-            diesel::sql_query("SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS CHAR) AS value")
-                .get_result::<Setting>(conn)
-                .unwrap()
-                .value
-        }
-        _ => diesel::sql_query("PRAGMA busy_timeout")
-            .get_result::<BusyTimeout>(conn)
-            .unwrap()
-            .timeout
-            .to_string(),
-    }
-}
 
 /// Holds `with_lock` on items row 1 on another connection while `blocked` runs.
 fn while_item_locked<C, T>(db: &TestDb<C>, blocked: impl FnOnce() -> T) -> T
@@ -60,29 +21,21 @@ where
     C: TestBackend + lockkit::LockingConnection + lockkit::AsLockingConnection<Conn = C>,
     Item: LockRow<C>,
 {
-    let (locked_tx, locked_rx) = mpsc::channel();
-    let (release_tx, release_rx) = mpsc::channel::<()>();
-    thread::scope(|s| {
-        let holder = s.spawn(move || {
-            let mut conn = db.connect();
+    db.while_holding(
+        |conn, wait| {
             lockkit::with_lock(
-                &mut conn,
+                conn,
                 1,
                 lockkit::LockOptions::default(),
                 |_conn, _item: Item| {
-                    locked_tx.send(()).unwrap();
-                    let _ = release_rx.recv();
+                    wait();
                     Ok::<_, lockkit::Error>(())
                 },
             )
             .unwrap();
-        });
-        locked_rx.recv().unwrap();
-        let out = blocked();
-        release_tx.send(()).unwrap();
-        holder.join().unwrap();
-        out
-    })
+        },
+        blocked,
+    )
 }
 
 mod all {
@@ -198,7 +151,7 @@ mod all {
             seed_items(&mut db.conn(), &[(1, 10)]);
             let item = items::table.find(1).first::<Item>(&mut db.conn()).unwrap();
             let mut conn = db.connect();
-            let before = lock_timeout_setting(&mut conn, BACKEND);
+            let before = lock_timeout(&mut conn, BACKEND);
             let (err, waited) = while_item_locked(&db, || {
                 let started = Instant::now();
                 let err = lockkit::with_lock(&mut conn, item.id, LockOptions::default().timeout(Duration::from_millis(300)), |_, _: Item| Ok::<_, Error>(()))
@@ -211,7 +164,7 @@ mod all {
             let asked = if BACKEND == "mysql" { Duration::from_secs(1) } else { Duration::from_millis(300) };
             assert!(waited >= asked.mul_f64(0.9), "gave up early: {waited:?}");
             assert!(waited < asked + Duration::from_secs(2), "waited past the timeout: {waited:?}");
-            assert_eq!(lock_timeout_setting(&mut conn, BACKEND), before, "the session's own timeout is restored");
+            assert_eq!(lock_timeout(&mut conn, BACKEND), before, "the session's own timeout is restored");
         }
 
         fn skip_locked_tells_held_from_absent(db) {

@@ -98,26 +98,21 @@ lockkit_tests::server_tests! {
 
     fn our_nowait_fails_fast_on_a_locked_row(db) {
         seed_items(&mut db.conn(), &[(1, 10)]);
-        let (locked_tx, locked_rx) = mpsc::channel();
-        let (release_tx, release_rx) = mpsc::channel::<()>();
-        thread::scope(|s| {
-            let db = &db;
-            s.spawn(move || {
-                lockkit::with_lock(&mut db.connect(), 1, lockkit::LockOptions::default(), |_, _: Item| {
-                    locked_tx.send(()).unwrap();
-                    let _ = release_rx.recv();
+        let err = db.while_holding(
+            |conn, wait| {
+                lockkit::with_lock(conn, 1, lockkit::LockOptions::default(), |_, _: Item| {
+                    wait();
                     Ok::<_, lockkit::Error>(())
                 })
                 .unwrap();
-            });
-            locked_rx.recv().unwrap();
-            let err = db
-                .connect()
-                .transaction(|conn| items::table.find(1).for_update().nowait().first::<Item>(conn))
-                .unwrap_err();
-            release_tx.send(()).unwrap();
-            assert!(matches!(lockkit::classify_nowait(err), Error::Busy));
-        });
+            },
+            || {
+                db.connect()
+                    .transaction(|conn| items::table.find(1).for_update().nowait().first::<Item>(conn))
+                    .unwrap_err()
+            },
+        );
+        assert!(matches!(lockkit::classify_nowait(err), Error::Busy));
     }
 
     fn advisory_locks_admit_one_session_at_a_time(db) {
@@ -352,23 +347,16 @@ mod postgres_only {
         options: LockOptions,
         during: impl FnOnce() -> T,
     ) -> T {
-        let (locked_tx, locked_rx) = mpsc::channel();
-        let (release_tx, release_rx) = mpsc::channel::<()>();
-        thread::scope(|s| {
-            let holder = s.spawn(move || {
-                lockkit::with_lock(&mut db.connect(), 1, options, |_, _: Item| {
-                    locked_tx.send(()).unwrap();
-                    let _ = release_rx.recv();
+        db.while_holding(
+            |conn, wait| {
+                lockkit::with_lock(conn, 1, options, |_, _: Item| {
+                    wait();
                     Ok::<_, lockkit::Error>(())
                 })
                 .unwrap();
-            });
-            locked_rx.recv().unwrap();
-            let out = during();
-            release_tx.send(()).unwrap();
-            holder.join().unwrap();
-            out
-        })
+            },
+            during,
+        )
     }
 
     /// Whether `options` with NOWAIT can lock row 1 of items now.

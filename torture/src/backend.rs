@@ -212,7 +212,7 @@ macro_rules! torture_backend {
                                 _ => LockOptions::default(),
                             };
                             // The pooled connection as the workers hold it.
-                            lockkit::with_lock_opts(pooled, id, options, |conn, item: Item| {
+                            lockkit::with_lock(pooled, id, options, |conn, item: Item| {
                                 if item.stock < qty {
                                     return Ok(Outcome::OutOfStock);
                                 }

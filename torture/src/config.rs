@@ -2,6 +2,9 @@
 
 use std::time::Duration;
 
+pub use lockkit_tests::support::Backend;
+use lockkit_tests::support::{connection_url, redact};
+
 pub const USAGE: &str = "\
 lockkit-torture: every lockkit strategy at once on a few hot rows, from several
 processes, then an exact audit of the database
@@ -36,14 +39,6 @@ OPTIONS:
 Exit status: 0 when every worker finished without an unexpected error and every
 invariant holds; 1 otherwise; 2 for a bad command line.
 ";
-
-/// Which database the URL names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    Postgres,
-    Mysql,
-    Sqlite,
-}
 
 /// How writers that do not check the version (with_lock, lock_all, atomic)
 /// keep optimistic writers honest.
@@ -163,18 +158,12 @@ impl Config {
     }
 
     pub fn backend(&self) -> Backend {
-        if self.url.starts_with("postgres://") || self.url.starts_with("postgresql://") {
-            Backend::Postgres
-        } else if self.url.starts_with("mysql://") {
-            Backend::Mysql
-        } else {
-            Backend::Sqlite
-        }
+        Backend::from_url(&self.url)
     }
 
     /// What to hand to `Connection::establish`.
     pub fn connection_url(&self) -> &str {
-        self.url.strip_prefix("sqlite://").unwrap_or(&self.url)
+        connection_url(&self.url)
     }
 
     /// The arguments that start worker `n` with this configuration.
@@ -217,18 +206,7 @@ impl Config {
 
     /// The URL without a password, for printing.
     pub fn display_url(&self) -> String {
-        match (self.url.find("://"), self.url.rfind('@')) {
-            (Some(scheme), Some(at)) if at > scheme => {
-                let userinfo = &self.url[scheme + 3..at];
-                match userinfo.split_once(':') {
-                    Some((user, _)) => {
-                        format!("{}{user}:***{}", &self.url[..scheme + 3], &self.url[at..])
-                    }
-                    None => self.url.clone(),
-                }
-            }
-            _ => self.url.clone(),
-        }
+        redact(&self.url)
     }
 }
 

@@ -38,43 +38,30 @@ fn assert_clean_run(url: &str, extra: &[&str]) {
     println!("{out}");
 }
 
-#[test]
-fn sqlite_file() {
-    let db = TestDb::<SqliteConnection>::new("torture_sqlite");
-    assert_clean_run(&db.url, &[]);
+/// One clean run per test: `name: connection, extra arguments;`.
+macro_rules! clean_runs {
+    ($($(#[$meta:meta])* $name:ident: $conn:ty, $extra:expr;)*) => {
+        $(
+            $(#[$meta])*
+            #[test]
+            fn $name() {
+                let db = TestDb::<$conn>::new(concat!("torture_", stringify!($name)));
+                assert_clean_run(&db.url, $extra);
+            }
+        )*
+    };
 }
 
-/// No version trigger: with_lock, lock_all and the versioned conditional update
-/// keep the optimistic writers honest by themselves (issue: a write under a
-/// lock must advance the version).
-#[test]
-fn sqlite_file_without_a_trigger() {
-    let db = TestDb::<SqliteConnection>::new("torture_sqlite_lockkit");
-    assert_clean_run(&db.url, &["--bump", "lockkit"]);
-}
-
-#[test]
-fn postgres_without_a_trigger() {
-    let db = TestDb::<PgConnection>::new("torture_postgres_lockkit");
-    assert_clean_run(&db.url, &["--bump", "lockkit"]);
-}
-
-#[test]
-fn mysql_without_a_trigger() {
-    let db = TestDb::<MysqlConnection>::new("torture_mysql_lockkit");
-    assert_clean_run(&db.url, &["--bump", "lockkit"]);
-}
-
-#[test]
-fn postgres() {
-    let db = TestDb::<PgConnection>::new("torture_postgres");
-    assert_clean_run(&db.url, &[]);
-}
-
-#[test]
-fn mysql() {
-    let db = TestDb::<MysqlConnection>::new("torture_mysql");
-    assert_clean_run(&db.url, &[]);
+clean_runs! {
+    sqlite_file: SqliteConnection, &[];
+    postgres: PgConnection, &[];
+    mysql: MysqlConnection, &[];
+    /// No version trigger: with_lock, lock_all and the versioned conditional
+    /// update keep the optimistic writers honest by themselves (issue: a write
+    /// under a lock must advance the version).
+    sqlite_file_without_a_trigger: SqliteConnection, &["--bump", "lockkit"];
+    postgres_without_a_trigger: PgConnection, &["--bump", "lockkit"];
+    mysql_without_a_trigger: MysqlConnection, &["--bump", "lockkit"];
 }
 
 /// The audit is not vacuous: when the atomic writer neither checks nor bumps the

@@ -8,9 +8,10 @@
 
 use std::time::Duration;
 
-use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool, R2D2Connection};
+use diesel::r2d2::{ConnectionManager, Pool, R2D2Connection};
 use diesel::QueryResult;
 use lockkit::axum::IfMatchVersion;
+use lockkit_tests::support::SessionSettings;
 
 use crate::models::{Item, ItemInput};
 use crate::{ApiError, Backend, Config, SetupError, Store};
@@ -43,17 +44,6 @@ pub(crate) trait ApiConnection: R2D2Connection + 'static {
     ) -> Result<(), lockkit::Error>;
 }
 
-/// Applies the session settings to every connection the pool opens.
-#[derive(Debug)]
-struct SessionSettings;
-
-impl<C: ApiConnection> CustomizeConnection<C, diesel::r2d2::Error> for SessionSettings {
-    fn on_acquire(&self, conn: &mut C) -> Result<(), diesel::r2d2::Error> {
-        conn.configure_session()
-            .map_err(diesel::r2d2::Error::QueryError)
-    }
-}
-
 /// Migrates the database at `url` and builds the pool.
 pub(crate) fn pool<C: ApiConnection>(
     url: &str,
@@ -70,7 +60,7 @@ pub(crate) fn pool<C: ApiConnection>(
         .min_idle(Some(1))
         .connection_timeout(config.connection_timeout)
         .idle_timeout(Some(Duration::from_secs(300)))
-        .connection_customizer(Box::new(SessionSettings))
+        .connection_customizer(Box::new(SessionSettings(C::configure_session)))
         .build(ConnectionManager::<C>::new(url))?)
 }
 
@@ -95,22 +85,6 @@ impl<C: ApiConnection> Store for Pool<ConnectionManager<C>> {
     fn delete(&self, id: i32, if_match: &IfMatchVersion<i32>) -> Result<(), ApiError> {
         Ok(Pool::get(self)?.delete_item(id, if_match)?)
     }
-}
-
-/// No session settings (PostgreSQL, MySQL).
-#[allow(dead_code)]
-fn no_session_settings<C>(_conn: &mut C) -> QueryResult<()> {
-    Ok(())
-}
-
-/// SQLite: writers queue for up to 10 s instead of failing with `SQLITE_BUSY`,
-/// and WAL lets readers run while one connection writes.
-#[cfg(feature = "sqlite")]
-fn sqlite_session_settings(conn: &mut diesel::SqliteConnection) -> QueryResult<()> {
-    use diesel::connection::SimpleConnection;
-    conn.batch_execute(
-        "PRAGMA busy_timeout = 10000; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;",
-    )
 }
 
 /// Writes the statements for one connection type. See the [module docs](self).
@@ -259,7 +233,7 @@ api_backend! {
         connection: diesel::PgConnection,
         backend: Backend::Postgres,
         migrations: "migrations/postgres",
-        session: super::no_session_settings,
+        session: lockkit_tests::support::no_session_settings,
         create: returning,
     }
 }
@@ -270,7 +244,7 @@ api_backend! {
         connection: diesel::MysqlConnection,
         backend: Backend::Mysql,
         migrations: "migrations/mysql",
-        session: super::no_session_settings,
+        session: lockkit_tests::support::no_session_settings,
         create: last_insert_id,
     }
 }
@@ -281,7 +255,7 @@ api_backend! {
         connection: diesel::SqliteConnection,
         backend: Backend::Sqlite,
         migrations: "migrations/sqlite",
-        session: super::sqlite_session_settings,
+        session: lockkit_tests::support::sqlite_session_settings,
         create: returning,
     }
 }

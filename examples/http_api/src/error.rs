@@ -5,31 +5,9 @@ use axum::response::{IntoResponse, Response};
 use lockkit::axum::HttpError;
 use lockkit::etag::Problem;
 
-use crate::Backend;
-
-/// Why the service could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum SetupError {
-    /// The URL names a backend this build has no cargo feature for.
-    #[error("this build of http_api has no {0} support (enable the `{0}` feature)")]
-    Unsupported(Backend),
-
-    /// The database could not be reached.
-    #[error("cannot connect: {0}")]
-    Connection(#[from] diesel::ConnectionError),
-
-    /// The connection pool could not be built.
-    #[error("connection pool: {0}")]
-    Pool(#[from] diesel::r2d2::PoolError),
-
-    /// Applying the embedded migrations failed.
-    #[error("migrations: {0}")]
-    Migration(String),
-
-    /// A database error while setting up.
-    #[error("database: {0}")]
-    Database(#[from] diesel::result::Error),
-}
+/// Why the service could not start: a backend without its cargo feature, a
+/// database that could not be reached or migrated, a pool that could not be built.
+pub type SetupError = lockkit_tests::support::ProgramError;
 
 /// Why a request failed. Every variant is a `application/problem+json` response.
 #[derive(Debug, thiserror::Error)]

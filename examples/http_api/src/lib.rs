@@ -52,49 +52,11 @@ use std::time::Duration;
 use axum::Router;
 
 pub use error::{ApiError, SetupError};
+pub use lockkit_tests::support::Backend;
 pub use routes::router;
 
 use crate::models::{Item, ItemInput};
 use lockkit::axum::IfMatchVersion;
-
-/// The database server a URL points to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Backend {
-    /// `postgres://…` or `postgresql://…`.
-    Postgres,
-    /// `mysql://…` (MySQL or MariaDB).
-    Mysql,
-    /// Anything else: a SQLite file path (an optional `sqlite://` prefix is removed).
-    Sqlite,
-}
-
-impl Backend {
-    /// The backend a database URL selects.
-    pub fn from_url(url: &str) -> Backend {
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Backend::Postgres
-        } else if url.starts_with("mysql://") {
-            Backend::Mysql
-        } else {
-            Backend::Sqlite
-        }
-    }
-
-    /// The backend's short name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Postgres => "postgres",
-            Backend::Mysql => "mysql",
-            Backend::Sqlite => "sqlite",
-        }
-    }
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// The knobs of the service.
 #[derive(Debug, Clone)]
@@ -171,19 +133,17 @@ impl App {
 /// feature is off is a [`SetupError::Unsupported`].
 pub fn connect(url: &str, config: &Config) -> Result<App, SetupError> {
     let backend = Backend::from_url(url);
+    let url = lockkit_tests::support::connection_url(url);
     let store: Arc<dyn Store> = match backend {
         #[cfg(feature = "postgres")]
         Backend::Postgres => Arc::new(db::pool::<diesel::PgConnection>(url, config)?),
         #[cfg(feature = "mysql")]
         Backend::Mysql => Arc::new(db::pool::<diesel::MysqlConnection>(url, config)?),
         #[cfg(feature = "sqlite")]
-        Backend::Sqlite => {
-            let path = url.strip_prefix("sqlite://").unwrap_or(url);
-            Arc::new(db::pool::<diesel::SqliteConnection>(path, config)?)
-        }
+        Backend::Sqlite => Arc::new(db::pool::<diesel::SqliteConnection>(url, config)?),
         #[allow(unreachable_patterns)]
         backend => {
-            let _ = config;
+            let _ = (url, config);
             return Err(SetupError::Unsupported(backend));
         }
     };

@@ -393,49 +393,8 @@ fn concurrent_decrements(url: &str) {
     );
 }
 
-/// The same tests for each backend, each test on an empty database of its own,
-/// kept (and removed at the end) by the `TestDb` that lives for the whole test.
-macro_rules! backend_tests {
-    ($(#[$meta:meta])* mod $backend:ident, $conn:ty) => {
-        $(#[$meta])*
-        mod $backend {
-            use lockkit_tests::TestDb;
-
-            #[test]
-            fn two_clients_one_wins() {
-                let db = TestDb::<$conn>::empty("http_api_two_clients_one_wins");
-                super::two_clients_one_wins(&db.url);
-            }
-
-            #[test]
-            fn preconditions() {
-                let db = TestDb::<$conn>::empty("http_api_preconditions");
-                super::preconditions(&db.url);
-            }
-
-            #[test]
-            fn concurrent_decrements() {
-                let db = TestDb::<$conn>::empty("http_api_concurrent_decrements");
-                super::concurrent_decrements(&db.url);
-            }
-        }
-    };
+lockkit_tests::url_tests! {
+    fn two_clients_one_wins(url) { super::two_clients_one_wins(url) }
+    fn preconditions(url) { super::preconditions(url) }
+    fn concurrent_decrements(url) { super::concurrent_decrements(url) }
 }
-
-backend_tests!(
-    #[cfg(feature = "sqlite")]
-    mod sqlite,
-    diesel::SqliteConnection
-);
-
-backend_tests!(
-    #[cfg(feature = "postgres")]
-    mod postgres,
-    diesel::PgConnection
-);
-
-backend_tests!(
-    #[cfg(feature = "mysql")]
-    mod mysql,
-    diesel::MysqlConnection
-);

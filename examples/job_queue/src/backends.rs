@@ -45,24 +45,6 @@ pub(crate) trait QueueConnection: R2D2Connection + 'static {
     fn outbox_audit(&mut self) -> Result<OutboxAudit, JobQueueError>;
 }
 
-/// No session settings (PostgreSQL, MySQL).
-#[allow(dead_code)]
-fn no_session_settings<C>(_conn: &mut C) -> QueryResult<()> {
-    Ok(())
-}
-
-/// SQLite: writers queue for up to 10 s instead of failing with `SQLITE_BUSY`
-/// (this is how workers "take turns"), WAL lets readers run while one connection
-/// writes, and foreign keys are checked.
-#[cfg(feature = "sqlite")]
-fn sqlite_session_settings(conn: &mut diesel::SqliteConnection) -> QueryResult<()> {
-    use diesel::connection::SimpleConnection;
-    conn.batch_execute(
-        "PRAGMA busy_timeout = 10000; PRAGMA journal_mode = WAL; \
-         PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;",
-    )
-}
-
 /// Writes the queue for one connection type. See the [module docs](self).
 macro_rules! queue_backend {
     (
@@ -181,7 +163,7 @@ macro_rules! queue_backend {
                 }
 
                 fn relay_batch(&mut self, config: &RelayConfig) -> Result<usize, JobQueueError> {
-                    let relayed = lockkit::locked_transaction(self, lock_options($backend), |conn| {
+                    let relayed = lockkit::locked_transaction(self, lock_options($backend), |conn| -> Result<usize, JobQueueError> {
                         let batch: Vec<OutboxMessage> = queue::claim(
                             conn,
                             outbox::table
@@ -242,7 +224,7 @@ macro_rules! queue_backend {
                 worker: &str,
                 config: &WorkerConfig,
             ) -> Result<usize, JobQueueError> {
-                let ran = lockkit::locked_transaction(conn, lock_options($backend), |conn| {
+                let ran = lockkit::locked_transaction(conn, lock_options($backend), |conn| -> Result<usize, JobQueueError> {
                     let batch: Vec<Job> = queue::claim(
                         conn,
                         jobs::table
@@ -326,7 +308,7 @@ queue_backend! {
         connection: diesel::PgConnection,
         backend: Backend::Postgres,
         migrations: "migrations/postgres",
-        session: super::no_session_settings,
+        session: lockkit_tests::support::no_session_settings,
     }
 }
 
@@ -336,7 +318,7 @@ queue_backend! {
         connection: diesel::MysqlConnection,
         backend: Backend::Mysql,
         migrations: "migrations/mysql",
-        session: super::no_session_settings,
+        session: lockkit_tests::support::no_session_settings,
     }
 }
 
@@ -346,6 +328,6 @@ queue_backend! {
         connection: diesel::SqliteConnection,
         backend: Backend::Sqlite,
         migrations: "migrations/sqlite",
-        session: super::sqlite_session_settings,
+        session: lockkit_tests::support::sqlite_session_settings,
     }
 }

@@ -85,55 +85,11 @@ use std::time::Duration;
 use lockkit::LockOptions;
 
 pub use error::JobQueueError;
+pub use lockkit_tests::support::Backend;
 pub use report::{JobAudit, OutboxAudit, RelayReport, WorkerReport, WorkerStats};
 
 /// The lock timeout of every worker and relay transaction on PostgreSQL and MySQL.
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// The database server a URL points to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Backend {
-    /// `postgres://…` or `postgresql://…`.
-    Postgres,
-    /// `mysql://…` (MySQL or MariaDB).
-    Mysql,
-    /// Anything else: a SQLite file path (an optional `sqlite://` prefix is removed).
-    Sqlite,
-}
-
-impl Backend {
-    /// The backend a database URL selects.
-    pub fn from_url(url: &str) -> Backend {
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Backend::Postgres
-        } else if url.starts_with("mysql://") {
-            Backend::Mysql
-        } else {
-            Backend::Sqlite
-        }
-    }
-
-    /// The backend's short name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Postgres => "postgres",
-            Backend::Mysql => "mysql",
-            Backend::Sqlite => "sqlite",
-        }
-    }
-
-    /// Whether workers on this backend run in parallel (row locks with `SKIP
-    /// LOCKED`) rather than taking turns (SQLite's `BEGIN IMMEDIATE`).
-    pub fn has_row_locks(self) -> bool {
-        !matches!(self, Backend::Sqlite)
-    }
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// The lock options of the worker and relay transactions on `backend`.
 ///
@@ -234,27 +190,28 @@ impl Default for RelayConfig {
 macro_rules! on_backend {
     ($url:expr, |$conn:ident, $path:ident| $body:expr) => {{
         let url: &str = $url;
+        let $path = lockkit_tests::support::connection_url(url);
         match Backend::from_url(url) {
             #[cfg(feature = "postgres")]
             Backend::Postgres => {
                 type $conn = diesel::PgConnection;
-                let $path = url;
                 $body
             }
             #[cfg(feature = "mysql")]
             Backend::Mysql => {
                 type $conn = diesel::MysqlConnection;
-                let $path = url;
                 $body
             }
             #[cfg(feature = "sqlite")]
             Backend::Sqlite => {
                 type $conn = diesel::SqliteConnection;
-                let $path = url.strip_prefix("sqlite://").unwrap_or(url);
                 $body
             }
             #[allow(unreachable_patterns)]
-            backend => Err(JobQueueError::Unsupported(backend)),
+            backend => {
+                let _ = $path;
+                Err(JobQueueError::Unsupported(backend))
+            }
         }
     }};
 }

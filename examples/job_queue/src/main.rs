@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use job_queue::{Backend, Claim, JobQueueError, RelayConfig, WorkerConfig};
+use lockkit_tests::support::{database_url, exit_code};
 
 /// What `--help` prints after the options.
 const AFTER_HELP: &str = "\
@@ -117,32 +118,12 @@ impl From<Cli> for Options {
 }
 
 fn main() -> ExitCode {
-    let options = Options::from(Cli::parse());
-    match play(&options) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("job_queue: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    exit_code("job_queue", play(&Options::from(Cli::parse())))
 }
 
 /// Runs the role; `Ok(false)` if a safe run processed a job twice or left one.
 fn play(options: &Options) -> Result<bool, JobQueueError> {
-    let (url, shown) = match std::env::var("DATABASE_URL")
-        .ok()
-        .filter(|url| Backend::from_url(url) != Backend::Sqlite)
-    {
-        Some(url) => {
-            let shown = redact(&url);
-            (url, shown)
-        }
-        None => {
-            let path = options.sqlite_file.display().to_string();
-            (path.clone(), path)
-        }
-    };
+    let (url, shown) = database_url(&options.sqlite_file);
     let backend = Backend::from_url(&url);
     match options.role {
         Role::Workers => {
@@ -195,24 +176,6 @@ fn play(options: &Options) -> Result<bool, JobQueueError> {
             print!("{audit}");
             Ok(audit.is_exactly_once())
         }
-    }
-}
-
-/// The URL without its password, for printing.
-fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => match rest[..at].split_once(':') {
-            Some((user, _password)) => {
-                format!("{}{user}:***{}", &url[..scheme_end], &rest[at..])
-            }
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
     }
 }
 
@@ -289,15 +252,5 @@ mod tests {
         assert!(parse(&["--jobs", "-3"]).is_err());
         assert!(parse(&["--name", ""]).is_err());
         assert!(parse(&["--frobnicate", "1"]).is_err());
-    }
-
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(
-            redact("postgres://u:secret@h:5432/db"),
-            "postgres://u:***@h:5432/db"
-        );
-        assert_eq!(redact("mysql://root@h/db"), "mysql://root@h/db");
-        assert_eq!(redact("job_queue.sqlite"), "job_queue.sqlite");
     }
 }

@@ -5,24 +5,14 @@ use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool, PooledConnection};
+use diesel::r2d2::{ConnectionManager, Pool, PooledConnection};
+use lockkit_tests::support::SessionSettings;
 
 use crate::backends::QueueConnection;
 use crate::{
     JobAudit, JobQueueError, OutboxAudit, RelayConfig, RelayReport, WorkerConfig, WorkerReport,
     WorkerStats,
 };
-
-/// Applies the session settings to every connection the pool opens.
-#[derive(Debug)]
-struct SessionSettings;
-
-impl<C: QueueConnection> CustomizeConnection<C, diesel::r2d2::Error> for SessionSettings {
-    fn on_acquire(&self, conn: &mut C) -> Result<(), diesel::r2d2::Error> {
-        conn.configure_session()
-            .map_err(diesel::r2d2::Error::QueryError)
-    }
-}
 
 /// One direct connection with the session settings. An unreachable server fails
 /// here at once with its own message, not after a pool's connection timeout.
@@ -47,7 +37,7 @@ pub(crate) fn run_workers<C: QueueConnection>(
     let pool = Pool::builder()
         .max_size(size)
         .connection_timeout(Duration::from_secs(30))
-        .connection_customizer(Box::new(SessionSettings))
+        .connection_customizer(Box::new(SessionSettings(C::configure_session)))
         .build(ConnectionManager::<C>::new(url))?;
     // Every worker gets its connection before the start, so a pool failure is an
     // error here and not a thread stuck at the barrier.
@@ -72,7 +62,7 @@ pub(crate) fn run_workers<C: QueueConnection>(
     });
     let workers = results
         .into_iter()
-        .map(|result| result.map_err(|_| JobQueueError::WorkerPanicked)?)
+        .map(|result| result.map_err(|_| JobQueueError::Panicked("worker"))?)
         .collect::<Result<Vec<_>, _>>()?;
 
     let audit = pool.get()?.job_audit()?;

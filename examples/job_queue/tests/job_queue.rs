@@ -270,89 +270,17 @@ fn two_relay_processes_publish_every_message_once(url: &str, relays: &Relays) {
     }
 }
 
-#[cfg(feature = "sqlite")]
-mod sqlite {
-    use lockkit_tests::TestDb;
-
-    #[test]
-    fn workers_run_every_job_exactly_once() {
-        let db = TestDb::<diesel::SqliteConnection>::empty("job_queue_workers");
-        super::workers_run_every_job_exactly_once(&db.url);
+lockkit_tests::url_tests! {
+    fn workers_run_every_job_exactly_once(url) {
+        super::workers_run_every_job_exactly_once(url)
     }
-
-    #[test]
-    fn two_relay_processes_publish_every_message_once() {
-        let db = TestDb::<diesel::SqliteConnection>::empty("job_queue_relays_many");
-        super::two_relay_processes_publish_every_message_once(&db.url, &super::MANY);
+    fn two_relay_processes_publish_every_message_once(url) {
+        super::two_relay_processes_publish_every_message_once(url, &super::MANY)
     }
-
-    #[test]
-    fn two_relay_processes_share_a_small_outbox() {
-        let db = TestDb::<diesel::SqliteConnection>::empty("job_queue_relays_few");
-        super::two_relay_processes_publish_every_message_once(&db.url, &super::FEW);
+    fn two_relay_processes_share_a_small_outbox(url) {
+        super::two_relay_processes_publish_every_message_once(url, &super::FEW)
     }
-
-    #[test]
-    fn naive_claim_runs_jobs_twice() {
-        let db = TestDb::<diesel::SqliteConnection>::empty("job_queue_naive_claim");
-        super::naive_claim_runs_jobs_twice(&db.url);
-    }
-}
-
-#[cfg(feature = "postgres")]
-mod postgres {
-    use lockkit_tests::TestDb;
-
-    #[test]
-    fn workers_run_every_job_exactly_once() {
-        let db = TestDb::<diesel::PgConnection>::empty("job_queue_workers");
-        super::workers_run_every_job_exactly_once(&db.url);
-    }
-
-    #[test]
-    fn two_relay_processes_publish_every_message_once() {
-        let db = TestDb::<diesel::PgConnection>::empty("job_queue_relays_many");
-        super::two_relay_processes_publish_every_message_once(&db.url, &super::MANY);
-    }
-
-    #[test]
-    fn two_relay_processes_share_a_small_outbox() {
-        let db = TestDb::<diesel::PgConnection>::empty("job_queue_relays_few");
-        super::two_relay_processes_publish_every_message_once(&db.url, &super::FEW);
-    }
-
-    #[test]
-    fn naive_claim_runs_jobs_twice() {
-        let db = TestDb::<diesel::PgConnection>::empty("job_queue_naive_claim");
-        super::naive_claim_runs_jobs_twice(&db.url);
-    }
-}
-
-#[cfg(feature = "mysql")]
-mod mysql {
-    use lockkit_tests::TestDb;
-
-    #[test]
-    fn workers_run_every_job_exactly_once() {
-        let db = TestDb::<diesel::MysqlConnection>::empty("job_queue_workers");
-        super::workers_run_every_job_exactly_once(&db.url);
-    }
-
-    #[test]
-    fn two_relay_processes_publish_every_message_once() {
-        let db = TestDb::<diesel::MysqlConnection>::empty("job_queue_relays_many");
-        super::two_relay_processes_publish_every_message_once(&db.url, &super::MANY);
-    }
-
-    #[test]
-    fn two_relay_processes_share_a_small_outbox() {
-        let db = TestDb::<diesel::MysqlConnection>::empty("job_queue_relays_few");
-        super::two_relay_processes_publish_every_message_once(&db.url, &super::FEW);
-    }
-
-    #[test]
-    fn naive_claim_runs_jobs_twice() {
-        let db = TestDb::<diesel::MysqlConnection>::empty("job_queue_naive_claim");
-        super::naive_claim_runs_jobs_twice(&db.url);
+    fn naive_claim_runs_jobs_twice(url) {
+        super::naive_claim_runs_jobs_twice(url)
     }
 }

@@ -156,6 +156,7 @@ use std::time::Duration;
 use lockkit::RetryPolicy;
 
 pub use error::ShopError;
+pub use lockkit_tests::support::Backend;
 pub use report::{format_table, Report};
 
 /// The primary key of the one item on sale in the single-item strategies (the
@@ -240,45 +241,6 @@ impl FromStr for Strategy {
     }
 }
 
-/// The database server a URL points to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Backend {
-    /// `postgres://…` or `postgresql://…`.
-    Postgres,
-    /// `mysql://…` (MySQL or MariaDB).
-    Mysql,
-    /// Anything else: a SQLite file path (an optional `sqlite://` prefix is removed).
-    Sqlite,
-}
-
-impl Backend {
-    /// The backend a database URL selects.
-    pub fn from_url(url: &str) -> Backend {
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Backend::Postgres
-        } else if url.starts_with("mysql://") {
-            Backend::Mysql
-        } else {
-            Backend::Sqlite
-        }
-    }
-
-    /// The backend's short name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Postgres => "postgres",
-            Backend::Mysql => "mysql",
-            Backend::Sqlite => "sqlite",
-        }
-    }
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 /// The knobs of one run.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -352,16 +314,14 @@ pub fn run(url: &str, strategy: Strategy, config: &Config) -> Result<Report, Sho
             config.items
         )));
     }
+    let url = lockkit_tests::support::connection_url(url);
     match Backend::from_url(url) {
         #[cfg(feature = "postgres")]
         Backend::Postgres => runner::run_on::<diesel::PgConnection>(url, strategy, config),
         #[cfg(feature = "mysql")]
         Backend::Mysql => runner::run_on::<diesel::MysqlConnection>(url, strategy, config),
         #[cfg(feature = "sqlite")]
-        Backend::Sqlite => {
-            let path = url.strip_prefix("sqlite://").unwrap_or(url);
-            runner::run_on::<diesel::SqliteConnection>(path, strategy, config)
-        }
+        Backend::Sqlite => runner::run_on::<diesel::SqliteConnection>(url, strategy, config),
         #[allow(unreachable_patterns)]
         backend => {
             let _ = (strategy, config);

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use lockkit_tests::support::{database_url, exit_code};
 use shop::{Backend, Config, ShopError, Strategy};
 
 /// What `--help` prints after the options.
@@ -106,39 +107,21 @@ impl From<Cli> for Options {
 }
 
 fn main() -> ExitCode {
-    let options = Options::from(Cli::parse());
-    match play(&options) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("shop: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    exit_code("shop", play(&Options::from(Cli::parse())))
 }
 
 /// Runs every chosen strategy and prints the table; `Ok(false)` if a strategy
 /// that should prevent lost updates did not.
 fn play(options: &Options) -> Result<bool, ShopError> {
-    let server_url = std::env::var("DATABASE_URL")
-        .ok()
-        .filter(|url| Backend::from_url(url) != Backend::Sqlite);
-    let (url, shown) = match server_url {
-        Some(url) => {
-            let shown = redact(&url);
-            (url, shown)
-        }
-        None => {
-            shop::remove_sqlite_files(&options.sqlite_file).map_err(|e| {
-                ShopError::Usage(format!(
-                    "cannot remove {}: {e}",
-                    options.sqlite_file.display()
-                ))
-            })?;
-            let path = options.sqlite_file.display().to_string();
-            (path.clone(), path)
-        }
-    };
+    let (url, shown) = database_url(&options.sqlite_file);
+    if Backend::from_url(&url) == Backend::Sqlite {
+        shop::remove_sqlite_files(&options.sqlite_file).map_err(|e| {
+            ShopError::Usage(format!(
+                "cannot remove {}: {e}",
+                options.sqlite_file.display()
+            ))
+        })?;
+    }
     let config = &options.config;
     println!(
         "shop on {} ({shown}): {} buyers, {} in stock, up to {} purchases of 1-3 units each, {} ms think time",
@@ -199,24 +182,6 @@ lockkit metrics:"
         }
     }
     Ok(ok)
-}
-
-/// The URL without its password, for printing.
-fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => match rest[..at].split_once(':') {
-            Some((user, _password)) => {
-                format!("{}{user}:***{}", &url[..scheme_end], &rest[at..])
-            }
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
 }
 
 #[cfg(test)]
@@ -303,18 +268,5 @@ mod tests {
                 .unwrap_or_else(|| panic!("{args:?} parsed"));
             assert_eq!(error.exit_code(), 2, "{args:?}");
         }
-    }
-
-    #[test]
-    fn passwords_are_not_printed() {
-        assert_eq!(
-            redact("postgres://u:secret@h:5432/db"),
-            "postgres://u:***@h:5432/db"
-        );
-        assert_eq!(
-            redact("mysql://root@127.0.0.1/db"),
-            "mysql://root@127.0.0.1/db"
-        );
-        assert_eq!(redact("shop.sqlite"), "shop.sqlite");
     }
 }

@@ -110,7 +110,7 @@ pub(crate) fn run_on<C: ShopConnection>(
     });
     let mut counters = Counters::default();
     for result in results {
-        counters += result.map_err(|_| ShopError::BuyerPanicked)??;
+        counters += result.map_err(|_| ShopError::Panicked("buyer"))??;
     }
 
     let tally = pool.get()?.tally()?;

@@ -163,12 +163,6 @@ pub(crate) trait ShopConnection: R2D2Connection + 'static {
     fn tally(&mut self) -> Result<Tally, ShopError>;
 }
 
-/// No session settings (PostgreSQL, MySQL).
-#[allow(dead_code)]
-fn no_session_settings<C>(_conn: &mut C) -> QueryResult<()> {
-    Ok(())
-}
-
 /// No `deadlock_timeout` to set (MySQL, SQLite).
 #[allow(dead_code)]
 fn no_deadlock_timeout<C>(_conn: &mut C, _timeout: std::time::Duration) -> QueryResult<()> {
@@ -187,17 +181,6 @@ fn pg_deadlock_timeout(
         .bind::<diesel::sql_types::Text, _>(format!("{millis}ms"))
         .execute(conn)
         .map(drop)
-}
-
-/// SQLite: writers queue for up to 10 s instead of failing with `SQLITE_BUSY`,
-/// and WAL lets readers run while one connection writes.
-#[cfg(feature = "sqlite")]
-fn sqlite_session_settings(conn: &mut diesel::SqliteConnection) -> QueryResult<()> {
-    use diesel::connection::SimpleConnection;
-    conn.batch_execute(
-        "PRAGMA busy_timeout = 10000; PRAGMA journal_mode = WAL; \
-         PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;",
-    )
 }
 
 /// Writes the strategies for one connection type. See the [module docs](self).
@@ -485,7 +468,7 @@ macro_rules! shop_backend {
                 }
             }
 
-            /// `item.with_lock_opts(.., nowait(), ..)` inside `lockkit::retry`: a
+            /// `lockkit::with_lock(.., item.id, nowait(), ..)` inside `lockkit::retry`: a
             /// row that someone else holds is `Error::Busy` at once (counted as a
             /// conflict), and the retry backs off and tries again.
             fn nowait(
@@ -500,7 +483,7 @@ macro_rules! shop_backend {
                         counters.retries += 1;
                     }
                     let nowait = LockOptions::default().nowait();
-                    let sold = item.with_lock_opts(conn, nowait, |conn, fresh| {
+                    let sold = lockkit::with_lock(conn, item.id, nowait, |conn, fresh: Item| {
                         sell_locked(conn, purchase, fresh, config)
                     });
                     if matches!(sold, Err(lockkit::Error::Busy)) {
@@ -644,7 +627,7 @@ shop_backend! {
         connection: diesel::PgConnection,
         backend: Backend::Postgres,
         migrations: "migrations/postgres",
-        session: super::no_session_settings,
+        session: lockkit_tests::support::no_session_settings,
         deadlock_timeout: super::pg_deadlock_timeout,
         lock_item: for_update,
     }
@@ -656,7 +639,7 @@ shop_backend! {
         connection: diesel::MysqlConnection,
         backend: Backend::Mysql,
         migrations: "migrations/mysql",
-        session: super::no_session_settings,
+        session: lockkit_tests::support::no_session_settings,
         deadlock_timeout: super::no_deadlock_timeout,
         lock_item: for_update,
     }
@@ -668,7 +651,7 @@ shop_backend! {
         connection: diesel::SqliteConnection,
         backend: Backend::Sqlite,
         migrations: "migrations/sqlite",
-        session: super::sqlite_session_settings,
+        session: lockkit_tests::support::sqlite_session_settings,
         deadlock_timeout: super::no_deadlock_timeout,
         lock_item: plain_read,
     }

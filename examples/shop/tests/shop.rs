@@ -162,55 +162,9 @@ fn check_consistent(report: &Report, table: &str) {
     assert!(report.orders > 0, "{table}");
 }
 
-#[cfg(feature = "sqlite")]
-mod sqlite {
-    use lockkit_tests::TestDb;
-
-    #[test]
-    fn one_item() {
-        let db = TestDb::<diesel::SqliteConnection>::empty("shop_one_item");
-        super::one_item(&db.url);
-    }
-
-    #[test]
-    fn baskets() {
-        let db = TestDb::<diesel::SqliteConnection>::empty("shop_baskets");
-        super::baskets(&db.url);
-    }
-}
-
-#[cfg(feature = "postgres")]
-mod postgres {
-    use lockkit_tests::TestDb;
-
-    #[test]
-    fn one_item() {
-        let db = TestDb::<diesel::PgConnection>::empty("shop_one_item");
-        super::one_item(&db.url);
-    }
-
-    #[test]
-    fn baskets() {
-        let db = TestDb::<diesel::PgConnection>::empty("shop_baskets");
-        super::baskets(&db.url);
-    }
-}
-
-#[cfg(feature = "mysql")]
-mod mysql {
-    use lockkit_tests::TestDb;
-
-    #[test]
-    fn one_item() {
-        let db = TestDb::<diesel::MysqlConnection>::empty("shop_one_item");
-        super::one_item(&db.url);
-    }
-
-    #[test]
-    fn baskets() {
-        let db = TestDb::<diesel::MysqlConnection>::empty("shop_baskets");
-        super::baskets(&db.url);
-    }
+lockkit_tests::url_tests! {
+    fn one_item(url) { super::one_item(url) }
+    fn baskets(url) { super::baskets(url) }
 }
 
 /// A basket strategy needs at least two items; the check comes before any

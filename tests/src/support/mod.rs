@@ -1,0 +1,48 @@
+//! What the example programs, the torture test and the benchmark need besides
+//! lockkit itself, written once: which backend a URL names and the URL
+//! arithmetic around it, the examples' error type, the start and the end of
+//! their `main`, and the session settings of their connections.
+//!
+//! * [`Backend`]: PostgreSQL, MySQL/MariaDB or SQLite, from a URL
+//!   ([`Backend::from_url`]) or a short name ([`Backend::parse`]).
+//! * [`connection_url`]: what to hand to `Connection::establish` (a SQLite URL
+//!   loses its `sqlite://`).
+//! * [`admin_url`]: the server database named by `PG_DATABASE_URL` or
+//!   `MYSQL_DATABASE_URL`, next to which tests and benchmarks create their own;
+//!   [`with_database`] names another database on the same server.
+//! * [`redact`]: a URL fit for printing, without its password.
+//! * [`ProgramError`]: the error type of the example programs;
+//!   [`database_url`] and [`exit_code`], the start and the end of their `main`.
+//! * [`SessionSettings`]: what every pooled connection runs once it is open
+//!   ([`sqlite_session_settings`] with the `sqlite` feature,
+//!   [`no_session_settings`]).
+//!
+//! This module builds without the `harness` feature and without any backend
+//! feature. A program that depends on `lockkit-tests` with
+//! `default-features = false` for it, and forwards its own backend features,
+//! links no database client library it did not ask for.
+//!
+//! ```
+//! use lockkit_tests::support::{connection_url, redact, with_database, Backend};
+//!
+//! let url = "postgres://app:secret@db:5432/shop";
+//! assert_eq!(Backend::from_url(url), Backend::Postgres);
+//! assert_eq!(redact(url), "postgres://app:***@db:5432/shop");
+//! assert_eq!(with_database(url, "lk_test"), "postgres://app:secret@db:5432/lk_test");
+//! assert_eq!(Backend::from_url("sqlite://shop.sqlite"), Backend::Sqlite);
+//! assert_eq!(connection_url("sqlite://shop.sqlite"), "shop.sqlite");
+//! ```
+
+mod backend;
+mod error;
+mod program;
+mod session;
+mod url;
+
+pub use backend::Backend;
+pub use error::ProgramError;
+pub use program::{database_url, exit_code};
+#[cfg(feature = "sqlite")]
+pub use session::sqlite_session_settings;
+pub use session::{no_session_settings, SessionSettings};
+pub use url::{admin_url, admin_url_var, connection_url, redact, with_database};
