@@ -1,8 +1,9 @@
 //! The backends, and a fresh database per backend for one benchmark run,
 //! removed at the end.
 //!
-//! [`Backend`], [`admin_url`] and [`with_database`] have twins in the other
-//! crates of the workspace; they are kept together in this one file.
+//! [`with_database`] is the workspace's shared one; [`Backend`] (whose titles
+//! name the servers the benchmark measures, MariaDB among them) and
+//! [`admin_url`] are the benchmark's own.
 //!
 //! PostgreSQL and MariaDB/MySQL are found through `PG_DATABASE_URL` and
 //! `MYSQL_DATABASE_URL` (defaults: `postgres://postgres@127.0.0.1:5432/test`,
@@ -10,6 +11,7 @@
 //! to that database and drops it when done. Databases left by a benchmark process
 //! that no longer runs are dropped first. SQLite is a file in the temp directory.
 
+pub use lockkit_tests::support::with_database;
 use std::fmt;
 
 use diesel::connection::SimpleConnection;
@@ -78,24 +80,6 @@ pub fn admin_url(backend: Backend) -> String {
         .ok()
         .filter(|v| !v.is_empty())
         .unwrap_or_else(|| default.to_owned())
-}
-
-/// Replaces the database name (the URL's path) of a server URL.
-pub fn with_database(url: &str, database: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    let scheme_end = base.find("://").map_or(0, |i| i + 3);
-    let host_end = base[scheme_end..]
-        .find('/')
-        .map_or(base.len(), |i| scheme_end + i);
-    let mut out = format!("{}/{database}", &base[..host_end]);
-    if let Some(query) = query {
-        out.push('?');
-        out.push_str(query);
-    }
-    out
 }
 
 /// A database made for this run; dropped (or its files removed) on drop.
@@ -226,18 +210,6 @@ impl Drop for BenchDb {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn urls_get_the_database_replaced() {
-        assert_eq!(
-            with_database("postgres://postgres@127.0.0.1:5432/test", "lkbench_1_x"),
-            "postgres://postgres@127.0.0.1:5432/lkbench_1_x"
-        );
-        assert_eq!(
-            with_database("mysql://root@127.0.0.1:3306", "x"),
-            "mysql://root@127.0.0.1:3306/x"
-        );
-    }
 
     #[test]
     fn orphans_are_recognised_by_pid() {
