@@ -15,7 +15,7 @@ pub enum Strategy {
     LockAll,
     /// `atomic::update_if`: `UPDATE .. SET stock = stock - q WHERE stock >= q`.
     Atomic,
-    /// `with_lock_opts(.., nowait())`: `Busy` is retried.
+    /// `with_lock(.., nowait(), ..)`: `Busy` is retried.
     NoWait,
     /// A restock through `Item::update_by_version` (the `If-Match` path).
     ByVersion,
@@ -53,7 +53,7 @@ impl Strategy {
             Strategy::WithLock => "with_lock",
             Strategy::LockAll => "locked_transaction + Item::lock_all (2-3 items)",
             Strategy::Atomic => "atomic::update_if",
-            Strategy::NoWait => "with_lock_opts(nowait) + retry",
+            Strategy::NoWait => "with_lock(nowait) + retry",
             Strategy::ByVersion => "update_by_version (restock) + retry",
             Strategy::SkipLocked => "locked_transaction + queue::claim",
         }

@@ -184,7 +184,7 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     {
         if r.lockkit_ns > r.other_ns * 1.1 {
             notes.push(format!(
-                "* **`with_lock_opts(nowait)` on SQLite: {:.0}% slower than `with_lock` and {:.0} \
+                "* **`with_lock(nowait)` on SQLite: {:.0}% slower than `with_lock` and {:.0} \
                  more allocations.** SQLite has no `NOWAIT`, so `locked_transaction` reads \
                  `PRAGMA busy_timeout`, sets it to 0 and restores it afterwards: three extra \
                  statements per transaction. (The MySQL timeout path does the same with \

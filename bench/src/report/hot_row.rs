@@ -20,7 +20,7 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
          `lockkit::retry(&RetryPolicy::default(), ..)` on `Stale`.\n\
          * **with_lock**: `lockkit::with_lock(conn, id, |conn, item| ..)`: `SELECT .. FOR UPDATE`, \
          `UPDATE`, commit (SQLite: `BEGIN IMMEDIATE`).\n\
-         * **nowait + retry**: `with_lock_opts(.., LockOptions::default().nowait(), ..)` inside \
+         * **nowait + retry**: `with_lock(.., LockOptions::default().nowait(), ..)` inside \
          `lockkit::retry`; a held row is `Busy` at once.\n\
          * **atomic update_if**: `lockkit::atomic::update_if(conn, UPDATE .. SET stock = stock - 1 \
          WHERE id = ? AND stock >= 1)`, no transaction.\n",

@@ -12,7 +12,7 @@ pub enum Strategy {
     Optimistic,
     /// Hot row: `with_lock` (`SELECT .. FOR UPDATE` in a transaction).
     WithLock,
-    /// Hot row: `with_lock_opts(.., nowait())`, retry on `Busy`.
+    /// Hot row: `with_lock(.., nowait(), ..)`, retry on `Busy`.
     Nowait,
     /// Hot row: `atomic::update_if` (`UPDATE .. WHERE stock >= 1`).
     Atomic,

@@ -60,7 +60,7 @@
 //! * [`Strategy::Nowait`] is pessimistic with
 //!   `LockOptions::default().nowait()`: a row someone else holds is
 //!   `lockkit::Error::Busy` at once instead of a wait (MariaDB reports it as a
-//!   lock wait timeout, which `with_lock_opts` also turns into `Busy`), and
+//!   lock wait timeout, which `with_lock` with `nowait()` also turns into `Busy`), and
 //!   [`lockkit::retry()`] backs off and tries again. Busy rows are the report's
 //!   conflicts.
 //!   ```sql
@@ -176,7 +176,7 @@ pub enum Strategy {
     Pessimistic,
     /// `lockkit::atomic::update_if`: `UPDATE .. SET stock = stock - qty WHERE stock >= qty`.
     Atomic,
-    /// `with_lock_opts(.., LockOptions::default().nowait(), ..)` inside `lockkit::retry`.
+    /// `lockkit::with_lock(.., LockOptions::default().nowait(), ..)` inside `lockkit::retry`.
     Nowait,
     /// Baskets: `FOR UPDATE` one item at a time in the buyer's order; deadlocks,
     /// retried by `lockkit::retry`.

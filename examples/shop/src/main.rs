@@ -16,7 +16,7 @@ STRATEGIES (one item, 1-3 units per order):
     optimistic       version-checked write (#[derive(Versioned)]), retried when stale
     pessimistic      item.with_lock: SELECT .. FOR UPDATE, check, think, write
     atomic           UPDATE .. SET stock = stock - qty WHERE stock >= qty (update_if)
-    nowait           with_lock_opts(.. nowait()): a locked row is Busy, retried
+    nowait           with_lock(.., nowait(), ..): a locked row is Busy, retried
 STRATEGIES (baskets of 2-3 items, 1-3 units each, all or nothing):
     basket-naive     FOR UPDATE one item at a time in the buyer's order:
                      deadlocks, retried (none on SQLite, which serializes writers)

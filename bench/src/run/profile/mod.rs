@@ -99,7 +99,7 @@ pub fn comparisons() -> Vec<(&'static str, Case, Case, &'static str)> {
         "row by row",
     ));
     v.push((
-        "with_lock_opts(nowait)",
+        "with_lock(nowait)",
         hot(Strategy::Nowait),
         hot(Strategy::WithLock),
         "lockkit with_lock",
