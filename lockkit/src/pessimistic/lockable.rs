@@ -461,6 +461,11 @@ key_column!(
     String => diesel::sql_types::Text
 );
 
+// PostgreSQL orders `uuid` bytewise, as `Uuid`'s `Ord` does: the chunks of a
+// long list are locked in the order the server returns their rows.
+#[cfg(all(feature = "uuid", feature = "postgres"))]
+key_column!(uuid::Uuid => diesel::sql_types::Uuid);
+
 type KeysFilter<M> = <Pk<M> as KeyColumn<<M as Lockable>::Key>>::EqAny;
 type AllByKeys<M, C> = Select<
     dsl::Order<dsl::Filter<<M as Lockable>::Table, KeysFilter<M>>, dsl::Asc<Pk<M>>>,
