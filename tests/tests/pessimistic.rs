@@ -7,6 +7,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
+use lockkit::bounds::LockRow;
 use lockkit::prelude::*;
 use lockkit::{locked_transaction, queue, Error, LockOptions};
 use lockkit_tests::db::TestBackend;

@@ -102,6 +102,14 @@ pub enum Scope {
 }
 
 /// A backend with advisory locks: PostgreSQL and MySQL/MariaDB.
+///
+/// Implemented by lockkit for each of them; name it only in `where`
+/// clauses ([`bounds`](crate::bounds)).
+#[diagnostic::on_unimplemented(
+    message = "advisory locks need PostgreSQL or MySQL/MariaDB; `{Self}` has none",
+    label = "no advisory locks on this connection's backend",
+    note = "on SQLite, whose writers take turns on the database's write lock, run the work in `lockkit::locked_transaction` (`BEGIN IMMEDIATE`) instead"
+)]
 pub trait AdvisoryBackend: diesel::backend::Backend {
     /// Whether this backend has locks that end with the transaction (PostgreSQL).
     const TRANSACTION_LOCKS: bool;
