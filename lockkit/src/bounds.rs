@@ -5,9 +5,10 @@
 //! and [`LockQueryExt`](crate::LockQueryExt) (the [prelude](crate::prelude)). The
 //! traits here are what those methods ask of your model, its key and your
 //! connection. lockkit implements them (most for every type that fits, the
-//! backend traits for each backend feature); you never implement them, and their
-//! own methods are the pieces lockkit builds statements from, not API. They show
-//! up in two places:
+//! backend traits for each backend feature, sealed); you never implement them
+//! (except [`KeyColumn`], for a key type of your own), and their own methods are
+//! the pieces lockkit builds statements from, not API. They show up in two
+//! places:
 //!
 //! * in compiler errors, when a call does not fit: each trait carries a message
 //!   that says what is missing in a model's or a connection's terms (a
@@ -50,10 +51,10 @@
 //! | [`VersionCheck`] | every versioned write | every [`Versioned`](crate::Versioned) model |
 //! | [`CurrentVersionQuery`] | every versioned write | those, on a connection of a supported backend |
 //! | [`LockingConnection`], [`AsLockingConnection`] | the lock calls | `PgConnection`, `MysqlConnection`, `SqliteConnection`; r2d2 pooled connections to them (feature `r2d2`) |
-//! | [`OptimisticBackend`] | every versioned write | `Pg`, `Mysql`, `Sqlite` |
-//! | [`AdvisoryBackend`] | [`advisory`](crate::advisory) | `Pg`, `Mysql`: SQLite has no advisory locks |
-//! | [`LockMonitor`] | [`lock_waits`](crate::lock_waits) | `Pg`, `Mysql` |
-//! | `IdempotencyStore` | `idempotency` (feature `idempotency`) | `PgConnection`, `MysqlConnection`, `SqliteConnection` |
+//! | [`OptimisticBackend`] | every versioned write | `Pg`, `Mysql`, `Sqlite` (sealed) |
+//! | [`AdvisoryBackend`] | [`advisory`](crate::advisory) | `Pg`, `Mysql` (sealed): SQLite has no advisory locks |
+//! | [`LockMonitor`] | [`lock_waits`](crate::lock_waits) | `Pg`, `Mysql` (sealed) |
+//! | `IdempotencyStore` | `idempotency` (feature `idempotency`) | `PgConnection`, `MysqlConnection`, `SqliteConnection` (sealed) |
 //!
 //! The traits keep their definitions next to the code that uses them; these are
 //! the same traits under one path.

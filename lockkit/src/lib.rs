@@ -44,6 +44,7 @@ pub mod pessimistic;
 
 mod isolation;
 mod retry;
+mod sealed;
 mod transaction;
 
 // The modules users name, at the crate's root.
