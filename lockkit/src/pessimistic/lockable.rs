@@ -170,6 +170,20 @@ pub trait Lockable: Sized {
     /// SELECT ... FROM items WHERE items.id IN (?, ?) ORDER BY items.id FOR UPDATE   -- MySQL
     /// ```
     ///
+    /// # Keys
+    ///
+    /// The primary key must be one column ([`KeyColumn`]): `i16`, `i32`, `i64`,
+    /// `String`, and with the `uuid` feature `uuid::Uuid` on PostgreSQL, whose
+    /// `uuid` order is `Uuid`'s. Diesel maps UUIDs on no other backend: on
+    /// MySQL/MariaDB and SQLite store them as text and use a `String` key.
+    ///
+    /// A composite key does not compile: its columns are a tuple, which is no
+    /// [`KeyColumn`] ("lock_all needs a single-column integer, string or UUID
+    /// key"), since Diesel has no `(a, b) IN (..)`. Lock such rows with
+    /// [`with_lock`](Self::with_lock) one at a time inside one
+    /// [`locked_transaction`], always in key order: each lock is held until that
+    /// transaction ends.
+    ///
     /// # Errors
     ///
     /// * [`Error::NotInTransaction`] outside a transaction; nothing is sent.
