@@ -25,6 +25,7 @@
 //! | [`pessimistic`] | row locks, queues, advisory locks |
 //! | [`http`] | ETag / `If-Match`, axum, idempotency keys |
 //! | [`error`] | the error type and the one place that reads server messages |
+//! | [`bounds`] | the traits lockkit's methods require: name them only in `where` clauses |
 //! | `transaction` (private) | what every lockkit transaction does the same way: the panic guard |
 //!
 //! Start with [`optimistic::versioned`] and [`pessimistic::lockable`] for complete
@@ -34,6 +35,7 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod bounds;
 pub mod error;
 pub mod http;
 pub mod metrics;
@@ -42,6 +44,7 @@ pub mod pessimistic;
 
 mod isolation;
 mod retry;
+mod sealed;
 mod transaction;
 
 // The modules users name, at the crate's root.
@@ -125,10 +128,14 @@ pub use lockkit_derive::Versioned;
 #[cfg_attr(docsrs, doc(cfg(feature = "derive")))]
 pub use lockkit_derive::Lockable;
 
-/// The traits whose methods lockkit adds: `use lockkit::prelude::*;`.
+/// The traits whose methods you call: `use lockkit::prelude::*;`.
+///
+/// [`Versioned`] (the version-checked writes), [`Lockable`] (`with_lock`,
+/// `lock_all`) and [`LockQueryExt`] (`.nowait()`, `.for_update_of(..)`), with the
+/// derives of the same names. The traits those methods require are in
+/// [`bounds`], to be named only in `where` clauses
+/// (`M: lockkit::bounds::LockRow<C>`).
 pub mod prelude {
-    pub use crate::optimistic::version_check::{CurrentVersionQuery, VersionCheck};
-    pub use crate::pessimistic::lockable::{LockAll, LockRow};
     pub use crate::{LockQueryExt, Lockable, Versioned};
 }
 

@@ -93,3 +93,13 @@ pub struct Sku {
     pub stock: i32,
     pub lock_version: i32,
 }
+
+/// A UUID primary key (feature `uuid`; PostgreSQL only).
+#[cfg(feature = "postgres")]
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Versioned)]
+#[diesel(table_name = crate::schema::tickets)]
+pub struct Ticket {
+    pub id: uuid::Uuid,
+    pub title: String,
+    pub lock_version: i32,
+}

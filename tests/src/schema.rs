@@ -78,3 +78,13 @@ diesel::table! {
         lock_version -> Integer,
     }
 }
+
+#[cfg(feature = "postgres")]
+diesel::table! {
+    /// A UUID key (PostgreSQL only: Diesel maps UUIDs on no other backend).
+    tickets (id) {
+        id -> Uuid,
+        title -> Text,
+        lock_version -> Integer,
+    }
+}

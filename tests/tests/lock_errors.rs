@@ -9,6 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
+use lockkit::bounds::LockRow;
 use lockkit::prelude::*;
 use lockkit::{queue, retry, Error, LockOptions, RetryPolicy};
 use lockkit_tests::db::TestBackend;

@@ -7,6 +7,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
+use lockkit::bounds::LockRow;
 use lockkit::prelude::*;
 use lockkit::{locked_transaction, queue, Error, LockOptions};
 use lockkit_tests::db::TestBackend;
@@ -341,5 +342,82 @@ mod servers {
                 assert!(waited < Duration::from_secs(1), "the claim waited {waited:?}");
             });
         }
+    }
+}
+
+/// `lock_all` with UUID keys (feature `uuid`): PostgreSQL only, the one backend
+/// Diesel maps UUIDs on.
+#[cfg(feature = "postgres")]
+mod uuid_keys {
+    use super::*;
+    use diesel::PgConnection;
+    use uuid::Uuid;
+
+    #[test]
+    fn lock_all_takes_uuid_keys_in_the_servers_order() {
+        let db = TestDb::<PgConnection>::new("lock_all_uuid");
+        let mut conn = db.conn();
+        // Spread over every first byte, 0x80 and above included (PostgreSQL
+        // compares UUIDs as unsigned bytes, as `Uuid`'s `Ord` does), and more
+        // than one statement's worth, so the chunks must follow the server's order.
+        let ids: Vec<Uuid> = (1..=1500u128)
+            .map(|n| Uuid::from_u128(n.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835)))
+            .collect();
+        assert!(ids.len() > lockkit::pessimistic::lockable::MAX_KEYS_PER_STATEMENT);
+        let rows: Vec<_> = ids
+            .iter()
+            .map(|id| (tickets::id.eq(*id), tickets::title.eq("t")))
+            .collect();
+        diesel::insert_into(tickets::table)
+            .values(&rows)
+            .execute(&mut conn)
+            .unwrap();
+        let mut sorted = ids.clone();
+        sorted.sort();
+
+        let mut keys = ids.clone();
+        keys.push(ids[0]); // named twice, locked once
+        let mut other = db.connect();
+        let locked = locked_transaction(&mut conn, LockOptions::default(), |conn| {
+            let rows = Ticket::lock_all(conn, &keys)?;
+            let busy = other
+                .transaction(|c| {
+                    tickets::table
+                        .find(ids[7])
+                        .select(tickets::id)
+                        .for_update()
+                        .nowait()
+                        .get_result::<Uuid>(c)
+                })
+                .map_err(lockkit::classify);
+            assert!(
+                matches!(busy, Err(Error::Busy)),
+                "held by lock_all: {busy:?}"
+            );
+            Ok::<_, Error>(rows)
+        })
+        .unwrap();
+        assert_eq!(
+            locked.iter().map(|t| t.id).collect::<Vec<_>>(),
+            sorted,
+            "in key order"
+        );
+        assert!(
+            locked.iter().all(|t| t.lock_version == 1),
+            "each locked row's version advanced"
+        );
+
+        let missing = locked_transaction(&mut conn, LockOptions::default(), |conn| {
+            Ticket::lock_all(conn, &[ids[0], Uuid::nil()])
+        });
+        assert!(matches!(missing, Err(Error::NotFound)), "{missing:?}");
+        let with_lock = lockkit::with_lock(
+            &mut conn,
+            ids[3],
+            LockOptions::default(),
+            |_, ticket: Ticket| Ok::<_, Error>(ticket.lock_version),
+        )
+        .unwrap();
+        assert_eq!(with_lock, 2);
     }
 }

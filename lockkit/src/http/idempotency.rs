@@ -347,7 +347,15 @@ fn millis(duration: Duration) -> i64 {
 }
 
 /// The statements behind [`Idempotency`], per connection type.
-pub trait IdempotencyStore: diesel::Connection + Sized {
+///
+/// Sealed: implemented by lockkit for each backend feature's connection; name it
+/// only in `where` clauses ([`bounds`](crate::bounds)).
+#[diagnostic::on_unimplemented(
+    message = "lockkit's idempotency keys do not support `{Self}`",
+    label = "not a connection lockkit's idempotency keys support",
+    note = "lockkit supports `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`) and r2d2 pooled connections to them"
+)]
+pub trait IdempotencyStore: diesel::Connection + crate::sealed::Sealed + Sized {
     #[doc(hidden)]
     fn insert_running(
         conn: &mut Self,

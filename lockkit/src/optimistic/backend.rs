@@ -20,8 +20,14 @@ use diesel::{Connection, QueryResult};
 
 /// A backend lockkit's versioned writes run on: PostgreSQL, MySQL/MariaDB, SQLite.
 ///
-/// Implemented by lockkit for each backend feature; you never implement it.
-pub trait OptimisticBackend: Backend {
+/// Sealed: implemented by lockkit for each backend feature; name it only in
+/// `where` clauses ([`bounds`](crate::bounds)).
+#[diagnostic::on_unimplemented(
+    message = "lockkit's versioned writes do not support the `{Self}` backend",
+    label = "not a backend lockkit supports",
+    note = "lockkit supports PostgreSQL, MySQL/MariaDB and SQLite (features `postgres`, `mysql`, `sqlite`)"
+)]
+pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     /// The query, as a read that sees the latest committed row.
     type Latest<Q: LockingDsl<InShareMode>>;
 

@@ -49,7 +49,13 @@ pub type DeleteVersioned<M> = dsl::delete<<M as VersionCheck>::Target>;
 /// The SQL fragments of a version check, for any [`Versioned`] model.
 ///
 /// Blanket-implemented; it exists so that the bounds Diesel needs to build these
-/// fragments are written once, here, instead of on every method.
+/// fragments are written once, here, instead of on every method. Name it only in
+/// `where` clauses ([`bounds`](crate::bounds)).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` has no version check: its table, key and version column do not fit together",
+    label = "lockkit cannot build `WHERE <key> = $1 AND <version> = $2` for this model",
+    note = "the key must be what `table.find(..)` takes and the version a `SmallInt`, `Integer` or `BigInt` column of the same table; `#[derive(Versioned)]` reads both from `#[diesel(..)]`"
+)]
 pub trait VersionCheck: Versioned {
     /// `table.find(key).filter(version.eq(expected))`.
     type Target: IntoUpdateTarget<Table = Self::Table>;
@@ -109,7 +115,13 @@ where
 /// reads and the one extra write of its failure path, and the key check.
 ///
 /// Blanket-implemented for every connection of a supported backend; it exists
-/// so that these bounds are written once, here.
+/// so that these bounds are written once, here. Name it only in `where` clauses
+/// ([`bounds`](crate::bounds)).
+#[diagnostic::on_unimplemented(
+    message = "lockkit's versioned writes on `{Self}` do not run on `{Conn}`",
+    label = "not a connection lockkit's versioned writes support",
+    note = "lockkit supports `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`) and r2d2 pooled connections to them"
+)]
 pub trait CurrentVersionQuery<Conn>: VersionCheck {
     /// `Some(version)`, or `None` when the row is gone: the latest committed state.
     ///

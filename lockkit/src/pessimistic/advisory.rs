@@ -102,7 +102,15 @@ pub enum Scope {
 }
 
 /// A backend with advisory locks: PostgreSQL and MySQL/MariaDB.
-pub trait AdvisoryBackend: diesel::backend::Backend {
+///
+/// Sealed: implemented by lockkit for each of them; name it only in `where`
+/// clauses ([`bounds`](crate::bounds)).
+#[diagnostic::on_unimplemented(
+    message = "advisory locks need PostgreSQL or MySQL/MariaDB; `{Self}` has none",
+    label = "no advisory locks on this connection's backend",
+    note = "on SQLite, whose writers take turns on the database's write lock, run the work in `lockkit::locked_transaction` (`BEGIN IMMEDIATE`) instead"
+)]
+pub trait AdvisoryBackend: diesel::backend::Backend + crate::sealed::Sealed {
     /// Whether this backend has locks that end with the transaction (PostgreSQL).
     const TRANSACTION_LOCKS: bool;
     /// Waits for the lock; `false` if the server gave up waiting.

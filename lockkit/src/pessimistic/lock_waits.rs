@@ -34,7 +34,15 @@ pub struct BlockedSession {
 }
 
 /// A backend whose lock waits lockkit can list: PostgreSQL, MySQL/MariaDB.
-pub trait LockMonitor: diesel::backend::Backend {
+///
+/// Sealed: implemented by lockkit for each of them; name it only in `where`
+/// clauses ([`bounds`](crate::bounds)).
+#[diagnostic::on_unimplemented(
+    message = "lockkit cannot list lock waits on the `{Self}` backend",
+    label = "lock waits are read from PostgreSQL's and MySQL/MariaDB's views",
+    note = "SQLite has no row locks to wait on: a writer waits for the database's write lock, up to `PRAGMA busy_timeout`"
+)]
+pub trait LockMonitor: diesel::backend::Backend + crate::sealed::Sealed {
     /// This connection's session id.
     ///
     /// # Errors

@@ -164,6 +164,20 @@ pub trait Lockable: Sized {
     /// SELECT ... FROM items WHERE items.id IN (?, ?) ORDER BY items.id FOR UPDATE   -- MySQL
     /// ```
     ///
+    /// # Keys
+    ///
+    /// The primary key must be one column ([`KeyColumn`]): `i16`, `i32`, `i64`,
+    /// `String`, and with the `uuid` feature `uuid::Uuid` on PostgreSQL, whose
+    /// `uuid` order is `Uuid`'s. Diesel maps UUIDs on no other backend: on
+    /// MySQL/MariaDB and SQLite store them as text and use a `String` key.
+    ///
+    /// A composite key does not compile: its columns are a tuple, which is no
+    /// [`KeyColumn`] ("lock_all needs a single-column integer, string or UUID
+    /// key"), since Diesel has no `(a, b) IN (..)`. Lock such rows with
+    /// [`with_lock`](Self::with_lock) one at a time inside one
+    /// [`locked_transaction`], always in key order: each lock is held until that
+    /// transaction ends.
+    ///
     /// # Errors
     ///
     /// * [`Error::NotInTransaction`] outside a transaction; nothing is sent.
@@ -394,8 +408,14 @@ where
     conn.locking_connection().locked_transaction(&options, f)
 }
 
-/// The locked re-read of one row. Blanket-implemented for every [`Lockable`]
-/// model that is `Selectable` on the connection's backend.
+/// The locked re-read of one row, which [`with_lock`] requires. Implemented for
+/// every [`Lockable`] model that is `Selectable` on the connection's backend;
+/// name it only in `where` clauses ([`bounds`](crate::bounds)).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` rows cannot be locked on `{Conn}`",
+    label = "not a lockable model on this connection",
+    note = "`with_lock` needs a model with `#[derive(Lockable)]` or `#[derive(Versioned)]` that is also `#[derive(Queryable, Selectable)]` for the connection's backend"
+)]
 pub trait LockRow<Conn: LockingConnection>: Lockable<OnLock: MarkLocked<Self, Conn>> {
     /// `SELECT <fields> FROM <table> WHERE <key> FOR UPDATE`.
     ///
@@ -443,8 +463,14 @@ where
     }
 }
 
-/// The ordered multi-row lock of [`Lockable::lock_all`]. Blanket-implemented for
-/// models with a single-column primary key.
+/// The ordered multi-row lock of [`Lockable::lock_all`]. Implemented for every
+/// [`LockRow`] model whose primary key is one [`KeyColumn`]; name it only in
+/// `where` clauses ([`bounds`](crate::bounds)).
+#[diagnostic::on_unimplemented(
+    message = "`lock_all` cannot lock `{Self}` rows on `{Conn}`",
+    label = "lock_all needs a single-column integer, string or UUID key",
+    note = "keys `lock_all` takes: `i16`, `i32`, `i64`, `String`, and `uuid::Uuid` (feature `uuid`, PostgreSQL only); lock the rows of a composite key one at a time with `with_lock`, in a fixed order"
+)]
 pub trait LockAll<Conn: LockingConnection>: LockRow<Conn> {
     /// `SELECT .. WHERE pk IN (..) ORDER BY pk FOR UPDATE`.
     ///
@@ -454,12 +480,34 @@ pub trait LockAll<Conn: LockingConnection>: LockRow<Conn> {
     fn load_all_locked(conn: &mut Conn, keys: Vec<Self::Key>) -> diesel::QueryResult<Vec<Self>>;
 }
 
-/// A primary-key column that can be matched against a list of keys
-/// (`pk = ANY($1)` / `pk IN (..)`): integer and text keys.
+/// A primary-key column that [`Lockable::lock_all`] can match against a list of
+/// keys: `pk = ANY($1)` on PostgreSQL, `pk IN (?, ?, ..)` on MySQL/MariaDB and
+/// SQLite.
+///
+/// lockkit implements it for every column of one of these SQL types, with the
+/// key type Diesel maps to it:
+///
+/// | key | column | backends |
+/// | --- | --- | --- |
+/// | `i16`, `i32`, `i64` | `SmallInt`, `Integer`, `BigInt` | all |
+/// | `String` | `Text` | all |
+/// | `uuid::Uuid` (feature `uuid`) | `Uuid` | PostgreSQL: Diesel has no UUID type for MySQL/MariaDB or SQLite (store it as text there and use a `String` key) |
+///
+/// A composite key's columns are a tuple, which is none of these: `lock_all`
+/// does not compile for such a model (see [`Lockable::lock_all`]).
 ///
 /// Diesel's `eq_any` bound cannot be named in generic code, so it is stated here
-/// once per key type.
-pub trait KeyColumn<K>: Sized {
+/// once per key type. It is also the one extension point among the
+/// [bounds](crate::bounds): for a key type of your own (a newtype over `i64`
+/// that implements Diesel's `AsExpression<BigInt>`), implement it for your key
+/// column with `self.eq_any(keys)`.
+#[diagnostic::on_unimplemented(
+    message = "lock_all needs a single-column integer, string or UUID key, not `{K}`",
+    label = "the primary key `{Self}` cannot be matched against a list of `{K}`",
+    note = "keys `lock_all` takes: `i16`, `i32`, `i64`, `String`, and `uuid::Uuid` (feature `uuid`, PostgreSQL only; Diesel maps UUIDs on no other backend)",
+    note = "a composite key is refused: lock its rows one at a time with `with_lock`, in a fixed order"
+)]
+pub trait KeyColumn<K>: ExpressionMethods {
     /// `pk.eq_any(keys)`.
     type EqAny;
     /// Builds `pk.eq_any(keys)`.
@@ -487,6 +535,11 @@ key_column!(
     String => diesel::sql_types::Text
 );
 
+// PostgreSQL orders `uuid` bytewise, as `Uuid`'s `Ord` does: the chunks of a
+// long list are locked in the order the server returns their rows.
+#[cfg(all(feature = "uuid", feature = "postgres"))]
+key_column!(uuid::Uuid => diesel::sql_types::Uuid);
+
 type KeysFilter<M> = <Pk<M> as KeyColumn<<M as Lockable>::Key>>::EqAny;
 type AllByKeys<M, C> = Select<
     dsl::Order<dsl::Filter<<M as Lockable>::Table, KeysFilter<M>>, dsl::Asc<Pk<M>>>,
@@ -498,7 +551,7 @@ where
     Conn: LockingConnection,
     M: LockRow<Conn> + Selectable<Backend<Conn>>,
     AsSelect<M, Backend<Conn>>: Expression,
-    Pk<M>: KeyColumn<M::Key> + ExpressionMethods,
+    Pk<M>: KeyColumn<M::Key>,
     M::Table: FilterDsl<KeysFilter<M>>,
     dsl::Filter<M::Table, KeysFilter<M>>: OrderDsl<dsl::Asc<Pk<M>>>,
     dsl::Order<dsl::Filter<M::Table, KeysFilter<M>>, dsl::Asc<Pk<M>>>:
@@ -528,7 +581,13 @@ impl LockStrength {
 pub struct NoVersion;
 
 /// What an exclusive lock on one row writes to it ([`Lockable::OnLock`]).
-/// Implemented by [`NoVersion`] and [`BumpVersion`](crate::optimistic::BumpVersion); you never implement it.
+/// Implemented by [`NoVersion`] and [`BumpVersion`](crate::optimistic::BumpVersion); you never implement it,
+/// and name it only in `where` clauses ([`bounds`](crate::bounds)).
+#[diagnostic::on_unimplemented(
+    message = "a lock on `{M}` cannot advance its version on `{Conn}`",
+    label = "`{Self}` cannot mark a locked `{M}` row",
+    note = "an exclusive lock on a `Versioned` model writes its version: the model must fit lockkit's versioned writes on this connection (`#[derive(Versioned)]` on a `table!` of a supported backend)"
+)]
 pub trait MarkLocked<M, Conn> {
     /// Marks one locked row as written (the model is updated to match).
     ///

@@ -72,16 +72,22 @@ impl LockOptions {
     }
 
     /// The row-lock clause these options produce.
-    pub fn row_lock(&self) -> RowLock {
+    pub(crate) fn row_lock(&self) -> RowLock {
         self.lock
     }
 
     /// The wait mode.
-    pub fn wait_mode(&self) -> WaitMode {
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // SQLite's busy timeout reads it
+    pub(crate) fn wait_mode(&self) -> WaitMode {
         self.lock.wait
     }
 
+    // What each backend is sent is decided in `LockingConnection`'s impls; the
+    // two timeout getters are public, hidden, only for lockkit's own tests of
+    // the clamps (`tests/tests/hostile_input.rs`).
+
     /// The timeout in whole milliseconds, clamped to 1 ..= `i32::MAX`.
+    #[doc(hidden)]
     pub fn timeout_millis(&self) -> Option<i32> {
         self.timeout.map(|t| {
             let millis = t.as_millis().clamp(1, i32::MAX as u128);
@@ -92,6 +98,7 @@ impl LockOptions {
     /// The timeout in whole seconds, rounded up, clamped to 1 ..= 1,073,741,824
     /// (MySQL's range for `innodb_lock_wait_timeout`; MariaDB caps it further, at
     /// 100,000,000 s, with a warning).
+    #[doc(hidden)]
     pub fn timeout_secs(&self) -> Option<i64> {
         self.timeout.map(|t| {
             let secs = t.as_secs().saturating_add(u64::from(t.subsec_nanos() > 0));

@@ -1,0 +1,70 @@
+//! The traits lockkit's methods require, gathered in one place: name these only
+//! in `where` clauses.
+//!
+//! You call methods on [`Versioned`](crate::Versioned), [`Lockable`](crate::Lockable)
+//! and [`LockQueryExt`](crate::LockQueryExt) (the [prelude](crate::prelude)). The
+//! traits here are what those methods ask of your model, its key and your
+//! connection. lockkit implements them (most for every type that fits, the
+//! backend traits for each backend feature, sealed); you never implement them
+//! (except [`KeyColumn`], for a key type of your own), and their own methods are
+//! the pieces lockkit builds statements from, not API. They show up in two
+//! places:
+//!
+//! * in compiler errors, when a call does not fit: each trait carries a message
+//!   that says what is missing in a model's or a connection's terms (a
+//!   composite key given to `lock_all`, advisory locks on SQLite, a connection
+//!   type lockkit does not know);
+//! * in the bounds of your own generic code over models or backends, as Diesel's
+//!   `query_dsl::methods` traits do:
+//!
+//! ```
+//! use diesel::prelude::*;
+//! use lockkit::bounds::LockRow;
+//! use lockkit::prelude::*;
+//!
+//! /// The stock of any lockable item model with a `stock()` accessor, read under its row lock.
+//! fn locked_stock<M, C>(conn: &mut C, key: M::Key) -> Result<i32, lockkit::Error>
+//! where
+//!     C: lockkit::LockingConnection + lockkit::AsLockingConnection<Conn = C>,
+//!     M: LockRow<C> + HasStock,
+//! {
+//!     lockkit::with_lock(conn, key, |_conn, item: M| Ok(item.stock()))
+//! }
+//! # pub trait HasStock { fn stock(&self) -> i32; }
+//! # diesel::table! { items (id) { id -> Integer, stock -> Integer } }
+//! # #[derive(Queryable, Selectable, Lockable)]
+//! # #[diesel(table_name = items)]
+//! # pub struct Item { pub id: i32, pub stock: i32 }
+//! # impl HasStock for Item { fn stock(&self) -> i32 { self.stock } }
+//! # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+//! # diesel::sql_query("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL)").execute(&mut conn).unwrap();
+//! # diesel::sql_query("INSERT INTO items VALUES (1, 10)").execute(&mut conn).unwrap();
+//! assert_eq!(locked_stock::<Item, _>(&mut conn, 1).unwrap(), 10);
+//! ```
+//!
+//! | trait | required by | implemented for |
+//! | --- | --- | --- |
+//! | [`LockRow`] | `with_lock`, `with_lock_opts` | every [`Lockable`](crate::Lockable) model that is `Selectable` on the connection's backend |
+//! | [`LockAll`] | `lock_all` | those whose key is one column: integer, text, or (feature `uuid`, PostgreSQL) UUID |
+//! | [`KeyColumn`] | `lock_all` | such a key column: `pk = ANY($1)` / `pk IN (..)` |
+//! | [`MarkLocked`] | `with_lock`, `lock_all` | what an exclusive lock writes: [`NoVersion`](crate::pessimistic::NoVersion), [`BumpVersion`](crate::optimistic::BumpVersion) |
+//! | [`VersionCheck`] | every versioned write | every [`Versioned`](crate::Versioned) model |
+//! | [`CurrentVersionQuery`] | every versioned write | those, on a connection of a supported backend |
+//! | [`LockingConnection`], [`AsLockingConnection`] | the lock calls | `PgConnection`, `MysqlConnection`, `SqliteConnection`; r2d2 pooled connections to them (feature `r2d2`) |
+//! | [`OptimisticBackend`] | every versioned write | `Pg`, `Mysql`, `Sqlite` (sealed) |
+//! | [`AdvisoryBackend`] | [`advisory`](crate::advisory) | `Pg`, `Mysql` (sealed): SQLite has no advisory locks |
+//! | [`LockMonitor`] | [`lock_waits`](crate::lock_waits) | `Pg`, `Mysql` (sealed) |
+//! | `IdempotencyStore` | `idempotency` (feature `idempotency`) | `PgConnection`, `MysqlConnection`, `SqliteConnection` (sealed) |
+//!
+//! The traits keep their definitions next to the code that uses them; these are
+//! the same traits under one path.
+
+#[cfg(feature = "idempotency")]
+#[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
+pub use crate::http::idempotency::IdempotencyStore;
+pub use crate::optimistic::backend::OptimisticBackend;
+pub use crate::optimistic::version_check::{CurrentVersionQuery, VersionCheck};
+pub use crate::pessimistic::advisory::AdvisoryBackend;
+pub use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
+pub use crate::pessimistic::lock_waits::LockMonitor;
+pub use crate::pessimistic::lockable::{KeyColumn, LockAll, LockRow, MarkLocked};
