@@ -108,6 +108,11 @@ pub trait LockingConnection: Control {
     }
 }
 
+#[diagnostic::on_unimplemented(
+    message = "lockkit cannot lock rows through `{Self}`",
+    label = "not a connection lockkit supports",
+    note = "pass a `PgConnection`, `MysqlConnection` or `SqliteConnection` (features `postgres`, `mysql`, `sqlite`), or an r2d2 pooled connection to one (feature `r2d2`)"
+)]
 /// Something that gives access to a [`LockingConnection`]: the connection itself
 /// or an r2d2 pooled connection to it (feature `r2d2`). This is what lets `item.with_lock(&mut conn, ..)`
 /// take either; the closure receives the underlying connection.
