@@ -32,7 +32,7 @@ fn main() -> Result<(), lockkit::Error> {
     let _key: i32 = item.key();
 
     let _stock: i32 = item.with_lock(conn, |_conn, locked| Ok(locked.stock))?;
-    let _stock: i32 = lockkit::with_lock(conn, 1, |_conn, locked: Item| Ok(locked.stock))?;
+    let _stock: i32 = lockkit::with_lock(conn, 1, lockkit::LockOptions::default(), |_conn, locked: Item| Ok::<_, lockkit::Error>(locked.stock))?;
     let _all: Vec<Item> = conn.transaction(|conn| Item::lock_all(conn, &[1, 2]))?;
 
     item.delete_versioned(conn)

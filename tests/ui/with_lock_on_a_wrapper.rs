@@ -20,5 +20,5 @@ struct AppConnection(SqliteConnection);
 
 fn main() {
     let mut conn = AppConnection(SqliteConnection::establish(":memory:").unwrap());
-    let _ = lockkit::with_lock(&mut conn, 1, |_conn, item: Item| Ok(item.stock));
+    let _ = lockkit::with_lock(&mut conn, 1, lockkit::LockOptions::default(), |_conn, item: Item| Ok::<_, lockkit::Error>(item.stock));
 }
