@@ -668,7 +668,9 @@ mod all {
                     ))
                     .first(&mut conn)
                     .unwrap();
-                assert_eq!(stored, (key.to_string(), fingerprint.to_owned(), Some(response)));
+                // The response is stored as JSON: a string is quoted, the rest verbatim.
+                let json = serde_json::to_string(&response).unwrap();
+                assert_eq!(stored, (key.to_string(), fingerprint.to_owned(), Some(json)));
             }
             let stored = lockkit_idempotency_keys::table.count().get_result::<i64>(&mut conn).unwrap();
             assert_eq!(stored, HOSTILE.len() as i64);
