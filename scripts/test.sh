@@ -156,7 +156,7 @@ done
 log "lockkit: each feature alone and the usual combinations"
 for features in "" derive postgres mysql sqlite r2d2 idempotency idempotency-migrations \
   metrics serde axum postgres,r2d2 mysql,r2d2 sqlite,r2d2 postgres,idempotency \
-  sqlite,idempotency-migrations postgres,axum,metrics; do
+  sqlite,idempotency-migrations postgres,axum,metrics uuid postgres,uuid; do
   cargo clippy --locked -q -p lockkit --no-default-features --features "$features" --all-targets \
     -- -D warnings || die "lockkit does not build with features [$features]"
 done
