@@ -28,7 +28,7 @@
 //!     C: lockkit::LockingConnection + lockkit::AsLockingConnection<Conn = C>,
 //!     M: LockRow<C> + HasStock,
 //! {
-//!     lockkit::with_lock(conn, key, |_conn, item: M| Ok(item.stock()))
+//!     lockkit::with_lock(conn, key, lockkit::LockOptions::default(), |_conn, item: M| Ok(item.stock()))
 //! }
 //! # pub trait HasStock { fn stock(&self) -> i32; }
 //! # diesel::table! { items (id) { id -> Integer, stock -> Integer } }
@@ -44,7 +44,7 @@
 //!
 //! | trait | required by | implemented for |
 //! | --- | --- | --- |
-//! | [`LockRow`] | `with_lock`, `with_lock_opts` | every [`Lockable`](crate::Lockable) model that is `Selectable` on the connection's backend |
+//! | [`LockRow`] | `with_lock` | every [`Lockable`](crate::Lockable) model that is `Selectable` on the connection's backend |
 //! | [`LockAll`] | `lock_all` | those whose key is one column: integer, text, or (feature `uuid`, PostgreSQL) UUID |
 //! | [`KeyColumn`] | `lock_all` | such a key column: `pk = ANY($1)` / `pk IN (..)` |
 //! | [`MarkLocked`] | `with_lock`, `lock_all` | what an exclusive lock writes: [`NoVersion`](crate::pessimistic::NoVersion), [`BumpVersion`](crate::optimistic::BumpVersion) |
