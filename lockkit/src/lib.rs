@@ -92,6 +92,9 @@ pub(crate) use shipped_tables;
 pub mod bounds;
 pub mod error;
 pub mod http;
+#[cfg(feature = "lease")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
+pub mod lease;
 pub mod metrics;
 pub mod optimistic;
 pub mod pessimistic;

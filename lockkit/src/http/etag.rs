@@ -378,7 +378,9 @@ impl<'a> Refusal<'a> {
             Error::Stale(stale) if stale.current == CurrentState::Deleted => Refusal::NotFound,
             Error::Stale(stale) => Refusal::Changed(stale),
             Error::NotFound => Refusal::NotFound,
-            Error::NoRowMatched | Error::IdempotencyInProgress => Refusal::Conflict,
+            Error::NoRowMatched | Error::IdempotencyInProgress | Error::Fenced { .. } => {
+                Refusal::Conflict
+            }
             Error::IdempotencyKeyReused => Refusal::KeyReused,
             Error::InvalidInput(_) => Refusal::BadRequest,
             Error::Busy
