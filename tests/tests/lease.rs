@@ -399,3 +399,17 @@ fn redis_keys_are_the_documented_ones_and_the_fence_outlives_the_lease() {
     let ttl: i64 = conn.pttl(&lease_key).unwrap();
     assert!((1..=10_000).contains(&ttl), "PX ttl {ttl}");
 }
+
+#[test]
+fn docs_sql_md_lists_the_redis_scripts_lockkit_sends() {
+    use lockkit::lease::redis::{ACQUIRE_LUA, RAISE_FENCE_LUA, RELEASE_LUA, RENEW_LUA};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/SQL.md");
+    let docs = std::fs::read_to_string(path).unwrap();
+    let redis = docs
+        .split("## redis")
+        .nth(1)
+        .expect("docs/SQL.md has a redis section");
+    for script in [ACQUIRE_LUA, RENEW_LUA, RELEASE_LUA, RAISE_FENCE_LUA] {
+        assert!(redis.contains(script), "docs/SQL.md lacks:\n{script}");
+    }
+}
