@@ -21,6 +21,7 @@ diesel::table! {
         id -> Integer,
         body -> Text,
         counter -> Integer,
+        last_fence -> BigInt,
     }
 }
 
@@ -28,6 +29,7 @@ diesel::table! {
 trait Docs: Connection + FenceStore + AsLockingConnection<Conn = Self> {
     fn body(&mut self) -> String;
     fn counter(&mut self) -> i32;
+    fn last_fence(&mut self) -> i64;
 }
 
 macro_rules! docs {
@@ -38,6 +40,9 @@ macro_rules! docs {
             }
             fn counter(&mut self) -> i32 {
                 docs::table.find(1).select(docs::counter).first(self).unwrap()
+            }
+            fn last_fence(&mut self) -> i64 {
+                docs::table.find(1).select(docs::last_fence).first(self).unwrap()
             }
         }
     )*};
@@ -52,10 +57,10 @@ docs!(
 fn setup<C: Connection + MigrationHarness<C::Backend>>(conn: &mut C, backend: &str) {
     conn.run_pending_migrations(lease_migrations(backend))
         .unwrap();
-    exec(conn, "CREATE TABLE docs (id INTEGER PRIMARY KEY, body VARCHAR(100) NOT NULL, counter INTEGER NOT NULL)");
+    exec(conn, "CREATE TABLE docs (id INTEGER PRIMARY KEY, body VARCHAR(100) NOT NULL, counter INTEGER NOT NULL, last_fence BIGINT NOT NULL)");
     exec(
         conn,
-        "INSERT INTO docs (id, body, counter) VALUES (1, 'initial', 0)",
+        "INSERT INTO docs (id, body, counter, last_fence) VALUES (1, 'initial', 0, 0)",
     );
 }
 
@@ -130,13 +135,13 @@ fn with_fencing<S: LeaseStore, C: Docs>(a: &mut S, b: &mut S, data: &mut C) {
 
 /// Exclusive while held, renewable, released by its owner only, fences growing.
 fn lifecycle<S: LeaseStore>(a: &mut S, b: &mut S) {
-    let ttl = Duration::from_millis(300);
+    let ttl = Duration::from_millis(1000);
     let mut first = lease::acquire(a, "job", ttl).unwrap();
     let fence = first.fence();
     assert!(matches!(lease::acquire(b, "job", ttl), Err(Error::Busy)));
     // Renewed twice, it outlives its first TTL.
     for _ in 0..2 {
-        thread::sleep(Duration::from_millis(200));
+        thread::sleep(Duration::from_millis(600));
         first.renew().unwrap();
     }
     assert!(matches!(lease::acquire(b, "job", ttl), Err(Error::Busy)));
@@ -190,16 +195,49 @@ fn lifecycle<S: LeaseStore>(a: &mut S, b: &mut S) {
     }
 }
 
+/// One holder's turn in [`contend`]: a fenced read of the counter, a pause (one
+/// in four past the TTL), a fenced write of the read plus one and the fence.
+/// Counts the writes that find a newer holder's fence in the row.
+fn read_pause_write<C: Docs>(
+    data: &mut C,
+    fence: Fence,
+    older_after_newer: &AtomicUsize,
+) -> Result<(), Error> {
+    let read = lease::fenced(data, "counter", fence, |conn| {
+        Ok::<_, Error>(conn.counter())
+    })?;
+    let pause = if fastrand::u8(0..4) == 0 {
+        40..70
+    } else {
+        0..10
+    };
+    thread::sleep(Duration::from_millis(fastrand::u64(pause)));
+    lease::fenced(data, "counter", fence, |conn| {
+        // What the data itself says: the last writer's fence.
+        if conn.last_fence() > fence.0 {
+            older_after_newer.fetch_add(1, Ordering::SeqCst);
+        }
+        let sql = format!(
+            "UPDATE docs SET counter = {}, last_fence = {} WHERE id = 1",
+            read + 1,
+            fence.0
+        );
+        Ok(conn.batch_execute(&sql)?)
+    })
+}
+
 /// Threads contend for one lease with a short TTL; each holder reads the counter
 /// through a fenced read, pauses for a random while (one in four past its
 /// TTL, so holders overlap), and writes back its read plus one through a fenced
-/// write. The counter must end equal to the writes that landed.
+/// write, with its fence. The counter must end equal to the writes that landed,
+/// and no write may find a newer holder's fence in the row it overwrites.
 fn contend<S: LeaseStore, C: Docs>(store: impl Fn() -> S + Sync, data: impl Fn() -> C + Sync) {
     const THREADS: usize = 6;
     let ttl = Duration::from_millis(30);
     let deadline = Instant::now() + Duration::from_millis(2500);
     let landed = AtomicI64::new(0);
     let refused = AtomicUsize::new(0);
+    let older_after_newer = AtomicUsize::new(0);
     let believers = AtomicUsize::new(0);
     let most_believers = AtomicUsize::new(0);
     let others = Mutex::new(Vec::new());
@@ -219,24 +257,7 @@ fn contend<S: LeaseStore, C: Docs>(store: impl Fn() -> S + Sync, data: impl Fn()
                     let now = believers.fetch_add(1, Ordering::SeqCst) + 1;
                     most_believers.fetch_max(now, Ordering::SeqCst);
                     let fence = held.fence();
-                    let outcome =
-                        lease::fenced(&mut data, "counter", fence, |conn| Ok(conn.counter()))
-                            .and_then(|read| {
-                                // One holder in four pauses past its TTL.
-                                let pause = if fastrand::u8(0..4) == 0 {
-                                    40..70
-                                } else {
-                                    0..10
-                                };
-                                thread::sleep(Duration::from_millis(fastrand::u64(pause)));
-                                lease::fenced(&mut data, "counter", fence, |conn| {
-                                    conn.batch_execute(&format!(
-                                        "UPDATE docs SET counter = {} WHERE id = 1",
-                                        read + 1
-                                    ))?;
-                                    Ok(())
-                                })
-                            });
+                    let outcome = read_pause_write(&mut data, fence, &older_after_newer);
                     believers.fetch_sub(1, Ordering::SeqCst);
                     drop(held);
                     match outcome {
@@ -263,6 +284,11 @@ fn contend<S: LeaseStore, C: Docs>(store: impl Fn() -> S + Sync, data: impl Fn()
         i64::from(counter),
         landed,
         "no write of a holder that overran its lease landed over a newer one"
+    );
+    assert_eq!(
+        older_after_newer.into_inner(),
+        0,
+        "a holder wrote after a newer holder had written"
     );
     assert!(landed >= 10, "landed {landed}");
     assert!(
