@@ -328,7 +328,8 @@ fn new_token() -> String {
 /// # Errors
 ///
 /// * [`Error::Busy`] while another holder has the lease (its TTL has not run out
-///   and it did not release it).
+///   and it did not release it); on SQLite also when the database stayed locked
+///   by another writer past the connection's `busy_timeout`.
 /// * [`Error::InvalidInput`] when `name` is empty, longer than 255 characters or
 ///   contains NUL, or `ttl` is under 1 ms or over 365 days; nothing is sent.
 /// * [`Error::AlreadyInTransaction`] on a database connection with an open
