@@ -340,6 +340,35 @@ lockkit_tests::backend_tests! {
         contend(|| redis.store(), || db.connect());
     }
 
+    fn redis_restart_without_persistence_stalls_fenced_writes_until_the_fence_is_raised(db) {
+        use lockkit::lease::redis::client::Commands;
+        let mut data = db.connect();
+        setup(&mut data, BACKEND);
+        let redis = TestRedis::new(&format!("{BACKEND}_restart"));
+        let mut store = redis.store();
+        for _ in 0..3 {
+            let held = lease::acquire(&mut store, "doc", Duration::from_secs(30)).unwrap();
+            write_body(&mut data, Some(held.fence()), "before the restart").unwrap();
+        }
+        // A restart of a Redis that keeps nothing: both keys are gone.
+        let mut conn = client(&redis);
+        let _: i64 = conn.del(&[store.lease_key("doc"), store.fence_key("doc")]).unwrap();
+        let held = lease::acquire(&mut store, "doc", Duration::from_secs(30)).unwrap();
+        assert_eq!(held.fence(), Fence(1), "the counter starts again");
+        let stalled = write_body(&mut data, Some(held.fence()), "after the restart");
+        assert!(matches!(stalled, Err(Error::Fenced { current: 3, .. })), "{stalled:?}");
+        held.release().unwrap();
+        // The way back: raise the counter past what the fences table has seen.
+        let seen: i64 = diesel::dsl::sql::<diesel::sql_types::BigInt>("SELECT MAX(fence) FROM lockkit_fences")
+            .get_result(&mut data)
+            .unwrap();
+        store.raise_fence("doc", Fence(seen)).unwrap();
+        let held = lease::acquire(&mut store, "doc", Duration::from_secs(30)).unwrap();
+        assert_eq!(held.fence(), Fence(4));
+        write_body(&mut data, Some(held.fence()), "after the restart").unwrap();
+        assert_eq!(data.body(), "after the restart");
+    }
+
     fn db_lease_is_refused_inside_a_transaction(db) {
         setup(&mut db.connect(), BACKEND);
         let mut conn = db.connect();
@@ -382,6 +411,12 @@ lockkit_tests::backend_tests! {
     }
 }
 
+/// A plain Redis connection to the test's server.
+fn client(redis: &TestRedis) -> lockkit::lease::redis::client::Connection {
+    let client = lockkit::lease::redis::client::Client::open(redis.url.as_str()).unwrap();
+    client.get_connection().unwrap()
+}
+
 #[test]
 fn redis_lease_is_exclusive_renewable_and_released_by_its_owner_only() {
     let redis = TestRedis::new("redis_lifecycle");
@@ -402,10 +437,7 @@ fn redis_keys_are_the_documented_ones_and_the_fence_outlives_the_lease() {
         (store.lease_key("report"), store.fence_key("report")),
         (lease_key.clone(), fence_key.clone())
     );
-    let mut conn = lockkit::lease::redis::client::Client::open(redis.url.as_str())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut conn = client(&redis);
     let held_now: Option<String> = conn.get(&lease_key).unwrap();
     assert_eq!(held_now, None, "released: the lease key is gone");
     let fence: i64 = conn.get(&fence_key).unwrap();
