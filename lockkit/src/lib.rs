@@ -18,12 +18,16 @@
 //!   [`serializable`] transactions retried, one [`Error`] type classified in one
 //!   place ([`error::classification`]), ETag / `If-Match` for HTTP, axum glue and
 //!   idempotency keys ([`http`]), and conflict [`metrics`].
+//! * **Leases** (`lease`, feature `lease`): one holder at a time for a TTL, on
+//!   the database or on Redis, each grant with a fencing token that lockkit's
+//!   fenced writes check, so a holder that overran its lease cannot write.
 //!
 //! | folder | concept |
 //! | --- | --- |
 //! | [`optimistic`] | version-checked writes |
 //! | [`pessimistic`] | row locks, queues, advisory locks |
 //! | [`http`] | ETag / `If-Match`, axum, idempotency keys |
+//! | `lease` (feature `lease`) | leases with fencing tokens, fenced writes |
 //! | [`error`] | the error type and the one place that reads server messages |
 //! | [`bounds`] | the traits lockkit's methods require: name them only in `where` clauses |
 //! | `transaction` (private) | what every lockkit transaction does the same way: the panic guard |
