@@ -92,13 +92,15 @@
 //!   records the fence. An e-mail sent, a file written or an API called by a holder
 //!   that overran its lease is not stopped.
 //! * **Redis without persistence or replication** forgets its leases when it
-//!   restarts (two holders at once, until the old one's next fenced write is
-//!   refused) and forgets the fence counter: the next fences start again at 1,
-//!   below the fences `lockkit_fences` has recorded, so every fenced write is
-//!   refused (safe, but stuck) until the counter is raised again past them:
-//!   [`redis::RedisStore::raise_fence`]. A replica promoted after a failover may
-//!   not have the last grants either. Run Redis with AOF (`appendfsync always`)
-//!   if that matters, or keep the leases in the database.
+//!   restarts, so a second holder gets the lease while the first still works,
+//!   and it forgets the fence counter: the new grants' fences start again at 1,
+//!   below the fences `lockkit_fences` has recorded. Fencing still keeps the
+//!   data safe (the new holders' fenced writes are refused, the old holder's
+//!   land as before), but every new holder is stuck until the counter is raised
+//!   past the recorded fences: [`redis::RedisStore::raise_fence`]. A replica
+//!   promoted after a failover may lack the last grants in the same way. Run
+//!   Redis with AOF (`appendfsync always`) if that matters, or keep the leases in
+//!   the database. Without fenced writes, a restart means two holders writing.
 //! * **The database store's grant is committed on its own**: [`acquire`] and
 //!   [`Lease::renew`] refuse to run inside a transaction
 //!   ([`Error::AlreadyInTransaction`]): a grant rolled back with its transaction
