@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # lockkit's test command: formatting, lints, the first-contact, feature, doc and
-# packaging checks, and the whole test suite on real PostgreSQL, MySQL/MariaDB and
-# SQLite (CONTRIBUTING.md lists the steps).
+# packaging checks, and the whole test suite on real PostgreSQL, MySQL/MariaDB,
+# SQLite and Redis (CONTRIBUTING.md lists the steps).
 #
 # Servers, in this order:
-#   1. PG_DATABASE_URL / MYSQL_DATABASE_URL when set;
-#   2. a server already listening on 127.0.0.1:$PG_PORT (5432) / :$MYSQL_PORT (3306),
-#      used as postgres://postgres@127.0.0.1:PORT/test and mysql://root@127.0.0.1:PORT/test;
+#   1. PG_DATABASE_URL / MYSQL_DATABASE_URL / REDIS_URL when set;
+#   2. a server already listening on 127.0.0.1:$PG_PORT (5432) / :$MYSQL_PORT (3306) /
+#      :$REDIS_PORT (6379), used as postgres://postgres@127.0.0.1:PORT/test,
+#      mysql://root@127.0.0.1:PORT/test and redis://127.0.0.1:PORT/;
 #   3. a throwaway server started from the installed binaries (trust auth, data in
-#      $LOCKKIT_SERVER_DIR, stopped when this script ends);
+#      $LOCKKIT_SERVER_DIR, stopped when this script ends; Redis keeps nothing on disk);
 #   4. the binaries installed with apt-get (Debian/Ubuntu, as root), then 3.
+# The suite shares a Redis with whatever else uses it: each test keeps to its own
+# key prefix (no FLUSHALL).
 # A backend that cannot be reached fails the run: nothing is skipped.
 # SQLite is compiled in (bundled); the PostgreSQL and MySQL client libraries
 # (libpq, libmariadb) are installed with apt-get when missing.
@@ -18,6 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PG_PORT="${PG_PORT:-5432}"
 MYSQL_PORT="${MYSQL_PORT:-3306}"
+REDIS_PORT="${REDIS_PORT:-6379}"
 SERVER_DIR="${LOCKKIT_SERVER_DIR:-${TMPDIR:-/tmp}/lockkit-servers}"
 CLEANUP=()
 
@@ -135,6 +139,32 @@ if [ -z "${MYSQL_DATABASE_URL:-}" ]; then
 fi
 log "MySQL/MariaDB: $MYSQL_DATABASE_URL"
 
+# --- Redis (the lease store's tests) --------------------------------------------
+start_throwaway_redis() {
+  local server dir
+  server="$(command -v redis-server || ls /usr/bin/redis-server 2>/dev/null || true)"
+  if [ -z "$server" ]; then
+    apt_install redis-server
+    server="$(command -v redis-server || ls /usr/bin/redis-server 2>/dev/null)" \
+      || die "no redis-server binary; install Redis (apt-get install -y redis-server) or set REDIS_URL"
+  fi
+  dir="$SERVER_DIR/redis-$REDIS_PORT"
+  rm -rf "$dir" && mkdir -p "$dir"
+  log "starting a throwaway Redis on 127.0.0.1:$REDIS_PORT ($dir)"
+  "$server" --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$dir" --save "" --appendonly no \
+    --daemonize no >"$dir/server.log" 2>&1 &
+  CLEANUP+=("kill $! 2>/dev/null; wait $! 2>/dev/null")
+  wait_for_port "$REDIS_PORT" || { cat "$dir/server.log" >&2; die "Redis did not start"; }
+}
+if [ -z "${REDIS_URL:-}" ]; then
+  if ! listening "$REDIS_PORT"; then
+    start_throwaway_redis
+  fi
+  wait_for_port "$REDIS_PORT" || die "Redis is not reachable on 127.0.0.1:$REDIS_PORT"
+  export REDIS_URL="redis://127.0.0.1:$REDIS_PORT/"
+fi
+log "Redis: $REDIS_URL"
+
 # --- the suite ---------------------------------------------------------------
 log "cargo fmt --check"
 cargo fmt --all -- --check
@@ -156,7 +186,8 @@ done
 log "lockkit: each feature alone and the usual combinations"
 for features in "" derive postgres mysql sqlite r2d2 idempotency idempotency-migrations \
   metrics serde axum postgres,r2d2 mysql,r2d2 sqlite,r2d2 postgres,idempotency \
-  sqlite,idempotency-migrations postgres,axum,metrics uuid postgres,uuid; do
+  sqlite,idempotency-migrations postgres,axum,metrics uuid postgres,uuid \
+  lease lease-migrations redis postgres,lease mysql,lease-migrations sqlite,redis; do
   cargo clippy --locked -q -p lockkit --no-default-features --features "$features" --all-targets \
     -- -D warnings || die "lockkit does not build with features [$features]"
 done

@@ -54,6 +54,8 @@
 //! | [`OptimisticBackend`] | every versioned write | `Pg`, `Mysql`, `Sqlite` (sealed) |
 //! | [`AdvisoryBackend`] | [`advisory`](crate::advisory) | `Pg`, `Mysql` (sealed): SQLite has no advisory locks |
 //! | [`LockMonitor`] | [`lock_waits`](crate::lock_waits) | `Pg`, `Mysql` (sealed) |
+//! | `LeaseStore` | `lease::acquire`, `lease::with_lease` (feature `lease`) | `PgConnection`, `MysqlConnection`, `SqliteConnection`, `lease::redis::RedisStore` (feature `redis`) (sealed) |
+//! | `FenceStore` | `lease::fenced` (feature `lease`) | `PgConnection`, `MysqlConnection`, `SqliteConnection` (sealed) |
 //! | `IdempotencyStore` | `idempotency` (feature `idempotency`) | `PgConnection`, `MysqlConnection`, `SqliteConnection` (sealed) |
 //!
 //! The traits keep their definitions next to the code that uses them; these are
@@ -62,6 +64,9 @@
 #[cfg(feature = "idempotency")]
 #[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
 pub use crate::http::idempotency::IdempotencyStore;
+#[cfg(feature = "lease")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
+pub use crate::lease::{FenceStore, LeaseStore};
 pub use crate::optimistic::backend::OptimisticBackend;
 pub use crate::optimistic::version_check::{CurrentVersionQuery, VersionCheck};
 pub use crate::pessimistic::advisory::AdvisoryBackend;

@@ -165,7 +165,7 @@ impl<C: TestBackend> diesel::r2d2::CustomizeConnection<C, diesel::r2d2::Error> f
 }
 
 /// `lk_<test>_<pid>_<n>`: unique across threads and processes, a valid identifier.
-fn unique_name(test_name: &str) -> String {
+pub(crate) fn unique_name(test_name: &str) -> String {
     let cleaned: String = test_name
         .chars()
         .map(|c| {

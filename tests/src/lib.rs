@@ -2,11 +2,12 @@
 //! PostgreSQL, MySQL/MariaDB and SQLite, and a macro that writes a test once and
 //! runs it on every backend.
 //!
-//! Servers are found through `PG_DATABASE_URL` and `MYSQL_DATABASE_URL`
-//! (defaults: `postgres://postgres@127.0.0.1:5432/test`,
-//! `mysql://root@127.0.0.1:3306/test`). A server that cannot be reached fails
-//! the test with the URL it tried; nothing is skipped. `scripts/test.sh` finds,
-//! starts or installs the servers before running the suite.
+//! Servers are found through `PG_DATABASE_URL`, `MYSQL_DATABASE_URL` and
+//! `REDIS_URL` (defaults: `postgres://postgres@127.0.0.1:5432/test`,
+//! `mysql://root@127.0.0.1:3306/test`, `redis://127.0.0.1:6379/`). A server
+//! that cannot be reached fails the test with the URL it tried; nothing is
+//! skipped. `scripts/test.sh` finds, starts or installs the servers before
+//! running the suite.
 //!
 //! The harness is the `harness` feature (on by default). [`support`] is always
 //! there: what the example programs, the torture test and the benchmark share.
@@ -18,6 +19,8 @@ pub mod models;
 #[cfg(feature = "harness")]
 pub mod observe;
 #[cfg(feature = "harness")]
+pub mod redis;
+#[cfg(feature = "harness")]
 pub mod schema;
 #[cfg(feature = "harness")]
 pub mod settings;
@@ -25,6 +28,8 @@ pub mod support;
 
 #[cfg(feature = "harness")]
 pub use db::TestDb;
+#[cfg(feature = "harness")]
+pub use redis::TestRedis;
 
 /// Writes each test once and instantiates it for every enabled backend, as
 /// `postgres::name`, `mysql::name` and `sqlite::name`. Inside a test, `Conn` is the
@@ -129,6 +134,16 @@ pub fn idempotency_migrations(backend: &str) -> diesel_migrations::EmbeddedMigra
         "postgres" => lockkit::idempotency::POSTGRES_MIGRATIONS,
         "mysql" => lockkit::idempotency::MYSQL_MIGRATIONS,
         _ => lockkit::idempotency::SQLITE_MIGRATIONS,
+    }
+}
+
+/// The embedded migrations of lockkit's lease and fence tables for `backend`.
+#[cfg(feature = "harness")]
+pub fn lease_migrations(backend: &str) -> diesel_migrations::EmbeddedMigrations {
+    match backend {
+        "postgres" => lockkit::lease::POSTGRES_MIGRATIONS,
+        "mysql" => lockkit::lease::MYSQL_MIGRATIONS,
+        _ => lockkit::lease::SQLITE_MIGRATIONS,
     }
 }
 

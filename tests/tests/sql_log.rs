@@ -10,6 +10,7 @@ use std::time::Duration;
 use diesel::connection::{Instrumentation, InstrumentationEvent};
 use diesel::prelude::*;
 use diesel_migrations::MigrationHarness;
+use lockkit::lease::{self, Fence};
 use lockkit::prelude::*;
 use lockkit::{locked_transaction, queue, Error, LockOptions, RetryPolicy};
 use lockkit_tests::models::*;
@@ -60,8 +61,16 @@ impl Log {
     }
 }
 
-/// Timestamps (Unix milliseconds) vary from run to run.
+/// Timestamps (Unix milliseconds) and lease owner tokens (32 hexadecimal digits
+/// in quotes) vary from run to run.
 fn normalize(sql: &str) -> String {
+    let sql: Vec<&str> = sql.split('"').collect();
+    let is_token = |part: &&str| part.len() == 32 && part.chars().all(|c| c.is_ascii_hexdigit());
+    let sql = sql
+        .iter()
+        .map(|part| if is_token(part) { "<token>" } else { *part })
+        .collect::<Vec<_>>()
+        .join("\"");
     let mut out = String::with_capacity(sql.len());
     let mut digits = String::new();
     for c in sql.chars().chain(std::iter::once('\u{0}')) {
@@ -117,6 +126,7 @@ lockkit_tests::backend_tests! {
             _ => lockkit::idempotency::SQLITE_MIGRATIONS,
         })
         .unwrap();
+        conn.run_pending_migrations(lockkit_tests::lease_migrations(BACKEND)).unwrap();
         seed_items(&mut conn, &[(1, 10), (2, 10), (3, 10)]);
         exec(&mut conn, "INSERT INTO jobs (id, payload, done) VALUES (1, 'a', false), (2, 'b', false)");
         let log = Log::default();
@@ -197,6 +207,24 @@ lockkit_tests::backend_tests! {
         let keys = lockkit::idempotency::Idempotency::default();
         keys.run(&mut conn, "order-1", "POST /orders", |_| Ok::<_, lockkit::Error>("201".to_owned())).unwrap();
         keys.run(&mut conn, "order-1", "POST /orders", |_| Ok::<_, lockkit::Error>("201".to_owned())).unwrap();
+
+        log.section("lease::acquire(&mut conn, \"nightly-report\", Duration::from_secs(30)), then .renew() and .release()");
+        let mut held = lease::acquire(&mut conn, "nightly-report", Duration::from_secs(30)).unwrap();
+        held.renew().unwrap();
+        held.release().unwrap();
+
+        let mut other = db.connect();
+        let other_holds = lease::acquire(&mut other, "nightly-report", Duration::from_secs(30)).unwrap();
+        log.section("lease::acquire(&mut conn, \"nightly-report\", ..) while another holder has it: Error::Busy");
+        assert!(matches!(lease::acquire(&mut conn, "nightly-report", Duration::from_secs(30)), Err(Error::Busy)));
+        drop(other_holds);
+
+        log.section("lease::fenced(&mut conn, \"report\", Fence(2), ..)");
+        lease::fenced(&mut conn, "report", Fence(2), |_| Ok::<_, Error>(())).unwrap();
+
+        log.section("lease::fenced(&mut conn, \"report\", Fence(1), ..) after fence 2: Error::Fenced, one SELECT on the failure path");
+        let refused = lease::fenced(&mut conn, "report", Fence(1), |_| Ok::<_, Error>(()));
+        assert!(matches!(refused, Err(Error::Fenced { .. })));
 
         ServerStatements::run(&mut conn, &log);
 

@@ -101,6 +101,32 @@ pub enum Error {
     #[error("this idempotency key was already used for a different request")]
     IdempotencyKeyReused,
 
+    /// The lease ([`lease`](crate::lease)) ran out or was taken over by another
+    /// holder: renewing or releasing it did nothing. Its holder must stop writing;
+    /// not retryable as it is (acquire the lease again, which issues a new fence).
+    #[error("the lease ran out or was taken over by another holder")]
+    LeaseLost,
+
+    /// A fenced write ([`lease::fenced`](crate::lease::fenced)) carried a fence
+    /// older than one its resource has already seen: a newer holder of the lease
+    /// exists. Nothing was written. Not retryable with the same fence.
+    #[error("fenced write to {resource} refused: fence {fence} is older than fence {current}, already seen")]
+    Fenced {
+        /// The resource the write was for.
+        resource: String,
+        /// The fence the write carried.
+        fence: i64,
+        /// The newest fence the resource has seen.
+        current: i64,
+    },
+
+    /// The Redis lease store ([`lease::redis`](crate::lease::redis)) failed: a
+    /// connection, protocol or script error from the `redis` client.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+
     /// A value from the caller is out of range; nothing was sent.
     #[error("invalid input: {0}")]
     InvalidInput(&'static str),

@@ -345,7 +345,8 @@ pub fn expected_version<V: VersionNumber>(
 
 /// The HTTP status for a lockkit error in a write handler: `Stale` → 412 (the
 /// client's copy is old; 404 when the row is gone), `NotFound` → 404, a
-/// conditional update that matched nothing or an idempotency key in use → 409, a
+/// conditional update that matched nothing, an idempotency key in use or a
+/// fenced write refused for an older fence → 409, a
 /// reused idempotency key → 422, invalid input → 400, lock contention → 503 (try
 /// again), anything else → 500.
 pub fn status_for(error: &Error) -> u16 {
@@ -360,7 +361,8 @@ enum Refusal<'a> {
     Changed(&'a StaleObjectError),
     /// 404: the row is gone, or never was.
     NotFound,
-    /// 409: a condition did not hold, or the same key is still running.
+    /// 409: a condition did not hold, the same key is still running, or a newer
+    /// lease holder has written.
     Conflict,
     /// 422: an idempotency key reused for another request.
     KeyReused,
@@ -378,7 +380,9 @@ impl<'a> Refusal<'a> {
             Error::Stale(stale) if stale.current == CurrentState::Deleted => Refusal::NotFound,
             Error::Stale(stale) => Refusal::Changed(stale),
             Error::NotFound => Refusal::NotFound,
-            Error::NoRowMatched | Error::IdempotencyInProgress => Refusal::Conflict,
+            Error::NoRowMatched | Error::IdempotencyInProgress | Error::Fenced { .. } => {
+                Refusal::Conflict
+            }
             Error::IdempotencyKeyReused => Refusal::KeyReused,
             Error::InvalidInput(_) => Refusal::BadRequest,
             Error::Busy

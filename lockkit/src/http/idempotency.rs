@@ -69,66 +69,21 @@ use crate::Error;
 
 pub use crate::version_trigger::Dialect;
 
-/// `CREATE TABLE lockkit_idempotency_keys`, the table [`Idempotency`] uses, for
-/// `dialect`: put it in a migration.
-///
-/// ```
-/// use lockkit::idempotency::{up_sql, Dialect};
-/// assert!(up_sql(Dialect::Postgres).contains("CREATE TABLE lockkit_idempotency_keys"));
-/// ```
-pub fn up_sql(dialect: Dialect) -> &'static str {
-    match dialect {
-        Dialect::Postgres => include_str!(
-            "../../migrations/idempotency/postgres/2026-11-30-000000_lockkit_idempotency/up.sql"
-        ),
-        Dialect::Mysql => include_str!(
-            "../../migrations/idempotency/mysql/2026-11-30-000000_lockkit_idempotency/up.sql"
-        ),
-        Dialect::Sqlite => include_str!(
-            "../../migrations/idempotency/sqlite/2026-11-30-000000_lockkit_idempotency/up.sql"
-        ),
-    }
+crate::shipped_tables! {
+    /// `CREATE TABLE lockkit_idempotency_keys`, the table [`Idempotency`] uses, for
+    /// `dialect`: put it in a migration.
+    ///
+    /// ```
+    /// use lockkit::idempotency::{up_sql, Dialect};
+    /// assert!(up_sql(Dialect::Postgres).contains("CREATE TABLE lockkit_idempotency_keys"));
+    /// ```
+    tables: "the idempotency table",
+    feature: "idempotency-migrations",
+    migration: "2026-11-30-000000_lockkit_idempotency",
+    postgres: "migrations/idempotency/postgres",
+    mysql: "migrations/idempotency/mysql",
+    sqlite: "migrations/idempotency/sqlite",
 }
-
-/// Drops the table [`up_sql`] creates (a migration's `down.sql`).
-pub fn down_sql(dialect: Dialect) -> &'static str {
-    match dialect {
-        Dialect::Postgres => include_str!(
-            "../../migrations/idempotency/postgres/2026-11-30-000000_lockkit_idempotency/down.sql"
-        ),
-        Dialect::Mysql => include_str!(
-            "../../migrations/idempotency/mysql/2026-11-30-000000_lockkit_idempotency/down.sql"
-        ),
-        Dialect::Sqlite => include_str!(
-            "../../migrations/idempotency/sqlite/2026-11-30-000000_lockkit_idempotency/down.sql"
-        ),
-    }
-}
-
-/// The idempotency table's migration for PostgreSQL.
-#[cfg(all(feature = "idempotency-migrations", feature = "postgres"))]
-#[cfg_attr(
-    docsrs,
-    doc(cfg(all(feature = "idempotency-migrations", feature = "postgres")))
-)]
-pub const POSTGRES_MIGRATIONS: diesel_migrations::EmbeddedMigrations =
-    diesel_migrations::embed_migrations!("migrations/idempotency/postgres");
-/// The idempotency table's migration for MySQL/MariaDB.
-#[cfg(all(feature = "idempotency-migrations", feature = "mysql"))]
-#[cfg_attr(
-    docsrs,
-    doc(cfg(all(feature = "idempotency-migrations", feature = "mysql")))
-)]
-pub const MYSQL_MIGRATIONS: diesel_migrations::EmbeddedMigrations =
-    diesel_migrations::embed_migrations!("migrations/idempotency/mysql");
-/// The idempotency table's migration for SQLite.
-#[cfg(all(feature = "idempotency-migrations", feature = "sqlite"))]
-#[cfg_attr(
-    docsrs,
-    doc(cfg(all(feature = "idempotency-migrations", feature = "sqlite")))
-)]
-pub const SQLITE_MIGRATIONS: diesel_migrations::EmbeddedMigrations =
-    diesel_migrations::embed_migrations!("migrations/idempotency/sqlite");
 
 mod schema {
     diesel::table! {

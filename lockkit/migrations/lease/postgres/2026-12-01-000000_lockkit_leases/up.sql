@@ -1,0 +1,15 @@
+-- lockkit leases (see lockkit::lease): one row per lease name, kept after a
+-- release so that the name's fence only grows. expires_at is the server's clock,
+-- in Unix milliseconds; owner is the holder's random token, NULL when released.
+CREATE TABLE lockkit_leases (
+    name VARCHAR(255) PRIMARY KEY,
+    owner VARCHAR(64),
+    fence BIGINT NOT NULL,
+    expires_at BIGINT NOT NULL
+);
+-- The highest fence that fenced writes to each resource have seen
+-- (see lockkit::lease::fenced): an older fence is refused.
+CREATE TABLE lockkit_fences (
+    resource VARCHAR(255) PRIMARY KEY,
+    fence BIGINT NOT NULL
+);

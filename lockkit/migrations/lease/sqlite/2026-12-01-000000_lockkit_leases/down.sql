@@ -1,0 +1,2 @@
+DROP TABLE lockkit_fences;
+DROP TABLE lockkit_leases;

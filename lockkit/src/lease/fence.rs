@@ -1,0 +1,141 @@
+//! Fenced writes: the storage side of fencing tokens, in `lockkit_fences`.
+
+use super::{check_name, Error, Fence};
+use crate::pessimistic::connection::AsLockingConnection;
+use crate::transaction::{self, Failure};
+
+/// Runs `work` in a transaction (a savepoint inside one) that first records
+/// `fence` for `resource`, and refuses it when a newer fence was recorded; see
+/// the [module docs](super#fenced-writes).
+///
+/// The fence check and `work` commit together: when `work` fails, nothing of it
+/// and no fence is recorded. Fenced transactions on one resource take turns on
+/// its `lockkit_fences` row.
+///
+/// # Errors
+///
+/// lockkit's errors reach you converted into `E`:
+///
+/// * [`Error::Fenced`] when `resource` has seen a larger fence; `work` did not
+///   run and nothing was written.
+/// * [`Error::InvalidInput`] when `resource` is empty, longer than 255 characters
+///   or contains NUL; nothing is sent.
+/// * whatever `work` returns, untouched (the transaction is rolled back).
+/// * a classified database error; see [`classify`](crate::classify()).
+///
+/// ```
+/// # #[cfg(feature = "sqlite")] {
+/// use diesel::prelude::*;
+/// use diesel::connection::SimpleConnection;
+/// use lockkit::lease::{fenced, up_sql, Dialect, Fence};
+/// let mut conn = SqliteConnection::establish(":memory:").unwrap();
+/// conn.batch_execute(up_sql(Dialect::Sqlite)).unwrap();
+/// let write = |conn: &mut SqliteConnection, fence| fenced(conn, "report", Fence(fence), |_| Ok::<_, lockkit::Error>(()));
+/// write(&mut conn, 7).unwrap();
+/// write(&mut conn, 7).unwrap(); // the same holder again
+/// assert!(matches!(write(&mut conn, 6), Err(lockkit::Error::Fenced { current: 7, .. })));
+/// write(&mut conn, 8).unwrap(); // a newer holder
+/// # }
+/// ```
+pub fn fenced<C, T, E, F>(conn: &mut C, resource: &str, fence: Fence, work: F) -> Result<T, E>
+where
+    C: AsLockingConnection,
+    C::Conn: FenceStore,
+    E: From<Error>,
+    F: FnOnce(&mut C::Conn) -> Result<T, E>,
+{
+    check_name(resource)?;
+    transaction::run(conn.locking_connection(), |conn| {
+        if let Some(current) = C::Conn::raise(conn, resource, fence.0)? {
+            return Err(Failure::Lockkit(Error::Fenced {
+                resource: resource.to_owned(),
+                fence: fence.0,
+                current,
+            }));
+        }
+        work(conn).map_err(Failure::Closure)
+    })
+}
+
+/// The statements behind [`fenced`], per connection type.
+///
+/// Sealed: implemented by lockkit for each backend feature's connection; name it
+/// only in `where` clauses ([`bounds`](crate::bounds)).
+#[diagnostic::on_unimplemented(
+    message = "lockkit's fenced writes do not support `{Self}`",
+    label = "not a connection lockkit's fenced writes support",
+    note = "lockkit supports `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`) and r2d2 pooled connections to them"
+)]
+pub trait FenceStore: crate::LockingConnection + crate::sealed::Sealed {
+    /// Raises the recorded fence of `resource` to `fence`; `Some(newer)` when it
+    /// had seen a larger one (then nothing changed).
+    #[doc(hidden)]
+    fn raise(conn: &mut Self, resource: &str, fence: i64) -> Result<Option<i64>, Error>;
+}
+
+/// One backend's statements; the binds are listed with each.
+#[allow(dead_code)] // the statements of backends whose feature is off
+struct Statements {
+    /// resource, fence
+    ensure: &'static str,
+    /// fence, resource, fence
+    raise: &'static str,
+    /// resource
+    current: &'static str,
+}
+
+#[cfg(feature = "postgres")]
+const POSTGRES: Statements = Statements {
+    ensure: "INSERT INTO lockkit_fences (resource, fence) VALUES ($1, $2) ON CONFLICT (resource) DO NOTHING",
+    raise: "UPDATE lockkit_fences SET fence = $1 WHERE resource = $2 AND fence <= $3",
+    current: "SELECT fence FROM lockkit_fences WHERE resource = $1",
+};
+
+#[cfg(feature = "mysql")]
+const MYSQL: Statements = Statements {
+    ensure: "INSERT INTO lockkit_fences (resource, fence) VALUES (?, ?) ON DUPLICATE KEY UPDATE resource = resource",
+    raise: "UPDATE lockkit_fences SET fence = ? WHERE resource = ? AND fence <= ?",
+    current: "SELECT fence FROM lockkit_fences WHERE resource = ?",
+};
+
+#[cfg(feature = "sqlite")]
+const SQLITE: Statements = Statements {
+    ensure: "INSERT INTO lockkit_fences (resource, fence) VALUES (?, ?) ON CONFLICT (resource) DO NOTHING",
+    raise: "UPDATE lockkit_fences SET fence = ? WHERE resource = ? AND fence <= ?",
+    current: "SELECT fence FROM lockkit_fences WHERE resource = ?",
+};
+
+#[allow(unused_macros)] // used once per enabled backend
+macro_rules! fence_store {
+    ($conn:ty, $sql:ident) => {
+        impl FenceStore for $conn {
+            fn raise(conn: &mut Self, resource: &str, fence: i64) -> Result<Option<i64>, Error> {
+                use diesel::sql_types::{BigInt, Text};
+                use diesel::RunQueryDsl;
+                diesel::sql_query($sql.ensure)
+                    .bind::<Text, _>(resource)
+                    .bind::<BigInt, _>(fence)
+                    .execute(conn)?;
+                let raised = diesel::sql_query($sql.raise)
+                    .bind::<BigInt, _>(fence)
+                    .bind::<Text, _>(resource)
+                    .bind::<BigInt, _>(fence)
+                    .execute(conn)?;
+                if raised == 1 {
+                    return Ok(None);
+                }
+                let current = diesel::sql_query($sql.current)
+                    .bind::<Text, _>(resource)
+                    .get_result::<super::database::FenceRow>(conn)?;
+                Ok(Some(current.fence))
+            }
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+fence_store!(diesel::PgConnection, POSTGRES);
+#[cfg(feature = "mysql")]
+fence_store!(diesel::MysqlConnection, MYSQL);
+#[cfg(feature = "sqlite")]
+fence_store!(diesel::SqliteConnection, SQLITE);

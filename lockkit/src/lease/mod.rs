@@ -1,0 +1,428 @@
+//! Leases with fencing tokens: one holder at a time for a while, and writes that
+//! a holder who overran its lease cannot land (feature `lease`).
+//!
+//! A lock with a time to live is not safe by itself. Its holder can pause (a GC
+//! pause, swapping, a slow call) past the TTL, while another process takes the
+//! lease over, and then wake up and write, believing it still holds it. The cure is
+//! a **fencing token**: every grant of a lease carries a number, its [`Fence`],
+//! larger than every fence granted before for that name, and the storage refuses
+//! a write whose fence is older than one it has already seen. lockkit owns the
+//! database writes, so it does the refusing too: [`fenced`].
+//!
+//! | call | what it does |
+//! | --- | --- |
+//! | [`acquire`] | takes the lease `name` for `ttl`, or [`Error::Busy`] while another holder has it; the [`Lease`] guard holds a random owner token and the fence |
+//! | [`Lease::renew`] | extends the lease by its TTL from now, only while this holder still has it ([`Error::LeaseLost`] after the TTL ran out) |
+//! | [`Lease::release`], dropping the guard | gives the lease up, only if this holder still has it (compare and delete) |
+//! | [`with_lease`] | runs a closure under the lease and releases it on every path, a panic included |
+//! | [`fenced`] | runs a closure in a database transaction that first records the fence for a resource, and refuses ([`Error::Fenced`]) when a newer one was recorded |
+//!
+//! Two stores issue leases:
+//!
+//! * **The database** (PostgreSQL, MySQL/MariaDB, SQLite): one table,
+//!   `lockkit_leases`, a row per lease name, on the connection you pass. Its SQL
+//!   comes as [`up_sql`] / [`down_sql`] per [`Dialect`] for your migrations, and
+//!   with the feature `lease-migrations` as embedded migrations
+//!   (`lockkit::lease::POSTGRES_MIGRATIONS`, `MYSQL_MIGRATIONS`, `SQLITE_MIGRATIONS`).
+//!   The same migration creates `lockkit_fences`, the table of [`fenced`].
+//! * **Redis** (feature `redis`): [`redis::RedisStore`], `SET key token NX PX ttl`
+//!   and `INCR` in one Lua script, compare-and-delete and compare-and-extend
+//!   scripts. Fenced writes still go to the database.
+//!
+//! ```
+//! # #[cfg(feature = "sqlite")] {
+//! use std::time::Duration;
+//! use diesel::prelude::*;
+//! use diesel::connection::SimpleConnection;
+//! use lockkit::lease::{self, up_sql, Dialect};
+//! let mut leases = SqliteConnection::establish(":memory:").unwrap();
+//! leases.batch_execute(up_sql(Dialect::Sqlite)).unwrap();
+//! let mut data = SqliteConnection::establish(":memory:").unwrap();
+//! data.batch_execute(up_sql(Dialect::Sqlite)).unwrap(); // lockkit_fences
+//! data.batch_execute("CREATE TABLE report (id INTEGER PRIMARY KEY, body TEXT NOT NULL)").unwrap();
+//!
+//! let lease = lease::acquire(&mut leases, "nightly-report", Duration::from_secs(30)).unwrap();
+//! let fence = lease.fence();
+//! // ... a long computation; then write only if no newer holder has written:
+//! lease::fenced(&mut data, "report", fence, |conn| {
+//!     diesel::sql_query("INSERT INTO report (id, body) VALUES (1, 'done')").execute(conn)?;
+//!     Ok::<_, lockkit::Error>(())
+//! })
+//! .unwrap();
+//! lease.release().unwrap();
+//!
+//! // The next holder gets a larger fence.
+//! let next = lease::acquire(&mut leases, "nightly-report", Duration::from_secs(30)).unwrap();
+//! assert!(next.fence() > fence);
+//! # }
+//! ```
+//!
+//! # Fenced writes
+//!
+//! [`fenced`] opens a transaction (a savepoint inside one), raises the fence
+//! recorded for `resource` in `lockkit_fences` to the caller's in one statement,
+//! `UPDATE lockkit_fences SET fence = $mine WHERE resource = $r AND fence <= $mine`,
+//! and runs the closure only when that matched the row. The update holds the row's
+//! lock until the transaction ends, so fenced transactions on one resource take
+//! turns, and one whose fence is older than a committed one is refused with
+//! [`Error::Fenced`], its closure not run. The same fence may write many times.
+//!
+//! Record the fence **before you read** what you will write back: run the read in
+//! [`fenced`] too (as soon as you hold the lease). From then on the older holders'
+//! writes are refused, so nothing they write can slip in between your read and
+//! your write. A holder that only writes, with a fence the resource has not seen
+//! yet, is not refused: fencing stops *older* holders, it does not order readers.
+//!
+//! A table of your own can carry the fence per row instead, with a conditional
+//! update ([`atomic::update_if`](crate::atomic::update_if)):
+//! `UPDATE docs SET body = $1, fence = $f WHERE id = $2 AND fence <= $f`, refused
+//! when it matches no row.
+//!
+//! # What a lease does not give: the limits
+//!
+//! * **Clocks.** A lease's TTL is measured by the store's clock: the database
+//!   server's for the database store (`clock_timestamp()`, `UTC_TIMESTAMP(6)`,
+//!   SQLite's `julianday('now')`, which is the application's own machine), Redis's
+//!   own for Redis. The holder measures nothing: it cannot know, from its own
+//!   clock, that its lease still runs (it may have been paused since it last
+//!   looked). Treat the TTL as a hint for liveness, never as a guarantee that you
+//!   still hold the lease; the fence is what protects the data.
+//! * **Fencing protects only the writes that check it.** Writes through
+//!   [`fenced`] (or your own `fence <= $f` condition) into the database that
+//!   records the fence. An e-mail sent, a file written or an API called by a holder
+//!   that overran its lease is not stopped.
+//! * **Redis without persistence or replication** forgets its leases when it
+//!   restarts, so a second holder gets the lease while the first still works,
+//!   and it forgets the fence counter: the new grants' fences start again at 1,
+//!   below the fences `lockkit_fences` has recorded. Fencing still keeps the
+//!   data safe (the new holders' fenced writes are refused, the old holder's
+//!   land as before), but every new holder is stuck until the counter is raised
+//!   past the recorded fences: [`redis::RedisStore::raise_fence`]. A replica
+//!   promoted after a failover may lack the last grants in the same way. Run
+//!   Redis with AOF (`appendfsync always`) if that matters, or keep the leases in
+//!   the database. Without fenced writes, a restart means two holders writing.
+//! * **The database store's grant is committed on its own**: [`acquire`] and
+//!   [`Lease::renew`] refuse to run inside a transaction
+//!   ([`Error::AlreadyInTransaction`]): a grant rolled back with its transaction
+//!   would hand the same fence out twice.
+//! * **A single store.** No Redlock over several Redis servers: lockkit does not
+//!   implement it (its safety rests on timing assumptions, which fencing makes
+//!   unnecessary).
+//!
+//! Lease names (and fenced resources) are 1 to 255 characters without NUL,
+//! compared exactly, and travel as bound parameters (Redis: inside the key, after
+//! the store's prefix). TTLs are 1 ms to 365 days.
+
+// Without a backend or the redis feature nothing implements the stores.
+#![cfg_attr(
+    not(any(
+        feature = "postgres",
+        feature = "mysql",
+        feature = "sqlite",
+        feature = "redis"
+    )),
+    allow(dead_code, unused_imports)
+)]
+
+mod database;
+mod fence;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
+
+use std::ops::{Deref, DerefMut};
+use std::time::Duration;
+
+use crate::Error;
+
+pub use crate::version_trigger::Dialect;
+// `up_sql`, `down_sql` and the embedded migrations of the enabled backends.
+pub use database::*;
+pub use fence::{fenced, FenceStore};
+
+const MAX_NAME_LEN: usize = 255;
+const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A fencing token: the number a lease was granted with. Every grant of a name
+/// gets a larger one than all grants before it (from 1), so a larger fence is a
+/// later holder. Pass it to [`fenced`], or to another service that checks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Fence(pub i64);
+
+impl std::fmt::Display for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A store that grants leases: the database connections of the backend features
+/// (`PgConnection`, `MysqlConnection`, `SqliteConnection`) and, with the feature
+/// `redis`, [`redis::RedisStore`].
+///
+/// Sealed: implemented by lockkit; name it only in `where` clauses
+/// ([`bounds`](crate::bounds)). For an r2d2 pooled connection pass
+/// `&mut *pooled`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not store lockkit leases",
+    label = "not a lease store",
+    note = "lockkit's lease stores are `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`; pass `&mut *pooled` for a pooled one) and `lockkit::lease::redis::RedisStore` (feature `redis`)"
+)]
+pub trait LeaseStore: crate::sealed::Sealed {
+    /// Grants `name` to `token` for `ttl_ms` if nobody holds it; the new fence.
+    #[doc(hidden)]
+    fn grant(&mut self, name: &str, token: &str, ttl_ms: i64) -> Result<Option<i64>, Error>;
+    /// Extends `name` by `ttl_ms` from now if `token` still holds it.
+    #[doc(hidden)]
+    fn extend(&mut self, name: &str, token: &str, ttl_ms: i64) -> Result<bool, Error>;
+    /// Releases `name` if `token` still holds it.
+    #[doc(hidden)]
+    fn revoke(&mut self, name: &str, token: &str) -> Result<bool, Error>;
+    /// Whether a grant here would be undone with an open transaction.
+    #[doc(hidden)]
+    fn in_transaction(&mut self) -> bool {
+        false
+    }
+}
+
+/// A held lease. Derefs to its store (for the database store: the connection).
+/// Released when dropped, or with [`Lease::release`].
+#[must_use = "the lease is released when the guard is dropped"]
+pub struct Lease<'s, S: LeaseStore> {
+    store: &'s mut S,
+    name: String,
+    token: String,
+    fence: Fence,
+    ttl_ms: i64,
+    held: bool,
+}
+
+impl<S: LeaseStore> Lease<'_, S> {
+    /// The lease's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The fencing token of this grant: carry it on every write ([`fenced`]).
+    pub fn fence(&self) -> Fence {
+        self.fence
+    }
+
+    /// The owner token: 32 random hexadecimal digits, unique to this grant (it
+    /// identifies the holder to the store; it is not a secret).
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The TTL it was granted (and is renewed) for.
+    pub fn ttl(&self) -> Duration {
+        Duration::from_millis(self.ttl_ms.unsigned_abs())
+    }
+
+    /// Extends the lease by its TTL from now (the store's clock), keeping the
+    /// fence.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::LeaseLost`] when the lease ran out (even if nobody took it over
+    ///   yet) or another holder has it; nothing changed. Stop writing.
+    /// * [`Error::AlreadyInTransaction`] on a database connection with an open
+    ///   transaction; nothing is sent.
+    /// * the store's error ([`Error::Redis`], or a classified database error).
+    pub fn renew(&mut self) -> Result<(), Error> {
+        if self.store.in_transaction() {
+            return Err(Error::AlreadyInTransaction);
+        }
+        if self.store.extend(&self.name, &self.token, self.ttl_ms)? {
+            Ok(())
+        } else {
+            self.held = false;
+            Err(Error::LeaseLost)
+        }
+    }
+
+    /// Gives the lease up now, only if this holder still has it.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::LeaseLost`] when it had run out and another holder may have it
+    ///   (whose lease stays untouched).
+    /// * the store's error.
+    pub fn release(mut self) -> Result<(), Error> {
+        self.held = false;
+        match self.store.revoke(&self.name, &self.token)? {
+            true => Ok(()),
+            false => Err(Error::LeaseLost),
+        }
+    }
+}
+
+/// Shows the name, fence and whether it is held, not the store or the token.
+impl<S: LeaseStore> std::fmt::Debug for Lease<'_, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("name", &self.name)
+            .field("fence", &self.fence)
+            .field("held", &self.held)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: LeaseStore> Deref for Lease<'_, S> {
+    type Target = S;
+    fn deref(&self) -> &S {
+        self.store
+    }
+}
+
+impl<S: LeaseStore> DerefMut for Lease<'_, S> {
+    fn deref_mut(&mut self) -> &mut S {
+        self.store
+    }
+}
+
+impl<S: LeaseStore> Drop for Lease<'_, S> {
+    fn drop(&mut self) {
+        if !self.held {
+            return;
+        }
+        match self.store.revoke(&self.name, &self.token) {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(target: "lockkit", lease = %self.name, fence = self.fence.0, "the lease had run out before its release")
+            }
+            // The lease runs out by itself after its TTL.
+            Err(err) => {
+                tracing::warn!(target: "lockkit", lease = %self.name, error = %err, "lease release failed")
+            }
+        }
+    }
+}
+
+/// Checks a lease name or fenced resource: 1 to 255 characters, no NUL.
+fn check_name(name: &str) -> Result<(), Error> {
+    if name.is_empty() || name.chars().count() > MAX_NAME_LEN || name.contains('\0') {
+        return Err(Error::InvalidInput(
+            "lease names and fenced resources are 1 to 255 characters, without NUL",
+        ));
+    }
+    Ok(())
+}
+
+/// A TTL in milliseconds: 1 ms to 365 days.
+fn ttl_millis(ttl: Duration) -> Result<i64, Error> {
+    if ttl < Duration::from_millis(1) || ttl > MAX_TTL {
+        return Err(Error::InvalidInput("lease TTLs are 1 ms to 365 days"));
+    }
+    Ok(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// 128 random bits as 32 hexadecimal digits.
+fn new_token() -> String {
+    format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..))
+}
+
+/// Takes the lease `name` for `ttl` if nobody holds it; see the
+/// [module docs](self).
+///
+/// It does not wait: wrap it in [`retry`](crate::retry()) to wait with backoff
+/// ([`Error::Busy`] is retryable).
+///
+/// # Errors
+///
+/// * [`Error::Busy`] while another holder has the lease (its TTL has not run out
+///   and it did not release it); on SQLite also when the database stayed locked
+///   by another writer past the connection's `busy_timeout`.
+/// * [`Error::InvalidInput`] when `name` is empty, longer than 255 characters or
+///   contains NUL, or `ttl` is under 1 ms or over 365 days; nothing is sent.
+/// * [`Error::AlreadyInTransaction`] on a database connection with an open
+///   transaction; nothing is sent.
+/// * the store's error ([`Error::Redis`], or a classified database error; see
+///   [`classify`](crate::classify())).
+pub fn acquire<'s, S: LeaseStore>(
+    store: &'s mut S,
+    name: &str,
+    ttl: Duration,
+) -> Result<Lease<'s, S>, Error> {
+    check_name(name)?;
+    let ttl_ms = ttl_millis(ttl)?;
+    if store.in_transaction() {
+        return Err(Error::AlreadyInTransaction);
+    }
+    let token = new_token();
+    let fence = store.grant(name, &token, ttl_ms)?.ok_or(Error::Busy)?;
+    Ok(Lease {
+        store,
+        name: name.to_owned(),
+        token,
+        fence: Fence(fence),
+        ttl_ms,
+        held: true,
+    })
+}
+
+/// Runs `work` under the lease `name` and releases it afterwards, on every path:
+/// `Ok`, `Err` or a panic (which goes on after the release).
+///
+/// `work` gets the [`Lease`]: its [`fence`](Lease::fence) for the writes, and
+/// [`renew`](Lease::renew) for long work. A release that finds the lease already
+/// lost is logged (`tracing`, target `lockkit`), not returned: `work` has
+/// finished, and its fenced writes were refused if a newer holder had written.
+///
+/// # Errors
+///
+/// Those of [`acquire`] (converted into `E`), or `work`'s own error, untouched.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")] {
+/// use std::time::Duration;
+/// use diesel::prelude::*;
+/// use diesel::connection::SimpleConnection;
+/// use lockkit::lease::{self, up_sql, Dialect};
+/// let mut conn = SqliteConnection::establish(":memory:").unwrap();
+/// conn.batch_execute(up_sql(Dialect::Sqlite)).unwrap();
+/// let fence = lease::with_lease(&mut conn, "cron", Duration::from_secs(10), |lease| {
+///     Ok::<_, lockkit::Error>(lease.fence())
+/// })
+/// .unwrap();
+/// assert_eq!(fence, lease::Fence(1));
+/// // Released: the next one gets it at once.
+/// let again = lease::acquire(&mut conn, "cron", Duration::from_secs(10)).unwrap();
+/// assert_eq!(again.fence(), lease::Fence(2));
+/// # }
+/// ```
+pub fn with_lease<S, T, E, F>(store: &mut S, name: &str, ttl: Duration, work: F) -> Result<T, E>
+where
+    S: LeaseStore,
+    E: From<Error>,
+    F: FnOnce(&mut Lease<'_, S>) -> Result<T, E>,
+{
+    // A panic in `work` unwinds through `lease`, whose drop releases it.
+    let mut lease = acquire(store, name, ttl)?;
+    work(&mut lease)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_ttls_are_checked() {
+        assert!(check_name("a").is_ok());
+        assert!(check_name(&"é".repeat(255)).is_ok());
+        assert!(check_name("").is_err());
+        assert!(check_name(&"a".repeat(256)).is_err());
+        assert!(check_name("a\0b").is_err());
+        assert_eq!(ttl_millis(Duration::from_millis(1)).unwrap(), 1);
+        assert!(ttl_millis(Duration::from_micros(999)).is_err());
+        assert!(ttl_millis(MAX_TTL).is_ok());
+        assert!(ttl_millis(Duration::MAX).is_err());
+    }
+
+    #[test]
+    fn tokens_are_32_hex_digits_and_differ() {
+        let (a, b) = (new_token(), new_token());
+        assert_eq!(a.len(), 32);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+}

@@ -1,0 +1,184 @@
+//! The Redis lease store (feature `redis`): leases in Redis, fences from Redis,
+//! fenced writes in the database.
+//!
+//! Each lease name has two keys, after the store's prefix:
+//!
+//! | key | holds |
+//! | --- | --- |
+//! | `<prefix>lease:<name>` | the holder's owner token, expiring after the TTL (`PX`) |
+//! | `<prefix>fence:<name>` | the name's fence counter, never expiring |
+//!
+//! Every call is one Lua script (`EVALSHA`, loaded with `SCRIPT LOAD` on the
+//! first `NOSCRIPT`), so each is atomic on the server:
+//!
+//! * **acquire**: `SET lease token NX PX ttl`, and only when that set the key,
+//!   `INCR fence`. The well-known recipe takes the lock and the fence in two
+//!   calls; a holder that pauses between them (or a client that dies there)
+//!   would leave a grant without a fence, or take a fence after a newer holder's.
+//!   One script issues both at once.
+//! * **renew**: `PEXPIRE lease ttl` only when `GET lease` is the caller's token
+//!   (compare and extend).
+//! * **release**: `DEL lease` only when `GET lease` is the caller's token
+//!   (compare and delete): a holder whose lease ran out never deletes its
+//!   successor's.
+//!
+//! The scripts are in the repository's `docs/SQL.md`. They name both keys in
+//! `KEYS`, so the two keys must live on one server: a single Redis (or one with
+//! replicas), not Redis Cluster. See the [limits](super#what-a-lease-does-not-give-the-limits)
+//! for what a restart without persistence does, and [`RedisStore::raise_fence`]
+//! for the way back.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use lockkit::lease::{self, redis::RedisStore};
+//! let mut store = RedisStore::open("redis://127.0.0.1:6379/", "myapp:").unwrap();
+//! let held = lease::acquire(&mut store, "nightly-report", Duration::from_secs(30)).unwrap();
+//! println!("fence {}", held.fence());
+//! ```
+
+use std::sync::LazyLock;
+
+use ::redis::{ConnectionLike, Script};
+
+use super::{check_name, Error, Fence, LeaseStore};
+
+/// The `redis` client crate lockkit uses, for building connections of the same
+/// version.
+pub use ::redis as client;
+
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
+static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_FENCE_LUA));
+
+/// KEYS: lease, fence. ARGV: token, TTL in ms. The new fence, or nil when held.
+pub const ACQUIRE_LUA: &str = "\
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return redis.call('INCR', KEYS[2])
+end
+return false";
+
+/// KEYS: lease. ARGV: token, TTL in ms. 1 when extended, 0 when not the holder's.
+pub const RENEW_LUA: &str = "\
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0";
+
+/// KEYS: lease. ARGV: token. 1 when deleted, 0 when not the holder's.
+pub const RELEASE_LUA: &str = "\
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0";
+
+/// KEYS: fence. ARGV: the least fence. The counter afterwards.
+pub const RAISE_FENCE_LUA: &str = "\
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if current < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1])
+  return tonumber(ARGV[1])
+end
+return current";
+
+/// A lease store on one Redis connection, with a key prefix (use one per
+/// application, so that names do not collide on a shared server).
+///
+/// `C` is any sync `redis` connection: a [`client::Connection`], or a pooled one.
+pub struct RedisStore<C = client::Connection> {
+    conn: C,
+    prefix: String,
+}
+
+impl RedisStore<client::Connection> {
+    /// Connects to `url` (`redis://host:port/db`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`] when the URL is invalid or the server cannot be reached.
+    pub fn open(url: &str, prefix: impl Into<String>) -> Result<Self, Error> {
+        let conn = client::Client::open(url)?.get_connection()?;
+        Ok(Self::new(conn, prefix))
+    }
+}
+
+impl<C: ConnectionLike> RedisStore<C> {
+    /// A store on `conn`, its keys starting with `prefix`.
+    pub fn new(conn: C, prefix: impl Into<String>) -> Self {
+        RedisStore {
+            conn,
+            prefix: prefix.into(),
+        }
+    }
+
+    /// The connection.
+    pub fn connection(&mut self) -> &mut C {
+        &mut self.conn
+    }
+
+    /// The key holding the lease `name`'s owner token.
+    pub fn lease_key(&self, name: &str) -> String {
+        format!("{}lease:{name}", self.prefix)
+    }
+
+    /// The key holding the lease `name`'s fence counter.
+    pub fn fence_key(&self, name: &str) -> String {
+        format!("{}fence:{name}", self.prefix)
+    }
+
+    /// Raises `name`'s fence counter to at least `at_least`, and returns it: the
+    /// next grant gets a larger fence. For after a Redis restart that forgot the
+    /// counter: raise it to the largest fence your fenced writes recorded
+    /// (`SELECT MAX(fence) FROM lockkit_fences`), or fenced writes stay refused.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a bad name (nothing is sent), or [`Error::Redis`].
+    pub fn raise_fence(&mut self, name: &str, at_least: Fence) -> Result<Fence, Error> {
+        check_name(name)?;
+        let fence = RAISE_FENCE
+            .key(self.fence_key(name))
+            .arg(at_least.0)
+            .invoke::<i64>(&mut self.conn)?;
+        Ok(Fence(fence))
+    }
+}
+
+impl<C> crate::sealed::Sealed for RedisStore<C> {}
+
+impl<C: ConnectionLike> LeaseStore for RedisStore<C> {
+    fn grant(&mut self, name: &str, token: &str, ttl_ms: i64) -> Result<Option<i64>, Error> {
+        Ok(ACQUIRE
+            .key(self.lease_key(name))
+            .key(self.fence_key(name))
+            .arg(token)
+            .arg(ttl_ms)
+            .invoke::<Option<i64>>(&mut self.conn)?)
+    }
+
+    fn extend(&mut self, name: &str, token: &str, ttl_ms: i64) -> Result<bool, Error> {
+        let extended = RENEW
+            .key(self.lease_key(name))
+            .arg(token)
+            .arg(ttl_ms)
+            .invoke::<i64>(&mut self.conn)?;
+        Ok(extended == 1)
+    }
+
+    fn revoke(&mut self, name: &str, token: &str) -> Result<bool, Error> {
+        let deleted = RELEASE
+            .key(self.lease_key(name))
+            .arg(token)
+            .invoke::<i64>(&mut self.conn)?;
+        Ok(deleted == 1)
+    }
+}
+
+/// Shows the prefix, not the connection.
+impl<C> std::fmt::Debug for RedisStore<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}

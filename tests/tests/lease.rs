@@ -1,0 +1,473 @@
+//! Leases with fencing tokens on real servers: the database store on every
+//! backend, the Redis store with fenced writes into every backend; a holder
+//! paused past its TTL (without fencing its write lands over its successor's,
+//! with fencing it is refused), contending holders, owner-only release, renewal,
+//! hostile names.
+
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel_migrations::MigrationHarness;
+use lockkit::lease::{self, Fence, FenceStore, LeaseStore};
+use lockkit::{AsLockingConnection, Error};
+use lockkit_tests::{exec, lease_migrations, TestRedis};
+
+diesel::table! {
+    docs (id) {
+        id -> Integer,
+        body -> Text,
+        counter -> Integer,
+        last_fence -> BigInt,
+    }
+}
+
+/// The data the holders write: one row, a body and a counter.
+trait Docs: Connection + FenceStore + AsLockingConnection<Conn = Self> {
+    fn body(&mut self) -> String;
+    fn counter(&mut self) -> i32;
+    fn last_fence(&mut self) -> i64;
+}
+
+macro_rules! docs {
+    ($($conn:ty),*) => {$(
+        impl Docs for $conn {
+            fn body(&mut self) -> String {
+                docs::table.find(1).select(docs::body).first(self).unwrap()
+            }
+            fn counter(&mut self) -> i32 {
+                docs::table.find(1).select(docs::counter).first(self).unwrap()
+            }
+            fn last_fence(&mut self) -> i64 {
+                docs::table.find(1).select(docs::last_fence).first(self).unwrap()
+            }
+        }
+    )*};
+}
+docs!(
+    diesel::PgConnection,
+    diesel::MysqlConnection,
+    diesel::SqliteConnection
+);
+
+/// The lease and fence tables, and `docs` row 1.
+fn setup<C: Connection + MigrationHarness<C::Backend>>(conn: &mut C, backend: &str) {
+    conn.run_pending_migrations(lease_migrations(backend))
+        .unwrap();
+    exec(conn, "CREATE TABLE docs (id INTEGER PRIMARY KEY, body VARCHAR(100) NOT NULL, counter INTEGER NOT NULL, last_fence BIGINT NOT NULL)");
+    exec(
+        conn,
+        "INSERT INTO docs (id, body, counter, last_fence) VALUES (1, 'initial', 0, 0)",
+    );
+}
+
+/// Writes `body` into `docs` row 1: a plain write, or fenced with `fence`.
+fn write_body<C: Docs>(
+    conn: &mut C,
+    fence: Option<Fence>,
+    body: &'static str,
+) -> Result<(), Error> {
+    let sql = format!("UPDATE docs SET body = '{body}' WHERE id = 1"); // test constants only
+    match fence {
+        None => Ok(conn.batch_execute(&sql)?),
+        Some(fence) => lease::fenced(conn, "doc-1", fence, |conn| Ok(conn.batch_execute(&sql)?)),
+    }
+}
+
+/// Holder A takes the lease and pauses past its TTL; B takes it over and writes;
+/// A wakes, still believing it holds the lease, and writes. Returns A's write.
+fn paused_holder_writes<S: LeaseStore, C: Docs>(
+    a: &mut S,
+    b: &mut S,
+    data: &mut C,
+    fencing: bool,
+) -> Result<(), Error> {
+    let ttl = Duration::from_millis(150);
+    let held_by_a = lease::acquire(a, "doc", ttl).unwrap();
+    let fence_a = held_by_a.fence();
+    thread::sleep(ttl + Duration::from_millis(100)); // A pauses (GC, swap, a slow call)
+    let held_by_b =
+        lease::acquire(b, "doc", Duration::from_secs(30)).expect("the lease ran out: B takes it");
+    assert!(
+        held_by_b.fence() > fence_a,
+        "{:?} after {fence_a}",
+        held_by_b.fence()
+    );
+    write_body(data, fencing.then_some(held_by_b.fence()), "written by B").unwrap();
+    let written_by_a = write_body(data, fencing.then_some(fence_a), "written by A");
+    // A's release is a compare and delete: B's lease stays.
+    assert!(matches!(held_by_a.release(), Err(Error::LeaseLost)));
+    assert!(matches!(lease::acquire(a, "doc", ttl), Err(Error::Busy)));
+    drop(held_by_b);
+    written_by_a
+}
+
+fn without_fencing<S: LeaseStore, C: Docs>(a: &mut S, b: &mut S, data: &mut C) {
+    paused_holder_writes(a, b, data, false).unwrap();
+    assert_eq!(
+        data.body(),
+        "written by A",
+        "the naive baseline: A's late write lands over B's"
+    );
+}
+
+fn with_fencing<S: LeaseStore, C: Docs>(a: &mut S, b: &mut S, data: &mut C) {
+    let refused = paused_holder_writes(a, b, data, true).unwrap_err();
+    let Error::Fenced {
+        resource,
+        fence,
+        current,
+    } = &refused
+    else {
+        panic!("expected Error::Fenced, got {refused:?}");
+    };
+    assert_eq!(
+        (resource.as_str(), *fence + 1),
+        ("doc-1", *current),
+        "{refused}"
+    );
+    assert_eq!(data.body(), "written by B", "B's data stands");
+    assert_eq!(lockkit::etag::status_for(&refused), 409);
+}
+
+/// Exclusive while held, renewable, released by its owner only, fences growing.
+fn lifecycle<S: LeaseStore>(a: &mut S, b: &mut S) {
+    let ttl = Duration::from_millis(1000);
+    let mut first = lease::acquire(a, "job", ttl).unwrap();
+    let fence = first.fence();
+    assert!(matches!(lease::acquire(b, "job", ttl), Err(Error::Busy)));
+    // Renewed twice, it outlives its first TTL.
+    for _ in 0..2 {
+        thread::sleep(Duration::from_millis(600));
+        first.renew().unwrap();
+    }
+    assert!(matches!(lease::acquire(b, "job", ttl), Err(Error::Busy)));
+    first.release().unwrap();
+
+    let second = lease::acquire(b, "job", ttl).unwrap();
+    assert_eq!(second.fence(), Fence(fence.0 + 1));
+    assert!(matches!(lease::acquire(a, "job", ttl), Err(Error::Busy)));
+    drop(second); // released by the guard
+    let mut third = lease::acquire(a, "job", Duration::from_millis(50)).unwrap();
+    assert_eq!(third.fence(), Fence(fence.0 + 2));
+    // Past its TTL it cannot be renewed, even with nobody else holding it.
+    thread::sleep(Duration::from_millis(150));
+    assert!(matches!(third.renew(), Err(Error::LeaseLost)));
+    drop(third);
+
+    // Names are separate leases, compared exactly.
+    let upper = lease::acquire(a, "Job", ttl).unwrap();
+    let spaced = lease::acquire(b, "job ", ttl).unwrap();
+    assert_eq!((upper.fence(), spaced.fence()), (Fence(1), Fence(1)));
+    drop((upper, spaced));
+
+    // The closure form releases on every path.
+    let err = lease::with_lease(a, "job", ttl, |_| Err::<(), _>(Error::NoRowMatched)).unwrap_err();
+    assert!(matches!(err, Error::NoRowMatched));
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        lease::with_lease(a, "job", ttl, |_| -> Result<(), Error> {
+            panic!("in the work")
+        })
+    }));
+    assert!(panicked.is_err());
+    let fences = lease::with_lease(b, "job", ttl, |held| Ok::<_, Error>(held.fence())).unwrap();
+    assert_eq!(
+        fences,
+        Fence(fence.0 + 5),
+        "released after the error and the panic"
+    );
+
+    let long = "n".repeat(256);
+    for (name, ttl) in [
+        ("", ttl),
+        (long.as_str(), ttl),
+        ("a\0b", ttl),
+        ("job", Duration::ZERO),
+        ("job", Duration::MAX),
+    ] {
+        assert!(
+            matches!(lease::acquire(a, name, ttl), Err(Error::InvalidInput(_))),
+            "{name:?} {ttl:?}"
+        );
+    }
+}
+
+/// One holder's turn in [`contend`]: a fenced read of the counter, a pause (one
+/// in four past the TTL), a fenced write of the read plus one and the fence.
+/// Counts the writes that find a newer holder's fence in the row.
+fn read_pause_write<C: Docs>(
+    data: &mut C,
+    fence: Fence,
+    older_after_newer: &AtomicUsize,
+) -> Result<(), Error> {
+    let read = lease::fenced(data, "counter", fence, |conn| {
+        Ok::<_, Error>(conn.counter())
+    })?;
+    let pause = if fastrand::u8(0..4) == 0 {
+        40..70
+    } else {
+        0..10
+    };
+    thread::sleep(Duration::from_millis(fastrand::u64(pause)));
+    lease::fenced(data, "counter", fence, |conn| {
+        // What the data itself says: the last writer's fence.
+        if conn.last_fence() > fence.0 {
+            older_after_newer.fetch_add(1, Ordering::SeqCst);
+        }
+        let sql = format!(
+            "UPDATE docs SET counter = {}, last_fence = {} WHERE id = 1",
+            read + 1,
+            fence.0
+        );
+        Ok(conn.batch_execute(&sql)?)
+    })
+}
+
+/// Threads contend for one lease with a short TTL; each holder reads the counter
+/// through a fenced read, pauses for a random while (one in four past its
+/// TTL, so holders overlap), and writes back its read plus one through a fenced
+/// write, with its fence. The counter must end equal to the writes that landed,
+/// and no write may find a newer holder's fence in the row it overwrites.
+fn contend<S: LeaseStore, C: Docs>(store: impl Fn() -> S + Sync, data: impl Fn() -> C + Sync) {
+    const THREADS: usize = 6;
+    let ttl = Duration::from_millis(30);
+    let deadline = Instant::now() + Duration::from_millis(2500);
+    let landed = AtomicI64::new(0);
+    let refused = AtomicUsize::new(0);
+    let older_after_newer = AtomicUsize::new(0);
+    let believers = AtomicUsize::new(0);
+    let most_believers = AtomicUsize::new(0);
+    let others = Mutex::new(Vec::new());
+    thread::scope(|s| {
+        for _ in 0..THREADS {
+            s.spawn(|| {
+                let (mut store, mut data) = (store(), data());
+                while Instant::now() < deadline {
+                    let held = match lease::acquire(&mut store, "counter", ttl) {
+                        Ok(held) => held,
+                        Err(Error::Busy) => {
+                            thread::sleep(Duration::from_millis(fastrand::u64(1..4)));
+                            continue;
+                        }
+                        Err(err) => panic!("acquire: {err}"),
+                    };
+                    let now = believers.fetch_add(1, Ordering::SeqCst) + 1;
+                    most_believers.fetch_max(now, Ordering::SeqCst);
+                    let fence = held.fence();
+                    let outcome = read_pause_write(&mut data, fence, &older_after_newer);
+                    believers.fetch_sub(1, Ordering::SeqCst);
+                    drop(held);
+                    match outcome {
+                        Ok(()) => drop(landed.fetch_add(1, Ordering::SeqCst)),
+                        Err(Error::Fenced { .. }) => drop(refused.fetch_add(1, Ordering::SeqCst)),
+                        // SQLite's busy database, InnoDB's deadlocks: rolled back, nothing landed.
+                        Err(err) if err.is_retryable() => {
+                            others.lock().unwrap().push(err.to_string())
+                        }
+                        Err(err) => panic!("fenced: {err}"),
+                    }
+                }
+            });
+        }
+    });
+    let landed = landed.into_inner();
+    let counter = data().counter();
+    let (refused, most) = (refused.into_inner(), most_believers.into_inner());
+    eprintln!(
+        "landed {landed}, refused {refused}, at most {most} believed they held it, others {:?}",
+        others.lock().unwrap()
+    );
+    assert_eq!(
+        i64::from(counter),
+        landed,
+        "no write of a holder that overran its lease landed over a newer one"
+    );
+    assert_eq!(
+        older_after_newer.into_inner(),
+        0,
+        "a holder wrote after a newer holder had written"
+    );
+    assert!(landed >= 10, "landed {landed}");
+    assert!(
+        most >= 2,
+        "holders never overlapped: the test would prove nothing"
+    );
+    assert!(
+        refused > 0,
+        "no late write was refused: the test would prove nothing"
+    );
+}
+
+lockkit_tests::backend_tests! {
+    fn db_lease_without_fencing_a_paused_holder_overwrites_its_successor(db) {
+        setup(&mut db.connect(), BACKEND);
+        without_fencing(&mut db.connect(), &mut db.connect(), &mut db.connect());
+    }
+
+    fn db_lease_with_fencing_a_paused_holder_is_refused(db) {
+        setup(&mut db.connect(), BACKEND);
+        with_fencing(&mut db.connect(), &mut db.connect(), &mut db.connect());
+    }
+
+    fn db_lease_is_exclusive_renewable_and_released_by_its_owner_only(db) {
+        setup(&mut db.connect(), BACKEND);
+        lifecycle(&mut db.connect(), &mut db.connect());
+    }
+
+    fn db_lease_contending_holders_never_both_write(db) {
+        setup(&mut db.connect(), BACKEND);
+        contend(|| db.connect(), || db.connect());
+    }
+
+    fn redis_lease_without_fencing_a_paused_holder_overwrites_its_successor(db) {
+        setup(&mut db.connect(), BACKEND);
+        let redis = TestRedis::new(&format!("{BACKEND}_baseline"));
+        without_fencing(&mut redis.store(), &mut redis.store(), &mut db.connect());
+    }
+
+    fn redis_lease_with_fencing_a_paused_holder_is_refused(db) {
+        setup(&mut db.connect(), BACKEND);
+        let redis = TestRedis::new(&format!("{BACKEND}_fenced"));
+        with_fencing(&mut redis.store(), &mut redis.store(), &mut db.connect());
+    }
+
+    fn redis_lease_contending_holders_never_both_write(db) {
+        setup(&mut db.connect(), BACKEND);
+        let redis = TestRedis::new(&format!("{BACKEND}_contend"));
+        contend(|| redis.store(), || db.connect());
+    }
+
+    fn redis_restart_without_persistence_stalls_fenced_writes_until_the_fence_is_raised(db) {
+        use lockkit::lease::redis::client::Commands;
+        let mut data = db.connect();
+        setup(&mut data, BACKEND);
+        let redis = TestRedis::new(&format!("{BACKEND}_restart"));
+        let mut store = redis.store();
+        for _ in 0..3 {
+            let held = lease::acquire(&mut store, "doc", Duration::from_secs(30)).unwrap();
+            write_body(&mut data, Some(held.fence()), "before the restart").unwrap();
+        }
+        // A restart of a Redis that keeps nothing: both keys are gone.
+        let mut conn = client(&redis);
+        let _: i64 = conn.del(&[store.lease_key("doc"), store.fence_key("doc")]).unwrap();
+        let held = lease::acquire(&mut store, "doc", Duration::from_secs(30)).unwrap();
+        assert_eq!(held.fence(), Fence(1), "the counter starts again");
+        let stalled = write_body(&mut data, Some(held.fence()), "after the restart");
+        assert!(matches!(stalled, Err(Error::Fenced { current: 3, .. })), "{stalled:?}");
+        held.release().unwrap();
+        // The way back: raise the counter past what the fences table has seen.
+        let seen: i64 = diesel::dsl::sql::<diesel::sql_types::BigInt>("SELECT MAX(fence) FROM lockkit_fences")
+            .get_result(&mut data)
+            .unwrap();
+        store.raise_fence("doc", Fence(seen)).unwrap();
+        let held = lease::acquire(&mut store, "doc", Duration::from_secs(30)).unwrap();
+        assert_eq!(held.fence(), Fence(4));
+        write_body(&mut data, Some(held.fence()), "after the restart").unwrap();
+        assert_eq!(data.body(), "after the restart");
+    }
+
+    fn db_lease_is_refused_inside_a_transaction(db) {
+        setup(&mut db.connect(), BACKEND);
+        let mut conn = db.connect();
+        let inside = conn.transaction(|conn| match lease::acquire(conn, "job", Duration::from_secs(1)) {
+            Err(err) => Err(err),
+            Ok(_) => Ok(()),
+        });
+        assert!(matches!(inside, Err(Error::AlreadyInTransaction)), "{inside:?}");
+        let mut held = lease::acquire(&mut conn, "job", Duration::from_secs(5)).unwrap();
+        assert_eq!(held.fence(), Fence(1), "nothing was granted inside");
+        // The guard derefs to the connection: a transaction opened on it.
+        use diesel::connection::{AnsiTransactionManager, TransactionManager};
+        AnsiTransactionManager::begin_transaction(&mut *held).unwrap();
+        assert!(matches!(held.renew(), Err(Error::AlreadyInTransaction)));
+        AnsiTransactionManager::rollback_transaction(&mut *held).unwrap();
+        held.renew().unwrap();
+    }
+
+    fn fenced_writes_roll_back_with_their_work_and_take_hostile_names(db) {
+        let mut conn = db.connect();
+        setup(&mut conn, BACKEND);
+        let hostile = "'; DROP TABLE lockkit_fences; --";
+        // Work that fails records no fence.
+        let failed = lease::fenced(&mut conn, hostile, Fence(9), |conn| {
+            conn.batch_execute("UPDATE docs SET counter = 99 WHERE id = 1")?;
+            Err::<(), _>(Error::NoRowMatched)
+        });
+        assert!(matches!(failed, Err(Error::NoRowMatched)));
+        assert_eq!(conn.counter(), 0);
+        lease::fenced(&mut conn, hostile, Fence(3), |_| Ok::<_, Error>(())).unwrap();
+        let refused = lease::fenced(&mut conn, hostile, Fence(2), |_| -> Result<(), Error> { panic!("must not run") });
+        assert!(matches!(refused, Err(Error::Fenced { fence: 2, current: 3, .. })), "{refused:?}");
+        // Another resource has fences of its own; a pooled connection works too.
+        lease::fenced(&mut db.conn(), "other", Fence(1), |_| Ok::<_, Error>(())).unwrap();
+        let held = lease::acquire(&mut conn, hostile, Duration::from_secs(5)).unwrap();
+        assert_eq!(held.fence(), Fence(1));
+        drop(held);
+        assert!(matches!(lease::fenced(&mut conn, "", Fence(1), |_| Ok::<_, Error>(())), Err(Error::InvalidInput(_))));
+        exec(&mut conn, "SELECT COUNT(*) FROM lockkit_fences");
+    }
+}
+
+/// A plain Redis connection to the test's server.
+fn client(redis: &TestRedis) -> lockkit::lease::redis::client::Connection {
+    let client = lockkit::lease::redis::client::Client::open(redis.url.as_str()).unwrap();
+    client.get_connection().unwrap()
+}
+
+#[test]
+fn redis_lease_is_exclusive_renewable_and_released_by_its_owner_only() {
+    let redis = TestRedis::new("redis_lifecycle");
+    lifecycle(&mut redis.store(), &mut redis.store());
+}
+
+#[test]
+fn redis_keys_are_the_documented_ones_and_the_fence_outlives_the_lease() {
+    use lockkit::lease::redis::client::Commands;
+    let redis = TestRedis::new("redis_keys");
+    let mut store = redis.store();
+    let held = lease::acquire(&mut store, "report", Duration::from_secs(10)).unwrap();
+    let token = held.token().to_owned();
+    drop(held);
+    let lease_key = format!("{}lease:report", redis.prefix);
+    let fence_key = format!("{}fence:report", redis.prefix);
+    assert_eq!(
+        (store.lease_key("report"), store.fence_key("report")),
+        (lease_key.clone(), fence_key.clone())
+    );
+    let mut conn = client(&redis);
+    let held_now: Option<String> = conn.get(&lease_key).unwrap();
+    assert_eq!(held_now, None, "released: the lease key is gone");
+    let fence: i64 = conn.get(&fence_key).unwrap();
+    assert_eq!(fence, 1, "the fence counter stays");
+    assert_eq!(token.len(), 32);
+
+    // A restart without persistence forgets the counter; raise_fence brings it back.
+    let _: i64 = conn.del(&fence_key).unwrap();
+    assert_eq!(store.raise_fence("report", Fence(41)).unwrap(), Fence(41));
+    assert_eq!(
+        store.raise_fence("report", Fence(7)).unwrap(),
+        Fence(41),
+        "never lowered"
+    );
+    let held = lease::acquire(&mut store, "report", Duration::from_secs(10)).unwrap();
+    assert_eq!(held.fence(), Fence(42));
+    let ttl: i64 = conn.pttl(&lease_key).unwrap();
+    assert!((1..=10_000).contains(&ttl), "PX ttl {ttl}");
+}
+
+#[test]
+fn docs_sql_md_lists_the_redis_scripts_lockkit_sends() {
+    use lockkit::lease::redis::{ACQUIRE_LUA, RAISE_FENCE_LUA, RELEASE_LUA, RENEW_LUA};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/SQL.md");
+    let docs = std::fs::read_to_string(path).unwrap();
+    let redis = docs
+        .split("## redis")
+        .nth(1)
+        .expect("docs/SQL.md has a redis section");
+    for script in [ACQUIRE_LUA, RENEW_LUA, RELEASE_LUA, RAISE_FENCE_LUA] {
+        assert!(redis.contains(script), "docs/SQL.md lacks:\n{script}");
+    }
+}
