@@ -354,7 +354,8 @@ struct RawLegacy {
 
 diesel::table! {
     /// lockkit's idempotency table (its migration creates it), to read it back.
-    lockkit_idempotency_keys (idempotency_key) {
+    lockkit_idempotency_keys (principal, idempotency_key) {
+        principal -> Text,
         idempotency_key -> Text,
         fingerprint -> Text,
         response -> Nullable<Text>,
@@ -649,19 +650,21 @@ mod all {
             let keys = Idempotency::default();
             for (n, key) in HOSTILE.iter().enumerate() {
                 let fingerprint = HOSTILE[(n + 1) % HOSTILE.len()];
+                let principal = HOSTILE[(n + 2) % HOSTILE.len()];
                 let response = format!("201 {key}");
-                let ran = keys.run(&mut conn, key, fingerprint, |conn| {
+                let ran = keys.run(&mut conn, principal, key, fingerprint, |conn| {
                     diesel::update(items::table.find(1)).set(items::stock.eq(items::stock - 1)).execute(conn)?;
                     Ok::<_, Error>(response.clone())
                 });
                 assert_eq!(ran.unwrap(), Outcome::Ran(response.clone()), "{key}");
-                let again = keys.run(&mut conn, key, fingerprint, |_| -> Result<String, Error> { panic!("ran twice: {key}") });
+                let again = keys.run(&mut conn, principal, key, fingerprint, |_| -> Result<String, Error> { panic!("ran twice: {key}") });
                 assert_eq!(again.unwrap(), Outcome::Replayed(response.clone()));
-                let reused = keys.run(&mut conn, key, "POST /other", |_| -> Result<String, Error> { panic!("ran: {key}") });
+                let reused = keys.run(&mut conn, principal, key, "POST /other", |_| -> Result<String, Error> { panic!("ran: {key}") });
                 assert!(matches!(reused, Err(Error::IdempotencyKeyReused)), "{reused:?}");
-                let stored: (String, String, Option<String>) = lockkit_idempotency_keys::table
+                let stored: (String, String, String, Option<String>) = lockkit_idempotency_keys::table
                     .filter(lockkit_idempotency_keys::idempotency_key.eq(key))
                     .select((
+                        lockkit_idempotency_keys::principal,
                         lockkit_idempotency_keys::idempotency_key,
                         lockkit_idempotency_keys::fingerprint,
                         lockkit_idempotency_keys::response,
@@ -670,7 +673,7 @@ mod all {
                     .unwrap();
                 // The response is stored as JSON: a string is quoted, the rest verbatim.
                 let json = serde_json::to_string(&response).unwrap();
-                assert_eq!(stored, (key.to_string(), fingerprint.to_owned(), Some(json)));
+                assert_eq!(stored, (principal.to_owned(), key.to_string(), fingerprint.to_owned(), Some(json)));
             }
             let stored = lockkit_idempotency_keys::table.count().get_result::<i64>(&mut conn).unwrap();
             assert_eq!(stored, HOSTILE.len() as i64);
@@ -679,7 +682,7 @@ mod all {
 
             // The limits, checked before anything is sent: 1 to 255 characters, no NUL.
             let longest = "\u{e9}".repeat(255); // 510 bytes, 255 characters
-            let ran = keys.run(&mut conn, &longest, &longest, |_| Ok::<_, lockkit::Error>("ok".to_owned())).unwrap();
+            let ran = keys.run(&mut conn, &longest, &longest, &longest, |_| Ok::<_, lockkit::Error>("ok".to_owned())).unwrap();
             assert_eq!(ran, Outcome::Ran("ok".to_owned()));
             for (key, fingerprint) in [
                 ("", "fp"),
@@ -688,11 +691,16 @@ mod all {
                 ("nul\0'); DROP TABLE items; --", "fp"),
                 ("k", "nul\0"),
             ] {
-                let refused = keys.run(&mut conn, key, fingerprint, |_| -> Result<String, Error> { panic!("ran") });
+                let refused = keys.run(&mut conn, "tenant-1", key, fingerprint, |_| -> Result<String, Error> { panic!("ran") });
                 assert!(matches!(refused, Err(Error::InvalidInput(_))), "{key:?} {fingerprint:?}: {refused:?}");
             }
+            // The same limits for principals.
+            for principal in ["", &"\u{e9}".repeat(256)[..], "nul\0'); DROP TABLE items; --"] {
+                let refused = keys.run(&mut conn, principal, "k", "fp", |_| -> Result<String, Error> { panic!("ran") });
+                assert!(matches!(refused, Err(Error::InvalidInput(_))), "{principal:?}: {refused:?}");
+            }
             // An empty fingerprint is allowed (the key alone names the request).
-            let ran = keys.run(&mut conn, "no fingerprint", "", |_| Ok::<_, lockkit::Error>("ok".to_owned())).unwrap();
+            let ran = keys.run(&mut conn, "tenant-1", "no fingerprint", "", |_| Ok::<_, lockkit::Error>("ok".to_owned())).unwrap();
             assert_eq!(ran, Outcome::Ran("ok".to_owned()));
             assert_intact!(&mut conn, items: 1);
         }
@@ -831,7 +839,7 @@ macro_rules! exact_idempotency_keys {
             conn.run_pending_migrations(idempotency_migrations($backend)).unwrap();
             let keys = Idempotency::default();
             for key in ["order-abc", "ORDER-ABC", "Order-Abc", "order-abc ", "order-abc  "] {
-                let ran = keys.run(&mut conn, key, "POST /orders", |_| Ok::<_, lockkit::Error>(format!("201 {key}"))).unwrap();
+                let ran = keys.run(&mut conn, "tenant-1", key, "POST /orders", |_| Ok::<_, lockkit::Error>(format!("201 {key}"))).unwrap();
                 assert_eq!(ran, Outcome::Ran(format!("201 {key}")), "{key:?} is a key of its own");
             }
         }

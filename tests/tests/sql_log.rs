@@ -193,10 +193,10 @@ lockkit_tests::backend_tests! {
         )
         .unwrap();
 
-        log.section("Idempotency::default().run(&mut conn, \"order-1\", \"POST /orders\", ..) twice: run, then replay");
+        log.section("Idempotency::default().run(&mut conn, \"tenant-1\", \"order-1\", \"POST /orders\", ..) twice: run, then replay");
         let keys = lockkit::idempotency::Idempotency::default();
-        keys.run(&mut conn, "order-1", "POST /orders", |_| Ok::<_, lockkit::Error>("201".to_owned())).unwrap();
-        keys.run(&mut conn, "order-1", "POST /orders", |_| Ok::<_, lockkit::Error>("201".to_owned())).unwrap();
+        keys.run(&mut conn, "tenant-1", "order-1", "POST /orders", |_| Ok::<_, lockkit::Error>("201".to_owned())).unwrap();
+        keys.run(&mut conn, "tenant-1", "order-1", "POST /orders", |_| Ok::<_, lockkit::Error>("201".to_owned())).unwrap();
 
         ServerStatements::run(&mut conn, &log);
 
