@@ -204,6 +204,61 @@ pub fn fingerprint(method: &str, path: &str, body: &[u8]) -> String {
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
+/// The key of an `Idempotency-Key` header value: a structured-field string
+/// (`"8e03978e-40d5"`, as the IETF draft writes it, with `\"` and `\\` escapes) or
+/// a bare token (`8e03978e-40d5`, as Stripe's clients send it). The axum
+/// extractor [`IdempotencyKey`](crate::axum::IdempotencyKey) reads it this way.
+///
+/// ```
+/// use lockkit::idempotency::key_from_header;
+/// assert_eq!(key_from_header(b"\"order-42\"").unwrap(), "order-42");
+/// assert_eq!(key_from_header(b" order-42 ").unwrap(), "order-42");
+/// assert_eq!(key_from_header(b"\"a \\\"b\\\"\"").unwrap(), "a \"b\"");
+/// assert!(key_from_header(b"").is_err());
+/// assert!(key_from_header(b"two words").is_err());
+/// assert!(key_from_header(b"\"unterminated").is_err());
+/// ```
+///
+/// # Errors
+///
+/// [`Error::InvalidInput`] (`400`) when the value is empty, has characters
+/// outside visible ASCII (and spaces, inside quotes), is not one string or
+/// token, or is longer than [`MAX_LEN`].
+pub fn key_from_header(value: &[u8]) -> Result<String, Error> {
+    const MALFORMED: Error = Error::InvalidInput(
+        "the Idempotency-Key header must be one quoted string or token of 1 to 255 visible ASCII characters",
+    );
+    let value = value.trim_ascii();
+    let key = match value.strip_prefix(b"\"") {
+        Some(quoted) => {
+            let mut key = String::new();
+            let mut bytes = quoted.iter();
+            loop {
+                match bytes.next() {
+                    Some(b'"') if bytes.as_slice().is_empty() => break key,
+                    Some(b'\\') => match bytes.next() {
+                        Some(&escaped @ (b'"' | b'\\')) => key.push(char::from(escaped)),
+                        _ => return Err(MALFORMED),
+                    },
+                    Some(&byte @ b' '..=b'~') if byte != b'"' => key.push(char::from(byte)),
+                    _ => return Err(MALFORMED),
+                }
+            }
+        }
+        None if value
+            .iter()
+            .all(|byte| (b'!'..=b'~').contains(byte) && *byte != b'"') =>
+        {
+            value.iter().map(|&byte| char::from(byte)).collect()
+        }
+        None => return Err(MALFORMED),
+    };
+    if key.is_empty() || key.len() > MAX_LEN {
+        return Err(MALFORMED);
+    }
+    Ok(key)
+}
+
 /// What [`Idempotency::run`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -435,8 +490,12 @@ pub trait IdempotencyStore: diesel::Connection + crate::sealed::Sealed + Sized {
     #[doc(hidden)]
     fn load(conn: &mut Self, key: Scoped<'_>) -> Result<Option<StoredKey>, Error>;
     #[doc(hidden)]
-    fn take_over(conn: &mut Self, key: Scoped<'_>, seen_started_at: i64, now: i64)
-        -> Result<bool, Error>;
+    fn take_over(
+        conn: &mut Self,
+        key: Scoped<'_>,
+        seen_started_at: i64,
+        now: i64,
+    ) -> Result<bool, Error>;
     #[doc(hidden)]
     fn finish(
         conn: &mut Self,
