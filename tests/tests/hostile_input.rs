@@ -1,8 +1,8 @@
 //! Hostile input: everything lockkit takes from a caller, fed with what an
 //! attacker or a broken client would send.
 //!
-//! * Parsers, fuzzed with proptest (no database): the `If-Match` / ETag parser
-//!   never panics and round-trips, the version-trigger identifier check accepts
+//! * Parsers, fuzzed with proptest (no database): the `If-Match` / ETag parser,
+//!   bound ETags and the `Idempotency-Key` header never panic and round-trip, the version-trigger identifier check accepts
 //!   exactly the plain identifiers it documents, advisory-lock names always hash to
 //!   the same short name, lock timeouts are clamped.
 //! * SQL-injection strings through every value lockkit sends to a database:
@@ -23,7 +23,8 @@ use diesel::prelude::*;
 use diesel_migrations::MigrationHarness;
 use lockkit::advisory::AdvisoryKey;
 use lockkit::etag::{self, ETag, EntityTag, Expected, IfMatch, IfMatchError};
-use lockkit::idempotency::{Idempotency, Outcome};
+use lockkit::etag::{ETagSecret, MIN_SECRET_LEN};
+use lockkit::idempotency::{self, Idempotency, Outcome};
 use lockkit::prelude::*;
 use lockkit::version_trigger::{self, Dialect};
 use lockkit::{CurrentState, Error, LockOptions, StaleObjectError};
@@ -232,6 +233,62 @@ proptest! {
             expected_from(versions.iter().filter_map(fitting).collect()),
             "{}", header
         );
+    }
+
+    #[test]
+    fn bound_tags_never_panic_and_fit_only_their_resource_and_version(
+        header in header_like(),
+        garbage in any::<String>(),
+        key in any::<String>(),
+        other_key in any::<String>(),
+        v in any::<i64>(),
+        w in any::<i64>(),
+        flip in any::<prop::sample::Index>(),
+    ) {
+        let secret = ETagSecret::new(&[7; MIN_SECRET_LEN]).unwrap();
+        let tags = secret.resource("items", &key);
+        // Hostile headers: parse, check, compare; never a panic, never a match
+        // (the chance of hitting a 128-bit MAC is nil).
+        for header in [&header, &garbage] {
+            if let Ok(parsed) = header.parse::<IfMatch>() {
+                if parsed != IfMatch::Any {
+                    prop_assert_eq!(tags.expected(&parsed, v), Err(IfMatchError::NoMatch), "{}", header);
+                    prop_assert!(!tags.not_modified(&parsed, v));
+                }
+            }
+        }
+        // The tag of (key, v) reads back as v for that resource only.
+        let tag = tags.etag(v).to_string();
+        let sent: IfMatch = tag.parse().unwrap();
+        prop_assert_eq!(tags.expected(&sent, v), Ok(Expected::Version(v)));
+        prop_assert_eq!(etag::expected_version::<i64>(Some(&tag)), Err(IfMatchError::NoMatch), "not a plain tag");
+        if w != v {
+            prop_assert_eq!(tags.expected(&sent, w), Err(IfMatchError::NoMatch));
+        }
+        if other_key != key {
+            prop_assert_eq!(secret.resource("items", &other_key).expected(&sent, v), Err(IfMatchError::NoMatch));
+        }
+        prop_assert_eq!(secret.resource("orders", &key).expected(&sent, v), Err(IfMatchError::NoMatch));
+        // One hex digit changed: another tag, refused.
+        let opaque = tags.etag(v).opaque().to_owned();
+        let at = flip.index(opaque.len());
+        let digit = opaque.as_bytes()[at];
+        let changed = if digit == b'0' { '1' } else { '0' };
+        let mut altered = opaque.clone();
+        altered.replace_range(at..=at, &changed.to_string());
+        let altered: IfMatch = format!("\"{altered}\"").parse().unwrap();
+        prop_assert_eq!(tags.expected(&altered, v), Err(IfMatchError::NoMatch));
+    }
+
+    #[test]
+    fn idempotency_key_headers_never_panic_and_round_trip(raw in any::<Vec<u8>>(), key in "[ -~]{1,255}") {
+        if let Ok(read) = idempotency::key_from_header(&raw) {
+            prop_assert!(!read.is_empty() && read.len() <= idempotency::MAX_LEN);
+            prop_assert!(read.bytes().all(|b| (b' '..=b'~').contains(&b)), "{:?}", read);
+        }
+        // Any visible-ASCII key, written as a structured-field string, reads back.
+        let quoted = format!("\"{}\"", key.replace('\\', "\\\\").replace('"', "\\\""));
+        prop_assert_eq!(idempotency::key_from_header(quoted.as_bytes()).ok(), Some(key.clone()));
     }
 
     #[test]
