@@ -1,4 +1,4 @@
-//! axum glue for [`etag`] (feature `axum`).
+//! axum glue for [`etag`](crate::etag) (feature `axum`).
 //!
 //! * [`IfMatchVersion<V>`]: an extractor that reads `If-Match` into the
 //!   [`Expected`] version, or refuses the request with `428`, `400` or `412` and a
@@ -7,7 +7,7 @@
 //! * [`IfMatchVersion::apply`]: runs a version-checked write for any `If-Match`
 //!   (one tag, a list of tags, or `*`).
 //! * [`HttpError`]: wraps a [`lockkit::Error`](crate::Error) as a response: the
-//!   status of [`status_for`](etag::status_for), the [`Problem`] as
+//!   status of [`status_for`](crate::etag::status_for), the [`Problem`] as
 //!   `application/problem+json`, and an `ETag` header with the current version
 //!   when the error knows it.
 //! * [`ETag`] is a response part: return `(ETag::from_version(v), body)` to set the
@@ -105,7 +105,7 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderValue, StatusCode};
 
 use crate::etag::{
-    self, BoundETag, ETag, Expected, IfMatch, IfMatchError, Problem, ResourceTags, VersionIn,
+    BoundETag, ETag, Expected, IfMatch, IfMatchError, Problem, ResourceTags, VersionIn,
 };
 use crate::{Error, VersionNumber};
 
@@ -124,6 +124,9 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 ///
 /// `V` is the model's version type (`i16`, `i32`, `i64`): a tag too large for it
 /// names no version and can never match.
+///
+/// For resource-bound, opaque tags ([`ETagSecret`](crate::etag::ETagSecret)),
+/// whose version the header cannot tell, extract [`IfMatchTags`] instead.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IfMatchVersion<V>(pub Expected<V>);
 
@@ -309,7 +312,7 @@ impl IfNoneMatch {
     pub fn not_modified(&self, current: ETag) -> bool {
         self.0
             .as_ref()
-            .is_some_and(|header| etag::not_modified(Some(&header.to_string()), current))
+            .is_some_and(|header| header.contains_weakly(&current.opaque()))
     }
 
     /// Whether the client's copy is the resource at version `current`, for bound
@@ -550,7 +553,7 @@ mod tests {
     use http::Request;
 
     use super::*;
-    use crate::etag::ANY_MATCH_ATTEMPTS;
+    use crate::etag::{self, ANY_MATCH_ATTEMPTS};
     use crate::CurrentState;
     use crate::{Operation, StaleObjectError};
 

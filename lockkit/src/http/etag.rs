@@ -81,7 +81,7 @@ impl FromStr for ETag {
 
 impl ETag {
     /// The tag without quotes: `v7`.
-    fn opaque(self) -> String {
+    pub(crate) fn opaque(self) -> String {
         format!("v{}", self.0)
     }
 }
