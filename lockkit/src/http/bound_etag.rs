@@ -146,12 +146,7 @@ impl ResourceTags {
 
     pub(crate) fn etag_of(&self, version: i64) -> BoundETag {
         let mac = self.mac_of(version).finalize().into_bytes();
-        let mut hex = String::with_capacity(2 * TAG_BYTES);
-        for byte in &mac[..TAG_BYTES] {
-            hex.push(char::from(HEX[usize::from(byte >> 4)]));
-            hex.push(char::from(HEX[usize::from(byte & 0xf)]));
-        }
-        BoundETag(hex)
+        BoundETag(super::hex(&mac[..TAG_BYTES]))
     }
 
     /// Whether `opaque` (a tag without quotes) is this resource's tag at
@@ -234,8 +229,6 @@ impl ResourceTags {
         problem
     }
 }
-
-const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// A lowercase hex digit's value (tags are made lowercase; anything else is not
 /// one of ours).

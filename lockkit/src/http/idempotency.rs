@@ -193,16 +193,8 @@ pub fn fingerprint(method: &str, path: &str, body: &[u8]) -> String {
         hash.update((part.len() as u64).to_be_bytes());
         hash.update(part);
     }
-    let mut out = String::with_capacity(71);
-    out.push_str("sha256:");
-    for byte in hash.finalize() {
-        out.push(char::from(HEX[usize::from(byte >> 4)]));
-        out.push(char::from(HEX[usize::from(byte & 0xf)]));
-    }
-    out
+    format!("sha256:{}", super::hex(&hash.finalize()))
 }
-
-const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// The key of an `Idempotency-Key` header value: a structured-field string
 /// (`"8e03978e-40d5"`, as the IETF draft writes it, with `\"` and `\\` escapes) or
