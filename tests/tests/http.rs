@@ -32,27 +32,23 @@ use lockkit_tests::schema::items;
 use lockkit_tests::{idempotency_migrations, seed_items};
 use serde_json::{json, Value};
 
-/// A router served on its own tokio runtime at 127.0.0.1 on a free port.
+/// A router served on its own tokio runtime at 127.0.0.1 on a free port; dropping
+/// it stops the server.
 struct Server {
     base: String,
-    runtime: Option<tokio::runtime::Runtime>,
+    _runtime: tokio::runtime::Runtime,
 }
 
 impl Server {
     fn start(app: Router) -> Server {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("tokio runtime");
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .expect("bind 127.0.0.1:0");
+        let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+        let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"));
+        let listener = listener.expect("bind 127.0.0.1:0");
         let base = format!("http://{}", listener.local_addr().expect("address"));
         runtime.spawn(async move { axum::serve(listener, app).await });
         Server {
             base,
-            runtime: Some(runtime),
+            _runtime: runtime,
         }
     }
 
@@ -85,14 +81,6 @@ impl Server {
             etag,
             retry_after,
             body: serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_timeout(Duration::from_secs(5));
         }
     }
 }
