@@ -184,7 +184,7 @@ done
 # A loop over `cargo clippy` (dependencies are shared with the run below) rather
 # than cargo-hack, which would have to be compiled first.
 log "lockkit: each feature alone and the usual combinations"
-for features in "" derive postgres mysql sqlite r2d2 idempotency idempotency-migrations \
+for features in "" derive postgres mysql sqlite r2d2 idempotency idempotency-migrations bound-etags \
   metrics serde axum postgres,r2d2 mysql,r2d2 sqlite,r2d2 postgres,idempotency \
   sqlite,idempotency-migrations postgres,axum,metrics uuid postgres,uuid \
   lease lease-migrations redis postgres,lease mysql,lease-migrations sqlite,redis; do

@@ -1,8 +1,8 @@
 //! Hostile input: everything lockkit takes from a caller, fed with what an
 //! attacker or a broken client would send.
 //!
-//! * Parsers, fuzzed with proptest (no database): the `If-Match` / ETag parser
-//!   never panics and round-trips, the version-trigger identifier check accepts
+//! * Parsers, fuzzed with proptest (no database): the `If-Match` / ETag parser,
+//!   bound ETags and the `Idempotency-Key` header never panic and round-trip, the version-trigger identifier check accepts
 //!   exactly the plain identifiers it documents, advisory-lock names always hash to
 //!   the same short name, lock timeouts are clamped.
 //! * SQL-injection strings through every value lockkit sends to a database:
@@ -23,7 +23,8 @@ use diesel::prelude::*;
 use diesel_migrations::MigrationHarness;
 use lockkit::advisory::AdvisoryKey;
 use lockkit::etag::{self, ETag, EntityTag, Expected, IfMatch, IfMatchError};
-use lockkit::idempotency::{Idempotency, Outcome};
+use lockkit::etag::{ETagSecret, MIN_SECRET_LEN};
+use lockkit::idempotency::{self, Idempotency, Outcome};
 use lockkit::prelude::*;
 use lockkit::version_trigger::{self, Dialect};
 use lockkit::{CurrentState, Error, LockOptions, StaleObjectError};
@@ -235,6 +236,62 @@ proptest! {
     }
 
     #[test]
+    fn bound_tags_never_panic_and_fit_only_their_resource_and_version(
+        header in header_like(),
+        garbage in any::<String>(),
+        key in any::<String>(),
+        other_key in any::<String>(),
+        v in any::<i64>(),
+        w in any::<i64>(),
+        flip in any::<prop::sample::Index>(),
+    ) {
+        let secret = ETagSecret::new(&[7; MIN_SECRET_LEN]).unwrap();
+        let tags = secret.resource("items", &key);
+        // Hostile headers: parse, check, compare; never a panic, never a match
+        // (the chance of hitting a 128-bit MAC is nil).
+        for header in [&header, &garbage] {
+            if let Ok(parsed) = header.parse::<IfMatch>() {
+                if parsed != IfMatch::Any {
+                    prop_assert_eq!(tags.expected(&parsed, v), Err(IfMatchError::NoMatch), "{}", header);
+                    prop_assert!(!tags.not_modified(&parsed, v));
+                }
+            }
+        }
+        // The tag of (key, v) reads back as v for that resource only.
+        let tag = tags.etag(v).to_string();
+        let sent: IfMatch = tag.parse().unwrap();
+        prop_assert_eq!(tags.expected(&sent, v), Ok(Expected::Version(v)));
+        prop_assert_eq!(etag::expected_version::<i64>(Some(&tag)), Err(IfMatchError::NoMatch), "not a plain tag");
+        if w != v {
+            prop_assert_eq!(tags.expected(&sent, w), Err(IfMatchError::NoMatch));
+        }
+        if other_key != key {
+            prop_assert_eq!(secret.resource("items", &other_key).expected(&sent, v), Err(IfMatchError::NoMatch));
+        }
+        prop_assert_eq!(secret.resource("orders", &key).expected(&sent, v), Err(IfMatchError::NoMatch));
+        // One hex digit changed: another tag, refused.
+        let opaque = tags.etag(v).opaque().to_owned();
+        let at = flip.index(opaque.len());
+        let digit = opaque.as_bytes()[at];
+        let changed = if digit == b'0' { '1' } else { '0' };
+        let mut altered = opaque.clone();
+        altered.replace_range(at..=at, &changed.to_string());
+        let altered: IfMatch = format!("\"{altered}\"").parse().unwrap();
+        prop_assert_eq!(tags.expected(&altered, v), Err(IfMatchError::NoMatch));
+    }
+
+    #[test]
+    fn idempotency_key_headers_never_panic_and_round_trip(raw in any::<Vec<u8>>(), key in "[ -~]{1,255}") {
+        if let Ok(read) = idempotency::key_from_header(&raw) {
+            prop_assert!(!read.is_empty() && read.len() <= idempotency::MAX_LEN);
+            prop_assert!(read.bytes().all(|b| (b' '..=b'~').contains(&b)), "{:?}", read);
+        }
+        // Any visible-ASCII key, written as a structured-field string, reads back.
+        let quoted = format!("\"{}\"", key.replace('\\', "\\\\").replace('"', "\\\""));
+        prop_assert_eq!(idempotency::key_from_header(quoted.as_bytes()).ok(), Some(key.clone()));
+    }
+
+    #[test]
     fn the_trigger_accepts_exactly_plain_identifiers(table in identifier_like(), column in identifier_like()) {
         let valid = plain_identifier(&table) && plain_identifier(&column);
         for dialect in [Dialect::Postgres, Dialect::Mysql, Dialect::Sqlite] {
@@ -354,7 +411,8 @@ struct RawLegacy {
 
 diesel::table! {
     /// lockkit's idempotency table (its migration creates it), to read it back.
-    lockkit_idempotency_keys (idempotency_key) {
+    lockkit_idempotency_keys (principal, idempotency_key) {
+        principal -> Text,
         idempotency_key -> Text,
         fingerprint -> Text,
         response -> Nullable<Text>,
@@ -649,19 +707,21 @@ mod all {
             let keys = Idempotency::default();
             for (n, key) in HOSTILE.iter().enumerate() {
                 let fingerprint = HOSTILE[(n + 1) % HOSTILE.len()];
+                let principal = HOSTILE[(n + 2) % HOSTILE.len()];
                 let response = format!("201 {key}");
-                let ran = keys.run(&mut conn, key, fingerprint, |conn| {
+                let ran = keys.run(&mut conn, principal, key, fingerprint, |conn| {
                     diesel::update(items::table.find(1)).set(items::stock.eq(items::stock - 1)).execute(conn)?;
                     Ok::<_, Error>(response.clone())
                 });
                 assert_eq!(ran.unwrap(), Outcome::Ran(response.clone()), "{key}");
-                let again = keys.run(&mut conn, key, fingerprint, |_| -> Result<String, Error> { panic!("ran twice: {key}") });
+                let again = keys.run(&mut conn, principal, key, fingerprint, |_| -> Result<String, Error> { panic!("ran twice: {key}") });
                 assert_eq!(again.unwrap(), Outcome::Replayed(response.clone()));
-                let reused = keys.run(&mut conn, key, "POST /other", |_| -> Result<String, Error> { panic!("ran: {key}") });
+                let reused = keys.run(&mut conn, principal, key, "POST /other", |_| -> Result<String, Error> { panic!("ran: {key}") });
                 assert!(matches!(reused, Err(Error::IdempotencyKeyReused)), "{reused:?}");
-                let stored: (String, String, Option<String>) = lockkit_idempotency_keys::table
+                let stored: (String, String, String, Option<String>) = lockkit_idempotency_keys::table
                     .filter(lockkit_idempotency_keys::idempotency_key.eq(key))
                     .select((
+                        lockkit_idempotency_keys::principal,
                         lockkit_idempotency_keys::idempotency_key,
                         lockkit_idempotency_keys::fingerprint,
                         lockkit_idempotency_keys::response,
@@ -670,7 +730,7 @@ mod all {
                     .unwrap();
                 // The response is stored as JSON: a string is quoted, the rest verbatim.
                 let json = serde_json::to_string(&response).unwrap();
-                assert_eq!(stored, (key.to_string(), fingerprint.to_owned(), Some(json)));
+                assert_eq!(stored, (principal.to_owned(), key.to_string(), fingerprint.to_owned(), Some(json)));
             }
             let stored = lockkit_idempotency_keys::table.count().get_result::<i64>(&mut conn).unwrap();
             assert_eq!(stored, HOSTILE.len() as i64);
@@ -679,7 +739,7 @@ mod all {
 
             // The limits, checked before anything is sent: 1 to 255 characters, no NUL.
             let longest = "\u{e9}".repeat(255); // 510 bytes, 255 characters
-            let ran = keys.run(&mut conn, &longest, &longest, |_| Ok::<_, lockkit::Error>("ok".to_owned())).unwrap();
+            let ran = keys.run(&mut conn, &longest, &longest, &longest, |_| Ok::<_, lockkit::Error>("ok".to_owned())).unwrap();
             assert_eq!(ran, Outcome::Ran("ok".to_owned()));
             for (key, fingerprint) in [
                 ("", "fp"),
@@ -688,11 +748,16 @@ mod all {
                 ("nul\0'); DROP TABLE items; --", "fp"),
                 ("k", "nul\0"),
             ] {
-                let refused = keys.run(&mut conn, key, fingerprint, |_| -> Result<String, Error> { panic!("ran") });
+                let refused = keys.run(&mut conn, "tenant-1", key, fingerprint, |_| -> Result<String, Error> { panic!("ran") });
                 assert!(matches!(refused, Err(Error::InvalidInput(_))), "{key:?} {fingerprint:?}: {refused:?}");
             }
+            // The same limits for principals.
+            for principal in ["", &"\u{e9}".repeat(256)[..], "nul\0'); DROP TABLE items; --"] {
+                let refused = keys.run(&mut conn, principal, "k", "fp", |_| -> Result<String, Error> { panic!("ran") });
+                assert!(matches!(refused, Err(Error::InvalidInput(_))), "{principal:?}: {refused:?}");
+            }
             // An empty fingerprint is allowed (the key alone names the request).
-            let ran = keys.run(&mut conn, "no fingerprint", "", |_| Ok::<_, lockkit::Error>("ok".to_owned())).unwrap();
+            let ran = keys.run(&mut conn, "tenant-1", "no fingerprint", "", |_| Ok::<_, lockkit::Error>("ok".to_owned())).unwrap();
             assert_eq!(ran, Outcome::Ran("ok".to_owned()));
             assert_intact!(&mut conn, items: 1);
         }
@@ -831,7 +896,7 @@ macro_rules! exact_idempotency_keys {
             conn.run_pending_migrations(idempotency_migrations($backend)).unwrap();
             let keys = Idempotency::default();
             for key in ["order-abc", "ORDER-ABC", "Order-Abc", "order-abc ", "order-abc  "] {
-                let ran = keys.run(&mut conn, key, "POST /orders", |_| Ok::<_, lockkit::Error>(format!("201 {key}"))).unwrap();
+                let ran = keys.run(&mut conn, "tenant-1", key, "POST /orders", |_| Ok::<_, lockkit::Error>(format!("201 {key}"))).unwrap();
                 assert_eq!(ran, Outcome::Ran(format!("201 {key}")), "{key:?} is a key of its own");
             }
         }

@@ -1,5 +1,6 @@
 //! Idempotency keys on real servers: concurrent duplicates, failures, reuse,
-//! crashes between start and finish, expiry, hostile keys.
+//! crashes between start and finish, expiry, hostile keys, keys of several
+//! principals.
 
 use std::sync::Barrier;
 use std::thread;
@@ -7,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use diesel::prelude::*;
 use diesel_migrations::MigrationHarness;
-use lockkit::idempotency::{Idempotency, Outcome};
+use lockkit::idempotency::{fingerprint, Idempotency, Outcome};
 use lockkit::Error;
 use lockkit_tests::schema::*;
 use lockkit_tests::{exec, idempotency_migrations, seed_items, stock_of};
@@ -37,7 +38,7 @@ lockkit_tests::backend_tests! {
                 .map(|_| s.spawn(|| {
                     let mut conn = db.conn();
                     barrier.wait();
-                    keys.run(&mut conn, "order-1", "POST /orders qty=1", |conn| {
+                    keys.run(&mut conn, "tenant-1", "order-1", "POST /orders qty=1", |conn| {
                         thread::sleep(Duration::from_millis(200)); // the others arrive meanwhile
                         sell_one(conn)
                     })
@@ -53,7 +54,7 @@ lockkit_tests::backend_tests! {
         assert!(others_ok, "{outcomes:?}");
         let stock = stock_of!(&mut db.conn());
         assert_eq!(stock, 99, "the work ran exactly once");
-        let again = keys.run(&mut db.conn(), "order-1", "POST /orders qty=1", |_| -> Result<String, Error> { panic!("must not run") });
+        let again = keys.run(&mut db.conn(), "tenant-1", "order-1", "POST /orders qty=1", |_| -> Result<String, Error> { panic!("must not run") });
         assert_eq!(again.unwrap(), Outcome::Replayed("201 sold".to_owned()));
         assert_eq!(lockkit::etag::status_for(&Error::IdempotencyInProgress), 409);
     }
@@ -64,14 +65,14 @@ lockkit_tests::backend_tests! {
         seed_items(&mut conn, &[(1, 100)]);
         let keys = Idempotency::default();
         let err = keys
-            .run(&mut conn, "k", "fp", |conn| {
+            .run(&mut conn, "tenant-1", "k", "fp", |conn| {
                 sell_one(conn)?;
                 Err::<String, _>(Error::NoRowMatched)
             })
             .unwrap_err();
         assert!(matches!(err, Error::NoRowMatched));
         assert_eq!(stock_of!(&mut conn), 100, "rolled back");
-        let retried = keys.run(&mut conn, "k", "fp", sell_one).unwrap();
+        let retried = keys.run(&mut conn, "tenant-1", "k", "fp", sell_one).unwrap();
         assert_eq!(retried, Outcome::Ran("201 sold".to_owned()));
         assert_eq!(stock_of!(&mut conn), 99);
     }
@@ -81,8 +82,8 @@ lockkit_tests::backend_tests! {
         conn.run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
         seed_items(&mut conn, &[(1, 100)]);
         let keys = Idempotency::default();
-        keys.run(&mut conn, "k", "POST /orders qty=1", sell_one).unwrap();
-        let err = keys.run(&mut conn, "k", "POST /orders qty=5", sell_one).unwrap_err();
+        keys.run(&mut conn, "tenant-1", "k", "POST /orders qty=1", sell_one).unwrap();
+        let err = keys.run(&mut conn, "tenant-1", "k", "POST /orders qty=5", sell_one).unwrap_err();
         assert!(matches!(err, Error::IdempotencyKeyReused));
         assert_eq!(lockkit::etag::status_for(&err), 422);
         assert_eq!(stock_of!(&mut conn), 99);
@@ -95,13 +96,13 @@ lockkit_tests::backend_tests! {
         let keys = Idempotency::default();
         // A process inserted its key and died: its row says "running" forever.
         exec(&mut conn, &format!(
-            "INSERT INTO lockkit_idempotency_keys (idempotency_key, fingerprint, state, started_at) \
-             VALUES ('fresh', 'fp', 'running', {}), ('dead', 'fp', 'running', {})",
+            "INSERT INTO lockkit_idempotency_keys (principal, idempotency_key, fingerprint, state, started_at) \
+             VALUES ('tenant-1', 'fresh', 'fp', 'running', {}), ('tenant-1', 'dead', 'fp', 'running', {})",
             now_millis(),
             now_millis() - 120_000
         ));
-        assert!(matches!(keys.run(&mut conn, "fresh", "fp", sell_one), Err(Error::IdempotencyInProgress)));
-        assert_eq!(keys.run(&mut conn, "dead", "fp", sell_one).unwrap(), Outcome::Ran("201 sold".to_owned()));
+        assert!(matches!(keys.run(&mut conn, "tenant-1", "fresh", "fp", sell_one), Err(Error::IdempotencyInProgress)));
+        assert_eq!(keys.run(&mut conn, "tenant-1", "dead", "fp", sell_one).unwrap(), Outcome::Ran("201 sold".to_owned()));
         assert_eq!(stock_of!(&mut conn), 99);
     }
 
@@ -111,14 +112,14 @@ lockkit_tests::backend_tests! {
         let keys = Idempotency { lease: Duration::from_millis(100), ..Idempotency::default() };
         let (slow, fast) = thread::scope(|s| {
             let slow = s.spawn(|| {
-                keys.run(&mut db.conn(), "k", "fp", |conn| {
+                keys.run(&mut db.conn(), "tenant-1", "k", "fp", |conn| {
                     let out = sell_one(conn);
                     thread::sleep(Duration::from_millis(600));
                     out
                 })
             });
             thread::sleep(Duration::from_millis(300));
-            let fast = keys.run(&mut db.conn(), "k", "fp", sell_one);
+            let fast = keys.run(&mut db.conn(), "tenant-1", "k", "fp", sell_one);
             (slow.join().unwrap(), fast)
         });
         if BACKEND == "sqlite" {
@@ -140,12 +141,60 @@ lockkit_tests::backend_tests! {
         let keys = Idempotency::default();
         let old = now_millis() - 25 * 3600 * 1000;
         exec(&mut conn, &format!(
-            "INSERT INTO lockkit_idempotency_keys (idempotency_key, fingerprint, state, response, started_at, finished_at) \
-             VALUES ('old', 'fp', 'done', 'stored', {old}, {old}), ('older', 'fp', 'done', 'stored', {old}, {old})"
+            "INSERT INTO lockkit_idempotency_keys (principal, idempotency_key, fingerprint, state, response, started_at, finished_at) \
+             VALUES ('tenant-1', 'old', 'fp', 'done', 'stored', {old}, {old}), ('tenant-1', 'older', 'fp', 'done', 'stored', {old}, {old})"
         ));
-        assert_eq!(keys.run(&mut conn, "old", "fp", sell_one).unwrap(), Outcome::Ran("201 sold".to_owned()));
+        assert_eq!(keys.run(&mut conn, "tenant-1", "old", "fp", sell_one).unwrap(), Outcome::Ran("201 sold".to_owned()));
         assert_eq!(keys.purge_expired(&mut conn).unwrap(), 1, "`older` is purged, `old` ran again and is fresh");
-        assert_eq!(keys.run(&mut conn, "old", "fp", sell_one).unwrap(), Outcome::Replayed("201 sold".to_owned()));
+        assert_eq!(keys.run(&mut conn, "tenant-1", "old", "fp", sell_one).unwrap(), Outcome::Replayed("201 sold".to_owned()));
+    }
+
+    fn a_key_belongs_to_its_principal(db) {
+        let mut conn = db.conn();
+        conn.run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
+        seed_items(&mut conn, &[(1, 100)]);
+        let keys = Idempotency::default();
+        let request = fingerprint("POST", "/orders", br#"{"item":1,"qty":1}"#);
+        let sell = |conn: &mut _, who: &str| {
+            sell_one(conn)?;
+            Ok::<_, Error>(format!("201 order for {who}"))
+        };
+        let a = keys.run(&mut conn, "client-a", "order-1", &request, |conn| sell(conn, "a")).unwrap();
+        assert_eq!(a, Outcome::Ran("201 order for a".to_owned()));
+        // Client B sends A's key with the same request: B's own key, B's own order,
+        // never A's stored response.
+        let b = keys.run(&mut conn, "client-b", "order-1", &request, |conn| sell(conn, "b")).unwrap();
+        assert_eq!(b, Outcome::Ran("201 order for b".to_owned()));
+        assert_eq!(stock_of!(&mut conn), 98, "both orders ran");
+        // Each replays its own.
+        for (who, response) in [("client-a", "201 order for a"), ("client-b", "201 order for b")] {
+            let again = keys.run(&mut conn, who, "order-1", &request, |_| -> Result<String, Error> { panic!("ran twice") });
+            assert_eq!(again.unwrap(), Outcome::Replayed(response.to_owned()));
+        }
+        // Principals are compared exactly too.
+        let c = keys.run(&mut conn, "CLIENT-A", "order-1", &request, |conn| sell(conn, "c")).unwrap();
+        assert_eq!(c, Outcome::Ran("201 order for c".to_owned()));
+        for bad in ["", "\0"] {
+            let refused = keys.run(&mut conn, bad, "order-1", &request, sell_one);
+            assert!(matches!(refused, Err(Error::InvalidInput(_))), "{bad:?}: {refused:?}");
+        }
+        assert_eq!(stock_of!(&mut conn), 97);
+    }
+
+    fn the_same_key_and_body_on_another_endpoint_is_refused(db) {
+        let mut conn = db.conn();
+        conn.run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
+        seed_items(&mut conn, &[(1, 100)]);
+        let keys = Idempotency::default();
+        let body = br#"{"item":1,"qty":1}"#;
+        keys.run(&mut conn, "tenant-1", "k", &fingerprint("POST", "/orders", body), sell_one).unwrap();
+        for (method, path) in [("POST", "/refunds"), ("PUT", "/orders"), ("POST", "/orders?dry-run")] {
+            let err = keys.run(&mut conn, "tenant-1", "k", &fingerprint(method, path, body), sell_one).unwrap_err();
+            assert!(matches!(err, Error::IdempotencyKeyReused), "{method} {path}: {err}");
+        }
+        let err = keys.run(&mut conn, "tenant-1", "k", &fingerprint("POST", "/orders", br#"{"item":1,"qty":2}"#), sell_one).unwrap_err();
+        assert!(matches!(err, Error::IdempotencyKeyReused), "another body: {err}");
+        assert_eq!(stock_of!(&mut conn), 99, "only the first ran");
     }
 
     fn keys_are_data_not_sql(db) {
@@ -154,11 +203,11 @@ lockkit_tests::backend_tests! {
         seed_items(&mut conn, &[(1, 100)]);
         let keys = Idempotency::default();
         let hostile = "'); DROP TABLE items; -- \" ` \\ é";
-        assert_eq!(keys.run(&mut conn, hostile, hostile, sell_one).unwrap(), Outcome::Ran("201 sold".to_owned()));
-        assert_eq!(keys.run(&mut conn, hostile, hostile, sell_one).unwrap(), Outcome::Replayed("201 sold".to_owned()));
+        assert_eq!(keys.run(&mut conn, hostile, hostile, hostile, sell_one).unwrap(), Outcome::Ran("201 sold".to_owned()));
+        assert_eq!(keys.run(&mut conn, hostile, hostile, hostile, sell_one).unwrap(), Outcome::Replayed("201 sold".to_owned()));
         assert_eq!(items::table.count().get_result::<i64>(&mut conn).unwrap(), 1);
         for bad in ["".to_owned(), "k".repeat(256), "nul\u{0}byte".to_owned()] {
-            assert!(matches!(keys.run(&mut conn, &bad, "fp", sell_one), Err(Error::InvalidInput(_))));
+            assert!(matches!(keys.run(&mut conn, "tenant-1", &bad, "fp", sell_one), Err(Error::InvalidInput(_))));
         }
     }
 }

@@ -203,10 +203,10 @@ lockkit_tests::backend_tests! {
         )
         .unwrap();
 
-        log.section("Idempotency::default().run(&mut conn, \"order-1\", \"POST /orders\", ..) twice: run, then replay");
+        log.section("Idempotency::default().run(&mut conn, \"tenant-1\", \"order-1\", \"POST /orders\", ..) twice: run, then replay");
         let keys = lockkit::idempotency::Idempotency::default();
-        keys.run(&mut conn, "order-1", "POST /orders", |_| Ok::<_, lockkit::Error>("201".to_owned())).unwrap();
-        keys.run(&mut conn, "order-1", "POST /orders", |_| Ok::<_, lockkit::Error>("201".to_owned())).unwrap();
+        keys.run(&mut conn, "tenant-1", "order-1", "POST /orders", |_| Ok::<_, lockkit::Error>("201".to_owned())).unwrap();
+        keys.run(&mut conn, "tenant-1", "order-1", "POST /orders", |_| Ok::<_, lockkit::Error>("201".to_owned())).unwrap();
 
         log.section("lease::acquire(&mut conn, \"nightly-report\", Duration::from_secs(30)), then .renew() and .release()");
         let mut held = lease::acquire(&mut conn, "nightly-report", Duration::from_secs(30)).unwrap();

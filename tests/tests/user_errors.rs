@@ -192,22 +192,22 @@ lockkit_tests::backend_tests! {
             let left = take_eight!(conn, 1)?;
             Ok(Receipt { order: 7, left, note: "first \"run\"".to_owned() })
         };
-        let ran = keys.run(&mut conn, "order-7", "POST /orders", order).unwrap();
+        let ran = keys.run(&mut conn, "tenant-1", "order-7", "POST /orders", order).unwrap();
         let receipt = Receipt { order: 7, left: 2, note: "first \"run\"".to_owned() };
         assert_eq!(ran, Outcome::Ran(receipt.clone()));
-        let replayed = keys.run(&mut conn, "order-7", "POST /orders", order).unwrap();
+        let replayed = keys.run(&mut conn, "tenant-1", "order-7", "POST /orders", order).unwrap();
         assert_eq!(replayed, Outcome::Replayed(receipt));
         assert_eq!(stock_of!(&mut conn, 1), 2, "the work ran once");
         // The caller's error: the work is rolled back and the key released, so a
         // later attempt runs it again.
-        let refused = keys.run(&mut conn, "order-8", "POST /orders", order);
+        let refused = keys.run(&mut conn, "tenant-1", "order-8", "POST /orders", order);
         assert!(matches!(refused, Err(ShopError::NotEnough(2))), "{refused:?}");
         seed_items(&mut conn, &[(2, 0)]);
         diesel::update(items::table.find(1)).set(items::stock.eq(8)).execute(&mut conn).unwrap();
-        let again = keys.run(&mut conn, "order-8", "POST /orders", order).unwrap();
+        let again = keys.run(&mut conn, "tenant-1", "order-8", "POST /orders", order).unwrap();
         assert!(matches!(again, Outcome::Ran(Receipt { left: 0, .. })), "{again:?}");
         // A stored response that no longer reads as the type asked for.
-        let wrong: Result<Outcome<i64>, Error> = keys.run(&mut conn, "order-8", "POST /orders", |_| unreachable!());
+        let wrong: Result<Outcome<i64>, Error> = keys.run(&mut conn, "tenant-1", "order-8", "POST /orders", |_| unreachable!());
         assert!(matches!(wrong, Err(Error::Database(diesel::result::Error::DeserializationError(_)))), "{wrong:?}");
     }
 

@@ -1,4 +1,4 @@
-//! axum glue for [`etag`] (feature `axum`).
+//! axum glue for [`etag`](crate::etag) (feature `axum`).
 //!
 //! * [`IfMatchVersion<V>`]: an extractor that reads `If-Match` into the
 //!   [`Expected`] version, or refuses the request with `428`, `400` or `412` and a
@@ -7,11 +7,20 @@
 //! * [`IfMatchVersion::apply`]: runs a version-checked write for any `If-Match`
 //!   (one tag, a list of tags, or `*`).
 //! * [`HttpError`]: wraps a [`lockkit::Error`](crate::Error) as a response: the
-//!   status of [`status_for`](etag::status_for), the [`Problem`] as
+//!   status of [`status_for`](crate::etag::status_for), the [`Problem`] as
 //!   `application/problem+json`, and an `ETag` header with the current version
 //!   when the error knows it.
 //! * [`ETag`] is a response part: return `(ETag::from_version(v), body)` to set the
-//!   header on a success response. [`Problem`] and [`IfMatchError`] are responses.
+//!   header on a success response. [`Problem`] and [`IfMatchError`] are responses;
+//!   a `503` from contention carries `Retry-After`.
+//! * [`BodyVersionError`]: as [`HttpError`] for a version that came in the request
+//!   body: a stale write is `409 Conflict` with the current version.
+//! * Bound ETags ([`ETagSecret`](crate::etag::ETagSecret)): [`IfMatchTags`] reads
+//!   `If-Match` as it was sent, [`IfMatchTags::apply`] checks it against the
+//!   resource's [`ResourceTags`] and writes; a [`BoundETag`] is a response part too.
+//! * [`IfNoneMatch`]: `304 Not Modified` on a `GET` whose client copy is current.
+//! * [`IdempotencyKey`]: the `Idempotency-Key` header (features `axum` and
+//!   `idempotency`).
 //!
 //! A `PUT` handler (Diesel is synchronous: in a real service run the database work
 //! in `tokio::task::spawn_blocking` with a connection pool; a mutex keeps this
@@ -91,11 +100,13 @@ use std::convert::Infallible;
 
 use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum_core::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
-use http::header::{CONTENT_TYPE, ETAG, IF_MATCH};
+use http::header::{HeaderName, CONTENT_TYPE, ETAG, IF_MATCH, IF_NONE_MATCH, RETRY_AFTER};
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, StatusCode};
 
-use crate::etag::{self, ETag, Expected, IfMatchError, Problem};
+use crate::etag::{
+    BoundETag, ETag, Expected, IfMatch, IfMatchError, Problem, ResourceTags, VersionIn,
+};
 use crate::{Error, VersionNumber};
 
 /// The media type of [`Problem`] bodies (RFC 9457).
@@ -113,6 +124,9 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 ///
 /// `V` is the model's version type (`i16`, `i32`, `i64`): a tag too large for it
 /// names no version and can never match.
+///
+/// For resource-bound, opaque tags ([`ETagSecret`](crate::etag::ETagSecret)),
+/// whose version the header cannot tell, extract [`IfMatchTags`] instead.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IfMatchVersion<V>(pub Expected<V>);
 
@@ -126,10 +140,10 @@ impl<V: VersionNumber> IfMatchVersion<V> {
     ///   list of entity tags (`400`).
     /// * [`IfMatchError::NoMatch`] when no strong lockkit tag in it fits `V` (`412`).
     pub fn from_headers(headers: &HeaderMap) -> Result<Self, IfMatchError> {
-        match if_match_value(headers)? {
-            Some(value) => etag::expected_version(Some(&value)).map(IfMatchVersion),
-            None => Err(IfMatchError::Missing),
-        }
+        IfMatchTags::from_headers(headers)?
+            .0
+            .expected()
+            .map(IfMatchVersion)
     }
 }
 
@@ -168,13 +182,13 @@ impl<V: VersionNumber> IfMatchVersion<V> {
     }
 }
 
-/// The `If-Match` field lines joined with `", "` (RFC 9110 §5.3), `None` without
+/// The field lines of `name` joined with `", "` (RFC 9110 §5.3), `None` without
 /// any. A value that is not UTF-8 is malformed.
-fn if_match_value(headers: &HeaderMap) -> Result<Option<String>, IfMatchError> {
+fn joined_value(headers: &HeaderMap, name: HeaderName) -> Result<Option<String>, IfMatchError> {
     let mut joined: Option<String> = None;
-    for line in headers.get_all(IF_MATCH) {
+    for line in headers.get_all(name) {
         let text = std::str::from_utf8(line.as_bytes())
-            .map_err(|_| IfMatchError::Malformed("If-Match is not valid UTF-8"))?;
+            .map_err(|_| IfMatchError::Malformed("the header is not valid UTF-8"))?;
         match &mut joined {
             Some(joined) => {
                 joined.push_str(", ");
@@ -184,6 +198,197 @@ fn if_match_value(headers: &HeaderMap) -> Result<Option<String>, IfMatchError> {
         }
     }
     Ok(joined)
+}
+
+/// The `If-Match` header of a request as it was sent, for resources with bound
+/// ETags ([`ETagSecret`](crate::etag::ETagSecret)), whose versions the header
+/// cannot tell: [`apply`](IfMatchTags::apply) checks it against the resource.
+///
+/// Rejects the request without the header (`428`) or with one that is not `*` or
+/// a list of entity tags (`400`), as [`IfMatchError`]. `Option<IfMatchTags>` is
+/// `None` without the header and still rejects a malformed one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IfMatchTags(pub IfMatch);
+
+impl IfMatchTags {
+    /// Parses the `If-Match` field lines of `headers`, as the extractor does.
+    ///
+    /// # Errors
+    ///
+    /// * [`IfMatchError::Missing`] without the header (`428`).
+    /// * [`IfMatchError::Malformed`] when a line is not UTF-8, or not `*` or a
+    ///   list of entity tags (`400`).
+    pub fn from_headers(headers: &HeaderMap) -> Result<Self, IfMatchError> {
+        match joined_value(headers, IF_MATCH)? {
+            Some(value) => value.parse().map(IfMatchTags),
+            None => Err(IfMatchError::Missing),
+        }
+    }
+
+    /// Runs a version-checked write on a resource with bound ETags: reads its
+    /// version with `current`, checks the header against it
+    /// ([`ResourceTags::expected`]), then writes as [`Expected::apply`] does
+    /// (`write` must write only if the row is still at the version it is given).
+    ///
+    /// # Errors
+    ///
+    /// A [`Problem`] for the response, with the resource's current bound tag when
+    /// known ([`ResourceTags::problem`]): `412` when no tag in the header is the
+    /// resource's current one (an old copy, another resource's tag, a forged or
+    /// altered one) or the row changed in between, `404` when it does not exist,
+    /// and the status of any other error of `current` or `write`.
+    // The error is the response a refused request gets, built once per request.
+    #[allow(clippy::result_large_err)]
+    pub fn apply<C: ?Sized, V: VersionNumber, T>(
+        &self,
+        tags: &ResourceTags,
+        conn: &mut C,
+        mut current: impl FnMut(&mut C) -> Result<V, Error>,
+        write: impl FnMut(&mut C, V) -> Result<T, Error>,
+    ) -> Result<T, Problem> {
+        let now = current(conn).map_err(|error| tags.problem(&error))?;
+        let expected = tags
+            .expected(&self.0, now)
+            .map_err(|error| tags.if_match_problem(&error, now))?;
+        expected
+            .apply(conn, current, write)
+            .map_err(|error| tags.problem(&error))
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for IfMatchTags {
+    type Rejection = IfMatchError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, IfMatchError> {
+        IfMatchTags::from_headers(&parts.headers)
+    }
+}
+
+impl<S: Send + Sync> OptionalFromRequestParts<S> for IfMatchTags {
+    type Rejection = IfMatchError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        _state: &S,
+    ) -> Result<Option<Self>, IfMatchError> {
+        match IfMatchTags::from_headers(&parts.headers) {
+            Ok(if_match) => Ok(Some(if_match)),
+            Err(IfMatchError::Missing) => Ok(None),
+            Err(other) => Err(other),
+        }
+    }
+}
+
+/// The `If-None-Match` header of a `GET` (RFC 9110 §13.1.2): answer `304 Not
+/// Modified` when it holds the current tag. Never rejects: a missing, non-UTF-8
+/// or malformed header is `IfNoneMatch(None)`, which matches nothing (a full
+/// `200`).
+///
+/// ```
+/// use axum::http::StatusCode;
+/// use axum::response::{IntoResponse, Response};
+/// use lockkit::axum::IfNoneMatch;
+/// use lockkit::etag::ETag;
+///
+/// async fn get_item(if_none_match: IfNoneMatch) -> Response {
+///     let current = ETag::from_version(7_i32); // the row's version, read from the database
+///     if if_none_match.not_modified(current) {
+///         return (StatusCode::NOT_MODIFIED, current).into_response();
+///     }
+///     (current, "the item").into_response()
+/// }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct IfNoneMatch(pub Option<IfMatch>);
+
+impl IfNoneMatch {
+    /// Reads the `If-None-Match` field lines of `headers`, as the extractor does.
+    pub fn from_headers(headers: &HeaderMap) -> Self {
+        let value = joined_value(headers, IF_NONE_MATCH).ok().flatten();
+        IfNoneMatch(value.and_then(|value| value.parse().ok()))
+    }
+
+    /// Whether the client's copy has the current plain tag (weak comparison).
+    pub fn not_modified(&self, current: ETag) -> bool {
+        self.0
+            .as_ref()
+            .is_some_and(|header| header.contains_weakly(&current.opaque()))
+    }
+
+    /// Whether the client's copy is the resource at version `current`, for bound
+    /// tags (weak comparison).
+    pub fn not_modified_bound<V: VersionNumber>(&self, tags: &ResourceTags, current: V) -> bool {
+        self.0
+            .as_ref()
+            .is_some_and(|header| tags.not_modified(header, current))
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for IfNoneMatch {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Infallible> {
+        Ok(IfNoneMatch::from_headers(&parts.headers))
+    }
+}
+
+/// The `Idempotency-Key` header of a request (features `axum` and `idempotency`),
+/// read by [`key_from_header`](crate::idempotency::key_from_header): a quoted
+/// string or a bare token, 1 to 255 visible ASCII characters. Pass it to
+/// [`Idempotency::run`](crate::idempotency::Idempotency::run) with the principal the
+/// request authenticated as.
+///
+/// Rejects the request with `400` ([`HttpError`] of [`Error::InvalidInput`]) when
+/// the header is missing, repeated or malformed. `Option<IdempotencyKey>` is `None`
+/// without the header and still rejects a malformed one.
+#[cfg(feature = "idempotency")]
+#[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyKey(pub String);
+
+#[cfg(feature = "idempotency")]
+impl IdempotencyKey {
+    /// The header's name.
+    pub const HEADER: &'static str = "idempotency-key";
+
+    /// Reads the `Idempotency-Key` header of `headers`, as the extractor does;
+    /// `Ok(None)` without it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] when the header is repeated or malformed.
+    pub fn from_headers(headers: &HeaderMap) -> Result<Option<Self>, Error> {
+        let mut lines = headers.get_all(Self::HEADER).iter();
+        let Some(line) = lines.next() else {
+            return Ok(None);
+        };
+        if lines.next().is_some() {
+            return Err(Error::InvalidInput(
+                "send one Idempotency-Key header, not several",
+            ));
+        }
+        crate::idempotency::key_from_header(line.as_bytes()).map(|key| Some(IdempotencyKey(key)))
+    }
+}
+
+#[cfg(feature = "idempotency")]
+impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, HttpError> {
+        IdempotencyKey::from_headers(&parts.headers)?.ok_or(HttpError(Error::InvalidInput(
+            "this request requires an Idempotency-Key header",
+        )))
+    }
+}
+
+#[cfg(feature = "idempotency")]
+impl<S: Send + Sync> OptionalFromRequestParts<S> for IdempotencyKey {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Option<Self>, HttpError> {
+        Ok(IdempotencyKey::from_headers(&parts.headers)?)
+    }
 }
 
 impl<S, V> FromRequestParts<S> for IfMatchVersion<V>
@@ -226,8 +431,8 @@ impl IntoResponse for IfMatchError {
 }
 
 impl IntoResponse for Problem {
-    /// The problem's status, the problem as `application/problem+json`, and its
-    /// `current_etag` as the `ETag` header.
+    /// The problem's status, the problem as `application/problem+json`, its
+    /// `current_etag` as the `ETag` header and its `retry_after` as `Retry-After`.
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let etag = self
@@ -244,6 +449,9 @@ impl IntoResponse for Problem {
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(etag) = etag {
             headers.insert(ETAG, etag);
+        }
+        if let Some(seconds) = self.retry_after {
+            headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
         }
         response
     }
@@ -270,6 +478,46 @@ impl From<Error> for HttpError {
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         Problem::from_error(&self.0).into_response()
+    }
+}
+
+/// A [`lockkit::Error`](crate::Error) as a response, for a handler that took the
+/// version from the request body rather than `If-Match`: as [`HttpError`], but a
+/// stale write is `409 Conflict` with the row's current version in the problem's
+/// `current_version` ([`VersionIn::Body`]). `?` converts.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct BodyVersionError(pub Error);
+
+impl From<Error> for BodyVersionError {
+    fn from(error: Error) -> Self {
+        BodyVersionError(error)
+    }
+}
+
+impl IntoResponse for BodyVersionError {
+    fn into_response(self) -> Response {
+        Problem::from_error_in(&self.0, VersionIn::Body).into_response()
+    }
+}
+
+impl IntoResponseParts for BoundETag {
+    type Error = Infallible;
+
+    /// Sets the `ETag` header: `(tags.etag(v), Json(row))`.
+    fn into_response_parts(self, mut res: ResponseParts) -> Result<ResponseParts, Infallible> {
+        // Quotes around 32 hex digits: always a valid header value.
+        if let Ok(value) = HeaderValue::try_from(self.to_string()) {
+            res.headers_mut().insert(ETAG, value);
+        }
+        Ok(res)
+    }
+}
+
+impl IntoResponse for BoundETag {
+    /// `200 OK` with the `ETag` header and no body.
+    fn into_response(self) -> Response {
+        (self, ()).into_response()
     }
 }
 
@@ -305,7 +553,7 @@ mod tests {
     use http::Request;
 
     use super::*;
-    use crate::etag::ANY_MATCH_ATTEMPTS;
+    use crate::etag::{self, ANY_MATCH_ATTEMPTS};
     use crate::CurrentState;
     use crate::{Operation, StaleObjectError};
 
@@ -563,6 +811,235 @@ mod tests {
         );
         assert_eq!(reads, ANY_MATCH_ATTEMPTS);
         assert_eq!(etag::status_for(&error), 503);
+    }
+
+    #[test]
+    fn contention_is_503_with_retry_after_and_nothing_else_is() {
+        for error in [
+            Error::Busy,
+            Error::Deadlock,
+            Error::SerializationFailure,
+            Error::LockTimeout,
+        ] {
+            let response = HttpError(error).into_response();
+            assert_eq!(response.status(), 503);
+            assert_eq!(response.headers()[RETRY_AFTER], "1");
+        }
+        for error in [
+            stale(CurrentState::Version(4)),
+            Error::NotFound,
+            Error::NoRowMatched,
+        ] {
+            let response = HttpError(error).into_response();
+            assert!(
+                response.headers().get(RETRY_AFTER).is_none(),
+                "{response:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_version_from_the_body_is_a_409_with_the_current_version() {
+        let (status, content_type, etag, body) =
+            inspect(BodyVersionError(stale(CurrentState::Version(4))).into_response());
+        assert_eq!(
+            (status, content_type.as_str(), etag),
+            (409, PROBLEM_JSON, None)
+        );
+        assert_eq!(body["title"], "Conflict");
+        assert_eq!(body["current_version"], 4);
+        assert!(
+            body["detail"].as_str().unwrap().contains("version 3"),
+            "{body}"
+        );
+        assert_eq!(
+            etag::status_for_version_in(&stale(CurrentState::Version(4)), VersionIn::Body),
+            409
+        );
+        // Everything else as with If-Match.
+        let (status, ..) = inspect(BodyVersionError(stale(CurrentState::Deleted)).into_response());
+        assert_eq!(status, 404);
+        let (status, ..) = inspect(BodyVersionError(Error::Deadlock).into_response());
+        assert_eq!(status, 503);
+    }
+
+    #[test]
+    fn problems_carry_type_and_instance() {
+        let problem = Problem::from_error(&Error::NotFound)
+            .with_type("https://example.com/problems/not-found")
+            .with_instance("/items/9");
+        let (_, _, _, body) = inspect(problem.into_response());
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "type": "https://example.com/problems/not-found",
+                "title": "Not Found",
+                "status": 404,
+                "detail": "the resource does not exist",
+                "instance": "/items/9",
+            })
+        );
+        let (_, _, _, body) = inspect(Problem::from_error(&Error::NotFound).into_response());
+        assert!(
+            body.get("type").is_none() && body.get("instance").is_none(),
+            "{body}"
+        );
+    }
+
+    fn secret() -> crate::etag::ETagSecret {
+        crate::etag::ETagSecret::new(b"0123456789abcdef0123456789abcdef").unwrap()
+    }
+
+    fn with_headers(name: HeaderName, values: &[&[u8]]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for value in values {
+            headers.append(name.clone(), HeaderValue::from_bytes(value).unwrap());
+        }
+        headers
+    }
+
+    #[test]
+    fn bound_tags_write_only_their_own_resource_at_its_version() {
+        let item_1 = secret().resource("items", 1);
+        let item_2 = secret().resource("items", 2);
+        let apply = |tags: &ResourceTags, header: &str, mut row: Row| {
+            let if_match = IfMatchTags::from_headers(&with_headers(IF_MATCH, &[header.as_bytes()]))
+                .map_err(|e| e.status());
+            let result = if_match.and_then(|h| {
+                h.apply(tags, &mut row, current, write)
+                    .map_err(|problem| problem.status)
+            });
+            (result, row)
+        };
+        let tag = item_1.etag(3_i32).to_string();
+        assert_eq!(
+            apply(&item_1, &tag, Some((3, "a"))),
+            (Ok(4), Some((4, "written")))
+        );
+        // Item 2 at the same version: item 1's tag does not fit it.
+        assert_eq!(
+            apply(&item_2, &tag, Some((3, "a"))),
+            (Err(412), Some((3, "a")))
+        );
+        // An old copy; a forged one; the plain form; weak.
+        assert_eq!(
+            apply(&item_1, &tag, Some((4, "a"))),
+            (Err(412), Some((4, "a")))
+        );
+        let forged = format!("\"{}\"", "0".repeat(32));
+        assert_eq!(
+            apply(&item_1, &forged, Some((3, "a"))),
+            (Err(412), Some((3, "a")))
+        );
+        assert_eq!(
+            apply(&item_1, "\"v3\"", Some((3, "a"))),
+            (Err(412), Some((3, "a")))
+        );
+        assert_eq!(
+            apply(&item_1, &format!("W/{tag}"), Some((3, "a"))),
+            (Err(412), Some((3, "a")))
+        );
+        assert_eq!(
+            apply(&item_1, "*", Some((9, "a"))),
+            (Ok(10), Some((10, "written")))
+        );
+        assert_eq!(apply(&item_1, &tag, None), (Err(404), None));
+        assert_eq!(
+            apply(&item_1, "bad", Some((3, "a"))),
+            (Err(400), Some((3, "a")))
+        );
+        assert_eq!(
+            IfMatchTags::from_headers(&HeaderMap::new()),
+            Err(IfMatchError::Missing)
+        );
+
+        // The refusal names the current tag, bound, and no version.
+        let mut row: Row = Some((5, "a"));
+        let refused = IfMatchTags(tag.parse().unwrap())
+            .apply(&item_1, &mut row, current, write)
+            .unwrap_err();
+        let (status, _, etag, body) = inspect(refused.into_response());
+        assert_eq!(status, 412);
+        assert_eq!(etag.as_deref(), Some(&*item_1.etag(5_i32).to_string()));
+        assert_eq!(body["current_etag"], item_1.etag(5_i32).to_string());
+        let detail = body["detail"].as_str().unwrap();
+        assert!(!detail.contains('5') && !detail.contains("v3"), "{detail}");
+        let problem = item_1.problem(&stale(CurrentState::Version(6)));
+        assert_eq!(problem.current_etag, Some(item_1.etag(6_i32).to_string()));
+        assert!(
+            !problem.detail.contains('6') && !problem.detail.contains('3'),
+            "{}",
+            problem.detail
+        );
+
+        let (status, _, etag, _) = inspect((item_1.etag(8_i64), "x").into_response());
+        assert_eq!((status, etag), (200, Some(item_1.etag(8_i32).to_string())));
+    }
+
+    #[test]
+    fn if_none_match_answers_not_modified() {
+        let get =
+            |values: &[&[u8]]| IfNoneMatch::from_headers(&with_headers(IF_NONE_MATCH, values));
+        assert!(get(&[b"\"v7\""]).not_modified(ETag::from_version(7_i32)));
+        assert!(get(&[b"\"v1\"", b"W/\"v7\""]).not_modified(ETag::from_version(7_i32)));
+        assert!(get(&[b"*"]).not_modified(ETag::from_version(7_i32)));
+        assert!(!get(&[b"\"v6\""]).not_modified(ETag::from_version(7_i32)));
+        assert!(!get(&[]).not_modified(ETag::from_version(7_i32)));
+        assert_eq!(get(&[b"v7"]), IfNoneMatch(None), "malformed: ignored");
+        assert_eq!(get(&[b"\"\xe9\""]), IfNoneMatch(None), "not UTF-8: ignored");
+        let tags = secret().resource("items", 1);
+        let sent = get(&[tags.etag(7_i32).to_string().as_bytes()]);
+        assert!(sent.not_modified_bound(&tags, 7_i32));
+        assert!(!sent.not_modified_bound(&tags, 8_i32));
+        assert!(!sent.not_modified_bound(&secret().resource("items", 2), 7_i32));
+        let extracted = ready(<IfNoneMatch as FromRequestParts<()>>::from_request_parts(
+            &mut parts(&[]),
+            &(),
+        ));
+        assert_eq!(extracted, Ok(IfNoneMatch(None)));
+    }
+
+    #[cfg(feature = "idempotency")]
+    #[test]
+    fn the_idempotency_key_extractor() {
+        let read = |values: &[&[u8]]| {
+            let mut request = Request::builder().method("POST").uri("/orders");
+            for value in values {
+                request = request.header(
+                    IdempotencyKey::HEADER,
+                    HeaderValue::from_bytes(value).unwrap(),
+                );
+            }
+            let mut parts = request.body(()).unwrap().into_parts().0;
+            ready(<IdempotencyKey as FromRequestParts<()>>::from_request_parts(&mut parts, &()))
+        };
+        assert_eq!(
+            read(&[b"\"order-42\""]).unwrap(),
+            IdempotencyKey("order-42".into())
+        );
+        assert_eq!(
+            read(&[b"order-42"]).unwrap(),
+            IdempotencyKey("order-42".into())
+        );
+        for bad in [
+            &[][..],
+            &[&b""[..]],
+            &[b"a", b"b"],
+            &[b"\"open"],
+            &[b"two words"],
+            &[b"\"\xe9\""],
+        ] {
+            let refused = read(bad).unwrap_err();
+            let (status, content_type, _, body) = inspect(refused.into_response());
+            assert_eq!(
+                (status, content_type.as_str()),
+                (400, PROBLEM_JSON),
+                "{bad:?}"
+            );
+            assert_eq!(body["title"], "Bad Request");
+        }
+        let long = "k".repeat(crate::idempotency::MAX_LEN + 1);
+        assert!(read(&[long.as_bytes()]).is_err());
     }
 
     #[test]

@@ -16,6 +16,12 @@
 //! | no `If-Match` where one is required | [`IfMatchError::Missing`] | 428 |
 //! | a header that is not a list of entity tags | [`IfMatchError::Malformed`] | 400 |
 //!
+//! A version sent in the request body instead (a `"version"` field) is refused
+//! with `409 Conflict` rather than `412`: [`VersionIn::Body`]. Tags bound to their
+//! resource, that say nothing about the write count, come with the feature
+//! `bound-etags` ([`ETagSecret`]). `GET` answers `304 Not Modified` when
+//! `If-None-Match` holds the current tag ([`not_modified`]).
+//!
 //! ```
 //! use lockkit::etag::{self, ETag, Expected};
 //!
@@ -30,6 +36,11 @@
 use std::fmt;
 use std::str::FromStr;
 
+#[cfg(feature = "bound-etags")]
+#[cfg_attr(docsrs, doc(cfg(feature = "bound-etags")))]
+pub use crate::http::bound_etag::{
+    BoundETag, ETagSecret, ResourceTags, SecretTooShort, MIN_SECRET_LEN,
+};
 use crate::retry::retry_while;
 use crate::{CurrentState, Error, RetryPolicy, RetryableError, StaleObjectError, VersionNumber};
 
@@ -68,6 +79,13 @@ impl FromStr for ETag {
     }
 }
 
+impl ETag {
+    /// The tag without quotes: `v7`.
+    pub(crate) fn opaque(self) -> String {
+        format!("v{}", self.0)
+    }
+}
+
 /// One entity tag of a header, as sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EntityTag {
@@ -77,7 +95,7 @@ pub struct EntityTag {
     pub opaque: String,
 }
 
-/// A parsed `If-Match` header value.
+/// A parsed `If-Match` header value (also the grammar of `If-None-Match`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IfMatch {
     /// `*`: matches any current representation.
@@ -246,6 +264,41 @@ impl IfMatch {
     }
 }
 
+impl IfMatch {
+    /// Whether the list holds `opaque` (a tag without quotes) under the weak
+    /// comparison of `If-None-Match` (RFC 9110 §8.8.3.2: `W/` does not matter);
+    /// `*` holds every tag.
+    pub fn contains_weakly(&self, opaque: &str) -> bool {
+        match self {
+            IfMatch::Any => true,
+            IfMatch::Tags(tags) => tags.iter().any(|tag| tag.opaque == opaque),
+        }
+    }
+}
+
+/// `If-None-Match` on a `GET` (RFC 9110 §13.1.2) against the resource's current
+/// plain tag: whether the client's copy is current, so the answer is
+/// `304 Not Modified` (with the `ETag`, without a body). A missing or malformed
+/// header is `false`: a full `200`. For bound tags see
+/// [`ResourceTags::not_modified`](crate::etag::ResourceTags::not_modified) (feature
+/// `bound-etags`).
+///
+/// ```
+/// use lockkit::etag::{not_modified, ETag};
+/// let current = ETag::from_version(7_i32);
+/// assert!(not_modified(Some("\"v7\""), current));
+/// assert!(not_modified(Some("W/\"v6\", W/\"v7\""), current)); // weak comparison
+/// assert!(not_modified(Some("*"), current));
+/// assert!(!not_modified(Some("\"v6\""), current));
+/// assert!(!not_modified(None, current));
+/// assert!(!not_modified(Some("v7"), current)); // malformed: a full response
+/// ```
+pub fn not_modified(if_none_match: Option<&str>, current: ETag) -> bool {
+    if_none_match
+        .and_then(|value| value.parse::<IfMatch>().ok())
+        .is_some_and(|header| header.contains_weakly(&current.opaque()))
+}
+
 /// How many times [`Expected::apply`] re-reads and retries a write under
 /// `If-Match: *` when other writers keep changing the row in between.
 pub const ANY_MATCH_ATTEMPTS: u32 = 5;
@@ -343,22 +396,62 @@ pub fn expected_version<V: VersionNumber>(
         .expected()
 }
 
-/// The HTTP status for a lockkit error in a write handler: `Stale` → 412 (the
-/// client's copy is old; 404 when the row is gone), `NotFound` → 404, a
-/// conditional update that matched nothing, an idempotency key in use or a
-/// fenced write refused for an older fence → 409, a
-/// reused idempotency key → 422, invalid input → 400, lock contention → 503 (try
-/// again), anything else → 500.
+/// The HTTP status for a lockkit error in a write handler whose version came in
+/// `If-Match`: `Stale` → 412 (the client's copy is old; 404 when the row is gone),
+/// `NotFound` → 404, a conditional update that matched nothing, an idempotency
+/// key in use or a fenced write refused for an older fence → 409, a reused
+/// idempotency key → 422, invalid input → 400, lock contention → 503 (try again,
+/// with `Retry-After`), anything else → 500.
 pub fn status_for(error: &Error) -> u16 {
-    Refusal::of(error).status()
+    status_for_version_in(error, VersionIn::IfMatch)
+}
+
+/// [`status_for`] for a version that came from `version_in`: with
+/// [`VersionIn::Body`] a stale write is `409 Conflict`.
+pub fn status_for_version_in(error: &Error, version_in: VersionIn) -> u16 {
+    Refusal::of(error, version_in).status()
+}
+
+/// Where the client sent the version it read, which decides the status of a stale
+/// write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum VersionIn {
+    /// As an ETag in `If-Match`: a stale write is `412 Precondition Failed`
+    /// (RFC 9110 §13.1.1), the current `ETag` in the problem and its header.
+    #[default]
+    IfMatch,
+    /// In the request body (a `"version"` field): a stale write is `409
+    /// Conflict`, the current version in the problem's `current_version`.
+    Body,
+}
+
+/// Seconds a client should wait before retrying a `503` caused by lock
+/// contention, a deadlock or a serialization failure (the `Retry-After` header).
+pub const RETRY_AFTER_SECONDS: u32 = 1;
+
+/// How the versions of a refused write are shown to the client.
+#[derive(Clone, Copy)]
+pub(crate) enum Rendering<'a> {
+    /// Plain tags, `"v7"`.
+    Plain,
+    /// Version numbers (the client sent one in the body).
+    Body,
+    /// The resource's bound tags; no version is shown.
+    #[cfg(feature = "bound-etags")]
+    Bound(&'a ResourceTags),
+    #[cfg(not(feature = "bound-etags"))]
+    #[allow(dead_code)]
+    Never(std::marker::PhantomData<&'a ()>),
 }
 
 /// How each lockkit error is refused over HTTP, decided here once: the status
 /// ([`status_for`]) and the problem's title and detail ([`Problem::from_error`])
 /// both read it.
 enum Refusal<'a> {
-    /// 412: the row changed since the client read it.
-    Changed(&'a StaleObjectError),
+    /// 412 (409 for a version from the body): the row changed since the client
+    /// read it.
+    Changed(&'a StaleObjectError, VersionIn),
     /// 404: the row is gone, or never was.
     NotFound,
     /// 409: a condition did not hold, the same key is still running, or a newer
@@ -375,10 +468,10 @@ enum Refusal<'a> {
 }
 
 impl<'a> Refusal<'a> {
-    fn of(error: &'a Error) -> Self {
+    fn of(error: &'a Error, version_in: VersionIn) -> Self {
         match error {
             Error::Stale(stale) if stale.current == CurrentState::Deleted => Refusal::NotFound,
-            Error::Stale(stale) => Refusal::Changed(stale),
+            Error::Stale(stale) => Refusal::Changed(stale, version_in),
             Error::NotFound => Refusal::NotFound,
             Error::NoRowMatched | Error::IdempotencyInProgress | Error::Fenced { .. } => {
                 Refusal::Conflict
@@ -396,7 +489,8 @@ impl<'a> Refusal<'a> {
 
     fn status(&self) -> u16 {
         match self {
-            Refusal::Changed(_) => 412,
+            Refusal::Changed(_, VersionIn::IfMatch) => 412,
+            Refusal::Changed(_, VersionIn::Body) => 409,
             Refusal::NotFound => 404,
             Refusal::Conflict => 409,
             Refusal::KeyReused => 422,
@@ -408,13 +502,22 @@ impl<'a> Refusal<'a> {
 
     fn title(&self) -> &'static str {
         match self {
-            Refusal::Changed(_) => "Precondition Failed",
+            Refusal::Changed(_, VersionIn::IfMatch) => "Precondition Failed",
+            Refusal::Changed(_, VersionIn::Body) => "Conflict",
             Refusal::NotFound => "Not Found",
             Refusal::Conflict => "Conflict",
             Refusal::KeyReused => "Unprocessable Content",
             Refusal::BadRequest => "Bad Request",
             Refusal::Busy => "Service Unavailable",
             Refusal::Failed => "Internal Server Error",
+        }
+    }
+
+    /// The `Retry-After` seconds: only contention, which a retry may get past.
+    fn retry_after(&self) -> Option<u32> {
+        match self {
+            Refusal::Busy => Some(RETRY_AFTER_SECONDS),
+            _ => None,
         }
     }
 }
@@ -425,15 +528,37 @@ impl<'a> Refusal<'a> {
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct Problem {
-    /// The HTTP status.
-    pub status: u16,
+    /// RFC 9457 `type`: a URI reference that names the kind of problem
+    /// ([`with_type`](Problem::with_type)); absent means `about:blank`, whose
+    /// title is the status phrase, as lockkit's titles are.
+    #[cfg_attr(
+        feature = "serde",
+        serde(rename = "type", skip_serializing_if = "Option::is_none")
+    )]
+    pub type_uri: Option<String>,
     /// A short, stable summary.
     pub title: &'static str,
+    /// The HTTP status.
+    pub status: u16,
     /// What happened and what to do.
     pub detail: String,
+    /// RFC 9457 `instance`: a URI reference for this occurrence
+    /// ([`with_instance`](Problem::with_instance)), e.g. the request's path or a
+    /// log id.
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub instance: Option<String>,
     /// The current ETag when known: re-read the resource to get the new state.
     #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub current_etag: Option<String>,
+    /// The current version, for a stale write whose version came in the body
+    /// ([`VersionIn::Body`]).
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub current_version: Option<i64>,
+    /// Seconds to wait before trying again (the `Retry-After` header, not part of
+    /// the body): set on a `503` from lock contention, a deadlock or a
+    /// serialization failure.
+    #[cfg_attr(feature = "serde", serde(skip))]
+    pub retry_after: Option<u32>,
 }
 
 impl Problem {
@@ -441,44 +566,98 @@ impl Problem {
     /// current ETag.
     pub fn new(status: u16, title: &'static str, detail: impl Into<String>) -> Self {
         Problem {
-            status,
+            type_uri: None,
             title,
+            status,
             detail: detail.into(),
+            instance: None,
             current_etag: None,
+            current_version: None,
+            retry_after: None,
         }
     }
 
-    /// The problem for a lockkit error.
+    /// With an RFC 9457 `type`: a URI reference that names this kind of problem.
+    #[must_use]
+    pub fn with_type(mut self, type_uri: impl Into<String>) -> Self {
+        self.type_uri = Some(type_uri.into());
+        self
+    }
+
+    /// With an RFC 9457 `instance`: a URI reference for this occurrence.
+    #[must_use]
+    pub fn with_instance(mut self, instance: impl Into<String>) -> Self {
+        self.instance = Some(instance.into());
+        self
+    }
+
+    /// The problem for a lockkit error in a handler whose version came in
+    /// `If-Match` (plain tags).
     pub fn from_error(error: &Error) -> Self {
-        let refusal = Refusal::of(error);
+        Problem::render(error, Rendering::Plain)
+    }
+
+    /// The problem for a lockkit error, for a version that came from
+    /// `version_in`: with [`VersionIn::Body`] a stale write is `409 Conflict`
+    /// with the current version in `current_version`.
+    pub fn from_error_in(error: &Error, version_in: VersionIn) -> Self {
+        match version_in {
+            VersionIn::IfMatch => Problem::render(error, Rendering::Plain),
+            VersionIn::Body => Problem::render(error, Rendering::Body),
+        }
+    }
+
+    pub(crate) fn render(error: &Error, rendering: Rendering<'_>) -> Self {
+        let version_in = match rendering {
+            Rendering::Body => VersionIn::Body,
+            _ => VersionIn::IfMatch,
+        };
+        let refusal = Refusal::of(error, version_in);
+        let current = match error {
+            Error::Stale(stale) => match stale.current {
+                CurrentState::Version(v) | CurrentState::Behind(v) => Some(v),
+                CurrentState::Deleted | CurrentState::NullVersion => None,
+            },
+            _ => None,
+        };
+        let show = |version: i64| match rendering {
+            Rendering::Plain => Some(ETag(version).to_string()),
+            Rendering::Body => Some(format!("version {version}")),
+            _ => None,
+        };
         let detail = match &refusal {
-            Refusal::Changed(stale) => format!(
-                "the resource was changed by someone else after you read it (you sent {}, it is now {}); \
-                 re-read it (GET) and apply your change to the current version",
-                ETag(stale.expected_version),
-                match stale.current {
-                    CurrentState::Version(v) | CurrentState::Behind(v) => ETag(v).to_string(),
-                    CurrentState::Deleted => "deleted".to_owned(),
-                    CurrentState::NullVersion => "unversioned".to_owned(),
-                }
-            ),
+            Refusal::Changed(stale, _) => match (show(stale.expected_version), current) {
+                (Some(sent), Some(now)) => format!(
+                    "the resource was changed by someone else after you read it (you sent {sent}, it is now {}); \
+                     re-read it (GET) and apply your change to the current version",
+                    show(now).unwrap_or_default()
+                ),
+                (Some(sent), None) => format!(
+                    "the resource was changed by someone else after you read it (you sent {sent}, it is now unversioned); \
+                     re-read it (GET) and apply your change to the current version"
+                ),
+                (None, _) => "the resource was changed by someone else after you read it; \
+                     re-read it (GET) and apply your change to the current version"
+                    .to_owned(),
+            },
             Refusal::NotFound => "the resource does not exist".to_owned(),
             Refusal::Conflict | Refusal::KeyReused | Refusal::BadRequest => error.to_string(),
             Refusal::Busy => "the resource is busy with other changes; try again".to_owned(),
             Refusal::Failed => "the request could not be completed".to_owned(),
         };
-        let current_etag = match error {
-            Error::Stale(stale) => match stale.current {
-                CurrentState::Version(v) | CurrentState::Behind(v) => Some(ETag(v).to_string()),
-                CurrentState::Deleted | CurrentState::NullVersion => None,
-            },
-            _ => None,
+        let (current_etag, current_version) = match rendering {
+            Rendering::Plain => (current.map(|v| ETag(v).to_string()), None),
+            Rendering::Body => (None, current),
+            #[cfg(feature = "bound-etags")]
+            Rendering::Bound(tags) => (current.map(|v| tags.etag_of(v).to_string()), None),
+            #[cfg(not(feature = "bound-etags"))]
+            Rendering::Never(_) => (None, None),
         };
         Problem {
-            status: refusal.status(),
-            title: refusal.title(),
-            detail,
             current_etag,
+            current_version,
+            retry_after: refusal.retry_after(),
+            ..Problem::new(refusal.status(), refusal.title(), detail)
         }
     }
 
@@ -497,12 +676,7 @@ impl Problem {
             }
             other => other.to_string(),
         };
-        Problem {
-            status: error.status(),
-            title,
-            detail,
-            current_etag: None,
-        }
+        Problem::new(error.status(), title, detail)
     }
 }
 

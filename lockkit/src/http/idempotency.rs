@@ -10,10 +10,21 @@
 //! | --- | --- | --- |
 //! | first request for the key | the work runs; its response is stored | 2xx |
 //! | repeat after it completed | [`Outcome::Replayed`] with the stored response; the work does not run | the stored status |
+//! | same key from another principal | a key of its own: the work runs for that principal | 2xx |
 //! | repeat while the first still runs | [`Error::IdempotencyInProgress`] | 409 |
-//! | same key, different request (fingerprint) | [`Error::IdempotencyKeyReused`] | 422 |
+//! | same key, different request (fingerprint: method, path or body) | [`Error::IdempotencyKeyReused`] | 422 |
 //! | the work failed | the key is released: the next attempt runs it again | the error's |
 //! | the process died between start and finish | after the lease (default 60 s) the next attempt takes the key over and runs the work | |
+//!
+//! **Whose key:** keys are scoped by a principal that you pass: the tenant, user
+//! or API key that the request authenticated as (never a value the client
+//! chooses freely). The same key from two principals is two keys, so one client
+//! can never replay another's stored response, as the IETF `Idempotency-Key`
+//! draft and Stripe require.
+//!
+//! **Which request:** the fingerprint tells a repeat from another request under
+//! the same key; [`fingerprint`] hashes method, path and body, so the same key and
+//! body sent to another endpoint is refused.
 //!
 //! **Expiry:** a completed key is kept for the retention period (default 24 h)
 //! after it finished; a repeat after that runs the work again, and
@@ -36,21 +47,29 @@
 //! # #[cfg(feature = "sqlite")] {
 //! # use diesel::prelude::*;
 //! use diesel::connection::SimpleConnection;
-//! use lockkit::idempotency::{up_sql, Dialect, Idempotency, Outcome};
+//! use lockkit::idempotency::{fingerprint, up_sql, Dialect, Idempotency, Outcome};
 //! let mut conn = SqliteConnection::establish(":memory:").unwrap();
 //! conn.batch_execute(up_sql(Dialect::Sqlite)).unwrap();
 //!
 //! let keys = Idempotency::default();
-//! let first = keys.run(&mut conn, "order-42", "POST /orders {qty:1}", |_conn| Ok::<_, lockkit::Error>("201 order 7".to_owned())).unwrap();
+//! let request = fingerprint("POST", "/orders", br#"{"qty":1}"#);
+//! let first = keys.run(&mut conn, "tenant-1", "order-42", &request, |_conn| Ok::<_, lockkit::Error>("201 order 7".to_owned())).unwrap();
 //! assert_eq!(first, Outcome::Ran("201 order 7".to_owned()));
-//! let again = keys.run(&mut conn, "order-42", "POST /orders {qty:1}", |_conn| -> Result<String, lockkit::Error> { unreachable!() }).unwrap();
+//! let again = keys.run(&mut conn, "tenant-1", "order-42", &request, |_conn| -> Result<String, lockkit::Error> { unreachable!() }).unwrap();
 //! assert_eq!(again, Outcome::Replayed("201 order 7".to_owned()));
+//! // Another principal's "order-42" is another key.
+//! let other = keys.run(&mut conn, "tenant-2", "order-42", &request, |_conn| Ok::<_, lockkit::Error>("201 order 8".to_owned())).unwrap();
+//! assert_eq!(other, Outcome::Ran("201 order 8".to_owned()));
+//! // The same key and body sent to another endpoint is another request.
+//! let elsewhere = fingerprint("POST", "/refunds", br#"{"qty":1}"#);
+//! let refused = keys.run(&mut conn, "tenant-1", "order-42", &elsewhere, |_conn| Ok::<_, lockkit::Error>(String::new()));
+//! assert!(matches!(refused, Err(lockkit::Error::IdempotencyKeyReused)));
 //! # }
 //! ```
 //!
-//! Keys and fingerprints are 1 to 255 characters without NUL (PostgreSQL cannot
-//! store it), checked before anything is sent, and always travel as bound
-//! parameters.
+//! Principals and keys are 1 to 255 characters, fingerprints 0 to 255, all
+//! without NUL (PostgreSQL cannot store it), checked before anything is sent, and
+//! always travel as bound parameters.
 
 // Without a backend feature nothing implements the store: the feature still builds.
 #![cfg_attr(
@@ -62,6 +81,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 
 use crate::pessimistic::connection::AsLockingConnection;
 use crate::transaction::{self, Failure};
@@ -79,7 +99,7 @@ crate::shipped_tables! {
     /// ```
     tables: "the idempotency table",
     feature: "idempotency-migrations",
-    migration: "2026-11-30-000000_lockkit_idempotency",
+    migration: "2026-12-01-000000_lockkit_idempotency",
     postgres: "migrations/idempotency/postgres",
     mysql: "migrations/idempotency/mysql",
     sqlite: "migrations/idempotency/sqlite",
@@ -87,7 +107,8 @@ crate::shipped_tables! {
 
 mod schema {
     diesel::table! {
-    lockkit_idempotency_keys (idempotency_key) {
+    lockkit_idempotency_keys (principal, idempotency_key) {
+        principal -> Text,
         idempotency_key -> Text,
         fingerprint -> Text,
         state -> Text,
@@ -102,7 +123,88 @@ use schema::lockkit_idempotency_keys as keys;
 
 const RUNNING: &str = "running";
 const DONE: &str = "done";
-const MAX_LEN: usize = 255;
+/// The longest principal, key or fingerprint, in characters.
+pub const MAX_LEN: usize = 255;
+
+/// A request's fingerprint for [`Idempotency::run`]: `sha256:` and the hex
+/// SHA-256 of its method, path and body (71 characters).
+///
+/// Each part is length-prefixed before hashing, so no two different
+/// `(method, path, body)` triples hash alike by moving bytes between parts. Pass
+/// the path with its query string if the query selects what the request does.
+///
+/// ```
+/// use lockkit::idempotency::fingerprint;
+/// let a = fingerprint("POST", "/orders", b"{\"qty\":1}");
+/// assert_eq!(a, fingerprint("POST", "/orders", b"{\"qty\":1}"));
+/// assert_ne!(a, fingerprint("POST", "/refunds", b"{\"qty\":1}"));
+/// assert_ne!(a, fingerprint("PUT", "/orders", b"{\"qty\":1}"));
+/// assert_ne!(a, fingerprint("POST", "/orders", b"{\"qty\":2}"));
+/// assert!(a.starts_with("sha256:") && a.len() == 71);
+/// ```
+pub fn fingerprint(method: &str, path: &str, body: &[u8]) -> String {
+    let mut hash = Sha256::new();
+    for part in [method.as_bytes(), path.as_bytes(), body] {
+        hash.update((part.len() as u64).to_be_bytes());
+        hash.update(part);
+    }
+    format!("sha256:{}", super::hex(&hash.finalize()))
+}
+
+/// The key of an `Idempotency-Key` header value: a structured-field string
+/// (`"8e03978e-40d5"`, as the IETF draft writes it, with `\"` and `\\` escapes) or
+/// a bare token (`8e03978e-40d5`, as Stripe's clients send it). The axum
+/// extractor [`IdempotencyKey`](crate::axum::IdempotencyKey) reads it this way.
+///
+/// ```
+/// use lockkit::idempotency::key_from_header;
+/// assert_eq!(key_from_header(b"\"order-42\"").unwrap(), "order-42");
+/// assert_eq!(key_from_header(b" order-42 ").unwrap(), "order-42");
+/// assert_eq!(key_from_header(b"\"a \\\"b\\\"\"").unwrap(), "a \"b\"");
+/// assert!(key_from_header(b"").is_err());
+/// assert!(key_from_header(b"two words").is_err());
+/// assert!(key_from_header(b"\"unterminated").is_err());
+/// ```
+///
+/// # Errors
+///
+/// [`Error::InvalidInput`] (`400`) when the value is empty, has characters
+/// outside visible ASCII (and spaces, inside quotes), is not one string or
+/// token, or is longer than [`MAX_LEN`].
+pub fn key_from_header(value: &[u8]) -> Result<String, Error> {
+    const MALFORMED: Error = Error::InvalidInput(
+        "the Idempotency-Key header must be one quoted string or token of 1 to 255 visible ASCII characters",
+    );
+    let value = value.trim_ascii();
+    let key = match value.strip_prefix(b"\"") {
+        Some(quoted) => {
+            let mut key = String::new();
+            let mut bytes = quoted.iter();
+            loop {
+                match bytes.next() {
+                    Some(b'"') if bytes.as_slice().is_empty() => break key,
+                    Some(b'\\') => match bytes.next() {
+                        Some(&escaped @ (b'"' | b'\\')) => key.push(char::from(escaped)),
+                        _ => return Err(MALFORMED),
+                    },
+                    Some(&byte @ b' '..=b'~') if byte != b'"' => key.push(char::from(byte)),
+                    _ => return Err(MALFORMED),
+                }
+            }
+        }
+        None if value
+            .iter()
+            .all(|byte| (b'!'..=b'~').contains(byte) && *byte != b'"') =>
+        {
+            value.iter().map(|&byte| char::from(byte)).collect()
+        }
+        None => return Err(MALFORMED),
+    };
+    if key.is_empty() || key.len() > MAX_LEN {
+        return Err(MALFORMED);
+    }
+    Ok(key)
+}
 
 /// What [`Idempotency::run`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,6 +256,14 @@ pub struct StoredKey {
     pub finished_at: Option<i64>,
 }
 
+/// A key of a principal: the table's primary key.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct Scoped<'a> {
+    principal: &'a str,
+    key: &'a str,
+}
+
 /// How a request starts: it owns the key (from `started_at`) or replays.
 enum Start {
     Owned { started_at: i64 },
@@ -161,10 +271,13 @@ enum Start {
 }
 
 impl Idempotency {
-    /// Runs `work` at most once for `key`; see the [module docs](self).
+    /// Runs `work` at most once for `key` of `principal`; see the [module docs](self).
     ///
-    /// `fingerprint` identifies the request (e.g. method, path and a hash of the
-    /// body): a key reused for another request is refused. `work` returns the
+    /// `principal` is whose key it is: the tenant, user or API key the request
+    /// authenticated as (a constant such as `"public"` when the API has no
+    /// clients to tell apart). The same key from another principal is another
+    /// key. `fingerprint` identifies the request ([`fingerprint`] hashes method,
+    /// path and body): a key reused for another request is refused. `work` returns the
     /// response to store and replay: any `Serialize + DeserializeOwned` value,
     /// stored as JSON. Its error type is yours, as in Diesel's `transaction`: any
     /// `E` that a [`lockkit::Error`](Error) converts into.
@@ -173,8 +286,8 @@ impl Idempotency {
     ///
     /// lockkit's errors reach you converted into `E`:
     ///
-    /// * [`Error::InvalidInput`] when `key` is empty, or `key` or `fingerprint` is
-    ///   longer than 255 characters or contains NUL; nothing is sent.
+    /// * [`Error::InvalidInput`] when `principal` or `key` is empty, or any of the
+    ///   three is longer than 255 characters or contains NUL; nothing is sent.
     /// * [`Error::IdempotencyKeyReused`] when the key was used for a request with
     ///   another fingerprint.
     /// * [`Error::IdempotencyInProgress`] when another request holds the key (its
@@ -189,6 +302,7 @@ impl Idempotency {
     pub fn run<C, R, E, F>(
         &self,
         conn: &mut C,
+        principal: &str,
         key: &str,
         fingerprint: &str,
         work: F,
@@ -201,12 +315,14 @@ impl Idempotency {
         F: FnOnce(&mut C::Conn) -> Result<R, E>,
     {
         let valid = |text: &str| text.chars().count() <= MAX_LEN && !text.contains('\0');
-        if key.is_empty() || !valid(key) || !valid(fingerprint) {
+        let named = |text: &str| !text.is_empty() && valid(text);
+        if !named(principal) || !named(key) || !valid(fingerprint) {
             return Err(E::from(Error::InvalidInput(
-                "idempotency keys and fingerprints are 1 to 255 characters, without NUL",
+                "idempotency principals and keys are 1 to 255 characters, fingerprints up to 255, without NUL",
             )));
         }
         let conn = conn.locking_connection();
+        let key = Scoped { principal, key };
         let started_at = match self.start(conn, key, fingerprint)? {
             Start::Replay(stored) => {
                 let response = serde_json::from_str(&stored).map_err(|err| {
@@ -238,7 +354,7 @@ impl Idempotency {
     fn start<C: IdempotencyStore>(
         &self,
         conn: &mut C,
-        key: &str,
+        key: Scoped<'_>,
         fingerprint: &str,
     ) -> Result<Start, Error> {
         // A few rounds at most: each lost race means another request just
@@ -314,27 +430,31 @@ pub trait IdempotencyStore: diesel::Connection + crate::sealed::Sealed + Sized {
     #[doc(hidden)]
     fn insert_running(
         conn: &mut Self,
-        key: &str,
+        key: Scoped<'_>,
         fingerprint: &str,
         now: i64,
     ) -> Result<bool, Error>;
     #[doc(hidden)]
-    fn load(conn: &mut Self, key: &str) -> Result<Option<StoredKey>, Error>;
+    fn load(conn: &mut Self, key: Scoped<'_>) -> Result<Option<StoredKey>, Error>;
     #[doc(hidden)]
-    fn take_over(conn: &mut Self, key: &str, seen_started_at: i64, now: i64)
-        -> Result<bool, Error>;
+    fn take_over(
+        conn: &mut Self,
+        key: Scoped<'_>,
+        seen_started_at: i64,
+        now: i64,
+    ) -> Result<bool, Error>;
     #[doc(hidden)]
     fn finish(
         conn: &mut Self,
-        key: &str,
+        key: Scoped<'_>,
         started_at: i64,
         response: &str,
         now: i64,
     ) -> Result<bool, Error>;
     #[doc(hidden)]
-    fn release(conn: &mut Self, key: &str, started_at: i64) -> Result<bool, Error>;
+    fn release(conn: &mut Self, key: Scoped<'_>, started_at: i64) -> Result<bool, Error>;
     #[doc(hidden)]
-    fn delete_if_started(conn: &mut Self, key: &str, started_at: i64) -> Result<bool, Error>;
+    fn delete_if_started(conn: &mut Self, key: Scoped<'_>, started_at: i64) -> Result<bool, Error>;
     #[doc(hidden)]
     fn purge(conn: &mut Self, finished_before: i64) -> Result<usize, Error>;
 }
@@ -345,7 +465,7 @@ macro_rules! idempotency_store {
         impl IdempotencyStore for $conn {
             fn insert_running(
                 conn: &mut Self,
-                key: &str,
+                key: Scoped<'_>,
                 fingerprint: &str,
                 now: i64,
             ) -> Result<bool, Error> {
@@ -355,7 +475,8 @@ macro_rules! idempotency_store {
                 let inserted = conn.transaction(|conn| {
                     diesel::insert_into(keys::table)
                         .values((
-                            keys::idempotency_key.eq(key),
+                            keys::principal.eq(key.principal),
+                            keys::idempotency_key.eq(key.key),
                             keys::fingerprint.eq(fingerprint),
                             keys::state.eq(RUNNING),
                             keys::started_at.eq(now),
@@ -371,10 +492,10 @@ macro_rules! idempotency_store {
                 }
             }
 
-            fn load(conn: &mut Self, key: &str) -> Result<Option<StoredKey>, Error> {
+            fn load(conn: &mut Self, key: Scoped<'_>) -> Result<Option<StoredKey>, Error> {
                 use diesel::prelude::*;
                 Ok(keys::table
-                    .find(key)
+                    .find((key.principal, key.key))
                     .select((
                         keys::fingerprint,
                         keys::state,
@@ -388,14 +509,14 @@ macro_rules! idempotency_store {
 
             fn take_over(
                 conn: &mut Self,
-                key: &str,
+                key: Scoped<'_>,
                 seen_started_at: i64,
                 now: i64,
             ) -> Result<bool, Error> {
                 use diesel::prelude::*;
                 let rows = diesel::update(
                     keys::table
-                        .find(key)
+                        .find((key.principal, key.key))
                         .filter(keys::state.eq(RUNNING))
                         .filter(keys::started_at.eq(seen_started_at)),
                 )
@@ -406,7 +527,7 @@ macro_rules! idempotency_store {
 
             fn finish(
                 conn: &mut Self,
-                key: &str,
+                key: Scoped<'_>,
                 started_at: i64,
                 response: &str,
                 now: i64,
@@ -414,7 +535,7 @@ macro_rules! idempotency_store {
                 use diesel::prelude::*;
                 let rows = diesel::update(
                     keys::table
-                        .find(key)
+                        .find((key.principal, key.key))
                         .filter(keys::state.eq(RUNNING))
                         .filter(keys::started_at.eq(started_at)),
                 )
@@ -427,11 +548,11 @@ macro_rules! idempotency_store {
                 Ok(rows == 1)
             }
 
-            fn release(conn: &mut Self, key: &str, started_at: i64) -> Result<bool, Error> {
+            fn release(conn: &mut Self, key: Scoped<'_>, started_at: i64) -> Result<bool, Error> {
                 use diesel::prelude::*;
                 let rows = diesel::delete(
                     keys::table
-                        .find(key)
+                        .find((key.principal, key.key))
                         .filter(keys::state.eq(RUNNING))
                         .filter(keys::started_at.eq(started_at)),
                 )
@@ -441,13 +562,13 @@ macro_rules! idempotency_store {
 
             fn delete_if_started(
                 conn: &mut Self,
-                key: &str,
+                key: Scoped<'_>,
                 started_at: i64,
             ) -> Result<bool, Error> {
                 use diesel::prelude::*;
                 let rows = diesel::delete(
                     keys::table
-                        .find(key)
+                        .find((key.principal, key.key))
                         .filter(keys::started_at.eq(started_at)),
                 )
                 .execute(conn)?;
