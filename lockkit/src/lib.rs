@@ -40,8 +40,13 @@ pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod optimistic;
+#[cfg(feature = "outbox")]
+#[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
+pub mod outbox;
 pub mod pessimistic;
 
+#[cfg(any(feature = "idempotency", feature = "outbox"))]
+mod clock;
 mod isolation;
 mod retry;
 mod sealed;

@@ -117,6 +117,7 @@ lockkit_tests::backend_tests! {
             _ => lockkit::idempotency::SQLITE_MIGRATIONS,
         })
         .unwrap();
+        conn.run_pending_migrations(lockkit_tests::outbox_migrations(BACKEND)).unwrap();
         seed_items(&mut conn, &[(1, 10), (2, 10), (3, 10)]);
         exec(&mut conn, "INSERT INTO jobs (id, payload, done) VALUES (1, 'a', false), (2, 'b', false)");
         let log = Log::default();
@@ -197,6 +198,23 @@ lockkit_tests::backend_tests! {
         let keys = lockkit::idempotency::Idempotency::default();
         keys.run(&mut conn, "order-1", "POST /orders", |_| Ok::<_, lockkit::Error>("201".to_owned())).unwrap();
         keys.run(&mut conn, "order-1", "POST /orders", |_| Ok::<_, lockkit::Error>("201".to_owned())).unwrap();
+
+        log.section("conn.transaction(|conn| lockkit::outbox::enqueue(conn, \"orders\", \"{..}\"))");
+        conn.transaction(|conn| lockkit::outbox::enqueue(conn, "orders", "{\"order\":1}")).unwrap();
+        log.section("Relay::default().publish_batch(&mut conn, 10, ..): one message confirmed");
+        let relay = lockkit::outbox::Relay::default();
+        relay.publish_batch(&mut conn, 10, |batch| Ok::<_, Error>(vec![Ok(()); batch.len()])).unwrap();
+        conn.transaction(|conn| lockkit::outbox::enqueue(conn, "orders", "{\"order\":2}")).unwrap();
+        log.section("Relay::default().publish_batch(&mut conn, 10, ..): one message refused");
+        relay.publish_batch(&mut conn, 10, |_| Ok::<_, Error>(vec![Err("nack".to_owned())])).unwrap();
+        log.section("lockkit::outbox::purge_published(&mut conn, age)");
+        lockkit::outbox::purge_published(&mut conn, Duration::from_secs(86_400)).unwrap();
+        let inbox = lockkit::outbox::Inbox::new("stock").unwrap();
+        log.section("inbox.receive(&mut conn, \"m-1\", ..) twice: applied, then a duplicate");
+        inbox.receive(&mut conn, "m-1", |_| Ok::<_, Error>(())).unwrap();
+        inbox.receive(&mut conn, "m-1", |_| Ok::<_, Error>(())).unwrap();
+        log.section("inbox.purge_older_than(&mut conn, age)");
+        inbox.purge_older_than(&mut conn, Duration::from_secs(86_400)).unwrap();
 
         ServerStatements::run(&mut conn, &log);
 
