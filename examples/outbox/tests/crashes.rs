@@ -220,7 +220,8 @@ fn a_consumer_killed_between_effect_and_ack(url: &str) {
 /// consumer running alongside; then a last relay and consumer finish. No
 /// message lost, every duplicate published is absorbed.
 fn two_relays_at_once_lose_nothing(url: &str) {
-    let stream = prepare("two_relays", url, 100);
+    const ORDERS: u32 = 200;
+    let stream = prepare("two_relays", url, ORDERS);
     let broker = &stream.0;
     let children = vec![
         spawn(
@@ -260,7 +261,7 @@ fn two_relays_at_once_lose_nothing(url: &str) {
         5,
         "exactly the dead relay's batch twice: {audit}"
     );
-    assert_eq!(consumed.applied, 100, "{consumed}");
+    assert_eq!(consumed.applied, u64::from(ORDERS), "{consumed}");
     assert_eq!(
         consumed.delivered,
         audit.stream_messages + consumed.redelivered,
@@ -268,7 +269,7 @@ fn two_relays_at_once_lose_nothing(url: &str) {
     );
     assert_eq!(
         consumed.absorbed,
-        consumed.delivered - 100,
+        consumed.delivered - u64::from(ORDERS),
         "every duplicate absorbed: {consumed}"
     );
     eprintln!("{url}: consumers {consumed}");
