@@ -17,7 +17,8 @@
 //! * **Around them**: bounded [`retry()`] with backoff and jitter,
 //!   [`serializable`] transactions retried, one [`Error`] type classified in one
 //!   place ([`error::classification`]), ETag / `If-Match` for HTTP, axum glue and
-//!   idempotency keys ([`http`]), and conflict [`metrics`].
+//!   idempotency keys ([`http`]), the transactional outbox and the consumer's
+//!   inbox (`outbox`, feature `outbox`), and conflict [`metrics`].
 //!
 //! | folder | concept |
 //! | --- | --- |
