@@ -110,35 +110,12 @@ pub struct OrderCreated {
     pub qty: i32,
 }
 
-/// Runs `$body` with `$conn` as the connection type the URL selects and
-/// `$path` as the URL to connect with (SQLite: the path without `sqlite://`).
+/// [`lockkit_tests::on_backend!`] with this crate's error for a backend whose
+/// feature is off.
 macro_rules! on_backend {
-    ($url:expr, |$conn:ident, $path:ident| $body:expr) => {{
-        let url: &str = $url;
-        let $path = lockkit_tests::support::connection_url(url);
-        match Backend::from_url(url) {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres => {
-                type $conn = diesel::PgConnection;
-                $body
-            }
-            #[cfg(feature = "mysql")]
-            Backend::Mysql => {
-                type $conn = diesel::MysqlConnection;
-                $body
-            }
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite => {
-                type $conn = diesel::SqliteConnection;
-                $body
-            }
-            #[allow(unreachable_patterns)]
-            backend => {
-                let _ = $path;
-                Err(OutboxError::Unsupported(backend))
-            }
-        }
-    }};
+    ($url:expr, |$conn:ident, $path:ident| $body:expr) => {
+        lockkit_tests::on_backend!($url, OutboxError::Unsupported, |$conn, $path| $body)
+    };
 }
 
 /// Migrates (the example's tables and lockkit's outbox tables), empties every

@@ -9,9 +9,8 @@
 
 #![cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 
-use std::io::Read;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outbox::{Audit, Backend, BrokerConfig, ConsumerReport, CRASH_EXIT};
 
@@ -45,12 +44,7 @@ fn spawn(url: &str, broker: &BrokerConfig, role: &str, args: &[&str]) -> Child {
     command
         .args(["--role", role, "--stream", &broker.stream])
         .args(args);
-    match Backend::from_url(url) {
-        Backend::Sqlite => command
-            .env_remove("DATABASE_URL")
-            .args(["--sqlite-file", url]),
-        Backend::Postgres | Backend::Mysql => command.env("DATABASE_URL", url),
-    };
+    lockkit_tests::support::point_at_database(&mut command, url);
     command
         .env("NATS_URL", &broker.url)
         .stdout(Stdio::piped())
@@ -58,44 +52,14 @@ fn spawn(url: &str, broker: &BrokerConfig, role: &str, args: &[&str]) -> Child {
     command.spawn().expect("spawn the outbox binary")
 }
 
-/// Waits for every child (killing all after `limit`); returns (exit code, stdout + stderr).
-fn wait_all(mut children: Vec<Child>, limit: Duration) -> Vec<(Option<i32>, String)> {
-    let deadline = Instant::now() + limit;
-    let mut statuses = vec![None; children.len()];
-    while statuses.iter().any(Option::is_none) {
-        for (child, status) in children.iter_mut().zip(&mut statuses) {
-            if status.is_none() {
-                *status = child.try_wait().expect("try_wait");
-            }
-        }
-        if Instant::now() > deadline {
-            for child in &mut children {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-            panic!("processes still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    children
-        .iter_mut()
-        .zip(statuses)
-        .map(|(child, status)| {
-            let mut out = String::new();
-            child
-                .stdout
-                .take()
-                .unwrap()
-                .read_to_string(&mut out)
-                .unwrap();
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut out)
-                .unwrap();
+/// Waits for every child; returns (exit code, stdout + stderr) per child.
+fn wait_all(children: Vec<Child>, limit: Duration) -> Vec<(Option<i32>, String)> {
+    lockkit_tests::support::wait_all(children, limit)
+        .into_iter()
+        .map(|(status, stdout, stderr)| {
+            let out = stdout + &stderr;
             eprint!("{out}");
-            (status.unwrap().code(), out)
+            (status.code(), out)
         })
         .collect()
 }
