@@ -12,30 +12,10 @@ use std::time::Duration;
 
 use diesel::prelude::*;
 use diesel_migrations::MigrationHarness;
+use lockkit::outbox::schema::{lockkit_inbox, lockkit_outbox};
 use lockkit::outbox::{self, Inbox, OutboxMessage, Received, Relay};
 use lockkit::Error;
 use lockkit_tests::{outbox_migrations, seed_items, stock_of};
-
-diesel::table! {
-    lockkit_outbox (id) {
-        id -> BigInt,
-        topic -> Text,
-        payload -> Text,
-        created_at -> BigInt,
-        attempts -> Integer,
-        next_attempt_at -> BigInt,
-        last_error -> Nullable<Text>,
-        published_at -> Nullable<BigInt>,
-    }
-}
-
-diesel::table! {
-    lockkit_inbox (consumer, message_id) {
-        consumer -> Text,
-        message_id -> Text,
-        received_at -> BigInt,
-    }
-}
 
 /// A stand-in broker: every message it was handed, with the relay that handed it.
 #[derive(Default)]

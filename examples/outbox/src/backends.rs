@@ -182,8 +182,7 @@ macro_rules! app_backend {
             diesel::table! { orders (id) { id -> Integer, item_id -> Integer, qty -> Integer } }
             diesel::table! { stock (item_id) { item_id -> Integer, reserved -> Integer } }
             diesel::table! { reservations (id) { id -> Integer, order_id -> Integer, qty -> Integer } }
-            diesel::table! { lockkit_outbox (id) { id -> BigInt, published_at -> Nullable<BigInt> } }
-            diesel::table! { lockkit_inbox (consumer, message_id) { consumer -> Text, message_id -> Text } }
+            use lockkit::outbox::schema::{lockkit_inbox, lockkit_outbox};
 
             const MIGRATIONS: EmbeddedMigrations = diesel_migrations::embed_migrations!($migrations);
 

@@ -81,7 +81,8 @@
 //! [`Dialect`], to copy into your own migrations. With the feature
 //! `outbox-migrations` it also ships as embedded migrations:
 //! `conn.run_pending_migrations(lockkit::outbox::POSTGRES_MIGRATIONS)` (or
-//! `MYSQL_MIGRATIONS`, `SQLITE_MIGRATIONS`). Times are the application's clock
+//! `MYSQL_MIGRATIONS`, `SQLITE_MIGRATIONS`); [`schema`] has the tables for
+//! queries of your own (the backlog, what keeps failing and why). Times are the application's clock
 //! in Unix milliseconds. Topics, consumer names and message ids are 1 to 255
 //! characters without NUL, payloads any text without NUL; everything travels as
 //! bound parameters.
@@ -166,6 +167,44 @@ pub const MYSQL_MIGRATIONS: diesel_migrations::EmbeddedMigrations =
 )]
 pub const SQLITE_MIGRATIONS: diesel_migrations::EmbeddedMigrations =
     diesel_migrations::embed_migrations!("migrations/outbox/sqlite");
+
+/// The tables as Diesel sees them, for queries of your own: messages waiting
+/// out a backoff (`attempts`, `last_error`), the backlog, the inbox's size.
+pub mod schema {
+    diesel::table! {
+        /// The outbox: one row per message.
+        lockkit_outbox (id) {
+            /// Increasing; the message's id.
+            id -> BigInt,
+            /// Where to publish it.
+            topic -> Text,
+            /// The message body.
+            payload -> Text,
+            /// When it was enqueued (Unix milliseconds).
+            created_at -> BigInt,
+            /// Failed publish attempts so far.
+            attempts -> Integer,
+            /// When a relay may claim it (again).
+            next_attempt_at -> BigInt,
+            /// Why the last attempt failed.
+            last_error -> Nullable<Text>,
+            /// When the broker confirmed it; `NULL` until then.
+            published_at -> Nullable<BigInt>,
+        }
+    }
+
+    diesel::table! {
+        /// The inbox: one row per message a consumer has applied.
+        lockkit_inbox (consumer, message_id) {
+            /// The consumer's name.
+            consumer -> Text,
+            /// The message's id.
+            message_id -> Text,
+            /// When it was applied (Unix milliseconds).
+            received_at -> BigInt,
+        }
+    }
+}
 
 /// The longest topic, consumer name or message id, in characters.
 const MAX_NAME: usize = 255;

@@ -4,28 +4,7 @@ use super::OutboxMessage;
 use crate::pessimistic::connection::LockingConnection;
 use crate::Error;
 
-pub(super) mod schema {
-    diesel::table! {
-        lockkit_outbox (id) {
-            id -> BigInt,
-            topic -> Text,
-            payload -> Text,
-            created_at -> BigInt,
-            attempts -> Integer,
-            next_attempt_at -> BigInt,
-            last_error -> Nullable<Text>,
-            published_at -> Nullable<BigInt>,
-        }
-    }
-
-    diesel::table! {
-        lockkit_inbox (consumer, message_id) {
-            consumer -> Text,
-            message_id -> Text,
-            received_at -> BigInt,
-        }
-    }
-}
+use super::schema;
 
 /// The statements behind [`outbox`](super), per connection type.
 ///
