@@ -17,6 +17,18 @@ use lockkit::outbox::{self, Inbox, OutboxMessage, Received, Relay};
 use lockkit::Error;
 use lockkit_tests::{outbox_migrations, seed_items, stock_of};
 
+/// How many outbox messages are not marked published, on `$conn`. A macro:
+/// Diesel checks the query per backend.
+macro_rules! unpublished {
+    ($conn:expr) => {
+        lockkit_outbox::table
+            .filter(lockkit_outbox::published_at.is_null())
+            .count()
+            .get_result::<i64>($conn)
+            .unwrap()
+    };
+}
+
 /// A stand-in broker: every message it was handed, with the relay that handed it.
 #[derive(Default)]
 struct Broker(Mutex<Vec<(usize, i64)>>);
@@ -149,11 +161,7 @@ lockkit_tests::backend_tests! {
         assert_eq!(copies.keys().copied().collect::<Vec<_>>(), ids, "every message published");
         assert!(copies.values().all(|&n| n == 1), "none twice: {copies:?}");
         assert_eq!(batches.iter().sum::<usize>(), 20);
-        let unpublished: i64 = lockkit_outbox::table
-            .filter(lockkit_outbox::published_at.is_null())
-            .count()
-            .get_result(&mut db.conn())
-            .unwrap();
+        let unpublished = unpublished!(&mut db.conn());
         assert_eq!(unpublished, 0);
         if BACKEND != "sqlite" {
             // Row locks: both relays held batches at the same time, and both worked.
@@ -182,11 +190,7 @@ lockkit_tests::backend_tests! {
             .join()
         });
         assert!(died.is_err(), "the relay thread panicked");
-        let unpublished: i64 = lockkit_outbox::table
-            .filter(lockkit_outbox::published_at.is_null())
-            .count()
-            .get_result(&mut db.conn())
-            .unwrap();
+        let unpublished = unpublished!(&mut db.conn());
         assert_eq!(unpublished, 5, "its marks were rolled back with it");
         // Relay 1 drains the outbox: the dead relay's batch goes out a second time.
         let (in_flight, overlap) = (AtomicUsize::new(0), AtomicUsize::new(0));
