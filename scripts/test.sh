@@ -3,7 +3,7 @@
 # packaging checks, and the whole test suite on real PostgreSQL, MySQL/MariaDB,
 # SQLite and Redis (CONTRIBUTING.md lists the steps).
 #
-# Servers, in this order:
+# Servers (NATS with JetStream, for examples/outbox, likewise), in this order:
 #   1. PG_DATABASE_URL / MYSQL_DATABASE_URL / REDIS_URL when set;
 #   2. a server already listening on 127.0.0.1:$PG_PORT (5432) / :$MYSQL_PORT (3306) /
 #      :$REDIS_PORT (6379), used as postgres://postgres@127.0.0.1:PORT/test,
@@ -165,6 +165,34 @@ if [ -z "${REDIS_URL:-}" ]; then
 fi
 log "Redis: $REDIS_URL"
 
+# --- NATS with JetStream (the broker of examples/outbox) ---------------------
+# NATS_URL when set; else a server on 127.0.0.1:$NATS_PORT (4222), which must have
+# JetStream on (the outbox tests fail, saying so, if not); else a throwaway server
+# from the installed nats-server; else nats-server installed with apt-get.
+NATS_PORT="${NATS_PORT:-4222}"
+start_throwaway_nats() {
+  local server dir
+  server="$(command -v nats-server || ls /usr/sbin/nats-server 2>/dev/null || true)"
+  if [ -z "$server" ]; then
+    apt_install nats-server
+    server="$(command -v nats-server || ls /usr/sbin/nats-server)"
+  fi
+  dir="$SERVER_DIR/nats-$NATS_PORT"
+  rm -rf "$dir" && mkdir -p "$dir"
+  log "starting a throwaway NATS server with JetStream on 127.0.0.1:$NATS_PORT ($dir)"
+  "$server" -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$dir/jetstream" >"$dir/server.log" 2>&1 &
+  CLEANUP+=("kill $! 2>/dev/null; wait $! 2>/dev/null")
+  wait_for_port "$NATS_PORT" || { cat "$dir/server.log" >&2; die "NATS did not start"; }
+}
+if [ -z "${NATS_URL:-}" ]; then
+  if ! listening "$NATS_PORT"; then
+    start_throwaway_nats
+  fi
+  wait_for_port "$NATS_PORT" || die "NATS is not reachable on 127.0.0.1:$NATS_PORT"
+  export NATS_URL="nats://127.0.0.1:$NATS_PORT"
+fi
+log "NATS: $NATS_URL"
+
 # --- the suite ---------------------------------------------------------------
 log "cargo fmt --check"
 cargo fmt --all -- --check
@@ -172,7 +200,7 @@ cargo fmt --all -- --check
 # `cargo run -p shop` must work with Rust alone: with default features no example
 # may link a database client library, even on this machine, which has them.
 log "examples: default features need no database client library"
-for example in shop job_queue http_api; do
+for example in shop job_queue http_api outbox; do
   for sys in pq-sys mysqlclient-sys; do
     tree="$(cargo tree --locked -p "$example" -e normal -i "$sys" 2>/dev/null)" \
       || die "cargo tree -p $example failed"
@@ -187,14 +215,15 @@ log "lockkit: each feature alone and the usual combinations"
 for features in "" derive postgres mysql sqlite r2d2 idempotency idempotency-migrations bound-etags \
   metrics serde axum postgres,r2d2 mysql,r2d2 sqlite,r2d2 postgres,idempotency \
   sqlite,idempotency-migrations postgres,axum,metrics uuid postgres,uuid \
-  lease lease-migrations redis postgres,lease mysql,lease-migrations sqlite,redis; do
+  lease lease-migrations redis postgres,lease mysql,lease-migrations sqlite,redis outbox \
+  outbox-migrations sqlite,outbox postgres,outbox-migrations mysql,outbox,r2d2; do
   cargo clippy --locked -q -p lockkit --no-default-features --features "$features" --all-targets \
     -- -D warnings || die "lockkit does not build with features [$features]"
 done
 log "lockkit: doc examples with default features"
 cargo test --locked -q -p lockkit --doc
 log "examples: default features"
-cargo clippy --locked -q -p shop -p job_queue -p http_api --all-targets -- -D warnings
+cargo clippy --locked -q -p shop -p job_queue -p http_api -p outbox --all-targets -- -D warnings
 log "cargo doc (published crates, all features, warnings are errors)"
 RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings" cargo doc --locked -q --no-deps --all-features \
   -p lockkit -p lockkit-derive

@@ -57,6 +57,7 @@
 //! | `LeaseStore` | `lease::acquire`, `lease::with_lease` (feature `lease`) | `PgConnection`, `MysqlConnection`, `SqliteConnection`, `lease::redis::RedisStore` (feature `redis`) (sealed) |
 //! | `FenceStore` | `lease::fenced` (feature `lease`) | `PgConnection`, `MysqlConnection`, `SqliteConnection` (sealed) |
 //! | `IdempotencyStore` | `idempotency` (feature `idempotency`) | `PgConnection`, `MysqlConnection`, `SqliteConnection` (sealed) |
+//! | `OutboxStore` | `outbox` (feature `outbox`) | `PgConnection`, `MysqlConnection`, `SqliteConnection` (sealed) |
 //!
 //! The traits keep their definitions next to the code that uses them; these are
 //! the same traits under one path.
@@ -69,6 +70,9 @@ pub use crate::http::idempotency::IdempotencyStore;
 pub use crate::lease::{FenceStore, LeaseStore};
 pub use crate::optimistic::backend::OptimisticBackend;
 pub use crate::optimistic::version_check::{CurrentVersionQuery, VersionCheck};
+#[cfg(feature = "outbox")]
+#[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
+pub use crate::outbox::OutboxStore;
 pub use crate::pessimistic::advisory::AdvisoryBackend;
 pub use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
 pub use crate::pessimistic::lock_waits::LockMonitor;

@@ -17,7 +17,8 @@
 //! * **Around them**: bounded [`retry()`] with backoff and jitter,
 //!   [`serializable`] transactions retried, one [`Error`] type classified in one
 //!   place ([`error::classification`]), ETag / `If-Match` for HTTP, axum glue and
-//!   idempotency keys ([`http`]), and conflict [`metrics`].
+//!   idempotency keys ([`http`]), the transactional outbox and the consumer's
+//!   inbox (`outbox`, feature `outbox`), and conflict [`metrics`].
 //! * **Leases** (`lease`, feature `lease`): one holder at a time for a TTL, on
 //!   the database or on Redis, each grant with a fencing token that lockkit's
 //!   fenced writes check, so a holder that overran its lease cannot write.
@@ -101,8 +102,13 @@ pub mod http;
 pub mod lease;
 pub mod metrics;
 pub mod optimistic;
+#[cfg(feature = "outbox")]
+#[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
+pub mod outbox;
 pub mod pessimistic;
 
+#[cfg(any(feature = "idempotency", feature = "outbox"))]
+mod clock;
 mod isolation;
 mod retry;
 mod sealed;

@@ -147,6 +147,17 @@ pub fn lease_migrations(backend: &str) -> diesel_migrations::EmbeddedMigrations 
     }
 }
 
+/// The embedded migrations of lockkit's outbox and inbox tables for `backend`
+/// (`postgres`, `mysql` or `sqlite`).
+#[cfg(feature = "harness")]
+pub fn outbox_migrations(backend: &str) -> diesel_migrations::EmbeddedMigrations {
+    match backend {
+        "postgres" => lockkit::outbox::POSTGRES_MIGRATIONS,
+        "mysql" => lockkit::outbox::MYSQL_MIGRATIONS,
+        _ => lockkit::outbox::SQLITE_MIGRATIONS,
+    }
+}
+
 /// Inserts `items` rows `(id, stock)` with version 0 (the same SQL on every backend).
 #[cfg(feature = "harness")]
 pub fn seed_items<C: diesel::Connection>(conn: &mut C, rows: &[(i32, i32)]) {

@@ -127,6 +127,7 @@ lockkit_tests::backend_tests! {
         })
         .unwrap();
         conn.run_pending_migrations(lockkit_tests::lease_migrations(BACKEND)).unwrap();
+        conn.run_pending_migrations(lockkit_tests::outbox_migrations(BACKEND)).unwrap();
         seed_items(&mut conn, &[(1, 10), (2, 10), (3, 10)]);
         exec(&mut conn, "INSERT INTO jobs (id, payload, done) VALUES (1, 'a', false), (2, 'b', false)");
         let log = Log::default();
@@ -225,6 +226,23 @@ lockkit_tests::backend_tests! {
         log.section("lease::fenced(&mut conn, \"report\", Fence(1), ..) after fence 2: Error::Fenced, one SELECT on the failure path");
         let refused = lease::fenced(&mut conn, "report", Fence(1), |_| Ok::<_, Error>(()));
         assert!(matches!(refused, Err(Error::Fenced { .. })));
+
+        log.section("conn.transaction(|conn| lockkit::outbox::enqueue(conn, \"orders\", \"{..}\"))");
+        conn.transaction(|conn| lockkit::outbox::enqueue(conn, "orders", "{\"order\":1}")).unwrap();
+        log.section("Relay::default().publish_batch(&mut conn, 10, ..): one message confirmed");
+        let relay = lockkit::outbox::Relay::default();
+        relay.publish_batch(&mut conn, 10, |batch| Ok::<_, Error>(vec![Ok(()); batch.len()])).unwrap();
+        conn.transaction(|conn| lockkit::outbox::enqueue(conn, "orders", "{\"order\":2}")).unwrap();
+        log.section("Relay::default().publish_batch(&mut conn, 10, ..): one message refused");
+        relay.publish_batch(&mut conn, 10, |_| Ok::<_, Error>(vec![Err("nack".to_owned())])).unwrap();
+        log.section("lockkit::outbox::purge_published(&mut conn, age)");
+        lockkit::outbox::purge_published(&mut conn, Duration::from_secs(86_400)).unwrap();
+        let inbox = lockkit::outbox::Inbox::new("stock").unwrap();
+        log.section("inbox.receive(&mut conn, \"m-1\", ..) twice: applied, then a duplicate");
+        inbox.receive(&mut conn, "m-1", |_| Ok::<_, Error>(())).unwrap();
+        inbox.receive(&mut conn, "m-1", |_| Ok::<_, Error>(())).unwrap();
+        log.section("inbox.purge_older_than(&mut conn, age)");
+        inbox.purge_older_than(&mut conn, Duration::from_secs(86_400)).unwrap();
 
         ServerStatements::run(&mut conn, &log);
 

@@ -185,35 +185,12 @@ impl Default for RelayConfig {
     }
 }
 
-/// Runs `$body` with `$conn` as the connection type the URL selects and `$url`
-/// as the URL to connect with (SQLite: the path without `sqlite://`).
+/// [`lockkit_tests::on_backend!`] with this crate's error for a backend whose
+/// feature is off.
 macro_rules! on_backend {
-    ($url:expr, |$conn:ident, $path:ident| $body:expr) => {{
-        let url: &str = $url;
-        let $path = lockkit_tests::support::connection_url(url);
-        match Backend::from_url(url) {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres => {
-                type $conn = diesel::PgConnection;
-                $body
-            }
-            #[cfg(feature = "mysql")]
-            Backend::Mysql => {
-                type $conn = diesel::MysqlConnection;
-                $body
-            }
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite => {
-                type $conn = diesel::SqliteConnection;
-                $body
-            }
-            #[allow(unreachable_patterns)]
-            backend => {
-                let _ = $path;
-                Err(JobQueueError::Unsupported(backend))
-            }
-        }
-    }};
+    ($url:expr, |$conn:ident, $path:ident| $body:expr) => {
+        lockkit_tests::on_backend!($url, JobQueueError::Unsupported, |$conn, $path| $body)
+    };
 }
 
 /// Applies the migrations, empties `jobs` and `job_runs`, enqueues `config.jobs`

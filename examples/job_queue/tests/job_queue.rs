@@ -10,9 +10,8 @@
 
 #![cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 
-use std::io::Read;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use job_queue::{Backend, Claim, OutboxAudit, WorkerConfig, WorkerReport};
 
@@ -117,56 +116,17 @@ fn relay_command(url: &str, name: &str, relay: &Relays) -> Command {
     command.args(["--role", "relay", "--name", name]);
     command.args(["--batch", &relay.batch.to_string()]);
     command.args(["--think-ms", &relay.think_ms.to_string()]);
-    match Backend::from_url(url) {
-        Backend::Sqlite => command
-            .env_remove("DATABASE_URL")
-            .args(["--sqlite-file", url]),
-        Backend::Postgres | Backend::Mysql => command.env("DATABASE_URL", url),
-    };
-    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    lockkit_tests::support::point_at_database(&mut command, url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     command
 }
 
-/// Waits for every child, killing all of them if one takes longer than `limit`;
-/// returns (success, stdout, stderr) per child.
-fn wait_all(mut children: Vec<Child>, limit: Duration) -> Vec<(bool, String, String)> {
-    let deadline = Instant::now() + limit;
-    let mut statuses = vec![None; children.len()];
-    while statuses.iter().any(Option::is_none) {
-        for (child, status) in children.iter_mut().zip(&mut statuses) {
-            if status.is_none() {
-                *status = child.try_wait().expect("try_wait");
-            }
-        }
-        if Instant::now() > deadline {
-            for child in &mut children {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-            panic!("relay processes still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    children
-        .iter_mut()
-        .zip(statuses)
-        .map(|(child, status)| {
-            let mut stdout = String::new();
-            let mut stderr = String::new();
-            child
-                .stdout
-                .take()
-                .unwrap()
-                .read_to_string(&mut stdout)
-                .unwrap();
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut stderr)
-                .unwrap();
-            (status.unwrap().success(), stdout, stderr)
-        })
+/// Waits for every relay; returns (success, stdout, stderr) per relay.
+fn wait_all(children: Vec<Child>, limit: Duration) -> Vec<(bool, String, String)> {
+    lockkit_tests::support::wait_all(children, limit)
+        .into_iter()
+        .map(|(status, stdout, stderr)| (status.success(), stdout, stderr))
         .collect()
 }
 

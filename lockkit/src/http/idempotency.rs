@@ -77,12 +77,13 @@
     allow(dead_code, unused_imports)
 )]
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use crate::clock::{millis, now_millis};
 use crate::pessimistic::connection::AsLockingConnection;
 use crate::transaction::{self, Failure};
 use crate::Error;
@@ -404,17 +405,6 @@ impl Idempotency {
             now_millis() - millis(self.retention),
         )
     }
-}
-
-fn now_millis() -> i64 {
-    let since_epoch = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
-}
-
-fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX / 2)
 }
 
 /// The statements behind [`Idempotency`], per connection type.

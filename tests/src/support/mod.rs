@@ -16,6 +16,9 @@
 //! * [`SessionSettings`]: what every pooled connection runs once it is open
 //!   ([`sqlite_session_settings`] with the `sqlite` feature,
 //!   [`no_session_settings`]).
+//! * [`point_at_database`] and [`wait_all`]: the examples' tests run them as
+//!   processes; [`on_backend!`](crate::on_backend) picks the connection type a
+//!   URL names.
 //!
 //! This module builds without the `harness` feature and without any backend
 //! feature. A program that depends on `lockkit-tests` with
@@ -35,12 +38,14 @@
 
 mod backend;
 mod error;
+mod processes;
 mod program;
 mod session;
 mod url;
 
 pub use backend::Backend;
 pub use error::ProgramError;
+pub use processes::{point_at_database, wait_all};
 pub use program::{database_url, exit_code};
 #[cfg(feature = "sqlite")]
 pub use session::sqlite_session_settings;

@@ -1,0 +1,3 @@
+DROP TABLE reservations;
+DROP TABLE stock;
+DROP TABLE orders;

@@ -1,0 +1,37 @@
+//! The example's error type.
+
+use crate::Backend;
+
+/// What can go wrong in the example's processes.
+#[derive(Debug, thiserror::Error)]
+pub enum OutboxError {
+    /// lockkit's error (the outbox, the inbox, the relay's transaction).
+    #[error(transparent)]
+    Lockkit(#[from] lockkit::Error),
+    /// A database error outside lockkit's calls.
+    #[error("database: {0}")]
+    Database(#[from] diesel::result::Error),
+    /// The connection could not be opened.
+    #[error("cannot connect: {0}")]
+    Connection(#[from] diesel::ConnectionError),
+    /// The migrations failed.
+    #[error("migrations: {0}")]
+    Migration(String),
+    /// NATS refused or could not be reached.
+    #[error("broker: {0}")]
+    Broker(String),
+    /// A message that is not an order's.
+    #[error("unreadable message {id:?}: {reason}")]
+    BadMessage {
+        /// Its `Outbox-Id` header.
+        id: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A backend whose cargo feature is off.
+    #[error("{} support is not compiled in: build with `--features {}`", .0.title(), .0.name())]
+    Unsupported(Backend),
+    /// Bad options.
+    #[error("{0}")]
+    Usage(String),
+}

@@ -1,0 +1,252 @@
+//! The outbox under real crashes: relay and consumer processes exit at the exact
+//! point of each at-least-once window, against NATS JetStream and a real
+//! database, and the audit checks every order applied exactly once.
+//!
+//! Each test runs in an empty database of its own ([`lockkit_tests::TestDb::empty`])
+//! and a JetStream stream of its own, deleted at the end. NATS is `NATS_URL`
+//! (default `nats://127.0.0.1:4222`); a broker that cannot be reached fails the
+//! test, nothing is skipped.
+
+#![cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use outbox::{Audit, Backend, BrokerConfig, ConsumerReport, CRASH_EXIT};
+
+/// The test's stream, named after the test and the backend, deleted on drop.
+struct Stream(BrokerConfig);
+
+impl Stream {
+    fn new(test: &str, url: &str) -> Stream {
+        let stream = format!(
+            "OUTBOX_{}_{}_{}",
+            test,
+            Backend::from_url(url).name(),
+            std::process::id()
+        );
+        Stream(BrokerConfig {
+            stream,
+            ..BrokerConfig::default()
+        })
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let _ = outbox::delete_stream(&self.0);
+    }
+}
+
+/// `outbox --role ROLE ARGS..` on the test's database and stream.
+fn spawn(url: &str, broker: &BrokerConfig, role: &str, args: &[&str]) -> Child {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_outbox"));
+    command
+        .args(["--role", role, "--stream", &broker.stream])
+        .args(args);
+    lockkit_tests::support::point_at_database(&mut command, url);
+    command
+        .env("NATS_URL", &broker.url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command.spawn().expect("spawn the outbox binary")
+}
+
+/// Waits for every child; returns (exit code, stdout + stderr) per child.
+fn wait_all(children: Vec<Child>, limit: Duration) -> Vec<(Option<i32>, String)> {
+    lockkit_tests::support::wait_all(children, limit)
+        .into_iter()
+        .map(|(status, stdout, stderr)| {
+            let out = stdout + &stderr;
+            eprint!("{out}");
+            (status.code(), out)
+        })
+        .collect()
+}
+
+/// Runs one process to its end; asserts its exit code.
+fn run(url: &str, broker: &BrokerConfig, role: &str, args: &[&str], expect: i32) -> String {
+    let (code, out) = wait_all(
+        vec![spawn(url, broker, role, args)],
+        Duration::from_secs(120),
+    )
+    .remove(0);
+    assert_eq!(code, Some(expect), "{role} {args:?}:\n{out}");
+    out
+}
+
+fn consumer_report(out: &str) -> ConsumerReport {
+    ConsumerReport::from_output(out).unwrap_or_else(|| panic!("no consumer report in {out:?}"))
+}
+
+/// Sets up, places `orders` orders; returns the test's stream.
+fn prepare(test: &str, url: &str, orders: u32) -> Stream {
+    let stream = Stream::new(test, url);
+    outbox::setup(url, &stream.0, 3).unwrap_or_else(|e| panic!("setup {url}: {e}"));
+    let ids = outbox::place_orders(url, &stream.0, orders).unwrap();
+    assert_eq!(ids.len(), orders as usize);
+    stream
+}
+
+fn audit(url: &str, broker: &BrokerConfig) -> Audit {
+    let audit = outbox::audit(url, broker).unwrap();
+    eprintln!("{url}:\n{audit}");
+    audit
+}
+
+/// A relay exits after JetStream acked its second batch of 5 and before the
+/// marks commit: the next relay publishes those 5 again, and the consumer's
+/// inbox absorbs exactly those 5 duplicates.
+fn a_relay_killed_between_publish_and_mark(url: &str) {
+    let stream = prepare("relay_kill", url, 20);
+    let broker = &stream.0;
+    run(
+        url,
+        broker,
+        "relay",
+        &["--batch", "5", "--crash-after-publish", "2"],
+        CRASH_EXIT,
+    );
+    let after_crash = audit(url, broker);
+    assert_eq!(
+        (after_crash.stream_messages, after_crash.unpublished),
+        (10, 15),
+        "batch 1 marked, batch 2 published but not marked"
+    );
+    run(url, broker, "relay", &["--batch", "5"], 0);
+    let consumed = consumer_report(&run(url, broker, "consumer", &["--idle-ms", "500"], 0));
+    let audit = audit(url, broker);
+    assert!(audit.is_exactly_once(), "{audit}");
+    assert_eq!(
+        audit.stream_messages, 25,
+        "20 messages and the 5 of the dead relay's batch again"
+    );
+    assert_eq!(audit.duplicates_published(), 5);
+    // Exact, up to redeliveries JetStream adds when an ack takes over its
+    // ack wait (each one absorbed too).
+    let extra = consumed.redelivered;
+    assert_eq!(
+        consumed,
+        ConsumerReport {
+            delivered: 25 + extra,
+            redelivered: extra,
+            applied: 20,
+            absorbed: 5 + extra
+        },
+        "every duplicate delivered and absorbed"
+    );
+}
+
+/// A consumer exits after the effect of its third message committed and
+/// before the ack: JetStream redelivers it (and the rest of the fetched batch)
+/// to the next consumer, whose inbox absorbs exactly that one message.
+fn a_consumer_killed_between_effect_and_ack(url: &str) {
+    let stream = prepare("consumer_kill", url, 20);
+    let broker = &stream.0;
+    run(url, broker, "relay", &["--batch", "5"], 0);
+    let died = run(
+        url,
+        broker,
+        "consumer",
+        &["--crash-after-effect", "3"],
+        CRASH_EXIT,
+    );
+    assert!(
+        died.contains("crashing after the effect of order-service/"),
+        "{died}"
+    );
+    let mid = audit(url, broker);
+    assert_eq!(
+        (mid.inbox, mid.reservations),
+        (3, 3),
+        "three effects committed, two of them acked"
+    );
+    let consumed = consumer_report(&run(url, broker, "consumer", &["--idle-ms", "500"], 0));
+    let audit = audit(url, broker);
+    assert!(audit.is_exactly_once(), "{audit}");
+    assert_eq!(audit.stream_messages, 20, "no duplicate published");
+    // 18 messages not acked by the first consumer; deliveries beyond those are
+    // redeliveries after an ack wait, each one absorbed.
+    assert_eq!(consumed.applied, 17, "{consumed}");
+    assert!(consumed.delivered >= 18, "{consumed}");
+    assert_eq!(
+        consumed.absorbed,
+        1 + (consumed.delivered - 18),
+        "the unacked effect, redelivered and absorbed: {consumed}"
+    );
+    assert!(
+        consumed.redelivered >= 1,
+        "JetStream redelivered after its ack wait: {consumed}"
+    );
+}
+
+/// Two relays at once, one of which dies between publish and mark, with the
+/// consumer running alongside; then a last relay and consumer finish. No
+/// message lost, every duplicate published is absorbed.
+fn two_relays_at_once_lose_nothing(url: &str) {
+    const ORDERS: u32 = 200;
+    let stream = prepare("two_relays", url, ORDERS);
+    let broker = &stream.0;
+    let children = vec![
+        spawn(
+            url,
+            broker,
+            "relay",
+            &["--name", "r1", "--batch", "5", "--pause-ms", "20"],
+        ),
+        spawn(
+            url,
+            broker,
+            "relay",
+            &[
+                "--name",
+                "r2",
+                "--batch",
+                "5",
+                "--pause-ms",
+                "20",
+                "--crash-after-publish",
+                "2",
+            ],
+        ),
+        spawn(url, broker, "consumer", &["--idle-ms", "1000"]),
+    ];
+    let outputs = wait_all(children, Duration::from_secs(120));
+    assert_eq!(outputs[0].0, Some(0), "{}", outputs[0].1);
+    assert_eq!(outputs[1].0, Some(CRASH_EXIT), "{}", outputs[1].1);
+    assert_eq!(outputs[2].0, Some(0), "{}", outputs[2].1);
+    // Whatever was published after the first consumer stopped.
+    let last = consumer_report(&run(url, broker, "consumer", &["--idle-ms", "500"], 0));
+    let consumed = consumer_report(&outputs[2].1) + last;
+    let audit = audit(url, broker);
+    assert!(audit.is_exactly_once(), "{audit}");
+    assert_eq!(
+        audit.duplicates_published(),
+        5,
+        "exactly the dead relay's batch twice: {audit}"
+    );
+    assert_eq!(consumed.applied, u64::from(ORDERS), "{consumed}");
+    assert_eq!(
+        consumed.delivered,
+        audit.stream_messages + consumed.redelivered,
+        "every message in the stream delivered: {consumed}"
+    );
+    assert_eq!(
+        consumed.absorbed,
+        consumed.delivered - u64::from(ORDERS),
+        "every duplicate absorbed: {consumed}"
+    );
+    eprintln!("{url}: consumers {consumed}");
+}
+
+lockkit_tests::url_tests! {
+    fn a_relay_killed_between_publish_and_mark(url) {
+        super::a_relay_killed_between_publish_and_mark(url)
+    }
+    fn a_consumer_killed_between_effect_and_ack(url) {
+        super::a_consumer_killed_between_effect_and_ack(url)
+    }
+    fn two_relays_at_once_lose_nothing(url) {
+        super::two_relays_at_once_lose_nothing(url)
+    }
+}

@@ -1,0 +1,2 @@
+DROP TABLE lockkit_inbox;
+DROP TABLE lockkit_outbox;

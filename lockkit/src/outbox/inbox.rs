@@ -1,0 +1,115 @@
+//! The consumer's half: apply each message once, however often it arrives.
+
+use std::time::Duration;
+
+use super::{valid_name, OutboxStore};
+use crate::clock::{millis, now_millis};
+use crate::pessimistic::connection::AsLockingConnection;
+use crate::{locked_transaction, Error, LockOptions};
+
+/// What [`Inbox::receive`] did with a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Received<T> {
+    /// First delivery: the effect ran and committed with the message's id.
+    Applied(T),
+    /// The id was already recorded: a redelivery; the effect did not run. Ack it.
+    Duplicate,
+}
+
+/// A consumer's inbox: the message ids it has applied, in `lockkit_inbox`,
+/// under its name (one table serves many consumers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inbox {
+    consumer: String,
+}
+
+impl Inbox {
+    /// The inbox of the consumer called `consumer`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] when `consumer` is empty, longer than 255
+    /// characters or contains NUL.
+    pub fn new(consumer: &str) -> Result<Self, Error> {
+        if !valid_name(consumer) {
+            return Err(Error::InvalidInput(
+                "inbox consumer names are 1 to 255 characters, without NUL",
+            ));
+        }
+        Ok(Inbox {
+            consumer: consumer.to_owned(),
+        })
+    }
+
+    /// The consumer's name.
+    pub fn consumer(&self) -> &str {
+        &self.consumer
+    }
+
+    /// Applies a message's effect once: in one transaction, records
+    /// `message_id` and, if it was not recorded before, runs `apply`.
+    ///
+    /// Ack the message to the broker after this returns `Ok`, whichever the
+    /// variant. Concurrent deliveries of one message (two consumers, a
+    /// redelivery while the first is still running) meet at the inbox row's
+    /// key: the later one waits for the earlier one's transaction and then
+    /// sees [`Received::Duplicate`], or applies the message if the earlier one
+    /// rolled back. On SQLite the transaction is `BEGIN IMMEDIATE`, so deliveries
+    /// take turns. Nested in an open transaction it runs in a savepoint, and the
+    /// record commits with the outer transaction.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::InvalidInput`] when `message_id` is empty, longer than 255
+    ///   characters or contains NUL; nothing is sent.
+    /// * whatever `apply` returns, untouched; the transaction is rolled back,
+    ///   the id with it, so a redelivery applies the message again.
+    /// * lockkit's errors converted into `E`: [`Error::Busy`] on SQLite,
+    ///   [`Error::Deadlock`] (MySQL can pick one of several waiting duplicates;
+    ///   don't ack, the redelivery is recognised), or another classified database
+    ///   error ([`classify`](crate::classify())).
+    pub fn receive<C, T, E, F>(
+        &self,
+        conn: &mut C,
+        message_id: &str,
+        apply: F,
+    ) -> Result<Received<T>, E>
+    where
+        C: AsLockingConnection,
+        C::Conn: OutboxStore,
+        E: From<Error>,
+        F: FnOnce(&mut C::Conn) -> Result<T, E>,
+    {
+        if !valid_name(message_id) {
+            return Err(E::from(Error::InvalidInput(
+                "message ids are 1 to 255 characters, without NUL",
+            )));
+        }
+        locked_transaction(conn, LockOptions::default(), |conn| {
+            if !C::Conn::record_received(conn, &self.consumer, message_id, now_millis())? {
+                return Ok(Received::Duplicate);
+            }
+            apply(conn).map(Received::Applied)
+        })
+    }
+
+    /// Deletes this consumer's ids recorded more than `age` ago; returns how many.
+    /// Keep them longer than the broker may redeliver (its retention and retry
+    /// limits): a message older than its record would be applied again.
+    ///
+    /// # Errors
+    ///
+    /// A classified database error; see [`classify`](crate::classify()).
+    pub fn purge_older_than<C>(&self, conn: &mut C, age: Duration) -> Result<usize, Error>
+    where
+        C: AsLockingConnection,
+        C::Conn: OutboxStore,
+    {
+        C::Conn::purge_received(
+            conn.locking_connection(),
+            &self.consumer,
+            now_millis() - millis(age),
+        )
+    }
+}

@@ -1,0 +1,449 @@
+//! The transactional outbox and the consumer's inbox (feature `outbox`): a
+//! database change and the message that announces it, delivered at least once,
+//! applied exactly once.
+//!
+//! Writing to the database and then publishing to a broker is two writes that
+//! can part ways: a crash between them loses the message, or publishes one for a
+//! change that was rolled back. The outbox makes it one write:
+//!
+//! 1. **Enqueue** ([`enqueue`]): the message is a row of `lockkit_outbox`,
+//!    inserted in the transaction of the change. Both commit or neither does.
+//! 2. **Relay** ([`Relay::publish_batch`]): a relay process claims a batch of
+//!    unpublished rows with `FOR UPDATE SKIP LOCKED` ([`queue::claim`](crate::queue::claim)), hands
+//!    them to your broker client, and marks each one published only once the
+//!    broker has confirmed it (publisher confirms, JetStream acks). Several
+//!    relays claim disjoint batches. A failed publish is retried later with
+//!    exponential backoff (`attempts`, `next_attempt_at`, `last_error`).
+//! 3. **Inbox** ([`Inbox::receive`]): the consumer records the message id in
+//!    `lockkit_inbox` in the transaction of the message's effect. A redelivered
+//!    message finds its id there and is skipped ([`Received::Duplicate`]).
+//!
+//! Delivery is **at least once**: a relay that dies after the broker confirmed
+//! but before its transaction commits leaves the rows unpublished, and the next
+//! relay publishes them again; a consumer that dies after its commit but before
+//! its ack gets the message again. The inbox turns at-least-once delivery into
+//! an exactly-once *effect*.
+//!
+//! | step | statement (PostgreSQL; the others alike) |
+//! | --- | --- |
+//! | enqueue | `INSERT INTO lockkit_outbox (topic, payload, created_at, next_attempt_at) VALUES ($1, $2, $3, $4)`, then the new id |
+//! | claim | `SELECT .. FROM lockkit_outbox WHERE published_at IS NULL AND next_attempt_at <= $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED` |
+//! | confirmed | `UPDATE lockkit_outbox SET published_at = $1 WHERE id = $2 AND published_at IS NULL` |
+//! | failed | `UPDATE lockkit_outbox SET attempts = attempts + 1, next_attempt_at = $1, last_error = $2 WHERE id = $3` |
+//! | receive | `INSERT .. INTO lockkit_inbox .. ON CONFLICT DO NOTHING` (MySQL, SQLite: `INSERT IGNORE` / `INSERT OR IGNORE`); the effect runs only if a row was inserted |
+//!
+//! The relay holds its claimed rows locked (a transaction open) while the broker
+//! confirms; keep batches small. On SQLite, which has no row locks, relays take
+//! turns (`BEGIN IMMEDIATE`), as [`queue`](crate::queue) explains.
+//!
+//! ```
+//! # #[cfg(feature = "sqlite")] {
+//! use diesel::connection::SimpleConnection;
+//! use diesel::prelude::*;
+//! use lockkit::outbox::{self, Dialect, Inbox, Received, Relay};
+//!
+//! let mut conn = SqliteConnection::establish(":memory:").unwrap();
+//! conn.batch_execute(outbox::up_sql(Dialect::Sqlite)).unwrap();
+//!
+//! // The order service: the order and its message in one transaction.
+//! let id = conn
+//!     .transaction(|conn| {
+//!         // .. insert the order ..
+//!         outbox::enqueue(conn, "orders", r#"{"order":7,"qty":2}"#)
+//!     })
+//!     .unwrap();
+//!
+//! // The relay: publish, and report what the broker confirmed.
+//! let mut broker = Vec::new();
+//! let relayed = Relay::default()
+//!     .publish_batch(&mut conn, 10, |batch| {
+//!         broker.extend(batch.iter().map(|m| (m.id, m.payload.clone())));
+//!         Ok::<_, lockkit::Error>(vec![Ok(()); batch.len()]) // every message confirmed
+//!     })
+//!     .unwrap();
+//! assert_eq!((relayed.claimed, relayed.published), (1, 1));
+//!
+//! // The consumer: the effect and the message id commit together; a
+//! // redelivery is recognised and skipped.
+//! let inbox = Inbox::new("stock").unwrap();
+//! let message_id = id.to_string();
+//! for _delivery in 0..2 {
+//!     let received = inbox.receive(&mut conn, &message_id, |_conn| {
+//!         // .. reserve the stock ..
+//!         Ok::<_, lockkit::Error>("reserved")
+//!     });
+//!     println!("{:?}", received.unwrap()); // Applied("reserved"), then Duplicate
+//! }
+//! # }
+//! ```
+//!
+//! The tables' SQL comes as plain strings, [`up_sql`] and [`down_sql`] per
+//! [`Dialect`], to copy into your own migrations. With the feature
+//! `outbox-migrations` it also ships as embedded migrations:
+//! `conn.run_pending_migrations(lockkit::outbox::POSTGRES_MIGRATIONS)` (or
+//! `MYSQL_MIGRATIONS`, `SQLITE_MIGRATIONS`); [`schema`] has the tables for
+//! queries of your own (the backlog, what keeps failing and why). Times are the application's clock
+//! in Unix milliseconds. Topics, consumer names and message ids are 1 to 255
+//! characters without NUL, payloads any text without NUL; everything travels as
+//! bound parameters.
+
+// Without a backend feature nothing implements the store: the feature still builds.
+#![cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code, unused_imports)
+)]
+
+mod inbox;
+mod store;
+
+use std::time::Duration;
+
+use crate::clock::{millis, now_millis};
+use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
+use crate::{locked_transaction, Error, LockOptions, RetryPolicy};
+
+pub use crate::version_trigger::Dialect;
+pub use inbox::{Inbox, Received};
+pub use store::OutboxStore;
+
+/// `CREATE TABLE lockkit_outbox` and `lockkit_inbox` for `dialect`: put it in a
+/// migration.
+///
+/// ```
+/// use lockkit::outbox::{up_sql, Dialect};
+/// assert!(up_sql(Dialect::Mysql).contains("CREATE TABLE lockkit_outbox"));
+/// assert!(up_sql(Dialect::Mysql).contains("CREATE TABLE lockkit_inbox"));
+/// ```
+pub fn up_sql(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Postgres => {
+            include_str!("../../migrations/outbox/postgres/2026-12-01-000000_lockkit_outbox/up.sql")
+        }
+        Dialect::Mysql => {
+            include_str!("../../migrations/outbox/mysql/2026-12-01-000000_lockkit_outbox/up.sql")
+        }
+        Dialect::Sqlite => {
+            include_str!("../../migrations/outbox/sqlite/2026-12-01-000000_lockkit_outbox/up.sql")
+        }
+    }
+}
+
+/// Drops the tables [`up_sql`] creates (a migration's `down.sql`).
+pub fn down_sql(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Postgres => include_str!(
+            "../../migrations/outbox/postgres/2026-12-01-000000_lockkit_outbox/down.sql"
+        ),
+        Dialect::Mysql => {
+            include_str!("../../migrations/outbox/mysql/2026-12-01-000000_lockkit_outbox/down.sql")
+        }
+        Dialect::Sqlite => {
+            include_str!("../../migrations/outbox/sqlite/2026-12-01-000000_lockkit_outbox/down.sql")
+        }
+    }
+}
+
+/// The outbox tables' migration for PostgreSQL.
+#[cfg(all(feature = "outbox-migrations", feature = "postgres"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(all(feature = "outbox-migrations", feature = "postgres")))
+)]
+pub const POSTGRES_MIGRATIONS: diesel_migrations::EmbeddedMigrations =
+    diesel_migrations::embed_migrations!("migrations/outbox/postgres");
+/// The outbox tables' migration for MySQL/MariaDB.
+#[cfg(all(feature = "outbox-migrations", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(all(feature = "outbox-migrations", feature = "mysql")))
+)]
+pub const MYSQL_MIGRATIONS: diesel_migrations::EmbeddedMigrations =
+    diesel_migrations::embed_migrations!("migrations/outbox/mysql");
+/// The outbox tables' migration for SQLite.
+#[cfg(all(feature = "outbox-migrations", feature = "sqlite"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(all(feature = "outbox-migrations", feature = "sqlite")))
+)]
+pub const SQLITE_MIGRATIONS: diesel_migrations::EmbeddedMigrations =
+    diesel_migrations::embed_migrations!("migrations/outbox/sqlite");
+
+/// The tables as Diesel sees them, for queries of your own: messages waiting
+/// out a backoff (`attempts`, `last_error`), the backlog, the inbox's size.
+pub mod schema {
+    diesel::table! {
+        /// The outbox: one row per message.
+        lockkit_outbox (id) {
+            /// Increasing; the message's id.
+            id -> BigInt,
+            /// Where to publish it.
+            topic -> Text,
+            /// The message body.
+            payload -> Text,
+            /// When it was enqueued (Unix milliseconds).
+            created_at -> BigInt,
+            /// Failed publish attempts so far.
+            attempts -> Integer,
+            /// When a relay may claim it (again).
+            next_attempt_at -> BigInt,
+            /// Why the last attempt failed.
+            last_error -> Nullable<Text>,
+            /// When the broker confirmed it; `NULL` until then.
+            published_at -> Nullable<BigInt>,
+        }
+    }
+
+    diesel::table! {
+        /// The inbox: one row per message a consumer has applied.
+        lockkit_inbox (consumer, message_id) {
+            /// The consumer's name.
+            consumer -> Text,
+            /// The message's id.
+            message_id -> Text,
+            /// When it was applied (Unix milliseconds).
+            received_at -> BigInt,
+        }
+    }
+}
+
+/// The longest topic, consumer name or message id, in characters.
+const MAX_NAME: usize = 255;
+/// How much of a broker's failure reason is kept in `last_error`, in characters.
+const MAX_REASON: usize = 1000;
+
+/// Whether `name` is a valid topic, consumer name or message id.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name.chars().count() <= MAX_NAME && !name.contains('\0')
+}
+
+/// A message as the relay claims it.
+#[derive(Debug, Clone, PartialEq, Eq, diesel::Queryable)]
+#[non_exhaustive]
+pub struct OutboxMessage {
+    /// The outbox row's id, increasing in commit order per connection: give it to
+    /// the broker as the message id, for the consumer's [`Inbox`].
+    pub id: i64,
+    /// Where to publish it (a subject, routing key, topic).
+    pub topic: String,
+    /// The message body.
+    pub payload: String,
+    /// Failed publish attempts so far.
+    pub attempts: i32,
+    /// When it was enqueued (Unix milliseconds).
+    pub created_at: i64,
+}
+
+/// Writes a message to the outbox in the open transaction, the one that makes
+/// the change the message announces; returns its id.
+///
+/// # Errors
+///
+/// * [`Error::NotInTransaction`] outside a transaction: the message must commit
+///   with its change (wrap both in `conn.transaction(..)`); nothing is sent.
+/// * [`Error::InvalidInput`] when `topic` is empty, longer than 255 characters
+///   or contains NUL, or `payload` contains NUL; nothing is sent.
+/// * a classified database error; see [`classify`](crate::classify()).
+pub fn enqueue<C>(conn: &mut C, topic: &str, payload: &str) -> Result<i64, Error>
+where
+    C: AsLockingConnection,
+    C::Conn: OutboxStore,
+{
+    if !valid_name(topic) || payload.contains('\0') {
+        return Err(Error::InvalidInput(
+            "outbox topics are 1 to 255 characters and payloads any text, without NUL",
+        ));
+    }
+    let conn = conn.locking_connection();
+    if !conn.in_transaction() {
+        return Err(Error::NotInTransaction);
+    }
+    C::Conn::insert_message(conn, topic, payload, now_millis())
+}
+
+/// Claims up to `limit` messages that are due (unpublished, and past their
+/// backoff) and that no other relay holds, oldest first, locking them until the
+/// transaction ends: [`queue::claim`](crate::queue::claim) on `lockkit_outbox`. For a relay of your
+/// own; [`Relay::publish_batch`] does claim, publish and mark in one call.
+///
+/// # Errors
+///
+/// As [`queue::claim`](crate::queue::claim): [`Error::NotInTransaction`] outside a transaction,
+/// [`Error::Busy`] on SQLite, or a classified database error.
+pub fn claim<C>(conn: &mut C, limit: i64) -> Result<Vec<OutboxMessage>, Error>
+where
+    C: AsLockingConnection,
+    C::Conn: OutboxStore,
+{
+    C::Conn::claim_due(conn.locking_connection(), limit, now_millis())
+}
+
+/// Marks a claimed message published (the broker confirmed it); `false` if it
+/// already was. Run it in the claiming transaction.
+///
+/// # Errors
+///
+/// A classified database error; see [`classify`](crate::classify()).
+pub fn mark_published<C>(conn: &mut C, id: i64) -> Result<bool, Error>
+where
+    C: AsLockingConnection,
+    C::Conn: OutboxStore,
+{
+    C::Conn::mark_published(conn.locking_connection(), id, now_millis())
+}
+
+/// Deletes messages published more than `age` ago; returns how many. Run it
+/// from a periodic job.
+///
+/// # Errors
+///
+/// A classified database error; see [`classify`](crate::classify()).
+pub fn purge_published<C>(conn: &mut C, age: Duration) -> Result<usize, Error>
+where
+    C: AsLockingConnection,
+    C::Conn: OutboxStore,
+{
+    C::Conn::purge_published(conn.locking_connection(), now_millis() - millis(age))
+}
+
+/// What one [`Relay::publish_batch`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Relayed {
+    /// Messages claimed (0: nothing due that no other relay holds).
+    pub claimed: usize,
+    /// Messages the broker confirmed, now marked published.
+    pub published: usize,
+    /// Messages that failed, now waiting out their backoff.
+    pub failed: usize,
+}
+
+/// The relay's settings: the backoff after a failed publish.
+///
+/// After failed attempt `n` a message waits up to `base_delay * 2^(n-1)`, capped
+/// at `max_delay`, with full jitter ([`RetryPolicy::delay_after`]), and is then
+/// claimed again. Messages are retried for as long as they fail: an outbox
+/// never gives a message up (watch `attempts` and `last_error`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Relay {
+    /// The first backoff ceiling. Default 1 s.
+    pub base_delay: Duration,
+    /// The largest backoff ceiling. Default 5 min.
+    pub max_delay: Duration,
+}
+
+impl Default for Relay {
+    fn default() -> Self {
+        Relay {
+            base_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(300),
+        }
+    }
+}
+
+impl Relay {
+    /// Claims up to `limit` due messages ([`claim`]), hands them to `publish`,
+    /// and marks each one as `publish` reports, in one transaction.
+    ///
+    /// `publish` sends the batch to the broker and waits for its confirmations;
+    /// it returns one outcome per message, in the batch's order: `Ok(())`, the
+    /// broker confirmed it (it is marked published), or `Err(reason)`, it was
+    /// refused or not confirmed (it gets an attempt and a backoff; `reason` is
+    /// kept in `last_error`). A message without an outcome (a short list)
+    /// counts as failed. If `publish` returns `Err(e)` instead, the
+    /// transaction rolls back and nothing is marked: the batch is claimable
+    /// again at once, and may have reached the broker (at least once).
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::InvalidInput`] when `limit` is below 1; nothing is sent.
+    /// * whatever `publish` returns, untouched (the transaction rolled back).
+    /// * lockkit's errors converted into `E`: [`Error::Busy`] on SQLite, a
+    ///   classified database error ([`classify`](crate::classify())).
+    pub fn publish_batch<C, E, F>(&self, conn: &mut C, limit: i64, publish: F) -> Result<Relayed, E>
+    where
+        C: AsLockingConnection,
+        C::Conn: OutboxStore,
+        E: From<Error>,
+        F: FnOnce(&[OutboxMessage]) -> Result<Vec<Result<(), String>>, E>,
+    {
+        if limit < 1 {
+            return Err(E::from(Error::InvalidInput(
+                "a relay claims at least one message per batch",
+            )));
+        }
+        locked_transaction(conn, LockOptions::default(), |conn| {
+            let batch = C::Conn::claim_due(conn, limit, now_millis())?;
+            let mut relayed = Relayed {
+                claimed: batch.len(),
+                ..Relayed::default()
+            };
+            if batch.is_empty() {
+                return Ok(relayed);
+            }
+            let mut outcomes = publish(&batch)?.into_iter();
+            for message in &batch {
+                match outcomes.next() {
+                    Some(Ok(())) => {
+                        C::Conn::mark_published(conn, message.id, now_millis())?;
+                        relayed.published += 1;
+                    }
+                    Some(Err(reason)) => {
+                        self.fail(conn, message, &reason)?;
+                        relayed.failed += 1;
+                    }
+                    None => {
+                        self.fail(conn, message, "no outcome reported")?;
+                        relayed.failed += 1;
+                    }
+                }
+            }
+            Ok(relayed)
+        })
+    }
+
+    /// Records a failed publish of a claimed message: one more attempt, the next
+    /// one after the backoff, `reason` (its first 1000 characters, NUL dropped)
+    /// in `last_error`. Run it in the claiming transaction.
+    ///
+    /// # Errors
+    ///
+    /// A classified database error; see [`classify`](crate::classify()).
+    pub fn mark_failed<C>(
+        &self,
+        conn: &mut C,
+        message: &OutboxMessage,
+        reason: &str,
+    ) -> Result<(), Error>
+    where
+        C: AsLockingConnection,
+        C::Conn: OutboxStore,
+    {
+        self.fail(conn.locking_connection(), message, reason)
+    }
+
+    fn fail<S: OutboxStore>(
+        &self,
+        conn: &mut S,
+        message: &OutboxMessage,
+        reason: &str,
+    ) -> Result<(), Error> {
+        let attempt = u32::try_from(message.attempts)
+            .unwrap_or(0)
+            .saturating_add(1);
+        let delay = RetryPolicy::default()
+            .base_delay(self.base_delay)
+            .max_delay(self.max_delay)
+            .delay_after(attempt);
+        let reason: String = reason
+            .chars()
+            .filter(|&c| c != '\0')
+            .take(MAX_REASON)
+            .collect();
+        S::mark_failed(
+            conn,
+            message.id,
+            now_millis().saturating_add(millis(delay)),
+            &reason,
+        )
+    }
+}

@@ -1,0 +1,358 @@
+//! The transactional outbox and the inbox on real servers: a rolled-back change
+//! leaves no message, concurrent relays publish each message once (twice only
+//! when a relay dies before marking), failed publishes back off, and the inbox
+//! applies a message once under concurrent redelivery, where a consumer without
+//! it applies every delivery.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Barrier, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use diesel::prelude::*;
+use diesel_migrations::MigrationHarness;
+use lockkit::outbox::schema::{lockkit_inbox, lockkit_outbox};
+use lockkit::outbox::{self, Inbox, OutboxMessage, Received, Relay};
+use lockkit::Error;
+use lockkit_tests::{outbox_migrations, seed_items, stock_of};
+
+/// How many outbox messages are not marked published, on `$conn`. A macro:
+/// Diesel checks the query per backend.
+macro_rules! unpublished {
+    ($conn:expr) => {
+        lockkit_outbox::table
+            .filter(lockkit_outbox::published_at.is_null())
+            .count()
+            .get_result::<i64>($conn)
+            .unwrap()
+    };
+}
+
+/// A stand-in broker: every message it was handed, with the relay that handed it.
+#[derive(Default)]
+struct Broker(Mutex<Vec<(usize, i64)>>);
+
+impl Broker {
+    /// Accepts a batch from `relay` and confirms every message.
+    fn confirm_all(&self, relay: usize, batch: &[OutboxMessage]) -> Vec<Result<(), String>> {
+        self.0
+            .lock()
+            .unwrap()
+            .extend(batch.iter().map(|m| (relay, m.id)));
+        vec![Ok(()); batch.len()]
+    }
+
+    /// How often each message id was published.
+    fn copies(&self) -> BTreeMap<i64, usize> {
+        let mut copies = BTreeMap::new();
+        for (_, id) in self.0.lock().unwrap().iter() {
+            *copies.entry(*id).or_default() += 1;
+        }
+        copies
+    }
+
+    fn published_by(&self, relay: usize) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(r, _)| *r == relay)
+            .count()
+    }
+}
+
+/// Enqueues `count` messages, one committed transaction each; returns their ids.
+fn enqueue_many<C>(conn: &mut C, count: usize) -> Vec<i64>
+where
+    C: lockkit::AsLockingConnection + Connection,
+    C::Conn: outbox::OutboxStore,
+{
+    (0..count)
+        .map(|n| {
+            conn.transaction(|conn| outbox::enqueue(conn, "orders", &format!("{{\"order\":{n}}}")))
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Drains the outbox as relay number `relay`; returns how many batches it took.
+fn drain<C>(
+    conn: &mut C,
+    relay: usize,
+    broker: &Broker,
+    in_flight: &AtomicUsize,
+    overlap: &AtomicUsize,
+) -> usize
+where
+    C: lockkit::AsLockingConnection,
+    C::Conn: outbox::OutboxStore,
+{
+    let mut batches = 0;
+    loop {
+        let relayed = Relay::default()
+            .publish_batch(conn, 5, |batch| {
+                let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                overlap.fetch_max(now, Ordering::SeqCst);
+                thread::sleep(Duration::from_millis(20)); // the broker's confirms
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, Error>(broker.confirm_all(relay, batch))
+            })
+            .unwrap();
+        if relayed.claimed == 0 {
+            return batches;
+        }
+        assert_eq!(relayed.published, relayed.claimed);
+        batches += 1;
+    }
+}
+
+lockkit_tests::backend_tests! {
+    fn a_rolled_back_change_leaves_no_message(db) {
+        let mut conn = db.conn();
+        conn.run_pending_migrations(outbox_migrations(BACKEND)).unwrap();
+        seed_items(&mut conn, &[(1, 10)]);
+        let rolled_back = conn.transaction(|conn| {
+            diesel::sql_query("UPDATE items SET stock = stock - 2 WHERE id = 1").execute(conn)?;
+            outbox::enqueue(conn, "orders", r#"{"order":1,"qty":2}"#)?;
+            Err::<(), _>(Error::NoRowMatched) // the order fails after both writes
+        });
+        assert!(matches!(rolled_back, Err(Error::NoRowMatched)));
+        assert_eq!(stock_of!(&mut conn), 10);
+        assert_eq!(lockkit_outbox::table.count().get_result::<i64>(&mut conn).unwrap(), 0, "no message without its change");
+
+        let id = conn.transaction(|conn| {
+            diesel::sql_query("UPDATE items SET stock = stock - 2 WHERE id = 1").execute(conn)?;
+            outbox::enqueue(conn, "orders", r#"{"order":2,"qty":2}"#)
+        }).unwrap();
+        assert_eq!(stock_of!(&mut conn), 8);
+        let stored: (String, String, i32, Option<i64>) = lockkit_outbox::table
+            .find(id)
+            .select((lockkit_outbox::topic, lockkit_outbox::payload, lockkit_outbox::attempts, lockkit_outbox::published_at))
+            .first(&mut conn)
+            .unwrap();
+        assert_eq!(stored, ("orders".to_owned(), r#"{"order":2,"qty":2}"#.to_owned(), 0, None));
+
+        // Outside a transaction the message could commit without its change.
+        assert!(matches!(outbox::enqueue(&mut conn, "orders", "{}"), Err(Error::NotInTransaction)));
+        assert_eq!(lockkit_outbox::table.count().get_result::<i64>(&mut conn).unwrap(), 1);
+    }
+
+    fn two_relays_publish_every_message_once(db) {
+        db.conn().run_pending_migrations(outbox_migrations(BACKEND)).unwrap();
+        let ids = enqueue_many(&mut db.conn(), 100);
+        let broker = Broker::default();
+        let (in_flight, overlap) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let barrier = Barrier::new(2);
+        let batches: Vec<usize> = thread::scope(|s| {
+            let relays: Vec<_> = (0..2)
+                .map(|relay| {
+                    let (broker, in_flight, overlap, barrier) = (&broker, &in_flight, &overlap, &barrier);
+                    let mut conn = db.conn();
+                    s.spawn(move || {
+                        barrier.wait();
+                        drain(&mut conn, relay, broker, in_flight, overlap)
+                    })
+                })
+                .collect();
+            relays.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        let copies = broker.copies();
+        assert_eq!(copies.keys().copied().collect::<Vec<_>>(), ids, "every message published");
+        assert!(copies.values().all(|&n| n == 1), "none twice: {copies:?}");
+        assert_eq!(batches.iter().sum::<usize>(), 20);
+        let unpublished = unpublished!(&mut db.conn());
+        assert_eq!(unpublished, 0);
+        if BACKEND != "sqlite" {
+            // Row locks: both relays held batches at the same time, and both worked.
+            assert_eq!(overlap.load(Ordering::SeqCst), 2, "the relays ran side by side");
+            assert!(broker.published_by(0) > 0 && broker.published_by(1) > 0, "{batches:?}");
+        } else {
+            // SQLite: the relays take turns (BEGIN IMMEDIATE).
+            assert_eq!(overlap.load(Ordering::SeqCst), 1);
+        }
+    }
+
+    fn a_relay_that_dies_before_marking_publishes_its_batch_again(db) {
+        db.conn().run_pending_migrations(outbox_migrations(BACKEND)).unwrap();
+        let ids = enqueue_many(&mut db.conn(), 5);
+        let broker = Broker::default();
+        // Relay 0 hands a batch of 3 to the broker, which confirms it, and dies
+        // before its transaction commits the marks.
+        let died = thread::scope(|s| {
+            s.spawn(|| {
+                let mut conn = db.conn();
+                Relay::default().publish_batch(&mut conn, 3, |batch| -> Result<Vec<Result<(), String>>, Error> {
+                    broker.confirm_all(0, batch);
+                    panic!("the relay dies between publish and mark");
+                })
+            })
+            .join()
+        });
+        assert!(died.is_err(), "the relay thread panicked");
+        let unpublished = unpublished!(&mut db.conn());
+        assert_eq!(unpublished, 5, "its marks were rolled back with it");
+        // Relay 1 drains the outbox: the dead relay's batch goes out a second time.
+        let (in_flight, overlap) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        drain(&mut db.conn(), 1, &broker, &in_flight, &overlap);
+        let copies = broker.copies();
+        let expected: BTreeMap<i64, usize> =
+            ids.iter().enumerate().map(|(n, &id)| (id, if n < 3 { 2 } else { 1 })).collect();
+        assert_eq!(copies, expected, "at least once: exactly the dead relay's batch twice");
+    }
+
+    fn a_failed_publish_backs_off_and_is_retried(db) {
+        let mut conn = db.conn();
+        conn.run_pending_migrations(outbox_migrations(BACKEND)).unwrap();
+        let ids = enqueue_many(&mut conn, 3);
+        let relay = Relay { base_delay: Duration::from_secs(3600), max_delay: Duration::from_secs(3600) };
+        // The broker refuses the first message and confirms the second; the
+        // third gets no outcome at all.
+        let relayed = relay
+            .publish_batch(&mut conn, 10, |batch| {
+                assert_eq!(batch.len(), 3);
+                Ok::<_, Error>(vec![Err("nack: queue full".to_owned()), Ok(())])
+            })
+            .unwrap();
+        assert_eq!((relayed.claimed, relayed.published, relayed.failed), (3, 1, 2));
+        let rows: Vec<(i64, i32, Option<String>, bool)> = lockkit_outbox::table
+            .order(lockkit_outbox::id)
+            .select((lockkit_outbox::id, lockkit_outbox::attempts, lockkit_outbox::last_error, lockkit_outbox::published_at.is_not_null()))
+            .load(&mut conn)
+            .unwrap();
+        assert_eq!(rows, vec![
+            (ids[0], 1, Some("nack: queue full".to_owned()), false),
+            (ids[1], 0, None, true),
+            (ids[2], 1, Some("no outcome reported".to_owned()), false),
+        ]);
+        // Waiting out their backoff (up to an hour), the failed ones are not due.
+        let relayed = relay.publish_batch(&mut conn, 10, |_| -> Result<Vec<Result<(), String>>, Error> {
+            panic!("nothing is due")
+        });
+        assert_eq!(relayed.unwrap().claimed, 0);
+        // Once due, they are claimed again with their attempts, and published.
+        diesel::update(lockkit_outbox::table).set(lockkit_outbox::next_attempt_at.eq(0_i64)).execute(&mut conn).unwrap();
+        let relayed = relay
+            .publish_batch(&mut conn, 10, |batch| {
+                assert_eq!(batch.iter().map(|m| (m.id, m.attempts)).collect::<Vec<_>>(), vec![(ids[0], 1), (ids[2], 1)]);
+                Ok::<_, Error>(vec![Ok(()); batch.len()])
+            })
+            .unwrap();
+        assert_eq!((relayed.claimed, relayed.published), (2, 2));
+        assert_eq!(outbox::purge_published(&mut conn, Duration::ZERO).unwrap(), 3);
+    }
+
+    fn the_inbox_applies_each_message_once_under_concurrent_redelivery(db) {
+        db.conn().run_pending_migrations(outbox_migrations(BACKEND)).unwrap();
+        seed_items(&mut db.conn(), &[(1, 1000)]);
+        const MESSAGES: usize = 10;
+        const COPIES: usize = 4; // each message delivered 4 times at once
+        let inbox = Inbox::new("stock").unwrap();
+        let barrier = Barrier::new(COPIES);
+        let outcomes: Vec<Received<()>> = thread::scope(|s| {
+            let consumers: Vec<_> = (0..COPIES)
+                .map(|_| {
+                    let (inbox, barrier) = (&inbox, &barrier);
+                    let mut conn = db.conn();
+                    s.spawn(move || {
+                        (0..MESSAGES)
+                            .map(|m| {
+                                barrier.wait();
+                                inbox
+                                    .receive(&mut conn, &format!("order-service:{m}"), |conn| {
+                                        diesel::sql_query("UPDATE items SET stock = stock - 1 WHERE id = 1").execute(conn)?;
+                                        thread::sleep(Duration::from_millis(30)); // the others arrive meanwhile
+                                        Ok::<_, Error>(())
+                                    })
+                                    .unwrap()
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            consumers.into_iter().flat_map(|c| c.join().unwrap()).collect()
+        });
+        let applied = outcomes.iter().filter(|o| matches!(o, Received::Applied(()))).count();
+        let absorbed = outcomes.iter().filter(|o| matches!(o, Received::Duplicate)).count();
+        assert_eq!((applied, absorbed), (MESSAGES, MESSAGES * (COPIES - 1)));
+        assert_eq!(stock_of!(&mut db.conn()), 1000 - MESSAGES as i32, "each message applied once");
+        let recorded: i64 = lockkit_inbox::table.count().get_result(&mut db.conn()).unwrap();
+        assert_eq!(recorded, MESSAGES as i64);
+    }
+
+    fn a_consumer_without_the_inbox_applies_every_delivery(db) {
+        seed_items(&mut db.conn(), &[(1, 1000)]);
+        const MESSAGES: usize = 10;
+        const COPIES: usize = 4;
+        let barrier = Barrier::new(COPIES);
+        thread::scope(|s| {
+            for _ in 0..COPIES {
+                let barrier = &barrier;
+                let mut conn = db.conn();
+                s.spawn(move || {
+                    for _ in 0..MESSAGES {
+                        barrier.wait();
+                        conn.transaction(|conn| {
+                            diesel::sql_query("UPDATE items SET stock = stock - 1 WHERE id = 1").execute(conn)
+                        })
+                        .unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(stock_of!(&mut db.conn()), 1000 - (MESSAGES * COPIES) as i32, "every redelivery applied again");
+    }
+
+    fn a_failed_effect_leaves_the_message_to_its_redelivery(db) {
+        let mut conn = db.conn();
+        conn.run_pending_migrations(outbox_migrations(BACKEND)).unwrap();
+        seed_items(&mut conn, &[(1, 10)]);
+        let inbox = Inbox::new("stock").unwrap();
+        let failed = inbox.receive(&mut conn, "m-1", |conn| {
+            diesel::sql_query("UPDATE items SET stock = stock - 1 WHERE id = 1").execute(conn)?;
+            Err::<(), _>(Error::NoRowMatched)
+        });
+        assert!(matches!(failed, Err(Error::NoRowMatched)));
+        assert_eq!(stock_of!(&mut conn), 10);
+        let apply = |conn: &mut Conn| {
+            diesel::sql_query("UPDATE items SET stock = stock - 1 WHERE id = 1").execute(conn)?;
+            Ok::<_, Error>(())
+        };
+        assert_eq!(inbox.receive(&mut conn, "m-1", apply).unwrap(), Received::Applied(()));
+        assert_eq!(inbox.receive(&mut conn, "m-1", apply).unwrap(), Received::Duplicate);
+        // Ids are exact, and per consumer.
+        assert_eq!(inbox.receive(&mut conn, "M-1 ", apply).unwrap(), Received::Applied(()));
+        let other = Inbox::new("billing").unwrap();
+        assert_eq!(other.receive(&mut conn, "m-1", apply).unwrap(), Received::Applied(()));
+        assert_eq!(stock_of!(&mut conn), 7);
+        assert_eq!(inbox.purge_older_than(&mut conn, Duration::ZERO).unwrap(), 2);
+        assert_eq!(inbox.receive(&mut conn, "m-1", apply).unwrap(), Received::Applied(()), "purged: applied again");
+    }
+
+    fn hostile_names_are_refused_or_stored_verbatim(db) {
+        let mut conn = db.conn();
+        conn.run_pending_migrations(outbox_migrations(BACKEND)).unwrap();
+        let long = "x".repeat(256);
+        for topic in ["", "a\0b", long.as_str()] {
+            let refused = conn.transaction(|conn| outbox::enqueue(conn, topic, "{}"));
+            assert!(matches!(refused, Err(Error::InvalidInput(_))), "{topic:?}");
+        }
+        assert!(matches!(conn.transaction(|conn| outbox::enqueue(conn, "t", "a\0b")), Err(Error::InvalidInput(_))));
+        for name in ["", "a\0b", long.as_str()] {
+            assert!(matches!(Inbox::new(name), Err(Error::InvalidInput(_))));
+            let refused = Inbox::new("c").unwrap().receive(&mut conn, name, |_| Ok::<_, Error>(()));
+            assert!(matches!(refused, Err(Error::InvalidInput(_))));
+        }
+        assert!(matches!(
+            Relay::default().publish_batch(&mut conn, 0, |_| Ok::<_, Error>(vec![])),
+            Err(Error::InvalidInput(_))
+        ));
+        let evil = "'); DROP TABLE lockkit_outbox; --";
+        let id = conn.transaction(|conn| outbox::enqueue(conn, evil, evil)).unwrap();
+        let stored: (String, String) = lockkit_outbox::table.find(id).select((lockkit_outbox::topic, lockkit_outbox::payload)).first(&mut conn).unwrap();
+        assert_eq!(stored, (evil.to_owned(), evil.to_owned()));
+        let inbox = Inbox::new(evil).unwrap();
+        assert_eq!(inbox.receive(&mut conn, evil, |_| Ok::<_, Error>(())).unwrap(), Received::Applied(()));
+        assert_eq!(inbox.receive(&mut conn, evil, |_| Ok::<_, Error>(())).unwrap(), Received::Duplicate);
+    }
+}
