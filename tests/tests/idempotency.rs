@@ -181,6 +181,47 @@ lockkit_tests::backend_tests! {
         assert_eq!(stock_of!(&mut conn), 97);
     }
 
+    fn concurrent_clients_sharing_a_key_each_run_once(db) {
+        db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
+        seed_items(&mut db.conn(), &[(1, 100)]);
+        const CLIENTS: usize = 3;
+        const REPEATS: usize = 3;
+        let barrier = Barrier::new(CLIENTS * REPEATS);
+        let keys = Idempotency::default();
+        let request = fingerprint("POST", "/orders", b"qty=1");
+        let outcomes: Vec<(usize, Result<Outcome<String>, Error>)> = thread::scope(|s| {
+            let threads: Vec<_> = (0..CLIENTS * REPEATS)
+                .map(|n| {
+                    let (barrier, keys, request, db) = (&barrier, &keys, &request, &db);
+                    let client = n % CLIENTS;
+                    s.spawn(move || {
+                        let mut conn = db.conn();
+                        barrier.wait();
+                        let ran = keys.run(&mut conn, &format!("client-{client}"), "order-1", request, |conn| {
+                            thread::sleep(Duration::from_millis(100));
+                            sell_one(conn)?;
+                            Ok::<_, Error>(format!("201 for client-{client}"))
+                        });
+                        (client, ran)
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        for client in 0..CLIENTS {
+            let mine: Vec<_> = outcomes.iter().filter(|(c, _)| *c == client).map(|(_, o)| o).collect();
+            let ran = mine.iter().filter(|o| matches!(o, Ok(Outcome::Ran(_)))).count();
+            assert_eq!(ran, 1, "client-{client}: {mine:?}");
+            for outcome in mine {
+                match outcome {
+                    Ok(response) => assert_eq!(response.clone().into_inner(), format!("201 for client-{client}")),
+                    Err(err) => assert!(matches!(err, Error::IdempotencyInProgress), "{err}"),
+                }
+            }
+        }
+        assert_eq!(stock_of!(&mut db.conn()), 100 - CLIENTS as i32, "once per client");
+    }
+
     fn the_same_key_and_body_on_another_endpoint_is_refused(db) {
         let mut conn = db.conn();
         conn.run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
