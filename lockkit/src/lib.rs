@@ -44,7 +44,9 @@
 /// `migrations/<set>/<backend>/<migration>/`: `up_sql` and `down_sql` for each
 /// [`Dialect`](version_trigger::Dialect), and with `$feature` (plus a backend's)
 /// the embedded migrations `POSTGRES_MIGRATIONS`, `MYSQL_MIGRATIONS` and
-/// `SQLITE_MIGRATIONS`. Written once for every module that ships a table.
+/// `SQLITE_MIGRATIONS`. Written once for every module that ships a table. Each
+/// set's migration needs a version (the date before the first `_`) of its own:
+/// Diesel records applied migrations by version alone.
 #[allow(unused_macros)] // used by the modules behind optional features
 macro_rules! shipped_tables {
     (

@@ -22,7 +22,7 @@ crate::shipped_tables! {
     /// ```
     tables: "the lease and fence tables",
     feature: "lease-migrations",
-    migration: "2026-12-01-000000_lockkit_leases",
+    migration: "2026-12-01-000100_lockkit_leases",
     postgres: "migrations/lease/postgres",
     mysql: "migrations/lease/mysql",
     sqlite: "migrations/lease/sqlite",

@@ -106,67 +106,22 @@ pub use crate::version_trigger::Dialect;
 pub use inbox::{Inbox, Received};
 pub use store::OutboxStore;
 
-/// `CREATE TABLE lockkit_outbox` and `lockkit_inbox` for `dialect`: put it in a
-/// migration.
-///
-/// ```
-/// use lockkit::outbox::{up_sql, Dialect};
-/// assert!(up_sql(Dialect::Mysql).contains("CREATE TABLE lockkit_outbox"));
-/// assert!(up_sql(Dialect::Mysql).contains("CREATE TABLE lockkit_inbox"));
-/// ```
-pub fn up_sql(dialect: Dialect) -> &'static str {
-    match dialect {
-        Dialect::Postgres => {
-            include_str!("../../migrations/outbox/postgres/2026-12-01-000000_lockkit_outbox/up.sql")
-        }
-        Dialect::Mysql => {
-            include_str!("../../migrations/outbox/mysql/2026-12-01-000000_lockkit_outbox/up.sql")
-        }
-        Dialect::Sqlite => {
-            include_str!("../../migrations/outbox/sqlite/2026-12-01-000000_lockkit_outbox/up.sql")
-        }
-    }
+crate::shipped_tables! {
+    /// `CREATE TABLE lockkit_outbox` and `lockkit_inbox` for `dialect`: put it in a
+    /// migration.
+    ///
+    /// ```
+    /// use lockkit::outbox::{up_sql, Dialect};
+    /// assert!(up_sql(Dialect::Mysql).contains("CREATE TABLE lockkit_outbox"));
+    /// assert!(up_sql(Dialect::Mysql).contains("CREATE TABLE lockkit_inbox"));
+    /// ```
+    tables: "the outbox tables",
+    feature: "outbox-migrations",
+    migration: "2026-12-01-000200_lockkit_outbox",
+    postgres: "migrations/outbox/postgres",
+    mysql: "migrations/outbox/mysql",
+    sqlite: "migrations/outbox/sqlite",
 }
-
-/// Drops the tables [`up_sql`] creates (a migration's `down.sql`).
-pub fn down_sql(dialect: Dialect) -> &'static str {
-    match dialect {
-        Dialect::Postgres => include_str!(
-            "../../migrations/outbox/postgres/2026-12-01-000000_lockkit_outbox/down.sql"
-        ),
-        Dialect::Mysql => {
-            include_str!("../../migrations/outbox/mysql/2026-12-01-000000_lockkit_outbox/down.sql")
-        }
-        Dialect::Sqlite => {
-            include_str!("../../migrations/outbox/sqlite/2026-12-01-000000_lockkit_outbox/down.sql")
-        }
-    }
-}
-
-/// The outbox tables' migration for PostgreSQL.
-#[cfg(all(feature = "outbox-migrations", feature = "postgres"))]
-#[cfg_attr(
-    docsrs,
-    doc(cfg(all(feature = "outbox-migrations", feature = "postgres")))
-)]
-pub const POSTGRES_MIGRATIONS: diesel_migrations::EmbeddedMigrations =
-    diesel_migrations::embed_migrations!("migrations/outbox/postgres");
-/// The outbox tables' migration for MySQL/MariaDB.
-#[cfg(all(feature = "outbox-migrations", feature = "mysql"))]
-#[cfg_attr(
-    docsrs,
-    doc(cfg(all(feature = "outbox-migrations", feature = "mysql")))
-)]
-pub const MYSQL_MIGRATIONS: diesel_migrations::EmbeddedMigrations =
-    diesel_migrations::embed_migrations!("migrations/outbox/mysql");
-/// The outbox tables' migration for SQLite.
-#[cfg(all(feature = "outbox-migrations", feature = "sqlite"))]
-#[cfg_attr(
-    docsrs,
-    doc(cfg(all(feature = "outbox-migrations", feature = "sqlite")))
-)]
-pub const SQLITE_MIGRATIONS: diesel_migrations::EmbeddedMigrations =
-    diesel_migrations::embed_migrations!("migrations/outbox/sqlite");
 
 /// The tables as Diesel sees them, for queries of your own: messages waiting
 /// out a backoff (`attempts`, `last_error`), the backlog, the inbox's size.
