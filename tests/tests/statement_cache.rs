@@ -10,6 +10,7 @@ use diesel::connection::InstrumentationEvent;
 use diesel::prelude::*;
 use lockkit::journal::Journal;
 use lockkit::prelude::*;
+use lockkit::LockOptions;
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
 use lockkit_tests::{exec, seed_items};
@@ -116,5 +117,29 @@ lockkit_tests::backend_tests! {
         let updates = cached.starting_with("UPDATE");
         assert_eq!(updates.len(), 2, "{updates:#?}");
         assert_ne!(updates[0], updates[1]);
+    }
+
+    fn each_lock_clause_is_prepared_once_per_connection(db) {
+        let mut conn = db.connect();
+        seed_items(&mut conn, &[(1, 100), (2, 100)]);
+        let cached = Cached::watch(&mut conn);
+
+        let clauses = [LockOptions::default(), LockOptions::default().nowait(), LockOptions::default().skip_locked(), LockOptions::default().share()];
+        for options in clauses {
+            for key in [1, 2, 1] {
+                lockkit::with_lock(&mut conn, key, options, |_conn, item: Item| Ok::<_, lockkit::Error>(item.stock)).unwrap();
+            }
+        }
+
+        let reads: Vec<String> = cached
+            .starting_with("SELECT")
+            .into_iter()
+            .filter(|sql| sql.contains("WHERE") && sql.contains("lock_version") && !sql.contains("unique_key"))
+            .collect();
+        // One locked read per clause (SQLite has no clause: one read in all).
+        let expected = if BACKEND == "sqlite" { 1 } else { clauses.len() };
+        assert_eq!(reads.len(), expected, "{reads:#?}");
+        // The version bump of the exclusive locks, once.
+        assert_eq!(cached.starting_with("UPDATE").len(), 1);
     }
 }
