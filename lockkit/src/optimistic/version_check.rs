@@ -44,7 +44,7 @@ type WhereOf<M> = <<M as VersionCheck>::Target as IntoUpdateTarget>::WhereClause
 type BumpOf<M> = <M as VersionCheck>::Bump;
 
 /// `UPDATE ... SET <changes>, <version> = <version> + 1 WHERE <key> AND <version> = $`,
-/// cached as `S` says ([`ByType`](crate::optimistic::statement::ByType) or
+/// cached as `S` says ([`ByType`] or
 /// [`BySql`](crate::optimistic::statement::BySql)).
 pub type UpdateVersioned<M, S> = VersionedUpdate<
     TableOf<M>,

@@ -437,8 +437,9 @@ pub trait LockRow<Conn: LockingConnection>: Lockable<OnLock: MarkLocked<Self, Co
     fn exists(conn: &mut Conn, key: Self::Key) -> diesel::QueryResult<bool>;
 }
 
-/// The locked read of one row, under whichever clause [`RowLock::with_clause`]
-/// picks. Name it only in `where` clauses.
+/// The locked read of one row, under whichever clause lockkit picks for the
+/// [`RowLock`]: a [`LockClause`](super::row_lock::LockClause) type or the
+/// value. Name it only in `where` clauses.
 #[derive(Debug)]
 pub struct First<Q, M>(Q, PhantomData<M>);
 

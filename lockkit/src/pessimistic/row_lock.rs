@@ -241,7 +241,7 @@ impl QueryFragment<diesel::mysql::Mysql> for RowLock {
 /// A query locked with it has a static query id, so Diesel prepares it once per
 /// connection and finds it again by type, without building its SQL; a query
 /// locked with a [`RowLock`] value is found by its SQL text. lockkit picks the
-/// type for [`with_lock`](crate::with_lock) (see [`RowLock::with_clause`]),
+/// type for [`with_lock`](crate::with_lock) (for these four clauses),
 /// [`lock_all`](crate::Lockable::lock_all) ([`ForUpdate`]) and
 /// [`queue::claim`](crate::queue::claim) ([`ForUpdateSkipLocked`]).
 pub trait LockClause: QueryId + Copy + Default + 'static {
@@ -296,7 +296,7 @@ pub trait LockedCall<L, Conn> {
     fn call(self, conn: &mut Conn, clause: L) -> Self::Output;
 }
 
-/// A call that takes every clause [`RowLock::with_clause`] may pick. Blanket-
+/// A call that takes every clause `with_lock` may pick for a [`RowLock`]. Blanket-
 /// implemented; name it only in `where` clauses.
 pub trait EveryClause<Conn, T>:
     LockedCall<ForUpdate, Conn, Output = T>
