@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::vocabulary::{Backend, Case, Limits, Retry, Strategy, Workload};
+use crate::vocabulary::{Backend, Case, Flavor, Limits, Retry, Strategy, Workload};
 
 /// Everything that sets how long the benchmark runs.
 #[derive(Debug, Clone)]
@@ -142,10 +142,22 @@ pub fn paired_cases() -> Vec<Case> {
     cases
 }
 
+/// The other twins of the uncontended versioned update, run alone: the
+/// hand-written update that binds the next version, and the peer crate.
+pub const UNCONTENDED_TWINS: [Flavor; 2] = [Flavor::HandNext, Flavor::Peer];
+
 /// The cases that run alone.
 pub fn single_cases() -> Vec<Case> {
     let paired = paired_cases();
     let mut cases = Vec::new();
+    for w in UNCONTENDED_WORKERS {
+        for flavor in UNCONTENDED_TWINS {
+            cases.push(Case {
+                flavor,
+                ..Case::new(Workload::Uncontended, Strategy::Versioned, w)
+            });
+        }
+    }
     for s in Strategy::HOT_ROW {
         for w in HOT_WORKERS {
             let case = Case::new(Workload::HotRow, s, w);

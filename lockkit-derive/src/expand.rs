@@ -127,11 +127,14 @@ fn expand_versioned(model: &Model<'_>, versioning: &Versioning<'_>) -> TokenStre
     let version_type = versioning.version.ty;
     let version_column = &versioning.version.column;
 
-    let (changeset_type, changeset_value) = if versioning.changeset.is_empty() {
+    // How Diesel caches the UPDATE: by type when the SQL follows from the fields'
+    // types, by SQL text when a field is left out at run time (`None`).
+    let (fields_type, fields_value, cache) = if versioning.changeset.is_empty() {
         // Nothing but key and version: the version bump is the whole update.
         (
             quote!(::core::option::Option<::lockkit::__private::diesel::dsl::Eq<#table::#version_column, #version_type>>),
             quote!(::core::option::Option::None),
+            quote!(BySql),
         )
     } else {
         let types = versioning
@@ -142,8 +145,15 @@ fn expand_versioned(model: &Model<'_>, versioning: &Versioning<'_>) -> TokenStre
             .changeset
             .iter()
             .map(|f| changeset_value(table, f));
-        (quote!((#(#types,)*)), quote!((#(#values,)*)))
+        let cache = if versioning.changeset.iter().any(|f| f.skip_none) {
+            quote!(BySql)
+        } else {
+            quote!(ByType)
+        };
+        (quote!((#(#types,)*)), quote!((#(#values,)*)), cache)
     };
+    let changeset_type = quote!(::lockkit::__private::#cache<#fields_type>);
+    let changeset_value = quote!(::lockkit::__private::#cache(#fields_value));
 
     quote! {
         #[automatically_derived]

@@ -91,7 +91,9 @@ use proc_macro::TokenStream;
 /// impl Versioned for Item {
 ///     type VersionColumn = items::lock_version;
 ///     type Version = i32;
-///     type Changeset<'a> = (Eq<items::name, &'a String>,) where Self: 'a;
+///     // `ByType`: Diesel prepares the UPDATE once per connection, keyed by type
+///     // (`BySql`, keyed by its SQL text, when an `Option` field is skipped when `None`).
+///     type Changeset<'a> = ByType<(Eq<items::name, &'a String>,)> where Self: 'a;
 ///     fn version(&self) -> i32 {
 ///         self.lock_version
 ///     }
@@ -99,7 +101,7 @@ use proc_macro::TokenStream;
 ///         self.lock_version = version;
 ///     }
 ///     fn versioned_changeset(&self) -> Self::Changeset<'_> {
-///         (items::name.eq(&self.name),)
+///         ByType((items::name.eq(&self.name),))
 ///     }
 /// }
 /// ```

@@ -224,6 +224,7 @@ struct ReadmeDoctests;
 pub mod __private {
     //! Every path the derive's generated code uses, so that lockkit's modules can
     //! move without touching the derive. Not public API.
+    pub use crate::optimistic::statement::{BySql, ByType};
     pub use crate::optimistic::BumpVersion;
     pub use crate::pessimistic::NoVersion;
     pub use crate::{Lockable, Versioned};

@@ -61,19 +61,16 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
         .collect();
     if let Some(p) = cacheable_profile {
         notes.push(format!(
-            "* **Every `UPDATE` is prepared anew — lockkit's and hand-written alike.** Diesel 2.3 \
-             marks every `UpdateStatement` unsafe to cache (a changeset with `Option` fields \
-             changes its SQL between calls), so SQLite compiles each `UPDATE` again, PostgreSQL \
-             parses and plans it again (unnamed statement) and MySQL spends a prepare round trip \
-             on it. The same versioned `UPDATE` as a hand-built statement that Diesel may cache \
-             (`CacheableVersionedUpdate` in `bench/src/run/ops/versioned.rs`) takes {} ns and {:.0} allocations \
-             where `update_versioned` takes {} ns and {:.0}{}. This is the largest saving \
-             available to lockkit, and the one place where it could beat hand-written Diesel: \
-             build the versioned `UPDATE` as lockkit's own `QueryFragment` (`UPDATE` + the \
-             table + `SET` changeset and bump + the `WHERE` of `IntoUpdateTarget`, all public \
-             Diesel pieces) with a static `QueryId` and without `unsafe_to_cache_prepared()`, \
-             whenever the derive knows the changeset's SQL cannot vary (no `Option` field \
-             skipped when `None`); `touch_versioned`'s bump-only changeset always qualifies.",
+            "* **lockkit's versioned `UPDATE` is prepared once per connection; a hand-written \
+             one is prepared on every call.** Diesel 2.3 marks every `UpdateStatement` unsafe to \
+             cache (a changeset with `Option` fields changes its SQL between calls), so SQLite \
+             compiles each hand-written `UPDATE` again, PostgreSQL parses and plans it again \
+             (unnamed statement) and MySQL spends a prepare round trip on it. lockkit's \
+             versioned writes are its own statement (`lockkit::optimistic::statement`), which \
+             Diesel caches by type when the model's changeset cannot vary (by SQL text when an \
+             `Option` field may be skipped). A hand-built cacheable statement \
+             (`CacheableVersionedUpdate` in `bench/src/run/ops/versioned.rs`) takes {} ns and \
+             {:.0} allocations where `update_versioned` takes {} ns and {:.0}{}.",
             rate(p.other_ns),
             p.other_allocs,
             rate(p.lockkit_ns),
@@ -116,14 +113,12 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     if !lock_extra.is_empty() {
         notes.push(format!(
             "* **`with_lock`, `lock_all`, `queue::claim` on the servers: {} more instructions \
-             per call.** The lock clause is lockkit's run-time `RowLock`, whose `QueryId` is not \
-             static, so Diesel keys its prepared-statement cache by the SQL text: every call \
-             builds the whole `SELECT .. FOR UPDATE` string (identifier quoting included) and \
-             hashes it to find the cached statement. Diesel's own `.for_update()` has a static \
-             id and skips all of that. Fix in lockkit: give the common clauses (`FOR UPDATE`, \
-             `FOR UPDATE NOWAIT`, `FOR UPDATE SKIP LOCKED`, ...) zero-sized types with static \
-             `QueryId`s and pick one with a `match` on the `RowLock` inside `load_locked` / \
-             `load_all_locked` / `claim`, keeping the run-time clause as the fallback.",
+             per call.** The common lock clauses (`FOR UPDATE`, `FOR UPDATE NOWAIT`, \
+             `FOR UPDATE SKIP LOCKED`, `FOR SHARE`) are zero-sized types with static `QueryId`s \
+             (`lockkit::pessimistic::row_lock::LockClause`), so Diesel finds their prepared \
+             statements by type, as for its own `.for_update()`; the other clauses are a \
+             run-time `RowLock`, found by their SQL text. The rest is the work around the \
+             statement (the transaction, the version bump of a versioned model).",
             lock_extra.join(", ")
         ));
     }

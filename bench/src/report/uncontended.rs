@@ -6,7 +6,7 @@ use std::fmt::{self, Write as _};
 use super::context::Report;
 use super::format::{check_cell, ms, num, rate, ratio};
 use crate::analysis::ratios::overhead;
-use crate::plan::UNCONTENDED_WORKERS;
+use crate::plan::{UNCONTENDED_TWINS, UNCONTENDED_WORKERS};
 use crate::vocabulary::{Backend, Case, Strategy, Workload};
 
 pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
@@ -19,27 +19,38 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
         "Each worker updates its own row with `item.update_versioned(&mut conn)` (one \
          `UPDATE .. WHERE id = ? AND lock_version = ?`), next to the same statement written \
          by hand with plain Diesel and its own row-count check. No conflicts: this is the \
-         price of the version check itself.\n"
+         price of the version check itself. Two more twins run alone: the hand-written \
+         update that binds the next version (`SET lock_version = ?`, as users write it) and \
+         the peer crate `diesel_versioning` 0.1.1 (which sends that statement).\n"
     )?;
     writeln!(
         w,
-        "| backend | workers | lockkit /s | hand-written /s | lockkit / hand | p50 ms | p99 ms | attempts / success | deadlocks | correctness |"
+        "| backend | workers | lockkit /s | hand-written /s | lockkit / hand | binds next /s | lockkit / it | diesel_versioning /s | lockkit / it | p50 ms | p99 ms | attempts / success | deadlocks | correctness |"
     )?;
     writeln!(
         w,
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
     )?;
     for &b in bs {
         for workers in UNCONTENDED_WORKERS {
             let case = Case::new(Workload::Uncontended, Strategy::Versioned, workers);
             if let (Some(l), Some(h)) = (get(b, &case), get(b, &case.hand())) {
                 let r = overhead(results, b, &case).map_or(f64::NAN, |r| r.0);
+                let twins = UNCONTENDED_TWINS.map(|flavor| {
+                    get(b, &Case { flavor, ..case }).map_or((f64::NAN, f64::NAN), |t| {
+                        (t.throughput, l.throughput / t.throughput)
+                    })
+                });
                 writeln!(
                     w,
-                    "| {b} | {workers} | {} | {} | {} | {} | {} | {:.2} | {} | {} |",
+                    "| {b} | {workers} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} |",
                     rate(l.throughput),
                     rate(h.throughput),
                     ratio(r),
+                    rate(twins[0].0),
+                    ratio(twins[0].1),
+                    rate(twins[1].0),
+                    ratio(twins[1].1),
                     ms(l.p50_ms),
                     ms(l.p99_ms),
                     l.attempts_per_success,

@@ -64,3 +64,30 @@ pub struct NewItem {
     /// Starts at 0.
     pub lock_version: i32,
 }
+
+/// The item as the peer crate `diesel_versioning` (0.1.1) models it: its own
+/// `Versioned` derive over Diesel's `AsChangeset` and `Identifiable`. Its
+/// `update_versioned` sends `UPDATE items SET name = ?, stock = ?,
+/// lock_version = ? WHERE id = ? AND lock_version = ?`, binding the next version.
+pub mod peer {
+    use diesel::prelude::*;
+    use diesel_versioning::Versioned;
+
+    use super::items;
+
+    /// An item, `diesel_versioning`'s way.
+    #[derive(Debug, Clone, AsChangeset, Identifiable, Versioned)]
+    #[diesel(table_name = items)]
+    #[diesel(check_for_backend(diesel::pg::Pg, diesel::mysql::Mysql, diesel::sqlite::Sqlite))]
+    pub struct PeerItem {
+        /// Primary key.
+        pub id: i32,
+        /// Display name.
+        pub name: String,
+        /// Units left.
+        pub stock: i32,
+        /// The version this row was read at.
+        #[version]
+        pub lock_version: i32,
+    }
+}

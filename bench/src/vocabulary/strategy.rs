@@ -65,6 +65,11 @@ pub enum Flavor {
     /// Plain Diesel with a hand-built statement that Diesel may cache (the
     /// client-cost profile only; see `run::ops::versioned::CacheableVersionedUpdate`).
     HandCached,
+    /// Plain Diesel that binds the next version (`SET lock_version = ?`), as
+    /// users write it (uncontended versioned update only).
+    HandNext,
+    /// The peer crate `diesel_versioning` 0.1.1 (uncontended versioned update only).
+    Peer,
 }
 
 impl Flavor {
@@ -74,6 +79,8 @@ impl Flavor {
             Flavor::Lockkit => "lockkit",
             Flavor::Hand => "hand-written",
             Flavor::HandCached => "hand-written, cacheable",
+            Flavor::HandNext => "hand-written, binds the next version",
+            Flavor::Peer => "diesel_versioning 0.1.1",
         }
     }
 }

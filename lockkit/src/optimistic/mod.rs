@@ -3,6 +3,7 @@
 //! | file | what it holds |
 //! | --- | --- |
 //! | [`versioned`] | the [`Versioned`] model trait and its version-checked writes (start here) |
+//! | [`statement`] | the `UPDATE` of a versioned write, which Diesel prepares once per connection |
 //! | [`version_check`] | the one write sequence every versioned write runs, and what a stale write reports |
 //! | [`version`] | the integer types a version column may have, and their limit |
 //! | [`backend`] | what each backend adds: key uniqueness, reading the latest committed version |
@@ -16,6 +17,7 @@
 pub mod atomic;
 pub mod backend;
 pub mod journal;
+pub mod statement;
 pub mod version;
 pub mod version_check;
 pub mod version_trigger;

@@ -23,7 +23,7 @@
 use diesel::connection::LoadConnection;
 use diesel::dsl::{self, Find, Select};
 use diesel::expression::{AsExpression, Expression};
-use diesel::query_builder::{AsChangeset, AsQuery, IntoUpdateTarget};
+use diesel::query_builder::{AsChangeset, IntoUpdateTarget};
 use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, FindDsl, LockingDsl, SelectDsl};
 use diesel::query_dsl::LoadQuery;
 use diesel::sql_types::SqlType;
@@ -31,6 +31,7 @@ use diesel::{Column, Connection, ExpressionMethods, OptionalExtension, RunQueryD
 
 use crate::journal::{self, Plan};
 use crate::optimistic::backend::{InShareMode, OptimisticBackend};
+use crate::optimistic::statement::{ByType, VersionedUpdate};
 use crate::optimistic::version::VersionNumber;
 use crate::transaction::in_transaction;
 use crate::{classify, CurrentState, Error, Lockable, Operation, StaleObjectError, Versioned};
@@ -38,11 +39,26 @@ use crate::{classify, CurrentState, Error, Lockable, Operation, StaleObjectError
 type VersionColumnOf<M> = <M as Versioned>::VersionColumn;
 type VersionOf<M> = <M as Versioned>::Version;
 
-/// `UPDATE ... SET <changes>, <version> = <version> + 1 WHERE <key> AND <version> = $`.
-pub type UpdateVersioned<M, C> =
-    dsl::Update<<M as VersionCheck>::Target, (C, <M as VersionCheck>::Bump)>;
+type TableOf<M> = <M as Lockable>::Table;
+type WhereOf<M> = <<M as VersionCheck>::Target as IntoUpdateTarget>::WhereClause;
+type BumpOf<M> = <M as VersionCheck>::Bump;
+
+/// `UPDATE ... SET <changes>, <version> = <version> + 1 WHERE <key> AND <version> = $`,
+/// cached as `S` says ([`ByType`] or
+/// [`BySql`](crate::optimistic::statement::BySql)).
+pub type UpdateVersioned<M, S> = VersionedUpdate<
+    TableOf<M>,
+    WhereOf<M>,
+    <(S, BumpOf<M>) as AsChangeset>::Changeset,
+    (S, BumpOf<M>),
+>;
 /// `UPDATE ... SET <version> = <version> + 1 WHERE <key> AND <version> = $`.
-pub type TouchVersioned<M> = dsl::Update<<M as VersionCheck>::Target, <M as VersionCheck>::Bump>;
+pub type TouchVersioned<M> = VersionedUpdate<
+    TableOf<M>,
+    WhereOf<M>,
+    <BumpOf<M> as AsChangeset>::Changeset,
+    ByType<BumpOf<M>>,
+>;
 /// `DELETE FROM ... WHERE <key> AND <version> = $`.
 pub type DeleteVersioned<M> = dsl::delete<<M as VersionCheck>::Target>;
 
@@ -170,7 +186,7 @@ where
     M::CurrentVersion: LockingDsl<InShareMode>,
     <Conn::Backend as OptimisticBackend>::Latest<M::CurrentVersion>:
         for<'q> LoadQuery<'q, Conn, M::Version>,
-    TouchVersioned<M>: AsQuery + ExecuteDsl<Conn>,
+    TouchVersioned<M>: ExecuteDsl<Conn>,
 {
     fn load_current_version(
         conn: &mut Conn,
@@ -182,7 +198,7 @@ where
     }
 
     fn bump_past(conn: &mut Conn, key: M::Key, version: M::Version) -> diesel::QueryResult<usize> {
-        ExecuteDsl::execute(diesel::update(M::target(key, version)).set(M::bump()), conn)
+        ExecuteDsl::execute(touch::<M>(key, version), conn)
     }
 
     fn key_is_unique(conn: &mut Conn) -> diesel::QueryResult<bool> {
@@ -201,6 +217,24 @@ where
     fn row_id(conn: &mut Conn, key: &M::Key) -> diesel::QueryResult<Option<String>> {
         journal::row_id(conn, key, <Conn::Backend as OptimisticBackend>::database_id)
     }
+}
+
+/// The statement that applies `changes` (and the version bump) to the row `key`
+/// if it still has `expected`.
+pub(crate) fn update<M, S>(key: M::Key, expected: M::Version, changes: S) -> UpdateVersioned<M, S>
+where
+    M: VersionCheck,
+    (S, M::Bump): AsChangeset<Target = M::Table>,
+{
+    VersionedUpdate::new(
+        M::target(key, expected).into_update_target(),
+        (changes, M::bump()),
+    )
+}
+
+/// The statement that bumps the version of the row `key` if it still has `expected`.
+pub(crate) fn touch<M: VersionCheck>(key: M::Key, expected: M::Version) -> TouchVersioned<M> {
+    VersionedUpdate::new(M::target(key, expected).into_update_target(), M::bump())
 }
 
 /// The version a successful write will leave, or [`Error::VersionOverflow`].

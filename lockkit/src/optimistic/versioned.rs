@@ -61,6 +61,7 @@ use diesel::query_builder::{AsChangeset, AsQuery, IntoUpdateTarget};
 use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, FindDsl};
 use diesel::{Column, Connection};
 
+use crate::optimistic::statement::{BySql, CacheKey};
 use crate::optimistic::version::VersionNumber;
 use crate::optimistic::version_check::{
     self, CurrentVersionQuery, DeleteVersioned, TouchVersioned, UpdateVersioned, VersionCheck,
@@ -81,8 +82,10 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     type Version: VersionNumber;
     /// The columns `update_versioned` writes: every field but the primary key and
     /// the version, following Diesel's `AsChangeset` rules (`column_name`,
-    /// `skip_update`, `treat_none_as_null`).
-    type Changeset<'a>: AsChangeset<Target = Self::Table>
+    /// `skip_update`, `treat_none_as_null`), wrapped in
+    /// [`ByType`](crate::optimistic::statement::ByType) or [`BySql`]: how Diesel
+    /// caches the prepared `UPDATE` (see [`statement`](crate::optimistic::statement)).
+    type Changeset<'a>: AsChangeset<Target = Self::Table> + CacheKey
     where
         Self: 'a;
 
@@ -117,14 +120,15 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         Self: VersionCheck + CurrentVersionQuery<Conn>,
         for<'a> UpdateVersioned<Self, Self::Changeset<'a>>: ExecuteDsl<Conn>,
         for<'a> (Self::Changeset<'a>, Self::Bump): AsChangeset<Target = Self::Table>,
-        for<'a> UpdateVersioned<Self, Self::Changeset<'a>>: AsQuery,
     {
         let written = version_check::write::<Self, _, _>(
             conn,
             &self.key(),
             self.version(),
             Operation::Update,
-            |checked| Self::update_statement(self.key(), checked, self.versioned_changeset()),
+            |checked| {
+                version_check::update::<Self, _>(self.key(), checked, self.versioned_changeset())
+            },
         )?;
         settle(self, written)
     }
@@ -169,8 +173,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     where
         Conn: Connection,
         Self: VersionCheck + CurrentVersionQuery<Conn>,
-        (C, Self::Bump): AsChangeset<Target = Self::Table>,
-        UpdateVersioned<Self, C>: AsQuery + ExecuteDsl<Conn>,
+        (BySql<C>, Self::Bump): AsChangeset<Target = Self::Table>,
+        UpdateVersioned<Self, BySql<C>>: ExecuteDsl<Conn>,
     {
         let key = self.key();
         let written = version_check::write::<Self, _, _>(
@@ -324,7 +328,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     where
         Conn: Connection,
         Self: VersionCheck + CurrentVersionQuery<Conn>,
-        TouchVersioned<Self>: AsQuery + ExecuteDsl<Conn>,
+        TouchVersioned<Self>: ExecuteDsl<Conn>,
     {
         let key = self.key();
         let written = version_check::write::<Self, _, _>(
@@ -332,7 +336,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
             &key,
             self.version(),
             Operation::Touch,
-            |checked| diesel::update(Self::target(key.clone(), checked)).set(Self::bump()),
+            |checked| version_check::touch::<Self>(key.clone(), checked),
         )?;
         settle(self, written)
     }
@@ -384,8 +388,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     where
         Conn: Connection,
         Self: VersionCheck + CurrentVersionQuery<Conn>,
-        (C, Self::Bump): AsChangeset<Target = Self::Table>,
-        UpdateVersioned<Self, C>: AsQuery + ExecuteDsl<Conn>,
+        (BySql<C>, Self::Bump): AsChangeset<Target = Self::Table>,
+        UpdateVersioned<Self, BySql<C>>: ExecuteDsl<Conn>,
     {
         match version_check::write::<Self, _, _>(
             conn,
@@ -511,8 +515,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         Self: VersionCheck + CurrentVersionQuery<Conn>,
         Self::Key: Ord,
         C: Clone,
-        (C, Self::Bump): AsChangeset<Target = Self::Table>,
-        UpdateVersioned<Self, C>: AsQuery + ExecuteDsl<Conn>,
+        (BySql<C>, Self::Bump): AsChangeset<Target = Self::Table>,
+        UpdateVersioned<Self, BySql<C>>: ExecuteDsl<Conn>,
     {
         let mut order: Vec<usize> = (0..rows.len()).collect();
         order.sort_by(|&a, &b| rows[a].0.cmp(&rows[b].0));
@@ -552,9 +556,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     where
         Self: VersionCheck,
         (Self::Changeset<'a>, Self::Bump): AsChangeset<Target = Self::Table>,
-        UpdateVersioned<Self, Self::Changeset<'a>>: AsQuery,
     {
-        Self::update_statement(self.key(), self.version(), self.versioned_changeset())
+        version_check::update::<Self, _>(self.key(), self.version(), self.versioned_changeset())
     }
 
     /// The statement `UPDATE <table> SET <changes>, <version> = <version> + 1
@@ -563,13 +566,12 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         key: Self::Key,
         expected_version: Self::Version,
         changes: C,
-    ) -> UpdateVersioned<Self, C>
+    ) -> UpdateVersioned<Self, BySql<C>>
     where
         Self: VersionCheck,
-        (C, Self::Bump): AsChangeset<Target = Self::Table>,
-        UpdateVersioned<Self, C>: AsQuery,
+        (BySql<C>, Self::Bump): AsChangeset<Target = Self::Table>,
     {
-        diesel::update(Self::target(key, expected_version)).set((changes, Self::bump()))
+        version_check::update::<Self, _>(key, expected_version, BySql(changes))
     }
 
     /// The unexecuted statement of [`delete_versioned`](Self::delete_versioned).
@@ -584,9 +586,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     fn touch_versioned_statement(&self) -> TouchVersioned<Self>
     where
         Self: VersionCheck,
-        TouchVersioned<Self>: AsQuery,
     {
-        diesel::update(Self::target(self.key(), self.version())).set(Self::bump())
+        version_check::touch::<Self>(self.key(), self.version())
     }
 }
 
@@ -612,7 +613,7 @@ impl<M, Conn> MarkLocked<M, Conn> for BumpVersion
 where
     Conn: diesel::Connection,
     M: Versioned + VersionCheck + CurrentVersionQuery<Conn>,
-    TouchVersioned<M>: AsQuery + ExecuteDsl<Conn>,
+    TouchVersioned<M>: ExecuteDsl<Conn>,
 {
     fn mark(conn: &mut Conn, row: &mut M) -> Result<(), Error> {
         // The row is locked: the version cannot have moved since the locked read.

@@ -36,7 +36,6 @@
 use diesel::query_dsl::methods::LockingDsl;
 
 use super::options::LockOptions;
-use super::row_lock::RowLock;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use crate::transaction::{finish, Failure, PanicGuard};
 use crate::transaction::{in_transaction, Control};
@@ -54,11 +53,12 @@ use diesel::Connection;
     note = "lockkit supports `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`), and r2d2 pooled connections to them (feature `r2d2`)"
 )]
 pub trait LockingConnection: Control {
-    /// The query with its row-lock clause (SQLite: the query unchanged).
-    type Locked<Q: LockingDsl<RowLock>>;
+    /// The query with the row-lock clause `L` (a [`RowLock`](super::row_lock::RowLock) or a
+    /// [`LockClause`](super::row_lock::LockClause) type; SQLite: the query unchanged).
+    type Locked<Q: LockingDsl<L>, L>;
 
     /// Adds the row-lock clause to a query.
-    fn apply_lock<Q: LockingDsl<RowLock>>(query: Q, lock: RowLock) -> Self::Locked<Q>;
+    fn apply_lock<Q: LockingDsl<L>, L>(query: Q, lock: L) -> Self::Locked<Q, L>;
 
     /// Runs `f` in a transaction fit for locking, with the options' timeout: the
     /// backend's half of [`locked_transaction`](crate::locked_transaction).
@@ -168,9 +168,9 @@ mod postgres {
     }
 
     impl LockingConnection for PgConnection {
-        type Locked<Q: LockingDsl<RowLock>> = Q::Output;
+        type Locked<Q: LockingDsl<L>, L> = Q::Output;
 
-        fn apply_lock<Q: LockingDsl<RowLock>>(query: Q, lock: RowLock) -> Self::Locked<Q> {
+        fn apply_lock<Q: LockingDsl<L>, L>(query: Q, lock: L) -> Self::Locked<Q, L> {
             query.with_lock(lock)
         }
 
@@ -258,9 +258,9 @@ mod mysql {
     }
 
     impl LockingConnection for MysqlConnection {
-        type Locked<Q: LockingDsl<RowLock>> = Q::Output;
+        type Locked<Q: LockingDsl<L>, L> = Q::Output;
 
-        fn apply_lock<Q: LockingDsl<RowLock>>(query: Q, lock: RowLock) -> Self::Locked<Q> {
+        fn apply_lock<Q: LockingDsl<L>, L>(query: Q, lock: L) -> Self::Locked<Q, L> {
             query.with_lock(lock)
         }
 
@@ -358,9 +358,9 @@ mod sqlite {
     }
 
     impl LockingConnection for SqliteConnection {
-        type Locked<Q: LockingDsl<RowLock>> = Q;
+        type Locked<Q: LockingDsl<L>, L> = Q;
 
-        fn apply_lock<Q: LockingDsl<RowLock>>(query: Q, _lock: RowLock) -> Self::Locked<Q> {
+        fn apply_lock<Q: LockingDsl<L>, L>(query: Q, _lock: L) -> Self::Locked<Q, L> {
             query
         }
 

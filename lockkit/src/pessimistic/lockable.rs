@@ -62,6 +62,8 @@
 //! # Ok(()) }
 //! ```
 
+use std::marker::PhantomData;
+
 use diesel::dsl::{self, AsSelect, Find, Select};
 use diesel::expression::Expression;
 use diesel::query_dsl::methods::{FilterDsl, FindDsl, LockingDsl, OrderDsl, SelectDsl};
@@ -72,7 +74,7 @@ use diesel::{
 
 use super::connection::{AsLockingConnection, LockingConnection};
 use super::options::LockOptions;
-use super::row_lock::{LockStrength, RowLock, WaitMode};
+use super::row_lock::{EveryClause, ForUpdate, LockStrength, LockedCall, RowLock, WaitMode};
 use crate::{classify, Error};
 
 /// `lock_all` sends at most this many keys per statement (SQLite's oldest limit
@@ -435,6 +437,25 @@ pub trait LockRow<Conn: LockingConnection>: Lockable<OnLock: MarkLocked<Self, Co
     fn exists(conn: &mut Conn, key: Self::Key) -> diesel::QueryResult<bool>;
 }
 
+/// The locked read of one row, under whichever clause lockkit picks for the
+/// [`RowLock`]: a [`LockClause`](super::row_lock::LockClause) type or the
+/// value. Name it only in `where` clauses.
+#[derive(Debug)]
+pub struct First<Q, M>(Q, PhantomData<M>);
+
+impl<Q, M, Conn, L> LockedCall<L, Conn> for First<Q, M>
+where
+    Conn: LockingConnection,
+    Q: LockingDsl<L>,
+    Conn::Locked<Q, L>: for<'q> LoadQuery<'q, Conn, M>,
+{
+    type Output = diesel::QueryResult<Option<M>>;
+
+    fn call(self, conn: &mut Conn, clause: L) -> Self::Output {
+        Conn::apply_lock(self.0, clause).get_result(conn).optional()
+    }
+}
+
 type ByKey<M, C> =
     Select<Find<<M as Lockable>::Table, <M as Lockable>::Key>, AsSelect<M, Backend<C>>>;
 
@@ -446,12 +467,12 @@ where
     AsSelect<M, Backend<Conn>>: Expression,
     M::Table: FindDsl<M::Key>,
     Find<M::Table, M::Key>: SelectDsl<AsSelect<M, Backend<Conn>>>,
-    ByKey<M, Conn>: LockingDsl<RowLock> + for<'q> LoadQuery<'q, Conn, M>,
-    Conn::Locked<ByKey<M, Conn>>: for<'q> LoadQuery<'q, Conn, M>,
+    ByKey<M, Conn>: for<'q> LoadQuery<'q, Conn, M>,
+    First<ByKey<M, Conn>, M>: EveryClause<Conn, diesel::QueryResult<Option<M>>>,
 {
     fn load_locked(conn: &mut Conn, key: M::Key, lock: RowLock) -> diesel::QueryResult<Option<M>> {
         let query = M::Table::default().find(key).select(M::as_select());
-        Conn::apply_lock(query, lock).get_result(conn).optional()
+        lock.with_clause(conn, First(query, PhantomData))
     }
 
     fn exists(conn: &mut Conn, key: M::Key) -> diesel::QueryResult<bool> {
@@ -556,8 +577,8 @@ where
     dsl::Filter<M::Table, KeysFilter<M>>: OrderDsl<dsl::Asc<Pk<M>>>,
     dsl::Order<dsl::Filter<M::Table, KeysFilter<M>>, dsl::Asc<Pk<M>>>:
         SelectDsl<AsSelect<M, Backend<Conn>>>,
-    AllByKeys<M, Conn>: LockingDsl<RowLock>,
-    Conn::Locked<AllByKeys<M, Conn>>: for<'q> LoadQuery<'q, Conn, M>,
+    AllByKeys<M, Conn>: LockingDsl<ForUpdate>,
+    Conn::Locked<AllByKeys<M, Conn>, ForUpdate>: for<'q> LoadQuery<'q, Conn, M>,
 {
     fn load_all_locked(conn: &mut Conn, keys: Vec<M::Key>) -> diesel::QueryResult<Vec<M>> {
         let pk = || M::Table::default().primary_key();
@@ -565,7 +586,7 @@ where
             .filter(pk().eq_any_keys(keys))
             .order(pk().asc())
             .select(M::as_select());
-        Conn::apply_lock(query, RowLock::update()).load(conn)
+        Conn::apply_lock(query, ForUpdate).load(conn)
     }
 }
 

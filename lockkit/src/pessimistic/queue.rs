@@ -61,7 +61,7 @@ use diesel::RunQueryDsl;
 
 use crate::metrics::LockWait;
 use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
-use crate::pessimistic::row_lock::RowLock;
+use crate::pessimistic::row_lock::ForUpdateSkipLocked;
 use crate::{classify, Error};
 
 /// Claims up to `limit` rows of `query` that no other transaction holds, locking
@@ -83,8 +83,9 @@ pub fn claim<M, C, Q>(conn: &mut C, query: Q, limit: i64) -> Result<Vec<M>, Erro
 where
     C: AsLockingConnection,
     Q: LimitDsl,
-    Limit<Q>: LockingDsl<RowLock>,
-    <C::Conn as LockingConnection>::Locked<Limit<Q>>: for<'q> LoadQuery<'q, C::Conn, M>,
+    Limit<Q>: LockingDsl<ForUpdateSkipLocked>,
+    <C::Conn as LockingConnection>::Locked<Limit<Q>, ForUpdateSkipLocked>:
+        for<'q> LoadQuery<'q, C::Conn, M>,
 {
     let conn = conn.locking_connection();
     if !conn.in_transaction() {
@@ -92,7 +93,7 @@ where
     }
     let waited = LockWait::start();
     conn.take_write_lock()?;
-    let query = C::Conn::apply_lock(query.limit(limit), RowLock::update().skip_locked());
+    let query = C::Conn::apply_lock(query.limit(limit), ForUpdateSkipLocked);
     let rows: Vec<M> = query.load(conn).map_err(classify)?;
     waited.acquired("queue", rows.len());
     Ok(rows)

@@ -132,6 +132,14 @@ impl RowLock {
         }
     }
 
+    /// `FOR SHARE`.
+    pub const fn share() -> Self {
+        RowLock {
+            strength: LockStrength::Share,
+            wait: WaitMode::Wait,
+        }
+    }
+
     #[must_use]
     /// The same lock with `SKIP LOCKED`.
     pub const fn skip_locked(self) -> Self {
@@ -153,7 +161,8 @@ impl RowLock {
 
 // The clause's text depends on run-time values, so it has no static query id:
 // Diesel then keys its prepared-statement cache by the SQL text, which keeps each
-// variant cached without mixing them up.
+// variant cached without mixing them up. The common clauses have types of their
+// own ([`LockClause`]), cached by type.
 impl QueryId for RowLock {
     type QueryId = ();
     const HAS_STATIC_QUERY_ID: bool = false;
@@ -193,24 +202,138 @@ impl LockStrength {
     }
 }
 
-#[cfg(feature = "postgres")]
-impl QueryFragment<diesel::pg::Pg> for RowLock {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::pg::Pg>) -> QueryResult<()> {
+impl RowLock {
+    #[cfg(feature = "postgres")]
+    fn walk_pg(self, mut out: AstPass<'_, '_, diesel::pg::Pg>) -> QueryResult<()> {
         out.push_sql(self.strength.pg());
         out.push_sql(self.wait.sql());
         Ok(())
     }
-}
 
-#[cfg(feature = "mysql")]
-impl QueryFragment<diesel::mysql::Mysql> for RowLock {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::mysql::Mysql>) -> QueryResult<()> {
+    #[cfg(feature = "mysql")]
+    fn walk_mysql(self, mut out: AstPass<'_, '_, diesel::mysql::Mysql>) -> QueryResult<()> {
         if self.wait == WaitMode::NoWait {
             crate::error::classification::nowait_sent();
         }
         out.push_sql(self.strength.mysql());
         out.push_sql(self.wait.sql());
         Ok(())
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl QueryFragment<diesel::pg::Pg> for RowLock {
+    fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, diesel::pg::Pg>) -> QueryResult<()> {
+        self.walk_pg(out)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl QueryFragment<diesel::mysql::Mysql> for RowLock {
+    fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, diesel::mysql::Mysql>) -> QueryResult<()> {
+        self.walk_mysql(out)
+    }
+}
+
+/// A common row-lock clause as a type of its own: the [`RowLock`] it stands for
+/// is [`LOCK`](Self::LOCK), and its SQL is that one's.
+///
+/// A query locked with it has a static query id, so Diesel prepares it once per
+/// connection and finds it again by type, without building its SQL; a query
+/// locked with a [`RowLock`] value is found by its SQL text. lockkit picks the
+/// type for [`with_lock`](crate::with_lock) (for these four clauses),
+/// [`lock_all`](crate::Lockable::lock_all) ([`ForUpdate`]) and
+/// [`queue::claim`](crate::queue::claim) ([`ForUpdateSkipLocked`]).
+pub trait LockClause: QueryId + Copy + Default + 'static {
+    /// The clause, as a value.
+    const LOCK: RowLock;
+}
+
+macro_rules! lock_clauses {
+    ($($(#[$doc:meta])* $name:ident = $lock:expr;)*) => {$(
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, Default, QueryId)]
+        pub struct $name;
+
+        impl LockClause for $name {
+            const LOCK: RowLock = $lock;
+        }
+
+        #[cfg(feature = "postgres")]
+        impl QueryFragment<diesel::pg::Pg> for $name {
+            fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, diesel::pg::Pg>) -> QueryResult<()> {
+                Self::LOCK.walk_pg(out)
+            }
+        }
+
+        #[cfg(feature = "mysql")]
+        impl QueryFragment<diesel::mysql::Mysql> for $name {
+            fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, diesel::mysql::Mysql>) -> QueryResult<()> {
+                Self::LOCK.walk_mysql(out)
+            }
+        }
+    )*};
+}
+
+lock_clauses! {
+    /// `FOR UPDATE`.
+    ForUpdate = RowLock::update();
+    /// `FOR UPDATE NOWAIT`.
+    ForUpdateNowait = RowLock::update().nowait();
+    /// `FOR UPDATE SKIP LOCKED`.
+    ForUpdateSkipLocked = RowLock::update().skip_locked();
+    /// `FOR SHARE` (PostgreSQL) / `LOCK IN SHARE MODE` (MySQL/MariaDB).
+    ForShare = RowLock::share();
+}
+
+/// A call that runs a query under the lock clause `L` (a [`LockClause`] type or a
+/// [`RowLock`] value) on `Conn`: lockkit's locked reads, generic over the clause.
+/// Name it only in `where` clauses.
+pub trait LockedCall<L, Conn> {
+    /// What the call returns.
+    type Output;
+    /// Runs the call with `clause`.
+    fn call(self, conn: &mut Conn, clause: L) -> Self::Output;
+}
+
+/// A call that takes every clause `with_lock` may pick for a [`RowLock`]. Blanket-
+/// implemented; name it only in `where` clauses.
+pub trait EveryClause<Conn, T>:
+    LockedCall<ForUpdate, Conn, Output = T>
+    + LockedCall<ForUpdateNowait, Conn, Output = T>
+    + LockedCall<ForUpdateSkipLocked, Conn, Output = T>
+    + LockedCall<ForShare, Conn, Output = T>
+    + LockedCall<RowLock, Conn, Output = T>
+{
+}
+
+impl<X, Conn, T> EveryClause<Conn, T> for X where
+    X: LockedCall<ForUpdate, Conn, Output = T>
+        + LockedCall<ForUpdateNowait, Conn, Output = T>
+        + LockedCall<ForUpdateSkipLocked, Conn, Output = T>
+        + LockedCall<ForShare, Conn, Output = T>
+        + LockedCall<RowLock, Conn, Output = T>
+{
+}
+
+impl RowLock {
+    /// Runs `call` with this clause: as its [`LockClause`] type when it is one of
+    /// the common clauses (cached by type), else as this value (cached by SQL).
+    pub(crate) fn with_clause<C, Conn, T>(self, conn: &mut Conn, call: C) -> T
+    where
+        C: EveryClause<Conn, T>,
+    {
+        if self == ForUpdate::LOCK {
+            LockedCall::<ForUpdate, _>::call(call, conn, ForUpdate)
+        } else if self == ForUpdateNowait::LOCK {
+            LockedCall::<ForUpdateNowait, _>::call(call, conn, ForUpdateNowait)
+        } else if self == ForUpdateSkipLocked::LOCK {
+            LockedCall::<ForUpdateSkipLocked, _>::call(call, conn, ForUpdateSkipLocked)
+        } else if self == ForShare::LOCK {
+            LockedCall::<ForShare, _>::call(call, conn, ForShare)
+        } else {
+            LockedCall::<RowLock, _>::call(call, conn, self)
+        }
     }
 }
 
@@ -333,3 +456,36 @@ pub trait LockQueryExt: Sized {
 }
 
 impl<Q> LockQueryExt for Q {}
+
+#[cfg(all(test, feature = "postgres"))]
+mod tests {
+    use super::*;
+    use diesel::pg::Pg;
+
+    /// Renders the clause it is handed, and says whether Diesel caches it by type.
+    struct Render;
+
+    impl<L: QueryFragment<Pg> + QueryId> LockedCall<L, ()> for Render {
+        type Output = (String, bool);
+
+        fn call(self, _: &mut (), clause: L) -> (String, bool) {
+            let sql = diesel::debug_query::<Pg, _>(&clause).to_string();
+            (sql, L::HAS_STATIC_QUERY_ID)
+        }
+    }
+
+    #[test]
+    fn the_common_clauses_are_types_with_the_sql_of_their_value() {
+        use LockStrength::{KeyShare, NoKeyUpdate, Share, Update};
+        use WaitMode::{NoWait, SkipLocked, Wait};
+        for strength in [Update, NoKeyUpdate, Share, KeyShare] {
+            for wait in [Wait, NoWait, SkipLocked] {
+                let lock = RowLock { strength, wait };
+                let (sql, by_type) = lock.with_clause(&mut (), Render);
+                assert_eq!(sql, diesel::debug_query::<Pg, _>(&lock).to_string());
+                let common = matches!((strength, wait), (Update, _) | (Share, Wait));
+                assert_eq!(by_type, common, "{lock:?}: {sql}");
+            }
+        }
+    }
+}

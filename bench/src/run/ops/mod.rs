@@ -206,9 +206,11 @@ macro_rules! bench_backend {
                         (Strategy::Versioned, Flavor::Lockkit) => versioned(self, st),
                         (Strategy::Versioned, Flavor::Hand) => versioned_hand(self, st),
                         (Strategy::Versioned, Flavor::HandCached) => versioned_cacheable(self, st),
+                        (Strategy::Versioned, Flavor::HandNext) => versioned_hand_next(self, st),
+                        (Strategy::Versioned, Flavor::Peer) => versioned_peer(self, st),
                         (Strategy::Naive, _) => naive(self, st),
-                        (_, Flavor::HandCached) => Err(OpError::Other(
-                            "no cacheable twin for this strategy".into(),
+                        (_, Flavor::HandCached | Flavor::HandNext | Flavor::Peer) => Err(OpError::Other(
+                            "only the uncontended versioned update has this twin".into(),
                         )),
                         (Strategy::Optimistic, Flavor::Lockkit) => optimistic(self, st),
                         (Strategy::Optimistic, Flavor::Hand) => optimistic_hand(self, st),

@@ -1,6 +1,8 @@
 //! Uncontended: `update_versioned` on the worker's own row; the same `UPDATE`
-//! by hand; and the same by hand as a statement Diesel may cache
-//! ([`CacheableVersionedUpdate`]).
+//! by hand, in lockkit's shape (`lock_version = lock_version + 1`) and binding
+//! the next version (`lock_version = ?`, as users write it); the same by hand as
+//! a statement Diesel may cache ([`CacheableVersionedUpdate`]); and the peer
+//! crate `diesel_versioning`.
 
 use diesel::QueryResult;
 
@@ -49,7 +51,36 @@ where
     }
 }
 
-/// Writes `versioned`, `versioned_hand` and `versioned_cacheable` into one
+/// The hand-written versioned `UPDATE` of the worker's own row, with its own
+/// row-count check; `$next` is the new version's SQL expression.
+macro_rules! hand_update {
+    ($conn:expr, $st:expr, |$item:ident| $next:expr) => {{
+        $st.counts.attempts += 1;
+        let $item = $st.own.as_mut().expect("own row loaded");
+        let rows = diesel::update(
+            items::table
+                .filter(items::id.eq($item.id))
+                .filter(items::lock_version.eq($item.lock_version)),
+        )
+        .set((
+            items::name.eq(&$item.name),
+            items::stock.eq($item.stock - 1),
+            items::lock_version.eq($next),
+        ))
+        .execute($conn)?;
+        if rows != 1 {
+            $st.counts.stale += 1;
+            return Err(OpError::Other("stale write".into()));
+        }
+        $item.stock -= 1;
+        $item.lock_version += 1;
+        Ok(1)
+    }};
+}
+pub(crate) use hand_update;
+
+/// Writes `versioned`, `versioned_hand`, `versioned_hand_next`,
+/// `versioned_cacheable` and `versioned_peer` into one
 /// `bench_backend!` instantiation, where `Conn` is its connection type and
 /// `$locks` says whether the backend has row locks.
 macro_rules! versioned_ops {
@@ -71,25 +102,33 @@ macro_rules! versioned_ops {
         /// lock_version = lock_version + 1 WHERE id = ? AND lock_version = ?`,
         /// with its own row-count check.
         fn versioned_hand(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
+            super::versioned::hand_update!(conn, st, |_item| items::lock_version + 1)
+        }
+
+        /// The same by hand, binding the next version as users write it:
+        /// `UPDATE .. SET name, stock, lock_version = ? WHERE id = ? AND
+        /// lock_version = ?` (under the version check, the same value).
+        fn versioned_hand_next(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
+            super::versioned::hand_update!(conn, st, |item| item.lock_version + 1)
+        }
+
+        /// The peer crate: `diesel_versioning::Versioned::update_versioned` on the
+        /// same row, as its own model.
+        fn versioned_peer(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
             st.counts.attempts += 1;
             let item = st.own.as_mut().expect("own row loaded");
-            let rows = diesel::update(
-                items::table
-                    .filter(items::id.eq(item.id))
-                    .filter(items::lock_version.eq(item.lock_version)),
-            )
-            .set((
-                items::name.eq(&item.name),
-                items::stock.eq(item.stock - 1),
-                items::lock_version.eq(items::lock_version + 1),
-            ))
-            .execute(conn)?;
-            if rows != 1 {
+            let mut peer = crate::vocabulary::schema::peer::PeerItem {
+                id: item.id,
+                name: item.name.clone(),
+                stock: item.stock - 1,
+                lock_version: item.lock_version,
+            };
+            if let Err(err) = diesel_versioning::Versioned::update_versioned(&mut peer, conn) {
                 st.counts.stale += 1;
-                return Err(OpError::Other("stale write".into()));
+                return Err(OpError::Other(err.to_string()));
             }
-            item.stock -= 1;
-            item.lock_version += 1;
+            item.stock = peer.stock;
+            item.lock_version = peer.lock_version;
             Ok(1)
         }
 

@@ -61,6 +61,24 @@ pub fn comparisons() -> Vec<(&'static str, Case, Case, &'static str)> {
             "hand-written, cacheable",
         ),
         (
+            "update_versioned",
+            own,
+            Case {
+                flavor: Flavor::HandNext,
+                ..own
+            },
+            "hand-written, binds the next version",
+        ),
+        (
+            "update_versioned",
+            own,
+            Case {
+                flavor: Flavor::Peer,
+                ..own
+            },
+            "diesel_versioning 0.1.1",
+        ),
+        (
             "read + update_versioned",
             hot(Strategy::Optimistic),
             hot(Strategy::Optimistic).hand(),
@@ -114,6 +132,8 @@ pub fn side_name(case: &Case) -> String {
         Flavor::Lockkit => "lockkit",
         Flavor::Hand => "hand",
         Flavor::HandCached => "cacheable",
+        Flavor::HandNext => "handnext",
+        Flavor::Peer => "peer",
     };
     match case.workload {
         Workload::Queue => format!("{strategy}{}-{flavor}", case.batch),

@@ -1,0 +1,145 @@
+//! lockkit's statements are prepared once per connection: Diesel's statement cache
+//! keeps them, so the server (or SQLite) parses and plans each one once, not on
+//! every call. Diesel reports each statement it puts in its cache
+//! (`InstrumentationEvent::CacheQuery`); PostgreSQL also lists the connection's
+//! prepared statements in `pg_prepared_statements`.
+
+use std::sync::{Arc, Mutex};
+
+use diesel::connection::InstrumentationEvent;
+use diesel::prelude::*;
+use lockkit::journal::Journal;
+use lockkit::prelude::*;
+use lockkit::LockOptions;
+use lockkit_tests::models::*;
+use lockkit_tests::schema::*;
+use lockkit_tests::{exec, seed_items};
+
+/// The SQL of every statement Diesel put in the connection's cache, in order.
+#[derive(Clone, Default)]
+struct Cached(Arc<Mutex<Vec<String>>>);
+
+impl Cached {
+    /// Installs itself on `conn`, under lockkit's journal.
+    fn watch(conn: &mut impl Connection) -> Self {
+        let cached = Cached::default();
+        let log = cached.clone();
+        conn.set_instrumentation(Journal::wrap(move |event: InstrumentationEvent<'_>| {
+            if let InstrumentationEvent::CacheQuery { sql, .. } = event {
+                log.0.lock().unwrap().push(sql.to_owned());
+            }
+        }));
+        cached
+    }
+
+    /// The cached statements that start with `prefix`.
+    fn starting_with(&self, prefix: &str) -> Vec<String> {
+        let all = self.0.lock().unwrap();
+        all.iter()
+            .filter(|sql| sql.starts_with(prefix))
+            .cloned()
+            .collect()
+    }
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+}
+
+/// PostgreSQL: how many prepared statements of this session start with `$prefix`.
+macro_rules! pg_prepared {
+    ($conn:expr, $prefix:expr) => {
+        diesel::sql_query(
+            "SELECT COUNT(*)::bigint AS n FROM pg_prepared_statements WHERE starts_with(statement, $1)",
+        )
+        .bind::<diesel::sql_types::Text, _>($prefix)
+        .get_result::<Count>($conn)
+        .unwrap()
+        .n
+    };
+}
+
+lockkit_tests::backend_tests! {
+    fn versioned_writes_are_prepared_once_per_connection(db) {
+        let mut conn = db.connect();
+        seed_items(&mut conn, &[(1, 100), (2, 100), (3, 100)]);
+        let cached = Cached::watch(&mut conn);
+
+        let mut item = items::table.find(1).first::<Item>(&mut conn).unwrap();
+        for _ in 0..5 {
+            item.stock -= 1;
+            item.update_versioned(&mut conn).unwrap();
+            item.touch_versioned(&mut conn).unwrap();
+        }
+        let mut version = 0;
+        for _ in 0..5 {
+            version = Item::update_by_version(&mut conn, 2, version, items::stock.eq(items::stock - 1)).unwrap();
+        }
+        for key in [3, 2] {
+            let row = items::table.find(key).first::<Item>(&mut conn).unwrap();
+            row.delete_versioned(&mut conn).unwrap();
+        }
+        assert_eq!(item.lock_version, 10);
+        assert_eq!(version, 5);
+
+        // Three UPDATE shapes (the model's fields, the version alone, a changeset
+        // of the caller's), each cached once, and one DELETE.
+        let updates = cached.starting_with("UPDATE");
+        assert_eq!(updates.len(), 3, "{updates:#?}");
+        assert!(updates[0].contains("name") && updates[0].contains("stock"), "{updates:#?}");
+        assert!(!updates[1].contains("stock"), "{updates:#?}");
+        assert!(updates[2].contains("stock") && !updates[2].contains("name"), "{updates:#?}");
+        assert_eq!(cached.starting_with("DELETE").len(), 1);
+
+        if BACKEND == "postgres" {
+            // The server holds them as named prepared statements of this session.
+            assert_eq!(pg_prepared!(&mut conn, "UPDATE \"items\""), 3);
+        }
+    }
+
+    fn a_changeset_that_skips_none_is_cached_once_per_shape(db) {
+        let mut conn = db.connect();
+        exec(&mut conn, "INSERT INTO documents (id, title, note, lock_version) VALUES (1, 'a', NULL, 0)");
+        let cached = Cached::watch(&mut conn);
+
+        let mut doc = documents::table.find(1).first::<Document>(&mut conn).unwrap();
+        for i in 0..6 {
+            doc.note = (i % 2 == 0).then(|| format!("note {i}"));
+            doc.update_versioned(&mut conn).unwrap();
+        }
+        let stored = documents::table.find(1).first::<Document>(&mut conn).unwrap();
+        // The last write had `None`: the note of the write before stays.
+        assert_eq!((stored.note.as_deref(), stored.lock_version), (Some("note 4"), 6));
+
+        // With and without `note`: two statements, each prepared once.
+        let updates = cached.starting_with("UPDATE");
+        assert_eq!(updates.len(), 2, "{updates:#?}");
+        assert_ne!(updates[0], updates[1]);
+    }
+
+    fn each_lock_clause_is_prepared_once_per_connection(db) {
+        let mut conn = db.connect();
+        seed_items(&mut conn, &[(1, 100), (2, 100)]);
+        let cached = Cached::watch(&mut conn);
+
+        let clauses = [LockOptions::default(), LockOptions::default().nowait(), LockOptions::default().skip_locked(), LockOptions::default().share()];
+        for options in clauses {
+            for key in [1, 2, 1] {
+                lockkit::with_lock(&mut conn, key, options, |_conn, item: Item| Ok::<_, lockkit::Error>(item.stock)).unwrap();
+            }
+        }
+
+        let reads: Vec<String> = cached
+            .starting_with("SELECT")
+            .into_iter()
+            .filter(|sql| sql.contains("WHERE") && sql.contains("lock_version") && !sql.contains("unique_key"))
+            .collect();
+        // One locked read per clause (SQLite has no clause: one read in all).
+        let expected = if BACKEND == "sqlite" { 1 } else { clauses.len() };
+        assert_eq!(reads.len(), expected, "{reads:#?}");
+        // The version bump of the exclusive locks, once.
+        assert_eq!(cached.starting_with("UPDATE").len(), 1);
+    }
+}
