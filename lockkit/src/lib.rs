@@ -26,6 +26,7 @@
 //! | [`http`] | ETag / `If-Match`, axum, idempotency keys |
 //! | [`error`] | the error type and the one place that reads server messages |
 //! | [`bounds`] | the traits lockkit's methods require: name them only in `where` clauses |
+//! | [`multi`] | the backend chosen at run time: `#[derive(diesel::MultiConnection)]` enums |
 //! | `transaction` (private) | what every lockkit transaction does the same way: the panic guard |
 //!
 //! Start with [`optimistic::versioned`] and [`pessimistic::lockable`] for complete
@@ -39,6 +40,12 @@ pub mod bounds;
 pub mod error;
 pub mod http;
 pub mod metrics;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
+)]
+pub mod multi;
 pub mod optimistic;
 pub mod pessimistic;
 

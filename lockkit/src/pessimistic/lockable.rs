@@ -62,6 +62,13 @@
 //! # Ok(()) }
 //! ```
 
+// Without a backend feature no connection implements the per-connection traits,
+// and the pieces they are built from go unused.
+#![cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(unused_imports, dead_code)
+)]
+
 use diesel::dsl::{self, AsSelect, Find, Select};
 use diesel::expression::Expression;
 use diesel::query_dsl::methods::{FilterDsl, FindDsl, LockingDsl, OrderDsl, SelectDsl};
@@ -80,7 +87,6 @@ use crate::{classify, Error};
 /// order, which keeps the no-deadlock promise.
 pub const MAX_KEYS_PER_STATEMENT: usize = 900;
 
-type Backend<C> = <C as diesel::Connection>::Backend;
 type Pk<M> = <<M as Lockable>::Table as Table>::PrimaryKey;
 
 /// A model whose row can be locked: table and primary key.
@@ -435,33 +441,82 @@ pub trait LockRow<Conn: LockingConnection>: Lockable<OnLock: MarkLocked<Self, Co
     fn exists(conn: &mut Conn, key: Self::Key) -> diesel::QueryResult<bool>;
 }
 
-type ByKey<M, C> =
-    Select<Find<<M as Lockable>::Table, <M as Lockable>::Key>, AsSelect<M, Backend<C>>>;
+type ByKey<M, DB> = Select<Find<<M as Lockable>::Table, <M as Lockable>::Key>, AsSelect<M, DB>>;
 
-impl<M, Conn> LockRow<Conn> for M
-where
-    Conn: LockingConnection,
-    M: Lockable + Selectable<Backend<Conn>>,
-    M::OnLock: MarkLocked<M, Conn>,
-    AsSelect<M, Backend<Conn>>: Expression,
-    M::Table: FindDsl<M::Key>,
-    Find<M::Table, M::Key>: SelectDsl<AsSelect<M, Backend<Conn>>>,
-    ByKey<M, Conn>: LockingDsl<RowLock> + for<'q> LoadQuery<'q, Conn, M>,
-    Conn::Locked<ByKey<M, Conn>>: for<'q> LoadQuery<'q, Conn, M>,
-{
-    fn load_locked(conn: &mut Conn, key: M::Key, lock: RowLock) -> diesel::QueryResult<Option<M>> {
-        let query = M::Table::default().find(key).select(M::as_select());
-        Conn::apply_lock(query, lock).get_result(conn).optional()
-    }
+/// Implements [`LockRow`] and [`LockAll`] for every model that fits, on each
+/// connection lockkit locks rows on (a [`Dispatch`](crate::multi::Dispatch)
+/// enum hands them on to the connection it holds: `multi.rs`).
+macro_rules! lock_row_on {
+    ($($conn:ty, $db:ty, $feature:literal, { $($locked:tt)* });*) => {$(
+        #[cfg(feature = $feature)]
+        impl<M> LockRow<$conn> for M
+        where
+            M: Lockable + Selectable<$db>,
+            M::OnLock: MarkLocked<M, $conn>,
+            AsSelect<M, $db>: Expression,
+            M::Table: FindDsl<M::Key>,
+            Find<M::Table, M::Key>: SelectDsl<AsSelect<M, $db>>,
+            ByKey<M, $db>: LockingDsl<RowLock> + for<'q> LoadQuery<'q, $conn, M>,
+            $($locked)*
+        {
+            fn load_locked(
+                conn: &mut $conn,
+                key: M::Key,
+                lock: RowLock,
+            ) -> diesel::QueryResult<Option<M>> {
+                let query = M::Table::default().find(key).select(M::as_select());
+                <$conn>::apply_lock(query, lock).get_result(conn).optional()
+            }
 
-    fn exists(conn: &mut Conn, key: M::Key) -> diesel::QueryResult<bool> {
-        let query = M::Table::default().find(key).select(M::as_select());
-        query
-            .get_result::<M>(conn)
-            .optional()
-            .map(|row| row.is_some())
-    }
+            fn exists(conn: &mut $conn, key: M::Key) -> diesel::QueryResult<bool> {
+                let query = M::Table::default().find(key).select(M::as_select());
+                query
+                    .get_result::<M>(conn)
+                    .optional()
+                    .map(|row| row.is_some())
+            }
+        }
+
+        #[cfg(feature = $feature)]
+        impl<M> LockAll<$conn> for M
+        where
+            M: LockRow<$conn> + Selectable<$db>,
+            AsSelect<M, $db>: Expression,
+            Pk<M>: KeyColumn<M::Key>,
+            M::Table: FilterDsl<KeysFilter<M>>,
+            dsl::Filter<M::Table, KeysFilter<M>>: OrderDsl<dsl::Asc<Pk<M>>>,
+            dsl::Order<dsl::Filter<M::Table, KeysFilter<M>>, dsl::Asc<Pk<M>>>:
+                SelectDsl<AsSelect<M, $db>>,
+            AllByKeys<M, $db>: LockingDsl<RowLock>,
+            <$conn as LockingConnection>::Locked<AllByKeys<M, $db>>:
+                for<'q> LoadQuery<'q, $conn, M>,
+        {
+            fn load_all_locked(
+                conn: &mut $conn,
+                keys: Vec<M::Key>,
+            ) -> diesel::QueryResult<Vec<M>> {
+                let pk = || M::Table::default().primary_key();
+                let query = M::Table::default()
+                    .filter(pk().eq_any_keys(keys))
+                    .order(pk().asc())
+                    .select(M::as_select());
+                <$conn>::apply_lock(query, RowLock::update()).load(conn)
+            }
+        }
+    )*};
 }
+
+// The locked read's own bound, where it is another query than the unlocked one
+// (SQLite's is the same query: a second, equal bound would be ambiguous).
+lock_row_on!(
+    diesel::PgConnection, diesel::pg::Pg, "postgres", {
+        ByKey<M, diesel::pg::Pg>: LockingDsl<RowLock, Output: for<'q> LoadQuery<'q, diesel::PgConnection, M>>,
+    };
+    diesel::MysqlConnection, diesel::mysql::Mysql, "mysql", {
+        ByKey<M, diesel::mysql::Mysql>: LockingDsl<RowLock, Output: for<'q> LoadQuery<'q, diesel::MysqlConnection, M>>,
+    };
+    diesel::SqliteConnection, diesel::sqlite::Sqlite, "sqlite", {}
+);
 
 /// The ordered multi-row lock of [`Lockable::lock_all`]. Implemented for every
 /// [`LockRow`] model whose primary key is one [`KeyColumn`]; name it only in
@@ -541,33 +596,10 @@ key_column!(
 key_column!(uuid::Uuid => diesel::sql_types::Uuid);
 
 type KeysFilter<M> = <Pk<M> as KeyColumn<<M as Lockable>::Key>>::EqAny;
-type AllByKeys<M, C> = Select<
+type AllByKeys<M, DB> = Select<
     dsl::Order<dsl::Filter<<M as Lockable>::Table, KeysFilter<M>>, dsl::Asc<Pk<M>>>,
-    AsSelect<M, Backend<C>>,
+    AsSelect<M, DB>,
 >;
-
-impl<M, Conn> LockAll<Conn> for M
-where
-    Conn: LockingConnection,
-    M: LockRow<Conn> + Selectable<Backend<Conn>>,
-    AsSelect<M, Backend<Conn>>: Expression,
-    Pk<M>: KeyColumn<M::Key>,
-    M::Table: FilterDsl<KeysFilter<M>>,
-    dsl::Filter<M::Table, KeysFilter<M>>: OrderDsl<dsl::Asc<Pk<M>>>,
-    dsl::Order<dsl::Filter<M::Table, KeysFilter<M>>, dsl::Asc<Pk<M>>>:
-        SelectDsl<AsSelect<M, Backend<Conn>>>,
-    AllByKeys<M, Conn>: LockingDsl<RowLock>,
-    Conn::Locked<AllByKeys<M, Conn>>: for<'q> LoadQuery<'q, Conn, M>,
-{
-    fn load_all_locked(conn: &mut Conn, keys: Vec<M::Key>) -> diesel::QueryResult<Vec<M>> {
-        let pk = || M::Table::default().primary_key();
-        let query = M::Table::default()
-            .filter(pk().eq_any_keys(keys))
-            .order(pk().asc())
-            .select(M::as_select());
-        Conn::apply_lock(query, RowLock::update()).load(conn)
-    }
-}
 
 impl LockStrength {
     /// `FOR UPDATE` and `FOR NO KEY UPDATE`: the locks a writer takes.
