@@ -348,10 +348,33 @@ lockkit_tests::backend_tests! {
     }
 }
 
+/// The baseline the protected sales are measured against: read, wait a moment,
+/// write the stock read minus one, in a plain transaction of the enum.
+fn sell_naively(conn: &mut AnyConnection, id: i32) -> Result<(), Error> {
+    conn.transaction(|conn| {
+        let left = stock(conn, id) - 1;
+        thread::sleep(Duration::from_millis(5));
+        diesel::update(items::table.find(id))
+            .set(items::stock.eq(left))
+            .execute(conn)?;
+        Ok(())
+    })
+}
+
 mod servers {
     use super::*;
 
     lockkit_tests::server_tests! {
+        fn the_naive_baseline_through_the_enum_loses_sales(db) {
+            // What the concurrent tests above would see if the enum's calls did
+            // not lock or check: the servers' default isolation lets these
+            // writers overwrite each other.
+            seed_items(&mut db.conn(), &[(1, 100)]);
+            sell_from_threads(&db, 4, 10, |conn| sell_naively(conn, 1));
+            let left = stock(&mut any(&db), 1);
+            assert!(left > 60, "40 sales, yet only {} recorded", 100 - left);
+        }
+
         fn a_failing_nested_with_lock_through_the_enum_commits_nothing(db) {
             // The enum's transaction holds an order line and the lock on item 1
             // when its nested `with_lock` on item 2 becomes a deadlock's victim.
