@@ -49,8 +49,9 @@
 //! | [`KeyColumn`] | `lock_all` | such a key column: `pk = ANY($1)` / `pk IN (..)` |
 //! | [`MarkLocked`] | `with_lock`, `lock_all` | what an exclusive lock writes: [`NoVersion`](crate::pessimistic::NoVersion), [`BumpVersion`](crate::optimistic::BumpVersion) |
 //! | [`VersionCheck`] | every versioned write | every [`Versioned`](crate::Versioned) model |
-//! | [`CurrentVersionQuery`] | every versioned write | those, on a connection of a supported backend |
-//! | [`LockingConnection`], [`AsLockingConnection`] | the lock calls | `PgConnection`, `MysqlConnection`, `SqliteConnection`; r2d2 pooled connections to them (feature `r2d2`) |
+//! | [`CurrentVersionQuery`] | every versioned write | those, on a connection of a supported backend or a [`Dispatch`](crate::multi::Dispatch) enum |
+//! | [`LockingConnection`], [`AsLockingConnection`] | the lock calls | `PgConnection`, `MysqlConnection`, `SqliteConnection`; r2d2 pooled connections to them (feature `r2d2`); [`Dispatch`](crate::multi::Dispatch) enums |
+//! | [`ClaimQuery`] | [`queue::claim`](crate::queue::claim) | every select query that takes `.limit(n)` and a row-lock clause, on those connections |
 //! | [`OptimisticBackend`] | every versioned write | `Pg`, `Mysql`, `Sqlite` (sealed) |
 //! | [`AdvisoryBackend`] | [`advisory`](crate::advisory) | `Pg`, `Mysql` (sealed): SQLite has no advisory locks |
 //! | [`LockMonitor`] | [`lock_waits`](crate::lock_waits) | `Pg`, `Mysql` (sealed) |
@@ -77,3 +78,4 @@ pub use crate::pessimistic::advisory::AdvisoryBackend;
 pub use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
 pub use crate::pessimistic::lock_waits::LockMonitor;
 pub use crate::pessimistic::lockable::{KeyColumn, LockAll, LockRow, MarkLocked};
+pub use crate::pessimistic::queue::ClaimQuery;

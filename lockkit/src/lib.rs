@@ -31,6 +31,7 @@
 //! | `lease` (feature `lease`) | leases with fencing tokens, fenced writes |
 //! | [`error`] | the error type and the one place that reads server messages |
 //! | [`bounds`] | the traits lockkit's methods require: name them only in `where` clauses |
+//! | [`multi`] | the backend chosen at run time: `#[derive(diesel::MultiConnection)]` enums |
 //! | `transaction` (private) | what every lockkit transaction does the same way: the panic guard |
 //!
 //! Start with [`optimistic::versioned`] and [`pessimistic::lockable`] for complete
@@ -103,6 +104,12 @@ pub mod http;
 #[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
 pub mod lease;
 pub mod metrics;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
+)]
+pub mod multi;
 pub mod optimistic;
 #[cfg(feature = "outbox")]
 #[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]

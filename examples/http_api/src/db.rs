@@ -1,57 +1,107 @@
-//! The database side, written once and instantiated per backend.
-//!
-//! As in the `shop` example, Diesel checks query types per backend, so
-//! `api_backend!` holds the statements and is instantiated for each connection
-//! type (`PgConnection`, `MysqlConnection`, `SqliteConnection`) whose cargo feature
-//! is on; inside it, `Conn` is that type. The rest is generic over
-//! [`ApiConnection`], which every instantiation implements.
+//! The database side, written once: every statement runs on [`AnyConnection`],
+//! Diesel's `#[derive(MultiConnection)]` over the backends whose cargo feature is
+//! on, and lockkit takes it as it takes a `PgConnection` (one `match` in the
+//! [`Dispatch`] impl tells it which connection the enum holds).
 
 use std::time::Duration;
 
-use diesel::r2d2::{ConnectionManager, Pool, R2D2Connection};
-use diesel::QueryResult;
+use diesel::prelude::*;
+use diesel::r2d2::{ConnectionManager, Pool};
+use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
 use lockkit::axum::IfMatchVersion;
+use lockkit::multi::{BackendConn, Dispatch};
+use lockkit::prelude::*;
 use lockkit_tests::support::SessionSettings;
 
 use crate::models::{Item, ItemInput};
+use crate::schema::items;
 use crate::{ApiError, Backend, Config, SetupError, Store};
 
-/// A connection type the service runs on; implemented by `api_backend!`.
-pub(crate) trait ApiConnection: R2D2Connection + 'static {
-    /// Which backend this is.
-    #[allow(dead_code)]
-    const BACKEND: Backend;
-    /// Session settings for every pooled connection.
-    fn configure_session(&mut self) -> QueryResult<()>;
-    /// Applies the embedded migrations of this backend.
-    fn migrate(&mut self) -> Result<(), SetupError>;
-    /// `SELECT .. WHERE id = ?`; [`lockkit::Error::NotFound`] when missing.
-    fn find_item(&mut self, id: i32) -> Result<Item, lockkit::Error>;
-    /// Inserts an item at version 0 and returns it with its new id.
-    fn create_item(&mut self, input: &ItemInput) -> Result<Item, lockkit::Error>;
-    /// Writes `input` over the item if its version satisfies `if_match`.
-    fn update_item(
-        &mut self,
-        id: i32,
-        if_match: &IfMatchVersion<i32>,
-        input: &ItemInput,
-    ) -> Result<Item, lockkit::Error>;
-    /// Deletes the item if its version satisfies `if_match`.
-    fn delete_item(
-        &mut self,
-        id: i32,
-        if_match: &IfMatchVersion<i32>,
-    ) -> Result<(), lockkit::Error>;
+/// A connection to whichever backend the URL names.
+#[derive(diesel::MultiConnection)]
+pub(crate) enum AnyConnection {
+    #[cfg(feature = "postgres")]
+    Pg(diesel::PgConnection),
+    #[cfg(feature = "mysql")]
+    Mysql(diesel::MysqlConnection),
+    #[cfg(feature = "sqlite")]
+    Sqlite(diesel::SqliteConnection),
 }
 
+impl Dispatch for AnyConnection {
+    fn dispatch(&mut self) -> BackendConn<'_> {
+        match self {
+            #[cfg(feature = "postgres")]
+            AnyConnection::Pg(conn) => BackendConn::Pg(conn),
+            #[cfg(feature = "mysql")]
+            AnyConnection::Mysql(conn) => BackendConn::Mysql(conn),
+            #[cfg(feature = "sqlite")]
+            AnyConnection::Sqlite(conn) => BackendConn::Sqlite(conn),
+        }
+    }
+}
+
+impl AnyConnection {
+    /// Connects to `url` as `backend` says (Diesel's `establish` on the enum tries
+    /// each backend in turn, and would report the last one's error).
+    fn open(url: &str, backend: Backend) -> Result<Self, SetupError> {
+        Ok(match backend {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres => AnyConnection::Pg(diesel::PgConnection::establish(url)?),
+            #[cfg(feature = "mysql")]
+            Backend::Mysql => AnyConnection::Mysql(diesel::MysqlConnection::establish(url)?),
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite => AnyConnection::Sqlite(diesel::SqliteConnection::establish(url)?),
+            #[allow(unreachable_patterns)]
+            backend => return Err(SetupError::Unsupported(backend)),
+        })
+    }
+
+    /// Session settings for every pooled connection (SQLite's; the servers need none).
+    fn configure_session(&mut self) -> QueryResult<()> {
+        match self {
+            #[cfg(feature = "sqlite")]
+            AnyConnection::Sqlite(conn) => lockkit_tests::support::sqlite_session_settings(conn),
+            #[allow(unreachable_patterns)]
+            _ => Ok(()),
+        }
+    }
+
+    /// Applies this backend's embedded migrations.
+    fn migrate(&mut self) -> Result<(), SetupError> {
+        let migrations = match self {
+            #[cfg(feature = "postgres")]
+            AnyConnection::Pg(_) => POSTGRES_MIGRATIONS,
+            #[cfg(feature = "mysql")]
+            AnyConnection::Mysql(_) => MYSQL_MIGRATIONS,
+            #[cfg(feature = "sqlite")]
+            AnyConnection::Sqlite(_) => SQLITE_MIGRATIONS,
+        };
+        self.run_pending_migrations(migrations)
+            .map(drop)
+            .map_err(|e| SetupError::Migration(e.to_string()))
+    }
+}
+
+#[cfg(feature = "postgres")]
+const POSTGRES_MIGRATIONS: EmbeddedMigrations =
+    diesel_migrations::embed_migrations!("migrations/postgres");
+#[cfg(feature = "mysql")]
+const MYSQL_MIGRATIONS: EmbeddedMigrations =
+    diesel_migrations::embed_migrations!("migrations/mysql");
+#[cfg(feature = "sqlite")]
+const SQLITE_MIGRATIONS: EmbeddedMigrations =
+    diesel_migrations::embed_migrations!("migrations/sqlite");
+
 /// Migrates the database at `url` and builds the pool.
-pub(crate) fn pool<C: ApiConnection>(
+pub(crate) fn pool(
     url: &str,
+    backend: Backend,
     config: &Config,
-) -> Result<Pool<ConnectionManager<C>>, SetupError> {
+) -> Result<Pool<ConnectionManager<AnyConnection>>, SetupError> {
     // One direct connection first: an unreachable server fails at once with its
     // own message, instead of after the pool's connection timeout.
-    let mut setup = C::establish(url)?;
+    let mut setup = AnyConnection::open(url, backend)?;
     setup.configure_session()?;
     setup.migrate()?;
     drop(setup);
@@ -60,17 +110,17 @@ pub(crate) fn pool<C: ApiConnection>(
         .min_idle(Some(1))
         .connection_timeout(config.connection_timeout)
         .idle_timeout(Some(Duration::from_secs(300)))
-        .connection_customizer(Box::new(SessionSettings(C::configure_session)))
-        .build(ConnectionManager::<C>::new(url))?)
+        .connection_customizer(Box::new(SessionSettings(AnyConnection::configure_session)))
+        .build(ConnectionManager::<AnyConnection>::new(url))?)
 }
 
-impl<C: ApiConnection> Store for Pool<ConnectionManager<C>> {
+impl Store for Pool<ConnectionManager<AnyConnection>> {
     fn get(&self, id: i32) -> Result<Item, ApiError> {
-        Ok(Pool::get(self)?.find_item(id)?)
+        Ok(find(&mut *Pool::get(self)?, id)?)
     }
 
     fn create(&self, input: &ItemInput) -> Result<Item, ApiError> {
-        Ok(Pool::get(self)?.create_item(input)?)
+        Ok(insert(&mut *Pool::get(self)?, input)?)
     }
 
     fn update(
@@ -79,183 +129,106 @@ impl<C: ApiConnection> Store for Pool<ConnectionManager<C>> {
         if_match: &IfMatchVersion<i32>,
         input: &ItemInput,
     ) -> Result<Item, ApiError> {
-        Ok(Pool::get(self)?.update_item(id, if_match, input)?)
+        Ok(update(&mut *Pool::get(self)?, id, if_match, input)?)
     }
 
     fn delete(&self, id: i32, if_match: &IfMatchVersion<i32>) -> Result<(), ApiError> {
-        Ok(Pool::get(self)?.delete_item(id, if_match)?)
+        Ok(delete(&mut *Pool::get(self)?, id, if_match)?)
     }
 }
 
-/// Writes the statements for one connection type. See the [module docs](self).
-macro_rules! api_backend {
-    // PostgreSQL and SQLite: `INSERT .. RETURNING`.
-    (@create returning) => {
-        fn insert(conn: &mut Conn, input: &ItemInput) -> Result<Item, lockkit::Error> {
-            Ok(diesel::insert_into(items::table)
+/// `SELECT .. WHERE id = ?`; [`lockkit::Error::NotFound`] when missing.
+fn find(conn: &mut AnyConnection, id: i32) -> Result<Item, lockkit::Error> {
+    items::table
+        .find(id)
+        .select(Item::as_select())
+        .first(conn)
+        .optional()?
+        .ok_or(lockkit::Error::NotFound)
+}
+
+/// The item's version now (for `If-Match: *` and lists of tags).
+fn current_version(conn: &mut AnyConnection, id: i32) -> Result<i32, lockkit::Error> {
+    items::table
+        .find(id)
+        .select(items::lock_version)
+        .first(conn)
+        .optional()?
+        .ok_or(lockkit::Error::NotFound)
+}
+
+/// Inserts an item at version 0 and returns it with its new id: `INSERT ..
+/// RETURNING` on PostgreSQL and SQLite, sent to the connection inside the enum
+/// (Diesel's enum has no `RETURNING` once MySQL is one of its backends). MySQL
+/// has no `RETURNING`: insert, then read the row by `LAST_INSERT_ID()` (per
+/// connection, so concurrent inserts do not mix up).
+fn insert(conn: &mut AnyConnection, input: &ItemInput) -> Result<Item, lockkit::Error> {
+    #[allow(unused_macros)] // MySQL alone
+    macro_rules! returning {
+        ($inner:expr) => {
+            diesel::insert_into(items::table)
                 .values(input)
                 .returning(Item::as_returning())
-                .get_result(conn)?)
-        }
-    };
-    // MySQL has no `RETURNING`: insert, then read the row by `LAST_INSERT_ID()`
-    // (per connection, so concurrent inserts do not mix up).
-    (@create last_insert_id) => {
-        fn insert(conn: &mut Conn, input: &ItemInput) -> Result<Item, lockkit::Error> {
+                .get_result($inner)?
+        };
+    }
+    Ok(match conn {
+        #[cfg(feature = "postgres")]
+        AnyConnection::Pg(pg) => returning!(pg),
+        #[cfg(feature = "sqlite")]
+        AnyConnection::Sqlite(sqlite) => returning!(sqlite),
+        #[cfg(feature = "mysql")]
+        AnyConnection::Mysql(mysql) => {
             use diesel::sql_types::{BigInt, Unsigned};
-            conn.transaction(|conn| {
-                diesel::insert_into(items::table).values(input).execute(conn)?;
-                let id: u64 = diesel::select(diesel::dsl::sql::<Unsigned<BigInt>>(
-                    "LAST_INSERT_ID()",
+            let id = mysql.transaction(|mysql| {
+                diesel::insert_into(items::table)
+                    .values(input)
+                    .execute(mysql)?;
+                diesel::select(diesel::dsl::sql::<Unsigned<BigInt>>("LAST_INSERT_ID()"))
+                    .get_result::<u64>(mysql)
+            })?;
+            let id = i32::try_from(id).map_err(|_| {
+                lockkit::Error::Database(diesel::result::Error::DeserializationError(
+                    format!("id {id} does not fit the `items.id` INTEGER").into(),
                 ))
-                .get_result(conn)?;
-                let id = i32::try_from(id).map_err(|_| {
-                    lockkit::Error::Database(diesel::result::Error::DeserializationError(
-                        format!("id {id} does not fit the `items.id` INTEGER").into(),
-                    ))
-                })?;
-                find(conn, id)
-            })
+            })?;
+            find(conn, id)?
         }
-    };
-    (
-        $(#[$meta:meta])*
-        mod $module:ident {
-            connection: $conn:ty,
-            backend: $backend:expr,
-            migrations: $migrations:tt,
-            session: $session:path,
-            create: $create:ident $(,)?
-        }
-    ) => {
-        $(#[$meta])*
-        mod $module {
-            use diesel::prelude::*;
-            use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
-            use lockkit::axum::IfMatchVersion;
-            use lockkit::prelude::*;
-
-            use super::ApiConnection;
-            use crate::models::{Item, ItemInput};
-            use crate::schema::items;
-            use crate::{Backend, SetupError};
-
-            /// The connection type of this instantiation.
-            type Conn = $conn;
-
-            const MIGRATIONS: EmbeddedMigrations = diesel_migrations::embed_migrations!($migrations);
-
-            fn find(conn: &mut Conn, id: i32) -> Result<Item, lockkit::Error> {
-                items::table
-                    .find(id)
-                    .select(Item::as_select())
-                    .first(conn)
-                    .optional()?
-                    .ok_or(lockkit::Error::NotFound)
-            }
-
-            /// The item's version now (for `If-Match: *` and lists of tags).
-            fn current_version(conn: &mut Conn, id: i32) -> Result<i32, lockkit::Error> {
-                items::table
-                    .find(id)
-                    .select(items::lock_version)
-                    .first(conn)
-                    .optional()?
-                    .ok_or(lockkit::Error::NotFound)
-            }
-
-            api_backend!(@create $create);
-
-            impl ApiConnection for Conn {
-                const BACKEND: Backend = $backend;
-
-                fn configure_session(&mut self) -> QueryResult<()> {
-                    $session(self)
-                }
-
-                fn migrate(&mut self) -> Result<(), SetupError> {
-                    self.run_pending_migrations(MIGRATIONS)
-                        .map(drop)
-                        .map_err(|e| SetupError::Migration(e.to_string()))
-                }
-
-                fn find_item(&mut self, id: i32) -> Result<Item, lockkit::Error> {
-                    find(self, id)
-                }
-
-                fn create_item(&mut self, input: &ItemInput) -> Result<Item, lockkit::Error> {
-                    insert(self, input)
-                }
-
-                /// `UPDATE items SET name = ?, stock = ?, lock_version = lock_version + 1
-                /// WHERE id = ? AND lock_version = ?`: one statement; zero rows is
-                /// `Error::Stale` with the current version (a `412`).
-                fn update_item(
-                    &mut self,
-                    id: i32,
-                    if_match: &IfMatchVersion<i32>,
-                    input: &ItemInput,
-                ) -> Result<Item, lockkit::Error> {
-                    let version = if_match.apply(
-                        self,
-                        |conn| current_version(conn, id),
-                        |conn, expected| Item::update_by_version(conn, id, expected, input),
-                    )?;
-                    // The row as written: no second read, which could see a later write.
-                    Ok(Item {
-                        id,
-                        name: input.name.clone(),
-                        stock: input.stock,
-                        lock_version: version,
-                    })
-                }
-
-                /// `DELETE FROM items WHERE id = ? AND lock_version = ?`.
-                fn delete_item(
-                    &mut self,
-                    id: i32,
-                    if_match: &IfMatchVersion<i32>,
-                ) -> Result<(), lockkit::Error> {
-                    if_match.apply(
-                        self,
-                        |conn| current_version(conn, id),
-                        |conn, expected| Item::delete_by_version(conn, id, expected),
-                    )
-                }
-            }
-        }
-    };
+    })
 }
 
-api_backend! {
-    #[cfg(feature = "postgres")]
-    mod postgres {
-        connection: diesel::PgConnection,
-        backend: Backend::Postgres,
-        migrations: "migrations/postgres",
-        session: lockkit_tests::support::no_session_settings,
-        create: returning,
-    }
+/// `UPDATE items SET name = ?, stock = ?, lock_version = lock_version + 1
+/// WHERE id = ? AND lock_version = ?`: one statement; zero rows is
+/// `Error::Stale` with the current version (a `412`).
+fn update(
+    conn: &mut AnyConnection,
+    id: i32,
+    if_match: &IfMatchVersion<i32>,
+    input: &ItemInput,
+) -> Result<Item, lockkit::Error> {
+    let version = if_match.apply(
+        conn,
+        |conn| current_version(conn, id),
+        |conn, expected| Item::update_by_version(conn, id, expected, input),
+    )?;
+    // The row as written: no second read, which could see a later write.
+    Ok(Item {
+        id,
+        name: input.name.clone(),
+        stock: input.stock,
+        lock_version: version,
+    })
 }
 
-api_backend! {
-    #[cfg(feature = "mysql")]
-    mod mysql {
-        connection: diesel::MysqlConnection,
-        backend: Backend::Mysql,
-        migrations: "migrations/mysql",
-        session: lockkit_tests::support::no_session_settings,
-        create: last_insert_id,
-    }
-}
-
-api_backend! {
-    #[cfg(feature = "sqlite")]
-    mod sqlite {
-        connection: diesel::SqliteConnection,
-        backend: Backend::Sqlite,
-        migrations: "migrations/sqlite",
-        session: lockkit_tests::support::sqlite_session_settings,
-        create: returning,
-    }
+/// `DELETE FROM items WHERE id = ? AND lock_version = ?`.
+fn delete(
+    conn: &mut AnyConnection,
+    id: i32,
+    if_match: &IfMatchVersion<i32>,
+) -> Result<(), lockkit::Error> {
+    if_match.apply(
+        conn,
+        |conn| current_version(conn, id),
+        |conn, expected| Item::delete_by_version(conn, id, expected),
+    )
 }

@@ -134,20 +134,21 @@ impl App {
 pub fn connect(url: &str, config: &Config) -> Result<App, SetupError> {
     let backend = Backend::from_url(url);
     let url = lockkit_tests::support::connection_url(url);
-    let store: Arc<dyn Store> = match backend {
-        #[cfg(feature = "postgres")]
-        Backend::Postgres => Arc::new(db::pool::<diesel::PgConnection>(url, config)?),
-        #[cfg(feature = "mysql")]
-        Backend::Mysql => Arc::new(db::pool::<diesel::MysqlConnection>(url, config)?),
-        #[cfg(feature = "sqlite")]
-        Backend::Sqlite => Arc::new(db::pool::<diesel::SqliteConnection>(url, config)?),
-        #[allow(unreachable_patterns)]
-        backend => {
-            let _ = (url, config);
-            return Err(SetupError::Unsupported(backend));
-        }
-    };
+    let store = store(url, backend, config)?;
     Ok(App { store, backend })
+}
+
+/// The pool, as the routes use it.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+fn store(url: &str, backend: Backend, config: &Config) -> Result<Arc<dyn Store>, SetupError> {
+    Ok(Arc::new(db::pool(url, backend, config)?))
+}
+
+/// A build without a backend feature serves nothing.
+#[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+fn store(url: &str, backend: Backend, config: &Config) -> Result<Arc<dyn Store>, SetupError> {
+    let _ = (url, config);
+    Err(SetupError::Unsupported(backend))
 }
 
 /// Serves the API on `listener` until the future is dropped (or, with

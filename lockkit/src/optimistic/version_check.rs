@@ -20,7 +20,13 @@
 //! 4. one row: the new version is recorded (tentative inside a transaction);
 //!    no row: the latest committed version is read and reported as stale.
 
-use diesel::connection::LoadConnection;
+// Without a backend feature no connection implements the per-connection traits,
+// and the pieces they are built from go unused.
+#![cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(unused_imports, dead_code)
+)]
+
 use diesel::dsl::{self, Find, Select};
 use diesel::expression::{AsExpression, Expression};
 use diesel::query_builder::{AsChangeset, IntoUpdateTarget};
@@ -130,13 +136,15 @@ where
 /// What a versioned write needs from the connection besides the statement: the
 /// reads and the one extra write of its failure path, and the key check.
 ///
-/// Blanket-implemented for every connection of a supported backend; it exists
-/// so that these bounds are written once, here. Name it only in `where` clauses
+/// Implemented for every model on `PgConnection`, `MysqlConnection`,
+/// `SqliteConnection`, r2d2 pooled connections to them, and
+/// [`Dispatch`](crate::multi::Dispatch) enums over them; it exists so that
+/// these bounds are written once, here. Name it only in `where` clauses
 /// ([`bounds`](crate::bounds)).
 #[diagnostic::on_unimplemented(
     message = "lockkit's versioned writes on `{Self}` do not run on `{Conn}`",
     label = "not a connection lockkit's versioned writes support",
-    note = "lockkit supports `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`) and r2d2 pooled connections to them"
+    note = "lockkit supports `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`), r2d2 pooled connections to them, and `#[derive(diesel::MultiConnection)]` enums that implement `lockkit::multi::Dispatch`"
 )]
 pub trait CurrentVersionQuery<Conn>: VersionCheck {
     /// `Some(version)`, or `None` when the row is gone: the latest committed state.
@@ -178,45 +186,55 @@ pub trait CurrentVersionQuery<Conn>: VersionCheck {
     fn row_id(conn: &mut Conn, key: &Self::Key) -> diesel::QueryResult<Option<String>>;
 }
 
-impl<M, Conn> CurrentVersionQuery<Conn> for M
-where
-    M: VersionCheck,
-    Conn: Connection + LoadConnection,
-    Conn::Backend: OptimisticBackend,
-    M::CurrentVersion: LockingDsl<InShareMode>,
-    <Conn::Backend as OptimisticBackend>::Latest<M::CurrentVersion>:
-        for<'q> LoadQuery<'q, Conn, M::Version>,
-    TouchVersioned<M>: ExecuteDsl<Conn>,
-{
-    fn load_current_version(
-        conn: &mut Conn,
-        key: M::Key,
-    ) -> diesel::QueryResult<Option<M::Version>> {
-        <Conn::Backend as OptimisticBackend>::latest(M::current_version(key))
-            .get_result(conn)
-            .optional()
-    }
+/// Implements [`CurrentVersionQuery`] for every model that fits, on each
+/// connection lockkit supports (a [`Dispatch`](crate::multi::Dispatch) enum
+/// hands it on to the connection it holds: `multi.rs`).
+macro_rules! current_version_query_on {
+    ($($conn:ty: $cfg:meta),* $(,)?) => {$(
+        #[cfg($cfg)]
+        impl<M> CurrentVersionQuery<$conn> for M
+        where
+            M: VersionCheck,
+            M::CurrentVersion: LockingDsl<InShareMode>,
+            <Backend<$conn> as OptimisticBackend>::Latest<M::CurrentVersion>:
+                for<'q> LoadQuery<'q, $conn, M::Version>,
+            TouchVersioned<M>: ExecuteDsl<$conn>,
+        {
+            fn load_current_version(
+                conn: &mut $conn,
+                key: M::Key,
+            ) -> diesel::QueryResult<Option<M::Version>> {
+                <Backend<$conn> as OptimisticBackend>::latest(M::current_version(key))
+                    .get_result(conn)
+                    .optional()
+            }
 
-    fn bump_past(conn: &mut Conn, key: M::Key, version: M::Version) -> diesel::QueryResult<usize> {
-        ExecuteDsl::execute(touch::<M>(key, version), conn)
-    }
+            fn bump_past(
+                conn: &mut $conn,
+                key: M::Key,
+                version: M::Version,
+            ) -> diesel::QueryResult<usize> {
+                ExecuteDsl::execute(touch::<M>(key, version), conn)
+            }
 
-    fn key_is_unique(conn: &mut Conn) -> diesel::QueryResult<bool> {
-        if let Some(known) = journal::cached_unique_key(conn, M::TABLE_NAME) {
-            return Ok(known);
+            fn key_is_unique(conn: &mut $conn) -> diesel::QueryResult<bool> {
+                if let Some(known) = journal::cached_unique_key(conn, M::TABLE_NAME) {
+                    return Ok(known);
+                }
+                let unique = <Backend<$conn> as OptimisticBackend>::key_is_unique(
+                    conn,
+                    M::TABLE_NAME,
+                    M::KEY_COLUMNS,
+                )?;
+                journal::cache_unique_key(conn, M::TABLE_NAME, unique);
+                Ok(unique)
+            }
+
+            fn row_id(conn: &mut $conn, key: &M::Key) -> diesel::QueryResult<Option<String>> {
+                journal::row_id(conn, key, <Backend<$conn> as OptimisticBackend>::database_id)
+            }
         }
-        let unique = <Conn::Backend as OptimisticBackend>::key_is_unique(
-            conn,
-            M::TABLE_NAME,
-            M::KEY_COLUMNS,
-        )?;
-        journal::cache_unique_key(conn, M::TABLE_NAME, unique);
-        Ok(unique)
-    }
-
-    fn row_id(conn: &mut Conn, key: &M::Key) -> diesel::QueryResult<Option<String>> {
-        journal::row_id(conn, key, <Conn::Backend as OptimisticBackend>::database_id)
-    }
+    )*};
 }
 
 /// The statement that applies `changes` (and the version bump) to the row `key`
@@ -236,6 +254,23 @@ where
 pub(crate) fn touch<M: VersionCheck>(key: M::Key, expected: M::Version) -> TouchVersioned<M> {
     VersionedUpdate::new(M::target(key, expected).into_update_target(), M::bump())
 }
+
+type Backend<C> = <C as Connection>::Backend;
+#[cfg(feature = "r2d2")]
+#[allow(unused)] // without a backend feature
+type Pooled<C> = diesel::r2d2::PooledConnection<diesel::r2d2::ConnectionManager<C>>;
+
+current_version_query_on!(
+    diesel::PgConnection: feature = "postgres",
+    diesel::MysqlConnection: feature = "mysql",
+    diesel::SqliteConnection: feature = "sqlite",
+);
+#[cfg(feature = "r2d2")]
+current_version_query_on!(
+    Pooled<diesel::PgConnection>: feature = "postgres",
+    Pooled<diesel::MysqlConnection>: feature = "mysql",
+    Pooled<diesel::SqliteConnection>: feature = "sqlite",
+);
 
 /// The version a successful write will leave, or [`Error::VersionOverflow`].
 pub(crate) fn checked_next<M: Lockable, V: VersionNumber>(

@@ -37,20 +37,24 @@ use diesel::query_dsl::methods::LockingDsl;
 
 use super::options::LockOptions;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use crate::multi::Reach;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+use crate::transaction::transaction_sql;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use crate::transaction::{finish, Failure, PanicGuard};
 use crate::transaction::{in_transaction, Control};
 use crate::Error;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-use diesel::Connection;
 
 /// A connection lockkit can take row locks on: `PgConnection`, `MysqlConnection`
-/// or `SqliteConnection`. Sealed: lockkit implements it for these three, and its
-/// methods are how each backend does what [`locked_transaction`](crate::locked_transaction),
+/// or `SqliteConnection`, or a `#[derive(diesel::MultiConnection)]` enum over
+/// them that implements [`Dispatch`](crate::multi::Dispatch). Sealed: lockkit
+/// implements it for these, and its methods are how each backend does what
+/// [`locked_transaction`](crate::locked_transaction),
 /// [`serializable`](crate::serializable) and the row locks need; call those.
 #[diagnostic::on_unimplemented(
     message = "lockkit does not lock rows on `{Self}`",
     label = "not a connection lockkit supports",
-    note = "lockkit supports `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`), and r2d2 pooled connections to them (feature `r2d2`)"
+    note = "lockkit supports `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`), r2d2 pooled connections to them (feature `r2d2`), and `#[derive(diesel::MultiConnection)]` enums over them that implement `lockkit::multi::Dispatch`"
 )]
 pub trait LockingConnection: Control {
     /// The query with the row-lock clause `L` (a [`RowLock`](super::row_lock::RowLock) or a
@@ -111,10 +115,11 @@ pub trait LockingConnection: Control {
 #[diagnostic::on_unimplemented(
     message = "lockkit cannot lock rows through `{Self}`",
     label = "not a connection lockkit supports",
-    note = "pass a `PgConnection`, `MysqlConnection` or `SqliteConnection` (features `postgres`, `mysql`, `sqlite`), or an r2d2 pooled connection to one (feature `r2d2`)"
+    note = "pass a `PgConnection`, `MysqlConnection` or `SqliteConnection` (features `postgres`, `mysql`, `sqlite`), an r2d2 pooled connection to one (feature `r2d2`), or a `#[derive(diesel::MultiConnection)]` enum that implements `lockkit::multi::Dispatch`"
 )]
 /// Something that gives access to a [`LockingConnection`]: the connection itself
-/// or an r2d2 pooled connection to it (feature `r2d2`). This is what lets `item.with_lock(&mut conn, ..)`
+/// (or a [`Dispatch`](crate::multi::Dispatch) enum) or an r2d2 pooled connection
+/// to it (feature `r2d2`). This is what lets `item.with_lock(&mut conn, ..)`
 /// take either; the closure receives the underlying connection.
 pub trait AsLockingConnection {
     /// The underlying connection.
@@ -147,7 +152,7 @@ macro_rules! as_locking_connection {
 }
 
 #[cfg(feature = "postgres")]
-mod postgres {
+pub(crate) mod postgres {
     use diesel::sql_types::Text;
     use diesel::{PgConnection, RunQueryDsl};
 
@@ -179,30 +184,7 @@ mod postgres {
             E: From<Error>,
             F: FnOnce(&mut Self) -> Result<T, E>,
         {
-            let nested = self.in_transaction();
-            let mut guard = PanicGuard::default();
-            let result = self.transaction(|conn| {
-                let outer = match options.timeout_millis() {
-                    Some(millis) => {
-                        let outer = if nested {
-                            Some(lock_timeout(conn)?)
-                        } else {
-                            None
-                        };
-                        set_lock_timeout(conn, &format!("{millis}ms"))?;
-                        outer
-                    }
-                    None => None,
-                };
-                let result = guard.call(conn, |conn| f(conn).map_err(Failure::Closure))?;
-                // `SET LOCAL` survives `RELEASE SAVEPOINT`: give the outer
-                // transaction its own value back (a rollback to the savepoint does).
-                if let Some(outer) = outer {
-                    set_lock_timeout(conn, &outer)?;
-                }
-                Ok(result)
-            });
-            finish(self, nested, guard, result, None, crate::classify)
+            locked_transaction(self, options, f)
         }
 
         fn serializable_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
@@ -210,23 +192,73 @@ mod postgres {
             E: From<Error>,
             F: FnOnce(&mut Self) -> Result<T, E>,
         {
-            if self.in_transaction() {
-                return Err(E::from(Error::AlreadyInTransaction));
-            }
-            let mut guard = PanicGuard::default();
-            let result = self
-                .build_transaction()
-                .serializable()
-                .run(|conn| guard.call(conn, |conn| f(conn).map_err(Failure::Closure)));
-            finish(self, false, guard, result, None, crate::classify)
+            serializable_transaction(self, f)
         }
+    }
+
+    /// [`LockingConnection::locked_transaction`] on PostgreSQL, for the
+    /// connection or a [`Dispatch`](crate::multi::Dispatch) enum holding one.
+    pub(crate) fn locked_transaction<H, T, E, F>(
+        conn: &mut H,
+        options: &LockOptions,
+        f: F,
+    ) -> Result<T, E>
+    where
+        H: Control + Reach<PgConnection>,
+        E: From<Error>,
+        F: FnOnce(&mut H) -> Result<T, E>,
+    {
+        let nested = in_transaction(conn);
+        let mut guard = PanicGuard::default();
+        let result = conn.transaction(|conn| {
+            let outer = match options.timeout_millis() {
+                Some(millis) => {
+                    let outer = if nested {
+                        Some(lock_timeout(conn.reach()?)?)
+                    } else {
+                        None
+                    };
+                    set_lock_timeout(conn.reach()?, &format!("{millis}ms"))?;
+                    outer
+                }
+                None => None,
+            };
+            let result = guard.call(conn, |conn| f(conn).map_err(Failure::Closure))?;
+            // `SET LOCAL` survives `RELEASE SAVEPOINT`: give the outer
+            // transaction its own value back (a rollback to the savepoint does).
+            if let Some(outer) = outer {
+                set_lock_timeout(conn.reach()?, &outer)?;
+            }
+            Ok(result)
+        });
+        finish(conn, nested, guard, result, None, crate::classify)
+    }
+
+    /// [`LockingConnection::serializable_transaction`] on PostgreSQL.
+    pub(crate) fn serializable_transaction<H, T, E, F>(conn: &mut H, f: F) -> Result<T, E>
+    where
+        H: Control + Reach<PgConnection>,
+        E: From<Error>,
+        F: FnOnce(&mut H) -> Result<T, E>,
+    {
+        if in_transaction(conn) {
+            return Err(E::from(Error::AlreadyInTransaction));
+        }
+        let mut guard = PanicGuard::default();
+        // What Diesel's `build_transaction().serializable()` sends.
+        let result = transaction_sql::<PgConnection, _, _, _>(
+            conn,
+            "BEGIN TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+            |conn| guard.call(conn, |conn| f(conn).map_err(Failure::Closure)),
+        );
+        finish(conn, false, guard, result, None, crate::classify)
     }
 
     impl Control for PgConnection {}
 }
 
 #[cfg(feature = "mysql")]
-mod mysql {
+pub(crate) mod mysql {
     use diesel::sql_types::BigInt;
     use diesel::{MysqlConnection, RunQueryDsl};
 
@@ -269,21 +301,7 @@ mod mysql {
             E: From<Error>,
             F: FnOnce(&mut Self) -> Result<T, E>,
         {
-            // innodb_lock_wait_timeout is a session setting: set it, run, put it back.
-            let previous = match options.timeout_secs() {
-                Some(secs) => {
-                    let previous = lock_wait_timeout(self).map_err(crate::classify)?;
-                    set_lock_wait_timeout(self, secs).map_err(crate::classify)?;
-                    Some(previous)
-                }
-                None => None,
-            };
-            let nested = self.in_transaction();
-            let mut guard = PanicGuard::default();
-            let result =
-                self.transaction(|conn| guard.call(conn, |conn| f(conn).map_err(Failure::Closure)));
-            let restored = previous.map(|previous| set_lock_wait_timeout(self, previous));
-            finish(self, nested, guard, result, restored, crate::classify)
+            locked_transaction(self, options, f)
         }
 
         fn serializable_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
@@ -291,18 +309,63 @@ mod mysql {
             E: From<Error>,
             F: FnOnce(&mut Self) -> Result<T, E>,
         {
-            if self.in_transaction() {
-                return Err(E::from(Error::AlreadyInTransaction));
-            }
-            // Applies to the next transaction only.
-            diesel::sql_query("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
-                .execute(self)
-                .map_err(crate::classify)?;
-            let mut guard = PanicGuard::default();
-            let result =
-                self.transaction(|conn| guard.call(conn, |conn| f(conn).map_err(Failure::Closure)));
-            finish(self, false, guard, result, None, crate::classify)
+            serializable_transaction(self, f)
         }
+    }
+
+    /// [`LockingConnection::locked_transaction`] on MySQL/MariaDB, for the
+    /// connection or a [`Dispatch`](crate::multi::Dispatch) enum holding one.
+    pub(crate) fn locked_transaction<H, T, E, F>(
+        conn: &mut H,
+        options: &LockOptions,
+        f: F,
+    ) -> Result<T, E>
+    where
+        H: Control + Reach<MysqlConnection>,
+        E: From<Error>,
+        F: FnOnce(&mut H) -> Result<T, E>,
+    {
+        // innodb_lock_wait_timeout is a session setting: set it, run, put it back.
+        let previous = match options.timeout_secs() {
+            Some(secs) => {
+                let mysql = conn.reach().map_err(crate::classify)?;
+                let previous = lock_wait_timeout(mysql).map_err(crate::classify)?;
+                set_lock_wait_timeout(mysql, secs).map_err(crate::classify)?;
+                Some(previous)
+            }
+            None => None,
+        };
+        let nested = in_transaction(conn);
+        let mut guard = PanicGuard::default();
+        let result =
+            conn.transaction(|conn| guard.call(conn, |conn| f(conn).map_err(Failure::Closure)));
+        let restored = previous.map(|previous| {
+            conn.reach()
+                .and_then(|c| set_lock_wait_timeout(c, previous))
+        });
+        finish(conn, nested, guard, result, restored, crate::classify)
+    }
+
+    /// [`LockingConnection::serializable_transaction`] on MySQL/MariaDB.
+    pub(crate) fn serializable_transaction<H, T, E, F>(conn: &mut H, f: F) -> Result<T, E>
+    where
+        H: Control + Reach<MysqlConnection>,
+        E: From<Error>,
+        F: FnOnce(&mut H) -> Result<T, E>,
+    {
+        if in_transaction(conn) {
+            return Err(E::from(Error::AlreadyInTransaction));
+        }
+        // Applies to the next transaction only.
+        conn.reach()
+            .and_then(|c| {
+                diesel::sql_query("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE").execute(c)
+            })
+            .map_err(crate::classify)?;
+        let mut guard = PanicGuard::default();
+        let result =
+            conn.transaction(|conn| guard.call(conn, |conn| f(conn).map_err(Failure::Closure)));
+        finish(conn, false, guard, result, None, crate::classify)
     }
 
     impl Control for MysqlConnection {
@@ -327,7 +390,7 @@ mod mysql {
 }
 
 #[cfg(feature = "sqlite")]
-mod sqlite {
+pub(crate) mod sqlite {
     use diesel::connection::SimpleConnection;
     use diesel::{RunQueryDsl, SqliteConnection};
 
@@ -369,50 +432,7 @@ mod sqlite {
             E: From<Error>,
             F: FnOnce(&mut Self) -> Result<T, E>,
         {
-            let wait = options.wait_mode();
-            let busy_timeout = wait.busy_timeout_millis(options.timeout_millis());
-            let nested = self.in_transaction();
-            let previous = match busy_timeout {
-                Some(millis) => {
-                    let previous = diesel::sql_query("PRAGMA busy_timeout")
-                        .get_result::<BusyTimeout>(self)
-                        .map_err(crate::classify)?
-                        .timeout;
-                    set_busy_timeout(self, millis).map_err(crate::classify)?;
-                    Some(previous)
-                }
-                None => None,
-            };
-            let lock_error = |err| wait.classify_write_lock(err);
-            let waited = LockWait::start();
-            let mut guard = PanicGuard::default();
-            let work = |conn: &mut Self| f(conn).map_err(Failure::Closure);
-            let result = if nested {
-                // A savepoint takes no lock, and the outer transaction may be a
-                // deferred one that has none yet.
-                self.transaction(|conn| {
-                    write_lock(conn).map_err(lock_error)?;
-                    waited.acquired("database", 1);
-                    guard.call(conn, work)
-                })
-            } else {
-                // Takes the write lock before the first read: writers queue here.
-                // A failure of Diesel's own statements is read knowing which one
-                // failed: `BEGIN IMMEDIATE` waited for the lock, `COMMIT` did not.
-                let mut waited = Some(waited);
-                self.immediate_transaction(|conn| {
-                    if let Some(waited) = waited.take() {
-                        waited.acquired("database", 1);
-                    }
-                    guard.call(conn, work)
-                })
-                .map_err(|failure| match failure {
-                    Failure::Diesel(err) if waited.is_some() => Failure::Lockkit(lock_error(err)),
-                    failure => failure,
-                })
-            };
-            let restored = previous.map(|previous| set_busy_timeout(self, previous));
-            finish(self, nested, guard, result, restored, crate::classify)
+            locked_transaction(self, options, f)
         }
 
         fn serializable_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
@@ -420,19 +440,91 @@ mod sqlite {
             E: From<Error>,
             F: FnOnce(&mut Self) -> Result<T, E>,
         {
-            if self.in_transaction() {
-                return Err(E::from(Error::AlreadyInTransaction));
-            }
-            let mut guard = PanicGuard::default();
-            let result = self.immediate_transaction(|conn| {
-                guard.call(conn, |conn| f(conn).map_err(Failure::Closure))
-            });
-            finish(self, false, guard, result, None, crate::classify)
+            serializable_transaction(self, f)
         }
 
         fn take_write_lock(&mut self) -> Result<(), Error> {
             write_lock(self).map_err(crate::classify)
         }
+    }
+
+    /// [`LockingConnection::locked_transaction`] on SQLite, for the connection
+    /// or a [`Dispatch`](crate::multi::Dispatch) enum holding one.
+    pub(crate) fn locked_transaction<H, T, E, F>(
+        conn: &mut H,
+        options: &LockOptions,
+        f: F,
+    ) -> Result<T, E>
+    where
+        H: Control + Reach<SqliteConnection>,
+        E: From<Error>,
+        F: FnOnce(&mut H) -> Result<T, E>,
+    {
+        let wait = options.wait_mode();
+        let busy_timeout = wait.busy_timeout_millis(options.timeout_millis());
+        let nested = in_transaction(conn);
+        let previous = match busy_timeout {
+            Some(millis) => {
+                let sqlite = conn.reach().map_err(crate::classify)?;
+                let previous = diesel::sql_query("PRAGMA busy_timeout")
+                    .get_result::<BusyTimeout>(sqlite)
+                    .map_err(crate::classify)?
+                    .timeout;
+                set_busy_timeout(sqlite, millis).map_err(crate::classify)?;
+                Some(previous)
+            }
+            None => None,
+        };
+        let lock_error = |err| wait.classify_write_lock(err);
+        let waited = LockWait::start();
+        let mut guard = PanicGuard::default();
+        let work = |conn: &mut H| f(conn).map_err(Failure::Closure);
+        let result = if nested {
+            // A savepoint takes no lock, and the outer transaction may be a
+            // deferred one that has none yet.
+            conn.transaction(|conn| {
+                conn.reach().and_then(write_lock).map_err(lock_error)?;
+                waited.acquired("database", 1);
+                guard.call(conn, work)
+            })
+        } else {
+            // Takes the write lock before the first read: writers queue here.
+            // A failure of Diesel's own statements is read knowing which one
+            // failed: `BEGIN IMMEDIATE` waited for the lock, `COMMIT` did not.
+            let mut waited = Some(waited);
+            transaction_sql::<SqliteConnection, _, _, _>(conn, "BEGIN IMMEDIATE", |conn| {
+                if let Some(waited) = waited.take() {
+                    waited.acquired("database", 1);
+                }
+                guard.call(conn, work)
+            })
+            .map_err(|failure| match failure {
+                Failure::Diesel(err) if waited.is_some() => Failure::Lockkit(lock_error(err)),
+                failure => failure,
+            })
+        };
+        let restored =
+            previous.map(|previous| conn.reach().and_then(|c| set_busy_timeout(c, previous)));
+        finish(conn, nested, guard, result, restored, crate::classify)
+    }
+
+    /// [`LockingConnection::serializable_transaction`] on SQLite: `BEGIN
+    /// IMMEDIATE`, which is serializable.
+    pub(crate) fn serializable_transaction<H, T, E, F>(conn: &mut H, f: F) -> Result<T, E>
+    where
+        H: Control + Reach<SqliteConnection>,
+        E: From<Error>,
+        F: FnOnce(&mut H) -> Result<T, E>,
+    {
+        if in_transaction(conn) {
+            return Err(E::from(Error::AlreadyInTransaction));
+        }
+        let mut guard = PanicGuard::default();
+        let result =
+            transaction_sql::<SqliteConnection, _, _, _>(conn, "BEGIN IMMEDIATE", |conn| {
+                guard.call(conn, |conn| f(conn).map_err(Failure::Closure))
+            });
+        finish(conn, false, guard, result, None, crate::classify)
     }
 
     impl Control for SqliteConnection {}

@@ -62,6 +62,12 @@
 //! # Ok(()) }
 //! ```
 
+// Without a backend feature no connection implements the per-connection traits,
+// and the pieces they are built from go unused.
+#![cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(unused_imports, dead_code)
+)]
 use std::marker::PhantomData;
 
 use diesel::dsl::{self, AsSelect, Find, Select};
@@ -82,7 +88,6 @@ use crate::{classify, Error};
 /// order, which keeps the no-deadlock promise.
 pub const MAX_KEYS_PER_STATEMENT: usize = 900;
 
-type Backend<C> = <C as diesel::Connection>::Backend;
 type Pk<M> = <<M as Lockable>::Table as Table>::PrimaryKey;
 
 /// A model whose row can be locked: table and primary key.
@@ -456,33 +461,76 @@ where
     }
 }
 
-type ByKey<M, C> =
-    Select<Find<<M as Lockable>::Table, <M as Lockable>::Key>, AsSelect<M, Backend<C>>>;
+type ByKey<M, DB> = Select<Find<<M as Lockable>::Table, <M as Lockable>::Key>, AsSelect<M, DB>>;
 
-impl<M, Conn> LockRow<Conn> for M
-where
-    Conn: LockingConnection,
-    M: Lockable + Selectable<Backend<Conn>>,
-    M::OnLock: MarkLocked<M, Conn>,
-    AsSelect<M, Backend<Conn>>: Expression,
-    M::Table: FindDsl<M::Key>,
-    Find<M::Table, M::Key>: SelectDsl<AsSelect<M, Backend<Conn>>>,
-    ByKey<M, Conn>: for<'q> LoadQuery<'q, Conn, M>,
-    First<ByKey<M, Conn>, M>: EveryClause<Conn, diesel::QueryResult<Option<M>>>,
-{
-    fn load_locked(conn: &mut Conn, key: M::Key, lock: RowLock) -> diesel::QueryResult<Option<M>> {
-        let query = M::Table::default().find(key).select(M::as_select());
-        lock.with_clause(conn, First(query, PhantomData))
-    }
+/// Implements [`LockRow`] and [`LockAll`] for every model that fits, on each
+/// connection lockkit locks rows on (a [`Dispatch`](crate::multi::Dispatch)
+/// enum hands them on to the connection it holds: `multi.rs`).
+macro_rules! lock_row_on {
+    ($($conn:ty, $db:ty, $feature:literal);*) => {$(
+        #[cfg(feature = $feature)]
+        impl<M> LockRow<$conn> for M
+        where
+            M: Lockable + Selectable<$db>,
+            M::OnLock: MarkLocked<M, $conn>,
+            AsSelect<M, $db>: Expression,
+            M::Table: FindDsl<M::Key>,
+            Find<M::Table, M::Key>: SelectDsl<AsSelect<M, $db>>,
+            ByKey<M, $db>: for<'q> LoadQuery<'q, $conn, M>,
+            First<ByKey<M, $db>, M>: EveryClause<$conn, diesel::QueryResult<Option<M>>>,
+        {
+            fn load_locked(
+                conn: &mut $conn,
+                key: M::Key,
+                lock: RowLock,
+            ) -> diesel::QueryResult<Option<M>> {
+                let query = M::Table::default().find(key).select(M::as_select());
+                lock.with_clause(conn, First(query, PhantomData))
+            }
 
-    fn exists(conn: &mut Conn, key: M::Key) -> diesel::QueryResult<bool> {
-        let query = M::Table::default().find(key).select(M::as_select());
-        query
-            .get_result::<M>(conn)
-            .optional()
-            .map(|row| row.is_some())
-    }
+            fn exists(conn: &mut $conn, key: M::Key) -> diesel::QueryResult<bool> {
+                let query = M::Table::default().find(key).select(M::as_select());
+                query
+                    .get_result::<M>(conn)
+                    .optional()
+                    .map(|row| row.is_some())
+            }
+        }
+
+        #[cfg(feature = $feature)]
+        impl<M> LockAll<$conn> for M
+        where
+            M: LockRow<$conn> + Selectable<$db>,
+            AsSelect<M, $db>: Expression,
+            Pk<M>: KeyColumn<M::Key>,
+            M::Table: FilterDsl<KeysFilter<M>>,
+            dsl::Filter<M::Table, KeysFilter<M>>: OrderDsl<dsl::Asc<Pk<M>>>,
+            dsl::Order<dsl::Filter<M::Table, KeysFilter<M>>, dsl::Asc<Pk<M>>>:
+                SelectDsl<AsSelect<M, $db>>,
+            AllByKeys<M, $db>: LockingDsl<ForUpdate>,
+            <$conn as LockingConnection>::Locked<AllByKeys<M, $db>, ForUpdate>:
+                for<'q> LoadQuery<'q, $conn, M>,
+        {
+            fn load_all_locked(
+                conn: &mut $conn,
+                keys: Vec<M::Key>,
+            ) -> diesel::QueryResult<Vec<M>> {
+                let pk = || M::Table::default().primary_key();
+                let query = M::Table::default()
+                    .filter(pk().eq_any_keys(keys))
+                    .order(pk().asc())
+                    .select(M::as_select());
+                <$conn>::apply_lock(query, ForUpdate).load(conn)
+            }
+        }
+    )*};
 }
+
+lock_row_on!(
+    diesel::PgConnection, diesel::pg::Pg, "postgres";
+    diesel::MysqlConnection, diesel::mysql::Mysql, "mysql";
+    diesel::SqliteConnection, diesel::sqlite::Sqlite, "sqlite"
+);
 
 /// The ordered multi-row lock of [`Lockable::lock_all`]. Implemented for every
 /// [`LockRow`] model whose primary key is one [`KeyColumn`]; name it only in
@@ -562,33 +610,10 @@ key_column!(
 key_column!(uuid::Uuid => diesel::sql_types::Uuid);
 
 type KeysFilter<M> = <Pk<M> as KeyColumn<<M as Lockable>::Key>>::EqAny;
-type AllByKeys<M, C> = Select<
+type AllByKeys<M, DB> = Select<
     dsl::Order<dsl::Filter<<M as Lockable>::Table, KeysFilter<M>>, dsl::Asc<Pk<M>>>,
-    AsSelect<M, Backend<C>>,
+    AsSelect<M, DB>,
 >;
-
-impl<M, Conn> LockAll<Conn> for M
-where
-    Conn: LockingConnection,
-    M: LockRow<Conn> + Selectable<Backend<Conn>>,
-    AsSelect<M, Backend<Conn>>: Expression,
-    Pk<M>: KeyColumn<M::Key>,
-    M::Table: FilterDsl<KeysFilter<M>>,
-    dsl::Filter<M::Table, KeysFilter<M>>: OrderDsl<dsl::Asc<Pk<M>>>,
-    dsl::Order<dsl::Filter<M::Table, KeysFilter<M>>, dsl::Asc<Pk<M>>>:
-        SelectDsl<AsSelect<M, Backend<Conn>>>,
-    AllByKeys<M, Conn>: LockingDsl<ForUpdate>,
-    Conn::Locked<AllByKeys<M, Conn>, ForUpdate>: for<'q> LoadQuery<'q, Conn, M>,
-{
-    fn load_all_locked(conn: &mut Conn, keys: Vec<M::Key>) -> diesel::QueryResult<Vec<M>> {
-        let pk = || M::Table::default().primary_key();
-        let query = M::Table::default()
-            .filter(pk().eq_any_keys(keys))
-            .order(pk().asc())
-            .select(M::as_select());
-        Conn::apply_lock(query, ForUpdate).load(conn)
-    }
-}
 
 impl LockStrength {
     /// `FOR UPDATE` and `FOR NO KEY UPDATE`: the locks a writer takes.

@@ -54,6 +54,13 @@
 //! assert_eq!(done, vec![1, 2]);
 //! ```
 
+// Without a backend feature no connection implements the per-connection traits,
+// and the pieces they are built from go unused.
+#![cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(unused_imports, dead_code)
+)]
+
 use diesel::dsl::Limit;
 use diesel::query_dsl::methods::{LimitDsl, LockingDsl};
 use diesel::query_dsl::LoadQuery;
@@ -82,10 +89,7 @@ use crate::{classify, Error};
 pub fn claim<M, C, Q>(conn: &mut C, query: Q, limit: i64) -> Result<Vec<M>, Error>
 where
     C: AsLockingConnection,
-    Q: LimitDsl,
-    Limit<Q>: LockingDsl<ForUpdateSkipLocked>,
-    <C::Conn as LockingConnection>::Locked<Limit<Q>, ForUpdateSkipLocked>:
-        for<'q> LoadQuery<'q, C::Conn, M>,
+    Q: ClaimQuery<C::Conn, M>,
 {
     let conn = conn.locking_connection();
     if !conn.in_transaction() {
@@ -93,8 +97,48 @@ where
     }
     let waited = LockWait::start();
     conn.take_write_lock()?;
-    let query = C::Conn::apply_lock(query.limit(limit), ForUpdateSkipLocked);
-    let rows: Vec<M> = query.load(conn).map_err(classify)?;
+    let rows = query.load_claimed(conn, limit).map_err(classify)?;
     waited.acquired("queue", rows.len());
     Ok(rows)
 }
+
+/// A query [`claim`] can run on `Conn`, loading `M`s: any Diesel query that
+/// takes `.limit(n)` and a row-lock clause. Implemented for every such query on
+/// each connection lockkit locks rows on; name it only in `where` clauses
+/// ([`bounds`](crate::bounds)).
+#[diagnostic::on_unimplemented(
+    message = "`queue::claim` cannot load `{M}` rows from this query on `{Conn}`",
+    label = "not a query `queue::claim` can lock on this connection",
+    note = "`claim` takes a Diesel select query (a table, `filter`, `order`, `select`) without `limit` or a lock clause of its own, whose rows load as the claimed type"
+)]
+pub trait ClaimQuery<Conn, M> {
+    /// `<query> LIMIT $1 FOR UPDATE SKIP LOCKED`, loaded.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
+    fn load_claimed(self, conn: &mut Conn, limit: i64) -> diesel::QueryResult<Vec<M>>;
+}
+
+macro_rules! claim_query_on {
+    ($($conn:ty: $feature:literal),*) => {$(
+        #[cfg(feature = $feature)]
+        impl<Q, M> ClaimQuery<$conn, M> for Q
+        where
+            Q: LimitDsl,
+            Limit<Q>: LockingDsl<ForUpdateSkipLocked>,
+            <$conn as LockingConnection>::Locked<Limit<Q>, ForUpdateSkipLocked>:
+                for<'q> LoadQuery<'q, $conn, M>,
+        {
+            fn load_claimed(self, conn: &mut $conn, limit: i64) -> diesel::QueryResult<Vec<M>> {
+                <$conn>::apply_lock(self.limit(limit), ForUpdateSkipLocked).load(conn)
+            }
+        }
+    )*};
+}
+
+claim_query_on!(
+    diesel::PgConnection: "postgres",
+    diesel::MysqlConnection: "mysql",
+    diesel::SqliteConnection: "sqlite"
+);

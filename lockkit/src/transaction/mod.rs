@@ -14,10 +14,22 @@
 //!   for the owner of the outermost transaction; see
 //!   [`connection`](crate::pessimistic::connection#when-the-server-aborts-the-whole-transaction).
 
+// Without a backend feature no connection implements the per-connection traits,
+// and the pieces they are built from go unused.
+#![cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(unused_imports, dead_code)
+)]
+
 mod panic_guard;
 
-use diesel::connection::{AnsiTransactionManager, TransactionManager};
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+use diesel::connection::AnsiTransactionManager;
+use diesel::connection::TransactionManager;
 use diesel::Connection;
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+use crate::multi::Reach;
 
 pub(crate) use panic_guard::PanicGuard;
 
@@ -47,9 +59,10 @@ impl<E> From<Error> for Failure<E> {
 }
 
 /// What the transaction plumbing asks of a connection. Implemented for the
-/// connections lockkit supports, and only by lockkit: it seals
+/// connections lockkit supports and for [`Dispatch`](crate::multi::Dispatch)
+/// enums over them, and only by lockkit: it seals
 /// [`LockingConnection`](crate::LockingConnection).
-pub trait Control: Connection<TransactionManager = AnsiTransactionManager> + Sized {
+pub trait Control: Connection + Sized {
     /// After a nested transaction failed (with `cause` when lockkit can see it):
     /// whether the server has ended the whole transaction, and why. Asked on
     /// error paths only. The default: only a lost connection does.
@@ -70,6 +83,35 @@ where
     let mut guard = PanicGuard::default();
     let result = conn.transaction(|conn| guard.call(conn, f));
     finish(conn, nested, guard, result, None, crate::classify)
+}
+
+/// Diesel's `Connection::transaction` with a `BEGIN` of its own (`BEGIN
+/// IMMEDIATE`, an isolation level), sent to the backend connection `I` that
+/// `conn` is or holds; `COMMIT` and `ROLLBACK` go through `conn`'s transaction
+/// manager, which for a [`Dispatch`](crate::multi::Dispatch) enum is `I`'s.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) fn transaction_sql<I, H, T, E>(
+    conn: &mut H,
+    begin: &str,
+    f: impl FnOnce(&mut H) -> Result<T, E>,
+) -> Result<T, E>
+where
+    I: Connection<TransactionManager = AnsiTransactionManager>,
+    H: Connection + Reach<I>,
+    E: From<diesel::result::Error>,
+{
+    AnsiTransactionManager::begin_transaction_sql(conn.reach()?, begin)?;
+    match f(conn) {
+        Ok(value) => {
+            H::TransactionManager::commit_transaction(conn)?;
+            Ok(value)
+        }
+        Err(err) => match H::TransactionManager::rollback_transaction(conn) {
+            // A broken transaction manager says less than the error behind it.
+            Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => Err(err),
+            Err(rollback) => Err(rollback.into()),
+        },
+    }
 }
 
 /// The end of every lockkit transaction, decided here once: `result` is how

@@ -1,0 +1,385 @@
+//! Choosing the backend at run time: lockkit on a `#[derive(diesel::MultiConnection)]`
+//! enum.
+//!
+//! Diesel's `MultiConnection` derive makes one connection type out of several
+//! (`AnyConnection::Pg(PgConnection)`, `AnyConnection::Sqlite(SqliteConnection)`):
+//! the application is written once, against `AnyConnection`, and the URL decides
+//! the backend. lockkit's statements differ per backend (`FOR UPDATE`, lock
+//! timeouts, `BEGIN IMMEDIATE`, `LOCK IN SHARE MODE`, `= ANY($1)`), and the
+//! derived backend cannot express them, so lockkit sends each of its own
+//! statements to the connection inside the enum. It needs one `match` from you,
+//! [`Dispatch::dispatch`]:
+//!
+//! ```
+//! use diesel::prelude::*;
+//! use lockkit::prelude::*;
+//! use lockkit::multi::{BackendConn, Dispatch};
+//!
+//! #[derive(diesel::MultiConnection)]
+//! pub enum AnyConnection {
+//!     Sqlite(SqliteConnection),
+//!     // Pg(PgConnection), Mysql(MysqlConnection), .. with lockkit's features
+//! }
+//!
+//! impl Dispatch for AnyConnection {
+//!     fn dispatch(&mut self) -> BackendConn<'_> {
+//!         match self {
+//!             AnyConnection::Sqlite(conn) => BackendConn::Sqlite(conn),
+//!         }
+//!     }
+//! }
+//!
+//! diesel::table! { items (id) { id -> Integer, stock -> Integer, lock_version -> Integer } }
+//!
+//! #[derive(Queryable, Selectable, Versioned)]
+//! #[diesel(table_name = items)]
+//! pub struct Item { pub id: i32, pub stock: i32, pub lock_version: i32 }
+//!
+//! // One function, no generics: the closure gets your `AnyConnection`.
+//! fn sell(conn: &mut AnyConnection, id: i32, qty: i32) -> Result<i32, lockkit::Error> {
+//!     lockkit::with_lock(conn, id, lockkit::LockOptions::default(), |conn, item: Item| {
+//!         diesel::update(items::table.find(item.id))
+//!             .set(items::stock.eq(item.stock - qty))
+//!             .execute(conn)?;
+//!         Ok(item.stock - qty)
+//!     })
+//! }
+//!
+//! # fn main() -> Result<(), lockkit::Error> {
+//! let mut conn = AnyConnection::establish(":memory:").unwrap();
+//! # diesel::sql_query("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL)").execute(&mut conn)?;
+//! # diesel::sql_query("INSERT INTO items VALUES (1, 10, 0)").execute(&mut conn)?;
+//! assert_eq!(sell(&mut conn, 1, 3)?, 7);
+//! let mut item = items::table.find(1).select(Item::as_select()).first(&mut conn)?;
+//! item.stock += 1;
+//! item.update_versioned(&mut conn)?; // checks and bumps the version, as on SqliteConnection
+//! assert_eq!(item.lock_version, 2); // with_lock advanced it once, this write once more
+//! # Ok(()) }
+//! ```
+//!
+//! With that `impl`, the enum (and an r2d2 pooled connection to it) takes every
+//! call a plain connection takes, except [`advisory`](crate::advisory) locks and
+//! [`lock_waits`](crate::lock_waits) (call them on the connection that
+//! `dispatch` returns):
+//!
+//! | call | through the enum |
+//! | --- | --- |
+//! | [`Versioned`](crate::Versioned)'s writes, [`atomic`](crate::atomic) | the statement runs through the enum (Diesel's own multi-backend SQL); lockkit's follow-up reads go to the inner connection |
+//! | [`with_lock`](crate::with_lock), [`locked_transaction`](crate::locked_transaction), [`Lockable::lock_all`], [`queue::claim`](crate::queue::claim), [`serializable`](crate::serializable), [`transaction_with_retry`](crate::transaction_with_retry) | lockkit's statements (`BEGIN IMMEDIATE`, timeouts, the locked reads) go to the inner connection; your closure gets the enum |
+//!
+//! Every transaction is the inner connection's own: the enum's transaction
+//! manager is the inner one's, so your Diesel calls inside a closure run in
+//! lockkit's transaction, nested calls use savepoints, and the rollback
+//! [`journal`](crate::journal) sees what it sees on the plain connection.
+//! lockkit's own statements are those `docs/SQL.md` lists for the backend inside;
+//! a versioned `UPDATE` or `DELETE` goes through the enum, which Diesel renders
+//! with that backend's query builder.
+//!
+//! A query given to [`queue::claim`](crate::queue::claim) runs on the inner
+//! connection, so it must load on every backend: select columns (or nothing, for
+//! the table's columns) rather than `Model::as_select()`, which names one
+//! backend. (Your own statements that the enum cannot express, such as
+//! `RETURNING` with MySQL among its backends, run on the inner connection too:
+//! match on your enum, as the `http_api` example does.)
+
+use diesel::query_dsl::methods::LockingDsl;
+#[cfg(feature = "r2d2")]
+use diesel::r2d2::R2D2Connection;
+#[cfg(feature = "mysql")]
+use diesel::MysqlConnection;
+#[cfg(feature = "postgres")]
+use diesel::PgConnection;
+use diesel::QueryResult;
+#[cfg(feature = "sqlite")]
+use diesel::SqliteConnection;
+
+/// The connection inside a multi-connection enum, as [`Dispatch::dispatch`]
+/// hands it to lockkit: one variant per backend feature of lockkit.
+#[allow(missing_debug_implementations)] // Diesel's connections have no `Debug`
+pub enum BackendConn<'a> {
+    /// A PostgreSQL connection.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    Pg(&'a mut PgConnection),
+    /// A MySQL / MariaDB connection.
+    #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+    Mysql(&'a mut MysqlConnection),
+    /// A SQLite connection.
+    #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+    Sqlite(&'a mut SqliteConnection),
+}
+
+/// A `#[derive(diesel::MultiConnection)]` enum that tells lockkit which
+/// connection it holds. Implement it with one `match` (see the [module
+/// docs](self)); lockkit then takes the enum wherever it takes a
+/// `PgConnection`, `MysqlConnection` or `SqliteConnection`.
+#[diagnostic::on_unimplemented(
+    message = "lockkit cannot tell which backend `{Self}` holds",
+    label = "`{Self}` does not implement `lockkit::multi::Dispatch`",
+    note = "lockkit takes `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`) and r2d2 pooled connections to them",
+    note = "for a `#[derive(diesel::MultiConnection)]` enum, implement `lockkit::multi::Dispatch` with one `match` that returns `BackendConn::Pg(conn)`, `BackendConn::Mysql(conn)` or `BackendConn::Sqlite(conn)`"
+)]
+pub trait Dispatch: diesel::Connection + Sized {
+    /// The connection this enum holds now.
+    fn dispatch(&mut self) -> BackendConn<'_>;
+}
+
+use crate::bounds::{ClaimQuery, CurrentVersionQuery, LockAll, LockRow, MarkLocked, VersionCheck};
+use crate::pessimistic::connection;
+use crate::pessimistic::row_lock::RowLock;
+use crate::transaction::Control;
+use crate::{AsLockingConnection, Error, LockOptions, Lockable, LockingConnection};
+
+#[cfg(feature = "r2d2")]
+type Pooled<C> = diesel::r2d2::PooledConnection<diesel::r2d2::ConnectionManager<C>>;
+
+/// Which backend a [`BackendConn`] is, without the borrow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    #[cfg(feature = "postgres")]
+    Pg,
+    #[cfg(feature = "mysql")]
+    Mysql,
+    #[cfg(feature = "sqlite")]
+    Sqlite,
+}
+
+/// Which backend `conn` holds.
+pub(crate) fn kind<T: Dispatch>(conn: &mut T) -> Kind {
+    match conn.dispatch() {
+        #[cfg(feature = "postgres")]
+        BackendConn::Pg(_) => Kind::Pg,
+        #[cfg(feature = "mysql")]
+        BackendConn::Mysql(_) => Kind::Mysql,
+        #[cfg(feature = "sqlite")]
+        BackendConn::Sqlite(_) => Kind::Sqlite,
+    }
+}
+
+/// The connection lockkit's statements for one backend go to: the connection
+/// itself, or the one inside a [`Dispatch`] enum.
+pub(crate) trait Reach<I> {
+    /// The backend connection. A `Dispatch` enum that holds another backend now
+    /// (its closure replaced it in the middle of lockkit's transaction) is
+    /// Diesel's `BrokenTransactionManager`: the transaction lockkit began is no
+    /// longer there.
+    fn reach(&mut self) -> diesel::QueryResult<&mut I>;
+}
+
+macro_rules! reach {
+    ($($variant:ident($conn:ty): $feature:literal),*) => {$(
+        #[cfg(feature = $feature)]
+        impl Reach<$conn> for $conn {
+            fn reach(&mut self) -> diesel::QueryResult<&mut $conn> {
+                Ok(self)
+            }
+        }
+
+        #[cfg(feature = $feature)]
+        impl<T: Dispatch> Reach<$conn> for T {
+            fn reach(&mut self) -> diesel::QueryResult<&mut $conn> {
+                #[allow(unreachable_patterns)] // one backend feature alone
+                match self.dispatch() {
+                    BackendConn::$variant(conn) => Ok(conn),
+                    _ => Err(diesel::result::Error::BrokenTransactionManager),
+                }
+            }
+        }
+    )*};
+}
+
+reach!(Pg(PgConnection): "postgres", Mysql(MysqlConnection): "mysql", Sqlite(SqliteConnection): "sqlite");
+
+/// Implements lockkit's connection traits for every [`Dispatch`] enum, each
+/// call handed to the connection it holds. `$variant($conn, $module)` lists the
+/// enabled backends (a bound such as `M: LockRow<$conn>` cannot be `#[cfg]`'d,
+/// so the list is written out once per combination of backend features, below).
+macro_rules! dispatch {
+    ($($variant:ident($conn:ty, $module:ident)),+) => {
+        impl<T: Dispatch> Control for T {
+            fn transaction_ended(&mut self, cause: Option<&Error>) -> Option<Error> {
+                match self.dispatch() {
+                    $(BackendConn::$variant(conn) => conn.transaction_ended(cause),)+
+                }
+            }
+        }
+
+        impl<T: Dispatch> LockingConnection for T {
+            /// The clause is the backend's, so the query runs on the inner
+            /// connection only: lockkit's row locks go there.
+            type Locked<Q: LockingDsl<L>, L> = Q::Output;
+
+            fn apply_lock<Q: LockingDsl<L>, L>(query: Q, lock: L) -> Self::Locked<Q, L> {
+                query.with_lock(lock)
+            }
+
+            fn locked_transaction<U, E, F>(&mut self, options: &LockOptions, f: F) -> Result<U, E>
+            where
+                E: From<Error>,
+                F: FnOnce(&mut Self) -> Result<U, E>,
+            {
+                match kind(self) {
+                    $(Kind::$variant => connection::$module::locked_transaction(self, options, f),)+
+                }
+            }
+
+            fn serializable_transaction<U, E, F>(&mut self, f: F) -> Result<U, E>
+            where
+                E: From<Error>,
+                F: FnOnce(&mut Self) -> Result<U, E>,
+            {
+                match kind(self) {
+                    $(Kind::$variant => connection::$module::serializable_transaction(self, f),)+
+                }
+            }
+
+            fn take_write_lock(&mut self) -> Result<(), Error> {
+                match self.dispatch() {
+                    $(BackendConn::$variant(conn) => conn.take_write_lock(),)+
+                }
+            }
+        }
+
+        impl<M, T> LockRow<T> for M
+        where
+            T: Dispatch,
+            M: Lockable $(+ LockRow<$conn>)+,
+            M::OnLock: MarkLocked<M, T>,
+        {
+            fn load_locked(conn: &mut T, key: M::Key, lock: RowLock) -> QueryResult<Option<M>> {
+                match conn.dispatch() {
+                    $(BackendConn::$variant(conn) => <M as LockRow<$conn>>::load_locked(conn, key, lock),)+
+                }
+            }
+
+            fn exists(conn: &mut T, key: M::Key) -> QueryResult<bool> {
+                match conn.dispatch() {
+                    $(BackendConn::$variant(conn) => <M as LockRow<$conn>>::exists(conn, key),)+
+                }
+            }
+        }
+
+        impl<M, T> LockAll<T> for M
+        where
+            T: Dispatch,
+            M: LockRow<T> $(+ LockAll<$conn>)+,
+        {
+            fn load_all_locked(conn: &mut T, keys: Vec<M::Key>) -> QueryResult<Vec<M>> {
+                match conn.dispatch() {
+                    $(BackendConn::$variant(conn) => <M as LockAll<$conn>>::load_all_locked(conn, keys),)+
+                }
+            }
+        }
+
+        impl<M, T> CurrentVersionQuery<T> for M
+        where
+            T: Dispatch,
+            M: VersionCheck $(+ CurrentVersionQuery<$conn>)+,
+        {
+            fn load_current_version(conn: &mut T, key: M::Key) -> QueryResult<Option<M::Version>> {
+                match conn.dispatch() {
+                    $(BackendConn::$variant(conn) => <M as CurrentVersionQuery<$conn>>::load_current_version(conn, key),)+
+                }
+            }
+
+            fn bump_past(conn: &mut T, key: M::Key, version: M::Version) -> QueryResult<usize> {
+                match conn.dispatch() {
+                    $(BackendConn::$variant(conn) => <M as CurrentVersionQuery<$conn>>::bump_past(conn, key, version),)+
+                }
+            }
+
+            fn key_is_unique(conn: &mut T) -> QueryResult<bool> {
+                match conn.dispatch() {
+                    $(BackendConn::$variant(conn) => <M as CurrentVersionQuery<$conn>>::key_is_unique(conn),)+
+                }
+            }
+
+            fn row_id(conn: &mut T, key: &M::Key) -> QueryResult<Option<String>> {
+                match conn.dispatch() {
+                    $(BackendConn::$variant(conn) => <M as CurrentVersionQuery<$conn>>::row_id(conn, key),)+
+                }
+            }
+        }
+
+        impl<Q, M, T> ClaimQuery<T, M> for Q
+        where
+            T: Dispatch,
+            Q: Sized $(+ ClaimQuery<$conn, M>)+,
+        {
+            fn load_claimed(self, conn: &mut T, limit: i64) -> QueryResult<Vec<M>> {
+                match conn.dispatch() {
+                    $(BackendConn::$variant(conn) => <Q as ClaimQuery<$conn, M>>::load_claimed(self, conn, limit),)+
+                }
+            }
+        }
+    };
+}
+
+#[cfg(all(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+dispatch!(
+    Pg(PgConnection, postgres),
+    Mysql(MysqlConnection, mysql),
+    Sqlite(SqliteConnection, sqlite)
+);
+#[cfg(all(feature = "postgres", feature = "mysql", not(feature = "sqlite")))]
+dispatch!(Pg(PgConnection, postgres), Mysql(MysqlConnection, mysql));
+#[cfg(all(feature = "postgres", not(feature = "mysql"), feature = "sqlite"))]
+dispatch!(Pg(PgConnection, postgres), Sqlite(SqliteConnection, sqlite));
+#[cfg(all(not(feature = "postgres"), feature = "mysql", feature = "sqlite"))]
+dispatch!(
+    Mysql(MysqlConnection, mysql),
+    Sqlite(SqliteConnection, sqlite)
+);
+#[cfg(all(feature = "postgres", not(feature = "mysql"), not(feature = "sqlite")))]
+dispatch!(Pg(PgConnection, postgres));
+#[cfg(all(not(feature = "postgres"), feature = "mysql", not(feature = "sqlite")))]
+dispatch!(Mysql(MysqlConnection, mysql));
+#[cfg(all(not(feature = "postgres"), not(feature = "mysql"), feature = "sqlite"))]
+dispatch!(Sqlite(SqliteConnection, sqlite));
+
+/// The enum takes every lock call a backend connection takes; the closures get
+/// the enum.
+impl<T: Dispatch> AsLockingConnection for T {
+    type Conn = T;
+    fn locking_connection(&mut self) -> &mut T {
+        self
+    }
+}
+
+#[cfg(feature = "r2d2")]
+#[cfg_attr(docsrs, doc(cfg(feature = "r2d2")))]
+impl<T> AsLockingConnection for Pooled<T>
+where
+    T: Dispatch + R2D2Connection + Send + 'static,
+{
+    type Conn = T;
+    fn locking_connection(&mut self) -> &mut T {
+        self
+    }
+}
+
+#[cfg(feature = "r2d2")]
+#[cfg_attr(docsrs, doc(cfg(feature = "r2d2")))]
+impl<M, T> CurrentVersionQuery<Pooled<T>> for M
+where
+    T: Dispatch + R2D2Connection + Send + 'static,
+    M: CurrentVersionQuery<T>,
+{
+    fn load_current_version(conn: &mut Pooled<T>, key: M::Key) -> QueryResult<Option<M::Version>> {
+        M::load_current_version(conn, key)
+    }
+
+    fn bump_past(conn: &mut Pooled<T>, key: M::Key, version: M::Version) -> QueryResult<usize> {
+        M::bump_past(conn, key, version)
+    }
+
+    fn key_is_unique(conn: &mut Pooled<T>) -> QueryResult<bool> {
+        M::key_is_unique(conn)
+    }
+
+    fn row_id(conn: &mut Pooled<T>, key: &M::Key) -> QueryResult<Option<String>> {
+        M::row_id(conn, key)
+    }
+}

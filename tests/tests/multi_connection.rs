@@ -1,0 +1,428 @@
+//! lockkit through a `#[derive(diesel::MultiConnection)]` enum: every test runs on
+//! each backend with the enum holding that backend's connection, and the
+//! closures get the enum, so the Diesel queries in them are written once.
+
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+use diesel::prelude::*;
+use lockkit::multi::{BackendConn, Dispatch};
+use lockkit::prelude::*;
+use lockkit::{queue, retry, CurrentState, Error, LockOptions, RetryPolicy};
+use lockkit_tests::db::TestBackend;
+use lockkit_tests::models::{Item, Job};
+use lockkit_tests::schema::{items, jobs, orders};
+use lockkit_tests::{exec, seed_items, TestDb};
+
+#[derive(diesel::MultiConnection)]
+pub enum AnyConnection {
+    Pg(PgConnection),
+    Mysql(MysqlConnection),
+    Sqlite(SqliteConnection),
+}
+
+impl Dispatch for AnyConnection {
+    fn dispatch(&mut self) -> BackendConn<'_> {
+        match self {
+            AnyConnection::Pg(conn) => BackendConn::Pg(conn),
+            AnyConnection::Mysql(conn) => BackendConn::Mysql(conn),
+            AnyConnection::Sqlite(conn) => BackendConn::Sqlite(conn),
+        }
+    }
+}
+
+/// Wraps a backend's connection in the enum.
+trait IntoAny: TestBackend {
+    fn into_any(self) -> AnyConnection;
+}
+
+impl IntoAny for PgConnection {
+    fn into_any(self) -> AnyConnection {
+        AnyConnection::Pg(self)
+    }
+}
+
+impl IntoAny for MysqlConnection {
+    fn into_any(self) -> AnyConnection {
+        AnyConnection::Mysql(self)
+    }
+}
+
+impl IntoAny for SqliteConnection {
+    fn into_any(self) -> AnyConnection {
+        AnyConnection::Sqlite(self)
+    }
+}
+
+/// A connection of its own to the test database, as the enum.
+fn any<C: IntoAny>(db: &TestDb<C>) -> AnyConnection {
+    db.connect().into_any()
+}
+
+/// The same from the database's URL, for another thread (a `TestDb` stays on
+/// its own).
+fn any_at<C: IntoAny>(url: &str) -> AnyConnection {
+    let mut conn = C::establish(url).unwrap();
+    C::on_acquire(&mut conn).unwrap();
+    conn.into_any()
+}
+
+// From here on nothing is generic: the code a `MultiConnection` user writes.
+
+fn load(conn: &mut AnyConnection, id: i32) -> Item {
+    items::table
+        .find(id)
+        .select(Item::as_select())
+        .first(conn)
+        .unwrap()
+}
+
+fn stock(conn: &mut AnyConnection, id: i32) -> i32 {
+    load(conn, id).stock
+}
+
+fn order_lines(conn: &mut AnyConnection) -> i64 {
+    orders::table.count().get_result(conn).unwrap()
+}
+
+/// One sale under the row lock: read, check, write, in the lock's transaction.
+fn sell_locked(conn: &mut AnyConnection, id: i32, options: LockOptions) -> Result<i32, Error> {
+    lockkit::with_lock(conn, id, options, |conn: &mut AnyConnection, item: Item| {
+        if item.stock < 1 {
+            return Err(Error::NoRowMatched);
+        }
+        diesel::update(items::table.find(item.id))
+            .set(items::stock.eq(item.stock - 1))
+            .execute(conn)?;
+        Ok(item.stock - 1)
+    })
+}
+
+/// One sale with a version check, retried on `Stale` with a fresh read.
+fn sell_optimistic(conn: &mut AnyConnection, id: i32) -> Result<(), Error> {
+    let policy = RetryPolicy::default()
+        .max_attempts(1000)
+        .base_delay(Duration::from_millis(1))
+        .max_delay(Duration::from_millis(5));
+    retry(&policy, |_| {
+        let mut item = load(conn, id);
+        item.stock -= 1;
+        item.update_versioned(conn)
+    })
+}
+
+/// `threads` connections of their own sell `each` units of item 1 with `sell`.
+fn sell_from_threads<C: IntoAny>(
+    db: &TestDb<C>,
+    threads: usize,
+    each: usize,
+    sell: fn(&mut AnyConnection) -> Result<(), Error>,
+) {
+    thread::scope(|s| {
+        for _ in 0..threads {
+            let url = db.url.as_str();
+            s.spawn(move || {
+                let mut conn = any_at::<C>(url);
+                for _ in 0..each {
+                    sell(&mut conn).unwrap();
+                }
+            });
+        }
+    });
+}
+
+lockkit_tests::backend_tests! {
+    fn versioned_writes_check_and_bump_through_the_enum(db) {
+        seed_items(&mut db.conn(), &[(1, 10), (2, 5)]);
+        let mut conn = any(&db);
+        let mut item = load(&mut conn, 1);
+        let mut other = item.clone();
+
+        item.stock = 9;
+        item.update_versioned(&mut conn).unwrap();
+        assert_eq!((stock(&mut conn, 1), item.lock_version), (9, 1));
+        item.update_versioned_with(&mut conn, items::stock.eq(8)).unwrap();
+        item.touch_versioned(&mut conn).unwrap();
+        assert_eq!(item.lock_version, 3);
+        let next = Item::update_by_version(&mut conn, 1, 3, items::stock.eq(7)).unwrap();
+        assert_eq!((next, stock(&mut conn, 1)), (4, 7));
+
+        // The struct read before all that is stale, with the row's version.
+        other.stock = 0;
+        match other.update_versioned(&mut conn) {
+            Err(Error::Stale(stale)) => assert_eq!(stale.current, CurrentState::Version(4)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(stock(&mut conn, 1), 7);
+
+        let gone = load(&mut conn, 2);
+        gone.delete_versioned(&mut conn).unwrap();
+        match gone.delete_versioned(&mut conn) {
+            Err(Error::Stale(stale)) => assert_eq!(stale.current, CurrentState::Deleted),
+            other => panic!("{other:?}"),
+        }
+
+        // A conditional update, and one whose condition fails.
+        let cheap = items::table.find(1).filter(items::stock.ge(7));
+        lockkit::atomic::update_if(&mut conn, diesel::update(cheap).set(items::stock.eq(items::stock - 7))).unwrap();
+        let none_left = items::table.find(1).filter(items::stock.ge(1));
+        let refused = lockkit::atomic::update_if(&mut conn, diesel::update(none_left).set(items::stock.eq(items::stock - 1)));
+        assert!(matches!(refused, Err(Error::NoRowMatched)), "{refused:?}");
+        assert_eq!(stock(&mut conn, 1), 0);
+    }
+
+    fn with_lock_through_the_enum_commits_and_rolls_back(db) {
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn = any(&db);
+        let item = load(&mut conn, 1);
+        let left = item.with_lock(&mut conn, |conn: &mut AnyConnection, fresh| {
+            diesel::update(items::table.find(fresh.id))
+                .set(items::stock.eq(fresh.stock - 4))
+                .execute(conn)?;
+            Ok::<_, Error>(fresh.stock - 4)
+        });
+        assert_eq!(left.unwrap(), 6);
+        // The lock advanced the version: the struct read before it is stale.
+        assert_eq!(load(&mut conn, 1).lock_version, 1);
+
+        let failed = lockkit::with_lock(&mut conn, 1, LockOptions::default().nowait(), |conn: &mut AnyConnection, fresh: Item| {
+            diesel::update(items::table.find(fresh.id)).set(items::stock.eq(0)).execute(conn)?;
+            Err::<(), _>(Error::NoRowMatched)
+        });
+        assert!(matches!(failed, Err(Error::NoRowMatched)));
+        assert_eq!(stock(&mut conn, 1), 6, "rolled back");
+        let timed = sell_locked(&mut conn, 1, LockOptions::default().timeout(Duration::from_secs(2)));
+        assert_eq!(timed.unwrap(), 5);
+        assert!(matches!(sell_locked(&mut conn, 7, LockOptions::default()), Err(Error::NotFound)));
+        assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
+
+        // A panic in the closure rolls back before it goes on.
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = lockkit::with_lock(&mut conn, 1, LockOptions::default(), |conn: &mut AnyConnection, _: Item| {
+                diesel::update(items::table.find(1)).set(items::stock.eq(0)).execute(conn)?;
+                panic!("in the closure");
+                #[allow(unreachable_code)]
+                Ok::<_, Error>(())
+            });
+        }));
+        assert!(panicked.is_err());
+        assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
+        assert_eq!(stock(&mut conn, 1), 5);
+    }
+
+    fn nowait_through_the_enum_is_busy_while_another_enum_holds_the_row(db) {
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let (locked_tx, locked_rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        thread::scope(|s| {
+            let url = db.url.as_str();
+            s.spawn(move || {
+                let mut holder = any_at::<Conn>(url);
+                lockkit::with_lock(&mut holder, 1, LockOptions::default(), |_, _: Item| {
+                    locked_tx.send(()).unwrap();
+                    let _ = done_rx.recv();
+                    Ok::<_, Error>(())
+                })
+                .unwrap();
+            });
+            locked_rx.recv().unwrap();
+            let busy = sell_locked(&mut any(&db), 1, LockOptions::default().nowait());
+            done_tx.send(()).unwrap();
+            assert!(matches!(busy, Err(Error::Busy)), "{busy:?}");
+        });
+        assert_eq!(stock(&mut any(&db), 1), 10);
+    }
+
+    fn concurrent_with_lock_through_the_enum_loses_nothing(db) {
+        seed_items(&mut db.conn(), &[(1, 100)]);
+        sell_from_threads(&db, 4, 10, |conn| sell_locked(conn, 1, LockOptions::default()).map(drop));
+        let mut conn = any(&db);
+        assert_eq!(stock(&mut conn, 1), 60, "40 sales, each one counted");
+        assert_eq!(load(&mut conn, 1).lock_version, 40, "each lock advanced the version");
+    }
+
+    fn concurrent_versioned_writes_with_retry_through_the_enum_lose_nothing(db) {
+        seed_items(&mut db.conn(), &[(1, 100)]);
+        sell_from_threads(&db, 4, 10, |conn| sell_optimistic(conn, 1));
+        let mut conn = any(&db);
+        let item = load(&mut conn, 1);
+        assert_eq!((item.stock, item.lock_version), (60, 40));
+    }
+
+    fn lock_all_and_claims_through_the_enum(db) {
+        seed_items(&mut db.conn(), &[(1, 1), (2, 2), (3, 3)]);
+        exec(&mut db.conn(), "INSERT INTO jobs (id, payload, done) VALUES (1, 'a', false), (2, 'b', false), (3, 'c', false)");
+        let mut conn = any(&db);
+        let locked = lockkit::locked_transaction(&mut conn, LockOptions::default(), |conn: &mut AnyConnection| {
+            let rows = Item::lock_all(conn, &[3, 1, 2, 1])?;
+            for row in &rows {
+                diesel::update(items::table.find(row.id)).set(items::stock.eq(row.stock * 10)).execute(conn)?;
+            }
+            Ok::<_, Error>(rows.iter().map(|row| row.id).collect::<Vec<_>>())
+        });
+        assert_eq!(locked.unwrap(), [1, 2, 3]);
+        assert_eq!((stock(&mut conn, 1), stock(&mut conn, 3), load(&mut conn, 2).lock_version), (10, 30, 1));
+        assert!(matches!(Item::lock_all(&mut conn, &[1]), Err(Error::NotInTransaction)));
+
+        let mut claimed = Vec::new();
+        loop {
+            let ids = lockkit::locked_transaction(&mut conn, LockOptions::default(), |conn: &mut AnyConnection| {
+                // Every backend loads it: no `as_select()`, which names one.
+                let batch: Vec<Job> = queue::claim(conn, jobs::table.filter(jobs::done.eq(false)).order(jobs::id), 2)?;
+                for job in &batch {
+                    diesel::update(jobs::table.find(job.id)).set(jobs::done.eq(true)).execute(conn)?;
+                }
+                Ok::<_, Error>(batch.into_iter().map(|job| job.id).collect::<Vec<_>>())
+            })
+            .unwrap();
+            if ids.is_empty() {
+                break;
+            }
+            claimed.extend(ids);
+        }
+        assert_eq!(claimed, [1, 2, 3]);
+    }
+
+    fn serializable_and_transaction_with_retry_through_the_enum(db) {
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn = any(&db);
+        let sold = lockkit::serializable(&mut conn, &RetryPolicy::default(), |conn: &mut AnyConnection| {
+            let left = stock(conn, 1) - 1;
+            diesel::update(items::table.find(1)).set(items::stock.eq(left)).execute(conn)?;
+            Ok::<_, Error>(left)
+        });
+        assert_eq!(sold.unwrap(), 9);
+        let nested = conn.transaction(|conn| {
+            Ok::<_, Error>(lockkit::serializable(conn, &RetryPolicy::default(), |_| Ok::<_, Error>(())))
+        });
+        assert!(matches!(nested.unwrap(), Err(Error::AlreadyInTransaction)));
+
+        let failed = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::default(), |conn: &mut AnyConnection| {
+            exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)");
+            Err::<(), _>(Error::NoRowMatched)
+        });
+        assert!(matches!(failed, Err(Error::NoRowMatched)));
+        assert_eq!(order_lines(&mut conn), 0, "rolled back");
+    }
+
+    fn a_rolled_back_versioned_write_through_the_enum_never_overwrites_a_later_one(db) {
+        // The journal sees the enum's transactions: they are the inner
+        // connection's.
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn = any(&db);
+        let mut mine = load(&mut conn, 1);
+        let rolled_back = conn.transaction(|conn| {
+            mine.stock = 1;
+            mine.update_versioned(conn)?;
+            Err::<(), _>(Error::NoRowMatched)
+        });
+        assert!(matches!(rolled_back, Err(Error::NoRowMatched)));
+        assert_eq!(mine.lock_version, 1, "the struct moved on; the row did not");
+
+        let mut theirs = any(&db);
+        let mut later = load(&mut theirs, 1);
+        later.stock = 2;
+        later.update_versioned(&mut theirs).unwrap();
+        assert_eq!(later.lock_version, 1);
+
+        mine.stock = 3;
+        assert!(matches!(mine.update_versioned(&mut conn), Err(Error::Stale(_))));
+        assert_eq!(stock(&mut conn, 1), 2, "the later write stands");
+    }
+
+    fn pooled_enum_connections_take_the_same_calls(db) {
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let manager = diesel::r2d2::ConnectionManager::<AnyConnection>::new(&db.url);
+        let pool = diesel::r2d2::Pool::builder().max_size(2).build(manager).unwrap();
+        let mut pooled = pool.get().unwrap();
+        let left = lockkit::with_lock(&mut pooled, 1, LockOptions::default(), |conn: &mut AnyConnection, item: Item| {
+            diesel::update(items::table.find(item.id)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
+            Ok::<_, Error>(item.stock - 1)
+        });
+        assert_eq!(left.unwrap(), 9);
+        let mut item = load(&mut pooled, 1);
+        item.stock = 8;
+        item.update_versioned(&mut pooled).unwrap();
+        assert_eq!((stock(&mut pooled, 1), item.lock_version), (8, 2));
+    }
+}
+
+/// The baseline the protected sales are measured against: read, wait a moment,
+/// write the stock read minus one, in a plain transaction of the enum.
+fn sell_naively(conn: &mut AnyConnection, id: i32) -> Result<(), Error> {
+    conn.transaction(|conn| {
+        let left = stock(conn, id) - 1;
+        thread::sleep(Duration::from_millis(5));
+        diesel::update(items::table.find(id))
+            .set(items::stock.eq(left))
+            .execute(conn)?;
+        Ok(())
+    })
+}
+
+mod servers {
+    use super::*;
+
+    lockkit_tests::server_tests! {
+        fn the_naive_baseline_through_the_enum_loses_sales(db) {
+            // What the concurrent tests above would see if the enum's calls did
+            // not lock or check: the servers' default isolation lets these
+            // writers overwrite each other.
+            seed_items(&mut db.conn(), &[(1, 100)]);
+            sell_from_threads(&db, 4, 10, |conn| sell_naively(conn, 1));
+            let left = stock(&mut any(&db), 1);
+            assert!(left > 60, "40 sales, yet only {} recorded", 100 - left);
+        }
+
+        fn a_failing_nested_with_lock_through_the_enum_commits_nothing(db) {
+            // The enum's transaction holds an order line and the lock on item 1
+            // when its nested `with_lock` on item 2 becomes a deadlock's victim.
+            // InnoDB rolls back the whole transaction (lockkit asks MariaDB through
+            // the enum and says `TransactionAborted`); PostgreSQL the savepoint,
+            // and the caller's `?` then the rest. Either way nothing is committed.
+            seed_items(&mut db.conn(), &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>());
+            let (go_tx, go_rx) = mpsc::channel::<()>();
+            let (held_tx, held_rx) = mpsc::channel::<()>();
+            let (outcome, mut conn) = thread::scope(|s| {
+                let url = db.url.as_str();
+                let neighbour = s.spawn(move || {
+                    let mut conn = Conn::establish(url).unwrap();
+                    if BACKEND == "postgres" {
+                        exec(&mut conn, "SET deadlock_timeout = '30s'");
+                    }
+                    go_rx.recv().unwrap();
+                    conn.transaction(|conn| {
+                        exec(conn, "UPDATE items SET name = 'heavy' WHERE id >= 3");
+                        let _: Item = items::table.find(2).for_update().first(conn)?;
+                        held_tx.send(()).unwrap();
+                        thread::sleep(Duration::from_millis(300));
+                        let _: Item = items::table.find(1).for_update().first(conn)?;
+                        diesel::QueryResult::Ok(())
+                    })
+                    .expect("the heavier transaction is never the victim");
+                });
+                let mut conn = any(&db);
+                let outcome = conn.transaction(|conn| {
+                    exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)");
+                    sell_locked(conn, 1, LockOptions::default())?;
+                    go_tx.send(()).unwrap();
+                    held_rx.recv().unwrap();
+                    sell_locked(conn, 2, LockOptions::default())
+                });
+                neighbour.join().unwrap();
+                (outcome, conn)
+            });
+            assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
+            assert_eq!((stock(&mut conn, 1), stock(&mut conn, 2), order_lines(&mut conn)), (10, 10, 0), "nothing committed");
+            match (BACKEND, &outcome) {
+                ("postgres", Err(Error::Deadlock)) => {}
+                ("mysql", Err(Error::TransactionAborted(cause))) => {
+                    assert!(matches!(**cause, Error::Deadlock), "{cause:?}");
+                    assert!(!outcome.as_ref().unwrap_err().is_retryable());
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+}
