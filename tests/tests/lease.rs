@@ -399,6 +399,8 @@ lockkit_tests::backend_tests! {
         assert!(matches!(failed, Err(Error::NoRowMatched)));
         assert_eq!(conn.counter(), 0);
         lease::fenced(&mut conn, hostile, Fence(3), |_| Ok::<_, Error>(())).unwrap();
+        // The same holder writes again under its fence; a newer one raises it.
+        lease::fenced(&mut conn, hostile, Fence(3), |_| Ok::<_, Error>(())).unwrap();
         let refused = lease::fenced(&mut conn, hostile, Fence(2), |_| -> Result<(), Error> { panic!("must not run") });
         assert!(matches!(refused, Err(Error::Fenced { fence: 2, current: 3, .. })), "{refused:?}");
         // Another resource has fences of its own; a pooled connection works too.

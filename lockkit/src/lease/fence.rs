@@ -76,32 +76,46 @@ pub trait FenceStore: crate::LockingConnection + crate::sealed::Sealed {
 /// One backend's statements; the binds are listed with each.
 #[allow(dead_code)] // the statements of backends whose feature is off
 struct Statements {
-    /// resource, fence
-    ensure: &'static str,
-    /// fence, resource, fence
-    raise: &'static str,
+    raise: Raise,
     /// resource
     current: &'static str,
 }
 
+/// How a backend records a fence: one row affected when it was recorded
+/// (created, or raised from a smaller or equal one), none when a larger one stands.
+#[allow(dead_code)]
+enum Raise {
+    /// resource, fence: PostgreSQL and SQLite, whose upsert's `DO UPDATE .. WHERE`
+    /// refuses a smaller fence in the same statement.
+    Upsert(&'static str),
+    /// MySQL, whose `ON DUPLICATE KEY UPDATE` reports an unchanged row like a
+    /// changed one (Diesel connects with CLIENT_FOUND_ROWS), so "the same fence
+    /// again" and "refused" look alike: create the row (resource, fence), then
+    /// raise it (fence, resource, fence).
+    EnsureThenUpdate {
+        ensure: &'static str,
+        update: &'static str,
+    },
+}
+
 #[cfg(feature = "postgres")]
 const POSTGRES: Statements = Statements {
-    ensure: "INSERT INTO lockkit_fences (resource, fence) VALUES ($1, $2) ON CONFLICT (resource) DO NOTHING",
-    raise: "UPDATE lockkit_fences SET fence = $1 WHERE resource = $2 AND fence <= $3",
+    raise: Raise::Upsert("INSERT INTO lockkit_fences (resource, fence) VALUES ($1, $2) ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence WHERE lockkit_fences.fence <= excluded.fence"),
     current: "SELECT fence FROM lockkit_fences WHERE resource = $1",
 };
 
 #[cfg(feature = "mysql")]
 const MYSQL: Statements = Statements {
-    ensure: "INSERT INTO lockkit_fences (resource, fence) VALUES (?, ?) ON DUPLICATE KEY UPDATE resource = resource",
-    raise: "UPDATE lockkit_fences SET fence = ? WHERE resource = ? AND fence <= ?",
+    raise: Raise::EnsureThenUpdate {
+        ensure: "INSERT INTO lockkit_fences (resource, fence) VALUES (?, ?) ON DUPLICATE KEY UPDATE resource = resource",
+        update: "UPDATE lockkit_fences SET fence = ? WHERE resource = ? AND fence <= ?",
+    },
     current: "SELECT fence FROM lockkit_fences WHERE resource = ?",
 };
 
 #[cfg(feature = "sqlite")]
 const SQLITE: Statements = Statements {
-    ensure: "INSERT INTO lockkit_fences (resource, fence) VALUES (?, ?) ON CONFLICT (resource) DO NOTHING",
-    raise: "UPDATE lockkit_fences SET fence = ? WHERE resource = ? AND fence <= ?",
+    raise: Raise::Upsert("INSERT INTO lockkit_fences (resource, fence) VALUES (?, ?) ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence WHERE lockkit_fences.fence <= excluded.fence"),
     current: "SELECT fence FROM lockkit_fences WHERE resource = ?",
 };
 
@@ -112,15 +126,23 @@ macro_rules! fence_store {
             fn raise(conn: &mut Self, resource: &str, fence: i64) -> Result<Option<i64>, Error> {
                 use diesel::sql_types::{BigInt, Text};
                 use diesel::RunQueryDsl;
-                diesel::sql_query($sql.ensure)
-                    .bind::<Text, _>(resource)
-                    .bind::<BigInt, _>(fence)
-                    .execute(conn)?;
-                let raised = diesel::sql_query($sql.raise)
-                    .bind::<BigInt, _>(fence)
-                    .bind::<Text, _>(resource)
-                    .bind::<BigInt, _>(fence)
-                    .execute(conn)?;
+                let raised = match $sql.raise {
+                    Raise::Upsert(upsert) => diesel::sql_query(upsert)
+                        .bind::<Text, _>(resource)
+                        .bind::<BigInt, _>(fence)
+                        .execute(conn)?,
+                    Raise::EnsureThenUpdate { ensure, update } => {
+                        diesel::sql_query(ensure)
+                            .bind::<Text, _>(resource)
+                            .bind::<BigInt, _>(fence)
+                            .execute(conn)?;
+                        diesel::sql_query(update)
+                            .bind::<BigInt, _>(fence)
+                            .bind::<Text, _>(resource)
+                            .bind::<BigInt, _>(fence)
+                            .execute(conn)?
+                    }
+                };
                 if raised == 1 {
                     return Ok(None);
                 }

@@ -60,9 +60,10 @@
 //! # Fenced writes
 //!
 //! [`fenced`] opens a transaction (a savepoint inside one), raises the fence
-//! recorded for `resource` in `lockkit_fences` to the caller's in one statement,
-//! `UPDATE lockkit_fences SET fence = $mine WHERE resource = $r AND fence <= $mine`,
-//! and runs the closure only when that matched the row. The update holds the row's
+//! recorded for `resource` in `lockkit_fences` to the caller's in one upsert
+//! (PostgreSQL and SQLite; MySQL inserts the row if missing, then updates it),
+//! `INSERT .. ON CONFLICT (resource) DO UPDATE SET fence = $mine WHERE fence <= $mine`,
+//! and runs the closure only when that wrote the row. The write holds the row's
 //! lock until the transaction ends, so fenced transactions on one resource take
 //! turns, and one whose fence is older than a committed one is refused with
 //! [`Error::Fenced`], its closure not run. The same fence may write many times.
