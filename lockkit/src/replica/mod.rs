@@ -68,8 +68,8 @@
 //! * The token comes from the client, so a client can forge it. A position from
 //!   the past reads that client's stale data, which it could read anyway; a
 //!   position far ahead makes its reads wait the policy's full wait (then the
-//!   primary, or [`Error::ReplicaBehind`]). Keep the waits short, or sign the
-//!   token if that matters.
+//!   primary, or [`Error::ReplicaBehind`](crate::Error::ReplicaBehind)). Keep
+//!   the waits short, or sign the token if that matters.
 //! * After a failover, the new primary's positions continue from where the
 //!   standby stood: a token of a write the old primary never shipped waits, then
 //!   goes to the primary, as a lagging replica would. A replica that is not in
