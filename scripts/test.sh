@@ -13,6 +13,8 @@
 #   4. the binaries installed with apt-get (Debian/Ubuntu, as root), then 3.
 # The suite shares a Redis with whatever else uses it: each test keeps to its own
 # key prefix (no FLUSHALL).
+# The replica tests get a PostgreSQL primary and a streaming standby of their own
+# (scripts/pg-standby.sh; or PG_PRIMARY_URL and PG_STANDBY_URL), see below.
 # A backend that cannot be reached fails the run: nothing is skipped.
 # SQLite is compiled in (bundled); the PostgreSQL and MySQL client libraries
 # (libpq, libmariadb) are installed with apt-get when missing.
