@@ -56,13 +56,12 @@ case "$command" in
   *) die "unknown command $command (start or stop)" ;;
 esac
 
+stop # a previous run's servers in the same DIR (a run that was killed)
 for port in "$primary_port" "$standby_port"; do
   if listening "$port"; then
     die "127.0.0.1:$port is in use; pick other ports (PG_PRIMARY_PORT, PG_STANDBY_PORT) or set PG_PRIMARY_URL and PG_STANDBY_URL"
   fi
 done
-
-stop # a previous run's servers in the same DIR
 rm -rf "$dir" && mkdir -p "$dir"
 [ ${#run[@]} -eq 0 ] || chown postgres "$dir"
 # Sockets in DIR, never in /var/run/postgresql, which the system server owns.
