@@ -473,6 +473,41 @@ fn the_standby_refuses_writes_and_locks_with_a_typed_error() {
 }
 
 #[test]
+fn a_rolled_back_write_gives_no_position_and_the_primary_policy_reads_the_primary() {
+    let db = TestReplicas::new("router_write_rollback");
+    seed_items(&mut db.primary(), &[(1, 10)]);
+    db.wait_for_standby(&mut db.primary());
+    let router = Router::new(db.primary_pool(), db.standby_pool(), Policy::Primary);
+
+    let failed = router.write(|conn| {
+        diesel::update(items::table.find(1))
+            .set(items::stock.eq(1))
+            .execute(conn)?;
+        Err::<(), _>(Error::InvalidInput("the caller changed its mind"))
+    });
+    assert!(matches!(failed, Err(Error::InvalidInput(_))), "{failed:?}");
+    assert_eq!(stock(&mut router.primary().unwrap()), 10, "rolled back");
+
+    let paused = db.pause_replay();
+    let (sold, written) = router
+        .write(|conn| {
+            let mut item = item(conn);
+            item.stock -= 1;
+            item.update_versioned(conn)?;
+            Ok::<_, Error>(item.stock)
+        })
+        .unwrap();
+    assert_eq!(sold, 9);
+    let mut read = router.read(Some(written)).unwrap();
+    assert_eq!(read.route(), Route::PrimaryByPolicy);
+    assert_eq!(stock(&mut read), 9);
+    let mut without = router.read(None).unwrap();
+    assert!(without.route().is_replica());
+    assert_eq!(stock(&mut without), 10, "the paused replica");
+    paused.resume();
+}
+
+#[test]
 fn read_only_transactions_on_the_primary_are_read_only_too() {
     let db = TestReplicas::new("read_only_transaction");
     seed_items(&mut db.primary(), &[(1, 10)]);
