@@ -13,6 +13,8 @@
 #   4. the binaries installed with apt-get (Debian/Ubuntu, as root), then 3.
 # The suite shares a Redis with whatever else uses it: each test keeps to its own
 # key prefix (no FLUSHALL).
+# The replica tests get a PostgreSQL primary and a streaming standby of their own
+# (scripts/pg-standby.sh; or PG_PRIMARY_URL and PG_STANDBY_URL), see below.
 # A backend that cannot be reached fails the run: nothing is skipped.
 # SQLite is compiled in (bundled); the PostgreSQL and MySQL client libraries
 # (libpq, libmariadb) are installed with apt-get when missing.
@@ -193,6 +195,24 @@ if [ -z "${NATS_URL:-}" ]; then
 fi
 log "NATS: $NATS_URL"
 
+# --- PostgreSQL primary and streaming standby (the replica tests) ---------------
+# PG_PRIMARY_URL and PG_STANDBY_URL when both are set (a primary and a hot standby
+# streaming from it; the tests pause and resume its replay); else a throwaway pair
+# from scripts/pg-standby.sh on 127.0.0.1:$PG_PRIMARY_PORT (5441) and
+# :$PG_STANDBY_PORT (5442), stopped when this script ends. Never the server of
+# PG_DATABASE_URL: its configuration is not ours to change.
+if [ -z "${PG_PRIMARY_URL:-}" ] || [ -z "${PG_STANDBY_URL:-}" ]; then
+  PG_PRIMARY_PORT="${PG_PRIMARY_PORT:-5441}"
+  PG_STANDBY_PORT="${PG_STANDBY_PORT:-5442}"
+  replicas_dir="$SERVER_DIR/postgres-replicas-$PG_PRIMARY_PORT"
+  CLEANUP+=("scripts/pg-standby.sh stop '$replicas_dir'")
+  scripts/pg-standby.sh start "$replicas_dir" "$PG_PRIMARY_PORT" "$PG_STANDBY_PORT" \
+    || die "could not start a PostgreSQL primary and standby (scripts/pg-standby.sh)"
+  export PG_PRIMARY_URL="postgres://postgres@127.0.0.1:$PG_PRIMARY_PORT/test"
+  export PG_STANDBY_URL="postgres://postgres@127.0.0.1:$PG_STANDBY_PORT/test"
+fi
+log "PostgreSQL primary: $PG_PRIMARY_URL, standby: $PG_STANDBY_URL"
+
 # --- the suite ---------------------------------------------------------------
 log "cargo fmt --check"
 cargo fmt --all -- --check
@@ -216,7 +236,8 @@ for features in "" derive postgres mysql sqlite r2d2 idempotency idempotency-mig
   metrics serde axum postgres,r2d2 mysql,r2d2 sqlite,r2d2 postgres,idempotency \
   sqlite,idempotency-migrations postgres,axum,metrics uuid postgres,uuid \
   lease lease-migrations redis postgres,lease mysql,lease-migrations sqlite,redis outbox \
-  outbox-migrations sqlite,outbox postgres,outbox-migrations mysql,outbox,r2d2; do
+  outbox-migrations sqlite,outbox postgres,outbox-migrations mysql,outbox,r2d2 \
+  replica replica,r2d2; do
   cargo clippy --locked -q -p lockkit --no-default-features --features "$features" --all-targets \
     -- -D warnings || die "lockkit does not build with features [$features]"
 done

@@ -22,6 +22,8 @@
 //! * **Leases** (`lease`, feature `lease`): one holder at a time for a TTL, on
 //!   the database or on Redis, each grant with a fencing token that lockkit's
 //!   fenced writes check, so a holder that overran its lease cannot write.
+//! * **Replicas** (`replica`, feature `replica`): reads on a PostgreSQL standby
+//!   that wait for the reader's own writes, or go to the primary.
 //!
 //! | folder | concept |
 //! | --- | --- |
@@ -29,6 +31,7 @@
 //! | [`pessimistic`] | row locks, queues, advisory locks |
 //! | [`http`] | ETag / `If-Match`, axum, idempotency keys |
 //! | `lease` (feature `lease`) | leases with fencing tokens, fenced writes |
+//! | `replica` (feature `replica`) | read-your-writes on a PostgreSQL standby |
 //! | [`error`] | the error type and the one place that reads server messages |
 //! | [`bounds`] | the traits lockkit's methods require: name them only in `where` clauses |
 //! | [`multi`] | the backend chosen at run time: `#[derive(diesel::MultiConnection)]` enums |
@@ -115,6 +118,9 @@ pub mod optimistic;
 #[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
 pub mod outbox;
 pub mod pessimistic;
+#[cfg(feature = "replica")]
+#[cfg_attr(docsrs, doc(cfg(feature = "replica")))]
+pub mod replica;
 
 #[cfg(any(feature = "idempotency", feature = "outbox"))]
 mod clock;

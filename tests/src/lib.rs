@@ -4,7 +4,9 @@
 //!
 //! Servers are found through `PG_DATABASE_URL`, `MYSQL_DATABASE_URL` and
 //! `REDIS_URL` (defaults: `postgres://postgres@127.0.0.1:5432/test`,
-//! `mysql://root@127.0.0.1:3306/test`, `redis://127.0.0.1:6379/`). A server
+//! `mysql://root@127.0.0.1:3306/test`, `redis://127.0.0.1:6379/`); the replica
+//! tests' primary and standby through `PG_PRIMARY_URL` and `PG_STANDBY_URL`
+//! ([`replica`]). A server
 //! that cannot be reached fails the test with the URL it tried; nothing is
 //! skipped. `scripts/test.sh` finds, starts or installs the servers before
 //! running the suite.
@@ -20,6 +22,8 @@ pub mod models;
 pub mod observe;
 #[cfg(feature = "harness")]
 pub mod redis;
+#[cfg(all(feature = "harness", feature = "postgres"))]
+pub mod replica;
 #[cfg(feature = "harness")]
 pub mod schema;
 #[cfg(feature = "harness")]
@@ -30,6 +34,8 @@ pub mod support;
 pub use db::TestDb;
 #[cfg(feature = "harness")]
 pub use redis::TestRedis;
+#[cfg(all(feature = "harness", feature = "postgres"))]
+pub use replica::TestReplicas;
 
 /// Writes each test once and instantiates it for every enabled backend, as
 /// `postgres::name`, `mysql::name` and `sqlite::name`. Inside a test, `Conn` is the

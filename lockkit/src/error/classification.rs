@@ -23,6 +23,9 @@
 //! | SQLite | `SQLITE_BUSY` | `database is locked` | [`Error::Busy`] ([`Error::LockTimeout`] when lockkit waited for the write lock, see [`locking_connection`](crate::pessimistic::connection)) |
 //! | PostgreSQL | 57P01, lost socket | `terminating connection due to administrator command`, `server closed the connection unexpectedly` (or Diesel's `ClosedConnection`) | [`Error::ConnectionLost`] |
 //! | MySQL/MariaDB | 1927, 2006, 2013 | `Connection was killed`, `MySQL server has gone away`, `Lost connection to` | [`Error::ConnectionLost`] |
+//! | PostgreSQL | 25006 (a hot standby, `READ ONLY`) | (kind) | [`Error::ReadOnly`] |
+//! | MySQL/MariaDB | 1792 (`READ ONLY` transaction) | (kind) | [`Error::ReadOnly`] |
+//! | MySQL/MariaDB | 1290 | `running with the --read-only option` | [`Error::ReadOnly`] |
 //!
 //! # Limits
 //!
@@ -129,6 +132,7 @@ fn classify_with(err: DieselError, context: Context) -> Error {
             }
             DatabaseErrorKind::SerializationFailure => Some(Error::SerializationFailure),
             DatabaseErrorKind::ClosedConnection => Some(Error::ConnectionLost),
+            DatabaseErrorKind::ReadOnlyTransaction => Some(Error::ReadOnly),
             // Their messages may quote the user's data.
             DatabaseErrorKind::UniqueViolation
             | DatabaseErrorKind::ForeignKeyViolation
@@ -182,6 +186,8 @@ fn classify_message(message: &str) -> Option<Error> {
         || message.starts_with("canceling statement due to lock timeout")
     {
         Some(Error::LockTimeout)
+    } else if message.contains("running with the --read-only option") {
+        Some(Error::ReadOnly)
     } else if is_connection_lost(message) {
         Some(Error::ConnectionLost)
     } else if message.starts_with("canceling statement due to statement timeout")

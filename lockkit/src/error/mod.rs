@@ -127,6 +127,37 @@ pub enum Error {
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
 
+    /// The server refused a write because the transaction or the server is
+    /// read-only: a PostgreSQL hot standby (replica), a `READ ONLY` transaction
+    /// (SQLSTATE 25006), MySQL/MariaDB's `READ ONLY` transaction (1792) or
+    /// `--read-only` server (1290). Nothing was written. Not retryable on the same
+    /// server: send writes to the primary (see `lockkit::replica`).
+    #[error("the server refused a write: the transaction or the server is read-only (a replica?)")]
+    ReadOnly,
+
+    /// The replica had not replayed the position a read had to see within the
+    /// wait of [`replica::Policy::WaitOrFail`](crate::replica::Policy::WaitOrFail).
+    /// Nothing was read. Retryable: the replica catches up, unless it is stuck.
+    #[cfg(feature = "replica")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "replica")))]
+    #[error("the replica has replayed the WAL up to {replayed}, not yet to {wanted}, after waiting {waited:?}")]
+    ReplicaBehind {
+        /// The position the read had to see (the last write's).
+        wanted: crate::replica::Lsn,
+        /// How far the replica had replayed when the wait ended.
+        replayed: crate::replica::Lsn,
+        /// How long the read waited.
+        waited: std::time::Duration,
+    },
+
+    /// No connection could be taken from an r2d2 pool (the
+    /// [`replica::Router`](crate::replica::Router)'s pools): its timeout ran out,
+    /// or the server could not be reached.
+    #[cfg(all(feature = "replica", feature = "r2d2"))]
+    #[cfg_attr(docsrs, doc(cfg(all(feature = "replica", feature = "r2d2"))))]
+    #[error("no connection from the pool: {0}")]
+    Pool(#[from] diesel::r2d2::PoolError),
+
     /// A value from the caller is out of range; nothing was sent.
     #[error("invalid input: {0}")]
     InvalidInput(&'static str),
@@ -195,7 +226,17 @@ impl Error {
                 | Error::LockTimeout
                 | Error::Deadlock
                 | Error::SerializationFailure
-        )
+        ) || self.is_replica_behind()
+    }
+
+    #[cfg(feature = "replica")]
+    fn is_replica_behind(&self) -> bool {
+        matches!(self, Error::ReplicaBehind { .. })
+    }
+
+    #[cfg(not(feature = "replica"))]
+    fn is_replica_behind(&self) -> bool {
+        false
     }
 
     /// The stale-write report, if this is [`Error::Stale`].

@@ -1,0 +1,91 @@
+//! Replicas: reads that see the reader's own writes, and stale reads that cannot
+//! lose updates (feature `replica`, PostgreSQL streaming replication).
+//!
+//! A standby replays the primary's write-ahead log (WAL) a little later than the
+//! primary wrote it. A user who saves a form and is shown the page again, read on
+//! the replica, may see the old data: the replica has not replayed the save yet.
+//! The cure is **read-your-writes**: after a write, take the primary's WAL
+//! position; send that user's later reads to the replica only once the replica
+//! has replayed that far, else wait a bounded time or read on the primary.
+//!
+//! | call | what it does |
+//! | --- | --- |
+//! | [`commit_lsn`] | on the primary, after the write's commit: the [`Lsn`] a replica must reach |
+//! | [`replayed_lsn`] | on the replica: how far it has replayed (`None`: not a standby) |
+//! | [`route`] | with a [`Policy`]: the [`Route`] of a read (the replica, or the primary and why), waiting as the policy allows |
+//! | [`Router`] (feature `r2d2`) | the three over a primary and a replica pool: [`Router::write`] returns the position, [`Router::read`] the connection |
+//!
+//! The SQL:
+//!
+//! ```sql
+//! -- on the primary, after the commit (pg_current_wal_insert_lsn() with synchronous_commit = off)
+//! SELECT (CASE WHEN current_setting('synchronous_commit') = 'off'
+//!              THEN pg_current_wal_insert_lsn() ELSE pg_current_wal_lsn() END)::text AS lsn
+//! -- on the replica, once, or every 1 to 20 ms while the policy waits
+//! SELECT pg_last_wal_replay_lsn()::text AS lsn
+//! ```
+//!
+//! The position is the token a web app carries between a client's requests: its
+//! text form (`16/B374D848`) goes into a cookie or a header, and
+//! [`Lsn`]'s `FromStr` reads it back without ever panicking.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use diesel::prelude::*;
+//! use lockkit::replica::{self, Lsn, Policy};
+//!
+//! let mut primary = PgConnection::establish("postgres://app@primary/shop").unwrap();
+//! let mut replica = PgConnection::establish("postgres://app@replica/shop").unwrap();
+//!
+//! // The write, committed; then its position, for the client.
+//! diesel::sql_query("UPDATE items SET stock = stock - 1 WHERE id = 1").execute(&mut primary).unwrap();
+//! let token = replica::commit_lsn(&mut primary).unwrap().to_string();
+//!
+//! // The client's next request brings the token back.
+//! let written = token.parse::<Lsn>().ok();
+//! let route = replica::route(&mut replica, written, Policy::WaitThenPrimary(Duration::from_millis(100))).unwrap();
+//! let conn = if route.is_replica() { &mut replica } else { &mut primary };
+//! # let _ = conn;
+//! ```
+//!
+//! # Stale reads cannot lose updates
+//!
+//! A read from a lagging replica is an old snapshot, like any read that a
+//! concurrent writer overtook. What loses updates is a blind write of that
+//! snapshot on the primary (`UPDATE .. SET stock = 7 WHERE id = 1`). A
+//! [`Versioned`](crate::Versioned) write carries the version it read, and the
+//! primary refuses it ([`Error::Stale`](crate::Error::Stale)) when the row moved
+//! on: read where you like, write versioned on the primary, and nothing is lost.
+//! Locks are taken on the primary only: a standby refuses `FOR UPDATE` and every
+//! write with [`Error::ReadOnly`](crate::Error::ReadOnly).
+//!
+//! # What holds, and what does not
+//!
+//! * A read routed to the replica sees every transaction committed on the
+//!   primary before [`commit_lsn`] was taken, on that connection or any other.
+//! * Only PostgreSQL physical (streaming) replication: `pg_last_wal_replay_lsn`
+//!   means nothing on a logical replica or on MySQL.
+//! * The token comes from the client, so a client can forge it. A position from
+//!   the past reads that client's stale data, which it could read anyway; a
+//!   position far ahead makes its reads wait the policy's full wait (then the
+//!   primary, or [`Error::ReplicaBehind`](crate::Error::ReplicaBehind)). Keep
+//!   the waits short, or sign the token if that matters.
+//! * After a failover, the new primary's positions continue from where the
+//!   standby stood: a token of a write the old primary never shipped waits, then
+//!   goes to the primary, as a lagging replica would. A replica that is not in
+//!   recovery is never read ([`Route::PrimaryNotAStandby`]).
+//! * [`Policy::Primary`]'s window is the token's lifetime, which the app sets
+//!   (a cookie's `Max-Age`): lockkit keeps no clock.
+
+mod lsn;
+mod position;
+mod route;
+#[cfg(feature = "r2d2")]
+mod router;
+
+pub use lsn::{Lsn, ParseLsnError};
+pub use position::{commit_lsn, replayed_lsn};
+pub use route::{route, Policy, Route};
+#[cfg(feature = "r2d2")]
+#[cfg_attr(docsrs, doc(cfg(feature = "r2d2")))]
+pub use router::{PgPool, PgPooled, RoutedConnection, Router};

@@ -1,0 +1,79 @@
+//! The two positions read-your-writes compares: where a write's commit ended on
+//! the primary, and how far a standby has replayed.
+
+use diesel::sql_types::{Nullable, Text};
+use diesel::{PgConnection, RunQueryDsl};
+
+use super::Lsn;
+use crate::transaction::in_transaction;
+use crate::{Error, Result};
+
+/// A WAL position as the server prints it; `NULL` where the server has none.
+#[derive(diesel::QueryableByName)]
+struct Position {
+    #[diesel(sql_type = Nullable<Text>)]
+    lsn: Option<String>,
+}
+
+/// The position on the primary a replica must have replayed to show everything
+/// committed on `primary` so far: call it right after the write's transaction
+/// committed, and carry the result to the next read (see the [module](super)).
+///
+/// ```sql
+/// SELECT (CASE WHEN current_setting('synchronous_commit') = 'off'
+///              THEN pg_current_wal_insert_lsn() ELSE pg_current_wal_lsn() END)::text AS lsn
+/// ```
+///
+/// With `synchronous_commit` on (PostgreSQL's default, and `local`,
+/// `remote_write`, `remote_apply`), the commit wrote its WAL before it returned,
+/// so the WAL's write position, `pg_current_wal_lsn()`, is at or past the commit.
+/// With `synchronous_commit = off` the commit may still be in the WAL buffers,
+/// and only the insert position is surely past it; it can stand a few bytes past
+/// the last record (a page header), which a standby reaches with the next WAL
+/// written on the primary: a read may wait longer, never see less.
+///
+/// # Errors
+///
+/// * [`Error::AlreadyInTransaction`] when a transaction is open on `primary`: the
+///   write has not committed yet, and a reader could wait for a position that
+///   the rollback makes meaningless.
+/// * [`Error::Database`] when `primary` is a standby itself (PostgreSQL:
+///   "recovery is in progress").
+pub fn commit_lsn(primary: &mut PgConnection) -> Result<Lsn> {
+    if in_transaction(primary) {
+        return Err(Error::AlreadyInTransaction);
+    }
+    let position = diesel::sql_query(
+        "SELECT (CASE WHEN current_setting('synchronous_commit') = 'off' \
+         THEN pg_current_wal_insert_lsn() ELSE pg_current_wal_lsn() END)::text AS lsn",
+    )
+    .get_result::<Position>(primary)?;
+    // Never NULL on a primary; a NULL must not become `0/0`, which every replica
+    // has replayed.
+    let text = position.lsn.ok_or_else(|| {
+        Error::Database(diesel::result::Error::DeserializationError(
+            "the primary returned no WAL position".into(),
+        ))
+    })?;
+    parse(&text)
+}
+
+/// How far `replica` has replayed the primary's WAL: its writes up to this
+/// position are visible on it. `None` when `replica` is not a standby (not in
+/// recovery: a primary, or a standby that was promoted).
+///
+/// ```sql
+/// SELECT pg_last_wal_replay_lsn()::text AS lsn
+/// ```
+pub fn replayed_lsn(replica: &mut PgConnection) -> Result<Option<Lsn>> {
+    let position = diesel::sql_query("SELECT pg_last_wal_replay_lsn()::text AS lsn")
+        .get_result::<Position>(replica)?;
+    position.lsn.as_deref().map(parse).transpose()
+}
+
+/// The server's text of a `pg_lsn`, which always parses; if a server ever sent
+/// something else, it is reported as the database's error it is.
+fn parse(text: &str) -> Result<Lsn> {
+    text.parse()
+        .map_err(|e| Error::Database(diesel::result::Error::DeserializationError(Box::new(e))))
+}
