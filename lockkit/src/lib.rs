@@ -140,6 +140,7 @@ pub use pessimistic::{locked_transaction, with_lock, Lockable};
 pub use pessimistic::{AsLockingConnection, LockOptions, LockingConnection};
 pub use pessimistic::{LockQueryExt, LockStrength, RowLock, WaitMode};
 pub use retry::{retry, transaction_with_retry, RetryPolicy, RetryableError};
+pub use transaction::after_commit;
 
 /// `#[derive(Versioned)]`: implements [`Versioned`] and [`Lockable`] for a model
 /// with a version column. The attributes it reads, their defaults, its errors and
