@@ -416,7 +416,7 @@ mod mysql {
     const LOCK_WAITS: &str = "SELECT CAST(r.trx_mysql_thread_id AS SIGNED) AS session, \
             CAST(TIMESTAMPDIFF(MICROSECOND, r.trx_wait_started, NOW(6)) DIV 1000 AS SIGNED) AS waiting_ms, \
             COALESCE(r.trx_query, '') AS query, \
-            CONCAT(rl.lock_type, ' ', rl.lock_mode) AS lock_mode, \
+            CAST(CONCAT(rl.lock_type, ' ', rl.lock_mode) AS CHAR(64)) AS lock_mode, \
             rl.lock_table AS relation, \
             CAST(b.trx_mysql_thread_id AS SIGNED) AS blocker, \
             CASE p.COMMAND WHEN 'Sleep' THEN 'idle in transaction' WHEN 'Query' THEN 'active' \
