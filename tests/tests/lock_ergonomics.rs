@@ -411,3 +411,32 @@ mod servers {
         }
     }
 }
+
+#[cfg(feature = "mysql")]
+mod mariadb {
+    use super::*;
+    use lockkit_tests::TestDb;
+
+    #[test]
+    fn lock_refuses_a_transaction_the_server_already_ended() {
+        // A deadlock ends InnoDB's transaction behind Diesel's back; a COMMIT sent
+        // as plain SQL does the same, deterministically. Locking "inside" it would
+        // lock in autocommit and let go at once.
+        let db = TestDb::<diesel::MysqlConnection>::new(
+            "lock_refuses_a_transaction_the_server_already_ended",
+        );
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn = db.conn();
+        let mut item = items::table.find(1).first::<Item>(&mut conn).unwrap();
+        let refused = conn.transaction(|conn| {
+            exec(conn, "COMMIT");
+            Ok::<_, Error>(item.lock(conn))
+        });
+        let refused = refused.unwrap();
+        assert!(
+            matches!(&refused, Err(Error::TransactionAborted(cause)) if matches!(**cause, Error::Deadlock)),
+            "{refused:?}"
+        );
+        assert_eq!(item.lock_version, 0, "nothing was read into the struct");
+    }
+}
