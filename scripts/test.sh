@@ -66,6 +66,9 @@ command -v pkg-config >/dev/null || missing+=(pkg-config)
 command -v pg_config >/dev/null || pkg-config --exists libpq 2>/dev/null || missing+=(libpq-dev)
 command -v mysql_config >/dev/null || command -v mariadb_config >/dev/null \
   || pkg-config --exists mysqlclient libmariadb 2>/dev/null || missing+=(libmariadb-dev-compat libmariadb-dev)
+# examples/edit_form's browser test drives headless Chromium through chromedriver.
+command -v chromedriver >/dev/null && { command -v chromium >/dev/null || [ -n "${CHROMIUM:-}" ]; } \
+  || missing+=(chromium chromium-driver)
 [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
 
 # --- PostgreSQL --------------------------------------------------------------
@@ -220,7 +223,7 @@ cargo fmt --all -- --check
 # `cargo run -p shop` must work with Rust alone: with default features no example
 # may link a database client library, even on this machine, which has them.
 log "examples: default features need no database client library"
-for example in shop job_queue http_api outbox; do
+for example in shop job_queue http_api outbox edit_form; do
   for sys in pq-sys mysqlclient-sys; do
     tree="$(cargo tree --locked -p "$example" -e normal -i "$sys" 2>/dev/null)" \
       || die "cargo tree -p $example failed"
@@ -244,7 +247,7 @@ done
 log "lockkit: doc examples with default features"
 cargo test --locked -q -p lockkit --doc
 log "examples: default features"
-cargo clippy --locked -q -p shop -p job_queue -p http_api -p outbox --all-targets -- -D warnings
+cargo clippy --locked -q -p shop -p job_queue -p http_api -p outbox -p edit_form --all-targets -- -D warnings
 log "cargo doc (published crates, all features, warnings are errors)"
 RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings" cargo doc --locked -q --no-deps --all-features \
   -p lockkit -p lockkit-derive

@@ -14,7 +14,8 @@
 //!   timeouts) and the query extensions of [`LockQueryExt`]; work queues
 //!   ([`queue`]), advisory locks ([`advisory`]) and who waits on whom
 //!   ([`lock_waits`]).
-//! * **Around them**: bounded [`retry()`] with backoff and jitter,
+//! * **Around them**: work that runs only after the commit ([`after_commit`]),
+//!   bounded [`retry()`] with backoff and jitter,
 //!   [`serializable`] transactions retried, one [`Error`] type classified in one
 //!   place ([`error::classification`]), ETag / `If-Match` for HTTP, axum glue and
 //!   idempotency keys ([`http`]), the transactional outbox and the consumer's
@@ -35,7 +36,7 @@
 //! | [`error`] | the error type and the one place that reads server messages |
 //! | [`bounds`] | the traits lockkit's methods require: name them only in `where` clauses |
 //! | [`multi`] | the backend chosen at run time: `#[derive(diesel::MultiConnection)]` enums |
-//! | `transaction` (private) | what every lockkit transaction does the same way: the panic guard |
+//! | `transaction` (private) | what every lockkit transaction does the same way: the panic guard, [`after_commit`] work |
 //!
 //! Start with [`optimistic::versioned`] and [`pessimistic::lockable`] for complete
 //! examples; the repository's `docs/SQL.md` lists every statement lockkit sends.
@@ -146,6 +147,7 @@ pub use pessimistic::{locked_transaction, with_lock, Lockable};
 pub use pessimistic::{AsLockingConnection, LockOptions, LockingConnection};
 pub use pessimistic::{LockQueryExt, LockStrength, RowLock, WaitMode};
 pub use retry::{retry, transaction_with_retry, RetryPolicy, RetryableError};
+pub use transaction::after_commit;
 
 /// `#[derive(Versioned)]`: implements [`Versioned`] and [`Lockable`] for a model
 /// with a version column. The attributes it reads, their defaults, its errors and

@@ -46,6 +46,11 @@ macro_rules! counters {
             pub lock_acquire_time: Duration,
             /// The longest single lock acquisition.
             pub lock_acquire_max: Duration,
+            /// Total time the locks counted in `locks_released` were held: from
+            /// the locked read to the end of the outermost transaction.
+            pub lock_hold_time: Duration,
+            /// The longest single hold.
+            pub lock_hold_max: Duration,
         }
 
         impl Metrics {
@@ -58,6 +63,8 @@ macro_rules! counters {
                         .lock_acquire_time
                         .saturating_sub(earlier.lock_acquire_time),
                     lock_acquire_max: self.lock_acquire_max,
+                    lock_hold_time: self.lock_hold_time.saturating_sub(earlier.lock_hold_time),
+                    lock_hold_max: self.lock_hold_max,
                 }
             }
 
@@ -73,6 +80,8 @@ macro_rules! counters {
                 $($field: $name.load(Relaxed),)*
                 lock_acquire_time: Duration::from_nanos(LOCK_ACQUIRE_NANOS.load(Relaxed)),
                 lock_acquire_max: Duration::from_nanos(LOCK_ACQUIRE_MAX_NANOS.load(Relaxed)),
+                lock_hold_time: Duration::from_nanos(LOCK_HOLD_NANOS.load(Relaxed)),
+                lock_hold_max: Duration::from_nanos(LOCK_HOLD_MAX_NANOS.load(Relaxed)),
             }
         }
     };
@@ -99,10 +108,19 @@ counters! {
     /// [`lock_all`](crate::Lockable::lock_all) and [`queue::claim`](crate::queue::claim),
     /// and on SQLite the database's write lock taken by a locking transaction.
     locks_acquired: LOCKS_ACQUIRED, "locks";
+    /// Row locks whose hold time was measured: those taken by
+    /// [`with_lock`](crate::with_lock), [`Lockable::lock`](crate::Lockable::lock)
+    /// and [`lock_all`](crate::Lockable::lock_all) (one per statement) inside a
+    /// transaction lockkit opened, counted when its outermost transaction ended.
+    locks_released: LOCKS_RELEASED, "locks released";
 }
 
 static LOCK_ACQUIRE_NANOS: AtomicU64 = AtomicU64::new(0);
 static LOCK_ACQUIRE_MAX_NANOS: AtomicU64 = AtomicU64::new(0);
+static LOCK_HOLD_NANOS: AtomicU64 = AtomicU64::new(0);
+static LOCK_HOLD_MAX_NANOS: AtomicU64 = AtomicU64::new(0);
+/// [`warn_when_held_longer_than`]'s limit in nanoseconds; `u64::MAX`: off.
+static HOLD_WARNING_NANOS: AtomicU64 = AtomicU64::new(u64::MAX);
 
 impl fmt::Display for Metrics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -116,6 +134,13 @@ impl fmt::Display for Metrics {
                 f,
                 " (waited {:?}, longest so far {:?})",
                 self.lock_acquire_time, self.lock_acquire_max
+            )?;
+        }
+        if self.locks_released > 0 {
+            write!(
+                f,
+                " (held {:?}, longest so far {:?})",
+                self.lock_hold_time, self.lock_hold_max
             )?;
         }
         Ok(())
@@ -218,4 +243,39 @@ impl LockWait {
             record_locks_acquired(table, rows, self.0.elapsed());
         }
     }
+}
+
+/// Warns (a `tracing` event at `WARN`, target `lockkit`) about every row lock
+/// held longer than `limit` (see [how long a lock was held](self#how-long-a-lock-was-held));
+/// `None`, the default, warns about none. Process-wide.
+pub fn warn_when_held_longer_than(limit: Option<Duration>) {
+    let nanos = limit.map_or(u64::MAX, |limit| {
+        u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX - 1)
+    });
+    HOLD_WARNING_NANOS.store(nanos, Relaxed);
+}
+
+/// The limit [`warn_when_held_longer_than`] set, if any.
+pub fn hold_warning() -> Option<Duration> {
+    match HOLD_WARNING_NANOS.load(Relaxed) {
+        u64::MAX => None,
+        nanos => Some(Duration::from_nanos(nanos)),
+    }
+}
+
+/// A `kind` lock (`row`) on `key` of `table` was held for `held`: counted, and
+/// warned about past [`hold_warning`].
+pub(crate) fn record_lock_held(kind: &'static str, table: &'static str, key: &str, held: Duration) {
+    LOCKS_RELEASED.fetch_add(1, Relaxed);
+    let nanos = u64::try_from(held.as_nanos()).unwrap_or(u64::MAX);
+    LOCK_HOLD_NANOS.fetch_add(nanos, Relaxed);
+    LOCK_HOLD_MAX_NANOS.fetch_max(nanos, Relaxed);
+    let held_ms = u64::try_from(held.as_millis()).unwrap_or(u64::MAX);
+    if nanos > HOLD_WARNING_NANOS.load(Relaxed) {
+        tracing::warn!(target: "lockkit", table, key, held_ms, "{kind} lock on {table} {key} held {held_ms} ms");
+    } else {
+        tracing::trace!(target: "lockkit", table, key, held_ms, "{kind} lock released");
+    }
+    #[cfg(feature = "metrics")]
+    ::metrics::histogram!("lockkit_lock_hold_seconds", "table" => table).record(held.as_secs_f64());
 }

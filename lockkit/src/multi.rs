@@ -259,6 +259,12 @@ macro_rules! dispatch {
                     $(BackendConn::$variant(conn) => <M as LockRow<$conn>>::exists(conn, key),)+
                 }
             }
+
+            fn load(conn: &mut T, key: M::Key) -> QueryResult<Option<M>> {
+                match conn.dispatch() {
+                    $(BackendConn::$variant(conn) => <M as LockRow<$conn>>::load(conn, key),)+
+                }
+            }
         }
 
         impl<M, T> LockAll<T> for M

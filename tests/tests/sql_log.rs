@@ -185,6 +185,12 @@ lockkit_tests::backend_tests! {
         log.section("locked_transaction(.., |conn| Item::lock_all(conn, &[2, 1]))");
         locked_transaction(&mut conn, LockOptions::default(), |conn| Item::lock_all(conn, &[2, 1])).unwrap();
 
+        let mut two = items::table.find(2).first::<Item>(&mut db.conn()).unwrap();
+        log.section("conn.transaction(|conn| item.lock(conn)): MySQL first asks whether the transaction is still open");
+        conn.transaction(|conn| two.lock(conn)).unwrap();
+        log.section("item.reload(&mut conn)");
+        two.reload(&mut conn).unwrap();
+
         log.section("locked_transaction(.., |conn| queue::claim(conn, jobs.filter(done = false).order(id), 10))");
         locked_transaction(&mut conn, LockOptions::default(), |conn| {
             queue::claim::<Job, _, _>(conn, jobs::table.filter(jobs::done.eq(false)).order(jobs::id).select(Job::as_select()), 10)
@@ -275,6 +281,8 @@ macro_rules! server_statements {
                 lockkit::lock_waits::session_id(self).unwrap();
                 log.section("lockkit::lock_waits::blocked_sessions(&mut conn)");
                 lockkit::lock_waits::blocked_sessions(self).unwrap();
+                log.section("lockkit::lock_waits::lock_waits(&mut conn)");
+                lockkit::lock_waits::lock_waits(self).unwrap();
             }
         }
     )*};

@@ -7,6 +7,24 @@
 //! * MariaDB: `information_schema.INNODB_LOCK_WAITS` and `INNODB_TRX`
 //!   (MySQL 8: `performance_schema.data_lock_waits`).
 //!
+//! [`lock_waits`] says more, one entry per waiting session: which lock it waits
+//! for (mode and relation) and, for each session in its way, what that session
+//! is doing and for how long. The usual culprit is a blocker that is
+//! `idle in transaction`: it took a lock, then went to do something else (an HTTP
+//! call, a slow loop in the application) without ending its transaction.
+//!
+//! | field | PostgreSQL | MariaDB |
+//! | --- | --- | --- |
+//! | [`LockWait::lock_mode`] | the waiting `pg_locks` row: `locktype mode` (`transactionid ShareLock` while waiting for another's row lock, `tuple AccessExclusiveLock` while queued behind a first waiter) | `INNODB_LOCKS`: `lock_type lock_mode` (`RECORD X`) |
+//! | [`LockWait::relation`] | the relation of the session's tuple lock, else of the lock it waits for, as `regclass` (`items`) | `INNODB_LOCKS.lock_table` (`` `test`.`items` ``) |
+//! | [`Blocker::state`] | `pg_stat_activity.state`: `active`, `idle in transaction`, .. | from `PROCESSLIST.COMMAND`: `Sleep` is `idle in transaction` (the session holds an InnoDB transaction), `Query` is `active`, any other command in lower case |
+//! | [`Blocker::in_state`] | since `state_change` | `PROCESSLIST.TIME_MS`: time in the current command |
+//! | [`Blocker::transaction_age`] | since `xact_start` | since `INNODB_TRX.trx_started` |
+//!
+//! `lock_waits` reads MariaDB's `information_schema` (`INNODB_LOCK_WAITS`,
+//! `INNODB_LOCKS`, `INNODB_TRX`, `PROCESSLIST`); MySQL 8 removed the first two,
+//! and there it fails with [`Error::Database`]: use [`blocked_sessions`].
+//!
 //! A session is identified as [`session_id`] reports it: `pg_backend_pid()` or
 //! `CONNECTION_ID()`. The views are server-wide (every database). InnoDB serves
 //! `information_schema` from a copy it refreshes only after 100 ms without a read:
@@ -33,6 +51,52 @@ pub struct BlockedSession {
     pub query: String,
 }
 
+/// A session waiting for a lock, with what lockkit can learn of the lock and
+/// of those holding it: [`lock_waits`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockWait {
+    /// The waiting session.
+    pub session: i64,
+    /// How long it has been waiting (PostgreSQL: since its state last changed).
+    pub waiting: Duration,
+    /// The statement it is running.
+    pub query: String,
+    /// The lock it waits for, as the server names it (see the [module
+    /// docs](self)); `None` when the server did not say.
+    pub lock_mode: Option<String>,
+    /// The table (or index) it waits on; `None` when the server did not say.
+    pub relation: Option<String>,
+    /// The sessions in its way, by session id.
+    pub blockers: Vec<Blocker>,
+}
+
+/// A session holding a lock that another one waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Blocker {
+    /// Its session id.
+    pub session: i64,
+    /// What it is doing: `active`, `idle in transaction`, .. (see the [module
+    /// docs](self)); empty when the server did not say.
+    pub state: String,
+    /// How long it has been in that state: for `idle in transaction`, how long
+    /// it has held its locks without sending anything.
+    pub in_state: Duration,
+    /// How long its transaction has been open, if the server says.
+    pub transaction_age: Option<Duration>,
+    /// Its current (or, when idle, last) statement; MariaDB: empty when idle.
+    pub query: String,
+}
+
+impl Blocker {
+    /// Whether it holds its locks while doing nothing: it opened a transaction
+    /// and went away without ending it.
+    pub fn is_idle_in_transaction(&self) -> bool {
+        self.state.starts_with("idle in transaction")
+    }
+}
+
 /// A backend whose lock waits lockkit can list: PostgreSQL, MySQL/MariaDB.
 ///
 /// Sealed: implemented by lockkit for each of them; name it only in `where`
@@ -57,6 +121,14 @@ pub trait LockMonitor: diesel::backend::Backend + crate::sealed::Sealed {
     ///
     /// Diesel's error, unclassified (lockkit's callers classify it).
     fn blocked_sessions<C>(conn: &mut C) -> diesel::QueryResult<Vec<BlockedSession>>
+    where
+        C: Connection<Backend = Self> + LoadConnection;
+    /// Every session now waiting for a lock, with its blockers.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
+    fn lock_waits<C>(conn: &mut C) -> diesel::QueryResult<Vec<LockWait>>
     where
         C: Connection<Backend = Self> + LoadConnection;
 }
@@ -107,6 +179,101 @@ where
     C::Backend::blocked_sessions(conn).map_err(classify)
 }
 
+/// Every session now waiting for a lock, ordered by session id, with the lock it
+/// waits for and what each of its blockers is doing (see the [module
+/// docs](self) for what each backend reports).
+///
+/// ```sql
+/// -- PostgreSQL: pg_stat_activity of the waiter, its waiting pg_locks row, and
+/// -- pg_stat_activity of each pid in pg_blocking_pids(waiter)
+/// -- MariaDB: INNODB_LOCK_WAITS joined to INNODB_TRX (both sides), INNODB_LOCKS
+/// -- (the requested lock) and PROCESSLIST (the blocker)
+/// ```
+///
+/// # Errors
+///
+/// A classified database error: [`Error::Database`] when the server's views
+/// cannot be read (MySQL 8, which lacks MariaDB's `INNODB_LOCK_WAITS`, missing
+/// privileges), [`Error::ConnectionLost`], ..; see [`classify`](crate::classify()).
+///
+/// # Example
+///
+/// ```no_run
+/// # #[cfg(feature = "postgres")] {
+/// use diesel::prelude::*;
+/// use lockkit::lock_waits;
+/// let mut conn = PgConnection::establish("postgres://localhost/app").unwrap();
+/// for wait in lock_waits::lock_waits(&mut conn).unwrap() {
+///     for blocker in wait.blockers.iter().filter(|b| b.is_idle_in_transaction()) {
+///         println!(
+///             "session {} waits {:?} for {:?} on {:?}: session {} has been idle in transaction for {:?}",
+///             wait.session, wait.waiting, wait.lock_mode, wait.relation, blocker.session, blocker.in_state
+///         );
+///     }
+/// }
+/// # }
+/// ```
+pub fn lock_waits<C>(conn: &mut C) -> Result<Vec<LockWait>, Error>
+where
+    C: Connection + LoadConnection,
+    C::Backend: LockMonitor,
+{
+    C::Backend::lock_waits(conn).map_err(classify)
+}
+
+/// One row of the lock-wait queries: a waiter and one of its blockers.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[derive(diesel::QueryableByName)]
+struct WaitRow {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    session: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    waiting_ms: i64,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    query: String,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    lock_mode: Option<String>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    relation: Option<String>,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    blocker: i64,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    blocker_state: String,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    blocker_state_ms: i64,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+    blocker_transaction_ms: Option<i64>,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    blocker_query: String,
+}
+
+/// Rows ordered by waiter, then blocker: one [`LockWait`] per waiter.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn group_waits(rows: Vec<WaitRow>) -> Vec<LockWait> {
+    let mut waits: Vec<LockWait> = Vec::new();
+    for row in rows {
+        let blocker = Blocker {
+            session: row.blocker,
+            state: row.blocker_state,
+            in_state: millis(row.blocker_state_ms),
+            transaction_age: row.blocker_transaction_ms.map(millis),
+            query: row.blocker_query,
+        };
+        match waits.last_mut() {
+            Some(last) if last.session == row.session => last.blockers.push(blocker),
+            _ => waits.push(LockWait {
+                session: row.session,
+                waiting: millis(row.waiting_ms),
+                query: row.query,
+                lock_mode: row.lock_mode,
+                relation: row.relation,
+                blockers: vec![blocker],
+            }),
+        }
+    }
+    waits
+}
+
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[derive(diesel::QueryableByName)]
 struct SessionId {
@@ -139,7 +306,38 @@ mod postgres {
         query: String,
     }
 
+    /// The waiter's first lock not granted names the mode; its tuple lock (held
+    /// by the first in line, awaited by the others) names the table, since the
+    /// `transactionid` lock a row-lock waiter waits on has none.
+    const LOCK_WAITS: &str = "SELECT a.pid::bigint AS session, \
+            (EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(a.state_change, a.query_start)) * 1000)::bigint AS waiting_ms, \
+            COALESCE(a.query, '') AS query, \
+            w.locktype || ' ' || w.mode AS lock_mode, \
+            COALESCE(t.relation, w.relation)::regclass::text AS relation, \
+            blocking.pid::bigint AS blocker, \
+            COALESCE(b.state, '') AS blocker_state, \
+            COALESCE((EXTRACT(EPOCH FROM clock_timestamp() - b.state_change) * 1000)::bigint, 0) AS blocker_state_ms, \
+            (EXTRACT(EPOCH FROM clock_timestamp() - b.xact_start) * 1000)::bigint AS blocker_transaction_ms, \
+            COALESCE(b.query, '') AS blocker_query \
+       FROM pg_stat_activity a \
+      CROSS JOIN LATERAL unnest(pg_blocking_pids(a.pid)) AS blocking(pid) \
+       LEFT JOIN pg_stat_activity b ON b.pid = blocking.pid \
+       LEFT JOIN LATERAL (SELECT l.locktype, l.mode, l.relation FROM pg_locks l \
+                           WHERE l.pid = a.pid AND NOT l.granted LIMIT 1) w ON true \
+       LEFT JOIN LATERAL (SELECT l.relation FROM pg_locks l \
+                           WHERE l.pid = a.pid AND l.locktype = 'tuple' LIMIT 1) t ON true \
+      ORDER BY session, blocker";
+
     impl LockMonitor for Pg {
+        fn lock_waits<C>(conn: &mut C) -> diesel::QueryResult<Vec<LockWait>>
+        where
+            C: Connection<Backend = Self> + LoadConnection,
+        {
+            diesel::sql_query(LOCK_WAITS)
+                .load::<WaitRow>(conn)
+                .map(group_waits)
+        }
+
         fn session_id<C>(conn: &mut C) -> diesel::QueryResult<i64>
         where
             C: Connection<Backend = Self> + LoadConnection,
@@ -214,7 +412,35 @@ mod mysql {
        JOIN information_schema.INNODB_TRX b ON b.trx_id = w.BLOCKING_ENGINE_TRANSACTION_ID \
       ORDER BY session, blocker";
 
+    /// MariaDB's views; `PROCESSLIST.COMMAND` is `Sleep` between statements.
+    const LOCK_WAITS: &str = "SELECT CAST(r.trx_mysql_thread_id AS SIGNED) AS session, \
+            CAST(TIMESTAMPDIFF(MICROSECOND, r.trx_wait_started, NOW(6)) DIV 1000 AS SIGNED) AS waiting_ms, \
+            COALESCE(r.trx_query, '') AS query, \
+            CAST(CONCAT(rl.lock_type, ' ', rl.lock_mode) AS CHAR(64)) AS lock_mode, \
+            rl.lock_table AS relation, \
+            CAST(b.trx_mysql_thread_id AS SIGNED) AS blocker, \
+            CASE p.COMMAND WHEN 'Sleep' THEN 'idle in transaction' WHEN 'Query' THEN 'active' \
+                 ELSE COALESCE(LOWER(p.COMMAND), '') END AS blocker_state, \
+            CAST(COALESCE(p.TIME_MS, 0) AS SIGNED) AS blocker_state_ms, \
+            CAST(TIMESTAMPDIFF(MICROSECOND, b.trx_started, NOW(6)) DIV 1000 AS SIGNED) AS blocker_transaction_ms, \
+            COALESCE(b.trx_query, '') AS blocker_query \
+       FROM information_schema.INNODB_LOCK_WAITS w \
+       JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id \
+       JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id \
+       LEFT JOIN information_schema.INNODB_LOCKS rl ON rl.lock_id = w.requested_lock_id \
+       LEFT JOIN information_schema.PROCESSLIST p ON p.ID = b.trx_mysql_thread_id \
+      ORDER BY session, blocker";
+
     impl LockMonitor for Mysql {
+        fn lock_waits<C>(conn: &mut C) -> diesel::QueryResult<Vec<LockWait>>
+        where
+            C: Connection<Backend = Self> + LoadConnection,
+        {
+            diesel::sql_query(LOCK_WAITS)
+                .load::<WaitRow>(conn)
+                .map(group_waits)
+        }
+
         fn session_id<C>(conn: &mut C) -> diesel::QueryResult<i64>
         where
             C: Connection<Backend = Self> + LoadConnection,

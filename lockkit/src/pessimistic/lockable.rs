@@ -81,6 +81,7 @@ use diesel::{
 use super::connection::{AsLockingConnection, LockingConnection};
 use super::options::LockOptions;
 use super::row_lock::{EveryClause, ForUpdate, LockStrength, LockedCall, RowLock, WaitMode};
+use crate::transaction::{scope, Control};
 use crate::{classify, Error};
 
 /// `lock_all` sends at most this many keys per statement (SQLite's oldest limit
@@ -152,6 +153,111 @@ pub trait Lockable: Sized {
         F: FnOnce(&mut C::Conn, Self) -> Result<T, E>,
     {
         with_lock(conn, self.key(), LockOptions::default(), f)
+    }
+
+    /// Locks this row inside the caller's transaction and re-reads it into
+    /// `self`: Rails' `lock!`, Django's `select_for_update().get()`.
+    ///
+    /// ```sql
+    /// SELECT CAST(@@in_transaction AS SIGNED)   -- MariaDB only: is the transaction still open?
+    /// PRAGMA incremental_vacuum(1)             -- SQLite only: the database's write lock
+    /// SELECT items.id, .. FROM items WHERE items.id = $1 FOR UPDATE  -- SQLite: no clause
+    /// UPDATE items SET lock_version = lock_version + 1
+    ///  WHERE items.id = $1 AND items.lock_version = $2   -- Versioned models only
+    /// ```
+    ///
+    /// The lock is held until the transaction ends, so this must run inside one
+    /// (yours from Diesel's `conn.transaction`, or a lockkit one such as
+    /// [`locked_transaction`]): outside, the lock would be released as soon as
+    /// it was taken, and `lock` refuses with [`Error::NotInTransaction`] without
+    /// sending anything. Any unsaved changes on `self` are overwritten by the row
+    /// as it now is (the point of locking is to decide on the fresh row). On a
+    /// [`Versioned`](crate::Versioned) model the version advances, as with
+    /// [`with_lock`](Self::with_lock): an optimistic writer who read the row
+    /// before gets [`Error::Stale`], and `self` carries the new version.
+    ///
+    /// On MariaDB lockkit first asks the server whether the transaction Diesel
+    /// believes open still is (a deadlock ends InnoDB's transaction behind
+    /// Diesel's back); if not, [`Error::TransactionAborted`]: return it from
+    /// your transaction's closure. On PostgreSQL and SQLite Diesel's count of
+    /// open transactions is the answer.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::NotInTransaction`] outside a transaction; nothing is sent.
+    /// * [`Error::TransactionAborted`] (MariaDB) when the server already ended the
+    ///   transaction.
+    /// * [`Error::NotFound`] when the row is gone; `self` is left as it was.
+    /// * [`Error::LockTimeout`], [`Error::Deadlock`] (SQLite: [`Error::Busy`]) when
+    ///   waiting for the lock failed; the transaction should be rolled back.
+    /// * [`Error::VersionOverflow`] for a [`Versioned`](crate::Versioned) model at its
+    ///   version type's maximum.
+    /// * any other classified database error; see [`classify`](crate::classify()).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use diesel::prelude::*;
+    /// use lockkit::prelude::*;
+    /// # diesel::table! { items (id) { id -> Integer, stock -> Integer } }
+    /// # #[derive(Queryable, Selectable, lockkit::Lockable)]
+    /// # #[diesel(table_name = items)]
+    /// # pub struct Item { pub id: i32, pub stock: i32 }
+    /// # fn main() -> Result<(), lockkit::Error> {
+    /// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+    /// # diesel::sql_query("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL)").execute(&mut conn)?;
+    /// # diesel::sql_query("INSERT INTO items VALUES (1, 10)").execute(&mut conn)?;
+    /// let mut item = items::table.find(1).first::<Item>(&mut conn)?;
+    /// # diesel::sql_query("UPDATE items SET stock = 9").execute(&mut conn)?;
+    /// conn.transaction(|conn| {
+    ///     item.lock(conn)?; // the row as it is now, locked until COMMIT
+    ///     assert_eq!(item.stock, 9);
+    ///     diesel::update(items::table.find(item.id)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
+    ///     Ok::<_, lockkit::Error>(())
+    /// })?;
+    /// assert!(matches!(item.lock(&mut conn), Err(lockkit::Error::NotInTransaction)));
+    /// item.reload(&mut conn)?;
+    /// assert_eq!(item.stock, 8);
+    /// # Ok(()) }
+    /// ```
+    fn lock<C>(&mut self, conn: &mut C) -> Result<(), Error>
+    where
+        C: AsLockingConnection,
+        Self: LockRow<C::Conn>,
+    {
+        let conn = conn.locking_connection();
+        if !conn.in_transaction() {
+            return Err(Error::NotInTransaction);
+        }
+        if let Some(reason) = conn.transaction_ended(None) {
+            return Err(Error::TransactionAborted(Box::new(reason)));
+        }
+        conn.take_write_lock()?; // SQLite: a deferred transaction holds no lock yet
+        *self = lock_row(conn, self.key(), LockOptions::default())?;
+        Ok(())
+    }
+
+    /// Re-reads this row into `self`, without a lock: Rails' `reload`, Django's
+    /// `refresh_from_db`. Unsaved changes on `self` are overwritten.
+    ///
+    /// ```sql
+    /// SELECT items.id, .. FROM items WHERE items.id = $1
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::NotFound`] when the row is gone; `self` is left as it was.
+    /// * a classified database error; see [`classify`](crate::classify()).
+    fn reload<C>(&mut self, conn: &mut C) -> Result<(), Error>
+    where
+        C: AsLockingConnection,
+        Self: LockRow<C::Conn>,
+    {
+        let conn = conn.locking_connection();
+        *self = Self::load(conn, self.key())
+            .map_err(classify)?
+            .ok_or(Error::NotFound)?;
+        Ok(())
     }
 
     /// Locks the rows with these keys in ascending key order, in one statement,
@@ -275,6 +381,19 @@ pub trait Lockable: Sized {
             rows.append(&mut locked);
         }
         waited.acquired(Self::TABLE_NAME, rows.len());
+        if !rows.is_empty() {
+            scope::hold(
+                scope::conn_id(conn),
+                "row",
+                Self::TABLE_NAME,
+                || match keys.as_slice() {
+                    [first, .., last] if keys.len() > 8 => {
+                        format!("[{first:?} ..= {last:?}] ({} keys)", keys.len())
+                    }
+                    keys => format!("{keys:?}"),
+                },
+            );
+        }
         Ok(rows)
     }
 }
@@ -368,6 +487,9 @@ where
     let row = M::load_locked(conn, key.clone(), lock).map_err(|err| lock.wait.classify(err))?;
     if row.is_some() {
         crate::metrics::record_lock_acquired(M::TABLE_NAME, started.elapsed());
+        scope::hold(scope::conn_id(conn), "row", M::TABLE_NAME, || {
+            format!("{key:?}")
+        });
     }
     let mut row = match row {
         Some(row) => row,
@@ -440,6 +562,12 @@ pub trait LockRow<Conn: LockingConnection>: Lockable<OnLock: MarkLocked<Self, Co
     ///
     /// Diesel's error, unclassified.
     fn exists(conn: &mut Conn, key: Self::Key) -> diesel::QueryResult<bool>;
+    /// The row, read without a lock.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified.
+    fn load(conn: &mut Conn, key: Self::Key) -> diesel::QueryResult<Option<Self>>;
 }
 
 /// The locked read of one row, under whichever clause lockkit picks for the
@@ -489,11 +617,12 @@ macro_rules! lock_row_on {
             }
 
             fn exists(conn: &mut $conn, key: M::Key) -> diesel::QueryResult<bool> {
+                Self::load(conn, key).map(|row| row.is_some())
+            }
+
+            fn load(conn: &mut $conn, key: M::Key) -> diesel::QueryResult<Option<M>> {
                 let query = M::Table::default().find(key).select(M::as_select());
-                query
-                    .get_result::<M>(conn)
-                    .optional()
-                    .map(|row| row.is_some())
+                query.get_result::<M>(conn).optional()
             }
         }
 

@@ -2,13 +2,13 @@
 //!
 //! | file | what it holds |
 //! | --- | --- |
-//! | [`lockable`] | [`Lockable::with_lock`], [`Lockable::lock_all`], [`locked_transaction`] (start here) |
+//! | [`lockable`] | [`Lockable::with_lock`], [`Lockable::lock`] and [`Lockable::reload`], [`Lockable::lock_all`], [`locked_transaction`] (start here) |
 //! | [`options`] | [`LockOptions`]: strength, `NOWAIT`, `SKIP LOCKED`, lock timeout |
 //! | [`row_lock`] | the row-lock clause ([`RowLock`], and the common ones as types: [`row_lock::LockClause`]) and the query extensions of [`LockQueryExt`] |
 //! | [`connection`] | [`LockingConnection`]: what each backend does to begin a locking transaction and bound its wait |
 //! | [`queue`] | work queues with `FOR UPDATE SKIP LOCKED` |
 //! | [`advisory`] | advisory locks: one job at a time without a row |
-//! | [`lock_waits`] | who is waiting on whom, right now |
+//! | [`lock_waits`] | who is waiting on whom, right now, and what the blockers are doing |
 
 pub mod advisory;
 pub mod connection;

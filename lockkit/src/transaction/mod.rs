@@ -13,6 +13,10 @@
 //!   (InnoDB does on a deadlock): [`Error::TransactionAborted`], not retryable,
 //!   for the owner of the outermost transaction; see
 //!   [`connection`](crate::pessimistic::connection#when-the-server-aborts-the-whole-transaction).
+//!
+//! While the closure runs, the transaction's [`scope`] gathers the work queued
+//! with [`after_commit`] and the locks taken, so that [`finish`] can run the one
+//! after `COMMIT` and measure how long the others were held.
 
 // Without a backend feature no connection implements the per-connection traits,
 // and the pieces they are built from go unused.
@@ -21,7 +25,9 @@
     allow(unused_imports, dead_code)
 )]
 
+mod after_commit;
 mod panic_guard;
+pub(crate) mod scope;
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use diesel::connection::AnsiTransactionManager;
@@ -31,6 +37,7 @@ use diesel::Connection;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use crate::multi::Reach;
 
+pub use after_commit::after_commit;
 pub(crate) use panic_guard::PanicGuard;
 
 use crate::Error;
@@ -131,7 +138,9 @@ where
     C: Control,
     E: From<Error>,
 {
-    guard.resume();
+    // Committed (or the savepoint released) as soon as the work succeeded: a
+    // failure to put a session setting back afterwards undoes nothing.
+    guard.resume(result.is_ok());
     let failure = match (result, restored) {
         (Ok(value), None | Some(Ok(()))) => return Ok(value),
         (Ok(_), Some(Err(err))) => Failure::Lockkit(crate::classify(err)),

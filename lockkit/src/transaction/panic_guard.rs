@@ -1,32 +1,52 @@
 //! The panic guard of every lockkit transaction.
 
+use diesel::connection::TransactionManager;
+use diesel::Connection;
+
+use super::scope::{self, Scope};
 use super::Failure;
 
 /// Catches a panic in a closure run inside a transaction, so that the transaction
 /// is rolled back before the panic goes on: the connection is then left usable,
 /// with no transaction open (and a pooled one is not returned mid-transaction).
+///
+/// It also opens the transaction's [`scope`] while the closure runs, and keeps it
+/// for [`finish`](super::finish) to end.
 #[derive(Default)]
-pub(crate) struct PanicGuard(Option<Box<dyn std::any::Any + Send + 'static>>);
+pub(crate) struct PanicGuard {
+    panic: Option<Box<dyn std::any::Any + Send + 'static>>,
+    scope: Option<Scope>,
+}
 
 impl PanicGuard {
-    /// Runs `f`; a panic becomes an error that makes Diesel roll back.
-    pub(crate) fn call<C, T, E>(
+    /// Runs `f` (inside the transaction it guards); a panic becomes an error that
+    /// makes Diesel roll back.
+    pub(crate) fn call<C: Connection, T, E>(
         &mut self,
         conn: &mut C,
         f: impl FnOnce(&mut C) -> Result<T, Failure<E>>,
     ) -> Result<T, Failure<E>> {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(conn))) {
+        let depth = C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth();
+        let outermost = matches!(depth, Ok(Some(depth)) if depth.get() == 1);
+        scope::enter(scope::conn_id(conn), outermost);
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(conn)));
+        self.scope = scope::leave();
+        match result {
             Ok(result) => result,
             Err(payload) => {
-                self.0 = Some(payload);
+                self.panic = Some(payload);
                 Err(Failure::Diesel(diesel::result::Error::RollbackTransaction))
             }
         }
     }
 
-    /// Goes on with the caught panic, if there was one (after the rollback).
-    pub(crate) fn resume(self) {
-        if let Some(payload) = self.0 {
+    /// Ends the transaction's scope (`committed`: it committed, or its savepoint
+    /// was released), then goes on with the caught panic, if there was one.
+    pub(crate) fn resume(self, committed: bool) {
+        if let Some(scope) = self.scope {
+            scope.end(committed && self.panic.is_none());
+        }
+        if let Some(payload) = self.panic {
             std::panic::resume_unwind(payload);
         }
     }

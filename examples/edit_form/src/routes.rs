@@ -1,0 +1,118 @@
+//! The axum handlers: the edit page, and the save that is refused when the
+//! version in the form is no longer the row's.
+
+use axum::extract::{Form, Path, State};
+use axum::http::{StatusCode, Uri};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::get;
+use axum::Router;
+use diesel::prelude::*;
+use lockkit::Versioned;
+
+use crate::merge::{merge, Fields, Submitted};
+use crate::pages;
+use crate::schema::{items, Item, Pool};
+
+/// The routes: `GET /items/{id}/edit`, `POST /items/{id}`.
+pub fn app(pool: Pool) -> Router {
+    Router::new()
+        .route("/items/{id}/edit", get(edit))
+        .route("/items/{id}", axum::routing::post(save))
+        .with_state(pool)
+}
+
+/// Why a request failed, as the page it gets.
+#[derive(Debug)]
+enum Failure {
+    NotFound,
+    Unavailable(String),
+}
+
+impl Failure {
+    fn unavailable(err: &dyn std::fmt::Display) -> Failure {
+        Failure::Unavailable(err.to_string())
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        let (status, body) = match self {
+            Failure::NotFound => (
+                StatusCode::NOT_FOUND,
+                pages::message("Not found", "No such item (it may have been deleted)."),
+            ),
+            Failure::Unavailable(err) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                pages::message("Try again", &format!("The database is busy: {err}")),
+            ),
+        };
+        (status, Html(body)).into_response()
+    }
+}
+
+/// Runs blocking database work off the async threads.
+async fn blocking<T: Send + 'static>(
+    pool: Pool,
+    work: impl FnOnce(&mut SqliteConnection) -> Result<T, Failure> + Send + 'static,
+) -> Result<T, Failure> {
+    tokio::task::spawn_blocking(move || {
+        let mut conn = pool.get().map_err(|err| Failure::unavailable(&err))?;
+        work(&mut conn)
+    })
+    .await
+    .map_err(|err| Failure::unavailable(&err))?
+}
+
+fn load(conn: &mut SqliteConnection, id: i32) -> Result<Item, Failure> {
+    items::table
+        .find(id)
+        .select(Item::as_select())
+        .first(conn)
+        .optional()
+        .map_err(|err| Failure::unavailable(&err))?
+        .ok_or(Failure::NotFound)
+}
+
+async fn edit(State(pool): State<Pool>, Path(id): Path<i32>, uri: Uri) -> Response {
+    let saved = uri.query() == Some("saved=1");
+    match blocking(pool, move |conn| load(conn, id)).await {
+        Ok(item) => Html(pages::edit(&item, saved)).into_response(),
+        Err(failure) => failure.into_response(),
+    }
+}
+
+/// `UPDATE items SET name = ?, stock = ?, lock_version = lock_version + 1
+///  WHERE id = ? AND lock_version = ?`: saved, or a conflict page (409).
+async fn save(
+    State(pool): State<Pool>,
+    Path(id): Path<i32>,
+    Form(form): Form<Submitted>,
+) -> Response {
+    let result = blocking(pool, move |conn| {
+        let mine = form.mine();
+        let changes = (
+            items::name.eq(mine.name.clone()),
+            items::stock.eq(mine.stock),
+        );
+        match Item::update_by_version(conn, id, form.lock_version, changes) {
+            Ok(_) => Ok(None),
+            Err(lockkit::Error::Stale(_)) => {
+                // Someone saved since this form was rendered: nothing was written.
+                let current = load(conn, id)?;
+                let now = Fields {
+                    name: current.name.clone(),
+                    stock: current.stock,
+                };
+                let merged = merge(&form.original(), &mine, &now);
+                Ok(Some(pages::conflict(&mine, &current, &merged)))
+            }
+            Err(err) => Err(Failure::unavailable(&err)),
+        }
+    })
+    .await;
+    match result {
+        Ok(None) => Redirect::to(&format!("/items/{id}/edit?saved=1")).into_response(),
+        Ok(Some(conflict)) => (StatusCode::CONFLICT, Html(conflict)).into_response(),
+        Err(failure) => failure.into_response(),
+    }
+}

@@ -1,0 +1,136 @@
+//! What a lockkit transaction gathers while its closure runs, for the moment it
+//! ends: the work queued with [`after_commit`](crate::after_commit) and the locks
+//! taken in it, whose hold time is measured from the lock to the end of the
+//! outermost transaction.
+//!
+//! The scopes open on a thread form a stack; each belongs to one connection
+//! (told apart by its address, stable while the transaction borrows it). A nested
+//! scope (a savepoint) hands what it gathered to the scope around it on the same
+//! connection: the work only if the savepoint was released, the locks always
+//! (a rollback to a savepoint does not release InnoDB's row locks, and lockkit
+//! measures up to the end of the outermost transaction in every case). The
+//! outermost scope runs the work after `COMMIT` and records the hold times after
+//! `COMMIT` or `ROLLBACK`.
+
+use std::cell::RefCell;
+use std::time::Instant;
+
+/// Work to run after the outermost transaction commits.
+pub(crate) type Work = Box<dyn FnOnce()>;
+
+/// A lock taken inside a scope.
+struct Held {
+    kind: &'static str,
+    table: &'static str,
+    key: String,
+    since: Instant,
+}
+
+/// One lockkit transaction in progress on this thread.
+pub(crate) struct Scope {
+    conn: usize,
+    outermost: bool,
+    work: Vec<Work>,
+    held: Vec<Held>,
+}
+
+thread_local! {
+    static SCOPES: RefCell<Vec<Scope>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A connection's identity while it is borrowed: its address.
+pub(crate) fn conn_id<C: ?Sized>(conn: &C) -> usize {
+    std::ptr::from_ref(conn).cast::<u8>() as usize
+}
+
+/// Opens the scope of a transaction on `conn` (`outermost` when no transaction
+/// was open before it).
+pub(crate) fn enter(conn: usize, outermost: bool) {
+    SCOPES.with_borrow_mut(|scopes| {
+        scopes.push(Scope {
+            conn,
+            outermost,
+            work: Vec::new(),
+            held: Vec::new(),
+        });
+    });
+}
+
+/// Closes the innermost scope, which `enter` opened, and returns it.
+pub(crate) fn leave() -> Option<Scope> {
+    SCOPES.with_borrow_mut(Vec::pop)
+}
+
+/// Queues `work` in the innermost scope on `conn`, if the outermost transaction
+/// on `conn` is lockkit's (only then does lockkit see the `COMMIT` that must come
+/// first); hands `work` back otherwise.
+pub(crate) fn queue(conn: usize, work: Work) -> Result<(), Work> {
+    SCOPES.with_borrow_mut(|scopes| {
+        let mut on_conn = scopes.iter_mut().filter(|scope| scope.conn == conn);
+        match on_conn.next() {
+            Some(first) if first.outermost => {
+                let innermost = on_conn.last().unwrap_or(first);
+                innermost.work.push(work);
+                Ok(())
+            }
+            _ => Err(work),
+        }
+    })
+}
+
+/// Notes a lock taken on `conn` just now, if a lockkit transaction is open on it.
+pub(crate) fn hold(
+    conn: usize,
+    kind: &'static str,
+    table: &'static str,
+    key: impl FnOnce() -> String,
+) {
+    SCOPES.with_borrow_mut(|scopes| {
+        if let Some(scope) = scopes.iter_mut().rev().find(|scope| scope.conn == conn) {
+            scope.held.push(Held {
+                kind,
+                table,
+                key: key(),
+                since: Instant::now(),
+            });
+        }
+    });
+}
+
+impl Scope {
+    /// Ends the scope after its transaction (or savepoint) committed or rolled
+    /// back: see the [module docs](self).
+    pub(crate) fn end(self, committed: bool) {
+        let Scope {
+            conn,
+            outermost,
+            work,
+            held,
+        } = self;
+        if !outermost {
+            SCOPES.with_borrow_mut(|scopes| {
+                if let Some(outer) = scopes.iter_mut().rev().find(|scope| scope.conn == conn) {
+                    if committed {
+                        outer.work.extend(work);
+                    }
+                    outer.held.extend(held);
+                }
+            });
+            return;
+        }
+        for lock in held {
+            crate::metrics::record_lock_held(
+                lock.kind,
+                lock.table,
+                &lock.key,
+                lock.since.elapsed(),
+            );
+        }
+        if committed {
+            // Outside the thread-local's borrow: the work may open transactions.
+            for work in work {
+                work();
+            }
+        }
+    }
+}
