@@ -129,11 +129,13 @@ pub use http::axum;
 pub use http::etag;
 #[cfg(feature = "idempotency")]
 pub use http::idempotency;
-pub use optimistic::{atomic, journal, version_trigger};
+pub use optimistic::{atomic, compare_and_set, journal, version_trigger};
 pub use pessimistic::{advisory, lock_waits, queue};
 
 pub use error::{classify, classify_nowait};
-pub use error::{CurrentState, Error, Operation, Result, StaleObjectError};
+pub use error::{
+    ColumnValue, CurrentState, Error, Operation, Result, StaleColumnsError, StaleObjectError,
+};
 pub use isolation::serializable;
 pub use optimistic::{VersionNumber, Versioned};
 pub use pessimistic::{locked_transaction, with_lock, Lockable};

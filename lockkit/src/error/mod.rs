@@ -32,6 +32,12 @@ pub enum Error {
     #[error(transparent)]
     Stale(#[from] StaleObjectError),
 
+    /// A compare-and-set ([`compare_and_set`](crate::compare_and_set)) matched no
+    /// row: an expected column no longer holds the value read, or the row is gone.
+    /// Nothing was written.
+    #[error(transparent)]
+    StaleColumns(StaleColumnsError),
+
     /// A versioned bulk update found these rows changed; nothing was written.
     /// See [`Versioned::update_all_by_version`](crate::Versioned::update_all_by_version).
     #[error("{} of the rows were changed by someone else; nothing was written: {}", .0.len(), stale_keys(.0))]
@@ -180,7 +186,7 @@ pub enum Error {
 impl Error {
     /// Whether running the same work again (after re-reading) may succeed.
     ///
-    /// True for [`Stale`](Error::Stale), [`Busy`](Error::Busy),
+    /// True for [`Stale`](Error::Stale), [`StaleColumns`](Error::StaleColumns), [`Busy`](Error::Busy),
     /// [`LockTimeout`](Error::LockTimeout), [`Deadlock`](Error::Deadlock) and
     /// [`SerializationFailure`](Error::SerializationFailure): they are caused by
     /// other transactions and go away when those finish. Not
@@ -190,6 +196,7 @@ impl Error {
         matches!(
             self,
             Error::Stale(_)
+                | Error::StaleColumns(_)
                 | Error::StaleRows(_)
                 | Error::Busy
                 | Error::LockTimeout
@@ -314,6 +321,74 @@ impl fmt::Display for CurrentState {
                 "found {v}, behind this struct (its version was never committed: reload the row)"
             ),
         }
+    }
+}
+
+/// A compare-and-set matched no row ([`Error::StaleColumns`]): what each expected
+/// column was expected to hold and what it holds now.
+///
+/// Nothing was written. The values are formatted with `Debug` (`"pending"`, `7`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("stale compare-and-set of {table} {key}: {}", describe_columns(self))]
+#[non_exhaustive]
+pub struct StaleColumnsError {
+    /// The table's name.
+    pub table: &'static str,
+    /// The primary key, formatted with `Debug`.
+    pub key: String,
+    /// Whether the row is gone (then every `current` is `None`).
+    pub deleted: bool,
+    /// Every expected column, in the order given.
+    pub columns: Vec<ColumnValue>,
+}
+
+impl StaleColumnsError {
+    /// The columns that no longer hold their expected value (empty when the row
+    /// is gone, or when a column changed and changed back before the read).
+    pub fn changed(&self) -> impl Iterator<Item = &ColumnValue> {
+        self.columns
+            .iter()
+            .filter(|c| c.current.as_ref().is_some_and(|now| *now != c.expected))
+    }
+}
+
+/// One column of a [`StaleColumnsError`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ColumnValue {
+    /// The column's name.
+    pub column: &'static str,
+    /// The value the write expected, formatted with `Debug`.
+    pub expected: String,
+    /// The value found after the refused write, formatted with `Debug`; `None`
+    /// when the row is gone.
+    pub current: Option<String>,
+}
+
+fn describe_columns(stale: &StaleColumnsError) -> String {
+    if stale.deleted {
+        let names: Vec<String> = stale
+            .columns
+            .iter()
+            .map(|c| format!("{} = {}", c.column, c.expected))
+            .collect();
+        return format!("expected {}, but the row was deleted", names.join(", "));
+    }
+    let changed: Vec<String> = stale
+        .changed()
+        .map(|c| {
+            format!(
+                "{} = {}, found {}",
+                c.column,
+                c.expected,
+                c.current.as_deref().unwrap_or("")
+            )
+        })
+        .collect();
+    if changed.is_empty() {
+        "the expected values changed and changed back before they were read".to_owned()
+    } else {
+        format!("expected {}", changed.join("; expected "))
     }
 }
 

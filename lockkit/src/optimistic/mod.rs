@@ -9,6 +9,7 @@
 //! | [`backend`] | what each backend adds: key uniqueness, reading the latest committed version |
 //! | [`journal`] | versions written inside transactions that rolled back |
 //! | [`atomic`] | conditional single-statement updates, for tables without a version column |
+//! | [`compare_and_set`] | writes checked against chosen columns, for tables without a version column |
 //! | [`version_trigger`] | database triggers for writers that bypass lockkit |
 //!
 //! Versions are checked in SQL (`WHERE lock_version = $read`), so they hold across
@@ -16,6 +17,7 @@
 
 pub mod atomic;
 pub mod backend;
+pub mod compare_and_set;
 pub mod journal;
 pub mod statement;
 pub mod version;
