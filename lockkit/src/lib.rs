@@ -234,6 +234,7 @@ pub mod __private {
     //! Every path the derive's generated code uses, so that lockkit's modules can
     //! move without touching the derive. Not public API.
     pub use crate::optimistic::statement::{BySql, ByType};
+    pub use crate::optimistic::updated_at::{NoUpdatedAt, SetUpdatedAt};
     pub use crate::optimistic::BumpVersion;
     pub use crate::pessimistic::NoVersion;
     pub use crate::{Lockable, Versioned};

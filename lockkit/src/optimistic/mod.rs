@@ -5,6 +5,7 @@
 //! | [`versioned`] | the [`Versioned`] model trait and its version-checked writes (start here) |
 //! | [`statement`] | the `UPDATE` of a versioned write, which Diesel prepares once per connection |
 //! | [`version_check`] | the one write sequence every versioned write runs, and what a stale write reports |
+//! | [`updated_at`] | the `updated_at` column every versioned write sets to the database's clock |
 //! | [`version`] | the integer types a version column may have, and their limit |
 //! | [`backend`] | what each backend adds: key uniqueness, reading the latest committed version |
 //! | [`journal`] | versions written inside transactions that rolled back |
@@ -20,6 +21,7 @@ pub mod backend;
 pub mod compare_and_set;
 pub mod journal;
 pub mod statement;
+pub mod updated_at;
 pub mod version;
 pub mod version_check;
 pub mod version_trigger;

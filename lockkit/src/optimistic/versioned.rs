@@ -57,7 +57,7 @@
 //! ```
 
 use diesel::dsl::{self, Find};
-use diesel::query_builder::{AsChangeset, AsQuery, IntoUpdateTarget};
+use diesel::query_builder::{AsChangeset, AsQuery, IntoUpdateTarget, QueryId};
 use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, FindDsl};
 use diesel::{Column, Connection};
 
@@ -88,6 +88,11 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     type Changeset<'a>: AsChangeset<Target = Self::Table> + CacheKey
     where
         Self: 'a;
+    /// What every versioned write sets besides the version:
+    /// [`SetUpdatedAt`](crate::optimistic::updated_at::SetUpdatedAt) for a
+    /// `#[lockkit(updated_at)]` field (`updated_at = CURRENT_TIMESTAMP`), else
+    /// [`NoUpdatedAt`](crate::optimistic::updated_at::NoUpdatedAt) (nothing).
+    type UpdatedAt: AsChangeset<Target = Self::Table> + QueryId + Default;
 
     /// The version this row was read at.
     fn version(&self) -> Self::Version;
