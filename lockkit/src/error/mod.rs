@@ -22,7 +22,9 @@ pub mod classification;
 
 pub use classification::{classify, classify_nowait};
 
+use std::any::Any;
 use std::fmt;
+use std::sync::Arc;
 
 /// Everything that can go wrong in lockkit.
 #[derive(Debug, thiserror::Error)]
@@ -205,6 +207,38 @@ impl Error {
         )
     }
 
+    /// Attaches what the writer tried to write to a stale-write report
+    /// ([`StaleObjectError::record`]); `record` runs only for [`Error::Stale`], and
+    /// any other error is returned unchanged.
+    ///
+    /// ```
+    /// # use diesel::prelude::*;
+    /// # use lockkit::prelude::*;
+    /// # diesel::table! { items (id) { id -> Integer, stock -> Integer, lock_version -> Integer } }
+    /// # #[derive(Queryable, Selectable, Versioned)]
+    /// # #[diesel(table_name = items)]
+    /// # pub struct Item { pub id: i32, pub stock: i32, pub lock_version: i32 }
+    /// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+    /// # diesel::sql_query("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL)").execute(&mut conn).unwrap();
+    /// # diesel::sql_query("INSERT INTO items VALUES (1, 10, 3)").execute(&mut conn).unwrap();
+    /// #[derive(Debug, PartialEq)]
+    /// struct Form { stock: i32, version: i32 }
+    ///
+    /// let form = Form { stock: 4, version: 2 }; // the user saw version 2
+    /// let err = Item::update_by_version(&mut conn, 1, form.version, items::stock.eq(form.stock))
+    ///     .map_err(|e| e.with_record(|| form))
+    ///     .unwrap_err();
+    /// let stale = err.as_stale().unwrap();
+    /// assert_eq!(stale.record::<Form>(), Some(&Form { stock: 4, version: 2 }));
+    /// ```
+    #[must_use]
+    pub fn with_record<M: Any + Send + Sync>(self, record: impl FnOnce() -> M) -> Self {
+        match self {
+            Error::Stale(stale) => Error::Stale(stale.with_record(record())),
+            other => other,
+        }
+    }
+
     /// The stale-write report, if this is [`Error::Stale`].
     pub fn as_stale(&self) -> Option<&StaleObjectError> {
         match self {
@@ -287,6 +321,10 @@ pub struct StaleObjectError {
     pub expected_version: i64,
     /// What is in the database now.
     pub current: CurrentState,
+    /// What the losing writer tried to write (Rails' `StaleObjectError#record`),
+    /// when the call attached it: [`Versioned::update_versioned_recorded`](crate::Versioned::update_versioned_recorded)
+    /// or [`Error::with_record`]. Read it with [`record`](Self::record).
+    pub record: Option<StaleRecord>,
 }
 
 impl StaleObjectError {
@@ -306,9 +344,59 @@ impl StaleObjectError {
             operation,
             expected_version,
             current,
+            record: None,
         }
     }
+
+    /// What the losing writer tried to write, if it was attached and is an `M`:
+    /// for a merge UI that shows the user's values next to the row's current ones.
+    pub fn record<M: Any>(&self) -> Option<&M> {
+        self.record.as_ref()?.value.downcast_ref()
+    }
+
+    /// This report with `record` attached as what the writer tried to write.
+    #[must_use]
+    pub fn with_record<M: Any + Send + Sync>(mut self, record: M) -> Self {
+        self.record = Some(StaleRecord {
+            value: Arc::new(record),
+            type_name: std::any::type_name::<M>(),
+        });
+        self
+    }
 }
+
+/// What a losing writer tried to write, carried by a [`StaleObjectError`].
+///
+/// Type-erased, so that [`Error`] stays one non-generic type and `?` keeps
+/// working: get it back as the type you attached with
+/// [`StaleObjectError::record`]. Cloning it shares the record. Two are equal
+/// only when they are the same attached record (the record need not be `Eq`).
+#[derive(Clone)]
+pub struct StaleRecord {
+    value: Arc<dyn Any + Send + Sync>,
+    type_name: &'static str,
+}
+
+impl StaleRecord {
+    /// The Rust type of the record, as `std::any::type_name` prints it.
+    pub fn type_name(&self) -> &'static str {
+        self.type_name
+    }
+}
+
+impl fmt::Debug for StaleRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("StaleRecord").field(&self.type_name).finish()
+    }
+}
+
+impl PartialEq for StaleRecord {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.value, &other.value)
+    }
+}
+
+impl Eq for StaleRecord {}
 
 impl fmt::Display for CurrentState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -408,6 +496,7 @@ mod tests {
             operation: Operation::Update,
             expected_version: 3,
             current: CurrentState::Version(4),
+            record: None,
         });
         assert_eq!(
             err.to_string(),

@@ -785,6 +785,7 @@ mod tests {
             operation: crate::Operation::Update,
             expected_version: 3,
             current: CurrentState::Version(4),
+            record: None,
         });
         let problem = Problem::from_error(&stale);
         assert_eq!(

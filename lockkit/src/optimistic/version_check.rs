@@ -374,6 +374,7 @@ where
         operation,
         expected_version: expected.to_i64(),
         current,
+        record: None,
     };
     crate::metrics::record_stale(
         stale.table,
