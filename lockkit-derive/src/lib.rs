@@ -96,6 +96,8 @@ use proc_macro::TokenStream;
 ///     // `ByType`: Diesel prepares the UPDATE once per connection, keyed by type
 ///     // (`BySql`, keyed by its SQL text, when an `Option` field is skipped when `None`).
 ///     type Changeset<'a> = ByType<(Eq<items::name, &'a String>,)> where Self: 'a;
+///     // `SetUpdatedAt<items::updated_at>` for a `#[lockkit(updated_at)]` field.
+///     type UpdatedAt = NoUpdatedAt<items::table>;
 ///     fn version(&self) -> i32 {
 ///         self.lock_version
 ///     }

@@ -210,11 +210,14 @@ pub use lockkit_derive::Lockable;
 /// The traits whose methods you call: `use lockkit::prelude::*;`.
 ///
 /// [`Versioned`] (the version-checked writes), [`Lockable`] (`with_lock`,
-/// `lock_all`) and [`LockQueryExt`] (`.nowait()`, `.for_update_of(..)`), with the
+/// `lock_all`), [`CompareAndSet`](compare_and_set::CompareAndSet)
+/// (`Model::compare_and_set`) and [`LockQueryExt`] (`.nowait()`,
+/// `.for_update_of(..)`), with the
 /// derives of the same names. The traits those methods require are in
 /// [`bounds`], to be named only in `where` clauses
 /// (`M: lockkit::bounds::LockRow<C>`).
 pub mod prelude {
+    pub use crate::compare_and_set::CompareAndSet;
     pub use crate::{LockQueryExt, Lockable, Versioned};
 }
 

@@ -7,7 +7,7 @@ use std::sync::Barrier;
 use std::thread;
 
 use diesel::prelude::*;
-use lockkit::compare_and_set::{expect, CompareAndSet};
+use lockkit::compare_and_set::expect;
 use lockkit::prelude::*;
 use lockkit::Error;
 use lockkit_tests::exec;

@@ -31,7 +31,7 @@
 //!
 //! ```
 //! use diesel::prelude::*;
-//! use lockkit::compare_and_set::{expect, CompareAndSet};
+//! use lockkit::compare_and_set::expect;
 //! use lockkit::prelude::*;
 //!
 //! diesel::table! { orders (id) { id -> Integer, state -> Text, total -> Integer } }
