@@ -63,6 +63,12 @@ lockkit_tests::backend_tests! {
         assert_eq!(stored.state, "paid");
         // The other row is untouched.
         assert_eq!(payments::table.find(6).select(payments::state).first::<String>(&mut conn).unwrap(), "pending");
+
+        // On an r2d2 pooled connection too, refusal included.
+        let mut pooled = db.conn();
+        Payment::compare_and_set(&mut pooled, 6, expect(payments::state, "pending".to_owned()), payments::state.eq("paid")).unwrap();
+        let again = Payment::compare_and_set(&mut pooled, 6, expect(payments::state, "pending".to_owned()), payments::state.eq("paid"));
+        assert!(matches!(again, Err(Error::StaleColumns(_))));
     }
 
     fn a_moved_column_is_refused_and_named_with_both_values(db) {

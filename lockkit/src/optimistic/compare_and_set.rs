@@ -252,6 +252,11 @@ expectations_tuple!(A B C D E F);
 pub trait CompareAndSet: Lockable {
     /// `UPDATE <table> SET <changes> WHERE <key> AND <expected columns hold the
     /// expected values>`, in one statement, without reading first.
+    /// Returns the number of rows written: 1, unless the database does not enforce
+    /// the declared key (unlike versioned writes, this call does not check it).
+    ///
+    /// Runs on `PgConnection`, `MysqlConnection` and `SqliteConnection` (and r2d2
+    /// pooled connections to them), not on a `MultiConnection` enum.
     ///
     /// On a versioned table this does not bump the version: an editor who read the
     /// row before does not see this write (use
