@@ -44,8 +44,11 @@ pub struct Model<'a> {
 
 pub struct Versioning<'a> {
     pub version: &'a ModelField<'a>,
-    /// Fields written by `update_versioned`: not a key, not the version, not `skip_update`.
+    /// Fields written by `update_versioned`: not a key, not the version, not
+    /// `skip_update`, `no_bump` or `updated_at`.
     pub changeset: Vec<&'a ModelField<'a>>,
+    /// The field every versioned write sets to the database's clock.
+    pub updated_at: Option<&'a ModelField<'a>>,
 }
 
 pub struct ModelField<'a> {
@@ -59,6 +62,8 @@ pub struct ModelField<'a> {
     pub skip_update: bool,
     pub unsupported: Option<Located<Ident>>,
     pub marked_version: Option<Located<Ident>>,
+    pub no_bump: Option<Located<Ident>>,
+    pub updated_at: Option<Located<Ident>>,
 }
 
 /// Reads the fields; the model borrows them, so they are built first.
@@ -127,6 +132,8 @@ pub fn fields<'a>(
                 skip_update: diesel.skip_update,
                 unsupported: diesel.unsupported,
                 marked_version: lockkit.version,
+                no_bump: lockkit.no_bump,
+                updated_at: lockkit.updated_at,
             }
         })
         .collect();
@@ -186,11 +193,12 @@ pub fn model<'a>(
         Derive::Versioned => Some(versioning(cx, input, fields, &keys)?),
         Derive::Lockable => {
             for field in fields {
-                if let Some(marker) = &field.marked_version {
+                let markers = [&field.marked_version, &field.no_bump, &field.updated_at];
+                for marker in markers.into_iter().flatten() {
                     cx.error_with_help(
                         marker.pos,
                         &marker.value,
-                        "`#[lockkit(version)]` has no effect on `Lockable`",
+                        format!("`#[lockkit({})]` has no effect on `Lockable`", marker.value),
                         "write `#[derive(Versioned)]` instead: it implements `Lockable` too",
                     );
                 }
@@ -223,11 +231,12 @@ fn versioning<'a>(
         );
     }
     check_version_type(cx, version);
+    let updated_at = check_unversioned_fields(cx, fields, version, keys);
 
     let changeset = fields
         .iter()
         .filter(|f| f.ident != version.ident && !keys.iter().any(|k| k.ident == f.ident))
-        .filter(|f| !f.skip_update)
+        .filter(|f| !f.skip_update && f.no_bump.is_none() && f.updated_at.is_none())
         .collect::<Vec<_>>();
     for field in &changeset {
         if let Some(kind) = &field.unsupported {
@@ -243,7 +252,77 @@ fn versioning<'a>(
         }
     }
 
-    Some(Versioning { version, changeset })
+    Some(Versioning {
+        version,
+        changeset,
+        updated_at,
+    })
+}
+
+/// `no_bump` and `updated_at`: on neither the version nor a key, not both on one
+/// field, `updated_at` on one field. Returns the `updated_at` field.
+fn check_unversioned_fields<'a>(
+    cx: &mut Ctxt,
+    fields: &'a [ModelField<'a>],
+    version: &ModelField<'_>,
+    keys: &[&ModelField<'_>],
+) -> Option<&'a ModelField<'a>> {
+    let mut updated_at = None;
+    for field in fields {
+        let is_version = field.ident == version.ident;
+        let is_key = keys.iter().any(|k| k.ident == field.ident);
+        if let Some(marker) = &field.no_bump {
+            if is_version {
+                cx.error_with_help(
+                    marker.pos,
+                    &marker.value,
+                    "the version field cannot be `no_bump`: it is what every versioned write bumps",
+                    "remove `#[lockkit(no_bump)]` here; put it on counter or timestamp fields",
+                );
+            } else if is_key {
+                cx.error_with_help(
+                    marker.pos,
+                    &marker.value,
+                    "`#[lockkit(no_bump)]` has no effect on a primary key field: lockkit never writes the key",
+                    "remove `#[lockkit(no_bump)]` here",
+                );
+            } else if field.updated_at.is_some() {
+                cx.error_with_help(
+                    marker.pos,
+                    &marker.value,
+                    "a field cannot be both `no_bump` and `updated_at`: every versioned write sets `updated_at`",
+                    "keep one of `#[lockkit(no_bump)]` and `#[lockkit(updated_at)]`",
+                );
+            }
+        }
+        if let Some(marker) = &field.updated_at {
+            if is_version || is_key {
+                cx.error_with_help(
+                    marker.pos,
+                    &marker.value,
+                    format!(
+                        "`#[lockkit(updated_at)]` cannot be on the {}",
+                        if is_version {
+                            "version field"
+                        } else {
+                            "primary key"
+                        }
+                    ),
+                    "put it on a timestamp field, such as `updated_at: Option<NaiveDateTime>`",
+                );
+            } else if updated_at.is_some() {
+                cx.error_with_help(
+                    marker.pos,
+                    &marker.value,
+                    "more than one field is marked `#[lockkit(updated_at)]`",
+                    "keep `#[lockkit(updated_at)]` on one field only",
+                );
+            } else {
+                updated_at = Some(field);
+            }
+        }
+    }
+    updated_at
 }
 
 fn version_field<'a>(

@@ -13,6 +13,12 @@ pub const LOCKKIT: &str = "lockkit";
 pub const DIESEL: &str = "diesel";
 /// `#[lockkit(version)]` on a field: this is the version column.
 pub const VERSION: &str = "version";
+/// `#[lockkit(no_bump)]` on a field: `update_versioned` leaves it out, so that
+/// writes of it (counters, timestamps) need not move the version.
+pub const NO_BUMP: &str = "no_bump";
+/// `#[lockkit(updated_at)]` on a field: every versioned write sets it to the
+/// database's clock.
+pub const UPDATED_AT: &str = "updated_at";
 /// The field used as the version when none is marked.
 pub const DEFAULT_VERSION_FIELD: &str = "lock_version";
 
@@ -44,6 +50,8 @@ pub struct DieselField {
 #[derive(Default)]
 pub struct LockkitField {
     pub version: Option<Located<Ident>>,
+    pub no_bump: Option<Located<Ident>>,
+    pub updated_at: Option<Located<Ident>>,
 }
 
 pub fn diesel_container(cx: &mut Ctxt, attrs: &[Attribute]) -> DieselContainer {
@@ -137,28 +145,12 @@ pub fn lockkit_field(cx: &mut Ctxt, field: usize, attrs: &[Attribute]) -> Lockki
         }
         let pos = Pos::field_attr(field, index);
         let result = attr.parse_nested_meta(|meta| {
-            if meta.path.is_ident(VERSION) {
-                if out.version.is_some() {
-                    cx.error_with_help(
-                        pos,
-                        &meta.path,
-                        "duplicate `#[lockkit(version)]`",
-                        "write `#[lockkit(version)]` once",
-                    );
-                }
-                if !meta.input.is_empty() && !meta.input.peek(Token![,]) {
-                    cx.error_with_help(
-                        pos,
-                        &meta.path,
-                        "`version` takes no value",
-                        "write `#[lockkit(version)]`",
-                    );
-                    skip_value(meta.input)?;
-                }
-                out.version = meta.path.get_ident().map(|ident| Located {
-                    value: ident.clone(),
-                    pos,
-                });
+            let slot = if meta.path.is_ident(VERSION) {
+                &mut out.version
+            } else if meta.path.is_ident(NO_BUMP) {
+                &mut out.no_bump
+            } else if meta.path.is_ident(UPDATED_AT) {
+                &mut out.updated_at
             } else {
                 cx.error_with_help(
                     pos,
@@ -167,10 +159,33 @@ pub fn lockkit_field(cx: &mut Ctxt, field: usize, attrs: &[Attribute]) -> Lockki
                         "unknown lockkit attribute `{}`",
                         quote::ToTokens::to_token_stream(&meta.path)
                     ),
-                    "the only lockkit attribute is `#[lockkit(version)]`, on the version field",
+                    "lockkit's field attributes are `#[lockkit(version)]`, `#[lockkit(no_bump)]` and `#[lockkit(updated_at)]`",
+                );
+                skip_value(meta.input)?;
+                return Ok(());
+            };
+            let name = meta.path.get_ident().map(ToString::to_string).unwrap_or_default();
+            if slot.is_some() {
+                cx.error_with_help(
+                    pos,
+                    &meta.path,
+                    format!("duplicate `#[lockkit({name})]`"),
+                    format!("write `#[lockkit({name})]` once"),
+                );
+            }
+            if !meta.input.is_empty() && !meta.input.peek(Token![,]) {
+                cx.error_with_help(
+                    pos,
+                    &meta.path,
+                    format!("`{name}` takes no value"),
+                    format!("write `#[lockkit({name})]`"),
                 );
                 skip_value(meta.input)?;
             }
+            *slot = meta.path.get_ident().map(|ident| Located {
+                value: ident.clone(),
+                pos,
+            });
             Ok(())
         });
         if let Err(err) = result {

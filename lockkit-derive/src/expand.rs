@@ -152,6 +152,13 @@ fn expand_versioned(model: &Model<'_>, versioning: &Versioning<'_>) -> TokenStre
         };
         (quote!((#(#types,)*)), quote!((#(#values,)*)), cache)
     };
+    let updated_at = match versioning.updated_at {
+        Some(field) => {
+            let column = &field.column;
+            quote!(::lockkit::__private::SetUpdatedAt<#table::#column>)
+        }
+        None => quote!(::lockkit::__private::NoUpdatedAt<#table::table>),
+    };
     let changeset_type = quote!(::lockkit::__private::#cache<#fields_type>);
     let changeset_value = quote!(::lockkit::__private::#cache(#fields_value));
 
@@ -161,6 +168,7 @@ fn expand_versioned(model: &Model<'_>, versioning: &Versioning<'_>) -> TokenStre
             type VersionColumn = #table::#version_column;
             type Version = #version_type;
             type Changeset<#lifetime> = #changeset_type where Self: #lifetime;
+            type UpdatedAt = #updated_at;
 
             fn version(&self) -> Self::Version {
                 self.#version_field

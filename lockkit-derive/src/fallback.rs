@@ -34,6 +34,7 @@ pub fn expand(input: &DeriveInput, derive: Derive, errors: &[syn::Error]) -> Tok
                 type VersionColumn = Invalid;
                 type Version = Invalid;
                 type Changeset<'__lockkit> = Invalid where Self: '__lockkit;
+                type UpdatedAt = Invalid;
 
                 fn version(&self) -> Self::Version {
                     ::core::unreachable!()

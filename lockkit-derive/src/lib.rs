@@ -30,11 +30,13 @@ use proc_macro::TokenStream;
 ///
 /// # Attributes
 ///
-/// lockkit has one attribute of its own, on a field:
+/// lockkit's own attributes, on fields, each without a value:
 ///
 /// | attribute | on | default | meaning |
 /// | --- | --- | --- | --- |
-/// | `#[lockkit(version)]` | field | the field named `lock_version` | this field is the version column; no value, on one field, once |
+/// | `#[lockkit(version)]` | one field | the field named `lock_version` | this field is the version column |
+/// | `#[lockkit(no_bump)]` | any fields but the key and the version | not set | `update_versioned` leaves the column out: a counter or timestamp written on its own (`lockkit::atomic::update_counters`) neither makes an editor stale nor is written back by the editor |
+/// | `#[lockkit(updated_at)]` | one field, not the key or the version | not set | every versioned write sets the column to `CURRENT_TIMESTAMP`, the database's clock; `update_versioned` does not write the field's own value |
 ///
 /// The version field is `i16`, `i32` or `i64`: not an `Option` (a `NULL` version
 /// cannot be compared; declare the column `NOT NULL DEFAULT 0`), and not part of
@@ -94,6 +96,8 @@ use proc_macro::TokenStream;
 ///     // `ByType`: Diesel prepares the UPDATE once per connection, keyed by type
 ///     // (`BySql`, keyed by its SQL text, when an `Option` field is skipped when `None`).
 ///     type Changeset<'a> = ByType<(Eq<items::name, &'a String>,)> where Self: 'a;
+///     // `SetUpdatedAt<items::updated_at>` for a `#[lockkit(updated_at)]` field.
+///     type UpdatedAt = NoUpdatedAt<items::table>;
 ///     fn version(&self) -> i32 {
 ///         self.lock_version
 ///     }
@@ -119,7 +123,7 @@ pub fn derive_versioned(input: TokenStream) -> TokenStream {
 ///
 /// # Attributes
 ///
-/// No `#[lockkit(..)]` attribute: `#[lockkit(version)]` is refused, with a hint
+/// No `#[lockkit(..)]` attribute: `version`, `no_bump` and `updated_at` are refused, with a hint
 /// to derive `Versioned`. From Diesel's `#[diesel(..)]`, with Diesel's defaults:
 ///
 /// | attribute | on | default | used for |

@@ -198,6 +198,23 @@ fn skip_update_field() {
 }
 
 #[test]
+fn no_bump_and_updated_at_fields() {
+    // Neither is in the changeset; `updated_at` rides on the version bump.
+    assert_expansion! {
+        #[diesel(table_name = posts)]
+        pub struct Post {
+            pub id: i32,
+            pub title: String,
+            #[lockkit(no_bump)]
+            pub views: i64,
+            #[lockkit(updated_at)]
+            pub updated_at: Option<NaiveDateTime>,
+            pub lock_version: i32,
+        }
+    }
+}
+
+#[test]
 fn only_key_and_version() {
     // Nothing to write but the version bump: the changeset is an empty `Option`.
     assert_expansion! {

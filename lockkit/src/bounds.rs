@@ -52,6 +52,7 @@
 //! | [`CurrentVersionQuery`] | every versioned write | those, on a connection of a supported backend or a [`Dispatch`](crate::multi::Dispatch) enum |
 //! | [`LockingConnection`], [`AsLockingConnection`] | the lock calls | `PgConnection`, `MysqlConnection`, `SqliteConnection`; r2d2 pooled connections to them (feature `r2d2`); [`Dispatch`](crate::multi::Dispatch) enums |
 //! | [`ClaimQuery`] | [`queue::claim`](crate::queue::claim) | every select query that takes `.limit(n)` and a row-lock clause, on those connections |
+//! | [`Expectations`] | [`CompareAndSet::compare_and_set`](crate::compare_and_set::CompareAndSet::compare_and_set) | [`expect`](crate::compare_and_set::expect)`(column, value)` and tuples of up to six |
 //! | [`OptimisticBackend`] | every versioned write | `Pg`, `Mysql`, `Sqlite` (sealed) |
 //! | [`AdvisoryBackend`] | [`advisory`](crate::advisory) | `Pg`, `Mysql` (sealed): SQLite has no advisory locks |
 //! | [`LockMonitor`] | [`lock_waits`](crate::lock_waits) | `Pg`, `Mysql` (sealed) |
@@ -70,6 +71,7 @@ pub use crate::http::idempotency::IdempotencyStore;
 #[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
 pub use crate::lease::{FenceStore, LeaseStore};
 pub use crate::optimistic::backend::OptimisticBackend;
+pub use crate::optimistic::compare_and_set::Expectations;
 pub use crate::optimistic::version_check::{CurrentVersionQuery, VersionCheck};
 #[cfg(feature = "outbox")]
 #[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]

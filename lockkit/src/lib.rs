@@ -136,11 +136,14 @@ pub use http::axum;
 pub use http::etag;
 #[cfg(feature = "idempotency")]
 pub use http::idempotency;
-pub use optimistic::{atomic, journal, version_trigger};
+pub use optimistic::{atomic, compare_and_set, journal, version_trigger};
 pub use pessimistic::{advisory, lock_waits, queue};
 
 pub use error::{classify, classify_nowait};
-pub use error::{CurrentState, Error, Operation, Result, StaleObjectError};
+pub use error::{
+    ColumnValue, CurrentState, Error, Operation, Result, StaleColumnsError, StaleObjectError,
+    StaleRecord,
+};
 pub use isolation::serializable;
 pub use optimistic::{VersionNumber, Versioned};
 pub use pessimistic::{locked_transaction, with_lock, Lockable};
@@ -215,11 +218,14 @@ pub use lockkit_derive::Lockable;
 /// The traits whose methods you call: `use lockkit::prelude::*;`.
 ///
 /// [`Versioned`] (the version-checked writes), [`Lockable`] (`with_lock`,
-/// `lock_all`) and [`LockQueryExt`] (`.nowait()`, `.for_update_of(..)`), with the
+/// `lock_all`), [`CompareAndSet`](compare_and_set::CompareAndSet)
+/// (`Model::compare_and_set`) and [`LockQueryExt`] (`.nowait()`,
+/// `.for_update_of(..)`), with the
 /// derives of the same names. The traits those methods require are in
 /// [`bounds`], to be named only in `where` clauses
 /// (`M: lockkit::bounds::LockRow<C>`).
 pub mod prelude {
+    pub use crate::compare_and_set::CompareAndSet;
     pub use crate::{LockQueryExt, Lockable, Versioned};
 }
 
@@ -240,6 +246,7 @@ pub mod __private {
     //! Every path the derive's generated code uses, so that lockkit's modules can
     //! move without touching the derive. Not public API.
     pub use crate::optimistic::statement::{BySql, ByType};
+    pub use crate::optimistic::updated_at::{NoUpdatedAt, SetUpdatedAt};
     pub use crate::optimistic::BumpVersion;
     pub use crate::pessimistic::NoVersion;
     pub use crate::{Lockable, Versioned};

@@ -10,12 +10,34 @@ use std::time::Duration;
 use diesel::connection::{Instrumentation, InstrumentationEvent};
 use diesel::prelude::*;
 use diesel_migrations::MigrationHarness;
+use lockkit::compare_and_set::expect;
 use lockkit::lease::{self, Fence};
 use lockkit::prelude::*;
 use lockkit::{locked_transaction, queue, Error, LockOptions, RetryPolicy};
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
 use lockkit_tests::{exec, seed_items};
+
+diesel::table! {
+    notes (id) {
+        id -> Integer,
+        body -> Text,
+        updated_at -> Nullable<Timestamp>,
+        lock_version -> Integer,
+    }
+}
+
+/// A model with an `updated_at` column, written by the database's clock.
+#[derive(Identifiable, Versioned)]
+#[diesel(table_name = notes)]
+struct Note {
+    id: i32,
+    body: String,
+    #[lockkit(updated_at)]
+    #[allow(dead_code)] // written by the database
+    updated_at: Option<String>,
+    lock_version: i32,
+}
 
 /// A titled group of statements.
 type Section = (String, Vec<String>);
@@ -130,6 +152,11 @@ lockkit_tests::backend_tests! {
         conn.run_pending_migrations(lockkit_tests::outbox_migrations(BACKEND)).unwrap();
         seed_items(&mut conn, &[(1, 10), (2, 10), (3, 10)]);
         exec(&mut conn, "INSERT INTO jobs (id, payload, done) VALUES (1, 'a', false), (2, 'b', false)");
+        exec(&mut conn, &format!(
+            "CREATE TABLE notes (id INTEGER PRIMARY KEY, body VARCHAR(100) NOT NULL, updated_at {} NULL, lock_version INTEGER NOT NULL)",
+            match BACKEND { "postgres" => "TIMESTAMP", "mysql" => "DATETIME", _ => "TEXT" },
+        ));
+        exec(&mut conn, "INSERT INTO notes VALUES (1, 'a', NULL, 0)");
         let log = Log::default();
         // Wrapped in lockkit's journal, as an application with its own
         // instrumentation should do, so that lockkit sees commits.
@@ -209,6 +236,24 @@ lockkit_tests::backend_tests! {
             diesel::update(items::table.find(1).filter(items::stock.ge(1))).set(items::stock.eq(items::stock - 1)),
         )
         .unwrap();
+
+        log.section("Item::compare_and_set(&mut conn, 1, (expect(items::name, ..), expect(items::stock, ..)), items::name.eq(\"renamed\"))");
+        let read = items::table.find(1).first::<Item>(&mut db.conn()).unwrap();
+        Item::compare_and_set(&mut conn, 1, (expect(items::name, read.name.clone()), expect(items::stock, read.stock)), items::name.eq("renamed")).unwrap();
+
+        log.section("the same compare_and_set again: refused, then one SELECT of the expected columns on the failure path");
+        let refused = Item::compare_and_set(&mut conn, 1, (expect(items::name, read.name), expect(items::stock, read.stock)), items::name.eq("renamed"));
+        assert!(matches!(refused, Err(Error::StaleColumns(_))));
+
+        log.section("lockkit::atomic::update_counters(&mut conn, items::table.find(1), counter(items::stock, 1))");
+        lockkit::atomic::update_counters(&mut conn, items::table.find(1), lockkit::atomic::counter(items::stock, 1)).unwrap();
+
+        log.section("note.update_versioned(&mut conn) with a #[lockkit(updated_at)] field");
+        let mut note = Note { id: 1, body: "b".into(), updated_at: None, lock_version: 0 };
+        note.update_versioned(&mut conn).unwrap();
+
+        log.section("note.touch_versioned(&mut conn) with a #[lockkit(updated_at)] field");
+        note.touch_versioned(&mut conn).unwrap();
 
         log.section("Idempotency::default().run(&mut conn, \"tenant-1\", \"order-1\", \"POST /orders\", ..) twice: run, then replay");
         let keys = lockkit::idempotency::Idempotency::default();

@@ -22,7 +22,9 @@ pub mod classification;
 
 pub use classification::{classify, classify_nowait};
 
+use std::any::Any;
 use std::fmt;
+use std::sync::Arc;
 
 /// Everything that can go wrong in lockkit.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +33,12 @@ pub enum Error {
     /// A version-checked write matched no row: someone else changed or deleted it.
     #[error(transparent)]
     Stale(#[from] StaleObjectError),
+
+    /// A compare-and-set ([`compare_and_set`](crate::compare_and_set)) matched no
+    /// row: an expected column no longer holds the value read, or the row is gone.
+    /// Nothing was written.
+    #[error(transparent)]
+    StaleColumns(StaleColumnsError),
 
     /// A versioned bulk update found these rows changed; nothing was written.
     /// See [`Versioned::update_all_by_version`](crate::Versioned::update_all_by_version).
@@ -211,7 +219,7 @@ pub enum Error {
 impl Error {
     /// Whether running the same work again (after re-reading) may succeed.
     ///
-    /// True for [`Stale`](Error::Stale), [`Busy`](Error::Busy),
+    /// True for [`Stale`](Error::Stale), [`StaleColumns`](Error::StaleColumns), [`Busy`](Error::Busy),
     /// [`LockTimeout`](Error::LockTimeout), [`Deadlock`](Error::Deadlock) and
     /// [`SerializationFailure`](Error::SerializationFailure): they are caused by
     /// other transactions and go away when those finish. Not
@@ -221,6 +229,7 @@ impl Error {
         matches!(
             self,
             Error::Stale(_)
+                | Error::StaleColumns(_)
                 | Error::StaleRows(_)
                 | Error::Busy
                 | Error::LockTimeout
@@ -237,6 +246,38 @@ impl Error {
     #[cfg(not(feature = "replica"))]
     fn is_replica_behind(&self) -> bool {
         false
+    }
+
+    /// Attaches what the writer tried to write to a stale-write report
+    /// ([`StaleObjectError::record`]); `record` runs only for [`Error::Stale`], and
+    /// any other error is returned unchanged.
+    ///
+    /// ```
+    /// # use diesel::prelude::*;
+    /// # use lockkit::prelude::*;
+    /// # diesel::table! { items (id) { id -> Integer, stock -> Integer, lock_version -> Integer } }
+    /// # #[derive(Queryable, Selectable, Versioned)]
+    /// # #[diesel(table_name = items)]
+    /// # pub struct Item { pub id: i32, pub stock: i32, pub lock_version: i32 }
+    /// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+    /// # diesel::sql_query("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL)").execute(&mut conn).unwrap();
+    /// # diesel::sql_query("INSERT INTO items VALUES (1, 10, 3)").execute(&mut conn).unwrap();
+    /// #[derive(Debug, PartialEq)]
+    /// struct Form { stock: i32, version: i32 }
+    ///
+    /// let form = Form { stock: 4, version: 2 }; // the user saw version 2
+    /// let err = Item::update_by_version(&mut conn, 1, form.version, items::stock.eq(form.stock))
+    ///     .map_err(|e| e.with_record(|| form))
+    ///     .unwrap_err();
+    /// let stale = err.as_stale().unwrap();
+    /// assert_eq!(stale.record::<Form>(), Some(&Form { stock: 4, version: 2 }));
+    /// ```
+    #[must_use]
+    pub fn with_record<M: Any + Send + Sync>(self, record: impl FnOnce() -> M) -> Self {
+        match self {
+            Error::Stale(stale) => Error::Stale(stale.with_record(record())),
+            other => other,
+        }
     }
 
     /// The stale-write report, if this is [`Error::Stale`].
@@ -321,6 +362,10 @@ pub struct StaleObjectError {
     pub expected_version: i64,
     /// What is in the database now.
     pub current: CurrentState,
+    /// What the losing writer tried to write (Rails' `StaleObjectError#record`),
+    /// when the call attached it: [`Versioned::update_versioned_recorded`](crate::Versioned::update_versioned_recorded)
+    /// or [`Error::with_record`]. Read it with [`record`](Self::record).
+    pub record: Option<StaleRecord>,
 }
 
 impl StaleObjectError {
@@ -340,9 +385,59 @@ impl StaleObjectError {
             operation,
             expected_version,
             current,
+            record: None,
         }
     }
+
+    /// What the losing writer tried to write, if it was attached and is an `M`:
+    /// for a merge UI that shows the user's values next to the row's current ones.
+    pub fn record<M: Any>(&self) -> Option<&M> {
+        self.record.as_ref()?.value.downcast_ref()
+    }
+
+    /// This report with `record` attached as what the writer tried to write.
+    #[must_use]
+    pub fn with_record<M: Any + Send + Sync>(mut self, record: M) -> Self {
+        self.record = Some(StaleRecord {
+            value: Arc::new(record),
+            type_name: std::any::type_name::<M>(),
+        });
+        self
+    }
 }
+
+/// What a losing writer tried to write, carried by a [`StaleObjectError`].
+///
+/// Type-erased, so that [`Error`] stays one non-generic type and `?` keeps
+/// working: get it back as the type you attached with
+/// [`StaleObjectError::record`]. Cloning it shares the record. Two are equal
+/// only when they are the same attached record (the record need not be `Eq`).
+#[derive(Clone)]
+pub struct StaleRecord {
+    value: Arc<dyn Any + Send + Sync>,
+    type_name: &'static str,
+}
+
+impl StaleRecord {
+    /// The Rust type of the record, as `std::any::type_name` prints it.
+    pub fn type_name(&self) -> &'static str {
+        self.type_name
+    }
+}
+
+impl fmt::Debug for StaleRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("StaleRecord").field(&self.type_name).finish()
+    }
+}
+
+impl PartialEq for StaleRecord {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.value, &other.value)
+    }
+}
+
+impl Eq for StaleRecord {}
 
 impl fmt::Display for CurrentState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -355,6 +450,74 @@ impl fmt::Display for CurrentState {
                 "found {v}, behind this struct (its version was never committed: reload the row)"
             ),
         }
+    }
+}
+
+/// A compare-and-set matched no row ([`Error::StaleColumns`]): what each expected
+/// column was expected to hold and what it holds now.
+///
+/// Nothing was written. The values are formatted with `Debug` (`"pending"`, `7`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("stale compare-and-set of {table} {key}: {}", describe_columns(self))]
+#[non_exhaustive]
+pub struct StaleColumnsError {
+    /// The table's name.
+    pub table: &'static str,
+    /// The primary key, formatted with `Debug`.
+    pub key: String,
+    /// Whether the row is gone (then every `current` is `None`).
+    pub deleted: bool,
+    /// Every expected column, in the order given.
+    pub columns: Vec<ColumnValue>,
+}
+
+impl StaleColumnsError {
+    /// The columns that no longer hold their expected value (empty when the row
+    /// is gone, or when a column changed and changed back before the read).
+    pub fn changed(&self) -> impl Iterator<Item = &ColumnValue> {
+        self.columns
+            .iter()
+            .filter(|c| c.current.as_ref().is_some_and(|now| *now != c.expected))
+    }
+}
+
+/// One column of a [`StaleColumnsError`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ColumnValue {
+    /// The column's name.
+    pub column: &'static str,
+    /// The value the write expected, formatted with `Debug`.
+    pub expected: String,
+    /// The value found after the refused write, formatted with `Debug`; `None`
+    /// when the row is gone.
+    pub current: Option<String>,
+}
+
+fn describe_columns(stale: &StaleColumnsError) -> String {
+    if stale.deleted {
+        let names: Vec<String> = stale
+            .columns
+            .iter()
+            .map(|c| format!("{} = {}", c.column, c.expected))
+            .collect();
+        return format!("expected {}, but the row was deleted", names.join(", "));
+    }
+    let changed: Vec<String> = stale
+        .changed()
+        .map(|c| {
+            format!(
+                "{} = {}, found {}",
+                c.column,
+                c.expected,
+                c.current.as_deref().unwrap_or("")
+            )
+        })
+        .collect();
+    if changed.is_empty() {
+        "the expected values changed and changed back before they were read".to_owned()
+    } else {
+        format!("expected {}", changed.join("; expected "))
     }
 }
 
@@ -374,6 +537,7 @@ mod tests {
             operation: Operation::Update,
             expected_version: 3,
             current: CurrentState::Version(4),
+            record: None,
         });
         assert_eq!(
             err.to_string(),

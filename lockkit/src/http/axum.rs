@@ -620,6 +620,7 @@ mod tests {
             operation: Operation::Update,
             expected_version: 3,
             current,
+            record: None,
         })
     }
 

@@ -472,10 +472,12 @@ impl<'a> Refusal<'a> {
         match error {
             Error::Stale(stale) if stale.current == CurrentState::Deleted => Refusal::NotFound,
             Error::Stale(stale) => Refusal::Changed(stale, version_in),
+            Error::StaleColumns(stale) if stale.deleted => Refusal::NotFound,
             Error::NotFound => Refusal::NotFound,
-            Error::NoRowMatched | Error::IdempotencyInProgress | Error::Fenced { .. } => {
-                Refusal::Conflict
-            }
+            Error::StaleColumns(_)
+            | Error::NoRowMatched
+            | Error::IdempotencyInProgress
+            | Error::Fenced { .. } => Refusal::Conflict,
             Error::IdempotencyKeyReused => Refusal::KeyReused,
             Error::InvalidInput(_) => Refusal::BadRequest,
             Error::Busy
@@ -783,6 +785,7 @@ mod tests {
             operation: crate::Operation::Update,
             expected_version: 3,
             current: CurrentState::Version(4),
+            record: None,
         });
         let problem = Problem::from_error(&stale);
         assert_eq!(

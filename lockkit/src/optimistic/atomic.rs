@@ -7,7 +7,8 @@
 //! UPDATE items SET stock = stock - $1 WHERE id = $2 AND stock >= $1
 //! ```
 //!
-//! No read, no lock held across a round trip, no version. Its only trap is that
+//! No read, no lock held across a round trip, no version. Counters have their own
+//! helper, [`update_counters`] (Rails' `update_counters`). Its only trap is that
 //! "zero rows" looks like success to code that ignores the count; here it is
 //! [`Error::NoRowMatched`], which the caller must handle.
 //!
@@ -28,9 +29,14 @@
 //! assert!(matches!(buy(&mut conn, 8), Err(lockkit::Error::NoRowMatched)));
 //! ```
 
+use diesel::backend::Backend;
+use diesel::expression::AsExpression;
+use diesel::expression::TypedExpressionType;
+use diesel::query_builder::{AsChangeset, AstPass, QueryFragment, QueryId};
 use diesel::query_dsl::methods::ExecuteDsl;
 use diesel::query_dsl::LoadQuery;
-use diesel::{Connection, OptionalExtension};
+use diesel::sql_types::{IntoNotNullable, SqlType};
+use diesel::{Column, Connection, Expression, OptionalExtension, QueryResult};
 
 use crate::{classify, Error};
 
@@ -91,4 +97,102 @@ where
         .optional()
         .map_err(classify)?
         .ok_or(Error::NoRowMatched)
+}
+
+/// `<column> = COALESCE(<column>, 0) + $by`: one counter of [`update_counters`].
+/// Build it with [`counter`].
+#[derive(Debug, Clone, Copy)]
+pub struct Increment<C, E> {
+    column: std::marker::PhantomData<C>,
+    by: E,
+}
+
+/// The amount's expression: bound as the column's type, without `NULL`.
+type Amount<C, V> =
+    <V as AsExpression<<<C as Expression>::SqlType as IntoNotNullable>::NotNullable>>::Expression;
+
+/// Adds `by` (negative to subtract) to `column` in SQL: `column = COALESCE(column,
+/// 0) + $1`, a `NULL` counting as zero. `by` is bound as a parameter.
+pub fn counter<C, V>(_column: C, by: V) -> Increment<C, Amount<C, V>>
+where
+    C: Column,
+    C::SqlType: IntoNotNullable,
+    <C::SqlType as IntoNotNullable>::NotNullable: SqlType + TypedExpressionType,
+    V: AsExpression<<C::SqlType as IntoNotNullable>::NotNullable>,
+{
+    Increment {
+        column: std::marker::PhantomData,
+        by: by.as_expression(),
+    }
+}
+
+impl<C: Column, E> AsChangeset for Increment<C, E> {
+    type Target = C::Table;
+    type Changeset = Self;
+
+    fn as_changeset(self) -> Self {
+        self
+    }
+}
+
+impl<C, E, DB> QueryFragment<DB> for Increment<C, E>
+where
+    DB: Backend,
+    C: Column,
+    E: QueryFragment<DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_identifier(C::NAME)?;
+        out.push_sql(" = COALESCE(");
+        out.push_identifier(C::NAME)?;
+        out.push_sql(", 0) + ");
+        self.by.walk_ast(out.reborrow())
+    }
+}
+
+impl<C: QueryId, E: QueryId> QueryId for Increment<C, E> {
+    type QueryId = Increment<C::QueryId, E::QueryId>;
+    const HAS_STATIC_QUERY_ID: bool = C::HAS_STATIC_QUERY_ID && E::HAS_STATIC_QUERY_ID;
+}
+
+/// Adds to counters of the rows `target` selects, in one statement without
+/// reading them (Rails' `update_counters`): `UPDATE <table> SET n = COALESCE(n,
+/// 0) + $1, .. WHERE ..`. Returns the number of rows written, or
+/// [`Error::NoRowMatched`].
+///
+/// Concurrent increments never lose one another: each adds to what the row
+/// holds when the statement runs, not to what someone read. The version column is
+/// not touched, so on a [`Versioned`](crate::Versioned) model an increment does
+/// not make an editor's write stale; mark the counter `#[lockkit(no_bump)]` so
+/// that the editor's `update_versioned` does not write it back either.
+///
+/// # Errors
+///
+/// * [`Error::NoRowMatched`] when `target` selects no row; nothing was written.
+/// * a classified database error; see [`classify`](crate::classify()).
+///
+/// # Example
+///
+/// ```
+/// use diesel::prelude::*;
+/// use lockkit::atomic::{counter, update_counters};
+/// # diesel::table! { posts (id) { id -> Integer, views -> Nullable<Integer>, likes -> BigInt } }
+/// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+/// # diesel::sql_query("CREATE TABLE posts (id INTEGER PRIMARY KEY, views INTEGER, likes BIGINT NOT NULL)").execute(&mut conn).unwrap();
+/// # diesel::sql_query("INSERT INTO posts VALUES (1, NULL, 10)").execute(&mut conn).unwrap();
+/// update_counters(&mut conn, posts::table.find(1), (counter(posts::views, 1), counter(posts::likes, -2))).unwrap();
+/// let row = posts::table.find(1).select((posts::views, posts::likes)).first::<(Option<i32>, i64)>(&mut conn).unwrap();
+/// assert_eq!(row, (Some(1), 8)); // NULL counted as 0
+///
+/// let missing = update_counters(&mut conn, posts::table.find(2), counter(posts::views, 1));
+/// assert!(matches!(missing, Err(lockkit::Error::NoRowMatched)));
+/// ```
+pub fn update_counters<Conn, T, C>(conn: &mut Conn, target: T, counters: C) -> Result<usize, Error>
+where
+    Conn: Connection,
+    T: diesel::query_builder::IntoUpdateTarget,
+    C: AsChangeset<Target = T::Table>,
+    diesel::dsl::Update<T, C>: diesel::query_builder::AsQuery + ExecuteDsl<Conn>,
+{
+    update_if(conn, diesel::update(target).set(counters))
 }

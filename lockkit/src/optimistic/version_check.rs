@@ -6,7 +6,8 @@
 //! the three SQL fragments of optimistic locking:
 //!
 //! * the target: `WHERE <primary key> = $key AND <version> = $expected`
-//! * the bump: `SET <version> = <version> + 1`
+//! * the bump: `SET <version> = <version> + 1` (and `updated_at = CURRENT_TIMESTAMP`
+//!   for a model with an [`updated_at`](crate::optimistic::updated_at) field)
 //! * the follow-up read after a stale write: `SELECT <version> WHERE <primary key> = $key`
 //!   (`LOCK IN SHARE MODE` on MySQL/MariaDB, so that it sees the latest commit)
 //!
@@ -81,7 +82,7 @@ pub type DeleteVersioned<M> = dsl::delete<<M as VersionCheck>::Target>;
 pub trait VersionCheck: Versioned {
     /// `table.find(key).filter(version.eq(expected))`.
     type Target: IntoUpdateTarget<Table = Self::Table>;
-    /// `version.eq(version + 1)`.
+    /// `version.eq(version + 1)`, and the model's [`Versioned::UpdatedAt`].
     type Bump: AsChangeset<Target = Self::Table>;
     /// `table.find(key).select(version)`.
     type CurrentVersion;
@@ -111,8 +112,10 @@ where
         AsChangeset<Target = M::Table>,
 {
     type Target = dsl::Filter<Find<M::Table, M::Key>, dsl::Eq<VersionColumnOf<M>, VersionOf<M>>>;
-    type Bump =
-        dsl::Eq<VersionColumnOf<M>, <VersionColumnOf<M> as std::ops::Add<VersionOf<M>>>::Output>;
+    type Bump = (
+        dsl::Eq<VersionColumnOf<M>, <VersionColumnOf<M> as std::ops::Add<VersionOf<M>>>::Output>,
+        M::UpdatedAt,
+    );
     type CurrentVersion = Select<Find<M::Table, M::Key>, VersionColumnOf<M>>;
 
     fn target(key: M::Key, expected: M::Version) -> Self::Target {
@@ -123,7 +126,10 @@ where
 
     fn bump() -> Self::Bump {
         let version = VersionColumnOf::<M>::default();
-        version.eq(VersionColumnOf::<M>::default() + <M::Version as VersionNumber>::ONE)
+        (
+            version.eq(VersionColumnOf::<M>::default() + <M::Version as VersionNumber>::ONE),
+            M::UpdatedAt::default(),
+        )
     }
 
     fn current_version(key: M::Key) -> Self::CurrentVersion {
@@ -368,6 +374,7 @@ where
         operation,
         expected_version: expected.to_i64(),
         current,
+        record: None,
     };
     crate::metrics::record_stale(
         stale.table,

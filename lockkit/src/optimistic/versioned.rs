@@ -57,7 +57,7 @@
 //! ```
 
 use diesel::dsl::{self, Find};
-use diesel::query_builder::{AsChangeset, AsQuery, IntoUpdateTarget};
+use diesel::query_builder::{AsChangeset, AsQuery, IntoUpdateTarget, QueryId};
 use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, FindDsl};
 use diesel::{Column, Connection};
 
@@ -88,6 +88,11 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     type Changeset<'a>: AsChangeset<Target = Self::Table> + CacheKey
     where
         Self: 'a;
+    /// What every versioned write sets besides the version:
+    /// [`SetUpdatedAt`](crate::optimistic::updated_at::SetUpdatedAt) for a
+    /// `#[lockkit(updated_at)]` field (`updated_at = CURRENT_TIMESTAMP`), else
+    /// [`NoUpdatedAt`](crate::optimistic::updated_at::NoUpdatedAt) (nothing).
+    type UpdatedAt: AsChangeset<Target = Self::Table> + QueryId + Default;
 
     /// The version this row was read at.
     fn version(&self) -> Self::Version;
@@ -131,6 +136,57 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
             },
         )?;
         settle(self, written)
+    }
+
+    /// [`update_versioned`](Self::update_versioned), and on [`Error::Stale`] the
+    /// report carries a copy of this struct as it was sent (Rails'
+    /// `StaleObjectError#record`): [`StaleObjectError::record`](crate::StaleObjectError::record)
+    /// gives it back to a merge UI far up the call stack, after `?` has turned the
+    /// call's error into yours.
+    ///
+    /// The copy is made only on the failure path. The struct itself is left as it
+    /// was, as by `update_versioned`.
+    ///
+    /// # Errors
+    ///
+    /// As [`update_versioned`](Self::update_versioned).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use diesel::prelude::*;
+    /// # use lockkit::prelude::*;
+    /// # diesel::table! { items (id) { id -> Integer, stock -> Integer, lock_version -> Integer } }
+    /// #[derive(Queryable, Selectable, Versioned, Clone, Debug, PartialEq)]
+    /// #[diesel(table_name = items)]
+    /// pub struct Item { pub id: i32, pub stock: i32, pub lock_version: i32 }
+    ///
+    /// fn save(conn: &mut SqliteConnection, item: &mut Item) -> Result<(), lockkit::Error> {
+    ///     item.update_versioned_recorded(conn)?;
+    ///     Ok(())
+    /// }
+    /// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+    /// # diesel::sql_query("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL)").execute(&mut conn).unwrap();
+    /// # diesel::sql_query("INSERT INTO items VALUES (1, 10, 0)").execute(&mut conn).unwrap();
+    /// let mut alice = items::table.find(1).first::<Item>(&mut conn).unwrap();
+    /// let mut bob = alice.clone();
+    /// alice.stock = 7;
+    /// save(&mut conn, &mut alice).unwrap();
+    ///
+    /// bob.stock = 3;
+    /// let err = save(&mut conn, &mut bob).unwrap_err();
+    /// let mine = err.as_stale().unwrap().record::<Item>().unwrap();
+    /// assert_eq!(mine.stock, 3); // what bob sent, to show next to the row's 7
+    /// ```
+    fn update_versioned_recorded<Conn>(&mut self, conn: &mut Conn) -> Result<(), Error>
+    where
+        Conn: Connection,
+        Self: VersionCheck + CurrentVersionQuery<Conn> + Clone + Send + Sync + 'static,
+        for<'a> UpdateVersioned<Self, Self::Changeset<'a>>: ExecuteDsl<Conn>,
+        for<'a> (Self::Changeset<'a>, Self::Bump): AsChangeset<Target = Self::Table>,
+    {
+        let written = self.update_versioned(conn);
+        written.map_err(|err| err.with_record(|| self.clone()))
     }
 
     /// Like [`update_versioned`](Self::update_versioned), with your own changeset
