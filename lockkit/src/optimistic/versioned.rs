@@ -592,7 +592,10 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
 }
 
 /// Applies a write's outcome to the model: the new version, or the stale report.
-fn settle<M: Versioned>(model: &mut M, written: Written<M::Version>) -> Result<(), Error> {
+pub(crate) fn settle<M: Versioned>(
+    model: &mut M,
+    written: Written<M::Version>,
+) -> Result<(), Error> {
     match written {
         Written::Done(next) => {
             if let Some(next) = next {
