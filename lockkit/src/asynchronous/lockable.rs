@@ -23,6 +23,7 @@
 //!
 //! ```
 //! # use diesel::prelude::*;
+//! # use diesel_async::RunQueryDsl;
 //! use lockkit::asynchronous::prelude::*;
 //! use lockkit::LockOptions;
 //! # diesel::table! { items (id) { id -> Integer, stock -> Integer } }
@@ -31,8 +32,8 @@
 //! pub struct Item { pub id: i32, pub stock: i32 }
 //!
 //! # async fn run() -> Result<(), lockkit::Error> {
-//! # use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
-//! # let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await?;
+//! # use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+//! # let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await.unwrap();
 //! # conn.batch_execute("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL); INSERT INTO items VALUES (1, 10)").await?;
 //! let left = lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |conn, item: Item| {
 //!     diesel::update(items::table.find(item.id))
@@ -91,6 +92,7 @@ type Pk<M> = <<M as Lockable>::Table as diesel::Table>::PrimaryKey;
 ///
 /// ```
 /// # use diesel::prelude::*;
+/// # use diesel_async::RunQueryDsl;
 /// use lockkit::asynchronous::prelude::*;
 /// use lockkit::LockOptions;
 /// # diesel::table! { items (id) { id -> Integer, stock -> Integer } }
@@ -268,6 +270,7 @@ where
 ///
 /// ```
 /// # use diesel::prelude::*;
+/// # use diesel_async::RunQueryDsl;
 /// use lockkit::asynchronous::prelude::*;
 /// use lockkit::LockOptions;
 /// # diesel::table! { accounts (id) { id -> Integer, balance -> BigInt } }
@@ -276,7 +279,7 @@ where
 /// # pub struct Account { pub id: i32, pub balance: i64 }
 /// # async fn run() -> Result<(), lockkit::Error> {
 /// # use diesel_async::{AsyncConnection, SimpleAsyncConnection};
-/// # let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await?;
+/// # let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await.unwrap();
 /// # conn.batch_execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL); INSERT INTO accounts VALUES (1, 100), (2, 50)").await?;
 /// let total = lockkit::asynchronous::locked_transaction(&mut conn, LockOptions::default(), async |conn| {
 ///     let accounts: Vec<Account> = lockkit::asynchronous::lock_all(conn, &[2, 1]).await?;

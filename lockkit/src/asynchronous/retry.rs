@@ -84,6 +84,7 @@ where
 ///
 /// ```
 /// # use diesel::prelude::*;
+/// # use diesel_async::RunQueryDsl;
 /// use lockkit::asynchronous::prelude::*;
 /// use lockkit::RetryPolicy;
 /// # diesel::table! { items (id) { id -> Integer, stock -> Integer, lock_version -> Integer } }
@@ -91,8 +92,8 @@ where
 /// # #[diesel(table_name = items)]
 /// # pub struct Item { pub id: i32, pub stock: i32, pub lock_version: i32 }
 /// # async fn run() -> Result<(), lockkit::Error> {
-/// use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
-/// # let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await?;
+/// use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+/// # let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await.unwrap();
 /// # conn.batch_execute("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL); INSERT INTO items VALUES (1, 10, 0)").await?;
 /// // Read, change, write; a stale write reloads and tries again.
 /// let left = lockkit::asynchronous::transaction_with_retry(&mut conn, &RetryPolicy::default(), async |conn| {

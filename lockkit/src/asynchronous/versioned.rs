@@ -14,6 +14,7 @@
 //!
 //! ```
 //! use diesel::prelude::*;
+//! use diesel_async::RunQueryDsl;
 //! use lockkit::asynchronous::prelude::*;
 //!
 //! diesel::table! { items (id) { id -> Integer, stock -> Integer, lock_version -> Integer } }
@@ -23,8 +24,8 @@
 //! pub struct Item { pub id: i32, pub stock: i32, pub lock_version: i32 }
 //!
 //! # async fn run() -> Result<(), lockkit::Error> {
-//! use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
-//! # let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await?;
+//! use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+//! # let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await.unwrap();
 //! # conn.batch_execute("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL); INSERT INTO items VALUES (1, 10, 0)").await?;
 //! let mut alice = items::table.find(1).first::<Item>(&mut conn).await?;
 //! let mut bob = items::table.find(1).first::<Item>(&mut conn).await?;
@@ -123,14 +124,15 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
     ///
     /// ```
     /// # use diesel::prelude::*;
+    /// # use diesel_async::RunQueryDsl;
     /// use lockkit::asynchronous::prelude::*;
     /// # diesel::table! { items (id) { id -> Integer, stock -> Integer, lock_version -> Integer } }
     /// # #[derive(Queryable, Selectable, Versioned)]
     /// # #[diesel(table_name = items)]
     /// # pub struct Item { pub id: i32, pub stock: i32, pub lock_version: i32 }
     /// # async fn run() -> Result<(), lockkit::Error> {
-    /// # use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
-    /// # let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await?;
+    /// # use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+    /// # let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await.unwrap();
     /// # conn.batch_execute("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL); INSERT INTO items VALUES (1, 10, 0)").await?;
     /// let mut item = items::table.find(1).first::<Item>(&mut conn).await?;
     /// item.update_versioned_with(&mut conn, items::stock.eq(items::stock - 1)).await?;
