@@ -253,6 +253,28 @@ async_backend_tests! {
         assert!(!in_transaction(&mut conn));
     }
 
+    async fn nested_transaction_with_retry_leaves_the_retry_to_the_outermost(db) {
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        insert_item!(&mut conn, 5);
+        let inner_runs = std::sync::atomic::AtomicUsize::new(0);
+        let outer_runs = std::sync::atomic::AtomicUsize::new(0);
+        lockkit::asynchronous::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), async |conn| {
+            let outer = outer_runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let inner = lockkit::asynchronous::transaction_with_retry(conn, &RetryPolicy::immediate(3), async |_conn| {
+                inner_runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if outer == 0 { Err(Error::Deadlock) } else { Ok(()) }
+            })
+            .await;
+            // The savepoint's error comes back at once, for the outermost to retry.
+            assert_eq!(std::sync::atomic::AtomicUsize::load(&inner_runs, std::sync::atomic::Ordering::SeqCst), outer + 1);
+            inner
+        })
+        .await
+        .unwrap();
+        assert_eq!(std::sync::atomic::AtomicUsize::load(&outer_runs, std::sync::atomic::Ordering::SeqCst), 2);
+        assert!(!in_transaction(&mut conn));
+    }
+
     async fn lock_all_locks_in_key_order_inside_a_locked_transaction(db) {
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
         for id in 1..=3 {

@@ -114,8 +114,6 @@ mod postgres {
             .map(drop)
     }
 
-    impl crate::sealed::Sealed for AsyncPgConnection {}
-
     impl AsyncLockingConnection for AsyncPgConnection {
         type Locked<Q: LockingDsl<L>, L> = Q::Output;
 
@@ -182,8 +180,6 @@ mod mysql {
             .map(drop)
     }
 
-    impl crate::sealed::Sealed for AsyncMysqlConnection {}
-
     impl AsyncLockingConnection for AsyncMysqlConnection {
         type Locked<Q: LockingDsl<L>, L> = Q::Output;
 
@@ -239,8 +235,6 @@ mod sqlite {
     };
 
     type Wrapped = SyncConnectionWrapper<SqliteConnection>;
-
-    impl crate::sealed::Sealed for Wrapped {}
 
     impl AsyncLockingConnection for Wrapped {
         type Locked<Q: LockingDsl<L>, L> = Q;

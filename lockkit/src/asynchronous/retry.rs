@@ -71,8 +71,12 @@ where
 /// retryable error: [`lockkit::transaction_with_retry`](crate::transaction_with_retry)
 /// on diesel-async. Each attempt commits on `Ok` and rolls back on `Err`; a
 /// serialization failure or deadlock reported at `COMMIT` is retried like one
-/// reported by a statement. Nested in an open transaction each attempt is a
-/// savepoint.
+/// reported by a statement.
+///
+/// Nested in an open transaction, the attempt is a savepoint and its error is
+/// returned, not retried: a server may have ended the whole transaction (InnoDB
+/// does on a deadlock), and only the owner of the outermost transaction can
+/// run it again.
 ///
 /// `op` is an `async` closure that may run more than once.
 ///
@@ -132,7 +136,9 @@ where
             Ok(value) => return Ok(value),
             Err(err) => err,
         };
-        match after_failure(policy, attempt, err, |err| may_retry(err, nested)) {
+        match after_failure(policy, attempt, err, |err| {
+            !nested && may_retry(err, nested)
+        }) {
             Next::GiveUp(err) => return Err(err),
             Next::RetryAfter(delay) => {
                 if !delay.is_zero() {
