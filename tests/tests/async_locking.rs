@@ -275,6 +275,75 @@ async_backend_tests! {
         assert!(!in_transaction(&mut conn));
     }
 
+    async fn nowait_skip_locked_and_timeout_on_a_held_row_and_the_setting_put_back(db) {
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        insert_item!(&mut conn, 5);
+        let (locked_tx, locked_rx) = tokio::sync::oneshot::channel();
+        let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+        let url = db.url.clone();
+        let holder = tokio::spawn(async move {
+            let mut conn: Async = async_common::connect(&url, BACKEND).await;
+            lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |_conn, _item: Item| {
+                locked_tx.send(()).unwrap();
+                let _ = release_rx.await;
+                Ok::<_, Error>(())
+            })
+            .await
+            .unwrap();
+        });
+        locked_rx.await.unwrap();
+        let setting = match BACKEND {
+            "mysql" => "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED) AS value",
+            "sqlite" => "SELECT timeout AS value FROM pragma_busy_timeout",
+            _ => "SELECT CAST(EXTRACT(EPOCH FROM current_setting('lock_timeout')::interval) * 1000 AS BIGINT) AS value",
+        };
+        let before = diesel::sql_query(setting).get_result::<Setting>(&mut conn).await.unwrap().value;
+        for (options, expected) in [
+            (LockOptions::default().nowait(), "Busy"),
+            (LockOptions::default().skip_locked(), "Busy"),
+            (LockOptions::default().timeout(Duration::from_millis(200)), "LockTimeout"),
+        ] {
+            let started = std::time::Instant::now();
+            let result = lockkit::asynchronous::with_lock(&mut conn, 1, options, async |_conn, _item: Item| Ok::<_, Error>(())).await;
+            let got = match result {
+                Err(Error::Busy) => "Busy",
+                Err(Error::LockTimeout) => "LockTimeout",
+                other => panic!("{options:?}: {other:?}"),
+            };
+            assert_eq!(got, expected, "{options:?}");
+            // MySQL/MariaDB count the lock wait in whole seconds.
+            assert!(started.elapsed() < Duration::from_secs(5), "{options:?} waited {:?}", started.elapsed());
+            assert!(!in_transaction(&mut conn));
+            let after = diesel::sql_query(setting).get_result::<Setting>(&mut conn).await.unwrap().value;
+            assert_eq!(after, before, "{options:?}: the session's setting is put back");
+        }
+        release_tx.send(()).unwrap();
+        holder.await.unwrap();
+    }
+
+    async fn a_key_matching_several_rows_is_an_error_and_writes_nothing(db) {
+        use lockkit_tests::models::Twin;
+        use lockkit_tests::schema::twins;
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        for label in ["a", "b"] {
+            diesel::insert_into(twins::table)
+                .values((twins::id.eq(1), twins::label.eq(label), twins::lock_version.eq(0)))
+                .execute(&mut conn)
+                .await
+                .unwrap();
+        }
+        let labels = || twins::table.order(twins::label).select((twins::label, twins::lock_version));
+        let before: Vec<(String, i32)> = labels().load(&mut conn).await.unwrap();
+        let mut twin = Twin { id: 1, label: "c".into(), lock_version: 0 };
+        let err = twin.update_versioned(&mut conn).await.unwrap_err();
+        assert!(matches!(err, Error::AmbiguousKey { table: "twins", .. }), "{err:?}");
+        assert_eq!(twin.lock_version, 0);
+        let err = twin.delete_versioned(&mut conn).await.unwrap_err();
+        assert!(matches!(err, Error::AmbiguousKey { .. }), "{err:?}");
+        assert_eq!(labels().load::<(String, i32)>(&mut conn).await.unwrap(), before, "nothing was written");
+        assert!(!in_transaction(&mut conn));
+    }
+
     async fn lock_all_locks_in_key_order_inside_a_locked_transaction(db) {
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
         for id in 1..=3 {
@@ -299,6 +368,12 @@ async_backend_tests! {
         .await;
         assert!(matches!(missing, Err(Error::NotFound)), "{missing:?}");
     }
+}
+
+#[derive(diesel::QueryableByName)]
+struct Setting {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    value: i64,
 }
 
 fn in_transaction<A: diesel_async::AsyncConnection>(conn: &mut A) -> bool {
