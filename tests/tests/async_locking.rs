@@ -344,6 +344,28 @@ async_backend_tests! {
         assert!(!in_transaction(&mut conn));
     }
 
+    async fn update_all_by_version_writes_every_row_or_none(db) {
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        for id in 1..=3 {
+            diesel::insert_into(items::table)
+                .values((items::id.eq(id), items::name.eq("w"), items::stock.eq(id), items::lock_version.eq(0)))
+                .execute(&mut conn)
+                .await
+                .unwrap();
+        }
+        let versions = Item::update_all_by_version(&mut conn, &[(3, 0), (1, 0)], items::stock.eq(0)).await.unwrap();
+        assert_eq!(versions, [1, 1]);
+        let err = Item::update_all_by_version(&mut conn, &[(1, 0), (2, 0), (3, 0)], items::stock.eq(7)).await.unwrap_err();
+        let Error::StaleRows(stale) = err else { panic!("{err}") };
+        let keys: Vec<_> = stale.iter().map(|s| s.key.as_str()).collect();
+        assert_eq!(keys, ["1", "3"], "every stale row is named");
+        let err = Item::update_all_by_version(&mut conn, &[(2, 0), (2, 0)], items::stock.eq(7)).await.unwrap_err();
+        assert!(matches!(err, Error::DuplicateKey { .. }), "{err}");
+        let rows: Vec<(i32, i32)> = items::table.order(items::id).select((items::stock, items::lock_version)).load(&mut conn).await.unwrap();
+        assert_eq!(rows, [(0, 1), (2, 0), (0, 1)], "row 2 was not written");
+        assert!(!in_transaction(&mut conn));
+    }
+
     async fn lock_all_locks_in_key_order_inside_a_locked_transaction(db) {
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
         for id in 1..=3 {

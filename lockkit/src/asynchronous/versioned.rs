@@ -71,7 +71,7 @@ use crate::optimistic::version_check::{
     checked_next, current_state, stale_report, DeleteVersioned, TouchVersioned, UpdateVersioned,
     VersionCheck, Written,
 };
-use crate::optimistic::versioned::settle;
+use crate::optimistic::versioned::{all_or_none, key_order, settle};
 use crate::transaction::Failure;
 use crate::{classify, Error, Lockable, Operation, Versioned};
 
@@ -189,6 +189,83 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
                 Written::Done(next) => Ok(next.unwrap_or(expected_version)),
                 Written::Stale(stale) => Err(stale.into()),
             }
+        }
+    }
+
+    /// [`Versioned::update_all_by_version`], async: one changeset applied to
+    /// many rows, each checked against its own expected version, in one
+    /// transaction (a savepoint when one is open), in key order. Either every
+    /// version advances, or nothing is written and [`Error::StaleRows`] lists
+    /// every stale key. Returns the new versions, in input order.
+    ///
+    /// # Errors
+    ///
+    /// As [`Versioned::update_all_by_version`]: [`Error::DuplicateKey`],
+    /// [`Error::StaleRows`], [`Error::VersionOverflow`], [`Error::AmbiguousKey`],
+    /// or a classified database error; nothing is written on any of them.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use diesel::prelude::*;
+    /// # use diesel_async::RunQueryDsl;
+    /// use lockkit::asynchronous::prelude::*;
+    /// # diesel::table! { items (id) { id -> Integer, stock -> Integer, lock_version -> Integer } }
+    /// # #[derive(Queryable, Selectable, Versioned)]
+    /// # #[diesel(table_name = items)]
+    /// # pub struct Item { pub id: i32, pub stock: i32, pub lock_version: i32 }
+    /// # async fn run() -> Result<(), lockkit::Error> {
+    /// # use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+    /// # let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await.unwrap();
+    /// # conn.batch_execute("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL); INSERT INTO items VALUES (1, 10, 0), (2, 5, 0)").await?;
+    /// let versions = Item::update_all_by_version(&mut conn, &[(2, 0), (1, 0)], items::stock.eq(0)).await?;
+    /// assert_eq!(versions, vec![1, 1]);
+    /// let err = Item::update_all_by_version(&mut conn, &[(1, 1), (2, 0)], items::stock.eq(9)).await.unwrap_err();
+    /// assert!(matches!(err, lockkit::Error::StaleRows(ref stale) if stale.len() == 1));
+    /// # Ok(()) }
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(run()).unwrap();
+    /// ```
+    fn update_all_by_version<'a, Conn, C>(
+        conn: &'a mut Conn,
+        rows: &'a [(Self::Key, Self::Version)],
+        changes: C,
+    ) -> impl Future<Output = Result<Vec<Self::Version>, Error>> + Send + 'a
+    where
+        Conn: AsyncLockingConnection,
+        Self: AsyncVersionQuery<Conn> + 'a,
+        Self::Key: Ord,
+        Self::Version: Sync,
+        C: Clone + Send + Sync + 'a,
+        (BySql<C>, Self::Bump): AsChangeset<Target = Self::Table>,
+        UpdateVersioned<Self, BySql<C>>: ExecuteDsl<Conn>,
+    {
+        async move {
+            let order = key_order::<Self, _>(rows)?;
+            Conn::TransactionManager::begin_transaction(conn)
+                .await
+                .map_err(classify)?;
+            let mut versions = vec![None; rows.len()];
+            let mut stale = Vec::new();
+            let mut failed = None;
+            for i in order {
+                let (key, expected) = &rows[i];
+                let statement = || Self::update_statement(key.clone(), *expected, changes.clone());
+                match write::<Self, Conn, _>(conn, key, *expected, Operation::Update, statement)
+                    .await
+                {
+                    Ok(Written::Done(next)) => versions[i] = next,
+                    Ok(Written::Stale(report)) => stale.push(report),
+                    Err(err) => {
+                        failed = Some(err);
+                        break;
+                    }
+                }
+            }
+            let result = match failed {
+                Some(err) => Err(err),
+                None => all_or_none(versions, stale),
+            };
+            super::lockable::end(conn, Restore::Nothing, result.map_err(Failure::Lockkit)).await
         }
     }
 
