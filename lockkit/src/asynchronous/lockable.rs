@@ -2,7 +2,7 @@
 //! and [`lock_all`], the async twins of
 //! [`lockkit::with_lock`](crate::with_lock),
 //! [`lockkit::locked_transaction`](crate::locked_transaction) and
-//! [`Lockable::lock_all`](crate::Lockable::lock_all), with the same statements
+//! [`Lockable::lock_all`], with the same statements
 //! and the same errors (see [`pessimistic::lockable`](crate::pessimistic::lockable)):
 //!
 //! ```sql
@@ -352,7 +352,7 @@ pub trait AsyncLockRow<Conn: AsyncLockingConnection>:
 }
 
 /// The locked read of one row under whichever clause the [`RowLock`] picks
-/// (the blocking side's [`RowLock::with_clause`] decides), on a diesel-async
+/// (the blocking side decides which, as for `with_lock`), on a diesel-async
 /// connection. Name it only in `where` clauses.
 #[derive(Debug)]
 pub struct AsyncFirst<'c, Q, M, C>(Q, &'c mut C, PhantomData<M>);
