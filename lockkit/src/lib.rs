@@ -101,6 +101,9 @@ macro_rules! shipped_tables {
 #[allow(unused_imports)]
 pub(crate) use shipped_tables;
 
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub mod asynchronous;
 pub mod bounds;
 pub mod error;
 pub mod http;

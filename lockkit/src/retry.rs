@@ -222,16 +222,13 @@ where
 {
     let mut attempt = 1;
     loop {
-        match op(attempt) {
+        let err = match op(attempt) {
             Ok(value) => return Ok(value),
-            Err(err) if !retryable(&err) => return Err(err),
-            Err(err) if attempt >= policy.max_attempts => {
-                crate::metrics::record_exhausted(attempt, err.lockkit_error().map(|e| e as _));
-                return Err(err.retries_exhausted(attempt));
-            }
-            Err(err) => {
-                let delay = policy.delay_after(attempt);
-                crate::metrics::record_retry(attempt, delay, err.lockkit_error().map(|e| e as _));
+            Err(err) => err,
+        };
+        match after_failure(policy, attempt, err, &retryable) {
+            Next::GiveUp(err) => return Err(err),
+            Next::RetryAfter(delay) => {
                 if !delay.is_zero() {
                     std::thread::sleep(delay);
                 }
@@ -241,9 +238,35 @@ where
     }
 }
 
-/// Whether a failed transaction may run again: as its error says, except that the
-/// owner of the outermost transaction (`nested` false) may rerun one the server
-/// ended as a whole: the transaction is gone, and the next attempt is a new one.
+/// What follows a failed attempt.
+pub(crate) enum Next<E> {
+    /// Return this error to the caller.
+    GiveUp(E),
+    /// Sleep this long, then run the next attempt.
+    RetryAfter(std::time::Duration),
+}
+
+/// The one decision of every retry loop, blocking or async: give up (not
+/// retryable, or the policy's attempts spent) or wait and try again. The
+/// metrics are recorded here.
+pub(crate) fn after_failure<E: RetryableError>(
+    policy: &RetryPolicy,
+    attempt: u32,
+    err: E,
+    retryable: impl Fn(&E) -> bool,
+) -> Next<E> {
+    if !retryable(&err) {
+        return Next::GiveUp(err);
+    }
+    if attempt >= policy.max_attempts {
+        crate::metrics::record_exhausted(attempt, err.lockkit_error().map(|e| e as _));
+        return Next::GiveUp(err.retries_exhausted(attempt));
+    }
+    let delay = policy.delay_after(attempt);
+    crate::metrics::record_retry(attempt, delay, err.lockkit_error().map(|e| e as _));
+    Next::RetryAfter(delay)
+}
+
 pub(crate) fn may_retry<E: RetryableError>(err: &E, nested: bool) -> bool {
     match err.lockkit_error() {
         Some(Error::TransactionAborted(cause)) if !nested => cause.is_retryable(),

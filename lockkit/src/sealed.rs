@@ -18,3 +18,12 @@ impl Sealed for diesel::MysqlConnection {}
 impl Sealed for diesel::sqlite::Sqlite {}
 #[cfg(feature = "sqlite")]
 impl Sealed for diesel::SqliteConnection {}
+#[cfg(all(feature = "async", feature = "postgres"))]
+impl Sealed for diesel_async::AsyncPgConnection {}
+#[cfg(all(feature = "async", feature = "mysql"))]
+impl Sealed for diesel_async::AsyncMysqlConnection {}
+#[cfg(all(feature = "async", feature = "sqlite"))]
+impl Sealed
+    for diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>
+{
+}

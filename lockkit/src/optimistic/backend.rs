@@ -14,7 +14,7 @@
 
 use diesel::backend::Backend;
 use diesel::connection::LoadConnection;
-use diesel::query_builder::QueryId;
+use diesel::query_builder::{BoxedSqlQuery, QueryId, SqlQuery};
 use diesel::query_dsl::methods::LockingDsl;
 use diesel::{Connection, QueryResult};
 
@@ -44,6 +44,15 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     where
         C: Connection<Backend = Self> + LoadConnection;
 
+    /// The catalog query behind [`key_is_unique`](Self::key_is_unique), with its
+    /// values bound: one row, one `BIGINT` column `unique_key`, non-zero when a
+    /// unique index covers only (some of) `key_columns` of `table`. Built here
+    /// once for every connection that runs it, blocking or async.
+    fn key_is_unique_query(
+        table: &str,
+        key_columns: &[&str],
+    ) -> BoxedSqlQuery<'static, Self, SqlQuery>;
+
     /// Whether a unique index covers only (some of) `key_columns` of `table`, so
     /// that the key can never match two rows.
     ///
@@ -52,7 +61,14 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     /// Diesel's error, unclassified (lockkit's callers classify it).
     fn key_is_unique<C>(conn: &mut C, table: &str, key_columns: &[&str]) -> QueryResult<bool>
     where
-        C: Connection<Backend = Self> + LoadConnection;
+        C: Connection<Backend = Self> + LoadConnection,
+        BoxedSqlQuery<'static, Self, SqlQuery>: for<'q> diesel::query_dsl::LoadQuery<'q, C, Unique>,
+    {
+        use diesel::RunQueryDsl;
+        Self::key_is_unique_query(table, key_columns)
+            .get_result::<Unique>(conn)
+            .map(|row| row.unique_key != 0)
+    }
 }
 
 /// `LOCK IN SHARE MODE` (MySQL/MariaDB): the clause of the latest-version read.
@@ -83,23 +99,24 @@ where
         .map(|row| row.id)
 }
 
-#[derive(diesel::QueryableByName)]
+/// The row of [`OptimisticBackend::key_is_unique_query`].
+#[doc(hidden)]
+#[derive(Debug, diesel::QueryableByName)]
 #[cfg_attr(
     not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
     allow(dead_code)
 )]
-struct Unique {
+pub struct Unique {
+    /// Non-zero when the key is unique.
     #[diesel(sql_type = diesel::sql_types::BigInt)]
-    unique_key: i64,
+    pub unique_key: i64,
 }
 
 #[cfg(feature = "postgres")]
 mod postgres {
+    use super::*;
     use diesel::pg::Pg;
     use diesel::sql_types::{Array, Text};
-    use diesel::RunQueryDsl;
-
-    use super::*;
 
     impl OptimisticBackend for Pg {
         type Latest<Q: LockingDsl<InShareMode>> = Q;
@@ -118,10 +135,10 @@ mod postgres {
             )
         }
 
-        fn key_is_unique<C>(conn: &mut C, table: &str, key_columns: &[&str]) -> QueryResult<bool>
-        where
-            C: Connection<Backend = Self> + LoadConnection,
-        {
+        fn key_is_unique_query(
+            table: &str,
+            key_columns: &[&str],
+        ) -> BoxedSqlQuery<'static, Self, SqlQuery> {
             diesel::sql_query(
                 "SELECT COUNT(*) AS unique_key FROM pg_index i \
                   WHERE i.indrelid = to_regclass(quote_ident($1)) \
@@ -130,22 +147,24 @@ mod postgres {
                           JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
                          WHERE a.attname::text <> ALL ($2))",
             )
-            .bind::<Text, _>(table)
-            .bind::<Array<Text>, _>(key_columns.to_vec())
-            .get_result::<Unique>(conn)
-            .map(|row| row.unique_key != 0)
+            .into_boxed()
+            .bind::<Text, _>(table.to_owned())
+            .bind::<Array<Text>, _>(
+                key_columns
+                    .iter()
+                    .map(|c| c.to_string())
+                    .collect::<Vec<_>>(),
+            )
         }
     }
 }
 
 #[cfg(feature = "mysql")]
 mod mysql {
+    use super::*;
     use diesel::mysql::Mysql;
     use diesel::query_builder::{AstPass, QueryFragment};
     use diesel::sql_types::Text;
-    use diesel::RunQueryDsl;
-
-    use super::*;
 
     impl QueryFragment<Mysql> for InShareMode {
         fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
@@ -171,10 +190,10 @@ mod mysql {
             )
         }
 
-        fn key_is_unique<C>(conn: &mut C, table: &str, key_columns: &[&str]) -> QueryResult<bool>
-        where
-            C: Connection<Backend = Self> + LoadConnection,
-        {
+        fn key_is_unique_query(
+            table: &str,
+            key_columns: &[&str],
+        ) -> BoxedSqlQuery<'static, Self, SqlQuery> {
             diesel::sql_query(
                 "SELECT CAST(COUNT(*) AS SIGNED) AS unique_key FROM ( \
                    SELECT INDEX_NAME FROM information_schema.STATISTICS \
@@ -182,21 +201,18 @@ mod mysql {
                     GROUP BY INDEX_NAME \
                    HAVING SUM(FIND_IN_SET(COLUMN_NAME, ?) = 0) = 0) AS unique_indexes",
             )
-            .bind::<Text, _>(table)
+            .into_boxed()
+            .bind::<Text, _>(table.to_owned())
             .bind::<Text, _>(key_columns.join(","))
-            .get_result::<Unique>(conn)
-            .map(|row| row.unique_key != 0)
         }
     }
 }
 
 #[cfg(feature = "sqlite")]
 mod sqlite {
+    use super::*;
     use diesel::sql_types::Text;
     use diesel::sqlite::Sqlite;
-    use diesel::RunQueryDsl;
-
-    use super::*;
 
     impl OptimisticBackend for Sqlite {
         type Latest<Q: LockingDsl<InShareMode>> = Q;
@@ -215,10 +231,10 @@ mod sqlite {
             )
         }
 
-        fn key_is_unique<C>(conn: &mut C, table: &str, key_columns: &[&str]) -> QueryResult<bool>
-        where
-            C: Connection<Backend = Self> + LoadConnection,
-        {
+        fn key_is_unique_query(
+            table: &str,
+            key_columns: &[&str],
+        ) -> BoxedSqlQuery<'static, Self, SqlQuery> {
             // `,a,b,` lists the key columns for an exact `instr` match.
             let columns = format!(",{},", key_columns.join(","));
             diesel::sql_query(
@@ -231,13 +247,12 @@ mod sqlite {
                             AND instr(?, ',' || c.name || ',') > 0 \
                             AND (SELECT COUNT(*) FROM pragma_table_info(?) WHERE pk > 0) = 1)) AS unique_key",
             )
-            .bind::<Text, _>(table)
-            .bind::<Text, _>(&columns)
-            .bind::<Text, _>(table)
-            .bind::<Text, _>(&columns)
-            .bind::<Text, _>(table)
-            .get_result::<Unique>(conn)
-            .map(|row| row.unique_key != 0)
+            .into_boxed()
+            .bind::<Text, _>(table.to_owned())
+            .bind::<Text, _>(columns.clone())
+            .bind::<Text, _>(table.to_owned())
+            .bind::<Text, _>(columns.clone())
+            .bind::<Text, _>(table.to_owned())
         }
     }
 }

@@ -339,16 +339,7 @@ where
         return Ok(Written::Done(next));
     }
 
-    let current = match M::load_current_version(conn, key.clone()) {
-        Ok(Some(version)) => CurrentState::Version(version.to_i64()),
-        Ok(None) => CurrentState::Deleted,
-        Err(diesel::result::Error::DeserializationError(err))
-            if err.is::<diesel::result::UnexpectedNullError>() =>
-        {
-            CurrentState::NullVersion
-        }
-        Err(err) => return Err(classify(err)),
-    };
+    let current = current_state(M::load_current_version(conn, key.clone()), expected)?;
     let current = match (plan, current) {
         // The row holds the number a rolled-back write gave this struct: somebody
         // wrote it again, and this struct cannot be told from theirs. Move the row
@@ -357,7 +348,6 @@ where
             let bumped = M::bump_past(conn, key.clone(), expected).map_err(classify)?;
             CurrentState::Version(if bumped == 1 { v + 1 } else { v })
         }
-        (_, CurrentState::Version(v)) if v < expected.to_i64() => CurrentState::Behind(v),
         (_, current) => current,
     };
     if let (Plan::Restore { .. }, CurrentState::Version(v)) = (plan, current) {
@@ -367,6 +357,39 @@ where
             journal::forget_through(M::TABLE_NAME, row.clone(), v);
         }
     }
+    Ok(Written::Stale(stale_report::<M>(
+        key, expected, operation, current,
+    )))
+}
+
+/// What the follow-up read of a stale write found: the row's version, a version
+/// behind the one expected, no row, or a `NULL` version.
+pub(crate) fn current_state<V: VersionNumber>(
+    read: diesel::QueryResult<Option<V>>,
+    expected: V,
+) -> Result<CurrentState, Error> {
+    Ok(match read {
+        Ok(Some(version)) if version.to_i64() < expected.to_i64() => {
+            CurrentState::Behind(version.to_i64())
+        }
+        Ok(Some(version)) => CurrentState::Version(version.to_i64()),
+        Ok(None) => CurrentState::Deleted,
+        Err(diesel::result::Error::DeserializationError(err))
+            if err.is::<diesel::result::UnexpectedNullError>() =>
+        {
+            CurrentState::NullVersion
+        }
+        Err(err) => return Err(classify(err)),
+    })
+}
+
+/// The report of a write that matched no row, counted in the metrics.
+pub(crate) fn stale_report<M: Versioned>(
+    key: &M::Key,
+    expected: M::Version,
+    operation: Operation,
+    current: CurrentState,
+) -> StaleObjectError {
     let stale = StaleObjectError {
         table: M::TABLE_NAME,
         key: format!("{key:?}"),
@@ -383,7 +406,7 @@ where
         stale.expected_version,
         stale.current,
     );
-    Ok(Written::Stale(stale))
+    stale
 }
 
 /// Executes a versioned statement; where the database does not enforce the

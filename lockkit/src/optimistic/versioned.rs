@@ -574,14 +574,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         (BySql<C>, Self::Bump): AsChangeset<Target = Self::Table>,
         UpdateVersioned<Self, BySql<C>>: ExecuteDsl<Conn>,
     {
-        let mut order: Vec<usize> = (0..rows.len()).collect();
-        order.sort_by(|&a, &b| rows[a].0.cmp(&rows[b].0));
-        if let Some(twice) = order.windows(2).find(|w| rows[w[0]].0 == rows[w[1]].0) {
-            return Err(Error::DuplicateKey {
-                table: Self::TABLE_NAME,
-                key: format!("{:?}", rows[twice[0]].0),
-            });
-        }
+        let order = key_order::<Self, _>(rows)?;
         conn.transaction(|conn| {
             let mut versions = vec![None; rows.len()];
             let mut stale = Vec::new();
@@ -598,11 +591,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
                     Written::Stale(report) => stale.push(report),
                 }
             }
-            if stale.is_empty() {
-                Ok(versions.into_iter().flatten().collect())
-            } else {
-                Err(Error::StaleRows(stale))
-            }
+            all_or_none(versions, stale)
         })
     }
 
@@ -647,8 +636,41 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     }
 }
 
+/// The order `update_all_by_version` writes `rows` in: by key, so that two bulk
+/// updates of overlapping rows cannot deadlock; a key named twice is refused.
+pub(crate) fn key_order<M: Lockable, V>(rows: &[(M::Key, V)]) -> Result<Vec<usize>, Error>
+where
+    M::Key: Ord,
+{
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by(|&a, &b| rows[a].0.cmp(&rows[b].0));
+    if let Some(twice) = order.windows(2).find(|w| rows[w[0]].0 == rows[w[1]].0) {
+        return Err(Error::DuplicateKey {
+            table: M::TABLE_NAME,
+            key: format!("{:?}", rows[twice[0]].0),
+        });
+    }
+    Ok(order)
+}
+
+/// The end of `update_all_by_version`: every new version, in input order, or
+/// every stale row.
+pub(crate) fn all_or_none<V>(
+    versions: Vec<Option<V>>,
+    stale: Vec<crate::StaleObjectError>,
+) -> Result<Vec<V>, Error> {
+    if stale.is_empty() {
+        Ok(versions.into_iter().flatten().collect())
+    } else {
+        Err(Error::StaleRows(stale))
+    }
+}
+
 /// Applies a write's outcome to the model: the new version, or the stale report.
-fn settle<M: Versioned>(model: &mut M, written: Written<M::Version>) -> Result<(), Error> {
+pub(crate) fn settle<M: Versioned>(
+    model: &mut M,
+    written: Written<M::Version>,
+) -> Result<(), Error> {
     match written {
         Written::Done(next) => {
             if let Some(next) = next {

@@ -160,13 +160,17 @@ pub(crate) mod postgres {
 
     as_locking_connection!(PgConnection);
 
+    /// The statements of a lock timeout, shared with the async connection.
+    pub(crate) const LOCK_TIMEOUT: &str = "current_setting('lock_timeout')";
+    /// `set_config(.., true)` is `SET LOCAL`, with the value bound.
+    pub(crate) const SET_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)";
+
     fn lock_timeout(conn: &mut PgConnection) -> diesel::QueryResult<String> {
-        diesel::select(diesel::dsl::sql::<Text>("current_setting('lock_timeout')")).get_result(conn)
+        diesel::select(diesel::dsl::sql::<Text>(LOCK_TIMEOUT)).get_result(conn)
     }
 
     fn set_lock_timeout(conn: &mut PgConnection, value: &str) -> diesel::QueryResult<()> {
-        // `set_config(.., true)` is `SET LOCAL`, with the value bound.
-        diesel::sql_query("SELECT set_config('lock_timeout', $1, true)")
+        diesel::sql_query(SET_LOCK_TIMEOUT)
             .bind::<Text, _>(value)
             .execute(conn)
             .map(drop)
@@ -266,11 +270,12 @@ pub(crate) mod mysql {
 
     as_locking_connection!(MysqlConnection);
 
+    /// The statements of the lock wait timeout, shared with the async connection.
+    pub(crate) const LOCK_WAIT_TIMEOUT: &str = "CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED)";
+    pub(crate) const SET_LOCK_WAIT_TIMEOUT: &str = "SET SESSION innodb_lock_wait_timeout = ?";
+
     fn lock_wait_timeout(conn: &mut MysqlConnection) -> diesel::QueryResult<i64> {
-        diesel::select(diesel::dsl::sql::<BigInt>(
-            "CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED)",
-        ))
-        .get_result(conn)
+        diesel::select(diesel::dsl::sql::<BigInt>(LOCK_WAIT_TIMEOUT)).get_result(conn)
     }
 
     /// MariaDB's `@@in_transaction`: whether the server has a transaction open.
@@ -283,7 +288,7 @@ pub(crate) mod mysql {
     }
 
     fn set_lock_wait_timeout(conn: &mut MysqlConnection, secs: i64) -> diesel::QueryResult<()> {
-        diesel::sql_query("SET SESSION innodb_lock_wait_timeout = ?")
+        diesel::sql_query(SET_LOCK_WAIT_TIMEOUT)
             .bind::<BigInt, _>(secs)
             .execute(conn)
             .map(drop)
@@ -400,9 +405,18 @@ pub(crate) mod sqlite {
     as_locking_connection!(SqliteConnection);
 
     #[derive(diesel::QueryableByName)]
-    struct BusyTimeout {
+    pub(crate) struct BusyTimeout {
         #[diesel(sql_type = diesel::sql_types::Integer)]
-        timeout: i32,
+        pub(crate) timeout: i32,
+    }
+
+    /// The write lock's statement (see [`write_lock`]), shared with the async connection.
+    pub(crate) const WRITE_LOCK: &str = "PRAGMA incremental_vacuum(1)";
+    pub(crate) const BUSY_TIMEOUT: &str = "PRAGMA busy_timeout";
+
+    /// PRAGMA takes no bound parameters; `millis` is an integer, never caller text.
+    pub(crate) fn set_busy_timeout_sql(millis: i32) -> String {
+        format!("PRAGMA busy_timeout = {millis}")
     }
 
     /// Takes the database's write lock in the open transaction without changing
@@ -412,12 +426,11 @@ pub(crate) mod sqlite {
     /// would fix the transaction's snapshot, and a snapshot older than the lock
     /// holder's commit could never be upgraded to a write.
     fn write_lock(conn: &mut SqliteConnection) -> diesel::QueryResult<()> {
-        conn.batch_execute("PRAGMA incremental_vacuum(1)")
+        conn.batch_execute(WRITE_LOCK)
     }
 
     fn set_busy_timeout(conn: &mut SqliteConnection, millis: i32) -> diesel::QueryResult<()> {
-        // PRAGMA takes no bound parameters; `millis` is an integer, never caller text.
-        conn.batch_execute(&format!("PRAGMA busy_timeout = {millis}"))
+        conn.batch_execute(&set_busy_timeout_sql(millis))
     }
 
     impl LockingConnection for SqliteConnection {
@@ -466,7 +479,7 @@ pub(crate) mod sqlite {
         let previous = match busy_timeout {
             Some(millis) => {
                 let sqlite = conn.reach().map_err(crate::classify)?;
-                let previous = diesel::sql_query("PRAGMA busy_timeout")
+                let previous = diesel::sql_query(BUSY_TIMEOUT)
                     .get_result::<BusyTimeout>(sqlite)
                     .map_err(crate::classify)?
                     .timeout;

@@ -589,7 +589,21 @@ where
     }
 }
 
-type ByKey<M, DB> = Select<Find<<M as Lockable>::Table, <M as Lockable>::Key>, AsSelect<M, DB>>;
+/// `SELECT <fields> FROM <table> WHERE <key>`: the read `with_lock` locks.
+pub(crate) type ByKey<M, DB> =
+    Select<Find<<M as Lockable>::Table, <M as Lockable>::Key>, AsSelect<M, DB>>;
+
+/// Builds [`ByKey`], for the blocking and the async connections.
+pub(crate) fn by_key<M, DB>(key: M::Key) -> ByKey<M, DB>
+where
+    DB: diesel::backend::Backend,
+    M: Lockable + Selectable<DB>,
+    AsSelect<M, DB>: Expression,
+    M::Table: FindDsl<M::Key>,
+    Find<M::Table, M::Key>: SelectDsl<AsSelect<M, DB>>,
+{
+    M::Table::default().find(key).select(M::as_select())
+}
 
 /// Implements [`LockRow`] and [`LockAll`] for every model that fits, on each
 /// connection lockkit locks rows on (a [`Dispatch`](crate::multi::Dispatch)
@@ -612,8 +626,7 @@ macro_rules! lock_row_on {
                 key: M::Key,
                 lock: RowLock,
             ) -> diesel::QueryResult<Option<M>> {
-                let query = M::Table::default().find(key).select(M::as_select());
-                lock.with_clause(conn, First(query, PhantomData))
+                lock.with_clause(conn, First(by_key::<M, $db>(key), PhantomData))
             }
 
             fn exists(conn: &mut $conn, key: M::Key) -> diesel::QueryResult<bool> {
@@ -621,8 +634,7 @@ macro_rules! lock_row_on {
             }
 
             fn load(conn: &mut $conn, key: M::Key) -> diesel::QueryResult<Option<M>> {
-                let query = M::Table::default().find(key).select(M::as_select());
-                query.get_result::<M>(conn).optional()
+                by_key::<M, $db>(key).get_result::<M>(conn).optional()
             }
         }
 
@@ -746,7 +758,7 @@ type AllByKeys<M, DB> = Select<
 
 impl LockStrength {
     /// `FOR UPDATE` and `FOR NO KEY UPDATE`: the locks a writer takes.
-    fn is_exclusive(self) -> bool {
+    pub(crate) fn is_exclusive(self) -> bool {
         matches!(self, LockStrength::Update | LockStrength::NoKeyUpdate)
     }
 }

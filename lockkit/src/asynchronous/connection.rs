@@ -1,0 +1,304 @@
+//! [`AsyncLockingConnection`]: what each diesel-async connection does to begin
+//! and end a locking transaction. The statements are the blocking side's
+//! ([`crate::pessimistic::connection`]); only their execution is async.
+//!
+//! | | `AsyncPgConnection` | `AsyncMysqlConnection` | `SyncConnectionWrapper<SqliteConnection>` |
+//! | --- | --- | --- | --- |
+//! | begin | `BEGIN` (`SAVEPOINT` nested) | `BEGIN` (`SAVEPOINT` nested) | `BEGIN IMMEDIATE` (nested: `SAVEPOINT` + write lock) |
+//! | row-lock clause | the [`RowLock`](crate::RowLock)'s | the [`RowLock`](crate::RowLock)'s | none: the transaction holds the database's write lock |
+//! | [`LockOptions::timeout`](crate::LockOptions::timeout) | `set_config('lock_timeout', $1, true)` | `innodb_lock_wait_timeout`, put back after | `PRAGMA busy_timeout`, put back after |
+//!
+//! # Cancellation
+//!
+//! A future of lockkit's async calls that is dropped before it finishes (a
+//! client went away, `tokio::time::timeout` fired) cannot send `ROLLBACK`:
+//! nothing runs after a drop. The connection then still has its transaction
+//! open, and diesel-async's transaction manager says so. diesel-async's bb8
+//! and deadpool pools ask exactly that (`is_broken`) when the connection comes
+//! back, and discard a connection with an open transaction (or one dropped in
+//! the middle of `BEGIN`, `COMMIT` or `ROLLBACK`) instead of handing it to the
+//! next user. Closing it ends the server session, and with it the transaction
+//! and its row locks. `tests/async_cancel.rs` drops `with_lock` at every await
+//! point and checks both.
+//!
+//! A connection you hold yourself (no pool) is not discarded: after a dropped
+//! call it is still inside the abandoned transaction, and the next lockkit call
+//! on it would nest in it. Drop such a connection too, or use a pool.
+
+use std::future::Future;
+
+use diesel::query_dsl::methods::LockingDsl;
+use diesel::QueryResult;
+use diesel_async::{AsyncConnection, TransactionManager};
+
+use crate::optimistic::backend::OptimisticBackend;
+use crate::{Error, LockOptions};
+
+/// A diesel-async connection lockkit's async calls run on:
+/// `AsyncPgConnection`, `AsyncMysqlConnection`,
+/// `SyncConnectionWrapper<SqliteConnection>` (features `postgres`, `mysql`,
+/// `sqlite`). A pooled connection (bb8's `PooledConnection`, deadpool's
+/// `Object`) is passed as `&mut *pooled`.
+///
+/// Sealed; name it only in `where` clauses.
+#[diagnostic::on_unimplemented(
+    message = "lockkit's async calls do not run on `{Self}`",
+    label = "not a diesel-async connection lockkit supports",
+    note = "lockkit supports `AsyncPgConnection`, `AsyncMysqlConnection` and `SyncConnectionWrapper<SqliteConnection>` (feature `async` with `postgres`, `mysql`, `sqlite`); pass a pooled connection as `&mut *conn`"
+)]
+pub trait AsyncLockingConnection:
+    AsyncConnection<Backend: OptimisticBackend> + Send + crate::sealed::Sealed + 'static
+{
+    /// A query with a row-lock clause: the clause on PostgreSQL and MySQL, the
+    /// query unchanged on SQLite.
+    type Locked<Q: LockingDsl<L>, L>;
+
+    /// Puts the row-lock clause on `query` (as
+    /// [`LockingConnection::apply_lock`](crate::LockingConnection::apply_lock)).
+    fn apply_lock<Q: LockingDsl<L>, L>(query: Q, lock: L) -> Self::Locked<Q, L>;
+
+    /// Begins a transaction fit for locking (a savepoint when one is open) with
+    /// the options' lock timeout; what it returns puts the setting back.
+    #[doc(hidden)]
+    fn begin_locked(
+        &mut self,
+        options: &LockOptions,
+    ) -> impl Future<Output = Result<Restore, Error>> + Send;
+
+    /// Puts back a setting [`begin_locked`](Self::begin_locked) changed: `before`
+    /// the end of the transaction (or savepoint) or after it.
+    #[doc(hidden)]
+    fn restore(
+        &mut self,
+        restore: &Restore,
+        before_end: bool,
+    ) -> impl Future<Output = QueryResult<()>> + Send;
+}
+
+/// A session setting a locked transaction changed, to be put back.
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum Restore {
+    /// Nothing changed.
+    Nothing,
+    /// PostgreSQL, nested: the outer transaction's `lock_timeout` (`SET LOCAL`
+    /// survives `RELEASE SAVEPOINT`).
+    LockTimeout(String),
+    /// MySQL/MariaDB: the session's `innodb_lock_wait_timeout`.
+    LockWaitTimeout(i64),
+    /// SQLite: the connection's busy timeout.
+    BusyTimeout(i32),
+}
+
+/// Whether a transaction is open on `conn`.
+pub(crate) fn in_transaction<C: AsyncConnection>(conn: &mut C) -> bool {
+    matches!(
+        C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
+        Ok(Some(_))
+    )
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use diesel::sql_types::Text;
+    use diesel_async::{AsyncPgConnection, RunQueryDsl};
+
+    use super::*;
+    use crate::pessimistic::connection::postgres::{LOCK_TIMEOUT, SET_LOCK_TIMEOUT};
+
+    async fn set_lock_timeout(conn: &mut AsyncPgConnection, value: String) -> QueryResult<()> {
+        diesel::sql_query(SET_LOCK_TIMEOUT)
+            .bind::<Text, _>(value)
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
+    impl AsyncLockingConnection for AsyncPgConnection {
+        type Locked<Q: LockingDsl<L>, L> = Q::Output;
+
+        fn apply_lock<Q: LockingDsl<L>, L>(query: Q, lock: L) -> Self::Locked<Q, L> {
+            query.with_lock(lock)
+        }
+
+        async fn begin_locked(&mut self, options: &LockOptions) -> Result<Restore, Error> {
+            let nested = in_transaction(self);
+            <Self as AsyncConnection>::TransactionManager::begin_transaction(self)
+                .await
+                .map_err(crate::classify)?;
+            let Some(millis) = options.timeout_millis() else {
+                return Ok(Restore::Nothing);
+            };
+            let set = async {
+                let outer = if nested {
+                    let outer = diesel::select(diesel::dsl::sql::<Text>(LOCK_TIMEOUT))
+                        .get_result::<String>(self)
+                        .await?;
+                    Restore::LockTimeout(outer)
+                } else {
+                    Restore::Nothing
+                };
+                set_lock_timeout(self, format!("{millis}ms")).await?;
+                Ok(outer)
+            }
+            .await;
+            match set {
+                Ok(restore) => Ok(restore),
+                Err(err) => {
+                    let _ =
+                        <Self as AsyncConnection>::TransactionManager::rollback_transaction(self)
+                            .await;
+                    Err(crate::classify(err))
+                }
+            }
+        }
+
+        async fn restore(&mut self, restore: &Restore, before_end: bool) -> QueryResult<()> {
+            match restore {
+                Restore::LockTimeout(outer) if before_end => {
+                    set_lock_timeout(self, outer.clone()).await
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use diesel::sql_types::BigInt;
+    use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
+
+    use super::*;
+    use crate::pessimistic::connection::mysql::{LOCK_WAIT_TIMEOUT, SET_LOCK_WAIT_TIMEOUT};
+
+    async fn set_lock_wait_timeout(conn: &mut AsyncMysqlConnection, secs: i64) -> QueryResult<()> {
+        diesel::sql_query(SET_LOCK_WAIT_TIMEOUT)
+            .bind::<BigInt, _>(secs)
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
+    impl AsyncLockingConnection for AsyncMysqlConnection {
+        type Locked<Q: LockingDsl<L>, L> = Q::Output;
+
+        fn apply_lock<Q: LockingDsl<L>, L>(query: Q, lock: L) -> Self::Locked<Q, L> {
+            query.with_lock(lock)
+        }
+
+        async fn begin_locked(&mut self, options: &LockOptions) -> Result<Restore, Error> {
+            // innodb_lock_wait_timeout is a session setting: set it, run, put it back.
+            let restore = match options.timeout_secs() {
+                Some(secs) => {
+                    let previous = diesel::select(diesel::dsl::sql::<BigInt>(LOCK_WAIT_TIMEOUT))
+                        .get_result::<i64>(self)
+                        .await
+                        .map_err(crate::classify)?;
+                    set_lock_wait_timeout(self, secs)
+                        .await
+                        .map_err(crate::classify)?;
+                    Restore::LockWaitTimeout(previous)
+                }
+                None => Restore::Nothing,
+            };
+            if let Err(err) =
+                <Self as AsyncConnection>::TransactionManager::begin_transaction(self).await
+            {
+                let _ = self.restore(&restore, false).await;
+                return Err(crate::classify(err));
+            }
+            Ok(restore)
+        }
+
+        async fn restore(&mut self, restore: &Restore, before_end: bool) -> QueryResult<()> {
+            match restore {
+                Restore::LockWaitTimeout(previous) if !before_end => {
+                    set_lock_wait_timeout(self, *previous).await
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use diesel::connection::AnsiTransactionManager;
+    use diesel::SqliteConnection;
+    use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+    use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+
+    use super::*;
+    use crate::pessimistic::connection::sqlite::{
+        set_busy_timeout_sql, BusyTimeout, BUSY_TIMEOUT, WRITE_LOCK,
+    };
+
+    type Wrapped = SyncConnectionWrapper<SqliteConnection>;
+
+    impl AsyncLockingConnection for Wrapped {
+        type Locked<Q: LockingDsl<L>, L> = Q;
+
+        fn apply_lock<Q: LockingDsl<L>, L>(query: Q, _lock: L) -> Self::Locked<Q, L> {
+            query
+        }
+
+        async fn begin_locked(&mut self, options: &LockOptions) -> Result<Restore, Error> {
+            let wait = options.wait_mode();
+            let restore = match wait.busy_timeout_millis(options.timeout_millis()) {
+                Some(millis) => {
+                    let previous = diesel::sql_query(BUSY_TIMEOUT)
+                        .get_result::<BusyTimeout>(self)
+                        .await
+                        .map_err(crate::classify)?
+                        .timeout;
+                    self.batch_execute(&set_busy_timeout_sql(millis))
+                        .await
+                        .map_err(crate::classify)?;
+                    Restore::BusyTimeout(previous)
+                }
+                None => Restore::Nothing,
+            };
+            let waited = crate::metrics::LockWait::start();
+            // Top level: `BEGIN IMMEDIATE` takes the write lock before the first
+            // read, so writers queue here. Nested: a savepoint takes no lock, and
+            // the outer transaction may be a deferred one that has none yet.
+            let begun = if in_transaction(self) {
+                match <Self as AsyncConnection>::TransactionManager::begin_transaction(self).await {
+                    Ok(()) => match self.batch_execute(WRITE_LOCK).await {
+                        Ok(()) => Ok(()),
+                        Err(err) => {
+                            let _ = <Self as AsyncConnection>::TransactionManager::rollback_transaction(self).await;
+                            Err(err)
+                        }
+                    },
+                    Err(err) => Err(err),
+                }
+            } else {
+                self.spawn_blocking(|sqlite| {
+                    AnsiTransactionManager::begin_transaction_sql(sqlite, "BEGIN IMMEDIATE")
+                })
+                .await
+            };
+            match begun {
+                Ok(()) => {
+                    waited.acquired("database", 1);
+                    Ok(restore)
+                }
+                Err(err) => {
+                    let _ = self.restore(&restore, false).await;
+                    Err(wait.classify_write_lock(err))
+                }
+            }
+        }
+
+        async fn restore(&mut self, restore: &Restore, before_end: bool) -> QueryResult<()> {
+            match restore {
+                Restore::BusyTimeout(previous) if !before_end => {
+                    self.batch_execute(&set_busy_timeout_sql(*previous)).await
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+}

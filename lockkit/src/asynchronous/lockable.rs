@@ -1,0 +1,483 @@
+//! Pessimistic locking on diesel-async: [`with_lock`], [`locked_transaction`]
+//! and [`lock_all`], the async twins of
+//! [`lockkit::with_lock`](crate::with_lock),
+//! [`lockkit::locked_transaction`](crate::locked_transaction) and
+//! [`Lockable::lock_all`], with the same statements
+//! and the same errors (see [`pessimistic::lockable`](crate::pessimistic::lockable)):
+//!
+//! ```sql
+//! BEGIN;                                      -- SQLite: BEGIN IMMEDIATE
+//! SELECT set_config('lock_timeout', $1, true); -- only with LockOptions::timeout
+//! SELECT items.id, items.stock, items.lock_version
+//!   FROM items WHERE items.id = $1 FOR UPDATE; -- SQLite: no clause
+//! UPDATE items SET lock_version = lock_version + 1
+//!  WHERE items.id = $1 AND items.lock_version = $2; -- Versioned models only
+//! -- your closure
+//! COMMIT;                                     -- or ROLLBACK on Err
+//! ```
+//!
+//! The closure is an `async` closure that gets the connection and the fresh,
+//! locked row, and returns your own error type (any `E: From<lockkit::Error>`).
+//! A future dropped before it finishes leaves the transaction open on the
+//! connection: see [cancellation](super::connection#cancellation).
+//!
+//! ```
+//! # use diesel::prelude::*;
+//! # use diesel_async::RunQueryDsl;
+//! use lockkit::asynchronous::prelude::*;
+//! use lockkit::LockOptions;
+//! # diesel::table! { items (id) { id -> Integer, stock -> Integer } }
+//! #[derive(Queryable, Selectable, Lockable)]
+//! #[diesel(table_name = items)]
+//! pub struct Item { pub id: i32, pub stock: i32 }
+//!
+//! # async fn run() -> Result<(), lockkit::Error> {
+//! # use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+//! # let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await.unwrap();
+//! # conn.batch_execute("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL); INSERT INTO items VALUES (1, 10)").await?;
+//! let left = lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |conn, item: Item| {
+//!     diesel::update(items::table.find(item.id))
+//!         .set(items::stock.eq(item.stock - 8))
+//!         .execute(conn)
+//!         .await?;
+//!     Ok::<_, lockkit::Error>(item.stock - 8)
+//! })
+//! .await?;
+//! assert_eq!(left, 2);
+//! # Ok(()) }
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(run()).unwrap();
+//! ```
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+
+use diesel::dsl::{self, AsSelect};
+use diesel::expression::Expression;
+use diesel::query_dsl::methods::{FilterDsl, FindDsl, LockingDsl, OrderDsl, SelectDsl};
+use diesel::Table;
+use diesel::{ExpressionMethods, OptionalExtension, QueryResult, Selectable, SelectableHelper};
+use diesel_async::methods::{ExecuteDsl, LoadQuery};
+use diesel_async::{RunQueryDsl, TransactionManager};
+
+use super::connection::{in_transaction, AsyncLockingConnection};
+use super::versioned::{AsyncVersionQuery, AsyncVersioned};
+use super::work::{AsyncWork, AsyncWork2};
+use crate::optimistic::version_check::TouchVersioned;
+use crate::optimistic::BumpVersion;
+use crate::pessimistic::lockable::{by_key, ByKey, KeyColumn, MAX_KEYS_PER_STATEMENT};
+use crate::pessimistic::row_lock::{EveryClause, ForUpdate, LockedCall, RowLock, WaitMode};
+use crate::pessimistic::NoVersion;
+use crate::transaction::Failure;
+use crate::{classify, Error, LockOptions, Lockable};
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+type Pk<M> = <<M as Lockable>::Table as diesel::Table>::PrimaryKey;
+
+/// Locks the row `key` of `M` as `options` say and runs `f` on the fresh row, in
+/// a transaction: [`lockkit::with_lock`](crate::with_lock) on diesel-async.
+///
+/// `f` is an `async` closure that returns your own error type, as in Diesel's
+/// `transaction`. An `Err` rolls the transaction back; the error comes back to
+/// you untouched.
+///
+/// # Errors
+///
+/// As [`Lockable::with_lock`]: [`Error::NotFound`], [`Error::Busy`] with
+/// `nowait()` or `skip_locked()`, [`Error::LockTimeout`], [`Error::Deadlock`],
+/// a serialization failure or deadlock reported at `COMMIT`, any other
+/// classified database error, and whatever `f` returns.
+///
+/// # Example
+///
+/// ```
+/// # use diesel::prelude::*;
+/// # use diesel_async::RunQueryDsl;
+/// use lockkit::asynchronous::prelude::*;
+/// use lockkit::LockOptions;
+/// # diesel::table! { items (id) { id -> Integer, stock -> Integer } }
+/// # #[derive(Queryable, Selectable, Lockable)]
+/// # #[diesel(table_name = items)]
+/// # pub struct Item { pub id: i32, pub stock: i32 }
+/// #[derive(Debug, thiserror::Error)]
+/// enum ShopError {
+///     #[error("only {0} left")]
+///     NotEnough(i32),
+///     #[error(transparent)]
+///     Lock(#[from] lockkit::Error),
+/// }
+///
+/// # async fn run() {
+/// # use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+/// # let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await.unwrap();
+/// # conn.batch_execute("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL); INSERT INTO items VALUES (1, 5)").await.unwrap();
+/// let opts = LockOptions::default().nowait();
+/// let sold = lockkit::asynchronous::with_lock(&mut conn, 1, opts, async |_conn, item: Item| {
+///     if item.stock < 8 {
+///         return Err(ShopError::NotEnough(item.stock));
+///     }
+///     Ok(8)
+/// })
+/// .await;
+/// assert!(matches!(sold, Err(ShopError::NotEnough(5))));
+/// # }
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(run());
+/// ```
+pub async fn with_lock<M, C, T, E, F>(
+    conn: &mut C,
+    key: M::Key,
+    options: LockOptions,
+    f: F,
+) -> Result<T, E>
+where
+    C: AsyncLockingConnection,
+    M: AsyncLockRow<C>,
+    E: From<Error> + Send,
+    T: Send,
+    for<'r> F: AsyncFnOnce(&'r mut C, M) -> Result<T, E>
+        + AsyncWork2<&'r mut C, M, Result<T, E>, Fut: Send>
+        + Send,
+{
+    let restore = conn.begin_locked(&options).await.map_err(E::from)?;
+    let result = match lock_row::<M, C>(conn, key, options).await {
+        Ok(row) => f(conn, row).await.map_err(Failure::Closure),
+        Err(err) => Err(Failure::Lockkit(err)),
+    };
+    end(conn, restore, result).await
+}
+
+/// Runs `f` in a transaction fit for locking, as
+/// [`lockkit::locked_transaction`](crate::locked_transaction) does: a plain
+/// transaction with the options' lock timeout on PostgreSQL and MySQL, `BEGIN
+/// IMMEDIATE` on SQLite. Use it around [`lock_all`].
+///
+/// # Errors
+///
+/// As [`lockkit::locked_transaction`](crate::locked_transaction): a classified
+/// error from `BEGIN`, the setting or `COMMIT`, and whatever `f` returns.
+///
+/// # Example
+///
+/// See [`lock_all`].
+pub async fn locked_transaction<C, T, E, F>(
+    conn: &mut C,
+    options: LockOptions,
+    f: F,
+) -> Result<T, E>
+where
+    C: AsyncLockingConnection,
+    E: From<Error> + Send,
+    T: Send,
+    for<'r> F: AsyncFnOnce(&'r mut C) -> Result<T, E>
+        + AsyncWork<&'r mut C, Result<T, E>, Fut: Send>
+        + Send,
+{
+    let restore = conn.begin_locked(&options).await.map_err(E::from)?;
+    let result = f(conn).await.map_err(Failure::Closure);
+    end(conn, restore, result).await
+}
+
+/// The end of every async lockkit transaction, decided here once: commit on
+/// `Ok` (a failed `COMMIT` is classified: a serialization failure or deadlock
+/// found at commit is retryable like any other), roll back on `Err`, then put
+/// back the session setting the transaction changed.
+pub(crate) async fn end<C, T, E>(
+    conn: &mut C,
+    restore: super::connection::Restore,
+    result: Result<T, Failure<E>>,
+) -> Result<T, E>
+where
+    C: AsyncLockingConnection,
+    E: From<Error>,
+{
+    let result = match result {
+        Ok(value) => match conn.restore(&restore, true).await {
+            Ok(()) => C::TransactionManager::commit_transaction(conn)
+                .await
+                .map(|()| value)
+                .map_err(Failure::Diesel),
+            Err(err) => Err(Failure::Diesel(err)),
+        },
+        Err(failure) => Err(failure),
+    };
+    let result = match result {
+        Ok(value) => Ok(value),
+        Err(failure) => {
+            // After a failed COMMIT diesel-async has already ended (or given
+            // up on) the transaction; otherwise roll it back. A broken
+            // transaction manager says less than the error behind it.
+            if in_transaction(conn) {
+                match C::TransactionManager::rollback_transaction(conn).await {
+                    Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => {}
+                    Err(rollback) => return Err(E::from(classify(rollback))),
+                }
+            }
+            Err(failure)
+        }
+    };
+    let restored = conn.restore(&restore, false).await;
+    match (result, restored) {
+        (Ok(value), Ok(())) => Ok(value),
+        (Ok(_), Err(err)) => Err(E::from(classify(err))),
+        (Err(Failure::Closure(err)), _) => Err(err),
+        (Err(Failure::Lockkit(err)), _) => Err(E::from(err)),
+        (Err(Failure::Diesel(err)), _) => Err(E::from(classify(err))),
+    }
+}
+
+/// The locked read of [`with_lock`], in its transaction: the row, its version
+/// advanced when the lock is exclusive and the model versioned.
+async fn lock_row<M, C>(conn: &mut C, key: M::Key, options: LockOptions) -> Result<M, Error>
+where
+    C: AsyncLockingConnection,
+    M: AsyncLockRow<C>,
+{
+    let started = std::time::Instant::now();
+    let lock = options.row_lock();
+    let row = M::load_locked(conn, key.clone(), lock)
+        .await
+        .map_err(|err| lock.wait.classify(err))?;
+    if row.is_some() {
+        crate::metrics::record_lock_acquired(M::TABLE_NAME, started.elapsed());
+    }
+    let mut row = match row {
+        Some(row) => row,
+        // SKIP LOCKED hides a locked row: tell "held by someone" from "absent".
+        None if lock.wait == WaitMode::SkipLocked => {
+            return Err(match M::exists(conn, key).await.map_err(classify)? {
+                true => Error::Busy,
+                false => Error::NotFound,
+            })
+        }
+        None => return Err(Error::NotFound),
+    };
+    if lock.strength.is_exclusive() {
+        <M::OnLock as AsyncMarkLocked<M, C>>::mark(conn, &mut row).await?;
+    }
+    Ok(row)
+}
+
+/// Locks the rows with these keys in ascending key order and returns them in
+/// that order: [`Lockable::lock_all`] on diesel-async, with its statement and
+/// errors. Must run inside a transaction ([`Error::NotInTransaction`]
+/// otherwise): [`locked_transaction`].
+///
+/// # Errors
+///
+/// As [`Lockable::lock_all`].
+///
+/// # Example
+///
+/// ```
+/// # use diesel::prelude::*;
+/// # use diesel_async::RunQueryDsl;
+/// use lockkit::asynchronous::prelude::*;
+/// use lockkit::LockOptions;
+/// # diesel::table! { accounts (id) { id -> Integer, balance -> BigInt } }
+/// # #[derive(Queryable, Selectable, Lockable)]
+/// # #[diesel(table_name = accounts)]
+/// # pub struct Account { pub id: i32, pub balance: i64 }
+/// # async fn run() -> Result<(), lockkit::Error> {
+/// # use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+/// # let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await.unwrap();
+/// # conn.batch_execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL); INSERT INTO accounts VALUES (1, 100), (2, 50)").await?;
+/// let total = lockkit::asynchronous::locked_transaction(&mut conn, LockOptions::default(), async |conn| {
+///     let accounts: Vec<Account> = lockkit::asynchronous::lock_all(conn, &[2, 1]).await?;
+///     Ok::<_, lockkit::Error>(accounts.iter().map(|a| a.balance).sum::<i64>())
+/// })
+/// .await?;
+/// assert_eq!(total, 150);
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(run()).unwrap();
+/// ```
+pub async fn lock_all<M, C>(conn: &mut C, keys: &[M::Key]) -> Result<Vec<M>, Error>
+where
+    C: AsyncLockingConnection,
+    M: AsyncLockAll<C>,
+    M::Key: Ord + Send + Sync,
+{
+    if !in_transaction(conn) {
+        return Err(Error::NotInTransaction);
+    }
+    let waited = crate::metrics::LockWait::start();
+    let mut keys = keys.to_vec();
+    keys.sort();
+    keys.dedup();
+    let mut rows = Vec::with_capacity(keys.len());
+    // Chunk after chunk in key order: every transaction takes the locks in the
+    // same order, whatever the length of its list.
+    for chunk in keys.chunks(MAX_KEYS_PER_STATEMENT) {
+        let mut locked = M::load_all_locked(conn, chunk.to_vec())
+            .await
+            .map_err(classify)?;
+        if locked.len() < chunk.len() {
+            let found: std::collections::BTreeSet<M::Key> =
+                locked.iter().map(Lockable::key).collect();
+            for key in chunk.iter().filter(|key| !found.contains(key)) {
+                if !M::exists(conn, key.clone()).await.map_err(classify)? {
+                    return Err(Error::NotFound);
+                }
+            }
+            locked.dedup_by(|a, b| a.key() == b.key());
+        }
+        for row in &mut locked {
+            <M::OnLock as AsyncMarkLocked<M, C>>::mark(conn, row).await?;
+        }
+        rows.append(&mut locked);
+    }
+    waited.acquired(M::TABLE_NAME, rows.len());
+    Ok(rows)
+}
+
+/// The locked re-read of one row, which [`with_lock`] requires: the blocking
+/// side's statement ([`LockRow`](crate::bounds::LockRow)), run on a diesel-async
+/// connection. Implemented for every [`Lockable`] model that is `Selectable` on
+/// the connection's backend; name it only in `where` clauses.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` rows cannot be locked on `{Conn}`",
+    label = "not a lockable model on this connection",
+    note = "`with_lock` needs a model with `#[derive(Lockable)]` or `#[derive(Versioned)]` that is also `#[derive(Queryable, Selectable)]` for the connection's backend"
+)]
+pub trait AsyncLockRow<Conn: AsyncLockingConnection>:
+    Lockable<OnLock: AsyncMarkLocked<Self, Conn>, Key: Send + Sync> + Send
+{
+    /// `SELECT <fields> FROM <table> WHERE <key> FOR UPDATE`.
+    fn load_locked(
+        conn: &mut Conn,
+        key: Self::Key,
+        lock: RowLock,
+    ) -> BoxFuture<'_, QueryResult<Option<Self>>>;
+    /// Whether the row exists (an unlocked read).
+    fn exists(conn: &mut Conn, key: Self::Key) -> BoxFuture<'_, QueryResult<bool>>;
+}
+
+/// The locked read of one row under whichever clause the [`RowLock`] picks
+/// (the blocking side decides which, as for `with_lock`), on a diesel-async
+/// connection. Name it only in `where` clauses.
+#[derive(Debug)]
+pub struct AsyncFirst<'c, Q, M, C>(Q, &'c mut C, PhantomData<M>);
+
+impl<'c, Q, M, C, L> LockedCall<L, ()> for AsyncFirst<'c, Q, M, C>
+where
+    C: AsyncLockingConnection,
+    Q: LockingDsl<L>,
+    C::Locked<Q, L>: LoadQuery<'c, C, M> + Send + 'c,
+    M: Send + 'c,
+{
+    type Output = BoxFuture<'c, QueryResult<Option<M>>>;
+
+    fn call(self, _: &mut (), clause: L) -> Self::Output {
+        let query = C::apply_lock(self.0, clause);
+        Box::pin(async move { query.get_result(self.1).await.optional() })
+    }
+}
+
+impl<M, C> AsyncLockRow<C> for M
+where
+    C: AsyncLockingConnection,
+    M: Lockable<OnLock: AsyncMarkLocked<M, C>, Key: Send + Sync>
+        + Selectable<C::Backend>
+        + Send
+        + 'static,
+    AsSelect<M, C::Backend>: Expression,
+    M::Table: FindDsl<M::Key>,
+    dsl::Find<M::Table, M::Key>: SelectDsl<AsSelect<M, C::Backend>>,
+    ByKey<M, C::Backend>: for<'q> LoadQuery<'q, C, M> + Send + 'static,
+    for<'c> AsyncFirst<'c, ByKey<M, C::Backend>, M, C>:
+        EveryClause<(), BoxFuture<'c, QueryResult<Option<M>>>>,
+{
+    fn load_locked(
+        conn: &mut C,
+        key: M::Key,
+        lock: RowLock,
+    ) -> BoxFuture<'_, QueryResult<Option<M>>> {
+        lock.with_clause(
+            &mut (),
+            AsyncFirst(by_key::<M, C::Backend>(key), conn, PhantomData),
+        )
+    }
+
+    fn exists(conn: &mut C, key: M::Key) -> BoxFuture<'_, QueryResult<bool>> {
+        let query = by_key::<M, C::Backend>(key);
+        Box::pin(async move {
+            query
+                .get_result::<M>(conn)
+                .await
+                .optional()
+                .map(|row| row.is_some())
+        })
+    }
+}
+
+type KeysFilter<M> = <Pk<M> as KeyColumn<<M as Lockable>::Key>>::EqAny;
+type AllByKeys<M, DB> = dsl::Select<
+    dsl::Order<dsl::Filter<<M as Lockable>::Table, KeysFilter<M>>, dsl::Asc<Pk<M>>>,
+    AsSelect<M, DB>,
+>;
+
+/// The ordered multi-row lock of [`lock_all`]: the blocking side's statement
+/// ([`LockAll`](crate::bounds::LockAll)) on a diesel-async connection. Name it
+/// only in `where` clauses.
+#[diagnostic::on_unimplemented(
+    message = "`lock_all` cannot lock `{Self}` rows on `{Conn}`",
+    label = "lock_all needs a single-column integer, string or UUID key",
+    note = "keys `lock_all` takes: `i16`, `i32`, `i64`, `String`, and `uuid::Uuid` (feature `uuid`, PostgreSQL only)"
+)]
+pub trait AsyncLockAll<Conn: AsyncLockingConnection>: AsyncLockRow<Conn> {
+    /// `SELECT .. WHERE pk IN (..) ORDER BY pk FOR UPDATE`.
+    fn load_all_locked(
+        conn: &mut Conn,
+        keys: Vec<Self::Key>,
+    ) -> BoxFuture<'_, QueryResult<Vec<Self>>>;
+}
+
+impl<M, C> AsyncLockAll<C> for M
+where
+    C: AsyncLockingConnection,
+    M: AsyncLockRow<C> + Selectable<C::Backend>,
+    AsSelect<M, C::Backend>: Expression,
+    Pk<M>: KeyColumn<M::Key>,
+    M::Table: FilterDsl<KeysFilter<M>>,
+    dsl::Filter<M::Table, KeysFilter<M>>: OrderDsl<dsl::Asc<Pk<M>>>,
+    dsl::Order<dsl::Filter<M::Table, KeysFilter<M>>, dsl::Asc<Pk<M>>>:
+        SelectDsl<AsSelect<M, C::Backend>>,
+    AllByKeys<M, C::Backend>: LockingDsl<ForUpdate>,
+    C::Locked<AllByKeys<M, C::Backend>, ForUpdate>: for<'q> LoadQuery<'q, C, M> + Send + 'static,
+{
+    fn load_all_locked(conn: &mut C, keys: Vec<M::Key>) -> BoxFuture<'_, QueryResult<Vec<M>>> {
+        let pk = || M::Table::default().primary_key();
+        let query = M::Table::default()
+            .filter(pk().eq_any_keys(keys))
+            .order(pk().asc())
+            .select(M::as_select());
+        let query = C::apply_lock(query, ForUpdate);
+        Box::pin(async move { query.load(conn).await })
+    }
+}
+
+/// What an exclusive lock on one row writes to it, on a diesel-async
+/// connection: nothing ([`NoVersion`]), or the version bump ([`BumpVersion`]),
+/// as on the blocking side ([`MarkLocked`](crate::bounds::MarkLocked)). Name it
+/// only in `where` clauses.
+pub trait AsyncMarkLocked<M, Conn> {
+    /// Marks one locked row as written (the model is updated to match).
+    fn mark<'a>(conn: &'a mut Conn, row: &'a mut M) -> BoxFuture<'a, Result<(), Error>>;
+}
+
+impl<M, Conn> AsyncMarkLocked<M, Conn> for NoVersion {
+    fn mark<'a>(_: &'a mut Conn, _: &'a mut M) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+impl<M, Conn> AsyncMarkLocked<M, Conn> for BumpVersion
+where
+    Conn: AsyncLockingConnection,
+    M: AsyncVersioned + AsyncVersionQuery<Conn>,
+    TouchVersioned<M>: ExecuteDsl<Conn>,
+{
+    fn mark<'a>(conn: &'a mut Conn, row: &'a mut M) -> BoxFuture<'a, Result<(), Error>> {
+        // The row is locked: the version cannot have moved since the locked read.
+        Box::pin(AsyncVersioned::touch_versioned(row, conn))
+    }
+}

@@ -1,0 +1,151 @@
+//! Bounded retry on diesel-async: [`retry`] and [`transaction_with_retry`],
+//! the async twins of [`lockkit::retry`](crate::retry()) and
+//! [`lockkit::transaction_with_retry`](crate::transaction_with_retry), with
+//! the same [`RetryPolicy`], the same decision of what is retried
+//! ([`RetryableError`]: serialization failures, deadlocks, lock timeouts,
+//! `Busy`, stale writes; also when the server reports them at `COMMIT`) and
+//! the same metrics. The backoff sleeps with `tokio::time::sleep`, so the
+//! executor thread serves other tasks meanwhile.
+
+use diesel_async::TransactionManager;
+
+use super::connection::{in_transaction, AsyncLockingConnection, Restore};
+use super::work::AsyncAttempt;
+use crate::retry::{after_failure, may_retry, Next};
+use crate::transaction::Failure;
+use crate::{RetryPolicy, RetryableError};
+
+/// Runs `op` until it succeeds, fails with an error that is not retryable, or
+/// has run `policy.attempts()` times, sleeping (asynchronously) with backoff
+/// and jitter between attempts. `op` gets the attempt number, from 1.
+///
+/// # Errors
+///
+/// The first error that is not retryable, or (with `E = lockkit::Error`)
+/// [`Error::RetriesExhausted`](crate::Error::RetriesExhausted) holding the last
+/// one.
+///
+/// # Example
+///
+/// ```
+/// # async fn run() {
+/// use lockkit::RetryPolicy;
+/// let mut runs = 0;
+/// let result = lockkit::asynchronous::retry(&RetryPolicy::immediate(3), |attempt| {
+///     runs += 1;
+///     async move {
+///         if attempt < 3 { Err(lockkit::Error::Deadlock) } else { Ok(attempt) }
+///     }
+/// })
+/// .await;
+/// assert_eq!(result.unwrap(), 3);
+/// assert_eq!(runs, 3);
+/// # }
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(run());
+/// ```
+pub async fn retry<T, E, F, Fut>(policy: &RetryPolicy, mut op: F) -> Result<T, E>
+where
+    E: RetryableError,
+    F: FnMut(u32) -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let mut attempt = 1;
+    loop {
+        let err = match op(attempt).await {
+            Ok(value) => return Ok(value),
+            Err(err) => err,
+        };
+        match after_failure(policy, attempt, err, E::is_retryable) {
+            Next::GiveUp(err) => return Err(err),
+            Next::RetryAfter(delay) => {
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                attempt += 1;
+            }
+        }
+    }
+}
+
+/// Runs `op` in a transaction, and again in a new one when it fails with a
+/// retryable error: [`lockkit::transaction_with_retry`](crate::transaction_with_retry)
+/// on diesel-async. Each attempt commits on `Ok` and rolls back on `Err`; a
+/// serialization failure or deadlock reported at `COMMIT` is retried like one
+/// reported by a statement.
+///
+/// Nested in an open transaction, the attempt is a savepoint and its error is
+/// returned, not retried: a server may have ended the whole transaction (InnoDB
+/// does on a deadlock), and only the owner of the outermost transaction can
+/// run it again.
+///
+/// `op` is an `async` closure that may run more than once.
+///
+/// # Errors
+///
+/// As [`retry`].
+///
+/// # Example
+///
+/// ```
+/// # use diesel::prelude::*;
+/// # use diesel_async::RunQueryDsl;
+/// use lockkit::asynchronous::prelude::*;
+/// use lockkit::RetryPolicy;
+/// # diesel::table! { items (id) { id -> Integer, stock -> Integer, lock_version -> Integer } }
+/// # #[derive(Queryable, Selectable, Versioned)]
+/// # #[diesel(table_name = items)]
+/// # pub struct Item { pub id: i32, pub stock: i32, pub lock_version: i32 }
+/// # async fn run() -> Result<(), lockkit::Error> {
+/// use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+/// # let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await.unwrap();
+/// # conn.batch_execute("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL); INSERT INTO items VALUES (1, 10, 0)").await?;
+/// // Read, change, write; a stale write reloads and tries again.
+/// let left = lockkit::asynchronous::transaction_with_retry(&mut conn, &RetryPolicy::default(), async |conn| {
+///     let mut item = items::table.find(1).first::<Item>(conn).await?;
+///     item.stock -= 1;
+///     item.update_versioned(conn).await?;
+///     Ok::<_, lockkit::Error>(item.stock)
+/// })
+/// .await?;
+/// assert_eq!(left, 9);
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(run()).unwrap();
+/// ```
+pub async fn transaction_with_retry<C, T, E, F>(
+    conn: &mut C,
+    policy: &RetryPolicy,
+    mut op: F,
+) -> Result<T, E>
+where
+    C: AsyncLockingConnection,
+    E: RetryableError + Send,
+    T: Send,
+    for<'r> F: AsyncAttempt<&'r mut C, Result<T, E>, Fut: Send> + Send,
+{
+    let nested = in_transaction(conn);
+    let mut attempt = 1;
+    loop {
+        let result = match C::TransactionManager::begin_transaction(conn).await {
+            Ok(()) => {
+                let result = op(conn).await.map_err(Failure::Closure);
+                super::lockable::end(conn, Restore::Nothing, result).await
+            }
+            Err(err) => Err(E::from(crate::classify(err))),
+        };
+        let err = match result {
+            Ok(value) => return Ok(value),
+            Err(err) => err,
+        };
+        match after_failure(policy, attempt, err, |err| {
+            !nested && may_retry(err, nested)
+        }) {
+            Next::GiveUp(err) => return Err(err),
+            Next::RetryAfter(delay) => {
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                attempt += 1;
+            }
+        }
+    }
+}

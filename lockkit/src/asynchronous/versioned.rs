@@ -1,0 +1,456 @@
+//! Optimistic locking on diesel-async: [`AsyncVersioned`], the version-checked
+//! writes of [`Versioned`] with `.await`.
+//!
+//! The statements are the blocking side's, built by the same methods
+//! ([`Versioned::update_versioned_statement`] and friends): `UPDATE .. SET ..,
+//! <version> = <version> + 1 WHERE <key> AND <version> = $expected`. Zero rows
+//! is [`Error::Stale`] with the row's current state, read with the same
+//! follow-up query. `AsyncVersioned` is implemented for every `Versioned`
+//! model, so `#[derive(Versioned)]` is all a model needs.
+//!
+//! Import [`asynchronous::prelude`](super::prelude) instead of
+//! [`lockkit::prelude`](crate::prelude): both traits have `update_versioned`,
+//! and only one of them may be in scope.
+//!
+//! ```
+//! use diesel::prelude::*;
+//! use diesel_async::RunQueryDsl;
+//! use lockkit::asynchronous::prelude::*;
+//!
+//! diesel::table! { items (id) { id -> Integer, stock -> Integer, lock_version -> Integer } }
+//!
+//! #[derive(Queryable, Selectable, Versioned)]
+//! #[diesel(table_name = items)]
+//! pub struct Item { pub id: i32, pub stock: i32, pub lock_version: i32 }
+//!
+//! # async fn run() -> Result<(), lockkit::Error> {
+//! use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+//! # let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await.unwrap();
+//! # conn.batch_execute("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL); INSERT INTO items VALUES (1, 10, 0)").await?;
+//! let mut alice = items::table.find(1).first::<Item>(&mut conn).await?;
+//! let mut bob = items::table.find(1).first::<Item>(&mut conn).await?;
+//!
+//! alice.stock -= 8;
+//! alice.update_versioned(&mut conn).await?; // lock_version 0 -> 1
+//!
+//! bob.stock -= 8;
+//! let err = bob.update_versioned(&mut conn).await.unwrap_err();
+//! assert!(matches!(err, lockkit::Error::Stale(_)));
+//! assert_eq!(bob.lock_version, 0); // untouched
+//! # Ok(()) }
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(run()).unwrap();
+//! ```
+//!
+//! # What differs from the blocking side
+//!
+//! * The [`journal`](crate::journal) does not watch diesel-async connections
+//!   yet: a struct whose write was rolled back with its transaction keeps the
+//!   version it wrote, and the rollback ABA the journal closes on the blocking
+//!   side stays open here. Re-read a row after a transaction that failed.
+//! * Whether the database enforces a table's declared key is asked once per
+//!   process, connection type and table (the blocking side asks once per
+//!   connection): a process that reaches two databases of the same backend
+//!   whose tables of the same name differ in this sees the first answer.
+
+use std::any::TypeId;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{LazyLock, Mutex};
+
+use diesel::query_builder::{AsChangeset, BoxedSqlQuery, SqlQuery};
+use diesel::query_dsl::methods::LockingDsl;
+use diesel::{OptionalExtension, QueryResult};
+use diesel_async::methods::{ExecuteDsl, LoadQuery};
+use diesel_async::{AsyncConnectionCore, RunQueryDsl, TransactionManager};
+
+use super::connection::{AsyncLockingConnection, Restore};
+use crate::optimistic::backend::{InShareMode, OptimisticBackend, Unique};
+use crate::optimistic::statement::BySql;
+use crate::optimistic::version_check::{
+    checked_next, current_state, stale_report, DeleteVersioned, TouchVersioned, UpdateVersioned,
+    VersionCheck, Written,
+};
+use crate::optimistic::versioned::{all_or_none, key_order, settle};
+use crate::transaction::Failure;
+use crate::{classify, Error, Lockable, Operation, Versioned};
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The version-checked writes of [`Versioned`], on diesel-async connections.
+/// Implemented for every `Versioned` model; see the [module docs](self).
+///
+/// Each method has the blocking method's statement, result and errors; see
+/// [`Versioned`].
+pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
+    /// [`Versioned::update_versioned`], async: writes every updatable field,
+    /// checking and bumping the version in one statement.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Stale`] when no row matched the key and the expected version
+    /// (nothing was written, `self` is unchanged), [`Error::VersionOverflow`],
+    /// [`Error::AmbiguousKey`], or a classified database error.
+    fn update_versioned<'a, Conn>(
+        &'a mut self,
+        conn: &'a mut Conn,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
+    where
+        Conn: AsyncLockingConnection,
+        Self: AsyncVersionQuery<Conn> + 'a,
+        for<'c> UpdateVersioned<Self, Self::Changeset<'c>>: ExecuteDsl<Conn>,
+        for<'c> (Self::Changeset<'c>, Self::Bump): AsChangeset<Target = Self::Table>,
+    {
+        async move {
+            let key = self.key();
+            let expected = self.version();
+            let this = &*self;
+            let statement = || this.update_versioned_statement();
+            let written =
+                write::<Self, Conn, _>(conn, &key, expected, Operation::Update, statement).await?;
+            settle(self, written)
+        }
+    }
+
+    /// [`Versioned::update_versioned_with`], async: your own changeset instead
+    /// of the model's fields, e.g. `items::stock.eq(items::stock - 1)`. Only the
+    /// version is refreshed in memory.
+    ///
+    /// # Errors
+    ///
+    /// As [`update_versioned`](Self::update_versioned).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use diesel::prelude::*;
+    /// # use diesel_async::RunQueryDsl;
+    /// use lockkit::asynchronous::prelude::*;
+    /// # diesel::table! { items (id) { id -> Integer, stock -> Integer, lock_version -> Integer } }
+    /// # #[derive(Queryable, Selectable, Versioned)]
+    /// # #[diesel(table_name = items)]
+    /// # pub struct Item { pub id: i32, pub stock: i32, pub lock_version: i32 }
+    /// # async fn run() -> Result<(), lockkit::Error> {
+    /// # use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+    /// # let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await.unwrap();
+    /// # conn.batch_execute("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL); INSERT INTO items VALUES (1, 10, 0)").await?;
+    /// let mut item = items::table.find(1).first::<Item>(&mut conn).await?;
+    /// item.update_versioned_with(&mut conn, items::stock.eq(items::stock - 1)).await?;
+    /// assert_eq!(item.lock_version, 1);
+    /// # Ok(()) }
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(run()).unwrap();
+    /// ```
+    fn update_versioned_with<'a, Conn, C>(
+        &'a mut self,
+        conn: &'a mut Conn,
+        changes: C,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
+    where
+        Conn: AsyncLockingConnection,
+        Self: AsyncVersionQuery<Conn> + 'a,
+        C: Send + 'a,
+        (BySql<C>, Self::Bump): AsChangeset<Target = Self::Table>,
+        UpdateVersioned<Self, BySql<C>>: ExecuteDsl<Conn>,
+    {
+        async move {
+            let key = self.key();
+            let expected = self.version();
+            let statement = || Self::update_statement(key.clone(), expected, changes);
+            let written =
+                write::<Self, Conn, _>(conn, &key, expected, Operation::Update, statement).await?;
+            settle(self, written)
+        }
+    }
+
+    /// [`Versioned::update_by_version`], async: applies `changes` to the row
+    /// `key` if its version is still `expected_version`, without loading it.
+    /// Returns the new version.
+    ///
+    /// # Errors
+    ///
+    /// As [`update_versioned`](Self::update_versioned).
+    fn update_by_version<'a, Conn, C>(
+        conn: &'a mut Conn,
+        key: Self::Key,
+        expected_version: Self::Version,
+        changes: C,
+    ) -> impl Future<Output = Result<Self::Version, Error>> + Send + 'a
+    where
+        Conn: AsyncLockingConnection,
+        Self: AsyncVersionQuery<Conn> + 'a,
+        C: Send + 'a,
+        (BySql<C>, Self::Bump): AsChangeset<Target = Self::Table>,
+        UpdateVersioned<Self, BySql<C>>: ExecuteDsl<Conn>,
+    {
+        async move {
+            let statement = || Self::update_statement(key.clone(), expected_version, changes);
+            let op = Operation::Update;
+            match write::<Self, Conn, _>(conn, &key, expected_version, op, statement).await? {
+                Written::Done(next) => Ok(next.unwrap_or(expected_version)),
+                Written::Stale(stale) => Err(stale.into()),
+            }
+        }
+    }
+
+    /// [`Versioned::update_all_by_version`], async: one changeset applied to
+    /// many rows, each checked against its own expected version, in one
+    /// transaction (a savepoint when one is open), in key order. Either every
+    /// version advances, or nothing is written and [`Error::StaleRows`] lists
+    /// every stale key. Returns the new versions, in input order.
+    ///
+    /// # Errors
+    ///
+    /// As [`Versioned::update_all_by_version`]: [`Error::DuplicateKey`],
+    /// [`Error::StaleRows`], [`Error::VersionOverflow`], [`Error::AmbiguousKey`],
+    /// or a classified database error; nothing is written on any of them.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use diesel::prelude::*;
+    /// # use diesel_async::RunQueryDsl;
+    /// use lockkit::asynchronous::prelude::*;
+    /// # diesel::table! { items (id) { id -> Integer, stock -> Integer, lock_version -> Integer } }
+    /// # #[derive(Queryable, Selectable, Versioned)]
+    /// # #[diesel(table_name = items)]
+    /// # pub struct Item { pub id: i32, pub stock: i32, pub lock_version: i32 }
+    /// # async fn run() -> Result<(), lockkit::Error> {
+    /// # use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+    /// # let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await.unwrap();
+    /// # conn.batch_execute("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL); INSERT INTO items VALUES (1, 10, 0), (2, 5, 0)").await?;
+    /// let versions = Item::update_all_by_version(&mut conn, &[(2, 0), (1, 0)], items::stock.eq(0)).await?;
+    /// assert_eq!(versions, vec![1, 1]);
+    /// let err = Item::update_all_by_version(&mut conn, &[(1, 1), (2, 0)], items::stock.eq(9)).await.unwrap_err();
+    /// assert!(matches!(err, lockkit::Error::StaleRows(ref stale) if stale.len() == 1));
+    /// # Ok(()) }
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(run()).unwrap();
+    /// ```
+    fn update_all_by_version<'a, Conn, C>(
+        conn: &'a mut Conn,
+        rows: &'a [(Self::Key, Self::Version)],
+        changes: C,
+    ) -> impl Future<Output = Result<Vec<Self::Version>, Error>> + Send + 'a
+    where
+        Conn: AsyncLockingConnection,
+        Self: AsyncVersionQuery<Conn> + 'a,
+        Self::Key: Ord,
+        Self::Version: Sync,
+        C: Clone + Send + Sync + 'a,
+        (BySql<C>, Self::Bump): AsChangeset<Target = Self::Table>,
+        UpdateVersioned<Self, BySql<C>>: ExecuteDsl<Conn>,
+    {
+        async move {
+            let order = key_order::<Self, _>(rows)?;
+            Conn::TransactionManager::begin_transaction(conn)
+                .await
+                .map_err(classify)?;
+            let mut versions = vec![None; rows.len()];
+            let mut stale = Vec::new();
+            let mut failed = None;
+            for i in order {
+                let (key, expected) = &rows[i];
+                let statement = || Self::update_statement(key.clone(), *expected, changes.clone());
+                match write::<Self, Conn, _>(conn, key, *expected, Operation::Update, statement)
+                    .await
+                {
+                    Ok(Written::Done(next)) => versions[i] = next,
+                    Ok(Written::Stale(report)) => stale.push(report),
+                    Err(err) => {
+                        failed = Some(err);
+                        break;
+                    }
+                }
+            }
+            let result = match failed {
+                Some(err) => Err(err),
+                None => all_or_none(versions, stale),
+            };
+            super::lockable::end(conn, Restore::Nothing, result.map_err(Failure::Lockkit)).await
+        }
+    }
+
+    /// [`Versioned::delete_versioned`], async: deletes the row only if its
+    /// version is still the one this struct holds.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Stale`] when the row changed or is gone (nothing was deleted),
+    /// [`Error::AmbiguousKey`], or a classified database error.
+    fn delete_versioned<'a, Conn>(
+        &'a self,
+        conn: &'a mut Conn,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
+    where
+        Conn: AsyncLockingConnection,
+        Self: AsyncVersionQuery<Conn> + 'a,
+        DeleteVersioned<Self>: ExecuteDsl<Conn>,
+    {
+        async move {
+            let key = self.key();
+            let expected = self.version();
+            let statement = || self.delete_versioned_statement();
+            match write::<Self, Conn, _>(conn, &key, expected, Operation::Delete, statement).await?
+            {
+                Written::Done(_) => Ok(()),
+                Written::Stale(stale) => Err(stale.into()),
+            }
+        }
+    }
+
+    /// [`Versioned::touch_versioned`], async: bumps the version without
+    /// changing data (a child row changed; the parent's readers must notice).
+    ///
+    /// # Errors
+    ///
+    /// As [`update_versioned`](Self::update_versioned).
+    fn touch_versioned<'a, Conn>(
+        &'a mut self,
+        conn: &'a mut Conn,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
+    where
+        Conn: AsyncLockingConnection,
+        Self: AsyncVersionQuery<Conn> + 'a,
+        TouchVersioned<Self>: ExecuteDsl<Conn>,
+    {
+        async move {
+            let key = self.key();
+            let expected = self.version();
+            let this = &*self;
+            let statement = || this.touch_versioned_statement();
+            let written =
+                write::<Self, Conn, _>(conn, &key, expected, Operation::Touch, statement).await?;
+            settle(self, written)
+        }
+    }
+}
+
+impl<M: Versioned + VersionCheck + Send + Sync> AsyncVersioned for M {}
+
+/// What a versioned write needs from a diesel-async connection besides the
+/// statement: the follow-up read of its failure path and the key check, the
+/// blocking side's queries ([`CurrentVersionQuery`](crate::bounds::CurrentVersionQuery)).
+/// Implemented for every model on every [`AsyncLockingConnection`]; name it only
+/// in `where` clauses.
+#[diagnostic::on_unimplemented(
+    message = "lockkit's async versioned writes on `{Self}` do not run on `{Conn}`",
+    label = "not a connection lockkit's async versioned writes support",
+    note = "lockkit supports `AsyncPgConnection`, `AsyncMysqlConnection` and `SyncConnectionWrapper<SqliteConnection>` (feature `async` with `postgres`, `mysql`, `sqlite`)"
+)]
+pub trait AsyncVersionQuery<Conn>: VersionCheck<Key: Send + Sync, Version: Send> {
+    /// `Some(version)`, or `None` when the row is gone: the latest committed state.
+    fn load_current_version(
+        conn: &mut Conn,
+        key: Self::Key,
+    ) -> BoxFuture<'_, QueryResult<Option<Self::Version>>>;
+
+    /// Whether the database enforces the declared key.
+    fn key_is_unique(conn: &mut Conn) -> BoxFuture<'_, QueryResult<bool>>;
+}
+
+type Latest<Conn, Q> = <<Conn as AsyncConnectionCore>::Backend as OptimisticBackend>::Latest<Q>;
+
+impl<M, Conn> AsyncVersionQuery<Conn> for M
+where
+    Conn: AsyncLockingConnection,
+    M: VersionCheck<Key: Send + Sync, Version: Send>,
+    M::CurrentVersion: LockingDsl<InShareMode>,
+    Latest<Conn, M::CurrentVersion>: for<'q> LoadQuery<'q, Conn, M::Version> + Send + 'static,
+    BoxedSqlQuery<'static, Conn::Backend, SqlQuery>: for<'q> LoadQuery<'q, Conn, Unique> + Send,
+{
+    fn load_current_version(
+        conn: &mut Conn,
+        key: M::Key,
+    ) -> BoxFuture<'_, QueryResult<Option<M::Version>>> {
+        let query = <Conn::Backend as OptimisticBackend>::latest(M::current_version(key));
+        Box::pin(async move { query.get_result(conn).await.optional() })
+    }
+
+    fn key_is_unique(conn: &mut Conn) -> BoxFuture<'_, QueryResult<bool>> {
+        Box::pin(async move {
+            let id = (TypeId::of::<Conn>(), M::TABLE_NAME);
+            if let Some(known) = unique_keys().get(&id) {
+                return Ok(*known);
+            }
+            let query = <Conn::Backend as OptimisticBackend>::key_is_unique_query(
+                M::TABLE_NAME,
+                M::KEY_COLUMNS,
+            );
+            let unique = query.get_result::<Unique>(conn).await?.unique_key != 0;
+            unique_keys().insert(id, unique);
+            Ok(unique)
+        })
+    }
+}
+
+type UniqueKeys = HashMap<(TypeId, &'static str), bool>;
+
+fn unique_keys() -> std::sync::MutexGuard<'static, UniqueKeys> {
+    static KNOWN: LazyLock<Mutex<UniqueKeys>> = LazyLock::new(Mutex::default);
+    KNOWN
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Runs one versioned write: the blocking side's sequence
+/// ([`version_check`](crate::optimistic::version_check)) without the journal.
+async fn write<M, Conn, S>(
+    conn: &mut Conn,
+    key: &M::Key,
+    expected: M::Version,
+    operation: Operation,
+    statement: impl FnOnce() -> S + Send,
+) -> Result<Written<M::Version>, Error>
+where
+    Conn: AsyncLockingConnection,
+    M: Versioned + AsyncVersionQuery<Conn>,
+    S: ExecuteDsl<Conn>,
+{
+    let next = match operation {
+        Operation::Delete => None,
+        Operation::Update | Operation::Touch => Some(checked_next::<M, _>(key, expected)?),
+    };
+    if execute_once::<M, Conn, S>(conn, key, statement).await? == 1 {
+        return Ok(Written::Done(next));
+    }
+    let current = current_state(M::load_current_version(conn, key.clone()).await, expected)?;
+    Ok(Written::Stale(stale_report::<M>(
+        key, expected, operation, current,
+    )))
+}
+
+/// Executes a versioned statement; where the database does not enforce the
+/// key, in a transaction (a savepoint) that is undone if it matched more than
+/// one row.
+// The statement is built right before it is sent: it never lives across an
+// `.await`, so the future is `Send` whatever lifetime the changeset borrows.
+async fn execute_once<M, Conn, S>(
+    conn: &mut Conn,
+    key: &M::Key,
+    statement: impl FnOnce() -> S + Send,
+) -> Result<usize, Error>
+where
+    Conn: AsyncLockingConnection,
+    M: Lockable + AsyncVersionQuery<Conn>,
+    S: ExecuteDsl<Conn>,
+{
+    if M::key_is_unique(conn).await.map_err(classify)? {
+        return ExecuteDsl::execute(statement(), conn)
+            .await
+            .map_err(classify);
+    }
+    Conn::TransactionManager::begin_transaction(conn)
+        .await
+        .map_err(classify)?;
+    let result = match ExecuteDsl::execute(statement(), conn)
+        .await
+        .map_err(classify)
+    {
+        Ok(rows @ (0 | 1)) => Ok(rows),
+        Ok(_) => Err(Failure::Lockkit(Error::AmbiguousKey {
+            table: M::TABLE_NAME,
+            key: format!("{key:?}"),
+        })),
+        Err(err) => Err(Failure::Lockkit(err)),
+    };
+    super::lockable::end::<Conn, usize, Error>(conn, Restore::Nothing, result).await
+}

@@ -1,0 +1,290 @@
+//! Cancellation: a `with_lock` future dropped before it finishes (a client
+//! went away, `tokio::time::timeout` fired) must not hand a pooled connection
+//! to the next user inside an open transaction, or leave its row locked.
+//!
+//! Each case drops the future at some point, then asks the pool for a
+//! connection (the pool holds one, so the next user gets that one or its
+//! replacement) and checks, on the server, that it has no transaction; and
+//! checks that another connection can lock the row at once (`NOWAIT`; on
+//! SQLite, `BEGIN IMMEDIATE` without waiting). A connection held without a
+//! pool shows what the pool prevents: after the drop it is still inside the
+//! abandoned transaction, holding the row.
+
+#![cfg(feature = "async")]
+
+#[macro_use]
+mod async_common;
+
+use std::time::{Duration, Instant};
+
+use diesel::{ExpressionMethods, QueryDsl};
+use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection, TransactionManager};
+use lockkit::asynchronous::AsyncLockingConnection;
+use lockkit::{Error, LockOptions};
+use lockkit_tests::models::Item;
+use lockkit_tests::schema::items;
+
+/// How long the server may take to notice a closed connection and free its row.
+const FREED_WITHIN: Duration = Duration::from_secs(10);
+
+fn in_transaction<A: AsyncConnection>(conn: &mut A) -> bool {
+    matches!(
+        A::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
+        Ok(Some(_))
+    )
+}
+
+/// Whether another connection gets a lock on the row without waiting: a
+/// shared one, which conflicts with the exclusive lock of `with_lock` and,
+/// being a read, leaves the version alone.
+async fn row_is_free<A: AsyncLockingConnection>(conn: &mut A) -> bool
+where
+    Item: lockkit::asynchronous::lockable::AsyncLockRow<A>,
+{
+    let opts = LockOptions::default().share().nowait();
+    match lockkit::asynchronous::with_lock(conn, 1, opts, async |_conn, _item: Item| {
+        Ok::<_, Error>(())
+    })
+    .await
+    {
+        Ok(()) => true,
+        Err(Error::Busy) => false,
+        Err(other) => panic!("locking the row: {other}"),
+    }
+}
+
+/// Waits until the row is free; how long that took.
+async fn row_freed<A: AsyncLockingConnection>(conn: &mut A) -> Duration
+where
+    Item: lockkit::asynchronous::lockable::AsyncLockRow<A>,
+{
+    let started = Instant::now();
+    while !row_is_free(conn).await {
+        assert!(
+            started.elapsed() < FREED_WITHIN,
+            "the row is still locked {FREED_WITHIN:?} after the future was dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    started.elapsed()
+}
+
+/// The server's own word that this session has no open transaction.
+macro_rules! server_says_no_transaction {
+    ($conn:expr) => {{
+        let conn = $conn;
+        match BACKEND {
+            // PostgreSQL refuses a SAVEPOINT outside a transaction block.
+            "postgres" => conn.batch_execute("SAVEPOINT probe").await.is_err(),
+            "mysql" => {
+                diesel::sql_query("SELECT CAST(@@in_transaction AS SIGNED) AS open")
+                    .get_result::<Open>(conn)
+                    .await
+                    .unwrap()
+                    .open
+                    == 0
+            }
+            // SQLite refuses a BEGIN inside a transaction.
+            _ => conn.batch_execute("BEGIN; ROLLBACK;").await.is_ok(),
+        }
+    }};
+}
+
+#[derive(diesel::QueryableByName)]
+struct Open {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    open: i64,
+}
+
+macro_rules! insert_item {
+    ($conn:expr) => {
+        diesel::insert_into(items::table)
+            .values((
+                items::id.eq(1),
+                items::name.eq("widget"),
+                items::stock.eq(1_000),
+                items::lock_version.eq(0),
+            ))
+            .execute($conn)
+            .await
+            .expect("insert")
+    };
+}
+
+macro_rules! stock {
+    ($conn:expr) => {
+        items::table
+            .find(1)
+            .select(items::stock)
+            .get_result::<i32>($conn)
+            .await
+            .unwrap()
+    };
+}
+
+/// `with_lock` that decrements the stock, then waits `linger` inside the lock.
+macro_rules! decrement {
+    ($conn:expr, $linger:expr) => {
+        lockkit::asynchronous::with_lock(
+            $conn,
+            1,
+            LockOptions::default(),
+            async |conn, item: Item| {
+                diesel::update(items::table.find(item.id))
+                    .set(items::stock.eq(item.stock - 1))
+                    .execute(conn)
+                    .await?;
+                if let Some(linger) = $linger {
+                    tokio::time::sleep(linger).await;
+                }
+                Ok::<_, Error>(())
+            },
+        )
+    };
+}
+
+async_backend_tests! {
+    async fn a_held_connection_stays_inside_the_dropped_transaction(db) {
+        // The hazard the pool's check removes, shown: no pool, nothing discards it.
+        let mut held: Async = async_common::connect(&db.url, BACKEND).await;
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        insert_item!(&mut held);
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(300),
+            decrement!(&mut held, Some(Duration::from_secs(3600))),
+        )
+        .await;
+        assert!(dropped.is_err(), "the future was dropped inside the closure");
+        assert!(in_transaction(&mut held), "the abandoned transaction is still open");
+        assert!(!row_is_free(&mut other).await, "and still holds the row");
+        // The server sees it too: the check the pooled cases pass can fail.
+        assert!(!server_says_no_transaction!(&mut held), "the server sees the open transaction");
+        drop(held);
+        row_freed(&mut other).await;
+        assert_eq!(stock!(&mut other), 1_000, "the abandoned decrement was rolled back");
+    }
+
+    async fn bb8_discards_a_connection_dropped_inside_with_lock(db) {
+        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 1).await;
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        insert_item!(&mut other);
+        for linger in [Duration::from_millis(100), Duration::from_secs(3600)] {
+            let mut conn = pool.get().await.unwrap();
+            let dropped = tokio::time::timeout(Duration::from_millis(50), decrement!(&mut *conn, Some(linger))).await;
+            assert!(dropped.is_err());
+            drop(conn);
+            let mut next = pool.get().await.unwrap();
+            assert!(!in_transaction(&mut *next));
+            assert!(server_says_no_transaction!(&mut *next), "the next user is inside a transaction");
+            drop(next);
+            row_freed(&mut other).await;
+        }
+        assert_eq!(stock!(&mut other), 1_000, "both decrements were rolled back");
+        // The pool works on: a decrement through it commits.
+        decrement!(&mut *pool.get().await.unwrap(), None).await.unwrap();
+        assert_eq!(stock!(&mut other), 999);
+    }
+
+    async fn deadpool_discards_a_connection_dropped_inside_with_lock(db) {
+        use diesel_async::pooled_connection::deadpool::Pool;
+        use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig};
+        let mut config = ManagerConfig::default();
+        config.custom_setup = Box::new(|url| {
+            let url = url.to_owned();
+            Box::pin(async move {
+                let mut conn = Async::establish(&url).await?;
+                let setup = async_common::setup_sql(BACKEND);
+                if !setup.is_empty() {
+                    conn.batch_execute(setup).await.map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+                }
+                Ok(conn)
+            })
+        });
+        let manager = AsyncDieselConnectionManager::<Async>::new_with_config(&db.url, config);
+        let pool = Pool::builder(manager).max_size(1).build().unwrap();
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        insert_item!(&mut other);
+        let mut conn = pool.get().await.unwrap();
+        let dropped = tokio::time::timeout(Duration::from_millis(50), decrement!(&mut *conn, Some(Duration::from_secs(3600)))).await;
+        assert!(dropped.is_err());
+        drop(conn);
+        let mut next = pool.get().await.unwrap();
+        assert!(!in_transaction(&mut *next));
+        assert!(server_says_no_transaction!(&mut *next), "the next user is inside a transaction");
+        drop(next);
+        row_freed(&mut other).await;
+        assert_eq!(stock!(&mut other), 1_000);
+    }
+
+    async fn a_future_dropped_while_waiting_for_the_lock_leaves_nothing_behind(db) {
+        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 1).await;
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        insert_item!(&mut other);
+        // `holder` takes the row's lock and keeps it until told.
+        let (locked_tx, locked_rx) = tokio::sync::oneshot::channel();
+        let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+        let url = db.url.clone();
+        let holder = tokio::spawn(async move {
+            let mut conn: Async = async_common::connect(&url, BACKEND).await;
+            lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |_conn, _item: Item| {
+                locked_tx.send(()).unwrap();
+                let _ = release_rx.await;
+                Ok::<_, Error>(())
+            })
+            .await
+            .unwrap();
+        });
+        locked_rx.await.unwrap();
+        let mut conn = pool.get().await.unwrap();
+        // Dropped in the locked read (PostgreSQL, MariaDB) or in `BEGIN
+        // IMMEDIATE` (SQLite), both waiting for `holder`.
+        let dropped = tokio::time::timeout(Duration::from_millis(200), decrement!(&mut *conn, None)).await;
+        assert!(dropped.is_err(), "the call waited for the lock");
+        drop(conn);
+        release_tx.send(()).unwrap();
+        holder.await.unwrap();
+        let mut next = pool.get().await.unwrap();
+        assert!(!in_transaction(&mut *next));
+        assert!(server_says_no_transaction!(&mut *next), "the next user is inside a transaction");
+        drop(next);
+        row_freed(&mut other).await;
+        assert_eq!(stock!(&mut other), 1_000, "the dropped call wrote nothing");
+    }
+
+    async fn dropped_at_every_point_the_next_user_is_clean_and_no_decrement_is_half_done(db) {
+        // A sweep of deadlines over the whole call: BEGIN, the locked read, the
+        // version bump, the closure's UPDATE, COMMIT, and after.
+        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 1).await;
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        insert_item!(&mut other);
+        let (mut finished, mut dropped, mut slowest) = (0, 0, Duration::ZERO);
+        for step in 0..60u64 {
+            let deadline = Duration::from_micros(step * 150);
+            let mut conn = pool.get().await.unwrap();
+            match tokio::time::timeout(deadline, decrement!(&mut *conn, None)).await {
+                Ok(done) => {
+                    done.unwrap();
+                    finished += 1;
+                }
+                Err(_) => dropped += 1,
+            }
+            drop(conn);
+            let mut next = pool.get().await.unwrap();
+            assert!(!in_transaction(&mut *next), "step {step}");
+            assert!(server_says_no_transaction!(&mut *next), "step {step}: the next user is inside a transaction");
+            drop(next);
+            slowest = slowest.max(row_freed(&mut other).await);
+        }
+        let stock = stock!(&mut other);
+        // A call dropped after its COMMIT was sent may have committed; none
+        // can have committed half (the stock and the version move together).
+        let version: i32 = items::table.find(1).select(items::lock_version).get_result(&mut other).await.unwrap();
+        assert_eq!(1_000 - stock, version, "stock and version moved together");
+        assert!(
+            (1_000 - finished - dropped..=1_000 - finished).contains(&stock),
+            "stock {stock} after {finished} finished and {dropped} dropped calls"
+        );
+        assert!(finished > 0 && dropped > 0, "the sweep covers both: {finished} finished, {dropped} dropped");
+        eprintln!("{BACKEND}: {finished} finished, {dropped} dropped; the row was free again within {slowest:?}");
+    }
+}

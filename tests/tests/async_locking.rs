@@ -1,0 +1,407 @@
+//! lockkit on diesel-async, on PostgreSQL, MariaDB and SQLite: the versioned
+//! writes and their stale reports, `with_lock` / `lock_all`, and retry, each
+//! with several connections on tasks of a multi-threaded runtime. A naive
+//! read-modify-write through the same pool loses updates; the protected ones
+//! give exact totals.
+
+#![cfg(feature = "async")]
+
+#[macro_use]
+mod async_common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use diesel::{ExpressionMethods, QueryDsl};
+use diesel_async::RunQueryDsl;
+use lockkit::asynchronous::prelude::*;
+use lockkit::{CurrentState, Error, LockOptions, RetryPolicy};
+use lockkit_tests::models::Item;
+use lockkit_tests::schema::items;
+
+const TASKS: usize = 8;
+const ROUNDS: usize = 15;
+
+fn patient() -> RetryPolicy {
+    RetryPolicy::default()
+        .max_attempts(10_000)
+        .base_delay(Duration::from_millis(1))
+        .max_delay(Duration::from_millis(20))
+}
+
+/// Inserts item 1 with `stock`, version 0.
+macro_rules! insert_item {
+    ($conn:expr, $stock:expr) => {
+        diesel::insert_into(items::table)
+            .values((
+                items::id.eq(1),
+                items::name.eq("widget"),
+                items::stock.eq($stock),
+                items::lock_version.eq(0),
+            ))
+            .execute($conn)
+            .await
+            .expect("insert")
+    };
+}
+
+/// Item 1's stock and version.
+macro_rules! stock_and_version {
+    ($conn:expr) => {
+        items::table
+            .find(1)
+            .select((items::stock, items::lock_version))
+            .get_result::<(i32, i32)>($conn)
+            .await
+            .expect("read item")
+    };
+}
+
+async_backend_tests! {
+    async fn update_versioned_refuses_a_stale_struct_and_leaves_it_untouched(db) {
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        insert_item!(&mut conn, 10);
+        let mut alice: Item = items::table.find(1).first(&mut conn).await.unwrap();
+        let mut bob = alice.clone();
+
+        alice.stock -= 8;
+        alice.update_versioned(&mut conn).await.unwrap();
+        assert_eq!(alice.lock_version, 1);
+
+        bob.stock -= 8;
+        let err = bob.update_versioned(&mut conn).await.unwrap_err();
+        let Error::Stale(stale) = err else { panic!("{err}") };
+        assert_eq!(stale.current, CurrentState::Version(1));
+        assert_eq!(stale.expected_version, 0);
+        assert_eq!(bob.lock_version, 0);
+        assert_eq!(stock_and_version!(&mut conn), (2, 1));
+
+        // touch, update_versioned_with, update_by_version, delete: each checks
+        // and bumps the version the same way.
+        alice.touch_versioned(&mut conn).await.unwrap();
+        assert_eq!(stock_and_version!(&mut conn), (2, 2));
+        alice.update_versioned_with(&mut conn, items::stock.eq(items::stock + 5)).await.unwrap();
+        assert_eq!(alice.lock_version, 3);
+        assert_eq!(stock_and_version!(&mut conn), (7, 3));
+        let next = Item::update_by_version(&mut conn, 1, 3, items::stock.eq(1)).await.unwrap();
+        assert_eq!(next, 4);
+        let err = Item::update_by_version(&mut conn, 1, 3, items::stock.eq(0)).await.unwrap_err();
+        assert!(matches!(&err, Error::Stale(s) if s.current == CurrentState::Version(4)), "{err}");
+        let err = alice.delete_versioned(&mut conn).await.unwrap_err();
+        assert!(matches!(err, Error::Stale(_)), "{err}");
+        alice.lock_version = 4;
+        alice.delete_versioned(&mut conn).await.unwrap();
+        let err = alice.update_versioned(&mut conn).await.unwrap_err();
+        assert!(matches!(&err, Error::Stale(s) if s.current == CurrentState::Deleted), "{err}");
+    }
+
+    async fn a_naive_read_modify_write_loses_updates(db) {
+        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, TASKS as u32).await;
+        insert_item!(&mut *pool.get().await.unwrap(), 100);
+        // Every task reads before any writes: the interleaving a busy server
+        // produces now and then, forced.
+        let barrier = Arc::new(tokio::sync::Barrier::new(TASKS));
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let (pool, barrier) = (pool.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    let mut conn = pool.get().await.unwrap();
+                    let stock: i32 = items::table.find(1).select(items::stock).get_result(&mut *conn).await.unwrap();
+                    barrier.wait().await;
+                    diesel::update(items::table.find(1))
+                        .set(items::stock.eq(stock - 1))
+                        .execute(&mut *conn)
+                        .await
+                        .unwrap();
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let (stock, _) = stock_and_version!(&mut *pool.get().await.unwrap());
+        assert_eq!(stock, 99, "{TASKS} sales, one recorded: the baseline loses updates");
+    }
+
+    async fn concurrent_versioned_decrements_with_retry_are_exact(db) {
+        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, TASKS as u32).await;
+        insert_item!(&mut *pool.get().await.unwrap(), 1_000);
+        let barrier = Arc::new(tokio::sync::Barrier::new(TASKS));
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let (pool, barrier) = (pool.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    let mut stale = 0;
+                    for round in 0..ROUNDS {
+                        lockkit::asynchronous::retry(&patient(), |attempt| {
+                            let (pool, barrier) = (pool.clone(), barrier.clone());
+                            async move {
+                                let mut conn = pool.get().await.unwrap();
+                                let mut item: Item = items::table.find(1).first(&mut *conn).await?;
+                                if round == 0 && attempt == 1 {
+                                    // The naive test's interleaving: all read, then all write.
+                                    barrier.wait().await;
+                                }
+                                item.stock -= 1;
+                                item.update_versioned(&mut *conn).await
+                            }
+                        })
+                        .await
+                        .unwrap();
+                        stale += 1;
+                    }
+                    stale
+                })
+            })
+            .collect();
+        for task in tasks {
+            assert_eq!(task.await.unwrap(), ROUNDS);
+        }
+        let total = (TASKS * ROUNDS) as i32;
+        assert_eq!(stock_and_version!(&mut *pool.get().await.unwrap()), (1_000 - total, total));
+    }
+
+    async fn concurrent_with_lock_decrements_are_exact(db) {
+        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, TASKS as u32).await;
+        insert_item!(&mut *pool.get().await.unwrap(), 1_000);
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    for _ in 0..ROUNDS {
+                        let mut conn = pool.get().await.unwrap();
+                        lockkit::asynchronous::with_lock(&mut *conn, 1, LockOptions::default(), async |conn, item: Item| {
+                            // Give the others time to queue behind the lock.
+                            tokio::task::yield_now().await;
+                            diesel::update(items::table.find(item.id))
+                                .set(items::stock.eq(item.stock - 1))
+                                .execute(conn)
+                                .await?;
+                            Ok::<_, Error>(())
+                        })
+                        .await
+                        .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let total = (TASKS * ROUNDS) as i32;
+        // An exclusive lock on a versioned row also advances its version.
+        assert_eq!(stock_and_version!(&mut *pool.get().await.unwrap()), (1_000 - total, total));
+    }
+
+    async fn concurrent_transactions_with_retry_are_exact(db) {
+        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, TASKS as u32).await;
+        insert_item!(&mut *pool.get().await.unwrap(), 1_000);
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    for _ in 0..ROUNDS {
+                        let mut conn = pool.get().await.unwrap();
+                        lockkit::asynchronous::transaction_with_retry(&mut *conn, &patient(), async |conn| {
+                            let mut item: Item = items::table.find(1).first(conn).await?;
+                            tokio::task::yield_now().await;
+                            item.stock -= 1;
+                            item.update_versioned(conn).await?;
+                            Ok::<_, Error>(())
+                        })
+                        .await
+                        .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let total = (TASKS * ROUNDS) as i32;
+        assert_eq!(stock_and_version!(&mut *pool.get().await.unwrap()), (1_000 - total, total));
+    }
+
+    async fn with_lock_reports_missing_rows_and_rolls_back_on_the_closures_error(db) {
+        #[derive(Debug, thiserror::Error)]
+        enum ShopError {
+            #[error("only {0} left")]
+            NotEnough(i32),
+            #[error(transparent)]
+            Lock(#[from] Error),
+        }
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        insert_item!(&mut conn, 5);
+        let missing = lockkit::asynchronous::with_lock(&mut conn, 2, LockOptions::default(), async |_conn, _item: Item| {
+            Ok::<_, Error>(())
+        })
+        .await;
+        assert!(matches!(missing, Err(Error::NotFound)), "{missing:?}");
+
+        let refused = lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |conn, item: Item| {
+            diesel::update(items::table.find(1))
+                .set(items::stock.eq(0))
+                .execute(conn)
+                .await
+                .map_err(Error::from)?;
+            Err::<(), _>(ShopError::NotEnough(item.stock))
+        })
+        .await;
+        assert!(matches!(refused, Err(ShopError::NotEnough(5))), "{refused:?}");
+        // Rolled back: the stock and the version the lock bumped.
+        assert_eq!(stock_and_version!(&mut conn), (5, 0));
+        assert!(!in_transaction(&mut conn));
+    }
+
+    async fn nested_transaction_with_retry_leaves_the_retry_to_the_outermost(db) {
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        insert_item!(&mut conn, 5);
+        let inner_runs = std::sync::atomic::AtomicUsize::new(0);
+        let outer_runs = std::sync::atomic::AtomicUsize::new(0);
+        lockkit::asynchronous::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), async |conn| {
+            let outer = outer_runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let inner = lockkit::asynchronous::transaction_with_retry(conn, &RetryPolicy::immediate(3), async |_conn| {
+                inner_runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if outer == 0 { Err(Error::Deadlock) } else { Ok(()) }
+            })
+            .await;
+            // The savepoint's error comes back at once, for the outermost to retry.
+            assert_eq!(std::sync::atomic::AtomicUsize::load(&inner_runs, std::sync::atomic::Ordering::SeqCst), outer + 1);
+            inner
+        })
+        .await
+        .unwrap();
+        assert_eq!(std::sync::atomic::AtomicUsize::load(&outer_runs, std::sync::atomic::Ordering::SeqCst), 2);
+        assert!(!in_transaction(&mut conn));
+    }
+
+    async fn nowait_skip_locked_and_timeout_on_a_held_row_and_the_setting_put_back(db) {
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        insert_item!(&mut conn, 5);
+        let (locked_tx, locked_rx) = tokio::sync::oneshot::channel();
+        let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+        let url = db.url.clone();
+        let holder = tokio::spawn(async move {
+            let mut conn: Async = async_common::connect(&url, BACKEND).await;
+            lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |_conn, _item: Item| {
+                locked_tx.send(()).unwrap();
+                let _ = release_rx.await;
+                Ok::<_, Error>(())
+            })
+            .await
+            .unwrap();
+        });
+        locked_rx.await.unwrap();
+        let setting = match BACKEND {
+            "mysql" => "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED) AS value",
+            "sqlite" => "SELECT timeout AS value FROM pragma_busy_timeout",
+            _ => "SELECT CAST(EXTRACT(EPOCH FROM current_setting('lock_timeout')::interval) * 1000 AS BIGINT) AS value",
+        };
+        let before = diesel::sql_query(setting).get_result::<Setting>(&mut conn).await.unwrap().value;
+        for (options, expected) in [
+            (LockOptions::default().nowait(), "Busy"),
+            (LockOptions::default().skip_locked(), "Busy"),
+            (LockOptions::default().timeout(Duration::from_millis(200)), "LockTimeout"),
+        ] {
+            let started = std::time::Instant::now();
+            let result = lockkit::asynchronous::with_lock(&mut conn, 1, options, async |_conn, _item: Item| Ok::<_, Error>(())).await;
+            let got = match result {
+                Err(Error::Busy) => "Busy",
+                Err(Error::LockTimeout) => "LockTimeout",
+                other => panic!("{options:?}: {other:?}"),
+            };
+            assert_eq!(got, expected, "{options:?}");
+            // MySQL/MariaDB count the lock wait in whole seconds.
+            assert!(started.elapsed() < Duration::from_secs(5), "{options:?} waited {:?}", started.elapsed());
+            assert!(!in_transaction(&mut conn));
+            let after = diesel::sql_query(setting).get_result::<Setting>(&mut conn).await.unwrap().value;
+            assert_eq!(after, before, "{options:?}: the session's setting is put back");
+        }
+        release_tx.send(()).unwrap();
+        holder.await.unwrap();
+    }
+
+    async fn a_key_matching_several_rows_is_an_error_and_writes_nothing(db) {
+        use lockkit_tests::models::Twin;
+        use lockkit_tests::schema::twins;
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        for label in ["a", "b"] {
+            diesel::insert_into(twins::table)
+                .values((twins::id.eq(1), twins::label.eq(label), twins::lock_version.eq(0)))
+                .execute(&mut conn)
+                .await
+                .unwrap();
+        }
+        let labels = || twins::table.order(twins::label).select((twins::label, twins::lock_version));
+        let before: Vec<(String, i32)> = labels().load(&mut conn).await.unwrap();
+        let mut twin = Twin { id: 1, label: "c".into(), lock_version: 0 };
+        let err = twin.update_versioned(&mut conn).await.unwrap_err();
+        assert!(matches!(err, Error::AmbiguousKey { table: "twins", .. }), "{err:?}");
+        assert_eq!(twin.lock_version, 0);
+        let err = twin.delete_versioned(&mut conn).await.unwrap_err();
+        assert!(matches!(err, Error::AmbiguousKey { .. }), "{err:?}");
+        assert_eq!(labels().load::<(String, i32)>(&mut conn).await.unwrap(), before, "nothing was written");
+        assert!(!in_transaction(&mut conn));
+    }
+
+    async fn update_all_by_version_writes_every_row_or_none(db) {
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        for id in 1..=3 {
+            diesel::insert_into(items::table)
+                .values((items::id.eq(id), items::name.eq("w"), items::stock.eq(id), items::lock_version.eq(0)))
+                .execute(&mut conn)
+                .await
+                .unwrap();
+        }
+        let versions = Item::update_all_by_version(&mut conn, &[(3, 0), (1, 0)], items::stock.eq(0)).await.unwrap();
+        assert_eq!(versions, [1, 1]);
+        let err = Item::update_all_by_version(&mut conn, &[(1, 0), (2, 0), (3, 0)], items::stock.eq(7)).await.unwrap_err();
+        let Error::StaleRows(stale) = err else { panic!("{err}") };
+        let keys: Vec<_> = stale.iter().map(|s| s.key.as_str()).collect();
+        assert_eq!(keys, ["1", "3"], "every stale row is named");
+        let err = Item::update_all_by_version(&mut conn, &[(2, 0), (2, 0)], items::stock.eq(7)).await.unwrap_err();
+        assert!(matches!(err, Error::DuplicateKey { .. }), "{err}");
+        let rows: Vec<(i32, i32)> = items::table.order(items::id).select((items::stock, items::lock_version)).load(&mut conn).await.unwrap();
+        assert_eq!(rows, [(0, 1), (2, 0), (0, 1)], "row 2 was not written");
+        assert!(!in_transaction(&mut conn));
+    }
+
+    async fn lock_all_locks_in_key_order_inside_a_locked_transaction(db) {
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        for id in 1..=3 {
+            diesel::insert_into(items::table)
+                .values((items::id.eq(id), items::name.eq("w"), items::stock.eq(id), items::lock_version.eq(0)))
+                .execute(&mut conn)
+                .await
+                .unwrap();
+        }
+        let outside: Result<Vec<Item>, _> = lockkit::asynchronous::lock_all(&mut conn, &[1]).await;
+        assert!(matches!(outside, Err(Error::NotInTransaction)), "{outside:?}");
+        let ids = lockkit::asynchronous::locked_transaction(&mut conn, LockOptions::default(), async |conn| {
+            let rows: Vec<Item> = lockkit::asynchronous::lock_all(conn, &[3, 1, 3]).await?;
+            Ok::<_, Error>(rows.iter().map(|r| (r.id, r.lock_version)).collect::<Vec<_>>())
+        })
+        .await
+        .unwrap();
+        assert_eq!(ids, [(1, 1), (3, 1)]);
+        let missing = lockkit::asynchronous::locked_transaction(&mut conn, LockOptions::default(), async |conn| {
+            lockkit::asynchronous::lock_all::<Item, _>(conn, &[1, 9]).await
+        })
+        .await;
+        assert!(matches!(missing, Err(Error::NotFound)), "{missing:?}");
+    }
+}
+
+#[derive(diesel::QueryableByName)]
+struct Setting {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    value: i64,
+}
+
+fn in_transaction<A: diesel_async::AsyncConnection>(conn: &mut A) -> bool {
+    use diesel_async::TransactionManager;
+    matches!(
+        A::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
+        Ok(Some(_))
+    )
+}

@@ -1,0 +1,223 @@
+//! Retry on diesel-async: deadlocks (PostgreSQL, MariaDB) and serialization
+//! failures reported at `COMMIT` (PostgreSQL) are classified and retried by
+//! `transaction_with_retry`, as on the blocking side.
+
+#![cfg(feature = "async")]
+
+#[macro_use]
+mod async_common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use diesel::{ExpressionMethods, QueryDsl};
+use diesel_async::RunQueryDsl;
+use lockkit::{Error, RetryPolicy};
+use lockkit_tests::models::Item;
+use lockkit_tests::schema::items;
+
+fn policy() -> RetryPolicy {
+    RetryPolicy::default()
+        .max_attempts(10)
+        .base_delay(Duration::from_millis(5))
+}
+
+macro_rules! insert_items {
+    ($conn:expr) => {
+        for id in [1, 2] {
+            diesel::insert_into(items::table)
+                .values((
+                    items::id.eq(id),
+                    items::name.eq("w"),
+                    items::stock.eq(10),
+                    items::lock_version.eq(0),
+                ))
+                .execute($conn)
+                .await
+                .unwrap();
+        }
+    };
+}
+
+/// Two transactions lock rows 1 and 2 in opposite orders, both holding their
+/// first lock before asking for the second: a deadlock. The server picks a
+/// victim; `transaction_with_retry` classifies its error as a deadlock and runs
+/// it again, so both finish, with three attempts between them.
+macro_rules! deadlock_is_retried {
+    ($async:ty, $backend:literal) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn a_deadlock_victim_is_retried() {
+            let db = lockkit_tests::TestDb::<Sync>::new("async_deadlock_is_retried");
+            let mut setup: $async = async_common::connect(&db.url, $backend).await;
+            insert_items!(&mut setup);
+            let barrier = Arc::new(tokio::sync::Barrier::new(2));
+            let attempts = Arc::new(AtomicUsize::new(0));
+            let tasks: Vec<_> = [(1, 2), (2, 1)]
+                .into_iter()
+                .map(|(first, second)| {
+                    let (url, barrier, attempts) =
+                        (db.url.clone(), barrier.clone(), attempts.clone());
+                    tokio::spawn(async move {
+                        let mut conn: $async = async_common::connect(&url, $backend).await;
+                        let mine = AtomicUsize::new(0);
+                        lockkit::asynchronous::transaction_with_retry(
+                            &mut conn,
+                            &policy(),
+                            async |conn| {
+                                attempts.fetch_add(1, Ordering::SeqCst);
+                                let _: Vec<Item> =
+                                    lockkit::asynchronous::lock_all(conn, &[first]).await?;
+                                if mine.fetch_add(1, Ordering::SeqCst) == 0 {
+                                    barrier.wait().await;
+                                }
+                                let _: Vec<Item> =
+                                    lockkit::asynchronous::lock_all(conn, &[second]).await?;
+                                Ok::<_, Error>(())
+                            },
+                        )
+                        .await
+                    })
+                })
+                .collect();
+            for task in tasks {
+                task.await.unwrap().unwrap();
+            }
+            assert_eq!(
+                AtomicUsize::load(&attempts, Ordering::SeqCst),
+                3,
+                "one deadlock, one retry"
+            );
+            // Each finished attempt advanced both versions; the victim's first did not.
+            let versions: Vec<i32> = items::table
+                .select(items::lock_version)
+                .order(items::id)
+                .load(&mut setup)
+                .await
+                .unwrap();
+            assert_eq!(versions, [2, 2]);
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+    type Sync = diesel::PgConnection;
+    type Async = diesel_async::AsyncPgConnection;
+
+    deadlock_is_retried!(diesel_async::AsyncPgConnection, "postgres");
+
+    /// Write skew under SERIALIZABLE: both transactions read both rows and
+    /// write one each; the second to commit is refused at `COMMIT`, after its
+    /// closure returned `Ok`.
+    async fn write_skew(url: &str, retry: bool) -> (Result<(), Error>, usize, usize) {
+        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+        let (committed_tx, committed_rx) = tokio::sync::oneshot::channel::<()>();
+        let mut committed_tx = Some(committed_tx);
+        let mut committed_rx = Some(committed_rx);
+        let mut tasks = Vec::new();
+        for (id, first) in [(1, true), (2, false)] {
+            let url = url.to_owned();
+            let barrier = barrier.clone();
+            let signal = committed_tx.take().filter(|_| first);
+            let wait = if first { None } else { committed_rx.take() };
+            tasks.push(tokio::spawn(async move {
+                let mut conn: Async = async_common::connect(&url, "postgres").await;
+                diesel_async::SimpleAsyncConnection::batch_execute(
+                    &mut conn,
+                    "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+                )
+                .await
+                .unwrap();
+                let attempts = AtomicUsize::new(0);
+                let closures_ok = AtomicUsize::new(0);
+                // `transaction_with_retry` may run the closure again: what it
+                // changes sits behind a lock, so it captures by reference only.
+                let wait = std::sync::Mutex::new(wait);
+                let work = async |conn: &mut Async| {
+                    let attempt = attempts.fetch_add(1, Ordering::SeqCst);
+                    let total: i64 = items::table
+                        .select(diesel::dsl::sum(items::stock))
+                        .get_result::<Option<i64>>(conn)
+                        .await?
+                        .unwrap_or(0);
+                    diesel::update(items::table.find(id))
+                        .set(items::stock.eq(total as i32))
+                        .execute(conn)
+                        .await?;
+                    if attempt == 0 {
+                        barrier.wait().await;
+                        let wait = wait.lock().unwrap().take();
+                        if let Some(wait) = wait {
+                            // The other one commits first.
+                            let _ = wait.await;
+                        }
+                    }
+                    closures_ok.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Error>(())
+                };
+                let result = if retry {
+                    lockkit::asynchronous::transaction_with_retry(&mut conn, &policy(), work).await
+                } else {
+                    lockkit::asynchronous::locked_transaction(
+                        &mut conn,
+                        lockkit::LockOptions::default(),
+                        work,
+                    )
+                    .await
+                };
+                if let Some(signal) = signal {
+                    let _ = signal.send(());
+                }
+                let ok = AtomicUsize::load(&closures_ok, Ordering::SeqCst);
+                (result, AtomicUsize::load(&attempts, Ordering::SeqCst), ok)
+            }));
+        }
+        let first = tasks.remove(0).await.unwrap();
+        assert!(first.0.is_ok(), "{first:?}");
+        tasks.remove(0).await.unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_serialization_failure_at_commit_is_classified() {
+        let db = lockkit_tests::TestDb::<Sync>::new("async_serialization_failure_at_commit");
+        insert_items!(&mut async_common::connect::<Async>(&db.url, "postgres").await);
+        let (result, attempts, closures_ok) = write_skew(&db.url, false).await;
+        assert_eq!(attempts, 1);
+        assert_eq!(
+            closures_ok, 1,
+            "the closure returned Ok: the failure came at COMMIT"
+        );
+        assert!(
+            matches!(result, Err(Error::SerializationFailure)),
+            "{result:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_serialization_failure_at_commit_is_retried() {
+        let db = lockkit_tests::TestDb::<Sync>::new("async_serialization_failure_retried");
+        let mut conn: Async = async_common::connect(&db.url, "postgres").await;
+        insert_items!(&mut conn);
+        let (result, attempts, _) = write_skew(&db.url, true).await;
+        result.unwrap();
+        assert_eq!(attempts, 2);
+        // Serial outcome: the second saw the first's write (10 + 10 = 20, then 20 + 10 = 30).
+        let stocks: Vec<i32> = items::table
+            .select(items::stock)
+            .order(items::id)
+            .load(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(stocks, [20, 30]);
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::*;
+    type Sync = diesel::MysqlConnection;
+
+    deadlock_is_retried!(diesel_async::AsyncMysqlConnection, "mysql");
+}
