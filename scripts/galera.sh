@@ -12,6 +12,10 @@
 # Ports: clients $GALERA_PORT..+2 (3311-3313); group communication
 # $GALERA_GCOMM_PORT+0/10/20 (4567/4577/4587), IST at +1, rsync SST at +2.
 # Data, logs and pid files in $LOCKKIT_SERVER_DIR/galera-$GALERA_PORT.
+# A connection idle for 10 s is closed (--wait-timeout): MariaDB 10.11's Galera
+# sometimes leaves a client waiting forever for the reply to a prepared statement
+# it aborted for another node's write, and the client then sees a lost connection
+# instead of hanging (tests/tests/galera.rs, `Cluster::node`).
 # Needs mariadb-server, galera-4 and rsync (installed with apt-get when missing,
 # as root). Run as root, the nodes drop to the `mysql` user: rsync SST fails
 # with "Permission denied" when a node runs as root.
@@ -70,7 +74,7 @@ start_node() { # start_node N [--wsrep-new-cluster]
     --socket="$dir/mysqld.sock" --pid-file="$dir/mysqld.pid" \
     --port="$(client_port "$n")" --bind-address=127.0.0.1 --max-connections=300 \
     --innodb-flush-log-at-trx-commit=2 --binlog-format=ROW --innodb-autoinc-lock-mode=2 \
-    --default-storage-engine=InnoDB --wsrep-on=ON \
+    --default-storage-engine=InnoDB --wait-timeout=10 --wsrep-on=ON \
     --wsrep-provider=/usr/lib/galera/libgalera_smm.so \
     --wsrep-cluster-name="lockkit-$GALERA_PORT" --wsrep-cluster-address="gcomm://$cluster" \
     --wsrep-node-name="node$n" --wsrep-node-address="127.0.0.1:$(gcomm_port "$n")" \
