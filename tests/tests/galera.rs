@@ -565,3 +565,31 @@ fn get_lock_is_granted_on_two_nodes_at_once() {
     let also = advisory::try_lock(&mut two, "galera-job").unwrap();
     assert!(also.is_some(), "node 2 is granted the lock node 1 holds");
 }
+
+#[test]
+fn a_retried_lock_reuses_a_connection_whose_rollback_the_node_refused() {
+    // Node 2 overtakes node 1's `with_lock` while its closure does no database
+    // work; the closure then gives up (a retryable error of its own). The node
+    // answers the ROLLBACK with 1213 as well, and Diesel's transaction manager
+    // calls the connection broken, although no transaction is open: lockkit
+    // asks the server and carries on, so the retry on the same connection runs.
+    let cluster = Cluster::new("refused_rollback");
+    cluster.seed("INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'hot', 0, 0)");
+    let mut one = cluster.node(0);
+    let result = lockkit::retry(&RetryPolicy::immediate(3), |attempt| {
+        lockkit::with_lock(&mut one, 1, LockOptions::default(), |conn, _: Item| {
+            add_stock(conn, 1)?;
+            if attempt == 1 {
+                node_2_adds_10(&cluster).0.unwrap();
+                let mut observer = cluster.node(0);
+                while stock_on(&mut observer)? < 10 {
+                    thread::sleep(Duration::from_millis(5));
+                }
+                return Err(Error::Busy);
+            }
+            Ok(attempt)
+        })
+    });
+    assert_eq!(result.unwrap(), 2);
+    assert_eq!(cluster.item(), (11, 2));
+}
