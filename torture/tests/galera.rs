@@ -2,9 +2,10 @@
 //! `scripts/galera.sh`): worker process N writes through node N, and every
 //! invariant must hold exactly. `--tolerate-outages`: the nodes sometimes stop
 //! answering a connection whose transaction another node's write aborted (see
-//! `scripts/galera.sh`), and lockkit's transaction plumbing reports some of those
-//! aborts as a broken transaction manager; both are retried on a fresh
-//! connection after finding out whether the operation committed.
+//! `scripts/galera.sh`), and a Diesel `conn.transaction` (the optimistic
+//! writers') whose ROLLBACK the node refused leaves a broken transaction
+//! manager; both are retried on a fresh connection after finding out whether the
+//! operation committed.
 
 use std::process::Command;
 
