@@ -3,7 +3,8 @@
 # packaging checks, and the whole test suite on real PostgreSQL, MySQL/MariaDB,
 # SQLite and Redis (CONTRIBUTING.md lists the steps).
 #
-# Servers (NATS with JetStream, for examples/outbox, likewise), in this order:
+# Servers (NATS with JetStream, for examples/outbox, likewise; a 3-node Galera
+# cluster comes from scripts/galera.sh unless GALERA_URLS is set), in this order:
 #   1. PG_DATABASE_URL / MYSQL_DATABASE_URL / REDIS_URL when set;
 #   2. a server already listening on 127.0.0.1:$PG_PORT (5432) / :$MYSQL_PORT (3306) /
 #      :$REDIS_PORT (6379), used as postgres://postgres@127.0.0.1:PORT/test,
@@ -215,6 +216,18 @@ if [ -z "${PG_PRIMARY_URL:-}" ] || [ -z "${PG_STANDBY_URL:-}" ]; then
   export PG_STANDBY_URL="postgres://postgres@127.0.0.1:$PG_STANDBY_PORT/test"
 fi
 log "PostgreSQL primary: $PG_PRIMARY_URL, standby: $PG_STANDBY_URL"
+# --- a 3-node MariaDB Galera cluster (tests/tests/galera.rs) -------------------
+# GALERA_URLS (comma-separated, one URL a node) when set; else a throwaway cluster
+# from scripts/galera.sh, formed (about 15 s) while the checks below build, and
+# stopped when this script ends. A cluster that does not form fails the run.
+GALERA_START=""
+if [ -z "${GALERA_URLS:-}" ]; then
+  mkdir -p "$SERVER_DIR"
+  scripts/galera.sh start >"$SERVER_DIR/galera.env" &
+  GALERA_START=$!
+  CLEANUP+=("scripts/galera.sh stop")
+  CLEANUP+=('[ -z "$GALERA_START" ] || { kill "$GALERA_START"; wait "$GALERA_START"; } 2>/dev/null')
+fi
 
 # --- the suite ---------------------------------------------------------------
 log "cargo fmt --check"
@@ -256,5 +269,11 @@ log "cargo package (lockkit-derive, then lockkit, verified together)"
 cargo package --locked -q --allow-dirty -p lockkit-derive -p lockkit
 log "cargo clippy"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
-log "cargo test (PostgreSQL, MySQL/MariaDB, SQLite)"
+if [ -n "$GALERA_START" ]; then
+  wait "$GALERA_START" || { GALERA_START=""; die "the Galera cluster did not form (scripts/galera.sh start)"; }
+  GALERA_START=""
+  . "$SERVER_DIR/galera.env"
+fi
+log "Galera: $GALERA_URLS"
+log "cargo test (PostgreSQL, MySQL/MariaDB, SQLite, Galera)"
 cargo test --workspace --all-features --locked "$@"

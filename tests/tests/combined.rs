@@ -195,6 +195,32 @@ mod all {
             a.update_versioned(&mut a_conn).unwrap();
         }
 
+        fn with_lock_after_a_rolled_back_lock_reads_the_row_afresh(db) {
+            // A's `with_lock` bumps the version (0 -> 1) and rolls back; B, another
+            // process (whose lockkit A's does not hear from), locks and commits the
+            // same number. A's next `with_lock` reads the row under lock:
+            // its version is the row's, not the one A's rollback left behind, so it
+            // locks. (It used to "restore" to 0, find 1, move the row to 2 and report
+            // Stale, in the transaction that Stale then rolled back: Stale forever.)
+            let mut a_conn = db.conn();
+            let mut b_conn = db.conn();
+            seed_items(&mut a_conn, &[(1, 10)]);
+            let lock = |conn: &mut _, add: i32| {
+                lockkit::with_lock(conn, 1, LockOptions::default(), |conn, item: Item| {
+                    diesel::update(items::table.find(1)).set(items::stock.eq(item.stock + add)).execute(conn)?;
+                    if add < 0 {
+                        return Err(Error::NoRowMatched); // roll back
+                    }
+                    Ok(())
+                })
+            };
+            assert!(lock(&mut a_conn, -1).is_err());
+            exec(&mut b_conn, "UPDATE items SET stock = stock + 2, lock_version = lock_version + 1 WHERE id = 1");
+            lock(&mut a_conn, 3).unwrap();
+            let stored = item!(&mut a_conn, 1);
+            assert_eq!((stored.stock, stored.lock_version), (15, 2), "B's and A's writes, one bump each");
+        }
+
         fn a_struct_retried_after_a_rollback_writes_as_if_restored(db) {
             let mut conn = db.conn();
             seed_items(&mut conn, &[(1, 10)]);

@@ -13,7 +13,9 @@ USAGE:
     lockkit-torture --url URL [OPTIONS]
 
 OPTIONS:
-    --url URL            postgres://..., mysql://..., or a SQLite file (path or sqlite://path)
+    --url URL            postgres://..., mysql://..., or a SQLite file (path or sqlite://path);
+                         for a multi-primary cluster (MariaDB Galera), the nodes' URLs,
+                         comma-separated: worker process N writes through node N
     --processes N        worker processes, each with its own connection pool   [default: 2]
     --threads N          worker threads per process                             [default: 4]
     --seconds S          stop starting operations after S seconds               [default: 10]
@@ -161,9 +163,9 @@ impl Config {
         Backend::from_url(&self.url)
     }
 
-    /// What to hand to `Connection::establish`.
+    /// What to hand to `Connection::establish`: this process's node's URL.
     pub fn connection_url(&self) -> &str {
-        connection_url(&self.url)
+        connection_url(crate::nodes::node_url(&self.url, self.role))
     }
 
     /// The arguments that start worker `n` with this configuration.

@@ -12,6 +12,7 @@
 mod backend;
 mod config;
 mod model;
+mod nodes;
 mod report;
 mod run;
 mod schema;

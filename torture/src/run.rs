@@ -255,6 +255,16 @@ fn worker_thread<C: TortureConnection>(
 
 /// A worker process: a pool, `--threads` threads, a report on stdout.
 pub fn worker<C: TortureConnection>(config: &Config, process: u32) -> bool {
+    if let Err(err) = connect::<C>(config)
+        .and_then(|mut conn| crate::nodes::catch_up(&mut conn, config).map_err(|e| e.to_string()))
+    {
+        let mut stats = Stats::default();
+        stats
+            .failures
+            .push(format!("p{process}: the node never had the tables: {err}"));
+        print!("{}", stats.to_report());
+        return false;
+    }
     let pool = pool::<C>(config, config.threads + 1);
     let deadline = Instant::now() + config.run_time();
     let mut total = Stats::default();
@@ -403,9 +413,10 @@ pub fn parent<C: TortureConnection>(config: &Config) -> bool {
     }
     drop(drain_pool);
 
-    let audit = match connect::<C>(config)
-        .and_then(|mut conn| C::audit(&mut conn).map_err(|e| format!("reading the tables: {e}")))
-    {
+    let audit = match connect::<C>(config).and_then(|mut conn| {
+        crate::nodes::catch_up(&mut conn, config).map_err(|e| e.to_string())?;
+        C::audit(&mut conn).map_err(|e| format!("reading the tables: {e}"))
+    }) {
         Ok(audit) => audit,
         Err(err) => {
             eprintln!("lockkit-torture: audit failed: {err}");

@@ -14,7 +14,8 @@
 //! and [`write`], the one sequence every versioned write goes through:
 //!
 //! 1. the [`journal`] says which version to check (the struct's, or
-//!    the one before a write of it that was rolled back);
+//!    the one before a write of it that was rolled back; a row just read under
+//!    lock, [`Origin::LockedRead`], is checked as read);
 //! 2. a version at its type's maximum is refused before anything is sent;
 //! 3. the statement runs, in a savepoint if the database does not enforce the
 //!    declared key ([`Error::AmbiguousKey`] if it matched several rows);
@@ -316,8 +317,42 @@ where
     Conn: Connection,
     S: ExecuteDsl<Conn>,
 {
+    write_from::<M, S, Conn>(conn, key, expected, Origin::Held, operation, statement)
+}
+
+/// Where the version a write expects comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// A struct the caller held: it may hold a number a rolled-back write gave
+    /// it, which the [`journal`] restores.
+    Held,
+    /// The row, read under lock in the open transaction: the row's own number,
+    /// never one a rollback left behind (which another process, unseen by this
+    /// one's journal, may have committed since). Restoring it would write on an
+    /// older number, find the row past it and report `Stale` in a transaction
+    /// that then rolls back, again on every retry.
+    LockedRead,
+}
+
+/// [`write`], for a version from `origin`.
+pub(crate) fn write_from<M, S, Conn>(
+    conn: &mut Conn,
+    key: &M::Key,
+    expected: M::Version,
+    origin: Origin,
+    operation: Operation,
+    statement: impl FnOnce(M::Version) -> S,
+) -> Result<Written<M::Version>, Error>
+where
+    M: CurrentVersionQuery<Conn>,
+    Conn: Connection,
+    S: ExecuteDsl<Conn>,
+{
     let row = M::row_id(conn, key).map_err(classify)?;
-    let plan = journal::plan(conn, M::TABLE_NAME, row.as_deref(), expected.to_i64());
+    let plan = match origin {
+        Origin::Held => journal::plan(conn, M::TABLE_NAME, row.as_deref(), expected.to_i64()),
+        Origin::LockedRead => Plan::Write,
+    };
     let checked = match plan {
         Plan::Restore { restore, .. } => M::Version::from_i64(restore).unwrap_or(expected),
         Plan::Write => expected,

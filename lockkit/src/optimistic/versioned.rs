@@ -64,8 +64,8 @@ use diesel::{Column, Connection};
 use crate::optimistic::statement::{BySql, CacheKey};
 use crate::optimistic::version::VersionNumber;
 use crate::optimistic::version_check::{
-    self, CurrentVersionQuery, DeleteVersioned, TouchVersioned, UpdateVersioned, VersionCheck,
-    Written,
+    self, CurrentVersionQuery, DeleteVersioned, Origin, TouchVersioned, UpdateVersioned,
+    VersionCheck, Written,
 };
 use crate::pessimistic::lockable::MarkLocked;
 use crate::{Error, Lockable, Operation};
@@ -694,7 +694,17 @@ where
     TouchVersioned<M>: ExecuteDsl<Conn>,
 {
     fn mark(conn: &mut Conn, row: &mut M) -> Result<(), Error> {
-        // The row is locked: the version cannot have moved since the locked read.
-        row.touch_versioned(conn)
+        // The row is locked: the version cannot have moved since the locked read,
+        // and is the row's own (see `Origin::LockedRead`).
+        let key = row.key();
+        let written = version_check::write_from::<M, _, _>(
+            conn,
+            &key,
+            row.version(),
+            Origin::LockedRead,
+            Operation::Touch,
+            |checked| version_check::touch::<M>(key.clone(), checked),
+        )?;
+        settle(row, written)
     }
 }

@@ -391,6 +391,23 @@ pub(crate) mod mysql {
                 },
             }
         }
+
+        fn repair(&mut self) {
+            // Galera answers the ROLLBACK of a transaction that another node's
+            // write aborted while it sat idle with the abort's 1213; Diesel then
+            // calls its transaction manager broken, and every later transaction
+            // on the connection fails with `BrokenTransactionManager`. The server
+            // has ended the transaction: if it says so, start afresh.
+            use diesel::connection::{TransactionManager, TransactionManagerStatus};
+            type Manager = <MysqlConnection as diesel::Connection>::TransactionManager;
+            let broken = Manager::transaction_manager_status_mut(self)
+                .transaction_depth()
+                .is_err();
+            if broken && matches!(in_server_transaction(self), Ok(false)) {
+                *Manager::transaction_manager_status_mut(self) =
+                    TransactionManagerStatus::default();
+            }
+        }
     }
 }
 

@@ -76,6 +76,11 @@ pub trait Control: Connection + Sized {
     fn transaction_ended(&mut self, cause: Option<&Error>) -> Option<Error> {
         matches!(cause, Some(Error::ConnectionLost)).then_some(Error::ConnectionLost)
     }
+
+    /// After an outermost transaction failed: puts Diesel's transaction manager
+    /// back in order when it gave up on the connection although the server has
+    /// no transaction open. The default: nothing.
+    fn repair(&mut self) {}
 }
 
 /// Runs `f` in a transaction (a savepoint when one is open) behind the panic
@@ -146,6 +151,9 @@ where
         (Ok(_), Some(Err(err))) => Failure::Lockkit(crate::classify(err)),
         (Err(failure), _) => failure,
     };
+    if !nested {
+        conn.repair();
+    }
     Err(match failure {
         Failure::Closure(err) if !nested => err,
         // The closure's error is the caller's; lockkit cannot look inside it, so

@@ -1,0 +1,595 @@
+//! lockkit on a multi-primary MariaDB Galera cluster: three nodes that all take
+//! writes (`GALERA_URLS`, one URL a node; `scripts/galera.sh start` makes one,
+//! `scripts/test.sh` does so for the suite). Each test has a database of its
+//! own on the cluster and spreads its connections over the nodes.
+//!
+//! Galera certifies a transaction's write set against every other node's at
+//! `COMMIT`: the first to commit wins and the other fails with 1213 (`Deadlock
+//! found`, SQLSTATE 40001), or at its next statement if the winner's write set
+//! reached its node first. Row locks, `NOWAIT`, `SKIP LOCKED` and `GET_LOCK`
+//! stay on the node that took them. What holds across nodes is what the
+//! certification checks: versioned writes, and locked writes that retry.
+
+#![cfg(feature = "mysql")]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{mpsc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel::MysqlConnection;
+use lockkit::prelude::*;
+use lockkit::{advisory, locked_transaction, queue, Error, LockOptions, RetryPolicy};
+use lockkit_tests::db::TestBackend;
+use lockkit_tests::models::{Item, Job};
+use lockkit_tests::schema::{items, jobs};
+use lockkit_tests::support::with_database;
+
+/// How long a node keeps a connection that sends nothing; see [`Cluster::node`].
+const IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A database of its own on the Galera cluster, reachable through every node.
+struct Cluster {
+    /// The database's URL on each node.
+    urls: Vec<String>,
+    /// Each node's URL as given (its database `test`).
+    nodes: Vec<String>,
+    name: String,
+}
+
+impl Cluster {
+    fn new(test: &str) -> Cluster {
+        let nodes: Vec<String> = std::env::var("GALERA_URLS")
+            .unwrap_or_default()
+            .split(',')
+            .filter(|url| !url.is_empty())
+            .map(str::to_owned)
+            .collect();
+        assert!(
+            nodes.len() >= 2,
+            "GALERA_URLS must list the URLs of a Galera cluster's nodes, comma-separated \
+             (eval \"$(scripts/galera.sh start)\", or run scripts/test.sh); got {nodes:?}"
+        );
+        let name = format!("lk_galera_{test}_{}", std::process::id());
+        let mut admin = establish(&nodes[0]);
+        admin
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name}"
+            ))
+            .unwrap_or_else(|e| panic!("CREATE DATABASE {name} on {}: {e}", nodes[0]));
+        let urls: Vec<String> = nodes.iter().map(|url| with_database(url, &name)).collect();
+        MysqlConnection::migrate(&mut establish(&urls[0]));
+        let cluster = Cluster { urls, nodes, name };
+        cluster.sync();
+        cluster
+    }
+
+    /// A new connection to node `node` (counted modulo the number of nodes).
+    ///
+    /// MariaDB 10.11's Galera sometimes answers a prepared statement (Diesel
+    /// prepares every statement with binds) that it aborted for another node's
+    /// write with a reply the client misreads, and the client then waits for a
+    /// reply that never comes (mysql-wsrep#287 describes the mechanism). The
+    /// node, meanwhile, sees an idle connection: a short `wait_timeout` makes it
+    /// close the connection, and the client reports a lost connection
+    /// ([`Error::ConnectionLost`]) instead of hanging.
+    fn node(&self, node: usize) -> MysqlConnection {
+        let mut conn = establish(&self.urls[node % self.urls.len()]);
+        conn.batch_execute(&format!(
+            "SET SESSION wait_timeout = {}",
+            IDLE_TIMEOUT.as_secs()
+        ))
+        .expect("wait_timeout");
+        conn
+    }
+
+    fn nodes(&self) -> usize {
+        self.urls.len()
+    }
+
+    /// Waits until every node has applied every write set committed so far
+    /// (Galera applies another node's writes, even `CREATE DATABASE`, shortly
+    /// after they commit).
+    fn sync(&self) {
+        for node in &self.nodes {
+            establish(node)
+                .batch_execute(&format!(
+                    "SET SESSION wsrep_sync_wait = 15; SELECT COUNT(*) FROM {}.items",
+                    self.name
+                ))
+                .unwrap_or_else(|e| panic!("{node} did not catch up: {e}"));
+        }
+    }
+
+    /// A connection to `node` whose reads first wait for the node to catch up
+    /// (`wsrep_sync_wait`): what the checks of the totals read through.
+    fn synced(&self, node: usize) -> MysqlConnection {
+        let mut conn = self.node(node);
+        conn.batch_execute("SET SESSION wsrep_sync_wait = 1")
+            .expect("wsrep_sync_wait");
+        conn
+    }
+
+    fn seed(&self, sql: &str) {
+        self.node(0).batch_execute(sql).expect("seed");
+        self.sync();
+    }
+
+    /// Row 1 of `items` (stock, version) as every node sees it once caught up;
+    /// the nodes must agree.
+    fn item(&self) -> (i32, i32) {
+        let read = |node| {
+            items::table
+                .find(1)
+                .select((items::stock, items::lock_version))
+                .first::<(i32, i32)>(&mut self.synced(node))
+                .unwrap()
+        };
+        let first = read(0);
+        for node in 1..self.nodes() {
+            assert_eq!(read(node), first, "node {} disagrees with node 1", node + 1);
+        }
+        first
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Ok(mut conn) = MysqlConnection::establish(&self.urls[0]) {
+            let _ = conn.batch_execute(&format!("DROP DATABASE IF EXISTS {}", self.name));
+        }
+    }
+}
+
+fn establish(url: &str) -> MysqlConnection {
+    MysqlConnection::establish(url).unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
+}
+
+/// Patient enough for a few writers per node on one hot row.
+fn policy() -> RetryPolicy {
+    RetryPolicy::default()
+        .max_attempts(200)
+        .base_delay(Duration::from_millis(2))
+        .max_delay(Duration::from_millis(50))
+}
+
+const WRITERS: usize = 6;
+const WRITES: i32 = 20;
+
+/// What a run of [`spread`] counted.
+#[derive(Debug, Default)]
+struct Counts {
+    /// Attempts that failed with a conflict and ran again.
+    retries: AtomicU32,
+    /// Connections the node stopped answering, replaced (see [`Cluster::node`]).
+    lost: AtomicU32,
+}
+
+/// Runs `write` `WRITES` times on each of `WRITERS` threads, the threads spread
+/// over the nodes (thread `t` on node `t % nodes`), all starting together.
+/// `write` gets the thread's number. A write whose connection was lost (the
+/// node stopped answering after aborting its transaction, see [`Cluster::node`])
+/// runs again on a new connection: the exact totals the tests check would show
+/// it if that write had committed after all.
+fn spread(
+    cluster: &Cluster,
+    write: impl Fn(&mut MysqlConnection, usize, &Counts) -> Result<(), Error> + Sync,
+) -> Counts {
+    let barrier = Barrier::new(WRITERS);
+    let counts = Counts::default();
+    thread::scope(|s| {
+        for t in 0..WRITERS {
+            let (barrier, counts, write) = (&barrier, &counts, &write);
+            s.spawn(move || {
+                let mut conn = cluster.node(t);
+                barrier.wait();
+                for _ in 0..WRITES {
+                    loop {
+                        match write(&mut conn, t, counts) {
+                            Ok(()) => break,
+                            Err(Error::ConnectionLost) | Err(Error::RetriesExhausted { .. })
+                                if !conn_alive(&mut conn) =>
+                            {
+                                counts.lost.fetch_add(1, Ordering::Relaxed);
+                                conn = cluster.node(t);
+                            }
+                            Err(err) => panic!("writer {t}: {err:?}"),
+                        }
+                    }
+                }
+            });
+        }
+    });
+    counts
+}
+
+fn conn_alive(conn: &mut MysqlConnection) -> bool {
+    conn.batch_execute("SELECT 1").is_ok()
+}
+
+/// Counts every attempt after the first.
+fn count(counts: &Counts, attempt: u32) {
+    if attempt > 1 {
+        counts.retries.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn versioned_writes_on_every_node_add_up_exactly() {
+    let cluster = Cluster::new("versioned");
+    cluster.seed("INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'hot', 0, 0)");
+    let started = Instant::now();
+    let counts = spread(&cluster, |conn, _, counts| {
+        lockkit::retry(&policy(), |attempt| {
+            count(counts, attempt);
+            let mut item = items::table.find(1).first::<Item>(conn)?;
+            item.stock += 1;
+            item.update_versioned(conn)
+        })
+    });
+    let total = WRITERS as i32 * WRITES;
+    assert_eq!(
+        cluster.item(),
+        (total, total),
+        "every increment once, one version each"
+    );
+    assert!(
+        counts.retries.load(Ordering::Relaxed) > 0,
+        "the writers on different nodes never met"
+    );
+    eprintln!(
+        "galera versioned: {total} increments on {} nodes, {counts:?}, {:?}",
+        cluster.nodes(),
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_naive_read_modify_write_across_nodes_loses_updates() {
+    // The baseline the versioned writes above are measured against: read, then
+    // write the absolute value. Galera refuses (1213) or re-runs
+    // (`wsrep_retry_autocommit`) an UPDATE that another node's write overtook,
+    // but a re-run UPDATE still writes the stale sum, and so do writers on one node.
+    let cluster = Cluster::new("naive");
+    cluster.seed("INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'hot', 0, 0)");
+    let counts = spread(&cluster, |conn, _, counts| loop {
+        // A naive writer that at least tries again when the cluster refuses it.
+        let stock = items::table
+            .find(1)
+            .select(items::stock)
+            .first::<i32>(conn)
+            .unwrap();
+        thread::sleep(Duration::from_millis(1));
+        match diesel::update(items::table.find(1))
+            .set(items::stock.eq(stock + 1))
+            .execute(conn)
+            .map_err(Error::from)
+        {
+            Ok(_) => break Ok(()),
+            Err(Error::Deadlock) => count(counts, 2),
+            Err(err) => break Err(err),
+        }
+    });
+    let total = WRITERS as i32 * WRITES;
+    let (stock, _) = cluster.item();
+    assert!(stock < total, "no update lost: {stock} of {total}");
+    eprintln!(
+        "galera naive: {} of {total} increments lost in silence ({counts:?}: refused and redone)",
+        total - stock
+    );
+}
+
+/// Takes `with_lock` on items row 1 on node 1 and, while it holds the row
+/// (after `work` ran in its transaction), runs `meanwhile`; then lets node 1's
+/// transaction go on to `COMMIT`. Returns node 1's result and `meanwhile`'s.
+fn while_node_1_holds_row_1<T: Send>(
+    cluster: &Cluster,
+    work: impl Fn(&mut MysqlConnection) -> Result<(), Error> + Send + Sync,
+    after: impl Fn(&mut MysqlConnection) -> Result<(), Error> + Send + Sync,
+    meanwhile: impl FnOnce() -> T,
+) -> (Result<(), Error>, T) {
+    let (locked_tx, locked_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let (work, after) = (&work, &after);
+    thread::scope(|s| {
+        let holder = s.spawn(move || {
+            let mut conn = cluster.node(0);
+            lockkit::with_lock(&mut conn, 1, LockOptions::default(), |conn, _: Item| {
+                work(conn)?;
+                locked_tx.send(()).unwrap();
+                let _ = release_rx.recv();
+                after(conn)
+            })
+        });
+        locked_rx.recv().expect("node 1 took the lock");
+        let out = meanwhile();
+        release_tx.send(()).unwrap();
+        (holder.join().unwrap(), out)
+    })
+}
+
+fn add_stock(conn: &mut MysqlConnection, n: i32) -> Result<(), Error> {
+    diesel::update(items::table.find(1))
+        .set(items::stock.eq(items::stock + n))
+        .execute(conn)?;
+    Ok(())
+}
+
+/// Node 2's `with_lock` on row 1, adding 10, and how long it took.
+fn node_2_adds_10(cluster: &Cluster) -> (Result<(), Error>, Duration) {
+    let mut conn = cluster.node(1);
+    let started = Instant::now();
+    let options = LockOptions::default().timeout(Duration::from_secs(5));
+    let result = lockkit::with_lock(&mut conn, 1, options, |conn, _: Item| add_stock(conn, 10));
+    (result, started.elapsed())
+}
+
+#[test]
+fn with_lock_on_another_node_does_not_wait_and_the_later_commit_fails_retryably() {
+    let cluster = Cluster::new("commit_abort");
+    cluster.seed("INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'hot', 0, 0)");
+    let (node_1, (node_2, waited)) = while_node_1_holds_row_1(
+        &cluster,
+        |conn| add_stock(conn, 1),
+        |_| Ok(()),
+        || node_2_adds_10(&cluster),
+    );
+    node_2.expect("node 2 locks, writes and commits while node 1 holds the row");
+    assert!(
+        waited < Duration::from_secs(2),
+        "node 2 waited {waited:?} for node 1's lock"
+    );
+    let err = node_1.expect_err("node 1's COMMIT after node 2's must fail");
+    assert!(matches!(err, Error::Deadlock), "{err:?}");
+    assert!(err.is_retryable());
+    // Node 2's write stands; node 1's was rolled back and reported, not lost in silence.
+    assert_eq!(cluster.item(), (10, 1));
+    eprintln!("galera with_lock: node 2 locked the row node 1 held in {waited:?}");
+}
+
+#[test]
+fn a_transaction_overtaken_by_another_node_fails_at_its_next_statement() {
+    let cluster = Cluster::new("next_statement");
+    cluster.seed("INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'hot', 0, 0)");
+    let (node_1, (node_2, _)) = while_node_1_holds_row_1(
+        &cluster,
+        |conn| add_stock(conn, 1),
+        |conn| {
+            // Wait until node 2's write set reached node 1, as a read elsewhere shows.
+            let mut observer = cluster.node(0);
+            while items::table
+                .find(1)
+                .select(items::stock)
+                .first::<i32>(&mut observer)?
+                < 10
+            {
+                thread::sleep(Duration::from_millis(5));
+            }
+            add_stock(conn, 1)
+        },
+        || node_2_adds_10(&cluster),
+    );
+    node_2.unwrap();
+    let err = node_1.expect_err("node 1's next statement after node 2's commit must fail");
+    assert!(matches!(err, Error::Deadlock), "{err:?}");
+    assert_eq!(cluster.item(), (10, 1));
+}
+
+#[test]
+fn transaction_with_retry_reruns_a_transaction_another_node_aborted() {
+    // with_lock nested in transaction_with_retry: node 2 overtakes the first
+    // attempt, whose nested call reports the whole transaction gone
+    // (TransactionAborted); the outer call runs it again, and it commits.
+    let cluster = Cluster::new("rerun");
+    cluster.seed("INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'hot', 0, 0)");
+    let (locked_tx, locked_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let nested_errors = std::sync::Mutex::new(Vec::new());
+    let (cluster, nested_errors) = (&cluster, &nested_errors);
+    let attempts = thread::scope(|s| {
+        let holder = s.spawn(move || {
+            let mut conn = cluster.node(0);
+            let mut attempts = 0;
+            lockkit::transaction_with_retry(&mut conn, &policy(), |conn| {
+                attempts += 1;
+                let nested =
+                    lockkit::with_lock(conn, 1, LockOptions::default(), |conn, _: Item| {
+                        add_stock(conn, 1)?;
+                        if attempts == 1 {
+                            locked_tx.send(()).unwrap();
+                            let _ = release_rx.recv();
+                            let mut observer = cluster.node(0);
+                            while stock_on(&mut observer)? < 10 {
+                                thread::sleep(Duration::from_millis(5));
+                            }
+                        }
+                        add_stock(conn, 1)
+                    });
+                if let Err(err) = &nested {
+                    nested_errors.lock().unwrap().push(format!("{err:?}"));
+                }
+                nested
+            })
+            .map(|()| attempts)
+        });
+        locked_rx.recv().unwrap();
+        node_2_adds_10(cluster).0.unwrap();
+        release_tx.send(()).unwrap();
+        holder.join().unwrap()
+    });
+    assert_eq!(attempts.unwrap(), 2);
+    let errors = nested_errors.lock().unwrap();
+    assert!(
+        errors.len() == 1 && errors[0].starts_with("TransactionAborted(Deadlock"),
+        "{errors:?}"
+    );
+    // Node 2's 10, then the rerun's 1 + 1; two locks, two versions.
+    assert_eq!(cluster.item(), (12, 2));
+}
+
+fn stock_on(conn: &mut MysqlConnection) -> Result<i32, Error> {
+    Ok(items::table
+        .find(1)
+        .select(items::stock)
+        .first::<i32>(conn)?)
+}
+
+#[test]
+fn retried_locked_writes_on_every_node_add_up_exactly() {
+    // Half the writers retry `with_lock`, half run `transaction_with_retry`
+    // around a `FOR UPDATE` read: the losers of each certification run again.
+    let cluster = Cluster::new("retry_locked");
+    cluster.seed("INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'hot', 0, 0)");
+    let started = Instant::now();
+    let counts = spread(&cluster, |conn, t, counts| {
+        if t % 2 == 0 {
+            lockkit::retry(&policy(), |attempt| {
+                count(counts, attempt);
+                lockkit::with_lock(conn, 1, LockOptions::default(), |conn, item: Item| {
+                    diesel::update(items::table.find(1))
+                        .set(items::stock.eq(item.stock + 1))
+                        .execute(conn)?;
+                    Ok::<_, Error>(())
+                })
+            })
+        } else {
+            let mut attempt = 0;
+            lockkit::transaction_with_retry(conn, &policy(), |conn| {
+                attempt += 1;
+                count(counts, attempt);
+                let stock = items::table
+                    .find(1)
+                    .select(items::stock)
+                    .for_update()
+                    .first::<i32>(conn)?;
+                diesel::update(items::table.find(1))
+                    .set(items::stock.eq(stock + 1))
+                    .execute(conn)?;
+                Ok::<_, Error>(())
+            })
+        }
+    });
+    let total = WRITERS as i32 * WRITES;
+    let (stock, version) = cluster.item();
+    assert_eq!(stock, total, "every increment once");
+    // Only `with_lock` on a versioned model advances the version.
+    assert_eq!(version, total / 2);
+    assert!(
+        counts.retries.load(Ordering::Relaxed) > 0,
+        "the writers on different nodes never met"
+    );
+    eprintln!(
+        "galera locked writes: {total} increments on {} nodes, {counts:?}, {:?}",
+        cluster.nodes(),
+        started.elapsed()
+    );
+}
+
+#[test]
+fn nowait_sees_only_the_locks_of_its_own_node() {
+    let cluster = Cluster::new("nowait");
+    cluster.seed("INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'hot', 0, 0)");
+    let nowait = |node| {
+        let mut conn = cluster.node(node);
+        lockkit::with_lock(
+            &mut conn,
+            1,
+            LockOptions::default().nowait(),
+            |_, item: Item| Ok::<_, Error>(item.id),
+        )
+    };
+    let (_, (same_node, other_node)) =
+        while_node_1_holds_row_1(&cluster, |_| Ok(()), |_| Ok(()), || (nowait(0), nowait(1)));
+    assert!(matches!(same_node, Err(Error::Busy)), "{same_node:?}");
+    assert_eq!(other_node.expect("node 2 gets the row node 1 holds"), 1);
+}
+
+#[test]
+fn skip_locked_hands_another_node_the_row_one_node_holds() {
+    let cluster = Cluster::new("skip_locked");
+    cluster.seed("INSERT INTO jobs (id, payload, done) VALUES (1, 'a', false), (2, 'b', false)");
+    let claim = |node| {
+        let mut conn = cluster.node(node);
+        locked_transaction(&mut conn, LockOptions::default(), |conn| {
+            let jobs: Vec<Job> = queue::claim(
+                conn,
+                jobs::table.order(jobs::id).select(Job::as_select()),
+                1,
+            )?;
+            Ok::<_, Error>(jobs.iter().map(|job| job.id).collect::<Vec<_>>())
+        })
+        .unwrap()
+    };
+    let (locked_tx, locked_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let cluster = &cluster;
+    let (held, same_node, other_node) = thread::scope(|s| {
+        let holder = s.spawn(move || {
+            let mut conn = cluster.node(0);
+            locked_transaction(&mut conn, LockOptions::default(), |conn| {
+                let jobs: Vec<Job> = queue::claim(
+                    conn,
+                    jobs::table.order(jobs::id).select(Job::as_select()),
+                    1,
+                )?;
+                locked_tx.send(()).unwrap();
+                let _ = release_rx.recv();
+                Ok::<_, Error>(jobs.iter().map(|job| job.id).collect::<Vec<_>>())
+            })
+            .unwrap()
+        });
+        locked_rx.recv().unwrap();
+        let (same_node, other_node) = (claim(0), claim(1));
+        release_tx.send(()).unwrap();
+        (holder.join().unwrap(), same_node, other_node)
+    });
+    assert_eq!(held, [1]);
+    assert_eq!(same_node, [2], "node 1 skips the job node 1 holds");
+    assert_eq!(other_node, [1], "node 2 claims the job node 1 holds");
+}
+
+#[test]
+fn get_lock_is_granted_on_two_nodes_at_once() {
+    let cluster = Cluster::new("get_lock");
+    let (mut one, mut same, mut two) = (cluster.node(0), cluster.node(0), cluster.node(1));
+    let held = advisory::try_lock(&mut one, "galera-job").unwrap();
+    assert!(held.is_some());
+    assert!(
+        advisory::try_lock(&mut same, "galera-job")
+            .unwrap()
+            .is_none(),
+        "one node excludes"
+    );
+    let also = advisory::try_lock(&mut two, "galera-job").unwrap();
+    assert!(also.is_some(), "node 2 is granted the lock node 1 holds");
+}
+
+#[test]
+fn a_retried_lock_reuses_a_connection_whose_rollback_the_node_refused() {
+    // Node 2 overtakes node 1's `with_lock` while its closure does no database
+    // work; the closure then gives up (a retryable error of its own). The node
+    // answers the ROLLBACK with 1213 as well, and Diesel's transaction manager
+    // calls the connection broken, although no transaction is open: lockkit
+    // asks the server and carries on, so the retry on the same connection runs.
+    let cluster = Cluster::new("refused_rollback");
+    cluster.seed("INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'hot', 0, 0)");
+    let mut one = cluster.node(0);
+    let result = lockkit::retry(&RetryPolicy::immediate(3), |attempt| {
+        lockkit::with_lock(&mut one, 1, LockOptions::default(), |conn, _: Item| {
+            add_stock(conn, 1)?;
+            if attempt == 1 {
+                node_2_adds_10(&cluster).0.unwrap();
+                let mut observer = cluster.node(0);
+                while stock_on(&mut observer)? < 10 {
+                    thread::sleep(Duration::from_millis(5));
+                }
+                return Err(Error::Busy);
+            }
+            Ok(attempt)
+        })
+    });
+    assert_eq!(result.unwrap(), 2);
+    assert_eq!(cluster.item(), (11, 2));
+}
