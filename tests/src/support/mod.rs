@@ -3,6 +3,9 @@
 //! arithmetic around it, the examples' error type, the start and the end of
 //! their `main`, and the session settings of their connections.
 //!
+//! * [`AnyConnection`]: the programs' connection, a
+//!   `#[derive(diesel::MultiConnection)]` enum lockkit takes through
+//!   `lockkit::multi::Dispatch` (with a backend feature).
 //! * [`Backend`]: PostgreSQL, MySQL/MariaDB or SQLite, from a URL
 //!   ([`Backend::from_url`]) or a short name ([`Backend::parse`]).
 //! * [`connection_url`]: what to hand to `Connection::establish` (a SQLite URL
@@ -37,6 +40,8 @@
 //! ```
 
 mod backend;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod connection;
 mod error;
 mod processes;
 mod program;
@@ -44,6 +49,8 @@ mod session;
 mod url;
 
 pub use backend::Backend;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use connection::{AnyConnection, AnyPool, AnyPooled, Migrations};
 pub use error::ProgramError;
 pub use processes::{point_at_database, wait_all};
 pub use program::{database_url, exit_code};
