@@ -13,7 +13,7 @@ use super::schema;
 #[diagnostic::on_unimplemented(
     message = "lockkit's outbox does not support `{Self}`",
     label = "not a connection lockkit's outbox supports",
-    note = "lockkit supports `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`) and r2d2 pooled connections to them"
+    note = "lockkit supports `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`), r2d2 pooled connections to them, and `#[derive(diesel::MultiConnection)]` enums over them that implement `lockkit::multi::Dispatch`"
 )]
 pub trait OutboxStore: LockingConnection + crate::sealed::Sealed {
     #[doc(hidden)]
