@@ -17,11 +17,11 @@
 //! * [`ProgramError`]: the error type of the example programs;
 //!   [`database_url`] and [`exit_code`], the start and the end of their `main`.
 //! * [`SessionSettings`]: what every pooled connection runs once it is open
-//!   ([`sqlite_session_settings`] with the `sqlite` feature,
-//!   [`no_session_settings`]).
+//!   ([`sqlite_session_settings`] with the `sqlite` feature).
 //! * [`point_at_database`] and [`wait_all`]: the examples' tests run them as
-//!   processes; [`on_backend!`](crate::on_backend) picks the connection type a
-//!   URL names.
+//!   processes.
+//! * [`on_inner!`](crate::on_inner): a statement the `MultiConnection` enum
+//!   cannot send, sent to the connection inside it.
 //!
 //! This module builds without the `harness` feature and without any backend
 //! feature. A program that depends on `lockkit-tests` with
@@ -56,5 +56,5 @@ pub use processes::{point_at_database, wait_all};
 pub use program::{database_url, exit_code};
 #[cfg(feature = "sqlite")]
 pub use session::sqlite_session_settings;
-pub use session::{no_session_settings, SessionSettings};
+pub use session::SessionSettings;
 pub use url::{admin_url, admin_url_var, connection_url, redact, with_database};
