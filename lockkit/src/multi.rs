@@ -129,7 +129,7 @@ pub trait Dispatch: diesel::Connection + Sized {
 
 use crate::bounds::{ClaimQuery, CurrentVersionQuery, LockAll, LockRow, MarkLocked, VersionCheck};
 #[cfg(feature = "outbox")]
-use crate::outbox::{OutboxMessage, OutboxStore};
+use crate::outbox::{DeadLetter, OutboxMessage, OutboxStore};
 use crate::pessimistic::connection;
 use crate::pessimistic::row_lock::RowLock;
 use crate::transaction::Control;
@@ -441,6 +441,14 @@ impl<T: Dispatch> OutboxStore for T {
 
     fn purge_published(conn: &mut Self, published_before: i64) -> Result<usize, Error> {
         on_inner!(conn, |c| OutboxStore::purge_published(c, published_before))
+    }
+
+    fn dead_letters(conn: &mut Self, dead: i64, limit: i64) -> Result<Vec<DeadLetter>, Error> {
+        on_inner!(conn, |c| OutboxStore::dead_letters(c, dead, limit))
+    }
+
+    fn requeue(conn: &mut Self, id: i64, dead: i64, now: i64) -> Result<bool, Error> {
+        on_inner!(conn, |c| OutboxStore::requeue(c, id, dead, now))
     }
 
     fn record_received(
