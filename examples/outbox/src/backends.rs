@@ -128,14 +128,26 @@ pub(crate) fn run_consumer(
     let inbox = Inbox::new(&options.name)?;
     let mut report = ConsumerReport::default();
     let mut quiet_since = Instant::now();
+    let mut outage = Outage::default();
     loop {
-        let deliveries = broker.fetch(&options.name, 10, Duration::from_millis(300))?;
+        let deliveries = match broker.fetch(&options.name, 10, Duration::from_millis(300)) {
+            Ok(deliveries) => deliveries,
+            Err(err) => {
+                outage.wait_out(&options.name, err)?;
+                continue;
+            }
+        };
         if deliveries.is_empty() {
-            if quiet_since.elapsed() >= options.idle && broker.drained(&options.name)? {
-                return Ok(report);
+            if quiet_since.elapsed() >= options.idle {
+                match broker.drained(&options.name) {
+                    Ok(true) => return Ok(report),
+                    Ok(false) => {}
+                    Err(err) => outage.wait_out(&options.name, err)?,
+                }
             }
             continue;
         }
+        outage = Outage::default();
         quiet_since = Instant::now();
         for delivery in &deliveries {
             report.delivered += 1;
@@ -154,8 +166,33 @@ pub(crate) fn run_consumer(
                 Received::Duplicate => report.absorbed += 1,
                 _ => {}
             }
-            broker.ack(delivery)?;
+            // An ack lost with the connection is a redelivery later, which
+            // the inbox absorbs.
+            if let Err(err) = broker.ack(delivery) {
+                outage.wait_out(&options.name, err)?;
+            }
         }
+    }
+}
+
+/// How long a consumer rides out a broker it cannot reach (a restart, a
+/// dropped connection) before it gives up with the broker's error.
+const OUTAGE_LIMIT: Duration = Duration::from_secs(60);
+
+/// The broker errors in a row: the client reconnects on its own; the consumer
+/// waits and tries again, up to [`OUTAGE_LIMIT`].
+#[derive(Default)]
+struct Outage(Option<Instant>);
+
+impl Outage {
+    fn wait_out(&mut self, consumer: &str, err: OutboxError) -> Result<(), OutboxError> {
+        let since = *self.0.get_or_insert_with(Instant::now);
+        if since.elapsed() > OUTAGE_LIMIT {
+            return Err(err);
+        }
+        eprintln!("consumer {consumer}: {err}; trying again");
+        std::thread::sleep(Duration::from_millis(200));
+        Ok(())
     }
 }
 

@@ -50,6 +50,10 @@ pub struct BrokerConfig {
     pub url: String,
     /// The JetStream stream: letters, digits, `_` and `-`.
     pub stream: String,
+    /// Whether [`setup`] creates the stream on disk, so that it outlives a
+    /// restart of the server; else in memory (the default: faster, and the
+    /// tests that need no restart leave nothing behind).
+    pub on_disk: bool,
 }
 
 impl Default for BrokerConfig {
@@ -58,6 +62,7 @@ impl Default for BrokerConfig {
         BrokerConfig {
             url: std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into()),
             stream: "ORDERS".into(),
+            on_disk: false,
         }
     }
 }
@@ -115,7 +120,7 @@ pub struct OrderCreated {
 pub fn setup(url: &str, broker: &BrokerConfig, items: i32) -> Result<(), OutboxError> {
     let nats = broker::Broker::connect(&broker.url, &broker.stream)?;
     backends::setup(url, items)?;
-    nats.reset_stream()
+    nats.reset_stream(broker.on_disk)
 }
 
 /// The order service: writes `count` orders, each with its message in the
