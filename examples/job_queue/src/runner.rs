@@ -88,7 +88,7 @@ fn worker(
     };
     start_line.wait();
     loop {
-        let ran = backends::work_batch(&mut *conn, &stats.worker, config)?;
+        let ran = backends::work_batch(&mut conn, &stats.worker, config)?;
         if ran == 0 {
             return Ok(stats);
         }

@@ -163,14 +163,14 @@ fn buyer(
     for _ in 0..config.attempts {
         let outcome = if strategy.is_basket() {
             let basket = random_basket(items, next_basket.fetch_add(1, Ordering::Relaxed));
-            strategies::buy_basket(&mut *conn, strategy, &basket, config, &mut counters)?
+            strategies::buy_basket(&mut conn, strategy, &basket, config, &mut counters)?
         } else {
             let purchase = NewOrder {
                 item_id: ITEM_ID,
                 qty: fastrand::i32(1..=3),
                 basket_id: None,
             };
-            strategies::buy(&mut *conn, strategy, purchase, config, &mut counters)?
+            strategies::buy(&mut conn, strategy, purchase, config, &mut counters)?
         };
         if outcome == Outcome::SoldOut {
             break;
