@@ -17,8 +17,9 @@ use std::ops::AddAssign;
 
 use diesel::prelude::*;
 use diesel::query_dsl::methods::LockingDsl;
+use lockkit::pessimistic::row_lock::ForUpdate;
 use lockkit::prelude::*;
-use lockkit::{LockOptions, LockingConnection, RowLock};
+use lockkit::{LockOptions, LockingConnection};
 use lockkit_tests::support::{AnyConnection, Migrations};
 
 use crate::models::{Item, NewOrder};
@@ -215,7 +216,9 @@ pub(crate) fn tally(conn: &mut AnyConnection) -> Result<Tally, ShopError> {
 fn lock_item(conn: &mut AnyConnection, id: i32) -> QueryResult<Item> {
     lockkit_tests::on_inner!(conn, |inner| {
         let query = items::table.find(id).select(Item::as_select());
-        with_backend_lock(inner, query, RowLock::update()).first(inner)
+        // lockkit's `FOR UPDATE` type: a fixed clause, so the statement is
+        // prepared once per connection, as Diesel's `.for_update()` was.
+        with_backend_lock(inner, query, ForUpdate).first(inner)
     })
 }
 
