@@ -376,6 +376,9 @@ fn the_broker_restarting_mid_run_loses_nothing(url: &str) {
         );
     }
     nats.kill();
+    // Shorter than a publish's ack wait (5 s): on SQLite a relay waiting for
+    // acks holds the database's write lock, and a much longer outage would
+    // outlast the consumer's busy timeout (10 s) under load.
     std::thread::sleep(Duration::from_secs(1));
     nats.restart();
     let outputs = wait_all(children, Duration::from_secs(180));
