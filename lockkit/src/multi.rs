@@ -66,6 +66,7 @@
 //! | --- | --- |
 //! | [`Versioned`](crate::Versioned)'s writes, [`atomic`](crate::atomic) | the statement runs through the enum (Diesel's own multi-backend SQL); lockkit's follow-up reads go to the inner connection |
 //! | [`with_lock`](crate::with_lock), [`locked_transaction`](crate::locked_transaction), [`Lockable::lock_all`], [`queue::claim`](crate::queue::claim), [`serializable`](crate::serializable), [`transaction_with_retry`](crate::transaction_with_retry) | lockkit's statements (`BEGIN IMMEDIATE`, timeouts, the locked reads) go to the inner connection; your closure gets the enum |
+//! | `outbox` (feature `outbox`): `enqueue`, `Relay`, `Inbox` | the outbox's and the inbox's statements go to the inner connection, in the enum's transaction; the inbox's closure gets the enum |
 //!
 //! Every transaction is the inner connection's own: the enum's transaction
 //! manager is the inner one's, so your Diesel calls inside a closure run in
@@ -127,6 +128,8 @@ pub trait Dispatch: diesel::Connection + Sized {
 }
 
 use crate::bounds::{ClaimQuery, CurrentVersionQuery, LockAll, LockRow, MarkLocked, VersionCheck};
+#[cfg(feature = "outbox")]
+use crate::outbox::{DeadLetter, OutboxMessage, OutboxStore};
 use crate::pessimistic::connection;
 use crate::pessimistic::row_lock::RowLock;
 use crate::transaction::Control;
@@ -166,6 +169,22 @@ pub(crate) trait Reach<I> {
     /// Diesel's `BrokenTransactionManager`: the transaction lockkit began is no
     /// longer there.
     fn reach(&mut self) -> diesel::QueryResult<&mut I>;
+}
+
+/// `$body` with `$inner` bound to the connection a [`Dispatch`] enum holds,
+/// compiled once per backend feature.
+#[cfg(feature = "outbox")]
+macro_rules! on_inner {
+    ($conn:expr, |$inner:ident| $body:expr) => {
+        match $conn.dispatch() {
+            #[cfg(feature = "postgres")]
+            BackendConn::Pg($inner) => $body,
+            #[cfg(feature = "mysql")]
+            BackendConn::Mysql($inner) => $body,
+            #[cfg(feature = "sqlite")]
+            BackendConn::Sqlite($inner) => $body,
+        }
+    };
 }
 
 macro_rules! reach {
@@ -387,5 +406,77 @@ where
 
     fn row_id(conn: &mut Pooled<T>, key: &M::Key) -> QueryResult<Option<String>> {
         M::row_id(conn, key)
+    }
+}
+
+/// Sealed traits take the enum: its impls hand each call to a backend's own.
+impl<T: Dispatch> crate::sealed::Sealed for T {}
+
+/// Sends each of the outbox's and the inbox's statements to the connection
+/// inside the enum: the transactions are the enum's (the inner connection's),
+/// the SQL is the backend's.
+#[cfg(feature = "outbox")]
+impl<T: Dispatch> OutboxStore for T {
+    fn insert_message(conn: &mut Self, topic: &str, payload: &str, now: i64) -> Result<i64, Error> {
+        on_inner!(conn, |c| OutboxStore::insert_message(
+            c, topic, payload, now
+        ))
+    }
+
+    fn claim_due(conn: &mut Self, limit: i64, now: i64) -> Result<Vec<OutboxMessage>, Error> {
+        on_inner!(conn, |c| OutboxStore::claim_due(c, limit, now))
+    }
+
+    fn mark_published(conn: &mut Self, id: i64, now: i64) -> Result<bool, Error> {
+        on_inner!(conn, |c| OutboxStore::mark_published(c, id, now))
+    }
+
+    fn mark_failed(
+        conn: &mut Self,
+        id: i64,
+        next_attempt_at: i64,
+        reason: &str,
+    ) -> Result<(), Error> {
+        on_inner!(conn, |c| OutboxStore::mark_failed(
+            c,
+            id,
+            next_attempt_at,
+            reason
+        ))
+    }
+
+    fn purge_published(conn: &mut Self, published_before: i64) -> Result<usize, Error> {
+        on_inner!(conn, |c| OutboxStore::purge_published(c, published_before))
+    }
+
+    fn dead_letters(conn: &mut Self, dead: i64, limit: i64) -> Result<Vec<DeadLetter>, Error> {
+        on_inner!(conn, |c| OutboxStore::dead_letters(c, dead, limit))
+    }
+
+    fn requeue(conn: &mut Self, id: i64, dead: i64, now: i64) -> Result<bool, Error> {
+        on_inner!(conn, |c| OutboxStore::requeue(c, id, dead, now))
+    }
+
+    fn record_received(
+        conn: &mut Self,
+        consumer: &str,
+        message_id: &str,
+        now: i64,
+    ) -> Result<bool, Error> {
+        on_inner!(conn, |c| OutboxStore::record_received(
+            c, consumer, message_id, now
+        ))
+    }
+
+    fn purge_received(
+        conn: &mut Self,
+        consumer: &str,
+        received_before: i64,
+    ) -> Result<usize, Error> {
+        on_inner!(conn, |c| OutboxStore::purge_received(
+            c,
+            consumer,
+            received_before
+        ))
     }
 }

@@ -1,6 +1,7 @@
 //! The transactional outbox and the inbox on real servers: a rolled-back change
 //! leaves no message, concurrent relays publish each message once (twice only
-//! when a relay dies before marking), failed publishes back off, and the inbox
+//! when a relay dies before marking), failed publishes back off (and become
+//! dead letters after `max_attempts`, until requeued), and the inbox
 //! applies a message once under concurrent redelivery, where a consumer without
 //! it applies every delivery.
 
@@ -205,7 +206,7 @@ lockkit_tests::backend_tests! {
         let mut conn = db.conn();
         conn.run_pending_migrations(outbox_migrations(BACKEND)).unwrap();
         let ids = enqueue_many(&mut conn, 3);
-        let relay = Relay { base_delay: Duration::from_secs(3600), max_delay: Duration::from_secs(3600) };
+        let relay = Relay { base_delay: Duration::from_secs(3600), max_delay: Duration::from_secs(3600), ..Relay::default() };
         // The broker refuses the first message and confirms the second; the
         // third gets no outcome at all.
         let relayed = relay
@@ -243,6 +244,50 @@ lockkit_tests::backend_tests! {
         // the last mark, or a fast run purges only the first batch.
         std::thread::sleep(Duration::from_millis(5));
         assert_eq!(outbox::purge_published(&mut conn, Duration::ZERO).unwrap(), 3);
+    }
+
+    fn a_message_that_keeps_failing_becomes_a_dead_letter_until_requeued(db) {
+        let mut conn = db.conn();
+        conn.run_pending_migrations(outbox_migrations(BACKEND)).unwrap();
+        let ids = enqueue_many(&mut conn, 2);
+        // No backoff to wait out: every failure makes the message due again at once.
+        let relay = Relay { base_delay: Duration::ZERO, max_delay: Duration::ZERO, max_attempts: Some(3) };
+        // The broker refuses the first message every time and confirms the second.
+        let refuse_first = |batch: &[OutboxMessage]| {
+            Ok::<_, Error>(batch.iter().map(|m| if m.id == ids[0] { Err(format!("nack {}", m.attempts + 1)) } else { Ok(()) }).collect())
+        };
+        let first = relay.publish_batch(&mut conn, 10, refuse_first).unwrap();
+        assert_eq!((first.claimed, first.published, first.failed, first.dead), (2, 1, 1, 0));
+        let second = relay.publish_batch(&mut conn, 10, refuse_first).unwrap();
+        assert_eq!((second.claimed, second.failed, second.dead), (1, 1, 0));
+        assert!(outbox::dead_letters(&mut conn, 10).unwrap().is_empty(), "two failures of three");
+        let third = relay.publish_batch(&mut conn, 10, refuse_first).unwrap();
+        assert_eq!((third.claimed, third.failed, third.dead), (1, 1, 1));
+        // Out of the relays' way: not claimed again, however long they wait.
+        let relayed = relay.publish_batch(&mut conn, 10, |_| -> Result<Vec<Result<(), String>>, Error> {
+            panic!("a dead letter is never claimed")
+        });
+        assert_eq!(relayed.unwrap().claimed, 0);
+        assert_eq!(unpublished!(&mut conn), 1, "still in the outbox, unpublished");
+        let dead = outbox::dead_letters(&mut conn, 10).unwrap();
+        assert_eq!(dead.len(), 1);
+        assert_eq!((dead[0].id, dead[0].attempts, dead[0].last_error.as_deref()), (ids[0], 3, Some("nack 3")));
+        assert_eq!((dead[0].topic.as_str(), dead[0].payload.as_str()), ("orders", "{\"order\":0}"));
+        // Only a dead letter is requeued: not a published message, not an unknown id.
+        assert!(!outbox::requeue(&mut conn, ids[1]).unwrap());
+        assert!(!outbox::requeue(&mut conn, ids[1] + 1000).unwrap());
+        assert!(outbox::requeue(&mut conn, ids[0]).unwrap());
+        assert!(!outbox::requeue(&mut conn, ids[0]).unwrap(), "no longer a dead letter");
+        assert!(outbox::dead_letters(&mut conn, 10).unwrap().is_empty());
+        // Requeued: due at once, with its attempts counted from zero.
+        let relayed = relay
+            .publish_batch(&mut conn, 10, |batch| {
+                assert_eq!(batch.iter().map(|m| (m.id, m.attempts)).collect::<Vec<_>>(), vec![(ids[0], 0)]);
+                Ok::<_, Error>(vec![Ok(())])
+            })
+            .unwrap();
+        assert_eq!((relayed.claimed, relayed.published), (1, 1));
+        assert_eq!(unpublished!(&mut conn), 0);
     }
 
     fn the_inbox_applies_each_message_once_under_concurrent_redelivery(db) {

@@ -286,6 +286,10 @@ lockkit_tests::backend_tests! {
         conn.transaction(|conn| lockkit::outbox::enqueue(conn, "orders", "{\"order\":2}")).unwrap();
         log.section("Relay::default().publish_batch(&mut conn, 10, ..): one message refused");
         relay.publish_batch(&mut conn, 10, |_| Ok::<_, Error>(vec![Err("nack".to_owned())])).unwrap();
+        log.section("lockkit::outbox::dead_letters(&mut conn, 10)");
+        lockkit::outbox::dead_letters(&mut conn, 10).unwrap();
+        log.section("lockkit::outbox::requeue(&mut conn, id): not a dead letter, nothing changes");
+        lockkit::outbox::requeue(&mut conn, 2).unwrap();
         log.section("lockkit::outbox::purge_published(&mut conn, age)");
         lockkit::outbox::purge_published(&mut conn, Duration::from_secs(86_400)).unwrap();
         let inbox = lockkit::outbox::Inbox::new("stock").unwrap();

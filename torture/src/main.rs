@@ -20,7 +20,7 @@ mod stats;
 
 use std::process::ExitCode;
 
-use config::{Backend, Config, Role};
+use config::{Config, Role};
 
 fn main() -> ExitCode {
     let config = match Config::parse(std::env::args().skip(1)) {
@@ -34,13 +34,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let ok = match (config.backend(), config.role) {
-        (Backend::Postgres, Role::Parent) => run::parent::<diesel::PgConnection>(&config),
-        (Backend::Mysql, Role::Parent) => run::parent::<diesel::MysqlConnection>(&config),
-        (Backend::Sqlite, Role::Parent) => run::parent::<diesel::SqliteConnection>(&config),
-        (Backend::Postgres, Role::Worker(n)) => run::worker::<diesel::PgConnection>(&config, n),
-        (Backend::Mysql, Role::Worker(n)) => run::worker::<diesel::MysqlConnection>(&config, n),
-        (Backend::Sqlite, Role::Worker(n)) => run::worker::<diesel::SqliteConnection>(&config, n),
+    let ok = match config.role {
+        Role::Parent => run::parent(&config),
+        Role::Worker(n) => run::worker(&config, n),
     };
     if ok {
         ExitCode::SUCCESS

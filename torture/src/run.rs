@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool};
 use lockkit::{Error, RetryPolicy};
 
-use crate::backend::TortureConnection;
+use lockkit_tests::support::AnyConnection;
+
+use crate::backend;
 use crate::config::Config;
 use crate::report;
 use crate::stats::{op_id, Op, Outcome, Stats, Strategy};
@@ -26,13 +28,13 @@ fn retry_policy() -> RetryPolicy {
 #[derive(Debug)]
 struct Session;
 
-impl<C: TortureConnection> CustomizeConnection<C, diesel::r2d2::Error> for Session {
-    fn on_acquire(&self, conn: &mut C) -> Result<(), diesel::r2d2::Error> {
-        C::session(conn).map_err(diesel::r2d2::Error::QueryError)
+impl CustomizeConnection<AnyConnection, diesel::r2d2::Error> for Session {
+    fn on_acquire(&self, conn: &mut AnyConnection) -> Result<(), diesel::r2d2::Error> {
+        backend::session(conn).map_err(diesel::r2d2::Error::QueryError)
     }
 }
 
-fn pool<C: TortureConnection>(config: &Config, size: u32) -> Pool<ConnectionManager<C>> {
+fn pool(config: &Config, size: u32) -> Pool<ConnectionManager<AnyConnection>> {
     // Checked-out connections are tested first (r2d2's default): a connection
     // the server dropped is replaced by a fresh one.
     Pool::builder()
@@ -45,12 +47,14 @@ fn pool<C: TortureConnection>(config: &Config, size: u32) -> Pool<ConnectionMana
             Duration::from_secs(30)
         })
         .connection_customizer(Box::new(Session))
-        .build_unchecked(ConnectionManager::<C>::new(config.connection_url()))
+        .build_unchecked(ConnectionManager::<AnyConnection>::new(
+            config.connection_url(),
+        ))
 }
 
 /// A dedicated connection; waits for the server up to `--grace` with
 /// `--tolerate-outages`.
-fn connect<C: TortureConnection>(config: &Config) -> Result<C, String> {
+fn connect(config: &Config) -> Result<AnyConnection, String> {
     let until = Instant::now()
         + if config.tolerate_outages {
             config.grace_time()
@@ -58,10 +62,10 @@ fn connect<C: TortureConnection>(config: &Config) -> Result<C, String> {
             Duration::ZERO
         };
     loop {
-        let attempt = C::establish(config.connection_url())
+        let attempt = AnyConnection::open(config.connection_url())
             .map_err(|e| e.to_string())
             .and_then(|mut conn| {
-                C::session(&mut conn).map_err(|e| e.to_string())?;
+                backend::session(&mut conn).map_err(|e| e.to_string())?;
                 Ok(conn)
             });
         match attempt {
@@ -109,8 +113,8 @@ fn describe(err: &Error) -> String {
 /// Runs `op` to completion: conflicts through `lockkit::retry`, outages (with
 /// `--tolerate-outages`) on a fresh pooled connection, after finding out whether
 /// the interrupted attempt committed (then it is not run again).
-fn perform<C: TortureConnection>(
-    pool: &Pool<ConnectionManager<C>>,
+fn perform(
+    pool: &Pool<ConnectionManager<AnyConnection>>,
     op: &Op,
     config: &Config,
     give_up: Instant,
@@ -136,7 +140,7 @@ fn perform<C: TortureConnection>(
             Err(err) => return Err(format!("no connection from the pool: {err}")),
         };
         if interrupted {
-            match C::committed(&mut conn, op) {
+            match backend::committed(&mut conn, op) {
                 Ok(Some(done)) => {
                     stats.confirmed += 1;
                     return Ok(Outcome::Done(done));
@@ -155,7 +159,7 @@ fn perform<C: TortureConnection>(
         let mut attempts = 0;
         let result = lockkit::retry(&policy, |attempt| {
             attempts = attempt;
-            C::run_op(&mut conn, op)
+            backend::run_op(&mut conn, op)
         });
         stats.per[op.strategy.index()].retries += u64::from(attempts.saturating_sub(1));
         match result {
@@ -209,8 +213,8 @@ fn next_op(rng: &mut fastrand::Rng, config: &Config, id: i64, worker: &str) -> O
     }
 }
 
-fn worker_thread<C: TortureConnection>(
-    pool: &Pool<ConnectionManager<C>>,
+fn worker_thread(
+    pool: &Pool<ConnectionManager<AnyConnection>>,
     config: &Config,
     process: u32,
     thread: u32,
@@ -231,7 +235,7 @@ fn worker_thread<C: TortureConnection>(
     while Instant::now() < deadline && u64::from(seq) < config.ops && seq < u32::MAX {
         seq += 1;
         let op = next_op(&mut rng, config, op_id(process, thread, seq), &worker);
-        match perform::<C>(pool, &op, config, give_up, &mut stats) {
+        match perform(pool, &op, config, give_up, &mut stats) {
             Ok(outcome) => {
                 stats.record(op.strategy, outcome);
                 let after_outage = stats.outage_errors + stats.pool_errors > 0;
@@ -254,8 +258,8 @@ fn worker_thread<C: TortureConnection>(
 }
 
 /// A worker process: a pool, `--threads` threads, a report on stdout.
-pub fn worker<C: TortureConnection>(config: &Config, process: u32) -> bool {
-    if let Err(err) = connect::<C>(config)
+pub fn worker(config: &Config, process: u32) -> bool {
+    if let Err(err) = connect(config)
         .and_then(|mut conn| crate::nodes::catch_up(&mut conn, config).map_err(|e| e.to_string()))
     {
         let mut stats = Stats::default();
@@ -265,14 +269,14 @@ pub fn worker<C: TortureConnection>(config: &Config, process: u32) -> bool {
         print!("{}", stats.to_report());
         return false;
     }
-    let pool = pool::<C>(config, config.threads + 1);
+    let pool = pool(config, config.threads + 1);
     let deadline = Instant::now() + config.run_time();
     let mut total = Stats::default();
     thread::scope(|s| {
         let threads: Vec<_> = (0..config.threads)
             .map(|t| {
                 let pool = &pool;
-                s.spawn(move || worker_thread::<C>(pool, config, process, t, deadline))
+                s.spawn(move || worker_thread(pool, config, process, t, deadline))
             })
             .collect();
         for (t, handle) in threads.into_iter().enumerate() {
@@ -299,10 +303,10 @@ fn collect_stdout(child: &mut Child) -> thread::JoinHandle<String> {
 }
 
 /// The parent: setup, workers, drain, audit, report. `true` when everything holds.
-pub fn parent<C: TortureConnection>(config: &Config) -> bool {
-    report::print_header(C::NAME, config);
-    let setup = connect::<C>(config).and_then(|mut conn| {
-        C::setup(&mut conn, config).map_err(|e| format!("setting up the tables: {e}"))
+pub fn parent(config: &Config) -> bool {
+    report::print_header(config.backend().name(), config);
+    let setup = connect(config).and_then(|mut conn| {
+        backend::setup(&mut conn, config).map_err(|e| format!("setting up the tables: {e}"))
     });
     if let Err(err) = setup {
         eprintln!(
@@ -389,7 +393,7 @@ pub fn parent<C: TortureConnection>(config: &Config) -> bool {
 
     // What is left in the queue is drained by the parent, through the same
     // claim, so that at the end every job must have run exactly once.
-    let drain_pool = pool::<C>(config, 1);
+    let drain_pool = pool(config, 1);
     let mut drained = 0;
     let mut drain_stats = Stats::default();
     let give_up = Instant::now() + config.grace_time();
@@ -402,7 +406,7 @@ pub fn parent<C: TortureConnection>(config: &Config) -> bool {
             worker: "drain".to_owned(),
             bump: config.bump,
         };
-        match perform::<C>(&drain_pool, &op, config, give_up, &mut drain_stats) {
+        match perform(&drain_pool, &op, config, give_up, &mut drain_stats) {
             Ok(Outcome::Done(done)) => drained += done.jobs_claimed,
             Ok(_) => break,
             Err(err) => {
@@ -413,9 +417,9 @@ pub fn parent<C: TortureConnection>(config: &Config) -> bool {
     }
     drop(drain_pool);
 
-    let audit = match connect::<C>(config).and_then(|mut conn| {
+    let audit = match connect(config).and_then(|mut conn| {
         crate::nodes::catch_up(&mut conn, config).map_err(|e| e.to_string())?;
-        C::audit(&mut conn).map_err(|e| format!("reading the tables: {e}"))
+        backend::audit(&mut conn).map_err(|e| format!("reading the tables: {e}"))
     }) {
         Ok(audit) => audit,
         Err(err) => {

@@ -1,109 +1,44 @@
 //! The database side, written once: every statement runs on [`AnyConnection`],
 //! Diesel's `#[derive(MultiConnection)]` over the backends whose cargo feature is
-//! on, and lockkit takes it as it takes a `PgConnection` (one `match` in the
-//! [`Dispatch`] impl tells it which connection the enum holds).
+//! on (the programs' one enum, in `lockkit_tests::support`), and lockkit takes
+//! it as it takes a `PgConnection`.
 
 use std::time::Duration;
 
 use diesel::prelude::*;
 use diesel::r2d2::{ConnectionManager, Pool};
-use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
 use lockkit::axum::IfMatchVersion;
-use lockkit::multi::{BackendConn, Dispatch};
 use lockkit::prelude::*;
-use lockkit_tests::support::SessionSettings;
+use lockkit_tests::support::{AnyConnection, AnyPool, Migrations, SessionSettings};
 
 use crate::models::{Item, ItemInput};
 use crate::schema::items;
-use crate::{ApiError, Backend, Config, SetupError, Store};
+use crate::{ApiError, Config, SetupError, Store};
 
-/// A connection to whichever backend the URL names.
-#[derive(diesel::MultiConnection)]
-pub(crate) enum AnyConnection {
+/// The service's tables, per backend; a backend whose cargo feature is off has
+/// none, and `migrate` refuses it (`SetupError::Unsupported`).
+const MIGRATIONS: Migrations = Migrations {
     #[cfg(feature = "postgres")]
-    Pg(diesel::PgConnection),
+    postgres: Some(diesel_migrations::embed_migrations!("migrations/postgres")),
+    #[cfg(not(feature = "postgres"))]
+    postgres: None,
     #[cfg(feature = "mysql")]
-    Mysql(diesel::MysqlConnection),
+    mysql: Some(diesel_migrations::embed_migrations!("migrations/mysql")),
+    #[cfg(not(feature = "mysql"))]
+    mysql: None,
     #[cfg(feature = "sqlite")]
-    Sqlite(diesel::SqliteConnection),
-}
-
-impl Dispatch for AnyConnection {
-    fn dispatch(&mut self) -> BackendConn<'_> {
-        match self {
-            #[cfg(feature = "postgres")]
-            AnyConnection::Pg(conn) => BackendConn::Pg(conn),
-            #[cfg(feature = "mysql")]
-            AnyConnection::Mysql(conn) => BackendConn::Mysql(conn),
-            #[cfg(feature = "sqlite")]
-            AnyConnection::Sqlite(conn) => BackendConn::Sqlite(conn),
-        }
-    }
-}
-
-impl AnyConnection {
-    /// Connects to `url` as `backend` says (Diesel's `establish` on the enum tries
-    /// each backend in turn, and would report the last one's error).
-    fn open(url: &str, backend: Backend) -> Result<Self, SetupError> {
-        Ok(match backend {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres => AnyConnection::Pg(diesel::PgConnection::establish(url)?),
-            #[cfg(feature = "mysql")]
-            Backend::Mysql => AnyConnection::Mysql(diesel::MysqlConnection::establish(url)?),
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite => AnyConnection::Sqlite(diesel::SqliteConnection::establish(url)?),
-            #[allow(unreachable_patterns)]
-            backend => return Err(SetupError::Unsupported(backend)),
-        })
-    }
-
-    /// Session settings for every pooled connection (SQLite's; the servers need none).
-    fn configure_session(&mut self) -> QueryResult<()> {
-        match self {
-            #[cfg(feature = "sqlite")]
-            AnyConnection::Sqlite(conn) => lockkit_tests::support::sqlite_session_settings(conn),
-            #[allow(unreachable_patterns)]
-            _ => Ok(()),
-        }
-    }
-
-    /// Applies this backend's embedded migrations.
-    fn migrate(&mut self) -> Result<(), SetupError> {
-        let migrations = match self {
-            #[cfg(feature = "postgres")]
-            AnyConnection::Pg(_) => POSTGRES_MIGRATIONS,
-            #[cfg(feature = "mysql")]
-            AnyConnection::Mysql(_) => MYSQL_MIGRATIONS,
-            #[cfg(feature = "sqlite")]
-            AnyConnection::Sqlite(_) => SQLITE_MIGRATIONS,
-        };
-        self.run_pending_migrations(migrations)
-            .map(drop)
-            .map_err(|e| SetupError::Migration(e.to_string()))
-    }
-}
-
-#[cfg(feature = "postgres")]
-const POSTGRES_MIGRATIONS: EmbeddedMigrations =
-    diesel_migrations::embed_migrations!("migrations/postgres");
-#[cfg(feature = "mysql")]
-const MYSQL_MIGRATIONS: EmbeddedMigrations =
-    diesel_migrations::embed_migrations!("migrations/mysql");
-#[cfg(feature = "sqlite")]
-const SQLITE_MIGRATIONS: EmbeddedMigrations =
-    diesel_migrations::embed_migrations!("migrations/sqlite");
+    sqlite: Some(diesel_migrations::embed_migrations!("migrations/sqlite")),
+    #[cfg(not(feature = "sqlite"))]
+    sqlite: None,
+};
 
 /// Migrates the database at `url` and builds the pool.
-pub(crate) fn pool(
-    url: &str,
-    backend: Backend,
-    config: &Config,
-) -> Result<Pool<ConnectionManager<AnyConnection>>, SetupError> {
+pub(crate) fn pool(url: &str, config: &Config) -> Result<AnyPool, SetupError> {
     // One direct connection first: an unreachable server fails at once with its
     // own message, instead of after the pool's connection timeout.
-    let mut setup = AnyConnection::open(url, backend)?;
+    let mut setup = AnyConnection::open(url)?;
     setup.configure_session()?;
-    setup.migrate()?;
+    setup.migrate(MIGRATIONS)?;
     drop(setup);
     Ok(Pool::builder()
         .max_size(config.pool_size.max(1))
@@ -114,7 +49,7 @@ pub(crate) fn pool(
         .build(ConnectionManager::<AnyConnection>::new(url))?)
 }
 
-impl Store for Pool<ConnectionManager<AnyConnection>> {
+impl Store for AnyPool {
     fn get(&self, id: i32) -> Result<Item, ApiError> {
         Ok(find(&mut *Pool::get(self)?, id)?)
     }
@@ -193,6 +128,14 @@ fn insert(conn: &mut AnyConnection, input: &ItemInput) -> Result<Item, lockkit::
                 ))
             })?;
             find(conn, id)?
+        }
+        // A backend of the shared enum this build has no feature for: `pool`'s
+        // migrations already refused it.
+        #[allow(unreachable_patterns)]
+        _ => {
+            return Err(lockkit::Error::InvalidInput(
+                "this build has no support for the connection's backend",
+            ))
         }
     })
 }

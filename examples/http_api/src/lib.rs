@@ -141,7 +141,8 @@ pub fn connect(url: &str, config: &Config) -> Result<App, SetupError> {
 /// The pool, as the routes use it.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 fn store(url: &str, backend: Backend, config: &Config) -> Result<Arc<dyn Store>, SetupError> {
-    Ok(Arc::new(db::pool(url, backend, config)?))
+    let _ = backend; // the URL says it again
+    Ok(Arc::new(db::pool(url, config)?))
 }
 
 /// A build without a backend feature serves nothing.

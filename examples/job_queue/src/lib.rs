@@ -185,14 +185,6 @@ impl Default for RelayConfig {
     }
 }
 
-/// [`lockkit_tests::on_backend!`] with this crate's error for a backend whose
-/// feature is off.
-macro_rules! on_backend {
-    ($url:expr, |$conn:ident, $path:ident| $body:expr) => {
-        lockkit_tests::on_backend!($url, JobQueueError::Unsupported, |$conn, $path| $body)
-    };
-}
-
 /// Applies the migrations, empties `jobs` and `job_runs`, enqueues `config.jobs`
 /// jobs, lets `config.workers` threads drain the queue, and audits `job_runs`.
 ///
@@ -208,18 +200,14 @@ pub fn run_workers(url: &str, config: &WorkerConfig) -> Result<WorkerReport, Job
             "the batch size must be at least 1".into(),
         ));
     }
-    on_backend!(url, |Conn, path| runner::run_workers::<Conn>(path, config))
+    runner::run_workers(url, config)
 }
 
 /// Applies the migrations, empties `outbox` and `published`, and writes `count`
 /// unsent messages. Run it before starting relays: relays do not migrate, so that
 /// several of them can start at once.
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
-    allow(unused_variables)
-)]
 pub fn seed_outbox(url: &str, count: u32) -> Result<(), JobQueueError> {
-    on_backend!(url, |Conn, path| runner::seed_outbox::<Conn>(path, count))
+    runner::seed_outbox(url, count)
 }
 
 /// One relay instance: claims unsent outbox messages in batches with `SKIP
@@ -234,15 +222,15 @@ pub fn run_relay(url: &str, config: &RelayConfig) -> Result<RelayReport, JobQueu
             "the batch size must be at least 1".into(),
         ));
     }
-    on_backend!(url, |Conn, path| runner::run_relay::<Conn>(path, config))
+    runner::run_relay(url, config)
 }
 
 /// Reads what the outbox and the "broker" hold.
 pub fn outbox_audit(url: &str) -> Result<OutboxAudit, JobQueueError> {
-    on_backend!(url, |Conn, path| runner::outbox_audit::<Conn>(path))
+    runner::outbox_audit(url)
 }
 
 /// Reads what `jobs` and `job_runs` hold.
 pub fn job_audit(url: &str) -> Result<JobAudit, JobQueueError> {
-    on_backend!(url, |Conn, path| runner::job_audit::<Conn>(path))
+    runner::job_audit(url)
 }

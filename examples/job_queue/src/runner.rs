@@ -1,14 +1,13 @@
-//! Runs: connections, the worker pool and threads, the relay loop. Generic over
-//! the backend; the per-backend statements are [`QueueConnection`]'s methods.
+//! Runs: connections, the worker pool and threads, the relay loop.
 
 use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use diesel::r2d2::{ConnectionManager, Pool, PooledConnection};
-use lockkit_tests::support::SessionSettings;
+use diesel::r2d2::{ConnectionManager, Pool};
+use lockkit_tests::support::{AnyConnection, AnyPooled, SessionSettings};
 
-use crate::backends::QueueConnection;
+use crate::backends;
 use crate::{
     JobAudit, JobQueueError, OutboxAudit, RelayConfig, RelayReport, WorkerConfig, WorkerReport,
     WorkerStats,
@@ -16,29 +15,29 @@ use crate::{
 
 /// One direct connection with the session settings. An unreachable server fails
 /// here at once with its own message, not after a pool's connection timeout.
-fn connect<C: QueueConnection>(url: &str) -> Result<C, JobQueueError> {
-    let mut conn = C::establish(url)?;
+fn connect(url: &str) -> Result<AnyConnection, JobQueueError> {
+    let mut conn = AnyConnection::open(url)?;
     conn.configure_session()?;
     Ok(conn)
 }
 
-pub(crate) fn run_workers<C: QueueConnection>(
-    url: &str,
-    config: &WorkerConfig,
-) -> Result<WorkerReport, JobQueueError> {
+pub(crate) fn run_workers(url: &str, config: &WorkerConfig) -> Result<WorkerReport, JobQueueError> {
     let size = u32::try_from(config.workers)
         .map_err(|_| JobQueueError::Usage(format!("too many workers: {}", config.workers)))?;
 
-    let mut setup = connect::<C>(url)?;
-    setup.migrate()?;
-    setup.enqueue_jobs(config.jobs)?;
+    let mut setup = connect(url)?;
+    setup.migrate(backends::MIGRATIONS)?;
+    backends::enqueue_jobs(&mut setup, config.jobs)?;
+    let backend = setup.backend();
     drop(setup);
 
     let pool = Pool::builder()
         .max_size(size)
         .connection_timeout(Duration::from_secs(30))
-        .connection_customizer(Box::new(SessionSettings(C::configure_session)))
-        .build(ConnectionManager::<C>::new(url))?;
+        .connection_customizer(Box::new(SessionSettings(AnyConnection::configure_session)))
+        .build(ConnectionManager::<AnyConnection>::new(
+            lockkit_tests::support::connection_url(url),
+        ))?;
     // Every worker gets its connection before the start, so a pool failure is an
     // error here and not a thread stuck at the barrier.
     let conns = (0..config.workers)
@@ -52,7 +51,7 @@ pub(crate) fn run_workers<C: QueueConnection>(
             .map(|(n, conn)| {
                 let start_line = &start_line;
                 let name = format!("w{}", n + 1);
-                scope.spawn(move || worker::<C>(name, conn, start_line, config))
+                scope.spawn(move || worker(name, conn, start_line, config))
             })
             .collect();
         start_line.wait();
@@ -65,9 +64,9 @@ pub(crate) fn run_workers<C: QueueConnection>(
         .map(|result| result.map_err(|_| JobQueueError::Panicked("worker"))?)
         .collect::<Result<Vec<_>, _>>()?;
 
-    let audit = pool.get()?.job_audit()?;
+    let audit = backends::job_audit(&mut *pool.get()?)?;
     Ok(WorkerReport {
-        backend: C::BACKEND,
+        backend,
         config: config.clone(),
         workers,
         audit,
@@ -76,9 +75,9 @@ pub(crate) fn run_workers<C: QueueConnection>(
 }
 
 /// One worker: waits for the start, then claims batches until a claim is empty.
-fn worker<C: QueueConnection>(
+fn worker(
     name: String,
-    mut conn: PooledConnection<ConnectionManager<C>>,
+    mut conn: AnyPooled,
     start_line: &Barrier,
     config: &WorkerConfig,
 ) -> Result<WorkerStats, JobQueueError> {
@@ -89,7 +88,7 @@ fn worker<C: QueueConnection>(
     };
     start_line.wait();
     loop {
-        let ran = C::work_batch(&mut conn, &stats.worker, config)?;
+        let ran = backends::work_batch(&mut conn, &stats.worker, config)?;
         if ran == 0 {
             return Ok(stats);
         }
@@ -98,31 +97,28 @@ fn worker<C: QueueConnection>(
     }
 }
 
-pub(crate) fn job_audit<C: QueueConnection>(url: &str) -> Result<JobAudit, JobQueueError> {
-    connect::<C>(url)?.job_audit()
+pub(crate) fn job_audit(url: &str) -> Result<JobAudit, JobQueueError> {
+    backends::job_audit(&mut connect(url)?)
 }
 
-pub(crate) fn seed_outbox<C: QueueConnection>(url: &str, count: u32) -> Result<(), JobQueueError> {
-    let mut conn = connect::<C>(url)?;
-    conn.migrate()?;
-    conn.fill_outbox(count)
+pub(crate) fn seed_outbox(url: &str, count: u32) -> Result<(), JobQueueError> {
+    let mut conn = connect(url)?;
+    conn.migrate(backends::MIGRATIONS)?;
+    backends::fill_outbox(&mut conn, count)
 }
 
-pub(crate) fn run_relay<C: QueueConnection>(
-    url: &str,
-    config: &RelayConfig,
-) -> Result<RelayReport, JobQueueError> {
+pub(crate) fn run_relay(url: &str, config: &RelayConfig) -> Result<RelayReport, JobQueueError> {
     let started = Instant::now();
-    let mut conn = connect::<C>(url)?;
+    let mut conn = connect(url)?;
     let mut report = RelayReport {
         name: config.name.clone(),
-        backend: C::BACKEND,
+        backend: conn.backend(),
         published: 0,
         batches: 0,
         elapsed: Duration::ZERO,
     };
     loop {
-        let relayed = conn.relay_batch(config)?;
+        let relayed = backends::relay_batch(&mut conn, config)?;
         if relayed == 0 {
             break;
         }
@@ -133,6 +129,6 @@ pub(crate) fn run_relay<C: QueueConnection>(
     Ok(report)
 }
 
-pub(crate) fn outbox_audit<C: QueueConnection>(url: &str) -> Result<OutboxAudit, JobQueueError> {
-    connect::<C>(url)?.outbox_audit()
+pub(crate) fn outbox_audit(url: &str) -> Result<OutboxAudit, JobQueueError> {
+    backends::outbox_audit(&mut connect(url)?)
 }

@@ -1,12 +1,15 @@
-//! The processes' database work: generic over [`AppConnection`], whose few
-//! backend-specific statements [`app_backend!`] writes once per connection type
-//! (Diesel checks query types per backend).
+//! The processes' database work, written once: every statement runs on
+//! [`AnyConnection`], Diesel's `#[derive(MultiConnection)]` over the backends
+//! whose cargo feature is on; lockkit takes it as it takes a `PgConnection`,
+//! its outbox and inbox statements included.
 
 use std::time::{Duration, Instant};
 
-use diesel::Connection;
-use lockkit::bounds::OutboxStore;
+use diesel::dsl::count_star;
+use diesel::prelude::*;
+use lockkit::outbox::schema::{lockkit_inbox, lockkit_outbox};
 use lockkit::outbox::{self, Inbox, Received, Relay};
+use lockkit_tests::support::{AnyConnection, Migrations};
 
 use crate::broker::{Broker, Delivery};
 use crate::{
@@ -14,44 +17,51 @@ use crate::{
     CRASH_EXIT,
 };
 
-/// A connection the example runs on; implemented by [`app_backend!`].
-pub(crate) trait AppConnection:
-    Connection + OutboxStore + lockkit::AsLockingConnection<Conn = Self> + 'static
-{
-    /// Opens a connection with the session settings.
-    fn open(url: &str) -> Result<Self, OutboxError>;
-    /// Applies the example's and lockkit's migrations.
-    fn migrate(&mut self) -> Result<(), OutboxError>;
-    /// Empties every table and stocks `items` items.
-    fn reset(&mut self, items: i32) -> Result<(), OutboxError>;
-    /// The highest order id, 0 when there is none.
-    fn last_order(&mut self) -> Result<i32, OutboxError>;
-    /// How many items are stocked.
-    fn items(&mut self) -> Result<i64, OutboxError>;
-    /// Inserts the order row (inside the caller's transaction).
-    fn insert_order(&mut self, order: &OrderCreated) -> Result<(), OutboxError>;
-    /// The effect of a message: reserve the stock (inside the inbox's transaction).
-    fn reserve(&mut self, order: &OrderCreated) -> Result<(), OutboxError>;
-    /// Outbox messages not published yet.
-    fn unpublished(&mut self) -> Result<i64, OutboxError>;
-    /// Everything [`Audit`] reads from the database.
-    fn audit(&mut self) -> Result<Audit, OutboxError>;
+diesel::table! { orders (id) { id -> Integer, item_id -> Integer, qty -> Integer } }
+diesel::table! { stock (item_id) { item_id -> Integer, reserved -> Integer } }
+diesel::table! { reservations (id) { id -> Integer, order_id -> Integer, qty -> Integer } }
+
+/// The example's tables, per backend.
+const MIGRATIONS: Migrations = Migrations {
+    postgres: Some(diesel_migrations::embed_migrations!("migrations/postgres")),
+    mysql: Some(diesel_migrations::embed_migrations!("migrations/mysql")),
+    sqlite: Some(diesel_migrations::embed_migrations!("migrations/sqlite")),
+};
+
+/// lockkit's outbox and inbox tables, per backend feature.
+const OUTBOX_MIGRATIONS: Migrations = Migrations {
+    #[cfg(feature = "postgres")]
+    postgres: Some(lockkit::outbox::POSTGRES_MIGRATIONS),
+    #[cfg(not(feature = "postgres"))]
+    postgres: None,
+    #[cfg(feature = "mysql")]
+    mysql: Some(lockkit::outbox::MYSQL_MIGRATIONS),
+    #[cfg(not(feature = "mysql"))]
+    mysql: None,
+    #[cfg(feature = "sqlite")]
+    sqlite: Some(lockkit::outbox::SQLITE_MIGRATIONS),
+    #[cfg(not(feature = "sqlite"))]
+    sqlite: None,
+};
+
+/// Opens a connection with the session settings.
+fn open(url: &str) -> Result<AnyConnection, OutboxError> {
+    let mut conn = AnyConnection::open(url)?;
+    conn.configure_session()?;
+    Ok(conn)
 }
 
-pub(crate) fn setup<C: AppConnection>(url: &str, items: i32) -> Result<(), OutboxError> {
-    let mut conn = C::open(url)?;
-    conn.migrate()?;
-    conn.reset(items)
+pub(crate) fn setup(url: &str, items: i32) -> Result<(), OutboxError> {
+    let mut conn = open(url)?;
+    conn.migrate(OUTBOX_MIGRATIONS)?;
+    conn.migrate(MIGRATIONS)?;
+    reset(&mut conn, items)
 }
 
-pub(crate) fn place_orders<C: AppConnection>(
-    url: &str,
-    subject: &str,
-    count: u32,
-) -> Result<Vec<i32>, OutboxError> {
-    let mut conn = C::open(url)?;
-    let items = i32::try_from(conn.items()?.max(1)).unwrap_or(1);
-    let first = conn.last_order()? + 1;
+pub(crate) fn place_orders(url: &str, subject: &str, count: u32) -> Result<Vec<i32>, OutboxError> {
+    let mut conn = open(url)?;
+    let items = i32::try_from(items(&mut conn)?.max(1)).unwrap_or(1);
+    let first = last_order(&mut conn)? + 1;
     let mut ids = Vec::new();
     for n in 0..i32::try_from(count).unwrap_or(i32::MAX) {
         let order = OrderCreated {
@@ -63,7 +73,7 @@ pub(crate) fn place_orders<C: AppConnection>(
             serde_json::to_string(&order).map_err(|e| OutboxError::Usage(e.to_string()))?;
         // The order and its message: one transaction, both or neither.
         conn.transaction(|conn| -> Result<(), OutboxError> {
-            conn.insert_order(&order)?;
+            insert_order(conn, &order)?;
             outbox::enqueue(conn, subject, &payload)?;
             Ok(())
         })?;
@@ -72,12 +82,12 @@ pub(crate) fn place_orders<C: AppConnection>(
     Ok(ids)
 }
 
-pub(crate) fn run_relay<C: AppConnection>(
+pub(crate) fn run_relay(
     url: &str,
     broker: &Broker,
     options: &RelayOptions,
 ) -> Result<RelayReport, OutboxError> {
-    let mut conn = C::open(url)?;
+    let mut conn = open(url)?;
     let mut report = RelayReport::default();
     loop {
         let relayed = Relay::default().publish_batch(&mut conn, options.batch, |batch| {
@@ -100,7 +110,7 @@ pub(crate) fn run_relay<C: AppConnection>(
             report.published += relayed.published as u64;
             report.failed += relayed.failed as u64;
             std::thread::sleep(options.pause);
-        } else if conn.unpublished()? == 0 {
+        } else if unpublished(&mut conn)? == 0 {
             return Ok(report);
         } else {
             // Held by another relay, or waiting out a backoff.
@@ -109,23 +119,35 @@ pub(crate) fn run_relay<C: AppConnection>(
     }
 }
 
-pub(crate) fn run_consumer<C: AppConnection>(
+pub(crate) fn run_consumer(
     url: &str,
     broker: &Broker,
     options: &ConsumerOptions,
 ) -> Result<ConsumerReport, OutboxError> {
-    let mut conn = C::open(url)?;
+    let mut conn = open(url)?;
     let inbox = Inbox::new(&options.name)?;
     let mut report = ConsumerReport::default();
     let mut quiet_since = Instant::now();
+    let mut outage = Outage::default();
     loop {
-        let deliveries = broker.fetch(&options.name, 10, Duration::from_millis(300))?;
+        let deliveries = match broker.fetch(&options.name, 10, Duration::from_millis(300)) {
+            Ok(deliveries) => deliveries,
+            Err(err) => {
+                outage.wait_out(&options.name, err)?;
+                continue;
+            }
+        };
         if deliveries.is_empty() {
-            if quiet_since.elapsed() >= options.idle && broker.drained(&options.name)? {
-                return Ok(report);
+            if quiet_since.elapsed() >= options.idle {
+                match broker.drained(&options.name) {
+                    Ok(true) => return Ok(report),
+                    Ok(false) => {}
+                    Err(err) => outage.wait_out(&options.name, err)?,
+                }
             }
             continue;
         }
+        outage = Outage::default();
         quiet_since = Instant::now();
         for delivery in &deliveries {
             report.delivered += 1;
@@ -144,14 +166,39 @@ pub(crate) fn run_consumer<C: AppConnection>(
                 Received::Duplicate => report.absorbed += 1,
                 _ => {}
             }
-            broker.ack(delivery)?;
+            // An ack lost with the connection is a redelivery later, which
+            // the inbox absorbs.
+            if let Err(err) = broker.ack(delivery) {
+                outage.wait_out(&options.name, err)?;
+            }
         }
     }
 }
 
+/// How long a consumer rides out a broker it cannot reach (a restart, a
+/// dropped connection) before it gives up with the broker's error.
+const OUTAGE_LIMIT: Duration = Duration::from_secs(60);
+
+/// The broker errors in a row: the client reconnects on its own; the consumer
+/// waits and tries again, up to [`OUTAGE_LIMIT`].
+#[derive(Default)]
+struct Outage(Option<Instant>);
+
+impl Outage {
+    fn wait_out(&mut self, consumer: &str, err: OutboxError) -> Result<(), OutboxError> {
+        let since = *self.0.get_or_insert_with(Instant::now);
+        if since.elapsed() > OUTAGE_LIMIT {
+            return Err(err);
+        }
+        eprintln!("consumer {consumer}: {err}; trying again");
+        std::thread::sleep(Duration::from_millis(200));
+        Ok(())
+    }
+}
+
 /// The message's effect, through the inbox: applied once per message id.
-fn apply<C: AppConnection>(
-    conn: &mut C,
+fn apply(
+    conn: &mut AnyConnection,
     inbox: &Inbox,
     delivery: &Delivery,
 ) -> Result<Received<()>, OutboxError> {
@@ -160,144 +207,107 @@ fn apply<C: AppConnection>(
             id: delivery.message_id.clone(),
             reason: e.to_string(),
         })?;
-    inbox.receive(conn, &delivery.message_id, |conn| conn.reserve(&order))
+    inbox.receive(conn, &delivery.message_id, |conn| reserve(conn, &order))
 }
 
-pub(crate) fn audit<C: AppConnection>(url: &str) -> Result<Audit, OutboxError> {
-    C::open(url)?.audit()
+pub(crate) fn audit(url: &str) -> Result<Audit, OutboxError> {
+    audit_tables(&mut open(url)?)
 }
 
-/// Writes [`AppConnection`] for one connection type.
-macro_rules! app_backend {
-    ($(#[$meta:meta])* mod $module:ident { connection: $conn:ty, migrations: $migrations:tt, outbox: $outbox:path, session: $session:path $(,)? }) => {
-        $(#[$meta])*
-        mod $module {
-            use diesel::dsl::count_star;
-            use diesel::prelude::*;
-            use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
-
-            use super::AppConnection;
-            use crate::{Audit, OrderCreated, OutboxError};
-
-            diesel::table! { orders (id) { id -> Integer, item_id -> Integer, qty -> Integer } }
-            diesel::table! { stock (item_id) { item_id -> Integer, reserved -> Integer } }
-            diesel::table! { reservations (id) { id -> Integer, order_id -> Integer, qty -> Integer } }
-            use lockkit::outbox::schema::{lockkit_inbox, lockkit_outbox};
-
-            const MIGRATIONS: EmbeddedMigrations = diesel_migrations::embed_migrations!($migrations);
-
-            impl AppConnection for $conn {
-                fn open(url: &str) -> Result<Self, OutboxError> {
-                    let mut conn = <$conn>::establish(url)?;
-                    $session(&mut conn)?;
-                    Ok(conn)
-                }
-
-                fn migrate(&mut self) -> Result<(), OutboxError> {
-                    for migrations in [$outbox, MIGRATIONS] {
-                        self.run_pending_migrations(migrations)
-                            .map_err(|e| OutboxError::Migration(e.to_string()))?;
-                    }
-                    Ok(())
-                }
-
-                fn reset(&mut self, items: i32) -> Result<(), OutboxError> {
-                    self.transaction(|conn| -> QueryResult<()> {
-                        diesel::delete(reservations::table).execute(conn)?;
-                        diesel::delete(stock::table).execute(conn)?;
-                        diesel::delete(orders::table).execute(conn)?;
-                        diesel::delete(lockkit_inbox::table).execute(conn)?;
-                        diesel::delete(lockkit_outbox::table).execute(conn)?;
-                        let rows: Vec<_> = (1..=items).map(|item| (stock::item_id.eq(item), stock::reserved.eq(0))).collect();
-                        diesel::insert_into(stock::table).values(rows).execute(conn)?;
-                        Ok(())
-                    })?;
-                    Ok(())
-                }
-
-                fn last_order(&mut self) -> Result<i32, OutboxError> {
-                    Ok(orders::table.select(diesel::dsl::max(orders::id)).first::<Option<i32>>(self)?.unwrap_or(0))
-                }
-
-                fn items(&mut self) -> Result<i64, OutboxError> {
-                    Ok(stock::table.count().get_result(self)?)
-                }
-
-                fn insert_order(&mut self, order: &OrderCreated) -> Result<(), OutboxError> {
-                    diesel::insert_into(orders::table)
-                        .values((orders::id.eq(order.order), orders::item_id.eq(order.item), orders::qty.eq(order.qty)))
-                        .execute(self)?;
-                    Ok(())
-                }
-
-                fn reserve(&mut self, order: &OrderCreated) -> Result<(), OutboxError> {
-                    diesel::update(stock::table.find(order.item))
-                        .set(stock::reserved.eq(stock::reserved + order.qty))
-                        .execute(self)?;
-                    diesel::insert_into(reservations::table)
-                        .values((reservations::order_id.eq(order.order), reservations::qty.eq(order.qty)))
-                        .execute(self)?;
-                    Ok(())
-                }
-
-                fn unpublished(&mut self) -> Result<i64, OutboxError> {
-                    Ok(lockkit_outbox::table.filter(lockkit_outbox::published_at.is_null()).count().get_result(self)?)
-                }
-
-                fn audit(&mut self) -> Result<Audit, OutboxError> {
-                    let per_order: Vec<(i32, i64)> = reservations::table
-                        .group_by(reservations::order_id)
-                        .select((reservations::order_id, count_star()))
-                        .load(self)?;
-                    let order_ids: Vec<i32> = orders::table.select(orders::id).load(self)?;
-                    let mut not_once: Vec<(i32, i64)> = per_order.iter().copied().filter(|&(_, n)| n != 1).collect();
-                    not_once.extend(order_ids.iter().filter(|id| !per_order.iter().any(|(o, _)| o == *id)).map(|&id| (id, 0)));
-                    not_once.sort_unstable();
-                    // Summed here: MySQL's SUM of an integer is a DECIMAL.
-                    let ordered: Vec<i32> = orders::table.select(orders::qty).load(self)?;
-                    let reserved: Vec<i32> = stock::table.select(stock::reserved).load(self)?;
-                    Ok(Audit {
-                        orders: order_ids.len() as i64,
-                        unpublished: self.unpublished()?,
-                        stream_messages: 0,
-                        inbox: lockkit_inbox::table.count().get_result(self)?,
-                        reservations: reservations::table.count().get_result(self)?,
-                        not_once,
-                        ordered_qty: ordered.into_iter().map(i64::from).sum(),
-                        reserved_qty: reserved.into_iter().map(i64::from).sum(),
-                    })
-                }
-            }
-        }
-    };
+/// Empties every table and stocks `items` items.
+fn reset(conn: &mut AnyConnection, items: i32) -> Result<(), OutboxError> {
+    conn.transaction(|conn| -> QueryResult<()> {
+        diesel::delete(reservations::table).execute(conn)?;
+        diesel::delete(stock::table).execute(conn)?;
+        diesel::delete(orders::table).execute(conn)?;
+        diesel::delete(lockkit_inbox::table).execute(conn)?;
+        diesel::delete(lockkit_outbox::table).execute(conn)?;
+        let rows: Vec<_> = (1..=items)
+            .map(|item| (stock::item_id.eq(item), stock::reserved.eq(0)))
+            .collect();
+        // A batch `INSERT`: the enum cannot send one.
+        lockkit_tests::on_inner!(conn, |inner| diesel::insert_into(stock::table)
+            .values(rows)
+            .execute(inner))?;
+        Ok(())
+    })?;
+    Ok(())
 }
 
-app_backend! {
-    #[cfg(feature = "postgres")]
-    mod postgres {
-        connection: diesel::PgConnection,
-        migrations: "migrations/postgres",
-        outbox: lockkit::outbox::POSTGRES_MIGRATIONS,
-        session: lockkit_tests::support::no_session_settings,
-    }
+/// The highest order id, 0 when there is none.
+fn last_order(conn: &mut AnyConnection) -> Result<i32, OutboxError> {
+    Ok(orders::table
+        .select(diesel::dsl::max(orders::id))
+        .first::<Option<i32>>(conn)?
+        .unwrap_or(0))
 }
 
-app_backend! {
-    #[cfg(feature = "mysql")]
-    mod mysql {
-        connection: diesel::MysqlConnection,
-        migrations: "migrations/mysql",
-        outbox: lockkit::outbox::MYSQL_MIGRATIONS,
-        session: lockkit_tests::support::no_session_settings,
-    }
+/// How many items are stocked.
+fn items(conn: &mut AnyConnection) -> Result<i64, OutboxError> {
+    Ok(stock::table.count().get_result(conn)?)
 }
 
-app_backend! {
-    #[cfg(feature = "sqlite")]
-    mod sqlite {
-        connection: diesel::SqliteConnection,
-        migrations: "migrations/sqlite",
-        outbox: lockkit::outbox::SQLITE_MIGRATIONS,
-        session: lockkit_tests::support::sqlite_session_settings,
-    }
+/// Inserts the order row (inside the caller's transaction).
+fn insert_order(conn: &mut AnyConnection, order: &OrderCreated) -> Result<(), OutboxError> {
+    diesel::insert_into(orders::table)
+        .values((
+            orders::id.eq(order.order),
+            orders::item_id.eq(order.item),
+            orders::qty.eq(order.qty),
+        ))
+        .execute(conn)?;
+    Ok(())
+}
+
+/// The effect of a message: reserve the stock (inside the inbox's transaction).
+fn reserve(conn: &mut AnyConnection, order: &OrderCreated) -> Result<(), OutboxError> {
+    diesel::update(stock::table.find(order.item))
+        .set(stock::reserved.eq(stock::reserved + order.qty))
+        .execute(conn)?;
+    diesel::insert_into(reservations::table)
+        .values((
+            reservations::order_id.eq(order.order),
+            reservations::qty.eq(order.qty),
+        ))
+        .execute(conn)?;
+    Ok(())
+}
+
+/// Outbox messages not published yet.
+fn unpublished(conn: &mut AnyConnection) -> Result<i64, OutboxError> {
+    Ok(lockkit_outbox::table
+        .filter(lockkit_outbox::published_at.is_null())
+        .count()
+        .get_result(conn)?)
+}
+
+/// Everything [`Audit`] reads from the database.
+fn audit_tables(conn: &mut AnyConnection) -> Result<Audit, OutboxError> {
+    let per_order: Vec<(i32, i64)> = reservations::table
+        .group_by(reservations::order_id)
+        .select((reservations::order_id, count_star()))
+        .load(conn)?;
+    let order_ids: Vec<i32> = orders::table.select(orders::id).load(conn)?;
+    let mut not_once: Vec<(i32, i64)> =
+        per_order.iter().copied().filter(|&(_, n)| n != 1).collect();
+    not_once.extend(
+        order_ids
+            .iter()
+            .filter(|id| !per_order.iter().any(|(o, _)| o == *id))
+            .map(|&id| (id, 0)),
+    );
+    not_once.sort_unstable();
+    // Summed here: MySQL's SUM of an integer is a DECIMAL.
+    let ordered: Vec<i32> = orders::table.select(orders::qty).load(conn)?;
+    let reserved: Vec<i32> = stock::table.select(stock::reserved).load(conn)?;
+    Ok(Audit {
+        orders: order_ids.len() as i64,
+        unpublished: unpublished(conn)?,
+        stream_messages: 0,
+        inbox: lockkit_inbox::table.count().get_result(conn)?,
+        reservations: reservations::table.count().get_result(conn)?,
+        not_once,
+        ordered_qty: ordered.into_iter().map(i64::from).sum(),
+        reserved_qty: reserved.into_iter().map(i64::from).sum(),
+    })
 }

@@ -73,15 +73,20 @@ impl Broker {
         format!("{stream}.created")
     }
 
-    /// Deletes the stream if it exists and creates it empty, in memory.
-    pub fn reset_stream(&self) -> Result<(), OutboxError> {
+    /// Deletes the stream if it exists and creates it empty, in memory or
+    /// (`on_disk`) in files that outlive a restart of the server.
+    pub fn reset_stream(&self, on_disk: bool) -> Result<(), OutboxError> {
         self.runtime.block_on(async {
             let _ = self.jetstream.delete_stream(&self.stream).await;
             self.jetstream
                 .create_stream(stream::Config {
                     name: self.stream.clone(),
                     subjects: vec![format!("{}.>", self.stream)],
-                    storage: stream::StorageType::Memory,
+                    storage: if on_disk {
+                        stream::StorageType::File
+                    } else {
+                        stream::StorageType::Memory
+                    },
                     ..Default::default()
                 })
                 .await

@@ -35,3 +35,17 @@ pub enum OutboxError {
     #[error("{0}")]
     Usage(String),
 }
+
+/// The shared connection code's errors, as this example words them.
+impl From<lockkit_tests::support::ProgramError> for OutboxError {
+    fn from(err: lockkit_tests::support::ProgramError) -> Self {
+        use lockkit_tests::support::ProgramError;
+        match err {
+            ProgramError::Connection(e) => OutboxError::Connection(e),
+            ProgramError::Migration(e) => OutboxError::Migration(e),
+            ProgramError::Unsupported(backend) => OutboxError::Unsupported(backend),
+            ProgramError::Database(e) => OutboxError::Lockkit(e),
+            other => OutboxError::Usage(other.to_string()),
+        }
+    }
+}

@@ -50,6 +50,10 @@ pub struct BrokerConfig {
     pub url: String,
     /// The JetStream stream: letters, digits, `_` and `-`.
     pub stream: String,
+    /// Whether [`setup`] creates the stream on disk, so that it outlives a
+    /// restart of the server; else in memory (the default: faster, and the
+    /// tests that need no restart leave nothing behind).
+    pub on_disk: bool,
 }
 
 impl Default for BrokerConfig {
@@ -58,6 +62,7 @@ impl Default for BrokerConfig {
         BrokerConfig {
             url: std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into()),
             stream: "ORDERS".into(),
+            on_disk: false,
         }
     }
 }
@@ -110,29 +115,19 @@ pub struct OrderCreated {
     pub qty: i32,
 }
 
-/// [`lockkit_tests::on_backend!`] with this crate's error for a backend whose
-/// feature is off.
-macro_rules! on_backend {
-    ($url:expr, |$conn:ident, $path:ident| $body:expr) => {
-        lockkit_tests::on_backend!($url, OutboxError::Unsupported, |$conn, $path| $body)
-    };
-}
-
 /// Migrates (the example's tables and lockkit's outbox tables), empties every
 /// table, stocks `items` items, and creates the stream anew.
 pub fn setup(url: &str, broker: &BrokerConfig, items: i32) -> Result<(), OutboxError> {
     let nats = broker::Broker::connect(&broker.url, &broker.stream)?;
-    on_backend!(url, |Conn, path| backends::setup::<Conn>(path, items))?;
-    nats.reset_stream()
+    backends::setup(url, items)?;
+    nats.reset_stream(broker.on_disk)
 }
 
 /// The order service: writes `count` orders, each with its message in the
 /// same transaction; returns their ids.
 pub fn place_orders(url: &str, broker: &BrokerConfig, count: u32) -> Result<Vec<i32>, OutboxError> {
     let subject = broker::Broker::subject(&broker.stream);
-    on_backend!(url, |Conn, path| backends::place_orders::<Conn>(
-        path, &subject, count
-    ))
+    backends::place_orders(url, &subject, count)
 }
 
 /// A relay: publishes until the outbox has no unpublished message left (an
@@ -148,9 +143,7 @@ pub fn run_relay(
         ));
     }
     let nats = broker::Broker::connect(&broker.url, &broker.stream)?;
-    on_backend!(url, |Conn, path| backends::run_relay::<Conn>(
-        path, &nats, options
-    ))
+    backends::run_relay(url, &nats, options)
 }
 
 /// The consumer: applies messages through the inbox until it has been idle
@@ -161,15 +154,13 @@ pub fn run_consumer(
     options: &ConsumerOptions,
 ) -> Result<ConsumerReport, OutboxError> {
     let nats = broker::Broker::connect(&broker.url, &broker.stream)?;
-    on_backend!(url, |Conn, path| backends::run_consumer::<Conn>(
-        path, &nats, options
-    ))
+    backends::run_consumer(url, &nats, options)
 }
 
 /// Reads what the tables and the stream hold.
 pub fn audit(url: &str, broker: &BrokerConfig) -> Result<Audit, OutboxError> {
     let nats = broker::Broker::connect(&broker.url, &broker.stream)?;
-    let mut audit = on_backend!(url, |Conn, path| backends::audit::<Conn>(path))?;
+    let mut audit = backends::audit(url)?;
     audit.stream_messages = nats.stream_messages()?;
     Ok(audit)
 }

@@ -5,12 +5,17 @@
 //! Each test runs in an empty database of its own ([`lockkit_tests::TestDb::empty`])
 //! and a JetStream stream of its own, deleted at the end. NATS is `NATS_URL`
 //! (default `nats://127.0.0.1:4222`); a broker that cannot be reached fails the
-//! test, nothing is skipped.
+//! test, nothing is skipped. The restart test starts a `nats-server -js` of its
+//! own (on a free port, with its own store directory), kills it with SIGKILL in
+//! the middle of the run and starts it again; it needs `nats-server` on the
+//! `PATH` (or `NATS_SERVER`), and fails saying so without it.
 
 #![cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use outbox::{Audit, Backend, BrokerConfig, ConsumerReport, CRASH_EXIT};
 
@@ -239,7 +244,168 @@ fn two_relays_at_once_lose_nothing(url: &str) {
     eprintln!("{url}: consumers {consumed}");
 }
 
+/// A `nats-server -js` of the test's own, on a free port, with its own store
+/// directory; killed (and the directory removed) on drop.
+struct OwnNats {
+    port: u16,
+    store: PathBuf,
+    server: Option<Child>,
+}
+
+impl OwnNats {
+    fn start(name: &str) -> OwnNats {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let store =
+            std::env::temp_dir().join(format!("lockkit-nats-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&store);
+        let mut nats = OwnNats {
+            port,
+            store,
+            server: None,
+        };
+        nats.restart();
+        nats
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the server (again, on the same port and store) and waits until
+    /// it takes connections.
+    fn restart(&mut self) {
+        let program = std::env::var("NATS_SERVER").unwrap_or_else(|_| "nats-server".into());
+        let server = Command::new(&program)
+            .args([
+                "-js",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-sd",
+            ])
+            .arg(&self.store)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start `{program}` (install nats-server, or set NATS_SERVER): {e}")
+            });
+        self.server = Some(server);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "nats-server on port {} did not start",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL: no shutdown, no goodbye to the clients.
+    fn kill(&mut self) {
+        if let Some(mut server) = self.server.take() {
+            server.kill().expect("kill nats-server");
+            server.wait().expect("reap nats-server");
+        }
+    }
+}
+
+impl Drop for OwnNats {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.store);
+    }
+}
+
+/// The `failed=` count of a relay's report line.
+fn relay_failed(out: &str) -> u64 {
+    out.lines()
+        .rev()
+        .find(|l| l.starts_with("relay ") && l.contains("failed="))
+        .and_then(|l| {
+            l.split("failed=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no relay report in {out:?}"))
+}
+
+/// The broker is killed (SIGKILL) while a relay publishes and a consumer
+/// applies, and comes back a second later with its stream on disk. The client
+/// reconnects; a publish without an ack counts as failed and is retried after
+/// its backoff, one the client sent again after reconnecting is a duplicate;
+/// the consumer rides out fetch and ack errors, and an ack lost with the
+/// connection comes back as a redelivery. Nothing is lost: every order is
+/// applied exactly once, every duplicate absorbed.
+fn the_broker_restarting_mid_run_loses_nothing(url: &str) {
+    const ORDERS: u32 = 200;
+    let mut nats = OwnNats::start(&format!("restart-{}", Backend::from_url(url).name()));
+    let broker = &BrokerConfig {
+        url: nats.url(),
+        stream: format!("OUTBOX_restart_{}", Backend::from_url(url).name()),
+        on_disk: true,
+    };
+    outbox::setup(url, broker, 3).unwrap_or_else(|e| panic!("setup {url}: {e}"));
+    assert_eq!(
+        outbox::place_orders(url, broker, ORDERS).unwrap().len(),
+        ORDERS as usize
+    );
+    let mut children = vec![
+        spawn(
+            url,
+            broker,
+            "relay",
+            &["--name", "r1", "--batch", "5", "--pause-ms", "40"],
+        ),
+        spawn(url, broker, "consumer", &["--idle-ms", "3000"]),
+    ];
+    std::thread::sleep(Duration::from_millis(600));
+    for child in &mut children {
+        // The relay stops only once nothing is left unpublished.
+        assert!(
+            child.try_wait().expect("try_wait").is_none(),
+            "the relay and the consumer are still at work when the broker dies"
+        );
+    }
+    nats.kill();
+    // Shorter than a publish's ack wait (5 s): on SQLite a relay waiting for
+    // acks holds the database's write lock, and a much longer outage would
+    // outlast the consumer's busy timeout (10 s) under load.
+    std::thread::sleep(Duration::from_secs(1));
+    nats.restart();
+    let outputs = wait_all(children, Duration::from_secs(180));
+    assert_eq!(outputs[0].0, Some(0), "{}", outputs[0].1);
+    assert_eq!(outputs[1].0, Some(0), "{}", outputs[1].1);
+    // Whatever was redelivered after the first consumer stopped.
+    let last = consumer_report(&run(url, broker, "consumer", &["--idle-ms", "500"], 0));
+    let consumed = consumer_report(&outputs[1].1) + last;
+    let audit = audit(url, broker);
+    assert!(audit.is_exactly_once(), "{audit}");
+    assert_eq!(consumed.applied, u64::from(ORDERS), "{consumed}");
+    assert_eq!(
+        consumed.absorbed,
+        consumed.delivered - u64::from(ORDERS),
+        "every duplicate absorbed: {consumed}"
+    );
+    eprintln!(
+        "{url}: broker restarted mid-run: relay failed={}, stream {} messages, consumers {consumed}",
+        relay_failed(&outputs[0].1),
+        audit.stream_messages
+    );
+}
+
 lockkit_tests::url_tests! {
+    fn the_broker_restarting_mid_run_loses_nothing(url) {
+        super::the_broker_restarting_mid_run_loses_nothing(url)
+    }
     fn a_relay_killed_between_publish_and_mark(url) {
         super::a_relay_killed_between_publish_and_mark(url)
     }

@@ -314,20 +314,7 @@ pub fn run(url: &str, strategy: Strategy, config: &Config) -> Result<Report, Sho
             config.items
         )));
     }
-    let url = lockkit_tests::support::connection_url(url);
-    match Backend::from_url(url) {
-        #[cfg(feature = "postgres")]
-        Backend::Postgres => runner::run_on::<diesel::PgConnection>(url, strategy, config),
-        #[cfg(feature = "mysql")]
-        Backend::Mysql => runner::run_on::<diesel::MysqlConnection>(url, strategy, config),
-        #[cfg(feature = "sqlite")]
-        Backend::Sqlite => runner::run_on::<diesel::SqliteConnection>(url, strategy, config),
-        #[allow(unreachable_patterns)]
-        backend => {
-            let _ = (strategy, config);
-            Err(ShopError::Unsupported(backend))
-        }
-    }
+    runner::run_on(url, strategy, config)
 }
 
 /// Removes a SQLite database file and its `-wal`, `-shm` and `-journal` companions,

@@ -1,16 +1,17 @@
-//! One run: pool, schema reset, buyer threads, tally. Generic over the backend;
-//! the per-backend parts are [`ShopConnection`]'s methods.
+//! One run: pool, schema reset, buyer threads, tally.
 
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool, PooledConnection};
+use diesel::connection::SimpleConnection;
+use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool};
+use lockkit_tests::support::{AnyConnection, AnyPooled};
 
 use crate::models::NewOrder;
 use crate::report::Report;
-use crate::strategies::{Counters, Outcome, ShopConnection};
+use crate::strategies::{self, Counters, Outcome};
 use crate::{Backend, Config, ShopError, Strategy, ITEM_ID};
 
 /// Applies the session settings to every connection the pool opens.
@@ -20,23 +21,19 @@ struct SessionSettings {
     deadlock_timeout: Option<Duration>,
 }
 
-impl<C: ShopConnection> CustomizeConnection<C, diesel::r2d2::Error> for SessionSettings {
-    fn on_acquire(&self, conn: &mut C) -> Result<(), diesel::r2d2::Error> {
+impl CustomizeConnection<AnyConnection, diesel::r2d2::Error> for SessionSettings {
+    fn on_acquire(&self, conn: &mut AnyConnection) -> Result<(), diesel::r2d2::Error> {
         conn.configure_session()
             .map_err(diesel::r2d2::Error::QueryError)?;
         if let Some(timeout) = self.deadlock_timeout {
-            conn.set_deadlock_timeout(timeout)
+            strategies::set_deadlock_timeout(conn, timeout)
                 .map_err(diesel::r2d2::Error::QueryError)?;
         }
         Ok(())
     }
 }
 
-pub(crate) fn run_on<C: ShopConnection>(
-    url: &str,
-    strategy: Strategy,
-    config: &Config,
-) -> Result<Report, ShopError> {
+pub(crate) fn run_on(url: &str, strategy: Strategy, config: &Config) -> Result<Report, ShopError> {
     let size = u32::try_from(config.buyers)
         .map_err(|_| ShopError::Usage(format!("too many buyers: {}", config.buyers)))?;
     let items = if strategy.is_basket() {
@@ -53,17 +50,18 @@ pub(crate) fn run_on<C: ShopConnection>(
 
     // One direct connection first: an unreachable server fails at once with its
     // own message, instead of after the pool's connection timeout.
-    let mut setup = C::establish(url)?;
+    let mut setup = AnyConnection::open(url)?;
     setup.configure_session()?;
-    setup.migrate()?;
+    setup.migrate(strategies::MIGRATIONS)?;
+    let backend = setup.backend();
     reset(&mut setup, items_i32, config.stock)?;
     // Only basket-naive deadlocks; both basket strategies get the same setting so
     // that their timings compare. Best effort: a role that may not change it keeps
     // the server's value, and the report says so.
     let mut note = None;
     let deadlock_timeout = match config.deadlock_timeout {
-        Some(timeout) if strategy.is_basket() && C::BACKEND == Backend::Postgres => {
-            match setup.set_deadlock_timeout(timeout) {
+        Some(timeout) if strategy.is_basket() && backend == Backend::Postgres => {
+            match strategies::set_deadlock_timeout(&mut setup, timeout) {
                 Ok(()) => Some(timeout),
                 Err(e) => {
                     note = Some(format!(
@@ -84,7 +82,9 @@ pub(crate) fn run_on<C: ShopConnection>(
         .max_size(size)
         .connection_timeout(Duration::from_secs(30))
         .connection_customizer(Box::new(SessionSettings { deadlock_timeout }))
-        .build(ConnectionManager::<C>::new(url))?;
+        .build(ConnectionManager::<AnyConnection>::new(
+            lockkit_tests::support::connection_url(url),
+        ))?;
 
     // Every buyer gets its connection before the start, so a pool failure is an
     // error here and not a thread stuck at the barrier.
@@ -99,7 +99,7 @@ pub(crate) fn run_on<C: ShopConnection>(
             .map(|conn| {
                 let (start_line, next_basket) = (&start_line, &next_basket);
                 scope.spawn(move || {
-                    buyer::<C>(conn, start_line, next_basket, items_i32, strategy, config)
+                    buyer(conn, start_line, next_basket, items_i32, strategy, config)
                 })
             })
             .collect();
@@ -113,10 +113,10 @@ pub(crate) fn run_on<C: ShopConnection>(
         counters += result.map_err(|_| ShopError::Panicked("buyer"))??;
     }
 
-    let tally = pool.get()?.tally()?;
+    let tally = strategies::tally(&mut *pool.get()?)?;
     Ok(Report {
         strategy,
-        backend: C::BACKEND,
+        backend,
         buyers: config.buyers,
         items,
         initial_stock: i64::from(config.stock) * i64::from(items_i32),
@@ -135,7 +135,7 @@ pub(crate) fn run_on<C: ShopConnection>(
 
 /// Empties both tables and puts items `1..=items` on sale with `stock` units each
 /// (same SQL on every backend).
-fn reset<C: ShopConnection>(conn: &mut C, items: i32, stock: i32) -> Result<(), ShopError> {
+fn reset(conn: &mut AnyConnection, items: i32, stock: i32) -> Result<(), ShopError> {
     let rows: Vec<String> = (ITEM_ID..ITEM_ID + items)
         .map(|id| format!("({id}, 'widget {id}', {stock}, 0)"))
         .collect();
@@ -150,8 +150,8 @@ fn reset<C: ShopConnection>(conn: &mut C, items: i32, stock: i32) -> Result<(), 
 /// One buyer: waits for the start, then buys until the stock is sold out or
 /// `config.attempts` purchases were tried: random quantities (1 to 3) of
 /// [`ITEM_ID`], or for a basket strategy baskets from [`random_basket`].
-fn buyer<C: ShopConnection>(
-    mut conn: PooledConnection<ConnectionManager<C>>,
+fn buyer(
+    mut conn: AnyPooled,
     start_line: &Barrier,
     next_basket: &AtomicI32,
     items: i32,
@@ -163,14 +163,14 @@ fn buyer<C: ShopConnection>(
     for _ in 0..config.attempts {
         let outcome = if strategy.is_basket() {
             let basket = random_basket(items, next_basket.fetch_add(1, Ordering::Relaxed));
-            C::buy_basket(&mut conn, strategy, &basket, config, &mut counters)?
+            strategies::buy_basket(&mut conn, strategy, &basket, config, &mut counters)?
         } else {
             let purchase = NewOrder {
                 item_id: ITEM_ID,
                 qty: fastrand::i32(1..=3),
                 basket_id: None,
             };
-            C::buy(&mut conn, strategy, purchase, config, &mut counters)?
+            strategies::buy(&mut conn, strategy, purchase, config, &mut counters)?
         };
         if outcome == Outcome::SoldOut {
             break;

@@ -1,29 +1,29 @@
-//! The purchase strategies, written once and instantiated per backend.
-//!
-//! Diesel's query types are checked per backend, and writing the strategies as
-//! generic functions would need a wall of `where` clauses for every statement.
-//! Instead [`shop_backend!`] holds the strategy code and is instantiated for each
-//! concrete connection type (`PgConnection`, `MysqlConnection`,
-//! `SqliteConnection`) whose cargo feature is on. Inside the macro, `Conn` is
-//! that connection type.
+//! The purchase strategies, written once: every statement runs on
+//! [`AnyConnection`], Diesel's `#[derive(MultiConnection)]` over the backends
+//! whose cargo feature is on, and lockkit takes it as it takes a `PgConnection`.
 //!
 //! To add a strategy: a variant of [`Strategy`](crate::Strategy), a function
-//! `fn name(conn, purchase, config, counters) -> Result<Outcome, ShopError>` in the
-//! macro (`basket: &[NewOrder]` instead of `purchase` for a basket strategy), and
-//! an arm in the `match` of `buy` or `buy_basket`.
+//! `fn name(conn, purchase, config, counters) -> Result<Outcome, ShopError>`
+//! (`basket: &[NewOrder]` instead of `purchase` for a basket strategy), and an
+//! arm in the `match` of [`buy`] or [`buy_basket`].
 //!
-//! The one thing that cannot be written once is `basket-naive`'s row lock:
-//! `.for_update()` does not exist for SQLite queries. The macro's `lock_item`
-//! parameter picks it: `for_update` (PostgreSQL, MySQL) or `plain_read` (SQLite,
-//! where the surrounding `BEGIN IMMEDIATE` transaction already holds the
-//! database's write lock).
+//! The one statement the enum cannot send is `basket-naive`'s row lock:
+//! `.for_update()` does not exist for SQLite queries. [`lock_item`] sends it to
+//! the connection inside the enum, where lockkit adds the backend's clause
+//! (`FOR UPDATE` on PostgreSQL and MySQL; none on SQLite, where the surrounding
+//! `BEGIN IMMEDIATE` transaction already holds the database's write lock).
 
 use std::ops::AddAssign;
 
-use diesel::r2d2::R2D2Connection;
-use diesel::QueryResult;
+use diesel::prelude::*;
+use diesel::query_dsl::methods::LockingDsl;
+use lockkit::pessimistic::row_lock::ForUpdate;
+use lockkit::prelude::*;
+use lockkit::{LockOptions, LockingConnection};
+use lockkit_tests::support::{AnyConnection, Migrations};
 
 use crate::models::{Item, NewOrder};
+use crate::schema::{items, orders};
 use crate::{Backend, Config, ShopError, Strategy};
 
 /// What one purchase attempt came to.
@@ -129,53 +129,24 @@ fn gave_up(
     }
 }
 
-/// A connection type the shop runs on; implemented by [`shop_backend!`].
-pub(crate) trait ShopConnection: R2D2Connection + 'static {
-    /// Which backend this is.
-    const BACKEND: Backend;
-    /// Session settings for every pooled connection.
-    fn configure_session(&mut self) -> QueryResult<()>;
-    /// PostgreSQL: `deadlock_timeout` for this session (the lock wait after which
-    /// the server looks for a deadlock). Needs a superuser or `GRANT SET ON
-    /// PARAMETER deadlock_timeout`. A no-op elsewhere: MySQL/MariaDB detect
-    /// deadlocks at once, SQLite has none.
-    fn set_deadlock_timeout(&mut self, timeout: std::time::Duration) -> QueryResult<()>;
-    /// Applies the embedded migrations of this backend.
-    fn migrate(&mut self) -> Result<(), ShopError>;
-    /// One purchase of one item with `strategy` (a basket strategy buys a basket
-    /// of this one line).
-    fn buy(
-        &mut self,
-        strategy: Strategy,
-        purchase: NewOrder,
-        config: &Config,
-        counters: &mut Counters,
-    ) -> Result<Outcome, ShopError>;
-    /// One basket, all lines or none, with a basket `strategy`.
-    fn buy_basket(
-        &mut self,
-        strategy: Strategy,
-        basket: &[NewOrder],
-        config: &Config,
-        counters: &mut Counters,
-    ) -> Result<Outcome, ShopError>;
-    /// Counts orders, units sold and the stock left, over all items.
-    fn tally(&mut self) -> Result<Tally, ShopError>;
-}
+/// The shop's tables, per backend.
+pub(crate) const MIGRATIONS: Migrations = Migrations {
+    postgres: Some(diesel_migrations::embed_migrations!("migrations/postgres")),
+    mysql: Some(diesel_migrations::embed_migrations!("migrations/mysql")),
+    sqlite: Some(diesel_migrations::embed_migrations!("migrations/sqlite")),
+};
 
-/// No `deadlock_timeout` to set (MySQL, SQLite).
-#[allow(dead_code)]
-fn no_deadlock_timeout<C>(_conn: &mut C, _timeout: std::time::Duration) -> QueryResult<()> {
-    Ok(())
-}
-
-/// `SET deadlock_timeout` for this session, the value bound.
-#[cfg(feature = "postgres")]
-fn pg_deadlock_timeout(
-    conn: &mut diesel::PgConnection,
+/// PostgreSQL: `deadlock_timeout` for this session (the lock wait after which
+/// the server looks for a deadlock), the value bound. Needs a superuser or
+/// `GRANT SET ON PARAMETER deadlock_timeout`. A no-op elsewhere: MySQL/MariaDB
+/// detect deadlocks at once, SQLite has none.
+pub(crate) fn set_deadlock_timeout(
+    conn: &mut AnyConnection,
     timeout: std::time::Duration,
 ) -> QueryResult<()> {
-    use diesel::RunQueryDsl;
+    if conn.backend() != Backend::Postgres {
+        return Ok(());
+    }
     let millis = timeout.as_millis().clamp(1, i32::MAX as u128);
     diesel::sql_query("SELECT set_config('deadlock_timeout', $1, false)")
         .bind::<diesel::sql_types::Text, _>(format!("{millis}ms"))
@@ -183,476 +154,389 @@ fn pg_deadlock_timeout(
         .map(drop)
 }
 
-/// Writes the strategies for one connection type. See the [module docs](self).
-macro_rules! shop_backend {
-    // `basket-naive`'s lock of one row: `SELECT .. FOR UPDATE` where it exists.
-    (@lock_item for_update) => {
-        /// `SELECT .. FROM items WHERE id = $1 FOR UPDATE`: waits for, then holds,
-        /// the row lock until the transaction ends.
-        fn lock_item(conn: &mut Conn, id: i32) -> QueryResult<Item> {
-            items::table
-                .find(id)
-                .select(Item::as_select())
-                .for_update()
-                .first(conn)
+/// One purchase of one item with `strategy` (a basket strategy buys a basket of
+/// this one line).
+pub(crate) fn buy(
+    conn: &mut AnyConnection,
+    strategy: Strategy,
+    purchase: NewOrder,
+    config: &Config,
+    counters: &mut Counters,
+) -> Result<Outcome, ShopError> {
+    match strategy {
+        Strategy::Naive => naive(conn, purchase, config, counters),
+        Strategy::Optimistic => optimistic(conn, purchase, config, counters),
+        Strategy::Pessimistic => pessimistic(conn, purchase, config, counters),
+        Strategy::Atomic => atomic(conn, purchase, config, counters),
+        Strategy::Nowait => nowait(conn, purchase, config, counters),
+        Strategy::BasketNaive | Strategy::BasketLockAll => {
+            buy_basket(conn, strategy, &[purchase], config, counters)
         }
-    };
-    // SQLite has no row locks: the caller's `BEGIN IMMEDIATE` holds the write lock
-    // of the whole database, so a plain read is as good as locked.
-    (@lock_item plain_read) => {
-        /// `SELECT .. FROM items WHERE id = ?`, inside `BEGIN IMMEDIATE`.
-        fn lock_item(conn: &mut Conn, id: i32) -> QueryResult<Item> {
-            items::table.find(id).select(Item::as_select()).first(conn)
+    }
+}
+
+/// One basket, all lines or none, with a basket `strategy`.
+pub(crate) fn buy_basket(
+    conn: &mut AnyConnection,
+    strategy: Strategy,
+    basket: &[NewOrder],
+    config: &Config,
+    counters: &mut Counters,
+) -> Result<Outcome, ShopError> {
+    match strategy {
+        Strategy::BasketNaive => basket_naive(conn, basket, config, counters),
+        Strategy::BasketLockAll => basket_lock_all(conn, basket, config, counters),
+        _ => Err(ShopError::Usage(format!("{strategy} does not buy baskets"))),
+    }
+}
+
+/// Counts orders, units sold and the stock left, over all items.
+pub(crate) fn tally(conn: &mut AnyConnection) -> Result<Tally, ShopError> {
+    let stocks: Vec<i32> = items::table.select(items::stock).load(conn)?;
+    // Summed here: SUM(INTEGER) has a different SQL type on every backend.
+    let lines: Vec<(i32, Option<i32>)> = orders::table
+        .select((orders::qty, orders::basket_id))
+        .load(conn)?;
+    let single = lines.iter().filter(|(_, basket)| basket.is_none()).count();
+    let baskets: std::collections::BTreeSet<i32> =
+        lines.iter().filter_map(|&(_, basket)| basket).collect();
+    Ok(Tally {
+        orders: (single + baskets.len()) as i64,
+        units_sold: lines.iter().map(|&(qty, _)| i64::from(qty)).sum(),
+        final_stock: stocks.iter().map(|&s| i64::from(s)).sum(),
+        lowest_stock: stocks.iter().copied().min().map_or(0, i64::from),
+    })
+}
+
+/// `SELECT .. FROM items WHERE id = $1 FOR UPDATE`: waits for, then holds, the
+/// row lock until the transaction ends. Sent to the connection inside the enum,
+/// with the backend's clause; SQLite has none, and the caller's `BEGIN
+/// IMMEDIATE` already holds the write lock of the whole database, so a plain
+/// read is as good as locked.
+fn lock_item(conn: &mut AnyConnection, id: i32) -> QueryResult<Item> {
+    lockkit_tests::on_inner!(conn, |inner| {
+        let query = items::table.find(id).select(Item::as_select());
+        // lockkit's `FOR UPDATE` type: a fixed clause, so the statement is
+        // prepared once per connection, as Diesel's `.for_update()` was.
+        with_backend_lock(inner, query, ForUpdate).first(inner)
+    })
+}
+
+/// `query` with the row-lock clause of `conn`'s backend.
+fn with_backend_lock<C: LockingConnection, Q: LockingDsl<L>, L>(
+    _conn: &C,
+    query: Q,
+    lock: L,
+) -> C::Locked<Q, L> {
+    C::apply_lock(query, lock)
+}
+
+/// Records the order; the caller's transaction makes it atomic with the
+/// stock write.
+fn insert_order(conn: &mut AnyConnection, purchase: NewOrder) -> QueryResult<()> {
+    diesel::insert_into(orders::table)
+        .values(&purchase)
+        .execute(conn)
+        .map(drop)
+}
+
+/// Read, check, think, write `stock = <what I read> - qty`. Whoever
+/// writes between the read and the write is overwritten: a lost update,
+/// and units sold twice.
+fn naive(
+    conn: &mut AnyConnection,
+    purchase: NewOrder,
+    config: &Config,
+    _counters: &mut Counters,
+) -> Result<Outcome, ShopError> {
+    let stock: i32 = items::table
+        .find(purchase.item_id)
+        .select(items::stock)
+        .first(conn)?;
+    if let Some(refused) = Outcome::refuse(stock, purchase.qty) {
+        return Ok(refused);
+    }
+    std::thread::sleep(config.think);
+    conn.transaction(|conn| {
+        diesel::update(items::table.find(purchase.item_id))
+            .set(items::stock.eq(stock - purchase.qty))
+            .execute(conn)?;
+        insert_order(conn, purchase)
+    })?;
+    Ok(Outcome::Bought)
+}
+
+/// Reload, check, think, `update_versioned` (and the order) in a
+/// transaction, all inside `lockkit::retry`. A write that lost the race
+/// is `Error::Stale`, writes nothing, and is retried from the reload.
+///
+/// The read is outside the transaction: no lock is held while thinking,
+/// and on SQLite the transaction starts with its write.
+fn optimistic(
+    conn: &mut AnyConnection,
+    purchase: NewOrder,
+    config: &Config,
+    counters: &mut Counters,
+) -> Result<Outcome, ShopError> {
+    let result = lockkit::retry(&config.retry, |attempt| {
+        if attempt > 1 {
+            counters.retries += 1;
         }
-    };
-    (
-        $(#[$meta:meta])*
-        mod $module:ident {
-            connection: $conn:ty,
-            backend: $backend:expr,
-            migrations: $migrations:tt,
-            session: $session:path,
-            deadlock_timeout: $deadlock_timeout:path,
-            lock_item: $lock_item:ident $(,)?
+        let mut item = items::table
+            .find(purchase.item_id)
+            .select(Item::as_select())
+            .first(conn)?;
+        if let Some(refused) = Outcome::refuse(item.stock, purchase.qty) {
+            return Ok(refused);
         }
-    ) => {
-        $(#[$meta])*
-        mod $module {
-            use diesel::prelude::*;
-            use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
-            use lockkit::prelude::*;
-            use lockkit::LockOptions;
+        std::thread::sleep(config.think);
+        item.stock -= purchase.qty;
+        let written = conn.transaction(|conn| {
+            item.update_versioned(conn)?;
+            insert_order(conn, purchase)?;
+            Ok::<_, lockkit::Error>(())
+        });
+        if matches!(written, Err(lockkit::Error::Stale(_))) {
+            counters.conflicts += 1;
+        }
+        written.map(|()| Outcome::Bought)
+    });
+    gave_up(result, counters)
+}
 
-            use super::{
-                basket_fits, gave_up, rows_of_basket, Counters, Outcome, ShopConnection, Tally,
-            };
-            use crate::models::{Item, NewOrder};
-            use crate::schema::{items, orders};
-            use crate::{Backend, Config, ShopError, Strategy};
+/// The part of `pessimistic` and `nowait` that runs while the row is
+/// locked: check the fresh stock, think, write it, record the order.
+fn sell_locked(
+    conn: &mut AnyConnection,
+    purchase: NewOrder,
+    fresh: Item,
+    config: &Config,
+) -> Result<Outcome, lockkit::Error> {
+    if let Some(refused) = Outcome::refuse(fresh.stock, purchase.qty) {
+        return Ok(refused);
+    }
+    std::thread::sleep(config.think);
+    diesel::update(items::table.find(fresh.id))
+        .set(items::stock.eq(fresh.stock - purchase.qty))
+        .execute(conn)?;
+    insert_order(conn, purchase)?;
+    Ok(Outcome::Bought)
+}
 
-            /// The connection type of this instantiation.
-            type Conn = $conn;
+/// The buyer's view of the item, unlocked and possibly stale: only its
+/// key matters to `with_lock`, which re-reads the row locked.
+fn product_page(conn: &mut AnyConnection, purchase: NewOrder) -> QueryResult<Item> {
+    items::table
+        .find(purchase.item_id)
+        .select(Item::as_select())
+        .first(conn)
+}
 
-            const MIGRATIONS: EmbeddedMigrations = diesel_migrations::embed_migrations!($migrations);
+/// `item.with_lock`: `SELECT .. FOR UPDATE` (SQLite: `BEGIN IMMEDIATE`),
+/// then check, think and write on the fresh row while holding the lock.
+/// Buyers queue at the lock; nothing is retried.
+fn pessimistic(
+    conn: &mut AnyConnection,
+    purchase: NewOrder,
+    config: &Config,
+    _counters: &mut Counters,
+) -> Result<Outcome, ShopError> {
+    let item = product_page(conn, purchase)?;
+    let outcome = item.with_lock(conn, |conn, fresh| {
+        sell_locked(conn, purchase, fresh, config)
+    })?;
+    Ok(outcome)
+}
 
-            impl ShopConnection for Conn {
-                const BACKEND: Backend = $backend;
-
-                fn configure_session(&mut self) -> QueryResult<()> {
-                    $session(self)
-                }
-
-                fn set_deadlock_timeout(
-                    &mut self,
-                    timeout: std::time::Duration,
-                ) -> QueryResult<()> {
-                    $deadlock_timeout(self, timeout)
-                }
-
-                fn migrate(&mut self) -> Result<(), ShopError> {
-                    self.run_pending_migrations(MIGRATIONS)
-                        .map(drop)
-                        .map_err(|e| ShopError::Migration(e.to_string()))
-                }
-
-                fn buy(
-                    &mut self,
-                    strategy: Strategy,
-                    purchase: NewOrder,
-                    config: &Config,
-                    counters: &mut Counters,
-                ) -> Result<Outcome, ShopError> {
-                    match strategy {
-                        Strategy::Naive => naive(self, purchase, config, counters),
-                        Strategy::Optimistic => optimistic(self, purchase, config, counters),
-                        Strategy::Pessimistic => pessimistic(self, purchase, config, counters),
-                        Strategy::Atomic => atomic(self, purchase, config, counters),
-                        Strategy::Nowait => nowait(self, purchase, config, counters),
-                        Strategy::BasketNaive | Strategy::BasketLockAll => {
-                            self.buy_basket(strategy, &[purchase], config, counters)
-                        }
-                    }
-                }
-
-                fn buy_basket(
-                    &mut self,
-                    strategy: Strategy,
-                    basket: &[NewOrder],
-                    config: &Config,
-                    counters: &mut Counters,
-                ) -> Result<Outcome, ShopError> {
-                    match strategy {
-                        Strategy::BasketNaive => basket_naive(self, basket, config, counters),
-                        Strategy::BasketLockAll => {
-                            basket_lock_all(self, basket, config, counters)
-                        }
-                        _ => Err(ShopError::Usage(format!(
-                            "{strategy} does not buy baskets"
-                        ))),
-                    }
-                }
-
-                fn tally(&mut self) -> Result<Tally, ShopError> {
-                    let stocks: Vec<i32> = items::table.select(items::stock).load(self)?;
-                    // Summed here: SUM(INTEGER) has a different SQL type on every backend.
-                    let lines: Vec<(i32, Option<i32>)> = orders::table
-                        .select((orders::qty, orders::basket_id))
-                        .load(self)?;
-                    let single = lines.iter().filter(|(_, basket)| basket.is_none()).count();
-                    let baskets: std::collections::BTreeSet<i32> =
-                        lines.iter().filter_map(|&(_, basket)| basket).collect();
-                    Ok(Tally {
-                        orders: (single + baskets.len()) as i64,
-                        units_sold: lines.iter().map(|&(qty, _)| i64::from(qty)).sum(),
-                        final_stock: stocks.iter().map(|&s| i64::from(s)).sum(),
-                        lowest_stock: stocks.iter().copied().min().map_or(0, i64::from),
-                    })
-                }
-            }
-
-            shop_backend!(@lock_item $lock_item);
-
-            /// Records the order; the caller's transaction makes it atomic with the
-            /// stock write.
-            fn insert_order(conn: &mut Conn, purchase: NewOrder) -> QueryResult<()> {
-                diesel::insert_into(orders::table)
-                    .values(&purchase)
-                    .execute(conn)
-                    .map(drop)
-            }
-
-            /// Read, check, think, write `stock = <what I read> - qty`. Whoever
-            /// writes between the read and the write is overwritten: a lost update,
-            /// and units sold twice.
-            fn naive(
-                conn: &mut Conn,
-                purchase: NewOrder,
-                config: &Config,
-                _counters: &mut Counters,
-            ) -> Result<Outcome, ShopError> {
-                let stock: i32 = items::table
-                    .find(purchase.item_id)
-                    .select(items::stock)
-                    .first(conn)?;
-                if let Some(refused) = Outcome::refuse(stock, purchase.qty) {
-                    return Ok(refused);
-                }
-                std::thread::sleep(config.think);
-                conn.transaction(|conn| {
-                    diesel::update(items::table.find(purchase.item_id))
-                        .set(items::stock.eq(stock - purchase.qty))
-                        .execute(conn)?;
-                    insert_order(conn, purchase)
-                })?;
-                Ok(Outcome::Bought)
-            }
-
-            /// Reload, check, think, `update_versioned` (and the order) in a
-            /// transaction, all inside `lockkit::retry`. A write that lost the race
-            /// is `Error::Stale`, writes nothing, and is retried from the reload.
-            ///
-            /// The read is outside the transaction: no lock is held while thinking,
-            /// and on SQLite the transaction starts with its write.
-            fn optimistic(
-                conn: &mut Conn,
-                purchase: NewOrder,
-                config: &Config,
-                counters: &mut Counters,
-            ) -> Result<Outcome, ShopError> {
-                let result = lockkit::retry(&config.retry, |attempt| {
-                    if attempt > 1 {
-                        counters.retries += 1;
-                    }
-                    let mut item = items::table
-                        .find(purchase.item_id)
-                        .select(Item::as_select())
-                        .first(conn)?;
-                    if let Some(refused) = Outcome::refuse(item.stock, purchase.qty) {
-                        return Ok(refused);
-                    }
-                    std::thread::sleep(config.think);
-                    item.stock -= purchase.qty;
-                    let written = conn.transaction(|conn| {
-                        item.update_versioned(conn)?;
-                        insert_order(conn, purchase)?;
-                        Ok::<_, lockkit::Error>(())
-                    });
-                    if matches!(written, Err(lockkit::Error::Stale(_))) {
-                        counters.conflicts += 1;
-                    }
-                    written.map(|()| Outcome::Bought)
-                });
-                gave_up(result, counters)
-            }
-
-            /// The part of `pessimistic` and `nowait` that runs while the row is
-            /// locked: check the fresh stock, think, write it, record the order.
-            fn sell_locked(
-                conn: &mut Conn,
-                purchase: NewOrder,
-                fresh: Item,
-                config: &Config,
-            ) -> Result<Outcome, lockkit::Error> {
-                if let Some(refused) = Outcome::refuse(fresh.stock, purchase.qty) {
-                    return Ok(refused);
-                }
-                std::thread::sleep(config.think);
-                diesel::update(items::table.find(fresh.id))
-                    .set(items::stock.eq(fresh.stock - purchase.qty))
-                    .execute(conn)?;
-                insert_order(conn, purchase)?;
-                Ok(Outcome::Bought)
-            }
-
-            /// The buyer's view of the item, unlocked and possibly stale: only its
-            /// key matters to `with_lock`, which re-reads the row locked.
-            fn product_page(conn: &mut Conn, purchase: NewOrder) -> QueryResult<Item> {
+/// One conditional `UPDATE .. SET stock = stock - qty WHERE id = ? AND
+/// stock >= qty` and the order, in one transaction. Nothing is read
+/// before the write; only a refused update (`NoRowMatched`) reads the
+/// stock, to tell "sold out" from "not enough". The think pause is
+/// before the transaction: no lock is held while thinking.
+fn atomic(
+    conn: &mut AnyConnection,
+    purchase: NewOrder,
+    config: &Config,
+    _counters: &mut Counters,
+) -> Result<Outcome, ShopError> {
+    std::thread::sleep(config.think);
+    let sold = conn.transaction(|conn| {
+        lockkit::atomic::update_if(
+            conn,
+            diesel::update(
                 items::table
                     .find(purchase.item_id)
-                    .select(Item::as_select())
-                    .first(conn)
-            }
-
-            /// `item.with_lock`: `SELECT .. FOR UPDATE` (SQLite: `BEGIN IMMEDIATE`),
-            /// then check, think and write on the fresh row while holding the lock.
-            /// Buyers queue at the lock; nothing is retried.
-            fn pessimistic(
-                conn: &mut Conn,
-                purchase: NewOrder,
-                config: &Config,
-                _counters: &mut Counters,
-            ) -> Result<Outcome, ShopError> {
-                let item = product_page(conn, purchase)?;
-                let outcome = item.with_lock(conn, |conn, fresh| {
-                    sell_locked(conn, purchase, fresh, config)
-                })?;
-                Ok(outcome)
-            }
-
-            /// One conditional `UPDATE .. SET stock = stock - qty WHERE id = ? AND
-            /// stock >= qty` and the order, in one transaction. Nothing is read
-            /// before the write; only a refused update (`NoRowMatched`) reads the
-            /// stock, to tell "sold out" from "not enough". The think pause is
-            /// before the transaction: no lock is held while thinking.
-            fn atomic(
-                conn: &mut Conn,
-                purchase: NewOrder,
-                config: &Config,
-                _counters: &mut Counters,
-            ) -> Result<Outcome, ShopError> {
-                std::thread::sleep(config.think);
-                let sold = conn.transaction(|conn| {
-                    lockkit::atomic::update_if(
-                        conn,
-                        diesel::update(
-                            items::table
-                                .find(purchase.item_id)
-                                .filter(items::stock.ge(purchase.qty)),
-                        )
-                        .set(items::stock.eq(items::stock - purchase.qty)),
-                    )?;
-                    insert_order(conn, purchase)?;
-                    Ok::<_, lockkit::Error>(())
-                });
-                match sold {
-                    Ok(()) => Ok(Outcome::Bought),
-                    Err(lockkit::Error::NoRowMatched) => {
-                        let stock: i32 = items::table
-                            .find(purchase.item_id)
-                            .select(items::stock)
-                            .first(conn)?;
-                        // The stock only goes down, so it is still short.
-                        Ok(Outcome::refuse(stock, purchase.qty).unwrap_or(Outcome::NotEnough))
-                    }
-                    Err(e) => Err(e.into()),
-                }
-            }
-
-            /// `lockkit::with_lock(.., item.id, nowait(), ..)` inside `lockkit::retry`: a
-            /// row that someone else holds is `Error::Busy` at once (counted as a
-            /// conflict), and the retry backs off and tries again.
-            fn nowait(
-                conn: &mut Conn,
-                purchase: NewOrder,
-                config: &Config,
-                counters: &mut Counters,
-            ) -> Result<Outcome, ShopError> {
-                let item = product_page(conn, purchase)?;
-                let result = lockkit::retry(&config.retry, |attempt| {
-                    if attempt > 1 {
-                        counters.retries += 1;
-                    }
-                    let nowait = LockOptions::default().nowait();
-                    let sold = lockkit::with_lock(conn, item.id, nowait, |conn, fresh: Item| {
-                        sell_locked(conn, purchase, fresh, config)
-                    });
-                    if matches!(sold, Err(lockkit::Error::Busy)) {
-                        counters.conflicts += 1;
-                    }
-                    sold
-                });
-                gave_up(result, counters)
-            }
-
-            /// The end of both basket strategies, with every row of the basket
-            /// locked: check all lines, think (unless the caller already did),
-            /// write every item's stock and insert every line. A basket that does
-            /// not fit is refused whole; `SoldOut` means the shop is empty.
-            fn sell_basket(
-                conn: &mut Conn,
-                basket: &[NewOrder],
-                rows: &[Item],
-                think: Option<std::time::Duration>,
-            ) -> Result<Outcome, lockkit::Error> {
-                let fresh = rows_of_basket(basket, rows)?;
-                if !basket_fits(basket, &fresh) {
-                    return sold_out_or_not_enough(conn);
-                }
-                if let Some(think) = think {
-                    std::thread::sleep(think);
-                }
-                for (line, row) in basket.iter().zip(fresh) {
-                    diesel::update(items::table.find(row.id))
-                        .set(items::stock.eq(row.stock - line.qty))
-                        .execute(conn)?;
-                    insert_order(conn, *line)?;
-                }
-                Ok(Outcome::Bought)
-            }
-
-            /// An unlocked look at the shelf before any lock is taken. The stock only
-            /// goes down, so a basket that does not fit now never will: it is
-            /// refused without locking anything (`Some`). `None`: it may fit, and
-            /// the locked check decides.
-            fn shelf_refuses(
-                conn: &mut Conn,
-                basket: &[NewOrder],
-            ) -> Result<Option<Outcome>, lockkit::Error> {
-                let ids: Vec<i32> = basket.iter().map(|line| line.item_id).collect();
-                let rows: Vec<Item> = items::table
-                    .filter(items::id.eq_any(ids))
-                    .select(Item::as_select())
-                    .load(conn)?;
-                if basket_fits(basket, &rows_of_basket(basket, &rows)?) {
-                    return Ok(None);
-                }
-                sold_out_or_not_enough(conn).map(Some)
-            }
-
-            /// A refused basket: `SoldOut` if no item of the shop is left.
-            fn sold_out_or_not_enough(conn: &mut Conn) -> Result<Outcome, lockkit::Error> {
-                let in_stock: i64 = items::table
-                    .filter(items::stock.gt(0))
-                    .count()
-                    .get_result(conn)?;
-                Ok(if in_stock == 0 { Outcome::SoldOut } else { Outcome::NotEnough })
-            }
-
-            /// Runs a basket strategy's locked `attempt` inside `lockkit::retry`,
-            /// after the shelf check, counting deadlocks and retries.
-            fn retry_basket(
-                conn: &mut Conn,
-                basket: &[NewOrder],
-                config: &Config,
-                counters: &mut Counters,
-                mut attempt: impl FnMut(&mut Conn) -> Result<Outcome, lockkit::Error>,
-            ) -> Result<Outcome, ShopError> {
-                let result = lockkit::retry(&config.retry, |n| {
-                    if n > 1 {
-                        counters.retries += 1;
-                    }
-                    if let Some(refused) = shelf_refuses(conn, basket)? {
-                        return Ok(refused);
-                    }
-                    let bought = attempt(conn);
-                    if matches!(bought, Err(lockkit::Error::Deadlock)) {
-                        counters.deadlocks += 1;
-                    }
-                    bought
-                });
-                gave_up(result, counters)
-            }
-
-            /// Locks the basket's items one at a time, in the buyer's order, and
-            /// thinks after the first lock: two buyers who want the same two items
-            /// in opposite orders each hold one and wait for the other. The server
-            /// aborts one (`Error::Deadlock`) and `lockkit::retry` runs it again.
-            /// On SQLite `BEGIN IMMEDIATE` serializes the buyers: no deadlock.
-            fn basket_naive(
-                conn: &mut Conn,
-                basket: &[NewOrder],
-                config: &Config,
-                counters: &mut Counters,
-            ) -> Result<Outcome, ShopError> {
-                retry_basket(conn, basket, config, counters, |conn| {
-                    lockkit::locked_transaction(conn, LockOptions::default(), |conn| {
-                        let mut rows = Vec::with_capacity(basket.len());
-                        for (n, line) in basket.iter().enumerate() {
-                            rows.push(lock_item(conn, line.item_id)?);
-                            if n == 0 {
-                                // The window in which the other buyer takes its first lock.
-                                std::thread::sleep(config.think);
-                            }
-                        }
-                        sell_basket(conn, basket, &rows, None)
-                    })
-                })
-            }
-
-            /// `Item::lock_all` in `lockkit::locked_transaction`: one statement
-            /// locks every item of the basket in key order, so no two buyers ever
-            /// wait for each other in a circle. Retried like `basket_naive`, to
-            /// show that there is nothing to retry.
-            fn basket_lock_all(
-                conn: &mut Conn,
-                basket: &[NewOrder],
-                config: &Config,
-                counters: &mut Counters,
-            ) -> Result<Outcome, ShopError> {
-                let ids: Vec<i32> = basket.iter().map(|line| line.item_id).collect();
-                retry_basket(conn, basket, config, counters, |conn| {
-                    lockkit::locked_transaction(conn, LockOptions::default(), |conn| {
-                        let rows = Item::lock_all(conn, &ids)?;
-                        sell_basket(conn, basket, &rows, Some(config.think))
-                    })
-                })
-            }
+                    .filter(items::stock.ge(purchase.qty)),
+            )
+            .set(items::stock.eq(items::stock - purchase.qty)),
+        )?;
+        insert_order(conn, purchase)?;
+        Ok::<_, lockkit::Error>(())
+    });
+    match sold {
+        Ok(()) => Ok(Outcome::Bought),
+        Err(lockkit::Error::NoRowMatched) => {
+            let stock: i32 = items::table
+                .find(purchase.item_id)
+                .select(items::stock)
+                .first(conn)?;
+            // The stock only goes down, so it is still short.
+            Ok(Outcome::refuse(stock, purchase.qty).unwrap_or(Outcome::NotEnough))
         }
-    };
-}
-
-shop_backend! {
-    #[cfg(feature = "postgres")]
-    mod postgres {
-        connection: diesel::PgConnection,
-        backend: Backend::Postgres,
-        migrations: "migrations/postgres",
-        session: lockkit_tests::support::no_session_settings,
-        deadlock_timeout: super::pg_deadlock_timeout,
-        lock_item: for_update,
+        Err(e) => Err(e.into()),
     }
 }
 
-shop_backend! {
-    #[cfg(feature = "mysql")]
-    mod mysql {
-        connection: diesel::MysqlConnection,
-        backend: Backend::Mysql,
-        migrations: "migrations/mysql",
-        session: lockkit_tests::support::no_session_settings,
-        deadlock_timeout: super::no_deadlock_timeout,
-        lock_item: for_update,
-    }
+/// `lockkit::with_lock(.., item.id, nowait(), ..)` inside `lockkit::retry`: a
+/// row that someone else holds is `Error::Busy` at once (counted as a
+/// conflict), and the retry backs off and tries again.
+fn nowait(
+    conn: &mut AnyConnection,
+    purchase: NewOrder,
+    config: &Config,
+    counters: &mut Counters,
+) -> Result<Outcome, ShopError> {
+    let item = product_page(conn, purchase)?;
+    let result = lockkit::retry(&config.retry, |attempt| {
+        if attempt > 1 {
+            counters.retries += 1;
+        }
+        let nowait = LockOptions::default().nowait();
+        let sold = lockkit::with_lock(conn, item.id, nowait, |conn, fresh: Item| {
+            sell_locked(conn, purchase, fresh, config)
+        });
+        if matches!(sold, Err(lockkit::Error::Busy)) {
+            counters.conflicts += 1;
+        }
+        sold
+    });
+    gave_up(result, counters)
 }
 
-shop_backend! {
-    #[cfg(feature = "sqlite")]
-    mod sqlite {
-        connection: diesel::SqliteConnection,
-        backend: Backend::Sqlite,
-        migrations: "migrations/sqlite",
-        session: lockkit_tests::support::sqlite_session_settings,
-        deadlock_timeout: super::no_deadlock_timeout,
-        lock_item: plain_read,
+/// The end of both basket strategies, with every row of the basket
+/// locked: check all lines, think (unless the caller already did),
+/// write every item's stock and insert every line. A basket that does
+/// not fit is refused whole; `SoldOut` means the shop is empty.
+fn sell_basket(
+    conn: &mut AnyConnection,
+    basket: &[NewOrder],
+    rows: &[Item],
+    think: Option<std::time::Duration>,
+) -> Result<Outcome, lockkit::Error> {
+    let fresh = rows_of_basket(basket, rows)?;
+    if !basket_fits(basket, &fresh) {
+        return sold_out_or_not_enough(conn);
     }
+    if let Some(think) = think {
+        std::thread::sleep(think);
+    }
+    for (line, row) in basket.iter().zip(fresh) {
+        diesel::update(items::table.find(row.id))
+            .set(items::stock.eq(row.stock - line.qty))
+            .execute(conn)?;
+        insert_order(conn, *line)?;
+    }
+    Ok(Outcome::Bought)
+}
+
+/// An unlocked look at the shelf before any lock is taken. The stock only
+/// goes down, so a basket that does not fit now never will: it is
+/// refused without locking anything (`Some`). `None`: it may fit, and
+/// the locked check decides.
+fn shelf_refuses(
+    conn: &mut AnyConnection,
+    basket: &[NewOrder],
+) -> Result<Option<Outcome>, lockkit::Error> {
+    let ids: Vec<i32> = basket.iter().map(|line| line.item_id).collect();
+    let rows: Vec<Item> = items::table
+        .filter(items::id.eq_any(ids))
+        .select(Item::as_select())
+        .load(conn)?;
+    if basket_fits(basket, &rows_of_basket(basket, &rows)?) {
+        return Ok(None);
+    }
+    sold_out_or_not_enough(conn).map(Some)
+}
+
+/// A refused basket: `SoldOut` if no item of the shop is left.
+fn sold_out_or_not_enough(conn: &mut AnyConnection) -> Result<Outcome, lockkit::Error> {
+    let in_stock: i64 = items::table
+        .filter(items::stock.gt(0))
+        .count()
+        .get_result(conn)?;
+    Ok(if in_stock == 0 {
+        Outcome::SoldOut
+    } else {
+        Outcome::NotEnough
+    })
+}
+
+/// Runs a basket strategy's locked `attempt` inside `lockkit::retry`,
+/// after the shelf check, counting deadlocks and retries.
+fn retry_basket(
+    conn: &mut AnyConnection,
+    basket: &[NewOrder],
+    config: &Config,
+    counters: &mut Counters,
+    mut attempt: impl FnMut(&mut AnyConnection) -> Result<Outcome, lockkit::Error>,
+) -> Result<Outcome, ShopError> {
+    let result = lockkit::retry(&config.retry, |n| {
+        if n > 1 {
+            counters.retries += 1;
+        }
+        if let Some(refused) = shelf_refuses(conn, basket)? {
+            return Ok(refused);
+        }
+        let bought = attempt(conn);
+        if matches!(bought, Err(lockkit::Error::Deadlock)) {
+            counters.deadlocks += 1;
+        }
+        bought
+    });
+    gave_up(result, counters)
+}
+
+/// Locks the basket's items one at a time, in the buyer's order, and
+/// thinks after the first lock: two buyers who want the same two items
+/// in opposite orders each hold one and wait for the other. The server
+/// aborts one (`Error::Deadlock`) and `lockkit::retry` runs it again.
+/// On SQLite `BEGIN IMMEDIATE` serializes the buyers: no deadlock.
+fn basket_naive(
+    conn: &mut AnyConnection,
+    basket: &[NewOrder],
+    config: &Config,
+    counters: &mut Counters,
+) -> Result<Outcome, ShopError> {
+    retry_basket(conn, basket, config, counters, |conn| {
+        lockkit::locked_transaction(conn, LockOptions::default(), |conn| {
+            let mut rows = Vec::with_capacity(basket.len());
+            for (n, line) in basket.iter().enumerate() {
+                rows.push(lock_item(conn, line.item_id)?);
+                if n == 0 {
+                    // The window in which the other buyer takes its first lock.
+                    std::thread::sleep(config.think);
+                }
+            }
+            sell_basket(conn, basket, &rows, None)
+        })
+    })
+}
+
+/// `Item::lock_all` in `lockkit::locked_transaction`: one statement
+/// locks every item of the basket in key order, so no two buyers ever
+/// wait for each other in a circle. Retried like `basket_naive`, to
+/// show that there is nothing to retry.
+fn basket_lock_all(
+    conn: &mut AnyConnection,
+    basket: &[NewOrder],
+    config: &Config,
+    counters: &mut Counters,
+) -> Result<Outcome, ShopError> {
+    let ids: Vec<i32> = basket.iter().map(|line| line.item_id).collect();
+    retry_basket(conn, basket, config, counters, |conn| {
+        lockkit::locked_transaction(conn, LockOptions::default(), |conn| {
+            let rows = Item::lock_all(conn, &ids)?;
+            sell_basket(conn, basket, &rows, Some(config.think))
+        })
+    })
 }

@@ -13,7 +13,10 @@
 //!    them to your broker client, and marks each one published only once the
 //!    broker has confirmed it (publisher confirms, JetStream acks). Several
 //!    relays claim disjoint batches. A failed publish is retried later with
-//!    exponential backoff (`attempts`, `next_attempt_at`, `last_error`).
+//!    exponential backoff (`attempts`, `next_attempt_at`, `last_error`); with
+//!    [`Relay::max_attempts`], a message that failed that often becomes a
+//!    **dead letter**, out of the relays' way until [`requeue`]d
+//!    ([`dead_letters`] lists them).
 //! 3. **Inbox** ([`Inbox::receive`]): the consumer records the message id in
 //!    `lockkit_inbox` in the transaction of the message's effect. A redelivered
 //!    message finds its id there and is skipped ([`Received::Duplicate`]).
@@ -29,7 +32,9 @@
 //! | enqueue | `INSERT INTO lockkit_outbox (topic, payload, created_at, next_attempt_at) VALUES ($1, $2, $3, $4)`, then the new id |
 //! | claim | `SELECT .. FROM lockkit_outbox WHERE published_at IS NULL AND next_attempt_at <= $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED` |
 //! | confirmed | `UPDATE lockkit_outbox SET published_at = $1 WHERE id = $2 AND published_at IS NULL` |
-//! | failed | `UPDATE lockkit_outbox SET attempts = attempts + 1, next_attempt_at = $1, last_error = $2 WHERE id = $3` |
+//! | failed | `UPDATE lockkit_outbox SET attempts = attempts + 1, next_attempt_at = $1, last_error = $2 WHERE id = $3` (a dead letter: `next_attempt_at` = `i64::MAX`, never due) |
+//! | dead letters | `SELECT .. FROM lockkit_outbox WHERE published_at IS NULL AND next_attempt_at = $1 ORDER BY id LIMIT $2` |
+//! | requeue | `UPDATE lockkit_outbox SET attempts = $1, next_attempt_at = $2 WHERE id = $3 AND published_at IS NULL AND next_attempt_at = $4` |
 //! | receive | `INSERT .. INTO lockkit_inbox .. ON CONFLICT DO NOTHING` (MySQL, SQLite: `INSERT IGNORE` / `INSERT OR IGNORE`); the effect runs only if a row was inserted |
 //!
 //! The relay holds its claimed rows locked (a transaction open) while the broker
@@ -171,6 +176,60 @@ fn valid_name(name: &str) -> bool {
     !name.is_empty() && name.chars().count() <= MAX_NAME && !name.contains('\0')
 }
 
+/// The `next_attempt_at` of a dead letter: never due, so the relays' claim
+/// (`next_attempt_at <= now`) passes it over with no change to its SQL or to
+/// the tables.
+const DEAD: i64 = i64::MAX;
+
+/// A message the relay gave up on ([`Relay::max_attempts`]), as
+/// [`dead_letters`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq, diesel::Queryable)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// The outbox row's id.
+    pub id: i64,
+    /// Where it was to be published.
+    pub topic: String,
+    /// The message body.
+    pub payload: String,
+    /// Failed publish attempts.
+    pub attempts: i32,
+    /// When it was enqueued (Unix milliseconds).
+    pub created_at: i64,
+    /// Why the last attempt failed.
+    pub last_error: Option<String>,
+}
+
+/// Up to `limit` dead letters, oldest first: messages whose publish failed
+/// [`Relay::max_attempts`] times, which no relay claims until they are
+/// [`requeue`]d.
+///
+/// # Errors
+///
+/// A classified database error; see [`classify`](crate::classify()).
+pub fn dead_letters<C>(conn: &mut C, limit: i64) -> Result<Vec<DeadLetter>, Error>
+where
+    C: AsLockingConnection,
+    C::Conn: OutboxStore,
+{
+    C::Conn::dead_letters(conn.locking_connection(), DEAD, limit)
+}
+
+/// Puts the dead letter `id` back in the relays' way: due now, with no failed
+/// attempts (so it gets [`Relay::max_attempts`] anew); `last_error` is kept.
+/// `false` if `id` is not a dead letter (published, pending, or unknown).
+///
+/// # Errors
+///
+/// A classified database error; see [`classify`](crate::classify()).
+pub fn requeue<C>(conn: &mut C, id: i64) -> Result<bool, Error>
+where
+    C: AsLockingConnection,
+    C::Conn: OutboxStore,
+{
+    C::Conn::requeue(conn.locking_connection(), id, DEAD, now_millis())
+}
+
 /// A message as the relay claims it.
 #[derive(Debug, Clone, PartialEq, Eq, diesel::Queryable)]
 #[non_exhaustive]
@@ -268,22 +327,30 @@ pub struct Relayed {
     pub claimed: usize,
     /// Messages the broker confirmed, now marked published.
     pub published: usize,
-    /// Messages that failed, now waiting out their backoff.
+    /// Messages that failed, now waiting out their backoff or dead letters.
     pub failed: usize,
+    /// Of the failed messages, those that became dead letters
+    /// ([`Relay::max_attempts`]).
+    pub dead: usize,
 }
 
 /// The relay's settings: the backoff after a failed publish.
 ///
 /// After failed attempt `n` a message waits up to `base_delay * 2^(n-1)`, capped
 /// at `max_delay`, with full jitter ([`RetryPolicy::delay_after`]), and is then
-/// claimed again. Messages are retried for as long as they fail: an outbox
-/// never gives a message up (watch `attempts` and `last_error`).
+/// claimed again. By default messages are retried for as long as they fail
+/// (watch `attempts` and `last_error`); with `max_attempts`, a message whose
+/// publish failed that many times becomes a dead letter instead: no relay
+/// claims it again until [`requeue`] puts it back ([`dead_letters`] lists them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Relay {
     /// The first backoff ceiling. Default 1 s.
     pub base_delay: Duration,
     /// The largest backoff ceiling. Default 5 min.
     pub max_delay: Duration,
+    /// After this many failed publishes a message is a dead letter. Default
+    /// `None`: retried for ever.
+    pub max_attempts: Option<u32>,
 }
 
 impl Default for Relay {
@@ -291,6 +358,7 @@ impl Default for Relay {
         Relay {
             base_delay: Duration::from_secs(1),
             max_delay: Duration::from_secs(300),
+            max_attempts: None,
         }
     }
 }
@@ -343,11 +411,12 @@ impl Relay {
                         relayed.published += 1;
                     }
                     Some(Err(reason)) => {
-                        self.fail(conn, message, &reason)?;
+                        relayed.dead += usize::from(self.fail(conn, message, &reason)?);
                         relayed.failed += 1;
                     }
                     None => {
-                        self.fail(conn, message, "no outcome reported")?;
+                        relayed.dead +=
+                            usize::from(self.fail(conn, message, "no outcome reported")?);
                         relayed.failed += 1;
                     }
                 }
@@ -357,8 +426,10 @@ impl Relay {
     }
 
     /// Records a failed publish of a claimed message: one more attempt, the next
-    /// one after the backoff, `reason` (its first 1000 characters, NUL dropped)
-    /// in `last_error`. Run it in the claiming transaction.
+    /// one after the backoff (or never: a dead letter, once `max_attempts` are
+    /// used up), `reason` (its first 1000 characters, NUL dropped) in
+    /// `last_error`. Run it in the claiming transaction. `true` when the message
+    /// became a dead letter.
     ///
     /// # Errors
     ///
@@ -368,7 +439,7 @@ impl Relay {
         conn: &mut C,
         message: &OutboxMessage,
         reason: &str,
-    ) -> Result<(), Error>
+    ) -> Result<bool, Error>
     where
         C: AsLockingConnection,
         C::Conn: OutboxStore,
@@ -381,24 +452,26 @@ impl Relay {
         conn: &mut S,
         message: &OutboxMessage,
         reason: &str,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let attempt = u32::try_from(message.attempts)
             .unwrap_or(0)
             .saturating_add(1);
-        let delay = RetryPolicy::default()
-            .base_delay(self.base_delay)
-            .max_delay(self.max_delay)
-            .delay_after(attempt);
+        let dead = self.max_attempts.is_some_and(|max| attempt >= max);
+        let next_attempt_at = if dead {
+            DEAD
+        } else {
+            let delay = RetryPolicy::default()
+                .base_delay(self.base_delay)
+                .max_delay(self.max_delay)
+                .delay_after(attempt);
+            now_millis().saturating_add(millis(delay))
+        };
         let reason: String = reason
             .chars()
             .filter(|&c| c != '\0')
             .take(MAX_REASON)
             .collect();
-        S::mark_failed(
-            conn,
-            message.id,
-            now_millis().saturating_add(millis(delay)),
-            &reason,
-        )
+        S::mark_failed(conn, message.id, next_attempt_at, &reason)?;
+        Ok(dead)
     }
 }

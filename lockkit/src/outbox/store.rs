@@ -1,6 +1,6 @@
 //! The outbox's and the inbox's statements, once per backend.
 
-use super::OutboxMessage;
+use super::{DeadLetter, OutboxMessage};
 use crate::pessimistic::connection::LockingConnection;
 use crate::Error;
 
@@ -13,7 +13,7 @@ use super::schema;
 #[diagnostic::on_unimplemented(
     message = "lockkit's outbox does not support `{Self}`",
     label = "not a connection lockkit's outbox supports",
-    note = "lockkit supports `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`) and r2d2 pooled connections to them"
+    note = "lockkit supports `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`), r2d2 pooled connections to them, and `#[derive(diesel::MultiConnection)]` enums over them that implement `lockkit::multi::Dispatch`"
 )]
 pub trait OutboxStore: LockingConnection + crate::sealed::Sealed {
     #[doc(hidden)]
@@ -31,6 +31,13 @@ pub trait OutboxStore: LockingConnection + crate::sealed::Sealed {
     ) -> Result<(), Error>;
     #[doc(hidden)]
     fn purge_published(conn: &mut Self, published_before: i64) -> Result<usize, Error>;
+    /// Unpublished messages whose `next_attempt_at` is `dead`, oldest first.
+    #[doc(hidden)]
+    fn dead_letters(conn: &mut Self, dead: i64, limit: i64) -> Result<Vec<DeadLetter>, Error>;
+    /// Makes the dead letter `id` due at `now` with no attempts; `false` if it
+    /// is not a dead letter.
+    #[doc(hidden)]
+    fn requeue(conn: &mut Self, id: i64, dead: i64, now: i64) -> Result<bool, Error>;
     /// Inserts the inbox row unless it is there; `false` if it was.
     #[doc(hidden)]
     fn record_received(
@@ -139,6 +146,43 @@ macro_rules! outbox_store {
                     diesel::delete(outbox::table.filter(outbox::published_at.lt(published_before)))
                         .execute(conn)?,
                 )
+            }
+
+            fn dead_letters(
+                conn: &mut Self,
+                dead: i64,
+                limit: i64,
+            ) -> Result<Vec<DeadLetter>, Error> {
+                use diesel::prelude::*;
+                use schema::lockkit_outbox as outbox;
+                Ok(outbox::table
+                    .filter(outbox::published_at.is_null())
+                    .filter(outbox::next_attempt_at.eq(dead))
+                    .order(outbox::id)
+                    .limit(limit)
+                    .select((
+                        outbox::id,
+                        outbox::topic,
+                        outbox::payload,
+                        outbox::attempts,
+                        outbox::created_at,
+                        outbox::last_error,
+                    ))
+                    .load(conn)?)
+            }
+
+            fn requeue(conn: &mut Self, id: i64, dead: i64, now: i64) -> Result<bool, Error> {
+                use diesel::prelude::*;
+                use schema::lockkit_outbox as outbox;
+                let rows = diesel::update(
+                    outbox::table
+                        .find(id)
+                        .filter(outbox::published_at.is_null())
+                        .filter(outbox::next_attempt_at.eq(dead)),
+                )
+                .set((outbox::attempts.eq(0), outbox::next_attempt_at.eq(now)))
+                .execute(conn)?;
+                Ok(rows == 1)
             }
 
             fn record_received(

@@ -151,6 +151,58 @@ macro_rules! as_locking_connection {
     )*};
 }
 
+/// `impl LockingConnection` for one backend's connection: the transactions
+/// are the backend module's `locked_transaction` and `serializable_transaction`
+/// (written once, for the connection and for a
+/// [`Dispatch`](crate::multi::Dispatch) enum holding one), the lock clause is
+/// Diesel's `with_lock` (`with_lock`) or nothing (`none`: SQLite), and
+/// `take_write_lock` is a no-op unless given.
+#[allow(unused_macros)] // used once per enabled backend
+macro_rules! locking_connection {
+    ($conn:ty, lock_clause: $clause:ident $(, take_write_lock: |$c:ident| $take:expr)? $(,)?) => {
+        impl LockingConnection for $conn {
+            locking_connection!(@clause $clause);
+
+            fn locked_transaction<T, E, F>(&mut self, options: &LockOptions, f: F) -> Result<T, E>
+            where
+                E: From<Error>,
+                F: FnOnce(&mut Self) -> Result<T, E>,
+            {
+                locked_transaction(self, options, f)
+            }
+
+            fn serializable_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
+            where
+                E: From<Error>,
+                F: FnOnce(&mut Self) -> Result<T, E>,
+            {
+                serializable_transaction(self, f)
+            }
+
+            $(
+                fn take_write_lock(&mut self) -> Result<(), Error> {
+                    let $c = self;
+                    $take
+                }
+            )?
+        }
+    };
+    (@clause with_lock) => {
+        type Locked<Q: LockingDsl<L>, L> = Q::Output;
+
+        fn apply_lock<Q: LockingDsl<L>, L>(query: Q, lock: L) -> Self::Locked<Q, L> {
+            query.with_lock(lock)
+        }
+    };
+    (@clause none) => {
+        type Locked<Q: LockingDsl<L>, L> = Q;
+
+        fn apply_lock<Q: LockingDsl<L>, L>(query: Q, _lock: L) -> Self::Locked<Q, L> {
+            query
+        }
+    };
+}
+
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres {
     use diesel::sql_types::Text;
@@ -176,29 +228,7 @@ pub(crate) mod postgres {
             .map(drop)
     }
 
-    impl LockingConnection for PgConnection {
-        type Locked<Q: LockingDsl<L>, L> = Q::Output;
-
-        fn apply_lock<Q: LockingDsl<L>, L>(query: Q, lock: L) -> Self::Locked<Q, L> {
-            query.with_lock(lock)
-        }
-
-        fn locked_transaction<T, E, F>(&mut self, options: &LockOptions, f: F) -> Result<T, E>
-        where
-            E: From<Error>,
-            F: FnOnce(&mut Self) -> Result<T, E>,
-        {
-            locked_transaction(self, options, f)
-        }
-
-        fn serializable_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
-        where
-            E: From<Error>,
-            F: FnOnce(&mut Self) -> Result<T, E>,
-        {
-            serializable_transaction(self, f)
-        }
-    }
+    locking_connection!(PgConnection, lock_clause: with_lock);
 
     /// [`LockingConnection::locked_transaction`] on PostgreSQL, for the
     /// connection or a [`Dispatch`](crate::multi::Dispatch) enum holding one.
@@ -294,29 +324,7 @@ pub(crate) mod mysql {
             .map(drop)
     }
 
-    impl LockingConnection for MysqlConnection {
-        type Locked<Q: LockingDsl<L>, L> = Q::Output;
-
-        fn apply_lock<Q: LockingDsl<L>, L>(query: Q, lock: L) -> Self::Locked<Q, L> {
-            query.with_lock(lock)
-        }
-
-        fn locked_transaction<T, E, F>(&mut self, options: &LockOptions, f: F) -> Result<T, E>
-        where
-            E: From<Error>,
-            F: FnOnce(&mut Self) -> Result<T, E>,
-        {
-            locked_transaction(self, options, f)
-        }
-
-        fn serializable_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
-        where
-            E: From<Error>,
-            F: FnOnce(&mut Self) -> Result<T, E>,
-        {
-            serializable_transaction(self, f)
-        }
-    }
+    locking_connection!(MysqlConnection, lock_clause: with_lock);
 
     /// [`LockingConnection::locked_transaction`] on MySQL/MariaDB, for the
     /// connection or a [`Dispatch`](crate::multi::Dispatch) enum holding one.
@@ -450,33 +458,9 @@ pub(crate) mod sqlite {
         conn.batch_execute(&set_busy_timeout_sql(millis))
     }
 
-    impl LockingConnection for SqliteConnection {
-        type Locked<Q: LockingDsl<L>, L> = Q;
-
-        fn apply_lock<Q: LockingDsl<L>, L>(query: Q, _lock: L) -> Self::Locked<Q, L> {
-            query
-        }
-
-        fn locked_transaction<T, E, F>(&mut self, options: &LockOptions, f: F) -> Result<T, E>
-        where
-            E: From<Error>,
-            F: FnOnce(&mut Self) -> Result<T, E>,
-        {
-            locked_transaction(self, options, f)
-        }
-
-        fn serializable_transaction<T, E, F>(&mut self, f: F) -> Result<T, E>
-        where
-            E: From<Error>,
-            F: FnOnce(&mut Self) -> Result<T, E>,
-        {
-            serializable_transaction(self, f)
-        }
-
-        fn take_write_lock(&mut self) -> Result<(), Error> {
-            write_lock(self).map_err(crate::classify)
-        }
-    }
+    locking_connection!(SqliteConnection, lock_clause: none, take_write_lock: |conn| {
+        write_lock(conn).map_err(crate::classify)
+    });
 
     /// [`LockingConnection::locked_transaction`] on SQLite, for the connection
     /// or a [`Dispatch`](crate::multi::Dispatch) enum holding one.

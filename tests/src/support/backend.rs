@@ -71,44 +71,6 @@ impl fmt::Display for Backend {
     }
 }
 
-/// Runs `$body` with `$conn` as the connection type the URL selects and `$path`
-/// as the URL to connect with (SQLite: the path without `sqlite://`); a backend
-/// whose cargo feature is off in the calling crate is `Err($unsupported(backend))`.
-/// The calling crate depends on `diesel`.
-///
-/// ```ignore
-/// lockkit_tests::on_backend!(url, MyError::Unsupported, |Conn, path| run::<Conn>(path))
-/// ```
-#[macro_export]
-macro_rules! on_backend {
-    ($url:expr, $unsupported:path, |$conn:ident, $path:ident| $body:expr) => {{
-        let url: &str = $url;
-        let $path = $crate::support::connection_url(url);
-        match $crate::support::Backend::from_url(url) {
-            #[cfg(feature = "postgres")]
-            $crate::support::Backend::Postgres => {
-                type $conn = ::diesel::PgConnection;
-                $body
-            }
-            #[cfg(feature = "mysql")]
-            $crate::support::Backend::Mysql => {
-                type $conn = ::diesel::MysqlConnection;
-                $body
-            }
-            #[cfg(feature = "sqlite")]
-            $crate::support::Backend::Sqlite => {
-                type $conn = ::diesel::SqliteConnection;
-                $body
-            }
-            #[allow(unreachable_patterns)]
-            backend => {
-                let _ = $path;
-                Err($unsupported(backend))
-            }
-        }
-    }};
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

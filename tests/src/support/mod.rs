@@ -3,6 +3,9 @@
 //! arithmetic around it, the examples' error type, the start and the end of
 //! their `main`, and the session settings of their connections.
 //!
+//! * [`AnyConnection`]: the programs' connection, a
+//!   `#[derive(diesel::MultiConnection)]` enum lockkit takes through
+//!   `lockkit::multi::Dispatch` (with a backend feature).
 //! * [`Backend`]: PostgreSQL, MySQL/MariaDB or SQLite, from a URL
 //!   ([`Backend::from_url`]) or a short name ([`Backend::parse`]).
 //! * [`connection_url`]: what to hand to `Connection::establish` (a SQLite URL
@@ -14,11 +17,11 @@
 //! * [`ProgramError`]: the error type of the example programs;
 //!   [`database_url`] and [`exit_code`], the start and the end of their `main`.
 //! * [`SessionSettings`]: what every pooled connection runs once it is open
-//!   ([`sqlite_session_settings`] with the `sqlite` feature,
-//!   [`no_session_settings`]).
+//!   ([`sqlite_session_settings`] with the `sqlite` feature).
 //! * [`point_at_database`] and [`wait_all`]: the examples' tests run them as
-//!   processes; [`on_backend!`](crate::on_backend) picks the connection type a
-//!   URL names.
+//!   processes.
+//! * [`on_inner!`](crate::on_inner): a statement the `MultiConnection` enum
+//!   cannot send, sent to the connection inside it.
 //!
 //! This module builds without the `harness` feature and without any backend
 //! feature. A program that depends on `lockkit-tests` with
@@ -37,6 +40,8 @@
 //! ```
 
 mod backend;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod connection;
 mod error;
 mod processes;
 mod program;
@@ -44,10 +49,12 @@ mod session;
 mod url;
 
 pub use backend::Backend;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use connection::{AnyConnection, AnyPool, AnyPooled, Migrations};
 pub use error::ProgramError;
 pub use processes::{point_at_database, wait_all};
 pub use program::{database_url, exit_code};
 #[cfg(feature = "sqlite")]
 pub use session::sqlite_session_settings;
-pub use session::{no_session_settings, SessionSettings};
+pub use session::SessionSettings;
 pub use url::{admin_url, admin_url_var, connection_url, redact, with_database};

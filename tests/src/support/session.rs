@@ -3,11 +3,6 @@
 use diesel::r2d2::{CustomizeConnection, R2D2Connection};
 use diesel::QueryResult;
 
-/// No session settings: PostgreSQL and MySQL/MariaDB need none.
-pub fn no_session_settings<C>(_conn: &mut C) -> QueryResult<()> {
-    Ok(())
-}
-
 /// SQLite: writers queue for up to 10 s instead of failing at once with
 /// `SQLITE_BUSY`, WAL lets readers run while one connection writes, and foreign
 /// keys are checked.
