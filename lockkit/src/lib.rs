@@ -27,6 +27,7 @@
 //! | --- | --- |
 //! | [`optimistic`] | version-checked writes |
 //! | [`pessimistic`] | row locks, queues, advisory locks |
+//! | [`adaptive`] | optimistic while a row is calm, locked while it is hot |
 //! | [`http`] | ETag / `If-Match`, axum, idempotency keys |
 //! | `lease` (feature `lease`) | leases with fencing tokens, fenced writes |
 //! | [`error`] | the error type and the one place that reads server messages |
@@ -97,6 +98,7 @@ macro_rules! shipped_tables {
 #[allow(unused_imports)]
 pub(crate) use shipped_tables;
 
+pub mod adaptive;
 pub mod bounds;
 pub mod error;
 pub mod http;
@@ -212,6 +214,7 @@ pub use lockkit_derive::Lockable;
 /// [`bounds`], to be named only in `where` clauses
 /// (`M: lockkit::bounds::LockRow<C>`).
 pub mod prelude {
+    pub use crate::adaptive::UpdateAdaptive;
     pub use crate::{LockQueryExt, Lockable, Versioned};
 }
 
