@@ -9,17 +9,23 @@
 //!
 //! [`AdaptivePolicy::update`] (and [`UpdateAdaptive::update_adaptive`] on a
 //! loaded model) picks for you. It keeps, per row (or per table, see
-//! [`AdaptivePolicy::per_table`]), a conflict score that decays with time:
+//! [`AdaptivePolicy::per_table`]), the **conflict rate** of its optimistic
+//! writes: of the recent attempts, the share that lost the race
+//! ([`Error::Stale`]). Both counts halve every
+//! [`half_life`](AdaptivePolicy::half_life), so old conflicts fade.
 //!
-//! * each optimistic write that lost its race ([`Error::Stale`]) adds 1;
-//! * each locked write whose lock took longer than
-//!   [`contended_wait`](AdaptivePolicy::contended_wait) to get adds 1 (the
-//!   writers now queue at the lock instead of colliding);
-//! * the score halves every [`half_life`](AdaptivePolicy::half_life).
+//! * Once at least [`min_attempts`](AdaptivePolicy::min_attempts) recent
+//!   attempts have a conflict rate of [`escalate_at`](AdaptivePolicy::escalate_at)
+//!   or more (by default: 8 attempts, half of them lost), the row turns
+//!   [`Mode::Locked`].
+//! * After [`locked_for`](AdaptivePolicy::locked_for) it turns
+//!   [`Mode::Optimistic`] again and measures afresh: a row that is still hot
+//!   is locked again after a few lost races, a row that calmed down stays
+//!   optimistic. (Under the lock nobody loses a race, so the rate cannot be
+//!   measured there; lock waits are no measure either: on PostgreSQL many
+//!   writers queue at a hot row's lock while optimistic writes would still win
+//!   most races.)
 //!
-//! At [`escalate_at`](AdaptivePolicy::escalate_at) the row turns
-//! [`Mode::Locked`]; once the score has decayed below
-//! [`calm_at`](AdaptivePolicy::calm_at) it turns [`Mode::Optimistic`] again.
 //! Either way your closure runs against a **fresh** row, read in the same call,
 //! and the row is written with [`Versioned::update_versioned`]:
 //!
@@ -40,7 +46,7 @@
 //! optimistic writer racing a locked one loses with `Stale` and reads again,
 //! and a locked writer can never be stale (nobody writes the locked row). After
 //! [`max_optimistic_attempts`](AdaptivePolicy::max_optimistic_attempts) lost
-//! races a call takes the lock whatever the score, so every call ends.
+//! races a call takes the lock whatever the rate, so every call ends.
 //!
 //! ```
 //! use diesel::prelude::*;
@@ -81,9 +87,9 @@
 //! * The closure may run more than once (once per optimistic attempt): keep it
 //!   free of side effects outside the row. It sees no connection; for work that
 //!   must happen in the row's transaction, use [`Lockable::with_lock`].
-//! * Rows share scores by hash: a calm row that lands on a hot row's slot (one
+//! * Rows share rates by hash: a calm row that lands on a hot row's slot (one
 //!   in [`SLOTS`]) is locked too. That costs speed, never correctness.
-//! * The scores live in the process: each process learns on its own.
+//! * The rates live in the process: each process learns on its own.
 //! * Inside a transaction you opened, a `REPEATABLE READ` snapshot cannot see
 //!   other writers' rows: the optimistic attempts then stay stale until the
 //!   call takes the lock, which reads the latest row.
@@ -114,7 +120,7 @@ use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
 use crate::pessimistic::lockable::LockRow;
 use crate::{classify, Error, LockOptions, Lockable, Versioned, WaitMode};
 
-/// How many scores a policy keeps: rows are spread over them by hash.
+/// How many rates a policy keeps: rows are spread over them by hash.
 pub const SLOTS: usize = 1024;
 
 /// How a row is written now.
@@ -128,20 +134,30 @@ pub enum Mode {
     Locked,
 }
 
-/// Whether a policy scores each row or each table.
+/// Whether a policy keeps a rate per row or per table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Scope {
     Row,
     Table,
 }
 
-/// One score: its value when last touched, and the mode it set.
+/// One row's (or table's) recent optimistic attempts, and its mode.
 #[derive(Debug, Clone, Copy)]
 struct Slot {
-    score: f64,
+    attempts: f64,
+    conflicts: f64,
     at: Option<Instant>,
     mode: Mode,
+    locked_until: Option<Instant>,
 }
+
+const CALM: Slot = Slot {
+    attempts: 0.0,
+    conflicts: 0.0,
+    at: None,
+    mode: Mode::Optimistic,
+    locked_until: None,
+};
 
 /// What a policy did, since it was created ([`AdaptivePolicy::stats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -153,8 +169,6 @@ pub struct AdaptiveStats {
     pub locked_writes: u64,
     /// Optimistic writes that lost their race (each read again).
     pub conflicts: u64,
-    /// Locked writes that waited longer than `contended_wait` for the lock.
-    pub contended_locks: u64,
     /// Times a row (or table) turned [`Mode::Locked`].
     pub escalations: u64,
     /// Times it turned [`Mode::Optimistic`] again.
@@ -168,7 +182,6 @@ impl AdaptiveStats {
             optimistic_writes: self.optimistic_writes - earlier.optimistic_writes,
             locked_writes: self.locked_writes - earlier.locked_writes,
             conflicts: self.conflicts - earlier.conflicts,
-            contended_locks: self.contended_locks - earlier.contended_locks,
             escalations: self.escalations - earlier.escalations,
             de_escalations: self.de_escalations - earlier.de_escalations,
         }
@@ -179,11 +192,10 @@ impl fmt::Display for AdaptiveStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} optimistic and {} locked writes, {} conflicts, {} contended locks, {} escalations, {} de-escalations",
+            "{} optimistic and {} locked writes, {} conflicts, {} escalations, {} de-escalations",
             self.optimistic_writes,
             self.locked_writes,
             self.conflicts,
-            self.contended_locks,
             self.escalations,
             self.de_escalations
         )
@@ -195,7 +207,6 @@ struct Counters {
     optimistic_writes: AtomicU64,
     locked_writes: AtomicU64,
     conflicts: AtomicU64,
-    contended_locks: AtomicU64,
     escalations: AtomicU64,
     de_escalations: AtomicU64,
 }
@@ -207,8 +218,8 @@ struct Counters {
 pub struct AdaptivePolicy {
     half_life: Duration,
     escalate_at: f64,
-    calm_at: f64,
-    contended_wait: Duration,
+    min_attempts: f64,
+    locked_for: Duration,
     max_optimistic_attempts: u32,
     lock: LockOptions,
     scope: Scope,
@@ -225,25 +236,19 @@ impl Default for AdaptivePolicy {
 static GLOBAL: LazyLock<AdaptivePolicy> = LazyLock::new(AdaptivePolicy::new);
 
 impl AdaptivePolicy {
-    /// Per row; half-life 1 s; locked from a score of 3, optimistic again
-    /// below 0.5; a lock that took over 2 ms counts as contended; at most 3
-    /// optimistic attempts per call; the lock is `FOR UPDATE` with the server's
-    /// timeout.
+    /// Per row; counts halve every second; locked once 8 recent attempts lost
+    /// half their races, for one second; at most 3 optimistic attempts per
+    /// call; the lock is `FOR UPDATE` with the server's timeout.
     pub fn new() -> Self {
-        let slot = Slot {
-            score: 0.0,
-            at: None,
-            mode: Mode::Optimistic,
-        };
         AdaptivePolicy {
             half_life: Duration::from_secs(1),
-            escalate_at: 3.0,
-            calm_at: 0.5,
-            contended_wait: Duration::from_millis(2),
+            escalate_at: 0.5,
+            min_attempts: 8.0,
+            locked_for: Duration::from_secs(1),
             max_optimistic_attempts: 3,
             lock: LockOptions::default(),
             scope: Scope::Row,
-            slots: (0..SLOTS).map(|_| Mutex::new(slot)).collect(),
+            slots: (0..SLOTS).map(|_| Mutex::new(CALM)).collect(),
             counters: Counters::default(),
         }
     }
@@ -253,7 +258,7 @@ impl AdaptivePolicy {
         &GLOBAL
     }
 
-    /// One score per table instead of per row: a table whose rows are hot in
+    /// One rate per table instead of per row: a table whose rows are hot in
     /// turn is locked as a whole.
     #[must_use]
     pub fn per_table(mut self) -> Self {
@@ -261,37 +266,37 @@ impl AdaptivePolicy {
         self
     }
 
-    /// How fast a score forgets: it halves every `half_life` (at least 1 ms).
+    /// How fast the counts forget: they halve every `half_life` (at least 1 ms).
     #[must_use]
     pub fn half_life(mut self, half_life: Duration) -> Self {
         self.half_life = half_life.max(Duration::from_millis(1));
         self
     }
 
-    /// The score at which a row turns [`Mode::Locked`] (at least 1).
+    /// The conflict rate (lost races per optimistic attempt, from 0 to 1) at
+    /// which a row turns [`Mode::Locked`].
     #[must_use]
-    pub fn escalate_at(mut self, score: f64) -> Self {
-        self.escalate_at = score.max(1.0);
+    pub fn escalate_at(mut self, rate: f64) -> Self {
+        self.escalate_at = rate.clamp(0.0, 1.0);
         self
     }
 
-    /// The score below which a locked row turns [`Mode::Optimistic`] again
-    /// (kept below `escalate_at`).
+    /// How many recent attempts the rate needs before it counts (at least 1).
     #[must_use]
-    pub fn calm_at(mut self, score: f64) -> Self {
-        self.calm_at = score.max(0.0);
+    pub fn min_attempts(mut self, attempts: u32) -> Self {
+        self.min_attempts = f64::from(attempts.max(1));
         self
     }
 
-    /// A locked write that waited longer than this for its lock scores as a
-    /// conflict.
+    /// How long a row stays [`Mode::Locked`] before it is tried optimistically
+    /// again.
     #[must_use]
-    pub fn contended_wait(mut self, wait: Duration) -> Self {
-        self.contended_wait = wait;
+    pub fn locked_for(mut self, locked_for: Duration) -> Self {
+        self.locked_for = locked_for;
         self
     }
 
-    /// Lost races after which a call takes the lock whatever the score (at
+    /// Lost races after which a call takes the lock whatever the rate (at
     /// least 1).
     #[must_use]
     pub fn max_optimistic_attempts(mut self, attempts: u32) -> Self {
@@ -314,7 +319,7 @@ impl AdaptivePolicy {
 
     /// The mode the row `key` of `M` is written in now.
     pub fn mode<M: Lockable>(&self, key: &M::Key) -> Mode {
-        self.touch(self.slot::<M>(key), Instant::now(), 0.0)
+        self.touch(self.slot::<M>(key), Instant::now(), None)
     }
 
     /// What this policy did since it was created.
@@ -324,7 +329,6 @@ impl AdaptivePolicy {
             optimistic_writes: c.optimistic_writes.load(Relaxed),
             locked_writes: c.locked_writes.load(Relaxed),
             conflicts: c.conflicts.load(Relaxed),
-            contended_locks: c.contended_locks.load(Relaxed),
             escalations: c.escalations.load(Relaxed),
             de_escalations: c.de_escalations.load(Relaxed),
         }
@@ -332,7 +336,8 @@ impl AdaptivePolicy {
 
     /// Reads the row `key` of `M` fresh, runs `change` on it and writes it back
     /// version-checked, optimistically or under the row lock as the row's
-    /// score says (see the [module docs](self)). Returns the row as written.
+    /// conflict rate says (see the [module docs](self)). Returns the row as
+    /// written.
     ///
     /// `change` may run more than once; its `Err` ends the call at once,
     /// nothing written, and comes back to you untouched.
@@ -357,7 +362,7 @@ impl AdaptivePolicy {
         let slot = self.slot::<M>(&key);
         let mut lost = 0;
         while lost < self.max_optimistic_attempts
-            && self.touch(slot, Instant::now(), 0.0) == Mode::Optimistic
+            && self.touch(slot, Instant::now(), None) == Mode::Optimistic
         {
             let mut row = M::read(conn, key.clone())
                 .map_err(classify)?
@@ -366,35 +371,28 @@ impl AdaptivePolicy {
             match row.write_versioned(conn) {
                 Ok(()) => {
                     self.counters.optimistic_writes.fetch_add(1, Relaxed);
+                    self.touch(slot, Instant::now(), Some(false));
                     return Ok(row);
                 }
                 Err(Error::Stale(_)) => {
                     self.counters.conflicts.fetch_add(1, Relaxed);
-                    self.touch(slot, Instant::now(), 1.0);
+                    self.touch(slot, Instant::now(), Some(true));
                     lost += 1;
                 }
                 Err(err) => return Err(err.into()),
             }
         }
-        let started = Instant::now();
         let row = conn.locked_transaction(&self.lock, |conn| {
             let lock = self.lock.row_lock();
             let mut row = M::load_locked(conn, key, lock)
                 .map_err(|err| lock.wait.classify(err))?
                 .ok_or(Error::NotFound)?;
-            let waited = started.elapsed();
             change(&mut row)?;
             // The row is locked: this write cannot be stale.
             row.write_versioned(conn)?;
-            Ok::<_, E>((row, waited))
-        });
-        let (row, waited) = row?;
+            Ok::<_, E>(row)
+        })?;
         self.counters.locked_writes.fetch_add(1, Relaxed);
-        let contended = waited > self.contended_wait;
-        if contended {
-            self.counters.contended_locks.fetch_add(1, Relaxed);
-        }
-        self.touch(slot, Instant::now(), if contended { 1.0 } else { 0.0 });
         Ok(row)
     }
 
@@ -409,32 +407,45 @@ impl AdaptivePolicy {
         (hasher.finish() % SLOTS as u64) as usize
     }
 
-    /// Decays the slot's score to `now`, adds `conflict`, moves its mode across
-    /// the thresholds, and returns the mode.
-    fn touch(&self, slot: usize, now: Instant, conflict: f64) -> Mode {
+    /// Decays the slot's counts to `now`, ends a lock period that is over,
+    /// counts an optimistic attempt (`Some(lost)`), locks the row when its
+    /// conflict rate calls for it, and returns the mode.
+    fn touch(&self, slot: usize, now: Instant, attempt: Option<bool>) -> Mode {
         let mut slot = self.slots[slot]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(at) = slot.at {
             let halvings =
                 now.saturating_duration_since(at).as_secs_f64() / self.half_life.as_secs_f64();
-            slot.score *= 0.5f64.powf(halvings);
+            let keep = 0.5f64.powf(halvings);
+            slot.attempts *= keep;
+            slot.conflicts *= keep;
         }
-        slot.score += conflict;
         slot.at = Some(now);
-        let calm_at = self.calm_at.min(self.escalate_at / 2.0);
-        match slot.mode {
-            Mode::Optimistic if slot.score >= self.escalate_at => {
-                slot.mode = Mode::Locked;
-                self.counters.escalations.fetch_add(1, Relaxed);
-                tracing::debug!(target: "lockkit", score = slot.score, "adaptive: locking a hot row");
-            }
-            Mode::Locked if slot.score < calm_at => {
-                slot.mode = Mode::Optimistic;
-                self.counters.de_escalations.fetch_add(1, Relaxed);
-                tracing::debug!(target: "lockkit", score = slot.score, "adaptive: the row is calm again");
-            }
-            _ => {}
+        if slot.mode == Mode::Locked && slot.locked_until.is_some_and(|until| now >= until) {
+            // Measure afresh: the rate from before the lock is stale news.
+            *slot = Slot {
+                at: Some(now),
+                ..CALM
+            };
+            self.counters.de_escalations.fetch_add(1, Relaxed);
+            tracing::debug!(target: "lockkit", "adaptive: trying a locked row optimistically again");
+        }
+        if let Some(lost) = attempt {
+            slot.attempts += 1.0;
+            slot.conflicts += if lost { 1.0 } else { 0.0 };
+        }
+        if slot.mode == Mode::Optimistic
+            // The counts decay between attempts: allow for that.
+            && slot.attempts >= self.min_attempts - 0.5
+            && slot.conflicts >= self.escalate_at * slot.attempts
+            && slot.conflicts > 0.0
+        {
+            slot.mode = Mode::Locked;
+            slot.locked_until = now.checked_add(self.locked_for);
+            self.counters.escalations.fetch_add(1, Relaxed);
+            tracing::debug!(target: "lockkit", attempts = slot.attempts, conflicts = slot.conflicts,
+                "adaptive: locking a hot row");
         }
         slot.mode
     }
@@ -454,7 +465,7 @@ impl fmt::Write for HashWriter<'_> {
 /// In the [prelude](crate::prelude).
 pub trait UpdateAdaptive: Versioned {
     /// Reads this row fresh, runs `change` on it and writes it back,
-    /// optimistically or under the row lock as the row's score in
+    /// optimistically or under the row lock as the row's conflict rate in
     /// [`AdaptivePolicy::global`] says; on success `self` becomes the row as
     /// written. See [`AdaptivePolicy::update`] for the errors.
     ///

@@ -14,8 +14,10 @@ use lockkit_tests::schema::*;
 use lockkit_tests::seed_items;
 
 /// `threads` writers each add 1 to row `id` `increments` times through
-/// `policy`; the first write of each waits until every writer has read the
-/// row, so that they all hold the same version and all but one lose the race.
+/// `policy`. On a row that is not locked yet, the first write of each waits
+/// until every writer has read the row, so that they all hold the same version
+/// and all but one lose the race. (On a locked row that wait would hold the
+/// lock the others need to get there.)
 fn hot_increments<C>(
     pool: &diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<C>>,
     policy: &AdaptivePolicy,
@@ -28,12 +30,13 @@ fn hot_increments<C>(
     diesel::r2d2::PooledConnection<diesel::r2d2::ConnectionManager<C>>:
         lockkit::AsLockingConnection<Conn = C>,
 {
+    let race = policy.mode::<Item>(&id) == Mode::Optimistic;
     let barrier = Barrier::new(threads);
     thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| {
                 let mut conn = pool.get().unwrap();
-                let mut first = true;
+                let mut first = race;
                 for _ in 0..increments {
                     policy
                         .update(&mut conn, id, |item: &mut Item| {
@@ -50,39 +53,65 @@ fn hot_increments<C>(
     });
 }
 
+/// A policy that locks a row after the first round of [`hot_increments`]:
+/// while its six writers' first attempts are recorded, no writer wins twice
+/// before it lost once, so at least 2 of the first 4 attempts are lost, and a
+/// rate of 0.3 over 4 attempts is reached whatever the order.
+fn hot_policy() -> AdaptivePolicy {
+    AdaptivePolicy::new().min_attempts(4).escalate_at(0.3)
+}
+
 lockkit_tests::backend_tests! {
     fn adaptive_increments_on_a_hot_row_lose_nothing_and_escalate(db) {
         const THREADS: usize = 8;
         const INCREMENTS: usize = 25;
         seed_items(&mut db.conn(), &[(1, 0)]);
-        // A long half-life: the row stays hot until the test looks at it.
-        let policy = AdaptivePolicy::new().half_life(Duration::from_secs(600));
-        hot_increments(&db.pool(), &policy, 1, THREADS, INCREMENTS);
+        // Locked for long: the row stays locked until the test looks at it.
+        let policy = hot_policy().locked_for(Duration::from_secs(600));
+        hot_increments(&db.pool(), &policy, 1, 6, 1);
+        assert_eq!(policy.stats().escalations, 1, "{}", policy.stats());
+        assert_eq!(policy.mode::<Item>(&1), Mode::Locked);
+        assert_eq!(policy.mode::<Item>(&2), Mode::Optimistic, "only the hot row is locked");
 
-        let total = (THREADS * INCREMENTS) as i32;
+        let before = policy.stats();
+        hot_increments(&db.pool(), &policy, 1, THREADS, INCREMENTS);
+        let total = 6 + (THREADS * INCREMENTS) as i32;
         let item = items::table.find(1).first::<Item>(&mut db.conn()).unwrap();
         assert_eq!(item.stock, total, "no increment lost");
         // One version step per write: the locked path does not bump twice.
         assert_eq!(item.lock_version, total);
+        let locked = policy.stats().since(&before);
+        assert_eq!((locked.locked_writes, locked.optimistic_writes, locked.conflicts), ((THREADS * INCREMENTS) as u64, 0, 0), "{locked}");
+    }
+
+    fn adaptive_switching_between_modes_loses_nothing(db) {
+        const THREADS: usize = 8;
+        const INCREMENTS: usize = 40;
+        seed_items(&mut db.conn(), &[(1, 0)]);
+        // Short lock periods: the row goes back and forth while the writers race.
+        let policy = hot_policy().locked_for(Duration::from_millis(5)).half_life(Duration::from_millis(20));
+        hot_increments(&db.pool(), &policy, 1, THREADS, INCREMENTS);
+        let total = (THREADS * INCREMENTS) as i32;
+        let item = items::table.find(1).first::<Item>(&mut db.conn()).unwrap();
         let stats = policy.stats();
+        assert_eq!((item.stock, item.lock_version), (total, total), "no increment lost: {stats}");
         assert_eq!(stats.optimistic_writes + stats.locked_writes, total as u64, "{stats}");
-        assert!(stats.conflicts >= (THREADS - 1) as u64, "the writers raced: {stats}");
-        assert_eq!(stats.escalations, 1, "{stats}");
-        assert!(stats.locked_writes > 0, "{stats}");
-        assert_eq!(policy.mode::<Item>(&1), Mode::Locked);
-        assert_eq!(policy.mode::<Item>(&2), Mode::Optimistic, "only the hot row is locked");
+        // SQLite's writers seldom lose a race (they take turns at the database's
+        // lock), so there the row may never turn locked.
+        if BACKEND != "sqlite" {
+            assert!(stats.escalations >= 1, "{stats}");
+        }
     }
 
     fn adaptive_returns_to_optimistic_once_the_row_calms_down(db) {
         seed_items(&mut db.conn(), &[(1, 0)]);
-        let policy = AdaptivePolicy::new().half_life(Duration::from_millis(200));
-        hot_increments(&db.pool(), &policy, 1, 6, 1); // five lost races at once
+        let policy = hot_policy().locked_for(Duration::from_millis(200));
+        hot_increments(&db.pool(), &policy, 1, 6, 1); // five races lost of six
         let hot = policy.stats();
         assert_eq!(hot.escalations, 1, "{hot}");
         assert_eq!(hot.de_escalations, 0, "{hot}");
 
-        // Six half-lives later a score of at most six is below 0.5.
-        thread::sleep(Duration::from_millis(1300));
+        thread::sleep(Duration::from_millis(300));
         assert_eq!(policy.mode::<Item>(&1), Mode::Optimistic);
         let mut conn = db.conn();
         let item: Item = policy.update(&mut conn, 1, |item: &mut Item| {
@@ -121,7 +150,7 @@ lockkit_tests::backend_tests! {
 
     fn adaptive_per_table_locks_every_row_of_a_hot_table(db) {
         seed_items(&mut db.conn(), &[(1, 0), (2, 0)]);
-        let policy = AdaptivePolicy::new().per_table().half_life(Duration::from_secs(600));
+        let policy = hot_policy().per_table().locked_for(Duration::from_secs(600));
         hot_increments(&db.pool(), &policy, 1, 6, 1);
         assert_eq!(policy.mode::<Item>(&2), Mode::Locked);
         let item: Item = policy.update(&mut db.conn(), 2, |item: &mut Item| {
@@ -134,7 +163,7 @@ lockkit_tests::backend_tests! {
 
     fn adaptive_reports_a_missing_row_and_passes_the_closures_error_back(db) {
         let mut conn = db.conn();
-        seed_items(&mut conn, &[(1, 3)]);
+        seed_items(&mut conn, &[(1, 1)]);
         let policy = AdaptivePolicy::new();
         let missing = policy.update(&mut conn, 9, |_: &mut Item| Ok::<_, Error>(()));
         assert!(matches!(missing, Err(Error::NotFound)), "{missing:?}");
@@ -147,20 +176,20 @@ lockkit_tests::backend_tests! {
             item.stock -= 8;
             Ok(())
         });
-        assert!(matches!(refused, Err(Shop::OutOfStock(3))), "{refused:?}");
+        assert!(matches!(refused, Err(Shop::OutOfStock(1))), "{refused:?}");
         let item = items::table.find(1).first::<Item>(&mut conn).unwrap();
-        assert_eq!((item.stock, item.lock_version), (3, 0), "nothing written");
+        assert_eq!((item.stock, item.lock_version), (1, 0), "nothing written");
 
         // The same under the lock.
-        let locked = AdaptivePolicy::new().max_optimistic_attempts(1).escalate_at(1.0).half_life(Duration::from_secs(600));
-        hot_increments(&db.pool(), &locked, 1, 2, 1);
+        let locked = hot_policy().locked_for(Duration::from_secs(600));
+        hot_increments(&db.pool(), &locked, 1, 6, 1);
         assert_eq!(locked.mode::<Item>(&1), Mode::Locked);
         let refused = locked.update(&mut conn, 1, |item: &mut Item| {
             if item.stock < 8 { return Err(Shop::OutOfStock(item.stock)); }
             item.stock -= 8;
             Ok(())
         });
-        assert!(matches!(refused, Err(Shop::OutOfStock(5))), "{refused:?}");
+        assert!(matches!(refused, Err(Shop::OutOfStock(7))), "{refused:?}");
         let missing = locked.update(&mut conn, 9, |_: &mut Item| Ok::<_, Error>(()));
         assert!(matches!(missing, Err(Error::NotFound)), "{missing:?}");
     }
