@@ -13,17 +13,17 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     writeln!(w, "## Adaptive: optimistic while calm, locked while hot\n")?;
     writeln!(
         w,
-        "`lockkit::adaptive::AdaptivePolicy::update(conn, id, |item| item.stock -= 1)`: the \
-         row read fresh, changed and written version-checked, optimistically while its \
-         conflict score is low and under `FOR UPDATE` (SQLite: `BEGIN IMMEDIATE`) once \
-         lost races (and then contended locks) push it past the threshold; the score \
-         halves every second. Each run starts with a fresh policy, so its learning is \
-         inside the numbers. **Own rows**: each worker reads and decrements its own row \
-         (no contention); **hot row**: every worker the same row. The fixed strategies do \
-         the same read-modify-write: optimistic + retry (`RetryPolicy::default()`) and \
-         `with_lock`. **adaptive / best** is the adaptive throughput over the better \
-         fixed one in the same run (target ≥ 0.9); **locked** is the share of adaptive \
-         writes made under the lock.\n"
+        "`lockkit::adaptive::AdaptivePolicy::update(conn, id, |item| item.stock -= 1)` with \
+         `AdaptivePolicy::new()`: the row read fresh, changed and written version-checked, \
+         optimistically while few of its recent optimistic writes lose the race, under \
+         `FOR UPDATE` (SQLite: `BEGIN IMMEDIATE`) for a second once 3/4 of them do, then \
+         optimistically again to measure afresh. Each run starts with a fresh policy, so \
+         its learning is inside the numbers. **Own rows**: each worker reads and decrements \
+         its own row (no contention); **hot row**: every worker the same row. The fixed \
+         strategies do the same read-modify-write: optimistic + retry \
+         (`RetryPolicy::default()`) and `with_lock`. **adaptive / best** is the adaptive \
+         throughput over the better fixed one in the same run (target ≥ 0.9); **locked** is \
+         the share of adaptive writes made under the lock.\n"
     )?;
     for &b in &report.backends {
         writeln!(w, "### {b}\n")?;
