@@ -205,6 +205,19 @@ macro_rules! torture_backend {
                                 Ok(written(record(conn, op)?, item.stock))
                             })
                         }
+                        Strategy::Adaptive => {
+                            let conn: &mut Conn = pooled;
+                            // In the operation's transaction, as `Optimistic`: the
+                            // order line commits with the stock (the locked path
+                            // nests as a savepoint).
+                            conn.transaction(|conn| {
+                                let (id, qty) = op.lines[0];
+                                match crate::adaptive::sell(conn, id, qty)? {
+                                    Some(item) => Ok(written(record(conn, op)?, item.stock)),
+                                    None => Ok(Outcome::OutOfStock),
+                                }
+                            })
+                        }
                         Strategy::WithLock | Strategy::NoWait => {
                             let (id, qty) = op.lines[0];
                             let options = match op.strategy {
