@@ -90,6 +90,9 @@
 //! * Rows share rates by hash: a calm row that lands on a hot row's slot (one
 //!   in [`SLOTS`]) is locked too. That costs speed, never correctness.
 //! * The rates live in the process: each process learns on its own.
+//! * On `PgConnection`, `MysqlConnection` and `SqliteConnection` (and r2d2
+//!   pooled connections to them), not on [`Dispatch`](crate::multi::Dispatch)
+//!   enums.
 //! * Inside a transaction you opened, a `REPEATABLE READ` snapshot cannot see
 //!   other writers' rows: the optimistic attempts then stay stale until the
 //!   call takes the lock, which reads the latest row.
