@@ -175,5 +175,25 @@ pub fn single_cases() -> Vec<Case> {
     for s in [Strategy::NaiveOrder, Strategy::LockAll] {
         cases.push(Case::new(Workload::Orders, s, ORDER_WORKERS));
     }
+    for case in adaptive_cases() {
+        if !cases.contains(&case) && !paired.contains(&case) {
+            cases.push(case);
+        }
+    }
+    cases
+}
+
+/// The adaptive strategy next to the fixed ones it chooses between, on own
+/// rows and on the hot row, at every hot-row worker count (the hot row's fixed
+/// strategies are among the cases above already).
+pub fn adaptive_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for workload in [Workload::OwnRows, Workload::HotRow] {
+        for w in HOT_WORKERS {
+            for s in Strategy::ADAPTIVE {
+                cases.push(Case::new(workload, s, w));
+            }
+        }
+    }
     cases
 }

@@ -48,6 +48,7 @@
 //! | [`LockAll`] | `lock_all` | those whose key is one column: integer, text, or (feature `uuid`, PostgreSQL) UUID |
 //! | [`KeyColumn`] | `lock_all` | such a key column: `pk = ANY($1)` / `pk IN (..)` |
 //! | [`MarkLocked`] | `with_lock`, `lock_all` | what an exclusive lock writes: [`NoVersion`](crate::pessimistic::NoVersion), [`BumpVersion`](crate::optimistic::BumpVersion) |
+//! | [`AdaptiveRow`] | [`adaptive`](crate::adaptive) writes | every [`Versioned`](crate::Versioned) model that is `Selectable` on `PgConnection`, `MysqlConnection` or `SqliteConnection` (not on [`Dispatch`](crate::multi::Dispatch) enums) |
 //! | [`VersionCheck`] | every versioned write | every [`Versioned`](crate::Versioned) model |
 //! | [`CurrentVersionQuery`] | every versioned write | those, on a connection of a supported backend or a [`Dispatch`](crate::multi::Dispatch) enum |
 //! | [`LockingConnection`], [`AsLockingConnection`] | the lock calls | `PgConnection`, `MysqlConnection`, `SqliteConnection`; r2d2 pooled connections to them (feature `r2d2`); [`Dispatch`](crate::multi::Dispatch) enums |
@@ -64,6 +65,7 @@
 //! The traits keep their definitions next to the code that uses them; these are
 //! the same traits under one path.
 
+pub use crate::adaptive::AdaptiveRow;
 #[cfg(feature = "idempotency")]
 #[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
 pub use crate::http::idempotency::IdempotencyStore;

@@ -30,6 +30,7 @@
 //! | --- | --- |
 //! | [`optimistic`] | version-checked writes |
 //! | [`pessimistic`] | row locks, queues, advisory locks |
+//! | [`adaptive`] | optimistic while a row is calm, locked while it is hot |
 //! | [`http`] | ETag / `If-Match`, axum, idempotency keys |
 //! | `lease` (feature `lease`) | leases with fencing tokens, fenced writes |
 //! | `replica` (feature `replica`) | read-your-writes on a PostgreSQL standby |
@@ -101,6 +102,7 @@ macro_rules! shipped_tables {
 #[allow(unused_imports)]
 pub(crate) use shipped_tables;
 
+pub mod adaptive;
 #[cfg(feature = "async")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
 pub mod asynchronous;
@@ -228,6 +230,7 @@ pub use lockkit_derive::Lockable;
 /// [`bounds`], to be named only in `where` clauses
 /// (`M: lockkit::bounds::LockRow<C>`).
 pub mod prelude {
+    pub use crate::adaptive::UpdateAdaptive;
     pub use crate::compare_and_set::CompareAndSet;
     pub use crate::{LockQueryExt, Lockable, Versioned};
 }

@@ -119,6 +119,40 @@ lockkit_tests::backend_tests! {
         assert_ne!(updates[0], updates[1]);
     }
 
+    fn lock_all_is_prepared_once_per_padded_length(db) {
+        let mut conn = db.connect();
+        seed_items(&mut conn, &(1..=6).map(|id| (id, 100)).collect::<Vec<_>>());
+        let cached = Cached::watch(&mut conn);
+
+        for _ in 0..2 {
+            for n in 1..=6 {
+                let keys: Vec<i32> = (1..=n).rev().collect();
+                let rows = lockkit::locked_transaction(&mut conn, LockOptions::default(), |conn| {
+                    Item::lock_all(conn, &keys)
+                })
+                .unwrap();
+                // The padding repeats a key: still one row per key, in key order.
+                assert_eq!(rows.iter().map(|r| r.id).collect::<Vec<_>>(), (1..=n).collect::<Vec<_>>());
+            }
+        }
+
+        let reads: Vec<String> = cached
+            .starting_with("SELECT")
+            .into_iter()
+            .filter(|sql| sql.contains("ORDER BY"))
+            .collect();
+        if BACKEND == "postgres" {
+            // One array bind: one statement for every length.
+            assert_eq!(reads.len(), 1, "{reads:#?}");
+            assert!(reads[0].contains("= ANY($1)"), "{reads:#?}");
+        } else {
+            // Lengths 1 to 6 padded to 1, 2, 4 and 8 keys: four statements, each
+            // prepared once over the two rounds.
+            let lengths: Vec<usize> = reads.iter().map(|sql| sql.matches('?').count()).collect();
+            assert_eq!(lengths, [1, 2, 4, 8], "{reads:#?}");
+        }
+    }
+
     fn each_lock_clause_is_prepared_once_per_connection(db) {
         let mut conn = db.connect();
         seed_items(&mut conn, &[(1, 100), (2, 100)]);

@@ -169,6 +169,21 @@ pub fn run_op(pooled: &mut AnyPooled, op: &Op) -> Result<Outcome, Error> {
                 Ok(written(record(conn, op)?, item.stock))
             })
         }
+        Strategy::Adaptive => {
+            let conn: &mut AnyConnection = pooled;
+            // In the operation's transaction, as `Optimistic`: the order line
+            // commits with the stock (the locked path nests as a savepoint).
+            // lockkit::adaptive takes the connection inside the enum.
+            conn.transaction(|conn| {
+                let (id, qty) = op.lines[0];
+                let sold =
+                    lockkit_tests::on_inner!(conn, |inner| crate::adaptive::sell(inner, id, qty))?;
+                match sold {
+                    Some(item) => Ok(written(record(conn, op)?, item.stock)),
+                    None => Ok(Outcome::OutOfStock),
+                }
+            })
+        }
         Strategy::WithLock | Strategy::NoWait => {
             let (id, qty) = op.lines[0];
             let options = match op.strategy {

@@ -9,6 +9,7 @@
 //! exactly once. It prints the operations per strategy and each invariant, and
 //! exits with 1 if any invariant or any worker failed.
 
+mod adaptive;
 mod backend;
 mod config;
 mod model;

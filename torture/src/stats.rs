@@ -21,10 +21,12 @@ pub enum Strategy {
     ByVersion,
     /// `queue::claim` (`FOR UPDATE SKIP LOCKED`) of jobs, each run recorded once.
     SkipLocked,
+    /// `AdaptivePolicy::update`: optimistic while the row is calm, locked while hot.
+    Adaptive,
 }
 
 impl Strategy {
-    pub const ALL: [Strategy; 7] = [
+    pub const ALL: [Strategy; 8] = [
         Strategy::Optimistic,
         Strategy::WithLock,
         Strategy::LockAll,
@@ -32,6 +34,7 @@ impl Strategy {
         Strategy::NoWait,
         Strategy::ByVersion,
         Strategy::SkipLocked,
+        Strategy::Adaptive,
     ];
 
     pub fn name(self) -> &'static str {
@@ -43,6 +46,7 @@ impl Strategy {
             Strategy::NoWait => "nowait",
             Strategy::ByVersion => "by_version",
             Strategy::SkipLocked => "skip_locked",
+            Strategy::Adaptive => "adaptive",
         }
     }
 
@@ -56,6 +60,7 @@ impl Strategy {
             Strategy::NoWait => "with_lock(nowait) + retry",
             Strategy::ByVersion => "update_by_version (restock) + retry",
             Strategy::SkipLocked => "locked_transaction + queue::claim",
+            Strategy::Adaptive => "AdaptivePolicy::update (optimistic or with_lock per row)",
         }
     }
 
@@ -65,7 +70,7 @@ impl Strategy {
             Strategy::Optimistic | Strategy::WithLock | Strategy::Atomic => 3,
             Strategy::LockAll | Strategy::NoWait => 2,
             Strategy::ByVersion => 4,
-            Strategy::SkipLocked => 3,
+            Strategy::SkipLocked | Strategy::Adaptive => 3,
         }
     }
 
@@ -160,7 +165,7 @@ pub struct StrategyStats {
 /// A worker process's report (and the sum of them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stats {
-    pub per: [StrategyStats; 7],
+    pub per: [StrategyStats; Strategy::ALL.len()],
     pub threads: u64,
     /// Lost connections and server errors retried in `--tolerate-outages` mode.
     pub outage_errors: u64,

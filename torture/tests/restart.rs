@@ -278,7 +278,7 @@ fn the_pool_recovers_from_a_server_restart_and_the_totals_stay_exact() {
     );
     let context = format!("{text}\n--- server log ---\n{}", server.log());
     assert!(status.success(), "the run failed:\n{context}");
-    assert!(text.contains("all 21 invariants hold"), "{context}");
+    assert!(text.contains("all 22 invariants hold"), "{context}");
     let errors = number_after(&text, "outages: ").expect("an outage summary");
     let pool_waits = number_after(&text, "fresh connection, ").expect("the pool waits");
     let recovered = number_after(&text, "found rolled back and run again, ")

@@ -29,7 +29,7 @@ fn torture(url: &str, extra: &[&str]) -> (bool, String) {
 fn assert_clean_run(url: &str, extra: &[&str]) {
     let (ok, out) = torture(url, extra);
     assert!(ok, "the torture run failed:\n{out}");
-    assert!(out.contains("all 21 invariants hold"), "{out}");
+    assert!(out.contains("all 22 invariants hold"), "{out}");
     assert!(!out.contains("FAIL"), "{out}");
     assert!(
         !out.contains("committed no operation"),

@@ -54,6 +54,8 @@ pub struct Summary {
     pub gave_up: f64,
     /// Other errors per run.
     pub errors: f64,
+    /// The share of the adaptive strategy's writes made under the row lock.
+    pub locked_share: f64,
     /// Runs whose books balanced.
     pub checks_ok: usize,
     /// Lost updates (or jobs run twice) per run.
@@ -100,6 +102,7 @@ impl Summary {
             lock_timeouts: per(&|s| s.counts.lock_timeouts as f64),
             gave_up: per(&|s| s.counts.gave_up as f64),
             errors: per(&|s| s.counts.errors as f64),
+            locked_share: per(&|s| s.counts.locked as f64 / (s.counts.successes as f64).max(1.0)),
             checks_ok: samples.iter().filter(|s| s.check.ok).count(),
             lost: per(&|s| s.check.lost as f64),
             detail: mid.check.detail.clone(),

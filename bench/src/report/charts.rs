@@ -160,6 +160,7 @@ fn case_short(case: &Case) -> String {
         }
         Workload::Queue => format!("claim b{}", case.batch),
         Workload::Orders => case.strategy.title().to_owned(),
+        Workload::OwnRows => format!("own {} {}w", case.strategy.title(), case.workers),
     }
 }
 

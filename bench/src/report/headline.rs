@@ -93,6 +93,11 @@ fn short_label(case: &Case) -> String {
             case.strategy.title(),
             case.workers
         ),
+        Workload::OwnRows => format!(
+            "own rows, {}, {} worker(s)",
+            case.strategy.title(),
+            case.workers
+        ),
     }
 }
 

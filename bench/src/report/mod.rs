@@ -4,6 +4,7 @@
 //! reads the same `Report` (`context.rs`): the results, their summaries and
 //! the backends that ran. The charts beside it are [`charts`].
 
+mod adaptive;
 pub mod charts;
 mod client_cost;
 mod context;
@@ -42,6 +43,7 @@ fn write(w: &mut String, report: &Report) -> fmt::Result {
     method::section(w, report)?;
     uncontended::section(w, report)?;
     hot_row::section(w, report)?;
+    adaptive::section(w, report)?;
     queue::section(w, report)?;
     orders::section(w, report)?;
     client_cost::section(w, report)?;

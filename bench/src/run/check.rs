@@ -61,7 +61,7 @@ impl Check {
     pub fn of(case: &Case, counts: &Counts, tally: &Tally, claimed: &[i32]) -> Check {
         let units = counts.units as i64;
         match case.workload {
-            Workload::Uncontended => {
+            Workload::Uncontended | Workload::OwnRows => {
                 let rows = &tally.own[..case.workers.min(tally.own.len())];
                 let taken: i64 = rows.iter().map(|r| r.1).sum();
                 let versions: i64 = rows.iter().map(|r| r.2).sum();

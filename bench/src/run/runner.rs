@@ -3,12 +3,13 @@
 //! that nothing was lost. Generic over the backend; the per-backend parts are
 //! [`BenchConnection`]'s methods.
 
-use std::sync::Barrier;
+use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool, PooledConnection};
 use hdrhistogram::Histogram;
+use lockkit::adaptive::AdaptivePolicy;
 
 use super::check::Check;
 use super::cpu;
@@ -16,7 +17,7 @@ use super::ops::{BenchConnection, Session};
 use super::sample::Sample;
 use super::worker::{Counts, OpError, WorkerState};
 use crate::error::BenchError;
-use crate::vocabulary::{Case, Limits, Workload};
+use crate::vocabulary::{Case, Limits, Strategy, Workload};
 
 /// The pool every run of one backend uses.
 pub type BenchPool<C> = Pool<ConnectionManager<C>>;
@@ -84,13 +85,16 @@ pub fn run_case<C: BenchConnection>(
         .map(|_| pool.get())
         .collect::<Result<Vec<_>, _>>()?;
     let start_line = Barrier::new(case.workers + 1);
+    // Each run starts calm: what the policy learnt in one run does not carry over.
+    let adaptive = Arc::new(AdaptivePolicy::new());
     let (outs, elapsed, cpu) = thread::scope(|scope| {
         let workers: Vec<_> = conns
             .into_iter()
             .enumerate()
             .map(|(index, conn)| {
                 let start_line = &start_line;
-                scope.spawn(move || worker::<C>(conn, index, case, limits, start_line))
+                let adaptive = Arc::clone(&adaptive);
+                scope.spawn(move || worker::<C>(conn, index, case, limits, start_line, adaptive))
             })
             .collect();
         let cpu_before = cpu::snapshot(C::BACKEND);
@@ -115,6 +119,11 @@ pub fn run_case<C: BenchConnection>(
             first_error = out.first_error;
         }
     }
+    if case.strategy == Strategy::Adaptive {
+        let stats = adaptive.stats();
+        counts.stale += stats.conflicts;
+        counts.locked += stats.locked_writes;
+    }
     let tally = pool.get()?.tally()?;
     let check = Check::of(case, &counts, &tally, &claimed);
     Ok(Sample {
@@ -135,8 +144,9 @@ fn worker<C: BenchConnection>(
     case: &Case,
     limits: &Limits,
     start_line: &Barrier,
+    adaptive: Arc<AdaptivePolicy>,
 ) -> Result<WorkerOut, BenchError> {
-    let mut state = WorkerState::new(index, case.retry.policy());
+    let mut state = WorkerState::new(index, case.retry.policy(), adaptive);
     let mut hist = histogram();
     let mut first_error = None;
     let prepared = C::prepare_worker(&mut conn, case, &mut state);

@@ -2,6 +2,9 @@
 //! and why an operation failed.
 
 use std::fmt;
+use std::sync::Arc;
+
+use lockkit::adaptive::AdaptivePolicy;
 
 use crate::vocabulary::schema::Item;
 
@@ -26,6 +29,8 @@ pub struct Counts {
     pub gave_up: u64,
     /// Operations that failed otherwise.
     pub errors: u64,
+    /// Writes the adaptive strategy made under the row lock.
+    pub locked: u64,
 }
 
 impl Counts {
@@ -51,6 +56,7 @@ impl Counts {
         self.lock_timeouts += o.lock_timeouts;
         self.gave_up += o.gave_up;
         self.errors += o.errors;
+        self.locked += o.locked;
     }
 }
 
@@ -108,11 +114,13 @@ pub struct WorkerState {
     pub counts: Counts,
     /// The jobs it claimed (queue workload).
     pub claimed: Vec<i32>,
+    /// The adaptive strategy's policy, shared by the workers of one run.
+    pub adaptive: Arc<AdaptivePolicy>,
 }
 
 impl WorkerState {
     /// A fresh state for worker `index`.
-    pub fn new(index: usize, policy: lockkit::RetryPolicy) -> Self {
+    pub fn new(index: usize, policy: lockkit::RetryPolicy, adaptive: Arc<AdaptivePolicy>) -> Self {
         WorkerState {
             index,
             rng: fastrand::Rng::with_seed(0x5eed_0000 + index as u64),
@@ -120,6 +128,7 @@ impl WorkerState {
             policy,
             counts: Counts::default(),
             claimed: Vec::new(),
+            adaptive,
         }
     }
 }

@@ -22,6 +22,9 @@ pub enum Strategy {
     NaiveOrder,
     /// Orders: `Item::lock_all` (one statement, key order).
     LockAll,
+    /// Hot row and own rows: `AdaptivePolicy::update`, optimistic while the
+    /// row is calm, `FOR UPDATE` while it is hot.
+    Adaptive,
 }
 
 impl Strategy {
@@ -37,6 +40,7 @@ impl Strategy {
             Strategy::Claim => "queue::claim",
             Strategy::NaiveOrder => "row by row + retry",
             Strategy::LockAll => "lock_all",
+            Strategy::Adaptive => "adaptive",
         }
     }
 
@@ -53,6 +57,10 @@ impl Strategy {
         Strategy::Nowait,
         Strategy::Atomic,
     ];
+
+    /// The strategies the adaptive one is measured against, then itself.
+    pub const ADAPTIVE: [Strategy; 3] =
+        [Strategy::Optimistic, Strategy::WithLock, Strategy::Adaptive];
 }
 
 /// Through lockkit, or the same SQL written by hand with plain Diesel.

@@ -11,6 +11,9 @@ pub enum Workload {
     Queue,
     /// Multi-row orders that deadlock when locked in arbitrary order.
     Orders,
+    /// Each worker reads and decrements its own row, as the hot row does
+    /// (the adaptive strategy's calm case).
+    OwnRows,
 }
 
 impl Workload {
@@ -21,6 +24,7 @@ impl Workload {
             Workload::HotRow => "hot row",
             Workload::Queue => "queue drain",
             Workload::Orders => "multi-row orders",
+            Workload::OwnRows => "own rows",
         }
     }
 }

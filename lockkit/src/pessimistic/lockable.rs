@@ -71,9 +71,13 @@
 use std::marker::PhantomData;
 
 use diesel::dsl::{self, AsSelect, Find, Select};
-use diesel::expression::Expression;
+use diesel::expression::{AppearsOnTable, Expression, SelectableExpression, ValidGrouping};
+use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use diesel::query_dsl::methods::{FilterDsl, FindDsl, LockingDsl, OrderDsl, SelectDsl};
 use diesel::query_dsl::LoadQuery;
+use diesel::serialize::ToSql;
+use diesel::sql_types::HasSqlType;
+use diesel::QueryResult;
 use diesel::{
     ExpressionMethods, OptionalExtension, RunQueryDsl, Selectable, SelectableHelper, Table,
 };
@@ -276,6 +280,10 @@ pub trait Lockable: Sized {
     /// SELECT ... FROM items WHERE items.id = ANY($1) ORDER BY items.id FOR UPDATE   -- PostgreSQL
     /// SELECT ... FROM items WHERE items.id IN (?, ?) ORDER BY items.id FOR UPDATE   -- MySQL
     /// ```
+    ///
+    /// On MySQL/MariaDB and SQLite the `IN` list is padded to 1, 2, 4, .. 512 or
+    /// [`MAX_KEYS_PER_STATEMENT`] keys by repeating the last one, so that each
+    /// length is one statement the connection prepares once ([`KeyList`]).
     ///
     /// # Keys
     ///
@@ -730,13 +738,116 @@ macro_rules! key_column {
         where
             C: Expression<SqlType = $sql> + ExpressionMethods,
         {
-            type EqAny = dsl::EqAny<C, Vec<$key>>;
+            type EqAny = KeyList<C, $key>;
             fn eq_any_keys(self, keys: Vec<$key>) -> Self::EqAny {
-                self.eq_any(keys)
+                KeyList { column: self, keys }
             }
         }
     )*};
 }
+
+/// `pk = ANY($1)` on PostgreSQL (one array bind), `pk IN (?, .., ?)` on
+/// MySQL/MariaDB and SQLite with the list padded to a few fixed lengths (1, 2,
+/// 4, .. 512, then [`MAX_KEYS_PER_STATEMENT`]) by repeating the last key: each
+/// length is one statement that the connection prepares once and caches, where
+/// Diesel's `eq_any` is prepared anew on every call on those backends. A
+/// repeated key matches the same row, so the rows are the same. Name it only in
+/// `where` clauses.
+#[derive(Debug, Clone)]
+pub struct KeyList<C, K> {
+    column: C,
+    keys: Vec<K>,
+}
+
+#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+impl<C, K> KeyList<C, K> {
+    /// How many keys the `IN` list holds: the next of the fixed lengths.
+    fn padded_len(&self) -> usize {
+        let n = self.keys.len().max(1);
+        if n > MAX_KEYS_PER_STATEMENT / 2 {
+            n.max(MAX_KEYS_PER_STATEMENT)
+        } else {
+            n.next_power_of_two()
+        }
+    }
+}
+
+impl<C: Expression, K> Expression for KeyList<C, K> {
+    type SqlType = diesel::sql_types::Bool;
+}
+
+impl<C: ValidGrouping<()>, K> ValidGrouping<()> for KeyList<C, K> {
+    type IsAggregate = C::IsAggregate;
+}
+
+impl<C: AppearsOnTable<QS>, K, QS> AppearsOnTable<QS> for KeyList<C, K> where Self: Expression {}
+
+impl<C: SelectableExpression<QS>, K, QS> SelectableExpression<QS> for KeyList<C, K> where
+    Self: AppearsOnTable<QS>
+{
+}
+
+impl<C, K> QueryId for KeyList<C, K> {
+    // Cached by its SQL, which depends on the padded length.
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+#[cfg(feature = "postgres")]
+impl<C, K> QueryFragment<diesel::pg::Pg> for KeyList<C, K>
+where
+    C: Expression + QueryFragment<diesel::pg::Pg>,
+    C::SqlType: diesel::sql_types::SqlType,
+    Vec<K>: ToSql<diesel::sql_types::Array<C::SqlType>, diesel::pg::Pg>,
+    diesel::pg::Pg: HasSqlType<diesel::sql_types::Array<C::SqlType>>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::pg::Pg>) -> QueryResult<()> {
+        // Parenthesized as Diesel's `eq_any`: the same SQL as before.
+        out.push_sql("(");
+        self.column.walk_ast(out.reborrow())?;
+        out.push_sql(" = ANY(");
+        out.push_bind_param::<diesel::sql_types::Array<C::SqlType>, _>(&self.keys)?;
+        out.push_sql("))");
+        Ok(())
+    }
+}
+
+/// The padded `IN` list of MySQL/MariaDB and SQLite.
+macro_rules! padded_in_list {
+    ($($db:ty, $feature:literal);*) => {$(
+        #[cfg(feature = $feature)]
+        impl<C, K> QueryFragment<$db> for KeyList<C, K>
+        where
+            C: Expression + QueryFragment<$db>,
+            $db: HasSqlType<C::SqlType>,
+            K: ToSql<C::SqlType, $db>,
+        {
+            fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, $db>) -> QueryResult<()> {
+                let Some(last) = self.keys.last() else {
+                    // No key: no row (lock_all never sends an empty list).
+                    out.push_sql("(1 = 0)");
+                    return Ok(());
+                };
+                out.push_sql("(");
+                self.column.walk_ast(out.reborrow())?;
+                out.push_sql(" IN (");
+                for i in 0..self.padded_len() {
+                    if i > 0 {
+                        out.push_sql(", ");
+                    }
+                    out.push_bind_param::<C::SqlType, K>(self.keys.get(i).unwrap_or(last))?;
+                }
+                out.push_sql("))");
+                Ok(())
+            }
+        }
+    )*};
+}
+
+padded_in_list!(
+    diesel::mysql::Mysql, "mysql";
+    diesel::sqlite::Sqlite, "sqlite"
+);
 
 key_column!(
     i16 => diesel::sql_types::SmallInt,

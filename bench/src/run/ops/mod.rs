@@ -12,7 +12,7 @@
 //! in one file per [`Strategy`](crate::vocabulary::Strategy), the lockkit call next to its
 //! hand-written twin: `versioned.rs`, `naive.rs`, `optimistic.rs`,
 //! `with_lock.rs`, `nowait.rs`, `atomic.rs`, `claim.rs`, `naive_order.rs`,
-//! `lock_all.rs`. Each writes its functions with a macro that
+//! `lock_all.rs`, `adaptive.rs`. Each writes its functions with a macro that
 //! `bench_backend!` expands.
 //!
 //! Each operation counts what it saw (attempts, stale writes, busy rows,
@@ -20,6 +20,7 @@
 //! completed: 1 for an update, the number of jobs for a queue claim (0: drained),
 //! the number of order lines for an order.
 
+mod adaptive;
 mod atomic;
 mod claim;
 mod lock_all;
@@ -212,10 +213,11 @@ macro_rules! bench_backend {
                         (_, Flavor::HandCached | Flavor::HandNext | Flavor::Peer) => Err(OpError::Other(
                             "only the uncontended versioned update has this twin".into(),
                         )),
-                        (Strategy::Optimistic, Flavor::Lockkit) => optimistic(self, st),
-                        (Strategy::Optimistic, Flavor::Hand) => optimistic_hand(self, st),
-                        (Strategy::WithLock, Flavor::Lockkit) => with_lock(self, st),
-                        (Strategy::WithLock, Flavor::Hand) => with_lock_hand(self, st),
+                        (Strategy::Optimistic, Flavor::Lockkit) => optimistic(self, st, row(case, st)),
+                        (Strategy::Optimistic, Flavor::Hand) => optimistic_hand(self, st, row(case, st)),
+                        (Strategy::WithLock, Flavor::Lockkit) => with_lock(self, st, row(case, st)),
+                        (Strategy::WithLock, Flavor::Hand) => with_lock_hand(self, st, row(case, st)),
+                        (Strategy::Adaptive, _) => adaptive(self, st, row(case, st)),
                         (Strategy::Nowait, _) => nowait(self, st),
                         (Strategy::Atomic, Flavor::Lockkit) => atomic(self, st),
                         (Strategy::Atomic, Flavor::Hand) => atomic_hand(self, st),
@@ -232,6 +234,15 @@ macro_rules! bench_backend {
                     let jobs_done: i64 =
                         jobs::table.filter(jobs::done.eq(true)).count().get_result(self)?;
                     Ok(Tally::from_rows(&rows, jobs_done))
+                }
+            }
+
+            /// The row a read-modify-write case works on: the hot row, or
+            /// (own rows) the worker's own.
+            fn row(case: &Case, st: &WorkerState) -> i32 {
+                match case.workload {
+                    Workload::OwnRows => OWN_BASE + st.index as i32,
+                    _ => HOT_ID,
                 }
             }
 
@@ -265,6 +276,7 @@ macro_rules! bench_backend {
             super::claim::claim_ops!($locks);
             super::naive_order::naive_order_ops!($locks);
             super::lock_all::lock_all_ops!($locks);
+            super::adaptive::adaptive_ops!($locks);
         }
     };
 }

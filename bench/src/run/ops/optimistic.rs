@@ -1,4 +1,4 @@
-//! Hot row, optimistic + retry: read, `update_versioned`, `lockkit::retry` on
+//! Hot row (and own rows), optimistic + retry: read, `update_versioned`, `lockkit::retry` on
 //! `Stale`; and the same loop by hand, with the same backoff.
 
 use std::time::Duration;
@@ -23,12 +23,12 @@ pub fn hand_backoff(rng: &mut fastrand::Rng, failed_attempt: u32) -> Duration {
 macro_rules! optimistic_ops {
     ($locks:tt) => {
         /// Read, `update_versioned`, `lockkit::retry` on `Stale`.
-        fn optimistic(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
+        fn optimistic(conn: &mut Conn, st: &mut WorkerState, id: i32) -> Result<usize, OpError> {
             let policy = st.policy.clone();
             lockkit::retry(&policy, |_| {
                 attempt(st, |_| {
                     let mut item: Item = items::table
-                        .find(HOT_ID)
+                        .find(id)
                         .select(Item::as_select())
                         .get_result(conn)?;
                     item.stock -= 1;
@@ -40,12 +40,16 @@ macro_rules! optimistic_ops {
 
         /// The same by hand: read, version-checked `UPDATE` with its own
         /// row-count check, and a retry loop with the same backoff.
-        fn optimistic_hand(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
+        fn optimistic_hand(
+            conn: &mut Conn,
+            st: &mut WorkerState,
+            id: i32,
+        ) -> Result<usize, OpError> {
             let mut failed = 0;
             loop {
                 st.counts.attempts += 1;
                 let item: Item = items::table
-                    .find(HOT_ID)
+                    .find(id)
                     .select(Item::as_select())
                     .get_result(conn)?;
                 let rows = diesel::update(

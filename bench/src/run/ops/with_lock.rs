@@ -1,4 +1,4 @@
-//! Hot row, `with_lock`: `SELECT .. FOR UPDATE`, write, commit; and the same
+//! Hot row (and own rows), `with_lock`: `SELECT .. FOR UPDATE`, write, commit; and the same
 //! transaction by hand.
 
 /// Writes `with_lock` and `with_lock_hand` into one `bench_backend!`
@@ -7,9 +7,9 @@
 macro_rules! with_lock_ops {
     ($locks:tt) => {
         /// `lockkit::with_lock`: `SELECT .. FOR UPDATE`, write, commit.
-        fn with_lock(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
+        fn with_lock(conn: &mut Conn, st: &mut WorkerState, id: i32) -> Result<usize, OpError> {
             attempt(st, |_| {
-                lockkit::with_lock(conn, HOT_ID, LockOptions::default(), |conn, item: Item| {
+                lockkit::with_lock(conn, id, LockOptions::default(), |conn, item: Item| {
                     diesel::update(items::table.find(item.id))
                         .set(items::stock.eq(item.stock - 1))
                         .execute(conn)?;
@@ -20,11 +20,15 @@ macro_rules! with_lock_ops {
         }
 
         /// The same by hand: a transaction, `SELECT .. FOR UPDATE`, write.
-        fn with_lock_hand(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
+        fn with_lock_hand(
+            conn: &mut Conn,
+            st: &mut WorkerState,
+            id: i32,
+        ) -> Result<usize, OpError> {
             st.counts.attempts += 1;
             write_transaction!($locks, conn, |conn: &mut Conn| {
                 let item: Item =
-                    for_update!($locks, items::table.find(HOT_ID).select(Item::as_select()))
+                    for_update!($locks, items::table.find(id).select(Item::as_select()))
                         .get_result(conn)?;
                 diesel::update(items::table.find(item.id))
                     .set(items::stock.eq(item.stock - 1))

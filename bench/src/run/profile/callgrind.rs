@@ -46,6 +46,7 @@ fn wanted(backend: Backend, lockkit: &Case) -> bool {
                 | (Strategy::Atomic, _)
                 | (Strategy::Claim, 10)
                 | (Strategy::LockAll, _)
+                | (Strategy::Adaptive, _)
         )
 }
 

@@ -117,6 +117,12 @@ pub fn comparisons() -> Vec<(&'static str, Case, Case, &'static str)> {
         "row by row",
     ));
     v.push((
+        "adaptive (calm row)",
+        hot(Strategy::Adaptive),
+        hot(Strategy::Optimistic),
+        "lockkit read + update_versioned",
+    ));
+    v.push((
         "with_lock(nowait)",
         hot(Strategy::Nowait),
         hot(Strategy::WithLock),
@@ -172,7 +178,7 @@ pub fn measure<C: BenchConnection>(
         let jobs = (ops + warmup + 1) * case.batch as u64;
         conn.reset_jobs(i32::try_from(jobs).unwrap_or(i32::MAX))?;
     }
-    let mut st = WorkerState::new(0, case.retry.policy());
+    let mut st = WorkerState::new(0, case.retry.policy(), Default::default());
     conn.prepare_worker(case, &mut st)?;
     for _ in 0..warmup {
         // Not `measured_loop`: callgrind must not count the warm-up.

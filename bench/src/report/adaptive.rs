@@ -1,0 +1,67 @@
+//! The adaptive strategy next to the fixed strategies it chooses between, on
+//! own rows and on the hot row: its throughput as a ratio of the best fixed one
+//! in the same run.
+
+use std::fmt::{self, Write as _};
+
+use super::context::Report;
+use super::format::{check_cell, rate, ratio};
+use crate::plan::HOT_WORKERS;
+use crate::vocabulary::{Case, Strategy, Workload};
+
+pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
+    writeln!(w, "## Adaptive: optimistic while calm, locked while hot\n")?;
+    writeln!(
+        w,
+        "`lockkit::adaptive::AdaptivePolicy::update(conn, id, |item| item.stock -= 1)` with \
+         `AdaptivePolicy::new()`: the row read fresh, changed and written version-checked, \
+         optimistically while few of its recent optimistic writes lose the race, under \
+         `FOR UPDATE` (SQLite: `BEGIN IMMEDIATE`) for a second once 3/4 of them do, then \
+         optimistically again to measure afresh. Each run starts with a fresh policy, so \
+         its learning is inside the numbers. **Own rows**: each worker reads and decrements \
+         its own row (no contention); **hot row**: every worker the same row. The fixed \
+         strategies do the same read-modify-write: optimistic + retry \
+         (`RetryPolicy::default()`) and `with_lock`. **adaptive / best** is the adaptive \
+         throughput over the better fixed one in the same run (target ≥ 0.9); **locked** is \
+         the share of adaptive writes made under the lock.\n"
+    )?;
+    for &b in &report.backends {
+        writeln!(w, "### {b}\n")?;
+        writeln!(
+            w,
+            "| workload | workers | optimistic + retry /s | with_lock /s | adaptive /s | adaptive / best | locked | correctness |"
+        )?;
+        writeln!(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")?;
+        for workload in [Workload::OwnRows, Workload::HotRow] {
+            for n in HOT_WORKERS {
+                let get = |s| report.get(b, &Case::new(workload, s, n));
+                let Some(adaptive) = get(Strategy::Adaptive) else {
+                    continue;
+                };
+                let fixed = |s| get(s).map(|x| x.throughput);
+                let best = [Strategy::Optimistic, Strategy::WithLock]
+                    .into_iter()
+                    .filter_map(fixed)
+                    .fold(f64::NAN, f64::max);
+                let cell = |s| fixed(s).map_or("–".into(), rate);
+                writeln!(
+                    w,
+                    "| {} | {n} | {} | {} | {} | {} | {:.0}% | {} |",
+                    workload.title(),
+                    cell(Strategy::Optimistic),
+                    cell(Strategy::WithLock),
+                    rate(adaptive.throughput),
+                    if best.is_finite() {
+                        ratio(adaptive.throughput / best)
+                    } else {
+                        "–".into()
+                    },
+                    100.0 * adaptive.locked_share,
+                    check_cell(adaptive)
+                )?;
+            }
+        }
+        writeln!(w)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,210 @@
+//! The adaptive strategy (`lockkit::adaptive`) on every backend: exact totals
+//! under contention, escalation to the row lock and back.
+
+use std::sync::Barrier;
+use std::thread;
+use std::time::Duration;
+
+use diesel::prelude::*;
+use lockkit::adaptive::{AdaptivePolicy, Mode};
+use lockkit::prelude::*;
+use lockkit::Error;
+use lockkit_tests::models::*;
+use lockkit_tests::schema::*;
+use lockkit_tests::seed_items;
+
+/// `threads` writers each add 1 to row `id` `increments` times through
+/// `policy`. On a row that is not locked yet, the first write of each waits
+/// until every writer has read the row, so that they all hold the same version
+/// and all but one lose the race. (On a locked row that wait would hold the
+/// lock the others need to get there.)
+fn hot_increments<C>(
+    pool: &diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<C>>,
+    policy: &AdaptivePolicy,
+    id: i32,
+    threads: usize,
+    increments: usize,
+) where
+    C: diesel::r2d2::R2D2Connection + lockkit::bounds::LockingConnection + Send + 'static,
+    Item: lockkit::adaptive::AdaptiveRow<C>,
+    diesel::r2d2::PooledConnection<diesel::r2d2::ConnectionManager<C>>:
+        lockkit::AsLockingConnection<Conn = C>,
+{
+    let race = policy.mode::<Item>(&id) == Mode::Optimistic;
+    let barrier = Barrier::new(threads);
+    thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                let mut conn = pool.get().unwrap();
+                let mut first = race;
+                for _ in 0..increments {
+                    policy
+                        .update(&mut conn, id, |item: &mut Item| {
+                            if std::mem::take(&mut first) {
+                                barrier.wait();
+                            }
+                            item.stock += 1;
+                            Ok::<_, Error>(())
+                        })
+                        .unwrap();
+                }
+            });
+        }
+    });
+}
+
+/// A policy that locks a row after the first round of [`hot_increments`]:
+/// while its six writers' first attempts are recorded, no writer wins twice
+/// before it lost once, so at least 2 of the first 4 attempts are lost, and a
+/// rate of 0.3 over 4 attempts is reached whatever the order.
+fn hot_policy() -> AdaptivePolicy {
+    AdaptivePolicy::new().min_attempts(4).escalate_at(0.3)
+}
+
+lockkit_tests::backend_tests! {
+    fn adaptive_increments_on_a_hot_row_lose_nothing_and_escalate(db) {
+        const THREADS: usize = 8;
+        const INCREMENTS: usize = 25;
+        seed_items(&mut db.conn(), &[(1, 0)]);
+        // Locked for long: the row stays locked until the test looks at it.
+        let policy = hot_policy().locked_for(Duration::from_secs(600));
+        hot_increments(&db.pool(), &policy, 1, 6, 1);
+        assert_eq!(policy.stats().escalations, 1, "{}", policy.stats());
+        assert_eq!(policy.mode::<Item>(&1), Mode::Locked);
+        assert_eq!(policy.mode::<Item>(&2), Mode::Optimistic, "only the hot row is locked");
+
+        let before = policy.stats();
+        hot_increments(&db.pool(), &policy, 1, THREADS, INCREMENTS);
+        let total = 6 + (THREADS * INCREMENTS) as i32;
+        let item = items::table.find(1).first::<Item>(&mut db.conn()).unwrap();
+        assert_eq!(item.stock, total, "no increment lost");
+        // One version step per write: the locked path does not bump twice.
+        assert_eq!(item.lock_version, total);
+        let locked = policy.stats().since(&before);
+        assert_eq!((locked.locked_writes, locked.optimistic_writes, locked.conflicts), ((THREADS * INCREMENTS) as u64, 0, 0), "{locked}");
+    }
+
+    fn adaptive_switching_between_modes_loses_nothing(db) {
+        const THREADS: usize = 8;
+        const INCREMENTS: usize = 40;
+        seed_items(&mut db.conn(), &[(1, 0)]);
+        // Short lock periods: the row goes back and forth while the writers race.
+        let policy = hot_policy().locked_for(Duration::from_millis(5)).half_life(Duration::from_millis(20));
+        hot_increments(&db.pool(), &policy, 1, THREADS, INCREMENTS);
+        let total = (THREADS * INCREMENTS) as i32;
+        let item = items::table.find(1).first::<Item>(&mut db.conn()).unwrap();
+        let stats = policy.stats();
+        assert_eq!((item.stock, item.lock_version), (total, total), "no increment lost: {stats}");
+        assert_eq!(stats.optimistic_writes + stats.locked_writes, total as u64, "{stats}");
+        // SQLite's writers seldom lose a race (they take turns at the database's
+        // lock), so there the row may never turn locked.
+        if BACKEND != "sqlite" {
+            assert!(stats.escalations >= 1, "{stats}");
+        }
+    }
+
+    fn adaptive_returns_to_optimistic_once_the_row_calms_down(db) {
+        seed_items(&mut db.conn(), &[(1, 0)]);
+        let policy = hot_policy().locked_for(Duration::from_millis(200));
+        hot_increments(&db.pool(), &policy, 1, 6, 1); // five races lost of six
+        let hot = policy.stats();
+        assert_eq!(hot.escalations, 1, "{hot}");
+        assert_eq!(hot.de_escalations, 0, "{hot}");
+
+        thread::sleep(Duration::from_millis(300));
+        assert_eq!(policy.mode::<Item>(&1), Mode::Optimistic);
+        let mut conn = db.conn();
+        let item: Item = policy.update(&mut conn, 1, |item: &mut Item| {
+            item.stock += 1;
+            Ok::<_, Error>(())
+        }).unwrap();
+        let calm = policy.stats().since(&hot);
+        assert_eq!((calm.de_escalations, calm.optimistic_writes, calm.locked_writes), (1, 1, 0), "{calm}");
+        assert_eq!((item.stock, item.lock_version), (7, 7));
+    }
+
+    fn adaptive_keeps_writers_of_their_own_rows_optimistic(db) {
+        const THREADS: i32 = 4;
+        const INCREMENTS: i32 = 20;
+        seed_items(&mut db.conn(), &(1..=THREADS).map(|id| (id, 0)).collect::<Vec<_>>());
+        let policy = AdaptivePolicy::new();
+        thread::scope(|s| {
+            for id in 1..=THREADS {
+                let (pool, policy) = (db.pool(), &policy);
+                s.spawn(move || {
+                    let mut conn = pool.get().unwrap();
+                    for _ in 0..INCREMENTS {
+                        policy.update(&mut conn, id, |item: &mut Item| {
+                            item.stock += 1;
+                            Ok::<_, Error>(())
+                        }).unwrap();
+                    }
+                });
+            }
+        });
+        let stock: Vec<i32> = items::table.order(items::id).select(items::stock).load(&mut db.conn()).unwrap();
+        assert_eq!(stock, vec![INCREMENTS; THREADS as usize]);
+        let stats = policy.stats();
+        assert_eq!((stats.optimistic_writes, stats.locked_writes, stats.escalations), ((THREADS * INCREMENTS) as u64, 0, 0), "{stats}");
+    }
+
+    fn adaptive_per_table_locks_every_row_of_a_hot_table(db) {
+        seed_items(&mut db.conn(), &[(1, 0), (2, 0)]);
+        let policy = hot_policy().per_table().locked_for(Duration::from_secs(600));
+        hot_increments(&db.pool(), &policy, 1, 6, 1);
+        assert_eq!(policy.mode::<Item>(&2), Mode::Locked);
+        let item: Item = policy.update(&mut db.conn(), 2, |item: &mut Item| {
+            item.stock += 5;
+            Ok::<_, Error>(())
+        }).unwrap();
+        assert_eq!((item.stock, item.lock_version), (5, 1));
+        assert!(policy.stats().locked_writes >= 1);
+    }
+
+    fn adaptive_reports_a_missing_row_and_passes_the_closures_error_back(db) {
+        let mut conn = db.conn();
+        seed_items(&mut conn, &[(1, 1)]);
+        let policy = AdaptivePolicy::new();
+        let missing = policy.update(&mut conn, 9, |_: &mut Item| Ok::<_, Error>(()));
+        assert!(matches!(missing, Err(Error::NotFound)), "{missing:?}");
+
+        #[derive(Debug)]
+        enum Shop { OutOfStock(i32), Lock(#[allow(dead_code)] Error) }
+        impl From<Error> for Shop { fn from(e: Error) -> Self { Shop::Lock(e) } }
+        let refused = policy.update(&mut conn, 1, |item: &mut Item| {
+            if item.stock < 8 { return Err(Shop::OutOfStock(item.stock)); }
+            item.stock -= 8;
+            Ok(())
+        });
+        assert!(matches!(refused, Err(Shop::OutOfStock(1))), "{refused:?}");
+        let item = items::table.find(1).first::<Item>(&mut conn).unwrap();
+        assert_eq!((item.stock, item.lock_version), (1, 0), "nothing written");
+
+        // The same under the lock.
+        let locked = hot_policy().locked_for(Duration::from_secs(600));
+        hot_increments(&db.pool(), &locked, 1, 6, 1);
+        assert_eq!(locked.mode::<Item>(&1), Mode::Locked);
+        let refused = locked.update(&mut conn, 1, |item: &mut Item| {
+            if item.stock < 8 { return Err(Shop::OutOfStock(item.stock)); }
+            item.stock -= 8;
+            Ok(())
+        });
+        assert!(matches!(refused, Err(Shop::OutOfStock(7))), "{refused:?}");
+        let missing = locked.update(&mut conn, 9, |_: &mut Item| Ok::<_, Error>(()));
+        assert!(matches!(missing, Err(Error::NotFound)), "{missing:?}");
+    }
+
+    fn update_adaptive_replaces_the_model_with_the_row_as_written(db) {
+        let mut conn = db.conn();
+        seed_items(&mut conn, &[(1, 10)]);
+        let mut stale = items::table.find(1).first::<Item>(&mut conn).unwrap();
+        diesel::update(items::table.find(1)).set((items::stock.eq(20), items::lock_version.eq(4))).execute(&mut conn).unwrap();
+        // The closure sees the row as it is now, not the struct it was called on.
+        stale.update_adaptive(&mut conn, |fresh| {
+            assert_eq!(fresh.stock, 20);
+            fresh.stock -= 1;
+            Ok::<_, Error>(())
+        }).unwrap();
+        assert_eq!((stale.stock, stale.lock_version), (19, 5));
+    }
+}
