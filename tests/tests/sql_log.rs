@@ -300,6 +300,7 @@ lockkit_tests::backend_tests! {
         inbox.purge_older_than(&mut conn, Duration::from_secs(86_400)).unwrap();
 
         ServerStatements::run(&mut conn, &log);
+        ReplicaStatements::run(&mut conn, &log);
 
         let rendered = log.render();
         insta::assert_snapshot!(format!("sql_log_{BACKEND}"), rendered);
@@ -338,3 +339,23 @@ macro_rules! server_statements {
 }
 
 server_statements!(diesel::PgConnection, diesel::MysqlConnection);
+
+/// Read-your-writes (`lockkit::replica`): PostgreSQL only. Run on the test's
+/// primary, so `route` finds no standby and says so after one look.
+trait ReplicaStatements {
+    fn run(&mut self, _log: &Log) {}
+}
+
+impl ReplicaStatements for diesel::SqliteConnection {}
+impl ReplicaStatements for diesel::MysqlConnection {}
+
+impl ReplicaStatements for diesel::PgConnection {
+    fn run(&mut self, log: &Log) {
+        use lockkit::replica::{self, Policy, Route};
+        log.section("lockkit::replica::commit_lsn(&mut primary)");
+        let written = replica::commit_lsn(self).unwrap();
+        log.section("lockkit::replica::route(&mut replica, Some(lsn), Policy::WaitThenPrimary(..)): one look per wait step (here on a server that is not a standby)");
+        let route = replica::route(self, Some(written), Policy::WaitThenPrimary(Duration::from_millis(5))).unwrap();
+        assert!(matches!(route, Route::PrimaryNotAStandby), "{route:?}");
+    }
+}
