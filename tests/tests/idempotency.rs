@@ -27,6 +27,68 @@ fn sell_one<C: Connection>(conn: &mut C) -> Result<String, Error> {
 }
 
 lockkit_tests::backend_tests! {
+    fn a_repeat_that_may_wait_replays_the_running_request(db) {
+        db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
+        seed_items(&mut db.conn(), &[(1, 100)]);
+        let first_holds_the_key = Barrier::new(4);
+        let patient = Idempotency { wait_while_running: Duration::from_secs(10), ..Idempotency::default() };
+        let brief = Idempotency { wait_while_running: Duration::from_millis(50), ..Idempotency::default() };
+        let impatient = Idempotency::default();
+        let repeat = |keys: &Idempotency| {
+            let mut conn = db.conn();
+            first_holds_the_key.wait();
+            keys.run(&mut conn, "tenant-1", "order-9", "POST /orders qty=1", |_| -> Result<String, Error> {
+                panic!("a repeat must not run the work while the first request holds the key")
+            })
+        };
+        let (first, waited, gave_up, refused) = thread::scope(|s| {
+            let first = s.spawn(|| {
+                let mut conn = db.conn();
+                Idempotency::default().run(&mut conn, "tenant-1", "order-9", "POST /orders qty=1", |conn| {
+                    first_holds_the_key.wait();
+                    thread::sleep(Duration::from_millis(400)); // the repeats arrive meanwhile
+                    sell_one(conn)
+                })
+            });
+            let waited = s.spawn(|| repeat(&patient));
+            let gave_up = s.spawn(|| repeat(&brief));
+            let refused = s.spawn(|| repeat(&impatient));
+            (first.join().unwrap(), waited.join().unwrap(), gave_up.join().unwrap(), refused.join().unwrap())
+        });
+        assert_eq!(first.unwrap(), Outcome::Ran("201 sold".to_owned()));
+        assert_eq!(waited.unwrap(), Outcome::Replayed("201 sold".to_owned()), "the patient repeat waited and replayed");
+        assert!(matches!(gave_up, Err(Error::IdempotencyInProgress)), "a 50 ms wait runs out: {gave_up:?}");
+        assert!(matches!(refused, Err(Error::IdempotencyInProgress)), "no wait: refused at once: {refused:?}");
+        assert_eq!(stock_of!(&mut db.conn()), 99, "the work ran exactly once");
+    }
+
+    fn a_waiting_repeat_runs_the_work_when_the_first_request_fails(db) {
+        db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
+        seed_items(&mut db.conn(), &[(1, 100)]);
+        let first_holds_the_key = Barrier::new(2);
+        let patient = Idempotency { wait_while_running: Duration::from_secs(10), ..Idempotency::default() };
+        let (first, waited) = thread::scope(|s| {
+            let first = s.spawn(|| {
+                let mut conn = db.conn();
+                Idempotency::default().run(&mut conn, "tenant-1", "order-10", "fp", |conn| {
+                    first_holds_the_key.wait();
+                    thread::sleep(Duration::from_millis(200));
+                    sell_one(conn)?;
+                    Err::<String, _>(Error::NoRowMatched) // fails after writing: rolled back
+                })
+            });
+            let waited = s.spawn(|| {
+                let mut conn = db.conn();
+                first_holds_the_key.wait();
+                patient.run(&mut conn, "tenant-1", "order-10", "fp", sell_one)
+            });
+            (first.join().unwrap(), waited.join().unwrap())
+        });
+        assert!(matches!(first, Err(Error::NoRowMatched)), "{first:?}");
+        assert_eq!(waited.unwrap(), Outcome::Ran("201 sold".to_owned()));
+        assert_eq!(stock_of!(&mut db.conn()), 99, "the failed run wrote nothing, the repeat's run once");
+    }
+
     fn concurrent_duplicates_run_the_work_once(db) {
         db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
         seed_items(&mut db.conn(), &[(1, 100)]);

@@ -77,7 +77,8 @@
     allow(dead_code, unused_imports)
 )]
 
-use std::time::Duration;
+use std::thread;
+use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -235,6 +236,14 @@ pub struct Idempotency {
     pub lease: Duration,
     /// How long a completed key is kept. Default 24 h.
     pub retention: Duration,
+    /// How long a repeat waits for the request that holds the key to finish,
+    /// then replays its response, instead of being refused at once with
+    /// [`Error::IdempotencyInProgress`] (which it still is when the wait runs
+    /// out). When the first request fails, its key is released and the waiting
+    /// repeat runs the work itself. It looks again after 10 ms, then doubles the
+    /// pause up to 200 ms, holding no transaction of its own meanwhile. Default
+    /// zero: refuse at once. Keep it under your clients' timeout.
+    pub wait_while_running: Duration,
 }
 
 impl Default for Idempotency {
@@ -242,9 +251,16 @@ impl Default for Idempotency {
         Idempotency {
             lease: Duration::from_secs(60),
             retention: Duration::from_secs(24 * 3600),
+            wait_while_running: Duration::ZERO,
         }
     }
 }
+
+/// The first pause of [`Idempotency::wait_while_running`]; each next one doubles,
+/// up to [`MAX_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(10);
+/// The longest pause between two looks at a running key.
+const MAX_PAUSE: Duration = Duration::from_millis(200);
 
 /// A stored key, as [`IdempotencyStore`] reads it.
 #[doc(hidden)]
@@ -358,9 +374,14 @@ impl Idempotency {
         key: Scoped<'_>,
         fingerprint: &str,
     ) -> Result<Start, Error> {
-        // A few rounds at most: each lost race means another request just
-        // inserted, released or expired the key.
-        for _ in 0..5 {
+        // A few lost races at most: each means another request just inserted,
+        // released or expired the key. Looks at a running key while waiting
+        // for it (`wait_while_running`) are not races and not counted.
+        let deadline = Instant::now() + self.wait_while_running;
+        let mut pause = FIRST_PAUSE;
+        let mut races = 0;
+        while races < 5 {
+            races += 1;
             let now = now_millis();
             if C::insert_running(conn, key, fingerprint, now)? {
                 return Ok(Start::Owned { started_at: now });
@@ -384,7 +405,15 @@ impl Idempotency {
                         return Ok(Start::Owned { started_at: now });
                     }
                 }
-                _ => return Err(Error::IdempotencyInProgress),
+                _ => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(Error::IdempotencyInProgress);
+                    }
+                    thread::sleep(pause.min(left));
+                    pause = (pause * 2).min(MAX_PAUSE);
+                    races -= 1;
+                }
             }
         }
         Err(Error::IdempotencyInProgress)
