@@ -94,7 +94,9 @@ impl Inbox {
         })
     }
 
-    /// Deletes this consumer's ids recorded more than `age` ago; returns how many.
+    /// Deletes this consumer's ids recorded `age` ago or earlier (to the
+    /// millisecond; with `Duration::ZERO`, every one recorded so far); returns
+    /// how many.
     /// Keep them longer than the broker may redeliver (its retention and retry
     /// limits): a message older than its record would be applied again.
     ///

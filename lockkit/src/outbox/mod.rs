@@ -305,8 +305,9 @@ where
     C::Conn::mark_published(conn.locking_connection(), id, now_millis())
 }
 
-/// Deletes messages published more than `age` ago; returns how many. Run it
-/// from a periodic job.
+/// Deletes messages published `age` ago or earlier (to the millisecond; with
+/// `Duration::ZERO`, every published one); returns how many. Run it from a
+/// periodic job.
 ///
 /// # Errors
 ///

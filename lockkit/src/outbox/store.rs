@@ -30,7 +30,7 @@ pub trait OutboxStore: LockingConnection + crate::sealed::Sealed {
         reason: &str,
     ) -> Result<(), Error>;
     #[doc(hidden)]
-    fn purge_published(conn: &mut Self, published_before: i64) -> Result<usize, Error>;
+    fn purge_published(conn: &mut Self, published_until: i64) -> Result<usize, Error>;
     /// Unpublished messages whose `next_attempt_at` is `dead`, oldest first.
     #[doc(hidden)]
     fn dead_letters(conn: &mut Self, dead: i64, limit: i64) -> Result<Vec<DeadLetter>, Error>;
@@ -47,11 +47,8 @@ pub trait OutboxStore: LockingConnection + crate::sealed::Sealed {
         now: i64,
     ) -> Result<bool, Error>;
     #[doc(hidden)]
-    fn purge_received(
-        conn: &mut Self,
-        consumer: &str,
-        received_before: i64,
-    ) -> Result<usize, Error>;
+    fn purge_received(conn: &mut Self, consumer: &str, received_until: i64)
+        -> Result<usize, Error>;
 }
 
 /// `$last_id`: the SQL expression for the id the connection's last insert made.
@@ -139,11 +136,11 @@ macro_rules! outbox_store {
                 Ok(())
             }
 
-            fn purge_published(conn: &mut Self, published_before: i64) -> Result<usize, Error> {
+            fn purge_published(conn: &mut Self, published_until: i64) -> Result<usize, Error> {
                 use diesel::prelude::*;
                 use schema::lockkit_outbox as outbox;
                 Ok(
-                    diesel::delete(outbox::table.filter(outbox::published_at.lt(published_before)))
+                    diesel::delete(outbox::table.filter(outbox::published_at.le(published_until)))
                         .execute(conn)?,
                 )
             }
@@ -205,14 +202,14 @@ macro_rules! outbox_store {
             fn purge_received(
                 conn: &mut Self,
                 consumer: &str,
-                received_before: i64,
+                received_until: i64,
             ) -> Result<usize, Error> {
                 use diesel::prelude::*;
                 use schema::lockkit_inbox as inbox;
                 Ok(diesel::delete(
                     inbox::table
                         .filter(inbox::consumer.eq(consumer))
-                        .filter(inbox::received_at.lt(received_before)),
+                        .filter(inbox::received_at.le(received_until)),
                 )
                 .execute(conn)?)
             }
