@@ -68,7 +68,7 @@ fn every_invariant_holds_with_writers_on_three_nodes() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(output.status.success(), "the torture run failed:\n{out}");
-    assert!(out.contains("all 21 invariants hold"), "{out}");
+    assert!(out.contains("all 22 invariants hold"), "{out}");
     assert!(
         !out.contains("committed no operation"),
         "a strategy never committed:\n{out}"
