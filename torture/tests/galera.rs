@@ -2,10 +2,9 @@
 //! `scripts/galera.sh`): worker process N writes through node N, and every
 //! invariant must hold exactly. `--tolerate-outages`: the nodes sometimes stop
 //! answering a connection whose transaction another node's write aborted (see
-//! `scripts/galera.sh`), and a Diesel `conn.transaction` (the optimistic
-//! writers') whose ROLLBACK the node refused leaves a broken transaction
-//! manager; both are retried on a fresh connection after finding out whether the
-//! operation committed.
+//! `scripts/galera.sh`); such an operation is retried on a fresh connection
+//! after finding out whether it committed. Every operation runs in lockkit's
+//! transaction, so a ROLLBACK the node refused leaves no broken connection.
 
 use std::process::Command;
 
