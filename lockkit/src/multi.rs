@@ -223,6 +223,13 @@ macro_rules! dispatch {
                     $(BackendConn::$variant(conn) => conn.transaction_ended(cause),)+
                 }
             }
+
+            // The enum's transaction manager is the inner connection's.
+            fn repair(&mut self) {
+                match self.dispatch() {
+                    $(BackendConn::$variant(conn) => conn.repair(),)+
+                }
+            }
         }
 
         impl<T: Dispatch> LockingConnection for T {

@@ -593,3 +593,32 @@ fn a_retried_lock_reuses_a_connection_whose_rollback_the_node_refused() {
     assert_eq!(result.unwrap(), 2);
     assert_eq!(cluster.item(), (11, 2));
 }
+
+#[test]
+fn a_retried_lock_reuses_a_multi_connection_whose_rollback_the_node_refused() {
+    // The same refused ROLLBACK as above, through a `#[derive(MultiConnection)]`
+    // enum: lockkit puts the transaction manager of the connection inside the
+    // enum back in order too.
+    use lockkit_tests::support::AnyConnection;
+    let cluster = Cluster::new("refused_rollback_multi");
+    cluster.seed("INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'hot', 0, 0)");
+    let mut one = AnyConnection::Mysql(cluster.node(0));
+    let result = lockkit::retry(&RetryPolicy::immediate(3), |attempt| {
+        lockkit::with_lock(&mut one, 1, LockOptions::default(), |conn, _: Item| {
+            diesel::update(items::table.find(1))
+                .set(items::stock.eq(items::stock + 1))
+                .execute(conn)?;
+            if attempt == 1 {
+                node_2_adds_10(&cluster).0.unwrap();
+                let mut observer = cluster.node(0);
+                while stock_on(&mut observer)? < 10 {
+                    thread::sleep(Duration::from_millis(5));
+                }
+                return Err(Error::Busy);
+            }
+            Ok(attempt)
+        })
+    });
+    assert_eq!(result.unwrap(), 2);
+    assert_eq!(cluster.item(), (11, 2));
+}

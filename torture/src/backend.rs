@@ -153,28 +153,41 @@ pub fn setup(conn: &mut AnyConnection, config: &Config) -> Result<(), Error> {
     })
 }
 
+/// The operation's own transaction around lockkit's calls, as an application
+/// opens it. lockkit's rather than Diesel's `conn.transaction`: a ROLLBACK that
+/// Galera refuses after ending the transaction itself then does not leave the
+/// connection's transaction manager broken. A nested lockkit call whose whole
+/// transaction the server ended (InnoDB on a deadlock, Galera on a conflict)
+/// reports `TransactionAborted`, meant for the owner of the outermost
+/// transaction: this is it, so the operation is retried like the cause.
+fn transaction<T>(
+    pooled: &mut AnyPooled,
+    f: impl FnOnce(&mut AnyConnection) -> Result<T, Error>,
+) -> Result<T, Error> {
+    lockkit::locked_transaction(pooled, LockOptions::default(), f).map_err(|err| match err {
+        Error::TransactionAborted(cause) => *cause,
+        other => other,
+    })
+}
+
 /// One attempt at `op`, in its own transaction.
 pub fn run_op(pooled: &mut AnyPooled, op: &Op) -> Result<Outcome, Error> {
     match op.strategy {
-        Strategy::Optimistic => {
-            let conn: &mut AnyConnection = pooled;
-            conn.transaction(|conn| {
-                let (id, qty) = op.lines[0];
-                let mut item = read_item(conn, id)?;
-                if item.stock < qty {
-                    return Ok(Outcome::OutOfStock);
-                }
-                item.stock -= qty;
-                item.update_versioned(conn)?;
-                Ok(written(record(conn, op)?, item.stock))
-            })
-        }
+        Strategy::Optimistic => transaction(pooled, |conn| {
+            let (id, qty) = op.lines[0];
+            let mut item = read_item(conn, id)?;
+            if item.stock < qty {
+                return Ok(Outcome::OutOfStock);
+            }
+            item.stock -= qty;
+            item.update_versioned(conn)?;
+            Ok(written(record(conn, op)?, item.stock))
+        }),
         Strategy::Adaptive => {
-            let conn: &mut AnyConnection = pooled;
             // In the operation's transaction, as `Optimistic`: the order line
             // commits with the stock (the locked path nests as a savepoint).
             // lockkit::adaptive takes the connection inside the enum.
-            conn.transaction(|conn| {
+            transaction(pooled, |conn| {
                 let (id, qty) = op.lines[0];
                 let sold =
                     lockkit_tests::on_inner!(conn, |inner| crate::adaptive::sell(inner, id, qty))?;
@@ -224,44 +237,39 @@ pub fn run_op(pooled: &mut AnyPooled, op: &Op) -> Result<Outcome, Error> {
                 Ok(written(record(conn, op)?, lowest))
             })
         }
-        Strategy::Atomic => {
-            let conn: &mut AnyConnection = pooled;
-            conn.transaction(|conn| {
-                let (id, qty) = op.lines[0];
-                let target = torture_items::table
-                    .find(id)
-                    .filter(torture_items::stock.ge(qty));
-                let written = match op.bump {
-                    Bump::Explicit => lockkit::atomic::update_if(
-                        conn,
-                        diesel::update(target).set((
-                            torture_items::stock.eq(torture_items::stock - qty),
-                            torture_items::lock_version.eq(torture_items::lock_version + 1),
-                        )),
-                    ),
-                    Bump::Lockkit => Item::update_if(
-                        conn,
-                        id,
-                        torture_items::stock.ge(qty),
+        Strategy::Atomic => transaction(pooled, |conn| {
+            let (id, qty) = op.lines[0];
+            let target = torture_items::table
+                .find(id)
+                .filter(torture_items::stock.ge(qty));
+            let written = match op.bump {
+                Bump::Explicit => lockkit::atomic::update_if(
+                    conn,
+                    diesel::update(target).set((
                         torture_items::stock.eq(torture_items::stock - qty),
-                    )
-                    .map(|()| 1),
-                    Bump::Trigger | Bump::None => lockkit::atomic::update_if(
-                        conn,
-                        diesel::update(target)
-                            .set(torture_items::stock.eq(torture_items::stock - qty)),
-                    ),
-                };
-                match written {
-                    Ok(_) => Ok(Outcome::Done(record(conn, op)?)),
-                    Err(Error::NoRowMatched) => Ok(Outcome::OutOfStock),
-                    Err(err) => Err(err),
-                }
-            })
-        }
+                        torture_items::lock_version.eq(torture_items::lock_version + 1),
+                    )),
+                ),
+                Bump::Lockkit => Item::update_if(
+                    conn,
+                    id,
+                    torture_items::stock.ge(qty),
+                    torture_items::stock.eq(torture_items::stock - qty),
+                )
+                .map(|()| 1),
+                Bump::Trigger | Bump::None => lockkit::atomic::update_if(
+                    conn,
+                    diesel::update(target).set(torture_items::stock.eq(torture_items::stock - qty)),
+                ),
+            };
+            match written {
+                Ok(_) => Ok(Outcome::Done(record(conn, op)?)),
+                Err(Error::NoRowMatched) => Ok(Outcome::OutOfStock),
+                Err(err) => Err(err),
+            }
+        }),
         Strategy::ByVersion => {
-            let conn: &mut AnyConnection = pooled;
-            conn.transaction(|conn| {
+            transaction(pooled, |conn| {
                 let (id, qty) = op.lines[0];
                 // The version a client would send back in If-Match.
                 let item = read_item(conn, id)?;
