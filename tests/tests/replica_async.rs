@@ -189,9 +189,10 @@ async fn while_replay_is_paused_routed_reads_go_to_the_primary() {
 }
 
 /// On a runtime with ONE thread, several routes wait for a paused replica while
-/// another task resumes replay after 300 ms: the waits must yield to that task
-/// (a blocking sleep would hold the only thread, replay would never resume,
-/// and each route would fail with `ReplicaBehind` after 10 s).
+/// another task resumes replay after 300 ms, and a third ticks every
+/// millisecond: the waits must leave the thread to the others. A blocking sleep
+/// between two looks (up to 20 ms each, four readers) lets the ticker run about
+/// 15 times in those 300 ms; tokio's timer lets it run well over 100 times.
 #[tokio::test(flavor = "current_thread")]
 async fn a_waiting_route_yields_and_is_released_when_replay_resumes() {
     const READERS: usize = 4;
@@ -215,6 +216,16 @@ async fn a_waiting_route_yields_and_is_released_when_replay_resumes() {
             *resumed_at.lock().unwrap() = Some(Instant::now());
         })
     };
+    let ticks = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let ticker = {
+        let ticks = ticks.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                ticks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        })
+    };
     let started = Instant::now();
     let readers: Vec<_> = standbys
         .into_iter()
@@ -228,6 +239,8 @@ async fn a_waiting_route_yields_and_is_released_when_replay_resumes() {
         })
         .collect();
     resumer.await.unwrap();
+    let ticked = std::sync::atomic::AtomicU32::load(&ticks, std::sync::atomic::Ordering::Relaxed);
+    ticker.abort();
     let resumed_at = resumed_at.lock().unwrap().expect("replay resumed");
     for reader in readers {
         let (route, seen, done) = reader.await.unwrap();
@@ -240,8 +253,13 @@ async fn a_waiting_route_yields_and_is_released_when_replay_resumes() {
         assert_eq!(seen, 9);
     }
     println!(
-        "{READERS} routes released {:?} after they began waiting (replay resumed at 300 ms)",
+        "{READERS} routes released {:?} after they began waiting (replay resumed at 300 ms); \
+         the 1 ms ticker ran {ticked} times meanwhile",
         started.elapsed()
+    );
+    assert!(
+        ticked >= 50,
+        "the waits held the thread: {ticked} ticks in 300 ms"
     );
 }
 
