@@ -355,7 +355,12 @@ impl ReplicaStatements for diesel::PgConnection {
         log.section("lockkit::replica::commit_lsn(&mut primary)");
         let written = replica::commit_lsn(self).unwrap();
         log.section("lockkit::replica::route(&mut replica, Some(lsn), Policy::WaitThenPrimary(..)): one look per wait step (here on a server that is not a standby)");
-        let route = replica::route(self, Some(written), Policy::WaitThenPrimary(Duration::from_millis(5))).unwrap();
+        let route = replica::route(
+            self,
+            Some(written),
+            Policy::WaitThenPrimary(Duration::from_millis(5)),
+        )
+        .unwrap();
         assert!(matches!(route, Route::PrimaryNotAStandby), "{route:?}");
     }
 }
