@@ -253,7 +253,7 @@ for features in "" derive postgres mysql sqlite r2d2 idempotency idempotency-mig
   sqlite,idempotency-migrations postgres,axum,metrics uuid postgres,uuid \
   lease lease-migrations redis postgres,lease mysql,lease-migrations sqlite,redis outbox \
   outbox-migrations sqlite,outbox postgres,outbox-migrations mysql,outbox,r2d2 \
-  replica replica,r2d2 \
+  replica replica,r2d2 replica,async \
   async postgres,async mysql,async sqlite,async derive,postgres,mysql,sqlite,async; do
   cargo clippy --locked -q -p lockkit --no-default-features --features "$features" --all-targets \
     -- -D warnings || die "lockkit does not build with features [$features]"

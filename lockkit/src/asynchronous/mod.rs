@@ -23,6 +23,9 @@
 //! | [`connection`] | [`AsyncLockingConnection`]: begin and end a locking transaction per backend, and what a dropped future leaves behind ([cancellation](connection#cancellation)) |
 //! | [`work`] | the shape of the `async` closures the calls take |
 //!
+//! Read-your-writes on a PostgreSQL standby (features `replica` and `async`):
+//! [`lockkit::replica::asynchronous`](crate::replica::asynchronous).
+//!
 //! Not here yet: `queue::claim`, advisory locks, `serializable`, `atomic`,
 //! idempotency keys, leases and the outbox on diesel-async, and the
 //! [`journal`](crate::journal) (see [`versioned`]).

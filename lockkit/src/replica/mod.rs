@@ -14,6 +14,7 @@
 //! | [`replayed_lsn`] | on the replica: how far it has replayed (`None`: not a standby) |
 //! | [`route`] | with a [`Policy`]: the [`Route`] of a read (the replica, or the primary and why), waiting as the policy allows |
 //! | [`Router`] (feature `r2d2`) | the three over a primary and a replica pool: [`Router::write`] returns the position, [`Router::read`] the connection |
+//! | [`asynchronous`] (feature `async`) | the first three on diesel-async's `AsyncPgConnection`, waiting with tokio's timer |
 //!
 //! The SQL:
 //!
@@ -77,6 +78,9 @@
 //! * [`Policy::Primary`]'s window is the token's lifetime, which the app sets
 //!   (a cookie's `Max-Age`): lockkit keeps no clock.
 
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub mod asynchronous;
 mod lsn;
 mod position;
 mod route;

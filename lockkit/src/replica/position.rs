@@ -8,11 +8,37 @@ use super::Lsn;
 use crate::transaction::in_transaction;
 use crate::{Error, Result};
 
+/// The statement of [`commit_lsn`]; the async twin sends the same text.
+pub(crate) const COMMIT_LSN: &str =
+    "SELECT (CASE WHEN current_setting('synchronous_commit') = 'off' \
+     THEN pg_current_wal_insert_lsn() ELSE pg_current_wal_lsn() END)::text AS lsn";
+
+/// The statement of [`replayed_lsn`]; the async twin sends the same text.
+pub(crate) const REPLAYED_LSN: &str = "SELECT pg_last_wal_replay_lsn()::text AS lsn";
+
 /// A WAL position as the server prints it; `NULL` where the server has none.
 #[derive(diesel::QueryableByName)]
-struct Position {
+pub(crate) struct Position {
     #[diesel(sql_type = Nullable<Text>)]
     lsn: Option<String>,
+}
+
+impl Position {
+    /// The answer to [`COMMIT_LSN`]: never `NULL` on a primary, and a `NULL`
+    /// must not become `0/0`, which every replica has replayed.
+    pub(crate) fn committed(self) -> Result<Lsn> {
+        let text = self.lsn.ok_or_else(|| {
+            Error::Database(diesel::result::Error::DeserializationError(
+                "the primary returned no WAL position".into(),
+            ))
+        })?;
+        parse(&text)
+    }
+
+    /// The answer to [`REPLAYED_LSN`]: `None` when the server is not a standby.
+    pub(crate) fn replayed(self) -> Result<Option<Lsn>> {
+        self.lsn.as_deref().map(parse).transpose()
+    }
 }
 
 /// The position on the primary a replica must have replayed to show everything
@@ -43,19 +69,9 @@ pub fn commit_lsn(primary: &mut PgConnection) -> Result<Lsn> {
     if in_transaction(primary) {
         return Err(Error::AlreadyInTransaction);
     }
-    let position = diesel::sql_query(
-        "SELECT (CASE WHEN current_setting('synchronous_commit') = 'off' \
-         THEN pg_current_wal_insert_lsn() ELSE pg_current_wal_lsn() END)::text AS lsn",
-    )
-    .get_result::<Position>(primary)?;
-    // Never NULL on a primary; a NULL must not become `0/0`, which every replica
-    // has replayed.
-    let text = position.lsn.ok_or_else(|| {
-        Error::Database(diesel::result::Error::DeserializationError(
-            "the primary returned no WAL position".into(),
-        ))
-    })?;
-    parse(&text)
+    diesel::sql_query(COMMIT_LSN)
+        .get_result::<Position>(primary)?
+        .committed()
 }
 
 /// How far `replica` has replayed the primary's WAL: its writes up to this
@@ -66,9 +82,9 @@ pub fn commit_lsn(primary: &mut PgConnection) -> Result<Lsn> {
 /// SELECT pg_last_wal_replay_lsn()::text AS lsn
 /// ```
 pub fn replayed_lsn(replica: &mut PgConnection) -> Result<Option<Lsn>> {
-    let position = diesel::sql_query("SELECT pg_last_wal_replay_lsn()::text AS lsn")
-        .get_result::<Position>(replica)?;
-    position.lsn.as_deref().map(parse).transpose()
+    diesel::sql_query(REPLAYED_LSN)
+        .get_result::<Position>(replica)?
+        .replayed()
 }
 
 /// The server's text of a `pg_lsn`, which always parses; if a server ever sent

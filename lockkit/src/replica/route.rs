@@ -79,36 +79,141 @@ const MAX_PAUSE: Duration = Duration::from_millis(20);
 /// [`Error::ReplicaBehind`] when the wait of [`Policy::WaitOrFail`] ran out; the
 /// errors of the replica's connection.
 pub fn route(replica: &mut PgConnection, written: Option<Lsn>, policy: Policy) -> Result<Route> {
-    let Some(wanted) = written else {
-        return Ok(Route::Replica {
-            waited: Duration::ZERO,
-        });
+    let mut routing = match Routing::start(written, policy) {
+        Ok(routing) => routing,
+        Err(route) => return Ok(route),
     };
-    let wait = match policy {
-        Policy::Primary => return Ok(Route::PrimaryByPolicy),
-        Policy::WaitThenPrimary(wait) | Policy::WaitOrFail(wait) => wait,
-    };
-    let started = Instant::now();
-    let mut pause = FIRST_PAUSE;
     loop {
-        let Some(replayed) = replayed_lsn(replica)? else {
-            return Ok(Route::PrimaryNotAStandby);
-        };
-        let waited = started.elapsed();
-        if replayed >= wanted {
-            return Ok(Route::Replica { waited });
+        match routing.look(replayed_lsn(replica)?) {
+            Step::Done(decided) => return decided,
+            Step::Pause(pause) => thread::sleep(pause),
         }
-        if waited >= wait {
-            return match policy {
+    }
+}
+
+/// What [`Routing::look`] decided: the answer, or a pause before the next look.
+#[derive(Debug)]
+pub(crate) enum Step {
+    /// Where the read goes, or [`Error::ReplicaBehind`].
+    Done(Result<Route>),
+    /// Look again at the replica after this pause.
+    Pause(Duration),
+}
+
+/// The decision of [`route`], one look at the replica at a time, without the
+/// looking and the sleeping: the blocking [`route`] and its async twin
+/// execute the same steps, each with its own connection and its own timer.
+#[derive(Debug)]
+pub(crate) struct Routing {
+    wanted: Lsn,
+    policy: Policy,
+    wait: Duration,
+    started: Instant,
+    pause: Duration,
+}
+
+impl Routing {
+    /// The routing of a read that must see `written`; `Err` holds the route
+    /// when no look at the replica is needed (no position, or
+    /// [`Policy::Primary`]).
+    pub(crate) fn start(written: Option<Lsn>, policy: Policy) -> std::result::Result<Self, Route> {
+        let Some(wanted) = written else {
+            return Err(Route::Replica {
+                waited: Duration::ZERO,
+            });
+        };
+        let wait = match policy {
+            Policy::Primary => return Err(Route::PrimaryByPolicy),
+            Policy::WaitThenPrimary(wait) | Policy::WaitOrFail(wait) => wait,
+        };
+        Ok(Routing {
+            wanted,
+            policy,
+            wait,
+            started: Instant::now(),
+            pause: FIRST_PAUSE,
+        })
+    }
+
+    /// Takes the replica's answer to one look ([`replayed_lsn`]; `None`: not a
+    /// standby) and decides, or says how long to pause before the next look.
+    pub(crate) fn look(&mut self, replayed: Option<Lsn>) -> Step {
+        let Some(replayed) = replayed else {
+            return Step::Done(Ok(Route::PrimaryNotAStandby));
+        };
+        let waited = self.started.elapsed();
+        if replayed >= self.wanted {
+            return Step::Done(Ok(Route::Replica { waited }));
+        }
+        if waited >= self.wait {
+            return Step::Done(match self.policy {
                 Policy::WaitOrFail(_) => Err(Error::ReplicaBehind {
-                    wanted,
+                    wanted: self.wanted,
                     replayed,
                     waited,
                 }),
                 _ => Ok(Route::PrimaryReplicaBehind { replayed, waited }),
-            };
+            });
         }
-        thread::sleep(pause.min(wait - waited));
-        pause = (pause * 2).min(MAX_PAUSE);
+        let pause = self.pause.min(self.wait - waited);
+        self.pause = (self.pause * 2).min(MAX_PAUSE);
+        Step::Pause(pause)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lsn(n: u64) -> Option<Lsn> {
+        Some(Lsn::from(n))
+    }
+
+    #[test]
+    fn no_look_without_a_position_or_under_the_primary_policy() {
+        let wait = Policy::WaitOrFail(Duration::from_secs(1));
+        assert_eq!(
+            Routing::start(None, wait).unwrap_err(),
+            Route::Replica {
+                waited: Duration::ZERO
+            }
+        );
+        assert_eq!(
+            Routing::start(lsn(5), Policy::Primary).unwrap_err(),
+            Route::PrimaryByPolicy
+        );
+    }
+
+    #[test]
+    fn pauses_double_up_to_the_longest_then_the_policy_decides() {
+        let mut routing =
+            Routing::start(lsn(5), Policy::WaitThenPrimary(Duration::from_secs(60))).unwrap();
+        let pauses: Vec<Duration> = (0..7)
+            .map(|_| match routing.look(lsn(4)) {
+                Step::Pause(pause) => pause,
+                done => panic!("{done:?}"),
+            })
+            .collect();
+        let millis: Vec<u128> = pauses.iter().map(Duration::as_millis).collect();
+        assert_eq!(millis, [1, 2, 4, 8, 16, 20, 20]);
+        assert!(matches!(
+            routing.look(lsn(5)),
+            Step::Done(Ok(Route::Replica { .. }))
+        ));
+        assert!(matches!(
+            routing.look(None),
+            Step::Done(Ok(Route::PrimaryNotAStandby))
+        ));
+
+        let mut behind = Routing::start(lsn(5), Policy::WaitThenPrimary(Duration::ZERO)).unwrap();
+        assert!(matches!(
+            behind.look(lsn(4)),
+            Step::Done(Ok(Route::PrimaryReplicaBehind { .. }))
+        ));
+        let mut fails = Routing::start(lsn(5), Policy::WaitOrFail(Duration::ZERO)).unwrap();
+        assert!(matches!(
+            fails.look(lsn(4)),
+            Step::Done(Err(Error::ReplicaBehind { .. }))
+        ));
     }
 }
