@@ -15,7 +15,7 @@
 //!
 //! 1. the [`journal`] says which version to check (the struct's, or
 //!    the one before a write of it that was rolled back; a row just read under
-//!    lock, [`Origin::LockedRead`], is checked as read);
+//!    lock, `Origin::LockedRead`, is checked as read);
 //! 2. a version at its type's maximum is refused before anything is sent;
 //! 3. the statement runs, in a savepoint if the database does not enforce the
 //!    declared key ([`Error::AmbiguousKey`] if it matched several rows);
