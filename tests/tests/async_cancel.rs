@@ -253,15 +253,22 @@ async_backend_tests! {
 
     async fn dropped_at_every_point_the_next_user_is_clean_and_no_decrement_is_half_done(db) {
         // A sweep of deadlines over the whole call: BEGIN, the locked read, the
-        // version bump, the closure's UPDATE, COMMIT, and after.
+        // version bump, the closure's UPDATE, its 2 ms linger before COMMIT,
+        // COMMIT, and after. The linger makes the first deadlines drop the call
+        // on any machine (on an idle one a bare call once beat them all), and the
+        // last step's 10 s lets it finish on a loaded one.
         let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 1).await;
         let mut other: Async = async_common::connect(&db.url, BACKEND).await;
         insert_item!(&mut other);
         let (mut finished, mut dropped, mut slowest) = (0, 0, Duration::ZERO);
-        for step in 0..60u64 {
-            let deadline = Duration::from_micros(step * 150);
+        let linger = Some(Duration::from_millis(2));
+        for step in 0..=60u64 {
+            let deadline = match step {
+                60 => Duration::from_secs(10),
+                _ => Duration::from_micros(step * 150),
+            };
             let mut conn = pool.get().await.unwrap();
-            match tokio::time::timeout(deadline, decrement!(&mut *conn, None)).await {
+            match tokio::time::timeout(deadline, decrement!(&mut *conn, linger)).await {
                 Ok(done) => {
                     done.unwrap();
                     finished += 1;
