@@ -8,23 +8,32 @@
 //! fits changes with the load, row by row.
 //!
 //! [`AdaptivePolicy::update`] (and [`UpdateAdaptive::update_adaptive`] on a
-//! loaded model) picks for you. It keeps, per row (or per table, see
-//! [`AdaptivePolicy::per_table`]), the **conflict rate** of its optimistic
-//! writes: of the recent attempts, the share that lost the race
-//! ([`Error::Stale`]). Both counts halve every
-//! [`half_life`](AdaptivePolicy::half_life), so old conflicts fade.
+//! loaded model) picks for you, per row (or per table, see
+//! [`AdaptivePolicy::per_table`]), by **measuring both**: which mode writes
+//! the row more often per second under the load it has now.
 //!
+//! * A row starts [`Mode::Optimistic`], and stays so while few of its recent
+//!   optimistic writes lose the race ([`Error::Stale`]): a calm row never pays
+//!   for a lock. The counts halve every [`half_life`](AdaptivePolicy::half_life),
+//!   so old conflicts fade.
 //! * Once at least [`min_attempts`](AdaptivePolicy::min_attempts) recent
 //!   attempts have a conflict rate of [`escalate_at`](AdaptivePolicy::escalate_at)
-//!   or more (by default: 8 attempts, three quarters of them lost), the row turns
-//!   [`Mode::Locked`].
-//! * After [`locked_for`](AdaptivePolicy::locked_for) it turns
-//!   [`Mode::Optimistic`] again and measures afresh: a row that is still hot
-//!   is locked again after a few lost races, a row that calmed down stays
-//!   optimistic. (Under the lock nobody loses a race, so the rate cannot be
-//!   measured there; lock waits are no measure either: on PostgreSQL many
-//!   writers queue at a hot row's lock while optimistic writes would still win
-//!   most races.)
+//!   or more (by default: 8 attempts, three quarters of them lost), the row is
+//!   locked for a **trial** of [`trial`](AdaptivePolicy::trial) (100 ms). The
+//!   rows written per second during the trial are compared with those of the
+//!   optimistic period before it.
+//! * If the lock wrote more (by a tenth or more), the row stays
+//!   [`Mode::Locked`] for [`locked_for`](AdaptivePolicy::locked_for) (1 s),
+//!   then turns optimistic to measure afresh. If not, it turns optimistic at
+//!   once, and the next trial waits: 1 s after a lost trial, doubling with each
+//!   one lost in a row up to 32 s, so that a row where optimistic writes win
+//!   (often the case: on PostgreSQL many writers queue at a hot row's lock
+//!   while optimistic writes with backoff still win most races) spends a few
+//!   per cent of its time on trials at most.
+//!
+//! A high conflict rate alone is no reason to lock: losers that back off
+//! leave the row to the others, and the row may still be written more often
+//! than the lock allows. Only the measured throughput decides.
 //!
 //! Either way your closure runs against a **fresh** row, read in the same call,
 //! and the row is written with [`Versioned::update_versioned`]:
@@ -46,7 +55,7 @@
 //! optimistic writer racing a locked one loses with `Stale` and reads again,
 //! and a locked writer can never be stale (nobody writes the locked row). After
 //! [`max_optimistic_attempts`](AdaptivePolicy::max_optimistic_attempts) lost
-//! races a call takes the lock whatever the rate, so every call ends.
+//! races (5) a call takes the lock whatever the mode, so every call ends.
 //!
 //! ```
 //! use diesel::prelude::*;
@@ -144,23 +153,65 @@ enum Scope {
     Table,
 }
 
-/// One row's (or table's) recent optimistic attempts, and its mode.
+/// One row's (or table's) recent history, and its mode.
 #[derive(Debug, Clone, Copy)]
 struct Slot {
+    /// Recent optimistic attempts and the races they lost; with `writes`,
+    /// they halve every `half_life`.
     attempts: f64,
     conflicts: f64,
+    /// Rows written since the current mode began (by either path).
+    writes: f64,
+    /// When the counts were last brought up to date.
     at: Option<Instant>,
     mode: Mode,
+    /// When the current mode began.
+    since: Option<Instant>,
+    /// While [`Mode::Locked`]: when the locked period ends, and whether it is
+    /// a trial (compared with `optimistic_rate` at its end).
     locked_until: Option<Instant>,
+    trial: bool,
+    /// Rows per second in the optimistic period before the trial.
+    optimistic_rate: f64,
+    /// No trial before this; and the wait after the next lost trial.
+    next_trial: Option<Instant>,
+    trial_wait: Duration,
 }
 
 const CALM: Slot = Slot {
     attempts: 0.0,
     conflicts: 0.0,
+    writes: 0.0,
     at: None,
     mode: Mode::Optimistic,
+    since: None,
     locked_until: None,
+    trial: false,
+    optimistic_rate: 0.0,
+    next_trial: None,
+    trial_wait: FIRST_TRIAL_WAIT,
 };
+
+/// The wait before the next trial after a lost one, doubling per trial lost
+/// in a row up to [`LAST_TRIAL_WAIT`].
+const FIRST_TRIAL_WAIT: Duration = Duration::from_secs(1);
+const LAST_TRIAL_WAIT: Duration = Duration::from_secs(32);
+
+/// How much more a trial must write than the optimistic period before it for
+/// the row to stay locked: a tie goes to the mode that holds no lock.
+const LOCK_MUST_WIN_BY: f64 = 1.1;
+
+/// What [`AdaptivePolicy::touch`] is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Event {
+    /// Nothing happened; only the mode is wanted.
+    Ask,
+    /// An optimistic attempt that wrote the row (`lost: false`) or lost the
+    /// race.
+    Optimistic { lost: bool },
+    /// A row written under the lock.
+    Locked,
+}
 
 /// What a policy did, since it was created ([`AdaptivePolicy::stats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -172,9 +223,10 @@ pub struct AdaptiveStats {
     pub locked_writes: u64,
     /// Optimistic writes that lost their race (each read again).
     pub conflicts: u64,
-    /// Times a row (or table) turned [`Mode::Locked`].
+    /// Times a row (or table) turned [`Mode::Locked`] for a trial of the lock.
     pub escalations: u64,
-    /// Times it turned [`Mode::Optimistic`] again.
+    /// Times it turned [`Mode::Optimistic`] again (after a lost trial, or
+    /// after a locked period to measure afresh).
     pub de_escalations: u64,
 }
 
@@ -222,6 +274,7 @@ pub struct AdaptivePolicy {
     half_life: Duration,
     escalate_at: f64,
     min_attempts: f64,
+    trial: Duration,
     locked_for: Duration,
     max_optimistic_attempts: u32,
     backoff: RetryPolicy,
@@ -240,20 +293,20 @@ impl Default for AdaptivePolicy {
 static GLOBAL: LazyLock<AdaptivePolicy> = LazyLock::new(AdaptivePolicy::new);
 
 impl AdaptivePolicy {
-    /// Per row; counts halve every second; locked once 8 recent attempts lost
-    /// three quarters of their races, for one second; at most 3 optimistic
-    /// attempts per call, with a jittered wait from 1 ms between them; the
+    /// Per row; counts halve every second; a 100 ms trial of the lock once 8
+    /// recent attempts lost three quarters of their races, and locked for one
+    /// second when the trial wrote more; at most 5 optimistic attempts per
+    /// call, with [`RetryPolicy::default`]'s jittered waits between them; the
     /// lock is `FOR UPDATE` with the server's timeout.
     pub fn new() -> Self {
         AdaptivePolicy {
             half_life: Duration::from_secs(1),
             escalate_at: 0.75,
             min_attempts: 8.0,
+            trial: Duration::from_millis(100),
             locked_for: Duration::from_secs(1),
-            max_optimistic_attempts: 3,
-            backoff: RetryPolicy::default()
-                .base_delay(Duration::from_millis(1))
-                .max_delay(Duration::from_millis(20)),
+            max_optimistic_attempts: 5,
+            backoff: RetryPolicy::default(),
             lock: LockOptions::default(),
             scope: Scope::Row,
             slots: (0..SLOTS).map(|_| Mutex::new(CALM)).collect(),
@@ -282,7 +335,7 @@ impl AdaptivePolicy {
     }
 
     /// The conflict rate (lost races per optimistic attempt, from 0 to 1) at
-    /// which a row turns [`Mode::Locked`].
+    /// which a row's lock is tried (see [`trial`](Self::trial)).
     #[must_use]
     pub fn escalate_at(mut self, rate: f64) -> Self {
         self.escalate_at = rate.clamp(0.0, 1.0);
@@ -296,8 +349,17 @@ impl AdaptivePolicy {
         self
     }
 
-    /// How long a row stays [`Mode::Locked`] before it is tried optimistically
-    /// again.
+    /// How long a trial of the lock lasts: the row is [`Mode::Locked`] that
+    /// long, then stays locked only if it was written more often than in the
+    /// optimistic period before (at least 1 ms).
+    #[must_use]
+    pub fn trial(mut self, trial: Duration) -> Self {
+        self.trial = trial.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How long a row stays [`Mode::Locked`] after the lock won its trial,
+    /// before it is measured optimistically again.
     #[must_use]
     pub fn locked_for(mut self, locked_for: Duration) -> Self {
         self.locked_for = locked_for;
@@ -313,8 +375,9 @@ impl AdaptivePolicy {
     }
 
     /// The wait before the next optimistic attempt after a lost race: by
-    /// default a random part of 1 ms, doubling per lost race (up to 20 ms), so
-    /// that the losers do not meet again at once. Only its delays are used;
+    /// default [`RetryPolicy::default`]'s (a random part of 10 ms, doubling per
+    /// lost race), so that the losers do not meet again at once and leave the
+    /// row to the others meanwhile. Only its delays are used;
     /// [`max_optimistic_attempts`](Self::max_optimistic_attempts) bounds the
     /// attempts. [`RetryPolicy::immediate`] does not wait.
     #[must_use]
@@ -338,7 +401,7 @@ impl AdaptivePolicy {
 
     /// The mode the row `key` of `M` is written in now.
     pub fn mode<M: Lockable>(&self, key: &M::Key) -> Mode {
-        self.touch(self.slot::<M>(key), Instant::now(), None)
+        self.touch(self.slot::<M>(key), Instant::now(), Event::Ask)
     }
 
     /// What this policy did since it was created.
@@ -355,7 +418,7 @@ impl AdaptivePolicy {
 
     /// Reads the row `key` of `M` fresh, runs `change` on it and writes it back
     /// version-checked, optimistically or under the row lock as the row's
-    /// conflict rate says (see the [module docs](self)). Returns the row as
+    /// measurements say (see the [module docs](self)). Returns the row as
     /// written.
     ///
     /// `change` may run more than once; its `Err` ends the call at once,
@@ -381,7 +444,7 @@ impl AdaptivePolicy {
         let slot = self.slot::<M>(&key);
         let mut lost = 0;
         while lost < self.max_optimistic_attempts
-            && self.touch(slot, Instant::now(), None) == Mode::Optimistic
+            && self.touch(slot, Instant::now(), Event::Ask) == Mode::Optimistic
         {
             let mut row = M::read(conn, key.clone())
                 .map_err(classify)?
@@ -390,13 +453,13 @@ impl AdaptivePolicy {
             match row.write_versioned(conn) {
                 Ok(()) => {
                     self.counters.optimistic_writes.fetch_add(1, Relaxed);
-                    self.touch(slot, Instant::now(), Some(false));
+                    self.touch(slot, Instant::now(), Event::Optimistic { lost: false });
                     return Ok(row);
                 }
                 Err(Error::Stale(_)) => {
                     self.counters.conflicts.fetch_add(1, Relaxed);
                     lost += 1;
-                    let mode = self.touch(slot, Instant::now(), Some(true));
+                    let mode = self.touch(slot, Instant::now(), Event::Optimistic { lost: true });
                     if mode == Mode::Optimistic && lost < self.max_optimistic_attempts {
                         let wait = self.backoff.delay_after(lost);
                         if !wait.is_zero() {
@@ -418,6 +481,7 @@ impl AdaptivePolicy {
             Ok::<_, E>(row)
         })?;
         self.counters.locked_writes.fetch_add(1, Relaxed);
+        self.touch(slot, Instant::now(), Event::Locked);
         Ok(row)
     }
 
@@ -432,47 +496,100 @@ impl AdaptivePolicy {
         (hasher.finish() % SLOTS as u64) as usize
     }
 
-    /// Decays the slot's counts to `now`, ends a lock period that is over,
-    /// counts an optimistic attempt (`Some(lost)`), locks the row when its
-    /// conflict rate calls for it, and returns the mode.
-    fn touch(&self, slot: usize, now: Instant, attempt: Option<bool>) -> Mode {
+    /// Brings the slot's counts up to `now`, counts `event`, ends a locked
+    /// period that is over (keeping the lock if it won its trial), starts a
+    /// trial when the conflict rate calls for one, and returns the mode.
+    fn touch(&self, slot: usize, now: Instant, event: Event) -> Mode {
         let mut slot = self.slots[slot]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let half_life = self.half_life.as_secs_f64();
         if let Some(at) = slot.at {
-            let halvings =
-                now.saturating_duration_since(at).as_secs_f64() / self.half_life.as_secs_f64();
-            let keep = 0.5f64.powf(halvings);
+            let keep = 0.5f64.powf(now.saturating_duration_since(at).as_secs_f64() / half_life);
             slot.attempts *= keep;
             slot.conflicts *= keep;
+            slot.writes *= keep;
         }
         slot.at = Some(now);
-        if slot.mode == Mode::Locked && slot.locked_until.is_some_and(|until| now >= until) {
-            // Measure afresh: the rate from before the lock is stale news.
-            *slot = Slot {
-                at: Some(now),
-                ..CALM
-            };
-            self.counters.de_escalations.fetch_add(1, Relaxed);
-            tracing::debug!(target: "lockkit", "adaptive: trying a locked row optimistically again");
+        let since = *slot.since.get_or_insert(now);
+        match event {
+            Event::Ask => {}
+            Event::Optimistic { lost } => {
+                slot.attempts += 1.0;
+                if lost {
+                    slot.conflicts += 1.0;
+                } else {
+                    slot.writes += 1.0;
+                }
+            }
+            Event::Locked => slot.writes += 1.0,
         }
-        if let Some(lost) = attempt {
-            slot.attempts += 1.0;
-            slot.conflicts += if lost { 1.0 } else { 0.0 };
-        }
-        if slot.mode == Mode::Optimistic
+
+        let over = slot
+            .locked_until
+            .filter(|until| slot.mode == Mode::Locked && now >= *until);
+        if let Some(until) = over {
+            let rate = self.rate(slot.writes, now.saturating_duration_since(since));
+            let won = slot.trial && rate > slot.optimistic_rate * LOCK_MUST_WIN_BY;
+            // A won trial keeps the lock for `locked_for` from the trial's end.
+            let keep_until = until.checked_add(self.locked_for).filter(|_| won);
+            if let Some(keep_until) = keep_until.filter(|keep_until| now < *keep_until) {
+                slot.trial = false;
+                slot.locked_until = Some(keep_until);
+                slot.trial_wait = FIRST_TRIAL_WAIT;
+                tracing::debug!(target: "lockkit", locked = rate, optimistic = slot.optimistic_rate,
+                    "adaptive: the lock wrote more, keeping it");
+            } else {
+                let (next_trial, trial_wait) = if slot.trial && !won {
+                    // The lock lost its trial: the next one waits longer.
+                    (
+                        now.checked_add(slot.trial_wait),
+                        (slot.trial_wait * 2).min(LAST_TRIAL_WAIT),
+                    )
+                } else {
+                    (None, FIRST_TRIAL_WAIT)
+                };
+                tracing::debug!(target: "lockkit", locked = rate, optimistic = slot.optimistic_rate,
+                    "adaptive: writing a locked row optimistically again");
+                *slot = Slot {
+                    at: Some(now),
+                    since: Some(now),
+                    next_trial,
+                    trial_wait,
+                    ..CALM
+                };
+                self.counters.de_escalations.fetch_add(1, Relaxed);
+            }
+        } else if slot.mode == Mode::Optimistic
             // The counts decay between attempts: allow for that.
             && slot.attempts >= self.min_attempts - 0.5
             && slot.conflicts >= self.escalate_at * slot.attempts
             && slot.conflicts > 0.0
+            // A rate to compare the trial with.
+            && slot.writes > 0.0
+            && slot.next_trial.is_none_or(|at| now >= at)
         {
+            slot.optimistic_rate = self.rate(slot.writes, now.saturating_duration_since(since));
             slot.mode = Mode::Locked;
-            slot.locked_until = now.checked_add(self.locked_for);
+            slot.trial = true;
+            slot.since = Some(now);
+            slot.writes = 0.0;
+            slot.locked_until = now.checked_add(self.trial);
             self.counters.escalations.fetch_add(1, Relaxed);
             tracing::debug!(target: "lockkit", attempts = slot.attempts, conflicts = slot.conflicts,
-                "adaptive: locking a hot row");
+                optimistic = slot.optimistic_rate, "adaptive: trying the lock on a hot row");
         }
         slot.mode
+    }
+
+    /// Rows per second, from `writes` counted (and halved every half-life)
+    /// over the last `elapsed`: the decayed count over the decayed length of
+    /// the window, `h / ln 2 · (1 − 2^(−elapsed/h))`.
+    fn rate(&self, writes: f64, elapsed: Duration) -> f64 {
+        let half_life = self.half_life.as_secs_f64();
+        let elapsed = elapsed.as_secs_f64().max(1e-3);
+        let window = half_life / std::f64::consts::LN_2 * (1.0 - 0.5f64.powf(elapsed / half_life));
+        writes / window
     }
 }
 
@@ -580,3 +697,133 @@ adaptive_row_on!(
     diesel::MysqlConnection, diesel::mysql::Mysql, "mysql";
     diesel::SqliteConnection, diesel::sqlite::Sqlite, "sqlite"
 );
+
+#[cfg(test)]
+mod tests {
+    //! The decisions alone, on a clock of the test's own: what the policy does
+    //! with the writes and lost races it is told about.
+    use super::*;
+
+    const SLOT: usize = 7;
+
+    struct Clock {
+        policy: AdaptivePolicy,
+        start: Instant,
+        now: Duration,
+    }
+
+    impl Clock {
+        fn new(policy: AdaptivePolicy) -> Self {
+            Clock {
+                policy,
+                start: Instant::now(),
+                now: Duration::ZERO,
+            }
+        }
+
+        /// Optimistic attempts, `writes` won and `lost` lost in every
+        /// `writes + lost`, spread evenly at `writes + lost` per `per`, for
+        /// `during` or until the row turns locked; returns the mode.
+        fn optimistic(&mut self, writes: u32, lost: u32, per: Duration, during: Duration) -> Mode {
+            let events = writes + lost;
+            let end = self.now + during;
+            let mut i = 0;
+            while self.now + per / events <= end {
+                self.now += per / events;
+                // Lose `lost` of every `events`, spread out.
+                let k = i % events;
+                let lost = (k + 1) * lost / events != k * lost / events;
+                i += 1;
+                let at = self.start + self.now;
+                if self.policy.touch(SLOT, at, Event::Optimistic { lost }) == Mode::Locked {
+                    return Mode::Locked;
+                }
+            }
+            Mode::Optimistic
+        }
+
+        fn locked(&mut self, writes: u32, during: Duration) -> Mode {
+            let mut mode = Mode::Locked;
+            for _ in 0..writes {
+                self.now += during / writes;
+                mode = self
+                    .policy
+                    .touch(SLOT, self.start + self.now, Event::Locked);
+            }
+            mode
+        }
+
+        fn ask_after(&mut self, wait: Duration) -> Mode {
+            self.now += wait;
+            self.policy.touch(SLOT, self.start + self.now, Event::Ask)
+        }
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_calm_row_is_never_locked() {
+        let mut clock = Clock::new(AdaptivePolicy::new());
+        assert_eq!(
+            clock.optimistic(100, 1, 100 * MS, 2000 * MS),
+            Mode::Optimistic
+        );
+        assert_eq!(clock.policy.stats().escalations, 0);
+    }
+
+    #[test]
+    fn a_hot_row_where_optimistic_writes_win_goes_back_and_waits_longer_each_time() {
+        let mut clock = Clock::new(AdaptivePolicy::new());
+        // 400 optimistic writes per second, three races lost per write.
+        assert_eq!(
+            clock.optimistic(4, 12, 10 * MS, 1000 * MS),
+            Mode::Locked,
+            "a trial"
+        );
+        // The trial writes 100 per second.
+        assert_eq!(clock.locked(10, 99 * MS), Mode::Locked);
+        assert_eq!(clock.ask_after(2 * MS), Mode::Optimistic, "the trial lost");
+        let stats = clock.policy.stats();
+        assert_eq!((stats.escalations, stats.de_escalations), (1, 1));
+
+        // Just as hot: no trial for a second...
+        assert_eq!(clock.optimistic(4, 12, 10 * MS, 950 * MS), Mode::Optimistic);
+        // ...then one, lost again; the next waits two seconds.
+        assert_eq!(clock.optimistic(4, 12, 10 * MS, 100 * MS), Mode::Locked);
+        clock.locked(10, 100 * MS);
+        assert_eq!(clock.ask_after(MS), Mode::Optimistic);
+        assert_eq!(
+            clock.optimistic(4, 12, 10 * MS, 1950 * MS),
+            Mode::Optimistic
+        );
+        assert_eq!(clock.optimistic(4, 12, 10 * MS, 100 * MS), Mode::Locked);
+        assert_eq!(clock.policy.stats().escalations, 3);
+    }
+
+    #[test]
+    fn a_hot_row_where_the_lock_wins_stays_locked_then_is_measured_again() {
+        let mut clock = Clock::new(AdaptivePolicy::new());
+        // 20 optimistic writes per second, twenty races lost per write.
+        assert_eq!(clock.optimistic(1, 20, 50 * MS, 1000 * MS), Mode::Locked);
+        // The trial writes 500 per second: the row stays locked for a second.
+        assert_eq!(clock.locked(50, 100 * MS), Mode::Locked);
+        assert_eq!(clock.locked(450, 900 * MS), Mode::Locked);
+        assert_eq!(clock.policy.stats().de_escalations, 0);
+        assert_eq!(
+            clock.ask_after(110 * MS),
+            Mode::Optimistic,
+            "measured afresh"
+        );
+        // Still hot and slow optimistically: a trial at once, not after a wait.
+        assert_eq!(clock.optimistic(1, 20, 50 * MS, 200 * MS), Mode::Locked);
+        let stats = clock.policy.stats();
+        assert_eq!((stats.escalations, stats.de_escalations), (2, 1));
+    }
+
+    #[test]
+    fn a_trial_nobody_writes_in_ends_optimistic() {
+        let mut clock = Clock::new(AdaptivePolicy::new());
+        assert_eq!(clock.optimistic(1, 3, 10 * MS, 100 * MS), Mode::Locked);
+        assert_eq!(clock.ask_after(10_000 * MS), Mode::Optimistic);
+    }
+}

@@ -66,8 +66,8 @@ lockkit_tests::backend_tests! {
         const THREADS: usize = 8;
         const INCREMENTS: usize = 25;
         seed_items(&mut db.conn(), &[(1, 0)]);
-        // Locked for long: the row stays locked until the test looks at it.
-        let policy = hot_policy().locked_for(Duration::from_secs(600));
+        // A long trial: the row stays locked until the test looks at it.
+        let policy = hot_policy().trial(Duration::from_secs(600));
         hot_increments(&db.pool(), &policy, 1, 6, 1);
         assert_eq!(policy.stats().escalations, 1, "{}", policy.stats());
         assert_eq!(policy.mode::<Item>(&1), Mode::Locked);
@@ -88,8 +88,9 @@ lockkit_tests::backend_tests! {
         const THREADS: usize = 8;
         const INCREMENTS: usize = 40;
         seed_items(&mut db.conn(), &[(1, 0)]);
-        // Short lock periods: the row goes back and forth while the writers race.
-        let policy = hot_policy().locked_for(Duration::from_millis(5)).half_life(Duration::from_millis(20));
+        // Short trials and lock periods: the row may go back and forth while
+        // the writers race.
+        let policy = hot_policy().trial(Duration::from_millis(5)).locked_for(Duration::from_millis(5)).half_life(Duration::from_millis(20));
         hot_increments(&db.pool(), &policy, 1, THREADS, INCREMENTS);
         let total = (THREADS * INCREMENTS) as i32;
         let item = items::table.find(1).first::<Item>(&mut db.conn()).unwrap();
@@ -105,13 +106,15 @@ lockkit_tests::backend_tests! {
 
     fn adaptive_returns_to_optimistic_once_the_row_calms_down(db) {
         seed_items(&mut db.conn(), &[(1, 0)]);
-        let policy = hot_policy().locked_for(Duration::from_millis(200));
+        // Whether the lock wins its trial or not, the row is optimistic again
+        // 400 ms after it.
+        let policy = hot_policy().trial(Duration::from_millis(200)).locked_for(Duration::from_millis(200));
         hot_increments(&db.pool(), &policy, 1, 6, 1); // five races lost of six
         let hot = policy.stats();
         assert_eq!(hot.escalations, 1, "{hot}");
         assert_eq!(hot.de_escalations, 0, "{hot}");
 
-        thread::sleep(Duration::from_millis(300));
+        thread::sleep(Duration::from_millis(500));
         assert_eq!(policy.mode::<Item>(&1), Mode::Optimistic);
         let mut conn = db.conn();
         let item: Item = policy.update(&mut conn, 1, |item: &mut Item| {
@@ -150,7 +153,7 @@ lockkit_tests::backend_tests! {
 
     fn adaptive_per_table_locks_every_row_of_a_hot_table(db) {
         seed_items(&mut db.conn(), &[(1, 0), (2, 0)]);
-        let policy = hot_policy().per_table().locked_for(Duration::from_secs(600));
+        let policy = hot_policy().per_table().trial(Duration::from_secs(600));
         hot_increments(&db.pool(), &policy, 1, 6, 1);
         assert_eq!(policy.mode::<Item>(&2), Mode::Locked);
         let item: Item = policy.update(&mut db.conn(), 2, |item: &mut Item| {
@@ -181,7 +184,7 @@ lockkit_tests::backend_tests! {
         assert_eq!((item.stock, item.lock_version), (1, 0), "nothing written");
 
         // The same under the lock.
-        let locked = hot_policy().locked_for(Duration::from_secs(600));
+        let locked = hot_policy().trial(Duration::from_secs(600));
         hot_increments(&db.pool(), &locked, 1, 6, 1);
         assert_eq!(locked.mode::<Item>(&1), Mode::Locked);
         let refused = locked.update(&mut conn, 1, |item: &mut Item| {
