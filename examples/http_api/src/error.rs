@@ -17,9 +17,22 @@ pub enum ApiError {
     #[error(transparent)]
     Lock(#[from] lockkit::Error),
 
-    /// No pooled connection became free in time: `503`.
+    /// No pooled connection became free in time, or none could be opened: `503`.
     #[error("no database connection available: {0}")]
-    Pool(#[from] diesel::r2d2::PoolError),
+    Pool(#[from] diesel_async::pooled_connection::bb8::RunError),
+
+    /// As [`Pool`](Self::Pool), for the blocking route's r2d2 pool: `503`.
+    #[error("no database connection available: {0}")]
+    BlockingPool(#[from] diesel::r2d2::PoolError),
+
+    /// A sale of more than the stock: `409`, nothing written.
+    #[error("only {stock} in stock, {wanted} wanted")]
+    Insufficient {
+        /// The stock, read under the row's lock.
+        stock: i32,
+        /// The quantity asked for.
+        wanted: i32,
+    },
 
     /// The request is well-formed but its content is not acceptable: `422`.
     #[error("{0}")]
@@ -45,13 +58,33 @@ impl From<diesel::result::Error> for ApiError {
     }
 }
 
+/// So that lockkit's retrying calls (`retry`, `transaction_with_retry`) take
+/// the handlers' error: they retry what its lockkit error says is retryable.
+impl lockkit::RetryableError for ApiError {
+    fn lockkit_error(&self) -> Option<&lockkit::Error> {
+        match self {
+            ApiError::Lock(error) => Some(error),
+            _ => None,
+        }
+    }
+
+    /// As lockkit's own error: `Error::RetriesExhausted` (`503`) with the last one.
+    fn retries_exhausted(self, attempts: u32) -> Self {
+        match self {
+            ApiError::Lock(error) => ApiError::Lock(error.retries_exhausted(attempts)),
+            other => other,
+        }
+    }
+}
+
 impl ApiError {
     /// The status of the response.
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::Lock(error) => StatusCode::from_u16(lockkit::etag::status_for(error))
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-            ApiError::Pool(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Pool(_) | ApiError::BlockingPool(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Insufficient { .. } => StatusCode::CONFLICT,
             ApiError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Rejected { status, .. } => *status,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -69,7 +102,8 @@ impl IntoResponse for ApiError {
             |title: &'static str, detail: String| Problem::new(status.as_u16(), title, detail);
         match self {
             ApiError::Lock(error) => HttpError(error).into_response(),
-            ApiError::Pool(_) => problem(
+            ApiError::Insufficient { .. } => problem("Conflict", self.to_string()).into_response(),
+            ApiError::Pool(_) | ApiError::BlockingPool(_) => problem(
                 "Service Unavailable",
                 "no database connection became available; try again".to_owned(),
             )

@@ -14,23 +14,47 @@
 //! tags writes if the item is at any of them; weak tags (`W/"v3"`) never match.
 //! Errors are RFC 9457 problem details (`application/problem+json`).
 //!
-//! The writes are [`lockkit::Versioned::update_by_version`] and
-//! `delete_versioned`: one statement that checks and bumps the version, so two
-//! clients that read the same `ETag` cannot both write. The extractor and the
-//! error responses come from [`lockkit::axum`].
+//! Two more routes change the stock on the server, with no `If-Match`:
 //!
-//! Diesel is synchronous: every handler runs its database work on tokio's blocking
-//! threads ([`tokio::task::spawn_blocking`]) with a connection from an r2d2 pool.
+//! | request | answer |
+//! | --- | --- |
+//! | `POST /items/{id}/sell` `{"quantity": n}` | `200` with the item and its new `ETag`; `409` when fewer than `n` are in stock; `503` when the row stays locked past the lock timeout; `404` |
+//! | `POST /items/{id}/restock` `{"quantity": n}` | `200` with the item and its new `ETag`; `503` when every attempt met a conflict; `404` |
+//!
+//! The service runs on [diesel-async](https://docs.rs/diesel-async): a bb8 pool
+//! of `AsyncPgConnection`, `AsyncMysqlConnection` or
+//! `SyncConnectionWrapper<SqliteConnection>`, and lockkit's async calls
+//! ([`lockkit::asynchronous`]):
+//!
+//! * `PUT` and `DELETE` are `AsyncVersioned::update_by_version` and
+//!   `delete_versioned`: one statement that checks and bumps the version, so
+//!   two clients that read the same `ETag` cannot both write; `If-Match: *`
+//!   re-reads and writes again under `asynchronous::retry` when another writer
+//!   got in between.
+//! * a sale is `asynchronous::with_lock`: the row is read `FOR UPDATE` (SQLite:
+//!   `BEGIN IMMEDIATE`), checked and written under the lock.
+//! * a restock is a read and `update_versioned` in
+//!   `asynchronous::transaction_with_retry`, run again on a conflict.
+//!
+//! A client that goes away mid-request drops its handler's future, with the
+//! transaction still open on the connection: the pool sees it when the
+//! connection comes back and closes it, which ends the transaction and frees
+//! the row (`tests/http_api.rs` checks it on every backend).
+//!
+//! `PUT /blocking/items/{id}` is the same `PUT` on blocking Diesel, kept to show
+//! that form (`spawn_blocking` and an r2d2 pool; see `blocking.rs`). The
+//! extractor and the error responses come from [`lockkit::axum`].
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let app = http_api::connect("http_api.sqlite", &http_api::Config::default())?;
 //! let runtime = tokio::runtime::Runtime::new()?;
 //! runtime.block_on(async {
+//!     let app = http_api::connect("http_api.sqlite", &http_api::Config::default()).await?;
 //!     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
-//!     http_api::serve(listener, app).await
-//! })?;
-//! # Ok(()) }
+//!     http_api::serve(listener, app).await?;
+//!     Ok(())
+//! })
+//! # }
 //! ```
 //!
 //! The backend follows the URL: `postgres://` or `postgresql://` is PostgreSQL,
@@ -38,7 +62,10 @@
 
 #![warn(missing_docs)]
 
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+compile_error!("http_api needs a backend: the feature `sqlite`, `postgres` or `mysql`");
+
+mod blocking;
 mod db;
 mod error;
 pub mod models;
@@ -46,17 +73,15 @@ mod routes;
 pub mod schema;
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use lockkit::{LockOptions, RetryPolicy};
+use lockkit_tests::support::AnyPool;
 
 pub use error::{ApiError, SetupError};
 pub use lockkit_tests::support::Backend;
 pub use routes::router;
-
-use crate::models::{Item, ItemInput};
-use lockkit::axum::IfMatchVersion;
 
 /// The knobs of the service.
 #[derive(Debug, Clone)]
@@ -66,36 +91,39 @@ pub struct Config {
     pub pool_size: u32,
     /// How long a request waits for a pooled connection before `503`.
     pub connection_timeout: Duration,
+    /// How long a sale waits for the row's lock before `503`.
+    pub lock_timeout: Duration,
+    /// How a restock retries on conflict.
+    pub retry: RetryPolicy,
+    /// How long a sale holds the row's lock before it writes: zero. The tests
+    /// raise it to have a request hold the lock while its client goes away.
+    pub sale_delay: Duration,
 }
 
 impl Default for Config {
-    /// 8 connections, 30 s wait.
+    /// 8 connections, 30 s wait for one, 5 s for a lock, lockkit's default
+    /// retry policy (5 attempts), no sale delay.
     fn default() -> Self {
         Config {
             pool_size: 8,
             connection_timeout: Duration::from_secs(30),
+            lock_timeout: Duration::from_secs(5),
+            retry: RetryPolicy::default(),
+            sale_delay: Duration::ZERO,
         }
     }
 }
 
-/// The items, on whatever backend: what the handlers call, on a blocking thread.
-pub(crate) trait Store: Send + Sync + 'static {
-    fn get(&self, id: i32) -> Result<Item, ApiError>;
-    fn create(&self, input: &ItemInput) -> Result<Item, ApiError>;
-    fn update(
-        &self,
-        id: i32,
-        if_match: &IfMatchVersion<i32>,
-        input: &ItemInput,
-    ) -> Result<Item, ApiError>;
-    fn delete(&self, id: i32, if_match: &IfMatchVersion<i32>) -> Result<(), ApiError>;
-}
-
-/// The service's state: the connection pool of one backend. Cheap to clone.
+/// The service's state: the connection pools of one backend and the knobs.
+/// Cheap to clone.
 #[derive(Clone)]
 pub struct App {
-    store: Arc<dyn Store>,
+    db: db::Pools,
+    blocking: AnyPool,
     backend: Backend,
+    lock_timeout: Duration,
+    retry: RetryPolicy,
+    sale_delay: Duration,
 }
 
 impl fmt::Debug for App {
@@ -112,44 +140,36 @@ impl App {
         self.backend
     }
 
-    /// Runs `work` on a blocking thread (Diesel is synchronous).
-    pub(crate) async fn blocking<T, F>(&self, work: F) -> Result<T, ApiError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&dyn Store) -> Result<T, ApiError> + Send + 'static,
-    {
-        let store = Arc::clone(&self.store);
-        tokio::task::spawn_blocking(move || work(&*store))
-            .await
-            .map_err(|e| ApiError::Internal(format!("database task failed: {e}")))?
+    /// How a sale locks its row.
+    pub(crate) fn lock_options(&self) -> LockOptions {
+        LockOptions::default().timeout(self.lock_timeout)
     }
 }
 
 /// Connects to the database at `url`, applies the migrations (creating `items`
-/// if missing) and builds the pool. Blocks: call it before starting the runtime
-/// or on a blocking thread.
+/// if missing; on a blocking thread, with blocking Diesel) and builds the pools.
 ///
 /// The URL selects the backend (see [`Backend::from_url`]); a backend whose cargo
 /// feature is off is a [`SetupError::Unsupported`].
-pub fn connect(url: &str, config: &Config) -> Result<App, SetupError> {
+pub async fn connect(url: &str, config: &Config) -> Result<App, SetupError> {
     let backend = Backend::from_url(url);
-    let url = lockkit_tests::support::connection_url(url);
-    let store = store(url, backend, config)?;
-    Ok(App { store, backend })
-}
-
-/// The pool, as the routes use it.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-fn store(url: &str, backend: Backend, config: &Config) -> Result<Arc<dyn Store>, SetupError> {
-    let _ = backend; // the URL says it again
-    Ok(Arc::new(db::pool(url, config)?))
-}
-
-/// A build without a backend feature serves nothing.
-#[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
-fn store(url: &str, backend: Backend, config: &Config) -> Result<Arc<dyn Store>, SetupError> {
-    let _ = (url, config);
-    Err(SetupError::Unsupported(backend))
+    let url = lockkit_tests::support::connection_url(url).to_owned();
+    let setup = {
+        let (url, timeout) = (url.clone(), config.connection_timeout);
+        tokio::task::spawn_blocking(move || blocking::setup(&url, timeout))
+    };
+    let blocking = setup
+        .await
+        .map_err(|_| SetupError::Panicked("migration"))??;
+    let db = db::Pools::new(&url, backend, config).await?;
+    Ok(App {
+        db,
+        blocking,
+        backend,
+        lock_timeout: config.lock_timeout,
+        retry: config.retry.clone(),
+        sale_delay: config.sale_delay,
+    })
 }
 
 /// Serves the API on `listener` until the future is dropped (or, with

@@ -10,6 +10,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use lockkit_tests::support::redact;
 use tracing_subscriber::EnvFilter;
 
 /// What `--help` prints after the options.
@@ -19,6 +20,9 @@ ROUTES:
     GET    /items/{id}                                       -> 200, ETag
     PUT    /items/{id}   If-Match: \"v0\"  {\"name\":..,\"stock\":..} -> 200 | 412 | 428
     DELETE /items/{id}   If-Match: \"v1\"                      -> 204 | 412 | 428
+    POST   /items/{id}/sell     {\"quantity\": 2}               -> 200 | 409 | 503
+    POST   /items/{id}/restock  {\"quantity\": 5}               -> 200 | 503
+    PUT    /blocking/items/{id}  as PUT /items/{id}, on blocking Diesel
 
 A postgres:// or mysql:// DATABASE_URL needs a build with `--features postgres`
 or `--features mysql`. RUST_LOG filters the log (default: info, and every request from tower_http).
@@ -55,32 +59,33 @@ fn main() -> ExitCode {
         )
         .init();
 
-    let app = match http_api::connect(&cli.database_url, &http_api::Config::default()) {
-        Ok(app) => app,
-        Err(e) => {
-            tracing::error!("{}: {e}", cli.database_url);
-            return ExitCode::FAILURE;
-        }
-    };
-    let backend = app.backend();
-    let served = tokio::runtime::Runtime::new().and_then(|runtime| {
-        runtime.block_on(async {
-            let listener = tokio::net::TcpListener::bind(&cli.addr).await?;
-            tracing::info!(
-                "listening on http://{} ({backend}); Ctrl-C stops",
-                listener.local_addr()?
-            );
-            http_api::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = tokio::signal::ctrl_c().await;
-                })
-                .await
-        })
-    });
+    let served = tokio::runtime::Runtime::new()
+        .map_err(|e| format!("tokio runtime: {e}"))
+        .and_then(|runtime| {
+            runtime.block_on(async {
+                let app = http_api::connect(&cli.database_url, &http_api::Config::default())
+                    .await
+                    .map_err(|e| format!("{}: {e}", redact(&cli.database_url)))?;
+                let backend = app.backend();
+                let listen = async {
+                    let listener = tokio::net::TcpListener::bind(&cli.addr).await?;
+                    tracing::info!(
+                        "listening on http://{} ({backend}); Ctrl-C stops",
+                        listener.local_addr()?
+                    );
+                    http_api::serve(listener, app)
+                        .with_graceful_shutdown(async {
+                            let _ = tokio::signal::ctrl_c().await;
+                        })
+                        .await
+                };
+                listen.await.map_err(|e| format!("{}: {e}", cli.addr))
+            })
+        });
     match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{}: {e}", cli.addr);
+            tracing::error!("{e}");
             ExitCode::FAILURE
         }
     }

@@ -4,21 +4,24 @@ use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use lockkit::axum::IfMatchVersion;
 use lockkit::etag::ETag;
+use serde::Deserialize;
 use tower_http::trace::TraceLayer;
 
 use crate::models::{Item, ItemInput};
-use crate::{ApiError, App};
+use crate::{blocking, ApiError, App};
 
-/// The API: `POST /items`, `GET`/`PUT`/`DELETE /items/{id}`.
+/// The API: `POST /items`, `GET`/`PUT`/`DELETE /items/{id}`, `POST
+/// /items/{id}/sell` and `/restock`, and `PUT /blocking/items/{id}`.
 ///
 /// Every request is traced (`tower_http::trace::TraceLayer`: method, path,
-/// status and latency as `tracing` spans and events). The state is the pool:
-/// handlers take `State<App>` and run their database work on a blocking thread
-/// with a connection from it (`App::blocking`).
+/// status and latency as `tracing` spans and events). The state is the pools:
+/// handlers take `State<App>` and await their statements on a diesel-async
+/// connection from it; `PUT /blocking/items/{id}` runs blocking Diesel on a
+/// blocking thread instead (see `blocking.rs`).
 pub fn router(app: App) -> Router {
     Router::new()
         .route("/items", post(create_item))
@@ -26,12 +29,15 @@ pub fn router(app: App) -> Router {
             "/items/{id}",
             get(get_item).put(update_item).delete(delete_item),
         )
+        .route("/items/{id}/sell", post(sell_item))
+        .route("/items/{id}/restock", post(restock_item))
+        .route("/blocking/items/{id}", put(blocking::update_item))
         .layer(TraceLayer::new_for_http())
         .with_state(app)
 }
 
 /// The item's id from the path; a bad one is a problem+json `400`.
-fn item_id(path: Result<Path<i32>, PathRejection>) -> Result<i32, ApiError> {
+pub(crate) fn item_id(path: Result<Path<i32>, PathRejection>) -> Result<i32, ApiError> {
     path.map(|Path(id)| id).map_err(|e| ApiError::Rejected {
         status: e.status(),
         detail: e.body_text(),
@@ -39,7 +45,9 @@ fn item_id(path: Result<Path<i32>, PathRejection>) -> Result<i32, ApiError> {
 }
 
 /// The JSON body, validated; a bad one is a problem+json `400`/`415`/`422`.
-fn item_input(body: Result<Json<ItemInput>, JsonRejection>) -> Result<ItemInput, ApiError> {
+pub(crate) fn item_input(
+    body: Result<Json<ItemInput>, JsonRejection>,
+) -> Result<ItemInput, ApiError> {
     let Json(input) = body.map_err(|e| ApiError::Rejected {
         status: e.status(),
         detail: e.body_text(),
@@ -49,7 +57,7 @@ fn item_input(body: Result<Json<ItemInput>, JsonRejection>) -> Result<ItemInput,
 }
 
 /// The item with its `ETag`.
-fn tagged(item: Item) -> (ETag, Json<Item>) {
+pub(crate) fn tagged(item: Item) -> (ETag, Json<Item>) {
     (ETag::from_version(item.lock_version), Json(item))
 }
 
@@ -59,7 +67,7 @@ async fn get_item(
     path: Result<Path<i32>, PathRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     let id = item_id(path)?;
-    let item = app.blocking(move |store| store.get(id)).await?;
+    let item = app.db.get(id).await?;
     Ok(tagged(item))
 }
 
@@ -69,7 +77,7 @@ async fn create_item(
     body: Result<Json<ItemInput>, JsonRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     let input = item_input(body)?;
-    let item = app.blocking(move |store| store.create(&input)).await?;
+    let item = app.db.create(&input).await?;
     let location = HeaderValue::try_from(format!("/items/{}", item.id))
         .map_err(|e| ApiError::Internal(e.to_string()))?;
     Ok((
@@ -90,9 +98,7 @@ async fn update_item(
 ) -> Result<impl IntoResponse, ApiError> {
     let id = item_id(path)?;
     let input = item_input(body)?;
-    let item = app
-        .blocking(move |store| store.update(id, &if_match, &input))
-        .await?;
+    let item = app.db.update(id, if_match.expected(), &input).await?;
     Ok(tagged(item))
 }
 
@@ -104,7 +110,60 @@ async fn delete_item(
     if_match: IfMatchVersion<i32>,
 ) -> Result<StatusCode, ApiError> {
     let id = item_id(path)?;
-    app.blocking(move |store| store.delete(id, &if_match))
-        .await?;
+    app.db.delete(id, if_match.expected()).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The body of `POST /items/{id}/sell` and `/restock`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Quantity {
+    /// How many units, at least 1.
+    quantity: i32,
+}
+
+/// The quantity from the body; not at least 1 is a problem+json `422`.
+fn quantity(body: Result<Json<Quantity>, JsonRejection>) -> Result<i32, ApiError> {
+    let Json(Quantity { quantity }) = body.map_err(|e| ApiError::Rejected {
+        status: e.status(),
+        detail: e.body_text(),
+    })?;
+    if quantity < 1 {
+        return Err(ApiError::Invalid(format!(
+            "`quantity` must be at least 1 (got {quantity})"
+        )));
+    }
+    Ok(quantity)
+}
+
+/// `POST /items/{id}/sell` `{"quantity": n}`: takes `n` from the stock under the
+/// row's lock, no `If-Match` needed. `200` with the item and its new `ETag`;
+/// `409` when fewer are in stock; `503` when the row stayed locked longer than
+/// the lock timeout; `404`.
+async fn sell_item(
+    State(app): State<App>,
+    path: Result<Path<i32>, PathRejection>,
+    body: Result<Json<Quantity>, JsonRejection>,
+) -> Result<impl IntoResponse, ApiError> {
+    let id = item_id(path)?;
+    let quantity = quantity(body)?;
+    let item = app
+        .db
+        .sell(id, quantity, app.lock_options(), app.sale_delay)
+        .await?;
+    Ok(tagged(item))
+}
+
+/// `POST /items/{id}/restock` `{"quantity": n}`: adds `n` to the stock with an
+/// optimistic write, retried on conflict. `200` with the item and its new
+/// `ETag`; `503` when every attempt met a conflict (nothing written); `404`.
+async fn restock_item(
+    State(app): State<App>,
+    path: Result<Path<i32>, PathRejection>,
+    body: Result<Json<Quantity>, JsonRejection>,
+) -> Result<impl IntoResponse, ApiError> {
+    let id = item_id(path)?;
+    let quantity = quantity(body)?;
+    let item = app.db.restock(id, quantity, &app.retry).await?;
+    Ok(tagged(item))
 }

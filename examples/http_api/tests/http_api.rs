@@ -1,6 +1,7 @@
-//! The items API over real HTTP, on every backend: the server listens on
-//! 127.0.0.1 (port 0, so the tests run in parallel) and blocking `ureq` clients
-//! talk to it, each from its own thread when they race.
+//! The items API over real HTTP, on every backend: the server (diesel-async
+//! underneath, on its own multi-threaded tokio runtime) listens on 127.0.0.1
+//! (port 0, so the tests run in parallel) and blocking `ureq` clients talk to
+//! it, each from its own thread when they race.
 //!
 //! Each test runs in an empty database of its own from
 //! [`lockkit_tests::TestDb::empty`]: a temporary SQLite file, or a database on the
@@ -10,9 +11,11 @@
 
 #![cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::sync::Barrier;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -22,18 +25,29 @@ struct Server {
     runtime: Option<tokio::runtime::Runtime>,
 }
 
+/// The tests' configuration: a pool of 8, 10 s to wait for a connection.
+fn config() -> http_api::Config {
+    http_api::Config {
+        pool_size: 8,
+        connection_timeout: Duration::from_secs(10),
+        ..http_api::Config::default()
+    }
+}
+
 impl Server {
     fn start(url: &str) -> Server {
-        let config = http_api::Config {
-            pool_size: 8,
-            connection_timeout: Duration::from_secs(10),
-        };
-        let app = http_api::connect(url, &config).unwrap_or_else(|e| panic!("{url}: {e}"));
+        Server::start_with(url, config())
+    }
+
+    fn start_with(url: &str, config: http_api::Config) -> Server {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .expect("tokio runtime");
+        let app = runtime
+            .block_on(http_api::connect(url, &config))
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
         let listener = runtime
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .expect("bind 127.0.0.1:0");
@@ -136,8 +150,26 @@ impl Client {
     }
 
     fn put(&self, id: i64, if_match: Option<&str>, name: &str, stock: i64) -> Reply {
+        self.put_via(ASYNC, id, if_match, name, stock)
+    }
+
+    /// `PUT {route}/items/{id}`: [`ASYNC`] or [`BLOCKING`].
+    fn put_via(
+        &self,
+        route: &str,
+        id: i64,
+        if_match: Option<&str>,
+        name: &str,
+        stock: i64,
+    ) -> Reply {
         let body = json!({ "name": name, "stock": stock });
-        self.send("PUT", &format!("/items/{id}"), if_match, Some(body))
+        self.send("PUT", &format!("{route}/items/{id}"), if_match, Some(body))
+    }
+
+    /// `POST /items/{id}/{action}` with `{"quantity": quantity}`: `sell` or `restock`.
+    fn stock(&self, action: &str, id: i64, quantity: i64) -> Reply {
+        let body = json!({ "quantity": quantity });
+        self.send("POST", &format!("/items/{id}/{action}"), None, Some(body))
     }
 
     fn delete(&self, id: i64, if_match: Option<&str>) -> Reply {
@@ -164,6 +196,10 @@ impl Client {
     }
 }
 
+/// The prefix of the `PUT` on diesel-async, and of the one on blocking Diesel.
+const ASYNC: &str = "";
+const BLOCKING: &str = "/blocking";
+
 /// A refusal: the status, problem+json, and the body's `status` field.
 #[track_caller]
 fn assert_problem(reply: &Reply, status: u16) {
@@ -180,8 +216,10 @@ fn assert_problem(reply: &Reply, status: u16) {
 
 /// Two clients read the same item and both write with the `ETag` they read, at the
 /// same moment: one wins, the other gets `412` with the current `ETag`, re-reads,
-/// re-applies its change and succeeds. Both sales are in the final stock.
-fn two_clients_one_wins(url: &str) {
+/// re-applies its change and succeeds. Both sales are in the final stock. Client
+/// `i` writes through `routes[i]`: both on diesel-async, or one of them on the
+/// blocking route.
+fn two_clients_one_wins(url: &str, routes: [&str; 2]) {
     let server = Server::start(url);
     let (id, _) = server.client().create("widget", 10);
     let clients = [server.client(), server.client()];
@@ -205,7 +243,7 @@ fn two_clients_one_wins(url: &str) {
                 scope.spawn(move || {
                     let stock = read.body["stock"].as_i64().unwrap() - sales[i];
                     start.wait();
-                    client.put(id, read.etag.as_deref(), "widget", stock)
+                    client.put_via(routes[i], id, read.etag.as_deref(), "widget", stock)
                 })
             })
             .collect();
@@ -239,7 +277,7 @@ fn two_clients_one_wins(url: &str) {
 
     // The loser re-reads and re-applies its sale: nothing is lost.
     let stock = now.body["stock"].as_i64().unwrap() - sales[loser];
-    let retried = clients[loser].put(id, now.etag.as_deref(), "widget", stock);
+    let retried = clients[loser].put_via(routes[loser], id, now.etag.as_deref(), "widget", stock);
     assert_eq!(retried.status, 200, "{retried:?}");
     assert_eq!(retried.etag.as_deref(), Some("\"v2\""));
     let last = clients[winner].get(id);
@@ -258,21 +296,30 @@ fn preconditions(url: &str) {
         now
     };
 
-    // No If-Match: 428, nothing written.
-    let reply = client.put(id, None, "gadget", 1);
-    assert_problem(&reply, 428);
-    assert_eq!(reply.etag, None);
-    assert_eq!(unchanged(&client, &v0).body["stock"], 5);
+    for route in [ASYNC, BLOCKING] {
+        // No If-Match: 428, nothing written.
+        let reply = client.put_via(route, id, None, "gadget", 1);
+        assert_problem(&reply, 428);
+        assert_eq!(reply.etag, None);
+        assert_eq!(unchanged(&client, &v0).body["stock"], 5);
 
-    // Malformed: 400.
-    for bad in ["v0", "\"v0", "\"v0\" \"v1\"", "*, \"v0\""] {
-        assert_problem(&client.put(id, Some(bad), "gadget", 1), 400);
+        // Malformed: 400.
+        for bad in ["v0", "\"v0", "\"v0\" \"v1\"", "*, \"v0\""] {
+            assert_problem(&client.put_via(route, id, Some(bad), "gadget", 1), 400);
+        }
+        // Only weak or foreign tags: 412, even though W/"v0" names the version.
+        for unmatchable in ["W/\"v0\"", "\"0\"", "\"abc\"", "\"v99999999999\""] {
+            assert_problem(
+                &client.put_via(route, id, Some(unmatchable), "gadget", 1),
+                412,
+            );
+        }
+        // A stale tag: 412 with the current ETag.
+        let reply = client.put_via(route, id, Some("\"v7\""), "gadget", 1);
+        assert_problem(&reply, 412);
+        assert_eq!(reply.body["current_etag"], "\"v0\"", "{reply:?}");
+        unchanged(&client, &v0);
     }
-    // Only weak or foreign tags: 412, even though W/"v0" names the version.
-    for unmatchable in ["W/\"v0\"", "\"0\"", "\"abc\"", "\"v99999999999\""] {
-        assert_problem(&client.put(id, Some(unmatchable), "gadget", 1), 412);
-    }
-    unchanged(&client, &v0);
 
     // The right tag, alone or in a list.
     let reply = client.put(id, Some("\"v7\", \"v0\""), "gadget", 4);
@@ -290,7 +337,7 @@ fn preconditions(url: &str) {
     assert_problem(&reply, 412);
     assert_eq!(reply.body["current_etag"], "\"v1\"");
 
-    // `*`: any version.
+    // `*`: any version; the blocking route's too.
     let reply = client.put(id, Some("*"), "renamed", 2);
     assert_eq!(
         (reply.status, reply.etag.as_deref()),
@@ -298,35 +345,43 @@ fn preconditions(url: &str) {
         "{reply:?}"
     );
     assert_eq!(unchanged(&client, "\"v2\"").body["name"], "renamed");
+    let reply = client.put_via(BLOCKING, id, Some("*"), "renamed", 2);
+    assert_eq!(reply.etag.as_deref(), Some("\"v3\""), "{reply:?}");
+    let reply = client.put_via(BLOCKING, id, Some("\"v1\", \"v3\""), "renamed", 2);
+    assert_eq!(reply.etag.as_deref(), Some("\"v4\""), "{reply:?}");
+    let reply = client.put_via(BLOCKING, 999_999, Some("*"), "renamed", 2);
+    assert_problem(&reply, 404);
+    let reply = client.put(id, Some("\"v4\""), "renamed", 2);
+    assert_eq!(reply.etag.as_deref(), Some("\"v5\""), "{reply:?}");
 
     // The body is checked after the precondition.
-    let reply = client.put(id, Some("\"v2\""), "renamed", -1);
+    let reply = client.put(id, Some("\"v5\""), "renamed", -1);
     assert_problem(&reply, 422);
     let reply = client.send(
         "PUT",
         &format!("/items/{id}"),
-        Some("\"v2\""),
+        Some("\"v5\""),
         Some(json!({ "name": "x", "stock": 1, "lock_version": 0 })),
     );
     assert_problem(&reply, 422);
-    unchanged(&client, "\"v2\"");
+    unchanged(&client, "\"v5\"");
 
     // DELETE: without If-Match 428, with a stale tag 412 and the row stays.
     assert_problem(&client.delete(id, None), 428);
     let reply = client.delete(id, Some(&v0));
     assert_problem(&reply, 412);
-    assert_eq!(reply.body["current_etag"], "\"v2\"");
-    assert_eq!(reply.etag.as_deref(), Some("\"v2\""));
-    assert_eq!(unchanged(&client, "\"v2\"").status, 200);
-    assert_problem(&client.delete(id, Some("W/\"v2\"")), 412);
+    assert_eq!(reply.body["current_etag"], "\"v5\"");
+    assert_eq!(reply.etag.as_deref(), Some("\"v5\""));
+    assert_eq!(unchanged(&client, "\"v5\"").status, 200);
+    assert_problem(&client.delete(id, Some("W/\"v5\"")), 412);
 
     // With the current tag: 204, then it is gone.
-    let reply = client.delete(id, Some("\"v2\""));
+    let reply = client.delete(id, Some("\"v5\""));
     assert_eq!(reply.status, 204, "{reply:?}");
     assert_problem(&client.get(id), 404);
-    assert_problem(&client.put(id, Some("\"v2\""), "gadget", 1), 404);
+    assert_problem(&client.put(id, Some("\"v5\""), "gadget", 1), 404);
     assert_problem(&client.put(id, Some("*"), "gadget", 1), 404);
-    assert_problem(&client.delete(id, Some("\"v2\"")), 404);
+    assert_problem(&client.delete(id, Some("\"v5\"")), 404);
 
     // `*` deletes whatever the version.
     let (other, _) = client.create("other", 1);
@@ -393,8 +448,204 @@ fn concurrent_decrements(url: &str) {
     );
 }
 
+/// `CLIENTS` threads sell one unit each, `ROUNDS` times, all at once, with no
+/// `If-Match`: each sale is `with_lock` on the server. There are fewer units than
+/// sales: exactly `INITIAL` succeed, the others are `409` with nothing written,
+/// and the stock ends at zero, never below. Every sale advances the version.
+fn sales_never_oversell(url: &str) {
+    const CLIENTS: usize = 8;
+    const ROUNDS: usize = 4;
+    const INITIAL: i64 = 20;
+
+    let server = Server::start(url);
+    let (id, _) = server.client().create("scarce", INITIAL);
+    let start = Barrier::new(CLIENTS);
+    let sold: Vec<i64> = thread::scope(|scope| {
+        let handles: Vec<_> = (0..CLIENTS)
+            .map(|_| {
+                let (server, start) = (&server, &start);
+                scope.spawn(move || {
+                    let client = server.client();
+                    start.wait();
+                    let mut sold = 0;
+                    for _ in 0..ROUNDS {
+                        let reply = client.stock("sell", id, 1);
+                        match reply.status {
+                            200 => sold += 1,
+                            409 => assert_problem(&reply, 409),
+                            _ => panic!("only 200 or 409 expected: {reply:?}"),
+                        }
+                    }
+                    sold
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let total: i64 = sold.iter().sum();
+    eprintln!("{url}: {} sales asked, {total} made", CLIENTS * ROUNDS);
+    assert_eq!(total, INITIAL, "every unit sold once, no more: {sold:?}");
+    let last = server.client().get(id);
+    assert_eq!(last.body["stock"], 0, "{last:?}");
+    assert_eq!(last.etag, Some(format!("\"v{INITIAL}\"")), "{last:?}");
+
+    // A client holding the ETag from before the sales is refused.
+    let reply = server.client().put(id, Some("\"v0\""), "scarce", 100);
+    assert_problem(&reply, 412);
+    // Bad quantities: 422, nothing written.
+    assert_problem(&server.client().stock("sell", id, 0), 422);
+    assert_problem(&server.client().stock("restock", id, -3), 422);
+    assert_problem(&server.client().stock("sell", 999_999, 1), 404);
+}
+
+/// `CLIENTS` threads restock at once, `ROUNDS` times each: a read and an
+/// optimistic write in `transaction_with_retry`, run again on conflict. A `503`
+/// (every attempt met a conflict) wrote nothing and is sent again. The stock
+/// ends at the initial one plus every restock that got `200`, the version one
+/// higher per restock.
+fn restocks_add_up(url: &str) {
+    const CLIENTS: usize = 8;
+    const ROUNDS: i64 = 5;
+    const MAX_SENDS: u32 = 100;
+
+    let server = Server::start(url);
+    let (id, _) = server.client().create("restocked", 0);
+    let start = Barrier::new(CLIENTS);
+    let refused: Vec<u32> = thread::scope(|scope| {
+        let handles: Vec<_> = (0..CLIENTS)
+            .map(|i| {
+                let (server, start) = (&server, &start);
+                scope.spawn(move || {
+                    let client = server.client();
+                    start.wait();
+                    let mut refused = 0;
+                    for _ in 0..ROUNDS {
+                        for send in 1..=MAX_SENDS {
+                            let reply = client.stock("restock", id, i as i64 + 1);
+                            match reply.status {
+                                200 => break,
+                                503 => {
+                                    assert_problem(&reply, 503);
+                                    refused += 1;
+                                    assert!(send < MAX_SENDS, "no restock in {MAX_SENDS} sends");
+                                }
+                                _ => panic!("only 200 or 503 expected: {reply:?}"),
+                            }
+                        }
+                    }
+                    refused
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let expected: i64 = (1..=CLIENTS as i64).map(|q| q * ROUNDS).sum();
+    eprintln!(
+        "{url}: {} restocks, {} refused after every retry",
+        CLIENTS as i64 * ROUNDS,
+        refused.iter().sum::<u32>()
+    );
+    let last = server.client().get(id);
+    assert_eq!(last.body["stock"], expected, "{last:?}");
+    assert_eq!(
+        last.etag,
+        Some(format!("\"v{}\"", CLIENTS as i64 * ROUNDS)),
+        "one write per restock"
+    );
+}
+
+/// A client sends a sale and goes away while its handler holds the row's lock
+/// (`with_lock`, in a sale that waits a minute before it writes). Its handler's
+/// future is dropped with the transaction open; the pool closes that connection,
+/// which ends the transaction. The next sale, through a second server on the same
+/// database, gets the row long before the minute is up, and the abandoned sale
+/// wrote nothing.
+fn client_gone_mid_sale(url: &str) {
+    let slow = Server::start_with(
+        url,
+        http_api::Config {
+            sale_delay: Duration::from_secs(60),
+            ..config()
+        },
+    );
+    let other = Server::start_with(
+        url,
+        http_api::Config {
+            lock_timeout: Duration::from_secs(1),
+            ..config()
+        },
+    );
+    let client = other.client();
+    let (id, _) = client.create("contended", 10);
+
+    // The sale that will be abandoned, on a raw connection we can drop.
+    let addr = slow.base.trim_start_matches("http://");
+    let mut gone = TcpStream::connect(addr).expect("connect");
+    let body = r#"{"quantity": 5}"#;
+    write!(
+        gone,
+        "POST /items/{id}/sell HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send the request");
+
+    // Wait until it holds the lock: a sale of more than the stock is `409`
+    // (nothing written) while the row is free, `503` once it is locked.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let reply = client.stock("sell", id, 1000);
+        match reply.status {
+            503 => break,
+            409 => {}
+            _ => panic!("only 409 or 503 expected: {reply:?}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slow sale never took the lock"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+
+    // The client goes away: no response ever reached it.
+    gone.set_nonblocking(true).expect("non-blocking");
+    let mut buf = [0; 1];
+    assert!(gone.read(&mut buf).is_err(), "the slow sale answered early");
+    drop(gone);
+    let dropped = Instant::now();
+
+    // The next sale gets the row, within seconds rather than the minute.
+    let sold = loop {
+        let reply = client.stock("sell", id, 3);
+        match reply.status {
+            200 => break reply,
+            503 => assert!(
+                dropped.elapsed() < Duration::from_secs(20),
+                "the row stayed locked after the client left: {reply:?}"
+            ),
+            _ => panic!("only 200 or 503 expected: {reply:?}"),
+        }
+    };
+    eprintln!(
+        "{url}: the row was free again {:?} after the client left",
+        dropped.elapsed()
+    );
+    assert_eq!(
+        sold.body["stock"], 7,
+        "the abandoned sale wrote nothing: {sold:?}"
+    );
+    assert_eq!(sold.etag.as_deref(), Some("\"v1\""), "{sold:?}");
+    let now = client.get(id);
+    assert_eq!(now.body["stock"], 7, "{now:?}");
+    assert_eq!(now.etag.as_deref(), Some("\"v1\""), "{now:?}");
+}
+
 lockkit_tests::url_tests! {
-    fn two_clients_one_wins(url) { super::two_clients_one_wins(url) }
+    fn two_clients_one_wins(url) { super::two_clients_one_wins(url, [super::ASYNC, super::ASYNC]) }
+    fn two_clients_one_wins_one_blocking(url) { super::two_clients_one_wins(url, [super::ASYNC, super::BLOCKING]) }
     fn preconditions(url) { super::preconditions(url) }
     fn concurrent_decrements(url) { super::concurrent_decrements(url) }
+    fn sales_never_oversell(url) { super::sales_never_oversell(url) }
+    fn restocks_add_up(url) { super::restocks_add_up(url) }
+    fn client_gone_mid_sale(url) { super::client_gone_mid_sale(url) }
 }
