@@ -22,9 +22,11 @@
 //! * [`IdempotencyKey`]: the `Idempotency-Key` header (features `axum` and
 //!   `idempotency`).
 //!
-//! A `PUT` handler (Diesel is synchronous: in a real service run the database work
-//! in `tokio::task::spawn_blocking` with a connection pool; a mutex keeps this
-//! example short):
+//! A `PUT` handler on blocking Diesel (in a real service run the database work
+//! in `tokio::task::spawn_blocking` with an r2d2 pool; a mutex keeps this
+//! example short). On diesel-async (feature `async`) the extractors are the
+//! same and the write is `lockkit::asynchronous`'s:
+//! `examples/http_api` does both, with a bb8 pool.
 //!
 //! ```
 //! use std::sync::{Arc, Mutex};
