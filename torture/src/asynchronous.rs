@@ -1,0 +1,674 @@
+//! `--async`: a worker process on diesel-async. `--threads` tasks on a
+//! multi-threaded tokio runtime share a bb8 pool and run the strategies
+//! `lockkit::asynchronous` has ([`Strategy::ASYNC`]) with the statements of
+//! [`crate::statements`], so that the parent's audit (the same tables, the same
+//! invariants) holds them to the same account as the blocking workers.
+//!
+//! The async-only attack: `--cancel` percent of the operations have their
+//! future dropped at a random point, half by a `tokio::time::timeout` with a
+//! deadline of a few milliseconds, half by `JoinHandle::abort` on the task
+//! that runs them. A dropped operation may have committed (the drop came after
+//! its `COMMIT` reached the server) or not; the task finds out under the
+//! operation's own row locks (which wait for the abandoned transaction to end
+//! on the server), and counts what it committed, so the audit stays exact.
+//! At the end the worker takes every connection of its pool at once and asks
+//! the server that none of them is in a transaction or holds a lock.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig, PoolError};
+use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+use diesel_async::{AsyncMysqlConnection, AsyncPgConnection, TransactionManager};
+use lockkit::asynchronous::AsyncLockingConnection;
+use lockkit::{Error, RetryableError};
+
+use crate::backend;
+use crate::config::{Backend, Config};
+use crate::stats::{op_id, Done, Op, Outcome, Stats};
+
+/// The worker's pool.
+pub type Pool<C> = bb8::Pool<AsyncDieselConnectionManager<C>>;
+
+/// Connections per worker pool: one per task and one more, as the blocking
+/// workers' r2d2 pools.
+pub fn pool_size(config: &Config) -> u32 {
+    config.threads + 1
+}
+
+/// How an async operation failed: lockkit's error, or no connection from the pool.
+#[derive(Debug)]
+pub enum Failed {
+    Lockkit(Error),
+    Pool(String),
+}
+
+impl From<Error> for Failed {
+    fn from(err: Error) -> Self {
+        Failed::Lockkit(err)
+    }
+}
+
+impl From<diesel::result::Error> for Failed {
+    fn from(err: diesel::result::Error) -> Self {
+        Failed::Lockkit(Error::from(err))
+    }
+}
+
+impl RetryableError for Failed {
+    fn lockkit_error(&self) -> Option<&Error> {
+        match self {
+            Failed::Lockkit(err) => Some(err),
+            Failed::Pool(_) => None,
+        }
+    }
+
+    fn retries_exhausted(self, attempts: u32) -> Self {
+        match self {
+            Failed::Lockkit(err) => Failed::Lockkit(err.retries_exhausted(attempts)),
+            other => other,
+        }
+    }
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failed::Lockkit(err) => write!(f, "{err} ({err:?})"),
+            Failed::Pool(err) => write!(f, "no connection from the pool: {err}"),
+        }
+    }
+}
+
+/// A diesel-async connection the torture runs on: the operations (written once,
+/// in [`ops`], for each connection type) and the server's word on a session.
+pub trait TortureConnection:
+    AsyncLockingConnection + diesel_async::pooled_connection::PoolableConnection + Sized
+where
+    AsyncDieselConnectionManager<Self>: bb8::ManageConnection<Connection = Self, Error = PoolError>,
+{
+    /// `op` to completion, retrying conflicts: its outcome and how many attempts it took.
+    fn run_op(
+        pool: &Pool<Self>,
+        op: &Op,
+    ) -> impl std::future::Future<Output = Result<(Outcome, u32), Failed>> + Send;
+
+    /// After `op`'s future was dropped: whether it committed, and what it
+    /// wrote. Asked under the row locks of `op`'s items, which wait until the
+    /// abandoned transaction ended on the server.
+    fn committed(
+        pool: &Pool<Self>,
+        op: &Op,
+    ) -> impl std::future::Future<Output = Result<Option<Done>, Failed>> + Send;
+
+    /// The server's id of this session (`None` on SQLite: no server).
+    fn session_id(
+        &mut self,
+    ) -> impl std::future::Future<Output = diesel::QueryResult<Option<i64>>> + Send;
+
+    /// The server's word on this session itself: inside a transaction?
+    fn says_in_transaction(
+        &mut self,
+    ) -> impl std::future::Future<Output = diesel::QueryResult<bool>> + Send;
+
+    /// The server's word on another session, asked from this one: inside a
+    /// transaction or holding a lock?
+    fn says_busy(
+        &mut self,
+        session: i64,
+    ) -> impl std::future::Future<Output = diesel::QueryResult<bool>> + Send;
+}
+
+/// A count from the server.
+#[derive(diesel::QueryableByName)]
+struct Count {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+}
+
+/// The operations on one diesel-async connection type: the same strategies as
+/// [`backend::run_op`], through `lockkit::asynchronous`.
+macro_rules! ops {
+    ($conn:ty) => {
+        use diesel::ExpressionMethods as _;
+        use diesel_async::RunQueryDsl as _;
+        use lockkit::asynchronous::prelude::*;
+        use lockkit::LockOptions;
+
+        use super::{Failed, Pool};
+        use crate::backend::{lock_all_stocks, written};
+        use crate::model::Item;
+        use crate::schema::torture_items;
+        use crate::statements::{self, SetStock};
+        use crate::stats::{Done, Op, Outcome, Strategy};
+
+        type Conn = $conn;
+
+        async fn connection(
+            pool: &Pool<Conn>,
+        ) -> Result<
+            bb8::PooledConnection<
+                '_,
+                diesel_async::pooled_connection::AsyncDieselConnectionManager<Conn>,
+            >,
+            Failed,
+        > {
+            pool.get()
+                .await
+                .map_err(|err| Failed::Pool(err.to_string()))
+        }
+
+        async fn record(conn: &mut Conn, op: &Op) -> diesel::QueryResult<Done> {
+            for line in statements::order_lines(op) {
+                line.execute(conn).await?;
+            }
+            if let Some(job) = statements::shipment_job(op) {
+                job.execute(conn).await?;
+            }
+            Ok(Done::recorded(op))
+        }
+
+        async fn set_stock(
+            conn: &mut Conn,
+            id: i32,
+            stock: i32,
+            op: &Op,
+        ) -> diesel::QueryResult<usize> {
+            match statements::set_stock(id, stock, op.bump) {
+                SetStock::Explicit(update) => update.execute(conn).await,
+                SetStock::Plain(update) => update.execute(conn).await,
+            }
+        }
+
+        /// Read, change, write in `transaction_with_retry`: optimistic and by_version.
+        async fn versioned(pool: &Pool<Conn>, op: &Op) -> Result<(Outcome, u32), Failed> {
+            let mut conn = connection(pool).await?;
+            let attempts = AtomicU32::new(0);
+            let policy = crate::run::retry_policy();
+            let (id, qty) = op.lines[0];
+            let outcome = lockkit::asynchronous::transaction_with_retry(
+                &mut *conn,
+                &policy,
+                async |conn: &mut Conn| {
+                    attempts.fetch_add(1, Ordering::Relaxed);
+                    let mut item: Item = statements::read_item(id).get_result(conn).await?;
+                    if op.strategy == Strategy::ByVersion {
+                        // The version a client would send back in If-Match.
+                        Item::update_by_version(
+                            conn,
+                            id,
+                            item.lock_version,
+                            torture_items::stock.eq(item.stock - qty),
+                        )
+                        .await?;
+                        return Ok(written(record(conn, op).await?, item.stock - qty));
+                    }
+                    if item.stock < qty {
+                        return Ok(Outcome::OutOfStock);
+                    }
+                    item.stock -= qty;
+                    item.update_versioned(conn).await?;
+                    Ok::<_, Error>(written(record(conn, op).await?, item.stock))
+                },
+            )
+            .await?;
+            Ok((outcome, AtomicU32::load(&attempts, Ordering::Relaxed)))
+        }
+
+        /// `with_lock` (waiting or NOWAIT), or `lock_all` in a
+        /// `locked_transaction`, each attempt on a connection from the pool,
+        /// under `lockkit::asynchronous::retry`.
+        async fn locked(pool: &Pool<Conn>, op: &Op) -> Result<(Outcome, u32), Failed> {
+            let attempts = AtomicU32::new(0);
+            let attempts = &attempts;
+            let policy = crate::run::retry_policy();
+            let outcome = lockkit::asynchronous::retry(&policy, move |attempt| async move {
+                attempts.store(attempt, Ordering::Relaxed);
+                let mut conn = connection(pool).await?;
+                if op.strategy == Strategy::LockAll {
+                    return lockkit::asynchronous::locked_transaction(
+                        &mut *conn,
+                        LockOptions::default(),
+                        async |conn: &mut Conn| {
+                            // In random order: lock_all sorts them.
+                            let keys: Vec<i32> = op.lines.iter().map(|(id, _)| *id).collect();
+                            let rows: Vec<Item> =
+                                lockkit::asynchronous::lock_all(conn, &keys).await?;
+                            let Some(stocks) = lock_all_stocks(op, &rows)? else {
+                                return Ok(Outcome::OutOfStock);
+                            };
+                            let mut lowest = i32::MAX;
+                            for (id, stock) in stocks {
+                                set_stock(conn, id, stock, op).await?;
+                                lowest = lowest.min(stock);
+                            }
+                            Ok::<_, Failed>(written(record(conn, op).await?, lowest))
+                        },
+                    )
+                    .await;
+                }
+                let (id, qty) = op.lines[0];
+                let options = match op.strategy {
+                    Strategy::NoWait => LockOptions::default().nowait(),
+                    _ => LockOptions::default(),
+                };
+                lockkit::asynchronous::with_lock(
+                    &mut *conn,
+                    id,
+                    options,
+                    async |conn: &mut Conn, item: Item| {
+                        if item.stock < qty {
+                            return Ok(Outcome::OutOfStock);
+                        }
+                        set_stock(conn, id, item.stock - qty, op).await?;
+                        Ok::<_, Failed>(written(record(conn, op).await?, item.stock - qty))
+                    },
+                )
+                .await
+            })
+            .await?;
+            Ok((outcome, AtomicU32::load(&attempts, Ordering::Relaxed)))
+        }
+
+        pub async fn run_op(pool: &Pool<Conn>, op: &Op) -> Result<(Outcome, u32), Failed> {
+            match op.strategy {
+                Strategy::Optimistic | Strategy::ByVersion => versioned(pool, op).await,
+                Strategy::WithLock | Strategy::NoWait | Strategy::LockAll => locked(pool, op).await,
+                other => Err(Failed::Lockkit(Error::InvalidInput(match other {
+                    Strategy::Atomic => "atomic: not in lockkit::asynchronous",
+                    Strategy::SkipLocked => "skip_locked: not in lockkit::asynchronous",
+                    _ => "adaptive: not in lockkit::asynchronous",
+                }))),
+            }
+        }
+
+        pub async fn committed(pool: &Pool<Conn>, op: &Op) -> Result<Option<Done>, Failed> {
+            let policy = crate::run::retry_policy();
+            lockkit::asynchronous::retry(&policy, move |_| async move {
+                let mut conn = connection(pool).await?;
+                lockkit::asynchronous::locked_transaction(
+                    &mut *conn,
+                    LockOptions::default(),
+                    async |conn: &mut Conn| {
+                        let keys: Vec<i32> = op.lines.iter().map(|(id, _)| *id).collect();
+                        let _: Vec<Item> = lockkit::asynchronous::lock_all(conn, &keys).await?;
+                        let lines: i64 = statements::lines_of(op.id).get_result(conn).await?;
+                        Ok::<_, Failed>(Done::committed(op, lines))
+                    },
+                )
+                .await
+            })
+            .await
+        }
+    };
+}
+
+/// Implements [`TortureConnection`] for `$conn` with [`ops!`] and the
+/// backend's own look at a session.
+macro_rules! torture_connection {
+    ($module:ident, $conn:ty, { $($session:tt)* }) => {
+        mod $module {
+            use super::*;
+            ops!($conn);
+        }
+
+        impl TortureConnection for $conn {
+            async fn run_op(pool: &Pool<Self>, op: &Op) -> Result<(Outcome, u32), Failed> {
+                $module::run_op(pool, op).await
+            }
+
+            async fn committed(pool: &Pool<Self>, op: &Op) -> Result<Option<Done>, Failed> {
+                $module::committed(pool, op).await
+            }
+
+            $($session)*
+        }
+    };
+}
+
+torture_connection!(postgres, AsyncPgConnection, {
+    async fn session_id(&mut self) -> diesel::QueryResult<Option<i64>> {
+        use diesel_async::RunQueryDsl;
+        let id = diesel::sql_query("SELECT pg_backend_pid()::bigint AS n")
+            .get_result::<Count>(self)
+            .await?;
+        Ok(Some(id.n))
+    }
+
+    async fn says_in_transaction(&mut self) -> diesel::QueryResult<bool> {
+        use diesel_async::SimpleAsyncConnection;
+        // PostgreSQL refuses a SAVEPOINT outside a transaction block.
+        Ok(self.batch_execute("SAVEPOINT torture_probe").await.is_ok())
+    }
+
+    async fn says_busy(&mut self, session: i64) -> diesel::QueryResult<bool> {
+        use diesel::sql_types::BigInt;
+        use diesel_async::RunQueryDsl;
+        let busy = diesel::sql_query(
+            "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE pid = $1 \
+             AND (state <> 'idle' OR backend_xid IS NOT NULL) \
+             UNION ALL SELECT COUNT(*) FROM pg_locks WHERE pid = $1 \
+             AND locktype IN ('transactionid', 'tuple', 'advisory')",
+        )
+        .bind::<BigInt, _>(session)
+        .load::<Count>(self)
+        .await?;
+        Ok(busy.iter().any(|count| count.n != 0))
+    }
+});
+
+torture_connection!(mysql, AsyncMysqlConnection, {
+    async fn session_id(&mut self) -> diesel::QueryResult<Option<i64>> {
+        use diesel_async::RunQueryDsl;
+        let id = diesel::sql_query("SELECT CAST(CONNECTION_ID() AS SIGNED) AS n")
+            .get_result::<Count>(self)
+            .await?;
+        Ok(Some(id.n))
+    }
+
+    async fn says_in_transaction(&mut self) -> diesel::QueryResult<bool> {
+        use diesel_async::RunQueryDsl;
+        diesel::sql_query("SELECT CAST(@@in_transaction AS SIGNED) AS n")
+            .get_result::<Count>(self)
+            .await
+            .map(|open| open.n != 0)
+    }
+
+    async fn says_busy(&mut self, session: i64) -> diesel::QueryResult<bool> {
+        use diesel::sql_types::BigInt;
+        use diesel_async::RunQueryDsl;
+        diesel::sql_query(
+            "SELECT COUNT(*) AS n FROM information_schema.innodb_trx WHERE trx_mysql_thread_id = ?",
+        )
+        .bind::<BigInt, _>(session)
+        .get_result::<Count>(self)
+        .await
+        .map(|trx| trx.n != 0)
+    }
+});
+
+torture_connection!(sqlite, SyncConnectionWrapper<diesel::SqliteConnection>, {
+    async fn session_id(&mut self) -> diesel::QueryResult<Option<i64>> {
+        Ok(None)
+    }
+
+    async fn says_in_transaction(&mut self) -> diesel::QueryResult<bool> {
+        use diesel_async::SimpleAsyncConnection;
+        // SQLite refuses a BEGIN inside a transaction; a connection outside
+        // one holds no lock of the database.
+        Ok(self.batch_execute("BEGIN; ROLLBACK;").await.is_err())
+    }
+
+    async fn says_busy(&mut self, _session: i64) -> diesel::QueryResult<bool> {
+        Ok(false)
+    }
+});
+
+/// A worker process with `--async`: its tasks, then the check of its pool.
+pub fn worker(config: &Config, process: u32, deadline: Instant) -> Stats {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.threads.clamp(2, 4) as usize)
+        .enable_all()
+        .build();
+    let runtime = match runtime {
+        Ok(runtime) => runtime,
+        Err(err) => return failed(format!("p{process}: no tokio runtime: {err}")),
+    };
+    match config.backend() {
+        Backend::Postgres => runtime.block_on(run::<AsyncPgConnection>(config, process, deadline)),
+        Backend::Mysql => runtime.block_on(run::<AsyncMysqlConnection>(config, process, deadline)),
+        Backend::Sqlite => runtime.block_on(
+            run::<SyncConnectionWrapper<diesel::SqliteConnection>>(config, process, deadline),
+        ),
+    }
+}
+
+fn failed(failure: String) -> Stats {
+    Stats {
+        failures: vec![failure],
+        ..Stats::default()
+    }
+}
+
+async fn pool<C>(config: &Config) -> Result<Pool<C>, String>
+where
+    C: TortureConnection,
+    AsyncDieselConnectionManager<C>: bb8::ManageConnection<Connection = C, Error = PoolError>,
+{
+    let session = backend::session_sql(config.backend());
+    let mut manager = ManagerConfig::default();
+    manager.custom_setup = Box::new(move |url| {
+        let url = url.to_owned();
+        Box::pin(async move {
+            let mut conn = C::establish(&url).await?;
+            if !session.is_empty() {
+                conn.batch_execute(session)
+                    .await
+                    .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+            }
+            Ok(conn)
+        })
+    });
+    bb8::Pool::builder()
+        .max_size(pool_size(config))
+        // bb8 pings a connection before handing it out (`SELECT 1`) unless
+        // told not to. On MySQL a future dropped during that ping leaves
+        // mysql_async's connection with an unread reply, and diesel-async's
+        // `is_broken` (which looks at transactions only) lets bb8 hand it out:
+        // the next user reads the wrong replies (measured: `NotFound` for a
+        // row that exists, "Connection to the server is closed", a pooled
+        // session the server sees inside a transaction). `--pool-ping` turns
+        // the ping back on to show it.
+        .test_on_check_out(config.pool_ping)
+        .connection_timeout(Duration::from_secs(30))
+        .build(AsyncDieselConnectionManager::<C>::new_with_config(
+            config.connection_url(),
+            manager,
+        ))
+        .await
+        .map_err(|err| err.to_string())
+}
+
+async fn run<C>(config: &Config, process: u32, deadline: Instant) -> Stats
+where
+    C: TortureConnection,
+    AsyncDieselConnectionManager<C>: bb8::ManageConnection<Connection = C, Error = PoolError>,
+{
+    let pool = match pool::<C>(config).await {
+        Ok(pool) => pool,
+        Err(err) => return failed(format!("p{process}: no pool: {err}")),
+    };
+    let tasks: Vec<_> = (0..config.threads)
+        .map(|t| {
+            tokio::spawn(task::<C>(
+                pool.clone(),
+                config.clone(),
+                process,
+                t,
+                deadline,
+            ))
+        })
+        .collect();
+    let mut total = Stats::default();
+    for (t, task) in tasks.into_iter().enumerate() {
+        match task.await {
+            Ok(stats) => total.merge(&stats),
+            Err(err) => total
+                .failures
+                .push(format!("p{process}t{t}: task failed: {err}")),
+        }
+    }
+    check_pool(&pool, config, process, &mut total).await;
+    total
+}
+
+/// How a dropped operation is dropped.
+enum Attack {
+    None,
+    Timeout(Duration),
+    Abort(Duration),
+}
+
+/// One worker task: operations until the deadline, `--cancel` percent of them attacked.
+async fn task<C>(
+    pool: Pool<C>,
+    config: Config,
+    process: u32,
+    thread: u32,
+    deadline: Instant,
+) -> Stats
+where
+    C: TortureConnection,
+    AsyncDieselConnectionManager<C>: bb8::ManageConnection<Connection = C, Error = PoolError>,
+{
+    let mut stats = Stats {
+        threads: 1,
+        ..Stats::default()
+    };
+    let mut rng = crate::run::thread_rng(&config, thread);
+    let worker = format!("p{process}t{thread}");
+    let mut seq: u32 = 0;
+    while Instant::now() < deadline && u64::from(seq) < config.ops && seq < u32::MAX {
+        seq += 1;
+        let op = crate::run::next_op(&mut rng, &config, op_id(process, thread, seq), &worker);
+        let attack = if rng.u32(0..100) < config.cancel {
+            // Up to a few ms: before, inside and after the transaction.
+            let after = Duration::from_micros(rng.u64(0..=6_000));
+            if rng.bool() {
+                Attack::Timeout(after)
+            } else {
+                Attack::Abort(after)
+            }
+        } else {
+            Attack::None
+        };
+        let result = match attack {
+            Attack::None => C::run_op(&pool, &op).await.map(Some),
+            Attack::Timeout(after) => {
+                match tokio::time::timeout(after, C::run_op(&pool, &op)).await {
+                    Ok(result) => result.map(Some),
+                    Err(_) => {
+                        stats.cancelled_timeout += 1;
+                        Ok(None)
+                    }
+                }
+            }
+            Attack::Abort(after) => {
+                let handle = tokio::spawn({
+                    let (pool, op) = (pool.clone(), op.clone());
+                    async move { C::run_op(&pool, &op).await }
+                });
+                tokio::time::sleep(after).await;
+                handle.abort();
+                match handle.await {
+                    Ok(result) => result.map(Some),
+                    Err(err) if err.is_cancelled() => {
+                        stats.cancelled_abort += 1;
+                        Ok(None)
+                    }
+                    Err(err) => Err(Failed::Pool(format!("the operation's task failed: {err}"))),
+                }
+            }
+        };
+        let result = match result {
+            Ok(Some((outcome, attempts))) => {
+                stats.per[op.strategy.index()].retries += u64::from(attempts.saturating_sub(1));
+                Ok(outcome)
+            }
+            // Dropped: committed or not, decided under the rows' locks.
+            Ok(None) => match C::committed(&pool, &op).await {
+                Ok(Some(done)) => {
+                    stats.cancelled_committed += 1;
+                    Ok(Outcome::Done(done))
+                }
+                Ok(None) => Ok(Outcome::Dropped),
+                Err(err) => Err(err),
+            },
+            Err(err) => Err(err),
+        };
+        match result {
+            Ok(outcome) => stats.record(op.strategy, outcome),
+            Err(failure) => {
+                stats.failures.push(format!(
+                    "{worker} op {} ({}: {}): {failure}",
+                    op.id,
+                    op.strategy.name(),
+                    op.strategy.calls()
+                ));
+                break;
+            }
+        }
+    }
+    stats
+}
+
+/// Every connection of the pool at once (those the pool would hand out next):
+/// none may be in a transaction or hold a lock, by diesel-async's account and
+/// by the server's.
+async fn check_pool<C>(pool: &Pool<C>, config: &Config, process: u32, total: &mut Stats)
+where
+    C: TortureConnection,
+    AsyncDieselConnectionManager<C>: bb8::ManageConnection<Connection = C, Error = PoolError>,
+{
+    let mut held = Vec::new();
+    for _ in 0..pool_size(config) {
+        match pool.get().await {
+            Ok(conn) => held.push(conn),
+            Err(err) => {
+                total.failures.push(format!(
+                    "p{process}: checking the pool: no connection: {err}"
+                ));
+                return;
+            }
+        }
+    }
+    let mut sessions = Vec::new();
+    for conn in &mut held {
+        let conn = &mut **conn;
+        let client = matches!(
+            C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
+            Ok(Some(_))
+        );
+        match (conn.says_in_transaction().await, conn.session_id().await) {
+            (Ok(server), Ok(id)) => {
+                if client || server {
+                    total.pool_dirty += 1;
+                    total.failures.push(format!(
+                        "p{process}: a pooled connection is inside a transaction \
+                         (diesel-async: {client}, the server: {server})"
+                    ));
+                }
+                sessions.push(id);
+            }
+            (Err(err), _) | (_, Err(err)) => {
+                total
+                    .failures
+                    .push(format!("p{process}: checking the pool: {err}"));
+                return;
+            }
+        }
+    }
+    // Each session as the next connection of the pool sees it.
+    let n = held.len();
+    for (i, id) in sessions.iter().enumerate() {
+        let Some(id) = *id else {
+            total.pool_clean += 1;
+            continue;
+        };
+        match held[(i + 1) % n].says_busy(id).await {
+            Ok(false) => total.pool_clean += 1,
+            Ok(true) => {
+                total.pool_dirty += 1;
+                total.failures.push(format!(
+                    "p{process}: the server says pooled session {id} is in a transaction or holds a lock"
+                ));
+            }
+            Err(err) => {
+                total
+                    .failures
+                    .push(format!("p{process}: checking the pool: {err}"));
+                return;
+            }
+        }
+    }
+}
