@@ -102,21 +102,24 @@ where
     ) -> impl std::future::Future<Output = Result<Option<Done>, Failed>> + Send;
 
     /// The server's id of this session (`None` on SQLite: no server).
+    /// `nonce` must come back with it: a connection whose replies are out of
+    /// step with its queries answers something else.
     fn session_id(
         &mut self,
-    ) -> impl std::future::Future<Output = diesel::QueryResult<Option<i64>>> + Send;
+        nonce: i64,
+    ) -> impl std::future::Future<Output = diesel::QueryResult<Session>> + Send;
 
     /// The server's word on this session itself: inside a transaction?
     fn says_in_transaction(
         &mut self,
     ) -> impl std::future::Future<Output = diesel::QueryResult<bool>> + Send;
 
-    /// The server's word on another session, asked from this one: inside a
-    /// transaction or holding a lock?
+    /// The server's word on another session, asked from this one: what it
+    /// holds (a transaction, locks), if anything.
     fn says_busy(
         &mut self,
         session: i64,
-    ) -> impl std::future::Future<Output = diesel::QueryResult<bool>> + Send;
+    ) -> impl std::future::Future<Output = diesel::QueryResult<Option<String>>> + Send;
 }
 
 /// A count from the server.
@@ -124,6 +127,31 @@ where
 struct Count {
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     n: i64,
+}
+
+/// A session's id on the server (0 on SQLite) and the nonce it echoed.
+#[derive(diesel::QueryableByName)]
+pub struct Session {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    id: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    echo: i64,
+}
+
+/// What the server says a session holds.
+#[derive(diesel::QueryableByName)]
+struct Held {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    what: String,
+}
+
+fn described(held: Vec<Held>) -> Option<String> {
+    (!held.is_empty()).then(|| {
+        held.into_iter()
+            .map(|held| held.what)
+            .collect::<Vec<_>>()
+            .join("; ")
+    })
 }
 
 /// The operations on one diesel-async connection type: the same strategies as
@@ -327,12 +355,12 @@ macro_rules! torture_connection {
 }
 
 torture_connection!(postgres, AsyncPgConnection, {
-    async fn session_id(&mut self) -> diesel::QueryResult<Option<i64>> {
+    async fn session_id(&mut self, nonce: i64) -> diesel::QueryResult<Session> {
         use diesel_async::RunQueryDsl;
-        let id = diesel::sql_query("SELECT pg_backend_pid()::bigint AS n")
-            .get_result::<Count>(self)
-            .await?;
-        Ok(Some(id.n))
+        diesel::sql_query("SELECT pg_backend_pid()::bigint AS id, $1 AS echo")
+            .bind::<diesel::sql_types::BigInt, _>(nonce)
+            .get_result::<Session>(self)
+            .await
     }
 
     async fn says_in_transaction(&mut self) -> diesel::QueryResult<bool> {
@@ -341,29 +369,30 @@ torture_connection!(postgres, AsyncPgConnection, {
         Ok(self.batch_execute("SAVEPOINT torture_probe").await.is_ok())
     }
 
-    async fn says_busy(&mut self, session: i64) -> diesel::QueryResult<bool> {
+    async fn says_busy(&mut self, session: i64) -> diesel::QueryResult<Option<String>> {
         use diesel::sql_types::BigInt;
         use diesel_async::RunQueryDsl;
-        let busy = diesel::sql_query(
-            "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE pid = $1 \
-             AND (state <> 'idle' OR backend_xid IS NOT NULL) \
-             UNION ALL SELECT COUNT(*) FROM pg_locks WHERE pid = $1 \
+        diesel::sql_query(
+            "SELECT 'state ' || COALESCE(state, '?') || ', xid ' \
+             || COALESCE(backend_xid::text, 'none') AS what \
+             FROM pg_stat_activity WHERE pid = $1 AND (state <> 'idle' OR backend_xid IS NOT NULL) \
+             UNION ALL SELECT 'lock ' || locktype || ' ' || mode FROM pg_locks WHERE pid = $1 \
              AND locktype IN ('transactionid', 'tuple', 'advisory')",
         )
         .bind::<BigInt, _>(session)
-        .load::<Count>(self)
-        .await?;
-        Ok(busy.iter().any(|count| count.n != 0))
+        .load::<Held>(self)
+        .await
+        .map(described)
     }
 });
 
 torture_connection!(mysql, AsyncMysqlConnection, {
-    async fn session_id(&mut self) -> diesel::QueryResult<Option<i64>> {
+    async fn session_id(&mut self, nonce: i64) -> diesel::QueryResult<Session> {
         use diesel_async::RunQueryDsl;
-        let id = diesel::sql_query("SELECT CAST(CONNECTION_ID() AS SIGNED) AS n")
-            .get_result::<Count>(self)
-            .await?;
-        Ok(Some(id.n))
+        diesel::sql_query("SELECT CAST(CONNECTION_ID() AS SIGNED) AS id, ? AS echo")
+            .bind::<diesel::sql_types::BigInt, _>(nonce)
+            .get_result::<Session>(self)
+            .await
     }
 
     async fn says_in_transaction(&mut self) -> diesel::QueryResult<bool> {
@@ -374,22 +403,29 @@ torture_connection!(mysql, AsyncMysqlConnection, {
             .map(|open| open.n != 0)
     }
 
-    async fn says_busy(&mut self, session: i64) -> diesel::QueryResult<bool> {
+    async fn says_busy(&mut self, session: i64) -> diesel::QueryResult<Option<String>> {
         use diesel::sql_types::BigInt;
         use diesel_async::RunQueryDsl;
         diesel::sql_query(
-            "SELECT COUNT(*) AS n FROM information_schema.innodb_trx WHERE trx_mysql_thread_id = ?",
+            "SELECT CONCAT('InnoDB transaction ', trx_state, ' since ', trx_started, ', ', \
+             trx_rows_locked, ' rows locked, ', trx_lock_structs, ' lock structs, isolation ', \
+             trx_isolation_level, ', query ', COALESCE(trx_query, 'none')) AS what \
+             FROM information_schema.innodb_trx WHERE trx_mysql_thread_id = ?",
         )
         .bind::<BigInt, _>(session)
-        .get_result::<Count>(self)
+        .load::<Held>(self)
         .await
-        .map(|trx| trx.n != 0)
+        .map(described)
     }
 });
 
 torture_connection!(sqlite, SyncConnectionWrapper<diesel::SqliteConnection>, {
-    async fn session_id(&mut self) -> diesel::QueryResult<Option<i64>> {
-        Ok(None)
+    async fn session_id(&mut self, nonce: i64) -> diesel::QueryResult<Session> {
+        use diesel_async::RunQueryDsl;
+        diesel::sql_query("SELECT 0 AS id, ? AS echo")
+            .bind::<diesel::sql_types::BigInt, _>(nonce)
+            .get_result::<Session>(self)
+            .await
     }
 
     async fn says_in_transaction(&mut self) -> diesel::QueryResult<bool> {
@@ -399,8 +435,8 @@ torture_connection!(sqlite, SyncConnectionWrapper<diesel::SqliteConnection>, {
         Ok(self.batch_execute("BEGIN; ROLLBACK;").await.is_err())
     }
 
-    async fn says_busy(&mut self, _session: i64) -> diesel::QueryResult<bool> {
-        Ok(false)
+    async fn says_busy(&mut self, _session: i64) -> diesel::QueryResult<Option<String>> {
+        Ok(None)
     }
 });
 
@@ -456,9 +492,8 @@ where
         // mysql_async's connection with an unread reply, and diesel-async's
         // `is_broken` (which looks at transactions only) lets bb8 hand it out:
         // the next user reads the wrong replies (measured: `NotFound` for a
-        // row that exists, "Connection to the server is closed", a pooled
-        // session the server sees inside a transaction). `--pool-ping` turns
-        // the ping back on to show it.
+        // row that exists, "Connection to the server is closed").
+        // `--pool-ping` turns the ping back on to show it.
         .test_on_check_out(config.pool_ping)
         .connection_timeout(Duration::from_secs(30))
         .build(AsyncDieselConnectionManager::<C>::new_with_config(
@@ -622,45 +657,73 @@ where
             }
         }
     }
-    let mut sessions = Vec::new();
+    // Per connection: its session id (`None` on SQLite), or `Err` when it is dirty.
+    let mut sessions: Vec<Result<Option<i64>, ()>> = Vec::new();
     for conn in &mut held {
         let conn = &mut **conn;
         let client = matches!(
             C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
             Ok(Some(_))
         );
-        match (conn.says_in_transaction().await, conn.session_id().await) {
-            (Ok(server), Ok(id)) => {
-                if client || server {
+        let nonce = fastrand::i64(1..i64::MAX);
+        match (
+            conn.says_in_transaction().await,
+            conn.session_id(nonce).await,
+        ) {
+            (Ok(server), Ok(session)) => {
+                if client || server || session.echo != nonce {
                     total.pool_dirty += 1;
                     total.failures.push(format!(
-                        "p{process}: a pooled connection is inside a transaction \
-                         (diesel-async: {client}, the server: {server})"
+                        "p{process}: a pooled connection is inside a transaction or out of step \
+                         (diesel-async: in a transaction {client}; the server: in a transaction \
+                         {server}, echoed {} for {nonce})",
+                        session.echo
                     ));
+                    sessions.push(Err(()));
+                } else {
+                    sessions.push(Ok((session.id != 0).then_some(session.id)));
                 }
-                sessions.push(id);
             }
             (Err(err), _) | (_, Err(err)) => {
+                total.pool_dirty += 1;
                 total
                     .failures
-                    .push(format!("p{process}: checking the pool: {err}"));
-                return;
+                    .push(format!("p{process}: checking a pooled connection: {err}"));
+                sessions.push(Err(()));
             }
         }
     }
-    // Each session as the next connection of the pool sees it.
+    // Each session as the next connection of the pool sees it (a dirty one
+    // is counted already).
     let n = held.len();
-    for (i, id) in sessions.iter().enumerate() {
-        let Some(id) = *id else {
-            total.pool_clean += 1;
-            continue;
+    for (i, session) in sessions.iter().enumerate() {
+        let id = match session {
+            Err(()) => continue,
+            Ok(None) => {
+                total.pool_clean += 1;
+                continue;
+            }
+            Ok(Some(id)) => *id,
         };
-        match held[(i + 1) % n].says_busy(id).await {
-            Ok(false) => total.pool_clean += 1,
-            Ok(true) => {
+        // InnoDB's information_schema tables are a cache the server refreshes
+        // at most every 100 ms: a session busy just before the tasks ended may
+        // still be listed. Held means held in three looks 200 ms apart.
+        let mut said = Ok(None);
+        for look in 0..3 {
+            if look > 0 {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            said = held[(i + 1) % n].says_busy(id).await;
+            if !matches!(said, Ok(Some(_))) {
+                break;
+            }
+        }
+        match said {
+            Ok(None) => total.pool_clean += 1,
+            Ok(Some(what)) => {
                 total.pool_dirty += 1;
                 total.failures.push(format!(
-                    "p{process}: the server says pooled session {id} is in a transaction or holds a lock"
+                    "p{process}: the server says pooled session {id} holds: {what}"
                 ));
             }
             Err(err) => {

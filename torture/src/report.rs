@@ -27,6 +27,19 @@ pub fn print_header(backend: &str, config: &Config) {
         },
         config.seed
     );
+    if config.asynchronous {
+        println!(
+            "  async: lockkit::asynchronous on diesel-async, tasks on a multi-threaded tokio \
+             runtime over a bb8 pool per process; {}% of the operations' futures dropped at a \
+             random point{}",
+            config.cancel,
+            if config.pool_ping {
+                "; bb8 pings each connection before handing it out"
+            } else {
+                ""
+            }
+        );
+    }
 }
 
 pub fn print_run(config: &Config, total: &Stats, elapsed: Duration, drained: u64) {
@@ -35,7 +48,7 @@ pub fn print_run(config: &Config, total: &Stats, elapsed: Duration, drained: u64
         "{:<12} {:<48} {:>9} {:>8} {:>8} {:>9}",
         "strategy", "lockkit calls", "committed", "lines", "idle*", "retries"
     );
-    for strategy in Strategy::ALL {
+    for &strategy in Strategy::of_run(config.asynchronous) {
         let p = &total.per[strategy.index()];
         println!(
             "{:<12} {:<48} {:>9} {:>8} {:>8} {:>9}",

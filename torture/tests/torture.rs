@@ -100,7 +100,7 @@ async_runs! {
     mysql_async: MysqlConnection;
 }
 
-/// The pool check is not vacuous: with bb8's check-out ping (`SELECT 1`, bb8's
+/// The attack is not vacuous: with bb8's check-out ping (`SELECT 1`, bb8's
 /// default), a future dropped during the ping leaves a MySQL connection with an
 /// unread reply that diesel-async's `is_broken` does not see, and bb8 hands it
 /// to the next task, which reads the wrong replies; the run must fail.
