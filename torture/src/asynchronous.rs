@@ -533,8 +533,36 @@ where
                 .push(format!("p{process}t{t}: task failed: {err}")),
         }
     }
+    if config.leave_open {
+        leave_open(&pool, config, process, &mut total).await;
+    }
     check_pool(&pool, config, process, &mut total).await;
     total
+}
+
+/// `--leave-open`: a transaction holding a row lock, opened with raw SQL behind
+/// diesel-async's back (its transaction manager does not see it), on a
+/// connection that goes back to the pool. The pool check must catch it.
+async fn leave_open<C>(pool: &Pool<C>, config: &Config, process: u32, total: &mut Stats)
+where
+    C: TortureConnection,
+    AsyncDieselConnectionManager<C>: bb8::ManageConnection<Connection = C, Error = PoolError>,
+{
+    let sql = match config.backend() {
+        Backend::Sqlite => "BEGIN IMMEDIATE",
+        Backend::Postgres | Backend::Mysql => {
+            "BEGIN; SELECT id FROM torture_items WHERE id = 1 FOR UPDATE"
+        }
+    };
+    let left = match pool.get().await {
+        Ok(mut conn) => conn.batch_execute(sql).await.map_err(|err| err.to_string()),
+        Err(err) => Err(err.to_string()),
+    };
+    if let Err(err) = left {
+        total
+            .failures
+            .push(format!("p{process}: --leave-open: {err}"));
+    }
 }
 
 /// How a dropped operation is dropped.

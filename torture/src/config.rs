@@ -49,6 +49,9 @@ OPTIONS:
                          (its default, off here): on MySQL a future dropped during the
                          ping leaves the connection out of step with the server, and the
                          run fails
+    --leave-open         with --async: at the end each worker leaves a transaction that
+                         holds a row lock, opened with raw SQL the pool cannot see, on a
+                         pooled connection: the pool check must fail (a test of the check)
     -h, --help           this text
 
 Exit status: 0 when every worker finished without an unexpected error and every
@@ -106,6 +109,8 @@ pub struct Config {
     pub cancel: u32,
     /// `--pool-ping`: bb8's `test_on_check_out`.
     pub pool_ping: bool,
+    /// `--leave-open`: a hidden open transaction for the pool check to catch.
+    pub leave_open: bool,
     pub role: Role,
 }
 
@@ -130,6 +135,7 @@ impl Config {
             asynchronous: false,
             cancel: 20,
             pool_ping: false,
+            leave_open: false,
             role: Role::Parent,
         };
         while let Some(arg) = args.next() {
@@ -174,6 +180,7 @@ impl Config {
                 "--async" => config.asynchronous = true,
                 "--cancel" => config.cancel = number(&flag, &value(&flag)?, 0, 100)?,
                 "--pool-ping" => config.pool_ping = true,
+                "--leave-open" => config.leave_open = true,
                 // Internal: how the parent starts its workers.
                 "--worker" => config.role = Role::Worker(number(&flag, &value(&flag)?, 1, 64)?),
                 other => return Err(format!("unknown argument {other}")),
@@ -230,6 +237,9 @@ impl Config {
             args.push(self.cancel.to_string());
             if self.pool_ping {
                 args.push("--pool-ping".to_owned());
+            }
+            if self.leave_open {
+                args.push("--leave-open".to_owned());
             }
         }
         args

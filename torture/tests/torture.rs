@@ -100,6 +100,33 @@ async_runs! {
     mysql_async: MysqlConnection;
 }
 
+/// The pool check is not vacuous: a transaction holding a row lock, opened with
+/// raw SQL that diesel-async's transaction manager does not see, goes back to
+/// the pool as a healthy connection; the server's word must catch it.
+macro_rules! hidden_transactions_are_caught {
+    ($($name:ident: $conn:ty;)*) => {
+        $(
+            #[test]
+            fn $name() {
+                let db = TestDb::<$conn>::new(concat!("torture_", stringify!($name)));
+                let (ok, out) = torture(&db.url, &["--async", "--leave-open", "--seconds", "1"]);
+                assert!(!ok, "the hidden transaction went unnoticed:\n{out}");
+                assert!(
+                    out.contains("FAIL  after the dropped futures, no pooled connection"),
+                    "{out}"
+                );
+                assert!(out.contains("the server: in a transaction true"), "{out}");
+            }
+        )*
+    };
+}
+
+hidden_transactions_are_caught! {
+    sqlite_file_async_hidden_transaction: SqliteConnection;
+    postgres_async_hidden_transaction: PgConnection;
+    mysql_async_hidden_transaction: MysqlConnection;
+}
+
 /// The attack is not vacuous: with bb8's check-out ping (`SELECT 1`, bb8's
 /// default), a future dropped during the ping leaves a MySQL connection with an
 /// unread reply that diesel-async's `is_broken` does not see, and bb8 hands it
