@@ -1,6 +1,6 @@
 //! `--async`: a worker process on diesel-async. `--threads` tasks on a
 //! multi-threaded tokio runtime share a bb8 pool and run the strategies
-//! `lockkit::asynchronous` has ([`Strategy::ASYNC`]) with the statements of
+//! `lockkit::asynchronous` has ([`Strategy::ASYNC`](crate::stats::Strategy::ASYNC)) with the statements of
 //! [`crate::statements`], so that the parent's audit (the same tables, the same
 //! invariants) holds them to the same account as the blocking workers.
 //!
@@ -81,7 +81,7 @@ impl std::fmt::Display for Failed {
 }
 
 /// A diesel-async connection the torture runs on: the operations (written once,
-/// in [`ops`], for each connection type) and the server's word on a session.
+/// in `ops!`, for each connection type) and the server's word on a session.
 pub trait TortureConnection:
     AsyncLockingConnection + diesel_async::pooled_connection::PoolableConnection + Sized
 where
@@ -331,7 +331,7 @@ macro_rules! ops {
     };
 }
 
-/// Implements [`TortureConnection`] for `$conn` with [`ops!`] and the
+/// Implements [`TortureConnection`] for `$conn` with `ops!` and the
 /// backend's own look at a session.
 macro_rules! torture_connection {
     ($module:ident, $conn:ty, { $($session:tt)* }) => {

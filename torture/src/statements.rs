@@ -89,7 +89,7 @@ pub fn set_stock(id: i32, stock: i32, bump: Bump) -> SetStock {
     }
 }
 
-/// Item `id`, unlocked (every column, in [`Item`]'s order): what an
+/// Item `id`, unlocked (every column, in [`Item`](crate::model::Item)'s order): what an
 /// optimistic writer or a client reads.
 pub fn read_item(id: i32) -> dsl::Find<torture_items::table, i32> {
     torture_items::table.find(id)
