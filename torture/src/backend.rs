@@ -12,6 +12,7 @@ use lockkit_tests::support::{AnyConnection, AnyPooled, Backend};
 use crate::config::{Bump, Config};
 use crate::model::Item;
 use crate::schema::*;
+use crate::statements::{self, SetStock};
 use crate::stats::{Done, Op, Outcome, Strategy};
 
 /// Rows per `INSERT` when seeding the queue.
@@ -33,12 +34,18 @@ pub struct Audit {
 /// Session settings for every connection. SQLite: writers queue for up to 10 s
 /// (the busy handler) instead of failing at once; WAL ([`setup`] turns it on
 /// for the database file) lets readers go on while one connection writes.
+pub fn session_sql(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite => "PRAGMA busy_timeout = 10000; PRAGMA synchronous = NORMAL;",
+        Backend::Postgres | Backend::Mysql => "",
+    }
+}
+
+/// [`session_sql`] on a blocking connection.
 pub fn session(conn: &mut AnyConnection) -> QueryResult<()> {
-    match conn.backend() {
-        Backend::Sqlite => {
-            conn.batch_execute("PRAGMA busy_timeout = 10000; PRAGMA synchronous = NORMAL;")
-        }
-        Backend::Postgres | Backend::Mysql => Ok(()),
+    match session_sql(conn.backend()) {
+        "" => Ok(()),
+        sql => conn.batch_execute(sql),
     }
 }
 
@@ -54,52 +61,25 @@ fn dialect(backend: Backend) -> Dialect {
 /// The order's lines and, for a sale, its shipment job: in the
 /// caller's transaction, with the stock change.
 fn record(conn: &mut AnyConnection, op: &Op) -> QueryResult<Done> {
-    for (line_no, (item, qty)) in op.lines.iter().enumerate() {
-        diesel::insert_into(torture_order_lines::table)
-            .values((
-                torture_order_lines::op_id.eq(op.id),
-                torture_order_lines::line_no.eq(line_no as i32),
-                torture_order_lines::item_id.eq(*item),
-                torture_order_lines::qty.eq(*qty),
-                torture_order_lines::strategy.eq(op.strategy.name()),
-            ))
-            .execute(conn)?;
+    for line in statements::order_lines(op) {
+        line.execute(conn)?;
     }
-    let jobs_created = if op.strategy.sells() {
-        diesel::insert_into(torture_jobs::table)
-            .values((torture_jobs::id.eq(op.id), torture_jobs::done.eq(false)))
-            .execute(conn)?;
-        1
-    } else {
-        0
-    };
-    Ok(Done {
-        lines: op.lines.len() as u64,
-        jobs_created,
-        ..Done::NOTHING
-    })
+    if let Some(job) = statements::shipment_job(op) {
+        job.execute(conn)?;
+    }
+    Ok(Done::recorded(op))
 }
 
-/// A plain write of the stock (the row is locked), bumping the
-/// version itself only with `--bump explicit` (lockkit's lock already
-/// did).
+/// A plain write of the stock (the row is locked): [`statements::set_stock`].
 fn set_stock(conn: &mut AnyConnection, id: i32, stock: i32, bump: Bump) -> QueryResult<usize> {
-    let row = torture_items::table.find(id);
-    match bump {
-        Bump::Explicit => diesel::update(row)
-            .set((
-                torture_items::stock.eq(stock),
-                torture_items::lock_version.eq(torture_items::lock_version + 1),
-            ))
-            .execute(conn),
-        Bump::Trigger | Bump::Lockkit | Bump::None => diesel::update(row)
-            .set(torture_items::stock.eq(stock))
-            .execute(conn),
+    match statements::set_stock(id, stock, bump) {
+        SetStock::Explicit(update) => update.execute(conn),
+        SetStock::Plain(update) => update.execute(conn),
     }
 }
 
 /// A committed write and the stock it left.
-fn written(done: Done, stock: i32) -> Outcome {
+pub fn written(done: Done, stock: i32) -> Outcome {
     Outcome::Done(Done {
         lowest_stock: i64::from(stock),
         ..done
@@ -107,10 +87,7 @@ fn written(done: Done, stock: i32) -> Outcome {
 }
 
 fn read_item(conn: &mut AnyConnection, id: i32) -> QueryResult<Item> {
-    torture_items::table
-        .find(id)
-        .select(Item::as_select())
-        .first(conn)
+    statements::read_item(id).first(conn)
 }
 
 /// Drops and creates the tables, installs the version trigger (`--bump
@@ -217,21 +194,12 @@ pub fn run_op(pooled: &mut AnyPooled, op: &Op) -> Result<Outcome, Error> {
                 // In random order: lock_all sorts them.
                 let keys: Vec<i32> = op.lines.iter().map(|(id, _)| *id).collect();
                 let rows = Item::lock_all(conn, &keys)?;
-                let stock_of = |id: i32| {
-                    rows.iter()
-                        .find(|row| row.id == id)
-                        .map(|row| row.stock)
-                        .ok_or(Error::NotFound)
+                let Some(stocks) = lock_all_stocks(op, &rows)? else {
+                    return Ok(Outcome::OutOfStock);
                 };
-                for (id, qty) in &op.lines {
-                    if stock_of(*id)? < *qty {
-                        return Ok(Outcome::OutOfStock);
-                    }
-                }
                 let mut lowest = i32::MAX;
-                for (id, qty) in &op.lines {
-                    let stock = stock_of(*id)? - qty;
-                    set_stock(conn, *id, stock, op.bump)?;
+                for (id, stock) in stocks {
+                    set_stock(conn, id, stock, op.bump)?;
                     lowest = lowest.min(stock);
                 }
                 Ok(written(record(conn, op)?, lowest))
@@ -329,27 +297,32 @@ pub fn run_op(pooled: &mut AnyPooled, op: &Op) -> Result<Outcome, Error> {
     }
 }
 
+/// A `lock_all` order on its locked `rows`: each item's new stock, or `None`
+/// when one of them holds less than the order takes (nothing is written).
+pub fn lock_all_stocks(op: &Op, rows: &[Item]) -> Result<Option<Vec<(i32, i32)>>, Error> {
+    let mut stocks = Vec::with_capacity(op.lines.len());
+    for (id, qty) in &op.lines {
+        let stock = rows
+            .iter()
+            .find(|row| row.id == *id)
+            .map(|row| row.stock)
+            .ok_or(Error::NotFound)?;
+        if stock < *qty {
+            return Ok(None);
+        }
+        stocks.push((*id, stock - qty));
+    }
+    Ok(Some(stocks))
+}
+
 /// After a lost connection: whether `op` committed, and what it wrote.
 pub fn committed(conn: &mut AnyConnection, op: &Op) -> Result<Option<Done>, Error> {
-    if op.strategy == Strategy::SkipLocked {
-        let runs: i64 = torture_job_runs::table
-            .filter(torture_job_runs::op_id.eq(op.id))
-            .count()
-            .get_result(conn)?;
-        return Ok((runs > 0).then_some(Done {
-            jobs_claimed: runs as u64,
-            ..Done::NOTHING
-        }));
-    }
-    let lines: i64 = torture_order_lines::table
-        .filter(torture_order_lines::op_id.eq(op.id))
-        .count()
-        .get_result(conn)?;
-    Ok((lines > 0).then_some(Done {
-        lines: lines as u64,
-        jobs_created: u64::from(op.strategy.sells()),
-        ..Done::NOTHING
-    }))
+    let rows: i64 = if op.strategy == Strategy::SkipLocked {
+        statements::runs_of(op.id).get_result(conn)?
+    } else {
+        statements::lines_of(op.id).get_result(conn)?
+    };
+    Ok(Done::committed(op, rows))
 }
 
 /// Reads the tables.

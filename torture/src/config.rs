@@ -36,6 +36,22 @@ OPTIONS:
                          find out whether the interrupted transaction committed
     --grace S            how long past --seconds an outage may last                [default: 60]
     --seed N             random seed                                            [default: from the clock]
+    --async              the workers run lockkit::asynchronous on diesel-async: --threads
+                         tasks on a multi-threaded tokio runtime over a bb8 pool, with the
+                         strategies the async API has (optimistic, with_lock, nowait,
+                         lock_all, by_version; the parent drains the queue); and attacks
+                         them: futures dropped at random points (tokio::time::timeout with
+                         a tiny deadline, JoinHandle::abort). Each worker then checks on the
+                         server that no connection of its pool is in a transaction or holds
+                         a lock
+    --cancel PCT         with --async: the share of operations attacked          [default: 20]
+    --pool-ping          with --async: bb8 pings each connection before handing it out
+                         (its default, off here): on MySQL a future dropped during the
+                         ping leaves the connection out of step with the server, and the
+                         run fails
+    --leave-open         with --async: at the end each worker leaves a transaction that
+                         holds a row lock, opened with raw SQL the pool cannot see, on a
+                         pooled connection: the pool check must fail (a test of the check)
     -h, --help           this text
 
 Exit status: 0 when every worker finished without an unexpected error and every
@@ -86,6 +102,15 @@ pub struct Config {
     pub tolerate_outages: bool,
     pub grace: f64,
     pub seed: u64,
+    /// `--async`: the workers run on diesel-async.
+    pub asynchronous: bool,
+    /// `--cancel`: the percentage of async operations whose future is dropped
+    /// at a random point.
+    pub cancel: u32,
+    /// `--pool-ping`: bb8's `test_on_check_out`.
+    pub pool_ping: bool,
+    /// `--leave-open`: a hidden open transaction for the pool check to catch.
+    pub leave_open: bool,
     pub role: Role,
 }
 
@@ -107,6 +132,10 @@ impl Config {
             seed: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(1, |d| d.as_nanos() as u64),
+            asynchronous: false,
+            cancel: 20,
+            pool_ping: false,
+            leave_open: false,
             role: Role::Parent,
         };
         while let Some(arg) = args.next() {
@@ -148,6 +177,10 @@ impl Config {
                 "--tolerate-outages" => config.tolerate_outages = true,
                 "--grace" => config.grace = seconds(&flag, &value(&flag)?)?,
                 "--seed" => config.seed = number(&flag, &value(&flag)?, 0, u64::MAX)?,
+                "--async" => config.asynchronous = true,
+                "--cancel" => config.cancel = number(&flag, &value(&flag)?, 0, 100)?,
+                "--pool-ping" => config.pool_ping = true,
+                "--leave-open" => config.leave_open = true,
                 // Internal: how the parent starts its workers.
                 "--worker" => config.role = Role::Worker(number(&flag, &value(&flag)?, 1, 64)?),
                 other => return Err(format!("unknown argument {other}")),
@@ -155,6 +188,9 @@ impl Config {
         }
         if config.url.is_empty() {
             return Err("--url is required".into());
+        }
+        if config.asynchronous && config.tolerate_outages {
+            return Err("--async does not take --tolerate-outages (yet)".into());
         }
         Ok(Some(config))
     }
@@ -194,6 +230,17 @@ impl Config {
         ];
         if self.tolerate_outages {
             args.push("--tolerate-outages".to_owned());
+        }
+        if self.asynchronous {
+            args.push("--async".to_owned());
+            args.push("--cancel".to_owned());
+            args.push(self.cancel.to_string());
+            if self.pool_ping {
+                args.push("--pool-ping".to_owned());
+            }
+            if self.leave_open {
+                args.push("--leave-open".to_owned());
+            }
         }
         args
     }

@@ -10,6 +10,7 @@
 //! exits with 1 if any invariant or any worker failed.
 
 mod adaptive;
+mod asynchronous;
 mod backend;
 mod config;
 mod model;
@@ -17,6 +18,7 @@ mod nodes;
 mod report;
 mod run;
 mod schema;
+mod statements;
 mod stats;
 
 use std::process::ExitCode;

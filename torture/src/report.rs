@@ -27,6 +27,19 @@ pub fn print_header(backend: &str, config: &Config) {
         },
         config.seed
     );
+    if config.asynchronous {
+        println!(
+            "  async: lockkit::asynchronous on diesel-async, tasks on a multi-threaded tokio \
+             runtime over a bb8 pool per process; {}% of the operations' futures dropped at a \
+             random point{}",
+            config.cancel,
+            if config.pool_ping {
+                "; bb8 pings each connection before handing it out"
+            } else {
+                ""
+            }
+        );
+    }
 }
 
 pub fn print_run(config: &Config, total: &Stats, elapsed: Duration, drained: u64) {
@@ -35,7 +48,7 @@ pub fn print_run(config: &Config, total: &Stats, elapsed: Duration, drained: u64
         "{:<12} {:<48} {:>9} {:>8} {:>8} {:>9}",
         "strategy", "lockkit calls", "committed", "lines", "idle*", "retries"
     );
-    for strategy in Strategy::ALL {
+    for &strategy in Strategy::of_run(config.asynchronous) {
         let p = &total.per[strategy.index()];
         println!(
             "{:<12} {:<48} {:>9} {:>8} {:>8} {:>9}",
@@ -78,7 +91,17 @@ pub fn print_run(config: &Config, total: &Stats, elapsed: Duration, drained: u64
             println!("  {n:>6} x {message}");
         }
     }
-    for strategy in Strategy::ALL {
+    if config.asynchronous {
+        println!(
+            "cancelled: {} futures dropped ({} by tokio::time::timeout, {} by JoinHandle::abort), \
+             {} of them found committed, the others rolled back",
+            total.cancelled_timeout + total.cancelled_abort,
+            total.cancelled_timeout,
+            total.cancelled_abort,
+            total.cancelled_committed
+        );
+    }
+    for &strategy in Strategy::of_run(config.asynchronous) {
         if total.per[strategy.index()].ops == 0 {
             println!("warning: {} committed no operation", strategy.name());
         }
@@ -298,6 +321,18 @@ pub fn check(
         failures.is_empty() && total.threads == u64::from(config.processes * config.threads),
         text,
     );
+    if config.asynchronous {
+        let pooled =
+            u64::from(config.processes) * u64::from(crate::asynchronous::pool_size(config));
+        add(
+            total.pool_dirty == 0 && total.pool_clean == pooled,
+            format!(
+                "after the dropped futures, no pooled connection in a transaction or holding a \
+                 lock (the server's word): {} of {pooled} clean, {} not",
+                total.pool_clean, total.pool_dirty
+            ),
+        );
+    }
     checks
 }
 

@@ -18,7 +18,7 @@ use crate::stats::{op_id, Op, Outcome, Stats, Strategy};
 /// Conflicts are retried with a short, jittered backoff, and patiently: a
 /// thread that still loses after this many attempts is starving, which the run
 /// reports as a failure.
-fn retry_policy() -> RetryPolicy {
+pub(crate) fn retry_policy() -> RetryPolicy {
     RetryPolicy::default()
         .max_attempts(500)
         .base_delay(Duration::from_millis(1))
@@ -183,8 +183,9 @@ fn perform(
     }
 }
 
-fn next_op(rng: &mut fastrand::Rng, config: &Config, id: i64, worker: &str) -> Op {
-    let strategy = Strategy::pick(rng);
+/// The next operation of a worker thread (or task): a strategy and its order.
+pub(crate) fn next_op(rng: &mut fastrand::Rng, config: &Config, id: i64, worker: &str) -> Op {
+    let strategy = Strategy::pick(rng, Strategy::of_run(config.asynchronous));
     let mut item = || rng.i32(1..=config.items);
     let lines = match strategy {
         Strategy::LockAll => {
@@ -213,6 +214,15 @@ fn next_op(rng: &mut fastrand::Rng, config: &Config, id: i64, worker: &str) -> O
     }
 }
 
+/// The random numbers of worker thread (or task) `thread` of a process.
+pub(crate) fn thread_rng(config: &Config, thread: u32) -> fastrand::Rng {
+    fastrand::Rng::with_seed(
+        config
+            .seed
+            .wrapping_add(u64::from(thread).wrapping_mul(0x2545_f491_4f6c_dd1d)),
+    )
+}
+
 fn worker_thread(
     pool: &Pool<ConnectionManager<AnyConnection>>,
     config: &Config,
@@ -224,11 +234,7 @@ fn worker_thread(
         threads: 1,
         ..Stats::default()
     };
-    let mut rng = fastrand::Rng::with_seed(
-        config
-            .seed
-            .wrapping_add(u64::from(thread).wrapping_mul(0x2545_f491_4f6c_dd1d)),
-    );
+    let mut rng = thread_rng(config, thread);
     let worker = format!("p{process}t{thread}");
     let give_up = deadline + config.grace_time();
     let mut seq: u32 = 0;
@@ -257,7 +263,8 @@ fn worker_thread(
     stats
 }
 
-/// A worker process: a pool, `--threads` threads, a report on stdout.
+/// A worker process: a pool, `--threads` threads (with `--async`, tasks: see
+/// [`crate::asynchronous`]), a report on stdout.
 pub fn worker(config: &Config, process: u32) -> bool {
     if let Err(err) = connect(config)
         .and_then(|mut conn| crate::nodes::catch_up(&mut conn, config).map_err(|e| e.to_string()))
@@ -269,8 +276,13 @@ pub fn worker(config: &Config, process: u32) -> bool {
         print!("{}", stats.to_report());
         return false;
     }
-    let pool = pool(config, config.threads + 1);
     let deadline = Instant::now() + config.run_time();
+    if config.asynchronous {
+        let total = crate::asynchronous::worker(config, process, deadline);
+        print!("{}", total.to_report());
+        return total.failures.is_empty();
+    }
+    let pool = pool(config, config.threads + 1);
     let mut total = Stats::default();
     thread::scope(|s| {
         let threads: Vec<_> = (0..config.threads)

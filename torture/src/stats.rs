@@ -37,6 +37,25 @@ impl Strategy {
         Strategy::Adaptive,
     ];
 
+    /// The strategies of `--async`: those `lockkit::asynchronous` has (no
+    /// `queue::claim`, `atomic` or `adaptive` on diesel-async yet).
+    pub const ASYNC: [Strategy; 5] = [
+        Strategy::Optimistic,
+        Strategy::WithLock,
+        Strategy::LockAll,
+        Strategy::NoWait,
+        Strategy::ByVersion,
+    ];
+
+    /// The strategies a run's workers pick from.
+    pub fn of_run(asynchronous: bool) -> &'static [Strategy] {
+        if asynchronous {
+            &Strategy::ASYNC
+        } else {
+            &Strategy::ALL
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Strategy::Optimistic => "optimistic",
@@ -83,10 +102,11 @@ impl Strategy {
         Strategy::ALL.iter().position(|s| *s == self).unwrap_or(0)
     }
 
-    pub fn pick(rng: &mut fastrand::Rng) -> Strategy {
-        let total: u32 = Strategy::ALL.iter().map(|s| s.weight()).sum();
-        let mut n = rng.u32(0..total);
-        for strategy in Strategy::ALL {
+    /// One of `strategies`, by weight.
+    pub fn pick(rng: &mut fastrand::Rng, strategies: &[Strategy]) -> Strategy {
+        let total: u32 = strategies.iter().map(|s| s.weight()).sum();
+        let mut n = rng.u32(0..total.max(1));
+        for &strategy in strategies {
             if n < strategy.weight() {
                 return strategy;
             }
@@ -137,6 +157,35 @@ impl Done {
         jobs_claimed: 0,
         lowest_stock: i64::MAX,
     };
+
+    /// What an order or a restock wrote besides the stock: its lines and,
+    /// for a sale, its shipment job.
+    pub fn recorded(op: &Op) -> Done {
+        Done {
+            lines: op.lines.len() as u64,
+            jobs_created: u64::from(op.strategy.sells()),
+            ..Done::NOTHING
+        }
+    }
+
+    /// An interrupted `op`, from the rows it left (its job runs for a claim, its
+    /// order lines otherwise): `None` when it did not commit.
+    pub fn committed(op: &Op, rows: i64) -> Option<Done> {
+        if rows <= 0 {
+            return None;
+        }
+        Some(if op.strategy == Strategy::SkipLocked {
+            Done {
+                jobs_claimed: rows as u64,
+                ..Done::NOTHING
+            }
+        } else {
+            Done {
+                lines: rows as u64,
+                ..Done::recorded(op)
+            }
+        })
+    }
 }
 
 /// How an operation ended, short of an error.
@@ -147,6 +196,9 @@ pub enum Outcome {
     OutOfStock,
     /// A claim found no job that nobody holds. Nothing was written.
     QueueEmpty,
+    /// `--async`: the operation's future was dropped before it committed
+    /// (found rolled back). Nothing was written.
+    Dropped,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -179,6 +231,18 @@ pub struct Stats {
     pub redone: u64,
     /// Outage errors by message.
     pub outages: BTreeMap<String, u64>,
+    /// `--async`: operations whose future a `tokio::time::timeout` dropped.
+    pub cancelled_timeout: u64,
+    /// `--async`: operations whose task was aborted (`JoinHandle::abort`).
+    pub cancelled_abort: u64,
+    /// Of the dropped operations, those found committed (the drop came after
+    /// the `COMMIT` reached the server).
+    pub cancelled_committed: u64,
+    /// `--async`: pooled connections checked on the server after the run and
+    /// found outside any transaction, holding no lock.
+    pub pool_clean: u64,
+    /// And found inside a transaction or holding a lock.
+    pub pool_dirty: u64,
     /// The lowest stock any committed operation wrote (`i64::MAX`: none).
     pub lowest_stock: i64,
     /// Unexpected errors: each one fails the run.
@@ -196,6 +260,11 @@ impl Default for Stats {
             confirmed: 0,
             redone: 0,
             outages: BTreeMap::new(),
+            cancelled_timeout: 0,
+            cancelled_abort: 0,
+            cancelled_committed: 0,
+            pool_clean: 0,
+            pool_dirty: 0,
             lowest_stock: i64::MAX,
             failures: Vec::new(),
         }
@@ -214,6 +283,7 @@ impl Stats {
                 self.lowest_stock = self.lowest_stock.min(done.lowest_stock);
             }
             Outcome::OutOfStock | Outcome::QueueEmpty => per.idle += 1,
+            Outcome::Dropped => {}
         }
     }
 
@@ -232,6 +302,11 @@ impl Stats {
         self.recovered_ops += other.recovered_ops;
         self.confirmed += other.confirmed;
         self.redone += other.redone;
+        self.cancelled_timeout += other.cancelled_timeout;
+        self.cancelled_abort += other.cancelled_abort;
+        self.cancelled_committed += other.cancelled_committed;
+        self.pool_clean += other.pool_clean;
+        self.pool_dirty += other.pool_dirty;
         self.lowest_stock = self.lowest_stock.min(other.lowest_stock);
         for (message, n) in &other.outages {
             *self.outages.entry(message.clone()).or_default() += n;
@@ -250,13 +325,20 @@ impl Stats {
     /// The report a worker prints on stdout for the parent.
     pub fn to_report(&self) -> String {
         let mut out = format!(
-            "RESULT threads={} outage_errors={} pool_errors={} recovered_ops={} confirmed={} redone={} lowest_stock={}",
+            "RESULT threads={} outage_errors={} pool_errors={} recovered_ops={} confirmed={} redone={} \
+             cancelled_timeout={} cancelled_abort={} cancelled_committed={} pool_clean={} pool_dirty={} \
+             lowest_stock={}",
             self.threads,
             self.outage_errors,
             self.pool_errors,
             self.recovered_ops,
             self.confirmed,
             self.redone,
+            self.cancelled_timeout,
+            self.cancelled_abort,
+            self.cancelled_committed,
+            self.pool_clean,
+            self.pool_dirty,
             self.lowest_stock
         );
         for strategy in Strategy::ALL {
@@ -322,6 +404,11 @@ impl Stats {
             "recovered_ops" => &mut self.recovered_ops,
             "confirmed" => &mut self.confirmed,
             "redone" => &mut self.redone,
+            "cancelled_timeout" => &mut self.cancelled_timeout,
+            "cancelled_abort" => &mut self.cancelled_abort,
+            "cancelled_committed" => &mut self.cancelled_committed,
+            "pool_clean" => &mut self.pool_clean,
+            "pool_dirty" => &mut self.pool_dirty,
             _ => {
                 let (name, counter) = key.split_once('.').ok_or(format!("unknown key {key}"))?;
                 let strategy = Strategy::ALL
@@ -359,6 +446,8 @@ mod tests {
             threads: 4,
             outage_errors: 3,
             recovered_ops: 9,
+            cancelled_abort: 5,
+            pool_clean: 6,
             ..Stats::default()
         };
         stats.record(
@@ -384,6 +473,7 @@ mod tests {
             (parsed.threads, parsed.outage_errors, parsed.recovered_ops),
             (4, 3, 9)
         );
+        assert_eq!((parsed.cancelled_abort, parsed.pool_clean), (5, 6));
         assert!(Stats::parse_report("nothing").is_err());
     }
 
