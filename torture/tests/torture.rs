@@ -134,7 +134,12 @@ hidden_transactions_are_caught! {
 #[test]
 fn mysql_async_with_the_pool_ping_fails() {
     let db = TestDb::<MysqlConnection>::new("torture_mysql_async_ping");
-    let (ok, out) = torture(&db.url, &["--async", "--pool-ping"]);
+    // Many drops, for longer: the run must meet a drop inside a ping however
+    // fast the machine is.
+    let (ok, out) = torture(
+        &db.url,
+        &["--async", "--pool-ping", "--cancel", "60", "--seconds", "5"],
+    );
     assert!(!ok, "dropped pings went unnoticed:\n{out}");
     assert!(out.contains("VIOLATION"), "{out}");
     assert!(out.contains("FAIL  workers"), "{out}");
