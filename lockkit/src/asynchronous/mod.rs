@@ -6,6 +6,7 @@
 //! | [`AsyncVersioned`]: `update_versioned`, `update_versioned_with`, `update_by_version`, `update_all_by_version`, `delete_versioned`, `touch_versioned` | [`Versioned`](crate::Versioned) |
 //! | [`with_lock`], [`locked_transaction`], [`lock_all`] | [`lockkit::with_lock`](crate::with_lock), [`lockkit::locked_transaction`](crate::locked_transaction), [`Lockable::lock_all`](crate::Lockable::lock_all) |
 //! | [`retry()`], [`transaction_with_retry`] | [`lockkit::retry`](crate::retry()), [`lockkit::transaction_with_retry`](crate::transaction_with_retry) |
+//! | [`atomic::update_if`], [`atomic::update_returning`], [`atomic::update_counters`] | [`lockkit::atomic`](crate::atomic) |
 //!
 //! Connections: `AsyncPgConnection`, `AsyncMysqlConnection` and
 //! `SyncConnectionWrapper<SqliteConnection>` (with the features `postgres`,
@@ -20,6 +21,7 @@
 //! | [`versioned`] | [`AsyncVersioned`], the version-checked writes |
 //! | [`lockable`] | [`with_lock`], [`locked_transaction`], [`lock_all`] |
 //! | [`retry`](mod@retry) | [`retry()`], [`transaction_with_retry`] |
+//! | [`atomic`] | conditional single-statement updates and counters |
 //! | [`connection`] | [`AsyncLockingConnection`]: begin and end a locking transaction per backend, and what a dropped future leaves behind ([cancellation](connection#cancellation)) |
 //! | [`work`] | the shape of the `async` closures the calls take |
 //!
@@ -30,6 +32,7 @@
 //! idempotency keys, leases and the outbox on diesel-async, and the
 //! [`journal`](crate::journal) (see [`versioned`]).
 
+pub mod atomic;
 pub mod connection;
 pub mod lockable;
 pub mod retry;
