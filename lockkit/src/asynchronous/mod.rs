@@ -6,6 +6,7 @@
 //! | [`AsyncVersioned`]: `update_versioned`, `update_versioned_with`, `update_by_version`, `update_all_by_version`, `delete_versioned`, `touch_versioned` | [`Versioned`](crate::Versioned) |
 //! | [`with_lock`], [`locked_transaction`], [`lock_all`] | [`lockkit::with_lock`](crate::with_lock), [`lockkit::locked_transaction`](crate::locked_transaction), [`Lockable::lock_all`](crate::Lockable::lock_all) |
 //! | [`retry()`], [`transaction_with_retry`] | [`lockkit::retry`](crate::retry()), [`lockkit::transaction_with_retry`](crate::transaction_with_retry) |
+//! | [`serializable()`] | [`lockkit::serializable`](crate::serializable()) |
 //! | [`atomic::update_if`], [`atomic::update_returning`], [`atomic::update_counters`] | [`lockkit::atomic`](crate::atomic) |
 //!
 //! Connections: `AsyncPgConnection`, `AsyncMysqlConnection` and
@@ -21,6 +22,7 @@
 //! | [`versioned`] | [`AsyncVersioned`], the version-checked writes |
 //! | [`lockable`] | [`with_lock`], [`locked_transaction`], [`lock_all`] |
 //! | [`retry`](mod@retry) | [`retry()`], [`transaction_with_retry`] |
+//! | [`isolation`] | [`serializable()`]: `SERIALIZABLE` transactions, retried |
 //! | [`atomic`] | conditional single-statement updates and counters |
 //! | [`connection`] | [`AsyncLockingConnection`]: begin and end a locking transaction per backend, and what a dropped future leaves behind ([cancellation](connection#cancellation)) |
 //! | [`work`] | the shape of the `async` closures the calls take |
@@ -34,12 +36,14 @@
 
 pub mod atomic;
 pub mod connection;
+pub mod isolation;
 pub mod lockable;
 pub mod retry;
 pub mod versioned;
 pub mod work;
 
 pub use connection::AsyncLockingConnection;
+pub use isolation::serializable;
 pub use lockable::{lock_all, locked_transaction, with_lock};
 pub use retry::{retry, transaction_with_retry};
 pub use versioned::AsyncVersioned;
