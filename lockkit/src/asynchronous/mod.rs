@@ -6,6 +6,7 @@
 //! | [`AsyncVersioned`]: `update_versioned`, `update_versioned_with`, `update_by_version`, `update_all_by_version`, `delete_versioned`, `touch_versioned` | [`Versioned`](crate::Versioned) |
 //! | [`with_lock`], [`locked_transaction`], [`lock_all`] | [`lockkit::with_lock`](crate::with_lock), [`lockkit::locked_transaction`](crate::locked_transaction), [`Lockable::lock_all`](crate::Lockable::lock_all) |
 //! | [`retry()`], [`transaction_with_retry`] | [`lockkit::retry`](crate::retry()), [`lockkit::transaction_with_retry`](crate::transaction_with_retry) |
+//! | [`queue::claim`] | [`lockkit::queue::claim`](crate::queue::claim) |
 //! | [`serializable()`] | [`lockkit::serializable`](crate::serializable()) |
 //! | [`atomic::update_if`], [`atomic::update_returning`], [`atomic::update_counters`] | [`lockkit::atomic`](crate::atomic) |
 //!
@@ -22,6 +23,7 @@
 //! | [`versioned`] | [`AsyncVersioned`], the version-checked writes |
 //! | [`lockable`] | [`with_lock`], [`locked_transaction`], [`lock_all`] |
 //! | [`retry`](mod@retry) | [`retry()`], [`transaction_with_retry`] |
+//! | [`queue`] | [`queue::claim`]: work queues with `FOR UPDATE SKIP LOCKED` |
 //! | [`isolation`] | [`serializable()`]: `SERIALIZABLE` transactions, retried |
 //! | [`atomic`] | conditional single-statement updates and counters |
 //! | [`connection`] | [`AsyncLockingConnection`]: begin and end a locking transaction per backend, and what a dropped future leaves behind ([cancellation](connection#cancellation)) |
@@ -38,6 +40,7 @@ pub mod atomic;
 pub mod connection;
 pub mod isolation;
 pub mod lockable;
+pub mod queue;
 pub mod retry;
 pub mod versioned;
 pub mod work;
