@@ -9,6 +9,7 @@
 //! | [`queue::claim`] | [`lockkit::queue::claim`](crate::queue::claim) |
 //! | [`serializable()`] | [`lockkit::serializable`](crate::serializable()) |
 //! | [`atomic::update_if`], [`atomic::update_returning`], [`atomic::update_counters`] | [`lockkit::atomic`](crate::atomic) |
+//! | [`lock_waits::session_id`], [`lock_waits::blocked_sessions`], [`lock_waits::lock_waits`] (PostgreSQL, MySQL/MariaDB) | [`lockkit::lock_waits`](crate::lock_waits) |
 //!
 //! Connections: `AsyncPgConnection`, `AsyncMysqlConnection` and
 //! `SyncConnectionWrapper<SqliteConnection>` (with the features `postgres`,
@@ -26,6 +27,7 @@
 //! | [`queue`] | [`queue::claim`]: work queues with `FOR UPDATE SKIP LOCKED` |
 //! | [`isolation`] | [`serializable()`]: `SERIALIZABLE` transactions, retried |
 //! | [`atomic`] | conditional single-statement updates and counters |
+//! | [`lock_waits`] | who is waiting on whom |
 //! | [`connection`] | [`AsyncLockingConnection`]: begin and end a locking transaction per backend, and what a dropped future leaves behind ([cancellation](connection#cancellation)) |
 //! | [`work`] | the shape of the `async` closures the calls take |
 //!
@@ -39,6 +41,7 @@
 pub mod atomic;
 pub mod connection;
 pub mod isolation;
+pub mod lock_waits;
 pub mod lockable;
 pub mod queue;
 pub mod retry;
