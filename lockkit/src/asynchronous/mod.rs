@@ -7,6 +7,7 @@
 //! | [`with_lock`], [`locked_transaction`], [`lock_all`] | [`lockkit::with_lock`](crate::with_lock), [`lockkit::locked_transaction`](crate::locked_transaction), [`Lockable::lock_all`](crate::Lockable::lock_all) |
 //! | [`retry()`], [`transaction_with_retry`] | [`lockkit::retry`](crate::retry()), [`lockkit::transaction_with_retry`](crate::transaction_with_retry) |
 //! | [`queue::claim`] | [`lockkit::queue::claim`](crate::queue::claim) |
+//! | [`advisory::with_lock`], [`advisory::try_with_lock`] (a closure, no guard), [`advisory::xact_lock`], [`advisory::try_xact_lock`] (PostgreSQL) | [`lockkit::advisory`](crate::advisory) |
 //! | [`serializable()`] | [`lockkit::serializable`](crate::serializable()) |
 //! | [`atomic::update_if`], [`atomic::update_returning`], [`atomic::update_counters`] | [`lockkit::atomic`](crate::atomic) |
 //! | [`lock_waits::session_id`], [`lock_waits::blocked_sessions`], [`lock_waits::lock_waits`] (PostgreSQL, MySQL/MariaDB) | [`lockkit::lock_waits`](crate::lock_waits) |
@@ -25,6 +26,7 @@
 //! | [`lockable`] | [`with_lock`], [`locked_transaction`], [`lock_all`] |
 //! | [`retry`](mod@retry) | [`retry()`], [`transaction_with_retry`] |
 //! | [`queue`] | [`queue::claim`]: work queues with `FOR UPDATE SKIP LOCKED` |
+//! | [`advisory`] | advisory locks for the length of a closure, and what a dropped one leaves ([cancellation](advisory#cancellation)) |
 //! | [`isolation`] | [`serializable()`]: `SERIALIZABLE` transactions, retried |
 //! | [`atomic`] | conditional single-statement updates and counters |
 //! | [`lock_waits`] | who is waiting on whom |
@@ -34,10 +36,10 @@
 //! Read-your-writes on a PostgreSQL standby (features `replica` and `async`):
 //! [`lockkit::replica::asynchronous`](crate::replica::asynchronous).
 //!
-//! Not here yet: `queue::claim`, advisory locks, `serializable`, `atomic`,
-//! idempotency keys, leases and the outbox on diesel-async, and the
-//! [`journal`](crate::journal) (see [`versioned`]).
+//! Not here yet: idempotency keys, leases and the outbox on diesel-async, and
+//! the [`journal`](crate::journal) (see [`versioned`]).
 
+pub mod advisory;
 pub mod atomic;
 pub mod connection;
 pub mod isolation;
