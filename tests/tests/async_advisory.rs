@@ -205,6 +205,22 @@ async_server_tests! {
         eprintln!("{BACKEND}: free again within {freed:?} (timeout) and {freed_after_abort:?} (abort)");
     }
 
+    async fn deadpool_closes_a_connection_dropped_holding_a_session_lock(db) {
+        use diesel_async::pooled_connection::deadpool::Pool;
+        use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+        let key = key(&db.url);
+        let pool = Pool::builder(AsyncDieselConnectionManager::<Async>::new(&db.url)).max_size(1).build().unwrap();
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        let mut conn = pool.get().await.unwrap();
+        let dropped = tokio::time::timeout(Duration::from_millis(200), hold_for_an_hour!(&mut *conn, key)).await;
+        assert!(dropped.is_err());
+        drop(conn);
+        let mut next = pool.get().await.unwrap();
+        lock_freed(&mut *next, key).await;
+        drop(next);
+        assert!(lock_is_free(&mut other, key).await, "another session takes it");
+    }
+
     async fn a_future_dropped_while_waiting_for_the_lock_takes_nothing_with_it(db) {
         // The server may grant the lock after the future is gone: the
         // connection is marked broken from the moment the statement is sent.
