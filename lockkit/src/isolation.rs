@@ -6,6 +6,17 @@ use crate::retry::{may_retry, retry_while, RetryableError};
 use crate::Error;
 use crate::RetryPolicy;
 
+/// PostgreSQL's serializable `BEGIN` (what Diesel's
+/// `build_transaction().serializable()` sends), shared with the async side.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_BEGIN_SERIALIZABLE: &str = "BEGIN TRANSACTION ISOLATION LEVEL SERIALIZABLE";
+/// MySQL/MariaDB: sent before `BEGIN`; applies to the next transaction only.
+#[cfg(feature = "mysql")]
+pub(crate) const MYSQL_SET_SERIALIZABLE: &str = "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE";
+/// SQLite: one writer at a time is serializable.
+#[cfg(feature = "sqlite")]
+pub(crate) const SQLITE_BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
+
 /// `SERIALIZABLE` transactions, retried.
 ///
 /// Row locks protect the rows you lock. Some invariants span rows nobody locks:
@@ -47,6 +58,8 @@ use crate::RetryPolicy;
 /// let answer = lockkit::serializable(&mut conn, &lockkit::RetryPolicy::default(), |_conn| Ok::<_, lockkit::Error>(42)).unwrap();
 /// assert_eq!(answer, 42);
 /// ```
+///
+/// On diesel-async: `lockkit::asynchronous::serializable` (feature `async`).
 pub fn serializable<C, T, E, F>(conn: &mut C, policy: &RetryPolicy, mut f: F) -> Result<T, E>
 where
     C: AsLockingConnection,

@@ -73,6 +73,19 @@ pub trait AsyncLockingConnection:
         restore: &Restore,
         before_end: bool,
     ) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Makes sure the open transaction holds what row locks need, as
+    /// [`LockingConnection::take_write_lock`](crate::LockingConnection::take_write_lock):
+    /// SQLite's write lock; nothing elsewhere.
+    #[doc(hidden)]
+    fn take_write_lock(&mut self) -> impl Future<Output = Result<(), Error>> + Send {
+        std::future::ready(Ok(()))
+    }
+
+    /// Begins a top-level `SERIALIZABLE` transaction (SQLite: `BEGIN
+    /// IMMEDIATE`), with the blocking side's statements.
+    #[doc(hidden)]
+    fn begin_serializable(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
 }
 
 /// A session setting a locked transaction changed, to be put back.
@@ -161,6 +174,14 @@ mod postgres {
                 _ => Ok(()),
             }
         }
+
+        async fn begin_serializable(&mut self) -> QueryResult<()> {
+            diesel_async::AnsiTransactionManager::begin_transaction_sql(
+                self,
+                crate::isolation::PG_BEGIN_SERIALIZABLE,
+            )
+            .await
+        }
     }
 }
 
@@ -218,6 +239,14 @@ mod mysql {
                 }
                 _ => Ok(()),
             }
+        }
+
+        async fn begin_serializable(&mut self) -> QueryResult<()> {
+            // Applies to the next transaction only.
+            diesel::sql_query(crate::isolation::MYSQL_SET_SERIALIZABLE)
+                .execute(self)
+                .await?;
+            <Self as AsyncConnection>::TransactionManager::begin_transaction(self).await
         }
     }
 }
@@ -299,6 +328,22 @@ mod sqlite {
                 }
                 _ => Ok(()),
             }
+        }
+
+        async fn take_write_lock(&mut self) -> Result<(), Error> {
+            self.batch_execute(WRITE_LOCK)
+                .await
+                .map_err(crate::classify)
+        }
+
+        async fn begin_serializable(&mut self) -> QueryResult<()> {
+            self.spawn_blocking(|sqlite| {
+                AnsiTransactionManager::begin_transaction_sql(
+                    sqlite,
+                    crate::isolation::SQLITE_BEGIN_IMMEDIATE,
+                )
+            })
+            .await
         }
     }
 }

@@ -6,6 +6,11 @@
 //! | [`AsyncVersioned`]: `update_versioned`, `update_versioned_with`, `update_by_version`, `update_all_by_version`, `delete_versioned`, `touch_versioned` | [`Versioned`](crate::Versioned) |
 //! | [`with_lock`], [`locked_transaction`], [`lock_all`] | [`lockkit::with_lock`](crate::with_lock), [`lockkit::locked_transaction`](crate::locked_transaction), [`Lockable::lock_all`](crate::Lockable::lock_all) |
 //! | [`retry()`], [`transaction_with_retry`] | [`lockkit::retry`](crate::retry()), [`lockkit::transaction_with_retry`](crate::transaction_with_retry) |
+//! | [`queue::claim`] | [`lockkit::queue::claim`](crate::queue::claim) |
+//! | [`advisory::with_lock`], [`advisory::try_with_lock`] (a closure, no guard), [`advisory::xact_lock`], [`advisory::try_xact_lock`] (PostgreSQL) | [`lockkit::advisory`](crate::advisory) |
+//! | [`serializable()`] | [`lockkit::serializable`](crate::serializable()) |
+//! | [`atomic::update_if`], [`atomic::update_returning`], [`atomic::update_counters`] | [`lockkit::atomic`](crate::atomic) |
+//! | [`lock_waits::session_id`], [`lock_waits::blocked_sessions`], [`lock_waits::lock_waits`] (PostgreSQL, MySQL/MariaDB) | [`lockkit::lock_waits`](crate::lock_waits) |
 //!
 //! Connections: `AsyncPgConnection`, `AsyncMysqlConnection` and
 //! `SyncConnectionWrapper<SqliteConnection>` (with the features `postgres`,
@@ -20,23 +25,33 @@
 //! | [`versioned`] | [`AsyncVersioned`], the version-checked writes |
 //! | [`lockable`] | [`with_lock`], [`locked_transaction`], [`lock_all`] |
 //! | [`retry`](mod@retry) | [`retry()`], [`transaction_with_retry`] |
+//! | [`queue`] | [`queue::claim`]: work queues with `FOR UPDATE SKIP LOCKED` |
+//! | [`advisory`] | advisory locks for the length of a closure, and what a dropped one leaves ([cancellation](advisory#cancellation)) |
+//! | [`isolation`] | [`serializable()`]: `SERIALIZABLE` transactions, retried |
+//! | [`atomic`] | conditional single-statement updates and counters |
+//! | [`lock_waits`] | who is waiting on whom |
 //! | [`connection`] | [`AsyncLockingConnection`]: begin and end a locking transaction per backend, and what a dropped future leaves behind ([cancellation](connection#cancellation)) |
 //! | [`work`] | the shape of the `async` closures the calls take |
 //!
 //! Read-your-writes on a PostgreSQL standby (features `replica` and `async`):
 //! [`lockkit::replica::asynchronous`](crate::replica::asynchronous).
 //!
-//! Not here yet: `queue::claim`, advisory locks, `serializable`, `atomic`,
-//! idempotency keys, leases and the outbox on diesel-async, and the
-//! [`journal`](crate::journal) (see [`versioned`]).
+//! Not here yet: idempotency keys, leases and the outbox on diesel-async, and
+//! the [`journal`](crate::journal) (see [`versioned`]).
 
+pub mod advisory;
+pub mod atomic;
 pub mod connection;
+pub mod isolation;
+pub mod lock_waits;
 pub mod lockable;
+pub mod queue;
 pub mod retry;
 pub mod versioned;
 pub mod work;
 
 pub use connection::AsyncLockingConnection;
+pub use isolation::serializable;
 pub use lockable::{lock_all, locked_transaction, with_lock};
 pub use retry::{retry, transaction_with_retry};
 pub use versioned::AsyncVersioned;

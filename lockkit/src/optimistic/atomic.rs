@@ -54,7 +54,13 @@ where
     Conn: Connection,
     S: ExecuteDsl<Conn>,
 {
-    match ExecuteDsl::execute(statement, conn).map_err(classify)? {
+    matched(ExecuteDsl::execute(statement, conn).map_err(classify)?)
+}
+
+/// The rows a conditional write reports: [`Error::NoRowMatched`] for none (also
+/// the async twins').
+pub(crate) fn matched(rows: usize) -> Result<usize, Error> {
+    match rows {
         0 => Err(Error::NoRowMatched),
         rows => Ok(rows),
     }
@@ -194,5 +200,16 @@ where
     C: AsChangeset<Target = T::Table>,
     diesel::dsl::Update<T, C>: diesel::query_builder::AsQuery + ExecuteDsl<Conn>,
 {
-    update_if(conn, diesel::update(target).set(counters))
+    update_if(conn, counters_statement(target, counters))
+}
+
+/// [`update_counters`]' statement (also the async twin's): `UPDATE <target> SET
+/// <counters>`.
+pub(crate) fn counters_statement<T, C>(target: T, counters: C) -> diesel::dsl::Update<T, C>
+where
+    T: diesel::query_builder::IntoUpdateTarget,
+    C: AsChangeset<Target = T::Table>,
+    diesel::dsl::Update<T, C>: diesel::query_builder::AsQuery,
+{
+    diesel::update(target).set(counters)
 }

@@ -17,6 +17,10 @@
 //!
 //! SQLite has no advisory locks; these functions do not compile for it.
 //!
+//! On diesel-async (feature `async`): `lockkit::asynchronous::advisory`, with
+//! these statements, holding the lock for the length of a closure instead of a
+//! guard's life.
+//!
 //! # Keys
 //!
 //! An [`AdvisoryKey`] is an `i64`, or a string hashed to one with 64-bit FNV-1a
@@ -137,6 +141,29 @@ pub trait AdvisoryBackend: diesel::backend::Backend + crate::sealed::Sealed {
     fn release<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<bool>
     where
         C: Connection<Backend = Self> + LoadConnection;
+    /// The statement that takes the lock (waiting, or `try`), one boolean
+    /// column `locked`; shared by the blocking and the async calls.
+    #[doc(hidden)]
+    fn acquire_statement(key: AdvisoryKey, scope: Scope, wait: bool) -> Statement<Self>;
+    /// The statement that releases a session lock, one boolean column `locked`.
+    #[doc(hidden)]
+    fn release_statement(key: AdvisoryKey) -> Statement<Self>;
+}
+
+/// An advisory lock statement with its key bound.
+#[doc(hidden)]
+pub type Statement<DB> =
+    diesel::query_builder::BoxedSqlQuery<'static, DB, diesel::query_builder::SqlQuery>;
+
+/// The scope of a lock taken now on a connection of a backend with (or
+/// without) transaction locks, inside a transaction or not: decided here for
+/// the blocking and the async calls.
+pub(crate) fn scope_for(transaction_locks: bool, in_transaction: bool) -> Scope {
+    if transaction_locks && in_transaction {
+        Scope::Transaction
+    } else {
+        Scope::Session
+    }
 }
 
 /// The scope of a lock taken now on `conn`, decided in one place.
@@ -145,11 +172,7 @@ where
     C: Connection + LoadConnection,
     C::Backend: AdvisoryBackend,
 {
-    if C::Backend::TRANSACTION_LOCKS && in_transaction(conn) {
-        Scope::Transaction
-    } else {
-        Scope::Session
-    }
+    scope_for(C::Backend::TRANSACTION_LOCKS, in_transaction(conn))
 }
 
 /// A held advisory lock. Derefs to the connection; a session lock is released
@@ -315,11 +338,12 @@ where
     )
 }
 
+/// The one column of every advisory lock statement.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[derive(diesel::QueryableByName)]
-struct Locked {
+pub(crate) struct Locked {
     #[diesel(sql_type = diesel::sql_types::Bool)]
-    locked: bool,
+    pub(crate) locked: bool,
 }
 
 #[cfg(feature = "postgres")]
@@ -329,18 +353,19 @@ mod postgres {
     use diesel::sql_types::BigInt;
     use diesel::{Connection, RunQueryDsl};
 
-    use super::{AdvisoryBackend, AdvisoryKey, Locked, Scope};
+    use super::{AdvisoryBackend, AdvisoryKey, Locked, Scope, Statement};
     use crate::transaction::in_transaction;
     use crate::{classify, Error};
 
-    fn call<C>(conn: &mut C, sql: &'static str, key: AdvisoryKey) -> diesel::QueryResult<bool>
+    fn statement(sql: &'static str, key: AdvisoryKey) -> Statement<Pg> {
+        diesel::sql_query(sql).into_boxed().bind::<BigInt, _>(key.0)
+    }
+
+    fn call<C>(conn: &mut C, statement: Statement<Pg>) -> diesel::QueryResult<bool>
     where
         C: Connection<Backend = Pg> + LoadConnection,
     {
-        diesel::sql_query(sql)
-            .bind::<BigInt, _>(key.0)
-            .get_result::<Locked>(conn)
-            .map(|row| row.locked)
+        statement.get_result::<Locked>(conn).map(|row| row.locked)
     }
 
     impl AdvisoryBackend for Pg {
@@ -350,29 +375,37 @@ mod postgres {
         where
             C: Connection<Backend = Self> + LoadConnection,
         {
-            let sql = match scope {
-                Scope::Session => "SELECT pg_advisory_lock($1) IS NOT NULL AS locked",
-                Scope::Transaction => "SELECT pg_advisory_xact_lock($1) IS NOT NULL AS locked",
-            };
-            call(conn, sql, key)
+            call(conn, Self::acquire_statement(key, scope, true))
         }
 
         fn try_acquire<C>(conn: &mut C, key: AdvisoryKey, scope: Scope) -> diesel::QueryResult<bool>
         where
             C: Connection<Backend = Self> + LoadConnection,
         {
-            let sql = match scope {
-                Scope::Session => "SELECT pg_try_advisory_lock($1) AS locked",
-                Scope::Transaction => "SELECT pg_try_advisory_xact_lock($1) AS locked",
-            };
-            call(conn, sql, key)
+            call(conn, Self::acquire_statement(key, scope, false))
         }
 
         fn release<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<bool>
         where
             C: Connection<Backend = Self> + LoadConnection,
         {
-            call(conn, "SELECT pg_advisory_unlock($1) AS locked", key)
+            call(conn, Self::release_statement(key))
+        }
+
+        fn acquire_statement(key: AdvisoryKey, scope: Scope, wait: bool) -> Statement<Pg> {
+            let sql = match (scope, wait) {
+                (Scope::Session, true) => "SELECT pg_advisory_lock($1) IS NOT NULL AS locked",
+                (Scope::Transaction, true) => {
+                    "SELECT pg_advisory_xact_lock($1) IS NOT NULL AS locked"
+                }
+                (Scope::Session, false) => "SELECT pg_try_advisory_lock($1) AS locked",
+                (Scope::Transaction, false) => "SELECT pg_try_advisory_xact_lock($1) AS locked",
+            };
+            statement(sql, key)
+        }
+
+        fn release_statement(key: AdvisoryKey) -> Statement<Pg> {
+            statement("SELECT pg_advisory_unlock($1) AS locked", key)
         }
     }
 
@@ -426,65 +459,54 @@ mod mysql {
     use diesel::sql_types::{Integer, Text};
     use diesel::{Connection, RunQueryDsl};
 
-    use super::{AdvisoryBackend, AdvisoryKey, Locked, Scope};
+    use super::{AdvisoryBackend, AdvisoryKey, Locked, Scope, Statement};
 
     /// `GET_LOCK` waits this long at most when asked to wait: one year.
     const FOREVER_SECS: i32 = 365 * 24 * 3600;
 
-    fn call<C>(
-        conn: &mut C,
-        sql: &'static str,
-        key: AdvisoryKey,
-        secs: Option<i32>,
-    ) -> diesel::QueryResult<bool>
+    fn call<C>(conn: &mut C, statement: Statement<Mysql>) -> diesel::QueryResult<bool>
     where
         C: Connection<Backend = Mysql> + LoadConnection,
     {
-        let query = diesel::sql_query(sql).bind::<Text, _>(key.mysql_name());
-        let row = match secs {
-            Some(secs) => query.bind::<Integer, _>(secs).get_result::<Locked>(conn),
-            None => query.get_result::<Locked>(conn),
-        };
-        row.map(|row| row.locked)
+        statement.get_result::<Locked>(conn).map(|row| row.locked)
     }
 
     impl AdvisoryBackend for Mysql {
         const TRANSACTION_LOCKS: bool = false;
 
-        fn acquire<C>(conn: &mut C, key: AdvisoryKey, _: Scope) -> diesel::QueryResult<bool>
+        fn acquire<C>(conn: &mut C, key: AdvisoryKey, scope: Scope) -> diesel::QueryResult<bool>
         where
             C: Connection<Backend = Self> + LoadConnection,
         {
-            call(
-                conn,
-                "SELECT COALESCE(GET_LOCK(?, ?), 0) = 1 AS locked",
-                key,
-                Some(FOREVER_SECS),
-            )
+            call(conn, Self::acquire_statement(key, scope, true))
         }
 
-        fn try_acquire<C>(conn: &mut C, key: AdvisoryKey, _: Scope) -> diesel::QueryResult<bool>
+        fn try_acquire<C>(conn: &mut C, key: AdvisoryKey, scope: Scope) -> diesel::QueryResult<bool>
         where
             C: Connection<Backend = Self> + LoadConnection,
         {
-            call(
-                conn,
-                "SELECT COALESCE(GET_LOCK(?, ?), 0) = 1 AS locked",
-                key,
-                Some(0),
-            )
+            call(conn, Self::acquire_statement(key, scope, false))
         }
 
         fn release<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<bool>
         where
             C: Connection<Backend = Self> + LoadConnection,
         {
-            call(
-                conn,
-                "SELECT COALESCE(RELEASE_LOCK(?), 0) = 1 AS locked",
-                key,
-                None,
-            )
+            call(conn, Self::release_statement(key))
+        }
+
+        /// Session locks only: the scope changes nothing.
+        fn acquire_statement(key: AdvisoryKey, _: Scope, wait: bool) -> Statement<Mysql> {
+            diesel::sql_query("SELECT COALESCE(GET_LOCK(?, ?), 0) = 1 AS locked")
+                .into_boxed()
+                .bind::<Text, _>(key.mysql_name())
+                .bind::<Integer, _>(if wait { FOREVER_SECS } else { 0 })
+        }
+
+        fn release_statement(key: AdvisoryKey) -> Statement<Mysql> {
+            diesel::sql_query("SELECT COALESCE(RELEASE_LOCK(?), 0) = 1 AS locked")
+                .into_boxed()
+                .bind::<Text, _>(key.mysql_name())
         }
     }
 }

@@ -282,7 +282,7 @@ pub(crate) mod postgres {
         // What Diesel's `build_transaction().serializable()` sends.
         let result = transaction_sql::<PgConnection, _, _, _>(
             conn,
-            "BEGIN TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+            crate::isolation::PG_BEGIN_SERIALIZABLE,
             |conn| guard.call(conn, |conn| f(conn).map_err(Failure::Closure)),
         );
         finish(conn, false, guard, result, None, crate::classify)
@@ -371,9 +371,7 @@ pub(crate) mod mysql {
         }
         // Applies to the next transaction only.
         conn.reach()
-            .and_then(|c| {
-                diesel::sql_query("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE").execute(c)
-            })
+            .and_then(|c| diesel::sql_query(crate::isolation::MYSQL_SET_SERIALIZABLE).execute(c))
             .map_err(crate::classify)?;
         let mut guard = PanicGuard::default();
         let result =
@@ -534,10 +532,11 @@ pub(crate) mod sqlite {
             return Err(E::from(Error::AlreadyInTransaction));
         }
         let mut guard = PanicGuard::default();
-        let result =
-            transaction_sql::<SqliteConnection, _, _, _>(conn, "BEGIN IMMEDIATE", |conn| {
-                guard.call(conn, |conn| f(conn).map_err(Failure::Closure))
-            });
+        let result = transaction_sql::<SqliteConnection, _, _, _>(
+            conn,
+            crate::isolation::SQLITE_BEGIN_IMMEDIATE,
+            |conn| guard.call(conn, |conn| f(conn).map_err(Failure::Closure)),
+        );
         finish(conn, false, guard, result, None, crate::classify)
     }
 

@@ -29,6 +29,9 @@
 //! `CONNECTION_ID()`. The views are server-wide (every database). InnoDB serves
 //! `information_schema` from a copy it refreshes only after 100 ms without a read:
 //! poll it more slowly than that, or every poll sees the same snapshot.
+//!
+//! On diesel-async (feature `async`): `lockkit::asynchronous::lock_waits`, with
+//! these statements.
 
 use std::time::Duration;
 
@@ -224,7 +227,7 @@ where
 /// One row of the lock-wait queries: a waiter and one of its blockers.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[derive(diesel::QueryableByName)]
-struct WaitRow {
+pub(crate) struct WaitRow {
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     session: i64,
     #[diesel(sql_type = diesel::sql_types::BigInt)]
@@ -249,7 +252,7 @@ struct WaitRow {
 
 /// Rows ordered by waiter, then blocker: one [`LockWait`] per waiter.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-fn group_waits(rows: Vec<WaitRow>) -> Vec<LockWait> {
+pub(crate) fn group_waits(rows: Vec<WaitRow>) -> Vec<LockWait> {
     let mut waits: Vec<LockWait> = Vec::new();
     for row in rows {
         let blocker = Blocker {
@@ -276,9 +279,9 @@ fn group_waits(rows: Vec<WaitRow>) -> Vec<LockWait> {
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[derive(diesel::QueryableByName)]
-struct SessionId {
+pub(crate) struct SessionId {
     #[diesel(sql_type = diesel::sql_types::BigInt)]
-    id: i64,
+    pub(crate) id: i64,
 }
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -287,7 +290,7 @@ fn millis(ms: i64) -> Duration {
 }
 
 #[cfg(feature = "postgres")]
-mod postgres {
+pub(crate) mod postgres {
     use diesel::pg::Pg;
     use diesel::sql_types::{Array, BigInt, Text};
     use diesel::RunQueryDsl;
@@ -295,7 +298,7 @@ mod postgres {
     use super::*;
 
     #[derive(diesel::QueryableByName)]
-    struct Row {
+    pub(crate) struct Row {
         #[diesel(sql_type = BigInt)]
         session: i64,
         #[diesel(sql_type = Array<BigInt>)]
@@ -309,7 +312,7 @@ mod postgres {
     /// The waiter's first lock not granted names the mode; its tuple lock (held
     /// by the first in line, awaited by the others) names the table, since the
     /// `transactionid` lock a row-lock waiter waits on has none.
-    const LOCK_WAITS: &str = "SELECT a.pid::bigint AS session, \
+    pub(crate) const LOCK_WAITS: &str = "SELECT a.pid::bigint AS session, \
             (EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(a.state_change, a.query_start)) * 1000)::bigint AS waiting_ms, \
             COALESCE(a.query, '') AS query, \
             w.locktype || ' ' || w.mode AS lock_mode, \
@@ -342,7 +345,7 @@ mod postgres {
         where
             C: Connection<Backend = Self> + LoadConnection,
         {
-            diesel::sql_query("SELECT pg_backend_pid()::bigint AS id")
+            diesel::sql_query(SESSION_ID)
                 .get_result::<SessionId>(conn)
                 .map(|row| row.id)
         }
@@ -351,31 +354,37 @@ mod postgres {
         where
             C: Connection<Backend = Self> + LoadConnection,
         {
-            let rows = diesel::sql_query(
-                "SELECT pid::bigint AS session, \
-                        pg_blocking_pids(pid)::bigint[] AS blocked_by, \
-                        (EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(state_change, query_start)) * 1000)::bigint AS waiting_ms, \
-                        COALESCE(query, '') AS query \
-                   FROM pg_stat_activity \
-                  WHERE cardinality(pg_blocking_pids(pid)) > 0 \
-                  ORDER BY pid",
-            )
-            .load::<Row>(conn)?;
-            Ok(rows
-                .into_iter()
-                .map(|row| BlockedSession {
-                    session: row.session,
-                    blocked_by: row.blocked_by,
-                    waiting: millis(row.waiting_ms),
-                    query: row.query,
-                })
-                .collect())
+            diesel::sql_query(BLOCKED_SESSIONS)
+                .load::<Row>(conn)
+                .map(blocked)
         }
+    }
+
+    pub(crate) const SESSION_ID: &str = "SELECT pg_backend_pid()::bigint AS id";
+
+    pub(crate) const BLOCKED_SESSIONS: &str = "SELECT pid::bigint AS session, \
+            pg_blocking_pids(pid)::bigint[] AS blocked_by, \
+            (EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(state_change, query_start)) * 1000)::bigint AS waiting_ms, \
+            COALESCE(query, '') AS query \
+       FROM pg_stat_activity \
+      WHERE cardinality(pg_blocking_pids(pid)) > 0 \
+      ORDER BY pid";
+
+    /// The rows of [`BLOCKED_SESSIONS`], one per waiter.
+    pub(crate) fn blocked(rows: Vec<Row>) -> Vec<BlockedSession> {
+        rows.into_iter()
+            .map(|row| BlockedSession {
+                session: row.session,
+                blocked_by: row.blocked_by,
+                waiting: millis(row.waiting_ms),
+                query: row.query,
+            })
+            .collect()
     }
 }
 
 #[cfg(feature = "mysql")]
-mod mysql {
+pub(crate) mod mysql {
     use diesel::mysql::Mysql;
     use diesel::sql_types::{BigInt, Text};
     use diesel::RunQueryDsl;
@@ -383,7 +392,7 @@ mod mysql {
     use super::*;
 
     #[derive(diesel::QueryableByName)]
-    struct Row {
+    pub(crate) struct Row {
         #[diesel(sql_type = BigInt)]
         session: i64,
         #[diesel(sql_type = BigInt)]
@@ -394,7 +403,7 @@ mod mysql {
         query: String,
     }
 
-    const MARIADB: &str = "SELECT CAST(r.trx_mysql_thread_id AS SIGNED) AS session, \
+    pub(crate) const MARIADB: &str = "SELECT CAST(r.trx_mysql_thread_id AS SIGNED) AS session, \
             CAST(b.trx_mysql_thread_id AS SIGNED) AS blocker, \
             CAST(TIMESTAMPDIFF(MICROSECOND, r.trx_wait_started, NOW(6)) DIV 1000 AS SIGNED) AS waiting_ms, \
             COALESCE(r.trx_query, '') AS query \
@@ -403,7 +412,7 @@ mod mysql {
        JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id \
       ORDER BY session, blocker";
 
-    const MYSQL8: &str = "SELECT CAST(r.trx_mysql_thread_id AS SIGNED) AS session, \
+    pub(crate) const MYSQL8: &str = "SELECT CAST(r.trx_mysql_thread_id AS SIGNED) AS session, \
             CAST(b.trx_mysql_thread_id AS SIGNED) AS blocker, \
             CAST(TIMESTAMPDIFF(MICROSECOND, r.trx_wait_started, NOW(6)) DIV 1000 AS SIGNED) AS waiting_ms, \
             COALESCE(r.trx_query, '') AS query \
@@ -413,7 +422,7 @@ mod mysql {
       ORDER BY session, blocker";
 
     /// MariaDB's views; `PROCESSLIST.COMMAND` is `Sleep` between statements.
-    const LOCK_WAITS: &str = "SELECT CAST(r.trx_mysql_thread_id AS SIGNED) AS session, \
+    pub(crate) const LOCK_WAITS: &str = "SELECT CAST(r.trx_mysql_thread_id AS SIGNED) AS session, \
             CAST(TIMESTAMPDIFF(MICROSECOND, r.trx_wait_started, NOW(6)) DIV 1000 AS SIGNED) AS waiting_ms, \
             COALESCE(r.trx_query, '') AS query, \
             CAST(CONCAT(rl.lock_type, ' ', rl.lock_mode) AS CHAR(64)) AS lock_mode, \
@@ -445,7 +454,7 @@ mod mysql {
         where
             C: Connection<Backend = Self> + LoadConnection,
         {
-            diesel::sql_query("SELECT CAST(CONNECTION_ID() AS SIGNED) AS id")
+            diesel::sql_query(SESSION_ID)
                 .get_result::<SessionId>(conn)
                 .map(|row| row.id)
         }
@@ -459,19 +468,27 @@ mod mysql {
                 // MySQL 8 removed INNODB_LOCK_WAITS.
                 Err(_) => diesel::sql_query(MYSQL8).load::<Row>(conn)?,
             };
-            let mut sessions: Vec<BlockedSession> = Vec::new();
-            for row in rows {
-                match sessions.last_mut() {
-                    Some(last) if last.session == row.session => last.blocked_by.push(row.blocker),
-                    _ => sessions.push(BlockedSession {
-                        session: row.session,
-                        blocked_by: vec![row.blocker],
-                        waiting: millis(row.waiting_ms),
-                        query: row.query,
-                    }),
-                }
-            }
-            Ok(sessions)
+            Ok(blocked(rows))
         }
+    }
+
+    pub(crate) const SESSION_ID: &str = "SELECT CAST(CONNECTION_ID() AS SIGNED) AS id";
+
+    /// The rows of [`MARIADB`] or [`MYSQL8`], ordered by waiter and blocker:
+    /// one entry per waiter.
+    pub(crate) fn blocked(rows: Vec<Row>) -> Vec<BlockedSession> {
+        let mut sessions: Vec<BlockedSession> = Vec::new();
+        for row in rows {
+            match sessions.last_mut() {
+                Some(last) if last.session == row.session => last.blocked_by.push(row.blocker),
+                _ => sessions.push(BlockedSession {
+                    session: row.session,
+                    blocked_by: vec![row.blocker],
+                    waiting: millis(row.waiting_ms),
+                    query: row.query,
+                }),
+            }
+        }
+        sessions
     }
 }

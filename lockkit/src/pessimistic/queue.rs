@@ -27,6 +27,9 @@
 //! deferred transaction that read before claiming may find the lock taken by a
 //! writer it cannot wait for: [`Error::Busy`]).
 //!
+//! On diesel-async (feature `async`): `lockkit::asynchronous::queue::claim`, the
+//! same statement.
+//!
 //! ```sql
 //! PRAGMA incremental_vacuum(1);  -- SQLite only: takes the write lock, changes no data
 //! SELECT ... FROM jobs WHERE jobs.done = false ORDER BY jobs.id LIMIT ?;

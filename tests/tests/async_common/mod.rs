@@ -93,3 +93,21 @@ macro_rules! async_backend_tests {
         $crate::async_backend_tests!(@backend "sqlite", sqlite, diesel::SqliteConnection, diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>; $($tests)*);
     };
 }
+
+/// [`async_backend_tests!`] on the servers only, as `postgres::name` and
+/// `mysql::name`: for what SQLite lacks (advisory locks, lock waits).
+#[macro_export]
+macro_rules! async_server_tests {
+    ($($tests:tt)*) => {
+        $crate::async_backend_tests!(@backend "postgres", postgres, diesel::PgConnection, diesel_async::AsyncPgConnection; $($tests)*);
+        $crate::async_backend_tests!(@backend "mysql", mysql, diesel::MysqlConnection, diesel_async::AsyncMysqlConnection; $($tests)*);
+    };
+}
+
+/// A patient retry policy for tests that contend on purpose.
+pub fn patient() -> lockkit::RetryPolicy {
+    lockkit::RetryPolicy::default()
+        .max_attempts(10_000)
+        .base_delay(std::time::Duration::from_millis(1))
+        .max_delay(std::time::Duration::from_millis(20))
+}

@@ -1,0 +1,93 @@
+//! `SERIALIZABLE` transactions, retried, on diesel-async: [`serializable`],
+//! the async twin of [`lockkit::serializable`](crate::serializable()), with its
+//! statements and its retry decision:
+//!
+//! | backend | how |
+//! | --- | --- |
+//! | PostgreSQL | `BEGIN TRANSACTION ISOLATION LEVEL SERIALIZABLE` (SSI) |
+//! | MySQL/MariaDB | `SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; BEGIN` (reads take shared locks) |
+//! | SQLite | `BEGIN IMMEDIATE` (one writer at a time is serializable) |
+//!
+//! A future dropped during an attempt leaves its transaction open: see
+//! [cancellation](super::connection#cancellation).
+
+use diesel_async::TransactionManager;
+
+use super::connection::{in_transaction, AsyncLockingConnection, Restore};
+use super::work::AsyncAttempt;
+use crate::retry::{after_failure, may_retry, Next};
+use crate::transaction::Failure;
+use crate::{classify, Error, RetryPolicy, RetryableError};
+
+/// Runs `f` in a `SERIALIZABLE` transaction, retrying serialization failures
+/// and deadlocks (and the other [retryable](Error::is_retryable) errors, also
+/// when the server reports them at `COMMIT`) with `policy`, sleeping with
+/// tokio's timer between attempts.
+///
+/// `f` is an `async` closure that may run several times: keep side effects
+/// outside the database out of it. It cannot be nested in another transaction.
+///
+/// # Errors
+///
+/// As [`lockkit::serializable`](crate::serializable()):
+/// [`Error::AlreadyInTransaction`] when a transaction is already open (nothing
+/// is sent), [`Error::RetriesExhausted`] when every attempt failed with a
+/// retryable error, else the first error that is not retryable.
+///
+/// # Example
+///
+/// ```
+/// # use diesel::prelude::*;
+/// # async fn run() {
+/// # use diesel_async::AsyncConnection;
+/// # let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await.unwrap();
+/// let policy = lockkit::RetryPolicy::default();
+/// let answer = lockkit::asynchronous::serializable(&mut conn, &policy, async |_conn| {
+///     Ok::<_, lockkit::Error>(42)
+/// })
+/// .await;
+/// assert_eq!(answer.unwrap(), 42);
+/// # }
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(run());
+/// ```
+pub async fn serializable<C, T, E, F>(conn: &mut C, policy: &RetryPolicy, mut f: F) -> Result<T, E>
+where
+    C: AsyncLockingConnection,
+    E: RetryableError + Send,
+    T: Send,
+    for<'r> F: AsyncAttempt<&'r mut C, Result<T, E>, Fut: Send> + Send,
+{
+    if in_transaction(conn) {
+        return Err(E::from(Error::AlreadyInTransaction));
+    }
+    let mut attempt = 1;
+    loop {
+        let result = match conn.begin_serializable().await {
+            Ok(()) => {
+                let result = f(conn).await.map_err(Failure::Closure);
+                super::lockable::end(conn, Restore::Nothing, result).await
+            }
+            Err(err) => {
+                // A failed `BEGIN` may have left diesel-async's bookkeeping
+                // behind the server's: end whatever is open.
+                if in_transaction(conn) {
+                    let _ = C::TransactionManager::rollback_transaction(conn).await;
+                }
+                Err(E::from(classify(err)))
+            }
+        };
+        let err = match result {
+            Ok(value) => return Ok(value),
+            Err(err) => err,
+        };
+        match after_failure(policy, attempt, err, |err| may_retry(err, false)) {
+            Next::GiveUp(err) => return Err(err),
+            Next::RetryAfter(delay) => {
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                attempt += 1;
+            }
+        }
+    }
+}

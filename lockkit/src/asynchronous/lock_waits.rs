@@ -1,0 +1,145 @@
+//! Who is waiting on whom, right now, on diesel-async: [`session_id`],
+//! [`blocked_sessions`] and [`lock_waits`], the async twins of
+//! [`lockkit::lock_waits`](crate::lock_waits), with the same statements over
+//! the server's views and the same answers (see there for what each backend
+//! reports). PostgreSQL and MySQL/MariaDB; SQLite has no row locks to wait on.
+//!
+//! ```no_run
+//! # #[cfg(feature = "postgres")]
+//! # async fn run(conn: &mut diesel_async::AsyncPgConnection) -> Result<(), lockkit::Error> {
+//! use lockkit::asynchronous::lock_waits;
+//! for wait in lock_waits::lock_waits(conn).await? {
+//!     for blocker in wait.blockers.iter().filter(|b| b.is_idle_in_transaction()) {
+//!         println!("session {} waits for session {}, idle in transaction for {:?}",
+//!             wait.session, blocker.session, blocker.in_state);
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+
+pub use crate::lock_waits::{BlockedSession, Blocker, LockWait};
+use crate::{classify, Error};
+
+/// A diesel-async connection whose lock waits lockkit can list:
+/// `AsyncPgConnection`, `AsyncMysqlConnection` (a pooled one as `&mut *conn`).
+/// Sealed; name it only in `where` clauses.
+#[diagnostic::on_unimplemented(
+    message = "lockkit cannot list lock waits on `{Self}`",
+    label = "lock waits are read from PostgreSQL's and MySQL/MariaDB's views",
+    note = "SQLite has no row locks to wait on: a writer waits for the database's write lock, up to `PRAGMA busy_timeout`"
+)]
+pub trait AsyncLockMonitor: diesel_async::AsyncConnection + crate::sealed::Sealed {
+    /// This connection's session id.
+    #[doc(hidden)]
+    fn session_id(&mut self) -> impl Future<Output = diesel::QueryResult<i64>> + Send;
+    /// Every session now waiting for a lock, by session id.
+    #[doc(hidden)]
+    fn blocked_sessions(
+        &mut self,
+    ) -> impl Future<Output = diesel::QueryResult<Vec<BlockedSession>>> + Send;
+    /// Every session now waiting for a lock, with its blockers.
+    #[doc(hidden)]
+    fn lock_waits(&mut self) -> impl Future<Output = diesel::QueryResult<Vec<LockWait>>> + Send;
+}
+
+/// This connection's session id (`pg_backend_pid()`, `CONNECTION_ID()`), as
+/// [`lockkit::lock_waits::session_id`](crate::lock_waits::session_id).
+///
+/// # Errors
+///
+/// A classified database error; see [`classify`](crate::classify()).
+pub async fn session_id<C: AsyncLockMonitor>(conn: &mut C) -> Result<i64, Error> {
+    conn.session_id().await.map_err(classify)
+}
+
+/// Every session now waiting for a lock, ordered by session id, as
+/// [`lockkit::lock_waits::blocked_sessions`](crate::lock_waits::blocked_sessions).
+///
+/// # Errors
+///
+/// As [`lockkit::lock_waits::blocked_sessions`](crate::lock_waits::blocked_sessions).
+pub async fn blocked_sessions<C: AsyncLockMonitor>(
+    conn: &mut C,
+) -> Result<Vec<BlockedSession>, Error> {
+    conn.blocked_sessions().await.map_err(classify)
+}
+
+/// Every session now waiting for a lock, ordered by session id, with the lock
+/// it waits for and what each of its blockers is doing, as
+/// [`lockkit::lock_waits::lock_waits`](crate::lock_waits::lock_waits).
+///
+/// # Errors
+///
+/// As [`lockkit::lock_waits::lock_waits`](crate::lock_waits::lock_waits)
+/// (MySQL 8: [`Error::Database`]; use [`blocked_sessions`]).
+pub async fn lock_waits<C: AsyncLockMonitor>(conn: &mut C) -> Result<Vec<LockWait>, Error> {
+    conn.lock_waits().await.map_err(classify)
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use diesel_async::{AsyncPgConnection, RunQueryDsl};
+
+    use super::*;
+    use crate::lock_waits::postgres::{blocked, Row, BLOCKED_SESSIONS, LOCK_WAITS, SESSION_ID};
+    use crate::lock_waits::{group_waits, SessionId, WaitRow};
+
+    impl AsyncLockMonitor for AsyncPgConnection {
+        async fn session_id(&mut self) -> diesel::QueryResult<i64> {
+            diesel::sql_query(SESSION_ID)
+                .get_result::<SessionId>(self)
+                .await
+                .map(|row| row.id)
+        }
+
+        async fn blocked_sessions(&mut self) -> diesel::QueryResult<Vec<BlockedSession>> {
+            diesel::sql_query(BLOCKED_SESSIONS)
+                .load::<Row>(self)
+                .await
+                .map(blocked)
+        }
+
+        async fn lock_waits(&mut self) -> diesel::QueryResult<Vec<LockWait>> {
+            diesel::sql_query(LOCK_WAITS)
+                .load::<WaitRow>(self)
+                .await
+                .map(group_waits)
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
+
+    use super::*;
+    use crate::lock_waits::mysql::{blocked, Row, LOCK_WAITS, MARIADB, MYSQL8, SESSION_ID};
+    use crate::lock_waits::{group_waits, SessionId, WaitRow};
+
+    impl AsyncLockMonitor for AsyncMysqlConnection {
+        async fn session_id(&mut self) -> diesel::QueryResult<i64> {
+            diesel::sql_query(SESSION_ID)
+                .get_result::<SessionId>(self)
+                .await
+                .map(|row| row.id)
+        }
+
+        async fn blocked_sessions(&mut self) -> diesel::QueryResult<Vec<BlockedSession>> {
+            let rows = match diesel::sql_query(MARIADB).load::<Row>(self).await {
+                Ok(rows) => rows,
+                // MySQL 8 removed INNODB_LOCK_WAITS.
+                Err(_) => diesel::sql_query(MYSQL8).load::<Row>(self).await?,
+            };
+            Ok(blocked(rows))
+        }
+
+        async fn lock_waits(&mut self) -> diesel::QueryResult<Vec<LockWait>> {
+            diesel::sql_query(LOCK_WAITS)
+                .load::<WaitRow>(self)
+                .await
+                .map(group_waits)
+        }
+    }
+}

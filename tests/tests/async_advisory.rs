@@ -1,0 +1,401 @@
+//! Advisory locks and lock waits on diesel-async, on PostgreSQL and MariaDB
+//! (SQLite has neither), with several tasks of a multi-threaded runtime:
+//! `advisory::with_lock` serializes a read-modify-write that loses updates
+//! without it; a future dropped while it holds a session lock leaves its
+//! connection marked broken, so the pool closes it and the lock is free for
+//! the next user; a transaction lock ends with a rollback; `lock_waits` shows
+//! a real waiter and the session in its way.
+
+#![cfg(feature = "async")]
+
+#[macro_use]
+mod async_common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use diesel::{ExpressionMethods, QueryDsl};
+use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
+use lockkit::asynchronous::advisory::{self, AdvisoryKey};
+use lockkit::{Error, LockOptions};
+use lockkit_tests::models::Item;
+use lockkit_tests::schema::items;
+
+const TASKS: usize = 8;
+const ROUNDS: usize = 10;
+/// How long the server may take to notice a closed connection and free its lock.
+const FREED_WITHIN: Duration = Duration::from_secs(10);
+
+/// Advisory keys are server-wide: one per test database.
+fn key(url: &str) -> AdvisoryKey {
+    AdvisoryKey::from_name(url)
+}
+
+fn broken<A: AsyncConnection>(conn: &mut A) -> bool {
+    A::TransactionManager::transaction_manager_status_mut(conn)
+        .transaction_depth()
+        .is_err()
+}
+
+macro_rules! insert_item {
+    ($conn:expr, $stock:expr) => {
+        diesel::insert_into(items::table)
+            .values((
+                items::id.eq(1),
+                items::name.eq("widget"),
+                items::stock.eq($stock),
+                items::lock_version.eq(0),
+            ))
+            .execute($conn)
+            .await
+            .expect("insert")
+    };
+}
+
+macro_rules! stock {
+    ($conn:expr) => {
+        items::table
+            .find(1)
+            .select(items::stock)
+            .get_result::<i32>($conn)
+            .await
+            .unwrap()
+    };
+}
+
+/// Whether `conn` takes the lock at once (and releases it).
+async fn lock_is_free<A: advisory::AsyncAdvisory>(conn: &mut A, key: AdvisoryKey) -> bool {
+    advisory::try_with_lock(conn, key, async |_| Ok::<_, Error>(()))
+        .await
+        .unwrap()
+        .is_some()
+}
+
+/// Waits until `conn` takes the lock; how long that took.
+async fn lock_freed<A: advisory::AsyncAdvisory>(conn: &mut A, key: AdvisoryKey) -> Duration {
+    let started = Instant::now();
+    while !lock_is_free(conn, key).await {
+        assert!(
+            started.elapsed() < FREED_WITHIN,
+            "the lock is still held {FREED_WITHIN:?} after the drop"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    started.elapsed()
+}
+
+/// A `with_lock` that holds the lock for an hour: only dropping ends it.
+macro_rules! hold_for_an_hour {
+    ($conn:expr, $key:expr) => {
+        advisory::with_lock($conn, $key, async |_conn| {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok::<_, Error>(())
+        })
+    };
+}
+
+async_server_tests! {
+    async fn with_lock_serializes_a_read_modify_write_that_loses_updates_without_it(db) {
+        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, TASKS as u32).await;
+        insert_item!(&mut *pool.get().await.unwrap(), 1_000);
+        let key = key(&db.url);
+        // Naive: every task reads, yields, writes back what it read minus one.
+        let barrier = Arc::new(tokio::sync::Barrier::new(TASKS));
+        let naive: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let (pool, barrier) = (pool.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    let mut conn = pool.get().await.unwrap();
+                    let stock = stock!(&mut *conn);
+                    barrier.wait().await;
+                    diesel::update(items::table.find(1)).set(items::stock.eq(stock - 1)).execute(&mut *conn).await.unwrap();
+                })
+            })
+            .collect();
+        for task in naive {
+            task.await.unwrap();
+        }
+        let after_naive = stock!(&mut *pool.get().await.unwrap());
+        assert_eq!(after_naive, 999, "{TASKS} decrements, one recorded: the baseline loses updates");
+        // The same read-modify-write, each under the advisory lock.
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    for _ in 0..ROUNDS {
+                        let mut conn = pool.get().await.unwrap();
+                        advisory::with_lock(&mut *conn, key, async |conn| {
+                            let stock = stock!(&mut *conn);
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                            diesel::update(items::table.find(1)).set(items::stock.eq(stock - 1)).execute(conn).await?;
+                            Ok::<_, Error>(())
+                        })
+                        .await
+                        .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(stock!(&mut *pool.get().await.unwrap()), 999 - (TASKS * ROUNDS) as i32, "no decrement lost");
+        assert!(lock_is_free(&mut *pool.get().await.unwrap(), key).await, "and the lock was released");
+    }
+
+    async fn try_with_lock_skips_a_held_lock_and_releases_after_an_error(db) {
+        let key = key(&db.url);
+        let mut a: Async = async_common::connect(&db.url, BACKEND).await;
+        let mut b: Async = async_common::connect(&db.url, BACKEND).await;
+        let mut ran = false;
+        let inner = advisory::with_lock(&mut a, key, async |_conn| {
+            let other = advisory::try_with_lock(&mut b, key, async |_| {
+                ran = true;
+                Ok::<_, Error>(())
+            })
+            .await?;
+            Ok::<_, Error>(other)
+        })
+        .await
+        .unwrap();
+        assert_eq!(inner, None, "held by another session");
+        assert!(!ran, "the closure did not run");
+        // An error in the closure still releases the lock.
+        let err = advisory::with_lock(&mut a, key, async |_conn| Err::<(), _>(Error::NoRowMatched)).await.unwrap_err();
+        assert!(matches!(err, Error::NoRowMatched), "{err}");
+        assert!(!broken(&mut a));
+        assert!(lock_is_free(&mut b, key).await, "released after the closure's error");
+    }
+
+    async fn a_future_dropped_holding_a_session_lock_leaves_the_next_pool_user_free_to_take_it(db) {
+        let key = key(&db.url);
+        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 1).await;
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        // Dropped by a timeout, inside the closure.
+        let mut conn = pool.get().await.unwrap();
+        let dropped = tokio::time::timeout(Duration::from_millis(200), hold_for_an_hour!(&mut *conn, key)).await;
+        assert!(dropped.is_err(), "the future was dropped while it held the lock");
+        assert!(broken(&mut *conn), "the connection is marked broken");
+        drop(conn);
+        let mut next = pool.get().await.unwrap();
+        assert!(!broken(&mut *next), "the pool handed out a new connection");
+        let freed = lock_freed(&mut *next, key).await;
+        assert!(lock_is_free(&mut other, key).await, "and every other session can take it");
+        drop(next);
+        // Aborted as a task.
+        let task_pool = pool.clone();
+        let (locked_tx, locked_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut conn = task_pool.get().await.unwrap();
+            advisory::with_lock(&mut *conn, key, async |_conn| {
+                locked_tx.send(()).unwrap();
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                Ok::<_, Error>(())
+            })
+            .await
+        });
+        locked_rx.await.unwrap();
+        assert!(!lock_is_free(&mut other, key).await, "the task holds it");
+        task.abort();
+        assert!(task.await.unwrap_err().is_cancelled());
+        let mut next = pool.get().await.unwrap();
+        let freed_after_abort = lock_freed(&mut *next, key).await;
+        drop(next);
+        lock_freed(&mut other, key).await;
+        eprintln!("{BACKEND}: free again within {freed:?} (timeout) and {freed_after_abort:?} (abort)");
+    }
+
+    async fn deadpool_closes_a_connection_dropped_holding_a_session_lock(db) {
+        use diesel_async::pooled_connection::deadpool::Pool;
+        use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+        let key = key(&db.url);
+        let pool = Pool::builder(AsyncDieselConnectionManager::<Async>::new(&db.url)).max_size(1).build().unwrap();
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        let mut conn = pool.get().await.unwrap();
+        let dropped = tokio::time::timeout(Duration::from_millis(200), hold_for_an_hour!(&mut *conn, key)).await;
+        assert!(dropped.is_err());
+        drop(conn);
+        let mut next = pool.get().await.unwrap();
+        lock_freed(&mut *next, key).await;
+        drop(next);
+        assert!(lock_is_free(&mut other, key).await, "another session takes it");
+    }
+
+    async fn a_future_dropped_while_waiting_for_the_lock_takes_nothing_with_it(db) {
+        // The server may grant the lock after the future is gone: the
+        // connection is marked broken from the moment the statement is sent.
+        let key = key(&db.url);
+        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 1).await;
+        let mut holder: Async = async_common::connect(&db.url, BACKEND).await;
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        let (locked_tx, locked_rx) = tokio::sync::oneshot::channel();
+        let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+        let held = tokio::spawn(async move {
+            advisory::with_lock(&mut holder, key, async |_conn| {
+                locked_tx.send(()).unwrap();
+                let _ = release_rx.await;
+                Ok::<_, Error>(())
+            })
+            .await
+            .unwrap();
+        });
+        locked_rx.await.unwrap();
+        let mut conn = pool.get().await.unwrap();
+        let dropped = tokio::time::timeout(Duration::from_millis(200), hold_for_an_hour!(&mut *conn, key)).await;
+        assert!(dropped.is_err(), "the call waited for the lock");
+        assert!(broken(&mut *conn));
+        drop(conn);
+        release_tx.send(()).unwrap();
+        held.await.unwrap();
+        lock_freed(&mut other, key).await;
+        lock_freed(&mut *pool.get().await.unwrap(), key).await;
+    }
+
+    async fn a_held_connection_keeps_a_dropped_session_lock_until_it_is_closed(db) {
+        // What the pool's discard prevents, shown: nobody closes this one.
+        let key = key(&db.url);
+        let mut held: Async = async_common::connect(&db.url, BACKEND).await;
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        let dropped = tokio::time::timeout(Duration::from_millis(200), hold_for_an_hour!(&mut held, key)).await;
+        assert!(dropped.is_err());
+        assert!(!lock_is_free(&mut other, key).await, "the abandoned session still holds the lock");
+        let err = lockkit::asynchronous::locked_transaction(&mut held, LockOptions::default(), async |_| Ok::<_, Error>(()))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Database(_)), "its broken transaction manager refuses transactions: {err}");
+        drop(held);
+        lock_freed(&mut other, key).await;
+    }
+
+    async fn lock_waits_shows_a_real_waiter_and_the_idle_session_in_its_way(db) {
+        use lockkit::asynchronous::lock_waits;
+        let mut setup: Async = async_common::connect(&db.url, BACKEND).await;
+        insert_item!(&mut setup, 10);
+        let (locked_tx, locked_rx) = tokio::sync::oneshot::channel();
+        let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+        let url = db.url.clone();
+        let holder = tokio::spawn(async move {
+            let mut conn: Async = async_common::connect(&url, BACKEND).await;
+            let session = lock_waits::session_id(&mut conn).await.unwrap();
+            lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |_conn, _item: Item| {
+                locked_tx.send(session).unwrap();
+                let _ = release_rx.await;
+                Ok::<_, Error>(())
+            })
+            .await
+            .unwrap();
+        });
+        let holder_session = locked_rx.await.unwrap();
+        let url = db.url.clone();
+        let (waiter_tx, waiter_rx) = tokio::sync::oneshot::channel();
+        let waiter = tokio::spawn(async move {
+            let mut conn: Async = async_common::connect(&url, BACKEND).await;
+            waiter_tx.send(lock_waits::session_id(&mut conn).await.unwrap()).unwrap();
+            lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |_conn, item: Item| Ok::<_, Error>(item.stock))
+                .await
+                .unwrap()
+        });
+        let waiter_session = waiter_rx.await.unwrap();
+        let mut observer: Async = async_common::connect(&db.url, BACKEND).await;
+        let started = Instant::now();
+        let wait = loop {
+            let waits = lock_waits::lock_waits(&mut observer).await.unwrap();
+            if let Some(wait) = waits.into_iter().find(|w| w.session == waiter_session) {
+                break wait;
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "the waiter never showed up");
+            // InnoDB refreshes information_schema after 100 ms without a read.
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        };
+        let blocker = wait.blockers.iter().find(|b| b.session == holder_session).expect("the holder is in its way");
+        assert!(blocker.is_idle_in_transaction(), "{blocker:?}");
+        assert!(wait.relation.as_deref().unwrap_or_default().contains("items"), "{wait:?}");
+        let blocked = lock_waits::blocked_sessions(&mut observer).await.unwrap();
+        assert!(
+            blocked.iter().any(|b| b.session == waiter_session && b.blocked_by.contains(&holder_session)),
+            "{blocked:?}"
+        );
+        release_tx.send(()).unwrap();
+        holder.await.unwrap();
+        assert_eq!(waiter.await.unwrap(), 10);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(lock_waits::lock_waits(&mut observer).await.unwrap().iter().all(|w| w.session != waiter_session));
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres_transaction_locks {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_xact_lock_is_held_until_rollback() {
+        let db = lockkit_tests::TestDb::<diesel::PgConnection>::new("async_xact_lock_rollback");
+        let key = key(&db.url);
+        let mut a: diesel_async::AsyncPgConnection =
+            async_common::connect(&db.url, "postgres").await;
+        let mut b: diesel_async::AsyncPgConnection =
+            async_common::connect(&db.url, "postgres").await;
+        let err = advisory::xact_lock(&mut a, key).await.unwrap_err();
+        assert!(matches!(err, Error::NotInTransaction), "{err}");
+        let outcome = lockkit::asynchronous::locked_transaction(
+            &mut a,
+            LockOptions::default(),
+            async |conn| {
+                advisory::xact_lock(conn, key).await?;
+                let free = lockkit::asynchronous::locked_transaction(
+                    &mut b,
+                    LockOptions::default(),
+                    async |conn| advisory::try_xact_lock(conn, key).await,
+                )
+                .await?;
+                assert!(!free, "held by the open transaction");
+                // with_lock inside a transaction takes a transaction lock too: it
+                // outlives the closure.
+                advisory::with_lock(conn, key, async |_| Ok::<_, Error>(())).await?;
+                assert!(
+                    !lock_is_free(&mut b, key).await,
+                    "held until the transaction ends"
+                );
+                Err::<(), _>(Error::NoRowMatched)
+            },
+        )
+        .await;
+        assert!(matches!(outcome, Err(Error::NoRowMatched)));
+        let free = lockkit::asynchronous::locked_transaction(
+            &mut b,
+            LockOptions::default(),
+            async |conn| advisory::try_xact_lock(conn, key).await,
+        )
+        .await
+        .unwrap();
+        assert!(free, "the rollback released it");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_xact_lock_of_a_dropped_future_ends_with_the_discarded_connection() {
+        let db = lockkit_tests::TestDb::<diesel::PgConnection>::new("async_xact_lock_dropped");
+        let key = key(&db.url);
+        let pool =
+            async_common::bb8_pool::<diesel_async::AsyncPgConnection>(&db.url, "postgres", 1).await;
+        let mut other: diesel_async::AsyncPgConnection =
+            async_common::connect(&db.url, "postgres").await;
+        let mut conn = pool.get().await.unwrap();
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(200),
+            lockkit::asynchronous::locked_transaction(
+                &mut *conn,
+                LockOptions::default(),
+                async |conn| {
+                    advisory::xact_lock(conn, key).await?;
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    Ok::<_, Error>(())
+                },
+            ),
+        )
+        .await;
+        assert!(dropped.is_err());
+        drop(conn);
+        drop(pool.get().await.unwrap());
+        lock_freed(&mut other, key).await;
+    }
+}
