@@ -6,6 +6,7 @@
 //! | [`AsyncVersioned`]: `update_versioned`, `update_versioned_with`, `update_by_version`, `update_all_by_version`, `delete_versioned`, `touch_versioned` | [`Versioned`](crate::Versioned) |
 //! | [`with_lock`], [`locked_transaction`], [`lock_all`] | [`lockkit::with_lock`](crate::with_lock), [`lockkit::locked_transaction`](crate::locked_transaction), [`Lockable::lock_all`](crate::Lockable::lock_all) |
 //! | [`retry()`], [`transaction_with_retry`] | [`lockkit::retry`](crate::retry()), [`lockkit::transaction_with_retry`](crate::transaction_with_retry) |
+//! | [`idempotency::run`], [`idempotency::purge_expired`] (feature `idempotency`) | [`Idempotency::run`](crate::idempotency::Idempotency::run), [`Idempotency::purge_expired`](crate::idempotency::Idempotency::purge_expired) |
 //!
 //! Connections: `AsyncPgConnection`, `AsyncMysqlConnection` and
 //! `SyncConnectionWrapper<SqliteConnection>` (with the features `postgres`,
@@ -22,15 +23,18 @@
 //! | [`retry`](mod@retry) | [`retry()`], [`transaction_with_retry`] |
 //! | [`connection`] | [`AsyncLockingConnection`]: begin and end a locking transaction per backend, and what a dropped future leaves behind ([cancellation](connection#cancellation)) |
 //! | [`work`] | the shape of the `async` closures the calls take |
+//! | [`idempotency`](mod@idempotency) | idempotency keys, and what a dropped `run` leaves |
 //!
 //! Read-your-writes on a PostgreSQL standby (features `replica` and `async`):
 //! [`lockkit::replica::asynchronous`](crate::replica::asynchronous).
 //!
 //! Not here yet: `queue::claim`, advisory locks, `serializable`, `atomic`,
-//! idempotency keys, leases and the outbox on diesel-async, and the
+//! leases and the outbox on diesel-async, and the
 //! [`journal`](crate::journal) (see [`versioned`]).
 
 pub mod connection;
+#[cfg(feature = "idempotency")]
+pub mod idempotency;
 pub mod lockable;
 pub mod retry;
 pub mod versioned;
