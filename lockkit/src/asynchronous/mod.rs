@@ -7,6 +7,7 @@
 //! | [`with_lock`], [`locked_transaction`], [`lock_all`] | [`lockkit::with_lock`](crate::with_lock), [`lockkit::locked_transaction`](crate::locked_transaction), [`Lockable::lock_all`](crate::Lockable::lock_all) |
 //! | [`retry()`], [`transaction_with_retry`] | [`lockkit::retry`](crate::retry()), [`lockkit::transaction_with_retry`](crate::transaction_with_retry) |
 //! | [`idempotency::run`], [`idempotency::purge_expired`] (feature `idempotency`) | [`Idempotency::run`](crate::idempotency::Idempotency::run), [`Idempotency::purge_expired`](crate::idempotency::Idempotency::purge_expired) |
+//! | [`lease::acquire`], [`lease::with_lease`], [`lease::fenced`] (feature `lease`; the database store) | [`lockkit::lease::acquire`](crate::lease::acquire), [`lockkit::lease::with_lease`](crate::lease::with_lease), [`lockkit::lease::fenced`](crate::lease::fenced) |
 //!
 //! Connections: `AsyncPgConnection`, `AsyncMysqlConnection` and
 //! `SyncConnectionWrapper<SqliteConnection>` (with the features `postgres`,
@@ -24,17 +25,20 @@
 //! | [`connection`] | [`AsyncLockingConnection`]: begin and end a locking transaction per backend, and what a dropped future leaves behind ([cancellation](connection#cancellation)) |
 //! | [`work`] | the shape of the `async` closures the calls take |
 //! | [`idempotency`](mod@idempotency) | idempotency keys, and what a dropped `run` leaves |
+//! | [`lease`](mod@lease) | database leases and fenced writes |
 //!
 //! Read-your-writes on a PostgreSQL standby (features `replica` and `async`):
 //! [`lockkit::replica::asynchronous`](crate::replica::asynchronous).
 //!
 //! Not here yet: `queue::claim`, advisory locks, `serializable`, `atomic`,
-//! leases and the outbox on diesel-async, and the
+//! the outbox on diesel-async, and the
 //! [`journal`](crate::journal) (see [`versioned`]).
 
 pub mod connection;
 #[cfg(feature = "idempotency")]
 pub mod idempotency;
+#[cfg(feature = "lease")]
+pub mod lease;
 pub mod lockable;
 pub mod retry;
 pub mod versioned;
