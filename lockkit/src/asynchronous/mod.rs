@@ -8,6 +8,7 @@
 //! | [`retry()`], [`transaction_with_retry`] | [`lockkit::retry`](crate::retry()), [`lockkit::transaction_with_retry`](crate::transaction_with_retry) |
 //! | [`idempotency::run`], [`idempotency::purge_expired`] (feature `idempotency`) | [`Idempotency::run`](crate::idempotency::Idempotency::run), [`Idempotency::purge_expired`](crate::idempotency::Idempotency::purge_expired) |
 //! | [`lease::acquire`], [`lease::with_lease`], [`lease::fenced`] (feature `lease`; the database store) | [`lockkit::lease::acquire`](crate::lease::acquire), [`lockkit::lease::with_lease`](crate::lease::with_lease), [`lockkit::lease::fenced`](crate::lease::fenced) |
+//! | [`outbox::enqueue`], [`outbox::publish_batch`], [`outbox::receive`] and the rest (feature `outbox`) | [`lockkit::outbox`](crate::outbox) |
 //!
 //! Connections: `AsyncPgConnection`, `AsyncMysqlConnection` and
 //! `SyncConnectionWrapper<SqliteConnection>` (with the features `postgres`,
@@ -26,12 +27,13 @@
 //! | [`work`] | the shape of the `async` closures the calls take |
 //! | [`idempotency`](mod@idempotency) | idempotency keys, and what a dropped `run` leaves |
 //! | [`lease`](mod@lease) | database leases and fenced writes |
+//! | [`outbox`](mod@outbox) | the outbox's enqueue and relay, and the inbox |
 //!
 //! Read-your-writes on a PostgreSQL standby (features `replica` and `async`):
 //! [`lockkit::replica::asynchronous`](crate::replica::asynchronous).
 //!
 //! Not here yet: `queue::claim`, advisory locks, `serializable`, `atomic`,
-//! the outbox on diesel-async, and the
+//! on diesel-async, and the
 //! [`journal`](crate::journal) (see [`versioned`]).
 
 pub mod connection;
@@ -40,6 +42,8 @@ pub mod idempotency;
 #[cfg(feature = "lease")]
 pub mod lease;
 pub mod lockable;
+#[cfg(feature = "outbox")]
+pub mod outbox;
 pub mod retry;
 pub mod versioned;
 pub mod work;
