@@ -26,7 +26,7 @@
 //! use lockkit::asynchronous::idempotency;
 //! use lockkit::idempotency::{fingerprint, up_sql, Dialect, Idempotency, Outcome};
 //! # async fn demo() -> Result<(), lockkit::Error> {
-//! let mut conn = SyncConnectionWrapper::<diesel::SqliteConnection>::establish(":memory:").await?;
+//! let mut conn = SyncConnectionWrapper::<diesel::SqliteConnection>::establish(":memory:").await.unwrap();
 //! conn.batch_execute(up_sql(Dialect::Sqlite)).await?;
 //! let keys = Idempotency::default();
 //! let request = fingerprint("POST", "/orders", br#"{"qty":1}"#);

@@ -28,7 +28,7 @@
 //! use lockkit::asynchronous::lease;
 //! use lockkit::lease::{up_sql, Dialect, Fence};
 //! # async fn demo() -> Result<(), lockkit::Error> {
-//! let mut conn = SyncConnectionWrapper::<diesel::SqliteConnection>::establish(":memory:").await?;
+//! let mut conn = SyncConnectionWrapper::<diesel::SqliteConnection>::establish(":memory:").await.unwrap();
 //! conn.batch_execute(up_sql(Dialect::Sqlite)).await?;
 //! conn.batch_execute("CREATE TABLE report (id INTEGER PRIMARY KEY, body TEXT NOT NULL)").await?;
 //!

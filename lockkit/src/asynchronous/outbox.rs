@@ -31,7 +31,7 @@
 //! use lockkit::outbox::{up_sql, Dialect, Inbox, Received, Relay};
 //! use lockkit::LockOptions;
 //! # async fn demo() -> Result<(), lockkit::Error> {
-//! let mut conn = SyncConnectionWrapper::<diesel::SqliteConnection>::establish(":memory:").await?;
+//! let mut conn = SyncConnectionWrapper::<diesel::SqliteConnection>::establish(":memory:").await.unwrap();
 //! conn.batch_execute(up_sql(Dialect::Sqlite)).await?;
 //!
 //! // The order and its message in one transaction.
