@@ -141,7 +141,8 @@ pub(crate) mod statements {
         .set((outbox::attempts.eq(zero), outbox::next_attempt_at.eq(now)))
     }
 
-    /// The inbox row, for `INSERT .. ON CONFLICT DO NOTHING`.
+    /// The inbox row, for `INSERT .. ON CONFLICT DO NOTHING` (PostgreSQL).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     #[auto_type(no_type_alias)]
     pub(crate) fn record<'a>(consumer: &'a str, message_id: &'a str, now: i64) -> _ {
         insert_into(inbox::table).values((
@@ -151,7 +152,8 @@ pub(crate) mod statements {
         ))
     }
 
-    /// The inbox row, for `INSERT IGNORE` / `INSERT OR IGNORE`.
+    /// The inbox row, for `INSERT IGNORE` / `INSERT OR IGNORE` (MySQL, SQLite).
+    #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
     #[auto_type(no_type_alias)]
     pub(crate) fn record_or_ignore<'a>(consumer: &'a str, message_id: &'a str, now: i64) -> _ {
         insert_or_ignore_into(inbox::table).values((
