@@ -11,6 +11,9 @@
 //! | [`serializable()`] | [`lockkit::serializable`](crate::serializable()) |
 //! | [`atomic::update_if`], [`atomic::update_returning`], [`atomic::update_counters`] | [`lockkit::atomic`](crate::atomic) |
 //! | [`lock_waits::session_id`], [`lock_waits::blocked_sessions`], [`lock_waits::lock_waits`] (PostgreSQL, MySQL/MariaDB) | [`lockkit::lock_waits`](crate::lock_waits) |
+//! | [`idempotency::run`], [`idempotency::purge_expired`] (feature `idempotency`) | [`Idempotency::run`](crate::idempotency::Idempotency::run), [`Idempotency::purge_expired`](crate::idempotency::Idempotency::purge_expired) |
+//! | [`lease::acquire`], [`lease::with_lease`], [`lease::fenced`] (feature `lease`; the database store) | [`lockkit::lease::acquire`](crate::lease::acquire), [`lockkit::lease::with_lease`](crate::lease::with_lease), [`lockkit::lease::fenced`](crate::lease::fenced) |
+//! | [`outbox::enqueue`], [`outbox::publish_batch`], [`outbox::receive`] and the rest (feature `outbox`) | [`lockkit::outbox`](crate::outbox) |
 //!
 //! Connections: `AsyncPgConnection`, `AsyncMysqlConnection` and
 //! `SyncConnectionWrapper<SqliteConnection>` (with the features `postgres`,
@@ -32,19 +35,27 @@
 //! | [`lock_waits`] | who is waiting on whom |
 //! | [`connection`] | [`AsyncLockingConnection`]: begin and end a locking transaction per backend, and what a dropped future leaves behind ([cancellation](connection#cancellation)) |
 //! | [`work`] | the shape of the `async` closures the calls take |
+//! | [`idempotency`](mod@idempotency) | idempotency keys, and what a dropped `run` leaves |
+//! | [`lease`](mod@lease) | database leases and fenced writes |
+//! | [`outbox`](mod@outbox) | the outbox's enqueue and relay, and the inbox |
 //!
 //! Read-your-writes on a PostgreSQL standby (features `replica` and `async`):
 //! [`lockkit::replica::asynchronous`](crate::replica::asynchronous).
 //!
-//! Not here yet: idempotency keys, leases and the outbox on diesel-async, and
-//! the [`journal`](crate::journal) (see [`versioned`]).
+//! Not here yet: the [`journal`](crate::journal) (see [`versioned`]).
 
 pub mod advisory;
 pub mod atomic;
 pub mod connection;
+#[cfg(feature = "idempotency")]
+pub mod idempotency;
 pub mod isolation;
+#[cfg(feature = "lease")]
+pub mod lease;
 pub mod lock_waits;
 pub mod lockable;
+#[cfg(feature = "outbox")]
+pub mod outbox;
 pub mod queue;
 pub mod retry;
 pub mod versioned;

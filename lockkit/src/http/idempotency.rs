@@ -277,12 +277,30 @@ pub struct StoredKey {
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy)]
 pub struct Scoped<'a> {
-    principal: &'a str,
-    key: &'a str,
+    pub(crate) principal: &'a str,
+    pub(crate) key: &'a str,
+}
+
+impl<'a> Scoped<'a> {
+    /// The key of `principal`, once the three inputs are checked.
+    pub(crate) fn checked(
+        principal: &'a str,
+        key: &'a str,
+        fingerprint: &str,
+    ) -> Result<Self, Error> {
+        let valid = |text: &str| text.chars().count() <= MAX_LEN && !text.contains('\0');
+        let named = |text: &str| !text.is_empty() && valid(text);
+        if !named(principal) || !named(key) || !valid(fingerprint) {
+            return Err(Error::InvalidInput(
+                "idempotency principals and keys are 1 to 255 characters, fingerprints up to 255, without NUL",
+            ));
+        }
+        Ok(Scoped { principal, key })
+    }
 }
 
 /// How a request starts: it owns the key (from `started_at`) or replays.
-enum Start {
+pub(crate) enum Start {
     Owned { started_at: i64 },
     Replay(String),
 }
@@ -331,34 +349,23 @@ impl Idempotency {
         E: From<Error>,
         F: FnOnce(&mut C::Conn) -> Result<R, E>,
     {
-        let valid = |text: &str| text.chars().count() <= MAX_LEN && !text.contains('\0');
-        let named = |text: &str| !text.is_empty() && valid(text);
-        if !named(principal) || !named(key) || !valid(fingerprint) {
-            return Err(E::from(Error::InvalidInput(
-                "idempotency principals and keys are 1 to 255 characters, fingerprints up to 255, without NUL",
-            )));
-        }
+        let key = Scoped::checked(principal, key, fingerprint)?;
         let conn = conn.locking_connection();
-        let key = Scoped { principal, key };
         let started_at = match self.start(conn, key, fingerprint)? {
-            Start::Replay(stored) => {
-                let response = serde_json::from_str(&stored).map_err(|err| {
-                    Error::Database(diesel::result::Error::DeserializationError(Box::new(err)))
-                })?;
-                return Ok(Outcome::Replayed(response));
-            }
+            Start::Replay(stored) => return Ok(Outcome::Replayed(replayed(&stored)?)),
             Start::Owned { started_at } => started_at,
         };
         let result = transaction::run(conn, |conn| {
             let response = work(conn).map_err(Failure::Closure)?;
-            let stored = serde_json::to_string(&response).map_err(|err| {
-                Error::Database(diesel::result::Error::SerializationError(Box::new(err)))
-            })?;
-            match C::Conn::finish(conn, key, started_at, &stored, now_millis())? {
-                true => Ok(response),
-                // The lease ran out and another request took the key: undo our work.
-                false => Err(Failure::Lockkit(Error::IdempotencyInProgress)),
-            }
+            let stored = stored(&response)?;
+            finished(C::Conn::finish(
+                conn,
+                key,
+                started_at,
+                &stored,
+                now_millis(),
+            )?)?;
+            Ok(response)
         });
         if result.is_err() {
             // Release the key so that a retry runs the work again; a no-op when
@@ -374,49 +381,72 @@ impl Idempotency {
         key: Scoped<'_>,
         fingerprint: &str,
     ) -> Result<Start, Error> {
-        // A few lost races at most: each means another request just inserted,
-        // released or expired the key. Looks at a running key while waiting
-        // for it (`wait_while_running`) are not races and not counted.
-        let deadline = Instant::now() + self.wait_while_running;
-        let mut pause = FIRST_PAUSE;
-        let mut races = 0;
-        while races < 5 {
-            races += 1;
+        let mut looks = self.looks();
+        loop {
             let now = now_millis();
             if C::insert_running(conn, key, fingerprint, now)? {
                 return Ok(Start::Owned { started_at: now });
             }
-            let Some(row) = C::load(conn, key)? else {
-                continue; // released meanwhile: try to insert again
-            };
-            if row.fingerprint != fingerprint {
-                return Err(Error::IdempotencyKeyReused);
-            }
-            match row.state.as_str() {
-                DONE if row.finished_at.unwrap_or(row.started_at)
-                    < now - millis(self.retention) =>
-                {
-                    C::delete_if_started(conn, key, row.started_at)?;
+            let seen = C::load(conn, key)?;
+            let next = match self.decide(seen, fingerprint, now)? {
+                Seen::Done(start) => return Ok(start),
+                Seen::Gone => looks.raced(),
+                Seen::Expired { started_at } => {
+                    C::delete_if_started(conn, key, started_at)?;
+                    looks.raced()
                 }
-                DONE => return Ok(Start::Replay(row.response.unwrap_or_default())),
-                _ if row.started_at < now - millis(self.lease) => {
+                Seen::Abandoned { started_at } => {
                     // The owner died (or overran its lease): take the key over.
-                    if C::take_over(conn, key, row.started_at, now)? {
+                    if C::take_over(conn, key, started_at, now)? {
                         return Ok(Start::Owned { started_at: now });
                     }
+                    looks.raced()
                 }
-                _ => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(Error::IdempotencyInProgress);
-                    }
-                    thread::sleep(pause.min(left));
-                    pause = (pause * 2).min(MAX_PAUSE);
-                    races -= 1;
-                }
+                Seen::Running => looks.wait(),
+            };
+            let pause = next?;
+            if !pause.is_zero() {
+                thread::sleep(pause);
             }
         }
-        Err(Error::IdempotencyInProgress)
+    }
+
+    /// What a stored row (or its absence) means for a request with
+    /// `fingerprint` at `now`: the one place that reads a key's state, for the
+    /// blocking and the async side.
+    pub(crate) fn decide(
+        &self,
+        row: Option<StoredKey>,
+        fingerprint: &str,
+        now: i64,
+    ) -> Result<Seen, Error> {
+        let Some(row) = row else {
+            return Ok(Seen::Gone); // released meanwhile: try to insert again
+        };
+        if row.fingerprint != fingerprint {
+            return Err(Error::IdempotencyKeyReused);
+        }
+        Ok(match row.state.as_str() {
+            DONE if row.finished_at.unwrap_or(row.started_at) < now - millis(self.retention) => {
+                Seen::Expired {
+                    started_at: row.started_at,
+                }
+            }
+            DONE => Seen::Done(Start::Replay(row.response.unwrap_or_default())),
+            _ if row.started_at < now - millis(self.lease) => Seen::Abandoned {
+                started_at: row.started_at,
+            },
+            _ => Seen::Running,
+        })
+    }
+
+    /// The schedule of a request's looks at a key it could not insert.
+    pub(crate) fn looks(&self) -> Looks {
+        Looks {
+            deadline: Instant::now() + self.wait_while_running,
+            pause: FIRST_PAUSE,
+            races: 0,
+        }
     }
 
     /// Deletes completed keys older than the retention; returns how many.
@@ -429,9 +459,197 @@ impl Idempotency {
         C: AsLockingConnection,
         C::Conn: IdempotencyStore,
     {
-        C::Conn::purge(
-            conn.locking_connection(),
-            now_millis() - millis(self.retention),
+        C::Conn::purge(conn.locking_connection(), self.purge_before())
+    }
+
+    /// Completed keys that finished before this are expired.
+    pub(crate) fn purge_before(&self) -> i64 {
+        now_millis() - millis(self.retention)
+    }
+}
+
+/// What a stored key means to a request that could not insert it.
+pub(crate) enum Seen {
+    /// Completed within the retention: replay it.
+    Done(Start),
+    /// Gone since the insert failed (released): insert again.
+    Gone,
+    /// Completed, past the retention: delete it (if still this one), insert again.
+    Expired { started_at: i64 },
+    /// Running past its lease: take it over (if still this one).
+    Abandoned { started_at: i64 },
+    /// Running within its lease: wait for it, or refuse.
+    Running,
+}
+
+/// The looks of one request at a key it could not insert: a few lost races
+/// at most (each means another request just inserted, released or expired
+/// the key), and waiting for a running key (`wait_while_running`), which is
+/// not a race and not counted.
+pub(crate) struct Looks {
+    deadline: Instant,
+    pause: Duration,
+    races: u32,
+}
+
+impl Looks {
+    /// A lost race: look again at once, or give up after five.
+    pub(crate) fn raced(&mut self) -> Result<Duration, Error> {
+        self.races += 1;
+        match self.races < 5 {
+            true => Ok(Duration::ZERO),
+            false => Err(Error::IdempotencyInProgress),
+        }
+    }
+
+    /// The key is running: how long to pause before the next look, or
+    /// [`Error::IdempotencyInProgress`] when the wait ran out.
+    pub(crate) fn wait(&mut self) -> Result<Duration, Error> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::IdempotencyInProgress);
+        }
+        let pause = self.pause.min(left);
+        self.pause = (self.pause * 2).min(MAX_PAUSE);
+        Ok(pause)
+    }
+}
+
+/// A stored response read back as `R`.
+pub(crate) fn replayed<R: DeserializeOwned>(stored: &str) -> Result<R, Error> {
+    serde_json::from_str(stored)
+        .map_err(|err| Error::Database(diesel::result::Error::DeserializationError(Box::new(err))))
+}
+
+/// A response as it is stored.
+pub(crate) fn stored<R: Serialize>(response: &R) -> Result<String, Error> {
+    serde_json::to_string(response)
+        .map_err(|err| Error::Database(diesel::result::Error::SerializationError(Box::new(err))))
+}
+
+/// What the final write's row count means: `false`, the lease ran out and
+/// another request took the key, so the work must be undone.
+pub(crate) fn finished(matched: bool) -> Result<(), Error> {
+    match matched {
+        true => Ok(()),
+        false => Err(Error::IdempotencyInProgress),
+    }
+}
+
+/// What the `INSERT` of a running key means: `false` when the key exists.
+pub(crate) fn inserted(result: diesel::QueryResult<usize>) -> Result<bool, Error> {
+    use diesel::result::{DatabaseErrorKind, Error as DieselError};
+    match result {
+        Ok(_) => Ok(true),
+        Err(DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// The statements behind [`Idempotency`], built once for the blocking and the
+/// async side (which only execute them).
+#[allow(clippy::needless_lifetimes)]
+pub(crate) mod statements {
+    use diesel::dsl::{auto_type, delete, insert_into, update};
+    use diesel::prelude::*;
+
+    use super::keys;
+
+    #[auto_type(no_type_alias)]
+    pub(crate) fn insert_running<'a>(
+        principal: &'a str,
+        key: &'a str,
+        fingerprint: &'a str,
+        now: i64,
+    ) -> _ {
+        let running: &'static str = super::RUNNING;
+        insert_into(keys::table).values((
+            keys::principal.eq(principal),
+            keys::idempotency_key.eq(key),
+            keys::fingerprint.eq(fingerprint),
+            keys::state.eq(running),
+            keys::started_at.eq(now),
+        ))
+    }
+
+    #[auto_type(no_type_alias)]
+    pub(crate) fn load<'a>(principal: &'a str, key: &'a str) -> _ {
+        keys::table.find((principal, key)).select((
+            keys::fingerprint,
+            keys::state,
+            keys::response,
+            keys::started_at,
+            keys::finished_at,
+        ))
+    }
+
+    #[auto_type(no_type_alias)]
+    pub(crate) fn take_over<'a>(
+        principal: &'a str,
+        key: &'a str,
+        seen_started_at: i64,
+        now: i64,
+    ) -> _ {
+        let running: &'static str = super::RUNNING;
+        update(
+            keys::table
+                .find((principal, key))
+                .filter(keys::state.eq(running))
+                .filter(keys::started_at.eq(seen_started_at)),
+        )
+        .set(keys::started_at.eq(now))
+    }
+
+    #[auto_type(no_type_alias)]
+    pub(crate) fn finish<'a>(
+        principal: &'a str,
+        key: &'a str,
+        started_at: i64,
+        response: &'a str,
+        now: i64,
+    ) -> _ {
+        let running: &'static str = super::RUNNING;
+        let done: &'static str = super::DONE;
+        update(
+            keys::table
+                .find((principal, key))
+                .filter(keys::state.eq(running))
+                .filter(keys::started_at.eq(started_at)),
+        )
+        .set((
+            keys::state.eq(done),
+            keys::response.eq(response),
+            keys::finished_at.eq(now),
+        ))
+    }
+
+    #[auto_type(no_type_alias)]
+    pub(crate) fn release<'a>(principal: &'a str, key: &'a str, started_at: i64) -> _ {
+        let running: &'static str = super::RUNNING;
+        delete(
+            keys::table
+                .find((principal, key))
+                .filter(keys::state.eq(running))
+                .filter(keys::started_at.eq(started_at)),
+        )
+    }
+
+    #[auto_type(no_type_alias)]
+    pub(crate) fn delete_if_started<'a>(principal: &'a str, key: &'a str, started_at: i64) -> _ {
+        delete(
+            keys::table
+                .find((principal, key))
+                .filter(keys::started_at.eq(started_at)),
+        )
+    }
+
+    #[auto_type(no_type_alias)]
+    pub(crate) fn purge(finished_before: i64) -> _ {
+        let done: &'static str = super::DONE;
+        delete(
+            keys::table
+                .filter(keys::state.eq(done))
+                .filter(keys::finished_at.lt(finished_before)),
         )
     }
 }
@@ -489,39 +707,16 @@ macro_rules! idempotency_store {
                 now: i64,
             ) -> Result<bool, Error> {
                 use diesel::prelude::*;
-                use diesel::result::{DatabaseErrorKind, Error as DieselError};
                 // A savepoint when nested: a failed INSERT must not poison the caller's transaction.
-                let inserted = conn.transaction(|conn| {
-                    diesel::insert_into(keys::table)
-                        .values((
-                            keys::principal.eq(key.principal),
-                            keys::idempotency_key.eq(key.key),
-                            keys::fingerprint.eq(fingerprint),
-                            keys::state.eq(RUNNING),
-                            keys::started_at.eq(now),
-                        ))
+                inserted(conn.transaction(|conn| {
+                    statements::insert_running(key.principal, key.key, fingerprint, now)
                         .execute(conn)
-                });
-                match inserted {
-                    Ok(_) => Ok(true),
-                    Err(DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {
-                        Ok(false)
-                    }
-                    Err(err) => Err(err.into()),
-                }
+                }))
             }
 
             fn load(conn: &mut Self, key: Scoped<'_>) -> Result<Option<StoredKey>, Error> {
                 use diesel::prelude::*;
-                Ok(keys::table
-                    .find((key.principal, key.key))
-                    .select((
-                        keys::fingerprint,
-                        keys::state,
-                        keys::response,
-                        keys::started_at,
-                        keys::finished_at,
-                    ))
+                Ok(statements::load(key.principal, key.key)
                     .first::<StoredKey>(conn)
                     .optional()?)
             }
@@ -532,15 +727,9 @@ macro_rules! idempotency_store {
                 seen_started_at: i64,
                 now: i64,
             ) -> Result<bool, Error> {
-                use diesel::prelude::*;
-                let rows = diesel::update(
-                    keys::table
-                        .find((key.principal, key.key))
-                        .filter(keys::state.eq(RUNNING))
-                        .filter(keys::started_at.eq(seen_started_at)),
-                )
-                .set(keys::started_at.eq(now))
-                .execute(conn)?;
+                use diesel::RunQueryDsl;
+                let rows = statements::take_over(key.principal, key.key, seen_started_at, now)
+                    .execute(conn)?;
                 Ok(rows == 1)
             }
 
@@ -551,31 +740,15 @@ macro_rules! idempotency_store {
                 response: &str,
                 now: i64,
             ) -> Result<bool, Error> {
-                use diesel::prelude::*;
-                let rows = diesel::update(
-                    keys::table
-                        .find((key.principal, key.key))
-                        .filter(keys::state.eq(RUNNING))
-                        .filter(keys::started_at.eq(started_at)),
-                )
-                .set((
-                    keys::state.eq(DONE),
-                    keys::response.eq(response),
-                    keys::finished_at.eq(now),
-                ))
-                .execute(conn)?;
+                use diesel::RunQueryDsl;
+                let rows = statements::finish(key.principal, key.key, started_at, response, now)
+                    .execute(conn)?;
                 Ok(rows == 1)
             }
 
             fn release(conn: &mut Self, key: Scoped<'_>, started_at: i64) -> Result<bool, Error> {
-                use diesel::prelude::*;
-                let rows = diesel::delete(
-                    keys::table
-                        .find((key.principal, key.key))
-                        .filter(keys::state.eq(RUNNING))
-                        .filter(keys::started_at.eq(started_at)),
-                )
-                .execute(conn)?;
+                use diesel::RunQueryDsl;
+                let rows = statements::release(key.principal, key.key, started_at).execute(conn)?;
                 Ok(rows == 1)
             }
 
@@ -584,24 +757,15 @@ macro_rules! idempotency_store {
                 key: Scoped<'_>,
                 started_at: i64,
             ) -> Result<bool, Error> {
-                use diesel::prelude::*;
-                let rows = diesel::delete(
-                    keys::table
-                        .find((key.principal, key.key))
-                        .filter(keys::started_at.eq(started_at)),
-                )
-                .execute(conn)?;
+                use diesel::RunQueryDsl;
+                let rows = statements::delete_if_started(key.principal, key.key, started_at)
+                    .execute(conn)?;
                 Ok(rows == 1)
             }
 
             fn purge(conn: &mut Self, finished_before: i64) -> Result<usize, Error> {
-                use diesel::prelude::*;
-                Ok(diesel::delete(
-                    keys::table
-                        .filter(keys::state.eq(DONE))
-                        .filter(keys::finished_at.lt(finished_before)),
-                )
-                .execute(conn)?)
+                use diesel::RunQueryDsl;
+                Ok(statements::purge(finished_before).execute(conn)?)
             }
         }
     };

@@ -28,23 +28,24 @@ crate::shipped_tables! {
     sqlite: "migrations/lease/sqlite",
 }
 
-/// One backend's statements; the binds are listed with each.
+/// One backend's statements, for the blocking and the async connections; the
+/// binds are listed with each.
 #[allow(dead_code)] // the statements of backends whose feature is off
-struct Statements {
+pub(crate) struct Statements {
     /// name
-    ensure: &'static str,
+    pub(crate) ensure: &'static str,
     /// token, ttl (ms), name
-    grant: &'static str,
+    pub(crate) grant: &'static str,
     /// name, token
-    read_fence: &'static str,
+    pub(crate) read_fence: &'static str,
     /// ttl (ms), name, token
-    extend: &'static str,
+    pub(crate) extend: &'static str,
     /// name, token
-    revoke: &'static str,
+    pub(crate) revoke: &'static str,
 }
 
 #[cfg(feature = "postgres")]
-const POSTGRES: Statements = Statements {
+pub(crate) const POSTGRES: Statements = Statements {
     ensure: "INSERT INTO lockkit_leases (name, fence, expires_at) VALUES ($1, 0, 0) ON CONFLICT (name) DO NOTHING",
     grant: "UPDATE lockkit_leases SET owner = $1, fence = fence + 1, \
             expires_at = (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint + $2 \
@@ -57,7 +58,7 @@ const POSTGRES: Statements = Statements {
 
 /// `UTC_TIMESTAMP`, not `NOW()`: the session's time zone plays no part.
 #[cfg(feature = "mysql")]
-const MYSQL: Statements = Statements {
+pub(crate) const MYSQL: Statements = Statements {
     ensure: "INSERT INTO lockkit_leases (name, fence, expires_at) VALUES (?, 0, 0) ON DUPLICATE KEY UPDATE name = name",
     grant: "UPDATE lockkit_leases SET owner = ?, fence = fence + 1, \
             expires_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) DIV 1000 + ? \
@@ -71,7 +72,7 @@ const MYSQL: Statements = Statements {
 /// SQLite's `julianday('now')`, in Unix milliseconds (it runs on the
 /// application's machine: that is the clock).
 #[cfg(feature = "sqlite")]
-const SQLITE: Statements = Statements {
+pub(crate) const SQLITE: Statements = Statements {
     ensure: "INSERT INTO lockkit_leases (name, fence, expires_at) VALUES (?, 0, 0) ON CONFLICT (name) DO NOTHING",
     grant: "UPDATE lockkit_leases SET owner = ?, fence = fence + 1, \
             expires_at = CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + ? \
@@ -85,9 +86,9 @@ const SQLITE: Statements = Statements {
 /// A fence read back.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 #[derive(diesel::QueryableByName)]
-pub(super) struct FenceRow {
+pub(crate) struct FenceRow {
     #[diesel(sql_type = diesel::sql_types::BigInt)]
-    pub(super) fence: i64,
+    pub(crate) fence: i64,
 }
 
 #[allow(unused_macros)] // used once per enabled backend

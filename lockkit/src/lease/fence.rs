@@ -46,15 +46,22 @@ where
 {
     check_name(resource)?;
     transaction::run(conn.locking_connection(), |conn| {
-        if let Some(current) = C::Conn::raise(conn, resource, fence.0)? {
-            return Err(Failure::Lockkit(Error::Fenced {
-                resource: resource.to_owned(),
-                fence: fence.0,
-                current,
-            }));
-        }
+        admitted(resource, fence, C::Conn::raise(conn, resource, fence.0)?)?;
         work(conn).map_err(Failure::Closure)
     })
+}
+
+/// What recording the fence found: `Some(current)`, a newer fence stands, so
+/// the write is refused.
+pub(crate) fn admitted(resource: &str, fence: Fence, newer: Option<i64>) -> Result<(), Error> {
+    match newer {
+        None => Ok(()),
+        Some(current) => Err(Error::Fenced {
+            resource: resource.to_owned(),
+            fence: fence.0,
+            current,
+        }),
+    }
 }
 
 /// The statements behind [`fenced`], per connection type.
@@ -75,16 +82,16 @@ pub trait FenceStore: crate::LockingConnection + crate::sealed::Sealed {
 
 /// One backend's statements; the binds are listed with each.
 #[allow(dead_code)] // the statements of backends whose feature is off
-struct Statements {
-    raise: Raise,
+pub(crate) struct Statements {
+    pub(crate) raise: Raise,
     /// resource
-    current: &'static str,
+    pub(crate) current: &'static str,
 }
 
 /// How a backend records a fence: one row affected when it was recorded
 /// (created, or raised from a smaller or equal one), none when a larger one stands.
 #[allow(dead_code)]
-enum Raise {
+pub(crate) enum Raise {
     /// resource, fence: PostgreSQL and SQLite, whose upsert's `DO UPDATE .. WHERE`
     /// refuses a smaller fence in the same statement.
     Upsert(&'static str),
@@ -99,13 +106,13 @@ enum Raise {
 }
 
 #[cfg(feature = "postgres")]
-const POSTGRES: Statements = Statements {
+pub(crate) const POSTGRES: Statements = Statements {
     raise: Raise::Upsert("INSERT INTO lockkit_fences (resource, fence) VALUES ($1, $2) ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence WHERE lockkit_fences.fence <= excluded.fence"),
     current: "SELECT fence FROM lockkit_fences WHERE resource = $1",
 };
 
 #[cfg(feature = "mysql")]
-const MYSQL: Statements = Statements {
+pub(crate) const MYSQL: Statements = Statements {
     raise: Raise::EnsureThenUpdate {
         ensure: "INSERT INTO lockkit_fences (resource, fence) VALUES (?, ?) ON DUPLICATE KEY UPDATE resource = resource",
         update: "UPDATE lockkit_fences SET fence = ? WHERE resource = ? AND fence <= ?",
@@ -114,7 +121,7 @@ const MYSQL: Statements = Statements {
 };
 
 #[cfg(feature = "sqlite")]
-const SQLITE: Statements = Statements {
+pub(crate) const SQLITE: Statements = Statements {
     raise: Raise::Upsert("INSERT INTO lockkit_fences (resource, fence) VALUES (?, ?) ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence WHERE lockkit_fences.fence <= excluded.fence"),
     current: "SELECT fence FROM lockkit_fences WHERE resource = ?",
 };

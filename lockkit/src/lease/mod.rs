@@ -125,8 +125,8 @@
     allow(dead_code, unused_imports)
 )]
 
-mod database;
-mod fence;
+pub(crate) mod database;
+pub(crate) mod fence;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
@@ -233,12 +233,9 @@ impl<S: LeaseStore> Lease<'_, S> {
         if self.store.in_transaction() {
             return Err(Error::AlreadyInTransaction);
         }
-        if self.store.extend(&self.name, &self.token, self.ttl_ms)? {
-            Ok(())
-        } else {
-            self.held = false;
-            Err(Error::LeaseLost)
-        }
+        let renewed = renewed(self.store.extend(&self.name, &self.token, self.ttl_ms)?);
+        self.held = renewed.is_ok();
+        renewed
     }
 
     /// Gives the lease up now, only if this holder still has it.
@@ -250,10 +247,7 @@ impl<S: LeaseStore> Lease<'_, S> {
     /// * the store's error.
     pub fn release(mut self) -> Result<(), Error> {
         self.held = false;
-        match self.store.revoke(&self.name, &self.token)? {
-            true => Ok(()),
-            false => Err(Error::LeaseLost),
-        }
+        released(self.store.revoke(&self.name, &self.token)?)
     }
 }
 
@@ -300,7 +294,7 @@ impl<S: LeaseStore> Drop for Lease<'_, S> {
 }
 
 /// Checks a lease name or fenced resource: 1 to 255 characters, no NUL.
-fn check_name(name: &str) -> Result<(), Error> {
+pub(crate) fn check_name(name: &str) -> Result<(), Error> {
     if name.is_empty() || name.chars().count() > MAX_NAME_LEN || name.contains('\0') {
         return Err(Error::InvalidInput(
             "lease names and fenced resources are 1 to 255 characters, without NUL",
@@ -310,15 +304,44 @@ fn check_name(name: &str) -> Result<(), Error> {
 }
 
 /// A TTL in milliseconds: 1 ms to 365 days.
-fn ttl_millis(ttl: Duration) -> Result<i64, Error> {
+pub(crate) fn ttl_millis(ttl: Duration) -> Result<i64, Error> {
     if ttl < Duration::from_millis(1) || ttl > MAX_TTL {
         return Err(Error::InvalidInput("lease TTLs are 1 ms to 365 days"));
     }
     Ok(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
 }
 
+/// What an extension's outcome means: refused, the lease ran out or another
+/// holder has it.
+pub(crate) fn renewed(extended: bool) -> Result<(), Error> {
+    match extended {
+        true => Ok(()),
+        false => Err(Error::LeaseLost),
+    }
+}
+
+/// What a release's outcome means: refused, the lease had run out (and another
+/// holder may have it).
+pub(crate) fn released(revoked: bool) -> Result<(), Error> {
+    match revoked {
+        true => Ok(()),
+        false => Err(Error::LeaseLost),
+    }
+}
+
+/// Checks what [`acquire`] is asked for, before anything is sent: the name,
+/// the TTL in milliseconds, and no open transaction on a database store.
+pub(crate) fn check_acquire(name: &str, ttl: Duration, in_transaction: bool) -> Result<i64, Error> {
+    check_name(name)?;
+    let ttl_ms = ttl_millis(ttl)?;
+    if in_transaction {
+        return Err(Error::AlreadyInTransaction);
+    }
+    Ok(ttl_ms)
+}
+
 /// 128 random bits as 32 hexadecimal digits.
-fn new_token() -> String {
+pub(crate) fn new_token() -> String {
     format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..))
 }
 
@@ -344,11 +367,8 @@ pub fn acquire<'s, S: LeaseStore>(
     name: &str,
     ttl: Duration,
 ) -> Result<Lease<'s, S>, Error> {
-    check_name(name)?;
-    let ttl_ms = ttl_millis(ttl)?;
-    if store.in_transaction() {
-        return Err(Error::AlreadyInTransaction);
-    }
+    let in_transaction = store.in_transaction();
+    let ttl_ms = check_acquire(name, ttl, in_transaction)?;
     let token = new_token();
     let fence = store.grant(name, &token, ttl_ms)?.ok_or(Error::Busy)?;
     Ok(Lease {

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::{valid_name, OutboxStore};
-use crate::clock::{millis, now_millis};
+use crate::clock::now_millis;
 use crate::pessimistic::connection::AsLockingConnection;
 use crate::{locked_transaction, Error, LockOptions};
 
@@ -81,11 +81,7 @@ impl Inbox {
         E: From<Error>,
         F: FnOnce(&mut C::Conn) -> Result<T, E>,
     {
-        if !valid_name(message_id) {
-            return Err(E::from(Error::InvalidInput(
-                "message ids are 1 to 255 characters, without NUL",
-            )));
-        }
+        check_message_id(message_id)?;
         locked_transaction(conn, LockOptions::default(), |conn| {
             if !C::Conn::record_received(conn, &self.consumer, message_id, now_millis())? {
                 return Ok(Received::Duplicate);
@@ -111,7 +107,17 @@ impl Inbox {
         C::Conn::purge_received(
             conn.locking_connection(),
             &self.consumer,
-            now_millis() - millis(age),
+            super::older_than(age),
         )
+    }
+}
+
+/// Checks a message id before anything is sent.
+pub(crate) fn check_message_id(message_id: &str) -> Result<(), Error> {
+    match valid_name(message_id) {
+        true => Ok(()),
+        false => Err(Error::InvalidInput(
+            "message ids are 1 to 255 characters, without NUL",
+        )),
     }
 }

@@ -98,8 +98,8 @@
     allow(dead_code, unused_imports)
 )]
 
-mod inbox;
-mod store;
+pub(crate) mod inbox;
+pub(crate) mod store;
 
 use std::time::Duration;
 
@@ -179,7 +179,7 @@ fn valid_name(name: &str) -> bool {
 /// The `next_attempt_at` of a dead letter: never due, so the relays' claim
 /// (`next_attempt_at <= now`) passes it over with no change to its SQL or to
 /// the tables.
-const DEAD: i64 = i64::MAX;
+pub(crate) const DEAD: i64 = i64::MAX;
 
 /// A message the relay gave up on ([`Relay::max_attempts`]), as
 /// [`dead_letters`] lists it.
@@ -262,16 +262,63 @@ where
     C: AsLockingConnection,
     C::Conn: OutboxStore,
 {
+    let conn = conn.locking_connection();
+    check_message(topic, payload, conn.in_transaction())?;
+    C::Conn::insert_message(conn, topic, payload, now_millis())
+}
+
+/// Checks what [`enqueue`] is asked for, before anything is sent.
+pub(crate) fn check_message(topic: &str, payload: &str, in_transaction: bool) -> Result<(), Error> {
     if !valid_name(topic) || payload.contains('\0') {
         return Err(Error::InvalidInput(
             "outbox topics are 1 to 255 characters and payloads any text, without NUL",
         ));
     }
-    let conn = conn.locking_connection();
-    if !conn.in_transaction() {
+    if !in_transaction {
         return Err(Error::NotInTransaction);
     }
-    C::Conn::insert_message(conn, topic, payload, now_millis())
+    Ok(())
+}
+
+/// The newest time a purge of rows `age` old deletes (to the millisecond).
+pub(crate) fn older_than(age: Duration) -> i64 {
+    now_millis() - millis(age)
+}
+
+/// Checks a relay's batch size, before anything is sent.
+pub(crate) fn check_limit(limit: i64) -> Result<(), Error> {
+    match limit < 1 {
+        true => Err(Error::InvalidInput(
+            "a relay claims at least one message per batch",
+        )),
+        false => Ok(()),
+    }
+}
+
+/// What the relay writes for one claimed message, as `publish` reported it.
+pub(crate) enum Mark {
+    /// The broker confirmed it.
+    Published(i64),
+    /// It failed: its next attempt (or never: `dead`), and why.
+    Failed {
+        id: i64,
+        next_attempt_at: i64,
+        reason: String,
+        dead: bool,
+    },
+}
+
+impl Relayed {
+    /// Counts one mark written.
+    pub(crate) fn count(&mut self, mark: &Mark) {
+        match mark {
+            Mark::Published(_) => self.published += 1,
+            Mark::Failed { dead, .. } => {
+                self.failed += 1;
+                self.dead += usize::from(*dead);
+            }
+        }
+    }
 }
 
 /// Claims up to `limit` messages that are due (unpublished, and past their
@@ -317,7 +364,7 @@ where
     C: AsLockingConnection,
     C::Conn: OutboxStore,
 {
-    C::Conn::purge_published(conn.locking_connection(), now_millis() - millis(age))
+    C::Conn::purge_published(conn.locking_connection(), older_than(age))
 }
 
 /// What one [`Relay::publish_batch`] did.
@@ -390,11 +437,7 @@ impl Relay {
         E: From<Error>,
         F: FnOnce(&[OutboxMessage]) -> Result<Vec<Result<(), String>>, E>,
     {
-        if limit < 1 {
-            return Err(E::from(Error::InvalidInput(
-                "a relay claims at least one message per batch",
-            )));
-        }
+        check_limit(limit)?;
         locked_transaction(conn, LockOptions::default(), |conn| {
             let batch = C::Conn::claim_due(conn, limit, now_millis())?;
             let mut relayed = Relayed {
@@ -404,26 +447,30 @@ impl Relay {
             if batch.is_empty() {
                 return Ok(relayed);
             }
-            let mut outcomes = publish(&batch)?.into_iter();
-            for message in &batch {
-                match outcomes.next() {
-                    Some(Ok(())) => {
-                        C::Conn::mark_published(conn, message.id, now_millis())?;
-                        relayed.published += 1;
-                    }
-                    Some(Err(reason)) => {
-                        relayed.dead += usize::from(self.fail(conn, message, &reason)?);
-                        relayed.failed += 1;
-                    }
-                    None => {
-                        relayed.dead +=
-                            usize::from(self.fail(conn, message, "no outcome reported")?);
-                        relayed.failed += 1;
-                    }
-                }
+            for mark in self.marks(&batch, publish(&batch)?) {
+                write_mark(conn, &mark)?;
+                relayed.count(&mark);
             }
             Ok(relayed)
         })
+    }
+
+    /// What to write for each claimed message, from `publish`'s outcomes in
+    /// the batch's order: a message without one (a short list) failed.
+    pub(crate) fn marks(
+        &self,
+        batch: &[OutboxMessage],
+        outcomes: Vec<Result<(), String>>,
+    ) -> Vec<Mark> {
+        let mut outcomes = outcomes.into_iter();
+        batch
+            .iter()
+            .map(|message| match outcomes.next() {
+                Some(Ok(())) => Mark::Published(message.id),
+                Some(Err(reason)) => self.failure(message, &reason),
+                None => self.failure(message, "no outcome reported"),
+            })
+            .collect()
     }
 
     /// Records a failed publish of a claimed message: one more attempt, the next
@@ -454,6 +501,15 @@ impl Relay {
         message: &OutboxMessage,
         reason: &str,
     ) -> Result<bool, Error> {
+        let mark = self.failure(message, reason);
+        write_mark(conn, &mark)?;
+        Ok(matches!(mark, Mark::Failed { dead: true, .. }))
+    }
+
+    /// A failed publish of `message`: one more attempt, the next one after the
+    /// backoff (or never, a dead letter, once `max_attempts` are used up), and
+    /// `reason`'s first 1000 characters, NUL dropped.
+    pub(crate) fn failure(&self, message: &OutboxMessage, reason: &str) -> Mark {
         let attempt = u32::try_from(message.attempts)
             .unwrap_or(0)
             .saturating_add(1);
@@ -472,7 +528,24 @@ impl Relay {
             .filter(|&c| c != '\0')
             .take(MAX_REASON)
             .collect();
-        S::mark_failed(conn, message.id, next_attempt_at, &reason)?;
-        Ok(dead)
+        Mark::Failed {
+            id: message.id,
+            next_attempt_at,
+            reason,
+            dead,
+        }
+    }
+}
+
+/// Writes one relay mark in the claiming transaction.
+fn write_mark<S: OutboxStore>(conn: &mut S, mark: &Mark) -> Result<(), Error> {
+    match mark {
+        Mark::Published(id) => S::mark_published(conn, *id, now_millis()).map(drop),
+        Mark::Failed {
+            id,
+            next_attempt_at,
+            reason,
+            ..
+        } => S::mark_failed(conn, *id, *next_attempt_at, reason),
     }
 }

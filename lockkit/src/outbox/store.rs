@@ -51,6 +51,128 @@ pub trait OutboxStore: LockingConnection + crate::sealed::Sealed {
         -> Result<usize, Error>;
 }
 
+/// The outbox's and the inbox's statements, built once for the blocking and
+/// the async side (which only execute them).
+#[allow(clippy::needless_lifetimes)]
+pub(crate) mod statements {
+    use diesel::dsl::{auto_type, delete, insert_into, insert_or_ignore_into, update};
+    use diesel::prelude::*;
+
+    use super::schema::{lockkit_inbox as inbox, lockkit_outbox as outbox};
+
+    #[auto_type(no_type_alias)]
+    pub(crate) fn insert_message<'a>(topic: &'a str, payload: &'a str, now: i64) -> _ {
+        insert_into(outbox::table).values((
+            outbox::topic.eq(topic),
+            outbox::payload.eq(payload),
+            outbox::created_at.eq(now),
+            outbox::next_attempt_at.eq(now),
+        ))
+    }
+
+    /// The claim's query, before its `LIMIT` and lock clause.
+    #[auto_type(no_type_alias)]
+    pub(crate) fn due(now: i64) -> _ {
+        outbox::table
+            .filter(outbox::published_at.is_null())
+            .filter(outbox::next_attempt_at.le(now))
+            .order(outbox::id)
+            .select((
+                outbox::id,
+                outbox::topic,
+                outbox::payload,
+                outbox::attempts,
+                outbox::created_at,
+            ))
+    }
+
+    /// One row by primary key: see `queue` on MySQL's `IN (..)` scans.
+    #[auto_type(no_type_alias)]
+    pub(crate) fn mark_published(id: i64, now: i64) -> _ {
+        update(
+            outbox::table
+                .find(id)
+                .filter(outbox::published_at.is_null()),
+        )
+        .set(outbox::published_at.eq(now))
+    }
+
+    #[auto_type(no_type_alias)]
+    pub(crate) fn mark_failed<'a>(id: i64, next_attempt_at: i64, reason: &'a str) -> _ {
+        let one: i32 = 1;
+        update(outbox::table.find(id)).set((
+            outbox::attempts.eq(outbox::attempts + one),
+            outbox::next_attempt_at.eq(next_attempt_at),
+            outbox::last_error.eq(reason),
+        ))
+    }
+
+    #[auto_type(no_type_alias)]
+    pub(crate) fn purge_published(published_until: i64) -> _ {
+        delete(outbox::table.filter(outbox::published_at.le(published_until)))
+    }
+
+    #[auto_type(no_type_alias)]
+    pub(crate) fn dead_letters(dead: i64, limit: i64) -> _ {
+        outbox::table
+            .filter(outbox::published_at.is_null())
+            .filter(outbox::next_attempt_at.eq(dead))
+            .order(outbox::id)
+            .limit(limit)
+            .select((
+                outbox::id,
+                outbox::topic,
+                outbox::payload,
+                outbox::attempts,
+                outbox::created_at,
+                outbox::last_error,
+            ))
+    }
+
+    #[auto_type(no_type_alias)]
+    pub(crate) fn requeue(id: i64, dead: i64, now: i64) -> _ {
+        let zero: i32 = 0;
+        update(
+            outbox::table
+                .find(id)
+                .filter(outbox::published_at.is_null())
+                .filter(outbox::next_attempt_at.eq(dead)),
+        )
+        .set((outbox::attempts.eq(zero), outbox::next_attempt_at.eq(now)))
+    }
+
+    /// The inbox row, for `INSERT .. ON CONFLICT DO NOTHING` (PostgreSQL).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[auto_type(no_type_alias)]
+    pub(crate) fn record<'a>(consumer: &'a str, message_id: &'a str, now: i64) -> _ {
+        insert_into(inbox::table).values((
+            inbox::consumer.eq(consumer),
+            inbox::message_id.eq(message_id),
+            inbox::received_at.eq(now),
+        ))
+    }
+
+    /// The inbox row, for `INSERT IGNORE` / `INSERT OR IGNORE` (MySQL, SQLite).
+    #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+    #[auto_type(no_type_alias)]
+    pub(crate) fn record_or_ignore<'a>(consumer: &'a str, message_id: &'a str, now: i64) -> _ {
+        insert_or_ignore_into(inbox::table).values((
+            inbox::consumer.eq(consumer),
+            inbox::message_id.eq(message_id),
+            inbox::received_at.eq(now),
+        ))
+    }
+
+    #[auto_type(no_type_alias)]
+    pub(crate) fn purge_received<'a>(consumer: &'a str, received_until: i64) -> _ {
+        delete(
+            inbox::table
+                .filter(inbox::consumer.eq(consumer))
+                .filter(inbox::received_at.le(received_until)),
+        )
+    }
+}
+
 /// `$last_id`: the SQL expression for the id the connection's last insert made.
 /// `$record`: how an insert skips a row whose key is taken (`on_conflict`:
 /// `ON CONFLICT DO NOTHING`; `ignore`: `INSERT IGNORE` / `INSERT OR IGNORE`).
@@ -64,16 +186,8 @@ macro_rules! outbox_store {
                 payload: &str,
                 now: i64,
             ) -> Result<i64, Error> {
-                use diesel::prelude::*;
-                use schema::lockkit_outbox as outbox;
-                diesel::insert_into(outbox::table)
-                    .values((
-                        outbox::topic.eq(topic),
-                        outbox::payload.eq(payload),
-                        outbox::created_at.eq(now),
-                        outbox::next_attempt_at.eq(now),
-                    ))
-                    .execute(conn)?;
+                use diesel::RunQueryDsl;
+                statements::insert_message(topic, payload, now).execute(conn)?;
                 Ok(diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
                     $last_id,
                 ))
@@ -85,36 +199,12 @@ macro_rules! outbox_store {
                 limit: i64,
                 now: i64,
             ) -> Result<Vec<OutboxMessage>, Error> {
-                use diesel::prelude::*;
-                use schema::lockkit_outbox as outbox;
-                crate::queue::claim(
-                    conn,
-                    outbox::table
-                        .filter(outbox::published_at.is_null())
-                        .filter(outbox::next_attempt_at.le(now))
-                        .order(outbox::id)
-                        .select((
-                            outbox::id,
-                            outbox::topic,
-                            outbox::payload,
-                            outbox::attempts,
-                            outbox::created_at,
-                        )),
-                    limit,
-                )
+                crate::queue::claim(conn, statements::due(now), limit)
             }
 
             fn mark_published(conn: &mut Self, id: i64, now: i64) -> Result<bool, Error> {
-                use diesel::prelude::*;
-                use schema::lockkit_outbox as outbox;
-                // One row by primary key: see `queue` on MySQL's `IN (..)` scans.
-                let rows = diesel::update(
-                    outbox::table
-                        .find(id)
-                        .filter(outbox::published_at.is_null()),
-                )
-                .set(outbox::published_at.eq(now))
-                .execute(conn)?;
+                use diesel::RunQueryDsl;
+                let rows = statements::mark_published(id, now).execute(conn)?;
                 Ok(rows == 1)
             }
 
@@ -124,25 +214,14 @@ macro_rules! outbox_store {
                 next_attempt_at: i64,
                 reason: &str,
             ) -> Result<(), Error> {
-                use diesel::prelude::*;
-                use schema::lockkit_outbox as outbox;
-                diesel::update(outbox::table.find(id))
-                    .set((
-                        outbox::attempts.eq(outbox::attempts + 1),
-                        outbox::next_attempt_at.eq(next_attempt_at),
-                        outbox::last_error.eq(reason),
-                    ))
-                    .execute(conn)?;
+                use diesel::RunQueryDsl;
+                statements::mark_failed(id, next_attempt_at, reason).execute(conn)?;
                 Ok(())
             }
 
             fn purge_published(conn: &mut Self, published_until: i64) -> Result<usize, Error> {
-                use diesel::prelude::*;
-                use schema::lockkit_outbox as outbox;
-                Ok(
-                    diesel::delete(outbox::table.filter(outbox::published_at.le(published_until)))
-                        .execute(conn)?,
-                )
+                use diesel::RunQueryDsl;
+                Ok(statements::purge_published(published_until).execute(conn)?)
             }
 
             fn dead_letters(
@@ -150,35 +229,13 @@ macro_rules! outbox_store {
                 dead: i64,
                 limit: i64,
             ) -> Result<Vec<DeadLetter>, Error> {
-                use diesel::prelude::*;
-                use schema::lockkit_outbox as outbox;
-                Ok(outbox::table
-                    .filter(outbox::published_at.is_null())
-                    .filter(outbox::next_attempt_at.eq(dead))
-                    .order(outbox::id)
-                    .limit(limit)
-                    .select((
-                        outbox::id,
-                        outbox::topic,
-                        outbox::payload,
-                        outbox::attempts,
-                        outbox::created_at,
-                        outbox::last_error,
-                    ))
-                    .load(conn)?)
+                use diesel::RunQueryDsl;
+                Ok(statements::dead_letters(dead, limit).load(conn)?)
             }
 
             fn requeue(conn: &mut Self, id: i64, dead: i64, now: i64) -> Result<bool, Error> {
-                use diesel::prelude::*;
-                use schema::lockkit_outbox as outbox;
-                let rows = diesel::update(
-                    outbox::table
-                        .find(id)
-                        .filter(outbox::published_at.is_null())
-                        .filter(outbox::next_attempt_at.eq(dead)),
-                )
-                .set((outbox::attempts.eq(0), outbox::next_attempt_at.eq(now)))
-                .execute(conn)?;
+                use diesel::RunQueryDsl;
+                let rows = statements::requeue(id, dead, now).execute(conn)?;
                 Ok(rows == 1)
             }
 
@@ -188,14 +245,8 @@ macro_rules! outbox_store {
                 message_id: &str,
                 now: i64,
             ) -> Result<bool, Error> {
-                use diesel::prelude::*;
-                use schema::lockkit_inbox as inbox;
-                let row = (
-                    inbox::consumer.eq(consumer),
-                    inbox::message_id.eq(message_id),
-                    inbox::received_at.eq(now),
-                );
-                let rows = outbox_store!(@$record conn, inbox::table, row)?;
+                use diesel::RunQueryDsl;
+                let rows = outbox_store!(@$record consumer, message_id, now).execute(conn)?;
                 Ok(rows == 1)
             }
 
@@ -204,27 +255,16 @@ macro_rules! outbox_store {
                 consumer: &str,
                 received_until: i64,
             ) -> Result<usize, Error> {
-                use diesel::prelude::*;
-                use schema::lockkit_inbox as inbox;
-                Ok(diesel::delete(
-                    inbox::table
-                        .filter(inbox::consumer.eq(consumer))
-                        .filter(inbox::received_at.le(received_until)),
-                )
-                .execute(conn)?)
+                use diesel::RunQueryDsl;
+                Ok(statements::purge_received(consumer, received_until).execute(conn)?)
             }
         }
     };
-    (@on_conflict $conn:ident, $table:expr, $row:expr) => {
-        diesel::insert_into($table)
-            .values($row)
-            .on_conflict_do_nothing()
-            .execute($conn)
+    (@on_conflict $($arg:expr),*) => {
+        statements::record($($arg),*).on_conflict_do_nothing()
     };
-    (@ignore $conn:ident, $table:expr, $row:expr) => {
-        diesel::insert_or_ignore_into($table)
-            .values($row)
-            .execute($conn)
+    (@ignore $($arg:expr),*) => {
+        statements::record_or_ignore($($arg),*)
     };
 }
 

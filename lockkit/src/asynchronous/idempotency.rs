@@ -1,0 +1,343 @@
+//! Idempotency keys on diesel-async (features `async` and `idempotency`):
+//! [`run`] and [`purge_expired`], the async twins of [`Idempotency::run`] and
+//! [`Idempotency::purge_expired`], with the same table, the same statements
+//! (built by the blocking side), the same reading of a stored key and the same
+//! errors; see [`lockkit::idempotency`](crate::idempotency). A repeat that
+//! waits for a running key ([`Idempotency::wait_while_running`]) sleeps with
+//! tokio, holding no transaction.
+//!
+//! # Cancellation
+//!
+//! A dropped [`run`] future leaves the key as a crashed process leaves it.
+//! Dropped before the key was inserted: nothing was written. Dropped while
+//! `work` runs (or before its `COMMIT`): the key stays `running`, and the
+//! work's transaction is still open on the connection, which diesel-async's
+//! pools discard ([cancellation](super::connection#cancellation)), so the work
+//! is rolled back. Repeats are refused with
+//! [`Error::IdempotencyInProgress`] (or wait) until the key's
+//! [`lease`](Idempotency::lease) runs out; the next repeat then takes the key
+//! over and runs the work, exactly as after a crash. Keep the lease short
+//! enough for your clients' retries.
+//!
+//! ```
+//! # #[cfg(feature = "sqlite")] {
+//! use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+//! use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+//! use lockkit::asynchronous::idempotency;
+//! use lockkit::idempotency::{fingerprint, up_sql, Dialect, Idempotency, Outcome};
+//! # async fn demo() -> Result<(), lockkit::Error> {
+//! let mut conn = SyncConnectionWrapper::<diesel::SqliteConnection>::establish(":memory:").await.unwrap();
+//! conn.batch_execute(up_sql(Dialect::Sqlite)).await?;
+//! let keys = Idempotency::default();
+//! let request = fingerprint("POST", "/orders", br#"{"qty":1}"#);
+//! let first = idempotency::run(&keys, &mut conn, "tenant-1", "order-42", &request, async |_conn| {
+//!     Ok::<_, lockkit::Error>("201 order 7".to_owned())
+//! })
+//! .await?;
+//! assert_eq!(first, Outcome::Ran("201 order 7".to_owned()));
+//! let again = idempotency::run(&keys, &mut conn, "tenant-1", "order-42", &request, async |_conn| {
+//!     Ok::<_, lockkit::Error>("never".to_owned())
+//! })
+//! .await?;
+//! assert_eq!(again, Outcome::Replayed("201 order 7".to_owned()));
+//! # Ok(()) }
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(demo()).unwrap();
+//! # }
+//! ```
+
+use std::future::Future;
+
+use diesel_async::TransactionManager;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::connection::{AsyncLockingConnection, Restore};
+use super::lockable::end;
+use super::work::AsyncWork;
+use crate::clock::now_millis;
+use crate::http::idempotency::{
+    finished, replayed, stored, Idempotency, Outcome, Scoped, Seen, Start, StoredKey,
+};
+use crate::transaction::Failure;
+use crate::{classify, Error};
+
+/// Runs `work` at most once for `key` of `principal`:
+/// [`Idempotency::run`] on diesel-async, with its arguments, table and errors.
+///
+/// `work` is an `async` closure that gets the connection, in the transaction
+/// that also marks the key completed; it returns the response to store and
+/// replay (any `Serialize + DeserializeOwned` value, stored as JSON), or your
+/// own error type. See [cancellation](self#cancellation) for a dropped future.
+///
+/// # Errors
+///
+/// As [`Idempotency::run`].
+///
+/// # Example
+///
+/// See the [module docs](self).
+pub async fn run<C, R, E, F>(
+    keys: &Idempotency,
+    conn: &mut C,
+    principal: &str,
+    key: &str,
+    fingerprint: &str,
+    work: F,
+) -> Result<Outcome<R>, E>
+where
+    C: AsyncIdempotencyStore,
+    R: Serialize + DeserializeOwned + Send,
+    E: From<Error> + Send,
+    for<'r> F: AsyncFnOnce(&'r mut C) -> Result<R, E>
+        + AsyncWork<&'r mut C, Result<R, E>, Fut: Send>
+        + Send,
+{
+    let key = Scoped::checked(principal, key, fingerprint)?;
+    let started_at = match start(keys, conn, key, fingerprint).await? {
+        Start::Replay(stored) => return Ok(Outcome::Replayed(replayed(&stored)?)),
+        Start::Owned { started_at } => started_at,
+    };
+    // A savepoint when one is open, as on the blocking side.
+    C::TransactionManager::begin_transaction(conn)
+        .await
+        .map_err(classify)?;
+    let result = match work(conn).await {
+        Ok(response) => match stored(&response) {
+            Ok(stored) => match C::finish(conn, key, started_at, &stored, now_millis()).await {
+                Ok(matched) => finished(matched).map(|()| response),
+                Err(err) => Err(err),
+            },
+            Err(err) => Err(err),
+        }
+        .map_err(Failure::Lockkit),
+        Err(err) => Err(Failure::Closure(err)),
+    };
+    let result = end(conn, Restore::Nothing, result).await;
+    if result.is_err() {
+        // Release the key so that a retry runs the work again; a no-op when
+        // another request took it over (its `started_at` is not ours).
+        let _ = C::release(conn, key, started_at).await;
+    }
+    result.map(Outcome::Ran)
+}
+
+/// Takes the key or finds what to replay, as the blocking side does, the
+/// stored row read by [`Idempotency`]'s own rules; the pauses are tokio's.
+async fn start<C: AsyncIdempotencyStore>(
+    keys: &Idempotency,
+    conn: &mut C,
+    key: Scoped<'_>,
+    fingerprint: &str,
+) -> Result<Start, Error> {
+    let mut looks = keys.looks();
+    loop {
+        let now = now_millis();
+        if C::insert_running(conn, key, fingerprint, now).await? {
+            return Ok(Start::Owned { started_at: now });
+        }
+        let seen = <C as AsyncIdempotencyStore>::load(conn, key).await?;
+        let next = match keys.decide(seen, fingerprint, now)? {
+            Seen::Done(start) => return Ok(start),
+            Seen::Gone => looks.raced(),
+            Seen::Expired { started_at } => {
+                C::delete_if_started(conn, key, started_at).await?;
+                looks.raced()
+            }
+            Seen::Abandoned { started_at } => {
+                if C::take_over(conn, key, started_at, now).await? {
+                    return Ok(Start::Owned { started_at: now });
+                }
+                looks.raced()
+            }
+            Seen::Running => looks.wait(),
+        };
+        let pause = next?;
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
+    }
+}
+
+/// Deletes completed keys older than the retention; returns how many:
+/// [`Idempotency::purge_expired`] on diesel-async.
+///
+/// # Errors
+///
+/// A classified database error; see [`classify`](crate::classify()).
+pub async fn purge_expired<C: AsyncIdempotencyStore>(
+    keys: &Idempotency,
+    conn: &mut C,
+) -> Result<usize, Error> {
+    C::purge(conn, keys.purge_before()).await
+}
+
+/// The statements behind [`run`] on a diesel-async connection: the blocking
+/// side's ([`IdempotencyStore`](crate::idempotency::IdempotencyStore)), awaited.
+///
+/// Sealed: implemented for `AsyncPgConnection`, `AsyncMysqlConnection` and
+/// `SyncConnectionWrapper<SqliteConnection>`; name it only in `where` clauses.
+#[diagnostic::on_unimplemented(
+    message = "lockkit's async idempotency keys do not support `{Self}`",
+    label = "not a diesel-async connection lockkit's idempotency keys support",
+    note = "lockkit supports `AsyncPgConnection`, `AsyncMysqlConnection` and `SyncConnectionWrapper<SqliteConnection>`; pass a pooled connection as `&mut *conn`"
+)]
+pub trait AsyncIdempotencyStore: AsyncLockingConnection {
+    #[doc(hidden)]
+    fn insert_running(
+        conn: &mut Self,
+        key: Scoped<'_>,
+        fingerprint: &str,
+        now: i64,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+    #[doc(hidden)]
+    fn load(
+        conn: &mut Self,
+        key: Scoped<'_>,
+    ) -> impl Future<Output = Result<Option<StoredKey>, Error>> + Send;
+    #[doc(hidden)]
+    fn take_over(
+        conn: &mut Self,
+        key: Scoped<'_>,
+        seen_started_at: i64,
+        now: i64,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+    #[doc(hidden)]
+    fn finish(
+        conn: &mut Self,
+        key: Scoped<'_>,
+        started_at: i64,
+        response: &str,
+        now: i64,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+    #[doc(hidden)]
+    fn release(
+        conn: &mut Self,
+        key: Scoped<'_>,
+        started_at: i64,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+    #[doc(hidden)]
+    fn delete_if_started(
+        conn: &mut Self,
+        key: Scoped<'_>,
+        started_at: i64,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+    #[doc(hidden)]
+    fn purge(
+        conn: &mut Self,
+        finished_before: i64,
+    ) -> impl Future<Output = Result<usize, Error>> + Send;
+}
+
+#[allow(unused_macros)] // used once per enabled backend
+macro_rules! async_idempotency_store {
+    ($conn:ty) => {
+        impl AsyncIdempotencyStore for $conn {
+            async fn insert_running(
+                conn: &mut Self,
+                key: Scoped<'_>,
+                fingerprint: &str,
+                now: i64,
+            ) -> Result<bool, Error> {
+                use diesel_async::RunQueryDsl;
+                // A savepoint when nested: a failed INSERT must not poison the
+                // caller's transaction.
+                <Self as diesel_async::AsyncConnection>::TransactionManager::begin_transaction(
+                    conn,
+                )
+                .await?;
+                let inserted =
+                    statements::insert_running(key.principal, key.key, fingerprint, now)
+                        .execute(conn)
+                        .await;
+                let ended = match inserted {
+                    Ok(_) => {
+                        <Self as diesel_async::AsyncConnection>::TransactionManager::commit_transaction(conn).await
+                    }
+                    Err(_) => {
+                        <Self as diesel_async::AsyncConnection>::TransactionManager::rollback_transaction(conn).await
+                    }
+                };
+                let inserted = crate::http::idempotency::inserted(inserted)?;
+                ended?;
+                Ok(inserted)
+            }
+
+            async fn load(conn: &mut Self, key: Scoped<'_>) -> Result<Option<StoredKey>, Error> {
+                use diesel::OptionalExtension;
+                use diesel_async::RunQueryDsl;
+                Ok(statements::load(key.principal, key.key)
+                    .first::<StoredKey>(conn)
+                    .await
+                    .optional()?)
+            }
+
+            async fn take_over(
+                conn: &mut Self,
+                key: Scoped<'_>,
+                seen_started_at: i64,
+                now: i64,
+            ) -> Result<bool, Error> {
+                use diesel_async::RunQueryDsl;
+                let rows = statements::take_over(key.principal, key.key, seen_started_at, now)
+                    .execute(conn)
+                    .await?;
+                Ok(rows == 1)
+            }
+
+            async fn finish(
+                conn: &mut Self,
+                key: Scoped<'_>,
+                started_at: i64,
+                response: &str,
+                now: i64,
+            ) -> Result<bool, Error> {
+                use diesel_async::RunQueryDsl;
+                let rows = statements::finish(key.principal, key.key, started_at, response, now)
+                    .execute(conn)
+                    .await?;
+                Ok(rows == 1)
+            }
+
+            async fn release(
+                conn: &mut Self,
+                key: Scoped<'_>,
+                started_at: i64,
+            ) -> Result<bool, Error> {
+                use diesel_async::RunQueryDsl;
+                let rows = statements::release(key.principal, key.key, started_at)
+                    .execute(conn)
+                    .await?;
+                Ok(rows == 1)
+            }
+
+            async fn delete_if_started(
+                conn: &mut Self,
+                key: Scoped<'_>,
+                started_at: i64,
+            ) -> Result<bool, Error> {
+                use diesel_async::RunQueryDsl;
+                let rows = statements::delete_if_started(key.principal, key.key, started_at)
+                    .execute(conn)
+                    .await?;
+                Ok(rows == 1)
+            }
+
+            async fn purge(conn: &mut Self, finished_before: i64) -> Result<usize, Error> {
+                use diesel_async::RunQueryDsl;
+                Ok(statements::purge(finished_before).execute(conn).await?)
+            }
+        }
+    };
+}
+
+#[allow(unused_imports)] // without a backend feature
+use crate::http::idempotency::statements;
+
+#[cfg(feature = "postgres")]
+async_idempotency_store!(diesel_async::AsyncPgConnection);
+#[cfg(feature = "mysql")]
+async_idempotency_store!(diesel_async::AsyncMysqlConnection);
+#[cfg(feature = "sqlite")]
+async_idempotency_store!(
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>
+);

@@ -1,0 +1,414 @@
+//! Database leases and fenced writes on diesel-async (features `async` and
+//! `lease`): [`acquire`], [`with_lease`] and [`fenced`], the async twins of
+//! [`lease::acquire`](crate::lease::acquire),
+//! [`lease::with_lease`](crate::lease::with_lease) and
+//! [`lease::fenced`](crate::lease::fenced), with the same tables, the same
+//! statements (the blocking side's), the same checks and the same errors; see
+//! [`lockkit::lease`](crate::lease). The Redis store stays blocking.
+//!
+//! # Cancellation and release
+//!
+//! An [`AsyncLease`] cannot give its lease up when it is dropped (nothing can
+//! be awaited in a drop): call [`AsyncLease::release`], or use [`with_lease`],
+//! which releases on `Ok` and on `Err`. A lease that is dropped unreleased (a
+//! dropped future included) is logged (`tracing`, target `lockkit`) and runs
+//! out after its TTL, as a crashed holder's does; its fence stays valid for
+//! writes until a newer holder writes, which is what fencing is for. A dropped
+//! [`acquire`] may have granted the lease before it could read the fence: that
+//! grant is nobody's, and runs out after its TTL too. A dropped [`fenced`]
+//! leaves its transaction open on the connection, which diesel-async's pools
+//! discard ([cancellation](super::connection#cancellation)): neither the fence
+//! nor the work is recorded.
+//!
+//! ```
+//! # #[cfg(feature = "sqlite")] {
+//! use std::time::Duration;
+//! use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
+//! use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+//! use lockkit::asynchronous::lease;
+//! use lockkit::lease::{up_sql, Dialect, Fence};
+//! # async fn demo() -> Result<(), lockkit::Error> {
+//! let mut conn = SyncConnectionWrapper::<diesel::SqliteConnection>::establish(":memory:").await.unwrap();
+//! conn.batch_execute(up_sql(Dialect::Sqlite)).await?;
+//! conn.batch_execute("CREATE TABLE report (id INTEGER PRIMARY KEY, body TEXT NOT NULL)").await?;
+//!
+//! let held = lease::acquire(&mut conn, "nightly-report", Duration::from_secs(30)).await?;
+//! let fence = held.fence();
+//! held.release().await?;
+//! lease::fenced(&mut conn, "report", fence, async |conn| {
+//!     diesel::sql_query("INSERT INTO report (id, body) VALUES (1, 'done')").execute(conn).await?;
+//!     Ok::<_, lockkit::Error>(())
+//! })
+//! .await?;
+//! // An older fence is refused once a newer one wrote.
+//! let stale = lease::fenced(&mut conn, "report", Fence(fence.0 - 1), async |_conn| Ok::<_, lockkit::Error>(())).await;
+//! assert!(matches!(stale, Err(lockkit::Error::Fenced { .. })));
+//! # Ok(()) }
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(demo()).unwrap();
+//! # }
+//! ```
+
+use std::future::Future;
+use std::ops::{Deref, DerefMut};
+use std::time::Duration;
+
+use diesel_async::TransactionManager;
+
+use super::connection::{in_transaction, AsyncLockingConnection, Restore};
+use super::lockable::end;
+use super::work::AsyncWork;
+use crate::lease::fence::admitted;
+use crate::lease::{check_acquire, check_name, new_token, released, renewed, Fence};
+use crate::transaction::Failure;
+use crate::{classify, Error};
+
+/// A held database lease on a diesel-async connection: [`Lease`](crate::lease::Lease)'s
+/// twin. Derefs to the connection. Release it with [`release`](Self::release)
+/// (see [cancellation](self#cancellation-and-release)).
+#[must_use = "release the lease with `release().await`; a dropped one runs out after its TTL"]
+pub struct AsyncLease<'c, C: AsyncLeaseStore> {
+    conn: &'c mut C,
+    name: String,
+    token: String,
+    fence: Fence,
+    ttl_ms: i64,
+    held: bool,
+}
+
+impl<C: AsyncLeaseStore> AsyncLease<'_, C> {
+    /// The lease's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The fencing token of this grant: carry it on every write ([`fenced`]).
+    pub fn fence(&self) -> Fence {
+        self.fence
+    }
+
+    /// The owner token: 32 random hexadecimal digits, unique to this grant.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The TTL it was granted (and is renewed) for.
+    pub fn ttl(&self) -> Duration {
+        Duration::from_millis(self.ttl_ms.unsigned_abs())
+    }
+
+    /// Extends the lease by its TTL from now (the server's clock), keeping the
+    /// fence: [`Lease::renew`](crate::lease::Lease::renew).
+    ///
+    /// # Errors
+    ///
+    /// As [`Lease::renew`](crate::lease::Lease::renew).
+    pub async fn renew(&mut self) -> Result<(), Error> {
+        if in_transaction(self.conn) {
+            return Err(Error::AlreadyInTransaction);
+        }
+        let extended = C::extend(self.conn, &self.name, &self.token, self.ttl_ms).await?;
+        let renewed = renewed(extended);
+        self.held = renewed.is_ok();
+        renewed
+    }
+
+    /// Gives the lease up now, only if this holder still has it:
+    /// [`Lease::release`](crate::lease::Lease::release).
+    ///
+    /// # Errors
+    ///
+    /// As [`Lease::release`](crate::lease::Lease::release).
+    pub async fn release(mut self) -> Result<(), Error> {
+        let revoked = C::revoke(self.conn, &self.name, &self.token).await;
+        self.held = false;
+        released(revoked?)
+    }
+}
+
+/// Shows the name, fence and whether it is held, not the connection or the token.
+impl<C: AsyncLeaseStore> std::fmt::Debug for AsyncLease<'_, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncLease")
+            .field("name", &self.name)
+            .field("fence", &self.fence)
+            .field("held", &self.held)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: AsyncLeaseStore> Deref for AsyncLease<'_, C> {
+    type Target = C;
+    fn deref(&self) -> &C {
+        self.conn
+    }
+}
+
+impl<C: AsyncLeaseStore> DerefMut for AsyncLease<'_, C> {
+    fn deref_mut(&mut self) -> &mut C {
+        self.conn
+    }
+}
+
+impl<C: AsyncLeaseStore> Drop for AsyncLease<'_, C> {
+    fn drop(&mut self) {
+        if self.held {
+            tracing::warn!(target: "lockkit", lease = %self.name, fence = self.fence.0, "an async lease was dropped unreleased; it runs out after its TTL");
+        }
+    }
+}
+
+/// Takes the lease `name` for `ttl` if nobody holds it:
+/// [`lease::acquire`](crate::lease::acquire) on diesel-async. It does not
+/// wait: wrap it in [`retry()`](super::retry()) to wait with backoff.
+///
+/// # Errors
+///
+/// As [`lease::acquire`](crate::lease::acquire): [`Error::Busy`],
+/// [`Error::InvalidInput`], [`Error::AlreadyInTransaction`], or a classified
+/// database error.
+pub async fn acquire<'c, C: AsyncLeaseStore>(
+    conn: &'c mut C,
+    name: &str,
+    ttl: Duration,
+) -> Result<AsyncLease<'c, C>, Error> {
+    let ttl_ms = check_acquire(name, ttl, in_transaction(conn))?;
+    let token = new_token();
+    let fence = C::grant(conn, name, &token, ttl_ms)
+        .await?
+        .ok_or(Error::Busy)?;
+    Ok(AsyncLease {
+        conn,
+        name: name.to_owned(),
+        token,
+        fence: Fence(fence),
+        ttl_ms,
+        held: true,
+    })
+}
+
+/// Runs `work` under the lease `name` and releases it afterwards, on `Ok` and
+/// on `Err`: [`lease::with_lease`](crate::lease::with_lease) on diesel-async.
+/// A release that finds the lease already lost is logged, not returned.
+///
+/// # Errors
+///
+/// Those of [`acquire`] (converted into `E`), or `work`'s own error, untouched.
+pub async fn with_lease<C, T, E, F>(
+    conn: &mut C,
+    name: &str,
+    ttl: Duration,
+    work: F,
+) -> Result<T, E>
+where
+    C: AsyncLeaseStore,
+    T: Send,
+    E: From<Error> + Send,
+    for<'r, 'c> F: AsyncFnOnce(&'r mut AsyncLease<'c, C>) -> Result<T, E>
+        + AsyncWork<&'r mut AsyncLease<'c, C>, Result<T, E>, Fut: Send>
+        + Send,
+{
+    let mut lease = acquire(conn, name, ttl).await?;
+    let result = work(&mut lease).await;
+    let (name, fence) = (lease.name.clone(), lease.fence);
+    if let Err(err) = lease.release().await {
+        tracing::warn!(target: "lockkit", lease = %name, fence = fence.0, error = %err, "lease release failed");
+    }
+    result
+}
+
+/// Runs `work` in a transaction (a savepoint inside one) that first records
+/// `fence` for `resource`, and refuses it when a newer fence was recorded:
+/// [`lease::fenced`](crate::lease::fenced) on diesel-async.
+///
+/// # Errors
+///
+/// As [`lease::fenced`](crate::lease::fenced): [`Error::Fenced`] (`work` did
+/// not run), [`Error::InvalidInput`], whatever `work` returns, or a classified
+/// database error.
+pub async fn fenced<C, T, E, F>(conn: &mut C, resource: &str, fence: Fence, work: F) -> Result<T, E>
+where
+    C: AsyncFenceStore,
+    T: Send,
+    E: From<Error> + Send,
+    for<'r> F: AsyncFnOnce(&'r mut C) -> Result<T, E>
+        + AsyncWork<&'r mut C, Result<T, E>, Fut: Send>
+        + Send,
+{
+    check_name(resource)?;
+    C::TransactionManager::begin_transaction(conn)
+        .await
+        .map_err(classify)?;
+    let result = match C::raise(conn, resource, fence.0).await {
+        Ok(newer) => match admitted(resource, fence, newer) {
+            Ok(()) => work(conn).await.map_err(Failure::Closure),
+            Err(err) => Err(Failure::Lockkit(err)),
+        },
+        Err(err) => Err(Failure::Lockkit(err)),
+    };
+    end(conn, Restore::Nothing, result).await
+}
+
+/// The database lease store on a diesel-async connection: the blocking side's
+/// statements ([`LeaseStore`](crate::lease::LeaseStore)), awaited.
+///
+/// Sealed: implemented for `AsyncPgConnection`, `AsyncMysqlConnection` and
+/// `SyncConnectionWrapper<SqliteConnection>`; name it only in `where` clauses.
+pub trait AsyncLeaseStore: AsyncLockingConnection {
+    /// Grants `name` to `token` for `ttl_ms` if nobody holds it; the new fence.
+    #[doc(hidden)]
+    fn grant(
+        conn: &mut Self,
+        name: &str,
+        token: &str,
+        ttl_ms: i64,
+    ) -> impl Future<Output = Result<Option<i64>, Error>> + Send;
+    /// Extends `name` by `ttl_ms` from now if `token` still holds it.
+    #[doc(hidden)]
+    fn extend(
+        conn: &mut Self,
+        name: &str,
+        token: &str,
+        ttl_ms: i64,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+    /// Releases `name` if `token` still holds it.
+    #[doc(hidden)]
+    fn revoke(
+        conn: &mut Self,
+        name: &str,
+        token: &str,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+}
+
+/// The statements behind [`fenced`] on a diesel-async connection: the blocking
+/// side's ([`FenceStore`](crate::lease::FenceStore)), awaited. Sealed; name it
+/// only in `where` clauses.
+pub trait AsyncFenceStore: AsyncLockingConnection {
+    /// Raises the recorded fence of `resource` to `fence`; `Some(newer)` when
+    /// it had seen a larger one (then nothing changed).
+    #[doc(hidden)]
+    fn raise(
+        conn: &mut Self,
+        resource: &str,
+        fence: i64,
+    ) -> impl Future<Output = Result<Option<i64>, Error>> + Send;
+}
+
+#[allow(unused_macros)] // used once per enabled backend
+macro_rules! async_lease_store {
+    ($conn:ty, $sql:ident) => {
+        impl AsyncLeaseStore for $conn {
+            async fn grant(
+                conn: &mut Self,
+                name: &str,
+                token: &str,
+                ttl_ms: i64,
+            ) -> Result<Option<i64>, Error> {
+                use diesel::sql_types::{BigInt, Text};
+                use diesel::OptionalExtension;
+                use diesel_async::RunQueryDsl;
+                let sql = &crate::lease::database::$sql;
+                diesel::sql_query(sql.ensure)
+                    .bind::<Text, _>(name)
+                    .execute(conn)
+                    .await?;
+                let granted = diesel::sql_query(sql.grant)
+                    .bind::<Text, _>(token)
+                    .bind::<BigInt, _>(ttl_ms)
+                    .bind::<Text, _>(name)
+                    .execute(conn)
+                    .await?;
+                if granted == 0 {
+                    return Ok(None);
+                }
+                Ok(diesel::sql_query(sql.read_fence)
+                    .bind::<Text, _>(name)
+                    .bind::<Text, _>(token)
+                    .get_result::<crate::lease::database::FenceRow>(conn)
+                    .await
+                    .optional()?
+                    .map(|row| row.fence))
+            }
+
+            async fn extend(
+                conn: &mut Self,
+                name: &str,
+                token: &str,
+                ttl_ms: i64,
+            ) -> Result<bool, Error> {
+                use diesel::sql_types::{BigInt, Text};
+                use diesel_async::RunQueryDsl;
+                let rows = diesel::sql_query(crate::lease::database::$sql.extend)
+                    .bind::<BigInt, _>(ttl_ms)
+                    .bind::<Text, _>(name)
+                    .bind::<Text, _>(token)
+                    .execute(conn)
+                    .await?;
+                Ok(rows == 1)
+            }
+
+            async fn revoke(conn: &mut Self, name: &str, token: &str) -> Result<bool, Error> {
+                use diesel::sql_types::Text;
+                use diesel_async::RunQueryDsl;
+                let rows = diesel::sql_query(crate::lease::database::$sql.revoke)
+                    .bind::<Text, _>(name)
+                    .bind::<Text, _>(token)
+                    .execute(conn)
+                    .await?;
+                Ok(rows == 1)
+            }
+        }
+
+        impl AsyncFenceStore for $conn {
+            async fn raise(
+                conn: &mut Self,
+                resource: &str,
+                fence: i64,
+            ) -> Result<Option<i64>, Error> {
+                use crate::lease::fence::Raise;
+                use diesel::sql_types::{BigInt, Text};
+                use diesel_async::RunQueryDsl;
+                let sql = &crate::lease::fence::$sql;
+                let raised = match sql.raise {
+                    Raise::Upsert(upsert) => {
+                        diesel::sql_query(upsert)
+                            .bind::<Text, _>(resource)
+                            .bind::<BigInt, _>(fence)
+                            .execute(conn)
+                            .await?
+                    }
+                    Raise::EnsureThenUpdate { ensure, update } => {
+                        diesel::sql_query(ensure)
+                            .bind::<Text, _>(resource)
+                            .bind::<BigInt, _>(fence)
+                            .execute(conn)
+                            .await?;
+                        diesel::sql_query(update)
+                            .bind::<BigInt, _>(fence)
+                            .bind::<Text, _>(resource)
+                            .bind::<BigInt, _>(fence)
+                            .execute(conn)
+                            .await?
+                    }
+                };
+                if raised == 1 {
+                    return Ok(None);
+                }
+                let current = diesel::sql_query(sql.current)
+                    .bind::<Text, _>(resource)
+                    .get_result::<crate::lease::database::FenceRow>(conn)
+                    .await?;
+                Ok(Some(current.fence))
+            }
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+async_lease_store!(diesel_async::AsyncPgConnection, POSTGRES);
+#[cfg(feature = "mysql")]
+async_lease_store!(diesel_async::AsyncMysqlConnection, MYSQL);
+#[cfg(feature = "sqlite")]
+async_lease_store!(
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
+    SQLITE
+);

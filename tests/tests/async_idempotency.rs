@@ -1,0 +1,186 @@
+//! Idempotency keys on diesel-async, on PostgreSQL, MariaDB and SQLite: eight
+//! tasks of a multi-threaded runtime send one key through a bb8 pool; the work
+//! runs once and all eight get the one stored response. A future dropped while
+//! its work runs leaves the key running until the lease runs out, as a crashed
+//! process does; then a repeat takes it over and runs the work, once.
+
+#![cfg(feature = "async")]
+
+#[macro_use]
+mod async_common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use diesel::{ExpressionMethods, QueryDsl};
+use diesel_async::RunQueryDsl;
+use diesel_migrations::MigrationHarness;
+use lockkit::asynchronous::idempotency;
+use lockkit::idempotency::{fingerprint, Idempotency, Outcome};
+use lockkit::Error;
+use lockkit_tests::schema::items;
+use lockkit_tests::{idempotency_migrations, seed_items};
+use serde::{Deserialize, Serialize};
+
+const TASKS: usize = 8;
+
+/// The response a request stores and its repeats replay.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Order {
+    order: usize,
+    left: i32,
+}
+
+/// Item 1's stock.
+macro_rules! stock {
+    ($conn:expr) => {
+        items::table
+            .find(1)
+            .select(items::stock)
+            .get_result::<i32>($conn)
+            .await
+            .expect("read stock")
+    };
+}
+
+/// Sells one unit of item 1; the stock left.
+macro_rules! sell_one {
+    ($conn:expr) => {{
+        diesel::update(items::table.find(1))
+            .set(items::stock.eq(items::stock - 1))
+            .execute(&mut *$conn)
+            .await?;
+        Ok::<i32, Error>(stock!(&mut *$conn))
+    }};
+}
+
+async_backend_tests! {
+    async fn eight_tasks_with_one_key_run_the_work_once_and_get_one_response(db) {
+        db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
+        seed_items(&mut db.conn(), &[(1, 100)]);
+        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, TASKS as u32).await;
+        let runs = Arc::new(AtomicUsize::new(0));
+        let keys = Idempotency { wait_while_running: Duration::from_secs(20), ..Idempotency::default() };
+        let request = fingerprint("POST", "/orders", br#"{"item":1,"qty":1}"#);
+        let start = Arc::new(tokio::sync::Barrier::new(TASKS));
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|task| {
+                let (pool, runs, request, start) = (pool.clone(), runs.clone(), request.clone(), start.clone());
+                tokio::spawn(async move {
+                    let mut conn = pool.get().await.expect("pooled connection");
+                    start.wait().await;
+                    idempotency::run(&keys, &mut *conn, "tenant-1", "order-42", &request, async |conn: &mut Async| {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        // The repeats arrive while this one holds the key.
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        let left = sell_one!(conn)?;
+                        Ok::<_, Error>(Order { order: task, left })
+                    })
+                    .await
+                    .unwrap()
+                })
+            })
+            .collect();
+        let mut outcomes = Vec::new();
+        for task in tasks {
+            outcomes.push(task.await.unwrap());
+        }
+        assert_eq!(AtomicUsize::load(&runs, Ordering::SeqCst), 1, "the work ran once");
+        let ran: Vec<&Order> = outcomes.iter().filter_map(|o| match o { Outcome::Ran(r) => Some(r), _ => None }).collect();
+        assert_eq!(ran.len(), 1, "{outcomes:?}");
+        let stored = ran[0].clone();
+        assert_eq!(stored.left, 99);
+        for outcome in &outcomes {
+            assert_eq!(outcome.clone().into_inner(), stored, "every task got the stored response");
+        }
+        let mut conn = pool.get().await.unwrap();
+        assert_eq!(stock!(&mut *conn), 99, "one unit sold");
+        // Later repeats replay too, without running the work.
+        let again = idempotency::run(&keys, &mut *conn, "tenant-1", "order-42", &request, async |_conn: &mut Async| -> Result<Order, Error> {
+            panic!("a completed key must not run the work again")
+        })
+        .await
+        .unwrap();
+        assert_eq!(again, Outcome::Replayed(stored));
+    }
+
+    async fn a_dropped_run_holds_its_key_until_the_lease_then_a_repeat_runs_the_work_once(db) {
+        db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
+        seed_items(&mut db.conn(), &[(1, 100)]);
+        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 2).await;
+        let keys = Idempotency { lease: Duration::from_millis(1500), ..Idempotency::default() };
+        let request = fingerprint("POST", "/orders", b"1");
+        let dropped = {
+            let mut conn = pool.get().await.unwrap();
+            tokio::time::timeout(
+                Duration::from_millis(500),
+                idempotency::run(&keys, &mut *conn, "tenant-1", "order-7", &request, async |conn: &mut Async| {
+                    let left = sell_one!(conn)?;
+                    // The client goes away while the work runs.
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    Ok::<_, Error>(Order { order: 1, left })
+                }),
+            )
+            .await
+        };
+        assert!(dropped.is_err(), "the first request was cancelled");
+        let dropped_at = std::time::Instant::now();
+        let mut conn = pool.get().await.unwrap();
+        assert_eq!(stock!(&mut *conn), 100, "the dropped work was rolled back");
+        macro_rules! repeat {
+            ($conn:expr) => {
+                idempotency::run(&keys, $conn, "tenant-1", "order-7", &request, async |conn: &mut Async| {
+                    let left = sell_one!(conn)?;
+                    Ok::<_, Error>(Order { order: 2, left })
+                })
+            };
+        }
+        // Within the lease the key is still the crashed holder's.
+        let early = repeat!(&mut *conn).await;
+        assert!(matches!(early, Err(Error::IdempotencyInProgress)), "{early:?}");
+        if dropped_at.elapsed() < Duration::from_millis(1700) {
+            tokio::time::sleep(Duration::from_millis(1700) - dropped_at.elapsed()).await;
+        }
+        let late = repeat!(&mut *conn).await.unwrap();
+        assert_eq!(late, Outcome::Ran(Order { order: 2, left: 99 }), "after the lease the repeat took the key over");
+        assert_eq!(stock!(&mut *conn), 99, "the work took effect once");
+        let replay = repeat!(&mut *conn).await.unwrap();
+        assert_eq!(replay, Outcome::Replayed(Order { order: 2, left: 99 }));
+    }
+
+    async fn a_failed_work_releases_the_key_and_reuse_and_bad_input_are_refused(db) {
+        db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
+        seed_items(&mut db.conn(), &[(1, 100)]);
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let keys = Idempotency::default();
+        let failed = idempotency::run(&keys, &mut conn, "t", "k", "f", async |conn: &mut Async| {
+            sell_one!(conn)?;
+            Err::<Order, _>(Error::InvalidInput("out of stock"))
+        })
+        .await;
+        assert!(matches!(failed, Err(Error::InvalidInput("out of stock"))), "{failed:?}");
+        assert_eq!(stock!(&mut conn), 100, "the failed work was rolled back");
+        let retried = idempotency::run(&keys, &mut conn, "t", "k", "f", async |conn: &mut Async| {
+            let left = sell_one!(conn)?;
+            Ok::<_, Error>(Order { order: 3, left })
+        })
+        .await
+        .unwrap();
+        assert_eq!(retried, Outcome::Ran(Order { order: 3, left: 99 }), "the released key ran again");
+        let reused = idempotency::run(&keys, &mut conn, "t", "k", "another request", async |_conn: &mut Async| {
+            Ok::<_, Error>(Order { order: 4, left: 0 })
+        })
+        .await;
+        assert!(matches!(reused, Err(Error::IdempotencyKeyReused)), "{reused:?}");
+        let bad = idempotency::run(&keys, &mut conn, "t", "a\0b", "f", async |_conn: &mut Async| {
+            Ok::<_, Error>(Order { order: 5, left: 0 })
+        })
+        .await;
+        assert!(matches!(bad, Err(Error::InvalidInput(_))), "{bad:?}");
+        assert_eq!(idempotency::purge_expired(&keys, &mut conn).await.unwrap(), 0, "nothing expired yet");
+        let expired = Idempotency { retention: Duration::ZERO, ..keys };
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(idempotency::purge_expired(&expired, &mut conn).await.unwrap(), 1);
+    }
+}

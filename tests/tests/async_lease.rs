@@ -1,0 +1,137 @@
+//! Database leases and fenced writes on diesel-async, on PostgreSQL, MariaDB
+//! and SQLite: tasks of a multi-threaded runtime racing for one lease through a
+//! bb8 pool find one holder; the next holder gets a larger fence, and the old
+//! holder's fenced write is refused once the new one has written.
+
+#![cfg(feature = "async")]
+
+#[macro_use]
+mod async_common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use diesel::{ExpressionMethods, QueryDsl};
+use diesel_async::RunQueryDsl;
+use diesel_migrations::MigrationHarness;
+use lockkit::asynchronous::lease;
+use lockkit::lease::Fence;
+use lockkit::Error;
+use lockkit_tests::schema::items;
+use lockkit_tests::{lease_migrations, seed_items};
+
+const TASKS: usize = 8;
+
+/// Item 1's stock.
+macro_rules! stock {
+    ($conn:expr) => {
+        items::table
+            .find(1)
+            .select(items::stock)
+            .get_result::<i32>($conn)
+            .await
+            .expect("read stock")
+    };
+}
+
+/// Sets item 1's stock under `fence`, as a fenced write.
+macro_rules! fenced_set {
+    ($conn:expr, $fence:expr, $stock:expr) => {
+        lease::fenced($conn, "item-1", $fence, async |conn: &mut Async| {
+            diesel::update(items::table.find(1))
+                .set(items::stock.eq($stock))
+                .execute(conn)
+                .await?;
+            Ok::<_, Error>(())
+        })
+        .await
+    };
+}
+
+async_backend_tests! {
+    async fn tasks_racing_for_a_lease_find_one_holder_and_a_stale_fence_is_refused(db) {
+        db.conn().run_pending_migrations(lease_migrations(BACKEND)).unwrap();
+        seed_items(&mut db.conn(), &[(1, 100)]);
+        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, TASKS as u32).await;
+        let start = Arc::new(tokio::sync::Barrier::new(TASKS));
+        let tried = Arc::new(tokio::sync::Barrier::new(TASKS));
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let (pool, start, tried) = (pool.clone(), start.clone(), tried.clone());
+                tokio::spawn(async move {
+                    let mut conn = pool.get().await.expect("pooled connection");
+                    start.wait().await;
+                    let acquired = lease::acquire(&mut *conn, "nightly", Duration::from_secs(30)).await;
+                    // Everyone tries while the holder still holds it.
+                    tried.wait().await;
+                    match acquired {
+                        Ok(held) => {
+                            let fence = held.fence();
+                            held.release().await.unwrap();
+                            Some(fence)
+                        }
+                        Err(Error::Busy) => None,
+                        Err(other) => panic!("acquire: {other}"),
+                    }
+                })
+            })
+            .collect();
+        let mut holders = Vec::new();
+        for task in tasks {
+            holders.extend(task.await.unwrap());
+        }
+        assert_eq!(holders, vec![Fence(1)], "one holder, with the first fence");
+
+        let mut old_conn = pool.get().await.unwrap();
+        let mut new_conn = pool.get().await.unwrap();
+        // The old holder's lease runs out while it is paused; a new one takes over.
+        let mut old = lease::acquire(&mut *old_conn, "report", Duration::from_millis(200)).await.unwrap();
+        let old_fence = old.fence();
+        fenced_set!(&mut *old, old_fence, 90).unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let mut new = lease::acquire(&mut *new_conn, "report", Duration::from_secs(30)).await.unwrap();
+        assert!(new.fence() > old_fence);
+        let busy = {
+            let mut third = pool.get().await.unwrap();
+            lease::acquire(&mut *third, "report", Duration::from_secs(30)).await.map(|held| held.fence())
+        };
+        assert!(matches!(busy, Err(Error::Busy)), "{busy:?}");
+        let new_fence = new.fence();
+        fenced_set!(&mut *new, new_fence, 80).unwrap();
+        // The old holder wakes up and writes: refused, nothing written.
+        let stale = fenced_set!(&mut *old, old_fence, 1);
+        match stale {
+            Err(Error::Fenced { fence, current, .. }) => assert_eq!((fence, current), (old_fence.0, new_fence.0)),
+            other => panic!("the stale write must be refused: {other:?}"),
+        }
+        assert_eq!(stock!(&mut *new), 80);
+        assert!(matches!(old.renew().await, Err(Error::LeaseLost)));
+        assert!(matches!(old.release().await, Err(Error::LeaseLost)));
+        new.release().await.unwrap();
+    }
+
+    async fn with_lease_releases_on_err_and_acquire_checks_its_input(db) {
+        db.conn().run_pending_migrations(lease_migrations(BACKEND)).unwrap();
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let failed = lease::with_lease(&mut conn, "cron", Duration::from_secs(30), async |held: &mut lease::AsyncLease<'_, Async>| {
+            assert_eq!(held.fence(), Fence(1));
+            Err::<(), _>(Error::InvalidInput("work failed"))
+        })
+        .await;
+        assert!(matches!(failed, Err(Error::InvalidInput("work failed"))));
+        let fence = lease::with_lease(&mut conn, "cron", Duration::from_secs(30), async |held: &mut lease::AsyncLease<'_, Async>| {
+            held.renew().await?;
+            Ok::<_, Error>(held.fence())
+        })
+        .await
+        .unwrap();
+        assert_eq!(fence, Fence(2), "released after the failure: taken at once");
+        assert!(matches!(lease::acquire(&mut conn, "", Duration::from_secs(1)).await, Err(Error::InvalidInput(_))));
+        assert!(matches!(lease::acquire(&mut conn, "x", Duration::ZERO).await, Err(Error::InvalidInput(_))));
+        let nested = lockkit::asynchronous::locked_transaction(&mut conn, lockkit::LockOptions::default(), async |conn: &mut Async| {
+            lease::acquire(conn, "x", Duration::from_secs(1)).await.map(|held| held.fence())
+        })
+        .await;
+        assert!(matches!(nested, Err(Error::AlreadyInTransaction)), "{nested:?}");
+    }
+}

@@ -1,0 +1,232 @@
+//! The transactional outbox and the inbox on diesel-async, on PostgreSQL,
+//! MariaDB and SQLite, with tasks of a multi-threaded runtime on a bb8 pool:
+//! orders enqueued in transactions, some rolled back; a relay step dropped
+//! after the broker got its batch; relays that then deliver exactly the
+//! committed orders (the dropped batch twice); and an inbox that applies every
+//! order once, however often it is delivered.
+
+#![cfg(feature = "async")]
+
+#[macro_use]
+mod async_common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use diesel::{ExpressionMethods, QueryDsl};
+use diesel_async::RunQueryDsl;
+use diesel_migrations::MigrationHarness;
+use lockkit::asynchronous::{locked_transaction, outbox};
+use lockkit::outbox::schema::lockkit_outbox;
+use lockkit::outbox::{Inbox, OutboxMessage, Received, Relay};
+use lockkit::{Error, LockOptions};
+use lockkit_tests::outbox_migrations;
+use lockkit_tests::schema::items;
+
+const ORDERS: i32 = 24;
+const POOL: u32 = 8;
+
+/// An in-test broker: every (message id, payload) it was handed.
+#[derive(Default, Clone)]
+struct Sink(Arc<Mutex<Vec<(i64, String)>>>);
+
+impl Sink {
+    fn take(&self, batch: &[OutboxMessage]) -> Vec<Result<(), String>> {
+        self.0
+            .lock()
+            .unwrap()
+            .extend(batch.iter().map(|m| (m.id, m.payload.clone())));
+        vec![Ok(()); batch.len()]
+    }
+
+    fn deliveries(&self) -> Vec<(i64, String)> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// Unpublished outbox rows.
+macro_rules! unpublished {
+    ($conn:expr) => {
+        lockkit_outbox::table
+            .filter(lockkit_outbox::published_at.is_null())
+            .count()
+            .get_result::<i64>($conn)
+            .await
+            .unwrap()
+    };
+}
+
+async_backend_tests! {
+    async fn the_relay_delivers_the_committed_orders_and_the_inbox_applies_each_once(db) {
+        db.conn().run_pending_migrations(outbox_migrations(BACKEND)).unwrap();
+        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, POOL).await;
+
+        // Orders, each with its message, in one transaction; every third rolls back.
+        let tasks: Vec<_> = (1..=ORDERS)
+            .map(|order| {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    let mut conn = pool.get().await.unwrap();
+                    locked_transaction(&mut *conn, LockOptions::default(), async |conn: &mut Async| {
+                        diesel::insert_into(items::table)
+                            .values((items::id.eq(order), items::name.eq("order"), items::stock.eq(0), items::lock_version.eq(0)))
+                            .execute(conn)
+                            .await?;
+                        outbox::enqueue(conn, "orders", &order.to_string()).await?;
+                        match order % 3 {
+                            0 => Err(Error::InvalidInput("payment declined")),
+                            _ => Ok(()),
+                        }
+                    })
+                    .await
+                })
+            })
+            .collect();
+        for task in tasks {
+            let _ = task.await.unwrap();
+        }
+        let committed: BTreeSet<String> = (1..=ORDERS).filter(|o| o % 3 != 0).map(|o| o.to_string()).collect();
+        let mut conn = pool.get().await.unwrap();
+        assert_eq!(unpublished!(&mut *conn), committed.len() as i64, "the rolled-back orders left no message");
+        drop(conn);
+
+        // A relay step dropped after the broker got its batch, before it marked it.
+        let sink = Sink::default();
+        let relay = Relay::default();
+        {
+            let mut conn = pool.get().await.unwrap();
+            let dropped = tokio::time::timeout(
+                Duration::from_millis(500),
+                outbox::publish_batch(&relay, &mut *conn, 5, async |batch: &[OutboxMessage]| {
+                    sink.take(batch);
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    Ok::<_, Error>(vec![Ok(()); batch.len()])
+                }),
+            )
+            .await;
+            assert!(dropped.is_err());
+        }
+        assert_eq!(sink.deliveries().len(), 5, "the broker got the dropped batch");
+
+        // Three relays drain the outbox.
+        let relays: Vec<_> = (0..3)
+            .map(|_| {
+                let (pool, sink) = (pool.clone(), sink.clone());
+                tokio::spawn(async move {
+                    let mut published = 0;
+                    loop {
+                        let mut conn = pool.get().await.unwrap();
+                        let relayed = outbox::publish_batch(&relay, &mut *conn, 4, async |batch: &[OutboxMessage]| {
+                            Ok::<_, Error>(sink.take(batch))
+                        })
+                        .await
+                        .unwrap();
+                        published += relayed.published;
+                        if relayed.claimed == 0 {
+                            return published;
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut published = 0;
+        for relay in relays {
+            published += relay.await.unwrap();
+        }
+        assert_eq!(published, committed.len(), "each committed message marked published once");
+        let deliveries = sink.deliveries();
+        let mut copies: BTreeMap<i64, (String, usize)> = BTreeMap::new();
+        for (id, payload) in &deliveries {
+            copies.entry(*id).or_insert((payload.clone(), 0)).1 += 1;
+        }
+        let delivered: BTreeSet<String> = copies.values().map(|(p, _)| p.clone()).collect();
+        assert_eq!(delivered, committed, "exactly the committed orders reached the broker");
+        assert_eq!(copies.values().filter(|(_, n)| *n == 2).count(), 5, "the dropped batch was delivered again");
+        assert!(copies.values().all(|(_, n)| *n <= 2));
+        let mut conn = pool.get().await.unwrap();
+        assert_eq!(unpublished!(&mut *conn), 0);
+        drop(conn);
+
+        // The consumer gets every delivery, and each message once more, concurrently.
+        let inbox = Arc::new(Inbox::new("stock").unwrap());
+        let mut deliveries = deliveries;
+        deliveries.extend(copies.iter().map(|(id, (payload, _))| (*id, payload.clone())));
+        let consumers: Vec<_> = deliveries
+            .into_iter()
+            .map(|(id, payload)| {
+                let (pool, inbox) = (pool.clone(), inbox.clone());
+                tokio::spawn(async move {
+                    let order: i32 = payload.parse().unwrap();
+                    loop {
+                        let mut conn = pool.get().await.unwrap();
+                        let received = outbox::receive(&inbox, &mut *conn, &id.to_string(), async |conn: &mut Async| {
+                            diesel::update(items::table.find(order))
+                                .set(items::stock.eq(items::stock + 1))
+                                .execute(conn)
+                                .await?;
+                            Ok::<_, Error>(())
+                        })
+                        .await;
+                        match received {
+                            Ok(received) => return received,
+                            // Not acked: the broker redelivers.
+                            Err(Error::Deadlock | Error::Busy) => continue,
+                            Err(other) => panic!("receive: {other}"),
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut applied = 0;
+        for consumer in consumers {
+            if consumer.await.unwrap() == Received::Applied(()) {
+                applied += 1;
+            }
+        }
+        assert_eq!(applied, committed.len(), "each message applied once");
+        let mut conn = pool.get().await.unwrap();
+        let stocks: Vec<(i32, i32)> = items::table.select((items::id, items::stock)).order(items::id).load(&mut *conn).await.unwrap();
+        assert_eq!(stocks.len(), committed.len());
+        assert!(stocks.iter().all(|&(_, stock)| stock == 1), "{stocks:?}");
+        assert_eq!(outbox::purge_received(&inbox, &mut *conn, Duration::ZERO).await.unwrap(), committed.len());
+        assert_eq!(outbox::purge_published(&mut *conn, Duration::ZERO).await.unwrap(), committed.len());
+    }
+
+    async fn failed_publishes_become_dead_letters_until_requeued(db) {
+        db.conn().run_pending_migrations(outbox_migrations(BACKEND)).unwrap();
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let outside = outbox::enqueue(&mut conn, "orders", "1").await;
+        assert!(matches!(outside, Err(Error::NotInTransaction)), "{outside:?}");
+        let id = locked_transaction(&mut conn, LockOptions::default(), async |conn: &mut Async| {
+            outbox::enqueue(conn, "orders", "1").await
+        })
+        .await
+        .unwrap();
+        let relay = Relay { max_attempts: Some(1), ..Relay::default() };
+        let relayed = outbox::publish_batch(&relay, &mut conn, 10, async |_batch: &[OutboxMessage]| {
+            Ok::<_, Error>(vec![Err("broker down".to_owned())])
+        })
+        .await
+        .unwrap();
+        assert_eq!((relayed.claimed, relayed.failed, relayed.dead), (1, 1, 1));
+        let dead = outbox::dead_letters(&mut conn, 10).await.unwrap();
+        assert_eq!(dead.len(), 1);
+        assert_eq!((dead[0].id, dead[0].last_error.as_deref()), (id, Some("broker down")));
+        let idle = outbox::publish_batch(&relay, &mut conn, 10, async |_batch: &[OutboxMessage]| -> Result<Vec<Result<(), String>>, Error> {
+            panic!("a dead letter is not claimed")
+        })
+        .await
+        .unwrap();
+        assert_eq!(idle.claimed, 0);
+        assert!(outbox::requeue(&mut conn, id).await.unwrap());
+        let relayed = outbox::publish_batch(&relay, &mut conn, 10, async |batch: &[OutboxMessage]| {
+            Ok::<_, Error>(vec![Ok(()); batch.len()])
+        })
+        .await
+        .unwrap();
+        assert_eq!((relayed.claimed, relayed.published), (1, 1));
+        assert!(!outbox::requeue(&mut conn, id).await.unwrap(), "published: not a dead letter");
+        assert!(matches!(outbox::publish_batch(&relay, &mut conn, 0, async |_b: &[OutboxMessage]| Ok::<_, Error>(vec![])).await, Err(Error::InvalidInput(_))));
+    }
+}
