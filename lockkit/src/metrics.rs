@@ -206,6 +206,7 @@ pub(crate) fn record_lock_error(kind: LockErrorKind, server_message: &str) {
     ::metrics::counter!("lockkit_lock_errors_total", "kind" => kind).increment(1);
 }
 
+#[cfg_attr(not(feature = "async"), allow(dead_code))] // the async locked read's
 pub(crate) fn record_lock_acquired(table: &'static str, waited: Duration) {
     record_locks_acquired(table, 1, waited);
 }
@@ -236,18 +237,25 @@ impl LockWait {
         LockWait(Instant::now())
     }
 
-    /// Records `rows` locks on `table` (nothing when no row was locked).
-    pub(crate) fn acquired(self, table: &'static str, rows: usize) {
+    /// Records `rows` locks on `table` (nothing when no row was locked), and
+    /// returns when they were taken: now, for a hold time measured from there.
+    pub(crate) fn acquired(self, table: &'static str, rows: usize) -> Instant {
+        let now = Instant::now();
         if rows > 0 {
             let rows = u64::try_from(rows).unwrap_or(u64::MAX);
-            record_locks_acquired(table, rows, self.0.elapsed());
+            record_locks_acquired(table, rows, now.saturating_duration_since(self.0));
         }
+        now
     }
 }
 
 /// Warns (a `tracing` event at `WARN`, target `lockkit`) about every row lock
 /// held longer than `limit` (see [how long a lock was held](self#how-long-a-lock-was-held));
 /// `None`, the default, warns about none. Process-wide.
+///
+/// The warning names the locked row's key when the limit was set before the
+/// lock was taken (lockkit formats keys only then); a lock taken earlier is
+/// named `?`.
 pub fn warn_when_held_longer_than(limit: Option<Duration>) {
     let nanos = limit.map_or(u64::MAX, |limit| {
         u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX - 1)
@@ -264,8 +272,15 @@ pub fn hold_warning() -> Option<Duration> {
 }
 
 /// A `kind` lock (`row`) on `key` of `table` was held for `held`: counted, and
-/// warned about past [`hold_warning`].
-pub(crate) fn record_lock_held(kind: &'static str, table: &'static str, key: &str, held: Duration) {
+/// warned about past [`hold_warning`]. The key is `None` when it was not
+/// formatted (no warning was on when the lock was taken): `?` then.
+pub(crate) fn record_lock_held(
+    kind: &'static str,
+    table: &'static str,
+    key: Option<&str>,
+    held: Duration,
+) {
+    let key = key.unwrap_or("?");
     LOCKS_RELEASED.fetch_add(1, Relaxed);
     let nanos = u64::try_from(held.as_nanos()).unwrap_or(u64::MAX);
     LOCK_HOLD_NANOS.fetch_add(nanos, Relaxed);

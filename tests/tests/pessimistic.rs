@@ -168,6 +168,49 @@ mod all {
             assert_eq!(lock_timeout(&mut conn, BACKEND), before, "the session's own timeout is restored");
         }
 
+        fn nested_timeouts_each_put_back_the_value_they_found(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn = db.connect();
+            let session = lock_timeout(&mut conn, BACKEND);
+            // A call's timeout as its closure sees it: MySQL counts whole seconds.
+            let inside = |ms: i64| if BACKEND == "mysql" { ms / 1000 } else { ms };
+            locked_transaction(&mut conn, LockOptions::default().timeout(Duration::from_secs(2)), |conn| {
+                assert_eq!(lock_timeout(conn, BACKEND), inside(2000));
+                lockkit::with_lock(conn, 1, LockOptions::default().timeout(Duration::from_secs(5)), |conn, _: Item| {
+                    assert_eq!(lock_timeout(conn, BACKEND), inside(5000));
+                    Ok::<_, Error>(())
+                })?;
+                assert_eq!(lock_timeout(conn, BACKEND), inside(2000), "the outer call's timeout is back");
+                // A nested call that fails puts it back too.
+                let failed = lockkit::with_lock(conn, 1, LockOptions::default().timeout(Duration::from_secs(7)), |_, _: Item| {
+                    Err::<(), _>(Error::NoRowMatched)
+                });
+                assert!(matches!(failed, Err(Error::NoRowMatched)), "{failed:?}");
+                assert_eq!(lock_timeout(conn, BACKEND), inside(2000), "back after a failed nested call");
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+            assert_eq!(lock_timeout(&mut conn, BACKEND), session, "the session's own timeout is back");
+        }
+
+        fn a_nested_nowait_that_finds_the_lock_held_leaves_the_session_timeout(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn = db.connect();
+            let session = lock_timeout(&mut conn, BACKEND);
+            // SQLite: the outer transaction is a deferred one, so the nested call
+            // takes the write lock itself, under a busy timeout of 0, and fails.
+            let err = while_item_locked(&db, || {
+                conn.transaction(|conn| {
+                    lockkit::with_lock(conn, 1, LockOptions::default().nowait(), |_, _: Item| Ok::<_, Error>(()))
+                })
+                .unwrap_err()
+            });
+            assert!(matches!(err, Error::Busy), "{err:?}");
+            assert_eq!(lock_timeout(&mut conn, BACKEND), session);
+            lockkit::with_lock(&mut conn, 1, LockOptions::default().nowait(), |_, _: Item| Ok::<_, Error>(())).unwrap();
+            assert_eq!(lock_timeout(&mut conn, BACKEND), session);
+        }
+
         fn skip_locked_tells_held_from_absent(db) {
             seed_items(&mut db.conn(), &[(1, 10)]);
             let item = items::table.find(1).first::<Item>(&mut db.conn()).unwrap();

@@ -4,13 +4,16 @@
 //! | | PostgreSQL | MySQL / MariaDB | SQLite |
 //! | --- | --- | --- | --- |
 //! | row lock | `FOR UPDATE` (and strengths) | `FOR UPDATE` / `LOCK IN SHARE MODE` | none: the transaction is `BEGIN IMMEDIATE`, which takes the database's write lock and so serializes writers |
-//! | timeout | `SELECT set_config('lock_timeout', $1, true)` (= `SET LOCAL`) | `SET SESSION innodb_lock_wait_timeout = ?`, whole seconds, restored afterwards | `PRAGMA busy_timeout = n`, restored afterwards |
+//! | timeout | `SELECT set_config('lock_timeout', $1, true)` (= `SET LOCAL`) | `SET @lockkit_lock_wait_timeout_<depth> = @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = ?` (whole seconds; the session's value kept on the server; prepared once per connection), put back from that variable afterwards | `PRAGMA busy_timeout = n; BEGIN IMMEDIATE` in one batch, restored afterwards |
 //! | `NOWAIT` / `SKIP LOCKED` | in the clause | in the clause | busy timeout 0: a locked database is [`Error::Busy`] |
 //! | wait ran out | [`Error::LockTimeout`] | [`Error::LockTimeout`] | [`Error::LockTimeout`] (busy while taking the write lock) |
 //! | nested | savepoint; a timeout is put back before the savepoint is released (`SET LOCAL` outlives `RELEASE SAVEPOINT`) | savepoint | savepoint, then `PRAGMA incremental_vacuum(1)`, which takes the write lock a deferred outer transaction lacks |
 //!
 //! Options apply to the call that asked for them and to nothing after it, nested
-//! or not. A panic in the closure rolls the transaction back before it unwinds
+//! or not. A setting lockkit changes is put back without reading it first: on
+//! MySQL/MariaDB the server keeps the session's value in a user variable of the
+//! call's nesting depth (so nested calls keep theirs apart); on SQLite the new
+//! value is set in one batch with the statement that takes the write lock. A panic in the closure rolls the transaction back before it unwinds
 //! further, so the connection is never left inside a transaction.
 //!
 //! # When the server aborts the whole transaction
@@ -42,7 +45,7 @@ use crate::multi::Reach;
 use crate::transaction::transaction_sql;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use crate::transaction::{finish, Failure, PanicGuard};
-use crate::transaction::{in_transaction, Control};
+use crate::transaction::{in_transaction, transaction_depth, Control};
 use crate::Error;
 
 /// A connection lockkit can take row locks on: `PgConnection`, `MysqlConnection`
@@ -293,6 +296,9 @@ pub(crate) mod postgres {
 
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql {
+    use diesel::connection::SimpleConnection;
+    use diesel::mysql::Mysql;
+    use diesel::query_builder::{AstPass, QueryFragment, QueryId};
     use diesel::sql_types::BigInt;
     use diesel::{MysqlConnection, RunQueryDsl};
 
@@ -301,12 +307,10 @@ pub(crate) mod mysql {
     as_locking_connection!(MysqlConnection);
 
     /// The statements of the lock wait timeout, shared with the async connection.
+    #[cfg_attr(not(feature = "async"), allow(dead_code))]
     pub(crate) const LOCK_WAIT_TIMEOUT: &str = "CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED)";
+    #[cfg_attr(not(feature = "async"), allow(dead_code))]
     pub(crate) const SET_LOCK_WAIT_TIMEOUT: &str = "SET SESSION innodb_lock_wait_timeout = ?";
-
-    fn lock_wait_timeout(conn: &mut MysqlConnection) -> diesel::QueryResult<i64> {
-        diesel::select(diesel::dsl::sql::<BigInt>(LOCK_WAIT_TIMEOUT)).get_result(conn)
-    }
 
     /// MariaDB's `@@in_transaction`: whether the server has a transaction open.
     fn in_server_transaction(conn: &mut MysqlConnection) -> diesel::QueryResult<bool> {
@@ -317,11 +321,49 @@ pub(crate) mod mysql {
         .map(|open| open != 0)
     }
 
-    fn set_lock_wait_timeout(conn: &mut MysqlConnection, secs: i64) -> diesel::QueryResult<()> {
-        diesel::sql_query(SET_LOCK_WAIT_TIMEOUT)
-            .bind::<BigInt, _>(secs)
-            .execute(conn)
-            .map(drop)
+    /// `SET @lockkit_lock_wait_timeout_<depth> = @@SESSION.innodb_lock_wait_timeout,
+    /// SESSION innodb_lock_wait_timeout = ?`: sets the lock wait timeout of a
+    /// locking transaction opened at `depth` (0: none open) and keeps the
+    /// session's value in a user variable of that depth, in one statement, so
+    /// that nothing comes back to read and a nested call keeps its own. Only
+    /// the depth, an integer, is written into the SQL; the timeout is bound.
+    /// Cached by its SQL: prepared once per connection and depth (Diesel
+    /// prepares a `sql_query` anew on every call, one more round trip).
+    #[derive(Debug, Clone, Copy)]
+    pub(crate) struct SaveAndSetLockWaitTimeout {
+        pub(crate) depth: u32,
+        pub(crate) secs: i64,
+    }
+
+    impl QueryId for SaveAndSetLockWaitTimeout {
+        type QueryId = ();
+        const HAS_STATIC_QUERY_ID: bool = false;
+    }
+
+    impl QueryFragment<Mysql> for SaveAndSetLockWaitTimeout {
+        fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> diesel::QueryResult<()> {
+            out.push_sql("SET @lockkit_lock_wait_timeout_");
+            out.push_sql(&self.depth.to_string());
+            out.push_sql(
+                " = @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = ",
+            );
+            out.push_bind_param::<BigInt, _>(&self.secs)
+        }
+    }
+
+    impl RunQueryDsl<MysqlConnection> for SaveAndSetLockWaitTimeout {}
+
+    /// Puts back the value [`SaveAndSetLockWaitTimeout`] kept: no parameter, so
+    /// sent as text, one round trip.
+    pub(crate) fn restore_lock_wait_timeout_sql(depth: u32) -> String {
+        format!("SET SESSION innodb_lock_wait_timeout = @lockkit_lock_wait_timeout_{depth}")
+    }
+
+    fn restore_lock_wait_timeout(
+        conn: &mut MysqlConnection,
+        depth: u32,
+    ) -> diesel::QueryResult<()> {
+        conn.batch_execute(&restore_lock_wait_timeout_sql(depth))
     }
 
     locking_connection!(MysqlConnection, lock_clause: with_lock);
@@ -338,23 +380,26 @@ pub(crate) mod mysql {
         E: From<Error>,
         F: FnOnce(&mut H) -> Result<T, E>,
     {
-        // innodb_lock_wait_timeout is a session setting: set it, run, put it back.
-        let previous = match options.timeout_secs() {
+        // innodb_lock_wait_timeout is a session setting: set it (keeping the
+        // session's value on the server), run, put it back.
+        let depth = transaction_depth(conn);
+        let saved = match options.timeout_secs() {
             Some(secs) => {
                 let mysql = conn.reach().map_err(crate::classify)?;
-                let previous = lock_wait_timeout(mysql).map_err(crate::classify)?;
-                set_lock_wait_timeout(mysql, secs).map_err(crate::classify)?;
-                Some(previous)
+                SaveAndSetLockWaitTimeout { depth, secs }
+                    .execute(mysql)
+                    .map_err(crate::classify)?;
+                Some(depth)
             }
             None => None,
         };
-        let nested = in_transaction(conn);
+        let nested = depth > 0;
         let mut guard = PanicGuard::default();
         let result =
             conn.transaction(|conn| guard.call(conn, |conn| f(conn).map_err(Failure::Closure)));
-        let restored = previous.map(|previous| {
+        let restored = saved.map(|depth| {
             conn.reach()
-                .and_then(|c| set_lock_wait_timeout(c, previous))
+                .and_then(|c| restore_lock_wait_timeout(c, depth))
         });
         finish(conn, nested, guard, result, restored, crate::classify)
     }
@@ -419,6 +464,8 @@ pub(crate) mod mysql {
 
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite {
+    use std::borrow::Cow;
+
     use diesel::connection::SimpleConnection;
     use diesel::{RunQueryDsl, SqliteConnection};
 
@@ -441,6 +488,14 @@ pub(crate) mod sqlite {
     pub(crate) fn set_busy_timeout_sql(millis: i32) -> String {
         format!("PRAGMA busy_timeout = {millis}")
     }
+
+    /// `lock` (the statement that takes the write lock) under a busy timeout of
+    /// `millis`, set in the same batch.
+    pub(crate) fn with_busy_timeout_sql(lock: &str, millis: i32) -> String {
+        format!("PRAGMA busy_timeout = {millis}; {lock}")
+    }
+
+    const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
 
     /// Takes the database's write lock in the open transaction without changing
     /// data: `incremental_vacuum` is a write (so it takes the lock, waiting up to
@@ -473,19 +528,23 @@ pub(crate) mod sqlite {
         F: FnOnce(&mut H) -> Result<T, E>,
     {
         let wait = options.wait_mode();
-        let busy_timeout = wait.busy_timeout_millis(options.timeout_millis());
         let nested = in_transaction(conn);
-        let previous = match busy_timeout {
+        // The busy timeout is set in one batch with the statement that takes
+        // the write lock, and put back once the transaction ended.
+        let busy_timeout = match wait.busy_timeout_millis(options.timeout_millis()) {
             Some(millis) => {
                 let sqlite = conn.reach().map_err(crate::classify)?;
                 let previous = diesel::sql_query(BUSY_TIMEOUT)
                     .get_result::<BusyTimeout>(sqlite)
                     .map_err(crate::classify)?
                     .timeout;
-                set_busy_timeout(sqlite, millis).map_err(crate::classify)?;
-                Some(previous)
+                Some((millis, previous))
             }
             None => None,
+        };
+        let take = |lock: &'static str| match busy_timeout {
+            Some((millis, _)) => Cow::Owned(with_busy_timeout_sql(lock, millis)),
+            None => Cow::Borrowed(lock),
         };
         let lock_error = |err| wait.classify_write_lock(err);
         let waited = LockWait::start();
@@ -495,7 +554,9 @@ pub(crate) mod sqlite {
             // A savepoint takes no lock, and the outer transaction may be a
             // deferred one that has none yet.
             conn.transaction(|conn| {
-                conn.reach().and_then(write_lock).map_err(lock_error)?;
+                conn.reach()
+                    .and_then(|c| c.batch_execute(&take(WRITE_LOCK)))
+                    .map_err(lock_error)?;
                 waited.acquired("database", 1);
                 guard.call(conn, work)
             })
@@ -504,7 +565,7 @@ pub(crate) mod sqlite {
             // A failure of Diesel's own statements is read knowing which one
             // failed: `BEGIN IMMEDIATE` waited for the lock, `COMMIT` did not.
             let mut waited = Some(waited);
-            transaction_sql::<SqliteConnection, _, _, _>(conn, "BEGIN IMMEDIATE", |conn| {
+            transaction_sql::<SqliteConnection, _, _, _>(conn, &take(BEGIN_IMMEDIATE), |conn| {
                 if let Some(waited) = waited.take() {
                     waited.acquired("database", 1);
                 }
@@ -515,8 +576,8 @@ pub(crate) mod sqlite {
                 failure => failure,
             })
         };
-        let restored =
-            previous.map(|previous| conn.reach().and_then(|c| set_busy_timeout(c, previous)));
+        let restored = busy_timeout
+            .map(|(_, previous)| conn.reach().and_then(|c| set_busy_timeout(c, previous)));
         finish(conn, nested, guard, result, restored, crate::classify)
     }
 

@@ -388,7 +388,7 @@ pub trait Lockable: Sized {
             }
             rows.append(&mut locked);
         }
-        waited.acquired(Self::TABLE_NAME, rows.len());
+        let since = waited.acquired(Self::TABLE_NAME, rows.len());
         if !rows.is_empty() {
             scope::hold(
                 scope::conn_id(conn),
@@ -400,6 +400,7 @@ pub trait Lockable: Sized {
                     }
                     keys => format!("{keys:?}"),
                 },
+                since,
             );
         }
         Ok(rows)
@@ -490,14 +491,13 @@ where
 {
     // The wait at SQLite's `BEGIN IMMEDIATE` is recorded by
     // `locked_transaction`; here, the locked read's.
-    let started = std::time::Instant::now();
+    let waited = crate::metrics::LockWait::start();
     let lock = options.row_lock();
     let row = M::load_locked(conn, key.clone(), lock).map_err(|err| lock.wait.classify(err))?;
     if row.is_some() {
-        crate::metrics::record_lock_acquired(M::TABLE_NAME, started.elapsed());
-        scope::hold(scope::conn_id(conn), "row", M::TABLE_NAME, || {
-            format!("{key:?}")
-        });
+        let since = waited.acquired(M::TABLE_NAME, 1);
+        let conn_id = scope::conn_id(conn);
+        scope::hold(conn_id, "row", M::TABLE_NAME, || format!("{key:?}"), since);
     }
     let mut row = match row {
         Some(row) => row,

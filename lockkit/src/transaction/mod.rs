@@ -185,8 +185,14 @@ fn ended<C: Control>(conn: &mut C, nested: bool, error: Error) -> Error {
 /// Whether a transaction is open on `conn`, for any connection type (pooled ones
 /// included): Diesel's transaction manager knows its depth.
 pub(crate) fn in_transaction<C: Connection>(conn: &mut C) -> bool {
-    matches!(
-        C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
-        Ok(Some(_))
-    )
+    transaction_depth(conn) > 0
+}
+
+/// How many transactions (the outermost one and its savepoints) are open on
+/// `conn`: 0 when none is, or when Diesel's transaction manager is broken.
+pub(crate) fn transaction_depth<C: Connection>(conn: &mut C) -> u32 {
+    match C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth() {
+        Ok(Some(depth)) => depth.get(),
+        _ => 0,
+    }
 }

@@ -22,7 +22,8 @@ pub(crate) type Work = Box<dyn FnOnce()>;
 struct Held {
     kind: &'static str,
     table: &'static str,
-    key: String,
+    /// Formatted only when something may name it (see the [module docs](self)).
+    key: Option<String>,
     since: Instant,
 }
 
@@ -36,7 +37,14 @@ pub(crate) struct Scope {
 
 thread_local! {
     static SCOPES: RefCell<Vec<Scope>> = const { RefCell::new(Vec::new()) };
+    /// Emptied lists of ended scopes, kept for the next ones.
+    static SPARE: RefCell<Vec<Vec<Held>>> = const { RefCell::new(Vec::new()) };
 }
+
+/// At most this many emptied lists are kept per thread (one per nesting level),
+/// each with room for at most [`SPARE_ROOM`] locks.
+const SPARE_LISTS: usize = 8;
+const SPARE_ROOM: usize = 64;
 
 /// A connection's identity while it is borrowed: its address.
 pub(crate) fn conn_id<C: ?Sized>(conn: &C) -> usize {
@@ -46,12 +54,13 @@ pub(crate) fn conn_id<C: ?Sized>(conn: &C) -> usize {
 /// Opens the scope of a transaction on `conn` (`outermost` when no transaction
 /// was open before it).
 pub(crate) fn enter(conn: usize, outermost: bool) {
+    let held = SPARE.with_borrow_mut(Vec::pop).unwrap_or_default();
     SCOPES.with_borrow_mut(|scopes| {
         scopes.push(Scope {
             conn,
             outermost,
             work: Vec::new(),
-            held: Vec::new(),
+            held,
         });
     });
 }
@@ -78,23 +87,38 @@ pub(crate) fn queue(conn: usize, work: Work) -> Result<(), Work> {
     })
 }
 
-/// Notes a lock taken on `conn` just now, if a lockkit transaction is open on it.
+/// Notes a lock taken on `conn` at `since`, if a lockkit transaction is open on it.
 pub(crate) fn hold(
     conn: usize,
     kind: &'static str,
     table: &'static str,
     key: impl FnOnce() -> String,
+    since: Instant,
 ) {
     SCOPES.with_borrow_mut(|scopes| {
         if let Some(scope) = scopes.iter_mut().rev().find(|scope| scope.conn == conn) {
+            let named = crate::metrics::hold_warning().is_some()
+                || tracing::enabled!(target: "lockkit", tracing::Level::TRACE);
             scope.held.push(Held {
                 kind,
                 table,
-                key: key(),
-                since: Instant::now(),
+                key: named.then(key),
+                since,
             });
         }
     });
+}
+
+/// Keeps an emptied list for the next scope on this thread.
+fn spare(mut held: Vec<Held>) {
+    held.clear();
+    if (1..=SPARE_ROOM).contains(&held.capacity()) {
+        SPARE.with_borrow_mut(|spare| {
+            if spare.len() < SPARE_LISTS {
+                spare.push(held);
+            }
+        });
+    }
 }
 
 impl Scope {
@@ -105,7 +129,7 @@ impl Scope {
             conn,
             outermost,
             work,
-            held,
+            mut held,
         } = self;
         if !outermost {
             SCOPES.with_borrow_mut(|scopes| {
@@ -113,19 +137,25 @@ impl Scope {
                     if committed {
                         outer.work.extend(work);
                     }
-                    outer.held.extend(held);
+                    outer.held.append(&mut held);
                 }
             });
+            spare(held);
             return;
         }
-        for lock in held {
-            crate::metrics::record_lock_held(
-                lock.kind,
-                lock.table,
-                &lock.key,
-                lock.since.elapsed(),
-            );
+        if !held.is_empty() {
+            // One clock read for every lock the transaction held.
+            let now = Instant::now();
+            for lock in held.drain(..) {
+                crate::metrics::record_lock_held(
+                    lock.kind,
+                    lock.table,
+                    lock.key.as_deref(),
+                    now.saturating_duration_since(lock.since),
+                );
+            }
         }
+        spare(held);
         if committed {
             // Outside the thread-local's borrow: the work may open transactions.
             for work in work {
