@@ -27,8 +27,8 @@
 //! [`lockkit::replica::asynchronous`](crate::replica::asynchronous).
 //!
 //! Not here yet: `queue::claim`, advisory locks, `serializable`, `atomic`,
-//! idempotency keys, leases and the outbox on diesel-async, and the
-//! [`journal`](crate::journal) (see [`versioned`]).
+//! idempotency keys, leases and the outbox on diesel-async. The
+//! [`journal`](crate::journal) watches these connections too (see [`versioned`]).
 
 pub mod connection;
 pub mod lockable;
