@@ -43,7 +43,7 @@
 //!
 //! # What differs from the blocking side
 //!
-//! * Nothing in what the [`journal`](crate::journal) does: it watches
+//! * Nothing in what the [`journal`] does: it watches
 //!   diesel-async connections as it watches blocking ones (diesel-async reports
 //!   `BEGIN`, `COMMIT`, `ROLLBACK` and savepoints to the connection's Diesel
 //!   instrumentation too), and the same code decides which version a struct
@@ -361,7 +361,7 @@ pub trait AsyncVersionQuery<Conn>: VersionCheck<Key: Send + Sync, Version: Send>
     /// Whether the database enforces the declared key.
     fn key_is_unique(conn: &mut Conn) -> BoxFuture<'_, QueryResult<bool>>;
 
-    /// The row's identity for the [`journal`](crate::journal): database, table
+    /// The row's identity for the [`journal`]: database, table
     /// and key; `None` when the journal needs none (nothing recorded, no
     /// transaction).
     fn row_id<'a>(
