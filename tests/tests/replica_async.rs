@@ -10,9 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use diesel::{ExpressionMethods, QueryDsl};
+use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use lockkit::asynchronous::prelude::*;
 use lockkit::replica::asynchronous as replica;
+use lockkit::replica::asynchronous::{AsyncPgPool, Router};
 use lockkit::replica::{Lsn, Policy, Route};
 use lockkit::Error;
 use lockkit_tests::models::Item;
@@ -373,5 +375,214 @@ async fn positions_are_taken_after_the_commit_and_only_from_a_standby() {
         Route::Replica {
             waited: Duration::ZERO
         }
+    );
+}
+
+/// Tasks write through the async `Router` (a transaction on the primary, then
+/// the commit's position) and read through it with that position: every read
+/// sees its own write, on the replica when it has replayed it.
+async fn router_reads_own_writes<P: AsyncPgPool>(router: Router<P>, db: &TestReplicas) {
+    const TASKS: i32 = 6;
+    const ROUNDS: i32 = 20;
+    let seeds: Vec<(i32, i32)> = (1..=TASKS).map(|id| (id, 0)).collect();
+    seed_items(&mut db.primary(), &seeds);
+    db.wait_for_standby(&mut db.primary());
+    let tasks: Vec<_> = (1..=TASKS)
+        .map(|id| {
+            let router = router.clone();
+            tokio::spawn(async move {
+                let mut on_replica = 0;
+                for round in 1..=ROUNDS {
+                    let ((), written) = router
+                        .write(async |conn| {
+                            diesel::update(items::table.find(id))
+                                .set(items::stock.eq(round))
+                                .execute(conn)
+                                .await?;
+                            Ok::<_, Error>(())
+                        })
+                        .await
+                        .unwrap();
+                    let mut conn = router.read(Some(written)).await.unwrap();
+                    let route = conn.route();
+                    assert_eq!(
+                        stock_of(&mut conn, id).await,
+                        round,
+                        "task {id} read {route:?}"
+                    );
+                    on_replica += u32::from(route.is_replica());
+                }
+                on_replica
+            })
+        })
+        .collect();
+    let mut on_replica = 0;
+    for task in tasks {
+        on_replica += task.await.unwrap();
+    }
+    println!(
+        "async Router: {} write-then-read by {TASKS} tasks, every read saw its write, \
+         {on_replica} on the replica",
+        TASKS * ROUNDS
+    );
+}
+
+/// With replay paused, the async `Router`'s policies route a read that carries
+/// a position: `WaitThenPrimary` to the primary (which shows the write),
+/// `WaitOrFail` fails with `ReplicaBehind`, `Primary` goes to the primary
+/// without a look; a read without a position goes to the lagging replica.
+async fn router_policies_while_replay_is_paused<P: AsyncPgPool>(
+    primary: P,
+    replica: P,
+    db: &TestReplicas,
+) {
+    seed_items(&mut db.primary(), &[(1, 10)]);
+    db.wait_for_standby(&mut db.primary());
+    let router = |policy| Router::new(primary.clone(), replica.clone(), policy);
+    let then_primary = router(Policy::WaitThenPrimary(Duration::from_millis(50)));
+    let paused = db.pause_replay();
+    let ((), written) = then_primary
+        .write(async |conn| {
+            diesel::update(items::table.find(1))
+                .set(items::stock.eq(9))
+                .execute(conn)
+                .await?;
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap();
+
+    // Each routed connection goes back to its pool before the next is taken
+    // (pools of two).
+    {
+        let mut conn = then_primary.read(Some(written)).await.unwrap();
+        assert!(
+            matches!(conn.route(), Route::PrimaryReplicaBehind { replayed, .. } if replayed < written),
+            "{:?}",
+            conn.route()
+        );
+        assert_eq!(stock_of(&mut conn, 1).await, 9);
+    }
+    {
+        let mut conn = then_primary.read(None).await.unwrap();
+        assert!(conn.route().is_replica());
+        assert_eq!(stock_of(&mut conn, 1).await, 10, "the lag is real");
+    }
+    let err = router(Policy::WaitOrFail(Duration::from_millis(20)))
+        .read(Some(written))
+        .await
+        .err()
+        .expect("ReplicaBehind");
+    assert!(
+        matches!(err, Error::ReplicaBehind { wanted, .. } if wanted == written),
+        "{err:?}"
+    );
+    {
+        let mut conn = router(Policy::Primary).read(Some(written)).await.unwrap();
+        assert_eq!(conn.route(), Route::PrimaryByPolicy);
+        assert_eq!(stock_of(&mut conn, 1).await, 9);
+    }
+    // A write refused on the primary returns its error and no position.
+    let refused = then_primary
+        .write(async |_conn| Err::<(), _>(Error::NoRowMatched))
+        .await;
+    assert!(matches!(refused, Err(Error::NoRowMatched)), "{refused:?}");
+
+    paused.resume();
+    let mut conn = router(Policy::WaitOrFail(Duration::from_secs(10)))
+        .read(Some(written))
+        .await
+        .unwrap();
+    assert!(conn.route().is_replica(), "{:?}", conn.route());
+    assert_eq!(stock_of(&mut conn, 1).await, 9);
+}
+
+async fn bb8_pool(
+    url: &str,
+    size: u32,
+) -> diesel_async::pooled_connection::bb8::Pool<AsyncPgConnection> {
+    diesel_async::pooled_connection::bb8::Pool::builder()
+        .max_size(size)
+        .connection_timeout(Duration::from_millis(500))
+        .build(AsyncDieselConnectionManager::<AsyncPgConnection>::new(url))
+        .await
+        .unwrap()
+}
+
+fn deadpool_pool(
+    url: &str,
+    size: usize,
+) -> diesel_async::pooled_connection::deadpool::Pool<AsyncPgConnection> {
+    diesel_async::pooled_connection::deadpool::Pool::builder(AsyncDieselConnectionManager::<
+        AsyncPgConnection,
+    >::new(url))
+    .max_size(size)
+    .build()
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_router_over_bb8_pools_reads_own_writes() {
+    let db = TestReplicas::new("async_router_bb8");
+    let router = Router::new(
+        bb8_pool(&db.primary_url, 4).await,
+        bb8_pool(&db.standby_url, 4).await,
+        Policy::WaitThenPrimary(Duration::from_secs(2)),
+    );
+    router_reads_own_writes(router, &db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_router_over_deadpool_pools_reads_own_writes() {
+    let db = TestReplicas::new("async_router_deadpool");
+    let router = Router::new(
+        deadpool_pool(&db.primary_url, 4),
+        deadpool_pool(&db.standby_url, 4),
+        Policy::WaitThenPrimary(Duration::from_secs(2)),
+    );
+    router_reads_own_writes(router, &db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_router_over_bb8_pools_applies_its_policy() {
+    let db = TestReplicas::new("async_router_bb8_policy");
+    let (primary, replica) = (
+        bb8_pool(&db.primary_url, 2).await,
+        bb8_pool(&db.standby_url, 2).await,
+    );
+    router_policies_while_replay_is_paused(primary, replica, &db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_router_over_deadpool_pools_applies_its_policy() {
+    let db = TestReplicas::new("async_router_deadpool_policy");
+    let (primary, replica) = (
+        deadpool_pool(&db.primary_url, 2),
+        deadpool_pool(&db.standby_url, 2),
+    );
+    router_policies_while_replay_is_paused(primary, replica, &db).await;
+}
+
+/// A pool with no connection to give (bb8's wait ran out) is a typed error,
+/// never a panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_pool_is_an_error() {
+    let db = TestReplicas::new("async_router_exhausted");
+    let router = Router::new(
+        bb8_pool(&db.primary_url, 1).await,
+        bb8_pool(&db.standby_url, 1).await,
+        Policy::Primary,
+    );
+    let held = router.primary().await.unwrap();
+    let err = router
+        .read(Some(Lsn::from(1)))
+        .await
+        .err()
+        .expect("no connection");
+    assert!(matches!(err, Error::AsyncPool(_)), "{err:?}");
+    drop(held);
+    assert_eq!(
+        router.read(Some(Lsn::from(1))).await.unwrap().route(),
+        Route::PrimaryByPolicy
     );
 }

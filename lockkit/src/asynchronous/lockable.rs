@@ -477,7 +477,8 @@ where
     TouchVersioned<M>: ExecuteDsl<Conn>,
 {
     fn mark<'a>(conn: &'a mut Conn, row: &'a mut M) -> BoxFuture<'a, Result<(), Error>> {
-        // The row is locked: the version cannot have moved since the locked read.
-        Box::pin(AsyncVersioned::touch_versioned(row, conn))
+        // The row is locked: the version cannot have moved since the locked read,
+        // and is the row's own.
+        Box::pin(super::versioned::touch_locked(conn, row))
     }
 }

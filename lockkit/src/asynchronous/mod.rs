@@ -42,7 +42,8 @@
 //! Read-your-writes on a PostgreSQL standby (features `replica` and `async`):
 //! [`lockkit::replica::asynchronous`](crate::replica::asynchronous).
 //!
-//! Not here yet: the [`journal`](crate::journal) (see [`versioned`]).
+//! The [`journal`](crate::journal) watches these connections too (see
+//! [`versioned`]).
 
 pub mod advisory;
 pub mod atomic;

@@ -43,10 +43,13 @@
 //!
 //! # What differs from the blocking side
 //!
-//! * The [`journal`](crate::journal) does not watch diesel-async connections
-//!   yet: a struct whose write was rolled back with its transaction keeps the
-//!   version it wrote, and the rollback ABA the journal closes on the blocking
-//!   side stays open here. Re-read a row after a transaction that failed.
+//! * Nothing in what the [`journal`] does: it watches
+//!   diesel-async connections as it watches blocking ones (diesel-async reports
+//!   `BEGIN`, `COMMIT`, `ROLLBACK` and savepoints to the connection's Diesel
+//!   instrumentation too), and the same code decides which version a struct
+//!   whose write was rolled back writes with. A connection with instrumentation
+//!   of its own keeps it: wrap it in
+//!   [`Journal::wrap`](crate::journal::Journal::wrap) there as well.
 //! * Whether the database enforces a table's declared key is asked once per
 //!   process, connection type and table (the blocking side asks once per
 //!   connection): a process that reaches two databases of the same backend
@@ -65,15 +68,17 @@ use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnectionCore, RunQueryDsl, TransactionManager};
 
 use super::connection::{AsyncLockingConnection, Restore};
-use crate::optimistic::backend::{InShareMode, OptimisticBackend, Unique};
+use crate::journal::{self, AsyncWatched, Plan};
+use crate::optimistic::backend::{DatabaseId, InShareMode, OptimisticBackend, Unique};
 use crate::optimistic::statement::BySql;
+use crate::optimistic::version::VersionNumber;
 use crate::optimistic::version_check::{
-    checked_next, current_state, stale_report, DeleteVersioned, TouchVersioned, UpdateVersioned,
-    VersionCheck, Written,
+    self, checked_next, current_state, stale_report, DeleteVersioned, Origin, TouchVersioned,
+    UpdateVersioned, VersionCheck, Written,
 };
 use crate::optimistic::versioned::{all_or_none, key_order, settle};
 use crate::transaction::Failure;
-use crate::{classify, Error, Lockable, Operation, Versioned};
+use crate::{classify, CurrentState, Error, Lockable, Operation, Versioned};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -105,7 +110,9 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
             let key = self.key();
             let expected = self.version();
             let this = &*self;
-            let statement = || this.update_versioned_statement();
+            let statement = |checked| {
+                version_check::update::<Self, _>(this.key(), checked, this.versioned_changeset())
+            };
             let written =
                 write::<Self, Conn, _>(conn, &key, expected, Operation::Update, statement).await?;
             settle(self, written)
@@ -155,7 +162,7 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
         async move {
             let key = self.key();
             let expected = self.version();
-            let statement = || Self::update_statement(key.clone(), expected, changes);
+            let statement = |checked| Self::update_statement(key.clone(), checked, changes);
             let written =
                 write::<Self, Conn, _>(conn, &key, expected, Operation::Update, statement).await?;
             settle(self, written)
@@ -183,7 +190,7 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
         UpdateVersioned<Self, BySql<C>>: ExecuteDsl<Conn>,
     {
         async move {
-            let statement = || Self::update_statement(key.clone(), expected_version, changes);
+            let statement = |checked| Self::update_statement(key.clone(), checked, changes);
             let op = Operation::Update;
             match write::<Self, Conn, _>(conn, &key, expected_version, op, statement).await? {
                 Written::Done(next) => Ok(next.unwrap_or(expected_version)),
@@ -249,7 +256,8 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
             let mut failed = None;
             for i in order {
                 let (key, expected) = &rows[i];
-                let statement = || Self::update_statement(key.clone(), *expected, changes.clone());
+                let statement =
+                    |checked| Self::update_statement(key.clone(), checked, changes.clone());
                 match write::<Self, Conn, _>(conn, key, *expected, Operation::Update, statement)
                     .await
                 {
@@ -288,7 +296,7 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
         async move {
             let key = self.key();
             let expected = self.version();
-            let statement = || self.delete_versioned_statement();
+            let statement = |checked| diesel::delete(Self::target(key.clone(), checked));
             match write::<Self, Conn, _>(conn, &key, expected, Operation::Delete, statement).await?
             {
                 Written::Done(_) => Ok(()),
@@ -315,8 +323,7 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
         async move {
             let key = self.key();
             let expected = self.version();
-            let this = &*self;
-            let statement = || this.touch_versioned_statement();
+            let statement = |checked| version_check::touch::<Self>(key.clone(), checked);
             let written =
                 write::<Self, Conn, _>(conn, &key, expected, Operation::Touch, statement).await?;
             settle(self, written)
@@ -343,8 +350,24 @@ pub trait AsyncVersionQuery<Conn>: VersionCheck<Key: Send + Sync, Version: Send>
         key: Self::Key,
     ) -> BoxFuture<'_, QueryResult<Option<Self::Version>>>;
 
+    /// `UPDATE .. SET <version> = <version> + 1 WHERE <key> AND <version> = $version`:
+    /// moves the row past a version that a rolled-back struct may still hold.
+    fn bump_past(
+        conn: &mut Conn,
+        key: Self::Key,
+        version: Self::Version,
+    ) -> BoxFuture<'_, QueryResult<usize>>;
+
     /// Whether the database enforces the declared key.
     fn key_is_unique(conn: &mut Conn) -> BoxFuture<'_, QueryResult<bool>>;
+
+    /// The row's identity for the [`journal`]: database, table
+    /// and key; `None` when the journal needs none (nothing recorded, no
+    /// transaction).
+    fn row_id<'a>(
+        conn: &'a mut Conn,
+        key: &'a Self::Key,
+    ) -> BoxFuture<'a, QueryResult<Option<String>>>;
 }
 
 type Latest<Conn, Q> = <<Conn as AsyncConnectionCore>::Backend as OptimisticBackend>::Latest<Q>;
@@ -356,6 +379,8 @@ where
     M::CurrentVersion: LockingDsl<InShareMode>,
     Latest<Conn, M::CurrentVersion>: for<'q> LoadQuery<'q, Conn, M::Version> + Send + 'static,
     BoxedSqlQuery<'static, Conn::Backend, SqlQuery>: for<'q> LoadQuery<'q, Conn, Unique> + Send,
+    SqlQuery: for<'q> LoadQuery<'q, Conn, DatabaseId>,
+    TouchVersioned<M>: ExecuteDsl<Conn> + 'static,
 {
     fn load_current_version(
         conn: &mut Conn,
@@ -363,6 +388,17 @@ where
     ) -> BoxFuture<'_, QueryResult<Option<M::Version>>> {
         let query = <Conn::Backend as OptimisticBackend>::latest(M::current_version(key));
         Box::pin(async move { query.get_result(conn).await.optional() })
+    }
+
+    fn bump_past(
+        conn: &mut Conn,
+        key: M::Key,
+        version: M::Version,
+    ) -> BoxFuture<'_, QueryResult<usize>> {
+        Box::pin(ExecuteDsl::execute(
+            version_check::touch::<M>(key, version),
+            conn,
+        ))
     }
 
     fn key_is_unique(conn: &mut Conn) -> BoxFuture<'_, QueryResult<bool>> {
@@ -380,6 +416,24 @@ where
             Ok(unique)
         })
     }
+
+    fn row_id<'a>(
+        conn: &'a mut Conn,
+        key: &'a M::Key,
+    ) -> BoxFuture<'a, QueryResult<Option<String>>> {
+        Box::pin(async move {
+            let fetched = match journal::needs_database_id(&mut AsyncWatched(&mut *conn)) {
+                true => Some(
+                    diesel::sql_query(<Conn::Backend as OptimisticBackend>::DATABASE_ID)
+                        .get_result::<DatabaseId>(&mut *conn)
+                        .await?
+                        .id,
+                ),
+                false => None,
+            };
+            Ok(journal::row_id_with(&mut AsyncWatched(conn), key, fetched))
+        })
+    }
 }
 
 type UniqueKeys = HashMap<(TypeId, &'static str), bool>;
@@ -392,30 +446,100 @@ fn unique_keys() -> std::sync::MutexGuard<'static, UniqueKeys> {
 }
 
 /// Runs one versioned write: the blocking side's sequence
-/// ([`version_check`](crate::optimistic::version_check)) without the journal.
+/// ([`version_check`](crate::optimistic::version_check)), the journal's
+/// decisions taken by the same functions; only the statements are awaited.
 async fn write<M, Conn, S>(
     conn: &mut Conn,
     key: &M::Key,
     expected: M::Version,
     operation: Operation,
-    statement: impl FnOnce() -> S + Send,
+    statement: impl FnOnce(M::Version) -> S + Send,
 ) -> Result<Written<M::Version>, Error>
 where
     Conn: AsyncLockingConnection,
     M: Versioned + AsyncVersionQuery<Conn>,
     S: ExecuteDsl<Conn>,
 {
+    write_from::<M, Conn, S>(conn, key, expected, Origin::Held, operation, statement).await
+}
+
+/// [`write`], for a version from `origin`.
+async fn write_from<M, Conn, S>(
+    conn: &mut Conn,
+    key: &M::Key,
+    expected: M::Version,
+    origin: Origin,
+    operation: Operation,
+    statement: impl FnOnce(M::Version) -> S + Send,
+) -> Result<Written<M::Version>, Error>
+where
+    Conn: AsyncLockingConnection,
+    M: Versioned + AsyncVersionQuery<Conn>,
+    S: ExecuteDsl<Conn>,
+{
+    let row = M::row_id(conn, key).await.map_err(classify)?;
+    let plan = match origin {
+        Origin::Held => journal::plan(
+            &mut AsyncWatched(&mut *conn),
+            M::TABLE_NAME,
+            row.as_deref(),
+            expected.to_i64(),
+        ),
+        Origin::LockedRead => Plan::Write,
+    };
+    let checked = match plan {
+        Plan::Restore { restore, .. } => M::Version::from_i64(restore).unwrap_or(expected),
+        Plan::Write => expected,
+    };
     let next = match operation {
         Operation::Delete => None,
-        Operation::Update | Operation::Touch => Some(checked_next::<M, _>(key, expected)?),
+        Operation::Update | Operation::Touch => Some(checked_next::<M, _>(key, checked)?),
     };
-    if execute_once::<M, Conn, S>(conn, key, statement).await? == 1 {
+    if execute_once::<M, Conn, S>(conn, key, move || statement(checked)).await? == 1 {
+        journal::written(
+            &mut AsyncWatched(conn),
+            M::TABLE_NAME,
+            row.as_deref(),
+            plan,
+            checked.to_i64(),
+            next.map(VersionNumber::to_i64),
+        );
         return Ok(Written::Done(next));
     }
     let current = current_state(M::load_current_version(conn, key.clone()).await, expected)?;
+    let current = match current {
+        CurrentState::Version(v) if journal::must_move_past(plan, v) => {
+            let bumped = M::bump_past(conn, key.clone(), expected)
+                .await
+                .map_err(classify)?;
+            CurrentState::Version(if bumped == 1 { v + 1 } else { v })
+        }
+        current => current,
+    };
+    let watched = &mut AsyncWatched(conn);
+    journal::found_stale(watched, M::TABLE_NAME, row.as_deref(), plan, current);
     Ok(Written::Stale(stale_report::<M>(
         key, expected, operation, current,
     )))
+}
+
+/// The version bump of an exclusive lock on a row just read under that lock
+/// ([`with_lock`](super::with_lock), [`lock_all`](super::lock_all)): the row's
+/// own version, checked as read, never one the journal would restore (see
+/// `Origin::LockedRead`).
+pub(crate) async fn touch_locked<M, Conn>(conn: &mut Conn, row: &mut M) -> Result<(), Error>
+where
+    Conn: AsyncLockingConnection,
+    M: Versioned + AsyncVersionQuery<Conn>,
+    TouchVersioned<M>: ExecuteDsl<Conn>,
+{
+    let key = row.key();
+    let statement = |checked| version_check::touch::<M>(key.clone(), checked);
+    let op = Operation::Touch;
+    let written =
+        write_from::<M, Conn, _>(conn, &key, row.version(), Origin::LockedRead, op, statement)
+            .await?;
+    settle(row, written)
 }
 
 /// Executes a versioned statement; where the database does not enforce the

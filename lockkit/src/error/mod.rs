@@ -166,6 +166,15 @@ pub enum Error {
     #[error("no connection from the pool: {0}")]
     Pool(#[from] diesel::r2d2::PoolError),
 
+    /// No connection could be taken from a diesel-async pool (the bb8 or
+    /// deadpool pools of
+    /// [`replica::asynchronous::Router`](crate::replica::asynchronous::Router)):
+    /// its timeout ran out, or the server could not be reached.
+    #[cfg(all(feature = "replica", feature = "async"))]
+    #[cfg_attr(docsrs, doc(cfg(all(feature = "replica", feature = "async"))))]
+    #[error("no connection from the pool: {0}")]
+    AsyncPool(#[source] Box<dyn std::error::Error + Send + Sync>),
+
     /// A value from the caller is out of range; nothing was sent.
     #[error("invalid input: {0}")]
     InvalidInput(&'static str),

@@ -34,6 +34,11 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     /// Makes `query` a read of the latest committed row.
     fn latest<Q: LockingDsl<InShareMode>>(query: Q) -> Self::Latest<Q>;
 
+    /// The statement behind [`database_id`](Self::database_id): one row, one
+    /// text column `id`. Run by blocking and async connections alike.
+    #[doc(hidden)]
+    const DATABASE_ID: &'static str;
+
     /// Names the database this connection writes to (server and database), so
     /// that rows of two databases with the same table and key are told apart.
     ///
@@ -75,14 +80,17 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
 #[derive(Debug, Clone, Copy, Default, QueryId)]
 pub struct InShareMode;
 
-#[derive(diesel::QueryableByName)]
+/// The row of [`OptimisticBackend::DATABASE_ID`].
+#[doc(hidden)]
+#[derive(Debug, diesel::QueryableByName)]
 #[cfg_attr(
     not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
     allow(dead_code)
 )]
-struct DatabaseId {
+pub struct DatabaseId {
+    /// Server and database.
     #[diesel(sql_type = diesel::sql_types::Text)]
-    id: String,
+    pub id: String,
 }
 
 #[cfg_attr(
@@ -125,14 +133,14 @@ mod postgres {
             query
         }
 
+        const DATABASE_ID: &'static str =
+            "SELECT concat_ws(':', current_database(), inet_server_addr(), inet_server_port()) AS id";
+
         fn database_id<C>(conn: &mut C) -> QueryResult<String>
         where
             C: Connection<Backend = Self> + LoadConnection,
         {
-            database_id(
-                conn,
-                "SELECT concat_ws(':', current_database(), inet_server_addr(), inet_server_port()) AS id",
-            )
+            database_id(conn, Self::DATABASE_ID)
         }
 
         fn key_is_unique_query(
@@ -180,14 +188,14 @@ mod mysql {
             query.with_lock(InShareMode)
         }
 
+        const DATABASE_ID: &'static str =
+            "SELECT CONCAT_WS(':', DATABASE(), @@hostname, @@port) AS id";
+
         fn database_id<C>(conn: &mut C) -> QueryResult<String>
         where
             C: Connection<Backend = Self> + LoadConnection,
         {
-            database_id(
-                conn,
-                "SELECT CONCAT_WS(':', DATABASE(), @@hostname, @@port) AS id",
-            )
+            database_id(conn, Self::DATABASE_ID)
         }
 
         fn key_is_unique_query(
@@ -221,14 +229,14 @@ mod sqlite {
             query
         }
 
+        const DATABASE_ID: &'static str =
+            "SELECT COALESCE((SELECT file FROM pragma_database_list WHERE name = 'main'), '') AS id";
+
         fn database_id<C>(conn: &mut C) -> QueryResult<String>
         where
             C: Connection<Backend = Self> + LoadConnection,
         {
-            database_id(
-                conn,
-                "SELECT COALESCE((SELECT file FROM pragma_database_list WHERE name = 'main'), '') AS id",
-            )
+            database_id(conn, Self::DATABASE_ID)
         }
 
         fn key_is_unique_query(

@@ -201,11 +201,98 @@ impl Drop for Journal {
     }
 }
 
+/// What the journal needs from a connection, blocking or async: the
+/// instrumentation it lives in, the transaction depth, and an identity.
+///
+/// Only the hooks differ between the two: Diesel's transaction manager and
+/// diesel-async's report `BEGIN`, `COMMIT`, `ROLLBACK` and savepoints to the
+/// connection's instrumentation alike, so one [`Journal`] watches both, and
+/// what is recorded and which version a struct writes with ([`plan`],
+/// [`written`]) is decided here once.
+pub(crate) trait Watched {
+    /// The connection's Diesel instrumentation.
+    fn slot(&mut self) -> &mut dyn Instrumentation;
+    /// Installs a journal as the connection's instrumentation.
+    fn install(&mut self, journal: Journal);
+    /// Whether the connection has Diesel's built-in "no instrumentation".
+    fn bare(&mut self) -> bool;
+    /// The depth of the open transaction, if one is open.
+    fn depth(&mut self) -> Option<u32>;
+    /// The connection's address: who wrote an unwatched entry.
+    fn address(&mut self) -> usize;
+}
+
+impl<C: Connection> Watched for C {
+    fn slot(&mut self) -> &mut dyn Instrumentation {
+        Connection::instrumentation(self)
+    }
+
+    fn install(&mut self, journal: Journal) {
+        Connection::set_instrumentation(self, journal);
+    }
+
+    fn bare(&mut self) -> bool {
+        has_no_instrumentation(self)
+    }
+
+    fn depth(&mut self) -> Option<u32> {
+        C::TransactionManager::transaction_manager_status_mut(self)
+            .transaction_depth()
+            .ok()
+            .flatten()
+            .map(|d| d.get())
+    }
+
+    fn address(&mut self) -> usize {
+        std::ptr::from_mut(self) as *mut u8 as usize
+    }
+}
+
+/// A diesel-async connection, watched by the journal like a blocking one.
+#[cfg(feature = "async")]
+pub(crate) struct AsyncWatched<'a, C>(pub(crate) &'a mut C);
+
+#[cfg(feature = "async")]
+impl<C: diesel_async::AsyncConnection> Watched for AsyncWatched<'_, C> {
+    fn slot(&mut self) -> &mut dyn Instrumentation {
+        self.0.instrumentation()
+    }
+
+    fn install(&mut self, journal: Journal) {
+        self.0.set_instrumentation(journal);
+    }
+
+    /// diesel-async keeps Diesel's placeholder behind a pointer
+    /// (`AsyncPgConnection`, `SyncConnectionWrapper`), so there are no bounds
+    /// to compare its address with. What tells it from a user's instrumentation:
+    /// it is zero-sized and stored in place, while a zero-sized instrumentation
+    /// a user sets is boxed, which leaves it at the dangling address (its
+    /// alignment).
+    fn bare(&mut self) -> bool {
+        let current = self.0.instrumentation();
+        let at = std::ptr::from_mut(current) as *mut u8 as usize;
+        std::mem::size_of_val(current) == 0 && at != std::mem::align_of_val(current)
+    }
+
+    fn depth(&mut self) -> Option<u32> {
+        use diesel_async::TransactionManager;
+        C::TransactionManager::transaction_manager_status_mut(self.0)
+            .transaction_depth()
+            .ok()
+            .flatten()
+            .map(|d| d.get())
+    }
+
+    fn address(&mut self) -> usize {
+        std::ptr::from_mut(self.0) as *mut u8 as usize
+    }
+}
+
 /// The connection's journal, installed if the connection has no instrumentation;
 /// `None` if it has instrumentation of its own.
-pub(crate) fn journal_of<C: Connection>(conn: &mut C) -> Option<&mut Journal> {
-    if !conn.instrumentation().is::<Journal>() {
-        if !has_no_instrumentation(conn) {
+pub(crate) fn journal_of<W: Watched>(conn: &mut W) -> Option<&mut Journal> {
+    if !conn.slot().is::<Journal>() {
+        if !conn.bare() {
             static WARNED: AtomicBool = AtomicBool::new(false);
             if !WARNED.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
@@ -216,9 +303,9 @@ pub(crate) fn journal_of<C: Connection>(conn: &mut C) -> Option<&mut Journal> {
             }
             return None;
         }
-        conn.set_instrumentation(Journal::new());
+        conn.install(Journal::new());
     }
-    conn.instrumentation().downcast_mut::<Journal>()
+    conn.slot().downcast_mut::<Journal>()
 }
 
 /// Whether `conn` has Diesel's built-in "no instrumentation".
@@ -238,12 +325,12 @@ fn has_no_instrumentation<C: Connection>(conn: &mut C) -> bool {
 }
 
 /// Whether the table's key is known to be unique on this connection's database.
-pub(crate) fn cached_unique_key<C: Connection>(conn: &mut C, table: &'static str) -> Option<bool> {
+pub(crate) fn cached_unique_key<W: Watched>(conn: &mut W, table: &'static str) -> Option<bool> {
     journal_of(conn).and_then(|j| j.unique_keys.get(table).copied())
 }
 
 /// Remembers whether the table's key is unique on this connection's database.
-pub(crate) fn cache_unique_key<C: Connection>(conn: &mut C, table: &'static str, unique: bool) {
+pub(crate) fn cache_unique_key<W: Watched>(conn: &mut W, table: &'static str, unique: bool) {
     if let Some(journal) = journal_of(conn) {
         journal.unique_keys.insert(table, unique);
     }
@@ -254,8 +341,8 @@ type RowId = (&'static str, String);
 
 /// Whether a versioned write on `conn` must name its row to the journal: when
 /// something is recorded, or the write happens inside a transaction.
-pub(crate) fn needs_row_ids<C: Connection>(conn: &mut C) -> bool {
-    ENTRIES.load(Ordering::Relaxed) > 0 || transaction_depth(conn).is_some()
+pub(crate) fn needs_row_ids<W: Watched>(conn: &mut W) -> bool {
+    ENTRIES.load(Ordering::Relaxed) > 0 || conn.depth().is_some()
 }
 
 /// The row's identity for the journal: database, table and key, or `None`
@@ -269,23 +356,42 @@ pub(crate) fn row_id<C: Connection>(
     key: &dyn std::fmt::Debug,
     fetch: impl FnOnce(&mut C) -> diesel::QueryResult<String>,
 ) -> diesel::QueryResult<Option<String>> {
+    let fetched = match needs_database_id(conn) {
+        true => Some(fetch(conn)?),
+        false => None,
+    };
+    Ok(row_id_with(conn, key, fetched))
+}
+
+/// Whether [`row_id_with`] needs the database id read first: at a journaled
+/// connection's first versioned write, and without a journal whenever an
+/// identity is needed.
+pub(crate) fn needs_database_id<W: Watched>(conn: &mut W) -> bool {
     let needed = needs_row_ids(conn);
-    match journal_of(conn).map(|j| j.database.is_some()) {
-        Some(false) => {
-            let id = fetch(conn)?;
-            if let Some(journal) = journal_of(conn) {
-                journal.database = Some(id);
+    match journal_of(conn) {
+        Some(journal) => journal.database.is_none(),
+        None => needed,
+    }
+}
+
+/// [`row_id`] once the database id was read if [`needs_database_id`] said so
+/// (`fetched`).
+pub(crate) fn row_id_with<W: Watched>(
+    conn: &mut W,
+    key: &dyn std::fmt::Debug,
+    fetched: Option<String>,
+) -> Option<String> {
+    let needed = needs_row_ids(conn);
+    let row = |database: &str| format!("{database}/{key:?}");
+    match journal_of(conn) {
+        Some(journal) => {
+            if journal.database.is_none() {
+                journal.database = fetched;
             }
+            journal.database.as_deref().filter(|_| needed).map(row)
         }
-        None if needed => return Ok(Some(format!("{}/{key:?}", fetch(conn)?))),
-        _ => {}
+        None => fetched.as_deref().filter(|_| needed).map(row),
     }
-    if !needed {
-        return Ok(None);
-    }
-    Ok(journal_of(conn)
-        .and_then(|j| j.database.as_deref())
-        .map(|database| format!("{database}/{key:?}")))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -418,21 +524,9 @@ pub(crate) enum Plan {
     Restore { restore: i64, tentative: i64 },
 }
 
-fn transaction_depth<C: Connection>(conn: &mut C) -> Option<u32> {
-    C::TransactionManager::transaction_manager_status_mut(conn)
-        .transaction_depth()
-        .ok()
-        .flatten()
-        .map(|d| d.get())
-}
-
-fn conn_id<C>(conn: &mut C) -> usize {
-    std::ptr::from_mut(conn) as *mut u8 as usize
-}
-
 /// Decides how to write `row` from a struct holding `expected`.
-pub(crate) fn plan<C: Connection>(
-    conn: &mut C,
+pub(crate) fn plan<W: Watched>(
+    conn: &mut W,
     table: &'static str,
     row: Option<&str>,
     expected: i64,
@@ -444,7 +538,7 @@ pub(crate) fn plan<C: Connection>(
         return Plan::Write;
     }
     let row = (table, row.to_owned());
-    let here = (conn_id(conn), transaction_depth(conn));
+    let here = (conn.address(), conn.depth());
     let registry = registry();
     let Some(entries) = registry.rows.get(&row) else {
         return Plan::Write;
@@ -478,8 +572,8 @@ pub(crate) fn plan<C: Connection>(
 /// After a versioned write moved `row` from `from` to `to` (`None`: deleted):
 /// forgets what can no longer recur and, inside a transaction, records `to` as
 /// tentative.
-pub(crate) fn written<C: Connection>(
-    conn: &mut C,
+pub(crate) fn written<W: Watched>(
+    conn: &mut W,
     table: &'static str,
     row: Option<&str>,
     plan: Plan,
@@ -489,7 +583,7 @@ pub(crate) fn written<C: Connection>(
     let Some(row) = row else {
         return;
     };
-    let depth = transaction_depth(conn);
+    let depth = conn.depth();
     if ENTRIES.load(Ordering::Relaxed) == 0 && (depth.is_none() || to.is_none()) {
         return;
     }
@@ -519,7 +613,7 @@ pub(crate) fn written<C: Connection>(
             }
         }
         None => State::Unwatched {
-            conn: conn_id(conn),
+            conn: conn.address(),
             depth,
         },
     };
@@ -541,5 +635,33 @@ pub(crate) fn forget_through(table: &'static str, key: String, current: i64) {
         registry().remove(&(table, key), |e| {
             e.version <= current && !matches!(e.state, State::Open { .. })
         });
+    }
+}
+
+/// Whether a write planned as `plan` that matched no row found the row at the
+/// very number a rolled-back write gave the struct (`current`): somebody wrote
+/// it again, and the struct cannot be told from them. The caller moves the row
+/// past it (`SET v = v + 1 WHERE v = $n`) so that neither writes on a guess.
+pub(crate) fn must_move_past(plan: Plan, current: i64) -> bool {
+    matches!(plan, Plan::Restore { tentative, .. } if tentative == current)
+}
+
+/// After a write planned as `plan` was found stale, the row at `current`
+/// (after the move past, if any): outside a transaction what was read (and
+/// moved) is committed, so the rolled-back numbers at or below it can never
+/// match again.
+pub(crate) fn found_stale<W: Watched>(
+    conn: &mut W,
+    table: &'static str,
+    row: Option<&str>,
+    plan: Plan,
+    current: crate::CurrentState,
+) {
+    if let (Plan::Restore { .. }, crate::CurrentState::Version(current), Some(row)) =
+        (plan, current, row)
+    {
+        if conn.depth().is_none() {
+            forget_through(table, row.to_owned(), current);
+        }
     }
 }

@@ -41,7 +41,6 @@ use crate::journal::{self, Plan};
 use crate::optimistic::backend::{InShareMode, OptimisticBackend};
 use crate::optimistic::statement::{ByType, VersionedUpdate};
 use crate::optimistic::version::VersionNumber;
-use crate::transaction::in_transaction;
 use crate::{classify, CurrentState, Error, Lockable, Operation, StaleObjectError, Versioned};
 
 type VersionColumnOf<M> = <M as Versioned>::VersionColumn;
@@ -375,23 +374,14 @@ where
     }
 
     let current = current_state(M::load_current_version(conn, key.clone()), expected)?;
-    let current = match (plan, current) {
-        // The row holds the number a rolled-back write gave this struct: somebody
-        // wrote it again, and this struct cannot be told from theirs. Move the row
-        // past it so that neither can write on a guess.
-        (Plan::Restore { tentative, .. }, CurrentState::Version(v)) if v == tentative => {
+    let current = match current {
+        CurrentState::Version(v) if journal::must_move_past(plan, v) => {
             let bumped = M::bump_past(conn, key.clone(), expected).map_err(classify)?;
             CurrentState::Version(if bumped == 1 { v + 1 } else { v })
         }
-        (_, current) => current,
+        current => current,
     };
-    if let (Plan::Restore { .. }, CurrentState::Version(v)) = (plan, current) {
-        // Outside a transaction what was read (and bumped) is committed: the
-        // rolled-back numbers at or below it can never match again.
-        if let (false, Some(row)) = (in_transaction(conn), &row) {
-            journal::forget_through(M::TABLE_NAME, row.clone(), v);
-        }
-    }
+    journal::found_stale(conn, M::TABLE_NAME, row.as_deref(), plan, current);
     Ok(Written::Stale(stale_report::<M>(
         key, expected, operation, current,
     )))

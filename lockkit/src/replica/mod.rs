@@ -14,7 +14,7 @@
 //! | [`replayed_lsn`] | on the replica: how far it has replayed (`None`: not a standby) |
 //! | [`route`] | with a [`Policy`]: the [`Route`] of a read (the replica, or the primary and why), waiting as the policy allows |
 //! | [`Router`] (feature `r2d2`) | the three over a primary and a replica pool: [`Router::write`] returns the position, [`Router::read`] the connection |
-//! | [`asynchronous`] (feature `async`) | the first three on diesel-async's `AsyncPgConnection`, waiting with tokio's timer |
+//! | [`asynchronous`] (feature `async`) | the first three on diesel-async's `AsyncPgConnection`, waiting with tokio's timer; its `Router` over bb8 or deadpool pools (feature `bb8` or `deadpool`) |
 //!
 //! The SQL:
 //!

@@ -91,6 +91,16 @@ pub fn route(replica: &mut PgConnection, written: Option<Lsn>, policy: Policy) -
     }
 }
 
+/// The route of a router's read that goes to the primary without a look at
+/// the replica ([`Policy::Primary`] with a position), so that no replica
+/// connection is taken for it: the r2d2 and the async `Router` decide here.
+pub(crate) fn skips_the_replica(written: Option<Lsn>, policy: Policy) -> Option<Route> {
+    match Routing::start(written, policy) {
+        Err(route) if !route.is_replica() => Some(route),
+        _ => None,
+    }
+}
+
 /// What [`Routing::look`] decided: the answer, or a pause before the next look.
 #[derive(Debug)]
 pub(crate) enum Step {

@@ -5,6 +5,7 @@ use std::ops::{Deref, DerefMut};
 use diesel::r2d2::{ConnectionManager, Pool, PooledConnection};
 use diesel::{Connection, PgConnection};
 
+use super::route::skips_the_replica;
 use super::{commit_lsn, route, Lsn, Policy, Route};
 use crate::Error;
 
@@ -105,10 +106,10 @@ impl Router {
     /// [`Error::ReplicaBehind`] from [`Policy::WaitOrFail`]; [`Error::Pool`] when
     /// a pool has no connection to give; the replica's connection errors.
     pub fn read(&self, written: Option<Lsn>) -> Result<RoutedConnection, Error> {
-        if written.is_some() && self.policy == Policy::Primary {
+        if let Some(route) = skips_the_replica(written, self.policy) {
             return Ok(RoutedConnection {
                 conn: self.primary()?,
-                route: Route::PrimaryByPolicy,
+                route,
             });
         }
         let mut replica = self.replica.get()?;

@@ -1,0 +1,300 @@
+//! The rollback journal on diesel-async, on PostgreSQL, MariaDB and SQLite: a
+//! struct whose versioned write was rolled back with its transaction (or
+//! savepoint) writes as if its version had been restored, never over somebody
+//! else's later write; a rolled-back `with_lock` leaves the next `with_lock`
+//! on the row writable; and structs retried on other connections of a pool
+//! write as restored.
+
+#![cfg(feature = "async")]
+
+#[macro_use]
+mod async_common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use diesel::{ExpressionMethods, QueryDsl};
+use diesel_async::RunQueryDsl;
+use lockkit::asynchronous::prelude::*;
+use lockkit::asynchronous::{locked_transaction, transaction_with_retry, with_lock};
+use lockkit::{CurrentState, Error, LockOptions, RetryPolicy};
+use lockkit_tests::models::Item;
+use lockkit_tests::schema::items;
+
+/// Inserts items `1..=n` with stock 10, version 0.
+macro_rules! insert_items {
+    ($conn:expr, $n:expr) => {
+        for id in 1..=$n {
+            diesel::insert_into(items::table)
+                .values((
+                    items::id.eq(id),
+                    items::name.eq("widget"),
+                    items::stock.eq(10),
+                    items::lock_version.eq(0),
+                ))
+                .execute($conn)
+                .await
+                .expect("insert");
+        }
+    };
+}
+
+/// Item `id` as stored.
+macro_rules! item {
+    ($conn:expr, $id:expr) => {
+        items::table
+            .find($id)
+            .first::<Item>($conn)
+            .await
+            .expect("read item")
+    };
+}
+
+/// Runs `update_versioned` on `$item` in a transaction that then rolls back.
+macro_rules! write_and_roll_back {
+    ($conn:expr, $item:expr) => {{
+        let rolled_back = locked_transaction($conn, LockOptions::default(), async |c| {
+            $item.update_versioned(c).await?;
+            Err::<(), _>(Error::NoRowMatched)
+        })
+        .await;
+        assert!(
+            matches!(rolled_back, Err(Error::NoRowMatched)),
+            "{rolled_back:?}"
+        );
+    }};
+}
+
+async_backend_tests! {
+    /// A's write is rolled back, B then writes the row (0 -> 1, B's data), and
+    /// A writes again holding 1: without the journal that matched B's version
+    /// and overwrote B's data.
+    async fn a_rolled_back_write_never_overwrites_a_later_writer(db) {
+        let mut a_conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let mut b_conn: Async = async_common::connect(&db.url, BACKEND).await;
+        insert_items!(&mut a_conn, 1);
+        let mut a = item!(&mut a_conn, 1);
+        a.stock = 5;
+        write_and_roll_back!(&mut a_conn, a);
+        assert_eq!(item!(&mut a_conn, 1).lock_version, 0, "the row is back at version 0");
+
+        let mut b = item!(&mut b_conn, 1);
+        b.stock = 7;
+        b.update_versioned(&mut b_conn).await.unwrap();
+
+        a.stock = 3;
+        let err = a.update_versioned(&mut a_conn).await.unwrap_err();
+        assert!(matches!(err, Error::Stale(_)), "{err:?}");
+        let stored = item!(&mut a_conn, 1);
+        assert_eq!((stored.stock, stored.lock_version), (7, 2), "B's write stands; the version moved past the reused number");
+        // B's struct holds the number A's did: stale once; reloaded, both write.
+        b.stock = 6;
+        assert!(matches!(b.update_versioned(&mut b_conn).await, Err(Error::Stale(_))));
+        let mut b = item!(&mut b_conn, 1);
+        b.stock = 6;
+        b.update_versioned(&mut b_conn).await.unwrap();
+        let mut a = item!(&mut a_conn, 1);
+        a.stock = 5;
+        a.update_versioned(&mut a_conn).await.unwrap();
+        assert_eq!(item!(&mut a_conn, 1).lock_version, 4);
+    }
+
+    /// A conflict after the write rolls the attempt back; the retry writes the
+    /// same struct again. Without the journal it held the rolled-back number:
+    /// stale on every attempt, so the retry gave up.
+    async fn a_struct_retried_after_a_rollback_writes_as_if_restored(db) {
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        insert_items!(&mut conn, 1);
+        let a = tokio::sync::Mutex::new(item!(&mut conn, 1));
+        let attempts = AtomicUsize::new(0);
+        transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), async |c| {
+            let attempt = attempts.fetch_add(1, Ordering::SeqCst) + 1;
+            let mut a = a.lock().await;
+            a.stock = 9;
+            a.update_versioned(c).await?;
+            if attempt == 1 {
+                return Err(Error::Deadlock); // a conflict after the write
+            }
+            Ok(())
+        })
+        .await
+        .unwrap();
+        assert_eq!(AtomicUsize::load(&attempts, Ordering::SeqCst), 2);
+        let stored = item!(&mut conn, 1);
+        let mut a = a.into_inner();
+        assert_eq!((stored.stock, stored.lock_version), (9, 1), "one committed write, one bump");
+        assert_eq!(a, stored);
+
+        // Without a retry the struct keeps working after the rollback as well,
+        // and every kind of versioned write is restored the same way.
+        a.stock = 1;
+        write_and_roll_back!(&mut conn, a);
+        a.stock = 8;
+        a.update_versioned(&mut conn).await.unwrap();
+        assert_eq!(item!(&mut conn, 1), a);
+        let rolled_back = locked_transaction(&mut conn, LockOptions::default(), async |c| {
+            a.touch_versioned(c).await?;
+            Err::<(), _>(Error::NoRowMatched)
+        })
+        .await;
+        assert!(rolled_back.is_err());
+        a.update_versioned_with(&mut conn, items::stock.eq(items::stock + 1)).await.unwrap();
+        let stored = item!(&mut conn, 1);
+        assert_eq!((stored.stock, stored.lock_version), (9, 3));
+        assert_eq!(a.lock_version, 3);
+        a.stock = 9;
+        a.delete_versioned(&mut conn).await.unwrap();
+        assert_eq!(items::table.count().get_result::<i64>(&mut conn).await.unwrap(), 0);
+    }
+
+    /// A committed transaction leaves its versions as they are: the struct
+    /// writes on, and a struct that read the row before it is stale.
+    async fn a_committed_transaction_leaves_the_struct_writable(db) {
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        insert_items!(&mut conn, 1);
+        let mut a = item!(&mut conn, 1);
+        let mut old = a.clone();
+        locked_transaction(&mut conn, LockOptions::default(), async |c| {
+            a.stock = 5;
+            a.update_versioned(c).await?;
+            a.stock = 4;
+            a.update_versioned(c).await
+        })
+        .await
+        .unwrap();
+        a.stock = 3;
+        a.update_versioned(&mut conn).await.unwrap();
+        let stored = item!(&mut conn, 1);
+        assert_eq!((stored.stock, stored.lock_version), (3, 3));
+        old.stock = 0;
+        let err = old.update_versioned(&mut conn).await.unwrap_err();
+        assert!(matches!(&err, Error::Stale(s) if s.current == CurrentState::Version(3)), "{err}");
+    }
+
+    /// A savepoint rolled back inside a transaction that commits: the struct
+    /// is restored to the version before the savepoint's write.
+    async fn a_rolled_back_savepoint_is_tracked_like_a_transaction(db) {
+        let mut a_conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let mut b_conn: Async = async_common::connect(&db.url, BACKEND).await;
+        insert_items!(&mut a_conn, 2);
+        let mut a = item!(&mut a_conn, 1);
+        locked_transaction(&mut a_conn, LockOptions::default(), async |c| {
+            let inner = locked_transaction(c, LockOptions::default(), async |c| {
+                a.stock = 5;
+                a.update_versioned(c).await?;
+                Err::<(), _>(Error::NoRowMatched)
+            })
+            .await;
+            assert!(inner.is_err());
+            diesel::update(items::table.find(2)).set(items::stock.eq(1)).execute(c).await?;
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap();
+        let mut b = item!(&mut b_conn, 1);
+        b.stock = 7;
+        b.update_versioned(&mut b_conn).await.unwrap();
+        a.stock = 3;
+        assert!(matches!(a.update_versioned(&mut a_conn).await, Err(Error::Stale(_))));
+        assert_eq!(item!(&mut a_conn, 1).stock, 7);
+        assert_eq!(item!(&mut a_conn, 2).stock, 1, "the outer transaction committed");
+    }
+
+    /// A's `with_lock` bumps the version (0 -> 1) and rolls back; B, a writer
+    /// A's process does not hear from, moves the row to 1. A's next `with_lock`
+    /// reads the row under lock: its version is the row's own, so it locks and
+    /// writes (on the blocking side it once "restored" to 0, found 1 and
+    /// reported Stale in the transaction that Stale rolled back: Stale forever).
+    async fn with_lock_after_a_rolled_back_lock_reads_the_row_afresh(db) {
+        let mut a_conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let mut b_conn: Async = async_common::connect(&db.url, BACKEND).await;
+        insert_items!(&mut a_conn, 1);
+        let rolled_back = with_lock(&mut a_conn, 1, LockOptions::default(), async |c, item: Item| {
+            diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 1)).execute(c).await?;
+            Err::<(), _>(Error::NoRowMatched)
+        })
+        .await;
+        assert!(rolled_back.is_err());
+        diesel::sql_query("UPDATE items SET stock = stock + 2, lock_version = lock_version + 1 WHERE id = 1")
+            .execute(&mut b_conn)
+            .await
+            .unwrap();
+        with_lock(&mut a_conn, 1, LockOptions::default(), async |c, item: Item| {
+            diesel::update(items::table.find(1)).set(items::stock.eq(item.stock + 3)).execute(c).await?;
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap();
+        let stored = item!(&mut a_conn, 1);
+        assert_eq!((stored.stock, stored.lock_version), (15, 2), "B's and A's writes, one bump each");
+    }
+
+    /// Tasks share a bb8 pool smaller than their number, so a struct written
+    /// on one pooled connection is retried on whichever the pool hands out
+    /// next. Each task holds the struct of its own row; every other round its
+    /// write is rolled back and the same struct is written again in a new
+    /// transaction, without a reload. Every retry writes as restored: no stale
+    /// write, one committed change and one bump per round. (Without the journal
+    /// every retry was stale.)
+    async fn structs_retried_on_other_pooled_connections_write_as_restored(db) {
+        const TASKS: usize = 6;
+        const ROUNDS: usize = 12;
+        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 3).await;
+        insert_items!(&mut *pool.get().await.unwrap(), TASKS as i32);
+        let stale = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|task| {
+                let (pool, stale) = (pool.clone(), stale.clone());
+                tokio::spawn(async move {
+                    let id = 1 + task as i32;
+                    let mut mine = item!(&mut *pool.get().await.unwrap(), id);
+                    for round in 0..ROUNDS {
+                        let mut rolled_back = false;
+                        loop {
+                            let roll_back = round % 2 == 0 && !rolled_back;
+                            let mut conn = pool.get().await.unwrap();
+                            let result = locked_transaction(&mut *conn, LockOptions::default(), async |c| {
+                                mine.stock += 1;
+                                let written = mine.update_versioned(c).await;
+                                mine.stock -= 1;
+                                written?;
+                                tokio::task::yield_now().await;
+                                if roll_back {
+                                    return Err(Error::NoRowMatched);
+                                }
+                                Ok(())
+                            })
+                            .await;
+                            drop(conn);
+                            match result {
+                                Ok(()) => {
+                                    mine.stock += 1;
+                                    break;
+                                }
+                                Err(Error::NoRowMatched) => rolled_back = true,
+                                Err(Error::Stale(_)) => {
+                                    stale.fetch_add(1, Ordering::SeqCst);
+                                    mine = item!(&mut *pool.get().await.unwrap(), id);
+                                }
+                                Err(err) if err.is_retryable() => {}
+                                Err(err) => panic!("{err}"),
+                            }
+                        }
+                    }
+                    mine
+                })
+            })
+            .collect();
+        let mut held = Vec::new();
+        for task in tasks {
+            held.push(task.await.unwrap());
+        }
+        let mut conn = pool.get().await.unwrap();
+        let rows: Vec<Item> = items::table.order(items::id).load(&mut *conn).await.unwrap();
+        assert_eq!(AtomicUsize::load(&stale, Ordering::SeqCst), 0, "a retry was stale");
+        for (row, mine) in rows.iter().zip(&held) {
+            assert_eq!((row.stock, row.lock_version), (10 + ROUNDS as i32, ROUNDS as i32));
+            assert_eq!(row, mine, "the struct is the row");
+        }
+    }
+}
