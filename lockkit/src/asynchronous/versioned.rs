@@ -496,6 +496,18 @@ where
         Operation::Update | Operation::Touch => Some(checked_next::<M, _>(key, checked)?),
     };
     if execute_once::<M, Conn, S>(conn, key, move || statement(checked)).await? == 1 {
+        // A number a rolled-back write left with another struct: moved past
+        // (see `journal::reused`).
+        let mut next = next;
+        while let Some(n) = next.filter(|n| {
+            let watched = &mut AsyncWatched(&mut *conn);
+            journal::reused(watched, M::TABLE_NAME, row.as_deref(), plan, n.to_i64())
+        }) {
+            if M::bump_past(conn, key.clone(), n).await.map_err(classify)? != 1 {
+                break;
+            }
+            next = Some(checked_next::<M, _>(key, n)?);
+        }
         journal::written(
             &mut AsyncWatched(conn),
             M::TABLE_NAME,

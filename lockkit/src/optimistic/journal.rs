@@ -32,6 +32,17 @@
 //!    data untouched) and reports [`Error::Stale`](crate::Error::Stale). The
 //!    struct's write never lands, and any other holder of that number reloads once.
 //!
+//! 3. and no write ever *commits* a number a rolled-back write left with some
+//!    other struct of the process (a fresh reader of the row writing n after
+//!    another struct's write of n rolled back, in a transaction or not): it
+//!    moves the row one further in the same transaction (`SET v = v + 1 WHERE
+//!    v = $n`) and hands its own struct that number, so that the struct holding
+//!    the rolled-back n is stale instead of matching the commit. A write whose
+//!    row another connection's write of n is still recorded open on counts too:
+//!    that write must have been rolled back, even if its `ROLLBACK` has not
+//!    been reported yet. The cost is one statement and a skipped number, only
+//!    on a row with such a struct.
+//!
 //! A connection with its own Diesel instrumentation keeps it: wrap it with
 //! [`Journal::wrap`] (`conn.set_instrumentation(Journal::wrap(yours))`, or in
 //! `diesel::connection::set_default_instrumentation`) to let lockkit see
@@ -415,6 +426,38 @@ struct Entry {
     seq: u64,
 }
 
+impl Entry {
+    /// Whether its write did not commit (or may not have), seen from the
+    /// connection at `here` (its address and transaction depth).
+    fn uncommitted(&self, here: (usize, Option<u32>)) -> bool {
+        match self.state {
+            State::Open { .. } => false,
+            State::RolledBack => true,
+            // Still inside the transaction that wrote it, on the same connection.
+            State::Unwatched { conn, depth } => {
+                !(conn == here.0 && here.1.is_some_and(|now| now >= depth))
+            }
+        }
+    }
+}
+
+/// The versions a struct holding `tentative` holds in rolled-back writes: the
+/// entry at `tentative`, then each uncommitted entry its restore point names
+/// (as [`plan`] walks them). Another struct's rolled-back number between them
+/// is not among them.
+fn chain(entries: &[Entry], tentative: i64, here: (usize, Option<u32>)) -> Vec<i64> {
+    let mut versions = Vec::new();
+    let mut at = tentative;
+    while let Some(entry) = entries
+        .iter()
+        .find(|e| e.version == at && e.uncommitted(here) && !versions.contains(&e.version))
+    {
+        versions.push(entry.version);
+        at = entry.restore;
+    }
+    versions
+}
+
 #[derive(Default)]
 struct Registry {
     rows: HashMap<RowId, Vec<Entry>>,
@@ -543,14 +586,7 @@ pub(crate) fn plan<W: Watched>(
     let Some(entries) = registry.rows.get(&row) else {
         return Plan::Write;
     };
-    let uncommitted = |e: &Entry| match e.state {
-        State::Open { .. } => false,
-        State::RolledBack => true,
-        // Still inside the transaction that wrote it, on the same connection.
-        State::Unwatched { conn, depth } => {
-            !(conn == here.0 && here.1.is_some_and(|now| now >= depth))
-        }
-    };
+    let uncommitted = |e: &Entry| e.uncommitted(here);
     match entries.iter().find(|e| e.version == expected) {
         Some(entry) if uncommitted(entry) => {
             let mut restore = entry.restore;
@@ -567,6 +603,49 @@ pub(crate) fn plan<W: Watched>(
         }
         _ => Plan::Write,
     }
+}
+
+/// Whether a write planned as `plan` that just moved `row` to `to` gave it a
+/// number that a rolled-back write left with some *other* struct: that struct's
+/// next write would expect `to`, match, and land over this one (it cannot be
+/// told from this write's own struct). The caller moves the row past it
+/// (`SET v = v + 1 WHERE v = $to`, data untouched) and hands its struct the
+/// number after, so that no rolled-back number is ever committed.
+pub(crate) fn reused<W: Watched>(
+    conn: &mut W,
+    table: &'static str,
+    row: Option<&str>,
+    plan: Plan,
+    to: i64,
+) -> bool {
+    let Some(row) = row else {
+        return false;
+    };
+    if ENTRIES.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
+    // Another connection's write of `to` still marked open did not commit
+    // either: this write found the row below `to`. (Its rollback may simply
+    // not have been reported yet: the server released the row first.)
+    let mine = conn
+        .slot()
+        .downcast_mut::<Journal>()
+        .map(|journal| journal.id);
+    let elsewhere =
+        |e: &Entry| matches!(e.state, State::Open { journal, .. } if Some(journal) != mine);
+    let here = (conn.address(), conn.depth());
+    let registry = registry();
+    let Some(entries) = registry.rows.get(&(table, row.to_owned())) else {
+        return false;
+    };
+    // The struct's own rolled-back numbers, which this write restored past.
+    let own = match plan {
+        Plan::Restore { tentative, .. } => chain(entries, tentative, here),
+        Plan::Write => Vec::new(),
+    };
+    entries.iter().any(|e| {
+        e.version == to && !own.contains(&e.version) && (e.uncommitted(here) || elsewhere(e))
+    })
 }
 
 /// After a versioned write moved `row` from `from` to `to` (`None`: deleted):
@@ -588,9 +667,17 @@ pub(crate) fn written<W: Watched>(
         return;
     }
     let row = (table, row.to_owned());
-    if let Plan::Restore { restore, tentative } = plan {
-        // The struct's rolled-back versions are behind it now.
-        registry().remove(&row, |e| e.version > restore && e.version <= tentative);
+    if let Plan::Restore { tentative, .. } = plan {
+        // The struct's rolled-back versions are behind it now (another struct's
+        // in between are not).
+        let here = (conn.address(), depth);
+        let mut registry = registry();
+        let own = registry
+            .rows
+            .get(&row)
+            .map(|entries| chain(entries, tentative, here))
+            .unwrap_or_default();
+        registry.remove(&row, |e| own.contains(&e.version));
     }
     let Some(to) = to else {
         registry().remove(&row, |_| true);

@@ -362,6 +362,17 @@ where
     };
     let rows = execute_once::<M, _, _>(conn, key, statement(checked))?;
     if rows == 1 {
+        // A number a rolled-back write left with another struct: moved past
+        // (see `journal::reused`).
+        let mut next = next;
+        while let Some(n) =
+            next.filter(|n| journal::reused(conn, M::TABLE_NAME, row.as_deref(), plan, n.to_i64()))
+        {
+            if M::bump_past(conn, key.clone(), n).map_err(classify)? != 1 {
+                break;
+            }
+            next = Some(checked_next::<M, _>(key, n)?);
+        }
         journal::written(
             conn,
             M::TABLE_NAME,
