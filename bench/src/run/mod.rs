@@ -129,7 +129,7 @@ fn run_backend<C: BenchConnection>(
         progress(rep, settings.reps, &sample);
         results.samples.push(sample);
     }
-    for case in async_paired_cases() {
+    for case in async_paired_cases(C::BACKEND) {
         if !settings.wants(&case.label()) {
             continue;
         }
