@@ -1,5 +1,5 @@
 //! The diesel-async operations: the blocking ones' statements
-//! ([`statements`](super::statements)), awaited on `AsyncPgConnection`,
+//! (`statements.rs`), awaited on `AsyncPgConnection`,
 //! `AsyncMysqlConnection` and `SyncConnectionWrapper<SqliteConnection>`. Written
 //! once as `async_backend!` and instantiated per connection type, as
 //! `bench_backend!` is; the blocking connection of the same backend
