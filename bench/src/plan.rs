@@ -5,6 +5,8 @@
 //! backend), so a slow minute on the machine spreads over all cases instead of
 //! hitting one. lockkit-versus-hand-written pairs ([`paired_cases`]) run
 //! `a b b a` within a repetition; the other cases ([`single_cases`]) run once.
+//! The diesel-async cases ([`async_paired_cases`], [`async_single_cases`]) follow
+//! the blocking ones of the same backend.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -24,6 +26,8 @@ pub struct Settings {
     pub pair_limits: Limits,
     /// Rounds of `a b b a` per pair and repetition.
     pub pair_rounds: usize,
+    /// Rounds of `a b b a` per diesel-async pair and repetition.
+    pub async_rounds: usize,
     /// `pgbench -T`.
     pub pgbench_secs: u32,
     /// Jobs in the queue for a pgbench queue run.
@@ -66,6 +70,7 @@ impl Settings {
                 jobs: 30_000,
             },
             pair_rounds: 2,
+            async_rounds: 1,
             pgbench_secs: 1,
             pgbench_jobs: 50_000,
             pgbench: true,
@@ -125,6 +130,11 @@ pub const RETRY_WORKERS: usize = 16;
 /// The `RetryPolicy::immediate(n)` values compared with the default.
 pub const IMMEDIATE: [u32; 2] = [5, 20];
 
+/// Workers of the diesel-async cases: tasks on one runtime, over one pool.
+pub const ASYNC_WORKERS: usize = 16;
+/// The tokio runtime's worker threads in the diesel-async cases (pgbench's `-j`).
+pub const ASYNC_THREADS: usize = 2;
+
 /// The lockkit cases that run next to a hand-written twin.
 pub fn paired_cases() -> Vec<Case> {
     let mut cases = Vec::new();
@@ -180,7 +190,46 @@ pub fn single_cases() -> Vec<Case> {
             cases.push(case);
         }
     }
+    // The blocking twin of the diesel-async uncontended case.
+    cases.push(Case::new(
+        Workload::Uncontended,
+        Strategy::Versioned,
+        ASYNC_WORKERS,
+    ));
     cases
+}
+
+/// The diesel-async cases of `backend` that run next to a hand-written
+/// diesel-async twin: uncontended `update_versioned`, hot-row `with_lock`, and
+/// on PostgreSQL the queue drain in batches of 1 and 10, each with
+/// [`ASYNC_WORKERS`] tasks. Their blocking twins are among the cases above.
+/// MariaDB and SQLite run no async queue: refilling it for every slice takes
+/// longer there than the slices themselves, more than the full run can spend.
+pub fn async_paired_cases(backend: Backend) -> Vec<Case> {
+    let mut cases = vec![
+        Case::new(Workload::Uncontended, Strategy::Versioned, ASYNC_WORKERS).tasks(),
+        Case::new(Workload::HotRow, Strategy::WithLock, ASYNC_WORKERS).tasks(),
+    ];
+    if backend == Backend::Postgres {
+        for batch in [1, 10] {
+            cases.push(
+                Case::new(Workload::Queue, Strategy::Claim, ASYNC_WORKERS)
+                    .batch(batch)
+                    .tasks(),
+            );
+        }
+    }
+    cases
+}
+
+/// The diesel-async cases that run alone: the hot-row atomic `UPDATE` by hand.
+/// lockkit's async `atomic::update_if` has no case yet (TODO: add
+/// `Case::new(Workload::HotRow, Strategy::Atomic, ASYNC_WORKERS).tasks()` as a
+/// pair once `lockkit::asynchronous::atomic` exists).
+pub fn async_single_cases() -> Vec<Case> {
+    vec![Case::new(Workload::HotRow, Strategy::Atomic, ASYNC_WORKERS)
+        .tasks()
+        .hand()]
 }
 
 /// The adaptive strategy next to the fixed ones it chooses between, on own
@@ -196,4 +245,30 @@ pub fn adaptive_cases() -> Vec<Case> {
         }
     }
     cases
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vocabulary::Client;
+
+    #[test]
+    fn every_async_case_has_its_blocking_row() {
+        let blocking: Vec<Case> = paired_cases()
+            .into_iter()
+            .flat_map(|c| [c, c.hand()])
+            .chain(single_cases())
+            .collect();
+        for case in async_paired_cases(Backend::Postgres)
+            .into_iter()
+            .chain(async_single_cases())
+        {
+            assert_eq!(case.client, Client::Tasks);
+            let twin = Case {
+                client: Client::Threads,
+                ..case
+            };
+            assert!(blocking.contains(&twin), "{}", twin.label());
+        }
+    }
 }

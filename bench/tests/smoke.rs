@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lockkit_bench::vocabulary::{Backend, Case, Limits, Strategy, Workload};
+use lockkit_bench::vocabulary::{Backend, Case, Client, Limits, Strategy, Workload};
 
 fn limits() -> Limits {
     Limits {
@@ -66,6 +66,52 @@ fn orders_and_uncontended_updates_balance() {
 }
 
 #[test]
+fn async_cases_balance_the_books_on_tasks() {
+    // Every diesel-async case, lockkit's and hand-written, as 4 tasks on the
+    // 2-thread runtime over one pool (SQLite: one writer at a time).
+    let mut cases = Vec::new();
+    // PostgreSQL's cases, the most (the queue too), here on SQLite.
+    for case in lockkit_bench::plan::async_paired_cases(Backend::Postgres) {
+        cases.push(Case { workers: 4, ..case });
+        cases.push(Case { workers: 4, ..case }.hand());
+    }
+    for case in lockkit_bench::plan::async_single_cases() {
+        cases.push(Case { workers: 4, ..case });
+    }
+    assert_eq!(cases.len(), 9);
+    for case in cases {
+        assert_eq!(case.client, Client::Tasks, "{}", case.label());
+        // A small queue, and time to drain it: then every job ran once.
+        let limits = match case.workload {
+            Workload::Queue => Limits {
+                run: Duration::from_secs(10),
+                jobs: 100,
+                ..limits()
+            },
+            _ => limits(),
+        };
+        let sample = lockkit_bench::run::one(Backend::Sqlite, &case, &limits).expect("run");
+        assert!(
+            sample.counts.successes > 0,
+            "{}: {:?}",
+            case.label(),
+            sample.first_error
+        );
+        assert_eq!(
+            sample.counts.errors,
+            0,
+            "{}: {:?}",
+            case.label(),
+            sample.first_error
+        );
+        assert!(sample.check.ok, "{}: {}", case.label(), sample.check.detail);
+        if case.workload == Workload::Queue {
+            assert_eq!(sample.counts.units, 100, "{}", sample.check.detail);
+        }
+    }
+}
+
+#[test]
 fn naive_is_counted_not_hidden() {
     // Naive may or may not lose updates in a short run; either way the check
     // reports exactly the difference between sold and taken.
@@ -100,6 +146,7 @@ fn the_whole_pipeline_writes_the_report_and_charts() {
         "## Machine and servers",
         "## 2. Hot row",
         "## 4. Multi-row orders",
+        "## 5. On diesel-async",
         "## What lockkit itself costs",
     ] {
         assert!(md.contains(section), "missing {section}");

@@ -36,6 +36,14 @@ impl PgbenchPair {
     pub fn ratio(&self, mode: Mode) -> f64 {
         self.lockkit.throughput() / self.pgbench_rate(mode)
     }
+
+    /// The diesel-async case's rate over pgbench's in `mode` (NaN if it did
+    /// not run).
+    pub fn tasks_ratio(&self, mode: Mode) -> f64 {
+        self.tasks
+            .as_ref()
+            .map_or(f64::NAN, |t| t.throughput() / self.pgbench_rate(mode))
+    }
 }
 
 /// Median, min and max of the per-repetition lockkit/hand-written ratios of `case`.
@@ -71,6 +79,25 @@ pub struct PgbenchSummary {
     /// Whether a pgbench queue ran dry.
     pub ran_dry: bool,
     /// Whether lockkit's books balanced in every run.
+    pub ok: bool,
+    /// The diesel-async case next to pgbench, if it ran.
+    pub tasks: Option<TasksSummary>,
+}
+
+/// The diesel-async case of one pgbench script, over the repetitions.
+#[derive(Debug, Clone)]
+pub struct TasksSummary {
+    /// The case (lockkit's, or hand-written where lockkit has no async call).
+    pub case: Case,
+    /// Its median rate.
+    pub rate: f64,
+    /// Median, min and max of the per-repetition ratios to `-M prepared -j 2`.
+    pub ratio: (f64, f64, f64),
+    /// Client CPU µs per unit.
+    pub client_cpu: f64,
+    /// Server CPU µs per unit.
+    pub server_cpu: f64,
+    /// Whether its books balanced in every run.
     pub ok: bool,
 }
 
@@ -149,7 +176,30 @@ pub fn pgbench_summaries(results: &Results) -> Vec<PgbenchSummary> {
                     .flat_map(|p| p.pgbench.iter())
                     .any(|r| r.ran_dry),
                 ok: pairs.iter().all(|p| p.lockkit.check.ok),
+                tasks: tasks_summary(&pairs),
             })
         })
         .collect()
+}
+
+/// The diesel-async side of one script's pgbench pairs, if it ran.
+fn tasks_summary(pairs: &[&PgbenchPair]) -> Option<TasksSummary> {
+    let runs: Vec<(&PgbenchPair, &Sample)> = pairs
+        .iter()
+        .filter_map(|p| p.tasks.as_ref().map(|t| (*p, t)))
+        .collect();
+    let first = runs.first()?;
+    let med = |f: &dyn Fn(&Sample) -> f64| median(&runs.iter().map(|r| f(r.1)).collect::<Vec<_>>());
+    let ratios: Vec<f64> = runs
+        .iter()
+        .map(|(p, _)| p.tasks_ratio(Mode::Prepared))
+        .collect();
+    Some(TasksSummary {
+        case: first.1.case,
+        rate: med(&|s| s.throughput()),
+        ratio: spread(&ratios),
+        client_cpu: med(&|s| s.client_cpu_us()),
+        server_cpu: med(&|s| s.server_cpu_us()),
+        ok: runs.iter().all(|r| r.1.check.ok),
+    })
 }

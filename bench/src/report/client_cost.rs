@@ -161,13 +161,13 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     {
         if r.lockkit_ns > r.other_ns * 1.2 {
             notes.push(format!(
-                "* **`lock_all` on SQLite and MySQL: {:.1}× the time of locking the same rows one \
-                 by one (in-memory SQLite).** Diesel renders `eq_any` as `IN (?, ?, ..)` there and \
-                 marks it unsafe to cache, so every `lock_all` is prepared anew (a compile on \
-                 SQLite, a prepare round trip on MySQL); PostgreSQL's `= ANY($1)` is cached. Fix \
-                 in lockkit: render the key list with its own fragment (`IN (` binds `)` with a \
-                 non-static `QueryId` and no `unsafe_to_cache_prepared()`), so Diesel caches one \
-                 statement per key count by its SQL text.",
+                "* **`lock_all` on SQLite: {:.1}× the time of locking the same rows one by one \
+                 (in-memory SQLite).** Not its statement: the `IN (..)` list is padded to 1, 2, 4, \
+                 .. keys (`lockkit::pessimistic::lockable::KeyList`), so each length is prepared \
+                 once and cached, as the row-by-row `SELECT` is. It is what `lock_all` does \
+                 beyond the locked read: it advances the version of every row it locks (`Item` is \
+                 `Versioned`: one more `UPDATE` per row, where row by row only reads), and sorts \
+                 and dedups the keys.",
                 r.lockkit_ns / r.other_ns
             ));
         }

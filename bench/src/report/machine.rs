@@ -21,8 +21,10 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     )?;
     writeln!(
         w,
-        "* **Client**: this benchmark, release build, Diesel 2.3 (libpq, libmariadb, bundled SQLite), r2d2 pool of {} connections, one thread per worker.\n",
-        crate::vocabulary::MAX_WORKERS
+        "* **Client**: this benchmark, release build, Diesel 2.3 (libpq, libmariadb, bundled SQLite), r2d2 pool of {} connections, one thread per worker; the diesel-async cases: diesel-async 0.9 (tokio-postgres, mysql_async, bundled SQLite on tokio's blocking pool), bb8 pool of {} connections, one task per worker on a tokio runtime of {} threads.\n",
+        crate::vocabulary::MAX_WORKERS,
+        crate::vocabulary::MAX_WORKERS,
+        crate::plan::ASYNC_THREADS
     )?;
     for s in &results.servers {
         writeln!(w, "**{}**: {}\n", s.backend, s.version.trim())?;

@@ -5,6 +5,7 @@
 //! the backends that ran. The charts beside it are [`charts`].
 
 mod adaptive;
+mod asynchronous;
 pub mod charts;
 mod client_cost;
 mod context;
@@ -46,6 +47,7 @@ fn write(w: &mut String, report: &Report) -> fmt::Result {
     adaptive::section(w, report)?;
     queue::section(w, report)?;
     orders::section(w, report)?;
+    asynchronous::section(w, report)?;
     client_cost::section(w, report)?;
     reproduce::section(w)
 }

@@ -5,6 +5,8 @@
 //!
 //! * [`runner`]: one measured run of a case: reset the tables, start the
 //!   workers together, stop them, check the books;
+//! * [`tasks`]: the same for the diesel-async cases, with the workers as tasks
+//!   on a 2-thread tokio runtime over one bb8 pool;
 //! * [`ops`]: what a worker does, one file per strategy, per backend;
 //! * [`worker`], [`check`], [`sample`]: what a worker counts, whether a run's
 //!   books balance, and what one run yields;
@@ -21,6 +23,7 @@ pub mod profile;
 pub mod results;
 pub mod runner;
 pub mod sample;
+pub mod tasks;
 pub mod worker;
 
 use std::time::{Duration, Instant};
@@ -29,17 +32,19 @@ use diesel::{MysqlConnection, PgConnection, SqliteConnection};
 
 use crate::db::BenchDb;
 use crate::error::BenchError;
-use crate::plan::{paired_cases, single_cases, Settings};
-use crate::vocabulary::{Backend, Case, Limits, MAX_WORKERS};
+use crate::plan::{async_paired_cases, async_single_cases, paired_cases, single_cases, Settings};
+use crate::vocabulary::{Backend, Case, Client, Limits, MAX_WORKERS};
 use machine::{Machine, ServerInfo};
 use ops::{BenchConnection, Session};
 use pgbench::{Mode, Script};
 use results::{Pair, PgbenchPair, Results};
 use runner::{pool, run_case, run_pair, BenchPool};
 use sample::Sample;
+use tasks::Tasks;
 
 struct BackendRun<C: BenchConnection> {
-    // Fields drop in order: the pool's connections close before the database goes.
+    // Fields drop in order: the pools' connections close before the database goes.
+    tasks: Tasks<C::Async>,
     pool: BenchPool<C>,
     db: BenchDb,
 }
@@ -52,7 +57,16 @@ impl<C: BenchConnection> BackendRun<C> {
         conn.create_schema()?;
         drop(conn);
         let pool = pool::<C>(&db.url, MAX_WORKERS as u32, session)?;
-        Ok(BackendRun { pool, db })
+        let tasks = Tasks::open(&db.url, MAX_WORKERS as u32, session)?;
+        Ok(BackendRun { tasks, pool, db })
+    }
+
+    /// Runs `case` once, on threads or on tasks as it says.
+    fn run_case(&self, case: &Case, limits: &Limits) -> Result<Sample, BenchError> {
+        match case.client {
+            Client::Threads => run_case(&self.pool, case, limits),
+            Client::Tasks => tasks::run_case(&self.tasks, &self.pool, case, limits),
+        }
     }
 }
 
@@ -115,6 +129,32 @@ fn run_backend<C: BenchConnection>(
         progress(rep, settings.reps, &sample);
         results.samples.push(sample);
     }
+    for case in async_paired_cases(C::BACKEND) {
+        if !settings.wants(&case.label()) {
+            continue;
+        }
+        let (lockkit, hand) = tasks::run_pair(
+            &run.tasks,
+            &run.pool,
+            &case,
+            &case.hand(),
+            &settings.pair_limits,
+            settings.async_rounds,
+        )?;
+        progress(rep, settings.reps, &lockkit);
+        progress(rep, settings.reps, &hand);
+        results.samples.push(lockkit.clone());
+        results.samples.push(hand.clone());
+        results.pairs.push(Pair { rep, lockkit, hand });
+    }
+    for case in async_single_cases() {
+        if !settings.wants(&case.label()) {
+            continue;
+        }
+        let sample = run.run_case(&case, &settings.limits)?;
+        progress(rep, settings.reps, &sample);
+        results.samples.push(sample);
+    }
     Ok(())
 }
 
@@ -124,7 +164,8 @@ fn run_pgbench(
     settings: &Settings,
     results: &mut Results,
 ) -> Result<(), BenchError> {
-    // lockkit, each pgbench mode, each mode again in reverse, lockkit.
+    // lockkit, each pgbench mode, the diesel-async case, each mode again in
+    // reverse, lockkit: both clients' runs sit symmetrically around pgbench's.
     let limits = Limits {
         run: Duration::from_secs(u64::from(settings.pgbench_secs)),
         jobs: settings.pgbench_jobs,
@@ -136,12 +177,18 @@ fn run_pgbench(
         }
         let mut lockkit = run_case(&run.pool, &script.case(), &limits)?;
         let mut runs = Vec::new();
-        let order: Vec<Mode> = Mode::ALL
+        let mut tasks = None;
+        for (i, mode) in Mode::ALL
             .iter()
             .chain(Mode::ALL.iter().rev())
             .copied()
-            .collect();
-        for mode in order {
+            .enumerate()
+        {
+            if i == Mode::ALL.len() {
+                let sample = run.run_case(&script.async_case(), &limits)?;
+                progress(rep, settings.reps, &sample);
+                tasks = Some(sample);
+            }
             let r = pgbench::run(&run.db.url, &run.pool, script, mode, settings)?;
             eprintln!(
                 "[{}/{}] PostgreSQL pgbench {:<28} {:<22} {:>9.0}/s  (tps {:.0}, failed {})  cpu/op {:>5.0}+{:<5.0}µs{}",
@@ -164,6 +211,7 @@ fn run_pgbench(
             rep,
             script,
             lockkit,
+            tasks,
             pgbench: runs,
         });
     }
@@ -259,15 +307,15 @@ pub fn all(settings: Settings) -> Result<Results, BenchError> {
 }
 
 /// Runs one case once on a fresh database of `backend`, with the default
-/// session settings (the smoke test's entry).
+/// session settings, on threads or tasks as the case says (the smoke test's
+/// entry).
 pub fn one(backend: Backend, case: &Case, limits: &Limits) -> Result<Sample, BenchError> {
     fn go<C: BenchConnection>(
         backend: Backend,
         case: &Case,
         limits: &Limits,
     ) -> Result<Sample, BenchError> {
-        let run = BackendRun::<C>::open(backend, Session::default())?;
-        run_case(&run.pool, case, limits)
+        BackendRun::<C>::open(backend, Session::default())?.run_case(case, limits)
     }
     match backend {
         Backend::Postgres => go::<PgConnection>(backend, case, limits),

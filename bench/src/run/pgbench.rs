@@ -103,6 +103,16 @@ impl Script {
         }
     }
 
+    /// The diesel-async case on the same SQL, with as many tasks as pgbench has
+    /// clients: lockkit's, except the atomic `UPDATE`, which is hand-written
+    /// until lockkit has an async `atomic::update_if`.
+    pub fn async_case(self) -> Case {
+        match self {
+            Script::Atomic => self.case().tasks().hand(),
+            _ => self.case().tasks(),
+        }
+    }
+
     /// Units (updates or jobs) per transaction when the queue is full.
     pub fn units(self) -> i64 {
         match self {
@@ -343,6 +353,17 @@ mod tests {
         assert_eq!(text.matches("UPDATE jobs").count(), 10);
         assert!(text.contains("(:ids::int[])[10]"));
         assert!(Script::Queue(1).text().contains("WHERE id = :id"));
+    }
+
+    #[test]
+    fn the_async_cases_have_as_many_tasks_as_pgbench_clients() {
+        assert_eq!(crate::plan::ASYNC_WORKERS, CLIENTS);
+        for script in Script::ALL {
+            let case = script.async_case();
+            assert_eq!(case.client, crate::vocabulary::Client::Tasks);
+            assert_eq!(case.workers, CLIENTS);
+            assert_eq!(case.hand(), script.case().tasks().hand());
+        }
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub struct PgbenchPair {
     pub script: Script,
     /// lockkit (two runs, merged).
     pub lockkit: Sample,
+    /// The diesel-async case of the script ([`Script::async_case`]), run once
+    /// between pgbench's modes; `None` when it did not run.
+    pub tasks: Option<Sample>,
     /// pgbench (two runs per mode).
     pub pgbench: Vec<PgbenchRun>,
 }

@@ -59,59 +59,121 @@ pub fn histogram() -> Histogram<u64> {
 /// Stop a worker after this many errors in a row (a broken connection).
 const MAX_CONSECUTIVE_ERRORS: u32 = 100;
 
-struct WorkerOut {
+/// What a worker hands back: its state, its latencies, its first error.
+pub(crate) struct WorkerOut {
     state: WorkerState,
     hist: Histogram<u64>,
     first_error: Option<String>,
 }
 
-/// Runs `case` once on a fresh set of rows and checks the result.
-pub fn run_case<C: BenchConnection>(
-    pool: &BenchPool<C>,
-    case: &Case,
-    limits: &Limits,
-) -> Result<Sample, BenchError> {
-    {
-        let mut setup = pool.get()?;
-        setup.reset_items()?;
-        if case.workload == Workload::Queue {
-            setup.reset_jobs(limits.jobs)?;
+/// One worker's loop, whoever runs it (a thread or a task): bounded by the
+/// run's time and the count per worker, stopped early by a drained queue or
+/// too many errors in a row.
+pub(crate) struct WorkerLoop {
+    /// What the operations read and count.
+    pub(crate) state: WorkerState,
+    hist: Histogram<u64>,
+    first_error: Option<String>,
+    deadline: Instant,
+    ops: u64,
+    consecutive_errors: u32,
+}
+
+impl WorkerLoop {
+    /// Worker `index` of `case`, before the start line.
+    pub(crate) fn new(index: usize, case: &Case, adaptive: Arc<AdaptivePolicy>) -> Self {
+        WorkerLoop {
+            state: WorkerState::new(index, case.retry.policy(), adaptive),
+            hist: histogram(),
+            first_error: None,
+            deadline: Instant::now(),
+            ops: 0,
+            consecutive_errors: 0,
         }
     }
 
-    // Every worker gets its connection before the start line, so a pool failure is
-    // an error here and not a thread stuck at the barrier.
-    let conns = (0..case.workers)
-        .map(|_| pool.get())
-        .collect::<Result<Vec<_>, _>>()?;
-    let start_line = Barrier::new(case.workers + 1);
-    // Each run starts calm: what the policy learnt in one run does not carry over.
-    let adaptive = Arc::new(AdaptivePolicy::new());
-    let (outs, elapsed, cpu) = thread::scope(|scope| {
-        let workers: Vec<_> = conns
-            .into_iter()
-            .enumerate()
-            .map(|(index, conn)| {
-                let start_line = &start_line;
-                let adaptive = Arc::clone(&adaptive);
-                scope.spawn(move || worker::<C>(conn, index, case, limits, start_line, adaptive))
-            })
-            .collect();
-        let cpu_before = cpu::snapshot(C::BACKEND);
-        start_line.wait();
-        let started = Instant::now();
-        let outs: Vec<_> = workers.into_iter().map(|w| w.join()).collect();
-        let elapsed = started.elapsed();
-        (outs, elapsed, cpu_before.until(&cpu::snapshot(C::BACKEND)))
-    });
+    /// Crosses the start line: the run's time starts now.
+    pub(crate) fn start(&mut self, limits: &Limits) {
+        self.deadline = Instant::now() + limits.run;
+    }
 
+    /// Whether to run another operation.
+    pub(crate) fn go_on(&self, limits: &Limits) -> bool {
+        self.ops < limits.max_ops_per_worker && Instant::now() < self.deadline
+    }
+
+    /// Records one operation that began at `started`; `false` to stop.
+    pub(crate) fn record(
+        &mut self,
+        case: &Case,
+        started: Instant,
+        result: Result<usize, OpError>,
+    ) -> bool {
+        self.ops += 1;
+        match result {
+            Ok(0) if case.workload == Workload::Queue => return false, // drained
+            Ok(units) => {
+                let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+                self.hist.saturating_record(micros.max(1));
+                self.state.counts.successes += 1;
+                self.state.counts.units += units as u64;
+                self.consecutive_errors = 0;
+            }
+            Err(OpError::GaveUp) => self.state.counts.gave_up += 1,
+            Err(err) => {
+                self.state.counts.errors += 1;
+                if self.first_error.is_none() {
+                    self.first_error = Some(err.to_string());
+                }
+                self.consecutive_errors += 1;
+                if self.consecutive_errors >= MAX_CONSECUTIVE_ERRORS {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// The worker's results.
+    pub(crate) fn finish(self) -> WorkerOut {
+        WorkerOut {
+            state: self.state,
+            hist: self.hist,
+            first_error: self.first_error,
+        }
+    }
+}
+
+/// Resets the tables `case` works on, through `pool`.
+pub(crate) fn reset<C: BenchConnection>(
+    pool: &BenchPool<C>,
+    case: &Case,
+    limits: &Limits,
+) -> Result<(), BenchError> {
+    let mut setup = pool.get()?;
+    setup.reset_items()?;
+    if case.workload == Workload::Queue {
+        setup.reset_jobs(limits.jobs)?;
+    }
+    Ok(())
+}
+
+/// The sample of a run: the workers' counts and latencies merged, the tables
+/// read back through `pool` and checked.
+pub(crate) fn sample<C: BenchConnection>(
+    pool: &BenchPool<C>,
+    case: &Case,
+    outs: Vec<Result<WorkerOut, BenchError>>,
+    elapsed: Duration,
+    cpu: cpu::Cpu,
+    adaptive: &AdaptivePolicy,
+) -> Result<Sample, BenchError> {
     let mut counts = Counts::default();
     let mut hist = histogram();
     let mut claimed = Vec::new();
     let mut first_error = None;
     for out in outs {
-        let out =
-            out.map_err(|_| BenchError::Other(format!("a worker panicked in {}", case.label())))??;
+        let out = out?;
         counts.add(&out.state.counts);
         hist.add(&out.hist).expect("same histogram bounds");
         claimed.extend_from_slice(&out.state.claimed);
@@ -138,6 +200,52 @@ pub fn run_case<C: BenchConnection>(
     })
 }
 
+/// Runs `case` once on a fresh set of rows and checks the result.
+pub fn run_case<C: BenchConnection>(
+    pool: &BenchPool<C>,
+    case: &Case,
+    limits: &Limits,
+) -> Result<Sample, BenchError> {
+    reset(pool, case, limits)?;
+
+    // Every worker gets its connection before the start line, so a pool failure is
+    // an error here and not a thread stuck at the barrier.
+    let conns = (0..case.workers)
+        .map(|_| pool.get())
+        .collect::<Result<Vec<_>, _>>()?;
+    let start_line = Barrier::new(case.workers + 1);
+    // Each run starts calm: what the policy learnt in one run does not carry over.
+    let adaptive = Arc::new(AdaptivePolicy::new());
+    let (outs, elapsed, cpu) = thread::scope(|scope| {
+        let workers: Vec<_> = conns
+            .into_iter()
+            .enumerate()
+            .map(|(index, conn)| {
+                let start_line = &start_line;
+                let adaptive = Arc::clone(&adaptive);
+                scope.spawn(move || worker::<C>(conn, index, case, limits, start_line, adaptive))
+            })
+            .collect();
+        let cpu_before = cpu::snapshot(C::BACKEND);
+        start_line.wait();
+        let started = Instant::now();
+        let outs: Vec<_> = workers
+            .into_iter()
+            .map(|w| {
+                w.join().unwrap_or_else(|_| {
+                    Err(BenchError::Other(format!(
+                        "a worker panicked in {}",
+                        case.label()
+                    )))
+                })
+            })
+            .collect();
+        let elapsed = started.elapsed();
+        (outs, elapsed, cpu_before.until(&cpu::snapshot(C::BACKEND)))
+    });
+    sample(pool, case, outs, elapsed, cpu, &adaptive)
+}
+
 fn worker<C: BenchConnection>(
     mut conn: Pooled<C>,
     index: usize,
@@ -146,46 +254,20 @@ fn worker<C: BenchConnection>(
     start_line: &Barrier,
     adaptive: Arc<AdaptivePolicy>,
 ) -> Result<WorkerOut, BenchError> {
-    let mut state = WorkerState::new(index, case.retry.policy(), adaptive);
-    let mut hist = histogram();
-    let mut first_error = None;
-    let prepared = C::prepare_worker(&mut conn, case, &mut state);
+    let mut run = WorkerLoop::new(index, case, adaptive);
+    let prepared = C::prepare_worker(&mut conn, case, &mut run.state);
     start_line.wait();
     prepared?;
 
-    let deadline = Instant::now() + limits.run;
-    let mut ops = 0;
-    let mut consecutive_errors = 0;
-    while ops < limits.max_ops_per_worker && Instant::now() < deadline {
-        ops += 1;
+    run.start(limits);
+    while run.go_on(limits) {
         let started = Instant::now();
-        match C::op(&mut conn, case, &mut state) {
-            Ok(0) if case.workload == Workload::Queue => break, // drained
-            Ok(units) => {
-                let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-                hist.saturating_record(micros.max(1));
-                state.counts.successes += 1;
-                state.counts.units += units as u64;
-                consecutive_errors = 0;
-            }
-            Err(OpError::GaveUp) => state.counts.gave_up += 1,
-            Err(err) => {
-                state.counts.errors += 1;
-                if first_error.is_none() {
-                    first_error = Some(err.to_string());
-                }
-                consecutive_errors += 1;
-                if consecutive_errors >= MAX_CONSECUTIVE_ERRORS {
-                    break;
-                }
-            }
+        let result = C::op(&mut conn, case, &mut run.state);
+        if !run.record(case, started, result) {
+            break;
         }
     }
-    Ok(WorkerOut {
-        state,
-        hist,
-        first_error,
-    })
+    Ok(run.finish())
 }
 
 /// Runs `a` and `b` alternately, `rounds` times `a b b a`, each slice for
@@ -198,10 +280,21 @@ pub fn run_pair<C: BenchConnection>(
     limits: &Limits,
     rounds: usize,
 ) -> Result<(Sample, Sample), BenchError> {
+    alternate(a, b, rounds, |case| run_case(pool, case, limits))
+}
+
+/// Runs `a` and `b` with `run`, `rounds` times `a b b a`, and returns each
+/// one's runs merged.
+pub fn alternate(
+    a: &Case,
+    b: &Case,
+    rounds: usize,
+    mut run: impl FnMut(&Case) -> Result<Sample, BenchError>,
+) -> Result<(Sample, Sample), BenchError> {
     let mut merged: [Option<Sample>; 2] = [None, None];
     for _ in 0..rounds.max(1) {
         for side in [0, 1, 1, 0] {
-            let sample = run_case(pool, if side == 0 { a } else { b }, limits)?;
+            let sample = run(if side == 0 { a } else { b })?;
             match &mut merged[side] {
                 Some(m) => m.merge(&sample),
                 slot => *slot = Some(sample),

@@ -131,4 +131,14 @@ impl WorkerState {
             adaptive,
         }
     }
+
+    /// Counts one attempt of a lockkit call and, if it failed, what it saw;
+    /// hands its result on.
+    pub fn counted<T>(&mut self, result: Result<T, lockkit::Error>) -> Result<T, lockkit::Error> {
+        self.counts.attempts += 1;
+        if let Err(err) = &result {
+            self.counts.saw(err);
+        }
+        result
+    }
 }

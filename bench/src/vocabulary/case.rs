@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::strategy::{Flavor, Retry, Strategy};
+use super::strategy::{Client, Flavor, Retry, Strategy};
 use super::workload::Workload;
 
 /// One measured configuration.
@@ -14,12 +14,14 @@ pub struct Case {
     pub strategy: Strategy,
     /// lockkit or hand-written.
     pub flavor: Flavor,
-    /// Worker threads (one pooled connection each).
+    /// Workers (threads or tasks, one pooled connection each).
     pub workers: usize,
     /// Jobs claimed per transaction (queue only, else 1).
     pub batch: i64,
     /// The retry policy (strategies that retry).
     pub retry: Retry,
+    /// Threads on blocking Diesel, or tasks on diesel-async.
+    pub client: Client,
 }
 
 impl Case {
@@ -32,6 +34,15 @@ impl Case {
             workers,
             batch: 1,
             retry: Retry::Default,
+            client: Client::Threads,
+        }
+    }
+
+    /// The same case on diesel-async: a task per worker.
+    pub fn tasks(self) -> Case {
+        Case {
+            client: Client::Tasks,
+            ..self
         }
     }
 
@@ -80,6 +91,9 @@ impl Case {
         }
         if self.retry != Retry::Default {
             s.push_str(&format!(" / {}", self.retry.title()));
+        }
+        if self.client == Client::Tasks {
+            s.push_str(" / diesel-async tasks");
         }
         s
     }

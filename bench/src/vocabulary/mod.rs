@@ -13,7 +13,7 @@ pub mod workload;
 
 pub use crate::db::Backend;
 pub use case::{Case, Limits};
-pub use strategy::{Flavor, Retry, Strategy};
+pub use strategy::{Client, Flavor, Retry, Strategy};
 pub use workload::{
     Workload, HOT_ID, INITIAL_STOCK, MAX_WORKERS, ORDER_ITEMS, ORDER_ITEM_BASE, OWN_BASE,
 };

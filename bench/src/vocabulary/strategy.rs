@@ -1,5 +1,5 @@
-//! How an operation is done: the strategy, through lockkit or by hand, and the
-//! retry policy.
+//! How an operation is done: the strategy, through lockkit or by hand, the
+//! retry policy, and the client that runs the workers.
 
 /// How one operation is done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -116,6 +116,27 @@ impl Retry {
         match self {
             Retry::Default => "RetryPolicy::default()".to_owned(),
             Retry::Immediate(n) => format!("RetryPolicy::immediate({n})"),
+        }
+    }
+}
+
+/// What runs the workers: blocking Diesel on threads, or diesel-async on tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Client {
+    /// Blocking Diesel: one thread per worker, each with a pooled connection
+    /// (r2d2).
+    Threads,
+    /// diesel-async: one task per worker on a multi-threaded tokio runtime,
+    /// each task with a connection of one bb8 pool.
+    Tasks,
+}
+
+impl Client {
+    /// The name shown in the report.
+    pub fn title(self) -> &'static str {
+        match self {
+            Client::Threads => "blocking Diesel, a thread per worker",
+            Client::Tasks => "diesel-async, a task per worker",
         }
     }
 }

@@ -1,6 +1,16 @@
 //! Hot row, `atomic::update_if`: one conditional `UPDATE`, no transaction; and
 //! the same statement by hand.
 
+use crate::run::worker::OpError;
+
+/// The hand-written sale's row-count check: one row, or sold out.
+pub fn sold(rows: usize) -> Result<usize, OpError> {
+    match rows {
+        0 => Err(OpError::Other("sold out".into())),
+        _ => Ok(1),
+    }
+}
+
 /// Writes `atomic` and `atomic_hand` into one `bench_backend!` instantiation,
 /// where `Conn` is its connection type and `$locks` says whether the backend
 /// has row locks.
@@ -9,11 +19,7 @@ macro_rules! atomic_ops {
         /// `atomic::update_if`: `UPDATE .. SET stock = stock - 1 WHERE id = ? AND stock >= 1`.
         fn atomic(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
             attempt(st, |_| {
-                lockkit::atomic::update_if(
-                    conn,
-                    diesel::update(items::table.find(HOT_ID).filter(items::stock.ge(1)))
-                        .set(items::stock.eq(items::stock - 1)),
-                )
+                lockkit::atomic::update_if(conn, super::statements::sell_if_stocked(HOT_ID, 1))
             })?;
             Ok(1)
         }
@@ -21,13 +27,8 @@ macro_rules! atomic_ops {
         /// The same statement by hand, with its own row-count check.
         fn atomic_hand(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
             st.counts.attempts += 1;
-            let rows = diesel::update(items::table.find(HOT_ID).filter(items::stock.ge(1)))
-                .set(items::stock.eq(items::stock - 1))
-                .execute(conn)?;
-            if rows == 0 {
-                return Err(OpError::Other("sold out".into()));
-            }
-            Ok(1)
+            let rows = super::statements::sell_if_stocked(HOT_ID, 1).execute(conn)?;
+            super::atomic::sold(rows)
         }
     };
 }

@@ -10,20 +10,12 @@ macro_rules! claim_ops {
         fn claim(conn: &mut Conn, batch: i64, st: &mut WorkerState) -> Result<usize, OpError> {
             let ids = attempt(st, |_| {
                 lockkit::locked_transaction(conn, LockOptions::default(), |conn| {
-                    let ids: Vec<i32> = lockkit::queue::claim(
-                        conn,
-                        jobs::table
-                            .filter(jobs::done.eq(false))
-                            .order(jobs::id)
-                            .select(jobs::id),
-                        batch,
-                    )?;
+                    let ids: Vec<i32> =
+                        lockkit::queue::claim(conn, super::statements::pending_jobs(), batch)?;
                     // One row by primary key at a time: MySQL may scan and
                     // lock other workers' rows for `WHERE id IN (..)`.
                     for id in &ids {
-                        diesel::update(jobs::table.find(id))
-                            .set(jobs::done.eq(true))
-                            .execute(conn)?;
+                        super::statements::mark_done(*id).execute(conn)?;
                     }
                     Ok(ids)
                 })
@@ -36,19 +28,11 @@ macro_rules! claim_ops {
         fn claim_hand(conn: &mut Conn, batch: i64, st: &mut WorkerState) -> Result<usize, OpError> {
             st.counts.attempts += 1;
             let ids = write_transaction!($locks, conn, |conn: &mut Conn| {
-                let ids: Vec<i32> = skip_locked!(
-                    $locks,
-                    jobs::table
-                        .filter(jobs::done.eq(false))
-                        .order(jobs::id)
-                        .select(jobs::id)
-                        .limit(batch)
-                )
-                .load(conn)?;
+                let ids: Vec<i32> =
+                    skip_locked!($locks, super::statements::pending_jobs().limit(batch))
+                        .load(conn)?;
                 for id in &ids {
-                    diesel::update(jobs::table.find(id))
-                        .set(jobs::done.eq(true))
-                        .execute(conn)?;
+                    super::statements::mark_done(*id).execute(conn)?;
                 }
                 Ok::<_, diesel::result::Error>(ids)
             })?;

@@ -13,7 +13,10 @@
 //! hand-written twin: `versioned.rs`, `naive.rs`, `optimistic.rs`,
 //! `with_lock.rs`, `nowait.rs`, `atomic.rs`, `claim.rs`, `naive_order.rs`,
 //! `lock_all.rs`, `adaptive.rs`. Each writes its functions with a macro that
-//! `bench_backend!` expands.
+//! `bench_backend!` expands. The statements the hand-written twins and the
+//! closures send are built in one place, `statements.rs`, for these and for the
+//! diesel-async operations ([`asynchronous`]), which only execute them
+//! differently.
 //!
 //! Each operation counts what it saw (attempts, stale writes, busy rows,
 //! deadlocks) in the worker's [`WorkerState`] and returns how many units it
@@ -28,6 +31,7 @@ mod naive;
 mod naive_order;
 mod nowait;
 mod optimistic;
+mod statements;
 mod versioned;
 mod with_lock;
 
@@ -43,6 +47,8 @@ use crate::vocabulary::{Backend, Case};
 pub trait BenchConnection: R2D2Connection + SimpleConnection + Send + 'static {
     /// Which backend this is.
     const BACKEND: Backend;
+    /// The diesel-async connection of the same backend.
+    type Async: asynchronous::AsyncBenchConnection<Blocking = Self>;
     /// Session settings for every connection.
     fn configure_session(&mut self, session: Session) -> QueryResult<()>;
     /// Creates the tables.
@@ -70,24 +76,23 @@ pub struct Session {
     pub durable: bool,
 }
 
-/// PostgreSQL: asynchronous commit unless `--durable` (the server's own setting is
-/// reported), and a lock timeout as a safety bound.
-fn postgres_session(conn: &mut diesel::PgConnection, session: Session) -> QueryResult<()> {
-    let commit = if session.durable { "on" } else { "off" };
-    conn.batch_execute(&format!(
-        "SET synchronous_commit = {commit}; SET lock_timeout = '10s';"
-    ))
-}
-
-/// MariaDB/MySQL: a lock wait timeout as a safety bound.
-fn mysql_session(conn: &mut diesel::MysqlConnection, _: Session) -> QueryResult<()> {
-    conn.batch_execute("SET SESSION innodb_lock_wait_timeout = 10;")
-}
-
-/// SQLite: writers wait for the write lock (up to 5 s) instead of failing at
-/// once; WAL with `synchronous = NORMAL` (no fsync per commit).
-fn sqlite_session(conn: &mut diesel::SqliteConnection, _: Session) -> QueryResult<()> {
-    conn.batch_execute("PRAGMA busy_timeout = 5000; PRAGMA synchronous = NORMAL;")
+/// The session settings of every benchmark connection, blocking or async, as
+/// SQL:
+///
+/// * PostgreSQL: asynchronous commit unless `--durable` (the server's own
+///   setting is reported), and a lock timeout as a safety bound;
+/// * MariaDB/MySQL: a lock wait timeout as a safety bound;
+/// * SQLite: writers wait for the write lock (up to 5 s) instead of failing at
+///   once; WAL with `synchronous = NORMAL` (no fsync per commit).
+pub fn session_sql(backend: Backend, session: Session) -> String {
+    match backend {
+        Backend::Postgres => {
+            let commit = if session.durable { "on" } else { "off" };
+            format!("SET synchronous_commit = {commit}; SET lock_timeout = '10s';")
+        }
+        Backend::Mysql => "SET SESSION innodb_lock_wait_timeout = 10;".to_owned(),
+        Backend::Sqlite => "PRAGMA busy_timeout = 5000; PRAGMA synchronous = NORMAL;".to_owned(),
+    }
 }
 
 /// `q.for_update()` where the backend has row locks; SQLite: `q`.
@@ -121,15 +126,18 @@ macro_rules! write_transaction {
     };
 }
 
+// After the macros above, which it uses too.
+pub mod asynchronous;
+
 /// Writes the workloads for one connection type. See the [module docs](self).
 macro_rules! bench_backend {
     (
         $(#[$meta:meta])*
         mod $module:ident {
             connection: $conn:ty,
+            async_connection: $async_conn:ty,
             backend: $backend:expr,
             row_locks: $locks:tt,
-            session: $session:path,
             schema: $schema:expr,
             truncate_items: $truncate_items:expr,
             truncate_jobs: $truncate_jobs:expr $(,)?
@@ -156,9 +164,10 @@ macro_rules! bench_backend {
 
             impl BenchConnection for Conn {
                 const BACKEND: Backend = $backend;
+                type Async = $async_conn;
 
                 fn configure_session(&mut self, session: super::Session) -> QueryResult<()> {
-                    $session(self, session)
+                    self.batch_execute(&super::session_sql(Self::BACKEND, session))
                 }
 
                 fn create_schema(&mut self) -> QueryResult<()> {
@@ -251,12 +260,8 @@ macro_rules! bench_backend {
                 st: &mut WorkerState,
                 f: impl FnOnce(&mut WorkerState) -> Result<T, lockkit::Error>,
             ) -> Result<T, lockkit::Error> {
-                st.counts.attempts += 1;
                 let result = f(st);
-                if let Err(err) = &result {
-                    st.counts.saw(err);
-                }
-                result
+                st.counted(result)
             }
 
             /// Two or three distinct order items, in random order.
@@ -284,9 +289,9 @@ macro_rules! bench_backend {
 bench_backend! {
     mod postgres {
         connection: diesel::PgConnection,
+        async_connection: diesel_async::AsyncPgConnection,
         backend: Backend::Postgres,
         row_locks: yes,
-        session: super::postgres_session,
         schema: "CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL, \
                  stock INTEGER NOT NULL, lock_version INTEGER NOT NULL DEFAULT 0); \
                  CREATE TABLE jobs (id INTEGER PRIMARY KEY, done BOOLEAN NOT NULL DEFAULT FALSE); \
@@ -299,9 +304,9 @@ bench_backend! {
 bench_backend! {
     mod mysql {
         connection: diesel::MysqlConnection,
+        async_connection: diesel_async::AsyncMysqlConnection,
         backend: Backend::Mysql,
         row_locks: yes,
-        session: super::mysql_session,
         schema: "CREATE TABLE items (id INTEGER PRIMARY KEY, name VARCHAR(255) NOT NULL, \
                  stock INTEGER NOT NULL, lock_version INTEGER NOT NULL DEFAULT 0) ENGINE = InnoDB; \
                  CREATE TABLE jobs (id INTEGER PRIMARY KEY, done BOOLEAN NOT NULL DEFAULT FALSE) ENGINE = InnoDB; \
@@ -314,9 +319,9 @@ bench_backend! {
 bench_backend! {
     mod sqlite {
         connection: diesel::SqliteConnection,
+        async_connection: diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
         backend: Backend::Sqlite,
         row_locks: no,
-        session: super::sqlite_session,
         schema: "CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL, \
                  stock INTEGER NOT NULL, lock_version INTEGER NOT NULL DEFAULT 0); \
                  CREATE TABLE jobs (id INTEGER PRIMARY KEY, done BOOLEAN NOT NULL DEFAULT FALSE); \

@@ -6,6 +6,21 @@
 
 use diesel::QueryResult;
 
+use crate::run::worker::{OpError, WorkerState};
+
+/// After a hand-written versioned write of the worker's own row, taking one
+/// unit: the row-count check, then the row as it now is.
+pub fn hand_written(st: &mut WorkerState, rows: usize) -> Result<usize, OpError> {
+    if rows != 1 {
+        st.counts.stale += 1;
+        return Err(OpError::Other("stale write".into()));
+    }
+    let item = st.own.as_mut().expect("own row loaded");
+    item.stock -= 1;
+    item.lock_version += 1;
+    Ok(1)
+}
+
 /// The versioned `UPDATE` as a hand-built statement that Diesel may cache.
 ///
 /// Diesel 2.3 marks every `UpdateStatement` unsafe to cache (a changeset with
@@ -52,29 +67,17 @@ where
 }
 
 /// The hand-written versioned `UPDATE` of the worker's own row, with its own
-/// row-count check; `$next` is the new version's SQL expression.
+/// row-count check: `$statement` builds it from the row (`$item`), `$execute`
+/// runs it (`$w`), blocking or awaited.
 macro_rules! hand_update {
-    ($conn:expr, $st:expr, |$item:ident| $next:expr) => {{
+    ($st:expr, |$item:ident| $statement:expr, |$w:ident| $execute:expr) => {{
         $st.counts.attempts += 1;
-        let $item = $st.own.as_mut().expect("own row loaded");
-        let rows = diesel::update(
-            items::table
-                .filter(items::id.eq($item.id))
-                .filter(items::lock_version.eq($item.lock_version)),
-        )
-        .set((
-            items::name.eq(&$item.name),
-            items::stock.eq($item.stock - 1),
-            items::lock_version.eq($next),
-        ))
-        .execute($conn)?;
-        if rows != 1 {
-            $st.counts.stale += 1;
-            return Err(OpError::Other("stale write".into()));
-        }
-        $item.stock -= 1;
-        $item.lock_version += 1;
-        Ok(1)
+        let rows = {
+            let $item = $st.own.as_ref().expect("own row loaded");
+            let $w = $statement;
+            $execute?
+        };
+        crate::run::ops::versioned::hand_written($st, rows)
     }};
 }
 pub(crate) use hand_update;
@@ -102,14 +105,33 @@ macro_rules! versioned_ops {
         /// lock_version = lock_version + 1 WHERE id = ? AND lock_version = ?`,
         /// with its own row-count check.
         fn versioned_hand(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
-            super::versioned::hand_update!(conn, st, |_item| items::lock_version + 1)
+            super::versioned::hand_update!(
+                st,
+                |item| super::statements::versioned_write(
+                    item.id,
+                    item.lock_version,
+                    &item.name,
+                    item.stock - 1
+                ),
+                |w| w.execute(conn)
+            )
         }
 
         /// The same by hand, binding the next version as users write it:
         /// `UPDATE .. SET name, stock, lock_version = ? WHERE id = ? AND
         /// lock_version = ?` (under the version check, the same value).
         fn versioned_hand_next(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
-            super::versioned::hand_update!(conn, st, |item| item.lock_version + 1)
+            super::versioned::hand_update!(
+                st,
+                |item| super::statements::versioned_write_next(
+                    item.id,
+                    item.lock_version,
+                    &item.name,
+                    item.stock - 1,
+                    item.lock_version + 1
+                ),
+                |w| w.execute(conn)
+            )
         }
 
         /// The peer crate: `diesel_versioning::Versioned::update_versioned` on the

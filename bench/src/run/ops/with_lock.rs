@@ -10,9 +10,7 @@ macro_rules! with_lock_ops {
         fn with_lock(conn: &mut Conn, st: &mut WorkerState, id: i32) -> Result<usize, OpError> {
             attempt(st, |_| {
                 lockkit::with_lock(conn, id, LockOptions::default(), |conn, item: Item| {
-                    diesel::update(items::table.find(item.id))
-                        .set(items::stock.eq(item.stock - 1))
-                        .execute(conn)?;
+                    super::statements::set_stock(item.id, item.stock - 1).execute(conn)?;
                     Ok::<_, lockkit::Error>(())
                 })
             })?;
@@ -30,9 +28,7 @@ macro_rules! with_lock_ops {
                 let item: Item =
                     for_update!($locks, items::table.find(id).select(Item::as_select()))
                         .get_result(conn)?;
-                diesel::update(items::table.find(item.id))
-                    .set(items::stock.eq(item.stock - 1))
-                    .execute(conn)?;
+                super::statements::set_stock(item.id, item.stock - 1).execute(conn)?;
                 Ok::<_, diesel::result::Error>(())
             })?;
             Ok(1)
