@@ -175,6 +175,24 @@ pub fn seed_items<C: diesel::Connection>(conn: &mut C, rows: &[(i32, i32)]) {
     }
 }
 
+/// Creates the empty `notes` table of [`models::Note`], its `updated_at` in
+/// `backend`'s timestamp type.
+#[cfg(feature = "harness")]
+pub fn create_notes<C: diesel::Connection>(conn: &mut C, backend: &str) {
+    let timestamp = match backend {
+        "postgres" => "TIMESTAMP",
+        "mysql" => "DATETIME",
+        _ => "TEXT",
+    };
+    exec(
+        conn,
+        &format!(
+            "CREATE TABLE notes (id INTEGER PRIMARY KEY, body VARCHAR(100) NOT NULL, \
+             updated_at {timestamp} NULL, lock_version INTEGER NOT NULL)"
+        ),
+    );
+}
+
 /// Runs the same SQL on every backend (test fixtures only, never outside input).
 #[cfg(feature = "harness")]
 pub fn exec<C: diesel::Connection>(conn: &mut C, sql: &str) {
