@@ -117,15 +117,18 @@ macro_rules! url_tests {
     };
 }
 
-/// The stock of `items` row 1, read on `$conn`. A macro, not a function: Diesel
-/// checks the query per backend.
+/// The stock of `items` row `$id` (row 1 when omitted), read on `$conn`. A
+/// macro, not a function: Diesel checks the query per backend.
 #[cfg(feature = "harness")]
 #[macro_export]
 macro_rules! stock_of {
-    ($conn:expr) => {{
+    ($conn:expr) => {
+        $crate::stock_of!($conn, 1)
+    };
+    ($conn:expr, $id:expr) => {{
         use ::diesel::prelude::*;
         $crate::schema::items::table
-            .find(1)
+            .find($id)
             .select($crate::schema::items::stock)
             .first::<i32>($conn)
             .unwrap()
