@@ -20,6 +20,7 @@ pub mod db;
 pub mod models;
 #[cfg(feature = "harness")]
 pub mod observe;
+pub mod oracles;
 #[cfg(feature = "harness")]
 pub mod redis;
 #[cfg(all(feature = "harness", feature = "postgres"))]
