@@ -8,15 +8,10 @@
 use libfuzzer_sys::fuzz_target;
 use lockkit::version_trigger::{down_sql, trigger_name, up_sql, Dialect};
 
-fn plain_identifier(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 40
-        && (bytes[0].is_ascii_alphabetic() || bytes[0] == b'_')
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || *b == b'_')
-}
+// The rule as the test suite's property test checks it, from one file.
+#[path = "../../tests/src/oracles.rs"]
+mod oracles;
+use oracles::plain_identifier;
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);

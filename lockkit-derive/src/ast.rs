@@ -88,27 +88,11 @@ pub fn fields<'a>(
             }
         },
         Data::Enum(data) => {
-            cx.error_with_help(
-                Pos::NAME,
-                data.enum_token,
-                format!("`{}` cannot be derived for an enum", derive.name()),
-                format!(
-                    "derive it on a struct with named fields: `{}`",
-                    derive.example(&input.ident)
-                ),
-            );
+            not_a_struct(cx, input, derive, data.enum_token, "an enum");
             return None;
         }
         Data::Union(data) => {
-            cx.error_with_help(
-                Pos::NAME,
-                data.union_token,
-                format!("`{}` cannot be derived for a union", derive.name()),
-                format!(
-                    "derive it on a struct with named fields: `{}`",
-                    derive.example(&input.ident)
-                ),
-            );
+            not_a_struct(cx, input, derive, data.union_token, "a union");
             return None;
         }
     };
@@ -138,6 +122,25 @@ pub fn fields<'a>(
         })
         .collect();
     Some((container, fields))
+}
+
+/// The error for a derive on an enum or a union (`kind`, at its `token`).
+fn not_a_struct(
+    cx: &mut Ctxt,
+    input: &DeriveInput,
+    derive: Derive,
+    token: impl quote::ToTokens,
+    kind: &str,
+) {
+    cx.error_with_help(
+        Pos::NAME,
+        token,
+        format!("`{}` cannot be derived for {kind}", derive.name()),
+        format!(
+            "derive it on a struct with named fields: `{}`",
+            derive.example(&input.ident)
+        ),
+    );
 }
 
 pub fn model<'a>(

@@ -4,6 +4,7 @@
 
 // `Ident::parse_any` accepts keywords too (`type`, `ref`), as Diesel does.
 use syn::ext::IdentExt;
+use syn::meta::ParseNestedMeta;
 use syn::parse::{Parse, ParseStream};
 use syn::{Attribute, Ident, LitBool, Path, Token};
 
@@ -56,103 +57,82 @@ pub struct LockkitField {
 
 pub fn diesel_container(cx: &mut Ctxt, attrs: &[Attribute]) -> DieselContainer {
     let mut out = DieselContainer::default();
-    for (index, attr) in attrs.iter().enumerate() {
-        if !attr.path().is_ident(DIESEL) {
-            continue;
-        }
-        let pos = Pos::attr(index);
-        let result = attr.parse_nested_meta(|meta| {
-            if meta.path.is_ident("table_name") {
-                out.table_name = Some(diesel_eq(meta.input, "table_name = foo")?);
-            } else if meta.path.is_ident("primary_key") {
-                if meta.input.is_empty() {
-                    return Err(diesel_format_error(
-                        meta.input,
-                        "parentheses",
-                        // Diesel's own note, so that rustc shows the error once.
-                        "key1, key2",
-                    ));
-                }
-                let content;
-                syn::parenthesized!(content in meta.input);
-                let keys = content.parse_terminated(Ident::parse_any, Token![,])?;
-                out.primary_key = Some(Located {
-                    value: keys.into_iter().collect(),
-                    pos,
-                });
-            } else if meta.path.is_ident("treat_none_as_null") {
-                out.treat_none_as_null =
-                    diesel_eq::<LitBool>(meta.input, "treat_none_as_null = true")?.value;
-            } else {
-                skip_value(meta.input)?;
+    read_keys(cx, attrs, DIESEL, Pos::attr, |_, pos, meta| {
+        if meta.path.is_ident("table_name") {
+            out.table_name = Some(diesel_eq(meta.input, "table_name = foo")?);
+        } else if meta.path.is_ident("primary_key") {
+            if meta.input.is_empty() {
+                return Err(diesel_format_error(
+                    meta.input,
+                    "parentheses",
+                    // Diesel's own note, so that rustc shows the error once.
+                    "key1, key2",
+                ));
             }
-            Ok(())
-        });
-        if let Err(err) = result {
-            cx.syn_error(pos, err);
+            let content;
+            syn::parenthesized!(content in meta.input);
+            let keys = content.parse_terminated(Ident::parse_any, Token![,])?;
+            out.primary_key = Some(Located {
+                value: keys.into_iter().collect(),
+                pos,
+            });
+        } else if meta.path.is_ident("treat_none_as_null") {
+            out.treat_none_as_null =
+                diesel_eq::<LitBool>(meta.input, "treat_none_as_null = true")?.value;
+        } else {
+            skip_value(meta.input)?;
         }
-    }
+        Ok(())
+    });
     out
 }
 
 pub fn diesel_field(cx: &mut Ctxt, field: usize, attrs: &[Attribute]) -> DieselField {
     let mut out = DieselField::default();
-    for (index, attr) in attrs.iter().enumerate() {
-        if !attr.path().is_ident(DIESEL) {
-            continue;
-        }
-        let pos = Pos::field_attr(field, index);
-        let result = attr.parse_nested_meta(|meta| {
-            if meta.path.is_ident("column_name") {
-                if meta.input.is_empty() {
-                    return Err(diesel_format_error(meta.input, "`=`", "column_name = foo"));
-                }
-                let value = meta.value()?;
-                // Diesel accepts an identifier or a string literal.
-                out.column_name = Some(if value.peek(syn::LitStr) {
-                    value.parse::<syn::LitStr>()?.parse_with(Ident::parse_any)?
-                } else {
-                    value.call(Ident::parse_any)?
-                });
-            } else if meta.path.is_ident("skip_update") {
-                out.skip_update = true;
-            } else if meta.path.is_ident("treat_none_as_null") {
-                out.treat_none_as_null =
-                    Some(diesel_eq::<LitBool>(meta.input, "treat_none_as_null = true")?.value);
-            } else if meta.path.is_ident("serialize_as") || meta.path.is_ident("embed") {
-                out.unsupported = meta.path.get_ident().map(|kind| Located {
-                    value: kind.clone(),
-                    pos,
-                });
-                skip_value(meta.input)?;
-            } else {
-                skip_value(meta.input)?;
+    let pos_of = |index: usize| Pos::field_attr(field, index);
+    read_keys(cx, attrs, DIESEL, pos_of, |_, pos, meta| {
+        if meta.path.is_ident("column_name") {
+            if meta.input.is_empty() {
+                return Err(diesel_format_error(meta.input, "`=`", "column_name = foo"));
             }
-            Ok(())
-        });
-        if let Err(err) = result {
-            cx.syn_error(pos, err);
+            let value = meta.value()?;
+            // Diesel accepts an identifier or a string literal.
+            out.column_name = Some(if value.peek(syn::LitStr) {
+                value.parse::<syn::LitStr>()?.parse_with(Ident::parse_any)?
+            } else {
+                value.call(Ident::parse_any)?
+            });
+        } else if meta.path.is_ident("skip_update") {
+            out.skip_update = true;
+        } else if meta.path.is_ident("treat_none_as_null") {
+            out.treat_none_as_null =
+                Some(diesel_eq::<LitBool>(meta.input, "treat_none_as_null = true")?.value);
+        } else if meta.path.is_ident("serialize_as") || meta.path.is_ident("embed") {
+            out.unsupported = meta.path.get_ident().map(|kind| Located {
+                value: kind.clone(),
+                pos,
+            });
+            skip_value(meta.input)?;
+        } else {
+            skip_value(meta.input)?;
         }
-    }
+        Ok(())
+    });
     out
 }
 
 pub fn lockkit_field(cx: &mut Ctxt, field: usize, attrs: &[Attribute]) -> LockkitField {
     let mut out = LockkitField::default();
-    for (index, attr) in attrs.iter().enumerate() {
-        if !attr.path().is_ident(LOCKKIT) {
-            continue;
-        }
-        let pos = Pos::field_attr(field, index);
-        let result = attr.parse_nested_meta(|meta| {
-            let slot = if meta.path.is_ident(VERSION) {
-                &mut out.version
-            } else if meta.path.is_ident(NO_BUMP) {
-                &mut out.no_bump
-            } else if meta.path.is_ident(UPDATED_AT) {
-                &mut out.updated_at
-            } else {
-                cx.error_with_help(
+    let pos_of = |index: usize| Pos::field_attr(field, index);
+    read_keys(cx, attrs, LOCKKIT, pos_of, |cx, pos, meta| {
+        let slot = if meta.path.is_ident(VERSION) {
+            &mut out.version
+        } else if meta.path.is_ident(NO_BUMP) {
+            &mut out.no_bump
+        } else if meta.path.is_ident(UPDATED_AT) {
+            &mut out.updated_at
+        } else {
+            cx.error_with_help(
                     pos,
                     &meta.path,
                     format!(
@@ -161,38 +141,59 @@ pub fn lockkit_field(cx: &mut Ctxt, field: usize, attrs: &[Attribute]) -> Lockki
                     ),
                     "lockkit's field attributes are `#[lockkit(version)]`, `#[lockkit(no_bump)]` and `#[lockkit(updated_at)]`",
                 );
-                skip_value(meta.input)?;
-                return Ok(());
-            };
-            let name = meta.path.get_ident().map(ToString::to_string).unwrap_or_default();
-            if slot.is_some() {
-                cx.error_with_help(
-                    pos,
-                    &meta.path,
-                    format!("duplicate `#[lockkit({name})]`"),
-                    format!("write `#[lockkit({name})]` once"),
-                );
-            }
-            if !meta.input.is_empty() && !meta.input.peek(Token![,]) {
-                cx.error_with_help(
-                    pos,
-                    &meta.path,
-                    format!("`{name}` takes no value"),
-                    format!("write `#[lockkit({name})]`"),
-                );
-                skip_value(meta.input)?;
-            }
-            *slot = meta.path.get_ident().map(|ident| Located {
-                value: ident.clone(),
+            skip_value(meta.input)?;
+            return Ok(());
+        };
+        let name = meta
+            .path
+            .get_ident()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        if slot.is_some() {
+            cx.error_with_help(
                 pos,
-            });
-            Ok(())
+                &meta.path,
+                format!("duplicate `#[lockkit({name})]`"),
+                format!("write `#[lockkit({name})]` once"),
+            );
+        }
+        if !meta.input.is_empty() && !meta.input.peek(Token![,]) {
+            cx.error_with_help(
+                pos,
+                &meta.path,
+                format!("`{name}` takes no value"),
+                format!("write `#[lockkit({name})]`"),
+            );
+            skip_value(meta.input)?;
+        }
+        *slot = meta.path.get_ident().map(|ident| Located {
+            value: ident.clone(),
+            pos,
         });
-        if let Err(err) = result {
+        Ok(())
+    });
+    out
+}
+
+/// Runs `read` on each key of every `#[name(...)]` attribute in `attrs`, with
+/// the attribute's place (`pos_of` its index). A malformed attribute is
+/// reported there and the next one is read, so that all mistakes show at once.
+fn read_keys(
+    cx: &mut Ctxt,
+    attrs: &[Attribute],
+    name: &str,
+    pos_of: impl Fn(usize) -> Pos,
+    mut read: impl FnMut(&mut Ctxt, Pos, ParseNestedMeta) -> syn::Result<()>,
+) {
+    for (index, attr) in attrs.iter().enumerate() {
+        if !attr.path().is_ident(name) {
+            continue;
+        }
+        let pos = pos_of(index);
+        if let Err(err) = attr.parse_nested_meta(|meta| read(cx, pos, meta)) {
             cx.syn_error(pos, err);
         }
     }
-    out
 }
 
 /// `#[lockkit(...)]` on the struct itself: there are no struct-level keys.

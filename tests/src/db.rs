@@ -1,7 +1,7 @@
 //! One fresh database per test, on a real server.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Once};
+use std::sync::{mpsc, Barrier, Once};
 use std::thread;
 use std::time::Duration;
 
@@ -129,6 +129,31 @@ impl<C: TestBackend> TestDb<C> {
             let _ = release_tx.send(());
             holder.join().unwrap();
             out
+        })
+    }
+
+    /// Runs `racer` on `threads` threads at once, each with a connection of its
+    /// own ([`connect`](Self::connect)), its number (`0..threads`) and a barrier
+    /// that all of them wait on: a racer reads, waits on the barrier, then
+    /// writes, so that every read comes before any write. Returns the racers'
+    /// results in thread order.
+    pub fn race<T: Send>(
+        &self,
+        threads: usize,
+        racer: impl Fn(&mut C, usize, &Barrier) -> T + Sync,
+    ) -> Vec<T>
+    where
+        Self: Sync,
+    {
+        let barrier = Barrier::new(threads);
+        thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|n| {
+                    let (racer, barrier) = (&racer, &barrier);
+                    s.spawn(move || racer(&mut self.connect(), n, barrier))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
         })
     }
 }

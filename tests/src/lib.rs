@@ -20,6 +20,7 @@ pub mod db;
 pub mod models;
 #[cfg(feature = "harness")]
 pub mod observe;
+pub mod oracles;
 #[cfg(feature = "harness")]
 pub mod redis;
 #[cfg(all(feature = "harness", feature = "postgres"))]
@@ -117,15 +118,18 @@ macro_rules! url_tests {
     };
 }
 
-/// The stock of `items` row 1, read on `$conn`. A macro, not a function: Diesel
-/// checks the query per backend.
+/// The stock of `items` row `$id` (row 1 when omitted), read on `$conn`. A
+/// macro, not a function: Diesel checks the query per backend.
 #[cfg(feature = "harness")]
 #[macro_export]
 macro_rules! stock_of {
-    ($conn:expr) => {{
+    ($conn:expr) => {
+        $crate::stock_of!($conn, 1)
+    };
+    ($conn:expr, $id:expr) => {{
         use ::diesel::prelude::*;
         $crate::schema::items::table
-            .find(1)
+            .find($id)
             .select($crate::schema::items::stock)
             .first::<i32>($conn)
             .unwrap()
@@ -173,6 +177,24 @@ pub fn seed_items<C: diesel::Connection>(conn: &mut C, rows: &[(i32, i32)]) {
         ))
         .expect("seed items");
     }
+}
+
+/// Creates the empty `notes` table of [`models::Note`], its `updated_at` in
+/// `backend`'s timestamp type.
+#[cfg(feature = "harness")]
+pub fn create_notes<C: diesel::Connection>(conn: &mut C, backend: &str) {
+    let timestamp = match backend {
+        "postgres" => "TIMESTAMP",
+        "mysql" => "DATETIME",
+        _ => "TEXT",
+    };
+    exec(
+        conn,
+        &format!(
+            "CREATE TABLE notes (id INTEGER PRIMARY KEY, body VARCHAR(100) NOT NULL, \
+             updated_at {timestamp} NULL, lock_version INTEGER NOT NULL)"
+        ),
+    );
 }
 
 /// Runs the same SQL on every backend (test fixtures only, never outside input).

@@ -3,7 +3,7 @@
 use diesel::prelude::*;
 use lockkit::{Lockable, Versioned};
 
-use crate::schema::{documents, gadgets, items, jobs, order_lines, sku_codes, twins};
+use crate::schema::{documents, gadgets, items, jobs, notes, order_lines, sku_codes, twins};
 
 /// The classic: `lock_version: i32`, and a Diesel `AsChangeset` that includes it.
 #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, AsChangeset, Versioned)]
@@ -91,6 +91,19 @@ pub struct Twin {
 pub struct Sku {
     pub code: String,
     pub stock: i32,
+    pub lock_version: i32,
+}
+
+/// A model with an `updated_at` column, written by the database's clock. It is
+/// never loaded whole (the test crate maps no timestamp type): `updated_at` is
+/// written by the database, never from the field.
+#[derive(Debug, Clone, Identifiable, Versioned)]
+#[diesel(table_name = notes)]
+pub struct Note {
+    pub id: i32,
+    pub body: String,
+    #[lockkit(updated_at)]
+    pub updated_at: Option<String>,
     pub lock_version: i32,
 }
 

@@ -79,6 +79,17 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    /// A model stamped by the database's clock (`#[lockkit(updated_at)]`);
+    /// made by [`create_notes`](crate::create_notes), not by the migrations.
+    notes (id) {
+        id -> Integer,
+        body -> Text,
+        updated_at -> Nullable<Timestamp>,
+        lock_version -> Integer,
+    }
+}
+
 #[cfg(feature = "postgres")]
 diesel::table! {
     /// A UUID key (PostgreSQL only: Diesel maps UUIDs on no other backend).

@@ -3,9 +3,6 @@
 //! names each column with the value expected and the value found, and of several
 //! racing writers exactly one wins.
 
-use std::sync::Barrier;
-use std::thread;
-
 use diesel::prelude::*;
 use lockkit::compare_and_set::expect;
 use lockkit::prelude::*;
@@ -30,7 +27,7 @@ struct Payment {
     paid_by: i32,
 }
 
-const RACERS: i32 = 8;
+const RACERS: usize = 8;
 
 fn create<C: Connection>(conn: &mut C) {
     exec(
@@ -44,6 +41,19 @@ fn create<C: Connection>(conn: &mut C) {
     );
 }
 
+/// Pays payment `$id` if its state is still `pending`: the compare-and-set
+/// most tests here make.
+macro_rules! pay {
+    ($conn:expr, $id:expr) => {
+        Payment::compare_and_set(
+            $conn,
+            $id,
+            expect(payments::state, "pending".to_owned()),
+            payments::state.eq("paid"),
+        )
+    };
+}
+
 fn stale_columns(err: Error) -> lockkit::StaleColumnsError {
     match err {
         Error::StaleColumns(stale) => stale,
@@ -55,9 +65,7 @@ lockkit_tests::backend_tests! {
     fn writes_while_the_column_holds_what_was_read(db) {
         let mut conn = db.connect();
         create(&mut conn);
-        let rows = Payment::compare_and_set(
-            &mut conn, 5, expect(payments::state, "pending".to_owned()), payments::state.eq("paid"),
-        ).unwrap();
+        let rows = pay!(&mut conn, 5).unwrap();
         assert_eq!(rows, 1);
         let stored = payments::table.find(5).first::<Payment>(&mut conn).unwrap();
         assert_eq!(stored.state, "paid");
@@ -66,8 +74,8 @@ lockkit_tests::backend_tests! {
 
         // On an r2d2 pooled connection too, refusal included.
         let mut pooled = db.conn();
-        Payment::compare_and_set(&mut pooled, 6, expect(payments::state, "pending".to_owned()), payments::state.eq("paid")).unwrap();
-        let again = Payment::compare_and_set(&mut pooled, 6, expect(payments::state, "pending".to_owned()), payments::state.eq("paid"));
+        pay!(&mut pooled, 6).unwrap();
+        let again = pay!(&mut pooled, 6);
         assert!(matches!(again, Err(Error::StaleColumns(_))));
     }
 
@@ -75,9 +83,7 @@ lockkit_tests::backend_tests! {
         let mut conn = db.connect();
         create(&mut conn);
         exec(&mut conn, "UPDATE payments SET state = 'cancelled' WHERE id = 5");
-        let err = Payment::compare_and_set(
-            &mut conn, 5, expect(payments::state, "pending".to_owned()), payments::state.eq("paid"),
-        ).unwrap_err();
+        let err = pay!(&mut conn, 5).unwrap_err();
         assert!(err.is_retryable());
         assert_eq!(err.to_string(), "stale compare-and-set of payments 5: expected state = \"pending\", found \"cancelled\"");
         let stale = stale_columns(err);
@@ -113,9 +119,7 @@ lockkit_tests::backend_tests! {
         let mut conn = db.connect();
         create(&mut conn);
         exec(&mut conn, "DELETE FROM payments WHERE id = 5");
-        let err = Payment::compare_and_set(
-            &mut conn, 5, expect(payments::state, "pending".to_owned()), payments::state.eq("paid"),
-        ).unwrap_err();
+        let err = pay!(&mut conn, 5).unwrap_err();
         assert_eq!(err.to_string(), "stale compare-and-set of payments 5: expected state = \"pending\", but the row was deleted");
         let stale = stale_columns(err);
         assert!(stale.deleted);
@@ -125,26 +129,17 @@ lockkit_tests::backend_tests! {
     fn of_racing_writers_exactly_one_wins(db) {
         let mut setup = db.connect();
         create(&mut setup);
-        let barrier = Barrier::new(RACERS as usize);
-        let outcomes: Vec<(i32, Result<usize, Error>)> = thread::scope(|s| {
-            let handles: Vec<_> = (1..=RACERS)
-                .map(|racer| {
-                    let (db, barrier) = (&db, &barrier);
-                    s.spawn(move || {
-                        let mut conn = db.connect();
-                        // Every racer read `pending`.
-                        let read = payments::table.find(5).first::<Payment>(&mut conn).unwrap();
-                        assert_eq!(read.state, "pending");
-                        barrier.wait();
-                        let outcome = Payment::compare_and_set(
-                            &mut conn, 5, expect(payments::state, read.state),
-                            (payments::state.eq("paid"), payments::paid_by.eq(racer)),
-                        );
-                        (racer, outcome)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        let outcomes: Vec<(i32, Result<usize, Error>)> = db.race(RACERS, |conn, n, barrier| {
+            let racer = n as i32 + 1;
+            // Every racer read `pending`.
+            let read = payments::table.find(5).first::<Payment>(conn).unwrap();
+            assert_eq!(read.state, "pending");
+            barrier.wait();
+            let outcome = Payment::compare_and_set(
+                conn, 5, expect(payments::state, read.state),
+                (payments::state.eq("paid"), payments::paid_by.eq(racer)),
+            );
+            (racer, outcome)
         });
         let winners: Vec<i32> = outcomes.iter().filter(|(_, o)| o.is_ok()).map(|(r, _)| *r).collect();
         assert_eq!(winners.len(), 1, "exactly one payment: {outcomes:?}");
@@ -159,29 +154,21 @@ lockkit_tests::backend_tests! {
     fn naive_baseline_read_then_write_pays_more_than_once(db) {
         let mut setup = db.connect();
         create(&mut setup);
-        let barrier = Barrier::new(RACERS as usize);
-        let paid: i32 = thread::scope(|s| {
-            let handles: Vec<_> = (1..=RACERS)
-                .map(|racer| {
-                    let (db, barrier) = (&db, &barrier);
-                    s.spawn(move || {
-                        let mut conn = db.connect();
-                        let read = payments::table.find(5).first::<Payment>(&mut conn).unwrap();
-                        barrier.wait();
-                        if read.state != "pending" {
-                            return 0;
-                        }
-                        // The check was in Rust, on a stale read: the write does not repeat it.
-                        diesel::update(payments::table.find(5))
-                            .set((payments::state.eq("paid"), payments::paid_by.eq(racer)))
-                            .execute(&mut conn)
-                            .unwrap();
-                        1
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).sum()
-        });
+        let paid: usize = db.race(RACERS, |conn, n, barrier| {
+            let read = payments::table.find(5).first::<Payment>(conn).unwrap();
+            barrier.wait();
+            if read.state != "pending" {
+                return 0;
+            }
+            // The check was in Rust, on a stale read: the write does not repeat it.
+            diesel::update(payments::table.find(5))
+                .set((payments::state.eq("paid"), payments::paid_by.eq(n as i32 + 1)))
+                .execute(conn)
+                .unwrap();
+            1
+        })
+        .into_iter()
+        .sum();
         // Every racer believed it paid: the payment was taken RACERS times.
         assert_eq!(paid, RACERS);
     }

@@ -29,6 +29,7 @@ use lockkit::prelude::*;
 use lockkit::version_trigger::{self, Dialect};
 use lockkit::{CurrentState, Error, LockOptions, StaleObjectError};
 use lockkit_tests::models::*;
+use lockkit_tests::oracles::plain_identifier;
 use lockkit_tests::schema::*;
 use lockkit_tests::settings::lock_timeout;
 use lockkit_tests::{exec, idempotency_migrations, seed_items, stock_of};
@@ -105,17 +106,6 @@ fn render(tags: &[EntityTag]) -> String {
         .map(|tag| format!("{}\"{}\"", if tag.weak { "W/" } else { "" }, tag.opaque))
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// The rule `version_trigger` documents: `[A-Za-z_][A-Za-z0-9_]*`, at most 40.
-fn plain_identifier(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 40
-        && (bytes[0].is_ascii_alphabetic() || bytes[0] == b'_')
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || *b == b'_')
 }
 
 fn identifier_like() -> impl Strategy<Value = String> {

@@ -29,7 +29,7 @@ use lockkit::prelude::*;
 use lockkit::LockOptions;
 use lockkit_tests::models::Item;
 use lockkit_tests::schema::items;
-use lockkit_tests::{idempotency_migrations, seed_items};
+use lockkit_tests::{idempotency_migrations, seed_items, stock_of};
 use serde_json::{json, Value};
 
 /// A router served on its own tokio runtime at 127.0.0.1 on a free port; dropping
@@ -91,17 +91,6 @@ struct Reply {
     etag: Option<String>,
     retry_after: Option<String>,
     body: Value,
-}
-
-/// The stock of item `$id`, read on a connection of its own.
-macro_rules! stock {
-    ($db:expr, $id:expr) => {
-        items::table
-            .find($id)
-            .select(items::stock)
-            .first::<i32>(&mut $db.conn())
-            .unwrap()
-    };
 }
 
 const SECRET: &[u8] = b"the test server's ETag secret, 32+ bytes";
@@ -177,7 +166,7 @@ lockkit_tests::backend_tests! {
         // Item 1's tag on item 2 (same version): refused, item 2 untouched.
         let refused = server.send("PUT", "/items/2/stock/0", &[("If-Match", &tag_1)], "");
         assert_eq!((refused.status, refused.etag.as_deref()), (412, Some(&*tag_2)), "{refused:?}");
-        assert_eq!(stock!(db, 2), 10);
+        assert_eq!(stock_of!(&mut db.conn(), 2), 10);
         assert!(!refused.body.to_string().contains("v0"), "{}", refused.body);
 
         // Forged, altered, plain and weak tags: 412; no header 428; garbage 400.
@@ -198,7 +187,7 @@ lockkit_tests::backend_tests! {
             let reply = server.send("PUT", "/items/1/stock/0", &headers, "");
             assert_eq!(reply.status, status, "{header:?}: {reply:?}");
         }
-        assert_eq!(stock!(db, 1), 10, "nothing was written");
+        assert_eq!(stock_of!(&mut db.conn(), 1), 10, "nothing was written");
 
         // Racing writers holding the same tag: exactly one writes; the others are
         // told their copy is old; the row holds the winner's value.
@@ -219,14 +208,14 @@ lockkit_tests::backend_tests! {
         let winners: Vec<_> = replies.iter().filter(|(_, r)| r.status == 200).collect();
         assert_eq!(winners.len(), 1, "{replies:?}");
         assert!(replies.iter().all(|(_, r)| r.status == 200 || r.status == 412), "{replies:?}");
-        assert_eq!(stock!(db, 1), winners[0].0, "the winner's write stands");
+        assert_eq!(stock_of!(&mut db.conn(), 1), winners[0].0, "the winner's write stands");
         let new_tag = winners[0].1.etag.clone().unwrap();
         assert_eq!(tag_of(1), new_tag);
         let next = server.send("PUT", "/items/1/stock/7", &[("If-Match", &new_tag)], "");
         assert_eq!(next.status, 200, "{next:?}");
         let star = server.send("PUT", "/items/2/stock/8", &[("If-Match", "*")], "");
         assert_eq!(star.status, 200, "{star:?}");
-        assert_eq!((stock!(db, 1), stock!(db, 2)), (7, 8));
+        assert_eq!((stock_of!(&mut db.conn(), 1), stock_of!(&mut db.conn(), 2)), (7, 8));
     }
 
     fn idempotency_keys_over_http_belong_to_their_client(db) {
@@ -280,7 +269,7 @@ lockkit_tests::backend_tests! {
             assert_eq!(reply.status, 400, "{key:?}: {reply:?}");
             assert_eq!(reply.body["title"], "Bad Request");
         }
-        assert_eq!(stock!(db, 1), 8, "two orders, one per client");
+        assert_eq!(stock_of!(&mut db.conn(), 1), 8, "two orders, one per client");
     }
 
     fn body_versions_are_409_and_busy_rows_503_with_retry_after(db) {
@@ -320,7 +309,7 @@ lockkit_tests::backend_tests! {
         assert_eq!(stale.status, 409, "{stale:?}");
         assert_eq!((stale.body["title"].as_str(), stale.body["current_version"].as_i64()), (Some("Conflict"), Some(1)));
         assert_eq!(stale.retry_after, None);
-        assert_eq!(stock!(db, 1), 5, "the stale write lost nothing");
+        assert_eq!(stock_of!(&mut db.conn(), 1), 5, "the stale write lost nothing");
 
         // Another connection holds the row: NOWAIT is Busy, 503 with Retry-After.
         let busy = db.while_holding(

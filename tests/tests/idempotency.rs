@@ -20,6 +20,17 @@ fn now_millis() -> i64 {
         .as_millis() as i64
 }
 
+/// Where every test here starts: lockkit's idempotency table, and item 1 with a
+/// stock of 100.
+macro_rules! prepare {
+    ($db:expr) => {
+        $db.conn()
+            .run_pending_migrations(idempotency_migrations(BACKEND))
+            .unwrap();
+        seed_items(&mut $db.conn(), &[(1, 100)]);
+    };
+}
+
 /// The work of a request: sell one unit, in the idempotency transaction.
 fn sell_one<C: Connection>(conn: &mut C) -> Result<String, Error> {
     conn.batch_execute("UPDATE items SET stock = stock - 1 WHERE id = 1")?;
@@ -28,8 +39,7 @@ fn sell_one<C: Connection>(conn: &mut C) -> Result<String, Error> {
 
 lockkit_tests::backend_tests! {
     fn a_repeat_that_may_wait_replays_the_running_request(db) {
-        db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
-        seed_items(&mut db.conn(), &[(1, 100)]);
+        prepare!(db);
         let first_holds_the_key = Barrier::new(4);
         let patient = Idempotency { wait_while_running: Duration::from_secs(10), ..Idempotency::default() };
         let brief = Idempotency { wait_while_running: Duration::from_millis(50), ..Idempotency::default() };
@@ -63,8 +73,7 @@ lockkit_tests::backend_tests! {
     }
 
     fn a_waiting_repeat_runs_the_work_when_the_first_request_fails(db) {
-        db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
-        seed_items(&mut db.conn(), &[(1, 100)]);
+        prepare!(db);
         let first_holds_the_key = Barrier::new(2);
         let patient = Idempotency { wait_while_running: Duration::from_secs(10), ..Idempotency::default() };
         let (first, waited) = thread::scope(|s| {
@@ -90,8 +99,7 @@ lockkit_tests::backend_tests! {
     }
 
     fn concurrent_duplicates_run_the_work_once(db) {
-        db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
-        seed_items(&mut db.conn(), &[(1, 100)]);
+        prepare!(db);
         const CLIENTS: usize = 8;
         let barrier = Barrier::new(CLIENTS);
         let keys = Idempotency::default();
@@ -122,9 +130,8 @@ lockkit_tests::backend_tests! {
     }
 
     fn a_failed_run_releases_the_key(db) {
+        prepare!(db);
         let mut conn = db.conn();
-        conn.run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
-        seed_items(&mut conn, &[(1, 100)]);
         let keys = Idempotency::default();
         let err = keys
             .run(&mut conn, "tenant-1", "k", "fp", |conn| {
@@ -140,9 +147,8 @@ lockkit_tests::backend_tests! {
     }
 
     fn a_key_reused_for_another_request_is_refused(db) {
+        prepare!(db);
         let mut conn = db.conn();
-        conn.run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
-        seed_items(&mut conn, &[(1, 100)]);
         let keys = Idempotency::default();
         keys.run(&mut conn, "tenant-1", "k", "POST /orders qty=1", sell_one).unwrap();
         let err = keys.run(&mut conn, "tenant-1", "k", "POST /orders qty=5", sell_one).unwrap_err();
@@ -152,9 +158,8 @@ lockkit_tests::backend_tests! {
     }
 
     fn a_crash_between_start_and_finish_is_recovered_after_the_lease(db) {
+        prepare!(db);
         let mut conn = db.conn();
-        conn.run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
-        seed_items(&mut conn, &[(1, 100)]);
         let keys = Idempotency::default();
         // A process inserted its key and died: its row says "running" forever.
         exec(&mut conn, &format!(
@@ -169,8 +174,7 @@ lockkit_tests::backend_tests! {
     }
 
     fn an_owner_that_overruns_its_lease_is_rolled_back(db) {
-        db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
-        seed_items(&mut db.conn(), &[(1, 100)]);
+        prepare!(db);
         let keys = Idempotency { lease: Duration::from_millis(100), ..Idempotency::default() };
         let (slow, fast) = thread::scope(|s| {
             let slow = s.spawn(|| {
@@ -197,9 +201,8 @@ lockkit_tests::backend_tests! {
     }
 
     fn completed_keys_expire_after_the_retention(db) {
+        prepare!(db);
         let mut conn = db.conn();
-        conn.run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
-        seed_items(&mut conn, &[(1, 100)]);
         let keys = Idempotency::default();
         let old = now_millis() - 25 * 3600 * 1000;
         exec(&mut conn, &format!(
@@ -212,9 +215,8 @@ lockkit_tests::backend_tests! {
     }
 
     fn a_key_belongs_to_its_principal(db) {
+        prepare!(db);
         let mut conn = db.conn();
-        conn.run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
-        seed_items(&mut conn, &[(1, 100)]);
         let keys = Idempotency::default();
         let request = fingerprint("POST", "/orders", br#"{"item":1,"qty":1}"#);
         let sell = |conn: &mut _, who: &str| {
@@ -244,8 +246,7 @@ lockkit_tests::backend_tests! {
     }
 
     fn concurrent_clients_sharing_a_key_each_run_once(db) {
-        db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
-        seed_items(&mut db.conn(), &[(1, 100)]);
+        prepare!(db);
         const CLIENTS: usize = 3;
         const REPEATS: usize = 3;
         let barrier = Barrier::new(CLIENTS * REPEATS);
@@ -285,9 +286,8 @@ lockkit_tests::backend_tests! {
     }
 
     fn the_same_key_and_body_on_another_endpoint_is_refused(db) {
+        prepare!(db);
         let mut conn = db.conn();
-        conn.run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
-        seed_items(&mut conn, &[(1, 100)]);
         let keys = Idempotency::default();
         let body = br#"{"item":1,"qty":1}"#;
         keys.run(&mut conn, "tenant-1", "k", &fingerprint("POST", "/orders", body), sell_one).unwrap();
@@ -301,9 +301,8 @@ lockkit_tests::backend_tests! {
     }
 
     fn keys_are_data_not_sql(db) {
+        prepare!(db);
         let mut conn = db.conn();
-        conn.run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
-        seed_items(&mut conn, &[(1, 100)]);
         let keys = Idempotency::default();
         let hostile = "'); DROP TABLE items; -- \" ` \\ é";
         assert_eq!(keys.run(&mut conn, hostile, hostile, hostile, sell_one).unwrap(), Outcome::Ran("201 sold".to_owned()));

@@ -4,7 +4,7 @@
 //! several connections on threads.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Barrier, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -74,26 +74,20 @@ lockkit_tests::backend_tests! {
 
     fn concurrent_decrements_through_lock_are_exact(db) {
         seed_items(&mut db.conn(), &[(1, 1000)]);
-        let barrier = Barrier::new(THREADS);
-        thread::scope(|s| {
-            for _ in 0..THREADS {
-                s.spawn(|| {
-                    let mut conn = db.connect();
-                    // Every thread read the row before anyone locked it.
-                    let mut item = items::table.find(1).first::<Item>(&mut conn).unwrap();
-                    barrier.wait();
-                    for _ in 0..ROUNDS {
-                        conn.transaction(|conn| {
-                            item.lock(conn)?;
-                            thread::sleep(Duration::from_millis(2)); // widen the race window
-                            diesel::update(items::table.find(item.id))
-                                .set(items::stock.eq(item.stock - 1))
-                                .execute(conn)?;
-                            Ok::<_, Error>(())
-                        })
-                        .unwrap();
-                    }
-                });
+        db.race(THREADS, |conn, _, barrier| {
+            // Every thread read the row before anyone locked it.
+            let mut item = items::table.find(1).first::<Item>(conn).unwrap();
+            barrier.wait();
+            for _ in 0..ROUNDS {
+                conn.transaction(|conn| {
+                    item.lock(conn)?;
+                    thread::sleep(Duration::from_millis(2)); // widen the race window
+                    diesel::update(items::table.find(item.id))
+                        .set(items::stock.eq(item.stock - 1))
+                        .execute(conn)?;
+                    Ok::<_, Error>(())
+                })
+                .unwrap();
             }
         });
         let expected = 1000 - i32::try_from(THREADS * ROUNDS).unwrap();
@@ -339,20 +333,14 @@ mod servers {
         fn naive_read_then_write_loses_decrements(db) {
             // The baseline: the same decrements without lock() lose updates.
             seed_items(&mut db.conn(), &[(1, 1000)]);
-            let barrier = Barrier::new(THREADS);
-            thread::scope(|s| {
-                for _ in 0..THREADS {
-                    s.spawn(|| {
-                        let mut conn = db.connect();
-                        conn.transaction(|conn| {
-                            let item = items::table.find(1).first::<Item>(conn)?;
-                            barrier.wait(); // everyone has read stock = 1000
-                            diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
-                            Ok::<_, Error>(())
-                        })
-                        .unwrap();
-                    });
-                }
+            db.race(THREADS, |conn, _, barrier| {
+                conn.transaction(|conn| {
+                    let item = items::table.find(1).first::<Item>(conn)?;
+                    barrier.wait(); // everyone has read stock = 1000
+                    diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
+                    Ok::<_, Error>(())
+                })
+                .unwrap();
             });
             let stock = stock_of!(&mut db.conn());
             assert_eq!(stock, 999, "{THREADS} decrements, one survives");

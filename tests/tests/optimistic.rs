@@ -1,8 +1,5 @@
 //! Optimistic locking (`#[derive(Versioned)]`) on every backend.
 
-use std::sync::Barrier;
-use std::thread;
-
 use diesel::prelude::*;
 use lockkit::prelude::*;
 use lockkit::{retry, CurrentState, Error, Operation, RetryPolicy};
@@ -243,18 +240,11 @@ lockkit_tests::backend_tests! {
         // The baseline the suite must be able to fail on: without a check, both
         // buyers succeed and sixteen units leave a stock of ten.
         seed_items(&mut db.conn(), &[(1, 10)]);
-        let barrier = Barrier::new(2);
-        let outcomes: Vec<QueryResult<usize>> = thread::scope(|s| {
-            let buyers: Vec<_> = (0..2)
-                .map(|_| s.spawn(|| {
-                    let mut conn = db.conn();
-                    let item = items::table.find(1).first::<Item>(&mut conn).unwrap();
-                    barrier.wait();
-                    assert!(item.stock >= 8);
-                    diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 8)).execute(&mut conn)
-                }))
-                .collect();
-            buyers.into_iter().map(|b| b.join().unwrap()).collect()
+        let outcomes: Vec<QueryResult<usize>> = db.race(2, |conn, _, barrier| {
+            let item = items::table.find(1).first::<Item>(conn).unwrap();
+            barrier.wait();
+            assert!(item.stock >= 8);
+            diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 8)).execute(conn)
         });
         let sold = 8 * outcomes.iter().filter(|o| matches!(o, Ok(1))).count() as i32;
         let stock = items::table.find(1).select(items::stock).first::<i32>(&mut db.conn()).unwrap();
@@ -265,19 +255,12 @@ lockkit_tests::backend_tests! {
 
     fn lost_update_prevented_by_update_versioned(db) {
         seed_items(&mut db.conn(), &[(1, 10)]);
-        let barrier = Barrier::new(2);
-        let outcomes: Vec<Result<(), Error>> = thread::scope(|s| {
-            let buyers: Vec<_> = (0..2)
-                .map(|_| s.spawn(|| {
-                    let mut conn = db.conn();
-                    let mut item = items::table.find(1).first::<Item>(&mut conn).unwrap();
-                    barrier.wait();
-                    assert!(item.stock >= 8);
-                    item.stock -= 8;
-                    item.update_versioned(&mut conn)
-                }))
-                .collect();
-            buyers.into_iter().map(|b| b.join().unwrap()).collect()
+        let outcomes: Vec<Result<(), Error>> = db.race(2, |conn, _, barrier| {
+            let mut item = items::table.find(1).first::<Item>(conn).unwrap();
+            barrier.wait();
+            assert!(item.stock >= 8);
+            item.stock -= 8;
+            item.update_versioned(conn)
         });
         let ok = outcomes.iter().filter(|o| o.is_ok()).count();
         let stale: Vec<_> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
@@ -294,31 +277,26 @@ lockkit_tests::backend_tests! {
         const THREADS: usize = 6;
         const INCREMENTS: usize = 15;
         seed_items(&mut db.conn(), &[(1, 0)]);
-        let barrier = Barrier::new(THREADS);
         let policy = RetryPolicy::default().max_attempts(30);
-        let conflicts: usize = thread::scope(|s| {
-            let workers: Vec<_> = (0..THREADS)
-                .map(|_| s.spawn(|| {
-                    let mut conn = db.conn();
-                    let mut conflicts = 0;
-                    for _ in 0..INCREMENTS {
-                        let attempts = retry(&policy, |attempt| {
-                            let mut item = items::table.find(1).first::<Item>(&mut conn)?;
-                            if attempt == 1 {
-                                barrier.wait(); // every thread holds the same version
-                            }
-                            item.stock += 1;
-                            item.update_versioned(&mut conn)?;
-                            Ok::<_, lockkit::Error>(attempt)
-                        })
-                        .unwrap();
-                        conflicts += attempts as usize - 1;
+        let conflicts: usize = db.race(THREADS, |conn, _, barrier| {
+            let mut conflicts = 0;
+            for _ in 0..INCREMENTS {
+                let attempts = retry(&policy, |attempt| {
+                    let mut item = items::table.find(1).first::<Item>(conn)?;
+                    if attempt == 1 {
+                        barrier.wait(); // every thread holds the same version
                     }
-                    conflicts
-                }))
-                .collect();
-            workers.into_iter().map(|w| w.join().unwrap()).sum()
-        });
+                    item.stock += 1;
+                    item.update_versioned(conn)?;
+                    Ok::<_, lockkit::Error>(attempt)
+                })
+                .unwrap();
+                conflicts += attempts as usize - 1;
+            }
+            conflicts
+        })
+        .into_iter()
+        .sum();
         let item = items::table.find(1).first::<Item>(&mut db.conn()).unwrap();
         assert_eq!(item.stock, (THREADS * INCREMENTS) as i32, "no increment lost");
         assert_eq!(item.lock_version, (THREADS * INCREMENTS) as i32);
@@ -329,20 +307,14 @@ lockkit_tests::backend_tests! {
         const THREADS: usize = 6;
         const INCREMENTS: usize = 15;
         seed_items(&mut db.conn(), &[(1, 0)]);
-        let barrier = Barrier::new(THREADS);
-        thread::scope(|s| {
-            for _ in 0..THREADS {
-                s.spawn(|| {
-                    let mut conn = db.conn();
-                    for _ in 0..INCREMENTS {
-                        let item = items::table.find(1).first::<Item>(&mut conn).unwrap();
-                        barrier.wait();
-                        diesel::update(items::table.find(1))
-                            .set(items::stock.eq(item.stock + 1))
-                            .execute(&mut conn)
-                            .unwrap();
-                    }
-                });
+        db.race(THREADS, |conn, _, barrier| {
+            for _ in 0..INCREMENTS {
+                let item = items::table.find(1).first::<Item>(conn).unwrap();
+                barrier.wait();
+                diesel::update(items::table.find(1))
+                    .set(items::stock.eq(item.stock + 1))
+                    .execute(conn)
+                    .unwrap();
             }
         });
         let stock = items::table.find(1).select(items::stock).first::<i32>(&mut db.conn()).unwrap();

@@ -16,28 +16,7 @@ use lockkit::prelude::*;
 use lockkit::{locked_transaction, queue, Error, LockOptions, RetryPolicy};
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
-use lockkit_tests::{exec, seed_items};
-
-diesel::table! {
-    notes (id) {
-        id -> Integer,
-        body -> Text,
-        updated_at -> Nullable<Timestamp>,
-        lock_version -> Integer,
-    }
-}
-
-/// A model with an `updated_at` column, written by the database's clock.
-#[derive(Identifiable, Versioned)]
-#[diesel(table_name = notes)]
-struct Note {
-    id: i32,
-    body: String,
-    #[lockkit(updated_at)]
-    #[allow(dead_code)] // written by the database
-    updated_at: Option<String>,
-    lock_version: i32,
-}
+use lockkit_tests::{create_notes, exec, seed_items};
 
 /// A titled group of statements.
 type Section = (String, Vec<String>);
@@ -152,10 +131,7 @@ lockkit_tests::backend_tests! {
         conn.run_pending_migrations(lockkit_tests::outbox_migrations(BACKEND)).unwrap();
         seed_items(&mut conn, &[(1, 10), (2, 10), (3, 10)]);
         exec(&mut conn, "INSERT INTO jobs (id, payload, done) VALUES (1, 'a', false), (2, 'b', false)");
-        exec(&mut conn, &format!(
-            "CREATE TABLE notes (id INTEGER PRIMARY KEY, body VARCHAR(100) NOT NULL, updated_at {} NULL, lock_version INTEGER NOT NULL)",
-            match BACKEND { "postgres" => "TIMESTAMP", "mysql" => "DATETIME", _ => "TEXT" },
-        ));
+        create_notes(&mut conn, BACKEND);
         exec(&mut conn, "INSERT INTO notes VALUES (1, 'a', NULL, 0)");
         let log = Log::default();
         // Wrapped in lockkit's journal, as an application with its own

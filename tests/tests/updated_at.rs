@@ -6,29 +6,9 @@ use diesel::dsl::sql;
 use diesel::prelude::*;
 use diesel::sql_types::Bool;
 use lockkit::prelude::*;
-use lockkit_tests::exec;
-
-diesel::table! {
-    notes (id) {
-        id -> Integer,
-        body -> Text,
-        updated_at -> Nullable<Timestamp>,
-        lock_version -> Integer,
-    }
-}
-
-/// The struct is never loaded whole (the test crate maps no timestamp type):
-/// `updated_at` is written by the database, never from the field.
-#[derive(Debug, Clone, Identifiable, Versioned)]
-#[diesel(table_name = notes)]
-struct Note {
-    id: i32,
-    body: String,
-    #[lockkit(updated_at)]
-    #[allow(dead_code)] // written by the database, never read here
-    updated_at: Option<String>,
-    lock_version: i32,
-}
+use lockkit_tests::models::Note;
+use lockkit_tests::schema::notes;
+use lockkit_tests::{create_notes, exec};
 
 /// The same table without the attribute.
 #[derive(Debug, Clone, Identifiable, Versioned)]
@@ -45,18 +25,7 @@ struct UnstampedNote {
 const LONG_AGO: &str = "UPDATE notes SET updated_at = '2000-01-01 00:00:00'";
 
 fn create<C: Connection>(conn: &mut C, backend: &str) {
-    let timestamp = match backend {
-        "postgres" => "TIMESTAMP",
-        "mysql" => "DATETIME",
-        _ => "TEXT",
-    };
-    exec(
-        conn,
-        &format!(
-            "CREATE TABLE notes (id INTEGER PRIMARY KEY, body VARCHAR(100) NOT NULL, \
-             updated_at {timestamp} NULL, lock_version INTEGER NOT NULL)"
-        ),
-    );
+    create_notes(conn, backend);
     exec(
         conn,
         "INSERT INTO notes VALUES (1, 'a', NULL, 0), (2, 'b', NULL, 0)",

@@ -14,7 +14,7 @@ use lockkit::prelude::*;
 use lockkit::{Error, LockOptions, RetryPolicy, RetryableError};
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
-use lockkit_tests::seed_items;
+use lockkit_tests::{seed_items, stock_of};
 
 #[derive(Debug, thiserror::Error)]
 enum ShopError {
@@ -45,16 +45,6 @@ struct Receipt {
     order: i64,
     left: i32,
     note: String,
-}
-
-macro_rules! stock_of {
-    ($conn:expr, $id:expr) => {
-        items::table
-            .find($id)
-            .select(items::stock)
-            .first::<i32>($conn)
-            .unwrap()
-    };
 }
 
 /// Takes 8 of item `id` under its row lock, or refuses with the caller's error.

@@ -300,25 +300,6 @@ pub(crate) enum Written<V> {
     Stale(StaleObjectError),
 }
 
-/// Runs one versioned write; see the [module docs](self) for the sequence.
-///
-/// `statement` builds the statement for the version to check (usually
-/// `expected`; see [`journal`]).
-pub(crate) fn write<M, S, Conn>(
-    conn: &mut Conn,
-    key: &M::Key,
-    expected: M::Version,
-    operation: Operation,
-    statement: impl FnOnce(M::Version) -> S,
-) -> Result<Written<M::Version>, Error>
-where
-    M: CurrentVersionQuery<Conn>,
-    Conn: Connection,
-    S: ExecuteDsl<Conn>,
-{
-    write_from::<M, S, Conn>(conn, key, expected, Origin::Held, operation, statement)
-}
-
 /// Where the version a write expects comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Origin {
@@ -333,8 +314,12 @@ pub(crate) enum Origin {
     LockedRead,
 }
 
-/// [`write`], for a version from `origin`.
-pub(crate) fn write_from<M, S, Conn>(
+/// Runs one versioned write, expecting the version `expected` from `origin`;
+/// see the [module docs](self) for the sequence.
+///
+/// `statement` builds the statement for the version to check (usually
+/// `expected`; see [`journal`]).
+pub(crate) fn write<M, S, Conn>(
     conn: &mut Conn,
     key: &M::Key,
     expected: M::Version,

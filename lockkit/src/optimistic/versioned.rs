@@ -130,6 +130,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
             conn,
             &self.key(),
             self.version(),
+            Origin::Held,
             Operation::Update,
             |checked| {
                 version_check::update::<Self, _>(self.key(), checked, self.versioned_changeset())
@@ -237,6 +238,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
             conn,
             &key,
             self.version(),
+            Origin::Held,
             Operation::Update,
             |checked| Self::update_statement(key.clone(), checked, changes),
         )?;
@@ -333,6 +335,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
             conn,
             &key,
             expected_version,
+            Origin::Held,
             Operation::Delete,
             |checked| diesel::delete(Self::target(key.clone(), checked)),
         )? {
@@ -391,6 +394,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
             conn,
             &key,
             self.version(),
+            Origin::Held,
             Operation::Touch,
             |checked| version_check::touch::<Self>(key.clone(), checked),
         )?;
@@ -451,6 +455,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
             conn,
             &key,
             expected_version,
+            Origin::Held,
             Operation::Update,
             |checked| Self::update_statement(key.clone(), checked, changes),
         )? {
@@ -584,6 +589,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
                     conn,
                     key,
                     *expected,
+                    Origin::Held,
                     Operation::Update,
                     |checked| Self::update_statement(key.clone(), checked, changes.clone()),
                 )? {
@@ -697,7 +703,7 @@ where
         // The row is locked: the version cannot have moved since the locked read,
         // and is the row's own (see `Origin::LockedRead`).
         let key = row.key();
-        let written = version_check::write_from::<M, _, _>(
+        let written = version_check::write::<M, _, _>(
             conn,
             &key,
             row.version(),
