@@ -15,9 +15,12 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
         w,
         "`lockkit::adaptive::AdaptivePolicy::update(conn, id, |item| item.stock -= 1)` with \
          `AdaptivePolicy::new()`: the row read fresh, changed and written version-checked, \
-         optimistically while few of its recent optimistic writes lose the race, under \
-         `FOR UPDATE` (SQLite: `BEGIN IMMEDIATE`) for a second once 3/4 of them do, then \
-         optimistically again to measure afresh. Each run starts with a fresh policy, so \
+         optimistically (backing off as `RetryPolicy::default()` between lost races) \
+         while few of its recent optimistic writes lose the race; once 3/4 of them do, the \
+         row is locked (`FOR UPDATE`; SQLite: `BEGIN IMMEDIATE`) for a 100 ms trial, and \
+         stays locked for a second only if the trial wrote the row more often per second \
+         than the optimistic writes before it (a lost trial makes the next wait 1 s, \
+         doubling). Each run starts with a fresh policy, so \
          its learning is inside the numbers. **Own rows**: each worker reads and decrements \
          its own row (no contention); **hot row**: every worker the same row. The fixed \
          strategies do the same read-modify-write: optimistic + retry \
