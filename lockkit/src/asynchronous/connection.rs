@@ -24,6 +24,19 @@
 //! A connection you hold yourself (no pool) is not discarded: after a dropped
 //! call it is still inside the abandoned transaction, and the next lockkit call
 //! on it would nest in it. Drop such a connection too, or use a pool.
+//!
+//! **MySQL/MariaDB and bb8's check-out ping.** bb8 sends `SELECT 1` on a
+//! connection before it hands it out (`test_on_check_out`, on by default). A
+//! future dropped while that ping is in flight leaves `AsyncMysqlConnection`
+//! with an unread reply that `is_broken` does not see, and bb8 hands the
+//! connection to the next user, who reads the wrong replies (a row that exists
+//! comes back as `NotFound`, or the connection closes). On MySQL/MariaDB with
+//! cancellation, build the pool with `.test_on_check_out(false)`; the torture
+//! program's async mode does, and `torture/tests/torture.rs`
+//! (`mysql_async_with_the_pool_ping_fails`) shows the failure with the ping on.
+//! A statement of your own (outside lockkit's transactions) dropped in flight
+//! leaves the same unread reply: on MySQL, run statements that a dropped future
+//! may cut short inside a transaction, so the pool discards the connection.
 
 use std::future::Future;
 
