@@ -5,8 +5,8 @@
 //! backend), so a slow minute on the machine spreads over all cases instead of
 //! hitting one. lockkit-versus-hand-written pairs ([`paired_cases`]) run
 //! `a b b a` within a repetition; the other cases ([`single_cases`]) run once.
-//! The diesel-async cases ([`async_paired_cases`], [`async_single_cases`]) follow
-//! the blocking ones of the same backend.
+//! The diesel-async cases ([`async_paired_cases`]) follow the blocking ones of
+//! the same backend.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -200,7 +200,8 @@ pub fn single_cases() -> Vec<Case> {
 }
 
 /// The diesel-async cases of `backend` that run next to a hand-written
-/// diesel-async twin: uncontended `update_versioned`, hot-row `with_lock`, and
+/// diesel-async twin: uncontended `update_versioned`, hot-row `with_lock` and
+/// atomic `update_if`, and
 /// on PostgreSQL the queue drain in batches of 1 and 10, each with
 /// [`ASYNC_WORKERS`] tasks. Their blocking twins are among the cases above.
 /// MariaDB and SQLite run no async queue: refilling it for every slice takes
@@ -209,6 +210,7 @@ pub fn async_paired_cases(backend: Backend) -> Vec<Case> {
     let mut cases = vec![
         Case::new(Workload::Uncontended, Strategy::Versioned, ASYNC_WORKERS).tasks(),
         Case::new(Workload::HotRow, Strategy::WithLock, ASYNC_WORKERS).tasks(),
+        Case::new(Workload::HotRow, Strategy::Atomic, ASYNC_WORKERS).tasks(),
     ];
     if backend == Backend::Postgres {
         for batch in [1, 10] {
@@ -220,16 +222,6 @@ pub fn async_paired_cases(backend: Backend) -> Vec<Case> {
         }
     }
     cases
-}
-
-/// The diesel-async cases that run alone: the hot-row atomic `UPDATE` by hand.
-/// lockkit's async `atomic::update_if` has no case yet (TODO: add
-/// `Case::new(Workload::HotRow, Strategy::Atomic, ASYNC_WORKERS).tasks()` as a
-/// pair once `lockkit::asynchronous::atomic` exists).
-pub fn async_single_cases() -> Vec<Case> {
-    vec![Case::new(Workload::HotRow, Strategy::Atomic, ASYNC_WORKERS)
-        .tasks()
-        .hand()]
 }
 
 /// The adaptive strategy next to the fixed ones it chooses between, on own
@@ -259,10 +251,7 @@ mod tests {
             .flat_map(|c| [c, c.hand()])
             .chain(single_cases())
             .collect();
-        for case in async_paired_cases(Backend::Postgres)
-            .into_iter()
-            .chain(async_single_cases())
-        {
+        for case in async_paired_cases(Backend::Postgres) {
             assert_eq!(case.client, Client::Tasks);
             let twin = Case {
                 client: Client::Threads,

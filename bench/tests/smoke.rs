@@ -75,10 +75,7 @@ fn async_cases_balance_the_books_on_tasks() {
         cases.push(Case { workers: 4, ..case });
         cases.push(Case { workers: 4, ..case }.hand());
     }
-    for case in lockkit_bench::plan::async_single_cases() {
-        cases.push(Case { workers: 4, ..case });
-    }
-    assert_eq!(cases.len(), 9);
+    assert_eq!(cases.len(), 10);
     for case in cases {
         assert_eq!(case.client, Client::Tasks, "{}", case.label());
         // A small queue, and time to drain it: then every job ran once.

@@ -8,15 +8,14 @@ use super::context::Report;
 use super::format::{check_cell, ms, rate, ratio, us};
 use crate::analysis::ratios::{overhead, pgbench_summaries, PgbenchSummary, PGBENCH_TARGET};
 use crate::analysis::statistics::Summary;
-use crate::plan::{async_paired_cases, async_single_cases, ASYNC_THREADS, ASYNC_WORKERS};
+use crate::plan::{async_paired_cases, ASYNC_THREADS, ASYNC_WORKERS};
 use crate::run::pgbench::{self, Mode};
 use crate::vocabulary::{Backend, Case, Client, Flavor, Workload};
 
-/// The async cases in report order (PostgreSQL's, the most): each as lockkit
-/// runs it (the atomic `UPDATE` too, which has no lockkit row yet).
+/// The async cases in report order (PostgreSQL's, the most), each as lockkit
+/// runs it.
 fn cases() -> Vec<Case> {
     let mut cases: Vec<Case> = async_paired_cases(Backend::Postgres);
-    cases.extend(async_single_cases().into_iter().map(Case::lockkit));
     cases.sort_by_key(|c| (c.workload, c.strategy, c.batch));
     cases
 }
@@ -51,12 +50,9 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
          connection of one bb8 pool, next to the same statements written by hand with \
          diesel-async, run alternately ({} × `lockkit, hand, hand, lockkit`, {:.2} s each), and \
          next to the blocking rows above ({ASYNC_WORKERS} threads on r2d2). lockkit's calls: \
-         `AsyncVersioned::update_versioned`; `lockkit::asynchronous::with_lock`; for the queue, \
-         `lockkit::asynchronous::locked_transaction` around `queue::claim`'s statement (its \
-         `ForUpdateSkipLocked` clause put on by `AsyncLockingConnection::apply_lock`), until \
-         lockkit has an async `queue::claim`. **TODO: lockkit's async atomic row**: lockkit has \
-         no async `atomic::update_if` yet, so the hot-row atomic row is the hand-written \
-         diesel-async `UPDATE` only. SQLite runs diesel-async's \
+         `AsyncVersioned::update_versioned`; `lockkit::asynchronous::with_lock`; \
+         `lockkit::asynchronous::atomic::update_if`; for the queue, \
+         `lockkit::asynchronous::queue::claim` in `locked_transaction`. SQLite runs diesel-async's \
          `SyncConnectionWrapper<SqliteConnection>` (each call on tokio's blocking pool) and \
          `BEGIN IMMEDIATE` for the hand-written transactions. The async queue runs on \
          PostgreSQL only (refilling it for every slice costs MariaDB and SQLite more than the \
@@ -108,10 +104,7 @@ fn table(w: &mut String, report: &Report, cases: &[Case]) -> fmt::Result {
                 } else {
                     ""
                 },
-                lockkit.map_or_else(
-                    || "TODO: no async `atomic::update_if` in lockkit yet".to_owned(),
-                    |s| rate(s.throughput)
-                ),
+                lockkit.map_or("–".into(), |s| rate(s.throughput)),
                 hand.map_or("–".into(), |s| rate(s.throughput)),
                 ratio(overhead(results, b, case).map_or(f64::NAN, |r| r.0)),
                 blocking.map_or("–".into(), |s| rate(s.throughput)),

@@ -32,7 +32,7 @@ use diesel::{MysqlConnection, PgConnection, SqliteConnection};
 
 use crate::db::BenchDb;
 use crate::error::BenchError;
-use crate::plan::{async_paired_cases, async_single_cases, paired_cases, single_cases, Settings};
+use crate::plan::{async_paired_cases, paired_cases, single_cases, Settings};
 use crate::vocabulary::{Backend, Case, Client, Limits, MAX_WORKERS};
 use machine::{Machine, ServerInfo};
 use ops::{BenchConnection, Session};
@@ -146,14 +146,6 @@ fn run_backend<C: BenchConnection>(
         results.samples.push(lockkit.clone());
         results.samples.push(hand.clone());
         results.pairs.push(Pair { rep, lockkit, hand });
-    }
-    for case in async_single_cases() {
-        if !settings.wants(&case.label()) {
-            continue;
-        }
-        let sample = run.run_case(&case, &settings.limits)?;
-        progress(rep, settings.reps, &sample);
-        results.samples.push(sample);
     }
     Ok(())
 }

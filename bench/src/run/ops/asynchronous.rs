@@ -9,8 +9,8 @@
 //! | --- | --- | --- |
 //! | uncontended | `AsyncVersioned::update_versioned` | the versioned `UPDATE`, its own row-count check |
 //! | hot row, `with_lock` | `lockkit::asynchronous::with_lock` | `transaction`: `SELECT .. FOR UPDATE`, `UPDATE` |
-//! | hot row, atomic | none yet (`lockkit::asynchronous::atomic` is not written) | the conditional `UPDATE`, its own row-count check |
-//! | queue | `lockkit::asynchronous::locked_transaction` around the statement of `queue::claim` (its `ForUpdateSkipLocked` clause, put on by `AsyncLockingConnection::apply_lock`), until `lockkit::asynchronous::queue::claim` exists | `transaction`: `.limit(n).for_update().skip_locked()` |
+//! | hot row, atomic | `lockkit::asynchronous::atomic::update_if` | the conditional `UPDATE`, its own row-count check |
+//! | queue | `lockkit::asynchronous::queue::claim` in `locked_transaction` | `transaction`: `.limit(n).for_update().skip_locked()` |
 //!
 //! SQLite has no row locks: there the hand-written transactions are diesel-async's
 //! `immediate_transaction` (`BEGIN IMMEDIATE`), as lockkit's are.
@@ -68,8 +68,7 @@ macro_rules! async_backend {
             #[allow(unused_imports)]
             use diesel_async::AsyncConnection;
             use diesel_async::RunQueryDsl;
-            use lockkit::asynchronous::{AsyncLockingConnection, AsyncVersioned};
-            use lockkit::pessimistic::row_lock::ForUpdateSkipLocked;
+            use lockkit::asynchronous::AsyncVersioned;
             use lockkit::LockOptions;
 
             use super::AsyncBenchConnection;
@@ -116,6 +115,7 @@ macro_rules! async_backend {
                         (Strategy::Versioned, Flavor::Hand) => versioned_hand(self, st).await,
                         (Strategy::WithLock, Flavor::Lockkit) => with_lock(self, st).await,
                         (Strategy::WithLock, Flavor::Hand) => with_lock_hand(self, st).await,
+                        (Strategy::Atomic, Flavor::Lockkit) => atomic(self, st).await,
                         (Strategy::Atomic, Flavor::Hand) => atomic_hand(self, st).await,
                         (Strategy::Claim, Flavor::Lockkit) => claim(self, case.batch, st).await,
                         (Strategy::Claim, Flavor::Hand) => claim_hand(self, case.batch, st).await,
@@ -192,6 +192,18 @@ macro_rules! async_backend {
                 Ok(1)
             }
 
+            /// `lockkit::asynchronous::atomic::update_if`: `UPDATE .. SET stock =
+            /// stock - 1 WHERE id = ? AND stock >= 1`.
+            async fn atomic(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
+                let result = lockkit::asynchronous::atomic::update_if(
+                    conn,
+                    statements::sell_if_stocked(HOT_ID, 1),
+                )
+                .await;
+                st.counted(result)?;
+                Ok(1)
+            }
+
             /// The conditional `UPDATE` by hand, with its own row-count check.
             async fn atomic_hand(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
                 st.counts.attempts += 1;
@@ -199,21 +211,16 @@ macro_rules! async_backend {
                 crate::run::ops::atomic::sold(rows)
             }
 
-            /// `lockkit::asynchronous::locked_transaction` around the claim's
-            /// statement (`LIMIT n FOR UPDATE SKIP LOCKED`, lockkit's clause);
+            /// `lockkit::asynchronous::queue::claim` in `locked_transaction`;
             /// mark each job done by key.
             async fn claim(conn: &mut Conn, batch: i64, st: &mut WorkerState) -> Result<usize, OpError> {
                 let result = lockkit::asynchronous::locked_transaction(
                     conn,
                     LockOptions::default(),
                     async |conn: &mut Conn| {
-                        let ids: Vec<i32> = <Conn as AsyncLockingConnection>::apply_lock(
-                            statements::pending_jobs().limit(batch),
-                            ForUpdateSkipLocked,
-                        )
-                        .load(conn)
-                        .await
-                        .map_err(lockkit::classify)?;
+                        let ids: Vec<i32> =
+                            lockkit::asynchronous::queue::claim(conn, statements::pending_jobs(), batch)
+                                .await?;
                         for id in &ids {
                             statements::mark_done(*id).execute(conn).await?;
                         }
