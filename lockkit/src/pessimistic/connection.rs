@@ -45,7 +45,7 @@ use crate::multi::Reach;
 use crate::transaction::transaction_sql;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use crate::transaction::{finish, Failure, PanicGuard};
-use crate::transaction::{in_transaction, transaction_depth, Control};
+use crate::transaction::{in_transaction, Control};
 use crate::Error;
 
 /// A connection lockkit can take row locks on: `PgConnection`, `MysqlConnection`
@@ -382,7 +382,7 @@ pub(crate) mod mysql {
     {
         // innodb_lock_wait_timeout is a session setting: set it (keeping the
         // session's value on the server), run, put it back.
-        let depth = transaction_depth(conn);
+        let depth = crate::transaction::transaction_depth(conn);
         let saved = match options.timeout_secs() {
             Some(secs) => {
                 let mysql = conn.reach().map_err(crate::classify)?;
