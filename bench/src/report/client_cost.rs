@@ -181,9 +181,10 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
             notes.push(format!(
                 "* **`with_lock(nowait)` on SQLite: {:.0}% slower than `with_lock` and {:.0} \
                  more allocations.** SQLite has no `NOWAIT`, so `locked_transaction` reads \
-                 `PRAGMA busy_timeout`, sets it to 0 and restores it afterwards: three extra \
-                 statements per transaction. (The MySQL timeout path does the same with \
-                 `innodb_lock_wait_timeout`, in three round trips.)",
+                 `PRAGMA busy_timeout`, sets it to 0 in the batch that takes the write lock \
+                 and restores it afterwards: two extra statements per transaction. (The MySQL \
+                 timeout path keeps the session's `innodb_lock_wait_timeout` in a session \
+                 variable as it sets the new one, and puts it back after: two round trips.)",
                 (r.lockkit_ns / r.other_ns - 1.0) * 100.0,
                 r.lockkit_allocs - r.other_allocs
             ));
