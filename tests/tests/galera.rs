@@ -425,8 +425,12 @@ fn transaction_with_retry_reruns_a_transaction_another_node_aborted() {
         errors.len() == 1 && errors[0].starts_with("TransactionAborted(Deadlock"),
         "{errors:?}"
     );
-    // Node 2's 10, then the rerun's 1 + 1; two locks, two versions.
-    assert_eq!(cluster.item(), (12, 2));
+    // Node 2's 10, then the rerun's 1 + 1; two locks, two versions (three when
+    // node 2's write skipped the number the aborted attempt had bumped to: a
+    // number an uncommitted write holds is never committed).
+    let (stock, version) = cluster.item();
+    assert_eq!(stock, 12);
+    assert!((2..=3).contains(&version), "version {version}");
 }
 
 fn stock_on(conn: &mut MysqlConnection) -> Result<i32, Error> {

@@ -324,7 +324,8 @@ lockkit_tests::backend_tests! {
         let mut later = load(&mut theirs, 1);
         later.stock = 2;
         later.update_versioned(&mut theirs).unwrap();
-        assert_eq!(later.lock_version, 1);
+        // Not 1: that number is the rolled-back write's, which is never committed.
+        assert_eq!(later.lock_version, 2);
 
         mine.stock = 3;
         assert!(matches!(mine.update_versioned(&mut conn), Err(Error::Stale(_))));
