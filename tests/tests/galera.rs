@@ -478,8 +478,13 @@ fn retried_locked_writes_on_every_node_add_up_exactly() {
     let total = WRITERS as i32 * WRITES;
     let (stock, version) = cluster.item();
     assert_eq!(stock, total, "every increment once");
-    // Only `with_lock` on a versioned model advances the version.
-    assert_eq!(version, total / 2);
+    // Only `with_lock` on a versioned model advances the version: once per
+    // locked write, plus at most one skipped number per retried (aborted) one.
+    let retries = counts.retries.load(Ordering::Relaxed) as i32;
+    assert!(
+        (total / 2..=total / 2 + retries).contains(&version),
+        "version {version}, {retries} retries"
+    );
     assert!(
         counts.retries.load(Ordering::Relaxed) > 0,
         "the writers on different nodes never met"
