@@ -37,21 +37,6 @@ fn broken<A: AsyncConnection>(conn: &mut A) -> bool {
         .is_err()
 }
 
-macro_rules! insert_item {
-    ($conn:expr, $stock:expr) => {
-        diesel::insert_into(items::table)
-            .values((
-                items::id.eq(1),
-                items::name.eq("widget"),
-                items::stock.eq($stock),
-                items::lock_version.eq(0),
-            ))
-            .execute($conn)
-            .await
-            .expect("insert")
-    };
-}
-
 macro_rules! stock {
     ($conn:expr) => {
         items::table

@@ -21,21 +21,6 @@ use lockkit_tests::schema::items;
 const TASKS: usize = 8;
 const ROUNDS: usize = 25;
 
-macro_rules! insert_item {
-    ($conn:expr, $stock:expr) => {
-        diesel::insert_into(items::table)
-            .values((
-                items::id.eq(1),
-                items::name.eq("widget"),
-                items::stock.eq($stock),
-                items::lock_version.eq(0),
-            ))
-            .execute($conn)
-            .await
-            .expect("insert")
-    };
-}
-
 macro_rules! stock_and_version {
     ($conn:expr) => {
         items::table

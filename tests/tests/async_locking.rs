@@ -29,22 +29,6 @@ fn patient() -> RetryPolicy {
         .max_delay(Duration::from_millis(20))
 }
 
-/// Inserts item 1 with `stock`, version 0.
-macro_rules! insert_item {
-    ($conn:expr, $stock:expr) => {
-        diesel::insert_into(items::table)
-            .values((
-                items::id.eq(1),
-                items::name.eq("widget"),
-                items::stock.eq($stock),
-                items::lock_version.eq(0),
-            ))
-            .execute($conn)
-            .await
-            .expect("insert")
-    };
-}
-
 /// Item 1's stock and version.
 macro_rules! stock_and_version {
     ($conn:expr) => {

@@ -111,3 +111,21 @@ pub fn patient() -> lockkit::RetryPolicy {
         .base_delay(std::time::Duration::from_millis(1))
         .max_delay(std::time::Duration::from_millis(20))
 }
+
+/// Inserts item 1 with `stock`, version 0 (each `async_*` test file that
+/// uses it has diesel's and diesel-async's methods in scope).
+#[allow(unused_macros)]
+macro_rules! insert_item {
+    ($conn:expr, $stock:expr) => {
+        diesel::insert_into(lockkit_tests::schema::items::table)
+            .values((
+                lockkit_tests::schema::items::id.eq(1),
+                lockkit_tests::schema::items::name.eq("widget"),
+                lockkit_tests::schema::items::stock.eq($stock),
+                lockkit_tests::schema::items::lock_version.eq(0),
+            ))
+            .execute($conn)
+            .await
+            .expect("insert")
+    };
+}
