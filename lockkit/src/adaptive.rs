@@ -19,8 +19,11 @@
 //! * Once at least [`min_attempts`](AdaptivePolicy::min_attempts) recent
 //!   attempts have a conflict rate of [`escalate_at`](AdaptivePolicy::escalate_at)
 //!   or more (by default: 8 attempts, three quarters of them lost), the row is
-//!   locked for a **trial** of [`trial`](AdaptivePolicy::trial) (100 ms). The
-//!   rows written per second during the trial are compared with those of the
+//!   locked for a **trial** of [`trial`](AdaptivePolicy::trial) (100 ms), once
+//!   the optimistic period has lasted [`min_period`](AdaptivePolicy::min_period)
+//!   (100 ms: writers that start together lose a burst of races that says
+//!   nothing of the rate once the losers back off). The rows
+//!   written per second during the trial are compared with those of the
 //!   optimistic period before it.
 //! * If the lock wrote more (by a tenth or more), the row stays
 //!   [`Mode::Locked`] for [`locked_for`](AdaptivePolicy::locked_for) (1 s),
@@ -274,6 +277,7 @@ pub struct AdaptivePolicy {
     half_life: Duration,
     escalate_at: f64,
     min_attempts: f64,
+    min_period: Duration,
     trial: Duration,
     locked_for: Duration,
     max_optimistic_attempts: u32,
@@ -294,7 +298,8 @@ static GLOBAL: LazyLock<AdaptivePolicy> = LazyLock::new(AdaptivePolicy::new);
 
 impl AdaptivePolicy {
     /// Per row; counts halve every second; a 100 ms trial of the lock once 8
-    /// recent attempts lost three quarters of their races, and locked for one
+    /// recent attempts lost three quarters of their races (after 100 ms of
+    /// optimistic writes at least), and locked for one
     /// second when the trial wrote more; at most 5 optimistic attempts per
     /// call, with [`RetryPolicy::default`]'s jittered waits between them; the
     /// lock is `FOR UPDATE` with the server's timeout.
@@ -303,6 +308,7 @@ impl AdaptivePolicy {
             half_life: Duration::from_secs(1),
             escalate_at: 0.75,
             min_attempts: 8.0,
+            min_period: Duration::from_millis(100),
             trial: Duration::from_millis(100),
             locked_for: Duration::from_secs(1),
             max_optimistic_attempts: 5,
@@ -346,6 +352,17 @@ impl AdaptivePolicy {
     #[must_use]
     pub fn min_attempts(mut self, attempts: u32) -> Self {
         self.min_attempts = f64::from(attempts.max(1));
+        self
+    }
+
+    /// How long a row must have been written optimistically before its
+    /// rate is compared with a trial of the lock (100 ms by default; zero
+    /// tries the lock as soon as the conflict rate says so). Writers that
+    /// start together lose a burst of races at first, and the rate over those
+    /// few milliseconds says nothing of the rate once the losers back off.
+    #[must_use]
+    pub fn min_period(mut self, period: Duration) -> Self {
+        self.min_period = period;
         self
     }
 
@@ -565,8 +582,9 @@ impl AdaptivePolicy {
             && slot.attempts >= self.min_attempts - 0.5
             && slot.conflicts >= self.escalate_at * slot.attempts
             && slot.conflicts > 0.0
-            // A rate to compare the trial with.
+            // A rate to compare the trial with, over a long enough period.
             && slot.writes > 0.0
+            && now.saturating_duration_since(since) >= self.min_period
             && slot.next_trial.is_none_or(|at| now >= at)
         {
             slot.optimistic_rate = self.rate(slot.writes, now.saturating_duration_since(since));
@@ -821,9 +839,29 @@ mod tests {
     }
 
     #[test]
+    fn a_burst_of_lost_races_at_the_start_is_no_rate_to_try_the_lock_against() {
+        let mut clock = Clock::new(AdaptivePolicy::new());
+        // 32 writers start at once: one wins, 31 lose, within 2 ms. The
+        // optimistic rate over those 2 ms (500 per second) says nothing of the
+        // rate the row will see once the losers back off.
+        assert_eq!(
+            clock.optimistic(1, 31, 2 * MS, 2 * MS),
+            Mode::Optimistic,
+            "no trial against a 2 ms window"
+        );
+        // As hot for as long as a trial lasts: now the rate is worth a trial.
+        assert_eq!(
+            clock.optimistic(1, 31, 2 * MS, 100 * MS),
+            Mode::Locked,
+            "a trial once the optimistic period is as long as a trial"
+        );
+        assert_eq!(clock.policy.stats().escalations, 1);
+    }
+
+    #[test]
     fn a_trial_nobody_writes_in_ends_optimistic() {
         let mut clock = Clock::new(AdaptivePolicy::new());
-        assert_eq!(clock.optimistic(1, 3, 10 * MS, 100 * MS), Mode::Locked);
+        assert_eq!(clock.optimistic(1, 3, 10 * MS, 200 * MS), Mode::Locked);
         assert_eq!(clock.ask_after(10_000 * MS), Mode::Optimistic);
     }
 }

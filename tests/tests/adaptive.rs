@@ -56,9 +56,13 @@ fn hot_increments<C>(
 /// A policy that locks a row after the first round of [`hot_increments`]:
 /// while its six writers' first attempts are recorded, no writer wins twice
 /// before it lost once, so at least 2 of the first 4 attempts are lost, and a
-/// rate of 0.3 over 4 attempts is reached whatever the order.
+/// rate of 0.3 over 4 attempts is reached whatever the order, and tried at
+/// once (no minimum optimistic period).
 fn hot_policy() -> AdaptivePolicy {
-    AdaptivePolicy::new().min_attempts(4).escalate_at(0.3)
+    AdaptivePolicy::new()
+        .min_attempts(4)
+        .escalate_at(0.3)
+        .min_period(Duration::ZERO)
 }
 
 lockkit_tests::backend_tests! {
