@@ -16,8 +16,8 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
         "`lockkit::adaptive::AdaptivePolicy::update(conn, id, |item| item.stock -= 1)` with \
          `AdaptivePolicy::new()`: the row read fresh, changed and written version-checked, \
          optimistically (backing off as `RetryPolicy::default()` between lost races) \
-         while few of its recent optimistic writes lose the race; once 3/4 of them do, the \
-         row is locked (`FOR UPDATE`; SQLite: `BEGIN IMMEDIATE`) for a 100 ms trial, and \
+         while few of its recent optimistic writes lose the race; once 3/4 of them do (after \
+         100 ms of optimistic writes at least), the row is locked (`FOR UPDATE`; SQLite: `BEGIN IMMEDIATE`) for a 100 ms trial, and \
          stays locked for a second only if the trial wrote the row more often per second \
          than the optimistic writes before it (a lost trial makes the next wait 1 s, \
          doubling). Each run starts with a fresh policy, so \
