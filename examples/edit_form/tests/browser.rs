@@ -248,13 +248,33 @@ impl Drop for TempFile {
     }
 }
 
+/// The app on a SQLite file of its own (removed at the end), served on a port of
+/// its own.
+struct App {
+    pool: Pool,
+    base: String,
+    _file: TempFile,
+}
+
+impl App {
+    /// `name` tells the test's file apart from the other tests'.
+    fn start(name: &str) -> App {
+        let file =
+            TempFile(std::env::temp_dir().join(format!("{name}_{}.sqlite", std::process::id())));
+        let _ = std::fs::remove_file(&file.0);
+        let pool = setup(file.0.to_str().unwrap()).unwrap();
+        let base = serve(pool.clone());
+        App {
+            pool,
+            base,
+            _file: file,
+        }
+    }
+}
+
 #[test]
 fn two_people_edit_one_item_and_nothing_is_lost() {
-    let file =
-        TempFile(std::env::temp_dir().join(format!("edit_form_{}.sqlite", std::process::id())));
-    let _ = std::fs::remove_file(&file.0);
-    let pool = setup(file.0.to_str().unwrap()).unwrap();
-    let base = serve(pool.clone());
+    let App { pool, base, .. } = &App::start("edit_form");
     let edit = format!("{base}/items/1/edit");
 
     let driver = Driver::start();
@@ -270,7 +290,7 @@ fn two_people_edit_one_item_and_nothing_is_lost() {
     alice.replace_text("#stock", "5");
     alice.click("#save");
     alice.find("#saved");
-    let saved = item(&pool);
+    let saved = item(pool);
     assert_eq!(
         (saved.name.as_str(), saved.stock, saved.lock_version),
         ("Blue mug", 5, 1)
@@ -294,7 +314,7 @@ fn two_people_edit_one_item_and_nothing_is_lost() {
         "5",
         "Bob's re-applied form keeps Alice's stock"
     );
-    assert_eq!(item(&pool), saved, "nothing of Bob's was written");
+    assert_eq!(item(pool), saved, "nothing of Bob's was written");
     let png = bob.screenshot();
     assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
     if std::env::var_os("UPDATE_DOCS").is_some() {
@@ -306,7 +326,7 @@ fn two_people_edit_one_item_and_nothing_is_lost() {
     // Bob re-applies his change on the current version.
     bob.click("#save");
     bob.find("#saved");
-    let last = item(&pool);
+    let last = item(pool);
     assert_eq!(
         (last.name.as_str(), last.stock, last.lock_version),
         ("Blue mug, large", 5, 2),
@@ -317,11 +337,7 @@ fn two_people_edit_one_item_and_nothing_is_lost() {
 
 #[test]
 fn a_stale_form_is_answered_with_409_and_writes_nothing() {
-    let file =
-        TempFile(std::env::temp_dir().join(format!("edit_form_409_{}.sqlite", std::process::id())));
-    let _ = std::fs::remove_file(&file.0);
-    let pool = setup(file.0.to_str().unwrap()).unwrap();
-    let base = serve(pool.clone());
+    let App { pool, base, .. } = &App::start("edit_form_409");
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .max_redirects(0)
@@ -340,6 +356,6 @@ fn a_stale_form_is_answered_with_409_and_writes_nothing() {
     };
     assert_eq!(post(0, 4), 303, "saved, then redirected to the form");
     assert_eq!(post(0, 3), 409, "the same version again is stale");
-    let row = item(&pool);
+    let row = item(pool);
     assert_eq!((row.stock, row.lock_version), (4, 1));
 }

@@ -214,6 +214,21 @@ fn assert_problem(reply: &Reply, status: u16) {
     assert!(reply.body["detail"].is_string(), "{reply:?}");
 }
 
+/// Runs `each(i, start)` on `n` threads at once, `i` in `0..n`; `start` is a
+/// barrier of all `n`, for the moment the race begins. Their results, in order.
+fn race<T: Send>(n: usize, each: impl Fn(usize, &Barrier) -> T + Sync) -> Vec<T> {
+    let start = Barrier::new(n);
+    thread::scope(|scope| {
+        let handles: Vec<_> = (0..n)
+            .map(|i| {
+                let (each, start) = (&each, &start);
+                scope.spawn(move || each(i, start))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
 /// Two clients read the same item and both write with the `ETag` they read, at the
 /// same moment: one wins, the other gets `412` with the current `ETag`, re-reads,
 /// re-applies its change and succeeds. Both sales are in the final stock. Client
@@ -235,19 +250,11 @@ fn two_clients_one_wins(url: &str, routes: [&str; 2]) {
         );
     }
 
-    let start = Barrier::new(2);
-    let writes: Vec<Reply> = thread::scope(|scope| {
-        let handles: Vec<_> = (0..2)
-            .map(|i| {
-                let (client, read, start) = (&clients[i], &reads[i], &start);
-                scope.spawn(move || {
-                    let stock = read.body["stock"].as_i64().unwrap() - sales[i];
-                    start.wait();
-                    client.put_via(routes[i], id, read.etag.as_deref(), "widget", stock)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let writes: Vec<Reply> = race(2, |i, start| {
+        let (client, read) = (&clients[i], &reads[i]);
+        let stock = read.body["stock"].as_i64().unwrap() - sales[i];
+        start.wait();
+        client.put_via(routes[i], id, read.etag.as_deref(), "widget", stock)
     });
     let statuses: Vec<u16> = writes.iter().map(|w| w.status).collect();
     let winner = statuses
@@ -400,37 +407,28 @@ fn concurrent_decrements(url: &str) {
 
     let server = Server::start(url);
     let (id, _) = server.client().create("popular", INITIAL);
-    let first_read = Barrier::new(CLIENTS);
-    let conflicts: Vec<u32> = thread::scope(|scope| {
-        let handles: Vec<_> = (0..CLIENTS)
-            .map(|_| {
-                let (server, first_read) = (&server, &first_read);
-                scope.spawn(move || {
-                    let client = server.client();
-                    let mut conflicts = 0;
-                    for attempt in 1..=MAX_ATTEMPTS {
-                        let read = client.get(id);
-                        if attempt == 1 {
-                            first_read.wait(); // everyone has read the same version
-                        }
-                        assert_eq!(read.status, 200, "{read:?}");
-                        let stock = read.body["stock"].as_i64().unwrap() - 1;
-                        let write = client.put(id, read.etag.as_deref(), "popular", stock);
-                        match write.status {
-                            200 => return conflicts,
-                            412 => {
-                                assert_problem(&write, 412);
-                                conflicts += 1;
-                                thread::sleep(Duration::from_micros(fastrand::u64(0..2000)));
-                            }
-                            _ => panic!("only 200 or 412 expected: {write:?}"),
-                        }
-                    }
-                    panic!("no success in {MAX_ATTEMPTS} attempts");
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let conflicts: Vec<u32> = race(CLIENTS, |_, first_read| {
+        let client = server.client();
+        let mut conflicts = 0;
+        for attempt in 1..=MAX_ATTEMPTS {
+            let read = client.get(id);
+            if attempt == 1 {
+                first_read.wait(); // everyone has read the same version
+            }
+            assert_eq!(read.status, 200, "{read:?}");
+            let stock = read.body["stock"].as_i64().unwrap() - 1;
+            let write = client.put(id, read.etag.as_deref(), "popular", stock);
+            match write.status {
+                200 => return conflicts,
+                412 => {
+                    assert_problem(&write, 412);
+                    conflicts += 1;
+                    thread::sleep(Duration::from_micros(fastrand::u64(0..2000)));
+                }
+                _ => panic!("only 200 or 412 expected: {write:?}"),
+            }
+        }
+        panic!("no success in {MAX_ATTEMPTS} attempts");
     });
     let total: u32 = conflicts.iter().sum();
     eprintln!("{url}: {CLIENTS} clients, {total} conflicts (412) on the way");
@@ -459,28 +457,19 @@ fn sales_never_oversell(url: &str) {
 
     let server = Server::start(url);
     let (id, _) = server.client().create("scarce", INITIAL);
-    let start = Barrier::new(CLIENTS);
-    let sold: Vec<i64> = thread::scope(|scope| {
-        let handles: Vec<_> = (0..CLIENTS)
-            .map(|_| {
-                let (server, start) = (&server, &start);
-                scope.spawn(move || {
-                    let client = server.client();
-                    start.wait();
-                    let mut sold = 0;
-                    for _ in 0..ROUNDS {
-                        let reply = client.stock("sell", id, 1);
-                        match reply.status {
-                            200 => sold += 1,
-                            409 => assert_problem(&reply, 409),
-                            _ => panic!("only 200 or 409 expected: {reply:?}"),
-                        }
-                    }
-                    sold
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let sold: Vec<i64> = race(CLIENTS, |_, start| {
+        let client = server.client();
+        start.wait();
+        let mut sold = 0;
+        for _ in 0..ROUNDS {
+            let reply = client.stock("sell", id, 1);
+            match reply.status {
+                200 => sold += 1,
+                409 => assert_problem(&reply, 409),
+                _ => panic!("only 200 or 409 expected: {reply:?}"),
+            }
+        }
+        sold
     });
     let total: i64 = sold.iter().sum();
     eprintln!("{url}: {} sales asked, {total} made", CLIENTS * ROUNDS);
@@ -510,34 +499,25 @@ fn restocks_add_up(url: &str) {
 
     let server = Server::start(url);
     let (id, _) = server.client().create("restocked", 0);
-    let start = Barrier::new(CLIENTS);
-    let refused: Vec<u32> = thread::scope(|scope| {
-        let handles: Vec<_> = (0..CLIENTS)
-            .map(|i| {
-                let (server, start) = (&server, &start);
-                scope.spawn(move || {
-                    let client = server.client();
-                    start.wait();
-                    let mut refused = 0;
-                    for _ in 0..ROUNDS {
-                        for send in 1..=MAX_SENDS {
-                            let reply = client.stock("restock", id, i as i64 + 1);
-                            match reply.status {
-                                200 => break,
-                                503 => {
-                                    assert_problem(&reply, 503);
-                                    refused += 1;
-                                    assert!(send < MAX_SENDS, "no restock in {MAX_SENDS} sends");
-                                }
-                                _ => panic!("only 200 or 503 expected: {reply:?}"),
-                            }
-                        }
+    let refused: Vec<u32> = race(CLIENTS, |i, start| {
+        let client = server.client();
+        start.wait();
+        let mut refused = 0;
+        for _ in 0..ROUNDS {
+            for send in 1..=MAX_SENDS {
+                let reply = client.stock("restock", id, i as i64 + 1);
+                match reply.status {
+                    200 => break,
+                    503 => {
+                        assert_problem(&reply, 503);
+                        refused += 1;
+                        assert!(send < MAX_SENDS, "no restock in {MAX_SENDS} sends");
                     }
-                    refused
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+                    _ => panic!("only 200 or 503 expected: {reply:?}"),
+                }
+            }
+        }
+        refused
     });
     let expected: i64 = (1..=CLIENTS as i64).map(|q| q * ROUNDS).sum();
     eprintln!(

@@ -114,12 +114,39 @@ fn basket_fits(basket: &[NewOrder], rows: &[&Item]) -> bool {
         .all(|(line, row)| row.stock >= line.qty)
 }
 
-/// What `lockkit::retry` came to for a strategy that retries: exhausted retries
-/// are counted, and the buyer may try again.
-fn gave_up(
-    result: Result<Outcome, lockkit::Error>,
+/// The failed attempts a strategy that retries counts for the report.
+#[derive(Debug, Clone, Copy)]
+enum Counted {
+    /// `Error::Stale`, as a conflict (`optimistic`).
+    Stale,
+    /// `Error::Busy`, as a conflict (`nowait`).
+    Busy,
+    /// `Error::Deadlock`, as a deadlock (the basket strategies).
+    Deadlock,
+}
+
+/// Runs `attempt` inside `lockkit::retry`, counting the attempts after the
+/// first and the failures `counted` names. Exhausted retries are counted, and
+/// the buyer may try again.
+fn retry_counted(
+    config: &Config,
     counters: &mut Counters,
+    counted: Counted,
+    mut attempt: impl FnMut() -> Result<Outcome, lockkit::Error>,
 ) -> Result<Outcome, ShopError> {
+    let result = lockkit::retry(&config.retry, |n| {
+        if n > 1 {
+            counters.retries += 1;
+        }
+        let outcome = attempt();
+        match (counted, &outcome) {
+            (Counted::Stale, Err(lockkit::Error::Stale(_)))
+            | (Counted::Busy, Err(lockkit::Error::Busy)) => counters.conflicts += 1,
+            (Counted::Deadlock, Err(lockkit::Error::Deadlock)) => counters.deadlocks += 1,
+            _ => {}
+        }
+        outcome
+    });
     match result {
         Err(lockkit::Error::RetriesExhausted { .. }) => {
             counters.exhausted += 1;
@@ -278,10 +305,7 @@ fn optimistic(
     config: &Config,
     counters: &mut Counters,
 ) -> Result<Outcome, ShopError> {
-    let result = lockkit::retry(&config.retry, |attempt| {
-        if attempt > 1 {
-            counters.retries += 1;
-        }
+    retry_counted(config, counters, Counted::Stale, || {
         let mut item = items::table
             .find(purchase.item_id)
             .select(Item::as_select())
@@ -291,17 +315,12 @@ fn optimistic(
         }
         std::thread::sleep(config.think);
         item.stock -= purchase.qty;
-        let written = conn.transaction(|conn| {
+        conn.transaction(|conn| {
             item.update_versioned(conn)?;
             insert_order(conn, purchase)?;
-            Ok::<_, lockkit::Error>(())
-        });
-        if matches!(written, Err(lockkit::Error::Stale(_))) {
-            counters.conflicts += 1;
-        }
-        written.map(|()| Outcome::Bought)
-    });
-    gave_up(result, counters)
+            Ok(Outcome::Bought)
+        })
+    })
 }
 
 /// The part of `pessimistic` and `nowait` that runs while the row is
@@ -397,20 +416,12 @@ fn nowait(
     counters: &mut Counters,
 ) -> Result<Outcome, ShopError> {
     let item = product_page(conn, purchase)?;
-    let result = lockkit::retry(&config.retry, |attempt| {
-        if attempt > 1 {
-            counters.retries += 1;
-        }
+    retry_counted(config, counters, Counted::Busy, || {
         let nowait = LockOptions::default().nowait();
-        let sold = lockkit::with_lock(conn, item.id, nowait, |conn, fresh: Item| {
+        lockkit::with_lock(conn, item.id, nowait, |conn, fresh: Item| {
             sell_locked(conn, purchase, fresh, config)
-        });
-        if matches!(sold, Err(lockkit::Error::Busy)) {
-            counters.conflicts += 1;
-        }
-        sold
-    });
-    gave_up(result, counters)
+        })
+    })
 }
 
 /// The end of both basket strategies, with every row of the basket
@@ -480,20 +491,12 @@ fn retry_basket(
     counters: &mut Counters,
     mut attempt: impl FnMut(&mut AnyConnection) -> Result<Outcome, lockkit::Error>,
 ) -> Result<Outcome, ShopError> {
-    let result = lockkit::retry(&config.retry, |n| {
-        if n > 1 {
-            counters.retries += 1;
-        }
+    retry_counted(config, counters, Counted::Deadlock, || {
         if let Some(refused) = shelf_refuses(conn, basket)? {
             return Ok(refused);
         }
-        let bought = attempt(conn);
-        if matches!(bought, Err(lockkit::Error::Deadlock)) {
-            counters.deadlocks += 1;
-        }
-        bought
-    });
-    gave_up(result, counters)
+        attempt(conn)
+    })
 }
 
 /// Locks the basket's items one at a time, in the buyer's order, and
