@@ -583,6 +583,17 @@ pub(crate) mod statements {
         ))
     }
 
+    /// The key's row while it runs since `started_at`: what the owner's writes
+    /// and a take-over find only as they left (or saw) it.
+    #[auto_type]
+    pub(crate) fn running_since<'a>(principal: &'a str, key: &'a str, started_at: i64) -> _ {
+        let running: &'static str = super::RUNNING;
+        keys::table
+            .find((principal, key))
+            .filter(keys::state.eq(running))
+            .filter(keys::started_at.eq(started_at))
+    }
+
     #[auto_type(no_type_alias)]
     pub(crate) fn take_over<'a>(
         principal: &'a str,
@@ -590,14 +601,8 @@ pub(crate) mod statements {
         seen_started_at: i64,
         now: i64,
     ) -> _ {
-        let running: &'static str = super::RUNNING;
-        update(
-            keys::table
-                .find((principal, key))
-                .filter(keys::state.eq(running))
-                .filter(keys::started_at.eq(seen_started_at)),
-        )
-        .set(keys::started_at.eq(now))
+        let row: running_since<'a> = running_since(principal, key, seen_started_at);
+        update(row).set(keys::started_at.eq(now))
     }
 
     #[auto_type(no_type_alias)]
@@ -608,15 +613,9 @@ pub(crate) mod statements {
         response: &'a str,
         now: i64,
     ) -> _ {
-        let running: &'static str = super::RUNNING;
+        let row: running_since<'a> = running_since(principal, key, started_at);
         let done: &'static str = super::DONE;
-        update(
-            keys::table
-                .find((principal, key))
-                .filter(keys::state.eq(running))
-                .filter(keys::started_at.eq(started_at)),
-        )
-        .set((
+        update(row).set((
             keys::state.eq(done),
             keys::response.eq(response),
             keys::finished_at.eq(now),
@@ -625,13 +624,8 @@ pub(crate) mod statements {
 
     #[auto_type(no_type_alias)]
     pub(crate) fn release<'a>(principal: &'a str, key: &'a str, started_at: i64) -> _ {
-        let running: &'static str = super::RUNNING;
-        delete(
-            keys::table
-                .find((principal, key))
-                .filter(keys::state.eq(running))
-                .filter(keys::started_at.eq(started_at)),
-        )
+        let row: running_since<'a> = running_since(principal, key, started_at);
+        delete(row)
     }
 
     #[auto_type(no_type_alias)]
