@@ -56,7 +56,7 @@ use super::lockable::end;
 use super::work::AsyncWork;
 use crate::clock::now_millis;
 use crate::http::idempotency::{
-    finished, replayed, stored, Idempotency, Outcome, Scoped, Seen, Start, StoredKey,
+    finished, replayed, stored, Idempotency, Outcome, Scoped, Seen, Start, StoredKey, Write,
 };
 use crate::transaction::Failure;
 use crate::{classify, Error};
@@ -103,10 +103,17 @@ where
         .map_err(classify)?;
     let result = match work(conn).await {
         Ok(response) => match stored(&response) {
-            Ok(stored) => match C::finish(conn, key, started_at, &stored, now_millis()).await {
-                Ok(matched) => finished(matched).map(|()| response),
-                Err(err) => Err(err),
-            },
+            Ok(stored) => {
+                let finish = Write::Finish {
+                    started_at,
+                    response: &stored,
+                    now: now_millis(),
+                };
+                match C::write(conn, key, finish).await {
+                    Ok(matched) => finished(matched).map(|()| response),
+                    Err(err) => Err(err),
+                }
+            }
             Err(err) => Err(err),
         }
         .map_err(Failure::Lockkit),
@@ -116,7 +123,7 @@ where
     if result.is_err() {
         // Release the key so that a retry runs the work again; a no-op when
         // another request took it over (its `started_at` is not ours).
-        let _ = C::release(conn, key, started_at).await;
+        let _ = C::write(conn, key, Write::Release { started_at }).await;
     }
     result.map(Outcome::Ran)
 }
@@ -140,11 +147,15 @@ async fn start<C: AsyncIdempotencyStore>(
             Seen::Done(start) => return Ok(start),
             Seen::Gone => looks.raced(),
             Seen::Expired { started_at } => {
-                C::delete_if_started(conn, key, started_at).await?;
+                C::write(conn, key, Write::DeleteIfStarted { started_at }).await?;
                 looks.raced()
             }
             Seen::Abandoned { started_at } => {
-                if C::take_over(conn, key, started_at, now).await? {
+                let take_over = Write::TakeOver {
+                    seen_started_at: started_at,
+                    now,
+                };
+                if C::write(conn, key, take_over).await? {
                     return Ok(Start::Owned { started_at: now });
                 }
                 looks.raced()
@@ -194,32 +205,12 @@ pub trait AsyncIdempotencyStore: AsyncLockingConnection {
         conn: &mut Self,
         key: Scoped<'_>,
     ) -> impl Future<Output = Result<Option<StoredKey>, Error>> + Send;
+    /// Runs `write` on `key`'s row: whether it matched.
     #[doc(hidden)]
-    fn take_over(
+    fn write(
         conn: &mut Self,
         key: Scoped<'_>,
-        seen_started_at: i64,
-        now: i64,
-    ) -> impl Future<Output = Result<bool, Error>> + Send;
-    #[doc(hidden)]
-    fn finish(
-        conn: &mut Self,
-        key: Scoped<'_>,
-        started_at: i64,
-        response: &str,
-        now: i64,
-    ) -> impl Future<Output = Result<bool, Error>> + Send;
-    #[doc(hidden)]
-    fn release(
-        conn: &mut Self,
-        key: Scoped<'_>,
-        started_at: i64,
-    ) -> impl Future<Output = Result<bool, Error>> + Send;
-    #[doc(hidden)]
-    fn delete_if_started(
-        conn: &mut Self,
-        key: Scoped<'_>,
-        started_at: i64,
+        write: Write<'_>,
     ) -> impl Future<Output = Result<bool, Error>> + Send;
     #[doc(hidden)]
     fn purge(
@@ -271,55 +262,32 @@ macro_rules! async_idempotency_store {
                     .optional()?)
             }
 
-            async fn take_over(
-                conn: &mut Self,
-                key: Scoped<'_>,
-                seen_started_at: i64,
-                now: i64,
-            ) -> Result<bool, Error> {
+            async fn write(conn: &mut Self, key: Scoped<'_>, write: Write<'_>) -> Result<bool, Error> {
                 use diesel_async::RunQueryDsl;
-                let rows = statements::take_over(key.principal, key.key, seen_started_at, now)
-                    .execute(conn)
-                    .await?;
-                Ok(rows == 1)
-            }
-
-            async fn finish(
-                conn: &mut Self,
-                key: Scoped<'_>,
-                started_at: i64,
-                response: &str,
-                now: i64,
-            ) -> Result<bool, Error> {
-                use diesel_async::RunQueryDsl;
-                let rows = statements::finish(key.principal, key.key, started_at, response, now)
-                    .execute(conn)
-                    .await?;
-                Ok(rows == 1)
-            }
-
-            async fn release(
-                conn: &mut Self,
-                key: Scoped<'_>,
-                started_at: i64,
-            ) -> Result<bool, Error> {
-                use diesel_async::RunQueryDsl;
-                let rows = statements::release(key.principal, key.key, started_at)
-                    .execute(conn)
-                    .await?;
-                Ok(rows == 1)
-            }
-
-            async fn delete_if_started(
-                conn: &mut Self,
-                key: Scoped<'_>,
-                started_at: i64,
-            ) -> Result<bool, Error> {
-                use diesel_async::RunQueryDsl;
-                let rows = statements::delete_if_started(key.principal, key.key, started_at)
-                    .execute(conn)
-                    .await?;
-                Ok(rows == 1)
+                let Scoped { principal, key } = key;
+                let rows = match write {
+                    Write::TakeOver { seen_started_at, now } => {
+                        statements::take_over(principal, key, seen_started_at, now)
+                            .execute(conn)
+                            .await
+                    }
+                    Write::Finish { started_at, response, now } => {
+                        statements::finish(principal, key, started_at, response, now)
+                            .execute(conn)
+                            .await
+                    }
+                    Write::Release { started_at } => {
+                        statements::release(principal, key, started_at)
+                            .execute(conn)
+                            .await
+                    }
+                    Write::DeleteIfStarted { started_at } => {
+                        statements::delete_if_started(principal, key, started_at)
+                            .execute(conn)
+                            .await
+                    }
+                };
+                Ok(rows? == 1)
             }
 
             async fn purge(conn: &mut Self, finished_before: i64) -> Result<usize, Error> {

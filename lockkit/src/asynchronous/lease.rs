@@ -49,7 +49,6 @@
 //! ```
 
 use std::future::Future;
-use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
 use diesel_async::TransactionManager;
@@ -58,7 +57,9 @@ use super::connection::{in_transaction, AsyncLockingConnection, Restore};
 use super::lockable::end;
 use super::work::AsyncWork;
 use crate::lease::fence::admitted;
-use crate::lease::{check_acquire, check_name, new_token, released, renewed, Fence};
+use crate::lease::{
+    check_acquire, check_name, lease_guard, new_token, released, renewed, Fence, Grant,
+};
 use crate::transaction::Failure;
 use crate::{classify, Error};
 
@@ -67,35 +68,14 @@ use crate::{classify, Error};
 /// (see [cancellation](self#cancellation-and-release)).
 #[must_use = "release the lease with `release().await`; a dropped one runs out after its TTL"]
 pub struct AsyncLease<'c, C: AsyncLeaseStore> {
-    conn: &'c mut C,
-    name: String,
-    token: String,
-    fence: Fence,
-    ttl_ms: i64,
+    store: &'c mut C,
+    grant: Grant,
     held: bool,
 }
 
+lease_guard!(AsyncLease, AsyncLeaseStore);
+
 impl<C: AsyncLeaseStore> AsyncLease<'_, C> {
-    /// The lease's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The fencing token of this grant: carry it on every write ([`fenced`]).
-    pub fn fence(&self) -> Fence {
-        self.fence
-    }
-
-    /// The owner token: 32 random hexadecimal digits, unique to this grant.
-    pub fn token(&self) -> &str {
-        &self.token
-    }
-
-    /// The TTL it was granted (and is renewed) for.
-    pub fn ttl(&self) -> Duration {
-        Duration::from_millis(self.ttl_ms.unsigned_abs())
-    }
-
     /// Extends the lease by its TTL from now (the server's clock), keeping the
     /// fence: [`Lease::renew`](crate::lease::Lease::renew).
     ///
@@ -103,10 +83,11 @@ impl<C: AsyncLeaseStore> AsyncLease<'_, C> {
     ///
     /// As [`Lease::renew`](crate::lease::Lease::renew).
     pub async fn renew(&mut self) -> Result<(), Error> {
-        if in_transaction(self.conn) {
+        if in_transaction(self.store) {
             return Err(Error::AlreadyInTransaction);
         }
-        let extended = C::extend(self.conn, &self.name, &self.token, self.ttl_ms).await?;
+        let grant = &self.grant;
+        let extended = C::extend(self.store, &grant.name, &grant.token, grant.ttl_ms).await?;
         let renewed = renewed(extended);
         self.held = renewed.is_ok();
         renewed
@@ -119,40 +100,16 @@ impl<C: AsyncLeaseStore> AsyncLease<'_, C> {
     ///
     /// As [`Lease::release`](crate::lease::Lease::release).
     pub async fn release(mut self) -> Result<(), Error> {
-        let revoked = C::revoke(self.conn, &self.name, &self.token).await;
+        let revoked = C::revoke(self.store, &self.grant.name, &self.grant.token).await;
         self.held = false;
         released(revoked?)
-    }
-}
-
-/// Shows the name, fence and whether it is held, not the connection or the token.
-impl<C: AsyncLeaseStore> std::fmt::Debug for AsyncLease<'_, C> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AsyncLease")
-            .field("name", &self.name)
-            .field("fence", &self.fence)
-            .field("held", &self.held)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<C: AsyncLeaseStore> Deref for AsyncLease<'_, C> {
-    type Target = C;
-    fn deref(&self) -> &C {
-        self.conn
-    }
-}
-
-impl<C: AsyncLeaseStore> DerefMut for AsyncLease<'_, C> {
-    fn deref_mut(&mut self) -> &mut C {
-        self.conn
     }
 }
 
 impl<C: AsyncLeaseStore> Drop for AsyncLease<'_, C> {
     fn drop(&mut self) {
         if self.held {
-            tracing::warn!(target: "lockkit", lease = %self.name, fence = self.fence.0, "an async lease was dropped unreleased; it runs out after its TTL");
+            tracing::warn!(target: "lockkit", lease = %self.grant.name, fence = self.grant.fence.0, "an async lease was dropped unreleased; it runs out after its TTL");
         }
     }
 }
@@ -173,15 +130,10 @@ pub async fn acquire<'c, C: AsyncLeaseStore>(
 ) -> Result<AsyncLease<'c, C>, Error> {
     let ttl_ms = check_acquire(name, ttl, in_transaction(conn))?;
     let token = new_token();
-    let fence = C::grant(conn, name, &token, ttl_ms)
-        .await?
-        .ok_or(Error::Busy)?;
+    let fence = C::grant(conn, name, &token, ttl_ms).await?;
     Ok(AsyncLease {
-        conn,
-        name: name.to_owned(),
-        token,
-        fence: Fence(fence),
-        ttl_ms,
+        grant: Grant::new(name, token, ttl_ms, fence)?,
+        store: conn,
         held: true,
     })
 }
@@ -209,7 +161,7 @@ where
 {
     let mut lease = acquire(conn, name, ttl).await?;
     let result = work(&mut lease).await;
-    let (name, fence) = (lease.name.clone(), lease.fence);
+    let (name, fence) = (lease.grant.name.clone(), lease.grant.fence);
     if let Err(err) = lease.release().await {
         tracing::warn!(target: "lockkit", lease = %name, fence = fence.0, error = %err, "lease release failed");
     }

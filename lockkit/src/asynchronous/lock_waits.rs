@@ -78,68 +78,46 @@ pub async fn lock_waits<C: AsyncLockMonitor>(conn: &mut C) -> Result<Vec<LockWai
     conn.lock_waits().await.map_err(classify)
 }
 
+/// Implements [`AsyncLockMonitor`] for `$conn` with the blocking side's
+/// statements, rows and answers for its backend (`crate::lock_waits::$sql`),
+/// awaited.
+#[allow(unused_macros)] // used once per enabled backend
+macro_rules! async_lock_monitor {
+    ($conn:ty, $sql:ident) => {
+        impl AsyncLockMonitor for $conn {
+            async fn session_id(&mut self) -> diesel::QueryResult<i64> {
+                use diesel_async::RunQueryDsl;
+                diesel::sql_query(crate::lock_waits::$sql::SESSION_ID)
+                    .get_result::<crate::lock_waits::SessionId>(self)
+                    .await
+                    .map(|row| row.id)
+            }
+
+            async fn blocked_sessions(&mut self) -> diesel::QueryResult<Vec<BlockedSession>> {
+                use crate::lock_waits::$sql::{blocked, Row, BLOCKED_SESSIONS_TRIED};
+                use diesel_async::RunQueryDsl;
+                let mut rows = Ok(Vec::new());
+                for sql in BLOCKED_SESSIONS_TRIED {
+                    rows = diesel::sql_query(*sql).load::<Row>(self).await;
+                    if rows.is_ok() {
+                        break;
+                    }
+                }
+                rows.map(blocked)
+            }
+
+            async fn lock_waits(&mut self) -> diesel::QueryResult<Vec<LockWait>> {
+                use diesel_async::RunQueryDsl;
+                diesel::sql_query(crate::lock_waits::$sql::LOCK_WAITS)
+                    .load::<crate::lock_waits::WaitRow>(self)
+                    .await
+                    .map(crate::lock_waits::group_waits)
+            }
+        }
+    };
+}
+
 #[cfg(feature = "postgres")]
-mod postgres {
-    use diesel_async::{AsyncPgConnection, RunQueryDsl};
-
-    use super::*;
-    use crate::lock_waits::postgres::{blocked, Row, BLOCKED_SESSIONS, LOCK_WAITS, SESSION_ID};
-    use crate::lock_waits::{group_waits, SessionId, WaitRow};
-
-    impl AsyncLockMonitor for AsyncPgConnection {
-        async fn session_id(&mut self) -> diesel::QueryResult<i64> {
-            diesel::sql_query(SESSION_ID)
-                .get_result::<SessionId>(self)
-                .await
-                .map(|row| row.id)
-        }
-
-        async fn blocked_sessions(&mut self) -> diesel::QueryResult<Vec<BlockedSession>> {
-            diesel::sql_query(BLOCKED_SESSIONS)
-                .load::<Row>(self)
-                .await
-                .map(blocked)
-        }
-
-        async fn lock_waits(&mut self) -> diesel::QueryResult<Vec<LockWait>> {
-            diesel::sql_query(LOCK_WAITS)
-                .load::<WaitRow>(self)
-                .await
-                .map(group_waits)
-        }
-    }
-}
-
+async_lock_monitor!(diesel_async::AsyncPgConnection, postgres);
 #[cfg(feature = "mysql")]
-mod mysql {
-    use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
-
-    use super::*;
-    use crate::lock_waits::mysql::{blocked, Row, LOCK_WAITS, MARIADB, MYSQL8, SESSION_ID};
-    use crate::lock_waits::{group_waits, SessionId, WaitRow};
-
-    impl AsyncLockMonitor for AsyncMysqlConnection {
-        async fn session_id(&mut self) -> diesel::QueryResult<i64> {
-            diesel::sql_query(SESSION_ID)
-                .get_result::<SessionId>(self)
-                .await
-                .map(|row| row.id)
-        }
-
-        async fn blocked_sessions(&mut self) -> diesel::QueryResult<Vec<BlockedSession>> {
-            let rows = match diesel::sql_query(MARIADB).load::<Row>(self).await {
-                Ok(rows) => rows,
-                // MySQL 8 removed INNODB_LOCK_WAITS.
-                Err(_) => diesel::sql_query(MYSQL8).load::<Row>(self).await?,
-            };
-            Ok(blocked(rows))
-        }
-
-        async fn lock_waits(&mut self) -> diesel::QueryResult<Vec<LockWait>> {
-            diesel::sql_query(LOCK_WAITS)
-                .load::<WaitRow>(self)
-                .await
-                .map(group_waits)
-        }
-    }
-}
+async_lock_monitor!(diesel_async::AsyncMysqlConnection, mysql);

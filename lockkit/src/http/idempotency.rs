@@ -358,19 +358,18 @@ impl Idempotency {
         let result = transaction::run(conn, |conn| {
             let response = work(conn).map_err(Failure::Closure)?;
             let stored = stored(&response)?;
-            finished(C::Conn::finish(
-                conn,
-                key,
+            let finish = Write::Finish {
                 started_at,
-                &stored,
-                now_millis(),
-            )?)?;
+                response: &stored,
+                now: now_millis(),
+            };
+            finished(C::Conn::write(conn, key, finish)?)?;
             Ok(response)
         });
         if result.is_err() {
             // Release the key so that a retry runs the work again; a no-op when
             // another request took it over (its `started_at` is not ours).
-            let _ = C::Conn::release(conn, key, started_at);
+            let _ = C::Conn::write(conn, key, Write::Release { started_at });
         }
         result.map(Outcome::Ran)
     }
@@ -392,12 +391,16 @@ impl Idempotency {
                 Seen::Done(start) => return Ok(start),
                 Seen::Gone => looks.raced(),
                 Seen::Expired { started_at } => {
-                    C::delete_if_started(conn, key, started_at)?;
+                    C::write(conn, key, Write::DeleteIfStarted { started_at })?;
                     looks.raced()
                 }
                 Seen::Abandoned { started_at } => {
                     // The owner died (or overran its lease): take the key over.
-                    if C::take_over(conn, key, started_at, now)? {
+                    let take_over = Write::TakeOver {
+                        seen_started_at: started_at,
+                        now,
+                    };
+                    if C::write(conn, key, take_over)? {
                         return Ok(Start::Owned { started_at: now });
                     }
                     looks.raced()
@@ -546,6 +549,26 @@ pub(crate) fn inserted(result: diesel::QueryResult<usize>) -> Result<bool, Error
     }
 }
 
+/// A write on a key's row that finds it only as this request left it (or saw
+/// it): the store runs its statement, and it matched when it changed one row.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub enum Write<'a> {
+    /// Takes over a running key whose owner's lease ran out, if it still has
+    /// the `started_at` that was seen.
+    TakeOver { seen_started_at: i64, now: i64 },
+    /// Marks this request's running key done, with its response.
+    Finish {
+        started_at: i64,
+        response: &'a str,
+        now: i64,
+    },
+    /// Deletes this request's running key, so that a retry runs the work again.
+    Release { started_at: i64 },
+    /// Deletes an expired key, if it still has the `started_at` that was seen.
+    DeleteIfStarted { started_at: i64 },
+}
+
 /// The statements behind [`Idempotency`], built once for the blocking and the
 /// async side (which only execute them).
 #[allow(clippy::needless_lifetimes)]
@@ -583,6 +606,17 @@ pub(crate) mod statements {
         ))
     }
 
+    /// The key's row while it runs since `started_at`: what the owner's writes
+    /// and a take-over find only as they left (or saw) it.
+    #[auto_type]
+    pub(crate) fn running_since<'a>(principal: &'a str, key: &'a str, started_at: i64) -> _ {
+        let running: &'static str = super::RUNNING;
+        keys::table
+            .find((principal, key))
+            .filter(keys::state.eq(running))
+            .filter(keys::started_at.eq(started_at))
+    }
+
     #[auto_type(no_type_alias)]
     pub(crate) fn take_over<'a>(
         principal: &'a str,
@@ -590,14 +624,8 @@ pub(crate) mod statements {
         seen_started_at: i64,
         now: i64,
     ) -> _ {
-        let running: &'static str = super::RUNNING;
-        update(
-            keys::table
-                .find((principal, key))
-                .filter(keys::state.eq(running))
-                .filter(keys::started_at.eq(seen_started_at)),
-        )
-        .set(keys::started_at.eq(now))
+        let row: running_since<'a> = running_since(principal, key, seen_started_at);
+        update(row).set(keys::started_at.eq(now))
     }
 
     #[auto_type(no_type_alias)]
@@ -608,15 +636,9 @@ pub(crate) mod statements {
         response: &'a str,
         now: i64,
     ) -> _ {
-        let running: &'static str = super::RUNNING;
+        let row: running_since<'a> = running_since(principal, key, started_at);
         let done: &'static str = super::DONE;
-        update(
-            keys::table
-                .find((principal, key))
-                .filter(keys::state.eq(running))
-                .filter(keys::started_at.eq(started_at)),
-        )
-        .set((
+        update(row).set((
             keys::state.eq(done),
             keys::response.eq(response),
             keys::finished_at.eq(now),
@@ -625,13 +647,8 @@ pub(crate) mod statements {
 
     #[auto_type(no_type_alias)]
     pub(crate) fn release<'a>(principal: &'a str, key: &'a str, started_at: i64) -> _ {
-        let running: &'static str = super::RUNNING;
-        delete(
-            keys::table
-                .find((principal, key))
-                .filter(keys::state.eq(running))
-                .filter(keys::started_at.eq(started_at)),
-        )
+        let row: running_since<'a> = running_since(principal, key, started_at);
+        delete(row)
     }
 
     #[auto_type(no_type_alias)]
@@ -673,25 +690,9 @@ pub trait IdempotencyStore: diesel::Connection + crate::sealed::Sealed + Sized {
     ) -> Result<bool, Error>;
     #[doc(hidden)]
     fn load(conn: &mut Self, key: Scoped<'_>) -> Result<Option<StoredKey>, Error>;
+    /// Runs `write` on `key`'s row: whether it matched.
     #[doc(hidden)]
-    fn take_over(
-        conn: &mut Self,
-        key: Scoped<'_>,
-        seen_started_at: i64,
-        now: i64,
-    ) -> Result<bool, Error>;
-    #[doc(hidden)]
-    fn finish(
-        conn: &mut Self,
-        key: Scoped<'_>,
-        started_at: i64,
-        response: &str,
-        now: i64,
-    ) -> Result<bool, Error>;
-    #[doc(hidden)]
-    fn release(conn: &mut Self, key: Scoped<'_>, started_at: i64) -> Result<bool, Error>;
-    #[doc(hidden)]
-    fn delete_if_started(conn: &mut Self, key: Scoped<'_>, started_at: i64) -> Result<bool, Error>;
+    fn write(conn: &mut Self, key: Scoped<'_>, write: Write<'_>) -> Result<bool, Error>;
     #[doc(hidden)]
     fn purge(conn: &mut Self, finished_before: i64) -> Result<usize, Error>;
 }
@@ -721,46 +722,29 @@ macro_rules! idempotency_store {
                     .optional()?)
             }
 
-            fn take_over(
-                conn: &mut Self,
-                key: Scoped<'_>,
-                seen_started_at: i64,
-                now: i64,
-            ) -> Result<bool, Error> {
+            fn write(conn: &mut Self, key: Scoped<'_>, write: Write<'_>) -> Result<bool, Error> {
                 use diesel::RunQueryDsl;
-                let rows = statements::take_over(key.principal, key.key, seen_started_at, now)
-                    .execute(conn)?;
-                Ok(rows == 1)
-            }
-
-            fn finish(
-                conn: &mut Self,
-                key: Scoped<'_>,
-                started_at: i64,
-                response: &str,
-                now: i64,
-            ) -> Result<bool, Error> {
-                use diesel::RunQueryDsl;
-                let rows = statements::finish(key.principal, key.key, started_at, response, now)
-                    .execute(conn)?;
-                Ok(rows == 1)
-            }
-
-            fn release(conn: &mut Self, key: Scoped<'_>, started_at: i64) -> Result<bool, Error> {
-                use diesel::RunQueryDsl;
-                let rows = statements::release(key.principal, key.key, started_at).execute(conn)?;
-                Ok(rows == 1)
-            }
-
-            fn delete_if_started(
-                conn: &mut Self,
-                key: Scoped<'_>,
-                started_at: i64,
-            ) -> Result<bool, Error> {
-                use diesel::RunQueryDsl;
-                let rows = statements::delete_if_started(key.principal, key.key, started_at)
-                    .execute(conn)?;
-                Ok(rows == 1)
+                let Scoped { principal, key } = key;
+                let rows = match write {
+                    Write::TakeOver {
+                        seen_started_at,
+                        now,
+                    } => statements::take_over(principal, key, seen_started_at, now).execute(conn),
+                    Write::Finish {
+                        started_at,
+                        response,
+                        now,
+                    } => {
+                        statements::finish(principal, key, started_at, response, now).execute(conn)
+                    }
+                    Write::Release { started_at } => {
+                        statements::release(principal, key, started_at).execute(conn)
+                    }
+                    Write::DeleteIfStarted { started_at } => {
+                        statements::delete_if_started(principal, key, started_at).execute(conn)
+                    }
+                };
+                Ok(rows? == 1)
             }
 
             fn purge(conn: &mut Self, finished_before: i64) -> Result<usize, Error> {

@@ -131,7 +131,6 @@ pub(crate) mod fence;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
-use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
 use crate::Error;
@@ -190,35 +189,95 @@ pub trait LeaseStore: crate::sealed::Sealed {
 #[must_use = "the lease is released when the guard is dropped"]
 pub struct Lease<'s, S: LeaseStore> {
     store: &'s mut S,
-    name: String,
-    token: String,
-    fence: Fence,
-    ttl_ms: i64,
+    grant: Grant,
     held: bool,
 }
 
+/// What a grant gave its holder, the same in [`Lease`] and in the async guard.
+pub(crate) struct Grant {
+    pub(crate) name: String,
+    pub(crate) token: String,
+    pub(crate) fence: Fence,
+    pub(crate) ttl_ms: i64,
+}
+
+impl Grant {
+    /// The grant of `name` to `token` for `ttl_ms`, with the fence the store
+    /// answered (`None`: another holder has it, [`Error::Busy`]).
+    pub(crate) fn new(
+        name: &str,
+        token: String,
+        ttl_ms: i64,
+        fence: Option<i64>,
+    ) -> Result<Self, Error> {
+        Ok(Grant {
+            name: name.to_owned(),
+            token,
+            fence: Fence(fence.ok_or(Error::Busy)?),
+            ttl_ms,
+        })
+    }
+}
+
+/// A lease guard's accessors, its `Debug` and its `Deref` to the store, for
+/// [`Lease`] and the async guard: `$guard<'_, S: $store>` with the fields
+/// `store: &mut S`, `grant: Grant` and `held: bool`.
+macro_rules! lease_guard {
+    ($guard:ident, $store:ident) => {
+        impl<S: $store> $guard<'_, S> {
+            /// The lease's name.
+            pub fn name(&self) -> &str {
+                &self.grant.name
+            }
+
+            /// The fencing token of this grant: carry it on every write ([`fenced`]).
+            pub fn fence(&self) -> Fence {
+                self.grant.fence
+            }
+
+            /// The owner token: 32 random hexadecimal digits, unique to this grant
+            /// (it identifies the holder to the store; it is not a secret).
+            pub fn token(&self) -> &str {
+                &self.grant.token
+            }
+
+            /// The TTL it was granted (and is renewed) for.
+            pub fn ttl(&self) -> Duration {
+                Duration::from_millis(self.grant.ttl_ms.unsigned_abs())
+            }
+        }
+
+        /// Shows the name, fence and whether it is held, not the store or the token.
+        impl<S: $store> std::fmt::Debug for $guard<'_, S> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($guard))
+                    .field("name", &self.grant.name)
+                    .field("fence", &self.grant.fence)
+                    .field("held", &self.held)
+                    .finish_non_exhaustive()
+            }
+        }
+
+        impl<S: $store> std::ops::Deref for $guard<'_, S> {
+            type Target = S;
+            fn deref(&self) -> &S {
+                self.store
+            }
+        }
+
+        impl<S: $store> std::ops::DerefMut for $guard<'_, S> {
+            fn deref_mut(&mut self) -> &mut S {
+                self.store
+            }
+        }
+    };
+}
+#[cfg(feature = "async")]
+pub(crate) use lease_guard;
+
+lease_guard!(Lease, LeaseStore);
+
 impl<S: LeaseStore> Lease<'_, S> {
-    /// The lease's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The fencing token of this grant: carry it on every write ([`fenced`]).
-    pub fn fence(&self) -> Fence {
-        self.fence
-    }
-
-    /// The owner token: 32 random hexadecimal digits, unique to this grant (it
-    /// identifies the holder to the store; it is not a secret).
-    pub fn token(&self) -> &str {
-        &self.token
-    }
-
-    /// The TTL it was granted (and is renewed) for.
-    pub fn ttl(&self) -> Duration {
-        Duration::from_millis(self.ttl_ms.unsigned_abs())
-    }
-
     /// Extends the lease by its TTL from now (the store's clock), keeping the
     /// fence.
     ///
@@ -233,7 +292,8 @@ impl<S: LeaseStore> Lease<'_, S> {
         if self.store.in_transaction() {
             return Err(Error::AlreadyInTransaction);
         }
-        let renewed = renewed(self.store.extend(&self.name, &self.token, self.ttl_ms)?);
+        let grant = &self.grant;
+        let renewed = renewed(self.store.extend(&grant.name, &grant.token, grant.ttl_ms)?);
         self.held = renewed.is_ok();
         renewed
     }
@@ -247,31 +307,7 @@ impl<S: LeaseStore> Lease<'_, S> {
     /// * the store's error.
     pub fn release(mut self) -> Result<(), Error> {
         self.held = false;
-        released(self.store.revoke(&self.name, &self.token)?)
-    }
-}
-
-/// Shows the name, fence and whether it is held, not the store or the token.
-impl<S: LeaseStore> std::fmt::Debug for Lease<'_, S> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lease")
-            .field("name", &self.name)
-            .field("fence", &self.fence)
-            .field("held", &self.held)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S: LeaseStore> Deref for Lease<'_, S> {
-    type Target = S;
-    fn deref(&self) -> &S {
-        self.store
-    }
-}
-
-impl<S: LeaseStore> DerefMut for Lease<'_, S> {
-    fn deref_mut(&mut self) -> &mut S {
-        self.store
+        released(self.store.revoke(&self.grant.name, &self.grant.token)?)
     }
 }
 
@@ -280,14 +316,15 @@ impl<S: LeaseStore> Drop for Lease<'_, S> {
         if !self.held {
             return;
         }
-        match self.store.revoke(&self.name, &self.token) {
+        let grant = &self.grant;
+        match self.store.revoke(&grant.name, &grant.token) {
             Ok(true) => {}
             Ok(false) => {
-                tracing::warn!(target: "lockkit", lease = %self.name, fence = self.fence.0, "the lease had run out before its release")
+                tracing::warn!(target: "lockkit", lease = %grant.name, fence = grant.fence.0, "the lease had run out before its release")
             }
             // The lease runs out by itself after its TTL.
             Err(err) => {
-                tracing::warn!(target: "lockkit", lease = %self.name, error = %err, "lease release failed")
+                tracing::warn!(target: "lockkit", lease = %grant.name, error = %err, "lease release failed")
             }
         }
     }
@@ -367,16 +404,12 @@ pub fn acquire<'s, S: LeaseStore>(
     name: &str,
     ttl: Duration,
 ) -> Result<Lease<'s, S>, Error> {
-    let in_transaction = store.in_transaction();
-    let ttl_ms = check_acquire(name, ttl, in_transaction)?;
+    let ttl_ms = check_acquire(name, ttl, store.in_transaction())?;
     let token = new_token();
-    let fence = store.grant(name, &token, ttl_ms)?.ok_or(Error::Busy)?;
+    let fence = store.grant(name, &token, ttl_ms)?;
     Ok(Lease {
+        grant: Grant::new(name, token, ttl_ms, fence)?,
         store,
-        name: name.to_owned(),
-        token,
-        fence: Fence(fence),
-        ttl_ms,
         held: true,
     })
 }

@@ -141,26 +141,30 @@ pub(crate) mod statements {
         .set((outbox::attempts.eq(zero), outbox::next_attempt_at.eq(now)))
     }
 
+    /// The inbox row of `message_id` for `consumer`, received `now`.
+    #[auto_type]
+    pub(crate) fn inbox_row<'a>(consumer: &'a str, message_id: &'a str, now: i64) -> _ {
+        (
+            inbox::consumer.eq(consumer),
+            inbox::message_id.eq(message_id),
+            inbox::received_at.eq(now),
+        )
+    }
+
     /// The inbox row, for `INSERT .. ON CONFLICT DO NOTHING` (PostgreSQL).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     #[auto_type(no_type_alias)]
     pub(crate) fn record<'a>(consumer: &'a str, message_id: &'a str, now: i64) -> _ {
-        insert_into(inbox::table).values((
-            inbox::consumer.eq(consumer),
-            inbox::message_id.eq(message_id),
-            inbox::received_at.eq(now),
-        ))
+        let row: inbox_row<'a> = inbox_row(consumer, message_id, now);
+        insert_into(inbox::table).values(row)
     }
 
     /// The inbox row, for `INSERT IGNORE` / `INSERT OR IGNORE` (MySQL, SQLite).
     #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
     #[auto_type(no_type_alias)]
     pub(crate) fn record_or_ignore<'a>(consumer: &'a str, message_id: &'a str, now: i64) -> _ {
-        insert_or_ignore_into(inbox::table).values((
-            inbox::consumer.eq(consumer),
-            inbox::message_id.eq(message_id),
-            inbox::received_at.eq(now),
-        ))
+        let row: inbox_row<'a> = inbox_row(consumer, message_id, now);
+        insert_or_ignore_into(inbox::table).values(row)
     }
 
     #[auto_type(no_type_alias)]

@@ -289,11 +289,59 @@ fn millis(ms: i64) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }
 
+/// Implements [`LockMonitor`] for `$backend` with the statements and row of
+/// its module `$sql`: `SESSION_ID`, `LOCK_WAITS`, and `BLOCKED_SESSIONS_TRIED`
+/// (each in turn until one loads), whose `Row`s `blocked` turns into the answer.
+#[allow(unused_macros)] // used once per enabled backend
+macro_rules! lock_monitor {
+    ($backend:ty, $sql:ident) => {
+        impl LockMonitor for $backend {
+            fn session_id<C>(conn: &mut C) -> diesel::QueryResult<i64>
+            where
+                C: Connection<Backend = Self> + LoadConnection,
+            {
+                use diesel::RunQueryDsl;
+                diesel::sql_query($sql::SESSION_ID)
+                    .get_result::<SessionId>(conn)
+                    .map(|row| row.id)
+            }
+
+            fn blocked_sessions<C>(conn: &mut C) -> diesel::QueryResult<Vec<BlockedSession>>
+            where
+                C: Connection<Backend = Self> + LoadConnection,
+            {
+                use diesel::RunQueryDsl;
+                let mut rows = Ok(Vec::new());
+                for sql in $sql::BLOCKED_SESSIONS_TRIED {
+                    rows = diesel::sql_query(*sql).load::<$sql::Row>(conn);
+                    if rows.is_ok() {
+                        break;
+                    }
+                }
+                rows.map($sql::blocked)
+            }
+
+            fn lock_waits<C>(conn: &mut C) -> diesel::QueryResult<Vec<LockWait>>
+            where
+                C: Connection<Backend = Self> + LoadConnection,
+            {
+                use diesel::RunQueryDsl;
+                diesel::sql_query($sql::LOCK_WAITS)
+                    .load::<WaitRow>(conn)
+                    .map(group_waits)
+            }
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+lock_monitor!(diesel::pg::Pg, postgres);
+#[cfg(feature = "mysql")]
+lock_monitor!(diesel::mysql::Mysql, mysql);
+
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres {
-    use diesel::pg::Pg;
     use diesel::sql_types::{Array, BigInt, Text};
-    use diesel::RunQueryDsl;
 
     use super::*;
 
@@ -331,35 +379,6 @@ pub(crate) mod postgres {
                            WHERE l.pid = a.pid AND l.locktype = 'tuple' LIMIT 1) t ON true \
       ORDER BY session, blocker";
 
-    impl LockMonitor for Pg {
-        fn lock_waits<C>(conn: &mut C) -> diesel::QueryResult<Vec<LockWait>>
-        where
-            C: Connection<Backend = Self> + LoadConnection,
-        {
-            diesel::sql_query(LOCK_WAITS)
-                .load::<WaitRow>(conn)
-                .map(group_waits)
-        }
-
-        fn session_id<C>(conn: &mut C) -> diesel::QueryResult<i64>
-        where
-            C: Connection<Backend = Self> + LoadConnection,
-        {
-            diesel::sql_query(SESSION_ID)
-                .get_result::<SessionId>(conn)
-                .map(|row| row.id)
-        }
-
-        fn blocked_sessions<C>(conn: &mut C) -> diesel::QueryResult<Vec<BlockedSession>>
-        where
-            C: Connection<Backend = Self> + LoadConnection,
-        {
-            diesel::sql_query(BLOCKED_SESSIONS)
-                .load::<Row>(conn)
-                .map(blocked)
-        }
-    }
-
     pub(crate) const SESSION_ID: &str = "SELECT pg_backend_pid()::bigint AS id";
 
     pub(crate) const BLOCKED_SESSIONS: &str = "SELECT pid::bigint AS session, \
@@ -369,6 +388,9 @@ pub(crate) mod postgres {
        FROM pg_stat_activity \
       WHERE cardinality(pg_blocking_pids(pid)) > 0 \
       ORDER BY pid";
+
+    /// The statements [`LockMonitor::blocked_sessions`] tries in turn.
+    pub(crate) const BLOCKED_SESSIONS_TRIED: &[&str] = &[BLOCKED_SESSIONS];
 
     /// The rows of [`BLOCKED_SESSIONS`], one per waiter.
     pub(crate) fn blocked(rows: Vec<Row>) -> Vec<BlockedSession> {
@@ -385,9 +407,7 @@ pub(crate) mod postgres {
 
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql {
-    use diesel::mysql::Mysql;
     use diesel::sql_types::{BigInt, Text};
-    use diesel::RunQueryDsl;
 
     use super::*;
 
@@ -440,37 +460,9 @@ pub(crate) mod mysql {
        LEFT JOIN information_schema.PROCESSLIST p ON p.ID = b.trx_mysql_thread_id \
       ORDER BY session, blocker";
 
-    impl LockMonitor for Mysql {
-        fn lock_waits<C>(conn: &mut C) -> diesel::QueryResult<Vec<LockWait>>
-        where
-            C: Connection<Backend = Self> + LoadConnection,
-        {
-            diesel::sql_query(LOCK_WAITS)
-                .load::<WaitRow>(conn)
-                .map(group_waits)
-        }
-
-        fn session_id<C>(conn: &mut C) -> diesel::QueryResult<i64>
-        where
-            C: Connection<Backend = Self> + LoadConnection,
-        {
-            diesel::sql_query(SESSION_ID)
-                .get_result::<SessionId>(conn)
-                .map(|row| row.id)
-        }
-
-        fn blocked_sessions<C>(conn: &mut C) -> diesel::QueryResult<Vec<BlockedSession>>
-        where
-            C: Connection<Backend = Self> + LoadConnection,
-        {
-            let rows = match diesel::sql_query(MARIADB).load::<Row>(conn) {
-                Ok(rows) => rows,
-                // MySQL 8 removed INNODB_LOCK_WAITS.
-                Err(_) => diesel::sql_query(MYSQL8).load::<Row>(conn)?,
-            };
-            Ok(blocked(rows))
-        }
-    }
+    /// The statements [`LockMonitor::blocked_sessions`] tries in turn: MySQL 8
+    /// removed `INNODB_LOCK_WAITS`.
+    pub(crate) const BLOCKED_SESSIONS_TRIED: &[&str] = &[MARIADB, MYSQL8];
 
     pub(crate) const SESSION_ID: &str = "SELECT CAST(CONNECTION_ID() AS SIGNED) AS id";
 
