@@ -185,11 +185,6 @@ pub fn single_cases() -> Vec<Case> {
     for s in [Strategy::NaiveOrder, Strategy::LockAll] {
         cases.push(Case::new(Workload::Orders, s, ORDER_WORKERS));
     }
-    for case in adaptive_cases() {
-        if !cases.contains(&case) && !paired.contains(&case) {
-            cases.push(case);
-        }
-    }
     // The blocking twin of the diesel-async uncontended case.
     cases.push(Case::new(
         Workload::Uncontended,
@@ -225,18 +220,18 @@ pub fn async_paired_cases(backend: Backend) -> Vec<Case> {
 }
 
 /// The adaptive strategy next to the fixed ones it chooses between, on own
-/// rows and on the hot row, at every hot-row worker count (the hot row's fixed
-/// strategies are among the cases above already).
-pub fn adaptive_cases() -> Vec<Case> {
-    let mut cases = Vec::new();
+/// rows and on the hot row, at every hot-row worker count: one group of
+/// [`Strategy::ADAPTIVE`] per cell, run back to back so that the ratio compares
+/// runs made a second apart, not minutes (the hot row's fixed strategies run
+/// again here, apart from the hot-row section's runs).
+pub fn adaptive_groups() -> Vec<[Case; 3]> {
+    let mut groups = Vec::new();
     for workload in [Workload::OwnRows, Workload::HotRow] {
         for w in HOT_WORKERS {
-            for s in Strategy::ADAPTIVE {
-                cases.push(Case::new(workload, s, w));
-            }
+            groups.push(Strategy::ADAPTIVE.map(|s| Case::new(workload, s, w)));
         }
     }
-    cases
+    groups
 }
 
 #[cfg(test)]

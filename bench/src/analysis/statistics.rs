@@ -123,8 +123,13 @@ pub fn spread(values: &[f64]) -> (f64, f64, f64) {
 
 /// The summaries of every (backend, case).
 pub fn summaries(results: &Results) -> BTreeMap<(Backend, Case), Summary> {
+    summarize(&results.samples)
+}
+
+/// The summary of every (backend, case) among `samples`.
+pub fn summarize(samples: &[Sample]) -> BTreeMap<(Backend, Case), Summary> {
     let mut groups: BTreeMap<(Backend, Case), Vec<&Sample>> = BTreeMap::new();
-    for s in &results.samples {
+    for s in samples {
         groups.entry((s.backend, s.case)).or_default().push(s);
     }
     groups

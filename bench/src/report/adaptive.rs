@@ -24,8 +24,10 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
          its learning is inside the numbers. **Own rows**: each worker reads and decrements \
          its own row (no contention); **hot row**: every worker the same row. The fixed \
          strategies do the same read-modify-write: optimistic + retry \
-         (`RetryPolicy::default()`) and `with_lock`. **adaptive / best** is the adaptive \
-         throughput over the better fixed one in the same run (target ≥ 0.9); **locked** is \
+         (`RetryPolicy::default()`) and `with_lock`. The three run back to back in every \
+         repetition (the first turning from one repetition to the next), apart from the hot-row \
+         section's runs. **adaptive / best** is the adaptive \
+         throughput over the better fixed one (target ≥ 0.9); **locked** is \
          the share of adaptive writes made under the lock.\n"
     )?;
     for &b in &report.backends {
@@ -37,7 +39,7 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
         writeln!(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")?;
         for workload in [Workload::OwnRows, Workload::HotRow] {
             for n in HOT_WORKERS {
-                let get = |s| report.get(b, &Case::new(workload, s, n));
+                let get = |s| report.adaptive.get(&(b, Case::new(workload, s, n)));
                 let Some(adaptive) = get(Strategy::Adaptive) else {
                     continue;
                 };

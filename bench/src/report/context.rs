@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::analysis::statistics::{summaries, Summary};
+use crate::analysis::statistics::{summaries, summarize, Summary};
 use crate::run::results::Results;
 use crate::vocabulary::{Backend, Case, Strategy, Workload};
 
@@ -13,6 +13,8 @@ pub(super) struct Report<'a> {
     pub(super) results: &'a Results,
     /// The summary of every (backend, case) that ran.
     pub(super) sums: BTreeMap<(Backend, Case), Summary>,
+    /// The same for the adaptive groups' runs.
+    pub(super) adaptive: BTreeMap<(Backend, Case), Summary>,
     /// The backends that ran, in report order.
     pub(super) backends: Vec<Backend>,
 }
@@ -23,6 +25,7 @@ impl<'a> Report<'a> {
         Report {
             results,
             sums: summaries(results),
+            adaptive: summarize(&results.adaptive),
             backends: Backend::ALL
                 .into_iter()
                 .filter(|b| results.settings.backends.contains(b))

@@ -32,7 +32,7 @@ use diesel::{MysqlConnection, PgConnection, SqliteConnection};
 
 use crate::db::BenchDb;
 use crate::error::BenchError;
-use crate::plan::{async_paired_cases, paired_cases, single_cases, Settings};
+use crate::plan::{adaptive_groups, async_paired_cases, paired_cases, single_cases, Settings};
 use crate::vocabulary::{Backend, Case, Client, Limits, MAX_WORKERS};
 use machine::{Machine, ServerInfo};
 use ops::{BenchConnection, Session};
@@ -129,6 +129,19 @@ fn run_backend<C: BenchConnection>(
         progress(rep, settings.reps, &sample);
         results.samples.push(sample);
     }
+    for (i, group) in adaptive_groups().into_iter().enumerate() {
+        if !group.iter().any(|case| settings.wants(&case.label())) {
+            continue;
+        }
+        // Back to back, the first turning with the repetition and the group,
+        // so that no strategy always runs first (or right after another cell).
+        for k in 0..group.len() {
+            let case = group[(rep + i + k) % group.len()];
+            let sample = run_case(&run.pool, &case, &settings.limits)?;
+            progress(rep, settings.reps, &sample);
+            results.adaptive.push(sample);
+        }
+    }
     for case in async_paired_cases(C::BACKEND) {
         if !settings.wants(&case.label()) {
             continue;
@@ -221,6 +234,7 @@ pub fn all(settings: Settings) -> Result<Results, BenchError> {
         settings: settings.clone(),
         samples: Vec::new(),
         pairs: Vec::new(),
+        adaptive: Vec::new(),
         pgbench: Vec::new(),
         servers: Vec::new(),
         profile: Vec::new(),

@@ -45,6 +45,9 @@ pub struct Results {
     pub samples: Vec<Sample>,
     /// The pairs.
     pub pairs: Vec<Pair>,
+    /// The adaptive strategy's groups: its runs and those of the fixed
+    /// strategies beside it, kept apart from `samples`.
+    pub adaptive: Vec<Sample>,
     /// The pgbench comparisons.
     pub pgbench: Vec<PgbenchPair>,
     /// The machine.
