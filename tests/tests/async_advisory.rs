@@ -11,20 +11,18 @@
 #[macro_use]
 mod async_common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use async_common::{on_tasks, RowHolder};
 use diesel::{ExpressionMethods, QueryDsl};
 use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
 use lockkit::asynchronous::advisory::{self, AdvisoryKey};
 use lockkit::{Error, LockOptions};
 use lockkit_tests::models::Item;
-use lockkit_tests::schema::items;
+use lockkit_tests::seed_items;
 
 const TASKS: usize = 8;
 const ROUNDS: usize = 10;
-/// How long the server may take to notice a closed connection and free its lock.
-const FREED_WITHIN: Duration = Duration::from_secs(10);
 
 /// Advisory keys are server-wide: one per test database.
 fn key(url: &str) -> AdvisoryKey {
@@ -37,17 +35,6 @@ fn broken<A: AsyncConnection>(conn: &mut A) -> bool {
         .is_err()
 }
 
-macro_rules! stock {
-    ($conn:expr) => {
-        items::table
-            .find(1)
-            .select(items::stock)
-            .get_result::<i32>($conn)
-            .await
-            .unwrap()
-    };
-}
-
 /// Whether `conn` takes the lock at once (and releases it).
 async fn lock_is_free<A: advisory::AsyncAdvisory>(conn: &mut A, key: AdvisoryKey) -> bool {
     advisory::try_with_lock(conn, key, async |_| Ok::<_, Error>(()))
@@ -58,15 +45,7 @@ async fn lock_is_free<A: advisory::AsyncAdvisory>(conn: &mut A, key: AdvisoryKey
 
 /// Waits until `conn` takes the lock; how long that took.
 async fn lock_freed<A: advisory::AsyncAdvisory>(conn: &mut A, key: AdvisoryKey) -> Duration {
-    let started = Instant::now();
-    while !lock_is_free(conn, key).await {
-        assert!(
-            started.elapsed() < FREED_WITHIN,
-            "the lock is still held {FREED_WITHIN:?} after the drop"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    started.elapsed()
+    async_common::freed("the lock", async || lock_is_free(conn, key).await).await
 }
 
 /// A `with_lock` that holds the lock for an hour: only dropping ends it.
@@ -81,49 +60,29 @@ macro_rules! hold_for_an_hour {
 
 async_server_tests! {
     async fn with_lock_serializes_a_read_modify_write_that_loses_updates_without_it(db) {
+        seed_items(&mut db.conn(), &[(1, 1_000)]);
         let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, TASKS as u32).await;
-        insert_item!(&mut *pool.get().await.unwrap(), 1_000);
         let key = key(&db.url);
         // Naive: every task reads, yields, writes back what it read minus one.
-        let barrier = Arc::new(tokio::sync::Barrier::new(TASKS));
-        let naive: Vec<_> = (0..TASKS)
-            .map(|_| {
-                let (pool, barrier) = (pool.clone(), barrier.clone());
-                tokio::spawn(async move {
-                    let mut conn = pool.get().await.unwrap();
-                    let stock = stock!(&mut *conn);
-                    barrier.wait().await;
-                    diesel::update(items::table.find(1)).set(items::stock.eq(stock - 1)).execute(&mut *conn).await.unwrap();
-                })
-            })
-            .collect();
-        for task in naive {
-            task.await.unwrap();
-        }
+        all_at_once!(pool, TASKS, |conn, all| read_modify_write!(conn, all.wait()).await.unwrap());
         let after_naive = stock!(&mut *pool.get().await.unwrap());
         assert_eq!(after_naive, 999, "{TASKS} decrements, one recorded: the baseline loses updates");
         // The same read-modify-write, each under the advisory lock.
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|_| {
-                let pool = pool.clone();
-                tokio::spawn(async move {
-                    for _ in 0..ROUNDS {
-                        let mut conn = pool.get().await.unwrap();
-                        advisory::with_lock(&mut *conn, key, async |conn| {
-                            let stock = stock!(&mut *conn);
-                            tokio::time::sleep(Duration::from_millis(1)).await;
-                            diesel::update(items::table.find(1)).set(items::stock.eq(stock - 1)).execute(conn).await?;
-                            Ok::<_, Error>(())
-                        })
-                        .await
-                        .unwrap();
-                    }
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await.unwrap();
-        }
+        on_tasks(TASKS, |_| {
+            let pool = pool.clone();
+            async move {
+                for _ in 0..ROUNDS {
+                    let mut conn = pool.get().await.unwrap();
+                    advisory::with_lock(&mut *conn, key, async |conn| {
+                        read_modify_write!(conn, tokio::time::sleep(Duration::from_millis(1))).await?;
+                        Ok::<_, Error>(())
+                    })
+                    .await
+                    .unwrap();
+                }
+            }
+        })
+        .await;
         assert_eq!(stock!(&mut *pool.get().await.unwrap()), 999 - (TASKS * ROUNDS) as i32, "no decrement lost");
         assert!(lock_is_free(&mut *pool.get().await.unwrap(), key).await, "and the lock was released");
     }
@@ -191,10 +150,8 @@ async_server_tests! {
     }
 
     async fn deadpool_closes_a_connection_dropped_holding_a_session_lock(db) {
-        use diesel_async::pooled_connection::deadpool::Pool;
-        use diesel_async::pooled_connection::AsyncDieselConnectionManager;
         let key = key(&db.url);
-        let pool = Pool::builder(AsyncDieselConnectionManager::<Async>::new(&db.url)).max_size(1).build().unwrap();
+        let pool = async_common::deadpool_pool::<Async>(&db.url, BACKEND, 1);
         let mut other: Async = async_common::connect(&db.url, BACKEND).await;
         let mut conn = pool.get().await.unwrap();
         let dropped = tokio::time::timeout(Duration::from_millis(200), hold_for_an_hour!(&mut *conn, key)).await;
@@ -254,23 +211,10 @@ async_server_tests! {
 
     async fn lock_waits_shows_a_real_waiter_and_the_idle_session_in_its_way(db) {
         use lockkit::asynchronous::lock_waits;
-        let mut setup: Async = async_common::connect(&db.url, BACKEND).await;
-        insert_item!(&mut setup, 10);
-        let (locked_tx, locked_rx) = tokio::sync::oneshot::channel();
-        let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
-        let url = db.url.clone();
-        let holder = tokio::spawn(async move {
-            let mut conn: Async = async_common::connect(&url, BACKEND).await;
-            let session = lock_waits::session_id(&mut conn).await.unwrap();
-            lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |_conn, _item: Item| {
-                locked_tx.send(session).unwrap();
-                let _ = release_rx.await;
-                Ok::<_, Error>(())
-            })
-            .await
-            .unwrap();
-        });
-        let holder_session = locked_rx.await.unwrap();
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let holder_session = lock_waits::session_id(&mut conn).await.unwrap();
+        let holder = RowHolder::lock(conn).await;
         let url = db.url.clone();
         let (waiter_tx, waiter_rx) = tokio::sync::oneshot::channel();
         let waiter = tokio::spawn(async move {
@@ -300,8 +244,7 @@ async_server_tests! {
             blocked.iter().any(|b| b.session == waiter_session && b.blocked_by.contains(&holder_session)),
             "{blocked:?}"
         );
-        release_tx.send(()).unwrap();
-        holder.await.unwrap();
+        holder.release().await;
         assert_eq!(waiter.await.unwrap(), 10);
         tokio::time::sleep(Duration::from_millis(150)).await;
         assert!(lock_waits::lock_waits(&mut observer).await.unwrap().iter().all(|w| w.session != waiter_session));

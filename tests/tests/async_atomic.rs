@@ -12,45 +12,26 @@ mod async_common;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
+use async_common::{on_tasks, patient, rounds_on_tasks};
 use diesel::{ExpressionMethods, QueryDsl};
 use diesel_async::RunQueryDsl;
 use lockkit::asynchronous::atomic::{counter, update_counters, update_if};
 use lockkit::Error;
 use lockkit_tests::schema::items;
+use lockkit_tests::seed_items;
 
 const TASKS: usize = 8;
 const ROUNDS: usize = 25;
 
-macro_rules! stock_and_version {
-    ($conn:expr) => {
-        items::table
-            .find(1)
-            .select((items::stock, items::lock_version))
-            .get_result::<(i32, i32)>($conn)
-            .await
-            .unwrap()
-    };
-}
-
 async_backend_tests! {
     async fn counters_added_by_eight_tasks_are_exact(db) {
+        seed_items(&mut db.conn(), &[(1, 0)]);
         let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, TASKS as u32).await;
-        insert_item!(&mut *pool.get().await.unwrap(), 0);
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|_| {
-                let pool = pool.clone();
-                tokio::spawn(async move {
-                    for _ in 0..ROUNDS {
-                        let mut conn = pool.get().await.unwrap();
-                        let written = update_counters(&mut *conn, items::table.find(1), counter(items::stock, 1)).await.unwrap();
-                        assert_eq!(written, 1);
-                    }
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await.unwrap();
-        }
+        rounds_on_tasks(&pool, TASKS, ROUNDS, async |conn: &mut Async| {
+            let written = update_counters(conn, items::table.find(1), counter(items::stock, 1)).await.unwrap();
+            assert_eq!(written, 1);
+        })
+        .await;
         let mut conn = pool.get().await.unwrap();
         assert_eq!(stock_and_version!(&mut *conn), ((TASKS * ROUNDS) as i32, 0), "every increment counted; the version untouched");
         let missing = update_counters(&mut *conn, items::table.find(2), counter(items::stock, 1)).await;
@@ -58,64 +39,53 @@ async_backend_tests! {
     }
 
     async fn a_conditional_update_never_oversells_under_eight_tasks(db) {
+        seed_items(&mut db.conn(), &[(1, 100)]);
         let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, TASKS as u32).await;
-        insert_item!(&mut *pool.get().await.unwrap(), 100);
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|_| {
-                let pool = pool.clone();
-                tokio::spawn(async move {
-                    let mut sold = 0;
-                    loop {
-                        let mut conn = pool.get().await.unwrap();
-                        let sale = update_if(
-                            &mut *conn,
-                            diesel::update(items::table.find(1).filter(items::stock.ge(3))).set(items::stock.eq(items::stock - 3)),
-                        )
-                        .await;
-                        match sale {
-                            Ok(1) => sold += 3,
-                            Err(Error::NoRowMatched) => return sold,
-                            other => panic!("{other:?}"),
-                        }
+        let sold = on_tasks(TASKS, |_| {
+            let pool = pool.clone();
+            async move {
+                let mut sold = 0;
+                loop {
+                    let mut conn = pool.get().await.unwrap();
+                    let sale = update_if(
+                        &mut *conn,
+                        diesel::update(items::table.find(1).filter(items::stock.ge(3))).set(items::stock.eq(items::stock - 3)),
+                    )
+                    .await;
+                    match sale {
+                        Ok(1) => sold += 3,
+                        Err(Error::NoRowMatched) => return sold,
+                        other => panic!("{other:?}"),
                     }
-                })
-            })
-            .collect();
-        let mut sold = 0;
-        for task in tasks {
-            sold += task.await.unwrap();
-        }
-        assert_eq!(sold, 99, "33 sales of 3");
-        assert_eq!(stock_and_version!(&mut *pool.get().await.unwrap()).0, 1);
+                }
+            }
+        })
+        .await;
+        assert_eq!(sold.iter().sum::<i32>(), 99, "33 sales of 3");
+        assert_eq!(stock!(&mut *pool.get().await.unwrap()), 1);
     }
 
     async fn a_read_modify_write_in_serializable_transactions_retried_is_exact(db) {
+        seed_items(&mut db.conn(), &[(1, 1_000)]);
         let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, TASKS as u32).await;
-        insert_item!(&mut *pool.get().await.unwrap(), 1_000);
         let attempts = Arc::new(AtomicU32::new(0));
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|_| {
-                let (pool, attempts) = (pool.clone(), attempts.clone());
-                tokio::spawn(async move {
-                    for _ in 0..ROUNDS {
-                        let mut conn = pool.get().await.unwrap();
-                        lockkit::asynchronous::serializable(&mut *conn, &async_common::patient(), async |conn| {
-                            attempts.fetch_add(1, Ordering::Relaxed);
-                            let stock: i32 = items::table.find(1).select(items::stock).get_result(&mut *conn).await?;
-                            tokio::task::yield_now().await;
-                            diesel::update(items::table.find(1)).set(items::stock.eq(stock - 1)).execute(conn).await?;
-                            Ok::<_, Error>(())
-                        })
-                        .await
-                        .unwrap();
-                    }
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await.unwrap();
-        }
-        let (stock, _) = stock_and_version!(&mut *pool.get().await.unwrap());
+        on_tasks(TASKS, |_| {
+            let (pool, attempts) = (pool.clone(), attempts.clone());
+            async move {
+                for _ in 0..ROUNDS {
+                    let mut conn = pool.get().await.unwrap();
+                    lockkit::asynchronous::serializable(&mut *conn, &patient(), async |conn| {
+                        attempts.fetch_add(1, Ordering::Relaxed);
+                        read_modify_write!(conn, tokio::task::yield_now()).await?;
+                        Ok::<_, Error>(())
+                    })
+                    .await
+                    .unwrap();
+                }
+            }
+        })
+        .await;
+        let stock = stock!(&mut *pool.get().await.unwrap());
         assert_eq!(stock, 1_000 - (TASKS * ROUNDS) as i32, "no decrement lost");
         let attempts = AtomicU32::load(&attempts, Ordering::Relaxed);
         eprintln!("{BACKEND}: {} decrements in {attempts} attempts", TASKS * ROUNDS);
@@ -136,29 +106,17 @@ async_backend_tests! {
         if BACKEND == "sqlite" {
             return;
         }
+        seed_items(&mut db.conn(), &[(1, 1_000)]);
         let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, TASKS as u32).await;
-        insert_item!(&mut *pool.get().await.unwrap(), 1_000);
-        let barrier = Arc::new(tokio::sync::Barrier::new(TASKS));
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|_| {
-                let (pool, barrier) = (pool.clone(), barrier.clone());
-                tokio::spawn(async move {
-                    let mut conn = pool.get().await.unwrap();
-                    lockkit::asynchronous::transaction_with_retry(&mut *conn, &async_common::patient(), async |conn| {
-                        let stock: i32 = items::table.find(1).select(items::stock).get_result(&mut *conn).await?;
-                        barrier.wait().await;
-                        diesel::update(items::table.find(1)).set(items::stock.eq(stock - 1)).execute(conn).await?;
-                        Ok::<_, Error>(())
-                    })
-                    .await
-                    .unwrap();
-                })
+        all_at_once!(pool, TASKS, |conn, all| {
+            lockkit::asynchronous::transaction_with_retry(&mut *conn, &patient(), async |conn| {
+                read_modify_write!(conn, all.wait()).await?;
+                Ok::<_, Error>(())
             })
-            .collect();
-        for task in tasks {
-            task.await.unwrap();
-        }
-        let (stock, _) = stock_and_version!(&mut *pool.get().await.unwrap());
+            .await
+            .unwrap()
+        });
+        let stock = stock!(&mut *pool.get().await.unwrap());
         assert_eq!(stock, 999, "{TASKS} decrements, one recorded");
     }
 }

@@ -15,24 +15,16 @@
 #[macro_use]
 mod async_common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use async_common::{in_transaction, RowHolder};
 use diesel::{ExpressionMethods, QueryDsl};
-use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection, TransactionManager};
+use diesel_async::{AsyncConnection, RunQueryDsl};
 use lockkit::asynchronous::AsyncLockingConnection;
 use lockkit::{Error, LockOptions};
 use lockkit_tests::models::Item;
 use lockkit_tests::schema::items;
-
-/// How long the server may take to notice a closed connection and free its row.
-const FREED_WITHIN: Duration = Duration::from_secs(10);
-
-fn in_transaction<A: AsyncConnection>(conn: &mut A) -> bool {
-    matches!(
-        A::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
-        Ok(Some(_))
-    )
-}
+use lockkit_tests::seed_items;
 
 /// Whether another connection gets a lock on the row without waiting: a
 /// shared one, which conflicts with the exclusive lock of `with_lock` and,
@@ -58,68 +50,53 @@ async fn row_freed<A: AsyncLockingConnection>(conn: &mut A) -> Duration
 where
     Item: lockkit::asynchronous::lockable::AsyncLockRow<A>,
 {
-    let started = Instant::now();
-    while !row_is_free(conn).await {
-        assert!(
-            started.elapsed() < FREED_WITHIN,
-            "the row is still locked {FREED_WITHIN:?} after the future was dropped"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    started.elapsed()
+    async_common::freed("the row", async || row_is_free(conn).await).await
 }
 
-/// The server's own word that this session has no open transaction.
-macro_rules! server_says_no_transaction {
-    ($conn:expr) => {{
-        let conn = $conn;
-        match BACKEND {
-            // PostgreSQL refuses a SAVEPOINT outside a transaction block.
-            "postgres" => conn.batch_execute("SAVEPOINT probe").await.is_err(),
-            "mysql" => {
-                diesel::sql_query("SELECT CAST(@@in_transaction AS SIGNED) AS open")
-                    .get_result::<Open>(conn)
-                    .await
-                    .unwrap()
-                    .open
-                    == 0
-            }
-            // SQLite refuses a BEGIN inside a transaction.
-            _ => conn.batch_execute("BEGIN; ROLLBACK;").await.is_ok(),
+/// The server's own word that this session (on `backend`) has no open
+/// transaction.
+async fn server_says_no_transaction<A>(conn: &mut A, backend: &str) -> bool
+where
+    A: AsyncConnection,
+    for<'q> diesel::query_builder::SqlQuery: diesel_async::methods::LoadQuery<'q, A, Open>,
+{
+    match backend {
+        // PostgreSQL refuses a SAVEPOINT outside a transaction block.
+        "postgres" => conn.batch_execute("SAVEPOINT probe").await.is_err(),
+        "mysql" => {
+            diesel::sql_query("SELECT CAST(@@in_transaction AS SIGNED) AS open")
+                .get_result::<Open>(conn)
+                .await
+                .unwrap()
+                .open
+                == 0
         }
-    }};
+        // SQLite refuses a BEGIN inside a transaction.
+        _ => conn.batch_execute("BEGIN; ROLLBACK;").await.is_ok(),
+    }
+}
+
+/// What a dropped call leaves: the pool hands the next user (`next`) a
+/// connection with no transaction open, on diesel-async's books and on the
+/// server, and the row is free again for `other`; how long that took.
+async fn assert_left_clean<A>(next: &mut A, other: &mut A, backend: &str, context: &str) -> Duration
+where
+    A: AsyncLockingConnection,
+    Item: lockkit::asynchronous::lockable::AsyncLockRow<A>,
+    for<'q> diesel::query_builder::SqlQuery: diesel_async::methods::LoadQuery<'q, A, Open>,
+{
+    assert!(!in_transaction(next), "{context}");
+    assert!(
+        server_says_no_transaction(next, backend).await,
+        "{context}: the next user is inside a transaction"
+    );
+    row_freed(other).await
 }
 
 #[derive(diesel::QueryableByName)]
 struct Open {
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     open: i64,
-}
-
-macro_rules! insert_item {
-    ($conn:expr) => {
-        diesel::insert_into(items::table)
-            .values((
-                items::id.eq(1),
-                items::name.eq("widget"),
-                items::stock.eq(1_000),
-                items::lock_version.eq(0),
-            ))
-            .execute($conn)
-            .await
-            .expect("insert")
-    };
-}
-
-macro_rules! stock {
-    ($conn:expr) => {
-        items::table
-            .find(1)
-            .select(items::stock)
-            .get_result::<i32>($conn)
-            .await
-            .unwrap()
-    };
 }
 
 /// `with_lock` that decrements the stock, then waits `linger` inside the lock.
@@ -146,9 +123,9 @@ macro_rules! decrement {
 async_backend_tests! {
     async fn a_held_connection_stays_inside_the_dropped_transaction(db) {
         // The hazard the pool's check removes, shown: no pool, nothing discards it.
+        seed_items(&mut db.conn(), &[(1, 1_000)]);
         let mut held: Async = async_common::connect(&db.url, BACKEND).await;
         let mut other: Async = async_common::connect(&db.url, BACKEND).await;
-        insert_item!(&mut held);
         let dropped = tokio::time::timeout(
             Duration::from_millis(300),
             decrement!(&mut held, Some(Duration::from_secs(3600))),
@@ -158,26 +135,22 @@ async_backend_tests! {
         assert!(in_transaction(&mut held), "the abandoned transaction is still open");
         assert!(!row_is_free(&mut other).await, "and still holds the row");
         // The server sees it too: the check the pooled cases pass can fail.
-        assert!(!server_says_no_transaction!(&mut held), "the server sees the open transaction");
+        assert!(!server_says_no_transaction(&mut held, BACKEND).await, "the server sees the open transaction");
         drop(held);
         row_freed(&mut other).await;
         assert_eq!(stock!(&mut other), 1_000, "the abandoned decrement was rolled back");
     }
 
     async fn bb8_discards_a_connection_dropped_inside_with_lock(db) {
+        seed_items(&mut db.conn(), &[(1, 1_000)]);
         let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 1).await;
         let mut other: Async = async_common::connect(&db.url, BACKEND).await;
-        insert_item!(&mut other);
         for linger in [Duration::from_millis(100), Duration::from_secs(3600)] {
             let mut conn = pool.get().await.unwrap();
             let dropped = tokio::time::timeout(Duration::from_millis(50), decrement!(&mut *conn, Some(linger))).await;
             assert!(dropped.is_err());
             drop(conn);
-            let mut next = pool.get().await.unwrap();
-            assert!(!in_transaction(&mut *next));
-            assert!(server_says_no_transaction!(&mut *next), "the next user is inside a transaction");
-            drop(next);
-            row_freed(&mut other).await;
+            assert_left_clean(&mut *pool.get().await.unwrap(), &mut other, BACKEND, "after the drop").await;
         }
         assert_eq!(stock!(&mut other), 1_000, "both decrements were rolled back");
         // The pool works on: a decrement through it commits.
@@ -186,68 +159,31 @@ async_backend_tests! {
     }
 
     async fn deadpool_discards_a_connection_dropped_inside_with_lock(db) {
-        use diesel_async::pooled_connection::deadpool::Pool;
-        use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig};
-        let mut config = ManagerConfig::default();
-        config.custom_setup = Box::new(|url| {
-            let url = url.to_owned();
-            Box::pin(async move {
-                let mut conn = Async::establish(&url).await?;
-                let setup = async_common::setup_sql(BACKEND);
-                if !setup.is_empty() {
-                    conn.batch_execute(setup).await.map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
-                }
-                Ok(conn)
-            })
-        });
-        let manager = AsyncDieselConnectionManager::<Async>::new_with_config(&db.url, config);
-        let pool = Pool::builder(manager).max_size(1).build().unwrap();
+        seed_items(&mut db.conn(), &[(1, 1_000)]);
+        let pool = async_common::deadpool_pool::<Async>(&db.url, BACKEND, 1);
         let mut other: Async = async_common::connect(&db.url, BACKEND).await;
-        insert_item!(&mut other);
         let mut conn = pool.get().await.unwrap();
         let dropped = tokio::time::timeout(Duration::from_millis(50), decrement!(&mut *conn, Some(Duration::from_secs(3600)))).await;
         assert!(dropped.is_err());
         drop(conn);
-        let mut next = pool.get().await.unwrap();
-        assert!(!in_transaction(&mut *next));
-        assert!(server_says_no_transaction!(&mut *next), "the next user is inside a transaction");
-        drop(next);
-        row_freed(&mut other).await;
+        assert_left_clean(&mut *pool.get().await.unwrap(), &mut other, BACKEND, "after the drop").await;
         assert_eq!(stock!(&mut other), 1_000);
     }
 
     async fn a_future_dropped_while_waiting_for_the_lock_leaves_nothing_behind(db) {
+        seed_items(&mut db.conn(), &[(1, 1_000)]);
         let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 1).await;
         let mut other: Async = async_common::connect(&db.url, BACKEND).await;
-        insert_item!(&mut other);
         // `holder` takes the row's lock and keeps it until told.
-        let (locked_tx, locked_rx) = tokio::sync::oneshot::channel();
-        let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
-        let url = db.url.clone();
-        let holder = tokio::spawn(async move {
-            let mut conn: Async = async_common::connect(&url, BACKEND).await;
-            lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |_conn, _item: Item| {
-                locked_tx.send(()).unwrap();
-                let _ = release_rx.await;
-                Ok::<_, Error>(())
-            })
-            .await
-            .unwrap();
-        });
-        locked_rx.await.unwrap();
+        let holder = RowHolder::lock(async_common::connect::<Async>(&db.url, BACKEND).await).await;
         let mut conn = pool.get().await.unwrap();
         // Dropped in the locked read (PostgreSQL, MariaDB) or in `BEGIN
         // IMMEDIATE` (SQLite), both waiting for `holder`.
         let dropped = tokio::time::timeout(Duration::from_millis(200), decrement!(&mut *conn, None)).await;
         assert!(dropped.is_err(), "the call waited for the lock");
         drop(conn);
-        release_tx.send(()).unwrap();
-        holder.await.unwrap();
-        let mut next = pool.get().await.unwrap();
-        assert!(!in_transaction(&mut *next));
-        assert!(server_says_no_transaction!(&mut *next), "the next user is inside a transaction");
-        drop(next);
-        row_freed(&mut other).await;
+        holder.release().await;
+        assert_left_clean(&mut *pool.get().await.unwrap(), &mut other, BACKEND, "after the drop").await;
         assert_eq!(stock!(&mut other), 1_000, "the dropped call wrote nothing");
     }
 
@@ -257,9 +193,9 @@ async_backend_tests! {
         // COMMIT, and after. The linger makes the first deadlines drop the call
         // on any machine (on an idle one a bare call once beat them all), and the
         // last step's 10 s lets it finish on a loaded one.
+        seed_items(&mut db.conn(), &[(1, 1_000)]);
         let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 1).await;
         let mut other: Async = async_common::connect(&db.url, BACKEND).await;
-        insert_item!(&mut other);
         let (mut finished, mut dropped, mut slowest) = (0, 0, Duration::ZERO);
         let linger = Some(Duration::from_millis(2));
         for step in 0..=60u64 {
@@ -276,11 +212,8 @@ async_backend_tests! {
                 Err(_) => dropped += 1,
             }
             drop(conn);
-            let mut next = pool.get().await.unwrap();
-            assert!(!in_transaction(&mut *next), "step {step}");
-            assert!(server_says_no_transaction!(&mut *next), "step {step}: the next user is inside a transaction");
-            drop(next);
-            slowest = slowest.max(row_freed(&mut other).await);
+            let freed = assert_left_clean(&mut *pool.get().await.unwrap(), &mut other, BACKEND, &format!("step {step}")).await;
+            slowest = slowest.max(freed);
         }
         let stock = stock!(&mut other);
         // A call dropped after its COMMIT was sent may have committed; none

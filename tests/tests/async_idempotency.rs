@@ -32,18 +32,6 @@ struct Order {
     left: i32,
 }
 
-/// Item 1's stock.
-macro_rules! stock {
-    ($conn:expr) => {
-        items::table
-            .find(1)
-            .select(items::stock)
-            .get_result::<i32>($conn)
-            .await
-            .expect("read stock")
-    };
-}
-
 /// Sells one unit of item 1; the stock left.
 macro_rules! sell_one {
     ($conn:expr) => {{

@@ -13,6 +13,7 @@ mod async_common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use async_common::on_tasks;
 use diesel::{ExpressionMethods, QueryDsl};
 use diesel_async::RunQueryDsl;
 use lockkit::asynchronous::prelude::*;
@@ -20,24 +21,7 @@ use lockkit::asynchronous::{locked_transaction, transaction_with_retry, with_loc
 use lockkit::{CurrentState, Error, LockOptions, RetryPolicy};
 use lockkit_tests::models::Item;
 use lockkit_tests::schema::items;
-
-/// Inserts items `1..=n` with stock 10, version 0.
-macro_rules! insert_items {
-    ($conn:expr, $n:expr) => {
-        for id in 1..=$n {
-            diesel::insert_into(items::table)
-                .values((
-                    items::id.eq(id),
-                    items::name.eq("widget"),
-                    items::stock.eq(10),
-                    items::lock_version.eq(0),
-                ))
-                .execute($conn)
-                .await
-                .expect("insert");
-        }
-    };
-}
+use lockkit_tests::seed_items;
 
 /// Item `id` as stored.
 macro_rules! item {
@@ -65,17 +49,68 @@ macro_rules! write_and_roll_back {
     }};
 }
 
+/// Item 1 seeded; A's and B's connections; A's struct of item 1, whose write
+/// of stock 5 was rolled back.
+macro_rules! a_write_rolled_back {
+    ($db:expr) => {{
+        seed_items(&mut $db.conn(), &[(1, 10)]);
+        let mut a_conn: Async = async_common::connect(&$db.url, BACKEND).await;
+        let b_conn: Async = async_common::connect(&$db.url, BACKEND).await;
+        let mut a = item!(&mut a_conn, 1);
+        a.stock = 5;
+        write_and_roll_back!(&mut a_conn, a);
+        (a_conn, b_conn, a)
+    }};
+}
+
+/// Writes `$item` (item `$id`) with its stock one higher in a locked
+/// transaction on a connection of `$pool`, until one commits: the first
+/// attempt rolled back when `$roll_back_first`, a stale struct reloaded, a
+/// retryable error tried again. The struct's stock moves only with the commit;
+/// how many attempts were stale. A macro: the versioned write's trait bounds
+/// are per connection type.
+macro_rules! increment_until_committed {
+    ($pool:expr, $item:expr, $id:expr, $roll_back_first:expr) => {{
+        let mut roll_back = $roll_back_first;
+        let mut stale = 0;
+        loop {
+            let mut conn = $pool.get().await.unwrap();
+            let result = locked_transaction(&mut *conn, LockOptions::default(), async |c| {
+                $item.stock += 1;
+                let written = $item.update_versioned(c).await;
+                $item.stock -= 1;
+                written?;
+                tokio::task::yield_now().await;
+                if roll_back {
+                    return Err(Error::NoRowMatched);
+                }
+                Ok(())
+            })
+            .await;
+            drop(conn);
+            match result {
+                Ok(()) => {
+                    $item.stock += 1;
+                    break stale;
+                }
+                Err(Error::NoRowMatched) => roll_back = false,
+                Err(Error::Stale(_)) => {
+                    stale += 1;
+                    $item = item!(&mut *$pool.get().await.unwrap(), $id);
+                }
+                Err(err) if err.is_retryable() => {}
+                Err(err) => panic!("{err}"),
+            }
+        }
+    }};
+}
+
 async_backend_tests! {
     /// A's write is rolled back, B then writes the row (0 -> 1, B's data), and
     /// A writes again holding 1: without the journal that matched B's version
     /// and overwrote B's data.
     async fn a_rolled_back_write_never_overwrites_a_later_writer(db) {
-        let mut a_conn: Async = async_common::connect(&db.url, BACKEND).await;
-        let mut b_conn: Async = async_common::connect(&db.url, BACKEND).await;
-        insert_items!(&mut a_conn, 1);
-        let mut a = item!(&mut a_conn, 1);
-        a.stock = 5;
-        write_and_roll_back!(&mut a_conn, a);
+        let (mut a_conn, mut b_conn, mut a) = a_write_rolled_back!(db);
         assert_eq!(item!(&mut a_conn, 1).lock_version, 0, "the row is back at version 0");
 
         let mut b = item!(&mut b_conn, 1);
@@ -102,12 +137,7 @@ async_backend_tests! {
     /// B's write must not commit the number A's rolled-back write gave A (1),
     /// or A's next write, expecting 1, lands over B's.
     async fn a_rolled_back_number_is_never_committed_by_a_later_writer_in_a_transaction(db) {
-        let mut a_conn: Async = async_common::connect(&db.url, BACKEND).await;
-        let mut b_conn: Async = async_common::connect(&db.url, BACKEND).await;
-        insert_items!(&mut a_conn, 1);
-        let mut a = item!(&mut a_conn, 1);
-        a.stock = 5;
-        write_and_roll_back!(&mut a_conn, a);
+        let (mut a_conn, mut b_conn, mut a) = a_write_rolled_back!(db);
 
         let mut b = item!(&mut b_conn, 1);
         locked_transaction(&mut b_conn, LockOptions::default(), async |c| {
@@ -131,8 +161,8 @@ async_backend_tests! {
     /// same struct again. Without the journal it held the rolled-back number:
     /// stale on every attempt, so the retry gave up.
     async fn a_struct_retried_after_a_rollback_writes_as_if_restored(db) {
+        seed_items(&mut db.conn(), &[(1, 10)]);
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
-        insert_items!(&mut conn, 1);
         let a = tokio::sync::Mutex::new(item!(&mut conn, 1));
         let attempts = AtomicUsize::new(0);
         transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), async |c| {
@@ -178,8 +208,8 @@ async_backend_tests! {
     /// A committed transaction leaves its versions as they are: the struct
     /// writes on, and a struct that read the row before it is stale.
     async fn a_committed_transaction_leaves_the_struct_writable(db) {
+        seed_items(&mut db.conn(), &[(1, 10)]);
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
-        insert_items!(&mut conn, 1);
         let mut a = item!(&mut conn, 1);
         let mut old = a.clone();
         locked_transaction(&mut conn, LockOptions::default(), async |c| {
@@ -202,9 +232,9 @@ async_backend_tests! {
     /// A savepoint rolled back inside a transaction that commits: the struct
     /// is restored to the version before the savepoint's write.
     async fn a_rolled_back_savepoint_is_tracked_like_a_transaction(db) {
+        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
         let mut a_conn: Async = async_common::connect(&db.url, BACKEND).await;
         let mut b_conn: Async = async_common::connect(&db.url, BACKEND).await;
-        insert_items!(&mut a_conn, 2);
         let mut a = item!(&mut a_conn, 1);
         locked_transaction(&mut a_conn, LockOptions::default(), async |c| {
             let inner = locked_transaction(c, LockOptions::default(), async |c| {
@@ -234,9 +264,9 @@ async_backend_tests! {
     /// writes (on the blocking side it once "restored" to 0, found 1 and
     /// reported Stale in the transaction that Stale rolled back: Stale forever).
     async fn with_lock_after_a_rolled_back_lock_reads_the_row_afresh(db) {
+        seed_items(&mut db.conn(), &[(1, 10)]);
         let mut a_conn: Async = async_common::connect(&db.url, BACKEND).await;
         let mut b_conn: Async = async_common::connect(&db.url, BACKEND).await;
-        insert_items!(&mut a_conn, 1);
         let rolled_back = with_lock(&mut a_conn, 1, LockOptions::default(), async |c, item: Item| {
             diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 1)).execute(c).await?;
             Err::<(), _>(Error::NoRowMatched)
@@ -265,46 +295,19 @@ async_backend_tests! {
     async fn tasks_that_roll_back_and_retry_on_shared_rows_lose_nothing(db) {
         const TASKS: i32 = 6;
         const ROUNDS: i32 = 20;
+        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
         let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 3).await;
-        insert_items!(&mut *pool.get().await.unwrap(), 2);
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|task| {
-                let pool = pool.clone();
-                tokio::spawn(async move {
-                    let id = 1 + task % 2;
-                    for _ in 0..ROUNDS {
-                        let mut item = item!(&mut *pool.get().await.unwrap(), id);
-                        let mut roll_back = true;
-                        loop {
-                            let mut conn = pool.get().await.unwrap();
-                            let result = locked_transaction(&mut *conn, LockOptions::default(), async |c| {
-                                item.stock += 1;
-                                let written = item.update_versioned(c).await;
-                                item.stock -= 1;
-                                written?;
-                                tokio::task::yield_now().await;
-                                if roll_back {
-                                    return Err(Error::NoRowMatched);
-                                }
-                                Ok(())
-                            })
-                            .await;
-                            drop(conn);
-                            match result {
-                                Ok(()) => break,
-                                Err(Error::NoRowMatched) => roll_back = false,
-                                Err(Error::Stale(_)) => item = item!(&mut *pool.get().await.unwrap(), id),
-                                Err(err) if err.is_retryable() => {}
-                                Err(err) => panic!("{err}"),
-                            }
-                        }
-                    }
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await.unwrap();
-        }
+        on_tasks(TASKS as usize, |task| {
+            let pool = pool.clone();
+            async move {
+                let id = 1 + task as i32 % 2;
+                for _ in 0..ROUNDS {
+                    let mut item = item!(&mut *pool.get().await.unwrap(), id);
+                    increment_until_committed!(pool, item, id, true);
+                }
+            }
+        })
+        .await;
         let mut conn = pool.get().await.unwrap();
         let stock: Vec<i32> = items::table.order(items::id).select(items::stock).load(&mut *conn).await.unwrap();
         assert_eq!(stock, vec![10 + TASKS / 2 * ROUNDS; 2], "no increment lost");
@@ -320,56 +323,22 @@ async_backend_tests! {
     async fn structs_retried_on_other_pooled_connections_write_as_restored(db) {
         const TASKS: usize = 6;
         const ROUNDS: usize = 12;
+        let rows: Vec<(i32, i32)> = (1..=TASKS as i32).map(|id| (id, 10)).collect();
+        seed_items(&mut db.conn(), &rows);
         let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 3).await;
-        insert_items!(&mut *pool.get().await.unwrap(), TASKS as i32);
         let stale = Arc::new(AtomicUsize::new(0));
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|task| {
-                let (pool, stale) = (pool.clone(), stale.clone());
-                tokio::spawn(async move {
-                    let id = 1 + task as i32;
-                    let mut mine = item!(&mut *pool.get().await.unwrap(), id);
-                    for round in 0..ROUNDS {
-                        let mut rolled_back = false;
-                        loop {
-                            let roll_back = round % 2 == 0 && !rolled_back;
-                            let mut conn = pool.get().await.unwrap();
-                            let result = locked_transaction(&mut *conn, LockOptions::default(), async |c| {
-                                mine.stock += 1;
-                                let written = mine.update_versioned(c).await;
-                                mine.stock -= 1;
-                                written?;
-                                tokio::task::yield_now().await;
-                                if roll_back {
-                                    return Err(Error::NoRowMatched);
-                                }
-                                Ok(())
-                            })
-                            .await;
-                            drop(conn);
-                            match result {
-                                Ok(()) => {
-                                    mine.stock += 1;
-                                    break;
-                                }
-                                Err(Error::NoRowMatched) => rolled_back = true,
-                                Err(Error::Stale(_)) => {
-                                    stale.fetch_add(1, Ordering::SeqCst);
-                                    mine = item!(&mut *pool.get().await.unwrap(), id);
-                                }
-                                Err(err) if err.is_retryable() => {}
-                                Err(err) => panic!("{err}"),
-                            }
-                        }
-                    }
-                    mine
-                })
-            })
-            .collect();
-        let mut held = Vec::new();
-        for task in tasks {
-            held.push(task.await.unwrap());
-        }
+        let held = on_tasks(TASKS, |task| {
+            let (pool, stale) = (pool.clone(), stale.clone());
+            async move {
+                let id = 1 + task as i32;
+                let mut mine = item!(&mut *pool.get().await.unwrap(), id);
+                for round in 0..ROUNDS {
+                    stale.fetch_add(increment_until_committed!(pool, mine, id, round % 2 == 0), Ordering::SeqCst);
+                }
+                mine
+            }
+        })
+        .await;
         let mut conn = pool.get().await.unwrap();
         let rows: Vec<Item> = items::table.order(items::id).load(&mut *conn).await.unwrap();
         assert_eq!(AtomicUsize::load(&stale, Ordering::SeqCst), 0, "a retry was stale");

@@ -22,18 +22,6 @@ use lockkit_tests::{lease_migrations, seed_items};
 
 const TASKS: usize = 8;
 
-/// Item 1's stock.
-macro_rules! stock {
-    ($conn:expr) => {
-        items::table
-            .find(1)
-            .select(items::stock)
-            .get_result::<i32>($conn)
-            .await
-            .expect("read stock")
-    };
-}
-
 /// Sets item 1's stock under `fence`, as a fenced write.
 macro_rules! fenced_set {
     ($conn:expr, $fence:expr, $stock:expr) => {

@@ -12,39 +12,34 @@ mod async_common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_common::{in_transaction, on_tasks, patient, rounds_on_tasks, RowHolder};
 use diesel::{ExpressionMethods, QueryDsl};
 use diesel_async::RunQueryDsl;
 use lockkit::asynchronous::prelude::*;
 use lockkit::{CurrentState, Error, LockOptions, RetryPolicy};
 use lockkit_tests::models::Item;
 use lockkit_tests::schema::items;
+use lockkit_tests::seed_items;
 
 const TASKS: usize = 8;
 const ROUNDS: usize = 15;
 
-fn patient() -> RetryPolicy {
-    RetryPolicy::default()
-        .max_attempts(10_000)
-        .base_delay(Duration::from_millis(1))
-        .max_delay(Duration::from_millis(20))
-}
-
-/// Item 1's stock and version.
-macro_rules! stock_and_version {
-    ($conn:expr) => {
-        items::table
-            .find(1)
-            .select((items::stock, items::lock_version))
-            .get_result::<(i32, i32)>($conn)
-            .await
-            .expect("read item")
+/// Item 1 after `TASKS * ROUNDS` decrements of 1 from 1 000, each a versioned
+/// write: the stock and the version moved together, none lost.
+macro_rules! assert_every_decrement_counted {
+    ($pool:expr) => {
+        let total = (TASKS * ROUNDS) as i32;
+        assert_eq!(
+            stock_and_version!(&mut *$pool.get().await.unwrap()),
+            (1_000 - total, total)
+        );
     };
 }
 
 async_backend_tests! {
     async fn update_versioned_refuses_a_stale_struct_and_leaves_it_untouched(db) {
+        seed_items(&mut db.conn(), &[(1, 10)]);
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
-        insert_item!(&mut conn, 10);
         let mut alice: Item = items::table.find(1).first(&mut conn).await.unwrap();
         let mut bob = alice.clone();
 
@@ -80,130 +75,86 @@ async_backend_tests! {
     }
 
     async fn a_naive_read_modify_write_loses_updates(db) {
+        seed_items(&mut db.conn(), &[(1, 100)]);
         let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, TASKS as u32).await;
-        insert_item!(&mut *pool.get().await.unwrap(), 100);
         // Every task reads before any writes: the interleaving a busy server
         // produces now and then, forced.
-        let barrier = Arc::new(tokio::sync::Barrier::new(TASKS));
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|_| {
-                let (pool, barrier) = (pool.clone(), barrier.clone());
-                tokio::spawn(async move {
-                    let mut conn = pool.get().await.unwrap();
-                    let stock: i32 = items::table.find(1).select(items::stock).get_result(&mut *conn).await.unwrap();
-                    barrier.wait().await;
-                    diesel::update(items::table.find(1))
-                        .set(items::stock.eq(stock - 1))
-                        .execute(&mut *conn)
-                        .await
-                        .unwrap();
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await.unwrap();
-        }
+        all_at_once!(pool, TASKS, |conn, all| read_modify_write!(conn, all.wait()).await.unwrap());
         let (stock, _) = stock_and_version!(&mut *pool.get().await.unwrap());
         assert_eq!(stock, 99, "{TASKS} sales, one recorded: the baseline loses updates");
     }
 
     async fn concurrent_versioned_decrements_with_retry_are_exact(db) {
+        seed_items(&mut db.conn(), &[(1, 1_000)]);
         let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, TASKS as u32).await;
-        insert_item!(&mut *pool.get().await.unwrap(), 1_000);
         let barrier = Arc::new(tokio::sync::Barrier::new(TASKS));
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|_| {
-                let (pool, barrier) = (pool.clone(), barrier.clone());
-                tokio::spawn(async move {
-                    let mut stale = 0;
-                    for round in 0..ROUNDS {
-                        lockkit::asynchronous::retry(&patient(), |attempt| {
-                            let (pool, barrier) = (pool.clone(), barrier.clone());
-                            async move {
-                                let mut conn = pool.get().await.unwrap();
-                                let mut item: Item = items::table.find(1).first(&mut *conn).await?;
-                                if round == 0 && attempt == 1 {
-                                    // The naive test's interleaving: all read, then all write.
-                                    barrier.wait().await;
-                                }
-                                item.stock -= 1;
-                                item.update_versioned(&mut *conn).await
+        let written = on_tasks(TASKS, |_| {
+            let (pool, barrier) = (pool.clone(), barrier.clone());
+            async move {
+                let mut written = 0;
+                for round in 0..ROUNDS {
+                    lockkit::asynchronous::retry(&patient(), |attempt| {
+                        let (pool, barrier) = (pool.clone(), barrier.clone());
+                        async move {
+                            let mut conn = pool.get().await.unwrap();
+                            let mut item: Item = items::table.find(1).first(&mut *conn).await?;
+                            if round == 0 && attempt == 1 {
+                                // The naive test's interleaving: all read, then all write.
+                                barrier.wait().await;
                             }
-                        })
-                        .await
-                        .unwrap();
-                        stale += 1;
-                    }
-                    stale
-                })
-            })
-            .collect();
-        for task in tasks {
-            assert_eq!(task.await.unwrap(), ROUNDS);
-        }
-        let total = (TASKS * ROUNDS) as i32;
-        assert_eq!(stock_and_version!(&mut *pool.get().await.unwrap()), (1_000 - total, total));
+                            item.stock -= 1;
+                            item.update_versioned(&mut *conn).await
+                        }
+                    })
+                    .await
+                    .unwrap();
+                    written += 1;
+                }
+                written
+            }
+        })
+        .await;
+        assert_eq!(written, [ROUNDS; TASKS]);
+        assert_every_decrement_counted!(pool);
     }
 
     async fn concurrent_with_lock_decrements_are_exact(db) {
+        seed_items(&mut db.conn(), &[(1, 1_000)]);
         let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, TASKS as u32).await;
-        insert_item!(&mut *pool.get().await.unwrap(), 1_000);
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|_| {
-                let pool = pool.clone();
-                tokio::spawn(async move {
-                    for _ in 0..ROUNDS {
-                        let mut conn = pool.get().await.unwrap();
-                        lockkit::asynchronous::with_lock(&mut *conn, 1, LockOptions::default(), async |conn, item: Item| {
-                            // Give the others time to queue behind the lock.
-                            tokio::task::yield_now().await;
-                            diesel::update(items::table.find(item.id))
-                                .set(items::stock.eq(item.stock - 1))
-                                .execute(conn)
-                                .await?;
-                            Ok::<_, Error>(())
-                        })
-                        .await
-                        .unwrap();
-                    }
-                })
+        rounds_on_tasks(&pool, TASKS, ROUNDS, async |conn: &mut Async| {
+            lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |conn, item: Item| {
+                // Give the others time to queue behind the lock.
+                tokio::task::yield_now().await;
+                diesel::update(items::table.find(item.id))
+                    .set(items::stock.eq(item.stock - 1))
+                    .execute(conn)
+                    .await?;
+                Ok::<_, Error>(())
             })
-            .collect();
-        for task in tasks {
-            task.await.unwrap();
-        }
-        let total = (TASKS * ROUNDS) as i32;
+            .await
+            .unwrap();
+        })
+        .await;
         // An exclusive lock on a versioned row also advances its version.
-        assert_eq!(stock_and_version!(&mut *pool.get().await.unwrap()), (1_000 - total, total));
+        assert_every_decrement_counted!(pool);
     }
 
     async fn concurrent_transactions_with_retry_are_exact(db) {
+        seed_items(&mut db.conn(), &[(1, 1_000)]);
         let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, TASKS as u32).await;
-        insert_item!(&mut *pool.get().await.unwrap(), 1_000);
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|_| {
-                let pool = pool.clone();
-                tokio::spawn(async move {
-                    for _ in 0..ROUNDS {
-                        let mut conn = pool.get().await.unwrap();
-                        lockkit::asynchronous::transaction_with_retry(&mut *conn, &patient(), async |conn| {
-                            let mut item: Item = items::table.find(1).first(conn).await?;
-                            tokio::task::yield_now().await;
-                            item.stock -= 1;
-                            item.update_versioned(conn).await?;
-                            Ok::<_, Error>(())
-                        })
-                        .await
-                        .unwrap();
-                    }
-                })
+        rounds_on_tasks(&pool, TASKS, ROUNDS, async |conn: &mut Async| {
+            lockkit::asynchronous::transaction_with_retry(conn, &patient(), async |conn| {
+                let mut item: Item = items::table.find(1).first(conn).await?;
+                tokio::task::yield_now().await;
+                item.stock -= 1;
+                item.update_versioned(conn).await?;
+                Ok::<_, Error>(())
             })
-            .collect();
-        for task in tasks {
-            task.await.unwrap();
-        }
-        let total = (TASKS * ROUNDS) as i32;
-        assert_eq!(stock_and_version!(&mut *pool.get().await.unwrap()), (1_000 - total, total));
+            .await
+            .unwrap();
+        })
+        .await;
+        assert_every_decrement_counted!(pool);
     }
 
     async fn with_lock_reports_missing_rows_and_rolls_back_on_the_closures_error(db) {
@@ -214,8 +165,8 @@ async_backend_tests! {
             #[error(transparent)]
             Lock(#[from] Error),
         }
+        seed_items(&mut db.conn(), &[(1, 5)]);
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
-        insert_item!(&mut conn, 5);
         let missing = lockkit::asynchronous::with_lock(&mut conn, 2, LockOptions::default(), async |_conn, _item: Item| {
             Ok::<_, Error>(())
         })
@@ -238,8 +189,8 @@ async_backend_tests! {
     }
 
     async fn nested_transaction_with_retry_leaves_the_retry_to_the_outermost(db) {
+        seed_items(&mut db.conn(), &[(1, 5)]);
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
-        insert_item!(&mut conn, 5);
         let inner_runs = std::sync::atomic::AtomicUsize::new(0);
         let outer_runs = std::sync::atomic::AtomicUsize::new(0);
         lockkit::asynchronous::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), async |conn| {
@@ -260,22 +211,9 @@ async_backend_tests! {
     }
 
     async fn nowait_skip_locked_and_timeout_on_a_held_row_and_the_setting_put_back(db) {
+        seed_items(&mut db.conn(), &[(1, 5)]);
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
-        insert_item!(&mut conn, 5);
-        let (locked_tx, locked_rx) = tokio::sync::oneshot::channel();
-        let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
-        let url = db.url.clone();
-        let holder = tokio::spawn(async move {
-            let mut conn: Async = async_common::connect(&url, BACKEND).await;
-            lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |_conn, _item: Item| {
-                locked_tx.send(()).unwrap();
-                let _ = release_rx.await;
-                Ok::<_, Error>(())
-            })
-            .await
-            .unwrap();
-        });
-        locked_rx.await.unwrap();
+        let holder = RowHolder::lock(async_common::connect::<Async>(&db.url, BACKEND).await).await;
         let setting = match BACKEND {
             "mysql" => "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED) AS value",
             "sqlite" => "SELECT timeout AS value FROM pragma_busy_timeout",
@@ -301,8 +239,7 @@ async_backend_tests! {
             let after = diesel::sql_query(setting).get_result::<Setting>(&mut conn).await.unwrap().value;
             assert_eq!(after, before, "{options:?}: the session's setting is put back");
         }
-        release_tx.send(()).unwrap();
-        holder.await.unwrap();
+        holder.release().await;
     }
 
     async fn a_key_matching_several_rows_is_an_error_and_writes_nothing(db) {
@@ -329,14 +266,8 @@ async_backend_tests! {
     }
 
     async fn update_all_by_version_writes_every_row_or_none(db) {
+        seed_items(&mut db.conn(), &[(1, 1), (2, 2), (3, 3)]);
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
-        for id in 1..=3 {
-            diesel::insert_into(items::table)
-                .values((items::id.eq(id), items::name.eq("w"), items::stock.eq(id), items::lock_version.eq(0)))
-                .execute(&mut conn)
-                .await
-                .unwrap();
-        }
         let versions = Item::update_all_by_version(&mut conn, &[(3, 0), (1, 0)], items::stock.eq(0)).await.unwrap();
         assert_eq!(versions, [1, 1]);
         let err = Item::update_all_by_version(&mut conn, &[(1, 0), (2, 0), (3, 0)], items::stock.eq(7)).await.unwrap_err();
@@ -351,14 +282,8 @@ async_backend_tests! {
     }
 
     async fn lock_all_locks_in_key_order_inside_a_locked_transaction(db) {
+        seed_items(&mut db.conn(), &[(1, 1), (2, 2), (3, 3)]);
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
-        for id in 1..=3 {
-            diesel::insert_into(items::table)
-                .values((items::id.eq(id), items::name.eq("w"), items::stock.eq(id), items::lock_version.eq(0)))
-                .execute(&mut conn)
-                .await
-                .unwrap();
-        }
         let outside: Result<Vec<Item>, _> = lockkit::asynchronous::lock_all(&mut conn, &[1]).await;
         assert!(matches!(outside, Err(Error::NotInTransaction)), "{outside:?}");
         let ids = lockkit::asynchronous::locked_transaction(&mut conn, LockOptions::default(), async |conn| {
@@ -380,12 +305,4 @@ async_backend_tests! {
 struct Setting {
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     value: i64,
-}
-
-fn in_transaction<A: diesel_async::AsyncConnection>(conn: &mut A) -> bool {
-    use diesel_async::TransactionManager;
-    matches!(
-        A::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
-        Ok(Some(_))
-    )
 }

@@ -16,6 +16,7 @@ use diesel_async::RunQueryDsl;
 use lockkit::{Error, RetryPolicy};
 use lockkit_tests::models::Item;
 use lockkit_tests::schema::items;
+use lockkit_tests::seed_items;
 
 fn policy() -> RetryPolicy {
     RetryPolicy::default()
@@ -23,22 +24,8 @@ fn policy() -> RetryPolicy {
         .base_delay(Duration::from_millis(5))
 }
 
-macro_rules! insert_items {
-    ($conn:expr) => {
-        for id in [1, 2] {
-            diesel::insert_into(items::table)
-                .values((
-                    items::id.eq(id),
-                    items::name.eq("w"),
-                    items::stock.eq(10),
-                    items::lock_version.eq(0),
-                ))
-                .execute($conn)
-                .await
-                .unwrap();
-        }
-    };
-}
+/// Items 1 and 2, stock 10 each.
+const ITEMS: &[(i32, i32)] = &[(1, 10), (2, 10)];
 
 /// Two transactions lock rows 1 and 2 in opposite orders, both holding their
 /// first lock before asking for the second: a deadlock. The server picks a
@@ -49,8 +36,8 @@ macro_rules! deadlock_is_retried {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn a_deadlock_victim_is_retried() {
             let db = lockkit_tests::TestDb::<Sync>::new("async_deadlock_is_retried");
+            seed_items(&mut db.conn(), ITEMS);
             let mut setup: $async = async_common::connect(&db.url, $backend).await;
-            insert_items!(&mut setup);
             let barrier = Arc::new(tokio::sync::Barrier::new(2));
             let attempts = Arc::new(AtomicUsize::new(0));
             let tasks: Vec<_> = [(1, 2), (2, 1)]
@@ -184,7 +171,7 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_serialization_failure_at_commit_is_classified() {
         let db = lockkit_tests::TestDb::<Sync>::new("async_serialization_failure_at_commit");
-        insert_items!(&mut async_common::connect::<Async>(&db.url, "postgres").await);
+        seed_items(&mut db.conn(), ITEMS);
         let (result, attempts, closures_ok) = write_skew(&db.url, false).await;
         assert_eq!(attempts, 1);
         assert_eq!(
@@ -200,8 +187,8 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_serialization_failure_at_commit_is_retried() {
         let db = lockkit_tests::TestDb::<Sync>::new("async_serialization_failure_retried");
+        seed_items(&mut db.conn(), ITEMS);
         let mut conn: Async = async_common::connect(&db.url, "postgres").await;
-        insert_items!(&mut conn);
         let (result, attempts, _) = write_skew(&db.url, true).await;
         result.unwrap();
         assert_eq!(attempts, 2);

@@ -51,6 +51,22 @@ async fn write(primary: &mut AsyncPgConnection, id: i32, stock: i32) -> Lsn {
     replica::commit_lsn(primary).await.unwrap()
 }
 
+/// Sets item `id`'s stock through `router` (a transaction on the primary) and
+/// returns the commit's position.
+async fn write_through<P: AsyncPgPool>(router: &Router<P>, id: i32, stock: i32) -> Lsn {
+    let ((), written) = router
+        .write(async |conn| {
+            diesel::update(items::table.find(id))
+                .set(items::stock.eq(stock))
+                .execute(conn)
+                .await?;
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap();
+    written
+}
+
 /// Several tasks on a multi-threaded runtime write their own row and read it
 /// back routed by the write's position: every read shows the write. Replay is
 /// not paused: the waits are this machine's real streaming lag.
@@ -393,16 +409,7 @@ async fn router_reads_own_writes<P: AsyncPgPool>(router: Router<P>, db: &TestRep
             tokio::spawn(async move {
                 let mut on_replica = 0;
                 for round in 1..=ROUNDS {
-                    let ((), written) = router
-                        .write(async |conn| {
-                            diesel::update(items::table.find(id))
-                                .set(items::stock.eq(round))
-                                .execute(conn)
-                                .await?;
-                            Ok::<_, Error>(())
-                        })
-                        .await
-                        .unwrap();
+                    let written = write_through(&router, id, round).await;
                     let mut conn = router.read(Some(written)).await.unwrap();
                     let route = conn.route();
                     assert_eq!(
@@ -441,16 +448,7 @@ async fn router_policies_while_replay_is_paused<P: AsyncPgPool>(
     let router = |policy| Router::new(primary.clone(), replica.clone(), policy);
     let then_primary = router(Policy::WaitThenPrimary(Duration::from_millis(50)));
     let paused = db.pause_replay();
-    let ((), written) = then_primary
-        .write(async |conn| {
-            diesel::update(items::table.find(1))
-                .set(items::stock.eq(9))
-                .execute(conn)
-                .await?;
-            Ok::<_, Error>(())
-        })
-        .await
-        .unwrap();
+    let written = write_through(&then_primary, 1, 9).await;
 
     // Each routed connection goes back to its pool before the next is taken
     // (pools of two).
@@ -509,6 +507,19 @@ async fn bb8_pool(
         .unwrap()
 }
 
+/// A `Router` over bb8 pools of `size` connections to `db`'s primary and standby.
+async fn bb8_router(
+    db: &TestReplicas,
+    size: u32,
+    policy: Policy,
+) -> Router<diesel_async::pooled_connection::bb8::Pool<AsyncPgConnection>> {
+    Router::new(
+        bb8_pool(&db.primary_url, size).await,
+        bb8_pool(&db.standby_url, size).await,
+        policy,
+    )
+}
+
 fn deadpool_pool(
     url: &str,
     size: usize,
@@ -524,11 +535,7 @@ fn deadpool_pool(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_router_over_bb8_pools_reads_own_writes() {
     let db = TestReplicas::new("async_router_bb8");
-    let router = Router::new(
-        bb8_pool(&db.primary_url, 4).await,
-        bb8_pool(&db.standby_url, 4).await,
-        Policy::WaitThenPrimary(Duration::from_secs(2)),
-    );
+    let router = bb8_router(&db, 4, Policy::WaitThenPrimary(Duration::from_secs(2))).await;
     router_reads_own_writes(router, &db).await;
 }
 
@@ -568,11 +575,7 @@ async fn the_router_over_deadpool_pools_applies_its_policy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exhausted_pool_is_an_error() {
     let db = TestReplicas::new("async_router_exhausted");
-    let router = Router::new(
-        bb8_pool(&db.primary_url, 1).await,
-        bb8_pool(&db.standby_url, 1).await,
-        Policy::Primary,
-    );
+    let router = bb8_router(&db, 1, Policy::Primary).await;
     let held = router.primary().await.unwrap();
     let err = router
         .read(Some(Lsn::from(1)))

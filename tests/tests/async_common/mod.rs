@@ -1,10 +1,21 @@
 //! What the `async_*` tests share: one module per backend with the blocking
-//! and the async connection types, and a bb8 pool on a fresh test database.
+//! and the async connection types, bb8 and deadpool pools on a fresh test
+//! database, the reads of item 1 and the read-modify-write that loses its
+//! updates, tasks run side by side, a task holding item 1's row lock, and the
+//! wait for a lock a dropped future left.
 
 #![allow(dead_code)]
 
+use std::future::Future;
+use std::time::{Duration, Instant};
+
 use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig};
 use diesel_async::AsyncConnection;
+use lockkit::asynchronous::lockable::AsyncLockRow;
+use lockkit::asynchronous::work::AsyncAttempt;
+use lockkit::asynchronous::AsyncLockingConnection;
+use lockkit::{Error, LockOptions};
+use lockkit_tests::models::Item;
 
 /// Session settings every async connection of the suite gets, as the
 /// blocking harness's `on_acquire` does (SQLite: wait up to 10 s for the
@@ -38,6 +49,37 @@ where
     A: AsyncConnection + diesel_async::pooled_connection::PoolableConnection + 'static,
     diesel_async::pooled_connection::AsyncDieselConnectionManager<A>: bb8::ManageConnection,
 {
+    bb8::Pool::builder()
+        .max_size(size)
+        .connection_timeout(Duration::from_secs(30))
+        .build(manager(url, backend))
+        .await
+        .expect("bb8 pool")
+}
+
+/// A deadpool pool of up to `size` async connections to `url`.
+pub fn deadpool_pool<A>(
+    url: &str,
+    backend: &'static str,
+    size: usize,
+) -> diesel_async::pooled_connection::deadpool::Pool<A>
+where
+    A: AsyncConnection + diesel_async::pooled_connection::PoolableConnection + 'static,
+    diesel_async::pooled_connection::AsyncDieselConnectionManager<A>:
+        deadpool::managed::Manager<Type = A, Error = diesel_async::pooled_connection::PoolError>,
+{
+    diesel_async::pooled_connection::deadpool::Pool::builder(manager(url, backend))
+        .max_size(size)
+        .build()
+        .expect("deadpool pool")
+}
+
+/// The pools' connection manager: each new connection gets the suite's
+/// session settings.
+fn manager<A>(url: &str, backend: &'static str) -> AsyncDieselConnectionManager<A>
+where
+    A: AsyncConnection + 'static,
+{
     let mut config = ManagerConfig::default();
     config.custom_setup = Box::new(move |url| {
         let url = url.to_owned();
@@ -52,13 +94,7 @@ where
             Ok(conn)
         })
     });
-    let manager = AsyncDieselConnectionManager::<A>::new_with_config(url, config);
-    bb8::Pool::builder()
-        .max_size(size)
-        .connection_timeout(std::time::Duration::from_secs(30))
-        .build(manager)
-        .await
-        .expect("bb8 pool")
+    AsyncDieselConnectionManager::<A>::new_with_config(url, config)
 }
 
 /// Writes each test once for every backend, as `postgres::name`, `mysql::name`
@@ -112,20 +148,183 @@ pub fn patient() -> lockkit::RetryPolicy {
         .max_delay(std::time::Duration::from_millis(20))
 }
 
-/// Inserts item 1 with `stock`, version 0 (each `async_*` test file that
-/// uses it has diesel's and diesel-async's methods in scope).
-#[allow(unused_macros)]
-macro_rules! insert_item {
-    ($conn:expr, $stock:expr) => {
-        diesel::insert_into(lockkit_tests::schema::items::table)
-            .values((
-                lockkit_tests::schema::items::id.eq(1),
-                lockkit_tests::schema::items::name.eq("widget"),
-                lockkit_tests::schema::items::stock.eq($stock),
-                lockkit_tests::schema::items::lock_version.eq(0),
-            ))
-            .execute($conn)
+/// Whether `conn` is inside a transaction, by diesel-async's books.
+pub fn in_transaction<A: AsyncConnection>(conn: &mut A) -> bool {
+    use diesel_async::TransactionManager;
+    matches!(
+        A::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
+        Ok(Some(_))
+    )
+}
+
+/// Runs `task(i)` for each `i` in `0..n`, each on a task of its own, and
+/// waits for them all: their results, in order (a task's panic fails the
+/// test).
+pub async fn on_tasks<T, Fut>(n: usize, task: impl FnMut(usize) -> Fut) -> Vec<T>
+where
+    Fut: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let tasks: Vec<_> = (0..n).map(task).map(tokio::spawn).collect();
+    let mut results = Vec::with_capacity(n);
+    for task in tasks {
+        results.push(task.await.expect("task"));
+    }
+    results
+}
+
+/// Runs `round` `rounds` times on each of `tasks` tasks, each time on a
+/// connection checked out of `pool` for that round. `round` captures nothing:
+/// an `async` closure that does cannot run more than once.
+pub async fn rounds_on_tasks<A, F>(
+    pool: &bb8::Pool<AsyncDieselConnectionManager<A>>,
+    tasks: usize,
+    rounds: usize,
+    round: F,
+) where
+    A: AsyncConnection + diesel_async::pooled_connection::PoolableConnection + 'static,
+    AsyncDieselConnectionManager<A>: bb8::ManageConnection<Connection = A>,
+    F: for<'r> AsyncAttempt<&'r mut A, (), Fut: Send> + Clone + Send + 'static,
+{
+    on_tasks(tasks, |_| {
+        let (pool, mut round) = (pool.clone(), round.clone());
+        async move {
+            for _ in 0..rounds {
+                let mut conn = pool.get().await.expect("pooled connection");
+                round(&mut *conn).await;
+            }
+        }
+    })
+    .await;
+}
+
+/// A task holding item 1's row lock (`with_lock`) on a connection of its own
+/// until released.
+pub struct RowHolder {
+    release: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RowHolder {
+    /// Takes item 1's lock on `conn`, in a task; returns once it holds it.
+    pub async fn lock<A>(mut conn: A) -> Self
+    where
+        A: AsyncLockingConnection,
+        Item: AsyncLockRow<A>,
+    {
+        let (locked_tx, locked_rx) = tokio::sync::oneshot::channel();
+        let (release, release_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            lockkit::asynchronous::with_lock(
+                &mut conn,
+                1,
+                LockOptions::default(),
+                async |_conn, _item: Item| {
+                    locked_tx.send(()).unwrap();
+                    let _ = release_rx.await;
+                    Ok::<_, Error>(())
+                },
+            )
             .await
-            .expect("insert")
+            .unwrap();
+        });
+        locked_rx.await.expect("the holder took the lock");
+        Self { release, task }
+    }
+
+    /// Ends the holder's transaction and waits for its task.
+    pub async fn release(self) {
+        self.release.send(()).unwrap();
+        self.task.await.unwrap();
+    }
+}
+
+/// How long a server may take to notice a closed connection and free the
+/// locks it held.
+pub const FREED_WITHIN: Duration = Duration::from_secs(10);
+
+/// Asks `free` every 5 ms until it says the lock is free; how long that took.
+/// Fails the test when `what` is still held after [`FREED_WITHIN`].
+pub async fn freed(what: &str, mut free: impl AsyncFnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !free().await {
+        assert!(
+            started.elapsed() < FREED_WITHIN,
+            "{what} is still held {FREED_WITHIN:?} after the future was dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    started.elapsed()
+}
+
+/// Item 1's stock, read on `$conn` (each `async_*` test file that uses it has
+/// diesel's and diesel-async's query methods in scope). A macro: diesel-async
+/// checks the query per connection type.
+#[allow(unused_macros)]
+macro_rules! stock {
+    ($conn:expr) => {
+        lockkit_tests::schema::items::table
+            .find(1)
+            .select(lockkit_tests::schema::items::stock)
+            .get_result::<i32>($conn)
+            .await
+            .expect("read stock")
     };
+}
+
+/// Item 1's stock and version, read on `$conn`, as [`stock!`].
+#[allow(unused_macros)]
+macro_rules! stock_and_version {
+    ($conn:expr) => {
+        lockkit_tests::schema::items::table
+            .find(1)
+            .select((
+                lockkit_tests::schema::items::stock,
+                lockkit_tests::schema::items::lock_version,
+            ))
+            .get_result::<(i32, i32)>($conn)
+            .await
+            .expect("read stock and version")
+    };
+}
+
+/// Reads item 1's stock on `$conn`, awaits `$between`, then writes the stock
+/// back one less: a read-modify-write that loses updates unless something
+/// serializes it. A future of a `QueryResult<()>`, as [`stock!`].
+#[allow(unused_macros)]
+macro_rules! read_modify_write {
+    ($conn:expr, $between:expr) => {
+        async {
+            let stock: i32 = lockkit_tests::schema::items::table
+                .find(1)
+                .select(lockkit_tests::schema::items::stock)
+                .get_result(&mut *$conn)
+                .await?;
+            $between.await;
+            diesel::update(lockkit_tests::schema::items::table.find(1))
+                .set(lockkit_tests::schema::items::stock.eq(stock - 1))
+                .execute(&mut *$conn)
+                .await?;
+            Ok::<_, diesel::result::Error>(())
+        }
+    };
+}
+
+/// Runs `$body` on `$tasks` tasks, each with `$conn`, a connection of
+/// `$pool`, and `$all`, a barrier every task reaches: awaited between a read
+/// and its write, it forces the interleaving in which every task reads before
+/// any writes. A macro, as [`read_modify_write!`].
+#[allow(unused_macros)]
+macro_rules! all_at_once {
+    ($pool:expr, $tasks:expr, |$conn:ident, $all:ident| $body:expr) => {{
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new($tasks));
+        async_common::on_tasks($tasks, |_| {
+            let (pool, $all) = ($pool.clone(), barrier.clone());
+            async move {
+                let mut $conn = pool.get().await.unwrap();
+                $body
+            }
+        })
+        .await
+    }};
 }
