@@ -331,17 +331,16 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         Self: VersionCheck + CurrentVersionQuery<Conn>,
         DeleteVersioned<Self>: ExecuteDsl<Conn>,
     {
-        match version_check::write::<Self, _, _>(
+        version_check::write::<Self, _, _>(
             conn,
             &key,
             expected_version,
             Origin::Held,
             Operation::Delete,
             |checked| diesel::delete(Self::target(key.clone(), checked)),
-        )? {
-            Written::Done(_) => Ok(()),
-            Written::Stale(stale) => Err(stale.into()),
-        }
+        )?
+        .version()
+        .map(drop)
     }
 
     /// Bumps the version only (JPA's `OPTIMISTIC_FORCE_INCREMENT`): marks the row
@@ -451,17 +450,15 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         (BySql<C>, Self::Bump): AsChangeset<Target = Self::Table>,
         UpdateVersioned<Self, BySql<C>>: ExecuteDsl<Conn>,
     {
-        match version_check::write::<Self, _, _>(
+        let written = version_check::write::<Self, _, _>(
             conn,
             &key,
             expected_version,
             Origin::Held,
             Operation::Update,
             |checked| Self::update_statement(key.clone(), checked, changes),
-        )? {
-            Written::Done(next) => Ok(next.unwrap_or(expected_version)),
-            Written::Stale(stale) => Err(stale.into()),
-        }
+        )?;
+        Ok(written.version()?.unwrap_or(expected_version))
     }
 
     /// A conditional update of the row `key` that also bumps its version, in one
@@ -677,15 +674,10 @@ pub(crate) fn settle<M: Versioned>(
     model: &mut M,
     written: Written<M::Version>,
 ) -> Result<(), Error> {
-    match written {
-        Written::Done(next) => {
-            if let Some(next) = next {
-                model.set_version(next);
-            }
-            Ok(())
-        }
-        Written::Stale(stale) => Err(stale.into()),
+    if let Some(next) = written.version()? {
+        model.set_version(next);
     }
+    Ok(())
 }
 
 /// [`Lockable::OnLock`] of a [`Versioned`] model: an exclusive
