@@ -159,14 +159,9 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
         (BySql<C>, Self::Bump): AsChangeset<Target = Self::Table>,
         UpdateVersioned<Self, BySql<C>>: ExecuteDsl<Conn>,
     {
-        async move {
-            let key = self.key();
-            let expected = self.version();
-            let statement = |checked| Self::update_statement(key.clone(), checked, changes);
-            let written =
-                write::<Self, Conn, _>(conn, &key, expected, Operation::Update, statement).await?;
-            settle(self, written)
-        }
+        write_held(self, conn, Operation::Update, |key, checked| {
+            Self::update_statement(key, checked, changes)
+        })
     }
 
     /// [`Versioned::update_by_version`], async: applies `changes` to the row
@@ -317,14 +312,7 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
         Self: AsyncVersionQuery<Conn> + 'a,
         TouchVersioned<Self>: ExecuteDsl<Conn>,
     {
-        async move {
-            let key = self.key();
-            let expected = self.version();
-            let statement = |checked| version_check::touch::<Self>(key.clone(), checked);
-            let written =
-                write::<Self, Conn, _>(conn, &key, expected, Operation::Touch, statement).await?;
-            settle(self, written)
-        }
+        write_held(self, conn, Operation::Touch, version_check::touch::<Self>)
     }
 }
 
@@ -458,6 +446,27 @@ where
     S: ExecuteDsl<Conn>,
 {
     write_from::<M, Conn, S>(conn, key, expected, Origin::Held, operation, statement).await
+}
+
+/// [`write`] of the row `model` holds, checking the version it holds with the
+/// statement `statement` builds for the key and the version to check; the
+/// version the write left is kept in `model`.
+async fn write_held<M, Conn, S>(
+    model: &mut M,
+    conn: &mut Conn,
+    operation: Operation,
+    statement: impl FnOnce(M::Key, M::Version) -> S + Send,
+) -> Result<(), Error>
+where
+    Conn: AsyncLockingConnection,
+    M: Versioned + AsyncVersionQuery<Conn>,
+    S: ExecuteDsl<Conn>,
+{
+    let key = model.key();
+    let expected = model.version();
+    let build = |checked| statement(key.clone(), checked);
+    let written = write::<M, Conn, _>(conn, &key, expected, operation, build).await?;
+    settle(model, written)
 }
 
 /// [`write`], for a version from `origin`.
