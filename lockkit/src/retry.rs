@@ -359,13 +359,20 @@ mod tests {
         }
     }
 
+    /// Retries an operation that always fails with `error()`, up to
+    /// `attempts` times: how many times it ran, and what came back.
+    fn always_failing(attempts: u32, error: fn() -> Error) -> (u32, Result<(), Error>) {
+        let mut runs = 0;
+        let result = retry(&RetryPolicy::immediate(attempts), |_| {
+            runs += 1;
+            Err(error())
+        });
+        (runs, result)
+    }
+
     #[test]
     fn gives_up_after_max_attempts_with_the_last_error() {
-        let mut runs = 0;
-        let result: Result<(), Error> = retry(&RetryPolicy::immediate(3), |_| {
-            runs += 1;
-            Err(Error::Busy)
-        });
+        let (runs, result) = always_failing(3, || Error::Busy);
         assert_eq!(runs, 3);
         match result {
             Err(Error::RetriesExhausted { attempts: 3, last }) => {
@@ -377,11 +384,7 @@ mod tests {
 
     #[test]
     fn non_retryable_errors_return_at_once() {
-        let mut runs = 0;
-        let result: Result<(), Error> = retry(&RetryPolicy::immediate(5), |_| {
-            runs += 1;
-            Err(Error::NotFound)
-        });
+        let (runs, result) = always_failing(5, || Error::NotFound);
         assert_eq!(runs, 1);
         assert!(matches!(result, Err(Error::NotFound)));
     }

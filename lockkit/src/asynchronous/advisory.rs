@@ -69,7 +69,7 @@ use diesel_async::{AsyncConnection, TransactionManager};
 
 use super::connection::in_transaction;
 use super::work::AsyncWork;
-use crate::advisory::{scope_for, AdvisoryBackend};
+use crate::advisory::{gave_up, scope_for, AdvisoryBackend};
 pub use crate::advisory::{AdvisoryKey, Scope};
 use crate::{classify, Error};
 
@@ -166,10 +166,7 @@ where
 {
     match locked(conn, key.into(), true, f).await? {
         Some(value) => Ok(value),
-        None => Err(E::from(crate::error::classification::lock_error(
-            Error::LockTimeout,
-            "GET_LOCK gave up waiting",
-        ))),
+        None => Err(E::from(gave_up())),
     }
 }
 

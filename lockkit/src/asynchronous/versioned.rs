@@ -68,13 +68,13 @@ use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnectionCore, RunQueryDsl, TransactionManager};
 
 use super::connection::{AsyncLockingConnection, Restore};
-use crate::journal::{self, AsyncWatched, Plan};
+use crate::journal::{self, AsyncWatched};
 use crate::optimistic::backend::{DatabaseId, InShareMode, OptimisticBackend, Unique};
 use crate::optimistic::statement::BySql;
 use crate::optimistic::version::VersionNumber;
 use crate::optimistic::version_check::{
-    self, checked_next, current_state, stale_report, DeleteVersioned, Origin, TouchVersioned,
-    UpdateVersioned, VersionCheck, Written,
+    self, checked_next, current_state, done, prepare, stale, DeleteVersioned, Origin, Prepared,
+    TouchVersioned, UpdateVersioned, VersionCheck, Written,
 };
 use crate::optimistic::versioned::{all_or_none, key_order, settle};
 use crate::transaction::Failure;
@@ -159,14 +159,9 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
         (BySql<C>, Self::Bump): AsChangeset<Target = Self::Table>,
         UpdateVersioned<Self, BySql<C>>: ExecuteDsl<Conn>,
     {
-        async move {
-            let key = self.key();
-            let expected = self.version();
-            let statement = |checked| Self::update_statement(key.clone(), checked, changes);
-            let written =
-                write::<Self, Conn, _>(conn, &key, expected, Operation::Update, statement).await?;
-            settle(self, written)
-        }
+        write_held(self, conn, Operation::Update, |key, checked| {
+            Self::update_statement(key, checked, changes)
+        })
     }
 
     /// [`Versioned::update_by_version`], async: applies `changes` to the row
@@ -192,10 +187,9 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
         async move {
             let statement = |checked| Self::update_statement(key.clone(), checked, changes);
             let op = Operation::Update;
-            match write::<Self, Conn, _>(conn, &key, expected_version, op, statement).await? {
-                Written::Done(next) => Ok(next.unwrap_or(expected_version)),
-                Written::Stale(stale) => Err(stale.into()),
-            }
+            let written =
+                write::<Self, Conn, _>(conn, &key, expected_version, op, statement).await?;
+            Ok(written.version()?.unwrap_or(expected_version))
         }
     }
 
@@ -297,11 +291,9 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
             let key = self.key();
             let expected = self.version();
             let statement = |checked| diesel::delete(Self::target(key.clone(), checked));
-            match write::<Self, Conn, _>(conn, &key, expected, Operation::Delete, statement).await?
-            {
-                Written::Done(_) => Ok(()),
-                Written::Stale(stale) => Err(stale.into()),
-            }
+            let op = Operation::Delete;
+            let written = write::<Self, Conn, _>(conn, &key, expected, op, statement).await?;
+            written.version().map(drop)
         }
     }
 
@@ -320,14 +312,7 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
         Self: AsyncVersionQuery<Conn> + 'a,
         TouchVersioned<Self>: ExecuteDsl<Conn>,
     {
-        async move {
-            let key = self.key();
-            let expected = self.version();
-            let statement = |checked| version_check::touch::<Self>(key.clone(), checked);
-            let written =
-                write::<Self, Conn, _>(conn, &key, expected, Operation::Touch, statement).await?;
-            settle(self, written)
-        }
+        write_held(self, conn, Operation::Touch, version_check::touch::<Self>)
     }
 }
 
@@ -463,6 +448,27 @@ where
     write_from::<M, Conn, S>(conn, key, expected, Origin::Held, operation, statement).await
 }
 
+/// [`write`] of the row `model` holds, checking the version it holds with the
+/// statement `statement` builds for the key and the version to check; the
+/// version the write left is kept in `model`.
+async fn write_held<M, Conn, S>(
+    model: &mut M,
+    conn: &mut Conn,
+    operation: Operation,
+    statement: impl FnOnce(M::Key, M::Version) -> S + Send,
+) -> Result<(), Error>
+where
+    Conn: AsyncLockingConnection,
+    M: Versioned + AsyncVersionQuery<Conn>,
+    S: ExecuteDsl<Conn>,
+{
+    let key = model.key();
+    let expected = model.version();
+    let build = |checked| statement(key.clone(), checked);
+    let written = write::<M, Conn, _>(conn, &key, expected, operation, build).await?;
+    settle(model, written)
+}
+
 /// [`write`], for a version from `origin`.
 async fn write_from<M, Conn, S>(
     conn: &mut Conn,
@@ -478,23 +484,12 @@ where
     S: ExecuteDsl<Conn>,
 {
     let row = M::row_id(conn, key).await.map_err(classify)?;
-    let plan = match origin {
-        Origin::Held => journal::plan(
-            &mut AsyncWatched(&mut *conn),
-            M::TABLE_NAME,
-            row.as_deref(),
-            expected.to_i64(),
-        ),
-        Origin::LockedRead => Plan::Write,
-    };
-    let checked = match plan {
-        Plan::Restore { restore, .. } => M::Version::from_i64(restore).unwrap_or(expected),
-        Plan::Write => expected,
-    };
-    let next = match operation {
-        Operation::Delete => None,
-        Operation::Update | Operation::Touch => Some(checked_next::<M, _>(key, checked)?),
-    };
+    let watched = &mut AsyncWatched(&mut *conn);
+    let Prepared {
+        plan,
+        checked,
+        next,
+    } = prepare::<M, _>(watched, key, row.as_deref(), expected, origin, operation)?;
     if execute_once::<M, Conn, S>(conn, key, move || statement(checked)).await? == 1 {
         // A number a rolled-back write left with another struct: moved past
         // (see `journal::reused`).
@@ -508,15 +503,8 @@ where
             }
             next = Some(checked_next::<M, _>(key, n)?);
         }
-        journal::written(
-            &mut AsyncWatched(conn),
-            M::TABLE_NAME,
-            row.as_deref(),
-            plan,
-            checked.to_i64(),
-            next.map(VersionNumber::to_i64),
-        );
-        return Ok(Written::Done(next));
+        let watched = &mut AsyncWatched(conn);
+        return Ok(done::<M, _>(watched, row.as_deref(), plan, checked, next));
     }
     let current = current_state(M::load_current_version(conn, key.clone()).await, expected)?;
     let current = match current {
@@ -529,10 +517,15 @@ where
         current => current,
     };
     let watched = &mut AsyncWatched(conn);
-    journal::found_stale(watched, M::TABLE_NAME, row.as_deref(), plan, current);
-    Ok(Written::Stale(stale_report::<M>(
-        key, expected, operation, current,
-    )))
+    Ok(stale::<M, _>(
+        watched,
+        key,
+        row.as_deref(),
+        plan,
+        expected,
+        operation,
+        current,
+    ))
 }
 
 /// The version bump of an exclusive lock on a row just read under that lock

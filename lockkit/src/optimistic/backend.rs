@@ -47,7 +47,14 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     /// Diesel's error, unclassified (lockkit's callers classify it).
     fn database_id<C>(conn: &mut C) -> QueryResult<String>
     where
-        C: Connection<Backend = Self> + LoadConnection;
+        C: Connection<Backend = Self> + LoadConnection,
+        SqlQuery: for<'q> diesel::query_dsl::LoadQuery<'q, C, DatabaseId>,
+    {
+        use diesel::RunQueryDsl;
+        diesel::sql_query(Self::DATABASE_ID)
+            .get_result::<DatabaseId>(conn)
+            .map(|row| row.id)
+    }
 
     /// The catalog query behind [`key_is_unique`](Self::key_is_unique), with its
     /// values bound: one row, one `BIGINT` column `unique_key`, non-zero when a
@@ -93,20 +100,6 @@ pub struct DatabaseId {
     pub id: String,
 }
 
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
-    allow(dead_code)
-)]
-fn database_id<C: LoadConnection>(conn: &mut C, sql: &'static str) -> QueryResult<String>
-where
-    diesel::query_builder::SqlQuery: for<'q> diesel::query_dsl::LoadQuery<'q, C, DatabaseId>,
-{
-    use diesel::RunQueryDsl;
-    diesel::sql_query(sql)
-        .get_result::<DatabaseId>(conn)
-        .map(|row| row.id)
-}
-
 /// The row of [`OptimisticBackend::key_is_unique_query`].
 #[doc(hidden)]
 #[derive(Debug, diesel::QueryableByName)]
@@ -135,13 +128,6 @@ mod postgres {
 
         const DATABASE_ID: &'static str =
             "SELECT concat_ws(':', current_database(), inet_server_addr(), inet_server_port()) AS id";
-
-        fn database_id<C>(conn: &mut C) -> QueryResult<String>
-        where
-            C: Connection<Backend = Self> + LoadConnection,
-        {
-            database_id(conn, Self::DATABASE_ID)
-        }
 
         fn key_is_unique_query(
             table: &str,
@@ -191,13 +177,6 @@ mod mysql {
         const DATABASE_ID: &'static str =
             "SELECT CONCAT_WS(':', DATABASE(), @@hostname, @@port) AS id";
 
-        fn database_id<C>(conn: &mut C) -> QueryResult<String>
-        where
-            C: Connection<Backend = Self> + LoadConnection,
-        {
-            database_id(conn, Self::DATABASE_ID)
-        }
-
         fn key_is_unique_query(
             table: &str,
             key_columns: &[&str],
@@ -231,13 +210,6 @@ mod sqlite {
 
         const DATABASE_ID: &'static str =
             "SELECT COALESCE((SELECT file FROM pragma_database_list WHERE name = 'main'), '') AS id";
-
-        fn database_id<C>(conn: &mut C) -> QueryResult<String>
-        where
-            C: Connection<Backend = Self> + LoadConnection,
-        {
-            database_id(conn, Self::DATABASE_ID)
-        }
 
         fn key_is_unique_query(
             table: &str,

@@ -300,6 +300,16 @@ pub(crate) enum Written<V> {
     Stale(StaleObjectError),
 }
 
+impl<V> Written<V> {
+    /// The version the write left (`None` for a delete), or [`Error::Stale`].
+    pub(crate) fn version(self) -> Result<Option<V>, Error> {
+        match self {
+            Written::Done(next) => Ok(next),
+            Written::Stale(stale) => Err(stale.into()),
+        }
+    }
+}
+
 /// Where the version a write expects comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Origin {
@@ -312,6 +322,47 @@ pub(crate) enum Origin {
     /// older number, find the row past it and report `Stale` in a transaction
     /// that then rolls back, again on every retry.
     LockedRead,
+}
+
+/// How a versioned write goes: see [`prepare`].
+pub(crate) struct Prepared<V> {
+    /// The journal's plan for the row.
+    pub(crate) plan: Plan,
+    /// The version the statement checks.
+    pub(crate) checked: V,
+    /// The version it leaves; `None` for a delete.
+    pub(crate) next: Option<V>,
+}
+
+/// How a versioned write of `row` from `origin` goes, decided here for the
+/// blocking and the async writes: the journal's plan, the version the statement
+/// checks (`expected`, or the one the journal restores) and the version it
+/// leaves, or [`Error::VersionOverflow`].
+pub(crate) fn prepare<M: Versioned, W: journal::Watched>(
+    conn: &mut W,
+    key: &M::Key,
+    row: Option<&str>,
+    expected: M::Version,
+    origin: Origin,
+    operation: Operation,
+) -> Result<Prepared<M::Version>, Error> {
+    let plan = match origin {
+        Origin::Held => journal::plan(conn, M::TABLE_NAME, row, expected.to_i64()),
+        Origin::LockedRead => Plan::Write,
+    };
+    let checked = match plan {
+        Plan::Restore { restore, .. } => M::Version::from_i64(restore).unwrap_or(expected),
+        Plan::Write => expected,
+    };
+    let next = match operation {
+        Operation::Delete => None,
+        Operation::Update | Operation::Touch => Some(checked_next::<M, _>(key, checked)?),
+    };
+    Ok(Prepared {
+        plan,
+        checked,
+        next,
+    })
 }
 
 /// Runs one versioned write, expecting the version `expected` from `origin`;
@@ -333,18 +384,11 @@ where
     S: ExecuteDsl<Conn>,
 {
     let row = M::row_id(conn, key).map_err(classify)?;
-    let plan = match origin {
-        Origin::Held => journal::plan(conn, M::TABLE_NAME, row.as_deref(), expected.to_i64()),
-        Origin::LockedRead => Plan::Write,
-    };
-    let checked = match plan {
-        Plan::Restore { restore, .. } => M::Version::from_i64(restore).unwrap_or(expected),
-        Plan::Write => expected,
-    };
-    let next = match operation {
-        Operation::Delete => None,
-        Operation::Update | Operation::Touch => Some(checked_next::<M, _>(key, checked)?),
-    };
+    let Prepared {
+        plan,
+        checked,
+        next,
+    } = prepare::<M, _>(conn, key, row.as_deref(), expected, origin, operation)?;
     let rows = execute_once::<M, _, _>(conn, key, statement(checked))?;
     if rows == 1 {
         // A number a rolled-back write left with another struct: moved past
@@ -358,15 +402,7 @@ where
             }
             next = Some(checked_next::<M, _>(key, n)?);
         }
-        journal::written(
-            conn,
-            M::TABLE_NAME,
-            row.as_deref(),
-            plan,
-            checked.to_i64(),
-            next.map(VersionNumber::to_i64),
-        );
-        return Ok(Written::Done(next));
+        return Ok(done::<M, _>(conn, row.as_deref(), plan, checked, next));
     }
 
     let current = current_state(M::load_current_version(conn, key.clone()), expected)?;
@@ -377,10 +413,45 @@ where
         }
         current => current,
     };
-    journal::found_stale(conn, M::TABLE_NAME, row.as_deref(), plan, current);
-    Ok(Written::Stale(stale_report::<M>(
-        key, expected, operation, current,
-    )))
+    Ok(stale::<M, _>(
+        conn,
+        key,
+        row.as_deref(),
+        plan,
+        expected,
+        operation,
+        current,
+    ))
+}
+
+/// The write checked `checked` and left `next` on its row: the journal
+/// records it.
+pub(crate) fn done<M: Versioned, W: journal::Watched>(
+    conn: &mut W,
+    row: Option<&str>,
+    plan: Plan,
+    checked: M::Version,
+    next: Option<M::Version>,
+) -> Written<M::Version> {
+    let to = next.map(VersionNumber::to_i64);
+    journal::written(conn, M::TABLE_NAME, row, plan, checked.to_i64(), to);
+    Written::Done(next)
+}
+
+/// The write matched no row, which the follow-up read found at `current`
+/// (after the move past, if any): the journal learns what it can, and the
+/// caller gets the report.
+pub(crate) fn stale<M: Versioned, W: journal::Watched>(
+    conn: &mut W,
+    key: &M::Key,
+    row: Option<&str>,
+    plan: Plan,
+    expected: M::Version,
+    operation: Operation,
+    current: CurrentState,
+) -> Written<M::Version> {
+    journal::found_stale(conn, M::TABLE_NAME, row, plan, current);
+    Written::Stale(stale_report::<M>(key, expected, operation, current))
 }
 
 /// What the follow-up read of a stale write found: the row's version, a version

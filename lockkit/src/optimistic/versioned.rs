@@ -233,16 +233,13 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         (BySql<C>, Self::Bump): AsChangeset<Target = Self::Table>,
         UpdateVersioned<Self, BySql<C>>: ExecuteDsl<Conn>,
     {
-        let key = self.key();
-        let written = version_check::write::<Self, _, _>(
+        write_held(
+            self,
             conn,
-            &key,
-            self.version(),
             Origin::Held,
             Operation::Update,
-            |checked| Self::update_statement(key.clone(), checked, changes),
-        )?;
-        settle(self, written)
+            |key, checked| Self::update_statement(key, checked, changes),
+        )
     }
 
     /// Deletes the row if it still has the version this struct was read at.
@@ -331,17 +328,16 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         Self: VersionCheck + CurrentVersionQuery<Conn>,
         DeleteVersioned<Self>: ExecuteDsl<Conn>,
     {
-        match version_check::write::<Self, _, _>(
+        version_check::write::<Self, _, _>(
             conn,
             &key,
             expected_version,
             Origin::Held,
             Operation::Delete,
             |checked| diesel::delete(Self::target(key.clone(), checked)),
-        )? {
-            Written::Done(_) => Ok(()),
-            Written::Stale(stale) => Err(stale.into()),
-        }
+        )?
+        .version()
+        .map(drop)
     }
 
     /// Bumps the version only (JPA's `OPTIMISTIC_FORCE_INCREMENT`): marks the row
@@ -389,16 +385,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         Self: VersionCheck + CurrentVersionQuery<Conn>,
         TouchVersioned<Self>: ExecuteDsl<Conn>,
     {
-        let key = self.key();
-        let written = version_check::write::<Self, _, _>(
-            conn,
-            &key,
-            self.version(),
-            Origin::Held,
-            Operation::Touch,
-            |checked| version_check::touch::<Self>(key.clone(), checked),
-        )?;
-        settle(self, written)
+        let touch = version_check::touch::<Self>;
+        write_held(self, conn, Origin::Held, Operation::Touch, touch)
     }
 
     /// Applies `changes` to the row `key` if its version is still
@@ -451,17 +439,15 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         (BySql<C>, Self::Bump): AsChangeset<Target = Self::Table>,
         UpdateVersioned<Self, BySql<C>>: ExecuteDsl<Conn>,
     {
-        match version_check::write::<Self, _, _>(
+        let written = version_check::write::<Self, _, _>(
             conn,
             &key,
             expected_version,
             Origin::Held,
             Operation::Update,
             |checked| Self::update_statement(key.clone(), checked, changes),
-        )? {
-            Written::Done(next) => Ok(next.unwrap_or(expected_version)),
-            Written::Stale(stale) => Err(stale.into()),
-        }
+        )?;
+        Ok(written.version()?.unwrap_or(expected_version))
     }
 
     /// A conditional update of the row `key` that also bumps its version, in one
@@ -677,15 +663,32 @@ pub(crate) fn settle<M: Versioned>(
     model: &mut M,
     written: Written<M::Version>,
 ) -> Result<(), Error> {
-    match written {
-        Written::Done(next) => {
-            if let Some(next) = next {
-                model.set_version(next);
-            }
-            Ok(())
-        }
-        Written::Stale(stale) => Err(stale.into()),
+    if let Some(next) = written.version()? {
+        model.set_version(next);
     }
+    Ok(())
+}
+
+/// One versioned write of the row `model` holds, checking the version it holds
+/// (from `origin`) with the statement `statement` builds for the key and the
+/// version to check; the version the write left is kept in `model`.
+fn write_held<M, Conn, S>(
+    model: &mut M,
+    conn: &mut Conn,
+    origin: Origin,
+    operation: Operation,
+    statement: impl FnOnce(M::Key, M::Version) -> S,
+) -> Result<(), Error>
+where
+    Conn: Connection,
+    M: CurrentVersionQuery<Conn>,
+    S: ExecuteDsl<Conn>,
+{
+    let key = model.key();
+    let expected = model.version();
+    let build = |checked| statement(key.clone(), checked);
+    let written = version_check::write::<M, _, _>(conn, &key, expected, origin, operation, build)?;
+    settle(model, written)
 }
 
 /// [`Lockable::OnLock`] of a [`Versioned`] model: an exclusive
@@ -702,15 +705,7 @@ where
     fn mark(conn: &mut Conn, row: &mut M) -> Result<(), Error> {
         // The row is locked: the version cannot have moved since the locked read,
         // and is the row's own (see `Origin::LockedRead`).
-        let key = row.key();
-        let written = version_check::write::<M, _, _>(
-            conn,
-            &key,
-            row.version(),
-            Origin::LockedRead,
-            Operation::Touch,
-            |checked| version_check::touch::<M>(key.clone(), checked),
-        )?;
-        settle(row, written)
+        let touch = version_check::touch::<M>;
+        write_held(row, conn, Origin::LockedRead, Operation::Touch, touch)
     }
 }

@@ -124,7 +124,10 @@ pub trait AdvisoryBackend: diesel::backend::Backend + crate::sealed::Sealed {
     /// Diesel's error, unclassified (lockkit's callers classify it).
     fn acquire<C>(conn: &mut C, key: AdvisoryKey, scope: Scope) -> diesel::QueryResult<bool>
     where
-        C: Connection<Backend = Self> + LoadConnection;
+        C: Connection<Backend = Self> + LoadConnection,
+    {
+        Self::run(conn, Self::acquire_statement(key, scope, true))
+    }
     /// Takes the lock if it is free; `false` if another session holds it.
     ///
     /// # Errors
@@ -132,13 +135,28 @@ pub trait AdvisoryBackend: diesel::backend::Backend + crate::sealed::Sealed {
     /// Diesel's error, unclassified.
     fn try_acquire<C>(conn: &mut C, key: AdvisoryKey, scope: Scope) -> diesel::QueryResult<bool>
     where
-        C: Connection<Backend = Self> + LoadConnection;
+        C: Connection<Backend = Self> + LoadConnection,
+    {
+        Self::run(conn, Self::acquire_statement(key, scope, false))
+    }
     /// Releases a session lock; `false` if this session did not hold it.
     ///
     /// # Errors
     ///
     /// Diesel's error, unclassified.
     fn release<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<bool>
+    where
+        C: Connection<Backend = Self> + LoadConnection,
+    {
+        Self::run(conn, Self::release_statement(key))
+    }
+    /// Sends one of this backend's lock statements; its `locked` column.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified.
+    #[doc(hidden)]
+    fn run<C>(conn: &mut C, statement: Statement<Self>) -> diesel::QueryResult<bool>
     where
         C: Connection<Backend = Self> + LoadConnection;
     /// The statement that takes the lock (waiting, or `try`), one boolean
@@ -164,6 +182,13 @@ pub(crate) fn scope_for(transaction_locks: bool, in_transaction: bool) -> Scope 
     } else {
         Scope::Session
     }
+}
+
+/// A waiting lock statement that came back without the lock (MySQL/MariaDB's
+/// `GET_LOCK` ran out of time): [`Error::LockTimeout`], for the blocking and
+/// the async calls.
+pub(crate) fn gave_up() -> Error {
+    crate::error::classification::lock_error(Error::LockTimeout, "GET_LOCK gave up waiting")
 }
 
 /// The scope of a lock taken now on `conn`, decided in one place.
@@ -295,10 +320,7 @@ where
     let key = key.into();
     let scope = scope_on(conn);
     if !C::Backend::acquire(conn, key, scope).map_err(classify)? {
-        return Err(crate::error::classification::lock_error(
-            Error::LockTimeout,
-            "GET_LOCK gave up waiting",
-        ));
+        return Err(gave_up());
     }
     Ok(AdvisoryLock {
         conn,
@@ -361,35 +383,14 @@ mod postgres {
         diesel::sql_query(sql).into_boxed().bind::<BigInt, _>(key.0)
     }
 
-    fn call<C>(conn: &mut C, statement: Statement<Pg>) -> diesel::QueryResult<bool>
-    where
-        C: Connection<Backend = Pg> + LoadConnection,
-    {
-        statement.get_result::<Locked>(conn).map(|row| row.locked)
-    }
-
     impl AdvisoryBackend for Pg {
         const TRANSACTION_LOCKS: bool = true;
 
-        fn acquire<C>(conn: &mut C, key: AdvisoryKey, scope: Scope) -> diesel::QueryResult<bool>
+        fn run<C>(conn: &mut C, statement: Statement<Self>) -> diesel::QueryResult<bool>
         where
             C: Connection<Backend = Self> + LoadConnection,
         {
-            call(conn, Self::acquire_statement(key, scope, true))
-        }
-
-        fn try_acquire<C>(conn: &mut C, key: AdvisoryKey, scope: Scope) -> diesel::QueryResult<bool>
-        where
-            C: Connection<Backend = Self> + LoadConnection,
-        {
-            call(conn, Self::acquire_statement(key, scope, false))
-        }
-
-        fn release<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<bool>
-        where
-            C: Connection<Backend = Self> + LoadConnection,
-        {
-            call(conn, Self::release_statement(key))
+            statement.get_result::<Locked>(conn).map(|row| row.locked)
         }
 
         fn acquire_statement(key: AdvisoryKey, scope: Scope, wait: bool) -> Statement<Pg> {
@@ -464,35 +465,14 @@ mod mysql {
     /// `GET_LOCK` waits this long at most when asked to wait: one year.
     const FOREVER_SECS: i32 = 365 * 24 * 3600;
 
-    fn call<C>(conn: &mut C, statement: Statement<Mysql>) -> diesel::QueryResult<bool>
-    where
-        C: Connection<Backend = Mysql> + LoadConnection,
-    {
-        statement.get_result::<Locked>(conn).map(|row| row.locked)
-    }
-
     impl AdvisoryBackend for Mysql {
         const TRANSACTION_LOCKS: bool = false;
 
-        fn acquire<C>(conn: &mut C, key: AdvisoryKey, scope: Scope) -> diesel::QueryResult<bool>
+        fn run<C>(conn: &mut C, statement: Statement<Self>) -> diesel::QueryResult<bool>
         where
             C: Connection<Backend = Self> + LoadConnection,
         {
-            call(conn, Self::acquire_statement(key, scope, true))
-        }
-
-        fn try_acquire<C>(conn: &mut C, key: AdvisoryKey, scope: Scope) -> diesel::QueryResult<bool>
-        where
-            C: Connection<Backend = Self> + LoadConnection,
-        {
-            call(conn, Self::acquire_statement(key, scope, false))
-        }
-
-        fn release<C>(conn: &mut C, key: AdvisoryKey) -> diesel::QueryResult<bool>
-        where
-            C: Connection<Backend = Self> + LoadConnection,
-        {
-            call(conn, Self::release_statement(key))
+            statement.get_result::<Locked>(conn).map(|row| row.locked)
         }
 
         /// Session locks only: the scope changes nothing.

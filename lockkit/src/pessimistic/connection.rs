@@ -206,6 +206,36 @@ macro_rules! locking_connection {
     };
 }
 
+/// [`Error::AlreadyInTransaction`] when a transaction is open on `conn`: a
+/// `SERIALIZABLE` transaction is always the outermost one.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+fn refuse_open_transaction<C: Control>(conn: &mut C) -> Result<(), Error> {
+    if in_transaction(conn) {
+        return Err(Error::AlreadyInTransaction);
+    }
+    Ok(())
+}
+
+/// [`LockingConnection::serializable_transaction`] where one statement,
+/// `begin`, opens it (PostgreSQL, SQLite): refuses an open transaction, then
+/// runs `f` once behind the panic guard, for the connection `I` or a
+/// [`Dispatch`](crate::multi::Dispatch) enum holding one.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+fn serializable_begun_with<I, H, T, E, F>(conn: &mut H, begin: &str, f: F) -> Result<T, E>
+where
+    I: diesel::Connection<TransactionManager = diesel::connection::AnsiTransactionManager>,
+    H: Control + Reach<I>,
+    E: From<Error>,
+    F: FnOnce(&mut H) -> Result<T, E>,
+{
+    refuse_open_transaction(conn)?;
+    let mut guard = PanicGuard::default();
+    let result = transaction_sql::<I, _, _, _>(conn, begin, |conn| {
+        guard.call(conn, |conn| f(conn).map_err(Failure::Closure))
+    });
+    finish(conn, false, guard, result, None, crate::classify)
+}
+
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres {
     use diesel::sql_types::Text;
@@ -271,24 +301,19 @@ pub(crate) mod postgres {
         finish(conn, nested, guard, result, None, crate::classify)
     }
 
-    /// [`LockingConnection::serializable_transaction`] on PostgreSQL.
+    /// [`LockingConnection::serializable_transaction`] on PostgreSQL, begun
+    /// with what Diesel's `build_transaction().serializable()` sends.
     pub(crate) fn serializable_transaction<H, T, E, F>(conn: &mut H, f: F) -> Result<T, E>
     where
         H: Control + Reach<PgConnection>,
         E: From<Error>,
         F: FnOnce(&mut H) -> Result<T, E>,
     {
-        if in_transaction(conn) {
-            return Err(E::from(Error::AlreadyInTransaction));
-        }
-        let mut guard = PanicGuard::default();
-        // What Diesel's `build_transaction().serializable()` sends.
-        let result = transaction_sql::<PgConnection, _, _, _>(
+        serializable_begun_with::<PgConnection, _, _, _, _>(
             conn,
             crate::isolation::PG_BEGIN_SERIALIZABLE,
-            |conn| guard.call(conn, |conn| f(conn).map_err(Failure::Closure)),
-        );
-        finish(conn, false, guard, result, None, crate::classify)
+            f,
+        )
     }
 
     impl Control for PgConnection {}
@@ -411,17 +436,12 @@ pub(crate) mod mysql {
         E: From<Error>,
         F: FnOnce(&mut H) -> Result<T, E>,
     {
-        if in_transaction(conn) {
-            return Err(E::from(Error::AlreadyInTransaction));
-        }
+        refuse_open_transaction(conn)?;
         // Applies to the next transaction only.
         conn.reach()
             .and_then(|c| diesel::sql_query(crate::isolation::MYSQL_SET_SERIALIZABLE).execute(c))
             .map_err(crate::classify)?;
-        let mut guard = PanicGuard::default();
-        let result =
-            conn.transaction(|conn| guard.call(conn, |conn| f(conn).map_err(Failure::Closure)));
-        finish(conn, false, guard, result, None, crate::classify)
+        crate::transaction::run(conn, |conn| f(conn).map_err(Failure::Closure))
     }
 
     impl Control for MysqlConnection {
@@ -589,16 +609,11 @@ pub(crate) mod sqlite {
         E: From<Error>,
         F: FnOnce(&mut H) -> Result<T, E>,
     {
-        if in_transaction(conn) {
-            return Err(E::from(Error::AlreadyInTransaction));
-        }
-        let mut guard = PanicGuard::default();
-        let result = transaction_sql::<SqliteConnection, _, _, _>(
+        serializable_begun_with::<SqliteConnection, _, _, _, _>(
             conn,
             crate::isolation::SQLITE_BEGIN_IMMEDIATE,
-            |conn| guard.call(conn, |conn| f(conn).map_err(Failure::Closure)),
-        );
-        finish(conn, false, guard, result, None, crate::classify)
+            f,
+        )
     }
 
     impl Control for SqliteConnection {}
