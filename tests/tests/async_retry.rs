@@ -70,21 +70,30 @@ macro_rules! deadlock_is_retried {
             for task in tasks {
                 task.await.unwrap().unwrap();
             }
-            assert_eq!(
-                AtomicUsize::load(&attempts, Ordering::SeqCst),
-                3,
-                "one deadlock, one retry"
+            // Two attempts commit; every other one was a deadlock victim, rolled
+            // back and retried: one at least. (On a loaded machine the victim's
+            // retry can take row 2 before the survivor wakes up to it, and the two
+            // deadlock again.)
+            let attempts = AtomicUsize::load(&attempts, Ordering::SeqCst);
+            let retried = attempts - 2;
+            assert!(
+                (1..=3).contains(&retried),
+                "{attempts} attempts: one deadlock at least, one retry each"
             );
-            // Each finished attempt advanced both versions; the victim's first did
-            // not. Its rolled-back bump's number is never committed: the row it
-            // had bumped may be one further.
+            // Each finished attempt advanced both versions; a victim's did not. A
+            // rolled-back bump's number is never committed: the row it had bumped
+            // may be one further per victim.
             let versions: Vec<i32> = items::table
                 .select(items::lock_version)
                 .order(items::id)
                 .load(&mut setup)
                 .await
                 .unwrap();
-            assert!(versions.iter().all(|v| (2..=3).contains(v)), "{versions:?}");
+            let skipped = i32::try_from(retried).unwrap();
+            assert!(
+                versions.iter().all(|v| (2..=2 + skipped).contains(v)),
+                "{versions:?}"
+            );
         }
     };
 }
