@@ -73,6 +73,7 @@ macro_rules! async_backend {
 
             use super::AsyncBenchConnection;
             use crate::run::ops::statements;
+            use crate::run::ops::versioned::hand_update;
             use crate::run::worker::{OpError, WorkerState};
             use crate::vocabulary::schema::{items, Item};
             use crate::vocabulary::{Case, Flavor, Strategy, Workload, HOT_ID, OWN_BASE};
@@ -142,16 +143,7 @@ macro_rules! async_backend {
 
             /// The same statement by hand, with its own row-count check.
             async fn versioned_hand(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
-                crate::run::ops::versioned::hand_update!(
-                    st,
-                    |item| statements::versioned_write(
-                        item.id,
-                        item.lock_version,
-                        &item.name,
-                        item.stock - 1
-                    ),
-                    |w| w.execute(conn).await
-                )
+                hand_update!(st, statements::versioned_write, |w| w.execute(conn).await)
             }
 
             /// `lockkit::asynchronous::with_lock` on the hot row: `SELECT .. FOR
