@@ -272,6 +272,29 @@ macro_rules! bench_backend {
                 ids
             }
 
+            /// One order of a [`basket`]: in `locked_transaction`, inside
+            /// `lockkit::retry`, `lock` locks the rows (its way), then each is
+            /// written down by one; the units are the order's lines.
+            fn order(
+                conn: &mut Conn,
+                st: &mut WorkerState,
+                lock: impl Fn(&mut Conn, &[i32]) -> Result<Vec<Item>, lockkit::Error>,
+            ) -> Result<usize, OpError> {
+                let ids = basket(st);
+                let policy = st.policy.clone();
+                lockkit::retry(&policy, |_| {
+                    attempt(st, |_| {
+                        lockkit::locked_transaction(conn, LockOptions::default(), |conn| {
+                            for row in lock(conn, &ids)? {
+                                super::statements::set_stock(row.id, row.stock - 1).execute(conn)?;
+                            }
+                            Ok(())
+                        })
+                    })
+                })?;
+                Ok(ids.len())
+            }
+
             super::versioned::versioned_ops!($locks);
             super::naive::naive_ops!($locks);
             super::optimistic::optimistic_ops!($locks);
