@@ -19,7 +19,8 @@
 //! `bench_backend!` expands. The statements the hand-written twins and the
 //! closures send are built in one place, `statements.rs`, for these and for the
 //! diesel-async operations ([`asynchronous`]), which only execute them
-//! differently.
+//! differently; `bench_backend!` expands those too, for the backend's async
+//! connection.
 //!
 //! Each operation counts what it saw (attempts, stale writes, busy rows,
 //! deadlocks) in the worker's [`WorkerState`] and returns how many units it
@@ -326,6 +327,12 @@ macro_rules! bench_backend {
             super::naive_order::naive_order_ops!($locks);
             super::lock_all::lock_all_ops!($locks);
             super::adaptive::adaptive_ops!($locks);
+
+            super::asynchronous::async_backend! {
+                connection: $async_conn,
+                blocking: $conn,
+                row_locks: $locks
+            }
         }
     };
 }
