@@ -652,12 +652,7 @@ where
         match result {
             Ok(outcome) => stats.record(op.strategy, outcome),
             Err(failure) => {
-                stats.failures.push(format!(
-                    "{worker} op {} ({}: {}): {failure}",
-                    op.id,
-                    op.strategy.name(),
-                    op.strategy.calls()
-                ));
+                stats.failures.push(op.failure(failure));
                 break;
             }
         }
