@@ -34,6 +34,40 @@ fn category(labels: &[String], x: f64) -> String {
     }
 }
 
+/// The y axis of a [`category_chart`]: its description, if any, and its labels.
+type YAxis<'a> = (Option<&'a str>, &'a dyn Fn(&f64) -> String);
+
+/// A chart on `root` with `labels` along x (one category at 0, 1, ..) and `y`
+/// up: its caption (text, font size), a y label area `y_area` wide, and its
+/// mesh drawn, without lines across x.
+fn category_chart<'a, 'b: 'a>(
+    root: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+    (caption, size): (&str, u32),
+    y_area: u32,
+    labels: &[String],
+    y: std::ops::Range<f64>,
+    (y_desc, y_label): YAxis<'_>,
+) -> Result<Chart<'a, 'b>, BenchError> {
+    let mut chart = ChartBuilder::on(root)
+        .caption(caption, ("sans-serif", size))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(y_area)
+        .build_cartesian_2d(-0.5f64..(labels.len() as f64 - 0.5), y)
+        .map_err(err)?;
+    let x_label = |x: &f64| category(labels, *x);
+    let mut mesh = chart.configure_mesh();
+    mesh.disable_x_mesh()
+        .x_labels(labels.len())
+        .x_label_formatter(&x_label)
+        .y_label_formatter(y_label);
+    if let Some(desc) = y_desc {
+        mesh.y_desc(desc);
+    }
+    mesh.draw().map_err(err)?;
+    Ok(chart)
+}
+
 /// The legend of a chart's series, boxed in light white, at `position`.
 fn legend<'a, 'b: 'a>(
     chart: &mut Chart<'a, 'b>,
@@ -213,25 +247,17 @@ fn overhead_chart(results: &Results, path: &Path) -> Result<bool, BenchError> {
     let labels: Vec<String> = cases.iter().map(case_short).collect();
     let root = SVGBackend::new(path, (1000, 420)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
+    let mut chart = category_chart(
+        &root,
+        (
             "lockkit / hand-written Diesel, same SQL (1.00 = no overhead; dots: median, bars: min–max)",
-            ("sans-serif", 16),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(50)
-        .build_cartesian_2d(-0.5f64..(cases.len() as f64 - 0.5), lo..hi)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(labels.len())
-        .x_label_formatter(&|x| category(&labels, *x))
-        .y_desc("throughput ratio")
-        .y_label_formatter(&|v| format!("{v:.2}"))
-        .draw()
-        .map_err(err)?;
+            16,
+        ),
+        50,
+        &labels,
+        lo..hi,
+        (Some("throughput ratio"), &|v| format!("{v:.2}")),
+    )?;
     let xs = (-0.5, cases.len() as f64 - 0.5);
     chart
         .draw_series(std::iter::once(PathElement::new(
@@ -290,24 +316,17 @@ fn pgbench_chart(results: &Results, path: &Path) -> Result<bool, BenchError> {
     let labels: Vec<String> = pg.iter().map(|s| s.script.title()).collect();
     let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
+    let mut chart = category_chart(
+        &root,
+        (
             "PostgreSQL, 16 clients, the same SQL: lockkit and pgbench (per second; label: lockkit / server limit)",
-            ("sans-serif", 15),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(-0.5f64..(pg.len() as f64 - 0.5), 0.0..max * 1.2)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(labels.len())
-        .x_label_formatter(&|x| category(&labels, *x))
-        .y_label_formatter(&|v| rate(*v))
-        .draw()
-        .map_err(err)?;
+            15,
+        ),
+        60,
+        &labels,
+        0.0..max * 1.2,
+        (None, &|v| rate(*v)),
+    )?;
     let bars: [Bar; 4] = [
         (
             "lockkit".into(),
