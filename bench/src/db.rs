@@ -116,6 +116,32 @@ fn is_orphan(database: &str) -> bool {
     })
 }
 
+/// `DROP DATABASE IF EXISTS` on a server (PostgreSQL: `WITH (FORCE)`, closing
+/// the sessions still connected to it).
+fn drop_database_sql(backend: Backend, name: &str) -> String {
+    match backend {
+        Backend::Postgres => format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        Backend::Mysql | Backend::Sqlite => format!("DROP DATABASE IF EXISTS {name}"),
+    }
+}
+
+/// On a server, through its admin connection: drops the databases of benchmark
+/// processes that no longer run (`list` selects the server's `lkbench_`
+/// databases `AS name`), then creates `name` afresh.
+fn recreate<C>(admin: &mut C, backend: Backend, list: &str, name: &str) -> Result<(), BenchError>
+where
+    C: Connection,
+    diesel::query_builder::SqlQuery: for<'a> diesel::query_dsl::LoadQuery<'a, C, Name>,
+{
+    let old = diesel::sql_query(list).load::<Name>(admin)?;
+    for db in old.iter().filter(|n| is_orphan(&n.name)) {
+        admin.batch_execute(&drop_database_sql(backend, &db.name))?;
+    }
+    admin.batch_execute(&drop_database_sql(backend, name))?;
+    admin.batch_execute(&format!("CREATE DATABASE {name}"))?;
+    Ok(())
+}
+
 impl BenchDb {
     /// Creates an empty database `lkbench_<pid>_<tag>` on the backend's server.
     pub fn create(backend: Backend, tag: &str) -> Result<BenchDb, BenchError> {
@@ -130,18 +156,9 @@ impl BenchDb {
                         "cannot reach PostgreSQL at {admin_url} ({e}); set PG_DATABASE_URL"
                     ))
                 })?;
-                let old = diesel::sql_query(
-                    "SELECT datname AS name FROM pg_database WHERE datname LIKE 'lkbench\\_%'",
-                )
-                .load::<Name>(&mut admin)?;
-                for db in old.iter().filter(|n| is_orphan(&n.name)) {
-                    admin.batch_execute(&format!(
-                        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                        db.name
-                    ))?;
-                }
-                admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))?;
-                admin.batch_execute(&format!("CREATE DATABASE {name}"))?;
+                let list =
+                    "SELECT datname AS name FROM pg_database WHERE datname LIKE 'lkbench\\_%'";
+                recreate(&mut admin, backend, list, &name)?;
                 with_database(&admin_url, &name)
             }
             Backend::Mysql => {
@@ -150,16 +167,9 @@ impl BenchDb {
                         "cannot reach MariaDB/MySQL at {admin_url} ({e}); set MYSQL_DATABASE_URL"
                     ))
                 })?;
-                let old = diesel::sql_query(
-                    "SELECT SCHEMA_NAME AS name FROM information_schema.SCHEMATA \
-                     WHERE SCHEMA_NAME LIKE 'lkbench\\_%'",
-                )
-                .load::<Name>(&mut admin)?;
-                for db in old.iter().filter(|n| is_orphan(&n.name)) {
-                    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {}", db.name))?;
-                }
-                admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))?;
-                admin.batch_execute(&format!("CREATE DATABASE {name}"))?;
+                let list = "SELECT SCHEMA_NAME AS name FROM information_schema.SCHEMATA \
+                            WHERE SCHEMA_NAME LIKE 'lkbench\\_%'";
+                recreate(&mut admin, backend, list, &name)?;
                 with_database(&admin_url, &name)
             }
             Backend::Sqlite => {
@@ -186,22 +196,19 @@ fn remove_sqlite_files(path: &str) {
     }
 }
 
+/// Drops `name` on a server, if it can be reached.
+fn drop_on_server<C: Connection>(backend: Backend, admin_url: &str, name: &str) {
+    if let Ok(mut admin) = C::establish(admin_url) {
+        let _ = admin.batch_execute(&drop_database_sql(backend, name));
+    }
+}
+
 impl Drop for BenchDb {
     fn drop(&mut self) {
-        match self.backend {
-            Backend::Postgres => {
-                if let Ok(mut admin) = diesel::PgConnection::establish(&self.admin_url) {
-                    let _ = admin.batch_execute(&format!(
-                        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                        self.name
-                    ));
-                }
-            }
-            Backend::Mysql => {
-                if let Ok(mut admin) = diesel::MysqlConnection::establish(&self.admin_url) {
-                    let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {}", self.name));
-                }
-            }
+        let (backend, url, name) = (self.backend, &self.admin_url, &self.name);
+        match backend {
+            Backend::Postgres => drop_on_server::<diesel::PgConnection>(backend, url, name),
+            Backend::Mysql => drop_on_server::<diesel::MysqlConnection>(backend, url, name),
             Backend::Sqlite => remove_sqlite_files(&self.url),
         }
     }

@@ -332,9 +332,10 @@ macro_rules! ops {
 }
 
 /// Implements [`TortureConnection`] for `$conn` with `ops!` and the
-/// backend's own look at a session.
+/// backend's own look at a session: `$session_id` selects the session's id `AS
+/// id` and echoes the nonce bound to it `AS echo`.
 macro_rules! torture_connection {
-    ($module:ident, $conn:ty, { $($session:tt)* }) => {
+    ($module:ident, $conn:ty, session_id: $session_id:expr, { $($session:tt)* }) => {
         mod $module {
             use super::*;
             ops!($conn);
@@ -349,20 +350,20 @@ macro_rules! torture_connection {
                 $module::committed(pool, op).await
             }
 
+            async fn session_id(&mut self, nonce: i64) -> diesel::QueryResult<Session> {
+                use diesel_async::RunQueryDsl;
+                diesel::sql_query($session_id)
+                    .bind::<diesel::sql_types::BigInt, _>(nonce)
+                    .get_result::<Session>(self)
+                    .await
+            }
+
             $($session)*
         }
     };
 }
 
-torture_connection!(postgres, AsyncPgConnection, {
-    async fn session_id(&mut self, nonce: i64) -> diesel::QueryResult<Session> {
-        use diesel_async::RunQueryDsl;
-        diesel::sql_query("SELECT pg_backend_pid()::bigint AS id, $1 AS echo")
-            .bind::<diesel::sql_types::BigInt, _>(nonce)
-            .get_result::<Session>(self)
-            .await
-    }
-
+torture_connection!(postgres, AsyncPgConnection, session_id: "SELECT pg_backend_pid()::bigint AS id, $1 AS echo", {
     async fn says_in_transaction(&mut self) -> diesel::QueryResult<bool> {
         use diesel_async::SimpleAsyncConnection;
         // PostgreSQL refuses a SAVEPOINT outside a transaction block.
@@ -386,15 +387,7 @@ torture_connection!(postgres, AsyncPgConnection, {
     }
 });
 
-torture_connection!(mysql, AsyncMysqlConnection, {
-    async fn session_id(&mut self, nonce: i64) -> diesel::QueryResult<Session> {
-        use diesel_async::RunQueryDsl;
-        diesel::sql_query("SELECT CAST(CONNECTION_ID() AS SIGNED) AS id, ? AS echo")
-            .bind::<diesel::sql_types::BigInt, _>(nonce)
-            .get_result::<Session>(self)
-            .await
-    }
-
+torture_connection!(mysql, AsyncMysqlConnection, session_id: "SELECT CAST(CONNECTION_ID() AS SIGNED) AS id, ? AS echo", {
     async fn says_in_transaction(&mut self) -> diesel::QueryResult<bool> {
         use diesel_async::RunQueryDsl;
         diesel::sql_query("SELECT CAST(@@in_transaction AS SIGNED) AS n")
@@ -419,15 +412,7 @@ torture_connection!(mysql, AsyncMysqlConnection, {
     }
 });
 
-torture_connection!(sqlite, SyncConnectionWrapper<diesel::SqliteConnection>, {
-    async fn session_id(&mut self, nonce: i64) -> diesel::QueryResult<Session> {
-        use diesel_async::RunQueryDsl;
-        diesel::sql_query("SELECT 0 AS id, ? AS echo")
-            .bind::<diesel::sql_types::BigInt, _>(nonce)
-            .get_result::<Session>(self)
-            .await
-    }
-
+torture_connection!(sqlite, SyncConnectionWrapper<diesel::SqliteConnection>, session_id: "SELECT 0 AS id, ? AS echo", {
     async fn says_in_transaction(&mut self) -> diesel::QueryResult<bool> {
         use diesel_async::SimpleAsyncConnection;
         // SQLite refuses a BEGIN inside a transaction; a connection outside
@@ -652,12 +637,7 @@ where
         match result {
             Ok(outcome) => stats.record(op.strategy, outcome),
             Err(failure) => {
-                stats.failures.push(format!(
-                    "{worker} op {} ({}: {}): {failure}",
-                    op.id,
-                    op.strategy.name(),
-                    op.strategy.calls()
-                ));
+                stats.failures.push(op.failure(failure));
                 break;
             }
         }

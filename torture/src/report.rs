@@ -246,18 +246,12 @@ pub fn check(
         .filter(|(s, _)| selling.contains(s))
         .map(|(_, op)| *op)
         .collect();
-    let order_jobs: BTreeSet<i64> = audit
+    // A job's id is the op that created it: a worker's order, or the seed.
+    let (order_jobs, seeded): (BTreeSet<i64>, BTreeSet<i64>) = audit
         .jobs
         .iter()
         .map(|(id, _)| *id)
-        .filter(|id| *id >= FIRST_WORKER_OP)
-        .collect();
-    let seeded: BTreeSet<i64> = audit
-        .jobs
-        .iter()
-        .map(|(id, _)| *id)
-        .filter(|id| *id < FIRST_WORKER_OP)
-        .collect();
+        .partition(|id| *id >= FIRST_WORKER_OP);
     add(
         orders == order_jobs && seeded == (1..=config.jobs).collect(),
         format!(

@@ -250,12 +250,7 @@ fn worker_thread(
                 }
             }
             Err(failure) => {
-                stats.failures.push(format!(
-                    "{worker} op {} ({}: {}): {failure}",
-                    op.id,
-                    op.strategy.name(),
-                    op.strategy.calls()
-                ));
+                stats.failures.push(op.failure(failure));
                 break;
             }
         }

@@ -95,20 +95,19 @@ pub fn read_item(id: i32) -> dsl::Find<torture_items::table, i32> {
     torture_items::table.find(id)
 }
 
+/// How many rows of `Table` an op wrote, `OpId` being its column of the op.
+pub type RowsOf<Table, OpId> = dsl::Count<dsl::Filter<Table, dsl::Eq<OpId, i64>>>;
+
 /// How many order lines `op` wrote: after it was interrupted, whether it committed.
-pub fn lines_of(
-    op_id: i64,
-) -> dsl::Count<dsl::Filter<torture_order_lines::table, dsl::Eq<torture_order_lines::op_id, i64>>> {
+pub fn lines_of(op: i64) -> RowsOf<torture_order_lines::table, torture_order_lines::op_id> {
     torture_order_lines::table
-        .filter(torture_order_lines::op_id.eq(op_id))
+        .filter(torture_order_lines::op_id.eq(op))
         .count()
 }
 
 /// How many jobs claim `op` ran.
-pub fn runs_of(
-    op_id: i64,
-) -> dsl::Count<dsl::Filter<torture_job_runs::table, dsl::Eq<torture_job_runs::op_id, i64>>> {
+pub fn runs_of(op: i64) -> RowsOf<torture_job_runs::table, torture_job_runs::op_id> {
     torture_job_runs::table
-        .filter(torture_job_runs::op_id.eq(op_id))
+        .filter(torture_job_runs::op_id.eq(op))
         .count()
 }

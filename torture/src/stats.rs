@@ -131,6 +131,20 @@ pub struct Op {
     pub bump: Bump,
 }
 
+impl Op {
+    /// The line a failure of this operation leaves in the report: the worker,
+    /// the op and the calls its strategy makes.
+    pub fn failure(&self, failure: impl std::fmt::Display) -> String {
+        format!(
+            "{} op {} ({}: {}): {failure}",
+            self.worker,
+            self.id,
+            self.strategy.name(),
+            self.strategy.calls()
+        )
+    }
+}
+
 /// Op ids: the process (0 = the parent) in bits 40.., the thread in 32..40, a
 /// sequence number below. Seeded jobs have ids 1..=N, below `1 << 40`.
 pub fn op_id(process: u32, thread: u32, seq: u32) -> i64 {

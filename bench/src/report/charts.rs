@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use super::format::rate;
@@ -17,6 +18,69 @@ use crate::vocabulary::{Backend, Case, Strategy, Workload};
 
 fn err<E: std::fmt::Display>(e: E) -> BenchError {
     BenchError::Other(format!("chart: {e}"))
+}
+
+/// A chart of two `f64` axes, as the overhead and pgbench charts draw.
+type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// The x label at `x` of a chart whose categories stand at 0, 1, ..: the
+/// category's label, none between them.
+fn category(labels: &[String], x: f64) -> String {
+    let i = x.round();
+    if (x - i).abs() < 1e-6 && i >= 0.0 {
+        labels.get(i as usize).cloned().unwrap_or_default()
+    } else {
+        String::new()
+    }
+}
+
+/// The y axis of a [`category_chart`]: its description, if any, and its labels.
+type YAxis<'a> = (Option<&'a str>, &'a dyn Fn(&f64) -> String);
+
+/// A chart on `root` with `labels` along x (one category at 0, 1, ..) and `y`
+/// up: its caption (text, font size), a y label area `y_area` wide, and its
+/// mesh drawn, without lines across x.
+fn category_chart<'a, 'b: 'a>(
+    root: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+    (caption, size): (&str, u32),
+    y_area: u32,
+    labels: &[String],
+    y: std::ops::Range<f64>,
+    (y_desc, y_label): YAxis<'_>,
+) -> Result<Chart<'a, 'b>, BenchError> {
+    let mut chart = ChartBuilder::on(root)
+        .caption(caption, ("sans-serif", size))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(y_area)
+        .build_cartesian_2d(-0.5f64..(labels.len() as f64 - 0.5), y)
+        .map_err(err)?;
+    let x_label = |x: &f64| category(labels, *x);
+    let mut mesh = chart.configure_mesh();
+    mesh.disable_x_mesh()
+        .x_labels(labels.len())
+        .x_label_formatter(&x_label)
+        .y_label_formatter(y_label);
+    if let Some(desc) = y_desc {
+        mesh.y_desc(desc);
+    }
+    mesh.draw().map_err(err)?;
+    Ok(chart)
+}
+
+/// The legend of a chart's series, boxed in light white, at `position`.
+fn legend<'a, 'b: 'a>(
+    chart: &mut Chart<'a, 'b>,
+    position: SeriesLabelPosition,
+) -> Result<(), BenchError> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .position(position)
+        .label_font(("sans-serif", 12))
+        .draw()
+        .map_err(err)
 }
 
 const STRATEGY_COLORS: [RGBColor; 5] = [
@@ -180,34 +244,20 @@ fn overhead_chart(results: &Results, path: &Path) -> Result<bool, BenchError> {
     }
     let lo = points.iter().map(|p| p.3).fold(0.9, f64::min).max(0.0) - 0.02;
     let hi = points.iter().map(|p| p.4).fold(1.1, f64::max) + 0.02;
+    let labels: Vec<String> = cases.iter().map(case_short).collect();
     let root = SVGBackend::new(path, (1000, 420)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
+    let mut chart = category_chart(
+        &root,
+        (
             "lockkit / hand-written Diesel, same SQL (1.00 = no overhead; dots: median, bars: min–max)",
-            ("sans-serif", 16),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(50)
-        .build_cartesian_2d(-0.5f64..(cases.len() as f64 - 0.5), lo..hi)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(cases.len())
-        .x_label_formatter(&|x| {
-            let i = x.round();
-            if (x - i).abs() < 1e-6 && i >= 0.0 {
-                cases.get(i as usize).map_or(String::new(), case_short)
-            } else {
-                String::new()
-            }
-        })
-        .y_desc("throughput ratio")
-        .y_label_formatter(&|v| format!("{v:.2}"))
-        .draw()
-        .map_err(err)?;
+            16,
+        ),
+        50,
+        &labels,
+        lo..hi,
+        (Some("throughput ratio"), &|v| format!("{v:.2}")),
+    )?;
     let xs = (-0.5, cases.len() as f64 - 0.5);
     chart
         .draw_series(std::iter::once(PathElement::new(
@@ -244,14 +294,7 @@ fn overhead_chart(results: &Results, path: &Path) -> Result<bool, BenchError> {
             .label(b.title())
             .legend(move |(x, y)| Circle::new((x + 9, y), 4, color.filled()));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.3))
-        .position(SeriesLabelPosition::LowerLeft)
-        .label_font(("sans-serif", 12))
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart, SeriesLabelPosition::LowerLeft)?;
     root.present().map_err(err)?;
     Ok(true)
 }
@@ -270,34 +313,20 @@ fn pgbench_chart(results: &Results, path: &Path) -> Result<bool, BenchError> {
         .flat_map(|s| std::iter::once(s.lockkit).chain(Mode::ALL.iter().map(|&m| s.rate(m))))
         .filter(|v| v.is_finite())
         .fold(1.0, f64::max);
+    let labels: Vec<String> = pg.iter().map(|s| s.script.title()).collect();
     let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
+    let mut chart = category_chart(
+        &root,
+        (
             "PostgreSQL, 16 clients, the same SQL: lockkit and pgbench (per second; label: lockkit / server limit)",
-            ("sans-serif", 15),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(-0.5f64..(pg.len() as f64 - 0.5), 0.0..max * 1.2)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(pg.len())
-        .x_label_formatter(&|x| {
-            let i = x.round();
-            if (x - i).abs() < 1e-6 && i >= 0.0 {
-                pg.get(i as usize)
-                    .map_or(String::new(), |s| s.script.title())
-            } else {
-                String::new()
-            }
-        })
-        .y_label_formatter(&|v| rate(*v))
-        .draw()
-        .map_err(err)?;
+            15,
+        ),
+        60,
+        &labels,
+        0.0..max * 1.2,
+        (None, &|v| rate(*v)),
+    )?;
     let bars: [Bar; 4] = [
         (
             "lockkit".into(),
@@ -348,14 +377,7 @@ fn pgbench_chart(results: &Results, path: &Path) -> Result<bool, BenchError> {
             )
         }))
         .map_err(err)?;
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.3))
-        .position(SeriesLabelPosition::UpperRight)
-        .label_font(("sans-serif", 12))
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     root.present().map_err(err)?;
     Ok(true)
 }

@@ -154,41 +154,38 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
                 .join("; ")
         ));
     }
-    if let Some(r) = results
-        .profile
-        .iter()
-        .find(|r| r.lockkit.strategy == Strategy::LockAll)
-    {
-        if r.lockkit_ns > r.other_ns * 1.2 {
-            notes.push(format!(
-                "* **`lock_all` on SQLite: {:.1}× the time of locking the same rows one by one \
+    // The profile row of `strategy`, when lockkit took more than `factor` times
+    // the time of what it is compared with.
+    let slower = |strategy: Strategy, factor: f64| {
+        results
+            .profile
+            .iter()
+            .find(|r| r.lockkit.strategy == strategy)
+            .filter(|r| r.lockkit_ns > r.other_ns * factor)
+    };
+    if let Some(r) = slower(Strategy::LockAll, 1.2) {
+        notes.push(format!(
+            "* **`lock_all` on SQLite: {:.1}× the time of locking the same rows one by one \
                  (in-memory SQLite).** Not its statement: the `IN (..)` list is padded to 1, 2, 4, \
                  .. keys (`lockkit::pessimistic::lockable::KeyList`), so each length is prepared \
                  once and cached, as the row-by-row `SELECT` is. It is what `lock_all` does \
                  beyond the locked read: it advances the version of every row it locks (`Item` is \
                  `Versioned`: one more `UPDATE` per row, where row by row only reads), and sorts \
                  and dedups the keys.",
-                r.lockkit_ns / r.other_ns
-            ));
-        }
+            r.lockkit_ns / r.other_ns
+        ));
     }
-    if let Some(r) = results
-        .profile
-        .iter()
-        .find(|r| r.lockkit.strategy == Strategy::Nowait)
-    {
-        if r.lockkit_ns > r.other_ns * 1.1 {
-            notes.push(format!(
-                "* **`with_lock(nowait)` on SQLite: {:.0}% slower than `with_lock` and {:.0} \
+    if let Some(r) = slower(Strategy::Nowait, 1.1) {
+        notes.push(format!(
+            "* **`with_lock(nowait)` on SQLite: {:.0}% slower than `with_lock` and {:.0} \
                  more allocations.** SQLite has no `NOWAIT`, so `locked_transaction` reads \
                  `PRAGMA busy_timeout`, sets it to 0 in the batch that takes the write lock \
                  and restores it afterwards: two extra statements per transaction. (The MySQL \
                  timeout path keeps the session's `innodb_lock_wait_timeout` in a session \
                  variable as it sets the new one, and puts it back after: two round trips.)",
-                (r.lockkit_ns / r.other_ns - 1.0) * 100.0,
-                r.lockkit_allocs - r.other_allocs
-            ));
-        }
+            (r.lockkit_ns / r.other_ns - 1.0) * 100.0,
+            r.lockkit_allocs - r.other_allocs
+        ));
     }
     if !notes.is_empty() {
         writeln!(

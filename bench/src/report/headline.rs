@@ -5,7 +5,7 @@
 use std::fmt::{self, Write as _};
 
 use super::context::Report;
-use super::format::{rate, ratio};
+use super::format::{rate, ratio, table_head};
 use crate::analysis::ratios::{overhead, OVERHEAD_TARGET};
 use crate::analysis::statistics::median;
 use crate::plan;
@@ -28,12 +28,7 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
         results.settings.pair_rounds,
         results.settings.pair_limits.run.as_secs_f64()
     )?;
-    write!(w, "| case |")?;
-    for b in bs {
-        write!(w, " {b} |")?;
-    }
-    writeln!(w)?;
-    writeln!(w, "| --- |{}", " ---: |".repeat(bs.len()))?;
+    table_head(w, "case", bs.iter())?;
     let mut all = Vec::new();
     for case in plan::paired_cases() {
         write!(w, "| {} |", short_label(&case))?;
@@ -75,29 +70,13 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
 }
 
 fn short_label(case: &Case) -> String {
+    let (strategy, workers) = (case.strategy.title(), case.workers);
     match case.workload {
-        Workload::Uncontended => {
-            format!("uncontended `update_versioned`, {} worker(s)", case.workers)
-        }
-        Workload::HotRow => format!(
-            "hot row, {}, {} worker(s)",
-            case.strategy.title(),
-            case.workers
-        ),
-        Workload::Queue => format!(
-            "queue, `claim` batch {}, {} workers",
-            case.batch, case.workers
-        ),
-        Workload::Orders => format!(
-            "orders, {}, {} workers",
-            case.strategy.title(),
-            case.workers
-        ),
-        Workload::OwnRows => format!(
-            "own rows, {}, {} worker(s)",
-            case.strategy.title(),
-            case.workers
-        ),
+        Workload::Uncontended => format!("uncontended `update_versioned`, {workers} worker(s)"),
+        Workload::HotRow => format!("hot row, {strategy}, {workers} worker(s)"),
+        Workload::Queue => format!("queue, `claim` batch {}, {workers} workers", case.batch),
+        Workload::Orders => format!("orders, {strategy}, {workers} workers"),
+        Workload::OwnRows => format!("own rows, {strategy}, {workers} worker(s)"),
     }
 }
 

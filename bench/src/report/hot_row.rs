@@ -4,7 +4,7 @@
 use std::fmt::{self, Write as _};
 
 use super::context::{hot, Report};
-use super::format::{check_cell, ms, num, rate};
+use super::format::{check_cell, ms, num, rate, table_head};
 use crate::plan::HOT_WORKERS;
 use crate::vocabulary::{Backend, Case, Strategy, INITIAL_STOCK};
 
@@ -29,12 +29,9 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     writeln!(w, "![hot row throughput](hot_row.svg)\n")?;
     for &b in bs {
         writeln!(w, "### {b}\n")?;
-        write!(w, "| strategy |")?;
-        for n in HOT_WORKERS {
-            write!(w, " {n} worker{} /s |", if n == 1 { "" } else { "s" })?;
-        }
-        writeln!(w)?;
-        writeln!(w, "| --- |{}", " ---: |".repeat(HOT_WORKERS.len()))?;
+        let workers =
+            HOT_WORKERS.map(|n| format!("{n} worker{} /s", if n == 1 { "" } else { "s" }));
+        table_head(w, "strategy", workers.iter())?;
         for s in Strategy::HOT_ROW {
             write!(w, "| {} |", s.title())?;
             for n in HOT_WORKERS {

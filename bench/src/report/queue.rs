@@ -4,7 +4,7 @@
 use std::fmt::{self, Write as _};
 
 use super::context::Report;
-use super::format::{check_cell, ms, num, rate, ratio};
+use super::format::{outcome_cells, pair_cells, rate};
 use crate::analysis::ratios::overhead;
 use crate::plan::QUEUE_WORKERS;
 use crate::vocabulary::{Backend, Case, Strategy, Workload};
@@ -41,15 +41,9 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
                 let r = overhead(results, b, &case).map_or(f64::NAN, |r| r.0);
                 writeln!(
                     w,
-                    "| {b} | {batch} | {} | {} | {} | {} | {} | {:.2} | {} | {} |",
-                    rate(l.throughput),
-                    rate(h.throughput),
-                    ratio(r),
-                    ms(l.p50_ms),
-                    ms(l.p99_ms),
-                    l.attempts_per_success,
-                    num(l.deadlocks),
-                    check_cell(l)
+                    "| {b} | {batch} | {} | {} |",
+                    pair_cells(l, h, r),
+                    outcome_cells(l)
                 )?;
             }
         }

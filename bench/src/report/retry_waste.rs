@@ -4,7 +4,7 @@
 use std::fmt::{self, Write as _};
 
 use super::context::{hot, Report};
-use super::format::{num, rate};
+use super::format::{num, rate, table_head};
 use crate::plan::{IMMEDIATE, RETRY_WORKERS};
 use crate::vocabulary::{Retry, Strategy};
 
@@ -20,12 +20,7 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
          `RetryPolicy::immediate(n)` (n attempts, no wait). Each cell: attempts per success · \
          updates/s · operations given up per run.\n"
     )?;
-    write!(w, "| policy |")?;
-    for b in bs {
-        write!(w, " {b} |")?;
-    }
-    writeln!(w)?;
-    writeln!(w, "| --- |{}", " ---: |".repeat(bs.len()))?;
+    table_head(w, "policy", bs.iter())?;
     let mut policies = vec![Retry::Default];
     policies.extend(IMMEDIATE.iter().map(|&n| Retry::Immediate(n)));
     for p in policies {

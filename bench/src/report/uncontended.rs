@@ -4,7 +4,7 @@
 use std::fmt::{self, Write as _};
 
 use super::context::Report;
-use super::format::{check_cell, ms, num, rate, ratio};
+use super::format::{outcome_cells, pair_cells, rate, ratio};
 use crate::analysis::ratios::overhead;
 use crate::plan::{UNCONTENDED_TWINS, UNCONTENDED_WORKERS};
 use crate::vocabulary::{Backend, Case, Strategy, Workload};
@@ -43,19 +43,13 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
                 });
                 writeln!(
                     w,
-                    "| {b} | {workers} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} |",
-                    rate(l.throughput),
-                    rate(h.throughput),
-                    ratio(r),
+                    "| {b} | {workers} | {} | {} | {} | {} | {} | {} |",
+                    pair_cells(l, h, r),
                     rate(twins[0].0),
                     ratio(twins[0].1),
                     rate(twins[1].0),
                     ratio(twins[1].1),
-                    ms(l.p50_ms),
-                    ms(l.p99_ms),
-                    l.attempts_per_success,
-                    num(l.deadlocks),
-                    check_cell(l)
+                    outcome_cells(l)
                 )?;
             }
         }

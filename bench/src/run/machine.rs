@@ -82,6 +82,40 @@ struct Value {
     value: String,
 }
 
+/// The text a query returns as `value`.
+fn value<C: Connection>(conn: &mut C, sql: &str) -> QueryResult<String>
+where
+    diesel::query_builder::SqlQuery: for<'a> diesel::query_dsl::LoadQuery<'a, C, Value>,
+{
+    diesel::sql_query(sql)
+        .get_result::<Value>(conn)
+        .map(|v| v.value)
+}
+
+/// A setting's value, or `n/a` where the server does not have it.
+fn setting<C: Connection>(conn: &mut C, sql: &str) -> String
+where
+    diesel::query_builder::SqlQuery: for<'a> diesel::query_dsl::LoadQuery<'a, C, Value>,
+{
+    value(conn, sql).unwrap_or_else(|_| "n/a".into())
+}
+
+/// `(name, value)` of each of `names`, `query` selecting its value (`n/a` where
+/// the server does not have it).
+fn settings<C: Connection>(
+    conn: &mut C,
+    names: &[&str],
+    query: impl Fn(&str) -> String,
+) -> Vec<(String, String)>
+where
+    diesel::query_builder::SqlQuery: for<'a> diesel::query_dsl::LoadQuery<'a, C, Value>,
+{
+    names
+        .iter()
+        .map(|name| (name.to_string(), setting(conn, &query(name))))
+        .collect()
+}
+
 #[derive(QueryableByName)]
 struct PgSetting {
     #[diesel(sql_type = Text)]
@@ -97,9 +131,7 @@ struct PgSetting {
 impl ServerInfo {
     /// PostgreSQL: `version()`, server settings, and this benchmark's session values.
     pub fn postgres(conn: &mut PgConnection) -> Result<ServerInfo, BenchError> {
-        let version = diesel::sql_query("SELECT version() AS value")
-            .get_result::<Value>(conn)?
-            .value;
+        let version = value(conn, "SELECT version() AS value")?;
         let mut settings = Vec::new();
         for name in [
             "max_connections",
@@ -144,34 +176,26 @@ impl ServerInfo {
 
     /// MariaDB/MySQL: `VERSION()` and global variables.
     pub fn mysql(conn: &mut MysqlConnection) -> Result<ServerInfo, BenchError> {
-        let version = diesel::sql_query("SELECT VERSION() AS value")
-            .get_result::<Value>(conn)?
-            .value;
-        let mut settings = Vec::new();
-        for name in [
-            "max_connections",
-            "innodb_buffer_pool_size",
-            "innodb_flush_log_at_trx_commit",
-            "innodb_flush_method",
-            "sync_binlog",
-            "log_bin",
-            "innodb_deadlock_detect",
-            "tx_isolation",
-        ] {
-            let value = diesel::sql_query(format!("SELECT CAST(@@GLOBAL.{name} AS CHAR) AS value"))
-                .get_result::<Value>(conn)
-                .map(|v| v.value)
-                .unwrap_or_else(|_| "n/a".into());
-            settings.push((name.to_owned(), value));
-        }
-        let session =
-            diesel::sql_query("SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS CHAR) AS value")
-                .get_result::<Value>(conn)?
-                .value;
-        let global =
-            diesel::sql_query("SELECT CAST(@@GLOBAL.innodb_lock_wait_timeout AS CHAR) AS value")
-                .get_result::<Value>(conn)?
-                .value;
+        let version = value(conn, "SELECT VERSION() AS value")?;
+        let mut settings = settings(
+            conn,
+            &[
+                "max_connections",
+                "innodb_buffer_pool_size",
+                "innodb_flush_log_at_trx_commit",
+                "innodb_flush_method",
+                "sync_binlog",
+                "log_bin",
+                "innodb_deadlock_detect",
+                "tx_isolation",
+            ],
+            |name| format!("SELECT CAST(@@GLOBAL.{name} AS CHAR) AS value"),
+        );
+        let timeout = |scope: &str| {
+            format!("SELECT CAST(@@{scope}.innodb_lock_wait_timeout AS CHAR) AS value")
+        };
+        let session = value(conn, &timeout("SESSION"))?;
+        let global = value(conn, &timeout("GLOBAL"))?;
         settings.push((
             "innodb_lock_wait_timeout".into(),
             format!("{session} s in the benchmark's sessions (server: {global} s)"),
@@ -185,24 +209,19 @@ impl ServerInfo {
 
     /// SQLite: `sqlite_version()` and the session's pragmas.
     pub fn sqlite(conn: &mut SqliteConnection) -> Result<ServerInfo, BenchError> {
-        let version = diesel::sql_query("SELECT sqlite_version() AS value")
-            .get_result::<Value>(conn)?
-            .value;
-        let mut settings = Vec::new();
-        for name in ["journal_mode", "synchronous"] {
-            let value = diesel::sql_query(format!(
-                "SELECT CAST({name} AS TEXT) AS value FROM pragma_{name}"
-            ))
-            .get_result::<Value>(conn)
-            .map(|v| v.value)
-            .unwrap_or_else(|_| "n/a".into());
-            let value = match (name, value.as_str()) {
-                ("synchronous", "0") => "0 (OFF)".into(),
-                ("synchronous", "1") => "1 (NORMAL)".into(),
-                ("synchronous", "2") => "2 (FULL)".into(),
-                _ => value,
-            };
-            settings.push((name.to_owned(), value));
+        let version = value(conn, "SELECT sqlite_version() AS value")?;
+        let mut settings = settings(conn, &["journal_mode", "synchronous"], |name| {
+            format!("SELECT CAST({name} AS TEXT) AS value FROM pragma_{name}")
+        });
+        // `synchronous` is a number: its name too.
+        if let Some((_, level)) = settings.iter_mut().find(|(name, _)| name == "synchronous") {
+            let mode = level
+                .parse()
+                .ok()
+                .and_then(|n: usize| ["OFF", "NORMAL", "FULL"].get(n));
+            if let Some(mode) = mode {
+                *level = format!("{level} ({mode})");
+            }
         }
         #[derive(QueryableByName)]
         struct Timeout {

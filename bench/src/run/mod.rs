@@ -98,39 +98,45 @@ fn progress(rep: usize, reps: usize, sample: &Sample) {
     );
 }
 
+/// Reports a lockkit-versus-hand-written pair and keeps it: both samples, and
+/// the pair.
+fn record_pair(
+    rep: usize,
+    settings: &Settings,
+    results: &mut Results,
+    (lockkit, hand): (Sample, Sample),
+) {
+    progress(rep, settings.reps, &lockkit);
+    progress(rep, settings.reps, &hand);
+    results.samples.push(lockkit.clone());
+    results.samples.push(hand.clone());
+    results.pairs.push(Pair { rep, lockkit, hand });
+}
+
 fn run_backend<C: BenchConnection>(
     run: &BackendRun<C>,
     rep: usize,
     settings: &Settings,
     results: &mut Results,
 ) -> Result<(), BenchError> {
-    for case in paired_cases() {
-        if !settings.wants(&case.label()) {
-            continue;
-        }
-        let (lockkit, hand) = run_pair(
+    let wanted = |case: &Case| settings.wants(&case.label());
+    for case in paired_cases().into_iter().filter(wanted) {
+        let pair = run_pair(
             &run.pool,
             &case,
             &case.hand(),
             &settings.pair_limits,
             settings.pair_rounds,
         )?;
-        progress(rep, settings.reps, &lockkit);
-        progress(rep, settings.reps, &hand);
-        results.samples.push(lockkit.clone());
-        results.samples.push(hand.clone());
-        results.pairs.push(Pair { rep, lockkit, hand });
+        record_pair(rep, settings, results, pair);
     }
-    for case in single_cases() {
-        if !settings.wants(&case.label()) {
-            continue;
-        }
+    for case in single_cases().into_iter().filter(wanted) {
         let sample = run_case(&run.pool, &case, &settings.limits)?;
         progress(rep, settings.reps, &sample);
         results.samples.push(sample);
     }
     for (i, group) in adaptive_groups().into_iter().enumerate() {
-        if !group.iter().any(|case| settings.wants(&case.label())) {
+        if !group.iter().any(wanted) {
             continue;
         }
         // Back to back, the first turning with the repetition and the group,
@@ -142,11 +148,8 @@ fn run_backend<C: BenchConnection>(
             results.adaptive.push(sample);
         }
     }
-    for case in async_paired_cases(C::BACKEND) {
-        if !settings.wants(&case.label()) {
-            continue;
-        }
-        let (lockkit, hand) = tasks::run_pair(
+    for case in async_paired_cases(C::BACKEND).into_iter().filter(wanted) {
+        let pair = tasks::run_pair(
             &run.tasks,
             &run.pool,
             &case,
@@ -154,11 +157,7 @@ fn run_backend<C: BenchConnection>(
             &settings.pair_limits,
             settings.async_rounds,
         )?;
-        progress(rep, settings.reps, &lockkit);
-        progress(rep, settings.reps, &hand);
-        results.samples.push(lockkit.clone());
-        results.samples.push(hand.clone());
-        results.pairs.push(Pair { rep, lockkit, hand });
+        record_pair(rep, settings, results, pair);
     }
     Ok(())
 }

@@ -1,8 +1,8 @@
 //! The diesel-async operations: the blocking ones' statements
 //! (`statements.rs`), awaited on `AsyncPgConnection`,
 //! `AsyncMysqlConnection` and `SyncConnectionWrapper<SqliteConnection>`. Written
-//! once as `async_backend!` and instantiated per connection type, as
-//! `bench_backend!` is; the blocking connection of the same backend
+//! once as `async_backend!`, which `bench_backend!` expands for each backend's
+//! async connection; the blocking connection of the same backend
 //! ([`AsyncBenchConnection::Blocking`]) resets and tallies the tables.
 //!
 //! | case | lockkit | hand-written diesel-async |
@@ -51,18 +51,13 @@ pub trait AsyncBenchConnection: PoolableConnection + Send + 'static {
     ) -> impl Future<Output = Result<usize, OpError>> + Send + 'a;
 }
 
-/// Writes the diesel-async operations for one connection type.
+/// Writes the diesel-async operations for one connection type, in a module
+/// `asynchronous` of the backend's `bench_backend!` instantiation (which names
+/// the connection, its blocking twin and whether the backend has row locks).
 macro_rules! async_backend {
-    (
-        $(#[$meta:meta])*
-        mod $module:ident {
-            connection: $conn:ty,
-            blocking: $blocking:ty,
-            row_locks: $locks:tt $(,)?
-        }
-    ) => {
-        $(#[$meta])*
-        mod $module {
+    (connection: $conn:ty, blocking: $blocking:ty, row_locks: $locks:tt) => {
+        /// The diesel-async operations on this backend.
+        mod asynchronous {
             use diesel::{QueryDsl, SelectableHelper};
             // `transaction` (SQLite's `immediate_transaction` is inherent).
             #[allow(unused_imports)]
@@ -71,8 +66,9 @@ macro_rules! async_backend {
             use lockkit::asynchronous::AsyncVersioned;
             use lockkit::LockOptions;
 
-            use super::AsyncBenchConnection;
+            use crate::run::ops::asynchronous::AsyncBenchConnection;
             use crate::run::ops::statements;
+            use crate::run::ops::versioned::hand_update;
             use crate::run::worker::{OpError, WorkerState};
             use crate::vocabulary::schema::{items, Item};
             use crate::vocabulary::{Case, Flavor, Strategy, Workload, HOT_ID, OWN_BASE};
@@ -109,7 +105,11 @@ macro_rules! async_backend {
                     Ok(())
                 }
 
-                async fn op(&mut self, case: &Case, st: &mut WorkerState) -> Result<usize, OpError> {
+                async fn op(
+                    &mut self,
+                    case: &Case,
+                    st: &mut WorkerState,
+                ) -> Result<usize, OpError> {
                     match (case.strategy, case.flavor) {
                         (Strategy::Versioned, Flavor::Lockkit) => versioned(self, st).await,
                         (Strategy::Versioned, Flavor::Hand) => versioned_hand(self, st).await,
@@ -141,17 +141,11 @@ macro_rules! async_backend {
             }
 
             /// The same statement by hand, with its own row-count check.
-            async fn versioned_hand(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
-                crate::run::ops::versioned::hand_update!(
-                    st,
-                    |item| statements::versioned_write(
-                        item.id,
-                        item.lock_version,
-                        &item.name,
-                        item.stock - 1
-                    ),
-                    |w| w.execute(conn).await
-                )
+            async fn versioned_hand(
+                conn: &mut Conn,
+                st: &mut WorkerState,
+            ) -> Result<usize, OpError> {
+                hand_update!(st, statements::versioned_write, |w| w.execute(conn).await)
             }
 
             /// `lockkit::asynchronous::with_lock` on the hot row: `SELECT .. FOR
@@ -174,15 +168,16 @@ macro_rules! async_backend {
             }
 
             /// The same by hand: a transaction, `SELECT .. FOR UPDATE`, write.
-            async fn with_lock_hand(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
+            async fn with_lock_hand(
+                conn: &mut Conn,
+                st: &mut WorkerState,
+            ) -> Result<usize, OpError> {
                 st.counts.attempts += 1;
                 write_transaction!($locks, conn, async |conn: &mut Conn| {
-                    let item: Item = for_update!(
-                        $locks,
-                        items::table.find(HOT_ID).select(Item::as_select())
-                    )
-                    .get_result(conn)
-                    .await?;
+                    let item: Item =
+                        for_update!($locks, items::table.find(HOT_ID).select(Item::as_select()))
+                            .get_result(conn)
+                            .await?;
                     statements::set_stock(item.id, item.stock - 1)
                         .execute(conn)
                         .await?;
@@ -213,14 +208,21 @@ macro_rules! async_backend {
 
             /// `lockkit::asynchronous::queue::claim` in `locked_transaction`;
             /// mark each job done by key.
-            async fn claim(conn: &mut Conn, batch: i64, st: &mut WorkerState) -> Result<usize, OpError> {
+            async fn claim(
+                conn: &mut Conn,
+                batch: i64,
+                st: &mut WorkerState,
+            ) -> Result<usize, OpError> {
                 let result = lockkit::asynchronous::locked_transaction(
                     conn,
                     LockOptions::default(),
                     async |conn: &mut Conn| {
-                        let ids: Vec<i32> =
-                            lockkit::asynchronous::queue::claim(conn, statements::pending_jobs(), batch)
-                                .await?;
+                        let ids: Vec<i32> = lockkit::asynchronous::queue::claim(
+                            conn,
+                            statements::pending_jobs(),
+                            batch,
+                        )
+                        .await?;
                         for id in &ids {
                             statements::mark_done(*id).execute(conn).await?;
                         }
@@ -234,7 +236,11 @@ macro_rules! async_backend {
             }
 
             /// The same by hand: `LIMIT n FOR UPDATE SKIP LOCKED` in a transaction.
-            async fn claim_hand(conn: &mut Conn, batch: i64, st: &mut WorkerState) -> Result<usize, OpError> {
+            async fn claim_hand(
+                conn: &mut Conn,
+                batch: i64,
+                st: &mut WorkerState,
+            ) -> Result<usize, OpError> {
                 st.counts.attempts += 1;
                 let ids = write_transaction!($locks, conn, async |conn: &mut Conn| {
                     let ids: Vec<i32> =
@@ -253,27 +259,4 @@ macro_rules! async_backend {
         }
     };
 }
-
-async_backend! {
-    mod postgres {
-        connection: diesel_async::AsyncPgConnection,
-        blocking: diesel::PgConnection,
-        row_locks: yes,
-    }
-}
-
-async_backend! {
-    mod mysql {
-        connection: diesel_async::AsyncMysqlConnection,
-        blocking: diesel::MysqlConnection,
-        row_locks: yes,
-    }
-}
-
-async_backend! {
-    mod sqlite {
-        connection: diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
-        blocking: diesel::SqliteConnection,
-        row_locks: no,
-    }
-}
+pub(crate) use async_backend;

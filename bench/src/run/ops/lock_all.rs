@@ -7,22 +7,7 @@ macro_rules! lock_all_ops {
     ($locks:tt) => {
         /// `Item::lock_all` (one statement, key order) in `locked_transaction`.
         fn lock_all(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
-            let ids = basket(st);
-            let policy = st.policy.clone();
-            lockkit::retry(&policy, |_| {
-                attempt(st, |_| {
-                    lockkit::locked_transaction(conn, LockOptions::default(), |conn| {
-                        let rows = Item::lock_all(conn, &ids)?;
-                        for row in &rows {
-                            diesel::update(items::table.find(row.id))
-                                .set(items::stock.eq(row.stock - 1))
-                                .execute(conn)?;
-                        }
-                        Ok(())
-                    })
-                })
-            })?;
-            Ok(ids.len())
+            order(conn, st, |conn, ids| Item::lock_all(conn, ids))
         }
     };
 }

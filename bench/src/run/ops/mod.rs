@@ -8,7 +8,10 @@
 //! hand-written "lock" is `BEGIN IMMEDIATE` (which is what lockkit does there).
 //!
 //! This file holds the connection's setup (schema, session, reset, tally) and
-//! the dispatch from a [`Case`] to its operation; the operations themselves are
+//! the dispatch from a [`Case`] to its operation. The setup that is SQL text
+//! ([`session_sql`], [`schema_sql`], [`empty_table_sql`]) is written once for
+//! every backend; what runs Diesel statements on the connection stays in
+//! `bench_backend!` with the operations. The operations themselves are
 //! in one file per [`Strategy`](crate::vocabulary::Strategy), the lockkit call next to its
 //! hand-written twin: `versioned.rs`, `naive.rs`, `optimistic.rs`,
 //! `with_lock.rs`, `nowait.rs`, `atomic.rs`, `claim.rs`, `naive_order.rs`,
@@ -16,7 +19,8 @@
 //! `bench_backend!` expands. The statements the hand-written twins and the
 //! closures send are built in one place, `statements.rs`, for these and for the
 //! diesel-async operations ([`asynchronous`]), which only execute them
-//! differently.
+//! differently; `bench_backend!` expands those too, for the backend's async
+//! connection.
 //!
 //! Each operation counts what it saw (attempts, stale writes, busy rows,
 //! deadlocks) in the worker's [`WorkerState`] and returns how many units it
@@ -49,10 +53,14 @@ pub trait BenchConnection: R2D2Connection + SimpleConnection + Send + 'static {
     const BACKEND: Backend;
     /// The diesel-async connection of the same backend.
     type Async: asynchronous::AsyncBenchConnection<Blocking = Self>;
-    /// Session settings for every connection.
-    fn configure_session(&mut self, session: Session) -> QueryResult<()>;
-    /// Creates the tables.
-    fn create_schema(&mut self) -> QueryResult<()>;
+    /// Session settings for every connection ([`session_sql`]).
+    fn configure_session(&mut self, session: Session) -> QueryResult<()> {
+        self.batch_execute(&session_sql(Self::BACKEND, session))
+    }
+    /// Creates the tables ([`schema_sql`]).
+    fn create_schema(&mut self) -> QueryResult<()> {
+        self.batch_execute(&schema_sql(Self::BACKEND))
+    }
     /// Empties `items` and inserts the hot row, the workers' rows and the order
     /// items, each with [`INITIAL_STOCK`](crate::vocabulary::INITIAL_STOCK).
     fn reset_items(&mut self) -> QueryResult<()>;
@@ -92,6 +100,31 @@ pub fn session_sql(backend: Backend, session: Session) -> String {
         }
         Backend::Mysql => "SET SESSION innodb_lock_wait_timeout = 10;".to_owned(),
         Backend::Sqlite => "PRAGMA busy_timeout = 5000; PRAGMA synchronous = NORMAL;".to_owned(),
+    }
+}
+
+/// The benchmark's tables as DDL. The same on every backend but for MariaDB/MySQL's
+/// `VARCHAR(255)` name and InnoDB tables.
+pub fn schema_sql(backend: Backend) -> String {
+    let (name, engine) = match backend {
+        Backend::Mysql => ("VARCHAR(255)", " ENGINE = InnoDB"),
+        Backend::Postgres | Backend::Sqlite => ("TEXT", ""),
+    };
+    format!(
+        "CREATE TABLE items (id INTEGER PRIMARY KEY, name {name} NOT NULL, \
+         stock INTEGER NOT NULL, lock_version INTEGER NOT NULL DEFAULT 0){engine}; \
+         CREATE TABLE jobs (id INTEGER PRIMARY KEY, done BOOLEAN NOT NULL DEFAULT FALSE){engine}; \
+         CREATE INDEX jobs_pending ON jobs (done, id);"
+    )
+}
+
+/// Empties `table`: `TRUNCATE` on the servers, `DELETE` on SQLite (which has no
+/// `TRUNCATE`).
+pub fn empty_table_sql(backend: Backend, table: &str) -> String {
+    match backend {
+        Backend::Postgres => format!("TRUNCATE {table};"),
+        Backend::Mysql => format!("TRUNCATE TABLE {table};"),
+        Backend::Sqlite => format!("DELETE FROM {table};"),
     }
 }
 
@@ -137,10 +170,7 @@ macro_rules! bench_backend {
             connection: $conn:ty,
             async_connection: $async_conn:ty,
             backend: $backend:expr,
-            row_locks: $locks:tt,
-            schema: $schema:expr,
-            truncate_items: $truncate_items:expr,
-            truncate_jobs: $truncate_jobs:expr $(,)?
+            row_locks: $locks:tt $(,)?
         }
     ) => {
         $(#[$meta])*
@@ -166,16 +196,8 @@ macro_rules! bench_backend {
                 const BACKEND: Backend = $backend;
                 type Async = $async_conn;
 
-                fn configure_session(&mut self, session: super::Session) -> QueryResult<()> {
-                    self.batch_execute(&super::session_sql(Self::BACKEND, session))
-                }
-
-                fn create_schema(&mut self) -> QueryResult<()> {
-                    self.batch_execute($schema)
-                }
-
                 fn reset_items(&mut self) -> QueryResult<()> {
-                    self.batch_execute($truncate_items)?;
+                    self.batch_execute(&super::empty_table_sql(Self::BACKEND, "items"))?;
                     let item = |id: i32| NewItem {
                         id,
                         name: format!("item {id}"),
@@ -190,7 +212,7 @@ macro_rules! bench_backend {
                 }
 
                 fn reset_jobs(&mut self, count: i32) -> QueryResult<()> {
-                    self.batch_execute($truncate_jobs)?;
+                    self.batch_execute(&super::empty_table_sql(Self::BACKEND, "jobs"))?;
                     let all: Vec<NewJob> =
                         (1..=count).map(|id| NewJob { id, done: false }).collect();
                     self.transaction(|conn| {
@@ -272,6 +294,29 @@ macro_rules! bench_backend {
                 ids
             }
 
+            /// One order of a [`basket`]: in `locked_transaction`, inside
+            /// `lockkit::retry`, `lock` locks the rows (its way), then each is
+            /// written down by one; the units are the order's lines.
+            fn order(
+                conn: &mut Conn,
+                st: &mut WorkerState,
+                lock: impl Fn(&mut Conn, &[i32]) -> Result<Vec<Item>, lockkit::Error>,
+            ) -> Result<usize, OpError> {
+                let ids = basket(st);
+                let policy = st.policy.clone();
+                lockkit::retry(&policy, |_| {
+                    attempt(st, |_| {
+                        lockkit::locked_transaction(conn, LockOptions::default(), |conn| {
+                            for row in lock(conn, &ids)? {
+                                super::statements::set_stock(row.id, row.stock - 1).execute(conn)?;
+                            }
+                            Ok(())
+                        })
+                    })
+                })?;
+                Ok(ids.len())
+            }
+
             super::versioned::versioned_ops!($locks);
             super::naive::naive_ops!($locks);
             super::optimistic::optimistic_ops!($locks);
@@ -282,6 +327,12 @@ macro_rules! bench_backend {
             super::naive_order::naive_order_ops!($locks);
             super::lock_all::lock_all_ops!($locks);
             super::adaptive::adaptive_ops!($locks);
+
+            super::asynchronous::async_backend! {
+                connection: $async_conn,
+                blocking: $conn,
+                row_locks: $locks
+            }
         }
     };
 }
@@ -292,12 +343,6 @@ bench_backend! {
         async_connection: diesel_async::AsyncPgConnection,
         backend: Backend::Postgres,
         row_locks: yes,
-        schema: "CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL, \
-                 stock INTEGER NOT NULL, lock_version INTEGER NOT NULL DEFAULT 0); \
-                 CREATE TABLE jobs (id INTEGER PRIMARY KEY, done BOOLEAN NOT NULL DEFAULT FALSE); \
-                 CREATE INDEX jobs_pending ON jobs (done, id);",
-        truncate_items: "TRUNCATE items;",
-        truncate_jobs: "TRUNCATE jobs;",
     }
 }
 
@@ -307,12 +352,6 @@ bench_backend! {
         async_connection: diesel_async::AsyncMysqlConnection,
         backend: Backend::Mysql,
         row_locks: yes,
-        schema: "CREATE TABLE items (id INTEGER PRIMARY KEY, name VARCHAR(255) NOT NULL, \
-                 stock INTEGER NOT NULL, lock_version INTEGER NOT NULL DEFAULT 0) ENGINE = InnoDB; \
-                 CREATE TABLE jobs (id INTEGER PRIMARY KEY, done BOOLEAN NOT NULL DEFAULT FALSE) ENGINE = InnoDB; \
-                 CREATE INDEX jobs_pending ON jobs (done, id);",
-        truncate_items: "TRUNCATE TABLE items;",
-        truncate_jobs: "TRUNCATE TABLE jobs;",
     }
 }
 
@@ -322,11 +361,5 @@ bench_backend! {
         async_connection: diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
         backend: Backend::Sqlite,
         row_locks: no,
-        schema: "CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL, \
-                 stock INTEGER NOT NULL, lock_version INTEGER NOT NULL DEFAULT 0); \
-                 CREATE TABLE jobs (id INTEGER PRIMARY KEY, done BOOLEAN NOT NULL DEFAULT FALSE); \
-                 CREATE INDEX jobs_pending ON jobs (done, id);",
-        truncate_items: "DELETE FROM items;",
-        truncate_jobs: "DELETE FROM jobs;",
     }
 }

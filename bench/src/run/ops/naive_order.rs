@@ -9,30 +9,16 @@ macro_rules! naive_order_ops {
         /// `FOR UPDATE` one row at a time, in the buyer's order: deadlocks,
         /// retried by `lockkit::retry`.
         fn naive_order(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
-            let ids = basket(st);
-            let policy = st.policy.clone();
-            lockkit::retry(&policy, |_| {
-                attempt(st, |_| {
-                    lockkit::locked_transaction(conn, LockOptions::default(), |conn| {
-                        let mut rows = Vec::with_capacity(ids.len());
-                        for id in &ids {
-                            let row: Item = for_update!(
-                                $locks,
-                                items::table.find(id).select(Item::as_select())
-                            )
+            order(conn, st, |conn, ids| {
+                let mut rows = Vec::with_capacity(ids.len());
+                for id in ids {
+                    let row: Item =
+                        for_update!($locks, items::table.find(id).select(Item::as_select()))
                             .get_result(conn)?;
-                            rows.push(row);
-                        }
-                        for row in &rows {
-                            diesel::update(items::table.find(row.id))
-                                .set(items::stock.eq(row.stock - 1))
-                                .execute(conn)?;
-                        }
-                        Ok(())
-                    })
-                })
-            })?;
-            Ok(ids.len())
+                    rows.push(row);
+                }
+                Ok(rows)
+            })
         }
     };
 }

@@ -39,18 +39,23 @@ pub fn mark_done(id: i32) -> _ {
     diesel::dsl::update(jobs::table.find(id)).set(jobs::done.eq(done))
 }
 
+/// `.. WHERE id = $1 AND lock_version = $2`: the row as it was read, which a
+/// hand-written versioned write targets.
+#[auto_type]
+pub fn versioned_row(id: i32, version: i32) -> _ {
+    items::table
+        .filter(items::id.eq(id))
+        .filter(items::lock_version.eq(version))
+}
+
 /// The hand-written versioned write in lockkit's shape: `UPDATE items SET name =
 /// $1, stock = $2, lock_version = lock_version + 1 WHERE id = $3 AND
 /// lock_version = $4`.
 #[auto_type]
 pub fn versioned_write<'a>(id: i32, version: i32, name: &'a str, stock: i32) -> _ {
     let one: i32 = 1;
-    diesel::dsl::update(
-        items::table
-            .filter(items::id.eq(id))
-            .filter(items::lock_version.eq(version)),
-    )
-    .set((
+    let row: versioned_row = versioned_row(id, version);
+    diesel::dsl::update(row).set((
         items::name.eq(name),
         items::stock.eq(stock),
         items::lock_version.eq(items::lock_version + one),
@@ -59,15 +64,12 @@ pub fn versioned_write<'a>(id: i32, version: i32, name: &'a str, stock: i32) -> 
 
 /// The hand-written versioned write that binds the next version, as users
 /// write it: `UPDATE items SET name = $1, stock = $2, lock_version = $3 WHERE
-/// id = $4 AND lock_version = $5`.
+/// id = $4 AND lock_version = $5`, `$3` being the version read plus one.
 #[auto_type]
-pub fn versioned_write_next<'a>(id: i32, version: i32, name: &'a str, stock: i32, next: i32) -> _ {
-    diesel::dsl::update(
-        items::table
-            .filter(items::id.eq(id))
-            .filter(items::lock_version.eq(version)),
-    )
-    .set((
+pub fn versioned_write_next<'a>(id: i32, version: i32, name: &'a str, stock: i32) -> _ {
+    let next: i32 = version + 1;
+    let row: versioned_row = versioned_row(id, version);
+    diesel::dsl::update(row).set((
         items::name.eq(name),
         items::stock.eq(stock),
         items::lock_version.eq(next),

@@ -67,14 +67,15 @@ where
 }
 
 /// The hand-written versioned `UPDATE` of the worker's own row, with its own
-/// row-count check: `$statement` builds it from the row (`$item`), `$execute`
-/// runs it (`$w`), blocking or awaited.
+/// row-count check: `$build` (a function of `statements.rs`) builds it from the
+/// row's key, version, name and stock less one, `$execute` runs it (`$w`),
+/// blocking or awaited.
 macro_rules! hand_update {
-    ($st:expr, |$item:ident| $statement:expr, |$w:ident| $execute:expr) => {{
+    ($st:expr, $build:path, |$w:ident| $execute:expr) => {{
         $st.counts.attempts += 1;
         let rows = {
-            let $item = $st.own.as_ref().expect("own row loaded");
-            let $w = $statement;
+            let item = $st.own.as_ref().expect("own row loaded");
+            let $w = $build(item.id, item.lock_version, &item.name, item.stock - 1);
             $execute?
         };
         crate::run::ops::versioned::hand_written($st, rows)
@@ -105,33 +106,16 @@ macro_rules! versioned_ops {
         /// lock_version = lock_version + 1 WHERE id = ? AND lock_version = ?`,
         /// with its own row-count check.
         fn versioned_hand(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
-            super::versioned::hand_update!(
-                st,
-                |item| super::statements::versioned_write(
-                    item.id,
-                    item.lock_version,
-                    &item.name,
-                    item.stock - 1
-                ),
-                |w| w.execute(conn)
-            )
+            use super::statements::versioned_write;
+            super::versioned::hand_update!(st, versioned_write, |w| w.execute(conn))
         }
 
         /// The same by hand, binding the next version as users write it:
         /// `UPDATE .. SET name, stock, lock_version = ? WHERE id = ? AND
         /// lock_version = ?` (under the version check, the same value).
         fn versioned_hand_next(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
-            super::versioned::hand_update!(
-                st,
-                |item| super::statements::versioned_write_next(
-                    item.id,
-                    item.lock_version,
-                    &item.name,
-                    item.stock - 1,
-                    item.lock_version + 1
-                ),
-                |w| w.execute(conn)
-            )
+            use super::statements::versioned_write_next;
+            super::versioned::hand_update!(st, versioned_write_next, |w| w.execute(conn))
         }
 
         /// The peer crate: `diesel_versioning::Versioned::update_versioned` on the
