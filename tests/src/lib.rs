@@ -16,6 +16,8 @@
 
 #[cfg(feature = "harness")]
 pub mod db;
+#[cfg(all(feature = "harness", any(feature = "postgres", feature = "mysql")))]
+pub mod lock_waits;
 #[cfg(feature = "harness")]
 pub mod models;
 #[cfg(feature = "harness")]

@@ -15,7 +15,9 @@ use diesel::sql_types::Text;
 use diesel::{Connection, PgConnection, RunQueryDsl};
 
 use crate::db::{unique_name, TestBackend};
+use crate::seed_items;
 use crate::support::with_database;
+use lockkit::replica::{Policy, Router};
 
 /// Pausing replay stops it for every database on the standby: the tests that
 /// use it run one at a time.
@@ -116,6 +118,20 @@ impl TestReplicas {
     /// A pool on the standby (up to 16 connections).
     pub fn standby_pool(&self) -> PgPool {
         pool(&self.standby_url)
+    }
+
+    /// Inserts `items` rows `(id, stock)` on the primary ([`seed_items`]) and
+    /// waits until the standby has replayed them.
+    pub fn seed_replicated(&self, rows: &[(i32, i32)]) {
+        let mut primary = self.primary();
+        seed_items(&mut primary, rows);
+        self.wait_for_standby(&mut primary);
+    }
+
+    /// A [`Router`] that writes through [`primary_pool`](Self::primary_pool) and
+    /// reads through [`standby_pool`](Self::standby_pool) as `policy` says.
+    pub fn router(&self, policy: Policy) -> Router {
+        Router::new(self.primary_pool(), self.standby_pool(), policy)
     }
 
     /// Waits (up to 30 s) until the standby has replayed everything `primary`

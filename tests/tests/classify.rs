@@ -8,6 +8,10 @@ use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use lockkit::{classify, classify_nowait, Error};
 use lockkit_tests::db::TestBackend;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use lockkit_tests::models::Item;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use lockkit_tests::schema::items;
 use lockkit_tests::{seed_items, TestDb};
 
 /// Runs `blocked` on the calling thread while another connection holds an
@@ -79,6 +83,31 @@ fn assert_one_deadlock(outcomes: &[Result<(), Error>]) {
     assert!(Error::Deadlock.is_retryable());
 }
 
+/// Reads items row 1 `FOR UPDATE NOWAIT` in a transaction on `conn` (Diesel's
+/// `.for_update().no_wait()`: PostgreSQL and MySQL/MariaDB, SQLite has no row
+/// locks) while another connection holds it: the error the read ends in.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn nowait_read<C>(conn: &mut C) -> diesel::result::Error
+where
+    C: Connection,
+    for<'a> NowaitRead: diesel::query_dsl::LoadQuery<'a, C, Item>,
+{
+    conn.transaction(|conn| {
+        items::table
+            .find(1)
+            .for_update()
+            .no_wait()
+            .first::<Item>(conn)
+    })
+    .unwrap_err()
+}
+
+/// The query of [`nowait_read`].
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+type NowaitRead = diesel::dsl::Limit<
+    diesel::dsl::NoWait<diesel::dsl::ForUpdate<diesel::dsl::Find<items::table, i32>>>,
+>;
+
 #[test]
 fn not_found_is_not_found() {
     assert!(matches!(
@@ -117,8 +146,6 @@ fn messages_are_read_for_every_kind_but_constraint_violations() {
 mod postgres {
     use super::*;
     use diesel::PgConnection;
-    use lockkit_tests::models::Item;
-    use lockkit_tests::schema::items;
 
     type Db = TestDb<PgConnection>;
 
@@ -132,17 +159,7 @@ mod postgres {
     fn nowait_55p03_is_busy() {
         let db = Db::new("pg_nowait");
         seed_items(&mut db.connect(), &[(1, 10)]);
-        let err = while_row_locked(&db, || {
-            let mut conn = db.connect();
-            conn.transaction(|conn| {
-                items::table
-                    .find(1)
-                    .for_update()
-                    .no_wait()
-                    .first::<Item>(conn)
-            })
-            .unwrap_err()
-        });
+        let err = while_row_locked(&db, || nowait_read(&mut db.connect()));
         assert!(err.to_string().contains("could not obtain lock"), "{err}");
         assert!(matches!(classify(clone_error(&err)), Error::Busy));
         assert!(matches!(classify_nowait(err), Error::Busy));
@@ -208,8 +225,6 @@ mod postgres {
 mod mysql {
     use super::*;
     use diesel::MysqlConnection;
-    use lockkit_tests::models::Item;
-    use lockkit_tests::schema::items;
 
     type Db = TestDb<MysqlConnection>;
 
@@ -240,17 +255,10 @@ mod mysql {
         let mariadb = is_mariadb(&mut db.connect());
         let (plain, nowait) = while_row_locked(&db, || {
             let mut conn = db.connect();
-            let mut attempt = || {
-                conn.transaction(|conn| {
-                    items::table
-                        .find(1)
-                        .for_update()
-                        .no_wait()
-                        .first::<Item>(conn)
-                })
-                .unwrap_err()
-            };
-            (classify(attempt()), classify_nowait(attempt()))
+            (
+                classify(nowait_read(&mut conn)),
+                classify_nowait(nowait_read(&mut conn)),
+            )
         });
         assert!(matches!(nowait, Error::Busy), "{nowait:?}");
         if mariadb {

@@ -40,6 +40,21 @@ macro_rules! item {
     };
 }
 
+/// Item row 1 read on `$conn`, then written (stock 5) in a transaction that
+/// rolls back. Returns the struct as that write left it.
+macro_rules! rolled_back_write {
+    ($conn:ident) => {{
+        let mut a = item!(&mut $conn, 1);
+        let rolled_back: Result<(), Error> = $conn.transaction(|c| {
+            a.stock = 5;
+            a.update_versioned(c)?;
+            Err(Error::NoRowMatched)
+        });
+        assert!(rolled_back.is_err());
+        a
+    }};
+}
+
 /// Inserts items `1..=n` (stock 10, version 0) in one statement.
 fn seed_many(conn: &mut impl diesel::Connection, backend: &str, n: usize) {
     let generate = match backend {
@@ -164,13 +179,7 @@ mod all {
             let mut a_conn = db.conn();
             let mut b_conn = db.conn();
             seed_items(&mut a_conn, &[(1, 10)]);
-            let mut a = item!(&mut a_conn, 1);
-            let rolled_back: Result<(), Error> = a_conn.transaction(|c| {
-                a.stock = 5;
-                a.update_versioned(c)?;
-                Err(Error::NoRowMatched)
-            });
-            assert!(rolled_back.is_err());
+            let mut a = rolled_back_write!(a_conn);
             assert_eq!(item!(&mut a_conn, 1).lock_version, 0, "the row is back at version 0");
 
             let mut b = item!(&mut b_conn, 1);
@@ -201,13 +210,7 @@ mod all {
             let mut a_conn = db.conn();
             let mut b_conn = db.conn();
             seed_items(&mut a_conn, &[(1, 10)]);
-            let mut a = item!(&mut a_conn, 1);
-            let rolled_back: Result<(), Error> = a_conn.transaction(|c| {
-                a.stock = 5;
-                a.update_versioned(c)?;
-                Err(Error::NoRowMatched)
-            });
-            assert!(rolled_back.is_err());
+            let mut a = rolled_back_write!(a_conn);
 
             let mut b = item!(&mut b_conn, 1);
             b_conn.transaction(|c| {

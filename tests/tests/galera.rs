@@ -20,12 +20,13 @@ use std::time::{Duration, Instant};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::MysqlConnection;
+use lockkit::bounds::LockRow;
 use lockkit::prelude::*;
 use lockkit::{advisory, locked_transaction, queue, Error, LockOptions, RetryPolicy};
 use lockkit_tests::db::TestBackend;
 use lockkit_tests::models::{Item, Job};
 use lockkit_tests::schema::{items, jobs};
-use lockkit_tests::support::with_database;
+use lockkit_tests::support::{create_galera_database, galera_nodes};
 
 /// How long a node keeps a connection that sends nothing; see [`Cluster::node`].
 const IDLE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -41,28 +42,20 @@ struct Cluster {
 
 impl Cluster {
     fn new(test: &str) -> Cluster {
-        let nodes: Vec<String> = std::env::var("GALERA_URLS")
-            .unwrap_or_default()
-            .split(',')
-            .filter(|url| !url.is_empty())
-            .map(str::to_owned)
-            .collect();
-        assert!(
-            nodes.len() >= 2,
-            "GALERA_URLS must list the URLs of a Galera cluster's nodes, comma-separated \
-             (eval \"$(scripts/galera.sh start)\", or run scripts/test.sh); got {nodes:?}"
-        );
+        let nodes = galera_nodes();
         let name = format!("lk_galera_{test}_{}", std::process::id());
-        let mut admin = establish(&nodes[0]);
-        admin
-            .batch_execute(&format!(
-                "DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name}"
-            ))
-            .unwrap_or_else(|e| panic!("CREATE DATABASE {name} on {}: {e}", nodes[0]));
-        let urls: Vec<String> = nodes.iter().map(|url| with_database(url, &name)).collect();
+        let urls = create_galera_database(&nodes, &name);
         MysqlConnection::migrate(&mut establish(&urls[0]));
         let cluster = Cluster { urls, nodes, name };
         cluster.sync();
+        cluster
+    }
+
+    /// [`Cluster::new`] with the one row the tests fight over: items row 1
+    /// (`'hot'`), stock 0, version 0.
+    fn with_hot_item(test: &str) -> Cluster {
+        let cluster = Cluster::new(test);
+        cluster.seed("INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'hot', 0, 0)");
         cluster
     }
 
@@ -216,10 +209,23 @@ fn count(counts: &Counts, attempt: u32) {
     }
 }
 
+/// Checks that the writers of a [`spread`] run on different nodes met (some
+/// attempt ran again), and reports the run as `galera {label}: ..`.
+fn the_writers_met(cluster: &Cluster, label: &str, total: i32, counts: &Counts, started: Instant) {
+    assert!(
+        counts.retries.load(Ordering::Relaxed) > 0,
+        "the writers on different nodes never met"
+    );
+    eprintln!(
+        "galera {label}: {total} increments on {} nodes, {counts:?}, {:?}",
+        cluster.nodes(),
+        started.elapsed()
+    );
+}
+
 #[test]
 fn versioned_writes_on_every_node_add_up_exactly() {
-    let cluster = Cluster::new("versioned");
-    cluster.seed("INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'hot', 0, 0)");
+    let cluster = Cluster::with_hot_item("versioned");
     let started = Instant::now();
     let counts = spread(&cluster, |conn, _, counts| {
         lockkit::retry(&policy(), |attempt| {
@@ -235,15 +241,7 @@ fn versioned_writes_on_every_node_add_up_exactly() {
         (total, total),
         "every increment once, one version each"
     );
-    assert!(
-        counts.retries.load(Ordering::Relaxed) > 0,
-        "the writers on different nodes never met"
-    );
-    eprintln!(
-        "galera versioned: {total} increments on {} nodes, {counts:?}, {:?}",
-        cluster.nodes(),
-        started.elapsed()
-    );
+    the_writers_met(&cluster, "versioned", total, &counts, started);
 }
 
 #[test]
@@ -252,8 +250,7 @@ fn a_naive_read_modify_write_across_nodes_loses_updates() {
     // write the absolute value. Galera refuses (1213) or re-runs
     // (`wsrep_retry_autocommit`) an UPDATE that another node's write overtook,
     // but a re-run UPDATE still writes the stale sum, and so do writers on one node.
-    let cluster = Cluster::new("naive");
-    cluster.seed("INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'hot', 0, 0)");
+    let cluster = Cluster::with_hot_item("naive");
     let counts = spread(&cluster, |conn, _, counts| loop {
         // A naive writer that at least tries again when the cluster refuses it.
         let stock = items::table
@@ -326,10 +323,24 @@ fn node_2_adds_10(cluster: &Cluster) -> (Result<(), Error>, Duration) {
     (result, started.elapsed())
 }
 
+/// Waits until node 2's write set (its 10 on row 1) reached node 1, as a read
+/// on another connection to node 1 shows.
+fn node_1_sees_node_2s_10(cluster: &Cluster) -> Result<(), Error> {
+    let mut observer = cluster.node(0);
+    while items::table
+        .find(1)
+        .select(items::stock)
+        .first::<i32>(&mut observer)?
+        < 10
+    {
+        thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
 #[test]
 fn with_lock_on_another_node_does_not_wait_and_the_later_commit_fails_retryably() {
-    let cluster = Cluster::new("commit_abort");
-    cluster.seed("INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'hot', 0, 0)");
+    let cluster = Cluster::with_hot_item("commit_abort");
     let (node_1, (node_2, waited)) = while_node_1_holds_row_1(
         &cluster,
         |conn| add_stock(conn, 1),
@@ -351,22 +362,12 @@ fn with_lock_on_another_node_does_not_wait_and_the_later_commit_fails_retryably(
 
 #[test]
 fn a_transaction_overtaken_by_another_node_fails_at_its_next_statement() {
-    let cluster = Cluster::new("next_statement");
-    cluster.seed("INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'hot', 0, 0)");
+    let cluster = Cluster::with_hot_item("next_statement");
     let (node_1, (node_2, _)) = while_node_1_holds_row_1(
         &cluster,
         |conn| add_stock(conn, 1),
         |conn| {
-            // Wait until node 2's write set reached node 1, as a read elsewhere shows.
-            let mut observer = cluster.node(0);
-            while items::table
-                .find(1)
-                .select(items::stock)
-                .first::<i32>(&mut observer)?
-                < 10
-            {
-                thread::sleep(Duration::from_millis(5));
-            }
+            node_1_sees_node_2s_10(&cluster)?;
             add_stock(conn, 1)
         },
         || node_2_adds_10(&cluster),
@@ -382,8 +383,7 @@ fn transaction_with_retry_reruns_a_transaction_another_node_aborted() {
     // with_lock nested in transaction_with_retry: node 2 overtakes the first
     // attempt, whose nested call reports the whole transaction gone
     // (TransactionAborted); the outer call runs it again, and it commits.
-    let cluster = Cluster::new("rerun");
-    cluster.seed("INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'hot', 0, 0)");
+    let cluster = Cluster::with_hot_item("rerun");
     let (locked_tx, locked_rx) = mpsc::channel();
     let (release_tx, release_rx) = mpsc::channel::<()>();
     let nested_errors = std::sync::Mutex::new(Vec::new());
@@ -400,10 +400,7 @@ fn transaction_with_retry_reruns_a_transaction_another_node_aborted() {
                         if attempts == 1 {
                             locked_tx.send(()).unwrap();
                             let _ = release_rx.recv();
-                            let mut observer = cluster.node(0);
-                            while stock_on(&mut observer)? < 10 {
-                                thread::sleep(Duration::from_millis(5));
-                            }
+                            node_1_sees_node_2s_10(cluster)?;
                         }
                         add_stock(conn, 1)
                     });
@@ -433,19 +430,11 @@ fn transaction_with_retry_reruns_a_transaction_another_node_aborted() {
     assert!((2..=3).contains(&version), "version {version}");
 }
 
-fn stock_on(conn: &mut MysqlConnection) -> Result<i32, Error> {
-    Ok(items::table
-        .find(1)
-        .select(items::stock)
-        .first::<i32>(conn)?)
-}
-
 #[test]
 fn retried_locked_writes_on_every_node_add_up_exactly() {
     // Half the writers retry `with_lock`, half run `transaction_with_retry`
     // around a `FOR UPDATE` read: the losers of each certification run again.
-    let cluster = Cluster::new("retry_locked");
-    cluster.seed("INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'hot', 0, 0)");
+    let cluster = Cluster::with_hot_item("retry_locked");
     let started = Instant::now();
     let counts = spread(&cluster, |conn, t, counts| {
         if t % 2 == 0 {
@@ -485,21 +474,12 @@ fn retried_locked_writes_on_every_node_add_up_exactly() {
         (total / 2..=total / 2 + retries).contains(&version),
         "version {version}, {retries} retries"
     );
-    assert!(
-        counts.retries.load(Ordering::Relaxed) > 0,
-        "the writers on different nodes never met"
-    );
-    eprintln!(
-        "galera locked writes: {total} increments on {} nodes, {counts:?}, {:?}",
-        cluster.nodes(),
-        started.elapsed()
-    );
+    the_writers_met(&cluster, "locked writes", total, &counts, started);
 }
 
 #[test]
 fn nowait_sees_only_the_locks_of_its_own_node() {
-    let cluster = Cluster::new("nowait");
-    cluster.seed("INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'hot', 0, 0)");
+    let cluster = Cluster::with_hot_item("nowait");
     let nowait = |node| {
         let mut conn = cluster.node(node);
         lockkit::with_lock(
@@ -575,25 +555,26 @@ fn get_lock_is_granted_on_two_nodes_at_once() {
     assert!(also.is_some(), "node 2 is granted the lock node 1 holds");
 }
 
-#[test]
-fn a_retried_lock_reuses_a_connection_whose_rollback_the_node_refused() {
-    // Node 2 overtakes node 1's `with_lock` while its closure does no database
-    // work; the closure then gives up (a retryable error of its own). The node
-    // answers the ROLLBACK with 1213 as well, and Diesel's transaction manager
-    // calls the connection broken, although no transaction is open: lockkit
-    // asks the server and carries on, so the retry on the same connection runs.
-    let cluster = Cluster::new("refused_rollback");
-    cluster.seed("INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'hot', 0, 0)");
-    let mut one = cluster.node(0);
+/// Retries `with_lock` on row 1 through `conn` (on node 1), adding 1 with
+/// `add_1`: node 2 overtakes the first attempt while its closure does no
+/// database work, and the closure then gives up (a retryable error of its own).
+/// The node answers the ROLLBACK with 1213 as well, and Diesel's transaction
+/// manager calls the connection broken, although no transaction is open: lockkit
+/// asks the server and carries on, so the retry on the same connection runs.
+fn a_retried_lock_after_a_refused_rollback<C>(
+    cluster: &Cluster,
+    conn: &mut C,
+    add_1: impl Fn(&mut C::Conn) -> Result<(), Error>,
+) where
+    C: lockkit::AsLockingConnection,
+    Item: LockRow<C::Conn>,
+{
     let result = lockkit::retry(&RetryPolicy::immediate(3), |attempt| {
-        lockkit::with_lock(&mut one, 1, LockOptions::default(), |conn, _: Item| {
-            add_stock(conn, 1)?;
+        lockkit::with_lock(&mut *conn, 1, LockOptions::default(), |conn, _: Item| {
+            add_1(conn)?;
             if attempt == 1 {
-                node_2_adds_10(&cluster).0.unwrap();
-                let mut observer = cluster.node(0);
-                while stock_on(&mut observer)? < 10 {
-                    thread::sleep(Duration::from_millis(5));
-                }
+                node_2_adds_10(cluster).0.unwrap();
+                node_1_sees_node_2s_10(cluster)?;
                 return Err(Error::Busy);
             }
             Ok(attempt)
@@ -604,30 +585,25 @@ fn a_retried_lock_reuses_a_connection_whose_rollback_the_node_refused() {
 }
 
 #[test]
-fn a_retried_lock_reuses_a_multi_connection_whose_rollback_the_node_refused() {
-    // The same refused ROLLBACK as above, through a `#[derive(MultiConnection)]`
-    // enum: lockkit puts the transaction manager of the connection inside the
-    // enum back in order too.
-    use lockkit_tests::support::AnyConnection;
-    let cluster = Cluster::new("refused_rollback_multi");
-    cluster.seed("INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'hot', 0, 0)");
-    let mut one = AnyConnection::Mysql(cluster.node(0));
-    let result = lockkit::retry(&RetryPolicy::immediate(3), |attempt| {
-        lockkit::with_lock(&mut one, 1, LockOptions::default(), |conn, _: Item| {
-            diesel::update(items::table.find(1))
-                .set(items::stock.eq(items::stock + 1))
-                .execute(conn)?;
-            if attempt == 1 {
-                node_2_adds_10(&cluster).0.unwrap();
-                let mut observer = cluster.node(0);
-                while stock_on(&mut observer)? < 10 {
-                    thread::sleep(Duration::from_millis(5));
-                }
-                return Err(Error::Busy);
-            }
-            Ok(attempt)
-        })
+fn a_retried_lock_reuses_a_connection_whose_rollback_the_node_refused() {
+    let cluster = Cluster::with_hot_item("refused_rollback");
+    a_retried_lock_after_a_refused_rollback(&cluster, &mut cluster.node(0), |conn| {
+        add_stock(conn, 1)
     });
-    assert_eq!(result.unwrap(), 2);
-    assert_eq!(cluster.item(), (11, 2));
+}
+
+#[test]
+fn a_retried_lock_reuses_a_multi_connection_whose_rollback_the_node_refused() {
+    // The same refused ROLLBACK, through a `#[derive(MultiConnection)]` enum:
+    // lockkit puts the transaction manager of the connection inside the enum
+    // back in order too.
+    use lockkit_tests::support::AnyConnection;
+    let cluster = Cluster::with_hot_item("refused_rollback_multi");
+    let mut one = AnyConnection::Mysql(cluster.node(0));
+    a_retried_lock_after_a_refused_rollback(&cluster, &mut one, |conn| {
+        diesel::update(items::table.find(1))
+            .set(items::stock.eq(items::stock + 1))
+            .execute(conn)?;
+        Ok(())
+    });
 }

@@ -4,13 +4,14 @@
 //! several connections on threads.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use diesel::prelude::*;
 use lockkit::prelude::*;
 use lockkit::{lock_waits, locked_transaction, Error, LockOptions, RetryPolicy};
+use lockkit_tests::lock_waits::{look_until, while_a_session_waits_for_item_1};
 use lockkit_tests::models::*;
 use lockkit_tests::observe::observe;
 use lockkit_tests::schema::*;
@@ -348,54 +349,29 @@ mod servers {
 
         fn lock_waits_name_the_lock_and_the_idle_blocker(db) {
             seed_items(&mut db.conn(), &[(1, 10)]);
-            let mut holder = db.connect();
-            let mut waiter = db.connect();
             let mut observer = db.connect();
-            let holder_id = lock_waits::session_id(&mut holder).unwrap();
-            let waiter_id = lock_waits::session_id(&mut waiter).unwrap();
-            let (locked_tx, locked_rx) = mpsc::channel();
-            let (release_tx, release_rx) = mpsc::channel::<()>();
-            thread::scope(|s| {
-                s.spawn(move || {
-                    // Takes the lock, then does "something else" with the transaction open.
-                    lockkit::with_lock(&mut holder, 1, LockOptions::default(), |_, _: Item| {
-                        locked_tx.send(()).unwrap();
-                        let _ = release_rx.recv();
-                        Ok::<_, Error>(())
-                    })
-                    .unwrap();
-                });
-                locked_rx.recv().unwrap();
-                let waiting = s.spawn(move || {
-                    lockkit::with_lock(&mut waiter, 1, LockOptions::default(), |_, item: Item| Ok::<_, Error>(item.stock))
-                });
+            let (sessions, wait, stock) = while_a_session_waits_for_item_1(&db, |sessions| {
                 thread::sleep(Duration::from_millis(600));
-                let deadline = Instant::now() + Duration::from_secs(10);
-                let wait = loop {
+                look_until(Duration::from_secs(10), "the waiter never showed up", || {
                     let waits = lock_waits::lock_waits(&mut observer).unwrap();
-                    if let Some(found) = waits.into_iter().find(|w| w.session == waiter_id) {
-                        break found;
-                    }
-                    assert!(Instant::now() < deadline, "the waiter never showed up");
-                    thread::sleep(Duration::from_millis(250));
-                };
-                release_tx.send(()).unwrap();
-                assert_eq!(waiting.join().unwrap().unwrap(), 10);
-
-                assert!(wait.query.to_uppercase().contains("FOR UPDATE"), "{wait:?}");
-                let mode = wait.lock_mode.clone().unwrap_or_default();
-                let expected_mode = if BACKEND == "postgres" { "transactionid ShareLock" } else { "RECORD X" };
-                assert_eq!(mode, expected_mode, "{wait:?}");
-                assert!(wait.relation.as_deref().unwrap_or_default().contains("items"), "{wait:?}");
-                assert_eq!(wait.blockers.len(), 1, "{wait:?}");
-                let blocker = &wait.blockers[0];
-                assert_eq!(blocker.session, holder_id, "{wait:?}");
-                assert_eq!(blocker.state, "idle in transaction", "{wait:?}");
-                assert!(blocker.is_idle_in_transaction());
-                assert!(blocker.in_state >= Duration::from_millis(500), "idle since it took the lock: {wait:?}");
-                assert!(blocker.transaction_age.unwrap() >= blocker.in_state, "{wait:?}");
-                assert!(wait.waiting >= Duration::from_millis(500), "{wait:?}");
+                    waits.into_iter().find(|w| w.session == sessions.waiter)
+                })
             });
+            assert_eq!(stock.unwrap(), 10);
+
+            assert!(wait.query.to_uppercase().contains("FOR UPDATE"), "{wait:?}");
+            let mode = wait.lock_mode.clone().unwrap_or_default();
+            let expected_mode = if BACKEND == "postgres" { "transactionid ShareLock" } else { "RECORD X" };
+            assert_eq!(mode, expected_mode, "{wait:?}");
+            assert!(wait.relation.as_deref().unwrap_or_default().contains("items"), "{wait:?}");
+            assert_eq!(wait.blockers.len(), 1, "{wait:?}");
+            let blocker = &wait.blockers[0];
+            assert_eq!(blocker.session, sessions.holder, "{wait:?}");
+            assert_eq!(blocker.state, "idle in transaction", "{wait:?}");
+            assert!(blocker.is_idle_in_transaction());
+            assert!(blocker.in_state >= Duration::from_millis(500), "idle since it took the lock: {wait:?}");
+            assert!(blocker.transaction_age.unwrap() >= blocker.in_state, "{wait:?}");
+            assert!(wait.waiting >= Duration::from_millis(500), "{wait:?}");
         }
     }
 }

@@ -54,8 +54,9 @@ macro_rules! order_lines {
     };
 }
 
-/// A deadlock whose victim is the first attempt of `$work` (run on `$conn` by
-/// `$run`): that attempt locks item 1, then waits for item 2, which a heavier
+/// Seeds items 1 to 12 (stock 10), then provokes a deadlock whose victim is the
+/// first attempt of `$work` (run on `$conn` by `$run`): that attempt locks item 1,
+/// then waits for item 2, which a heavier
 /// transaction on another connection holds while it waits for item 1. InnoDB
 /// rolls back the transaction with fewer changed rows; PostgreSQL's deadlock
 /// check runs in the session that waited `deadlock_timeout` first, and the other
@@ -63,6 +64,10 @@ macro_rules! order_lines {
 macro_rules! deadlock_first_attempt {
     ($db:expr, |$conn:ident, $work:ident| $run:expr) => {{
         let db = &$db;
+        seed_items(
+            &mut db.conn(),
+            &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>(),
+        );
         let (a_tx, a_rx) = mpsc::channel::<()>();
         let (b_tx, b_rx) = mpsc::channel::<()>();
         thread::scope(|s| {
@@ -104,31 +109,60 @@ macro_rules! deadlock_first_attempt {
     }};
 }
 
+/// Runs `f` in a transaction on `conn` that first inserts order line 1: the
+/// outer transaction whose fate a deadlock inside `f` decides.
+fn after_order_line_1<C, T, E>(conn: &mut C, f: impl FnOnce(&mut C) -> Result<T, E>) -> Result<T, E>
+where
+    C: Connection,
+    E: From<diesel::result::Error>,
+{
+    conn.transaction(|conn| {
+        exec(
+            conn,
+            "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)",
+        );
+        f(conn)
+    })
+}
+
+/// Checks what [`deadlock_first_attempt!`] left when its work ran inside the
+/// outer transaction of [`after_order_line_1`], from `counts` (attempts, item
+/// 1's stock, order lines). PostgreSQL: the savepoint rollback undid attempt 1
+/// only, attempt 2 ran inside the same outer transaction, which committed
+/// (returns `true`). MySQL/MariaDB: InnoDB rolled back the whole transaction,
+/// nothing is retried in it and nothing committed (returns `false`).
+fn outer_transaction_committed(
+    backend: &str,
+    counts: (i32, i32, i64),
+    context: &dyn std::fmt::Debug,
+) -> bool {
+    if backend == "postgres" {
+        assert_eq!(counts, (2, 9, 1), "{context:?}");
+        true
+    } else {
+        assert_eq!(counts, (1, 10, 0), "nothing committed: {context:?}");
+        false
+    }
+}
+
 mod servers {
     use super::*;
 
     lockkit_tests::server_tests! {
         fn a_deadlock_inside_a_nested_retry_commits_nothing(db) {
-            seed_items(&mut db.conn(), &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>());
             let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
-                conn.transaction(|conn| {
-                    exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)");
+                after_order_line_1(&mut conn, |conn| {
                     retry(&RetryPolicy::default(), |attempt| {
                         lockkit::with_lock(conn, 1, lockkit::LockOptions::default(), |conn, _: Item| work(conn, attempt))
                     })
                 })
             });
             assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
-            let (stock, lines) = (stock_of!(&mut conn), order_lines!(&mut conn));
-            if BACKEND == "postgres" {
-                // The savepoint rollback undid attempt 1 only; attempt 2 ran inside
-                // the same outer transaction, which committed.
+            let counts = (attempts, stock_of!(&mut conn), order_lines!(&mut conn));
+            if outer_transaction_committed(BACKEND, counts, &outcome) {
                 assert!(outcome.is_ok(), "{outcome:?}");
-                assert_eq!((attempts, stock, lines), (2, 9, 1));
             } else {
-                // InnoDB rolled back the whole transaction: nothing is retried in
-                // it, and the owner of the outer transaction gets the deadlock.
-                assert_eq!((attempts, stock, lines), (1, 10, 0), "nothing committed");
+                // The owner of the outer transaction gets the deadlock.
                 match &outcome {
                     Err(Error::TransactionAborted(cause)) => assert!(matches!(**cause, Error::Deadlock), "{cause:?}"),
                     other => panic!("{other:?}"),
@@ -167,11 +201,9 @@ mod servers {
                     }
                 }
             }
-            seed_items(&mut db.conn(), &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>());
             let mut seen = None;
             let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
-                let result = conn.transaction(|conn| {
-                    exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)");
+                let result = after_order_line_1(&mut conn, |conn| {
                     retry(&RetryPolicy::default(), |attempt| {
                         lockkit::with_lock(conn, 1, LockOptions::default(), |conn, _: Item| {
                             work(conn, attempt).map_err(|err| AppError::Opaque(err.to_string()))
@@ -183,12 +215,10 @@ mod servers {
                 outcome
             });
             assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
-            let (stock, lines) = (stock_of!(&mut conn), order_lines!(&mut conn));
-            if BACKEND == "postgres" {
+            let counts = (attempts, stock_of!(&mut conn), order_lines!(&mut conn));
+            if outer_transaction_committed(BACKEND, counts, &seen) {
                 assert!(outcome.is_ok(), "{seen:?}");
-                assert_eq!((attempts, stock, lines), (2, 9, 1));
             } else {
-                assert_eq!((attempts, stock, lines), (1, 10, 0), "nothing committed: {seen:?}");
                 match seen {
                     Some(Err(AppError::Lock(Error::TransactionAborted(cause)))) => {
                         assert!(matches!(*cause, Error::Deadlock), "{cause:?}")
@@ -199,10 +229,8 @@ mod servers {
         }
 
         fn a_deadlock_inside_a_nested_transaction_with_retry_commits_nothing(db) {
-            seed_items(&mut db.conn(), &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>());
             let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
-                conn.transaction(|conn| {
-                    exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)");
+                after_order_line_1(&mut conn, |conn| {
                     let mut attempt = 0;
                     lockkit::transaction_with_retry(conn, &RetryPolicy::default(), |conn| {
                         attempt += 1;
@@ -210,12 +238,10 @@ mod servers {
                     })
                 })
             });
-            let (stock, lines) = (stock_of!(&mut conn), order_lines!(&mut conn));
-            if BACKEND == "postgres" {
+            let counts = (attempts, stock_of!(&mut conn), order_lines!(&mut conn));
+            if outer_transaction_committed(BACKEND, counts, &outcome) {
                 assert!(outcome.is_ok(), "{outcome:?}");
-                assert_eq!((attempts, stock, lines), (2, 9, 1));
             } else {
-                assert_eq!((attempts, stock, lines), (1, 10, 0), "nothing committed");
                 assert!(matches!(outcome, Err(Error::TransactionAborted(_))), "{outcome:?}");
             }
         }
@@ -223,7 +249,6 @@ mod servers {
         fn a_top_level_transaction_with_retry_reruns_after_a_nested_abort(db) {
             // The owner of the outermost transaction may retry: the server rolled
             // everything back, and the next attempt is a new transaction.
-            seed_items(&mut db.conn(), &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>());
             let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
                 let mut attempt = 0;
                 lockkit::transaction_with_retry(&mut conn, &RetryPolicy::default(), |conn| {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use lockkit::prelude::*;
-use lockkit::replica::{self, Lsn, Policy, Route, Router};
+use lockkit::replica::{self, Lsn, Policy, Route};
 use lockkit::{Error, LockOptions};
 use lockkit_tests::models::Item;
 use lockkit_tests::schema::items;
@@ -41,13 +41,8 @@ fn sell_blind(conn: &mut PgConnection, read: &Item) {
 #[test]
 fn a_read_after_a_write_sees_it_while_the_replica_lags() {
     let db = TestReplicas::new("read_after_write");
-    seed_items(&mut db.primary(), &[(1, 10)]);
-    db.wait_for_standby(&mut db.primary());
-    let router = Router::new(
-        db.primary_pool(),
-        db.standby_pool(),
-        Policy::WaitThenPrimary(Duration::from_millis(100)),
-    );
+    db.seed_replicated(&[(1, 10)]);
+    let router = db.router(Policy::WaitThenPrimary(Duration::from_millis(100)));
 
     let paused = db.pause_replay();
     let ((), written) = router
@@ -198,13 +193,8 @@ fn concurrent_clients_read_their_own_writes() {
     const ROUNDS: i32 = 50;
     let db = TestReplicas::new("concurrent_ryw");
     let seeds: Vec<(i32, i32)> = (1..=CLIENTS).map(|id| (id, 0)).collect();
-    seed_items(&mut db.primary(), &seeds);
-    db.wait_for_standby(&mut db.primary());
-    let router = Router::new(
-        db.primary_pool(),
-        db.standby_pool(),
-        Policy::WaitThenPrimary(Duration::from_secs(2)),
-    );
+    db.seed_replicated(&seeds);
+    let router = db.router(Policy::WaitThenPrimary(Duration::from_secs(2)));
     let barrier = Barrier::new(CLIENTS as usize);
     let results: Vec<(Vec<Duration>, u32, u32)> = thread::scope(|s| {
         let handles: Vec<_> = (1..=CLIENTS)
@@ -272,8 +262,7 @@ fn concurrent_clients_read_their_own_writes() {
 #[test]
 fn a_stale_read_from_the_replica_cannot_lose_an_update() {
     let db = TestReplicas::new("stale_read_versioned");
-    seed_items(&mut db.primary(), &[(1, 10)]);
-    db.wait_for_standby(&mut db.primary());
+    db.seed_replicated(&[(1, 10)]);
     let mut primary = db.primary();
     let mut replica = db.standby();
 
@@ -341,13 +330,8 @@ fn concurrent_sellers_reading_a_lagging_replica_lose_nothing() {
     const SALES: i32 = 5;
     let db = TestReplicas::new("concurrent_sellers");
     let start = 100;
-    seed_items(&mut db.primary(), &[(1, start)]);
-    db.wait_for_standby(&mut db.primary());
-    let router = Router::new(
-        db.primary_pool(),
-        db.standby_pool(),
-        Policy::WaitThenPrimary(Duration::from_millis(20)),
-    );
+    db.seed_replicated(&[(1, start)]);
+    let router = db.router(Policy::WaitThenPrimary(Duration::from_millis(20)));
 
     // Naive baseline: each seller reads the lagging replica and writes blind.
     let paused = db.pause_replay();
@@ -432,9 +416,8 @@ fn concurrent_sellers_reading_a_lagging_replica_lose_nothing() {
 #[test]
 fn the_standby_refuses_writes_and_locks_with_a_typed_error() {
     let db = TestReplicas::new("standby_read_only");
-    seed_items(&mut db.primary(), &[(1, 10)]);
-    db.wait_for_standby(&mut db.primary());
-    let router = Router::new(db.primary_pool(), db.standby_pool(), Policy::Primary);
+    db.seed_replicated(&[(1, 10)]);
+    let router = db.router(Policy::Primary);
     let mut replica = router.read(None).unwrap();
     assert!(replica.route().is_replica());
 
@@ -475,9 +458,8 @@ fn the_standby_refuses_writes_and_locks_with_a_typed_error() {
 #[test]
 fn a_rolled_back_write_gives_no_position_and_the_primary_policy_reads_the_primary() {
     let db = TestReplicas::new("router_write_rollback");
-    seed_items(&mut db.primary(), &[(1, 10)]);
-    db.wait_for_standby(&mut db.primary());
-    let router = Router::new(db.primary_pool(), db.standby_pool(), Policy::Primary);
+    db.seed_replicated(&[(1, 10)]);
+    let router = db.router(Policy::Primary);
 
     let failed = router.write(|conn| {
         diesel::update(items::table.find(1))

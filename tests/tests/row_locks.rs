@@ -11,6 +11,7 @@ use lockkit::advisory::{self, AdvisoryKey};
 use lockkit::lock_waits;
 use lockkit::prelude::*;
 use lockkit::{locked_transaction, Error, LockOptions, LockStrength};
+use lockkit_tests::lock_waits::{look_until, while_a_session_waits_for_item_1};
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
 use lockkit_tests::{exec, seed_items};
@@ -179,38 +180,17 @@ lockkit_tests::server_tests! {
 
     fn lock_waits_show_who_waits_on_whom(db) {
         seed_items(&mut db.conn(), &[(1, 10)]);
-        let mut a = db.connect();
-        let mut b = db.connect();
         let mut observer = db.connect();
-        let a_id = lock_waits::session_id(&mut a).unwrap();
-        let b_id = lock_waits::session_id(&mut b).unwrap();
-        let (locked_tx, locked_rx) = mpsc::channel();
-        let (release_tx, release_rx) = mpsc::channel::<()>();
-        thread::scope(|s| {
-            s.spawn(move || {
-                lockkit::with_lock(&mut a, 1, lockkit::LockOptions::default(), |_, _: Item| {
-                    locked_tx.send(()).unwrap();
-                    let _ = release_rx.recv();
-                    Ok::<_, lockkit::Error>(())
-                })
-                .unwrap();
-            });
-            locked_rx.recv().unwrap();
-            let waiter = s.spawn(move || lockkit::with_lock(&mut b, 1, lockkit::LockOptions::default(), |_, item: Item| Ok::<_, lockkit::Error>(item.stock)));
-            let deadline = Instant::now() + Duration::from_secs(10);
-            let blocked = loop {
-                let sessions = lock_waits::blocked_sessions(&mut observer).unwrap();
-                if let Some(found) = sessions.into_iter().find(|s| s.session == b_id) {
-                    break found;
-                }
-                assert!(Instant::now() < deadline, "b never showed up as waiting");
-                thread::sleep(Duration::from_millis(250));
-            };
-            assert_eq!(blocked.blocked_by, vec![a_id], "b waits on a");
-            assert!(blocked.query.to_uppercase().contains("FOR UPDATE"), "{}", blocked.query);
-            release_tx.send(()).unwrap();
-            assert_eq!(waiter.join().unwrap().unwrap(), 10);
+        let (sessions, blocked, stock) = while_a_session_waits_for_item_1(&db, |sessions| {
+            look_until(Duration::from_secs(10), "b never showed up as waiting", || {
+                let found = lock_waits::blocked_sessions(&mut observer).unwrap();
+                found.into_iter().find(|s| s.session == sessions.waiter)
+            })
         });
+        let (a_id, b_id) = (sessions.holder, sessions.waiter);
+        assert_eq!(blocked.blocked_by, vec![a_id], "b waits on a");
+        assert!(blocked.query.to_uppercase().contains("FOR UPDATE"), "{}", blocked.query);
+        assert_eq!(stock.unwrap(), 10);
         // The view is server-wide (other tests may be waiting): look for b only.
         // InnoDB refreshes its information_schema copy only after 100 ms without
         // a read, so poll more slowly than that.

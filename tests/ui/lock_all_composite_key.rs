@@ -20,5 +20,7 @@ pub struct OrderLine {
 
 fn main() {
     let mut conn = SqliteConnection::establish(":memory:").unwrap();
-    let _ = OrderLine::lock_all(&mut conn, &[(1, 1), (1, 2)]);
+    // The connection named, so that the message names it too (rustc reports
+    // the bound before it has inferred the connection from the arguments).
+    let _ = OrderLine::lock_all::<SqliteConnection>(&mut conn, &[(1, 1), (1, 2)]);
 }

@@ -20,6 +20,8 @@
 //!   ([`sqlite_session_settings`] with the `sqlite` feature).
 //! * [`point_at_database`] and [`wait_all`]: the examples' tests run them as
 //!   processes.
+//! * [`galera_nodes`] and [`create_galera_database`] (feature `mysql`): a
+//!   database of a test's own on the Galera cluster `GALERA_URLS` lists.
 //! * [`on_inner!`](crate::on_inner): a statement the `MultiConnection` enum
 //!   cannot send, sent to the connection inside it.
 //!
@@ -43,6 +45,8 @@ mod backend;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod connection;
 mod error;
+#[cfg(feature = "mysql")]
+mod galera;
 mod processes;
 mod program;
 mod session;
@@ -52,6 +56,8 @@ pub use backend::Backend;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub use connection::{AnyConnection, AnyPool, AnyPooled, Migrations};
 pub use error::ProgramError;
+#[cfg(feature = "mysql")]
+pub use galera::{create_galera_database, galera_nodes};
 pub use processes::{point_at_database, wait_all};
 pub use program::{database_url, exit_code};
 #[cfg(feature = "sqlite")]
