@@ -16,6 +16,11 @@
 //! COMMIT;                                     -- or ROLLBACK on Err
 //! ```
 //!
+//! On PostgreSQL a versioned model's read and bump under a waiting `FOR UPDATE`
+//! are one statement, the blocking side's (`UPDATE .. WHERE .. AND EXISTS
+//! (SELECT .. FOR UPDATE) RETURNING ..`; see
+//! [`pessimistic::lockable`](crate::pessimistic::lockable)).
+//!
 //! The closure is an `async` closure that gets the connection and the fresh,
 //! locked row, and returns your own error type (any `E: From<lockkit::Error>`).
 //! A future dropped before it finishes leaves the transaction open on the
@@ -66,7 +71,9 @@ use super::work::{AsyncWork, AsyncWork2};
 use crate::optimistic::version_check::TouchVersioned;
 use crate::optimistic::BumpVersion;
 use crate::pessimistic::lockable::{by_key, ByKey, KeyColumn, MAX_KEYS_PER_STATEMENT};
-use crate::pessimistic::row_lock::{EveryClause, ForUpdate, LockedCall, RowLock, WaitMode};
+use crate::pessimistic::row_lock::{
+    EveryClause, ForUpdate, LockClause, LockedCall, RowLock, WaitMode,
+};
 use crate::pessimistic::NoVersion;
 use crate::transaction::Failure;
 use crate::{classify, Error, LockOptions, Lockable};
@@ -234,6 +241,12 @@ where
 {
     let started = std::time::Instant::now();
     let lock = options.row_lock();
+    if lock == ForUpdate::LOCK {
+        if let Some(row) = M::load_locked_bumped(conn, &key).await? {
+            crate::metrics::record_lock_acquired(M::TABLE_NAME, started.elapsed());
+            return Ok(row);
+        }
+    }
     let row = M::load_locked(conn, key.clone(), lock)
         .await
         .map_err(|err| lock.wait.classify(err))?;
@@ -349,6 +362,15 @@ pub trait AsyncLockRow<Conn: AsyncLockingConnection>:
     ) -> BoxFuture<'_, QueryResult<Option<Self>>>;
     /// Whether the row exists (an unlocked read).
     fn exists(conn: &mut Conn, key: Self::Key) -> BoxFuture<'_, QueryResult<bool>>;
+    /// The blocking side's
+    /// [`load_locked_bumped`](crate::bounds::LockRow::load_locked_bumped):
+    /// the locked read of a waiting `FOR UPDATE` and the version bump in one
+    /// statement where the backend and the model allow it, else `None`.
+    #[doc(hidden)]
+    fn load_locked_bumped<'a>(
+        conn: &'a mut Conn,
+        key: &'a Self::Key,
+    ) -> BoxFuture<'a, Result<Option<Self>, Error>>;
 }
 
 /// The locked read of one row under whichever clause the [`RowLock`] picks
@@ -375,7 +397,7 @@ where
 impl<M, C> AsyncLockRow<C> for M
 where
     C: AsyncLockingConnection,
-    M: Lockable<OnLock: AsyncMarkLocked<M, C>, Key: Send + Sync>
+    M: Lockable<OnLock: AsyncMarkLocked<M, C> + AsyncBumpOnLock<M, C>, Key: Send + Sync>
         + Selectable<C::Backend>
         + Send
         + 'static,
@@ -406,6 +428,13 @@ where
                 .optional()
                 .map(|row| row.is_some())
         })
+    }
+
+    fn load_locked_bumped<'a>(
+        conn: &'a mut C,
+        key: &'a M::Key,
+    ) -> BoxFuture<'a, Result<Option<M>, Error>> {
+        <M::OnLock as AsyncBumpOnLock<M, C>>::lock_bumped(conn, key)
     }
 }
 
@@ -480,5 +509,106 @@ where
         // The row is locked: the version cannot have moved since the locked read,
         // and is the row's own.
         Box::pin(super::versioned::touch_locked(conn, row))
+    }
+}
+
+/// The locked read and the version bump of [`with_lock`] in one statement, as
+/// on the blocking side ([`BumpOnLock`](crate::pessimistic::lockable::BumpOnLock)):
+/// nothing for [`NoVersion`], and for [`BumpVersion`] on PostgreSQL the same
+/// statement ([`LockedBumpQuery`](crate::pessimistic::lockable::LockedBumpQuery)).
+/// Name it only in `where` clauses.
+#[doc(hidden)]
+pub trait AsyncBumpOnLock<M: Lockable, Conn> {
+    /// The row, locked `FOR UPDATE` and its version advanced, or `None`
+    /// (nothing sent, or no row matched).
+    fn lock_bumped<'a>(
+        conn: &'a mut Conn,
+        key: &'a M::Key,
+    ) -> BoxFuture<'a, Result<Option<M>, Error>>;
+}
+
+impl<M: Lockable + Send + 'static, Conn> AsyncBumpOnLock<M, Conn> for NoVersion {
+    fn lock_bumped<'a>(_: &'a mut Conn, _: &'a M::Key) -> BoxFuture<'a, Result<Option<M>, Error>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+}
+
+/// MySQL/MariaDB and SQLite: the two statements, as on the blocking side.
+#[cfg(feature = "mysql")]
+impl<M: Lockable + Send + 'static> AsyncBumpOnLock<M, diesel_async::AsyncMysqlConnection>
+    for BumpVersion
+{
+    fn lock_bumped<'a>(
+        _: &'a mut diesel_async::AsyncMysqlConnection,
+        _: &'a M::Key,
+    ) -> BoxFuture<'a, Result<Option<M>, Error>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl<M: Lockable + Send + 'static>
+    AsyncBumpOnLock<
+        M,
+        diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
+    > for BumpVersion
+{
+    fn lock_bumped<'a>(
+        _: &'a mut diesel_async::sync_connection_wrapper::SyncConnectionWrapper<
+            diesel::SqliteConnection,
+        >,
+        _: &'a M::Key,
+    ) -> BoxFuture<'a, Result<Option<M>, Error>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+}
+
+/// PostgreSQL: the blocking side's statement and journal bookkeeping, awaited.
+#[cfg(feature = "postgres")]
+impl<M> AsyncBumpOnLock<M, diesel_async::AsyncPgConnection> for BumpVersion
+where
+    M: crate::pessimistic::lockable::LockedBumpQuery
+        + AsyncVersionQuery<diesel_async::AsyncPgConnection>
+        + Send,
+    M::Key: Send + Sync,
+    M::Statement: for<'q> LoadQuery<'q, diesel_async::AsyncPgConnection, M>,
+{
+    fn lock_bumped<'a>(
+        conn: &'a mut diesel_async::AsyncPgConnection,
+        key: &'a M::Key,
+    ) -> BoxFuture<'a, Result<Option<M>, Error>> {
+        use crate::optimistic::journal::AsyncWatched;
+        use crate::optimistic::version_check::checked_next;
+        use crate::pessimistic::lockable::{bumped_past_reused, written_under_lock};
+        Box::pin(async move {
+            // Where the database does not enforce the key, the two statements.
+            if !M::key_is_unique(conn).await.map_err(classify)? {
+                return Ok(None);
+            }
+            let row_id = M::row_id(conn, key).await.map_err(classify)?;
+            let statement = M::locked_bump(key);
+            let Some(mut row) = statement
+                .get_result::<M>(conn)
+                .await
+                .optional()
+                .map_err(classify)?
+            else {
+                return Ok(None);
+            };
+            let mut next = row.version();
+            while bumped_past_reused::<M>(&mut AsyncWatched(&mut *conn), row_id.as_deref(), next) {
+                if M::bump_past(conn, key.clone(), next)
+                    .await
+                    .map_err(classify)?
+                    != 1
+                {
+                    break;
+                }
+                next = checked_next::<M, _>(key, next)?;
+            }
+            written_under_lock::<M>(&mut AsyncWatched(conn), row_id.as_deref(), &row, next);
+            row.set_version(next);
+            Ok(Some(row))
+        })
     }
 }

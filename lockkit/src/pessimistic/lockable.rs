@@ -29,6 +29,24 @@
 //! undoes the bump with everything else. [`Lockable::lock_all`] does the same for
 //! every row it locks.
 //!
+//! On PostgreSQL, a versioned model's `FOR UPDATE` that waits (the default lock,
+//! with or without [`LockOptions::timeout`]) sends the locked read and the bump
+//! as one statement, which returns the row as bumped:
+//!
+//! ```sql
+//! UPDATE items SET lock_version = lock_version + 1
+//!  WHERE items.id = $1 AND items.lock_version < $2 -- $2: the version type's maximum
+//!    AND EXISTS (SELECT items.id, .. FROM items WHERE items.id = $1 FOR UPDATE)
+//!  RETURNING items.id, items.name, items.stock, items.lock_version;
+//! ```
+//!
+//! The sub-select keeps the lock a `FOR UPDATE` (a plain `UPDATE` takes `FOR NO
+//! KEY UPDATE`, which a foreign key check does not wait for). When it matches no
+//! row (the row is missing, or its version is at the maximum), lockkit sends the
+//! two statements above, which report which. `nowait()`, `skip_locked()`, the
+//! other strengths, MySQL/MariaDB (no `UPDATE .. RETURNING`) and SQLite (whose
+//! `RETURNING` needs 3.35) keep the two statements.
+//!
 //! Nested inside an open transaction, `with_lock` uses a savepoint: the row lock is
 //! then held until the **outermost** transaction ends, not when the closure returns.
 //!
@@ -84,7 +102,9 @@ use diesel::{
 
 use super::connection::{AsLockingConnection, LockingConnection};
 use super::options::LockOptions;
-use super::row_lock::{EveryClause, ForUpdate, LockStrength, LockedCall, RowLock, WaitMode};
+use super::row_lock::{
+    EveryClause, ForUpdate, LockClause, LockStrength, LockedCall, RowLock, WaitMode,
+};
 use crate::transaction::{scope, Control};
 use crate::{classify, Error};
 
@@ -169,6 +189,9 @@ pub trait Lockable: Sized {
     /// UPDATE items SET lock_version = lock_version + 1
     ///  WHERE items.id = $1 AND items.lock_version = $2   -- Versioned models only
     /// ```
+    ///
+    /// (On PostgreSQL a versioned model's read and bump are one statement, as in
+    /// [`with_lock`](Self::with_lock): see the [module docs](self).)
     ///
     /// The lock is held until the transaction ends, so this must run inside one
     /// (yours from Diesel's `conn.transaction`, or a lockkit one such as
@@ -492,12 +515,21 @@ where
     // The wait at SQLite's `BEGIN IMMEDIATE` is recorded by
     // `locked_transaction`; here, the locked read's.
     let waited = crate::metrics::LockWait::start();
-    let lock = options.row_lock();
-    let row = M::load_locked(conn, key.clone(), lock).map_err(|err| lock.wait.classify(err))?;
-    if row.is_some() {
+    let held = |conn: &mut Conn, key: &M::Key| {
         let since = waited.acquired(M::TABLE_NAME, 1);
         let conn_id = scope::conn_id(conn);
         scope::hold(conn_id, "row", M::TABLE_NAME, || format!("{key:?}"), since);
+    };
+    let lock = options.row_lock();
+    if lock == ForUpdate::LOCK {
+        if let Some(row) = M::load_locked_bumped(conn, &key)? {
+            held(conn, &key);
+            return Ok(row);
+        }
+    }
+    let row = M::load_locked(conn, key.clone(), lock).map_err(|err| lock.wait.classify(err))?;
+    if row.is_some() {
+        held(conn, &key);
     }
     let mut row = match row {
         Some(row) => row,
@@ -576,6 +608,22 @@ pub trait LockRow<Conn: LockingConnection>: Lockable<OnLock: MarkLocked<Self, Co
     ///
     /// Diesel's error, unclassified.
     fn load(conn: &mut Conn, key: Self::Key) -> diesel::QueryResult<Option<Self>>;
+    /// The locked read of a waiting `FOR UPDATE` and the version bump in one
+    /// statement, where the backend and the model allow it ([`BumpOnLock`]):
+    /// the row with its new version, the journal told as by
+    /// [`MarkLocked::mark`]. `None` when not here, or when the statement
+    /// matched no row: [`with_lock`] then reads and bumps in two statements,
+    /// which tell a missing row from a version at its maximum.
+    ///
+    /// # Errors
+    ///
+    /// A classified database error; nothing is left half done (the statement
+    /// is one).
+    #[doc(hidden)]
+    fn load_locked_bumped(conn: &mut Conn, key: &Self::Key) -> Result<Option<Self>, Error> {
+        let _ = (conn, key);
+        Ok(None)
+    }
 }
 
 /// The locked read of one row, under whichever clause lockkit picks for the
@@ -622,13 +670,17 @@ macro_rules! lock_row_on {
         impl<M> LockRow<$conn> for M
         where
             M: Lockable + Selectable<$db>,
-            M::OnLock: MarkLocked<M, $conn>,
+            M::OnLock: MarkLocked<M, $conn> + BumpOnLock<M, $conn>,
             AsSelect<M, $db>: Expression,
             M::Table: FindDsl<M::Key>,
             Find<M::Table, M::Key>: SelectDsl<AsSelect<M, $db>>,
             ByKey<M, $db>: for<'q> LoadQuery<'q, $conn, M>,
             First<ByKey<M, $db>, M>: EveryClause<$conn, diesel::QueryResult<Option<M>>>,
         {
+            fn load_locked_bumped(conn: &mut $conn, key: &M::Key) -> Result<Option<M>, Error> {
+                <M::OnLock as BumpOnLock<M, $conn>>::lock_bumped(conn, key)
+            }
+
             fn load_locked(
                 conn: &mut $conn,
                 key: M::Key,
@@ -900,3 +952,282 @@ impl<M, Conn> MarkLocked<M, Conn> for NoVersion {
         Ok(())
     }
 }
+
+/// The locked read and the version bump of [`with_lock`] in one statement
+/// ([`LockRow::load_locked_bumped`]), for what [`Lockable::OnLock`] names:
+/// nothing for [`NoVersion`], and for
+/// [`BumpVersion`](crate::optimistic::BumpVersion) on PostgreSQL the statement
+/// of [`LockedBumpQuery`]. Implemented by lockkit for every model and
+/// connection; name it only in `where` clauses.
+#[doc(hidden)]
+pub trait BumpOnLock<M: Lockable, Conn> {
+    /// The row, locked `FOR UPDATE` and its version advanced, or `None`
+    /// (nothing sent, or no row matched).
+    ///
+    /// # Errors
+    ///
+    /// A classified database error.
+    fn lock_bumped(conn: &mut Conn, key: &M::Key) -> Result<Option<M>, Error>;
+}
+
+impl<M: Lockable, Conn> BumpOnLock<M, Conn> for NoVersion {
+    fn lock_bumped(_: &mut Conn, _: &M::Key) -> Result<Option<M>, Error> {
+        Ok(None)
+    }
+}
+
+/// MySQL/MariaDB has no `UPDATE .. RETURNING`; SQLite's (3.35 and later) is
+/// left to the two statements, which run on any SQLite Diesel links.
+macro_rules! two_statements_on {
+    ($($conn:ty, $feature:literal);*) => {$(
+        #[cfg(feature = $feature)]
+        impl<M: Lockable> BumpOnLock<M, $conn> for crate::optimistic::BumpVersion {
+            fn lock_bumped(_: &mut $conn, _: &M::Key) -> Result<Option<M>, Error> {
+                Ok(None)
+            }
+        }
+    )*};
+}
+
+two_statements_on!(
+    diesel::MysqlConnection, "mysql";
+    diesel::SqliteConnection, "sqlite"
+);
+
+#[cfg(feature = "postgres")]
+pub use folded::{LockedBump, LockedBumpQuery};
+
+/// PostgreSQL's one-statement lock and bump.
+#[cfg(feature = "postgres")]
+mod folded {
+    use std::marker::PhantomData;
+
+    use diesel::dsl::{self, AsSelect, Find};
+    use diesel::expression::{AsExpression, Expression};
+    use diesel::pg::{Pg, PgConnection};
+    use diesel::query_builder::{
+        AsChangeset, AstPass, IntoUpdateTarget, Query, QueryFragment, QueryId,
+    };
+    use diesel::query_dsl::methods::{FilterDsl, FindDsl, LockingDsl, SelectDsl};
+    use diesel::query_dsl::LoadQuery;
+    use diesel::query_source::QuerySource;
+    use diesel::sql_types::{SingleValue, SqlType};
+    use diesel::{
+        ExpressionMethods, OptionalExtension, QueryResult, RunQueryDsl, Selectable,
+        SelectableHelper,
+    };
+
+    use super::{by_key, BumpOnLock, ByKey, ForUpdate};
+    use crate::journal::{self, Plan};
+    use crate::optimistic::version_check::{checked_next, CurrentVersionQuery, VersionCheck};
+    use crate::optimistic::{BumpVersion, VersionNumber};
+    use crate::{classify, Error, Lockable, Versioned};
+
+    type VersionColumnOf<M> = <M as Versioned>::VersionColumn;
+    type VersionOf<M> = <M as Versioned>::Version;
+    /// `WHERE <key> AND <version> < <the version type's maximum>`.
+    type BelowMax<M> = dsl::Filter<
+        Find<<M as Lockable>::Table, <M as Lockable>::Key>,
+        dsl::Lt<VersionColumnOf<M>, VersionOf<M>>,
+    >;
+
+    /// `UPDATE <table> SET <version> = <version> + 1 WHERE <key> AND <version> <
+    /// $max AND EXISTS (SELECT <fields> FROM <table> WHERE <key> FOR UPDATE)
+    /// RETURNING <fields>`: the locked read of `with_lock` and the bump that
+    /// follows it, in one statement (one round trip, one statement for the
+    /// client to run).
+    ///
+    /// * The sub-select takes `FOR UPDATE` first (an uncorrelated `EXISTS` is
+    ///   evaluated once, before the row is scanned): a plain `UPDATE` takes only
+    ///   `FOR NO KEY UPDATE`, which would let a foreign key check (`FOR KEY
+    ///   SHARE`) through. It waits as the locked read does, within
+    ///   `lock_timeout`, and a waiter updates the row as its holder left it.
+    /// * The version is advanced only below its type's maximum: a row at the
+    ///   maximum, like a missing one, matches nothing, and `with_lock` then
+    ///   takes the two statements, which refuse it before the bump
+    ///   ([`Error::VersionOverflow`]) or report the row missing.
+    /// * The `SET` list is the bump of every versioned write (with the model's
+    ///   `updated_at`), so a version trigger sees what it always sees.
+    ///
+    /// Prepared once per connection and found again by type.
+    pub struct LockedBump<T: QuerySource, W, V, K, L, S> {
+        from_clause: T::FromClause,
+        where_clause: W,
+        values: V,
+        locked: L,
+        returning: S,
+        bump: PhantomData<fn() -> K>,
+    }
+
+    /// The query id of a [`LockedBump`].
+    #[doc(hidden)]
+    #[derive(Debug)]
+    pub struct LockedBumpId<T, W, K, L, S>(PhantomData<(T, W, K, L, S)>);
+
+    impl<T, W, V, K, L, S> QueryId for LockedBump<T, W, V, K, L, S>
+    where
+        T: QuerySource + QueryId,
+        W: QueryId,
+        K: QueryId,
+        L: QueryId,
+        S: QueryId,
+    {
+        type QueryId = LockedBumpId<T::QueryId, W::QueryId, K::QueryId, L::QueryId, S::QueryId>;
+        const HAS_STATIC_QUERY_ID: bool = T::HAS_STATIC_QUERY_ID
+            && W::HAS_STATIC_QUERY_ID
+            && K::HAS_STATIC_QUERY_ID
+            && L::HAS_STATIC_QUERY_ID
+            && S::HAS_STATIC_QUERY_ID;
+    }
+
+    impl<T: QuerySource, W, V, K, L, S: Expression> Query for LockedBump<T, W, V, K, L, S> {
+        type SqlType = S::SqlType;
+    }
+
+    impl<T: QuerySource, W, V, K, L, S, Conn> RunQueryDsl<Conn> for LockedBump<T, W, V, K, L, S> {}
+
+    impl<T, W, V, K, L, S> QueryFragment<Pg> for LockedBump<T, W, V, K, L, S>
+    where
+        T: QuerySource,
+        T::FromClause: QueryFragment<Pg>,
+        W: QueryFragment<Pg>,
+        V: QueryFragment<Pg>,
+        L: QueryFragment<Pg>,
+        S: QueryFragment<Pg>,
+    {
+        fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+            out.push_sql("UPDATE ");
+            self.from_clause.walk_ast(out.reborrow())?;
+            out.push_sql(" SET ");
+            self.values.walk_ast(out.reborrow())?;
+            self.where_clause.walk_ast(out.reborrow())?;
+            out.push_sql(" AND EXISTS (");
+            self.locked.walk_ast(out.reborrow())?;
+            out.push_sql(") RETURNING ");
+            self.returning.walk_ast(out.reborrow())
+        }
+    }
+
+    /// A [`Versioned`] model whose lock and bump PostgreSQL runs as one
+    /// [`LockedBump`]. Blanket-implemented; name it only in `where` clauses.
+    #[doc(hidden)]
+    pub trait LockedBumpQuery: VersionCheck {
+        /// The statement.
+        type Statement: QueryFragment<Pg> + QueryId + Query + Send + 'static;
+        /// The statement for the row `key`.
+        fn locked_bump(key: &Self::Key) -> Self::Statement;
+    }
+
+    impl<M> LockedBumpQuery for M
+    where
+        M: VersionCheck + Selectable<Pg> + 'static,
+        M::Key: Send,
+        AsSelect<M, Pg>: Expression + QueryFragment<Pg> + QueryId + Send + 'static,
+        M::Table: FindDsl<M::Key>,
+        Find<M::Table, M::Key>:
+            SelectDsl<AsSelect<M, Pg>> + FilterDsl<dsl::Lt<VersionColumnOf<M>, VersionOf<M>>>,
+        <VersionColumnOf<M> as Expression>::SqlType: SqlType + SingleValue,
+        VersionOf<M>: AsExpression<<VersionColumnOf<M> as Expression>::SqlType>,
+        BelowMax<M>: IntoUpdateTarget<Table = M::Table>,
+        <BelowMax<M> as IntoUpdateTarget>::WhereClause:
+            QueryFragment<Pg> + QueryId + Send + 'static,
+        <M::Table as QuerySource>::FromClause: QueryFragment<Pg> + Send + 'static,
+        M::Table: QueryId + 'static,
+        M::Bump: QueryId + 'static,
+        <M::Bump as AsChangeset>::Changeset: QueryFragment<Pg> + Send + 'static,
+        ByKey<M, Pg>: LockingDsl<ForUpdate>,
+        <ByKey<M, Pg> as LockingDsl<ForUpdate>>::Output:
+            QueryFragment<Pg> + QueryId + Send + 'static,
+    {
+        type Statement = LockedBump<
+            M::Table,
+            <BelowMax<M> as IntoUpdateTarget>::WhereClause,
+            <M::Bump as AsChangeset>::Changeset,
+            M::Bump,
+            <ByKey<M, Pg> as LockingDsl<ForUpdate>>::Output,
+            AsSelect<M, Pg>,
+        >;
+
+        fn locked_bump(key: &M::Key) -> Self::Statement {
+            let below_max =
+                VersionColumnOf::<M>::default().lt(<VersionOf<M> as VersionNumber>::MAX);
+            let target = M::Table::default()
+                .find(key.clone())
+                .filter(below_max)
+                .into_update_target();
+            LockedBump {
+                from_clause: target.table.from_clause(),
+                where_clause: target.where_clause,
+                values: M::bump().as_changeset(),
+                locked: by_key::<M, Pg>(key.clone()).with_lock(ForUpdate),
+                returning: M::as_select(),
+                bump: PhantomData,
+            }
+        }
+    }
+
+    impl<M> BumpOnLock<M, PgConnection> for BumpVersion
+    where
+        M: LockedBumpQuery + CurrentVersionQuery<PgConnection>,
+        M::Statement: for<'q> LoadQuery<'q, PgConnection, M>,
+    {
+        fn lock_bumped(conn: &mut PgConnection, key: &M::Key) -> Result<Option<M>, Error> {
+            // Where the database does not enforce the key, the two statements:
+            // their bump is undone when it matched several rows.
+            if !M::key_is_unique(conn).map_err(classify)? {
+                return Ok(None);
+            }
+            let row_id = M::row_id(conn, key).map_err(classify)?;
+            let Some(mut row) = M::locked_bump(key)
+                .get_result::<M>(conn)
+                .optional()
+                .map_err(classify)?
+            else {
+                return Ok(None);
+            };
+            let mut next = row.version();
+            while bumped_past_reused::<M>(conn, row_id.as_deref(), next) {
+                if M::bump_past(conn, key.clone(), next).map_err(classify)? != 1 {
+                    break;
+                }
+                next = checked_next::<M, _>(key, next)?;
+            }
+            written_under_lock::<M>(conn, row_id.as_deref(), &row, next);
+            row.set_version(next);
+            Ok(Some(row))
+        }
+    }
+
+    /// Whether the number the folded bump gave the row is one a rolled-back
+    /// write left with another struct: [`journal::reused`] for a row read under
+    /// lock (written as read, [`Plan::Write`]), as the bump of `mark` asks it.
+    pub(crate) fn bumped_past_reused<M: Versioned>(
+        conn: &mut impl journal::Watched,
+        row_id: Option<&str>,
+        to: M::Version,
+    ) -> bool {
+        journal::reused(conn, M::TABLE_NAME, row_id, Plan::Write, to.to_i64())
+    }
+
+    /// What the bump of `mark` records after its write: the row moved from the
+    /// version before the folded statement's (`row`'s, less one) to `next`.
+    pub(crate) fn written_under_lock<M: Versioned>(
+        conn: &mut impl journal::Watched,
+        row_id: Option<&str>,
+        row: &M,
+        next: M::Version,
+    ) {
+        let from = row.version().to_i64() - 1;
+        journal::written(
+            conn,
+            M::TABLE_NAME,
+            row_id,
+            Plan::Write,
+            from,
+            Some(next.to_i64()),
+        );
+    }
+}
+
+#[cfg(feature = "postgres")]
+pub(crate) use folded::{bumped_past_reused, written_under_lock};
