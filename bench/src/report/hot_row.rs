@@ -18,8 +18,10 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
          * **naive**: read the stock, write `stock = <read> - 1`. No lockkit; loses updates.\n\
          * **optimistic + retry**: read the `Versioned` row, `update_versioned`, \
          `lockkit::retry(&RetryPolicy::default(), ..)` on `Stale`.\n\
-         * **with_lock**: `lockkit::with_lock(conn, id, |conn, item| ..)`: `SELECT .. FOR UPDATE`, \
-         `UPDATE`, commit (SQLite: `BEGIN IMMEDIATE`).\n\
+         * **with_lock**: `lockkit::with_lock(conn, id, |conn, item| ..)`: the locked read, \
+         `UPDATE`, commit. On the `Versioned` item the locked read also advances the version: \
+         PostgreSQL in one statement (`UPDATE .. WHERE EXISTS (SELECT .. FOR UPDATE) RETURNING ..`), \
+         MariaDB `SELECT .. FOR UPDATE` and a version `UPDATE`, SQLite the same in `BEGIN IMMEDIATE`.\n\
          * **nowait + retry**: `with_lock(.., LockOptions::default().nowait(), ..)` inside \
          `lockkit::retry`; a held row is `Busy` at once.\n\
          * **atomic update_if**: `lockkit::atomic::update_if(conn, UPDATE .. SET stock = stock - 1 \

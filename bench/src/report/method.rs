@@ -35,9 +35,12 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
          * lockkit / hand-written pairs run `a b b a` ({} × per repetition) with {:.2} s slices. The hand-written twins \
          send the same SQL: the version-checked `UPDATE` with its own row-count check, `SELECT .. \
          FOR UPDATE` in a transaction, the conditional `UPDATE`, `LIMIT n FOR UPDATE SKIP \
-         LOCKED`. The hand-written optimistic retry uses the same backoff schedule. One \
-         difference by design: after a stale write lockkit reads the row's current version for \
-         its error report (one `SELECT` per conflict); the hand-written loop does not.\n\
+         LOCKED`. The hand-written optimistic retry uses the same backoff schedule. Two \
+         differences by design: after a stale write lockkit reads the row's current version for \
+         its error report (one `SELECT` per conflict), and on the `Versioned` item `with_lock` \
+         advances the version as it locks (PostgreSQL: in the locking statement, \
+         `UPDATE .. WHERE EXISTS (SELECT .. FOR UPDATE) RETURNING ..`; MariaDB and SQLite: one more \
+         `UPDATE`); the hand-written twins do neither.\n\
          * pgbench: `{}`. The with_lock script is `BEGIN; SELECT .. FOR UPDATE \\gset; UPDATE .. \
          SET stock = :left; COMMIT`; the atomic script is the single conditional `UPDATE`; the \
          queue with batch 1 is `SELECT id .. LIMIT 1 FOR UPDATE SKIP LOCKED \\gset` and one \
