@@ -627,7 +627,7 @@ pub trait LockRow<Conn: LockingConnection>: Lockable<OnLock: MarkLocked<Self, Co
 }
 
 /// The locked read of one row, under whichever clause lockkit picks for the
-/// [`RowLock`]: a [`LockClause`](super::row_lock::LockClause) type or the
+/// [`RowLock`]: a [`LockClause`] type or the
 /// value. Name it only in `where` clauses.
 #[derive(Debug)]
 pub struct First<Q, M>(Q, PhantomData<M>);
