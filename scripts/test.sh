@@ -72,6 +72,21 @@ command -v chromedriver >/dev/null && { command -v chromium >/dev/null || [ -n "
   || missing+=(chromium chromium-driver)
 [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
 
+# use_server VAR NAME PORT START URL: VAR when it is set; else the server on
+# 127.0.0.1:PORT, started by the function START when nothing listens there; a
+# server that does not answer fails the run. Exports VAR=URL and says which.
+use_server() {
+  local var=$1 name=$2 port=$3 start=$4 url=$5
+  if [ -z "${!var:-}" ]; then
+    if ! listening "$port"; then
+      "$start"
+    fi
+    wait_for_port "$port" || die "$name is not reachable on 127.0.0.1:$port"
+    export "$var=$url"
+  fi
+  log "$name: ${!var}"
+}
+
 # --- PostgreSQL --------------------------------------------------------------
 pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
 start_throwaway_pg() {
@@ -99,14 +114,7 @@ start_throwaway_pg() {
   CLEANUP+=("${run[*]} '$bin/pg_ctl' -D '$dir/data' -m immediate stop >/dev/null 2>&1")
   "${run[@]}" "$bin/createdb" -h 127.0.0.1 -p "$PG_PORT" -U postgres test
 }
-if [ -z "${PG_DATABASE_URL:-}" ]; then
-  if ! listening "$PG_PORT"; then
-    start_throwaway_pg
-  fi
-  wait_for_port "$PG_PORT" || die "PostgreSQL is not reachable on 127.0.0.1:$PG_PORT"
-  export PG_DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/test"
-fi
-log "PostgreSQL: $PG_DATABASE_URL"
+use_server PG_DATABASE_URL "PostgreSQL" "$PG_PORT" start_throwaway_pg "postgres://postgres@127.0.0.1:$PG_PORT/test"
 
 # --- MySQL / MariaDB -----------------------------------------------------------
 start_throwaway_mysql() {
@@ -136,14 +144,7 @@ start_throwaway_mysql() {
   done
   die "could not create database test on the throwaway MariaDB"
 }
-if [ -z "${MYSQL_DATABASE_URL:-}" ]; then
-  if ! listening "$MYSQL_PORT"; then
-    start_throwaway_mysql
-  fi
-  wait_for_port "$MYSQL_PORT" || die "MySQL/MariaDB is not reachable on 127.0.0.1:$MYSQL_PORT"
-  export MYSQL_DATABASE_URL="mysql://root@127.0.0.1:$MYSQL_PORT/test"
-fi
-log "MySQL/MariaDB: $MYSQL_DATABASE_URL"
+use_server MYSQL_DATABASE_URL "MySQL/MariaDB" "$MYSQL_PORT" start_throwaway_mysql "mysql://root@127.0.0.1:$MYSQL_PORT/test"
 
 # --- Redis (the lease store's tests) --------------------------------------------
 start_throwaway_redis() {
@@ -162,14 +163,7 @@ start_throwaway_redis() {
   CLEANUP+=("kill $! 2>/dev/null; wait $! 2>/dev/null")
   wait_for_port "$REDIS_PORT" || { cat "$dir/server.log" >&2; die "Redis did not start"; }
 }
-if [ -z "${REDIS_URL:-}" ]; then
-  if ! listening "$REDIS_PORT"; then
-    start_throwaway_redis
-  fi
-  wait_for_port "$REDIS_PORT" || die "Redis is not reachable on 127.0.0.1:$REDIS_PORT"
-  export REDIS_URL="redis://127.0.0.1:$REDIS_PORT/"
-fi
-log "Redis: $REDIS_URL"
+use_server REDIS_URL "Redis" "$REDIS_PORT" start_throwaway_redis "redis://127.0.0.1:$REDIS_PORT/"
 
 # --- NATS with JetStream (the broker of examples/outbox) ---------------------
 # NATS_URL when set; else a server on 127.0.0.1:$NATS_PORT (4222), which must have
@@ -190,14 +184,7 @@ start_throwaway_nats() {
   CLEANUP+=("kill $! 2>/dev/null; wait $! 2>/dev/null")
   wait_for_port "$NATS_PORT" || { cat "$dir/server.log" >&2; die "NATS did not start"; }
 }
-if [ -z "${NATS_URL:-}" ]; then
-  if ! listening "$NATS_PORT"; then
-    start_throwaway_nats
-  fi
-  wait_for_port "$NATS_PORT" || die "NATS is not reachable on 127.0.0.1:$NATS_PORT"
-  export NATS_URL="nats://127.0.0.1:$NATS_PORT"
-fi
-log "NATS: $NATS_URL"
+use_server NATS_URL "NATS" "$NATS_PORT" start_throwaway_nats "nats://127.0.0.1:$NATS_PORT"
 
 # --- PostgreSQL primary and streaming standby (the replica tests) ---------------
 # PG_PRIMARY_URL and PG_STANDBY_URL when both are set (a primary and a hot standby
