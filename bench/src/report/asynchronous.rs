@@ -237,8 +237,9 @@ fn gap(w: &mut String, pg: &[PgbenchSummary]) -> fmt::Result {
          bind and execute at once. In `with_lock` and the queue that extra round trip falls \
          inside the row lock, so it lengthens every lock holder's turn. lockkit's versioned \
          `UPDATE` is its own statement, which Diesel caches (the uncontended row above). And \
-         `with_lock` on a `Versioned` model also advances the version under the lock (one more \
-         `UPDATE`), which pgbench's script and the hand-written twin do not send.\n",
+         `with_lock` on a `Versioned` model also advances the version as it locks (on PostgreSQL \
+         inside the locking statement, `UPDATE .. WHERE EXISTS (SELECT .. FOR UPDATE) RETURNING ..`), \
+         which pgbench's script and the hand-written twin do not do.\n",
         list(&|s| us(tasks(s).server_cpu)),
         list(&|s| us(s.server_cpu.1)),
         list(&|s| us(s.server_cpu.2)),
