@@ -25,8 +25,8 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
          its own row (no contention); **hot row**: every worker the same row. The fixed \
          strategies do the same read-modify-write: optimistic + retry \
          (`RetryPolicy::default()`) and `with_lock`. The three run back to back in every \
-         repetition (the first turning from one repetition to the next), apart from the hot-row \
-         section's runs. **adaptive / best** is the adaptive \
+         repetition, `a b c c b a` (the first turning from one repetition to the next; each \
+         strategy's two runs merged), apart from the hot-row section's runs. **adaptive / best** is the adaptive \
          throughput over the better fixed one (target ≥ 0.9); **locked** is \
          the share of adaptive writes made under the lock.\n"
     )?;

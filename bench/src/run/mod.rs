@@ -139,14 +139,22 @@ fn run_backend<C: BenchConnection>(
         if !group.iter().any(wanted) {
             continue;
         }
-        // Back to back, the first turning with the repetition and the group,
-        // so that no strategy always runs first (or right after another cell).
-        for k in 0..group.len() {
-            let case = group[(rep + i + k) % group.len()];
-            let sample = run_case(&run.pool, &case, &settings.limits)?;
+        // `a b c c b a`, the first turning with the repetition and the group:
+        // each strategy runs once in each half and never always right after
+        // the same one (a 32-worker `with_lock` run slows the run after it).
+        // The two runs of each are merged.
+        let n = group.len();
+        let mut merged: Vec<Option<Sample>> = (0..n).map(|_| None).collect();
+        for k in (0..n).chain((0..n).rev()) {
+            let j = (rep + i + k) % n;
+            let sample = run_case(&run.pool, &group[j], &settings.limits)?;
             progress(rep, settings.reps, &sample);
-            results.adaptive.push(sample);
+            match &mut merged[j] {
+                Some(first) => first.merge(&sample),
+                empty => *empty = Some(sample),
+            }
         }
+        results.adaptive.extend(merged.into_iter().flatten());
     }
     for case in async_paired_cases(C::BACKEND).into_iter().filter(wanted) {
         let pair = tasks::run_pair(
