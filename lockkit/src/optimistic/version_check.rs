@@ -368,6 +368,29 @@ pub(crate) fn prepare<M: Versioned, W: journal::Watched>(
 /// Runs one versioned write, expecting the version `expected` from `origin`;
 /// see the [module docs](self) for the sequence.
 ///
+/// The version a write that left the row at `next` ends with: while `next` is
+/// a number a rolled-back write left with another struct ([`journal::reused`]),
+/// the row is moved one further (`bump_past`), in the writer's transaction.
+pub(crate) fn move_past_reused<M, Conn>(
+    conn: &mut Conn,
+    key: &M::Key,
+    row_id: Option<&str>,
+    plan: Plan,
+    mut next: M::Version,
+) -> Result<M::Version, Error>
+where
+    M: CurrentVersionQuery<Conn>,
+    Conn: Connection,
+{
+    while journal::reused(conn, M::TABLE_NAME, row_id, plan, next.to_i64()) {
+        if M::bump_past(conn, key.clone(), next).map_err(classify)? != 1 {
+            break;
+        }
+        next = checked_next::<M, _>(key, next)?;
+    }
+    Ok(next)
+}
+
 /// `statement` builds the statement for the version to check (usually
 /// `expected`; see [`journal`]).
 pub(crate) fn write<M, S, Conn>(
@@ -391,17 +414,16 @@ where
     } = prepare::<M, _>(conn, key, row.as_deref(), expected, origin, operation)?;
     let rows = execute_once::<M, _, _>(conn, key, statement(checked))?;
     if rows == 1 {
-        // A number a rolled-back write left with another struct: moved past
-        // (see `journal::reused`).
-        let mut next = next;
-        while let Some(n) =
-            next.filter(|n| journal::reused(conn, M::TABLE_NAME, row.as_deref(), plan, n.to_i64()))
-        {
-            if M::bump_past(conn, key.clone(), n).map_err(classify)? != 1 {
-                break;
-            }
-            next = Some(checked_next::<M, _>(key, n)?);
-        }
+        let next = match next {
+            Some(n) => Some(move_past_reused::<M, _>(
+                conn,
+                key,
+                row.as_deref(),
+                plan,
+                n,
+            )?),
+            None => None,
+        };
         return Ok(done::<M, _>(conn, row.as_deref(), plan, checked, next));
     }
 

@@ -1019,7 +1019,7 @@ mod folded {
 
     use super::{by_key, BumpOnLock, ByKey, ForUpdate};
     use crate::journal::{self, Plan};
-    use crate::optimistic::version_check::{checked_next, CurrentVersionQuery, VersionCheck};
+    use crate::optimistic::version_check::{move_past_reused, CurrentVersionQuery, VersionCheck};
     use crate::optimistic::{BumpVersion, VersionNumber};
     use crate::{classify, Error, Lockable, Versioned};
 
@@ -1185,13 +1185,9 @@ mod folded {
             else {
                 return Ok(None);
             };
-            let mut next = row.version();
-            while bumped_past_reused::<M>(conn, row_id.as_deref(), next) {
-                if M::bump_past(conn, key.clone(), next).map_err(classify)? != 1 {
-                    break;
-                }
-                next = checked_next::<M, _>(key, next)?;
-            }
+            // Written as read, under the lock: the plan of `mark`'s bump.
+            let next =
+                move_past_reused::<M, _>(conn, key, row_id.as_deref(), Plan::Write, row.version())?;
             written_under_lock::<M>(conn, row_id.as_deref(), &row, next);
             row.set_version(next);
             Ok(Some(row))
@@ -1201,6 +1197,8 @@ mod folded {
     /// Whether the number the folded bump gave the row is one a rolled-back
     /// write left with another struct: [`journal::reused`] for a row read under
     /// lock (written as read, [`Plan::Write`]), as the bump of `mark` asks it.
+    /// The async side's test; the blocking side's loop is `move_past_reused`.
+    #[cfg(feature = "async")]
     pub(crate) fn bumped_past_reused<M: Versioned>(
         conn: &mut impl journal::Watched,
         row_id: Option<&str>,
@@ -1229,5 +1227,5 @@ mod folded {
     }
 }
 
-#[cfg(feature = "postgres")]
+#[cfg(all(feature = "postgres", feature = "async"))]
 pub(crate) use folded::{bumped_past_reused, written_under_lock};
