@@ -134,14 +134,18 @@ impl Broker {
                     .await;
                 pending.push(sent);
             }
-            let mut outcomes = Vec::with_capacity(batch.len());
-            for sent in pending {
-                outcomes.push(match sent {
+            // The acks are awaited together: each one's timeout starts when it
+            // is awaited, and the relay waits inside the transaction that
+            // claimed the batch (on SQLite, holding the database's write
+            // lock), so one after the other a dead broker would cost the
+            // batch one timeout per message.
+            futures_util::future::join_all(pending.into_iter().map(|sent| async move {
+                match sent {
                     Ok(ack) => ack.await.map(drop).map_err(|e| e.to_string()),
                     Err(e) => Err(e.to_string()),
-                });
-            }
-            outcomes
+                }
+            }))
+            .await
         })
     }
 

@@ -402,7 +402,51 @@ fn the_broker_restarting_mid_run_loses_nothing(url: &str) {
     );
 }
 
+/// JetStream's publish-ack timeout (the client's default), which a publish
+/// waits for before it counts as failed.
+const PUBLISH_ACK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A relay waits for its batch's acks inside the transaction that claimed the
+/// batch, and on SQLite that transaction holds the database's write lock. So a
+/// broker that dies mid-batch must cost the batch one ack timeout, not one per
+/// message: five acks waited one after the other held the lock for 25 s, past
+/// the consumer's 10 s busy timeout, and the consumer stopped with "lock wait
+/// timed out" in the broker-restart test.
+fn a_dead_broker_costs_a_batch_one_ack_timeout(url: &str) {
+    const BATCH: u32 = 5;
+    let mut nats = OwnNats::start(&format!("dead-acks-{}", Backend::from_url(url).name()));
+    let config = &BrokerConfig {
+        url: nats.url(),
+        stream: format!("OUTBOX_dead_acks_{}", Backend::from_url(url).name()),
+        on_disk: false,
+    };
+    outbox::setup(url, config, 1).unwrap_or_else(|e| panic!("setup {url}: {e}"));
+    outbox::place_orders(url, config, BATCH).expect("place the orders");
+    let broker = outbox::broker::Broker::connect(&config.url, &config.stream).expect("connect");
+    nats.kill();
+    let mut conn = lockkit_tests::support::AnyConnection::open(url).expect("open");
+    let started = Instant::now();
+    let relayed = lockkit::outbox::Relay::default()
+        .publish_batch(&mut conn, i64::from(BATCH), |batch| {
+            Ok::<_, lockkit::Error>(broker.publish_confirmed(batch))
+        })
+        .expect("the batch's failures are marked, not an error");
+    let held = started.elapsed();
+    assert_eq!(
+        (relayed.claimed, relayed.failed),
+        (BATCH as usize, BATCH as usize),
+        "no broker, no ack: {relayed:?}"
+    );
+    assert!(
+        held < PUBLISH_ACK_TIMEOUT * 2,
+        "the relay held its batch of {BATCH} for {held:?} waiting for acks from a dead broker"
+    );
+}
+
 lockkit_tests::url_tests! {
+    fn a_dead_broker_costs_a_batch_one_ack_timeout(url) {
+        super::a_dead_broker_costs_a_batch_one_ack_timeout(url)
+    }
     fn the_broker_restarting_mid_run_loses_nothing(url) {
         super::the_broker_restarting_mid_run_loses_nothing(url)
     }
