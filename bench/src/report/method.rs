@@ -26,8 +26,13 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
          * Before every run the tables are reset: `items` gets fresh rows with stock {} \
          (enough never to run out) and version 0; the queue gets {} fresh jobs.\n\
          * All workers take their pooled connection, wait at a barrier, and start together; \
-         throughput is completed operations (queue: jobs) over the time from the start until \
-         the last worker stopped.\n\
+         throughput is the operations (queue: jobs) completed within the run's time, over that \
+         time. An operation that runs past it still finishes and counts for the correctness \
+         line, not for the throughput: the last one to finish (a worker asleep in a backoff, at \
+         the end of a lock queue) says how long one operation can take, not how many the \
+         server writes per second, and the others idle meanwhile. (Until this run the time \
+         ran until the last worker stopped, which put up to a backoff's wait on every \
+         contended run.)\n\
          * The correctness line is checked after every run against the database: units sold + \
          final stock = initial stock (hot row); Σ stock taken = Σ versions = updates \
          (uncontended); Σ stock taken = order lines (orders); jobs claimed = distinct jobs = \

@@ -117,6 +117,10 @@ impl WorkerLoop {
                 self.hist.saturating_record(micros.max(1));
                 self.state.counts.successes += 1;
                 self.state.counts.units += units as u64;
+                if Instant::now() > self.deadline {
+                    self.state.counts.late_successes += 1;
+                    self.state.counts.late_units += units as u64;
+                }
                 self.consecutive_errors = 0;
             }
             Err(OpError::GaveUp) => self.state.counts.gave_up += 1,
@@ -165,6 +169,7 @@ pub(crate) fn sample<C: BenchConnection>(
     case: &Case,
     outs: Vec<Result<WorkerOut, BenchError>>,
     elapsed: Duration,
+    limits: &Limits,
     cpu: cpu::Cpu,
     adaptive: &AdaptivePolicy,
 ) -> Result<Sample, BenchError> {
@@ -192,6 +197,9 @@ pub(crate) fn sample<C: BenchConnection>(
         backend: C::BACKEND,
         case: *case,
         elapsed,
+        // The workers stop starting operations at the run's time; the last
+        // ones still finish (a backoff, a lock queue), while the others idle.
+        window: elapsed.min(limits.run),
         counts,
         hist,
         check,
@@ -243,7 +251,7 @@ pub fn run_case<C: BenchConnection>(
         let elapsed = started.elapsed();
         (outs, elapsed, cpu_before.until(&cpu::snapshot(C::BACKEND)))
     });
-    sample(pool, case, outs, elapsed, cpu, &adaptive)
+    sample(pool, case, outs, elapsed, limits, cpu, &adaptive)
 }
 
 fn worker<C: BenchConnection>(
@@ -303,4 +311,30 @@ pub fn alternate(
     }
     let [a, b] = merged;
     Ok((a.expect("ran"), b.expect("ran")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_operation_ending_after_the_run_counts_for_the_check_not_the_throughput() {
+        let case = Case::new(Workload::HotRow, Strategy::Versioned, 1);
+        let limits = Limits {
+            run: Duration::from_secs(3600),
+            max_ops_per_worker: 10,
+            jobs: 0,
+        };
+        let mut run = WorkerLoop::new(0, &case, Arc::new(AdaptivePolicy::new()));
+        run.start(&limits);
+        assert!(run.record(&case, Instant::now(), Ok(1)));
+        // The run's time is up while the next operation is under way.
+        run.deadline = Instant::now();
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(run.record(&case, Instant::now(), Ok(1)));
+        assert!(!run.go_on(&limits));
+        let counts = run.finish().state.counts;
+        assert_eq!((counts.successes, counts.units), (2, 2));
+        assert_eq!((counts.late_successes, counts.late_units), (1, 1));
+    }
 }

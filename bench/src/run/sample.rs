@@ -18,6 +18,13 @@ pub struct Sample {
     pub case: Case,
     /// Wall time from the start line until the last worker stopped.
     pub elapsed: Duration,
+    /// The time the throughput is counted in: the run's length (less when
+    /// every worker stopped earlier, e.g. on a drained queue). Operations that
+    /// complete after it, while the other workers have stopped, count for the
+    /// checks but not for the throughput: how long the slowest last operation
+    /// takes (a worker asleep in a backoff, one at the end of a lock queue)
+    /// is not a rate.
+    pub window: Duration,
     /// What the workers counted.
     pub counts: Counts,
     /// Latency of the operations that completed, in microseconds.
@@ -52,9 +59,14 @@ impl Sample {
         }
     }
 
-    /// Completed operations per second (queue: jobs per second).
+    /// Operations completed within the run's time, per second (queue: jobs
+    /// per second); see [`Sample::window`].
     pub fn throughput(&self) -> f64 {
-        self.done() / self.elapsed.as_secs_f64().max(1e-9)
+        let late = match self.case.workload {
+            Workload::Queue => self.counts.late_units,
+            _ => self.counts.late_successes,
+        };
+        (self.done() - late as f64) / self.window.as_secs_f64().max(1e-9)
     }
 
     /// Attempts per completed operation.
@@ -73,6 +85,7 @@ impl Sample {
     /// Adds another slice of the same case.
     pub fn merge(&mut self, other: &Sample) {
         self.elapsed += other.elapsed;
+        self.window += other.window;
         self.counts.add(&other.counts);
         self.cpu = Cpu {
             client: self.cpu.client + other.cpu.client,

@@ -114,7 +114,7 @@ pub fn run_case<A: AsyncBenchConnection>(
         let cpu = cpu_before.until(&cpu::snapshot(A::Blocking::BACKEND));
         Ok::<_, BenchError>((outs, elapsed, cpu))
     })?;
-    sample(blocking, case, outs, elapsed, cpu, &adaptive)
+    sample(blocking, case, outs, elapsed, limits, cpu, &adaptive)
 }
 
 async fn worker<A: AsyncBenchConnection>(

@@ -31,6 +31,11 @@ pub struct Counts {
     pub errors: u64,
     /// Writes the adaptive strategy made under the row lock.
     pub locked: u64,
+    /// Of `successes` and `units`, those completed after the run's time was
+    /// up: the correctness checks count them, the throughput does not.
+    pub late_successes: u64,
+    /// See `late_successes`.
+    pub late_units: u64,
 }
 
 impl Counts {
@@ -57,6 +62,8 @@ impl Counts {
         self.gave_up += o.gave_up;
         self.errors += o.errors;
         self.locked += o.locked;
+        self.late_successes += o.late_successes;
+        self.late_units += o.late_units;
     }
 }
 
