@@ -13,7 +13,8 @@ pub(crate) const PG_BEGIN_SERIALIZABLE: &str = "BEGIN TRANSACTION ISOLATION LEVE
 /// MySQL/MariaDB: sent before `BEGIN`; applies to the next transaction only.
 #[cfg(feature = "mysql")]
 pub(crate) const MYSQL_SET_SERIALIZABLE: &str = "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE";
-/// SQLite: one writer at a time is serializable.
+/// SQLite: one writer at a time is serializable. Also how a locked transaction
+/// begins (the write lock taken before the first read), on both sides.
 #[cfg(feature = "sqlite")]
 pub(crate) const SQLITE_BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
 

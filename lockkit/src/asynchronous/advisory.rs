@@ -269,6 +269,7 @@ mod postgres {
     use diesel_async::AsyncPgConnection;
 
     use super::*;
+    use crate::transaction::require_transaction;
 
     /// PostgreSQL: waits for the transaction-level advisory lock `key`, held
     /// until the transaction ends (`COMMIT` or `ROLLBACK`; a dropped future's
@@ -285,9 +286,7 @@ mod postgres {
         conn: &mut AsyncPgConnection,
         key: impl Into<AdvisoryKey>,
     ) -> Result<(), Error> {
-        if !in_transaction(conn) {
-            return Err(Error::NotInTransaction);
-        }
+        require_transaction(in_transaction(conn))?;
         conn.acquire(key.into(), Scope::Transaction, true)
             .await
             .map(drop)
@@ -306,9 +305,7 @@ mod postgres {
         conn: &mut AsyncPgConnection,
         key: impl Into<AdvisoryKey>,
     ) -> Result<bool, Error> {
-        if !in_transaction(conn) {
-            return Err(Error::NotInTransaction);
-        }
+        require_transaction(in_transaction(conn))?;
         conn.acquire(key.into(), Scope::Transaction, false)
             .await
             .map_err(classify)

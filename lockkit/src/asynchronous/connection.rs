@@ -272,6 +272,7 @@ mod sqlite {
     use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 
     use super::*;
+    use crate::isolation::SQLITE_BEGIN_IMMEDIATE;
     use crate::pessimistic::connection::sqlite::{
         set_busy_timeout_sql, BusyTimeout, BUSY_TIMEOUT, WRITE_LOCK,
     };
@@ -318,7 +319,7 @@ mod sqlite {
                 }
             } else {
                 self.spawn_blocking(|sqlite| {
-                    AnsiTransactionManager::begin_transaction_sql(sqlite, "BEGIN IMMEDIATE")
+                    AnsiTransactionManager::begin_transaction_sql(sqlite, SQLITE_BEGIN_IMMEDIATE)
                 })
                 .await
             };
@@ -351,10 +352,7 @@ mod sqlite {
 
         async fn begin_serializable(&mut self) -> QueryResult<()> {
             self.spawn_blocking(|sqlite| {
-                AnsiTransactionManager::begin_transaction_sql(
-                    sqlite,
-                    crate::isolation::SQLITE_BEGIN_IMMEDIATE,
-                )
+                AnsiTransactionManager::begin_transaction_sql(sqlite, SQLITE_BEGIN_IMMEDIATE)
             })
             .await
         }

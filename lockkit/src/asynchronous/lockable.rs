@@ -75,7 +75,7 @@ use crate::pessimistic::row_lock::{
     EveryClause, ForUpdate, LockClause, LockedCall, RowLock, WaitMode,
 };
 use crate::pessimistic::NoVersion;
-use crate::transaction::Failure;
+use crate::transaction::{require_transaction, Failure};
 use crate::{classify, Error, LockOptions, Lockable};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -309,9 +309,7 @@ where
     M: AsyncLockAll<C>,
     M::Key: Ord + Send + Sync,
 {
-    if !in_transaction(conn) {
-        return Err(Error::NotInTransaction);
-    }
+    require_transaction(in_transaction(conn))?;
     let waited = crate::metrics::LockWait::start();
     let mut keys = keys.to_vec();
     keys.sort();

@@ -70,7 +70,7 @@ use crate::outbox::{
     check_limit, check_message, older_than, DeadLetter, Inbox, Mark, OutboxMessage, Received,
     Relay, Relayed, DEAD,
 };
-use crate::transaction::Failure;
+use crate::transaction::{require_transaction, Failure};
 use crate::{Error, LockOptions};
 
 /// Writes a message to the outbox in the open transaction, the one that makes
@@ -103,9 +103,7 @@ pub async fn claim<C: AsyncOutboxStore>(
     conn: &mut C,
     limit: i64,
 ) -> Result<Vec<OutboxMessage>, Error> {
-    if !in_transaction(conn) {
-        return Err(Error::NotInTransaction);
-    }
+    require_transaction(in_transaction(conn))?;
     C::claim_due(conn, limit, now_millis()).await
 }
 

@@ -61,6 +61,7 @@ use diesel_async::RunQueryDsl;
 use super::connection::{in_transaction, AsyncLockingConnection};
 use crate::metrics::LockWait;
 use crate::pessimistic::row_lock::ForUpdateSkipLocked;
+use crate::transaction::require_transaction;
 use crate::{classify, Error};
 
 /// Claims up to `limit` rows of `query` that no other transaction holds, locking
@@ -85,9 +86,7 @@ where
     Q: AsyncClaimQuery<C, M>,
     M: Send,
 {
-    if !in_transaction(conn) {
-        return Err(Error::NotInTransaction);
-    }
+    require_transaction(in_transaction(conn))?;
     let waited = LockWait::start();
     conn.take_write_lock().await?;
     let rows: Vec<M> = query

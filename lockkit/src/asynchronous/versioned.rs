@@ -73,12 +73,12 @@ use crate::optimistic::backend::{DatabaseId, InShareMode, OptimisticBackend, Uni
 use crate::optimistic::statement::BySql;
 use crate::optimistic::version::VersionNumber;
 use crate::optimistic::version_check::{
-    self, checked_next, current_state, done, prepare, stale, DeleteVersioned, Origin, Prepared,
-    TouchVersioned, UpdateVersioned, VersionCheck, Written,
+    self, checked_next, current_state, done, moved_past, prepare, stale, to_move_past,
+    DeleteVersioned, Origin, Prepared, TouchVersioned, UpdateVersioned, VersionCheck, Written,
 };
 use crate::optimistic::versioned::{all_or_none, key_order, settle};
 use crate::transaction::Failure;
-use crate::{classify, CurrentState, Error, Lockable, Operation, Versioned};
+use crate::{classify, Error, Lockable, Operation, Versioned};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -506,16 +506,13 @@ where
         let watched = &mut AsyncWatched(conn);
         return Ok(done::<M, _>(watched, row.as_deref(), plan, checked, next));
     }
-    let current = current_state(M::load_current_version(conn, key.clone()).await, expected)?;
-    let current = match current {
-        CurrentState::Version(v) if journal::must_move_past(plan, v) => {
-            let bumped = M::bump_past(conn, key.clone(), expected)
-                .await
-                .map_err(classify)?;
-            CurrentState::Version(if bumped == 1 { v + 1 } else { v })
-        }
-        current => current,
-    };
+    let mut current = current_state(M::load_current_version(conn, key.clone()).await, expected)?;
+    if let Some(v) = to_move_past(plan, current) {
+        let bumped = M::bump_past(conn, key.clone(), expected)
+            .await
+            .map_err(classify)?;
+        current = moved_past(v, bumped);
+    }
     let watched = &mut AsyncWatched(conn);
     Ok(stale::<M, _>(
         watched,

@@ -365,9 +365,6 @@ pub(crate) fn prepare<M: Versioned, W: journal::Watched>(
     })
 }
 
-/// Runs one versioned write, expecting the version `expected` from `origin`;
-/// see the [module docs](self) for the sequence.
-///
 /// The version a write that left the row at `next` ends with: while `next` is
 /// a number a rolled-back write left with another struct ([`journal::reused`]),
 /// the row is moved one further (`bump_past`), in the writer's transaction.
@@ -391,6 +388,9 @@ where
     Ok(next)
 }
 
+/// Runs one versioned write, expecting the version `expected` from `origin`;
+/// see the [module docs](self) for the sequence.
+///
 /// `statement` builds the statement for the version to check (usually
 /// `expected`; see [`journal`]).
 pub(crate) fn write<M, S, Conn>(
@@ -427,14 +427,11 @@ where
         return Ok(done::<M, _>(conn, row.as_deref(), plan, checked, next));
     }
 
-    let current = current_state(M::load_current_version(conn, key.clone()), expected)?;
-    let current = match current {
-        CurrentState::Version(v) if journal::must_move_past(plan, v) => {
-            let bumped = M::bump_past(conn, key.clone(), expected).map_err(classify)?;
-            CurrentState::Version(if bumped == 1 { v + 1 } else { v })
-        }
-        current => current,
-    };
+    let mut current = current_state(M::load_current_version(conn, key.clone()), expected)?;
+    if let Some(v) = to_move_past(plan, current) {
+        let bumped = M::bump_past(conn, key.clone(), expected).map_err(classify)?;
+        current = moved_past(v, bumped);
+    }
     Ok(stale::<M, _>(
         conn,
         key,
@@ -495,6 +492,22 @@ pub(crate) fn current_state<V: VersionNumber>(
         }
         Err(err) => return Err(classify(err)),
     })
+}
+
+/// The version the row of a stale write planned as `plan` must be moved past,
+/// when the follow-up read found it at the number a rolled-back write
+/// tentatively used (see [`journal::must_move_past`]).
+pub(crate) fn to_move_past(plan: Plan, current: CurrentState) -> Option<i64> {
+    match current {
+        CurrentState::Version(v) if journal::must_move_past(plan, v) => Some(v),
+        _ => None,
+    }
+}
+
+/// The row found at `v` once the statement moving it past `v` changed
+/// `bumped` rows: at `v + 1` when it changed the row, else still at `v`.
+pub(crate) fn moved_past(v: i64, bumped: usize) -> CurrentState {
+    CurrentState::Version(if bumped == 1 { v + 1 } else { v })
 }
 
 /// The report of a write that matched no row, counted in the metrics.

@@ -105,6 +105,7 @@ use std::time::Duration;
 
 use crate::clock::{millis, now_millis};
 use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
+use crate::transaction::require_transaction;
 use crate::{locked_transaction, Error, LockOptions, RetryPolicy};
 
 pub use crate::version_trigger::Dialect;
@@ -274,9 +275,7 @@ pub(crate) fn check_message(topic: &str, payload: &str, in_transaction: bool) ->
             "outbox topics are 1 to 255 characters and payloads any text, without NUL",
         ));
     }
-    if !in_transaction {
-        return Err(Error::NotInTransaction);
-    }
+    require_transaction(in_transaction)?;
     Ok(())
 }
 

@@ -376,7 +376,7 @@ mod postgres {
     use diesel::{Connection, RunQueryDsl};
 
     use super::{AdvisoryBackend, AdvisoryKey, Locked, Scope, Statement};
-    use crate::transaction::in_transaction;
+    use crate::transaction::{in_transaction, require_transaction};
     use crate::{classify, Error};
 
     fn statement(sql: &'static str, key: AdvisoryKey) -> Statement<Pg> {
@@ -423,9 +423,7 @@ mod postgres {
     where
         C: Connection<Backend = Pg> + LoadConnection,
     {
-        if !in_transaction(conn) {
-            return Err(Error::NotInTransaction);
-        }
+        require_transaction(in_transaction(conn))?;
         Pg::acquire(conn, key.into(), Scope::Transaction)
             .map(drop)
             .map_err(classify)
@@ -442,9 +440,7 @@ mod postgres {
     where
         C: Connection<Backend = Pg> + LoadConnection,
     {
-        if !in_transaction(conn) {
-            return Err(Error::NotInTransaction);
-        }
+        require_transaction(in_transaction(conn))?;
         Pg::try_acquire(conn, key.into(), Scope::Transaction).map_err(classify)
     }
 }

@@ -490,6 +490,7 @@ pub(crate) mod sqlite {
     use diesel::{RunQueryDsl, SqliteConnection};
 
     use super::*;
+    use crate::isolation::SQLITE_BEGIN_IMMEDIATE;
     use crate::metrics::LockWait;
 
     as_locking_connection!(SqliteConnection);
@@ -514,8 +515,6 @@ pub(crate) mod sqlite {
     pub(crate) fn with_busy_timeout_sql(lock: &str, millis: i32) -> String {
         format!("PRAGMA busy_timeout = {millis}; {lock}")
     }
-
-    const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
 
     /// Takes the database's write lock in the open transaction without changing
     /// data: `incremental_vacuum` is a write (so it takes the lock, waiting up to
@@ -585,12 +584,16 @@ pub(crate) mod sqlite {
             // A failure of Diesel's own statements is read knowing which one
             // failed: `BEGIN IMMEDIATE` waited for the lock, `COMMIT` did not.
             let mut waited = Some(waited);
-            transaction_sql::<SqliteConnection, _, _, _>(conn, &take(BEGIN_IMMEDIATE), |conn| {
-                if let Some(waited) = waited.take() {
-                    waited.acquired("database", 1);
-                }
-                guard.call(conn, work)
-            })
+            transaction_sql::<SqliteConnection, _, _, _>(
+                conn,
+                &take(SQLITE_BEGIN_IMMEDIATE),
+                |conn| {
+                    if let Some(waited) = waited.take() {
+                        waited.acquired("database", 1);
+                    }
+                    guard.call(conn, work)
+                },
+            )
             .map_err(|failure| match failure {
                 Failure::Diesel(err) if waited.is_some() => Failure::Lockkit(lock_error(err)),
                 failure => failure,
@@ -609,11 +612,7 @@ pub(crate) mod sqlite {
         E: From<Error>,
         F: FnOnce(&mut H) -> Result<T, E>,
     {
-        serializable_begun_with::<SqliteConnection, _, _, _, _>(
-            conn,
-            crate::isolation::SQLITE_BEGIN_IMMEDIATE,
-            f,
-        )
+        serializable_begun_with::<SqliteConnection, _, _, _, _>(conn, SQLITE_BEGIN_IMMEDIATE, f)
     }
 
     impl Control for SqliteConnection {}

@@ -423,23 +423,33 @@ pub(crate) mod mysql {
         query: String,
     }
 
-    pub(crate) const MARIADB: &str = "SELECT CAST(r.trx_mysql_thread_id AS SIGNED) AS session, \
-            CAST(b.trx_mysql_thread_id AS SIGNED) AS blocker, \
-            CAST(TIMESTAMPDIFF(MICROSECOND, r.trx_wait_started, NOW(6)) DIV 1000 AS SIGNED) AS waiting_ms, \
-            COALESCE(r.trx_query, '') AS query \
-       FROM information_schema.INNODB_LOCK_WAITS w \
-       JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id \
-       JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id \
-      ORDER BY session, blocker";
+    /// The query of [`BLOCKED_SESSIONS_TRIED`] over the lock-wait view its
+    /// `FROM` clause names (joined to `INNODB_TRX` as `r`, the waiter, and
+    /// `b`, the blocker): a row per waiter and blocker.
+    macro_rules! blocked_sessions {
+        ($from:literal) => {
+            concat!(
+                "SELECT CAST(r.trx_mysql_thread_id AS SIGNED) AS session, \
+                    CAST(b.trx_mysql_thread_id AS SIGNED) AS blocker, \
+                    CAST(TIMESTAMPDIFF(MICROSECOND, r.trx_wait_started, NOW(6)) DIV 1000 AS SIGNED) AS waiting_ms, \
+                    COALESCE(r.trx_query, '') AS query ",
+                $from,
+                " ORDER BY session, blocker"
+            )
+        };
+    }
 
-    pub(crate) const MYSQL8: &str = "SELECT CAST(r.trx_mysql_thread_id AS SIGNED) AS session, \
-            CAST(b.trx_mysql_thread_id AS SIGNED) AS blocker, \
-            CAST(TIMESTAMPDIFF(MICROSECOND, r.trx_wait_started, NOW(6)) DIV 1000 AS SIGNED) AS waiting_ms, \
-            COALESCE(r.trx_query, '') AS query \
-       FROM performance_schema.data_lock_waits w \
-       JOIN information_schema.INNODB_TRX r ON r.trx_id = w.REQUESTING_ENGINE_TRANSACTION_ID \
-       JOIN information_schema.INNODB_TRX b ON b.trx_id = w.BLOCKING_ENGINE_TRANSACTION_ID \
-      ORDER BY session, blocker";
+    pub(crate) const MARIADB: &str = blocked_sessions!(
+        "FROM information_schema.INNODB_LOCK_WAITS w \
+         JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id \
+         JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id"
+    );
+
+    pub(crate) const MYSQL8: &str = blocked_sessions!(
+        "FROM performance_schema.data_lock_waits w \
+         JOIN information_schema.INNODB_TRX r ON r.trx_id = w.REQUESTING_ENGINE_TRANSACTION_ID \
+         JOIN information_schema.INNODB_TRX b ON b.trx_id = w.BLOCKING_ENGINE_TRANSACTION_ID"
+    );
 
     /// MariaDB's views; `PROCESSLIST.COMMAND` is `Sleep` between statements.
     pub(crate) const LOCK_WAITS: &str = "SELECT CAST(r.trx_mysql_thread_id AS SIGNED) AS session, \

@@ -105,7 +105,7 @@ use super::options::LockOptions;
 use super::row_lock::{
     EveryClause, ForUpdate, LockClause, LockStrength, LockedCall, RowLock, WaitMode,
 };
-use crate::transaction::{scope, Control};
+use crate::transaction::{require_transaction, scope, Control};
 use crate::{classify, Error};
 
 /// `lock_all` sends at most this many keys per statement (SQLite's oldest limit
@@ -253,9 +253,7 @@ pub trait Lockable: Sized {
         Self: LockRow<C::Conn>,
     {
         let conn = conn.locking_connection();
-        if !conn.in_transaction() {
-            return Err(Error::NotInTransaction);
-        }
+        require_transaction(conn.in_transaction())?;
         if let Some(reason) = conn.transaction_ended(None) {
             return Err(Error::TransactionAborted(Box::new(reason)));
         }
@@ -378,9 +376,7 @@ pub trait Lockable: Sized {
         Self::Key: Ord,
     {
         let conn = conn.locking_connection();
-        if !conn.in_transaction() {
-            return Err(Error::NotInTransaction);
-        }
+        require_transaction(conn.in_transaction())?;
         let waited = crate::metrics::LockWait::start();
         conn.take_write_lock()?; // SQLite: a deferred transaction holds no lock yet
         let mut keys = keys.to_vec();

@@ -72,6 +72,7 @@ use diesel::RunQueryDsl;
 use crate::metrics::LockWait;
 use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
 use crate::pessimistic::row_lock::ForUpdateSkipLocked;
+use crate::transaction::require_transaction;
 use crate::{classify, Error};
 
 /// Claims up to `limit` rows of `query` that no other transaction holds, locking
@@ -95,9 +96,7 @@ where
     Q: ClaimQuery<C::Conn, M>,
 {
     let conn = conn.locking_connection();
-    if !conn.in_transaction() {
-        return Err(Error::NotInTransaction);
-    }
+    require_transaction(conn.in_transaction())?;
     let waited = LockWait::start();
     conn.take_write_lock()?;
     let rows = query.load_claimed(conn, limit).map_err(classify)?;

@@ -415,10 +415,7 @@ pub trait LockQueryExt: Sized {
     where
         Self: LockingDsl<LockOf<T>>,
     {
-        self.with_lock(LockOf {
-            strength: LockStrength::Update,
-            table,
-        })
+        lock_of(self, LockStrength::Update, table)
     }
 
     /// `FOR NO KEY UPDATE OF <table>` (PostgreSQL).
@@ -426,10 +423,7 @@ pub trait LockQueryExt: Sized {
     where
         Self: LockingDsl<LockOf<T>>,
     {
-        self.with_lock(LockOf {
-            strength: LockStrength::NoKeyUpdate,
-            table,
-        })
+        lock_of(self, LockStrength::NoKeyUpdate, table)
     }
 
     /// `FOR SHARE OF <table>`.
@@ -437,10 +431,7 @@ pub trait LockQueryExt: Sized {
     where
         Self: LockingDsl<LockOf<T>>,
     {
-        self.with_lock(LockOf {
-            strength: LockStrength::Share,
-            table,
-        })
+        lock_of(self, LockStrength::Share, table)
     }
 
     /// `FOR KEY SHARE OF <table>` (PostgreSQL).
@@ -448,14 +439,19 @@ pub trait LockQueryExt: Sized {
     where
         Self: LockingDsl<LockOf<T>>,
     {
-        self.with_lock(LockOf {
-            strength: LockStrength::KeyShare,
-            table,
-        })
+        lock_of(self, LockStrength::KeyShare, table)
     }
 }
 
 impl<Q> LockQueryExt for Q {}
+
+/// `<strength> OF <table>` on `query`: the `*_of` methods of [`LockQueryExt`].
+fn lock_of<Q, T>(query: Q, strength: LockStrength, table: T) -> Q::Output
+where
+    Q: LockingDsl<LockOf<T>>,
+{
+    query.with_lock(LockOf { strength, table })
+}
 
 #[cfg(all(test, feature = "postgres"))]
 mod tests {

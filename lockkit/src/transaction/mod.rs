@@ -188,6 +188,16 @@ pub(crate) fn in_transaction<C: Connection>(conn: &mut C) -> bool {
     transaction_depth(conn) > 0
 }
 
+/// [`Error::NotInTransaction`] unless a transaction is open (`open`): the calls
+/// that lock inside the caller's transaction send nothing outside one.
+pub(crate) fn require_transaction(open: bool) -> Result<(), Error> {
+    if open {
+        Ok(())
+    } else {
+        Err(Error::NotInTransaction)
+    }
+}
+
 /// How many transactions (the outermost one and its savepoints) are open on
 /// `conn`: 0 when none is, or when Diesel's transaction manager is broken.
 pub(crate) fn transaction_depth<C: Connection>(conn: &mut C) -> u32 {
