@@ -11,14 +11,15 @@
 //! skipped. `scripts/test.sh` finds, starts or installs the servers before
 //! running the suite.
 //!
-//! The harness is the `harness` feature (on by default). [`support`] is always
-//! there: what the example programs, the torture test and the benchmark share.
+//! The harness is the `harness` feature (on by default). [`support`], [`schema`]
+//! and [`models`] are always there: what the example programs, the torture test
+//! and the benchmark share (the programs' `items` table and `Item` model are the
+//! suite's).
 
 #[cfg(feature = "harness")]
 pub mod db;
 #[cfg(all(feature = "harness", any(feature = "postgres", feature = "mysql")))]
 pub mod lock_waits;
-#[cfg(feature = "harness")]
 pub mod models;
 #[cfg(feature = "harness")]
 pub mod observe;
@@ -27,7 +28,6 @@ pub mod oracles;
 pub mod redis;
 #[cfg(all(feature = "harness", feature = "postgres"))]
 pub mod replica;
-#[cfg(feature = "harness")]
 pub mod schema;
 #[cfg(feature = "harness")]
 pub mod settings;
