@@ -170,6 +170,38 @@ pub fn outbox_migrations(backend: &str) -> diesel_migrations::EmbeddedMigrations
     }
 }
 
+/// A caller's own error type, as an application writes it: a `thiserror` enum
+/// with a `#[from] lockkit::Error` variant, returned from the closures of
+/// lockkit's calls, which roll back on it and ask it whether an attempt is worth
+/// retrying.
+#[cfg(feature = "harness")]
+#[derive(Debug, thiserror::Error)]
+pub enum ShopError {
+    /// The caller's refusal: only this many left.
+    #[error("only {0} left")]
+    NotEnough(i32),
+    /// lockkit's error, or Diesel's.
+    #[error(transparent)]
+    Lock(#[from] lockkit::Error),
+}
+
+#[cfg(feature = "harness")]
+impl From<diesel::result::Error> for ShopError {
+    fn from(err: diesel::result::Error) -> Self {
+        ShopError::Lock(err.into())
+    }
+}
+
+#[cfg(feature = "harness")]
+impl lockkit::RetryableError for ShopError {
+    fn lockkit_error(&self) -> Option<&lockkit::Error> {
+        match self {
+            ShopError::Lock(err) => Some(err),
+            ShopError::NotEnough(_) => None,
+        }
+    }
+}
+
 /// Inserts `items` rows `(id, stock)` with version 0 (the same SQL on every backend).
 #[cfg(feature = "harness")]
 pub fn seed_items<C: diesel::Connection>(conn: &mut C, rows: &[(i32, i32)]) {
