@@ -11,14 +11,15 @@
 //! skipped. `scripts/test.sh` finds, starts or installs the servers before
 //! running the suite.
 //!
-//! The harness is the `harness` feature (on by default). [`support`] is always
-//! there: what the example programs, the torture test and the benchmark share.
+//! The harness is the `harness` feature (on by default). [`support`], [`schema`]
+//! and [`models`] are always there: what the example programs, the torture test
+//! and the benchmark share (the programs' `items` table and `Item` model are the
+//! suite's).
 
 #[cfg(feature = "harness")]
 pub mod db;
 #[cfg(all(feature = "harness", any(feature = "postgres", feature = "mysql")))]
 pub mod lock_waits;
-#[cfg(feature = "harness")]
 pub mod models;
 #[cfg(feature = "harness")]
 pub mod observe;
@@ -27,7 +28,6 @@ pub mod oracles;
 pub mod redis;
 #[cfg(all(feature = "harness", feature = "postgres"))]
 pub mod replica;
-#[cfg(feature = "harness")]
 pub mod schema;
 #[cfg(feature = "harness")]
 pub mod settings;
@@ -167,6 +167,38 @@ pub fn outbox_migrations(backend: &str) -> diesel_migrations::EmbeddedMigrations
         "postgres" => lockkit::outbox::POSTGRES_MIGRATIONS,
         "mysql" => lockkit::outbox::MYSQL_MIGRATIONS,
         _ => lockkit::outbox::SQLITE_MIGRATIONS,
+    }
+}
+
+/// A caller's own error type, as an application writes it: a `thiserror` enum
+/// with a `#[from] lockkit::Error` variant, returned from the closures of
+/// lockkit's calls, which roll back on it and ask it whether an attempt is worth
+/// retrying.
+#[cfg(feature = "harness")]
+#[derive(Debug, thiserror::Error)]
+pub enum ShopError {
+    /// The caller's refusal: only this many left.
+    #[error("only {0} left")]
+    NotEnough(i32),
+    /// lockkit's error, or Diesel's.
+    #[error(transparent)]
+    Lock(#[from] lockkit::Error),
+}
+
+#[cfg(feature = "harness")]
+impl From<diesel::result::Error> for ShopError {
+    fn from(err: diesel::result::Error) -> Self {
+        ShopError::Lock(err.into())
+    }
+}
+
+#[cfg(feature = "harness")]
+impl lockkit::RetryableError for ShopError {
+    fn lockkit_error(&self) -> Option<&lockkit::Error> {
+        match self {
+            ShopError::Lock(err) => Some(err),
+            ShopError::NotEnough(_) => None,
+        }
     }
 }
 

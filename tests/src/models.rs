@@ -6,12 +6,20 @@ use lockkit::{Lockable, Versioned};
 use crate::schema::{documents, gadgets, items, jobs, notes, order_lines, sku_codes, twins};
 
 /// The classic: `lock_version: i32`, and a Diesel `AsChangeset` that includes it.
-#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, AsChangeset, Versioned)]
+/// `#[derive(Versioned)]` makes `lock_version` its optimistic-locking version:
+/// `update_versioned` writes only if nobody else wrote since this struct was read.
+#[derive(
+    Debug, Clone, PartialEq, Eq, Queryable, Selectable, Identifiable, AsChangeset, Versioned,
+)]
 #[diesel(table_name = items)]
 pub struct Item {
+    /// Primary key.
     pub id: i32,
+    /// Display name.
     pub name: String,
+    /// Units left.
     pub stock: i32,
+    /// The version this row was read at.
     pub lock_version: i32,
 }
 
@@ -108,7 +116,7 @@ pub struct Note {
 }
 
 /// A UUID primary key (feature `uuid`; PostgreSQL only).
-#[cfg(feature = "postgres")]
+#[cfg(all(feature = "harness", feature = "postgres"))]
 #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Versioned)]
 #[diesel(table_name = crate::schema::tickets)]
 pub struct Ticket {

@@ -17,7 +17,7 @@ use diesel::{Connection, PgConnection, RunQueryDsl};
 use crate::db::{unique_name, TestBackend};
 use crate::seed_items;
 use crate::support::with_database;
-use lockkit::replica::{Policy, Router};
+use lockkit::replica::{Lsn, Policy, Route, Router};
 
 /// Pausing replay stops it for every database on the standby: the tests that
 /// use it run one at a time.
@@ -223,5 +223,28 @@ impl Drop for TestReplicas {
                 self.name
             ));
         }
+    }
+}
+
+/// Checks what a route asked to read `written` under
+/// `Policy::WaitOrFail(wait)` answers while replay is paused: a retryable
+/// `Error::ReplicaBehind` naming `written`, an older replayed position and a wait
+/// of `wait` at least.
+#[track_caller]
+pub fn assert_replica_behind(failed: lockkit::Result<Route>, written: Lsn, wait: Duration) {
+    match failed {
+        Err(
+            e @ lockkit::Error::ReplicaBehind {
+                wanted,
+                replayed,
+                waited,
+            },
+        ) => {
+            assert_eq!(wanted, written);
+            assert!(replayed < wanted);
+            assert!(waited >= wait);
+            assert!(e.is_retryable());
+        }
+        other => panic!("expected ReplicaBehind, got {other:?}"),
     }
 }

@@ -1,10 +1,16 @@
-//! The test schema; the SQL is in `migrations/<backend>/`.
+//! The test schema; the SQL is in `migrations/<backend>/`. The example programs
+//! and the benchmark use its `items` table too (each creates it its own way).
 
 diesel::table! {
+    /// Things in stock; `lock_version` is the optimistic-locking version.
     items (id) {
+        /// Primary key.
         id -> Integer,
+        /// Display name.
         name -> Text,
+        /// Units left.
         stock -> Integer,
+        /// Bumped by every version-checked write.
         lock_version -> Integer,
     }
 }
@@ -90,7 +96,7 @@ diesel::table! {
     }
 }
 
-#[cfg(feature = "postgres")]
+#[cfg(all(feature = "harness", feature = "postgres"))]
 diesel::table! {
     /// A UUID key (PostgreSQL only: Diesel maps UUIDs on no other backend).
     tickets (id) {

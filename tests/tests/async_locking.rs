@@ -19,7 +19,7 @@ use lockkit::asynchronous::prelude::*;
 use lockkit::{CurrentState, Error, LockOptions, RetryPolicy};
 use lockkit_tests::models::Item;
 use lockkit_tests::schema::items;
-use lockkit_tests::seed_items;
+use lockkit_tests::{seed_items, ShopError};
 
 const TASKS: usize = 8;
 const ROUNDS: usize = 15;
@@ -158,13 +158,6 @@ async_backend_tests! {
     }
 
     async fn with_lock_reports_missing_rows_and_rolls_back_on_the_closures_error(db) {
-        #[derive(Debug, thiserror::Error)]
-        enum ShopError {
-            #[error("only {0} left")]
-            NotEnough(i32),
-            #[error(transparent)]
-            Lock(#[from] Error),
-        }
         seed_items(&mut db.conn(), &[(1, 5)]);
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
         let missing = lockkit::asynchronous::with_lock(&mut conn, 2, LockOptions::default(), async |_conn, _item: Item| {

@@ -14,6 +14,7 @@ use lockkit::prelude::*;
 use lockkit::replica::{self, Lsn, Policy, Route};
 use lockkit::{Error, LockOptions};
 use lockkit_tests::models::Item;
+use lockkit_tests::replica::assert_replica_behind;
 use lockkit_tests::schema::items;
 use lockkit_tests::{seed_items, TestReplicas};
 use proptest::prelude::*;
@@ -85,26 +86,9 @@ fn a_read_after_a_write_sees_it_while_the_replica_lags() {
         replica::route(&mut replica, Some(written), Policy::Primary).unwrap(),
         Route::PrimaryByPolicy
     );
-    let failed = replica::route(
-        &mut replica,
-        Some(written),
-        Policy::WaitOrFail(Duration::from_millis(20)),
-    );
-    match failed {
-        Err(
-            e @ Error::ReplicaBehind {
-                wanted,
-                replayed,
-                waited,
-            },
-        ) => {
-            assert_eq!(wanted, written);
-            assert!(replayed < wanted);
-            assert!(waited >= Duration::from_millis(20));
-            assert!(e.is_retryable());
-        }
-        other => panic!("expected ReplicaBehind, got {other:?}"),
-    }
+    let wait = Duration::from_millis(20);
+    let failed = replica::route(&mut replica, Some(written), Policy::WaitOrFail(wait));
+    assert_replica_behind(failed, written, wait);
 
     // Replay resumed: the same position now reads on the replica, which shows the write.
     paused.resume();

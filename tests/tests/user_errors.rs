@@ -2,7 +2,8 @@
 //! `transaction` does: a `thiserror` enum with a `#[from] lockkit::Error` variant
 //! flows through every closure-taking call untouched, the transaction is rolled
 //! back on it (and on a panic), and the retrying calls ask it which errors are
-//! worth another attempt.
+//! worth another attempt. That type is [`ShopError`], with its `RetryableError`
+//! impl.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
@@ -11,33 +12,10 @@ use diesel::prelude::*;
 use lockkit::etag::Expected;
 use lockkit::idempotency::{Idempotency, Outcome};
 use lockkit::prelude::*;
-use lockkit::{Error, LockOptions, RetryPolicy, RetryableError};
+use lockkit::{Error, LockOptions, RetryPolicy};
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
-use lockkit_tests::{seed_items, stock_of};
-
-#[derive(Debug, thiserror::Error)]
-enum ShopError {
-    #[error("only {0} left")]
-    NotEnough(i32),
-    #[error(transparent)]
-    Lock(#[from] Error),
-}
-
-impl From<diesel::result::Error> for ShopError {
-    fn from(err: diesel::result::Error) -> Self {
-        ShopError::Lock(err.into())
-    }
-}
-
-impl RetryableError for ShopError {
-    fn lockkit_error(&self) -> Option<&Error> {
-        match self {
-            ShopError::Lock(err) => Some(err),
-            ShopError::NotEnough(_) => None,
-        }
-    }
-}
+use lockkit_tests::{seed_items, stock_of, ShopError};
 
 /// A response stored by an idempotency key: any `Serialize + DeserializeOwned`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]

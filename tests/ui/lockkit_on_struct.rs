@@ -1,14 +1,4 @@
-use diesel::prelude::*;
-
-diesel::table! {
-    items (id) {
-        id -> Integer,
-        lock_version -> Integer,
-    }
-}
-
-#[derive(Queryable, lockkit::Versioned)]
-#[diesel(table_name = items)]
+#[derive(lockkit::Versioned)]
 #[lockkit(version)]
 pub struct Item {
     pub id: i32,

@@ -1,14 +1,4 @@
-use diesel::prelude::*;
-
-diesel::table! {
-    items (id) {
-        id -> Integer,
-        name -> Text,
-    }
-}
-
-#[derive(Queryable, lockkit::Versioned)]
-#[diesel(table_name = items)]
+#[derive(lockkit::Versioned)]
 pub struct Item {
     #[lockkit(version)]
     pub id: i32,

@@ -1,14 +1,4 @@
-use diesel::prelude::*;
-
-diesel::table! {
-    items (id) {
-        id -> Integer,
-        revision -> Integer,
-    }
-}
-
-#[derive(Queryable, lockkit::Versioned)]
-#[diesel(table_name = items)]
+#[derive(lockkit::Versioned)]
 pub struct Item {
     pub id: i32,
     #[lockkit(version = true)]

@@ -1,21 +1,10 @@
 //! The benchmark's two tables and its model (the DDL is in [`crate::run::ops`]).
 
 use diesel::prelude::*;
-use lockkit::Versioned;
 
-diesel::table! {
-    /// Stock: the hot row, the workers' own rows and the order items.
-    items (id) {
-        /// Primary key.
-        id -> Integer,
-        /// Display name.
-        name -> Text,
-        /// Units left.
-        stock -> Integer,
-        /// The optimistic-locking version.
-        lock_version -> Integer,
-    }
-}
+/// Stock: the hot row, the workers' own rows and the order items (the test
+/// suite's `items` table).
+pub use lockkit_tests::schema::items;
 
 diesel::table! {
     /// The job queue.
@@ -27,19 +16,8 @@ diesel::table! {
     }
 }
 
-/// An item. `#[derive(Versioned)]`: `lock_version` is its version.
-#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Versioned)]
-#[diesel(table_name = items)]
-pub struct Item {
-    /// Primary key.
-    pub id: i32,
-    /// Display name.
-    pub name: String,
-    /// Units left.
-    pub stock: i32,
-    /// The version this row was read at.
-    pub lock_version: i32,
-}
+/// An item (the test suite's). `#[derive(Versioned)]`: `lock_version` is its version.
+pub use lockkit_tests::models::Item;
 
 /// A job row to insert.
 #[derive(Debug, Clone, Copy, Insertable)]

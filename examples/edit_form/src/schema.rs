@@ -3,26 +3,13 @@
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::r2d2::{ConnectionManager, CustomizeConnection};
-use lockkit::Versioned;
 
-diesel::table! {
-    items (id) {
-        id -> Integer,
-        name -> Text,
-        stock -> Integer,
-        lock_version -> Integer,
-    }
-}
+/// The `items` table of lockkit's test suite (`setup` creates it).
+pub use lockkit_tests::schema::items;
 
-/// An item; `lock_version` is the version a form carries in a hidden field.
-#[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable, Identifiable, Versioned)]
-#[diesel(table_name = items)]
-pub struct Item {
-    pub id: i32,
-    pub name: String,
-    pub stock: i32,
-    pub lock_version: i32,
-}
+/// An item (the test suite's); `lock_version` is the version a form carries in a
+/// hidden field.
+pub use lockkit_tests::models::Item;
 
 /// The app's connection pool.
 pub type Pool = diesel::r2d2::Pool<ConnectionManager<SqliteConnection>>;

@@ -4,8 +4,7 @@ use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use diesel::r2d2::{ConnectionManager, Pool};
-use lockkit_tests::support::{AnyConnection, AnyPooled, SessionSettings};
+use lockkit_tests::support::{worker_connections, AnyConnection, AnyPooled, SessionSettings};
 
 use crate::backends;
 use crate::{
@@ -31,18 +30,8 @@ pub(crate) fn run_workers(url: &str, config: &WorkerConfig) -> Result<WorkerRepo
     let backend = setup.backend();
     drop(setup);
 
-    let pool = Pool::builder()
-        .max_size(size)
-        .connection_timeout(Duration::from_secs(30))
-        .connection_customizer(Box::new(SessionSettings(AnyConnection::configure_session)))
-        .build(ConnectionManager::<AnyConnection>::new(
-            lockkit_tests::support::connection_url(url),
-        ))?;
-    // Every worker gets its connection before the start, so a pool failure is an
-    // error here and not a thread stuck at the barrier.
-    let conns = (0..config.workers)
-        .map(|_| pool.get())
-        .collect::<Result<Vec<_>, _>>()?;
+    let (pool, conns) =
+        worker_connections(url, size, SessionSettings(AnyConnection::configure_session))?;
     let start_line = Barrier::new(config.workers + 1);
     let (results, elapsed) = thread::scope(|scope| {
         let workers: Vec<_> = conns

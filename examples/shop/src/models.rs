@@ -1,25 +1,13 @@
 //! The shop's models.
 
 use diesel::prelude::*;
-use lockkit::Versioned;
 
-use crate::schema::{items, orders};
+use crate::schema::orders;
 
-/// An item for sale. `#[derive(Versioned)]` makes `lock_version` its
-/// optimistic-locking version: `update_versioned` writes only if nobody else
-/// wrote since this struct was read.
-#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Versioned)]
-#[diesel(table_name = items)]
-pub struct Item {
-    /// Primary key.
-    pub id: i32,
-    /// Display name.
-    pub name: String,
-    /// Units left.
-    pub stock: i32,
-    /// The version this row was read at.
-    pub lock_version: i32,
-}
+/// An item for sale: lockkit's test suite's `Item`, whose `#[derive(Versioned)]`
+/// makes `lock_version` its optimistic-locking version: `update_versioned` writes
+/// only if nobody else wrote since this struct was read.
+pub use lockkit_tests::models::Item;
 
 /// An accepted purchase (or one line of a basket), to insert.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Insertable)]

@@ -6,8 +6,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use diesel::connection::SimpleConnection;
-use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool};
-use lockkit_tests::support::{AnyConnection, AnyPooled};
+use diesel::r2d2::CustomizeConnection;
+use lockkit_tests::support::{worker_connections, AnyConnection, AnyPooled};
 
 use crate::models::NewOrder;
 use crate::report::Report;
@@ -78,19 +78,7 @@ pub(crate) fn run_on(url: &str, strategy: Strategy, config: &Config) -> Result<R
     };
     drop(setup);
 
-    let pool = Pool::builder()
-        .max_size(size)
-        .connection_timeout(Duration::from_secs(30))
-        .connection_customizer(Box::new(SessionSettings { deadlock_timeout }))
-        .build(ConnectionManager::<AnyConnection>::new(
-            lockkit_tests::support::connection_url(url),
-        ))?;
-
-    // Every buyer gets its connection before the start, so a pool failure is an
-    // error here and not a thread stuck at the barrier.
-    let conns = (0..config.buyers)
-        .map(|_| pool.get())
-        .collect::<Result<Vec<_>, _>>()?;
+    let (pool, conns) = worker_connections(url, size, SessionSettings { deadlock_timeout })?;
     let start_line = Barrier::new(config.buyers + 1);
     let next_basket = AtomicI32::new(1);
     let (results, elapsed) = thread::scope(|scope| {

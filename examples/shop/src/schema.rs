@@ -1,25 +1,15 @@
 //! The shop's tables (`migrations/<backend>/` creates them).
 
-diesel::table! {
-    /// Things for sale; `lock_version` is the optimistic-locking version.
-    items (id) {
-        /// Primary key.
-        id -> Integer,
-        /// Display name.
-        name -> Text,
-        /// Units left.
-        stock -> Integer,
-        /// Bumped by every version-checked write.
-        lock_version -> Integer,
-    }
-}
+/// Things for sale: the `items` table of lockkit's test suite, `id`, `name`,
+/// `stock` and the optimistic-locking version `lock_version`.
+pub use lockkit_tests::schema::items;
 
 diesel::table! {
     /// One row per accepted purchase, or per line of an accepted basket.
     orders (id) {
         /// Primary key.
         id -> Integer,
-        /// The item bought.
+        /// The item bought (no query joins it to `items`).
         item_id -> Integer,
         /// Units bought.
         qty -> Integer,
@@ -27,6 +17,3 @@ diesel::table! {
         basket_id -> Nullable<Integer>,
     }
 }
-
-diesel::joinable!(orders -> items (item_id));
-diesel::allow_tables_to_appear_in_same_query!(items, orders);

@@ -8,7 +8,9 @@
 //! own, `RETURNING` with MySQL among the backends, `Model::as_select()` in a
 //! query handed to `lockkit::queue::claim`.
 
-use diesel::r2d2::{ConnectionManager, Pool, PooledConnection};
+use std::time::Duration;
+
+use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool, PoolError, PooledConnection};
 use diesel::{Connection, QueryResult};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
 use lockkit::multi::{BackendConn, Dispatch};
@@ -33,6 +35,24 @@ pub enum AnyConnection {
 pub type AnyPool = Pool<ConnectionManager<AnyConnection>>;
 /// A connection of an [`AnyPool`]; lockkit takes it as it is.
 pub type AnyPooled = PooledConnection<ConnectionManager<AnyConnection>>;
+
+/// A pool of `workers` connections to the database `url` names, each set up by
+/// `settings` when it opens (a wait for a free one gives up after 30 s), and
+/// one of them for each worker, checked out now: a pool failure is an error
+/// before the workers start, not a thread stuck at their start barrier.
+pub fn worker_connections(
+    url: &str,
+    workers: u32,
+    settings: impl CustomizeConnection<AnyConnection, diesel::r2d2::Error>,
+) -> Result<(AnyPool, Vec<AnyPooled>), PoolError> {
+    let pool = Pool::builder()
+        .max_size(workers)
+        .connection_timeout(Duration::from_secs(30))
+        .connection_customizer(Box::new(settings))
+        .build(ConnectionManager::new(connection_url(url)))?;
+    let conns = (0..workers).map(|_| pool.get()).collect::<Result<_, _>>()?;
+    Ok((pool, conns))
+}
 
 impl Dispatch for AnyConnection {
     fn dispatch(&mut self) -> BackendConn<'_> {

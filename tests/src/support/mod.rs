@@ -5,7 +5,8 @@
 //!
 //! * [`AnyConnection`]: the programs' connection, a
 //!   `#[derive(diesel::MultiConnection)]` enum lockkit takes through
-//!   `lockkit::multi::Dispatch` (with a backend feature).
+//!   `lockkit::multi::Dispatch` (with a backend feature); [`worker_connections`],
+//!   a pool of them and one checked out for each of a program's workers.
 //! * [`Backend`]: PostgreSQL, MySQL/MariaDB or SQLite, from a URL
 //!   ([`Backend::from_url`]) or a short name ([`Backend::parse`]).
 //! * [`connection_url`]: what to hand to `Connection::establish` (a SQLite URL
@@ -54,7 +55,7 @@ mod url;
 
 pub use backend::Backend;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub use connection::{AnyConnection, AnyPool, AnyPooled, Migrations};
+pub use connection::{worker_connections, AnyConnection, AnyPool, AnyPooled, Migrations};
 pub use error::ProgramError;
 #[cfg(feature = "mysql")]
 pub use galera::{create_galera_database, galera_nodes};
