@@ -8,7 +8,7 @@ use std::time::Duration;
 use diesel::prelude::*;
 use lockkit::adaptive::{AdaptivePolicy, Mode};
 use lockkit::prelude::*;
-use lockkit::Error;
+use lockkit::{Error, LockOptions};
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
 use lockkit_tests::seed_items;
@@ -213,5 +213,42 @@ lockkit_tests::backend_tests! {
             Ok::<_, Error>(())
         }).unwrap();
         assert_eq!((stale.stock, stale.lock_version), (19, 5));
+    }
+
+    fn a_call_takes_the_lock_only_after_eight_lost_races(db) {
+        seed_items(&mut db.conn(), &[(1, 0)]);
+        // The default bound per call; no trial of the lock from the rate: this
+        // test is about one call's bad luck.
+        let policy = AdaptivePolicy::new().min_attempts(1_000);
+        let mut conn = db.conn();
+        let mut other = db.conn();
+        // Another writer moves the row on while each of the first `lost`
+        // attempts runs its closure, so each of those attempts loses its race.
+        // It gives up after 2 s if the row is locked: an attempt under the lock
+        // cannot lose, so the policy took the lock too early.
+        for (lost, locked) in [(7, 0), (8, 1)] {
+            let before = policy.stats();
+            let mut attempts = 0;
+            let item: Item = policy
+                .update(&mut conn, 1, |item: &mut Item| {
+                    attempts += 1;
+                    if attempts <= lost {
+                        lockkit::locked_transaction(&mut other, LockOptions::default().timeout(Duration::from_secs(2)), |c| {
+                            diesel::update(items::table.find(1))
+                                .set(items::lock_version.eq(items::lock_version + 1))
+                                .execute(c)
+                                .map_err(lockkit::classify)
+                        })
+                        .expect("the row is not locked while the call races optimistically");
+                    }
+                    item.stock += 1;
+                    Ok::<_, Error>(())
+                })
+                .unwrap();
+            let stats = policy.stats().since(&before);
+            assert_eq!((stats.conflicts, stats.locked_writes, stats.optimistic_writes), (lost, locked, 1 - locked), "{stats}");
+            assert_eq!(attempts, lost + 1);
+            assert_eq!(item.stock, 1 + i32::from(locked == 1));
+        }
     }
 }

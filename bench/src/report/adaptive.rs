@@ -15,8 +15,8 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
         w,
         "`lockkit::adaptive::AdaptivePolicy::update(conn, id, |item| item.stock -= 1)` with \
          `AdaptivePolicy::new()`: the row read fresh, changed and written version-checked, \
-         optimistically (backing off as `RetryPolicy::default()` between lost races) \
-         while few of its recent optimistic writes lose the race; once 3/4 of them do (after \
+         optimistically (backing off as `RetryPolicy::default()` capped at 80 ms between \
+         lost races; a call that loses 8 races in a row takes the lock) while few of its recent optimistic writes lose the race; once 3/4 of them do (after \
          100 ms of optimistic writes at least), the row is locked (`FOR UPDATE`; SQLite: `BEGIN IMMEDIATE`) for a 100 ms trial, and \
          stays locked for a second only if the trial wrote the row more often per second \
          than the optimistic writes before it (a lost trial makes the next wait 1 s, \
@@ -24,7 +24,8 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
          its learning is inside the numbers. **Own rows**: each worker reads and decrements \
          its own row (no contention); **hot row**: every worker the same row. The fixed \
          strategies do the same read-modify-write: optimistic + retry \
-         (`RetryPolicy::default()`) and `with_lock`. The three run back to back in every \
+         (`RetryPolicy::default()`: 5 attempts, then the call gives up and is not counted) \
+         and `with_lock`. The three run back to back in every \
          repetition, `a b c c b a` (the first turning from one repetition to the next; each \
          strategy's two runs merged), apart from the hot-row section's runs. **adaptive / best** is the adaptive \
          throughput over the better fixed one (target ≥ 0.9); **locked** is \
