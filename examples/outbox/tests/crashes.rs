@@ -322,6 +322,21 @@ impl Drop for OwnNats {
     }
 }
 
+/// A `nats-server` of the test's own with a stream on it, both named after the
+/// test and the backend, and the example's tables set up in `url` with `items`
+/// items.
+fn own_broker(test: &str, url: &str, on_disk: bool, items: i32) -> (OwnNats, BrokerConfig) {
+    let name = format!("{test}_{}", Backend::from_url(url).name());
+    let nats = OwnNats::start(&name);
+    let config = BrokerConfig {
+        url: nats.url(),
+        stream: format!("OUTBOX_{name}"),
+        on_disk,
+    };
+    outbox::setup(url, &config, items).unwrap_or_else(|e| panic!("setup {url}: {e}"));
+    (nats, config)
+}
+
 /// The `failed=` count of a relay's report line.
 fn relay_failed(out: &str) -> u64 {
     out.lines()
@@ -347,13 +362,8 @@ fn relay_failed(out: &str) -> u64 {
 /// applied exactly once, every duplicate absorbed.
 fn the_broker_restarting_mid_run_loses_nothing(url: &str) {
     const ORDERS: u32 = 200;
-    let mut nats = OwnNats::start(&format!("restart-{}", Backend::from_url(url).name()));
-    let broker = &BrokerConfig {
-        url: nats.url(),
-        stream: format!("OUTBOX_restart_{}", Backend::from_url(url).name()),
-        on_disk: true,
-    };
-    outbox::setup(url, broker, 3).unwrap_or_else(|e| panic!("setup {url}: {e}"));
+    let (mut nats, broker) = own_broker("restart", url, true, 3);
+    let broker = &broker;
     assert_eq!(
         outbox::place_orders(url, broker, ORDERS).unwrap().len(),
         ORDERS as usize
@@ -414,13 +424,8 @@ const PUBLISH_ACK_TIMEOUT: Duration = Duration::from_secs(5);
 /// timed out" in the broker-restart test.
 fn a_dead_broker_costs_a_batch_one_ack_timeout(url: &str) {
     const BATCH: u32 = 5;
-    let mut nats = OwnNats::start(&format!("dead-acks-{}", Backend::from_url(url).name()));
-    let config = &BrokerConfig {
-        url: nats.url(),
-        stream: format!("OUTBOX_dead_acks_{}", Backend::from_url(url).name()),
-        on_disk: false,
-    };
-    outbox::setup(url, config, 1).unwrap_or_else(|e| panic!("setup {url}: {e}"));
+    let (mut nats, config) = own_broker("dead_acks", url, false, 1);
+    let config = &config;
     outbox::place_orders(url, config, BATCH).expect("place the orders");
     let broker = outbox::broker::Broker::connect(&config.url, &config.stream).expect("connect");
     nats.kill();
