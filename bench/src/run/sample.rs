@@ -40,9 +40,15 @@ pub struct Sample {
 impl Sample {
     /// Work done: operations, or jobs for the queue.
     pub fn done(&self) -> f64 {
+        self.done_and_late().0
+    }
+
+    /// Work done, and the part of it completed after the run's time.
+    fn done_and_late(&self) -> (f64, f64) {
+        let c = &self.counts;
         match self.case.workload {
-            Workload::Queue => self.counts.units as f64,
-            _ => self.counts.successes as f64,
+            Workload::Queue => (c.units as f64, c.late_units as f64),
+            _ => (c.successes as f64, c.late_successes as f64),
         }
     }
 
@@ -62,11 +68,8 @@ impl Sample {
     /// Operations completed within the run's time, per second (queue: jobs
     /// per second); see [`Sample::window`].
     pub fn throughput(&self) -> f64 {
-        let late = match self.case.workload {
-            Workload::Queue => self.counts.late_units,
-            _ => self.counts.late_successes,
-        };
-        (self.done() - late as f64) / self.window.as_secs_f64().max(1e-9)
+        let (done, late) = self.done_and_late();
+        (done - late) / self.window.as_secs_f64().max(1e-9)
     }
 
     /// Attempts per completed operation.
