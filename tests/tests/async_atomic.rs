@@ -15,7 +15,7 @@ use std::sync::Arc;
 use async_common::{on_tasks, patient, rounds_on_tasks};
 use diesel::{ExpressionMethods, QueryDsl};
 use diesel_async::RunQueryDsl;
-use lockkit::asynchronous::atomic::{counter, update_counters, update_if};
+use lockkit::asynchronous::atomic::{counter, update, update_counters, update_if};
 use lockkit::Error;
 use lockkit_tests::schema::items;
 use lockkit_tests::seed_items;
@@ -41,17 +41,21 @@ async_backend_tests! {
     async fn a_conditional_update_never_oversells_under_eight_tasks(db) {
         seed_items(&mut db.conn(), &[(1, 100)]);
         let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, TASKS as u32).await;
-        let sold = on_tasks(TASKS, |_| {
+        let sold = on_tasks(TASKS, |task| {
             let pool = pool.clone();
             async move {
                 let mut sold = 0;
                 loop {
                     let mut conn = pool.get().await.unwrap();
-                    let sale = update_if(
-                        &mut *conn,
-                        diesel::update(items::table.find(1).filter(items::stock.ge(3))).set(items::stock.eq(items::stock - 3)),
-                    )
-                    .await;
+                    // Half the tasks send Diesel's statement, half the same SQL
+                    // prepared once per connection.
+                    let in_stock = items::table.find(1).filter(items::stock.ge(3));
+                    let take = items::stock.eq(items::stock - 3);
+                    let sale = if task % 2 == 0 {
+                        update_if(&mut *conn, diesel::update(in_stock).set(take)).await
+                    } else {
+                        update_if(&mut *conn, update(in_stock).set(take)).await
+                    };
                     match sale {
                         Ok(1) => sold += 3,
                         Err(Error::NoRowMatched) => return sold,

@@ -119,6 +119,57 @@ lockkit_tests::backend_tests! {
         assert_ne!(updates[0], updates[1]);
     }
 
+    fn atomic_update_is_prepared_once_where_diesels_update_is_not(db) {
+        let mut conn = db.connect();
+        seed_items(&mut conn, &[(1, 100)]);
+        let cached = Cached::watch(&mut conn);
+
+        let sell = |qty: i32| {
+            lockkit::atomic::update(items::table.find(1).filter(items::stock.ge(qty)))
+                .set(items::stock.eq(items::stock - qty))
+        };
+        for qty in 1..=5 {
+            assert_eq!(lockkit::atomic::update_if(&mut conn, sell(qty)).unwrap(), 1);
+            // The same kind of statement through Diesel: parsed again every time.
+            diesel::update(items::table.find(1)).set(items::stock.eq(items::stock + qty)).execute(&mut conn).unwrap();
+        }
+        assert!(matches!(lockkit::atomic::update_if(&mut conn, sell(101)), Err(lockkit::Error::NoRowMatched)));
+        assert_eq!(sell(10).execute(&mut conn).unwrap(), 1);
+        let stock: i32 = items::table.find(1).select(items::stock).first(&mut conn).unwrap();
+        assert_eq!(stock, 90);
+
+        // lockkit's UPDATE once (seven runs), Diesel's never.
+        let updates = cached.starting_with("UPDATE");
+        assert_eq!(updates.len(), 1, "{updates:#?}");
+        assert!(updates[0].contains(">=") && updates[0].contains(" - "), "{updates:#?}");
+        if BACKEND == "postgres" {
+            assert_eq!(pg_prepared!(&mut conn, "UPDATE \"items\""), 1);
+        }
+    }
+
+    fn atomic_update_that_skips_none_is_cached_once_per_shape(db) {
+        let mut conn = db.connect();
+        exec(&mut conn, "INSERT INTO documents (id, title, note, lock_version) VALUES (1, 'a', 'first', 0)");
+        let cached = Cached::watch(&mut conn);
+
+        for i in 0..6i64 {
+            let note = (i % 2 == 0).then(|| format!("note {i}"));
+            let written = lockkit::atomic::update(documents::table.find(1))
+                .set((documents::title.eq(format!("title {i}")), note.map(|n| documents::note.eq(n))))
+                .execute(&mut conn)
+                .unwrap();
+            assert_eq!(written, 1);
+            let stored: (String, Option<String>) =
+                documents::table.find(1).select((documents::title, documents::note)).first(&mut conn).unwrap();
+            // A `None` leaves the column as it was: the note of the write before.
+            assert_eq!(stored, (format!("title {i}"), Some(format!("note {}", i - i % 2))));
+        }
+
+        let updates = cached.starting_with("UPDATE");
+        assert_eq!(updates.len(), 2, "{updates:#?}");
+        assert_ne!(updates[0], updates[1]);
+    }
+
     fn lock_all_is_prepared_once_per_padded_length(db) {
         let mut conn = db.connect();
         seed_items(&mut conn, &(1..=6).map(|id| (id, 100)).collect::<Vec<_>>());

@@ -11,6 +11,9 @@
 //!
 //! Each is one statement: a future dropped while it runs leaves the statement
 //! applied or not, as the server decided, and nothing open on the connection.
+//! Build the `UPDATE` with [`update`] (re-exported from
+//! [`lockkit::atomic`](crate::atomic::update)) to have diesel-async prepare it
+//! once per connection, as it does a `SELECT`.
 //!
 //! ```
 //! use diesel::prelude::*;
@@ -22,7 +25,7 @@
 //! # conn.batch_execute("CREATE TABLE posts (id INTEGER PRIMARY KEY, views INTEGER, stock INTEGER NOT NULL); INSERT INTO posts VALUES (1, NULL, 2)").await?;
 //! update_counters(&mut conn, posts::table.find(1), counter(posts::views, 1)).await?;
 //!
-//! let buy = diesel::update(posts::table.find(1).filter(posts::stock.ge(3)))
+//! let buy = lockkit::asynchronous::atomic::update(posts::table.find(1).filter(posts::stock.ge(3)))
 //!     .set(posts::stock.eq(posts::stock - 3));
 //! assert!(matches!(update_if(&mut conn, buy).await, Err(lockkit::Error::NoRowMatched)));
 //! # Ok(()) }
@@ -34,7 +37,7 @@ use diesel::OptionalExtension;
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-pub use crate::atomic::{counter, Increment};
+pub use crate::atomic::{counter, update, Increment, PreparedUpdate, Update};
 use crate::atomic::{counters_statement, matched};
 use crate::{classify, Error};
 

@@ -32,16 +32,85 @@
 use diesel::backend::Backend;
 use diesel::expression::AsExpression;
 use diesel::expression::TypedExpressionType;
-use diesel::query_builder::{AsChangeset, AstPass, QueryFragment, QueryId};
+use diesel::query_builder::{
+    AsChangeset, AstPass, IntoUpdateTarget, QueryFragment, QueryId, UpdateTarget,
+};
 use diesel::query_dsl::methods::ExecuteDsl;
 use diesel::query_dsl::LoadQuery;
+use diesel::query_source::{QuerySource, Table};
 use diesel::sql_types::{IntoNotNullable, SqlType};
 use diesel::{Column, Connection, Expression, OptionalExtension, QueryResult};
 
+use crate::optimistic::statement::{BySql, VersionedUpdate};
 use crate::{classify, Error};
+
+/// Starts an `UPDATE` that Diesel prepares once per connection: `diesel::update`
+/// with the same SQL, for the statements a hot path sends again and again.
+///
+/// Diesel never caches its own `UPDATE` (an `Option` in a changeset would change
+/// its SQL), so every one is parsed and planned again by the server (prepared
+/// again by SQLite and MySQL), also while a transaction holds a row lock. The
+/// statement [`Update::set`] returns is kept in the connection's statement cache
+/// by its SQL text: each distinct SQL (a changeset that skips a `None` has two)
+/// is prepared once, and parts Diesel itself refuses to cache (an `IN` list on
+/// MySQL/SQLite, raw SQL) still make it uncached. Run it with
+/// [`execute`](diesel::RunQueryDsl::execute) or pass it to [`update_if`].
+///
+/// ```
+/// use diesel::prelude::*;
+/// # diesel::table! { items (id) { id -> Integer, stock -> Integer } }
+/// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+/// # diesel::sql_query("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL)").execute(&mut conn).unwrap();
+/// # diesel::sql_query("INSERT INTO items VALUES (1, 10)").execute(&mut conn).unwrap();
+/// let sell = |qty: i32| {
+///     lockkit::atomic::update(items::table.find(1).filter(items::stock.ge(qty)))
+///         .set(items::stock.eq(items::stock - qty))
+/// };
+/// assert_eq!(
+///     diesel::debug_query::<diesel::sqlite::Sqlite, _>(&sell(8)).to_string(),
+///     diesel::debug_query::<diesel::sqlite::Sqlite, _>(
+///         &diesel::update(items::table.find(1).filter(items::stock.ge(8)))
+///             .set(items::stock.eq(items::stock - 8)),
+///     )
+///     .to_string(),
+/// );
+/// assert_eq!(lockkit::atomic::update_if(&mut conn, sell(8)).unwrap(), 1);
+/// assert!(matches!(lockkit::atomic::update_if(&mut conn, sell(8)), Err(lockkit::Error::NoRowMatched)));
+/// sell(0).execute(&mut conn).unwrap();
+/// ```
+pub fn update<T: IntoUpdateTarget>(target: T) -> Update<T::Table, T::WhereClause> {
+    Update(target.into_update_target())
+}
+
+/// An `UPDATE` with its target and no `SET` yet: [`update`]'s value.
+pub struct Update<T: QuerySource, W>(UpdateTarget<T, W>);
+
+impl<T: Table, W> Update<T, W> {
+    /// The statement that writes `changes` to the target's rows:
+    /// `UPDATE <table> SET <changes> <where clause>`.
+    pub fn set<C>(self, changes: C) -> PreparedUpdate<T, W, C::Changeset>
+    where
+        C: AsChangeset<Target = T>,
+    {
+        VersionedUpdate::new(self.0, changes)
+    }
+}
+
+impl<T: QuerySource, W: std::fmt::Debug> std::fmt::Debug for Update<T, W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Update")
+            .field("where_clause", &self.0.where_clause)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The statement [`Update::set`] returns: cached by its SQL text (see [`update`]).
+pub type PreparedUpdate<T, W, V> = VersionedUpdate<T, W, V, BySql<V>>;
 
 /// Executes a conditional `UPDATE` (or `DELETE`): the number of rows written, or
 /// [`Error::NoRowMatched`] when its `WHERE` matched nothing.
+///
+/// Build the `UPDATE` with [`update`] to have it prepared once per connection.
 ///
 /// # Errors
 ///

@@ -57,8 +57,9 @@ use diesel::QueryResult;
 /// `UPDATE <table> SET <values> <where clause>`: a versioned write's statement,
 /// which Diesel's statement cache keeps (see the [module docs](self)).
 ///
-/// Built by [`Versioned`](crate::Versioned)'s `*_statement` methods; print it with
-/// `diesel::debug_query`.
+/// Built by [`Versioned`](crate::Versioned)'s `*_statement` methods and, for any
+/// `UPDATE`, by [`atomic::update`](crate::atomic::update); print it with
+/// `diesel::debug_query`, run it with `execute`.
 pub struct VersionedUpdate<T: QuerySource, W, V, K> {
     from_clause: T::FromClause,
     where_clause: W,
@@ -119,6 +120,8 @@ where
         self.where_clause.walk_ast(out.reborrow())
     }
 }
+
+impl<T: QuerySource, W, V, K, Conn> diesel::RunQueryDsl<Conn> for VersionedUpdate<T, W, V, K> {}
 
 impl<T, W, V, K> QueryId for VersionedUpdate<T, W, V, K>
 where

@@ -57,7 +57,7 @@
 //! ```
 
 use diesel::dsl::{self, Find};
-use diesel::query_builder::{AsChangeset, AsQuery, IntoUpdateTarget, QueryId};
+use diesel::query_builder::{AsChangeset, IntoUpdateTarget, QueryId};
 use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, FindDsl};
 use diesel::{Column, Connection};
 
@@ -455,7 +455,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// AND <condition>`. [`Error::NoRowMatched`] when the condition is false or the
     /// row is gone; nothing is written then.
     ///
-    /// This is [`atomic::update_if`](crate::atomic::update_if) for a versioned
+    /// This is [`atomic::update_if`](crate::atomic::update_if) of an
+    /// [`atomic::update`](crate::atomic::update) (prepared once per connection) for a versioned
     /// table: the version moves, so an optimistic writer who read the row before
     /// gets [`Error::Stale`] instead of writing over this change.
     ///
@@ -495,12 +496,15 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         dsl::Filter<Find<Self::Table, Self::Key>, P>: IntoUpdateTarget<Table = Self::Table>,
         Self: VersionCheck,
         (C, Self::Bump): AsChangeset<Target = Self::Table>,
-        dsl::Update<dsl::Filter<Find<Self::Table, Self::Key>, P>, (C, Self::Bump)>:
-            AsQuery + ExecuteDsl<Conn>,
+        crate::atomic::PreparedUpdate<
+            Self::Table,
+            <dsl::Filter<Find<Self::Table, Self::Key>, P> as IntoUpdateTarget>::WhereClause,
+            <(C, Self::Bump) as AsChangeset>::Changeset,
+        >: ExecuteDsl<Conn>,
     {
         let target = Self::Table::default().find(key).filter(condition);
-        crate::atomic::update_if(conn, diesel::update(target).set((changes, Self::bump())))
-            .map(drop)
+        let statement = crate::atomic::update(target).set((changes, Self::bump()));
+        crate::atomic::update_if(conn, statement).map(drop)
     }
 
     /// Applies one changeset to many rows, each checked against its own expected
