@@ -156,7 +156,7 @@ macro_rules! async_backend {
                     HOT_ID,
                     LockOptions::default(),
                     async |conn: &mut Conn, item: Item| {
-                        statements::set_stock(item.id, item.stock - 1)
+                        statements::set_stock_prepared(item.id, item.stock - 1)
                             .execute(conn)
                             .await?;
                         Ok::<_, lockkit::Error>(())
@@ -192,7 +192,7 @@ macro_rules! async_backend {
             async fn atomic(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
                 let result = lockkit::asynchronous::atomic::update_if(
                     conn,
-                    statements::sell_if_stocked(HOT_ID, 1),
+                    statements::sell_if_stocked_prepared(HOT_ID, 1),
                 )
                 .await;
                 st.counted(result)?;
@@ -224,7 +224,7 @@ macro_rules! async_backend {
                         )
                         .await?;
                         for id in &ids {
-                            statements::mark_done(*id).execute(conn).await?;
+                            statements::mark_done_prepared(*id).execute(conn).await?;
                         }
                         Ok::<_, lockkit::Error>(ids)
                     },

@@ -16,10 +16,14 @@ pub fn sold(rows: usize) -> Result<usize, OpError> {
 /// has row locks.
 macro_rules! atomic_ops {
     ($locks:tt) => {
-        /// `atomic::update_if`: `UPDATE .. SET stock = stock - 1 WHERE id = ? AND stock >= 1`.
+        /// `atomic::update_if` of `atomic::update`: `UPDATE .. SET stock = stock - 1 WHERE id = ? AND stock >= 1`,
+        /// prepared once per connection.
         fn atomic(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
             attempt(st, |_| {
-                lockkit::atomic::update_if(conn, super::statements::sell_if_stocked(HOT_ID, 1))
+                lockkit::atomic::update_if(
+                    conn,
+                    super::statements::sell_if_stocked_prepared(HOT_ID, 1),
+                )
             })?;
             Ok(1)
         }

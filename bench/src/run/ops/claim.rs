@@ -15,7 +15,7 @@ macro_rules! claim_ops {
                     // One row by primary key at a time: MySQL may scan and
                     // lock other workers' rows for `WHERE id IN (..)`.
                     for id in &ids {
-                        super::statements::mark_done(*id).execute(conn)?;
+                        super::statements::mark_done_prepared(*id).execute(conn)?;
                     }
                     Ok(ids)
                 })

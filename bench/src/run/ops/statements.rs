@@ -1,24 +1,70 @@
 //! The statements the hand-written twins and the closures send, built once for
 //! both clients: blocking Diesel executes them with `diesel::RunQueryDsl`,
 //! diesel-async with its own `RunQueryDsl`. Only the execution differs.
+//!
+//! Each `UPDATE` comes two ways from one target and one changeset: `diesel::update`
+//! for the hand-written twins, and `lockkit::atomic::update` (the same SQL,
+//! prepared once per connection) for lockkit's side, as a lockkit user writes it.
 
 use diesel::dsl::auto_type;
 use diesel::prelude::*;
 
 use crate::vocabulary::schema::{items, jobs};
 
+/// `lockkit::atomic::update(target).set(changes)`'s statement.
+type Prepared<Target, Changes> = lockkit::atomic::PreparedUpdate<
+    items::table,
+    <Target as diesel::query_builder::IntoUpdateTarget>::WhereClause,
+    <Changes as diesel::query_builder::AsChangeset>::Changeset,
+>;
+
+/// `.. WHERE id = $1`: one item.
+#[auto_type]
+fn item(id: i32) -> _ {
+    items::table.find(id)
+}
+
+/// `SET stock = $1`.
+#[auto_type]
+fn stock_to(stock: i32) -> _ {
+    items::stock.eq(stock)
+}
+
 /// `UPDATE items SET stock = $1 WHERE id = $2`: the write of a read-modify-write.
 #[auto_type]
 pub fn set_stock(id: i32, stock: i32) -> _ {
-    diesel::dsl::update(items::table.find(id)).set(items::stock.eq(stock))
+    let (target, changes): (item, stock_to) = (item(id), stock_to(stock));
+    diesel::dsl::update(target).set(changes)
+}
+
+/// [`set_stock`], prepared once per connection.
+pub fn set_stock_prepared(id: i32, stock: i32) -> Prepared<item, stock_to> {
+    lockkit::atomic::update(item(id)).set(stock_to(stock))
+}
+
+/// `.. WHERE id = $1 AND stock >= $2`: the item, while it has `qty` in stock.
+#[auto_type]
+fn stocked(id: i32, qty: i32) -> _ {
+    items::table.find(id).filter(items::stock.ge(qty))
+}
+
+/// `SET stock = stock - $1`.
+#[auto_type]
+fn take(qty: i32) -> _ {
+    items::stock.eq(items::stock - qty)
 }
 
 /// `UPDATE items SET stock = stock - $1 WHERE id = $2 AND stock >= $3`: the
 /// atomic sale, no read.
 #[auto_type]
 pub fn sell_if_stocked(id: i32, qty: i32) -> _ {
-    diesel::dsl::update(items::table.find(id).filter(items::stock.ge(qty)))
-        .set(items::stock.eq(items::stock - qty))
+    let (target, changes): (stocked, take) = (stocked(id, qty), take(qty));
+    diesel::dsl::update(target).set(changes)
+}
+
+/// [`sell_if_stocked`], prepared once per connection.
+pub fn sell_if_stocked_prepared(id: i32, qty: i32) -> Prepared<stocked, take> {
+    lockkit::atomic::update(stocked(id, qty)).set(take(qty))
 }
 
 /// `SELECT id FROM jobs WHERE done = $1 ORDER BY id` (`false`): the queue's
@@ -32,11 +78,35 @@ pub fn pending_jobs() -> _ {
         .select(jobs::id)
 }
 
+/// `.. WHERE id = $1`: one job.
+#[auto_type]
+fn job(id: i32) -> _ {
+    jobs::table.find(id)
+}
+
+/// `SET done = $1` (`true`).
+#[auto_type]
+fn done() -> _ {
+    let done: bool = true;
+    jobs::done.eq(done)
+}
+
 /// `UPDATE jobs SET done = $1 WHERE id = $2` (`true`): one claimed job, by key.
 #[auto_type]
 pub fn mark_done(id: i32) -> _ {
-    let done: bool = true;
-    diesel::dsl::update(jobs::table.find(id)).set(jobs::done.eq(done))
+    let (target, changes): (job, done) = (job(id), done());
+    diesel::dsl::update(target).set(changes)
+}
+
+/// [`mark_done`], prepared once per connection.
+pub fn mark_done_prepared(
+    id: i32,
+) -> lockkit::atomic::PreparedUpdate<
+    jobs::table,
+    <job as diesel::query_builder::IntoUpdateTarget>::WhereClause,
+    <done as diesel::query_builder::AsChangeset>::Changeset,
+> {
+    lockkit::atomic::update(job(id)).set(done())
 }
 
 /// `.. WHERE id = $1 AND lock_version = $2`: the row as it was read, which a

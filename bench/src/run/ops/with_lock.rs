@@ -10,7 +10,7 @@ macro_rules! with_lock_ops {
         fn with_lock(conn: &mut Conn, st: &mut WorkerState, id: i32) -> Result<usize, OpError> {
             attempt(st, |_| {
                 lockkit::with_lock(conn, id, LockOptions::default(), |conn, item: Item| {
-                    super::statements::set_stock(item.id, item.stock - 1).execute(conn)?;
+                    super::statements::set_stock_prepared(item.id, item.stock - 1).execute(conn)?;
                     Ok::<_, lockkit::Error>(())
                 })
             })?;
