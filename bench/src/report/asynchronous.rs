@@ -230,14 +230,11 @@ fn gap(w: &mut String, pg: &[PgbenchSummary]) -> fmt::Result {
         w,
         "What remains is the statements and their round trips. The server spends {} µs per unit \
          under diesel-async, {} under pgbench `-M prepared` and {} under `-M extended` (table \
-         order): Diesel caches no `UPDATE`, on diesel-async as on blocking Diesel, so the server \
-         parses and plans every `UPDATE` again. diesel-async 0.9 also sends an uncached statement \
-         in two round trips (it prepares it with tokio-postgres' `prepare_typed`, waits for the \
-         answer, then binds and executes it), where libpq and pgbench `-M extended` send parse, \
-         bind and execute at once. In `with_lock` and the queue that extra round trip falls \
-         inside the row lock, so it lengthens every lock holder's turn. lockkit's versioned \
-         `UPDATE` is its own statement, which Diesel caches (the uncontended row above). And \
-         `with_lock` on a `Versioned` model also advances the version as it locks (on PostgreSQL \
+         order). lockkit's `UPDATE`s go out prepared once per connection (`lockkit::atomic::update` \
+         and the versioned `UPDATE`), as pgbench `-M prepared` sends them; Diesel's own `UPDATE` \
+         would be parsed and planned again each time, and diesel-async 0.9 sends such an uncached \
+         statement in two round trips (tokio-postgres' `prepare_typed`, then bind and execute), \
+         inside the row lock in `with_lock` and the queue. `with_lock` on a `Versioned` model also advances the version as it locks (on PostgreSQL \
          inside the locking statement, `UPDATE .. WHERE EXISTS (SELECT .. FOR UPDATE) RETURNING ..`), \
          which pgbench's script and the hand-written twin do not do.\n",
         list(&|s| us(tasks(s).server_cpu)),

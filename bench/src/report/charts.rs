@@ -302,7 +302,7 @@ fn overhead_chart(results: &Results, path: &Path) -> Result<bool, BenchError> {
 /// A bar series of the pgbench chart: label, colour, value.
 type Bar = (String, RGBColor, Box<dyn Fn(&PgbenchSummary) -> f64>);
 
-/// lockkit against pgbench (three ways) per script.
+/// lockkit against pgbench (four ways) per script.
 fn pgbench_chart(results: &Results, path: &Path) -> Result<bool, BenchError> {
     let pg = pgbench_summaries(results);
     if pg.is_empty() {
@@ -327,7 +327,7 @@ fn pgbench_chart(results: &Results, path: &Path) -> Result<bool, BenchError> {
         0.0..max * 1.2,
         (None, &|v| rate(*v)),
     )?;
-    let bars: [Bar; 4] = [
+    let bars: [Bar; 5] = [
         (
             "lockkit".into(),
             RGBColor(214, 39, 40),
@@ -337,6 +337,11 @@ fn pgbench_chart(results: &Results, path: &Path) -> Result<bool, BenchError> {
             format!("pgbench {}", Mode::Prepared.title()),
             RGBColor(51, 103, 145),
             Box::new(|s| s.rate(Mode::Prepared)),
+        ),
+        (
+            format!("pgbench {}", Mode::PreparedThreads.title()),
+            RGBColor(85, 135, 175),
+            Box::new(|s| s.rate(Mode::PreparedThreads)),
         ),
         (
             format!("pgbench {}", Mode::Extended.title()),

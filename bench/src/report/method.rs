@@ -40,14 +40,19 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
          * lockkit / hand-written pairs run `a b b a` ({} × per repetition) with {:.2} s slices. The hand-written twins \
          send the same SQL: the version-checked `UPDATE` with its own row-count check, `SELECT .. \
          FOR UPDATE` in a transaction, the conditional `UPDATE`, `LIMIT n FOR UPDATE SKIP \
-         LOCKED`. The hand-written optimistic retry uses the same backoff schedule. Two \
+         LOCKED`; lockkit's side writes its `UPDATE`s with `lockkit::atomic::update` (prepared \
+         once per connection), the hand-written side with `diesel::update` (Diesel parses and \
+         plans its own `UPDATE` again each time). The hand-written optimistic retry uses the \
+         same backoff schedule. Two \
          differences by design: after a stale write lockkit reads the row's current version for \
          its error report (one `SELECT` per conflict), and on the `Versioned` item `with_lock` \
          advances the version as it locks (PostgreSQL: in the locking statement, \
          `UPDATE .. WHERE EXISTS (SELECT .. FOR UPDATE) RETURNING ..`; MariaDB and SQLite: one more \
          `UPDATE`); the hand-written twins do neither.\n\
-         * pgbench: `{}`. The with_lock script is `BEGIN; SELECT .. FOR UPDATE \\gset; UPDATE .. \
-         SET stock = :left; COMMIT`; the atomic script is the single conditional `UPDATE`; the \
+         * pgbench: `{}`. The with_lock script is lockkit's: `BEGIN; UPDATE .. SET lock_version = \
+         lock_version + 1 WHERE .. AND EXISTS (SELECT .. FOR UPDATE) RETURNING .. \\gset; UPDATE \
+         .. SET stock = :left; COMMIT` (the locking read of a `Versioned` row advances its \
+         version); the atomic script is the single conditional `UPDATE`; the \
          queue with batch 1 is `SELECT id .. LIMIT 1 FOR UPDATE SKIP LOCKED \\gset` and one \
          `UPDATE`; with batch 10 the claim is wrapped in `array_agg` (pgbench has no loop) and \
          followed by ten `UPDATE`s by key. Both sides drain a queue of {} jobs.\n\

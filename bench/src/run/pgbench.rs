@@ -2,8 +2,9 @@
 //!
 //! Each script sends what lockkit sends, statement for statement, with the values
 //! bound as parameters, from 16 clients (`-c 16 -T n`): prepared once on 2 threads
-//! (`-M prepared -j 2`, the server's own limit), and the way Diesel sends its
-//! `UPDATE`s, on 2 threads and on one thread per connection ([`Mode`]). The one difference is the queue with batches of 10:
+//! (`-M prepared -j 2`, the server's own limit) and on one thread per connection,
+//! and the way Diesel sends its own `UPDATE`s, on 2 threads and on one thread per
+//! connection ([`Mode`]). The one difference is the queue with batches of 10:
 //! pgbench has no loop, so the claim is wrapped in `array_agg` (one row for
 //! `\gset`) and the ten updates are written out; the locking is the same.
 
@@ -30,9 +31,12 @@ pub enum Mode {
     /// `-M prepared -j 2`: every statement prepared once per connection, 16
     /// connections multiplexed on 2 threads. The server's own limit.
     Prepared,
+    /// `-M prepared -j 16`: that, with one thread per connection, as the
+    /// benchmark's workers have.
+    PreparedThreads,
     /// `-M extended -j 2`: every statement parsed and planned again on every
-    /// execution (an unnamed statement), which is how Diesel 2.3 sends every
-    /// `UPDATE`.
+    /// execution (an unnamed statement), which is how Diesel 2.3 sends each
+    /// `UPDATE` of its own (lockkit's are prepared: `lockkit::atomic::update`).
     Extended,
     /// `-M extended -j 16`: that, with one thread per connection, as the
     /// benchmark's workers have.
@@ -41,12 +45,17 @@ pub enum Mode {
 
 impl Mode {
     /// Every mode, in report order.
-    pub const ALL: [Mode; 3] = [Mode::Prepared, Mode::Extended, Mode::ExtendedThreads];
+    pub const ALL: [Mode; 4] = [
+        Mode::Prepared,
+        Mode::PreparedThreads,
+        Mode::Extended,
+        Mode::ExtendedThreads,
+    ];
 
     /// `-M`.
     pub fn protocol(self) -> &'static str {
         match self {
-            Mode::Prepared => "prepared",
+            Mode::Prepared | Mode::PreparedThreads => "prepared",
             Mode::Extended | Mode::ExtendedThreads => "extended",
         }
     }
@@ -55,7 +64,7 @@ impl Mode {
     pub fn threads(self) -> usize {
         match self {
             Mode::Prepared | Mode::Extended => 2,
-            Mode::ExtendedThreads => CLIENTS,
+            Mode::PreparedThreads | Mode::ExtendedThreads => CLIENTS,
         }
     }
 
@@ -127,7 +136,9 @@ impl Script {
             Script::WithLock => format!(
                 "\\set id {HOT_ID}\n\
                  BEGIN;\n\
-                 SELECT id, name, stock, lock_version FROM items WHERE id = :id FOR UPDATE \\gset\n\
+                 UPDATE items SET lock_version = lock_version + 1 WHERE id = :id \
+                 AND lock_version < 2147483647 AND EXISTS (SELECT id, name, stock, lock_version \
+                 FROM items WHERE id = :id FOR UPDATE) RETURNING id, name, stock, lock_version \\gset\n\
                  \\set left :stock - 1\n\
                  UPDATE items SET stock = :left WHERE id = :id;\n\
                  COMMIT;\n"
