@@ -59,6 +59,22 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
 }
 
+# server_binary VAR PACKAGE NAME...: sets VAR to the path of the first program
+# NAME that is installed (on PATH, else in /usr/sbin or /usr/bin); when none is,
+# installs PACKAGE with apt-get and looks again.
+server_binary() {
+  local var=$1 package=$2 attempt name path
+  shift 2
+  for attempt in installed apt-get; do
+    for name in "$@"; do
+      path="$(command -v "$name" || ls "/usr/sbin/$name" "/usr/bin/$name" 2>/dev/null | head -n 1 || true)"
+      [ -z "$path" ] || { printf -v "$var" '%s' "$path"; return 0; }
+    done
+    [ "$attempt" = apt-get ] || apt_install "$package"
+  done
+  die "no $* binary after installing $package"
+}
+
 # --- toolchain and client libraries ----------------------------------------
 command -v cargo >/dev/null || die "cargo not found; install Rust from https://rustup.rs"
 missing=()
@@ -119,11 +135,7 @@ use_server PG_DATABASE_URL "PostgreSQL" "$PG_PORT" start_throwaway_pg "postgres:
 # --- MySQL / MariaDB -----------------------------------------------------------
 start_throwaway_mysql() {
   local server dir
-  server="$(command -v mariadbd || command -v mysqld || ls /usr/sbin/mariadbd /usr/sbin/mysqld 2>/dev/null | head -n 1 || true)"
-  if [ -z "$server" ]; then
-    apt_install mariadb-server
-    server="$(command -v mariadbd || ls /usr/sbin/mariadbd)"
-  fi
+  server_binary server mariadb-server mariadbd mysqld
   command -v mariadb-install-db >/dev/null || die "no mariadb-install-db; run: apt-get install -y mariadb-server"
   dir="$SERVER_DIR/mysql-$MYSQL_PORT"
   rm -rf "$dir" && mkdir -p "$dir"
@@ -149,12 +161,7 @@ use_server MYSQL_DATABASE_URL "MySQL/MariaDB" "$MYSQL_PORT" start_throwaway_mysq
 # --- Redis (the lease store's tests) --------------------------------------------
 start_throwaway_redis() {
   local server dir
-  server="$(command -v redis-server || ls /usr/bin/redis-server 2>/dev/null || true)"
-  if [ -z "$server" ]; then
-    apt_install redis-server
-    server="$(command -v redis-server || ls /usr/bin/redis-server 2>/dev/null)" \
-      || die "no redis-server binary; install Redis (apt-get install -y redis-server) or set REDIS_URL"
-  fi
+  server_binary server redis-server redis-server
   dir="$SERVER_DIR/redis-$REDIS_PORT"
   rm -rf "$dir" && mkdir -p "$dir"
   log "starting a throwaway Redis on 127.0.0.1:$REDIS_PORT ($dir)"
@@ -172,11 +179,7 @@ use_server REDIS_URL "Redis" "$REDIS_PORT" start_throwaway_redis "redis://127.0.
 NATS_PORT="${NATS_PORT:-4222}"
 start_throwaway_nats() {
   local server dir
-  server="$(command -v nats-server || ls /usr/sbin/nats-server 2>/dev/null || true)"
-  if [ -z "$server" ]; then
-    apt_install nats-server
-    server="$(command -v nats-server || ls /usr/sbin/nats-server)"
-  fi
+  server_binary server nats-server nats-server
   dir="$SERVER_DIR/nats-$NATS_PORT"
   rm -rf "$dir" && mkdir -p "$dir"
   log "starting a throwaway NATS server with JetStream on 127.0.0.1:$NATS_PORT ($dir)"
