@@ -1,9 +1,9 @@
 //! The backends, and a fresh database per backend for one benchmark run,
 //! removed at the end.
 //!
-//! [`with_database`] is the workspace's shared one; [`Backend`] (whose titles
-//! name the servers the benchmark measures, MariaDB among them) and
-//! [`admin_url`] are the benchmark's own.
+//! [`Backend`], [`admin_url`] and [`with_database`] are the workspace's shared
+//! ones; [`report_name`] names a backend as the report does (MariaDB, the
+//! server the benchmark measures).
 //!
 //! PostgreSQL and MariaDB/MySQL are found through `PG_DATABASE_URL` and
 //! `MYSQL_DATABASE_URL` (defaults: `postgres://postgres@127.0.0.1:5432/test`,
@@ -11,75 +11,20 @@
 //! to that database and drops it when done. Databases left by a benchmark process
 //! that no longer runs are dropped first. SQLite is a file in the temp directory.
 
-pub use lockkit_tests::support::with_database;
-use std::fmt;
+pub use lockkit_tests::support::{admin_url, with_database, Backend};
 
 use diesel::connection::SimpleConnection;
 use diesel::{Connection, RunQueryDsl};
 
 use crate::error::BenchError;
 
-/// A database backend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Backend {
-    /// PostgreSQL.
-    Postgres,
-    /// MariaDB or MySQL.
-    Mysql,
-    /// SQLite (bundled, a file in the temp directory).
-    Sqlite,
-}
-
-impl Backend {
-    /// Every backend, in report order.
-    pub const ALL: [Backend; 3] = [Backend::Postgres, Backend::Mysql, Backend::Sqlite];
-
-    /// The short name used on the command line and in file names.
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Postgres => "postgres",
-            Backend::Mysql => "mysql",
-            Backend::Sqlite => "sqlite",
-        }
+/// The name the report gives `backend`: the server the benchmark measures
+/// (`MariaDB`, where [`Backend::title`] says `MySQL/MariaDB`).
+pub fn report_name(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Mysql => "MariaDB",
+        Backend::Postgres | Backend::Sqlite => backend.title(),
     }
-
-    /// The name shown in the report.
-    pub fn title(self) -> &'static str {
-        match self {
-            Backend::Postgres => "PostgreSQL",
-            Backend::Mysql => "MariaDB",
-            Backend::Sqlite => "SQLite",
-        }
-    }
-
-    /// Parses a short name (`pg` and `mariadb` are accepted too).
-    pub fn parse(name: &str) -> Option<Backend> {
-        match name {
-            "postgres" | "pg" | "postgresql" => Some(Backend::Postgres),
-            "mysql" | "mariadb" => Some(Backend::Mysql),
-            "sqlite" => Some(Backend::Sqlite),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.title())
-    }
-}
-
-/// The admin URL of a server backend (from its environment variable or the default).
-pub fn admin_url(backend: Backend) -> String {
-    let (var, default) = match backend {
-        Backend::Postgres => ("PG_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
-        Backend::Mysql => ("MYSQL_DATABASE_URL", "mysql://root@127.0.0.1:3306/test"),
-        Backend::Sqlite => return String::new(),
-    };
-    std::env::var(var)
-        .ok()
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| default.to_owned())
 }
 
 /// A database made for this run; dropped (or its files removed) on drop.
@@ -148,7 +93,8 @@ impl BenchDb {
         static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = format!("lkbench_{}_{tag}{n}", std::process::id());
-        let admin_url = admin_url(backend);
+        // Empty for SQLite, which has no server.
+        let admin_url = admin_url(backend).unwrap_or_default();
         let url = match backend {
             Backend::Postgres => {
                 let mut admin = diesel::PgConnection::establish(&admin_url).map_err(|e| {
