@@ -12,6 +12,7 @@
 //! that no longer runs are dropped first. SQLite is a file in the temp directory.
 
 pub use lockkit_tests::support::{admin_url, with_database, Backend};
+use lockkit_tests::support::remove_sqlite_files;
 
 use diesel::connection::SimpleConnection;
 use diesel::{Connection, RunQueryDsl};
@@ -121,7 +122,7 @@ impl BenchDb {
             Backend::Sqlite => {
                 let path = std::env::temp_dir().join(format!("{name}.sqlite"));
                 let url = path.display().to_string();
-                remove_sqlite_files(&url);
+                let _ = remove_sqlite_files(&path);
                 let mut conn = diesel::SqliteConnection::establish(&url)?;
                 conn.batch_execute("PRAGMA journal_mode = WAL;")?;
                 url
@@ -133,12 +134,6 @@ impl BenchDb {
             name,
             admin_url,
         })
-    }
-}
-
-fn remove_sqlite_files(path: &str) {
-    for suffix in ["", "-wal", "-shm", "-journal"] {
-        let _ = std::fs::remove_file(format!("{path}{suffix}"));
     }
 }
 
@@ -155,7 +150,9 @@ impl Drop for BenchDb {
         match backend {
             Backend::Postgres => drop_on_server::<diesel::PgConnection>(backend, url, name),
             Backend::Mysql => drop_on_server::<diesel::MysqlConnection>(backend, url, name),
-            Backend::Sqlite => remove_sqlite_files(&self.url),
+            Backend::Sqlite => {
+                let _ = remove_sqlite_files(std::path::Path::new(&self.url));
+            }
         }
     }
 }

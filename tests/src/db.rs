@@ -335,6 +335,7 @@ server_backend!(
 #[cfg(feature = "sqlite")]
 mod sqlite {
     use super::*;
+    use crate::support::{remove_sqlite_files, sqlite_files};
     use diesel::SqliteConnection;
 
     const MIGRATIONS: EmbeddedMigrations =
@@ -343,13 +344,8 @@ mod sqlite {
     impl TestBackend for SqliteConnection {
         fn create_database(name: &str) -> (String, Cleanup) {
             let path = std::env::temp_dir().join(format!("{name}.sqlite"));
-            let files = ["", "-wal", "-shm", "-journal"]
-                .iter()
-                .map(|suffix| std::path::PathBuf::from(format!("{}{suffix}", path.display())))
-                .collect::<Vec<_>>();
-            for file in &files {
-                let _ = std::fs::remove_file(file);
-            }
+            let _ = remove_sqlite_files(&path);
+            let files = sqlite_files(&path).to_vec();
             (path.display().to_string(), Cleanup::Files(files))
         }
 

@@ -19,6 +19,8 @@
 //!   [`database_url`] and [`exit_code`], the start and the end of their `main`.
 //! * [`SessionSettings`]: what every pooled connection runs once it is open
 //!   ([`sqlite_session_settings`] with the `sqlite` feature).
+//! * [`sqlite_files`] and [`remove_sqlite_files`]: a SQLite database's file and
+//!   its `-wal`, `-shm` and `-journal` companions.
 //! * [`point_at_database`] and [`wait_all`]: the examples' tests run them as
 //!   processes.
 //! * [`galera_nodes`] and [`create_galera_database`] (feature `mysql`): a
@@ -51,6 +53,7 @@ mod galera;
 mod processes;
 mod program;
 mod session;
+mod sqlite_files;
 mod url;
 
 pub use backend::Backend;
@@ -64,4 +67,5 @@ pub use program::{database_url, exit_code};
 #[cfg(feature = "sqlite")]
 pub use session::sqlite_session_settings;
 pub use session::SessionSettings;
+pub use sqlite_files::{remove_sqlite_files, sqlite_files};
 pub use url::{admin_url, admin_url_var, connection_url, redact, with_database};
