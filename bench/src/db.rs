@@ -12,10 +12,10 @@
 //! that no longer runs are dropped first. SQLite is a file in the temp directory.
 
 pub use lockkit_tests::support::{admin_url, with_database, Backend};
-use lockkit_tests::support::remove_sqlite_files;
+use lockkit_tests::support::{drop_database_sql, drop_orphans, remove_sqlite_files, DatabaseName};
 
 use diesel::connection::SimpleConnection;
-use diesel::{Connection, RunQueryDsl};
+use diesel::Connection;
 
 use crate::error::BenchError;
 
@@ -40,12 +40,6 @@ pub struct BenchDb {
     admin_url: String,
 }
 
-#[derive(diesel::QueryableByName)]
-struct Name {
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    name: String,
-}
-
 /// The pid inside `lkbench_<pid>_<tag>`, if the name is ours.
 fn owner_pid(database: &str) -> Option<u32> {
     database
@@ -56,33 +50,14 @@ fn owner_pid(database: &str) -> Option<u32> {
         .ok()
 }
 
-fn is_orphan(database: &str) -> bool {
-    owner_pid(database).is_some_and(|pid| {
-        pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
-    })
-}
-
-/// `DROP DATABASE IF EXISTS` on a server (PostgreSQL: `WITH (FORCE)`, closing
-/// the sessions still connected to it).
-fn drop_database_sql(backend: Backend, name: &str) -> String {
-    match backend {
-        Backend::Postgres => format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-        Backend::Mysql | Backend::Sqlite => format!("DROP DATABASE IF EXISTS {name}"),
-    }
-}
-
 /// On a server, through its admin connection: drops the databases of benchmark
-/// processes that no longer run (`list` selects the server's `lkbench_`
-/// databases `AS name`), then creates `name` afresh.
-fn recreate<C>(admin: &mut C, backend: Backend, list: &str, name: &str) -> Result<(), BenchError>
+/// processes that no longer run, then creates `name` afresh.
+fn recreate<C>(admin: &mut C, backend: Backend, name: &str) -> Result<(), BenchError>
 where
     C: Connection,
-    diesel::query_builder::SqlQuery: for<'a> diesel::query_dsl::LoadQuery<'a, C, Name>,
+    diesel::query_builder::SqlQuery: for<'a> diesel::query_dsl::LoadQuery<'a, C, DatabaseName>,
 {
-    let old = diesel::sql_query(list).load::<Name>(admin)?;
-    for db in old.iter().filter(|n| is_orphan(&n.name)) {
-        admin.batch_execute(&drop_database_sql(backend, &db.name))?;
-    }
+    drop_orphans(admin, backend, "lkbench_", owner_pid)?;
     admin.batch_execute(&drop_database_sql(backend, name))?;
     admin.batch_execute(&format!("CREATE DATABASE {name}"))?;
     Ok(())
@@ -103,9 +78,7 @@ impl BenchDb {
                         "cannot reach PostgreSQL at {admin_url} ({e}); set PG_DATABASE_URL"
                     ))
                 })?;
-                let list =
-                    "SELECT datname AS name FROM pg_database WHERE datname LIKE 'lkbench\\_%'";
-                recreate(&mut admin, backend, list, &name)?;
+                recreate(&mut admin, backend, &name)?;
                 with_database(&admin_url, &name)
             }
             Backend::Mysql => {
@@ -114,9 +87,7 @@ impl BenchDb {
                         "cannot reach MariaDB/MySQL at {admin_url} ({e}); set MYSQL_DATABASE_URL"
                     ))
                 })?;
-                let list = "SELECT SCHEMA_NAME AS name FROM information_schema.SCHEMATA \
-                            WHERE SCHEMA_NAME LIKE 'lkbench\\_%'";
-                recreate(&mut admin, backend, list, &name)?;
+                recreate(&mut admin, backend, &name)?;
                 with_database(&admin_url, &name)
             }
             Backend::Sqlite => {
@@ -165,6 +136,5 @@ mod tests {
     fn orphans_are_recognised_by_pid() {
         assert_eq!(owner_pid("lkbench_123_run"), Some(123));
         assert_eq!(owner_pid("lk_test_1_2"), None);
-        assert!(!is_orphan(&format!("lkbench_{}_x", std::process::id())));
     }
 }

@@ -14,6 +14,8 @@
 //! * [`admin_url`]: the server database named by `PG_DATABASE_URL` or
 //!   `MYSQL_DATABASE_URL`, next to which tests and benchmarks create their own;
 //!   [`with_database`] names another database on the same server.
+//! * [`drop_orphans`] and [`drop_database_sql`]: those databases, dropped when
+//!   done or, when their process was killed first, by the next process.
 //! * [`redact`]: a URL fit for printing, without its password.
 //! * [`ProgramError`]: the error type of the example programs;
 //!   [`database_url`] and [`exit_code`], the start and the end of their `main`.
@@ -47,6 +49,7 @@
 mod backend;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod connection;
+mod databases;
 mod error;
 #[cfg(feature = "mysql")]
 mod galera;
@@ -59,6 +62,7 @@ mod url;
 pub use backend::Backend;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub use connection::{worker_connections, AnyConnection, AnyPool, AnyPooled, Migrations};
+pub use databases::{drop_database_sql, drop_orphans, DatabaseName};
 pub use error::ProgramError;
 #[cfg(feature = "mysql")]
 pub use galera::{create_galera_database, galera_nodes};
