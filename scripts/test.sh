@@ -75,6 +75,17 @@ server_binary() {
   die "no $* binary after installing $package"
 }
 
+# background_server NAME PORT LOG COMMAND...: runs COMMAND in the background,
+# its output in LOG, killed when this script ends; fails the run, showing LOG,
+# when nothing listens on 127.0.0.1:PORT within 30 s.
+background_server() {
+  local name=$1 port=$2 output=$3
+  shift 3
+  "$@" >"$output" 2>&1 &
+  CLEANUP+=("kill $! 2>/dev/null; wait $! 2>/dev/null")
+  wait_for_port "$port" || { cat "$output" >&2; die "$name did not start"; }
+}
+
 # --- toolchain and client libraries ----------------------------------------
 command -v cargo >/dev/null || die "cargo not found; install Rust from https://rustup.rs"
 missing=()
@@ -145,11 +156,10 @@ start_throwaway_mysql() {
   mariadb-install-db --no-defaults "${user[@]}" --datadir="$dir/data" \
     --auth-root-authentication-method=normal >"$dir/install.log" 2>&1 \
     || { cat "$dir/install.log" >&2; die "mariadb-install-db failed"; }
-  "$server" --no-defaults "${user[@]}" --datadir="$dir/data" --socket="$dir/mysqld.sock" \
+  background_server MariaDB "$MYSQL_PORT" "$dir/server.log" \
+    "$server" --no-defaults "${user[@]}" --datadir="$dir/data" --socket="$dir/mysqld.sock" \
     --port="$MYSQL_PORT" --bind-address=127.0.0.1 --pid-file="$dir/mysqld.pid" \
-    --innodb-flush-log-at-trx-commit=2 --max-connections=300 >"$dir/server.log" 2>&1 &
-  CLEANUP+=("kill $! 2>/dev/null; wait $! 2>/dev/null")
-  wait_for_port "$MYSQL_PORT" || { cat "$dir/server.log" >&2; die "MariaDB did not start"; }
+    --innodb-flush-log-at-trx-commit=2 --max-connections=300
   for _ in $(seq 1 20); do
     mariadb --no-defaults -uroot -h127.0.0.1 -P"$MYSQL_PORT" -e "CREATE DATABASE IF NOT EXISTS test" 2>/dev/null && return 0
     sleep 0.5
@@ -165,10 +175,9 @@ start_throwaway_redis() {
   dir="$SERVER_DIR/redis-$REDIS_PORT"
   rm -rf "$dir" && mkdir -p "$dir"
   log "starting a throwaway Redis on 127.0.0.1:$REDIS_PORT ($dir)"
-  "$server" --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$dir" --save "" --appendonly no \
-    --daemonize no >"$dir/server.log" 2>&1 &
-  CLEANUP+=("kill $! 2>/dev/null; wait $! 2>/dev/null")
-  wait_for_port "$REDIS_PORT" || { cat "$dir/server.log" >&2; die "Redis did not start"; }
+  background_server Redis "$REDIS_PORT" "$dir/server.log" \
+    "$server" --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$dir" --save "" --appendonly no \
+    --daemonize no
 }
 use_server REDIS_URL "Redis" "$REDIS_PORT" start_throwaway_redis "redis://127.0.0.1:$REDIS_PORT/"
 
@@ -183,9 +192,8 @@ start_throwaway_nats() {
   dir="$SERVER_DIR/nats-$NATS_PORT"
   rm -rf "$dir" && mkdir -p "$dir"
   log "starting a throwaway NATS server with JetStream on 127.0.0.1:$NATS_PORT ($dir)"
-  "$server" -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$dir/jetstream" >"$dir/server.log" 2>&1 &
-  CLEANUP+=("kill $! 2>/dev/null; wait $! 2>/dev/null")
-  wait_for_port "$NATS_PORT" || { cat "$dir/server.log" >&2; die "NATS did not start"; }
+  background_server NATS "$NATS_PORT" "$dir/server.log" \
+    "$server" -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$dir/jetstream"
 }
 use_server NATS_URL "NATS" "$NATS_PORT" start_throwaway_nats "nats://127.0.0.1:$NATS_PORT"
 
