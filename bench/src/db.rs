@@ -12,7 +12,9 @@
 //! that no longer runs are dropped first. SQLite is a file in the temp directory.
 
 pub use lockkit_tests::support::{admin_url, with_database, Backend};
-use lockkit_tests::support::{drop_database_sql, drop_orphans, remove_sqlite_files, DatabaseName};
+use lockkit_tests::support::{
+    admin_url_var, drop_database_sql, drop_orphans, remove_sqlite_files, DatabaseName,
+};
 
 use diesel::connection::SimpleConnection;
 use diesel::Connection;
@@ -50,17 +52,25 @@ fn owner_pid(database: &str) -> Option<u32> {
         .ok()
 }
 
-/// On a server, through its admin connection: drops the databases of benchmark
-/// processes that no longer run, then creates `name` afresh.
-fn recreate<C>(admin: &mut C, backend: Backend, name: &str) -> Result<(), BenchError>
+/// On a server, through a connection to `admin_url`: drops the databases of
+/// benchmark processes that no longer run, then creates `name` afresh; returns
+/// its URL.
+fn create_on_server<C>(backend: Backend, admin_url: &str, name: &str) -> Result<String, BenchError>
 where
     C: Connection,
     diesel::query_builder::SqlQuery: for<'a> diesel::query_dsl::LoadQuery<'a, C, DatabaseName>,
 {
-    drop_orphans(admin, backend, "lkbench_", owner_pid)?;
+    let mut admin = C::establish(admin_url).map_err(|e| {
+        BenchError::Other(format!(
+            "cannot reach {} at {admin_url} ({e}); set {}",
+            backend.title(),
+            admin_url_var(backend).unwrap_or_default()
+        ))
+    })?;
+    drop_orphans(&mut admin, backend, "lkbench_", owner_pid)?;
     admin.batch_execute(&drop_database_sql(backend, name))?;
     admin.batch_execute(&format!("CREATE DATABASE {name}"))?;
-    Ok(())
+    Ok(with_database(admin_url, name))
 }
 
 impl BenchDb {
@@ -73,22 +83,10 @@ impl BenchDb {
         let admin_url = admin_url(backend).unwrap_or_default();
         let url = match backend {
             Backend::Postgres => {
-                let mut admin = diesel::PgConnection::establish(&admin_url).map_err(|e| {
-                    BenchError::Other(format!(
-                        "cannot reach PostgreSQL at {admin_url} ({e}); set PG_DATABASE_URL"
-                    ))
-                })?;
-                recreate(&mut admin, backend, &name)?;
-                with_database(&admin_url, &name)
+                create_on_server::<diesel::PgConnection>(backend, &admin_url, &name)?
             }
             Backend::Mysql => {
-                let mut admin = diesel::MysqlConnection::establish(&admin_url).map_err(|e| {
-                    BenchError::Other(format!(
-                        "cannot reach MariaDB/MySQL at {admin_url} ({e}); set MYSQL_DATABASE_URL"
-                    ))
-                })?;
-                recreate(&mut admin, backend, &name)?;
-                with_database(&admin_url, &name)
+                create_on_server::<diesel::MysqlConnection>(backend, &admin_url, &name)?
             }
             Backend::Sqlite => {
                 let path = std::env::temp_dir().join(format!("{name}.sqlite"));
