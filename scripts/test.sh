@@ -59,6 +59,33 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
 }
 
+# server_binary VAR PACKAGE NAME...: sets VAR to the path of the first program
+# NAME that is installed (on PATH, else in /usr/sbin or /usr/bin); when none is,
+# installs PACKAGE with apt-get and looks again.
+server_binary() {
+  local var=$1 package=$2 attempt name path
+  shift 2
+  for attempt in installed apt-get; do
+    for name in "$@"; do
+      path="$(command -v "$name" || ls "/usr/sbin/$name" "/usr/bin/$name" 2>/dev/null | head -n 1 || true)"
+      [ -z "$path" ] || { printf -v "$var" '%s' "$path"; return 0; }
+    done
+    [ "$attempt" = apt-get ] || apt_install "$package"
+  done
+  die "no $* binary after installing $package"
+}
+
+# background_server NAME PORT LOG COMMAND...: runs COMMAND in the background,
+# its output in LOG, killed when this script ends; fails the run, showing LOG,
+# when nothing listens on 127.0.0.1:PORT within 30 s.
+background_server() {
+  local name=$1 port=$2 output=$3
+  shift 3
+  "$@" >"$output" 2>&1 &
+  CLEANUP+=("kill $! 2>/dev/null; wait $! 2>/dev/null")
+  wait_for_port "$port" || { cat "$output" >&2; die "$name did not start"; }
+}
+
 # --- toolchain and client libraries ----------------------------------------
 command -v cargo >/dev/null || die "cargo not found; install Rust from https://rustup.rs"
 missing=()
@@ -119,11 +146,7 @@ use_server PG_DATABASE_URL "PostgreSQL" "$PG_PORT" start_throwaway_pg "postgres:
 # --- MySQL / MariaDB -----------------------------------------------------------
 start_throwaway_mysql() {
   local server dir
-  server="$(command -v mariadbd || command -v mysqld || ls /usr/sbin/mariadbd /usr/sbin/mysqld 2>/dev/null | head -n 1 || true)"
-  if [ -z "$server" ]; then
-    apt_install mariadb-server
-    server="$(command -v mariadbd || ls /usr/sbin/mariadbd)"
-  fi
+  server_binary server mariadb-server mariadbd mysqld
   command -v mariadb-install-db >/dev/null || die "no mariadb-install-db; run: apt-get install -y mariadb-server"
   dir="$SERVER_DIR/mysql-$MYSQL_PORT"
   rm -rf "$dir" && mkdir -p "$dir"
@@ -133,11 +156,10 @@ start_throwaway_mysql() {
   mariadb-install-db --no-defaults "${user[@]}" --datadir="$dir/data" \
     --auth-root-authentication-method=normal >"$dir/install.log" 2>&1 \
     || { cat "$dir/install.log" >&2; die "mariadb-install-db failed"; }
-  "$server" --no-defaults "${user[@]}" --datadir="$dir/data" --socket="$dir/mysqld.sock" \
+  background_server MariaDB "$MYSQL_PORT" "$dir/server.log" \
+    "$server" --no-defaults "${user[@]}" --datadir="$dir/data" --socket="$dir/mysqld.sock" \
     --port="$MYSQL_PORT" --bind-address=127.0.0.1 --pid-file="$dir/mysqld.pid" \
-    --innodb-flush-log-at-trx-commit=2 --max-connections=300 >"$dir/server.log" 2>&1 &
-  CLEANUP+=("kill $! 2>/dev/null; wait $! 2>/dev/null")
-  wait_for_port "$MYSQL_PORT" || { cat "$dir/server.log" >&2; die "MariaDB did not start"; }
+    --innodb-flush-log-at-trx-commit=2 --max-connections=300
   for _ in $(seq 1 20); do
     mariadb --no-defaults -uroot -h127.0.0.1 -P"$MYSQL_PORT" -e "CREATE DATABASE IF NOT EXISTS test" 2>/dev/null && return 0
     sleep 0.5
@@ -149,19 +171,13 @@ use_server MYSQL_DATABASE_URL "MySQL/MariaDB" "$MYSQL_PORT" start_throwaway_mysq
 # --- Redis (the lease store's tests) --------------------------------------------
 start_throwaway_redis() {
   local server dir
-  server="$(command -v redis-server || ls /usr/bin/redis-server 2>/dev/null || true)"
-  if [ -z "$server" ]; then
-    apt_install redis-server
-    server="$(command -v redis-server || ls /usr/bin/redis-server 2>/dev/null)" \
-      || die "no redis-server binary; install Redis (apt-get install -y redis-server) or set REDIS_URL"
-  fi
+  server_binary server redis-server redis-server
   dir="$SERVER_DIR/redis-$REDIS_PORT"
   rm -rf "$dir" && mkdir -p "$dir"
   log "starting a throwaway Redis on 127.0.0.1:$REDIS_PORT ($dir)"
-  "$server" --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$dir" --save "" --appendonly no \
-    --daemonize no >"$dir/server.log" 2>&1 &
-  CLEANUP+=("kill $! 2>/dev/null; wait $! 2>/dev/null")
-  wait_for_port "$REDIS_PORT" || { cat "$dir/server.log" >&2; die "Redis did not start"; }
+  background_server Redis "$REDIS_PORT" "$dir/server.log" \
+    "$server" --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$dir" --save "" --appendonly no \
+    --daemonize no
 }
 use_server REDIS_URL "Redis" "$REDIS_PORT" start_throwaway_redis "redis://127.0.0.1:$REDIS_PORT/"
 
@@ -172,17 +188,12 @@ use_server REDIS_URL "Redis" "$REDIS_PORT" start_throwaway_redis "redis://127.0.
 NATS_PORT="${NATS_PORT:-4222}"
 start_throwaway_nats() {
   local server dir
-  server="$(command -v nats-server || ls /usr/sbin/nats-server 2>/dev/null || true)"
-  if [ -z "$server" ]; then
-    apt_install nats-server
-    server="$(command -v nats-server || ls /usr/sbin/nats-server)"
-  fi
+  server_binary server nats-server nats-server
   dir="$SERVER_DIR/nats-$NATS_PORT"
   rm -rf "$dir" && mkdir -p "$dir"
   log "starting a throwaway NATS server with JetStream on 127.0.0.1:$NATS_PORT ($dir)"
-  "$server" -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$dir/jetstream" >"$dir/server.log" 2>&1 &
-  CLEANUP+=("kill $! 2>/dev/null; wait $! 2>/dev/null")
-  wait_for_port "$NATS_PORT" || { cat "$dir/server.log" >&2; die "NATS did not start"; }
+  background_server NATS "$NATS_PORT" "$dir/server.log" \
+    "$server" -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$dir/jetstream"
 }
 use_server NATS_URL "NATS" "$NATS_PORT" start_throwaway_nats "nats://127.0.0.1:$NATS_PORT"
 

@@ -1,9 +1,9 @@
 //! The backends, and a fresh database per backend for one benchmark run,
 //! removed at the end.
 //!
-//! [`with_database`] is the workspace's shared one; [`Backend`] (whose titles
-//! name the servers the benchmark measures, MariaDB among them) and
-//! [`admin_url`] are the benchmark's own.
+//! [`Backend`], [`admin_url`] and [`with_database`] are the workspace's shared
+//! ones; [`report_name`] names a backend as the report does (MariaDB, the
+//! server the benchmark measures).
 //!
 //! PostgreSQL and MariaDB/MySQL are found through `PG_DATABASE_URL` and
 //! `MYSQL_DATABASE_URL` (defaults: `postgres://postgres@127.0.0.1:5432/test`,
@@ -11,75 +11,23 @@
 //! to that database and drops it when done. Databases left by a benchmark process
 //! that no longer runs are dropped first. SQLite is a file in the temp directory.
 
-pub use lockkit_tests::support::with_database;
-use std::fmt;
+pub use lockkit_tests::support::{admin_url, with_database, Backend};
+use lockkit_tests::support::{
+    admin_url_var, drop_database_sql, drop_orphans, remove_sqlite_files, DatabaseName,
+};
 
 use diesel::connection::SimpleConnection;
-use diesel::{Connection, RunQueryDsl};
+use diesel::Connection;
 
 use crate::error::BenchError;
 
-/// A database backend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Backend {
-    /// PostgreSQL.
-    Postgres,
-    /// MariaDB or MySQL.
-    Mysql,
-    /// SQLite (bundled, a file in the temp directory).
-    Sqlite,
-}
-
-impl Backend {
-    /// Every backend, in report order.
-    pub const ALL: [Backend; 3] = [Backend::Postgres, Backend::Mysql, Backend::Sqlite];
-
-    /// The short name used on the command line and in file names.
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Postgres => "postgres",
-            Backend::Mysql => "mysql",
-            Backend::Sqlite => "sqlite",
-        }
+/// The name the report gives `backend`: the server the benchmark measures
+/// (`MariaDB`, where [`Backend::title`] says `MySQL/MariaDB`).
+pub fn report_name(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Mysql => "MariaDB",
+        Backend::Postgres | Backend::Sqlite => backend.title(),
     }
-
-    /// The name shown in the report.
-    pub fn title(self) -> &'static str {
-        match self {
-            Backend::Postgres => "PostgreSQL",
-            Backend::Mysql => "MariaDB",
-            Backend::Sqlite => "SQLite",
-        }
-    }
-
-    /// Parses a short name (`pg` and `mariadb` are accepted too).
-    pub fn parse(name: &str) -> Option<Backend> {
-        match name {
-            "postgres" | "pg" | "postgresql" => Some(Backend::Postgres),
-            "mysql" | "mariadb" => Some(Backend::Mysql),
-            "sqlite" => Some(Backend::Sqlite),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.title())
-    }
-}
-
-/// The admin URL of a server backend (from its environment variable or the default).
-pub fn admin_url(backend: Backend) -> String {
-    let (var, default) = match backend {
-        Backend::Postgres => ("PG_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
-        Backend::Mysql => ("MYSQL_DATABASE_URL", "mysql://root@127.0.0.1:3306/test"),
-        Backend::Sqlite => return String::new(),
-    };
-    std::env::var(var)
-        .ok()
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| default.to_owned())
 }
 
 /// A database made for this run; dropped (or its files removed) on drop.
@@ -94,12 +42,6 @@ pub struct BenchDb {
     admin_url: String,
 }
 
-#[derive(diesel::QueryableByName)]
-struct Name {
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    name: String,
-}
-
 /// The pid inside `lkbench_<pid>_<tag>`, if the name is ours.
 fn owner_pid(database: &str) -> Option<u32> {
     database
@@ -110,36 +52,25 @@ fn owner_pid(database: &str) -> Option<u32> {
         .ok()
 }
 
-fn is_orphan(database: &str) -> bool {
-    owner_pid(database).is_some_and(|pid| {
-        pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
-    })
-}
-
-/// `DROP DATABASE IF EXISTS` on a server (PostgreSQL: `WITH (FORCE)`, closing
-/// the sessions still connected to it).
-fn drop_database_sql(backend: Backend, name: &str) -> String {
-    match backend {
-        Backend::Postgres => format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-        Backend::Mysql | Backend::Sqlite => format!("DROP DATABASE IF EXISTS {name}"),
-    }
-}
-
-/// On a server, through its admin connection: drops the databases of benchmark
-/// processes that no longer run (`list` selects the server's `lkbench_`
-/// databases `AS name`), then creates `name` afresh.
-fn recreate<C>(admin: &mut C, backend: Backend, list: &str, name: &str) -> Result<(), BenchError>
+/// On a server, through a connection to `admin_url`: drops the databases of
+/// benchmark processes that no longer run, then creates `name` afresh; returns
+/// its URL.
+fn create_on_server<C>(backend: Backend, admin_url: &str, name: &str) -> Result<String, BenchError>
 where
     C: Connection,
-    diesel::query_builder::SqlQuery: for<'a> diesel::query_dsl::LoadQuery<'a, C, Name>,
+    diesel::query_builder::SqlQuery: for<'a> diesel::query_dsl::LoadQuery<'a, C, DatabaseName>,
 {
-    let old = diesel::sql_query(list).load::<Name>(admin)?;
-    for db in old.iter().filter(|n| is_orphan(&n.name)) {
-        admin.batch_execute(&drop_database_sql(backend, &db.name))?;
-    }
+    let mut admin = C::establish(admin_url).map_err(|e| {
+        BenchError::Other(format!(
+            "cannot reach {} at {admin_url} ({e}); set {}",
+            backend.title(),
+            admin_url_var(backend).unwrap_or_default()
+        ))
+    })?;
+    drop_orphans(&mut admin, backend, "lkbench_", owner_pid)?;
     admin.batch_execute(&drop_database_sql(backend, name))?;
     admin.batch_execute(&format!("CREATE DATABASE {name}"))?;
-    Ok(())
+    Ok(with_database(admin_url, name))
 }
 
 impl BenchDb {
@@ -148,34 +79,19 @@ impl BenchDb {
         static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = format!("lkbench_{}_{tag}{n}", std::process::id());
-        let admin_url = admin_url(backend);
+        // Empty for SQLite, which has no server.
+        let admin_url = admin_url(backend).unwrap_or_default();
         let url = match backend {
             Backend::Postgres => {
-                let mut admin = diesel::PgConnection::establish(&admin_url).map_err(|e| {
-                    BenchError::Other(format!(
-                        "cannot reach PostgreSQL at {admin_url} ({e}); set PG_DATABASE_URL"
-                    ))
-                })?;
-                let list =
-                    "SELECT datname AS name FROM pg_database WHERE datname LIKE 'lkbench\\_%'";
-                recreate(&mut admin, backend, list, &name)?;
-                with_database(&admin_url, &name)
+                create_on_server::<diesel::PgConnection>(backend, &admin_url, &name)?
             }
             Backend::Mysql => {
-                let mut admin = diesel::MysqlConnection::establish(&admin_url).map_err(|e| {
-                    BenchError::Other(format!(
-                        "cannot reach MariaDB/MySQL at {admin_url} ({e}); set MYSQL_DATABASE_URL"
-                    ))
-                })?;
-                let list = "SELECT SCHEMA_NAME AS name FROM information_schema.SCHEMATA \
-                            WHERE SCHEMA_NAME LIKE 'lkbench\\_%'";
-                recreate(&mut admin, backend, list, &name)?;
-                with_database(&admin_url, &name)
+                create_on_server::<diesel::MysqlConnection>(backend, &admin_url, &name)?
             }
             Backend::Sqlite => {
                 let path = std::env::temp_dir().join(format!("{name}.sqlite"));
                 let url = path.display().to_string();
-                remove_sqlite_files(&url);
+                let _ = remove_sqlite_files(&path);
                 let mut conn = diesel::SqliteConnection::establish(&url)?;
                 conn.batch_execute("PRAGMA journal_mode = WAL;")?;
                 url
@@ -187,12 +103,6 @@ impl BenchDb {
             name,
             admin_url,
         })
-    }
-}
-
-fn remove_sqlite_files(path: &str) {
-    for suffix in ["", "-wal", "-shm", "-journal"] {
-        let _ = std::fs::remove_file(format!("{path}{suffix}"));
     }
 }
 
@@ -209,7 +119,9 @@ impl Drop for BenchDb {
         match backend {
             Backend::Postgres => drop_on_server::<diesel::PgConnection>(backend, url, name),
             Backend::Mysql => drop_on_server::<diesel::MysqlConnection>(backend, url, name),
-            Backend::Sqlite => remove_sqlite_files(&self.url),
+            Backend::Sqlite => {
+                let _ = remove_sqlite_files(std::path::Path::new(&self.url));
+            }
         }
     }
 }
@@ -222,6 +134,5 @@ mod tests {
     fn orphans_are_recognised_by_pid() {
         assert_eq!(owner_pid("lkbench_123_run"), Some(123));
         assert_eq!(owner_pid("lk_test_1_2"), None);
-        assert!(!is_orphan(&format!("lkbench_{}_x", std::process::id())));
     }
 }

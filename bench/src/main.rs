@@ -12,7 +12,7 @@ use lockkit_bench::report::{self, charts};
 use lockkit_bench::run;
 use lockkit_bench::run::ops::Session;
 use lockkit_bench::run::profile::{self, alloc};
-use lockkit_bench::vocabulary::Backend;
+use lockkit_bench::vocabulary::{report_name, Backend};
 
 #[global_allocator]
 static ALLOCATOR: alloc::Counting = alloc::Counting;
@@ -134,7 +134,7 @@ fn run(cli: Cli) -> Result<(), BenchError> {
         settings
             .backends
             .iter()
-            .map(|b| b.title())
+            .map(|&b| report_name(b))
             .collect::<Vec<_>>()
             .join(", "),
         settings.out_dir.display()

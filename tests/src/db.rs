@@ -9,10 +9,12 @@ use diesel::connection::SimpleConnection;
 use diesel::query_builder::SqlQuery;
 use diesel::query_dsl::LoadQuery;
 use diesel::r2d2::{ConnectionManager, Pool, PooledConnection, R2D2Connection};
-use diesel::{Connection, RunQueryDsl};
+use diesel::Connection;
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
 
-use crate::support::{admin_url, admin_url_var, with_database, Backend};
+use crate::support::{
+    admin_url, admin_url_var, drop_database_sql, drop_orphans, with_database, Backend, DatabaseName,
+};
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
@@ -217,27 +219,9 @@ fn owner_pid(database: &str) -> Option<u32> {
     parts.next()?.parse().ok()
 }
 
-/// Whether a database was left behind by a test process that no longer runs.
-fn is_orphan(database: &str) -> bool {
-    owner_pid(database).is_some_and(|pid| {
-        pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
-    })
-}
-
-/// A database name, as the servers list them.
-#[derive(diesel::QueryableByName)]
-struct Name {
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    name: String,
-}
-
-/// How each server lists the test databases and drops one.
+/// A server the tests create their databases on.
 struct Server {
     backend: Backend,
-    /// Lists the `lk_` databases as `name`.
-    list: &'static str,
-    /// `DROP DATABASE` of the database that is its argument.
-    drop: fn(&str) -> String,
     /// The first database a process creates sweeps the orphans first.
     sweep: Once,
 }
@@ -248,7 +232,7 @@ impl Server {
     fn create_database<C>(&self, name: &str) -> (String, Cleanup)
     where
         C: Connection,
-        for<'a> SqlQuery: LoadQuery<'a, C, Name>,
+        for<'a> SqlQuery: LoadQuery<'a, C, DatabaseName>,
     {
         let backend = self.backend;
         let admin_url = admin_url(backend).expect("a server backend");
@@ -261,19 +245,14 @@ impl Server {
             )
         });
         self.sweep.call_once(|| {
-            let names = diesel::sql_query(self.list)
-                .load::<Name>(&mut conn)
-                .unwrap_or_default();
-            for db in names.into_iter().filter(|n| is_orphan(&n.name)) {
-                let _ = conn.batch_execute(&(self.drop)(&db.name));
-            }
+            let _ = drop_orphans(&mut conn, backend, "lk_", owner_pid);
         });
         conn.batch_execute(&format!("CREATE DATABASE {name}"))
             .unwrap_or_else(|e| panic!("CREATE DATABASE {name} on {admin_url}: {e}"));
         (
             with_database(&admin_url, name),
             Cleanup::Drop {
-                statement: (self.drop)(name),
+                statement: drop_database_sql(backend, name),
                 admin_url,
             },
         )
@@ -282,7 +261,7 @@ impl Server {
 
 /// The [`TestBackend`] of a server: its migrations, and its [`Server`].
 macro_rules! server_backend {
-    ($feature:literal, $module:ident, $conn:ident, $migrations:literal, $server:expr) => {
+    ($feature:literal, $module:ident, $conn:ident, $migrations:literal, $backend:expr) => {
         #[cfg(feature = $feature)]
         mod $module {
             use super::*;
@@ -290,7 +269,10 @@ macro_rules! server_backend {
             const MIGRATIONS: EmbeddedMigrations =
                 diesel_migrations::embed_migrations!($migrations);
 
-            static SERVER: Server = $server;
+            static SERVER: Server = Server {
+                backend: $backend,
+                sweep: Once::new(),
+            };
 
             impl TestBackend for diesel::$conn {
                 fn create_database(name: &str) -> (String, Cleanup) {
@@ -310,12 +292,7 @@ server_backend!(
     postgres,
     PgConnection,
     "migrations/postgres",
-    Server {
-        backend: Backend::Postgres,
-        list: "SELECT datname AS name FROM pg_database WHERE datname LIKE 'lk\\_%'",
-        drop: |name| format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-        sweep: Once::new(),
-    }
+    Backend::Postgres
 );
 
 server_backend!(
@@ -323,18 +300,13 @@ server_backend!(
     mysql,
     MysqlConnection,
     "migrations/mysql",
-    Server {
-        backend: Backend::Mysql,
-        list: "SELECT SCHEMA_NAME AS name FROM information_schema.SCHEMATA \
-               WHERE SCHEMA_NAME LIKE 'lk\\_%'",
-        drop: |name| format!("DROP DATABASE IF EXISTS {name}"),
-        sweep: Once::new(),
-    }
+    Backend::Mysql
 );
 
 #[cfg(feature = "sqlite")]
 mod sqlite {
     use super::*;
+    use crate::support::{remove_sqlite_files, sqlite_files};
     use diesel::SqliteConnection;
 
     const MIGRATIONS: EmbeddedMigrations =
@@ -343,13 +315,8 @@ mod sqlite {
     impl TestBackend for SqliteConnection {
         fn create_database(name: &str) -> (String, Cleanup) {
             let path = std::env::temp_dir().join(format!("{name}.sqlite"));
-            let files = ["", "-wal", "-shm", "-journal"]
-                .iter()
-                .map(|suffix| std::path::PathBuf::from(format!("{}{suffix}", path.display())))
-                .collect::<Vec<_>>();
-            for file in &files {
-                let _ = std::fs::remove_file(file);
-            }
+            let _ = remove_sqlite_files(&path);
+            let files = sqlite_files(&path).to_vec();
             (path.display().to_string(), Cleanup::Files(files))
         }
 
@@ -375,6 +342,5 @@ mod tests {
         assert_eq!(owner_pid("lk_lost_update_123_7"), Some(123));
         assert_eq!(owner_pid("lk_a_b_c_99_0"), Some(99));
         assert_eq!(owner_pid("test"), None);
-        assert!(!is_orphan(&format!("lk_x_{}_0", std::process::id())));
     }
 }

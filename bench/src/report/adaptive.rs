@@ -8,7 +8,7 @@ use super::context::Report;
 use super::format::{check_cell, rate, ratio};
 use crate::analysis::statistics::Summary;
 use crate::plan::HOT_WORKERS;
-use crate::vocabulary::{Backend, Case, Strategy, Workload};
+use crate::vocabulary::{report_name, Backend, Case, Strategy, Workload};
 
 pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     writeln!(w, "## Adaptive: optimistic while calm, locked while hot\n")?;
@@ -34,7 +34,7 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     )?;
     let mut misses = Vec::new();
     for &b in &report.backends {
-        writeln!(w, "### {b}\n")?;
+        writeln!(w, "### {}\n", report_name(b))?;
         writeln!(
             w,
             "| workload | workers | optimistic + retry /s | with_lock /s | adaptive /s | adaptive / best | locked | correctness |"
@@ -103,7 +103,8 @@ fn miss(
     optimistic: Option<f64>,
 ) -> String {
     let mut s = format!(
-        "{b} {} at {n} workers, {} ({:.0}% of the writes locked, {:.1} races lost per run",
+        "{} {} at {n} workers, {} ({:.0}% of the writes locked, {:.1} races lost per run",
+        report_name(b),
         workload.title(),
         ratio(adaptive.throughput / best),
         100.0 * adaptive.locked_share,

@@ -10,7 +10,7 @@ use crate::analysis::ratios::{overhead, pgbench_summaries, PgbenchSummary, PGBEN
 use crate::analysis::statistics::Summary;
 use crate::plan::{async_paired_cases, ASYNC_THREADS, ASYNC_WORKERS};
 use crate::run::pgbench::{self, Mode};
-use crate::vocabulary::{Backend, Case, Client, Flavor, Workload};
+use crate::vocabulary::{report_name, Backend, Case, Client, Flavor, Workload};
 
 /// The async cases in report order (PostgreSQL's, the most), each as lockkit
 /// runs it.
@@ -97,7 +97,8 @@ fn table(w: &mut String, report: &Report, cases: &[Case]) -> fmt::Result {
             );
             writeln!(
                 w,
-                "| {b} | {}{} | {} | {} | {} | {} | {} | {} · {} | {} |",
+                "| {} | {}{} | {} | {} | {} | {} | {} | {} · {} | {} |",
+                report_name(b),
                 title(case),
                 if shown.case.flavor == Flavor::Hand {
                     " (hand-written on both sides)"

@@ -14,7 +14,7 @@ use crate::error::BenchError;
 use crate::plan::{paired_cases, HOT_WORKERS};
 use crate::run::pgbench::Mode;
 use crate::run::results::Results;
-use crate::vocabulary::{Backend, Case, Strategy, Workload};
+use crate::vocabulary::{report_name, Backend, Case, Strategy, Workload};
 
 fn err<E: std::fmt::Display>(e: E) -> BenchError {
     BenchError::Other(format!("chart: {e}"))
@@ -173,7 +173,7 @@ fn hot_row(results: &Results, path: &Path) -> Result<bool, BenchError> {
             .flat_map(|(_, p)| p.iter().map(|x| x.1))
             .fold(1.0, f64::max);
         let mut chart = ChartBuilder::on(panel)
-            .caption(b.title(), ("sans-serif", 16))
+            .caption(report_name(b), ("sans-serif", 16))
             .margin(10)
             .x_label_area_size(35)
             .y_label_area_size(60)
@@ -291,7 +291,7 @@ fn overhead_chart(results: &Results, path: &Path) -> Result<bool, BenchError> {
                     .map(|p| Circle::new((p.0, p.2), 4, color.filled())),
             )
             .map_err(err)?
-            .label(b.title())
+            .label(report_name(b))
             .legend(move |(x, y)| Circle::new((x + 9, y), 4, color.filled()));
     }
     legend(&mut chart, SeriesLabelPosition::LowerLeft)?;

@@ -7,7 +7,7 @@ use super::context::Report;
 use super::format::{rate, ratio};
 use crate::analysis::ratios::overhead;
 use crate::analysis::statistics::median;
-use crate::vocabulary::{Backend, Case, Strategy, Workload};
+use crate::vocabulary::{report_name, Backend, Case, Strategy, Workload};
 
 pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let results = report.results;
@@ -57,7 +57,14 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
         .callgrind
         .iter()
         .filter(|r| r.other_title == "hand-written, cacheable")
-        .map(|r| format!("{} {} → {}", r.backend, rate(r.lockkit), rate(r.other)))
+        .map(|r| {
+            format!(
+                "{} {} → {}",
+                report_name(r.backend),
+                rate(r.lockkit),
+                rate(r.other)
+            )
+        })
         .collect();
     if let Some(p) = cacheable_profile {
         notes.push(format!(
@@ -90,7 +97,7 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
         .filter_map(|&b| {
             extra("update_versioned", b)
                 .filter(|(d, _)| *d > 200.0)
-                .map(|(d, p)| format!("{b} {} ({p:+.1}%)", rate(d)))
+                .map(|(d, p)| format!("{} {} ({p:+.1}%)", report_name(b), rate(d)))
         })
         .collect();
     if !nested.is_empty() {
@@ -108,7 +115,9 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     }
     let lock_extra: Vec<String> = [Backend::Postgres, Backend::Mysql]
         .iter()
-        .filter_map(|&b| extra("with_lock", b).map(|(d, p)| format!("{b} {} ({p:+.1}%)", rate(d))))
+        .filter_map(|&b| {
+            extra("with_lock", b).map(|(d, p)| format!("{} {} ({p:+.1}%)", report_name(b), rate(d)))
+        })
         .collect();
     if !lock_extra.is_empty() {
         notes.push(format!(
@@ -147,7 +156,8 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
             stale
                 .iter()
                 .map(|(b, r, c)| format!(
-                    "{b}: lockkit / hand-written {}, {c:.2} conflicts per update",
+                    "{}: lockkit / hand-written {}, {c:.2} conflicts per update",
+                    report_name(*b),
                     ratio(*r)
                 ))
                 .collect::<Vec<_>>()

@@ -10,7 +10,7 @@ use crate::analysis::ratios::{overhead, OVERHEAD_TARGET};
 use crate::analysis::statistics::median;
 use crate::plan;
 use crate::run::profile::callgrind::CallgrindRow;
-use crate::vocabulary::{Case, Workload};
+use crate::vocabulary::{report_name, Case, Workload};
 
 pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let (results, bs) = (report.results, report.backends.as_slice());
@@ -28,7 +28,7 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
         results.settings.pair_rounds,
         results.settings.pair_limits.run.as_secs_f64()
     )?;
-    table_head(w, "case", bs.iter())?;
+    table_head(w, "case", bs.iter().map(|&b| report_name(b)))?;
     let mut all = Vec::new();
     for case in plan::paired_cases() {
         write!(w, "| {} |", short_label(&case))?;
@@ -97,7 +97,7 @@ fn callgrind_table(w: &mut String, rows: &[CallgrindRow]) -> fmt::Result {
             w,
             "| `{}` | {} | {} | {} | {} | {:.3} |",
             r.name,
-            r.backend,
+            report_name(r.backend),
             rate(r.lockkit),
             r.other_title,
             rate(r.other),

@@ -6,7 +6,7 @@ use std::fmt::{self, Write as _};
 use super::context::{hot, Report};
 use super::format::{check_cell, ms, num, rate, table_head};
 use crate::plan::HOT_WORKERS;
-use crate::vocabulary::{Backend, Case, Strategy, INITIAL_STOCK};
+use crate::vocabulary::{report_name, Backend, Case, Strategy, INITIAL_STOCK};
 
 pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let get = |b: Backend, c: &Case| report.get(b, c);
@@ -30,7 +30,7 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     )?;
     writeln!(w, "![hot row throughput](hot_row.svg)\n")?;
     for &b in bs {
-        writeln!(w, "### {b}\n")?;
+        writeln!(w, "### {}\n", report_name(b))?;
         let workers =
             HOT_WORKERS.map(|n| format!("{n} worker{} /s", if n == 1 { "" } else { "s" }));
         table_head(w, "strategy", workers.iter())?;

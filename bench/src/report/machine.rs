@@ -3,6 +3,7 @@
 use std::fmt::{self, Write as _};
 
 use super::context::Report;
+use crate::vocabulary::report_name;
 
 pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let results = report.results;
@@ -27,7 +28,7 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
         crate::plan::ASYNC_THREADS
     )?;
     for s in &results.servers {
-        writeln!(w, "**{}**: {}\n", s.backend, s.version.trim())?;
+        writeln!(w, "**{}**: {}\n", report_name(s.backend), s.version.trim())?;
         writeln!(w, "| setting | value |")?;
         writeln!(w, "| --- | --- |")?;
         for (k, v) in &s.settings {

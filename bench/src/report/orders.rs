@@ -6,7 +6,7 @@ use std::fmt::{self, Write as _};
 use super::context::Report;
 use super::format::{check_cell, ms, num, rate};
 use crate::plan::ORDER_WORKERS;
-use crate::vocabulary::{Backend, Case, Strategy, Workload, ORDER_ITEMS};
+use crate::vocabulary::{report_name, Backend, Case, Strategy, Workload, ORDER_ITEMS};
 
 pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let get = |b: Backend, c: &Case| report.get(b, c);
@@ -36,7 +36,8 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
             if let Some(x) = get(b, &Case::new(Workload::Orders, s, ORDER_WORKERS)) {
                 writeln!(
                     w,
-                    "| {b} | {} | {} | {} | {} | {:.2} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {:.2} | {} | {} | {} |",
+                    report_name(b),
                     s.title(),
                     rate(x.throughput),
                     ms(x.p50_ms),

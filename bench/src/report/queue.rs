@@ -7,7 +7,7 @@ use super::context::Report;
 use super::format::{outcome_cells, pair_cells, rate};
 use crate::analysis::ratios::overhead;
 use crate::plan::QUEUE_WORKERS;
-use crate::vocabulary::{Backend, Case, Strategy, Workload};
+use crate::vocabulary::{report_name, Backend, Case, Strategy, Workload};
 
 pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let results = report.results;
@@ -41,7 +41,8 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
                 let r = overhead(results, b, &case).map_or(f64::NAN, |r| r.0);
                 writeln!(
                     w,
-                    "| {b} | {batch} | {} | {} |",
+                    "| {} | {batch} | {} | {} |",
+                    report_name(b),
                     pair_cells(l, h, r),
                     outcome_cells(l)
                 )?;

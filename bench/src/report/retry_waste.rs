@@ -6,7 +6,7 @@ use std::fmt::{self, Write as _};
 use super::context::{hot, Report};
 use super::format::{num, rate, table_head};
 use crate::plan::{IMMEDIATE, RETRY_WORKERS};
-use crate::vocabulary::{Retry, Strategy};
+use crate::vocabulary::{report_name, Retry, Strategy};
 
 pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let (sums, bs) = (&report.sums, report.backends.as_slice());
@@ -20,7 +20,7 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
          `RetryPolicy::immediate(n)` (n attempts, no wait). Each cell: attempts per success · \
          updates/s · operations given up per run.\n"
     )?;
-    table_head(w, "policy", bs.iter())?;
+    table_head(w, "policy", bs.iter().map(|&b| report_name(b)))?;
     let mut policies = vec![Retry::Default];
     policies.extend(IMMEDIATE.iter().map(|&n| Retry::Immediate(n)));
     for p in policies {

@@ -7,7 +7,7 @@ use super::context::Report;
 use super::format::{outcome_cells, pair_cells, rate, ratio};
 use crate::analysis::ratios::overhead;
 use crate::plan::{UNCONTENDED_TWINS, UNCONTENDED_WORKERS};
-use crate::vocabulary::{Backend, Case, Strategy, Workload};
+use crate::vocabulary::{report_name, Backend, Case, Strategy, Workload};
 
 pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let results = report.results;
@@ -43,7 +43,8 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
                 });
                 writeln!(
                     w,
-                    "| {b} | {workers} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {workers} | {} | {} | {} | {} | {} | {} |",
+                    report_name(b),
                     pair_cells(l, h, r),
                     rate(twins[0].0),
                     ratio(twins[0].1),

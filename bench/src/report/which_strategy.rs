@@ -7,7 +7,7 @@ use super::context::{hot, Report};
 use super::format::{ms, num, rate, ratio};
 use crate::analysis::ratios::overhead;
 use crate::plan::{IMMEDIATE, ORDER_WORKERS, QUEUE_WORKERS, RETRY_WORKERS};
-use crate::vocabulary::{Backend, Case, Retry, Strategy, Workload};
+use crate::vocabulary::{report_name, Backend, Case, Retry, Strategy, Workload};
 
 pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let (results, sums, bs) = (report.results, &report.sums, report.backends.as_slice());
@@ -20,7 +20,7 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let tp = |b: Backend, s: Strategy, n: usize| get(b, &hot(s, n)).map(|x| x.throughput);
     let per_backend = |f: &dyn Fn(Backend) -> Option<String>| -> String {
         bs.iter()
-            .filter_map(|&b| f(b).map(|t| format!("{b} {t}")))
+            .filter_map(|&b| f(b).map(|t| format!("{} {t}", report_name(b))))
             .collect::<Vec<_>>()
             .join("; ")
     };
@@ -92,7 +92,13 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
                     .callgrind
                     .iter()
                     .find(|r| r.name == name && r.backend == b && r.other_title == "hand-written")
-                    .map(|r| format!("{b} {:+.1}%", (r.lockkit / r.other - 1.0) * 100.0))
+                    .map(|r| {
+                        format!(
+                            "{} {:+.1}%",
+                            report_name(b),
+                            (r.lockkit / r.other - 1.0) * 100.0
+                        )
+                    })
             })
             .collect::<Vec<_>>()
             .join(", ")
@@ -129,7 +135,7 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
         .collect();
     let per = |list: &[Backend], f: &dyn Fn(Backend) -> Option<String>| -> String {
         list.iter()
-            .filter_map(|&b| f(b).map(|t| format!("{b} {t}")))
+            .filter_map(|&b| f(b).map(|t| format!("{} {t}", report_name(b))))
             .collect::<Vec<_>>()
             .join("; ")
     };

@@ -33,7 +33,7 @@ use diesel::{MysqlConnection, PgConnection, SqliteConnection};
 use crate::db::BenchDb;
 use crate::error::BenchError;
 use crate::plan::{adaptive_groups, async_paired_cases, paired_cases, single_cases, Settings};
-use crate::vocabulary::{Backend, Case, Client, Limits, MAX_WORKERS};
+use crate::vocabulary::{report_name, Backend, Case, Client, Limits, MAX_WORKERS};
 use machine::{Machine, ServerInfo};
 use ops::{BenchConnection, Session};
 use pgbench::{Mode, Script};
@@ -75,7 +75,7 @@ fn progress(rep: usize, reps: usize, sample: &Sample) {
         "[{}/{}] {:<10} {:<70} {:>9.0}/s  p99 {:>8.2} ms  att/ok {:>5.2}  cpu/op {:>5.0}+{:<5}µs {}{}",
         rep + 1,
         reps,
-        sample.backend.title(),
+        report_name(sample.backend),
         sample.case.label(),
         sample.throughput(),
         sample.latency_ms(0.99),

@@ -3,15 +3,15 @@
 //! stage (plan, run, analysis, report) speaks in these; this module needs none
 //! of them.
 //!
-//! [`Backend`] is defined in [`crate::db`], with the other helpers that have
-//! twins in the workspace's other crates.
+//! [`Backend`] is the workspace's (`lockkit_tests::support::Backend`), through
+//! [`crate::db`]; [`report_name`] is the name the report gives it.
 
 pub mod case;
 pub mod schema;
 pub mod strategy;
 pub mod workload;
 
-pub use crate::db::Backend;
+pub use crate::db::{report_name, Backend};
 pub use case::{Case, Limits};
 pub use strategy::{Client, Flavor, Retry, Strategy};
 pub use workload::{

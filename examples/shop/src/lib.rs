@@ -317,16 +317,6 @@ pub fn run(url: &str, strategy: Strategy, config: &Config) -> Result<Report, Sho
     runner::run_on(url, strategy, config)
 }
 
-/// Removes a SQLite database file and its `-wal`, `-shm` and `-journal` companions,
-/// so the next [`run`] starts from an empty file. Missing files are fine.
-pub fn remove_sqlite_files(path: &std::path::Path) -> std::io::Result<()> {
-    for suffix in ["", "-wal", "-shm", "-journal"] {
-        let mut file = path.as_os_str().to_owned();
-        file.push(suffix);
-        match std::fs::remove_file(&file) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-    }
-    Ok(())
-}
+/// Removes a SQLite database file and its companions, so that the next [`run`]
+/// starts from an empty file.
+pub use lockkit_tests::support::remove_sqlite_files;

@@ -14,11 +14,15 @@
 //! * [`admin_url`]: the server database named by `PG_DATABASE_URL` or
 //!   `MYSQL_DATABASE_URL`, next to which tests and benchmarks create their own;
 //!   [`with_database`] names another database on the same server.
+//! * [`drop_orphans`] and [`drop_database_sql`]: those databases, dropped when
+//!   done or, when their process was killed first, by the next process.
 //! * [`redact`]: a URL fit for printing, without its password.
 //! * [`ProgramError`]: the error type of the example programs;
 //!   [`database_url`] and [`exit_code`], the start and the end of their `main`.
 //! * [`SessionSettings`]: what every pooled connection runs once it is open
 //!   ([`sqlite_session_settings`] with the `sqlite` feature).
+//! * [`sqlite_files`] and [`remove_sqlite_files`]: a SQLite database's file and
+//!   its `-wal`, `-shm` and `-journal` companions.
 //! * [`point_at_database`] and [`wait_all`]: the examples' tests run them as
 //!   processes.
 //! * [`galera_nodes`] and [`create_galera_database`] (feature `mysql`): a
@@ -45,17 +49,20 @@
 mod backend;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod connection;
+mod databases;
 mod error;
 #[cfg(feature = "mysql")]
 mod galera;
 mod processes;
 mod program;
 mod session;
+mod sqlite_files;
 mod url;
 
 pub use backend::Backend;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub use connection::{worker_connections, AnyConnection, AnyPool, AnyPooled, Migrations};
+pub use databases::{drop_database_sql, drop_orphans, DatabaseName};
 pub use error::ProgramError;
 #[cfg(feature = "mysql")]
 pub use galera::{create_galera_database, galera_nodes};
@@ -64,4 +71,5 @@ pub use program::{database_url, exit_code};
 #[cfg(feature = "sqlite")]
 pub use session::sqlite_session_settings;
 pub use session::SessionSettings;
+pub use sqlite_files::{remove_sqlite_files, sqlite_files};
 pub use url::{admin_url, admin_url_var, connection_url, redact, with_database};

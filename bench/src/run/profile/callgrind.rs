@@ -10,7 +10,7 @@ use std::process::Command;
 
 use crate::error::BenchError;
 use crate::run::profile::{comparisons, side_name};
-use crate::vocabulary::{Backend, Case, Strategy};
+use crate::vocabulary::{report_name, Backend, Case, Strategy};
 
 /// One comparison on one backend.
 #[derive(Debug, Clone)]
@@ -78,8 +78,9 @@ fn count(valgrind: &PathBuf, backend: Backend, case: &Case, ops: u64) -> Result<
     match (output.status.success(), collected) {
         (true, Some(n)) => Ok(n / ops as f64),
         _ => Err(BenchError::Other(format!(
-            "callgrind run of {} on {backend} failed: {stderr}",
-            side_name(case)
+            "callgrind run of {} on {} failed: {stderr}",
+            side_name(case),
+            report_name(backend)
         ))),
     }
 }
@@ -99,7 +100,7 @@ pub fn run_all(backends: &[Backend], ops: u64) -> Result<Vec<CallgrindRow>, Benc
             let o = count(&valgrind, backend, &other, ops)?;
             eprintln!(
                 "callgrind {:<10} {name:<26} lockkit {l:>9.0} | {other_title} {o:>9.0} instructions/call ({:+.1}%)",
-                backend.title(),
+                report_name(backend),
                 (l / o - 1.0) * 100.0
             );
             rows.push(CallgrindRow {
