@@ -134,7 +134,9 @@ mod postgres {
     use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
     use super::*;
-    use crate::pessimistic::connection::postgres::{LOCK_TIMEOUT, SET_LOCK_TIMEOUT};
+    use crate::pessimistic::connection::postgres::{
+        lock_timeout_query, lock_timeout_value, SET_LOCK_TIMEOUT,
+    };
 
     async fn set_lock_timeout(conn: &mut AsyncPgConnection, value: String) -> QueryResult<()> {
         diesel::sql_query(SET_LOCK_TIMEOUT)
@@ -161,14 +163,12 @@ mod postgres {
             };
             let set = async {
                 let outer = if nested {
-                    let outer = diesel::select(diesel::dsl::sql::<Text>(LOCK_TIMEOUT))
-                        .get_result::<String>(self)
-                        .await?;
+                    let outer = lock_timeout_query().get_result::<String>(self).await?;
                     Restore::LockTimeout(outer)
                 } else {
                     Restore::Nothing
                 };
-                set_lock_timeout(self, format!("{millis}ms")).await?;
+                set_lock_timeout(self, lock_timeout_value(millis)).await?;
                 Ok(outer)
             }
             .await;
