@@ -45,6 +45,8 @@ use diesel::QueryResult;
 use diesel_async::{AsyncConnection, TransactionManager};
 
 use crate::optimistic::backend::OptimisticBackend;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use crate::LockingConnection;
 use crate::{Error, LockOptions};
 
 /// A diesel-async connection lockkit's async calls run on:
@@ -63,11 +65,12 @@ pub trait AsyncLockingConnection:
     AsyncConnection<Backend: OptimisticBackend> + Send + crate::sealed::Sealed + 'static
 {
     /// A query with a row-lock clause: the clause on PostgreSQL and MySQL, the
-    /// query unchanged on SQLite.
+    /// query unchanged on SQLite; the blocking connection's
+    /// [`LockingConnection::Locked`](crate::LockingConnection::Locked).
     type Locked<Q: LockingDsl<L>, L>;
 
-    /// Puts the row-lock clause on `query` (as
-    /// [`LockingConnection::apply_lock`](crate::LockingConnection::apply_lock)).
+    /// Puts the row-lock clause on `query`: the blocking connection's
+    /// [`LockingConnection::apply_lock`](crate::LockingConnection::apply_lock).
     fn apply_lock<Q: LockingDsl<L>, L>(query: Q, lock: L) -> Self::Locked<Q, L>;
 
     /// Begins a transaction fit for locking (a savepoint when one is open) with
@@ -127,10 +130,13 @@ pub(crate) fn in_transaction<C: AsyncConnection>(conn: &mut C) -> bool {
 #[cfg(feature = "postgres")]
 mod postgres {
     use diesel::sql_types::Text;
+    use diesel::PgConnection;
     use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
     use super::*;
-    use crate::pessimistic::connection::postgres::{LOCK_TIMEOUT, SET_LOCK_TIMEOUT};
+    use crate::pessimistic::connection::postgres::{
+        lock_timeout_query, lock_timeout_value, SET_LOCK_TIMEOUT,
+    };
 
     async fn set_lock_timeout(conn: &mut AsyncPgConnection, value: String) -> QueryResult<()> {
         diesel::sql_query(SET_LOCK_TIMEOUT)
@@ -141,10 +147,10 @@ mod postgres {
     }
 
     impl AsyncLockingConnection for AsyncPgConnection {
-        type Locked<Q: LockingDsl<L>, L> = Q::Output;
+        type Locked<Q: LockingDsl<L>, L> = <PgConnection as LockingConnection>::Locked<Q, L>;
 
         fn apply_lock<Q: LockingDsl<L>, L>(query: Q, lock: L) -> Self::Locked<Q, L> {
-            query.with_lock(lock)
+            PgConnection::apply_lock(query, lock)
         }
 
         async fn begin_locked(&mut self, options: &LockOptions) -> Result<Restore, Error> {
@@ -157,14 +163,12 @@ mod postgres {
             };
             let set = async {
                 let outer = if nested {
-                    let outer = diesel::select(diesel::dsl::sql::<Text>(LOCK_TIMEOUT))
-                        .get_result::<String>(self)
-                        .await?;
+                    let outer = lock_timeout_query().get_result::<String>(self).await?;
                     Restore::LockTimeout(outer)
                 } else {
                     Restore::Nothing
                 };
-                set_lock_timeout(self, format!("{millis}ms")).await?;
+                set_lock_timeout(self, lock_timeout_value(millis)).await?;
                 Ok(outer)
             }
             .await;
@@ -201,6 +205,7 @@ mod postgres {
 #[cfg(feature = "mysql")]
 mod mysql {
     use diesel::sql_types::BigInt;
+    use diesel::MysqlConnection;
     use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
 
     use super::*;
@@ -215,10 +220,10 @@ mod mysql {
     }
 
     impl AsyncLockingConnection for AsyncMysqlConnection {
-        type Locked<Q: LockingDsl<L>, L> = Q::Output;
+        type Locked<Q: LockingDsl<L>, L> = <MysqlConnection as LockingConnection>::Locked<Q, L>;
 
         fn apply_lock<Q: LockingDsl<L>, L>(query: Q, lock: L) -> Self::Locked<Q, L> {
-            query.with_lock(lock)
+            MysqlConnection::apply_lock(query, lock)
         }
 
         async fn begin_locked(&mut self, options: &LockOptions) -> Result<Restore, Error> {
@@ -280,10 +285,10 @@ mod sqlite {
     type Wrapped = SyncConnectionWrapper<SqliteConnection>;
 
     impl AsyncLockingConnection for Wrapped {
-        type Locked<Q: LockingDsl<L>, L> = Q;
+        type Locked<Q: LockingDsl<L>, L> = <SqliteConnection as LockingConnection>::Locked<Q, L>;
 
-        fn apply_lock<Q: LockingDsl<L>, L>(query: Q, _lock: L) -> Self::Locked<Q, L> {
-            query
+        fn apply_lock<Q: LockingDsl<L>, L>(query: Q, lock: L) -> Self::Locked<Q, L> {
+            SqliteConnection::apply_lock(query, lock)
         }
 
         async fn begin_locked(&mut self, options: &LockOptions) -> Result<Restore, Error> {

@@ -14,6 +14,7 @@
 use diesel_async::TransactionManager;
 
 use super::connection::{in_transaction, AsyncLockingConnection, Restore};
+use super::retry::back_off;
 use super::work::AsyncAttempt;
 use crate::retry::{after_failure, may_retry, Next};
 use crate::transaction::Failure;
@@ -83,9 +84,7 @@ where
         match after_failure(policy, attempt, err, |err| may_retry(err, false)) {
             Next::GiveUp(err) => return Err(err),
             Next::RetryAfter(delay) => {
-                if !delay.is_zero() {
-                    tokio::time::sleep(delay).await;
-                }
+                back_off(delay).await;
                 attempt += 1;
             }
         }

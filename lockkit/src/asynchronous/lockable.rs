@@ -60,8 +60,7 @@ use std::pin::Pin;
 use diesel::dsl::{self, AsSelect};
 use diesel::expression::Expression;
 use diesel::query_dsl::methods::{FilterDsl, FindDsl, LockingDsl, OrderDsl, SelectDsl};
-use diesel::Table;
-use diesel::{ExpressionMethods, OptionalExtension, QueryResult, Selectable, SelectableHelper};
+use diesel::{OptionalExtension, QueryResult, Selectable};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{RunQueryDsl, TransactionManager};
 
@@ -70,7 +69,10 @@ use super::versioned::{AsyncVersionQuery, AsyncVersioned};
 use super::work::{AsyncWork, AsyncWork2};
 use crate::optimistic::version_check::TouchVersioned;
 use crate::optimistic::BumpVersion;
-use crate::pessimistic::lockable::{by_key, ByKey, KeyColumn, MAX_KEYS_PER_STATEMENT};
+use crate::pessimistic::lockable::{
+    all_by_keys, by_key, lock_order, unmatched, AllByKeys, ByKey, KeyColumn, KeysFilter, Pk,
+    MAX_KEYS_PER_STATEMENT,
+};
 use crate::pessimistic::row_lock::{
     EveryClause, ForUpdate, LockClause, LockedCall, RowLock, WaitMode,
 };
@@ -79,7 +81,6 @@ use crate::transaction::{require_transaction, Failure};
 use crate::{classify, Error, LockOptions, Lockable};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-type Pk<M> = <<M as Lockable>::Table as diesel::Table>::PrimaryKey;
 
 /// Locks the row `key` of `M` as `options` say and runs `f` on the fresh row, in
 /// a transaction: [`lockkit::with_lock`](crate::with_lock) on diesel-async.
@@ -311,9 +312,7 @@ where
 {
     require_transaction(in_transaction(conn))?;
     let waited = crate::metrics::LockWait::start();
-    let mut keys = keys.to_vec();
-    keys.sort();
-    keys.dedup();
+    let keys = lock_order(keys);
     let mut rows = Vec::with_capacity(keys.len());
     // Chunk after chunk in key order: every transaction takes the locks in the
     // same order, whatever the length of its list.
@@ -322,9 +321,7 @@ where
             .await
             .map_err(classify)?;
         if locked.len() < chunk.len() {
-            let found: std::collections::BTreeSet<M::Key> =
-                locked.iter().map(Lockable::key).collect();
-            for key in chunk.iter().filter(|key| !found.contains(key)) {
+            for key in unmatched(chunk, &locked) {
                 if !M::exists(conn, key.clone()).await.map_err(classify)? {
                     return Err(Error::NotFound);
                 }
@@ -436,12 +433,6 @@ where
     }
 }
 
-type KeysFilter<M> = <Pk<M> as KeyColumn<<M as Lockable>::Key>>::EqAny;
-type AllByKeys<M, DB> = dsl::Select<
-    dsl::Order<dsl::Filter<<M as Lockable>::Table, KeysFilter<M>>, dsl::Asc<Pk<M>>>,
-    AsSelect<M, DB>,
->;
-
 /// The ordered multi-row lock of [`lock_all`]: the blocking side's statement
 /// ([`LockAll`](crate::bounds::LockAll)) on a diesel-async connection. Name it
 /// only in `where` clauses.
@@ -472,12 +463,7 @@ where
     C::Locked<AllByKeys<M, C::Backend>, ForUpdate>: for<'q> LoadQuery<'q, C, M> + Send + 'static,
 {
     fn load_all_locked(conn: &mut C, keys: Vec<M::Key>) -> BoxFuture<'_, QueryResult<Vec<M>>> {
-        let pk = || M::Table::default().primary_key();
-        let query = M::Table::default()
-            .filter(pk().eq_any_keys(keys))
-            .order(pk().asc())
-            .select(M::as_select());
-        let query = C::apply_lock(query, ForUpdate);
+        let query = C::apply_lock(all_by_keys::<M, C::Backend>(keys), ForUpdate);
         Box::pin(async move { query.load(conn).await })
     }
 }

@@ -58,12 +58,18 @@ where
         match after_failure(policy, attempt, err, E::is_retryable) {
             Next::GiveUp(err) => return Err(err),
             Next::RetryAfter(delay) => {
-                if !delay.is_zero() {
-                    tokio::time::sleep(delay).await;
-                }
+                back_off(delay).await;
                 attempt += 1;
             }
         }
+    }
+}
+
+/// The wait of the async retry loops before the next attempt: no timer at all
+/// for a zero delay ([`RetryPolicy::immediate`]).
+pub(crate) async fn back_off(delay: std::time::Duration) {
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
     }
 }
 
@@ -141,9 +147,7 @@ where
         }) {
             Next::GiveUp(err) => return Err(err),
             Next::RetryAfter(delay) => {
-                if !delay.is_zero() {
-                    tokio::time::sleep(delay).await;
-                }
+                back_off(delay).await;
                 attempt += 1;
             }
         }

@@ -73,7 +73,7 @@ use crate::optimistic::backend::{DatabaseId, InShareMode, OptimisticBackend, Uni
 use crate::optimistic::statement::BySql;
 use crate::optimistic::version::VersionNumber;
 use crate::optimistic::version_check::{
-    self, checked_next, current_state, done, moved_past, prepare, stale, to_move_past,
+    self, at_most_one, checked_next, current_state, done, moved_past, prepare, stale, to_move_past,
     DeleteVersioned, Origin, Prepared, TouchVersioned, UpdateVersioned, VersionCheck, Written,
 };
 use crate::optimistic::versioned::{all_or_none, key_order, settle};
@@ -567,16 +567,10 @@ where
     Conn::TransactionManager::begin_transaction(conn)
         .await
         .map_err(classify)?;
-    let result = match ExecuteDsl::execute(statement(), conn)
+    let result = ExecuteDsl::execute(statement(), conn)
         .await
         .map_err(classify)
-    {
-        Ok(rows @ (0 | 1)) => Ok(rows),
-        Ok(_) => Err(Failure::Lockkit(Error::AmbiguousKey {
-            table: M::TABLE_NAME,
-            key: format!("{key:?}"),
-        })),
-        Err(err) => Err(Failure::Lockkit(err)),
-    };
+        .and_then(|rows| at_most_one::<M>(key, rows))
+        .map_err(Failure::Lockkit);
     super::lockable::end::<Conn, usize, Error>(conn, Restore::Nothing, result).await
 }

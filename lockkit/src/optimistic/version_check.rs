@@ -547,13 +547,20 @@ where
     if M::key_is_unique(conn).map_err(classify)? {
         return ExecuteDsl::execute(statement, conn).map_err(classify);
     }
-    conn.transaction(
-        |conn| match ExecuteDsl::execute(statement, conn).map_err(classify)? {
-            rows @ (0 | 1) => Ok(rows),
-            _ => Err(Error::AmbiguousKey {
-                table: M::TABLE_NAME,
-                key: format!("{key:?}"),
-            }),
-        },
-    )
+    conn.transaction(|conn| {
+        at_most_one::<M>(key, ExecuteDsl::execute(statement, conn).map_err(classify)?)
+    })
+}
+
+/// A versioned statement run where the database does not enforce the key
+/// matched `rows` rows: more than one is [`Error::AmbiguousKey`], and the
+/// caller undoes the write. Decided here for the blocking and the async writes.
+pub(crate) fn at_most_one<M: Lockable>(key: &M::Key, rows: usize) -> Result<usize, Error> {
+    match rows {
+        0 | 1 => Ok(rows),
+        _ => Err(Error::AmbiguousKey {
+            table: M::TABLE_NAME,
+            key: format!("{key:?}"),
+        }),
+    }
 }

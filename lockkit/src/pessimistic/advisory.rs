@@ -317,17 +317,7 @@ where
     C: Connection + LoadConnection,
     C::Backend: AdvisoryBackend,
 {
-    let key = key.into();
-    let scope = scope_on(conn);
-    if !C::Backend::acquire(conn, key, scope).map_err(classify)? {
-        return Err(gave_up());
-    }
-    Ok(AdvisoryLock {
-        conn,
-        key,
-        scope,
-        held: true,
-    })
+    taken(conn, key.into(), true)?.ok_or_else(gave_up)
 }
 
 /// Takes the advisory lock `key` if it is free (scoped as by [`lock`]).
@@ -345,19 +335,34 @@ where
     C: Connection + LoadConnection,
     C::Backend: AdvisoryBackend,
 {
-    let key = key.into();
+    taken(conn, key.into(), false)
+}
+
+/// Takes the lock `key`, waiting for it or not, scoped by [`scope_on`]: its
+/// guard, or `None` when the server did not grant it.
+fn taken<C>(
+    conn: &mut C,
+    key: AdvisoryKey,
+    wait: bool,
+) -> Result<Option<AdvisoryLock<'_, C>>, Error>
+where
+    C: Connection + LoadConnection,
+    C::Backend: AdvisoryBackend,
+{
     let scope = scope_on(conn);
-    Ok(
-        match C::Backend::try_acquire(conn, key, scope).map_err(classify)? {
-            true => Some(AdvisoryLock {
-                conn,
-                key,
-                scope,
-                held: true,
-            }),
-            false => None,
-        },
-    )
+    let locked = match wait {
+        true => C::Backend::acquire(conn, key, scope),
+        false => C::Backend::try_acquire(conn, key, scope),
+    };
+    Ok(match locked.map_err(classify)? {
+        true => Some(AdvisoryLock {
+            conn,
+            key,
+            scope,
+            held: true,
+        }),
+        false => None,
+    })
 }
 
 /// The one column of every advisory lock statement.

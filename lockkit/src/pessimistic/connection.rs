@@ -238,6 +238,7 @@ where
 
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres {
+    use diesel::expression::SqlLiteral;
     use diesel::sql_types::Text;
     use diesel::{PgConnection, RunQueryDsl};
 
@@ -245,13 +246,25 @@ pub(crate) mod postgres {
 
     as_locking_connection!(PgConnection);
 
-    /// The statements of a lock timeout, shared with the async connection.
-    pub(crate) const LOCK_TIMEOUT: &str = "current_setting('lock_timeout')";
+    /// `SELECT current_setting('lock_timeout')`: the lock timeout in force,
+    /// which a nested call puts back. Built here for the blocking and the async
+    /// connection.
+    pub(crate) fn lock_timeout_query() -> diesel::dsl::select<SqlLiteral<Text>> {
+        diesel::select(diesel::dsl::sql::<Text>("current_setting('lock_timeout')"))
+    }
+
+    /// Sets the lock timeout, shared with the async connection:
     /// `set_config(.., true)` is `SET LOCAL`, with the value bound.
     pub(crate) const SET_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)";
 
+    /// The value [`SET_LOCK_TIMEOUT`] binds for a timeout of `millis`, for the
+    /// blocking and the async connection.
+    pub(crate) fn lock_timeout_value(millis: i32) -> String {
+        format!("{millis}ms")
+    }
+
     fn lock_timeout(conn: &mut PgConnection) -> diesel::QueryResult<String> {
-        diesel::select(diesel::dsl::sql::<Text>(LOCK_TIMEOUT)).get_result(conn)
+        lock_timeout_query().get_result(conn)
     }
 
     fn set_lock_timeout(conn: &mut PgConnection, value: &str) -> diesel::QueryResult<()> {
@@ -285,7 +298,7 @@ pub(crate) mod postgres {
                     } else {
                         None
                     };
-                    set_lock_timeout(conn.reach()?, &format!("{millis}ms"))?;
+                    set_lock_timeout(conn.reach()?, &lock_timeout_value(millis))?;
                     outer
                 }
                 None => None,

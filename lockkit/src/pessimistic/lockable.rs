@@ -113,7 +113,7 @@ use crate::{classify, Error};
 /// order, which keeps the no-deadlock promise.
 pub const MAX_KEYS_PER_STATEMENT: usize = 900;
 
-type Pk<M> = <<M as Lockable>::Table as Table>::PrimaryKey;
+pub(crate) type Pk<M> = <<M as Lockable>::Table as Table>::PrimaryKey;
 
 /// A model whose row can be locked: table and primary key.
 ///
@@ -379,20 +379,14 @@ pub trait Lockable: Sized {
         require_transaction(conn.in_transaction())?;
         let waited = crate::metrics::LockWait::start();
         conn.take_write_lock()?; // SQLite: a deferred transaction holds no lock yet
-        let mut keys = keys.to_vec();
-        keys.sort();
-        keys.dedup();
+        let keys = lock_order(keys);
         let mut rows = Vec::with_capacity(keys.len());
         // Chunk after chunk in key order: every transaction takes the locks in
         // the same order, whatever the length of its list.
         for chunk in keys.chunks(MAX_KEYS_PER_STATEMENT) {
             let mut locked = Self::load_all_locked(conn, chunk.to_vec()).map_err(classify)?;
             if locked.len() < chunk.len() {
-                // A key without a row, or (MySQL/MariaDB) keys that the column's
-                // collation holds equal ("k", "K"), which find one row.
-                let found: std::collections::BTreeSet<Self::Key> =
-                    locked.iter().map(Lockable::key).collect();
-                for key in chunk.iter().filter(|key| !found.contains(key)) {
+                for key in unmatched(chunk, &locked) {
                     if !Self::exists(conn, key.clone()).map_err(classify)? {
                         return Err(Error::NotFound);
                     }
@@ -424,6 +418,31 @@ pub trait Lockable: Sized {
         }
         Ok(rows)
     }
+}
+
+/// The keys in the order [`Lockable::lock_all`] locks them, blocking or async:
+/// ascending, each once, so that every transaction takes its locks in the same
+/// order.
+pub(crate) fn lock_order<K: Ord + Clone>(keys: &[K]) -> Vec<K> {
+    let mut keys = keys.to_vec();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+/// The keys of `chunk` that no row of `locked` has: a key without a row, or
+/// (MySQL/MariaDB) keys that the column's collation holds equal ("k", "K"),
+/// which find one row. [`Lockable::lock_all`] asks whether each exists.
+pub(crate) fn unmatched<'k, M>(
+    chunk: &'k [M::Key],
+    locked: &[M],
+) -> impl Iterator<Item = &'k M::Key>
+where
+    M: Lockable,
+    M::Key: Ord,
+{
+    let found: std::collections::BTreeSet<M::Key> = locked.iter().map(Lockable::key).collect();
+    chunk.iter().filter(move |key| !found.contains(key))
 }
 
 /// Locks the row `key` of `M` as `options` say and runs `f` on the fresh row, in
@@ -712,12 +731,7 @@ macro_rules! lock_row_on {
                 conn: &mut $conn,
                 keys: Vec<M::Key>,
             ) -> diesel::QueryResult<Vec<M>> {
-                let pk = || M::Table::default().primary_key();
-                let query = M::Table::default()
-                    .filter(pk().eq_any_keys(keys))
-                    .order(pk().asc())
-                    .select(M::as_select());
-                <$conn>::apply_lock(query, ForUpdate).load(conn)
+                <$conn>::apply_lock(all_by_keys::<M, $db>(keys), ForUpdate).load(conn)
             }
         }
     )*};
@@ -909,11 +923,32 @@ key_column!(
 #[cfg(all(feature = "uuid", feature = "postgres"))]
 key_column!(uuid::Uuid => diesel::sql_types::Uuid);
 
-type KeysFilter<M> = <Pk<M> as KeyColumn<<M as Lockable>::Key>>::EqAny;
-type AllByKeys<M, DB> = Select<
+pub(crate) type KeysFilter<M> = <Pk<M> as KeyColumn<<M as Lockable>::Key>>::EqAny;
+/// `SELECT <fields> FROM <table> WHERE <pk> IN (..) ORDER BY <pk>`: the read
+/// `lock_all` locks.
+pub(crate) type AllByKeys<M, DB> = Select<
     dsl::Order<dsl::Filter<<M as Lockable>::Table, KeysFilter<M>>, dsl::Asc<Pk<M>>>,
     AsSelect<M, DB>,
 >;
+
+/// Builds [`AllByKeys`] for one chunk of keys, for the blocking and the async
+/// connections.
+pub(crate) fn all_by_keys<M, DB>(keys: Vec<M::Key>) -> AllByKeys<M, DB>
+where
+    DB: diesel::backend::Backend,
+    M: Lockable + Selectable<DB>,
+    AsSelect<M, DB>: Expression,
+    Pk<M>: KeyColumn<M::Key>,
+    M::Table: FilterDsl<KeysFilter<M>>,
+    dsl::Filter<M::Table, KeysFilter<M>>: OrderDsl<dsl::Asc<Pk<M>>>,
+    dsl::Order<dsl::Filter<M::Table, KeysFilter<M>>, dsl::Asc<Pk<M>>>: SelectDsl<AsSelect<M, DB>>,
+{
+    let pk = || M::Table::default().primary_key();
+    M::Table::default()
+        .filter(pk().eq_any_keys(keys))
+        .order(pk().asc())
+        .select(M::as_select())
+}
 
 impl LockStrength {
     /// `FOR UPDATE` and `FOR NO KEY UPDATE`: the locks a writer takes.
