@@ -46,6 +46,7 @@
 //! ```
 
 use std::future::Future;
+use std::ops::ControlFlow;
 
 use diesel_async::TransactionManager;
 use serde::de::DeserializeOwned;
@@ -56,7 +57,7 @@ use super::lockable::end;
 use super::work::AsyncWork;
 use crate::clock::now_millis;
 use crate::http::idempotency::{
-    finished, replayed, stored, Idempotency, Outcome, Scoped, Seen, Start, StoredKey, Write,
+    finished, replayed, stored, Idempotency, Outcome, Scoped, Start, StoredKey, Write,
 };
 use crate::transaction::Failure;
 use crate::{classify, Error};
@@ -142,29 +143,16 @@ async fn start<C: AsyncIdempotencyStore>(
         if C::insert_running(conn, key, fingerprint, now).await? {
             return Ok(Start::Owned { started_at: now });
         }
-        let seen = <C as AsyncIdempotencyStore>::load(conn, key).await?;
-        let next = match keys.decide(seen, fingerprint, now)? {
-            Seen::Done(start) => return Ok(start),
-            Seen::Gone => looks.raced(),
-            Seen::Expired { started_at } => {
-                C::write(conn, key, Write::DeleteIfStarted { started_at }).await?;
-                looks.raced()
-            }
-            Seen::Abandoned { started_at } => {
-                let take_over = Write::TakeOver {
-                    seen_started_at: started_at,
-                    now,
-                };
-                if C::write(conn, key, take_over).await? {
-                    return Ok(Start::Owned { started_at: now });
-                }
-                looks.raced()
-            }
-            Seen::Running => looks.wait(),
+        let row = <C as AsyncIdempotencyStore>::load(conn, key).await?;
+        let seen = keys.decide(row, fingerprint, now)?;
+        let matched = match seen.write(now) {
+            Some(write) => C::write(conn, key, write).await?,
+            None => false,
         };
-        let pause = next?;
-        if !pause.is_zero() {
-            tokio::time::sleep(pause).await;
+        match looks.after(seen, matched, now)? {
+            ControlFlow::Break(start) => return Ok(start),
+            ControlFlow::Continue(pause) if !pause.is_zero() => tokio::time::sleep(pause).await,
+            ControlFlow::Continue(_) => {}
         }
     }
 }

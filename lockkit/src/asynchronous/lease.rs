@@ -319,7 +319,7 @@ macro_rules! async_lease_store {
                 use crate::lease::fence::Raise;
                 use diesel::sql_types::{BigInt, Text};
                 use diesel_async::RunQueryDsl;
-                let sql = &crate::lease::fence::$sql;
+                let sql = &crate::lease::database::$sql;
                 let raised = match sql.raise {
                     Raise::Upsert(upsert) => {
                         diesel::sql_query(upsert)
@@ -345,7 +345,7 @@ macro_rules! async_lease_store {
                 if raised == 1 {
                     return Ok(None);
                 }
-                let current = diesel::sql_query(sql.current)
+                let current = diesel::sql_query(sql.current_fence)
                     .bind::<Text, _>(resource)
                     .get_result::<crate::lease::database::FenceRow>(conn)
                     .await?;

@@ -349,12 +349,12 @@ pub trait AsyncOutboxStore: AsyncLockingConnection {
     ) -> impl Future<Output = Result<usize, Error>> + Send;
 }
 
-/// As the blocking side's `outbox_store!`: `$last_id`, the id of the
-/// connection's last insert; `$record`, how an insert skips a taken key;
+/// As the blocking side's `outbox_store!`: `$backend`, the module of what the
+/// statements do differently on the connection's backend;
 /// `$take_write_lock`, what the claim sends first (SQLite: the write lock).
 #[allow(unused_macros)] // used once per enabled backend
 macro_rules! async_outbox_store {
-    ($conn:ty, last_id: $last_id:literal, record: $record:ident, take_write_lock: |$c:ident| $take:expr) => {
+    ($conn:ty, $backend:ident, take_write_lock: |$c:ident| $take:expr) => {
         impl AsyncOutboxStore for $conn {
             async fn insert_message(
                 conn: &mut Self,
@@ -367,9 +367,11 @@ macro_rules! async_outbox_store {
                     .execute(conn)
                     .await?;
                 Ok(
-                    diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>($last_id))
-                        .get_result(conn)
-                        .await?,
+                    diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+                        $backend::LAST_ID,
+                    ))
+                    .get_result(conn)
+                    .await?,
                 )
             }
 
@@ -413,7 +415,10 @@ macro_rules! async_outbox_store {
                 Ok(())
             }
 
-            async fn purge_published(conn: &mut Self, published_until: i64) -> Result<usize, Error> {
+            async fn purge_published(
+                conn: &mut Self,
+                published_until: i64,
+            ) -> Result<usize, Error> {
                 use diesel_async::RunQueryDsl;
                 Ok(statements::purge_published(published_until)
                     .execute(conn)
@@ -442,7 +447,7 @@ macro_rules! async_outbox_store {
                 now: i64,
             ) -> Result<bool, Error> {
                 use diesel_async::RunQueryDsl;
-                let rows = async_outbox_store!(@$record consumer, message_id, now)
+                let rows = $backend::record(consumer, message_id, now)
                     .execute(conn)
                     .await?;
                 Ok(rows == 1)
@@ -460,29 +465,27 @@ macro_rules! async_outbox_store {
             }
         }
     };
-    (@on_conflict $($arg:expr),*) => {
-        statements::record($($arg),*).on_conflict_do_nothing()
-    };
-    (@ignore $($arg:expr),*) => {
-        statements::record_or_ignore($($arg),*)
-    };
 }
 
+#[cfg(feature = "mysql")]
+use crate::outbox::store::mysql;
+#[cfg(feature = "postgres")]
+use crate::outbox::store::postgres;
+#[cfg(feature = "sqlite")]
+use crate::outbox::store::sqlite;
 #[allow(unused_imports)] // without a backend feature
 use crate::outbox::store::statements;
 
 #[cfg(feature = "postgres")]
 async_outbox_store!(
     diesel_async::AsyncPgConnection,
-    last_id: "currval(pg_get_serial_sequence('lockkit_outbox', 'id'))",
-    record: on_conflict,
+    postgres,
     take_write_lock: |_conn| Ok::<(), diesel::result::Error>(())
 );
 #[cfg(feature = "mysql")]
 async_outbox_store!(
     diesel_async::AsyncMysqlConnection,
-    last_id: "CAST(LAST_INSERT_ID() AS SIGNED)",
-    record: ignore,
+    mysql,
     take_write_lock: |_conn| Ok::<(), diesel::result::Error>(())
 );
 // No row locks on SQLite: a claim takes the database's write lock first (a
@@ -490,8 +493,7 @@ async_outbox_store!(
 #[cfg(feature = "sqlite")]
 async_outbox_store!(
     diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
-    last_id: "last_insert_rowid()",
-    record: ignore,
+    sqlite,
     take_write_lock: |conn| diesel_async::SimpleAsyncConnection::batch_execute(
         conn,
         crate::pessimistic::connection::sqlite::WRITE_LOCK,

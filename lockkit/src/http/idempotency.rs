@@ -77,6 +77,7 @@
     allow(dead_code, unused_imports)
 )]
 
+use std::ops::ControlFlow;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -386,30 +387,15 @@ impl Idempotency {
             if C::insert_running(conn, key, fingerprint, now)? {
                 return Ok(Start::Owned { started_at: now });
             }
-            let seen = C::load(conn, key)?;
-            let next = match self.decide(seen, fingerprint, now)? {
-                Seen::Done(start) => return Ok(start),
-                Seen::Gone => looks.raced(),
-                Seen::Expired { started_at } => {
-                    C::write(conn, key, Write::DeleteIfStarted { started_at })?;
-                    looks.raced()
-                }
-                Seen::Abandoned { started_at } => {
-                    // The owner died (or overran its lease): take the key over.
-                    let take_over = Write::TakeOver {
-                        seen_started_at: started_at,
-                        now,
-                    };
-                    if C::write(conn, key, take_over)? {
-                        return Ok(Start::Owned { started_at: now });
-                    }
-                    looks.raced()
-                }
-                Seen::Running => looks.wait(),
+            let seen = self.decide(C::load(conn, key)?, fingerprint, now)?;
+            let matched = match seen.write(now) {
+                Some(write) => C::write(conn, key, write)?,
+                None => false,
             };
-            let pause = next?;
-            if !pause.is_zero() {
-                thread::sleep(pause);
+            match looks.after(seen, matched, now)? {
+                ControlFlow::Break(start) => return Ok(start),
+                ControlFlow::Continue(pause) if !pause.is_zero() => thread::sleep(pause),
+                ControlFlow::Continue(_) => {}
             }
         }
     }
@@ -485,6 +471,23 @@ pub(crate) enum Seen {
     Running,
 }
 
+impl Seen {
+    /// The write a request makes on the key it saw at `now`, before
+    /// [`Looks::after`]: an expired key is deleted, an abandoned one (its
+    /// owner died, or overran its lease) taken over, each only if it is still
+    /// as seen.
+    pub(crate) fn write(&self, now: i64) -> Option<Write<'static>> {
+        match *self {
+            Seen::Expired { started_at } => Some(Write::DeleteIfStarted { started_at }),
+            Seen::Abandoned { started_at } => Some(Write::TakeOver {
+                seen_started_at: started_at,
+                now,
+            }),
+            Seen::Done(_) | Seen::Gone | Seen::Running => None,
+        }
+    }
+}
+
 /// The looks of one request at a key it could not insert: a few lost races
 /// at most (each means another request just inserted, released or expired
 /// the key), and waiting for a running key (`wait_while_running`), which is
@@ -496,8 +499,30 @@ pub(crate) struct Looks {
 }
 
 impl Looks {
+    /// What follows a look at `now` that saw `seen`, once its
+    /// [`write`](Seen::write) `matched` (or there was none): the request
+    /// starts (`Break`), or pauses this long (zero: not at all) and tries to
+    /// insert the key again (`Continue`).
+    pub(crate) fn after(
+        &mut self,
+        seen: Seen,
+        matched: bool,
+        now: i64,
+    ) -> Result<ControlFlow<Start, Duration>, Error> {
+        Ok(match seen {
+            Seen::Done(start) => ControlFlow::Break(start),
+            Seen::Abandoned { .. } if matched => {
+                ControlFlow::Break(Start::Owned { started_at: now })
+            }
+            Seen::Gone | Seen::Expired { .. } | Seen::Abandoned { .. } => {
+                ControlFlow::Continue(self.raced()?)
+            }
+            Seen::Running => ControlFlow::Continue(self.wait()?),
+        })
+    }
+
     /// A lost race: look again at once, or give up after five.
-    pub(crate) fn raced(&mut self) -> Result<Duration, Error> {
+    fn raced(&mut self) -> Result<Duration, Error> {
         self.races += 1;
         match self.races < 5 {
             true => Ok(Duration::ZERO),
@@ -507,7 +532,7 @@ impl Looks {
 
     /// The key is running: how long to pause before the next look, or
     /// [`Error::IdempotencyInProgress`] when the wait ran out.
-    pub(crate) fn wait(&mut self) -> Result<Duration, Error> {
+    fn wait(&mut self) -> Result<Duration, Error> {
         let left = self.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(Error::IdempotencyInProgress);

@@ -7,7 +7,11 @@
 //! then the fence is read back by the owner token. The `UPDATE` is the atomic
 //! step: the server runs it under the row's lock, so two grants of one name
 //! never both match, and the fence moves with the grant.
+//!
+//! Each backend's statements on `lockkit_fences`, for [`fenced`](super::fenced)
+//! writes, are here too: a connection is both stores at once.
 
+use super::fence::{FenceStore, Raise};
 use super::{Error, LeaseStore};
 
 crate::shipped_tables! {
@@ -28,8 +32,8 @@ crate::shipped_tables! {
     sqlite: "migrations/lease/sqlite",
 }
 
-/// One backend's statements, for the blocking and the async connections; the
-/// binds are listed with each.
+/// One backend's statements on the lease tables, for the blocking and the
+/// async connections; the binds are listed with each.
 #[allow(dead_code)] // the statements of backends whose feature is off
 pub(crate) struct Statements {
     /// name
@@ -42,6 +46,10 @@ pub(crate) struct Statements {
     pub(crate) extend: &'static str,
     /// name, token
     pub(crate) revoke: &'static str,
+    /// A fenced write's record of its fence in `lockkit_fences`.
+    pub(crate) raise: Raise,
+    /// The fence `lockkit_fences` holds for a resource: resource
+    pub(crate) current_fence: &'static str,
 }
 
 #[cfg(feature = "postgres")]
@@ -54,6 +62,8 @@ pub(crate) const POSTGRES: Statements = Statements {
     extend: "UPDATE lockkit_leases SET expires_at = (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint + $1 \
              WHERE name = $2 AND owner = $3 AND expires_at > (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint",
     revoke: "UPDATE lockkit_leases SET owner = NULL, expires_at = 0 WHERE name = $1 AND owner = $2",
+    raise: Raise::Upsert("INSERT INTO lockkit_fences (resource, fence) VALUES ($1, $2) ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence WHERE lockkit_fences.fence <= excluded.fence"),
+    current_fence: "SELECT fence FROM lockkit_fences WHERE resource = $1",
 };
 
 /// `UTC_TIMESTAMP`, not `NOW()`: the session's time zone plays no part.
@@ -67,6 +77,11 @@ pub(crate) const MYSQL: Statements = Statements {
     extend: "UPDATE lockkit_leases SET expires_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) DIV 1000 + ? \
              WHERE name = ? AND owner = ? AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) DIV 1000",
     revoke: "UPDATE lockkit_leases SET owner = NULL, expires_at = 0 WHERE name = ? AND owner = ?",
+    raise: Raise::EnsureThenUpdate {
+        ensure: "INSERT INTO lockkit_fences (resource, fence) VALUES (?, ?) ON DUPLICATE KEY UPDATE resource = resource",
+        update: "UPDATE lockkit_fences SET fence = ? WHERE resource = ? AND fence <= ?",
+    },
+    current_fence: "SELECT fence FROM lockkit_fences WHERE resource = ?",
 };
 
 /// SQLite's `julianday('now')`, in Unix milliseconds (it runs on the
@@ -81,6 +96,8 @@ pub(crate) const SQLITE: Statements = Statements {
     extend: "UPDATE lockkit_leases SET expires_at = CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + ? \
              WHERE name = ? AND owner = ? AND expires_at > CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
     revoke: "UPDATE lockkit_leases SET owner = NULL, expires_at = 0 WHERE name = ? AND owner = ?",
+    raise: Raise::Upsert("INSERT INTO lockkit_fences (resource, fence) VALUES (?, ?) ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence WHERE lockkit_fences.fence <= excluded.fence"),
+    current_fence: "SELECT fence FROM lockkit_fences WHERE resource = ?",
 };
 
 /// A fence read back.
@@ -91,6 +108,8 @@ pub(crate) struct FenceRow {
     pub(crate) fence: i64,
 }
 
+/// A backend's connection as the lease store and as the fence store of
+/// [`fenced`](super::fenced) writes, with `$sql`, its statements.
 #[allow(unused_macros)] // used once per enabled backend
 macro_rules! lease_store {
     ($conn:ty, $sql:ident) => {
@@ -147,6 +166,37 @@ macro_rules! lease_store {
 
             fn in_transaction(&mut self) -> bool {
                 crate::transaction::in_transaction(self)
+            }
+        }
+
+        impl FenceStore for $conn {
+            fn raise(conn: &mut Self, resource: &str, fence: i64) -> Result<Option<i64>, Error> {
+                use diesel::sql_types::{BigInt, Text};
+                use diesel::RunQueryDsl;
+                let raised = match $sql.raise {
+                    Raise::Upsert(upsert) => diesel::sql_query(upsert)
+                        .bind::<Text, _>(resource)
+                        .bind::<BigInt, _>(fence)
+                        .execute(conn)?,
+                    Raise::EnsureThenUpdate { ensure, update } => {
+                        diesel::sql_query(ensure)
+                            .bind::<Text, _>(resource)
+                            .bind::<BigInt, _>(fence)
+                            .execute(conn)?;
+                        diesel::sql_query(update)
+                            .bind::<BigInt, _>(fence)
+                            .bind::<Text, _>(resource)
+                            .bind::<BigInt, _>(fence)
+                            .execute(conn)?
+                    }
+                };
+                if raised == 1 {
+                    return Ok(None);
+                }
+                let current = diesel::sql_query($sql.current_fence)
+                    .bind::<Text, _>(resource)
+                    .get_result::<FenceRow>(conn)?;
+                Ok(Some(current.fence))
             }
         }
     };

@@ -1,4 +1,6 @@
-//! Fenced writes: the storage side of fencing tokens, in `lockkit_fences`.
+//! Fenced writes: the storage side of fencing tokens, in `lockkit_fences`. Each
+//! backend's statements on that table are with its lease statements, in
+//! `database`.
 
 use super::{check_name, Error, Fence};
 use crate::pessimistic::connection::AsLockingConnection;
@@ -80,14 +82,6 @@ pub trait FenceStore: crate::LockingConnection + crate::sealed::Sealed {
     fn raise(conn: &mut Self, resource: &str, fence: i64) -> Result<Option<i64>, Error>;
 }
 
-/// One backend's statements; the binds are listed with each.
-#[allow(dead_code)] // the statements of backends whose feature is off
-pub(crate) struct Statements {
-    pub(crate) raise: Raise,
-    /// resource
-    pub(crate) current: &'static str,
-}
-
 /// How a backend records a fence: one row affected when it was recorded
 /// (created, or raised from a smaller or equal one), none when a larger one stands.
 #[allow(dead_code)]
@@ -104,67 +98,3 @@ pub(crate) enum Raise {
         update: &'static str,
     },
 }
-
-#[cfg(feature = "postgres")]
-pub(crate) const POSTGRES: Statements = Statements {
-    raise: Raise::Upsert("INSERT INTO lockkit_fences (resource, fence) VALUES ($1, $2) ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence WHERE lockkit_fences.fence <= excluded.fence"),
-    current: "SELECT fence FROM lockkit_fences WHERE resource = $1",
-};
-
-#[cfg(feature = "mysql")]
-pub(crate) const MYSQL: Statements = Statements {
-    raise: Raise::EnsureThenUpdate {
-        ensure: "INSERT INTO lockkit_fences (resource, fence) VALUES (?, ?) ON DUPLICATE KEY UPDATE resource = resource",
-        update: "UPDATE lockkit_fences SET fence = ? WHERE resource = ? AND fence <= ?",
-    },
-    current: "SELECT fence FROM lockkit_fences WHERE resource = ?",
-};
-
-#[cfg(feature = "sqlite")]
-pub(crate) const SQLITE: Statements = Statements {
-    raise: Raise::Upsert("INSERT INTO lockkit_fences (resource, fence) VALUES (?, ?) ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence WHERE lockkit_fences.fence <= excluded.fence"),
-    current: "SELECT fence FROM lockkit_fences WHERE resource = ?",
-};
-
-#[allow(unused_macros)] // used once per enabled backend
-macro_rules! fence_store {
-    ($conn:ty, $sql:ident) => {
-        impl FenceStore for $conn {
-            fn raise(conn: &mut Self, resource: &str, fence: i64) -> Result<Option<i64>, Error> {
-                use diesel::sql_types::{BigInt, Text};
-                use diesel::RunQueryDsl;
-                let raised = match $sql.raise {
-                    Raise::Upsert(upsert) => diesel::sql_query(upsert)
-                        .bind::<Text, _>(resource)
-                        .bind::<BigInt, _>(fence)
-                        .execute(conn)?,
-                    Raise::EnsureThenUpdate { ensure, update } => {
-                        diesel::sql_query(ensure)
-                            .bind::<Text, _>(resource)
-                            .bind::<BigInt, _>(fence)
-                            .execute(conn)?;
-                        diesel::sql_query(update)
-                            .bind::<BigInt, _>(fence)
-                            .bind::<Text, _>(resource)
-                            .bind::<BigInt, _>(fence)
-                            .execute(conn)?
-                    }
-                };
-                if raised == 1 {
-                    return Ok(None);
-                }
-                let current = diesel::sql_query($sql.current)
-                    .bind::<Text, _>(resource)
-                    .get_result::<super::database::FenceRow>(conn)?;
-                Ok(Some(current.fence))
-            }
-        }
-    };
-}
-
-#[cfg(feature = "postgres")]
-fence_store!(diesel::PgConnection, POSTGRES);
-#[cfg(feature = "mysql")]
-fence_store!(diesel::MysqlConnection, MYSQL);
-#[cfg(feature = "sqlite")]
-fence_store!(diesel::SqliteConnection, SQLITE);

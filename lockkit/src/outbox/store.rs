@@ -151,7 +151,7 @@ pub(crate) mod statements {
         )
     }
 
-    /// The inbox row, for `INSERT .. ON CONFLICT DO NOTHING` (PostgreSQL).
+    /// The inbox row's insert, before PostgreSQL's `ON CONFLICT DO NOTHING`.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     #[auto_type(no_type_alias)]
     pub(crate) fn record<'a>(consumer: &'a str, message_id: &'a str, now: i64) -> _ {
@@ -177,12 +177,50 @@ pub(crate) mod statements {
     }
 }
 
-/// `$last_id`: the SQL expression for the id the connection's last insert made.
-/// `$record`: how an insert skips a row whose key is taken (`on_conflict`:
-/// `ON CONFLICT DO NOTHING`; `ignore`: `INSERT IGNORE` / `INSERT OR IGNORE`).
+// What the outbox's statements do each backend's own way, one module per
+// backend, for the blocking and the async store: `LAST_ID`, the SQL expression
+// for the id the connection's last insert made; `record`, the inbox's insert
+// that skips a row whose key is taken.
+
+/// PostgreSQL's part of the outbox's statements.
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres {
+    use diesel::pg::Pg;
+    use diesel::query_builder::{QueryFragment, QueryId};
+
+    pub(crate) const LAST_ID: &str = "currval(pg_get_serial_sequence('lockkit_outbox', 'id'))";
+
+    /// `INSERT .. ON CONFLICT DO NOTHING` (a type Diesel does not name).
+    pub(crate) fn record<'a>(
+        consumer: &'a str,
+        message_id: &'a str,
+        now: i64,
+    ) -> impl QueryFragment<Pg> + QueryId + Send + 'a {
+        super::statements::record(consumer, message_id, now).on_conflict_do_nothing()
+    }
+}
+
+/// MySQL's part of the outbox's statements.
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql {
+    pub(crate) const LAST_ID: &str = "CAST(LAST_INSERT_ID() AS SIGNED)";
+    // `INSERT IGNORE`.
+    pub(crate) use super::statements::record_or_ignore as record;
+}
+
+/// SQLite's part of the outbox's statements.
+#[cfg(feature = "sqlite")]
+pub(crate) mod sqlite {
+    pub(crate) const LAST_ID: &str = "last_insert_rowid()";
+    // `INSERT OR IGNORE`.
+    pub(crate) use super::statements::record_or_ignore as record;
+}
+
+/// `$backend`: the module of what the statements do differently on the
+/// connection's backend.
 #[allow(unused_macros)] // used once per enabled backend
 macro_rules! outbox_store {
-    ($conn:ty, last_id: $last_id:literal, record: $record:ident) => {
+    ($conn:ty, $backend:ident) => {
         impl OutboxStore for $conn {
             fn insert_message(
                 conn: &mut Self,
@@ -192,10 +230,12 @@ macro_rules! outbox_store {
             ) -> Result<i64, Error> {
                 use diesel::RunQueryDsl;
                 statements::insert_message(topic, payload, now).execute(conn)?;
-                Ok(diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
-                    $last_id,
-                ))
-                .get_result(conn)?)
+                Ok(
+                    diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+                        $backend::LAST_ID,
+                    ))
+                    .get_result(conn)?,
+                )
             }
 
             fn claim_due(
@@ -249,8 +289,10 @@ macro_rules! outbox_store {
                 message_id: &str,
                 now: i64,
             ) -> Result<bool, Error> {
-                use diesel::RunQueryDsl;
-                let rows = outbox_store!(@$record consumer, message_id, now).execute(conn)?;
+                // What `RunQueryDsl::execute` runs, which PostgreSQL's unnamed
+                // statement type does not offer.
+                use diesel::query_dsl::methods::ExecuteDsl;
+                let rows = ExecuteDsl::execute($backend::record(consumer, message_id, now), conn)?;
                 Ok(rows == 1)
             }
 
@@ -264,25 +306,11 @@ macro_rules! outbox_store {
             }
         }
     };
-    (@on_conflict $($arg:expr),*) => {
-        statements::record($($arg),*).on_conflict_do_nothing()
-    };
-    (@ignore $($arg:expr),*) => {
-        statements::record_or_ignore($($arg),*)
-    };
 }
 
 #[cfg(feature = "postgres")]
-outbox_store!(
-    diesel::PgConnection,
-    last_id: "currval(pg_get_serial_sequence('lockkit_outbox', 'id'))",
-    record: on_conflict
-);
+outbox_store!(diesel::PgConnection, postgres);
 #[cfg(feature = "mysql")]
-outbox_store!(
-    diesel::MysqlConnection,
-    last_id: "CAST(LAST_INSERT_ID() AS SIGNED)",
-    record: ignore
-);
+outbox_store!(diesel::MysqlConnection, mysql);
 #[cfg(feature = "sqlite")]
-outbox_store!(diesel::SqliteConnection, last_id: "last_insert_rowid()", record: ignore);
+outbox_store!(diesel::SqliteConnection, sqlite);
