@@ -232,6 +232,16 @@ async_backend_tests! {
             let after = diesel::sql_query(setting).get_result::<Setting>(&mut conn).await.unwrap().value;
             assert_eq!(after, before, "{options:?}: the session's setting is put back");
         }
+        if BACKEND == "mysql" {
+            // The blocking side's statement: the session's value kept on the
+            // server, in the user variable of transaction depth 0.
+            let kept = diesel::sql_query("SELECT CAST(@lockkit_lock_wait_timeout_0 AS SIGNED) AS value")
+                .get_result::<Setting>(&mut conn)
+                .await
+                .unwrap()
+                .value;
+            assert_eq!(kept, before);
+        }
         holder.release().await;
     }
 

@@ -113,10 +113,21 @@ pub enum Restore {
     /// PostgreSQL, nested: the outer transaction's `lock_timeout` (`SET LOCAL`
     /// survives `RELEASE SAVEPOINT`).
     LockTimeout(String),
-    /// MySQL/MariaDB: the session's `innodb_lock_wait_timeout`.
-    LockWaitTimeout(i64),
+    /// MySQL/MariaDB: the session's `innodb_lock_wait_timeout`, kept on the
+    /// server in the user variable of this transaction depth.
+    LockWaitTimeout(u32),
     /// SQLite: the connection's busy timeout.
     BusyTimeout(i32),
+}
+
+/// How many transactions are open on `conn` (0: none; as
+/// [`crate::transaction::transaction_depth`] on the blocking side).
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) fn transaction_depth<C: AsyncConnection>(conn: &mut C) -> u32 {
+    match C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth() {
+        Ok(Some(depth)) => depth.get(),
+        _ => 0,
+    }
 }
 
 /// Whether a transaction is open on `conn`.
@@ -204,20 +215,13 @@ mod postgres {
 
 #[cfg(feature = "mysql")]
 mod mysql {
-    use diesel::sql_types::BigInt;
     use diesel::MysqlConnection;
-    use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
+    use diesel_async::{AsyncMysqlConnection, RunQueryDsl, SimpleAsyncConnection};
 
     use super::*;
-    use crate::pessimistic::connection::mysql::{LOCK_WAIT_TIMEOUT, SET_LOCK_WAIT_TIMEOUT};
-
-    async fn set_lock_wait_timeout(conn: &mut AsyncMysqlConnection, secs: i64) -> QueryResult<()> {
-        diesel::sql_query(SET_LOCK_WAIT_TIMEOUT)
-            .bind::<BigInt, _>(secs)
-            .execute(conn)
-            .await
-            .map(drop)
-    }
+    use crate::pessimistic::connection::mysql::{
+        restore_lock_wait_timeout_sql, SaveAndSetLockWaitTimeout,
+    };
 
     impl AsyncLockingConnection for AsyncMysqlConnection {
         type Locked<Q: LockingDsl<L>, L> = <MysqlConnection as LockingConnection>::Locked<Q, L>;
@@ -227,17 +231,17 @@ mod mysql {
         }
 
         async fn begin_locked(&mut self, options: &LockOptions) -> Result<Restore, Error> {
-            // innodb_lock_wait_timeout is a session setting: set it, run, put it back.
+            // innodb_lock_wait_timeout is a session setting: set it (keeping the
+            // session's value on the server), run, put it back; the blocking
+            // side's statements.
             let restore = match options.timeout_secs() {
                 Some(secs) => {
-                    let previous = diesel::select(diesel::dsl::sql::<BigInt>(LOCK_WAIT_TIMEOUT))
-                        .get_result::<i64>(self)
+                    let depth = transaction_depth(self);
+                    SaveAndSetLockWaitTimeout { depth, secs }
+                        .execute(self)
                         .await
                         .map_err(crate::classify)?;
-                    set_lock_wait_timeout(self, secs)
-                        .await
-                        .map_err(crate::classify)?;
-                    Restore::LockWaitTimeout(previous)
+                    Restore::LockWaitTimeout(depth)
                 }
                 None => Restore::Nothing,
             };
@@ -252,8 +256,9 @@ mod mysql {
 
         async fn restore(&mut self, restore: &Restore, before_end: bool) -> QueryResult<()> {
             match restore {
-                Restore::LockWaitTimeout(previous) if !before_end => {
-                    set_lock_wait_timeout(self, *previous).await
+                Restore::LockWaitTimeout(depth) if !before_end => {
+                    self.batch_execute(&restore_lock_wait_timeout_sql(*depth))
+                        .await
                 }
                 _ => Ok(()),
             }

@@ -344,12 +344,6 @@ pub(crate) mod mysql {
 
     as_locking_connection!(MysqlConnection);
 
-    /// The statements of the lock wait timeout, shared with the async connection.
-    #[cfg_attr(not(feature = "async"), allow(dead_code))]
-    pub(crate) const LOCK_WAIT_TIMEOUT: &str = "CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED)";
-    #[cfg_attr(not(feature = "async"), allow(dead_code))]
-    pub(crate) const SET_LOCK_WAIT_TIMEOUT: &str = "SET SESSION innodb_lock_wait_timeout = ?";
-
     /// MariaDB's `@@in_transaction`: whether the server has a transaction open.
     fn in_server_transaction(conn: &mut MysqlConnection) -> diesel::QueryResult<bool> {
         diesel::select(diesel::dsl::sql::<BigInt>(
