@@ -113,13 +113,9 @@ impl Script {
     }
 
     /// The diesel-async case on the same SQL, with as many tasks as pgbench has
-    /// clients: lockkit's, except the atomic `UPDATE`, which is hand-written
-    /// until lockkit has an async `atomic::update_if`.
+    /// clients: lockkit's.
     pub fn async_case(self) -> Case {
-        match self {
-            Script::Atomic => self.case().tasks().hand(),
-            _ => self.case().tasks(),
-        }
+        self.case().tasks()
     }
 
     /// Units (updates or jobs) per transaction when the queue is full.
