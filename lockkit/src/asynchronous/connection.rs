@@ -66,11 +66,11 @@ pub trait AsyncLockingConnection:
 {
     /// A query with a row-lock clause: the clause on PostgreSQL and MySQL, the
     /// query unchanged on SQLite; the blocking connection's
-    /// [`LockingConnection::Locked`](crate::LockingConnection::Locked).
+    /// [`LockingConnection::Locked`].
     type Locked<Q: LockingDsl<L>, L>;
 
     /// Puts the row-lock clause on `query`: the blocking connection's
-    /// [`LockingConnection::apply_lock`](crate::LockingConnection::apply_lock).
+    /// [`LockingConnection::apply_lock`].
     fn apply_lock<Q: LockingDsl<L>, L>(query: Q, lock: L) -> Self::Locked<Q, L>;
 
     /// Begins a transaction fit for locking (a savepoint when one is open) with
