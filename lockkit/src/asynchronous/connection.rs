@@ -120,22 +120,15 @@ pub enum Restore {
     BusyTimeout(i32),
 }
 
-/// How many transactions are open on `conn` (0: none; as
-/// [`crate::transaction::transaction_depth`] on the blocking side).
-#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+/// How many transactions are open on `conn` (0: none), as
+/// [`crate::transaction::transaction_depth`] on the blocking side.
 pub(crate) fn transaction_depth<C: AsyncConnection>(conn: &mut C) -> u32 {
-    match C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth() {
-        Ok(Some(depth)) => depth.get(),
-        _ => 0,
-    }
+    crate::transaction::depth_of(C::TransactionManager::transaction_manager_status_mut(conn))
 }
 
 /// Whether a transaction is open on `conn`.
 pub(crate) fn in_transaction<C: AsyncConnection>(conn: &mut C) -> bool {
-    matches!(
-        C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
-        Ok(Some(_))
-    )
+    transaction_depth(conn) > 0
 }
 
 #[cfg(feature = "postgres")]

@@ -201,7 +201,13 @@ pub(crate) fn require_transaction(open: bool) -> Result<(), Error> {
 /// How many transactions (the outermost one and its savepoints) are open on
 /// `conn`: 0 when none is, or when Diesel's transaction manager is broken.
 pub(crate) fn transaction_depth<C: Connection>(conn: &mut C) -> u32 {
-    match C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth() {
+    depth_of(C::TransactionManager::transaction_manager_status_mut(conn))
+}
+
+/// [`transaction_depth`] read off a transaction manager's status (also the
+/// async connections').
+pub(crate) fn depth_of(status: &mut diesel::connection::TransactionManagerStatus) -> u32 {
+    match status.transaction_depth() {
         Ok(Some(depth)) => depth.get(),
         _ => 0,
     }
