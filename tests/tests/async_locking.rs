@@ -181,25 +181,32 @@ async_backend_tests! {
         assert!(!in_transaction(&mut conn));
     }
 
-    async fn nested_transaction_with_retry_leaves_the_retry_to_the_outermost(db) {
+    async fn nested_transaction_with_retry_retries_its_savepoint_while_the_transaction_lives(db) {
+        // As on the blocking side: the savepoint is rolled back and run again,
+        // inside the same outer transaction. (A server that ended the whole
+        // transaction is not retried in it: see `async_lock_errors`.)
         seed_items(&mut db.conn(), &[(1, 5)]);
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
         let inner_runs = std::sync::atomic::AtomicUsize::new(0);
         let outer_runs = std::sync::atomic::AtomicUsize::new(0);
         lockkit::asynchronous::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), async |conn| {
-            let outer = outer_runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let inner = lockkit::asynchronous::transaction_with_retry(conn, &RetryPolicy::immediate(3), async |_conn| {
-                inner_runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                if outer == 0 { Err(Error::Deadlock) } else { Ok(()) }
+            outer_runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            lockkit::asynchronous::transaction_with_retry(conn, &RetryPolicy::immediate(3), async |conn| {
+                let inner = inner_runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                diesel::update(items::table.find(1))
+                    .set(items::stock.eq(items::stock - 1))
+                    .execute(conn)
+                    .await?;
+                if inner == 0 { Err(Error::Deadlock) } else { Ok(()) }
             })
-            .await;
-            // The savepoint's error comes back at once, for the outermost to retry.
-            assert_eq!(std::sync::atomic::AtomicUsize::load(&inner_runs, std::sync::atomic::Ordering::SeqCst), outer + 1);
-            inner
+            .await
         })
         .await
         .unwrap();
-        assert_eq!(std::sync::atomic::AtomicUsize::load(&outer_runs, std::sync::atomic::Ordering::SeqCst), 2);
+        let runs = |n: &std::sync::atomic::AtomicUsize| std::sync::atomic::AtomicUsize::load(n, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!((runs(&outer_runs), runs(&inner_runs)), (1, 2));
+        // The first attempt's decrement went with its savepoint.
+        assert_eq!(stock!(&mut conn), 4);
         assert!(!in_transaction(&mut conn));
     }
 

@@ -102,6 +102,17 @@ pub trait AsyncLockingConnection:
     /// IMMEDIATE`), with the blocking side's statements.
     #[doc(hidden)]
     fn begin_serializable(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// After a nested transaction failed (with `cause` when lockkit can see it):
+    /// whether the server has ended the whole transaction, and why; the blocking
+    /// connection's answer. The default: only a lost connection does.
+    #[doc(hidden)]
+    fn transaction_ended(
+        &mut self,
+        cause: Option<&Error>,
+    ) -> impl Future<Output = Option<Error>> + Send {
+        std::future::ready(crate::transaction::connection_lost(cause))
+    }
 }
 
 /// A session setting a locked transaction changed, to be put back.
@@ -213,7 +224,7 @@ mod mysql {
 
     use super::*;
     use crate::pessimistic::connection::mysql::{
-        restore_lock_wait_timeout_sql, SaveAndSetLockWaitTimeout,
+        in_server_transaction_query, restore_lock_wait_timeout_sql, SaveAndSetLockWaitTimeout,
     };
 
     impl AsyncLockingConnection for AsyncMysqlConnection {
@@ -263,6 +274,15 @@ mod mysql {
                 .execute(self)
                 .await?;
             <Self as AsyncConnection>::TransactionManager::begin_transaction(self).await
+        }
+
+        async fn transaction_ended(&mut self, cause: Option<&Error>) -> Option<Error> {
+            // MariaDB knows.
+            let open = in_server_transaction_query()
+                .get_result::<i64>(self)
+                .await
+                .map(|open| open != 0);
+            crate::transaction::ended_unless_open(open, cause)
         }
     }
 }

@@ -77,7 +77,7 @@ use crate::pessimistic::row_lock::{
     EveryClause, ForUpdate, LockClause, LockedCall, RowLock, WaitMode,
 };
 use crate::pessimistic::NoVersion;
-use crate::transaction::{require_transaction, Failure};
+use crate::transaction::{require_transaction, Failed, Failure};
 use crate::{classify, Error, LockOptions, Lockable};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -185,10 +185,12 @@ where
     end(conn, restore, result).await
 }
 
-/// The end of every async lockkit transaction, decided here once: commit on
-/// `Ok` (a failed `COMMIT` is classified: a serialization failure or deadlock
-/// found at commit is retryable like any other), roll back on `Err`, then put
-/// back the session setting the transaction changed.
+/// The end of every async lockkit transaction: commit on `Ok` (a failed
+/// `COMMIT` is classified: a serialization failure or deadlock found at commit is
+/// retryable like any other), roll back on `Err`, put back the session setting
+/// the transaction changed, then decide the caller's error as the blocking side
+/// does ([`Failed`]): a nested transaction whose whole transaction the server
+/// ended is [`Error::TransactionAborted`].
 pub(crate) async fn end<C, T, E>(
     conn: &mut C,
     restore: super::connection::Restore,
@@ -196,8 +198,10 @@ pub(crate) async fn end<C, T, E>(
 ) -> Result<T, E>
 where
     C: AsyncLockingConnection,
-    E: From<Error>,
+    E: From<Error> + Send,
+    T: Send,
 {
+    let nested = super::connection::transaction_depth(conn) > 1;
     let result = match result {
         Ok(value) => match conn.restore(&restore, true).await {
             Ok(()) => C::TransactionManager::commit_transaction(conn)
@@ -208,29 +212,37 @@ where
         },
         Err(failure) => Err(failure),
     };
-    let result = match result {
-        Ok(value) => Ok(value),
-        Err(failure) => {
-            // After a failed COMMIT diesel-async has already ended (or given
-            // up on) the transaction; otherwise roll it back. A broken
-            // transaction manager says less than the error behind it.
-            if in_transaction(conn) {
-                match C::TransactionManager::rollback_transaction(conn).await {
-                    Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => {}
-                    Err(rollback) => return Err(E::from(classify(rollback))),
-                }
-            }
-            Err(failure)
+    let mut rollback_failed = None;
+    if result.is_err() && in_transaction(conn) {
+        // After a failed COMMIT diesel-async has already ended (or given up
+        // on) the transaction; otherwise roll it back. A broken transaction
+        // manager says less than the error behind it.
+        match C::TransactionManager::rollback_transaction(conn).await {
+            Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => {}
+            Err(rollback) => rollback_failed = Some(rollback),
         }
-    };
-    let restored = conn.restore(&restore, false).await;
-    match (result, restored) {
-        (Ok(value), Ok(())) => Ok(value),
-        (Ok(_), Err(err)) => Err(E::from(classify(err))),
-        (Err(Failure::Closure(err)), _) => Err(err),
-        (Err(Failure::Lockkit(err)), _) => Err(E::from(err)),
-        (Err(Failure::Diesel(err)), _) => Err(E::from(classify(err))),
     }
+    let restored = conn.restore(&restore, false).await;
+    let failure = match (result, restored) {
+        (Ok(value), Ok(())) => return Ok(value),
+        (Ok(_), Err(err)) => Failure::Diesel(err),
+        (Err(failure), _) => failure,
+    };
+    let failed = Failed::from_failure(failure, classify);
+    let (asked, ended) = match failed.question(nested) {
+        Some(cause) => (true, conn.transaction_ended(cause).await),
+        None => (false, None),
+    };
+    // A savepoint that could not be rolled back because the server had ended
+    // the whole transaction (InnoDB's deadlock victim) is decided like any other
+    // nested failure; otherwise the failed rollback is the error, as Diesel's
+    // own transactions report it.
+    if let Some(rollback) = rollback_failed {
+        if !nested || (asked && ended.is_none()) {
+            return Err(E::from(classify(rollback)));
+        }
+    }
+    Err(failed.into_error(nested, ended))
 }
 
 /// The locked read of [`with_lock`], in its transaction: the row, its version

@@ -79,10 +79,10 @@ pub(crate) async fn back_off(delay: std::time::Duration) {
 /// serialization failure or deadlock reported at `COMMIT` is retried like one
 /// reported by a statement.
 ///
-/// Nested in an open transaction, the attempt is a savepoint and its error is
-/// returned, not retried: a server may have ended the whole transaction (InnoDB
-/// does on a deadlock), and only the owner of the outermost transaction can
-/// run it again.
+/// Nested in an open transaction, each attempt is a savepoint, retried as on
+/// the blocking side unless the server ended the whole transaction (InnoDB does
+/// on a deadlock): that is [`Error::TransactionAborted`](crate::Error::TransactionAborted),
+/// for the owner of the outermost transaction to run again.
 ///
 /// `op` is an `async` closure that may run more than once.
 ///
@@ -142,9 +142,7 @@ where
             Ok(value) => return Ok(value),
             Err(err) => err,
         };
-        match after_failure(policy, attempt, err, |err| {
-            !nested && may_retry(err, nested)
-        }) {
+        match after_failure(policy, attempt, err, |err| may_retry(err, nested)) {
             Next::GiveUp(err) => return Err(err),
             Next::RetryAfter(delay) => {
                 back_off(delay).await;

@@ -344,13 +344,20 @@ pub(crate) mod mysql {
 
     as_locking_connection!(MysqlConnection);
 
-    /// MariaDB's `@@in_transaction`: whether the server has a transaction open.
-    fn in_server_transaction(conn: &mut MysqlConnection) -> diesel::QueryResult<bool> {
+    /// `SELECT CAST(@@in_transaction AS SIGNED)`: whether the server has a
+    /// transaction open (not 0), for the blocking and the async connection.
+    pub(crate) fn in_server_transaction_query(
+    ) -> diesel::dsl::select<diesel::expression::SqlLiteral<BigInt>> {
         diesel::select(diesel::dsl::sql::<BigInt>(
             "CAST(@@in_transaction AS SIGNED)",
         ))
-        .get_result::<i64>(conn)
-        .map(|open| open != 0)
+    }
+
+    /// MariaDB's `@@in_transaction`: whether the server has a transaction open.
+    fn in_server_transaction(conn: &mut MysqlConnection) -> diesel::QueryResult<bool> {
+        in_server_transaction_query()
+            .get_result::<i64>(conn)
+            .map(|open| open != 0)
     }
 
     /// `SET @lockkit_lock_wait_timeout_<depth> = @@SESSION.innodb_lock_wait_timeout,
@@ -453,21 +460,8 @@ pub(crate) mod mysql {
 
     impl Control for MysqlConnection {
         fn transaction_ended(&mut self, cause: Option<&Error>) -> Option<Error> {
-            // MariaDB knows. InnoDB ends a transaction while the connection lives
-            // only for a deadlock's victim (or a lock wait timeout under
-            // `innodb_rollback_on_timeout`); MySQL has no such variable, but
-            // always ends the transaction of a deadlock victim.
-            match in_server_transaction(self) {
-                Ok(true) => None,
-                Ok(false) => Some(Error::Deadlock),
-                Err(err) => match (cause, crate::classify(err)) {
-                    (Some(Error::Deadlock), _) => Some(Error::Deadlock),
-                    (_, Error::ConnectionLost) | (Some(Error::ConnectionLost), _) => {
-                        Some(Error::ConnectionLost)
-                    }
-                    _ => None,
-                },
-            }
+            // MariaDB knows.
+            crate::transaction::ended_unless_open(in_server_transaction(self), cause)
         }
 
         fn repair(&mut self) {

@@ -4,7 +4,8 @@
 //! Every transaction lockkit opens for a closure (`with_lock`,
 //! `locked_transaction`, `serializable`, `transaction_with_retry`, idempotency
 //! keys) runs the closure behind the [`PanicGuard`] and ends in [`finish`], which
-//! decides, once, what the caller gets back:
+//! decides, once, what the caller gets back (the async connections' end decides
+//! it with the same [`Failed`]):
 //!
 //! * the closure's own error, untouched, in the caller's error type;
 //! * lockkit's own failures (`BEGIN`, a setting, the locked read, `COMMIT`)
@@ -74,7 +75,7 @@ pub trait Control: Connection + Sized {
     /// whether the server has ended the whole transaction, and why. Asked on
     /// error paths only. The default: only a lost connection does.
     fn transaction_ended(&mut self, cause: Option<&Error>) -> Option<Error> {
-        matches!(cause, Some(Error::ConnectionLost)).then_some(Error::ConnectionLost)
+        connection_lost(cause)
     }
 
     /// After an outermost transaction failed: puts Diesel's transaction manager
@@ -154,31 +155,98 @@ where
     if !nested {
         conn.repair();
     }
-    Err(match failure {
-        Failure::Closure(err) if !nested => err,
-        // The closure's error is the caller's; lockkit cannot look inside it, so
-        // it asks the server instead.
-        Failure::Closure(err) => match conn.transaction_ended(None) {
-            Some(reason) => E::from(Error::TransactionAborted(Box::new(reason))),
-            None => err,
-        },
-        Failure::Diesel(err) => E::from(ended(conn, nested, classify(err))),
-        Failure::Lockkit(err) => E::from(ended(conn, nested, err)),
-    })
+    let failed = Failed::from_failure(failure, classify);
+    let ended = failed
+        .question(nested)
+        .and_then(|cause| conn.transaction_ended(cause));
+    Err(failed.into_error(nested, ended))
 }
 
-/// lockkit's own failure of a transaction: a nested one whose whole transaction
-/// the server ended becomes [`Error::TransactionAborted`]; an outermost one hands
-/// on the cause of such an error, since the transaction is gone and a new one may
-/// begin.
-fn ended<C: Control>(conn: &mut C, nested: bool, error: Error) -> Error {
-    match error {
-        Error::TransactionAborted(cause) if !nested => *cause,
-        Error::TransactionAborted(_) => error,
-        _ if nested && conn.transaction_ended(Some(&error)).is_some() => {
-            Error::TransactionAborted(Box::new(error))
+/// A failed transaction's failure, Diesel's errors classified: the part of
+/// [`finish`] that the async connections' end shares, so that both decide the
+/// caller's error the same way. Deciding it may need one answer from the server
+/// ([`question`](Self::question)), which each side asks its own way.
+pub(crate) enum Failed<E> {
+    /// The closure's own error.
+    Closure(E),
+    /// lockkit's own failure, or Diesel's classified.
+    Lockkit(Error),
+}
+
+impl<E: From<Error>> Failed<E> {
+    /// `failure` with a failed transaction statement classified by `classify`.
+    pub(crate) fn from_failure(
+        failure: Failure<E>,
+        classify: impl FnOnce(diesel::result::Error) -> Error,
+    ) -> Self {
+        match failure {
+            Failure::Closure(err) => Failed::Closure(err),
+            Failure::Lockkit(err) => Failed::Lockkit(err),
+            Failure::Diesel(err) => Failed::Lockkit(classify(err)),
         }
-        _ => error,
+    }
+
+    /// What the server must be asked before the error is decided: for a nested
+    /// transaction only, whether the whole transaction has ended, given lockkit's
+    /// own error when there is one (the closure's is the caller's: lockkit cannot
+    /// look inside it, so it asks the server instead). `None`: nothing to ask.
+    pub(crate) fn question(&self, nested: bool) -> Option<Option<&Error>> {
+        match self {
+            _ if !nested => None,
+            Failed::Closure(_) => Some(None),
+            Failed::Lockkit(Error::TransactionAborted(_)) => None,
+            Failed::Lockkit(err) => Some(Some(err)),
+        }
+    }
+
+    /// The caller's error, given the server's answer to [`question`](Self::question)
+    /// (`ended`: the whole transaction ended, and why). A nested failure whose
+    /// whole transaction the server ended becomes [`Error::TransactionAborted`];
+    /// an outermost one hands on the cause of such an error, since the
+    /// transaction is gone and a new one may begin.
+    pub(crate) fn into_error(self, nested: bool, ended: Option<Error>) -> E {
+        match (self, ended) {
+            (Failed::Closure(_), Some(reason)) if nested => {
+                E::from(Error::TransactionAborted(Box::new(reason)))
+            }
+            (Failed::Closure(err), _) => err,
+            (Failed::Lockkit(Error::TransactionAborted(cause)), _) if !nested => E::from(*cause),
+            (Failed::Lockkit(err @ Error::TransactionAborted(_)), _) => E::from(err),
+            (Failed::Lockkit(err), Some(_)) if nested => {
+                E::from(Error::TransactionAborted(Box::new(err)))
+            }
+            (Failed::Lockkit(err), _) => E::from(err),
+        }
+    }
+}
+
+/// [`Control::transaction_ended`] where the server is not asked: only a lost
+/// connection ends the whole transaction.
+pub(crate) fn connection_lost(cause: Option<&Error>) -> Option<Error> {
+    matches!(cause, Some(Error::ConnectionLost)).then_some(Error::ConnectionLost)
+}
+
+/// [`Control::transaction_ended`] on MySQL/MariaDB, from the server's answer to
+/// `SELECT @@in_transaction` (`open`). InnoDB ends a transaction while the
+/// connection lives only for a deadlock's victim (or a lock wait timeout under
+/// `innodb_rollback_on_timeout`); MySQL has no such variable, but always ends the
+/// transaction of a deadlock victim. Shared by the blocking and the async
+/// connection, which each ask in their own way.
+#[cfg(feature = "mysql")]
+pub(crate) fn ended_unless_open(
+    open: diesel::QueryResult<bool>,
+    cause: Option<&Error>,
+) -> Option<Error> {
+    match open {
+        Ok(true) => None,
+        Ok(false) => Some(Error::Deadlock),
+        Err(err) => match (cause, crate::classify(err)) {
+            (Some(Error::Deadlock), _) => Some(Error::Deadlock),
+            (_, Error::ConnectionLost) | (Some(Error::ConnectionLost), _) => {
+                Some(Error::ConnectionLost)
+            }
+            _ => None,
+        },
     }
 }
 
