@@ -255,26 +255,16 @@ macro_rules! async_lease_store {
                 token: &str,
                 ttl_ms: i64,
             ) -> Result<Option<i64>, Error> {
-                use diesel::sql_types::{BigInt, Text};
                 use diesel::OptionalExtension;
                 use diesel_async::RunQueryDsl;
                 let sql = &crate::lease::database::$sql;
-                diesel::sql_query(sql.ensure)
-                    .bind::<Text, _>(name)
-                    .execute(conn)
-                    .await?;
-                let granted = diesel::sql_query(sql.grant)
-                    .bind::<Text, _>(token)
-                    .bind::<BigInt, _>(ttl_ms)
-                    .bind::<Text, _>(name)
-                    .execute(conn)
-                    .await?;
+                sql.ensure(name).execute(conn).await?;
+                let granted = sql.grant(name, token, ttl_ms).execute(conn).await?;
                 if granted == 0 {
                     return Ok(None);
                 }
-                Ok(diesel::sql_query(sql.read_fence)
-                    .bind::<Text, _>(name)
-                    .bind::<Text, _>(token)
+                Ok(sql
+                    .read_fence(name, token)
                     .get_result::<crate::lease::database::FenceRow>(conn)
                     .await
                     .optional()?
@@ -287,25 +277,16 @@ macro_rules! async_lease_store {
                 token: &str,
                 ttl_ms: i64,
             ) -> Result<bool, Error> {
-                use diesel::sql_types::{BigInt, Text};
                 use diesel_async::RunQueryDsl;
-                let rows = diesel::sql_query(crate::lease::database::$sql.extend)
-                    .bind::<BigInt, _>(ttl_ms)
-                    .bind::<Text, _>(name)
-                    .bind::<Text, _>(token)
-                    .execute(conn)
-                    .await?;
+                let sql = &crate::lease::database::$sql;
+                let rows = sql.extend(name, token, ttl_ms).execute(conn).await?;
                 Ok(rows == 1)
             }
 
             async fn revoke(conn: &mut Self, name: &str, token: &str) -> Result<bool, Error> {
-                use diesel::sql_types::Text;
                 use diesel_async::RunQueryDsl;
-                let rows = diesel::sql_query(crate::lease::database::$sql.revoke)
-                    .bind::<Text, _>(name)
-                    .bind::<Text, _>(token)
-                    .execute(conn)
-                    .await?;
+                let sql = &crate::lease::database::$sql;
+                let rows = sql.revoke(name, token).execute(conn).await?;
                 Ok(rows == 1)
             }
         }
@@ -316,37 +297,17 @@ macro_rules! async_lease_store {
                 resource: &str,
                 fence: i64,
             ) -> Result<Option<i64>, Error> {
-                use crate::lease::fence::Raise;
-                use diesel::sql_types::{BigInt, Text};
                 use diesel_async::RunQueryDsl;
                 let sql = &crate::lease::database::$sql;
-                let raised = match sql.raise {
-                    Raise::Upsert(upsert) => {
-                        diesel::sql_query(upsert)
-                            .bind::<Text, _>(resource)
-                            .bind::<BigInt, _>(fence)
-                            .execute(conn)
-                            .await?
-                    }
-                    Raise::EnsureThenUpdate { ensure, update } => {
-                        diesel::sql_query(ensure)
-                            .bind::<Text, _>(resource)
-                            .bind::<BigInt, _>(fence)
-                            .execute(conn)
-                            .await?;
-                        diesel::sql_query(update)
-                            .bind::<BigInt, _>(fence)
-                            .bind::<Text, _>(resource)
-                            .bind::<BigInt, _>(fence)
-                            .execute(conn)
-                            .await?
-                    }
-                };
-                if raised == 1 {
+                let (create, raise) = sql.raise(resource, fence);
+                if let Some(create) = create {
+                    create.execute(conn).await?;
+                }
+                if raise.execute(conn).await? == 1 {
                     return Ok(None);
                 }
-                let current = diesel::sql_query(sql.current_fence)
-                    .bind::<Text, _>(resource)
+                let current = sql
+                    .current_fence(resource)
                     .get_result::<crate::lease::database::FenceRow>(conn)
                     .await?;
                 Ok(Some(current.fence))

@@ -11,6 +11,17 @@
 //! Each backend's statements on `lockkit_fences`, for [`fenced`](super::fenced)
 //! writes, are here too: a connection is both stores at once.
 
+use std::marker::PhantomData;
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use diesel::backend::Backend;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use diesel::serialize::ToSql;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use diesel::sql_types::{BigInt, Text};
+
 use super::fence::{FenceStore, Raise};
 use super::{Error, LeaseStore};
 
@@ -33,27 +44,112 @@ crate::shipped_tables! {
 }
 
 /// One backend's statements on the lease tables, for the blocking and the
-/// async connections; the binds are listed with each.
+/// async connections, which only run them: each is bound by its method, with
+/// its parameters in their order.
 #[allow(dead_code)] // the statements of backends whose feature is off
-pub(crate) struct Statements {
-    /// name
-    pub(crate) ensure: &'static str,
-    /// token, ttl (ms), name
-    pub(crate) grant: &'static str,
-    /// name, token
-    pub(crate) read_fence: &'static str,
-    /// ttl (ms), name, token
-    pub(crate) extend: &'static str,
-    /// name, token
-    pub(crate) revoke: &'static str,
+pub(crate) struct Statements<DB> {
+    ensure: &'static str,
+    grant: &'static str,
+    read_fence: &'static str,
+    extend: &'static str,
+    revoke: &'static str,
     /// A fenced write's record of its fence in `lockkit_fences`.
-    pub(crate) raise: Raise,
-    /// The fence `lockkit_fences` holds for a resource: resource
-    pub(crate) current_fence: &'static str,
+    raise: Raise,
+    /// The fence `lockkit_fences` holds for a resource.
+    current_fence: &'static str,
+    backend: PhantomData<DB>,
+}
+
+/// A statement of [`Statements`] with its parameters bound.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) type Bound<'a, DB> = BoxedSqlQuery<'a, DB, SqlQuery>;
+
+/// A parameter of a lease statement.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[derive(Clone, Copy)]
+enum Param<'a> {
+    Text(&'a str),
+    BigInt(i64),
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+impl<DB> Statements<DB>
+where
+    DB: Backend,
+    str: ToSql<Text, DB>,
+    i64: ToSql<BigInt, DB>,
+{
+    /// `sql` with `params` bound, in their order.
+    fn bind<'a>(sql: &'static str, params: &[Param<'a>]) -> Bound<'a, DB> {
+        params.iter().fold(
+            diesel::sql_query(sql).into_boxed(),
+            |query, param| match *param {
+                Param::Text(value) => query.bind::<Text, _>(value),
+                Param::BigInt(value) => query.bind::<BigInt, _>(value),
+            },
+        )
+    }
+
+    /// Creates the row of `name` if it is missing.
+    pub(crate) fn ensure<'a>(&self, name: &'a str) -> Bound<'a, DB> {
+        Self::bind(self.ensure, &[Param::Text(name)])
+    }
+
+    /// Grants `name` to `token` for `ttl_ms` where it is free or expired.
+    pub(crate) fn grant<'a>(&self, name: &'a str, token: &'a str, ttl_ms: i64) -> Bound<'a, DB> {
+        let params = [Param::Text(token), Param::BigInt(ttl_ms), Param::Text(name)];
+        Self::bind(self.grant, &params)
+    }
+
+    /// The fence of `name` while `token` holds it.
+    pub(crate) fn read_fence<'a>(&self, name: &'a str, token: &'a str) -> Bound<'a, DB> {
+        Self::bind(self.read_fence, &[Param::Text(name), Param::Text(token)])
+    }
+
+    /// Moves the expiry of `name` to `ttl_ms` from now while `token` holds it.
+    pub(crate) fn extend<'a>(&self, name: &'a str, token: &'a str, ttl_ms: i64) -> Bound<'a, DB> {
+        let params = [Param::BigInt(ttl_ms), Param::Text(name), Param::Text(token)];
+        Self::bind(self.extend, &params)
+    }
+
+    /// Frees `name` if `token` holds it.
+    pub(crate) fn revoke<'a>(&self, name: &'a str, token: &'a str) -> Bound<'a, DB> {
+        Self::bind(self.revoke, &[Param::Text(name), Param::Text(token)])
+    }
+
+    /// What records `fence` for `resource` ([`Raise`]): the statement that
+    /// creates the row first where the backend needs one, then the one that
+    /// affects one row when the fence was recorded.
+    pub(crate) fn raise<'a>(
+        &self,
+        resource: &'a str,
+        fence: i64,
+    ) -> (Option<Bound<'a, DB>>, Bound<'a, DB>) {
+        let record = [Param::Text(resource), Param::BigInt(fence)];
+        match self.raise {
+            Raise::Upsert(upsert) => (None, Self::bind(upsert, &record)),
+            Raise::EnsureThenUpdate { ensure, update } => {
+                let update_params = [
+                    Param::BigInt(fence),
+                    Param::Text(resource),
+                    Param::BigInt(fence),
+                ];
+                (
+                    Some(Self::bind(ensure, &record)),
+                    Self::bind(update, &update_params),
+                )
+            }
+        }
+    }
+
+    /// The fence recorded for `resource`.
+    pub(crate) fn current_fence<'a>(&self, resource: &'a str) -> Bound<'a, DB> {
+        Self::bind(self.current_fence, &[Param::Text(resource)])
+    }
 }
 
 #[cfg(feature = "postgres")]
-pub(crate) const POSTGRES: Statements = Statements {
+pub(crate) const POSTGRES: Statements<diesel::pg::Pg> = Statements {
     ensure: "INSERT INTO lockkit_leases (name, fence, expires_at) VALUES ($1, 0, 0) ON CONFLICT (name) DO NOTHING",
     grant: "UPDATE lockkit_leases SET owner = $1, fence = fence + 1, \
             expires_at = (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint + $2 \
@@ -64,11 +160,12 @@ pub(crate) const POSTGRES: Statements = Statements {
     revoke: "UPDATE lockkit_leases SET owner = NULL, expires_at = 0 WHERE name = $1 AND owner = $2",
     raise: Raise::Upsert("INSERT INTO lockkit_fences (resource, fence) VALUES ($1, $2) ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence WHERE lockkit_fences.fence <= excluded.fence"),
     current_fence: "SELECT fence FROM lockkit_fences WHERE resource = $1",
+    backend: PhantomData,
 };
 
 /// `UTC_TIMESTAMP`, not `NOW()`: the session's time zone plays no part.
 #[cfg(feature = "mysql")]
-pub(crate) const MYSQL: Statements = Statements {
+pub(crate) const MYSQL: Statements<diesel::mysql::Mysql> = Statements {
     ensure: "INSERT INTO lockkit_leases (name, fence, expires_at) VALUES (?, 0, 0) ON DUPLICATE KEY UPDATE name = name",
     grant: "UPDATE lockkit_leases SET owner = ?, fence = fence + 1, \
             expires_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) DIV 1000 + ? \
@@ -82,12 +179,13 @@ pub(crate) const MYSQL: Statements = Statements {
         update: "UPDATE lockkit_fences SET fence = ? WHERE resource = ? AND fence <= ?",
     },
     current_fence: "SELECT fence FROM lockkit_fences WHERE resource = ?",
+    backend: PhantomData,
 };
 
 /// SQLite's `julianday('now')`, in Unix milliseconds (it runs on the
 /// application's machine: that is the clock).
 #[cfg(feature = "sqlite")]
-pub(crate) const SQLITE: Statements = Statements {
+pub(crate) const SQLITE: Statements<diesel::sqlite::Sqlite> = Statements {
     ensure: "INSERT INTO lockkit_leases (name, fence, expires_at) VALUES (?, 0, 0) ON CONFLICT (name) DO NOTHING",
     grant: "UPDATE lockkit_leases SET owner = ?, fence = fence + 1, \
             expires_at = CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + ? \
@@ -98,6 +196,7 @@ pub(crate) const SQLITE: Statements = Statements {
     revoke: "UPDATE lockkit_leases SET owner = NULL, expires_at = 0 WHERE name = ? AND owner = ?",
     raise: Raise::Upsert("INSERT INTO lockkit_fences (resource, fence) VALUES (?, ?) ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence WHERE lockkit_fences.fence <= excluded.fence"),
     current_fence: "SELECT fence FROM lockkit_fences WHERE resource = ?",
+    backend: PhantomData,
 };
 
 /// A fence read back.
@@ -120,47 +219,30 @@ macro_rules! lease_store {
                 token: &str,
                 ttl_ms: i64,
             ) -> Result<Option<i64>, Error> {
-                use diesel::sql_types::{BigInt, Text};
                 use diesel::{OptionalExtension, RunQueryDsl};
-                diesel::sql_query($sql.ensure)
-                    .bind::<Text, _>(name)
-                    .execute(self)?;
-                let granted = diesel::sql_query($sql.grant)
-                    .bind::<Text, _>(token)
-                    .bind::<BigInt, _>(ttl_ms)
-                    .bind::<Text, _>(name)
-                    .execute(self)?;
+                $sql.ensure(name).execute(self)?;
+                let granted = $sql.grant(name, token, ttl_ms).execute(self)?;
                 if granted == 0 {
                     return Ok(None);
                 }
                 // Tokens are unique: the row with ours carries the fence granted
                 // with it (none if the lease already ran out and was taken over).
-                Ok(diesel::sql_query($sql.read_fence)
-                    .bind::<Text, _>(name)
-                    .bind::<Text, _>(token)
+                Ok($sql
+                    .read_fence(name, token)
                     .get_result::<FenceRow>(self)
                     .optional()?
                     .map(|row| row.fence))
             }
 
             fn extend(&mut self, name: &str, token: &str, ttl_ms: i64) -> Result<bool, Error> {
-                use diesel::sql_types::{BigInt, Text};
                 use diesel::RunQueryDsl;
-                let rows = diesel::sql_query($sql.extend)
-                    .bind::<BigInt, _>(ttl_ms)
-                    .bind::<Text, _>(name)
-                    .bind::<Text, _>(token)
-                    .execute(self)?;
+                let rows = $sql.extend(name, token, ttl_ms).execute(self)?;
                 Ok(rows == 1)
             }
 
             fn revoke(&mut self, name: &str, token: &str) -> Result<bool, Error> {
-                use diesel::sql_types::Text;
                 use diesel::RunQueryDsl;
-                let rows = diesel::sql_query($sql.revoke)
-                    .bind::<Text, _>(name)
-                    .bind::<Text, _>(token)
-                    .execute(self)?;
+                let rows = $sql.revoke(name, token).execute(self)?;
                 Ok(rows == 1)
             }
 
@@ -171,31 +253,15 @@ macro_rules! lease_store {
 
         impl FenceStore for $conn {
             fn raise(conn: &mut Self, resource: &str, fence: i64) -> Result<Option<i64>, Error> {
-                use diesel::sql_types::{BigInt, Text};
                 use diesel::RunQueryDsl;
-                let raised = match $sql.raise {
-                    Raise::Upsert(upsert) => diesel::sql_query(upsert)
-                        .bind::<Text, _>(resource)
-                        .bind::<BigInt, _>(fence)
-                        .execute(conn)?,
-                    Raise::EnsureThenUpdate { ensure, update } => {
-                        diesel::sql_query(ensure)
-                            .bind::<Text, _>(resource)
-                            .bind::<BigInt, _>(fence)
-                            .execute(conn)?;
-                        diesel::sql_query(update)
-                            .bind::<BigInt, _>(fence)
-                            .bind::<Text, _>(resource)
-                            .bind::<BigInt, _>(fence)
-                            .execute(conn)?
-                    }
-                };
-                if raised == 1 {
+                let (create, raise) = $sql.raise(resource, fence);
+                if let Some(create) = create {
+                    create.execute(conn)?;
+                }
+                if raise.execute(conn)? == 1 {
                     return Ok(None);
                 }
-                let current = diesel::sql_query($sql.current_fence)
-                    .bind::<Text, _>(resource)
-                    .get_result::<FenceRow>(conn)?;
+                let current = $sql.current_fence(resource).get_result::<FenceRow>(conn)?;
                 Ok(Some(current.fence))
             }
         }
