@@ -124,7 +124,7 @@ use_server() {
 }
 
 # --- PostgreSQL --------------------------------------------------------------
-pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
+. scripts/postgres.sh # pg_bin, pg_as_postgres, pg_initdb, pg_start
 start_throwaway_pg() {
   local bin dir
   bin="$(pg_bin)"
@@ -134,19 +134,13 @@ start_throwaway_pg() {
   fi
   [ -x "$bin/initdb" ] || die "no PostgreSQL binaries; run: apt-get install -y postgresql"
   server_dir dir postgres "$PG_PORT" PostgreSQL
-  local run=()
-  if [ "$(id -u)" -eq 0 ]; then # PostgreSQL refuses to run as root
-    id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
-    chown -R postgres "$dir"
-    run=(runuser -u postgres --)
-  fi
-  "${run[@]}" "$bin/initdb" -D "$dir/data" -U postgres --auth=trust >"$dir/initdb.log" 2>&1 \
-    || { cat "$dir/initdb.log" >&2; die "initdb failed"; }
-  "${run[@]}" "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w \
-    -o "-p $PG_PORT -k $dir -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off" start >/dev/null \
-    || { cat "$dir/server.log" >&2; die "PostgreSQL did not start"; }
-  CLEANUP+=("${run[*]} '$bin/pg_ctl' -D '$dir/data' -m immediate stop >/dev/null 2>&1")
-  "${run[@]}" "$bin/createdb" -h 127.0.0.1 -p "$PG_PORT" -U postgres test
+  pg_as_postgres
+  [ ${#PG_RUN[@]} -eq 0 ] || chown -R postgres "$dir"
+  pg_initdb "$bin" "$dir/data" "$dir/initdb.log"
+  pg_start "$bin" "$dir/data" "$dir/server.log" PostgreSQL \
+    "-p $PG_PORT -k $dir -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off"
+  CLEANUP+=("${PG_RUN[*]} '$bin/pg_ctl' -D '$dir/data' -m immediate stop >/dev/null 2>&1")
+  "${PG_RUN[@]}" "$bin/createdb" -h 127.0.0.1 -p "$PG_PORT" -U postgres test
 }
 use_server PG_DATABASE_URL "PostgreSQL" "$PG_PORT" start_throwaway_pg "postgres://postgres@127.0.0.1:$PG_PORT/test"
 
