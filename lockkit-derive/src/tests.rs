@@ -113,10 +113,10 @@ fn lockable_rejects_a_version_marker() {
     );
 }
 
-#[test]
-fn plain_item() {
-    assert_expansion! {
-        #[diesel(table_name = items)]
+/// `Item`, with an `i32` key and `lock_version`, its table named `table`.
+fn item_in(table: syn::Path) -> DeriveInput {
+    syn::parse_quote! {
+        #[diesel(table_name = #table)]
         pub struct Item {
             pub id: i32,
             pub name: String,
@@ -124,6 +124,11 @@ fn plain_item() {
             pub lock_version: i32,
         }
     }
+}
+
+#[test]
+fn plain_item() {
+    insta::assert_snapshot!(expand(&item_in(syn::parse_quote!(items))));
 }
 
 #[test]
@@ -241,15 +246,7 @@ fn only_key_and_version() {
 
 #[test]
 fn table_path() {
-    assert_expansion! {
-        #[diesel(table_name = crate::schema::items)]
-        pub struct Item {
-            pub id: i32,
-            pub name: String,
-            pub stock: i32,
-            pub lock_version: i32,
-        }
-    }
+    insta::assert_snapshot!(expand(&item_in(syn::parse_quote!(crate::schema::items))));
 }
 
 #[test]
