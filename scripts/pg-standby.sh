@@ -21,6 +21,7 @@ set -euo pipefail
 log() { printf '\033[1m[pg-standby]\033[0m %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+. "$(dirname "$0")/postgres.sh"
 
 command="${1:-}"
 dir="${2:-}"
@@ -28,21 +29,17 @@ dir="${2:-}"
 primary_port="${3:-5441}"
 standby_port="${4:-5442}"
 
-bin="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)"
+bin="$(pg_bin)"
 [ -n "$bin" ] && [ -x "$bin/initdb" ] && [ -x "$bin/pg_basebackup" ] \
   || die "no PostgreSQL server binaries in /usr/lib/postgresql/*/bin; run: apt-get install -y postgresql"
 
-run=()
-if [ "$(id -u)" -eq 0 ]; then
-  id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
-  run=(runuser -u postgres --)
-fi
+pg_as_postgres
 
 stop() {
   local data
   for data in "$dir/standby" "$dir/primary"; do
     if [ -f "$data/postmaster.pid" ]; then
-      "${run[@]}" "$bin/pg_ctl" -D "$data" -m immediate -w stop >/dev/null 2>&1 || true
+      "${PG_RUN[@]}" "$bin/pg_ctl" -D "$data" -m immediate -w stop >/dev/null 2>&1 || true
     fi
   done
 }
@@ -63,32 +60,29 @@ for port in "$primary_port" "$standby_port"; do
   fi
 done
 rm -rf "$dir" && mkdir -p "$dir"
-[ ${#run[@]} -eq 0 ] || chown postgres "$dir"
+[ ${#PG_RUN[@]} -eq 0 ] || chown postgres "$dir"
 # Sockets in DIR, never in /var/run/postgresql, which the system server owns.
 options="-k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100"
 
 started=$(date +%s%3N)
 log "primary on 127.0.0.1:$primary_port, standby on 127.0.0.1:$standby_port ($dir)"
-"${run[@]}" "$bin/initdb" -D "$dir/primary" -U postgres --auth=trust >"$dir/initdb.log" 2>&1 \
-  || { cat "$dir/initdb.log" >&2; die "initdb failed"; }
+pg_initdb "$bin" "$dir/primary" "$dir/initdb.log"
 # wal_level=replica and max_wal_senders are PostgreSQL's defaults since 10; set
 # anyway so that a changed default cannot break the copy.
-"${run[@]}" "$bin/pg_ctl" -D "$dir/primary" -l "$dir/primary.log" -w \
-  -o "-p $primary_port $options -c wal_level=replica -c max_wal_senders=4" start >/dev/null \
-  || { cat "$dir/primary.log" >&2; die "the primary did not start"; }
-"${run[@]}" "$bin/createdb" -h 127.0.0.1 -p "$primary_port" -U postgres test
+pg_start "$bin" "$dir/primary" "$dir/primary.log" "the primary" \
+  "-p $primary_port $options -c wal_level=replica -c max_wal_senders=4"
+"${PG_RUN[@]}" "$bin/createdb" -h 127.0.0.1 -p "$primary_port" -U postgres test
 
-"${run[@]}" "$bin/pg_basebackup" -h 127.0.0.1 -p "$primary_port" -U postgres \
+"${PG_RUN[@]}" "$bin/pg_basebackup" -h 127.0.0.1 -p "$primary_port" -U postgres \
   -D "$dir/standby" -R -X stream -c fast >"$dir/basebackup.log" 2>&1 \
   || { cat "$dir/basebackup.log" >&2; die "pg_basebackup failed"; }
 # The copied postgresql.conf names no port (the command line sets it), so the
 # standby's own comes from the command line too. hot_standby_feedback keeps the
 # primary's vacuum from cancelling the tests' reads on the standby.
-"${run[@]}" "$bin/pg_ctl" -D "$dir/standby" -l "$dir/standby.log" -w \
-  -o "-p $standby_port $options -c hot_standby=on -c hot_standby_feedback=on" start >/dev/null \
-  || { cat "$dir/standby.log" >&2; die "the standby did not start"; }
+pg_start "$bin" "$dir/standby" "$dir/standby.log" "the standby" \
+  "-p $standby_port $options -c hot_standby=on -c hot_standby_feedback=on"
 
-psql() { "${run[@]}" "$bin/psql" -X -qAt -h 127.0.0.1 -U postgres -d test "$@"; }
+psql() { "${PG_RUN[@]}" "$bin/psql" -X -qAt -h 127.0.0.1 -U postgres -d test "$@"; }
 for _ in $(seq 1 100); do
   state="$(psql -p "$primary_port" -c "SELECT state FROM pg_stat_replication" 2>/dev/null || true)"
   if [ "$state" = "streaming" ]; then

@@ -75,6 +75,15 @@ server_binary() {
   die "no $* binary after installing $package"
 }
 
+# server_dir VAR NAME PORT WHAT: sets VAR to $SERVER_DIR/NAME-PORT, emptied, for
+# the throwaway WHAT about to start on 127.0.0.1:PORT, and says so.
+server_dir() {
+  local var=$1 path="$SERVER_DIR/$2-$3"
+  rm -rf "$path" && mkdir -p "$path"
+  log "starting a throwaway $4 on 127.0.0.1:$3 ($path)"
+  printf -v "$var" '%s' "$path"
+}
+
 # background_server NAME PORT LOG COMMAND...: runs COMMAND in the background,
 # its output in LOG, killed when this script ends; fails the run, showing LOG,
 # when nothing listens on 127.0.0.1:PORT within 30 s.
@@ -115,7 +124,7 @@ use_server() {
 }
 
 # --- PostgreSQL --------------------------------------------------------------
-pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
+. scripts/postgres.sh # pg_bin, pg_as_postgres, pg_initdb, pg_start
 start_throwaway_pg() {
   local bin dir
   bin="$(pg_bin)"
@@ -124,22 +133,14 @@ start_throwaway_pg() {
     bin="$(pg_bin)"
   fi
   [ -x "$bin/initdb" ] || die "no PostgreSQL binaries; run: apt-get install -y postgresql"
-  dir="$SERVER_DIR/postgres-$PG_PORT"
-  rm -rf "$dir" && mkdir -p "$dir"
-  local run=()
-  if [ "$(id -u)" -eq 0 ]; then # PostgreSQL refuses to run as root
-    id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
-    chown -R postgres "$dir"
-    run=(runuser -u postgres --)
-  fi
-  log "starting a throwaway PostgreSQL on 127.0.0.1:$PG_PORT ($dir)"
-  "${run[@]}" "$bin/initdb" -D "$dir/data" -U postgres --auth=trust >"$dir/initdb.log" 2>&1 \
-    || { cat "$dir/initdb.log" >&2; die "initdb failed"; }
-  "${run[@]}" "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w \
-    -o "-p $PG_PORT -k $dir -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off" start >/dev/null \
-    || { cat "$dir/server.log" >&2; die "PostgreSQL did not start"; }
-  CLEANUP+=("${run[*]} '$bin/pg_ctl' -D '$dir/data' -m immediate stop >/dev/null 2>&1")
-  "${run[@]}" "$bin/createdb" -h 127.0.0.1 -p "$PG_PORT" -U postgres test
+  server_dir dir postgres "$PG_PORT" PostgreSQL
+  pg_as_postgres
+  [ ${#PG_RUN[@]} -eq 0 ] || chown -R postgres "$dir"
+  pg_initdb "$bin" "$dir/data" "$dir/initdb.log"
+  pg_start "$bin" "$dir/data" "$dir/server.log" PostgreSQL \
+    "-p $PG_PORT -k $dir -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off"
+  CLEANUP+=("${PG_RUN[*]} '$bin/pg_ctl' -D '$dir/data' -m immediate stop >/dev/null 2>&1")
+  "${PG_RUN[@]}" "$bin/createdb" -h 127.0.0.1 -p "$PG_PORT" -U postgres test
 }
 use_server PG_DATABASE_URL "PostgreSQL" "$PG_PORT" start_throwaway_pg "postgres://postgres@127.0.0.1:$PG_PORT/test"
 
@@ -148,11 +149,9 @@ start_throwaway_mysql() {
   local server dir
   server_binary server mariadb-server mariadbd mysqld
   command -v mariadb-install-db >/dev/null || die "no mariadb-install-db; run: apt-get install -y mariadb-server"
-  dir="$SERVER_DIR/mysql-$MYSQL_PORT"
-  rm -rf "$dir" && mkdir -p "$dir"
+  server_dir dir mysql "$MYSQL_PORT" MariaDB
   local user=()
   if [ "$(id -u)" -eq 0 ]; then user=(--user=root); fi
-  log "starting a throwaway MariaDB on 127.0.0.1:$MYSQL_PORT ($dir)"
   mariadb-install-db --no-defaults "${user[@]}" --datadir="$dir/data" \
     --auth-root-authentication-method=normal >"$dir/install.log" 2>&1 \
     || { cat "$dir/install.log" >&2; die "mariadb-install-db failed"; }
@@ -172,9 +171,7 @@ use_server MYSQL_DATABASE_URL "MySQL/MariaDB" "$MYSQL_PORT" start_throwaway_mysq
 start_throwaway_redis() {
   local server dir
   server_binary server redis-server redis-server
-  dir="$SERVER_DIR/redis-$REDIS_PORT"
-  rm -rf "$dir" && mkdir -p "$dir"
-  log "starting a throwaway Redis on 127.0.0.1:$REDIS_PORT ($dir)"
+  server_dir dir redis "$REDIS_PORT" Redis
   background_server Redis "$REDIS_PORT" "$dir/server.log" \
     "$server" --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$dir" --save "" --appendonly no \
     --daemonize no
@@ -189,9 +186,7 @@ NATS_PORT="${NATS_PORT:-4222}"
 start_throwaway_nats() {
   local server dir
   server_binary server nats-server nats-server
-  dir="$SERVER_DIR/nats-$NATS_PORT"
-  rm -rf "$dir" && mkdir -p "$dir"
-  log "starting a throwaway NATS server with JetStream on 127.0.0.1:$NATS_PORT ($dir)"
+  server_dir dir nats "$NATS_PORT" "NATS server with JetStream"
   background_server NATS "$NATS_PORT" "$dir/server.log" \
     "$server" -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$dir/jetstream"
 }

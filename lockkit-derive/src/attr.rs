@@ -92,10 +92,7 @@ pub fn diesel_field(cx: &mut Ctxt, field: usize, attrs: &[Attribute]) -> DieselF
     let pos_of = |index: usize| Pos::field_attr(field, index);
     read_keys(cx, attrs, DIESEL, pos_of, |_, pos, meta| {
         if meta.path.is_ident("column_name") {
-            if meta.input.is_empty() {
-                return Err(diesel_format_error(meta.input, "`=`", "column_name = foo"));
-            }
-            let value = meta.value()?;
+            let value = diesel_value(meta.input, "column_name = foo")?;
             // Diesel accepts an identifier or a string literal.
             out.column_name = Some(if value.peek(syn::LitStr) {
                 value.parse::<syn::LitStr>()?.parse_with(Ident::parse_any)?
@@ -211,15 +208,21 @@ pub fn lockkit_container(cx: &mut Ctxt, attrs: &[Attribute]) {
     }
 }
 
-/// `= value` after a Diesel key. A Diesel derive beside ours reports the same
-/// malformed attribute; the message is Diesel's, word for word, so that rustc,
-/// which shows identical errors once, shows it once.
+/// `= value` after a Diesel key, parsed as a `T`.
 fn diesel_eq<T: Parse>(input: ParseStream, note: &str) -> syn::Result<T> {
+    diesel_value(input, note)?.parse()
+}
+
+/// The input after the `=` of a Diesel key, its value next. A Diesel derive
+/// beside ours reports the same malformed attribute; the message is Diesel's,
+/// word for word (`note`: the key's correct form), so that rustc, which shows
+/// identical errors once, shows it once.
+fn diesel_value<'a>(input: ParseStream<'a>, note: &str) -> syn::Result<ParseStream<'a>> {
     if input.is_empty() {
         return Err(diesel_format_error(input, "`=`", note));
     }
     input.parse::<Token![=]>()?;
-    input.parse()
+    Ok(input)
 }
 
 fn diesel_format_error(input: ParseStream, expected: &str, note: &str) -> syn::Error {

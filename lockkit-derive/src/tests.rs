@@ -37,6 +37,17 @@ fn errors(input: DeriveInput) -> Vec<String> {
     compile_errors(derive_versioned(&input))
 }
 
+/// The derive's errors for `input`, checked to be exactly as many as `starts`,
+/// in order, each beginning with its `starts` entry.
+fn assert_errors_start_with(input: DeriveInput, starts: &[&str]) -> Vec<String> {
+    let errors = errors(input);
+    assert_eq!(errors.len(), starts.len(), "{errors:#?}");
+    for (error, start) in errors.iter().zip(starts) {
+        assert!(error.starts_with(start), "{start:?}: {errors:#?}");
+    }
+    errors
+}
+
 /// The messages of every `compile_error!` in the output, in order, wherever it
 /// sits (the fallback puts the first one in a type).
 fn compile_errors(tokens: TokenStream) -> Vec<String> {
@@ -102,10 +113,10 @@ fn lockable_rejects_a_version_marker() {
     );
 }
 
-#[test]
-fn plain_item() {
-    assert_expansion! {
-        #[diesel(table_name = items)]
+/// `Item`, with an `i32` key and `lock_version`, its table named `table`.
+fn item_in(table: syn::Path) -> DeriveInput {
+    syn::parse_quote! {
+        #[diesel(table_name = #table)]
         pub struct Item {
             pub id: i32,
             pub name: String,
@@ -113,6 +124,11 @@ fn plain_item() {
             pub lock_version: i32,
         }
     }
+}
+
+#[test]
+fn plain_item() {
+    insta::assert_snapshot!(expand(&item_in(syn::parse_quote!(items))));
 }
 
 #[test]
@@ -230,15 +246,7 @@ fn only_key_and_version() {
 
 #[test]
 fn table_path() {
-    assert_expansion! {
-        #[diesel(table_name = crate::schema::items)]
-        pub struct Item {
-            pub id: i32,
-            pub name: String,
-            pub stock: i32,
-            pub lock_version: i32,
-        }
-    }
+    insta::assert_snapshot!(expand(&item_in(syn::parse_quote!(crate::schema::items))));
 }
 
 #[test]
@@ -301,36 +309,42 @@ fn fallback_of_lockable() {
 
 #[test]
 fn errors_are_collected_across_fields() {
-    let errors = errors(syn::parse_quote! {
-        #[diesel(table_name = items)]
-        pub struct Item {
-            pub id: i32,
-            #[lockkit(foo)]
-            pub name: String,
-            #[lockkit(version)]
-            pub lock_version: String,
-        }
-    });
-    assert_eq!(errors.len(), 2, "{errors:#?}");
-    assert!(errors[0].starts_with("unknown lockkit attribute `foo`"));
-    assert!(errors[1].starts_with("the version must be `i16`, `i32` or `i64`"));
+    let errors = assert_errors_start_with(
+        syn::parse_quote! {
+            #[diesel(table_name = items)]
+            pub struct Item {
+                pub id: i32,
+                #[lockkit(foo)]
+                pub name: String,
+                #[lockkit(version)]
+                pub lock_version: String,
+            }
+        },
+        &[
+            "unknown lockkit attribute `foo`",
+            "the version must be `i16`, `i32` or `i64`",
+        ],
+    );
     assert!(errors.iter().all(|e| e.contains("\nhelp: ")), "{errors:#?}");
 }
 
 #[test]
 fn errors_are_collected_across_stages() {
     // An attribute error (reading) and a model error (validation) together.
-    let errors = errors(syn::parse_quote! {
-        #[lockkit(version)]
-        #[diesel(table_name = items, primary_key(code))]
-        pub struct Item {
-            pub id: i32,
-            pub lock_version: i32,
-        }
-    });
-    assert_eq!(errors.len(), 2, "{errors:#?}");
-    assert!(errors[0].starts_with("`#[lockkit(...)]` is not allowed on the struct"));
-    assert!(errors[1].starts_with("no field maps the primary key column `code`"));
+    assert_errors_start_with(
+        syn::parse_quote! {
+            #[lockkit(version)]
+            #[diesel(table_name = items, primary_key(code))]
+            pub struct Item {
+                pub id: i32,
+                pub lock_version: i32,
+            }
+        },
+        &[
+            "`#[lockkit(...)]` is not allowed on the struct",
+            "no field maps the primary key column `code`",
+        ],
+    );
 }
 
 #[test]
@@ -363,34 +377,37 @@ fn errors_come_in_source_order() {
 
 #[test]
 fn every_extra_version_mark_is_reported() {
-    let errors = errors(syn::parse_quote! {
-        pub struct Item {
-            pub id: i32,
-            #[lockkit(version)]
-            pub a: i32,
-            #[lockkit(version)]
-            pub b: i32,
-            #[lockkit(version)]
-            pub c: i32,
-        }
-    });
-    assert_eq!(errors.len(), 2, "{errors:#?}");
-    assert!(errors
-        .iter()
-        .all(|e| e.starts_with("more than one field is marked `#[lockkit(version)]`")));
+    let extra = "more than one field is marked `#[lockkit(version)]`";
+    assert_errors_start_with(
+        syn::parse_quote! {
+            pub struct Item {
+                pub id: i32,
+                #[lockkit(version)]
+                pub a: i32,
+                #[lockkit(version)]
+                pub b: i32,
+                #[lockkit(version)]
+                pub c: i32,
+            }
+        },
+        &[extra, extra],
+    );
 }
 
 #[test]
 fn no_version_field_and_missing_key() {
-    let errors = errors(syn::parse_quote! {
-        pub struct Item {
-            pub code: String,
-            pub name: String,
-        }
-    });
-    assert_eq!(errors.len(), 2, "{errors:#?}");
-    assert!(errors[0].starts_with("no field maps the primary key column `id`"));
-    assert!(errors[1].starts_with("`Item` has no version field"));
+    assert_errors_start_with(
+        syn::parse_quote! {
+            pub struct Item {
+                pub code: String,
+                pub name: String,
+            }
+        },
+        &[
+            "no field maps the primary key column `id`",
+            "`Item` has no version field",
+        ],
+    );
 }
 
 #[test]

@@ -170,6 +170,26 @@ pub fn outbox_migrations(backend: &str) -> diesel_migrations::EmbeddedMigrations
     }
 }
 
+/// The count of the outbox messages not marked published: the query, for
+/// `get_result::<i64>` on a blocking or a diesel-async connection.
+#[cfg(feature = "harness")]
+pub fn unpublished_count() -> UnpublishedCount {
+    use diesel::prelude::*;
+    use lockkit::outbox::schema::lockkit_outbox;
+    lockkit_outbox::table
+        .filter(lockkit_outbox::published_at.is_null())
+        .count()
+}
+
+/// The query of [`unpublished_count`].
+#[cfg(feature = "harness")]
+pub type UnpublishedCount = diesel::dsl::Count<
+    diesel::dsl::Filter<
+        lockkit::outbox::schema::lockkit_outbox::table,
+        diesel::dsl::IsNull<lockkit::outbox::schema::lockkit_outbox::published_at>,
+    >,
+>;
+
 /// A caller's own error type, as an application writes it: a `thiserror` enum
 /// with a `#[from] lockkit::Error` variant, returned from the closures of
 /// lockkit's calls, which roll back on it and ask it whether an attempt is worth

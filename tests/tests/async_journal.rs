@@ -309,7 +309,7 @@ async_backend_tests! {
         })
         .await;
         let mut conn = pool.get().await.unwrap();
-        let stock: Vec<i32> = items::table.order(items::id).select(items::stock).load(&mut *conn).await.unwrap();
+        let stock = each_item!(&mut *conn, stock);
         assert_eq!(stock, vec![10 + TASKS / 2 * ROUNDS; 2], "no increment lost");
     }
 

@@ -18,11 +18,10 @@ use diesel::{ExpressionMethods, QueryDsl};
 use diesel_async::RunQueryDsl;
 use diesel_migrations::MigrationHarness;
 use lockkit::asynchronous::{locked_transaction, outbox};
-use lockkit::outbox::schema::lockkit_outbox;
 use lockkit::outbox::{Inbox, OutboxMessage, Received, Relay};
 use lockkit::{Error, LockOptions};
-use lockkit_tests::outbox_migrations;
 use lockkit_tests::schema::items;
+use lockkit_tests::{outbox_migrations, unpublished_count};
 
 const ORDERS: i32 = 24;
 const POOL: u32 = 8;
@@ -43,18 +42,6 @@ impl Sink {
     fn deliveries(&self) -> Vec<(i64, String)> {
         self.0.lock().unwrap().clone()
     }
-}
-
-/// Unpublished outbox rows.
-macro_rules! unpublished {
-    ($conn:expr) => {
-        lockkit_outbox::table
-            .filter(lockkit_outbox::published_at.is_null())
-            .count()
-            .get_result::<i64>($conn)
-            .await
-            .unwrap()
-    };
 }
 
 async_backend_tests! {
@@ -88,7 +75,7 @@ async_backend_tests! {
         }
         let committed: BTreeSet<String> = (1..=ORDERS).filter(|o| o % 3 != 0).map(|o| o.to_string()).collect();
         let mut conn = pool.get().await.unwrap();
-        assert_eq!(unpublished!(&mut *conn), committed.len() as i64, "the rolled-back orders left no message");
+        assert_eq!(unpublished_count().get_result::<i64>(&mut *conn).await.unwrap(), committed.len() as i64, "the rolled-back orders left no message");
         drop(conn);
 
         // A relay step dropped after the broker got its batch, before it marked it.
@@ -145,7 +132,7 @@ async_backend_tests! {
         assert_eq!(copies.values().filter(|(_, n)| *n == 2).count(), 5, "the dropped batch was delivered again");
         assert!(copies.values().all(|(_, n)| *n <= 2));
         let mut conn = pool.get().await.unwrap();
-        assert_eq!(unpublished!(&mut *conn), 0);
+        assert_eq!(unpublished_count().get_result::<i64>(&mut *conn).await.unwrap(), 0);
         drop(conn);
 
         // The consumer gets every delivery, and each message once more, concurrently.

@@ -83,12 +83,7 @@ macro_rules! deadlock_is_retried {
             // Each finished attempt advanced both versions; a victim's did not. A
             // rolled-back bump's number is never committed: the row it had bumped
             // may be one further per victim.
-            let versions: Vec<i32> = items::table
-                .select(items::lock_version)
-                .order(items::id)
-                .load(&mut setup)
-                .await
-                .unwrap();
+            let versions = each_item!(&mut setup, lock_version);
             let skipped = i32::try_from(retried).unwrap();
             assert!(
                 versions.iter().all(|v| (2..=2 + skipped).contains(v)),
@@ -202,12 +197,7 @@ mod postgres {
         result.unwrap();
         assert_eq!(attempts, 2);
         // Serial outcome: the second saw the first's write (10 + 10 = 20, then 20 + 10 = 30).
-        let stocks: Vec<i32> = items::table
-            .select(items::stock)
-            .order(items::id)
-            .load(&mut conn)
-            .await
-            .unwrap();
+        let stocks = each_item!(&mut conn, stock);
         assert_eq!(stocks, [20, 30]);
     }
 }

@@ -16,19 +16,7 @@ use diesel_migrations::MigrationHarness;
 use lockkit::outbox::schema::{lockkit_inbox, lockkit_outbox};
 use lockkit::outbox::{self, Inbox, OutboxMessage, Received, Relay};
 use lockkit::Error;
-use lockkit_tests::{outbox_migrations, seed_items, stock_of};
-
-/// How many outbox messages are not marked published, on `$conn`. A macro:
-/// Diesel checks the query per backend.
-macro_rules! unpublished {
-    ($conn:expr) => {
-        lockkit_outbox::table
-            .filter(lockkit_outbox::published_at.is_null())
-            .count()
-            .get_result::<i64>($conn)
-            .unwrap()
-    };
-}
+use lockkit_tests::{outbox_migrations, seed_items, stock_of, unpublished_count};
 
 /// A stand-in broker: every message it was handed, with the relay that handed it.
 #[derive(Default)]
@@ -162,7 +150,7 @@ lockkit_tests::backend_tests! {
         assert_eq!(copies.keys().copied().collect::<Vec<_>>(), ids, "every message published");
         assert!(copies.values().all(|&n| n == 1), "none twice: {copies:?}");
         assert_eq!(batches.iter().sum::<usize>(), 20);
-        let unpublished = unpublished!(&mut db.conn());
+        let unpublished = unpublished_count().get_result::<i64>(&mut db.conn()).unwrap();
         assert_eq!(unpublished, 0);
         if BACKEND != "sqlite" {
             // Row locks: both relays held batches at the same time, and both worked.
@@ -191,7 +179,7 @@ lockkit_tests::backend_tests! {
             .join()
         });
         assert!(died.is_err(), "the relay thread panicked");
-        let unpublished = unpublished!(&mut db.conn());
+        let unpublished = unpublished_count().get_result::<i64>(&mut db.conn()).unwrap();
         assert_eq!(unpublished, 5, "its marks were rolled back with it");
         // Relay 1 drains the outbox: the dead relay's batch goes out a second time.
         let (in_flight, overlap) = (AtomicUsize::new(0), AtomicUsize::new(0));
@@ -267,7 +255,7 @@ lockkit_tests::backend_tests! {
             panic!("a dead letter is never claimed")
         });
         assert_eq!(relayed.unwrap().claimed, 0);
-        assert_eq!(unpublished!(&mut conn), 1, "still in the outbox, unpublished");
+        assert_eq!(unpublished_count().get_result::<i64>(&mut conn).unwrap(), 1, "still in the outbox, unpublished");
         let dead = outbox::dead_letters(&mut conn, 10).unwrap();
         assert_eq!(dead.len(), 1);
         assert_eq!((dead[0].id, dead[0].attempts, dead[0].last_error.as_deref()), (ids[0], 3, Some("nack 3")));
@@ -286,7 +274,7 @@ lockkit_tests::backend_tests! {
             })
             .unwrap();
         assert_eq!((relayed.claimed, relayed.published), (1, 1));
-        assert_eq!(unpublished!(&mut conn), 0);
+        assert_eq!(unpublished_count().get_result::<i64>(&mut conn).unwrap(), 0);
     }
 
     fn the_inbox_applies_each_message_once_under_concurrent_redelivery(db) {

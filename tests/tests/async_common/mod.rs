@@ -272,6 +272,20 @@ macro_rules! stock {
     };
 }
 
+/// Every item's `$column` (an `Integer` column of `items`), in id order, read
+/// on `$conn`, as [`stock!`].
+#[allow(unused_macros)]
+macro_rules! each_item {
+    ($conn:expr, $column:ident) => {
+        lockkit_tests::schema::items::table
+            .order(lockkit_tests::schema::items::id)
+            .select(lockkit_tests::schema::items::$column)
+            .load::<i32>($conn)
+            .await
+            .expect("read every item")
+    };
+}
+
 /// Item 1's stock and version, read on `$conn`, as [`stock!`].
 #[allow(unused_macros)]
 macro_rules! stock_and_version {
