@@ -224,6 +224,12 @@ macro_rules! dispatch {
                 }
             }
 
+            fn keep_aborted(&mut self) {
+                match self.dispatch() {
+                    $(BackendConn::$variant(conn) => conn.keep_aborted(),)+
+                }
+            }
+
             // The enum's transaction manager is the inner connection's.
             fn repair(&mut self) {
                 match self.dispatch() {

@@ -27,10 +27,13 @@ use lockkit_tests::{exec, seed_items};
 /// item 1. InnoDB rolls back the lighter transaction; PostgreSQL's deadlock
 /// check runs in the session that waited `deadlock_timeout` first, and the
 /// other session's is set far higher. Gives `$run`'s outcome, how many times
-/// `$work` ran, item 1's stock and the number of order lines.
+/// `$work` ran, and item 1's stock and the number of order lines committed.
 macro_rules! deadlock_first_attempt {
     ($db:expr, |$conn:ident, $work:ident| $run:expr) => {{
-        seed_items(&mut $db.conn(), &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>());
+        seed_items(
+            &mut $db.conn(),
+            &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>(),
+        );
         let (a_tx, a_rx) = mpsc::channel::<()>();
         let (b_tx, b_rx) = mpsc::channel::<()>();
         let b_rx = Mutex::new(b_rx); // shared with the work's future
@@ -69,9 +72,21 @@ macro_rules! deadlock_first_attempt {
         let mut $conn: Async = async_common::connect(&$db.url, BACKEND).await;
         let outcome: Result<(), Error> = $run;
         tokio::task::block_in_place(|| neighbour.join()).unwrap();
-        let stock: i32 = items::table.find(1).select(items::stock).first(&mut $conn).await.unwrap();
-        let lines: i64 = orders::table.count().get_result(&mut $conn).await.unwrap();
-        (outcome, AtomicU32::load(&runs, Ordering::SeqCst), stock, lines)
+        // What committed, seen from a new connection.
+        let mut fresh: Async = async_common::connect(&$db.url, BACKEND).await;
+        let stock: i32 = items::table
+            .find(1)
+            .select(items::stock)
+            .first(&mut fresh)
+            .await
+            .unwrap();
+        let lines: i64 = orders::table.count().get_result(&mut fresh).await.unwrap();
+        (
+            outcome,
+            AtomicU32::load(&runs, Ordering::SeqCst),
+            stock,
+            lines,
+        )
     }};
 }
 
@@ -147,6 +162,37 @@ async_server_tests! {
             // Not retried in a transaction the server has ended.
             assert_eq!((runs, stock, lines), (1, 10, 0), "{outcome:?}");
             assert!(matches!(&outcome, Err(Error::TransactionAborted(_))), "{outcome:?}");
+        }
+    }
+
+    async fn a_write_after_a_nested_abort_the_caller_swallows_is_refused(db) {
+        // The caller's transaction records order line 1, tries to sell under
+        // `with_lock`, ignores the failure (a fallback of its own) and records
+        // order line 2. On MariaDB the deadlock ended the whole transaction: line
+        // 2 must not be committed on its own.
+        let (outcome, runs, stock, lines) = deadlock_first_attempt!(db, |conn, work| {
+            conn.transaction(async |conn| {
+                order_line(conn, 1).await?;
+                let sold = lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |conn, _: Item| {
+                    work(conn, 1).await
+                })
+                .await;
+                let _ = sold; // swallowed
+                order_line(conn, 2).await?;
+                Ok::<_, Error>(())
+            })
+            .await
+        });
+        assert_eq!(runs, 1);
+        if BACKEND == "postgres" {
+            // Only the savepoint went: both order lines committed, no sale.
+            assert!(outcome.is_ok(), "{outcome:?}");
+            assert_eq!((stock, lines), (10, 2));
+        } else {
+            // The server threw order line 1 away; writing line 2 on its own
+            // fails, instead of committing half of the order.
+            assert_eq!((stock, lines), (10, 0), "{outcome:?}");
+            assert!(matches!(outcome, Err(Error::ReadOnly)), "{outcome:?}");
         }
     }
 

@@ -246,6 +246,37 @@ mod servers {
             }
         }
 
+        fn a_write_after_a_nested_abort_the_caller_swallows_is_refused(db) {
+            // The caller's transaction records order line 1, tries to sell under
+            // `with_lock`, ignores the failure (a fallback of its own) and records
+            // order line 2. On MariaDB the deadlock ended the whole transaction:
+            // line 2 must not be committed on its own.
+            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
+                after_order_line_1(&mut conn, |conn| {
+                    let _ = lockkit::with_lock(conn, 1, LockOptions::default(), |conn, _: Item| work(conn, 1)); // swallowed
+                    diesel::sql_query("INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)").execute(conn)?;
+                    Ok::<_, Error>(())
+                })
+            });
+            assert_eq!(attempts, 1);
+            // What committed, seen from a new connection.
+            let mut fresh = db.connect();
+            let (stock, lines) = (stock_of!(&mut fresh), order_lines!(&mut fresh));
+            if BACKEND == "postgres" {
+                // Only the savepoint went: both order lines committed, no sale.
+                assert!(outcome.is_ok(), "{outcome:?}");
+                assert_eq!((stock, lines), (10, 2));
+            } else {
+                // The server threw order line 1 away; writing line 2 on its own
+                // fails, instead of committing half of the order.
+                assert_eq!((stock, lines), (10, 0), "{outcome:?}");
+                assert!(matches!(outcome, Err(Error::ReadOnly)), "{outcome:?}");
+            }
+            // The caller's rollback ended it all: the connection is as new.
+            assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
+            lockkit::with_lock(&mut conn, 1, LockOptions::default(), |_, _: Item| Ok::<_, Error>(())).unwrap();
+        }
+
         fn a_top_level_transaction_with_retry_reruns_after_a_nested_abort(db) {
             // The owner of the outermost transaction may retry: the server rolled
             // everything back, and the next attempt is a new transaction.

@@ -113,6 +113,24 @@ pub trait AsyncLockingConnection:
     ) -> impl Future<Output = Option<Error>> + Send {
         std::future::ready(crate::transaction::connection_lost(cause))
     }
+
+    /// After the server ended the whole transaction under a nested call: keeps
+    /// the caller's code from writing on in autocommit, as the blocking
+    /// connection's [`Control::keep_aborted`](crate::transaction::Control::keep_aborted).
+    /// The default: nothing.
+    #[doc(hidden)]
+    fn keep_aborted(&mut self) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
+
+    /// After an outermost transaction failed: puts diesel-async's transaction
+    /// manager back in order, as the blocking connection's
+    /// [`Control::repair`](crate::transaction::Control::repair). The default:
+    /// nothing.
+    #[doc(hidden)]
+    fn repair(&mut self) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
 }
 
 /// A session setting a locked transaction changed, to be put back.
@@ -278,12 +296,31 @@ mod mysql {
 
         async fn transaction_ended(&mut self, cause: Option<&Error>) -> Option<Error> {
             // MariaDB knows.
-            let open = in_server_transaction_query()
-                .get_result::<i64>(self)
-                .await
-                .map(|open| open != 0);
-            crate::transaction::ended_unless_open(open, cause)
+            crate::transaction::ended_unless_open(in_server_transaction(self).await, cause)
         }
+
+        async fn keep_aborted(&mut self) {
+            // On a lost connection this fails too, and there is nothing to keep.
+            let _ = self.batch_execute(crate::transaction::KEEP_ABORTED).await;
+        }
+
+        async fn repair(&mut self) {
+            // As the blocking connection's: Galera's answer to a ROLLBACK.
+            type Manager = <AsyncMysqlConnection as AsyncConnection>::TransactionManager;
+            if crate::transaction::is_broken(Manager::transaction_manager_status_mut(self))
+                && matches!(in_server_transaction(self).await, Ok(false))
+            {
+                *Manager::transaction_manager_status_mut(self) = Default::default();
+            }
+        }
+    }
+
+    /// MariaDB's `@@in_transaction`: whether the server has a transaction open.
+    async fn in_server_transaction(conn: &mut AsyncMysqlConnection) -> QueryResult<bool> {
+        in_server_transaction_query()
+            .get_result::<i64>(conn)
+            .await
+            .map(|open| open != 0)
     }
 }
 

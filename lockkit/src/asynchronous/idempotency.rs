@@ -52,7 +52,7 @@ use diesel_async::TransactionManager;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::connection::{AsyncLockingConnection, Restore};
+use super::connection::{in_transaction, AsyncLockingConnection, Restore};
 use super::lockable::end;
 use super::work::AsyncWork;
 use crate::clock::now_millis;
@@ -99,6 +99,7 @@ where
         Start::Owned { started_at } => started_at,
     };
     // A savepoint when one is open, as on the blocking side.
+    let nested = in_transaction(conn);
     C::TransactionManager::begin_transaction(conn)
         .await
         .map_err(classify)?;
@@ -120,7 +121,7 @@ where
         .map_err(Failure::Lockkit),
         Err(err) => Err(Failure::Closure(err)),
     };
-    let result = end(conn, Restore::Nothing, result).await;
+    let result = end(conn, nested, Restore::Nothing, result).await;
     if result.is_err() {
         // Release the key so that a retry runs the work again; a no-op when
         // another request took it over (its `started_at` is not ours).

@@ -66,7 +66,7 @@ where
         let result = match conn.begin_serializable().await {
             Ok(()) => {
                 let result = f(conn).await.map_err(Failure::Closure);
-                super::lockable::end(conn, Restore::Nothing, result).await
+                super::lockable::end(conn, false, Restore::Nothing, result).await
             }
             Err(err) => {
                 // A failed `BEGIN` may have left diesel-async's bookkeeping

@@ -187,6 +187,7 @@ where
         + Send,
 {
     check_name(resource)?;
+    let nested = in_transaction(conn);
     C::TransactionManager::begin_transaction(conn)
         .await
         .map_err(classify)?;
@@ -197,7 +198,7 @@ where
         },
         Err(err) => Err(Failure::Lockkit(err)),
     };
-    end(conn, Restore::Nothing, result).await
+    end(conn, nested, Restore::Nothing, result).await
 }
 
 /// The database lease store on a diesel-async connection: the blocking side's

@@ -146,12 +146,13 @@ where
         + AsyncWork2<&'r mut C, M, Result<T, E>, Fut: Send>
         + Send,
 {
+    let nested = in_transaction(conn);
     let restore = conn.begin_locked(&options).await.map_err(E::from)?;
     let result = match lock_row::<M, C>(conn, key, options).await {
         Ok(row) => f(conn, row).await.map_err(Failure::Closure),
         Err(err) => Err(Failure::Lockkit(err)),
     };
-    end(conn, restore, result).await
+    end(conn, nested, restore, result).await
 }
 
 /// Runs `f` in a transaction fit for locking, as
@@ -180,12 +181,14 @@ where
         + AsyncWork<&'r mut C, Result<T, E>, Fut: Send>
         + Send,
 {
+    let nested = in_transaction(conn);
     let restore = conn.begin_locked(&options).await.map_err(E::from)?;
     let result = f(conn).await.map_err(Failure::Closure);
-    end(conn, restore, result).await
+    end(conn, nested, restore, result).await
 }
 
-/// The end of every async lockkit transaction: commit on `Ok` (a failed
+/// The end of every async lockkit transaction, begun `nested` in an open one or
+/// not: commit on `Ok` (a failed
 /// `COMMIT` is classified: a serialization failure or deadlock found at commit is
 /// retryable like any other), roll back on `Err`, put back the session setting
 /// the transaction changed, then decide the caller's error as the blocking side
@@ -193,6 +196,7 @@ where
 /// ended is [`Error::TransactionAborted`].
 pub(crate) async fn end<C, T, E>(
     conn: &mut C,
+    nested: bool,
     restore: super::connection::Restore,
     result: Result<T, Failure<E>>,
 ) -> Result<T, E>
@@ -201,7 +205,6 @@ where
     E: From<Error> + Send,
     T: Send,
 {
-    let nested = super::connection::transaction_depth(conn) > 1;
     let result = match result {
         Ok(value) => match conn.restore(&restore, true).await {
             Ok(()) => C::TransactionManager::commit_transaction(conn)
@@ -228,11 +231,17 @@ where
         (Ok(_), Err(err)) => Failure::Diesel(err),
         (Err(failure), _) => failure,
     };
+    if !nested {
+        conn.repair().await;
+    }
     let failed = Failed::from_failure(failure, classify);
     let (asked, ended) = match failed.question(nested) {
         Some(cause) => (true, conn.transaction_ended(cause).await),
         None => (false, None),
     };
+    if ended.is_some() {
+        conn.keep_aborted().await;
+    }
     // A savepoint that could not be rolled back because the server had ended
     // the whole transaction (InnoDB's deadlock victim) is decided like any other
     // nested failure; otherwise the failed rollback is the error, as Diesel's

@@ -194,6 +194,7 @@ where
         + Send,
 {
     check_limit(limit)?;
+    let nested = in_transaction(conn);
     let restore = conn.begin_locked(&LockOptions::default()).await?;
     let result = async {
         let batch = C::claim_due(conn, limit, now_millis()).await?;
@@ -212,7 +213,7 @@ where
         Ok(relayed)
     }
     .await;
-    end(conn, restore, result).await
+    end(conn, nested, restore, result).await
 }
 
 /// Writes one relay mark in the claiming transaction.
@@ -252,6 +253,7 @@ where
         + Send,
 {
     check_message_id(message_id)?;
+    let nested = in_transaction(conn);
     let restore = conn.begin_locked(&LockOptions::default()).await?;
     let result = match C::record_received(conn, inbox.consumer(), message_id, now_millis()).await {
         Ok(true) => apply(conn)
@@ -261,7 +263,7 @@ where
         Ok(false) => Ok(Received::Duplicate),
         Err(err) => Err(Failure::Lockkit(err)),
     };
-    end(conn, restore, result).await
+    end(conn, nested, restore, result).await
 }
 
 /// Deletes `inbox`'s ids recorded `age` ago or earlier; returns how many:

@@ -134,7 +134,7 @@ where
         let result = match C::TransactionManager::begin_transaction(conn).await {
             Ok(()) => {
                 let result = op(conn).await.map_err(Failure::Closure);
-                super::lockable::end(conn, Restore::Nothing, result).await
+                super::lockable::end(conn, nested, Restore::Nothing, result).await
             }
             Err(err) => Err(E::from(crate::classify(err))),
         };

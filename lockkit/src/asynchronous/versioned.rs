@@ -67,7 +67,7 @@ use diesel::{OptionalExtension, QueryResult};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnectionCore, RunQueryDsl, TransactionManager};
 
-use super::connection::{AsyncLockingConnection, Restore};
+use super::connection::{in_transaction, AsyncLockingConnection, Restore};
 use crate::journal::{self, AsyncWatched};
 use crate::optimistic::backend::{DatabaseId, InShareMode, OptimisticBackend, Unique};
 use crate::optimistic::statement::BySql;
@@ -242,6 +242,7 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
     {
         async move {
             let order = key_order::<Self, _>(rows)?;
+            let nested = in_transaction(conn);
             Conn::TransactionManager::begin_transaction(conn)
                 .await
                 .map_err(classify)?;
@@ -267,7 +268,13 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
                 Some(err) => Err(err),
                 None => all_or_none(versions, stale),
             };
-            super::lockable::end(conn, Restore::Nothing, result.map_err(Failure::Lockkit)).await
+            super::lockable::end(
+                conn,
+                nested,
+                Restore::Nothing,
+                result.map_err(Failure::Lockkit),
+            )
+            .await
         }
     }
 
@@ -564,6 +571,7 @@ where
             .await
             .map_err(classify);
     }
+    let nested = in_transaction(conn);
     Conn::TransactionManager::begin_transaction(conn)
         .await
         .map_err(classify)?;
@@ -572,5 +580,5 @@ where
         .map_err(classify)
         .and_then(|rows| at_most_one::<M>(key, rows))
         .map_err(Failure::Lockkit);
-    super::lockable::end::<Conn, usize, Error>(conn, Restore::Nothing, result).await
+    super::lockable::end::<Conn, usize, Error>(conn, nested, Restore::Nothing, result).await
 }

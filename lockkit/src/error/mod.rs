@@ -139,7 +139,11 @@ pub enum Error {
     /// read-only: a PostgreSQL hot standby (replica), a `READ ONLY` transaction
     /// (SQLSTATE 25006), MySQL/MariaDB's `READ ONLY` transaction (1792) or
     /// `--read-only` server (1290). Nothing was written. Not retryable on the same
-    /// server: send writes to the primary (see `lockkit::replica`).
+    /// server: send writes to the primary (see `lockkit::replica`). Also a write
+    /// on MySQL/MariaDB after a nested lockkit call returned
+    /// [`TransactionAborted`](Self::TransactionAborted) and the caller went on:
+    /// the server ended the transaction, and lockkit left a read-only one in its
+    /// place until the caller's rollback.
     #[error("the server refused a write: the transaction or the server is read-only (a replica?)")]
     ReadOnly,
 

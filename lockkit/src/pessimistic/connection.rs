@@ -31,6 +31,15 @@
 //! that opened the outermost transaction, and nothing was committed. The lockkit
 //! calls that open the outermost transaction themselves retry (or report) the
 //! cause. The question costs one statement, on the error path of nested calls only.
+//! The async connections (`lockkit::asynchronous`) ask and answer the same way.
+//!
+//! Code that catches that error and goes on would write in autocommit, each
+//! statement committed on its own. So lockkit also opens a read-only transaction
+//! in the aborted one's place (`START TRANSACTION READ ONLY`): a later write fails
+//! with [`Error::ReadOnly`], and the caller's rollback ends it. What it cannot
+//! undo is the caller's own choice to catch the error and commit: the server has
+//! already thrown away what the transaction wrote before, as it would under
+//! Diesel's own `transaction`. Let `TransactionAborted` travel.
 //!
 //! Timeouts come from a [`Duration`](std::time::Duration) and reach the server as a
 //! bound parameter (PostgreSQL, MySQL) or a formatted integer (SQLite's `PRAGMA`
@@ -464,6 +473,12 @@ pub(crate) mod mysql {
             crate::transaction::ended_unless_open(in_server_transaction(self), cause)
         }
 
+        fn keep_aborted(&mut self) {
+            use diesel::connection::SimpleConnection;
+            // On a lost connection this fails too, and there is nothing to keep.
+            let _ = self.batch_execute(crate::transaction::KEEP_ABORTED);
+        }
+
         fn repair(&mut self) {
             // Galera answers the ROLLBACK of a transaction that another node's
             // write aborted while it sat idle with the abort's 1213; Diesel then
@@ -472,10 +487,9 @@ pub(crate) mod mysql {
             // has ended the transaction: if it says so, start afresh.
             use diesel::connection::{TransactionManager, TransactionManagerStatus};
             type Manager = <MysqlConnection as diesel::Connection>::TransactionManager;
-            let broken = Manager::transaction_manager_status_mut(self)
-                .transaction_depth()
-                .is_err();
-            if broken && matches!(in_server_transaction(self), Ok(false)) {
+            if crate::transaction::is_broken(Manager::transaction_manager_status_mut(self))
+                && matches!(in_server_transaction(self), Ok(false))
+            {
                 *Manager::transaction_manager_status_mut(self) =
                     TransactionManagerStatus::default();
             }

@@ -78,10 +78,34 @@ pub trait Control: Connection + Sized {
         connection_lost(cause)
     }
 
+    /// After [`transaction_ended`](Self::transaction_ended) found that the server
+    /// ended the whole transaction under a nested call: keeps the caller's code
+    /// from writing on in autocommit ([`KEEP_ABORTED`]). The default: nothing
+    /// (only MySQL/MariaDB end a transaction and keep the connection).
+    fn keep_aborted(&mut self) {}
+
     /// After an outermost transaction failed: puts Diesel's transaction manager
     /// back in order when it gave up on the connection although the server has
     /// no transaction open. The default: nothing.
     fn repair(&mut self) {}
+}
+
+/// What [`Control::keep_aborted`] sends on MySQL/MariaDB, for the blocking and
+/// the async connection. When InnoDB rolls back a whole transaction (a
+/// deadlock's victim) under a savepoint, the caller's code may catch the error
+/// and go on writing; with no transaction open on the server, each write would
+/// commit on its own, half of an operation. So lockkit opens a read-only
+/// transaction in its place: a later write fails (MariaDB's 1792, "Cannot
+/// execute statement in a READ ONLY transaction"), and the caller's `ROLLBACK`
+/// (or `COMMIT`) ends it. A caller that swallows the error and writes nothing
+/// more still commits nothing of what came before: the server threw it away.
+#[cfg(feature = "mysql")]
+pub(crate) const KEEP_ABORTED: &str = "START TRANSACTION READ ONLY";
+
+/// Whether Diesel's (or diesel-async's) transaction manager gave up on the
+/// connection: [`Control::repair`]'s first question.
+pub(crate) fn is_broken(status: &mut diesel::connection::TransactionManagerStatus) -> bool {
+    status.transaction_depth().is_err()
 }
 
 /// Runs `f` in a transaction (a savepoint when one is open) behind the panic
@@ -159,6 +183,9 @@ where
     let ended = failed
         .question(nested)
         .and_then(|cause| conn.transaction_ended(cause));
+    if ended.is_some() {
+        conn.keep_aborted();
+    }
     Err(failed.into_error(nested, ended))
 }
 
