@@ -228,6 +228,23 @@ pub struct StrategyStats {
     pub retries: u64,
 }
 
+/// A counter of a worker's report: its key, how to read it and where to add
+/// to it or set it.
+type Counter<T> = (&'static str, fn(&T) -> u64, fn(&mut T) -> &mut u64);
+
+impl StrategyStats {
+    /// The counters `merge`, `to_report` and `parse_report` go through, in the
+    /// report's order (each key after the strategy's name: `optimistic.ops`).
+    const COUNTERS: [Counter<StrategyStats>; 6] = [
+        ("ops", |p| p.ops, |p| &mut p.ops),
+        ("lines", |p| p.lines, |p| &mut p.lines),
+        ("jobs_created", |p| p.jobs_created, |p| &mut p.jobs_created),
+        ("jobs_claimed", |p| p.jobs_claimed, |p| &mut p.jobs_claimed),
+        ("idle", |p| p.idle, |p| &mut p.idle),
+        ("retries", |p| p.retries, |p| &mut p.retries),
+    ];
+}
+
 /// A worker process's report (and the sum of them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stats {
@@ -286,6 +303,42 @@ impl Default for Stats {
 }
 
 impl Stats {
+    /// The run-wide counters `merge`, `to_report` and `parse_report` go
+    /// through, in the report's order.
+    const COUNTERS: [Counter<Stats>; 11] = [
+        ("threads", |s| s.threads, |s| &mut s.threads),
+        (
+            "outage_errors",
+            |s| s.outage_errors,
+            |s| &mut s.outage_errors,
+        ),
+        ("pool_errors", |s| s.pool_errors, |s| &mut s.pool_errors),
+        (
+            "recovered_ops",
+            |s| s.recovered_ops,
+            |s| &mut s.recovered_ops,
+        ),
+        ("confirmed", |s| s.confirmed, |s| &mut s.confirmed),
+        ("redone", |s| s.redone, |s| &mut s.redone),
+        (
+            "cancelled_timeout",
+            |s| s.cancelled_timeout,
+            |s| &mut s.cancelled_timeout,
+        ),
+        (
+            "cancelled_abort",
+            |s| s.cancelled_abort,
+            |s| &mut s.cancelled_abort,
+        ),
+        (
+            "cancelled_committed",
+            |s| s.cancelled_committed,
+            |s| &mut s.cancelled_committed,
+        ),
+        ("pool_clean", |s| s.pool_clean, |s| &mut s.pool_clean),
+        ("pool_dirty", |s| s.pool_dirty, |s| &mut s.pool_dirty),
+    ];
+
     pub fn record(&mut self, strategy: Strategy, outcome: Outcome) {
         let per = &mut self.per[strategy.index()];
         match outcome {
@@ -303,24 +356,13 @@ impl Stats {
 
     pub fn merge(&mut self, other: &Stats) {
         for (mine, theirs) in self.per.iter_mut().zip(&other.per) {
-            mine.ops += theirs.ops;
-            mine.lines += theirs.lines;
-            mine.jobs_created += theirs.jobs_created;
-            mine.jobs_claimed += theirs.jobs_claimed;
-            mine.idle += theirs.idle;
-            mine.retries += theirs.retries;
+            for (_, get, slot) in StrategyStats::COUNTERS {
+                *slot(mine) += get(theirs);
+            }
         }
-        self.threads += other.threads;
-        self.outage_errors += other.outage_errors;
-        self.pool_errors += other.pool_errors;
-        self.recovered_ops += other.recovered_ops;
-        self.confirmed += other.confirmed;
-        self.redone += other.redone;
-        self.cancelled_timeout += other.cancelled_timeout;
-        self.cancelled_abort += other.cancelled_abort;
-        self.cancelled_committed += other.cancelled_committed;
-        self.pool_clean += other.pool_clean;
-        self.pool_dirty += other.pool_dirty;
+        for (_, get, slot) in Stats::COUNTERS {
+            *slot(self) += get(other);
+        }
         self.lowest_stock = self.lowest_stock.min(other.lowest_stock);
         for (message, n) in &other.outages {
             *self.outages.entry(message.clone()).or_default() += n;
@@ -338,30 +380,17 @@ impl Stats {
 
     /// The report a worker prints on stdout for the parent.
     pub fn to_report(&self) -> String {
-        let mut out = format!(
-            "RESULT threads={} outage_errors={} pool_errors={} recovered_ops={} confirmed={} redone={} \
-             cancelled_timeout={} cancelled_abort={} cancelled_committed={} pool_clean={} pool_dirty={} \
-             lowest_stock={}",
-            self.threads,
-            self.outage_errors,
-            self.pool_errors,
-            self.recovered_ops,
-            self.confirmed,
-            self.redone,
-            self.cancelled_timeout,
-            self.cancelled_abort,
-            self.cancelled_committed,
-            self.pool_clean,
-            self.pool_dirty,
-            self.lowest_stock
-        );
+        let mut out = "RESULT".to_owned();
+        for (key, get, _) in Stats::COUNTERS {
+            out.push_str(&format!(" {key}={}", get(self)));
+        }
+        out.push_str(&format!(" lowest_stock={}", self.lowest_stock));
         for strategy in Strategy::ALL {
             let p = &self.per[strategy.index()];
             let name = strategy.name();
-            out.push_str(&format!(
-                " {name}.ops={} {name}.lines={} {name}.jobs_created={} {name}.jobs_claimed={} {name}.idle={} {name}.retries={}",
-                p.ops, p.lines, p.jobs_created, p.jobs_claimed, p.idle, p.retries
-            ));
+            for (key, get, _) in StrategyStats::COUNTERS {
+                out.push_str(&format!(" {name}.{key}={}", get(p)));
+            }
         }
         out.push('\n');
         for (message, n) in &self.outages {
@@ -411,35 +440,19 @@ impl Stats {
     }
 
     fn set(&mut self, key: &str, value: u64) -> Result<(), String> {
-        let slot = match key {
-            "threads" => &mut self.threads,
-            "outage_errors" => &mut self.outage_errors,
-            "pool_errors" => &mut self.pool_errors,
-            "recovered_ops" => &mut self.recovered_ops,
-            "confirmed" => &mut self.confirmed,
-            "redone" => &mut self.redone,
-            "cancelled_timeout" => &mut self.cancelled_timeout,
-            "cancelled_abort" => &mut self.cancelled_abort,
-            "cancelled_committed" => &mut self.cancelled_committed,
-            "pool_clean" => &mut self.pool_clean,
-            "pool_dirty" => &mut self.pool_dirty,
-            _ => {
-                let (name, counter) = key.split_once('.').ok_or(format!("unknown key {key}"))?;
-                let strategy = Strategy::ALL
-                    .into_iter()
-                    .find(|s| s.name() == name)
-                    .ok_or(format!("unknown strategy {name}"))?;
-                let per = &mut self.per[strategy.index()];
-                match counter {
-                    "ops" => &mut per.ops,
-                    "lines" => &mut per.lines,
-                    "jobs_created" => &mut per.jobs_created,
-                    "jobs_claimed" => &mut per.jobs_claimed,
-                    "idle" => &mut per.idle,
-                    "retries" => &mut per.retries,
-                    _ => return Err(format!("unknown key {key}")),
-                }
-            }
+        let slot = if let Some((_, _, slot)) = Stats::COUNTERS.iter().find(|c| c.0 == key) {
+            slot(self)
+        } else {
+            let (name, counter) = key.split_once('.').ok_or(format!("unknown key {key}"))?;
+            let strategy = Strategy::ALL
+                .into_iter()
+                .find(|s| s.name() == name)
+                .ok_or(format!("unknown strategy {name}"))?;
+            let (_, _, slot) = StrategyStats::COUNTERS
+                .iter()
+                .find(|c| c.0 == counter)
+                .ok_or(format!("unknown key {key}"))?;
+            slot(&mut self.per[strategy.index()])
         };
         *slot = value;
         Ok(())

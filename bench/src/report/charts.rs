@@ -23,6 +23,16 @@ fn err<E: std::fmt::Display>(e: E) -> BenchError {
 /// A chart of two `f64` axes, as the overhead and pgbench charts draw.
 type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
 
+/// A white SVG canvas of `size` pixels, drawn into `path`.
+fn canvas(
+    path: &Path,
+    size: (u32, u32),
+) -> Result<DrawingArea<SVGBackend<'_>, plotters::coord::Shift>, BenchError> {
+    let root = SVGBackend::new(path, size).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    Ok(root)
+}
+
 /// The x label at `x` of a chart whose categories stand at 0, 1, ..: the
 /// category's label, none between them.
 fn category(labels: &[String], x: f64) -> String {
@@ -128,8 +138,7 @@ fn hot_row(results: &Results, path: &Path) -> Result<bool, BenchError> {
         return Ok(false);
     }
     let width = (420 * backends.len() as u32).max(720);
-    let root = SVGBackend::new(path, (width, 430)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
+    let root = canvas(path, (width, 430))?;
     let root = root
         .titled(
             "Hot row: updates per second against workers (higher is better)",
@@ -245,8 +254,7 @@ fn overhead_chart(results: &Results, path: &Path) -> Result<bool, BenchError> {
     let lo = points.iter().map(|p| p.3).fold(0.9, f64::min).max(0.0) - 0.02;
     let hi = points.iter().map(|p| p.4).fold(1.1, f64::max) + 0.02;
     let labels: Vec<String> = cases.iter().map(case_short).collect();
-    let root = SVGBackend::new(path, (1000, 420)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
+    let root = canvas(path, (1000, 420))?;
     let mut chart = category_chart(
         &root,
         (
@@ -314,8 +322,7 @@ fn pgbench_chart(results: &Results, path: &Path) -> Result<bool, BenchError> {
         .filter(|v| v.is_finite())
         .fold(1.0, f64::max);
     let labels: Vec<String> = pg.iter().map(|s| s.script.title()).collect();
-    let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
+    let root = canvas(path, (900, 420))?;
     let mut chart = category_chart(
         &root,
         (

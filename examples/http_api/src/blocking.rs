@@ -17,10 +17,8 @@
 
 use std::time::Duration;
 
-use axum::extract::rejection::{JsonRejection, PathRejection};
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::IntoResponse;
-use axum::Json;
 use diesel::prelude::*;
 use diesel::r2d2::{ConnectionManager, Pool};
 use lockkit::axum::IfMatchVersion;
@@ -28,7 +26,7 @@ use lockkit::prelude::*;
 use lockkit_tests::support::{AnyConnection, AnyPool, Migrations, SessionSettings};
 
 use crate::models::{Item, ItemInput};
-use crate::routes::{item_id, item_input, tagged};
+use crate::routes::{tagged, ItemId, Valid};
 use crate::schema::items;
 use crate::{ApiError, App, SetupError};
 
@@ -74,12 +72,10 @@ pub(crate) fn setup(url: &str, connection_timeout: Duration) -> Result<AnyPool, 
 /// `404`), on blocking Diesel.
 pub(crate) async fn update_item(
     State(app): State<App>,
-    path: Result<Path<i32>, PathRejection>,
     if_match: IfMatchVersion<i32>,
-    body: Result<Json<ItemInput>, JsonRejection>,
+    ItemId(id): ItemId,
+    Valid(input): Valid<ItemInput>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let id = item_id(path)?;
-    let input = item_input(body)?;
     let pool = app.blocking.clone();
     let item = tokio::task::spawn_blocking(move || update(&pool, id, &if_match, input))
         .await

@@ -1,13 +1,14 @@
 //! The routes and their handlers.
 
-use axum::extract::rejection::{JsonRejection, PathRejection};
-use axum::extract::{Path, State};
+use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use lockkit::axum::IfMatchVersion;
 use lockkit::etag::ETag;
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use tower_http::trace::TraceLayer;
 
@@ -36,24 +37,51 @@ pub fn router(app: App) -> Router {
         .with_state(app)
 }
 
-/// The item's id from the path; a bad one is a problem+json `400`.
-pub(crate) fn item_id(path: Result<Path<i32>, PathRejection>) -> Result<i32, ApiError> {
-    path.map(|Path(id)| id).map_err(|e| ApiError::Rejected {
-        status: e.status(),
-        detail: e.body_text(),
-    })
+/// The item's id from the path; a bad one is a problem+json `400`. The
+/// handlers that also take `If-Match` take it first: axum runs the extractors
+/// in order, and a request without it is a `428` whatever its path.
+pub(crate) struct ItemId(pub(crate) i32);
+
+impl<S: Send + Sync> FromRequestParts<S> for ItemId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let path = Path::from_request_parts(parts, state).await;
+        let Path(id) = path.map_err(|e| ApiError::Rejected {
+            status: e.status(),
+            detail: e.body_text(),
+        })?;
+        Ok(ItemId(id))
+    }
+}
+
+/// A request body that can be refused after it parsed.
+pub(crate) trait Validate {
+    /// Why the body is not acceptable (a problem+json `422`), if it is not.
+    fn validate(&self) -> Result<(), String>;
+}
+
+impl Validate for ItemInput {
+    fn validate(&self) -> Result<(), String> {
+        ItemInput::validate(self)
+    }
 }
 
 /// The JSON body, validated; a bad one is a problem+json `400`/`415`/`422`.
-pub(crate) fn item_input(
-    body: Result<Json<ItemInput>, JsonRejection>,
-) -> Result<ItemInput, ApiError> {
-    let Json(input) = body.map_err(|e| ApiError::Rejected {
-        status: e.status(),
-        detail: e.body_text(),
-    })?;
-    input.validate().map_err(ApiError::Invalid)?;
-    Ok(input)
+pub(crate) struct Valid<T>(pub(crate) T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Validate> FromRequest<S> for Valid<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+        let json = Json::<T>::from_request(request, state).await;
+        let Json(body) = json.map_err(|e| ApiError::Rejected {
+            status: e.status(),
+            detail: e.body_text(),
+        })?;
+        body.validate().map_err(ApiError::Invalid)?;
+        Ok(Valid(body))
+    }
 }
 
 /// The item with its `ETag`.
@@ -64,9 +92,8 @@ pub(crate) fn tagged(item: Item) -> (ETag, Json<Item>) {
 /// `GET /items/{id}`: `200` with the item and its `ETag`, or `404`.
 async fn get_item(
     State(app): State<App>,
-    path: Result<Path<i32>, PathRejection>,
+    ItemId(id): ItemId,
 ) -> Result<impl IntoResponse, ApiError> {
-    let id = item_id(path)?;
     let item = app.db.get(id).await?;
     Ok(tagged(item))
 }
@@ -74,9 +101,8 @@ async fn get_item(
 /// `POST /items`: `201` with `Location`, `ETag` and the item.
 async fn create_item(
     State(app): State<App>,
-    body: Result<Json<ItemInput>, JsonRejection>,
+    Valid(input): Valid<ItemInput>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let input = item_input(body)?;
     let item = app.db.create(&input).await?;
     let location = HeaderValue::try_from(format!("/items/{}", item.id))
         .map_err(|e| ApiError::Internal(e.to_string()))?;
@@ -92,12 +118,10 @@ async fn create_item(
 /// tag; `428` without `If-Match`, `400` for a malformed one, `404`.
 async fn update_item(
     State(app): State<App>,
-    path: Result<Path<i32>, PathRejection>,
     if_match: IfMatchVersion<i32>,
-    body: Result<Json<ItemInput>, JsonRejection>,
+    ItemId(id): ItemId,
+    Valid(input): Valid<ItemInput>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let id = item_id(path)?;
-    let input = item_input(body)?;
     let item = app.db.update(id, if_match.expected(), &input).await?;
     Ok(tagged(item))
 }
@@ -106,10 +130,9 @@ async fn update_item(
 /// `PUT`.
 async fn delete_item(
     State(app): State<App>,
-    path: Result<Path<i32>, PathRejection>,
     if_match: IfMatchVersion<i32>,
+    ItemId(id): ItemId,
 ) -> Result<StatusCode, ApiError> {
-    let id = item_id(path)?;
     app.db.delete(id, if_match.expected()).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -122,18 +145,17 @@ struct Quantity {
     quantity: i32,
 }
 
-/// The quantity from the body; not at least 1 is a problem+json `422`.
-fn quantity(body: Result<Json<Quantity>, JsonRejection>) -> Result<i32, ApiError> {
-    let Json(Quantity { quantity }) = body.map_err(|e| ApiError::Rejected {
-        status: e.status(),
-        detail: e.body_text(),
-    })?;
-    if quantity < 1 {
-        return Err(ApiError::Invalid(format!(
-            "`quantity` must be at least 1 (got {quantity})"
-        )));
+/// Not at least 1 is a problem+json `422`.
+impl Validate for Quantity {
+    fn validate(&self) -> Result<(), String> {
+        if self.quantity < 1 {
+            return Err(format!(
+                "`quantity` must be at least 1 (got {})",
+                self.quantity
+            ));
+        }
+        Ok(())
     }
-    Ok(quantity)
 }
 
 /// `POST /items/{id}/sell` `{"quantity": n}`: takes `n` from the stock under the
@@ -142,11 +164,9 @@ fn quantity(body: Result<Json<Quantity>, JsonRejection>) -> Result<i32, ApiError
 /// the lock timeout; `404`.
 async fn sell_item(
     State(app): State<App>,
-    path: Result<Path<i32>, PathRejection>,
-    body: Result<Json<Quantity>, JsonRejection>,
+    ItemId(id): ItemId,
+    Valid(Quantity { quantity }): Valid<Quantity>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let id = item_id(path)?;
-    let quantity = quantity(body)?;
     let item = app
         .db
         .sell(id, quantity, app.lock_options(), app.sale_delay)
@@ -159,11 +179,9 @@ async fn sell_item(
 /// `ETag`; `503` when every attempt met a conflict (nothing written); `404`.
 async fn restock_item(
     State(app): State<App>,
-    path: Result<Path<i32>, PathRejection>,
-    body: Result<Json<Quantity>, JsonRejection>,
+    ItemId(id): ItemId,
+    Valid(Quantity { quantity }): Valid<Quantity>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let id = item_id(path)?;
-    let quantity = quantity(body)?;
     let item = app.db.restock(id, quantity, &app.retry).await?;
     Ok(tagged(item))
 }

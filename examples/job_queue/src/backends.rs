@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use diesel::dsl::count_star;
 use diesel::prelude::*;
+use lockkit::bounds::ClaimQuery;
 use lockkit::queue;
 use lockkit_tests::support::{AnyConnection, Migrations};
 
@@ -112,39 +113,36 @@ pub(crate) fn relay_batch(
     conn: &mut AnyConnection,
     config: &RelayConfig,
 ) -> Result<usize, JobQueueError> {
-    let options = lock_options(conn.backend());
-    lockkit::locked_transaction(conn, options, |conn| -> Result<usize, JobQueueError> {
-        // The columns, not `OutboxMessage::as_select()`: the claim runs on the
-        // connection inside the enum, and `as_select()` names the enum's backend.
-        let batch: Vec<OutboxMessage> = queue::claim(
-            conn,
-            outbox::table
-                .filter(outbox::sent.eq(false))
-                .order(outbox::id)
-                .select((outbox::id, outbox::topic, outbox::payload, outbox::sent)),
-            config.batch_size,
-        )?;
-        if batch.is_empty() {
-            return Ok(0);
-        }
-        for message in &batch {
-            diesel::insert_into(published::table)
-                .values(NewPublication {
-                    outbox_id: message.id,
-                    relay: &config.name,
-                })
-                .execute(conn)?;
-        }
-        // The broker round trip, while the batch is claimed.
-        pause(config.think);
-        for message in &batch {
-            // One row by primary key: see `finish`.
-            diesel::update(outbox::table.find(message.id))
-                .set(outbox::sent.eq(true))
-                .execute(conn)?;
-        }
-        Ok(batch.len())
-    })
+    // The columns, not `OutboxMessage::as_select()`: the claim runs on the
+    // connection inside the enum, and `as_select()` names the enum's backend.
+    let unsent = outbox::table
+        .filter(outbox::sent.eq(false))
+        .order(outbox::id)
+        .select((outbox::id, outbox::topic, outbox::payload, outbox::sent));
+    claim_batch(
+        conn,
+        unsent,
+        config.batch_size,
+        |conn, batch: &[OutboxMessage]| {
+            for message in batch {
+                diesel::insert_into(published::table)
+                    .values(NewPublication {
+                        outbox_id: message.id,
+                        relay: &config.name,
+                    })
+                    .execute(conn)?;
+            }
+            // The broker round trip, while the batch is claimed.
+            pause(config.think);
+            for message in batch {
+                // One row by primary key: see `finish`.
+                diesel::update(outbox::table.find(message.id))
+                    .set(outbox::sent.eq(true))
+                    .execute(conn)?;
+            }
+            Ok(())
+        },
+    )
 }
 
 /// Reads the outbox ids, the published ids and the count per relay.
@@ -177,22 +175,38 @@ fn skip_locked(
     worker: &str,
     config: &WorkerConfig,
 ) -> Result<usize, JobQueueError> {
+    // The columns, not `Job::as_select()`: see `relay_batch`.
+    let pending = jobs::table
+        .filter(jobs::done.eq(false))
+        .order(jobs::id)
+        .select((jobs::id, jobs::payload, jobs::done));
+    claim_batch(conn, pending, config.batch_size, |conn, batch: &[Job]| {
+        pause(config.think);
+        finish(conn, worker, batch)?;
+        Ok(())
+    })
+}
+
+/// In a locking transaction, claims up to `batch_size` rows of `query` with
+/// `queue::claim` (`LIMIT n FOR UPDATE SKIP LOCKED`) and, if there are any,
+/// lets `work` run on them before the commit. Returns how many it claimed (0:
+/// none that nobody holds).
+fn claim_batch<M, Q>(
+    conn: &mut AnyConnection,
+    query: Q,
+    batch_size: i64,
+    work: impl FnOnce(&mut AnyConnection, &[M]) -> Result<(), JobQueueError>,
+) -> Result<usize, JobQueueError>
+where
+    Q: ClaimQuery<AnyConnection, M>,
+{
     let options = lock_options(conn.backend());
     lockkit::locked_transaction(conn, options, |conn| -> Result<usize, JobQueueError> {
-        // The columns, not `Job::as_select()`: see `relay_batch`.
-        let batch: Vec<Job> = queue::claim(
-            conn,
-            jobs::table
-                .filter(jobs::done.eq(false))
-                .order(jobs::id)
-                .select((jobs::id, jobs::payload, jobs::done)),
-            config.batch_size,
-        )?;
+        let batch: Vec<M> = queue::claim(conn, query, batch_size)?;
         if batch.is_empty() {
             return Ok(0);
         }
-        pause(config.think);
-        finish(conn, worker, &batch)?;
+        work(conn, &batch)?;
         Ok(batch.len())
     })
 }

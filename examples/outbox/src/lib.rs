@@ -67,6 +67,13 @@ impl Default for BrokerConfig {
     }
 }
 
+impl BrokerConfig {
+    /// Connects to the NATS server, for the stream.
+    fn connect(&self) -> Result<broker::Broker, OutboxError> {
+        broker::Broker::connect(&self.url, &self.stream)
+    }
+}
+
 /// One relay process.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RelayOptions {
@@ -118,7 +125,7 @@ pub struct OrderCreated {
 /// Migrates (the example's tables and lockkit's outbox tables), empties every
 /// table, stocks `items` items, and creates the stream anew.
 pub fn setup(url: &str, broker: &BrokerConfig, items: i32) -> Result<(), OutboxError> {
-    let nats = broker::Broker::connect(&broker.url, &broker.stream)?;
+    let nats = broker.connect()?;
     backends::setup(url, items)?;
     nats.reset_stream(broker.on_disk)
 }
@@ -142,7 +149,7 @@ pub fn run_relay(
             "the batch size must be at least 1".into(),
         ));
     }
-    let nats = broker::Broker::connect(&broker.url, &broker.stream)?;
+    let nats = broker.connect()?;
     backends::run_relay(url, &nats, options)
 }
 
@@ -153,13 +160,13 @@ pub fn run_consumer(
     broker: &BrokerConfig,
     options: &ConsumerOptions,
 ) -> Result<ConsumerReport, OutboxError> {
-    let nats = broker::Broker::connect(&broker.url, &broker.stream)?;
+    let nats = broker.connect()?;
     backends::run_consumer(url, &nats, options)
 }
 
 /// Reads what the tables and the stream hold.
 pub fn audit(url: &str, broker: &BrokerConfig) -> Result<Audit, OutboxError> {
-    let nats = broker::Broker::connect(&broker.url, &broker.stream)?;
+    let nats = broker.connect()?;
     let mut audit = backends::audit(url)?;
     audit.stream_messages = nats.stream_messages()?;
     Ok(audit)
@@ -167,5 +174,5 @@ pub fn audit(url: &str, broker: &BrokerConfig) -> Result<Audit, OutboxError> {
 
 /// Deletes the stream.
 pub fn delete_stream(broker: &BrokerConfig) -> Result<(), OutboxError> {
-    broker::Broker::connect(&broker.url, &broker.stream)?.delete_stream()
+    broker.connect()?.delete_stream()
 }
