@@ -17,6 +17,7 @@
 //! suite's).
 
 #[cfg(feature = "harness")]
+pub mod aborts;
 pub mod db;
 #[cfg(all(feature = "harness", any(feature = "postgres", feature = "mysql")))]
 pub mod lock_waits;

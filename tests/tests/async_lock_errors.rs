@@ -16,6 +16,7 @@ use std::time::Duration;
 use diesel::{Connection, ExpressionMethods, QueryDsl};
 use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
 use lockkit::{Error, LockOptions, RetryPolicy};
+use lockkit_tests::aborts::{assert_nested_deadlock_settled, assert_swallowed_abort};
 use lockkit_tests::models::Item;
 use lockkit_tests::schema::{items, orders};
 use lockkit_tests::{exec, seed_items};
@@ -119,26 +120,7 @@ async_server_tests! {
             })
             .await
         });
-        // Every unit sold has its order line, and the other way round.
-        assert_eq!(10 - stock, lines as i32, "stock {stock}, order lines {lines}: {outcome:?}");
-        if BACKEND == "postgres" {
-            // The savepoint's rollback undid the first attempt only; the
-            // second ran in the same transaction, which committed.
-            assert!(outcome.is_ok(), "{outcome:?}");
-            assert_eq!((runs, stock, lines), (2, 9, 1));
-        } else {
-            // InnoDB rolled the whole transaction back: nothing committed, and
-            // the caller learns that its transaction is gone, not that one
-            // more try may help.
-            assert_eq!((runs, stock, lines), (1, 10, 0), "{outcome:?}");
-            match &outcome {
-                Err(err @ Error::TransactionAborted(cause)) => {
-                    assert!(matches!(**cause, Error::Deadlock), "{cause:?}");
-                    assert!(!err.is_retryable());
-                }
-                other => panic!("{other:?}"),
-            }
-        }
+        assert_nested_deadlock_settled(BACKEND, &outcome, runs, stock, lines);
     }
 
     async fn a_deadlock_inside_a_nested_transaction_with_retry_loses_nothing(db) {
@@ -153,16 +135,9 @@ async_server_tests! {
             })
             .await
         });
-        assert_eq!(10 - stock, lines as i32, "stock {stock}, order lines {lines}: {outcome:?}");
-        if BACKEND == "postgres" {
-            // Retried in its savepoint, inside the outer transaction.
-            assert!(outcome.is_ok(), "{outcome:?}");
-            assert_eq!((runs, stock, lines), (2, 9, 1));
-        } else {
-            // Not retried in a transaction the server has ended.
-            assert_eq!((runs, stock, lines), (1, 10, 0), "{outcome:?}");
-            assert!(matches!(&outcome, Err(Error::TransactionAborted(_))), "{outcome:?}");
-        }
+        // PostgreSQL: retried in its savepoint, inside the outer transaction;
+        // MySQL/MariaDB: not retried in a transaction the server has ended.
+        assert_nested_deadlock_settled(BACKEND, &outcome, runs, stock, lines);
     }
 
     async fn a_write_after_a_nested_abort_the_caller_swallows_is_refused(db) {
@@ -184,16 +159,7 @@ async_server_tests! {
             .await
         });
         assert_eq!(runs, 1);
-        if BACKEND == "postgres" {
-            // Only the savepoint went: both order lines committed, no sale.
-            assert!(outcome.is_ok(), "{outcome:?}");
-            assert_eq!((stock, lines), (10, 2));
-        } else {
-            // The server threw order line 1 away; writing line 2 on its own
-            // fails, instead of committing half of the order.
-            assert_eq!((stock, lines), (10, 0), "{outcome:?}");
-            assert!(matches!(outcome, Err(Error::ReadOnly)), "{outcome:?}");
-        }
+        assert_swallowed_abort(BACKEND, &outcome, stock, lines);
     }
 
     async fn a_top_level_transaction_with_retry_reruns_after_a_nested_abort(db) {

@@ -1,0 +1,57 @@
+//! What a deadlock whose victim is a lockkit call nested in the caller's
+//! transaction leaves behind, per backend: PostgreSQL rolls back to the
+//! savepoint, InnoDB rolls back the whole transaction. Shared by the blocking
+//! (`tests/lock_errors.rs`) and the async (`tests/async_lock_errors.rs`) cases,
+//! which read `stock` (item 1, seeded with 10) and `lines` (order lines)
+//! from a new connection.
+
+use lockkit::Error;
+
+/// A nested call retried after the deadlock (by the caller's loop or by a
+/// nested `transaction_with_retry`), `runs` times in all. PostgreSQL: the
+/// second attempt ran in the same transaction, which committed one sale and
+/// its order line. MySQL/MariaDB: nothing committed, nothing retried in the
+/// ended transaction, and the caller holds `TransactionAborted(Deadlock)`,
+/// which no retry of its own takes for a retryable error.
+pub fn assert_nested_deadlock_settled(
+    backend: &str,
+    outcome: &Result<(), Error>,
+    runs: u32,
+    stock: i32,
+    lines: i64,
+) {
+    // Every unit sold has its order line, and the other way round.
+    assert_eq!(
+        10 - i64::from(stock),
+        lines,
+        "stock {stock}, order lines {lines}: {outcome:?}"
+    );
+    if backend == "postgres" {
+        assert!(outcome.is_ok(), "{outcome:?}");
+        assert_eq!((runs, stock, lines), (2, 9, 1));
+    } else {
+        assert_eq!((runs, stock, lines), (1, 10, 0), "{outcome:?}");
+        match outcome {
+            Err(err @ Error::TransactionAborted(cause)) => {
+                assert!(matches!(**cause, Error::Deadlock), "{cause:?}");
+                assert!(!err.is_retryable());
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// The caller's transaction wrote order line 1, caught the nested call's
+/// failure, and wrote order line 2. PostgreSQL: only the savepoint went, both
+/// lines committed, no sale. MySQL/MariaDB: the server threw line 1 away, and
+/// writing line 2 on its own is refused (`ReadOnly`) instead of committing half
+/// of the order.
+pub fn assert_swallowed_abort(backend: &str, outcome: &Result<(), Error>, stock: i32, lines: i64) {
+    if backend == "postgres" {
+        assert!(outcome.is_ok(), "{outcome:?}");
+        assert_eq!((stock, lines), (10, 2));
+    } else {
+        assert_eq!((stock, lines), (10, 0), "{outcome:?}");
+        assert!(matches!(outcome, Err(Error::ReadOnly)), "{outcome:?}");
+    }
+}
