@@ -111,7 +111,8 @@ counters! {
     /// Row locks whose hold time was measured: those taken by
     /// [`with_lock`](crate::with_lock), [`Lockable::lock`](crate::Lockable::lock)
     /// and [`lock_all`](crate::Lockable::lock_all) (one per statement) inside a
-    /// transaction lockkit opened, counted when its outermost transaction ended.
+    /// transaction lockkit opened, counted when its outermost transaction ended;
+    /// on diesel-async, by a `with_lock` that opened its transaction itself.
     locks_released: LOCKS_RELEASED, "locks released";
 }
 
@@ -204,11 +205,6 @@ pub(crate) fn record_lock_error(kind: LockErrorKind, server_message: &str) {
     }
     #[cfg(feature = "metrics")]
     ::metrics::counter!("lockkit_lock_errors_total", "kind" => kind).increment(1);
-}
-
-#[cfg_attr(not(feature = "async"), allow(dead_code))] // the async locked read's
-pub(crate) fn record_lock_acquired(table: &'static str, waited: Duration) {
-    record_locks_acquired(table, 1, waited);
 }
 
 /// `rows` locks on `table` taken by one statement that waited `waited`.

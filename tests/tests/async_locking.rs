@@ -18,6 +18,7 @@ use diesel_async::RunQueryDsl;
 use lockkit::asynchronous::prelude::*;
 use lockkit::{CurrentState, Error, LockOptions, RetryPolicy};
 use lockkit_tests::models::Item;
+use lockkit_tests::observe::observe;
 use lockkit_tests::schema::items;
 use lockkit_tests::{seed_items, ShopError};
 
@@ -208,6 +209,34 @@ async_backend_tests! {
         // The first attempt's decrement went with its savepoint.
         assert_eq!(stock!(&mut conn), 4);
         assert!(!in_transaction(&mut conn));
+    }
+
+    async fn with_lock_reports_how_long_it_held_the_row(db) {
+        // On a thread and a single-threaded runtime of its own, so that what
+        // lockkit reports is seen there only, and counted exactly.
+        seed_items(&mut db.conn(), &[(1, 5)]);
+        let url = db.url.clone();
+        let ((), seen) = std::thread::spawn(move || {
+            observe(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                runtime.block_on(async {
+                    let mut conn: Async = async_common::connect(&url, BACKEND).await;
+                    lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |conn, _: Item| {
+                        tokio::time::sleep(Duration::from_millis(80)).await;
+                        // Nested in the transaction above: its lock lasts until that
+                        // one ends, which lockkit does not see from here.
+                        lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |_, _: Item| Ok::<_, Error>(())).await
+                    })
+                    .await
+                    .unwrap();
+                })
+            })
+        })
+        .join()
+        .unwrap();
+        let holds = seen.histogram("lockkit_lock_hold_seconds{table=items}");
+        assert_eq!(holds.len(), 1, "the outer with_lock's: {holds:?}");
+        assert!(holds[0] >= 0.080, "{holds:?}");
     }
 
     async fn nowait_skip_locked_and_timeout_on_a_held_row_and_the_setting_put_back(db) {

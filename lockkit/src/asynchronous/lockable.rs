@@ -148,11 +148,39 @@ where
 {
     let nested = in_transaction(conn);
     let restore = conn.begin_locked(&options).await.map_err(E::from)?;
+    let mut held = None;
     let result = match lock_row::<M, C>(conn, key, options).await {
-        Ok(row) => f(conn, row).await.map_err(Failure::Closure),
+        Ok((row, lock)) => {
+            held = Some(lock);
+            f(conn, row).await.map_err(Failure::Closure)
+        }
         Err(err) => Err(Failure::Lockkit(err)),
     };
-    end(conn, nested, restore, result).await
+    let result = end(conn, nested, restore, result).await;
+    // Nested in the caller's transaction, the lock lasts until the caller's
+    // end, which lockkit does not see (the blocking side hands it to the
+    // outer lockkit transaction's scope).
+    if let (Some(lock), false) = (held, nested) {
+        lock.released();
+    }
+    result
+}
+
+/// The row lock [`with_lock`] took: what the blocking side's transaction scope
+/// keeps of a lock, to report how long it was held.
+struct HeldRow {
+    table: &'static str,
+    key: Option<String>,
+    since: std::time::Instant,
+}
+
+impl HeldRow {
+    /// Its transaction has ended: the hold is recorded (and warned about past
+    /// [`hold_warning`](crate::metrics::hold_warning)).
+    fn released(self) {
+        let held = self.since.elapsed();
+        crate::metrics::record_lock_held("row", self.table, self.key.as_deref(), held);
+    }
 }
 
 /// Runs `f` in a transaction fit for locking, as
@@ -255,26 +283,31 @@ where
 }
 
 /// The locked read of [`with_lock`], in its transaction: the row, its version
-/// advanced when the lock is exclusive and the model versioned.
-async fn lock_row<M, C>(conn: &mut C, key: M::Key, options: LockOptions) -> Result<M, Error>
+/// advanced when the lock is exclusive and the model versioned, and the lock.
+async fn lock_row<M, C>(
+    conn: &mut C,
+    key: M::Key,
+    options: LockOptions,
+) -> Result<(M, HeldRow), Error>
 where
     C: AsyncLockingConnection,
     M: AsyncLockRow<C>,
 {
-    let started = std::time::Instant::now();
+    let waited = crate::metrics::LockWait::start();
+    let held = |key: &M::Key| HeldRow {
+        table: M::TABLE_NAME,
+        since: waited.acquired(M::TABLE_NAME, 1),
+        key: crate::transaction::scope::named(|| format!("{key:?}")),
+    };
     let lock = options.row_lock();
     if lock == ForUpdate::LOCK {
         if let Some(row) = M::load_locked_bumped(conn, &key).await? {
-            crate::metrics::record_lock_acquired(M::TABLE_NAME, started.elapsed());
-            return Ok(row);
+            return Ok((row, held(&key)));
         }
     }
     let row = M::load_locked(conn, key.clone(), lock)
         .await
         .map_err(|err| lock.wait.classify(err))?;
-    if row.is_some() {
-        crate::metrics::record_lock_acquired(M::TABLE_NAME, started.elapsed());
-    }
     let mut row = match row {
         Some(row) => row,
         // SKIP LOCKED hides a locked row: tell "held by someone" from "absent".
@@ -286,10 +319,11 @@ where
         }
         None => return Err(Error::NotFound),
     };
+    let lock_held = held(&key);
     if lock.strength.is_exclusive() {
         <M::OnLock as AsyncMarkLocked<M, C>>::mark(conn, &mut row).await?;
     }
-    Ok(row)
+    Ok((row, lock_held))
 }
 
 /// Locks the rows with these keys in ascending key order and returns them in

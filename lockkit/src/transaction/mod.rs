@@ -104,6 +104,7 @@ pub(crate) const KEEP_ABORTED: &str = "START TRANSACTION READ ONLY";
 
 /// Whether Diesel's (or diesel-async's) transaction manager gave up on the
 /// connection: [`Control::repair`]'s first question.
+#[cfg(feature = "mysql")]
 pub(crate) fn is_broken(status: &mut diesel::connection::TransactionManagerStatus) -> bool {
     status.transaction_depth().is_err()
 }

@@ -97,16 +97,22 @@ pub(crate) fn hold(
 ) {
     SCOPES.with_borrow_mut(|scopes| {
         if let Some(scope) = scopes.iter_mut().rev().find(|scope| scope.conn == conn) {
-            let named = crate::metrics::hold_warning().is_some()
-                || tracing::enabled!(target: "lockkit", tracing::Level::TRACE);
             scope.held.push(Held {
                 kind,
                 table,
-                key: named.then(key),
+                key: named(key),
                 since,
             });
         }
     });
+}
+
+/// A held lock's key, formatted only when its release may be reported with it:
+/// a hold warning is set, or `tracing` is on at `TRACE` for lockkit.
+pub(crate) fn named(key: impl FnOnce() -> String) -> Option<String> {
+    let named = crate::metrics::hold_warning().is_some()
+        || tracing::enabled!(target: "lockkit", tracing::Level::TRACE);
+    named.then(key)
 }
 
 /// Keeps an emptied list for the next scope on this thread.
