@@ -14,9 +14,9 @@
 use diesel_async::TransactionManager;
 
 use super::connection::{in_transaction, AsyncLockingConnection, Restore};
-use super::retry::back_off;
+use super::retry::again;
 use super::work::AsyncAttempt;
-use crate::retry::{after_failure, may_retry, Next};
+use crate::retry::may_retry;
 use crate::transaction::Failure;
 use crate::{classify, Error, RetryPolicy, RetryableError};
 
@@ -81,12 +81,6 @@ where
             Ok(value) => return Ok(value),
             Err(err) => err,
         };
-        match after_failure(policy, attempt, err, |err| may_retry(err, false)) {
-            Next::GiveUp(err) => return Err(err),
-            Next::RetryAfter(delay) => {
-                back_off(delay).await;
-                attempt += 1;
-            }
-        }
+        attempt = again(policy, attempt, err, |err| may_retry(err, false)).await?;
     }
 }

@@ -55,12 +55,25 @@ where
             Ok(value) => return Ok(value),
             Err(err) => err,
         };
-        match after_failure(policy, attempt, err, E::is_retryable) {
-            Next::GiveUp(err) => return Err(err),
-            Next::RetryAfter(delay) => {
-                back_off(delay).await;
-                attempt += 1;
-            }
+        attempt = again(policy, attempt, err, E::is_retryable).await?;
+    }
+}
+
+/// After attempt `attempt` failed with `err`: the blocking loops' decision
+/// ([`after_failure`]), then the wait. `Err`: give up with this error; `Ok`: the
+/// number of the next attempt, once its delay has passed. Shared by the async
+/// retry loops.
+pub(crate) async fn again<E: RetryableError>(
+    policy: &RetryPolicy,
+    attempt: u32,
+    err: E,
+    retryable: impl Fn(&E) -> bool,
+) -> Result<u32, E> {
+    match after_failure(policy, attempt, err, retryable) {
+        Next::GiveUp(err) => Err(err),
+        Next::RetryAfter(delay) => {
+            back_off(delay).await;
+            Ok(attempt + 1)
         }
     }
 }
@@ -142,12 +155,6 @@ where
             Ok(value) => return Ok(value),
             Err(err) => err,
         };
-        match after_failure(policy, attempt, err, |err| may_retry(err, nested)) {
-            Next::GiveUp(err) => return Err(err),
-            Next::RetryAfter(delay) => {
-                back_off(delay).await;
-                attempt += 1;
-            }
-        }
+        attempt = again(policy, attempt, err, |err| may_retry(err, nested)).await?;
     }
 }
