@@ -319,6 +319,10 @@ impl<X, Conn, T> EveryClause<Conn, T> for X where
 impl RowLock {
     /// Runs `call` with this clause: as its [`LockClause`] type when it is one of
     /// the common clauses (cached by type), else as this value (cached by SQL).
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+        allow(dead_code) // called by each backend's locked read
+    )]
     pub(crate) fn with_clause<C, Conn, T>(self, conn: &mut Conn, call: C) -> T
     where
         C: EveryClause<Conn, T>,
