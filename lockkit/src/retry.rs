@@ -267,9 +267,20 @@ pub(crate) fn after_failure<E: RetryableError>(
     Next::RetryAfter(delay)
 }
 
+/// Whether a transaction's attempt that failed with `err` may run again,
+/// `nested` in an open transaction (as a savepoint) or not: the blocking and
+/// the async `transaction_with_retry` ask this.
+///
+/// * A transaction the server ended under a nested call
+///   ([`Error::TransactionAborted`]) is retried by the owner of the outermost
+///   transaction only, like its cause.
+/// * A serialization failure is not retried in a savepoint: the savepoint keeps
+///   the transaction's snapshot, so every attempt would fail the same way; the
+///   owner of the transaction runs it again in a new one.
 pub(crate) fn may_retry<E: RetryableError>(err: &E, nested: bool) -> bool {
     match err.lockkit_error() {
         Some(Error::TransactionAborted(cause)) if !nested => cause.is_retryable(),
+        Some(Error::SerializationFailure) if nested => false,
         _ => err.is_retryable(),
     }
 }

@@ -162,6 +162,127 @@ async_server_tests! {
         assert_swallowed_abort(BACKEND, &outcome, stock, lines);
     }
 
+    async fn a_nested_call_whose_work_swallowed_an_abort_leaves_no_transaction_behind(db) {
+        // The work under `with_lock` has a fallback of its own: it swallows the
+        // deadlock and returns Ok, so lockkit's RELEASE SAVEPOINT is what fails.
+        // Whatever the caller gets, once its transaction is over the connection
+        // must be as diesel-async's books say: no transaction open, an
+        // autocommit write goes through (a pool would hand it on as clean).
+        let after;
+        let (outcome, runs, stock, lines) = deadlock_first_attempt!(db, |conn, work| {
+            {
+                let outcome = conn
+                    .transaction(async |conn| {
+                        order_line(conn, 1).await?;
+                        lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |conn, _: Item| {
+                            let _ = work(conn, 1).await; // a fallback of its own
+                            Ok::<_, Error>(())
+                        })
+                        .await
+                    })
+                    .await;
+                let books = async_common::in_transaction(&mut conn);
+                let write = order_line(&mut conn, 99).await;
+                after = Some((books, write));
+                outcome
+            }
+        });
+        let (books, write) = after.unwrap();
+        assert_eq!(runs, 1);
+        assert!(!books, "diesel-async says a transaction is open: {outcome:?}");
+        assert!(write.is_ok(), "an autocommit write on a connection with no transaction open: {write:?} (caller got {outcome:?})");
+        // Order line 99 committed on its own; nothing of the caller's transaction.
+        assert_eq!((stock, lines), (10, 1), "{outcome:?}");
+    }
+
+    async fn a_top_level_with_lock_around_a_nested_call_that_swallowed_an_abort_leaves_no_transaction_behind(db) {
+        // As above, with lockkit's own outermost call as the caller.
+        let after;
+        let (outcome, runs, stock, lines) = deadlock_first_attempt!(db, |conn, work| {
+            {
+                let outcome = lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |conn, _: Item| {
+                    lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |conn, _: Item| {
+                        let _ = work(conn, 1).await; // a fallback of its own
+                        Ok::<_, Error>(())
+                    })
+                    .await
+                })
+                .await;
+                let books = async_common::in_transaction(&mut conn);
+                let write = order_line(&mut conn, 99).await;
+                after = Some((books, write));
+                outcome
+            }
+        });
+        let (books, write) = after.unwrap();
+        assert_eq!(runs, 1);
+        assert!(!books, "diesel-async says a transaction is open: {outcome:?}");
+        assert!(write.is_ok(), "an autocommit write on a connection with no transaction open: {write:?} (with_lock returned {outcome:?})");
+        assert_eq!((stock, lines), (10, 1), "{outcome:?}");
+    }
+
+    async fn a_caller_that_rolls_back_after_a_nested_call_failed_at_release_commits_nothing(db) {
+        // The work under `with_lock` swallows a failed statement (a duplicate
+        // order line); PostgreSQL then refuses the savepoint's RELEASE. The
+        // caller ignores the nested call's error, writes order line 2, and then
+        // rolls its whole transaction back: nothing may be committed.
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let outcome: Result<(), Error> = conn
+            .transaction(async |conn| {
+                order_line(conn, 1).await?;
+                let nested = lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |conn, _: Item| {
+                    let _ = order_line(conn, 1).await; // a duplicate, swallowed
+                    Ok::<_, Error>(())
+                })
+                .await;
+                let _ = nested; // swallowed
+                let _ = order_line(conn, 2).await;
+                Err(Error::InvalidInput("the caller rolls back"))
+            })
+            .await;
+        let mut fresh: Async = async_common::connect(&db.url, BACKEND).await;
+        let lines: i64 = orders::table.count().get_result(&mut fresh).await.unwrap();
+        assert_eq!(lines, 0, "the caller rolled back, yet order lines committed: {outcome:?}");
+        assert!(matches!(outcome, Err(Error::InvalidInput(_))), "{outcome:?}");
+    }
+
+    async fn a_serialization_failure_inside_a_nested_transaction_with_retry_reruns_the_serializable_transaction(db) {
+        // PostgreSQL: a serializable transaction whose snapshot predates another
+        // connection's commit to item 1 cannot write item 1, in any savepoint:
+        // only a new transaction can. The nested retry must leave that to the
+        // owner (`serializable`), which runs the transaction again.
+        if BACKEND != "postgres" {
+            return; // InnoDB's SERIALIZABLE locks instead: nothing to fail here.
+        }
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let url = db.url.clone();
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let (outer, inner) = (AtomicU32::new(0), AtomicU32::new(0));
+        let outcome: Result<(), Error> = lockkit::asynchronous::serializable(&mut conn, &RetryPolicy::immediate(5), async |conn| {
+            let _: Item = items::table.find(1).first(conn).await?;
+            if outer.fetch_add(1, Ordering::SeqCst) == 0 {
+                // Another connection sells one unit after this snapshot.
+                tokio::task::block_in_place(|| {
+                    exec(&mut Sync::establish(&url).unwrap(), "UPDATE items SET stock = stock - 1 WHERE id = 1");
+                });
+            }
+            lockkit::asynchronous::transaction_with_retry(conn, &RetryPolicy::immediate(5), async |conn| {
+                inner.fetch_add(1, Ordering::SeqCst);
+                diesel::update(items::table.find(1)).set(items::stock.eq(items::stock - 1)).execute(conn).await?;
+                Ok::<_, Error>(())
+            })
+            .await
+        })
+        .await;
+        let (outer, inner) = (AtomicU32::load(&outer, Ordering::SeqCst), AtomicU32::load(&inner, Ordering::SeqCst));
+        assert!(outcome.is_ok(), "{outcome:?} after {outer} serializable and {inner} nested attempts");
+        assert_eq!(outer, 2, "{inner} nested attempts");
+        let mut fresh: Async = async_common::connect(&db.url, BACKEND).await;
+        let stock: i32 = items::table.find(1).select(items::stock).first(&mut fresh).await.unwrap();
+        assert_eq!(stock, 8);
+    }
+
     async fn a_top_level_transaction_with_retry_reruns_after_a_nested_abort(db) {
         // The owner of the outermost transaction may retry: the server rolled
         // everything back, and the next attempt is a new transaction.

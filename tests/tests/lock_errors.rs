@@ -284,6 +284,87 @@ mod servers {
             assert_eq!((attempts, stock_of!(&mut conn), order_lines!(&mut conn)), (2, 9, 1));
         }
 
+        fn a_top_level_transaction_with_retry_reruns_after_an_abort_two_levels_down_hidden_in_the_callers_error(db) {
+            // The middle call's closure turns lockkit's error into one of the
+            // caller's own (not retryable): lockkit cannot look inside it and
+            // asks the server whether the transaction survived, as one level
+            // down. The owner of the outermost transaction must learn that it
+            // ended, and run it again.
+            #[derive(Debug, thiserror::Error)]
+            enum AppError {
+                #[error("opaque: {0}")]
+                Opaque(String),
+                #[error(transparent)]
+                Lock(#[from] Error),
+            }
+            impl lockkit::RetryableError for AppError {
+                fn lockkit_error(&self) -> Option<&Error> {
+                    match self {
+                        AppError::Lock(err) => Some(err),
+                        AppError::Opaque(_) => None,
+                    }
+                }
+                fn is_retryable(&self) -> bool {
+                    match self {
+                        AppError::Lock(err) => err.is_retryable(),
+                        AppError::Opaque(_) => false,
+                    }
+                }
+            }
+            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
+                let mut attempt = 0;
+                lockkit::transaction_with_retry(&mut conn, &RetryPolicy::default(), |conn| {
+                    attempt += 1;
+                    exec(conn, &format!("INSERT INTO orders (id, item_id, qty) VALUES ({attempt}, NULL, 1)"));
+                    let this = attempt;
+                    lockkit::with_lock(conn, 1, LockOptions::default(), |conn, _: Item| {
+                        lockkit::with_lock(conn, 1, LockOptions::default(), |conn, _: Item| work(conn, this))
+                            .map_err(|err| AppError::Opaque(err.to_string()))
+                    })
+                })
+                .map_err(|err| Error::InvalidInput(if matches!(err, AppError::Opaque(_)) { "opaque" } else { "lock" }))
+            });
+            if BACKEND == "postgres" {
+                // Only the innermost savepoint went: the caller's own error,
+                // not retryable, is its choice.
+                assert!(matches!(outcome, Err(Error::InvalidInput("opaque"))), "{outcome:?}");
+                assert_eq!((attempts, stock_of!(&mut conn), order_lines!(&mut conn)), (1, 10, 0));
+            } else {
+                // InnoDB ended the whole transaction: run it again.
+                assert!(outcome.is_ok(), "{outcome:?}");
+                assert_eq!((attempts, stock_of!(&mut conn), order_lines!(&mut conn)), (2, 9, 1));
+            }
+        }
+
+        fn a_serialization_failure_inside_a_nested_transaction_with_retry_reruns_the_serializable_transaction(db) {
+            // PostgreSQL: a serializable transaction whose snapshot predates another
+            // connection's commit to item 1 cannot write item 1, in any savepoint:
+            // only a new transaction can. The nested retry must leave that to the
+            // owner (`serializable`), which runs the transaction again.
+            if BACKEND != "postgres" {
+                return; // InnoDB's SERIALIZABLE locks instead: nothing to fail here.
+            }
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn = db.connect();
+            let (mut outer, mut inner) = (0, 0);
+            let outcome: Result<(), Error> = lockkit::serializable(&mut conn, &RetryPolicy::immediate(5), |conn| {
+                let _: Item = items::table.find(1).first(conn)?;
+                outer += 1;
+                if outer == 1 {
+                    // Another connection sells one unit after this snapshot.
+                    exec(&mut db.connect(), "UPDATE items SET stock = stock - 1 WHERE id = 1");
+                }
+                lockkit::transaction_with_retry(conn, &RetryPolicy::immediate(5), |conn| {
+                    inner += 1;
+                    diesel::update(items::table.find(1)).set(items::stock.eq(items::stock - 1)).execute(conn)?;
+                    Ok::<_, Error>(())
+                })
+            });
+            assert!(outcome.is_ok(), "{outcome:?} after {outer} serializable and {inner} nested attempts");
+            assert_eq!(outer, 2, "{inner} nested attempts");
+            assert_eq!(stock_of!(&mut conn), 8);
+        }
+
         fn our_nowait_through_the_question_mark_is_busy(db) {
             seed_items(&mut db.conn(), &[(1, 10)]);
             let mut conn = db.connect();

@@ -242,7 +242,7 @@ mod mysql {
 
     use super::*;
     use crate::pessimistic::connection::mysql::{
-        in_server_transaction_query, restore_lock_wait_timeout_sql, SaveAndSetLockWaitTimeout,
+        restore_lock_wait_timeout_sql, server_transaction_query, SaveAndSetLockWaitTimeout,
     };
 
     impl AsyncLockingConnection for AsyncMysqlConnection {
@@ -296,12 +296,16 @@ mod mysql {
 
         async fn transaction_ended(&mut self, cause: Option<&Error>) -> Option<Error> {
             // MariaDB knows.
-            crate::transaction::ended_unless_open(in_server_transaction(self).await, cause)
+            crate::transaction::ended_unless_open(caller_transaction_alive(self).await, cause)
         }
 
         async fn keep_aborted(&mut self) {
             // On a lost connection this fails too, and there is nothing to keep.
-            let _ = self.batch_execute(crate::transaction::KEEP_ABORTED).await;
+            for statement in crate::transaction::KEEP_ABORTED {
+                if self.batch_execute(statement).await.is_err() {
+                    break;
+                }
+            }
         }
 
         async fn repair(&mut self) {
@@ -315,12 +319,24 @@ mod mysql {
         }
     }
 
-    /// MariaDB's `@@in_transaction`: whether the server has a transaction open.
+    /// Whether the caller's transaction is alive on the server, as the blocking
+    /// connection reads it: open, and not lockkit's stand-in for an aborted one.
+    async fn caller_transaction_alive(conn: &mut AsyncMysqlConnection) -> QueryResult<bool> {
+        use crate::transaction::StandIn;
+        match StandIn::read(server_transaction_query().get_result(conn).await?) {
+            StandIn::NoTransaction => Ok(false),
+            StandIn::Alive => Ok(true),
+            StandIn::Probe if conn.batch_execute(StandIn::PROBE).await.is_ok() => Ok(false),
+            StandIn::Probe => conn.batch_execute(StandIn::FORGET).await.map(|()| true),
+        }
+    }
+
+    /// MariaDB's `@@in_transaction`: whether the server has any transaction open.
     async fn in_server_transaction(conn: &mut AsyncMysqlConnection) -> QueryResult<bool> {
-        in_server_transaction_query()
-            .get_result::<i64>(conn)
+        server_transaction_query()
+            .get_result::<(i64, i64)>(conn)
             .await
-            .map(|open| open != 0)
+            .map(|(open, _)| open != 0)
     }
 }
 

@@ -233,6 +233,9 @@ where
     E: From<Error> + Send,
     T: Send,
 {
+    // This call's own level in diesel-async's books: its transaction, or the
+    // savepoint nested in the caller's.
+    let depth = super::connection::transaction_depth(conn);
     let result = match result {
         Ok(value) => match conn.restore(&restore, true).await {
             Ok(()) => C::TransactionManager::commit_transaction(conn)
@@ -244,10 +247,11 @@ where
         Err(failure) => Err(failure),
     };
     let mut rollback_failed = None;
-    if result.is_err() && in_transaction(conn) {
-        // After a failed COMMIT diesel-async has already ended (or given up
-        // on) the transaction; otherwise roll it back. A broken transaction
-        // manager says less than the error behind it.
+    if result.is_err() && depth > 0 && super::connection::transaction_depth(conn) == depth {
+        // Roll back this call's level, if it is still open: after a failed
+        // COMMIT or RELEASE SAVEPOINT diesel-async has already ended (or given
+        // up on) it, and one more rollback would end the caller's. A broken
+        // transaction manager says less than the error behind it.
         match C::TransactionManager::rollback_transaction(conn).await {
             Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => {}
             Err(rollback) => rollback_failed = Some(rollback),
@@ -267,7 +271,10 @@ where
         Some(cause) => (true, conn.transaction_ended(cause).await),
         None => (false, None),
     };
-    if ended.is_some() {
+    // Only while the caller's transaction is open in diesel-async's books:
+    // the caller's rollback then ends the stand-in, and nothing is left open
+    // behind the books' back.
+    if ended.is_some() && in_transaction(conn) {
         conn.keep_aborted().await;
     }
     // A savepoint that could not be rolled back because the server had ended

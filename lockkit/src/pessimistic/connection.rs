@@ -35,9 +35,22 @@
 //!
 //! Code that catches that error and goes on would write in autocommit, each
 //! statement committed on its own. So lockkit also opens a read-only transaction
-//! in the aborted one's place (`START TRANSACTION READ ONLY`): a later write fails
-//! with [`Error::ReadOnly`], and the caller's rollback ends it. What it cannot
-//! undo is the caller's own choice to catch the error and commit: the server has
+//! in the aborted one's place, only while Diesel still counts the caller's as open:
+//!
+//! ```sql
+//! START TRANSACTION READ ONLY
+//! SAVEPOINT lockkit_aborted
+//! SET @lockkit_aborted = 1
+//! ```
+//!
+//! A later write fails with [`Error::ReadOnly`], and the caller's rollback ends
+//! the stand-in. The question above reads the mark with the same statement
+//! (`SELECT CAST(@@in_transaction AS SIGNED), CAST(@lockkit_aborted IS NOT NULL AS
+//! SIGNED)`); once a stand-in was opened in the session, an open transaction is
+//! probed with `ROLLBACK TO SAVEPOINT lockkit_aborted`, which succeeds only in the
+//! stand-in (so a call further up still learns that its transaction ended), and a
+//! stale mark is cleared (`SET @lockkit_aborted = NULL`). What lockkit cannot undo
+//! is the caller's own choice to catch the error and commit: the server has
 //! already thrown away what the transaction wrote before, as it would under
 //! Diesel's own `transaction`. Let `TransactionAborted` travel.
 //!
@@ -353,20 +366,39 @@ pub(crate) mod mysql {
 
     as_locking_connection!(MysqlConnection);
 
-    /// `SELECT CAST(@@in_transaction AS SIGNED)`: whether the server has a
-    /// transaction open (not 0), for the blocking and the async connection.
-    pub(crate) fn in_server_transaction_query(
-    ) -> diesel::dsl::select<diesel::expression::SqlLiteral<BigInt>> {
-        diesel::select(diesel::dsl::sql::<BigInt>(
-            "CAST(@@in_transaction AS SIGNED)",
+    /// `SELECT CAST(@@in_transaction AS SIGNED), CAST(@lockkit_aborted IS NOT NULL
+    /// AS SIGNED)`: whether the server has a transaction open, and whether a
+    /// stand-in for an aborted one was opened in this session
+    /// ([`StandIn`](crate::transaction::StandIn)), for the blocking and the async
+    /// connection.
+    pub(crate) fn server_transaction_query() -> diesel::dsl::select<(
+        diesel::expression::SqlLiteral<BigInt>,
+        diesel::expression::SqlLiteral<BigInt>,
+    )> {
+        diesel::select((
+            diesel::dsl::sql::<BigInt>("CAST(@@in_transaction AS SIGNED)"),
+            diesel::dsl::sql::<BigInt>("CAST(@lockkit_aborted IS NOT NULL AS SIGNED)"),
         ))
     }
 
-    /// MariaDB's `@@in_transaction`: whether the server has a transaction open.
+    /// Whether the caller's transaction is alive on the server: open, and not
+    /// lockkit's stand-in for an aborted one.
+    fn caller_transaction_alive(conn: &mut MysqlConnection) -> diesel::QueryResult<bool> {
+        use crate::transaction::StandIn;
+        use diesel::connection::SimpleConnection;
+        match StandIn::read(server_transaction_query().get_result(conn)?) {
+            StandIn::NoTransaction => Ok(false),
+            StandIn::Alive => Ok(true),
+            StandIn::Probe if conn.batch_execute(StandIn::PROBE).is_ok() => Ok(false),
+            StandIn::Probe => conn.batch_execute(StandIn::FORGET).map(|()| true),
+        }
+    }
+
+    /// MariaDB's `@@in_transaction`: whether the server has any transaction open.
     fn in_server_transaction(conn: &mut MysqlConnection) -> diesel::QueryResult<bool> {
-        in_server_transaction_query()
-            .get_result::<i64>(conn)
-            .map(|open| open != 0)
+        server_transaction_query()
+            .get_result::<(i64, i64)>(conn)
+            .map(|(open, _)| open != 0)
     }
 
     /// `SET @lockkit_lock_wait_timeout_<depth> = @@SESSION.innodb_lock_wait_timeout,
@@ -470,13 +502,17 @@ pub(crate) mod mysql {
     impl Control for MysqlConnection {
         fn transaction_ended(&mut self, cause: Option<&Error>) -> Option<Error> {
             // MariaDB knows.
-            crate::transaction::ended_unless_open(in_server_transaction(self), cause)
+            crate::transaction::ended_unless_open(caller_transaction_alive(self), cause)
         }
 
         fn keep_aborted(&mut self) {
             use diesel::connection::SimpleConnection;
             // On a lost connection this fails too, and there is nothing to keep.
-            let _ = self.batch_execute(crate::transaction::KEEP_ABORTED);
+            for statement in crate::transaction::KEEP_ABORTED {
+                if self.batch_execute(statement).is_err() {
+                    break;
+                }
+            }
         }
 
         fn repair(&mut self) {

@@ -183,7 +183,8 @@ pub trait Lockable: Sized {
     /// `self`: Rails' `lock!`, Django's `select_for_update().get()`.
     ///
     /// ```sql
-    /// SELECT CAST(@@in_transaction AS SIGNED)   -- MariaDB only: is the transaction still open?
+    /// SELECT CAST(@@in_transaction AS SIGNED), CAST(@lockkit_aborted IS NOT NULL AS SIGNED)
+    ///                                          -- MariaDB only: is the transaction still open?
     /// PRAGMA incremental_vacuum(1)             -- SQLite only: the database's write lock
     /// SELECT items.id, .. FROM items WHERE items.id = $1 FOR UPDATE  -- SQLite: no clause
     /// UPDATE items SET lock_version = lock_version + 1

@@ -99,8 +99,51 @@ pub trait Control: Connection + Sized {
 /// execute statement in a READ ONLY transaction"), and the caller's `ROLLBACK`
 /// (or `COMMIT`) ends it. A caller that swallows the error and writes nothing
 /// more still commits nothing of what came before: the server threw it away.
+///
+/// The stand-in carries a savepoint of its own and a session mark, so that a
+/// lockkit call further up, asking whether its transaction survived, is not
+/// fooled by it ([`StandIn`]).
 #[cfg(feature = "mysql")]
-pub(crate) const KEEP_ABORTED: &str = "START TRANSACTION READ ONLY";
+pub(crate) const KEEP_ABORTED: [&str; 3] = [
+    "START TRANSACTION READ ONLY",
+    "SAVEPOINT lockkit_aborted",
+    "SET @lockkit_aborted = 1",
+];
+
+/// MySQL/MariaDB: what lockkit reads to learn whether the caller's transaction
+/// survived, `SELECT CAST(@@in_transaction AS SIGNED), CAST(@lockkit_aborted IS
+/// NOT NULL AS SIGNED)`, and what it then does.
+#[cfg(feature = "mysql")]
+pub(crate) enum StandIn {
+    /// No transaction open on the server: the caller's has ended.
+    NoTransaction,
+    /// A transaction open, and no stand-in was ever opened in this session: the
+    /// caller's is alive (the one statement asked, as before any abort).
+    Alive,
+    /// A transaction open, and a mark left by a stand-in: the stand-in itself
+    /// (the caller's transaction has ended), or a live transaction after the
+    /// stand-in ended. [`PROBE`](Self::PROBE) tells: only in the stand-in does
+    /// its savepoint exist (rolling back to it there undoes nothing: it is
+    /// read-only). Otherwise the mark is stale: [`FORGET`](Self::FORGET).
+    Probe,
+}
+
+#[cfg(feature = "mysql")]
+impl StandIn {
+    /// The statement that succeeds only inside the stand-in.
+    pub(crate) const PROBE: &'static str = "ROLLBACK TO SAVEPOINT lockkit_aborted";
+    /// Clears a stale mark, so that the next question is one statement again.
+    pub(crate) const FORGET: &'static str = "SET @lockkit_aborted = NULL";
+
+    /// Reads the answer to the question (`open`, `marked`, not 0 for yes).
+    pub(crate) fn read((open, marked): (i64, i64)) -> Self {
+        match (open != 0, marked != 0) {
+            (false, _) => StandIn::NoTransaction,
+            (true, false) => StandIn::Alive,
+            (true, true) => StandIn::Probe,
+        }
+    }
+}
 
 /// Whether Diesel's (or diesel-async's) transaction manager gave up on the
 /// connection: [`Control::repair`]'s first question.
@@ -184,7 +227,9 @@ where
     let ended = failed
         .question(nested)
         .and_then(|cause| conn.transaction_ended(cause));
-    if ended.is_some() {
+    // Only while the caller's transaction is open in Diesel's books: the
+    // caller's rollback then ends the stand-in.
+    if ended.is_some() && in_transaction(conn) {
         conn.keep_aborted();
     }
     Err(failed.into_error(nested, ended))
@@ -240,8 +285,12 @@ impl<E: From<Error>> Failed<E> {
             (Failed::Closure(err), _) => err,
             (Failed::Lockkit(Error::TransactionAborted(cause)), _) if !nested => E::from(*cause),
             (Failed::Lockkit(err @ Error::TransactionAborted(_)), _) => E::from(err),
-            (Failed::Lockkit(err), Some(_)) if nested => {
-                E::from(Error::TransactionAborted(Box::new(err)))
+            // lockkit's own error names the cause when it is one of the
+            // errors that end a transaction (a deadlock, a lost connection);
+            // else (a failed RELEASE SAVEPOINT, say) the server's answer does.
+            (Failed::Lockkit(err), Some(reason)) if nested => {
+                let cause = if err.is_retryable() { err } else { reason };
+                E::from(Error::TransactionAborted(Box::new(cause)))
             }
             (Failed::Lockkit(err), _) => E::from(err),
         }
