@@ -97,6 +97,42 @@ async fn order_line<A: SimpleAsyncConnection + Send>(conn: &mut A, id: u32) -> R
     Ok(conn.batch_execute(&sql).await?)
 }
 
+/// What the next user of `conn` would find (a pool hands it on when
+/// diesel-async counts no transaction open): whether diesel-async counts one,
+/// and what an autocommit write of order line 99 does.
+async fn what_the_next_user_finds<A>(conn: &mut A) -> (bool, Result<(), Error>)
+where
+    A: AsyncConnection + SimpleAsyncConnection + Send,
+{
+    (
+        async_common::in_transaction(conn),
+        order_line(conn, 99).await,
+    )
+}
+
+/// After a nested call whose work swallowed a deadlock (so that its `RELEASE
+/// SAVEPOINT` failed) and the caller's end: no transaction left open, in
+/// diesel-async's books or on the server; order line 99 committed on its own,
+/// nothing of the caller's transaction.
+fn assert_left_clean(
+    (books, write): (bool, Result<(), Error>),
+    outcome: &Result<(), Error>,
+    runs: u32,
+    stock: i32,
+    lines: i64,
+) {
+    assert_eq!(runs, 1);
+    assert!(
+        !books,
+        "diesel-async says a transaction is open: {outcome:?}"
+    );
+    assert!(
+        write.is_ok(),
+        "an autocommit write: {write:?} (the caller got {outcome:?})"
+    );
+    assert_eq!((stock, lines), (10, 1), "{outcome:?}");
+}
+
 async_server_tests! {
     async fn a_deadlock_inside_a_nested_with_lock_that_the_caller_retries_loses_nothing(db) {
         // The caller's own transaction records order line 1, then sells one unit
@@ -168,57 +204,36 @@ async_server_tests! {
         // Whatever the caller gets, once its transaction is over the connection
         // must be as diesel-async's books say: no transaction open, an
         // autocommit write goes through (a pool would hand it on as clean).
-        let after;
-        let (outcome, runs, stock, lines) = deadlock_first_attempt!(db, |conn, work| {
-            {
-                let outcome = conn
-                    .transaction(async |conn| {
-                        order_line(conn, 1).await?;
+        // The caller: diesel-async's own transaction, then lockkit's outermost
+        // `with_lock`.
+        for lockkit_outside in [false, true] {
+            exec(&mut db.conn(), "DELETE FROM orders");
+            exec(&mut db.conn(), "DELETE FROM items");
+            let after;
+            let (outcome, runs, stock, lines) = deadlock_first_attempt!(db, |conn, work| {
+                {
+                    let nested = async |conn: &mut Async| {
                         lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |conn, _: Item| {
                             let _ = work(conn, 1).await; // a fallback of its own
                             Ok::<_, Error>(())
                         })
                         .await
-                    })
-                    .await;
-                let books = async_common::in_transaction(&mut conn);
-                let write = order_line(&mut conn, 99).await;
-                after = Some((books, write));
-                outcome
-            }
-        });
-        let (books, write) = after.unwrap();
-        assert_eq!(runs, 1);
-        assert!(!books, "diesel-async says a transaction is open: {outcome:?}");
-        assert!(write.is_ok(), "an autocommit write on a connection with no transaction open: {write:?} (caller got {outcome:?})");
-        // Order line 99 committed on its own; nothing of the caller's transaction.
-        assert_eq!((stock, lines), (10, 1), "{outcome:?}");
-    }
-
-    async fn a_top_level_with_lock_around_a_nested_call_that_swallowed_an_abort_leaves_no_transaction_behind(db) {
-        // As above, with lockkit's own outermost call as the caller.
-        let after;
-        let (outcome, runs, stock, lines) = deadlock_first_attempt!(db, |conn, work| {
-            {
-                let outcome = lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |conn, _: Item| {
-                    lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |conn, _: Item| {
-                        let _ = work(conn, 1).await; // a fallback of its own
-                        Ok::<_, Error>(())
-                    })
-                    .await
-                })
-                .await;
-                let books = async_common::in_transaction(&mut conn);
-                let write = order_line(&mut conn, 99).await;
-                after = Some((books, write));
-                outcome
-            }
-        });
-        let (books, write) = after.unwrap();
-        assert_eq!(runs, 1);
-        assert!(!books, "diesel-async says a transaction is open: {outcome:?}");
-        assert!(write.is_ok(), "an autocommit write on a connection with no transaction open: {write:?} (with_lock returned {outcome:?})");
-        assert_eq!((stock, lines), (10, 1), "{outcome:?}");
+                    };
+                    let outcome = if lockkit_outside {
+                        lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |conn, _: Item| nested(conn).await).await
+                    } else {
+                        conn.transaction(async |conn| {
+                            order_line(conn, 1).await?;
+                            nested(conn).await
+                        })
+                        .await
+                    };
+                    after = Some(what_the_next_user_finds(&mut conn).await);
+                    outcome
+                }
+            });
+            assert_left_clean(after.unwrap(), &outcome, runs, stock, lines);
+        }
     }
 
     async fn a_caller_that_rolls_back_after_a_nested_call_failed_at_release_commits_nothing(db) {

@@ -145,6 +145,68 @@ fn outer_transaction_committed(
     }
 }
 
+/// A top-level `transaction_with_retry` whose attempt `n` records order line
+/// `n`, then sells under `sell(conn, n)`: the owner of the outermost
+/// transaction, which may run it again.
+fn orders_with_retry<C, E>(
+    conn: &mut C,
+    mut sell: impl FnMut(&mut C::Conn, u32) -> Result<(), E>,
+) -> Result<(), E>
+where
+    C: lockkit::AsLockingConnection,
+    E: lockkit::RetryableError,
+{
+    let mut attempt = 0;
+    lockkit::transaction_with_retry(conn, &RetryPolicy::default(), |conn| {
+        attempt += 1;
+        exec(
+            conn,
+            &format!("INSERT INTO orders (id, item_id, qty) VALUES ({attempt}, NULL, 1)"),
+        );
+        sell(conn, attempt)
+    })
+}
+
+/// An error type of the caller's that hides lockkit's error from lockkit:
+/// `Opaque` keeps only its text, and says it is retryable when `retryable`.
+#[derive(Debug, thiserror::Error)]
+enum AppError {
+    #[error("opaque: {message}")]
+    Opaque { message: String, retryable: bool },
+    #[error(transparent)]
+    Lock(#[from] Error),
+}
+
+impl AppError {
+    fn opaque(err: Error, retryable: bool) -> Self {
+        AppError::Opaque {
+            message: err.to_string(),
+            retryable,
+        }
+    }
+}
+
+impl From<diesel::result::Error> for AppError {
+    fn from(err: diesel::result::Error) -> Self {
+        AppError::Lock(err.into())
+    }
+}
+
+impl lockkit::RetryableError for AppError {
+    fn lockkit_error(&self) -> Option<&Error> {
+        match self {
+            AppError::Lock(err) => Some(err),
+            AppError::Opaque { .. } => None,
+        }
+    }
+    fn is_retryable(&self) -> bool {
+        match self {
+            AppError::Lock(err) => err.is_retryable(),
+            AppError::Opaque { retryable, .. } => *retryable,
+        }
+    }
+}
+
 mod servers {
     use super::*;
 
@@ -175,42 +237,16 @@ mod servers {
             // The closure's error type hides lockkit's error from lockkit, and the
             // caller's `is_retryable` says yes to anything: lockkit asks the server
             // whether the transaction survived, instead of trusting the error.
-            #[derive(Debug, thiserror::Error)]
-            enum AppError {
-                #[error("opaque: {0}")]
-                Opaque(String),
-                #[error(transparent)]
-                Lock(#[from] Error),
-            }
-            impl From<diesel::result::Error> for AppError {
-                fn from(err: diesel::result::Error) -> Self {
-                    AppError::Lock(err.into())
-                }
-            }
-            impl lockkit::RetryableError for AppError {
-                fn lockkit_error(&self) -> Option<&Error> {
-                    match self {
-                        AppError::Lock(err) => Some(err),
-                        AppError::Opaque(_) => None,
-                    }
-                }
-                fn is_retryable(&self) -> bool {
-                    match self {
-                        AppError::Lock(err) => err.is_retryable(),
-                        AppError::Opaque(_) => true, // careless, on purpose
-                    }
-                }
-            }
             let mut seen = None;
             let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
                 let result = after_order_line_1(&mut conn, |conn| {
                     retry(&RetryPolicy::default(), |attempt| {
                         lockkit::with_lock(conn, 1, LockOptions::default(), |conn, _: Item| {
-                            work(conn, attempt).map_err(|err| AppError::Opaque(err.to_string()))
+                            work(conn, attempt).map_err(|err| AppError::opaque(err, true)) // careless, on purpose
                         })
                     })
                 });
-                let outcome = result.as_ref().map(drop).map_err(|err| Error::InvalidInput(if matches!(err, AppError::Opaque(_)) { "opaque" } else { "lock" }));
+                let outcome = result.as_ref().map(drop).map_err(|err| Error::InvalidInput(if matches!(err, AppError::Opaque { .. }) { "opaque" } else { "lock" }));
                 seen = Some(result);
                 outcome
             });
@@ -272,12 +308,8 @@ mod servers {
             // The owner of the outermost transaction may retry: the server rolled
             // everything back, and the next attempt is a new transaction.
             let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
-                let mut attempt = 0;
-                lockkit::transaction_with_retry(&mut conn, &RetryPolicy::default(), |conn| {
-                    attempt += 1;
-                    exec(conn, &format!("INSERT INTO orders (id, item_id, qty) VALUES ({attempt}, NULL, 1)"));
-                    let this = attempt;
-                    lockkit::with_lock(conn, 1, lockkit::LockOptions::default(), |conn, _: Item| work(conn, this))
+                orders_with_retry(&mut conn, |conn, attempt| {
+                    lockkit::with_lock(conn, 1, lockkit::LockOptions::default(), |conn, _: Item| work(conn, attempt))
                 })
             });
             assert!(outcome.is_ok(), "{outcome:?}");
@@ -290,39 +322,14 @@ mod servers {
             // asks the server whether the transaction survived, as one level
             // down. The owner of the outermost transaction must learn that it
             // ended, and run it again.
-            #[derive(Debug, thiserror::Error)]
-            enum AppError {
-                #[error("opaque: {0}")]
-                Opaque(String),
-                #[error(transparent)]
-                Lock(#[from] Error),
-            }
-            impl lockkit::RetryableError for AppError {
-                fn lockkit_error(&self) -> Option<&Error> {
-                    match self {
-                        AppError::Lock(err) => Some(err),
-                        AppError::Opaque(_) => None,
-                    }
-                }
-                fn is_retryable(&self) -> bool {
-                    match self {
-                        AppError::Lock(err) => err.is_retryable(),
-                        AppError::Opaque(_) => false,
-                    }
-                }
-            }
             let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
-                let mut attempt = 0;
-                lockkit::transaction_with_retry(&mut conn, &RetryPolicy::default(), |conn| {
-                    attempt += 1;
-                    exec(conn, &format!("INSERT INTO orders (id, item_id, qty) VALUES ({attempt}, NULL, 1)"));
-                    let this = attempt;
+                orders_with_retry(&mut conn, |conn, attempt| {
                     lockkit::with_lock(conn, 1, LockOptions::default(), |conn, _: Item| {
-                        lockkit::with_lock(conn, 1, LockOptions::default(), |conn, _: Item| work(conn, this))
-                            .map_err(|err| AppError::Opaque(err.to_string()))
+                        lockkit::with_lock(conn, 1, LockOptions::default(), |conn, _: Item| work(conn, attempt))
+                            .map_err(|err| AppError::opaque(err, false))
                     })
                 })
-                .map_err(|err| Error::InvalidInput(if matches!(err, AppError::Opaque(_)) { "opaque" } else { "lock" }))
+                .map_err(|err| Error::InvalidInput(if matches!(err, AppError::Opaque { .. }) { "opaque" } else { "lock" }))
             });
             if BACKEND == "postgres" {
                 // Only the innermost savepoint went: the caller's own error,
