@@ -317,3 +317,43 @@ async_server_tests! {
         assert_eq!((runs, stock, lines), (2, 9, 1));
     }
 }
+
+/// MySQL/MariaDB probes of the stand-in for an aborted transaction, the async
+/// twins of the blocking side's (each test states what must hold).
+mod stand_in_probes {
+    use super::*;
+
+    async_server_tests! {
+        async fn a_stale_mark_and_a_savepoint_of_the_callers_named_lockkit_aborted_commit_nothing_the_caller_rolled_back(db) {
+            // A connection on which a stand-in was once opened keeps the mark
+            // (set by hand here). A later live transaction that has a savepoint
+            // of that name, and a nested call that fails with the closure's own
+            // error: nothing may be committed behind the caller's back.
+            if BACKEND != "mysql" {
+                return;
+            }
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+            conn.batch_execute("SET @lockkit_aborted = 1").await.unwrap();
+            let nested = Mutex::new(None);
+            let outcome: Result<(), Error> = conn
+                .transaction(async |conn| {
+                    order_line(conn, 1).await?;
+                    conn.batch_execute("SAVEPOINT lockkit_aborted").await?;
+                    order_line(conn, 2).await?;
+                    let failed = lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |_, _: Item| {
+                        Err::<(), _>(Error::InvalidInput("the work fails"))
+                    })
+                    .await;
+                    *nested.lock().unwrap() = Some(failed);
+                    Err(Error::InvalidInput("the caller rolls back"))
+                })
+                .await;
+            let nested = nested.into_inner().unwrap();
+            let mut fresh: Async = async_common::connect(&db.url, BACKEND).await;
+            let lines: i64 = orders::table.count().get_result(&mut fresh).await.unwrap();
+            assert_eq!(lines, 0, "the caller rolled back, yet {lines} order line(s) committed; nested: {nested:?}, outcome: {outcome:?}");
+            assert!(matches!(nested, Some(Err(Error::InvalidInput(_)))), "{nested:?}");
+        }
+    }
+}

@@ -529,3 +529,103 @@ mod all {
         }
     }
 }
+
+/// MySQL/MariaDB probes of the stand-in for an aborted transaction (a review's
+/// proofs; each test states what must hold).
+mod stand_in_probes {
+    use super::*;
+
+    /// `SELECT @lockkit_aborted IS NOT NULL` on `conn` (MySQL/MariaDB).
+    macro_rules! marked {
+        ($conn:expr) => {
+            diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+                "CAST(@lockkit_aborted IS NOT NULL AS SIGNED)",
+            ))
+            .get_result::<i64>($conn)
+            .unwrap()
+                != 0
+        };
+    }
+
+    lockkit_tests::server_tests! {
+        fn a_stale_mark_and_a_savepoint_of_the_callers_named_lockkit_aborted_commit_nothing_the_caller_rolled_back(db) {
+            // A connection on which a stand-in was once opened keeps the mark
+            // (set by hand here). A later live transaction that has a savepoint
+            // of that name, and a nested call that fails with the closure's own
+            // error: the probe must not roll back to it, and nothing may be
+            // committed behind the caller's back.
+            if BACKEND != "mysql" {
+                return;
+            }
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn = db.connect();
+            exec(&mut conn, "SET @lockkit_aborted = 1");
+            let mut nested = None;
+            let outcome: Result<(), Error> = conn.transaction(|conn| {
+                exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)");
+                exec(conn, "SAVEPOINT lockkit_aborted");
+                exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)");
+                nested = Some(lockkit::with_lock(conn, 1, LockOptions::default(), |_, _: Item| {
+                    Err::<(), _>(Error::InvalidInput("the work fails"))
+                }));
+                Err(Error::InvalidInput("the caller rolls back"))
+            });
+            let mut fresh = db.connect();
+            let lines = order_lines!(&mut fresh);
+            assert_eq!(lines, 0, "the caller rolled back, yet {lines} order line(s) committed; nested: {nested:?}, outcome: {outcome:?}");
+            assert!(matches!(nested, Some(Err(Error::InvalidInput(_)))), "{nested:?}");
+        }
+
+        fn a_stale_mark_is_cleared_by_a_nested_failure_in_a_live_transaction(db) {
+            // After a swallowed abort and the caller's rollback the mark stays;
+            // in the next transaction a nested failure of the closure's own must
+            // come back as it is, the transaction stay alive, the mark go.
+            if BACKEND != "mysql" {
+                return;
+            }
+            let (_, _, mut conn) = deadlock_first_attempt!(db, |conn, work| {
+                after_order_line_1(&mut conn, |conn| {
+                    let _ = lockkit::with_lock(conn, 1, LockOptions::default(), |conn, _: Item| work(conn, 1));
+                    Err::<(), _>(Error::InvalidInput("the caller rolls back"))
+                })
+            });
+            assert!(marked!(&mut conn), "a stand-in was opened: the mark is set");
+            let mut nested = None;
+            let outcome: Result<(), Error> = conn.transaction(|conn| {
+                exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (5, NULL, 1)");
+                nested = Some(lockkit::with_lock(conn, 1, LockOptions::default(), |_, _: Item| {
+                    Err::<(), _>(Error::InvalidInput("the work fails"))
+                }));
+                exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (6, NULL, 1)");
+                Ok(())
+            });
+            assert!(outcome.is_ok(), "{outcome:?}");
+            assert!(matches!(nested, Some(Err(Error::InvalidInput(_)))), "{nested:?}");
+            assert_eq!(order_lines!(&mut conn), 2);
+            assert!(!marked!(&mut conn), "the stale mark was cleared");
+        }
+
+        fn lock_that_finds_the_transaction_ended_keeps_later_writes_out(db) {
+            // The caller's own statement is the deadlock's victim; it swallows
+            // the error and calls Lockable::lock, which finds the transaction
+            // ended. A write after that must not commit on its own.
+            if BACKEND != "mysql" {
+                return;
+            }
+            let mut locked = None;
+            let (outcome, _, _conn) = deadlock_first_attempt!(db, |conn, work| {
+                after_order_line_1(&mut conn, |conn| {
+                    let _ = work(conn, 1); // the caller's own statement, swallowed
+                    let mut item: Item = items::table.find(3).first(conn)?;
+                    locked = Some(item.lock(conn));
+                    diesel::connection::SimpleConnection::batch_execute(conn, "INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)").map_err(lockkit::classify)?;
+                    Ok::<_, Error>(())
+                })
+            });
+            let mut fresh = db.connect();
+            let lines = order_lines!(&mut fresh);
+            assert!(matches!(locked, Some(Err(Error::TransactionAborted(_)))), "{locked:?}");
+            assert_eq!(lines, 0, "order line 2 committed on its own; outcome {outcome:?}");
+        }
+    }
+}

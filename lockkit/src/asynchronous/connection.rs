@@ -301,8 +301,8 @@ mod mysql {
 
         async fn keep_aborted(&mut self) {
             // On a lost connection this fails too, and there is nothing to keep.
-            for statement in crate::transaction::KEEP_ABORTED {
-                if self.batch_execute(statement).await.is_err() {
+            for statement in crate::transaction::keep_aborted_sql() {
+                if self.batch_execute(&statement).await.is_err() {
                     break;
                 }
             }
@@ -326,15 +326,17 @@ mod mysql {
         match StandIn::read(server_transaction_query().get_result(conn).await?) {
             StandIn::NoTransaction => Ok(false),
             StandIn::Alive => Ok(true),
-            StandIn::Probe if conn.batch_execute(StandIn::PROBE).await.is_ok() => Ok(false),
-            StandIn::Probe => conn.batch_execute(StandIn::FORGET).await.map(|()| true),
+            StandIn::Probe(token) => match StandIn::probe(&token) {
+                Some(probe) if conn.batch_execute(&probe).await.is_ok() => Ok(false),
+                _ => conn.batch_execute(StandIn::FORGET).await.map(|()| true),
+            },
         }
     }
 
     /// MariaDB's `@@in_transaction`: whether the server has any transaction open.
     async fn in_server_transaction(conn: &mut AsyncMysqlConnection) -> QueryResult<bool> {
         server_transaction_query()
-            .get_result::<(i64, i64)>(conn)
+            .get_result::<(i64, Option<String>)>(conn)
             .await
             .map(|(open, _)| open != 0)
     }

@@ -39,17 +39,18 @@
 //!
 //! ```sql
 //! START TRANSACTION READ ONLY
-//! SAVEPOINT lockkit_aborted
-//! SET @lockkit_aborted = 1
+//! SAVEPOINT lockkit_aborted_<16 random hex digits>
+//! SET @lockkit_aborted = 'lockkit_aborted_<the same digits>'
 //! ```
 //!
 //! A later write fails with [`Error::ReadOnly`], and the caller's rollback ends
 //! the stand-in. The question above reads the mark with the same statement
-//! (`SELECT CAST(@@in_transaction AS SIGNED), CAST(@lockkit_aborted IS NOT NULL AS
-//! SIGNED)`); once a stand-in was opened in the session, an open transaction is
-//! probed with `ROLLBACK TO SAVEPOINT lockkit_aborted`, which succeeds only in the
-//! stand-in (so a call further up still learns that its transaction ended), and a
-//! stale mark is cleared (`SET @lockkit_aborted = NULL`). What lockkit cannot undo
+//! (`SELECT CAST(@@in_transaction AS SIGNED), CAST(@lockkit_aborted AS CHAR)`);
+//! once a stand-in was opened in the session, an open transaction is probed with
+//! `ROLLBACK TO SAVEPOINT <the mark>`, which succeeds only in the stand-in (so a
+//! call further up still learns that its transaction ended), and a stale mark is
+//! cleared (`SET @lockkit_aborted = NULL`). [`Lockable::lock`](crate::Lockable::lock),
+//! which asks before it locks, opens the stand-in too. What lockkit cannot undo
 //! is the caller's own choice to catch the error and commit: the server has
 //! already thrown away what the transaction wrote before, as it would under
 //! Diesel's own `transaction`. Let `TransactionAborted` travel.
@@ -366,18 +367,19 @@ pub(crate) mod mysql {
 
     as_locking_connection!(MysqlConnection);
 
-    /// `SELECT CAST(@@in_transaction AS SIGNED), CAST(@lockkit_aborted IS NOT NULL
-    /// AS SIGNED)`: whether the server has a transaction open, and whether a
-    /// stand-in for an aborted one was opened in this session
-    /// ([`StandIn`](crate::transaction::StandIn)), for the blocking and the async
-    /// connection.
+    /// `SELECT CAST(@@in_transaction AS SIGNED), CAST(@lockkit_aborted AS CHAR)`: whether the
+    /// server has a transaction open, and the token of a stand-in for an aborted
+    /// one opened in this session ([`StandIn`](crate::transaction::StandIn)), for
+    /// the blocking and the async connection.
     pub(crate) fn server_transaction_query() -> diesel::dsl::select<(
         diesel::expression::SqlLiteral<BigInt>,
-        diesel::expression::SqlLiteral<BigInt>,
+        diesel::expression::SqlLiteral<diesel::sql_types::Nullable<diesel::sql_types::Text>>,
     )> {
         diesel::select((
             diesel::dsl::sql::<BigInt>("CAST(@@in_transaction AS SIGNED)"),
-            diesel::dsl::sql::<BigInt>("CAST(@lockkit_aborted IS NOT NULL AS SIGNED)"),
+            diesel::dsl::sql::<diesel::sql_types::Nullable<diesel::sql_types::Text>>(
+                "CAST(@lockkit_aborted AS CHAR)",
+            ),
         ))
     }
 
@@ -389,15 +391,17 @@ pub(crate) mod mysql {
         match StandIn::read(server_transaction_query().get_result(conn)?) {
             StandIn::NoTransaction => Ok(false),
             StandIn::Alive => Ok(true),
-            StandIn::Probe if conn.batch_execute(StandIn::PROBE).is_ok() => Ok(false),
-            StandIn::Probe => conn.batch_execute(StandIn::FORGET).map(|()| true),
+            StandIn::Probe(token) => match StandIn::probe(&token) {
+                Some(probe) if conn.batch_execute(&probe).is_ok() => Ok(false),
+                _ => conn.batch_execute(StandIn::FORGET).map(|()| true),
+            },
         }
     }
 
     /// MariaDB's `@@in_transaction`: whether the server has any transaction open.
     fn in_server_transaction(conn: &mut MysqlConnection) -> diesel::QueryResult<bool> {
         server_transaction_query()
-            .get_result::<(i64, i64)>(conn)
+            .get_result::<(i64, Option<String>)>(conn)
             .map(|(open, _)| open != 0)
     }
 
@@ -508,8 +512,8 @@ pub(crate) mod mysql {
         fn keep_aborted(&mut self) {
             use diesel::connection::SimpleConnection;
             // On a lost connection this fails too, and there is nothing to keep.
-            for statement in crate::transaction::KEEP_ABORTED {
-                if self.batch_execute(statement).is_err() {
+            for statement in crate::transaction::keep_aborted_sql() {
+                if self.batch_execute(&statement).is_err() {
                     break;
                 }
             }

@@ -183,7 +183,7 @@ pub trait Lockable: Sized {
     /// `self`: Rails' `lock!`, Django's `select_for_update().get()`.
     ///
     /// ```sql
-    /// SELECT CAST(@@in_transaction AS SIGNED), CAST(@lockkit_aborted IS NOT NULL AS SIGNED)
+    /// SELECT CAST(@@in_transaction AS SIGNED), CAST(@lockkit_aborted AS CHAR)
     ///                                          -- MariaDB only: is the transaction still open?
     /// PRAGMA incremental_vacuum(1)             -- SQLite only: the database's write lock
     /// SELECT items.id, .. FROM items WHERE items.id = $1 FOR UPDATE  -- SQLite: no clause
@@ -256,6 +256,7 @@ pub trait Lockable: Sized {
         let conn = conn.locking_connection();
         require_transaction(conn.in_transaction())?;
         if let Some(reason) = conn.transaction_ended(None) {
+            conn.keep_aborted(); // as at the end of a nested call that found it
             return Err(Error::TransactionAborted(Box::new(reason)));
         }
         conn.take_write_lock()?; // SQLite: a deferred transaction holds no lock yet

@@ -80,7 +80,7 @@ pub trait Control: Connection + Sized {
 
     /// After [`transaction_ended`](Self::transaction_ended) found that the server
     /// ended the whole transaction under a nested call: keeps the caller's code
-    /// from writing on in autocommit ([`KEEP_ABORTED`]). The default: nothing
+    /// from writing on in autocommit ([`keep_aborted_sql`]). The default: nothing
     /// (only MySQL/MariaDB end a transaction and keep the connection).
     fn keep_aborted(&mut self) {}
 
@@ -98,21 +98,26 @@ pub trait Control: Connection + Sized {
 /// transaction in its place: a later write fails (MariaDB's 1792, "Cannot
 /// execute statement in a READ ONLY transaction"), and the caller's `ROLLBACK`
 /// (or `COMMIT`) ends it. A caller that swallows the error and writes nothing
-/// more still commits nothing of what came before: the server threw it away.
+/// more still commits nothing of what came before: the server threw it away
+/// (and lockkit's own outermost call, committing the stand-in, reports `Ok`:
+/// let `TransactionAborted` travel).
 ///
-/// The stand-in carries a savepoint of its own and a session mark, so that a
-/// lockkit call further up, asking whether its transaction survived, is not
-/// fooled by it ([`StandIn`]).
+/// The stand-in carries a savepoint of its own, named by a random token that a
+/// session mark keeps, so that a lockkit call further up, asking whether its
+/// transaction survived, is not fooled by it ([`StandIn`]).
 #[cfg(feature = "mysql")]
-pub(crate) const KEEP_ABORTED: [&str; 3] = [
-    "START TRANSACTION READ ONLY",
-    "SAVEPOINT lockkit_aborted",
-    "SET @lockkit_aborted = 1",
-];
+pub(crate) fn keep_aborted_sql() -> [String; 3] {
+    let token = format!("{}{:016x}", StandIn::PREFIX, fastrand::u64(..));
+    [
+        "START TRANSACTION READ ONLY".to_owned(),
+        format!("SAVEPOINT {token}"),
+        format!("SET @lockkit_aborted = '{token}'"),
+    ]
+}
 
 /// MySQL/MariaDB: what lockkit reads to learn whether the caller's transaction
-/// survived, `SELECT CAST(@@in_transaction AS SIGNED), CAST(@lockkit_aborted IS
-/// NOT NULL AS SIGNED)`, and what it then does.
+/// survived, `SELECT CAST(@@in_transaction AS SIGNED), CAST(@lockkit_aborted AS
+/// CHAR)`, and what it then does.
 #[cfg(feature = "mysql")]
 pub(crate) enum StandIn {
     /// No transaction open on the server: the caller's has ended.
@@ -120,28 +125,37 @@ pub(crate) enum StandIn {
     /// A transaction open, and no stand-in was ever opened in this session: the
     /// caller's is alive (the one statement asked, as before any abort).
     Alive,
-    /// A transaction open, and a mark left by a stand-in: the stand-in itself
-    /// (the caller's transaction has ended), or a live transaction after the
-    /// stand-in ended. [`PROBE`](Self::PROBE) tells: only in the stand-in does
-    /// its savepoint exist (rolling back to it there undoes nothing: it is
-    /// read-only). Otherwise the mark is stale: [`FORGET`](Self::FORGET).
-    Probe,
+    /// A transaction open, and the token of a stand-in opened in this session:
+    /// the stand-in itself (the caller's transaction has ended), or a live
+    /// transaction after the stand-in ended. [`probe`](Self::probe) tells: only
+    /// in the stand-in does the savepoint of that name exist (rolling back to it
+    /// there undoes nothing: it is read-only). Otherwise the mark is stale:
+    /// [`FORGET`](Self::FORGET).
+    Probe(String),
 }
-
 #[cfg(feature = "mysql")]
 impl StandIn {
-    /// The statement that succeeds only inside the stand-in.
-    pub(crate) const PROBE: &'static str = "ROLLBACK TO SAVEPOINT lockkit_aborted";
+    /// How a stand-in's savepoint name begins; 16 hex digits follow.
+    const PREFIX: &'static str = "lockkit_aborted_";
     /// Clears a stale mark, so that the next question is one statement again.
     pub(crate) const FORGET: &'static str = "SET @lockkit_aborted = NULL";
 
-    /// Reads the answer to the question (`open`, `marked`, not 0 for yes).
-    pub(crate) fn read((open, marked): (i64, i64)) -> Self {
-        match (open != 0, marked != 0) {
+    /// Reads the answer to the question (`open`: not 0 for yes; the mark).
+    pub(crate) fn read((open, mark): (i64, Option<String>)) -> Self {
+        match (open != 0, mark) {
             (false, _) => StandIn::NoTransaction,
-            (true, false) => StandIn::Alive,
-            (true, true) => StandIn::Probe,
+            (true, None) => StandIn::Alive,
+            (true, Some(token)) => StandIn::Probe(token),
         }
+    }
+
+    /// The statement that succeeds only inside the stand-in whose token the
+    /// mark holds: `ROLLBACK TO SAVEPOINT <token>`. `None` for a mark lockkit did
+    /// not write (only a token of its own shape is written into SQL): stale.
+    pub(crate) fn probe(token: &str) -> Option<String> {
+        let digits = token.strip_prefix(Self::PREFIX)?;
+        (digits.len() == 16 && digits.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| format!("ROLLBACK TO SAVEPOINT {token}"))
     }
 }
 
