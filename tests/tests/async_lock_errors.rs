@@ -316,6 +316,32 @@ async_server_tests! {
         assert!(outcome.is_ok(), "{outcome:?}");
         assert_eq!((runs, stock, lines), (2, 9, 1));
     }
+
+    async fn a_top_level_transaction_with_retry_whose_work_swallows_a_nested_abort_runs_again(db) {
+        // The work catches the nested call's failure and returns `Ok`. On
+        // MariaDB the server has thrown order line 1 away: the owner of the
+        // outermost transaction must run it again, not report success.
+        let attempts = AtomicU32::new(0);
+        let (outcome, runs, stock, lines) = deadlock_first_attempt!(db, |conn, work| {
+            lockkit::asynchronous::transaction_with_retry(&mut conn, &RetryPolicy::immediate(5), async |conn| {
+                let attempt = attempts.fetch_add(1, Ordering::SeqCst) + 1;
+                order_line(conn, attempt).await?;
+                let _ = lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |conn, _: Item| {
+                    work(conn, attempt).await
+                })
+                .await; // swallowed
+                Ok(())
+            })
+            .await
+        });
+        assert!(outcome.is_ok(), "{outcome:?}");
+        if BACKEND == "postgres" {
+            // Only the savepoint went: order line 1 committed, nothing sold.
+            assert_eq!((runs, stock, lines), (1, 10, 1));
+        } else {
+            assert_eq!((runs, stock, lines), (2, 9, 1), "the thrown-away attempt reported as done");
+        }
+    }
 }
 
 /// MySQL/MariaDB probes of the stand-in for an aborted transaction, the async

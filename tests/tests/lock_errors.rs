@@ -316,6 +316,51 @@ mod servers {
             assert_eq!((attempts, stock_of!(&mut conn), order_lines!(&mut conn)), (2, 9, 1));
         }
 
+        fn a_top_level_transaction_with_retry_whose_work_swallows_a_nested_abort_runs_again(db) {
+            // The work catches the nested call's failure (a fallback of its own,
+            // against the docs' advice) and returns `Ok`. On MariaDB the server
+            // has thrown order line 1 away with the rest of the transaction: the
+            // owner of the outermost transaction must not report success for it,
+            // but run it again.
+            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
+                orders_with_retry(&mut conn, |conn, attempt| {
+                    let _ = lockkit::with_lock(conn, 1, LockOptions::default(), |conn, _: Item| work(conn, attempt)); // swallowed
+                    Ok::<_, Error>(())
+                })
+            });
+            assert!(outcome.is_ok(), "{outcome:?}");
+            let counts = (attempts, stock_of!(&mut conn), order_lines!(&mut conn));
+            if BACKEND == "postgres" {
+                // Only the savepoint went: order line 1 committed, nothing sold.
+                assert_eq!(counts, (1, 10, 1));
+            } else {
+                assert_eq!(counts, (2, 9, 1), "the thrown-away attempt reported as done");
+            }
+        }
+
+        fn a_top_level_locked_transaction_whose_work_swallows_a_nested_abort_reports_the_deadlock(db) {
+            // Not a retrying call: the caller gets the deadlock, retryable, and
+            // nothing of the thrown-away transaction is said to have committed.
+            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
+                lockkit::locked_transaction(&mut conn, LockOptions::default(), |conn| {
+                    exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)");
+                    let _ = lockkit::with_lock(conn, 1, LockOptions::default(), |conn, _: Item| work(conn, 1)); // swallowed
+                    Ok::<_, Error>(())
+                })
+            });
+            assert_eq!(attempts, 1);
+            let counts = (stock_of!(&mut conn), order_lines!(&mut conn));
+            if BACKEND == "postgres" {
+                assert!(outcome.is_ok(), "{outcome:?}");
+                assert_eq!(counts, (10, 1));
+            } else {
+                // Retryable: the server ended the transaction, a new one may begin.
+                assert!(matches!(outcome, Err(Error::Deadlock)), "{outcome:?}");
+                assert_eq!(counts, (10, 0));
+            }
+            assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
+        }
+
         fn a_top_level_transaction_with_retry_reruns_after_an_abort_two_levels_down_hidden_in_the_callers_error(db) {
             // The middle call's closure turns lockkit's error into one of the
             // caller's own (not retryable): lockkit cannot look inside it and

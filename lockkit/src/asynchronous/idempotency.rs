@@ -59,7 +59,7 @@ use crate::clock::now_millis;
 use crate::http::idempotency::{
     finished, replayed, stored, Idempotency, Outcome, Scoped, Start, StoredKey, Write,
 };
-use crate::transaction::Failure;
+use crate::transaction::{Began, Failure};
 use crate::{classify, Error};
 
 /// Runs `work` at most once for `key` of `principal`:
@@ -99,7 +99,7 @@ where
         Start::Owned { started_at } => started_at,
     };
     // A savepoint when one is open, as on the blocking side.
-    let nested = in_transaction(conn);
+    let began = Began::with_work(in_transaction(conn));
     C::TransactionManager::begin_transaction(conn)
         .await
         .map_err(classify)?;
@@ -121,7 +121,7 @@ where
         .map_err(Failure::Lockkit),
         Err(err) => Err(Failure::Closure(err)),
     };
-    let result = end(conn, nested, Restore::Nothing, result).await;
+    let result = end(conn, began, Restore::Nothing, result).await;
     if result.is_err() {
         // Release the key so that a retry runs the work again; a no-op when
         // another request took it over (its `started_at` is not ours).

@@ -17,7 +17,7 @@ use super::connection::{in_transaction, AsyncLockingConnection, Restore};
 use super::retry::again;
 use super::work::AsyncAttempt;
 use crate::retry::may_retry;
-use crate::transaction::Failure;
+use crate::transaction::{Began, Failure};
 use crate::{classify, Error, RetryPolicy, RetryableError};
 
 /// Runs `f` in a `SERIALIZABLE` transaction, retrying serialization failures
@@ -65,8 +65,9 @@ where
     loop {
         let result = match conn.begin_serializable().await {
             Ok(()) => {
+                let began = Began::with_work(false);
                 let result = f(conn).await.map_err(Failure::Closure);
-                super::lockable::end(conn, false, Restore::Nothing, result).await
+                super::lockable::end(conn, began, Restore::Nothing, result).await
             }
             Err(err) => {
                 // A failed `BEGIN` may have left diesel-async's bookkeeping

@@ -77,7 +77,7 @@ use crate::pessimistic::row_lock::{
     EveryClause, ForUpdate, LockClause, LockedCall, RowLock, WaitMode,
 };
 use crate::pessimistic::NoVersion;
-use crate::transaction::{require_transaction, Failed, Failure};
+use crate::transaction::{require_transaction, swallowed, Began, Failed, Failure};
 use crate::{classify, Error, LockOptions, Lockable};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -146,7 +146,7 @@ where
         + AsyncWork2<&'r mut C, M, Result<T, E>, Fut: Send>
         + Send,
 {
-    let nested = in_transaction(conn);
+    let began = Began::with_work(in_transaction(conn));
     let restore = conn.begin_locked(&options).await.map_err(E::from)?;
     let mut held = None;
     let result = match lock_row::<M, C>(conn, key, options).await {
@@ -156,11 +156,11 @@ where
         }
         Err(err) => Err(Failure::Lockkit(err)),
     };
-    let result = end(conn, nested, restore, result).await;
+    let result = end(conn, began, restore, result).await;
     // Nested in the caller's transaction, the lock lasts until the caller's
     // end, which lockkit does not see (the blocking side hands it to the
     // outer lockkit transaction's scope).
-    if let (Some(lock), false) = (held, nested) {
+    if let (Some(lock), false) = (held, began.nested) {
         lock.released();
     }
     result
@@ -209,10 +209,10 @@ where
         + AsyncWork<&'r mut C, Result<T, E>, Fut: Send>
         + Send,
 {
-    let nested = in_transaction(conn);
+    let began = Began::with_work(in_transaction(conn));
     let restore = conn.begin_locked(&options).await.map_err(E::from)?;
     let result = f(conn).await.map_err(Failure::Closure);
-    end(conn, nested, restore, result).await
+    end(conn, began, restore, result).await
 }
 
 /// The end of every async lockkit transaction, begun `nested` in an open one or
@@ -223,7 +223,7 @@ where
 /// whose whole transaction the server ended is [`Error::TransactionAborted`].
 pub(crate) async fn end<C, T, E>(
     conn: &mut C,
-    nested: bool,
+    began: Began,
     restore: super::connection::Restore,
     result: Result<T, Failure<E>>,
 ) -> Result<T, E>
@@ -232,9 +232,18 @@ where
     E: From<Error> + Send,
     T: Send,
 {
+    let nested = began.nested;
     // This call's own level in diesel-async's books: its transaction, or the
     // savepoint nested in the caller's.
     let depth = super::connection::transaction_depth(conn);
+    // Before `COMMIT`: did the work catch an abort of this transaction?
+    let result = match result {
+        Ok(_) if began.must_ask() => match conn.transaction_ended(None).await {
+            Some(reason) => Err(swallowed(reason)),
+            None => result,
+        },
+        result => result,
+    };
     let result = match result {
         Ok(value) => match conn.restore(&restore, true).await {
             Ok(()) => C::TransactionManager::commit_transaction(conn)

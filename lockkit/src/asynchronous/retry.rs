@@ -12,7 +12,7 @@ use diesel_async::TransactionManager;
 use super::connection::{in_transaction, AsyncLockingConnection, Restore};
 use super::work::AsyncAttempt;
 use crate::retry::{after_failure, may_retry, Next};
-use crate::transaction::Failure;
+use crate::transaction::{Began, Failure};
 use crate::{RetryPolicy, RetryableError};
 
 /// Runs `op` until it succeeds, fails with an error that is not retryable, or
@@ -146,8 +146,9 @@ where
     loop {
         let result = match C::TransactionManager::begin_transaction(conn).await {
             Ok(()) => {
+                let began = Began::with_work(nested);
                 let result = op(conn).await.map_err(Failure::Closure);
-                super::lockable::end(conn, nested, Restore::Nothing, result).await
+                super::lockable::end(conn, began, Restore::Nothing, result).await
             }
             Err(err) => Err(E::from(crate::classify(err))),
         };

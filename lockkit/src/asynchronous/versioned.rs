@@ -77,7 +77,7 @@ use crate::optimistic::version_check::{
     DeleteVersioned, Origin, Prepared, TouchVersioned, UpdateVersioned, VersionCheck, Written,
 };
 use crate::optimistic::versioned::{all_or_none, key_order, settle};
-use crate::transaction::Failure;
+use crate::transaction::{Began, Failure};
 use crate::{classify, Error, Lockable, Operation, Versioned};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -242,7 +242,7 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
     {
         async move {
             let order = key_order::<Self, _>(rows)?;
-            let nested = in_transaction(conn);
+            let began = Began::own(in_transaction(conn));
             Conn::TransactionManager::begin_transaction(conn)
                 .await
                 .map_err(classify)?;
@@ -270,7 +270,7 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
             };
             super::lockable::end(
                 conn,
-                nested,
+                began,
                 Restore::Nothing,
                 result.map_err(Failure::Lockkit),
             )
@@ -571,7 +571,7 @@ where
             .await
             .map_err(classify);
     }
-    let nested = in_transaction(conn);
+    let began = Began::own(in_transaction(conn));
     Conn::TransactionManager::begin_transaction(conn)
         .await
         .map_err(classify)?;
@@ -580,5 +580,5 @@ where
         .map_err(classify)
         .and_then(|rows| at_most_one::<M>(key, rows))
         .map_err(Failure::Lockkit);
-    super::lockable::end::<Conn, usize, Error>(conn, nested, Restore::Nothing, result).await
+    super::lockable::end::<Conn, usize, Error>(conn, began, Restore::Nothing, result).await
 }

@@ -50,10 +50,18 @@
 //! `ROLLBACK TO SAVEPOINT <the mark>`, which succeeds only in the stand-in (so a
 //! call further up still learns that its transaction ended), and a stale mark is
 //! cleared (`SET @lockkit_aborted = NULL`). [`Lockable::lock`](crate::Lockable::lock),
-//! which asks before it locks, opens the stand-in too. What lockkit cannot undo
-//! is the caller's own choice to catch the error and commit: the server has
-//! already thrown away what the transaction wrote before, as it would under
-//! Diesel's own `transaction`. Let `TransactionAborted` travel.
+//! which asks before it locks, opens the stand-in too.
+//!
+//! When the outermost transaction is lockkit's own (`transaction_with_retry`,
+//! `with_lock`, ...) and its work catches that error and returns `Ok`, lockkit
+//! does not commit the stand-in and report success for work the server threw
+//! away: before `COMMIT` it asks the same question, rolls back, and returns the
+//! cause ([`Error::Deadlock`]), which the retrying calls run again. It asks only
+//! when a stand-in was opened in the process while the work ran, so no other
+//! transaction pays for it. What lockkit cannot undo is the choice of a caller
+//! that owns the outermost transaction itself (Diesel's own `transaction`) to
+//! catch the error and commit: the server has already thrown away what the
+//! transaction wrote before. Let `TransactionAborted` travel.
 //!
 //! Timeouts come from a [`Duration`](std::time::Duration) and reach the server as a
 //! bound parameter (PostgreSQL, MySQL) or a formatted integer (SQLite's `PRAGMA`

@@ -32,6 +32,8 @@ pub(crate) mod scope;
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use diesel::connection::AnsiTransactionManager;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use diesel::connection::TransactionManager;
 use diesel::Connection;
 
@@ -99,20 +101,81 @@ pub trait Control: Connection + Sized {
 /// execute statement in a READ ONLY transaction"), and the caller's `ROLLBACK`
 /// (or `COMMIT`) ends it. A caller that swallows the error and writes nothing
 /// more still commits nothing of what came before: the server threw it away
-/// (and lockkit's own outermost call, committing the stand-in, reports `Ok`:
-/// let `TransactionAborted` travel).
+/// (and lockkit's own outermost call does not commit the stand-in: [`Began`]).
 ///
 /// The stand-in carries a savepoint of its own, named by a random token that a
 /// session mark keeps, so that a lockkit call further up, asking whether its
 /// transaction survived, is not fooled by it ([`StandIn`]).
 #[cfg(feature = "mysql")]
 pub(crate) fn keep_aborted_sql() -> [String; 3] {
+    STAND_INS.fetch_add(1, Ordering::Relaxed);
     let token = format!("{}{:016x}", StandIn::PREFIX, fastrand::u64(..));
     [
         "START TRANSACTION READ ONLY".to_owned(),
         format!("SAVEPOINT {token}"),
         format!("SET @lockkit_aborted = '{token}'"),
     ]
+}
+
+/// How many stand-ins ([`keep_aborted_sql`]) lockkit has opened in this
+/// process: see [`Began`].
+static STAND_INS: AtomicU64 = AtomicU64::new(0);
+
+/// Where a lockkit transaction's work began: nested in an open transaction or
+/// not, and how many stand-ins the process had opened by then.
+///
+/// The work of an outermost transaction may catch a nested call's
+/// [`Error::TransactionAborted`] and return `Ok` (the docs say to let it
+/// travel). On MySQL/MariaDB the server has then thrown the work away and a
+/// read-only stand-in is open: committing it would report success for nothing.
+/// So an outermost transaction whose work succeeded asks the server before
+/// `COMMIT` whether the transaction is still its own, but only when a stand-in
+/// was opened (anywhere in the process) while its work ran: one atomic read on
+/// every other path, and no question unless an abort was caught somewhere.
+#[derive(Clone, Copy)]
+pub(crate) struct Began {
+    /// Nested in an open transaction: a savepoint.
+    pub(crate) nested: bool,
+    /// The count before the caller's work ran; `None` where no work of the
+    /// caller's runs (lockkit's own statements catch nothing).
+    stand_ins: Option<u64>,
+}
+
+impl Began {
+    /// A transaction that runs the caller's work: read before the work starts.
+    pub(crate) fn with_work(nested: bool) -> Self {
+        Began {
+            nested,
+            stand_ins: Some(STAND_INS.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// A transaction of lockkit's own statements only.
+    pub(crate) fn own(nested: bool) -> Self {
+        Began {
+            nested,
+            stand_ins: None,
+        }
+    }
+
+    /// Whether the work, which succeeded, must be checked before `COMMIT`: see
+    /// the [type's docs](Self). The question is
+    /// [`Control::transaction_ended`] (the async connections' twin), and an
+    /// answer other than `None` is [`swallowed`].
+    pub(crate) fn must_ask(self) -> bool {
+        !self.nested
+            && self
+                .stand_ins
+                .is_some_and(|then| STAND_INS.load(Ordering::Relaxed) != then)
+    }
+}
+
+/// The failure of an outermost transaction whose work returned `Ok` after the
+/// server had ended the transaction under it (`reason`): the stand-in is rolled
+/// back, and the caller gets `reason`, retryable, since a new transaction may
+/// begin ([`Failed::into_error`]).
+pub(crate) fn swallowed<E>(reason: Error) -> Failure<E> {
+    Failure::Lockkit(Error::TransactionAborted(Box::new(reason)))
 }
 
 /// MySQL/MariaDB: what lockkit reads to learn whether the caller's transaction

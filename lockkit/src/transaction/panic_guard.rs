@@ -1,10 +1,9 @@
 //! The panic guard of every lockkit transaction.
 
 use diesel::connection::TransactionManager;
-use diesel::Connection;
 
 use super::scope::{self, Scope};
-use super::Failure;
+use super::{swallowed, Began, Control, Failure};
 
 /// Catches a panic in a closure run inside a transaction, so that the transaction
 /// is rolled back before the panic goes on: the connection is then left usable,
@@ -21,17 +20,23 @@ pub(crate) struct PanicGuard {
 impl PanicGuard {
     /// Runs `f` (inside the transaction it guards); a panic becomes an error that
     /// makes Diesel roll back.
-    pub(crate) fn call<C: Connection, T, E>(
+    pub(crate) fn call<C: Control, T, E>(
         &mut self,
         conn: &mut C,
         f: impl FnOnce(&mut C) -> Result<T, Failure<E>>,
     ) -> Result<T, Failure<E>> {
         let depth = C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth();
         let outermost = matches!(depth, Ok(Some(depth)) if depth.get() == 1);
+        let began = Began::with_work(!outermost);
         scope::enter(scope::conn_id(conn), outermost);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(conn)));
         self.scope = scope::leave();
         match result {
+            // Before `COMMIT`: did the work catch an abort of this transaction?
+            Ok(Ok(value)) if began.must_ask() => match conn.transaction_ended(None) {
+                Some(reason) => Err(swallowed(reason)),
+                None => Ok(value),
+            },
             Ok(result) => result,
             Err(payload) => {
                 self.panic = Some(payload);
