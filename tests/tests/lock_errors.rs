@@ -340,10 +340,14 @@ mod servers {
 
         fn a_top_level_locked_transaction_whose_work_swallows_a_nested_abort_reports_the_deadlock(db) {
             // Not a retrying call: the caller gets the deadlock, retryable, and
-            // nothing of the thrown-away transaction is said to have committed.
+            // nothing of the thrown-away transaction is said to have committed:
+            // not to the caller, not to the work queued for after the commit.
+            let confirmed = std::rc::Rc::new(std::cell::Cell::new(false));
             let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
                 lockkit::locked_transaction(&mut conn, LockOptions::default(), |conn| {
                     exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)");
+                    let confirmed = confirmed.clone();
+                    lockkit::after_commit(conn, move || confirmed.set(true))?;
                     let _ = lockkit::with_lock(conn, 1, LockOptions::default(), |conn, _: Item| work(conn, 1)); // swallowed
                     Ok::<_, Error>(())
                 })
@@ -358,6 +362,7 @@ mod servers {
                 assert!(matches!(outcome, Err(Error::Deadlock)), "{outcome:?}");
                 assert_eq!(counts, (10, 0));
             }
+            assert_eq!(confirmed.get(), outcome.is_ok(), "the order confirmed: {outcome:?}");
             assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
         }
 
