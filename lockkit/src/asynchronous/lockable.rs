@@ -215,12 +215,18 @@ where
     end(conn, began, restore, result).await
 }
 
-/// The end of every async lockkit transaction, begun `nested` in an open one or
-/// not: commit on `Ok` (a failed `COMMIT` is classified: a serialization failure
-/// or deadlock found at commit is retryable like any other), roll back on `Err`,
-/// put back the session setting the transaction changed, then decide the
-/// caller's error as the blocking side does ([`Failed`]): a nested transaction
-/// whose whole transaction the server ended is [`Error::TransactionAborted`].
+/// The end of every async lockkit transaction, `began` nested in an open one or
+/// not:
+///
+/// * commit on `Ok`, unless the work caught an abort of the whole transaction
+///   ([`Began`], as on the blocking side); a failed `COMMIT` is classified (a
+///   serialization failure or deadlock found at commit is retryable like any
+///   other);
+/// * roll back on `Err`;
+/// * put back the session setting the transaction changed;
+/// * decide the caller's error as the blocking side does ([`Failed`]): a nested
+///   transaction whose whole transaction the server ended is
+///   [`Error::TransactionAborted`].
 pub(crate) async fn end<C, T, E>(
     conn: &mut C,
     began: Began,
