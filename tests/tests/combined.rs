@@ -23,7 +23,7 @@ use lockkit::version_trigger::{up_sql, Dialect};
 use lockkit::{locked_transaction, CurrentState, Error, LockOptions, RetryPolicy};
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
-use lockkit_tests::{exec, seed_items};
+use lockkit_tests::{exec, seed_items, stock_of};
 
 fn dialect(backend: &str) -> Dialect {
     match backend {
@@ -419,6 +419,100 @@ mod all {
             own.transaction(|conn| c.update_versioned(conn)).unwrap();
             c.update_versioned(&mut own).unwrap();
             assert!(seen.load(std::sync::atomic::Ordering::Relaxed) > before);
+        }
+
+        fn a_rolled_back_struct_never_writes_over_a_later_commit_on_a_connection_with_its_own_instrumentation(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            // One connection, as a pool of one hands it to request after request,
+            // with the application's query logger as its instrumentation.
+            let mut own: Conn = db.connect();
+            own.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+            // Request A reads v0 and writes it in a transaction that rolls back:
+            // the row is back at v0, `a` holds 1.
+            let mut a = item!(&mut own, 1);
+            let rolled_back = own.transaction(|c| {
+                a.stock = 5;
+                a.update_versioned(c)?;
+                Err::<(), _>(Error::NoRowMatched)
+            });
+            assert!(rolled_back.is_err());
+            // Request B reads v0, sets the stock to 7 and commits: v1, B's data.
+            own.transaction(|c| {
+                let mut b = item!(c, 1);
+                b.stock = 7;
+                b.update_versioned(c)
+            })
+            .unwrap();
+            // Request A tries again in a transaction: its 1 was rolled back, the
+            // row's 1 is B's. It must be stale, and B's 7 must stay.
+            a.stock = 3;
+            let again = own.transaction(|c| a.update_versioned(c));
+            let stock = stock_of!(&mut own);
+            assert!(
+                matches!(again, Err(Error::Stale(_))) && stock == 7,
+                "A's rolled-back version 1 matched B's committed 1: {again:?}, stock {stock} (B's 7 lost)"
+            );
+        }
+
+        fn a_retried_transaction_never_writes_over_another_instances_commit_on_a_connection_with_its_own_instrumentation(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut own: Conn = db.connect();
+            own.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+            let mut other: Conn = db.connect();
+            let mut a = item!(&mut own, 1); // v0
+            let mut attempt = 0;
+            let policy = RetryPolicy::default().max_attempts(3);
+            let result = lockkit::transaction_with_retry(&mut own, &policy, |c| {
+                attempt += 1;
+                if attempt == 2 {
+                    // Between the attempts another instance of the application
+                    // writes the row: its `update_versioned`, as docs/SQL.md shows
+                    // it (stock 7, v0 -> v1).
+                    exec(
+                        &mut other,
+                        "UPDATE items SET stock = 7, lock_version = lock_version + 1 \
+                         WHERE id = 1 AND lock_version = 0",
+                    );
+                }
+                a.stock = 3;
+                a.update_versioned(c)?;
+                match attempt {
+                    1 => Err(Error::Deadlock), // the first attempt is rolled back and retried
+                    _ => Ok(()),
+                }
+            });
+            // The struct is stale from the second attempt on (`Stale`, and the
+            // retries run out on it: `RetriesExhausted`), and the other write stays.
+            let stock = stock_of!(&mut other);
+            assert!(
+                result.is_err() && stock == 7,
+                "the retry wrote with the rolled-back version 1 over the other instance's 1: \
+                 {result:?}, stock {stock} (its 7 lost)"
+            );
+        }
+
+        fn a_connection_with_its_own_instrumentation_writes_a_struct_twice_in_one_transaction(db) {
+            // What the rules above must not cost: writes of one struct that
+            // follow each other in one transaction (the bump of `with_lock`,
+            // then the save; two saves in a plain Diesel transaction) are not
+            // taken for a rolled-back write.
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut own: Conn = db.connect();
+            own.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+            lockkit::with_lock(&mut own, 1, LockOptions::default(), |c, mut item: Item| {
+                item.stock -= 1;
+                item.update_versioned(c)
+            })
+            .unwrap();
+            let mut a = item!(&mut own, 1);
+            own.transaction(|c| {
+                a.stock -= 1;
+                a.update_versioned(c)?;
+                a.stock -= 1;
+                a.update_versioned(c)
+            })
+            .unwrap();
+            assert_eq!(stock_of!(&mut own), 7);
         }
 
         fn a_struct_ahead_of_the_row_is_reported_as_such(db) {

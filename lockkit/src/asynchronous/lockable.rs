@@ -271,6 +271,9 @@ where
             Err(rollback) => rollback_failed = Some(rollback),
         }
     }
+    if result.is_err() {
+        crate::transaction::rolled_back(conn, depth.max(1));
+    }
     let restored = conn.restore(&restore, false).await;
     let failure = match (result, restored) {
         (Ok(value), Ok(())) => return Ok(value),

@@ -49,7 +49,11 @@
 //! commits. Without that, lockkit cannot tell a committed transaction from a
 //! rolled-back one: it treats the versions written in it as possibly rolled back,
 //! which never loses an update but may report a reused struct as stale after a
-//! commit.
+//! commit. Inside a later transaction on the same connection it can no more tell
+//! that transaction from the one that wrote them, so it uses what it does see:
+//! the rollbacks of its own transactions (`with_lock`, `transaction_with_retry`,
+//! ...) mark the versions written in them rolled back, and a write that finds
+//! the row below such a version knows that the version's write was undone.
 //!
 //! The record is per process (a rolled-back transaction's struct lives in the
 //! process that ran it) and bounded ([`MAX_TENTATIVE`] versions); entries go away
@@ -470,6 +474,10 @@ struct Registry {
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
 /// How many entries the registry holds: the fast path skips it when zero.
 static ENTRIES: AtomicUsize = AtomicUsize::new(0);
+/// Whether a write on a connection lockkit cannot watch was ever recorded:
+/// only then do lockkit's own transaction ends look at the registry
+/// ([`unwatched_ended`]).
+static UNWATCHED: AtomicBool = AtomicBool::new(false);
 
 fn registry() -> MutexGuard<'static, Registry> {
     // A panic while holding the lock leaves consistent data (every change is one
@@ -643,9 +651,36 @@ pub(crate) fn reused<W: Watched>(
         Plan::Restore { tentative, .. } => chain(entries, tentative, here),
         Plan::Write => Vec::new(),
     };
+    // An unwatched entry at `to` cannot be of the open transaction, whatever the
+    // connection and depth say: this write found the row below `to`, so the
+    // write of `to` was undone (a rollback lockkit did not see).
+    let unwatched = |e: &Entry| matches!(e.state, State::Unwatched { .. });
     entries.iter().any(|e| {
-        e.version == to && !own.contains(&e.version) && (e.uncommitted(here) || elsewhere(e))
+        e.version == to
+            && !own.contains(&e.version)
+            && (e.uncommitted(here) || elsewhere(e) || unwatched(e))
     })
+}
+
+/// lockkit rolled back one of its own transactions (or savepoints) on the
+/// connection at `address`, opened at depth `level` (1: the outermost): what
+/// the journal of a connection with instrumentation of its own cannot see,
+/// lockkit's transaction plumbing tells it for the transactions it runs. The
+/// versions written on that connection at `level` or deeper did not commit.
+/// (One written in an earlier transaction there that did commit is taken for
+/// rolled back too: its struct may be reported stale, the safe side.) Nothing
+/// to do unless such a connection ever wrote a versioned row.
+pub(crate) fn unwatched_rolled_back(address: usize, level: u32) {
+    if !UNWATCHED.load(Ordering::Relaxed) || ENTRIES.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let mut registry = registry();
+    for entry in registry.rows.values_mut().flatten() {
+        if matches!(entry.state, State::Unwatched { conn, depth } if conn == address && depth >= level)
+        {
+            entry.state = State::RolledBack;
+        }
+    }
 }
 
 /// After a versioned write moved `row` from `from` to `to` (`None`: deleted):
@@ -699,10 +734,13 @@ pub(crate) fn written<W: Watched>(
                 depth,
             }
         }
-        None => State::Unwatched {
-            conn: conn.address(),
-            depth,
-        },
+        None => {
+            UNWATCHED.store(true, Ordering::Relaxed);
+            State::Unwatched {
+                conn: conn.address(),
+                depth,
+            }
+        }
     };
     registry().insert(
         row,

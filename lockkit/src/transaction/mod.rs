@@ -289,6 +289,11 @@ where
     C: Control,
     E: From<Error>,
 {
+    if result.is_err() {
+        // Rolled back: this call's level, the one above the caller's.
+        let level = transaction_depth(conn) + 1;
+        rolled_back(conn, level);
+    }
     // Committed (or the savepoint released) as soon as the work succeeded: a
     // failure to put a session setting back afterwards undoes nothing.
     guard.resume(result.is_ok());
@@ -310,6 +315,15 @@ where
         conn.keep_aborted();
     }
     Err(failed.into_error(nested, ended))
+}
+
+/// What lockkit tells the journal when it rolled back its own transaction (or
+/// savepoint) opened at depth `level` on `conn`, blocking or async: on a
+/// connection whose own instrumentation keeps the journal from seeing the
+/// `ROLLBACK`, the versions written in it are taken for rolled back
+/// ([`unwatched_rolled_back`](crate::journal::unwatched_rolled_back)).
+pub(crate) fn rolled_back<C: ?Sized>(conn: &C, level: u32) {
+    crate::journal::unwatched_rolled_back(scope::conn_id(conn), level);
 }
 
 /// A failed transaction's failure, Diesel's errors classified: the part of
