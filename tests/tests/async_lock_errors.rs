@@ -383,3 +383,42 @@ mod stand_in_probes {
         }
     }
 }
+
+#[cfg(all(feature = "async", feature = "postgres"))]
+mod postgres_only {
+    use super::*;
+    use diesel_async::{AsyncPgConnection, RunQueryDsl};
+    use lockkit_tests::TestDb;
+
+    /// The work lets a failed statement go: PostgreSQL aborts the transaction
+    /// and answers the `COMMIT` with `ROLLBACK`, without an error.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn async_with_lock_does_not_report_success_for_work_postgres_rolled_back_at_commit() {
+        let db = TestDb::<diesel::PgConnection>::new("async_aborted_at_commit");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
+        let sold = lockkit::asynchronous::with_lock(
+            &mut conn,
+            1,
+            LockOptions::default(),
+            async |c, fresh: Item| {
+                diesel::update(items::table.find(fresh.id))
+                    .set(items::stock.eq(fresh.stock - 1))
+                    .execute(c)
+                    .await?;
+                let failed = diesel::sql_query("SELECT 1 / 0").execute(c).await;
+                assert!(failed.is_err());
+                Ok::<_, Error>(())
+            },
+        )
+        .await;
+        let stock: i32 =
+            diesel::RunQueryDsl::first(items::table.find(1).select(items::stock), &mut db.conn())
+                .unwrap();
+        assert!(
+            sold.is_err(),
+            "with_lock reported {sold:?}, and the sale is not in the database"
+        );
+        assert_eq!(stock, 10);
+    }
+}

@@ -702,3 +702,48 @@ mod mysql_only {
         assert!(matches!(err, Error::NotFound), "{err:?}");
     }
 }
+
+#[cfg(feature = "postgres")]
+mod postgres_only {
+    use super::*;
+    use diesel::PgConnection;
+    use lockkit_tests::TestDb;
+
+    #[test]
+    fn a_versioned_write_postgres_rolled_back_at_commit_never_lands_over_a_later_commit() {
+        let db = TestDb::<PgConnection>::new("aborted_at_commit_journal");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut own = db.connect(); // lockkit installs its journal
+        let mut other = db.connect();
+        let policy = RetryPolicy::default();
+        // A writes v0 -> v1 in a transaction that PostgreSQL rolls back at
+        // COMMIT: the row is still v0, `a` holds 1.
+        let mut a = item!(&mut own, 1);
+        let _ = lockkit::transaction_with_retry(&mut own, &policy, |c| {
+            a.stock = 5;
+            a.update_versioned(c)?;
+            // A statement whose error the work lets go: PostgreSQL aborts the
+            // transaction, and answers the COMMIT with ROLLBACK.
+            assert!(diesel::sql_query("SELECT 1 / 0").execute(c).is_err());
+            Ok::<_, Error>(())
+        });
+        assert_eq!(
+            stock_of!(&mut other),
+            10,
+            "nothing of A's transaction committed"
+        );
+        // B reads v0, writes its 7 and commits: v1, B's data.
+        let mut b = item!(&mut other, 1);
+        b.stock = 7;
+        b.update_versioned(&mut other).unwrap();
+        // A writes again: its 1 never committed, the row's 1 is B's.
+        a.stock = 3;
+        let again = a.update_versioned(&mut own);
+        let stock = stock_of!(&mut other);
+        assert!(
+            matches!(again, Err(Error::Stale(_))) && stock == 7,
+            "A's version 1, rolled back at COMMIT, matched B's committed 1: {again:?}, \
+             stock {stock} (B's 7 lost)"
+        );
+    }
+}

@@ -366,6 +366,70 @@ mod servers {
             assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
         }
 
+        fn a_top_level_locked_transaction_whose_work_lets_its_own_deadlock_go_reports_it(db) {
+            // The work's own statement is the deadlock's victim and the work
+            // lets the error go (a best-effort extra of its own). PostgreSQL has
+            // aborted the transaction and answers `COMMIT` with `ROLLBACK`;
+            // InnoDB has rolled it back. Either way nothing commits, and the
+            // caller must not be told otherwise.
+            let confirmed = std::rc::Rc::new(std::cell::Cell::new(false));
+            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
+                lockkit::locked_transaction(&mut conn, LockOptions::default(), |conn| {
+                    exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)");
+                    let confirmed = confirmed.clone();
+                    lockkit::after_commit(conn, move || confirmed.set(true))?;
+                    let _ = work(conn, 1); // let go
+                    Ok::<_, Error>(())
+                })
+            });
+            assert_eq!(attempts, 1);
+            assert!(matches!(outcome, Err(Error::Deadlock)), "{outcome:?}");
+            assert_eq!((stock_of!(&mut conn), order_lines!(&mut conn)), (10, 0));
+            assert!(!confirmed.get(), "the order confirmed after commit");
+            assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
+        }
+
+        fn a_top_level_transaction_with_retry_whose_work_lets_its_own_deadlock_go_runs_again(db) {
+            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
+                orders_with_retry(&mut conn, |conn, attempt| {
+                    let _ = work(conn, attempt); // let go
+                    Ok::<_, Error>(())
+                })
+            });
+            assert!(outcome.is_ok(), "{outcome:?}");
+            assert_eq!((attempts, stock_of!(&mut conn), order_lines!(&mut conn)), (2, 9, 1));
+        }
+
+        fn a_nested_with_lock_after_the_caller_let_its_own_deadlock_go_commits_nothing(db) {
+            // The caller's own statement is the deadlock's victim and the caller
+            // goes on to sell under `with_lock`. On MariaDB no transaction is
+            // open any more: the savepoint is accepted in autocommit, the lock
+            // would end with its statement and the sale would commit on its
+            // own, without order line 1. The connection served lockkit before,
+            // so lockkit's journal watches it.
+            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
+                lockkit::locked_transaction(&mut conn, LockOptions::default(), |_| Ok::<_, Error>(())).unwrap();
+                after_order_line_1(&mut conn, |conn| {
+                    let _ = work(conn, 1); // let go
+                    lockkit::with_lock(conn, 1, LockOptions::default(), |conn, item: Item| {
+                        diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
+                        exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)");
+                        Ok::<_, Error>(())
+                    })
+                })
+            });
+            assert_eq!(attempts, 1);
+            // Every unit sold has its order lines, both of them.
+            assert_eq!((stock_of!(&mut conn), order_lines!(&mut conn)), (10, 0), "{outcome:?}");
+            match &outcome {
+                Err(Error::TransactionAborted(cause)) => assert!(matches!(**cause, Error::Deadlock), "{cause:?}"),
+                // PostgreSQL refuses the savepoint in the aborted transaction.
+                Err(_) if BACKEND == "postgres" => {}
+                other => panic!("{other:?}"),
+            }
+            assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
+        }
+
         fn a_top_level_transaction_with_retry_reruns_after_an_abort_two_levels_down_hidden_in_the_callers_error(db) {
             // The middle call's closure turns lockkit's error into one of the
             // caller's own (not retryable): lockkit cannot look inside it and

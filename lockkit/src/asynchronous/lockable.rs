@@ -242,12 +242,20 @@ where
     // This call's own level in diesel-async's books: its transaction, or the
     // savepoint nested in the caller's.
     let depth = super::connection::transaction_depth(conn);
-    // Before `COMMIT`: did the work catch an abort of this transaction?
+    // Before `COMMIT`: did the work let a statement (or a nested call) end
+    // this transaction? As the blocking side's panic guard decides it.
     let result = match result {
-        Ok(_) if began.must_ask() => match conn.transaction_ended(None).await {
-            Some(reason) => Err(swallowed(reason)),
-            None => result,
-        },
+        Ok(_) if !nested => {
+            let ended = match crate::journal::ended_by(&mut crate::journal::AsyncWatched(conn)) {
+                Some(cause) => Some(cause),
+                None if began.must_ask() => conn.transaction_ended(None).await,
+                None => None,
+            };
+            match ended {
+                Some(reason) => Err(swallowed(reason)),
+                None => result,
+            }
+        }
         result => result,
     };
     let result = match result {

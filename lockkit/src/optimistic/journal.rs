@@ -72,6 +72,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use diesel::connection::{Instrumentation, InstrumentationEvent, TransactionManager};
+use diesel::result::DatabaseErrorKind;
 use diesel::Connection;
 
 /// At most this many tentative versions are remembered; past it the oldest
@@ -92,6 +93,102 @@ pub struct Journal {
     unique_keys: HashMap<&'static str, bool>,
     /// The database this connection writes to.
     database: Option<String>,
+    /// Whether a failed statement has ended the open transaction.
+    aborts: Aborts,
+}
+
+/// How a failed statement leaves the open transaction, by backend.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Ends {
+    /// PostgreSQL: any error aborts it, until a rollback to a savepoint taken
+    /// before the error; its `COMMIT` is then answered with `ROLLBACK`, and no
+    /// error.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    UntilSavepointRollback,
+    /// MySQL/MariaDB: a deadlock (`1213`, Galera's certification failure too)
+    /// rolls back the whole transaction; the next statements run in
+    /// autocommit, and `COMMIT` commits nothing.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    OnDeadlock,
+    /// SQLite, or a backend lockkit does not know: an error ends its statement
+    /// only (as lockkit assumes where it cannot tell).
+    #[default]
+    Never,
+}
+
+impl Ends {
+    /// The rule of the backend `B`.
+    fn of<B>() -> Self {
+        // A type name, not a `TypeId`: the connection's backend is not known
+        // to be `'static` where the journal is reached. Names of distinct
+        // backends differ; an unknown one keeps the default.
+        let name = std::any::type_name::<B>();
+        #[cfg(feature = "postgres")]
+        if name == std::any::type_name::<diesel::pg::Pg>() {
+            return Ends::UntilSavepointRollback;
+        }
+        #[cfg(feature = "mysql")]
+        if name == std::any::type_name::<diesel::mysql::Mysql>() {
+            return Ends::OnDeadlock;
+        }
+        let _ = name;
+        Ends::Never
+    }
+
+    fn by(self, kind: DatabaseErrorKind) -> bool {
+        match self {
+            Ends::UntilSavepointRollback => true,
+            Ends::OnDeadlock => kind == DatabaseErrorKind::SerializationFailure,
+            Ends::Never => false,
+        }
+    }
+}
+
+/// Whether a failed statement has ended the open transaction, as far as the
+/// connection's events tell: the work of a lockkit transaction may catch a
+/// statement's error and go on, and the server's answer to the `COMMIT` that
+/// follows does not say that nothing was committed.
+#[derive(Debug, Default)]
+struct Aborts {
+    ends: Ends,
+    /// The depth of the open transaction (0: none).
+    depth: u32,
+    /// The error that ended the open transaction (its kind and message).
+    ended_by: Option<(DatabaseErrorKind, String)>,
+    /// A rollback to a savepoint was sent after such an error: on PostgreSQL
+    /// its success revives the transaction.
+    reviving: bool,
+}
+
+impl Aborts {
+    fn on_event(&mut self, event: &InstrumentationEvent<'_>) {
+        match event {
+            InstrumentationEvent::BeginTransaction { depth, .. } => self.depth = depth.get(),
+            InstrumentationEvent::CommitTransaction { depth, .. }
+            | InstrumentationEvent::RollbackTransaction { depth, .. } => {
+                self.depth = depth.get() - 1;
+                let rollback = matches!(event, InstrumentationEvent::RollbackTransaction { .. });
+                if self.depth == 0 {
+                    self.ended_by = None;
+                    self.reviving = false;
+                } else if rollback && self.ends == Ends::UntilSavepointRollback {
+                    self.reviving = self.ended_by.is_some();
+                }
+            }
+            InstrumentationEvent::FinishQuery { error, .. } => {
+                if std::mem::take(&mut self.reviving) {
+                    if error.is_none() {
+                        self.ended_by = None;
+                    }
+                } else if let Some(diesel::result::Error::DatabaseError(kind, info)) = error {
+                    if self.depth > 0 && self.ended_by.is_none() && self.ends.by(*kind) {
+                        self.ended_by = Some((*kind, info.message().to_owned()));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 impl Journal {
@@ -105,6 +202,7 @@ impl Journal {
             committing: false,
             unique_keys: HashMap::new(),
             database: None,
+            aborts: Aborts::default(),
         }
     }
 
@@ -182,6 +280,13 @@ impl Instrumentation for Journal {
                 self.committing = false;
                 self.committed();
             }
+            // The server ended the transaction under a failed statement: the
+            // `COMMIT` commits nothing (PostgreSQL answers it with `ROLLBACK`).
+            InstrumentationEvent::CommitTransaction { depth, .. }
+                if depth.get() == 1 && self.aborts.ended_by.is_some() =>
+            {
+                self.rolled_back(1);
+            }
             InstrumentationEvent::CommitTransaction { depth, .. } => {
                 if depth.get() == 1 {
                     self.committing = !self.open.is_empty();
@@ -203,6 +308,7 @@ impl Instrumentation for Journal {
             }
             _ => {}
         }
+        self.aborts.on_event(&event);
         if let Some(inner) = &mut self.inner {
             inner.on_connection_event(event);
         }
@@ -235,6 +341,8 @@ pub(crate) trait Watched {
     fn depth(&mut self) -> Option<u32>;
     /// The connection's address: who wrote an unwatched entry.
     fn address(&mut self) -> usize;
+    /// How a failed statement leaves the open transaction on its backend.
+    fn ends(&self) -> Ends;
 }
 
 impl<C: Connection> Watched for C {
@@ -260,6 +368,10 @@ impl<C: Connection> Watched for C {
 
     fn address(&mut self) -> usize {
         std::ptr::from_mut(self) as *mut u8 as usize
+    }
+
+    fn ends(&self) -> Ends {
+        Ends::of::<C::Backend>()
     }
 }
 
@@ -301,6 +413,10 @@ impl<C: diesel_async::AsyncConnection> Watched for AsyncWatched<'_, C> {
     fn address(&mut self) -> usize {
         std::ptr::from_mut(self.0) as *mut u8 as usize
     }
+
+    fn ends(&self) -> Ends {
+        Ends::of::<C::Backend>()
+    }
 }
 
 /// The connection's journal, installed if the connection has no instrumentation;
@@ -318,9 +434,28 @@ pub(crate) fn journal_of<W: Watched>(conn: &mut W) -> Option<&mut Journal> {
             }
             return None;
         }
-        conn.install(Journal::new());
+        let mut journal = Journal::new();
+        // Installed inside a transaction, it saw its `BEGIN` go by.
+        journal.aborts.depth = conn.depth().unwrap_or(0);
+        conn.install(journal);
     }
-    conn.slot().downcast_mut::<Journal>()
+    let ends = conn.ends();
+    let journal = conn.slot().downcast_mut::<Journal>()?;
+    journal.aborts.ends = ends;
+    Some(journal)
+}
+
+/// What ended the open transaction on `conn` under a statement whose error the
+/// work let go ([`Ends`]), if the connection's journal saw one: lockkit's
+/// transactions then neither commit nor go on as if it were open. `None` when
+/// nothing did, or no journal watches `conn`.
+pub(crate) fn ended_by<W: Watched>(conn: &mut W) -> Option<crate::Error> {
+    let journal = conn.slot().downcast_mut::<Journal>()?;
+    let (kind, message) = journal.aborts.ended_by.clone()?;
+    Some(crate::classify(diesel::result::Error::DatabaseError(
+        kind,
+        Box::new(message),
+    )))
 }
 
 /// Whether `conn` has Diesel's built-in "no instrumentation".

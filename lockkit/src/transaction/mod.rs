@@ -151,6 +151,7 @@ impl Began {
     }
 
     /// A transaction of lockkit's own statements only.
+    #[cfg_attr(not(feature = "async"), allow(dead_code))]
     pub(crate) fn own(nested: bool) -> Self {
         Began {
             nested,

@@ -4,6 +4,7 @@ use diesel::connection::TransactionManager;
 
 use super::scope::{self, Scope};
 use super::{swallowed, Began, Control, Failure};
+use crate::journal;
 
 /// Catches a panic in a closure run inside a transaction, so that the transaction
 /// is rolled back before the panic goes on: the connection is then left usable,
@@ -28,15 +29,36 @@ impl PanicGuard {
         let depth = C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth();
         let outermost = matches!(depth, Ok(Some(depth)) if depth.get() == 1);
         let began = Began::with_work(!outermost);
+        // Watched by the journal (installed on a connection without
+        // instrumentation of its own), which sees a statement end the
+        // transaction even when the work lets its error go.
+        let _ = journal::journal_of(conn);
+        if !outermost {
+            if let Some(cause) = journal::ended_by(conn) {
+                // The caller let the error go and calls on: on MySQL/MariaDB
+                // the work would run in autocommit. Decided as a failed nested
+                // call ([`finish`](super::finish)): `TransactionAborted`.
+                return Err(Failure::Lockkit(cause));
+            }
+        }
         scope::enter(scope::conn_id(conn), outermost);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(conn)));
         self.scope = scope::leave();
         match result {
-            // Before `COMMIT`: did the work catch an abort of this transaction?
-            Ok(Ok(value)) if began.must_ask() => match conn.transaction_ended(None) {
-                Some(reason) => Err(swallowed(reason)),
-                None => Ok(value),
-            },
+            // Before `COMMIT`: did the work let a statement (or a nested call)
+            // end this transaction?
+            Ok(Ok(value)) if outermost => {
+                let ended = journal::ended_by(conn).or_else(|| {
+                    began
+                        .must_ask()
+                        .then(|| conn.transaction_ended(None))
+                        .flatten()
+                });
+                match ended {
+                    Some(reason) => Err(swallowed(reason)),
+                    None => Ok(value),
+                }
+            }
             Ok(result) => result,
             Err(payload) => {
                 self.panic = Some(payload);
