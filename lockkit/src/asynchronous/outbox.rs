@@ -352,11 +352,10 @@ pub trait AsyncOutboxStore: AsyncLockingConnection {
 }
 
 /// As the blocking side's `outbox_store!`: `$backend`, the module of what the
-/// statements do differently on the connection's backend;
-/// `$take_write_lock`, what the claim sends first (SQLite: the write lock).
+/// statements do differently on the connection's backend.
 #[allow(unused_macros)] // used once per enabled backend
 macro_rules! async_outbox_store {
-    ($conn:ty, $backend:ident, take_write_lock: |$c:ident| $take:expr) => {
+    ($conn:ty, $backend:ident) => {
         impl AsyncOutboxStore for $conn {
             async fn insert_message(
                 conn: &mut Self,
@@ -382,20 +381,7 @@ macro_rules! async_outbox_store {
                 limit: i64,
                 now: i64,
             ) -> Result<Vec<OutboxMessage>, Error> {
-                use diesel::QueryDsl;
-                use diesel_async::RunQueryDsl;
-                let waited = crate::metrics::LockWait::start();
-                {
-                    let $c = &mut *conn;
-                    $take.map_err(crate::classify)?;
-                }
-                let query = <Self as AsyncLockingConnection>::apply_lock(
-                    statements::due(now).limit(limit),
-                    crate::pessimistic::row_lock::ForUpdateSkipLocked,
-                );
-                let rows: Vec<OutboxMessage> = query.load(conn).await.map_err(crate::classify)?;
-                waited.acquired("queue", rows.len());
-                Ok(rows)
+                super::queue::claim(conn, statements::due(now), limit).await
             }
 
             async fn mark_published(conn: &mut Self, id: i64, now: i64) -> Result<bool, Error> {
@@ -479,26 +465,11 @@ use crate::outbox::store::sqlite;
 use crate::outbox::store::statements;
 
 #[cfg(feature = "postgres")]
-async_outbox_store!(
-    diesel_async::AsyncPgConnection,
-    postgres,
-    take_write_lock: |_conn| Ok::<(), diesel::result::Error>(())
-);
+async_outbox_store!(diesel_async::AsyncPgConnection, postgres);
 #[cfg(feature = "mysql")]
-async_outbox_store!(
-    diesel_async::AsyncMysqlConnection,
-    mysql,
-    take_write_lock: |_conn| Ok::<(), diesel::result::Error>(())
-);
-// No row locks on SQLite: a claim takes the database's write lock first (a
-// no-op inside `BEGIN IMMEDIATE`).
+async_outbox_store!(diesel_async::AsyncMysqlConnection, mysql);
 #[cfg(feature = "sqlite")]
 async_outbox_store!(
     diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
-    sqlite,
-    take_write_lock: |conn| diesel_async::SimpleAsyncConnection::batch_execute(
-        conn,
-        crate::pessimistic::connection::sqlite::WRITE_LOCK,
-    )
-    .await
+    sqlite
 );
