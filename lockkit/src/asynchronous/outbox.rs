@@ -367,13 +367,9 @@ macro_rules! async_outbox_store {
                 statements::insert_message(topic, payload, now)
                     .execute(conn)
                     .await?;
-                Ok(
-                    diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
-                        $backend::LAST_ID,
-                    ))
+                Ok(statements::last_id($backend::LAST_ID)
                     .get_result(conn)
-                    .await?,
-                )
+                    .await?)
             }
 
             async fn claim_due(

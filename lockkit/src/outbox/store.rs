@@ -70,6 +70,14 @@ pub(crate) mod statements {
         ))
     }
 
+    /// The id the connection's last insert made: `SELECT <last_id>`, with the
+    /// backend's expression (`LAST_ID` of its module below).
+    pub(crate) fn last_id(
+        last_id: &'static str,
+    ) -> diesel::dsl::select<diesel::expression::SqlLiteral<diesel::sql_types::BigInt>> {
+        diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(last_id))
+    }
+
     /// The claim's query, before its `LIMIT` and lock clause.
     #[auto_type(no_type_alias)]
     pub(crate) fn due(now: i64) -> _ {
@@ -230,12 +238,7 @@ macro_rules! outbox_store {
             ) -> Result<i64, Error> {
                 use diesel::RunQueryDsl;
                 statements::insert_message(topic, payload, now).execute(conn)?;
-                Ok(
-                    diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
-                        $backend::LAST_ID,
-                    ))
-                    .get_result(conn)?,
-                )
+                Ok(statements::last_id($backend::LAST_ID).get_result(conn)?)
             }
 
             fn claim_due(
