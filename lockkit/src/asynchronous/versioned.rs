@@ -159,9 +159,8 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
         (BySql<C>, Self::Bump): AsChangeset<Target = Self::Table>,
         UpdateVersioned<Self, BySql<C>>: ExecuteDsl<Conn>,
     {
-        write_held(self, conn, Operation::Update, |key, checked| {
-            Self::update_statement(key, checked, changes)
-        })
+        let statement = |key, checked| Self::update_statement(key, checked, changes);
+        write_held(self, conn, Origin::Held, Operation::Update, statement)
     }
 
     /// [`Versioned::update_by_version`], async: applies `changes` to the row
@@ -319,7 +318,8 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
         Self: AsyncVersionQuery<Conn> + 'a,
         TouchVersioned<Self>: ExecuteDsl<Conn>,
     {
-        write_held(self, conn, Operation::Touch, version_check::touch::<Self>)
+        let touch = version_check::touch::<Self>;
+        write_held(self, conn, Origin::Held, Operation::Touch, touch)
     }
 }
 
@@ -455,12 +455,13 @@ where
     write_from::<M, Conn, S>(conn, key, expected, Origin::Held, operation, statement).await
 }
 
-/// [`write`] of the row `model` holds, checking the version it holds with the
-/// statement `statement` builds for the key and the version to check; the
-/// version the write left is kept in `model`.
+/// [`write`] of the row `model` holds, checking the version it holds (from
+/// `origin`) with the statement `statement` builds for the key and the version
+/// to check; the version the write left is kept in `model`.
 async fn write_held<M, Conn, S>(
     model: &mut M,
     conn: &mut Conn,
+    origin: Origin,
     operation: Operation,
     statement: impl FnOnce(M::Key, M::Version) -> S + Send,
 ) -> Result<(), Error>
@@ -472,7 +473,7 @@ where
     let key = model.key();
     let expected = model.version();
     let build = |checked| statement(key.clone(), checked);
-    let written = write::<M, Conn, _>(conn, &key, expected, operation, build).await?;
+    let written = write_from::<M, Conn, _>(conn, &key, expected, origin, operation, build).await?;
     settle(model, written)
 }
 
@@ -542,13 +543,8 @@ where
     M: Versioned + AsyncVersionQuery<Conn>,
     TouchVersioned<M>: ExecuteDsl<Conn>,
 {
-    let key = row.key();
-    let statement = |checked| version_check::touch::<M>(key.clone(), checked);
-    let op = Operation::Touch;
-    let written =
-        write_from::<M, Conn, _>(conn, &key, row.version(), Origin::LockedRead, op, statement)
-            .await?;
-    settle(row, written)
+    let touch = version_check::touch::<M>;
+    write_held(row, conn, Origin::LockedRead, Operation::Touch, touch).await
 }
 
 /// Executes a versioned statement; where the database does not enforce the
