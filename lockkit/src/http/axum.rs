@@ -469,13 +469,7 @@ impl IntoResponse for Problem {
 /// [`status_for`]: crate::etag::status_for
 #[derive(Debug, thiserror::Error)]
 #[error(transparent)]
-pub struct HttpError(pub Error);
-
-impl From<Error> for HttpError {
-    fn from(error: Error) -> Self {
-        HttpError(error)
-    }
-}
+pub struct HttpError(#[from] pub Error);
 
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
@@ -489,13 +483,7 @@ impl IntoResponse for HttpError {
 /// `current_version` ([`VersionIn::Body`]). `?` converts.
 #[derive(Debug, thiserror::Error)]
 #[error(transparent)]
-pub struct BodyVersionError(pub Error);
-
-impl From<Error> for BodyVersionError {
-    fn from(error: Error) -> Self {
-        BodyVersionError(error)
-    }
-}
+pub struct BodyVersionError(#[from] pub Error);
 
 impl IntoResponse for BodyVersionError {
     fn into_response(self) -> Response {
