@@ -273,11 +273,7 @@ impl<S: Send + Sync> OptionalFromRequestParts<S> for IfMatchTags {
         parts: &mut Parts,
         _state: &S,
     ) -> Result<Option<Self>, IfMatchError> {
-        match IfMatchTags::from_headers(&parts.headers) {
-            Ok(if_match) => Ok(Some(if_match)),
-            Err(IfMatchError::Missing) => Ok(None),
-            Err(other) => Err(other),
-        }
+        optional_if_match(IfMatchTags::from_headers(&parts.headers))
     }
 }
 
@@ -416,11 +412,18 @@ where
         parts: &mut Parts,
         _state: &S,
     ) -> Result<Option<Self>, IfMatchError> {
-        match IfMatchVersion::from_headers(&parts.headers) {
-            Ok(if_match) => Ok(Some(if_match)),
-            Err(IfMatchError::Missing) => Ok(None),
-            Err(other) => Err(other),
-        }
+        optional_if_match(IfMatchVersion::from_headers(&parts.headers))
+    }
+}
+
+/// What an optional `If-Match` extractor makes of the header read as
+/// required: no header is `None`; a header that does not read still rejects
+/// the request.
+fn optional_if_match<T>(required: Result<T, IfMatchError>) -> Result<Option<T>, IfMatchError> {
+    match required {
+        Ok(if_match) => Ok(Some(if_match)),
+        Err(IfMatchError::Missing) => Ok(None),
+        Err(other) => Err(other),
     }
 }
 
@@ -681,6 +684,19 @@ mod tests {
             Err(IfMatchError::Malformed(_))
         ));
         assert_eq!(extract_optional(&[b"W/\"v0\""]), Err(IfMatchError::NoMatch));
+
+        // The same for the tags of bound ETags.
+        let tags = |if_match: &[&[u8]]| {
+            ready(
+                <Option<IfMatchTags> as FromRequestParts<()>>::from_request_parts(
+                    &mut parts(if_match),
+                    &(),
+                ),
+            )
+        };
+        assert_eq!(tags(&[]), Ok(None));
+        assert!(matches!(tags(&[b"\"v0\""]), Ok(Some(_))));
+        assert!(matches!(tags(&[b"\"v0"]), Err(IfMatchError::Malformed(_))));
     }
 
     #[test]
