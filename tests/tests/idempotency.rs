@@ -313,3 +313,82 @@ lockkit_tests::backend_tests! {
         }
     }
 }
+
+#[cfg(feature = "mysql")]
+mod mysql_only {
+    use super::*;
+    use diesel::MysqlConnection;
+    use lockkit_tests::models::Item;
+    use lockkit_tests::TestDb;
+    use std::sync::mpsc;
+
+    /// The request's work sells one unit of item 1, then touches item 2 as a
+    /// best-effort extra whose failure it ignores. That touch is a deadlock's
+    /// victim: InnoDB rolls back the whole transaction, the sale with it. The
+    /// `UPDATE` that marks the key done, lockkit's own statement, then runs
+    /// with no transaction open on the server and commits on its own: the key
+    /// replays "201 sold" for ever, and the unit was never sold.
+    #[test]
+    fn a_key_is_not_marked_done_for_work_innodb_rolled_back() {
+        let db = TestDb::<MysqlConnection>::new("idempotency_deadlock_let_go");
+        db.conn()
+            .run_pending_migrations(idempotency_migrations("mysql"))
+            .unwrap();
+        seed_items(
+            &mut db.conn(),
+            &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>(),
+        );
+        let (a_tx, a_rx) = mpsc::channel::<()>();
+        let (b_tx, b_rx) = mpsc::channel::<()>();
+        let keys = Idempotency::default();
+        let request = fingerprint("POST", "/orders", b"{\"item\":1}");
+        let db = &db;
+        let outcome = thread::scope(|s| {
+            let neighbour = s.spawn(move || {
+                // The heavier transaction (it changed more rows): never the victim.
+                let mut conn = db.connect();
+                conn.transaction(|conn| {
+                    exec(conn, "UPDATE items SET name = 'heavy' WHERE id >= 3");
+                    let _: Item = items::table.find(2).for_update().first(conn)?;
+                    b_tx.send(()).unwrap();
+                    a_rx.recv().unwrap();
+                    thread::sleep(Duration::from_millis(200));
+                    let _: Item = items::table.find(1).for_update().first(conn)?;
+                    diesel::QueryResult::Ok(())
+                })
+                .expect("the neighbour commits");
+            });
+            let mut conn = db.connect();
+            let outcome = keys.run(&mut conn, "tenant-1", "order-1", &request, |c| {
+                let item: Item = items::table.find(1).for_update().first(c)?;
+                diesel::update(items::table.find(1))
+                    .set(items::stock.eq(item.stock - 1))
+                    .execute(c)?;
+                a_tx.send(()).unwrap();
+                b_rx.recv().unwrap();
+                let extra = items::table.find(2).for_update().first::<Item>(c);
+                assert!(extra.is_err(), "the extra was the deadlock's victim");
+                Ok::<_, Error>("201 sold".to_owned())
+            });
+            neighbour.join().unwrap();
+            outcome
+        });
+        let mut conn = db.connect();
+        let stock = stock_of!(&mut conn);
+        assert!(matches!(outcome, Err(Error::Deadlock)), "{outcome:?}");
+        assert_eq!(stock, 10);
+        // The client retries with the same key.
+        let again = keys.run(&mut conn, "tenant-1", "order-1", &request, |c| {
+            diesel::update(items::table.find(1))
+                .set(items::stock.eq(items::stock - 1))
+                .execute(c)?;
+            Ok::<_, Error>("201 sold".to_owned())
+        });
+        let stock = stock_of!(&mut conn);
+        assert!(
+            matches!(again, Ok(Outcome::Ran(_))),
+            "the retry replayed {again:?}"
+        );
+        assert_eq!(stock, 9, "the unit sold once");
+    }
+}

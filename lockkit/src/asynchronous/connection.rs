@@ -160,6 +160,22 @@ pub(crate) fn in_transaction<C: AsyncConnection>(conn: &mut C) -> bool {
     transaction_depth(conn) > 0
 }
 
+/// Where an async lockkit transaction about to begin on `conn` stands
+/// ([`Began`](crate::transaction::Began)), with lockkit's journal watching the
+/// work, as the blocking side's panic guard has it.
+pub(crate) fn began<C: AsyncConnection>(conn: &mut C) -> crate::transaction::Began {
+    let nested = in_transaction(conn);
+    watch(conn);
+    crate::transaction::Began::with_work(nested)
+}
+
+/// Installs lockkit's journal on `conn` unless it has instrumentation of its
+/// own: it sees a statement end the transaction even when the work lets the
+/// error go ([`ended_by`](crate::journal::ended_by)).
+pub(crate) fn watch<C: AsyncConnection>(conn: &mut C) {
+    let _ = crate::journal::journal_of(&mut crate::journal::AsyncWatched(conn));
+}
+
 #[cfg(feature = "postgres")]
 mod postgres {
     use diesel::sql_types::Text;

@@ -52,14 +52,15 @@ use diesel_async::TransactionManager;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::connection::{in_transaction, AsyncLockingConnection, Restore};
+use super::connection::{AsyncLockingConnection, Restore};
 use super::lockable::end;
 use super::work::AsyncWork;
 use crate::clock::now_millis;
 use crate::http::idempotency::{
     finished, replayed, stored, Idempotency, Outcome, Scoped, Start, StoredKey, Write,
 };
-use crate::transaction::{Began, Failure};
+use crate::journal::{ended_by, AsyncWatched};
+use crate::transaction::Failure;
 use crate::{classify, Error};
 
 /// Runs `work` at most once for `key` of `principal`:
@@ -99,13 +100,16 @@ where
         Start::Owned { started_at } => started_at,
     };
     // A savepoint when one is open, as on the blocking side.
-    let began = Began::with_work(in_transaction(conn));
+    let began = super::connection::began(conn);
     C::TransactionManager::begin_transaction(conn)
         .await
         .map_err(classify)?;
     let result = match work(conn).await {
-        Ok(response) => match stored(&response) {
-            Ok(stored) => {
+        // The work let a statement end the transaction: as on the blocking side.
+        Ok(response) => match (ended_by(&mut AsyncWatched(conn)), stored(&response)) {
+            (Some(cause), _) => Err(cause),
+            (None, Err(err)) => Err(err),
+            (None, Ok(stored)) => {
                 let finish = Write::Finish {
                     started_at,
                     response: &stored,
@@ -116,7 +120,6 @@ where
                     Err(err) => Err(err),
                 }
             }
-            Err(err) => Err(err),
         }
         .map_err(Failure::Lockkit),
         Err(err) => Err(Failure::Closure(err)),

@@ -61,6 +61,7 @@ where
     if in_transaction(conn) {
         return Err(E::from(Error::AlreadyInTransaction));
     }
+    super::connection::watch(conn);
     let mut attempt = 1;
     loop {
         let result = match conn.begin_serializable().await {

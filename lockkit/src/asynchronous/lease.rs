@@ -60,7 +60,7 @@ use crate::lease::fence::admitted;
 use crate::lease::{
     check_acquire, check_name, lease_guard, new_token, released, renewed, Fence, Grant,
 };
-use crate::transaction::{Began, Failure};
+use crate::transaction::Failure;
 use crate::{classify, Error};
 
 /// A held database lease on a diesel-async connection: [`Lease`](crate::lease::Lease)'s
@@ -187,7 +187,7 @@ where
         + Send,
 {
     check_name(resource)?;
-    let began = Began::with_work(in_transaction(conn));
+    let began = super::connection::began(conn);
     C::TransactionManager::begin_transaction(conn)
         .await
         .map_err(classify)?;

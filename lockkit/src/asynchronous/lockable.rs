@@ -146,7 +146,7 @@ where
         + AsyncWork2<&'r mut C, M, Result<T, E>, Fut: Send>
         + Send,
 {
-    let began = Began::with_work(in_transaction(conn));
+    let began = super::connection::began(conn);
     let restore = conn.begin_locked(&options).await.map_err(E::from)?;
     let mut held = None;
     let result = match lock_row::<M, C>(conn, key, options).await {
@@ -209,7 +209,7 @@ where
         + AsyncWork<&'r mut C, Result<T, E>, Fut: Send>
         + Send,
 {
-    let began = Began::with_work(in_transaction(conn));
+    let began = super::connection::began(conn);
     let restore = conn.begin_locked(&options).await.map_err(E::from)?;
     let result = f(conn).await.map_err(Failure::Closure);
     end(conn, began, restore, result).await

@@ -70,7 +70,7 @@ use crate::outbox::{
     check_limit, check_message, older_than, DeadLetter, Inbox, Mark, OutboxMessage, Received,
     Relay, Relayed, DEAD,
 };
-use crate::transaction::{require_transaction, Began, Failure};
+use crate::transaction::{require_transaction, Failure};
 use crate::{Error, LockOptions};
 
 /// Writes a message to the outbox in the open transaction, the one that makes
@@ -194,7 +194,7 @@ where
         + Send,
 {
     check_limit(limit)?;
-    let began = Began::with_work(in_transaction(conn));
+    let began = super::connection::began(conn);
     let restore = conn.begin_locked(&LockOptions::default()).await?;
     let result = async {
         let batch = C::claim_due(conn, limit, now_millis()).await?;
@@ -253,7 +253,7 @@ where
         + Send,
 {
     check_message_id(message_id)?;
-    let began = Began::with_work(in_transaction(conn));
+    let began = super::connection::began(conn);
     let restore = conn.begin_locked(&LockOptions::default()).await?;
     let result = match C::record_received(conn, inbox.consumer(), message_id, now_millis()).await {
         Ok(true) => apply(conn)

@@ -142,6 +142,7 @@ where
     for<'r> F: AsyncAttempt<&'r mut C, Result<T, E>, Fut: Send> + Send,
 {
     let nested = in_transaction(conn);
+    super::connection::watch(conn);
     let mut attempt = 1;
     loop {
         let result = match C::TransactionManager::begin_transaction(conn).await {

@@ -358,6 +358,12 @@ impl Idempotency {
         };
         let result = transaction::run(conn, |conn| {
             let response = work(conn).map_err(Failure::Closure)?;
+            // The work let a statement end the transaction (a deadlock's
+            // victim on MySQL/MariaDB): the key's `Finish` would commit on its
+            // own, for work the server threw away.
+            if let Some(cause) = crate::journal::ended_by(conn) {
+                return Err(Failure::Lockkit(cause));
+            }
             let stored = stored(&response)?;
             let finish = Write::Finish {
                 started_at,
