@@ -9,6 +9,9 @@
 //! SQLite, `BEGIN IMMEDIATE` without waiting). A connection held without a
 //! pool shows what the pool prevents: after the drop it is still inside the
 //! abandoned transaction, holding the row.
+//!
+//! A dropped call that changed a session setting (its lock timeout on SQLite
+//! and MySQL/MariaDB) does not hand the next user its setting either.
 
 #![cfg(feature = "async")]
 
@@ -232,5 +235,143 @@ async_backend_tests! {
         );
         assert!(finished > 0 && dropped > 0, "the sweep covers both: {finished} finished, {dropped} dropped");
         eprintln!("{BACKEND}: {finished} finished, {dropped} dropped; the row was free again within {slowest:?}");
+    }
+}
+
+/// `with_lock` on item 1 with a one-second lock timeout, decrementing its stock.
+macro_rules! decrement_with_timeout {
+    ($conn:expr) => {
+        lockkit::asynchronous::with_lock(
+            $conn,
+            1,
+            LockOptions::default().timeout(Duration::from_secs(1)),
+            async |conn, item: Item| {
+                diesel::update(items::table.find(item.id))
+                    .set(items::stock.eq(item.stock - 1))
+                    .execute(conn)
+                    .await?;
+                Ok::<_, Error>(())
+            },
+        )
+    };
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite_only {
+    use super::*;
+    use diesel::SqliteConnection;
+    use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+    use diesel_async::RunQueryDsl;
+    use lockkit_tests::TestDb;
+
+    type Async = SyncConnectionWrapper<SqliteConnection>;
+
+    #[derive(diesel::QueryableByName)]
+    struct Busy {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        timeout: i32,
+    }
+
+    async fn busy_timeout(conn: &mut Async) -> i32 {
+        diesel::sql_query("PRAGMA busy_timeout")
+            .get_result::<Busy>(conn)
+            .await
+            .unwrap()
+            .timeout
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_dropped_with_lock_leaves_the_next_user_its_own_busy_timeout() {
+        let db = TestDb::<SqliteConnection>::new("dropped_busy_timeout");
+        seed_items(&mut db.conn(), &[(1, 1_000)]);
+        let pool = async_common::bb8_pool::<Async>(&db.url, "sqlite", 1).await;
+        let session = busy_timeout(&mut pool.get().await.unwrap()).await;
+        assert_eq!(session, 10_000, "the suite's busy timeout");
+        // Calls dropped at different points (tokio's timer fires on a
+        // millisecond tick, so a zero or sub-millisecond deadline drops the call
+        // at its first wait, or not at all): each is a client that went away.
+        let mut left = None;
+        for attempt in 0..400u64 {
+            let mut conn = pool.get().await.unwrap();
+            let deadline = Duration::from_micros(attempt % 8 * 50);
+            let _ = tokio::time::timeout(deadline, decrement_with_timeout!(&mut *conn)).await;
+            drop(conn);
+            let now = busy_timeout(&mut pool.get().await.unwrap()).await;
+            if now != session {
+                left = Some((attempt, now));
+                break;
+            }
+        }
+        // The next user of the pool writes while another connection holds the
+        // write lock for 3 s: with the session's 10 s it waits and writes.
+        let holder =
+            async_common::RowHolder::lock(async_common::connect::<Async>(&db.url, "sqlite").await)
+                .await;
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            holder.release().await;
+        });
+        let mut next = pool.get().await.unwrap();
+        let written = diesel::update(items::table.find(1))
+            .set(items::stock.eq(items::stock + 100))
+            .execute(&mut *next)
+            .await;
+        release.await.unwrap();
+        assert!(
+            written.is_ok() && left.is_none(),
+            "a dropped with_lock left the pooled connection busy_timeout = {left:?} ms instead of \
+             the session's {session} ms, and the pool's next user's write failed: {written:?}"
+        );
+    }
+}
+
+/// MySQL/MariaDB: the lock wait timeout a dropped `with_lock` set before its
+/// `BEGIN` is not the pool's next user's.
+#[cfg(feature = "mysql")]
+mod mysql_only {
+    use super::*;
+    use diesel_async::AsyncMysqlConnection;
+    use lockkit_tests::TestDb;
+
+    #[derive(diesel::QueryableByName)]
+    struct Wait {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        secs: i64,
+    }
+
+    async fn lock_wait_timeout(conn: &mut AsyncMysqlConnection) -> i64 {
+        diesel::sql_query("SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED) AS secs")
+            .get_result::<Wait>(conn)
+            .await
+            .unwrap()
+            .secs
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_dropped_with_lock_leaves_the_next_user_its_own_lock_wait_timeout() {
+        let db = TestDb::<diesel::MysqlConnection>::new("dropped_lock_wait");
+        seed_items(&mut db.conn(), &[(1, 1_000)]);
+        let pool = async_common::bb8_pool::<AsyncMysqlConnection>(&db.url, "mysql", 1).await;
+        let session = lock_wait_timeout(&mut pool.get().await.unwrap()).await;
+        assert_ne!(
+            session, 1,
+            "the server's default differs from the call's 1 s"
+        );
+        let mut seen = Vec::new();
+        for attempt in 0..200u64 {
+            let mut conn = pool.get().await.unwrap();
+            let deadline = Duration::from_micros(attempt % 4 * 100);
+            let _ = tokio::time::timeout(deadline, decrement_with_timeout!(&mut *conn)).await;
+            drop(conn);
+            let now = lock_wait_timeout(&mut pool.get().await.unwrap()).await;
+            if now != session {
+                seen.push((attempt, now));
+                break;
+            }
+        }
+        assert!(
+            seen.is_empty(),
+            "the pool's next user got innodb_lock_wait_timeout = {seen:?} (its session had {session})"
+        );
     }
 }

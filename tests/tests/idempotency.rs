@@ -392,3 +392,75 @@ mod mysql_only {
         assert_eq!(stock, 9, "the unit sold once");
     }
 }
+
+/// Keys inside the caller's transaction: a retried one, and one a duplicate
+/// must wait for.
+mod in_the_callers_transaction {
+    use std::sync::mpsc;
+    use std::thread;
+    use std::time::Duration;
+
+    use diesel::prelude::*;
+    use diesel_migrations::MigrationHarness;
+    use lockkit::idempotency::{Idempotency, Outcome};
+    use lockkit::{Error, RetryPolicy};
+    use lockkit_tests::{idempotency_migrations, seed_items, stock_of};
+
+    fn sell_one<C: Connection>(conn: &mut C) -> Result<String, Error> {
+        conn.batch_execute("UPDATE items SET stock = stock - 1 WHERE id = 1")?;
+        Ok("201 sold".to_owned())
+    }
+
+    lockkit_tests::backend_tests! {
+        fn an_idempotency_run_inside_a_retried_transaction_counts_once_in_the_attempt_that_commits(db) {
+            // The run's key and work commit with the caller's transaction: an
+            // attempt rolled back after the run takes them both back, and the
+            // retry runs the work again, once.
+            db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn = db.connect();
+            let keys = Idempotency::default();
+            let mut attempt = 0;
+            let outcome = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::default(), |c| {
+                attempt += 1;
+                let outcome = keys.run(c, "tenant-1", "order-1", "POST /orders", sell_one)?;
+                match attempt {
+                    1 => Err(Error::Deadlock), // the caller's transaction fails after the run
+                    _ => Ok(outcome),
+                }
+            })
+            .unwrap();
+            assert_eq!((attempt, outcome), (2, Outcome::Ran("201 sold".to_owned())));
+            assert_eq!(stock_of!(&mut conn), 9, "the work counted once");
+            let again = keys.run(&mut conn, "tenant-1", "order-1", "POST /orders", |_| -> Result<String, Error> { panic!("must not run") });
+            assert_eq!(again.unwrap(), Outcome::Replayed("201 sold".to_owned()));
+        }
+
+        fn a_duplicate_of_a_key_held_by_an_open_outer_transaction_waits_and_replays(db) {
+            // A runs the key inside its own transaction and has not committed;
+            // B's duplicate waits on the key's row and replays A's response.
+            db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let keys = Idempotency::default();
+            let (ran, ran_rx) = mpsc::channel();
+            let db = &db;
+            let (a, b) = thread::scope(|s| {
+                let a = s.spawn(move || {
+                    let mut conn = db.connect();
+                    conn.transaction(|c| {
+                        let outcome = keys.run(c, "tenant-1", "order-1", "POST /orders", sell_one)?;
+                        ran.send(()).unwrap();
+                        thread::sleep(Duration::from_millis(300));
+                        Ok::<_, Error>(outcome)
+                    })
+                });
+                ran_rx.recv().unwrap();
+                let b = keys.run(&mut db.connect(), "tenant-1", "order-1", "POST /orders", sell_one);
+                (a.join().unwrap(), b)
+            });
+            assert_eq!(a.unwrap(), Outcome::Ran("201 sold".to_owned()));
+            assert_eq!(b.unwrap(), Outcome::Replayed("201 sold".to_owned()));
+            assert_eq!(stock_of!(&mut db.conn()), 9);
+        }
+    }
+}

@@ -473,3 +473,50 @@ fn docs_sql_md_lists_the_redis_scripts_lockkit_sends() {
         assert!(redis.contains(script), "docs/SQL.md lacks:\n{script}");
     }
 }
+
+/// Fences racing on a resource nobody fenced before.
+mod first_fence {
+    use std::sync::Barrier;
+    use std::thread;
+    use std::time::Duration;
+
+    use diesel::prelude::*;
+    use diesel_migrations::MigrationHarness;
+    use lockkit::lease::{self, Fence};
+    use lockkit::Error;
+    use lockkit_tests::schema::items;
+    use lockkit_tests::{lease_migrations, seed_items, stock_of};
+
+    lockkit_tests::backend_tests! {
+        fn an_older_fence_racing_a_newer_one_on_a_new_resource_never_writes_after_it(db) {
+            // Holders 7 and 8 write a resource nobody fenced before, at once:
+            // 8 first (it holds the fence's row until it commits), then 7, which
+            // must be refused (on MySQL/MariaDB the row is created, then raised).
+            db.conn().run_pending_migrations(lease_migrations(BACKEND)).unwrap();
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let barrier = Barrier::new(2);
+            let db = &db;
+            let (newer, older) = thread::scope(|s| {
+                let newer = s.spawn(|| {
+                    lease::fenced(&mut db.connect(), "report", Fence(8), |c| {
+                        barrier.wait();
+                        thread::sleep(Duration::from_millis(300));
+                        diesel::update(items::table.find(1)).set(items::stock.eq(8)).execute(c)?;
+                        Ok::<_, Error>(())
+                    })
+                });
+                let older = s.spawn(|| {
+                    barrier.wait();
+                    lease::fenced(&mut db.connect(), "report", Fence(7), |c| {
+                        diesel::update(items::table.find(1)).set(items::stock.eq(7)).execute(c)?;
+                        Ok::<_, Error>(())
+                    })
+                });
+                (newer.join().unwrap(), older.join().unwrap())
+            });
+            newer.unwrap();
+            assert!(matches!(older, Err(Error::Fenced { fence: 7, current: 8, .. })), "{older:?}");
+            assert_eq!(stock_of!(&mut db.conn()), 8, "the newer holder's write stands");
+        }
+    }
+}

@@ -149,6 +149,44 @@ pub enum Restore {
     BusyTimeout(i32),
 }
 
+/// The connection while a session setting a call changes (its lock timeout on
+/// MySQL/MariaDB and SQLite) may be in force: armed from before the setting is
+/// sent until it is put back. Dropped armed (the call's future was dropped in
+/// between), it marks the connection's transaction manager broken, so that a
+/// pool closes the connection instead of handing the next user the dropped
+/// call's setting (diesel-async finishes a statement already sent even when
+/// its future is dropped). The advisory locks' `Held` does the same for a
+/// session lock.
+pub(crate) struct Changing<'c, C: AsyncConnection> {
+    pub(crate) conn: &'c mut C,
+    armed: bool,
+}
+
+impl<'c, C: AsyncConnection> Changing<'c, C> {
+    /// Armed when `options` change a session setting.
+    pub(crate) fn new(conn: &'c mut C, options: &LockOptions) -> Self {
+        let armed = options.timeout_millis().is_some();
+        Changing { conn, armed }
+    }
+
+    /// The setting is back (or was never changed).
+    pub(crate) fn restored(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl<C: AsyncConnection> Drop for Changing<'_, C> {
+    fn drop(&mut self) {
+        if self.armed {
+            C::TransactionManager::transaction_manager_status_mut(self.conn).set_in_error();
+            tracing::warn!(
+                target: "lockkit",
+                "a lock call was dropped while its lock timeout was in force: the connection is marked broken, for its pool to close"
+            );
+        }
+    }
+}
+
 /// How many transactions are open on `conn` (0: none), as
 /// [`crate::transaction::transaction_depth`] on the blocking side.
 pub(crate) fn transaction_depth<C: AsyncConnection>(conn: &mut C) -> u32 {

@@ -64,7 +64,7 @@ use diesel::{OptionalExtension, QueryResult, Selectable};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{RunQueryDsl, TransactionManager};
 
-use super::connection::{in_transaction, AsyncLockingConnection};
+use super::connection::{in_transaction, AsyncLockingConnection, Changing};
 use super::versioned::{AsyncVersionQuery, AsyncVersioned};
 use super::work::{AsyncWork, AsyncWork2};
 use crate::optimistic::version_check::TouchVersioned;
@@ -147,7 +147,16 @@ where
         + Send,
 {
     let began = super::connection::began(conn);
-    let restore = conn.begin_locked(&options).await.map_err(E::from)?;
+    let mut changing = Changing::new(conn, &options);
+    let conn = &mut *changing.conn;
+    let restore = match conn.begin_locked(&options).await {
+        Ok(restore) => restore,
+        Err(err) => {
+            // `begin_locked` put the setting back.
+            changing.restored();
+            return Err(E::from(err));
+        }
+    };
     let mut held = None;
     let result = match lock_row::<M, C>(conn, key, options).await {
         Ok((row, lock)) => {
@@ -157,6 +166,7 @@ where
         Err(err) => Err(Failure::Lockkit(err)),
     };
     let result = end(conn, began, restore, result).await;
+    changing.restored();
     // Nested in the caller's transaction, the lock lasts until the caller's
     // end, which lockkit does not see (the blocking side hands it to the
     // outer lockkit transaction's scope).
@@ -210,9 +220,20 @@ where
         + Send,
 {
     let began = super::connection::began(conn);
-    let restore = conn.begin_locked(&options).await.map_err(E::from)?;
+    let mut changing = Changing::new(conn, &options);
+    let conn = &mut *changing.conn;
+    let restore = match conn.begin_locked(&options).await {
+        Ok(restore) => restore,
+        Err(err) => {
+            // `begin_locked` put the setting back.
+            changing.restored();
+            return Err(E::from(err));
+        }
+    };
     let result = f(conn).await.map_err(Failure::Closure);
-    end(conn, began, restore, result).await
+    let result = end(conn, began, restore, result).await;
+    changing.restored();
+    result
 }
 
 /// The end of every async lockkit transaction, `began` nested in an open one or
