@@ -219,6 +219,10 @@ impl Journal {
     }
 
     fn rolled_back(&mut self, depth: u32) {
+        // Nothing written here: the shared registry is not touched.
+        if self.open.is_empty() {
+            return;
+        }
         let mut registry = registry();
         self.open.retain(|(row, version)| {
             let Some(entry) = registry.find_mut(row, *version) else {
@@ -235,6 +239,10 @@ impl Journal {
     }
 
     fn released(&mut self, depth: u32) {
+        // Nothing written here: the shared registry is not touched.
+        if self.open.is_empty() {
+            return;
+        }
         let mut registry = registry();
         for (row, version) in &self.open {
             if let Some(Entry {
@@ -250,6 +258,10 @@ impl Journal {
     }
 
     fn committed(&mut self) {
+        // Nothing written here: the shared registry is not touched.
+        if self.open.is_empty() {
+            return;
+        }
         let mut registry = registry();
         for (row, version) in self.open.drain(..) {
             registry.remove(&row, |e| e.version == version);
