@@ -236,6 +236,18 @@ macro_rules! dispatch {
                     $(BackendConn::$variant(conn) => conn.repair(),)+
                 }
             }
+
+            fn confirms_abort(&mut self) -> bool {
+                match self.dispatch() {
+                    $(BackendConn::$variant(conn) => conn.confirms_abort(),)+
+                }
+            }
+
+            fn ends(&mut self) -> crate::journal::Ends {
+                match self.dispatch() {
+                    $(BackendConn::$variant(conn) => conn.ends(),)+
+                }
+            }
         }
 
         impl<T: Dispatch> LockingConnection for T {

@@ -131,6 +131,15 @@ pub trait AsyncLockingConnection:
     fn repair(&mut self) -> impl Future<Output = ()> + Send {
         std::future::ready(())
     }
+
+    /// After lockkit's journal saw a statement end the open transaction:
+    /// whether the server agrees, as the blocking connection's
+    /// [`Control::confirms_abort`](crate::transaction::Control::confirms_abort).
+    /// The default: yes.
+    #[doc(hidden)]
+    fn confirms_abort(&mut self) -> impl Future<Output = bool> + Send {
+        std::future::ready(true)
+    }
 }
 
 /// A session setting a locked transaction changed, to be put back.
@@ -201,10 +210,37 @@ pub(crate) fn in_transaction<C: AsyncConnection>(conn: &mut C) -> bool {
 /// Where an async lockkit transaction about to begin on `conn` stands
 /// ([`Began`](crate::transaction::Began)), with lockkit's journal watching the
 /// work, as the blocking side's panic guard has it.
-pub(crate) fn began<C: AsyncConnection>(conn: &mut C) -> crate::transaction::Began {
+///
+/// # Errors
+///
+/// Nested in a transaction that a statement the caller let go has ended
+/// ([`ended_by_statement`]): [`Error::TransactionAborted`], before anything is
+/// sent that MySQL/MariaDB would run in autocommit; the read-only stand-in is
+/// opened, as at the end of a nested call that found the transaction ended.
+pub(crate) async fn began<C: AsyncLockingConnection>(
+    conn: &mut C,
+) -> Result<crate::transaction::Began, Error> {
     let nested = in_transaction(conn);
     watch(conn);
-    crate::transaction::Began::with_work(nested)
+    if nested {
+        if let Some(cause) = ended_by_statement(conn).await {
+            conn.keep_aborted().await;
+            return Err(Error::TransactionAborted(Box::new(cause)));
+        }
+    }
+    Ok(crate::transaction::Began::with_work(nested))
+}
+
+/// The blocking side's [`ended_by_statement`](crate::transaction::ended_by_statement)
+/// on an async connection.
+pub(crate) async fn ended_by_statement<C: AsyncLockingConnection>(conn: &mut C) -> Option<Error> {
+    let cause = crate::journal::ended_by(&mut crate::journal::AsyncWatched(&mut *conn))?;
+    if conn.confirms_abort().await {
+        Some(cause)
+    } else {
+        crate::journal::forget_abort(&mut crate::journal::AsyncWatched(conn));
+        None
+    }
 }
 
 /// Installs lockkit's journal on `conn` unless it has instrumentation of its
@@ -286,6 +322,12 @@ mod postgres {
             )
             .await
         }
+
+        async fn confirms_abort(&mut self) -> bool {
+            use diesel_async::SimpleAsyncConnection;
+            let sql = crate::pessimistic::connection::postgres::CONFIRM_ABORT;
+            self.batch_execute(sql).await.is_err()
+        }
     }
 }
 
@@ -351,6 +393,10 @@ mod mysql {
         async fn transaction_ended(&mut self, cause: Option<&Error>) -> Option<Error> {
             // MariaDB knows.
             crate::transaction::ended_unless_open(caller_transaction_alive(self).await, cause)
+        }
+
+        async fn confirms_abort(&mut self) -> bool {
+            self.transaction_ended(None).await.is_some()
         }
 
         async fn keep_aborted(&mut self) {

@@ -52,14 +52,13 @@ use diesel_async::TransactionManager;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::connection::{AsyncLockingConnection, Restore};
+use super::connection::{ended_by_statement, AsyncLockingConnection, Restore};
 use super::lockable::end;
 use super::work::AsyncWork;
 use crate::clock::now_millis;
 use crate::http::idempotency::{
     finished, replayed, stored, Idempotency, Outcome, Scoped, Start, StoredKey, Write,
 };
-use crate::journal::{ended_by, AsyncWatched};
 use crate::transaction::Failure;
 use crate::{classify, Error};
 
@@ -100,13 +99,13 @@ where
         Start::Owned { started_at } => started_at,
     };
     // A savepoint when one is open, as on the blocking side.
-    let began = super::connection::began(conn);
+    let began = super::connection::began(conn).await.map_err(E::from)?;
     C::TransactionManager::begin_transaction(conn)
         .await
         .map_err(classify)?;
     let result = match work(conn).await {
         // The work let a statement end the transaction: as on the blocking side.
-        Ok(response) => match (ended_by(&mut AsyncWatched(conn)), stored(&response)) {
+        Ok(response) => match (ended_by_statement(conn).await, stored(&response)) {
             (Some(cause), _) => Err(cause),
             (None, Err(err)) => Err(err),
             (None, Ok(stored)) => {

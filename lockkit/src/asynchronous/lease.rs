@@ -187,7 +187,7 @@ where
         + Send,
 {
     check_name(resource)?;
-    let began = super::connection::began(conn);
+    let began = super::connection::began(conn).await.map_err(E::from)?;
     C::TransactionManager::begin_transaction(conn)
         .await
         .map_err(classify)?;

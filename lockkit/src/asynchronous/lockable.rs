@@ -146,7 +146,7 @@ where
         + AsyncWork2<&'r mut C, M, Result<T, E>, Fut: Send>
         + Send,
 {
-    let began = super::connection::began(conn);
+    let began = super::connection::began(conn).await.map_err(E::from)?;
     let mut changing = Changing::new(conn, &options);
     let conn = &mut *changing.conn;
     let restore = match conn.begin_locked(&options).await {
@@ -219,7 +219,7 @@ where
         + AsyncWork<&'r mut C, Result<T, E>, Fut: Send>
         + Send,
 {
-    let began = super::connection::began(conn);
+    let began = super::connection::began(conn).await.map_err(E::from)?;
     let mut changing = Changing::new(conn, &options);
     let conn = &mut *changing.conn;
     let restore = match conn.begin_locked(&options).await {
@@ -267,7 +267,7 @@ where
     // this transaction? As the blocking side's panic guard decides it.
     let result = match result {
         Ok(_) if !nested => {
-            let ended = match crate::journal::ended_by(&mut crate::journal::AsyncWatched(conn)) {
+            let ended = match super::connection::ended_by_statement(conn).await {
                 Some(cause) => Some(cause),
                 None if began.must_ask() => conn.transaction_ended(None).await,
                 None => None,

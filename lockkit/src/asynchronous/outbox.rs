@@ -194,7 +194,7 @@ where
         + Send,
 {
     check_limit(limit)?;
-    let began = super::connection::began(conn);
+    let began = super::connection::began(conn).await.map_err(E::from)?;
     let restore = conn.begin_locked(&LockOptions::default()).await?;
     let result = async {
         let batch = C::claim_due(conn, limit, now_millis()).await?;
@@ -253,7 +253,7 @@ where
         + Send,
 {
     check_message_id(message_id)?;
-    let began = super::connection::began(conn);
+    let began = super::connection::began(conn).await.map_err(E::from)?;
     let restore = conn.begin_locked(&LockOptions::default()).await?;
     let result = match C::record_received(conn, inbox.consumer(), message_id, now_millis()).await {
         Ok(true) => apply(conn)

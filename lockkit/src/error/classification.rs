@@ -156,7 +156,7 @@ fn classify_with(err: DieselError, context: Context) -> Error {
     classified
 }
 
-fn is_deadlock(message: &str) -> bool {
+pub(crate) fn is_deadlock(message: &str) -> bool {
     // PostgreSQL: "deadlock detected"; MySQL/MariaDB: "Deadlock found when trying to get lock".
     message.starts_with("deadlock detected") || message.starts_with("Deadlock found")
 }

@@ -361,7 +361,7 @@ impl Idempotency {
             // The work let a statement end the transaction (a deadlock's
             // victim on MySQL/MariaDB): the key's `Finish` would commit on its
             // own, for work the server threw away.
-            if let Some(cause) = crate::journal::ended_by(conn) {
+            if let Some(cause) = transaction::ended_by_statement(conn) {
                 return Err(Failure::Lockkit(cause));
             }
             let stored = stored(&response)?;

@@ -97,9 +97,11 @@ pub struct Journal {
     aborts: Aborts,
 }
 
-/// How a failed statement leaves the open transaction, by backend.
+/// How a failed statement leaves the open transaction, by backend: what
+/// lockkit's connections tell the journal. Not for use outside lockkit.
+#[doc(hidden)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) enum Ends {
+pub enum Ends {
     /// PostgreSQL: any error aborts it, until a rollback to a savepoint taken
     /// before the error; its `COMMIT` is then answered with `ROLLBACK`, and no
     /// error.
@@ -118,7 +120,7 @@ pub(crate) enum Ends {
 
 impl Ends {
     /// The rule of the backend `B`.
-    fn of<B>() -> Self {
+    pub(crate) fn of<B>() -> Self {
         // A type name, not a `TypeId`: the connection's backend is not known
         // to be `'static` where the journal is reached. Names of distinct
         // backends differ; an unknown one keeps the default.
@@ -135,10 +137,15 @@ impl Ends {
         Ends::Never
     }
 
-    fn by(self, kind: DatabaseErrorKind) -> bool {
+    fn by(self, kind: DatabaseErrorKind, message: &str) -> bool {
         match self {
             Ends::UntilSavepointRollback => true,
-            Ends::OnDeadlock => kind == DatabaseErrorKind::SerializationFailure,
+            // diesel-async reports MySQL's 1213 as an unknown kind: its message
+            // tells, as in lockkit's classification.
+            Ends::OnDeadlock => {
+                kind == DatabaseErrorKind::SerializationFailure
+                    || crate::error::classification::is_deadlock(message)
+            }
             Ends::Never => false,
         }
     }
@@ -181,7 +188,10 @@ impl Aborts {
                         self.ended_by = None;
                     }
                 } else if let Some(diesel::result::Error::DatabaseError(kind, info)) = error {
-                    if self.depth > 0 && self.ended_by.is_none() && self.ends.by(*kind) {
+                    if self.depth > 0
+                        && self.ended_by.is_none()
+                        && self.ends.by(*kind, info.message())
+                    {
                         self.ended_by = Some((*kind, info.message().to_owned()));
                     }
                 }
@@ -453,8 +463,30 @@ pub(crate) fn journal_of<W: Watched>(conn: &mut W) -> Option<&mut Journal> {
     }
     let ends = conn.ends();
     let journal = conn.slot().downcast_mut::<Journal>()?;
-    journal.aborts.ends = ends;
+    // A connection type the rule cannot be read off (a `MultiConnection`
+    // enum) keeps the one its connection told ([`watch`]).
+    if ends != Ends::Never {
+        journal.aborts.ends = ends;
+    }
     Some(journal)
+}
+
+/// Installs the journal on `conn` as [`journal_of`] does, with the rule the
+/// connection tells (`ends`: the dispatched connection's, for an enum).
+pub(crate) fn watch<W: Watched>(conn: &mut W, ends: Ends) {
+    if let Some(journal) = journal_of(conn) {
+        if ends != Ends::Never {
+            journal.aborts.ends = ends;
+        }
+    }
+}
+
+/// Forgets what [`ended_by`] said: the server answered that the transaction is
+/// alive (the work recovered with a savepoint of its own, in SQL).
+pub(crate) fn forget_abort<W: Watched>(conn: &mut W) {
+    if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
+        journal.aborts.ended_by = None;
+    }
 }
 
 /// What ended the open transaction on `conn` under a statement whose error the

@@ -360,7 +360,16 @@ pub(crate) mod postgres {
         )
     }
 
-    impl Control for PgConnection {}
+    impl Control for PgConnection {
+        fn confirms_abort(&mut self) -> bool {
+            // In an aborted transaction every statement fails (25P02).
+            diesel::connection::SimpleConnection::batch_execute(self, CONFIRM_ABORT).is_err()
+        }
+    }
+
+    /// What confirms that a PostgreSQL transaction is aborted, for the blocking
+    /// and the async connection: it fails there, and only there.
+    pub(crate) const CONFIRM_ABORT: &str = "SELECT 1";
 }
 
 #[cfg(feature = "mysql")]
@@ -515,6 +524,10 @@ pub(crate) mod mysql {
         fn transaction_ended(&mut self, cause: Option<&Error>) -> Option<Error> {
             // MariaDB knows.
             crate::transaction::ended_unless_open(caller_transaction_alive(self), cause)
+        }
+
+        fn confirms_abort(&mut self) -> bool {
+            self.transaction_ended(None).is_some()
         }
 
         fn keep_aborted(&mut self) {

@@ -90,6 +90,34 @@ pub trait Control: Connection + Sized {
     /// back in order when it gave up on the connection although the server has
     /// no transaction open. The default: nothing.
     fn repair(&mut self) {}
+
+    /// After lockkit's journal saw a statement end the open transaction
+    /// ([`ended_by_statement`]): whether the server agrees. Asked on that path
+    /// only. The default: yes.
+    fn confirms_abort(&mut self) -> bool {
+        true
+    }
+
+    /// How a failed statement leaves the open transaction on this connection's
+    /// backend, for lockkit's journal. The default: read off the backend type.
+    fn ends(&mut self) -> crate::journal::Ends {
+        crate::journal::Ends::of::<Self::Backend>()
+    }
+}
+
+/// The error of a statement that ended the open transaction on `conn` while the
+/// work let it go (lockkit's journal saw it fail), once the server confirms that
+/// the transaction is over; else the journal forgets it (the work recovered
+/// with a savepoint of its own, in SQL). The async connections' twin asks the
+/// same.
+pub(crate) fn ended_by_statement<C: Control>(conn: &mut C) -> Option<Error> {
+    let cause = crate::journal::ended_by(conn)?;
+    if conn.confirms_abort() {
+        Some(cause)
+    } else {
+        crate::journal::forget_abort(conn);
+        None
+    }
 }
 
 /// What [`Control::keep_aborted`] sends on MySQL/MariaDB, for the blocking and

@@ -3,7 +3,7 @@
 use diesel::connection::TransactionManager;
 
 use super::scope::{self, Scope};
-use super::{swallowed, Began, Control, Failure};
+use super::{ended_by_statement, swallowed, Began, Control, Failure};
 use crate::journal;
 
 /// Catches a panic in a closure run inside a transaction, so that the transaction
@@ -32,9 +32,10 @@ impl PanicGuard {
         // Watched by the journal (installed on a connection without
         // instrumentation of its own), which sees a statement end the
         // transaction even when the work lets its error go.
-        let _ = journal::journal_of(conn);
+        let ends = conn.ends();
+        journal::watch(conn, ends);
         if !outermost {
-            if let Some(cause) = journal::ended_by(conn) {
+            if let Some(cause) = ended_by_statement(conn) {
                 // The caller let the error go and calls on: on MySQL/MariaDB
                 // the work would run in autocommit. Decided as a failed nested
                 // call ([`finish`](super::finish)): `TransactionAborted`.
@@ -48,7 +49,7 @@ impl PanicGuard {
             // Before `COMMIT`: did the work let a statement (or a nested call)
             // end this transaction?
             Ok(Ok(value)) if outermost => {
-                let ended = journal::ended_by(conn).or_else(|| {
+                let ended = ended_by_statement(conn).or_else(|| {
                     began
                         .must_ask()
                         .then(|| conn.transaction_ended(None))
