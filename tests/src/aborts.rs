@@ -5,7 +5,41 @@
 //! which read `stock` (item 1, seeded with 10) and `lines` (order lines)
 //! from a new connection.
 
+use std::sync::mpsc::{Receiver, Sender};
+use std::time::Duration;
+
+use diesel::Connection;
 use lockkit::Error;
+
+use crate::exec;
+
+/// The heavier side of a provoked deadlock, on its own connection `conn`
+/// (`backend` as the suite names it): changes items 3 and up (InnoDB rolls back
+/// the transaction with fewer changed rows), locks item 2, says so on `locked`,
+/// waits for `go`, then locks item 1, which the victim holds while it waits
+/// for item 2. PostgreSQL's deadlock check runs in the session that waited
+/// `deadlock_timeout` first; this one's is set far higher. Commits: it is never
+/// the victim.
+pub fn heavier_neighbour<C: Connection>(
+    conn: &mut C,
+    backend: &str,
+    locked: Sender<()>,
+    go: Receiver<()>,
+) {
+    if backend == "postgres" {
+        exec(conn, "SET deadlock_timeout = '30s'");
+    }
+    conn.transaction(|conn| {
+        exec(conn, "UPDATE items SET name = 'heavy' WHERE id >= 3");
+        exec(conn, "SELECT id FROM items WHERE id = 2 FOR UPDATE");
+        locked.send(()).unwrap();
+        go.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        exec(conn, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
+        diesel::QueryResult::Ok(())
+    })
+    .expect("the heavier transaction is never the victim");
+}
 
 /// A nested call retried after the deadlock (by the caller's loop or by a
 /// nested `transaction_with_retry`), `runs` times in all. PostgreSQL: the

@@ -11,7 +11,6 @@ mod async_common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{mpsc, Mutex};
-use std::time::Duration;
 
 use diesel::{Connection, ExpressionMethods, QueryDsl};
 use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
@@ -41,19 +40,7 @@ macro_rules! deadlock_first_attempt {
         let url = $db.url.clone();
         let neighbour = std::thread::spawn(move || {
             let mut conn = Sync::establish(&url).unwrap();
-            if BACKEND == "postgres" {
-                exec(&mut conn, "SET deadlock_timeout = '30s'");
-            }
-            conn.transaction(|conn| {
-                exec(conn, "UPDATE items SET name = 'heavy' WHERE id >= 3");
-                let _: Item = diesel::RunQueryDsl::first(items::table.find(2).for_update(), conn)?;
-                b_tx.send(()).unwrap();
-                a_rx.recv().unwrap();
-                std::thread::sleep(Duration::from_millis(200));
-                let _: Item = diesel::RunQueryDsl::first(items::table.find(1).for_update(), conn)?;
-                diesel::QueryResult::Ok(())
-            })
-            .expect("the heavier transaction is never the victim");
+            lockkit_tests::aborts::heavier_neighbour(&mut conn, BACKEND, b_tx, a_rx);
         });
         let runs = AtomicU32::new(0);
         let $work = async |conn: &mut Async, attempt: u32| -> Result<(), Error> {
@@ -341,6 +328,75 @@ async_server_tests! {
         } else {
             assert_eq!((runs, stock, lines), (2, 9, 1), "the thrown-away attempt reported as done");
         }
+    }
+
+    async fn async_nested_with_lock_after_the_caller_let_its_own_deadlock_go_commits_nothing(db) {
+        // The async twin of lock_errors'
+        // `a_nested_with_lock_after_the_caller_let_its_own_deadlock_go_commits_nothing`:
+        // the caller's own statement is the deadlock's victim, the caller lets
+        // it go and sells under a nested `with_lock`. On MariaDB no transaction
+        // is open any more: the sale must not commit on its own.
+        let (outcome, runs, stock, lines) = deadlock_first_attempt!(db, |conn, work| {
+            lockkit::asynchronous::transaction_with_retry(&mut conn, &RetryPolicy::immediate(1), async |conn| {
+                order_line(conn, 1).await?;
+                let _ = work(conn, 1).await; // let go
+                lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |conn, item: Item| {
+                    diesel::update(items::table.find(1))
+                        .set(items::stock.eq(item.stock - 1))
+                        .execute(conn)
+                        .await?;
+                    order_line(conn, 2).await
+                })
+                .await
+            })
+            .await
+        });
+        assert_eq!(runs, 1);
+        assert!(outcome.is_err(), "{outcome:?}");
+        assert_eq!(
+            (stock, lines),
+            (10, 0),
+            "the nested sale committed on its own, without order line 1: {outcome:?}"
+        );
+    }
+
+    async fn async_idempotency_key_is_not_marked_done_for_work_the_server_rolled_back(db) {
+        // The async twin of idempotency's
+        // `a_key_is_not_marked_done_for_work_innodb_rolled_back`: the work
+        // sells one unit and lets its deadlock go. The key must not replay
+        // "sold" for a sale that never committed.
+        use diesel_migrations::MigrationHarness;
+        use lockkit::idempotency::{fingerprint, Idempotency, Outcome};
+        db.conn()
+            .run_pending_migrations(lockkit_tests::idempotency_migrations(BACKEND))
+            .unwrap();
+        let keys = Idempotency::default();
+        let request = fingerprint("POST", "/orders", b"{\"item\":1}");
+        let (outcome, runs, stock, _) = deadlock_first_attempt!(db, |conn, work| {
+            lockkit::asynchronous::idempotency::run(&keys, &mut conn, "tenant-1", "order-1", &request, async |c| {
+                let _ = work(c, 1).await; // let go
+                Ok::<_, Error>("201 sold".to_owned())
+            })
+            .await
+            .map(|_| ())
+        });
+        assert_eq!(runs, 1);
+        // The client retries with the same key.
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let again = lockkit::asynchronous::idempotency::run(&keys, &mut conn, "tenant-1", "order-1", &request, async |c| {
+            diesel::update(items::table.find(1))
+                .set(items::stock.eq(items::stock - 1))
+                .execute(c)
+                .await?;
+            Ok::<_, Error>("201 sold".to_owned())
+        })
+        .await;
+        let after: i32 = items::table.find(1).select(items::stock).first(&mut conn).await.unwrap();
+        assert!(
+            stock == 10 && matches!(again, Ok(Outcome::Ran(_))) && after == 9,
+            "first run {outcome:?} (stock {stock}), the retry {again:?}: stock {after}, the unit \
+             must be sold exactly once"
+        );
     }
 }
 

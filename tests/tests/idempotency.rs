@@ -345,18 +345,7 @@ mod mysql_only {
         let db = &db;
         let outcome = thread::scope(|s| {
             let neighbour = s.spawn(move || {
-                // The heavier transaction (it changed more rows): never the victim.
-                let mut conn = db.connect();
-                conn.transaction(|conn| {
-                    exec(conn, "UPDATE items SET name = 'heavy' WHERE id >= 3");
-                    let _: Item = items::table.find(2).for_update().first(conn)?;
-                    b_tx.send(()).unwrap();
-                    a_rx.recv().unwrap();
-                    thread::sleep(Duration::from_millis(200));
-                    let _: Item = items::table.find(1).for_update().first(conn)?;
-                    diesel::QueryResult::Ok(())
-                })
-                .expect("the neighbour commits");
+                lockkit_tests::aborts::heavier_neighbour(&mut db.connect(), "mysql", b_tx, a_rx);
             });
             let mut conn = db.connect();
             let outcome = keys.run(&mut conn, "tenant-1", "order-1", &request, |c| {

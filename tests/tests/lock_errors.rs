@@ -72,20 +72,7 @@ macro_rules! deadlock_first_attempt {
         let (b_tx, b_rx) = mpsc::channel::<()>();
         thread::scope(|s| {
             let neighbour = s.spawn(move || {
-                let mut conn = db.connect();
-                if BACKEND == "postgres" {
-                    exec(&mut conn, "SET deadlock_timeout = '30s'");
-                }
-                conn.transaction(|conn| {
-                    exec(conn, "UPDATE items SET name = 'heavy' WHERE id >= 3");
-                    let _: Item = items::table.find(2).for_update().first(conn)?;
-                    b_tx.send(()).unwrap();
-                    a_rx.recv().unwrap();
-                    thread::sleep(Duration::from_millis(200));
-                    let _: Item = items::table.find(1).for_update().first(conn)?;
-                    diesel::QueryResult::Ok(())
-                })
-                .expect("the heavier transaction is never the victim");
+                lockkit_tests::aborts::heavier_neighbour(&mut db.connect(), BACKEND, b_tx, a_rx);
             });
             let mut attempts = 0;
             let mut $work = |conn: &mut Conn, attempt: u32| -> Result<(), Error> {

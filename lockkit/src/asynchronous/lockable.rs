@@ -64,7 +64,7 @@ use diesel::{OptionalExtension, QueryResult, Selectable};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{RunQueryDsl, TransactionManager};
 
-use super::connection::{in_transaction, AsyncLockingConnection, Changing};
+use super::connection::{in_transaction, AsyncLockingConnection, Changing, Restore};
 use super::versioned::{AsyncVersionQuery, AsyncVersioned};
 use super::work::{AsyncWork, AsyncWork2};
 use crate::optimistic::version_check::TouchVersioned;
@@ -147,16 +147,8 @@ where
         + Send,
 {
     let began = super::connection::began(conn).await.map_err(E::from)?;
-    let mut changing = Changing::new(conn, &options);
+    let (mut changing, restore) = begin_locked(conn, &options).await.map_err(E::from)?;
     let conn = &mut *changing.conn;
-    let restore = match conn.begin_locked(&options).await {
-        Ok(restore) => restore,
-        Err(err) => {
-            // `begin_locked` put the setting back.
-            changing.restored();
-            return Err(E::from(err));
-        }
-    };
     let mut held = None;
     let result = match lock_row::<M, C>(conn, key, options).await {
         Ok((row, lock)) => {
@@ -174,6 +166,24 @@ where
         lock.released();
     }
     result
+}
+
+/// Begins a transaction fit for locking on `conn` ([`AsyncLockingConnection::begin_locked`]),
+/// under the guard that marks the connection broken if the call is dropped
+/// while the session setting it changed is in force ([`Changing`]).
+async fn begin_locked<'c, C: AsyncLockingConnection>(
+    conn: &'c mut C,
+    options: &LockOptions,
+) -> Result<(Changing<'c, C>, Restore), Error> {
+    let mut changing = Changing::new(conn, options);
+    match changing.conn.begin_locked(options).await {
+        Ok(restore) => Ok((changing, restore)),
+        Err(err) => {
+            // `begin_locked` put the setting back.
+            changing.restored();
+            Err(err)
+        }
+    }
 }
 
 /// The row lock [`with_lock`] took: what the blocking side's transaction scope
@@ -220,16 +230,8 @@ where
         + Send,
 {
     let began = super::connection::began(conn).await.map_err(E::from)?;
-    let mut changing = Changing::new(conn, &options);
+    let (mut changing, restore) = begin_locked(conn, &options).await.map_err(E::from)?;
     let conn = &mut *changing.conn;
-    let restore = match conn.begin_locked(&options).await {
-        Ok(restore) => restore,
-        Err(err) => {
-            // `begin_locked` put the setting back.
-            changing.restored();
-            return Err(E::from(err));
-        }
-    };
     let result = f(conn).await.map_err(Failure::Closure);
     let result = end(conn, began, restore, result).await;
     changing.restored();
@@ -251,7 +253,7 @@ where
 pub(crate) async fn end<C, T, E>(
     conn: &mut C,
     began: Began,
-    restore: super::connection::Restore,
+    restore: Restore,
     result: Result<T, Failure<E>>,
 ) -> Result<T, E>
 where
