@@ -444,6 +444,20 @@ impl<C: diesel_async::AsyncConnection> Watched for AsyncWatched<'_, C> {
 /// The connection's journal, installed if the connection has no instrumentation;
 /// `None` if it has instrumentation of its own.
 pub(crate) fn journal_of<W: Watched>(conn: &mut W) -> Option<&mut Journal> {
+    watched(conn, |conn| conn.ends())
+}
+
+/// Installs the journal on `conn` as [`journal_of`] does, with the rule the
+/// connection tells (`ends`, asked once per connection: the dispatched
+/// connection's, for an enum).
+pub(crate) fn watch<W: Watched>(conn: &mut W, ends: impl FnOnce(&mut W) -> Ends) {
+    let _ = watched(conn, ends);
+}
+
+/// [`journal_of`], the journal taking its rule from `ends` while it has none
+/// (once per connection: a `MultiConnection` enum's is told by [`watch`], as
+/// its backend type names none).
+fn watched<W: Watched>(conn: &mut W, ends: impl FnOnce(&mut W) -> Ends) -> Option<&mut Journal> {
     if !conn.slot().is::<Journal>() {
         if !conn.bare() {
             static WARNED: AtomicBool = AtomicBool::new(false);
@@ -461,24 +475,16 @@ pub(crate) fn journal_of<W: Watched>(conn: &mut W) -> Option<&mut Journal> {
         journal.aborts.depth = conn.depth().unwrap_or(0);
         conn.install(journal);
     }
-    let ends = conn.ends();
+    let known = conn
+        .slot()
+        .downcast_mut::<Journal>()
+        .is_some_and(|journal| journal.aborts.ends != Ends::Never);
+    let rule = if known { None } else { Some(ends(conn)) };
     let journal = conn.slot().downcast_mut::<Journal>()?;
-    // A connection type the rule cannot be read off (a `MultiConnection`
-    // enum) keeps the one its connection told ([`watch`]).
-    if ends != Ends::Never {
-        journal.aborts.ends = ends;
+    if let Some(rule) = rule {
+        journal.aborts.ends = rule;
     }
     Some(journal)
-}
-
-/// Installs the journal on `conn` as [`journal_of`] does, with the rule the
-/// connection tells (`ends`: the dispatched connection's, for an enum).
-pub(crate) fn watch<W: Watched>(conn: &mut W, ends: Ends) {
-    if let Some(journal) = journal_of(conn) {
-        if ends != Ends::Never {
-            journal.aborts.ends = ends;
-        }
-    }
 }
 
 /// Forgets what [`ended_by`] said: the server answered that the transaction is
@@ -655,7 +661,7 @@ static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
 static ENTRIES: AtomicUsize = AtomicUsize::new(0);
 /// Whether a write on a connection lockkit cannot watch was ever recorded:
 /// only then do lockkit's own transaction ends look at the registry
-/// ([`unwatched_ended`]).
+/// ([`unwatched_rolled_back`]).
 static UNWATCHED: AtomicBool = AtomicBool::new(false);
 
 fn registry() -> MutexGuard<'static, Registry> {

@@ -32,8 +32,7 @@ impl PanicGuard {
         // Watched by the journal (installed on a connection without
         // instrumentation of its own), which sees a statement end the
         // transaction even when the work lets its error go.
-        let ends = conn.ends();
-        journal::watch(conn, ends);
+        journal::watch(conn, C::ends);
         if !outermost {
             if let Some(cause) = ended_by_statement(conn) {
                 // The caller let the error go and calls on: on MySQL/MariaDB
