@@ -37,6 +37,7 @@
 //! | [`error`] | the error type and the one place that reads server messages |
 //! | [`bounds`] | the traits lockkit's methods require: name them only in `where` clauses |
 //! | [`multi`] | the backend chosen at run time: `#[derive(diesel::MultiConnection)]` enums |
+//! | [`migrations`] | the tables lockkit ships, as SQL per server and as Diesel migrations |
 //! | `transaction` (private) | what every lockkit transaction does the same way: the panic guard, [`after_commit`] work |
 //!
 //! Start with [`optimistic::versioned`] and [`pessimistic::lockable`] for complete
@@ -45,62 +46,6 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
-
-/// The SQL of tables lockkit ships as migrations in
-/// `migrations/<set>/<backend>/<migration>/`: `up_sql` and `down_sql` for each
-/// [`Dialect`](version_trigger::Dialect), and with `$feature` (plus a backend's)
-/// the embedded migrations `POSTGRES_MIGRATIONS`, `MYSQL_MIGRATIONS` and
-/// `SQLITE_MIGRATIONS`. Written once for every module that ships a table. Each
-/// set's migration needs a version (the date before the first `_`) of its own:
-/// Diesel records applied migrations by version alone.
-#[allow(unused_macros)] // used by the modules behind optional features
-macro_rules! shipped_tables {
-    (
-        $(#[$up_doc:meta])*
-        tables: $what:literal,
-        feature: $feature:literal,
-        migration: $migration:literal,
-        postgres: $postgres:literal,
-        mysql: $mysql:literal,
-        sqlite: $sqlite:literal $(,)?
-    ) => {
-        $(#[$up_doc])*
-        pub fn up_sql(dialect: $crate::version_trigger::Dialect) -> &'static str {
-            $crate::shipped_tables!(@file dialect, "up.sql", $migration, $postgres, $mysql, $sqlite)
-        }
-
-        #[doc = concat!("Drops ", $what, " that [`up_sql`] creates (a migration's `down.sql`).")]
-        pub fn down_sql(dialect: $crate::version_trigger::Dialect) -> &'static str {
-            $crate::shipped_tables!(@file dialect, "down.sql", $migration, $postgres, $mysql, $sqlite)
-        }
-
-        $crate::shipped_tables!(@embed $what, $feature, "postgres", POSTGRES_MIGRATIONS, "PostgreSQL", $postgres);
-        $crate::shipped_tables!(@embed $what, $feature, "mysql", MYSQL_MIGRATIONS, "MySQL/MariaDB", $mysql);
-        $crate::shipped_tables!(@embed $what, $feature, "sqlite", SQLITE_MIGRATIONS, "SQLite", $sqlite);
-    };
-    (@file $dialect:ident, $file:literal, $migration:literal, $postgres:literal, $mysql:literal, $sqlite:literal) => {
-        match $dialect {
-            $crate::version_trigger::Dialect::Postgres => {
-                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/", $postgres, "/", $migration, "/", $file))
-            }
-            $crate::version_trigger::Dialect::Mysql => {
-                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/", $mysql, "/", $migration, "/", $file))
-            }
-            $crate::version_trigger::Dialect::Sqlite => {
-                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/", $sqlite, "/", $migration, "/", $file))
-            }
-        }
-    };
-    (@embed $what:literal, $feature:literal, $backend:literal, $name:ident, $server:literal, $dir:literal) => {
-        #[doc = concat!("The migration of ", $what, " for ", $server, ".")]
-        #[cfg(all(feature = $feature, feature = $backend))]
-        #[cfg_attr(docsrs, doc(cfg(all(feature = $feature, feature = $backend))))]
-        pub const $name: diesel_migrations::EmbeddedMigrations =
-            diesel_migrations::embed_migrations!($dir);
-    };
-}
-#[allow(unused_imports)]
-pub(crate) use shipped_tables;
 
 pub mod adaptive;
 #[cfg(feature = "async")]
@@ -113,6 +58,7 @@ pub mod http;
 #[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
 pub mod lease;
 pub mod metrics;
+pub mod migrations;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 #[cfg_attr(
     docsrs,

@@ -139,10 +139,10 @@ macro_rules! stock_of {
     }};
 }
 
-/// The embedded migrations of lockkit's idempotency table for `backend`
+/// The migration of lockkit's idempotency table for `backend`
 /// (`postgres`, `mysql` or `sqlite`).
 #[cfg(feature = "harness")]
-pub fn idempotency_migrations(backend: &str) -> diesel_migrations::EmbeddedMigrations {
+pub fn idempotency_migrations(backend: &str) -> lockkit::migrations::ShippedMigration {
     match backend {
         "postgres" => lockkit::idempotency::POSTGRES_MIGRATIONS,
         "mysql" => lockkit::idempotency::MYSQL_MIGRATIONS,
@@ -150,9 +150,9 @@ pub fn idempotency_migrations(backend: &str) -> diesel_migrations::EmbeddedMigra
     }
 }
 
-/// The embedded migrations of lockkit's lease and fence tables for `backend`.
+/// The migration of lockkit's lease and fence tables for `backend`.
 #[cfg(feature = "harness")]
-pub fn lease_migrations(backend: &str) -> diesel_migrations::EmbeddedMigrations {
+pub fn lease_migrations(backend: &str) -> lockkit::migrations::ShippedMigration {
     match backend {
         "postgres" => lockkit::lease::POSTGRES_MIGRATIONS,
         "mysql" => lockkit::lease::MYSQL_MIGRATIONS,
@@ -160,10 +160,10 @@ pub fn lease_migrations(backend: &str) -> diesel_migrations::EmbeddedMigrations 
     }
 }
 
-/// The embedded migrations of lockkit's outbox and inbox tables for `backend`
+/// The migration of lockkit's outbox and inbox tables for `backend`
 /// (`postgres`, `mysql` or `sqlite`).
 #[cfg(feature = "harness")]
-pub fn outbox_migrations(backend: &str) -> diesel_migrations::EmbeddedMigrations {
+pub fn outbox_migrations(backend: &str) -> lockkit::migrations::ShippedMigration {
     match backend {
         "postgres" => lockkit::outbox::POSTGRES_MIGRATIONS,
         "mysql" => lockkit::outbox::MYSQL_MIGRATIONS,

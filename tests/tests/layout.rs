@@ -63,25 +63,3 @@ fn the_layout_table_matches_lockkit_src() {
         "CONTRIBUTING.md's layout table is out of date:\n  not in the table: {missing:?}\n  not in the tree: {gone:?}"
     );
 }
-
-/// Diesel keys a migration by its version, the name before the first `_`, in one
-/// `__diesel_schema_migrations` table: two of lockkit's shipped sets with the same
-/// version would make an application that runs both skip the second one's tables.
-#[test]
-fn every_shipped_migration_has_a_version_of_its_own() {
-    let sets = workspace().join("lockkit/migrations");
-    for backend in ["postgres", "mysql", "sqlite"] {
-        let mut seen = std::collections::BTreeMap::new();
-        for set in std::fs::read_dir(&sets).unwrap() {
-            let dir = set.unwrap().path().join(backend);
-            for migration in std::fs::read_dir(&dir).unwrap() {
-                let name = migration.unwrap().file_name().into_string().unwrap();
-                let version = name.split('_').next().unwrap().to_owned();
-                if let Some(other) = seen.insert(version.clone(), name.clone()) {
-                    panic!("{backend}: `{name}` and `{other}` share the version {version}");
-                }
-            }
-        }
-        assert!(seen.len() >= 3, "{backend}: {seen:?}");
-    }
-}

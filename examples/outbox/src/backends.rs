@@ -29,7 +29,7 @@ const MIGRATIONS: Migrations = Migrations {
 };
 
 /// lockkit's outbox and inbox tables, per backend feature.
-const OUTBOX_MIGRATIONS: Migrations = Migrations {
+const OUTBOX_MIGRATIONS: Migrations<lockkit::migrations::ShippedMigration> = Migrations {
     #[cfg(feature = "postgres")]
     postgres: Some(lockkit::outbox::POSTGRES_MIGRATIONS),
     #[cfg(not(feature = "postgres"))]

@@ -39,7 +39,7 @@
 //!
 //! The table's SQL comes as plain strings, [`up_sql`] and [`down_sql`] per
 //! [`Dialect`], to copy into your own migrations. With the feature
-//! `idempotency-migrations` it also ships as embedded migrations: run
+//! `idempotency-migrations` it also ships as a Diesel migration: run
 //! `conn.run_pending_migrations(lockkit::idempotency::POSTGRES_MIGRATIONS)` (or
 //! `MYSQL_MIGRATIONS`, `SQLITE_MIGRATIONS`) with `diesel_migrations::MigrationHarness`.
 //!
@@ -86,13 +86,40 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::clock::{millis, now_millis};
+use crate::migrations::word;
 use crate::pessimistic::connection::AsLockingConnection;
 use crate::transaction::{self, Failure};
 use crate::Error;
 
 pub use crate::version_trigger::Dialect;
 
-crate::shipped_tables! {
+/// `CREATE TABLE lockkit_idempotency_keys` in `$dialect`.
+macro_rules! keys_table {
+    ($dialect:ident) => {
+        concat!(
+            "-- lockkit idempotency keys: one row per client key of each principal (see\n",
+            "-- lockkit::idempotency). The same key from two principals is two keys.\n",
+            "-- Principal and key are compared byte for byte.\n",
+            "CREATE TABLE lockkit_idempotency_keys (\n",
+            "    principal ",
+            word!($dialect, key),
+            " NOT NULL,\n",
+            "    idempotency_key ",
+            word!($dialect, key),
+            " NOT NULL,\n",
+            "    fingerprint VARCHAR(255) NOT NULL,\n",
+            "    state VARCHAR(16) NOT NULL,\n",
+            "    response TEXT,\n",
+            "    started_at BIGINT NOT NULL,\n",
+            "    finished_at BIGINT,\n",
+            "    PRIMARY KEY (principal, idempotency_key)\n",
+            word!($dialect, end),
+            "\n",
+        )
+    };
+}
+
+crate::migrations::shipped_tables! {
     /// `CREATE TABLE lockkit_idempotency_keys`, the table [`Idempotency`] uses, for
     /// `dialect`: put it in a migration.
     ///
@@ -103,9 +130,8 @@ crate::shipped_tables! {
     tables: "the idempotency table",
     feature: "idempotency-migrations",
     migration: "2026-12-01-000000_lockkit_idempotency",
-    postgres: "migrations/idempotency/postgres",
-    mysql: "migrations/idempotency/mysql",
-    sqlite: "migrations/idempotency/sqlite",
+    up: keys_table,
+    down: "DROP TABLE lockkit_idempotency_keys;\n",
 }
 
 mod schema {

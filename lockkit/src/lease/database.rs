@@ -24,8 +24,41 @@ use diesel::sql_types::{BigInt, Text};
 
 use super::fence::{FenceStore, Raise};
 use super::{Error, LeaseStore};
+use crate::migrations::word;
 
-crate::shipped_tables! {
+/// `CREATE TABLE lockkit_leases` and `lockkit_fences` in `$dialect`.
+macro_rules! lease_tables {
+    ($dialect:ident) => {
+        concat!(
+            "-- lockkit leases (see lockkit::lease): one row per lease name, kept after a\n",
+            "-- release so that the name's fence only grows. expires_at is the ",
+            word!($dialect, clock),
+            " clock,\n",
+            "-- in Unix milliseconds; owner is the holder's random token, NULL when released.\n",
+            "-- Names are compared byte for byte: \"Job\" and \"job \" are two leases.\n",
+            "CREATE TABLE lockkit_leases (\n",
+            "    name ",
+            word!($dialect, key),
+            " PRIMARY KEY,\n",
+            "    owner VARCHAR(64),\n",
+            "    fence BIGINT NOT NULL,\n",
+            "    expires_at BIGINT NOT NULL\n",
+            word!($dialect, end),
+            "\n",
+            "-- The highest fence that fenced writes to each resource have seen\n",
+            "-- (see lockkit::lease::fenced): an older fence is refused.\n",
+            "CREATE TABLE lockkit_fences (\n",
+            "    resource ",
+            word!($dialect, key),
+            " PRIMARY KEY,\n",
+            "    fence BIGINT NOT NULL\n",
+            word!($dialect, end),
+            "\n",
+        )
+    };
+}
+
+crate::migrations::shipped_tables! {
     /// `CREATE TABLE lockkit_leases` (the database lease store) and `CREATE TABLE
     /// lockkit_fences` (the fences of [`fenced`](super::fenced) writes, needed
     /// with the Redis store too), for `dialect`: put it in a migration.
@@ -38,9 +71,8 @@ crate::shipped_tables! {
     tables: "the lease and fence tables",
     feature: "lease-migrations",
     migration: "2026-12-01-000100_lockkit_leases",
-    postgres: "migrations/lease/postgres",
-    mysql: "migrations/lease/mysql",
-    sqlite: "migrations/lease/sqlite",
+    up: lease_tables,
+    down: "DROP TABLE lockkit_fences;\nDROP TABLE lockkit_leases;\n",
 }
 
 /// One backend's statements on the lease tables, for the blocking and the

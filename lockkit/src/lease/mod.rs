@@ -22,7 +22,7 @@
 //! * **The database** (PostgreSQL, MySQL/MariaDB, SQLite): one table,
 //!   `lockkit_leases`, a row per lease name, on the connection you pass. Its SQL
 //!   comes as [`up_sql`] / [`down_sql`] per [`Dialect`] for your migrations, and
-//!   with the feature `lease-migrations` as embedded migrations
+//!   with the feature `lease-migrations` as a Diesel migration
 //!   (`lockkit::lease::POSTGRES_MIGRATIONS`, `MYSQL_MIGRATIONS`, `SQLITE_MIGRATIONS`).
 //!   The same migration creates `lockkit_fences`, the table of [`fenced`].
 //! * **Redis** (feature `redis`): [`redis::RedisStore`], `SET key token NX PX ttl`
@@ -136,7 +136,7 @@ use std::time::Duration;
 use crate::Error;
 
 pub use crate::version_trigger::Dialect;
-// `up_sql`, `down_sql` and the embedded migrations of the enabled backends.
+// `up_sql`, `down_sql` and the migrations of the enabled backends.
 pub use database::*;
 pub use fence::{fenced, FenceStore};
 

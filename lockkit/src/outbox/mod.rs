@@ -84,7 +84,7 @@
 //!
 //! The tables' SQL comes as plain strings, [`up_sql`] and [`down_sql`] per
 //! [`Dialect`], to copy into your own migrations. With the feature
-//! `outbox-migrations` it also ships as embedded migrations:
+//! `outbox-migrations` it also ships as a Diesel migration:
 //! `conn.run_pending_migrations(lockkit::outbox::POSTGRES_MIGRATIONS)` (or
 //! `MYSQL_MIGRATIONS`, `SQLITE_MIGRATIONS`); [`schema`] has the tables for
 //! queries of your own (the backlog, what keeps failing and why). Times are the application's clock
@@ -104,6 +104,7 @@ pub(crate) mod store;
 use std::time::Duration;
 
 use crate::clock::{millis, now_millis};
+use crate::migrations::word;
 use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
 use crate::transaction::require_transaction;
 use crate::{locked_transaction, Error, LockOptions, RetryPolicy};
@@ -112,7 +113,71 @@ pub use crate::version_trigger::Dialect;
 pub use inbox::{Inbox, Received};
 pub use store::OutboxStore;
 
-crate::shipped_tables! {
+/// `CREATE TABLE lockkit_outbox` and `lockkit_inbox` in `$dialect`.
+macro_rules! outbox_tables {
+    ($dialect:ident) => {
+        concat!(
+            "-- lockkit transactional outbox and inbox (see lockkit::outbox).\n",
+            "-- The outbox: one row per message, written in the transaction of the change it\n",
+            "-- announces; a relay publishes it and sets published_at.\n",
+            "CREATE TABLE lockkit_outbox (\n",
+            "    id ",
+            word!($dialect, serial),
+            ",\n",
+            "    topic VARCHAR(255) NOT NULL,\n",
+            "    payload TEXT NOT NULL,\n",
+            "    created_at BIGINT NOT NULL,\n",
+            "    attempts INTEGER NOT NULL DEFAULT 0,\n",
+            "    next_attempt_at BIGINT NOT NULL,\n",
+            "    last_error TEXT,\n",
+            "    published_at BIGINT",
+            pending_index!($dialect),
+            "-- The inbox: one row per message a consumer has applied, written in the\n",
+            "-- transaction of the message's effect. Names are compared byte for byte.\n",
+            "CREATE TABLE lockkit_inbox (\n",
+            "    consumer ",
+            word!($dialect, key),
+            " NOT NULL,\n",
+            "    message_id ",
+            word!($dialect, key),
+            " NOT NULL,\n",
+            "    received_at BIGINT NOT NULL,\n",
+            "    PRIMARY KEY (consumer, message_id)\n",
+            word!($dialect, end),
+            "\n",
+        )
+    };
+}
+
+/// The index of the outbox's pending messages, which the claim reads in id
+/// order, and the end of the outbox's table. MySQL declares it in the table;
+/// PostgreSQL indexes the pending rows alone.
+macro_rules! pending_index {
+    (mysql) => {
+        concat!(
+            ",\n",
+            "    -- The claim reads unpublished rows in id order and stops at its LIMIT. An\n",
+            "    -- index MySQL had to sort would lock every pending row, and SKIP LOCKED\n",
+            "    -- would then leave the other relays nothing.\n",
+            "    INDEX lockkit_outbox_pending (published_at, id)\n",
+            word!(mysql, end), "\n",
+        )
+    };
+    (postgres) => {
+        concat!(
+            "\n", word!(postgres, end), "\n",
+            "CREATE INDEX lockkit_outbox_pending ON lockkit_outbox (id) WHERE published_at IS NULL;\n",
+        )
+    };
+    (sqlite) => {
+        concat!(
+            "\n", word!(sqlite, end), "\n",
+            "CREATE INDEX lockkit_outbox_pending ON lockkit_outbox (published_at, id);\n",
+        )
+    };
+}
+
+crate::migrations::shipped_tables! {
     /// `CREATE TABLE lockkit_outbox` and `lockkit_inbox` for `dialect`: put it in a
     /// migration.
     ///
@@ -124,9 +189,8 @@ crate::shipped_tables! {
     tables: "the outbox tables",
     feature: "outbox-migrations",
     migration: "2026-12-01-000200_lockkit_outbox",
-    postgres: "migrations/outbox/postgres",
-    mysql: "migrations/outbox/mysql",
-    sqlite: "migrations/outbox/sqlite",
+    up: outbox_tables,
+    down: "DROP TABLE lockkit_inbox;\nDROP TABLE lockkit_outbox;\n",
 }
 
 /// The tables as Diesel sees them, for queries of your own: messages waiting

@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use diesel::migration::MigrationSource;
 use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool, PoolError, PooledConnection};
 use diesel::{Connection, QueryResult};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
@@ -114,22 +115,26 @@ impl AnyConnection {
     }
 }
 
-/// A program's embedded migrations, one set per backend; `None` for a backend
-/// the program does not run on.
+/// A program's migrations, one set per backend; `None` for a backend the
+/// program does not run on. `S` is the program's own embedded migrations, or
+/// the tables lockkit ships (`lockkit::migrations::ShippedMigration`).
 #[allow(missing_debug_implementations)] // `EmbeddedMigrations` has no `Debug`
-pub struct Migrations {
+pub struct Migrations<S = EmbeddedMigrations> {
     /// For PostgreSQL.
-    pub postgres: Option<EmbeddedMigrations>,
+    pub postgres: Option<S>,
     /// For MySQL/MariaDB.
-    pub mysql: Option<EmbeddedMigrations>,
+    pub mysql: Option<S>,
     /// For SQLite.
-    pub sqlite: Option<EmbeddedMigrations>,
+    pub sqlite: Option<S>,
 }
 
 impl AnyConnection {
     /// Applies the pending migrations of this connection's backend. A set
     /// without this backend's migrations is [`ProgramError::Unsupported`].
-    pub fn migrate(&mut self, set: Migrations) -> Result<(), ProgramError> {
+    pub fn migrate<S>(&mut self, set: Migrations<S>) -> Result<(), ProgramError>
+    where
+        S: MigrationSource<<Self as Connection>::Backend>,
+    {
         let backend = self.backend();
         let migrations = match backend {
             Backend::Postgres => set.postgres,

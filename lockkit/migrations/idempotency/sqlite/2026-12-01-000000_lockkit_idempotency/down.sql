@@ -1,1 +1,0 @@
-DROP TABLE lockkit_idempotency_keys;

@@ -1,2 +1,0 @@
-DROP TABLE lockkit_fences;
-DROP TABLE lockkit_leases;

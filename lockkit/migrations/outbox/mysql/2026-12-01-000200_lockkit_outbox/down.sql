@@ -1,2 +1,0 @@
-DROP TABLE lockkit_inbox;
-DROP TABLE lockkit_outbox;
