@@ -10,7 +10,6 @@ use diesel::query_builder::SqlQuery;
 use diesel::query_dsl::LoadQuery;
 use diesel::r2d2::{ConnectionManager, Pool, PooledConnection, R2D2Connection};
 use diesel::Connection;
-use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
 
 use crate::support::{
     admin_url, admin_url_var, drop_database_sql, drop_orphans, with_database, Backend, DatabaseName,
@@ -261,13 +260,10 @@ impl Server {
 
 /// The [`TestBackend`] of a server: its migrations, and its [`Server`].
 macro_rules! server_backend {
-    ($feature:literal, $module:ident, $conn:ident, $migrations:literal, $backend:expr) => {
+    ($feature:literal, $module:ident, $conn:ident, $dialect:ident, $backend:expr) => {
         #[cfg(feature = $feature)]
         mod $module {
             use super::*;
-
-            const MIGRATIONS: EmbeddedMigrations =
-                diesel_migrations::embed_migrations!($migrations);
 
             static SERVER: Server = Server {
                 backend: $backend,
@@ -280,7 +276,8 @@ macro_rules! server_backend {
                 }
 
                 fn migrate(conn: &mut Self) {
-                    conn.run_pending_migrations(MIGRATIONS).expect("migrations");
+                    conn.batch_execute(crate::schema::create_tables!($dialect))
+                        .expect("the test schema");
                 }
             }
         }
@@ -291,26 +288,17 @@ server_backend!(
     "postgres",
     postgres,
     PgConnection,
-    "migrations/postgres",
+    postgres,
     Backend::Postgres
 );
 
-server_backend!(
-    "mysql",
-    mysql,
-    MysqlConnection,
-    "migrations/mysql",
-    Backend::Mysql
-);
+server_backend!("mysql", mysql, MysqlConnection, mysql, Backend::Mysql);
 
 #[cfg(feature = "sqlite")]
 mod sqlite {
     use super::*;
     use crate::support::{remove_sqlite_files, sqlite_files};
     use diesel::SqliteConnection;
-
-    const MIGRATIONS: EmbeddedMigrations =
-        diesel_migrations::embed_migrations!("migrations/sqlite");
 
     impl TestBackend for SqliteConnection {
         fn create_database(name: &str) -> (String, Cleanup) {
@@ -323,7 +311,8 @@ mod sqlite {
         fn migrate(conn: &mut Self) {
             conn.batch_execute("PRAGMA journal_mode = WAL;")
                 .expect("WAL");
-            conn.run_pending_migrations(MIGRATIONS).expect("migrations");
+            conn.batch_execute(crate::schema::create_tables!(sqlite))
+                .expect("the test schema");
         }
 
         fn on_acquire(conn: &mut Self) -> diesel::QueryResult<()> {

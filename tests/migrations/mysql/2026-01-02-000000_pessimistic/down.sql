@@ -1,1 +1,0 @@
-DROP TABLE orders; DROP TABLE doctors; DROP TABLE jobs;

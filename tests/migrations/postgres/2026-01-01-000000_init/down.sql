@@ -1,1 +1,0 @@
-DROP TABLE order_lines; DROP TABLE documents; DROP TABLE gadgets; DROP TABLE items;

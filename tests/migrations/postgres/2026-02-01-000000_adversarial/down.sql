@@ -1,1 +1,0 @@
-DROP TABLE sku_codes; DROP TABLE twins;
