@@ -68,7 +68,7 @@ use diesel::QueryResult;
 use diesel_async::{AsyncConnection, TransactionManager};
 
 use super::connection::in_transaction;
-use super::work::AsyncWork;
+use super::work::ConnWork;
 use crate::advisory::{gave_up, scope_for, AdvisoryBackend};
 pub use crate::advisory::{AdvisoryKey, Scope};
 use crate::{classify, Error};
@@ -160,9 +160,7 @@ where
     C: AsyncAdvisory,
     E: From<Error> + Send,
     T: Send,
-    for<'r> F: AsyncFnOnce(&'r mut C) -> Result<T, E>
-        + AsyncWork<&'r mut C, Result<T, E>, Fut: Send>
-        + Send,
+    F: ConnWork<C, T, E>,
 {
     match locked(conn, key.into(), true, f).await? {
         Some(value) => Ok(value),
@@ -187,9 +185,7 @@ where
     C: AsyncAdvisory,
     E: From<Error> + Send,
     T: Send,
-    for<'r> F: AsyncFnOnce(&'r mut C) -> Result<T, E>
-        + AsyncWork<&'r mut C, Result<T, E>, Fut: Send>
-        + Send,
+    F: ConnWork<C, T, E>,
 {
     locked(conn, key.into(), false, f).await
 }
@@ -228,9 +224,7 @@ where
     C: AsyncAdvisory,
     E: From<Error> + Send,
     T: Send,
-    for<'r> F: AsyncFnOnce(&'r mut C) -> Result<T, E>
-        + AsyncWork<&'r mut C, Result<T, E>, Fut: Send>
-        + Send,
+    F: ConnWork<C, T, E>,
 {
     let scope = scope_for(C::Backend::TRANSACTION_LOCKS, in_transaction(conn));
     // Armed before the statement is sent: a future dropped while it waits

@@ -54,7 +54,7 @@ use serde::Serialize;
 
 use super::connection::{ended_by_statement, AsyncLockingConnection, Restore};
 use super::lockable::end;
-use super::work::AsyncWork;
+use super::work::ConnWork;
 use crate::clock::now_millis;
 use crate::http::idempotency::{
     finished, replayed, stored, Idempotency, Outcome, Scoped, Start, StoredKey, Write,
@@ -89,9 +89,7 @@ where
     C: AsyncIdempotencyStore,
     R: Serialize + DeserializeOwned + Send,
     E: From<Error> + Send,
-    for<'r> F: AsyncFnOnce(&'r mut C) -> Result<R, E>
-        + AsyncWork<&'r mut C, Result<R, E>, Fut: Send>
-        + Send,
+    F: ConnWork<C, R, E>,
 {
     let key = Scoped::checked(principal, key, fingerprint)?;
     let started_at = match start(keys, conn, key, fingerprint).await? {

@@ -15,7 +15,7 @@ use diesel_async::TransactionManager;
 
 use super::connection::{in_transaction, AsyncLockingConnection, Restore};
 use super::retry::again;
-use super::work::AsyncAttempt;
+use super::work::ConnAttempt;
 use crate::retry::may_retry;
 use crate::transaction::{Began, Failure};
 use crate::{classify, Error, RetryPolicy, RetryableError};
@@ -56,7 +56,7 @@ where
     C: AsyncLockingConnection,
     E: RetryableError + Send,
     T: Send,
-    for<'r> F: AsyncAttempt<&'r mut C, Result<T, E>, Fut: Send> + Send,
+    F: ConnAttempt<C, T, E>,
 {
     if in_transaction(conn) {
         return Err(E::from(Error::AlreadyInTransaction));

@@ -55,7 +55,7 @@ use diesel_async::TransactionManager;
 
 use super::connection::{in_transaction, AsyncLockingConnection, Restore};
 use super::lockable::end;
-use super::work::AsyncWork;
+use super::work::{AsyncWork, ConnWork};
 use crate::lease::fence::admitted;
 use crate::lease::{
     check_acquire, check_name, lease_guard, new_token, released, renewed, Fence, Grant,
@@ -155,9 +155,7 @@ where
     C: AsyncLeaseStore,
     T: Send,
     E: From<Error> + Send,
-    for<'r, 'c> F: AsyncFnOnce(&'r mut AsyncLease<'c, C>) -> Result<T, E>
-        + AsyncWork<&'r mut AsyncLease<'c, C>, Result<T, E>, Fut: Send>
-        + Send,
+    for<'r, 'c> F: AsyncWork<&'r mut AsyncLease<'c, C>, Result<T, E>, Fut: Send> + Send,
 {
     let mut lease = acquire(conn, name, ttl).await?;
     let result = work(&mut lease).await;
@@ -182,9 +180,7 @@ where
     C: AsyncFenceStore,
     T: Send,
     E: From<Error> + Send,
-    for<'r> F: AsyncFnOnce(&'r mut C) -> Result<T, E>
-        + AsyncWork<&'r mut C, Result<T, E>, Fut: Send>
-        + Send,
+    F: ConnWork<C, T, E>,
 {
     check_name(resource)?;
     let began = super::connection::began(conn).await.map_err(E::from)?;

@@ -66,7 +66,7 @@ use diesel_async::{RunQueryDsl, TransactionManager};
 
 use super::connection::{in_transaction, AsyncLockingConnection, Changing, Restore};
 use super::versioned::{AsyncVersionQuery, AsyncVersioned};
-use super::work::{AsyncWork, AsyncWork2};
+use super::work::{ConnWork, RowWork};
 use crate::optimistic::version_check::TouchVersioned;
 use crate::optimistic::BumpVersion;
 use crate::pessimistic::lockable::{
@@ -142,9 +142,7 @@ where
     M: AsyncLockRow<C>,
     E: From<Error> + Send,
     T: Send,
-    for<'r> F: AsyncFnOnce(&'r mut C, M) -> Result<T, E>
-        + AsyncWork2<&'r mut C, M, Result<T, E>, Fut: Send>
-        + Send,
+    F: RowWork<C, M, T, E>,
 {
     let began = super::connection::began(conn).await.map_err(E::from)?;
     let (mut changing, restore) = begin_locked(conn, &options).await.map_err(E::from)?;
@@ -225,9 +223,7 @@ where
     C: AsyncLockingConnection,
     E: From<Error> + Send,
     T: Send,
-    for<'r> F: AsyncFnOnce(&'r mut C) -> Result<T, E>
-        + AsyncWork<&'r mut C, Result<T, E>, Fut: Send>
-        + Send,
+    F: ConnWork<C, T, E>,
 {
     let began = super::connection::began(conn).await.map_err(E::from)?;
     let (mut changing, restore) = begin_locked(conn, &options).await.map_err(E::from)?;

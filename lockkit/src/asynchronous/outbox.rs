@@ -63,7 +63,7 @@ use std::time::Duration;
 
 use super::connection::{in_transaction, AsyncLockingConnection};
 use super::lockable::end;
-use super::work::AsyncWork;
+use super::work::{AsyncWork, ConnWork};
 use crate::clock::now_millis;
 use crate::outbox::inbox::check_message_id;
 use crate::outbox::{
@@ -189,9 +189,7 @@ pub async fn publish_batch<C, E, F>(
 where
     C: AsyncOutboxStore,
     E: From<Error> + Send,
-    for<'b> F: AsyncFnOnce(&'b [OutboxMessage]) -> Result<Vec<Result<(), String>>, E>
-        + AsyncWork<&'b [OutboxMessage], Result<Vec<Result<(), String>>, E>, Fut: Send>
-        + Send,
+    for<'b> F: AsyncWork<&'b [OutboxMessage], Result<Vec<Result<(), String>>, E>, Fut: Send> + Send,
 {
     check_limit(limit)?;
     let began = super::connection::began(conn).await.map_err(E::from)?;
@@ -248,9 +246,7 @@ where
     C: AsyncOutboxStore,
     T: Send,
     E: From<Error> + Send,
-    for<'r> F: AsyncFnOnce(&'r mut C) -> Result<T, E>
-        + AsyncWork<&'r mut C, Result<T, E>, Fut: Send>
-        + Send,
+    F: ConnWork<C, T, E>,
 {
     check_message_id(message_id)?;
     let began = super::connection::began(conn).await.map_err(E::from)?;

@@ -10,7 +10,7 @@
 use diesel_async::TransactionManager;
 
 use super::connection::{in_transaction, AsyncLockingConnection, Restore};
-use super::work::AsyncAttempt;
+use super::work::ConnAttempt;
 use crate::retry::{after_failure, may_retry, Next};
 use crate::transaction::{Began, Failure};
 use crate::{RetryPolicy, RetryableError};
@@ -139,7 +139,7 @@ where
     C: AsyncLockingConnection,
     E: RetryableError + Send,
     T: Send,
-    for<'r> F: AsyncAttempt<&'r mut C, Result<T, E>, Fut: Send> + Send,
+    F: ConnAttempt<C, T, E>,
 {
     let nested = in_transaction(conn);
     super::connection::watch(conn);

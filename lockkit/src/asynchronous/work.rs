@@ -5,8 +5,33 @@
 //! These traits say it the way diesel-async's own `transaction` does: a closure
 //! that is both `AsyncFnOnce(..) -> R` (which guides type inference) and
 //! `FnOnce(..) -> Fut` names its future as [`AsyncWork::Fut`], on which a
-//! `Send` bound can be put. Blanket-implemented; name them only in `where`
+//! `Send` bound can be put (the `AsyncFnOnce` supertrait is what lets Rust infer
+//! the closure's argument types). Blanket-implemented; name them only in `where`
 //! clauses.
+//!
+//! The bound each call states is one of the three shapes below, written once:
+//! [`ConnWork`] (`async |conn| ..`, run once), [`RowWork`] (`async |conn, row|
+//! ..`, run once under the row's lock) and [`ConnAttempt`] (`async |conn| ..`,
+//! run again after a retryable error). A generic function of yours that hands
+//! a closure on to lockkit states the same bound:
+//!
+//! ```
+//! # #[cfg(feature = "sqlite")] {
+//! use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+//! use lockkit::asynchronous::work::ConnWork;
+//!
+//! type Async = SyncConnectionWrapper<diesel::SqliteConnection>;
+//!
+//! /// Logs, then runs `f`: a wrapper of your own that takes lockkit's closures.
+//! async fn audited<T: Send, F>(conn: &mut Async, f: F) -> Result<T, lockkit::Error>
+//! where
+//!     F: ConnWork<Async, T, lockkit::Error>,
+//! {
+//!     tracing::debug!("audited work");
+//!     f(conn).await
+//! }
+//! # }
+//! ```
 
 use std::future::Future;
 
@@ -59,4 +84,39 @@ where
     Fut: Future<Output = R>,
 {
     type Fut = Fut;
+}
+
+/// `async |conn| ..` run once on `&mut C`, returning `Result<T, E>`, whose future
+/// is `Send`: the closure of `locked_transaction`, the advisory and lease calls,
+/// idempotency keys and the replica's reads.
+pub trait ConnWork<C, T, E>: for<'r> AsyncWork<&'r mut C, Result<T, E>, Fut: Send> + Send {}
+
+impl<F, C, T, E> ConnWork<C, T, E> for F where
+    F: for<'r> AsyncWork<&'r mut C, Result<T, E>, Fut: Send> + Send
+{
+}
+
+/// `async |conn, row| ..` run once on `&mut C` and the locked row `M`,
+/// returning `Result<T, E>`, whose future is `Send`: the closure of `with_lock`.
+pub trait RowWork<C, M, T, E>:
+    for<'r> AsyncWork2<&'r mut C, M, Result<T, E>, Fut: Send> + Send
+{
+}
+
+impl<F, C, M, T, E> RowWork<C, M, T, E> for F where
+    F: for<'r> AsyncWork2<&'r mut C, M, Result<T, E>, Fut: Send> + Send
+{
+}
+
+/// `async |conn| ..` that may run again (one attempt each) on `&mut C`,
+/// returning `Result<T, E>`, whose future is `Send`: the closure of `retry`,
+/// `transaction_with_retry` and `serializable`.
+pub trait ConnAttempt<C, T, E>:
+    for<'r> AsyncAttempt<&'r mut C, Result<T, E>, Fut: Send> + Send
+{
+}
+
+impl<F, C, T, E> ConnAttempt<C, T, E> for F where
+    F: for<'r> AsyncAttempt<&'r mut C, Result<T, E>, Fut: Send> + Send
+{
 }

@@ -52,7 +52,7 @@ use super::route::{skips_the_replica, Routing, Step};
 use super::{Lsn, Policy, Route};
 use crate::asynchronous::connection::in_transaction;
 use crate::asynchronous::locked_transaction;
-use crate::asynchronous::work::AsyncWork;
+use crate::asynchronous::work::ConnWork;
 use crate::{Error, LockOptions, Result};
 
 /// The position on the primary a replica must have replayed to show everything
@@ -253,9 +253,7 @@ impl<P: AsyncPgPool> Router<P> {
     where
         E: From<Error> + Send,
         T: Send,
-        for<'r> F: AsyncFnOnce(&'r mut AsyncPgConnection) -> std::result::Result<T, E>
-            + AsyncWork<&'r mut AsyncPgConnection, std::result::Result<T, E>, Fut: Send>
-            + Send,
+        F: ConnWork<AsyncPgConnection, T, E>,
     {
         let mut pooled = self.primary().await.map_err(E::from)?;
         let conn: &mut AsyncPgConnection = &mut pooled;
