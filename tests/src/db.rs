@@ -260,7 +260,7 @@ impl Server {
 
 /// The [`TestBackend`] of a server: its migrations, and its [`Server`].
 macro_rules! server_backend {
-    ($feature:literal, $module:ident, $conn:ident, $dialect:ident, $backend:expr) => {
+    ($feature:literal, $module:ident, $conn:ident, $dialect:expr, $backend:expr) => {
         #[cfg(feature = $feature)]
         mod $module {
             use super::*;
@@ -276,7 +276,7 @@ macro_rules! server_backend {
                 }
 
                 fn migrate(conn: &mut Self) {
-                    conn.batch_execute(crate::schema::create_tables!($dialect))
+                    conn.batch_execute(&crate::schema::create_tables($dialect))
                         .expect("the test schema");
                 }
             }
@@ -288,11 +288,17 @@ server_backend!(
     "postgres",
     postgres,
     PgConnection,
-    postgres,
+    lockkit::version_trigger::Dialect::Postgres,
     Backend::Postgres
 );
 
-server_backend!("mysql", mysql, MysqlConnection, mysql, Backend::Mysql);
+server_backend!(
+    "mysql",
+    mysql,
+    MysqlConnection,
+    lockkit::version_trigger::Dialect::Mysql,
+    Backend::Mysql
+);
 
 #[cfg(feature = "sqlite")]
 mod sqlite {
@@ -311,8 +317,10 @@ mod sqlite {
         fn migrate(conn: &mut Self) {
             conn.batch_execute("PRAGMA journal_mode = WAL;")
                 .expect("WAL");
-            conn.batch_execute(crate::schema::create_tables!(sqlite))
-                .expect("the test schema");
+            conn.batch_execute(&crate::schema::create_tables(
+                lockkit::version_trigger::Dialect::Sqlite,
+            ))
+            .expect("the test schema");
         }
 
         fn on_acquire(conn: &mut Self) -> diesel::QueryResult<()> {

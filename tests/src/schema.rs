@@ -1,4 +1,4 @@
-//! The test schema: the tables as Diesel sees them, and [`create_tables!`], the
+//! The test schema: the tables as Diesel sees them, and [`create_tables`], the
 //! SQL that creates them on each server, written once. The example programs and
 //! the benchmark use its `items` table too (each creates it its own way).
 
@@ -107,133 +107,86 @@ diesel::table! {
     }
 }
 
-/// A word of [`create_tables!`] in `$dialect`: `text` (MySQL cannot key or
-/// index a `TEXT` column), `serial` (an increasing `INTEGER` key) or `end` (a
-/// table's closing parenthesis).
-macro_rules! word {
-    (mysql, text) => {
-        "VARCHAR(255)"
+/// `CREATE TABLE` for every table above except `notes`, in `dialect`: what a
+/// [`TestDb`](crate::TestDb) runs on its fresh database. Written once; the
+/// servers differ in three words (MySQL cannot key or index a `TEXT` column),
+/// and `tickets` is PostgreSQL's alone.
+pub fn create_tables(dialect: lockkit::version_trigger::Dialect) -> String {
+    use lockkit::version_trigger::Dialect;
+    let (text, serial, end) = match dialect {
+        Dialect::Postgres => ("TEXT", "SERIAL PRIMARY KEY", ")"),
+        Dialect::Mysql => (
+            "VARCHAR(255)",
+            "INTEGER PRIMARY KEY AUTO_INCREMENT",
+            ") ENGINE = InnoDB",
+        ),
+        // SQLite (`Dialect` is non-exhaustive).
+        _ => ("TEXT", "INTEGER PRIMARY KEY AUTOINCREMENT", ")"),
     };
-    ($other:ident, text) => {
-        "TEXT"
-    };
-    (postgres, serial) => {
-        "SERIAL PRIMARY KEY"
-    };
-    (mysql, serial) => {
-        "INTEGER PRIMARY KEY AUTO_INCREMENT"
-    };
-    (sqlite, serial) => {
-        "INTEGER PRIMARY KEY AUTOINCREMENT"
-    };
-    (mysql, end) => {
-        ") ENGINE = InnoDB;"
-    };
-    ($other:ident, end) => {
-        ");"
-    };
+    let mut sql = format!(
+        r#"CREATE TABLE items (
+    id {serial},
+    name {text} NOT NULL,
+    stock INTEGER NOT NULL,
+    lock_version INTEGER NOT NULL DEFAULT 0
+{end};
+CREATE TABLE gadgets (
+    id INTEGER PRIMARY KEY,
+    label {text} NOT NULL,
+    version SMALLINT NOT NULL DEFAULT 0
+{end};
+CREATE TABLE documents (
+    id BIGINT PRIMARY KEY,
+    title {text} NOT NULL,
+    note TEXT,
+    lock_version BIGINT NOT NULL DEFAULT 0
+{end};
+CREATE TABLE order_lines (
+    order_id INTEGER NOT NULL,
+    line_no INTEGER NOT NULL,
+    qty INTEGER NOT NULL,
+    lock_version INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (order_id, line_no)
+{end};
+CREATE TABLE jobs (
+    id INTEGER PRIMARY KEY,
+    payload {text} NOT NULL,
+    done BOOLEAN NOT NULL DEFAULT FALSE
+{end};
+CREATE TABLE doctors (
+    id INTEGER PRIMARY KEY,
+    name {text} NOT NULL,
+    on_call BOOLEAN NOT NULL
+{end};
+CREATE TABLE orders (
+    id INTEGER PRIMARY KEY,
+    item_id INTEGER REFERENCES items (id),
+    qty INTEGER NOT NULL
+{end};
+-- A table whose declared key is not unique in the database (no constraint).
+CREATE TABLE twins (
+    id INTEGER NOT NULL,
+    label {text} NOT NULL,
+    lock_version INTEGER NOT NULL DEFAULT 0
+{end};
+-- A string key (on MySQL under the server's default, case-insensitive, collation).
+CREATE TABLE sku_codes (
+    code VARCHAR(64) PRIMARY KEY,
+    stock INTEGER NOT NULL,
+    lock_version INTEGER NOT NULL DEFAULT 0
+{end};
+"#
+    );
+    if dialect == Dialect::Postgres {
+        sql.push_str(
+            r#"-- A UUID key, for `lock_all` with the `uuid` feature.
+CREATE TABLE tickets (
+    id UUID PRIMARY KEY,
+    title TEXT NOT NULL,
+    lock_version INTEGER NOT NULL DEFAULT 0
+);
+"#,
+        );
+    }
+    sql
 }
-pub(crate) use word;
-
-/// `CREATE TABLE` for every table above except `notes`, in `$dialect`
-/// (`postgres`, `mysql` or `sqlite`): what a [`TestDb`](crate::TestDb) runs on
-/// its fresh database. `tickets` is PostgreSQL's alone.
-macro_rules! create_tables {
-    ($dialect:ident) => {
-        concat!(
-            "CREATE TABLE items (\n",
-            "    id ",
-            $crate::schema::word!($dialect, serial),
-            ",\n",
-            "    name ",
-            $crate::schema::word!($dialect, text),
-            " NOT NULL,\n",
-            "    stock INTEGER NOT NULL,\n",
-            "    lock_version INTEGER NOT NULL DEFAULT 0\n",
-            $crate::schema::word!($dialect, end),
-            "\n",
-            "CREATE TABLE gadgets (\n",
-            "    id INTEGER PRIMARY KEY,\n",
-            "    label ",
-            $crate::schema::word!($dialect, text),
-            " NOT NULL,\n",
-            "    version SMALLINT NOT NULL DEFAULT 0\n",
-            $crate::schema::word!($dialect, end),
-            "\n",
-            "CREATE TABLE documents (\n",
-            "    id BIGINT PRIMARY KEY,\n",
-            "    title ",
-            $crate::schema::word!($dialect, text),
-            " NOT NULL,\n",
-            "    note TEXT,\n",
-            "    lock_version BIGINT NOT NULL DEFAULT 0\n",
-            $crate::schema::word!($dialect, end),
-            "\n",
-            "CREATE TABLE order_lines (\n",
-            "    order_id INTEGER NOT NULL,\n",
-            "    line_no INTEGER NOT NULL,\n",
-            "    qty INTEGER NOT NULL,\n",
-            "    lock_version INTEGER NOT NULL DEFAULT 0,\n",
-            "    PRIMARY KEY (order_id, line_no)\n",
-            $crate::schema::word!($dialect, end),
-            "\n",
-            "CREATE TABLE jobs (\n",
-            "    id INTEGER PRIMARY KEY,\n",
-            "    payload ",
-            $crate::schema::word!($dialect, text),
-            " NOT NULL,\n",
-            "    done BOOLEAN NOT NULL DEFAULT FALSE\n",
-            $crate::schema::word!($dialect, end),
-            "\n",
-            "CREATE TABLE doctors (\n",
-            "    id INTEGER PRIMARY KEY,\n",
-            "    name ",
-            $crate::schema::word!($dialect, text),
-            " NOT NULL,\n",
-            "    on_call BOOLEAN NOT NULL\n",
-            $crate::schema::word!($dialect, end),
-            "\n",
-            "CREATE TABLE orders (\n",
-            "    id INTEGER PRIMARY KEY,\n",
-            "    item_id INTEGER REFERENCES items (id),\n",
-            "    qty INTEGER NOT NULL\n",
-            $crate::schema::word!($dialect, end),
-            "\n",
-            "-- A table whose declared key is not unique in the database (no constraint).\n",
-            "CREATE TABLE twins (\n",
-            "    id INTEGER NOT NULL,\n",
-            "    label ",
-            $crate::schema::word!($dialect, text),
-            " NOT NULL,\n",
-            "    lock_version INTEGER NOT NULL DEFAULT 0\n",
-            $crate::schema::word!($dialect, end),
-            "\n",
-            "-- A string key (on MySQL under the server's default, case-insensitive, collation).\n",
-            "CREATE TABLE sku_codes (\n",
-            "    code VARCHAR(64) PRIMARY KEY,\n",
-            "    stock INTEGER NOT NULL,\n",
-            "    lock_version INTEGER NOT NULL DEFAULT 0\n",
-            $crate::schema::word!($dialect, end),
-            "\n",
-            $crate::schema::only_on!(
-                $dialect,
-                postgres,
-                "-- A UUID key, for `lock_all` with the `uuid` feature.\n",
-                "CREATE TABLE tickets (\n",
-                "    id UUID PRIMARY KEY,\n",
-                "    title TEXT NOT NULL,\n",
-                "    lock_version INTEGER NOT NULL DEFAULT 0\n",
-                ");\n",
-            ),
-        )
-    };
-}
-pub(crate) use create_tables;
-
-/// The text after the second name on `$dialect`, if it is the same dialect,
-/// else nothing.
-macro_rules! only_on {
-    (postgres, postgres, $($text:literal),* $(,)?) => { concat!($($text),*) };
-    ($dialect:ident, postgres, $($text:literal),* $(,)?) => { "" };
-}
-pub(crate) use only_on;
