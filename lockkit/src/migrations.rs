@@ -1,5 +1,5 @@
 //! The tables lockkit ships (idempotency keys, leases and fences, the outbox
-//! and inbox): their SQL for each [`Dialect`](crate::version_trigger::Dialect), and the Diesel migrations that
+//! and inbox): their SQL for each [`Dialect`], and the Diesel migrations that
 //! run it.
 //!
 //! Each table is written once, in the module that uses it, and the few words in
@@ -17,11 +17,14 @@
 //! [`ShippedMigration`] for `diesel_migrations`' `run_pending_migrations`.
 
 use std::fmt;
+use std::sync::OnceLock;
 
 use diesel::backend::Backend;
 use diesel::connection::BoxableConnection;
 use diesel::migration::{self, Migration, MigrationMetadata, MigrationName};
 use diesel::migration::{MigrationSource, MigrationVersion};
+
+use crate::version_trigger::Dialect;
 
 /// One of lockkit's tables as a Diesel migration: a [`MigrationSource`] that
 /// holds one migration, for `run_pending_migrations`.
@@ -43,17 +46,28 @@ use diesel::migration::{MigrationSource, MigrationVersion};
 /// assert!(shipped.up_sql().contains("CREATE TABLE lockkit_idempotency_keys"));
 /// # }
 /// ```
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct ShippedMigration {
     name: &'static str,
-    up: &'static str,
+    dialect: Dialect,
+    up: fn(Dialect) -> &'static str,
     down: &'static str,
 }
 
 impl ShippedMigration {
     #[allow(dead_code)] // used by the modules behind optional features
-    pub(crate) const fn new(name: &'static str, up: &'static str, down: &'static str) -> Self {
-        ShippedMigration { name, up, down }
+    pub(crate) const fn new(
+        name: &'static str,
+        dialect: Dialect,
+        up: fn(Dialect) -> &'static str,
+        down: &'static str,
+    ) -> Self {
+        ShippedMigration {
+            name,
+            dialect,
+            up,
+            down,
+        }
     }
 
     /// The migration's name, as a Diesel migration folder would be named:
@@ -64,7 +78,7 @@ impl ShippedMigration {
 
     /// The SQL the migration runs.
     pub fn up_sql(&self) -> &'static str {
-        self.up
+        (self.up)(self.dialect)
     }
 
     /// The SQL that reverts it.
@@ -86,6 +100,15 @@ impl ShippedMigration {
     }
 }
 
+impl fmt::Debug for ShippedMigration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShippedMigration")
+            .field("name", &self.name)
+            .field("dialect", &self.dialect)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A statement of a [`ShippedMigration`] failed.
 #[derive(Debug, thiserror::Error)]
 #[error("lockkit's migration {name} failed: {source}")]
@@ -102,7 +125,7 @@ impl<DB: Backend> MigrationSource<DB> for ShippedMigration {
 
 impl<DB: Backend> Migration<DB> for ShippedMigration {
     fn run(&self, conn: &mut dyn BoxableConnection<DB>) -> migration::Result<()> {
-        self.execute(conn, self.up)
+        self.execute(conn, self.up_sql())
     }
 
     fn revert(&self, conn: &mut dyn BoxableConnection<DB>) -> migration::Result<()> {
@@ -134,50 +157,68 @@ impl fmt::Display for ShippedMigration {
     }
 }
 
-/// A word of the shipped tables' SQL in `$dialect` (`postgres`, `mysql` or
-/// `sqlite`), as the module documentation's table decides it: `key`, `serial`,
-/// `end` (a table's closing parenthesis), or `clock` (whose clock a stored time
-/// is read from, for the comments).
-#[allow(unused_macros)] // used by the modules behind optional features
-macro_rules! word {
-    (postgres, key) => {
-        "VARCHAR(255)"
-    };
-    (mysql, key) => {
-        "VARBINARY(1020)"
-    };
-    (sqlite, key) => {
-        "VARCHAR(255)"
-    };
-    (postgres, serial) => {
-        "BIGSERIAL PRIMARY KEY"
-    };
-    (mysql, serial) => {
-        "BIGINT AUTO_INCREMENT PRIMARY KEY"
-    };
-    (sqlite, serial) => {
-        "INTEGER PRIMARY KEY AUTOINCREMENT"
-    };
-    (mysql, end) => {
-        ") ENGINE = InnoDB;"
-    };
-    ($other:ident, end) => {
-        ");"
-    };
-    (sqlite, clock) => {
-        "database's"
-    };
-    ($other:ident, clock) => {
-        "server's"
-    };
+/// The words in which the shipped tables' SQL differs between servers, as the
+/// module documentation's table decides them.
+#[allow(dead_code)] // used by the modules behind optional features
+pub(crate) struct Words {
+    /// A name or key, compared byte for byte.
+    pub(crate) key: &'static str,
+    /// An increasing `BIGINT` id, the primary key.
+    pub(crate) serial: &'static str,
+    /// A table's closing parenthesis, with what follows it.
+    pub(crate) end: &'static str,
+    /// Whose clock a stored time is read from, for the comments.
+    pub(crate) clock: &'static str,
 }
-#[allow(unused_imports)]
-pub(crate) use word;
+
+#[allow(dead_code)] // used by the modules behind optional features
+impl Words {
+    pub(crate) fn of(dialect: Dialect) -> Words {
+        match dialect {
+            Dialect::Postgres => Words {
+                key: "VARCHAR(255)",
+                serial: "BIGSERIAL PRIMARY KEY",
+                end: ")",
+                clock: "server's",
+            },
+            Dialect::Mysql => Words {
+                key: "VARBINARY(1020)",
+                serial: "BIGINT AUTO_INCREMENT PRIMARY KEY",
+                end: ") ENGINE = InnoDB",
+                clock: "server's",
+            },
+            Dialect::Sqlite => Words {
+                key: "VARCHAR(255)",
+                serial: "INTEGER PRIMARY KEY AUTOINCREMENT",
+                end: ")",
+                clock: "database's",
+            },
+        }
+    }
+}
+
+/// The SQL `tables` writes for each dialect, written once per process: what
+/// each module's `up_sql` returns.
+#[allow(dead_code)] // used by the modules behind optional features
+pub(crate) fn written(
+    sql: &'static OnceLock<[String; 3]>,
+    tables: fn(Dialect, &Words) -> String,
+    dialect: Dialect,
+) -> &'static str {
+    let all = sql.get_or_init(|| {
+        [Dialect::Postgres, Dialect::Mysql, Dialect::Sqlite].map(|d| tables(d, &Words::of(d)))
+    });
+    match dialect {
+        Dialect::Postgres => &all[0],
+        Dialect::Mysql => &all[1],
+        Dialect::Sqlite => &all[2],
+    }
+}
 
 /// `up_sql` and `down_sql` for each `Dialect`, and with `$feature` (plus a
 /// backend's) the migrations `POSTGRES_MIGRATIONS`, `MYSQL_MIGRATIONS` and
-/// `SQLITE_MIGRATIONS`, of the tables that `$up!(dialect)` creates. Written once
-/// for every module that ships a table.
+/// `SQLITE_MIGRATIONS`, of the tables that `$tables(dialect, &words)` writes.
+/// Written once for every module that ships a table.
 #[allow(unused_macros)] // used by the modules behind optional features
 macro_rules! shipped_tables {
     (
@@ -185,16 +226,13 @@ macro_rules! shipped_tables {
         tables: $what:literal,
         feature: $feature:literal,
         migration: $migration:literal,
-        up: $up:ident,
+        up: $tables:path,
         down: $down:literal $(,)?
     ) => {
         $(#[$up_doc])*
         pub fn up_sql(dialect: $crate::version_trigger::Dialect) -> &'static str {
-            match dialect {
-                $crate::version_trigger::Dialect::Postgres => $up!(postgres),
-                $crate::version_trigger::Dialect::Mysql => $up!(mysql),
-                $crate::version_trigger::Dialect::Sqlite => $up!(sqlite),
-            }
+            static SQL: ::std::sync::OnceLock<[String; 3]> = ::std::sync::OnceLock::new();
+            $crate::migrations::written(&SQL, $tables, dialect)
         }
 
         #[doc = concat!("Drops ", $what, " that [`up_sql`] creates (a migration's `down.sql`): the same for every dialect.")]
@@ -202,16 +240,20 @@ macro_rules! shipped_tables {
             $down
         }
 
-        $crate::migrations::shipped_tables!(@embed $what, $feature, "postgres", POSTGRES_MIGRATIONS, "PostgreSQL", $migration, $up!(postgres), $down);
-        $crate::migrations::shipped_tables!(@embed $what, $feature, "mysql", MYSQL_MIGRATIONS, "MySQL/MariaDB", $migration, $up!(mysql), $down);
-        $crate::migrations::shipped_tables!(@embed $what, $feature, "sqlite", SQLITE_MIGRATIONS, "SQLite", $migration, $up!(sqlite), $down);
+        $crate::migrations::shipped_tables!(@embed $what, $feature, "postgres", POSTGRES_MIGRATIONS, "PostgreSQL", Postgres, $migration, $down);
+        $crate::migrations::shipped_tables!(@embed $what, $feature, "mysql", MYSQL_MIGRATIONS, "MySQL/MariaDB", Mysql, $migration, $down);
+        $crate::migrations::shipped_tables!(@embed $what, $feature, "sqlite", SQLITE_MIGRATIONS, "SQLite", Sqlite, $migration, $down);
     };
-    (@embed $what:literal, $feature:literal, $backend:literal, $name:ident, $server:literal, $migration:literal, $up:expr, $down:literal) => {
+    (@embed $what:literal, $feature:literal, $backend:literal, $name:ident, $server:literal, $dialect:ident, $migration:literal, $down:literal) => {
         #[doc = concat!("The migration of ", $what, " for ", $server, ".")]
         #[cfg(all(feature = $feature, feature = $backend))]
         #[cfg_attr(docsrs, doc(cfg(all(feature = $feature, feature = $backend))))]
-        pub const $name: $crate::migrations::ShippedMigration =
-            $crate::migrations::ShippedMigration::new($migration, $up, $down);
+        pub const $name: $crate::migrations::ShippedMigration = $crate::migrations::ShippedMigration::new(
+            $migration,
+            $crate::version_trigger::Dialect::$dialect,
+            up_sql,
+            $down,
+        );
     };
 }
 #[allow(unused_imports)]

@@ -86,37 +86,32 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::clock::{millis, now_millis};
-use crate::migrations::word;
+use crate::migrations::Words;
 use crate::pessimistic::connection::AsLockingConnection;
 use crate::transaction::{self, Failure};
 use crate::Error;
 
 pub use crate::version_trigger::Dialect;
 
-/// `CREATE TABLE lockkit_idempotency_keys` in `$dialect`.
-macro_rules! keys_table {
-    ($dialect:ident) => {
-        concat!(
-            "-- lockkit idempotency keys: one row per client key of each principal (see\n",
-            "-- lockkit::idempotency). The same key from two principals is two keys.\n",
-            "-- Principal and key are compared byte for byte.\n",
-            "CREATE TABLE lockkit_idempotency_keys (\n",
-            "    principal ",
-            word!($dialect, key),
-            " NOT NULL,\n",
-            "    idempotency_key ",
-            word!($dialect, key),
-            " NOT NULL,\n",
-            "    fingerprint VARCHAR(255) NOT NULL,\n",
-            "    state VARCHAR(16) NOT NULL,\n",
-            "    response TEXT,\n",
-            "    started_at BIGINT NOT NULL,\n",
-            "    finished_at BIGINT,\n",
-            "    PRIMARY KEY (principal, idempotency_key)\n",
-            word!($dialect, end),
-            "\n",
-        )
-    };
+/// `CREATE TABLE lockkit_idempotency_keys` in the words of one dialect.
+fn keys_table(_dialect: Dialect, words: &Words) -> String {
+    let Words { key, end, .. } = words;
+    format!(
+        r#"-- lockkit idempotency keys: one row per client key of each principal (see
+-- lockkit::idempotency). The same key from two principals is two keys.
+-- Principal and key are compared byte for byte.
+CREATE TABLE lockkit_idempotency_keys (
+    principal {key} NOT NULL,
+    idempotency_key {key} NOT NULL,
+    fingerprint VARCHAR(255) NOT NULL,
+    state VARCHAR(16) NOT NULL,
+    response TEXT,
+    started_at BIGINT NOT NULL,
+    finished_at BIGINT,
+    PRIMARY KEY (principal, idempotency_key)
+{end};
+"#
+    )
 }
 
 crate::migrations::shipped_tables! {

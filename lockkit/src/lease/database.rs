@@ -24,38 +24,34 @@ use diesel::sql_types::{BigInt, Text};
 
 use super::fence::{FenceStore, Raise};
 use super::{Error, LeaseStore};
-use crate::migrations::word;
+use crate::migrations::Words;
+use crate::version_trigger::Dialect;
 
-/// `CREATE TABLE lockkit_leases` and `lockkit_fences` in `$dialect`.
-macro_rules! lease_tables {
-    ($dialect:ident) => {
-        concat!(
-            "-- lockkit leases (see lockkit::lease): one row per lease name, kept after a\n",
-            "-- release so that the name's fence only grows. expires_at is the ",
-            word!($dialect, clock),
-            " clock,\n",
-            "-- in Unix milliseconds; owner is the holder's random token, NULL when released.\n",
-            "-- Names are compared byte for byte: \"Job\" and \"job \" are two leases.\n",
-            "CREATE TABLE lockkit_leases (\n",
-            "    name ",
-            word!($dialect, key),
-            " PRIMARY KEY,\n",
-            "    owner VARCHAR(64),\n",
-            "    fence BIGINT NOT NULL,\n",
-            "    expires_at BIGINT NOT NULL\n",
-            word!($dialect, end),
-            "\n",
-            "-- The highest fence that fenced writes to each resource have seen\n",
-            "-- (see lockkit::lease::fenced): an older fence is refused.\n",
-            "CREATE TABLE lockkit_fences (\n",
-            "    resource ",
-            word!($dialect, key),
-            " PRIMARY KEY,\n",
-            "    fence BIGINT NOT NULL\n",
-            word!($dialect, end),
-            "\n",
-        )
-    };
+/// `CREATE TABLE lockkit_leases` and `lockkit_fences` in the words of one
+/// dialect.
+fn lease_tables(_dialect: Dialect, words: &Words) -> String {
+    let Words {
+        key, end, clock, ..
+    } = words;
+    format!(
+        r#"-- lockkit leases (see lockkit::lease): one row per lease name, kept after a
+-- release so that the name's fence only grows. expires_at is the {clock} clock,
+-- in Unix milliseconds; owner is the holder's random token, NULL when released.
+-- Names are compared byte for byte: "Job" and "job " are two leases.
+CREATE TABLE lockkit_leases (
+    name {key} PRIMARY KEY,
+    owner VARCHAR(64),
+    fence BIGINT NOT NULL,
+    expires_at BIGINT NOT NULL
+{end};
+-- The highest fence that fenced writes to each resource have seen
+-- (see lockkit::lease::fenced): an older fence is refused.
+CREATE TABLE lockkit_fences (
+    resource {key} PRIMARY KEY,
+    fence BIGINT NOT NULL
+{end};
+"#
+    )
 }
 
 crate::migrations::shipped_tables! {

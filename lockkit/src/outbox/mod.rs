@@ -104,7 +104,7 @@ pub(crate) mod store;
 use std::time::Duration;
 
 use crate::clock::{millis, now_millis};
-use crate::migrations::word;
+use crate::migrations::Words;
 use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
 use crate::transaction::require_transaction;
 use crate::{locked_transaction, Error, LockOptions, RetryPolicy};
@@ -113,68 +113,56 @@ pub use crate::version_trigger::Dialect;
 pub use inbox::{Inbox, Received};
 pub use store::OutboxStore;
 
-/// `CREATE TABLE lockkit_outbox` and `lockkit_inbox` in `$dialect`.
-macro_rules! outbox_tables {
-    ($dialect:ident) => {
-        concat!(
-            "-- lockkit transactional outbox and inbox (see lockkit::outbox).\n",
-            "-- The outbox: one row per message, written in the transaction of the change it\n",
-            "-- announces; a relay publishes it and sets published_at.\n",
-            "CREATE TABLE lockkit_outbox (\n",
-            "    id ",
-            word!($dialect, serial),
-            ",\n",
-            "    topic VARCHAR(255) NOT NULL,\n",
-            "    payload TEXT NOT NULL,\n",
-            "    created_at BIGINT NOT NULL,\n",
-            "    attempts INTEGER NOT NULL DEFAULT 0,\n",
-            "    next_attempt_at BIGINT NOT NULL,\n",
-            "    last_error TEXT,\n",
-            "    published_at BIGINT",
-            pending_index!($dialect),
-            "-- The inbox: one row per message a consumer has applied, written in the\n",
-            "-- transaction of the message's effect. Names are compared byte for byte.\n",
-            "CREATE TABLE lockkit_inbox (\n",
-            "    consumer ",
-            word!($dialect, key),
-            " NOT NULL,\n",
-            "    message_id ",
-            word!($dialect, key),
-            " NOT NULL,\n",
-            "    received_at BIGINT NOT NULL,\n",
-            "    PRIMARY KEY (consumer, message_id)\n",
-            word!($dialect, end),
-            "\n",
-        )
-    };
-}
-
-/// The index of the outbox's pending messages, which the claim reads in id
-/// order, and the end of the outbox's table. MySQL declares it in the table;
-/// PostgreSQL indexes the pending rows alone.
-macro_rules! pending_index {
-    (mysql) => {
-        concat!(
-            ",\n",
-            "    -- The claim reads unpublished rows in id order and stops at its LIMIT. An\n",
-            "    -- index MySQL had to sort would lock every pending row, and SKIP LOCKED\n",
-            "    -- would then leave the other relays nothing.\n",
-            "    INDEX lockkit_outbox_pending (published_at, id)\n",
-            word!(mysql, end), "\n",
-        )
-    };
-    (postgres) => {
-        concat!(
-            "\n", word!(postgres, end), "\n",
+/// `CREATE TABLE lockkit_outbox` and `lockkit_inbox` in the words of one
+/// dialect, with the index of the pending messages, which the claim reads in id
+/// order: MySQL declares it in the table, PostgreSQL indexes the pending rows
+/// alone.
+fn outbox_tables(dialect: Dialect, words: &Words) -> String {
+    let Words {
+        key, serial, end, ..
+    } = words;
+    let (in_table, after_table) = match dialect {
+        Dialect::Mysql => (
+            r#",
+    -- The claim reads unpublished rows in id order and stops at its LIMIT. An
+    -- index MySQL had to sort would lock every pending row, and SKIP LOCKED
+    -- would then leave the other relays nothing.
+    INDEX lockkit_outbox_pending (published_at, id)"#,
+            "",
+        ),
+        Dialect::Postgres => (
+            "",
             "CREATE INDEX lockkit_outbox_pending ON lockkit_outbox (id) WHERE published_at IS NULL;\n",
-        )
-    };
-    (sqlite) => {
-        concat!(
-            "\n", word!(sqlite, end), "\n",
+        ),
+        Dialect::Sqlite => (
+            "",
             "CREATE INDEX lockkit_outbox_pending ON lockkit_outbox (published_at, id);\n",
-        )
+        ),
     };
+    format!(
+        r#"-- lockkit transactional outbox and inbox (see lockkit::outbox).
+-- The outbox: one row per message, written in the transaction of the change it
+-- announces; a relay publishes it and sets published_at.
+CREATE TABLE lockkit_outbox (
+    id {serial},
+    topic VARCHAR(255) NOT NULL,
+    payload TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at BIGINT NOT NULL,
+    last_error TEXT,
+    published_at BIGINT{in_table}
+{end};
+{after_table}-- The inbox: one row per message a consumer has applied, written in the
+-- transaction of the message's effect. Names are compared byte for byte.
+CREATE TABLE lockkit_inbox (
+    consumer {key} NOT NULL,
+    message_id {key} NOT NULL,
+    received_at BIGINT NOT NULL,
+    PRIMARY KEY (consumer, message_id)
+{end};
+"#
+    )
 }
 
 crate::migrations::shipped_tables! {
