@@ -35,88 +35,73 @@
 
 use std::future::Future;
 
-/// An `async` closure of one argument whose future is named, so that it can be
-/// required to be `Send`.
-pub trait AsyncWork<A, R>:
-    AsyncFnOnce(A) -> R + FnOnce(A) -> <Self as AsyncWork<A, R>>::Fut
-{
-    /// The closure's future.
-    type Fut: Future<Output = R>;
+/// Declares one closure shape: `$name`, the closure of that kind and arguments
+/// whose future is named `Fut` (the pattern diesel-async's `transaction` uses),
+/// and `$alias<C, .., T, E>`, the bound lockkit's calls state: the first
+/// argument is `&mut C`, the output `Result<T, E>`, the closure and its future
+/// `Send`. The pattern is written once for the three shapes.
+macro_rules! closure_shape {
+    (
+        $(#[$doc:meta])*
+        $name:ident: $async_fn:ident + $fn:ident ($($arg:ident),+);
+        $(#[$alias_doc:meta])*
+        $alias:ident(&mut C $(, $extra:ident)*) -> Result<T, E>;
+    ) => {
+        $(#[$doc])*
+        pub trait $name<$($arg,)+ R>:
+            $async_fn($($arg),+) -> R + $fn($($arg),+) -> <Self as $name<$($arg,)+ R>>::Fut
+        {
+            /// The closure's future.
+            type Fut: Future<Output = R>;
+        }
+
+        impl<F, $($arg,)+ Fut, R> $name<$($arg,)+ R> for F
+        where
+            F: $async_fn($($arg),+) -> R + $fn($($arg),+) -> Fut,
+            Fut: Future<Output = R>,
+        {
+            type Fut = Fut;
+        }
+
+        $(#[$alias_doc])*
+        pub trait $alias<C, $($extra,)* T, E>:
+            for<'r> $name<&'r mut C, $($extra,)* Result<T, E>, Fut: Send> + Send
+        {
+        }
+
+        impl<F, C, $($extra,)* T, E> $alias<C, $($extra,)* T, E> for F where
+            F: for<'r> $name<&'r mut C, $($extra,)* Result<T, E>, Fut: Send> + Send
+        {
+        }
+    };
 }
 
-impl<F, A, Fut, R> AsyncWork<A, R> for F
-where
-    F: AsyncFnOnce(A) -> R + FnOnce(A) -> Fut,
-    Fut: Future<Output = R>,
-{
-    type Fut = Fut;
+closure_shape! {
+    /// An `async` closure of one argument whose future is named, so that it can
+    /// be required to be `Send`.
+    AsyncWork: AsyncFnOnce + FnOnce(A);
+    /// `async |conn| ..` run once on `&mut C`, returning `Result<T, E>`, whose
+    /// future is `Send`: the closure of `locked_transaction`, the advisory and
+    /// lease calls, idempotency keys and the replica's reads.
+    ConnWork(&mut C) -> Result<T, E>;
 }
 
-/// An `async` closure of two arguments (the connection and the locked row)
-/// whose future is named, so that it can be required to be `Send`.
-pub trait AsyncWork2<A, B, R>:
-    AsyncFnOnce(A, B) -> R + FnOnce(A, B) -> <Self as AsyncWork2<A, B, R>>::Fut
-{
-    /// The closure's future.
-    type Fut: Future<Output = R>;
+closure_shape! {
+    /// An `async` closure of two arguments (the connection and the locked row)
+    /// whose future is named, so that it can be required to be `Send`.
+    AsyncWork2: AsyncFnOnce + FnOnce(A, B);
+    /// `async |conn, row| ..` run once on `&mut C` and the locked row `M`,
+    /// returning `Result<T, E>`, whose future is `Send`: the closure of
+    /// `with_lock`.
+    RowWork(&mut C, M) -> Result<T, E>;
 }
 
-impl<F, A, B, Fut, R> AsyncWork2<A, B, R> for F
-where
-    F: AsyncFnOnce(A, B) -> R + FnOnce(A, B) -> Fut,
-    Fut: Future<Output = R>,
-{
-    type Fut = Fut;
-}
-
-/// An `async` closure that may run more than once (one attempt each), whose
-/// future is named, so that it can be required to be `Send`.
-pub trait AsyncAttempt<A, R>:
-    AsyncFnMut(A) -> R + FnMut(A) -> <Self as AsyncAttempt<A, R>>::Fut
-{
-    /// The closure's future.
-    type Fut: Future<Output = R>;
-}
-
-impl<F, A, Fut, R> AsyncAttempt<A, R> for F
-where
-    F: AsyncFnMut(A) -> R + FnMut(A) -> Fut,
-    Fut: Future<Output = R>,
-{
-    type Fut = Fut;
-}
-
-/// `async |conn| ..` run once on `&mut C`, returning `Result<T, E>`, whose future
-/// is `Send`: the closure of `locked_transaction`, the advisory and lease calls,
-/// idempotency keys and the replica's reads.
-pub trait ConnWork<C, T, E>: for<'r> AsyncWork<&'r mut C, Result<T, E>, Fut: Send> + Send {}
-
-impl<F, C, T, E> ConnWork<C, T, E> for F where
-    F: for<'r> AsyncWork<&'r mut C, Result<T, E>, Fut: Send> + Send
-{
-}
-
-/// `async |conn, row| ..` run once on `&mut C` and the locked row `M`,
-/// returning `Result<T, E>`, whose future is `Send`: the closure of `with_lock`.
-pub trait RowWork<C, M, T, E>:
-    for<'r> AsyncWork2<&'r mut C, M, Result<T, E>, Fut: Send> + Send
-{
-}
-
-impl<F, C, M, T, E> RowWork<C, M, T, E> for F where
-    F: for<'r> AsyncWork2<&'r mut C, M, Result<T, E>, Fut: Send> + Send
-{
-}
-
-/// `async |conn| ..` that may run again (one attempt each) on `&mut C`,
-/// returning `Result<T, E>`, whose future is `Send`: the closure of `retry`,
-/// `transaction_with_retry` and `serializable`.
-pub trait ConnAttempt<C, T, E>:
-    for<'r> AsyncAttempt<&'r mut C, Result<T, E>, Fut: Send> + Send
-{
-}
-
-impl<F, C, T, E> ConnAttempt<C, T, E> for F where
-    F: for<'r> AsyncAttempt<&'r mut C, Result<T, E>, Fut: Send> + Send
-{
+closure_shape! {
+    /// An `async` closure that may run more than once (one attempt each),
+    /// whose future is named, so that it can be required to be `Send`.
+    AsyncAttempt: AsyncFnMut + FnMut(A);
+    /// `async |conn| ..` that may run again (one attempt each) on `&mut C`,
+    /// returning `Result<T, E>`, whose future is `Send`: the closure of
+    /// `retry`, `transaction_with_retry` and `serializable`.
+    ConnAttempt(&mut C) -> Result<T, E>;
 }
