@@ -247,11 +247,13 @@ impl IfMatch {
             .iter()
             .filter(|tag| !tag.weak)
             .filter_map(|tag| tag.opaque.strip_prefix('v'))
-            .filter(|digits| {
-                let digits = digits.strip_prefix('-').unwrap_or(digits);
-                !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+            .filter_map(|digits| {
+                // Compared character by character with the tag lockkit makes
+                // (RFC 9110's strong comparison): `"v07"`, `"v+7"` and `"v-0"`
+                // name no version, as lockkit never sent them.
+                let n = digits.parse::<i64>().ok()?;
+                (n.to_string() == digits).then_some(n)
             })
-            .filter_map(|digits| digits.parse::<i64>().ok())
             .filter_map(V::from_i64)
             .collect();
         versions.sort();
