@@ -73,8 +73,9 @@ use crate::optimistic::backend::{DatabaseId, InShareMode, OptimisticBackend, Uni
 use crate::optimistic::statement::BySql;
 use crate::optimistic::version::VersionNumber;
 use crate::optimistic::version_check::{
-    self, at_most_one, checked_next, current_state, done, moved_past, prepare, stale, to_move_past,
-    DeleteVersioned, Origin, Prepared, TouchVersioned, UpdateVersioned, VersionCheck, Written,
+    self, at_most_one, checked_next, current_state, done, moved_past, moved_to, prepare, stale,
+    to_move_past, DeleteVersioned, Origin, Prepared, TouchVersioned, UpdateVersioned, VersionCheck,
+    Written,
 };
 use crate::optimistic::versioned::{all_or_none, key_order, settle};
 use crate::transaction::{Began, Failure};
@@ -498,7 +499,13 @@ where
         checked,
         next,
     } = prepare::<M, _>(watched, key, row.as_deref(), expected, origin, operation)?;
-    if execute_once::<M, Conn, S>(conn, key, move || statement(checked)).await? == 1 {
+    let rows = match plan {
+        journal::Plan::Refuse { .. } => 0,
+        _ => execute_once::<M, Conn, S>(conn, key, move || statement(checked))
+            .await
+            .map_err(|err| journal::failed_write(&mut AsyncWatched(&mut *conn), err))?,
+    };
+    if rows == 1 {
         // A number a rolled-back write left with another struct: moved past
         // (see `journal::reused`).
         let mut next = next;
@@ -520,6 +527,19 @@ where
             .await
             .map_err(classify)?;
         current = moved_past(v, bumped);
+        // Not onto a number another struct's rolled-back write left.
+        let mut at = moved_to::<M>(current, bumped);
+        while let Some(n) = at.filter(|n| {
+            let watched = &mut AsyncWatched(&mut *conn);
+            journal::reused(watched, M::TABLE_NAME, row.as_deref(), plan, n.to_i64())
+        }) {
+            if M::bump_past(conn, key.clone(), n).await.map_err(classify)? != 1 {
+                break;
+            }
+            let next = checked_next::<M, _>(key, n)?;
+            current = crate::CurrentState::Version(next.to_i64());
+            at = Some(next);
+        }
     }
     let watched = &mut AsyncWatched(conn);
     Ok(stale::<M, _>(

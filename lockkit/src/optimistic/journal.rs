@@ -32,7 +32,14 @@
 //!    data untouched) and reports [`Error::Stale`](crate::Error::Stale). The
 //!    struct's write never lands, and any other holder of that number reloads once.
 //!
-//! 3. and no write ever *commits* a number a rolled-back write left with some
+//! 3. unless the struct's number was written from another uncommitted write's
+//!    number (the row written twice in the rolled-back transaction, by one
+//!    struct or by a second one that read it there): such a struct may carry
+//!    what the earlier write changed, and restoring it would either commit that
+//!    or match another struct's retry. It is reported
+//!    [`Error::Stale`](crate::Error::Stale) without a write;
+//!
+//! 4. and no write ever *commits* a number a rolled-back write left with some
 //!    other struct of the process (a fresh reader of the row writing n after
 //!    another struct's write of n rolled back, in a transaction or not): it
 //!    moves the row one further in the same transaction (`SET v = v + 1 WHERE
@@ -508,6 +515,29 @@ pub(crate) fn ended_by<W: Watched>(conn: &mut W) -> Option<crate::Error> {
     )))
 }
 
+/// A versioned write's statement failed with `err`. Where that ended the whole
+/// open transaction (MySQL/MariaDB's deadlock, as the journal saw it), the
+/// write reports [`TransactionAborted`](crate::Error::TransactionAborted),
+/// which no retry takes up: a `retry` around the write would otherwise run it
+/// again in autocommit, outside the caller's transaction that the server rolled
+/// back, and commit half of the caller's work. The owner of the outermost
+/// lockkit transaction retries it whole. PostgreSQL's aborted transaction is
+/// left as it is: a retry inside a savepoint goes on after its rollback, and one
+/// outside fails at its next statement.
+pub(crate) fn failed_write<W: Watched>(conn: &mut W, err: crate::Error) -> crate::Error {
+    if !err.is_retryable() {
+        return err;
+    }
+    match conn.slot().downcast_mut::<Journal>() {
+        Some(journal)
+            if journal.aborts.ends == Ends::OnDeadlock && journal.aborts.ended_by.is_some() =>
+        {
+            crate::Error::TransactionAborted(Box::new(err))
+        }
+        _ => err,
+    }
+}
+
 /// Whether `conn` has Diesel's built-in "no instrumentation".
 ///
 /// Diesel's connections keep that placeholder, a zero-sized value, inline in the
@@ -583,14 +613,24 @@ pub(crate) fn row_id_with<W: Watched>(
 ) -> Option<String> {
     let needed = needs_row_ids(conn);
     let row = |database: &str| format!("{database}/{key:?}");
+    // A database with no name (SQLite's `:memory:` and temporary databases)
+    // is private to its connection: named after it, not after "".
+    let private = |database: Option<String>, owner: String| match database {
+        Some(name) if name.is_empty() => Some(format!(":private:{owner}")),
+        other => other,
+    };
+    let address = conn.address();
     match journal_of(conn) {
         Some(journal) => {
             if journal.database.is_none() {
-                journal.database = fetched;
+                journal.database = private(fetched, format!("journal {}", journal.id));
             }
             journal.database.as_deref().filter(|_| needed).map(row)
         }
-        None => fetched.as_deref().filter(|_| needed).map(row),
+        None => private(fetched, format!("connection {address:#x}"))
+            .as_deref()
+            .filter(|_| needed)
+            .map(row),
     }
 }
 
@@ -611,6 +651,11 @@ struct Entry {
     version: i64,
     /// The version the row had before this write.
     restore: i64,
+    /// That version was itself another write's, not committed when this one
+    /// was made (written earlier in the same transaction, by this struct or by
+    /// another that read it there): a struct holding `version` may carry what
+    /// that write changed, so it is never restored, only refused.
+    tainted: bool,
     state: State,
     seq: u64,
 }
@@ -758,6 +803,11 @@ pub(crate) enum Plan {
     /// `expected` (`tentative`) was written in a transaction that did not commit
     /// (or may not have): check the version the row had before it, `restore`.
     Restore { restore: i64, tentative: i64 },
+    /// `expected` (`tentative`) was written in a transaction that did not
+    /// commit, from a version another uncommitted write left: what the struct
+    /// holds may rest on that write, and lockkit cannot tell which struct made
+    /// it. Nothing is sent but the follow-up read: the struct is stale.
+    Refuse { tentative: i64 },
 }
 
 /// Decides how to write `row` from a struct holding `expected`.
@@ -781,6 +831,9 @@ pub(crate) fn plan<W: Watched>(
     };
     let uncommitted = |e: &Entry| e.uncommitted(here);
     match entries.iter().find(|e| e.version == expected) {
+        Some(entry) if uncommitted(entry) && entry.tainted => Plan::Refuse {
+            tentative: expected,
+        },
         Some(entry) if uncommitted(entry) => {
             let mut restore = entry.restore;
             while let Some(earlier) = entries
@@ -834,7 +887,7 @@ pub(crate) fn reused<W: Watched>(
     // The struct's own rolled-back numbers, which this write restored past.
     let own = match plan {
         Plan::Restore { tentative, .. } => chain(entries, tentative, here),
-        Plan::Write => Vec::new(),
+        Plan::Write | Plan::Refuse { .. } => Vec::new(),
     };
     // An unwatched entry at `to` cannot be of the open transaction, whatever the
     // connection and depth say: this write found the row below `to`, so the
@@ -900,7 +953,12 @@ pub(crate) fn written<W: Watched>(
         registry.remove(&row, |e| own.contains(&e.version));
     }
     let Some(to) = to else {
-        registry().remove(&row, |_| true);
+        // Deleted: nothing can match the row again, once the delete commits. A
+        // delete inside a transaction may still be rolled back, with the row
+        // and the rolled-back versions other structs hold: those stay.
+        if depth.is_none() {
+            registry().remove(&row, |_| true);
+        }
         return;
     };
     let Some(depth) = depth else {
@@ -927,11 +985,18 @@ pub(crate) fn written<W: Watched>(
             }
         }
     };
-    registry().insert(
+    let mut registry = registry();
+    let tainted = registry.rows.get(&row).is_some_and(|entries| {
+        entries
+            .iter()
+            .any(|e| e.version == from && !matches!(e.state, State::RolledBack))
+    });
+    registry.insert(
         row,
         Entry {
             version: to,
             restore: from,
+            tainted,
             state,
             seq: 0,
         },
@@ -953,7 +1018,7 @@ pub(crate) fn forget_through(table: &'static str, key: String, current: i64) {
 /// it again, and the struct cannot be told from them. The caller moves the row
 /// past it (`SET v = v + 1 WHERE v = $n`) so that neither writes on a guess.
 pub(crate) fn must_move_past(plan: Plan, current: i64) -> bool {
-    matches!(plan, Plan::Restore { tentative, .. } if tentative == current)
+    matches!(plan, Plan::Restore { tentative, .. } | Plan::Refuse { tentative } if tentative == current)
 }
 
 /// After a write planned as `plan` was found stale, the row at `current`
@@ -967,8 +1032,11 @@ pub(crate) fn found_stale<W: Watched>(
     plan: Plan,
     current: crate::CurrentState,
 ) {
-    if let (Plan::Restore { .. }, crate::CurrentState::Version(current), Some(row)) =
-        (plan, current, row)
+    if let (
+        Plan::Restore { .. } | Plan::Refuse { .. },
+        crate::CurrentState::Version(current),
+        Some(row),
+    ) = (plan, current, row)
     {
         if conn.depth().is_none() {
             forget_through(table, row.to_owned(), current);

@@ -346,13 +346,18 @@ pub(crate) fn prepare<M: Versioned, W: journal::Watched>(
     origin: Origin,
     operation: Operation,
 ) -> Result<Prepared<M::Version>, Error> {
+    if conn.depth().is_some() {
+        // Watching before the statement runs: if it ends the transaction, the
+        // write says so (`journal::failed_write`).
+        let _ = journal::journal_of(conn);
+    }
     let plan = match origin {
         Origin::Held => journal::plan(conn, M::TABLE_NAME, row, expected.to_i64()),
         Origin::LockedRead => Plan::Write,
     };
     let checked = match plan {
         Plan::Restore { restore, .. } => M::Version::from_i64(restore).unwrap_or(expected),
-        Plan::Write => expected,
+        Plan::Write | Plan::Refuse { .. } => expected,
     };
     let next = match operation {
         Operation::Delete => None,
@@ -412,7 +417,11 @@ where
         checked,
         next,
     } = prepare::<M, _>(conn, key, row.as_deref(), expected, origin, operation)?;
-    let rows = execute_once::<M, _, _>(conn, key, statement(checked))?;
+    let rows = match plan {
+        Plan::Refuse { .. } => 0,
+        _ => execute_once::<M, _, _>(conn, key, statement(checked))
+            .map_err(|err| journal::failed_write(conn, err))?,
+    };
     if rows == 1 {
         let next = match next {
             Some(n) => Some(move_past_reused::<M, _>(
@@ -431,6 +440,11 @@ where
     if let Some(v) = to_move_past(plan, current) {
         let bumped = M::bump_past(conn, key.clone(), expected).map_err(classify)?;
         current = moved_past(v, bumped);
+        // Not onto a number another struct's rolled-back write left.
+        if let Some(at) = moved_to::<M>(current, bumped) {
+            let at = move_past_reused::<M, _>(conn, key, row.as_deref(), plan, at)?;
+            current = CurrentState::Version(at.to_i64());
+        }
     }
     Ok(stale::<M, _>(
         conn,
@@ -500,6 +514,14 @@ pub(crate) fn current_state<V: VersionNumber>(
 pub(crate) fn to_move_past(plan: Plan, current: CurrentState) -> Option<i64> {
     match current {
         CurrentState::Version(v) if journal::must_move_past(plan, v) => Some(v),
+        _ => None,
+    }
+}
+
+/// The version a move past left the row at, when it moved it (`bumped`).
+pub(crate) fn moved_to<M: Versioned>(current: CurrentState, bumped: usize) -> Option<M::Version> {
+    match current {
+        CurrentState::Version(v) if bumped == 1 => M::Version::from_i64(v),
         _ => None,
     }
 }
