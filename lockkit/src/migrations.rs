@@ -8,6 +8,7 @@
 //! | | PostgreSQL | MySQL/MariaDB | SQLite |
 //! |---|---|---|---|
 //! | a name or key, compared byte for byte | `VARCHAR(255)` | `VARBINARY(1020)` (VARCHAR's default collation would make `"a"`, `"A"` and `"a "` one key) | `VARCHAR(255)` |
+//! | text of any length (a payload, a stored response, an error) | `TEXT` | `LONGTEXT` (`TEXT` stops at 64 KiB, and outside strict mode cuts what is longer without an error) | `TEXT` |
 //! | an increasing id | `BIGSERIAL PRIMARY KEY` | `BIGINT AUTO_INCREMENT PRIMARY KEY` | `INTEGER PRIMARY KEY AUTOINCREMENT` |
 //! | a table's end | `);` | `) ENGINE = InnoDB;` | `);` |
 //!
@@ -163,6 +164,8 @@ impl fmt::Display for ShippedMigration {
 pub(crate) struct Words {
     /// A name or key, compared byte for byte.
     pub(crate) key: &'static str,
+    /// Text of any length.
+    pub(crate) text: &'static str,
     /// An increasing `BIGINT` id, the primary key.
     pub(crate) serial: &'static str,
     /// A table's closing parenthesis, with what follows it.
@@ -177,18 +180,21 @@ impl Words {
         match dialect {
             Dialect::Postgres => Words {
                 key: "VARCHAR(255)",
+                text: "TEXT",
                 serial: "BIGSERIAL PRIMARY KEY",
                 end: ")",
                 clock: "server's",
             },
             Dialect::Mysql => Words {
                 key: "VARBINARY(1020)",
+                text: "LONGTEXT",
                 serial: "BIGINT AUTO_INCREMENT PRIMARY KEY",
                 end: ") ENGINE = InnoDB",
                 clock: "server's",
             },
             Dialect::Sqlite => Words {
                 key: "VARCHAR(255)",
+                text: "TEXT",
                 serial: "INTEGER PRIMARY KEY AUTOINCREMENT",
                 end: ")",
                 clock: "database's",

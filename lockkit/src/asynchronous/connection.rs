@@ -231,6 +231,18 @@ pub(crate) async fn began<C: AsyncLockingConnection>(
     Ok(crate::transaction::Began::with_work(nested))
 }
 
+/// The blocking side's [`require_live`](crate::transaction::require_live) on an
+/// async connection.
+pub(crate) async fn require_live<C: AsyncLockingConnection>(conn: &mut C) -> Result<(), Error> {
+    match ended_by_statement(conn).await {
+        Some(cause) => {
+            conn.keep_aborted().await;
+            Err(Error::TransactionAborted(Box::new(cause)))
+        }
+        None => Ok(()),
+    }
+}
+
 /// The blocking side's [`ended_by_statement`](crate::transaction::ended_by_statement)
 /// on an async connection.
 pub(crate) async fn ended_by_statement<C: AsyncLockingConnection>(conn: &mut C) -> Option<Error> {

@@ -92,6 +92,7 @@ where
     F: ConnWork<C, R, E>,
 {
     let key = Scoped::checked(principal, key, fingerprint)?;
+    super::connection::require_live(conn).await?;
     let started_at = match start(keys, conn, key, fingerprint).await? {
         Start::Replay(stored) => return Ok(Outcome::Replayed(replayed(&stored)?)),
         Start::Owned { started_at } => started_at,

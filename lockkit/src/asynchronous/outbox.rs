@@ -88,6 +88,7 @@ pub async fn enqueue<C: AsyncOutboxStore>(
     payload: &str,
 ) -> Result<i64, Error> {
     check_message(topic, payload, in_transaction(conn))?;
+    super::connection::require_live(conn).await?;
     C::insert_message(conn, topic, payload, now_millis()).await
 }
 

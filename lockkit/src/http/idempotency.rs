@@ -95,7 +95,7 @@ pub use crate::version_trigger::Dialect;
 
 /// `CREATE TABLE lockkit_idempotency_keys` in the words of one dialect.
 fn keys_table(_dialect: Dialect, words: &Words) -> String {
-    let Words { key, end, .. } = words;
+    let Words { key, text, end, .. } = words;
     format!(
         r#"-- lockkit idempotency keys: one row per client key of each principal (see
 -- lockkit::idempotency). The same key from two principals is two keys.
@@ -105,7 +105,7 @@ CREATE TABLE lockkit_idempotency_keys (
     idempotency_key {key} NOT NULL,
     fingerprint VARCHAR(255) NOT NULL,
     state VARCHAR(16) NOT NULL,
-    response TEXT,
+    response {text},
     started_at BIGINT NOT NULL,
     finished_at BIGINT,
     PRIMARY KEY (principal, idempotency_key)
@@ -373,27 +373,39 @@ impl Idempotency {
     {
         let key = Scoped::checked(principal, key, fingerprint)?;
         let conn = conn.locking_connection();
+        transaction::require_live(conn)?;
         let started_at = match self.start(conn, key, fingerprint)? {
             Start::Replay(stored) => return Ok(Outcome::Replayed(replayed(&stored)?)),
             Start::Owned { started_at } => started_at,
         };
-        let result = transaction::run(conn, |conn| {
-            let response = work(conn).map_err(Failure::Closure)?;
-            // The work let a statement end the transaction (a deadlock's
-            // victim on MySQL/MariaDB): the key's `Finish` would commit on its
-            // own, for work the server threw away.
-            if let Some(cause) = transaction::ended_by_statement(conn) {
-                return Err(Failure::Lockkit(cause));
+        // A panic of the work is caught here only to release the key (the work
+        // was rolled back, and a retry must run it again), then goes on.
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            transaction::run(&mut *conn, |conn| {
+                let response = work(conn).map_err(Failure::Closure)?;
+                // The work let a statement end the transaction (a deadlock's
+                // victim on MySQL/MariaDB): the key's `Finish` would commit on its
+                // own, for work the server threw away.
+                if let Some(cause) = transaction::ended_by_statement(conn) {
+                    return Err(Failure::Lockkit(cause));
+                }
+                let stored = stored(&response)?;
+                let finish = Write::Finish {
+                    started_at,
+                    response: &stored,
+                    now: now_millis(),
+                };
+                finished(C::Conn::write(conn, key, finish)?)?;
+                Ok(response)
+            })
+        }));
+        let result = match run {
+            Ok(result) => result,
+            Err(panic) => {
+                let _ = C::Conn::write(conn, key, Write::Release { started_at });
+                std::panic::resume_unwind(panic);
             }
-            let stored = stored(&response)?;
-            let finish = Write::Finish {
-                started_at,
-                response: &stored,
-                now: now_millis(),
-            };
-            finished(C::Conn::write(conn, key, finish)?)?;
-            Ok(response)
-        });
+        };
         if result.is_err() {
             // Release the key so that a retry runs the work again; a no-op when
             // another request took it over (its `started_at` is not ours).
@@ -459,7 +471,10 @@ impl Idempotency {
     /// The schedule of a request's looks at a key it could not insert.
     pub(crate) fn looks(&self) -> Looks {
         Looks {
-            deadline: Instant::now() + self.wait_while_running,
+            // A wait too long for the clock (`Duration::MAX`) waits a century.
+            deadline: Instant::now()
+                .checked_add(self.wait_while_running)
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)),
             pause: FIRST_PAUSE,
             races: 0,
         }

@@ -119,7 +119,11 @@ pub use store::OutboxStore;
 /// alone.
 fn outbox_tables(dialect: Dialect, words: &Words) -> String {
     let Words {
-        key, serial, end, ..
+        key,
+        text,
+        serial,
+        end,
+        ..
     } = words;
     let (in_table, after_table) = match dialect {
         Dialect::Mysql => (
@@ -146,11 +150,11 @@ fn outbox_tables(dialect: Dialect, words: &Words) -> String {
 CREATE TABLE lockkit_outbox (
     id {serial},
     topic VARCHAR(255) NOT NULL,
-    payload TEXT NOT NULL,
+    payload {text} NOT NULL,
     created_at BIGINT NOT NULL,
     attempts INTEGER NOT NULL DEFAULT 0,
     next_attempt_at BIGINT NOT NULL,
-    last_error TEXT,
+    last_error {text},
     published_at BIGINT{in_table}
 {end};
 {after_table}-- The inbox: one row per message a consumer has applied, written in the
@@ -317,6 +321,7 @@ where
 {
     let conn = conn.locking_connection();
     check_message(topic, payload, conn.in_transaction())?;
+    crate::transaction::require_live(conn)?;
     C::Conn::insert_message(conn, topic, payload, now_millis())
 }
 

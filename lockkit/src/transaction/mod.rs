@@ -120,6 +120,23 @@ pub(crate) fn ended_by_statement<C: Control>(conn: &mut C) -> Option<Error> {
     }
 }
 
+/// Refuses a write in the caller's transaction once a statement has ended it
+/// (the work let a deadlock go on MySQL/MariaDB): an outbox message or an
+/// idempotency key's first write would otherwise run in autocommit and commit
+/// on its own, for work the server threw away. As a nested lockkit transaction
+/// refuses to start: [`Error::TransactionAborted`], and the caller's later
+/// statements are kept out of autocommit. The async connections' twin does the
+/// same.
+pub(crate) fn require_live<C: Control>(conn: &mut C) -> Result<(), Error> {
+    match ended_by_statement(conn) {
+        Some(cause) => {
+            conn.keep_aborted();
+            Err(Error::TransactionAborted(Box::new(cause)))
+        }
+        None => Ok(()),
+    }
+}
+
 /// What [`Control::keep_aborted`] sends on MySQL/MariaDB, for the blocking and
 /// the async connection. When InnoDB rolls back a whole transaction (a
 /// deadlock's victim) under a savepoint, the caller's code may catch the error
