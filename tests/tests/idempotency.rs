@@ -453,3 +453,157 @@ mod in_the_callers_transaction {
         }
     }
 }
+
+/// Responses are "any `Serialize + DeserializeOwned` value, stored as JSON"
+/// (`Idempotency::run`): a list response of 100 KiB runs once and replays.
+mod large_responses {
+    use super::*;
+
+    lockkit_tests::backend_tests! {
+        fn a_response_of_100_kib_is_stored_and_replayed(db) {
+            prepare!(db);
+            let mut conn = db.conn();
+            let keys = Idempotency::default();
+            let body: Vec<String> = (0..2048).map(|n| format!("line item {n:>40}")).collect();
+            let ran = keys.run(&mut conn, "tenant-1", "order-big", "POST /orders", |conn| {
+                sell_one(conn)?;
+                Ok::<_, Error>(body.clone())
+            });
+            assert!(matches!(&ran, Ok(Outcome::Ran(b)) if *b == body), "the first run: {:?}", ran.as_ref().map(|_| "a response").map_err(|e| e.to_string()));
+            let again = keys.run(&mut conn, "tenant-1", "order-big", "POST /orders", |_| -> Result<Vec<String>, Error> {
+                panic!("a completed key must not run its work again")
+            });
+            assert!(matches!(&again, Ok(Outcome::Replayed(b)) if *b == body));
+            assert_eq!(stock_of!(&mut conn), 99, "sold once");
+        }
+    }
+}
+
+/// A run whose work panics: the panic guard rolls the work back, and the
+/// process lives on (a web framework catches a handler's panic and answers
+/// 500). The key is left `running`, as if the process had died, so the
+/// client's retry is refused for the whole lease instead of running the work
+/// again as after any other failure ("the work failed: the key is released").
+mod a_panicking_work {
+    use super::*;
+
+    lockkit_tests::backend_tests! {
+        fn a_work_that_panics_releases_its_key_for_the_retry(db) {
+            prepare!(db);
+            let mut conn = db.conn();
+            let keys = Idempotency::default();
+            let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                keys.run(&mut conn, "tenant-1", "order-7", "POST /orders", |conn| -> Result<String, Error> {
+                    sell_one(conn)?;
+                    panic!("a bug in the handler");
+                })
+            }));
+            assert!(panicked.is_err(), "the panic went on");
+            assert_eq!(stock_of!(&mut conn), 100, "the work was rolled back");
+            // The client retries at once.
+            let retry = keys.run(&mut conn, "tenant-1", "order-7", "POST /orders", sell_one);
+            assert!(
+                matches!(&retry, Ok(Outcome::Ran(_))),
+                "the retry after a rolled-back run: {retry:?}"
+            );
+            assert_eq!(stock_of!(&mut conn), 99);
+        }
+    }
+}
+
+/// `wait_while_running` is "how long a repeat waits"; a caller who means
+/// "as long as it takes" writes `Duration::MAX`. `run` then panics on every
+/// call, the first request's included (`Instant + Duration` overflows),
+/// before it sends anything.
+mod an_unbounded_wait {
+    use super::*;
+
+    lockkit_tests::backend_tests! {
+        fn a_wait_of_duration_max_runs_the_work(db) {
+            prepare!(db);
+            let mut conn = db.conn();
+            let keys = Idempotency { wait_while_running: Duration::MAX, ..Idempotency::default() };
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                keys.run(&mut conn, "tenant-1", "order-1", "POST /orders", sell_one)
+            }));
+            assert!(matches!(&ran, Ok(Ok(Outcome::Ran(_)))), "run panicked: {:?}", ran.as_ref().err().and_then(|p| p.downcast_ref::<String>()));
+        }
+    }
+}
+
+/// An idempotency run nested in the caller's lockkit transaction
+/// (`transaction_with_retry`), after the caller's own best-effort extra was a
+/// deadlock's victim and its error let go: InnoDB rolled back the whole
+/// transaction. The run's key `INSERT` (in a Diesel savepoint, not a lockkit
+/// call) then runs with no transaction open on the server and commits on its
+/// own, `running`; Diesel's `RELEASE SAVEPOINT` fails, and
+/// `transaction_with_retry` returns that error as it is (not the deadlock, so
+/// it does not retry). The work never ran, and every repeat of the request is
+/// refused (`IdempotencyInProgress`) until the key's lease runs out.
+#[cfg(feature = "mysql")]
+mod nested_after_a_deadlock_the_caller_let_go {
+    use super::*;
+    use diesel::MysqlConnection;
+    use lockkit_tests::models::Item;
+    use lockkit_tests::TestDb;
+    use std::sync::mpsc;
+
+    #[derive(QueryableByName)]
+    struct StateRow {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        body: String,
+    }
+
+    #[test]
+    fn the_retried_transaction_runs_the_work_once() {
+        let db = TestDb::<MysqlConnection>::new("idempotency_nested_after_deadlock");
+        db.conn()
+            .run_pending_migrations(idempotency_migrations("mysql"))
+            .unwrap();
+        seed_items(
+            &mut db.conn(),
+            &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>(),
+        );
+        let (go, go_rx) = mpsc::channel::<()>();
+        let (locked, locked_rx) = mpsc::channel::<()>();
+        let keys = Idempotency::default();
+        let db = &db;
+        let mut attempt = 0;
+        let outcome = thread::scope(|s| {
+            let neighbour = s.spawn(move || {
+                lockkit_tests::aborts::heavier_neighbour(&mut db.connect(), "mysql", locked, go_rx);
+            });
+            let mut conn = db.connect();
+            let outcome =
+                lockkit::transaction_with_retry(&mut conn, &lockkit::RetryPolicy::default(), |c| {
+                    attempt += 1;
+                    let _item: Item = items::table.find(1).for_update().first(c)?;
+                    if attempt == 1 {
+                        go.send(()).unwrap();
+                        locked_rx.recv().unwrap();
+                        let extra = items::table.find(2).for_update().first::<Item>(c);
+                        assert!(extra.is_err(), "the extra was the deadlock's victim");
+                    }
+                    keys.run(c, "tenant-1", "order-1", "POST /orders", sell_one)
+                });
+            neighbour.join().unwrap();
+            outcome
+        });
+        let mut conn = db.connect();
+        let stock = stock_of!(&mut conn);
+        let key: Vec<String> =
+            diesel::sql_query("SELECT state AS body FROM lockkit_idempotency_keys")
+                .load::<StateRow>(&mut conn)
+                .unwrap()
+                .into_iter()
+                .map(|row| row.body)
+                .collect();
+        // The client repeats the request with its key.
+        let repeat = keys.run(&mut conn, "tenant-1", "order-1", "POST /orders", sell_one);
+        assert!(
+            matches!(&outcome, Ok(Outcome::Ran(_))),
+            "after {attempt} attempts: {outcome:?}; stock {stock}, the key {key:?}; the repeat: {repeat:?}"
+        );
+        assert_eq!(stock, 9, "sold once");
+    }
+}

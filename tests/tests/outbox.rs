@@ -391,3 +391,136 @@ lockkit_tests::backend_tests! {
         assert_eq!(inbox.receive(&mut conn, evil, |_| Ok::<_, Error>(())).unwrap(), Received::Duplicate);
     }
 }
+
+/// Payloads are "any text without NUL" (the module docs): a message as large as
+/// an event with a few hundred line items is enqueued, claimed and published as
+/// it was written, on every backend.
+mod large_payloads {
+    use super::*;
+
+    lockkit_tests::backend_tests! {
+        fn a_payload_of_100_kib_is_enqueued_and_published_verbatim(db) {
+            let mut conn = db.conn();
+            conn.run_pending_migrations(outbox_migrations(BACKEND)).unwrap();
+            // Over 100 KiB of JSON, ASCII only: as many bytes as characters on every server.
+            let items: Vec<String> = (0..4096).map(|n| format!("{{\"sku\":{n:>20}}}")).collect();
+            let payload = format!("[{}]", items.join(","));
+            assert!(payload.len() > 100 * 1024);
+            let enqueued = conn.transaction(|conn| outbox::enqueue(conn, "orders", &payload));
+            let id = enqueued.unwrap_or_else(|e| panic!("a {}-byte payload was refused: {e}", payload.len()));
+            let mut published = Vec::new();
+            Relay::default()
+                .publish_batch(&mut conn, 10, |batch| {
+                    published.extend(batch.iter().map(|m| (m.id, m.payload.clone())));
+                    Ok::<_, Error>(vec![Ok(()); batch.len()])
+                })
+                .unwrap();
+            assert_eq!(published.len(), 1);
+            assert_eq!(published[0].0, id);
+            assert!(published[0].1 == payload, "the payload published is {} bytes, not the {} enqueued", published[0].1.len(), payload.len());
+        }
+    }
+
+    /// On a MySQL/MariaDB server whose `sql_mode` is not strict (MySQL 5.6's
+    /// default, and many a tuned server's), `TEXT` does not refuse what is too
+    /// long: it cuts it at 65,535 bytes with a warning, and the relay publishes
+    /// a message that is not the one the transaction committed.
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn without_strict_mode_a_large_payload_is_not_published_cut() {
+        let db = lockkit_tests::TestDb::<diesel::MysqlConnection>::new("outbox_payload_not_strict");
+        let mut conn = db.connect();
+        conn.run_pending_migrations(outbox_migrations("mysql"))
+            .unwrap();
+        diesel::connection::SimpleConnection::batch_execute(&mut conn, "SET SESSION sql_mode = ''")
+            .unwrap();
+        let payload = "x".repeat(70_000);
+        let id = conn
+            .transaction(|conn| outbox::enqueue(conn, "orders", &payload))
+            .unwrap();
+        let mut published = Vec::new();
+        Relay::default()
+            .publish_batch(&mut conn, 10, |batch| {
+                published.extend(batch.iter().map(|m| (m.id, m.payload.len())));
+                Ok::<_, Error>(vec![Ok(()); batch.len()])
+            })
+            .unwrap();
+        assert_eq!(
+            published,
+            vec![(id, payload.len())],
+            "the message published is not the one enqueued"
+        );
+    }
+}
+
+/// The order and its message in a lockkit transaction that retries
+/// (`transaction_with_retry`). Its work does a best-effort extra whose failure
+/// it ignores, and that extra is a deadlock's victim: InnoDB rolls back the
+/// whole transaction, the order with it. lockkit's own `enqueue` then runs
+/// with no transaction open on the server and commits on its own (no stand-in
+/// was opened, and `enqueue` does not ask the journal, as nested lockkit calls
+/// do); the retry writes the order and a second message. One order, two
+/// messages with two ids, so the consumer's inbox applies it twice.
+#[cfg(feature = "mysql")]
+mod an_enqueue_after_a_deadlock_the_work_let_go {
+    use super::*;
+    use diesel::MysqlConnection;
+    use lockkit_tests::models::Item;
+    use lockkit_tests::schema::items;
+    use lockkit_tests::TestDb;
+    use std::sync::mpsc;
+
+    #[test]
+    fn the_message_commits_only_with_its_order() {
+        let db = TestDb::<MysqlConnection>::new("outbox_enqueue_after_deadlock");
+        db.conn()
+            .run_pending_migrations(outbox_migrations("mysql"))
+            .unwrap();
+        seed_items(
+            &mut db.conn(),
+            &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>(),
+        );
+        let (go, go_rx) = mpsc::channel::<()>();
+        let (locked, locked_rx) = mpsc::channel::<()>();
+        let db = &db;
+        let mut attempt = 0;
+        let outcome = thread::scope(|s| {
+            let neighbour = s.spawn(move || {
+                lockkit_tests::aborts::heavier_neighbour(&mut db.connect(), "mysql", locked, go_rx);
+            });
+            let mut conn = db.connect();
+            let outcome =
+                lockkit::transaction_with_retry(&mut conn, &lockkit::RetryPolicy::default(), |c| {
+                    attempt += 1;
+                    // The order: two units of item 1.
+                    let item: Item = items::table.find(1).for_update().first(c)?;
+                    diesel::update(items::table.find(1))
+                        .set(items::stock.eq(item.stock - 2))
+                        .execute(c)?;
+                    if attempt == 1 {
+                        go.send(()).unwrap();
+                        locked_rx.recv().unwrap();
+                        // A best-effort extra on item 2; its failure is ignored.
+                        let extra = items::table.find(2).for_update().first::<Item>(c);
+                        assert!(extra.is_err(), "the extra was the deadlock's victim");
+                    }
+                    outbox::enqueue(c, "orders", r#"{"order":1,"item":1,"qty":2}"#)?;
+                    Ok::<_, Error>(())
+                });
+            neighbour.join().unwrap();
+            outcome
+        });
+        let mut conn = db.connect();
+        outcome.unwrap();
+        assert_eq!(stock_of!(&mut conn), 8, "the order committed once");
+        let messages: Vec<i64> = lockkit_outbox::table
+            .select(lockkit_outbox::id)
+            .load(&mut conn)
+            .unwrap();
+        assert_eq!(
+            messages.len(),
+            1,
+            "one order, one message: {messages:?} after {attempt} attempts"
+        );
+    }
+}

@@ -1,0 +1,394 @@
+//! Lost updates found by combining lockkit's optimistic tools in ways the other
+//! files do not: each test states the promise (README, module docs) it checks,
+//! and fails while the promise is broken.
+
+use diesel::prelude::*;
+use lockkit::prelude::*;
+use lockkit::Error;
+use lockkit_tests::models::*;
+use lockkit_tests::schema::*;
+use lockkit_tests::{seed_items, stock_of};
+
+/// The item row `id`, as stored.
+macro_rules! item {
+    ($conn:expr, $id:expr) => {
+        items::table.find($id).first::<Item>($conn).unwrap()
+    };
+}
+
+mod journal {
+    use super::*;
+
+    lockkit_tests::backend_tests! {
+        fn two_structs_written_in_one_rolled_back_transaction_never_write_over_each_others_retry(db) {
+            // README: a struct whose versioned write was rolled back "writes as if
+            // its version had been restored ... and it can never succeed over
+            // somebody else's later write". Two structs of one row written in one
+            // transaction (two code paths that each load and save the row), which
+            // rolls back; then both retry.
+            let mut conn = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            let mut a1 = item!(&mut conn, 1);
+            let mut a2 = None;
+            let rolled_back: Result<(), Error> = conn.transaction(|c| {
+                a1.stock = 9;
+                a1.update_versioned(c)?; // v0 -> v1
+                let mut second = item!(c, 1); // reads v1 (a1's stock 9)
+                second.name = "renamed".into();
+                second.update_versioned(c)?; // v1 -> v2
+                a2 = Some(second);
+                Err(Error::NoRowMatched)
+            });
+            assert!(rolled_back.is_err());
+            let mut a2 = a2.unwrap();
+            assert_eq!((a1.lock_version, a2.lock_version), (1, 2));
+
+            // a1 retries with stock 8 and commits (restored: v0 -> v1).
+            a1.stock = 8;
+            a1.update_versioned(&mut conn).unwrap();
+            assert_eq!(stock_of!(&mut conn), 8);
+
+            // a2 retries its rename from the copy that carries a1's rolled-back
+            // stock 9: a1's committed write came after it was read.
+            let again = a2.update_versioned(&mut conn);
+            let stock = stock_of!(&mut conn);
+            assert!(
+                matches!(again, Err(Error::Stale(_))) && stock == 8,
+                "a2's rolled-back version 2 was restored to 1, which a1's retry had just \
+                 committed: {again:?}, stock {stock} (a1's 8 lost)"
+            );
+        }
+
+        fn two_structs_written_in_one_rolled_back_transaction_retried_in_the_other_order(db) {
+            // As above, the second struct retrying first. It was read after the
+            // first struct's write, in the transaction that rolled back: it
+            // carries that write's stock 9, and lockkit cannot tell it from the
+            // first struct written twice. It is refused, not restored (restored
+            // to 0 it would commit the rolled-back 9; restored to 1 it would
+            // match the first struct's retry), and the row is left as it is.
+            let mut conn = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            let mut a1 = item!(&mut conn, 1);
+            let mut a2 = None;
+            let rolled_back: Result<(), Error> = conn.transaction(|c| {
+                a1.stock = 9;
+                a1.update_versioned(c)?; // v0 -> v1
+                let mut second = item!(c, 1);
+                second.name = "renamed".into();
+                second.update_versioned(c)?; // v1 -> v2
+                a2 = Some(second);
+                Err(Error::NoRowMatched)
+            });
+            assert!(rolled_back.is_err());
+            let mut a2 = a2.unwrap();
+
+            let renamed = a2.update_versioned(&mut conn);
+            let stored = item!(&mut conn, 1);
+            assert!(
+                matches!(renamed, Err(Error::Stale(_))) && (stored.stock, stored.lock_version) == (10, 0),
+                "a2 rests on a1's rolled-back write: {renamed:?}, row {stored:?}"
+            );
+
+            // a1 retries from the copy it read before: restored, it writes once.
+            a1.stock = 8;
+            a1.update_versioned(&mut conn).unwrap();
+            let stored = item!(&mut conn, 1);
+            assert_eq!((stored.stock, stored.name.as_str()), (8, "item 1"));
+        }
+
+        fn moving_past_a_reused_number_never_lands_on_another_structs_rolled_back_number(db) {
+            // The same two structs; this time the row is written between by a
+            // versioned conditional update (`Item::update_if`: one sale), and a1's
+            // retry finds the row at the very number it holds. lockkit moves the
+            // row one further, "so that neither writes on a guess"; that number is
+            // a2's.
+            let mut conn = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            let mut a1 = item!(&mut conn, 1);
+            let mut a2 = None;
+            let rolled_back: Result<(), Error> = conn.transaction(|c| {
+                a1.stock = 9;
+                a1.update_versioned(c)?; // v0 -> v1
+                let mut second = item!(c, 1);
+                second.name = "renamed".into();
+                second.update_versioned(c)?; // v1 -> v2
+                a2 = Some(second);
+                Err(Error::NoRowMatched)
+            });
+            assert!(rolled_back.is_err());
+            let mut a2 = a2.unwrap();
+
+            // One sale, with the versioned conditional update: stock 9, v1.
+            Item::update_if(&mut conn, 1, items::stock.ge(1), items::stock.eq(items::stock - 1)).unwrap();
+
+            // a1 retries: stale (the row's 1 is the sale's), and the row is moved past 1.
+            let first = a1.update_versioned(&mut conn);
+            assert!(matches!(first, Err(Error::Stale(_))), "{first:?}");
+
+            // a2 retries its rename, from a copy read before the sale.
+            a2.stock = 20; // (what it read, changed: whatever it writes must not land)
+            let again = a2.update_versioned(&mut conn);
+            let stock = stock_of!(&mut conn);
+            assert!(
+                matches!(again, Err(Error::Stale(_))) && stock == 9,
+                "a2's rolled-back version 2 matched the number lockkit moved the row to: \
+                 {again:?}, stock {stock} (the sale's 9 overwritten)"
+            );
+        }
+
+        fn a_rolled_back_delete_does_not_make_the_journal_forget_a_rolled_back_write(db) {
+            // README, Guarantees: "A struct whose versioned write was rolled back
+            // ... can never succeed over somebody else's later write."
+            let mut a_conn = db.conn();
+            let mut b_conn = db.conn();
+            seed_items(&mut a_conn, &[(1, 10)]);
+
+            // A writes v0 -> v1 in a transaction that rolls back: `a` holds 1,
+            // the row is back at 0.
+            let mut a = item!(&mut a_conn, 1);
+            let rolled_back: Result<(), Error> = a_conn.transaction(|c| {
+                a.stock = 5;
+                a.update_versioned(c)?;
+                Err(Error::NoRowMatched)
+            });
+            assert!(rolled_back.is_err());
+            assert_eq!(a.lock_version, 1);
+
+            // D deletes the row (v0) in a transaction that rolls back too: the
+            // row is still there, at v0, untouched.
+            let d = item!(&mut b_conn, 1);
+            let undone: Result<(), Error> = b_conn.transaction(|c| {
+                d.delete_versioned(c)?;
+                Err(Error::NoRowMatched)
+            });
+            assert!(undone.is_err());
+            assert_eq!(item!(&mut b_conn, 1).lock_version, 0, "the delete was undone");
+
+            // B reads v0, writes its 7 and commits: v1 (or v2), B's data.
+            let mut b = item!(&mut b_conn, 1);
+            b.stock = 7;
+            b.update_versioned(&mut b_conn).unwrap();
+
+            // A writes again from its rolled-back 1: it must not land over B's.
+            a.stock = 3;
+            let again = a.update_versioned(&mut a_conn);
+            let stock = stock_of!(&mut b_conn);
+            assert!(
+                matches!(again, Err(Error::Stale(_))) && stock == 7,
+                "A's rolled-back version 1 matched B's committed 1 once a rolled-back \
+                 delete had cleared the journal: {again:?}, stock {stock} (B's 7 lost)"
+            );
+        }
+
+    }
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite_in_memory {
+    use super::*;
+    use diesel::connection::SimpleConnection;
+    use diesel::SqliteConnection;
+
+    /// A private in-memory database with the suite's `items` table and row 1 at
+    /// version `version`.
+    fn in_memory(version: i32) -> SqliteConnection {
+        let mut conn = SqliteConnection::establish(":memory:").unwrap();
+        conn.batch_execute(&format!(
+            "CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL, \
+             stock INTEGER NOT NULL, lock_version INTEGER NOT NULL DEFAULT 0); \
+             INSERT INTO items VALUES (1, 'item 1', 10, {version})"
+        ))
+        .unwrap();
+        conn
+    }
+
+    #[test]
+    fn a_write_to_another_in_memory_database_does_not_make_the_journal_forget_a_rolled_back_write()
+    {
+        // Two in-memory SQLite databases in one process (two tenants, or a
+        // cache and a scratch database): lockkit names both `""` in its
+        // journal, so a row of one is taken for the row of the other.
+        let mut one = in_memory(0);
+        let mut two = in_memory(4);
+
+        // In database one, A writes v0 -> v1 in a transaction that rolls back.
+        let mut a = item!(&mut one, 1);
+        let rolled_back: Result<(), Error> = one.transaction(|c| {
+            a.stock = 5;
+            a.update_versioned(c)?;
+            Err(Error::NoRowMatched)
+        });
+        assert!(rolled_back.is_err());
+        assert_eq!((a.lock_version, item!(&mut one, 1).lock_version), (1, 0));
+
+        // In database two, an ordinary committed write of its own row 1 (v4 -> v5).
+        let mut other = item!(&mut two, 1);
+        other.update_versioned(&mut two).unwrap();
+
+        // Back in database one, B reads v0, writes its 7 and commits.
+        let mut b = item!(&mut one, 1);
+        b.stock = 7;
+        b.update_versioned(&mut one).unwrap();
+
+        // A writes again from its rolled-back 1: it must not land over B's.
+        a.stock = 3;
+        let again = a.update_versioned(&mut one);
+        let stock = stock_of!(&mut one);
+        assert!(
+            matches!(again, Err(Error::Stale(_))) && stock == 7,
+            "a write in another in-memory database cleared the journal's record of A's \
+             rolled-back 1, which then matched B's committed 1: {again:?}, stock {stock} (B's 7 lost)"
+        );
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql_aborted {
+    use super::*;
+    use diesel::MysqlConnection;
+    use lockkit::{retry, RetryPolicy};
+    use lockkit_tests::{exec, TestDb};
+    use std::sync::mpsc;
+    use std::thread;
+
+    #[test]
+    fn a_deadlocked_versioned_write_under_a_nested_retry_commits_nothing() {
+        // README, Guarantees: "Nothing is retried inside a transaction the
+        // server has aborted." The README's own retry loop (re-read, change,
+        // `update_versioned`) inside the caller's transaction, which first
+        // records an order line. The versioned UPDATE is the deadlock's victim:
+        // InnoDB rolls back the whole transaction, order line included.
+        let db = TestDb::<MysqlConnection>::new("nested_retry_versioned_deadlock");
+        seed_items(
+            &mut db.conn(),
+            &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>(),
+        );
+        let (locked_tx, locked_rx) = mpsc::channel::<()>();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let mut attempts = 0;
+        let outcome: Result<(), Error> = thread::scope(|s| {
+            let db = &db;
+            let neighbour = s.spawn(move || {
+                lockkit_tests::aborts::heavier_neighbour(
+                    &mut db.connect(),
+                    "mysql",
+                    locked_tx,
+                    go_rx,
+                );
+            });
+            let mut conn = db.connect();
+            let outcome = conn.transaction(|conn| {
+                exec(
+                    conn,
+                    "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)",
+                );
+                exec(conn, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
+                locked_rx.recv().unwrap(); // the neighbour holds item 2
+                go_tx.send(()).unwrap(); // and will ask for item 1 in 200 ms
+                retry(&RetryPolicy::default(), |_| {
+                    attempts += 1;
+                    let mut two = item!(conn, 2);
+                    two.stock -= 1;
+                    two.update_versioned(conn)
+                })
+            });
+            neighbour.join().unwrap();
+            outcome
+        });
+        let mut fresh = db.connect();
+        let stock = stock_of!(&mut fresh, 2);
+        let lines = orders::table.count().get_result::<i64>(&mut fresh).unwrap();
+        assert!(
+            (stock, lines) == (10, 0) || (stock, lines) == (9, 1),
+            "half of the caller's transaction committed: item 2's stock {stock}, order lines \
+             {lines}, after {attempts} attempts; the caller got {outcome:?}"
+        );
+    }
+
+    #[test]
+    fn a_deadlocked_versioned_write_under_a_nested_retry_is_not_applied_twice_by_the_owners_retry()
+    {
+        // As above, with lockkit owning the outer transaction
+        // (`transaction_with_retry`, which reruns it after the abort): the
+        // nested retry's write, committed on its own, must not be applied again
+        // by the rerun. One order line, one unit sold.
+        let db = TestDb::<MysqlConnection>::new("owner_retry_versioned_deadlock");
+        seed_items(
+            &mut db.conn(),
+            &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>(),
+        );
+        let (locked_tx, locked_rx) = mpsc::channel::<()>();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let mut runs = 0;
+        let outcome: Result<(), Error> = thread::scope(|s| {
+            let db = &db;
+            let neighbour = s.spawn(move || {
+                lockkit_tests::aborts::heavier_neighbour(
+                    &mut db.connect(),
+                    "mysql",
+                    locked_tx,
+                    go_rx,
+                );
+            });
+            let mut conn = db.connect();
+            let outcome =
+                lockkit::transaction_with_retry(&mut conn, &RetryPolicy::default(), |conn| {
+                    runs += 1;
+                    exec(
+                        conn,
+                        &format!("INSERT INTO orders (id, item_id, qty) VALUES ({runs}, NULL, 1)"),
+                    );
+                    exec(conn, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
+                    if runs == 1 {
+                        locked_rx.recv().unwrap();
+                        go_tx.send(()).unwrap();
+                    }
+                    retry(&RetryPolicy::default(), |_| {
+                        let mut two = item!(conn, 2);
+                        two.stock -= 1;
+                        two.update_versioned(conn)
+                    })
+                });
+            neighbour.join().unwrap();
+            outcome
+        });
+        let mut fresh = db.connect();
+        let stock = stock_of!(&mut fresh, 2);
+        let lines = orders::table.count().get_result::<i64>(&mut fresh).unwrap();
+        assert!(
+            10 - i64::from(stock) == lines,
+            "{} units of item 2 sold for {lines} order lines (runs of the outer transaction: \
+             {runs}; the caller got {outcome:?})",
+            10 - stock
+        );
+    }
+}
+
+mod if_match {
+    use lockkit::etag::{self, ETag, Expected};
+
+    #[test]
+    fn if_match_compares_entity_tags_strongly_character_by_character() {
+        // lockkit::etag: "parses If-Match per RFC 9110"; RFC 9110 §8.8.3.2: two
+        // entity tags are strongly equal when both are not weak and their
+        // opaque-tags match character-by-character. The server only ever sends
+        // `"v7"`; `"v07"`, `"v007"` and `"v-0"` are tags it never issued.
+        assert_eq!(ETag::from_version(7_i32).to_string(), "\"v7\"");
+        let mut accepted = Vec::new();
+        for header in ["\"v07\"", "\"v007\"", "\"v-0\"", "\"v-00\""] {
+            match etag::expected_version::<i32>(Some(header)) {
+                Err(_) => {}
+                Ok(expected) => accepted.push(format!("{header} -> {expected:?}")),
+            }
+        }
+        assert!(
+            accepted.is_empty(),
+            "tags the server never sent were taken for its own: {accepted:?}"
+        );
+        // The tags it did send still match.
+        assert_eq!(
+            etag::expected_version::<i32>(Some("\"v0\"")),
+            Ok(Expected::Version(0))
+        );
+    }
+}
