@@ -242,6 +242,69 @@ mod sqlite_in_memory {
     }
 }
 
+#[cfg(feature = "postgres")]
+mod postgres_schemas {
+    use super::*;
+    use diesel::PgConnection;
+    use lockkit_tests::{exec, TestDb};
+
+    #[test]
+    fn a_write_in_another_schema_does_not_make_the_journal_forget_a_rolled_back_write() {
+        // Schema-per-tenant: each tenant's `items` in a schema of its own, the
+        // connection's `search_path` choosing it. lockkit's journal names a row by
+        // database, server, table and key, so tenant 2's row 1 is taken for
+        // tenant 1's.
+        let db = TestDb::<PgConnection>::new("schema_per_tenant_journal");
+        let mut setup = db.connect();
+        for (tenant, version) in [("tenant_1", 0), ("tenant_2", 4)] {
+            exec(
+                &mut setup,
+                &format!(
+                    "CREATE SCHEMA {tenant}; \
+                     CREATE TABLE {tenant}.items (id INTEGER PRIMARY KEY, name TEXT NOT NULL, \
+                     stock INTEGER NOT NULL, lock_version INTEGER NOT NULL DEFAULT 0); \
+                     INSERT INTO {tenant}.items VALUES (1, 'item 1', 10, {version})"
+                ),
+            );
+        }
+        let tenant = |schema: &str| {
+            let mut conn = db.connect();
+            exec(&mut conn, &format!("SET search_path TO {schema}"));
+            conn
+        };
+        let (mut a_conn, mut b_conn, mut two) =
+            (tenant("tenant_1"), tenant("tenant_1"), tenant("tenant_2"));
+
+        // Tenant 1: A writes v0 -> v1 in a transaction that rolls back.
+        let mut a = item!(&mut a_conn, 1);
+        let rolled_back: Result<(), Error> = a_conn.transaction(|c| {
+            a.stock = 5;
+            a.update_versioned(c)?;
+            Err(Error::NoRowMatched)
+        });
+        assert!(rolled_back.is_err());
+
+        // Tenant 2: an ordinary committed write of its own row 1 (v4 -> v5).
+        let mut other = item!(&mut two, 1);
+        other.update_versioned(&mut two).unwrap();
+
+        // Tenant 1: B reads v0, writes its 7 and commits.
+        let mut b = item!(&mut b_conn, 1);
+        b.stock = 7;
+        b.update_versioned(&mut b_conn).unwrap();
+
+        // A writes again from its rolled-back 1: it must not land over B's.
+        a.stock = 3;
+        let again = a.update_versioned(&mut a_conn);
+        let stock = stock_of!(&mut b_conn);
+        assert!(
+            matches!(again, Err(Error::Stale(_))) && stock == 7,
+            "a write to tenant 2's items cleared the journal's record of A's rolled-back 1 \
+             in tenant 1, which then matched B's committed 1: {again:?}, stock {stock} (B's 7 lost)"
+        );
+    }
+}
+
 #[cfg(feature = "mysql")]
 mod mysql_aborted {
     use super::*;

@@ -39,8 +39,11 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     #[doc(hidden)]
     const DATABASE_ID: &'static str;
 
-    /// Names the database this connection writes to (server and database), so
-    /// that rows of two databases with the same table and key are told apart.
+    /// Names the database this connection writes to (server and database, and
+    /// on PostgreSQL the schema first in its `search_path`), so that rows of two
+    /// databases with the same table and key are told apart. Read once per
+    /// connection: a connection that later switches its `search_path` (or, on
+    /// MySQL, its database with `USE`) keeps the first name.
     ///
     /// # Errors
     ///
@@ -126,8 +129,11 @@ mod postgres {
             query
         }
 
+        // The schema too: with a schema per tenant (the connection's
+        // `search_path` choosing it), tenants' tables share names and keys.
         const DATABASE_ID: &'static str =
-            "SELECT concat_ws(':', current_database(), inet_server_addr(), inet_server_port()) AS id";
+            "SELECT concat_ws(':', current_database(), current_schema(), \
+                                           inet_server_addr(), inet_server_port()) AS id";
 
         fn key_is_unique_query(
             table: &str,
