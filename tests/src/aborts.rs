@@ -13,6 +13,12 @@ use lockkit::Error;
 
 use crate::exec;
 
+/// The rows [`heavier_neighbour`] works on: items 1 to 12 at stock 10 (it
+/// changes 3 and up, so that InnoDB picks the other side as the victim).
+pub fn seed_for_deadlock<C: Connection>(conn: &mut C) {
+    crate::seed_items(conn, &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>());
+}
+
 /// The heavier side of a provoked deadlock, on its own connection `conn`
 /// (`backend` as the suite names it): changes items 3 and up (InnoDB rolls back
 /// the transaction with fewer changed rows), locks item 2, says so on `locked`,

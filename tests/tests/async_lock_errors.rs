@@ -30,10 +30,7 @@ use lockkit_tests::{exec, seed_items};
 /// `$work` ran, and item 1's stock and the number of order lines committed.
 macro_rules! deadlock_first_attempt {
     ($db:expr, |$conn:ident, $work:ident| $run:expr) => {{
-        seed_items(
-            &mut $db.conn(),
-            &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>(),
-        );
+        lockkit_tests::aborts::seed_for_deadlock(&mut $db.conn());
         let (a_tx, a_rx) = mpsc::channel::<()>();
         let (b_tx, b_rx) = mpsc::channel::<()>();
         let b_rx = Mutex::new(b_rx); // shared with the work's future

@@ -125,10 +125,7 @@ mod mysql_aborted {
         let db = lockkit_tests::TestDb::<diesel::MysqlConnection>::new(
             "async_owner_retry_versioned_deadlock",
         );
-        seed_items(
-            &mut db.conn(),
-            &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>(),
-        );
+        lockkit_tests::aborts::seed_for_deadlock(&mut db.conn());
         let (locked_tx, locked_rx) = mpsc::channel::<()>();
         let (go_tx, go_rx) = mpsc::channel::<()>();
         let locked_rx = Mutex::new(locked_rx);

@@ -334,10 +334,7 @@ mod mysql_only {
         db.conn()
             .run_pending_migrations(idempotency_migrations("mysql"))
             .unwrap();
-        seed_items(
-            &mut db.conn(),
-            &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>(),
-        );
+        lockkit_tests::aborts::seed_for_deadlock(&mut db.conn());
         let (a_tx, a_rx) = mpsc::channel::<()>();
         let (b_tx, b_rx) = mpsc::channel::<()>();
         let keys = Idempotency::default();
@@ -560,10 +557,7 @@ mod nested_after_a_deadlock_the_caller_let_go {
         db.conn()
             .run_pending_migrations(idempotency_migrations("mysql"))
             .unwrap();
-        seed_items(
-            &mut db.conn(),
-            &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>(),
-        );
+        lockkit_tests::aborts::seed_for_deadlock(&mut db.conn());
         let (go, go_rx) = mpsc::channel::<()>();
         let (locked, locked_rx) = mpsc::channel::<()>();
         let keys = Idempotency::default();

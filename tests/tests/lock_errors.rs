@@ -64,10 +64,7 @@ macro_rules! order_lines {
 macro_rules! deadlock_first_attempt {
     ($db:expr, |$conn:ident, $work:ident| $run:expr) => {{
         let db = &$db;
-        seed_items(
-            &mut db.conn(),
-            &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>(),
-        );
+        lockkit_tests::aborts::seed_for_deadlock(&mut db.conn());
         let (a_tx, a_rx) = mpsc::channel::<()>();
         let (b_tx, b_rx) = mpsc::channel::<()>();
         thread::scope(|s| {

@@ -19,14 +19,13 @@ macro_rules! item {
 mod journal {
     use super::*;
 
-    lockkit_tests::backend_tests! {
-        fn two_structs_written_in_one_rolled_back_transaction_never_write_over_each_others_retry(db) {
-            // README: a struct whose versioned write was rolled back "writes as if
-            // its version had been restored ... and it can never succeed over
-            // somebody else's later write". Two structs of one row written in one
-            // transaction (two code paths that each load and save the row), which
-            // rolls back; then both retry.
-            let mut conn = db.conn();
+    /// Item 1 at stock 10, then in one transaction that rolls back: `a1` (read
+    /// before it) writes stock 9 (v0 -> v1), and `a2`, read there after that
+    /// write, renames the row (v1 -> v2). Two code paths that each load and save
+    /// the row. The connection and both structs, holding 1 and 2.
+    macro_rules! rolled_back_pair {
+        ($db:expr) => {{
+            let mut conn = $db.conn();
             seed_items(&mut conn, &[(1, 10)]);
             let mut a1 = item!(&mut conn, 1);
             let mut a2 = None;
@@ -40,8 +39,20 @@ mod journal {
                 Err(Error::NoRowMatched)
             });
             assert!(rolled_back.is_err());
-            let mut a2 = a2.unwrap();
+            let a2 = a2.unwrap();
             assert_eq!((a1.lock_version, a2.lock_version), (1, 2));
+            (conn, a1, a2)
+        }};
+    }
+
+    lockkit_tests::backend_tests! {
+        fn two_structs_written_in_one_rolled_back_transaction_never_write_over_each_others_retry(db) {
+            // README: a struct whose versioned write was rolled back "writes as if
+            // its version had been restored ... and it can never succeed over
+            // somebody else's later write". Two structs of one row written in one
+            // transaction (two code paths that each load and save the row), which
+            // rolls back; then both retry.
+            let (mut conn, mut a1, mut a2) = rolled_back_pair!(db);
 
             // a1 retries with stock 8 and commits (restored: v0 -> v1).
             a1.stock = 8;
@@ -66,21 +77,7 @@ mod journal {
             // first struct written twice. It is refused, not restored (restored
             // to 0 it would commit the rolled-back 9; restored to 1 it would
             // match the first struct's retry), and the row is left as it is.
-            let mut conn = db.conn();
-            seed_items(&mut conn, &[(1, 10)]);
-            let mut a1 = item!(&mut conn, 1);
-            let mut a2 = None;
-            let rolled_back: Result<(), Error> = conn.transaction(|c| {
-                a1.stock = 9;
-                a1.update_versioned(c)?; // v0 -> v1
-                let mut second = item!(c, 1);
-                second.name = "renamed".into();
-                second.update_versioned(c)?; // v1 -> v2
-                a2 = Some(second);
-                Err(Error::NoRowMatched)
-            });
-            assert!(rolled_back.is_err());
-            let mut a2 = a2.unwrap();
+            let (mut conn, mut a1, mut a2) = rolled_back_pair!(db);
 
             let renamed = a2.update_versioned(&mut conn);
             let stored = item!(&mut conn, 1);
@@ -102,21 +99,7 @@ mod journal {
             // retry finds the row at the very number it holds. lockkit moves the
             // row one further, "so that neither writes on a guess"; that number is
             // a2's.
-            let mut conn = db.conn();
-            seed_items(&mut conn, &[(1, 10)]);
-            let mut a1 = item!(&mut conn, 1);
-            let mut a2 = None;
-            let rolled_back: Result<(), Error> = conn.transaction(|c| {
-                a1.stock = 9;
-                a1.update_versioned(c)?; // v0 -> v1
-                let mut second = item!(c, 1);
-                second.name = "renamed".into();
-                second.update_versioned(c)?; // v1 -> v2
-                a2 = Some(second);
-                Err(Error::NoRowMatched)
-            });
-            assert!(rolled_back.is_err());
-            let mut a2 = a2.unwrap();
+            let (mut conn, mut a1, mut a2) = rolled_back_pair!(db);
 
             // One sale, with the versioned conditional update: stock 9, v1.
             Item::update_if(&mut conn, 1, items::stock.ge(1), items::stock.eq(items::stock - 1)).unwrap();
@@ -322,10 +305,7 @@ mod mysql_aborted {
         // records an order line. The versioned UPDATE is the deadlock's victim:
         // InnoDB rolls back the whole transaction, order line included.
         let db = TestDb::<MysqlConnection>::new("nested_retry_versioned_deadlock");
-        seed_items(
-            &mut db.conn(),
-            &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>(),
-        );
+        lockkit_tests::aborts::seed_for_deadlock(&mut db.conn());
         let (locked_tx, locked_rx) = mpsc::channel::<()>();
         let (go_tx, go_rx) = mpsc::channel::<()>();
         let mut attempts = 0;
@@ -376,10 +356,7 @@ mod mysql_aborted {
         // nested retry's write, committed on its own, must not be applied again
         // by the rerun. One order line, one unit sold.
         let db = TestDb::<MysqlConnection>::new("owner_retry_versioned_deadlock");
-        seed_items(
-            &mut db.conn(),
-            &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>(),
-        );
+        lockkit_tests::aborts::seed_for_deadlock(&mut db.conn());
         let (locked_tx, locked_rx) = mpsc::channel::<()>();
         let (go_tx, go_rx) = mpsc::channel::<()>();
         let mut runs = 0;

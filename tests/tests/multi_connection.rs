@@ -382,7 +382,7 @@ mod servers {
             // InnoDB rolls back the whole transaction (lockkit asks MariaDB through
             // the enum and says `TransactionAborted`); PostgreSQL the savepoint,
             // and the caller's `?` then the rest. Either way nothing is committed.
-            seed_items(&mut db.conn(), &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>());
+            lockkit_tests::aborts::seed_for_deadlock(&mut db.conn());
             let (go_tx, go_rx) = mpsc::channel::<()>();
             let (held_tx, held_rx) = mpsc::channel::<()>();
             let (outcome, mut conn) = thread::scope(|s| {

@@ -476,10 +476,7 @@ mod an_enqueue_after_a_deadlock_the_work_let_go {
         db.conn()
             .run_pending_migrations(outbox_migrations("mysql"))
             .unwrap();
-        seed_items(
-            &mut db.conn(),
-            &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>(),
-        );
+        lockkit_tests::aborts::seed_for_deadlock(&mut db.conn());
         let (go, go_rx) = mpsc::channel::<()>();
         let (locked, locked_rx) = mpsc::channel::<()>();
         let db = &db;
