@@ -166,6 +166,53 @@ mod journal {
     }
 }
 
+mod version_limits {
+    use super::*;
+    use lockkit_tests::exec;
+
+    lockkit_tests::backend_tests! {
+        fn a_rolled_back_write_to_the_i64_maximum_neither_panics_nor_wraps(db) {
+            // lockkit::optimistic::version: "lockkit never wraps and never
+            // panics." A struct whose write to i64::MAX was rolled back; the row
+            // then reaches i64::MAX through `Document::update_if`; the struct
+            // writes again, and lockkit moves the row past the number it holds.
+            let mut conn = db.conn();
+            exec(&mut conn, &format!(
+                "INSERT INTO documents (id, title, note, lock_version) VALUES (1, 'd', NULL, {})",
+                i64::MAX - 1
+            ));
+            let load = |conn: &mut Conn| documents::table.find(1_i64).first::<Document>(conn);
+            let mut a = load(&mut conn).unwrap();
+            let rolled_back: Result<(), Error> = conn.transaction(|c| {
+                a.title = "a".into();
+                a.update_versioned(c)?;
+                Err(Error::NoRowMatched)
+            });
+            assert!(rolled_back.is_err());
+            assert_eq!(a.lock_version, i64::MAX);
+            Document::update_if(&mut conn, 1, documents::title.eq("d"), documents::title.eq("b")).unwrap();
+
+            a.title = "a again".into();
+            let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                a.update_versioned(&mut conn)
+            }));
+            let stored = load(&mut conn).map(|d| (d.title, d.lock_version));
+            assert!(
+                matches!(again, Ok(Err(_))),
+                "the write of a struct holding i64::MAX: {}; the row now reads {stored:?}",
+                match &again {
+                    Ok(result) => format!("{result:?}"),
+                    Err(panic) => format!(
+                        "panicked: {}",
+                        panic.downcast_ref::<String>().map(String::as_str)
+                            .or(panic.downcast_ref::<&str>().copied()).unwrap_or("?")
+                    ),
+                }
+            );
+        }
+    }
+}
+
 #[cfg(feature = "sqlite")]
 mod sqlite_in_memory {
     use super::*;

@@ -523,6 +523,8 @@ where
     }
     let mut current = current_state(M::load_current_version(conn, key.clone()).await, expected)?;
     if let Some(v) = to_move_past(plan, current) {
+        // At the version's maximum there is no number past it.
+        checked_next::<M, _>(key, expected)?;
         let bumped = M::bump_past(conn, key.clone(), expected)
             .await
             .map_err(classify)?;

@@ -438,6 +438,8 @@ where
 
     let mut current = current_state(M::load_current_version(conn, key.clone()), expected)?;
     if let Some(v) = to_move_past(plan, current) {
+        // At the version's maximum there is no number past it.
+        checked_next::<M, _>(key, expected)?;
         let bumped = M::bump_past(conn, key.clone(), expected).map_err(classify)?;
         current = moved_past(v, bumped);
         // Not onto a number another struct's rolled-back write left.
