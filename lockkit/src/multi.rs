@@ -442,6 +442,10 @@ impl<T: Dispatch> crate::sealed::Sealed for T {}
 /// the SQL is the backend's.
 #[cfg(feature = "outbox")]
 impl<T: Dispatch> OutboxStore for T {
+    fn before_relay(conn: &mut Self) -> Result<(), Error> {
+        on_inner!(conn, |c| OutboxStore::before_relay(c))
+    }
+
     fn insert_message(conn: &mut Self, topic: &str, payload: &str, now: i64) -> Result<i64, Error> {
         on_inner!(conn, |c| OutboxStore::insert_message(
             c, topic, payload, now

@@ -521,3 +521,81 @@ mod an_enqueue_after_a_deadlock_the_work_let_go {
         );
     }
 }
+
+/// The relay holds its batch while the broker confirms (a round trip, or a
+/// timeout when the broker is away). The order service's transactions, which
+/// enqueue new messages, must not wait for it: they touch no row of the batch.
+mod an_enqueue_beside_a_relay {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Instant;
+
+    lockkit_tests::server_tests! {
+        fn an_enqueue_does_not_wait_for_a_relay_waiting_on_its_broker(db) {
+            db.conn().run_pending_migrations(outbox_migrations(BACKEND)).unwrap();
+            enqueue_many(&mut db.conn(), 1);
+            let (claimed, claimed_rx) = mpsc::channel();
+            let db = &db;
+            let waited = thread::scope(|s| {
+                let relay = s.spawn(move || {
+                    Relay::default()
+                        .publish_batch(&mut db.connect(), 10, |batch| {
+                            claimed.send(()).unwrap();
+                            thread::sleep(Duration::from_millis(1500)); // the broker is slow to confirm
+                            Ok::<_, Error>(vec![Ok(()); batch.len()])
+                        })
+                        .unwrap()
+                });
+                claimed_rx.recv().unwrap();
+                let mut conn = db.connect();
+                let started = Instant::now();
+                conn.transaction(|c| outbox::enqueue(c, "orders", r#"{"order":2}"#)).unwrap();
+                let waited = started.elapsed();
+                relay.join().unwrap();
+                waited
+            });
+            assert!(waited < Duration::from_millis(500), "the order's transaction waited {waited:?} for the relay's broker");
+        }
+    }
+
+    /// The same on MySQL/MariaDB, with the broker away longer than the order
+    /// service's lock wait timeout (here 1 s; InnoDB's default is 50 s): the
+    /// order fails, although it shares no row with the relay's batch.
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn an_order_is_not_refused_while_a_relay_waits_for_its_broker() {
+        let db =
+            lockkit_tests::TestDb::<diesel::MysqlConnection>::new("outbox_enqueue_beside_relay");
+        db.conn()
+            .run_pending_migrations(outbox_migrations("mysql"))
+            .unwrap();
+        enqueue_many(&mut db.conn(), 1);
+        let (claimed, claimed_rx) = mpsc::channel();
+        let db = &db;
+        let order = thread::scope(|s| {
+            let relay = s.spawn(move || {
+                Relay::default()
+                    .publish_batch(&mut db.connect(), 10, |batch| {
+                        claimed.send(()).unwrap();
+                        thread::sleep(Duration::from_millis(2500)); // the broker does not answer
+                        Ok::<_, Error>(vec![Err("publish timed out".to_owned()); batch.len()])
+                    })
+                    .unwrap()
+            });
+            claimed_rx.recv().unwrap();
+            let mut conn = db.connect();
+            diesel::connection::SimpleConnection::batch_execute(
+                &mut conn,
+                "SET SESSION innodb_lock_wait_timeout = 1",
+            )
+            .unwrap();
+            let order = conn.transaction(|c| {
+                // .. insert the order ..
+                outbox::enqueue(c, "orders", r#"{"order":2}"#)
+            });
+            relay.join().unwrap();
+            order
+        });
+        assert!(order.is_ok(), "the order: {order:?}");
+    }
+}

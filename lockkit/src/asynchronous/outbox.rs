@@ -194,6 +194,9 @@ where
 {
     check_limit(limit)?;
     let began = super::connection::began(conn).await.map_err(E::from)?;
+    if !began.nested {
+        C::before_relay(conn).await?;
+    }
     let restore = conn.begin_locked(&LockOptions::default()).await?;
     let result = async {
         let batch = C::claim_due(conn, limit, now_millis()).await?;
@@ -297,6 +300,8 @@ pub trait AsyncOutboxStore: AsyncLockingConnection {
         now: i64,
     ) -> impl Future<Output = Result<i64, Error>> + Send;
     #[doc(hidden)]
+    fn before_relay(conn: &mut Self) -> impl Future<Output = Result<(), Error>> + Send;
+    #[doc(hidden)]
     fn claim_due(
         conn: &mut Self,
         limit: i64,
@@ -367,6 +372,15 @@ macro_rules! async_outbox_store {
                 Ok(statements::last_id($backend::LAST_ID)
                     .get_result(conn)
                     .await?)
+            }
+
+            async fn before_relay(conn: &mut Self) -> Result<(), Error> {
+                match $backend::BEFORE_RELAY {
+                    Some(sql) => {
+                        Ok(diesel_async::SimpleAsyncConnection::batch_execute(conn, sql).await?)
+                    }
+                    None => Ok(()),
+                }
             }
 
             async fn claim_due(

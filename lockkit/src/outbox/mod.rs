@@ -494,6 +494,10 @@ impl Relay {
         F: FnOnce(&[OutboxMessage]) -> Result<Vec<Result<(), String>>, E>,
     {
         check_limit(limit)?;
+        let inner = conn.locking_connection();
+        if !inner.in_transaction() {
+            C::Conn::before_relay(inner)?;
+        }
         locked_transaction(conn, LockOptions::default(), |conn| {
             let batch = C::Conn::claim_due(conn, limit, now_millis())?;
             let mut relayed = Relayed {

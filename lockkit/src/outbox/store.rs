@@ -18,6 +18,10 @@ use super::schema;
 pub trait OutboxStore: LockingConnection + crate::sealed::Sealed {
     #[doc(hidden)]
     fn insert_message(conn: &mut Self, topic: &str, payload: &str, now: i64) -> Result<i64, Error>;
+    /// Runs before the relay's own transaction begins (not inside the
+    /// caller's): MySQL/MariaDB's isolation for it, nothing elsewhere.
+    #[doc(hidden)]
+    fn before_relay(conn: &mut Self) -> Result<(), Error>;
     #[doc(hidden)]
     fn claim_due(conn: &mut Self, limit: i64, now: i64) -> Result<Vec<OutboxMessage>, Error>;
     #[doc(hidden)]
@@ -188,7 +192,8 @@ pub(crate) mod statements {
 // What the outbox's statements do each backend's own way, one module per
 // backend, for the blocking and the async store: `LAST_ID`, the SQL expression
 // for the id the connection's last insert made; `record`, the inbox's insert
-// that skips a row whose key is taken.
+// that skips a row whose key is taken; `BEFORE_RELAY`, what runs before the
+// relay's own transaction begins.
 
 /// PostgreSQL's part of the outbox's statements.
 #[cfg(feature = "postgres")]
@@ -197,6 +202,7 @@ pub(crate) mod postgres {
     use diesel::query_builder::{QueryFragment, QueryId};
 
     pub(crate) const LAST_ID: &str = "currval(pg_get_serial_sequence('lockkit_outbox', 'id'))";
+    pub(crate) const BEFORE_RELAY: Option<&str> = None;
 
     /// `INSERT .. ON CONFLICT DO NOTHING` (a type Diesel does not name).
     pub(crate) fn record<'a>(
@@ -212,6 +218,13 @@ pub(crate) mod postgres {
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql {
     pub(crate) const LAST_ID: &str = "CAST(LAST_INSERT_ID() AS SIGNED)";
+    /// The relay's transaction at READ COMMITTED. Under InnoDB's REPEATABLE
+    /// READ its claim, which stops at its `LIMIT` or at the end of the pending
+    /// rows, also locks the gap after them, where every new message goes: the
+    /// order service's inserts would wait for the relay's broker, and fail after
+    /// the lock wait timeout when the broker is away.
+    pub(crate) const BEFORE_RELAY: Option<&str> =
+        Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED");
     // `INSERT IGNORE`.
     pub(crate) use super::statements::record_or_ignore as record;
 }
@@ -220,6 +233,7 @@ pub(crate) mod mysql {
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite {
     pub(crate) const LAST_ID: &str = "last_insert_rowid()";
+    pub(crate) const BEFORE_RELAY: Option<&str> = None;
     // `INSERT OR IGNORE`.
     pub(crate) use super::statements::record_or_ignore as record;
 }
@@ -239,6 +253,15 @@ macro_rules! outbox_store {
                 use diesel::RunQueryDsl;
                 statements::insert_message(topic, payload, now).execute(conn)?;
                 Ok(statements::last_id($backend::LAST_ID).get_result(conn)?)
+            }
+
+            fn before_relay(conn: &mut Self) -> Result<(), Error> {
+                match $backend::BEFORE_RELAY {
+                    Some(sql) => Ok(diesel::connection::SimpleConnection::batch_execute(
+                        conn, sql,
+                    )?),
+                    None => Ok(()),
+                }
             }
 
             fn claim_due(
