@@ -172,3 +172,45 @@ async_backend_tests! {
         assert_eq!(idempotency::purge_expired(&expired, &mut conn).await.unwrap(), 1);
     }
 }
+
+/// A run whose work panics, on a task of a server that lives on (tokio turns
+/// the task's panic into a `JoinError`): the work is rolled back and the key
+/// released before the panic goes on, so the client's retry runs the work, as
+/// after any other failure (not refused for the whole lease, as after a crash).
+mod a_panicking_work {
+    use super::*;
+
+    async_backend_tests! {
+        async fn a_work_that_panics_releases_its_key_for_the_retry(db) {
+            db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
+            seed_items(&mut db.conn(), &[(1, 100)]);
+            let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 2).await;
+            let keys = Idempotency::default();
+            let first = {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    let mut conn = pool.get().await.expect("pooled connection");
+                    idempotency::run(&keys, &mut *conn, "tenant-1", "order-7", "POST /orders", async |conn: &mut Async| {
+                        let left = sell_one!(conn)?;
+                        let bug = left >= 0;
+                        if bug {
+                            panic!("a bug in the handler");
+                        }
+                        Ok::<_, Error>(Order { order: 1, left })
+                    })
+                    .await
+                })
+                .await
+            };
+            assert!(first.is_err(), "the task panicked");
+            let mut conn = pool.get().await.expect("pooled connection");
+            assert_eq!(stock!(&mut *conn), 100, "the work was rolled back");
+            let retry = idempotency::run(&keys, &mut *conn, "tenant-1", "order-7", "POST /orders", async |conn: &mut Async| {
+                let left = sell_one!(conn)?;
+                Ok::<_, Error>(Order { order: 2, left })
+            })
+            .await;
+            assert!(matches!(&retry, Ok(Outcome::Ran(_))), "the retry after a rolled-back run: {retry:?}");
+        }
+    }
+}

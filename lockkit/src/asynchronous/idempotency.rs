@@ -54,7 +54,7 @@ use serde::Serialize;
 
 use super::connection::{ended_by_statement, AsyncLockingConnection, Restore};
 use super::lockable::end;
-use super::work::ConnWork;
+use super::work::{CatchUnwind, ConnWork};
 use crate::clock::now_millis;
 use crate::http::idempotency::{
     finished, replayed, stored, Idempotency, Outcome, Scoped, Start, StoredKey, Write,
@@ -102,7 +102,19 @@ where
     C::TransactionManager::begin_transaction(conn)
         .await
         .map_err(classify)?;
-    let result = match work(conn).await {
+    // A panic of the work is caught only to roll back and release the key (a
+    // retry must run the work again), then goes on.
+    let worked = CatchUnwind(Box::pin(work(conn))).await;
+    let worked = match worked {
+        Ok(worked) => worked,
+        Err(panic) => {
+            let rolled_back = Err(Failure::Lockkit(Error::InvalidInput("the work panicked")));
+            let _ = end::<C, Outcome<R>, E>(conn, began, Restore::Nothing, rolled_back).await;
+            let _ = C::write(conn, key, Write::Release { started_at }).await;
+            std::panic::resume_unwind(panic);
+        }
+    };
+    let result = match worked {
         // The work let a statement end the transaction: as on the blocking side.
         Ok(response) => match (ended_by_statement(conn).await, stored(&response)) {
             (Some(cause), _) => Err(cause),
