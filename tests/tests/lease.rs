@@ -520,3 +520,59 @@ mod first_fence {
         }
     }
 }
+
+/// A fenced write inside the caller's transaction, which read before it (on
+/// MySQL/MariaDB that read fixes the transaction's REPEATABLE READ snapshot):
+/// a newer holder fenced the resource after that read. The older write is
+/// refused, and the refusal is `Error::Fenced` naming the newer fence, as
+/// `fenced` documents.
+mod nested_in_a_transaction_that_read {
+    use diesel::prelude::*;
+    use diesel_migrations::MigrationHarness;
+    use lockkit::lease::{self, Fence};
+    use lockkit::Error;
+    use lockkit_tests::schema::items;
+    use lockkit_tests::{lease_migrations, seed_items, stock_of};
+
+    lockkit_tests::server_tests! {
+        fn an_older_fence_is_refused_as_fenced_with_the_newer_one(db) {
+            db.conn().run_pending_migrations(lease_migrations(BACKEND)).unwrap();
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn = db.connect();
+            let older = conn
+                .transaction(|c| {
+                    let read = stock_of!(c); // the caller's own read
+                    assert_eq!(read, 10);
+                    // Meanwhile the newer holder writes the resource.
+                    lease::fenced(&mut db.connect(), "report", Fence(8), |n| {
+                        diesel::update(items::table.find(1)).set(items::stock.eq(8)).execute(n)?;
+                        Ok::<_, Error>(())
+                    })
+                    .unwrap();
+                    Ok::<_, Error>(lease::fenced(c, "report", Fence(7), |c| {
+                        diesel::update(items::table.find(1)).set(items::stock.eq(7)).execute(c)?;
+                        Ok::<_, Error>(())
+                    }))
+                })
+                .unwrap();
+            assert_eq!(stock_of!(&mut db.conn()), 8, "the newer holder's write stands");
+            assert!(matches!(older, Err(Error::Fenced { fence: 7, current: 8, .. })), "{older:?}");
+        }
+
+        fn an_older_fence_is_refused_with_the_newer_one_when_the_caller_saw_an_older_one(db) {
+            // The resource had fence 5 when the caller read; 8 since.
+            db.conn().run_pending_migrations(lease_migrations(BACKEND)).unwrap();
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            lease::fenced(&mut db.connect(), "report", Fence(5), |_| Ok::<_, Error>(())).unwrap();
+            let mut conn = db.connect();
+            let older = conn
+                .transaction(|c| {
+                    let _ = stock_of!(c);
+                    lease::fenced(&mut db.connect(), "report", Fence(8), |_| Ok::<_, Error>(())).unwrap();
+                    Ok::<_, Error>(lease::fenced(c, "report", Fence(7), |_| Ok::<_, Error>(())))
+                })
+                .unwrap();
+            assert!(matches!(older, Err(Error::Fenced { fence: 7, current: 8, .. })), "{older:?}");
+        }
+    }
+}

@@ -83,7 +83,9 @@ pub(crate) struct Statements<DB> {
     revoke: &'static str,
     /// A fenced write's record of its fence in `lockkit_fences`.
     raise: Raise,
-    /// The fence `lockkit_fences` holds for a resource.
+    /// The fence `lockkit_fences` holds for a resource, for the report of a
+    /// refused write: the latest commit's, also inside a transaction that read
+    /// before (MySQL/MariaDB: a locking read, not the transaction's snapshot).
     current_fence: &'static str,
     backend: PhantomData<DB>,
 }
@@ -206,7 +208,7 @@ pub(crate) const MYSQL: Statements<diesel::mysql::Mysql> = Statements {
         ensure: "INSERT INTO lockkit_fences (resource, fence) VALUES (?, ?) ON DUPLICATE KEY UPDATE resource = resource",
         update: "UPDATE lockkit_fences SET fence = ? WHERE resource = ? AND fence <= ?",
     },
-    current_fence: "SELECT fence FROM lockkit_fences WHERE resource = ?",
+    current_fence: "SELECT fence FROM lockkit_fences WHERE resource = ? LOCK IN SHARE MODE",
     backend: PhantomData,
 };
 
