@@ -57,7 +57,9 @@ impl Inbox {
     /// sees [`Received::Duplicate`], or applies the message if the earlier one
     /// rolled back. On SQLite the transaction is `BEGIN IMMEDIATE`, so deliveries
     /// take turns. Nested in an open transaction it runs in a savepoint, and the
-    /// record commits with the outer transaction.
+    /// record commits with the outer transaction: ack only once that one has
+    /// committed (if it rolls back, so do the effect and the record, and the
+    /// redelivery must apply the message again).
     ///
     /// # Errors
     ///
