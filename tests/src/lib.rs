@@ -121,6 +121,20 @@ macro_rules! url_tests {
     };
 }
 
+/// The `items` row `$id` as an [`Item`](crate::models::Item), read on `$conn`.
+/// A macro, not a function: Diesel checks the query per backend.
+#[cfg(feature = "harness")]
+#[macro_export]
+macro_rules! item {
+    ($conn:expr, $id:expr) => {{
+        use ::diesel::prelude::*;
+        $crate::schema::items::table
+            .find($id)
+            .first::<$crate::models::Item>($conn)
+            .unwrap()
+    }};
+}
+
 /// The stock of `items` row `$id` (row 1 when omitted), read on `$conn`. A
 /// macro, not a function: Diesel checks the query per backend.
 #[cfg(feature = "harness")]

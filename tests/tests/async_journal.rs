@@ -23,17 +23,6 @@ use lockkit_tests::models::Item;
 use lockkit_tests::schema::items;
 use lockkit_tests::seed_items;
 
-/// Item `id` as stored.
-macro_rules! item {
-    ($conn:expr, $id:expr) => {
-        items::table
-            .find($id)
-            .first::<Item>($conn)
-            .await
-            .expect("read item")
-    };
-}
-
 /// Runs `update_versioned` on `$item` in a transaction that then rolls back.
 macro_rules! write_and_roll_back {
     ($conn:expr, $item:expr) => {{

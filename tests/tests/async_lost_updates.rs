@@ -14,17 +14,6 @@ use lockkit_tests::models::Item;
 use lockkit_tests::schema::items;
 use lockkit_tests::seed_items;
 
-/// Item `id` as stored.
-macro_rules! item {
-    ($conn:expr, $id:expr) => {
-        items::table
-            .find($id)
-            .first::<Item>($conn)
-            .await
-            .expect("read item")
-    };
-}
-
 async_backend_tests! {
     /// The blocking side's `two_structs_written_in_one_rolled_back_transaction_never_write_over_each_others_retry`.
     async fn two_structs_written_in_one_rolled_back_transaction_never_write_over_each_others_retry(db) {

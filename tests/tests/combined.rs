@@ -23,7 +23,7 @@ use lockkit::version_trigger::{up_sql, Dialect};
 use lockkit::{locked_transaction, CurrentState, Error, LockOptions, RetryPolicy};
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
-use lockkit_tests::{exec, seed_items, stock_of};
+use lockkit_tests::{exec, item, seed_items, stock_of};
 
 fn dialect(backend: &str) -> Dialect {
     match backend {
@@ -31,13 +31,6 @@ fn dialect(backend: &str) -> Dialect {
         "mysql" => Dialect::Mysql,
         _ => Dialect::Sqlite,
     }
-}
-
-/// The item row `id`, as stored.
-macro_rules! item {
-    ($conn:expr, $id:expr) => {
-        items::table.find($id).first::<Item>($conn).unwrap()
-    };
 }
 
 /// Item row 1 read on `$conn`, then written (stock 5) in a transaction that

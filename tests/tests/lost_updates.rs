@@ -7,14 +7,7 @@ use lockkit::prelude::*;
 use lockkit::Error;
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
-use lockkit_tests::{seed_items, stock_of};
-
-/// The item row `id`, as stored.
-macro_rules! item {
-    ($conn:expr, $id:expr) => {
-        items::table.find($id).first::<Item>($conn).unwrap()
-    };
-}
+use lockkit_tests::{item, seed_items, stock_of};
 
 mod journal {
     use super::*;

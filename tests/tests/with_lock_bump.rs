@@ -23,14 +23,7 @@ use lockkit::version_trigger::{up_sql, Dialect};
 use lockkit::{Error, LockOptions};
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
-use lockkit_tests::{exec, seed_items};
-
-/// The item row `id`, as stored.
-macro_rules! item {
-    ($conn:expr, $id:expr) => {
-        items::table.find($id).first::<Item>($conn).unwrap()
-    };
-}
+use lockkit_tests::{exec, item, seed_items};
 
 /// Records the statements a connection sends, other than transaction control.
 #[derive(Clone, Default)]

@@ -257,6 +257,20 @@ pub async fn freed(what: &str, mut free: impl AsyncFnMut() -> bool) -> Duration 
     started.elapsed()
 }
 
+#[allow(unused_macros)]
+/// Item `id` as stored, read on an async connection.
+macro_rules! item {
+    ($conn:expr, $id:expr) => {{
+        use diesel::QueryDsl;
+        use diesel_async::RunQueryDsl;
+        lockkit_tests::schema::items::table
+            .find($id)
+            .first::<lockkit_tests::models::Item>($conn)
+            .await
+            .expect("read item")
+    }};
+}
+
 /// Item 1's stock, read on `$conn` (each `async_*` test file that uses it has
 /// diesel's and diesel-async's query methods in scope). A macro: diesel-async
 /// checks the query per connection type.
