@@ -47,6 +47,52 @@ pub fn heavier_neighbour<C: Connection>(
     .expect("the heavier transaction is never the victim");
 }
 
+/// What the side that will be a deadlock's victim waits for, in
+/// [`beside_neighbour`]: [`Cue::wait`] returns once the heavier neighbour holds
+/// item 2 and is about to ask for item 1 (200 ms later), which the victim must
+/// hold by then; its next lock on item 2 is the victim's.
+pub struct Cue {
+    locked: Receiver<()>,
+    go: Sender<()>,
+}
+
+impl Cue {
+    /// Waits for the neighbour's lock on item 2, then lets it go on.
+    pub fn wait(&self) {
+        self.locked.recv().unwrap();
+        self.go.send(()).unwrap();
+    }
+}
+
+/// Seeds the rows of a provoked deadlock ([`seed_for_deadlock`]) and runs
+/// `run` on a connection of its own beside [`heavier_neighbour`] on another,
+/// on `backend` as the suite names it. `run` calls [`Cue::wait`] once, while it
+/// holds item 1, before it asks for item 2.
+#[cfg(feature = "harness")]
+pub fn beside_neighbour<C, T>(
+    db: &crate::TestDb<C>,
+    backend: &str,
+    run: impl FnOnce(&mut C, &Cue) -> T,
+) -> T
+where
+    C: crate::db::TestBackend,
+{
+    seed_for_deadlock(&mut db.conn());
+    let (locked, locked_rx) = std::sync::mpsc::channel::<()>();
+    let (go, go_rx) = std::sync::mpsc::channel::<()>();
+    let cue = Cue {
+        locked: locked_rx,
+        go,
+    };
+    std::thread::scope(|s| {
+        let neighbour =
+            s.spawn(move || heavier_neighbour(&mut db.connect(), backend, locked, go_rx));
+        let outcome = run(&mut db.connect(), &cue);
+        neighbour.join().unwrap();
+        outcome
+    })
+}
+
 /// A nested call retried after the deadlock (by the caller's loop or by a
 /// nested `transaction_with_retry`), `runs` times in all. PostgreSQL: the
 /// second attempt ran in the same transaction, which committed one sale and

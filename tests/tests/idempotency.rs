@@ -543,7 +543,6 @@ mod nested_after_a_deadlock_the_caller_let_go {
     use diesel::MysqlConnection;
     use lockkit_tests::models::Item;
     use lockkit_tests::TestDb;
-    use std::sync::mpsc;
 
     #[derive(QueryableByName)]
     struct StateRow {
@@ -557,31 +556,19 @@ mod nested_after_a_deadlock_the_caller_let_go {
         db.conn()
             .run_pending_migrations(idempotency_migrations("mysql"))
             .unwrap();
-        lockkit_tests::aborts::seed_for_deadlock(&mut db.conn());
-        let (go, go_rx) = mpsc::channel::<()>();
-        let (locked, locked_rx) = mpsc::channel::<()>();
         let keys = Idempotency::default();
-        let db = &db;
         let mut attempt = 0;
-        let outcome = thread::scope(|s| {
-            let neighbour = s.spawn(move || {
-                lockkit_tests::aborts::heavier_neighbour(&mut db.connect(), "mysql", locked, go_rx);
-            });
-            let mut conn = db.connect();
-            let outcome =
-                lockkit::transaction_with_retry(&mut conn, &lockkit::RetryPolicy::default(), |c| {
-                    attempt += 1;
-                    let _item: Item = items::table.find(1).for_update().first(c)?;
-                    if attempt == 1 {
-                        go.send(()).unwrap();
-                        locked_rx.recv().unwrap();
-                        let extra = items::table.find(2).for_update().first::<Item>(c);
-                        assert!(extra.is_err(), "the extra was the deadlock's victim");
-                    }
-                    keys.run(c, "tenant-1", "order-1", "POST /orders", sell_one)
-                });
-            neighbour.join().unwrap();
-            outcome
+        let outcome = lockkit_tests::aborts::beside_neighbour(&db, "mysql", |conn, cue| {
+            lockkit::transaction_with_retry(conn, &lockkit::RetryPolicy::default(), |c| {
+                attempt += 1;
+                let _item: Item = items::table.find(1).for_update().first(c)?;
+                if attempt == 1 {
+                    cue.wait();
+                    let extra = items::table.find(2).for_update().first::<Item>(c);
+                    assert!(extra.is_err(), "the extra was the deadlock's victim");
+                }
+                keys.run(c, "tenant-1", "order-1", "POST /orders", sell_one)
+            })
         });
         let mut conn = db.connect();
         let stock = stock_of!(&mut conn);

@@ -333,9 +333,16 @@ mod mysql_aborted {
     use super::*;
     use diesel::MysqlConnection;
     use lockkit::{retry, RetryPolicy};
+    use lockkit_tests::aborts::beside_neighbour;
     use lockkit_tests::{exec, TestDb};
-    use std::sync::mpsc;
-    use std::thread;
+
+    /// Item 2's stock and the count of order lines, read on a new connection.
+    fn sold_and_lines(db: &TestDb<MysqlConnection>) -> (i32, i64) {
+        let mut fresh = db.connect();
+        let stock = stock_of!(&mut fresh, 2);
+        let lines = orders::table.count().get_result::<i64>(&mut fresh).unwrap();
+        (stock, lines)
+    }
 
     #[test]
     fn a_deadlocked_versioned_write_under_a_nested_retry_commits_nothing() {
@@ -345,42 +352,24 @@ mod mysql_aborted {
         // records an order line. The versioned UPDATE is the deadlock's victim:
         // InnoDB rolls back the whole transaction, order line included.
         let db = TestDb::<MysqlConnection>::new("nested_retry_versioned_deadlock");
-        lockkit_tests::aborts::seed_for_deadlock(&mut db.conn());
-        let (locked_tx, locked_rx) = mpsc::channel::<()>();
-        let (go_tx, go_rx) = mpsc::channel::<()>();
         let mut attempts = 0;
-        let outcome: Result<(), Error> = thread::scope(|s| {
-            let db = &db;
-            let neighbour = s.spawn(move || {
-                lockkit_tests::aborts::heavier_neighbour(
-                    &mut db.connect(),
-                    "mysql",
-                    locked_tx,
-                    go_rx,
-                );
-            });
-            let mut conn = db.connect();
-            let outcome = conn.transaction(|conn| {
+        let outcome: Result<(), Error> = beside_neighbour(&db, "mysql", |conn, cue| {
+            conn.transaction(|conn| {
                 exec(
                     conn,
                     "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)",
                 );
                 exec(conn, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
-                locked_rx.recv().unwrap(); // the neighbour holds item 2
-                go_tx.send(()).unwrap(); // and will ask for item 1 in 200 ms
+                cue.wait();
                 retry(&RetryPolicy::default(), |_| {
                     attempts += 1;
                     let mut two = item!(conn, 2);
                     two.stock -= 1;
                     two.update_versioned(conn)
                 })
-            });
-            neighbour.join().unwrap();
-            outcome
+            })
         });
-        let mut fresh = db.connect();
-        let stock = stock_of!(&mut fresh, 2);
-        let lines = orders::table.count().get_result::<i64>(&mut fresh).unwrap();
+        let (stock, lines) = sold_and_lines(&db);
         assert!(
             (stock, lines) == (10, 0) || (stock, lines) == (9, 1),
             "half of the caller's transaction committed: item 2's stock {stock}, order lines \
@@ -396,45 +385,25 @@ mod mysql_aborted {
         // nested retry's write, committed on its own, must not be applied again
         // by the rerun. One order line, one unit sold.
         let db = TestDb::<MysqlConnection>::new("owner_retry_versioned_deadlock");
-        lockkit_tests::aborts::seed_for_deadlock(&mut db.conn());
-        let (locked_tx, locked_rx) = mpsc::channel::<()>();
-        let (go_tx, go_rx) = mpsc::channel::<()>();
         let mut runs = 0;
-        let outcome: Result<(), Error> = thread::scope(|s| {
-            let db = &db;
-            let neighbour = s.spawn(move || {
-                lockkit_tests::aborts::heavier_neighbour(
-                    &mut db.connect(),
-                    "mysql",
-                    locked_tx,
-                    go_rx,
-                );
-            });
-            let mut conn = db.connect();
-            let outcome =
-                lockkit::transaction_with_retry(&mut conn, &RetryPolicy::default(), |conn| {
-                    runs += 1;
-                    exec(
-                        conn,
-                        &format!("INSERT INTO orders (id, item_id, qty) VALUES ({runs}, NULL, 1)"),
-                    );
-                    exec(conn, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
-                    if runs == 1 {
-                        locked_rx.recv().unwrap();
-                        go_tx.send(()).unwrap();
-                    }
-                    retry(&RetryPolicy::default(), |_| {
-                        let mut two = item!(conn, 2);
-                        two.stock -= 1;
-                        two.update_versioned(conn)
-                    })
-                });
-            neighbour.join().unwrap();
-            outcome
+        let outcome: Result<(), Error> = beside_neighbour(&db, "mysql", |conn, cue| {
+            lockkit::transaction_with_retry(conn, &RetryPolicy::default(), |conn| {
+                runs += 1;
+                let line =
+                    format!("INSERT INTO orders (id, item_id, qty) VALUES ({runs}, NULL, 1)");
+                exec(conn, &line);
+                exec(conn, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
+                if runs == 1 {
+                    cue.wait();
+                }
+                retry(&RetryPolicy::default(), |_| {
+                    let mut two = item!(conn, 2);
+                    two.stock -= 1;
+                    two.update_versioned(conn)
+                })
+            })
         });
-        let mut fresh = db.connect();
-        let stock = stock_of!(&mut fresh, 2);
-        let lines = orders::table.count().get_result::<i64>(&mut fresh).unwrap();
+        let (stock, lines) = sold_and_lines(&db);
         assert!(
             10 - i64::from(stock) == lines,
             "{} units of item 2 sold for {lines} order lines (runs of the outer transaction: \

@@ -468,7 +468,6 @@ mod an_enqueue_after_a_deadlock_the_work_let_go {
     use lockkit_tests::models::Item;
     use lockkit_tests::schema::items;
     use lockkit_tests::TestDb;
-    use std::sync::mpsc;
 
     #[test]
     fn the_message_commits_only_with_its_order() {
@@ -476,36 +475,24 @@ mod an_enqueue_after_a_deadlock_the_work_let_go {
         db.conn()
             .run_pending_migrations(outbox_migrations("mysql"))
             .unwrap();
-        lockkit_tests::aborts::seed_for_deadlock(&mut db.conn());
-        let (go, go_rx) = mpsc::channel::<()>();
-        let (locked, locked_rx) = mpsc::channel::<()>();
-        let db = &db;
         let mut attempt = 0;
-        let outcome = thread::scope(|s| {
-            let neighbour = s.spawn(move || {
-                lockkit_tests::aborts::heavier_neighbour(&mut db.connect(), "mysql", locked, go_rx);
-            });
-            let mut conn = db.connect();
-            let outcome =
-                lockkit::transaction_with_retry(&mut conn, &lockkit::RetryPolicy::default(), |c| {
-                    attempt += 1;
-                    // The order: two units of item 1.
-                    let item: Item = items::table.find(1).for_update().first(c)?;
-                    diesel::update(items::table.find(1))
-                        .set(items::stock.eq(item.stock - 2))
-                        .execute(c)?;
-                    if attempt == 1 {
-                        go.send(()).unwrap();
-                        locked_rx.recv().unwrap();
-                        // A best-effort extra on item 2; its failure is ignored.
-                        let extra = items::table.find(2).for_update().first::<Item>(c);
-                        assert!(extra.is_err(), "the extra was the deadlock's victim");
-                    }
-                    outbox::enqueue(c, "orders", r#"{"order":1,"item":1,"qty":2}"#)?;
-                    Ok::<_, Error>(())
-                });
-            neighbour.join().unwrap();
-            outcome
+        let outcome = lockkit_tests::aborts::beside_neighbour(&db, "mysql", |conn, cue| {
+            lockkit::transaction_with_retry(conn, &lockkit::RetryPolicy::default(), |c| {
+                attempt += 1;
+                // The order: two units of item 1.
+                let item: Item = items::table.find(1).for_update().first(c)?;
+                diesel::update(items::table.find(1))
+                    .set(items::stock.eq(item.stock - 2))
+                    .execute(c)?;
+                if attempt == 1 {
+                    cue.wait();
+                    // A best-effort extra on item 2; its failure is ignored.
+                    let extra = items::table.find(2).for_update().first::<Item>(c);
+                    assert!(extra.is_err(), "the extra was the deadlock's victim");
+                }
+                outbox::enqueue(c, "orders", r#"{"order":1,"item":1,"qty":2}"#)?;
+                Ok::<_, Error>(())
+            })
         });
         let mut conn = db.connect();
         outcome.unwrap();
