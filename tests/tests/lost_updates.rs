@@ -9,6 +9,37 @@ use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
 use lockkit_tests::{item, seed_items, stock_of};
 
+/// The journal's names of rows in two databases must differ: A's versioned
+/// write of item 1 rolls back on `$a`; an ordinary committed write of item 1 of
+/// another database (`$where`) on `$other`; B reads item 1, writes its 7 and
+/// commits on `$b` (A's database). A writes again from its rolled-back 1: it
+/// must be stale, and B's 7 stay.
+macro_rules! written_elsewhere {
+    ($a:expr, $b:expr, $other:expr, $where:literal) => {{
+        let mut a = item!($a, 1);
+        let rolled_back: Result<(), Error> = ($a).transaction(|c| {
+            a.stock = 5;
+            a.update_versioned(c)?;
+            Err(Error::NoRowMatched)
+        });
+        assert!(rolled_back.is_err());
+        let mut other = item!($other, 1);
+        other.update_versioned($other).unwrap();
+        let mut b = item!($b, 1);
+        b.stock = 7;
+        b.update_versioned($b).unwrap();
+        a.stock = 3;
+        let again = a.update_versioned($a);
+        let stock = stock_of!($b);
+        assert!(
+            matches!(again, Err(Error::Stale(_))) && stock == 7,
+            "a write in {} cleared the journal's record of A's rolled-back 1, which then \
+             matched B's committed 1: {again:?}, stock {stock} (B's 7 lost)",
+            $where
+        );
+    }};
+}
+
 mod journal {
     use super::*;
 
@@ -234,34 +265,7 @@ mod sqlite_in_memory {
         let mut one = in_memory(0);
         let mut two = in_memory(4);
 
-        // In database one, A writes v0 -> v1 in a transaction that rolls back.
-        let mut a = item!(&mut one, 1);
-        let rolled_back: Result<(), Error> = one.transaction(|c| {
-            a.stock = 5;
-            a.update_versioned(c)?;
-            Err(Error::NoRowMatched)
-        });
-        assert!(rolled_back.is_err());
-        assert_eq!((a.lock_version, item!(&mut one, 1).lock_version), (1, 0));
-
-        // In database two, an ordinary committed write of its own row 1 (v4 -> v5).
-        let mut other = item!(&mut two, 1);
-        other.update_versioned(&mut two).unwrap();
-
-        // Back in database one, B reads v0, writes its 7 and commits.
-        let mut b = item!(&mut one, 1);
-        b.stock = 7;
-        b.update_versioned(&mut one).unwrap();
-
-        // A writes again from its rolled-back 1: it must not land over B's.
-        a.stock = 3;
-        let again = a.update_versioned(&mut one);
-        let stock = stock_of!(&mut one);
-        assert!(
-            matches!(again, Err(Error::Stale(_))) && stock == 7,
-            "a write in another in-memory database cleared the journal's record of A's \
-             rolled-back 1, which then matched B's committed 1: {again:?}, stock {stock} (B's 7 lost)"
-        );
+        written_elsewhere!(&mut one, &mut one, &mut two, "another in-memory database");
     }
 }
 
@@ -298,33 +302,7 @@ mod postgres_schemas {
         let (mut a_conn, mut b_conn, mut two) =
             (tenant("tenant_1"), tenant("tenant_1"), tenant("tenant_2"));
 
-        // Tenant 1: A writes v0 -> v1 in a transaction that rolls back.
-        let mut a = item!(&mut a_conn, 1);
-        let rolled_back: Result<(), Error> = a_conn.transaction(|c| {
-            a.stock = 5;
-            a.update_versioned(c)?;
-            Err(Error::NoRowMatched)
-        });
-        assert!(rolled_back.is_err());
-
-        // Tenant 2: an ordinary committed write of its own row 1 (v4 -> v5).
-        let mut other = item!(&mut two, 1);
-        other.update_versioned(&mut two).unwrap();
-
-        // Tenant 1: B reads v0, writes its 7 and commits.
-        let mut b = item!(&mut b_conn, 1);
-        b.stock = 7;
-        b.update_versioned(&mut b_conn).unwrap();
-
-        // A writes again from its rolled-back 1: it must not land over B's.
-        a.stock = 3;
-        let again = a.update_versioned(&mut a_conn);
-        let stock = stock_of!(&mut b_conn);
-        assert!(
-            matches!(again, Err(Error::Stale(_))) && stock == 7,
-            "a write to tenant 2's items cleared the journal's record of A's rolled-back 1 \
-             in tenant 1, which then matched B's committed 1: {again:?}, stock {stock} (B's 7 lost)"
-        );
+        written_elsewhere!(&mut a_conn, &mut b_conn, &mut two, "tenant 2's schema");
     }
 }
 
