@@ -233,6 +233,10 @@ pub(crate) async fn began<C: AsyncLockingConnection>(
 
 /// The blocking side's [`require_live`](crate::transaction::require_live) on an
 /// async connection.
+#[cfg_attr(
+    not(any(feature = "outbox", feature = "idempotency")),
+    allow(dead_code)
+)]
 pub(crate) async fn require_live<C: AsyncLockingConnection>(conn: &mut C) -> Result<(), Error> {
     match ended_by_statement(conn).await {
         Some(cause) => {

@@ -114,6 +114,7 @@ closure_shape! {
 /// side's `catch_unwind`): for the calls that must put something right before
 /// the panic goes on, as an idempotency key's release. Boxed: the future is
 /// polled through a `Pin<Box<_>>`, without `unsafe`.
+#[cfg_attr(not(feature = "idempotency"), allow(dead_code))]
 pub(crate) struct CatchUnwind<F>(pub(crate) Pin<Box<F>>);
 
 impl<F: Future> Future for CatchUnwind<F> {

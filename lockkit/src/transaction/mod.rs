@@ -127,6 +127,10 @@ pub(crate) fn ended_by_statement<C: Control>(conn: &mut C) -> Option<Error> {
 /// refuses to start: [`Error::TransactionAborted`], and the caller's later
 /// statements are kept out of autocommit. The async connections' twin does the
 /// same.
+#[cfg_attr(
+    not(any(feature = "outbox", feature = "idempotency")),
+    allow(dead_code)
+)]
 pub(crate) fn require_live<C: Control>(conn: &mut C) -> Result<(), Error> {
     match ended_by_statement(conn) {
         Some(cause) => {
