@@ -66,6 +66,15 @@
 //! process that ran it) and bounded ([`MAX_TENTATIVE`] versions); entries go away
 //! when their transaction commits, when the row's version moves past them, or when
 //! the struct holding them writes again.
+//!
+//! A row is named by its table, its key and its database: on PostgreSQL the
+//! database, the schema first in the connection's `search_path`, and the server;
+//! on MySQL/MariaDB the database and the server; on SQLite the database's file.
+//! The name is read once per connection. An SQLite database without a file
+//! (`:memory:`, a temporary one) is private to its connection and named after
+//! it; a shared-cache in-memory database used from several connections is
+//! therefore several databases to the journal, and a struct rolled back on one
+//! connection is not recognised on another: give such a database a file.
 
 // Without a backend feature no connection implements the per-connection traits,
 // and the pieces they are built from go unused.
