@@ -5,13 +5,10 @@
 #[macro_use]
 mod async_common;
 
-use diesel::QueryDsl;
-use diesel_async::RunQueryDsl;
 use lockkit::asynchronous::locked_transaction;
 use lockkit::asynchronous::prelude::*;
 use lockkit::{Error, LockOptions};
 use lockkit_tests::models::Item;
-use lockkit_tests::schema::items;
 use lockkit_tests::seed_items;
 
 async_backend_tests! {
@@ -88,84 +85,6 @@ async_backend_tests! {
             matches!(again, Err(Error::Stale(_))) && stock == 7,
             "A's rolled-back version 1 matched B's committed 1 once a rolled-back \
              delete had cleared the journal: {again:?}, stock {stock} (B's 7 lost)"
-        );
-    }
-}
-
-#[cfg(feature = "mysql")]
-mod mysql_aborted {
-    use super::*;
-    use diesel::Connection;
-    use diesel_async::{AsyncMysqlConnection, SimpleAsyncConnection};
-    use lockkit::RetryPolicy;
-    use lockkit_tests::schema::orders;
-    use std::sync::atomic::{AtomicU32, Ordering};
-    use std::sync::{mpsc, Mutex};
-
-    type Async = AsyncMysqlConnection;
-
-    /// The blocking side's `a_deadlocked_versioned_write_under_a_nested_retry_is_not_applied_twice_by_the_owners_retry`,
-    /// on diesel-async: the owner (`transaction_with_retry`) records an order
-    /// line and locks item 1; a nested `retry` sells item 2 with
-    /// `update_versioned`, whose UPDATE is a deadlock's victim on the first run.
-    /// One order line, one unit sold.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_deadlocked_versioned_write_under_a_nested_retry_is_not_applied_twice() {
-        let db = lockkit_tests::TestDb::<diesel::MysqlConnection>::new(
-            "async_owner_retry_versioned_deadlock",
-        );
-        lockkit_tests::aborts::seed_for_deadlock(&mut db.conn());
-        let (locked_tx, locked_rx) = mpsc::channel::<()>();
-        let (go_tx, go_rx) = mpsc::channel::<()>();
-        let locked_rx = Mutex::new(locked_rx);
-        let url = db.url.clone();
-        let neighbour = std::thread::spawn(move || {
-            let mut conn = diesel::MysqlConnection::establish(&url).unwrap();
-            lockkit_tests::aborts::heavier_neighbour(&mut conn, "mysql", locked_tx, go_rx);
-        });
-        let runs = AtomicU32::new(0);
-        let mut conn: Async = async_common::connect(&db.url, "mysql").await;
-        let outcome = lockkit::asynchronous::transaction_with_retry(
-            &mut conn,
-            &RetryPolicy::default(),
-            async |conn| {
-                let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
-                conn.batch_execute(&format!(
-                    "INSERT INTO orders (id, item_id, qty) VALUES ({run}, NULL, 1)"
-                ))
-                .await?;
-                conn.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")
-                    .await?;
-                if run == 1 {
-                    tokio::task::block_in_place(|| locked_rx.lock().unwrap().recv()).unwrap();
-                    go_tx.send(()).unwrap();
-                }
-                let conn = tokio::sync::Mutex::new(conn);
-                lockkit::asynchronous::retry(&RetryPolicy::default(), |_| async {
-                    let mut conn = conn.lock().await;
-                    let mut two = item!(&mut **conn, 2);
-                    two.stock -= 1;
-                    two.update_versioned(&mut **conn).await
-                })
-                .await
-            },
-        )
-        .await;
-        tokio::task::block_in_place(|| neighbour.join()).unwrap();
-        let mut fresh: Async = async_common::connect(&db.url, "mysql").await;
-        let stock: i32 = items::table
-            .find(2)
-            .select(items::stock)
-            .first(&mut fresh)
-            .await
-            .unwrap();
-        let lines: i64 = orders::table.count().get_result(&mut fresh).await.unwrap();
-        assert!(
-            10 - i64::from(stock) == lines,
-            "{} units of item 2 sold for {lines} order lines (runs of the outer transaction: {}; \
-             the caller got {outcome:?})",
-            10 - stock,
-            AtomicU32::load(&runs, Ordering::SeqCst)
         );
     }
 }

@@ -524,29 +524,6 @@ pub(crate) fn ended_by<W: Watched>(conn: &mut W) -> Option<crate::Error> {
     )))
 }
 
-/// A versioned write's statement failed with `err`. Where that ended the whole
-/// open transaction (MySQL/MariaDB's deadlock, as the journal saw it), the
-/// write reports [`TransactionAborted`](crate::Error::TransactionAborted),
-/// which no retry takes up: a `retry` around the write would otherwise run it
-/// again in autocommit, outside the caller's transaction that the server rolled
-/// back, and commit half of the caller's work. The owner of the outermost
-/// lockkit transaction retries it whole. PostgreSQL's aborted transaction is
-/// left as it is: a retry inside a savepoint goes on after its rollback, and one
-/// outside fails at its next statement.
-pub(crate) fn failed_write<W: Watched>(conn: &mut W, err: crate::Error) -> crate::Error {
-    if !err.is_retryable() {
-        return err;
-    }
-    match conn.slot().downcast_mut::<Journal>() {
-        Some(journal)
-            if journal.aborts.ends == Ends::OnDeadlock && journal.aborts.ended_by.is_some() =>
-        {
-            crate::Error::TransactionAborted(Box::new(err))
-        }
-        _ => err,
-    }
-}
-
 /// Whether `conn` has Diesel's built-in "no instrumentation".
 ///
 /// Diesel's connections keep that placeholder, a zero-sized value, inline in the

@@ -346,11 +346,6 @@ pub(crate) fn prepare<M: Versioned, W: journal::Watched>(
     origin: Origin,
     operation: Operation,
 ) -> Result<Prepared<M::Version>, Error> {
-    if conn.depth().is_some() {
-        // Watching before the statement runs: if it ends the transaction, the
-        // write says so (`journal::failed_write`).
-        let _ = journal::journal_of(conn);
-    }
     let plan = match origin {
         Origin::Held => journal::plan(conn, M::TABLE_NAME, row, expected.to_i64()),
         Origin::LockedRead => Plan::Write,
@@ -419,8 +414,7 @@ where
     } = prepare::<M, _>(conn, key, row.as_deref(), expected, origin, operation)?;
     let rows = match plan {
         Plan::Refuse { .. } => 0,
-        _ => execute_once::<M, _, _>(conn, key, statement(checked))
-            .map_err(|err| journal::failed_write(conn, err))?,
+        _ => execute_once::<M, _, _>(conn, key, statement(checked))?,
     };
     if rows == 1 {
         let next = match next {
