@@ -504,18 +504,10 @@ where
         _ => execute_once::<M, Conn, S>(conn, key, move || statement(checked)).await?,
     };
     if rows == 1 {
-        // A number a rolled-back write left with another struct: moved past
-        // (see `journal::reused`).
-        let mut next = next;
-        while let Some(n) = next.filter(|n| {
-            let watched = &mut AsyncWatched(&mut *conn);
-            journal::reused(watched, M::TABLE_NAME, row.as_deref(), plan, n.to_i64())
-        }) {
-            if M::bump_past(conn, key.clone(), n).await.map_err(classify)? != 1 {
-                break;
-            }
-            next = Some(checked_next::<M, _>(key, n)?);
-        }
+        let next = match next {
+            Some(n) => Some(move_past_reused::<M, Conn>(conn, key, row.as_deref(), plan, n).await?),
+            None => None,
+        };
         let watched = &mut AsyncWatched(conn);
         return Ok(done::<M, _>(watched, row.as_deref(), plan, checked, next));
     }
@@ -528,17 +520,9 @@ where
             .map_err(classify)?;
         current = moved_past(v, bumped);
         // Not onto a number another struct's rolled-back write left.
-        let mut at = moved_to::<M>(current, bumped);
-        while let Some(n) = at.filter(|n| {
-            let watched = &mut AsyncWatched(&mut *conn);
-            journal::reused(watched, M::TABLE_NAME, row.as_deref(), plan, n.to_i64())
-        }) {
-            if M::bump_past(conn, key.clone(), n).await.map_err(classify)? != 1 {
-                break;
-            }
-            let next = checked_next::<M, _>(key, n)?;
-            current = crate::CurrentState::Version(next.to_i64());
-            at = Some(next);
+        if let Some(at) = moved_to::<M>(current, bumped) {
+            let at = move_past_reused::<M, Conn>(conn, key, row.as_deref(), plan, at).await?;
+            current = crate::CurrentState::Version(at.to_i64());
         }
     }
     let watched = &mut AsyncWatched(conn);
@@ -551,6 +535,40 @@ where
         operation,
         current,
     ))
+}
+
+/// The blocking side's [`version_check::move_past_reused`], awaited: while
+/// `next` is a number a rolled-back write left with another struct
+/// ([`journal::reused`]), the row is moved one further, in the writer's
+/// transaction. Returns the version the row ends at.
+async fn move_past_reused<M, Conn>(
+    conn: &mut Conn,
+    key: &M::Key,
+    row_id: Option<&str>,
+    plan: journal::Plan,
+    mut next: M::Version,
+) -> Result<M::Version, Error>
+where
+    Conn: AsyncLockingConnection,
+    M: Versioned + AsyncVersionQuery<Conn>,
+{
+    while journal::reused(
+        &mut AsyncWatched(&mut *conn),
+        M::TABLE_NAME,
+        row_id,
+        plan,
+        next.to_i64(),
+    ) {
+        if M::bump_past(conn, key.clone(), next)
+            .await
+            .map_err(classify)?
+            != 1
+        {
+            break;
+        }
+        next = checked_next::<M, _>(key, next)?;
+    }
+    Ok(next)
 }
 
 /// The version bump of an exclusive lock on a row just read under that lock
