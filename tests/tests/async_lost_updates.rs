@@ -5,10 +5,13 @@
 #[macro_use]
 mod async_common;
 
+use diesel::QueryDsl;
+use diesel_async::RunQueryDsl;
 use lockkit::asynchronous::locked_transaction;
 use lockkit::asynchronous::prelude::*;
 use lockkit::{Error, LockOptions};
 use lockkit_tests::models::Item;
+use lockkit_tests::schema::items;
 use lockkit_tests::seed_items;
 
 async_backend_tests! {
@@ -85,6 +88,193 @@ async_backend_tests! {
             matches!(again, Err(Error::Stale(_))) && stock == 7,
             "A's rolled-back version 1 matched B's committed 1 once a rolled-back \
              delete had cleared the journal: {again:?}, stock {stock} (B's 7 lost)"
+        );
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql_aborted {
+    use super::*;
+    use diesel::{Connection, ExpressionMethods};
+    use diesel_async::{AsyncMysqlConnection, SimpleAsyncConnection};
+    use lockkit::RetryPolicy;
+    use lockkit_tests::schema::orders;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::{mpsc, Mutex};
+
+    type Async = AsyncMysqlConnection;
+
+    /// The stage of a provoked deadlock on diesel-async (the blocking side's
+    /// `aborts::beside_neighbour`): items seeded, the heavier neighbour on a
+    /// thread of its own.
+    struct Stage {
+        db: lockkit_tests::TestDb<diesel::MysqlConnection>,
+        neighbour: std::thread::JoinHandle<()>,
+        locked: Mutex<mpsc::Receiver<()>>,
+        go: mpsc::Sender<()>,
+    }
+
+    impl Stage {
+        fn new(name: &str) -> Self {
+            let db = lockkit_tests::TestDb::<diesel::MysqlConnection>::new(name);
+            lockkit_tests::aborts::seed_for_deadlock(&mut db.conn());
+            let (locked_tx, locked) = mpsc::channel::<()>();
+            let (go, go_rx) = mpsc::channel::<()>();
+            let url = db.url.clone();
+            let neighbour = std::thread::spawn(move || {
+                let mut conn = diesel::MysqlConnection::establish(&url).unwrap();
+                lockkit_tests::aborts::heavier_neighbour(&mut conn, "mysql", locked_tx, go_rx);
+            });
+            Stage {
+                db,
+                neighbour,
+                locked: Mutex::new(locked),
+                go,
+            }
+        }
+
+        async fn connect(&self) -> Async {
+            async_common::connect(&self.db.url, "mysql").await
+        }
+
+        /// Waits for the neighbour's lock on item 2, then lets it go on: the
+        /// caller's next lock on item 2 is the deadlock's victim.
+        fn cue(&self) {
+            tokio::task::block_in_place(|| self.locked.lock().unwrap().recv()).unwrap();
+            self.go.send(()).unwrap();
+        }
+
+        /// Item 2's stock and the count of order lines, once the neighbour is
+        /// done.
+        async fn sold_and_lines(self) -> (i32, i64) {
+            let mut fresh = self.connect().await;
+            tokio::task::block_in_place(|| self.neighbour.join()).unwrap();
+            let stock: i32 = items::table
+                .find(2)
+                .select(items::stock)
+                .first(&mut fresh)
+                .await
+                .unwrap();
+            let lines: i64 = orders::table.count().get_result(&mut fresh).await.unwrap();
+            (stock, lines)
+        }
+    }
+
+    /// How [`sell_two`] writes.
+    #[derive(Clone, Copy, Debug)]
+    enum Sell {
+        /// Re-read, change, `update_versioned`.
+        Versioned,
+        /// `atomic::update_if`, one conditional statement.
+        Conditional,
+    }
+
+    /// A nested `retry` sells one unit of item 2, whose UPDATE is a
+    /// deadlock's victim on the first run.
+    async fn sell_two(conn: &mut Async, how: Sell) -> Result<(), Error> {
+        let conn = tokio::sync::Mutex::new(conn);
+        lockkit::asynchronous::retry(&RetryPolicy::default(), |_| async {
+            let mut conn = conn.lock().await;
+            match how {
+                Sell::Versioned => {
+                    let mut two = item!(&mut **conn, 2);
+                    two.stock -= 1;
+                    two.update_versioned(&mut **conn).await
+                }
+                Sell::Conditional => {
+                    let target = items::table.find(2).filter(items::stock.ge(1));
+                    let sale = diesel::update(target).set(items::stock.eq(items::stock - 1));
+                    lockkit::asynchronous::atomic::update_if(&mut **conn, sale)
+                        .await
+                        .map(drop)
+                }
+            }
+        })
+        .await
+    }
+
+    /// The blocking side's `a_deadlocked_versioned_write_under_a_nested_retry_is_not_applied_twice_by_the_owners_retry`,
+    /// on diesel-async: the owner (`transaction_with_retry`) records an order
+    /// line and locks item 1, then [`sell_two`] as `how` says. One order line, one
+    /// unit sold.
+    async fn not_applied_twice(name: &str, how: Sell) {
+        let stage = Stage::new(name);
+        let runs = AtomicU32::new(0);
+        let mut conn = stage.connect().await;
+        let outcome = lockkit::asynchronous::transaction_with_retry(
+            &mut conn,
+            &RetryPolicy::default(),
+            async |conn| {
+                let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                conn.batch_execute(&format!(
+                    "INSERT INTO orders (id, item_id, qty) VALUES ({run}, NULL, 1)"
+                ))
+                .await?;
+                conn.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")
+                    .await?;
+                if run == 1 {
+                    stage.cue();
+                }
+                sell_two(conn, how).await
+            },
+        )
+        .await;
+        let runs = AtomicU32::load(&runs, Ordering::SeqCst);
+        let (stock, lines) = stage.sold_and_lines().await;
+        assert!(
+            10 - i64::from(stock) == lines,
+            "{how:?}: {} units of item 2 sold for {lines} order lines (runs of the outer \
+             transaction: {runs}; the caller got {outcome:?})",
+            10 - stock,
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_deadlocked_versioned_write_under_a_nested_retry_is_not_applied_twice() {
+        not_applied_twice("async_owner_retry_versioned_deadlock", Sell::Versioned).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_deadlocked_conditional_update_under_a_nested_retry_is_not_applied_twice() {
+        not_applied_twice("async_owner_retry_update_if_deadlock", Sell::Conditional).await;
+    }
+
+    /// The blocking side's `a_deadlocked_versioned_write_in_an_outermost_with_lock_is_retried_whole`,
+    /// on diesel-async: `with_lock` on item 1 inside `retry` owns the
+    /// transaction, records an order line, then [`sell_two`]. The outer retry
+    /// runs it again whole: `Ok`, one order line, one unit sold.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_deadlocked_versioned_write_in_an_outermost_with_lock_is_retried_whole() {
+        let stage = Stage::new("async_with_lock_retry_versioned_deadlock");
+        let runs = AtomicU32::new(0);
+        let conn = tokio::sync::Mutex::new(stage.connect().await);
+        let outcome = lockkit::asynchronous::retry(&RetryPolicy::default(), |_| async {
+            let mut conn = conn.lock().await;
+            lockkit::asynchronous::with_lock(
+                &mut *conn,
+                1,
+                LockOptions::default(),
+                async |conn, _one: Item| {
+                    let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                    conn.batch_execute(&format!(
+                        "INSERT INTO orders (id, item_id, qty) VALUES ({run}, NULL, 1)"
+                    ))
+                    .await?;
+                    if run == 1 {
+                        stage.cue();
+                    }
+                    sell_two(conn, Sell::Versioned).await
+                },
+            )
+            .await
+        })
+        .await;
+        let runs = AtomicU32::load(&runs, Ordering::SeqCst);
+        let (stock, lines) = stage.sold_and_lines().await;
+        assert!(
+            outcome.is_ok() && (stock, lines) == (9, 1),
+            "item 2's stock {stock}, order lines {lines} after {runs} runs of the outer \
+             transaction; the caller got {outcome:?}"
         );
     }
 }

@@ -306,6 +306,150 @@ mod postgres_schemas {
     }
 }
 
+#[cfg(feature = "mysql")]
+mod mysql_aborted {
+    use super::*;
+    use diesel::MysqlConnection;
+    use lockkit::{retry, LockOptions, RetryPolicy};
+    use lockkit_tests::aborts::beside_neighbour;
+    use lockkit_tests::{exec, TestDb};
+
+    /// Item 2's stock and the count of order lines, read on a new connection.
+    fn sold_and_lines(db: &TestDb<MysqlConnection>) -> (i32, i64) {
+        let mut fresh = db.connect();
+        let stock = stock_of!(&mut fresh, 2);
+        let lines = orders::table.count().get_result::<i64>(&mut fresh).unwrap();
+        (stock, lines)
+    }
+
+    /// README, Guarantees: "Nothing is retried inside a transaction the server
+    /// has aborted." The README's own retry loop around `sell` (one unit of
+    /// item 2) inside the caller's transaction, which first records an order
+    /// line. `sell`'s UPDATE is the deadlock's victim: InnoDB rolls back the
+    /// whole transaction, order line included; nothing of it may commit.
+    fn nested_retry_commits_nothing(
+        name: &str,
+        mut sell: impl FnMut(&mut MysqlConnection) -> Result<(), Error>,
+    ) {
+        let db = TestDb::<MysqlConnection>::new(name);
+        let mut attempts = 0;
+        let outcome: Result<(), Error> = beside_neighbour(&db, "mysql", |conn, cue| {
+            conn.transaction(|conn| {
+                exec(
+                    conn,
+                    "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)",
+                );
+                exec(conn, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
+                cue.wait();
+                retry(&RetryPolicy::default(), |_| {
+                    attempts += 1;
+                    sell(conn)
+                })
+            })
+        });
+        let (stock, lines) = sold_and_lines(&db);
+        assert!(
+            (stock, lines) == (10, 0) || (stock, lines) == (9, 1),
+            "half of the caller's transaction committed: item 2's stock {stock}, order lines \
+             {lines}, after {attempts} attempts; the caller got {outcome:?}"
+        );
+    }
+
+    #[test]
+    fn a_deadlocked_versioned_write_under_a_nested_retry_commits_nothing() {
+        // Re-read, change, `update_versioned`.
+        nested_retry_commits_nothing("nested_retry_versioned_deadlock", |conn| {
+            let mut two = item!(conn, 2);
+            two.stock -= 1;
+            two.update_versioned(conn)
+        });
+    }
+
+    #[test]
+    fn a_deadlocked_conditional_update_under_a_nested_retry_commits_nothing() {
+        // `Item::update_if`, the versioned conditional update (`atomic::update_if`).
+        nested_retry_commits_nothing("nested_retry_update_if_deadlock", |conn| {
+            Item::update_if(
+                conn,
+                2,
+                items::stock.ge(1),
+                items::stock.eq(items::stock - 1),
+            )
+        });
+    }
+
+    #[test]
+    fn a_deadlocked_versioned_write_under_a_nested_retry_is_not_applied_twice_by_the_owners_retry()
+    {
+        // As above, with lockkit owning the outer transaction
+        // (`transaction_with_retry`, which reruns it after the abort): the
+        // nested retry's write, committed on its own, must not be applied again
+        // by the rerun. One order line, one unit sold.
+        let db = TestDb::<MysqlConnection>::new("owner_retry_versioned_deadlock");
+        let mut runs = 0;
+        let outcome: Result<(), Error> = beside_neighbour(&db, "mysql", |conn, cue| {
+            lockkit::transaction_with_retry(conn, &RetryPolicy::default(), |conn| {
+                runs += 1;
+                let line =
+                    format!("INSERT INTO orders (id, item_id, qty) VALUES ({runs}, NULL, 1)");
+                exec(conn, &line);
+                exec(conn, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
+                if runs == 1 {
+                    cue.wait();
+                }
+                retry(&RetryPolicy::default(), |_| {
+                    let mut two = item!(conn, 2);
+                    two.stock -= 1;
+                    two.update_versioned(conn)
+                })
+            })
+        });
+        let (stock, lines) = sold_and_lines(&db);
+        assert!(
+            10 - i64::from(stock) == lines,
+            "{} units of item 2 sold for {lines} order lines (runs of the outer transaction: \
+             {runs}; the caller got {outcome:?})",
+            10 - stock
+        );
+    }
+
+    #[test]
+    fn a_deadlocked_versioned_write_in_an_outermost_with_lock_is_retried_whole() {
+        // The owner of the outermost transaction is lockkit's `with_lock`, inside
+        // the README's `retry`; a nested `retry` sells item 2 with
+        // `update_versioned`, whose UPDATE is a deadlock's victim on the first
+        // run. The nested retry must not run it in autocommit, and the outer one
+        // must take the abort up (the deadlock, retryable) and run the whole
+        // transaction again: one order line, one unit sold, and `Ok`.
+        let db = TestDb::<MysqlConnection>::new("with_lock_retry_versioned_deadlock");
+        let mut runs = 0;
+        let outcome: Result<(), Error> = beside_neighbour(&db, "mysql", |conn, cue| {
+            retry(&RetryPolicy::default(), |_| {
+                lockkit::with_lock(conn, 1, LockOptions::default(), |conn, _one: Item| {
+                    runs += 1;
+                    let line =
+                        format!("INSERT INTO orders (id, item_id, qty) VALUES ({runs}, NULL, 1)");
+                    exec(conn, &line);
+                    if runs == 1 {
+                        cue.wait();
+                    }
+                    retry(&RetryPolicy::default(), |_| {
+                        let mut two = item!(conn, 2);
+                        two.stock -= 1;
+                        two.update_versioned(conn)
+                    })
+                })
+            })
+        });
+        let (stock, lines) = sold_and_lines(&db);
+        assert!(
+            outcome.is_ok() && (stock, lines) == (9, 1),
+            "item 2's stock {stock}, order lines {lines} after {runs} runs of the outer \
+             transaction; the caller got {outcome:?}"
+        );
+    }
+}
+
 mod if_match {
     use lockkit::etag::{self, ETag, Expected};
 

@@ -39,6 +39,7 @@ use diesel_async::{AsyncConnection, RunQueryDsl};
 
 pub use crate::atomic::{counter, update, Increment, PreparedUpdate, Update};
 use crate::atomic::{counters_statement, matched};
+use crate::journal::AsyncWatched;
 use crate::{classify, Error};
 
 /// Executes a conditional `UPDATE` (or `DELETE`): the number of rows written,
@@ -53,7 +54,11 @@ where
     Conn: AsyncConnection,
     S: ExecuteDsl<Conn> + Send,
 {
-    matched(statement.execute(conn).await.map_err(classify)?)
+    crate::journal::before_write(&mut AsyncWatched(&mut *conn));
+    let rows = statement.execute(conn).await.map_err(|err| {
+        crate::journal::failed_write(&mut AsyncWatched(&mut *conn), classify(err))
+    })?;
+    matched(rows)
 }
 
 /// Executes a conditional `UPDATE ... RETURNING` (PostgreSQL, SQLite 3.35+) and

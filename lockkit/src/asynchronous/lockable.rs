@@ -77,7 +77,7 @@ use crate::pessimistic::row_lock::{
     EveryClause, ForUpdate, LockClause, LockedCall, RowLock, WaitMode,
 };
 use crate::pessimistic::NoVersion;
-use crate::transaction::{require_transaction, swallowed, Began, Failed, Failure};
+use crate::transaction::{require_transaction, settle, Began, Check, Failed, Failure};
 use crate::{classify, Error, LockOptions, Lockable};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -261,22 +261,21 @@ where
     // This call's own level in diesel-async's books: its transaction, or the
     // savepoint nested in the caller's.
     let depth = super::connection::transaction_depth(conn);
-    // Before `COMMIT`: did the work let a statement (or a nested call) end
-    // this transaction? As the blocking side's panic guard decides it.
-    let result = match result {
-        Ok(_) if !nested => {
-            let ended = match super::connection::ended_by_statement(conn).await {
-                Some(cause) => Some(cause),
-                None if began.must_ask() => conn.transaction_ended(None).await,
-                None => None,
-            };
-            match ended {
-                Some(reason) => Err(swallowed(reason)),
-                None => result,
-            }
-        }
-        result => result,
+    // Before `COMMIT` (or `ROLLBACK`): did the work let a statement (or a
+    // nested call) end this transaction? As the blocking side's panic guard
+    // asks it.
+    let check = began.check(&result, || {
+        crate::journal::rolled_back_whole(&mut crate::journal::AsyncWatched(&mut *conn))
+    });
+    let ended = match check {
+        Check::Nothing => None,
+        Check::Ended { stand_in } => match super::connection::ended_by_statement(conn).await {
+            Some(cause) => Some(cause),
+            None if stand_in => conn.transaction_ended(None).await,
+            None => None,
+        },
     };
+    let result = settle(result, ended);
     let result = match result {
         Ok(value) => match conn.restore(&restore, true).await {
             Ok(()) => C::TransactionManager::commit_transaction(conn)

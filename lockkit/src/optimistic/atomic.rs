@@ -118,12 +118,19 @@ pub type PreparedUpdate<T, W, V> = VersionedUpdate<T, W, V, BySql<V>>;
 /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
 ///   [`Error::Deadlock`], .., else [`Error::Database`]); see
 ///   [`classify`](crate::classify()).
+/// * [`Error::TransactionAborted`] when the statement was a deadlock's victim
+///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
+///   back: not retryable here, since a retry would run in autocommit; the
+///   owner of the outermost transaction runs it again whole.
 pub fn update_if<Conn, S>(conn: &mut Conn, statement: S) -> Result<usize, Error>
 where
     Conn: Connection,
     S: ExecuteDsl<Conn>,
 {
-    matched(ExecuteDsl::execute(statement, conn).map_err(classify)?)
+    crate::journal::before_write(conn);
+    let rows = ExecuteDsl::execute(statement, conn)
+        .map_err(|err| crate::journal::failed_write(conn, classify(err)))?;
+    matched(rows)
 }
 
 /// The rows a conditional write reports: [`Error::NoRowMatched`] for none (also

@@ -524,6 +524,45 @@ pub(crate) fn ended_by<W: Watched>(conn: &mut W) -> Option<crate::Error> {
     )))
 }
 
+/// Whether the journal saw a statement roll back the whole open transaction on
+/// `conn` (MySQL/MariaDB's deadlock), so that the next statements would run in
+/// autocommit: [`failed_write`], and the end of an outermost lockkit
+/// transaction whose work failed, ask it. PostgreSQL's aborted transaction is not
+/// such a case: it stays open, refusing statements, until a rollback.
+pub(crate) fn rolled_back_whole<W: Watched>(conn: &mut W) -> bool {
+    conn.slot()
+        .downcast_mut::<Journal>()
+        .is_some_and(|journal| {
+            journal.aborts.ends == Ends::OnDeadlock && journal.aborts.ended_by.is_some()
+        })
+}
+
+/// Before a write statement of lockkit's that runs in the caller's transaction
+/// (a versioned write, [`atomic::update_if`](crate::atomic::update_if)): the
+/// journal watches it, so that [`failed_write`] can tell whether it ended the
+/// transaction. Outside a transaction nothing is installed.
+pub(crate) fn before_write<W: Watched>(conn: &mut W) {
+    if conn.depth().is_some() {
+        let _ = journal_of(conn);
+    }
+}
+
+/// A write statement of lockkit's ([`before_write`]) failed with `err`. Where that rolled back the
+/// whole open transaction ([`rolled_back_whole`]), the write reports
+/// [`TransactionAborted`](crate::Error::TransactionAborted), which no retry
+/// takes up: a `retry` around the write would otherwise run it again in
+/// autocommit, outside the caller's transaction that the server rolled back,
+/// and commit half of the caller's work. The owner of the outermost transaction
+/// runs it again whole: lockkit's own outermost transactions hand on the cause,
+/// retryable ([`transaction`](crate::transaction)).
+pub(crate) fn failed_write<W: Watched>(conn: &mut W, err: crate::Error) -> crate::Error {
+    if err.is_retryable() && rolled_back_whole(conn) {
+        crate::Error::TransactionAborted(Box::new(err))
+    } else {
+        err
+    }
+}
+
 /// Whether `conn` has Diesel's built-in "no instrumentation".
 ///
 /// Diesel's connections keep that placeholder, a zero-sized value, inline in the

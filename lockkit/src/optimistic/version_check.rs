@@ -346,6 +346,8 @@ pub(crate) fn prepare<M: Versioned, W: journal::Watched>(
     origin: Origin,
     operation: Operation,
 ) -> Result<Prepared<M::Version>, Error> {
+    // If the statement ends the transaction, the write says so.
+    journal::before_write(conn);
     let plan = match origin {
         Origin::Held => journal::plan(conn, M::TABLE_NAME, row, expected.to_i64()),
         Origin::LockedRead => Plan::Write,
@@ -414,7 +416,8 @@ where
     } = prepare::<M, _>(conn, key, row.as_deref(), expected, origin, operation)?;
     let rows = match plan {
         Plan::Refuse { .. } => 0,
-        _ => execute_once::<M, _, _>(conn, key, statement(checked))?,
+        _ => execute_once::<M, _, _>(conn, key, statement(checked))
+            .map_err(|err| journal::failed_write(conn, err))?,
     };
     if rows == 1 {
         let next = match next {

@@ -119,6 +119,10 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
+    /// * [`Error::TransactionAborted`] when the statement was a deadlock's victim
+    ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
+    ///   back: not retryable here, since a retry would run in autocommit; the
+    ///   owner of the outermost transaction runs it again whole.
     fn update_versioned<Conn>(&mut self, conn: &mut Conn) -> Result<(), Error>
     where
         Conn: Connection,
@@ -205,6 +209,10 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
+    /// * [`Error::TransactionAborted`] when the statement was a deadlock's victim
+    ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
+    ///   back: not retryable here, since a retry would run in autocommit; the
+    ///   owner of the outermost transaction runs it again whole.
     ///
     /// # Example
     ///
@@ -253,6 +261,10 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
+    /// * [`Error::TransactionAborted`] when the statement was a deadlock's victim
+    ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
+    ///   back: not retryable here, since a retry would run in autocommit; the
+    ///   owner of the outermost transaction runs it again whole.
     ///
     /// # Example
     ///
@@ -298,6 +310,10 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
+    /// * [`Error::TransactionAborted`] when the statement was a deadlock's victim
+    ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
+    ///   back: not retryable here, since a retry would run in autocommit; the
+    ///   owner of the outermost transaction runs it again whole.
     ///
     /// # Example
     ///
@@ -355,6 +371,10 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
+    /// * [`Error::TransactionAborted`] when the statement was a deadlock's victim
+    ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
+    ///   back: not retryable here, since a retry would run in autocommit; the
+    ///   owner of the outermost transaction runs it again whole.
     ///
     /// # Example
     ///
@@ -404,6 +424,10 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
+    /// * [`Error::TransactionAborted`] when the statement was a deadlock's victim
+    ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
+    ///   back: not retryable here, since a retry would run in autocommit; the
+    ///   owner of the outermost transaction runs it again whole.
     ///
     /// # Example
     ///
@@ -466,6 +490,10 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
+    /// * [`Error::TransactionAborted`] when the statement was a deadlock's victim
+    ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
+    ///   back: not retryable here, since a retry would run in autocommit; the
+    ///   owner of the outermost transaction runs it again whole.
     ///
     /// # Example
     ///
@@ -531,6 +559,10 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
+    /// * [`Error::TransactionAborted`] when the statement was a deadlock's victim
+    ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
+    ///   back: not retryable here, since a retry would run in autocommit; the
+    ///   owner of the outermost transaction runs it again whole.
     ///
     /// # Example
     ///

@@ -12,7 +12,8 @@
 //!   classified into [`Error`] and converted with `From`;
 //! * a nested transaction (a savepoint) whose whole transaction the server ended
 //!   (InnoDB does on a deadlock): [`Error::TransactionAborted`], not retryable,
-//!   for the owner of the outermost transaction; see
+//!   for the owner of the outermost transaction, which hands on its cause
+//!   (retryable) whatever its work returned after it ([`swallowed`]); see
 //!   [`connection`](crate::pessimistic::connection#when-the-server-aborts-the-whole-transaction).
 //!
 //! While the closure runs, the transaction's [`scope`] gathers the work queued
@@ -212,16 +213,69 @@ impl Began {
     /// the [type's docs](Self). The question is
     /// [`Control::transaction_ended`] (the async connections' twin), and an
     /// answer other than `None` is [`swallowed`].
-    pub(crate) fn must_ask(self) -> bool {
+    fn must_ask(self) -> bool {
         !self.nested
             && self
                 .stand_ins
                 .is_some_and(|then| STAND_INS.load(Ordering::Relaxed) != then)
     }
+
+    /// What an outermost transaction asks before it ends, given how its work
+    /// went (`result`), decided here for the blocking panic guard and the async
+    /// connections' end; [`settle`] reads the answer.
+    ///
+    /// * Work that succeeded may have let a statement (or a nested call) end
+    ///   the transaction: the journal is asked, and the server too where a
+    ///   stand-in was opened ([`must_ask`](Self::must_ask)).
+    /// * Work that failed after a statement rolled back the whole transaction
+    ///   (`rolled_back_whole`, MySQL/MariaDB's deadlock as the journal saw it),
+    ///   most often with a nested call's [`Error::TransactionAborted`]: the
+    ///   server confirms, and the owner hands on the cause, retryable, since
+    ///   nothing of the work is left.
+    /// * Anything else, and a nested transaction: nothing to ask.
+    pub(crate) fn check<T, E>(
+        self,
+        result: &Result<T, Failure<E>>,
+        rolled_back_whole: impl FnOnce() -> bool,
+    ) -> Check {
+        match result {
+            _ if self.nested => Check::Nothing,
+            Ok(_) => Check::Ended {
+                stand_in: self.must_ask(),
+            },
+            Err(Failure::Closure(_)) if rolled_back_whole() => Check::Ended { stand_in: false },
+            Err(_) => Check::Nothing,
+        }
+    }
+}
+
+/// What [`Began::check`] asks before an outermost transaction ends.
+pub(crate) enum Check {
+    /// Nothing: the work's result stands.
+    Nothing,
+    /// Whether a statement ended the transaction ([`ended_by_statement`]) and,
+    /// when `stand_in`, whether the server has ended it
+    /// ([`Control::transaction_ended`]).
+    Ended { stand_in: bool },
+}
+
+/// The work's result once the server answered [`Began::check`]: `ended`, the
+/// transaction ended under the work, and why.
+pub(crate) fn settle<T, E>(
+    result: Result<T, Failure<E>>,
+    ended: Option<Error>,
+) -> Result<T, Failure<E>> {
+    match ended {
+        Some(reason) => Err(swallowed(reason)),
+        None => result,
+    }
 }
 
 /// The failure of an outermost transaction whose work returned `Ok` after the
-/// server had ended the transaction under it (`reason`): the stand-in is rolled
+/// server had ended the transaction under it (`reason`), or failed after a
+/// statement rolled the whole transaction back (MySQL/MariaDB's deadlock; the
+/// work's error is then most often a nested call's
+/// [`Error::TransactionAborted`]): the transaction (or the stand-in) is rolled
 /// back, and the caller gets `reason`, retryable, since a new transaction may
 /// begin ([`Failed::into_error`]).
 pub(crate) fn swallowed<E>(reason: Error) -> Failure<E> {

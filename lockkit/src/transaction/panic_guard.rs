@@ -3,7 +3,7 @@
 use diesel::connection::TransactionManager;
 
 use super::scope::{self, Scope};
-use super::{ended_by_statement, swallowed, Began, Control, Failure};
+use super::{ended_by_statement, settle, Began, Check, Control, Failure};
 use crate::journal;
 
 /// Catches a panic in a closure run inside a transaction, so that the transaction
@@ -45,21 +45,16 @@ impl PanicGuard {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(conn)));
         self.scope = scope::leave();
         match result {
-            // Before `COMMIT`: did the work let a statement (or a nested call)
-            // end this transaction?
-            Ok(Ok(value)) if outermost => {
-                let ended = ended_by_statement(conn).or_else(|| {
-                    began
-                        .must_ask()
-                        .then(|| conn.transaction_ended(None))
-                        .flatten()
-                });
-                match ended {
-                    Some(reason) => Err(swallowed(reason)),
-                    None => Ok(value),
-                }
+            // Before `COMMIT` (or `ROLLBACK`): did the work let a statement (or
+            // a nested call) end this transaction?
+            Ok(result) => {
+                let ended = match began.check(&result, || journal::rolled_back_whole(conn)) {
+                    Check::Nothing => None,
+                    Check::Ended { stand_in } => ended_by_statement(conn)
+                        .or_else(|| stand_in.then(|| conn.transaction_ended(None)).flatten()),
+                };
+                settle(result, ended)
             }
-            Ok(result) => result,
             Err(payload) => {
                 self.panic = Some(payload);
                 Err(Failure::Diesel(diesel::result::Error::RollbackTransaction))
