@@ -607,3 +607,48 @@ fn a_retried_lock_reuses_a_multi_connection_whose_rollback_the_node_refused() {
         Ok(())
     });
 }
+
+/// Opens lockkit's read-only stand-in for an aborted transaction on a
+/// connection of its own (to node 1), as any code of the process does whose
+/// transaction ended under a nested lockkit call (here the transaction is
+/// ended by hand, as InnoDB ends a deadlock's victim): from then on, every
+/// outermost lockkit transaction whose work was running asks the server
+/// before `COMMIT` whether its transaction is still its own.
+fn another_connection_opens_a_stand_in(cluster: &Cluster) {
+    let mut other = cluster.node(0);
+    let nested = other.transaction(|conn| {
+        conn.batch_execute("ROLLBACK")?;
+        lockkit::transaction_with_retry(conn, &RetryPolicy::immediate(1), |_| {
+            Err::<(), _>(Error::Busy)
+        })
+    });
+    assert!(
+        matches!(nested, Err(Error::TransactionAborted(_))),
+        "{nested:?}"
+    );
+}
+
+#[test]
+fn a_locked_write_overtaken_while_its_work_ends_is_not_reported_committed() {
+    // Node 2 overtakes node 1's with_lock after its last statement, while its
+    // work is still running; meanwhile another connection of the process opens
+    // a stand-in, so node 1's with_lock asks the server before COMMIT whether
+    // its transaction survived. The node answers that question with the abort's
+    // 1213: the transaction is gone, and the COMMIT after it commits nothing.
+    let cluster = Cluster::with_hot_item("overtaken_at_the_question");
+    let mut conn = cluster.node(0);
+    let result = lockkit::with_lock(&mut conn, 1, LockOptions::default(), |conn, _: Item| {
+        add_stock(conn, 1)?;
+        node_2_adds_10(&cluster).0.unwrap();
+        node_1_sees_node_2s_10(&cluster)?;
+        another_connection_opens_a_stand_in(&cluster);
+        Ok::<_, Error>(())
+    });
+    let (stock, _) = cluster.item();
+    assert!(
+        matches!(result, Err(Error::Deadlock)),
+        "with_lock returned {result:?}, the stock is {stock} (node 1's 1 {})",
+        if stock == 11 { "committed" } else { "lost" }
+    );
+    assert_eq!(stock, 10, "node 2's 10 stands, node 1's 1 was rolled back");
+}
