@@ -432,37 +432,67 @@ fn transaction_with_retry_reruns_a_transaction_another_node_aborted() {
 
 #[test]
 fn retried_locked_writes_on_every_node_add_up_exactly() {
-    // Half the writers retry `with_lock`, half run `transaction_with_retry`
-    // around a `FOR UPDATE` read: the losers of each certification run again.
-    let cluster = Cluster::with_hot_item("retry_locked");
+    retried_locked_writes("retry_locked", "locked writes", false);
+}
+
+#[test]
+fn retried_locked_writes_add_up_while_another_connection_opens_stand_ins() {
+    // The same writers while another connection of the process keeps opening
+    // stand-ins (as a concurrent test's nested call does): every writer's
+    // transaction then asks the server before COMMIT whether it is still its
+    // own, and a writer that another node overtook after its last statement
+    // meets the abort's 1213 at that question.
+    retried_locked_writes("retry_locked_stand_ins", "locked writes, stand-ins", true);
+}
+
+/// Half the writers retry `with_lock`, half run `transaction_with_retry` around
+/// a `FOR UPDATE` read: the losers of each certification run again. With
+/// `stand_ins`, another connection opens stand-ins ([`opens_a_stand_in`]) over
+/// and over while they write.
+fn retried_locked_writes(test: &str, label: &str, stand_ins: bool) {
+    let cluster = Cluster::with_hot_item(test);
     let started = Instant::now();
-    let counts = spread(&cluster, |conn, t, counts| {
-        if t % 2 == 0 {
-            lockkit::retry(&policy(), |attempt| {
-                count(counts, attempt);
-                lockkit::with_lock(conn, 1, LockOptions::default(), |conn, item: Item| {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let counts = thread::scope(|s| {
+        if stand_ins {
+            let (done, mut other) = (&done, cluster.node(0));
+            s.spawn(move || {
+                while !done.load(Ordering::Relaxed) {
+                    opens_a_stand_in(&mut other);
+                    thread::sleep(Duration::from_millis(1));
+                }
+            });
+        }
+        let counts = spread(&cluster, |conn, t, counts| {
+            if t % 2 == 0 {
+                lockkit::retry(&policy(), |attempt| {
+                    count(counts, attempt);
+                    lockkit::with_lock(conn, 1, LockOptions::default(), |conn, item: Item| {
+                        diesel::update(items::table.find(1))
+                            .set(items::stock.eq(item.stock + 1))
+                            .execute(conn)?;
+                        Ok::<_, Error>(())
+                    })
+                })
+            } else {
+                let mut attempt = 0;
+                lockkit::transaction_with_retry(conn, &policy(), |conn| {
+                    attempt += 1;
+                    count(counts, attempt);
+                    let stock = items::table
+                        .find(1)
+                        .select(items::stock)
+                        .for_update()
+                        .first::<i32>(conn)?;
                     diesel::update(items::table.find(1))
-                        .set(items::stock.eq(item.stock + 1))
+                        .set(items::stock.eq(stock + 1))
                         .execute(conn)?;
                     Ok::<_, Error>(())
                 })
-            })
-        } else {
-            let mut attempt = 0;
-            lockkit::transaction_with_retry(conn, &policy(), |conn| {
-                attempt += 1;
-                count(counts, attempt);
-                let stock = items::table
-                    .find(1)
-                    .select(items::stock)
-                    .for_update()
-                    .first::<i32>(conn)?;
-                diesel::update(items::table.find(1))
-                    .set(items::stock.eq(stock + 1))
-                    .execute(conn)?;
-                Ok::<_, Error>(())
-            })
-        }
+            }
+        });
+        done.store(true, Ordering::Relaxed);
+        counts
     });
     let total = WRITERS as i32 * WRITES;
     let (stock, version) = cluster.item();
@@ -474,7 +504,7 @@ fn retried_locked_writes_on_every_node_add_up_exactly() {
         (total / 2..=total / 2 + retries).contains(&version),
         "version {version}, {retries} retries"
     );
-    the_writers_met(&cluster, "locked writes", total, &counts, started);
+    the_writers_met(&cluster, label, total, &counts, started);
 }
 
 #[test]
@@ -608,15 +638,14 @@ fn a_retried_lock_reuses_a_multi_connection_whose_rollback_the_node_refused() {
     });
 }
 
-/// Opens lockkit's read-only stand-in for an aborted transaction on a
-/// connection of its own (to node 1), as any code of the process does whose
-/// transaction ended under a nested lockkit call (here the transaction is
-/// ended by hand, as InnoDB ends a deadlock's victim): from then on, every
-/// outermost lockkit transaction whose work was running asks the server
+/// Opens lockkit's read-only stand-in for an aborted transaction on `conn`, as
+/// any code of the process does whose transaction ended under a nested lockkit
+/// call (here the transaction is ended by hand, as InnoDB ends a deadlock's
+/// victim); the stand-in is rolled back with the transaction. From then on,
+/// every outermost lockkit transaction whose work was running asks the server
 /// before `COMMIT` whether its transaction is still its own.
-fn another_connection_opens_a_stand_in(cluster: &Cluster) {
-    let mut other = cluster.node(0);
-    let nested = other.transaction(|conn| {
+fn opens_a_stand_in(conn: &mut MysqlConnection) {
+    let nested = conn.transaction(|conn| {
         conn.batch_execute("ROLLBACK")?;
         lockkit::transaction_with_retry(conn, &RetryPolicy::immediate(1), |_| {
             Err::<(), _>(Error::Busy)
@@ -641,7 +670,7 @@ fn a_locked_write_overtaken_while_its_work_ends_is_not_reported_committed() {
         add_stock(conn, 1)?;
         node_2_adds_10(&cluster).0.unwrap();
         node_1_sees_node_2s_10(&cluster)?;
-        another_connection_opens_a_stand_in(&cluster);
+        opens_a_stand_in(&mut cluster.node(0));
         Ok::<_, Error>(())
     });
     let (stock, _) = cluster.item();
