@@ -409,8 +409,14 @@ pub(crate) mod mysql {
             StandIn::NoTransaction => Ok(false),
             StandIn::Alive => Ok(true),
             StandIn::Probe(token) => match StandIn::probe(&token) {
-                Some(probe) if conn.batch_execute(&probe).is_ok() => Ok(false),
-                _ => conn.batch_execute(StandIn::FORGET).map(|()| true),
+                Some(probe) => match conn.batch_execute(&probe) {
+                    Ok(()) => Ok(false),
+                    // The probe met the abort of the caller's transaction
+                    // (Galera's 1213 at the next statement): it has ended.
+                    Err(err) if crate::transaction::ends_transaction(&err) => Err(err),
+                    Err(_) => conn.batch_execute(StandIn::FORGET).map(|()| true),
+                },
+                None => conn.batch_execute(StandIn::FORGET).map(|()| true),
             },
         }
     }

@@ -504,6 +504,12 @@ pub(crate) fn connection_lost(cause: Option<&Error>) -> Option<Error> {
 /// `innodb_rollback_on_timeout`); MySQL has no such variable, but always ends the
 /// transaction of a deadlock victim. Shared by the blocking and the async
 /// connection, which each ask in their own way.
+///
+/// A question that fails with a deadlock (1213) met the abort itself: Galera
+/// reports a transaction that another node's write aborted while its client sat
+/// between statements at the client's next statement, which may be this one.
+/// The transaction is gone, and a `COMMIT` sent after it would commit nothing
+/// and succeed.
 #[cfg(feature = "mysql")]
 pub(crate) fn ended_unless_open(
     open: diesel::QueryResult<bool>,
@@ -513,13 +519,22 @@ pub(crate) fn ended_unless_open(
         Ok(true) => None,
         Ok(false) => Some(Error::Deadlock),
         Err(err) => match (cause, crate::classify(err)) {
-            (Some(Error::Deadlock), _) => Some(Error::Deadlock),
+            (Some(Error::Deadlock), _) | (_, Error::Deadlock) => Some(Error::Deadlock),
             (_, Error::ConnectionLost) | (Some(Error::ConnectionLost), _) => {
                 Some(Error::ConnectionLost)
             }
             _ => None,
         },
     }
+}
+
+/// Whether a failed statement's error is a deadlock (1213), which on
+/// MySQL/MariaDB ends the whole transaction: what the stand-in's probe reads,
+/// for the blocking and the async connection.
+#[cfg(feature = "mysql")]
+pub(crate) fn ends_transaction(err: &diesel::result::Error) -> bool {
+    matches!(err, diesel::result::Error::DatabaseError(_, info)
+        if crate::error::classification::is_deadlock(info.message()))
 }
 
 /// Whether a transaction is open on `conn`, for any connection type (pooled ones
