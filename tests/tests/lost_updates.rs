@@ -311,7 +311,7 @@ mod mysql_aborted {
     use super::*;
     use diesel::MysqlConnection;
     use lockkit::{retry, LockOptions, RetryPolicy};
-    use lockkit_tests::aborts::beside_neighbour;
+    use lockkit_tests::aborts::{beside_neighbour, Cue};
     use lockkit_tests::{exec, TestDb};
 
     /// Item 2's stock and the count of order lines, read on a new connection.
@@ -320,6 +320,26 @@ mod mysql_aborted {
         let stock = stock_of!(&mut fresh, 2);
         let lines = orders::table.count().get_result::<i64>(&mut fresh).unwrap();
         (stock, lines)
+    }
+
+    /// Sells one unit of item 2 the README's way: re-read, change,
+    /// `update_versioned`.
+    fn sell_two(conn: &mut MysqlConnection) -> Result<(), Error> {
+        let mut two = item!(conn, 2);
+        two.stock -= 1;
+        two.update_versioned(conn)
+    }
+
+    /// Run `run` of an owner's work, which holds item 1: records order line
+    /// `run`, waits for the cue on the first run, then [`sell_two`] in a nested
+    /// `retry`, whose UPDATE is then the deadlock's victim.
+    fn record_and_sell(conn: &mut MysqlConnection, run: i32, cue: &Cue) -> Result<(), Error> {
+        let line = format!("INSERT INTO orders (id, item_id, qty) VALUES ({run}, NULL, 1)");
+        exec(conn, &line);
+        if run == 1 {
+            cue.wait();
+        }
+        retry(&RetryPolicy::default(), |_| sell_two(conn))
     }
 
     /// README, Guarantees: "Nothing is retried inside a transaction the server
@@ -358,11 +378,7 @@ mod mysql_aborted {
     #[test]
     fn a_deadlocked_versioned_write_under_a_nested_retry_commits_nothing() {
         // Re-read, change, `update_versioned`.
-        nested_retry_commits_nothing("nested_retry_versioned_deadlock", |conn| {
-            let mut two = item!(conn, 2);
-            two.stock -= 1;
-            two.update_versioned(conn)
-        });
+        nested_retry_commits_nothing("nested_retry_versioned_deadlock", sell_two);
     }
 
     #[test]
@@ -390,18 +406,8 @@ mod mysql_aborted {
         let outcome: Result<(), Error> = beside_neighbour(&db, "mysql", |conn, cue| {
             lockkit::transaction_with_retry(conn, &RetryPolicy::default(), |conn| {
                 runs += 1;
-                let line =
-                    format!("INSERT INTO orders (id, item_id, qty) VALUES ({runs}, NULL, 1)");
-                exec(conn, &line);
                 exec(conn, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
-                if runs == 1 {
-                    cue.wait();
-                }
-                retry(&RetryPolicy::default(), |_| {
-                    let mut two = item!(conn, 2);
-                    two.stock -= 1;
-                    two.update_versioned(conn)
-                })
+                record_and_sell(conn, runs, cue)
             })
         });
         let (stock, lines) = sold_and_lines(&db);
@@ -427,17 +433,7 @@ mod mysql_aborted {
             retry(&RetryPolicy::default(), |_| {
                 lockkit::with_lock(conn, 1, LockOptions::default(), |conn, _one: Item| {
                     runs += 1;
-                    let line =
-                        format!("INSERT INTO orders (id, item_id, qty) VALUES ({runs}, NULL, 1)");
-                    exec(conn, &line);
-                    if runs == 1 {
-                        cue.wait();
-                    }
-                    retry(&RetryPolicy::default(), |_| {
-                        let mut two = item!(conn, 2);
-                        two.stock -= 1;
-                        two.update_versioned(conn)
-                    })
+                    record_and_sell(conn, runs, cue)
                 })
             })
         });
