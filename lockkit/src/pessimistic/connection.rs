@@ -33,6 +33,20 @@
 //! cause. The question costs one statement, on the error path of nested calls only.
 //! The async connections (`lockkit::asynchronous`) ask and answer the same way.
 //!
+//! A single write of lockkit's inside a transaction (a versioned write,
+//! [`atomic::update_if`](crate::atomic::update_if)) that is the deadlock's victim
+//! returns `TransactionAborted` too, so that a `retry` around it does not run it
+//! again in autocommit; lockkit's journal saw the statement end the transaction,
+//! and nothing is asked. When the outermost transaction is lockkit's own and its
+//! work fails after such an abort, it confirms with the server and returns the
+//! cause ([`Error::Deadlock`]) in the work's error type, whatever the work
+//! returned: a `retry` around `with_lock` runs the whole transaction again.
+//!
+//! On Galera, another node's write can abort a transaction while its client sits
+//! between statements; the client learns it (a deadlock, 1213) at its next
+//! statement, which may be lockkit's question itself. A question (or a probe)
+//! that fails with a deadlock therefore means the transaction has ended.
+//!
 //! Code that catches that error and goes on would write in autocommit, each
 //! statement committed on its own. So lockkit also opens a read-only transaction
 //! in the aborted one's place, only while Diesel still counts the caller's as open:
