@@ -239,6 +239,42 @@ mod mysql_aborted {
         not_applied_twice("async_owner_retry_update_if_deadlock", Sell::Conditional).await;
     }
 
+    /// The blocking side's `a_deadlocked_bulk_versioned_update_outside_a_transaction_is_retried`,
+    /// on diesel-async: `update_all_by_version` owns its transaction, whose
+    /// UPDATE of item 2 is the deadlock's victim; the `retry` around it runs it
+    /// again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_deadlocked_bulk_versioned_update_outside_a_transaction_is_retried() {
+        let stage = Stage::new("async_bulk_versioned_deadlock_retry");
+        let attempts = AtomicU32::new(0);
+        let conn = tokio::sync::Mutex::new(stage.connect().await);
+        stage.cue();
+        let outcome = lockkit::asynchronous::retry(&RetryPolicy::default(), |_| async {
+            attempts.fetch_add(1, Ordering::SeqCst);
+            let mut conn = conn.lock().await;
+            let one = item!(&mut *conn, 1).lock_version;
+            let two = item!(&mut *conn, 2).lock_version;
+            let sale = items::stock.eq(items::stock - 1);
+            Item::update_all_by_version(&mut *conn, &[(1, one), (2, two)], sale)
+                .await
+                .map(drop)
+        })
+        .await;
+        let attempts = AtomicU32::load(&attempts, Ordering::SeqCst);
+        let mut fresh = stage.connect().await;
+        let stock = |id: i32| items::table.find(id).select(items::stock);
+        let stocks: (i32, i32) = (
+            stock(1).first(&mut fresh).await.unwrap(),
+            stock(2).first(&mut fresh).await.unwrap(),
+        );
+        stage.sold_and_lines().await;
+        assert!(
+            outcome.is_ok() && stocks == (9, 9),
+            "stocks of items 1 and 2: {stocks:?} after {attempts} attempts; the caller got \
+             {outcome:?}"
+        );
+    }
+
     /// The blocking side's `a_deadlocked_versioned_write_in_an_outermost_with_lock_is_retried_whole`,
     /// on diesel-async: `with_lock` on item 1 inside `retry` owns the
     /// transaction, records an order line, then [`sell_two`]. The outer retry

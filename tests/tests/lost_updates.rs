@@ -420,6 +420,35 @@ mod mysql_aborted {
     }
 
     #[test]
+    fn a_deadlocked_bulk_versioned_update_outside_a_transaction_is_retried() {
+        // `update_all_by_version` opens the outermost transaction itself; its
+        // UPDATE of item 2 (after item 1's) is the deadlock's victim. Nothing of
+        // it is left, so the `retry` around it must run it again: `Ok`, and
+        // both rows written once.
+        let db = TestDb::<MysqlConnection>::new("bulk_versioned_deadlock_retry");
+        let mut attempts = 0;
+        let outcome: Result<(), Error> = beside_neighbour(&db, "mysql", |conn, cue| {
+            cue.wait();
+            retry(&RetryPolicy::default(), |_| {
+                attempts += 1;
+                let rows = [
+                    (1, item!(conn, 1).lock_version),
+                    (2, item!(conn, 2).lock_version),
+                ];
+                Item::update_all_by_version(conn, &rows, items::stock.eq(items::stock - 1))
+                    .map(drop)
+            })
+        });
+        let mut fresh = db.connect();
+        let stocks = (stock_of!(&mut fresh, 1), stock_of!(&mut fresh, 2));
+        assert!(
+            outcome.is_ok() && stocks == (9, 9),
+            "stocks of items 1 and 2: {stocks:?} after {attempts} attempts; the caller got \
+             {outcome:?}"
+        );
+    }
+
+    #[test]
     fn a_deadlocked_versioned_write_in_an_outermost_with_lock_is_retried_whole() {
         // The owner of the outermost transaction is lockkit's `with_lock`, inside
         // the README's `retry`; a nested `retry` sells item 2 with

@@ -602,6 +602,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         UpdateVersioned<Self, BySql<C>>: ExecuteDsl<Conn>,
     {
         let order = key_order::<Self, _>(rows)?;
+        let nested = crate::transaction::in_transaction(conn);
         conn.transaction(|conn| {
             let mut versions = vec![None; rows.len()];
             let mut stale = Vec::new();
@@ -621,6 +622,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
             }
             all_or_none(versions, stale)
         })
+        .map_err(|err| crate::transaction::owners_error(err, nested))
     }
 
     /// The unexecuted statement of [`update_versioned`](Self::update_versioned), for

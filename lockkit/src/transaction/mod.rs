@@ -492,6 +492,15 @@ impl<E: From<Error>> Failed<E> {
     }
 }
 
+/// The error of a transaction lockkit opened with Diesel's own `transaction`
+/// around its own statements (no work of the caller's), `nested` in an open one
+/// or not, decided as [`finish`] decides lockkit's own failures: an outermost
+/// one hands on the cause of a [`Error::TransactionAborted`] (a write in it was
+/// the victim of a deadlock that ended it), since a new transaction may begin.
+pub(crate) fn owners_error(err: Error, nested: bool) -> Error {
+    Failed::<Error>::Lockkit(err).into_error(nested, None)
+}
+
 /// [`Control::transaction_ended`] where the server is not asked: only a lost
 /// connection ends the whole transaction.
 pub(crate) fn connection_lost(cause: Option<&Error>) -> Option<Error> {
