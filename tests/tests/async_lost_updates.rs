@@ -239,6 +239,38 @@ mod mysql_aborted {
         not_applied_twice("async_owner_retry_update_if_deadlock", Sell::Conditional).await;
     }
 
+    /// The blocking side's `a_write_after_a_caught_abort_of_a_versioned_write_is_refused`,
+    /// on diesel-async: in the caller's own transaction, which holds item 1,
+    /// [`sell_two`] is the deadlock's victim; the caller catches its
+    /// `TransactionAborted` and records an order line, which must not commit
+    /// on its own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_write_after_a_caught_abort_of_a_versioned_write_is_refused() {
+        use diesel_async::AsyncConnection;
+        let stage = Stage::new("async_caught_versioned_abort_write");
+        let mut conn = stage.connect().await;
+        let mut caught = None;
+        let outcome: Result<(), Error> = conn
+            .transaction(async |conn| {
+                conn.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")
+                    .await?;
+                stage.cue();
+                caught = Some(sell_two(conn, Sell::Versioned).await);
+                conn.batch_execute("INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)")
+                    .await
+                    .map_err(lockkit::classify)
+            })
+            .await;
+        let (stock, lines) = stage.sold_and_lines().await;
+        assert!(
+            matches!(caught, Some(Err(Error::TransactionAborted(_))))
+                && matches!(outcome, Err(Error::ReadOnly))
+                && (stock, lines) == (10, 0),
+            "the write caught {caught:?}; the caller got {outcome:?}; item 2's stock {stock}, \
+             order lines {lines}"
+        );
+    }
+
     /// The blocking side's `a_deadlocked_bulk_versioned_update_outside_a_transaction_is_retried`,
     /// on diesel-async: `update_all_by_version` owns its transaction, whose
     /// UPDATE of item 2 is the deadlock's victim; the `retry` around it runs it

@@ -420,6 +420,35 @@ mod mysql_aborted {
     }
 
     #[test]
+    fn a_write_after_a_caught_abort_of_a_versioned_write_is_refused() {
+        // README, Guarantees: "A write after a caught abort is refused". The
+        // caller's transaction holds item 1; `sell_two`'s UPDATE is the
+        // deadlock's victim, and the caller catches its `TransactionAborted` and
+        // records an order line: that INSERT must not commit on its own.
+        let db = TestDb::<MysqlConnection>::new("caught_versioned_abort_write");
+        let mut caught = None;
+        let outcome: Result<(), Error> = beside_neighbour(&db, "mysql", |conn, cue| {
+            conn.transaction(|conn| {
+                exec(conn, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
+                cue.wait();
+                caught = Some(sell_two(conn));
+                diesel::sql_query("INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)")
+                    .execute(conn)
+                    .map_err(lockkit::classify)?;
+                Ok(())
+            })
+        });
+        let (stock, lines) = sold_and_lines(&db);
+        assert!(
+            matches!(caught, Some(Err(Error::TransactionAborted(_))))
+                && matches!(outcome, Err(Error::ReadOnly))
+                && (stock, lines) == (10, 0),
+            "the write caught {caught:?}; the caller got {outcome:?}; item 2's stock {stock}, \
+             order lines {lines}"
+        );
+    }
+
+    #[test]
     fn a_deadlocked_bulk_versioned_update_outside_a_transaction_is_retried() {
         // `update_all_by_version` opens the outermost transaction itself; its
         // UPDATE of item 2 (after item 1's) is the deadlock's victim. Nothing of

@@ -55,9 +55,10 @@ where
     S: ExecuteDsl<Conn> + Send,
 {
     crate::journal::before_write(&mut AsyncWatched(&mut *conn));
-    let rows = statement.execute(conn).await.map_err(|err| {
-        crate::journal::failed_write(&mut AsyncWatched(&mut *conn), classify(err))
-    })?;
+    let rows = match statement.execute(conn).await {
+        Ok(rows) => rows,
+        Err(err) => return Err(super::connection::failed_write(conn, classify(err)).await),
+    };
     matched(rows)
 }
 

@@ -259,6 +259,31 @@ pub(crate) async fn ended_by_statement<C: AsyncLockingConnection>(conn: &mut C) 
     }
 }
 
+/// The blocking side's [`failed_write`](crate::transaction::failed_write) on an
+/// async connection.
+pub(crate) async fn failed_write<C: AsyncConnection>(conn: &mut C, err: Error) -> Error {
+    if !crate::journal::write_ended_transaction(&mut crate::journal::AsyncWatched(&mut *conn), &err)
+    {
+        return err;
+    }
+    open_stand_in(conn).await;
+    Error::TransactionAborted(Box::new(err))
+}
+
+/// The blocking side's [`open_stand_in`](crate::transaction::open_stand_in) on
+/// an async connection.
+pub(crate) async fn open_stand_in<C: AsyncConnection>(conn: &mut C) {
+    // On a lost connection this fails too, and there is nothing to keep.
+    #[cfg(feature = "mysql")]
+    for statement in crate::transaction::keep_aborted_sql() {
+        if conn.batch_execute(&statement).await.is_err() {
+            break;
+        }
+    }
+    #[cfg(not(feature = "mysql"))]
+    let _ = conn;
+}
+
 /// Installs lockkit's journal on `conn` unless it has instrumentation of its
 /// own: it sees a statement end the transaction even when the work lets the
 /// error go ([`ended_by`](crate::journal::ended_by)).
@@ -416,12 +441,7 @@ mod mysql {
         }
 
         async fn keep_aborted(&mut self) {
-            // On a lost connection this fails too, and there is nothing to keep.
-            for statement in crate::transaction::keep_aborted_sql() {
-                if self.batch_execute(&statement).await.is_err() {
-                    break;
-                }
-            }
+            super::open_stand_in(self).await;
         }
 
         async fn repair(&mut self) {

@@ -501,9 +501,10 @@ where
     } = prepare::<M, _>(watched, key, row.as_deref(), expected, origin, operation)?;
     let rows = match plan {
         journal::Plan::Refuse { .. } => 0,
-        _ => execute_once::<M, Conn, S>(conn, key, move || statement(checked))
-            .await
-            .map_err(|err| journal::failed_write(&mut AsyncWatched(&mut *conn), err))?,
+        _ => match execute_once::<M, Conn, S>(conn, key, move || statement(checked)).await {
+            Ok(rows) => rows,
+            Err(err) => return Err(super::connection::failed_write(conn, err).await),
+        },
     };
     if rows == 1 {
         let next = match next {

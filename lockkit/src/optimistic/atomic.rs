@@ -129,7 +129,7 @@ where
 {
     crate::journal::before_write(conn);
     let rows = ExecuteDsl::execute(statement, conn)
-        .map_err(|err| crate::journal::failed_write(conn, classify(err)))?;
+        .map_err(|err| crate::transaction::failed_write(conn, classify(err)))?;
     matched(rows)
 }
 

@@ -526,7 +526,7 @@ pub(crate) fn ended_by<W: Watched>(conn: &mut W) -> Option<crate::Error> {
 
 /// Whether the journal saw a statement roll back the whole open transaction on
 /// `conn` (MySQL/MariaDB's deadlock), so that the next statements would run in
-/// autocommit: [`failed_write`], and the end of an outermost lockkit
+/// autocommit: [`write_ended_transaction`], and the end of an outermost lockkit
 /// transaction whose work failed, ask it. PostgreSQL's aborted transaction is not
 /// such a case: it stays open, refusing statements, until a rollback.
 pub(crate) fn rolled_back_whole<W: Watched>(conn: &mut W) -> bool {
@@ -539,28 +539,25 @@ pub(crate) fn rolled_back_whole<W: Watched>(conn: &mut W) -> bool {
 
 /// Before a write statement of lockkit's that runs in the caller's transaction
 /// (a versioned write, [`atomic::update_if`](crate::atomic::update_if)): the
-/// journal watches it, so that [`failed_write`] can tell whether it ended the
-/// transaction. Outside a transaction nothing is installed.
+/// journal watches it, so that [`write_ended_transaction`] can tell whether it
+/// ended the transaction. Outside a transaction nothing is installed.
 pub(crate) fn before_write<W: Watched>(conn: &mut W) {
     if conn.depth().is_some() {
         let _ = journal_of(conn);
     }
 }
 
-/// A write statement of lockkit's ([`before_write`]) failed with `err`. Where that rolled back the
-/// whole open transaction ([`rolled_back_whole`]), the write reports
-/// [`TransactionAborted`](crate::Error::TransactionAborted), which no retry
-/// takes up: a `retry` around the write would otherwise run it again in
-/// autocommit, outside the caller's transaction that the server rolled back,
-/// and commit half of the caller's work. The owner of the outermost transaction
-/// runs it again whole: lockkit's own outermost transactions hand on the cause,
-/// retryable ([`transaction`](crate::transaction)).
-pub(crate) fn failed_write<W: Watched>(conn: &mut W, err: crate::Error) -> crate::Error {
-    if err.is_retryable() && rolled_back_whole(conn) {
-        crate::Error::TransactionAborted(Box::new(err))
-    } else {
-        err
-    }
+/// A write statement of lockkit's ([`before_write`]) failed with `err`: whether
+/// that rolled back the whole open transaction ([`rolled_back_whole`]), so that
+/// the write must report [`TransactionAborted`](crate::Error::TransactionAborted),
+/// which no retry takes up (a `retry` around the write would otherwise run it
+/// again in autocommit, outside the caller's transaction that the server rolled
+/// back, and commit half of the caller's work), and keep the caller's next
+/// statements out of autocommit. Decided here for the blocking
+/// ([`transaction::failed_write`](crate::transaction::failed_write)) and the
+/// async write.
+pub(crate) fn write_ended_transaction<W: Watched>(conn: &mut W, err: &crate::Error) -> bool {
+    err.is_retryable() && rolled_back_whole(conn)
 }
 
 /// Whether `conn` has Diesel's built-in "no instrumentation".

@@ -417,7 +417,7 @@ where
     let rows = match plan {
         Plan::Refuse { .. } => 0,
         _ => execute_once::<M, _, _>(conn, key, statement(checked))
-            .map_err(|err| journal::failed_write(conn, err))?,
+            .map_err(|err| crate::transaction::failed_write(conn, err))?,
     };
     if rows == 1 {
         let next = match next {

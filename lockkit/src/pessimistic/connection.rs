@@ -36,8 +36,8 @@
 //! A single write of lockkit's inside a transaction (a versioned write,
 //! [`atomic::update_if`](crate::atomic::update_if)) that is the deadlock's victim
 //! returns `TransactionAborted` too, so that a `retry` around it does not run it
-//! again in autocommit; lockkit's journal saw the statement end the transaction,
-//! and nothing is asked. When the outermost transaction is lockkit's own and its
+//! again in autocommit, and opens the stand-in below; lockkit's journal saw the
+//! statement end the transaction, and nothing is asked. When the outermost transaction is lockkit's own and its
 //! work fails after such an abort, it confirms with the server and returns the
 //! cause ([`Error::Deadlock`]) in the work's error type, whatever the work
 //! returned: a `retry` around `with_lock` runs the whole transaction again.
@@ -551,13 +551,7 @@ pub(crate) mod mysql {
         }
 
         fn keep_aborted(&mut self) {
-            use diesel::connection::SimpleConnection;
-            // On a lost connection this fails too, and there is nothing to keep.
-            for statement in crate::transaction::keep_aborted_sql() {
-                if self.batch_execute(&statement).is_err() {
-                    break;
-                }
-            }
+            crate::transaction::open_stand_in(self);
         }
 
         fn repair(&mut self) {

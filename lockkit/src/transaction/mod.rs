@@ -142,6 +142,38 @@ pub(crate) fn require_live<C: Control>(conn: &mut C) -> Result<(), Error> {
     }
 }
 
+/// A single write statement of lockkit's in the caller's transaction (a
+/// versioned write, [`atomic::update_if`](crate::atomic::update_if)) failed with
+/// `err`. Where that rolled back the whole transaction
+/// ([`journal::write_ended_transaction`](crate::journal::write_ended_transaction)),
+/// the write reports [`Error::TransactionAborted`] and opens the read-only
+/// stand-in ([`keep_aborted_sql`]), as a nested lockkit transaction does: the
+/// caller's later writes fail instead of committing on their own. The owner of
+/// the outermost transaction runs it again whole. The async write's twin does
+/// the same.
+pub(crate) fn failed_write<C: Connection>(conn: &mut C, err: Error) -> Error {
+    if !crate::journal::write_ended_transaction(conn, &err) {
+        return err;
+    }
+    open_stand_in(conn);
+    Error::TransactionAborted(Box::new(err))
+}
+
+/// Opens the read-only stand-in for an aborted transaction
+/// ([`keep_aborted_sql`]) on any blocking connection: MySQL/MariaDB's
+/// [`Control::keep_aborted`], and [`failed_write`]'s.
+pub(crate) fn open_stand_in<C: diesel::connection::SimpleConnection>(conn: &mut C) {
+    // On a lost connection this fails too, and there is nothing to keep.
+    #[cfg(feature = "mysql")]
+    for statement in keep_aborted_sql() {
+        if conn.batch_execute(&statement).is_err() {
+            break;
+        }
+    }
+    #[cfg(not(feature = "mysql"))]
+    let _ = conn;
+}
+
 /// What [`Control::keep_aborted`] sends on MySQL/MariaDB, for the blocking and
 /// the async connection. When InnoDB rolls back a whole transaction (a
 /// deadlock's victim) under a savepoint, the caller's code may catch the error
