@@ -92,8 +92,8 @@ pub use pessimistic::{advisory, lock_waits, queue};
 
 pub use error::{classify, classify_nowait};
 pub use error::{
-    ColumnValue, CurrentState, Error, Operation, Result, StaleColumnsError, StaleObjectError,
-    StaleRecord,
+    Aborted, ColumnValue, CurrentState, Error, Operation, Result, StaleColumnsError,
+    StaleObjectError, StaleRecord,
 };
 pub use isolation::serializable;
 pub use optimistic::{VersionNumber, Versioned};

@@ -191,8 +191,11 @@ impl RetryPolicy {
 ///
 /// Inside a transaction you opened yourself, a lockkit call whose transaction the
 /// server rolled back reports [`Error::TransactionAborted`], which is not
-/// retryable: `retry` returns it at once, for you to roll back (return it from the
-/// transaction's closure) and, if you like, run the whole transaction again.
+/// retryable while that transaction is open: a `retry` inside it returns it at
+/// once, for you to roll back (return it from the transaction's closure). Once
+/// the transaction has rolled back, the error is retryable like its cause
+/// ([`Aborted::is_settled`](crate::Aborted::is_settled)), so a `retry` around the
+/// whole transaction runs it again.
 ///
 /// # Errors
 ///
@@ -279,7 +282,7 @@ pub(crate) fn after_failure<E: RetryableError>(
 ///   owner of the transaction runs it again in a new one.
 pub(crate) fn may_retry<E: RetryableError>(err: &E, nested: bool) -> bool {
     match err.lockkit_error() {
-        Some(Error::TransactionAborted(cause)) if !nested => cause.is_retryable(),
+        Some(Error::TransactionAborted(aborted)) if !nested => aborted.cause().is_retryable(),
         Some(Error::SerializationFailure) if nested => false,
         _ => err.is_retryable(),
     }

@@ -271,6 +271,44 @@ mod mysql_aborted {
         );
     }
 
+    /// The blocking side's `a_retry_around_the_callers_transaction_runs_it_again_after_a_deadlocked_versioned_write`,
+    /// on diesel-async: `retry` around the caller's own transaction, which
+    /// records an order line and then [`sell_two`]; the abort is settled by the
+    /// caller's rollback, and the retry runs the transaction again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_retry_around_the_callers_transaction_runs_it_again_after_a_deadlocked_versioned_write(
+    ) {
+        use diesel_async::AsyncConnection;
+        let stage = Stage::new("async_retry_around_own_transaction");
+        let runs = AtomicU32::new(0);
+        let conn = tokio::sync::Mutex::new(stage.connect().await);
+        let outcome = lockkit::asynchronous::retry(&RetryPolicy::default(), |_| async {
+            let mut conn = conn.lock().await;
+            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            conn.transaction::<_, Error, _>(async |conn| {
+                conn.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")
+                    .await?;
+                conn.batch_execute(&format!(
+                    "INSERT INTO orders (id, item_id, qty) VALUES ({run}, NULL, 1)"
+                ))
+                .await?;
+                if run == 1 {
+                    stage.cue();
+                }
+                sell_two(conn, Sell::Versioned).await
+            })
+            .await
+        })
+        .await;
+        let runs = AtomicU32::load(&runs, Ordering::SeqCst);
+        let (stock, lines) = stage.sold_and_lines().await;
+        assert!(
+            outcome.is_ok() && (stock, lines) == (9, 1),
+            "item 2's stock {stock}, order lines {lines} after {runs} runs; the caller got \
+             {outcome:?}"
+        );
+    }
+
     /// The blocking side's `a_deadlocked_bulk_versioned_update_outside_a_transaction_is_retried`,
     /// on diesel-async: `update_all_by_version` owns its transaction, whose
     /// UPDATE of item 2 is the deadlock's victim; the `retry` around it runs it

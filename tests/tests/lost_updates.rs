@@ -449,6 +449,39 @@ mod mysql_aborted {
     }
 
     #[test]
+    fn a_retry_around_the_callers_transaction_runs_it_again_after_a_deadlocked_versioned_write() {
+        // The README's `retry` (and the shop example's optimistic strategy)
+        // around the caller's own Diesel transaction: an order line, then
+        // `sell_two`, whose UPDATE is the deadlock's victim on the first run.
+        // Nothing of that run is left once the caller rolled it back, so the
+        // `TransactionAborted` it returned is retryable by then, and the retry
+        // runs the whole transaction again: `Ok`, one order line, one unit sold.
+        let db = TestDb::<MysqlConnection>::new("retry_around_own_transaction");
+        let mut runs = 0;
+        let outcome: Result<(), Error> = beside_neighbour(&db, "mysql", |conn, cue| {
+            retry(&RetryPolicy::default(), |_| {
+                runs += 1;
+                conn.transaction(|conn| {
+                    exec(conn, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
+                    let line =
+                        format!("INSERT INTO orders (id, item_id, qty) VALUES ({runs}, NULL, 1)");
+                    exec(conn, &line);
+                    if runs == 1 {
+                        cue.wait();
+                    }
+                    sell_two(conn)
+                })
+            })
+        });
+        let (stock, lines) = sold_and_lines(&db);
+        assert!(
+            outcome.is_ok() && (stock, lines) == (9, 1),
+            "item 2's stock {stock}, order lines {lines} after {runs} runs; the caller got \
+             {outcome:?}"
+        );
+    }
+
+    #[test]
     fn a_deadlocked_bulk_versioned_update_outside_a_transaction_is_retried() {
         // `update_all_by_version` opens the outermost transaction itself; its
         // UPDATE of item 2 (after item 1's) is the deadlock's victim. Nothing of

@@ -142,7 +142,7 @@ fn transaction<T>(
     f: impl FnOnce(&mut AnyConnection) -> Result<T, Error>,
 ) -> Result<T, Error> {
     lockkit::locked_transaction(pooled, LockOptions::default(), f).map_err(|err| match err {
-        Error::TransactionAborted(cause) => *cause,
+        Error::TransactionAborted(aborted) => aborted.into_cause(),
         other => other,
     })
 }

@@ -225,7 +225,10 @@ pub(crate) async fn began<C: AsyncLockingConnection>(
     if nested {
         if let Some(cause) = ended_by_statement(conn).await {
             conn.keep_aborted().await;
-            return Err(Error::TransactionAborted(Box::new(cause)));
+            return Err(crate::journal::aborted(
+                &mut crate::journal::AsyncWatched(conn),
+                cause,
+            ));
         }
     }
     Ok(crate::transaction::Began::with_work(nested))
@@ -241,7 +244,10 @@ pub(crate) async fn require_live<C: AsyncLockingConnection>(conn: &mut C) -> Res
     match ended_by_statement(conn).await {
         Some(cause) => {
             conn.keep_aborted().await;
-            Err(Error::TransactionAborted(Box::new(cause)))
+            Err(crate::journal::aborted(
+                &mut crate::journal::AsyncWatched(conn),
+                cause,
+            ))
         }
         None => Ok(()),
     }
@@ -267,7 +273,7 @@ pub(crate) async fn failed_write<C: AsyncConnection>(conn: &mut C, err: Error) -
         return err;
     }
     open_stand_in(conn).await;
-    Error::TransactionAborted(Box::new(err))
+    crate::journal::aborted(&mut crate::journal::AsyncWatched(conn), err)
 }
 
 /// The blocking side's [`open_stand_in`](crate::transaction::open_stand_in) on

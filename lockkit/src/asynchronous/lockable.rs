@@ -329,7 +329,9 @@ where
             return Err(E::from(classify(rollback)));
         }
     }
-    Err(failed.into_error(nested, ended))
+    Err(failed.into_error(nested, ended, |cause| {
+        crate::journal::aborted(&mut crate::journal::AsyncWatched(conn), cause)
+    }))
 }
 
 /// The locked read of [`with_lock`], in its transaction: the row, its version

@@ -18,8 +18,11 @@
 //! assert_eq!(http_status(&Error::Deadlock), 503);
 //! ```
 
+mod aborted;
 pub mod classification;
 
+pub use aborted::Aborted;
+pub(crate) use aborted::Settler;
 pub use classification::{classify, classify_nowait};
 
 use std::any::Any;
@@ -214,15 +217,19 @@ pub enum Error {
         key: String,
     },
 
-    /// The server rolled back the whole transaction while a nested lockkit call
-    /// (a savepoint) ran in it; `0` is what went wrong. InnoDB does this on a
-    /// deadlock. Nothing of the transaction was committed, and nothing more may
-    /// run in it: not retryable here. Return it to the code that opened the
-    /// outermost transaction; [`transaction_with_retry`](crate::transaction_with_retry),
+    /// The server rolled back the whole transaction while a lockkit call ran in
+    /// it (a nested lockkit transaction, or a single write of lockkit's); `0`
+    /// holds what went wrong. InnoDB does this on a deadlock. Nothing of the
+    /// transaction was committed, and nothing more may run in it: not retryable
+    /// while the transaction is open in Diesel's books. Return it to the code that
+    /// opened the outermost transaction; once that has rolled back, the error is
+    /// retryable like its cause ([`Aborted::is_settled`]), so a
+    /// [`retry`](crate::retry()) around the whole transaction runs it again.
+    /// [`transaction_with_retry`](crate::transaction_with_retry),
     /// [`serializable`](crate::serializable) and [`locked_transaction`](crate::locked_transaction)
     /// opened at the top level retry (or report) the cause itself.
     #[error("the server rolled back the whole transaction: {0}")]
-    TransactionAborted(Box<Error>),
+    TransactionAborted(Aborted),
 
     /// Any other database error, unchanged.
     #[error(transparent)]
@@ -235,9 +242,11 @@ impl Error {
     /// True for [`Stale`](Error::Stale), [`StaleColumns`](Error::StaleColumns), [`Busy`](Error::Busy),
     /// [`LockTimeout`](Error::LockTimeout), [`Deadlock`](Error::Deadlock) and
     /// [`SerializationFailure`](Error::SerializationFailure): they are caused by
-    /// other transactions and go away when those finish. Not
-    /// [`TransactionAborted`](Error::TransactionAborted): nothing may run in that
-    /// transaction any more; run the outermost one again instead.
+    /// other transactions and go away when those finish.
+    /// [`TransactionAborted`](Error::TransactionAborted) only once its
+    /// transaction's owner has rolled it back ([`Aborted::is_settled`]): until
+    /// then nothing may run in that transaction, and a retry inside it would run
+    /// in autocommit; run the outermost one again instead.
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
@@ -249,6 +258,8 @@ impl Error {
                 | Error::Deadlock
                 | Error::SerializationFailure
         ) || self.is_replica_behind()
+            || matches!(self, Error::TransactionAborted(aborted)
+                if aborted.is_settled() && aborted.cause().is_retryable())
     }
 
     #[cfg(feature = "replica")]
@@ -576,7 +587,7 @@ mod tests {
         assert!(Error::SerializationFailure.is_retryable());
         assert!(!Error::NotFound.is_retryable());
         assert!(!Error::StatementTimeout.is_retryable());
-        assert!(!Error::TransactionAborted(Box::new(Error::Deadlock)).is_retryable());
+        assert!(!Error::TransactionAborted(Aborted::new(Error::Deadlock)).is_retryable());
         let exhausted = Error::RetriesExhausted {
             attempts: 5,
             last: Box::new(Error::Deadlock),

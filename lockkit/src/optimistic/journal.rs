@@ -181,9 +181,21 @@ struct Aborts {
     /// A rollback to a savepoint was sent after such an error: on PostgreSQL
     /// its success revives the transaction.
     reviving: bool,
+    /// The aborts lockkit reported in the open transaction
+    /// ([`Error::TransactionAborted`](crate::Error::TransactionAborted)), settled
+    /// when it ends.
+    reported: Vec<crate::error::Settler>,
 }
 
 impl Aborts {
+    /// The open transaction ended (or the session did): every abort reported in
+    /// it is settled.
+    fn settle(&mut self) {
+        for reported in self.reported.drain(..) {
+            reported.settle();
+        }
+    }
+
     fn on_event(&mut self, event: &InstrumentationEvent<'_>) {
         match event {
             InstrumentationEvent::BeginTransaction { depth, .. } => self.depth = depth.get(),
@@ -194,6 +206,7 @@ impl Aborts {
                 if self.depth == 0 {
                     self.ended_by = None;
                     self.reviving = false;
+                    self.settle();
                 } else if rollback && self.ends == Ends::UntilSavepointRollback {
                     self.reviving = self.ended_by.is_some();
                 }
@@ -357,6 +370,7 @@ impl Drop for Journal {
     fn drop(&mut self) {
         // The server rolls back a transaction whose session ends.
         self.rolled_back(1);
+        self.aborts.settle();
     }
 }
 
@@ -545,6 +559,23 @@ pub(crate) fn before_write<W: Watched>(conn: &mut W) {
     if conn.depth().is_some() {
         let _ = journal_of(conn);
     }
+}
+
+/// The error lockkit reports when the server rolled back the whole open
+/// transaction on `conn` under one of its calls (`cause`: why):
+/// [`Error::TransactionAborted`](crate::Error::TransactionAborted), not retryable
+/// until the transaction's owner ends it, which the journal watching `conn`
+/// sees and settles ([`Aborted`](crate::Aborted)). Without a journal (a
+/// connection with instrumentation of its own), it stays unsettled; outside a
+/// transaction it is settled at once.
+pub(crate) fn aborted<W: Watched>(conn: &mut W, cause: crate::Error) -> crate::Error {
+    let aborted = crate::Aborted::new(cause);
+    if conn.depth().is_none() {
+        aborted.settler().settle();
+    } else if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
+        journal.aborts.reported.push(aborted.settler());
+    }
+    crate::Error::TransactionAborted(aborted)
 }
 
 /// A write statement of lockkit's ([`before_write`]) failed with `err`: whether

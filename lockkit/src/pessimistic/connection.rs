@@ -27,8 +27,10 @@
 //! asks the server whether its transaction is still open (MariaDB: `SELECT
 //! @@in_transaction`; where that variable is missing, a deadlock or a lost
 //! connection counts as the end) and, if not, returns
-//! [`Error::TransactionAborted`], which is not retryable: it travels up to the code
-//! that opened the outermost transaction, and nothing was committed. The lockkit
+//! [`Error::TransactionAborted`], which is not retryable while that transaction is
+//! open: it travels up to the code that opened the outermost transaction, and
+//! nothing was committed; once that code has rolled back, the error is retryable
+//! like its cause ([`Aborted::is_settled`](crate::Aborted::is_settled)). The lockkit
 //! calls that open the outermost transaction themselves retry (or report) the
 //! cause. The question costs one statement, on the error path of nested calls only.
 //! The async connections (`lockkit::asynchronous`) ask and answer the same way.

@@ -136,7 +136,7 @@ pub(crate) fn require_live<C: Control>(conn: &mut C) -> Result<(), Error> {
     match ended_by_statement(conn) {
         Some(cause) => {
             conn.keep_aborted();
-            Err(Error::TransactionAborted(Box::new(cause)))
+            Err(crate::journal::aborted(conn, cause))
         }
         None => Ok(()),
     }
@@ -156,7 +156,7 @@ pub(crate) fn failed_write<C: Connection>(conn: &mut C, err: Error) -> Error {
         return err;
     }
     open_stand_in(conn);
-    Error::TransactionAborted(Box::new(err))
+    crate::journal::aborted(conn, err)
 }
 
 /// Opens the read-only stand-in for an aborted transaction
@@ -311,7 +311,7 @@ pub(crate) fn settle<T, E>(
 /// back, and the caller gets `reason`, retryable, since a new transaction may
 /// begin ([`Failed::into_error`]).
 pub(crate) fn swallowed<E>(reason: Error) -> Failure<E> {
-    Failure::Lockkit(Error::TransactionAborted(Box::new(reason)))
+    Failure::Lockkit(Error::TransactionAborted(crate::Aborted::new(reason)))
 }
 
 /// MySQL/MariaDB: what lockkit reads to learn whether the caller's transaction
@@ -450,7 +450,7 @@ where
     if ended.is_some() && in_transaction(conn) {
         conn.keep_aborted();
     }
-    Err(failed.into_error(nested, ended))
+    Err(failed.into_error(nested, ended, |cause| crate::journal::aborted(conn, cause)))
 }
 
 /// What lockkit tells the journal when it rolled back its own transaction (or
@@ -503,21 +503,28 @@ impl<E: From<Error>> Failed<E> {
     /// (`ended`: the whole transaction ended, and why). A nested failure whose
     /// whole transaction the server ended becomes [`Error::TransactionAborted`];
     /// an outermost one hands on the cause of such an error, since the
-    /// transaction is gone and a new one may begin.
-    pub(crate) fn into_error(self, nested: bool, ended: Option<Error>) -> E {
+    /// transaction is gone and a new one may begin. `aborted` makes the
+    /// [`Error::TransactionAborted`] for a cause, watched on the connection
+    /// ([`journal::aborted`](crate::journal::aborted)).
+    pub(crate) fn into_error(
+        self,
+        nested: bool,
+        ended: Option<Error>,
+        aborted: impl FnOnce(Error) -> Error,
+    ) -> E {
         match (self, ended) {
-            (Failed::Closure(_), Some(reason)) if nested => {
-                E::from(Error::TransactionAborted(Box::new(reason)))
-            }
+            (Failed::Closure(_), Some(reason)) if nested => E::from(aborted(reason)),
             (Failed::Closure(err), _) => err,
-            (Failed::Lockkit(Error::TransactionAborted(cause)), _) if !nested => E::from(*cause),
+            (Failed::Lockkit(Error::TransactionAborted(cause)), _) if !nested => {
+                E::from(cause.into_cause())
+            }
             (Failed::Lockkit(err @ Error::TransactionAborted(_)), _) => E::from(err),
             // lockkit's own error names the cause when it is one of the
             // errors that end a transaction (a deadlock, a lost connection);
             // else (a failed RELEASE SAVEPOINT, say) the server's answer does.
             (Failed::Lockkit(err), Some(reason)) if nested => {
                 let cause = if err.is_retryable() { err } else { reason };
-                E::from(Error::TransactionAborted(Box::new(cause)))
+                E::from(aborted(cause))
             }
             (Failed::Lockkit(err), _) => E::from(err),
         }
@@ -530,7 +537,9 @@ impl<E: From<Error>> Failed<E> {
 /// one hands on the cause of a [`Error::TransactionAborted`] (a write in it was
 /// the victim of a deadlock that ended it), since a new transaction may begin.
 pub(crate) fn owners_error(err: Error, nested: bool) -> Error {
-    Failed::<Error>::Lockkit(err).into_error(nested, None)
+    Failed::<Error>::Lockkit(err).into_error(nested, None, |cause| {
+        Error::TransactionAborted(crate::Aborted::new(cause))
+    })
 }
 
 /// [`Control::transaction_ended`] where the server is not asked: only a lost
