@@ -345,15 +345,18 @@ mod mysql_aborted {
     /// README, Guarantees: "Nothing is retried inside a transaction the server
     /// has aborted." The README's own retry loop around `sell` (one unit of
     /// item 2) inside the caller's transaction, which first records an order
-    /// line. `sell`'s UPDATE is the deadlock's victim: InnoDB rolls back the
-    /// whole transaction, order line included; nothing of it may commit.
-    fn nested_retry_commits_nothing(
+    /// line, on the connection `wrap` makes of a MariaDB one. `sell`'s UPDATE is
+    /// the deadlock's victim: InnoDB rolls back the whole transaction, order line
+    /// included; nothing of it may commit.
+    fn nested_retry_commits_nothing<C: Connection>(
         name: &str,
-        mut sell: impl FnMut(&mut MysqlConnection) -> Result<(), Error>,
+        wrap: impl FnOnce(MysqlConnection) -> C,
+        mut sell: impl FnMut(&mut C) -> Result<(), Error>,
     ) {
         let db = TestDb::<MysqlConnection>::new(name);
         let mut attempts = 0;
         let outcome: Result<(), Error> = beside_neighbour(&db, "mysql", |conn, cue| {
+            let mut conn = wrap(std::mem::replace(conn, db.connect()));
             conn.transaction(|conn| {
                 exec(
                     conn,
@@ -363,7 +366,7 @@ mod mysql_aborted {
                 cue.wait();
                 retry(&RetryPolicy::default(), |_| {
                     attempts += 1;
-                    sell(conn)
+                    sell(&mut *conn)
                 })
             })
         });
@@ -375,23 +378,58 @@ mod mysql_aborted {
         );
     }
 
+    /// `Item::update_if`: the versioned conditional update (`atomic::update_if`).
+    fn conditional_sale(conn: &mut MysqlConnection) -> Result<(), Error> {
+        Item::update_if(
+            conn,
+            2,
+            items::stock.ge(1),
+            items::stock.eq(items::stock - 1),
+        )
+    }
+
     #[test]
     fn a_deadlocked_versioned_write_under_a_nested_retry_commits_nothing() {
         // Re-read, change, `update_versioned`.
-        nested_retry_commits_nothing("nested_retry_versioned_deadlock", sell_two);
+        nested_retry_commits_nothing("nested_retry_versioned_deadlock", |c| c, sell_two);
     }
 
     #[test]
     fn a_deadlocked_conditional_update_under_a_nested_retry_commits_nothing() {
-        // `Item::update_if`, the versioned conditional update (`atomic::update_if`).
-        nested_retry_commits_nothing("nested_retry_update_if_deadlock", |conn| {
-            Item::update_if(
-                conn,
-                2,
-                items::stock.ge(1),
-                items::stock.eq(items::stock - 1),
-            )
-        });
+        nested_retry_commits_nothing("nested_retry_update_if_deadlock", |c| c, conditional_sale);
+    }
+
+    #[test]
+    fn a_deadlocked_conditional_update_through_a_multi_connection_enum_commits_nothing() {
+        // The enum's backend type names no server: the journal learns it from
+        // MariaDB's own words.
+        nested_retry_commits_nothing(
+            "nested_retry_update_if_enum",
+            lockkit_tests::support::AnyConnection::Mysql,
+            |conn| {
+                Item::update_if(
+                    conn,
+                    2,
+                    items::stock.ge(1),
+                    items::stock.eq(items::stock - 1),
+                )
+            },
+        );
+    }
+
+    #[test]
+    fn a_deadlocked_versioned_write_on_an_instrumented_connection_commits_nothing() {
+        // Instrumentation of the caller's own, not wrapped in `Journal::wrap`:
+        // no journal watches, and the write still must not be run again in
+        // autocommit.
+        nested_retry_commits_nothing(
+            "nested_retry_instrumented",
+            |mut conn| {
+                conn.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+                conn
+            },
+            sell_two,
+        );
     }
 
     #[test]

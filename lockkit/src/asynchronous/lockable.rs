@@ -265,7 +265,7 @@ where
     // nested call) end this transaction? As the blocking side's panic guard
     // asks it.
     let check = began.check(&result, || {
-        crate::journal::rolled_back_whole(&mut crate::journal::AsyncWatched(&mut *conn))
+        crate::journal::whole(&mut crate::journal::AsyncWatched(&mut *conn))
     });
     let ended = match check {
         Check::Nothing => None,

@@ -158,7 +158,13 @@ fn classify_with(err: DieselError, context: Context) -> Error {
 
 pub(crate) fn is_deadlock(message: &str) -> bool {
     // PostgreSQL: "deadlock detected"; MySQL/MariaDB: "Deadlock found when trying to get lock".
-    message.starts_with("deadlock detected") || message.starts_with("Deadlock found")
+    message.starts_with("deadlock detected") || is_innodb_deadlock(message)
+}
+
+/// MySQL/MariaDB's deadlock (1213, Galera's certification failure too), which
+/// rolls back the victim's whole transaction; no other server says it so.
+pub(crate) fn is_innodb_deadlock(message: &str) -> bool {
+    message.starts_with("Deadlock found")
 }
 
 fn is_connection_lost(message: &str) -> bool {

@@ -217,6 +217,14 @@ impl Aborts {
                         self.ended_by = None;
                     }
                 } else if let Some(diesel::result::Error::DatabaseError(kind, info)) = error {
+                    // A connection whose backend type names no server (a
+                    // `MultiConnection` enum) learns its rule from lockkit's
+                    // transactions; before one ran, InnoDB's own words name it.
+                    if self.ends == Ends::Never
+                        && crate::error::classification::is_innodb_deadlock(info.message())
+                    {
+                        self.ends = Ends::OnDeadlock;
+                    }
                     if self.depth > 0
                         && self.ended_by.is_none()
                         && self.ends.by(*kind, info.message())
@@ -538,19 +546,6 @@ pub(crate) fn ended_by<W: Watched>(conn: &mut W) -> Option<crate::Error> {
     )))
 }
 
-/// Whether the journal saw a statement roll back the whole open transaction on
-/// `conn` (MySQL/MariaDB's deadlock), so that the next statements would run in
-/// autocommit: [`write_ended_transaction`], and the end of an outermost lockkit
-/// transaction whose work failed, ask it. PostgreSQL's aborted transaction is not
-/// such a case: it stays open, refusing statements, until a rollback.
-pub(crate) fn rolled_back_whole<W: Watched>(conn: &mut W) -> bool {
-    conn.slot()
-        .downcast_mut::<Journal>()
-        .is_some_and(|journal| {
-            journal.aborts.ends == Ends::OnDeadlock && journal.aborts.ended_by.is_some()
-        })
-}
-
 /// Before a write statement of lockkit's that runs in the caller's transaction
 /// (a versioned write, [`atomic::update_if`](crate::atomic::update_if)): the
 /// journal watches it, so that [`write_ended_transaction`] can tell whether it
@@ -579,7 +574,7 @@ pub(crate) fn aborted<W: Watched>(conn: &mut W, cause: crate::Error) -> crate::E
 }
 
 /// A write statement of lockkit's ([`before_write`]) failed with `err`: whether
-/// that rolled back the whole open transaction ([`rolled_back_whole`]), so that
+/// that rolled back the whole open transaction ([`whole`]), so that
 /// the write must report [`TransactionAborted`](crate::Error::TransactionAborted),
 /// which no retry takes up (a `retry` around the write would otherwise run it
 /// again in autocommit, outside the caller's transaction that the server rolled
@@ -588,7 +583,39 @@ pub(crate) fn aborted<W: Watched>(conn: &mut W, cause: crate::Error) -> crate::E
 /// ([`transaction::failed_write`](crate::transaction::failed_write)) and the
 /// async write.
 pub(crate) fn write_ended_transaction<W: Watched>(conn: &mut W, err: &crate::Error) -> bool {
-    err.is_retryable() && rolled_back_whole(conn)
+    match whole(conn) {
+        Whole::Seen => err.is_retryable(),
+        // InnoDB rolls back the whole transaction of every deadlock's victim.
+        Whole::Unwatched => matches!(err, crate::Error::Deadlock),
+        Whole::No => false,
+    }
+}
+
+/// What the journal knows of whether a statement rolled back the whole open
+/// transaction on `conn` (MySQL/MariaDB's deadlock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Whole {
+    /// It saw one.
+    Seen,
+    /// No journal watches `conn` (instrumentation of its own), whose backend
+    /// ends a transaction on a deadlock: the server must be asked, or the
+    /// error read.
+    Unwatched,
+    /// None did, or the backend never does.
+    No,
+}
+
+/// [`Whole`] for `conn`, in a transaction.
+pub(crate) fn whole<W: Watched>(conn: &mut W) -> Whole {
+    let seen = conn.slot().downcast_mut::<Journal>().map(|journal| {
+        journal.aborts.ends == Ends::OnDeadlock && journal.aborts.ended_by.is_some()
+    });
+    match seen {
+        Some(true) => Whole::Seen,
+        Some(false) => Whole::No,
+        None if conn.depth().is_some() && conn.ends() == Ends::OnDeadlock => Whole::Unwatched,
+        None => Whole::No,
+    }
 }
 
 /// Whether `conn` has Diesel's built-in "no instrumentation".

@@ -260,7 +260,8 @@ impl Began {
     ///   the transaction: the journal is asked, and the server too where a
     ///   stand-in was opened ([`must_ask`](Self::must_ask)).
     /// * Work that failed after a statement rolled back the whole transaction
-    ///   (`rolled_back_whole`, MySQL/MariaDB's deadlock as the journal saw it),
+    ///   (`whole`, MySQL/MariaDB's deadlock as the journal saw it; where no
+    ///   journal watches a MySQL/MariaDB connection, the server is asked),
     ///   most often with a nested call's [`Error::TransactionAborted`]: the
     ///   server confirms, and the owner hands on the cause, retryable, since
     ///   nothing of the work is left.
@@ -268,14 +269,19 @@ impl Began {
     pub(crate) fn check<T, E>(
         self,
         result: &Result<T, Failure<E>>,
-        rolled_back_whole: impl FnOnce() -> bool,
+        whole: impl FnOnce() -> crate::journal::Whole,
     ) -> Check {
         match result {
             _ if self.nested => Check::Nothing,
             Ok(_) => Check::Ended {
                 stand_in: self.must_ask(),
             },
-            Err(Failure::Closure(_)) if rolled_back_whole() => Check::Ended { stand_in: false },
+            Err(Failure::Closure(_)) => match whole() {
+                crate::journal::Whole::Seen => Check::Ended { stand_in: false },
+                // No journal saw it: the server is asked.
+                crate::journal::Whole::Unwatched => Check::Ended { stand_in: true },
+                crate::journal::Whole::No => Check::Nothing,
+            },
             Err(_) => Check::Nothing,
         }
     }
