@@ -145,6 +145,28 @@ mod all {
             assert_row_free!(db);
         }
 
+        /// Diesel's own `transaction` does not roll back its savepoint when its
+        /// closure panics: the guard rolls back every level above its own first,
+        /// so that its rollback ends lockkit's transaction, not that savepoint.
+        fn a_panic_in_a_diesel_transaction_inside_with_lock_rolls_back_lockkits_transaction(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn = db.connect();
+            let panicked = catch_unwind(AssertUnwindSafe(|| {
+                let _: Result<(), Error> = lockkit::with_lock(&mut conn, 1, lockkit::LockOptions::default(), |conn, item: Item| {
+                    conn.transaction(|conn| {
+                        diesel::update(items::table.find(item.id)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
+                        panic!("bug in the closure's own transaction");
+                        #[allow(unreachable_code)]
+                        Ok::<_, Error>(())
+                    })
+                });
+            }));
+            assert!(panicked.is_err(), "the panic goes on");
+            assert!(!lockkit::LockingConnection::in_transaction(&mut conn), "no transaction left open");
+            assert_eq!(stock_of!(&mut db.connect()), 10, "rolled back");
+            assert_row_free!(db);
+        }
+
         fn a_panic_with_a_pooled_connection_never_returns_it_mid_transaction(db) {
             seed_items(&mut db.conn(), &[(1, 10)]);
             let pool = db.pool();

@@ -57,6 +57,15 @@ impl PanicGuard {
             }
             Err(payload) => {
                 self.panic = Some(payload);
+                // Diesel's own `transaction` does not roll back when its
+                // closure panics: a savepoint the work opened that way is still
+                // open. Rolled back here, deepest first, so that the rollback
+                // after this error ends this transaction's level and not that
+                // savepoint (which would leave the caller in lockkit's open
+                // transaction, its row locks held).
+                if let Ok(Some(own)) = depth {
+                    roll_back_above(conn, own.get());
+                }
                 Err(Failure::Diesel(diesel::result::Error::RollbackTransaction))
             }
         }
@@ -70,6 +79,21 @@ impl PanicGuard {
         }
         if let Some(payload) = self.panic {
             std::panic::resume_unwind(payload);
+        }
+    }
+}
+
+/// Rolls back the transactions (savepoints) open on `conn` above depth `own`,
+/// deepest first; stops when a rollback fails or leaves the depth as it was
+/// (the transaction manager is broken: the rollback that follows reports it).
+fn roll_back_above<C: Control>(conn: &mut C, own: u32) {
+    loop {
+        let depth = super::transaction_depth(conn);
+        if depth <= own
+            || C::TransactionManager::rollback_transaction(conn).is_err()
+            || super::transaction_depth(conn) >= depth
+        {
+            return;
         }
     }
 }
