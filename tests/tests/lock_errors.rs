@@ -703,6 +703,36 @@ mod stand_in_probes {
             assert!(!marked!(&mut conn), "the stale mark was cleared");
         }
 
+        fn lock_all_and_claim_after_a_swallowed_deadlock_refuse_and_keep_later_writes_out(db) {
+            // As Lockable::lock: the caller's own statement is the deadlock's
+            // victim and it calls on. With no transaction open on the server,
+            // lock_all and claim would lock in autocommit, releasing at once
+            // what they return as locked. The connection served lockkit
+            // before, so lockkit's journal watches it.
+            if BACKEND != "mysql" {
+                return;
+            }
+            exec(&mut db.conn(), "INSERT INTO jobs (id, payload) VALUES (1, 'job')");
+            let (mut locked, mut claimed) = (None, None);
+            let (outcome, _, _conn) = deadlock_first_attempt!(db, |conn, work| {
+                lockkit::locked_transaction(&mut conn, LockOptions::default(), |_| Ok::<_, Error>(())).unwrap();
+                after_order_line_1(&mut conn, |conn| {
+                    let _ = work(conn, 1); // the caller's own statement, swallowed
+                    locked = Some(Item::lock_all(conn, &[3]).map(|rows| rows.len()));
+                    claimed = Some(queue::claim::<Job, _, _>(conn, jobs::table.filter(jobs::done.eq(false)).select(Job::as_select()), 1).map(|rows| rows.len()));
+                    diesel::connection::SimpleConnection::batch_execute(conn, "INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)").map_err(lockkit::classify)?;
+                    Ok::<_, Error>(())
+                })
+            });
+            let mut fresh = db.connect();
+            let lines = order_lines!(&mut fresh);
+            assert!(
+                matches!(locked, Some(Err(Error::TransactionAborted(_)))) && matches!(claimed, Some(Err(Error::TransactionAborted(_)))),
+                "lock_all: {locked:?}, claim: {claimed:?}"
+            );
+            assert_eq!(lines, 0, "order line 2 committed on its own; outcome {outcome:?}");
+        }
+
         fn lock_that_finds_the_transaction_ended_keeps_later_writes_out(db) {
             // The caller's own statement is the deadlock's victim; it swallows
             // the error and calls Lockable::lock, which finds the transaction

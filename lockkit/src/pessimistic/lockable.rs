@@ -105,7 +105,7 @@ use super::options::LockOptions;
 use super::row_lock::{
     EveryClause, ForUpdate, LockClause, LockStrength, LockedCall, RowLock, WaitMode,
 };
-use crate::transaction::{require_transaction, scope, Control};
+use crate::transaction::{require_live, require_transaction, scope, Control};
 use crate::{classify, Error};
 
 /// `lock_all` sends at most this many keys per statement (SQLite's oldest limit
@@ -325,6 +325,10 @@ pub trait Lockable: Sized {
     /// # Errors
     ///
     /// * [`Error::NotInTransaction`] outside a transaction; nothing is sent.
+    /// * [`Error::TransactionAborted`] when a statement whose error the work let
+    ///   go has ended the transaction (a deadlock on MySQL/MariaDB, seen by
+    ///   lockkit's journal); nothing is sent, and later writes are kept out of
+    ///   autocommit.
     /// * [`Error::NotFound`] when a key has no row.
     /// * [`Error::Busy`] on SQLite when another connection holds the database's
     ///   write lock past the busy timeout.
@@ -379,6 +383,10 @@ pub trait Lockable: Sized {
     {
         let conn = conn.locking_connection();
         require_transaction(conn.in_transaction())?;
+        // A statement that ended the transaction (a deadlock the caller let go,
+        // MySQL/MariaDB): the locks would be taken in autocommit, and released
+        // at once.
+        require_live(conn)?;
         let waited = crate::metrics::LockWait::start();
         conn.take_write_lock()?; // SQLite: a deferred transaction holds no lock yet
         let keys = lock_order(keys);

@@ -72,7 +72,7 @@ use diesel::RunQueryDsl;
 use crate::metrics::LockWait;
 use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
 use crate::pessimistic::row_lock::ForUpdateSkipLocked;
-use crate::transaction::require_transaction;
+use crate::transaction::{require_live, require_transaction};
 use crate::{classify, Error};
 
 /// Claims up to `limit` rows of `query` that no other transaction holds, locking
@@ -85,6 +85,9 @@ use crate::{classify, Error};
 /// # Errors
 ///
 /// * [`Error::NotInTransaction`] outside a transaction; nothing is sent.
+/// * [`Error::TransactionAborted`] when a statement whose error the work let go
+///   has ended the transaction (a deadlock on MySQL/MariaDB, seen by lockkit's
+///   journal); nothing is sent, and later writes are kept out of autocommit.
 /// * [`Error::Busy`] on SQLite when another connection holds the database's
 ///   write lock past the busy timeout.
 /// * any other classified database error ([`Error::Deadlock`],
@@ -97,6 +100,9 @@ where
 {
     let conn = conn.locking_connection();
     require_transaction(conn.in_transaction())?;
+    // A statement that ended the transaction (a deadlock the caller let go,
+    // MySQL/MariaDB): the claim would run in autocommit and hold nothing.
+    require_live(conn)?;
     let waited = LockWait::start();
     conn.take_write_lock()?;
     let rows = query.load_claimed(conn, limit).map_err(classify)?;
