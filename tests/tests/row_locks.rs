@@ -440,4 +440,58 @@ mod mysql_only {
         assert!(sql.contains("FOR UPDATE OF `orders`"), "{sql}");
         let _ = std::marker::PhantomData::<MysqlConnection>;
     }
+
+    #[test]
+    fn lock_all_returns_a_row_once_for_keys_the_collation_holds_equal_across_chunks() {
+        // 899 fillers, then "K" and "k": Rust's order puts them in two chunks
+        // of 900 keys, and the column's collation finds row K for both.
+        let db = lockkit_tests::TestDb::<MysqlConnection>::new("lock_all_ci_across_chunks");
+        let fillers: Vec<String> = (0..899).map(|i| format!("A{i:03}")).collect();
+        let values: Vec<String> = fillers
+            .iter()
+            .chain([&"K".to_owned()])
+            .map(|k| format!("('{k}', 1)"))
+            .collect();
+        exec(
+            &mut db.conn(),
+            &format!(
+                "INSERT INTO sku_codes (code, stock) VALUES {}",
+                values.join(",")
+            ),
+        );
+        let version = |conn: &mut MysqlConnection| -> i32 {
+            sku_codes::table
+                .find("K")
+                .select(sku_codes::lock_version)
+                .first(conn)
+                .unwrap()
+        };
+        let before = version(&mut db.conn());
+        let mut keys = fillers;
+        keys.extend(["K".to_owned(), "k".to_owned()]);
+        let codes: Vec<String> =
+            locked_transaction(&mut db.connect(), LockOptions::default(), |conn| {
+                Ok::<_, Error>(
+                    Sku::lock_all(conn, &keys)?
+                        .into_iter()
+                        .map(|sku| sku.code)
+                        .collect(),
+                )
+            })
+            .unwrap();
+        let k_rows = codes
+            .iter()
+            .filter(|code| code.eq_ignore_ascii_case("k"))
+            .count();
+        assert_eq!(
+            (codes.len(), k_rows),
+            (900, 1),
+            "row K returned {k_rows} times"
+        );
+        assert_eq!(
+            version(&mut db.conn()),
+            before + 1,
+            "row K's version advanced once"
+        );
+    }
 }

@@ -295,7 +295,9 @@ pub trait Lockable: Sized {
     /// deadlock is not only an error: PostgreSQL looks for one only after a lock
     /// wait of `deadlock_timeout`, 1 s by default, so each one also costs that long.) Must run
     /// inside a transaction ([`Error::NotInTransaction`] otherwise); a missing key is
-    /// [`Error::NotFound`]. Duplicate keys are locked once. On SQLite run it inside
+    /// [`Error::NotFound`]. Duplicate keys are locked once, and so are keys the
+    /// column's collation holds equal (MySQL/MariaDB's "K" and "k"): each row
+    /// is returned once. On SQLite run it inside
     /// [`locked_transaction`], whose `BEGIN IMMEDIATE`
     /// is the lock.
     ///
@@ -391,6 +393,7 @@ pub trait Lockable: Sized {
         conn.take_write_lock()?; // SQLite: a deferred transaction holds no lock yet
         let keys = lock_order(keys);
         let mut rows = Vec::with_capacity(keys.len());
+        let mut returned = Returned::for_keys(keys.len());
         // Chunk after chunk in key order: every transaction takes the locks in
         // the same order, whatever the length of its list.
         for chunk in keys.chunks(MAX_KEYS_PER_STATEMENT) {
@@ -404,6 +407,9 @@ pub trait Lockable: Sized {
                 // A row found by two keys of this chunk is returned once.
                 locked.dedup_by(|a, b| a.key() == b.key());
             }
+            // And a row found by keys of two chunks (before it is marked
+            // again: a versioned row's version would advance twice).
+            returned.keep_new(&mut locked);
             // One `UPDATE .. WHERE <key> = $1` per row: on MySQL/MariaDB an
             // `IN (..)` list may be run as a scan that locks rows of others.
             for row in &mut locked {
@@ -438,6 +444,27 @@ pub(crate) fn lock_order<K: Ord + Clone>(keys: &[K]) -> Vec<K> {
     keys.sort();
     keys.dedup();
     keys
+}
+
+/// The keys of the rows [`Lockable::lock_all`] has returned so far, blocking or
+/// async, when its keys span more than one chunk: on MySQL/MariaDB keys that the
+/// column's collation holds equal ("K", "k") find the same row, and they may
+/// fall in different chunks (Rust's order is not the collation's).
+pub(crate) struct Returned<K>(Option<std::collections::BTreeSet<K>>);
+
+impl<K: Ord + Clone> Returned<K> {
+    /// Kept only for more than [`MAX_KEYS_PER_STATEMENT`] keys (one chunk
+    /// dedups its own rows).
+    pub(crate) fn for_keys(keys: usize) -> Self {
+        Returned((keys > MAX_KEYS_PER_STATEMENT).then(std::collections::BTreeSet::new))
+    }
+
+    /// Drops the rows of `locked` (one chunk's) that an earlier chunk returned.
+    pub(crate) fn keep_new<M: Lockable<Key = K>>(&mut self, locked: &mut Vec<M>) {
+        if let Some(returned) = &mut self.0 {
+            locked.retain(|row| returned.insert(row.key()));
+        }
+    }
 }
 
 /// The keys of `chunk` that no row of `locked` has: a key without a row, or
