@@ -269,6 +269,17 @@ mod all {
             assert!(matches!(err, Error::NotInTransaction));
         }
 
+        fn claiming_with_a_negative_limit_is_refused(db) {
+            // SQLite reads `LIMIT -1` as no limit: one worker would claim
+            // every job (a limit computed as capacity minus work in hand goes
+            // negative easily).
+            exec(&mut db.conn(), "INSERT INTO jobs (id, payload) VALUES (1, 'a'), (2, 'b'), (3, 'c'), (4, 'd')");
+            let claimed = locked_transaction(&mut db.connect(), LockOptions::default(), |conn| {
+                queue::claim::<i32, _, _>(conn, jobs::table.filter(jobs::done.eq(false)).order(jobs::id).select(jobs::id), -1)
+            });
+            assert!(matches!(claimed, Err(Error::InvalidInput(_))), "{claimed:?}");
+        }
+
         fn lock_all_returns_rows_in_key_order(db) {
             let mut conn = db.conn();
             seed_items(&mut conn, &[(1, 1), (2, 2), (3, 3)]);

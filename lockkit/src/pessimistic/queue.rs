@@ -84,6 +84,8 @@ use crate::{classify, Error};
 ///
 /// # Errors
 ///
+/// * [`Error::InvalidInput`] when `limit` is negative (SQLite would read it as
+///   no limit); nothing is sent.
 /// * [`Error::NotInTransaction`] outside a transaction; nothing is sent.
 /// * [`Error::TransactionAborted`] when a statement whose error the work let go
 ///   has ended the transaction (a deadlock on MySQL/MariaDB, seen by lockkit's
@@ -98,6 +100,11 @@ where
     C: AsLockingConnection,
     Q: ClaimQuery<C::Conn, M>,
 {
+    if limit < 0 {
+        // SQLite reads a negative `LIMIT` as none: one worker would claim the
+        // whole queue.
+        return Err(Error::InvalidInput("a claim limit is 0 or more"));
+    }
     let conn = conn.locking_connection();
     require_transaction(conn.in_transaction())?;
     // A statement that ended the transaction (a deadlock the caller let go,
