@@ -142,6 +142,46 @@ lockkit_tests::server_tests! {
         });
     }
 
+    fn an_advisory_lock_covers_the_commit_of_the_writes_made_under_it(db) {
+        // Read-modify-writes made one at a time under an advisory lock: the
+        // next holder must read what the previous one committed. PostgreSQL
+        // takes a transaction lock inside a transaction, held until COMMIT.
+        // MySQL/MariaDB's GET_LOCK is the session's, released when its guard
+        // drops, before COMMIT: refused inside a transaction, and taken before
+        // it instead.
+        seed_items(&mut db.conn(), &[(1, 0)]);
+        let key = AdvisoryKey::from_name(&db.url); // MySQL's names are server-wide
+        let increment = |conn: &mut Conn| -> Result<(), Error> {
+            let stock: i32 = items::table.find(1).select(items::stock).first(conn)?;
+            diesel::update(items::table.find(1)).set(items::stock.eq(stock + 1)).execute(conn)?;
+            Ok(())
+        };
+        let (threads, rounds) = (4, 25);
+        thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    let mut conn = db.connect();
+                    for _ in 0..rounds {
+                        let inside = locked_transaction(&mut conn, LockOptions::default(), |conn| {
+                            let mut guard = advisory::lock(conn, key)?;
+                            increment(&mut guard)
+                        });
+                        match inside {
+                            Ok(()) => {}
+                            Err(Error::AlreadyInTransaction) if BACKEND == "mysql" => {
+                                let mut guard = advisory::lock(&mut conn, key).unwrap();
+                                locked_transaction(&mut *guard, LockOptions::default(), increment).unwrap();
+                            }
+                            Err(err) => panic!("{err}"),
+                        }
+                    }
+                });
+            }
+        });
+        let stock: i32 = items::table.find(1).select(items::stock).first(&mut db.conn()).unwrap();
+        assert_eq!(stock, threads * rounds, "increments made one at a time under the lock");
+    }
+
     fn hostile_advisory_names_are_only_data(db) {
         let mut conn = db.conn();
         seed_items(&mut conn, &[(1, 10)]);

@@ -5,7 +5,7 @@
 //! | | PostgreSQL | MySQL / MariaDB |
 //! | --- | --- | --- |
 //! | [`with_lock`] / [`try_with_lock`] outside a transaction: session lock, released when the closure returns | `pg_advisory_lock($1)` / `pg_try_advisory_lock($1)`, then `pg_advisory_unlock($1)` | `GET_LOCK(?, ?)` / `GET_LOCK(?, 0)`, then `RELEASE_LOCK(?)` |
-//! | [`with_lock`] / [`try_with_lock`] inside a transaction | transaction lock: `pg_advisory_xact_lock($1)` / `pg_try_advisory_xact_lock($1)`, released when the transaction ends | session lock, as above |
+//! | [`with_lock`] / [`try_with_lock`] inside a transaction | transaction lock: `pg_advisory_xact_lock($1)` / `pg_try_advisory_xact_lock($1)`, released when the transaction ends | refused: [`Error::AlreadyInTransaction`], nothing is sent; take the lock before the transaction ([why](crate::advisory)) |
 //! | [`xact_lock`] / [`try_xact_lock`] (released at `COMMIT` or `ROLLBACK`) | `pg_advisory_xact_lock($1)`, `pg_try_advisory_xact_lock($1)` | — |
 //!
 //! SQLite has no advisory locks; these functions do not compile for it.
@@ -133,6 +133,10 @@ async_advisory!(
 ///
 /// # Errors
 ///
+/// * [`Error::AlreadyInTransaction`] on MySQL/MariaDB inside a transaction:
+///   the session lock would be released before `COMMIT`, so the next holder
+///   would read what `f` wrote as it was before. Run the transaction inside
+///   `f` instead. Nothing is sent.
 /// * [`Error::LockTimeout`] when the wait ran out: PostgreSQL's
 ///   `lock_timeout`, or MySQL/MariaDB's `GET_LOCK` giving up.
 /// * [`Error::Deadlock`] when the server broke a deadlock with this session.
@@ -174,8 +178,9 @@ where
 ///
 /// # Errors
 ///
-/// A classified database error from the lock statement, or whatever `f`
-/// returns (the lock is released either way).
+/// [`Error::AlreadyInTransaction`] on MySQL/MariaDB inside a transaction, as
+/// [`with_lock`]; a classified database error from the lock statement, or
+/// whatever `f` returns (the lock is released either way).
 pub async fn try_with_lock<C, T, E, F>(
     conn: &mut C,
     key: impl Into<AdvisoryKey>,
@@ -226,7 +231,7 @@ where
     T: Send,
     F: ConnWork<C, T, E>,
 {
-    let scope = scope_for(C::Backend::TRANSACTION_LOCKS, in_transaction(conn));
+    let scope = scope_for(C::Backend::TRANSACTION_LOCKS, in_transaction(conn)).map_err(E::from)?;
     // Armed before the statement is sent: a future dropped while it waits
     // does not know whether the server granted the lock.
     let mut held = Held {

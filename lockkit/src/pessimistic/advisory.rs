@@ -4,7 +4,7 @@
 //! | | PostgreSQL | MySQL / MariaDB |
 //! | --- | --- | --- |
 //! | [`lock`] / [`try_lock`] outside a transaction: session lock, released when the guard drops | `pg_advisory_lock($1)` / `pg_try_advisory_lock($1)`, then `pg_advisory_unlock($1)` | `GET_LOCK(?, ?)` / `GET_LOCK(?, 0)`, then `RELEASE_LOCK(?)` |
-//! | [`lock`] / [`try_lock`] inside a transaction | transaction lock: `pg_advisory_xact_lock($1)` / `pg_try_advisory_xact_lock($1)`, released when the transaction ends | session lock, as above |
+//! | [`lock`] / [`try_lock`] inside a transaction | transaction lock: `pg_advisory_xact_lock($1)` / `pg_try_advisory_xact_lock($1)`, released when the transaction ends | refused: [`Error::AlreadyInTransaction`], nothing is sent; take the lock before the transaction |
 //! | [`xact_lock`] / [`try_xact_lock`] (released at commit) | `pg_advisory_xact_lock($1)`, `pg_try_advisory_xact_lock($1)` | — |
 //!
 //! Why the transaction lock inside a transaction: PostgreSQL refuses every
@@ -12,8 +12,30 @@
 //! included, so a session lock taken there would outlive the guard (and the
 //! transaction) until the connection closes. A transaction lock cannot: it ends
 //! with the transaction, commit or rollback. It ends *then*, not when the guard
-//! drops ([`AdvisoryLock::scope`]). MySQL's locks belong to the session, and its
-//! transactions never refuse `RELEASE_LOCK`.
+//! drops ([`AdvisoryLock::scope`]).
+//!
+//! Why MySQL/MariaDB refuse inside a transaction: `GET_LOCK` is the session's,
+//! released when the guard drops, and a guard taken inside a transaction drops
+//! before its `COMMIT`. The next holder would then read the rows written under
+//! the lock as they were before (InnoDB shows no uncommitted writes), and a
+//! read-modify-write made "one at a time" under the lock would lose updates.
+//! Take the lock first and open the transaction on the guard: the lock then
+//! covers the `COMMIT`.
+//!
+//! ```no_run
+//! # #[cfg(feature = "mysql")] {
+//! use diesel::prelude::*;
+//! use lockkit::{advisory, locked_transaction, LockOptions};
+//! let mut conn = MysqlConnection::establish("mysql://localhost/app").unwrap();
+//! let mut guard = advisory::lock(&mut conn, "counter").unwrap();
+//! locked_transaction(&mut *guard, LockOptions::default(), |_conn| {
+//!     // read-modify-write: committed before the lock is released
+//!     Ok::<_, lockkit::Error>(())
+//! })
+//! .unwrap();
+//! drop(guard); // RELEASE_LOCK, after COMMIT
+//! # }
+//! ```
 //!
 //! SQLite has no advisory locks; these functions do not compile for it.
 //!
@@ -175,12 +197,15 @@ pub type Statement<DB> =
 
 /// The scope of a lock taken now on a connection of a backend with (or
 /// without) transaction locks, inside a transaction or not: decided here for
-/// the blocking and the async calls.
-pub(crate) fn scope_for(transaction_locks: bool, in_transaction: bool) -> Scope {
-    if transaction_locks && in_transaction {
-        Scope::Transaction
-    } else {
-        Scope::Session
+/// the blocking and the async calls. A session lock inside a transaction
+/// (MySQL/MariaDB) is refused, [`Error::AlreadyInTransaction`]: released
+/// before the transaction's `COMMIT`, it would not cover the writes made under
+/// it (see the [module docs](self)).
+pub(crate) fn scope_for(transaction_locks: bool, in_transaction: bool) -> Result<Scope, Error> {
+    match (transaction_locks, in_transaction) {
+        (true, true) => Ok(Scope::Transaction),
+        (false, true) => Err(Error::AlreadyInTransaction),
+        (_, false) => Ok(Scope::Session),
     }
 }
 
@@ -192,7 +217,7 @@ pub(crate) fn gave_up() -> Error {
 }
 
 /// The scope of a lock taken now on `conn`, decided in one place.
-fn scope_on<C>(conn: &mut C) -> Scope
+fn scope_on<C>(conn: &mut C) -> Result<Scope, Error>
 where
     C: Connection + LoadConnection,
     C::Backend: AdvisoryBackend,
@@ -306,6 +331,8 @@ where
 ///
 /// # Errors
 ///
+/// * [`Error::AlreadyInTransaction`] on MySQL/MariaDB inside a transaction (the
+///   session lock would be released before `COMMIT`); nothing is sent.
 /// * [`Error::LockTimeout`] when the wait ran out: PostgreSQL's `lock_timeout`,
 ///   or MySQL/MariaDB's `GET_LOCK` giving up.
 /// * [`Error::Deadlock`] when the server broke a deadlock with this session.
@@ -325,8 +352,10 @@ where
 ///
 /// # Errors
 ///
-/// A classified database error ([`Error::ConnectionLost`], .., else
-/// [`Error::Database`]); see [`classify`](crate::classify()).
+/// * [`Error::AlreadyInTransaction`] on MySQL/MariaDB inside a transaction, as
+///   [`lock`]; nothing is sent.
+/// * a classified database error ([`Error::ConnectionLost`], .., else
+///   [`Error::Database`]); see [`classify`](crate::classify()).
 pub fn try_lock<C>(
     conn: &mut C,
     key: impl Into<AdvisoryKey>,
@@ -349,7 +378,7 @@ where
     C: Connection + LoadConnection,
     C::Backend: AdvisoryBackend,
 {
-    let scope = scope_on(conn);
+    let scope = scope_on(conn)?;
     let locked = match wait {
         true => C::Backend::acquire(conn, key, scope),
         false => C::Backend::try_acquire(conn, key, scope),
