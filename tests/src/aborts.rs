@@ -97,8 +97,10 @@ where
 /// nested `transaction_with_retry`), `runs` times in all. PostgreSQL: the
 /// second attempt ran in the same transaction, which committed one sale and
 /// its order line. MySQL/MariaDB: nothing committed, nothing retried in the
-/// ended transaction, and the caller holds `TransactionAborted(Deadlock)`,
-/// which no retry of its own takes for a retryable error.
+/// ended transaction (the retry inside it took `TransactionAborted(Deadlock)`
+/// for what it is: not retryable while the transaction is open), and the caller,
+/// once its transaction rolled back, holds that error settled: retryable like
+/// its cause, for a retry around the whole transaction.
 pub fn assert_nested_deadlock_settled(
     backend: &str,
     outcome: &Result<(), Error>,
@@ -118,9 +120,9 @@ pub fn assert_nested_deadlock_settled(
     } else {
         assert_eq!((runs, stock, lines), (1, 10, 0), "{outcome:?}");
         match outcome {
-            Err(err @ Error::TransactionAborted(cause)) => {
-                assert!(matches!(**cause, Error::Deadlock), "{cause:?}");
-                assert!(!err.is_retryable());
+            Err(err @ Error::TransactionAborted(aborted)) => {
+                assert!(matches!(**aborted, Error::Deadlock), "{aborted:?}");
+                assert!(aborted.is_settled() && err.is_retryable(), "{aborted:?}");
             }
             other => panic!("{other:?}"),
         }

@@ -549,6 +549,53 @@ proptest! {
 
 /// MySQL/MariaDB refuse a write in a `READ ONLY` transaction with 1792, which
 /// lockkit reports as it reports a PostgreSQL standby's refusal.
+/// `commit_lsn` after a write made with `SET LOCAL synchronous_commit = off`
+/// (the usual way to make one write cheap; the setting is back at `on` by the
+/// time `commit_lsn` runs): the position must still be past the commit, here
+/// past the WAL insert position read just before `COMMIT`, in each of 100
+/// rounds. A replica that replayed to a position before the commit would be
+/// read without the write.
+#[test]
+fn the_commit_position_is_past_a_commit_made_with_set_local_synchronous_commit_off() {
+    #[derive(diesel::QueryableByName)]
+    struct Position {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        lsn: String,
+    }
+    let db = lockkit_tests::TestDb::<PgConnection>::new("commit_lsn_set_local_off");
+    seed_items(&mut db.conn(), &[(1, 1_000)]);
+    let mut conn = db.connect();
+    let mut before_commit = Vec::new();
+    for round in 0..100 {
+        // The commit record begins after the insert position read in the
+        // transaction, so a position that covers the commit is beyond it.
+        let pre_commit: Lsn = conn
+            .transaction(|conn| {
+                conn.batch_execute("SET LOCAL synchronous_commit = off")?;
+                diesel::sql_query("UPDATE items SET stock = stock - 1 WHERE id = 1")
+                    .execute(conn)?;
+                diesel::sql_query("SELECT pg_current_wal_insert_lsn()::text AS lsn")
+                    .get_result::<Position>(conn)
+            })
+            .unwrap()
+            .lsn
+            .parse()
+            .unwrap();
+        let token = replica::commit_lsn(&mut conn).unwrap();
+        if token <= pre_commit {
+            before_commit.push((round, token.to_string(), pre_commit.to_string()));
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        before_commit.is_empty(),
+        "commit_lsn returned a position before the commit it follows (round, position, insert \
+         position before COMMIT) in {} of 100 rounds: {:?}",
+        before_commit.len(),
+        &before_commit[..before_commit.len().min(5)]
+    );
+}
+
 #[cfg(feature = "mysql")]
 #[test]
 fn mysql_read_only_transactions_are_read_only() {

@@ -19,9 +19,8 @@
 //! The SQL:
 //!
 //! ```sql
-//! -- on the primary, after the commit (pg_current_wal_insert_lsn() with synchronous_commit = off)
-//! SELECT (CASE WHEN current_setting('synchronous_commit') = 'off'
-//!              THEN pg_current_wal_insert_lsn() ELSE pg_current_wal_lsn() END)::text AS lsn
+//! -- on the primary, after the commit
+//! SELECT pg_current_wal_insert_lsn()::text AS lsn
 //! -- on the replica, once, or every 1 to 20 ms while the policy waits
 //! SELECT pg_last_wal_replay_lsn()::text AS lsn
 //! ```
@@ -73,8 +72,11 @@
 //!   the waits short, or sign the token if that matters.
 //! * After a failover, the new primary's positions continue from where the
 //!   standby stood: a token of a write the old primary never shipped waits, then
-//!   goes to the primary, as a lagging replica would. A replica that is not in
-//!   recovery is never read ([`Route::PrimaryNotAStandby`]).
+//!   goes to the primary, as a lagging replica would. A read with a position
+//!   never reads a replica that is not in recovery
+//!   ([`Route::PrimaryNotAStandby`]); a read without one goes to the replica pool
+//!   without a question (no statement more per read), so take a promoted
+//!   standby out of the replica pool when you fail over.
 //! * [`Policy::Primary`]'s window is the token's lifetime, which the app sets
 //!   (a cookie's `Max-Age`): lockkit keeps no clock.
 

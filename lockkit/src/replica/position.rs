@@ -9,9 +9,7 @@ use crate::transaction::in_transaction;
 use crate::{Error, Result};
 
 /// The statement of [`commit_lsn`]; the async twin sends the same text.
-pub(crate) const COMMIT_LSN: &str =
-    "SELECT (CASE WHEN current_setting('synchronous_commit') = 'off' \
-     THEN pg_current_wal_insert_lsn() ELSE pg_current_wal_lsn() END)::text AS lsn";
+pub(crate) const COMMIT_LSN: &str = "SELECT pg_current_wal_insert_lsn()::text AS lsn";
 
 /// The statement of [`replayed_lsn`]; the async twin sends the same text.
 pub(crate) const REPLAYED_LSN: &str = "SELECT pg_last_wal_replay_lsn()::text AS lsn";
@@ -46,17 +44,17 @@ impl Position {
 /// committed, and carry the result to the next read (see the [module](super)).
 ///
 /// ```sql
-/// SELECT (CASE WHEN current_setting('synchronous_commit') = 'off'
-///              THEN pg_current_wal_insert_lsn() ELSE pg_current_wal_lsn() END)::text AS lsn
+/// SELECT pg_current_wal_insert_lsn()::text AS lsn
 /// ```
 ///
-/// With `synchronous_commit` on (PostgreSQL's default, and `local`,
-/// `remote_write`, `remote_apply`), the commit wrote its WAL before it returned,
-/// so the WAL's write position, `pg_current_wal_lsn()`, is at or past the commit.
-/// With `synchronous_commit = off` the commit may still be in the WAL buffers,
-/// and only the insert position is surely past it; it can stand a few bytes past
-/// the last record (a page header), which a standby reaches with the next WAL
-/// written on the primary: a read may wait longer, never see less.
+/// The WAL's insert position is past every record inserted so far, the commit's
+/// included, however the commit was made. The write position
+/// (`pg_current_wal_lsn()`) is not: a commit made with `synchronous_commit =
+/// off` (also a `SET LOCAL` of it in the write's own transaction, undone by the
+/// time this runs) may still be in the WAL buffers. The insert position can
+/// stand a few bytes past the last record (a page header), which a standby
+/// reaches with the next WAL written on the primary: a read may wait longer,
+/// never see less.
 ///
 /// # Errors
 ///
