@@ -18,6 +18,9 @@
 #[macro_use]
 mod async_common;
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use async_common::{in_transaction, RowHolder};
@@ -94,6 +97,13 @@ where
         "{context}: the next user is inside a transaction"
     );
     row_freed(other).await
+}
+
+/// Polls `fut` once with a waker that does nothing: how far a future gets
+/// before a caller that gives up (a `select!`, a timeout) drops it.
+fn poll_once<F: Future + ?Sized>(fut: Pin<&mut F>) -> Poll<F::Output> {
+    let mut cx = Context::from_waker(Waker::noop());
+    fut.poll(&mut cx)
 }
 
 #[derive(diesel::QueryableByName)]
@@ -321,6 +331,64 @@ mod sqlite_only {
             written.is_ok() && left.is_none(),
             "a dropped with_lock left the pooled connection busy_timeout = {left:?} ms instead of \
              the session's {session} ms, and the pool's next user's write failed: {written:?}"
+        );
+    }
+
+    /// `nowait()` without `timeout(..)` sets the busy timeout too (to 0, for
+    /// the call's `BEGIN IMMEDIATE`): a call dropped between that setting and
+    /// its transaction does not hand the pool's next user a connection that
+    /// gives up on the write lock at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_dropped_nowait_with_lock_leaves_the_next_user_its_own_busy_timeout() {
+        let db = TestDb::<SqliteConnection>::new("dropped_nowait_busy_timeout");
+        seed_items(&mut db.conn(), &[(1, 1_000)]);
+        let pool = async_common::bb8_pool::<Async>(&db.url, "sqlite", 1).await;
+        let session = busy_timeout(&mut pool.get().await.unwrap()).await;
+        assert_eq!(session, 10_000, "the suite's busy timeout");
+        let mut left = Vec::new();
+        // Dropped after 1 to 6 polls, each letting the statement in flight
+        // finish on its blocking thread: every point up to the transaction.
+        for polls in (1..=6).cycle().take(24) {
+            let mut conn = pool.get().await.unwrap();
+            {
+                let mut call = Box::pin(lockkit::asynchronous::with_lock(
+                    &mut *conn,
+                    1,
+                    LockOptions::default().nowait(),
+                    async |conn, item: Item| {
+                        diesel::update(items::table.find(item.id))
+                            .set(items::stock.eq(item.stock - 1))
+                            .execute(conn)
+                            .await?;
+                        Ok::<_, Error>(())
+                    },
+                ));
+                for _ in 0..polls {
+                    if poll_once(call.as_mut()).is_ready() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(conn);
+            let mut next = pool.get().await.unwrap();
+            let now = busy_timeout(&mut next).await;
+            if now != session {
+                left.push((polls, now));
+                // The session's value back, for the next round.
+                diesel_async::SimpleAsyncConnection::batch_execute(
+                    &mut *next,
+                    "PRAGMA busy_timeout = 10000",
+                )
+                .await
+                .unwrap();
+            }
+        }
+        assert!(
+            left.is_empty(),
+            "dropped nowait with_lock calls handed the pool's next user busy_timeout \
+             (polls, ms) = {left:?} instead of the session's {session} ms"
         );
     }
 }

@@ -81,6 +81,14 @@ pub trait AsyncLockingConnection:
         options: &LockOptions,
     ) -> impl Future<Output = Result<Restore, Error>> + Send;
 
+    /// Whether [`begin_locked`](Self::begin_locked) changes a session setting
+    /// for these options, to be put back after the call. The default: a lock
+    /// timeout does.
+    #[doc(hidden)]
+    fn changes_setting(options: &LockOptions) -> bool {
+        options.timeout_millis().is_some()
+    }
+
     /// Puts back a setting [`begin_locked`](Self::begin_locked) changed: `before`
     /// the end of the transaction (or savepoint) or after it.
     #[doc(hidden)]
@@ -159,7 +167,8 @@ pub enum Restore {
 }
 
 /// The connection while a session setting a call changes (its lock timeout on
-/// MySQL/MariaDB and SQLite) may be in force: armed from before the setting is
+/// MySQL/MariaDB; SQLite's busy timeout, which `nowait()` and `skip_locked()`
+/// set to 0 as well) may be in force: armed from before the setting is
 /// sent until it is put back. Dropped armed (the call's future was dropped in
 /// between), it marks the connection's transaction manager broken, so that a
 /// pool closes the connection instead of handing the next user the dropped
@@ -171,13 +180,16 @@ pub(crate) struct Changing<'c, C: AsyncConnection> {
     armed: bool,
 }
 
-impl<'c, C: AsyncConnection> Changing<'c, C> {
-    /// Armed when `options` change a session setting.
+impl<'c, C: AsyncLockingConnection> Changing<'c, C> {
+    /// Armed when `options` change a session setting on this connection
+    /// ([`AsyncLockingConnection::changes_setting`]).
     pub(crate) fn new(conn: &'c mut C, options: &LockOptions) -> Self {
-        let armed = options.timeout_millis().is_some();
+        let armed = C::changes_setting(options);
         Changing { conn, armed }
     }
+}
 
+impl<C: AsyncConnection> Changing<'_, C> {
     /// The setting is back (or was never changed).
     pub(crate) fn restored(&mut self) {
         self.armed = false;
@@ -559,6 +571,14 @@ mod sqlite {
                     Err(wait.classify_write_lock(err))
                 }
             }
+        }
+
+        fn changes_setting(options: &LockOptions) -> bool {
+            // `nowait()` and `skip_locked()` set the busy timeout too (to 0).
+            options
+                .wait_mode()
+                .busy_timeout_millis(options.timeout_millis())
+                .is_some()
         }
 
         async fn restore(&mut self, restore: &Restore, before_end: bool) -> QueryResult<()> {
