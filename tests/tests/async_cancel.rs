@@ -398,7 +398,9 @@ mod sqlite_only {
 #[cfg(feature = "mysql")]
 mod mysql_only {
     use super::*;
+    use diesel_async::pooled_connection::AsyncDieselConnectionManager;
     use diesel_async::AsyncMysqlConnection;
+    use lockkit::RetryPolicy;
     use lockkit_tests::TestDb;
 
     #[derive(diesel::QueryableByName)]
@@ -440,6 +442,76 @@ mod mysql_only {
         assert!(
             seen.is_empty(),
             "the pool's next user got innodb_lock_wait_timeout = {seen:?} (its session had {session})"
+        );
+    }
+
+    /// A pool of one connection without bb8's check-out ping, as lockkit's
+    /// docs advise on MySQL with cancellation.
+    async fn unpinged_pool(url: &str) -> Pool {
+        bb8::Pool::builder()
+            .max_size(1)
+            .test_on_check_out(false)
+            .build(AsyncDieselConnectionManager::<AsyncMysqlConnection>::new(
+                url,
+            ))
+            .await
+            .unwrap()
+    }
+
+    type Pool = bb8::Pool<AsyncDieselConnectionManager<AsyncMysqlConnection>>;
+
+    /// Checks out the pool's connection as `$conn`, polls `$call` once (its
+    /// first statement goes out), lets the reply arrive, drops the call and
+    /// gives the connection back; then what the pool's next user reads.
+    macro_rules! next_user_after {
+        ($pool:expr, |$conn:ident| $call:expr) => {{
+            {
+                let mut pooled = $pool.get().await.unwrap();
+                let $conn = &mut *pooled;
+                let mut call = Box::pin($call);
+                assert!(poll_once(call.as_mut()).is_pending());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let mut next = $pool.get().await.unwrap();
+            items::table
+                .find(1)
+                .select(items::stock)
+                .first::<i32>(&mut *next)
+                .await
+                .map_err(|e| e.to_string())
+        }};
+    }
+
+    /// `serializable` sends `SET TRANSACTION ISOLATION LEVEL SERIALIZABLE`
+    /// (for the session's next transaction) before its `BEGIN`: a call dropped
+    /// while that statement is in flight does not hand the pool's next user a
+    /// connection that reads the wrong replies, as the guarded `SET` of
+    /// `with_lock(.. timeout(..))` does not.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_dropped_serializable_hands_the_next_user_a_working_connection() {
+        let db = TestDb::<diesel::MysqlConnection>::new("dropped_serializable");
+        seed_items(&mut db.conn(), &[(1, 1_000)]);
+
+        let guarded = unpinged_pool(&db.url).await;
+        let with_lock = next_user_after!(guarded, |conn| lockkit::asynchronous::with_lock(
+            conn,
+            1,
+            LockOptions::default().timeout(Duration::from_secs(5)),
+            async |_conn, _item: Item| Ok::<_, Error>(()),
+        ));
+        assert_eq!(with_lock, Ok(1_000), "the guarded SET of with_lock");
+
+        let pool = unpinged_pool(&db.url).await;
+        let policy = RetryPolicy::immediate(1);
+        let serializable = next_user_after!(pool, |conn| lockkit::asynchronous::serializable(
+            conn,
+            &policy,
+            async |_conn: &mut AsyncMysqlConnection| Ok::<_, Error>(()),
+        ));
+        assert_eq!(
+            serializable,
+            Ok(1_000),
+            "after a serializable() dropped during its SET TRANSACTION, the pool's next user's read"
         );
     }
 }

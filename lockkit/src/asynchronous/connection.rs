@@ -21,6 +21,14 @@
 //! and its row locks. `tests/async_cancel.rs` drops `with_lock` at every await
 //! point and checks both.
 //!
+//! A session setting a call sends before its `BEGIN` (the lock timeout of
+//! [`LockOptions::timeout`](crate::LockOptions::timeout), SQLite's busy
+//! timeout under `nowait()` or `skip_locked()`, the `SET TRANSACTION ISOLATION
+//! LEVEL SERIALIZABLE` of [`serializable`](super::serializable()) on
+//! MySQL/MariaDB) is guarded the same way: a call dropped while it may be in
+//! force (or its reply unread) marks the connection broken, and the pool
+//! closes it.
+//!
 //! A connection you hold yourself (no pool) is not discarded: after a dropped
 //! call it is still inside the abandoned transaction, and the next lockkit call
 //! on it would nest in it. Drop such a connection too, or use a pool.
@@ -189,7 +197,13 @@ impl<'c, C: AsyncLockingConnection> Changing<'c, C> {
     }
 }
 
-impl<C: AsyncConnection> Changing<'_, C> {
+impl<'c, C: AsyncConnection> Changing<'c, C> {
+    /// Armed: a setting is about to be sent.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) fn armed(conn: &'c mut C) -> Self {
+        Changing { conn, armed: true }
+    }
+
     /// The setting is back (or was never changed).
     pub(crate) fn restored(&mut self) {
         self.armed = false;
@@ -442,11 +456,23 @@ mod mysql {
         }
 
         async fn begin_serializable(&mut self) -> QueryResult<()> {
-            // Applies to the next transaction only.
-            diesel::sql_query(crate::isolation::MYSQL_SET_SERIALIZABLE)
-                .execute(self)
-                .await?;
-            <Self as AsyncConnection>::TransactionManager::begin_transaction(self).await
+            // Applies to the next transaction only. Sent outside any
+            // transaction: a call dropped before its `BEGIN` is in diesel-async's
+            // books (with the statement's reply unread, or the setting pending
+            // for the next user's transaction) marks the connection broken.
+            let mut changing = Changing::armed(self);
+            let conn = &mut *changing.conn;
+            let begun = match diesel::sql_query(crate::isolation::MYSQL_SET_SERIALIZABLE)
+                .execute(&mut *conn)
+                .await
+            {
+                Ok(_) => {
+                    <Self as AsyncConnection>::TransactionManager::begin_transaction(conn).await
+                }
+                Err(err) => Err(err),
+            };
+            changing.restored();
+            begun
         }
 
         async fn transaction_ended(&mut self, cause: Option<&Error>) -> Option<Error> {
