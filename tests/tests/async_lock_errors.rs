@@ -357,6 +357,34 @@ async_server_tests! {
         );
     }
 
+    async fn async_nested_transaction_with_retry_after_the_caller_let_its_own_deadlock_go_commits_nothing(db) {
+        // As the nested `with_lock` above, with a nested
+        // `transaction_with_retry`: on MariaDB no transaction is open any
+        // more, and its sale must not commit on its own.
+        let (outcome, runs, stock, lines) = deadlock_first_attempt!(db, |conn, work| {
+            lockkit::asynchronous::transaction_with_retry(&mut conn, &RetryPolicy::immediate(1), async |conn| {
+                order_line(conn, 1).await?;
+                let _ = work(conn, 1).await; // let go
+                lockkit::asynchronous::transaction_with_retry(conn, &RetryPolicy::immediate(1), async |conn: &mut Async| {
+                    diesel::update(items::table.find(1))
+                        .set(items::stock.eq(items::stock - 1))
+                        .execute(conn)
+                        .await?;
+                    order_line(conn, 2).await
+                })
+                .await
+            })
+            .await
+        });
+        assert_eq!(runs, 1);
+        assert!(outcome.is_err(), "{outcome:?}");
+        assert_eq!(
+            (stock, lines),
+            (10, 0),
+            "the nested transaction_with_retry's sale committed on its own, without order line 1: {outcome:?}"
+        );
+    }
+
     async fn async_idempotency_key_is_not_marked_done_for_work_the_server_rolled_back(db) {
         // The async twin of idempotency's
         // `a_key_is_not_marked_done_for_work_innodb_rolled_back`: the work

@@ -12,7 +12,7 @@ use diesel_async::TransactionManager;
 use super::connection::{in_transaction, AsyncLockingConnection, Restore};
 use super::work::ConnAttempt;
 use crate::retry::{after_failure, may_retry, Next};
-use crate::transaction::{Began, Failure};
+use crate::transaction::Failure;
 use crate::{RetryPolicy, RetryableError};
 
 /// Runs `op` until it succeeds, fails with an error that is not retryable, or
@@ -95,7 +95,11 @@ pub(crate) async fn back_off(delay: std::time::Duration) {
 /// Nested in an open transaction, each attempt is a savepoint, retried as on
 /// the blocking side unless the server ended the whole transaction (InnoDB does
 /// on a deadlock): that is [`Error::TransactionAborted`](crate::Error::TransactionAborted),
-/// for the owner of the outermost transaction to run again.
+/// for the owner of the outermost transaction to run again. Nested in a
+/// transaction that a statement the caller let go has already ended (a
+/// deadlock on MariaDB), it sends nothing and returns `TransactionAborted`, as
+/// the other async lockkit transactions do, instead of running `op` in
+/// autocommit.
 ///
 /// `op` is an `async` closure that may run more than once.
 ///
@@ -142,16 +146,20 @@ where
     F: ConnAttempt<C, T, E>,
 {
     let nested = in_transaction(conn);
-    super::connection::watch(conn);
     let mut attempt = 1;
     loop {
-        let result = match C::TransactionManager::begin_transaction(conn).await {
-            Ok(()) => {
-                let began = Began::with_work(nested);
-                let result = op(conn).await.map_err(Failure::Closure);
-                super::lockable::end(conn, began, Restore::Nothing, result).await
-            }
-            Err(err) => Err(E::from(crate::classify(err))),
+        // As every async lockkit transaction: nested in a transaction that a
+        // statement the caller let go has ended, `TransactionAborted` before
+        // anything is sent that MySQL/MariaDB would run in autocommit.
+        let result = match super::connection::began(conn).await {
+            Ok(began) => match C::TransactionManager::begin_transaction(conn).await {
+                Ok(()) => {
+                    let result = op(conn).await.map_err(Failure::Closure);
+                    super::lockable::end(conn, began, Restore::Nothing, result).await
+                }
+                Err(err) => Err(E::from(crate::classify(err))),
+            },
+            Err(err) => Err(E::from(err)),
         };
         let err = match result {
             Ok(value) => return Ok(value),
