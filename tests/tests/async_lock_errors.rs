@@ -16,8 +16,8 @@ use diesel::{Connection, ExpressionMethods, QueryDsl};
 use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
 use lockkit::{Error, LockOptions, RetryPolicy};
 use lockkit_tests::aborts::{assert_nested_deadlock_settled, assert_swallowed_abort};
-use lockkit_tests::models::Item;
-use lockkit_tests::schema::{items, orders};
+use lockkit_tests::models::{Item, Job};
+use lockkit_tests::schema::{items, jobs, orders};
 use lockkit_tests::{exec, seed_items};
 
 /// Seeds items 1 to 12 (stock 10), then runs `$run` on a new async connection
@@ -383,6 +383,46 @@ async_server_tests! {
             (10, 0),
             "the nested transaction_with_retry's sale committed on its own, without order line 1: {outcome:?}"
         );
+    }
+
+    async fn async_lock_all_and_claim_after_the_caller_let_its_own_deadlock_go_refuse(db) {
+        // `lock_all` and `queue::claim` lock inside the caller's transaction:
+        // after a deadlock the caller let go, on MariaDB they would run in
+        // autocommit, their locks ending with their own statement, and return
+        // rows as locked (claimed) that any other session may take at once.
+        // They refuse, as a nested lockkit transaction does. (PostgreSQL keeps
+        // the aborted transaction open, and refuses every statement in it.)
+        exec(&mut db.conn(), "INSERT INTO jobs (id, payload) VALUES (1, 'job')");
+        let seen = Mutex::new(None);
+        let (_, runs, _, _) = deadlock_first_attempt!(db, |conn, work| {
+            lockkit::asynchronous::transaction_with_retry(&mut conn, &RetryPolicy::immediate(1), async |conn| {
+                let _ = work(conn, 1).await; // let go
+                let locked = lockkit::asynchronous::lock_all::<Item, _>(conn, &[1])
+                    .await
+                    .map(|rows| rows.len());
+                let claimed = lockkit::asynchronous::queue::claim::<Job, _, _>(
+                    conn,
+                    jobs::table.filter(jobs::done.eq(false)),
+                    1,
+                )
+                .await
+                .map(|rows| rows.len());
+                *seen.lock().unwrap() = Some((locked, claimed));
+                Ok(())
+            })
+            .await
+        });
+        assert_eq!(runs, 1);
+        let (locked, claimed) = seen.into_inner().unwrap().expect("the work ran");
+        if BACKEND == "postgres" {
+            assert!(locked.is_err() && claimed.is_err(), "{locked:?} {claimed:?}");
+        } else {
+            assert!(
+                matches!(locked, Err(Error::TransactionAborted(_)))
+                    && matches!(claimed, Err(Error::TransactionAborted(_))),
+                "in a transaction the server had ended, lock_all returned {locked:?} and claim {claimed:?}"
+            );
+        }
     }
 
     async fn async_idempotency_key_is_not_marked_done_for_work_the_server_rolled_back(db) {

@@ -261,11 +261,9 @@ pub(crate) async fn began<C: AsyncLockingConnection>(
 }
 
 /// The blocking side's [`require_live`](crate::transaction::require_live) on an
-/// async connection.
-#[cfg_attr(
-    not(any(feature = "outbox", feature = "idempotency")),
-    allow(dead_code)
-)]
+/// async connection; also asked by [`lock_all`](super::lock_all()) and
+/// [`queue::claim`](super::queue::claim), which lock inside the caller's
+/// transaction.
 pub(crate) async fn require_live<C: AsyncLockingConnection>(conn: &mut C) -> Result<(), Error> {
     match ended_by_statement(conn).await {
         Some(cause) => {

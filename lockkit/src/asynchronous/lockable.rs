@@ -385,7 +385,9 @@ where
 ///
 /// # Errors
 ///
-/// As [`Lockable::lock_all`].
+/// As [`Lockable::lock_all`]; among them [`Error::TransactionAborted`] when a
+/// statement you let go (a MariaDB deadlock) has ended the transaction: nothing
+/// is sent, which on MySQL/MariaDB would run in autocommit and lock nothing.
 ///
 /// # Example
 ///
@@ -418,6 +420,7 @@ where
     M::Key: Ord + Send + Sync,
 {
     require_transaction(in_transaction(conn))?;
+    super::connection::require_live(conn).await?;
     let waited = crate::metrics::LockWait::start();
     let keys = lock_order(keys);
     let mut rows = Vec::with_capacity(keys.len());

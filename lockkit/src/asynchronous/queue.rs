@@ -77,6 +77,9 @@ use crate::{classify, Error};
 /// As [`lockkit::queue::claim`](crate::queue::claim):
 ///
 /// * [`Error::NotInTransaction`] outside a transaction; nothing is sent.
+/// * [`Error::TransactionAborted`] when a statement you let go (a MariaDB
+///   deadlock) has ended the transaction; nothing is sent, which on
+///   MySQL/MariaDB would claim in autocommit and hold nothing.
 /// * [`Error::Busy`] on SQLite when another connection holds the database's
 ///   write lock past the busy timeout.
 /// * any other classified database error; see [`classify`](crate::classify()).
@@ -87,6 +90,7 @@ where
     M: Send,
 {
     require_transaction(in_transaction(conn))?;
+    super::connection::require_live(conn).await?;
     let waited = LockWait::start();
     conn.take_write_lock().await?;
     let rows: Vec<M> = query
