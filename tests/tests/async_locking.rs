@@ -345,3 +345,58 @@ struct Setting {
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     value: i64,
 }
+
+/// SQLite has no row locks: `lock_all` holds its rows by the database's write
+/// lock, which a deferred transaction (`transaction_with_retry`, diesel-async's
+/// own) does not have yet. It takes it, as the blocking `lock_all` does, also
+/// for a model without a version (whose lock writes nothing).
+#[cfg(feature = "sqlite")]
+mod sqlite_only {
+    use super::*;
+    use diesel::connection::SimpleConnection;
+    use diesel::{Connection, SqliteConnection};
+    use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+    use lockkit_tests::models::Job;
+    use lockkit_tests::TestDb;
+
+    type Async = SyncConnectionWrapper<SqliteConnection>;
+
+    /// Whether another connection writes job 1 within 300 ms.
+    fn another_writes(url: &str) -> bool {
+        let mut other = SqliteConnection::establish(url).unwrap();
+        other.batch_execute("PRAGMA busy_timeout = 300").unwrap();
+        other
+            .batch_execute("UPDATE jobs SET payload = 'other' WHERE id = 1")
+            .is_ok()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn lock_all_in_a_deferred_transaction_holds_its_rows() {
+        let db = TestDb::<SqliteConnection>::new("async_lock_all_deferred");
+        db.conn()
+            .batch_execute("INSERT INTO jobs (id, payload) VALUES (1, 'job')")
+            .unwrap();
+        let mut conn: Async = async_common::connect(&db.url, "sqlite").await;
+        let url = db.url.clone();
+        let free = lockkit::asynchronous::transaction_with_retry(
+            &mut conn,
+            &RetryPolicy::immediate(1),
+            async |conn: &mut Async| {
+                let rows: Vec<Job> = lockkit::asynchronous::lock_all(conn, &[1]).await?;
+                assert_eq!(rows.len(), 1);
+                let url = url.clone();
+                Ok::<_, Error>(
+                    tokio::task::spawn_blocking(move || another_writes(&url))
+                        .await
+                        .unwrap(),
+                )
+            },
+        )
+        .await
+        .unwrap();
+        assert!(
+            !free,
+            "another connection wrote the row that lock_all had just returned as locked"
+        );
+    }
+}

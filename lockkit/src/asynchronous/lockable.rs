@@ -422,6 +422,7 @@ where
     require_transaction(in_transaction(conn))?;
     super::connection::require_live(conn).await?;
     let waited = crate::metrics::LockWait::start();
+    conn.take_write_lock().await?; // SQLite: a deferred transaction holds no lock yet
     let keys = lock_order(keys);
     let mut rows = Vec::with_capacity(keys.len());
     // Chunk after chunk in key order: every transaction takes the locks in the
