@@ -246,6 +246,60 @@ async_backend_tests! {
         assert!(finished > 0 && dropped > 0, "the sweep covers both: {finished} finished, {dropped} dropped");
         eprintln!("{BACKEND}: {finished} finished, {dropped} dropped; the row was free again within {slowest:?}");
     }
+
+    async fn an_outer_call_whose_nested_call_was_dropped_commits_its_own_work_only(db) {
+        // A nested call given up on (`tokio::time::timeout` around it: "try
+        // item 1 for 100 ms, else sell without it") while the caller's own
+        // lockkit transaction goes on: its savepoint is left on diesel-async's
+        // books. The outer call's end rolls it back and commits its own work,
+        // instead of taking that level for its own (releasing the savepoint
+        // and reporting Ok with nothing committed).
+        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let outcome = lockkit::asynchronous::locked_transaction(
+            &mut conn,
+            LockOptions::default(),
+            async |conn: &mut Async| {
+                diesel::update(items::table.find(2))
+                    .set(items::stock.eq(items::stock - 1))
+                    .execute(conn)
+                    .await?;
+                let tried = tokio::time::timeout(
+                    Duration::from_millis(100),
+                    lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |conn, item: Item| {
+                        diesel::update(items::table.find(item.id))
+                            .set(items::stock.eq(item.stock - 1))
+                            .execute(conn)
+                            .await?;
+                        tokio::time::sleep(Duration::from_secs(5)).await;
+                        Ok::<_, Error>(())
+                    }),
+                )
+                .await;
+                assert!(tried.is_err(), "the nested call was given up on");
+                Ok::<_, Error>(())
+            },
+        )
+        .await;
+        let open = in_transaction(&mut conn);
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        let sold: i32 = items::table.find(2).select(items::stock).first(&mut other).await.unwrap();
+        assert!(
+            outcome.is_ok() && sold == 9 && !open,
+            "locked_transaction returned {outcome:?}; item 2's sale committed: {}; the \
+             connection is still in a transaction: {open}",
+            sold == 9
+        );
+        assert!(server_says_no_transaction(&mut conn, BACKEND).await);
+        let (stock, version): (i32, i32) = items::table
+            .find(1)
+            .select((items::stock, items::lock_version))
+            .first(&mut other)
+            .await
+            .unwrap();
+        assert_eq!((stock, version), (10, 0), "the dropped call's work is rolled back");
+        assert!(row_is_free(&mut other).await, "and its row lock gone");
+    }
 }
 
 /// `with_lock` on item 1 with a one-second lock timeout, decrementing its stock.

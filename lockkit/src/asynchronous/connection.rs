@@ -29,6 +29,16 @@
 //! force (or its reply unread) marks the connection broken, and the pool
 //! closes it.
 //!
+//! A nested call dropped while the transaction around it goes on (a
+//! `tokio::time::timeout` around a `with_lock` inside your
+//! `locked_transaction`) leaves its savepoint open. The enclosing lockkit
+//! call's end knows its own level from when it began: it rolls the dropped
+//! savepoint back, with the dropped call's work, before it commits (or rolls
+//! back) its own; if that rollback fails, it fails and marks the connection
+//! broken. (On MySQL/MariaDB a nested call dropped while one of its statements
+//! was in flight leaves an unread reply, as the check-out ping below does:
+//! there, give up on the whole transaction rather than on a nested call.)
+//!
 //! A connection you hold yourself (no pool) is not discarded: after a dropped
 //! call it is still inside the abandoned transaction, and the next lockkit call
 //! on it would nest in it. Drop such a connection too, or use a pool.
@@ -243,10 +253,9 @@ pub(crate) fn in_transaction<C: AsyncConnection>(conn: &mut C) -> bool {
 /// ([`ended_by_statement`]): [`Error::TransactionAborted`], before anything is
 /// sent that MySQL/MariaDB would run in autocommit; the read-only stand-in is
 /// opened, as at the end of a nested call that found the transaction ended.
-pub(crate) async fn began<C: AsyncLockingConnection>(
-    conn: &mut C,
-) -> Result<crate::transaction::Began, Error> {
-    let nested = in_transaction(conn);
+pub(crate) async fn began<C: AsyncLockingConnection>(conn: &mut C) -> Result<Begun, Error> {
+    let depth = transaction_depth(conn);
+    let nested = depth > 0;
     watch(conn);
     if nested {
         if let Some(cause) = ended_by_statement(conn).await {
@@ -257,7 +266,68 @@ pub(crate) async fn began<C: AsyncLockingConnection>(
             ));
         }
     }
-    Ok(crate::transaction::Began::with_work(nested))
+    Ok(Begun {
+        began: crate::transaction::Began::with_work(nested),
+        nested,
+        level: Some(depth + 1),
+    })
+}
+
+/// Where an async lockkit transaction began ([`Began`](crate::transaction::Began)),
+/// and the level it opens in diesel-async's books: what its end needs to tell
+/// its own level from one that a nested call whose future was dropped left
+/// open ([`roll_back_dropped`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Begun {
+    pub(crate) began: crate::transaction::Began,
+    /// Nested in an open transaction: a savepoint.
+    pub(crate) nested: bool,
+    /// The depth of the transaction (or savepoint) the call opens, when known:
+    /// always for an outermost one (1).
+    level: Option<u32>,
+}
+
+/// A transaction begun without [`began`]: outermost (level 1), or nested
+/// around lockkit's own statements only, where no nested call can be dropped.
+impl From<crate::transaction::Began> for Begun {
+    fn from(began: crate::transaction::Began) -> Self {
+        Begun {
+            began,
+            nested: began.nested,
+            level: (!began.nested).then_some(1),
+        }
+    }
+}
+
+/// At the end of the call that `begun` began: levels deeper than its own in
+/// diesel-async's books are what a nested call whose future was dropped (a
+/// `tokio::time::timeout` around it) left open. They are rolled back, with the
+/// dropped call's work, so that the call's `COMMIT` (or `RELEASE`) is its own
+/// and not the dropped savepoint's. `Err` when one cannot be: the connection
+/// is then marked broken, for its pool to close.
+pub(crate) async fn roll_back_dropped<C: AsyncConnection>(
+    conn: &mut C,
+    begun: &Begun,
+) -> QueryResult<()> {
+    let Some(level) = begun.level else {
+        return Ok(());
+    };
+    let left = transaction_depth(conn);
+    if left <= level {
+        return Ok(());
+    }
+    tracing::warn!(
+        target: "lockkit",
+        "a nested lockkit call was dropped before it finished: its savepoint is rolled back at the end of the transaction around it"
+    );
+    for _ in level..left {
+        if let Err(err) = C::TransactionManager::rollback_transaction(conn).await {
+            C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
+            return Err(err);
+        }
+    }
+    crate::transaction::rolled_back(conn, level + 1);
+    Ok(())
 }
 
 /// The blocking side's [`require_live`](crate::transaction::require_live) on an

@@ -64,7 +64,7 @@ use diesel::{OptionalExtension, QueryResult, Selectable};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{RunQueryDsl, TransactionManager};
 
-use super::connection::{in_transaction, AsyncLockingConnection, Changing, Restore};
+use super::connection::{in_transaction, AsyncLockingConnection, Begun, Changing, Restore};
 use super::versioned::{AsyncVersionQuery, AsyncVersioned};
 use super::work::{ConnWork, RowWork};
 use crate::optimistic::version_check::TouchVersioned;
@@ -77,7 +77,7 @@ use crate::pessimistic::row_lock::{
     EveryClause, ForUpdate, LockClause, LockedCall, RowLock, WaitMode,
 };
 use crate::pessimistic::NoVersion;
-use crate::transaction::{require_transaction, settle, Began, Check, Failed, Failure};
+use crate::transaction::{require_transaction, settle, Check, Failed, Failure};
 use crate::{classify, Error, LockOptions, Lockable};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -237,8 +237,11 @@ where
 /// The end of every async lockkit transaction, `began` nested in an open one or
 /// not:
 ///
+/// * first roll back what a nested call whose future was dropped left open
+///   above this call's own level ([`roll_back_dropped`](super::connection::roll_back_dropped)),
+///   so that what follows ends this call's level;
 /// * commit on `Ok`, unless the work caught an abort of the whole transaction
-///   ([`Began`], as on the blocking side); a failed `COMMIT` is classified (a
+///   ([`Began`](crate::transaction::Began), as on the blocking side); a failed `COMMIT` is classified (a
 ///   serialization failure or deadlock found at commit is retryable like any
 ///   other);
 /// * roll back on `Err`;
@@ -248,7 +251,7 @@ where
 ///   [`Error::TransactionAborted`].
 pub(crate) async fn end<C, T, E>(
     conn: &mut C,
-    began: Began,
+    began: impl Into<Begun>,
     restore: Restore,
     result: Result<T, Failure<E>>,
 ) -> Result<T, E>
@@ -257,7 +260,14 @@ where
     E: From<Error> + Send,
     T: Send,
 {
+    let begun = began.into();
+    let began = begun.began;
     let nested = began.nested;
+    // First the levels a dropped nested call left open above this call's own.
+    let result = match super::connection::roll_back_dropped(conn, &begun).await {
+        Ok(()) => result,
+        Err(err) => Err(Failure::Diesel(err)),
+    };
     // This call's own level in diesel-async's books: its transaction, or the
     // savepoint nested in the caller's.
     let depth = super::connection::transaction_depth(conn);
