@@ -400,3 +400,61 @@ mod sqlite_only {
         );
     }
 }
+
+#[cfg(feature = "mysql")]
+mod mysql_only {
+    use super::*;
+    use diesel::MysqlConnection;
+    use diesel_async::AsyncMysqlConnection;
+    use lockkit_tests::models::Sku;
+    use lockkit_tests::schema::sku_codes;
+    use lockkit_tests::{exec, TestDb};
+
+    /// The blocking `lock_all_returns_a_row_once_for_keys_the_collation_holds_equal_across_chunks`
+    /// on diesel-async: 899 fillers, then "K" and "k", which fall in two chunks
+    /// of 900 keys and find one row under the column's collation. The row is
+    /// returned, and its version advanced, once.
+    #[tokio::test]
+    async fn lock_all_returns_a_row_once_for_keys_the_collation_holds_equal_across_chunks() {
+        let db = TestDb::<MysqlConnection>::new("async_lock_all_ci_across_chunks");
+        let fillers: Vec<String> = (0..899).map(|i| format!("A{i:03}")).collect();
+        let values: Vec<String> = fillers
+            .iter()
+            .chain([&"K".to_owned()])
+            .map(|k| format!("('{k}', 1)"))
+            .collect();
+        let insert = format!(
+            "INSERT INTO sku_codes (code, stock) VALUES {}",
+            values.join(",")
+        );
+        exec(&mut db.conn(), &insert);
+        let mut keys = fillers;
+        keys.extend(["K".to_owned(), "k".to_owned()]);
+        let mut conn: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
+        let codes: Vec<String> = lockkit::asynchronous::locked_transaction(
+            &mut conn,
+            LockOptions::default(),
+            async |conn| {
+                let rows: Vec<Sku> = lockkit::asynchronous::lock_all(conn, &keys).await?;
+                Ok::<_, Error>(rows.into_iter().map(|sku| sku.code).collect())
+            },
+        )
+        .await
+        .unwrap();
+        let k_rows = codes
+            .iter()
+            .filter(|code| code.eq_ignore_ascii_case("k"))
+            .count();
+        let version: i32 = sku_codes::table
+            .find("K")
+            .select(sku_codes::lock_version)
+            .first(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            codes.len() == 900 && k_rows == 1 && version == 1,
+            "{} rows, row K {k_rows} times, its version {version} (from 0)",
+            codes.len()
+        );
+    }
+}

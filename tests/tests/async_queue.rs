@@ -156,4 +156,15 @@ async_backend_tests! {
         let err = queue::claim::<i32, _, _>(&mut conn, jobs::table.select(jobs::id), 1).await.unwrap_err();
         assert!(matches!(err, Error::NotInTransaction), "{err}");
     }
+
+    async fn claiming_with_a_negative_limit_is_refused(db) {
+        // As on the blocking side: SQLite reads `LIMIT -1` as no limit.
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        insert_jobs!(&mut conn, 4);
+        let claimed = locked_transaction(&mut conn, LockOptions::default(), async |conn| {
+            queue::claim::<i32, _, _>(conn, jobs::table.order(jobs::id).select(jobs::id), -1).await
+        })
+        .await;
+        assert!(matches!(claimed, Err(Error::InvalidInput(_))), "{claimed:?}");
+    }
 }

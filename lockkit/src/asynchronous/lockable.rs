@@ -71,7 +71,7 @@ use crate::optimistic::version_check::TouchVersioned;
 use crate::optimistic::BumpVersion;
 use crate::pessimistic::lockable::{
     all_by_keys, by_key, lock_order, unmatched, AllByKeys, ByKey, KeyColumn, KeysFilter, Pk,
-    MAX_KEYS_PER_STATEMENT,
+    Returned, MAX_KEYS_PER_STATEMENT,
 };
 use crate::pessimistic::row_lock::{
     EveryClause, ForUpdate, LockClause, LockedCall, RowLock, WaitMode,
@@ -437,6 +437,7 @@ where
     let mut rows = Vec::with_capacity(keys.len());
     // Chunk after chunk in key order: every transaction takes the locks in the
     // same order, whatever the length of its list.
+    let mut returned = Returned::for_keys(keys.len());
     for chunk in keys.chunks(MAX_KEYS_PER_STATEMENT) {
         let mut locked = M::load_all_locked(conn, chunk.to_vec())
             .await
@@ -449,6 +450,9 @@ where
             }
             locked.dedup_by(|a, b| a.key() == b.key());
         }
+        // A row found by keys of two chunks, before it is marked again (as on
+        // the blocking side).
+        returned.keep_new(&mut locked);
         for row in &mut locked {
             <M::OnLock as AsyncMarkLocked<M, C>>::mark(conn, row).await?;
         }

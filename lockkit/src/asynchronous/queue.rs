@@ -76,6 +76,7 @@ use crate::{classify, Error};
 ///
 /// As [`lockkit::queue::claim`](crate::queue::claim):
 ///
+/// * [`Error::InvalidInput`] when `limit` is negative; nothing is sent.
 /// * [`Error::NotInTransaction`] outside a transaction; nothing is sent.
 /// * [`Error::TransactionAborted`] when a statement you let go (a MariaDB
 ///   deadlock) has ended the transaction; nothing is sent, which on
@@ -89,6 +90,7 @@ where
     Q: AsyncClaimQuery<C, M>,
     M: Send,
 {
+    crate::queue::check_limit(limit)?;
     require_transaction(in_transaction(conn))?;
     super::connection::require_live(conn).await?;
     let waited = LockWait::start();

@@ -100,11 +100,7 @@ where
     C: AsLockingConnection,
     Q: ClaimQuery<C::Conn, M>,
 {
-    if limit < 0 {
-        // SQLite reads a negative `LIMIT` as none: one worker would claim the
-        // whole queue.
-        return Err(Error::InvalidInput("a claim limit is 0 or more"));
-    }
+    check_limit(limit)?;
     let conn = conn.locking_connection();
     require_transaction(conn.in_transaction())?;
     // A statement that ended the transaction (a deadlock the caller let go,
@@ -115,6 +111,16 @@ where
     let rows = query.load_claimed(conn, limit).map_err(classify)?;
     waited.acquired("queue", rows.len());
     Ok(rows)
+}
+
+/// A claim's `limit`, checked before anything is sent, blocking or async:
+/// [`Error::InvalidInput`] when negative (SQLite reads a negative `LIMIT` as
+/// none: one worker would claim the whole queue).
+pub(crate) fn check_limit(limit: i64) -> Result<(), Error> {
+    if limit < 0 {
+        return Err(Error::InvalidInput("a claim limit is 0 or more"));
+    }
+    Ok(())
 }
 
 /// A query [`claim`] can run on `Conn`, loading `M`s: any Diesel query that
