@@ -193,6 +193,37 @@ mod mysql_aborted {
         .await
     }
 
+    /// Run `runs + 1` of an owner's work, which holds item 1 (the blocking
+    /// side's `record_and_sell`): records its order line, waits for the cue on
+    /// the first run, then [`sell_two`] as `how` says, whose UPDATE is then the
+    /// deadlock's victim.
+    async fn record_and_sell(
+        conn: &mut Async,
+        runs: &AtomicU32,
+        stage: &Stage,
+        how: Sell,
+    ) -> Result<(), Error> {
+        let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+        let line = format!("INSERT INTO orders (id, item_id, qty) VALUES ({run}, NULL, 1)");
+        conn.batch_execute(&line).await?;
+        if run == 1 {
+            stage.cue();
+        }
+        sell_two(conn, how).await
+    }
+
+    /// The whole transaction ran again after the deadlock: `Ok`, one order
+    /// line, one unit of item 2 sold.
+    async fn assert_retried_whole(stage: Stage, runs: &AtomicU32, outcome: Result<(), Error>) {
+        let runs = AtomicU32::load(runs, Ordering::SeqCst);
+        let (stock, lines) = stage.sold_and_lines().await;
+        assert!(
+            outcome.is_ok() && (stock, lines) == (9, 1),
+            "item 2's stock {stock}, order lines {lines} after {runs} runs of the outer \
+             transaction; the caller got {outcome:?}"
+        );
+    }
+
     /// The blocking side's `a_deadlocked_versioned_write_under_a_nested_retry_is_not_applied_twice_by_the_owners_retry`,
     /// on diesel-async: the owner (`transaction_with_retry`) records an order
     /// line and locks item 1, then [`sell_two`] as `how` says. One order line, one
@@ -205,17 +236,9 @@ mod mysql_aborted {
             &mut conn,
             &RetryPolicy::default(),
             async |conn| {
-                let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
-                conn.batch_execute(&format!(
-                    "INSERT INTO orders (id, item_id, qty) VALUES ({run}, NULL, 1)"
-                ))
-                .await?;
                 conn.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")
                     .await?;
-                if run == 1 {
-                    stage.cue();
-                }
-                sell_two(conn, how).await
+                record_and_sell(conn, &runs, &stage, how).await
             },
         )
         .await;
@@ -284,29 +307,15 @@ mod mysql_aborted {
         let conn = tokio::sync::Mutex::new(stage.connect().await);
         let outcome = lockkit::asynchronous::retry(&RetryPolicy::default(), |_| async {
             let mut conn = conn.lock().await;
-            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
             conn.transaction::<_, Error, _>(async |conn| {
                 conn.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")
                     .await?;
-                conn.batch_execute(&format!(
-                    "INSERT INTO orders (id, item_id, qty) VALUES ({run}, NULL, 1)"
-                ))
-                .await?;
-                if run == 1 {
-                    stage.cue();
-                }
-                sell_two(conn, Sell::Versioned).await
+                record_and_sell(conn, &runs, &stage, Sell::Versioned).await
             })
             .await
         })
         .await;
-        let runs = AtomicU32::load(&runs, Ordering::SeqCst);
-        let (stock, lines) = stage.sold_and_lines().await;
-        assert!(
-            outcome.is_ok() && (stock, lines) == (9, 1),
-            "item 2's stock {stock}, order lines {lines} after {runs} runs; the caller got \
-             {outcome:?}"
-        );
+        assert_retried_whole(stage, &runs, outcome).await;
     }
 
     /// The blocking side's `a_deadlocked_bulk_versioned_update_outside_a_transaction_is_retried`,
@@ -361,26 +370,12 @@ mod mysql_aborted {
                 1,
                 LockOptions::default(),
                 async |conn, _one: Item| {
-                    let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
-                    conn.batch_execute(&format!(
-                        "INSERT INTO orders (id, item_id, qty) VALUES ({run}, NULL, 1)"
-                    ))
-                    .await?;
-                    if run == 1 {
-                        stage.cue();
-                    }
-                    sell_two(conn, Sell::Versioned).await
+                    record_and_sell(conn, &runs, &stage, Sell::Versioned).await
                 },
             )
             .await
         })
         .await;
-        let runs = AtomicU32::load(&runs, Ordering::SeqCst);
-        let (stock, lines) = stage.sold_and_lines().await;
-        assert!(
-            outcome.is_ok() && (stock, lines) == (9, 1),
-            "item 2's stock {stock}, order lines {lines} after {runs} runs of the outer \
-             transaction; the caller got {outcome:?}"
-        );
+        assert_retried_whole(stage, &runs, outcome).await;
     }
 }
