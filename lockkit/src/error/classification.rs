@@ -46,6 +46,12 @@
 //!   Diesel's own `.no_wait()` is not seen, and a 1205 kept for longer than the
 //!   window before it is classified stays [`Error::LockTimeout`]; calls that know
 //!   they asked for `NOWAIT` can use [`classify_nowait`]. Both are retryable.
+//!   The note is the thread's: on an async runtime, another task's `NOWAIT` sent
+//!   on the same worker thread within the window makes a real lock wait timeout
+//!   read as [`Error::Busy`] (and a task moved to another thread after its
+//!   `NOWAIT` reads its failure as [`Error::LockTimeout`]); async code that must
+//!   tell them apart classifies its own `NOWAIT` statements with
+//!   [`classify_nowait`].
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};

@@ -271,6 +271,12 @@ pub trait Lockable: Sized {
     /// SELECT items.id, .. FROM items WHERE items.id = $1
     /// ```
     ///
+    /// A plain read sees the transaction's snapshot: on MySQL/MariaDB (InnoDB's
+    /// `REPEATABLE READ`) a `reload` inside a transaction after a
+    /// [`lock`](Self::lock) can return the row as it was before another
+    /// session's later commit, which a write of it then undoes. To re-read a row
+    /// you mean to write, in a transaction, use [`lock`](Self::lock) again.
+    ///
     /// # Errors
     ///
     /// * [`Error::NotFound`] when the row is gone; `self` is left as it was.
