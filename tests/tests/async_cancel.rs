@@ -344,13 +344,26 @@ mod sqlite_only {
             .timeout
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_dropped_with_lock_leaves_the_next_user_its_own_busy_timeout() {
-        let db = TestDb::<SqliteConnection>::new("dropped_busy_timeout");
+    /// A database `name` with item 1, a pool of one connection to it, and the
+    /// suite's busy timeout, read off that connection.
+    async fn pool_of_one(
+        name: &str,
+    ) -> (
+        TestDb<SqliteConnection>,
+        diesel_async::pooled_connection::bb8::Pool<Async>,
+        i32,
+    ) {
+        let db = TestDb::<SqliteConnection>::new(name);
         seed_items(&mut db.conn(), &[(1, 1_000)]);
         let pool = async_common::bb8_pool::<Async>(&db.url, "sqlite", 1).await;
         let session = busy_timeout(&mut pool.get().await.unwrap()).await;
         assert_eq!(session, 10_000, "the suite's busy timeout");
+        (db, pool, session)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_dropped_with_lock_leaves_the_next_user_its_own_busy_timeout() {
+        let (db, pool, session) = pool_of_one("dropped_busy_timeout").await;
         // Calls dropped at different points (tokio's timer fires on a
         // millisecond tick, so a zero or sub-millisecond deadline drops the call
         // at its first wait, or not at all): each is a client that went away.
@@ -394,11 +407,7 @@ mod sqlite_only {
     /// gives up on the write lock at once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_dropped_nowait_with_lock_leaves_the_next_user_its_own_busy_timeout() {
-        let db = TestDb::<SqliteConnection>::new("dropped_nowait_busy_timeout");
-        seed_items(&mut db.conn(), &[(1, 1_000)]);
-        let pool = async_common::bb8_pool::<Async>(&db.url, "sqlite", 1).await;
-        let session = busy_timeout(&mut pool.get().await.unwrap()).await;
-        assert_eq!(session, 10_000, "the suite's busy timeout");
+        let (_db, pool, session) = pool_of_one("dropped_nowait_busy_timeout").await;
         let mut left = Vec::new();
         // Dropped after 1 to 6 polls, each letting the statement in flight
         // finish on its blocking thread: every point up to the transaction.
