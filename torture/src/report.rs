@@ -90,6 +90,12 @@ pub fn print_run(config: &Config, total: &Stats, elapsed: Duration, drained: u64
         for (message, n) in &total.outages {
             println!("  {n:>6} x {message}");
         }
+        if total.starved > 0 {
+            println!(
+                "  {:>6} x every attempt of a retry lost a conflict: run again",
+                total.starved
+            );
+        }
     }
     if config.asynchronous {
         println!(

@@ -260,6 +260,9 @@ pub struct Stats {
     pub confirmed: u64,
     /// Interrupted operations found rolled back (run again).
     pub redone: u64,
+    /// Retry policies that every attempt of lost a conflict, started again
+    /// (`--tolerate-outages`: see `run::is_starved`).
+    pub starved: u64,
     /// Outage errors by message.
     pub outages: BTreeMap<String, u64>,
     /// `--async`: operations whose future a `tokio::time::timeout` dropped.
@@ -290,6 +293,7 @@ impl Default for Stats {
             recovered_ops: 0,
             confirmed: 0,
             redone: 0,
+            starved: 0,
             outages: BTreeMap::new(),
             cancelled_timeout: 0,
             cancelled_abort: 0,
@@ -305,7 +309,7 @@ impl Default for Stats {
 impl Stats {
     /// The run-wide counters `merge`, `to_report` and `parse_report` go
     /// through, in the report's order.
-    const COUNTERS: [Counter<Stats>; 11] = [
+    const COUNTERS: [Counter<Stats>; 12] = [
         ("threads", |s| s.threads, |s| &mut s.threads),
         (
             "outage_errors",
@@ -320,6 +324,7 @@ impl Stats {
         ),
         ("confirmed", |s| s.confirmed, |s| &mut s.confirmed),
         ("redone", |s| s.redone, |s| &mut s.redone),
+        ("starved", |s| s.starved, |s| &mut s.starved),
         (
             "cancelled_timeout",
             |s| s.cancelled_timeout,
