@@ -5,6 +5,13 @@
 //! `scripts/galera.sh`); such an operation is retried on a fresh connection
 //! after finding out whether it committed. Every operation runs in lockkit's
 //! transaction, so a ROLLBACK the node refused leaves no broken connection.
+//!
+//! `--bump lockkit`: no version trigger. On MariaDB 10.11's Galera a node now
+//! and then fails every write to a table with lockkit's version trigger, with
+//! "Unknown trigger has an error in its body" ('Query was empty', or a syntax
+//! error in the trigger's own text), for seconds or the rest of the run (3 of
+//! about 80 runs; README, "Galera"). The trigger is the single-server runs'
+//! (`tests/torture.rs`).
 
 use std::process::Command;
 
@@ -29,6 +36,8 @@ fn every_invariant_holds_with_writers_on_three_nodes() {
         .args([
             "--seconds",
             "3",
+            "--bump",
+            "lockkit",
             "--seed",
             "20260509",
             "--tolerate-outages",
