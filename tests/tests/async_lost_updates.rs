@@ -10,7 +10,7 @@ use diesel_async::RunQueryDsl;
 use lockkit::asynchronous::locked_transaction;
 use lockkit::asynchronous::prelude::*;
 use lockkit::{Error, LockOptions};
-use lockkit_tests::models::Item;
+use lockkit_tests::models::{Item, Twin};
 use lockkit_tests::schema::items;
 use lockkit_tests::seed_items;
 
@@ -103,12 +103,13 @@ mod mysql_aborted {
     use std::sync::{mpsc, Mutex};
 
     type Async = AsyncMysqlConnection;
+    type Blocking = diesel::MysqlConnection;
 
     /// The stage of a provoked deadlock on diesel-async (the blocking side's
     /// `aborts::beside_neighbour`): items seeded, the heavier neighbour on a
     /// thread of its own.
     struct Stage {
-        db: lockkit_tests::TestDb<diesel::MysqlConnection>,
+        db: lockkit_tests::TestDb<Blocking>,
         neighbour: std::thread::JoinHandle<()>,
         locked: Mutex<mpsc::Receiver<()>>,
         go: mpsc::Sender<()>,
@@ -116,14 +117,25 @@ mod mysql_aborted {
 
     impl Stage {
         fn new(name: &str) -> Self {
-            let db = lockkit_tests::TestDb::<diesel::MysqlConnection>::new(name);
+            Self::beside(name, |conn, locked, go| {
+                lockkit_tests::aborts::heavier_neighbour(conn, "mysql", locked, go);
+            })
+        }
+
+        /// [`new`](Self::new) with `neighbour` as the heavier side: on a
+        /// connection of its own, it says on its sender when it holds what the
+        /// victim will wait for, then waits on its receiver for the cue.
+        fn beside(
+            name: &str,
+            neighbour: fn(&mut Blocking, mpsc::Sender<()>, mpsc::Receiver<()>),
+        ) -> Self {
+            let db = lockkit_tests::TestDb::<Blocking>::new(name);
             lockkit_tests::aborts::seed_for_deadlock(&mut db.conn());
             let (locked_tx, locked) = mpsc::channel::<()>();
             let (go, go_rx) = mpsc::channel::<()>();
             let url = db.url.clone();
             let neighbour = std::thread::spawn(move || {
-                let mut conn = diesel::MysqlConnection::establish(&url).unwrap();
-                lockkit_tests::aborts::heavier_neighbour(&mut conn, "mysql", locked_tx, go_rx);
+                neighbour(&mut Blocking::establish(&url).unwrap(), locked_tx, go_rx);
             });
             Stage {
                 db,
@@ -292,6 +304,81 @@ mod mysql_aborted {
             "the write caught {caught:?}; the caller got {outcome:?}; item 2's stock {stock}, \
              order lines {lines}"
         );
+    }
+
+    /// The blocking side's `twin_holder`: puts the row of `twins` in place
+    /// (version 1), then, as `aborts::heavier_neighbour` with that row for
+    /// item 2, changes items 3 and up, locks the rows of `twins`, says so on
+    /// `locked`, waits for `go` and locks item 1. Commits.
+    fn twin_holder(conn: &mut Blocking, locked: mpsc::Sender<()>, go: mpsc::Receiver<()>) {
+        use diesel::connection::SimpleConnection;
+        let exec = |conn: &mut Blocking, sql: &str| conn.batch_execute(sql).unwrap();
+        exec(
+            conn,
+            "INSERT INTO twins (id, label, lock_version) VALUES (1, 'a', 1)",
+        );
+        conn.transaction(|conn| {
+            exec(conn, "UPDATE items SET name = 'heavy' WHERE id >= 3");
+            exec(conn, "SELECT id FROM twins FOR UPDATE");
+            locked.send(()).unwrap();
+            go.recv().unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            exec(conn, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
+            diesel::QueryResult::Ok(())
+        })
+        .expect("the heavier transaction is never the victim");
+    }
+
+    /// The blocking side's `caught_twin_abort`, on diesel-async: in the
+    /// caller's own transaction at `isolation` (the server's default when
+    /// `None`), which records order line 1 and holds item 1, a versioned write
+    /// of `twin` (a model whose key the database does not enforce) is the
+    /// deadlock's victim beside [`twin_holder`]; the caller catches its error
+    /// and records order line 2, which must not commit on its own.
+    async fn caught_twin_abort(name: &str, isolation: Option<&str>, mut twin: Twin) {
+        use diesel_async::AsyncConnection;
+        let stage = Stage::beside(name, twin_holder);
+        let mut conn = stage.connect().await;
+        if let Some(level) = isolation {
+            let set = format!("SET SESSION TRANSACTION ISOLATION LEVEL {level}");
+            conn.batch_execute(&set).await.unwrap();
+        }
+        let mut caught = None;
+        let outcome: Result<(), Error> = conn
+            .transaction(async |conn| {
+                conn.batch_execute("INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)")
+                    .await?;
+                conn.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")
+                    .await?;
+                stage.cue();
+                twin.label = "sold".into();
+                caught = Some(twin.update_versioned(conn).await);
+                conn.batch_execute("INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)")
+                    .await
+                    .map_err(lockkit::classify)
+            })
+            .await;
+        let (_, lines) = stage.sold_and_lines().await;
+        assert!(
+            matches!(caught, Some(Err(Error::TransactionAborted(_))))
+                && matches!(outcome, Err(Error::ReadOnly))
+                && lines == 0,
+            "the write caught {caught:?}; the caller got {outcome:?}; order lines {lines}"
+        );
+    }
+
+    /// The blocking side's `a_write_after_a_caught_abort_of_a_stale_writes_follow_up_read_is_refused`:
+    /// under READ COMMITTED the stale UPDATE skips the neighbour's row, and the
+    /// follow-up read of the current version is the deadlock's victim.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_write_after_a_caught_abort_of_a_stale_writes_follow_up_read_is_refused() {
+        let stale = Twin {
+            id: 1,
+            label: "a".into(),
+            lock_version: 0,
+        };
+        let name = "async_caught_follow_up_read_abort";
+        caught_twin_abort(name, Some("READ COMMITTED"), stale).await;
     }
 
     /// The blocking side's `a_retry_around_the_callers_transaction_runs_it_again_after_a_deadlocked_versioned_write`,

@@ -311,8 +311,9 @@ mod mysql_aborted {
     use super::*;
     use diesel::MysqlConnection;
     use lockkit::{retry, LockOptions, RetryPolicy};
-    use lockkit_tests::aborts::{beside_neighbour, Cue};
+    use lockkit_tests::aborts::{beside_neighbour, seed_for_deadlock, Cue};
     use lockkit_tests::{exec, TestDb};
+    use std::sync::mpsc;
 
     /// Item 2's stock and the count of order lines, read on a new connection.
     fn sold_and_lines(db: &TestDb<MysqlConnection>) -> (i32, i64) {
@@ -484,6 +485,93 @@ mod mysql_aborted {
             "the write caught {caught:?}; the caller got {outcome:?}; item 2's stock {stock}, \
              order lines {lines}"
         );
+    }
+
+    /// The heavier side of a deadlock over a row of `twins`: puts the row in
+    /// place (version 1), then, as `aborts::heavier_neighbour` with that row
+    /// for item 2, changes items 3 and up, so that InnoDB picks the other side
+    /// as the victim, locks the rows of `twins` (no index: the scan locks them
+    /// all), says so on `locked`, waits for `go`, then locks item 1. Commits.
+    fn twin_holder(conn: &mut MysqlConnection, locked: mpsc::Sender<()>, go: mpsc::Receiver<()>) {
+        exec(
+            conn,
+            "INSERT INTO twins (id, label, lock_version) VALUES (1, 'a', 1)",
+        );
+        conn.transaction(|conn| {
+            exec(conn, "UPDATE items SET name = 'heavy' WHERE id >= 3");
+            exec(conn, "SELECT id FROM twins FOR UPDATE");
+            locked.send(()).unwrap();
+            go.recv().unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            exec(conn, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
+            diesel::QueryResult::Ok(())
+        })
+        .expect("the heavier transaction is never the victim");
+    }
+
+    /// README, Guarantees: "A write after a caught abort is refused", for a
+    /// versioned write of a model whose key the database does not enforce
+    /// (`Twin`), in the caller's own transaction at `isolation` (the server's
+    /// default when `None`): it records order line 1 and holds item 1, then
+    /// writes `twin` (the row is at version 1) while [`twin_holder`] holds the
+    /// twin's row and waits for item 1, so that one of the write's statements
+    /// is the deadlock's victim. The caller catches the write's error and
+    /// records order line 2: that INSERT must not commit on its own.
+    fn caught_twin_abort(name: &str, isolation: Option<&str>, mut twin: Twin) {
+        let db = TestDb::<MysqlConnection>::new(name);
+        seed_for_deadlock(&mut db.conn());
+        let (locked, locked_rx) = mpsc::channel();
+        let (go, go_rx) = mpsc::channel();
+        let mut caught = None;
+        let outcome: Result<(), Error> = std::thread::scope(|s| {
+            let neighbour = s.spawn(|| twin_holder(&mut db.connect(), locked, go_rx));
+            let mut conn = db.connect();
+            if let Some(level) = isolation {
+                exec(
+                    &mut conn,
+                    &format!("SET SESSION TRANSACTION ISOLATION LEVEL {level}"),
+                );
+            }
+            let outcome = conn.transaction(|conn| {
+                exec(
+                    conn,
+                    "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)",
+                );
+                exec(conn, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
+                locked_rx.recv().unwrap();
+                go.send(()).unwrap();
+                twin.label = "sold".into();
+                caught = Some(twin.update_versioned(conn));
+                diesel::sql_query("INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)")
+                    .execute(conn)
+                    .map_err(lockkit::classify)?;
+                Ok(())
+            });
+            neighbour.join().unwrap();
+            outcome
+        });
+        let (_, lines) = sold_and_lines(&db);
+        assert!(
+            matches!(caught, Some(Err(Error::TransactionAborted(_))))
+                && matches!(outcome, Err(Error::ReadOnly))
+                && lines == 0,
+            "the write caught {caught:?}; the caller got {outcome:?}; order lines {lines}"
+        );
+    }
+
+    #[test]
+    fn a_write_after_a_caught_abort_of_a_stale_writes_follow_up_read_is_refused() {
+        // READ COMMITTED: the stale UPDATE (the twin at 0, the row at 1) does
+        // not wait for the neighbour's lock (InnoDB's semi-consistent read
+        // finds the row's last committed version, which does not match), and
+        // the follow-up read of the current version (`LOCK IN SHARE MODE`)
+        // then waits for it: that read is the deadlock's victim.
+        let stale = Twin {
+            id: 1,
+            label: "a".into(),
+            lock_version: 0,
+        };
+        caught_twin_abort("caught_follow_up_read_abort", Some("READ COMMITTED"), stale);
     }
 
     #[test]

@@ -361,9 +361,21 @@ pub(crate) async fn ended_by_statement<C: AsyncLockingConnection>(conn: &mut C) 
 
 /// The blocking side's [`failed_write`](crate::transaction::failed_write) on an
 /// async connection.
+///
+/// One more case: diesel-async's MySQL connection tells the connection's
+/// instrumentation that a read succeeded as soon as its rows begin to come,
+/// and an error that comes in their place (a locking read that is a
+/// deadlock's victim, such as a versioned write's follow-up read) reaches the
+/// caller only, so the journal never sees it. Inside a transaction on a
+/// backend that ends it on a deadlock, a deadlock has ended it, seen or not,
+/// as where no journal watches the connection.
 pub(crate) async fn failed_write<C: AsyncConnection>(conn: &mut C, err: Error) -> Error {
-    if !crate::journal::write_ended_transaction(&mut crate::journal::AsyncWatched(&mut *conn), &err)
-    {
+    use crate::journal::Watched;
+    let watched = &mut crate::journal::AsyncWatched(&mut *conn);
+    let unseen = matches!(err, Error::Deadlock)
+        && watched.depth().is_some()
+        && watched.ends() == crate::journal::Ends::OnDeadlock;
+    if !unseen && !crate::journal::write_ended_transaction(watched, &err) {
         return err;
     }
     open_stand_in(conn).await;

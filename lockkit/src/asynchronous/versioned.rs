@@ -478,8 +478,34 @@ where
     settle(model, written)
 }
 
-/// [`write`], for a version from `origin`.
+/// [`write`], for a version from `origin`. As on the blocking side, the
+/// error of any of its statements (the follow-up read or a move past as well
+/// as the write) is decided as a failed write's, once
+/// ([`failed_write`](super::connection::failed_write)). An abort the sequence
+/// already reported (a savepoint's, from [`execute_once`]) is handed on as it
+/// is: while the transaction is open, an [`Error::TransactionAborted`] is not
+/// retryable, and the decision never takes it for a new one.
 async fn write_from<M, Conn, S>(
+    conn: &mut Conn,
+    key: &M::Key,
+    expected: M::Version,
+    origin: Origin,
+    operation: Operation,
+    statement: impl FnOnce(M::Version) -> S + Send,
+) -> Result<Written<M::Version>, Error>
+where
+    Conn: AsyncLockingConnection,
+    M: Versioned + AsyncVersionQuery<Conn>,
+    S: ExecuteDsl<Conn>,
+{
+    match run_write::<M, Conn, S>(conn, key, expected, origin, operation, statement).await {
+        Ok(written) => Ok(written),
+        Err(err) => Err(super::connection::failed_write(conn, err).await),
+    }
+}
+
+/// [`write_from`]'s sequence, its error not decided yet.
+async fn run_write<M, Conn, S>(
     conn: &mut Conn,
     key: &M::Key,
     expected: M::Version,
@@ -501,10 +527,7 @@ where
     } = prepare::<M, _>(watched, key, row.as_deref(), expected, origin, operation)?;
     let rows = match plan {
         journal::Plan::Refuse { .. } => 0,
-        _ => match execute_once::<M, Conn, S>(conn, key, move || statement(checked)).await {
-            Ok(rows) => rows,
-            Err(err) => return Err(super::connection::failed_write(conn, err).await),
-        },
+        _ => execute_once::<M, Conn, S>(conn, key, move || statement(checked)).await?,
     };
     if rows == 1 {
         let next = match next {

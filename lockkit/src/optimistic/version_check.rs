@@ -21,6 +21,13 @@
 //!    declared key ([`Error::AmbiguousKey`] if it matched several rows);
 //! 4. one row: the new version is recorded (tentative inside a transaction);
 //!    no row: the latest committed version is read and reported as stale.
+//!
+//! A statement of the sequence that ends the caller's transaction (on
+//! MySQL/MariaDB, a deadlock's victim: the write, but also the follow-up read
+//! or a move past) makes the write report [`Error::TransactionAborted`] and
+//! open the read-only stand-in, so that the caller's next writes fail instead
+//! of committing on their own
+//! ([`failed_write`](crate::transaction::failed_write)).
 
 // Without a backend feature no connection implements the per-connection traits,
 // and the pieces they are built from go unused.
@@ -395,7 +402,31 @@ where
 ///
 /// `statement` builds the statement for the version to check (usually
 /// `expected`; see [`journal`]).
+///
+/// Any statement of the sequence may end the caller's transaction (on
+/// MySQL/MariaDB, the victim of a deadlock: the follow-up read under `LOCK IN
+/// SHARE MODE` or a move past as well as the write), so the call's error is
+/// decided as a failed write's, once
+/// ([`failed_write`](crate::transaction::failed_write)).
 pub(crate) fn write<M, S, Conn>(
+    conn: &mut Conn,
+    key: &M::Key,
+    expected: M::Version,
+    origin: Origin,
+    operation: Operation,
+    statement: impl FnOnce(M::Version) -> S,
+) -> Result<Written<M::Version>, Error>
+where
+    M: CurrentVersionQuery<Conn>,
+    Conn: Connection,
+    S: ExecuteDsl<Conn>,
+{
+    run_write::<M, S, Conn>(conn, key, expected, origin, operation, statement)
+        .map_err(|err| crate::transaction::failed_write(conn, err))
+}
+
+/// [`write`]'s sequence, its error not decided yet.
+fn run_write<M, S, Conn>(
     conn: &mut Conn,
     key: &M::Key,
     expected: M::Version,
@@ -416,8 +447,7 @@ where
     } = prepare::<M, _>(conn, key, row.as_deref(), expected, origin, operation)?;
     let rows = match plan {
         Plan::Refuse { .. } => 0,
-        _ => execute_once::<M, _, _>(conn, key, statement(checked))
-            .map_err(|err| crate::transaction::failed_write(conn, err))?,
+        _ => execute_once::<M, _, _>(conn, key, statement(checked))?,
     };
     if rows == 1 {
         let next = match next {
