@@ -381,6 +381,18 @@ mod mysql_aborted {
         caught_twin_abort(name, Some("READ COMMITTED"), stale).await;
     }
 
+    /// The blocking side's `a_write_after_a_caught_abort_of_a_write_in_a_savepoint_is_refused`:
+    /// the twin's UPDATE, in a savepoint, is the deadlock's victim.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_write_after_a_caught_abort_of_a_write_in_a_savepoint_is_refused() {
+        let fresh = Twin {
+            id: 1,
+            label: "a".into(),
+            lock_version: 1,
+        };
+        caught_twin_abort("async_caught_savepoint_write_abort", None, fresh).await;
+    }
+
     /// The blocking side's `a_retry_around_the_callers_transaction_runs_it_again_after_a_deadlocked_versioned_write`,
     /// on diesel-async: `retry` around the caller's own transaction, which
     /// records an order line and then [`sell_two`]; the abort is settled by the

@@ -575,6 +575,20 @@ mod mysql_aborted {
     }
 
     #[test]
+    fn a_write_after_a_caught_abort_of_a_write_in_a_savepoint_is_refused() {
+        // The twin at the row's version: its UPDATE, in a savepoint (the key
+        // is not enforced), waits for the neighbour's lock and is the
+        // deadlock's victim; InnoDB has rolled back the whole transaction, so
+        // the savepoint is gone with it.
+        let fresh = Twin {
+            id: 1,
+            label: "a".into(),
+            lock_version: 1,
+        };
+        caught_twin_abort("caught_savepoint_write_abort", None, fresh);
+    }
+
+    #[test]
     fn a_retry_around_the_callers_transaction_runs_it_again_after_a_deadlocked_versioned_write() {
         // The README's `retry` (and the shop example's optimistic strategy)
         // around the caller's own Diesel transaction: an order line, then

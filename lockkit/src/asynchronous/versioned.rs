@@ -631,6 +631,10 @@ where
             .await
             .map_err(classify);
     }
+    // In the caller's transaction, a savepoint: when the statement ends the
+    // whole transaction (the savepoint with it), `end` decides as for any
+    // nested lockkit transaction (`TransactionAborted`, the stand-in open),
+    // which `write_from` hands on as it is.
     let began = Began::own(in_transaction(conn));
     Conn::TransactionManager::begin_transaction(conn)
         .await

@@ -598,6 +598,11 @@ where
     if M::key_is_unique(conn).map_err(classify)? {
         return ExecuteDsl::execute(statement, conn).map_err(classify);
     }
+    // In the caller's transaction, a savepoint. A deadlock's victim on
+    // MySQL/MariaDB takes the savepoint with the whole transaction; Diesel,
+    // which marks its transaction manager on that error (1213), lets the failed
+    // `ROLLBACK TO SAVEPOINT` go and hands back the statement's error, which
+    // `write` decides as without a savepoint.
     conn.transaction(|conn| {
         at_most_one::<M>(key, ExecuteDsl::execute(statement, conn).map_err(classify)?)
     })
