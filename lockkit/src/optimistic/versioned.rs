@@ -119,7 +119,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
-    /// * [`Error::TransactionAborted`] when the statement was a deadlock's victim
+    /// * [`Error::TransactionAborted`] when one of its statements was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
     ///   back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
@@ -209,7 +209,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
-    /// * [`Error::TransactionAborted`] when the statement was a deadlock's victim
+    /// * [`Error::TransactionAborted`] when one of its statements was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
     ///   back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
@@ -261,7 +261,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
-    /// * [`Error::TransactionAborted`] when the statement was a deadlock's victim
+    /// * [`Error::TransactionAborted`] when one of its statements was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
     ///   back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
@@ -310,7 +310,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
-    /// * [`Error::TransactionAborted`] when the statement was a deadlock's victim
+    /// * [`Error::TransactionAborted`] when one of its statements was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
     ///   back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
@@ -371,7 +371,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
-    /// * [`Error::TransactionAborted`] when the statement was a deadlock's victim
+    /// * [`Error::TransactionAborted`] when one of its statements was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
     ///   back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
@@ -424,7 +424,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
-    /// * [`Error::TransactionAborted`] when the statement was a deadlock's victim
+    /// * [`Error::TransactionAborted`] when one of its statements was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
     ///   back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
@@ -490,7 +490,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
-    /// * [`Error::TransactionAborted`] when the statement was a deadlock's victim
+    /// * [`Error::TransactionAborted`] when one of its statements was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
     ///   back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
@@ -559,7 +559,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
-    /// * [`Error::TransactionAborted`] when the statement was a deadlock's victim
+    /// * [`Error::TransactionAborted`] when one of its statements was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
     ///   back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
