@@ -276,6 +276,28 @@ async_backend_tests! {
         assert_eq!((stored.stock, stored.lock_version), (15, 2), "B's and A's writes, one bump each");
     }
 
+    /// A's write is rolled back (A holds 1, the row is back at 0); B's
+    /// `with_lock` then bumps the row it locks to 1, A's rolled-back number, and
+    /// must move it past (on PostgreSQL the bump is folded into the locking
+    /// read), or A's next write, expecting 1, lands over B's.
+    async fn a_with_lock_bump_moves_past_a_rolled_back_number(db) {
+        let (mut a_conn, mut b_conn, mut a) = a_write_rolled_back!(db);
+        with_lock(&mut b_conn, 1, LockOptions::default(), async |c, item: Item| {
+            diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 4)).execute(c).await?;
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap();
+        a.stock = 3;
+        let written = a.update_versioned(&mut a_conn).await;
+        let stored = item!(&mut a_conn, 1);
+        assert!(
+            matches!(written, Err(Error::Stale(_))) && stored.stock == 6,
+            "A's rolled-back number matched the row B's with_lock left: {written:?}, row {stored:?} \
+             (B's stock 6 overwritten)"
+        );
+    }
+
     /// Six tasks on two rows of a pool of 3: each increment is first written in
     /// a transaction that rolls back, then the same struct again in one that
     /// commits (reloaded when stale). A struct holding a rolled-back number

@@ -293,6 +293,30 @@ mod all {
             assert_eq!((stored.stock, stored.lock_version), (15, 2), "B's and A's writes, one bump each");
         }
 
+        fn a_with_lock_bump_moves_past_a_rolled_back_number(db) {
+            // A's write is rolled back (A holds 1, the row is back at 0); B's
+            // `with_lock` then bumps the row it locks to 1, A's rolled-back
+            // number, and must move it past, or A's next write, expecting 1,
+            // lands over B's.
+            let mut a_conn = db.conn();
+            let mut b_conn = db.conn();
+            seed_items(&mut a_conn, &[(1, 10)]);
+            let mut a = rolled_back_write!(a_conn);
+            lockkit::with_lock(&mut b_conn, 1, LockOptions::default(), |conn, item: Item| {
+                diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 4)).execute(conn)?;
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+            a.stock = 3;
+            let written = a.update_versioned(&mut a_conn);
+            let stored = item!(&mut a_conn, 1);
+            assert!(
+                matches!(written, Err(Error::Stale(_))) && stored.stock == 6,
+                "A's rolled-back number matched the row B's with_lock left: {written:?}, row {stored:?} \
+                 (B's stock 6 overwritten)"
+            );
+        }
+
         fn a_struct_retried_after_a_rollback_writes_as_if_restored(db) {
             let mut conn = db.conn();
             seed_items(&mut conn, &[(1, 10)]);

@@ -687,8 +687,7 @@ where
         key: &'a M::Key,
     ) -> BoxFuture<'a, Result<Option<M>, Error>> {
         use crate::optimistic::journal::AsyncWatched;
-        use crate::optimistic::version_check::checked_next;
-        use crate::pessimistic::lockable::{bumped_past_reused, written_under_lock};
+        use crate::pessimistic::lockable::written_under_lock;
         Box::pin(async move {
             // Where the database does not enforce the key, the two statements.
             if !M::key_is_unique(conn).await.map_err(classify)? {
@@ -704,17 +703,15 @@ where
             else {
                 return Ok(None);
             };
-            let mut next = row.version();
-            while bumped_past_reused::<M>(&mut AsyncWatched(&mut *conn), row_id.as_deref(), next) {
-                if M::bump_past(conn, key.clone(), next)
-                    .await
-                    .map_err(classify)?
-                    != 1
-                {
-                    break;
-                }
-                next = checked_next::<M, _>(key, next)?;
-            }
+            // A row read under lock is written as read: `Plan::Write`.
+            let next = super::versioned::move_past_reused::<M, _>(
+                conn,
+                key,
+                row_id.as_deref(),
+                crate::optimistic::journal::Plan::Write,
+                row.version(),
+            )
+            .await?;
             written_under_lock::<M>(&mut AsyncWatched(conn), row_id.as_deref(), &row, next);
             row.set_version(next);
             Ok(Some(row))

@@ -567,7 +567,7 @@ where
 /// `next` is a number a rolled-back write left with another struct
 /// ([`journal::reused`]), the row is moved one further, in the writer's
 /// transaction. Returns the version the row ends at.
-async fn move_past_reused<M, Conn>(
+pub(crate) async fn move_past_reused<M, Conn>(
     conn: &mut Conn,
     key: &M::Key,
     row_id: Option<&str>,

@@ -1268,19 +1268,6 @@ mod folded {
         }
     }
 
-    /// Whether the number the folded bump gave the row is one a rolled-back
-    /// write left with another struct: [`journal::reused`] for a row read under
-    /// lock (written as read, [`Plan::Write`]), as the bump of `mark` asks it.
-    /// The async side's test; the blocking side's loop is `move_past_reused`.
-    #[cfg(feature = "async")]
-    pub(crate) fn bumped_past_reused<M: Versioned>(
-        conn: &mut impl journal::Watched,
-        row_id: Option<&str>,
-        to: M::Version,
-    ) -> bool {
-        journal::reused(conn, M::TABLE_NAME, row_id, Plan::Write, to.to_i64())
-    }
-
     /// What the bump of `mark` records after its write: the row moved from the
     /// version before the folded statement's (`row`'s, less one) to `next`.
     pub(crate) fn written_under_lock<M: Versioned>(
@@ -1302,4 +1289,4 @@ mod folded {
 }
 
 #[cfg(all(feature = "postgres", feature = "async"))]
-pub(crate) use folded::{bumped_past_reused, written_under_lock};
+pub(crate) use folded::written_under_lock;
