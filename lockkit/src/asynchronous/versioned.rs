@@ -498,69 +498,58 @@ where
     M: Versioned + AsyncVersionQuery<Conn>,
     S: ExecuteDsl<Conn>,
 {
-    match run_write::<M, Conn, S>(conn, key, expected, origin, operation, statement).await {
+    let sequence = async {
+        let row = M::row_id(conn, key).await.map_err(classify)?;
+        let watched = &mut AsyncWatched(&mut *conn);
+        let Prepared {
+            plan,
+            checked,
+            next,
+        } = prepare::<M, _>(watched, key, row.as_deref(), expected, origin, operation)?;
+        let rows = match plan {
+            journal::Plan::Refuse { .. } => 0,
+            _ => execute_once::<M, Conn, S>(conn, key, move || statement(checked)).await?,
+        };
+        if rows == 1 {
+            let next = match next {
+                Some(n) => {
+                    Some(move_past_reused::<M, Conn>(conn, key, row.as_deref(), plan, n).await?)
+                }
+                None => None,
+            };
+            let watched = &mut AsyncWatched(&mut *conn);
+            return Ok(done::<M, _>(watched, row.as_deref(), plan, checked, next));
+        }
+        let mut current =
+            current_state(M::load_current_version(conn, key.clone()).await, expected)?;
+        if let Some(v) = to_move_past(plan, current) {
+            // At the version's maximum there is no number past it.
+            checked_next::<M, _>(key, expected)?;
+            let bumped = M::bump_past(conn, key.clone(), expected)
+                .await
+                .map_err(classify)?;
+            current = moved_past(v, bumped);
+            // Not onto a number another struct's rolled-back write left.
+            if let Some(at) = moved_to::<M>(current, bumped) {
+                let at = move_past_reused::<M, Conn>(conn, key, row.as_deref(), plan, at).await?;
+                current = crate::CurrentState::Version(at.to_i64());
+            }
+        }
+        let watched = &mut AsyncWatched(&mut *conn);
+        Ok(stale::<M, _>(
+            watched,
+            key,
+            row.as_deref(),
+            plan,
+            expected,
+            operation,
+            current,
+        ))
+    };
+    match sequence.await {
         Ok(written) => Ok(written),
         Err(err) => Err(super::connection::failed_write(conn, err).await),
     }
-}
-
-/// [`write_from`]'s sequence, its error not decided yet.
-async fn run_write<M, Conn, S>(
-    conn: &mut Conn,
-    key: &M::Key,
-    expected: M::Version,
-    origin: Origin,
-    operation: Operation,
-    statement: impl FnOnce(M::Version) -> S + Send,
-) -> Result<Written<M::Version>, Error>
-where
-    Conn: AsyncLockingConnection,
-    M: Versioned + AsyncVersionQuery<Conn>,
-    S: ExecuteDsl<Conn>,
-{
-    let row = M::row_id(conn, key).await.map_err(classify)?;
-    let watched = &mut AsyncWatched(&mut *conn);
-    let Prepared {
-        plan,
-        checked,
-        next,
-    } = prepare::<M, _>(watched, key, row.as_deref(), expected, origin, operation)?;
-    let rows = match plan {
-        journal::Plan::Refuse { .. } => 0,
-        _ => execute_once::<M, Conn, S>(conn, key, move || statement(checked)).await?,
-    };
-    if rows == 1 {
-        let next = match next {
-            Some(n) => Some(move_past_reused::<M, Conn>(conn, key, row.as_deref(), plan, n).await?),
-            None => None,
-        };
-        let watched = &mut AsyncWatched(conn);
-        return Ok(done::<M, _>(watched, row.as_deref(), plan, checked, next));
-    }
-    let mut current = current_state(M::load_current_version(conn, key.clone()).await, expected)?;
-    if let Some(v) = to_move_past(plan, current) {
-        // At the version's maximum there is no number past it.
-        checked_next::<M, _>(key, expected)?;
-        let bumped = M::bump_past(conn, key.clone(), expected)
-            .await
-            .map_err(classify)?;
-        current = moved_past(v, bumped);
-        // Not onto a number another struct's rolled-back write left.
-        if let Some(at) = moved_to::<M>(current, bumped) {
-            let at = move_past_reused::<M, Conn>(conn, key, row.as_deref(), plan, at).await?;
-            current = crate::CurrentState::Version(at.to_i64());
-        }
-    }
-    let watched = &mut AsyncWatched(conn);
-    Ok(stale::<M, _>(
-        watched,
-        key,
-        row.as_deref(),
-        plan,
-        expected,
-        operation,
-        current,
-    ))
 }
 
 /// The blocking side's [`version_check::move_past_reused`], awaited: while

@@ -421,69 +421,54 @@ where
     Conn: Connection,
     S: ExecuteDsl<Conn>,
 {
-    run_write::<M, S, Conn>(conn, key, expected, origin, operation, statement)
-        .map_err(|err| crate::transaction::failed_write(conn, err))
-}
-
-/// [`write`]'s sequence, its error not decided yet.
-fn run_write<M, S, Conn>(
-    conn: &mut Conn,
-    key: &M::Key,
-    expected: M::Version,
-    origin: Origin,
-    operation: Operation,
-    statement: impl FnOnce(M::Version) -> S,
-) -> Result<Written<M::Version>, Error>
-where
-    M: CurrentVersionQuery<Conn>,
-    Conn: Connection,
-    S: ExecuteDsl<Conn>,
-{
-    let row = M::row_id(conn, key).map_err(classify)?;
-    let Prepared {
-        plan,
-        checked,
-        next,
-    } = prepare::<M, _>(conn, key, row.as_deref(), expected, origin, operation)?;
-    let rows = match plan {
-        Plan::Refuse { .. } => 0,
-        _ => execute_once::<M, _, _>(conn, key, statement(checked))?,
-    };
-    if rows == 1 {
-        let next = match next {
-            Some(n) => Some(move_past_reused::<M, _>(
-                conn,
-                key,
-                row.as_deref(),
-                plan,
-                n,
-            )?),
-            None => None,
+    let sequence = |conn: &mut Conn| -> Result<Written<M::Version>, Error> {
+        let row = M::row_id(conn, key).map_err(classify)?;
+        let Prepared {
+            plan,
+            checked,
+            next,
+        } = prepare::<M, _>(conn, key, row.as_deref(), expected, origin, operation)?;
+        let rows = match plan {
+            Plan::Refuse { .. } => 0,
+            _ => execute_once::<M, _, _>(conn, key, statement(checked))?,
         };
-        return Ok(done::<M, _>(conn, row.as_deref(), plan, checked, next));
-    }
-
-    let mut current = current_state(M::load_current_version(conn, key.clone()), expected)?;
-    if let Some(v) = to_move_past(plan, current) {
-        // At the version's maximum there is no number past it.
-        checked_next::<M, _>(key, expected)?;
-        let bumped = M::bump_past(conn, key.clone(), expected).map_err(classify)?;
-        current = moved_past(v, bumped);
-        // Not onto a number another struct's rolled-back write left.
-        if let Some(at) = moved_to::<M>(current, bumped) {
-            let at = move_past_reused::<M, _>(conn, key, row.as_deref(), plan, at)?;
-            current = CurrentState::Version(at.to_i64());
+        if rows == 1 {
+            let next = match next {
+                Some(n) => Some(move_past_reused::<M, _>(
+                    conn,
+                    key,
+                    row.as_deref(),
+                    plan,
+                    n,
+                )?),
+                None => None,
+            };
+            return Ok(done::<M, _>(conn, row.as_deref(), plan, checked, next));
         }
-    }
-    Ok(stale::<M, _>(
-        conn,
-        key,
-        row.as_deref(),
-        plan,
-        expected,
-        operation,
-        current,
-    ))
+
+        let mut current = current_state(M::load_current_version(conn, key.clone()), expected)?;
+        if let Some(v) = to_move_past(plan, current) {
+            // At the version's maximum there is no number past it.
+            checked_next::<M, _>(key, expected)?;
+            let bumped = M::bump_past(conn, key.clone(), expected).map_err(classify)?;
+            current = moved_past(v, bumped);
+            // Not onto a number another struct's rolled-back write left.
+            if let Some(at) = moved_to::<M>(current, bumped) {
+                let at = move_past_reused::<M, _>(conn, key, row.as_deref(), plan, at)?;
+                current = CurrentState::Version(at.to_i64());
+            }
+        }
+        Ok(stale::<M, _>(
+            conn,
+            key,
+            row.as_deref(),
+            plan,
+            expected,
+            operation,
+            current,
+        ))
+    };
+    sequence(conn).map_err(|err| crate::transaction::failed_write(conn, err))
 }
 
 /// The write checked `checked` and left `next` on its row: the journal
