@@ -28,8 +28,21 @@ use lockkit_tests::{exec, seed_items};
 /// check runs in the session that waited `deadlock_timeout` first, and the
 /// other session's is set far higher. Gives `$run`'s outcome, how many times
 /// `$work` ran, and item 1's stock and the number of order lines committed.
+///
+/// `$work` locks item 2 by its key, which MariaDB reads (and waits for) before
+/// it answers: the deadlock comes as the statement's error. With `by_range`
+/// first, it locks item 2 by a range (`id >= 2 AND id < 3`), which MariaDB
+/// reads after it has sent the columns: the deadlock comes in place of the
+/// rows, and diesel-async's MySQL connection has told its instrumentation
+/// (lockkit's journal) that the read succeeded.
 macro_rules! deadlock_first_attempt {
-    ($db:expr, |$conn:ident, $work:ident| $run:expr) => {{
+    (by_range, $db:expr, |$conn:ident, $work:ident| $run:expr) => {
+        deadlock_first_attempt!(@run true, $db, |$conn, $work| $run)
+    };
+    ($db:expr, |$conn:ident, $work:ident| $run:expr) => {
+        deadlock_first_attempt!(@run false, $db, |$conn, $work| $run)
+    };
+    (@run $by_range:expr, $db:expr, |$conn:ident, $work:ident| $run:expr) => {{
         lockkit_tests::aborts::seed_for_deadlock(&mut $db.conn());
         let (a_tx, a_rx) = mpsc::channel::<()>();
         let (b_tx, b_rx) = mpsc::channel::<()>();
@@ -50,7 +63,16 @@ macro_rules! deadlock_first_attempt {
             if attempt == 1 {
                 a_tx.send(()).unwrap();
                 tokio::task::block_in_place(|| b_rx.lock().unwrap().recv()).unwrap();
-                let _: Item = items::table.find(2).for_update().first(conn).await?;
+                if $by_range {
+                    let _: Vec<Item> = items::table
+                        .filter(items::id.ge(2))
+                        .filter(items::id.lt(3))
+                        .for_update()
+                        .load(conn)
+                        .await?;
+                } else {
+                    let _: Item = items::table.find(2).for_update().first(conn).await?;
+                }
             }
             Ok(())
         };
@@ -390,6 +412,98 @@ async_server_tests! {
             .await
         });
         assert_nested_sale_committed_nothing("transaction_with_retry", &outcome, runs, stock, lines);
+    }
+
+    async fn async_nested_with_lock_after_the_callers_locking_read_was_a_deadlocks_victim_commits_nothing(db) {
+        // As `async_nested_with_lock_after_the_caller_let_its_own_deadlock_go_commits_nothing`,
+        // but the caller's statement that is the victim is a read whose
+        // deadlock comes in place of its rows (locking item 2 by a range):
+        // lockkit's journal is told the read succeeded. The caller, in its
+        // own diesel-async transaction and in lockkit's, lets the error go
+        // and sells under a nested `with_lock`. On MariaDB no transaction is
+        // open any more: the sale must not commit on its own.
+        for lockkit_outside in [false, true] {
+            exec(&mut db.conn(), "DELETE FROM orders");
+            exec(&mut db.conn(), "DELETE FROM items");
+            let (outcome, runs, stock, lines) = deadlock_first_attempt!(by_range, db, |conn, work| {
+                {
+                    let sell = async |conn: &mut Async| {
+                        order_line(conn, 1).await?;
+                        let _ = work(conn, 1).await; // let go
+                        lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |conn, item: Item| {
+                            diesel::update(items::table.find(1))
+                                .set(items::stock.eq(item.stock - 1))
+                                .execute(conn)
+                                .await?;
+                            order_line(conn, 2).await
+                        })
+                        .await
+                    };
+                    if lockkit_outside {
+                        lockkit::asynchronous::transaction_with_retry(&mut conn, &RetryPolicy::immediate(1), sell).await
+                    } else {
+                        conn.transaction(sell).await
+                    }
+                }
+            });
+            assert_nested_sale_committed_nothing("with_lock", &outcome, runs, stock, lines);
+        }
+    }
+
+    async fn async_nested_transaction_with_retry_after_the_callers_locking_read_was_a_deadlocks_victim_commits_nothing(db) {
+        // As above, with a nested `transaction_with_retry`.
+        let (outcome, runs, stock, lines) = deadlock_first_attempt!(by_range, db, |conn, work| {
+            conn.transaction(async |conn| {
+                order_line(conn, 1).await?;
+                let _ = work(conn, 1).await; // let go
+                lockkit::asynchronous::transaction_with_retry(conn, &RetryPolicy::immediate(1), async |conn: &mut Async| {
+                    diesel::update(items::table.find(1))
+                        .set(items::stock.eq(items::stock - 1))
+                        .execute(conn)
+                        .await?;
+                    order_line(conn, 2).await
+                })
+                .await
+            })
+            .await
+        });
+        assert_nested_sale_committed_nothing("transaction_with_retry", &outcome, runs, stock, lines);
+    }
+
+    async fn async_lock_all_and_claim_after_the_callers_locking_read_was_a_deadlocks_victim_refuse(db) {
+        // As `async_lock_all_and_claim_after_the_caller_let_its_own_deadlock_go_refuse`,
+        // the victim being a read whose deadlock comes in place of its rows.
+        exec(&mut db.conn(), "INSERT INTO jobs (id, payload) VALUES (1, 'job')");
+        let seen = Mutex::new(None);
+        let (_, runs, _, _) = deadlock_first_attempt!(by_range, db, |conn, work| {
+            conn.transaction(async |conn| {
+                let _ = work(conn, 1).await; // let go
+                let locked = lockkit::asynchronous::lock_all::<Item, _>(conn, &[1])
+                    .await
+                    .map(|rows| rows.len());
+                let claimed = lockkit::asynchronous::queue::claim::<Job, _, _>(
+                    conn,
+                    jobs::table.filter(jobs::done.eq(false)),
+                    1,
+                )
+                .await
+                .map(|rows| rows.len());
+                *seen.lock().unwrap() = Some((locked, claimed));
+                Ok::<_, Error>(())
+            })
+            .await
+        });
+        assert_eq!(runs, 1);
+        let (locked, claimed) = seen.into_inner().unwrap().expect("the work ran");
+        if BACKEND == "postgres" {
+            assert!(locked.is_err() && claimed.is_err(), "{locked:?} {claimed:?}");
+        } else {
+            assert!(
+                matches!(locked, Err(Error::TransactionAborted(_)))
+                    && matches!(claimed, Err(Error::TransactionAborted(_))),
+                "in a transaction the server had ended, lock_all returned {locked:?} and claim {claimed:?}"
+            );
+        }
     }
 
     async fn async_lock_all_and_claim_after_the_caller_let_its_own_deadlock_go_refuse(db) {

@@ -348,8 +348,41 @@ pub(crate) async fn require_live<C: AsyncLockingConnection>(conn: &mut C) -> Res
 }
 
 /// The blocking side's [`ended_by_statement`](crate::transaction::ended_by_statement)
-/// on an async connection.
+/// on an async connection, asked before lockkit opens a nested transaction or
+/// writes in the caller's ([`began`], [`require_live`], an idempotency key's
+/// last write).
+///
+/// One more case: diesel-async's MySQL connection tells the journal that a
+/// read succeeded as soon as its rows begin to come, and a deadlock that comes
+/// in their place (a locking read that InnoDB runs after it has sent the
+/// columns, such as one by a range) reaches the caller only. Where a read may
+/// have hidden one since lockkit last knew ([`unsure`](crate::journal::unsure)),
+/// the server is asked (`SELECT @@in_transaction`, one round trip; none after
+/// writes only, and none on the other connections), and a transaction it
+/// finds ended is treated as one a statement was seen to end.
 pub(crate) async fn ended_by_statement<C: AsyncLockingConnection>(conn: &mut C) -> Option<Error> {
+    // Installed now inside the caller's transaction, it is unsure at once.
+    watch(conn);
+    if crate::journal::unsure(&mut crate::journal::AsyncWatched(&mut *conn)) {
+        let ended = conn.transaction_ended(None).await;
+        crate::journal::answered(
+            &mut crate::journal::AsyncWatched(&mut *conn),
+            ended.as_ref(),
+        );
+        if ended.is_some() {
+            return ended;
+        }
+    }
+    ended_by_seen_statement(conn).await
+}
+
+/// [`ended_by_statement`] from what the journal saw only, with the server's
+/// confirmation: what an outermost transaction asks before its `COMMIT`
+/// ([`end`](super::lockable::end)), where asking the server after every read
+/// would cost each call a round trip.
+pub(crate) async fn ended_by_seen_statement<C: AsyncLockingConnection>(
+    conn: &mut C,
+) -> Option<Error> {
     let cause = crate::journal::ended_by(&mut crate::journal::AsyncWatched(&mut *conn))?;
     if conn.confirms_abort().await {
         Some(cause)

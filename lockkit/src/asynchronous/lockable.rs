@@ -279,7 +279,7 @@ where
     });
     let ended = match check {
         Check::Nothing => None,
-        Check::Ended { stand_in } => match super::connection::ended_by_statement(conn).await {
+        Check::Ended { stand_in } => match super::connection::ended_by_seen_statement(conn).await {
             Some(cause) => Some(cause),
             None if stand_in => conn.transaction_ended(None).await,
             None => None,

@@ -185,6 +185,15 @@ struct Aborts {
     /// ([`Error::TransactionAborted`](crate::Error::TransactionAborted)), settled
     /// when it ends.
     reported: Vec<crate::error::Settler>,
+    /// The connection reports a statement that answers with rows as succeeded
+    /// once they begin to come, and an error in their place reaches the caller
+    /// only (diesel-async's MySQL connection: a locking read that is a
+    /// deadlock's victim). See [`unsure`].
+    hides_read_errors: bool,
+    /// On such a connection, a statement that may answer with rows succeeded
+    /// in the open transaction since lockkit last asked the server whether it
+    /// is alive: a deadlock may have ended it unseen.
+    unsure: bool,
 }
 
 impl Aborts {
@@ -206,12 +215,20 @@ impl Aborts {
                 if self.depth == 0 {
                     self.ended_by = None;
                     self.reviving = false;
+                    self.unsure = false;
                     self.settle();
                 } else if rollback && self.ends == Ends::UntilSavepointRollback {
                     self.reviving = self.ended_by.is_some();
                 }
             }
-            InstrumentationEvent::FinishQuery { error, .. } => {
+            InstrumentationEvent::FinishQuery { query, error, .. } => {
+                if self.hides_read_errors
+                    && self.depth > 0
+                    && error.is_none()
+                    && may_answer_with_rows(query)
+                {
+                    self.unsure = true;
+                }
                 if std::mem::take(&mut self.reviving) {
                     if error.is_none() {
                         self.ended_by = None;
@@ -236,6 +253,57 @@ impl Aborts {
             _ => {}
         }
     }
+}
+
+/// Whether a statement (its SQL, as the connection reports it) may answer
+/// with rows, so that an error coming in their place may reach its caller
+/// only ([`Aborts::hides_read_errors`]): any statement but a transaction
+/// statement, `SET`, and a write without `RETURNING`. Read off the statement's
+/// first word; the text is scanned for `RETURNING` only for a write that
+/// MariaDB lets return rows.
+fn may_answer_with_rows(query: &dyn std::fmt::Display) -> bool {
+    use std::fmt::Write;
+    /// Reads the statement as it is written, and stops the writing once it
+    /// knows.
+    struct Answer(Option<bool>);
+    impl Write for Answer {
+        fn write_str(&mut self, sql: &str) -> std::fmt::Result {
+            let word = sql
+                .trim_start_matches(|c: char| c.is_whitespace())
+                .split(|c: char| !c.is_ascii_alphabetic())
+                .next()
+                .unwrap_or_default();
+            let is = |keyword: &str| word.eq_ignore_ascii_case(keyword);
+            let never = [
+                "BEGIN",
+                "START",
+                "COMMIT",
+                "ROLLBACK",
+                "SAVEPOINT",
+                "RELEASE",
+                "SET",
+                "UPDATE",
+            ];
+            let answer = if never.iter().any(|keyword| is(keyword)) {
+                false
+            } else if ["INSERT", "REPLACE", "DELETE"]
+                .iter()
+                .any(|keyword| is(keyword))
+            {
+                sql.as_bytes()
+                    .windows("RETURNING".len())
+                    .any(|word| word.eq_ignore_ascii_case(b"RETURNING"))
+            } else {
+                true
+            };
+            self.0 = Some(answer);
+            // Enough read: the rest of the statement is not written.
+            Err(std::fmt::Error)
+        }
+    }
+    let mut answer = Answer(None);
+    let _ = write!(answer, "{query}");
+    answer.0.unwrap_or(true)
 }
 
 impl Journal {
@@ -403,6 +471,12 @@ pub(crate) trait Watched {
     fn address(&mut self) -> usize;
     /// How a failed statement leaves the open transaction on its backend.
     fn ends(&self) -> Ends;
+    /// Whether the connection reports a statement that answers with rows as
+    /// succeeded before an error that comes in their place
+    /// ([`Aborts::hides_read_errors`]). Diesel's blocking connections do not.
+    fn hides_read_errors(&self) -> bool {
+        false
+    }
 }
 
 impl<C: Connection> Watched for C {
@@ -477,6 +551,14 @@ impl<C: diesel_async::AsyncConnection> Watched for AsyncWatched<'_, C> {
     fn ends(&self) -> Ends {
         Ends::of::<C::Backend>()
     }
+
+    /// diesel-async's MySQL connection tells the instrumentation that a read
+    /// succeeded as soon as its rows begin to come; an error that comes in
+    /// their place (InnoDB reads the rows, and waits for their locks, after it
+    /// has sent the columns) reaches the caller only.
+    fn hides_read_errors(&self) -> bool {
+        self.ends() == Ends::OnDeadlock
+    }
 }
 
 /// The connection's journal, installed if the connection has no instrumentation;
@@ -496,6 +578,7 @@ pub(crate) fn watch<W: Watched>(conn: &mut W, ends: impl FnOnce(&mut W) -> Ends)
 /// (once per connection: a `MultiConnection` enum's is told by [`watch`], as
 /// its backend type names none).
 fn watched<W: Watched>(conn: &mut W, ends: impl FnOnce(&mut W) -> Ends) -> Option<&mut Journal> {
+    let hides_read_errors = conn.hides_read_errors();
     if !conn.slot().is::<Journal>() {
         if !conn.bare() {
             static WARNED: AtomicBool = AtomicBool::new(false);
@@ -509,8 +592,10 @@ fn watched<W: Watched>(conn: &mut W, ends: impl FnOnce(&mut W) -> Ends) -> Optio
             return None;
         }
         let mut journal = Journal::new();
-        // Installed inside a transaction, it saw its `BEGIN` go by.
+        // Installed inside a transaction, it saw its `BEGIN` go by, and the
+        // statements since.
         journal.aborts.depth = conn.depth().unwrap_or(0);
+        journal.aborts.unsure = hides_read_errors && journal.aborts.depth > 0;
         conn.install(journal);
     }
     let known = conn
@@ -522,6 +607,7 @@ fn watched<W: Watched>(conn: &mut W, ends: impl FnOnce(&mut W) -> Ends) -> Optio
     if let Some(rule) = rule {
         journal.aborts.ends = rule;
     }
+    journal.aborts.hides_read_errors = hides_read_errors;
     Some(journal)
 }
 
@@ -532,6 +618,37 @@ pub(crate) fn forget_abort<W: Watched>(conn: &mut W) {
         journal.aborts.ended_by = None;
     }
 }
+
+/// Whether a deadlock may have ended the open transaction on `conn` without
+/// the journal seeing it: a statement that may answer with rows succeeded, on
+/// a connection that hides an error in their place
+/// ([`Aborts::hides_read_errors`]), since lockkit last asked the server
+/// ([`answered`]). `false` when no journal watches `conn`.
+pub(crate) fn unsure<W: Watched>(conn: &mut W) -> bool {
+    conn.slot()
+        .downcast_mut::<Journal>()
+        .is_some_and(|journal| journal.aborts.unsure && journal.aborts.ended_by.is_none())
+}
+
+/// The server answered whether the open transaction on `conn` is alive
+/// (`ended`: what ended it), after [`unsure`]: the journal is sure again, and
+/// a deadlock that ended it is recorded as if seen, so that the rest of
+/// lockkit treats it as it treats a statement's ([`ended_by`], [`whole`]), and
+/// the versions written in the transaction count as rolled back when it ends.
+pub(crate) fn answered<W: Watched>(conn: &mut W, ended: Option<&crate::Error>) {
+    if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
+        journal.aborts.unsure = false;
+        if matches!(ended, Some(crate::Error::Deadlock)) && journal.aborts.ended_by.is_none() {
+            journal.aborts.ended_by =
+                Some((DatabaseErrorKind::Unknown, UNSEEN_DEADLOCK.to_owned()));
+        }
+    }
+}
+
+/// What [`answered`] records for a deadlock that ended the transaction unseen:
+/// InnoDB's words, which [`ended_by`] classifies as a deadlock.
+const UNSEEN_DEADLOCK: &str =
+    "Deadlock found when trying to get lock (in place of a read's rows; the transaction has ended)";
 
 /// What ended the open transaction on `conn` under a statement whose error the
 /// work let go ([`Ends`]), if the connection's journal saw one: lockkit's
