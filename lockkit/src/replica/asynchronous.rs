@@ -47,7 +47,7 @@ use std::ops::{Deref, DerefMut};
 
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
-use super::position::{Position, COMMIT_LSN, REPLAYED_LSN};
+use super::position::{check_committed, Position, COMMIT_LSN, REPLAYED_LSN};
 use super::route::{skips_the_replica, Routing, Step};
 use super::{Lsn, Policy, Route};
 use crate::asynchronous::connection::in_transaction;
@@ -65,9 +65,7 @@ use crate::{Error, LockOptions, Result};
 /// * [`Error::AlreadyInTransaction`] when a transaction is open on `primary`.
 /// * [`Error::Database`] when `primary` is a standby itself.
 pub async fn commit_lsn(primary: &mut AsyncPgConnection) -> Result<Lsn> {
-    if in_transaction(primary) {
-        return Err(Error::AlreadyInTransaction);
-    }
+    check_committed(in_transaction(primary))?;
     diesel::sql_query(COMMIT_LSN)
         .get_result::<Position>(primary)
         .await?

@@ -64,12 +64,20 @@ impl Position {
 /// * [`Error::Database`] when `primary` is a standby itself (PostgreSQL:
 ///   "recovery is in progress").
 pub fn commit_lsn(primary: &mut PgConnection) -> Result<Lsn> {
-    if in_transaction(primary) {
-        return Err(Error::AlreadyInTransaction);
-    }
+    check_committed(in_transaction(primary))?;
     diesel::sql_query(COMMIT_LSN)
         .get_result::<Position>(primary)?
         .committed()
+}
+
+/// Refuses [`commit_lsn`] while a transaction is open on the primary
+/// ([`Error::AlreadyInTransaction`], nothing sent): the write has not committed
+/// yet. Decided here for the blocking and the async twin.
+pub(crate) fn check_committed(in_transaction: bool) -> Result<()> {
+    match in_transaction {
+        true => Err(Error::AlreadyInTransaction),
+        false => Ok(()),
+    }
 }
 
 /// How far `replica` has replayed the primary's WAL: its writes up to this
