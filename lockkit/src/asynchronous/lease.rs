@@ -58,7 +58,8 @@ use super::lockable::end;
 use super::work::{AsyncWork, ConnWork};
 use crate::lease::fence::admitted;
 use crate::lease::{
-    check_acquire, check_name, lease_guard, new_token, released, renewed, Fence, Grant,
+    check_acquire, check_name, check_own_commit, lease_guard, new_token, released, renewed, Fence,
+    Grant,
 };
 use crate::transaction::Failure;
 use crate::{classify, Error};
@@ -83,9 +84,7 @@ impl<C: AsyncLeaseStore> AsyncLease<'_, C> {
     ///
     /// As [`Lease::renew`](crate::lease::Lease::renew).
     pub async fn renew(&mut self) -> Result<(), Error> {
-        if in_transaction(self.store) {
-            return Err(Error::AlreadyInTransaction);
-        }
+        check_own_commit(in_transaction(self.store))?;
         let grant = &self.grant;
         let extended = C::extend(self.store, &grant.name, &grant.token, grant.ttl_ms).await?;
         let renewed = renewed(extended);

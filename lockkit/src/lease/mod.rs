@@ -289,9 +289,7 @@ impl<S: LeaseStore> Lease<'_, S> {
     ///   transaction; nothing is sent.
     /// * the store's error ([`Error::Redis`], or a classified database error).
     pub fn renew(&mut self) -> Result<(), Error> {
-        if self.store.in_transaction() {
-            return Err(Error::AlreadyInTransaction);
-        }
+        check_own_commit(self.store.in_transaction())?;
         let grant = &self.grant;
         let renewed = renewed(self.store.extend(&grant.name, &grant.token, grant.ttl_ms)?);
         self.held = renewed.is_ok();
@@ -371,10 +369,20 @@ pub(crate) fn released(revoked: bool) -> Result<(), Error> {
 pub(crate) fn check_acquire(name: &str, ttl: Duration, in_transaction: bool) -> Result<i64, Error> {
     check_name(name)?;
     let ttl_ms = ttl_millis(ttl)?;
-    if in_transaction {
-        return Err(Error::AlreadyInTransaction);
-    }
+    check_own_commit(in_transaction)?;
     Ok(ttl_ms)
+}
+
+/// Refuses a grant or an extension on a database store with an open
+/// transaction ([`Error::AlreadyInTransaction`]), before anything is sent: it
+/// must commit on its own, as a grant rolled back with its transaction would
+/// hand the same fence out twice. For [`acquire`] and [`Lease::renew`], blocking
+/// and async.
+pub(crate) fn check_own_commit(in_transaction: bool) -> Result<(), Error> {
+    match in_transaction {
+        true => Err(Error::AlreadyInTransaction),
+        false => Ok(()),
+    }
 }
 
 /// 128 random bits as 32 hexadecimal digits.
