@@ -69,7 +69,7 @@ use diesel_async::{AsyncConnection, TransactionManager};
 
 use super::connection::in_transaction;
 use super::work::ConnWork;
-use crate::advisory::{gave_up, scope_for, AdvisoryBackend};
+use crate::advisory::{gave_up, scope_for, AdvisoryBackend, Statement};
 pub use crate::advisory::{AdvisoryKey, Scope};
 use crate::{classify, Error};
 
@@ -84,6 +84,13 @@ use crate::{classify, Error};
 pub trait AsyncAdvisory:
     AsyncConnection<Backend: AdvisoryBackend> + Send + crate::sealed::Sealed
 {
+    /// Sends one of the blocking side's lock statements; its `locked` column.
+    #[doc(hidden)]
+    fn run(
+        conn: &mut Self,
+        statement: Statement<Self::Backend>,
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
+
     /// Sends the blocking side's lock statement; whether the lock was taken.
     #[doc(hidden)]
     fn acquire(
@@ -91,29 +98,25 @@ pub trait AsyncAdvisory:
         key: AdvisoryKey,
         scope: Scope,
         wait: bool,
-    ) -> impl Future<Output = QueryResult<bool>> + Send;
+    ) -> impl Future<Output = QueryResult<bool>> + Send {
+        Self::run(self, Self::Backend::acquire_statement(key, scope, wait))
+    }
 
     /// Sends the blocking side's unlock; whether this session held the lock.
     #[doc(hidden)]
-    fn release(&mut self, key: AdvisoryKey) -> impl Future<Output = QueryResult<bool>> + Send;
+    fn release(&mut self, key: AdvisoryKey) -> impl Future<Output = QueryResult<bool>> + Send {
+        Self::run(self, Self::Backend::release_statement(key))
+    }
 }
 
 macro_rules! async_advisory {
-    ($($conn:ty, $backend:ty: $feature:literal),*) => {$(
+    ($($conn:ty: $feature:literal),*) => {$(
         #[cfg(feature = $feature)]
         impl AsyncAdvisory for $conn {
-            async fn acquire(&mut self, key: AdvisoryKey, scope: Scope, wait: bool) -> QueryResult<bool> {
+            async fn run(conn: &mut Self, statement: Statement<Self::Backend>) -> QueryResult<bool> {
                 use diesel_async::RunQueryDsl;
-                <$backend as AdvisoryBackend>::acquire_statement(key, scope, wait)
-                    .get_result::<crate::advisory::Locked>(self)
-                    .await
-                    .map(|row| row.locked)
-            }
-
-            async fn release(&mut self, key: AdvisoryKey) -> QueryResult<bool> {
-                use diesel_async::RunQueryDsl;
-                <$backend as AdvisoryBackend>::release_statement(key)
-                    .get_result::<crate::advisory::Locked>(self)
+                statement
+                    .get_result::<crate::advisory::Locked>(conn)
                     .await
                     .map(|row| row.locked)
             }
@@ -122,8 +125,8 @@ macro_rules! async_advisory {
 }
 
 async_advisory!(
-    diesel_async::AsyncPgConnection, diesel::pg::Pg: "postgres",
-    diesel_async::AsyncMysqlConnection, diesel::mysql::Mysql: "mysql"
+    diesel_async::AsyncPgConnection: "postgres",
+    diesel_async::AsyncMysqlConnection: "mysql"
 );
 
 /// Waits for the advisory lock `key`, runs `f`, and releases the lock, also
