@@ -26,8 +26,7 @@
 //! MySQL/MariaDB, a deadlock's victim: the write, but also the follow-up read
 //! or a move past) makes the write report [`Error::TransactionAborted`] and
 //! open the read-only stand-in, so that the caller's next writes fail instead
-//! of committing on their own
-//! ([`failed_write`](crate::transaction::failed_write)).
+//! of committing on their own (`transaction::failed_write`).
 
 // Without a backend feature no connection implements the per-connection traits,
 // and the pieces they are built from go unused.
