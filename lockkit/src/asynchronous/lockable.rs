@@ -148,9 +148,12 @@ where
     let (mut changing, restore) = begin_locked(conn, &options).await.map_err(E::from)?;
     let conn = &mut *changing.conn;
     let mut held = None;
+    let unsure = crate::journal::unsure(&mut crate::journal::AsyncWatched(&mut *conn));
     let result = match lock_row::<M, C>(conn, key, options).await {
         Ok((row, lock)) => {
             held = Some(lock);
+            // Its rows came: the read hid no deadlock, and asks no question later.
+            crate::journal::own_read_done(&mut crate::journal::AsyncWatched(&mut *conn), unsure);
             f(conn, row).await.map_err(Failure::Closure)
         }
         Err(err) => Err(Failure::Lockkit(err)),

@@ -281,10 +281,16 @@ fn may_answer_with_rows(query: &dyn std::fmt::Display) -> bool {
                 "ROLLBACK",
                 "SAVEPOINT",
                 "RELEASE",
-                "SET",
                 "UPDATE",
             ];
-            let answer = if never.iter().any(|keyword| is(keyword)) {
+            let answer = if is("SET") {
+                // MariaDB's `SET STATEMENT .. FOR <statement>` runs a statement
+                // that may answer with rows; any other `SET` does not.
+                sql.trim_start_matches(|c: char| c.is_whitespace())[word.len()..]
+                    .split(|c: char| !c.is_ascii_alphabetic())
+                    .find(|next| !next.is_empty())
+                    .is_some_and(|next| next.eq_ignore_ascii_case("STATEMENT"))
+            } else if never.iter().any(|keyword| is(keyword)) {
                 false
             } else if ["INSERT", "REPLACE", "DELETE"]
                 .iter()
@@ -641,6 +647,17 @@ pub(crate) fn answered<W: Watched>(conn: &mut W, ended: Option<&crate::Error>) {
         if matches!(ended, Some(crate::Error::Deadlock)) && journal.aborts.ended_by.is_none() {
             journal.aborts.ended_by =
                 Some((DatabaseErrorKind::Unknown, UNSEEN_DEADLOCK.to_owned()));
+        }
+    }
+}
+
+/// A read of lockkit's own on `conn` returned all its rows: no error can have
+/// come in their place, so it leaves the journal as sure as it found it
+/// (`was_unsure`, [`unsure`] before the read).
+pub(crate) fn own_read_done<W: Watched>(conn: &mut W, was_unsure: bool) {
+    if !was_unsure {
+        if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
+            journal.aborts.unsure = false;
         }
     }
 }
