@@ -20,6 +20,39 @@ use lockkit_tests::models::{Item, Job};
 use lockkit_tests::schema::{items, jobs, orders};
 use lockkit_tests::{exec, seed_items};
 
+/// The heavier transaction of [`deadlock_first_attempt!`] on its own thread and
+/// connection: it locks item 2, says so on `b`, waits for `a`, then locks
+/// item 1. Gives the thread, `a`'s sender and `b`'s receiver (shared with the
+/// work's future).
+macro_rules! heavier_neighbour {
+    ($db:expr) => {{
+        let (a_tx, a_rx) = mpsc::channel::<()>();
+        let (b_tx, b_rx) = mpsc::channel::<()>();
+        let url = $db.url.clone();
+        let neighbour = std::thread::spawn(move || {
+            let mut conn = Sync::establish(&url).unwrap();
+            lockkit_tests::aborts::heavier_neighbour(&mut conn, BACKEND, b_tx, a_rx);
+        });
+        (neighbour, a_tx, Mutex::new(b_rx))
+    }};
+}
+
+/// What committed, seen from a new connection: item 1's stock and the number
+/// of order lines.
+macro_rules! committed {
+    ($db:expr) => {{
+        let mut fresh: Async = async_common::connect(&$db.url, BACKEND).await;
+        let stock: i32 = items::table
+            .find(1)
+            .select(items::stock)
+            .first(&mut fresh)
+            .await
+            .unwrap();
+        let lines: i64 = orders::table.count().get_result(&mut fresh).await.unwrap();
+        (stock, lines)
+    }};
+}
+
 /// Seeds items 1 to 12 (stock 10), then runs `$run` on a new async connection
 /// `$conn`, where `$work(conn, attempt)` sells one unit of item 1 and, on
 /// attempt 1, becomes a deadlock's victim: it holds item 1 and waits for item 2,
@@ -44,14 +77,7 @@ macro_rules! deadlock_first_attempt {
     };
     (@run $by_range:expr, $db:expr, |$conn:ident, $work:ident| $run:expr) => {{
         lockkit_tests::aborts::seed_for_deadlock(&mut $db.conn());
-        let (a_tx, a_rx) = mpsc::channel::<()>();
-        let (b_tx, b_rx) = mpsc::channel::<()>();
-        let b_rx = Mutex::new(b_rx); // shared with the work's future
-        let url = $db.url.clone();
-        let neighbour = std::thread::spawn(move || {
-            let mut conn = Sync::establish(&url).unwrap();
-            lockkit_tests::aborts::heavier_neighbour(&mut conn, BACKEND, b_tx, a_rx);
-        });
+        let (neighbour, a_tx, b_rx) = heavier_neighbour!($db);
         let runs = AtomicU32::new(0);
         let $work = async |conn: &mut Async, attempt: u32| -> Result<(), Error> {
             runs.fetch_add(1, Ordering::SeqCst);
@@ -79,15 +105,7 @@ macro_rules! deadlock_first_attempt {
         let mut $conn: Async = async_common::connect(&$db.url, BACKEND).await;
         let outcome: Result<(), Error> = $run;
         tokio::task::block_in_place(|| neighbour.join()).unwrap();
-        // What committed, seen from a new connection.
-        let mut fresh: Async = async_common::connect(&$db.url, BACKEND).await;
-        let stock: i32 = items::table
-            .find(1)
-            .select(items::stock)
-            .first(&mut fresh)
-            .await
-            .unwrap();
-        let lines: i64 = orders::table.count().get_result(&mut fresh).await.unwrap();
+        let (stock, lines) = committed!($db);
         (
             outcome,
             AtomicU32::load(&runs, Ordering::SeqCst),
@@ -662,5 +680,78 @@ mod postgres_only {
             "with_lock reported {sold:?}, and the sale is not in the database"
         );
         assert_eq!(stock, 10);
+    }
+}
+
+#[cfg(all(feature = "async", feature = "mysql"))]
+mod mysql_only {
+    use super::*;
+    use diesel::sql_types::Integer;
+
+    type Sync = diesel::MysqlConnection;
+    type Async = diesel_async::AsyncMysqlConnection;
+    const BACKEND: &str = "mysql";
+
+    #[derive(diesel::QueryableByName)]
+    #[allow(dead_code)]
+    struct Id {
+        #[diesel(sql_type = Integer)]
+        id: i32,
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn nested_with_lock_after_a_set_statement_read_was_a_deadlocks_victim_commits_nothing() {
+        // MariaDB's `SET STATEMENT var = value FOR SELECT ..` answers with rows
+        // like any SELECT, and a deadlock comes in place of them just the
+        // same, though its first word is SET. The caller's transaction sends
+        // only writes before it (lockkit's own read by key would have made the
+        // journal ask anyway).
+        let db = lockkit_tests::TestDb::<Sync>::new("set_statement_victim");
+        lockkit_tests::aborts::seed_for_deadlock(&mut db.conn());
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        // An earlier lockkit call on the connection installed its journal.
+        lockkit::asynchronous::with_lock(
+            &mut conn,
+            12,
+            LockOptions::default(),
+            async |_, _: Item| Ok::<_, Error>(()),
+        )
+        .await
+        .unwrap();
+        let (neighbour, a_tx, b_rx) = heavier_neighbour!(db);
+        let outcome: Result<(), Error> = conn
+            .transaction(async |conn| {
+                order_line(conn, 1).await?;
+                diesel::update(items::table.find(1))
+                    .set(items::stock.eq(items::stock - 1))
+                    .execute(conn)
+                    .await?;
+                a_tx.send(()).unwrap();
+                tokio::task::block_in_place(|| b_rx.lock().unwrap().recv()).unwrap();
+                // The victim's read, whose error the caller lets go.
+                let _ = diesel::sql_query(
+                    "SET STATEMENT max_statement_time = 0 FOR \
+                     SELECT id FROM items WHERE id >= 2 AND id < 3 FOR UPDATE",
+                )
+                .load::<Id>(conn)
+                .await;
+                lockkit::asynchronous::with_lock(
+                    conn,
+                    1,
+                    LockOptions::default(),
+                    async |conn, item: Item| {
+                        diesel::update(items::table.find(1))
+                            .set(items::stock.eq(item.stock - 1))
+                            .execute(conn)
+                            .await?;
+                        order_line(conn, 2).await
+                    },
+                )
+                .await
+            })
+            .await;
+        tokio::task::block_in_place(|| neighbour.join()).unwrap();
+        let (stock, lines) = committed!(db);
+        assert_nested_sale_committed_nothing("with_lock", &outcome, 1, stock, lines);
     }
 }

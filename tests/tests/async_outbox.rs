@@ -217,3 +217,85 @@ async_backend_tests! {
         assert!(matches!(outbox::publish_batch(&relay, &mut conn, 0, async |_b: &[OutboxMessage]| Ok::<_, Error>(vec![])).await, Err(Error::InvalidInput(_))));
     }
 }
+
+#[cfg(all(feature = "async", feature = "mysql"))]
+mod mysql_only {
+    use super::*;
+    use diesel::QueryableByName;
+    use lockkit_tests::models::Item;
+
+    type Async = diesel_async::AsyncMysqlConnection;
+    const BACKEND: &str = "mysql";
+
+    /// The session's `Com_select` (the question counts one more).
+    const COM_SELECT: &str = "SELECT CAST(VARIABLE_VALUE AS SIGNED) AS n \
+        FROM information_schema.SESSION_STATUS WHERE VARIABLE_NAME = 'COM_SELECT'";
+
+    #[derive(QueryableByName)]
+    struct N {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+
+    /// One `with_lock` on item 1 that enqueues an outbox message, blocking.
+    fn sell_blocking(conn: &mut diesel::MysqlConnection) {
+        lockkit::with_lock(conn, 1, LockOptions::default(), |conn, _: Item| {
+            lockkit::outbox::enqueue(conn, "orders", "1").map(|_| ())
+        })
+        .unwrap();
+    }
+
+    /// The same on diesel-async.
+    async fn sell_async(conn: &mut Async) {
+        lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |conn, _: Item| {
+            outbox::enqueue(conn, "orders", "1").await.map(|_| ())
+        })
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn async_with_lock_with_an_outbox_message_sends_no_more_selects_than_blocking() {
+        // `with_lock`'s own locking read by key got all its rows: it hid no
+        // deadlock, and `enqueue` after it asks the server nothing more than
+        // on the blocking connection.
+        let db = lockkit_tests::TestDb::<diesel::MysqlConnection>::new("outbox_hidden_read_cost");
+        db.conn()
+            .run_pending_migrations(outbox_migrations(BACKEND))
+            .unwrap();
+        lockkit_tests::seed_items(&mut db.conn(), &[(1, 10)]);
+
+        let mut sync = db.connect();
+        let com_select = |conn: &mut diesel::MysqlConnection| {
+            diesel::RunQueryDsl::get_result::<N>(diesel::sql_query(COM_SELECT), conn)
+                .unwrap()
+                .n
+        };
+        // Warmed up: the journal installed, the statements prepared.
+        sell_blocking(&mut sync);
+        sell_blocking(&mut sync);
+        let before = com_select(&mut sync);
+        sell_blocking(&mut sync);
+        let blocking = com_select(&mut sync) - before;
+
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        sell_async(&mut conn).await;
+        sell_async(&mut conn).await;
+        let before = diesel::sql_query(COM_SELECT)
+            .get_result::<N>(&mut conn)
+            .await
+            .unwrap()
+            .n;
+        sell_async(&mut conn).await;
+        let after = diesel::sql_query(COM_SELECT)
+            .get_result::<N>(&mut conn)
+            .await
+            .unwrap()
+            .n;
+        let asynchronous = after - before;
+        assert_eq!(
+            asynchronous, blocking,
+            "SELECTs sent by one with_lock with an outbox message: async {asynchronous}, blocking {blocking}"
+        );
+    }
+}
