@@ -630,6 +630,7 @@ pub(crate) fn forget_abort<W: Watched>(conn: &mut W) {
 /// a connection that hides an error in their place
 /// ([`Aborts::hides_read_errors`]), since lockkit last asked the server
 /// ([`answered`]). `false` when no journal watches `conn`.
+#[cfg_attr(not(feature = "async"), allow(dead_code))] // only diesel-async hides read errors
 pub(crate) fn unsure<W: Watched>(conn: &mut W) -> bool {
     conn.slot()
         .downcast_mut::<Journal>()
@@ -641,6 +642,7 @@ pub(crate) fn unsure<W: Watched>(conn: &mut W) -> bool {
 /// a deadlock that ended it is recorded as if seen, so that the rest of
 /// lockkit treats it as it treats a statement's ([`ended_by`], [`whole`]), and
 /// the versions written in the transaction count as rolled back when it ends.
+#[cfg_attr(not(feature = "async"), allow(dead_code))] // only diesel-async hides read errors
 pub(crate) fn answered<W: Watched>(conn: &mut W, ended: Option<&crate::Error>) {
     if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
         journal.aborts.unsure = false;
@@ -654,6 +656,7 @@ pub(crate) fn answered<W: Watched>(conn: &mut W, ended: Option<&crate::Error>) {
 /// A read of lockkit's own on `conn` returned all its rows: no error can have
 /// come in their place, so it leaves the journal as sure as it found it
 /// (`was_unsure`, [`unsure`] before the read).
+#[cfg_attr(not(feature = "async"), allow(dead_code))] // only diesel-async hides read errors
 pub(crate) fn own_read_done<W: Watched>(conn: &mut W, was_unsure: bool) {
     if !was_unsure {
         if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
@@ -664,6 +667,7 @@ pub(crate) fn own_read_done<W: Watched>(conn: &mut W, was_unsure: bool) {
 
 /// What [`answered`] records for a deadlock that ended the transaction unseen:
 /// InnoDB's words, which [`ended_by`] classifies as a deadlock.
+#[cfg_attr(not(feature = "async"), allow(dead_code))] // only diesel-async hides read errors
 const UNSEEN_DEADLOCK: &str =
     "Deadlock found when trying to get lock (in place of a read's rows; the transaction has ended)";
 
