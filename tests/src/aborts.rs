@@ -143,3 +143,12 @@ pub fn assert_swallowed_abort(backend: &str, outcome: &Result<(), Error>, stock:
         assert!(matches!(outcome, Err(Error::ReadOnly)), "{outcome:?}");
     }
 }
+
+/// A trigger of the user's on `items` that refuses a sale below zero stock
+/// with the very words of InnoDB's deadlock (1213), though it is a `SIGNAL`
+/// (1644) that ends nothing: the caller's transaction stays open, and must
+/// stay the caller's to commit or roll back.
+pub const DEADLOCK_WORDED_REFUSAL: &str = "CREATE TRIGGER items_refuse_negative \
+     BEFORE UPDATE ON items FOR EACH ROW IF NEW.stock < 0 THEN \
+     SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = \
+     'Deadlock found when trying to get lock; try restarting transaction'; END IF";

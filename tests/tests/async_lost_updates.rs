@@ -306,6 +306,50 @@ mod mysql_aborted {
         );
     }
 
+    /// The blocking side's
+    /// `a_trigger_refusal_worded_like_a_deadlock_leaves_the_callers_transaction_to_roll_back`,
+    /// on diesel-async: a trigger's `SIGNAL` in InnoDB's words ends nothing, so
+    /// lockkit must not open its stand-in (which would commit the caller's
+    /// order line) and the caller's rollback leaves nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_trigger_refusal_worded_like_a_deadlock_leaves_the_callers_transaction_to_roll_back()
+    {
+        use diesel_async::AsyncConnection;
+        let db = lockkit_tests::TestDb::<Blocking>::new("async_deadlock_worded_refusal");
+        lockkit_tests::aborts::seed_for_deadlock(&mut db.conn());
+        lockkit_tests::exec(
+            &mut db.conn(),
+            lockkit_tests::aborts::DEADLOCK_WORDED_REFUSAL,
+        );
+        let mut conn: Async = async_common::connect(&db.url, "mysql").await;
+        let mut refused = None;
+        let outcome: Result<(), Error> = conn
+            .transaction(async |conn| {
+                conn.batch_execute("INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)")
+                    .await?;
+                let mut two = item!(&mut *conn, 2);
+                two.stock = -1;
+                refused = Some(two.update_versioned(conn).await);
+                Err(Error::NoRowMatched)
+            })
+            .await;
+        let mut fresh: Async = async_common::connect(&db.url, "mysql").await;
+        let stock: i32 = items::table
+            .find(2)
+            .select(items::stock)
+            .first(&mut fresh)
+            .await
+            .unwrap();
+        let lines: i64 = orders::table.count().get_result(&mut fresh).await.unwrap();
+        assert!(
+            matches!(refused, Some(Err(ref e)) if !matches!(e, Error::TransactionAborted(_)))
+                && outcome.is_err()
+                && (stock, lines) == (10, 0),
+            "the write got {refused:?}, the caller {outcome:?}; item 2's stock {stock}, order \
+             lines {lines} (a line is the caller's rolled-back work, committed)"
+        );
+    }
+
     /// The blocking side's `twin_holder`: puts the row of `twins` in place
     /// (version 1), then, as `aborts::heavier_neighbour` with that row for
     /// item 2, changes items 3 and up, locks the rows of `twins`, says so on

@@ -311,7 +311,9 @@ mod mysql_aborted {
     use super::*;
     use diesel::MysqlConnection;
     use lockkit::{retry, LockOptions, RetryPolicy};
-    use lockkit_tests::aborts::{beside_neighbour, seed_for_deadlock, Cue};
+    use lockkit_tests::aborts::{
+        beside_neighbour, seed_for_deadlock, Cue, DEADLOCK_WORDED_REFUSAL,
+    };
     use lockkit_tests::{exec, TestDb};
     use std::sync::mpsc;
 
@@ -586,6 +588,39 @@ mod mysql_aborted {
             lock_version: 1,
         };
         caught_twin_abort("caught_savepoint_write_abort", None, fresh);
+    }
+
+    /// A refusal of the user's own that reads like a deadlock (a trigger's
+    /// `SIGNAL` with InnoDB's words, [`DEADLOCK_WORDED_REFUSAL`]) ends nothing
+    /// on the server: the caller's transaction is still open, so lockkit must
+    /// not open its read-only stand-in, whose `START TRANSACTION` would commit
+    /// the caller's work so far. The caller records an order line, the write is
+    /// refused, the caller rolls back: nothing of it may be left.
+    #[test]
+    fn a_trigger_refusal_worded_like_a_deadlock_leaves_the_callers_transaction_to_roll_back() {
+        let db = TestDb::<MysqlConnection>::new("deadlock_worded_refusal");
+        let mut conn = db.conn();
+        seed_for_deadlock(&mut conn);
+        exec(&mut conn, DEADLOCK_WORDED_REFUSAL);
+        let mut refused = None;
+        let outcome: Result<(), Error> = conn.transaction(|conn| {
+            exec(
+                conn,
+                "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)",
+            );
+            let mut two = item!(conn, 2);
+            two.stock = -1;
+            refused = Some(two.update_versioned(conn));
+            Err(Error::NoRowMatched)
+        });
+        let (stock, lines) = sold_and_lines(&db);
+        assert!(
+            matches!(refused, Some(Err(ref e)) if !matches!(e, Error::TransactionAborted(_)))
+                && outcome.is_err()
+                && (stock, lines) == (10, 0),
+            "the write got {refused:?}, the caller {outcome:?}; item 2's stock {stock}, order \
+             lines {lines} (a line is the caller's rolled-back work, committed)"
+        );
     }
 
     #[test]

@@ -411,22 +411,26 @@ pub(crate) async fn failed_write<C: AsyncConnection>(conn: &mut C, err: Error) -
     if !unseen && !crate::journal::write_ended_transaction(watched, &err) {
         return err;
     }
-    open_stand_in(conn).await;
+    if !open_stand_in(conn).await {
+        crate::journal::forget_abort(&mut crate::journal::AsyncWatched(conn));
+        return err;
+    }
     crate::journal::aborted(&mut crate::journal::AsyncWatched(conn), err)
 }
 
 /// The blocking side's [`open_stand_in`](crate::transaction::open_stand_in) on
-/// an async connection.
-pub(crate) async fn open_stand_in<C: AsyncConnection>(conn: &mut C) {
-    // On a lost connection this fails too, and there is nothing to keep.
+/// an async connection: `false` when the server still had a transaction open.
+pub(crate) async fn open_stand_in<C: AsyncConnection>(conn: &mut C) -> bool {
     #[cfg(feature = "mysql")]
-    for statement in crate::transaction::keep_aborted_sql() {
-        if conn.batch_execute(&statement).await.is_err() {
-            break;
+    for (i, statement) in crate::transaction::keep_aborted_sql().iter().enumerate() {
+        if let Err(err) = conn.batch_execute(statement).await {
+            // On a lost connection this fails too, and there is nothing to keep.
+            return !(i == 0 && crate::transaction::found_open(&err));
         }
     }
     #[cfg(not(feature = "mysql"))]
     let _ = conn;
+    true
 }
 
 /// Installs lockkit's journal on `conn` unless it has instrumentation of its
@@ -598,7 +602,7 @@ mod mysql {
         }
 
         async fn keep_aborted(&mut self) {
-            super::open_stand_in(self).await;
+            let _ = super::open_stand_in(self).await;
         }
 
         async fn repair(&mut self) {

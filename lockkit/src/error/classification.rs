@@ -35,6 +35,12 @@
 //!   misclassified. Messages of constraint violations (unique, foreign key, not
 //!   null, check, restrict, exclusion) are never read, so user data inside them
 //!   (e.g. a duplicate key that spells "deadlock") is never matched.
+//! * A refusal of the user's own in the server's words (a trigger's `SIGNAL`
+//!   whose text is InnoDB's deadlock message) is classified as what it says.
+//!   Nothing ends the caller's transaction on its word alone: before lockkit
+//!   treats a transaction as ended by it, the server confirms (a nested call
+//!   asks, a versioned write's stand-in opens only where no transaction is
+//!   open, see [`locking_connection`](crate::pessimistic::connection)).
 //! * MariaDB reports a failed `NOWAIT` with error 1205, the same error and text as
 //!   a lock wait timeout. lockkit tells them apart by time: its `NOWAIT` clause
 //!   ([`LockQueryExt::nowait`](crate::LockQueryExt::nowait), [`RowLock`](crate::RowLock)

@@ -54,7 +54,8 @@
 //! in the aborted one's place, only while Diesel still counts the caller's as open:
 //!
 //! ```sql
-//! START TRANSACTION READ ONLY
+//! SET TRANSACTION READ ONLY
+//! START TRANSACTION
 //! SAVEPOINT lockkit_aborted_<16 random hex digits>
 //! SET @lockkit_aborted = 'lockkit_aborted_<the same digits>'
 //! ```
@@ -553,7 +554,7 @@ pub(crate) mod mysql {
         }
 
         fn keep_aborted(&mut self) {
-            crate::transaction::open_stand_in(self);
+            let _ = crate::transaction::open_stand_in(self);
         }
 
         fn repair(&mut self) {

@@ -151,27 +151,49 @@ pub(crate) fn require_live<C: Control>(conn: &mut C) -> Result<(), Error> {
 /// caller's later writes fail instead of committing on their own. The owner of
 /// the outermost transaction runs it again whole. The async write's twin does
 /// the same.
+///
+/// An error that only reads like a deadlock (a trigger's `SIGNAL` in InnoDB's
+/// words) has ended nothing: the stand-in's first statement finds the
+/// transaction still open, nothing is opened, the journal forgets the abort,
+/// and the write returns its error as it is, the caller's transaction still
+/// the caller's to commit or roll back.
 pub(crate) fn failed_write<C: Connection>(conn: &mut C, err: Error) -> Error {
     if !crate::journal::write_ended_transaction(conn, &err) {
         return err;
     }
-    open_stand_in(conn);
+    if !open_stand_in(conn) {
+        crate::journal::forget_abort(conn);
+        return err;
+    }
     crate::journal::aborted(conn, err)
 }
 
 /// Opens the read-only stand-in for an aborted transaction
 /// ([`keep_aborted_sql`]) on any blocking connection: MySQL/MariaDB's
-/// [`Control::keep_aborted`], and [`failed_write`]'s.
-pub(crate) fn open_stand_in<C: diesel::connection::SimpleConnection>(conn: &mut C) {
-    // On a lost connection this fails too, and there is nothing to keep.
+/// [`Control::keep_aborted`], and [`failed_write`]'s. `false` when the server
+/// still had a transaction open ([`found_open`]): then nothing is opened.
+pub(crate) fn open_stand_in<C: diesel::connection::SimpleConnection>(conn: &mut C) -> bool {
     #[cfg(feature = "mysql")]
-    for statement in keep_aborted_sql() {
-        if conn.batch_execute(&statement).is_err() {
-            break;
+    for (i, statement) in keep_aborted_sql().iter().enumerate() {
+        if let Err(err) = conn.batch_execute(statement) {
+            // On a lost connection this fails too, and there is nothing to keep.
+            return !(i == 0 && found_open(&err));
         }
     }
     #[cfg(not(feature = "mysql"))]
     let _ = conn;
+    true
+}
+
+/// Whether the first statement of [`keep_aborted_sql`] failed because a
+/// transaction is still open on the server (MySQL/MariaDB's 1568, which
+/// `SET TRANSACTION` meets inside one): the error that looked like the end of
+/// the caller's transaction did not end it. The text is the server's answer to
+/// lockkit's own statement, which runs no code of the user's.
+#[cfg(feature = "mysql")]
+pub(crate) fn found_open(err: &diesel::result::Error) -> bool {
+    matches!(err, diesel::result::Error::DatabaseError(_, info)
+        if info.message().starts_with("Transaction characteristics can't be changed"))
 }
 
 /// What [`Control::keep_aborted`] sends on MySQL/MariaDB, for the blocking and
@@ -185,15 +207,22 @@ pub(crate) fn open_stand_in<C: diesel::connection::SimpleConnection>(conn: &mut 
 /// more still commits nothing of what came before: the server threw it away
 /// (and lockkit's own outermost call does not commit the stand-in: [`Began`]).
 ///
+/// It opens in two steps, `SET TRANSACTION READ ONLY` then `START TRANSACTION`,
+/// never `START TRANSACTION READ ONLY` at once: a `START TRANSACTION` inside an
+/// open transaction commits it, and `SET TRANSACTION` refuses there instead
+/// ([`found_open`]). So an error that only read like the end of the caller's
+/// transaction commits nothing of it.
+///
 /// The stand-in carries a savepoint of its own, named by a random token that a
 /// session mark keeps, so that a lockkit call further up, asking whether its
 /// transaction survived, is not fooled by it ([`StandIn`]).
 #[cfg(feature = "mysql")]
-pub(crate) fn keep_aborted_sql() -> [String; 3] {
+pub(crate) fn keep_aborted_sql() -> [String; 4] {
     STAND_INS.fetch_add(1, Ordering::Relaxed);
     let token = format!("{}{:016x}", StandIn::PREFIX, fastrand::u64(..));
     [
-        "START TRANSACTION READ ONLY".to_owned(),
+        "SET TRANSACTION READ ONLY".to_owned(),
+        "START TRANSACTION".to_owned(),
         format!("SAVEPOINT {token}"),
         format!("SET @lockkit_aborted = '{token}'"),
     ]
