@@ -185,6 +185,10 @@ async_backend_tests! {
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
         let outside = outbox::enqueue(&mut conn, "orders", "1").await;
         assert!(matches!(outside, Err(Error::NotInTransaction)), "{outside:?}");
+        // A claim checks its limit first, then the transaction, as the blocking claim.
+        let negative = outbox::claim(&mut conn, -1).await;
+        assert!(matches!(negative, Err(Error::InvalidInput(_))), "{negative:?}");
+        assert!(matches!(outbox::claim(&mut conn, 1).await, Err(Error::NotInTransaction)));
         let id = locked_transaction(&mut conn, LockOptions::default(), async |conn: &mut Async| {
             outbox::enqueue(conn, "orders", "1").await
         })

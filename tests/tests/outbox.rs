@@ -125,6 +125,9 @@ lockkit_tests::backend_tests! {
         // Outside a transaction the message could commit without its change.
         assert!(matches!(outbox::enqueue(&mut conn, "orders", "{}"), Err(Error::NotInTransaction)));
         assert_eq!(lockkit_outbox::table.count().get_result::<i64>(&mut conn).unwrap(), 1);
+        // A claim checks its limit first, then the transaction (as queue::claim, and the async claim).
+        assert!(matches!(outbox::claim(&mut conn, -1), Err(Error::InvalidInput(_))));
+        assert!(matches!(outbox::claim(&mut conn, 1), Err(Error::NotInTransaction)));
     }
 
     fn two_relays_publish_every_message_once(db) {

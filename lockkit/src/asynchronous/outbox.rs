@@ -70,7 +70,7 @@ use crate::outbox::{
     check_limit, check_message, older_than, DeadLetter, Inbox, Mark, OutboxMessage, Received,
     Relay, Relayed, DEAD,
 };
-use crate::transaction::{require_transaction, Failure};
+use crate::transaction::Failure;
 use crate::{Error, LockOptions};
 
 /// Writes a message to the outbox in the open transaction, the one that makes
@@ -98,13 +98,14 @@ pub async fn enqueue<C: AsyncOutboxStore>(
 ///
 /// # Errors
 ///
-/// As [`outbox::claim`](crate::outbox::claim): [`Error::NotInTransaction`],
-/// [`Error::Busy`] on SQLite, or a classified database error.
+/// As [`outbox::claim`](crate::outbox::claim) (the checks are
+/// [`queue::claim`](super::queue::claim)'s, in its order): [`Error::InvalidInput`]
+/// for a negative `limit`, [`Error::NotInTransaction`], [`Error::Busy`] on
+/// SQLite, or a classified database error.
 pub async fn claim<C: AsyncOutboxStore>(
     conn: &mut C,
     limit: i64,
 ) -> Result<Vec<OutboxMessage>, Error> {
-    require_transaction(in_transaction(conn))?;
     C::claim_due(conn, limit, now_millis()).await
 }
 

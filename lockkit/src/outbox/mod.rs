@@ -384,7 +384,8 @@ impl Relayed {
 ///
 /// # Errors
 ///
-/// As [`queue::claim`](crate::queue::claim): [`Error::NotInTransaction`] outside a transaction,
+/// As [`queue::claim`](crate::queue::claim): [`Error::InvalidInput`] for a
+/// negative `limit`, [`Error::NotInTransaction`] outside a transaction,
 /// [`Error::Busy`] on SQLite, or a classified database error.
 pub fn claim<C>(conn: &mut C, limit: i64) -> Result<Vec<OutboxMessage>, Error>
 where
