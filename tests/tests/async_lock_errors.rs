@@ -564,6 +564,45 @@ async_server_tests! {
         }
     }
 
+    async fn async_single_writes_after_the_caller_let_its_own_deadlock_go_refuse(db) {
+        // A versioned write and `update_if` write inside the caller's
+        // transaction: after a deadlock the caller let go, on MariaDB they
+        // would run in autocommit and commit on its own, whatever the
+        // transaction's owner then does. They refuse, as `lock_all` does.
+        let seen = Mutex::new(None);
+        let (_, runs, _, _) = deadlock_first_attempt!(db, |conn, work| {
+            lockkit::asynchronous::transaction_with_retry(&mut conn, &RetryPolicy::immediate(1), async |conn| {
+                let mut three: Item = items::table.find(3).first(conn).await?;
+                three.stock -= 1;
+                let _ = work(conn, 1).await; // let go
+                let versioned = lockkit::asynchronous::AsyncVersioned::update_versioned(&mut three, conn).await;
+                let sale = diesel::update(items::table.find(4)).set(items::stock.eq(items::stock - 1));
+                let conditional = lockkit::asynchronous::atomic::update_if(conn, sale).await;
+                *seen.lock().unwrap() = Some((versioned, conditional));
+                Ok(())
+            })
+            .await
+        });
+        assert_eq!(runs, 1);
+        let (versioned, conditional) = seen.into_inner().unwrap().expect("the work ran");
+        let mut fresh: Async = async_common::connect(&db.url, BACKEND).await;
+        let stocks: Vec<i32> = items::table
+            .filter(items::id.eq_any([3, 4]))
+            .order(items::id)
+            .select(items::stock)
+            .load(&mut fresh)
+            .await
+            .unwrap();
+        assert_eq!(stocks, [10, 10], "a write committed on its own: {versioned:?} {conditional:?}");
+        if BACKEND == "mysql" {
+            assert!(
+                matches!(versioned, Err(Error::TransactionAborted(_)))
+                    && matches!(conditional, Err(Error::TransactionAborted(_))),
+                "in a transaction the server had ended, update_versioned returned {versioned:?} and update_if {conditional:?}"
+            );
+        }
+    }
+
     async fn async_idempotency_key_is_not_marked_done_for_work_the_server_rolled_back(db) {
         // The async twin of idempotency's
         // `a_key_is_not_marked_done_for_work_innodb_rolled_back`: the work

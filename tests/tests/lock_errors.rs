@@ -741,6 +741,38 @@ mod stand_in_probes {
             assert_eq!(lines, 0, "order line 2 committed on its own; outcome {outcome:?}");
         }
 
+        fn single_writes_after_a_swallowed_deadlock_refuse_and_keep_later_writes_out(db) {
+            // As lock_all and claim: the caller's own statement is the
+            // deadlock's victim and it writes on with lockkit's single writes
+            // (a versioned write, update_if). With no transaction open on the
+            // server, each would commit on its own. The connection served
+            // lockkit before, so lockkit's journal watches it.
+            if BACKEND != "mysql" {
+                return;
+            }
+            let (mut versioned, mut conditional) = (None, None);
+            let (outcome, _, _conn) = deadlock_first_attempt!(db, |conn, work| {
+                lockkit::locked_transaction(&mut conn, LockOptions::default(), |_| Ok::<_, Error>(())).unwrap();
+                after_order_line_1(&mut conn, |conn| {
+                    let _ = work(conn, 1); // the caller's own statement, swallowed
+                    let mut three: Item = items::table.find(3).first(conn)?;
+                    three.stock -= 1;
+                    versioned = Some(three.update_versioned(conn));
+                    conditional = Some(Item::update_if(conn, 4, items::stock.ge(1), items::stock.eq(items::stock - 1)));
+                    diesel::connection::SimpleConnection::batch_execute(conn, "INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)").map_err(lockkit::classify)?;
+                    Ok::<_, Error>(())
+                })
+            });
+            let mut fresh = db.connect();
+            let stocks: Vec<i32> = items::table.filter(items::id.eq_any([3, 4])).order(items::id).select(items::stock).load(&mut fresh).unwrap();
+            let lines = order_lines!(&mut fresh);
+            assert!(
+                matches!(versioned, Some(Err(Error::TransactionAborted(_)))) && matches!(conditional, Some(Err(Error::TransactionAborted(_)))),
+                "update_versioned: {versioned:?}, update_if: {conditional:?}"
+            );
+            assert_eq!((stocks, lines), (vec![10, 10], 0), "a write committed on its own; outcome {outcome:?}");
+        }
+
         fn lock_that_finds_the_transaction_ended_keeps_later_writes_out(db) {
             // The caller's own statement is the deadlock's victim; it swallows
             // the error and calls Lockable::lock, which finds the transaction

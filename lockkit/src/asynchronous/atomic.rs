@@ -55,6 +55,7 @@ where
     S: ExecuteDsl<Conn> + Send,
 {
     crate::journal::before_write(&mut AsyncWatched(&mut *conn));
+    super::connection::check_write(conn).await?;
     let rows = match statement.execute(conn).await {
         Ok(rows) => rows,
         Err(err) => return Err(super::connection::failed_write(conn, classify(err)).await),

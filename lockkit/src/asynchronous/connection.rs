@@ -392,6 +392,23 @@ pub(crate) async fn ended_by_seen_statement<C: AsyncLockingConnection>(
     }
 }
 
+/// The blocking side's [`check_write`](crate::transaction::check_write) on an
+/// async connection.
+pub(crate) async fn check_write<C: AsyncConnection>(conn: &mut C) -> Result<(), Error> {
+    let watched = &mut crate::journal::AsyncWatched(&mut *conn);
+    let Some((cause, reported)) = crate::journal::ended_before_write(watched) else {
+        return Ok(());
+    };
+    if reported || open_stand_in(conn).await {
+        return Err(crate::journal::aborted(
+            &mut crate::journal::AsyncWatched(conn),
+            cause,
+        ));
+    }
+    crate::journal::forget_abort(&mut crate::journal::AsyncWatched(conn));
+    Ok(())
+}
+
 /// The blocking side's [`failed_write`](crate::transaction::failed_write) on an
 /// async connection.
 ///

@@ -498,6 +498,7 @@ where
     M: Versioned + AsyncVersionQuery<Conn>,
     S: ExecuteDsl<Conn>,
 {
+    super::connection::check_write(conn).await?;
     let sequence = async {
         let row = M::row_id(conn, key).await.map_err(classify)?;
         let watched = &mut AsyncWatched(&mut *conn);

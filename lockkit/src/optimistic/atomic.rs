@@ -118,7 +118,8 @@ pub type PreparedUpdate<T, W, V> = VersionedUpdate<T, W, V, BySql<V>>;
 /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
 ///   [`Error::Deadlock`], .., else [`Error::Database`]); see
 ///   [`classify`](crate::classify()).
-/// * [`Error::TransactionAborted`] when the statement was a deadlock's victim
+/// * [`Error::TransactionAborted`] when the statement (or one of the caller's
+///   before it, whose error the caller let go) was a deadlock's victim
 ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
 ///   back: not retryable here, since a retry would run in autocommit; the
 ///   owner of the outermost transaction runs it again whole.
@@ -128,6 +129,7 @@ where
     S: ExecuteDsl<Conn>,
 {
     crate::journal::before_write(conn);
+    crate::transaction::check_write(conn)?;
     let rows = ExecuteDsl::execute(statement, conn)
         .map_err(|err| crate::transaction::failed_write(conn, classify(err)))?;
     matched(rows)

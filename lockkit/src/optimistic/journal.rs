@@ -756,6 +756,24 @@ pub(crate) fn whole<W: Watched>(conn: &mut W) -> Whole {
     }
 }
 
+/// Before a write statement of lockkit's in the open transaction on `conn`
+/// ([`before_write`]): what ended that transaction, where the journal saw a
+/// statement do so on a backend that then runs later statements in autocommit
+/// (MySQL/MariaDB's deadlock, [`Whole::Seen`]), and whether lockkit has
+/// reported the abort in it already (then the server confirmed it, and the
+/// read-only stand-in was opened).
+pub(crate) fn ended_before_write<W: Watched>(conn: &mut W) -> Option<(crate::Error, bool)> {
+    if whole(conn) != Whole::Seen {
+        return None;
+    }
+    let cause = ended_by(conn)?;
+    let reported = conn
+        .slot()
+        .downcast_mut::<Journal>()
+        .is_some_and(|journal| !journal.aborts.reported.is_empty());
+    Some((cause, reported))
+}
+
 /// Whether `conn` has Diesel's built-in "no instrumentation".
 ///
 /// Diesel's connections keep that placeholder, a zero-sized value, inline in the

@@ -467,6 +467,7 @@ where
             current,
         ))
     };
+    crate::transaction::check_write(conn)?;
     sequence(conn).map_err(|err| crate::transaction::failed_write(conn, err))
 }
 

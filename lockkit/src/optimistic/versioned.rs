@@ -119,7 +119,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
-    /// * [`Error::TransactionAborted`] when one of its statements was a deadlock's victim
+    /// * [`Error::TransactionAborted`] when one of its statements (or one of the
+    ///   caller's before it, whose error the caller let go) was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
     ///   back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
@@ -209,7 +210,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
-    /// * [`Error::TransactionAborted`] when one of its statements was a deadlock's victim
+    /// * [`Error::TransactionAborted`] when one of its statements (or one of the
+    ///   caller's before it, whose error the caller let go) was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
     ///   back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
@@ -261,7 +263,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
-    /// * [`Error::TransactionAborted`] when one of its statements was a deadlock's victim
+    /// * [`Error::TransactionAborted`] when one of its statements (or one of the
+    ///   caller's before it, whose error the caller let go) was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
     ///   back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
@@ -310,7 +313,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
-    /// * [`Error::TransactionAborted`] when one of its statements was a deadlock's victim
+    /// * [`Error::TransactionAborted`] when one of its statements (or one of the
+    ///   caller's before it, whose error the caller let go) was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
     ///   back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
@@ -371,7 +375,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
-    /// * [`Error::TransactionAborted`] when one of its statements was a deadlock's victim
+    /// * [`Error::TransactionAborted`] when one of its statements (or one of the
+    ///   caller's before it, whose error the caller let go) was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
     ///   back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
@@ -424,7 +429,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
-    /// * [`Error::TransactionAborted`] when one of its statements was a deadlock's victim
+    /// * [`Error::TransactionAborted`] when one of its statements (or one of the
+    ///   caller's before it, whose error the caller let go) was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
     ///   back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
@@ -490,7 +496,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
-    /// * [`Error::TransactionAborted`] when one of its statements was a deadlock's victim
+    /// * [`Error::TransactionAborted`] when one of its statements (or one of the
+    ///   caller's before it, whose error the caller let go) was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
     ///   back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
@@ -559,7 +566,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
-    /// * [`Error::TransactionAborted`] when one of its statements was a deadlock's victim
+    /// * [`Error::TransactionAborted`] when one of its statements (or one of the
+    ///   caller's before it, whose error the caller let go) was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
     ///   back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.

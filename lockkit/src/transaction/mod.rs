@@ -142,6 +142,28 @@ pub(crate) fn require_live<C: Control>(conn: &mut C) -> Result<(), Error> {
     }
 }
 
+/// Before a single write statement of lockkit's in the caller's transaction (a
+/// versioned write, [`atomic::update_if`](crate::atomic::update_if)): where
+/// lockkit's journal saw a statement end that transaction (a deadlock the
+/// caller let go, on MySQL/MariaDB), the write would run in autocommit and
+/// commit on its own, whatever the transaction's owner then does. It refuses
+/// with [`Error::TransactionAborted`], as [`require_live`] does, once the server
+/// confirms: the stand-in's first statement asks ([`open_stand_in`]), and the
+/// stand-in then keeps the caller's later writes out. Where the server still
+/// has the transaction open (a refusal that only read like a deadlock), the
+/// journal forgets the abort and the write goes on. Nothing is sent when the
+/// journal saw no such statement. The async writes' twin does the same.
+pub(crate) fn check_write<C: Connection>(conn: &mut C) -> Result<(), Error> {
+    let Some((cause, reported)) = crate::journal::ended_before_write(conn) else {
+        return Ok(());
+    };
+    if reported || open_stand_in(conn) {
+        return Err(crate::journal::aborted(conn, cause));
+    }
+    crate::journal::forget_abort(conn);
+    Ok(())
+}
+
 /// A single write statement of lockkit's in the caller's transaction (a
 /// versioned write, [`atomic::update_if`](crate::atomic::update_if)) failed with
 /// `err`. Where that rolled back the whole transaction
