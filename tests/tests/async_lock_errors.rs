@@ -53,7 +53,7 @@ macro_rules! committed {
     }};
 }
 
-/// Seeds items 1 to 12 (stock 10), then runs `$run` on a new async connection
+/// Empties `orders` and `items`, seeds items 1 to 12 (stock 10), then runs `$run` on a new async connection
 /// `$conn`, where `$work(conn, attempt)` sells one unit of item 1 and, on
 /// attempt 1, becomes a deadlock's victim: it holds item 1 and waits for item 2,
 /// which a heavier transaction on another connection holds while it waits for
@@ -76,6 +76,8 @@ macro_rules! deadlock_first_attempt {
         deadlock_first_attempt!(@run false, $db, |$conn, $work| $run)
     };
     (@run $by_range:expr, $db:expr, |$conn:ident, $work:ident| $run:expr) => {{
+        exec(&mut $db.conn(), "DELETE FROM orders");
+        exec(&mut $db.conn(), "DELETE FROM items");
         lockkit_tests::aborts::seed_for_deadlock(&mut $db.conn());
         let (neighbour, a_tx, b_rx) = heavier_neighbour!($db);
         let runs = AtomicU32::new(0);
@@ -157,11 +159,61 @@ fn assert_left_clean(
     assert_eq!((stock, lines), (10, 1), "{outcome:?}");
 }
 
+/// The nested lockkit call a caller sells under after it let its own deadlock
+/// go: it sells one unit of item 1 and records order line 2.
+#[derive(Debug, Clone, Copy)]
+enum Nested {
+    WithLock,
+    TransactionWithRetry,
+}
+
+impl Nested {
+    const ALL: [Nested; 2] = [Nested::WithLock, Nested::TransactionWithRetry];
+}
+
+/// The sale of the nested lockkit call `$nested` ([`Nested`]) on `$conn`, an
+/// `&mut Async` (a macro: each backend's module names its own `Async`).
+macro_rules! nested_sale {
+    ($nested:expr, $conn:expr) => {
+        match $nested {
+            Nested::WithLock => {
+                lockkit::asynchronous::with_lock(
+                    $conn,
+                    1,
+                    LockOptions::default(),
+                    async |conn, item: Item| {
+                        diesel::update(items::table.find(1))
+                            .set(items::stock.eq(item.stock - 1))
+                            .execute(conn)
+                            .await?;
+                        order_line(conn, 2).await
+                    },
+                )
+                .await
+            }
+            Nested::TransactionWithRetry => {
+                lockkit::asynchronous::transaction_with_retry(
+                    $conn,
+                    &RetryPolicy::immediate(1),
+                    async |conn: &mut Async| {
+                        diesel::update(items::table.find(1))
+                            .set(items::stock.eq(items::stock - 1))
+                            .execute(conn)
+                            .await?;
+                        order_line(conn, 2).await
+                    },
+                )
+                .await
+            }
+        }
+    };
+}
+
 /// After the caller let its own deadlock go and sold under a nested lockkit
 /// call (`nested`): one run, an error, and nothing committed (on MariaDB no
 /// transaction was open any more, so the sale would have committed alone).
 fn assert_nested_sale_committed_nothing(
-    nested: &str,
+    nested: Nested,
     outcome: &Result<(), Error>,
     runs: u32,
     stock: i32,
@@ -172,7 +224,7 @@ fn assert_nested_sale_committed_nothing(
     assert_eq!(
         (stock, lines),
         (10, 0),
-        "the nested {nested}'s sale committed on its own, without order line 1: {outcome:?}"
+        "the nested {nested:?}'s sale committed on its own, without order line 1: {outcome:?}"
     );
 }
 
@@ -386,106 +438,48 @@ async_server_tests! {
         }
     }
 
-    async fn async_nested_with_lock_after_the_caller_let_its_own_deadlock_go_commits_nothing(db) {
-        // The async twin of lock_errors'
+    async fn async_nested_calls_after_the_caller_let_its_own_deadlock_go_commit_nothing(db) {
+        // The async twins of lock_errors'
         // `a_nested_with_lock_after_the_caller_let_its_own_deadlock_go_commits_nothing`:
         // the caller's own statement is the deadlock's victim, the caller lets
-        // it go and sells under a nested `with_lock`. On MariaDB no transaction
-        // is open any more: the sale must not commit on its own.
-        let (outcome, runs, stock, lines) = deadlock_first_attempt!(db, |conn, work| {
-            lockkit::asynchronous::transaction_with_retry(&mut conn, &RetryPolicy::immediate(1), async |conn| {
-                order_line(conn, 1).await?;
-                let _ = work(conn, 1).await; // let go
-                lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |conn, item: Item| {
-                    diesel::update(items::table.find(1))
-                        .set(items::stock.eq(item.stock - 1))
-                        .execute(conn)
-                        .await?;
-                    order_line(conn, 2).await
+        // it go and sells under a nested lockkit call. On MariaDB no
+        // transaction is open any more: the sale must not commit on its own.
+        for nested in Nested::ALL {
+            let (outcome, runs, stock, lines) = deadlock_first_attempt!(db, |conn, work| {
+                lockkit::asynchronous::transaction_with_retry(&mut conn, &RetryPolicy::immediate(1), async |conn| {
+                    order_line(conn, 1).await?;
+                    let _ = work(conn, 1).await; // let go
+                    nested_sale!(nested, conn)
                 })
                 .await
-            })
-            .await
-        });
-        assert_nested_sale_committed_nothing("with_lock", &outcome, runs, stock, lines);
+            });
+            assert_nested_sale_committed_nothing(nested, &outcome, runs, stock, lines);
+        }
     }
 
-    async fn async_nested_transaction_with_retry_after_the_caller_let_its_own_deadlock_go_commits_nothing(db) {
-        // As the nested `with_lock` above, with a nested
-        // `transaction_with_retry`: on MariaDB no transaction is open any
-        // more, and its sale must not commit on its own.
-        let (outcome, runs, stock, lines) = deadlock_first_attempt!(db, |conn, work| {
-            lockkit::asynchronous::transaction_with_retry(&mut conn, &RetryPolicy::immediate(1), async |conn| {
-                order_line(conn, 1).await?;
-                let _ = work(conn, 1).await; // let go
-                lockkit::asynchronous::transaction_with_retry(conn, &RetryPolicy::immediate(1), async |conn: &mut Async| {
-                    diesel::update(items::table.find(1))
-                        .set(items::stock.eq(items::stock - 1))
-                        .execute(conn)
-                        .await?;
-                    order_line(conn, 2).await
-                })
-                .await
-            })
-            .await
-        });
-        assert_nested_sale_committed_nothing("transaction_with_retry", &outcome, runs, stock, lines);
-    }
-
-    async fn async_nested_with_lock_after_the_callers_locking_read_was_a_deadlocks_victim_commits_nothing(db) {
-        // As `async_nested_with_lock_after_the_caller_let_its_own_deadlock_go_commits_nothing`,
-        // but the caller's statement that is the victim is a read whose
-        // deadlock comes in place of its rows (locking item 2 by a range):
-        // lockkit's journal is told the read succeeded. The caller, in its
-        // own diesel-async transaction and in lockkit's, lets the error go
-        // and sells under a nested `with_lock`. On MariaDB no transaction is
-        // open any more: the sale must not commit on its own.
-        for lockkit_outside in [false, true] {
-            exec(&mut db.conn(), "DELETE FROM orders");
-            exec(&mut db.conn(), "DELETE FROM items");
-            let (outcome, runs, stock, lines) = deadlock_first_attempt!(by_range, db, |conn, work| {
-                {
+    async fn async_nested_calls_after_the_callers_locking_read_was_a_deadlocks_victim_commit_nothing(db) {
+        // As above, but the caller's statement that is the victim is a read
+        // whose deadlock comes in place of its rows (locking item 2 by a
+        // range): lockkit's journal is told the read succeeded. The caller, in
+        // its own diesel-async transaction or in lockkit's, lets the error go
+        // and sells under a nested lockkit call.
+        for nested in Nested::ALL {
+            for lockkit_outside in [false, true] {
+                let (outcome, runs, stock, lines) = deadlock_first_attempt!(by_range, db, |conn, work| {
                     let sell = async |conn: &mut Async| {
                         order_line(conn, 1).await?;
                         let _ = work(conn, 1).await; // let go
-                        lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |conn, item: Item| {
-                            diesel::update(items::table.find(1))
-                                .set(items::stock.eq(item.stock - 1))
-                                .execute(conn)
-                                .await?;
-                            order_line(conn, 2).await
-                        })
-                        .await
+                        nested_sale!(nested, conn)
                     };
                     if lockkit_outside {
                         lockkit::asynchronous::transaction_with_retry(&mut conn, &RetryPolicy::immediate(1), sell).await
                     } else {
                         conn.transaction(sell).await
                     }
-                }
-            });
-            assert_nested_sale_committed_nothing("with_lock", &outcome, runs, stock, lines);
+                });
+                assert_nested_sale_committed_nothing(nested, &outcome, runs, stock, lines);
+            }
         }
-    }
-
-    async fn async_nested_transaction_with_retry_after_the_callers_locking_read_was_a_deadlocks_victim_commits_nothing(db) {
-        // As above, with a nested `transaction_with_retry`.
-        let (outcome, runs, stock, lines) = deadlock_first_attempt!(by_range, db, |conn, work| {
-            conn.transaction(async |conn| {
-                order_line(conn, 1).await?;
-                let _ = work(conn, 1).await; // let go
-                lockkit::asynchronous::transaction_with_retry(conn, &RetryPolicy::immediate(1), async |conn: &mut Async| {
-                    diesel::update(items::table.find(1))
-                        .set(items::stock.eq(items::stock - 1))
-                        .execute(conn)
-                        .await?;
-                    order_line(conn, 2).await
-                })
-                .await
-            })
-            .await
-        });
-        assert_nested_sale_committed_nothing("transaction_with_retry", &outcome, runs, stock, lines);
     }
 
     async fn async_lock_all_and_claim_after_the_callers_locking_read_was_a_deadlocks_victim_refuse(db) {
@@ -774,23 +768,11 @@ mod mysql_only {
                 )
                 .load::<Id>(conn)
                 .await;
-                lockkit::asynchronous::with_lock(
-                    conn,
-                    1,
-                    LockOptions::default(),
-                    async |conn, item: Item| {
-                        diesel::update(items::table.find(1))
-                            .set(items::stock.eq(item.stock - 1))
-                            .execute(conn)
-                            .await?;
-                        order_line(conn, 2).await
-                    },
-                )
-                .await
+                nested_sale!(Nested::WithLock, conn)
             })
             .await;
         tokio::task::block_in_place(|| neighbour.join()).unwrap();
         let (stock, lines) = committed!(db);
-        assert_nested_sale_committed_nothing("with_lock", &outcome, 1, stock, lines);
+        assert_nested_sale_committed_nothing(Nested::WithLock, &outcome, 1, stock, lines);
     }
 }
