@@ -32,12 +32,36 @@ pub fn heavier_neighbour<C: Connection>(
     locked: Sender<()>,
     go: Receiver<()>,
 ) {
+    heavier_neighbour_holding(conn, backend, "items WHERE id = 2", locked, go);
+}
+
+/// The heavier side of a deadlock over a row of `twins` (a table whose key the
+/// database does not enforce), on MariaDB: puts the row in place (id 1, label
+/// `a`, version 1), then, as [`heavier_neighbour`] with that row for item 2,
+/// locks the rows of `twins` (no index: the scan locks them all).
+pub fn twin_holder<C: Connection>(conn: &mut C, locked: Sender<()>, go: Receiver<()>) {
+    exec(
+        conn,
+        "INSERT INTO twins (id, label, lock_version) VALUES (1, 'a', 1)",
+    );
+    heavier_neighbour_holding(conn, "mysql", "twins", locked, go);
+}
+
+/// [`heavier_neighbour`], locking the rows of `SELECT id FROM <rows> FOR
+/// UPDATE` where it locks item 2.
+fn heavier_neighbour_holding<C: Connection>(
+    conn: &mut C,
+    backend: &str,
+    rows: &str,
+    locked: Sender<()>,
+    go: Receiver<()>,
+) {
     if backend == "postgres" {
         exec(conn, "SET deadlock_timeout = '30s'");
     }
     conn.transaction(|conn| {
         exec(conn, "UPDATE items SET name = 'heavy' WHERE id >= 3");
-        exec(conn, "SELECT id FROM items WHERE id = 2 FOR UPDATE");
+        exec(conn, &format!("SELECT id FROM {rows} FOR UPDATE"));
         locked.send(()).unwrap();
         go.recv().unwrap();
         std::thread::sleep(Duration::from_millis(200));

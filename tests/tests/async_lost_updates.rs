@@ -350,38 +350,15 @@ mod mysql_aborted {
         );
     }
 
-    /// The blocking side's `twin_holder`: puts the row of `twins` in place
-    /// (version 1), then, as `aborts::heavier_neighbour` with that row for
-    /// item 2, changes items 3 and up, locks the rows of `twins`, says so on
-    /// `locked`, waits for `go` and locks item 1. Commits.
-    fn twin_holder(conn: &mut Blocking, locked: mpsc::Sender<()>, go: mpsc::Receiver<()>) {
-        use diesel::connection::SimpleConnection;
-        let exec = |conn: &mut Blocking, sql: &str| conn.batch_execute(sql).unwrap();
-        exec(
-            conn,
-            "INSERT INTO twins (id, label, lock_version) VALUES (1, 'a', 1)",
-        );
-        conn.transaction(|conn| {
-            exec(conn, "UPDATE items SET name = 'heavy' WHERE id >= 3");
-            exec(conn, "SELECT id FROM twins FOR UPDATE");
-            locked.send(()).unwrap();
-            go.recv().unwrap();
-            std::thread::sleep(std::time::Duration::from_millis(200));
-            exec(conn, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
-            diesel::QueryResult::Ok(())
-        })
-        .expect("the heavier transaction is never the victim");
-    }
-
     /// The blocking side's `caught_twin_abort`, on diesel-async: in the
     /// caller's own transaction at `isolation` (the server's default when
     /// `None`), which records order line 1 and holds item 1, a versioned write
     /// of `twin` (a model whose key the database does not enforce) is the
-    /// deadlock's victim beside [`twin_holder`]; the caller catches its error
+    /// deadlock's victim beside `aborts::twin_holder`; the caller catches its error
     /// and records order line 2, which must not commit on its own.
     async fn caught_twin_abort(name: &str, isolation: Option<&str>, mut twin: Twin) {
         use diesel_async::AsyncConnection;
-        let stage = Stage::beside(name, twin_holder);
+        let stage = Stage::beside(name, lockkit_tests::aborts::twin_holder);
         let mut conn = stage.connect().await;
         if let Some(level) = isolation {
             let set = format!("SET SESSION TRANSACTION ISOLATION LEVEL {level}");

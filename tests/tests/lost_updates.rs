@@ -312,7 +312,7 @@ mod mysql_aborted {
     use diesel::MysqlConnection;
     use lockkit::{retry, LockOptions, RetryPolicy};
     use lockkit_tests::aborts::{
-        beside_neighbour, seed_for_deadlock, Cue, DEADLOCK_WORDED_REFUSAL,
+        beside_neighbour, seed_for_deadlock, twin_holder, Cue, DEADLOCK_WORDED_REFUSAL,
     };
     use lockkit_tests::{exec, TestDb};
     use std::sync::mpsc;
@@ -487,28 +487,6 @@ mod mysql_aborted {
             "the write caught {caught:?}; the caller got {outcome:?}; item 2's stock {stock}, \
              order lines {lines}"
         );
-    }
-
-    /// The heavier side of a deadlock over a row of `twins`: puts the row in
-    /// place (version 1), then, as `aborts::heavier_neighbour` with that row
-    /// for item 2, changes items 3 and up, so that InnoDB picks the other side
-    /// as the victim, locks the rows of `twins` (no index: the scan locks them
-    /// all), says so on `locked`, waits for `go`, then locks item 1. Commits.
-    fn twin_holder(conn: &mut MysqlConnection, locked: mpsc::Sender<()>, go: mpsc::Receiver<()>) {
-        exec(
-            conn,
-            "INSERT INTO twins (id, label, lock_version) VALUES (1, 'a', 1)",
-        );
-        conn.transaction(|conn| {
-            exec(conn, "UPDATE items SET name = 'heavy' WHERE id >= 3");
-            exec(conn, "SELECT id FROM twins FOR UPDATE");
-            locked.send(()).unwrap();
-            go.recv().unwrap();
-            std::thread::sleep(std::time::Duration::from_millis(200));
-            exec(conn, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
-            diesel::QueryResult::Ok(())
-        })
-        .expect("the heavier transaction is never the victim");
     }
 
     /// README, Guarantees: "A write after a caught abort is refused", for a
