@@ -42,14 +42,7 @@ macro_rules! heavier_neighbour {
 macro_rules! committed {
     ($db:expr) => {{
         let mut fresh: Async = async_common::connect(&$db.url, BACKEND).await;
-        let stock: i32 = items::table
-            .find(1)
-            .select(items::stock)
-            .first(&mut fresh)
-            .await
-            .unwrap();
-        let lines: i64 = orders::table.count().get_result(&mut fresh).await.unwrap();
-        (stock, lines)
+        stock_and_lines!(&mut fresh)
     }};
 }
 

@@ -98,7 +98,6 @@ mod mysql_aborted {
     use diesel::{Connection, ExpressionMethods};
     use diesel_async::{AsyncMysqlConnection, SimpleAsyncConnection};
     use lockkit::RetryPolicy;
-    use lockkit_tests::schema::orders;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::{mpsc, Mutex};
 
@@ -161,14 +160,7 @@ mod mysql_aborted {
         async fn sold_and_lines(self) -> (i32, i64) {
             let mut fresh = self.connect().await;
             tokio::task::block_in_place(|| self.neighbour.join()).unwrap();
-            let stock: i32 = items::table
-                .find(2)
-                .select(items::stock)
-                .first(&mut fresh)
-                .await
-                .unwrap();
-            let lines: i64 = orders::table.count().get_result(&mut fresh).await.unwrap();
-            (stock, lines)
+            stock_and_lines!(&mut fresh, 2)
         }
     }
 
@@ -334,13 +326,7 @@ mod mysql_aborted {
             })
             .await;
         let mut fresh: Async = async_common::connect(&db.url, "mysql").await;
-        let stock: i32 = items::table
-            .find(2)
-            .select(items::stock)
-            .first(&mut fresh)
-            .await
-            .unwrap();
-        let lines: i64 = orders::table.count().get_result(&mut fresh).await.unwrap();
+        let (stock, lines) = stock_and_lines!(&mut fresh, 2);
         assert!(
             matches!(refused, Some(Err(ref e)) if !matches!(e, Error::TransactionAborted(_)))
                 && outcome.is_err()

@@ -286,6 +286,29 @@ macro_rules! stock {
     };
 }
 
+/// Item `$id`'s stock (item 1 when omitted) and the number of order lines,
+/// read on `$conn`, as [`stock!`]: what a sale left.
+#[allow(unused_macros)]
+macro_rules! stock_and_lines {
+    ($conn:expr) => {
+        stock_and_lines!($conn, 1)
+    };
+    ($conn:expr, $id:expr) => {{
+        let stock = lockkit_tests::schema::items::table
+            .find($id)
+            .select(lockkit_tests::schema::items::stock)
+            .get_result::<i32>(&mut *$conn)
+            .await
+            .expect("read stock");
+        let lines = lockkit_tests::schema::orders::table
+            .count()
+            .get_result::<i64>($conn)
+            .await
+            .expect("count order lines");
+        (stock, lines)
+    }};
+}
+
 /// Every item's `$column` (an `Integer` column of `items`), in id order, read
 /// on `$conn`, as [`stock!`].
 #[allow(unused_macros)]
