@@ -475,79 +475,56 @@ async_server_tests! {
         }
     }
 
-    async fn async_lock_all_and_claim_after_the_callers_locking_read_was_a_deadlocks_victim_refuse(db) {
-        // As `async_lock_all_and_claim_after_the_caller_let_its_own_deadlock_go_refuse`,
-        // the victim being a read whose deadlock comes in place of its rows.
-        exec(&mut db.conn(), "INSERT INTO jobs (id, payload) VALUES (1, 'job')");
-        let seen = Mutex::new(None);
-        let (_, runs, _, _) = deadlock_first_attempt!(by_range, db, |conn, work| {
-            conn.transaction(async |conn| {
-                let _ = work(conn, 1).await; // let go
-                let locked = lockkit::asynchronous::lock_all::<Item, _>(conn, &[1])
-                    .await
-                    .map(|rows| rows.len());
-                let claimed = lockkit::asynchronous::queue::claim::<Job, _, _>(
-                    conn,
-                    jobs::table.filter(jobs::done.eq(false)),
-                    1,
-                )
-                .await
-                .map(|rows| rows.len());
-                *seen.lock().unwrap() = Some((locked, claimed));
-                Ok::<_, Error>(())
-            })
-            .await
-        });
-        assert_eq!(runs, 1);
-        let (locked, claimed) = seen.into_inner().unwrap().expect("the work ran");
-        if BACKEND == "postgres" {
-            assert!(locked.is_err() && claimed.is_err(), "{locked:?} {claimed:?}");
-        } else {
-            assert!(
-                matches!(locked, Err(Error::TransactionAborted(_)))
-                    && matches!(claimed, Err(Error::TransactionAborted(_))),
-                "in a transaction the server had ended, lock_all returned {locked:?} and claim {claimed:?}"
-            );
-        }
-    }
-
-    async fn async_lock_all_and_claim_after_the_caller_let_its_own_deadlock_go_refuse(db) {
+    async fn async_lock_all_and_claim_after_the_caller_let_a_deadlock_go_refuse(db) {
         // `lock_all` and `queue::claim` lock inside the caller's transaction:
         // after a deadlock the caller let go, on MariaDB they would run in
         // autocommit, their locks ending with their own statement, and return
         // rows as locked (claimed) that any other session may take at once.
         // They refuse, as a nested lockkit transaction does. (PostgreSQL keeps
         // the aborted transaction open, and refuses every statement in it.)
+        // The victim is the caller's statement by key, or a read by a range
+        // whose deadlock comes in place of its rows; the transaction is
+        // lockkit's or diesel-async's own.
         exec(&mut db.conn(), "INSERT INTO jobs (id, payload) VALUES (1, 'job')");
-        let seen = Mutex::new(None);
-        let (_, runs, _, _) = deadlock_first_attempt!(db, |conn, work| {
-            lockkit::asynchronous::transaction_with_retry(&mut conn, &RetryPolicy::immediate(1), async |conn| {
-                let _ = work(conn, 1).await; // let go
-                let locked = lockkit::asynchronous::lock_all::<Item, _>(conn, &[1])
-                    .await
-                    .map(|rows| rows.len());
-                let claimed = lockkit::asynchronous::queue::claim::<Job, _, _>(
-                    conn,
-                    jobs::table.filter(jobs::done.eq(false)),
-                    1,
-                )
-                .await
-                .map(|rows| rows.len());
-                *seen.lock().unwrap() = Some((locked, claimed));
-                Ok(())
-            })
-            .await
-        });
-        assert_eq!(runs, 1);
-        let (locked, claimed) = seen.into_inner().unwrap().expect("the work ran");
-        if BACKEND == "postgres" {
-            assert!(locked.is_err() && claimed.is_err(), "{locked:?} {claimed:?}");
-        } else {
-            assert!(
-                matches!(locked, Err(Error::TransactionAborted(_)))
-                    && matches!(claimed, Err(Error::TransactionAborted(_))),
-                "in a transaction the server had ended, lock_all returned {locked:?} and claim {claimed:?}"
-            );
+        for by_range in [false, true] {
+            for lockkit_outside in [false, true] {
+                let seen = Mutex::new(None);
+                let (_, runs, _, _) = deadlock_first_attempt!(@run by_range, db, |conn, work| {
+                    let let_go = async |conn: &mut Async| {
+                        let _ = work(conn, 1).await; // let go
+                        let locked = lockkit::asynchronous::lock_all::<Item, _>(conn, &[1])
+                            .await
+                            .map(|rows| rows.len());
+                        let claimed = lockkit::asynchronous::queue::claim::<Job, _, _>(
+                            conn,
+                            jobs::table.filter(jobs::done.eq(false)),
+                            1,
+                        )
+                        .await
+                        .map(|rows| rows.len());
+                        *seen.lock().unwrap() = Some((locked, claimed));
+                        Ok::<_, Error>(())
+                    };
+                    if lockkit_outside {
+                        lockkit::asynchronous::transaction_with_retry(&mut conn, &RetryPolicy::immediate(1), let_go).await
+                    } else {
+                        conn.transaction(let_go).await
+                    }
+                });
+                assert_eq!(runs, 1);
+                let (locked, claimed) = seen.into_inner().unwrap().expect("the work ran");
+                if BACKEND == "postgres" {
+                    assert!(locked.is_err() && claimed.is_err(), "{locked:?} {claimed:?}");
+                } else {
+                    assert!(
+                        matches!(locked, Err(Error::TransactionAborted(_)))
+                            && matches!(claimed, Err(Error::TransactionAborted(_))),
+                        "in a transaction the server had ended (victim by range: {by_range}, \
+                         lockkit's transaction: {lockkit_outside}), lock_all returned {locked:?} \
+                         and claim {claimed:?}"
+                    );
+                }
+            }
         }
     }
 
