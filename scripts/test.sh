@@ -4,7 +4,9 @@
 # SQLite and Redis (CONTRIBUTING.md lists the steps).
 #
 # Servers (NATS with JetStream, for examples/outbox, likewise; a 3-node Galera
-# cluster comes from scripts/galera.sh unless GALERA_URLS is set), in this order:
+# cluster comes from scripts/galera.sh unless GALERA_URLS is set, a MariaDB with
+# --innodb-rollback-on-timeout from scripts/mariadb.sh unless
+# ROLLBACK_ON_TIMEOUT_URL is set), in this order:
 #   1. PG_DATABASE_URL / MYSQL_DATABASE_URL / REDIS_URL when set;
 #   2. a server already listening on 127.0.0.1:$PG_PORT (5432) / :$MYSQL_PORT (3306) /
 #      :$REDIS_PORT (6379), used as postgres://postgres@127.0.0.1:PORT/test,
@@ -222,6 +224,19 @@ if [ -z "${GALERA_URLS:-}" ]; then
   CLEANUP+=('[ -z "$GALERA_START" ] || { kill "$GALERA_START"; wait "$GALERA_START"; } 2>/dev/null')
 fi
 
+# --- MariaDB with --innodb-rollback-on-timeout (tests/tests/rollback_on_timeout.rs)
+# ROLLBACK_ON_TIMEOUT_URL when set; else a throwaway server from scripts/mariadb.sh
+# (about 1 s), stopped when this script ends. A server that does not start fails
+# the run.
+if [ -z "${ROLLBACK_ON_TIMEOUT_URL:-}" ]; then
+  mkdir -p "$SERVER_DIR"
+  CLEANUP+=("scripts/mariadb.sh stop")
+  scripts/mariadb.sh start >"$SERVER_DIR/mariadb.env" \
+    || die "could not start MariaDB with --innodb-rollback-on-timeout (scripts/mariadb.sh)"
+  . "$SERVER_DIR/mariadb.env"
+fi
+log "MariaDB with innodb_rollback_on_timeout: $ROLLBACK_ON_TIMEOUT_URL"
+
 # --- the suite ---------------------------------------------------------------
 log "cargo fmt --check"
 cargo fmt --all -- --check
@@ -273,5 +288,5 @@ if [ -n "$GALERA_START" ]; then
   . "$SERVER_DIR/galera.env"
 fi
 log "Galera: $GALERA_URLS"
-log "cargo test (PostgreSQL, MySQL/MariaDB, SQLite, Galera)"
+log "cargo test (PostgreSQL, MySQL/MariaDB, SQLite, Galera, rollback on timeout)"
 cargo test --workspace --all-features --locked "$@"
