@@ -417,12 +417,13 @@ pub(crate) async fn check_write<C: AsyncConnection>(conn: &mut C) -> Result<(), 
 /// and an error that comes in their place (a locking read that is a
 /// deadlock's victim, such as a versioned write's follow-up read) reaches the
 /// caller only, so the journal never sees it. Inside a transaction on a
-/// backend that ends it on a deadlock, a deadlock has ended it, seen or not,
-/// as where no journal watches the connection.
+/// backend that ends it on a deadlock, a deadlock (or a lock wait timeout,
+/// under `innodb_rollback_on_timeout`) may have ended it, seen or not, as where
+/// no journal watches the connection: the stand-in's first statement asks.
 pub(crate) async fn failed_write<C: AsyncConnection>(conn: &mut C, err: Error) -> Error {
     use crate::journal::Watched;
     let watched = &mut crate::journal::AsyncWatched(&mut *conn);
-    let unseen = matches!(err, Error::Deadlock)
+    let unseen = crate::journal::may_end_transaction(&err)
         && watched.depth().is_some()
         && watched.ends() == crate::journal::Ends::OnDeadlock;
     if !unseen && !crate::journal::write_ended_transaction(watched, &err) {

@@ -95,6 +95,12 @@ pub(crate) fn classify_lock_wait(err: DieselError) -> Error {
     classify_with(err, Context::WaitedForWriteLock)
 }
 
+/// Like [`classify`], for a statement's error lockkit's journal kept
+/// (`journal::ended_by`): not counted in [`metrics`](crate::metrics) again.
+pub(crate) fn recall(err: DieselError) -> Error {
+    classify_with(err, Context::Recalled)
+}
+
 /// A lock error lockkit found without a database error (MySQL's `GET_LOCK`
 /// returning 0): counted and reported like a classified one.
 #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
@@ -133,6 +139,9 @@ enum Context {
     NoWait,
     /// SQLite taking the write lock with a busy timeout.
     WaitedForWriteLock,
+    /// A statement's error lockkit's journal kept, classified again: it was
+    /// counted when it happened.
+    Recalled,
 }
 
 fn classify_with(err: DieselError, context: Context) -> Error {
@@ -161,6 +170,7 @@ fn classify_with(err: DieselError, context: Context) -> Error {
         (Some(Error::LockTimeout), Context::NoWait) => Error::Busy,
         (Some(Error::LockTimeout), Context::Statement) if nowait_just_sent() => Error::Busy,
         (Some(Error::Busy), Context::WaitedForWriteLock) => Error::LockTimeout,
+        (Some(classified), Context::Recalled) => return classified,
         (Some(classified), _) => classified,
         (None, _) => return Error::Database(err),
     };
@@ -177,6 +187,13 @@ pub(crate) fn is_deadlock(message: &str) -> bool {
 /// rolls back the victim's whole transaction; no other server says it so.
 pub(crate) fn is_innodb_deadlock(message: &str) -> bool {
     message.starts_with("Deadlock found")
+}
+
+/// MySQL/MariaDB's lock wait timeout (1205, also MariaDB's failed `NOWAIT`),
+/// which rolls back the whole transaction on a server started with
+/// `--innodb-rollback-on-timeout`, else the statement only.
+pub(crate) fn is_lock_wait_timeout(message: &str) -> bool {
+    message.starts_with("Lock wait timeout exceeded")
 }
 
 fn is_connection_lost(message: &str) -> bool {
@@ -200,7 +217,7 @@ fn classify_message(message: &str) -> Option<Error> {
         || message.starts_with("database table is locked")
     {
         Some(Error::Busy)
-    } else if message.starts_with("Lock wait timeout exceeded")
+    } else if is_lock_wait_timeout(message)
         || message.starts_with("canceling statement due to lock timeout")
     {
         Some(Error::LockTimeout)

@@ -125,7 +125,10 @@ pub enum Ends {
     UntilSavepointRollback,
     /// MySQL/MariaDB: a deadlock (`1213`, Galera's certification failure too)
     /// rolls back the whole transaction; the next statements run in
-    /// autocommit, and `COMMIT` commits nothing.
+    /// autocommit, and `COMMIT` commits nothing. So may a lock wait timeout
+    /// (`1205`), on a server started with `--innodb-rollback-on-timeout`: the
+    /// journal counts it too, and the server is asked before lockkit treats the
+    /// transaction as ended.
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     OnDeadlock,
     /// SQLite, or a backend lockkit does not know: an error ends its statement
@@ -161,6 +164,7 @@ impl Ends {
             Ends::OnDeadlock => {
                 kind == DatabaseErrorKind::SerializationFailure
                     || crate::error::classification::is_deadlock(message)
+                    || crate::error::classification::is_lock_wait_timeout(message)
             }
             Ends::Never => false,
         }
@@ -678,10 +682,9 @@ const UNSEEN_DEADLOCK: &str =
 pub(crate) fn ended_by<W: Watched>(conn: &mut W) -> Option<crate::Error> {
     let journal = conn.slot().downcast_mut::<Journal>()?;
     let (kind, message) = journal.aborts.ended_by.clone()?;
-    Some(crate::classify(diesel::result::Error::DatabaseError(
-        kind,
-        Box::new(message),
-    )))
+    Some(crate::error::classification::recall(
+        diesel::result::Error::DatabaseError(kind, Box::new(message)),
+    ))
 }
 
 /// Before a write statement of lockkit's that runs in the caller's transaction
@@ -723,10 +726,21 @@ pub(crate) fn aborted<W: Watched>(conn: &mut W, cause: crate::Error) -> crate::E
 pub(crate) fn write_ended_transaction<W: Watched>(conn: &mut W, err: &crate::Error) -> bool {
     match whole(conn) {
         Whole::Seen => err.is_retryable(),
-        // InnoDB rolls back the whole transaction of every deadlock's victim.
-        Whole::Unwatched => matches!(err, crate::Error::Deadlock),
+        Whole::Unwatched => may_end_transaction(err),
         Whole::No => false,
     }
+}
+
+/// Whether a statement's error may have rolled back the whole open transaction
+/// on MySQL/MariaDB, where no journal saw the statement: InnoDB does so for
+/// every deadlock's victim, and for a lock wait timeout (MariaDB's failed
+/// `NOWAIT` too) under `innodb_rollback_on_timeout`. The stand-in's first
+/// statement then asks the server.
+pub(crate) fn may_end_transaction(err: &crate::Error) -> bool {
+    matches!(
+        err,
+        crate::Error::Deadlock | crate::Error::LockTimeout | crate::Error::Busy
+    )
 }
 
 /// What the journal knows of whether a statement rolled back the whole open

@@ -607,10 +607,11 @@ pub(crate) fn connection_lost(cause: Option<&Error>) -> Option<Error> {
 
 /// [`Control::transaction_ended`] on MySQL/MariaDB, from the server's answer to
 /// `SELECT @@in_transaction` (`open`). InnoDB ends a transaction while the
-/// connection lives only for a deadlock's victim (or a lock wait timeout under
-/// `innodb_rollback_on_timeout`); MySQL has no such variable, but always ends the
-/// transaction of a deadlock victim. Shared by the blocking and the async
-/// connection, which each ask in their own way.
+/// connection lives only for a deadlock's victim, or a lock wait timeout's
+/// under `innodb_rollback_on_timeout`: an ended transaction is reported as
+/// the lock wait timeout where that was the `cause`, else as a deadlock.
+/// Shared by the blocking and the async connection, which each ask in their
+/// own way.
 ///
 /// A question that fails with a deadlock (1213) met the abort itself: Galera
 /// reports a transaction that another node's write aborted while its client sat
@@ -624,6 +625,7 @@ pub(crate) fn ended_unless_open(
 ) -> Option<Error> {
     match open {
         Ok(true) => None,
+        Ok(false) if matches!(cause, Some(Error::LockTimeout)) => Some(Error::LockTimeout),
         Ok(false) => Some(Error::Deadlock),
         Err(err) => match (cause, crate::classify(err)) {
             (Some(Error::Deadlock), _) | (_, Error::Deadlock) => Some(Error::Deadlock),

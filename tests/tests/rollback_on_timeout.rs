@@ -1,0 +1,280 @@
+//! lockkit on a MariaDB server started with `--innodb-rollback-on-timeout`
+//! (`ROLLBACK_ON_TIMEOUT_URL`; `scripts/mariadb.sh start` makes one,
+//! `scripts/test.sh` does so for the suite): a lock wait timeout (1205) there
+//! rolls back the whole transaction, as a deadlock does, and the caller's next
+//! statements would run in autocommit. Nothing of the caller's transaction may
+//! commit on its own, and nothing may be retried inside it.
+//!
+//! Each test has a database of its own on that server. The row the caller waits
+//! for is held by another connection until the caller's wait (1 s) is over.
+
+#![cfg(feature = "mysql")]
+
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel::MysqlConnection;
+use lockkit::prelude::*;
+use lockkit::{retry, Error, LockOptions, RetryPolicy};
+use lockkit_tests::models::Item;
+use lockkit_tests::schema::{items, orders};
+use lockkit_tests::support::with_database;
+
+/// A database `name` of its own on the server `ROLLBACK_ON_TIMEOUT_URL` names,
+/// with the suite's tables and items 1 and 2 at stock 10: its URL.
+fn database(name: &str) -> String {
+    let server = std::env::var("ROLLBACK_ON_TIMEOUT_URL").unwrap_or_else(|_| {
+        panic!(
+            "ROLLBACK_ON_TIMEOUT_URL must name a MariaDB server started with \
+             --innodb-rollback-on-timeout (eval \"$(scripts/mariadb.sh start)\", or run \
+             scripts/test.sh)"
+        )
+    });
+    let name = format!("lk_rot_{name}");
+    let mut admin = MysqlConnection::establish(&server)
+        .unwrap_or_else(|e| panic!("cannot connect to {server}: {e}"));
+    admin
+        .batch_execute(&format!(
+            "DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name}"
+        ))
+        .unwrap();
+    let url = with_database(&server, &name);
+    let mut conn = connect(&url);
+    conn.batch_execute(&lockkit_tests::schema::create_tables(
+        lockkit::version_trigger::Dialect::Mysql,
+    ))
+    .unwrap();
+    lockkit_tests::seed_items(&mut conn, &[(1, 10), (2, 10)]);
+    url
+}
+
+/// A connection to `url` whose lock waits give up after 1 s.
+fn connect(url: &str) -> MysqlConnection {
+    let mut conn = MysqlConnection::establish(url).unwrap();
+    conn.batch_execute("SET SESSION innodb_lock_wait_timeout = 1")
+        .unwrap();
+    conn
+}
+
+/// Runs `caller` on a connection of its own while another connection holds
+/// item 2 locked (until `caller` returns, or for 1.5 s: the caller's first wait
+/// times out, a later one finds the row free), then reads item 2's stock and
+/// the order lines on a new connection.
+fn while_item_2_is_held<T>(
+    url: &str,
+    caller: impl FnOnce(&mut MysqlConnection) -> T,
+) -> (T, i32, i64) {
+    let (held_tx, held) = mpsc::channel();
+    let (done, done_rx) = mpsc::channel::<()>();
+    let out = thread::scope(|s| {
+        s.spawn(move || {
+            let mut conn = connect(url);
+            conn.transaction(|conn| {
+                conn.batch_execute("SELECT id FROM items WHERE id = 2 FOR UPDATE")?;
+                held_tx.send(()).unwrap();
+                let _ = done_rx.recv_timeout(Duration::from_millis(1500));
+                diesel::QueryResult::Ok(())
+            })
+            .unwrap();
+        });
+        held.recv().unwrap();
+        let out = caller(&mut connect(url));
+        let _ = done.send(()); // the holder may have let go already
+        out
+    });
+    let mut fresh = connect(url);
+    let stock: i32 = items::table
+        .find(2)
+        .select(items::stock)
+        .first(&mut fresh)
+        .unwrap();
+    let lines: i64 = orders::table.count().get_result(&mut fresh).unwrap();
+    (out, stock, lines)
+}
+
+/// Records order line `id` in the caller's transaction.
+fn order_line(conn: &mut MysqlConnection, id: i32) -> Result<(), Error> {
+    let sql = format!("INSERT INTO orders (id, item_id, qty) VALUES ({id}, NULL, 1)");
+    Ok(conn.batch_execute(&sql)?)
+}
+
+/// Sells one unit of item 2 the README's way: re-read, change, `update_versioned`.
+fn sell_two(conn: &mut MysqlConnection) -> Result<(), Error> {
+    let mut two: Item = items::table.find(2).first(conn)?;
+    two.stock -= 1;
+    two.update_versioned(conn)
+}
+
+#[test]
+fn a_versioned_write_that_times_out_under_a_nested_retry_commits_nothing() {
+    // The README's retry around a sale inside the caller's transaction, which
+    // first records an order line. The sale's UPDATE waits for item 2 and
+    // times out: the server rolls back the whole transaction. A retry of the
+    // sale would run in autocommit and sell without the order line.
+    let url = database("nested_retry_timeout");
+    let mut attempts = 0;
+    let (outcome, stock, lines) = while_item_2_is_held(&url, |conn| {
+        lockkit::locked_transaction(conn, LockOptions::default(), |_| Ok::<_, Error>(())).unwrap();
+        conn.transaction(|conn| {
+            order_line(conn, 1)?;
+            retry(&RetryPolicy::immediate(3), |_| {
+                attempts += 1;
+                sell_two(conn)
+            })
+        })
+    });
+    assert!(
+        matches!(outcome, Err(Error::TransactionAborted(_))) && (stock, lines) == (10, 0),
+        "after {attempts} attempts the caller got {outcome:?}; item 2's stock {stock}, order \
+         lines {lines} (a sale without its order line committed on its own)"
+    );
+}
+
+#[test]
+fn a_nested_with_lock_after_the_caller_let_its_own_lock_timeout_go_commits_nothing() {
+    // The caller's own locking read times out; it lets the error go and sells
+    // under a nested `with_lock` (item 1, free): no transaction is open on the
+    // server any more, and the sale must not commit on its own.
+    let url = database("let_go_timeout_with_lock");
+    let (outcome, _, lines) = while_item_2_is_held(&url, |conn| {
+        lockkit::locked_transaction(conn, LockOptions::default(), |_| Ok::<_, Error>(())).unwrap();
+        conn.transaction(|conn| {
+            order_line(conn, 1)?;
+            let timed_out = conn.batch_execute("SELECT id FROM items WHERE id = 2 FOR UPDATE");
+            assert!(timed_out.is_err());
+            lockkit::with_lock(conn, 1, LockOptions::default(), |conn, item: Item| {
+                diesel::update(items::table.find(1))
+                    .set(items::stock.eq(item.stock - 1))
+                    .execute(conn)?;
+                order_line(conn, 2)
+            })
+        })
+    });
+    let stock_1: i32 = items::table
+        .find(1)
+        .select(items::stock)
+        .first(&mut connect(&url))
+        .unwrap();
+    assert!(
+        outcome.is_err() && (stock_1, lines) == (10, 0),
+        "the caller got {outcome:?}; item 1's stock {stock_1}, order lines {lines}"
+    );
+}
+
+#[test]
+fn single_writes_after_the_caller_let_its_own_lock_timeout_go_refuse() {
+    // As above, with lockkit's single writes (a versioned write of item 1,
+    // `update_if`) in place of the nested call: each would commit on its own.
+    let url = database("let_go_timeout_single_writes");
+    let mut seen = None;
+    let (outcome, _, lines) = while_item_2_is_held(&url, |conn| {
+        lockkit::locked_transaction(conn, LockOptions::default(), |_| Ok::<_, Error>(())).unwrap();
+        conn.transaction(|conn| {
+            order_line(conn, 1)?;
+            let mut one: Item = items::table.find(1).first(conn)?;
+            let timed_out = conn.batch_execute("SELECT id FROM items WHERE id = 2 FOR UPDATE");
+            assert!(timed_out.is_err());
+            one.stock -= 1;
+            let versioned = one.update_versioned(conn);
+            let conditional = Item::update_if(
+                conn,
+                1,
+                items::stock.ge(1),
+                items::stock.eq(items::stock - 1),
+            );
+            seen = Some((versioned, conditional));
+            order_line(conn, 2)
+        })
+    });
+    let stock_1: i32 = items::table
+        .find(1)
+        .select(items::stock)
+        .first(&mut connect(&url))
+        .unwrap();
+    let (versioned, conditional) = seen.expect("the caller ran");
+    assert!(
+        matches!(versioned, Err(Error::TransactionAborted(_)))
+            && matches!(conditional, Err(Error::TransactionAborted(_))),
+        "update_versioned: {versioned:?}, update_if: {conditional:?}"
+    );
+    assert_eq!(
+        (stock_1, lines),
+        (10, 0),
+        "a write committed on its own; the caller got {outcome:?}"
+    );
+}
+
+#[test]
+fn a_nested_with_lock_that_times_out_under_a_retry_commits_nothing() {
+    // A nested `with_lock` on item 2, retried by the caller inside its own
+    // transaction: its lock wait times out, and the server rolls back the
+    // whole transaction. The retry must not sell in autocommit.
+    let url = database("nested_with_lock_timeout");
+    let (outcome, stock, lines) = while_item_2_is_held(&url, |conn| {
+        conn.transaction(|conn| {
+            order_line(conn, 1)?;
+            retry(&RetryPolicy::immediate(3), |_| {
+                lockkit::with_lock(conn, 2, LockOptions::default(), |conn, item: Item| {
+                    diesel::update(items::table.find(2))
+                        .set(items::stock.eq(item.stock - 1))
+                        .execute(conn)?;
+                    Ok::<_, Error>(())
+                })
+            })
+        })
+    });
+    assert!(
+        matches!(outcome, Err(Error::TransactionAborted(_))) && (stock, lines) == (10, 0),
+        "the caller got {outcome:?}; item 2's stock {stock}, order lines {lines}"
+    );
+}
+
+#[cfg(feature = "async")]
+mod asynchronous {
+    use super::*;
+    use diesel_async::{AsyncConnection, AsyncMysqlConnection, SimpleAsyncConnection};
+    use lockkit::asynchronous::AsyncVersioned;
+
+    /// The blocking side's
+    /// `a_versioned_write_that_times_out_under_a_nested_retry_commits_nothing`,
+    /// on diesel-async.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_versioned_write_that_times_out_under_a_nested_retry_commits_nothing() {
+        let url = database("async_nested_retry_timeout");
+        let (outcome, stock, lines) = while_item_2_is_held(&url, |_| {
+            tokio::task::block_in_place(|| {
+                tokio::runtime::Handle::current().block_on(async {
+                    let mut conn = AsyncMysqlConnection::establish(&url).await.unwrap();
+                    conn.batch_execute("SET SESSION innodb_lock_wait_timeout = 1")
+                        .await
+                        .unwrap();
+                    conn.transaction(async |conn| {
+                        conn.batch_execute(
+                            "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)",
+                        )
+                        .await?;
+                        let conn = tokio::sync::Mutex::new(conn);
+                        lockkit::asynchronous::retry(&RetryPolicy::immediate(3), |_| async {
+                            let mut conn = conn.lock().await;
+                            let mut two: Item =
+                                diesel_async::RunQueryDsl::first(items::table.find(2), &mut **conn)
+                                    .await?;
+                            two.stock -= 1;
+                            AsyncVersioned::update_versioned(&mut two, &mut **conn).await
+                        })
+                        .await
+                    })
+                    .await
+                })
+            })
+        });
+        assert!(
+            matches!(outcome, Err(Error::TransactionAborted(_))) && (stock, lines) == (10, 0),
+            "the caller got {outcome:?}; item 2's stock {stock}, order lines {lines} (a sale \
+             without its order line committed on its own)"
+        );
+    }
+}
