@@ -567,6 +567,51 @@ async_server_tests! {
         }
     }
 
+    async fn async_single_writes_on_a_connection_new_to_lockkit_after_the_caller_let_its_own_deadlock_go_refuse(db) {
+        // As async_single_writes_after_the_caller_let_its_own_deadlock_go_refuse,
+        // but in diesel-async's own transaction on a connection that has not
+        // served lockkit before: lockkit's journal is installed by the write,
+        // after the deadlock, and never saw the caller's statement end the
+        // transaction. It asks the server once instead of writing in
+        // autocommit.
+        let seen = Mutex::new(None);
+        let (outcome, _, _, lines) = deadlock_first_attempt!(db, |conn, work| {
+            conn.transaction(async |conn| {
+                let mut three: Item = items::table.find(3).first(conn).await?;
+                three.stock -= 1;
+                order_line(conn, 1).await?;
+                let _ = work(conn, 1).await; // let go
+                let versioned = lockkit::asynchronous::AsyncVersioned::update_versioned(&mut three, conn).await;
+                let sale = diesel::update(items::table.find(4)).set(items::stock.eq(items::stock - 1));
+                let conditional = lockkit::asynchronous::atomic::update_if(conn, sale).await;
+                *seen.lock().unwrap() = Some((versioned, conditional));
+                Ok::<_, Error>(())
+            })
+            .await
+        });
+        let (versioned, conditional) = seen.into_inner().unwrap().expect("the work ran");
+        let mut fresh: Async = async_common::connect(&db.url, BACKEND).await;
+        let stocks: Vec<i32> = items::table
+            .filter(items::id.eq_any([3, 4]))
+            .order(items::id)
+            .select(items::stock)
+            .load(&mut fresh)
+            .await
+            .unwrap();
+        assert_eq!(
+            (stocks, lines),
+            (vec![10, 10], 0),
+            "a write committed on its own: {versioned:?} {conditional:?}, outcome {outcome:?}"
+        );
+        if BACKEND == "mysql" {
+            assert!(
+                matches!(versioned, Err(Error::TransactionAborted(_)))
+                    && matches!(conditional, Err(Error::TransactionAborted(_))),
+                "update_versioned returned {versioned:?} and update_if {conditional:?}"
+            );
+        }
+    }
+
     async fn async_idempotency_key_is_not_marked_done_for_work_the_server_rolled_back(db) {
         // The async twin of idempotency's
         // `a_key_is_not_marked_done_for_work_innodb_rolled_back`: the work

@@ -773,6 +773,59 @@ mod stand_in_probes {
             assert_eq!((stocks, lines), (vec![10, 10], 0), "a write committed on its own; outcome {outcome:?}");
         }
 
+        fn single_writes_on_a_connection_new_to_lockkit_after_a_swallowed_deadlock_refuse(db) {
+            // As single_writes_after_a_swallowed_deadlock_refuse_and_keep_later_writes_out,
+            // but the connection has not served lockkit before (a fresh one,
+            // or a pool's on its first checkout): lockkit's journal is
+            // installed by the versioned write itself, after the deadlock, and
+            // never saw the caller's statement end the transaction. It asks
+            // the server once instead of writing in autocommit.
+            if BACKEND != "mysql" {
+                return;
+            }
+            let (mut versioned, mut conditional) = (None, None);
+            let (outcome, _, _conn) = deadlock_first_attempt!(db, |conn, work| {
+                after_order_line_1(&mut conn, |conn| {
+                    let _ = work(conn, 1); // the caller's own statement, swallowed
+                    let mut three: Item = items::table.find(3).first(conn)?;
+                    three.stock -= 1;
+                    versioned = Some(three.update_versioned(conn));
+                    conditional = Some(Item::update_if(conn, 4, items::stock.ge(1), items::stock.eq(items::stock - 1)));
+                    Ok::<_, Error>(())
+                })
+            });
+            let mut fresh = db.connect();
+            let stocks: Vec<i32> = items::table.filter(items::id.eq_any([3, 4])).order(items::id).select(items::stock).load(&mut fresh).unwrap();
+            let lines = order_lines!(&mut fresh);
+            assert!(
+                matches!(versioned, Some(Err(Error::TransactionAborted(_)))) && matches!(conditional, Some(Err(Error::TransactionAborted(_)))),
+                "update_versioned: {versioned:?}, update_if: {conditional:?}"
+            );
+            assert_eq!((stocks, lines), (vec![10, 10], 0), "a write committed on its own; outcome {outcome:?}");
+        }
+
+        fn a_nested_with_lock_on_a_connection_new_to_lockkit_after_a_swallowed_deadlock_commits_nothing(db) {
+            // As a_nested_with_lock_after_the_caller_let_its_own_deadlock_go_commits_nothing,
+            // without an earlier lockkit call that installs the journal: the
+            // nested call installs it and asks the server before it begins.
+            if BACKEND != "mysql" {
+                return;
+            }
+            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
+                after_order_line_1(&mut conn, |conn| {
+                    let _ = work(conn, 1); // let go
+                    lockkit::with_lock(conn, 1, LockOptions::default(), |conn, item: Item| {
+                        diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
+                        exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)");
+                        Ok::<_, Error>(())
+                    })
+                })
+            });
+            assert_eq!(attempts, 1);
+            assert!(matches!(outcome, Err(Error::TransactionAborted(_))), "{outcome:?}");
+            assert_eq!((stock_of!(&mut conn), order_lines!(&mut conn)), (10, 0), "{outcome:?}");
+        }
+
         fn lock_that_finds_the_transaction_ended_keeps_later_writes_out(db) {
             // The caller's own statement is the deadlock's victim; it swallows
             // the error and calls Lockable::lock, which finds the transaction

@@ -396,10 +396,13 @@ pub(crate) async fn ended_by_seen_statement<C: AsyncLockingConnection>(
 /// async connection.
 pub(crate) async fn check_write<C: AsyncConnection>(conn: &mut C) -> Result<(), Error> {
     let watched = &mut crate::journal::AsyncWatched(&mut *conn);
+    crate::journal::before_write(watched);
     let Some((cause, reported)) = crate::journal::ended_before_write(watched) else {
         return Ok(());
     };
     if reported || open_stand_in(conn).await {
+        // Confirmed: from now on as if the journal had seen it.
+        crate::journal::answered(&mut crate::journal::AsyncWatched(&mut *conn), Some(&cause));
         return Err(crate::journal::aborted(
             &mut crate::journal::AsyncWatched(conn),
             cause,

@@ -198,6 +198,12 @@ struct Aborts {
     /// in the open transaction since lockkit last asked the server whether it
     /// is alive: a deadlock may have ended it unseen.
     unsure: bool,
+    /// The journal was installed inside the open transaction, on a backend
+    /// that ends one on a deadlock: it did not see the statements before it,
+    /// one of which may have ended the transaction (a connection's first
+    /// lockkit call, inside the caller's transaction). Until lockkit asks the
+    /// server ([`answered`]) or the transaction ends.
+    missed: bool,
 }
 
 impl Aborts {
@@ -220,6 +226,7 @@ impl Aborts {
                     self.ended_by = None;
                     self.reviving = false;
                     self.unsure = false;
+                    self.missed = false;
                     self.settle();
                 } else if rollback && self.ends == Ends::UntilSavepointRollback {
                     self.reviving = self.ended_by.is_some();
@@ -616,6 +623,8 @@ fn watched<W: Watched>(conn: &mut W, ends: impl FnOnce(&mut W) -> Ends) -> Optio
     let journal = conn.slot().downcast_mut::<Journal>()?;
     if let Some(rule) = rule {
         journal.aborts.ends = rule;
+        // Installed now, inside the transaction: it saw none of it.
+        journal.aborts.missed = journal.aborts.depth > 0 && rule == Ends::OnDeadlock;
     }
     journal.aborts.hides_read_errors = hides_read_errors;
     Some(journal)
@@ -626,19 +635,30 @@ fn watched<W: Watched>(conn: &mut W, ends: impl FnOnce(&mut W) -> Ends) -> Optio
 pub(crate) fn forget_abort<W: Watched>(conn: &mut W) {
     if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
         journal.aborts.ended_by = None;
+        journal.aborts.missed = false;
+    }
+}
+
+/// The journal on `conn` was installed by lockkit's own outermost transaction
+/// right after its `BEGIN`: it missed nothing of it.
+pub(crate) fn saw_begin<W: Watched>(conn: &mut W) {
+    if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
+        journal.aborts.missed = false;
     }
 }
 
 /// Whether a deadlock may have ended the open transaction on `conn` without
-/// the journal seeing it: a statement that may answer with rows succeeded, on
-/// a connection that hides an error in their place
-/// ([`Aborts::hides_read_errors`]), since lockkit last asked the server
-/// ([`answered`]). `false` when no journal watches `conn`.
-#[cfg_attr(not(feature = "async"), allow(dead_code))] // only diesel-async hides read errors
+/// the journal seeing it, since lockkit last asked the server ([`answered`]):
+/// a statement that may answer with rows succeeded, on a connection that
+/// hides an error in their place ([`Aborts::hides_read_errors`]), or the
+/// journal came in the middle of the transaction ([`Aborts::missed`]).
+/// `false` when no journal watches `conn`.
 pub(crate) fn unsure<W: Watched>(conn: &mut W) -> bool {
     conn.slot()
         .downcast_mut::<Journal>()
-        .is_some_and(|journal| journal.aborts.unsure && journal.aborts.ended_by.is_none())
+        .is_some_and(|journal| {
+            (journal.aborts.unsure || journal.aborts.missed) && journal.aborts.ended_by.is_none()
+        })
 }
 
 /// The server answered whether the open transaction on `conn` is alive
@@ -646,10 +666,10 @@ pub(crate) fn unsure<W: Watched>(conn: &mut W) -> bool {
 /// a deadlock that ended it is recorded as if seen, so that the rest of
 /// lockkit treats it as it treats a statement's ([`ended_by`], [`whole`]), and
 /// the versions written in the transaction count as rolled back when it ends.
-#[cfg_attr(not(feature = "async"), allow(dead_code))] // only diesel-async hides read errors
 pub(crate) fn answered<W: Watched>(conn: &mut W, ended: Option<&crate::Error>) {
     if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
         journal.aborts.unsure = false;
+        journal.aborts.missed = false;
         if matches!(ended, Some(crate::Error::Deadlock)) && journal.aborts.ended_by.is_none() {
             journal.aborts.ended_by =
                 Some((DatabaseErrorKind::Unknown, UNSEEN_DEADLOCK.to_owned()));
@@ -671,7 +691,6 @@ pub(crate) fn own_read_done<W: Watched>(conn: &mut W, was_unsure: bool) {
 
 /// What [`answered`] records for a deadlock that ended the transaction unseen:
 /// InnoDB's words, which [`ended_by`] classifies as a deadlock.
-#[cfg_attr(not(feature = "async"), allow(dead_code))] // only diesel-async hides read errors
 const UNSEEN_DEADLOCK: &str =
     "Deadlock found when trying to get lock (in place of a read's rows; the transaction has ended)";
 
@@ -773,12 +792,18 @@ pub(crate) fn whole<W: Watched>(conn: &mut W) -> Whole {
 /// Before a write statement of lockkit's in the open transaction on `conn`
 /// ([`before_write`]): what ended that transaction, where the journal saw a
 /// statement do so on a backend that then runs later statements in autocommit
-/// (MySQL/MariaDB's deadlock, [`Whole::Seen`]), and whether lockkit has
-/// reported the abort in it already (then the server confirmed it, and the
-/// read-only stand-in was opened).
+/// (MySQL/MariaDB's deadlock, [`Whole::Seen`]), or a deadlock it may have
+/// missed ([`Aborts::missed`]); and whether lockkit has reported the abort in
+/// it already (then the server confirmed it, and the read-only stand-in was
+/// opened).
 pub(crate) fn ended_before_write<W: Watched>(conn: &mut W) -> Option<(crate::Error, bool)> {
     if whole(conn) != Whole::Seen {
-        return None;
+        // Came in the middle of the transaction: what it missed may have.
+        let missed = conn
+            .slot()
+            .downcast_mut::<Journal>()
+            .is_some_and(|journal| journal.aborts.missed && journal.aborts.depth > 0);
+        return missed.then_some((crate::Error::Deadlock, false));
     }
     let cause = ended_by(conn)?;
     let reported = conn

@@ -109,9 +109,20 @@ pub trait Control: Connection + Sized {
 /// The error of a statement that ended the open transaction on `conn` while the
 /// work let it go (lockkit's journal saw it fail), once the server confirms that
 /// the transaction is over; else the journal forgets it (the work recovered
-/// with a savepoint of its own, in SQL). The async connections' twin asks the
+/// with a savepoint of its own, in SQL). Where the journal may have missed such
+/// a statement (installed now, inside the caller's transaction), the server is
+/// asked whether the transaction is alive. The async connections' twin asks the
 /// same.
 pub(crate) fn ended_by_statement<C: Control>(conn: &mut C) -> Option<Error> {
+    // Installed now, inside the caller's transaction, it asks the server once.
+    crate::journal::watch(conn, C::ends);
+    if crate::journal::unsure(conn) {
+        let ended = conn.transaction_ended(None);
+        crate::journal::answered(conn, ended.as_ref());
+        if ended.is_some() {
+            return ended;
+        }
+    }
     let cause = crate::journal::ended_by(conn)?;
     if conn.confirms_abort() {
         Some(cause)
@@ -152,12 +163,17 @@ pub(crate) fn require_live<C: Control>(conn: &mut C) -> Result<(), Error> {
 /// stand-in then keeps the caller's later writes out. Where the server still
 /// has the transaction open (a refusal that only read like a deadlock), the
 /// journal forgets the abort and the write goes on. Nothing is sent when the
-/// journal saw no such statement. The async writes' twin does the same.
+/// journal saw no such statement and watched the whole transaction (on a
+/// connection new to lockkit, the first write in the caller's transaction
+/// asks). The async writes' twin does the same.
 pub(crate) fn check_write<C: Connection>(conn: &mut C) -> Result<(), Error> {
+    crate::journal::before_write(conn);
     let Some((cause, reported)) = crate::journal::ended_before_write(conn) else {
         return Ok(());
     };
     if reported || open_stand_in(conn) {
+        // Confirmed: from now on as if the journal had seen it.
+        crate::journal::answered(conn, Some(&cause));
         return Err(crate::journal::aborted(conn, cause));
     }
     crate::journal::forget_abort(conn);

@@ -33,7 +33,10 @@ impl PanicGuard {
         // instrumentation of its own), which sees a statement end the
         // transaction even when the work lets its error go.
         journal::watch(conn, C::ends);
-        if !outermost {
+        if outermost {
+            // Diesel's `BEGIN` for this call was all the transaction sent.
+            journal::saw_begin(conn);
+        } else {
             if let Some(cause) = ended_by_statement(conn) {
                 // The caller let the error go and calls on: on MySQL/MariaDB
                 // the work would run in autocommit. Decided as a failed nested
