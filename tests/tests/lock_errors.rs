@@ -826,6 +826,47 @@ mod stand_in_probes {
             assert_eq!((stock_of!(&mut conn), order_lines!(&mut conn)), (10, 0), "{outcome:?}");
         }
 
+        fn a_lock_timeout_the_caller_let_go_costs_one_question_per_connection(db) {
+            // After a lock wait timeout in a transaction, a nested lockkit call
+            // asks the server whether the transaction is still open (under
+            // `innodb_rollback_on_timeout` it is not: rollback_on_timeout.rs).
+            // This server keeps it; the connection remembers the answer, and a
+            // later timeout costs no question.
+            if BACKEND != "mysql" {
+                return;
+            }
+            seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+            let mut conn = db.connect();
+            exec(&mut conn, "SET SESSION innodb_lock_wait_timeout = 1");
+            // An earlier lockkit call on the connection installed its journal.
+            lockkit::locked_transaction(&mut conn, LockOptions::default(), |_| Ok::<_, Error>(())).unwrap();
+            let selects = |conn: &mut Conn| -> i64 {
+                diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+                    "(SELECT CAST(VARIABLE_VALUE AS SIGNED) FROM information_schema.SESSION_STATUS \
+                     WHERE VARIABLE_NAME = 'COM_SELECT')",
+                ))
+                .get_result::<i64>(conn)
+                .unwrap()
+            };
+            let asked = item_1_locked_for(&db, Duration::from_millis(3000), || {
+                conn.transaction(|conn| {
+                    // Once, so that the row's first lock fills lockkit's caches.
+                    lockkit::with_lock(conn, 2, LockOptions::default(), |_, _: Item| Ok::<_, Error>(()))?;
+                    let mut sent = vec![];
+                    for _ in 0..2 {
+                        let timed_out = diesel::connection::SimpleConnection::batch_execute(conn, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
+                        assert!(timed_out.is_err());
+                        let before = selects(conn);
+                        lockkit::with_lock(conn, 2, LockOptions::default(), |_, _: Item| Ok::<_, Error>(()))?;
+                        sent.push(selects(conn) - before);
+                    }
+                    Ok::<_, Error>(sent)
+                })
+            })
+            .unwrap();
+            assert_eq!(asked[0], asked[1] + 1, "SELECTs sent by each nested call: {asked:?}");
+        }
+
         fn lock_that_finds_the_transaction_ended_keeps_later_writes_out(db) {
             // The caller's own statement is the deadlock's victim; it swallows
             // the error and calls Lockable::lock, which finds the transaction

@@ -204,6 +204,11 @@ struct Aborts {
     /// lockkit call, inside the caller's transaction). Until lockkit asks the
     /// server ([`answered`]) or the transaction ends.
     missed: bool,
+    /// The server answered, after a lock wait timeout in an open transaction,
+    /// that the transaction was still open: it does not end transactions on a
+    /// timeout (no `innodb_rollback_on_timeout`, a server-wide setting), and
+    /// the journal no longer counts timeouts on this connection.
+    timeouts_keep_it: bool,
 }
 
 impl Aborts {
@@ -256,6 +261,8 @@ impl Aborts {
                     if self.depth > 0
                         && self.ended_by.is_none()
                         && self.ends.by(*kind, info.message())
+                        && !(self.timeouts_keep_it
+                            && crate::error::classification::is_lock_wait_timeout(info.message()))
                     {
                         self.ended_by = Some((*kind, info.message().to_owned()));
                     }
@@ -631,10 +638,15 @@ fn watched<W: Watched>(conn: &mut W, ends: impl FnOnce(&mut W) -> Ends) -> Optio
 }
 
 /// Forgets what [`ended_by`] said: the server answered that the transaction is
-/// alive (the work recovered with a savepoint of its own, in SQL).
+/// alive (the work recovered with a savepoint of its own, in SQL; or, after a
+/// lock wait timeout, the server keeps transactions on one, which the journal
+/// then remembers: [`Aborts::timeouts_keep_it`]).
 pub(crate) fn forget_abort<W: Watched>(conn: &mut W) {
     if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
-        journal.aborts.ended_by = None;
+        if let Some((_, message)) = journal.aborts.ended_by.take() {
+            journal.aborts.timeouts_keep_it |=
+                crate::error::classification::is_lock_wait_timeout(&message);
+        }
         journal.aborts.missed = false;
     }
 }
