@@ -110,6 +110,20 @@ macro_rules! deadlock_first_attempt {
     }};
 }
 
+/// Runs `$work` (an async closure taking `&mut Async`) in a transaction on
+/// `$conn`: lockkit's (`transaction_with_retry`, one attempt) when `$lockkit`,
+/// else diesel-async's own.
+macro_rules! in_transaction {
+    ($lockkit:expr, $conn:expr, $work:expr) => {
+        if $lockkit {
+            lockkit::asynchronous::transaction_with_retry($conn, &RetryPolicy::immediate(1), $work)
+                .await
+        } else {
+            AsyncConnection::transaction($conn, $work).await
+        }
+    };
+}
+
 /// `INSERT`s order line `id`: the write whose fate the deadlock decides.
 async fn order_line<A: SimpleAsyncConnection + Send>(conn: &mut A, id: u32) -> Result<(), Error> {
     let sql = format!("INSERT INTO orders (id, item_id, qty) VALUES ({id}, NULL, 1)");
@@ -464,11 +478,7 @@ async_server_tests! {
                         let _ = work(conn, 1).await; // let go
                         nested_sale!(nested, conn)
                     };
-                    if lockkit_outside {
-                        lockkit::asynchronous::transaction_with_retry(&mut conn, &RetryPolicy::immediate(1), sell).await
-                    } else {
-                        conn.transaction(sell).await
-                    }
+                    in_transaction!(lockkit_outside, &mut conn, sell)
                 });
                 assert_nested_sale_committed_nothing(nested, &outcome, runs, stock, lines);
             }
@@ -505,11 +515,7 @@ async_server_tests! {
                         *seen.lock().unwrap() = Some((locked, claimed));
                         Ok::<_, Error>(())
                     };
-                    if lockkit_outside {
-                        lockkit::asynchronous::transaction_with_retry(&mut conn, &RetryPolicy::immediate(1), let_go).await
-                    } else {
-                        conn.transaction(let_go).await
-                    }
+                    in_transaction!(lockkit_outside, &mut conn, let_go)
                 });
                 assert_eq!(runs, 1);
                 let (locked, claimed) = seen.into_inner().unwrap().expect("the work ran");
@@ -531,84 +537,52 @@ async_server_tests! {
     async fn async_single_writes_after_the_caller_let_its_own_deadlock_go_refuse(db) {
         // A versioned write and `update_if` write inside the caller's
         // transaction: after a deadlock the caller let go, on MariaDB they
-        // would run in autocommit and commit on its own, whatever the
-        // transaction's owner then does. They refuse, as `lock_all` does.
-        let seen = Mutex::new(None);
-        let (_, runs, _, _) = deadlock_first_attempt!(db, |conn, work| {
-            lockkit::asynchronous::transaction_with_retry(&mut conn, &RetryPolicy::immediate(1), async |conn| {
-                let mut three: Item = items::table.find(3).first(conn).await?;
-                three.stock -= 1;
-                let _ = work(conn, 1).await; // let go
-                let versioned = lockkit::asynchronous::AsyncVersioned::update_versioned(&mut three, conn).await;
-                let sale = diesel::update(items::table.find(4)).set(items::stock.eq(items::stock - 1));
-                let conditional = lockkit::asynchronous::atomic::update_if(conn, sale).await;
-                *seen.lock().unwrap() = Some((versioned, conditional));
-                Ok(())
-            })
-            .await
-        });
-        assert_eq!(runs, 1);
-        let (versioned, conditional) = seen.into_inner().unwrap().expect("the work ran");
-        let mut fresh: Async = async_common::connect(&db.url, BACKEND).await;
-        let stocks: Vec<i32> = items::table
-            .filter(items::id.eq_any([3, 4]))
-            .order(items::id)
-            .select(items::stock)
-            .load(&mut fresh)
-            .await
-            .unwrap();
-        assert_eq!(stocks, [10, 10], "a write committed on its own: {versioned:?} {conditional:?}");
-        if BACKEND == "mysql" {
-            assert!(
-                matches!(versioned, Err(Error::TransactionAborted(_)))
-                    && matches!(conditional, Err(Error::TransactionAborted(_))),
-                "in a transaction the server had ended, update_versioned returned {versioned:?} and update_if {conditional:?}"
+        // would run in autocommit and commit on their own, whatever the
+        // transaction's owner then does. They refuse, as `lock_all` does: in
+        // lockkit's transaction (whose journal saw the deadlock), and in
+        // diesel-async's own on a connection that has not served lockkit
+        // before (the write installs the journal after the deadlock and asks
+        // the server once).
+        for lockkit_outside in [true, false] {
+            let seen = Mutex::new(None);
+            let (outcome, runs, _, lines) = deadlock_first_attempt!(db, |conn, work| {
+                let let_go = async |conn: &mut Async| {
+                    let mut three: Item = items::table.find(3).first(conn).await?;
+                    three.stock -= 1;
+                    order_line(conn, 1).await?;
+                    let _ = work(conn, 1).await; // let go
+                    let versioned = lockkit::asynchronous::AsyncVersioned::update_versioned(&mut three, conn).await;
+                    let sale = diesel::update(items::table.find(4)).set(items::stock.eq(items::stock - 1));
+                    let conditional = lockkit::asynchronous::atomic::update_if(conn, sale).await;
+                    *seen.lock().unwrap() = Some((versioned, conditional));
+                    Ok::<_, Error>(())
+                };
+                in_transaction!(lockkit_outside, &mut conn, let_go)
+            });
+            assert_eq!(runs, 1);
+            let (versioned, conditional) = seen.into_inner().unwrap().expect("the work ran");
+            let mut fresh: Async = async_common::connect(&db.url, BACKEND).await;
+            let stocks: Vec<i32> = items::table
+                .filter(items::id.eq_any([3, 4]))
+                .order(items::id)
+                .select(items::stock)
+                .load(&mut fresh)
+                .await
+                .unwrap();
+            assert_eq!(
+                (stocks, lines),
+                (vec![10, 10], 0),
+                "a write committed on its own (lockkit's transaction: {lockkit_outside}): \
+                 {versioned:?} {conditional:?}, outcome {outcome:?}"
             );
-        }
-    }
-
-    async fn async_single_writes_on_a_connection_new_to_lockkit_after_the_caller_let_its_own_deadlock_go_refuse(db) {
-        // As async_single_writes_after_the_caller_let_its_own_deadlock_go_refuse,
-        // but in diesel-async's own transaction on a connection that has not
-        // served lockkit before: lockkit's journal is installed by the write,
-        // after the deadlock, and never saw the caller's statement end the
-        // transaction. It asks the server once instead of writing in
-        // autocommit.
-        let seen = Mutex::new(None);
-        let (outcome, _, _, lines) = deadlock_first_attempt!(db, |conn, work| {
-            conn.transaction(async |conn| {
-                let mut three: Item = items::table.find(3).first(conn).await?;
-                three.stock -= 1;
-                order_line(conn, 1).await?;
-                let _ = work(conn, 1).await; // let go
-                let versioned = lockkit::asynchronous::AsyncVersioned::update_versioned(&mut three, conn).await;
-                let sale = diesel::update(items::table.find(4)).set(items::stock.eq(items::stock - 1));
-                let conditional = lockkit::asynchronous::atomic::update_if(conn, sale).await;
-                *seen.lock().unwrap() = Some((versioned, conditional));
-                Ok::<_, Error>(())
-            })
-            .await
-        });
-        let (versioned, conditional) = seen.into_inner().unwrap().expect("the work ran");
-        let mut fresh: Async = async_common::connect(&db.url, BACKEND).await;
-        let stocks: Vec<i32> = items::table
-            .filter(items::id.eq_any([3, 4]))
-            .order(items::id)
-            .select(items::stock)
-            .load(&mut fresh)
-            .await
-            .unwrap();
-        assert_eq!(
-            (stocks, lines),
-            (vec![10, 10], 0),
-            "a write committed on its own: {versioned:?} {conditional:?}, outcome {outcome:?}"
-        );
-        if BACKEND == "mysql" {
-            assert!(
-                matches!(versioned, Err(Error::TransactionAborted(_)))
-                    && matches!(conditional, Err(Error::TransactionAborted(_))),
-                "update_versioned returned {versioned:?} and update_if {conditional:?}"
-            );
+            if BACKEND == "mysql" {
+                assert!(
+                    matches!(versioned, Err(Error::TransactionAborted(_)))
+                        && matches!(conditional, Err(Error::TransactionAborted(_))),
+                    "in a transaction the server had ended (lockkit's: {lockkit_outside}), \
+                     update_versioned returned {versioned:?} and update_if {conditional:?}"
+                );
+            }
         }
     }
 

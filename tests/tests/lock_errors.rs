@@ -54,7 +54,7 @@ macro_rules! order_lines {
     };
 }
 
-/// Seeds items 1 to 12 (stock 10), then provokes a deadlock whose victim is the
+/// Empties `orders` and `items`, seeds items 1 to 12 (stock 10), then provokes a deadlock whose victim is the
 /// first attempt of `$work` (run on `$conn` by `$run`): that attempt locks item 1,
 /// then waits for item 2, which a heavier
 /// transaction on another connection holds while it waits for item 1. InnoDB
@@ -64,6 +64,8 @@ macro_rules! order_lines {
 macro_rules! deadlock_first_attempt {
     ($db:expr, |$conn:ident, $work:ident| $run:expr) => {{
         let db = &$db;
+        exec(&mut db.conn(), "DELETE FROM orders");
+        exec(&mut db.conn(), "DELETE FROM items");
         lockkit_tests::aborts::seed_for_deadlock(&mut db.conn());
         let (a_tx, a_rx) = mpsc::channel::<()>();
         let (b_tx, b_rx) = mpsc::channel::<()>();
@@ -390,29 +392,34 @@ mod servers {
             // goes on to sell under `with_lock`. On MariaDB no transaction is
             // open any more: the savepoint is accepted in autocommit, the lock
             // would end with its statement and the sale would commit on its
-            // own, without order line 1. The connection served lockkit before,
-            // so lockkit's journal watches it.
-            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
-                lockkit::locked_transaction(&mut conn, LockOptions::default(), |_| Ok::<_, Error>(())).unwrap();
-                after_order_line_1(&mut conn, |conn| {
-                    let _ = work(conn, 1); // let go
-                    lockkit::with_lock(conn, 1, LockOptions::default(), |conn, item: Item| {
-                        diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
-                        exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)");
-                        Ok::<_, Error>(())
+            // own, without order line 1. Either the connection served lockkit
+            // before, and lockkit's journal saw the deadlock, or the nested
+            // call installs the journal and asks the server before it begins.
+            for served_before in [true, false] {
+                let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
+                    if served_before {
+                        lockkit::locked_transaction(&mut conn, LockOptions::default(), |_| Ok::<_, Error>(())).unwrap();
+                    }
+                    after_order_line_1(&mut conn, |conn| {
+                        let _ = work(conn, 1); // let go
+                        lockkit::with_lock(conn, 1, LockOptions::default(), |conn, item: Item| {
+                            diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
+                            exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)");
+                            Ok::<_, Error>(())
+                        })
                     })
-                })
-            });
-            assert_eq!(attempts, 1);
-            // Every unit sold has its order lines, both of them.
-            assert_eq!((stock_of!(&mut conn), order_lines!(&mut conn)), (10, 0), "{outcome:?}");
-            match &outcome {
-                Err(Error::TransactionAborted(cause)) => assert!(matches!(**cause, Error::Deadlock), "{cause:?}"),
-                // PostgreSQL refuses the savepoint in the aborted transaction.
-                Err(_) if BACKEND == "postgres" => {}
-                other => panic!("{other:?}"),
+                });
+                assert_eq!(attempts, 1);
+                // Every unit sold has its order lines, both of them.
+                assert_eq!((stock_of!(&mut conn), order_lines!(&mut conn)), (10, 0), "served lockkit before: {served_before}; {outcome:?}");
+                match &outcome {
+                    Err(Error::TransactionAborted(cause)) => assert!(matches!(**cause, Error::Deadlock), "{cause:?}"),
+                    // PostgreSQL refuses the savepoint in the aborted transaction.
+                    Err(_) if BACKEND == "postgres" => {}
+                    other => panic!("served lockkit before: {served_before}; {other:?}"),
+                }
+                assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
             }
-            assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
         }
 
         fn a_top_level_transaction_with_retry_reruns_after_an_abort_two_levels_down_hidden_in_the_callers_error(db) {
@@ -745,85 +752,39 @@ mod stand_in_probes {
             // As lock_all and claim: the caller's own statement is the
             // deadlock's victim and it writes on with lockkit's single writes
             // (a versioned write, update_if). With no transaction open on the
-            // server, each would commit on its own. The connection served
-            // lockkit before, so lockkit's journal watches it.
+            // server, each would commit on its own. Either the connection
+            // served lockkit before, and lockkit's journal saw the deadlock,
+            // or it did not (a fresh one, a pool's on its first checkout): the
+            // versioned write installs the journal after the deadlock and asks
+            // the server once.
             if BACKEND != "mysql" {
                 return;
             }
-            let (mut versioned, mut conditional) = (None, None);
-            let (outcome, _, _conn) = deadlock_first_attempt!(db, |conn, work| {
-                lockkit::locked_transaction(&mut conn, LockOptions::default(), |_| Ok::<_, Error>(())).unwrap();
-                after_order_line_1(&mut conn, |conn| {
-                    let _ = work(conn, 1); // the caller's own statement, swallowed
-                    let mut three: Item = items::table.find(3).first(conn)?;
-                    three.stock -= 1;
-                    versioned = Some(three.update_versioned(conn));
-                    conditional = Some(Item::update_if(conn, 4, items::stock.ge(1), items::stock.eq(items::stock - 1)));
-                    diesel::connection::SimpleConnection::batch_execute(conn, "INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)").map_err(lockkit::classify)?;
-                    Ok::<_, Error>(())
-                })
-            });
-            let mut fresh = db.connect();
-            let stocks: Vec<i32> = items::table.filter(items::id.eq_any([3, 4])).order(items::id).select(items::stock).load(&mut fresh).unwrap();
-            let lines = order_lines!(&mut fresh);
-            assert!(
-                matches!(versioned, Some(Err(Error::TransactionAborted(_)))) && matches!(conditional, Some(Err(Error::TransactionAborted(_)))),
-                "update_versioned: {versioned:?}, update_if: {conditional:?}"
-            );
-            assert_eq!((stocks, lines), (vec![10, 10], 0), "a write committed on its own; outcome {outcome:?}");
-        }
-
-        fn single_writes_on_a_connection_new_to_lockkit_after_a_swallowed_deadlock_refuse(db) {
-            // As single_writes_after_a_swallowed_deadlock_refuse_and_keep_later_writes_out,
-            // but the connection has not served lockkit before (a fresh one,
-            // or a pool's on its first checkout): lockkit's journal is
-            // installed by the versioned write itself, after the deadlock, and
-            // never saw the caller's statement end the transaction. It asks
-            // the server once instead of writing in autocommit.
-            if BACKEND != "mysql" {
-                return;
-            }
-            let (mut versioned, mut conditional) = (None, None);
-            let (outcome, _, _conn) = deadlock_first_attempt!(db, |conn, work| {
-                after_order_line_1(&mut conn, |conn| {
-                    let _ = work(conn, 1); // the caller's own statement, swallowed
-                    let mut three: Item = items::table.find(3).first(conn)?;
-                    three.stock -= 1;
-                    versioned = Some(three.update_versioned(conn));
-                    conditional = Some(Item::update_if(conn, 4, items::stock.ge(1), items::stock.eq(items::stock - 1)));
-                    Ok::<_, Error>(())
-                })
-            });
-            let mut fresh = db.connect();
-            let stocks: Vec<i32> = items::table.filter(items::id.eq_any([3, 4])).order(items::id).select(items::stock).load(&mut fresh).unwrap();
-            let lines = order_lines!(&mut fresh);
-            assert!(
-                matches!(versioned, Some(Err(Error::TransactionAborted(_)))) && matches!(conditional, Some(Err(Error::TransactionAborted(_)))),
-                "update_versioned: {versioned:?}, update_if: {conditional:?}"
-            );
-            assert_eq!((stocks, lines), (vec![10, 10], 0), "a write committed on its own; outcome {outcome:?}");
-        }
-
-        fn a_nested_with_lock_on_a_connection_new_to_lockkit_after_a_swallowed_deadlock_commits_nothing(db) {
-            // As a_nested_with_lock_after_the_caller_let_its_own_deadlock_go_commits_nothing,
-            // without an earlier lockkit call that installs the journal: the
-            // nested call installs it and asks the server before it begins.
-            if BACKEND != "mysql" {
-                return;
-            }
-            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
-                after_order_line_1(&mut conn, |conn| {
-                    let _ = work(conn, 1); // let go
-                    lockkit::with_lock(conn, 1, LockOptions::default(), |conn, item: Item| {
-                        diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
-                        exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)");
+            for served_before in [true, false] {
+                let (mut versioned, mut conditional) = (None, None);
+                let (outcome, _, _conn) = deadlock_first_attempt!(db, |conn, work| {
+                    if served_before {
+                        lockkit::locked_transaction(&mut conn, LockOptions::default(), |_| Ok::<_, Error>(())).unwrap();
+                    }
+                    after_order_line_1(&mut conn, |conn| {
+                        let _ = work(conn, 1); // the caller's own statement, swallowed
+                        let mut three: Item = items::table.find(3).first(conn)?;
+                        three.stock -= 1;
+                        versioned = Some(three.update_versioned(conn));
+                        conditional = Some(Item::update_if(conn, 4, items::stock.ge(1), items::stock.eq(items::stock - 1)));
+                        diesel::connection::SimpleConnection::batch_execute(conn, "INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)").map_err(lockkit::classify)?;
                         Ok::<_, Error>(())
                     })
-                })
-            });
-            assert_eq!(attempts, 1);
-            assert!(matches!(outcome, Err(Error::TransactionAborted(_))), "{outcome:?}");
-            assert_eq!((stock_of!(&mut conn), order_lines!(&mut conn)), (10, 0), "{outcome:?}");
+                });
+                let mut fresh = db.connect();
+                let stocks: Vec<i32> = items::table.filter(items::id.eq_any([3, 4])).order(items::id).select(items::stock).load(&mut fresh).unwrap();
+                let lines = order_lines!(&mut fresh);
+                assert!(
+                    matches!(versioned, Some(Err(Error::TransactionAborted(_)))) && matches!(conditional, Some(Err(Error::TransactionAborted(_)))),
+                    "served lockkit before: {served_before}; update_versioned: {versioned:?}, update_if: {conditional:?}"
+                );
+                assert_eq!((stocks, lines), (vec![10, 10], 0), "a write committed on its own (served lockkit before: {served_before}); outcome {outcome:?}");
+            }
         }
 
         fn a_lock_timeout_the_caller_let_go_costs_one_question_per_connection(db) {

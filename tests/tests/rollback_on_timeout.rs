@@ -95,6 +95,15 @@ fn while_item_2_is_held<T>(
     (out, stock, lines)
 }
 
+/// Item 1's stock, read on a new connection.
+fn stock_of_1(url: &str) -> i32 {
+    items::table
+        .find(1)
+        .select(items::stock)
+        .first(&mut connect(url))
+        .unwrap()
+}
+
 /// Records order line `id` in the caller's transaction.
 fn order_line(conn: &mut MysqlConnection, id: i32) -> Result<(), Error> {
     let sql = format!("INSERT INTO orders (id, item_id, qty) VALUES ({id}, NULL, 1)");
@@ -153,11 +162,7 @@ fn a_nested_with_lock_after_the_caller_let_its_own_lock_timeout_go_commits_nothi
             })
         })
     });
-    let stock_1: i32 = items::table
-        .find(1)
-        .select(items::stock)
-        .first(&mut connect(&url))
-        .unwrap();
+    let stock_1 = stock_of_1(&url);
     assert!(
         outcome.is_err() && (stock_1, lines) == (10, 0),
         "the caller got {outcome:?}; item 1's stock {stock_1}, order lines {lines}"
@@ -189,11 +194,7 @@ fn single_writes_after_the_caller_let_its_own_lock_timeout_go_refuse() {
             order_line(conn, 2)
         })
     });
-    let stock_1: i32 = items::table
-        .find(1)
-        .select(items::stock)
-        .first(&mut connect(&url))
-        .unwrap();
+    let stock_1 = stock_of_1(&url);
     let (versioned, conditional) = seen.expect("the caller ran");
     assert!(
         matches!(versioned, Err(Error::TransactionAborted(_)))
