@@ -59,6 +59,29 @@ fn connect(url: &str) -> MysqlConnection {
     conn
 }
 
+/// What another connection sends to hold item 2 locked.
+const HOLD_ITEM_2: &str = "START TRANSACTION; SELECT id FROM items WHERE id = 2 FOR UPDATE";
+
+/// Runs `f` while another connection holds what its statements `hold` take,
+/// until `f` returns or for `at_most`: then that connection closes, and lets
+/// go of everything.
+fn holding<T>(url: &str, hold: &str, at_most: Duration, f: impl FnOnce() -> T) -> T {
+    let (held_tx, held) = mpsc::channel();
+    let (done, done_rx) = mpsc::channel::<()>();
+    thread::scope(|s| {
+        s.spawn(move || {
+            let mut conn = connect(url);
+            conn.batch_execute(hold).unwrap();
+            held_tx.send(()).unwrap();
+            let _ = done_rx.recv_timeout(at_most);
+        });
+        held.recv().unwrap();
+        let out = f();
+        let _ = done.send(()); // the holder may have let go already
+        out
+    })
+}
+
 /// Runs `caller` on a connection of its own while another connection holds
 /// item 2 locked (until `caller` returns, or for 1.5 s: the caller's first wait
 /// times out, a later one finds the row free), then reads item 2's stock and
@@ -67,23 +90,8 @@ fn while_item_2_is_held<T>(
     url: &str,
     caller: impl FnOnce(&mut MysqlConnection) -> T,
 ) -> (T, i32, i64) {
-    let (held_tx, held) = mpsc::channel();
-    let (done, done_rx) = mpsc::channel::<()>();
-    let out = thread::scope(|s| {
-        s.spawn(move || {
-            let mut conn = connect(url);
-            conn.transaction(|conn| {
-                conn.batch_execute("SELECT id FROM items WHERE id = 2 FOR UPDATE")?;
-                held_tx.send(()).unwrap();
-                let _ = done_rx.recv_timeout(Duration::from_millis(1500));
-                diesel::QueryResult::Ok(())
-            })
-            .unwrap();
-        });
-        held.recv().unwrap();
-        let out = caller(&mut connect(url));
-        let _ = done.send(()); // the holder may have let go already
-        out
+    let out = holding(url, HOLD_ITEM_2, Duration::from_millis(1500), || {
+        caller(&mut connect(url))
     });
     let mut fresh = connect(url);
     let stock: i32 = items::table
@@ -233,6 +241,65 @@ fn a_nested_with_lock_that_times_out_under_a_retry_commits_nothing() {
     );
 }
 
+/// A write to the jobs table (it changes nothing), which waits for the table
+/// while another session holds it under `LOCK TABLES`.
+const WRITE_JOBS: &str = "UPDATE jobs SET done = done";
+
+#[test]
+fn a_metadata_lock_timeout_teaches_nothing_about_row_lock_timeouts() {
+    // The caller's write to a table another session holds under `LOCK TABLES`
+    // waits for the table's metadata lock and times out: 1205, in the words of
+    // InnoDB's lock wait timeout, but it ends no transaction on any server. A
+    // nested call after it asks the server, finds the transaction open and
+    // goes on; that answer says nothing of row locks. A row lock wait then
+    // times out, which on this server rolls back the whole transaction, and
+    // the caller lets it go: a nested sale must not commit on its own.
+    let url = database("metadata_lock_timeout");
+    let mut conn = connect(&url);
+    conn.batch_execute("SET SESSION lock_wait_timeout = 1")
+        .unwrap();
+    lockkit::locked_transaction(&mut conn, LockOptions::default(), |_| Ok::<_, Error>(())).unwrap();
+    let long = Duration::from_secs(10);
+    let mut first = None;
+    let outcome = conn.transaction(|conn| {
+        order_line(conn, 1)?;
+        let waited = holding(&url, "LOCK TABLES jobs WRITE", long, || {
+            conn.batch_execute(WRITE_JOBS)
+        });
+        assert!(waited.is_err(), "the write to jobs waited for nothing");
+        first = Some(lockkit::with_lock(
+            conn,
+            1,
+            LockOptions::default(),
+            |_, _: Item| Ok::<_, Error>(()),
+        ));
+        let timed_out = holding(&url, HOLD_ITEM_2, long, || {
+            conn.batch_execute("SELECT id FROM items WHERE id = 2 FOR UPDATE")
+        });
+        assert!(timed_out.is_err(), "item 2 was not held");
+        lockkit::with_lock(conn, 1, LockOptions::default(), |conn, item: Item| {
+            diesel::update(items::table.find(1))
+                .set(items::stock.eq(item.stock - 1))
+                .execute(conn)?;
+            order_line(conn, 2)
+        })
+    });
+    let lines: i64 = orders::table
+        .count()
+        .get_result(&mut connect(&url))
+        .unwrap();
+    let stock_1 = stock_of_1(&url);
+    assert!(
+        matches!(first, Some(Ok(()))),
+        "the nested call after the metadata lock's timeout: {first:?}"
+    );
+    assert!(
+        matches!(outcome, Err(Error::TransactionAborted(_))) && (stock_1, lines) == (10, 0),
+        "the caller got {outcome:?}; item 1's stock {stock_1}, order lines {lines} (a sale \
+         committed on its own)"
+    );
+}
+
 #[cfg(feature = "async")]
 mod asynchronous {
     use super::*;
@@ -276,6 +343,82 @@ mod asynchronous {
             matches!(outcome, Err(Error::TransactionAborted(_))) && (stock, lines) == (10, 0),
             "the caller got {outcome:?}; item 2's stock {stock}, order lines {lines} (a sale \
              without its order line committed on its own)"
+        );
+    }
+
+    /// The blocking side's
+    /// `a_metadata_lock_timeout_teaches_nothing_about_row_lock_timeouts`, on
+    /// diesel-async, with a versioned write for the sale: a nested call there
+    /// asks the server after any read in any case.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_metadata_lock_timeout_teaches_nothing_about_row_lock_timeouts() {
+        use tokio::runtime::Handle;
+        use tokio::task::block_in_place;
+        let url = database("async_metadata_lock_timeout");
+        let long = Duration::from_secs(10);
+        let mut conn = AsyncMysqlConnection::establish(&url).await.unwrap();
+        conn.batch_execute(
+            "SET SESSION innodb_lock_wait_timeout = 1, SESSION lock_wait_timeout = 1",
+        )
+        .await
+        .unwrap();
+        lockkit::asynchronous::locked_transaction(&mut conn, LockOptions::default(), async |_| {
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap();
+        let mut first = None;
+        let outcome = conn
+            .transaction(async |conn| {
+                conn.batch_execute("INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)")
+                    .await?;
+                let waited = block_in_place(|| {
+                    holding(&url, "LOCK TABLES jobs WRITE", long, || {
+                        Handle::current().block_on(conn.batch_execute(WRITE_JOBS))
+                    })
+                });
+                assert!(waited.is_err(), "the write to jobs waited for nothing");
+                first = Some(
+                    lockkit::asynchronous::with_lock(
+                        conn,
+                        1,
+                        LockOptions::default(),
+                        async |_, _: Item| Ok::<_, Error>(()),
+                    )
+                    .await,
+                );
+                // A write, whose error diesel-async shows the journal (a
+                // read's it may hide, and lockkit then asks in any case).
+                let timed_out = block_in_place(|| {
+                    holding(&url, HOLD_ITEM_2, long, || {
+                        Handle::current().block_on(
+                            conn.batch_execute("UPDATE items SET stock = stock WHERE id = 2"),
+                        )
+                    })
+                });
+                assert!(timed_out.is_err(), "item 2 was not held");
+                let mut one: Item =
+                    diesel_async::RunQueryDsl::first(items::table.find(1), &mut *conn).await?;
+                one.stock -= 1;
+                AsyncVersioned::update_versioned(&mut one, &mut *conn).await?;
+                conn.batch_execute("INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)")
+                    .await?;
+                Ok::<_, Error>(())
+            })
+            .await;
+        let lines: i64 = orders::table
+            .count()
+            .get_result(&mut connect(&url))
+            .unwrap();
+        let stock_1 = stock_of_1(&url);
+        assert!(
+            matches!(first, Some(Ok(()))),
+            "the nested call after the metadata lock's timeout: {first:?}"
+        );
+        assert!(
+            matches!(outcome, Err(Error::TransactionAborted(_))) && (stock_1, lines) == (10, 0),
+            "the caller got {outcome:?}; item 1's stock {stock_1}, order lines {lines} (a sale \
+             committed on its own)"
         );
     }
 }

@@ -37,12 +37,19 @@
 //!
 //! A single write of lockkit's inside a transaction (a versioned write,
 //! [`atomic::update_if`](crate::atomic::update_if)) that is the deadlock's victim
-//! returns `TransactionAborted` too, so that a `retry` around it does not run it
-//! again in autocommit, and opens the stand-in below; lockkit's journal saw the
-//! statement end the transaction, and nothing is asked. When the outermost transaction is lockkit's own and its
-//! work fails after such an abort, it confirms with the server and returns the
-//! cause ([`Error::Deadlock`]) in the work's error type, whatever the work
-//! returned: a `retry` around `with_lock` runs the whole transaction again.
+//! (or a lock wait timeout's, under `innodb_rollback_on_timeout`) returns
+//! `TransactionAborted` too, so that a `retry` around it does not run it again
+//! in autocommit, and opens the stand-in below, whose first statement tells
+//! whether the transaction really ended. When the outermost transaction is
+//! lockkit's own and its work fails after such an abort, it confirms with the
+//! server and returns the cause ([`Error::Deadlock`], or [`Error::LockTimeout`])
+//! in the work's error type, whatever the work returned: a `retry` around
+//! `with_lock` runs the whole transaction again.
+//!
+//! After a lock wait timeout that the transaction survived, lockkit asks once
+//! per connection whether the server ever ends a transaction on one
+//! (`SELECT @@innodb_rollback_on_timeout`); where it does not, later timeouts
+//! on the connection cost no question.
 //!
 //! On Galera, another node's write can abort a transaction while its client sits
 //! between statements; the client learns it (a deadlock, 1213) at its next
@@ -73,7 +80,8 @@
 //! `with_lock`, ...) and its work catches that error and returns `Ok`, lockkit
 //! does not commit the stand-in and report success for work the server threw
 //! away: before `COMMIT` it asks the same question, rolls back, and returns the
-//! cause ([`Error::Deadlock`]), which the retrying calls run again. It asks only
+//! cause ([`Error::Deadlock`], or [`Error::LockTimeout`]), which the retrying
+//! calls run again. It asks only
 //! when a stand-in was opened in the process while the work ran, so no other
 //! transaction pays for it. What lockkit cannot undo is the choice of a caller
 //! that owns the outermost transaction itself (Diesel's own `transaction`) to
@@ -417,6 +425,16 @@ pub(crate) mod mysql {
         ))
     }
 
+    /// `SELECT @@innodb_rollback_on_timeout`: whether the server ends a
+    /// transaction on a lock wait timeout, for the blocking and the async
+    /// connection ([`Control::rolls_back_on_timeout`]).
+    pub(crate) fn rolls_back_on_timeout_query(
+    ) -> diesel::dsl::select<diesel::expression::SqlLiteral<diesel::sql_types::Bool>> {
+        diesel::select(diesel::dsl::sql::<diesel::sql_types::Bool>(
+            "@@innodb_rollback_on_timeout",
+        ))
+    }
+
     /// Whether the caller's transaction is alive on the server: open, and not
     /// lockkit's stand-in for an aborted one.
     fn caller_transaction_alive(conn: &mut MysqlConnection) -> diesel::QueryResult<bool> {
@@ -551,6 +569,12 @@ pub(crate) mod mysql {
 
         fn confirms_abort(&mut self) -> bool {
             self.transaction_ended(None).is_some()
+        }
+
+        fn rolls_back_on_timeout(&mut self) -> bool {
+            rolls_back_on_timeout_query()
+                .get_result(self)
+                .unwrap_or(true)
         }
 
         fn keep_aborted(&mut self) {
