@@ -357,6 +357,12 @@ macro_rules! dispatch {
                     $(BackendConn::$variant(conn) => <M as CurrentVersionQuery<$conn>>::row_id(conn, key),)+
                 }
             }
+
+            fn ends(conn: &mut T) -> crate::journal::Ends {
+                match conn.dispatch() {
+                    $(BackendConn::$variant(conn) => <M as CurrentVersionQuery<$conn>>::ends(conn),)+
+                }
+            }
         }
 
         impl<Q, M, T> ClaimQuery<T, M> for Q
@@ -437,6 +443,10 @@ where
 
     fn row_id(conn: &mut Pooled<T>, key: &M::Key) -> QueryResult<Option<String>> {
         M::row_id(conn, key)
+    }
+
+    fn ends(conn: &mut Pooled<T>) -> crate::journal::Ends {
+        M::ends(conn)
     }
 }
 

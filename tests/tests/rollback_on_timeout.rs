@@ -300,6 +300,124 @@ fn a_metadata_lock_timeout_teaches_nothing_about_row_lock_timeouts() {
     );
 }
 
+/// Diesel's way to pick a backend at run time, here over MariaDB alone: the
+/// enum's backend type names no server, so lockkit learns from the
+/// connection inside what a failed statement does to a transaction.
+#[derive(diesel::MultiConnection)]
+pub enum AnyConnection {
+    Mysql(MysqlConnection),
+}
+
+impl lockkit::multi::Dispatch for AnyConnection {
+    fn dispatch(&mut self) -> lockkit::multi::BackendConn<'_> {
+        match self {
+            AnyConnection::Mysql(conn) => lockkit::multi::BackendConn::Mysql(conn),
+        }
+    }
+}
+
+/// The caller's transaction on `conn`, through the enum: an order line, a
+/// locking read of item 2 that times out (the server rolls back the whole
+/// transaction) and whose error the caller lets go, then `writes` on item 1
+/// and a second order line.
+fn after_a_let_go_timeout<T>(
+    conn: &mut AnyConnection,
+    writes: impl FnOnce(&mut AnyConnection) -> T,
+) -> (T, Result<(), Error>) {
+    let mut seen = None;
+    let outcome = conn.transaction(|conn| {
+        diesel::sql_query("INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)")
+            .execute(conn)?;
+        let timed_out =
+            diesel::sql_query("SELECT id FROM items WHERE id = 2 FOR UPDATE").execute(conn);
+        assert!(timed_out.is_err(), "item 2 was not held");
+        seen = Some(writes(conn));
+        diesel::sql_query("INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)")
+            .execute(conn)?;
+        Ok::<_, Error>(())
+    });
+    (seen.expect("the caller ran"), outcome)
+}
+
+/// Sells one unit of item 1 through the enum with a versioned write.
+fn sell_one_versioned(conn: &mut AnyConnection) -> Result<(), Error> {
+    let mut one = items::table.find(1).select(Item::as_select()).first(conn)?;
+    one.stock -= 1;
+    one.update_versioned(conn)
+}
+
+/// Sells one unit of item 1 through the enum with `update_if`.
+fn sell_one_if_in_stock(conn: &mut AnyConnection) -> Result<(), Error> {
+    Item::update_if(
+        conn,
+        1,
+        items::stock.ge(1),
+        items::stock.eq(items::stock - 1),
+    )
+}
+
+#[test]
+fn a_multi_connection_enums_first_lockkit_call_a_versioned_write_after_a_let_go_timeout_refuses() {
+    // The enum is new to lockkit when the caller's locking read times out;
+    // lockkit's first call on it, a versioned write, installs its journal
+    // after the fact. It must learn that MariaDB is inside and ask the
+    // server, not sell in autocommit.
+    let url = database("enum_new_versioned");
+    let ((versioned, conditional), outcome) =
+        holding(&url, HOLD_ITEM_2, Duration::from_secs(10), || {
+            let mut conn = AnyConnection::Mysql(connect(&url));
+            after_a_let_go_timeout(&mut conn, |conn| {
+                (sell_one_versioned(conn), sell_one_if_in_stock(conn))
+            })
+        });
+    let lines: i64 = orders::table
+        .count()
+        .get_result(&mut connect(&url))
+        .unwrap();
+    let stock_1 = stock_of_1(&url);
+    assert!(
+        matches!(versioned, Err(Error::TransactionAborted(_)))
+            && matches!(conditional, Err(Error::TransactionAborted(_))),
+        "update_versioned: {versioned:?}, update_if: {conditional:?}"
+    );
+    assert_eq!(
+        (stock_1, lines),
+        (10, 0),
+        "a write committed on its own; the caller got {outcome:?}"
+    );
+}
+
+#[test]
+fn update_if_through_a_multi_connection_enum_that_served_lockkit_after_a_let_go_timeout_refuses() {
+    // The enum served lockkit before (an `update_if` in a transaction of its
+    // own: the journal watches it, with no rule yet). The caller's locking
+    // read times out, which the journal sees in InnoDB's words; `update_if`
+    // after it must refuse, not sell in autocommit.
+    let url = database("enum_served_update_if");
+    let mut conn = AnyConnection::Mysql(connect(&url));
+    conn.transaction(|conn| {
+        Item::update_if(conn, 2, items::stock.ge(0), items::stock.eq(items::stock))
+    })
+    .unwrap();
+    let (conditional, outcome) = holding(&url, HOLD_ITEM_2, Duration::from_secs(10), || {
+        after_a_let_go_timeout(&mut conn, sell_one_if_in_stock)
+    });
+    let lines: i64 = orders::table
+        .count()
+        .get_result(&mut connect(&url))
+        .unwrap();
+    let stock_1 = stock_of_1(&url);
+    assert!(
+        matches!(conditional, Err(Error::TransactionAborted(_))),
+        "update_if: {conditional:?}"
+    );
+    assert_eq!(
+        (stock_1, lines),
+        (10, 0),
+        "a write committed on its own; the caller got {outcome:?}"
+    );
+}
+
 #[cfg(feature = "async")]
 mod asynchronous {
     use super::*;

@@ -252,9 +252,11 @@ impl Aborts {
                 } else if let Some(diesel::result::Error::DatabaseError(kind, info)) = error {
                     // A connection whose backend type names no server (a
                     // `MultiConnection` enum) learns its rule from lockkit's
-                    // transactions; before one ran, InnoDB's own words name it.
+                    // transactions; before one ran, InnoDB's own words name it
+                    // (a deadlock's, or a lock wait timeout's).
                     if self.ends == Ends::Never
-                        && crate::error::classification::is_innodb_deadlock(info.message())
+                        && (crate::error::classification::is_innodb_deadlock(info.message())
+                            || crate::error::classification::is_lock_wait_timeout(info.message()))
                     {
                         self.ends = Ends::OnDeadlock;
                     }

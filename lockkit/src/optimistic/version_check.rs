@@ -196,6 +196,13 @@ pub trait CurrentVersionQuery<Conn>: VersionCheck {
     ///
     /// Diesel's error, unclassified (lockkit's callers classify it).
     fn row_id(conn: &mut Conn, key: &Self::Key) -> diesel::QueryResult<Option<String>>;
+
+    /// How a failed statement leaves the open transaction on `conn`'s backend,
+    /// for the [`journal`] (an enum's: the connection it holds), so that a
+    /// write that installs it inside the caller's transaction knows what it
+    /// may have missed there.
+    #[doc(hidden)]
+    fn ends(conn: &mut Conn) -> journal::Ends;
 }
 
 /// Implements [`CurrentVersionQuery`] for every model that fits, on each
@@ -244,6 +251,10 @@ macro_rules! current_version_query_on {
 
             fn row_id(conn: &mut $conn, key: &M::Key) -> diesel::QueryResult<Option<String>> {
                 journal::row_id(conn, key, <Backend<$conn> as OptimisticBackend>::database_id)
+            }
+
+            fn ends(_: &mut $conn) -> journal::Ends {
+                journal::Ends::of::<Backend<$conn>>()
             }
         }
     )*};
@@ -467,6 +478,7 @@ where
             current,
         ))
     };
+    journal::watch(conn, M::ends);
     crate::transaction::check_write(conn)?;
     sequence(conn).map_err(|err| crate::transaction::failed_write(conn, err))
 }
