@@ -120,8 +120,9 @@ pub type PreparedUpdate<T, W, V> = VersionedUpdate<T, W, V, BySql<V>>;
 ///   [`classify`](crate::classify()).
 /// * [`Error::TransactionAborted`] when the statement (or one of the caller's
 ///   before it, whose error the caller let go) was a deadlock's victim
-///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
-///   back: not retryable here, since a retry would run in autocommit; the
+///   inside a transaction on MySQL/MariaDB (or a lock wait timeout's, on a server
+///   started with `--innodb-rollback-on-timeout`), which rolled the whole
+///   transaction back: not retryable here, since a retry would run in autocommit; the
 ///   owner of the outermost transaction runs it again whole.
 pub fn update_if<Conn, S>(conn: &mut Conn, statement: S) -> Result<usize, Error>
 where

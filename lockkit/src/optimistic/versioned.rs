@@ -121,8 +121,9 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
     /// * [`Error::TransactionAborted`] when one of its statements (or one of the
     ///   caller's before it, whose error the caller let go) was a deadlock's victim
-    ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
-    ///   back: not retryable here, since a retry would run in autocommit; the
+    ///   inside a transaction on MySQL/MariaDB (or a lock wait timeout's, on a
+    ///   server started with `--innodb-rollback-on-timeout`), which rolled the
+    ///   whole transaction back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
     fn update_versioned<Conn>(&mut self, conn: &mut Conn) -> Result<(), Error>
     where
@@ -212,8 +213,9 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
     /// * [`Error::TransactionAborted`] when one of its statements (or one of the
     ///   caller's before it, whose error the caller let go) was a deadlock's victim
-    ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
-    ///   back: not retryable here, since a retry would run in autocommit; the
+    ///   inside a transaction on MySQL/MariaDB (or a lock wait timeout's, on a
+    ///   server started with `--innodb-rollback-on-timeout`), which rolled the
+    ///   whole transaction back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
     ///
     /// # Example
@@ -265,8 +267,9 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
     /// * [`Error::TransactionAborted`] when one of its statements (or one of the
     ///   caller's before it, whose error the caller let go) was a deadlock's victim
-    ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
-    ///   back: not retryable here, since a retry would run in autocommit; the
+    ///   inside a transaction on MySQL/MariaDB (or a lock wait timeout's, on a
+    ///   server started with `--innodb-rollback-on-timeout`), which rolled the
+    ///   whole transaction back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
     ///
     /// # Example
@@ -315,8 +318,9 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
     /// * [`Error::TransactionAborted`] when one of its statements (or one of the
     ///   caller's before it, whose error the caller let go) was a deadlock's victim
-    ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
-    ///   back: not retryable here, since a retry would run in autocommit; the
+    ///   inside a transaction on MySQL/MariaDB (or a lock wait timeout's, on a
+    ///   server started with `--innodb-rollback-on-timeout`), which rolled the
+    ///   whole transaction back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
     ///
     /// # Example
@@ -377,8 +381,9 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
     /// * [`Error::TransactionAborted`] when one of its statements (or one of the
     ///   caller's before it, whose error the caller let go) was a deadlock's victim
-    ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
-    ///   back: not retryable here, since a retry would run in autocommit; the
+    ///   inside a transaction on MySQL/MariaDB (or a lock wait timeout's, on a
+    ///   server started with `--innodb-rollback-on-timeout`), which rolled the
+    ///   whole transaction back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
     ///
     /// # Example
@@ -431,8 +436,9 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
     /// * [`Error::TransactionAborted`] when one of its statements (or one of the
     ///   caller's before it, whose error the caller let go) was a deadlock's victim
-    ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
-    ///   back: not retryable here, since a retry would run in autocommit; the
+    ///   inside a transaction on MySQL/MariaDB (or a lock wait timeout's, on a
+    ///   server started with `--innodb-rollback-on-timeout`), which rolled the
+    ///   whole transaction back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
     ///
     /// # Example
@@ -498,8 +504,9 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
     /// * [`Error::TransactionAborted`] when one of its statements (or one of the
     ///   caller's before it, whose error the caller let go) was a deadlock's victim
-    ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
-    ///   back: not retryable here, since a retry would run in autocommit; the
+    ///   inside a transaction on MySQL/MariaDB (or a lock wait timeout's, on a
+    ///   server started with `--innodb-rollback-on-timeout`), which rolled the
+    ///   whole transaction back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
     ///
     /// # Example
@@ -568,8 +575,9 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
     /// * [`Error::TransactionAborted`] when one of its statements (or one of the
     ///   caller's before it, whose error the caller let go) was a deadlock's victim
-    ///   inside a transaction on MySQL/MariaDB, which rolled the whole transaction
-    ///   back: not retryable here, since a retry would run in autocommit; the
+    ///   inside a transaction on MySQL/MariaDB (or a lock wait timeout's, on a
+    ///   server started with `--innodb-rollback-on-timeout`), which rolled the
+    ///   whole transaction back: not retryable here, since a retry would run in autocommit; the
     ///   owner of the outermost transaction runs it again whole.
     ///
     /// # Example
