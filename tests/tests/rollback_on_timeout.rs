@@ -112,6 +112,37 @@ fn stock_of_1(url: &str) -> i32 {
         .unwrap()
 }
 
+/// Each of lockkit's `writes` (what it was, and its result) refused with
+/// `TransactionAborted`, and nothing of the caller's transaction committed:
+/// item 1 keeps its stock, and there is no order line. `outcome`: what the
+/// caller's transaction returned.
+fn assert_refused(url: &str, writes: &[(&str, &Result<(), Error>)], outcome: &Result<(), Error>) {
+    for (write, result) in writes {
+        assert!(
+            matches!(result, Err(Error::TransactionAborted(_))),
+            "{write}: {result:?}"
+        );
+    }
+    let lines: i64 = orders::table.count().get_result(&mut connect(url)).unwrap();
+    assert_eq!(
+        (stock_of_1(url), lines),
+        (10, 0),
+        "a write committed on its own; the caller got {outcome:?}"
+    );
+}
+
+/// [`assert_refused`] for lockkit's two single writes: a versioned write and
+/// `update_if`.
+fn assert_both_refused(
+    url: &str,
+    versioned: &Result<(), Error>,
+    conditional: &Result<(), Error>,
+    outcome: &Result<(), Error>,
+) {
+    let writes = [("update_versioned", versioned), ("update_if", conditional)];
+    assert_refused(url, &writes, outcome);
+}
+
 /// Records order line `id` in the caller's transaction.
 fn order_line(conn: &mut MysqlConnection, id: i32) -> Result<(), Error> {
     let sql = format!("INSERT INTO orders (id, item_id, qty) VALUES ({id}, NULL, 1)");
@@ -183,7 +214,7 @@ fn single_writes_after_the_caller_let_its_own_lock_timeout_go_refuse() {
     // `update_if`) in place of the nested call: each would commit on its own.
     let url = database("let_go_timeout_single_writes");
     let mut seen = None;
-    let (outcome, _, lines) = while_item_2_is_held(&url, |conn| {
+    let (outcome, _, _) = while_item_2_is_held(&url, |conn| {
         lockkit::locked_transaction(conn, LockOptions::default(), |_| Ok::<_, Error>(())).unwrap();
         conn.transaction(|conn| {
             order_line(conn, 1)?;
@@ -202,18 +233,8 @@ fn single_writes_after_the_caller_let_its_own_lock_timeout_go_refuse() {
             order_line(conn, 2)
         })
     });
-    let stock_1 = stock_of_1(&url);
     let (versioned, conditional) = seen.expect("the caller ran");
-    assert!(
-        matches!(versioned, Err(Error::TransactionAborted(_)))
-            && matches!(conditional, Err(Error::TransactionAborted(_))),
-        "update_versioned: {versioned:?}, update_if: {conditional:?}"
-    );
-    assert_eq!(
-        (stock_1, lines),
-        (10, 0),
-        "a write committed on its own; the caller got {outcome:?}"
-    );
+    assert_both_refused(&url, &versioned, &conditional, &outcome);
 }
 
 #[test]
@@ -284,20 +305,11 @@ fn a_metadata_lock_timeout_teaches_nothing_about_row_lock_timeouts() {
             order_line(conn, 2)
         })
     });
-    let lines: i64 = orders::table
-        .count()
-        .get_result(&mut connect(&url))
-        .unwrap();
-    let stock_1 = stock_of_1(&url);
     assert!(
         matches!(first, Some(Ok(()))),
         "the nested call after the metadata lock's timeout: {first:?}"
     );
-    assert!(
-        matches!(outcome, Err(Error::TransactionAborted(_))) && (stock_1, lines) == (10, 0),
-        "the caller got {outcome:?}; item 1's stock {stock_1}, order lines {lines} (a sale \
-         committed on its own)"
-    );
+    assert_refused(&url, &[("the sale", &outcome)], &outcome);
 }
 
 /// Diesel's way to pick a backend at run time, here over MariaDB alone: the
@@ -370,21 +382,7 @@ fn a_multi_connection_enums_first_lockkit_call_a_versioned_write_after_a_let_go_
                 (sell_one_versioned(conn), sell_one_if_in_stock(conn))
             })
         });
-    let lines: i64 = orders::table
-        .count()
-        .get_result(&mut connect(&url))
-        .unwrap();
-    let stock_1 = stock_of_1(&url);
-    assert!(
-        matches!(versioned, Err(Error::TransactionAborted(_)))
-            && matches!(conditional, Err(Error::TransactionAborted(_))),
-        "update_versioned: {versioned:?}, update_if: {conditional:?}"
-    );
-    assert_eq!(
-        (stock_1, lines),
-        (10, 0),
-        "a write committed on its own; the caller got {outcome:?}"
-    );
+    assert_both_refused(&url, &versioned, &conditional, &outcome);
 }
 
 #[test]
@@ -402,20 +400,7 @@ fn update_if_through_a_multi_connection_enum_that_served_lockkit_after_a_let_go_
     let (conditional, outcome) = holding(&url, HOLD_ITEM_2, Duration::from_secs(10), || {
         after_a_let_go_timeout(&mut conn, sell_one_if_in_stock)
     });
-    let lines: i64 = orders::table
-        .count()
-        .get_result(&mut connect(&url))
-        .unwrap();
-    let stock_1 = stock_of_1(&url);
-    assert!(
-        matches!(conditional, Err(Error::TransactionAborted(_))),
-        "update_if: {conditional:?}"
-    );
-    assert_eq!(
-        (stock_1, lines),
-        (10, 0),
-        "a write committed on its own; the caller got {outcome:?}"
-    );
+    assert_refused(&url, &[("update_if", &conditional)], &outcome);
 }
 
 #[cfg(feature = "async")]
@@ -524,19 +509,10 @@ mod asynchronous {
                 Ok::<_, Error>(())
             })
             .await;
-        let lines: i64 = orders::table
-            .count()
-            .get_result(&mut connect(&url))
-            .unwrap();
-        let stock_1 = stock_of_1(&url);
         assert!(
             matches!(first, Some(Ok(()))),
             "the nested call after the metadata lock's timeout: {first:?}"
         );
-        assert!(
-            matches!(outcome, Err(Error::TransactionAborted(_))) && (stock_1, lines) == (10, 0),
-            "the caller got {outcome:?}; item 1's stock {stock_1}, order lines {lines} (a sale \
-             committed on its own)"
-        );
+        assert_refused(&url, &[("the sale", &outcome)], &outcome);
     }
 }
