@@ -369,20 +369,27 @@ fn sell_one_if_in_stock(conn: &mut AnyConnection) -> Result<(), Error> {
 }
 
 #[test]
-fn a_multi_connection_enums_first_lockkit_call_a_versioned_write_after_a_let_go_timeout_refuses() {
+fn a_multi_connection_enums_first_lockkit_call_a_single_write_after_a_let_go_timeout_refuses() {
     // The enum is new to lockkit when the caller's locking read times out;
-    // lockkit's first call on it, a versioned write, installs its journal
-    // after the fact. It must learn that MariaDB is inside and ask the
-    // server, not sell in autocommit.
-    let url = database("enum_new_versioned");
-    let ((versioned, conditional), outcome) =
-        holding(&url, HOLD_ITEM_2, Duration::from_secs(10), || {
-            let mut conn = AnyConnection::Mysql(connect(&url));
-            after_a_let_go_timeout(&mut conn, |conn| {
-                (sell_one_versioned(conn), sell_one_if_in_stock(conn))
-            })
-        });
-    assert_both_refused(&url, &versioned, &conditional, &outcome);
+    // lockkit's first call on it, a versioned write or `update_if`, installs
+    // its journal after the fact. It must learn that MariaDB is inside and
+    // ask the server, not sell in autocommit.
+    for versioned_first in [true, false] {
+        let url = database(&format!("enum_new_versioned_first_{versioned_first}"));
+        let ((versioned, conditional), outcome) =
+            holding(&url, HOLD_ITEM_2, Duration::from_secs(10), || {
+                let mut conn = AnyConnection::Mysql(connect(&url));
+                after_a_let_go_timeout(&mut conn, |conn| {
+                    if versioned_first {
+                        (sell_one_versioned(conn), sell_one_if_in_stock(conn))
+                    } else {
+                        let conditional = sell_one_if_in_stock(conn);
+                        (sell_one_versioned(conn), conditional)
+                    }
+                })
+            });
+        assert_both_refused(&url, &versioned, &conditional, &outcome);
+    }
 }
 
 #[test]

@@ -122,8 +122,14 @@ pub type PreparedUpdate<T, W, V> = VersionedUpdate<T, W, V, BySql<V>>;
 ///   before it, whose error the caller let go) was a deadlock's victim
 ///   inside a transaction on MySQL/MariaDB (or a lock wait timeout's, on a server
 ///   started with `--innodb-rollback-on-timeout`), which rolled the whole
-///   transaction back: not retryable here, since a retry would run in autocommit; the
-///   owner of the outermost transaction runs it again whole.
+///   transaction back: not retryable here, since a retry would run in
+///   autocommit; the owner of the outermost transaction runs it again whole.
+///
+/// On a `#[derive(diesel::MultiConnection)]` enum, this function cannot name
+/// the backend inside: where it is the connection's first lockkit call, inside
+/// a transaction that an earlier statement's error (the caller let it go)
+/// already ended, it does not know to ask. [`Versioned::update_if`](crate::Versioned::update_if)
+/// knows, as do the versioned writes.
 pub fn update_if<Conn, S>(conn: &mut Conn, statement: S) -> Result<usize, Error>
 where
     Conn: Connection,

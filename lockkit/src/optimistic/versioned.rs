@@ -123,8 +123,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     ///   caller's before it, whose error the caller let go) was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB (or a lock wait timeout's, on a
     ///   server started with `--innodb-rollback-on-timeout`), which rolled the
-    ///   whole transaction back: not retryable here, since a retry would run in autocommit; the
-    ///   owner of the outermost transaction runs it again whole.
+    ///   whole transaction back: not retryable here, since a retry would run in
+    ///   autocommit; the owner of the outermost transaction runs it again whole.
     fn update_versioned<Conn>(&mut self, conn: &mut Conn) -> Result<(), Error>
     where
         Conn: Connection,
@@ -215,8 +215,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     ///   caller's before it, whose error the caller let go) was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB (or a lock wait timeout's, on a
     ///   server started with `--innodb-rollback-on-timeout`), which rolled the
-    ///   whole transaction back: not retryable here, since a retry would run in autocommit; the
-    ///   owner of the outermost transaction runs it again whole.
+    ///   whole transaction back: not retryable here, since a retry would run in
+    ///   autocommit; the owner of the outermost transaction runs it again whole.
     ///
     /// # Example
     ///
@@ -269,8 +269,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     ///   caller's before it, whose error the caller let go) was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB (or a lock wait timeout's, on a
     ///   server started with `--innodb-rollback-on-timeout`), which rolled the
-    ///   whole transaction back: not retryable here, since a retry would run in autocommit; the
-    ///   owner of the outermost transaction runs it again whole.
+    ///   whole transaction back: not retryable here, since a retry would run in
+    ///   autocommit; the owner of the outermost transaction runs it again whole.
     ///
     /// # Example
     ///
@@ -320,8 +320,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     ///   caller's before it, whose error the caller let go) was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB (or a lock wait timeout's, on a
     ///   server started with `--innodb-rollback-on-timeout`), which rolled the
-    ///   whole transaction back: not retryable here, since a retry would run in autocommit; the
-    ///   owner of the outermost transaction runs it again whole.
+    ///   whole transaction back: not retryable here, since a retry would run in
+    ///   autocommit; the owner of the outermost transaction runs it again whole.
     ///
     /// # Example
     ///
@@ -383,8 +383,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     ///   caller's before it, whose error the caller let go) was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB (or a lock wait timeout's, on a
     ///   server started with `--innodb-rollback-on-timeout`), which rolled the
-    ///   whole transaction back: not retryable here, since a retry would run in autocommit; the
-    ///   owner of the outermost transaction runs it again whole.
+    ///   whole transaction back: not retryable here, since a retry would run in
+    ///   autocommit; the owner of the outermost transaction runs it again whole.
     ///
     /// # Example
     ///
@@ -438,8 +438,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     ///   caller's before it, whose error the caller let go) was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB (or a lock wait timeout's, on a
     ///   server started with `--innodb-rollback-on-timeout`), which rolled the
-    ///   whole transaction back: not retryable here, since a retry would run in autocommit; the
-    ///   owner of the outermost transaction runs it again whole.
+    ///   whole transaction back: not retryable here, since a retry would run in
+    ///   autocommit; the owner of the outermost transaction runs it again whole.
     ///
     /// # Example
     ///
@@ -506,8 +506,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     ///   caller's before it, whose error the caller let go) was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB (or a lock wait timeout's, on a
     ///   server started with `--innodb-rollback-on-timeout`), which rolled the
-    ///   whole transaction back: not retryable here, since a retry would run in autocommit; the
-    ///   owner of the outermost transaction runs it again whole.
+    ///   whole transaction back: not retryable here, since a retry would run in
+    ///   autocommit; the owner of the outermost transaction runs it again whole.
     ///
     /// # Example
     ///
@@ -536,7 +536,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         Self::Table: FindDsl<Self::Key>,
         Find<Self::Table, Self::Key>: FilterDsl<P>,
         dsl::Filter<Find<Self::Table, Self::Key>, P>: IntoUpdateTarget<Table = Self::Table>,
-        Self: VersionCheck,
+        Self: CurrentVersionQuery<Conn>,
         (C, Self::Bump): AsChangeset<Target = Self::Table>,
         crate::atomic::PreparedUpdate<
             Self::Table,
@@ -546,6 +546,9 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     {
         let target = Self::Table::default().find(key).filter(condition);
         let statement = crate::atomic::update(target).set((changes, Self::bump()));
+        // The backend inside a `MultiConnection` enum, which `atomic::update_if`
+        // cannot name.
+        crate::journal::watch(conn, Self::ends);
         crate::atomic::update_if(conn, statement).map(drop)
     }
 
@@ -577,8 +580,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     ///   caller's before it, whose error the caller let go) was a deadlock's victim
     ///   inside a transaction on MySQL/MariaDB (or a lock wait timeout's, on a
     ///   server started with `--innodb-rollback-on-timeout`), which rolled the
-    ///   whole transaction back: not retryable here, since a retry would run in autocommit; the
-    ///   owner of the outermost transaction runs it again whole.
+    ///   whole transaction back: not retryable here, since a retry would run in
+    ///   autocommit; the owner of the outermost transaction runs it again whole.
     ///
     /// # Example
     ///
