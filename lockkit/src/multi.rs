@@ -243,12 +243,6 @@ macro_rules! dispatch {
                 }
             }
 
-            fn rolls_back_on_timeout(&mut self) -> bool {
-                match self.dispatch() {
-                    $(BackendConn::$variant(conn) => conn.rolls_back_on_timeout(),)+
-                }
-            }
-
             fn ends(&mut self) -> crate::journal::Ends {
                 match self.dispatch() {
                     $(BackendConn::$variant(conn) => conn.ends(),)+

@@ -166,16 +166,6 @@ pub trait AsyncLockingConnection:
     fn confirms_abort(&mut self) -> impl Future<Output = bool> + Send {
         std::future::ready(true)
     }
-
-    /// After the server answered that the open transaction survived a lock
-    /// wait timeout: whether it ends transactions on one at all, as the
-    /// blocking connection's
-    /// [`Control::rolls_back_on_timeout`](crate::transaction::Control::rolls_back_on_timeout).
-    /// The default: yes.
-    #[doc(hidden)]
-    fn rolls_back_on_timeout(&mut self) -> impl Future<Output = bool> + Send {
-        std::future::ready(true)
-    }
 }
 
 /// A session setting a locked transaction changed, to be put back.
@@ -395,14 +385,11 @@ pub(crate) async fn ended_by_seen_statement<C: AsyncLockingConnection>(
 ) -> Option<Error> {
     let cause = crate::journal::ended_by(&mut crate::journal::AsyncWatched(&mut *conn))?;
     if conn.confirms_abort().await {
-        return Some(cause);
+        Some(cause)
+    } else {
+        crate::journal::forget_abort(&mut crate::journal::AsyncWatched(conn));
+        None
     }
-    if crate::journal::forget_abort(&mut crate::journal::AsyncWatched(&mut *conn))
-        && !conn.rolls_back_on_timeout().await
-    {
-        crate::journal::timeouts_keep_transactions(&mut crate::journal::AsyncWatched(conn));
-    }
-    None
 }
 
 /// The blocking side's [`check_write`](crate::transaction::check_write) on an
@@ -562,8 +549,7 @@ mod mysql {
 
     use super::*;
     use crate::pessimistic::connection::mysql::{
-        restore_lock_wait_timeout_sql, rolls_back_on_timeout_query, server_transaction_query,
-        SaveAndSetLockWaitTimeout,
+        restore_lock_wait_timeout_sql, server_transaction_query, SaveAndSetLockWaitTimeout,
     };
 
     impl AsyncLockingConnection for AsyncMysqlConnection {
@@ -634,13 +620,6 @@ mod mysql {
 
         async fn confirms_abort(&mut self) -> bool {
             self.transaction_ended(None).await.is_some()
-        }
-
-        async fn rolls_back_on_timeout(&mut self) -> bool {
-            rolls_back_on_timeout_query()
-                .get_result(self)
-                .await
-                .unwrap_or(true)
         }
 
         async fn keep_aborted(&mut self) {

@@ -204,11 +204,6 @@ struct Aborts {
     /// lockkit call, inside the caller's transaction). Until lockkit asks the
     /// server ([`answered`]) or the transaction ends.
     missed: bool,
-    /// The server said that it does not end transactions on a lock wait
-    /// timeout (`innodb_rollback_on_timeout` is off, a server-wide setting),
-    /// asked once a transaction survived one ([`timeouts_keep_transactions`]):
-    /// the journal no longer counts timeouts on this connection.
-    timeouts_keep_it: bool,
 }
 
 impl Aborts {
@@ -263,8 +258,6 @@ impl Aborts {
                     if self.depth > 0
                         && self.ended_by.is_none()
                         && self.ends.by(*kind, info.message())
-                        && !(self.timeouts_keep_it
-                            && crate::error::classification::is_lock_wait_timeout(info.message()))
                     {
                         self.ended_by = Some((*kind, info.message().to_owned()));
                     }
@@ -642,30 +635,17 @@ fn watched<W: Watched>(conn: &mut W, ends: impl FnOnce(&mut W) -> Ends) -> Optio
 /// Forgets what [`ended_by`] said: the server answered that the transaction is
 /// alive (the work recovered with a savepoint of its own, in SQL; the error
 /// only read like one that ends a transaction; or a lock wait timeout on a
-/// server that keeps transactions on one). Whether what it forgot was a lock
-/// wait timeout: then the caller may ask the server whether it ever ends a
-/// transaction on one ([`timeouts_keep_transactions`]). The answer that this
-/// transaction survived one does not tell: a metadata lock's timeout, or a
-/// trigger's `SIGNAL` in the same words, ends nothing on any server.
-pub(crate) fn forget_abort<W: Watched>(conn: &mut W) -> bool {
-    let Some(journal) = conn.slot().downcast_mut::<Journal>() else {
-        return false;
-    };
-    journal.aborts.missed = false;
-    journal
-        .aborts
-        .ended_by
-        .take()
-        .is_some_and(|(_, message)| crate::error::classification::is_lock_wait_timeout(&message))
-}
-
-/// The server said that it never ends a transaction on a lock wait timeout
-/// (`innodb_rollback_on_timeout` is off: a server-wide setting, fixed while
-/// it runs): the journal on `conn` stops counting timeouts
-/// ([`Aborts::timeouts_keep_it`]).
-pub(crate) fn timeouts_keep_transactions<W: Watched>(conn: &mut W) {
+/// server that keeps transactions on one).
+///
+/// That this transaction survived a lock wait timeout teaches nothing about
+/// the next one: a metadata lock's timeout, or a trigger's `SIGNAL` in the
+/// same words, ends nothing even on a server that ends transactions on a row
+/// lock's. So every timeout in a transaction costs one question, on that
+/// error path only.
+pub(crate) fn forget_abort<W: Watched>(conn: &mut W) {
     if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
-        journal.aborts.timeouts_keep_it = true;
+        journal.aborts.ended_by = None;
+        journal.aborts.missed = false;
     }
 }
 

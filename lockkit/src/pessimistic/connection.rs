@@ -46,10 +46,10 @@
 //! in the work's error type, whatever the work returned: a `retry` around
 //! `with_lock` runs the whole transaction again.
 //!
-//! After a lock wait timeout that the transaction survived, lockkit asks once
-//! per connection whether the server ever ends a transaction on one
-//! (`SELECT @@innodb_rollback_on_timeout`); where it does not, later timeouts
-//! on the connection cost no question.
+//! The journal counts every lock wait timeout in a transaction as one that may
+//! have ended it (a server started with `--innodb-rollback-on-timeout` ends it),
+//! so lockkit's next call in that transaction asks the server: one question per
+//! timeout, on that error path only.
 //!
 //! On Galera, another node's write can abort a transaction while its client sits
 //! between statements; the client learns it (a deadlock, 1213) at its next
@@ -425,16 +425,6 @@ pub(crate) mod mysql {
         ))
     }
 
-    /// `SELECT @@innodb_rollback_on_timeout`: whether the server ends a
-    /// transaction on a lock wait timeout, for the blocking and the async
-    /// connection ([`Control::rolls_back_on_timeout`]).
-    pub(crate) fn rolls_back_on_timeout_query(
-    ) -> diesel::dsl::select<diesel::expression::SqlLiteral<diesel::sql_types::Bool>> {
-        diesel::select(diesel::dsl::sql::<diesel::sql_types::Bool>(
-            "@@innodb_rollback_on_timeout",
-        ))
-    }
-
     /// Whether the caller's transaction is alive on the server: open, and not
     /// lockkit's stand-in for an aborted one.
     fn caller_transaction_alive(conn: &mut MysqlConnection) -> diesel::QueryResult<bool> {
@@ -569,12 +559,6 @@ pub(crate) mod mysql {
 
         fn confirms_abort(&mut self) -> bool {
             self.transaction_ended(None).is_some()
-        }
-
-        fn rolls_back_on_timeout(&mut self) -> bool {
-            rolls_back_on_timeout_query()
-                .get_result(self)
-                .unwrap_or(true)
         }
 
         fn keep_aborted(&mut self) {

@@ -99,15 +99,6 @@ pub trait Control: Connection + Sized {
         true
     }
 
-    /// After the server answered that the open transaction survived a lock
-    /// wait timeout: whether it ends transactions on one at all
-    /// (MySQL/MariaDB's `innodb_rollback_on_timeout`). Asked once per
-    /// connection, where the answer is `false`. The default: yes, the answer
-    /// that keeps lockkit asking.
-    fn rolls_back_on_timeout(&mut self) -> bool {
-        true
-    }
-
     /// How a failed statement leaves the open transaction on this connection's
     /// backend, for lockkit's journal. The default: read off the backend type.
     fn ends(&mut self) -> crate::journal::Ends {
@@ -134,12 +125,11 @@ pub(crate) fn ended_by_statement<C: Control>(conn: &mut C) -> Option<Error> {
     }
     let cause = crate::journal::ended_by(conn)?;
     if conn.confirms_abort() {
-        return Some(cause);
+        Some(cause)
+    } else {
+        crate::journal::forget_abort(conn);
+        None
     }
-    if crate::journal::forget_abort(conn) && !conn.rolls_back_on_timeout() {
-        crate::journal::timeouts_keep_transactions(conn);
-    }
-    None
 }
 
 /// Refuses a write in the caller's transaction once a statement has ended it
