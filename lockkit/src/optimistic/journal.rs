@@ -131,10 +131,14 @@ pub enum Ends {
     /// transaction as ended.
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     OnDeadlock,
-    /// SQLite, or a backend lockkit does not know: an error ends its statement
-    /// only (as lockkit assumes where it cannot tell).
-    #[default]
+    /// SQLite: an error ends its statement only.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     Never,
+    /// A backend type that names no server (a `MultiConnection` enum's):
+    /// treated as [`Never`](Self::Never) until the connection inside tells,
+    /// or InnoDB's words do.
+    #[default]
+    Unknown,
 }
 
 impl Ends {
@@ -142,7 +146,7 @@ impl Ends {
     pub(crate) fn of<B>() -> Self {
         // A type name, not a `TypeId`: the connection's backend is not known
         // to be `'static` where the journal is reached. Names of distinct
-        // backends differ; an unknown one keeps the default.
+        // backends differ; any other is unknown.
         let name = std::any::type_name::<B>();
         #[cfg(feature = "postgres")]
         if name == std::any::type_name::<diesel::pg::Pg>() {
@@ -152,8 +156,12 @@ impl Ends {
         if name == std::any::type_name::<diesel::mysql::Mysql>() {
             return Ends::OnDeadlock;
         }
+        #[cfg(feature = "sqlite")]
+        if name == std::any::type_name::<diesel::sqlite::Sqlite>() {
+            return Ends::Never;
+        }
         let _ = name;
-        Ends::Never
+        Ends::Unknown
     }
 
     fn by(self, kind: DatabaseErrorKind, message: &str) -> bool {
@@ -166,7 +174,7 @@ impl Ends {
                     || crate::error::classification::is_deadlock(message)
                     || crate::error::classification::is_lock_wait_timeout(message)
             }
-            Ends::Never => false,
+            Ends::Never | Ends::Unknown => false,
         }
     }
 }
@@ -178,6 +186,9 @@ impl Ends {
 #[derive(Debug, Default)]
 struct Aborts {
     ends: Ends,
+    /// `ends` was guessed from InnoDB's words ([`Ends::Unknown`] before): the
+    /// connection's own answer, once lockkit asks it, replaces it.
+    guessed: bool,
     /// The depth of the open transaction (0: none).
     depth: u32,
     /// The error that ended the open transaction (its kind and message).
@@ -249,11 +260,12 @@ impl Aborts {
                     // `MultiConnection` enum) learns its rule from lockkit's
                     // transactions; before one ran, InnoDB's own words name it
                     // (a deadlock's, or a lock wait timeout's).
-                    if self.ends == Ends::Never
+                    if self.ends == Ends::Unknown
                         && (crate::error::classification::is_innodb_deadlock(info.message())
                             || crate::error::classification::is_lock_wait_timeout(info.message()))
                     {
                         self.ends = Ends::OnDeadlock;
+                        self.guessed = true;
                     }
                     if self.depth > 0
                         && self.ended_by.is_none()
@@ -620,12 +632,13 @@ fn watched<W: Watched>(conn: &mut W, ends: impl FnOnce(&mut W) -> Ends) -> Optio
     let known = conn
         .slot()
         .downcast_mut::<Journal>()
-        .is_some_and(|journal| journal.aborts.ends != Ends::Never);
+        .is_some_and(|journal| journal.aborts.ends != Ends::Unknown && !journal.aborts.guessed);
     let rule = if known { None } else { Some(ends(conn)) };
     let journal = conn.slot().downcast_mut::<Journal>()?;
-    if let Some(rule) = rule {
+    if let Some(rule) = rule.filter(|rule| *rule != Ends::Unknown) {
         journal.aborts.ends = rule;
-        // Installed now, inside the transaction: it saw none of it.
+        journal.aborts.guessed = false;
+        // Told now, inside the transaction: it may have missed what ended it.
         journal.aborts.missed = journal.aborts.depth > 0 && rule == Ends::OnDeadlock;
     }
     journal.aborts.hides_read_errors = hides_read_errors;
