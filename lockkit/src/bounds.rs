@@ -50,7 +50,7 @@
 //! | [`MarkLocked`] | `with_lock`, `lock_all` | what an exclusive lock writes: [`NoVersion`](crate::pessimistic::NoVersion), [`BumpVersion`](crate::optimistic::BumpVersion) |
 //! | [`AdaptiveRow`] | [`adaptive`](crate::adaptive) writes | every [`Versioned`](crate::Versioned) model that is `Selectable` on `PgConnection`, `MysqlConnection` or `SqliteConnection` (not on [`Dispatch`](crate::multi::Dispatch) enums) |
 //! | [`VersionCheck`] | every versioned write | every [`Versioned`](crate::Versioned) model |
-//! | [`CurrentVersionQuery`] | every versioned write | those, on a connection of a supported backend or a [`Dispatch`](crate::multi::Dispatch) enum |
+//! | [`CurrentVersionQuery`] | every versioned write, [`Versioned::update_if`](crate::Versioned::update_if) | those, on a connection of a supported backend or a [`Dispatch`](crate::multi::Dispatch) enum |
 //! | [`LockingConnection`], [`AsLockingConnection`] | the lock calls | `PgConnection`, `MysqlConnection`, `SqliteConnection`; r2d2 pooled connections to them (feature `r2d2`); [`Dispatch`](crate::multi::Dispatch) enums |
 //! | [`ClaimQuery`] | [`queue::claim`](crate::queue::claim) | every select query that takes `.limit(n)` and a row-lock clause, on those connections |
 //! | [`Expectations`] | [`CompareAndSet::compare_and_set`](crate::compare_and_set::CompareAndSet::compare_and_set) | [`expect`](crate::compare_and_set::expect)`(column, value)` and tuples of up to six |

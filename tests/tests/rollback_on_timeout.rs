@@ -392,22 +392,33 @@ fn a_multi_connection_enums_first_lockkit_call_a_single_write_after_a_let_go_tim
     }
 }
 
+/// Sells one unit of item 1 through the enum with `atomic::update_if`, which
+/// cannot name the backend inside.
+fn sell_one_atomically(conn: &mut AnyConnection) -> Result<(), Error> {
+    let sale = diesel::update(items::table.find(1).filter(items::stock.ge(1)))
+        .set(items::stock.eq(items::stock - 1));
+    lockkit::atomic::update_if(conn, sale).map(drop)
+}
+
 #[test]
-fn update_if_through_a_multi_connection_enum_that_served_lockkit_after_a_let_go_timeout_refuses() {
-    // The enum served lockkit before (an `update_if` in a transaction of its
-    // own: the journal watches it, with no rule yet). The caller's locking
-    // read times out, which the journal sees in InnoDB's words; `update_if`
-    // after it must refuse, not sell in autocommit.
-    let url = database("enum_served_update_if");
+fn atomic_update_if_through_a_multi_connection_enum_that_served_lockkit_after_a_let_go_timeout_refuses(
+) {
+    // The enum served lockkit before, with `atomic::update_if` only (in a
+    // transaction of its own): the journal watches it, with no rule, since
+    // neither the enum's backend type nor that call names the server. The
+    // caller's locking read times out, which the journal sees in InnoDB's
+    // words; `atomic::update_if` after it must refuse, not sell in autocommit.
+    let url = database("enum_served_atomic_update_if");
     let mut conn = AnyConnection::Mysql(connect(&url));
     conn.transaction(|conn| {
-        Item::update_if(conn, 2, items::stock.ge(0), items::stock.eq(items::stock))
+        let nothing = diesel::update(items::table.find(2)).set(items::stock.eq(items::stock));
+        lockkit::atomic::update_if(conn, nothing)
     })
     .unwrap();
     let (conditional, outcome) = holding(&url, HOLD_ITEM_2, Duration::from_secs(10), || {
-        after_a_let_go_timeout(&mut conn, sell_one_if_in_stock)
+        after_a_let_go_timeout(&mut conn, sell_one_atomically)
     });
-    assert_refused(&url, &[("update_if", &conditional)], &outcome);
+    assert_refused(&url, &[("atomic::update_if", &conditional)], &outcome);
 }
 
 #[cfg(feature = "async")]
@@ -497,8 +508,8 @@ mod asynchronous {
                     )
                     .await,
                 );
-                // A write, whose error diesel-async shows the journal (a
-                // read's it may hide, and lockkit then asks in any case).
+                // A write, whose error diesel-async shows the journal (it
+                // may hide a read's).
                 let timed_out = block_in_place(|| {
                     holding(&url, HOLD_ITEM_2, long, || {
                         Handle::current().block_on(
