@@ -261,6 +261,8 @@ impl<C: QueryId, E: QueryId> QueryId for Increment<C, E> {
 ///
 /// * [`Error::NoRowMatched`] when `target` selects no row; nothing was written.
 /// * a classified database error; see [`classify`](crate::classify()).
+/// * [`Error::TransactionAborted`], as [`update_if`] (which it calls) returns
+///   it.
 ///
 /// # Example
 ///
