@@ -834,6 +834,35 @@ mod stand_in_probes {
             assert_eq!(asked, [plain, plain + 1, plain + 1], "SELECTs sent by each nested call");
         }
 
+        fn a_nested_lock_timeout_the_caller_caught_leaves_its_commit_a_commit(db) {
+            // The caller writes item 2 with a version check, then a nested
+            // with_lock on item 1 times out (held elsewhere); the server keeps
+            // the transaction, the caller catches the timeout and commits. The
+            // write committed: the struct's next write must go through, not be
+            // taken for one whose transaction rolled back (a false Stale).
+            if BACKEND != "mysql" {
+                return;
+            }
+            seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+            let mut conn = db.connect();
+            exec(&mut conn, "SET SESSION innodb_lock_wait_timeout = 1");
+            let mut two: Item = items::table.find(2).first(&mut conn).unwrap();
+            let committed = item_1_locked_for(&db, Duration::from_millis(2500), || {
+                conn.transaction(|conn| {
+                    two.stock -= 1;
+                    two.update_versioned(conn)?;
+                    let timed_out = lockkit::with_lock(conn, 1, LockOptions::default(), |_, _: Item| Ok::<_, Error>(()));
+                    assert!(matches!(timed_out, Err(Error::LockTimeout)), "{timed_out:?}");
+                    Ok::<_, Error>(())
+                })
+            });
+            assert!(committed.is_ok(), "{committed:?}");
+            two.stock -= 1;
+            let again = two.update_versioned(&mut conn);
+            assert!(again.is_ok(), "the second write after a committed first: {again:?}");
+            assert_eq!(stock_of!(&mut conn, 2), 8);
+        }
+
         fn lock_that_finds_the_transaction_ended_keeps_later_writes_out(db) {
             // The caller's own statement is the deadlock's victim; it swallows
             // the error and calls Lockable::lock, which finds the transaction

@@ -615,7 +615,11 @@ mod mysql {
 
         async fn transaction_ended(&mut self, cause: Option<&Error>) -> Option<Error> {
             // MariaDB knows.
-            crate::transaction::ended_unless_open(caller_transaction_alive(self).await, cause)
+            let alive = caller_transaction_alive(self).await;
+            if matches!(alive, Ok(true)) {
+                crate::journal::forget_abort(&mut crate::journal::AsyncWatched(&mut *self));
+            }
+            crate::transaction::ended_unless_open(alive, cause)
         }
 
         async fn confirms_abort(&mut self) -> bool {

@@ -554,7 +554,11 @@ pub(crate) mod mysql {
     impl Control for MysqlConnection {
         fn transaction_ended(&mut self, cause: Option<&Error>) -> Option<Error> {
             // MariaDB knows.
-            crate::transaction::ended_unless_open(caller_transaction_alive(self), cause)
+            let alive = caller_transaction_alive(self);
+            if matches!(alive, Ok(true)) {
+                crate::journal::forget_abort(self);
+            }
+            crate::transaction::ended_unless_open(alive, cause)
         }
 
         fn confirms_abort(&mut self) -> bool {

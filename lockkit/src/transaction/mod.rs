@@ -76,7 +76,9 @@ impl<E> From<Error> for Failure<E> {
 pub trait Control: Connection + Sized {
     /// After a nested transaction failed (with `cause` when lockkit can see it):
     /// whether the server has ended the whole transaction, and why. Asked on
-    /// error paths only. The default: only a lost connection does.
+    /// error paths only. Where the server answers that the transaction is
+    /// open, lockkit's journal forgets what it saw end it (a caller that then
+    /// commits commits). The default: only a lost connection does.
     fn transaction_ended(&mut self, cause: Option<&Error>) -> Option<Error> {
         connection_lost(cause)
     }
