@@ -272,39 +272,59 @@ mod sqlite_in_memory {
     fn an_error_in_innodbs_words_ends_no_sqlite_transaction() {
         // A trigger of the user's refuses a sale below zero with the words of
         // InnoDB's deadlock, and the caller lets the error go. SQLite ends no
-        // transaction on it: the versioned write after it must go through, not
-        // be refused as if MariaDB had rolled the transaction back.
-        let mut conn = in_memory(0);
-        conn.batch_execute(
-            "INSERT INTO items VALUES (2, 'item 2', 10, 0); \
-             CREATE TRIGGER items_refuse_negative BEFORE UPDATE ON items \
-             WHEN NEW.stock < 0 BEGIN SELECT RAISE(ABORT, \
-             'Deadlock found when trying to get lock; try restarting transaction'); END",
-        )
-        .unwrap();
-        // An earlier lockkit call on the connection installed its journal.
-        lockkit::locked_transaction(&mut conn, lockkit::LockOptions::default(), |_| {
-            Ok::<_, Error>(())
-        })
-        .unwrap();
-        let outcome = conn.transaction(|conn| {
-            let refused = diesel::update(items::table.find(2))
-                .set(items::stock.eq(-1))
-                .execute(conn);
-            assert!(refused.is_err(), "the trigger refused nothing");
-            let mut one = item!(conn, 1);
-            one.stock -= 1;
-            one.update_versioned(conn)
-        });
-        let stock: i32 = items::table
-            .find(1)
-            .select(items::stock)
-            .first(&mut conn)
+        // transaction on it: a nested `with_lock` and a versioned write after
+        // it must go through, not be refused as if MariaDB had rolled the
+        // transaction back. lockkit's journal was installed by an earlier
+        // lockkit call, or by the user (`Journal::new`, which knows no
+        // backend until lockkit tells it).
+        for installed_by_lockkit in [true, false] {
+            let mut conn = in_memory(0);
+            conn.batch_execute(
+                "INSERT INTO items VALUES (2, 'item 2', 10, 0); \
+                 CREATE TRIGGER items_refuse_negative BEFORE UPDATE ON items \
+                 WHEN NEW.stock < 0 BEGIN SELECT RAISE(ABORT, \
+                 'Deadlock found when trying to get lock; try restarting transaction'); END",
+            )
             .unwrap();
-        assert!(
-            outcome.is_ok() && stock == 9,
-            "the sale got {outcome:?}; item 1's stock {stock}"
-        );
+            if installed_by_lockkit {
+                lockkit::locked_transaction(&mut conn, lockkit::LockOptions::default(), |_| {
+                    Ok::<_, Error>(())
+                })
+                .unwrap();
+            } else {
+                conn.set_instrumentation(lockkit::journal::Journal::new());
+            }
+            let outcome = conn.transaction(|conn| {
+                let refused = diesel::update(items::table.find(2))
+                    .set(items::stock.eq(-1))
+                    .execute(conn);
+                assert!(refused.is_err(), "the trigger refused nothing");
+                lockkit::with_lock(
+                    conn,
+                    1,
+                    lockkit::LockOptions::default(),
+                    |conn, item: Item| {
+                        diesel::update(items::table.find(1))
+                            .set(items::stock.eq(item.stock - 1))
+                            .execute(conn)?;
+                        Ok::<_, Error>(())
+                    },
+                )?;
+                let mut one = item!(conn, 1);
+                one.stock -= 1;
+                one.update_versioned(conn)
+            });
+            let stock: i32 = items::table
+                .find(1)
+                .select(items::stock)
+                .first(&mut conn)
+                .unwrap();
+            assert!(
+                outcome.is_ok() && stock == 8,
+                "journal installed by lockkit: {installed_by_lockkit}; the sales got \
+                 {outcome:?}, item 1's stock {stock}"
+            );
+        }
     }
 }
 

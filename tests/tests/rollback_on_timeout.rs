@@ -392,6 +392,9 @@ fn a_multi_connection_enums_first_lockkit_call_a_single_write_after_a_let_go_tim
     }
 }
 
+/// One way to sell a unit of item 1 through the enum.
+type Sale = fn(&mut AnyConnection) -> Result<(), Error>;
+
 /// Sells one unit of item 1 through the enum with `atomic::update_if`, which
 /// cannot name the backend inside.
 fn sell_one_atomically(conn: &mut AnyConnection) -> Result<(), Error> {
@@ -401,24 +404,31 @@ fn sell_one_atomically(conn: &mut AnyConnection) -> Result<(), Error> {
 }
 
 #[test]
-fn atomic_update_if_through_a_multi_connection_enum_that_served_lockkit_after_a_let_go_timeout_refuses(
-) {
+fn update_if_through_a_multi_connection_enum_that_served_lockkit_after_a_let_go_timeout_refuses() {
     // The enum served lockkit before, with `atomic::update_if` only (in a
     // transaction of its own): the journal watches it, with no rule, since
     // neither the enum's backend type nor that call names the server. The
     // caller's locking read times out, which the journal sees in InnoDB's
-    // words; `atomic::update_if` after it must refuse, not sell in autocommit.
-    let url = database("enum_served_atomic_update_if");
-    let mut conn = AnyConnection::Mysql(connect(&url));
-    conn.transaction(|conn| {
-        let nothing = diesel::update(items::table.find(2)).set(items::stock.eq(items::stock));
-        lockkit::atomic::update_if(conn, nothing)
-    })
-    .unwrap();
-    let (conditional, outcome) = holding(&url, HOLD_ITEM_2, Duration::from_secs(10), || {
-        after_a_let_go_timeout(&mut conn, sell_one_atomically)
-    });
-    assert_refused(&url, &[("atomic::update_if", &conditional)], &outcome);
+    // words. `atomic::update_if` after it must refuse, not sell in
+    // autocommit; so must `Versioned::update_if`, which tells the journal
+    // the rule of the connection inside, in place of its guess.
+    let sales: [(&str, Sale); 2] = [
+        ("atomic::update_if", sell_one_atomically),
+        ("Versioned::update_if", sell_one_if_in_stock),
+    ];
+    for (i, (name, sell)) in sales.into_iter().enumerate() {
+        let url = database(&format!("enum_served_update_if_{i}"));
+        let mut conn = AnyConnection::Mysql(connect(&url));
+        conn.transaction(|conn| {
+            let nothing = diesel::update(items::table.find(2)).set(items::stock.eq(items::stock));
+            lockkit::atomic::update_if(conn, nothing)
+        })
+        .unwrap();
+        let (conditional, outcome) = holding(&url, HOLD_ITEM_2, Duration::from_secs(10), || {
+            after_a_let_go_timeout(&mut conn, sell)
+        });
+        assert_refused(&url, &[(name, &conditional)], &outcome);
+    }
 }
 
 #[cfg(feature = "async")]

@@ -209,11 +209,11 @@ struct Aborts {
     /// in the open transaction since lockkit last asked the server whether it
     /// is alive: a deadlock may have ended it unseen.
     unsure: bool,
-    /// The journal was installed inside the open transaction, on a backend
-    /// that ends one on a deadlock: it did not see the statements before it,
-    /// one of which may have ended the transaction (a connection's first
-    /// lockkit call, inside the caller's transaction). Until lockkit asks the
-    /// server ([`answered`]) or the transaction ends.
+    /// The journal learned that its backend ends a transaction on a deadlock
+    /// only inside the open transaction (installed by a connection's first
+    /// lockkit call there, or told its rule late): it may have missed, or not
+    /// counted, a statement before that ended the transaction. Until lockkit
+    /// asks the server ([`answered`]) or the transaction ends.
     missed: bool,
 }
 
@@ -256,10 +256,12 @@ impl Aborts {
                         self.ended_by = None;
                     }
                 } else if let Some(diesel::result::Error::DatabaseError(kind, info)) = error {
-                    // A connection whose backend type names no server (a
-                    // `MultiConnection` enum) learns its rule from lockkit's
-                    // transactions; before one ran, InnoDB's own words name it
-                    // (a deadlock's, or a lock wait timeout's).
+                    // A journal whose backend type names no server (a
+                    // `MultiConnection` enum's, or one the user installed)
+                    // learns its rule when a lockkit call tells it; before
+                    // that, InnoDB's own words (a deadlock's, or a lock wait
+                    // timeout's) make a guess, which the call's rule replaces.
+                    #[cfg(feature = "mysql")]
                     if self.ends == Ends::Unknown
                         && (crate::error::classification::is_innodb_deadlock(info.message())
                             || crate::error::classification::is_lock_wait_timeout(info.message()))
@@ -599,15 +601,15 @@ pub(crate) fn journal_of<W: Watched>(conn: &mut W) -> Option<&mut Journal> {
 }
 
 /// Installs the journal on `conn` as [`journal_of`] does, with the rule the
-/// connection tells (`ends`, asked once per connection: the dispatched
-/// connection's, for an enum).
+/// connection tells (`ends`: the dispatched connection's, for an enum; asked
+/// until the journal has a rule that was not guessed).
 pub(crate) fn watch<W: Watched>(conn: &mut W, ends: impl FnOnce(&mut W) -> Ends) {
     let _ = watched(conn, ends);
 }
 
 /// [`journal_of`], the journal taking its rule from `ends` while it has none
-/// (once per connection: a `MultiConnection` enum's is told by [`watch`], as
-/// its backend type names none).
+/// or a guessed one (a `MultiConnection` enum's is told by [`watch`], as its
+/// backend type names none).
 fn watched<W: Watched>(conn: &mut W, ends: impl FnOnce(&mut W) -> Ends) -> Option<&mut Journal> {
     let hides_read_errors = conn.hides_read_errors();
     if !conn.slot().is::<Journal>() {
@@ -636,6 +638,13 @@ fn watched<W: Watched>(conn: &mut W, ends: impl FnOnce(&mut W) -> Ends) -> Optio
     let rule = if known { None } else { Some(ends(conn)) };
     let journal = conn.slot().downcast_mut::<Journal>()?;
     if let Some(rule) = rule.filter(|rule| *rule != Ends::Unknown) {
+        // What a guess recorded that the connection's own rule would not have
+        // (a SQLite trigger's error in InnoDB's words) ended nothing.
+        if let Some((kind, message)) = &journal.aborts.ended_by {
+            if !rule.by(*kind, message) {
+                journal.aborts.ended_by = None;
+            }
+        }
         journal.aborts.ends = rule;
         journal.aborts.guessed = false;
         // Told now, inside the transaction: it may have missed what ended it.
