@@ -431,6 +431,35 @@ fn update_if_through_a_multi_connection_enum_that_served_lockkit_after_a_let_go_
     }
 }
 
+#[test]
+fn a_single_write_through_an_enum_with_its_own_instrumentation_that_times_out_under_a_nested_retry_commits_nothing(
+) {
+    // The enum carries the user's own Diesel instrumentation, so no journal
+    // of lockkit's watches it. The README's retry around a sale (a versioned
+    // write, or `Versioned::update_if`) inside the caller's transaction: the
+    // sale waits for item 1 and times out, and the server rolls back the
+    // whole transaction. lockkit must learn from the connection inside that
+    // this may be so: a retry would sell in autocommit, without the order line.
+    let sales: [(&str, Sale); 2] = [
+        ("update_versioned", sell_one_versioned),
+        ("Versioned::update_if", sell_one_if_in_stock),
+    ];
+    for (i, (name, sell)) in sales.into_iter().enumerate() {
+        let url = database(&format!("enum_instrumented_retry_{i}"));
+        let hold_item_1 = "START TRANSACTION; SELECT id FROM items WHERE id = 1 FOR UPDATE";
+        let outcome = holding(&url, hold_item_1, Duration::from_millis(1500), || {
+            let mut conn = AnyConnection::Mysql(connect(&url));
+            conn.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+            conn.transaction(|conn| {
+                diesel::sql_query("INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)")
+                    .execute(conn)?;
+                retry(&RetryPolicy::immediate(3), |_| sell(conn))
+            })
+        });
+        assert_refused(&url, &[(name, &outcome)], &outcome);
+    }
+}
+
 #[cfg(feature = "async")]
 mod asynchronous {
     use super::*;

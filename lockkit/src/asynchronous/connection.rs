@@ -429,7 +429,8 @@ pub(crate) async fn failed_write<C: AsyncConnection>(conn: &mut C, err: Error) -
     let unseen = crate::journal::may_end_transaction(&err)
         && watched.depth().is_some()
         && watched.ends() == crate::journal::Ends::OnDeadlock;
-    if !unseen && !crate::journal::write_ended_transaction(watched, &err) {
+    let ends = watched.ends();
+    if !unseen && !crate::journal::write_ended_transaction(watched, &err, ends) {
         return err;
     }
     if !open_stand_in(conn).await {

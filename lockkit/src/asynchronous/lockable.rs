@@ -278,7 +278,9 @@ where
     // nested call) end this transaction? As the blocking side's panic guard
     // asks it.
     let check = began.check(&result, || {
-        crate::journal::whole(&mut crate::journal::AsyncWatched(&mut *conn))
+        let watched = &mut crate::journal::AsyncWatched(&mut *conn);
+        let ends = crate::journal::Watched::ends(watched);
+        crate::journal::whole(watched, ends)
     });
     let ended = match check {
         Check::Nothing => None,

@@ -135,10 +135,26 @@ where
     Conn: Connection,
     S: ExecuteDsl<Conn>,
 {
+    let ends = crate::journal::Ends::of::<Conn::Backend>();
+    update_if_on(conn, statement, ends)
+}
+
+/// [`update_if`] on a backend whose rule is `ends`: told by a caller that can
+/// name the backend inside a `MultiConnection` enum
+/// ([`Versioned::update_if`](crate::Versioned::update_if)).
+pub(crate) fn update_if_on<Conn, S>(
+    conn: &mut Conn,
+    statement: S,
+    ends: crate::journal::Ends,
+) -> Result<usize, Error>
+where
+    Conn: Connection,
+    S: ExecuteDsl<Conn>,
+{
     crate::journal::before_write(conn);
     crate::transaction::check_write(conn)?;
     let rows = ExecuteDsl::execute(statement, conn)
-        .map_err(|err| crate::transaction::failed_write(conn, classify(err)))?;
+        .map_err(|err| crate::transaction::failed_write(conn, classify(err), ends))?;
     matched(rows)
 }
 

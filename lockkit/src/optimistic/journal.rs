@@ -774,8 +774,12 @@ pub(crate) fn aborted<W: Watched>(conn: &mut W, cause: crate::Error) -> crate::E
 /// statements out of autocommit. Decided here for the blocking
 /// ([`transaction::failed_write`](crate::transaction::failed_write)) and the
 /// async write.
-pub(crate) fn write_ended_transaction<W: Watched>(conn: &mut W, err: &crate::Error) -> bool {
-    match whole(conn) {
+pub(crate) fn write_ended_transaction<W: Watched>(
+    conn: &mut W,
+    err: &crate::Error,
+    ends: Ends,
+) -> bool {
+    match whole(conn, ends) {
         Whole::Seen => err.is_retryable(),
         Whole::Unwatched => may_end_transaction(err),
         Whole::No => false,
@@ -808,15 +812,17 @@ pub(crate) enum Whole {
     No,
 }
 
-/// [`Whole`] for `conn`, in a transaction.
-pub(crate) fn whole<W: Watched>(conn: &mut W) -> Whole {
+/// [`Whole`] for `conn`, in a transaction, on a backend whose rule is `ends`
+/// (what decides where no journal watches: a `MultiConnection` enum's is the
+/// connection's inside, which its backend type does not name).
+pub(crate) fn whole<W: Watched>(conn: &mut W, ends: Ends) -> Whole {
     let seen = conn.slot().downcast_mut::<Journal>().map(|journal| {
         journal.aborts.ends == Ends::OnDeadlock && journal.aborts.ended_by.is_some()
     });
     match seen {
         Some(true) => Whole::Seen,
         Some(false) => Whole::No,
-        None if conn.depth().is_some() && conn.ends() == Ends::OnDeadlock => Whole::Unwatched,
+        None if conn.depth().is_some() && ends == Ends::OnDeadlock => Whole::Unwatched,
         None => Whole::No,
     }
 }
@@ -829,7 +835,8 @@ pub(crate) fn whole<W: Watched>(conn: &mut W) -> Whole {
 /// it already (then the server confirmed it, and the read-only stand-in was
 /// opened).
 pub(crate) fn ended_before_write<W: Watched>(conn: &mut W) -> Option<(crate::Error, bool)> {
-    if whole(conn) != Whole::Seen {
+    let ends = conn.ends();
+    if whole(conn, ends) != Whole::Seen {
         // Came in the middle of the transaction: what it missed may have.
         let missed = conn
             .slot()

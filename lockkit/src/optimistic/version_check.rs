@@ -478,9 +478,12 @@ where
             current,
         ))
     };
-    journal::watch(conn, M::ends);
+    // The rule of the backend inside a `MultiConnection` enum, which its
+    // backend type does not name.
+    let ends = M::ends(conn);
+    journal::watch(conn, |_| ends);
     crate::transaction::check_write(conn)?;
-    sequence(conn).map_err(|err| crate::transaction::failed_write(conn, err))
+    sequence(conn).map_err(|err| crate::transaction::failed_write(conn, err, ends))
 }
 
 /// The write checked `checked` and left `next` on its row: the journal

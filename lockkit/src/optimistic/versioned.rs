@@ -548,8 +548,9 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         let statement = crate::atomic::update(target).set((changes, Self::bump()));
         // The backend inside a `MultiConnection` enum, which `atomic::update_if`
         // cannot name.
-        crate::journal::watch(conn, Self::ends);
-        crate::atomic::update_if(conn, statement).map(drop)
+        let ends = Self::ends(conn);
+        crate::journal::watch(conn, |_| ends);
+        crate::atomic::update_if_on(conn, statement, ends).map(drop)
     }
 
     /// Applies one changeset to many rows, each checked against its own expected

@@ -184,7 +184,7 @@ pub(crate) fn check_write<C: Connection>(conn: &mut C) -> Result<(), Error> {
 
 /// A single write statement of lockkit's in the caller's transaction (a
 /// versioned write, [`atomic::update_if`](crate::atomic::update_if)) failed with
-/// `err`. Where that rolled back the whole transaction
+/// `err`, on a backend whose rule is `ends`. Where that rolled back the whole transaction
 /// ([`journal::write_ended_transaction`](crate::journal::write_ended_transaction)),
 /// the write reports [`Error::TransactionAborted`] and opens the read-only
 /// stand-in ([`keep_aborted_sql`]), as a nested lockkit transaction does: the
@@ -197,8 +197,12 @@ pub(crate) fn check_write<C: Connection>(conn: &mut C) -> Result<(), Error> {
 /// transaction still open, nothing is opened, the journal forgets the abort,
 /// and the write returns its error as it is, the caller's transaction still
 /// the caller's to commit or roll back.
-pub(crate) fn failed_write<C: Connection>(conn: &mut C, err: Error) -> Error {
-    if !crate::journal::write_ended_transaction(conn, &err) {
+pub(crate) fn failed_write<C: Connection>(
+    conn: &mut C,
+    err: Error,
+    ends: crate::journal::Ends,
+) -> Error {
+    if !crate::journal::write_ended_transaction(conn, &err, ends) {
         return err;
     }
     if !open_stand_in(conn) {

@@ -51,7 +51,8 @@ impl PanicGuard {
             // Before `COMMIT` (or `ROLLBACK`): did the work let a statement (or
             // a nested call) end this transaction?
             Ok(result) => {
-                let ended = match began.check(&result, || journal::whole(conn)) {
+                let ends = Control::ends(conn);
+                let ended = match began.check(&result, || journal::whole(conn, ends)) {
                     Check::Nothing => None,
                     Check::Ended { stand_in } => ended_by_statement(conn)
                         .or_else(|| stand_in.then(|| conn.transaction_ended(None)).flatten()),
