@@ -460,6 +460,39 @@ fn a_single_write_through_an_enum_with_its_own_instrumentation_that_times_out_un
     }
 }
 
+#[test]
+fn with_lock_through_an_enum_with_its_own_instrumentation_whose_work_failed_after_a_timeout_reports_it(
+) {
+    // As above, no journal of lockkit's watches the enum. The work of an
+    // outermost `with_lock` records an order line, then its own locking read
+    // of item 2 times out (the server rolls back the whole transaction); it
+    // lets that error go and fails with one of its own. The transaction is
+    // gone: lockkit asks the server, and hands on a retryable cause, which a
+    // `retry` around `with_lock` runs again, not the work's error. (Unwatched,
+    // lockkit knows only that the server ended it: it names a deadlock.)
+    let url = database("enum_instrumented_with_lock");
+    let outcome = holding(&url, HOLD_ITEM_2, Duration::from_secs(10), || {
+        let mut conn = AnyConnection::Mysql(connect(&url));
+        conn.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+        lockkit::with_lock(&mut conn, 1, LockOptions::default(), |conn, _: Item| {
+            diesel::sql_query("INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)")
+                .execute(conn)?;
+            let timed_out =
+                diesel::sql_query("SELECT id FROM items WHERE id = 2 FOR UPDATE").execute(conn);
+            assert!(timed_out.is_err(), "item 2 was not held");
+            Err::<(), _>(Error::InvalidInput("out of stock"))
+        })
+    });
+    let lines: i64 = orders::table
+        .count()
+        .get_result(&mut connect(&url))
+        .unwrap();
+    assert!(
+        matches!(outcome, Err(Error::LockTimeout | Error::Deadlock)) && lines == 0,
+        "the caller got {outcome:?}; order lines {lines}"
+    );
+}
+
 #[cfg(feature = "async")]
 mod asynchronous {
     use super::*;
