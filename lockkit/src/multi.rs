@@ -237,9 +237,9 @@ macro_rules! dispatch {
                 }
             }
 
-            fn confirms_abort(&mut self) -> bool {
+            fn confirms_abort(&mut self, cause: &Error) -> bool {
                 match self.dispatch() {
-                    $(BackendConn::$variant(conn) => conn.confirms_abort(),)+
+                    $(BackendConn::$variant(conn) => conn.confirms_abort(cause),)+
                 }
             }
 

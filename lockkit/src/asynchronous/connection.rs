@@ -158,12 +158,13 @@ pub trait AsyncLockingConnection:
         std::future::ready(())
     }
 
-    /// After lockkit's journal saw a statement end the open transaction:
-    /// whether the server agrees, as the blocking connection's
+    /// After lockkit's journal saw a statement end the open transaction with
+    /// `cause`: whether the server agrees, as the blocking connection's
     /// [`Control::confirms_abort`](crate::transaction::Control::confirms_abort).
     /// The default: yes.
     #[doc(hidden)]
-    fn confirms_abort(&mut self) -> impl Future<Output = bool> + Send {
+    fn confirms_abort(&mut self, cause: &Error) -> impl Future<Output = bool> + Send {
+        let _ = cause;
         std::future::ready(true)
     }
 }
@@ -384,7 +385,7 @@ pub(crate) async fn ended_by_seen_statement<C: AsyncLockingConnection>(
     conn: &mut C,
 ) -> Option<Error> {
     let cause = crate::journal::ended_by(&mut crate::journal::AsyncWatched(&mut *conn))?;
-    if conn.confirms_abort().await {
+    if conn.confirms_abort(&cause).await {
         Some(cause)
     } else {
         crate::journal::forget_abort(&mut crate::journal::AsyncWatched(conn));
@@ -535,7 +536,7 @@ mod postgres {
             .await
         }
 
-        async fn confirms_abort(&mut self) -> bool {
+        async fn confirms_abort(&mut self, _: &Error) -> bool {
             use diesel_async::SimpleAsyncConnection;
             let sql = crate::pessimistic::connection::postgres::CONFIRM_ABORT;
             self.batch_execute(sql).await.is_err()
@@ -623,8 +624,8 @@ mod mysql {
             crate::transaction::ended_unless_open(alive, cause)
         }
 
-        async fn confirms_abort(&mut self) -> bool {
-            self.transaction_ended(None).await.is_some()
+        async fn confirms_abort(&mut self, cause: &Error) -> bool {
+            self.transaction_ended(Some(cause)).await.is_some()
         }
 
         async fn keep_aborted(&mut self) {

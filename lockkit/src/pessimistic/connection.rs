@@ -386,7 +386,7 @@ pub(crate) mod postgres {
     }
 
     impl Control for PgConnection {
-        fn confirms_abort(&mut self) -> bool {
+        fn confirms_abort(&mut self, _: &Error) -> bool {
             // In an aborted transaction every statement fails (25P02).
             diesel::connection::SimpleConnection::batch_execute(self, CONFIRM_ABORT).is_err()
         }
@@ -561,8 +561,8 @@ pub(crate) mod mysql {
             crate::transaction::ended_unless_open(alive, cause)
         }
 
-        fn confirms_abort(&mut self) -> bool {
-            self.transaction_ended(None).is_some()
+        fn confirms_abort(&mut self, cause: &Error) -> bool {
+            self.transaction_ended(Some(cause)).is_some()
         }
 
         fn keep_aborted(&mut self) {

@@ -95,9 +95,11 @@ pub trait Control: Connection + Sized {
     fn repair(&mut self) {}
 
     /// After lockkit's journal saw a statement end the open transaction
-    /// ([`ended_by_statement`]): whether the server agrees. Asked on that path
-    /// only. The default: yes.
-    fn confirms_abort(&mut self) -> bool {
+    /// with `cause` ([`ended_by_statement`]): whether the server agrees (where
+    /// it cannot answer, as MySQL 8 cannot, the cause decides). Asked on that
+    /// path only. The default: yes.
+    fn confirms_abort(&mut self, cause: &Error) -> bool {
+        let _ = cause;
         true
     }
 
@@ -126,7 +128,7 @@ pub(crate) fn ended_by_statement<C: Control>(conn: &mut C) -> Option<Error> {
         }
     }
     let cause = crate::journal::ended_by(conn)?;
-    if conn.confirms_abort() {
+    if conn.confirms_abort(&cause) {
         Some(cause)
     } else {
         crate::journal::forget_abort(conn);
