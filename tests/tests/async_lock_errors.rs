@@ -663,6 +663,49 @@ mod stand_in_probes {
             assert_eq!(lines, 0, "the caller rolled back, yet {lines} order line(s) committed; nested: {nested:?}, outcome: {outcome:?}");
             assert!(matches!(nested, Some(Err(Error::InvalidInput(_)))), "{nested:?}");
         }
+
+        async fn a_nested_lock_timeout_the_caller_caught_leaves_its_commit_a_commit(db) {
+            // The blocking side's case: the caller writes item 2 with a version
+            // check, a nested with_lock on item 1 times out (held by another
+            // connection), the server keeps the transaction, and the caller
+            // catches the timeout and commits. The struct's next write must go
+            // through, not be taken for one whose transaction rolled back.
+            if BACKEND != "mysql" {
+                return;
+            }
+            seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+            let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+            conn.batch_execute("SET SESSION innodb_lock_wait_timeout = 1").await.unwrap();
+            let mut two: Item = items::table.find(2).first(&mut conn).await.unwrap();
+            let (held_tx, held_rx) = mpsc::channel();
+            let url = db.url.clone();
+            let holder = std::thread::spawn(move || {
+                let mut conn = Sync::establish(&url).unwrap();
+                conn.transaction(|conn| {
+                    exec(conn, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
+                    held_tx.send(()).unwrap();
+                    std::thread::sleep(std::time::Duration::from_millis(2500));
+                    diesel::QueryResult::Ok(())
+                })
+                .unwrap();
+            });
+            held_rx.recv().unwrap();
+            let two_ref = &mut two;
+            let committed: Result<(), Error> = conn
+                .transaction(async |conn| {
+                    two_ref.stock -= 1;
+                    lockkit::asynchronous::AsyncVersioned::update_versioned(&mut *two_ref, conn).await?;
+                    let timed_out = lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |_, _: Item| Ok::<_, Error>(())).await;
+                    assert!(matches!(timed_out, Err(Error::LockTimeout)), "{timed_out:?}");
+                    Ok(())
+                })
+                .await;
+            holder.join().unwrap();
+            assert!(committed.is_ok(), "{committed:?}");
+            two.stock -= 1;
+            let again = lockkit::asynchronous::AsyncVersioned::update_versioned(&mut two, &mut conn).await;
+            assert!(again.is_ok(), "the second write after a committed first: {again:?}");
+        }
     }
 }
 
