@@ -6,6 +6,7 @@ use syn::DeriveInput;
 
 use crate::ast::{self, Derive, Model, ModelField, Versioning};
 use crate::ctxt::Ctxt;
+use crate::dummy::dummy_const;
 use crate::fallback;
 
 /// `#[derive(Versioned)]`, as a `proc_macro2` function so tests can call and
@@ -42,23 +43,6 @@ fn expand(model: &Model<'_>) -> TokenStream {
         #lockable
         #versioned
     })
-}
-
-/// `const _: () = { .. };`, so that nothing generated leaks into the user's
-/// module, hidden from docs and lints.
-pub fn dummy_const(body: TokenStream) -> TokenStream {
-    quote! {
-        #[doc(hidden)]
-        #[allow(
-            non_upper_case_globals,
-            unused_attributes,
-            unused_qualifications,
-            clippy::absolute_paths
-        )]
-        const _: () = {
-            #body
-        };
-    }
 }
 
 /// `impl Lockable`: the table and the primary key.

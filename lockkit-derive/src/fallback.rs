@@ -13,7 +13,7 @@ use quote::quote;
 use syn::DeriveInput;
 
 use crate::ast::Derive;
-use crate::expand;
+use crate::dummy::dummy_const;
 
 pub fn expand(input: &DeriveInput, derive: Derive, errors: &[syn::Error]) -> TokenStream {
     let mut errors = errors.iter().map(syn::Error::to_compile_error);
@@ -51,7 +51,7 @@ pub fn expand(input: &DeriveInput, derive: Derive, errors: &[syn::Error]) -> Tok
         }
     });
 
-    let impls = expand::dummy_const(quote! {
+    let impls = dummy_const(quote! {
         type Invalid = [(); #first];
 
         #[automatically_derived]
