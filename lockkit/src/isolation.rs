@@ -6,18 +6,6 @@ use crate::retry::{may_retry, retry_while, RetryableError};
 use crate::Error;
 use crate::RetryPolicy;
 
-/// PostgreSQL's serializable `BEGIN` (what Diesel's
-/// `build_transaction().serializable()` sends), shared with the async side.
-#[cfg(feature = "postgres")]
-pub(crate) const PG_BEGIN_SERIALIZABLE: &str = "BEGIN TRANSACTION ISOLATION LEVEL SERIALIZABLE";
-/// MySQL/MariaDB: sent before `BEGIN`; applies to the next transaction only.
-#[cfg(feature = "mysql")]
-pub(crate) const MYSQL_SET_SERIALIZABLE: &str = "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE";
-/// SQLite: one writer at a time is serializable. Also how a locked transaction
-/// begins (the write lock taken before the first read), on both sides.
-#[cfg(feature = "sqlite")]
-pub(crate) const SQLITE_BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
-
 /// `SERIALIZABLE` transactions, retried.
 ///
 /// Row locks protect the rows you lock. Some invariants span rows nobody locks:

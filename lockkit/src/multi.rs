@@ -132,7 +132,7 @@ use crate::bounds::{ClaimQuery, CurrentVersionQuery, LockAll, LockRow, MarkLocke
 use crate::outbox::{DeadLetter, OutboxMessage, OutboxStore};
 use crate::pessimistic::connection;
 use crate::pessimistic::row_lock::RowLock;
-use crate::transaction::Control;
+use crate::transaction::{Control, Reach};
 use crate::{AsLockingConnection, Error, LockOptions, Lockable, LockingConnection};
 
 #[cfg(feature = "r2d2")]
@@ -159,16 +159,6 @@ pub(crate) fn kind<T: Dispatch>(conn: &mut T) -> Kind {
         #[cfg(feature = "sqlite")]
         BackendConn::Sqlite(_) => Kind::Sqlite,
     }
-}
-
-/// The connection lockkit's statements for one backend go to: the connection
-/// itself, or the one inside a [`Dispatch`] enum.
-pub(crate) trait Reach<I> {
-    /// The backend connection. A `Dispatch` enum that holds another backend now
-    /// (its closure replaced it in the middle of lockkit's transaction) is
-    /// Diesel's `BrokenTransactionManager`: the transaction lockkit began is no
-    /// longer there.
-    fn reach(&mut self) -> diesel::QueryResult<&mut I>;
 }
 
 /// `$body` with `$inner` bound to the connection a [`Dispatch`] enum holds,

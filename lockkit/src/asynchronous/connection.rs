@@ -531,7 +531,7 @@ mod postgres {
         async fn begin_serializable(&mut self) -> QueryResult<()> {
             diesel_async::AnsiTransactionManager::begin_transaction_sql(
                 self,
-                crate::isolation::PG_BEGIN_SERIALIZABLE,
+                crate::transaction::PG_BEGIN_SERIALIZABLE,
             )
             .await
         }
@@ -602,7 +602,7 @@ mod mysql {
             // for the next user's transaction) marks the connection broken.
             let mut changing = Changing::armed(self);
             let conn = &mut *changing.conn;
-            let begun = match diesel::sql_query(crate::isolation::MYSQL_SET_SERIALIZABLE)
+            let begun = match diesel::sql_query(crate::transaction::MYSQL_SET_SERIALIZABLE)
                 .execute(&mut *conn)
                 .await
             {
@@ -680,10 +680,10 @@ mod sqlite {
     use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 
     use super::*;
-    use crate::isolation::SQLITE_BEGIN_IMMEDIATE;
     use crate::pessimistic::connection::sqlite::{
         set_busy_timeout_sql, BusyTimeout, BUSY_TIMEOUT, WRITE_LOCK,
     };
+    use crate::transaction::SQLITE_BEGIN_IMMEDIATE;
 
     type Wrapped = SyncConnectionWrapper<SqliteConnection>;
 

@@ -95,10 +95,10 @@
 use diesel::query_dsl::methods::LockingDsl;
 
 use super::options::LockOptions;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-use crate::multi::Reach;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use crate::transaction::transaction_sql;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use crate::transaction::Reach;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use crate::transaction::{finish, Failure, PanicGuard};
 use crate::transaction::{in_transaction, Control};
@@ -380,7 +380,7 @@ pub(crate) mod postgres {
     {
         serializable_begun_with::<PgConnection, _, _, _, _>(
             conn,
-            crate::isolation::PG_BEGIN_SERIALIZABLE,
+            crate::transaction::PG_BEGIN_SERIALIZABLE,
             f,
         )
     }
@@ -546,7 +546,7 @@ pub(crate) mod mysql {
         refuse_open_transaction(conn)?;
         // Applies to the next transaction only.
         conn.reach()
-            .and_then(|c| diesel::sql_query(crate::isolation::MYSQL_SET_SERIALIZABLE).execute(c))
+            .and_then(|c| diesel::sql_query(crate::transaction::MYSQL_SET_SERIALIZABLE).execute(c))
             .map_err(crate::classify)?;
         crate::transaction::run(conn, |conn| f(conn).map_err(Failure::Closure))
     }
@@ -595,8 +595,8 @@ pub(crate) mod sqlite {
     use diesel::{RunQueryDsl, SqliteConnection};
 
     use super::*;
-    use crate::isolation::SQLITE_BEGIN_IMMEDIATE;
     use crate::metrics::LockWait;
+    use crate::transaction::SQLITE_BEGIN_IMMEDIATE;
 
     as_locking_connection!(SqliteConnection);
 

@@ -28,20 +28,17 @@
 )]
 
 mod after_commit;
+mod begin;
 mod panic_guard;
 pub(crate) mod scope;
 
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-use diesel::connection::AnsiTransactionManager;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use diesel::connection::TransactionManager;
 use diesel::Connection;
 
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-use crate::multi::Reach;
-
 pub use after_commit::after_commit;
+pub(crate) use begin::*;
 pub(crate) use panic_guard::PanicGuard;
 
 use crate::Error;
@@ -458,35 +455,6 @@ where
     let mut guard = PanicGuard::default();
     let result = conn.transaction(|conn| guard.call(conn, f));
     finish(conn, nested, guard, result, None, crate::classify)
-}
-
-/// Diesel's `Connection::transaction` with a `BEGIN` of its own (`BEGIN
-/// IMMEDIATE`, an isolation level), sent to the backend connection `I` that
-/// `conn` is or holds; `COMMIT` and `ROLLBACK` go through `conn`'s transaction
-/// manager, which for a [`Dispatch`](crate::multi::Dispatch) enum is `I`'s.
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub(crate) fn transaction_sql<I, H, T, E>(
-    conn: &mut H,
-    begin: &str,
-    f: impl FnOnce(&mut H) -> Result<T, E>,
-) -> Result<T, E>
-where
-    I: Connection<TransactionManager = AnsiTransactionManager>,
-    H: Connection + Reach<I>,
-    E: From<diesel::result::Error>,
-{
-    AnsiTransactionManager::begin_transaction_sql(conn.reach()?, begin)?;
-    match f(conn) {
-        Ok(value) => {
-            H::TransactionManager::commit_transaction(conn)?;
-            Ok(value)
-        }
-        Err(err) => match H::TransactionManager::rollback_transaction(conn) {
-            // A broken transaction manager says less than the error behind it.
-            Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => Err(err),
-            Err(rollback) => Err(rollback.into()),
-        },
-    }
 }
 
 /// The end of every lockkit transaction, decided here once: `result` is how
