@@ -379,7 +379,7 @@ pub(crate) async fn ended_by_statement<C: AsyncLockingConnection>(conn: &mut C) 
 
 /// [`ended_by_statement`] from what the journal saw only, with the server's
 /// confirmation: what an outermost transaction asks before its `COMMIT`
-/// ([`end`](super::lockable::end)), where asking the server after every read
+/// ([`end`](super::transaction::end)), where asking the server after every read
 /// would cost each call a round trip.
 pub(crate) async fn ended_by_seen_statement<C: AsyncLockingConnection>(
     conn: &mut C,

@@ -53,7 +53,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::connection::{ended_by_statement, AsyncLockingConnection, Restore};
-use super::lockable::end;
+use super::transaction::end;
 use super::work::{CatchUnwind, ConnWork};
 use crate::clock::now_millis;
 use crate::http::idempotency::{

@@ -68,7 +68,7 @@ where
             Ok(()) => {
                 let began = Began::with_work(false);
                 let result = f(conn).await.map_err(Failure::Closure);
-                super::lockable::end(conn, began, Restore::Nothing, result).await
+                super::transaction::end(conn, began, Restore::Nothing, result).await
             }
             Err(err) => {
                 // A failed `BEGIN` may have left diesel-async's bookkeeping

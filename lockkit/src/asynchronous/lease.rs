@@ -54,7 +54,7 @@ use std::time::Duration;
 use diesel_async::TransactionManager;
 
 use super::connection::{in_transaction, AsyncLockingConnection, Restore};
-use super::lockable::end;
+use super::transaction::end;
 use super::work::{AsyncWork, ConnWork};
 use crate::lease::fence::admitted;
 use crate::lease::{

@@ -62,9 +62,10 @@ use diesel::expression::Expression;
 use diesel::query_dsl::methods::{FilterDsl, FindDsl, LockingDsl, OrderDsl, SelectDsl};
 use diesel::{OptionalExtension, QueryResult, Selectable};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
-use diesel_async::{RunQueryDsl, TransactionManager};
+use diesel_async::RunQueryDsl;
 
-use super::connection::{in_transaction, AsyncLockingConnection, Begun, Changing, Restore};
+use super::connection::{in_transaction, AsyncLockingConnection, Changing, Restore};
+use super::transaction::end;
 use super::versioned::{AsyncVersionQuery, AsyncVersioned};
 use super::work::{ConnWork, RowWork};
 use crate::optimistic::version_check::TouchVersioned;
@@ -77,7 +78,7 @@ use crate::pessimistic::row_lock::{
     EveryClause, ForUpdate, LockClause, LockedCall, RowLock, WaitMode,
 };
 use crate::pessimistic::NoVersion;
-use crate::transaction::{require_transaction, settle, Check, Failed, Failure};
+use crate::transaction::{require_transaction, Failure};
 use crate::{classify, Error, LockOptions, Lockable};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -235,118 +236,6 @@ where
     let result = end(conn, began, restore, result).await;
     changing.restored();
     result
-}
-
-/// The end of every async lockkit transaction, `began` nested in an open one or
-/// not:
-///
-/// * first roll back what a nested call whose future was dropped left open
-///   above this call's own level ([`roll_back_dropped`](super::connection::roll_back_dropped)),
-///   so that what follows ends this call's level;
-/// * commit on `Ok`, unless the work caught an abort of the whole transaction
-///   ([`Began`](crate::transaction::Began), as on the blocking side); a failed `COMMIT` is classified (a
-///   serialization failure or deadlock found at commit is retryable like any
-///   other);
-/// * roll back on `Err`;
-/// * put back the session setting the transaction changed;
-/// * decide the caller's error as the blocking side does ([`Failed`]): a nested
-///   transaction whose whole transaction the server ended is
-///   [`Error::TransactionAborted`].
-pub(crate) async fn end<C, T, E>(
-    conn: &mut C,
-    began: impl Into<Begun>,
-    restore: Restore,
-    result: Result<T, Failure<E>>,
-) -> Result<T, E>
-where
-    C: AsyncLockingConnection,
-    E: From<Error> + Send,
-    T: Send,
-{
-    let begun = began.into();
-    let began = begun.began;
-    let nested = began.nested;
-    // First the levels a dropped nested call left open above this call's own.
-    let result = match super::connection::roll_back_dropped(conn, &begun).await {
-        Ok(()) => result,
-        Err(err) => Err(Failure::Diesel(err)),
-    };
-    // This call's own level in diesel-async's books: its transaction, or the
-    // savepoint nested in the caller's.
-    let depth = super::connection::transaction_depth(conn);
-    // Before `COMMIT` (or `ROLLBACK`): did the work let a statement (or a
-    // nested call) end this transaction? As the blocking side's panic guard
-    // asks it.
-    let check = began.check(&result, || {
-        let watched = &mut crate::journal::AsyncWatched(&mut *conn);
-        let ends = crate::journal::Watched::ends(watched);
-        crate::journal::whole(watched, ends)
-    });
-    let ended = match check {
-        Check::Nothing => None,
-        Check::Ended { stand_in } => match super::connection::ended_by_seen_statement(conn).await {
-            Some(cause) => Some(cause),
-            None if stand_in => conn.transaction_ended(None).await,
-            None => None,
-        },
-    };
-    let result = settle(result, ended);
-    let result = match result {
-        Ok(value) => match conn.restore(&restore, true).await {
-            Ok(()) => C::TransactionManager::commit_transaction(conn)
-                .await
-                .map(|()| value)
-                .map_err(Failure::Diesel),
-            Err(err) => Err(Failure::Diesel(err)),
-        },
-        Err(failure) => Err(failure),
-    };
-    let mut rollback_failed = None;
-    if result.is_err() && depth > 0 && super::connection::transaction_depth(conn) == depth {
-        // Roll back this call's level, if it is still open: after a failed
-        // COMMIT or RELEASE SAVEPOINT diesel-async has already ended (or given
-        // up on) it, and one more rollback would end the caller's. A broken
-        // transaction manager says less than the error behind it.
-        match C::TransactionManager::rollback_transaction(conn).await {
-            Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => {}
-            Err(rollback) => rollback_failed = Some(rollback),
-        }
-    }
-    if result.is_err() {
-        crate::transaction::rolled_back(conn, depth.max(1));
-    }
-    let restored = conn.restore(&restore, false).await;
-    let failure = match (result, restored) {
-        (Ok(value), Ok(())) => return Ok(value),
-        (Ok(_), Err(err)) => Failure::Diesel(err),
-        (Err(failure), _) => failure,
-    };
-    if !nested {
-        conn.repair().await;
-    }
-    let failed = Failed::from_failure(failure, classify);
-    let (asked, ended) = match failed.question(nested) {
-        Some(cause) => (true, conn.transaction_ended(cause).await),
-        None => (false, None),
-    };
-    // Only while the caller's transaction is open in diesel-async's books:
-    // the caller's rollback then ends the stand-in, and nothing is left open
-    // behind the books' back.
-    if ended.is_some() && in_transaction(conn) {
-        conn.keep_aborted().await;
-    }
-    // A savepoint that could not be rolled back because the server had ended
-    // the whole transaction (InnoDB's deadlock victim) is decided like any other
-    // nested failure; otherwise the failed rollback is the error, as Diesel's
-    // own transactions report it.
-    if let Some(rollback) = rollback_failed {
-        if !nested || (asked && ended.is_none()) {
-            return Err(E::from(classify(rollback)));
-        }
-    }
-    Err(failed.into_error(nested, ended, |cause| {
-        crate::journal::aborted(&mut crate::journal::AsyncWatched(conn), cause)
-    }))
 }
 
 /// The locked read of [`with_lock`], in its transaction: the row, its version

@@ -35,6 +35,7 @@
 //! | [`lock_waits`] | who is waiting on whom |
 //! | [`connection`] | [`AsyncLockingConnection`]: begin and end a locking transaction per backend, and what a dropped future leaves behind ([cancellation](connection#cancellation)) |
 //! | [`work`] | the shape of the `async` closures the calls take |
+//! | `transaction` (private) | how every async lockkit transaction ends: commit or roll back, and the caller's error |
 //! | [`idempotency`](mod@idempotency) | idempotency keys, and what a dropped `run` leaves |
 //! | [`lease`](mod@lease) | database leases and fenced writes |
 //! | [`outbox`](mod@outbox) | the outbox's enqueue and relay, and the inbox |
@@ -59,6 +60,7 @@ pub mod lockable;
 pub mod outbox;
 pub mod queue;
 pub mod retry;
+mod transaction;
 pub mod versioned;
 pub mod work;
 

@@ -62,7 +62,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use super::connection::{in_transaction, AsyncLockingConnection};
-use super::lockable::end;
+use super::transaction::end;
 use super::work::{AsyncWork, ConnWork};
 use crate::clock::now_millis;
 use crate::outbox::inbox::check_message_id;

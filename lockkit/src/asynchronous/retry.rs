@@ -155,7 +155,7 @@ where
             Ok(began) => match C::TransactionManager::begin_transaction(conn).await {
                 Ok(()) => {
                     let result = op(conn).await.map_err(Failure::Closure);
-                    super::lockable::end(conn, began, Restore::Nothing, result).await
+                    super::transaction::end(conn, began, Restore::Nothing, result).await
                 }
                 Err(err) => Err(E::from(crate::classify(err))),
             },

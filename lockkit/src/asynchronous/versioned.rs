@@ -268,7 +268,7 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
                 Some(err) => Err(err),
                 None => all_or_none(versions, stale),
             };
-            super::lockable::end(
+            super::transaction::end(
                 conn,
                 began,
                 Restore::Nothing,
@@ -634,5 +634,5 @@ where
         .map_err(classify)
         .and_then(|rows| at_most_one::<M>(key, rows))
         .map_err(Failure::Lockkit);
-    super::lockable::end::<Conn, usize, Error>(conn, began, Restore::Nothing, result).await
+    super::transaction::end::<Conn, usize, Error>(conn, began, Restore::Nothing, result).await
 }
