@@ -30,12 +30,6 @@ use crate::stats::{op_id, Done, Op, Outcome, Stats};
 /// The worker's pool.
 pub type Pool<C> = bb8::Pool<AsyncDieselConnectionManager<C>>;
 
-/// Connections per worker pool: one per task and one more, as the blocking
-/// workers' r2d2 pools.
-pub fn pool_size(config: &Config) -> u32 {
-    config.threads + 1
-}
-
 /// How an async operation failed: lockkit's error, or no connection from the pool.
 #[derive(Debug)]
 pub enum Failed {
@@ -212,7 +206,7 @@ macro_rules! ops {
         async fn versioned(pool: &Pool<Conn>, op: &Op) -> Result<(Outcome, u32), Failed> {
             let mut conn = connection(pool).await?;
             let attempts = AtomicU32::new(0);
-            let policy = crate::run::retry_policy();
+            let policy = crate::plan::retry_policy();
             let (id, qty) = op.lines[0];
             let outcome = lockkit::asynchronous::transaction_with_retry(
                 &mut *conn,
@@ -249,7 +243,7 @@ macro_rules! ops {
         async fn locked(pool: &Pool<Conn>, op: &Op) -> Result<(Outcome, u32), Failed> {
             let attempts = AtomicU32::new(0);
             let attempts = &attempts;
-            let policy = crate::run::retry_policy();
+            let policy = crate::plan::retry_policy();
             let outcome = lockkit::asynchronous::retry(&policy, move |attempt| async move {
                 attempts.store(attempt, Ordering::Relaxed);
                 let mut conn = connection(pool).await?;
@@ -311,7 +305,7 @@ macro_rules! ops {
         }
 
         pub async fn committed(pool: &Pool<Conn>, op: &Op) -> Result<Option<Done>, Failed> {
-            let policy = crate::run::retry_policy();
+            let policy = crate::plan::retry_policy();
             lockkit::asynchronous::retry(&policy, move |_| async move {
                 let mut conn = connection(pool).await?;
                 lockkit::asynchronous::locked_transaction(
@@ -471,7 +465,7 @@ where
         })
     });
     bb8::Pool::builder()
-        .max_size(pool_size(config))
+        .max_size(config.pool_size())
         // bb8 pings a connection before handing it out (`SELECT 1`) unless
         // told not to. On MySQL a future dropped during that ping leaves
         // mysql_async's connection with an unread reply, and diesel-async's
@@ -482,7 +476,7 @@ where
         .test_on_check_out(config.pool_ping)
         .connection_timeout(Duration::from_secs(30))
         .build(AsyncDieselConnectionManager::<C>::new_with_config(
-            config.connection_url(),
+            crate::nodes::connection_url(config),
             manager,
         ))
         .await
@@ -573,12 +567,12 @@ where
         threads: 1,
         ..Stats::default()
     };
-    let mut rng = crate::run::thread_rng(&config, thread);
+    let mut rng = crate::plan::thread_rng(&config, thread);
     let worker = format!("p{process}t{thread}");
     let mut seq: u32 = 0;
     while Instant::now() < deadline && u64::from(seq) < config.ops && seq < u32::MAX {
         seq += 1;
-        let op = crate::run::next_op(&mut rng, &config, op_id(process, thread, seq), &worker);
+        let op = crate::plan::next_op(&mut rng, &config, op_id(process, thread, seq), &worker);
         let attack = if rng.u32(0..100) < config.cancel {
             // Up to a few ms: before, inside and after the transaction.
             let after = Duration::from_micros(rng.u64(0..=6_000));
@@ -654,7 +648,7 @@ where
     AsyncDieselConnectionManager<C>: bb8::ManageConnection<Connection = C, Error = PoolError>,
 {
     let mut held = Vec::new();
-    for _ in 0..pool_size(config) {
+    for _ in 0..config.pool_size() {
         match pool.get().await {
             Ok(conn) => held.push(conn),
             Err(err) => {

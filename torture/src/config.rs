@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use lockkit_tests::support::redact;
 pub use lockkit_tests::support::Backend;
-use lockkit_tests::support::{connection_url, redact};
 
 pub const USAGE: &str = "\
 lockkit-torture: every lockkit strategy at once on a few hot rows, from several
@@ -199,9 +199,10 @@ impl Config {
         Backend::from_url(&self.url)
     }
 
-    /// What to hand to `Connection::establish`: this process's node's URL.
-    pub fn connection_url(&self) -> &str {
-        connection_url(crate::nodes::node_url(&self.url, self.role))
+    /// Connections per async worker pool: one per task and one more, as the
+    /// blocking workers' r2d2 pools.
+    pub fn pool_size(&self) -> u32 {
+        self.threads + 1
     }
 
     /// The arguments that start worker `n` with this configuration.

@@ -15,6 +15,7 @@ mod backend;
 mod config;
 mod model;
 mod nodes;
+mod plan;
 mod report;
 mod run;
 mod schema;

@@ -8,6 +8,7 @@
 
 use diesel::connection::SimpleConnection;
 use diesel::QueryResult;
+use lockkit_tests::support;
 
 use crate::config::{Config, Role};
 
@@ -27,6 +28,11 @@ pub fn node_url(url: &str, role: Role) -> &str {
         Role::Worker(n) => (n as usize).saturating_sub(1) % urls.len().max(1),
     };
     urls.get(node).copied().unwrap_or(url)
+}
+
+/// What to hand to `Connection::establish`: this process's node's URL.
+pub fn connection_url(config: &Config) -> &str {
+    support::connection_url(node_url(&config.url, config.role))
 }
 
 /// Whether `--url` names several nodes.

@@ -322,8 +322,7 @@ pub fn check(
         text,
     );
     if config.asynchronous {
-        let pooled =
-            u64::from(config.processes) * u64::from(crate::asynchronous::pool_size(config));
+        let pooled = u64::from(config.processes) * u64::from(config.pool_size());
         add(
             total.pool_dirty == 0 && total.pool_clean == pooled,
             format!(

@@ -6,7 +6,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool};
-use lockkit::{Error, RetryPolicy};
+use lockkit::Error;
 
 use lockkit_tests::support::AnyConnection;
 
@@ -14,16 +14,6 @@ use crate::backend;
 use crate::config::Config;
 use crate::report;
 use crate::stats::{op_id, Op, Outcome, Stats, Strategy};
-
-/// Conflicts are retried with a short, jittered backoff, and patiently: a
-/// thread that still loses after this many attempts is starving, which the run
-/// reports as a failure.
-pub(crate) fn retry_policy() -> RetryPolicy {
-    RetryPolicy::default()
-        .max_attempts(500)
-        .base_delay(Duration::from_millis(1))
-        .max_delay(Duration::from_millis(25))
-}
 
 /// Whether `err` is a retry policy that every attempt of lost a conflict, on a
 /// cluster (`--tolerate-outages`): then the operation is run again, as after an
@@ -60,7 +50,7 @@ fn pool(config: &Config, size: u32) -> Pool<ConnectionManager<AnyConnection>> {
         })
         .connection_customizer(Box::new(Session))
         .build_unchecked(ConnectionManager::<AnyConnection>::new(
-            config.connection_url(),
+            crate::nodes::connection_url(config),
         ))
 }
 
@@ -74,7 +64,7 @@ fn connect(config: &Config) -> Result<AnyConnection, String> {
             Duration::ZERO
         };
     loop {
-        let attempt = AnyConnection::open(config.connection_url())
+        let attempt = AnyConnection::open(crate::nodes::connection_url(config))
             .map_err(|e| e.to_string())
             .and_then(|mut conn| {
                 backend::session(&mut conn).map_err(|e| e.to_string())?;
@@ -132,7 +122,7 @@ fn perform(
     give_up: Instant,
     stats: &mut Stats,
 ) -> Result<Outcome, String> {
-    let policy = retry_policy();
+    let policy = crate::plan::retry_policy();
     let mut interrupted = false;
     let mut outages = 0;
     loop {
@@ -204,46 +194,6 @@ fn perform(
     }
 }
 
-/// The next operation of a worker thread (or task): a strategy and its order.
-pub(crate) fn next_op(rng: &mut fastrand::Rng, config: &Config, id: i64, worker: &str) -> Op {
-    let strategy = Strategy::pick(rng, Strategy::of_run(config.asynchronous));
-    let mut item = || rng.i32(1..=config.items);
-    let lines = match strategy {
-        Strategy::LockAll => {
-            let mut ids: Vec<i32> = (1..=config.items).collect();
-            rng.shuffle(&mut ids);
-            ids.truncate(rng.usize(2..=3).min(ids.len()));
-            ids.into_iter().map(|id| (id, rng.i32(1..=3))).collect()
-        }
-        Strategy::ByVersion => {
-            let id = item();
-            vec![(id, -rng.i32(1..=12))]
-        }
-        Strategy::SkipLocked => Vec::new(),
-        _ => {
-            let id = item();
-            vec![(id, rng.i32(1..=3))]
-        }
-    };
-    Op {
-        id,
-        strategy,
-        lines,
-        batch: rng.i64(1..=6),
-        worker: worker.to_owned(),
-        bump: config.bump,
-    }
-}
-
-/// The random numbers of worker thread (or task) `thread` of a process.
-pub(crate) fn thread_rng(config: &Config, thread: u32) -> fastrand::Rng {
-    fastrand::Rng::with_seed(
-        config
-            .seed
-            .wrapping_add(u64::from(thread).wrapping_mul(0x2545_f491_4f6c_dd1d)),
-    )
-}
-
 fn worker_thread(
     pool: &Pool<ConnectionManager<AnyConnection>>,
     config: &Config,
@@ -255,13 +205,13 @@ fn worker_thread(
         threads: 1,
         ..Stats::default()
     };
-    let mut rng = thread_rng(config, thread);
+    let mut rng = crate::plan::thread_rng(config, thread);
     let worker = format!("p{process}t{thread}");
     let give_up = deadline + config.grace_time();
     let mut seq: u32 = 0;
     while Instant::now() < deadline && u64::from(seq) < config.ops && seq < u32::MAX {
         seq += 1;
-        let op = next_op(&mut rng, config, op_id(process, thread, seq), &worker);
+        let op = crate::plan::next_op(&mut rng, config, op_id(process, thread, seq), &worker);
         match perform(pool, &op, config, give_up, &mut stats) {
             Ok(outcome) => {
                 stats.record(op.strategy, outcome);
