@@ -70,12 +70,11 @@ use diesel_async::{AsyncConnectionCore, RunQueryDsl, TransactionManager};
 use super::connection::{in_transaction, AsyncLockingConnection, Restore};
 use crate::journal::{self, AsyncWatched};
 use crate::optimistic::backend::{DatabaseId, InShareMode, OptimisticBackend, Unique};
+use crate::optimistic::sequence::{checked_next, Origin, Step, Write, Written};
 use crate::optimistic::statement::BySql;
 use crate::optimistic::version::VersionNumber;
 use crate::optimistic::version_check::{
-    self, at_most_one, checked_next, current_state, done, moved_past, moved_to, prepare, stale,
-    to_move_past, DeleteVersioned, Origin, Prepared, TouchVersioned, UpdateVersioned, VersionCheck,
-    Written,
+    self, at_most_one, DeleteVersioned, TouchVersioned, UpdateVersioned, VersionCheck,
 };
 use crate::optimistic::versioned::{all_or_none, key_order, settle};
 use crate::transaction::{Began, Failure};
@@ -502,50 +501,35 @@ where
     let sequence = async {
         let row = M::row_id(conn, key).await.map_err(classify)?;
         let watched = &mut AsyncWatched(&mut *conn);
-        let Prepared {
-            plan,
-            checked,
-            next,
-        } = prepare::<M, _>(watched, key, row.as_deref(), expected, origin, operation)?;
-        let rows = match plan {
-            journal::Plan::Refuse { .. } => 0,
-            _ => execute_once::<M, Conn, S>(conn, key, move || statement(checked)).await?,
-        };
-        if rows == 1 {
-            let next = match next {
-                Some(n) => {
-                    Some(move_past_reused::<M, Conn>(conn, key, row.as_deref(), plan, n).await?)
-                }
-                None => None,
-            };
-            let watched = &mut AsyncWatched(&mut *conn);
-            return Ok(done::<M, _>(watched, row.as_deref(), plan, checked, next));
-        }
-        let mut current =
-            current_state(M::load_current_version(conn, key.clone()).await, expected)?;
-        if let Some(v) = to_move_past(plan, current) {
-            // At the version's maximum there is no number past it.
-            checked_next::<M, _>(key, expected)?;
-            let bumped = M::bump_past(conn, key.clone(), expected)
-                .await
-                .map_err(classify)?;
-            current = moved_past(v, bumped);
-            // Not onto a number another struct's rolled-back write left.
-            if let Some(at) = moved_to::<M>(current, bumped) {
-                let at = move_past_reused::<M, Conn>(conn, key, row.as_deref(), plan, at).await?;
-                current = crate::CurrentState::Version(at.to_i64());
+        let write = Write::<M>::start(watched, key, row, expected, origin, operation)?;
+        let rows = match write.statement() {
+            Some(checked) => {
+                execute_once::<M, Conn, S>(conn, key, move || statement(checked)).await?
             }
+            None => 0,
+        };
+        let mut step = write.wrote(&mut AsyncWatched(&mut *conn), rows);
+        loop {
+            step = match step {
+                Step::ReadCurrent(then) => {
+                    let read = M::load_current_version(conn, key.clone()).await;
+                    then.read(&mut AsyncWatched(&mut *conn), read)?
+                }
+                Step::MovePast(version, then) => {
+                    let bumped = M::bump_past(conn, key.clone(), version)
+                        .await
+                        .map_err(classify)?;
+                    then.moved(&mut AsyncWatched(&mut *conn), bumped)
+                }
+                Step::MovePastReused(version, then) => {
+                    let at =
+                        move_past_reused::<M, Conn>(conn, key, then.id(), then.plan(), version)
+                            .await?;
+                    then.moved(&mut AsyncWatched(&mut *conn), at)
+                }
+                Step::Done(written) => return Ok(written),
+            };
         }
-        let watched = &mut AsyncWatched(&mut *conn);
-        Ok(stale::<M, _>(
-            watched,
-            key,
-            row.as_deref(),
-            plan,
-            expected,
-            operation,
-            current,
-        ))
     };
     match sequence.await {
         Ok(written) => Ok(written),

@@ -4,7 +4,8 @@
 //! | --- | --- |
 //! | [`versioned`] | the [`Versioned`] model trait and its version-checked writes (start here) |
 //! | [`statement`] | the `UPDATE` of a versioned write, which Diesel prepares once per connection |
-//! | [`version_check`] | the one write sequence every versioned write runs, and what a stale write reports |
+//! | [`version_check`] | the SQL of a version check, and the blocking writes' run of the sequence |
+//! | `sequence` | the one sequence every versioned write runs, blocking or async, decided without I/O, and what a stale write reports |
 //! | [`updated_at`] | the `updated_at` column every versioned write sets to the database's clock |
 //! | [`version`] | the integer types a version column may have, and their limit |
 //! | [`backend`] | what each backend adds: key uniqueness, reading the latest committed version |
@@ -20,6 +21,7 @@ pub mod atomic;
 pub mod backend;
 pub mod compare_and_set;
 pub mod journal;
+pub(crate) mod sequence;
 pub mod statement;
 pub mod updated_at;
 pub mod version;

@@ -1,5 +1,6 @@
 //! The version check itself: the statement pieces every versioned write is built
-//! from, and the execution that turns "0 rows" into a [`StaleObjectError`].
+//! from, and their run on a blocking connection, which turns "0 rows" into a
+//! [`StaleObjectError`](crate::StaleObjectError).
 //!
 //! [`VersionCheck`] is implemented for every [`Versioned`] model whose table,
 //! key and version column fit together; you never implement it yourself. It holds
@@ -11,22 +12,9 @@
 //! * the follow-up read after a stale write: `SELECT <version> WHERE <primary key> = $key`
 //!   (`LOCK IN SHARE MODE` on MySQL/MariaDB, so that it sees the latest commit)
 //!
-//! and [`write`], the one sequence every versioned write goes through:
-//!
-//! 1. the [`journal`] says which version to check (the struct's, or
-//!    the one before a write of it that was rolled back; a row just read under
-//!    lock, `Origin::LockedRead`, is checked as read);
-//! 2. a version at its type's maximum is refused before anything is sent;
-//! 3. the statement runs, in a savepoint if the database does not enforce the
-//!    declared key ([`Error::AmbiguousKey`] if it matched several rows);
-//! 4. one row: the new version is recorded (tentative inside a transaction);
-//!    no row: the latest committed version is read and reported as stale.
-//!
-//! A statement of the sequence that ends the caller's transaction (on
-//! MySQL/MariaDB, a deadlock's victim: the write, but also the follow-up read
-//! or a move past) makes the write report [`Error::TransactionAborted`] and
-//! open the read-only stand-in, so that the caller's next writes fail instead
-//! of committing on their own (`transaction::failed_write`).
+//! and [`write`], which runs a versioned write on a blocking connection: it
+//! sends the statements of the one sequence every versioned write goes
+//! through, blocking or async (`optimistic::sequence`, which decides it).
 
 // Without a backend feature no connection implements the per-connection traits,
 // and the pieces they are built from go unused.
@@ -41,13 +29,14 @@ use diesel::query_builder::{AsChangeset, IntoUpdateTarget};
 use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, FindDsl, LockingDsl, SelectDsl};
 use diesel::query_dsl::LoadQuery;
 use diesel::sql_types::SqlType;
-use diesel::{Column, Connection, ExpressionMethods, OptionalExtension, RunQueryDsl};
+use diesel::{Connection, ExpressionMethods, OptionalExtension, RunQueryDsl};
 
 use crate::journal::{self, Plan};
 use crate::optimistic::backend::{InShareMode, OptimisticBackend};
+use crate::optimistic::sequence::{checked_next, Origin, Step, Write, Written};
 use crate::optimistic::statement::{ByType, VersionedUpdate};
 use crate::optimistic::version::VersionNumber;
-use crate::{classify, CurrentState, Error, Lockable, Operation, StaleObjectError, Versioned};
+use crate::{classify, Error, Lockable, Operation, Versioned};
 
 type VersionColumnOf<M> = <M as Versioned>::VersionColumn;
 type VersionOf<M> = <M as Versioned>::Version;
@@ -295,95 +284,6 @@ current_version_query_on!(
     Pooled<diesel::SqliteConnection>: feature = "sqlite",
 );
 
-/// The version a successful write will leave, or [`Error::VersionOverflow`].
-pub(crate) fn checked_next<M: Lockable, V: VersionNumber>(
-    key: &M::Key,
-    expected: V,
-) -> Result<V, Error> {
-    expected
-        .checked_next()
-        .ok_or_else(|| Error::VersionOverflow {
-            table: M::TABLE_NAME,
-            key: format!("{key:?}"),
-            version: expected.to_i64(),
-        })
-}
-
-/// How a versioned write ended, when it did not fail.
-pub(crate) enum Written<V> {
-    /// One row matched; `Some(version)` is the row's new version (`None` for a delete).
-    Done(Option<V>),
-    /// No row matched.
-    Stale(StaleObjectError),
-}
-
-impl<V> Written<V> {
-    /// The version the write left (`None` for a delete), or [`Error::Stale`].
-    pub(crate) fn version(self) -> Result<Option<V>, Error> {
-        match self {
-            Written::Done(next) => Ok(next),
-            Written::Stale(stale) => Err(stale.into()),
-        }
-    }
-}
-
-/// Where the version a write expects comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Origin {
-    /// A struct the caller held: it may hold a number a rolled-back write gave
-    /// it, which the [`journal`] restores.
-    Held,
-    /// The row, read under lock in the open transaction: the row's own number,
-    /// never one a rollback left behind (which another process, unseen by this
-    /// one's journal, may have committed since). Restoring it would write on an
-    /// older number, find the row past it and report `Stale` in a transaction
-    /// that then rolls back, again on every retry.
-    LockedRead,
-}
-
-/// How a versioned write goes: see [`prepare`].
-pub(crate) struct Prepared<V> {
-    /// The journal's plan for the row.
-    pub(crate) plan: Plan,
-    /// The version the statement checks.
-    pub(crate) checked: V,
-    /// The version it leaves; `None` for a delete.
-    pub(crate) next: Option<V>,
-}
-
-/// How a versioned write of `row` from `origin` goes, decided here for the
-/// blocking and the async writes: the journal's plan, the version the statement
-/// checks (`expected`, or the one the journal restores) and the version it
-/// leaves, or [`Error::VersionOverflow`].
-pub(crate) fn prepare<M: Versioned, W: journal::Watched>(
-    conn: &mut W,
-    key: &M::Key,
-    row: Option<&str>,
-    expected: M::Version,
-    origin: Origin,
-    operation: Operation,
-) -> Result<Prepared<M::Version>, Error> {
-    // If the statement ends the transaction, the write says so.
-    journal::before_write(conn);
-    let plan = match origin {
-        Origin::Held => journal::plan(conn, M::TABLE_NAME, row, expected.to_i64()),
-        Origin::LockedRead => Plan::Write,
-    };
-    let checked = match plan {
-        Plan::Restore { restore, .. } => M::Version::from_i64(restore).unwrap_or(expected),
-        Plan::Write | Plan::Refuse { .. } => expected,
-    };
-    let next = match operation {
-        Operation::Delete => None,
-        Operation::Update | Operation::Touch => Some(checked_next::<M, _>(key, checked)?),
-    };
-    Ok(Prepared {
-        plan,
-        checked,
-        next,
-    })
-}
-
 /// The version a write that left the row at `next` ends with: while `next` is
 /// a number a rolled-back write left with another struct ([`journal::reused`]),
 /// the row is moved one further (`bump_past`), in the writer's transaction.
@@ -407,8 +307,8 @@ where
     Ok(next)
 }
 
-/// Runs one versioned write, expecting the version `expected` from `origin`;
-/// see the [module docs](self) for the sequence.
+/// Runs one versioned write, expecting the version `expected` from `origin`:
+/// drives the sequence (`optimistic::sequence`) on `conn`.
 ///
 /// `statement` builds the statement for the version to check (usually
 /// `expected`; see [`journal`]).
@@ -433,50 +333,29 @@ where
 {
     let sequence = |conn: &mut Conn| -> Result<Written<M::Version>, Error> {
         let row = M::row_id(conn, key).map_err(classify)?;
-        let Prepared {
-            plan,
-            checked,
-            next,
-        } = prepare::<M, _>(conn, key, row.as_deref(), expected, origin, operation)?;
-        let rows = match plan {
-            Plan::Refuse { .. } => 0,
-            _ => execute_once::<M, _, _>(conn, key, statement(checked))?,
+        let write = Write::<M>::start(conn, key, row, expected, origin, operation)?;
+        let rows = match write.statement() {
+            Some(checked) => execute_once::<M, _, _>(conn, key, statement(checked))?,
+            None => 0,
         };
-        if rows == 1 {
-            let next = match next {
-                Some(n) => Some(move_past_reused::<M, _>(
-                    conn,
-                    key,
-                    row.as_deref(),
-                    plan,
-                    n,
-                )?),
-                None => None,
+        let mut step = write.wrote(conn, rows);
+        loop {
+            step = match step {
+                Step::ReadCurrent(then) => {
+                    let read = M::load_current_version(conn, key.clone());
+                    then.read(conn, read)?
+                }
+                Step::MovePast(version, then) => {
+                    let bumped = M::bump_past(conn, key.clone(), version).map_err(classify)?;
+                    then.moved(conn, bumped)
+                }
+                Step::MovePastReused(version, then) => {
+                    let at = move_past_reused::<M, _>(conn, key, then.id(), then.plan(), version)?;
+                    then.moved(conn, at)
+                }
+                Step::Done(written) => return Ok(written),
             };
-            return Ok(done::<M, _>(conn, row.as_deref(), plan, checked, next));
         }
-
-        let mut current = current_state(M::load_current_version(conn, key.clone()), expected)?;
-        if let Some(v) = to_move_past(plan, current) {
-            // At the version's maximum there is no number past it.
-            checked_next::<M, _>(key, expected)?;
-            let bumped = M::bump_past(conn, key.clone(), expected).map_err(classify)?;
-            current = moved_past(v, bumped);
-            // Not onto a number another struct's rolled-back write left.
-            if let Some(at) = moved_to::<M>(current, bumped) {
-                let at = move_past_reused::<M, _>(conn, key, row.as_deref(), plan, at)?;
-                current = CurrentState::Version(at.to_i64());
-            }
-        }
-        Ok(stale::<M, _>(
-            conn,
-            key,
-            row.as_deref(),
-            plan,
-            expected,
-            operation,
-            current,
-        ))
     };
     // The rule of the backend inside a `MultiConnection` enum, which its
     // backend type does not name.
@@ -484,107 +363,6 @@ where
     journal::watch(conn, |_| ends);
     crate::transaction::check_write(conn)?;
     sequence(conn).map_err(|err| crate::transaction::failed_write(conn, err, ends))
-}
-
-/// The write checked `checked` and left `next` on its row: the journal
-/// records it.
-pub(crate) fn done<M: Versioned, W: journal::Watched>(
-    conn: &mut W,
-    row: Option<&str>,
-    plan: Plan,
-    checked: M::Version,
-    next: Option<M::Version>,
-) -> Written<M::Version> {
-    let to = next.map(VersionNumber::to_i64);
-    journal::written(conn, M::TABLE_NAME, row, plan, checked.to_i64(), to);
-    Written::Done(next)
-}
-
-/// The write matched no row, which the follow-up read found at `current`
-/// (after the move past, if any): the journal learns what it can, and the
-/// caller gets the report.
-pub(crate) fn stale<M: Versioned, W: journal::Watched>(
-    conn: &mut W,
-    key: &M::Key,
-    row: Option<&str>,
-    plan: Plan,
-    expected: M::Version,
-    operation: Operation,
-    current: CurrentState,
-) -> Written<M::Version> {
-    journal::found_stale(conn, M::TABLE_NAME, row, plan, current);
-    Written::Stale(stale_report::<M>(key, expected, operation, current))
-}
-
-/// What the follow-up read of a stale write found: the row's version, a version
-/// behind the one expected, no row, or a `NULL` version.
-pub(crate) fn current_state<V: VersionNumber>(
-    read: diesel::QueryResult<Option<V>>,
-    expected: V,
-) -> Result<CurrentState, Error> {
-    Ok(match read {
-        Ok(Some(version)) if version.to_i64() < expected.to_i64() => {
-            CurrentState::Behind(version.to_i64())
-        }
-        Ok(Some(version)) => CurrentState::Version(version.to_i64()),
-        Ok(None) => CurrentState::Deleted,
-        Err(diesel::result::Error::DeserializationError(err))
-            if err.is::<diesel::result::UnexpectedNullError>() =>
-        {
-            CurrentState::NullVersion
-        }
-        Err(err) => return Err(classify(err)),
-    })
-}
-
-/// The version the row of a stale write planned as `plan` must be moved past,
-/// when the follow-up read found it at the number a rolled-back write
-/// tentatively used (see [`journal::must_move_past`]).
-pub(crate) fn to_move_past(plan: Plan, current: CurrentState) -> Option<i64> {
-    match current {
-        CurrentState::Version(v) if journal::must_move_past(plan, v) => Some(v),
-        _ => None,
-    }
-}
-
-/// The version a move past left the row at, when it moved it (`bumped`).
-pub(crate) fn moved_to<M: Versioned>(current: CurrentState, bumped: usize) -> Option<M::Version> {
-    match current {
-        CurrentState::Version(v) if bumped == 1 => M::Version::from_i64(v),
-        _ => None,
-    }
-}
-
-/// The row found at `v` once the statement moving it past `v` changed
-/// `bumped` rows: at `v + 1` when it changed the row, else still at `v`.
-pub(crate) fn moved_past(v: i64, bumped: usize) -> CurrentState {
-    CurrentState::Version(if bumped == 1 { v + 1 } else { v })
-}
-
-/// The report of a write that matched no row, counted in the metrics.
-pub(crate) fn stale_report<M: Versioned>(
-    key: &M::Key,
-    expected: M::Version,
-    operation: Operation,
-    current: CurrentState,
-) -> StaleObjectError {
-    let stale = StaleObjectError {
-        table: M::TABLE_NAME,
-        key: format!("{key:?}"),
-        version_column: <M::VersionColumn as Column>::NAME,
-        operation,
-        expected_version: expected.to_i64(),
-        current,
-        record: None,
-    };
-    crate::metrics::record_stale(
-        stale.table,
-        &stale.key,
-        stale.operation,
-        stale.expected_version,
-        stale.current,
-    );
-    stale
 }
 
 /// Executes a versioned statement; where the database does not enforce the

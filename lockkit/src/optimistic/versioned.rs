@@ -61,11 +61,11 @@ use diesel::query_builder::{AsChangeset, IntoUpdateTarget, QueryId};
 use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, FindDsl};
 use diesel::{Column, Connection};
 
+use crate::optimistic::sequence::{Origin, Written};
 use crate::optimistic::statement::{BySql, CacheKey};
 use crate::optimistic::version::VersionNumber;
 use crate::optimistic::version_check::{
-    self, CurrentVersionQuery, DeleteVersioned, Origin, TouchVersioned, UpdateVersioned,
-    VersionCheck, Written,
+    self, CurrentVersionQuery, DeleteVersioned, TouchVersioned, UpdateVersioned, VersionCheck,
 };
 use crate::pessimistic::lockable::MarkLocked;
 use crate::{Error, Lockable, Operation};

@@ -1,0 +1,352 @@
+//! The one sequence every versioned write runs, decided here once and without
+//! I/O; the blocking writes ([`version_check::write`](super::version_check))
+//! and the async ones (`asynchronous::versioned`) drive it, each sending the
+//! statements it asks for on its own connection.
+//!
+//! 1. [`Write::start`]: the [`journal`] says which version to check (the
+//!    struct's, or the one before a write of it that was rolled back; a row
+//!    just read under lock, [`Origin::LockedRead`], is checked as read), and a
+//!    version at its type's maximum is refused before anything is sent;
+//! 2. the driver sends the statement ([`Write::statement`]), in a savepoint if
+//!    the database does not enforce the declared key ([`Error::AmbiguousKey`]
+//!    if it matched several rows), and hands over the rows it matched
+//!    ([`Write::wrote`]);
+//! 3. one row: the new version is recorded (tentative inside a transaction),
+//!    after moving the row past any number a rolled-back write left with
+//!    another struct ([`Step::MovePastReused`]);
+//! 4. no row: the latest committed version is read ([`Step::ReadCurrent`]),
+//!    the row moved past a number a rolled-back write tentatively used
+//!    ([`Step::MovePast`]), and the write reported as stale.
+//!
+//! A statement of the sequence that ends the caller's transaction (on
+//! MySQL/MariaDB, a deadlock's victim: the write, but also the follow-up read
+//! or a move past) makes the write report [`Error::TransactionAborted`] and
+//! open the read-only stand-in, so that the caller's next writes fail instead
+//! of committing on their own: the drivers decide it once, as a failed write's
+//! error (`transaction::failed_write`).
+
+use diesel::Column;
+
+use crate::journal::{self, Plan, Watched};
+use crate::optimistic::version::VersionNumber;
+use crate::{classify, CurrentState, Error, Lockable, Operation, StaleObjectError, Versioned};
+
+/// Where the version a write expects comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// A struct the caller held: it may hold a number a rolled-back write gave
+    /// it, which the [`journal`] restores.
+    Held,
+    /// The row, read under lock in the open transaction: the row's own number,
+    /// never one a rollback left behind (which another process, unseen by this
+    /// one's journal, may have committed since). Restoring it would write on an
+    /// older number, find the row past it and report `Stale` in a transaction
+    /// that then rolls back, again on every retry.
+    LockedRead,
+}
+
+/// How a versioned write ended, when it did not fail.
+pub(crate) enum Written<V> {
+    /// One row matched; `Some(version)` is the row's new version (`None` for a delete).
+    Done(Option<V>),
+    /// No row matched.
+    Stale(StaleObjectError),
+}
+
+impl<V> Written<V> {
+    /// The version the write left (`None` for a delete), or [`Error::Stale`].
+    pub(crate) fn version(self) -> Result<Option<V>, Error> {
+        match self {
+            Written::Done(next) => Ok(next),
+            Written::Stale(stale) => Err(stale.into()),
+        }
+    }
+}
+
+/// The version a successful write will leave, or [`Error::VersionOverflow`].
+pub(crate) fn checked_next<M: Lockable, V: VersionNumber>(
+    key: &M::Key,
+    expected: V,
+) -> Result<V, Error> {
+    expected
+        .checked_next()
+        .ok_or_else(|| Error::VersionOverflow {
+            table: M::TABLE_NAME,
+            key: format!("{key:?}"),
+            version: expected.to_i64(),
+        })
+}
+
+/// What every step of one write knows: the row, the journal's plan for it, and
+/// what the caller expected.
+struct Row<'k, M: Versioned> {
+    key: &'k M::Key,
+    /// The row's identity for the journal (`CurrentVersionQuery::row_id`).
+    id: Option<String>,
+    plan: Plan,
+    expected: M::Version,
+    operation: Operation,
+}
+
+/// A versioned write before its statement: the first step of the sequence.
+pub(crate) struct Write<'k, M: Versioned> {
+    row: Row<'k, M>,
+    /// The version the statement checks: `expected`, or the one the journal
+    /// restores.
+    checked: M::Version,
+    /// The version it leaves; `None` for a delete.
+    next: Option<M::Version>,
+}
+
+impl<'k, M: Versioned> Write<'k, M> {
+    /// A write of the row `key` (`id` for the journal) from a struct or a
+    /// read that holds `expected`: the journal's plan, the version the
+    /// statement checks and the one it leaves, or [`Error::VersionOverflow`].
+    pub(crate) fn start<W: Watched>(
+        watched: &mut W,
+        key: &'k M::Key,
+        id: Option<String>,
+        expected: M::Version,
+        origin: Origin,
+        operation: Operation,
+    ) -> Result<Self, Error> {
+        // If the statement ends the transaction, the write says so.
+        journal::before_write(watched);
+        let plan = match origin {
+            Origin::Held => journal::plan(watched, M::TABLE_NAME, id.as_deref(), expected.to_i64()),
+            Origin::LockedRead => Plan::Write,
+        };
+        let checked = match plan {
+            Plan::Restore { restore, .. } => M::Version::from_i64(restore).unwrap_or(expected),
+            Plan::Write | Plan::Refuse { .. } => expected,
+        };
+        let next = match operation {
+            Operation::Delete => None,
+            Operation::Update | Operation::Touch => Some(checked_next::<M, _>(key, checked)?),
+        };
+        Ok(Write {
+            row: Row {
+                key,
+                id,
+                plan,
+                expected,
+                operation,
+            },
+            checked,
+            next,
+        })
+    }
+
+    /// The version the statement is to check, or `None` where the journal
+    /// refuses the write: then nothing is sent, and the driver hands over 0
+    /// rows.
+    pub(crate) fn statement(&self) -> Option<M::Version> {
+        match self.row.plan {
+            Plan::Refuse { .. } => None,
+            Plan::Write | Plan::Restore { .. } => Some(self.checked),
+        }
+    }
+
+    /// The statement matched `rows` rows (0 or 1): what comes next.
+    pub(crate) fn wrote<W: Watched>(self, watched: &mut W, rows: usize) -> Step<'k, M> {
+        let Write { row, checked, next } = self;
+        if rows != 1 {
+            return Step::ReadCurrent(ReadCurrent { row });
+        }
+        match next {
+            Some(next) => Step::MovePastReused(
+                next,
+                MovePastReused {
+                    row,
+                    then: AfterReused::Done { checked },
+                },
+            ),
+            None => Step::Done(row.done(watched, checked, None)),
+        }
+    }
+}
+
+/// What the sequence asks its driver for next.
+pub(crate) enum Step<'k, M: Versioned> {
+    /// Read the row's latest committed version
+    /// (`CurrentVersionQuery::load_current_version`) and hand the read, as it
+    /// came, to [`ReadCurrent::read`].
+    ReadCurrent(ReadCurrent<'k, M>),
+    /// Move the row past this version with one statement
+    /// (`CurrentVersionQuery::bump_past`) and hand the rows it changed to
+    /// [`MovePast::moved`].
+    MovePast(M::Version, MovePast<'k, M>),
+    /// Move the row on from this version while it is a number a rolled-back
+    /// write left with another struct (`move_past_reused`, for
+    /// [`MovePastReused::id`] and [`MovePastReused::plan`]), and hand the
+    /// version it ends at to [`MovePastReused::moved`].
+    MovePastReused(M::Version, MovePastReused<'k, M>),
+    /// The write is over.
+    Done(Written<M::Version>),
+}
+
+/// Waits for the follow-up read of a write that matched no row.
+pub(crate) struct ReadCurrent<'k, M: Versioned> {
+    row: Row<'k, M>,
+}
+
+impl<'k, M: Versioned> ReadCurrent<'k, M> {
+    /// The follow-up read returned `read`: the row is stale, unless it must
+    /// first be moved past the number a rolled-back write tentatively used
+    /// (see [`journal::must_move_past`]). At the version's maximum there is no
+    /// number past it: [`Error::VersionOverflow`].
+    pub(crate) fn read<W: Watched>(
+        self,
+        watched: &mut W,
+        read: diesel::QueryResult<Option<M::Version>>,
+    ) -> Result<Step<'k, M>, Error> {
+        let row = self.row;
+        let current = current_state(read, row.expected)?;
+        match current {
+            CurrentState::Version(v) if journal::must_move_past(row.plan, v) => {
+                checked_next::<M, _>(row.key, row.expected)?;
+                Ok(Step::MovePast(row.expected, MovePast { row, from: v }))
+            }
+            _ => Ok(Step::Done(row.stale(watched, current))),
+        }
+    }
+}
+
+/// Waits for the statement that moves a stale row past a number a rolled-back
+/// write tentatively used.
+pub(crate) struct MovePast<'k, M: Versioned> {
+    row: Row<'k, M>,
+    /// The version the follow-up read found.
+    from: i64,
+}
+
+impl<'k, M: Versioned> MovePast<'k, M> {
+    /// The statement changed `bumped` rows: the row is at `from + 1` when it
+    /// changed it, and then not onto a number another struct's rolled-back
+    /// write left.
+    pub(crate) fn moved<W: Watched>(self, watched: &mut W, bumped: usize) -> Step<'k, M> {
+        let MovePast { row, from } = self;
+        if bumped != 1 {
+            return Step::Done(row.stale(watched, CurrentState::Version(from)));
+        }
+        match M::Version::from_i64(from + 1) {
+            Some(at) => Step::MovePastReused(
+                at,
+                MovePastReused {
+                    row,
+                    then: AfterReused::Stale,
+                },
+            ),
+            None => Step::Done(row.stale(watched, CurrentState::Version(from + 1))),
+        }
+    }
+}
+
+/// Waits for the row to be moved past the numbers rolled-back writes left with
+/// other structs.
+pub(crate) struct MovePastReused<'k, M: Versioned> {
+    row: Row<'k, M>,
+    then: AfterReused<M::Version>,
+}
+
+/// What a [`Step::MovePastReused`] ends.
+enum AfterReused<V> {
+    /// The write, which checked this version.
+    Done { checked: V },
+    /// The report of a stale write.
+    Stale,
+}
+
+impl<'k, M: Versioned> MovePastReused<'k, M> {
+    /// The row's identity for the journal.
+    pub(crate) fn id(&self) -> Option<&str> {
+        self.row.id.as_deref()
+    }
+
+    /// The journal's plan for the row.
+    pub(crate) fn plan(&self) -> Plan {
+        self.row.plan
+    }
+
+    /// The row ended at `at`.
+    pub(crate) fn moved<W: Watched>(self, watched: &mut W, at: M::Version) -> Step<'k, M> {
+        let row = self.row;
+        Step::Done(match self.then {
+            AfterReused::Done { checked } => row.done(watched, checked, Some(at)),
+            AfterReused::Stale => row.stale(watched, CurrentState::Version(at.to_i64())),
+        })
+    }
+}
+
+impl<M: Versioned> Row<'_, M> {
+    /// The write checked `checked` and left `next` on its row: the journal
+    /// records it.
+    fn done<W: Watched>(
+        &self,
+        watched: &mut W,
+        checked: M::Version,
+        next: Option<M::Version>,
+    ) -> Written<M::Version> {
+        let to = next.map(VersionNumber::to_i64);
+        journal::written(
+            watched,
+            M::TABLE_NAME,
+            self.id.as_deref(),
+            self.plan,
+            checked.to_i64(),
+            to,
+        );
+        Written::Done(next)
+    }
+
+    /// The write matched no row, which the follow-up read found at `current`
+    /// (after the move past, if any): the journal learns what it can, and the
+    /// caller gets the report, counted in the metrics.
+    fn stale<W: Watched>(&self, watched: &mut W, current: CurrentState) -> Written<M::Version> {
+        journal::found_stale(
+            watched,
+            M::TABLE_NAME,
+            self.id.as_deref(),
+            self.plan,
+            current,
+        );
+        let stale = StaleObjectError {
+            table: M::TABLE_NAME,
+            key: format!("{:?}", self.key),
+            version_column: <M::VersionColumn as Column>::NAME,
+            operation: self.operation,
+            expected_version: self.expected.to_i64(),
+            current,
+            record: None,
+        };
+        crate::metrics::record_stale(
+            stale.table,
+            &stale.key,
+            stale.operation,
+            stale.expected_version,
+            stale.current,
+        );
+        Written::Stale(stale)
+    }
+}
+
+/// What the follow-up read of a stale write found: the row's version, a version
+/// behind the one expected, no row, or a `NULL` version.
+fn current_state<V: VersionNumber>(
+    read: diesel::QueryResult<Option<V>>,
+    expected: V,
+) -> Result<CurrentState, Error> {
+    Ok(match read {
+        Ok(Some(version)) if version.to_i64() < expected.to_i64() => {
+            CurrentState::Behind(version.to_i64())
+        }
+        Ok(Some(version)) => CurrentState::Version(version.to_i64()),
+        Ok(None) => CurrentState::Deleted,
+        Err(diesel::result::Error::DeserializationError(err))
+            if err.is::<diesel::result::UnexpectedNullError>() =>
+        {
+            CurrentState::NullVersion
+        }
+        Err(err) => return Err(classify(err)),
+    })
+}
