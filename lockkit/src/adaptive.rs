@@ -139,10 +139,16 @@ use diesel::query_dsl::LoadQuery;
 use diesel::QuerySource;
 use diesel::{OptionalExtension, RunQueryDsl, Selectable, SelectableHelper};
 
+use crate::error::classification::classify;
+use crate::error::Error;
 use crate::optimistic::version_check::{CurrentVersionQuery, UpdateVersioned, VersionCheck};
+use crate::optimistic::versioned::Versioned;
 use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
 use crate::pessimistic::lockable::LockRow;
-use crate::{classify, Error, LockOptions, Lockable, RetryPolicy, Versioned, WaitMode};
+use crate::pessimistic::lockable::Lockable;
+use crate::pessimistic::options::LockOptions;
+use crate::pessimistic::row_lock::WaitMode;
+use crate::retry::RetryPolicy;
 
 /// How many rates a policy keeps: rows are spread over them by hash.
 pub const SLOTS: usize = 1024;
@@ -417,7 +423,7 @@ impl AdaptivePolicy {
     /// (a skipped row would read as absent).
     #[must_use]
     pub fn lock_options(mut self, options: LockOptions) -> Self {
-        let options = options.strength(crate::LockStrength::Update);
+        let options = options.strength(crate::pessimistic::row_lock::LockStrength::Update);
         self.lock = match options.wait_mode() {
             WaitMode::SkipLocked => options.nowait(),
             _ => options,

@@ -1,10 +1,10 @@
 //! `SERIALIZABLE` transactions, retried; see [`serializable`].
 
-use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
-use crate::retry::{may_retry, retry_while, RetryableError};
 #[allow(unused_imports)] // doc links
-use crate::Error;
-use crate::RetryPolicy;
+use crate::error::Error;
+use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
+use crate::retry::RetryPolicy;
+use crate::retry::{may_retry, retry_while, RetryableError};
 
 /// `SERIALIZABLE` transactions, retried.
 ///

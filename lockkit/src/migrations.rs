@@ -25,7 +25,7 @@ use diesel::connection::BoxableConnection;
 use diesel::migration::{self, Migration, MigrationMetadata, MigrationName};
 use diesel::migration::{MigrationSource, MigrationVersion};
 
-use crate::version_trigger::Dialect;
+use crate::optimistic::version_trigger::Dialect;
 
 /// One of lockkit's tables as a Diesel migration: a [`MigrationSource`] that
 /// holds one migration, for `run_pending_migrations`.

@@ -128,12 +128,15 @@ pub trait Dispatch: diesel::Connection + Sized {
 }
 
 use crate::bounds::{ClaimQuery, CurrentVersionQuery, LockAll, LockRow, MarkLocked, VersionCheck};
+use crate::error::Error;
 #[cfg(feature = "outbox")]
 use crate::outbox::{DeadLetter, OutboxMessage, OutboxStore};
 use crate::pessimistic::connection;
+use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
+use crate::pessimistic::lockable::Lockable;
+use crate::pessimistic::options::LockOptions;
 use crate::pessimistic::row_lock::RowLock;
 use crate::transaction::{Control, Reach};
-use crate::{AsLockingConnection, Error, LockOptions, Lockable, LockingConnection};
 
 #[cfg(feature = "r2d2")]
 type Pooled<C> = diesel::r2d2::PooledConnection<diesel::r2d2::ConnectionManager<C>>;
@@ -233,7 +236,7 @@ macro_rules! dispatch {
                 }
             }
 
-            fn ends(&mut self) -> crate::journal::Ends {
+            fn ends(&mut self) -> crate::optimistic::journal::Ends {
                 match self.dispatch() {
                     $(BackendConn::$variant(conn) => conn.ends(),)+
                 }
@@ -342,7 +345,7 @@ macro_rules! dispatch {
                 }
             }
 
-            fn ends(conn: &mut T) -> crate::journal::Ends {
+            fn ends(conn: &mut T) -> crate::optimistic::journal::Ends {
                 match conn.dispatch() {
                     $(BackendConn::$variant(conn) => <M as CurrentVersionQuery<$conn>>::ends(conn),)+
                 }
@@ -429,7 +432,7 @@ where
         M::row_id(conn, key)
     }
 
-    fn ends(conn: &mut Pooled<T>) -> crate::journal::Ends {
+    fn ends(conn: &mut Pooled<T>) -> crate::optimistic::journal::Ends {
         M::ends(conn)
     }
 }

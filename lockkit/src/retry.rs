@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
+use crate::error::Error;
 use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
 use crate::transaction::{self, Failure};
-use crate::Error;
 
 /// What the retrying calls ([`retry()`], [`transaction_with_retry`],
 /// [`serializable`](crate::serializable)) need to know about the error type your

@@ -69,9 +69,10 @@ use diesel_async::{AsyncConnection, TransactionManager};
 
 use super::connection::in_transaction;
 use super::work::ConnWork;
-use crate::advisory::{gave_up, scope_for, AdvisoryBackend, Statement};
-pub use crate::advisory::{AdvisoryKey, Scope};
-use crate::{classify, Error};
+use crate::error::classification::classify;
+use crate::error::Error;
+use crate::pessimistic::advisory::{gave_up, scope_for, AdvisoryBackend, Statement};
+pub use crate::pessimistic::advisory::{AdvisoryKey, Scope};
 
 /// A diesel-async connection with advisory locks: `AsyncPgConnection`,
 /// `AsyncMysqlConnection` (a pooled one as `&mut *conn`). Sealed; name it only
@@ -116,7 +117,7 @@ macro_rules! async_advisory {
             async fn run(conn: &mut Self, statement: Statement<Self::Backend>) -> QueryResult<bool> {
                 use diesel_async::RunQueryDsl;
                 statement
-                    .get_result::<crate::advisory::Locked>(conn)
+                    .get_result::<crate::pessimistic::advisory::Locked>(conn)
                     .await
                     .map(|row| row.locked)
             }

@@ -37,10 +37,11 @@ use diesel::OptionalExtension;
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-pub use crate::atomic::{counter, update, Increment, PreparedUpdate, Update};
-use crate::atomic::{counters_statement, matched};
-use crate::journal::AsyncWatched;
-use crate::{classify, Error};
+use crate::error::classification::classify;
+use crate::error::Error;
+pub use crate::optimistic::atomic::{counter, update, Increment, PreparedUpdate, Update};
+use crate::optimistic::atomic::{counters_statement, matched};
+use crate::optimistic::journal::AsyncWatched;
 
 /// Executes a conditional `UPDATE` (or `DELETE`): the number of rows written,
 /// or [`Error::NoRowMatched`] when its `WHERE` matched nothing
@@ -54,7 +55,7 @@ where
     Conn: AsyncConnection,
     S: ExecuteDsl<Conn> + Send,
 {
-    crate::journal::before_write(&mut AsyncWatched(&mut *conn));
+    crate::optimistic::journal::before_write(&mut AsyncWatched(&mut *conn));
     super::connection::check_write(conn).await?;
     let rows = match statement.execute(conn).await {
         Ok(rows) => rows,

@@ -62,10 +62,13 @@ use diesel::query_dsl::methods::LockingDsl;
 use diesel::QueryResult;
 use diesel_async::{AsyncConnection, TransactionManager};
 
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use crate::error::classification::classify;
+use crate::error::Error;
 use crate::optimistic::backend::OptimisticBackend;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-use crate::LockingConnection;
-use crate::{Error, LockOptions};
+use crate::pessimistic::connection::LockingConnection;
+use crate::pessimistic::options::LockOptions;
 
 /// A diesel-async connection lockkit's async calls run on:
 /// `AsyncPgConnection`, `AsyncMysqlConnection`,
@@ -261,8 +264,8 @@ pub(crate) async fn began<C: AsyncLockingConnection>(conn: &mut C) -> Result<Beg
     if nested {
         if let Some(cause) = ended_by_statement(conn).await {
             conn.keep_aborted().await;
-            return Err(crate::journal::aborted(
-                &mut crate::journal::AsyncWatched(conn),
+            return Err(crate::optimistic::journal::aborted(
+                &mut crate::optimistic::journal::AsyncWatched(conn),
                 cause,
             ));
         }
@@ -339,8 +342,8 @@ pub(crate) async fn require_live<C: AsyncLockingConnection>(conn: &mut C) -> Res
     match ended_by_statement(conn).await {
         Some(cause) => {
             conn.keep_aborted().await;
-            Err(crate::journal::aborted(
-                &mut crate::journal::AsyncWatched(conn),
+            Err(crate::optimistic::journal::aborted(
+                &mut crate::optimistic::journal::AsyncWatched(conn),
                 cause,
             ))
         }
@@ -364,10 +367,11 @@ pub(crate) async fn require_live<C: AsyncLockingConnection>(conn: &mut C) -> Res
 pub(crate) async fn ended_by_statement<C: AsyncLockingConnection>(conn: &mut C) -> Option<Error> {
     // Installed now inside the caller's transaction, it is unsure at once.
     watch(conn);
-    if crate::journal::unsure(&mut crate::journal::AsyncWatched(&mut *conn)) {
+    if crate::optimistic::journal::unsure(&mut crate::optimistic::journal::AsyncWatched(&mut *conn))
+    {
         let ended = conn.transaction_ended(None).await;
-        crate::journal::answered(
-            &mut crate::journal::AsyncWatched(&mut *conn),
+        crate::optimistic::journal::answered(
+            &mut crate::optimistic::journal::AsyncWatched(&mut *conn),
             ended.as_ref(),
         );
         if ended.is_some() {
@@ -384,11 +388,15 @@ pub(crate) async fn ended_by_statement<C: AsyncLockingConnection>(conn: &mut C) 
 pub(crate) async fn ended_by_seen_statement<C: AsyncLockingConnection>(
     conn: &mut C,
 ) -> Option<Error> {
-    let cause = crate::journal::ended_by(&mut crate::journal::AsyncWatched(&mut *conn))?;
+    let cause = crate::optimistic::journal::ended_by(
+        &mut crate::optimistic::journal::AsyncWatched(&mut *conn),
+    )?;
     if conn.confirms_abort(&cause).await {
         Some(cause)
     } else {
-        crate::journal::forget_abort(&mut crate::journal::AsyncWatched(conn));
+        crate::optimistic::journal::forget_abort(&mut crate::optimistic::journal::AsyncWatched(
+            conn,
+        ));
         None
     }
 }
@@ -396,20 +404,23 @@ pub(crate) async fn ended_by_seen_statement<C: AsyncLockingConnection>(
 /// The blocking side's [`check_write`](crate::transaction::check_write) on an
 /// async connection.
 pub(crate) async fn check_write<C: AsyncConnection>(conn: &mut C) -> Result<(), Error> {
-    let watched = &mut crate::journal::AsyncWatched(&mut *conn);
-    crate::journal::before_write(watched);
-    let Some((cause, reported)) = crate::journal::ended_before_write(watched) else {
+    let watched = &mut crate::optimistic::journal::AsyncWatched(&mut *conn);
+    crate::optimistic::journal::before_write(watched);
+    let Some((cause, reported)) = crate::optimistic::journal::ended_before_write(watched) else {
         return Ok(());
     };
     if reported || open_stand_in(conn).await {
         // Confirmed: from now on as if the journal had seen it.
-        crate::journal::answered(&mut crate::journal::AsyncWatched(&mut *conn), Some(&cause));
-        return Err(crate::journal::aborted(
-            &mut crate::journal::AsyncWatched(conn),
+        crate::optimistic::journal::answered(
+            &mut crate::optimistic::journal::AsyncWatched(&mut *conn),
+            Some(&cause),
+        );
+        return Err(crate::optimistic::journal::aborted(
+            &mut crate::optimistic::journal::AsyncWatched(conn),
             cause,
         ));
     }
-    crate::journal::forget_abort(&mut crate::journal::AsyncWatched(conn));
+    crate::optimistic::journal::forget_abort(&mut crate::optimistic::journal::AsyncWatched(conn));
     Ok(())
 }
 
@@ -425,20 +436,22 @@ pub(crate) async fn check_write<C: AsyncConnection>(conn: &mut C) -> Result<(), 
 /// under `innodb_rollback_on_timeout`) may have ended it, seen or not, as where
 /// no journal watches the connection: the stand-in's first statement asks.
 pub(crate) async fn failed_write<C: AsyncConnection>(conn: &mut C, err: Error) -> Error {
-    use crate::journal::Watched;
-    let watched = &mut crate::journal::AsyncWatched(&mut *conn);
-    let unseen = crate::journal::may_end_transaction(&err)
+    use crate::optimistic::journal::Watched;
+    let watched = &mut crate::optimistic::journal::AsyncWatched(&mut *conn);
+    let unseen = crate::optimistic::journal::may_end_transaction(&err)
         && watched.depth().is_some()
-        && watched.ends() == crate::journal::Ends::OnDeadlock;
+        && watched.ends() == crate::optimistic::journal::Ends::OnDeadlock;
     let ends = watched.ends();
-    if !unseen && !crate::journal::write_ended_transaction(watched, &err, ends) {
+    if !unseen && !crate::optimistic::journal::write_ended_transaction(watched, &err, ends) {
         return err;
     }
     if !open_stand_in(conn).await {
-        crate::journal::forget_abort(&mut crate::journal::AsyncWatched(conn));
+        crate::optimistic::journal::forget_abort(&mut crate::optimistic::journal::AsyncWatched(
+            conn,
+        ));
         return err;
     }
-    crate::journal::aborted(&mut crate::journal::AsyncWatched(conn), err)
+    crate::optimistic::journal::aborted(&mut crate::optimistic::journal::AsyncWatched(conn), err)
 }
 
 /// The blocking side's [`open_stand_in`](crate::transaction::open_stand_in) on
@@ -460,7 +473,8 @@ pub(crate) async fn open_stand_in<C: AsyncConnection>(conn: &mut C) -> bool {
 /// own: it sees a statement end the transaction even when the work lets the
 /// error go ([`ended_by`](crate::journal::ended_by)).
 pub(crate) fn watch<C: AsyncConnection>(conn: &mut C) {
-    let _ = crate::journal::journal_of(&mut crate::journal::AsyncWatched(conn));
+    let _ =
+        crate::optimistic::journal::journal_of(&mut crate::optimistic::journal::AsyncWatched(conn));
 }
 
 #[cfg(feature = "postgres")]
@@ -493,7 +507,7 @@ mod postgres {
             let nested = in_transaction(self);
             <Self as AsyncConnection>::TransactionManager::begin_transaction(self)
                 .await
-                .map_err(crate::classify)?;
+                .map_err(classify)?;
             let Some(millis) = options.timeout_millis() else {
                 return Ok(Restore::Nothing);
             };
@@ -514,7 +528,7 @@ mod postgres {
                     let _ =
                         <Self as AsyncConnection>::TransactionManager::rollback_transaction(self)
                             .await;
-                    Err(crate::classify(err))
+                    Err(classify(err))
                 }
             }
         }
@@ -571,7 +585,7 @@ mod mysql {
                     SaveAndSetLockWaitTimeout { depth, secs }
                         .execute(self)
                         .await
-                        .map_err(crate::classify)?;
+                        .map_err(classify)?;
                     Restore::LockWaitTimeout(depth)
                 }
                 None => Restore::Nothing,
@@ -580,7 +594,7 @@ mod mysql {
                 <Self as AsyncConnection>::TransactionManager::begin_transaction(self).await
             {
                 let _ = self.restore(&restore, false).await;
-                return Err(crate::classify(err));
+                return Err(classify(err));
             }
             Ok(restore)
         }
@@ -619,7 +633,9 @@ mod mysql {
             // MariaDB knows.
             let alive = caller_transaction_alive(self).await;
             if matches!(alive, Ok(true)) {
-                crate::journal::forget_abort(&mut crate::journal::AsyncWatched(&mut *self));
+                crate::optimistic::journal::forget_abort(
+                    &mut crate::optimistic::journal::AsyncWatched(&mut *self),
+                );
             }
             crate::transaction::ended_unless_open(alive, cause)
         }
@@ -701,11 +717,11 @@ mod sqlite {
                     let previous = diesel::sql_query(BUSY_TIMEOUT)
                         .get_result::<BusyTimeout>(self)
                         .await
-                        .map_err(crate::classify)?
+                        .map_err(classify)?
                         .timeout;
                     self.batch_execute(&set_busy_timeout_sql(millis))
                         .await
-                        .map_err(crate::classify)?;
+                        .map_err(classify)?;
                     Restore::BusyTimeout(previous)
                 }
                 None => Restore::Nothing,
@@ -761,9 +777,7 @@ mod sqlite {
         }
 
         async fn take_write_lock(&mut self) -> Result<(), Error> {
-            self.batch_execute(WRITE_LOCK)
-                .await
-                .map_err(crate::classify)
+            self.batch_execute(WRITE_LOCK).await.map_err(classify)
         }
 
         async fn begin_serializable(&mut self) -> QueryResult<()> {

@@ -56,11 +56,12 @@ use super::connection::{ended_by_statement, AsyncLockingConnection, Restore};
 use super::transaction::end;
 use super::work::{CatchUnwind, ConnWork};
 use crate::clock::now_millis;
+use crate::error::classification::classify;
+use crate::error::Error;
 use crate::http::idempotency::{
     finished, replayed, stored, Idempotency, Outcome, Scoped, Start, StoredKey, Write,
 };
 use crate::transaction::Failure;
-use crate::{classify, Error};
 
 /// Runs `work` at most once for `key` of `principal`:
 /// [`Idempotency::run`] on diesel-async, with its arguments, table and errors.

@@ -16,9 +16,11 @@ use diesel_async::TransactionManager;
 use super::connection::{in_transaction, AsyncLockingConnection, Restore};
 use super::retry::again;
 use super::work::ConnAttempt;
+use crate::error::classification::classify;
+use crate::error::Error;
 use crate::retry::may_retry;
+use crate::retry::{RetryPolicy, RetryableError};
 use crate::transaction::{Began, Failure};
-use crate::{classify, Error, RetryPolicy, RetryableError};
 
 /// Runs `f` in a `SERIALIZABLE` transaction, retrying serialization failures
 /// and deadlocks (and the other [retryable](Error::is_retryable) errors, also

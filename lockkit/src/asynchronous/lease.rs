@@ -56,13 +56,14 @@ use diesel_async::TransactionManager;
 use super::connection::{in_transaction, AsyncLockingConnection, Restore};
 use super::transaction::end;
 use super::work::{AsyncWork, ConnWork};
+use crate::error::classification::classify;
+use crate::error::Error;
 use crate::lease::fence::admitted;
 use crate::lease::{
     check_acquire, check_name, check_own_commit, lease_guard, new_token, released, renewed, Fence,
     Grant,
 };
 use crate::transaction::Failure;
-use crate::{classify, Error};
 
 /// A held database lease on a diesel-async connection: [`Lease`](crate::lease::Lease)'s
 /// twin. Derefs to the connection. Release it with [`release`](Self::release)

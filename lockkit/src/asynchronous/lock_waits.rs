@@ -19,8 +19,9 @@
 
 use std::future::Future;
 
-pub use crate::lock_waits::{BlockedSession, Blocker, LockWait};
-use crate::{classify, Error};
+use crate::error::classification::classify;
+use crate::error::Error;
+pub use crate::pessimistic::lock_waits::{BlockedSession, Blocker, LockWait};
 
 /// A diesel-async connection whose lock waits lockkit can list:
 /// `AsyncPgConnection`, `AsyncMysqlConnection` (a pooled one as `&mut *conn`).
@@ -87,14 +88,14 @@ macro_rules! async_lock_monitor {
         impl AsyncLockMonitor for $conn {
             async fn session_id(&mut self) -> diesel::QueryResult<i64> {
                 use diesel_async::RunQueryDsl;
-                diesel::sql_query(crate::lock_waits::$sql::SESSION_ID)
-                    .get_result::<crate::lock_waits::SessionId>(self)
+                diesel::sql_query(crate::pessimistic::lock_waits::$sql::SESSION_ID)
+                    .get_result::<crate::pessimistic::lock_waits::SessionId>(self)
                     .await
                     .map(|row| row.id)
             }
 
             async fn blocked_sessions(&mut self) -> diesel::QueryResult<Vec<BlockedSession>> {
-                use crate::lock_waits::$sql::{blocked, Row, BLOCKED_SESSIONS_TRIED};
+                use crate::pessimistic::lock_waits::$sql::{blocked, Row, BLOCKED_SESSIONS_TRIED};
                 use diesel_async::RunQueryDsl;
                 let mut rows = Ok(Vec::new());
                 for sql in BLOCKED_SESSIONS_TRIED {
@@ -108,10 +109,10 @@ macro_rules! async_lock_monitor {
 
             async fn lock_waits(&mut self) -> diesel::QueryResult<Vec<LockWait>> {
                 use diesel_async::RunQueryDsl;
-                diesel::sql_query(crate::lock_waits::$sql::LOCK_WAITS)
-                    .load::<crate::lock_waits::WaitRow>(self)
+                diesel::sql_query(crate::pessimistic::lock_waits::$sql::LOCK_WAITS)
+                    .load::<crate::pessimistic::lock_waits::WaitRow>(self)
                     .await
-                    .map(crate::lock_waits::group_waits)
+                    .map(crate::pessimistic::lock_waits::group_waits)
             }
         }
     };

@@ -68,18 +68,21 @@ use super::connection::{in_transaction, AsyncLockingConnection, Changing, Restor
 use super::transaction::end;
 use super::versioned::{AsyncVersionQuery, AsyncVersioned};
 use super::work::{ConnWork, RowWork};
+use crate::error::classification::classify;
+use crate::error::Error;
 use crate::optimistic::version_check::TouchVersioned;
 use crate::optimistic::BumpVersion;
+use crate::pessimistic::lockable::Lockable;
 use crate::pessimistic::lockable::{
     all_by_keys, by_key, lock_order, unmatched, AllByKeys, ByKey, KeyColumn, KeysFilter, Pk,
     Returned, MAX_KEYS_PER_STATEMENT,
 };
+use crate::pessimistic::options::LockOptions;
 use crate::pessimistic::row_lock::{
     EveryClause, ForUpdate, LockClause, LockedCall, RowLock, WaitMode,
 };
 use crate::pessimistic::NoVersion;
 use crate::transaction::{require_transaction, Failure};
-use crate::{classify, Error, LockOptions, Lockable};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -149,12 +152,17 @@ where
     let (mut changing, restore) = begin_locked(conn, &options).await.map_err(E::from)?;
     let conn = &mut *changing.conn;
     let mut held = None;
-    let unsure = crate::journal::unsure(&mut crate::journal::AsyncWatched(&mut *conn));
+    let unsure = crate::optimistic::journal::unsure(&mut crate::optimistic::journal::AsyncWatched(
+        &mut *conn,
+    ));
     let result = match lock_row::<M, C>(conn, key, options).await {
         Ok((row, lock)) => {
             held = Some(lock);
             // Its rows came: the read hid no deadlock, and asks no question later.
-            crate::journal::own_read_done(&mut crate::journal::AsyncWatched(&mut *conn), unsure);
+            crate::optimistic::journal::own_read_done(
+                &mut crate::optimistic::journal::AsyncWatched(&mut *conn),
+                unsure,
+            );
             f(conn, row).await.map_err(Failure::Closure)
         }
         Err(err) => Err(Failure::Lockkit(err)),

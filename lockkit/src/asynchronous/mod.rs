@@ -75,7 +75,7 @@ pub use versioned::AsyncVersioned;
 /// (both have `update_versioned`), with the derives.
 pub mod prelude {
     pub use super::AsyncVersioned;
-    pub use crate::LockQueryExt;
+    pub use crate::pessimistic::row_lock::LockQueryExt;
     #[cfg(feature = "derive")]
     pub use lockkit_derive::{Lockable, Versioned};
 }

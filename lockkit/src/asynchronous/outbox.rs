@@ -65,13 +65,14 @@ use super::connection::{in_transaction, AsyncLockingConnection};
 use super::transaction::end;
 use super::work::{AsyncWork, ConnWork};
 use crate::clock::now_millis;
+use crate::error::Error;
 use crate::outbox::inbox::check_message_id;
 use crate::outbox::{
     check_limit, check_message, older_than, DeadLetter, Inbox, Mark, OutboxMessage, Received,
     Relay, Relayed, DEAD,
 };
+use crate::pessimistic::options::LockOptions;
 use crate::transaction::Failure;
-use crate::{Error, LockOptions};
 
 /// Writes a message to the outbox in the open transaction, the one that makes
 /// the change the message announces; returns its id:

@@ -59,10 +59,11 @@ use diesel_async::methods::LoadQuery;
 use diesel_async::RunQueryDsl;
 
 use super::connection::{in_transaction, AsyncLockingConnection};
+use crate::error::classification::classify;
+use crate::error::Error;
 use crate::metrics::LockWait;
 use crate::pessimistic::row_lock::ForUpdateSkipLocked;
 use crate::transaction::require_transaction;
-use crate::{classify, Error};
 
 /// Claims up to `limit` rows of `query` that no other transaction holds, locking
 /// them until the current transaction ends (`LIMIT n FOR UPDATE SKIP LOCKED`):
@@ -90,7 +91,7 @@ where
     Q: AsyncClaimQuery<C, M>,
     M: Send,
 {
-    crate::queue::check_limit(limit)?;
+    crate::pessimistic::queue::check_limit(limit)?;
     require_transaction(in_transaction(conn))?;
     super::connection::require_live(conn).await?;
     let waited = LockWait::start();

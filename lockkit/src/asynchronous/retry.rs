@@ -11,9 +11,10 @@ use diesel_async::TransactionManager;
 
 use super::connection::{in_transaction, AsyncLockingConnection, Restore};
 use super::work::ConnAttempt;
+use crate::error::classification::classify;
 use crate::retry::{after_failure, may_retry, Next};
+use crate::retry::{RetryPolicy, RetryableError};
 use crate::transaction::Failure;
-use crate::{RetryPolicy, RetryableError};
 
 /// Runs `op` until it succeeds, fails with an error that is not retryable, or
 /// has run `policy.attempts()` times, sleeping (asynchronously) with backoff
@@ -157,7 +158,7 @@ where
                     let result = op(conn).await.map_err(Failure::Closure);
                     super::transaction::end(conn, began, Restore::Nothing, result).await
                 }
-                Err(err) => Err(E::from(crate::classify(err))),
+                Err(err) => Err(E::from(classify(err))),
             },
             Err(err) => Err(E::from(err)),
         };

@@ -5,8 +5,9 @@
 use diesel_async::TransactionManager;
 
 use super::connection::{in_transaction, AsyncLockingConnection, Begun, Restore};
+use crate::error::classification::classify;
+use crate::error::Error;
 use crate::transaction::{settle, Check, Failed, Failure};
-use crate::{classify, Error};
 
 /// The end of every async lockkit transaction, `began` nested in an open one or
 /// not:
@@ -49,9 +50,9 @@ where
     // nested call) end this transaction? As the blocking side's panic guard
     // asks it.
     let check = began.check(&result, || {
-        let watched = &mut crate::journal::AsyncWatched(&mut *conn);
-        let ends = crate::journal::Watched::ends(watched);
-        crate::journal::whole(watched, ends)
+        let watched = &mut crate::optimistic::journal::AsyncWatched(&mut *conn);
+        let ends = crate::optimistic::journal::Watched::ends(watched);
+        crate::optimistic::journal::whole(watched, ends)
     });
     let ended = match check {
         Check::Nothing => None,
@@ -116,6 +117,9 @@ where
         }
     }
     Err(failed.into_error(nested, ended, |cause| {
-        crate::journal::aborted(&mut crate::journal::AsyncWatched(conn), cause)
+        crate::optimistic::journal::aborted(
+            &mut crate::optimistic::journal::AsyncWatched(conn),
+            cause,
+        )
     }))
 }

@@ -68,17 +68,20 @@ use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnectionCore, RunQueryDsl, TransactionManager};
 
 use super::connection::{in_transaction, AsyncLockingConnection, Restore};
-use crate::journal::{self, AsyncWatched};
+use crate::error::classification::classify;
+use crate::error::{Error, Operation};
 use crate::optimistic::backend::{DatabaseId, InShareMode, OptimisticBackend, Unique};
+use crate::optimistic::journal::{self, AsyncWatched};
 use crate::optimistic::sequence::{checked_next, Origin, Step, Write, Written};
 use crate::optimistic::statement::BySql;
 use crate::optimistic::version::VersionNumber;
 use crate::optimistic::version_check::{
     self, at_most_one, DeleteVersioned, TouchVersioned, UpdateVersioned, VersionCheck,
 };
+use crate::optimistic::versioned::Versioned;
 use crate::optimistic::versioned::{all_or_none, key_order, settle};
+use crate::pessimistic::lockable::Lockable;
 use crate::transaction::{Began, Failure};
-use crate::{classify, Error, Lockable, Operation, Versioned};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 

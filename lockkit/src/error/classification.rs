@@ -64,7 +64,7 @@ use std::time::{Duration, Instant};
 
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 
-use crate::Error;
+use crate::error::Error;
 
 /// How long after lockkit sent a `NOWAIT` clause on a thread a MySQL/MariaDB lock
 /// wait timeout (1205) is read as that clause's failure, [`Error::Busy`]. Under the
@@ -238,7 +238,7 @@ fn classify_message(message: &str) -> Option<Error> {
 impl From<diesel::result::Error> for Error {
     /// Classifies the error; see [`classify()`].
     fn from(err: diesel::result::Error) -> Self {
-        crate::classify(err)
+        classify(err)
     }
 }
 

@@ -106,10 +106,11 @@ use http::header::{HeaderName, CONTENT_TYPE, ETAG, IF_MATCH, IF_NONE_MATCH, RETR
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, StatusCode};
 
-use crate::etag::{
+use crate::error::Error;
+use crate::http::etag::{
     BoundETag, ETag, Expected, IfMatch, IfMatchError, Problem, ResourceTags, VersionIn,
 };
-use crate::{Error, VersionNumber};
+use crate::optimistic::version::VersionNumber;
 
 /// The media type of [`Problem`] bodies (RFC 9457).
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -365,7 +366,8 @@ impl IdempotencyKey {
                 "send one Idempotency-Key header, not several",
             ));
         }
-        crate::idempotency::key_from_header(line.as_bytes()).map(|key| Some(IdempotencyKey(key)))
+        crate::http::idempotency::key_from_header(line.as_bytes())
+            .map(|key| Some(IdempotencyKey(key)))
     }
 }
 
@@ -546,9 +548,9 @@ mod tests {
     use http::Request;
 
     use super::*;
-    use crate::etag::{self, ANY_MATCH_ATTEMPTS};
-    use crate::CurrentState;
-    use crate::{Operation, StaleObjectError};
+    use crate::error::CurrentState;
+    use crate::error::{Operation, StaleObjectError};
+    use crate::http::etag::{self, ANY_MATCH_ATTEMPTS};
 
     /// Polls a future that needs no I/O to completion (extractors, full bodies).
     fn ready<F: Future>(future: F) -> F::Output {
@@ -893,8 +895,8 @@ mod tests {
         );
     }
 
-    fn secret() -> crate::etag::ETagSecret {
-        crate::etag::ETagSecret::new(b"0123456789abcdef0123456789abcdef").unwrap()
+    fn secret() -> crate::http::etag::ETagSecret {
+        crate::http::etag::ETagSecret::new(b"0123456789abcdef0123456789abcdef").unwrap()
     }
 
     fn with_headers(name: HeaderName, values: &[&[u8]]) -> HeaderMap {
@@ -1045,7 +1047,7 @@ mod tests {
             );
             assert_eq!(body["title"], "Bad Request");
         }
-        let long = "k".repeat(crate::idempotency::MAX_LEN + 1);
+        let long = "k".repeat(crate::http::idempotency::MAX_LEN + 1);
         assert!(read(&[long.as_bytes()]).is_err());
     }
 

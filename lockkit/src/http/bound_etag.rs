@@ -39,8 +39,9 @@ use std::fmt;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::etag::{Expected, IfMatch, IfMatchError, Problem, Rendering};
-use crate::{Error, VersionNumber};
+use crate::error::Error;
+use crate::http::etag::{Expected, IfMatch, IfMatchError, Problem, Rendering};
+use crate::optimistic::version::VersionNumber;
 
 type HmacSha256 = Hmac<Sha256>;
 

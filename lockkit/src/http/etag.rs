@@ -36,13 +36,15 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::error::{CurrentState, Error, StaleObjectError};
 #[cfg(feature = "bound-etags")]
 #[cfg_attr(docsrs, doc(cfg(feature = "bound-etags")))]
 pub use crate::http::bound_etag::{
     BoundETag, ETagSecret, ResourceTags, SecretTooShort, MIN_SECRET_LEN,
 };
+use crate::optimistic::version::VersionNumber;
 use crate::retry::retry_while;
-use crate::{CurrentState, Error, RetryPolicy, RetryableError, StaleObjectError, VersionNumber};
+use crate::retry::{RetryPolicy, RetryableError};
 
 /// A strong entity tag made from a row's version: `"v<version>"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -780,11 +782,11 @@ mod tests {
 
     #[test]
     fn errors_map_to_statuses_and_problems() {
-        let stale = Error::Stale(crate::StaleObjectError {
+        let stale = Error::Stale(crate::error::StaleObjectError {
             table: "items",
             key: "1".into(),
             version_column: "lock_version",
-            operation: crate::Operation::Update,
+            operation: crate::error::Operation::Update,
             expected_version: 3,
             current: CurrentState::Version(4),
             record: None,

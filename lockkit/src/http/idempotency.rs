@@ -86,12 +86,12 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::clock::{millis, now_millis};
+use crate::error::Error;
 use crate::migrations::Words;
 use crate::pessimistic::connection::AsLockingConnection;
 use crate::transaction::{self, Failure};
-use crate::Error;
 
-pub use crate::version_trigger::Dialect;
+pub use crate::optimistic::version_trigger::Dialect;
 
 /// `CREATE TABLE lockkit_idempotency_keys` in the words of one dialect.
 fn keys_table(_dialect: Dialect, words: &Words) -> String {

@@ -25,7 +25,7 @@ use diesel::sql_types::{BigInt, Text};
 use super::fence::{FenceStore, Raise};
 use super::{Error, LeaseStore};
 use crate::migrations::Words;
-use crate::version_trigger::Dialect;
+use crate::optimistic::version_trigger::Dialect;
 
 /// `CREATE TABLE lockkit_leases` and `lockkit_fences` in the words of one
 /// dialect.

@@ -75,7 +75,9 @@ pub(crate) fn admitted(resource: &str, fence: Fence, newer: Option<i64>) -> Resu
     label = "not a connection lockkit's fenced writes support",
     note = "lockkit supports `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`) and r2d2 pooled connections to them"
 )]
-pub trait FenceStore: crate::LockingConnection + crate::sealed::Sealed {
+pub trait FenceStore:
+    crate::pessimistic::connection::LockingConnection + crate::sealed::Sealed
+{
     /// Raises the recorded fence of `resource` to `fence`; `Some(newer)` when it
     /// had seen a larger one (then nothing changed).
     #[doc(hidden)]

@@ -133,9 +133,9 @@ pub mod redis;
 
 use std::time::Duration;
 
-use crate::Error;
+use crate::error::Error;
 
-pub use crate::version_trigger::Dialect;
+pub use crate::optimistic::version_trigger::Dialect;
 // `up_sql`, `down_sql` and the migrations of the enabled backends.
 pub use database::*;
 pub use fence::{fenced, FenceStore};

@@ -41,8 +41,9 @@ use diesel::query_source::{QuerySource, Table};
 use diesel::sql_types::{IntoNotNullable, SqlType};
 use diesel::{Column, Connection, Expression, OptionalExtension, QueryResult};
 
+use crate::error::classification::classify;
+use crate::error::Error;
 use crate::optimistic::statement::{BySql, VersionedUpdate};
-use crate::{classify, Error};
 
 /// Starts an `UPDATE` that Diesel prepares once per connection: `diesel::update`
 /// with the same SQL, for the statements a hot path sends again and again.
@@ -135,7 +136,7 @@ where
     Conn: Connection,
     S: ExecuteDsl<Conn>,
 {
-    let ends = crate::journal::Ends::of::<Conn::Backend>();
+    let ends = crate::optimistic::journal::Ends::of::<Conn::Backend>();
     update_if_on(conn, statement, ends)
 }
 
@@ -145,13 +146,13 @@ where
 pub(crate) fn update_if_on<Conn, S>(
     conn: &mut Conn,
     statement: S,
-    ends: crate::journal::Ends,
+    ends: crate::optimistic::journal::Ends,
 ) -> Result<usize, Error>
 where
     Conn: Connection,
     S: ExecuteDsl<Conn>,
 {
-    crate::journal::before_write(conn);
+    crate::optimistic::journal::before_write(conn);
     crate::transaction::check_write(conn)?;
     let rows = ExecuteDsl::execute(statement, conn)
         .map_err(|err| crate::transaction::failed_write(conn, classify(err), ends))?;

@@ -78,8 +78,10 @@ use diesel::sql_types::{Bool, SqlType};
 use diesel::{Column, Connection, ExpressionMethods, QueryResult};
 use diesel::{OptionalExtension, RunQueryDsl};
 
+use crate::error::classification::classify;
+use crate::error::{ColumnValue, Error, StaleColumnsError};
 use crate::optimistic::backend::{InShareMode, OptimisticBackend};
-use crate::{classify, ColumnValue, Error, Lockable, StaleColumnsError};
+use crate::pessimistic::lockable::Lockable;
 
 /// One column and the value it must still hold: build it with [`expect`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -297,7 +299,7 @@ pub trait CompareAndSet: Lockable {
         let target = Self::Table::default()
             .find(key.clone())
             .filter(expected.filter());
-        match crate::atomic::update_if(conn, diesel::update(target).set(changes)) {
+        match crate::optimistic::atomic::update_if(conn, diesel::update(target).set(changes)) {
             Err(Error::NoRowMatched) => {}
             written => return written,
         }

@@ -698,11 +698,12 @@ pub(crate) fn unsure<W: Watched>(conn: &mut W) -> bool {
 /// a deadlock that ended it is recorded as if seen, so that the rest of
 /// lockkit treats it as it treats a statement's ([`ended_by`], [`whole`]), and
 /// the versions written in the transaction count as rolled back when it ends.
-pub(crate) fn answered<W: Watched>(conn: &mut W, ended: Option<&crate::Error>) {
+pub(crate) fn answered<W: Watched>(conn: &mut W, ended: Option<&crate::error::Error>) {
     if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
         journal.aborts.unsure = false;
         journal.aborts.missed = false;
-        if matches!(ended, Some(crate::Error::Deadlock)) && journal.aborts.ended_by.is_none() {
+        if matches!(ended, Some(crate::error::Error::Deadlock)) && journal.aborts.ended_by.is_none()
+        {
             journal.aborts.ended_by =
                 Some((DatabaseErrorKind::Unknown, UNSEEN_DEADLOCK.to_owned()));
         }
@@ -730,7 +731,7 @@ const UNSEEN_DEADLOCK: &str =
 /// work let go ([`Ends`]), if the connection's journal saw one: lockkit's
 /// transactions then neither commit nor go on as if it were open. `None` when
 /// nothing did, or no journal watches `conn`.
-pub(crate) fn ended_by<W: Watched>(conn: &mut W) -> Option<crate::Error> {
+pub(crate) fn ended_by<W: Watched>(conn: &mut W) -> Option<crate::error::Error> {
     let journal = conn.slot().downcast_mut::<Journal>()?;
     let (kind, message) = journal.aborts.ended_by.clone()?;
     Some(crate::error::classification::recall(
@@ -755,14 +756,14 @@ pub(crate) fn before_write<W: Watched>(conn: &mut W) {
 /// sees and settles ([`Aborted`](crate::Aborted)). Without a journal (a
 /// connection with instrumentation of its own), it stays unsettled; outside a
 /// transaction it is settled at once.
-pub(crate) fn aborted<W: Watched>(conn: &mut W, cause: crate::Error) -> crate::Error {
-    let aborted = crate::Aborted::new(cause);
+pub(crate) fn aborted<W: Watched>(conn: &mut W, cause: crate::error::Error) -> crate::error::Error {
+    let aborted = crate::error::Aborted::new(cause);
     if conn.depth().is_none() {
         aborted.settler().settle();
     } else if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
         journal.aborts.reported.push(aborted.settler());
     }
-    crate::Error::TransactionAborted(aborted)
+    crate::error::Error::TransactionAborted(aborted)
 }
 
 /// A write statement of lockkit's ([`before_write`]) failed with `err`: whether
@@ -776,7 +777,7 @@ pub(crate) fn aborted<W: Watched>(conn: &mut W, cause: crate::Error) -> crate::E
 /// async write.
 pub(crate) fn write_ended_transaction<W: Watched>(
     conn: &mut W,
-    err: &crate::Error,
+    err: &crate::error::Error,
     ends: Ends,
 ) -> bool {
     match whole(conn, ends) {
@@ -791,10 +792,12 @@ pub(crate) fn write_ended_transaction<W: Watched>(
 /// every deadlock's victim, and for a lock wait timeout (MariaDB's failed
 /// `NOWAIT` too) under `innodb_rollback_on_timeout`. The stand-in's first
 /// statement then asks the server.
-pub(crate) fn may_end_transaction(err: &crate::Error) -> bool {
+pub(crate) fn may_end_transaction(err: &crate::error::Error) -> bool {
     matches!(
         err,
-        crate::Error::Deadlock | crate::Error::LockTimeout | crate::Error::Busy
+        crate::error::Error::Deadlock
+            | crate::error::Error::LockTimeout
+            | crate::error::Error::Busy
     )
 }
 
@@ -834,7 +837,7 @@ pub(crate) fn whole<W: Watched>(conn: &mut W, ends: Ends) -> Whole {
 /// missed ([`Aborts::missed`]); and whether lockkit has reported the abort in
 /// it already (then the server confirmed it, and the read-only stand-in was
 /// opened).
-pub(crate) fn ended_before_write<W: Watched>(conn: &mut W) -> Option<(crate::Error, bool)> {
+pub(crate) fn ended_before_write<W: Watched>(conn: &mut W) -> Option<(crate::error::Error, bool)> {
     let ends = conn.ends();
     if whole(conn, ends) != Whole::Seen {
         // Came in the middle of the transaction: what it missed may have.
@@ -842,7 +845,7 @@ pub(crate) fn ended_before_write<W: Watched>(conn: &mut W) -> Option<(crate::Err
             .slot()
             .downcast_mut::<Journal>()
             .is_some_and(|journal| journal.aborts.missed && journal.aborts.depth > 0);
-        return missed.then_some((crate::Error::Deadlock, false));
+        return missed.then_some((crate::error::Error::Deadlock, false));
     }
     let cause = ended_by(conn)?;
     let reported = conn
@@ -1344,11 +1347,11 @@ pub(crate) fn found_stale<W: Watched>(
     table: &'static str,
     row: Option<&str>,
     plan: Plan,
-    current: crate::CurrentState,
+    current: crate::error::CurrentState,
 ) {
     if let (
         Plan::Restore { .. } | Plan::Refuse { .. },
-        crate::CurrentState::Version(current),
+        crate::error::CurrentState::Version(current),
         Some(row),
     ) = (plan, current, row)
     {

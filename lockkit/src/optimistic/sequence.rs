@@ -27,9 +27,12 @@
 
 use diesel::Column;
 
-use crate::journal::{self, Plan, Watched};
+use crate::error::classification::classify;
+use crate::error::{CurrentState, Error, Operation, StaleObjectError};
+use crate::optimistic::journal::{self, Plan, Watched};
 use crate::optimistic::version::VersionNumber;
-use crate::{classify, CurrentState, Error, Lockable, Operation, StaleObjectError, Versioned};
+use crate::optimistic::versioned::Versioned;
+use crate::pessimistic::lockable::Lockable;
 
 /// Where the version a write expects comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -31,12 +31,15 @@ use diesel::query_dsl::LoadQuery;
 use diesel::sql_types::SqlType;
 use diesel::{Connection, ExpressionMethods, OptionalExtension, RunQueryDsl};
 
-use crate::journal::{self, Plan};
+use crate::error::classification::classify;
+use crate::error::{Error, Operation};
 use crate::optimistic::backend::{InShareMode, OptimisticBackend};
+use crate::optimistic::journal::{self, Plan};
 use crate::optimistic::sequence::{checked_next, Origin, Step, Write, Written};
 use crate::optimistic::statement::{ByType, VersionedUpdate};
 use crate::optimistic::version::VersionNumber;
-use crate::{classify, Error, Lockable, Operation, Versioned};
+use crate::optimistic::versioned::Versioned;
+use crate::pessimistic::lockable::Lockable;
 
 type VersionColumnOf<M> = <M as Versioned>::VersionColumn;
 type VersionOf<M> = <M as Versioned>::Version;

@@ -61,14 +61,15 @@ use diesel::query_builder::{AsChangeset, IntoUpdateTarget, QueryId};
 use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, FindDsl};
 use diesel::{Column, Connection};
 
+use crate::error::{Error, Operation};
 use crate::optimistic::sequence::{Origin, Written};
 use crate::optimistic::statement::{BySql, CacheKey};
 use crate::optimistic::version::VersionNumber;
 use crate::optimistic::version_check::{
     self, CurrentVersionQuery, DeleteVersioned, TouchVersioned, UpdateVersioned, VersionCheck,
 };
+use crate::pessimistic::lockable::Lockable;
 use crate::pessimistic::lockable::MarkLocked;
-use crate::{Error, Lockable, Operation};
 
 /// A Diesel model with a version column. Implement it with `#[derive(Versioned)]`.
 ///
@@ -538,19 +539,19 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         dsl::Filter<Find<Self::Table, Self::Key>, P>: IntoUpdateTarget<Table = Self::Table>,
         Self: CurrentVersionQuery<Conn>,
         (C, Self::Bump): AsChangeset<Target = Self::Table>,
-        crate::atomic::PreparedUpdate<
+        crate::optimistic::atomic::PreparedUpdate<
             Self::Table,
             <dsl::Filter<Find<Self::Table, Self::Key>, P> as IntoUpdateTarget>::WhereClause,
             <(C, Self::Bump) as AsChangeset>::Changeset,
         >: ExecuteDsl<Conn>,
     {
         let target = Self::Table::default().find(key).filter(condition);
-        let statement = crate::atomic::update(target).set((changes, Self::bump()));
+        let statement = crate::optimistic::atomic::update(target).set((changes, Self::bump()));
         // The backend inside a `MultiConnection` enum, which `atomic::update_if`
         // cannot name.
         let ends = Self::ends(conn);
-        crate::journal::watch(conn, |_| ends);
-        crate::atomic::update_if_on(conn, statement, ends).map(drop)
+        crate::optimistic::journal::watch(conn, |_| ends);
+        crate::optimistic::atomic::update_if_on(conn, statement, ends).map(drop)
     }
 
     /// Applies one changeset to many rows, each checked against its own expected
@@ -707,7 +708,7 @@ where
 /// every stale row.
 pub(crate) fn all_or_none<V>(
     versions: Vec<Option<V>>,
-    stale: Vec<crate::StaleObjectError>,
+    stale: Vec<crate::error::StaleObjectError>,
 ) -> Result<Vec<V>, Error> {
     if stale.is_empty() {
         Ok(versions.into_iter().flatten().collect())

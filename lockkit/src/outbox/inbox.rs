@@ -4,8 +4,10 @@ use std::time::Duration;
 
 use super::{valid_name, OutboxStore};
 use crate::clock::now_millis;
+use crate::error::Error;
 use crate::pessimistic::connection::AsLockingConnection;
-use crate::{locked_transaction, Error, LockOptions};
+use crate::pessimistic::lockable::locked_transaction;
+use crate::pessimistic::options::LockOptions;
 
 /// What [`Inbox::receive`] did with a message.
 #[derive(Debug, Clone, PartialEq, Eq)]

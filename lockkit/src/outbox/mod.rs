@@ -104,12 +104,15 @@ pub(crate) mod store;
 use std::time::Duration;
 
 use crate::clock::{millis, now_millis};
+use crate::error::Error;
 use crate::migrations::Words;
 use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
+use crate::pessimistic::lockable::locked_transaction;
+use crate::pessimistic::options::LockOptions;
+use crate::retry::RetryPolicy;
 use crate::transaction::require_transaction;
-use crate::{locked_transaction, Error, LockOptions, RetryPolicy};
 
-pub use crate::version_trigger::Dialect;
+pub use crate::optimistic::version_trigger::Dialect;
 pub use inbox::{Inbox, Received};
 pub use store::OutboxStore;
 

@@ -1,8 +1,8 @@
 //! The outbox's and the inbox's statements, once per backend.
 
 use super::{DeadLetter, OutboxMessage};
+use crate::error::Error;
 use crate::pessimistic::connection::LockingConnection;
-use crate::Error;
 
 use super::schema;
 
@@ -269,7 +269,7 @@ macro_rules! outbox_store {
                 limit: i64,
                 now: i64,
             ) -> Result<Vec<OutboxMessage>, Error> {
-                crate::queue::claim(conn, statements::due(now), limit)
+                crate::pessimistic::queue::claim(conn, statements::due(now), limit)
             }
 
             fn mark_published(conn: &mut Self, id: i64, now: i64) -> Result<bool, Error> {

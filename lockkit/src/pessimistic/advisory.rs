@@ -70,8 +70,9 @@ use std::ops::{Deref, DerefMut};
 use diesel::connection::LoadConnection;
 use diesel::Connection;
 
+use crate::error::classification::classify;
+use crate::error::Error;
 use crate::transaction::in_transaction;
-use crate::{classify, Error};
 
 /// An advisory lock's key; see the [module docs](self).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -410,8 +411,9 @@ mod postgres {
     use diesel::{Connection, RunQueryDsl};
 
     use super::{AdvisoryBackend, AdvisoryKey, Locked, Scope, Statement};
+    use crate::error::classification::classify;
+    use crate::error::Error;
     use crate::transaction::{in_transaction, require_transaction};
-    use crate::{classify, Error};
 
     fn statement(sql: &'static str, key: AdvisoryKey) -> Statement<Pg> {
         diesel::sql_query(sql).into_boxed().bind::<BigInt, _>(key.0)

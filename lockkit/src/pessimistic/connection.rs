@@ -95,6 +95,9 @@
 use diesel::query_dsl::methods::LockingDsl;
 
 use super::options::LockOptions;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use crate::error::classification::classify;
+use crate::error::Error;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use crate::transaction::transaction_sql;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
@@ -102,7 +105,6 @@ use crate::transaction::Reach;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use crate::transaction::{finish, Failure, PanicGuard};
 use crate::transaction::{in_transaction, Control};
-use crate::Error;
 
 /// A connection lockkit can take row locks on: `PgConnection`, `MysqlConnection`
 /// or `SqliteConnection`, or a `#[derive(diesel::MultiConnection)]` enum over
@@ -289,7 +291,7 @@ where
     let result = transaction_sql::<I, _, _, _>(conn, begin, |conn| {
         guard.call(conn, |conn| f(conn).map_err(Failure::Closure))
     });
-    finish(conn, false, guard, result, None, crate::classify)
+    finish(conn, false, guard, result, None, classify)
 }
 
 #[cfg(feature = "postgres")]
@@ -367,7 +369,7 @@ pub(crate) mod postgres {
             }
             Ok(result)
         });
-        finish(conn, nested, guard, result, None, crate::classify)
+        finish(conn, nested, guard, result, None, classify)
     }
 
     /// [`LockingConnection::serializable_transaction`] on PostgreSQL, begun
@@ -517,10 +519,10 @@ pub(crate) mod mysql {
         let depth = crate::transaction::transaction_depth(conn);
         let saved = match options.timeout_secs() {
             Some(secs) => {
-                let mysql = conn.reach().map_err(crate::classify)?;
+                let mysql = conn.reach().map_err(classify)?;
                 SaveAndSetLockWaitTimeout { depth, secs }
                     .execute(mysql)
-                    .map_err(crate::classify)?;
+                    .map_err(classify)?;
                 Some(depth)
             }
             None => None,
@@ -533,7 +535,7 @@ pub(crate) mod mysql {
             conn.reach()
                 .and_then(|c| restore_lock_wait_timeout(c, depth))
         });
-        finish(conn, nested, guard, result, restored, crate::classify)
+        finish(conn, nested, guard, result, restored, classify)
     }
 
     /// [`LockingConnection::serializable_transaction`] on MySQL/MariaDB.
@@ -547,7 +549,7 @@ pub(crate) mod mysql {
         // Applies to the next transaction only.
         conn.reach()
             .and_then(|c| diesel::sql_query(crate::transaction::MYSQL_SET_SERIALIZABLE).execute(c))
-            .map_err(crate::classify)?;
+            .map_err(classify)?;
         crate::transaction::run(conn, |conn| f(conn).map_err(Failure::Closure))
     }
 
@@ -556,7 +558,7 @@ pub(crate) mod mysql {
             // MariaDB knows.
             let alive = caller_transaction_alive(self);
             if matches!(alive, Ok(true)) {
-                crate::journal::forget_abort(self);
+                crate::optimistic::journal::forget_abort(self);
             }
             crate::transaction::ended_unless_open(alive, cause)
         }
@@ -636,7 +638,7 @@ pub(crate) mod sqlite {
     }
 
     locking_connection!(SqliteConnection, lock_clause: none, take_write_lock: |conn| {
-        write_lock(conn).map_err(crate::classify)
+        write_lock(conn).map_err(classify)
     });
 
     /// [`LockingConnection::locked_transaction`] on SQLite, for the connection
@@ -657,10 +659,10 @@ pub(crate) mod sqlite {
         // the write lock, and put back once the transaction ended.
         let busy_timeout = match wait.busy_timeout_millis(options.timeout_millis()) {
             Some(millis) => {
-                let sqlite = conn.reach().map_err(crate::classify)?;
+                let sqlite = conn.reach().map_err(classify)?;
                 let previous = diesel::sql_query(BUSY_TIMEOUT)
                     .get_result::<BusyTimeout>(sqlite)
-                    .map_err(crate::classify)?
+                    .map_err(classify)?
                     .timeout;
                 Some((millis, previous))
             }
@@ -706,7 +708,7 @@ pub(crate) mod sqlite {
         };
         let restored = busy_timeout
             .map(|(_, previous)| conn.reach().and_then(|c| set_busy_timeout(c, previous)));
-        finish(conn, nested, guard, result, restored, crate::classify)
+        finish(conn, nested, guard, result, restored, classify)
     }
 
     /// [`LockingConnection::serializable_transaction`] on SQLite: `BEGIN

@@ -38,7 +38,8 @@ use std::time::Duration;
 use diesel::connection::LoadConnection;
 use diesel::Connection;
 
-use crate::{classify, Error};
+use crate::error::classification::classify;
+use crate::error::Error;
 
 /// A session waiting for a lock.
 #[derive(Debug, Clone, PartialEq, Eq)]

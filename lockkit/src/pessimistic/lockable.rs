@@ -105,8 +105,9 @@ use super::options::LockOptions;
 use super::row_lock::{
     EveryClause, ForUpdate, LockClause, LockStrength, LockedCall, RowLock, WaitMode,
 };
+use crate::error::classification::classify;
+use crate::error::Error;
 use crate::transaction::{require_live, require_transaction, scope, Control};
-use crate::{classify, Error};
 
 /// `lock_all` sends at most this many keys per statement (SQLite's oldest limit
 /// on bound parameters is 999); longer lists are locked chunk by chunk, in key
@@ -257,7 +258,7 @@ pub trait Lockable: Sized {
         require_transaction(conn.in_transaction())?;
         if let Some(reason) = conn.transaction_ended(None) {
             conn.keep_aborted(); // as at the end of a nested call that found it
-            return Err(crate::journal::aborted(conn, reason));
+            return Err(crate::optimistic::journal::aborted(conn, reason));
         }
         conn.take_write_lock()?; // SQLite: a deferred transaction holds no lock yet
         *self = lock_row(conn, self.key(), LockOptions::default())?;
@@ -1092,10 +1093,13 @@ mod folded {
     };
 
     use super::{by_key, BumpOnLock, ByKey, ForUpdate};
-    use crate::journal::{self, Plan};
+    use crate::error::classification::classify;
+    use crate::error::Error;
+    use crate::optimistic::journal::{self, Plan};
     use crate::optimistic::version_check::{move_past_reused, CurrentVersionQuery, VersionCheck};
+    use crate::optimistic::versioned::Versioned;
     use crate::optimistic::{BumpVersion, VersionNumber};
-    use crate::{classify, Error, Lockable, Versioned};
+    use crate::pessimistic::lockable::Lockable;
 
     type VersionColumnOf<M> = <M as Versioned>::VersionColumn;
     type VersionOf<M> = <M as Versioned>::Version;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::row_lock::{LockStrength, RowLock, WaitMode};
 #[allow(unused_imports)] // doc links
-use crate::Error;
+use crate::error::Error;
 
 /// How to lock: strength, wait mode and lock timeout. `LockOptions::default()` is
 /// `FOR UPDATE`, waiting up to the server's own lock timeout.

@@ -69,11 +69,12 @@ use diesel::query_dsl::methods::{LimitDsl, LockingDsl};
 use diesel::query_dsl::LoadQuery;
 use diesel::RunQueryDsl;
 
+use crate::error::classification::classify;
+use crate::error::Error;
 use crate::metrics::LockWait;
 use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
 use crate::pessimistic::row_lock::ForUpdateSkipLocked;
 use crate::transaction::{require_live, require_transaction};
-use crate::{classify, Error};
 
 /// Claims up to `limit` rows of `query` that no other transaction holds, locking
 /// them until the current transaction ends (`LIMIT n FOR UPDATE SKIP LOCKED`).

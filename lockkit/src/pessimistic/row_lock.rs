@@ -5,7 +5,7 @@
 //! use them. [`LockQueryExt`] adds only what Diesel lacks:
 //!
 //! * `.nowait()`: the same clause as Diesel's `.no_wait()`, in SQL's own spelling,
-//!   whose failure is [`Error::Busy`](crate::Error::Busy) through `?` on every
+//!   whose failure is [`Error::Busy`] through `?` on every
 //!   server, MariaDB included (which reports it as a lock wait timeout);
 //! * `.for_update_of(table)` (and `_no_key_update_of`, `_share_of`,
 //!   `_key_share_of`): lock only the rows of one table of a join. PostgreSQL refuses
@@ -41,6 +41,8 @@ use diesel::query_dsl::methods::{LockingDsl, ModifyLockDsl};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use diesel::QueryResult;
 
+use crate::error::{classification, Error};
+
 /// How strong a row lock is (PostgreSQL's four lock strengths).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
@@ -65,7 +67,7 @@ pub enum WaitMode {
     /// Wait (up to the lock timeout). The default.
     #[default]
     Wait,
-    /// `NOWAIT`: fail at once with [`Error::Busy`](crate::Error::Busy).
+    /// `NOWAIT`: fail at once with [`Error::Busy`].
     NoWait,
     /// `SKIP LOCKED`: leave locked rows out of the result.
     SkipLocked,
@@ -91,23 +93,23 @@ impl WaitMode {
     }
 
     /// The error of a locking statement: under `NOWAIT` or `SKIP LOCKED`, a lock
-    /// wait timeout can only mean the lock was held ([`Error::Busy`](crate::Error::Busy)).
-    pub(crate) fn classify(self, err: diesel::result::Error) -> crate::Error {
+    /// wait timeout can only mean the lock was held ([`Error::Busy`]).
+    pub(crate) fn classify(self, err: diesel::result::Error) -> Error {
         if self.waits() {
-            crate::classify(err)
+            classification::classify(err)
         } else {
-            crate::classify_nowait(err)
+            classification::classify_nowait(err)
         }
     }
 
     /// The error of SQLite's attempt to take the write lock: when waiting, "database
     /// is locked" means the wait ran out ([`Error::LockTimeout`](crate::Error::LockTimeout)).
     #[cfg(feature = "sqlite")]
-    pub(crate) fn classify_write_lock(self, err: diesel::result::Error) -> crate::Error {
+    pub(crate) fn classify_write_lock(self, err: diesel::result::Error) -> Error {
         if self.waits() {
-            crate::error::classification::classify_lock_wait(err)
+            classification::classify_lock_wait(err)
         } else {
-            crate::classify(err)
+            classification::classify(err)
         }
     }
 }
@@ -213,7 +215,7 @@ impl RowLock {
     #[cfg(feature = "mysql")]
     fn walk_mysql(self, mut out: AstPass<'_, '_, diesel::mysql::Mysql>) -> QueryResult<()> {
         if self.wait == WaitMode::NoWait {
-            crate::error::classification::nowait_sent();
+            classification::nowait_sent();
         }
         out.push_sql(self.strength.mysql());
         out.push_sql(self.wait.sql());
@@ -347,7 +349,7 @@ impl RowLock {
 /// generic bound; this one-word marker goes through Diesel's public `ModifyLockDsl`
 /// to the very place `.no_wait()` uses, and renders the same SQL (a test compares
 /// both with `debug_query`). Unlike Diesel's, it makes a failed `NOWAIT` on
-/// MariaDB classify as [`Error::Busy`](crate::Error::Busy) through `?` too (see
+/// MariaDB classify as [`Error::Busy`] through `?` too (see
 /// [`classify`](crate::error::classification#limits)): prefer it.
 #[derive(Debug, Clone, Copy, Default, QueryId)]
 pub struct NoWait;
@@ -364,7 +366,7 @@ impl QueryFragment<diesel::pg::Pg> for NoWait {
 impl QueryFragment<diesel::mysql::Mysql> for NoWait {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::mysql::Mysql>) -> QueryResult<()> {
         // MariaDB reports a failed NOWAIT as a lock wait timeout: see `classify`.
-        crate::error::classification::nowait_sent();
+        classification::nowait_sent();
         out.push_sql(" NOWAIT");
         Ok(())
     }

@@ -53,7 +53,8 @@ use super::{Lsn, Policy, Route};
 use crate::asynchronous::connection::in_transaction;
 use crate::asynchronous::locked_transaction;
 use crate::asynchronous::work::ConnWork;
-use crate::{Error, LockOptions, Result};
+use crate::error::{Error, Result};
+use crate::pessimistic::options::LockOptions;
 
 /// The position on the primary a replica must have replayed to show everything
 /// committed on `primary` so far: call it right after the write's transaction

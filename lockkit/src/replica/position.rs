@@ -5,8 +5,8 @@ use diesel::sql_types::{Nullable, Text};
 use diesel::{PgConnection, RunQueryDsl};
 
 use super::Lsn;
+use crate::error::{Error, Result};
 use crate::transaction::in_transaction;
-use crate::{Error, Result};
 
 /// The statement of [`commit_lsn`]; the async twin sends the same text.
 pub(crate) const COMMIT_LSN: &str = "SELECT pg_current_wal_insert_lsn()::text AS lsn";

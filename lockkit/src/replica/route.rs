@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use diesel::PgConnection;
 
 use super::{replayed_lsn, Lsn};
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// What a read that must see a write does when the replica has not replayed it
 /// yet. The caller's choice; [`route`] applies it.

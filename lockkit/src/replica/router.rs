@@ -7,7 +7,7 @@ use diesel::{Connection, PgConnection};
 
 use super::route::skips_the_replica;
 use super::{commit_lsn, route, Lsn, Policy, Route};
-use crate::Error;
+use crate::error::Error;
 
 /// An r2d2 pool of PostgreSQL connections.
 pub type PgPool = Pool<ConnectionManager<PgConnection>>;

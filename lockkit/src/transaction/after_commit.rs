@@ -2,8 +2,8 @@
 //! transaction rolls back: [`after_commit`].
 
 use super::scope;
+use crate::error::Error;
 use crate::pessimistic::connection::AsLockingConnection;
-use crate::Error;
 
 /// Queues `work` to run once the outermost transaction on `conn` commits, and
 /// never if it rolls back. Call it inside the closure of a lockkit transaction

@@ -41,7 +41,8 @@ pub use after_commit::after_commit;
 pub(crate) use begin::*;
 pub(crate) use panic_guard::PanicGuard;
 
-use crate::Error;
+use crate::error::classification::classify;
+use crate::error::Error;
 
 /// A lockkit transaction's failure on its way to the caller.
 pub(crate) enum Failure<E> {
@@ -102,8 +103,8 @@ pub trait Control: Connection + Sized {
 
     /// How a failed statement leaves the open transaction on this connection's
     /// backend, for lockkit's journal. The default: read off the backend type.
-    fn ends(&mut self) -> crate::journal::Ends {
-        crate::journal::Ends::of::<Self::Backend>()
+    fn ends(&mut self) -> crate::optimistic::journal::Ends {
+        crate::optimistic::journal::Ends::of::<Self::Backend>()
     }
 }
 
@@ -116,19 +117,19 @@ pub trait Control: Connection + Sized {
 /// same.
 pub(crate) fn ended_by_statement<C: Control>(conn: &mut C) -> Option<Error> {
     // Installed now, inside the caller's transaction, it asks the server once.
-    crate::journal::watch(conn, C::ends);
-    if crate::journal::unsure(conn) {
+    crate::optimistic::journal::watch(conn, C::ends);
+    if crate::optimistic::journal::unsure(conn) {
         let ended = conn.transaction_ended(None);
-        crate::journal::answered(conn, ended.as_ref());
+        crate::optimistic::journal::answered(conn, ended.as_ref());
         if ended.is_some() {
             return ended;
         }
     }
-    let cause = crate::journal::ended_by(conn)?;
+    let cause = crate::optimistic::journal::ended_by(conn)?;
     if conn.confirms_abort(&cause) {
         Some(cause)
     } else {
-        crate::journal::forget_abort(conn);
+        crate::optimistic::journal::forget_abort(conn);
         None
     }
 }
@@ -148,7 +149,7 @@ pub(crate) fn require_live<C: Control>(conn: &mut C) -> Result<(), Error> {
     match ended_by_statement(conn) {
         Some(cause) => {
             conn.keep_aborted();
-            Err(crate::journal::aborted(conn, cause))
+            Err(crate::optimistic::journal::aborted(conn, cause))
         }
         None => Ok(()),
     }
@@ -168,16 +169,16 @@ pub(crate) fn require_live<C: Control>(conn: &mut C) -> Result<(), Error> {
 /// connection new to lockkit, the first write in the caller's transaction
 /// asks). The async writes' twin does the same.
 pub(crate) fn check_write<C: Connection>(conn: &mut C) -> Result<(), Error> {
-    crate::journal::before_write(conn);
-    let Some((cause, reported)) = crate::journal::ended_before_write(conn) else {
+    crate::optimistic::journal::before_write(conn);
+    let Some((cause, reported)) = crate::optimistic::journal::ended_before_write(conn) else {
         return Ok(());
     };
     if reported || open_stand_in(conn) {
         // Confirmed: from now on as if the journal had seen it.
-        crate::journal::answered(conn, Some(&cause));
-        return Err(crate::journal::aborted(conn, cause));
+        crate::optimistic::journal::answered(conn, Some(&cause));
+        return Err(crate::optimistic::journal::aborted(conn, cause));
     }
-    crate::journal::forget_abort(conn);
+    crate::optimistic::journal::forget_abort(conn);
     Ok(())
 }
 
@@ -199,16 +200,16 @@ pub(crate) fn check_write<C: Connection>(conn: &mut C) -> Result<(), Error> {
 pub(crate) fn failed_write<C: Connection>(
     conn: &mut C,
     err: Error,
-    ends: crate::journal::Ends,
+    ends: crate::optimistic::journal::Ends,
 ) -> Error {
-    if !crate::journal::write_ended_transaction(conn, &err, ends) {
+    if !crate::optimistic::journal::write_ended_transaction(conn, &err, ends) {
         return err;
     }
     if !open_stand_in(conn) {
-        crate::journal::forget_abort(conn);
+        crate::optimistic::journal::forget_abort(conn);
         return err;
     }
-    crate::journal::aborted(conn, err)
+    crate::optimistic::journal::aborted(conn, err)
 }
 
 /// Opens the read-only stand-in for an aborted transaction
@@ -341,7 +342,7 @@ impl Began {
     pub(crate) fn check<T, E>(
         self,
         result: &Result<T, Failure<E>>,
-        whole: impl FnOnce() -> crate::journal::Whole,
+        whole: impl FnOnce() -> crate::optimistic::journal::Whole,
     ) -> Check {
         match result {
             _ if self.nested => Check::Nothing,
@@ -349,10 +350,10 @@ impl Began {
                 stand_in: self.must_ask(),
             },
             Err(Failure::Closure(_)) => match whole() {
-                crate::journal::Whole::Seen => Check::Ended { stand_in: false },
+                crate::optimistic::journal::Whole::Seen => Check::Ended { stand_in: false },
                 // No journal saw it: the server is asked.
-                crate::journal::Whole::Unwatched => Check::Ended { stand_in: true },
-                crate::journal::Whole::No => Check::Nothing,
+                crate::optimistic::journal::Whole::Unwatched => Check::Ended { stand_in: true },
+                crate::optimistic::journal::Whole::No => Check::Nothing,
             },
             Err(_) => Check::Nothing,
         }
@@ -389,7 +390,9 @@ pub(crate) fn settle<T, E>(
 /// back, and the caller gets `reason`, retryable, since a new transaction may
 /// begin ([`Failed::into_error`]).
 pub(crate) fn swallowed<E>(reason: Error) -> Failure<E> {
-    Failure::Lockkit(Error::TransactionAborted(crate::Aborted::new(reason)))
+    Failure::Lockkit(Error::TransactionAborted(crate::error::Aborted::new(
+        reason,
+    )))
 }
 
 /// MySQL/MariaDB: what lockkit reads to learn whether the caller's transaction
@@ -454,7 +457,7 @@ where
     let nested = in_transaction(conn);
     let mut guard = PanicGuard::default();
     let result = conn.transaction(|conn| guard.call(conn, f));
-    finish(conn, nested, guard, result, None, crate::classify)
+    finish(conn, nested, guard, result, None, classify)
 }
 
 /// The end of every lockkit transaction, decided here once: `result` is how
@@ -484,7 +487,7 @@ where
     guard.resume(result.is_ok());
     let failure = match (result, restored) {
         (Ok(value), None | Some(Ok(()))) => return Ok(value),
-        (Ok(_), Some(Err(err))) => Failure::Lockkit(crate::classify(err)),
+        (Ok(_), Some(Err(err))) => Failure::Lockkit(crate::error::classification::classify(err)),
         (Err(failure), _) => failure,
     };
     if !nested {
@@ -499,7 +502,9 @@ where
     if ended.is_some() && in_transaction(conn) {
         conn.keep_aborted();
     }
-    Err(failed.into_error(nested, ended, |cause| crate::journal::aborted(conn, cause)))
+    Err(failed.into_error(nested, ended, |cause| {
+        crate::optimistic::journal::aborted(conn, cause)
+    }))
 }
 
 /// What lockkit tells the journal when it rolled back its own transaction (or
@@ -508,7 +513,7 @@ where
 /// `ROLLBACK`, the versions written in it are taken for rolled back
 /// ([`unwatched_rolled_back`](crate::journal::unwatched_rolled_back)).
 pub(crate) fn rolled_back<C: ?Sized>(conn: &C, level: u32) {
-    crate::journal::unwatched_rolled_back(scope::conn_id(conn), level);
+    crate::optimistic::journal::unwatched_rolled_back(scope::conn_id(conn), level);
 }
 
 /// A failed transaction's failure, Diesel's errors classified: the part of
@@ -587,7 +592,7 @@ impl<E: From<Error>> Failed<E> {
 /// the victim of a deadlock that ended it), since a new transaction may begin.
 pub(crate) fn owners_error(err: Error, nested: bool) -> Error {
     Failed::<Error>::Lockkit(err).into_error(nested, None, |cause| {
-        Error::TransactionAborted(crate::Aborted::new(cause))
+        Error::TransactionAborted(crate::error::Aborted::new(cause))
     })
 }
 
@@ -619,7 +624,7 @@ pub(crate) fn ended_unless_open(
         Ok(true) => None,
         Ok(false) if matches!(cause, Some(Error::LockTimeout)) => Some(Error::LockTimeout),
         Ok(false) => Some(Error::Deadlock),
-        Err(err) => match (cause, crate::classify(err)) {
+        Err(err) => match (cause, classify(err)) {
             (Some(Error::Deadlock), _) | (_, Error::Deadlock) => Some(Error::Deadlock),
             (_, Error::ConnectionLost) | (Some(Error::ConnectionLost), _) => {
                 Some(Error::ConnectionLost)
