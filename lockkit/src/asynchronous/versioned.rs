@@ -259,7 +259,7 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
                     .await
                 {
                     Ok(Written::Done(next)) => versions[i] = next,
-                    Ok(Written::Stale(report)) => stale.push(report),
+                    Ok(Written::Stale(report)) => stale.push(*report),
                     Err(err) => {
                         failed = Some(err);
                         break;
@@ -504,7 +504,7 @@ where
     let sequence = async {
         let row = M::row_id(conn, key).await.map_err(classify)?;
         let watched = &mut AsyncWatched(&mut *conn);
-        let write = Write::<M>::start(watched, key, row, expected, origin, operation)?;
+        let write = Write::<M>::start(watched, key, row.as_deref(), expected, origin, operation)?;
         let rows = match write.statement() {
             Some(checked) => {
                 execute_once::<M, Conn, S>(conn, key, move || statement(checked)).await?

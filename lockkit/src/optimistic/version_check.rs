@@ -336,7 +336,7 @@ where
 {
     let sequence = |conn: &mut Conn| -> Result<Written<M::Version>, Error> {
         let row = M::row_id(conn, key).map_err(classify)?;
-        let write = Write::<M>::start(conn, key, row, expected, origin, operation)?;
+        let write = Write::<M>::start(conn, key, row.as_deref(), expected, origin, operation)?;
         let rows = match write.statement() {
             Some(checked) => execute_once::<M, _, _>(conn, key, statement(checked))?,
             None => 0,

@@ -638,7 +638,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
                     |checked| Self::update_statement(key.clone(), checked, changes.clone()),
                 )? {
                     Written::Done(next) => versions[i] = next,
-                    Written::Stale(report) => stale.push(report),
+                    Written::Stale(report) => stale.push(*report),
                 }
             }
             all_or_none(versions, stale)
