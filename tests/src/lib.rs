@@ -248,6 +248,27 @@ pub fn seed_items<C: diesel::Connection>(conn: &mut C, rows: &[(i32, i32)]) {
     }
 }
 
+/// Seeds `sku_codes` with 899 fillers and the row `K`, and returns the keys
+/// that lock them across two chunks of 900: the fillers, then `K` and `k`,
+/// which a case-insensitive collation (MySQL's default) holds equal.
+#[cfg(feature = "harness")]
+pub fn seed_codes_across_chunks<C: diesel::Connection>(conn: &mut C) -> Vec<String> {
+    let fillers: Vec<String> = (0..899).map(|i| format!("A{i:03}")).collect();
+    let values: Vec<String> = fillers
+        .iter()
+        .chain([&"K".to_owned()])
+        .map(|k| format!("('{k}', 1)"))
+        .collect();
+    let insert = format!(
+        "INSERT INTO sku_codes (code, stock) VALUES {}",
+        values.join(",")
+    );
+    exec(conn, &insert);
+    let mut keys = fillers;
+    keys.extend(["K".to_owned(), "k".to_owned()]);
+    keys
+}
+
 /// Creates the empty `notes` table of [`models::Note`], its `updated_at` in
 /// `backend`'s timestamp type.
 #[cfg(feature = "harness")]

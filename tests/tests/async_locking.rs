@@ -408,7 +408,7 @@ mod mysql_only {
     use diesel_async::AsyncMysqlConnection;
     use lockkit_tests::models::Sku;
     use lockkit_tests::schema::sku_codes;
-    use lockkit_tests::{exec, TestDb};
+    use lockkit_tests::TestDb;
 
     /// The blocking `lock_all_returns_a_row_once_for_keys_the_collation_holds_equal_across_chunks`
     /// on diesel-async: 899 fillers, then "K" and "k", which fall in two chunks
@@ -417,19 +417,7 @@ mod mysql_only {
     #[tokio::test]
     async fn lock_all_returns_a_row_once_for_keys_the_collation_holds_equal_across_chunks() {
         let db = TestDb::<MysqlConnection>::new("async_lock_all_ci_across_chunks");
-        let fillers: Vec<String> = (0..899).map(|i| format!("A{i:03}")).collect();
-        let values: Vec<String> = fillers
-            .iter()
-            .chain([&"K".to_owned()])
-            .map(|k| format!("('{k}', 1)"))
-            .collect();
-        let insert = format!(
-            "INSERT INTO sku_codes (code, stock) VALUES {}",
-            values.join(",")
-        );
-        exec(&mut db.conn(), &insert);
-        let mut keys = fillers;
-        keys.extend(["K".to_owned(), "k".to_owned()]);
+        let keys = lockkit_tests::seed_codes_across_chunks(&mut db.conn());
         let mut conn: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
         let codes: Vec<String> = lockkit::asynchronous::locked_transaction(
             &mut conn,

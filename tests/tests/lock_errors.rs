@@ -18,6 +18,15 @@ use lockkit_tests::observe::observe;
 use lockkit_tests::schema::*;
 use lockkit_tests::{exec, seed_items, stock_of, TestDb};
 
+/// Items 1 and 2 (stock 10 each), and a MySQL/MariaDB connection whose lock
+/// waits time out after 1 s.
+fn two_items_one_second_lock_waits<C: TestBackend>(db: &TestDb<C>) -> C {
+    seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+    let mut conn = db.connect();
+    exec(&mut conn, "SET SESSION innodb_lock_wait_timeout = 1");
+    conn
+}
+
 /// Holds `with_lock` on items row 1 (SQLite: the database's write lock) on another
 /// connection for `hold`, then commits; `during` runs once the lock is held.
 fn item_1_locked_for<C, T>(db: &TestDb<C>, hold: Duration, during: impl FnOnce() -> T) -> T
@@ -799,9 +808,7 @@ mod stand_in_probes {
             if BACKEND != "mysql" {
                 return;
             }
-            seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
-            let mut conn = db.connect();
-            exec(&mut conn, "SET SESSION innodb_lock_wait_timeout = 1");
+            let mut conn = two_items_one_second_lock_waits(&db);
             // An earlier lockkit call on the connection installed its journal.
             lockkit::locked_transaction(&mut conn, LockOptions::default(), |_| Ok::<_, Error>(())).unwrap();
             let selects = |conn: &mut Conn| -> i64 {
@@ -843,9 +850,7 @@ mod stand_in_probes {
             if BACKEND != "mysql" {
                 return;
             }
-            seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
-            let mut conn = db.connect();
-            exec(&mut conn, "SET SESSION innodb_lock_wait_timeout = 1");
+            let mut conn = two_items_one_second_lock_waits(&db);
             let mut two: Item = items::table.find(2).first(&mut conn).unwrap();
             let committed = item_1_locked_for(&db, Duration::from_millis(2500), || {
                 conn.transaction(|conn| {

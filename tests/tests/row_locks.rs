@@ -486,19 +486,7 @@ mod mysql_only {
         // 899 fillers, then "K" and "k": Rust's order puts them in two chunks
         // of 900 keys, and the column's collation finds row K for both.
         let db = lockkit_tests::TestDb::<MysqlConnection>::new("lock_all_ci_across_chunks");
-        let fillers: Vec<String> = (0..899).map(|i| format!("A{i:03}")).collect();
-        let values: Vec<String> = fillers
-            .iter()
-            .chain([&"K".to_owned()])
-            .map(|k| format!("('{k}', 1)"))
-            .collect();
-        exec(
-            &mut db.conn(),
-            &format!(
-                "INSERT INTO sku_codes (code, stock) VALUES {}",
-                values.join(",")
-            ),
-        );
+        let keys = lockkit_tests::seed_codes_across_chunks(&mut db.conn());
         let version = |conn: &mut MysqlConnection| -> i32 {
             sku_codes::table
                 .find("K")
@@ -507,8 +495,6 @@ mod mysql_only {
                 .unwrap()
         };
         let before = version(&mut db.conn());
-        let mut keys = fillers;
-        keys.extend(["K".to_owned(), "k".to_owned()]);
         let codes: Vec<String> =
             locked_transaction(&mut db.connect(), LockOptions::default(), |conn| {
                 Ok::<_, Error>(
