@@ -71,7 +71,7 @@ start_node() { # start_node N [--wsrep-new-cluster]
   [ "${1:-}" = "--wsrep-new-cluster" ] && cluster=""
   # setsid: the node outlives this script; `stop` ends it through its pid file.
   setsid "$SERVER" --no-defaults "${USER_OPT[@]}" --datadir="$dir/data" \
-    --socket="$dir/mysqld.sock" --pid-file="$dir/mysqld.pid" \
+    --socket="$dir/mysqld.sock" --pid-file="$dir/mysqld.pid" --tmpdir="$dir/tmp" \
     --port="$(client_port "$n")" --bind-address=127.0.0.1 --max-connections=300 \
     --innodb-flush-log-at-trx-commit=2 --binlog-format=ROW --innodb-autoinc-lock-mode=2 \
     --default-storage-engine=InnoDB --wait-timeout=10 --wsrep-on=ON \
@@ -108,9 +108,14 @@ start_cluster() {
   log "starting a 3-node Galera cluster on 127.0.0.1:$(client_port 1)-$(client_port 3) ($DIR)"
   local n started=$SECONDS
   for n in "${NODES[@]}"; do
-    mkdir -p "$(node_dir "$n")"
+    # Each node and its bootstrap with a tmpdir of its own: a mariadbd that
+    # starts deletes the `#sql*` files in its tmpdir, and in a shared /tmp
+    # those can be another bootstrap's (scripts/mariadb.sh starts alongside),
+    # which then fails ("Could not remove temporary table").
+    mkdir -p "$(node_dir "$n")/tmp"
+    [ "$(id -u)" -eq 0 ] && chown mysql "$(node_dir "$n")/tmp"
     mariadb-install-db --no-defaults "${USER_OPT[@]}" --datadir="$(node_dir "$n")/data" \
-      >"$(node_dir "$n")/install.log" 2>&1 \
+      --tmpdir="$(node_dir "$n")/tmp" >"$(node_dir "$n")/install.log" 2>&1 \
       || { cat "$(node_dir "$n")/install.log" >&2; die "mariadb-install-db failed (node $n)"; }
   done
   [ "$(id -u)" -eq 0 ] && chown -R mysql "$DIR"

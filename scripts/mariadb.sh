@@ -54,12 +54,17 @@ start_server() {
     user_opt=(--user=mysql)
   fi
   log "starting MariaDB with --innodb-rollback-on-timeout on 127.0.0.1:$PORT ($DIR)"
-  mariadb-install-db --no-defaults "${user_opt[@]}" --datadir="$DIR/data" \
+  # A tmpdir of its own: a mariadbd that starts deletes the `#sql*` files in
+  # its tmpdir, which in a shared /tmp can be another bootstrap's (the Galera
+  # nodes' start alongside).
+  mkdir -p "$DIR/tmp"
+  [ "$(id -u)" -eq 0 ] && chown mysql "$DIR/tmp"
+  mariadb-install-db --no-defaults "${user_opt[@]}" --datadir="$DIR/data" --tmpdir="$DIR/tmp" \
     >"$DIR/install.log" 2>&1 || { cat "$DIR/install.log" >&2; die "mariadb-install-db failed"; }
   [ "$(id -u)" -eq 0 ] && chown -R mysql "$DIR"
   # setsid: the server outlives this script; `stop` ends it through its pid file.
   setsid "$server" --no-defaults "${user_opt[@]}" --datadir="$DIR/data" \
-    --socket="$DIR/mysqld.sock" --pid-file="$DIR/mysqld.pid" \
+    --socket="$DIR/mysqld.sock" --pid-file="$DIR/mysqld.pid" --tmpdir="$DIR/tmp" \
     --port="$PORT" --bind-address=127.0.0.1 --max-connections=200 \
     --innodb-flush-log-at-trx-commit=2 --innodb-rollback-on-timeout=ON \
     </dev/null >"$DIR/server.log" 2>&1 &
