@@ -71,7 +71,7 @@
 //! Every transaction is the inner connection's own: the enum's transaction
 //! manager is the inner one's, so your Diesel calls inside a closure run in
 //! lockkit's transaction, nested calls use savepoints, and the rollback
-//! [`journal`](crate::journal) sees what it sees on the plain connection.
+//! [`journal`] sees what it sees on the plain connection.
 //! lockkit's own statements are those `docs/SQL.md` lists for the backend inside;
 //! a versioned `UPDATE` or `DELETE` goes through the enum, which Diesel renders
 //! with that backend's query builder.
@@ -129,6 +129,7 @@ pub trait Dispatch: diesel::Connection + Sized {
 
 use crate::bounds::{ClaimQuery, CurrentVersionQuery, LockAll, LockRow, MarkLocked, VersionCheck};
 use crate::error::Error;
+use crate::optimistic::journal;
 #[cfg(feature = "outbox")]
 use crate::outbox::{DeadLetter, OutboxMessage, OutboxStore};
 use crate::pessimistic::connection;
@@ -236,7 +237,7 @@ macro_rules! dispatch {
                 }
             }
 
-            fn ends(&mut self) -> crate::optimistic::journal::Ends {
+            fn ends(&mut self) -> journal::Ends {
                 match self.dispatch() {
                     $(BackendConn::$variant(conn) => conn.ends(),)+
                 }
@@ -345,7 +346,7 @@ macro_rules! dispatch {
                 }
             }
 
-            fn ends(conn: &mut T) -> crate::optimistic::journal::Ends {
+            fn ends(conn: &mut T) -> journal::Ends {
                 match conn.dispatch() {
                     $(BackendConn::$variant(conn) => <M as CurrentVersionQuery<$conn>>::ends(conn),)+
                 }
@@ -432,7 +433,7 @@ where
         M::row_id(conn, key)
     }
 
-    fn ends(conn: &mut Pooled<T>) -> crate::optimistic::journal::Ends {
+    fn ends(conn: &mut Pooled<T>) -> journal::Ends {
         M::ends(conn)
     }
 }

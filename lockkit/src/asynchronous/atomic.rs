@@ -41,6 +41,7 @@ use crate::error::classification::classify;
 use crate::error::Error;
 pub use crate::optimistic::atomic::{counter, update, Increment, PreparedUpdate, Update};
 use crate::optimistic::atomic::{counters_statement, matched};
+use crate::optimistic::journal;
 use crate::optimistic::journal::AsyncWatched;
 
 /// Executes a conditional `UPDATE` (or `DELETE`): the number of rows written,
@@ -55,7 +56,7 @@ where
     Conn: AsyncConnection,
     S: ExecuteDsl<Conn> + Send,
 {
-    crate::optimistic::journal::before_write(&mut AsyncWatched(&mut *conn));
+    journal::before_write(&mut AsyncWatched(&mut *conn));
     super::connection::check_write(conn).await?;
     let rows = match statement.execute(conn).await {
         Ok(rows) => rows,

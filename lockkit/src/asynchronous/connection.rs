@@ -66,6 +66,7 @@ use diesel_async::{AsyncConnection, TransactionManager};
 use crate::error::classification::classify;
 use crate::error::Error;
 use crate::optimistic::backend::OptimisticBackend;
+use crate::optimistic::journal;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use crate::pessimistic::connection::LockingConnection;
 use crate::pessimistic::options::LockOptions;
@@ -264,10 +265,7 @@ pub(crate) async fn began<C: AsyncLockingConnection>(conn: &mut C) -> Result<Beg
     if nested {
         if let Some(cause) = ended_by_statement(conn).await {
             conn.keep_aborted().await;
-            return Err(crate::optimistic::journal::aborted(
-                &mut crate::optimistic::journal::AsyncWatched(conn),
-                cause,
-            ));
+            return Err(journal::aborted(&mut journal::AsyncWatched(conn), cause));
         }
     }
     Ok(Begun {
@@ -342,10 +340,7 @@ pub(crate) async fn require_live<C: AsyncLockingConnection>(conn: &mut C) -> Res
     match ended_by_statement(conn).await {
         Some(cause) => {
             conn.keep_aborted().await;
-            Err(crate::optimistic::journal::aborted(
-                &mut crate::optimistic::journal::AsyncWatched(conn),
-                cause,
-            ))
+            Err(journal::aborted(&mut journal::AsyncWatched(conn), cause))
         }
         None => Ok(()),
     }
@@ -367,13 +362,9 @@ pub(crate) async fn require_live<C: AsyncLockingConnection>(conn: &mut C) -> Res
 pub(crate) async fn ended_by_statement<C: AsyncLockingConnection>(conn: &mut C) -> Option<Error> {
     // Installed now inside the caller's transaction, it is unsure at once.
     watch(conn);
-    if crate::optimistic::journal::unsure(&mut crate::optimistic::journal::AsyncWatched(&mut *conn))
-    {
+    if journal::unsure(&mut journal::AsyncWatched(&mut *conn)) {
         let ended = conn.transaction_ended(None).await;
-        crate::optimistic::journal::answered(
-            &mut crate::optimistic::journal::AsyncWatched(&mut *conn),
-            ended.as_ref(),
-        );
+        journal::answered(&mut journal::AsyncWatched(&mut *conn), ended.as_ref());
         if ended.is_some() {
             return ended;
         }
@@ -388,15 +379,11 @@ pub(crate) async fn ended_by_statement<C: AsyncLockingConnection>(conn: &mut C) 
 pub(crate) async fn ended_by_seen_statement<C: AsyncLockingConnection>(
     conn: &mut C,
 ) -> Option<Error> {
-    let cause = crate::optimistic::journal::ended_by(
-        &mut crate::optimistic::journal::AsyncWatched(&mut *conn),
-    )?;
+    let cause = journal::ended_by(&mut journal::AsyncWatched(&mut *conn))?;
     if conn.confirms_abort(&cause).await {
         Some(cause)
     } else {
-        crate::optimistic::journal::forget_abort(&mut crate::optimistic::journal::AsyncWatched(
-            conn,
-        ));
+        journal::forget_abort(&mut journal::AsyncWatched(conn));
         None
     }
 }
@@ -404,23 +391,17 @@ pub(crate) async fn ended_by_seen_statement<C: AsyncLockingConnection>(
 /// The blocking side's [`check_write`](crate::transaction::check_write) on an
 /// async connection.
 pub(crate) async fn check_write<C: AsyncConnection>(conn: &mut C) -> Result<(), Error> {
-    let watched = &mut crate::optimistic::journal::AsyncWatched(&mut *conn);
-    crate::optimistic::journal::before_write(watched);
-    let Some((cause, reported)) = crate::optimistic::journal::ended_before_write(watched) else {
+    let watched = &mut journal::AsyncWatched(&mut *conn);
+    journal::before_write(watched);
+    let Some((cause, reported)) = journal::ended_before_write(watched) else {
         return Ok(());
     };
     if reported || open_stand_in(conn).await {
         // Confirmed: from now on as if the journal had seen it.
-        crate::optimistic::journal::answered(
-            &mut crate::optimistic::journal::AsyncWatched(&mut *conn),
-            Some(&cause),
-        );
-        return Err(crate::optimistic::journal::aborted(
-            &mut crate::optimistic::journal::AsyncWatched(conn),
-            cause,
-        ));
+        journal::answered(&mut journal::AsyncWatched(&mut *conn), Some(&cause));
+        return Err(journal::aborted(&mut journal::AsyncWatched(conn), cause));
     }
-    crate::optimistic::journal::forget_abort(&mut crate::optimistic::journal::AsyncWatched(conn));
+    journal::forget_abort(&mut journal::AsyncWatched(conn));
     Ok(())
 }
 
@@ -437,21 +418,19 @@ pub(crate) async fn check_write<C: AsyncConnection>(conn: &mut C) -> Result<(), 
 /// no journal watches the connection: the stand-in's first statement asks.
 pub(crate) async fn failed_write<C: AsyncConnection>(conn: &mut C, err: Error) -> Error {
     use crate::optimistic::journal::Watched;
-    let watched = &mut crate::optimistic::journal::AsyncWatched(&mut *conn);
-    let unseen = crate::optimistic::journal::may_end_transaction(&err)
+    let watched = &mut journal::AsyncWatched(&mut *conn);
+    let unseen = journal::may_end_transaction(&err)
         && watched.depth().is_some()
-        && watched.ends() == crate::optimistic::journal::Ends::OnDeadlock;
+        && watched.ends() == journal::Ends::OnDeadlock;
     let ends = watched.ends();
-    if !unseen && !crate::optimistic::journal::write_ended_transaction(watched, &err, ends) {
+    if !unseen && !journal::write_ended_transaction(watched, &err, ends) {
         return err;
     }
     if !open_stand_in(conn).await {
-        crate::optimistic::journal::forget_abort(&mut crate::optimistic::journal::AsyncWatched(
-            conn,
-        ));
+        journal::forget_abort(&mut journal::AsyncWatched(conn));
         return err;
     }
-    crate::optimistic::journal::aborted(&mut crate::optimistic::journal::AsyncWatched(conn), err)
+    journal::aborted(&mut journal::AsyncWatched(conn), err)
 }
 
 /// The blocking side's [`open_stand_in`](crate::transaction::open_stand_in) on
@@ -473,8 +452,7 @@ pub(crate) async fn open_stand_in<C: AsyncConnection>(conn: &mut C) -> bool {
 /// own: it sees a statement end the transaction even when the work lets the
 /// error go ([`ended_by`](crate::journal::ended_by)).
 pub(crate) fn watch<C: AsyncConnection>(conn: &mut C) {
-    let _ =
-        crate::optimistic::journal::journal_of(&mut crate::optimistic::journal::AsyncWatched(conn));
+    let _ = journal::journal_of(&mut journal::AsyncWatched(conn));
 }
 
 #[cfg(feature = "postgres")]

@@ -70,6 +70,7 @@ use super::versioned::{AsyncVersionQuery, AsyncVersioned};
 use super::work::{ConnWork, RowWork};
 use crate::error::classification::classify;
 use crate::error::Error;
+use crate::optimistic::journal;
 use crate::optimistic::version_check::TouchVersioned;
 use crate::optimistic::BumpVersion;
 use crate::pessimistic::lockable::Lockable;
@@ -152,17 +153,12 @@ where
     let (mut changing, restore) = begin_locked(conn, &options).await.map_err(E::from)?;
     let conn = &mut *changing.conn;
     let mut held = None;
-    let unsure = crate::optimistic::journal::unsure(&mut crate::optimistic::journal::AsyncWatched(
-        &mut *conn,
-    ));
+    let unsure = journal::unsure(&mut journal::AsyncWatched(&mut *conn));
     let result = match lock_row::<M, C>(conn, key, options).await {
         Ok((row, lock)) => {
             held = Some(lock);
             // Its rows came: the read hid no deadlock, and asks no question later.
-            crate::optimistic::journal::own_read_done(
-                &mut crate::optimistic::journal::AsyncWatched(&mut *conn),
-                unsure,
-            );
+            journal::own_read_done(&mut journal::AsyncWatched(&mut *conn), unsure);
             f(conn, row).await.map_err(Failure::Closure)
         }
         Err(err) => Err(Failure::Lockkit(err)),
@@ -610,7 +606,7 @@ where
                 conn,
                 key,
                 row_id.as_deref(),
-                crate::optimistic::journal::Plan::Write,
+                journal::Plan::Write,
                 row.version(),
             )
             .await?;

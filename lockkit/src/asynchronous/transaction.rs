@@ -7,6 +7,7 @@ use diesel_async::TransactionManager;
 use super::connection::{in_transaction, AsyncLockingConnection, Begun, Restore};
 use crate::error::classification::classify;
 use crate::error::Error;
+use crate::optimistic::journal;
 use crate::transaction::{settle, Check, Failed, Failure};
 
 /// The end of every async lockkit transaction, `began` nested in an open one or
@@ -50,9 +51,9 @@ where
     // nested call) end this transaction? As the blocking side's panic guard
     // asks it.
     let check = began.check(&result, || {
-        let watched = &mut crate::optimistic::journal::AsyncWatched(&mut *conn);
-        let ends = crate::optimistic::journal::Watched::ends(watched);
-        crate::optimistic::journal::whole(watched, ends)
+        let watched = &mut journal::AsyncWatched(&mut *conn);
+        let ends = journal::Watched::ends(watched);
+        journal::whole(watched, ends)
     });
     let ended = match check {
         Check::Nothing => None,
@@ -117,9 +118,6 @@ where
         }
     }
     Err(failed.into_error(nested, ended, |cause| {
-        crate::optimistic::journal::aborted(
-            &mut crate::optimistic::journal::AsyncWatched(conn),
-            cause,
-        )
+        journal::aborted(&mut journal::AsyncWatched(conn), cause)
     }))
 }

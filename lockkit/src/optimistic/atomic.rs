@@ -43,6 +43,7 @@ use diesel::{Column, Connection, Expression, OptionalExtension, QueryResult};
 
 use crate::error::classification::classify;
 use crate::error::Error;
+use crate::optimistic::journal;
 use crate::optimistic::statement::{BySql, VersionedUpdate};
 
 /// Starts an `UPDATE` that Diesel prepares once per connection: `diesel::update`
@@ -136,7 +137,7 @@ where
     Conn: Connection,
     S: ExecuteDsl<Conn>,
 {
-    let ends = crate::optimistic::journal::Ends::of::<Conn::Backend>();
+    let ends = journal::Ends::of::<Conn::Backend>();
     update_if_on(conn, statement, ends)
 }
 
@@ -146,13 +147,13 @@ where
 pub(crate) fn update_if_on<Conn, S>(
     conn: &mut Conn,
     statement: S,
-    ends: crate::optimistic::journal::Ends,
+    ends: journal::Ends,
 ) -> Result<usize, Error>
 where
     Conn: Connection,
     S: ExecuteDsl<Conn>,
 {
-    crate::optimistic::journal::before_write(conn);
+    journal::before_write(conn);
     crate::transaction::check_write(conn)?;
     let rows = ExecuteDsl::execute(statement, conn)
         .map_err(|err| crate::transaction::failed_write(conn, classify(err), ends))?;

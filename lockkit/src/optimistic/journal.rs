@@ -29,7 +29,7 @@
 //! 2. otherwise, if the row now holds the very number the struct holds (somebody
 //!    re-produced it), it cannot tell the struct from a legitimate reader of that
 //!    number: it moves the row's version past it (`SET v = v + 1 WHERE v = $n`,
-//!    data untouched) and reports [`Error::Stale`](crate::Error::Stale). The
+//!    data untouched) and reports [`Error::Stale`]. The
 //!    struct's write never lands, and any other holder of that number reloads once.
 //!
 //! 3. unless the struct's number was written from another uncommitted write's
@@ -37,7 +37,7 @@
 //!    struct or by a second one that read it there): such a struct may carry
 //!    what the earlier write changed, and restoring it would either commit that
 //!    or match another struct's retry. It is reported
-//!    [`Error::Stale`](crate::Error::Stale) without a write;
+//!    [`Error::Stale`] without a write;
 //!
 //! 4. and no write ever *commits* a number a rolled-back write left with some
 //!    other struct of the process (a fresh reader of the row writing n after
@@ -87,6 +87,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
+use crate::error::classification;
+use crate::error::Error;
 use diesel::connection::{Instrumentation, InstrumentationEvent, TransactionManager};
 use diesel::result::DatabaseErrorKind;
 use diesel::Connection;
@@ -171,8 +173,8 @@ impl Ends {
             // tells, as in lockkit's classification.
             Ends::OnDeadlock => {
                 kind == DatabaseErrorKind::SerializationFailure
-                    || crate::error::classification::is_deadlock(message)
-                    || crate::error::classification::is_lock_wait_timeout(message)
+                    || classification::is_deadlock(message)
+                    || classification::is_lock_wait_timeout(message)
             }
             Ends::Never | Ends::Unknown => false,
         }
@@ -197,7 +199,7 @@ struct Aborts {
     /// its success revives the transaction.
     reviving: bool,
     /// The aborts lockkit reported in the open transaction
-    /// ([`Error::TransactionAborted`](crate::Error::TransactionAborted)), settled
+    /// ([`Error::TransactionAborted`]), settled
     /// when it ends.
     reported: Vec<crate::error::Settler>,
     /// The connection reports a statement that answers with rows as succeeded
@@ -263,8 +265,8 @@ impl Aborts {
                     // timeout's) make a guess, which the call's rule replaces.
                     #[cfg(feature = "mysql")]
                     if self.ends == Ends::Unknown
-                        && (crate::error::classification::is_innodb_deadlock(info.message())
-                            || crate::error::classification::is_lock_wait_timeout(info.message()))
+                        && (classification::is_innodb_deadlock(info.message())
+                            || classification::is_lock_wait_timeout(info.message()))
                     {
                         self.ends = Ends::OnDeadlock;
                         self.guessed = true;
@@ -698,12 +700,11 @@ pub(crate) fn unsure<W: Watched>(conn: &mut W) -> bool {
 /// a deadlock that ended it is recorded as if seen, so that the rest of
 /// lockkit treats it as it treats a statement's ([`ended_by`], [`whole`]), and
 /// the versions written in the transaction count as rolled back when it ends.
-pub(crate) fn answered<W: Watched>(conn: &mut W, ended: Option<&crate::error::Error>) {
+pub(crate) fn answered<W: Watched>(conn: &mut W, ended: Option<&Error>) {
     if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
         journal.aborts.unsure = false;
         journal.aborts.missed = false;
-        if matches!(ended, Some(crate::error::Error::Deadlock)) && journal.aborts.ended_by.is_none()
-        {
+        if matches!(ended, Some(Error::Deadlock)) && journal.aborts.ended_by.is_none() {
             journal.aborts.ended_by =
                 Some((DatabaseErrorKind::Unknown, UNSEEN_DEADLOCK.to_owned()));
         }
@@ -731,10 +732,10 @@ const UNSEEN_DEADLOCK: &str =
 /// work let go ([`Ends`]), if the connection's journal saw one: lockkit's
 /// transactions then neither commit nor go on as if it were open. `None` when
 /// nothing did, or no journal watches `conn`.
-pub(crate) fn ended_by<W: Watched>(conn: &mut W) -> Option<crate::error::Error> {
+pub(crate) fn ended_by<W: Watched>(conn: &mut W) -> Option<Error> {
     let journal = conn.slot().downcast_mut::<Journal>()?;
     let (kind, message) = journal.aborts.ended_by.clone()?;
-    Some(crate::error::classification::recall(
+    Some(classification::recall(
         diesel::result::Error::DatabaseError(kind, Box::new(message)),
     ))
 }
@@ -751,19 +752,19 @@ pub(crate) fn before_write<W: Watched>(conn: &mut W) {
 
 /// The error lockkit reports when the server rolled back the whole open
 /// transaction on `conn` under one of its calls (`cause`: why):
-/// [`Error::TransactionAborted`](crate::Error::TransactionAborted), not retryable
+/// [`Error::TransactionAborted`], not retryable
 /// until the transaction's owner ends it, which the journal watching `conn`
 /// sees and settles ([`Aborted`](crate::Aborted)). Without a journal (a
 /// connection with instrumentation of its own), it stays unsettled; outside a
 /// transaction it is settled at once.
-pub(crate) fn aborted<W: Watched>(conn: &mut W, cause: crate::error::Error) -> crate::error::Error {
+pub(crate) fn aborted<W: Watched>(conn: &mut W, cause: Error) -> Error {
     let aborted = crate::error::Aborted::new(cause);
     if conn.depth().is_none() {
         aborted.settler().settle();
     } else if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
         journal.aborts.reported.push(aborted.settler());
     }
-    crate::error::Error::TransactionAborted(aborted)
+    Error::TransactionAborted(aborted)
 }
 
 /// A write statement of lockkit's ([`before_write`]) failed with `err`: whether
@@ -775,11 +776,7 @@ pub(crate) fn aborted<W: Watched>(conn: &mut W, cause: crate::error::Error) -> c
 /// statements out of autocommit. Decided here for the blocking
 /// ([`transaction::failed_write`](crate::transaction::failed_write)) and the
 /// async write.
-pub(crate) fn write_ended_transaction<W: Watched>(
-    conn: &mut W,
-    err: &crate::error::Error,
-    ends: Ends,
-) -> bool {
+pub(crate) fn write_ended_transaction<W: Watched>(conn: &mut W, err: &Error, ends: Ends) -> bool {
     match whole(conn, ends) {
         Whole::Seen => err.is_retryable(),
         Whole::Unwatched => may_end_transaction(err),
@@ -792,13 +789,8 @@ pub(crate) fn write_ended_transaction<W: Watched>(
 /// every deadlock's victim, and for a lock wait timeout (MariaDB's failed
 /// `NOWAIT` too) under `innodb_rollback_on_timeout`. The stand-in's first
 /// statement then asks the server.
-pub(crate) fn may_end_transaction(err: &crate::error::Error) -> bool {
-    matches!(
-        err,
-        crate::error::Error::Deadlock
-            | crate::error::Error::LockTimeout
-            | crate::error::Error::Busy
-    )
+pub(crate) fn may_end_transaction(err: &Error) -> bool {
+    matches!(err, Error::Deadlock | Error::LockTimeout | Error::Busy)
 }
 
 /// What the journal knows of whether a statement rolled back the whole open
@@ -837,7 +829,7 @@ pub(crate) fn whole<W: Watched>(conn: &mut W, ends: Ends) -> Whole {
 /// missed ([`Aborts::missed`]); and whether lockkit has reported the abort in
 /// it already (then the server confirmed it, and the read-only stand-in was
 /// opened).
-pub(crate) fn ended_before_write<W: Watched>(conn: &mut W) -> Option<(crate::error::Error, bool)> {
+pub(crate) fn ended_before_write<W: Watched>(conn: &mut W) -> Option<(Error, bool)> {
     let ends = conn.ends();
     if whole(conn, ends) != Whole::Seen {
         // Came in the middle of the transaction: what it missed may have.
@@ -845,7 +837,7 @@ pub(crate) fn ended_before_write<W: Watched>(conn: &mut W) -> Option<(crate::err
             .slot()
             .downcast_mut::<Journal>()
             .is_some_and(|journal| journal.aborts.missed && journal.aborts.depth > 0);
-        return missed.then_some((crate::error::Error::Deadlock, false));
+        return missed.then_some((Error::Deadlock, false));
     }
     let cause = ended_by(conn)?;
     let reported = conn

@@ -42,7 +42,9 @@ pub(crate) use begin::*;
 pub(crate) use panic_guard::PanicGuard;
 
 use crate::error::classification::classify;
+use crate::error::Aborted;
 use crate::error::Error;
+use crate::optimistic::journal;
 
 /// A lockkit transaction's failure on its way to the caller.
 pub(crate) enum Failure<E> {
@@ -103,8 +105,8 @@ pub trait Control: Connection + Sized {
 
     /// How a failed statement leaves the open transaction on this connection's
     /// backend, for lockkit's journal. The default: read off the backend type.
-    fn ends(&mut self) -> crate::optimistic::journal::Ends {
-        crate::optimistic::journal::Ends::of::<Self::Backend>()
+    fn ends(&mut self) -> journal::Ends {
+        journal::Ends::of::<Self::Backend>()
     }
 }
 
@@ -117,19 +119,19 @@ pub trait Control: Connection + Sized {
 /// same.
 pub(crate) fn ended_by_statement<C: Control>(conn: &mut C) -> Option<Error> {
     // Installed now, inside the caller's transaction, it asks the server once.
-    crate::optimistic::journal::watch(conn, C::ends);
-    if crate::optimistic::journal::unsure(conn) {
+    journal::watch(conn, C::ends);
+    if journal::unsure(conn) {
         let ended = conn.transaction_ended(None);
-        crate::optimistic::journal::answered(conn, ended.as_ref());
+        journal::answered(conn, ended.as_ref());
         if ended.is_some() {
             return ended;
         }
     }
-    let cause = crate::optimistic::journal::ended_by(conn)?;
+    let cause = journal::ended_by(conn)?;
     if conn.confirms_abort(&cause) {
         Some(cause)
     } else {
-        crate::optimistic::journal::forget_abort(conn);
+        journal::forget_abort(conn);
         None
     }
 }
@@ -149,7 +151,7 @@ pub(crate) fn require_live<C: Control>(conn: &mut C) -> Result<(), Error> {
     match ended_by_statement(conn) {
         Some(cause) => {
             conn.keep_aborted();
-            Err(crate::optimistic::journal::aborted(conn, cause))
+            Err(journal::aborted(conn, cause))
         }
         None => Ok(()),
     }
@@ -169,16 +171,16 @@ pub(crate) fn require_live<C: Control>(conn: &mut C) -> Result<(), Error> {
 /// connection new to lockkit, the first write in the caller's transaction
 /// asks). The async writes' twin does the same.
 pub(crate) fn check_write<C: Connection>(conn: &mut C) -> Result<(), Error> {
-    crate::optimistic::journal::before_write(conn);
-    let Some((cause, reported)) = crate::optimistic::journal::ended_before_write(conn) else {
+    journal::before_write(conn);
+    let Some((cause, reported)) = journal::ended_before_write(conn) else {
         return Ok(());
     };
     if reported || open_stand_in(conn) {
         // Confirmed: from now on as if the journal had seen it.
-        crate::optimistic::journal::answered(conn, Some(&cause));
-        return Err(crate::optimistic::journal::aborted(conn, cause));
+        journal::answered(conn, Some(&cause));
+        return Err(journal::aborted(conn, cause));
     }
-    crate::optimistic::journal::forget_abort(conn);
+    journal::forget_abort(conn);
     Ok(())
 }
 
@@ -197,19 +199,15 @@ pub(crate) fn check_write<C: Connection>(conn: &mut C) -> Result<(), Error> {
 /// transaction still open, nothing is opened, the journal forgets the abort,
 /// and the write returns its error as it is, the caller's transaction still
 /// the caller's to commit or roll back.
-pub(crate) fn failed_write<C: Connection>(
-    conn: &mut C,
-    err: Error,
-    ends: crate::optimistic::journal::Ends,
-) -> Error {
-    if !crate::optimistic::journal::write_ended_transaction(conn, &err, ends) {
+pub(crate) fn failed_write<C: Connection>(conn: &mut C, err: Error, ends: journal::Ends) -> Error {
+    if !journal::write_ended_transaction(conn, &err, ends) {
         return err;
     }
     if !open_stand_in(conn) {
-        crate::optimistic::journal::forget_abort(conn);
+        journal::forget_abort(conn);
         return err;
     }
-    crate::optimistic::journal::aborted(conn, err)
+    journal::aborted(conn, err)
 }
 
 /// Opens the read-only stand-in for an aborted transaction
@@ -342,7 +340,7 @@ impl Began {
     pub(crate) fn check<T, E>(
         self,
         result: &Result<T, Failure<E>>,
-        whole: impl FnOnce() -> crate::optimistic::journal::Whole,
+        whole: impl FnOnce() -> journal::Whole,
     ) -> Check {
         match result {
             _ if self.nested => Check::Nothing,
@@ -350,10 +348,10 @@ impl Began {
                 stand_in: self.must_ask(),
             },
             Err(Failure::Closure(_)) => match whole() {
-                crate::optimistic::journal::Whole::Seen => Check::Ended { stand_in: false },
+                journal::Whole::Seen => Check::Ended { stand_in: false },
                 // No journal saw it: the server is asked.
-                crate::optimistic::journal::Whole::Unwatched => Check::Ended { stand_in: true },
-                crate::optimistic::journal::Whole::No => Check::Nothing,
+                journal::Whole::Unwatched => Check::Ended { stand_in: true },
+                journal::Whole::No => Check::Nothing,
             },
             Err(_) => Check::Nothing,
         }
@@ -390,9 +388,7 @@ pub(crate) fn settle<T, E>(
 /// back, and the caller gets `reason`, retryable, since a new transaction may
 /// begin ([`Failed::into_error`]).
 pub(crate) fn swallowed<E>(reason: Error) -> Failure<E> {
-    Failure::Lockkit(Error::TransactionAborted(crate::error::Aborted::new(
-        reason,
-    )))
+    Failure::Lockkit(Error::TransactionAborted(Aborted::new(reason)))
 }
 
 /// MySQL/MariaDB: what lockkit reads to learn whether the caller's transaction
@@ -502,9 +498,7 @@ where
     if ended.is_some() && in_transaction(conn) {
         conn.keep_aborted();
     }
-    Err(failed.into_error(nested, ended, |cause| {
-        crate::optimistic::journal::aborted(conn, cause)
-    }))
+    Err(failed.into_error(nested, ended, |cause| journal::aborted(conn, cause)))
 }
 
 /// What lockkit tells the journal when it rolled back its own transaction (or
@@ -513,7 +507,7 @@ where
 /// `ROLLBACK`, the versions written in it are taken for rolled back
 /// ([`unwatched_rolled_back`](crate::journal::unwatched_rolled_back)).
 pub(crate) fn rolled_back<C: ?Sized>(conn: &C, level: u32) {
-    crate::optimistic::journal::unwatched_rolled_back(scope::conn_id(conn), level);
+    journal::unwatched_rolled_back(scope::conn_id(conn), level);
 }
 
 /// A failed transaction's failure, Diesel's errors classified: the part of
@@ -592,7 +586,7 @@ impl<E: From<Error>> Failed<E> {
 /// the victim of a deadlock that ended it), since a new transaction may begin.
 pub(crate) fn owners_error(err: Error, nested: bool) -> Error {
     Failed::<Error>::Lockkit(err).into_error(nested, None, |cause| {
-        Error::TransactionAborted(crate::error::Aborted::new(cause))
+        Error::TransactionAborted(Aborted::new(cause))
     })
 }
 
