@@ -610,12 +610,7 @@ mod mysql {
         async fn transaction_ended(&mut self, cause: Option<&Error>) -> Option<Error> {
             // MariaDB knows.
             let alive = caller_transaction_alive(self).await;
-            if matches!(alive, Ok(true)) {
-                crate::optimistic::journal::forget_abort(
-                    &mut crate::optimistic::journal::AsyncWatched(&mut *self),
-                );
-            }
-            crate::transaction::ended_unless_open(alive, cause)
+            crate::transaction::ended_unless_open(&mut journal::AsyncWatched(self), alive, cause)
         }
 
         async fn confirms_abort(&mut self, cause: &Error) -> bool {

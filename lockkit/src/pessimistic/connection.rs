@@ -557,10 +557,7 @@ pub(crate) mod mysql {
         fn transaction_ended(&mut self, cause: Option<&Error>) -> Option<Error> {
             // MariaDB knows.
             let alive = caller_transaction_alive(self);
-            if matches!(alive, Ok(true)) {
-                crate::optimistic::journal::forget_abort(self);
-            }
-            crate::transaction::ended_unless_open(alive, cause)
+            crate::transaction::ended_unless_open(self, alive, cause)
         }
 
         fn confirms_abort(&mut self, cause: &Error) -> bool {

@@ -602,7 +602,9 @@ pub(crate) fn connection_lost(cause: Option<&Error>) -> Option<Error> {
 /// under `innodb_rollback_on_timeout`: an ended transaction is reported as
 /// the lock wait timeout where that was the `cause`, else as a deadlock.
 /// Shared by the blocking and the async connection, which each ask in their
-/// own way.
+/// own way. Where the server answers "open", the journal watching `conn`
+/// forgets what it saw end the transaction (a caller that then commits
+/// commits).
 ///
 /// A question that fails with a deadlock (1213) met the abort itself: Galera
 /// reports a transaction that another node's write aborted while its client sat
@@ -610,12 +612,16 @@ pub(crate) fn connection_lost(cause: Option<&Error>) -> Option<Error> {
 /// The transaction is gone, and a `COMMIT` sent after it would commit nothing
 /// and succeed.
 #[cfg(feature = "mysql")]
-pub(crate) fn ended_unless_open(
+pub(crate) fn ended_unless_open<W: journal::Watched>(
+    conn: &mut W,
     open: diesel::QueryResult<bool>,
     cause: Option<&Error>,
 ) -> Option<Error> {
     match open {
-        Ok(true) => None,
+        Ok(true) => {
+            journal::forget_abort(conn);
+            None
+        }
         Ok(false) if matches!(cause, Some(Error::LockTimeout)) => Some(Error::LockTimeout),
         Ok(false) => Some(Error::Deadlock),
         Err(err) => match (cause, classify(err)) {
