@@ -51,8 +51,11 @@ impl PanicGuard {
             // Before `COMMIT` (or `ROLLBACK`): did the work let a statement (or
             // a nested call) end this transaction?
             Ok(result) => {
-                let ends = Control::ends(conn);
-                let ended = match began.check(&result, || journal::whole(conn, ends)) {
+                let whole = || {
+                    let ends = Control::ends(conn);
+                    journal::whole(conn, ends)
+                };
+                let ended = match began.check(&result, whole) {
                     Check::Nothing => None,
                     Check::Ended { stand_in } => ended_by_statement(conn)
                         .or_else(|| stand_in.then(|| conn.transaction_ended(None)).flatten()),
