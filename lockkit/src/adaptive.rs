@@ -141,8 +141,8 @@ use diesel::{OptionalExtension, RunQueryDsl, Selectable, SelectableHelper};
 
 use crate::error::classification::classify;
 use crate::error::Error;
-use crate::optimistic::version_check::{CurrentVersionQuery, UpdateVersioned, VersionCheck};
 use crate::optimistic::versioned::Versioned;
+use crate::optimistic::versioned::{CurrentVersionQuery, UpdateVersioned, VersionCheck};
 use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
 use crate::pessimistic::lockable::LockRow;
 use crate::pessimistic::lockable::Lockable;

@@ -74,7 +74,7 @@ pub use crate::http::idempotency::IdempotencyStore;
 pub use crate::lease::{FenceStore, LeaseStore};
 pub use crate::optimistic::backend::OptimisticBackend;
 pub use crate::optimistic::compare_and_set::Expectations;
-pub use crate::optimistic::version_check::{CurrentVersionQuery, VersionCheck};
+pub use crate::optimistic::versioned::{CurrentVersionQuery, VersionCheck};
 #[cfg(feature = "outbox")]
 #[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
 pub use crate::outbox::OutboxStore;

@@ -148,7 +148,7 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     if stale.iter().any(|(_, r, _)| *r < 0.98) {
         notes.push(format!(
             "* **After a stale write lockkit reads the row's current version for its error \
-             report** (`version_check::execute` → `load_current_version`): one more round trip \
+             report** (the sequence's `Step::ReadCurrent` → `load_current_version`): one more round trip \
              per conflict, the one statement lockkit sends that its hand-written twin does not, \
              and the likely reason why optimistic + retry at 16 workers trails its twin ({}). \
              Fix in lockkit: make that read lazy (keep the key in `StaleObjectError` and read \

@@ -71,7 +71,7 @@ use super::work::{ConnWork, RowWork};
 use crate::error::classification::classify;
 use crate::error::Error;
 use crate::optimistic::journal;
-use crate::optimistic::version_check::TouchVersioned;
+use crate::optimistic::versioned::TouchVersioned;
 use crate::optimistic::BumpVersion;
 use crate::pessimistic::lockable::Lockable;
 use crate::pessimistic::lockable::{
@@ -522,7 +522,7 @@ where
 /// The locked read and the version bump of [`with_lock`] in one statement, as
 /// on the blocking side ([`BumpOnLock`](crate::pessimistic::lockable::BumpOnLock)):
 /// nothing for [`NoVersion`], and for [`BumpVersion`] on PostgreSQL the same
-/// statement ([`LockedBumpQuery`](crate::pessimistic::lockable::LockedBumpQuery)).
+/// statement ([`LockedBumpQuery`](crate::optimistic::bump_on_lock::LockedBumpQuery)).
 /// Name it only in `where` clauses.
 #[doc(hidden)]
 pub trait AsyncBumpOnLock<M: Lockable, Conn> {
@@ -574,7 +574,7 @@ impl<M: Lockable + Send + 'static>
 #[cfg(feature = "postgres")]
 impl<M> AsyncBumpOnLock<M, diesel_async::AsyncPgConnection> for BumpVersion
 where
-    M: crate::pessimistic::lockable::LockedBumpQuery
+    M: crate::optimistic::bump_on_lock::LockedBumpQuery
         + AsyncVersionQuery<diesel_async::AsyncPgConnection>
         + Send,
     M::Key: Send + Sync,
@@ -584,8 +584,8 @@ where
         conn: &'a mut diesel_async::AsyncPgConnection,
         key: &'a M::Key,
     ) -> BoxFuture<'a, Result<Option<M>, Error>> {
+        use crate::optimistic::bump_on_lock::written_under_lock;
         use crate::optimistic::journal::AsyncWatched;
-        use crate::pessimistic::lockable::written_under_lock;
         Box::pin(async move {
             // Where the database does not enforce the key, the two statements.
             if !M::key_is_unique(conn).await.map_err(classify)? {

@@ -72,14 +72,13 @@ use crate::error::classification::classify;
 use crate::error::{Error, Operation};
 use crate::optimistic::backend::{DatabaseId, InShareMode, OptimisticBackend, Unique};
 use crate::optimistic::journal::{self, AsyncWatched};
-use crate::optimistic::sequence::{checked_next, Origin, Step, Write, Written};
+use crate::optimistic::sequence::{at_most_one, checked_next, Origin, Step, Write, Written};
 use crate::optimistic::statement::BySql;
 use crate::optimistic::version::VersionNumber;
-use crate::optimistic::version_check::{
-    self, at_most_one, DeleteVersioned, TouchVersioned, UpdateVersioned, VersionCheck,
+use crate::optimistic::versioned::{
+    all_or_none, key_order, settle, touch, update, DeleteVersioned, TouchVersioned,
+    UpdateVersioned, VersionCheck, Versioned,
 };
-use crate::optimistic::versioned::Versioned;
-use crate::optimistic::versioned::{all_or_none, key_order, settle};
 use crate::pessimistic::lockable::Lockable;
 use crate::transaction::{Began, Failure};
 
@@ -113,9 +112,8 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
             let key = self.key();
             let expected = self.version();
             let this = &*self;
-            let statement = |checked| {
-                version_check::update::<Self, _>(this.key(), checked, this.versioned_changeset())
-            };
+            let statement =
+                |checked| update::<Self, _>(this.key(), checked, this.versioned_changeset());
             let written =
                 write::<Self, Conn, _>(conn, &key, expected, Operation::Update, statement).await?;
             settle(self, written)
@@ -321,7 +319,7 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
         Self: AsyncVersionQuery<Conn> + 'a,
         TouchVersioned<Self>: ExecuteDsl<Conn>,
     {
-        let touch = version_check::touch::<Self>;
+        let touch = touch::<Self>;
         write_held(self, conn, Origin::Held, Operation::Touch, touch)
     }
 }
@@ -390,10 +388,7 @@ where
         key: M::Key,
         version: M::Version,
     ) -> BoxFuture<'_, QueryResult<usize>> {
-        Box::pin(ExecuteDsl::execute(
-            version_check::touch::<M>(key, version),
-            conn,
-        ))
+        Box::pin(ExecuteDsl::execute(touch::<M>(key, version), conn))
     }
 
     fn key_is_unique(conn: &mut Conn) -> BoxFuture<'_, QueryResult<bool>> {
@@ -441,7 +436,7 @@ fn unique_keys() -> std::sync::MutexGuard<'static, UniqueKeys> {
 }
 
 /// Runs one versioned write: the blocking side's sequence
-/// ([`version_check`](crate::optimistic::version_check)), the journal's
+/// (`optimistic::sequence`, driven by `optimistic::versioned::write`), the journal's
 /// decisions taken by the same functions; only the statements are awaited.
 async fn write<M, Conn, S>(
     conn: &mut Conn,
@@ -540,8 +535,9 @@ where
     }
 }
 
-/// The blocking side's [`version_check::move_past_reused`], awaited: while
-/// `next` is a number a rolled-back write left with another struct
+/// The blocking side's
+/// [`move_past_reused`](crate::optimistic::versioned::move_past_reused),
+/// awaited: while `next` is a number a rolled-back write left with another struct
 /// ([`journal::reused`]), the row is moved one further, in the writer's
 /// transaction. Returns the version the row ends at.
 pub(crate) async fn move_past_reused<M, Conn>(
@@ -569,7 +565,7 @@ where
         {
             break;
         }
-        next = checked_next::<M, _>(key, next)?;
+        next = checked_next::<M>(key, next)?;
     }
     Ok(next)
 }
@@ -584,7 +580,7 @@ where
     M: Versioned + AsyncVersionQuery<Conn>,
     TouchVersioned<M>: ExecuteDsl<Conn>,
 {
-    let touch = version_check::touch::<M>;
+    let touch = touch::<M>;
     write_held(row, conn, Origin::LockedRead, Operation::Touch, touch).await
 }
 

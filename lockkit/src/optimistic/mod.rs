@@ -2,10 +2,11 @@
 //!
 //! | file | what it holds |
 //! | --- | --- |
-//! | [`versioned`] | the [`Versioned`] model trait and its version-checked writes (start here) |
+//! | [`versioned`] | the [`Versioned`] model trait, its version-checked writes and the bound traits they name, and their run on a blocking connection (start here) |
 //! | [`statement`] | the `UPDATE` of a versioned write, which Diesel prepares once per connection |
-//! | [`version_check`] | the SQL of a version check, and the blocking writes' run of the sequence |
+//! | [`version_check`] | the SQL of a version check: the implementations of the bound traits, for every model and connection |
 //! | `sequence` | the one sequence every versioned write runs, blocking or async, decided without I/O, and what a stale write reports |
+//! | [`bump_on_lock`] | what an exclusive lock writes to a versioned row, and PostgreSQL's one-statement lock and bump |
 //! | [`updated_at`] | the `updated_at` column every versioned write sets to the database's clock |
 //! | [`version`] | the integer types a version column may have, and their limit |
 //! | [`backend`] | what each backend adds: key uniqueness, reading the latest committed version |
@@ -15,10 +16,12 @@
 //! | [`version_trigger`] | database triggers for writers that bypass lockkit |
 //!
 //! Versions are checked in SQL (`WHERE lock_version = $read`), so they hold across
-//! processes and servers; nothing here takes a lock.
+//! processes and servers; nothing here takes a lock but what
+//! [`bump_on_lock`] writes under the row lock of `with_lock`.
 
 pub mod atomic;
 pub mod backend;
+pub mod bump_on_lock;
 pub mod compare_and_set;
 pub mod journal;
 pub(crate) mod sequence;

@@ -1,7 +1,7 @@
 //! The one sequence every versioned write runs, decided here once and without
-//! I/O; the blocking writes ([`version_check::write`](super::version_check))
-//! and the async ones (`asynchronous::versioned`) drive it, each sending the
-//! statements it asks for on its own connection.
+//! I/O; the blocking writes (`versioned::write`) and the async ones
+//! (`asynchronous::versioned`) drive it, each sending the statements it asks
+//! for on its own connection.
 //!
 //! 1. [`Write::start`]: the [`journal`] says which version to check (the
 //!    struct's, or the one before a write of it that was rolled back; a row
@@ -25,14 +25,28 @@
 //! of committing on their own: the drivers decide it once, as a failed write's
 //! error (`transaction::failed_write`).
 
-use diesel::Column;
+use std::fmt::Debug;
 
 use crate::error::classification::classify;
 use crate::error::{CurrentState, Error, Operation, StaleObjectError};
 use crate::optimistic::journal::{self, Plan, Watched};
 use crate::optimistic::version::VersionNumber;
-use crate::optimistic::versioned::Versioned;
-use crate::pessimistic::lockable::Lockable;
+
+/// What the sequence knows of a versioned model: the names its reports give,
+/// and its key and version types. Every [`Versioned`] model is one
+/// (`optimistic::versioned`), so that this file needs none of its traits.
+///
+/// [`Versioned`]: crate::Versioned
+pub(crate) trait Model {
+    /// The table's name (`Lockable::TABLE_NAME`).
+    const TABLE_NAME: &'static str;
+    /// The version column's name.
+    const VERSION_COLUMN: &'static str;
+    /// The primary key's Rust type, shown in reports.
+    type Key: Debug;
+    /// The version's Rust type.
+    type Version: VersionNumber;
+}
 
 /// Where the version a write expects comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,10 +81,10 @@ impl<V> Written<V> {
 }
 
 /// The version a successful write will leave, or [`Error::VersionOverflow`].
-pub(crate) fn checked_next<M: Lockable, V: VersionNumber>(
+pub(crate) fn checked_next<M: Model>(
     key: &M::Key,
-    expected: V,
-) -> Result<V, Error> {
+    expected: M::Version,
+) -> Result<M::Version, Error> {
     expected
         .checked_next()
         .ok_or_else(|| Error::VersionOverflow {
@@ -80,9 +94,22 @@ pub(crate) fn checked_next<M: Lockable, V: VersionNumber>(
         })
 }
 
+/// A versioned statement run where the database does not enforce the key
+/// matched `rows` rows: more than one is [`Error::AmbiguousKey`], and the
+/// caller undoes the write. Decided here for the blocking and the async writes.
+pub(crate) fn at_most_one<M: Model>(key: &M::Key, rows: usize) -> Result<usize, Error> {
+    match rows {
+        0 | 1 => Ok(rows),
+        _ => Err(Error::AmbiguousKey {
+            table: M::TABLE_NAME,
+            key: format!("{key:?}"),
+        }),
+    }
+}
+
 /// What every step of one write knows: the row, the journal's plan for it, and
 /// what the caller expected.
-struct Row<'k, M: Versioned> {
+struct Row<'k, M: Model> {
     key: &'k M::Key,
     /// The row's identity for the journal (`CurrentVersionQuery::row_id`).
     id: Option<&'k str>,
@@ -98,7 +125,7 @@ struct Row<'k, M: Versioned> {
 /// hand-rolled control flow it replaced (about 120 without the hint), against
 /// some 19,000 for the whole call on in-memory SQLite (the benchmark's
 /// client-cost profile, under callgrind).
-pub(crate) struct Write<'k, M: Versioned> {
+pub(crate) struct Write<'k, M: Model> {
     row: Row<'k, M>,
     /// The version the statement checks: `expected`, or the one the journal
     /// restores.
@@ -107,7 +134,7 @@ pub(crate) struct Write<'k, M: Versioned> {
     next: Option<M::Version>,
 }
 
-impl<'k, M: Versioned> Write<'k, M> {
+impl<'k, M: Model> Write<'k, M> {
     /// A write of the row `key` (`id` for the journal) from a struct or a
     /// read that holds `expected`: the journal's plan, the version the
     /// statement checks and the one it leaves, or [`Error::VersionOverflow`].
@@ -132,7 +159,7 @@ impl<'k, M: Versioned> Write<'k, M> {
         };
         let next = match operation {
             Operation::Delete => None,
-            Operation::Update | Operation::Touch => Some(checked_next::<M, _>(key, checked)?),
+            Operation::Update | Operation::Touch => Some(checked_next::<M>(key, checked)?),
         };
         Ok(Write {
             row: Row {
@@ -179,7 +206,7 @@ impl<'k, M: Versioned> Write<'k, M> {
 }
 
 /// What the sequence asks its driver for next.
-pub(crate) enum Step<'k, M: Versioned> {
+pub(crate) enum Step<'k, M: Model> {
     /// Read the row's latest committed version
     /// (`CurrentVersionQuery::load_current_version`) and hand the read, as it
     /// came, to [`ReadCurrent::read`].
@@ -198,11 +225,11 @@ pub(crate) enum Step<'k, M: Versioned> {
 }
 
 /// Waits for the follow-up read of a write that matched no row.
-pub(crate) struct ReadCurrent<'k, M: Versioned> {
+pub(crate) struct ReadCurrent<'k, M: Model> {
     row: Row<'k, M>,
 }
 
-impl<'k, M: Versioned> ReadCurrent<'k, M> {
+impl<'k, M: Model> ReadCurrent<'k, M> {
     /// The follow-up read returned `read`: the row is stale, unless it must
     /// first be moved past the number a rolled-back write tentatively used
     /// (see [`journal::must_move_past`]). At the version's maximum there is no
@@ -217,7 +244,7 @@ impl<'k, M: Versioned> ReadCurrent<'k, M> {
         let current = current_state(read, row.expected)?;
         match current {
             CurrentState::Version(v) if journal::must_move_past(row.plan, v) => {
-                checked_next::<M, _>(row.key, row.expected)?;
+                checked_next::<M>(row.key, row.expected)?;
                 Ok(Step::MovePast(row.expected, MovePast { row, from: v }))
             }
             _ => Ok(Step::Done(row.stale(watched, current))),
@@ -227,13 +254,13 @@ impl<'k, M: Versioned> ReadCurrent<'k, M> {
 
 /// Waits for the statement that moves a stale row past a number a rolled-back
 /// write tentatively used.
-pub(crate) struct MovePast<'k, M: Versioned> {
+pub(crate) struct MovePast<'k, M: Model> {
     row: Row<'k, M>,
     /// The version the follow-up read found.
     from: i64,
 }
 
-impl<'k, M: Versioned> MovePast<'k, M> {
+impl<'k, M: Model> MovePast<'k, M> {
     /// The statement changed `bumped` rows: the row is at `from + 1` when it
     /// changed it, and then not onto a number another struct's rolled-back
     /// write left.
@@ -258,7 +285,7 @@ impl<'k, M: Versioned> MovePast<'k, M> {
 
 /// Waits for the row to be moved past the numbers rolled-back writes left with
 /// other structs.
-pub(crate) struct MovePastReused<'k, M: Versioned> {
+pub(crate) struct MovePastReused<'k, M: Model> {
     row: Row<'k, M>,
     then: AfterReused<M::Version>,
 }
@@ -271,7 +298,7 @@ enum AfterReused<V> {
     Stale,
 }
 
-impl<'k, M: Versioned> MovePastReused<'k, M> {
+impl<'k, M: Model> MovePastReused<'k, M> {
     /// The row's identity for the journal.
     #[inline]
     pub(crate) fn id(&self) -> Option<&'k str> {
@@ -295,7 +322,7 @@ impl<'k, M: Versioned> MovePastReused<'k, M> {
     }
 }
 
-impl<M: Versioned> Row<'_, M> {
+impl<M: Model> Row<'_, M> {
     /// The write checked `checked` and left `next` on its row: the journal
     /// records it.
     #[inline]
@@ -325,7 +352,7 @@ impl<M: Versioned> Row<'_, M> {
         let stale = StaleObjectError {
             table: M::TABLE_NAME,
             key: format!("{:?}", self.key),
-            version_column: <M::VersionColumn as Column>::NAME,
+            version_column: M::VERSION_COLUMN,
             operation: self.operation,
             expected_version: self.expected.to_i64(),
             current,

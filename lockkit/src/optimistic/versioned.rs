@@ -55,21 +55,27 @@
 //! assert_eq!(bob.lock_version, 0); // untouched
 //! # Ok(()) }
 //! ```
+//!
+//! The bound traits the writes name ([`VersionCheck`], [`CurrentVersionQuery`])
+//! are declared here as well: each has [`Versioned`] as its supertrait, so the
+//! trait and they are one unit whichever file holds them.
+//! [`version_check`](crate::optimistic::version_check) implements them for
+//! every model and connection that fit. The run of one write on a blocking
+//! connection, at the end of this file, sends the statements of the sequence
+//! every versioned write goes through (`optimistic::sequence`).
 
 use diesel::dsl::{self, Find};
 use diesel::query_builder::{AsChangeset, IntoUpdateTarget, QueryId};
 use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, FindDsl};
 use diesel::{Column, Connection};
 
+use crate::error::classification::classify;
 use crate::error::{Error, Operation};
-use crate::optimistic::sequence::{Origin, Written};
-use crate::optimistic::statement::{BySql, CacheKey};
+use crate::optimistic::journal::{self, Plan};
+use crate::optimistic::sequence::{self, at_most_one, checked_next, Origin, Step, Write, Written};
+use crate::optimistic::statement::{BySql, ByType, CacheKey, VersionedUpdate};
 use crate::optimistic::version::VersionNumber;
-use crate::optimistic::version_check::{
-    self, CurrentVersionQuery, DeleteVersioned, TouchVersioned, UpdateVersioned, VersionCheck,
-};
 use crate::pessimistic::lockable::Lockable;
-use crate::pessimistic::lockable::MarkLocked;
 
 /// A Diesel model with a version column. Implement it with `#[derive(Versioned)]`.
 ///
@@ -83,9 +89,9 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     type Version: VersionNumber;
     /// The columns `update_versioned` writes: every field but the primary key and
     /// the version, following Diesel's `AsChangeset` rules (`column_name`,
-    /// `skip_update`, `treat_none_as_null`), wrapped in
-    /// [`ByType`](crate::optimistic::statement::ByType) or [`BySql`]: how Diesel
-    /// caches the prepared `UPDATE` (see [`statement`](crate::optimistic::statement)).
+    /// `skip_update`, `treat_none_as_null`), wrapped in [`ByType`] or [`BySql`]:
+    /// how Diesel caches the prepared `UPDATE` (see
+    /// [`statement`](crate::optimistic::statement)).
     type Changeset<'a>: AsChangeset<Target = Self::Table> + CacheKey
     where
         Self: 'a;
@@ -133,15 +139,13 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         for<'a> UpdateVersioned<Self, Self::Changeset<'a>>: ExecuteDsl<Conn>,
         for<'a> (Self::Changeset<'a>, Self::Bump): AsChangeset<Target = Self::Table>,
     {
-        let written = version_check::write::<Self, _, _>(
+        let written = write::<Self, _, _>(
             conn,
             &self.key(),
             self.version(),
             Origin::Held,
             Operation::Update,
-            |checked| {
-                version_check::update::<Self, _>(self.key(), checked, self.versioned_changeset())
-            },
+            |checked| update::<Self, _>(self.key(), checked, self.versioned_changeset()),
         )?;
         settle(self, written)
     }
@@ -353,7 +357,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         Self: VersionCheck + CurrentVersionQuery<Conn>,
         DeleteVersioned<Self>: ExecuteDsl<Conn>,
     {
-        version_check::write::<Self, _, _>(
+        write::<Self, _, _>(
             conn,
             &key,
             expected_version,
@@ -416,7 +420,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         Self: VersionCheck + CurrentVersionQuery<Conn>,
         TouchVersioned<Self>: ExecuteDsl<Conn>,
     {
-        let touch = version_check::touch::<Self>;
+        let touch = touch::<Self>;
         write_held(self, conn, Origin::Held, Operation::Touch, touch)
     }
 
@@ -476,7 +480,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         (BySql<C>, Self::Bump): AsChangeset<Target = Self::Table>,
         UpdateVersioned<Self, BySql<C>>: ExecuteDsl<Conn>,
     {
-        let written = version_check::write::<Self, _, _>(
+        let written = write::<Self, _, _>(
             conn,
             &key,
             expected_version,
@@ -629,7 +633,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
             let mut stale = Vec::new();
             for i in order {
                 let (key, expected) = &rows[i];
-                match version_check::write::<Self, _, _>(
+                match write::<Self, _, _>(
                     conn,
                     key,
                     *expected,
@@ -653,7 +657,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         Self: VersionCheck,
         (Self::Changeset<'a>, Self::Bump): AsChangeset<Target = Self::Table>,
     {
-        version_check::update::<Self, _>(self.key(), self.version(), self.versioned_changeset())
+        update::<Self, _>(self.key(), self.version(), self.versioned_changeset())
     }
 
     /// The statement `UPDATE <table> SET <changes>, <version> = <version> + 1
@@ -667,7 +671,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         Self: VersionCheck,
         (BySql<C>, Self::Bump): AsChangeset<Target = Self::Table>,
     {
-        version_check::update::<Self, _>(key, expected_version, BySql(changes))
+        update::<Self, _>(key, expected_version, BySql(changes))
     }
 
     /// The unexecuted statement of [`delete_versioned`](Self::delete_versioned).
@@ -683,8 +687,123 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     where
         Self: VersionCheck,
     {
-        version_check::touch::<Self>(self.key(), self.version())
+        touch::<Self>(self.key(), self.version())
     }
+}
+
+// The bound traits of the writes above: each names `Versioned` (as its
+// supertrait) and the writes name them (in `where` clauses), so they are
+// declared here, with the model trait. `version_check` implements them for
+// every model and connection that fit.
+
+type TableOf<M> = <M as Lockable>::Table;
+type WhereOf<M> = <<M as VersionCheck>::Target as IntoUpdateTarget>::WhereClause;
+type BumpOf<M> = <M as VersionCheck>::Bump;
+
+/// `UPDATE ... SET <changes>, <version> = <version> + 1 WHERE <key> AND <version> = $`,
+/// cached as `S` says ([`ByType`] or [`BySql`]).
+pub type UpdateVersioned<M, S> = VersionedUpdate<
+    TableOf<M>,
+    WhereOf<M>,
+    <(S, BumpOf<M>) as AsChangeset>::Changeset,
+    (S, BumpOf<M>),
+>;
+/// `UPDATE ... SET <version> = <version> + 1 WHERE <key> AND <version> = $`.
+pub type TouchVersioned<M> = VersionedUpdate<
+    TableOf<M>,
+    WhereOf<M>,
+    <BumpOf<M> as AsChangeset>::Changeset,
+    ByType<BumpOf<M>>,
+>;
+/// `DELETE FROM ... WHERE <key> AND <version> = $`.
+pub type DeleteVersioned<M> = dsl::delete<<M as VersionCheck>::Target>;
+
+/// The SQL fragments of a version check, for any [`Versioned`] model.
+///
+/// Blanket-implemented; it exists so that the bounds Diesel needs to build these
+/// fragments are written once, on its implementation
+/// ([`version_check`](crate::optimistic::version_check)), instead of on every
+/// method. Name it only in `where` clauses ([`bounds`](crate::bounds)).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` has no version check: its table, key and version column do not fit together",
+    label = "lockkit cannot build `WHERE <key> = $1 AND <version> = $2` for this model",
+    note = "the key must be what `table.find(..)` takes and the version a `SmallInt`, `Integer` or `BigInt` column of the same table; `#[derive(Versioned)]` reads both from `#[diesel(..)]`"
+)]
+pub trait VersionCheck: Versioned {
+    /// `table.find(key).filter(version.eq(expected))`.
+    type Target: IntoUpdateTarget<Table = Self::Table>;
+    /// `version.eq(version + 1)`, and the model's [`Versioned::UpdatedAt`].
+    type Bump: AsChangeset<Target = Self::Table>;
+    /// `table.find(key).select(version)`.
+    type CurrentVersion;
+
+    /// The row at `key` if, and only if, it still has `expected`.
+    fn target(key: Self::Key, expected: Self::Version) -> Self::Target;
+    /// The version increment.
+    fn bump() -> Self::Bump;
+    /// The follow-up read of the current version.
+    fn current_version(key: Self::Key) -> Self::CurrentVersion;
+}
+
+/// What a versioned write needs from the connection besides the statement: the
+/// reads and the one extra write of its failure path, and the key check.
+///
+/// Implemented for every model on `PgConnection`, `MysqlConnection`,
+/// `SqliteConnection`, r2d2 pooled connections to them, and
+/// [`Dispatch`](crate::multi::Dispatch) enums over them; it exists so that
+/// these bounds are written once, on its implementations
+/// ([`version_check`](crate::optimistic::version_check)). Name it only in
+/// `where` clauses ([`bounds`](crate::bounds)).
+#[diagnostic::on_unimplemented(
+    message = "lockkit's versioned writes on `{Self}` do not run on `{Conn}`",
+    label = "not a connection lockkit's versioned writes support",
+    note = "lockkit supports `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`), r2d2 pooled connections to them, and `#[derive(diesel::MultiConnection)]` enums that implement `lockkit::multi::Dispatch`"
+)]
+pub trait CurrentVersionQuery<Conn>: VersionCheck {
+    /// `Some(version)`, or `None` when the row is gone: the latest committed state.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
+    fn load_current_version(
+        conn: &mut Conn,
+        key: Self::Key,
+    ) -> diesel::QueryResult<Option<Self::Version>>;
+
+    /// `UPDATE .. SET <version> = <version> + 1 WHERE <key> AND <version> = $version`:
+    /// moves the row past a version that a rolled-back struct may still hold.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
+    fn bump_past(
+        conn: &mut Conn,
+        key: Self::Key,
+        version: Self::Version,
+    ) -> diesel::QueryResult<usize>;
+
+    /// Whether the database enforces the declared key (a unique index on key
+    /// columns only), so that it can never match two rows.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
+    fn key_is_unique(conn: &mut Conn) -> diesel::QueryResult<bool>;
+
+    /// The row's identity for the [`journal`]: database, table and
+    /// key; `None` when the journal needs none (nothing recorded, no transaction).
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
+    fn row_id(conn: &mut Conn, key: &Self::Key) -> diesel::QueryResult<Option<String>>;
+
+    /// How a failed statement leaves the open transaction on `conn`'s backend,
+    /// for the [`journal`] (an enum's: the connection it holds), so that a
+    /// write that installs it inside the caller's transaction knows what it
+    /// may have missed there.
+    #[doc(hidden)]
+    fn ends(conn: &mut Conn) -> journal::Ends;
 }
 
 /// The order `update_all_by_version` writes `rows` in: by key, so that two bulk
@@ -731,7 +850,7 @@ pub(crate) fn settle<M: Versioned>(
 /// One versioned write of the row `model` holds, checking the version it holds
 /// (from `origin`) with the statement `statement` builds for the key and the
 /// version to check; the version the write left is kept in `model`.
-fn write_held<M, Conn, S>(
+pub(crate) fn write_held<M, Conn, S>(
     model: &mut M,
     conn: &mut Conn,
     origin: Origin,
@@ -746,7 +865,7 @@ where
     let key = model.key();
     let expected = model.version();
     let build = |checked| statement(key.clone(), checked);
-    let written = version_check::write::<M, _, _>(conn, &key, expected, origin, operation, build)?;
+    let written = write::<M, _, _>(conn, &key, expected, origin, operation, build)?;
     settle(model, written)
 }
 
@@ -755,16 +874,135 @@ where
 #[derive(Debug, Clone, Copy)]
 pub struct BumpVersion;
 
-impl<M, Conn> MarkLocked<M, Conn> for BumpVersion
+// The run of a versioned write on a blocking connection: the statements, and
+// the driver of the one sequence (`optimistic::sequence`) every versioned
+// write goes through.
+
+/// The statement that applies `changes` (and the version bump) to the row `key`
+/// if it still has `expected`.
+pub(crate) fn update<M, S>(key: M::Key, expected: M::Version, changes: S) -> UpdateVersioned<M, S>
 where
-    Conn: diesel::Connection,
-    M: Versioned + VersionCheck + CurrentVersionQuery<Conn>,
-    TouchVersioned<M>: ExecuteDsl<Conn>,
+    M: VersionCheck,
+    (S, M::Bump): AsChangeset<Target = M::Table>,
 {
-    fn mark(conn: &mut Conn, row: &mut M) -> Result<(), Error> {
-        // The row is locked: the version cannot have moved since the locked read,
-        // and is the row's own (see `Origin::LockedRead`).
-        let touch = version_check::touch::<M>;
-        write_held(row, conn, Origin::LockedRead, Operation::Touch, touch)
+    VersionedUpdate::new(
+        M::target(key, expected).into_update_target(),
+        (changes, M::bump()),
+    )
+}
+
+/// The statement that bumps the version of the row `key` if it still has `expected`.
+pub(crate) fn touch<M: VersionCheck>(key: M::Key, expected: M::Version) -> TouchVersioned<M> {
+    VersionedUpdate::new(M::target(key, expected).into_update_target(), M::bump())
+}
+
+/// The version a write that left the row at `next` ends with: while `next` is
+/// a number a rolled-back write left with another struct ([`journal::reused`]),
+/// the row is moved one further (`bump_past`), in the writer's transaction.
+pub(crate) fn move_past_reused<M, Conn>(
+    conn: &mut Conn,
+    key: &M::Key,
+    row_id: Option<&str>,
+    plan: Plan,
+    mut next: M::Version,
+) -> Result<M::Version, Error>
+where
+    M: CurrentVersionQuery<Conn>,
+    Conn: Connection,
+{
+    while journal::reused(conn, M::TABLE_NAME, row_id, plan, next.to_i64()) {
+        if M::bump_past(conn, key.clone(), next).map_err(classify)? != 1 {
+            break;
+        }
+        next = checked_next::<M>(key, next)?;
     }
+    Ok(next)
+}
+
+/// Runs one versioned write, expecting the version `expected` from `origin`:
+/// drives the sequence (`optimistic::sequence`) on `conn`.
+///
+/// `statement` builds the statement for the version to check (usually
+/// `expected`; see [`journal`]).
+///
+/// Any statement of the sequence may end the caller's transaction (on
+/// MySQL/MariaDB, the victim of a deadlock: the follow-up read under `LOCK IN
+/// SHARE MODE` or a move past as well as the write), so the call's error is
+/// decided as a failed write's, once
+/// ([`failed_write`](crate::transaction::failed_write)).
+pub(crate) fn write<M, S, Conn>(
+    conn: &mut Conn,
+    key: &M::Key,
+    expected: M::Version,
+    origin: Origin,
+    operation: Operation,
+    statement: impl FnOnce(M::Version) -> S,
+) -> Result<Written<M::Version>, Error>
+where
+    M: CurrentVersionQuery<Conn>,
+    Conn: Connection,
+    S: ExecuteDsl<Conn>,
+{
+    let sequence = |conn: &mut Conn| -> Result<Written<M::Version>, Error> {
+        let row = M::row_id(conn, key).map_err(classify)?;
+        let write = Write::<M>::start(conn, key, row.as_deref(), expected, origin, operation)?;
+        let rows = match write.statement() {
+            Some(checked) => execute_once::<M, _, _>(conn, key, statement(checked))?,
+            None => 0,
+        };
+        let mut step = write.wrote(conn, rows);
+        loop {
+            step = match step {
+                Step::ReadCurrent(then) => {
+                    let read = M::load_current_version(conn, key.clone());
+                    then.read(conn, read)?
+                }
+                Step::MovePast(version, then) => {
+                    let bumped = M::bump_past(conn, key.clone(), version).map_err(classify)?;
+                    then.moved(conn, bumped)
+                }
+                Step::MovePastReused(version, then) => {
+                    let at = move_past_reused::<M, _>(conn, key, then.id(), then.plan(), version)?;
+                    then.moved(conn, at)
+                }
+                Step::Done(written) => return Ok(written),
+            };
+        }
+    };
+    // The rule of the backend inside a `MultiConnection` enum, which its
+    // backend type does not name.
+    let ends = M::ends(conn);
+    journal::watch(conn, |_| ends);
+    crate::transaction::check_write(conn)?;
+    sequence(conn).map_err(|err| crate::transaction::failed_write(conn, err, ends))
+}
+
+/// Executes a versioned statement; where the database does not enforce the
+/// key, in a savepoint that is undone if it matched more than one row.
+fn execute_once<M, S, Conn>(conn: &mut Conn, key: &M::Key, statement: S) -> Result<usize, Error>
+where
+    M: CurrentVersionQuery<Conn>,
+    Conn: Connection,
+    S: ExecuteDsl<Conn>,
+{
+    if M::key_is_unique(conn).map_err(classify)? {
+        return ExecuteDsl::execute(statement, conn).map_err(classify);
+    }
+    // In the caller's transaction, a savepoint. A deadlock's victim on
+    // MySQL/MariaDB takes the savepoint with the whole transaction; Diesel,
+    // which marks its transaction manager on that error (1213), lets the failed
+    // `ROLLBACK TO SAVEPOINT` go and hands back the statement's error, which
+    // `write` decides as without a savepoint.
+    conn.transaction(|conn| {
+        at_most_one::<M>(key, ExecuteDsl::execute(statement, conn).map_err(classify)?)
+    })
+}
+
+/// Every versioned model is what the sequence knows of one, so that
+/// `sequence.rs` needs none of the model traits.
+impl<M: Versioned> sequence::Model for M {
+    const TABLE_NAME: &'static str = <M as Lockable>::TABLE_NAME;
+    const VERSION_COLUMN: &'static str = <M::VersionColumn as Column>::NAME;
+    type Key = <M as Lockable>::Key;
+    type Version = <M as Versioned>::Version;
 }
