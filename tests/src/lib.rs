@@ -18,6 +18,7 @@
 
 #[cfg(feature = "harness")]
 pub mod aborts;
+#[cfg(feature = "harness")]
 pub mod db;
 #[cfg(all(feature = "harness", any(feature = "postgres", feature = "mysql")))]
 pub mod lock_waits;
