@@ -94,6 +94,7 @@ pub fn route(replica: &mut PgConnection, written: Option<Lsn>, policy: Policy) -
 /// The route of a router's read that goes to the primary without a look at
 /// the replica ([`Policy::Primary`] with a position), so that no replica
 /// connection is taken for it: the r2d2 and the async `Router` decide here.
+#[cfg(any(feature = "r2d2", feature = "async"))]
 pub(crate) fn skips_the_replica(written: Option<Lsn>, policy: Policy) -> Option<Route> {
     match Routing::start(written, policy) {
         Err(route) if !route.is_replica() => Some(route),
