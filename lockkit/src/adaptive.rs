@@ -141,13 +141,12 @@ use diesel::{OptionalExtension, RunQueryDsl, Selectable, SelectableHelper};
 
 use crate::error::classification::classify;
 use crate::error::Error;
-use crate::optimistic::versioned::Versioned;
-use crate::optimistic::versioned::{CurrentVersionQuery, UpdateVersioned, VersionCheck};
+use crate::optimistic::versioned::{CurrentVersionQuery, UpdateVersioned, VersionCheck, Versioned};
 use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
 use crate::pessimistic::lockable::LockRow;
 use crate::pessimistic::lockable::Lockable;
 use crate::pessimistic::options::LockOptions;
-use crate::pessimistic::row_lock::WaitMode;
+use crate::pessimistic::row_lock::{LockStrength, WaitMode};
 use crate::retry::RetryPolicy;
 
 /// How many rates a policy keeps: rows are spread over them by hash.
@@ -423,7 +422,7 @@ impl AdaptivePolicy {
     /// (a skipped row would read as absent).
     #[must_use]
     pub fn lock_options(mut self, options: LockOptions) -> Self {
-        let options = options.strength(crate::pessimistic::row_lock::LockStrength::Update);
+        let options = options.strength(LockStrength::Update);
         self.lock = match options.wait_mode() {
             WaitMode::SkipLocked => options.nowait(),
             _ => options,

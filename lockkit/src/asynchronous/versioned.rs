@@ -319,8 +319,7 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
         Self: AsyncVersionQuery<Conn> + 'a,
         TouchVersioned<Self>: ExecuteDsl<Conn>,
     {
-        let touch = touch::<Self>;
-        write_held(self, conn, Origin::Held, Operation::Touch, touch)
+        write_held(self, conn, Origin::Held, Operation::Touch, touch::<Self>)
     }
 }
 
@@ -435,8 +434,8 @@ fn unique_keys() -> std::sync::MutexGuard<'static, UniqueKeys> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Runs one versioned write: the blocking side's sequence
-/// (`optimistic::sequence`, driven by `optimistic::versioned::write`), the journal's
+/// Runs one versioned write: the sequence the blocking side's
+/// `optimistic::versioned::write` drives (`optimistic::sequence`), its
 /// decisions taken by the same functions; only the statements are awaited.
 async fn write<M, Conn, S>(
     conn: &mut Conn,
@@ -580,8 +579,7 @@ where
     M: Versioned + AsyncVersionQuery<Conn>,
     TouchVersioned<M>: ExecuteDsl<Conn>,
 {
-    let touch = touch::<M>;
-    write_held(row, conn, Origin::LockedRead, Operation::Touch, touch).await
+    write_held(row, conn, Origin::LockedRead, Operation::Touch, touch::<M>).await
 }
 
 /// Executes a versioned statement; where the database does not enforce the

@@ -420,8 +420,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         Self: VersionCheck + CurrentVersionQuery<Conn>,
         TouchVersioned<Self>: ExecuteDsl<Conn>,
     {
-        let touch = touch::<Self>;
-        write_held(self, conn, Origin::Held, Operation::Touch, touch)
+        write_held(self, conn, Origin::Held, Operation::Touch, touch::<Self>)
     }
 
     /// Applies `changes` to the row `key` if its version is still
