@@ -36,31 +36,20 @@ node_dir() { echo "$DIR/node$1"; }
 sql() { # sql NODE STATEMENT: as root over the node's socket
   mariadb --no-defaults -uroot --socket="$(node_dir "$1")/mysqld.sock" -N -B -e "$2"
 }
+. "$(dirname "$0")/mariadb-common.sh"
 
 stop_cluster() {
-  local n pid pids=()
-  for n in "${NODES[@]}"; do
-    pid="$(cat "$(node_dir "$n")/mysqld.pid" 2>/dev/null || true)"
-    [ -n "$pid" ] && kill "$pid" 2>/dev/null && pids+=("$pid")
-  done
-  for pid in "${pids[@]}"; do
-    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
-    kill -9 "$pid" 2>/dev/null || true
-  done
+  local n files=()
+  for n in "${NODES[@]}"; do files+=("$(node_dir "$n")/mysqld.pid"); done
+  mariadb_stop "${files[@]}"
   rm -rf "$DIR"
 }
 
 install_missing() {
   local missing=()
-  command -v mariadbd >/dev/null || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
   [ -e /usr/lib/galera/libgalera_smm.so ] || missing+=(galera-4)
   command -v rsync >/dev/null || missing+=(rsync)
-  [ ${#missing[@]} -eq 0 ] && return 0
-  [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null \
-    || die "missing ${missing[*]}; run: sudo apt-get install -y ${missing[*]}"
-  log "installing ${missing[*]} with apt-get"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  mariadb_install_missing "${missing[@]}"
 }
 
 start_node() { # start_node N [--wsrep-new-cluster]
@@ -70,7 +59,7 @@ start_node() { # start_node N [--wsrep-new-cluster]
   for p in "${NODES[@]}"; do cluster+="${cluster:+,}127.0.0.1:$(gcomm_port "$p")"; done
   [ "${1:-}" = "--wsrep-new-cluster" ] && cluster=""
   # setsid: the node outlives this script; `stop` ends it through its pid file.
-  setsid "$SERVER" --no-defaults "${USER_OPT[@]}" --datadir="$dir/data" \
+  setsid "$MARIADB_SERVER" --no-defaults "${MARIADB_USER_OPT[@]}" --datadir="$dir/data" \
     --socket="$dir/mysqld.sock" --pid-file="$dir/mysqld.pid" --tmpdir="$dir/tmp" \
     --port="$(client_port "$n")" --bind-address=127.0.0.1 --max-connections=300 \
     --innodb-flush-log-at-trx-commit=2 --binlog-format=ROW --innodb-autoinc-lock-mode=2 \
@@ -96,34 +85,16 @@ size_is_3() { [ "$(sql 1 "SHOW STATUS LIKE 'wsrep_cluster_size'" | cut -f2)" = 3
 
 start_cluster() {
   install_missing
-  SERVER="$(command -v mariadbd || echo /usr/sbin/mariadbd)"
-  USER_OPT=()
+  mariadb_prepare
   stop_cluster
   mkdir -p "$DIR"
   trap 'stop_cluster' EXIT # a cluster that did not form is not left behind
-  if [ "$(id -u)" -eq 0 ]; then
-    id mysql >/dev/null 2>&1 || useradd --system --no-create-home mysql
-    USER_OPT=(--user=mysql)
-  fi
   log "starting a 3-node Galera cluster on 127.0.0.1:$(client_port 1)-$(client_port 3) ($DIR)"
   local n started=$SECONDS
-  for n in "${NODES[@]}"; do
-    # Each node and its bootstrap with a tmpdir of its own: a mariadbd that
-    # starts deletes the `#sql*` files in its tmpdir, and in a shared /tmp
-    # those can be another bootstrap's (scripts/mariadb.sh starts alongside),
-    # which then fails ("Could not remove temporary table").
-    mkdir -p "$(node_dir "$n")/tmp"
-    [ "$(id -u)" -eq 0 ] && chown mysql "$(node_dir "$n")/tmp"
-    mariadb-install-db --no-defaults "${USER_OPT[@]}" --datadir="$(node_dir "$n")/data" \
-      --tmpdir="$(node_dir "$n")/tmp" >"$(node_dir "$n")/install.log" 2>&1 \
-      || { cat "$(node_dir "$n")/install.log" >&2; die "mariadb-install-db failed (node $n)"; }
-  done
-  [ "$(id -u)" -eq 0 ] && chown -R mysql "$DIR"
+  for n in "${NODES[@]}"; do mariadb_init "$(node_dir "$n")" "node $n"; done
   start_node 1 --wsrep-new-cluster
   wait_for 60 synced 1 || { tail -n 30 "$(node_dir 1)/server.log" >&2; die "node 1 did not bootstrap"; }
-  sql 1 "CREATE USER lockkit@'%'; GRANT ALL ON *.* TO lockkit@'%' WITH GRANT OPTION;
-         CREATE USER lockkit@localhost; GRANT ALL ON *.* TO lockkit@localhost WITH GRANT OPTION;
-         CREATE DATABASE IF NOT EXISTS test"
+  sql 1 "$MARIADB_TEST_USER_SQL"
   start_node 2
   start_node 3
   wait_for 120 size_is_3 && wait_for 60 synced 2 && wait_for 60 synced 3 || {

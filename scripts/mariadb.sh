@@ -25,45 +25,23 @@ DIR="$SERVER_DIR/mariadb-$PORT"
 log() { printf '\033[1m[mariadb.sh]\033[0m %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 sql() { mariadb --no-defaults -uroot --socket="$DIR/mysqld.sock" -N -B -e "$1"; }
+. "$(dirname "$0")/mariadb-common.sh"
 
 stop_server() {
-  local pid
-  pid="$(cat "$DIR/mysqld.pid" 2>/dev/null || true)"
-  if [ -n "$pid" ] && kill "$pid" 2>/dev/null; then
-    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
-    kill -9 "$pid" 2>/dev/null || true
-  fi
+  mariadb_stop "$DIR/mysqld.pid"
   rm -rf "$DIR"
 }
 
 start_server() {
-  if ! command -v mariadbd >/dev/null && [ ! -x /usr/sbin/mariadbd ]; then
-    [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null \
-      || die "missing mariadb-server; run: sudo apt-get install -y mariadb-server"
-    log "installing mariadb-server with apt-get"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mariadb-server >/dev/null
-  fi
-  local server user_opt=()
-  server="$(command -v mariadbd || echo /usr/sbin/mariadbd)"
+  mariadb_install_missing
+  mariadb_prepare
   stop_server
   mkdir -p "$DIR"
   trap 'stop_server' EXIT # a server that did not start is not left behind
-  if [ "$(id -u)" -eq 0 ]; then
-    id mysql >/dev/null 2>&1 || useradd --system --no-create-home mysql
-    user_opt=(--user=mysql)
-  fi
   log "starting MariaDB with --innodb-rollback-on-timeout on 127.0.0.1:$PORT ($DIR)"
-  # A tmpdir of its own: a mariadbd that starts deletes the `#sql*` files in
-  # its tmpdir, which in a shared /tmp can be another bootstrap's (the Galera
-  # nodes' start alongside).
-  mkdir -p "$DIR/tmp"
-  [ "$(id -u)" -eq 0 ] && chown mysql "$DIR/tmp"
-  mariadb-install-db --no-defaults "${user_opt[@]}" --datadir="$DIR/data" --tmpdir="$DIR/tmp" \
-    >"$DIR/install.log" 2>&1 || { cat "$DIR/install.log" >&2; die "mariadb-install-db failed"; }
-  [ "$(id -u)" -eq 0 ] && chown -R mysql "$DIR"
+  mariadb_init "$DIR" server
   # setsid: the server outlives this script; `stop` ends it through its pid file.
-  setsid "$server" --no-defaults "${user_opt[@]}" --datadir="$DIR/data" \
+  setsid "$MARIADB_SERVER" --no-defaults "${MARIADB_USER_OPT[@]}" --datadir="$DIR/data" \
     --socket="$DIR/mysqld.sock" --pid-file="$DIR/mysqld.pid" --tmpdir="$DIR/tmp" \
     --port="$PORT" --bind-address=127.0.0.1 --max-connections=200 \
     --innodb-flush-log-at-trx-commit=2 --innodb-rollback-on-timeout=ON \
@@ -75,9 +53,7 @@ start_server() {
   done
   [ "$(sql "SELECT @@innodb_rollback_on_timeout")" = 1 ] \
     || die "the server runs without innodb_rollback_on_timeout"
-  sql "CREATE USER lockkit@'%'; GRANT ALL ON *.* TO lockkit@'%' WITH GRANT OPTION;
-       CREATE USER lockkit@localhost; GRANT ALL ON *.* TO lockkit@localhost WITH GRANT OPTION;
-       CREATE DATABASE IF NOT EXISTS test"
+  sql "$MARIADB_TEST_USER_SQL"
   trap - EXIT
   echo "export ROLLBACK_ON_TIMEOUT_URL=mysql://lockkit@127.0.0.1:$PORT/test"
 }
