@@ -120,6 +120,21 @@ where
     })
 }
 
+/// Inserts order line 1 in the transaction open on `conn`, and queues setting
+/// `confirmed` for after it commits: what tells whether the caller was told the
+/// order went through.
+fn order_line_1_confirmed_on_commit<C: Connection + lockkit::AsLockingConnection>(
+    conn: &mut C,
+    confirmed: &std::rc::Rc<std::cell::Cell<bool>>,
+) -> Result<(), Error> {
+    exec(
+        conn,
+        "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)",
+    );
+    let confirmed = confirmed.clone();
+    lockkit::after_commit(conn, move || confirmed.set(true))
+}
+
 /// Checks what [`deadlock_first_attempt!`] left when its work ran inside the
 /// outer transaction of [`after_order_line_1`], from `counts` (attempts, item
 /// 1's stock, order lines). PostgreSQL: the savepoint rollback undid attempt 1
@@ -341,9 +356,7 @@ mod servers {
             let confirmed = std::rc::Rc::new(std::cell::Cell::new(false));
             let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
                 lockkit::locked_transaction(&mut conn, LockOptions::default(), |conn| {
-                    exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)");
-                    let confirmed = confirmed.clone();
-                    lockkit::after_commit(conn, move || confirmed.set(true))?;
+                    order_line_1_confirmed_on_commit(conn, &confirmed)?;
                     let _ = lockkit::with_lock(conn, 1, LockOptions::default(), |conn, _: Item| work(conn, 1)); // swallowed
                     Ok::<_, Error>(())
                 })
@@ -371,9 +384,7 @@ mod servers {
             let confirmed = std::rc::Rc::new(std::cell::Cell::new(false));
             let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
                 lockkit::locked_transaction(&mut conn, LockOptions::default(), |conn| {
-                    exec(conn, "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)");
-                    let confirmed = confirmed.clone();
-                    lockkit::after_commit(conn, move || confirmed.set(true))?;
+                    order_line_1_confirmed_on_commit(conn, &confirmed)?;
                     let _ = work(conn, 1); // let go
                     Ok::<_, Error>(())
                 })
