@@ -176,3 +176,35 @@ pub const DEADLOCK_WORDED_REFUSAL: &str = "CREATE TRIGGER items_refuse_negative 
      BEFORE UPDATE ON items FOR EACH ROW IF NEW.stock < 0 THEN \
      SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = \
      'Deadlock found when trying to get lock; try restarting transaction'; END IF";
+
+/// What a caller whose write lockkit refused inside its transaction must find
+/// (README, Guarantees: "A write after a caught abort is refused"): nothing
+/// committed (`nothing_committed`, read off a new connection as `rows`), and
+///
+/// * `aborted`: the write was the abort's victim; it said
+///   [`Error::TransactionAborted`], and the caller's next write was refused
+///   ([`Error::ReadOnly`], the stand-in);
+/// * otherwise, the write was refused as the user's own rule refused it (a
+///   refusal worded like a deadlock, [`DEADLOCK_WORDED_REFUSAL`]), not as an
+///   abort: nothing ended on the server, and the caller's transaction failed
+///   and rolled back. A line committed there is the caller's rolled-back work,
+///   committed by a stand-in's `START TRANSACTION`.
+pub fn assert_refused<T: std::fmt::Debug, U: std::fmt::Debug>(
+    write: &Option<Result<T, Error>>,
+    aborted: bool,
+    outcome: &Result<U, Error>,
+    nothing_committed: bool,
+    rows: &str,
+) {
+    let as_expected = match write {
+        Some(Err(Error::TransactionAborted(_))) => {
+            aborted && matches!(outcome, Err(Error::ReadOnly))
+        }
+        Some(Err(_)) => !aborted && outcome.is_err(),
+        _ => false,
+    };
+    assert!(
+        as_expected && nothing_committed,
+        "the write got {write:?}, the caller {outcome:?}; {rows}"
+    );
+}

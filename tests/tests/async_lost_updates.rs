@@ -98,6 +98,7 @@ mod mysql_aborted {
     use diesel::{Connection, ExpressionMethods};
     use diesel_async::{AsyncMysqlConnection, SimpleAsyncConnection};
     use lockkit::RetryPolicy;
+    use lockkit_tests::aborts::assert_refused;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::{mpsc, Mutex};
 
@@ -289,13 +290,8 @@ mod mysql_aborted {
             })
             .await;
         let (stock, lines) = stage.sold_and_lines().await;
-        assert!(
-            matches!(caught, Some(Err(Error::TransactionAborted(_))))
-                && matches!(outcome, Err(Error::ReadOnly))
-                && (stock, lines) == (10, 0),
-            "the write caught {caught:?}; the caller got {outcome:?}; item 2's stock {stock}, \
-             order lines {lines}"
-        );
+        let rows = format!("item 2's stock {stock}, order lines {lines}");
+        assert_refused(&caught, true, &outcome, (stock, lines) == (10, 0), &rows);
     }
 
     /// The blocking side's
@@ -327,13 +323,8 @@ mod mysql_aborted {
             .await;
         let mut fresh: Async = async_common::connect(&db.url, "mysql").await;
         let (stock, lines) = stock_and_lines!(&mut fresh, 2);
-        assert!(
-            matches!(refused, Some(Err(ref e)) if !matches!(e, Error::TransactionAborted(_)))
-                && outcome.is_err()
-                && (stock, lines) == (10, 0),
-            "the write got {refused:?}, the caller {outcome:?}; item 2's stock {stock}, order \
-             lines {lines} (a line is the caller's rolled-back work, committed)"
-        );
+        let rows = format!("item 2's stock {stock}, order lines {lines}");
+        assert_refused(&refused, false, &outcome, (stock, lines) == (10, 0), &rows);
     }
 
     /// The blocking side's `caught_twin_abort`, on diesel-async: in the
@@ -366,12 +357,8 @@ mod mysql_aborted {
             })
             .await;
         let (_, lines) = stage.sold_and_lines().await;
-        assert!(
-            matches!(caught, Some(Err(Error::TransactionAborted(_))))
-                && matches!(outcome, Err(Error::ReadOnly))
-                && lines == 0,
-            "the write caught {caught:?}; the caller got {outcome:?}; order lines {lines}"
-        );
+        let rows = format!("order lines {lines}");
+        assert_refused(&caught, true, &outcome, lines == 0, &rows);
     }
 
     /// The blocking side's `a_write_after_a_caught_abort_of_a_stale_writes_follow_up_read_is_refused`:
