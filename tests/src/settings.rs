@@ -5,39 +5,35 @@ use diesel::query_builder::SqlQuery;
 use diesel::query_dsl::LoadQuery;
 use diesel::RunQueryDsl;
 
-/// A setting read as text.
+/// A setting read as a number (the query names its column `value`).
 #[derive(diesel::QueryableByName)]
 pub struct Setting {
     /// The setting's value.
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    pub value: String,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub value: i64,
 }
 
-/// SQLite's `PRAGMA busy_timeout`.
-#[derive(diesel::QueryableByName)]
-pub struct BusyTimeout {
-    /// The busy timeout in ms.
-    #[diesel(sql_type = diesel::sql_types::Integer)]
-    pub timeout: i32,
+/// The query that reads the session's lock timeout as the server holds it, as a
+/// [`Setting`]: PostgreSQL's `lock_timeout` in ms, MySQL's
+/// `innodb_lock_wait_timeout` in s, SQLite's `busy_timeout` in ms. `backend` is
+/// the backend's name (`BACKEND` in [`backend_tests!`](crate::backend_tests)).
+/// Run it on a blocking connection with [`lock_timeout`], or on an async one.
+pub fn lock_timeout_query(backend: &str) -> SqlQuery {
+    diesel::sql_query(match backend {
+        "postgres" => {
+            "SELECT CAST(setting AS BIGINT) AS value FROM pg_settings WHERE name = 'lock_timeout'"
+        }
+        "mysql" => "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED) AS value",
+        _ => "SELECT timeout AS value FROM pragma_busy_timeout",
+    })
 }
 
-/// The session's lock timeout as the server holds it: PostgreSQL's
-/// `lock_timeout` in ms, MySQL's `innodb_lock_wait_timeout` in s, SQLite's
-/// `busy_timeout` in ms. `backend` is the backend's name (`BACKEND` in
-/// [`backend_tests!`](crate::backend_tests)).
+/// The session's lock timeout on `conn`: [`lock_timeout_query`]'s answer.
 pub fn lock_timeout<C>(conn: &mut C, backend: &str) -> i64
 where
     C: LoadConnection,
-    SqlQuery: LoadQuery<'static, C, Setting> + LoadQuery<'static, C, BusyTimeout>,
+    SqlQuery: LoadQuery<'static, C, Setting>,
 {
-    let sql = match backend {
-        "postgres" => "SELECT setting AS value FROM pg_settings WHERE name = 'lock_timeout'",
-        "mysql" => "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS CHAR) AS value",
-        _ => {
-            let row = diesel::sql_query("PRAGMA busy_timeout").get_result::<BusyTimeout>(conn);
-            return i64::from(row.unwrap().timeout);
-        }
-    };
-    let row = diesel::sql_query(sql).get_result::<Setting>(conn);
-    row.unwrap().value.parse().unwrap()
+    let row = lock_timeout_query(backend).get_result::<Setting>(conn);
+    row.unwrap().value
 }

@@ -23,7 +23,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use async_common::{in_transaction, RowHolder};
+use async_common::{in_transaction, lock_timeout, RowHolder};
 use diesel::{ExpressionMethods, QueryDsl};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 use lockkit::asynchronous::AsyncLockingConnection;
@@ -330,20 +330,6 @@ mod sqlite_only {
 
     type Async = SyncConnectionWrapper<SqliteConnection>;
 
-    #[derive(diesel::QueryableByName)]
-    struct Busy {
-        #[diesel(sql_type = diesel::sql_types::Integer)]
-        timeout: i32,
-    }
-
-    async fn busy_timeout(conn: &mut Async) -> i32 {
-        diesel::sql_query("PRAGMA busy_timeout")
-            .get_result::<Busy>(conn)
-            .await
-            .unwrap()
-            .timeout
-    }
-
     /// A database `name` with item 1, a pool of one connection to it, and the
     /// suite's busy timeout, read off that connection.
     async fn pool_of_one(
@@ -351,12 +337,12 @@ mod sqlite_only {
     ) -> (
         TestDb<SqliteConnection>,
         diesel_async::pooled_connection::bb8::Pool<Async>,
-        i32,
+        i64,
     ) {
         let db = TestDb::<SqliteConnection>::new(name);
         seed_items(&mut db.conn(), &[(1, 1_000)]);
         let pool = async_common::bb8_pool::<Async>(&db.url, "sqlite", 1).await;
-        let session = busy_timeout(&mut pool.get().await.unwrap()).await;
+        let session = lock_timeout(&mut pool.get().await.unwrap(), "sqlite").await;
         assert_eq!(session, 10_000, "the suite's busy timeout");
         (db, pool, session)
     }
@@ -373,7 +359,7 @@ mod sqlite_only {
             let deadline = Duration::from_micros(attempt % 8 * 50);
             let _ = tokio::time::timeout(deadline, decrement_with_timeout!(&mut *conn)).await;
             drop(conn);
-            let now = busy_timeout(&mut pool.get().await.unwrap()).await;
+            let now = lock_timeout(&mut pool.get().await.unwrap(), "sqlite").await;
             if now != session {
                 left = Some((attempt, now));
                 break;
@@ -436,7 +422,7 @@ mod sqlite_only {
             tokio::time::sleep(Duration::from_millis(50)).await;
             drop(conn);
             let mut next = pool.get().await.unwrap();
-            let now = busy_timeout(&mut next).await;
+            let now = lock_timeout(&mut next, "sqlite").await;
             if now != session {
                 left.push((polls, now));
                 // The session's value back, for the next round.
@@ -466,26 +452,12 @@ mod mysql_only {
     use lockkit::RetryPolicy;
     use lockkit_tests::TestDb;
 
-    #[derive(diesel::QueryableByName)]
-    struct Wait {
-        #[diesel(sql_type = diesel::sql_types::BigInt)]
-        secs: i64,
-    }
-
-    async fn lock_wait_timeout(conn: &mut AsyncMysqlConnection) -> i64 {
-        diesel::sql_query("SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED) AS secs")
-            .get_result::<Wait>(conn)
-            .await
-            .unwrap()
-            .secs
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_dropped_with_lock_leaves_the_next_user_its_own_lock_wait_timeout() {
         let db = TestDb::<diesel::MysqlConnection>::new("dropped_lock_wait");
         seed_items(&mut db.conn(), &[(1, 1_000)]);
         let pool = async_common::bb8_pool::<AsyncMysqlConnection>(&db.url, "mysql", 1).await;
-        let session = lock_wait_timeout(&mut pool.get().await.unwrap()).await;
+        let session = lock_timeout(&mut pool.get().await.unwrap(), "mysql").await;
         assert_ne!(
             session, 1,
             "the server's default differs from the call's 1 s"
@@ -496,7 +468,7 @@ mod mysql_only {
             let deadline = Duration::from_micros(attempt % 4 * 100);
             let _ = tokio::time::timeout(deadline, decrement_with_timeout!(&mut *conn)).await;
             drop(conn);
-            let now = lock_wait_timeout(&mut pool.get().await.unwrap()).await;
+            let now = lock_timeout(&mut pool.get().await.unwrap(), "mysql").await;
             if now != session {
                 seen.push((attempt, now));
                 break;

@@ -20,6 +20,7 @@ use lockkit::{CurrentState, Error, LockOptions, RetryPolicy};
 use lockkit_tests::models::Item;
 use lockkit_tests::observe::observe;
 use lockkit_tests::schema::items;
+use lockkit_tests::settings::{lock_timeout_query, Setting};
 use lockkit_tests::{seed_items, ShopError};
 
 const TASKS: usize = 8;
@@ -243,12 +244,7 @@ async_backend_tests! {
         seed_items(&mut db.conn(), &[(1, 5)]);
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
         let holder = RowHolder::lock(async_common::connect::<Async>(&db.url, BACKEND).await).await;
-        let setting = match BACKEND {
-            "mysql" => "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED) AS value",
-            "sqlite" => "SELECT timeout AS value FROM pragma_busy_timeout",
-            _ => "SELECT CAST(EXTRACT(EPOCH FROM current_setting('lock_timeout')::interval) * 1000 AS BIGINT) AS value",
-        };
-        let before = diesel::sql_query(setting).get_result::<Setting>(&mut conn).await.unwrap().value;
+        let before = lock_timeout_query(BACKEND).get_result::<Setting>(&mut conn).await.unwrap().value;
         for (options, expected) in [
             (LockOptions::default().nowait(), "Busy"),
             (LockOptions::default().skip_locked(), "Busy"),
@@ -265,7 +261,7 @@ async_backend_tests! {
             // MySQL/MariaDB count the lock wait in whole seconds.
             assert!(started.elapsed() < Duration::from_secs(5), "{options:?} waited {:?}", started.elapsed());
             assert!(!in_transaction(&mut conn));
-            let after = diesel::sql_query(setting).get_result::<Setting>(&mut conn).await.unwrap().value;
+            let after = lock_timeout_query(BACKEND).get_result::<Setting>(&mut conn).await.unwrap().value;
             assert_eq!(after, before, "{options:?}: the session's setting is put back");
         }
         if BACKEND == "mysql" {
@@ -338,12 +334,6 @@ async_backend_tests! {
         .await;
         assert!(matches!(missing, Err(Error::NotFound)), "{missing:?}");
     }
-}
-
-#[derive(diesel::QueryableByName)]
-struct Setting {
-    #[diesel(sql_type = diesel::sql_types::BigInt)]
-    value: i64,
 }
 
 /// SQLite has no row locks: `lock_all` holds its rows by the database's write

@@ -157,6 +157,22 @@ pub fn in_transaction<A: AsyncConnection>(conn: &mut A) -> bool {
     )
 }
 
+/// The session's lock timeout on `conn`, read with the blocking tests' query
+/// ([`lock_timeout_query`](lockkit_tests::settings::lock_timeout_query)).
+pub async fn lock_timeout<A>(conn: &mut A, backend: &str) -> i64
+where
+    A: AsyncConnection,
+    diesel::query_builder::SqlQuery:
+        diesel_async::methods::LoadQuery<'static, A, lockkit_tests::settings::Setting>,
+{
+    use diesel_async::RunQueryDsl;
+    use lockkit_tests::settings::{lock_timeout_query, Setting};
+    let setting = lock_timeout_query(backend)
+        .get_result::<Setting>(conn)
+        .await;
+    setting.unwrap().value
+}
+
 /// Runs `task(i)` for each `i` in `0..n`, each on a task of its own, and
 /// waits for them all: their results, in order (a task's panic fails the
 /// test).
