@@ -302,11 +302,14 @@ async_backend_tests! {
     }
 }
 
-/// `with_lock` on item 1 with a one-second lock timeout, decrementing its stock.
-macro_rules! decrement_with_timeout {
-    ($conn:expr) => {
-        lockkit::asynchronous::with_lock(
-            $conn,
+/// `with_lock` on item 1 with a one-second lock timeout, decrementing its
+/// stock, on a connection of `pool` that is dropped once `deadline` has passed,
+/// with the call if it is still running: a client that went away.
+macro_rules! decrement_dropped_after {
+    ($pool:expr, $deadline:expr) => {{
+        let mut conn = $pool.get().await.unwrap();
+        let call = lockkit::asynchronous::with_lock(
+            &mut *conn,
             1,
             LockOptions::default().timeout(Duration::from_secs(1)),
             async |conn, item: Item| {
@@ -316,8 +319,9 @@ macro_rules! decrement_with_timeout {
                     .await?;
                 Ok::<_, Error>(())
             },
-        )
-    };
+        );
+        let _ = tokio::time::timeout($deadline, call).await;
+    }};
 }
 
 #[cfg(feature = "sqlite")]
@@ -355,10 +359,7 @@ mod sqlite_only {
         // at its first wait, or not at all): each is a client that went away.
         let mut left = None;
         for attempt in 0..400u64 {
-            let mut conn = pool.get().await.unwrap();
-            let deadline = Duration::from_micros(attempt % 8 * 50);
-            let _ = tokio::time::timeout(deadline, decrement_with_timeout!(&mut *conn)).await;
-            drop(conn);
+            decrement_dropped_after!(pool, Duration::from_micros(attempt % 8 * 50));
             let now = lock_timeout(&mut pool.get().await.unwrap(), "sqlite").await;
             if now != session {
                 left = Some((attempt, now));
@@ -464,10 +465,7 @@ mod mysql_only {
         );
         let mut seen = Vec::new();
         for attempt in 0..200u64 {
-            let mut conn = pool.get().await.unwrap();
-            let deadline = Duration::from_micros(attempt % 4 * 100);
-            let _ = tokio::time::timeout(deadline, decrement_with_timeout!(&mut *conn)).await;
-            drop(conn);
+            decrement_dropped_after!(pool, Duration::from_micros(attempt % 4 * 100));
             let now = lock_timeout(&mut pool.get().await.unwrap(), "mysql").await;
             if now != session {
                 seen.push((attempt, now));
