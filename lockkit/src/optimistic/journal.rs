@@ -614,7 +614,13 @@ pub(crate) fn watch<W: Watched>(conn: &mut W, ends: impl FnOnce(&mut W) -> Ends)
 /// backend type names none).
 fn watched<W: Watched>(conn: &mut W, ends: impl FnOnce(&mut W) -> Ends) -> Option<&mut Journal> {
     let hides_read_errors = conn.hides_read_errors();
-    if !conn.slot().is::<Journal>() {
+    // Whether the journal knows the connection's rule: `None` when the
+    // connection has no journal yet.
+    let known = conn
+        .slot()
+        .downcast_mut::<Journal>()
+        .map(|journal| journal.aborts.ends != Ends::Unknown && !journal.aborts.guessed);
+    if known.is_none() {
         if !conn.bare() {
             static WARNED: AtomicBool = AtomicBool::new(false);
             if !WARNED.swap(true, Ordering::Relaxed) {
@@ -633,11 +639,7 @@ fn watched<W: Watched>(conn: &mut W, ends: impl FnOnce(&mut W) -> Ends) -> Optio
         journal.aborts.unsure = hides_read_errors && journal.aborts.depth > 0;
         conn.install(journal);
     }
-    let known = conn
-        .slot()
-        .downcast_mut::<Journal>()
-        .is_some_and(|journal| journal.aborts.ends != Ends::Unknown && !journal.aborts.guessed);
-    let rule = if known { None } else { Some(ends(conn)) };
+    let rule = (known != Some(true)).then(|| ends(conn));
     let journal = conn.slot().downcast_mut::<Journal>()?;
     if let Some(rule) = rule.filter(|rule| *rule != Ends::Unknown) {
         // What a guess recorded that the connection's own rule would not have
