@@ -334,7 +334,9 @@ mod all {
             .unwrap();
             assert_eq!(attempts, 2);
             let stored = item!(&mut conn, 1);
-            assert_eq!((stored.stock, stored.lock_version), (9, 1), "one committed write, one bump");
+            // One committed write; the number the rolled-back attempt left (1) is
+            // skipped: a copy of the struct may hold it.
+            assert_eq!((stored.stock, stored.lock_version), (9, 2));
             assert_eq!(a, stored);
             // Without a retry, the struct keeps working after the rollback as well.
             let _ = conn.transaction(|c| {

@@ -69,6 +69,26 @@ mod journal {
         }};
     }
 
+    /// Item 1 at stock 10, read as a form whose save (stock 9, v0 -> v1) rolls
+    /// back; the form is kept and opened twice (cloned after the rollback, as
+    /// `update_versioned_recorded`'s example clones): two connections and the
+    /// two copies, alice's and bob's, both holding the rolled-back 1.
+    macro_rules! rolled_back_form {
+        ($db:expr) => {{
+            let mut a_conn = $db.conn();
+            let b_conn = $db.conn();
+            seed_items(&mut a_conn, &[(1, 10)]);
+            let mut form = item!(&mut a_conn, 1);
+            let rolled_back: Result<(), Error> = a_conn.transaction(|c| {
+                form.stock = 9;
+                form.update_versioned(c)?;
+                Err(Error::NoRowMatched)
+            });
+            assert!(rolled_back.is_err());
+            (a_conn, b_conn, form.clone(), form)
+        }};
+    }
+
     lockkit_tests::backend_tests! {
         fn two_structs_written_in_one_rolled_back_transaction_never_write_over_each_others_retry(db) {
             // README: a struct whose versioned write was rolled back "writes as if
@@ -140,6 +160,48 @@ mod journal {
                 matches!(again, Err(Error::Stale(_))) && stock == 9,
                 "a2's rolled-back version 2 matched the number lockkit moved the row to: \
                  {again:?}, stock {stock} (the sale's 9 overwritten)"
+            );
+        }
+
+        fn a_copy_of_a_rolled_back_struct_never_writes_over_the_restored_write(db) {
+            // README, Guarantees: a struct whose versioned write was rolled back
+            // "can never succeed over somebody else's later write", and no write
+            // commits a number a rolled-back write left. Alice saves the form
+            // first, restored; bob, who never saw alice's save, must be stale.
+            let (mut a_conn, mut b_conn, mut alice, mut bob) = rolled_back_form!(db);
+            alice.stock = 7;
+            alice.update_versioned(&mut a_conn).unwrap();
+            bob.name = "bob's rename".into();
+            let saved = bob.update_versioned(&mut b_conn);
+            let row = item!(&mut b_conn, 1);
+            assert!(
+                matches!(saved, Err(Error::Stale(_))) && row.stock == 7,
+                "bob's copy of the rolled-back struct matched alice's restored write: {saved:?}, \
+                 row {row:?} (alice's 7 lost)"
+            );
+        }
+
+        fn a_copy_of_a_rolled_back_struct_never_writes_over_a_fresh_readers_write_after_a_second_rollback(db) {
+            // As above, alice's restored write in a transaction that rolls back
+            // too; then a fresh reader writes the row and commits. bob's copy
+            // still holds the first rolled-back number: it must be stale.
+            let (mut a_conn, mut b_conn, mut alice, mut bob) = rolled_back_form!(db);
+            let rolled_back_again: Result<(), Error> = a_conn.transaction(|c| {
+                alice.stock = 8;
+                alice.update_versioned(c)?; // restored, then rolled back
+                Err(Error::NoRowMatched)
+            });
+            assert!(rolled_back_again.is_err());
+            let mut fresh = item!(&mut a_conn, 1);
+            fresh.stock = 6;
+            fresh.update_versioned(&mut a_conn).unwrap();
+            bob.name = "bob's rename".into();
+            let saved = bob.update_versioned(&mut b_conn);
+            let row = item!(&mut b_conn, 1);
+            assert!(
+                matches!(saved, Err(Error::Stale(_))) && row.stock == 6,
+                "bob's copy of the rolled-back struct matched the fresh reader's write: \
+                 {saved:?}, row {row:?} (its 6 lost)"
             );
         }
 

@@ -606,7 +606,6 @@ where
                 conn,
                 key,
                 row_id.as_deref(),
-                journal::Plan::Write,
                 row.version(),
             )
             .await?;

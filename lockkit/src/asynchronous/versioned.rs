@@ -519,9 +519,7 @@ where
                     then.moved(&mut AsyncWatched(&mut *conn), bumped)
                 }
                 Step::MovePastReused(version, then) => {
-                    let at =
-                        move_past_reused::<M, Conn>(conn, key, then.id(), then.plan(), version)
-                            .await?;
+                    let at = move_past_reused::<M, Conn>(conn, key, then.id(), version).await?;
                     then.moved(&mut AsyncWatched(&mut *conn), at)
                 }
                 Step::Done(written) => return Ok(written),
@@ -536,14 +534,13 @@ where
 
 /// The blocking side's
 /// [`move_past_reused`](crate::optimistic::versioned::move_past_reused),
-/// awaited: while `next` is a number a rolled-back write left with another struct
+/// awaited: while `next` is a number a rolled-back write left with a struct
 /// ([`journal::reused`]), the row is moved one further, in the writer's
 /// transaction. Returns the version the row ends at.
 pub(crate) async fn move_past_reused<M, Conn>(
     conn: &mut Conn,
     key: &M::Key,
     row_id: Option<&str>,
-    plan: journal::Plan,
     mut next: M::Version,
 ) -> Result<M::Version, Error>
 where
@@ -554,7 +551,6 @@ where
         &mut AsyncWatched(&mut *conn),
         M::TABLE_NAME,
         row_id,
-        plan,
         next.to_i64(),
     ) {
         if M::bump_past(conn, key.clone(), next)

@@ -83,7 +83,7 @@ mod folded {
     use super::BumpVersion;
     use crate::error::classification::classify;
     use crate::error::Error;
-    use crate::optimistic::journal::{self, Plan};
+    use crate::optimistic::journal;
     use crate::optimistic::version::VersionNumber;
     use crate::optimistic::versioned::{
         move_past_reused, CurrentVersionQuery, VersionCheck, Versioned,
@@ -254,8 +254,7 @@ mod folded {
                 return Ok(None);
             };
             // Written as read, under the lock: the plan of `mark`'s bump.
-            let next =
-                move_past_reused::<M, _>(conn, key, row_id.as_deref(), Plan::Write, row.version())?;
+            let next = move_past_reused::<M, _>(conn, key, row_id.as_deref(), row.version())?;
             written_under_lock::<M>(conn, row_id.as_deref(), &row, next);
             row.set_version(next);
             Ok(Some(row))
@@ -271,14 +270,7 @@ mod folded {
         next: M::Version,
     ) {
         let from = row.version().to_i64() - 1;
-        journal::written(
-            conn,
-            M::TABLE_NAME,
-            row_id,
-            Plan::Write,
-            from,
-            Some(next.to_i64()),
-        );
+        journal::written(conn, M::TABLE_NAME, row_id, from, Some(next.to_i64()));
     }
 }
 

@@ -25,7 +25,9 @@
 //!
 //! 1. writes as if the version had been restored (Rails' behaviour): it expects the
 //!    version the row had before the rolled-back write; if nobody wrote since, it
-//!    succeeds, exactly once;
+//!    succeeds, exactly once, and (rule 4) leaves the row one number past the
+//!    rolled-back one, which any copy of the struct (a clone made after the
+//!    rollback) still holds;
 //! 2. otherwise, if the row now holds the very number the struct holds (somebody
 //!    re-produced it), it cannot tell the struct from a legitimate reader of that
 //!    number: it moves the row's version past it (`SET v = v + 1 WHERE v = $n`,
@@ -39,16 +41,19 @@
 //!    or match another struct's retry. It is reported
 //!    [`Error::Stale`] without a write;
 //!
-//! 4. and no write ever *commits* a number a rolled-back write left with some
-//!    other struct of the process (a fresh reader of the row writing n after
-//!    another struct's write of n rolled back, in a transaction or not): it
+//! 4. and no write ever *commits* a number a rolled-back write left with a
+//!    struct of the process (a fresh reader of the row writing n after another
+//!    struct's write of n rolled back, in a transaction or not; or the restored
+//!    write of rule 1, whose struct may have been cloned): it
 //!    moves the row one further in the same transaction (`SET v = v + 1 WHERE
 //!    v = $n`) and hands its own struct that number, so that the struct holding
 //!    the rolled-back n is stale instead of matching the commit. A write whose
 //!    row another connection's write of n is still recorded open on counts too:
 //!    that write must have been rolled back, even if its `ROLLBACK` has not
 //!    been reported yet. The cost is one statement and a skipped number, only
-//!    on a row with such a struct.
+//!    on a row with such a struct. The rolled-back numbers stay recorded until a
+//!    write outside a transaction moves the row past them (or the record's
+//!    bound, below, forgets the oldest).
 //!
 //! A connection with its own Diesel instrumentation keeps it: wrap it with
 //! [`Journal::wrap`] (`conn.set_instrumentation(Journal::wrap(yours))`, or in
@@ -414,6 +419,9 @@ impl Journal {
         }
         let mut registry = registry();
         for (row, version) in self.open.drain(..) {
+            // Only what this transaction wrote: the rolled-back numbers below
+            // stay, since a commit the journal took for one may not have been
+            // (a failure it could not see ended the transaction).
             registry.remove(&row, |e| e.version == version);
         }
     }
@@ -986,23 +994,6 @@ impl Entry {
     }
 }
 
-/// The versions a struct holding `tentative` holds in rolled-back writes: the
-/// entry at `tentative`, then each uncommitted entry its restore point names
-/// (as [`plan`] walks them). Another struct's rolled-back number between them
-/// is not among them.
-fn chain(entries: &[Entry], tentative: i64, here: (usize, Option<u32>)) -> Vec<i64> {
-    let mut versions = Vec::new();
-    let mut at = tentative;
-    while let Some(entry) = entries
-        .iter()
-        .find(|e| e.version == at && e.uncommitted(here) && !versions.contains(&e.version))
-    {
-        versions.push(entry.version);
-        at = entry.restore;
-    }
-    versions
-}
-
 #[derive(Default)]
 struct Registry {
     rows: HashMap<RowId, Vec<Entry>>,
@@ -1162,17 +1153,18 @@ pub(crate) fn plan<W: Watched>(
     }
 }
 
-/// Whether a write planned as `plan` that just moved `row` to `to` gave it a
-/// number that a rolled-back write left with some *other* struct: that struct's
-/// next write would expect `to`, match, and land over this one (it cannot be
-/// told from this write's own struct). The caller moves the row past it
-/// (`SET v = v + 1 WHERE v = $to`, data untouched) and hands its struct the
-/// number after, so that no rolled-back number is ever committed.
+/// Whether a write that just moved `row` to `to` gave it a number that a
+/// rolled-back write left with some struct: that struct's next write would
+/// expect `to`, match, and land over this one. The struct may be this write's
+/// own, restored past it, but also any copy of it (a clone made after the
+/// rollback holds the same number, and the journal cannot tell them apart).
+/// The caller moves the row past it (`SET v = v + 1 WHERE v = $to`, data
+/// untouched) and hands its struct the number after, so that no rolled-back
+/// number is ever committed.
 pub(crate) fn reused<W: Watched>(
     conn: &mut W,
     table: &'static str,
     row: Option<&str>,
-    plan: Plan,
     to: i64,
 ) -> bool {
     let Some(row) = row else {
@@ -1195,20 +1187,13 @@ pub(crate) fn reused<W: Watched>(
     let Some(entries) = registry.rows.get(&(table, row.to_owned())) else {
         return false;
     };
-    // The struct's own rolled-back numbers, which this write restored past.
-    let own = match plan {
-        Plan::Restore { tentative, .. } => chain(entries, tentative, here),
-        Plan::Write | Plan::Refuse { .. } => Vec::new(),
-    };
     // An unwatched entry at `to` cannot be of the open transaction, whatever the
     // connection and depth say: this write found the row below `to`, so the
     // write of `to` was undone (a rollback lockkit did not see).
     let unwatched = |e: &Entry| matches!(e.state, State::Unwatched { .. });
-    entries.iter().any(|e| {
-        e.version == to
-            && !own.contains(&e.version)
-            && (e.uncommitted(here) || elsewhere(e) || unwatched(e))
-    })
+    entries
+        .iter()
+        .any(|e| e.version == to && (e.uncommitted(here) || elsewhere(e) || unwatched(e)))
 }
 
 /// lockkit rolled back one of its own transactions (or savepoints) on the
@@ -1239,7 +1224,6 @@ pub(crate) fn written<W: Watched>(
     conn: &mut W,
     table: &'static str,
     row: Option<&str>,
-    plan: Plan,
     from: i64,
     to: Option<i64>,
 ) {
@@ -1251,18 +1235,9 @@ pub(crate) fn written<W: Watched>(
         return;
     }
     let row = (table, row.to_owned());
-    if let Plan::Restore { tentative, .. } = plan {
-        // The struct's rolled-back versions are behind it now (another struct's
-        // in between are not).
-        let here = (conn.address(), depth);
-        let mut registry = registry();
-        let own = registry
-            .rows
-            .get(&row)
-            .map(|entries| chain(entries, tentative, here))
-            .unwrap_or_default();
-        registry.remove(&row, |e| own.contains(&e.version));
-    }
+    // A restored write's rolled-back numbers stay recorded: copies of its
+    // struct hold them too. They go once a write outside a transaction moves
+    // the row past them.
     let Some(to) = to else {
         // Deleted: nothing can match the row again, once the delete commits. A
         // delete inside a transaction may still be rolled back, with the row

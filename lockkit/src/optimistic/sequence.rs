@@ -305,12 +305,6 @@ impl<'k, M: Model> MovePastReused<'k, M> {
         self.row.id
     }
 
-    /// The journal's plan for the row.
-    #[inline]
-    pub(crate) fn plan(&self) -> Plan {
-        self.row.plan
-    }
-
     /// The row ended at `at`.
     #[inline]
     pub(crate) fn moved<W: Watched>(self, watched: &mut W, at: M::Version) -> Step<'k, M> {
@@ -333,14 +327,7 @@ impl<M: Model> Row<'_, M> {
         next: Option<M::Version>,
     ) -> Written<M::Version> {
         let to = next.map(VersionNumber::to_i64);
-        journal::written(
-            watched,
-            M::TABLE_NAME,
-            self.id,
-            self.plan,
-            checked.to_i64(),
-            to,
-        );
+        journal::written(watched, M::TABLE_NAME, self.id, checked.to_i64(), to);
         Written::Done(next)
     }
 

@@ -71,7 +71,7 @@ use diesel::{Column, Connection};
 
 use crate::error::classification::classify;
 use crate::error::{Error, Operation};
-use crate::optimistic::journal::{self, Plan};
+use crate::optimistic::journal;
 use crate::optimistic::sequence::{self, at_most_one, checked_next, Origin, Step, Write, Written};
 use crate::optimistic::statement::{BySql, ByType, CacheKey, VersionedUpdate};
 use crate::optimistic::version::VersionNumber;
@@ -896,20 +896,19 @@ pub(crate) fn touch<M: VersionCheck>(key: M::Key, expected: M::Version) -> Touch
 }
 
 /// The version a write that left the row at `next` ends with: while `next` is
-/// a number a rolled-back write left with another struct ([`journal::reused`]),
+/// a number a rolled-back write left with a struct ([`journal::reused`]),
 /// the row is moved one further (`bump_past`), in the writer's transaction.
 pub(crate) fn move_past_reused<M, Conn>(
     conn: &mut Conn,
     key: &M::Key,
     row_id: Option<&str>,
-    plan: Plan,
     mut next: M::Version,
 ) -> Result<M::Version, Error>
 where
     M: CurrentVersionQuery<Conn>,
     Conn: Connection,
 {
-    while journal::reused(conn, M::TABLE_NAME, row_id, plan, next.to_i64()) {
+    while journal::reused(conn, M::TABLE_NAME, row_id, next.to_i64()) {
         if M::bump_past(conn, key.clone(), next).map_err(classify)? != 1 {
             break;
         }
@@ -961,7 +960,7 @@ where
                     then.moved(conn, bumped)
                 }
                 Step::MovePastReused(version, then) => {
-                    let at = move_past_reused::<M, _>(conn, key, then.id(), then.plan(), version)?;
+                    let at = move_past_reused::<M, _>(conn, key, then.id(), version)?;
                     then.moved(conn, at)
                 }
                 Step::Done(written) => return Ok(written),
