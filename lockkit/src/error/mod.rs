@@ -60,10 +60,18 @@ pub enum Error {
     #[error("lock wait timed out")]
     LockTimeout,
 
-    /// The connection to the server was lost or killed; its open transaction was
-    /// rolled back by the server. Not retryable on the same connection: take a new
-    /// one (a pool does).
-    #[error("the database connection was lost; its transaction was rolled back")]
+    /// The connection to the server was lost or killed. The server rolls back
+    /// the transaction that was open on it, unless the connection was lost
+    /// while it committed: when the `COMMIT` reached the server and its answer
+    /// did not come back, the transaction committed and nobody can tell the
+    /// client. So do not take this error for "nothing happened" after a write:
+    /// read the row again, or make the work idempotent (lockkit's idempotency
+    /// keys mark the key done in the work's transaction). Not retryable on the
+    /// same connection: take a new one (a pool does).
+    #[error(
+        "the database connection was lost; an open transaction was rolled back, \
+         unless it was lost while committing"
+    )]
     ConnectionLost,
 
     /// The statement ran past the server's statement timeout and was cancelled.
