@@ -95,6 +95,37 @@ macro_rules! increment_until_committed {
 }
 
 async_backend_tests! {
+    /// The blocking side's `with_lock_reports_what_committed_when_the_work_lets_a_failed_statement_go`
+    /// (`swallowed_errors`), on diesel-async: on a connection with
+    /// instrumentation of its own, no journal sees the statement that failed,
+    /// and lockkit asks the server before it commits. PostgreSQL has aborted
+    /// the transaction (its `COMMIT` is a `ROLLBACK`): the caller must not be
+    /// told the sale went through.
+    async fn with_lock_reports_what_committed_when_the_work_lets_a_failed_statement_go(db) {
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut own: Async = async_common::connect(&db.url, BACKEND).await;
+        diesel_async::AsyncConnection::set_instrumentation(&mut own, |_: diesel::connection::InstrumentationEvent<'_>| {});
+        let result = with_lock(&mut own, 1, LockOptions::default(), async |c, item: Item| {
+            diesel::update(items::table.find(item.id))
+                .set(items::stock.eq(item.stock - 1))
+                .execute(c)
+                .await?;
+            let duplicate = diesel::sql_query(
+                "INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'dup', 0, 0)",
+            )
+            .execute(c)
+            .await;
+            assert!(duplicate.is_err());
+            Ok::<_, Error>(())
+        })
+        .await;
+        let stock = item!(&mut own, 1).stock;
+        assert!(
+            result.is_ok() == (stock == 9) && (BACKEND != "postgres" || stock == 10),
+            "with_lock returned {result:?}; stock {stock}"
+        );
+    }
+
     /// A form's save is rolled back; the form (the struct) is kept and opened
     /// twice (cloned): alice saves first, as restored; bob, who never saw
     /// alice's save, must be stale. The restored write committed the

@@ -396,6 +396,28 @@ mod servers {
             assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
         }
 
+        fn a_top_level_locked_transaction_whose_work_lets_its_own_deadlock_go_on_an_instrumented_connection_reports_it(db) {
+            // As above, on a connection with instrumentation of its own (not
+            // wrapped in `Journal::wrap`): no journal saw the deadlock, so lockkit
+            // asks the server before `COMMIT`.
+            let confirmed = std::rc::Rc::new(std::cell::Cell::new(false));
+            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
+                conn.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+                lockkit::locked_transaction(&mut conn, LockOptions::default(), |conn| {
+                    order_line_1_confirmed_on_commit(conn, &confirmed)?;
+                    let _ = work(conn, 1); // let go
+                    Ok::<_, Error>(())
+                })
+            });
+            // Not retryable: unseen, a deadlock cannot be told from a statement
+            // that committed the transaction implicitly.
+            assert_eq!(attempts, 1);
+            assert!(outcome.as_ref().is_err_and(|err| !err.is_retryable()), "{outcome:?}");
+            assert_eq!((stock_of!(&mut conn), order_lines!(&mut conn)), (10, 0));
+            assert!(!confirmed.get(), "the order confirmed after commit");
+            assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
+        }
+
         fn a_top_level_transaction_with_retry_whose_work_lets_its_own_deadlock_go_runs_again(db) {
             let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
                 orders_with_retry(&mut conn, |conn, attempt| {

@@ -189,3 +189,73 @@ mod recoveries {
         assert_eq!(stock(&mut conn), 9);
     }
 }
+
+/// On a connection with instrumentation of its own (an application's query
+/// logger, not wrapped in `Journal::wrap`), no journal sees the statement
+/// that failed: lockkit asks the server before it commits.
+mod instrumented {
+    use diesel::prelude::*;
+    use lockkit::{Error, LockOptions};
+    use lockkit_tests::models::Item;
+    use lockkit_tests::schema::items;
+    use lockkit_tests::{seed_items, stock_of};
+
+    lockkit_tests::backend_tests! {
+        fn with_lock_reports_what_committed_when_the_work_lets_a_failed_statement_go(db) {
+            // The work sells one, then a statement fails (a duplicate key) and
+            // the work lets the error go. PostgreSQL has aborted the
+            // transaction and answers its `COMMIT` with `ROLLBACK`: the sale is
+            // gone, and the caller must not be told otherwise. MySQL/MariaDB
+            // and SQLite end nothing at a duplicate key: the sale commits.
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut own: Conn = db.connect();
+            own.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+            let result = lockkit::with_lock(&mut own, 1, LockOptions::default(), |c, item: Item| {
+                diesel::update(items::table.find(item.id))
+                    .set(items::stock.eq(item.stock - 1))
+                    .execute(c)?;
+                let duplicate = diesel::sql_query(
+                    "INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'dup', 0, 0)",
+                )
+                .execute(c);
+                assert!(duplicate.is_err());
+                Ok::<_, Error>(())
+            });
+            let stock = stock_of!(&mut db.conn());
+            assert!(
+                result.is_ok() == (stock == 9) && (BACKEND != "postgres" || stock == 10),
+                "with_lock returned {result:?}; stock {stock}"
+            );
+            assert!(!lockkit::LockingConnection::in_transaction(&mut own));
+        }
+    }
+
+    /// MySQL/MariaDB: a statement of the work commits the transaction
+    /// implicitly (DDL). With no journal, lockkit finds no transaction open
+    /// before its `COMMIT` and cannot tell this from a deadlock's rollback: it
+    /// must not call it retryable, or `transaction_with_retry` would apply the
+    /// committed work a second time.
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn an_implicit_commit_in_the_work_is_never_retried() {
+        use lockkit::RetryPolicy;
+        use lockkit_tests::schema::orders;
+        let db = lockkit_tests::TestDb::<diesel::MysqlConnection>::new("implicit_commit");
+        let mut own = db.connect();
+        own.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+        let mut attempts = 0;
+        let outcome = lockkit::transaction_with_retry(&mut own, &RetryPolicy::immediate(3), |c| {
+            attempts += 1;
+            let line =
+                format!("INSERT INTO orders (id, item_id, qty) VALUES ({attempts}, NULL, 1)");
+            diesel::sql_query(line).execute(c)?;
+            diesel::sql_query("CREATE TABLE IF NOT EXISTS implicit_commit (id INT)").execute(c)?;
+            Ok::<_, Error>(())
+        });
+        let lines: i64 = orders::table.count().get_result(&mut db.conn()).unwrap();
+        assert!(
+            attempts == 1 && lines == 1 && outcome.as_ref().is_err_and(|e| !e.is_retryable()),
+            "{attempts} attempt(s), {lines} order line(s): {outcome:?}"
+        );
+    }
+}

@@ -362,6 +362,9 @@ pub(crate) async fn require_live<C: AsyncLockingConnection>(conn: &mut C) -> Res
 pub(crate) async fn ended_by_statement<C: AsyncLockingConnection>(conn: &mut C) -> Option<Error> {
     // Installed now inside the caller's transaction, it is unsure at once.
     watch(conn);
+    if !journal::watches(&mut journal::AsyncWatched(&mut *conn)) {
+        return ended_unwatched(conn).await;
+    }
     if journal::unsure(&mut journal::AsyncWatched(&mut *conn)) {
         let ended = conn.transaction_ended(None).await;
         journal::answered(&mut journal::AsyncWatched(&mut *conn), ended.as_ref());
@@ -379,12 +382,34 @@ pub(crate) async fn ended_by_statement<C: AsyncLockingConnection>(conn: &mut C) 
 pub(crate) async fn ended_by_seen_statement<C: AsyncLockingConnection>(
     conn: &mut C,
 ) -> Option<Error> {
+    if !journal::watches(&mut journal::AsyncWatched(&mut *conn)) {
+        return ended_unwatched(conn).await;
+    }
     let cause = journal::ended_by(&mut journal::AsyncWatched(&mut *conn))?;
     if conn.confirms_abort(&cause).await {
         Some(cause)
     } else {
         journal::forget_abort(&mut journal::AsyncWatched(conn));
         None
+    }
+}
+
+/// The blocking side's [`ended_unwatched`](crate::transaction::ended_unwatched)
+/// on an async connection: where no journal watches it, the server is asked
+/// whether the open transaction is alive.
+async fn ended_unwatched<C: AsyncLockingConnection>(conn: &mut C) -> Option<Error> {
+    use journal::Watched;
+    if !in_transaction(conn) {
+        return None;
+    }
+    match journal::AsyncWatched(&mut *conn).ends() {
+        #[cfg(feature = "postgres")]
+        journal::Ends::UntilSavepointRollback => {
+            let probe = crate::pessimistic::connection::postgres::CONFIRM_ABORT;
+            conn.batch_execute(probe).await.err().map(classify)
+        }
+        journal::Ends::OnDeadlock => conn.transaction_ended(None).await,
+        _ => None,
     }
 }
 

@@ -63,6 +63,8 @@ where
             None => None,
         },
     };
+    let watched = || journal::watches(&mut journal::AsyncWatched(&mut *conn));
+    let ended = crate::transaction::ended_under_ok(&result, watched, ended);
     let result = settle(result, ended);
     let result = match result {
         Ok(value) => match conn.restore(&restore, true).await {

@@ -691,6 +691,14 @@ pub(crate) fn saw_begin<W: Watched>(conn: &mut W) {
     }
 }
 
+/// Whether a journal watches `conn`: `false` where the connection keeps
+/// instrumentation of its own, not wrapped in [`Journal::wrap`]. No statement
+/// is then seen to end a transaction, and lockkit asks the server instead
+/// ([`ended_unwatched`](crate::transaction::ended_unwatched)).
+pub(crate) fn watches<W: Watched>(conn: &mut W) -> bool {
+    conn.slot().is::<Journal>()
+}
+
 /// Whether a deadlock may have ended the open transaction on `conn` without
 /// the journal seeing it, since lockkit last asked the server ([`answered`]):
 /// a statement that may answer with rows succeeded, on a connection that

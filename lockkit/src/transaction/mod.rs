@@ -120,6 +120,9 @@ pub trait Control: Connection + Sized {
 pub(crate) fn ended_by_statement<C: Control>(conn: &mut C) -> Option<Error> {
     // Installed now, inside the caller's transaction, it asks the server once.
     journal::watch(conn, C::ends);
+    if !journal::watches(conn) {
+        return ended_unwatched(conn);
+    }
     if journal::unsure(conn) {
         let ended = conn.transaction_ended(None);
         journal::answered(conn, ended.as_ref());
@@ -135,6 +138,60 @@ pub(crate) fn ended_by_statement<C: Control>(conn: &mut C) -> Option<Error> {
         None
     }
 }
+
+/// [`ended_by_statement`] where no journal watches `conn` (instrumentation of
+/// its own, not wrapped in [`Journal::wrap`](crate::journal::Journal::wrap)):
+/// lockkit cannot see a statement of the work end the open transaction, so it
+/// asks the server whether the transaction is alive. PostgreSQL aborts it at
+/// any failed statement: the probe (`SELECT 1`) then fails, and its error is
+/// the cause. MySQL/MariaDB end it at a deadlock: `@@in_transaction`
+/// ([`Control::transaction_ended`]). SQLite never does. One round trip before
+/// each `COMMIT` of lockkit's and each nested call on such a connection, the
+/// price of not wrapping its instrumentation. Outside a transaction, nothing.
+/// The async connections' twin asks the same.
+pub(crate) fn ended_unwatched<C: Control>(conn: &mut C) -> Option<Error> {
+    if !in_transaction(conn) {
+        return None;
+    }
+    match conn.ends() {
+        #[cfg(feature = "postgres")]
+        journal::Ends::UntilSavepointRollback => {
+            let probe = crate::pessimistic::connection::postgres::CONFIRM_ABORT;
+            conn.batch_execute(probe).err().map(classify)
+        }
+        journal::Ends::OnDeadlock => conn.transaction_ended(None),
+        _ => None,
+    }
+}
+
+/// What an outermost transaction whose work returned `Ok` reports when the
+/// server ended it and no journal saw why ([`ended_unwatched`]; `watched`,
+/// asked only then, says whether one watches): on MySQL/MariaDB, which then
+/// has no transaction open, a deadlock rolled it back or a statement of the
+/// work committed it implicitly (DDL, `TRUNCATE`, `LOCK TABLES`), and lockkit
+/// cannot tell which. Not retryable,
+/// so that no retry applies committed work twice. Work that failed, and the
+/// other answers (a lost connection), stand as they are. For the blocking
+/// panic guard and the async connections' end alike.
+pub(crate) fn ended_under_ok<T, E>(
+    result: &Result<T, Failure<E>>,
+    watched: impl FnOnce() -> bool,
+    ended: Option<Error>,
+) -> Option<Error> {
+    match ended {
+        Some(Error::Deadlock) if result.is_ok() && !watched() => {
+            Some(Error::Database(diesel::result::Error::DatabaseError(
+                diesel::result::DatabaseErrorKind::Unknown,
+                Box::new(ENDED_UNSEEN.to_owned()),
+            )))
+        }
+        ended => ended,
+    }
+}
+
+const ENDED_UNSEEN: &str = "the transaction ended before lockkit's COMMIT: a deadlock rolled it \
+     back, or a statement of the work committed it implicitly (DDL, TRUNCATE, LOCK TABLES); \
+     wrap the connection's instrumentation in lockkit::journal::Journal::wrap to tell which";
 
 /// Refuses a write in the caller's transaction once a statement has ended it
 /// (the work let a deadlock go on MySQL/MariaDB): an outbox message or an

@@ -3,7 +3,7 @@
 use diesel::connection::TransactionManager;
 
 use super::scope::{self, Scope};
-use super::{ended_by_statement, settle, Began, Check, Control, Failure};
+use super::{ended_by_statement, ended_under_ok, settle, Began, Check, Control, Failure};
 use crate::optimistic::journal;
 
 /// Catches a panic in a closure run inside a transaction, so that the transaction
@@ -60,6 +60,7 @@ impl PanicGuard {
                     Check::Ended { stand_in } => ended_by_statement(conn)
                         .or_else(|| stand_in.then(|| conn.transaction_ended(None)).flatten()),
                 };
+                let ended = ended_under_ok(&result, || journal::watches(conn), ended);
                 settle(result, ended)
             }
             Err(payload) => {
