@@ -288,6 +288,27 @@ pub fn create_notes<C: diesel::Connection>(conn: &mut C, backend: &str) {
     );
 }
 
+/// The SQL that creates `lockkit_archive.items` of [`models::Archived`] (no
+/// key constraint) with the one row `(id, 'archived', 10, 0)`, seen by the
+/// connection that runs it: on PostgreSQL a schema of the test's database, on
+/// SQLite an in-memory database attached to that connection alone, on
+/// MySQL/MariaDB a database the server's tests share (so each test writes
+/// rows of a key of its own).
+#[cfg(feature = "harness")]
+pub fn archive_sql(backend: &str, id: i32) -> String {
+    let schema = match backend {
+        "postgres" => "CREATE SCHEMA IF NOT EXISTS lockkit_archive",
+        "mysql" => "CREATE DATABASE IF NOT EXISTS lockkit_archive",
+        _ => "ATTACH DATABASE ':memory:' AS lockkit_archive",
+    };
+    format!(
+        "{schema}; CREATE TABLE IF NOT EXISTS lockkit_archive.items (id INTEGER NOT NULL, \
+         name VARCHAR(100) NOT NULL, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL); \
+         DELETE FROM lockkit_archive.items WHERE id = {id}; \
+         INSERT INTO lockkit_archive.items VALUES ({id}, 'archived', 10, 0)"
+    )
+}
+
 /// Runs the same SQL on every backend (test fixtures only, never outside input).
 #[cfg(feature = "harness")]
 pub fn exec<C: diesel::Connection>(conn: &mut C, sql: &str) {

@@ -93,6 +93,17 @@ pub struct Twin {
     pub lock_version: i32,
 }
 
+/// A row of `lockkit_archive.items`: [`Item`]'s table name, in another schema,
+/// where the database does not enforce its key.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Versioned)]
+#[diesel(table_name = crate::schema::archive::items)]
+pub struct Archived {
+    pub id: i32,
+    pub name: String,
+    pub stock: i32,
+    pub lock_version: i32,
+}
+
 /// A string primary key.
 #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable, Versioned)]
 #[diesel(table_name = sku_codes, primary_key(code))]

@@ -78,6 +78,23 @@ diesel::table! {
     }
 }
 
+/// Tables of another schema, named with it in their `table!` (as
+/// `diesel print-schema --schema lockkit_archive` writes them); made by
+/// [`create_archive`](crate::create_archive), not by the migrations.
+pub mod archive {
+    diesel::table! {
+        /// An `items` beside the connection's own, in the schema
+        /// `lockkit_archive` (on MySQL/MariaDB a database, on SQLite an attached
+        /// one), declared with a key the database does not enforce there.
+        lockkit_archive.items (id) {
+            id -> Integer,
+            name -> Text,
+            stock -> Integer,
+            lock_version -> Integer,
+        }
+    }
+}
+
 diesel::table! {
     sku_codes (code) {
         code -> Text,

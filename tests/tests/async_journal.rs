@@ -16,10 +16,11 @@ use std::sync::Arc;
 use async_common::on_tasks;
 use diesel::{ExpressionMethods, QueryDsl};
 use diesel_async::RunQueryDsl;
+use diesel_async::SimpleAsyncConnection;
 use lockkit::asynchronous::prelude::*;
 use lockkit::asynchronous::{locked_transaction, transaction_with_retry, with_lock};
 use lockkit::{CurrentState, Error, LockOptions, RetryPolicy};
-use lockkit_tests::models::Item;
+use lockkit_tests::models::{Archived, Item};
 use lockkit_tests::schema::items;
 use lockkit_tests::seed_items;
 
@@ -182,6 +183,29 @@ async_backend_tests! {
         a.stock = 5;
         a.update_versioned(&mut a_conn).await.unwrap();
         assert_eq!(item!(&mut a_conn, 1).lock_version, 4);
+    }
+
+    /// The blocking side's `a_write_to_a_table_of_another_schema_..`
+    /// (`lost_updates`): a committed write to row 1 of `lockkit_archive.items`
+    /// (a `table!` named with its schema) is not a write to the `items` row 1
+    /// A's rolled-back write left, and must not make the journal forget it.
+    async fn a_write_to_a_table_of_another_schema_does_not_make_the_journal_forget_a_rolled_back_write(db) {
+        let (mut a_conn, mut b_conn, mut a) = a_write_rolled_back!(db);
+        a_conn.batch_execute(&lockkit_tests::archive_sql(BACKEND, 1)).await.unwrap();
+        let mut archived = Archived { id: 1, name: "archived".into(), stock: 9, lock_version: 0 };
+        archived.update_versioned(&mut a_conn).await.unwrap();
+
+        let mut b = item!(&mut b_conn, 1);
+        b.stock = 7;
+        b.update_versioned(&mut b_conn).await.unwrap();
+        a.stock = 3;
+        let again = a.update_versioned(&mut a_conn).await;
+        let stock = item!(&mut b_conn, 1).stock;
+        assert!(
+            matches!(again, Err(Error::Stale(_))) && stock == 7,
+            "the archive's write cleared the journal's record of A's rolled-back 1, which then \
+             matched B's committed 1: {again:?}, stock {stock} (B's 7 lost)"
+        );
     }
 
     /// As above, but B writes inside a transaction of its own, which commits:

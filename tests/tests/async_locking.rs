@@ -300,6 +300,33 @@ async_backend_tests! {
         assert!(!in_transaction(&mut conn));
     }
 
+    /// The blocking side's `a_key_unique_in_the_connections_table_..`
+    /// (`combined`): the key is asked of `lockkit_archive.items`, which
+    /// enforces none, not of the connection's `items`, which does.
+    async fn a_key_unique_in_the_connections_table_of_that_name_is_not_unique_in_the_archive(db) {
+        use diesel_async::SimpleAsyncConnection;
+        use lockkit_tests::models::Archived;
+        use lockkit_tests::schema::archive;
+        seed_items(&mut db.conn(), &[(2, 10)]);
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        conn.batch_execute(&lockkit_tests::archive_sql(BACKEND, 2)).await.unwrap();
+        conn.batch_execute("INSERT INTO lockkit_archive.items VALUES (2, 'twin', 10, 0)").await.unwrap();
+        let mut item = item!(&mut conn, 2);
+        item.update_versioned(&mut conn).await.unwrap();
+
+        let mut archived = Archived { id: 2, name: "c".into(), stock: 0, lock_version: 0 };
+        let err = archived.update_versioned(&mut conn).await.unwrap_err();
+        assert!(matches!(err, Error::AmbiguousKey { table: "items", .. }), "{err:?}");
+        let stored: Vec<(String, i32)> = archive::items::table
+            .filter(archive::items::id.eq(2))
+            .order(archive::items::name)
+            .select((archive::items::name, archive::items::lock_version))
+            .load(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(stored, [("archived".into(), 0), ("twin".into(), 0)], "nothing was written");
+    }
+
     async fn update_all_by_version_writes_every_row_or_none(db) {
         seed_items(&mut db.conn(), &[(1, 1), (2, 2), (3, 3)]);
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;

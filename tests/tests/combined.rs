@@ -599,6 +599,30 @@ mod all {
             assert_eq!(single.lock_version, 1);
         }
 
+        fn a_key_unique_in_the_connections_table_of_that_name_is_not_unique_in_the_archive(db) {
+            // `lockkit_archive.items` enforces no key; the connection's own
+            // `items` enforces its primary key. The question whether the key is
+            // unique is asked of the table the write goes to, so the write
+            // matching two archived rows is refused, as on `twins` above.
+            let mut conn = db.conn();
+            exec(&mut conn, &lockkit_tests::archive_sql(BACKEND, 2));
+            exec(&mut conn, "INSERT INTO lockkit_archive.items VALUES (2, 'twin', 10, 0)");
+            // Asked first of the connection's `items`, whose key is unique.
+            seed_items(&mut conn, &[(2, 10)]);
+            item!(&mut conn, 2).update_versioned(&mut conn).unwrap();
+
+            let mut archived = Archived { id: 2, name: "c".into(), stock: 0, lock_version: 0 };
+            let err = archived.update_versioned(&mut conn).unwrap_err();
+            assert!(matches!(err, Error::AmbiguousKey { table: "items", .. }), "{err:?}");
+            let stored: Vec<(String, i32)> = archive::items::table
+                .filter(archive::items::id.eq(2))
+                .order(archive::items::name)
+                .select((archive::items::name, archive::items::lock_version))
+                .load(&mut conn)
+                .unwrap();
+            assert_eq!(stored, [("archived".into(), 0), ("twin".into(), 0)], "nothing was written");
+        }
+
         // --- 10. any number of keys ---------------------------------------------------
 
         fn lock_all_takes_any_number_of_keys(db) {

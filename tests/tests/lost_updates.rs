@@ -7,15 +7,22 @@ use lockkit::prelude::*;
 use lockkit::Error;
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
-use lockkit_tests::{item, seed_items, stock_of};
+use lockkit_tests::{exec, item, seed_items, stock_of};
 
-/// The journal's names of rows in two databases must differ: A's versioned
-/// write of item 1 rolls back on `$a`; an ordinary committed write of item 1 of
-/// another database (`$where`) on `$other`; B reads item 1, writes its 7 and
-/// commits on `$b` (A's database). A writes again from its rolled-back 1: it
-/// must be stale, and B's 7 stay.
+/// The journal's names of rows in two tables must differ: A's versioned
+/// write of item 1 rolls back on `$a`; an ordinary committed write of row 1 of
+/// another table (`$where`: item 1 of another database on `$other`, or the
+/// block `$other_write`); B reads item 1, writes its 7 and commits on `$b`
+/// (A's table). A writes again from its rolled-back 1: it must be stale, and
+/// B's 7 stay.
 macro_rules! written_elsewhere {
-    ($a:expr, $b:expr, $other:expr, $where:literal) => {{
+    ($a:expr, $b:expr, $other:expr, $where:literal) => {
+        written_elsewhere!($a, $b, $where, {
+            let mut other = item!($other, 1);
+            other.update_versioned($other).unwrap();
+        })
+    };
+    ($a:expr, $b:expr, $where:literal, $other_write:block) => {{
         let mut a = item!($a, 1);
         let rolled_back: Result<(), Error> = ($a).transaction(|c| {
             a.stock = 5;
@@ -23,8 +30,7 @@ macro_rules! written_elsewhere {
             Err(Error::NoRowMatched)
         });
         assert!(rolled_back.is_err());
-        let mut other = item!($other, 1);
-        other.update_versioned($other).unwrap();
+        $other_write
         let mut b = item!($b, 1);
         b.stock = 7;
         b.update_versioned($b).unwrap();
@@ -161,6 +167,23 @@ mod journal {
                 "a2's rolled-back version 2 matched the number lockkit moved the row to: \
                  {again:?}, stock {stock} (the sale's 9 overwritten)"
             );
+        }
+
+        fn a_write_to_a_table_of_another_schema_does_not_make_the_journal_forget_a_rolled_back_write(db) {
+            // A `table!` named with its schema (`lockkit_archive.items`, as
+            // `print-schema --schema` writes it) is not the `items` of the
+            // connection's schema, though both are `items` to Rust.
+            let (mut a_conn, mut b_conn) = (db.conn(), db.conn());
+            seed_items(&mut a_conn, &[(1, 10)]);
+            exec(&mut a_conn, &lockkit_tests::archive_sql(BACKEND, 1));
+            written_elsewhere!(&mut a_conn, &mut b_conn, "lockkit_archive.items", {
+                let mut archived = archive::items::table
+                    .find(1)
+                    .first::<Archived>(&mut a_conn)
+                    .unwrap();
+                archived.stock = 9;
+                archived.update_versioned(&mut a_conn).unwrap();
+            });
         }
 
         fn a_copy_of_a_rolled_back_struct_never_writes_over_the_restored_write(db) {

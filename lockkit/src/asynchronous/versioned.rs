@@ -61,7 +61,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{LazyLock, Mutex};
 
-use diesel::query_builder::{AsChangeset, BoxedSqlQuery, SqlQuery};
+use diesel::backend::Backend;
+use diesel::query_builder::{AsChangeset, BoxedSqlQuery, QueryFragment, SqlQuery};
 use diesel::query_dsl::methods::LockingDsl;
 use diesel::{OptionalExtension, QueryResult};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
@@ -74,6 +75,7 @@ use crate::optimistic::backend::{DatabaseId, InShareMode, OptimisticBackend, Uni
 use crate::optimistic::journal::{self, AsyncWatched};
 use crate::optimistic::sequence::{at_most_one, checked_next, Origin, Step, Write, Written};
 use crate::optimistic::statement::BySql;
+use crate::optimistic::table;
 use crate::optimistic::version::VersionNumber;
 use crate::optimistic::versioned::{
     all_or_none, key_order, settle, touch, update, DeleteVersioned, TouchVersioned,
@@ -373,6 +375,9 @@ where
     BoxedSqlQuery<'static, Conn::Backend, SqlQuery>: for<'q> LoadQuery<'q, Conn, Unique> + Send,
     SqlQuery: for<'q> LoadQuery<'q, Conn, DatabaseId>,
     TouchVersioned<M>: ExecuteDsl<Conn> + 'static,
+    M::Table: QueryFragment<Conn::Backend> + 'static,
+    Conn::Backend: Default,
+    <Conn::Backend as Backend>::QueryBuilder: Default,
 {
     fn load_current_version(
         conn: &mut Conn,
@@ -392,12 +397,14 @@ where
 
     fn key_is_unique(conn: &mut Conn) -> BoxFuture<'_, QueryResult<bool>> {
         Box::pin(async move {
-            let id = (TypeId::of::<Conn>(), M::TABLE_NAME);
+            let table = table::of::<M::Table, Conn::Backend>();
+            let id = (TypeId::of::<Conn>(), table.sql.as_str());
             if let Some(known) = unique_keys().get(&id) {
                 return Ok(*known);
             }
             let query = <Conn::Backend as OptimisticBackend>::key_is_unique_query(
-                M::TABLE_NAME,
+                table.schema.as_deref(),
+                &table.name,
                 M::KEY_COLUMNS,
             );
             let unique = query.get_result::<Unique>(conn).await?.unique_key != 0;
@@ -420,7 +427,13 @@ where
                 ),
                 false => None,
             };
-            Ok(journal::row_id_with(&mut AsyncWatched(conn), key, fetched))
+            let table = &table::of::<M::Table, Conn::Backend>().sql;
+            Ok(journal::row_id_with(
+                &mut AsyncWatched(conn),
+                table,
+                key,
+                fetched,
+            ))
         })
     }
 }

@@ -61,9 +61,11 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
 
     /// The catalog query behind [`key_is_unique`](Self::key_is_unique), with its
     /// values bound: one row, one `BIGINT` column `unique_key`, non-zero when a
-    /// unique index covers only (some of) `key_columns` of `table`. Built here
-    /// once for every connection that runs it, blocking or async.
+    /// unique index covers only (some of) `key_columns` of `table` in `schema`
+    /// (`None`: the connection's, which its `search_path` or database names).
+    /// Built here once for every connection that runs it, blocking or async.
     fn key_is_unique_query(
+        schema: Option<&str>,
         table: &str,
         key_columns: &[&str],
     ) -> BoxedSqlQuery<'static, Self, SqlQuery>;
@@ -74,13 +76,18 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     /// # Errors
     ///
     /// Diesel's error, unclassified (lockkit's callers classify it).
-    fn key_is_unique<C>(conn: &mut C, table: &str, key_columns: &[&str]) -> QueryResult<bool>
+    fn key_is_unique<C>(
+        conn: &mut C,
+        schema: Option<&str>,
+        table: &str,
+        key_columns: &[&str],
+    ) -> QueryResult<bool>
     where
         C: Connection<Backend = Self> + LoadConnection,
         BoxedSqlQuery<'static, Self, SqlQuery>: for<'q> diesel::query_dsl::LoadQuery<'q, C, Unique>,
     {
         use diesel::RunQueryDsl;
-        Self::key_is_unique_query(table, key_columns)
+        Self::key_is_unique_query(schema, table, key_columns)
             .get_result::<Unique>(conn)
             .map(|row| row.unique_key != 0)
     }
@@ -120,7 +127,7 @@ pub struct Unique {
 mod postgres {
     use super::*;
     use diesel::pg::Pg;
-    use diesel::sql_types::{Array, Text};
+    use diesel::sql_types::{Array, Nullable, Text};
 
     impl OptimisticBackend for Pg {
         type Latest<Q: LockingDsl<InShareMode>> = Q;
@@ -136,18 +143,20 @@ mod postgres {
                                            inet_server_addr(), inet_server_port()) AS id";
 
         fn key_is_unique_query(
+            schema: Option<&str>,
             table: &str,
             key_columns: &[&str],
         ) -> BoxedSqlQuery<'static, Self, SqlQuery> {
             diesel::sql_query(
                 "SELECT COUNT(*) AS unique_key FROM pg_index i \
-                  WHERE i.indrelid = to_regclass(quote_ident($1)) \
+                  WHERE i.indrelid = to_regclass(COALESCE(quote_ident($1) || '.', '') || quote_ident($2)) \
                     AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL \
                     AND NOT EXISTS (SELECT 1 FROM unnest(i.indkey) AS k(attnum) \
                           JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
-                         WHERE a.attname::text <> ALL ($2))",
+                         WHERE a.attname::text <> ALL ($3))",
             )
             .into_boxed()
+            .bind::<Nullable<Text>, _>(schema.map(str::to_owned))
             .bind::<Text, _>(table.to_owned())
             .bind::<Array<Text>, _>(
                 key_columns
@@ -164,7 +173,7 @@ mod mysql {
     use super::*;
     use diesel::mysql::Mysql;
     use diesel::query_builder::{AstPass, QueryFragment};
-    use diesel::sql_types::Text;
+    use diesel::sql_types::{Nullable, Text};
 
     impl QueryFragment<Mysql> for InShareMode {
         fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
@@ -184,17 +193,20 @@ mod mysql {
             "SELECT CONCAT_WS(':', DATABASE(), @@hostname, @@port) AS id";
 
         fn key_is_unique_query(
+            schema: Option<&str>,
             table: &str,
             key_columns: &[&str],
         ) -> BoxedSqlQuery<'static, Self, SqlQuery> {
             diesel::sql_query(
                 "SELECT CAST(COUNT(*) AS SIGNED) AS unique_key FROM ( \
                    SELECT INDEX_NAME FROM information_schema.STATISTICS \
-                    WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND NON_UNIQUE = 0 \
+                    WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
+                      AND NON_UNIQUE = 0 \
                     GROUP BY INDEX_NAME \
                    HAVING SUM(FIND_IN_SET(COLUMN_NAME, ?) = 0) = 0) AS unique_indexes",
             )
             .into_boxed()
+            .bind::<Nullable<Text>, _>(schema.map(str::to_owned))
             .bind::<Text, _>(table.to_owned())
             .bind::<Text, _>(key_columns.join(","))
         }
@@ -204,7 +216,7 @@ mod mysql {
 #[cfg(feature = "sqlite")]
 mod sqlite {
     use super::*;
-    use diesel::sql_types::Text;
+    use diesel::sql_types::{Nullable, Text};
     use diesel::sqlite::Sqlite;
 
     impl OptimisticBackend for Sqlite {
@@ -217,28 +229,30 @@ mod sqlite {
         const DATABASE_ID: &'static str =
             "SELECT COALESCE((SELECT file FROM pragma_database_list WHERE name = 'main'), '') AS id";
 
+        // The pragmas' second argument is the schema (an `ATTACH`ed
+        // database's name); NULL searches the schemas as an unqualified name does.
         fn key_is_unique_query(
+            schema: Option<&str>,
             table: &str,
             key_columns: &[&str],
         ) -> BoxedSqlQuery<'static, Self, SqlQuery> {
             // `,a,b,` lists the key columns for an exact `instr` match.
             let columns = format!(",{},", key_columns.join(","));
+            let schema = schema.map(str::to_owned);
             diesel::sql_query(
-                "SELECT (EXISTS (SELECT 1 FROM pragma_index_list(?) AS l \
+                "SELECT (EXISTS (SELECT 1 FROM pragma_index_list(?1, ?2) AS l \
                           WHERE l.\"unique\" = 1 AND l.partial = 0 \
-                            AND NOT EXISTS (SELECT 1 FROM pragma_index_info(l.name) AS i \
-                                 WHERE i.name IS NULL OR instr(?, ',' || i.name || ',') = 0)) \
-                      OR EXISTS (SELECT 1 FROM pragma_table_info(?) AS c \
+                            AND NOT EXISTS (SELECT 1 FROM pragma_index_info(l.name, ?2) AS i \
+                                 WHERE i.name IS NULL OR instr(?3, ',' || i.name || ',') = 0)) \
+                      OR EXISTS (SELECT 1 FROM pragma_table_info(?1, ?2) AS c \
                           WHERE c.pk = 1 AND lower(c.type) = 'integer' \
-                            AND instr(?, ',' || c.name || ',') > 0 \
-                            AND (SELECT COUNT(*) FROM pragma_table_info(?) WHERE pk > 0) = 1)) AS unique_key",
+                            AND instr(?3, ',' || c.name || ',') > 0 \
+                            AND (SELECT COUNT(*) FROM pragma_table_info(?1, ?2) WHERE pk > 0) = 1)) AS unique_key",
             )
             .into_boxed()
             .bind::<Text, _>(table.to_owned())
-            .bind::<Text, _>(columns.clone())
-            .bind::<Text, _>(table.to_owned())
-            .bind::<Text, _>(columns.clone())
-            .bind::<Text, _>(table.to_owned())
+            .bind::<Nullable<Text>, _>(schema)
+            .bind::<Text, _>(columns)
         }
     }
 }

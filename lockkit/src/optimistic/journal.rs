@@ -902,14 +902,17 @@ pub(crate) fn needs_row_ids<W: Watched>(conn: &mut W) -> bool {
     ENTRIES.load(Ordering::Relaxed) > 0 || conn.depth().is_some()
 }
 
-/// The row's identity for the journal: database, table and key, or `None`
-/// when the write needs none (nothing recorded, no transaction).
+/// The row's identity for the journal: database, table (`table`: as the
+/// database names it, [`TableName::sql`](crate::optimistic::table::TableName::sql), so that `archive.items` is not
+/// the `items` of the connection's schema) and key, or `None` when the write
+/// needs none (nothing recorded, no transaction).
 ///
 /// The database id is read with `fetch` once per journaled connection, at its
 /// first versioned write (so that every connection sends the same statements),
 /// and on a connection without a journal only when an identity is needed.
 pub(crate) fn row_id<C: Connection>(
     conn: &mut C,
+    table: &str,
     key: &dyn std::fmt::Debug,
     fetch: impl FnOnce(&mut C) -> diesel::QueryResult<String>,
 ) -> diesel::QueryResult<Option<String>> {
@@ -917,7 +920,7 @@ pub(crate) fn row_id<C: Connection>(
         true => Some(fetch(conn)?),
         false => None,
     };
-    Ok(row_id_with(conn, key, fetched))
+    Ok(row_id_with(conn, table, key, fetched))
 }
 
 /// Whether [`row_id_with`] needs the database id read first: at a journaled
@@ -935,11 +938,12 @@ pub(crate) fn needs_database_id<W: Watched>(conn: &mut W) -> bool {
 /// (`fetched`).
 pub(crate) fn row_id_with<W: Watched>(
     conn: &mut W,
+    table: &str,
     key: &dyn std::fmt::Debug,
     fetched: Option<String>,
 ) -> Option<String> {
     let needed = needs_row_ids(conn);
-    let row = |database: &str| format!("{database}/{key:?}");
+    let row = |database: &str| format!("{database}/{table}/{key:?}");
     // A database with no name (SQLite's `:memory:` and temporary databases)
     // is private to its connection: named after it, not after "".
     let private = |database: Option<String>, owner: String| match database {

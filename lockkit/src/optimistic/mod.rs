@@ -9,6 +9,7 @@
 //! | [`bump_on_lock`] | what an exclusive lock writes to a versioned row, and PostgreSQL's one-statement lock and bump |
 //! | [`updated_at`] | the `updated_at` column every versioned write sets to the database's clock |
 //! | [`version`] | the integer types a version column may have, and their limit |
+//! | `table` | a table as the database names it (`"archive"."items"`): what the journal and the key check name |
 //! | [`backend`] | what each backend adds: key uniqueness, reading the latest committed version |
 //! | [`journal`] | versions written inside transactions that rolled back |
 //! | [`atomic`] | conditional single-statement updates, for tables without a version column |
@@ -26,6 +27,7 @@ pub mod compare_and_set;
 pub mod journal;
 pub(crate) mod sequence;
 pub mod statement;
+pub(crate) mod table;
 pub mod updated_at;
 pub mod version;
 pub mod version_check;

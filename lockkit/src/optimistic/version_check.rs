@@ -27,7 +27,7 @@
 
 use diesel::dsl::{self, Find, Select};
 use diesel::expression::{AsExpression, Expression};
-use diesel::query_builder::{AsChangeset, IntoUpdateTarget};
+use diesel::query_builder::{AsChangeset, IntoUpdateTarget, QueryFragment};
 use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, FindDsl, LockingDsl, SelectDsl};
 use diesel::query_dsl::LoadQuery;
 use diesel::sql_types::SqlType;
@@ -35,6 +35,7 @@ use diesel::{Connection, ExpressionMethods, OptionalExtension, RunQueryDsl};
 
 use crate::optimistic::backend::{InShareMode, OptimisticBackend};
 use crate::optimistic::journal;
+use crate::optimistic::table;
 use crate::optimistic::version::VersionNumber;
 use crate::optimistic::versioned::{touch, Versioned};
 pub use crate::optimistic::versioned::{
@@ -101,6 +102,7 @@ macro_rules! current_version_query_on {
             <Backend<$conn> as OptimisticBackend>::Latest<M::CurrentVersion>:
                 for<'q> LoadQuery<'q, $conn, M::Version>,
             TouchVersioned<M>: ExecuteDsl<$conn>,
+            M::Table: QueryFragment<Backend<$conn>> + 'static,
         {
             fn load_current_version(
                 conn: &mut $conn,
@@ -120,20 +122,23 @@ macro_rules! current_version_query_on {
             }
 
             fn key_is_unique(conn: &mut $conn) -> diesel::QueryResult<bool> {
-                if let Some(known) = journal::cached_unique_key(conn, M::TABLE_NAME) {
+                let table = table::of::<M::Table, Backend<$conn>>();
+                if let Some(known) = journal::cached_unique_key(conn, &table.sql) {
                     return Ok(known);
                 }
                 let unique = <Backend<$conn> as OptimisticBackend>::key_is_unique(
                     conn,
-                    M::TABLE_NAME,
+                    table.schema.as_deref(),
+                    &table.name,
                     M::KEY_COLUMNS,
                 )?;
-                journal::cache_unique_key(conn, M::TABLE_NAME, unique);
+                journal::cache_unique_key(conn, &table.sql, unique);
                 Ok(unique)
             }
 
             fn row_id(conn: &mut $conn, key: &M::Key) -> diesel::QueryResult<Option<String>> {
-                journal::row_id(conn, key, <Backend<$conn> as OptimisticBackend>::database_id)
+                let table = &table::of::<M::Table, Backend<$conn>>().sql;
+                journal::row_id(conn, table, key, <Backend<$conn> as OptimisticBackend>::database_id)
             }
 
             fn ends(_: &mut $conn) -> journal::Ends {
