@@ -448,6 +448,53 @@ mod postgres_schemas {
 
         written_elsewhere!(&mut a_conn, &mut b_conn, &mut two, "tenant 2's schema");
     }
+
+    #[test]
+    fn a_table_named_with_its_schema_is_one_table_whatever_the_connections_search_path() {
+        // Schema-per-tenant connections reach a shared table whose `table!`
+        // names its schema (`lockkit_archive.items`). A's write of its row 1
+        // rolls back on tenant 1's connection; B commits the row (0 -> 1) on
+        // tenant 2's; A retries there. The row is one row, whichever schema
+        // comes first in the connection's `search_path`: A must be stale.
+        let db = TestDb::<PgConnection>::new("qualified_table_across_search_paths");
+        let mut setup = db.connect();
+        let archive = lockkit_tests::archive_sql("postgres", 1);
+        exec(
+            &mut setup,
+            &format!("CREATE SCHEMA tenant_1; CREATE SCHEMA tenant_2; {archive}"),
+        );
+        let tenant = |schema: &str| {
+            let mut conn = db.connect();
+            exec(&mut conn, &format!("SET search_path TO {schema}"));
+            conn
+        };
+        let (mut one, mut two) = (tenant("tenant_1"), tenant("tenant_2"));
+        let load = |conn: &mut PgConnection| {
+            archive::items::table
+                .find(1)
+                .first::<Archived>(conn)
+                .unwrap()
+        };
+
+        let mut a = load(&mut one);
+        let rolled_back: Result<(), Error> = one.transaction(|c| {
+            a.stock = 5;
+            a.update_versioned(c)?;
+            Err(Error::NoRowMatched)
+        });
+        assert!(rolled_back.is_err());
+        let mut b = load(&mut two);
+        b.stock = 7;
+        b.update_versioned(&mut two).unwrap();
+        a.stock = 3;
+        let again = a.update_versioned(&mut two);
+        let stock = load(&mut two).stock;
+        assert!(
+            matches!(again, Err(Error::Stale(_))) && stock == 7,
+            "A's rolled-back 1, retried on tenant 2's connection, matched B's committed 1: \
+             {again:?}, stock {stock} (B's 7 lost)"
+        );
+    }
 }
 
 #[cfg(feature = "mysql")]

@@ -53,7 +53,8 @@
 //! * Whether the database enforces a table's declared key is asked once per
 //!   process, connection type and table (the blocking side asks once per
 //!   connection): a process that reaches two databases of the same backend
-//!   whose tables of the same name differ in this sees the first answer.
+//!   (or, on PostgreSQL, two schemas through different `search_path`s) whose
+//!   tables of the same name differ in this sees the first answer.
 
 use std::any::TypeId;
 use std::collections::HashMap;
@@ -422,15 +423,13 @@ where
                 true => Some(
                     diesel::sql_query(<Conn::Backend as OptimisticBackend>::DATABASE_ID)
                         .get_result::<DatabaseId>(&mut *conn)
-                        .await?
-                        .id,
+                        .await?,
                 ),
                 false => None,
             };
-            let table = &table::of::<M::Table, Conn::Backend>().sql;
             Ok(journal::row_id_with(
                 &mut AsyncWatched(conn),
-                table,
+                table::of::<M::Table, Conn::Backend>,
                 key,
                 fetched,
             ))

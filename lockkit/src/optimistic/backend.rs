@@ -34,29 +34,29 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     /// Makes `query` a read of the latest committed row.
     fn latest<Q: LockingDsl<InShareMode>>(query: Q) -> Self::Latest<Q>;
 
-    /// The statement behind [`database_id`](Self::database_id): one row, one
-    /// text column `id`. Run by blocking and async connections alike.
+    /// The statement behind [`database_id`](Self::database_id): one row, text
+    /// columns `id` and `schema`. Run by blocking and async connections alike.
     #[doc(hidden)]
     const DATABASE_ID: &'static str;
 
-    /// Names the database this connection writes to (server and database, and
-    /// on PostgreSQL the schema first in its `search_path`), so that rows of two
-    /// databases with the same table and key are told apart. Read once per
-    /// connection: a connection that later switches its `search_path` (or, on
-    /// MySQL, its database with `USE`) keeps the first name.
+    /// Names the database this connection writes to (`id`: the server, and on
+    /// PostgreSQL the database) and the schema its unqualified tables are in
+    /// (`schema`: on PostgreSQL the first in its `search_path`, on MySQL/MariaDB
+    /// the database), so that rows of two databases with the same table and key
+    /// are told apart. Read once per connection: a connection that later
+    /// switches its `search_path` (or, on MySQL, its database with `USE`) keeps
+    /// the first name.
     ///
     /// # Errors
     ///
     /// Diesel's error, unclassified (lockkit's callers classify it).
-    fn database_id<C>(conn: &mut C) -> QueryResult<String>
+    fn database_id<C>(conn: &mut C) -> QueryResult<DatabaseId>
     where
         C: Connection<Backend = Self> + LoadConnection,
         SqlQuery: for<'q> diesel::query_dsl::LoadQuery<'q, C, DatabaseId>,
     {
         use diesel::RunQueryDsl;
-        diesel::sql_query(Self::DATABASE_ID)
-            .get_result::<DatabaseId>(conn)
-            .map(|row| row.id)
+        diesel::sql_query(Self::DATABASE_ID).get_result::<DatabaseId>(conn)
     }
 
     /// The catalog query behind [`key_is_unique`](Self::key_is_unique), with its
@@ -105,9 +105,14 @@ pub struct InShareMode;
     allow(dead_code)
 )]
 pub struct DatabaseId {
-    /// Server and database.
+    /// The server, and on PostgreSQL the database; on SQLite the file (empty:
+    /// in memory).
     #[diesel(sql_type = diesel::sql_types::Text)]
     pub id: String,
+    /// The schema of the connection's unqualified tables (on MySQL/MariaDB its
+    /// database; on SQLite `main`); empty when there is none.
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub schema: String,
 }
 
 /// The row of [`OptimisticBackend::key_is_unique_query`].
@@ -139,8 +144,8 @@ mod postgres {
         // The schema too: with a schema per tenant (the connection's
         // `search_path` choosing it), tenants' tables share names and keys.
         const DATABASE_ID: &'static str =
-            "SELECT concat_ws(':', current_database(), current_schema(), \
-                                           inet_server_addr(), inet_server_port()) AS id";
+            "SELECT concat_ws(':', current_database(), inet_server_addr(), inet_server_port()) AS id, \
+                    COALESCE(current_schema(), '') AS schema";
 
         fn key_is_unique_query(
             schema: Option<&str>,
@@ -190,7 +195,7 @@ mod mysql {
         }
 
         const DATABASE_ID: &'static str =
-            "SELECT CONCAT_WS(':', DATABASE(), @@hostname, @@port) AS id";
+            "SELECT CONCAT_WS(':', @@hostname, @@port) AS id, COALESCE(DATABASE(), '') AS `schema`";
 
         fn key_is_unique_query(
             schema: Option<&str>,
@@ -227,7 +232,8 @@ mod sqlite {
         }
 
         const DATABASE_ID: &'static str =
-            "SELECT COALESCE((SELECT file FROM pragma_database_list WHERE name = 'main'), '') AS id";
+            "SELECT COALESCE((SELECT file FROM pragma_database_list WHERE name = 'main'), '') AS id, \
+                    'main' AS schema";
 
         // The pragmas' second argument is the schema (an `ATTACH`ed
         // database's name); NULL searches the schemas as an unqualified name does.

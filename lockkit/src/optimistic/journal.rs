@@ -72,10 +72,12 @@
 //! when their transaction commits, when the row's version moves past them, or when
 //! the struct holding them writes again.
 //!
-//! A row is named by its table, its key and its database: on PostgreSQL the
-//! database, the schema first in the connection's `search_path`, and the server;
-//! on MySQL/MariaDB the database and the server; on SQLite the database's file.
-//! The name is read once per connection. An SQLite database without a file
+//! A row is named by its key, its table with the table's schema, and its
+//! database: on PostgreSQL the database and the server, on MySQL/MariaDB the
+//! server, on SQLite the database's file. The schema is the one the model's
+//! `table!` names (`archive.items`, on MySQL/MariaDB a database), or else the
+//! connection's: on PostgreSQL the first in its `search_path`, on MySQL/MariaDB
+//! its database. The connection's names are read once per connection. An SQLite database without a file
 //! (`:memory:`, a temporary one) is private to its connection and named after
 //! it; a shared-cache in-memory database used from several connections is
 //! therefore several databases to the journal, and a struct rolled back on one
@@ -94,6 +96,8 @@ use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use crate::error::classification;
 use crate::error::Error;
+use crate::optimistic::backend::DatabaseId;
+use crate::optimistic::table::TableName;
 use diesel::connection::{Instrumentation, InstrumentationEvent, TransactionManager};
 use diesel::result::DatabaseErrorKind;
 use diesel::Connection;
@@ -114,8 +118,8 @@ pub struct Journal {
     committing: bool,
     /// Whether each table's declared key is unique in this connection's database.
     unique_keys: HashMap<&'static str, bool>,
-    /// The database this connection writes to.
-    database: Option<String>,
+    /// The database this connection writes to, and its schema.
+    database: Option<DatabaseId>,
     /// Whether a failed statement has ended the open transaction.
     aborts: Aborts,
 }
@@ -902,19 +906,19 @@ pub(crate) fn needs_row_ids<W: Watched>(conn: &mut W) -> bool {
     ENTRIES.load(Ordering::Relaxed) > 0 || conn.depth().is_some()
 }
 
-/// The row's identity for the journal: database, table (`table`: as the
-/// database names it, [`TableName::sql`](crate::optimistic::table::TableName::sql), so that `archive.items` is not
-/// the `items` of the connection's schema) and key, or `None` when the write
-/// needs none (nothing recorded, no transaction).
+/// The row's identity for the journal: database, schema, table and key
+/// (`table`: the schema the model's `table!` names, so that `archive.items` is
+/// not the `items` of the connection's schema), or `None` when the write needs
+/// none (nothing recorded, no transaction). Only then is `table` asked.
 ///
 /// The database id is read with `fetch` once per journaled connection, at its
 /// first versioned write (so that every connection sends the same statements),
 /// and on a connection without a journal only when an identity is needed.
 pub(crate) fn row_id<C: Connection>(
     conn: &mut C,
-    table: &str,
+    table: impl FnOnce() -> &'static TableName,
     key: &dyn std::fmt::Debug,
-    fetch: impl FnOnce(&mut C) -> diesel::QueryResult<String>,
+    fetch: impl FnOnce(&mut C) -> diesel::QueryResult<DatabaseId>,
 ) -> diesel::QueryResult<Option<String>> {
     let fetched = match needs_database_id(conn) {
         true => Some(fetch(conn)?),
@@ -938,17 +942,25 @@ pub(crate) fn needs_database_id<W: Watched>(conn: &mut W) -> bool {
 /// (`fetched`).
 pub(crate) fn row_id_with<W: Watched>(
     conn: &mut W,
-    table: &str,
+    table: impl FnOnce() -> &'static TableName,
     key: &dyn std::fmt::Debug,
-    fetched: Option<String>,
+    fetched: Option<DatabaseId>,
 ) -> Option<String> {
     let needed = needs_row_ids(conn);
-    let row = |database: &str| format!("{database}/{table}/{key:?}");
+    let row = |database: &DatabaseId| {
+        let table = table();
+        let schema = table.schema.as_deref().unwrap_or(&database.schema);
+        format!("{}/{schema:?}.{:?}/{key:?}", database.id, table.name)
+    };
     // A database with no name (SQLite's `:memory:` and temporary databases)
     // is private to its connection: named after it, not after "".
-    let private = |database: Option<String>, owner: String| match database {
-        Some(name) if name.is_empty() => Some(format!(":private:{owner}")),
-        other => other,
+    let private = |database: Option<DatabaseId>, owner: String| {
+        database.map(|mut database| {
+            if database.id.is_empty() {
+                database.id = format!(":private:{owner}");
+            }
+            database
+        })
     };
     let address = conn.address();
     match journal_of(conn) {
@@ -956,10 +968,10 @@ pub(crate) fn row_id_with<W: Watched>(
             if journal.database.is_none() {
                 journal.database = private(fetched, format!("journal {}", journal.id));
             }
-            journal.database.as_deref().filter(|_| needed).map(row)
+            journal.database.as_ref().filter(|_| needed).map(row)
         }
         None => private(fetched, format!("connection {address:#x}"))
-            .as_deref()
+            .as_ref()
             .filter(|_| needed)
             .map(row),
     }

@@ -137,8 +137,12 @@ macro_rules! current_version_query_on {
             }
 
             fn row_id(conn: &mut $conn, key: &M::Key) -> diesel::QueryResult<Option<String>> {
-                let table = &table::of::<M::Table, Backend<$conn>>().sql;
-                journal::row_id(conn, table, key, <Backend<$conn> as OptimisticBackend>::database_id)
+                journal::row_id(
+                    conn,
+                    table::of::<M::Table, Backend<$conn>>,
+                    key,
+                    <Backend<$conn> as OptimisticBackend>::database_id,
+                )
             }
 
             fn ends(_: &mut $conn) -> journal::Ends {
