@@ -398,11 +398,11 @@ where
 
     fn key_is_unique(conn: &mut Conn) -> BoxFuture<'_, QueryResult<bool>> {
         Box::pin(async move {
-            let table = table::of::<M::Table, Conn::Backend>();
-            let id = (TypeId::of::<Conn>(), table.sql.as_str());
+            let id = (TypeId::of::<Conn>(), TypeId::of::<M::Table>());
             if let Some(known) = unique_keys().get(&id) {
                 return Ok(*known);
             }
+            let table = table::of::<M::Table, Conn::Backend>();
             let query = <Conn::Backend as OptimisticBackend>::key_is_unique_query(
                 table.schema.as_deref(),
                 &table.name,
@@ -437,7 +437,8 @@ where
     }
 }
 
-type UniqueKeys = HashMap<(TypeId, &'static str), bool>;
+/// Per connection type and table type (two tables may share a name).
+type UniqueKeys = HashMap<(TypeId, TypeId), bool>;
 
 fn unique_keys() -> std::sync::MutexGuard<'static, UniqueKeys> {
     static KNOWN: LazyLock<Mutex<UniqueKeys>> = LazyLock::new(Mutex::default);

@@ -90,7 +90,9 @@
     allow(unused_imports, dead_code)
 )]
 
+use std::any::TypeId;
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
@@ -117,9 +119,10 @@ pub struct Journal {
     /// A top-level `COMMIT` was sent; its outcome comes with the next event.
     committing: bool,
     /// Whether each table's declared key is unique in this connection's database.
-    unique_keys: HashMap<&'static str, bool>,
+    /// Keyed by the table's type: two tables may share a name.
+    unique_keys: HashMap<TypeId, bool>,
     /// The database this connection writes to, and its schema.
-    database: Option<DatabaseId>,
+    database: Option<Database>,
     /// Whether a failed statement has ended the open transaction.
     aborts: Aborts,
 }
@@ -886,12 +889,12 @@ fn has_no_instrumentation<C: Connection>(conn: &mut C) -> bool {
 }
 
 /// Whether the table's key is known to be unique on this connection's database.
-pub(crate) fn cached_unique_key<W: Watched>(conn: &mut W, table: &'static str) -> Option<bool> {
-    journal_of(conn).and_then(|j| j.unique_keys.get(table).copied())
+pub(crate) fn cached_unique_key<W: Watched>(conn: &mut W, table: TypeId) -> Option<bool> {
+    journal_of(conn).and_then(|j| j.unique_keys.get(&table).copied())
 }
 
 /// Remembers whether the table's key is unique on this connection's database.
-pub(crate) fn cache_unique_key<W: Watched>(conn: &mut W, table: &'static str, unique: bool) {
+pub(crate) fn cache_unique_key<W: Watched>(conn: &mut W, table: TypeId, unique: bool) {
     if let Some(journal) = journal_of(conn) {
         journal.unique_keys.insert(table, unique);
     }
@@ -899,6 +902,16 @@ pub(crate) fn cache_unique_key<W: Watched>(conn: &mut W, table: &'static str, un
 
 /// Table, and database with key.
 type RowId = (&'static str, String);
+
+/// The database a connection writes to, as its row ids name it.
+#[derive(Debug)]
+struct Database {
+    /// [`DatabaseId::id`], or a name of its own for a database private to
+    /// the connection.
+    id: String,
+    /// [`DatabaseId::schema`], quoted as [`TableName::quoted_name`].
+    schema: String,
+}
 
 /// Whether a versioned write on `conn` must name its row to the journal: when
 /// something is recorded, or the write happens inside a transaction.
@@ -947,19 +960,28 @@ pub(crate) fn row_id_with<W: Watched>(
     fetched: Option<DatabaseId>,
 ) -> Option<String> {
     let needed = needs_row_ids(conn);
-    let row = |database: &DatabaseId| {
+    let row = |database: &Database| {
         let table = table();
-        let schema = table.schema.as_deref().unwrap_or(&database.schema);
-        format!("{}/{schema:?}.{:?}/{key:?}", database.id, table.name)
+        let schema = table.quoted_schema.as_deref().unwrap_or(&database.schema);
+        let mut id = String::with_capacity(64);
+        id.push_str(&database.id);
+        id.push('/');
+        id.push_str(schema);
+        id.push('.');
+        id.push_str(&table.quoted_name);
+        id.push('/');
+        let _ = write!(id, "{key:?}");
+        id
     };
     // A database with no name (SQLite's `:memory:` and temporary databases)
     // is private to its connection: named after it, not after "".
     let private = |database: Option<DatabaseId>, owner: String| {
-        database.map(|mut database| {
-            if database.id.is_empty() {
-                database.id = format!(":private:{owner}");
-            }
-            database
+        database.map(|database| Database {
+            id: match database.id.is_empty() {
+                true => format!(":private:{owner}"),
+                false => database.id,
+            },
+            schema: format!("{:?}", database.schema),
         })
     };
     let address = conn.address();

@@ -33,6 +33,11 @@ pub(crate) struct TableName {
     pub(crate) schema: Option<String>,
     /// The table's own name, unquoted.
     pub(crate) name: String,
+    /// `schema` and `name` as the journal's row ids write them: quoted as Rust
+    /// quotes a string (`"items"`), so that no name runs into the next, and
+    /// the same for every backend.
+    pub(crate) quoted_schema: Option<String>,
+    pub(crate) quoted_name: String,
 }
 
 /// The name of table `T` on backend `DB`, rendered at the first call and kept.
@@ -65,17 +70,21 @@ fn parse(rendered: &str) -> TableName {
     match parts {
         Some((sql, mut parts)) if parts.len() <= 2 => {
             let name = parts.pop().unwrap_or_default();
-            TableName {
-                sql: sql.to_owned(),
-                schema: parts.pop(),
-                name,
-            }
+            TableName::new(sql, parts.pop(), name)
         }
-        _ => TableName {
-            sql: rendered.to_owned(),
-            schema: None,
-            name: rendered.to_owned(),
-        },
+        _ => TableName::new(rendered, None, rendered.to_owned()),
+    }
+}
+
+impl TableName {
+    fn new(sql: &str, schema: Option<String>, name: String) -> Self {
+        TableName {
+            sql: sql.to_owned(),
+            quoted_schema: schema.as_ref().map(|schema| format!("{schema:?}")),
+            quoted_name: format!("{name:?}"),
+            schema,
+            name,
+        }
     }
 }
 
@@ -112,11 +121,7 @@ mod tests {
     use super::*;
 
     fn named(sql: &str, schema: Option<&str>, name: &str) -> TableName {
-        TableName {
-            sql: sql.into(),
-            schema: schema.map(Into::into),
-            name: name.into(),
-        }
+        TableName::new(sql, schema.map(Into::into), name.into())
     }
 
     #[test]

@@ -25,6 +25,8 @@
     allow(unused_imports, dead_code)
 )]
 
+use std::any::TypeId;
+
 use diesel::dsl::{self, Find, Select};
 use diesel::expression::{AsExpression, Expression};
 use diesel::query_builder::{AsChangeset, IntoUpdateTarget, QueryFragment};
@@ -122,17 +124,17 @@ macro_rules! current_version_query_on {
             }
 
             fn key_is_unique(conn: &mut $conn) -> diesel::QueryResult<bool> {
-                let table = table::of::<M::Table, Backend<$conn>>();
-                if let Some(known) = journal::cached_unique_key(conn, &table.sql) {
+                if let Some(known) = journal::cached_unique_key(conn, TypeId::of::<M::Table>()) {
                     return Ok(known);
                 }
+                let table = table::of::<M::Table, Backend<$conn>>();
                 let unique = <Backend<$conn> as OptimisticBackend>::key_is_unique(
                     conn,
                     table.schema.as_deref(),
                     &table.name,
                     M::KEY_COLUMNS,
                 )?;
-                journal::cache_unique_key(conn, &table.sql, unique);
+                journal::cache_unique_key(conn, TypeId::of::<M::Table>(), unique);
                 Ok(unique)
             }
 
