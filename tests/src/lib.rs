@@ -309,6 +309,33 @@ pub fn archive_sql(backend: &str, id: i32) -> String {
     )
 }
 
+/// The `(name, lock_version)` of the `lockkit_archive.items` rows of key
+/// `id`, by name: what a refused write must leave there.
+#[cfg(feature = "harness")]
+#[allow(clippy::type_complexity)]
+pub fn archived(
+    id: i32,
+) -> diesel::dsl::Select<
+    diesel::dsl::Order<
+        diesel::dsl::Filter<
+            schema::archive::items::table,
+            diesel::dsl::Eq<schema::archive::items::id, i32>,
+        >,
+        schema::archive::items::name,
+    >,
+    (
+        schema::archive::items::name,
+        schema::archive::items::lock_version,
+    ),
+> {
+    use diesel::prelude::*;
+    use schema::archive::items;
+    items::table
+        .filter(items::id.eq(id))
+        .order(items::name)
+        .select((items::name, items::lock_version))
+}
+
 /// Runs the same SQL on every backend (test fixtures only, never outside input).
 #[cfg(feature = "harness")]
 pub fn exec<C: diesel::Connection>(conn: &mut C, sql: &str) {

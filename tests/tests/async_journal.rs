@@ -194,17 +194,11 @@ async_backend_tests! {
         a_conn.batch_execute(&lockkit_tests::archive_sql(BACKEND, 1)).await.unwrap();
         let mut archived = Archived { id: 1, name: "archived".into(), stock: 9, lock_version: 0 };
         archived.update_versioned(&mut a_conn).await.unwrap();
-
-        let mut b = item!(&mut b_conn, 1);
-        b.stock = 7;
-        b.update_versioned(&mut b_conn).await.unwrap();
-        a.stock = 3;
-        let again = a.update_versioned(&mut a_conn).await;
-        let stock = item!(&mut b_conn, 1).stock;
-        assert!(
-            matches!(again, Err(Error::Stale(_))) && stock == 7,
-            "the archive's write cleared the journal's record of A's rolled-back 1, which then \
-             matched B's committed 1: {again:?}, stock {stock} (B's 7 lost)"
+        b_commits_then_a_is_stale!(
+            &mut a_conn,
+            &mut b_conn,
+            a,
+            "the archive's write had cleared the journal"
         );
     }
 

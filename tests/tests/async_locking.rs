@@ -306,7 +306,6 @@ async_backend_tests! {
     async fn a_key_unique_in_the_connections_table_of_that_name_is_not_unique_in_the_archive(db) {
         use diesel_async::SimpleAsyncConnection;
         use lockkit_tests::models::Archived;
-        use lockkit_tests::schema::archive;
         seed_items(&mut db.conn(), &[(2, 10)]);
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
         conn.batch_execute(&lockkit_tests::archive_sql(BACKEND, 2)).await.unwrap();
@@ -317,13 +316,7 @@ async_backend_tests! {
         let mut archived = Archived { id: 2, name: "c".into(), stock: 0, lock_version: 0 };
         let err = archived.update_versioned(&mut conn).await.unwrap_err();
         assert!(matches!(err, Error::AmbiguousKey { table: "items", .. }), "{err:?}");
-        let stored: Vec<(String, i32)> = archive::items::table
-            .filter(archive::items::id.eq(2))
-            .order(archive::items::name)
-            .select((archive::items::name, archive::items::lock_version))
-            .load(&mut conn)
-            .await
-            .unwrap();
+        let stored: Vec<(String, i32)> = lockkit_tests::archived(2).load(&mut conn).await.unwrap();
         assert_eq!(stored, [("archived".into(), 0), ("twin".into(), 0)], "nothing was written");
     }
 

@@ -614,12 +614,7 @@ mod all {
             let mut archived = Archived { id: 2, name: "c".into(), stock: 0, lock_version: 0 };
             let err = archived.update_versioned(&mut conn).unwrap_err();
             assert!(matches!(err, Error::AmbiguousKey { table: "items", .. }), "{err:?}");
-            let stored: Vec<(String, i32)> = archive::items::table
-                .filter(archive::items::id.eq(2))
-                .order(archive::items::name)
-                .select((archive::items::name, archive::items::lock_version))
-                .load(&mut conn)
-                .unwrap();
+            let stored: Vec<(String, i32)> = lockkit_tests::archived(2).load(&mut conn).unwrap();
             assert_eq!(stored, [("archived".into(), 0), ("twin".into(), 0)], "nothing was written");
         }
 

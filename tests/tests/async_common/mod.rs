@@ -287,6 +287,28 @@ macro_rules! item {
     }};
 }
 
+/// B reads item 1 on `$b_conn`, writes its 7 and commits; A's struct `$a`,
+/// holding the number a rolled-back write left, writes again on `$a_conn`: it
+/// must be stale, and B's 7 stay. `$what` names what might have made the
+/// journal forget A's rollback.
+#[allow(unused_macros)]
+macro_rules! b_commits_then_a_is_stale {
+    ($a_conn:expr, $b_conn:expr, $a:expr, $what:literal) => {{
+        let mut b = item!($b_conn, 1);
+        b.stock = 7;
+        b.update_versioned($b_conn).await.unwrap();
+        $a.stock = 3;
+        let again = $a.update_versioned($a_conn).await;
+        let stock = item!($b_conn, 1).stock;
+        assert!(
+            matches!(again, Err(lockkit::Error::Stale(_))) && stock == 7,
+            "A's rolled-back version 1 matched B's committed 1 once {}: {again:?}, \
+             stock {stock} (B's 7 lost)",
+            $what
+        );
+    }};
+}
+
 /// Item 1's stock, read on `$conn` (each `async_*` test file that uses it has
 /// diesel's and diesel-async's query methods in scope). A macro: diesel-async
 /// checks the query per connection type.
