@@ -320,6 +320,30 @@ async_backend_tests! {
         assert_eq!(stored, [("archived".into(), 0), ("twin".into(), 0)], "nothing was written");
     }
 
+    /// Whether the database enforces a table's key is a question about one
+    /// database: a second database whose `items` enforces none is asked about
+    /// its own, after the first database's `items` answered yes.
+    async fn a_table_of_the_same_name_in_another_database_is_asked_about_its_own_key(db) {
+        let unkeyed = lockkit_tests::TestDb::<Sync>::empty("async_unkeyed_items");
+        lockkit_tests::exec(
+            &mut unkeyed.connect(),
+            "CREATE TABLE items (id INTEGER NOT NULL, name VARCHAR(100) NOT NULL, \
+             stock INTEGER NOT NULL, lock_version INTEGER NOT NULL); \
+             INSERT INTO items VALUES (1, 'a', 10, 0); INSERT INTO items VALUES (1, 'b', 10, 0)",
+        );
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut keyed: Async = async_common::connect(&db.url, BACKEND).await;
+        let mut item = item!(&mut keyed, 1);
+        item.update_versioned(&mut keyed).await.unwrap();
+
+        let mut conn: Async = async_common::connect(&unkeyed.url, BACKEND).await;
+        let mut twin = Item { id: 1, name: "c".into(), stock: 0, lock_version: 0 };
+        let err = twin.update_versioned(&mut conn).await.unwrap_err();
+        assert!(matches!(err, Error::AmbiguousKey { table: "items", .. }), "{err:?}");
+        let versions: Vec<i32> = items::table.select(items::lock_version).load(&mut conn).await.unwrap();
+        assert_eq!(versions, [0, 0], "nothing was written");
+    }
+
     async fn update_all_by_version_writes_every_row_or_none(db) {
         seed_items(&mut db.conn(), &[(1, 1), (2, 2), (3, 3)]);
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;

@@ -50,17 +50,12 @@
 //!   whose write was rolled back writes with. A connection with instrumentation
 //!   of its own keeps it: wrap it in
 //!   [`Journal::wrap`](crate::journal::Journal::wrap) there as well.
-//! * Whether the database enforces a table's declared key is asked once per
-//!   process, connection type and table (the blocking side asks once per
-//!   connection): a process that reaches two databases of the same backend
-//!   (or, on PostgreSQL, two schemas through different `search_path`s) whose
-//!   tables of the same name differ in this sees the first answer.
+//! * Nor in the question whether the database enforces a table's declared key:
+//!   asked once per connection and table, the answer kept in its journal.
 
 use std::any::TypeId;
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{LazyLock, Mutex};
 
 use diesel::backend::Backend;
 use diesel::query_builder::{AsChangeset, BoxedSqlQuery, QueryFragment, SqlQuery};
@@ -398,9 +393,9 @@ where
 
     fn key_is_unique(conn: &mut Conn) -> BoxFuture<'_, QueryResult<bool>> {
         Box::pin(async move {
-            let id = (TypeId::of::<Conn>(), TypeId::of::<M::Table>());
-            if let Some(known) = unique_keys().get(&id) {
-                return Ok(*known);
+            let declared = TypeId::of::<M::Table>();
+            if let Some(known) = journal::cached_unique_key(&mut AsyncWatched(conn), declared) {
+                return Ok(known);
             }
             let table = table::of::<M::Table, Conn::Backend>();
             let query = <Conn::Backend as OptimisticBackend>::key_is_unique_query(
@@ -409,7 +404,7 @@ where
                 M::KEY_COLUMNS,
             );
             let unique = query.get_result::<Unique>(conn).await?.unique_key != 0;
-            unique_keys().insert(id, unique);
+            journal::cache_unique_key(&mut AsyncWatched(conn), declared, unique);
             Ok(unique)
         })
     }
@@ -435,16 +430,6 @@ where
             ))
         })
     }
-}
-
-/// Per connection type and table type (two tables may share a name).
-type UniqueKeys = HashMap<(TypeId, TypeId), bool>;
-
-fn unique_keys() -> std::sync::MutexGuard<'static, UniqueKeys> {
-    static KNOWN: LazyLock<Mutex<UniqueKeys>> = LazyLock::new(Mutex::default);
-    KNOWN
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Runs one versioned write: the sequence the blocking side's
