@@ -136,6 +136,37 @@ macro_rules! item {
     }};
 }
 
+/// One row reached through two connections: A's versioned write of the row
+/// `$load` reads rolls back on `$one`; B reads it, writes its 7 and commits on
+/// `$two`; A writes again on `$two` from its rolled-back number. A must be
+/// stale, and B's 7 stay, however the two connections name the row's server
+/// (`$how`).
+#[macro_export]
+macro_rules! rolled_back_on_one_retried_on_the_other {
+    ($one:expr, $two:expr, $load:expr, $how:literal) => {{
+        let load = $load;
+        let mut a = load($one);
+        let rolled_back: Result<(), ::lockkit::Error> = ($one).transaction(|c| {
+            a.stock = 5;
+            a.update_versioned(c)?;
+            Err(::lockkit::Error::NoRowMatched)
+        });
+        assert!(rolled_back.is_err());
+        let mut b = load($two);
+        b.stock = 7;
+        b.update_versioned($two).unwrap();
+        a.stock = 3;
+        let again = a.update_versioned($two);
+        let stock = load($two).stock;
+        assert!(
+            matches!(again, Err(::lockkit::Error::Stale(_))) && stock == 7,
+            "A's rolled-back 1, retried through {}, matched B's committed 1: {again:?}, \
+             stock {stock} (B's 7 lost)",
+            $how
+        );
+    }};
+}
+
 /// The stock of `items` row `$id` (row 1 when omitted), read on `$conn`. A
 /// macro, not a function: Diesel checks the query per backend.
 #[cfg(feature = "harness")]

@@ -355,9 +355,28 @@ fn with_lock_on_another_node_does_not_wait_and_the_later_commit_fails_retryably(
     let err = node_1.expect_err("node 1's COMMIT after node 2's must fail");
     assert!(matches!(err, Error::Deadlock), "{err:?}");
     assert!(err.is_retryable());
-    // Node 2's write stands; node 1's was rolled back and reported, not lost in silence.
-    assert_eq!(cluster.item(), (10, 1));
+    // Node 2's write stands; node 1's was rolled back and reported, not lost in
+    // silence. Node 2's write found the row below the number node 1's open
+    // write gave it, so lockkit moved the row past that number (version 2):
+    // the struct node 1 read under lock holds it.
+    assert_eq!(cluster.item(), (10, 2));
     eprintln!("galera with_lock: node 2 locked the row node 1 held in {waited:?}");
+}
+
+#[test]
+fn a_struct_rolled_back_on_one_node_never_writes_over_a_commit_on_another() {
+    // README, Guarantees: a struct whose versioned write was rolled back never
+    // succeeds over somebody else's later write. The nodes name themselves
+    // apart (`@@hostname`, `@@port`); the row is one row.
+    let cluster = Cluster::with_hot_item("rolled_back_across_nodes");
+    let (mut one, mut two) = (cluster.synced(0), cluster.synced(1));
+    lockkit_tests::rolled_back_on_one_retried_on_the_other!(
+        &mut one,
+        &mut two,
+        |conn: &mut MysqlConnection| items::table.find(1).first::<Item>(conn).unwrap(),
+        "node 2"
+    );
+    assert_eq!(cluster.item().0, 7, "every node has B's 7");
 }
 
 #[test]
@@ -375,7 +394,8 @@ fn a_transaction_overtaken_by_another_node_fails_at_its_next_statement() {
     node_2.unwrap();
     let err = node_1.expect_err("node 1's next statement after node 2's commit must fail");
     assert!(matches!(err, Error::Deadlock), "{err:?}");
-    assert_eq!(cluster.item(), (10, 1));
+    // Version 2: node 2's write moved the row past node 1's open number, as above.
+    assert_eq!(cluster.item(), (10, 2));
 }
 
 #[test]
@@ -611,7 +631,9 @@ fn a_retried_lock_after_a_refused_rollback<C>(
         })
     });
     assert_eq!(result.unwrap(), 2);
-    assert_eq!(cluster.item(), (11, 2));
+    // Node 2's write moved the row past the first attempt's open number (2),
+    // and the retry's lock bumped it once more.
+    assert_eq!(cluster.item(), (11, 3));
 }
 
 #[test]

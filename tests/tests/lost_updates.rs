@@ -469,30 +469,90 @@ mod postgres_schemas {
             conn
         };
         let (mut one, mut two) = (tenant("tenant_1"), tenant("tenant_2"));
-        let load = |conn: &mut PgConnection| {
-            archive::items::table
+        lockkit_tests::rolled_back_on_one_retried_on_the_other!(
+            &mut one,
+            &mut two,
+            |conn: &mut PgConnection| archive::items::table
                 .find(1)
                 .first::<Archived>(conn)
-                .unwrap()
-        };
+                .unwrap(),
+            "tenant 2's connection"
+        );
+    }
 
-        let mut a = load(&mut one);
-        let rolled_back: Result<(), Error> = one.transaction(|c| {
-            a.stock = 5;
-            a.update_versioned(c)?;
-            Err(Error::NoRowMatched)
-        });
-        assert!(rolled_back.is_err());
-        let mut b = load(&mut two);
-        b.stock = 7;
-        b.update_versioned(&mut two).unwrap();
-        a.stock = 3;
-        let again = a.update_versioned(&mut two);
-        let stock = load(&mut two).stock;
-        assert!(
-            matches!(again, Err(Error::Stale(_))) && stock == 7,
-            "A's rolled-back 1, retried on tenant 2's connection, matched B's committed 1: \
-             {again:?}, stock {stock} (B's 7 lost)"
+    #[test]
+    fn a_database_reached_through_a_unix_socket_and_tcp_is_one_database() {
+        // `inet_server_addr()` is the address the connection reached, NULL
+        // over a Unix socket: the server part of a row's name depends on the
+        // path, and must not make one row two.
+        let db = TestDb::<PgConnection>::new("socket_and_tcp");
+        let mut tcp = db.connect();
+        seed_items(&mut tcp, &[(1, 10)]);
+        let (dirs, port): (String, String) = diesel::select((
+            diesel::dsl::sql::<diesel::sql_types::Text>(
+                "current_setting('unix_socket_directories')",
+            ),
+            diesel::dsl::sql::<diesel::sql_types::Text>("current_setting('port')"),
+        ))
+        .get_result(&mut tcp)
+        .unwrap();
+        let dir = dirs.split(',').next().unwrap_or_default().trim();
+        assert!(!dir.is_empty(), "the test server listens on no Unix socket");
+        let (user, rest) = db.url.split_once('@').unwrap();
+        let name = rest.rsplit_once('/').unwrap().1;
+        let socket_url = format!("{user}@/{name}?host={dir}&port={port}");
+        let mut socket = PgConnection::establish(&socket_url)
+            .unwrap_or_else(|e| panic!("cannot reach the test server at {socket_url}: {e}"));
+
+        lockkit_tests::rolled_back_on_one_retried_on_the_other!(
+            &mut tcp,
+            &mut socket,
+            |conn: &mut PgConnection| item!(conn, 1),
+            "a Unix socket"
+        );
+    }
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite_attached {
+    use super::*;
+    use diesel::SqliteConnection;
+    use lockkit_tests::{exec, TestDb};
+
+    #[test]
+    fn a_database_attached_by_connections_with_different_main_files_is_one_database() {
+        // A file of shared rows, attached as `lockkit_archive` by two
+        // connections whose own (main) databases differ.
+        let shared = TestDb::<SqliteConnection>::empty("attached_shared");
+        exec(
+            &mut shared.connect(),
+            "CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL, \
+             stock INTEGER NOT NULL, lock_version INTEGER NOT NULL); \
+             INSERT INTO items VALUES (1, 'shared', 10, 0)",
+        );
+        let (main_1, main_2) = (
+            TestDb::<SqliteConnection>::empty("attached_main_1"),
+            TestDb::<SqliteConnection>::empty("attached_main_2"),
+        );
+        let attach = |main: &TestDb<SqliteConnection>| {
+            let mut conn = main.connect();
+            let file = shared.url.replace('\'', "''");
+            exec(
+                &mut conn,
+                &format!("ATTACH DATABASE '{file}' AS lockkit_archive"),
+            );
+            conn
+        };
+        let (mut one, mut two) = (attach(&main_1), attach(&main_2));
+
+        lockkit_tests::rolled_back_on_one_retried_on_the_other!(
+            &mut one,
+            &mut two,
+            |conn: &mut SqliteConnection| archive::items::table
+                .find(1)
+                .first::<Archived>(conn)
+                .unwrap(),
+            "another main file"
         );
     }
 }

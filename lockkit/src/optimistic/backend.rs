@@ -35,14 +35,16 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     fn latest<Q: LockingDsl<InShareMode>>(query: Q) -> Self::Latest<Q>;
 
     /// The statement behind [`database_id`](Self::database_id): one row, text
-    /// columns `id` and `schema`. Run by blocking and async connections alike.
+    /// columns `id`, `server`, `schema` and `attached`. Run by blocking and
+    /// async connections alike.
     #[doc(hidden)]
     const DATABASE_ID: &'static str;
 
-    /// Names the database this connection writes to (`id`: the server, and on
-    /// PostgreSQL the database) and the schema its unqualified tables are in
-    /// (`schema`: on PostgreSQL the first in its `search_path`, on MySQL/MariaDB
-    /// the database), so that rows of two databases with the same table and key
+    /// Names the database this connection writes to (`id`: on PostgreSQL the
+    /// database, on SQLite the file), the server as the connection reached it
+    /// (`server`) and the schema its unqualified tables are in (`schema`: on
+    /// PostgreSQL the first in its `search_path`, on MySQL/MariaDB the
+    /// database), so that rows of two databases with the same table and key
     /// are told apart. Read once per connection: a connection that later
     /// switches its `search_path` (or, on MySQL, its database with `USE`) keeps
     /// the first name.
@@ -105,14 +107,24 @@ pub struct InShareMode;
     allow(dead_code)
 )]
 pub struct DatabaseId {
-    /// The server, and on PostgreSQL the database; on SQLite the file (empty:
-    /// in memory).
+    /// On PostgreSQL the database; on SQLite the file (empty: in memory).
     #[diesel(sql_type = diesel::sql_types::Text)]
     pub id: String,
+    /// The server as the connection reached it: its address and port
+    /// (PostgreSQL), its host name and port (MySQL/MariaDB). One server
+    /// reached by two paths (a Unix socket and TCP) or a cluster's two nodes
+    /// give two names: the journal never takes it as the whole identity.
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub server: String,
     /// The schema of the connection's unqualified tables (on MySQL/MariaDB its
     /// database; on SQLite `main`); empty when there is none.
     #[diesel(sql_type = diesel::sql_types::Text)]
     pub schema: String,
+    /// SQLite: the databases attached with a file, as `name`, U+001F, `file`,
+    /// each ended by U+001E (a table in one is named by its file, whatever
+    /// the name it is attached under); empty elsewhere.
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub attached: String,
 }
 
 /// The row of [`OptimisticBackend::key_is_unique_query`].
@@ -143,9 +155,9 @@ mod postgres {
 
         // The schema too: with a schema per tenant (the connection's
         // `search_path` choosing it), tenants' tables share names and keys.
-        const DATABASE_ID: &'static str =
-            "SELECT concat_ws(':', current_database(), inet_server_addr(), inet_server_port()) AS id, \
-                    COALESCE(current_schema(), '') AS schema";
+        const DATABASE_ID: &'static str = "SELECT current_database() AS id, \
+                    concat_ws(':', inet_server_addr(), inet_server_port()) AS server, \
+                    COALESCE(current_schema(), '') AS schema, '' AS attached";
 
         fn key_is_unique_query(
             schema: Option<&str>,
@@ -195,7 +207,8 @@ mod mysql {
         }
 
         const DATABASE_ID: &'static str =
-            "SELECT CONCAT_WS(':', @@hostname, @@port) AS id, COALESCE(DATABASE(), '') AS `schema`";
+            "SELECT '' AS id, CONCAT_WS(':', @@hostname, @@port) AS server, \
+                    COALESCE(DATABASE(), '') AS `schema`, '' AS attached";
 
         fn key_is_unique_query(
             schema: Option<&str>,
@@ -233,7 +246,10 @@ mod sqlite {
 
         const DATABASE_ID: &'static str =
             "SELECT COALESCE((SELECT file FROM pragma_database_list WHERE name = 'main'), '') AS id, \
-                    'main' AS schema";
+                    '' AS server, 'main' AS schema, \
+                    COALESCE((SELECT group_concat(name || char(31) || file || char(30), '') \
+                                FROM pragma_database_list \
+                               WHERE name NOT IN ('main', 'temp') AND file <> ''), '') AS attached";
 
         // The pragmas' second argument is the schema (an `ATTACH`ed
         // database's name); NULL searches the schemas as an unqualified name does.

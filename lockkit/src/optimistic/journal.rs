@@ -73,11 +73,16 @@
 //! the struct holding them writes again.
 //!
 //! A row is named by its key, its table with the table's schema, and its
-//! database: on PostgreSQL the database and the server, on MySQL/MariaDB the
-//! server, on SQLite the database's file. The schema is the one the model's
-//! `table!` names (`archive.items`, on MySQL/MariaDB a database), or else the
-//! connection's: on PostgreSQL the first in its `search_path`, on MySQL/MariaDB
-//! its database. The connection's names are read once per connection. An SQLite database without a file
+//! database (on PostgreSQL its name, on SQLite its file). The schema is the one
+//! the model's `table!` names (`archive.items`, on MySQL/MariaDB a database;
+//! on SQLite a table of an attached database is named by that file), or else
+//! the connection's: on PostgreSQL the first in its `search_path`, on
+//! MySQL/MariaDB its database. The server as the connection reached it (its
+//! address, or host name, and port) is kept beside the name: a rolled-back
+//! number protects the row whichever server recorded it, and a commit forgets
+//! only what was recorded through its own (`server_and_rest`), so that one
+//! server reached by two paths, or a cluster's two nodes, cannot make one row
+//! two. The connection's names are read once per connection. An SQLite database without a file
 //! (`:memory:`, a temporary one) is private to its connection and named after
 //! it; a shared-cache in-memory database used from several connections is
 //! therefore several databases to the journal, and a struct rolled back on one
@@ -380,14 +385,20 @@ impl Journal {
         self.inner.as_deref_mut()
     }
 
+    /// The server this connection's row ids name ([`server_and_rest`]).
+    fn server(database: &Option<Database>) -> &str {
+        database.as_ref().map_or("", |database| &database.server)
+    }
+
     fn rolled_back(&mut self, depth: u32) {
         // Nothing written here: the shared registry is not touched.
         if self.open.is_empty() {
             return;
         }
         let mut registry = registry();
+        let server = Self::server(&self.database);
         self.open.retain(|(row, version)| {
-            let Some(entry) = registry.find_mut(row, *version) else {
+            let Some(entry) = registry.find_mut(row, server, *version) else {
                 return false;
             };
             match entry.state {
@@ -406,11 +417,12 @@ impl Journal {
             return;
         }
         let mut registry = registry();
+        let server = Self::server(&self.database);
         for (row, version) in &self.open {
             if let Some(Entry {
                 state: State::Open { depth: d, .. },
                 ..
-            }) = registry.find_mut(row, *version)
+            }) = registry.find_mut(row, server, *version)
             {
                 if *d >= depth {
                     *d = depth - 1;
@@ -425,11 +437,12 @@ impl Journal {
             return;
         }
         let mut registry = registry();
+        let server = Self::server(&self.database);
         for (row, version) in self.open.drain(..) {
             // Only what this transaction wrote: the rolled-back numbers below
             // stay, since a commit the journal took for one may not have been
             // (a failure it could not see ended the transaction).
-            registry.remove(&row, |e| e.version == version);
+            registry.remove(&row, |e| e.version == version && *e.server == *server);
         }
     }
 }
@@ -909,8 +922,27 @@ struct Database {
     /// [`DatabaseId::id`], or a name of its own for a database private to
     /// the connection.
     id: String,
+    /// [`DatabaseId::server`].
+    server: String,
     /// [`DatabaseId::schema`], quoted as [`TableName::quoted_name`].
     schema: String,
+    /// [`DatabaseId::attached`]: each attached database's name and file.
+    attached: Vec<(String, String)>,
+}
+
+/// Splits a row id ([`row_id_with`]) into the server as the connection
+/// reached it and the rest: database, schema, table and key.
+///
+/// One server reached by two paths (a Unix socket and TCP, two addresses)
+/// or two nodes of one cluster name the same row with two servers. So what
+/// protects a row (a rolled-back number to restore, [`plan`], or to move past,
+/// [`reused`]) is looked up by the rest alone, whichever server recorded it,
+/// and what forgets an entry (a commit that moved the row past it) only
+/// forgets the entries recorded through the same server: a row of another
+/// server that shares database, table and key costs at worst a stale report
+/// or a version skipped, never a write over another.
+fn server_and_rest(row: &str) -> (&str, &str) {
+    row.split_once('\0').unwrap_or(("", row))
 }
 
 /// Whether a versioned write on `conn` must name its row to the journal: when
@@ -962,9 +994,23 @@ pub(crate) fn row_id_with<W: Watched>(
     let needed = needs_row_ids(conn);
     let row = |database: &Database| {
         let table = table();
-        let schema = table.quoted_schema.as_deref().unwrap_or(&database.schema);
+        // A table of an attached database (SQLite) is named by the file, as
+        // the file's connections name their own tables: schema `main`.
+        let attached = table
+            .schema
+            .as_deref()
+            .and_then(|schema| database.attached.iter().find(|(name, _)| name == schema));
+        let (database_id, schema) = match attached {
+            Some((_, file)) => (file.as_str(), "\"main\""),
+            None => (
+                database.id.as_str(),
+                table.quoted_schema.as_deref().unwrap_or(&database.schema),
+            ),
+        };
         let mut id = String::with_capacity(64);
-        id.push_str(&database.id);
+        id.push_str(&database.server);
+        id.push('\0');
+        id.push_str(database_id);
         id.push('/');
         id.push_str(schema);
         id.push('.');
@@ -973,15 +1019,23 @@ pub(crate) fn row_id_with<W: Watched>(
         let _ = write!(id, "{key:?}");
         id
     };
-    // A database with no name (SQLite's `:memory:` and temporary databases)
-    // is private to its connection: named after it, not after "".
+    // A database with no name and no server (SQLite's `:memory:` and
+    // temporary databases) is private to its connection: named after it, not
+    // after "".
     let private = |database: Option<DatabaseId>, owner: String| {
         database.map(|database| Database {
-            id: match database.id.is_empty() {
+            id: match database.id.is_empty() && database.server.is_empty() {
                 true => format!(":private:{owner}"),
                 false => database.id,
             },
+            server: database.server,
             schema: format!("{:?}", database.schema),
+            attached: database
+                .attached
+                .split_terminator('\u{1e}')
+                .filter_map(|one| one.split_once('\u{1f}'))
+                .map(|(name, file)| (name.to_owned(), file.to_owned()))
+                .collect(),
         })
     };
     let address = conn.address();
@@ -1023,6 +1077,8 @@ struct Entry {
     tainted: bool,
     state: State,
     seq: u64,
+    /// The server the write went through ([`server_and_rest`]).
+    server: Box<str>,
 }
 
 impl Entry {
@@ -1066,11 +1122,11 @@ fn registry() -> MutexGuard<'static, Registry> {
 }
 
 impl Registry {
-    fn find_mut(&mut self, row: &RowId, version: i64) -> Option<&mut Entry> {
+    fn find_mut(&mut self, row: &RowId, server: &str, version: i64) -> Option<&mut Entry> {
         self.rows
             .get_mut(row)?
             .iter_mut()
-            .find(|e| e.version == version)
+            .find(|e| e.version == version && *e.server == *server)
     }
 
     fn remove(&mut self, row: &RowId, mut doomed: impl FnMut(&Entry) -> bool) {
@@ -1094,7 +1150,7 @@ impl Registry {
         self.order.push_back((entry.seq, row.clone()));
         let entries = self.rows.entry(row).or_default();
         let before = entries.len();
-        entries.retain(|e| e.version != entry.version);
+        entries.retain(|e| e.version != entry.version || e.server != entry.server);
         entries.push(entry);
         let after = entries.len();
         if after > before {
@@ -1171,7 +1227,8 @@ pub(crate) fn plan<W: Watched>(
     if ENTRIES.load(Ordering::Relaxed) == 0 {
         return Plan::Write;
     }
-    let row = (table, row.to_owned());
+    // Whichever server recorded it.
+    let row = (table, server_and_rest(row).1.to_owned());
     let here = (conn.address(), conn.depth());
     let registry = registry();
     let Some(entries) = registry.rows.get(&row) else {
@@ -1230,7 +1287,11 @@ pub(crate) fn reused<W: Watched>(
         |e: &Entry| matches!(e.state, State::Open { journal, .. } if Some(journal) != mine);
     let here = (conn.address(), conn.depth());
     let registry = registry();
-    let Some(entries) = registry.rows.get(&(table, row.to_owned())) else {
+    // Whichever server recorded it.
+    let Some(entries) = registry
+        .rows
+        .get(&(table, server_and_rest(row).1.to_owned()))
+    else {
         return false;
     };
     // An unwatched entry at `to` cannot be of the open transaction, whatever the
@@ -1280,7 +1341,9 @@ pub(crate) fn written<W: Watched>(
     if ENTRIES.load(Ordering::Relaxed) == 0 && (depth.is_none() || to.is_none()) {
         return;
     }
-    let row = (table, row.to_owned());
+    let (server, rest) = server_and_rest(row);
+    let row = (table, rest.to_owned());
+    let through = |e: &Entry| *e.server == *server;
     // A restored write's rolled-back numbers stay recorded: copies of its
     // struct hold them too. They go once a write outside a transaction moves
     // the row past them.
@@ -1289,7 +1352,7 @@ pub(crate) fn written<W: Watched>(
         // delete inside a transaction may still be rolled back, with the row
         // and the rolled-back versions other structs hold: those stay.
         if depth.is_none() {
-            registry().remove(&row, |_| true);
+            registry().remove(&row, through);
         }
         return;
     };
@@ -1297,7 +1360,7 @@ pub(crate) fn written<W: Watched>(
         // Committed: versions only grow, so a number below the row's can never
         // match again.
         registry().remove(&row, |e| {
-            e.version < to && !matches!(e.state, State::Open { .. })
+            through(e) && e.version < to && !matches!(e.state, State::Open { .. })
         });
         return;
     };
@@ -1321,7 +1384,7 @@ pub(crate) fn written<W: Watched>(
     let tainted = registry.rows.get(&row).is_some_and(|entries| {
         entries
             .iter()
-            .any(|e| e.version == from && !matches!(e.state, State::RolledBack))
+            .any(|e| through(e) && e.version == from && !matches!(e.state, State::RolledBack))
     });
     registry.insert(
         row,
@@ -1331,16 +1394,18 @@ pub(crate) fn written<W: Watched>(
             tainted,
             state,
             seq: 0,
+            server: server.into(),
         },
     );
 }
 
 /// After a write planned as [`Plan::Restore`] found the row elsewhere: forgets
 /// the tentative versions at or below what the row holds now.
-pub(crate) fn forget_through(table: &'static str, key: String, current: i64) {
+pub(crate) fn forget_through(table: &'static str, row: &str, current: i64) {
     if ENTRIES.load(Ordering::Relaxed) > 0 {
-        registry().remove(&(table, key), |e| {
-            e.version <= current && !matches!(e.state, State::Open { .. })
+        let (server, rest) = server_and_rest(row);
+        registry().remove(&(table, rest.to_owned()), |e| {
+            *e.server == *server && e.version <= current && !matches!(e.state, State::Open { .. })
         });
     }
 }
@@ -1371,7 +1436,7 @@ pub(crate) fn found_stale<W: Watched>(
     ) = (plan, current, row)
     {
         if conn.depth().is_none() {
-            forget_through(table, row.to_owned(), current);
+            forget_through(table, row, current);
         }
     }
 }
