@@ -522,7 +522,8 @@ mod sqlite_attached {
     #[test]
     fn a_database_attached_by_connections_with_different_main_files_is_one_database() {
         // A file of shared rows, attached as `lockkit_archive` by two
-        // connections whose own (main) databases differ.
+        // connections whose own (main) databases differ, one spelling the
+        // name in capitals (SQLite's names ignore case).
         let shared = TestDb::<SqliteConnection>::empty("attached_shared");
         exec(
             &mut shared.connect(),
@@ -534,16 +535,16 @@ mod sqlite_attached {
             TestDb::<SqliteConnection>::empty("attached_main_1"),
             TestDb::<SqliteConnection>::empty("attached_main_2"),
         );
-        let attach = |main: &TestDb<SqliteConnection>| {
+        let attach = |main: &TestDb<SqliteConnection>, alias: &str| {
             let mut conn = main.connect();
             let file = shared.url.replace('\'', "''");
-            exec(
-                &mut conn,
-                &format!("ATTACH DATABASE '{file}' AS lockkit_archive"),
-            );
+            exec(&mut conn, &format!("ATTACH DATABASE '{file}' AS {alias}"));
             conn
         };
-        let (mut one, mut two) = (attach(&main_1), attach(&main_2));
+        let (mut one, mut two) = (
+            attach(&main_1, "lockkit_archive"),
+            attach(&main_2, "LOCKKIT_ARCHIVE"),
+        );
 
         lockkit_tests::rolled_back_on_one_retried_on_the_other!(
             &mut one,

@@ -107,13 +107,16 @@ pub struct InShareMode;
     allow(dead_code)
 )]
 pub struct DatabaseId {
-    /// On PostgreSQL the database; on SQLite the file (empty: in memory).
+    /// On PostgreSQL the database; on SQLite the file (empty: in memory);
+    /// empty on MySQL/MariaDB, whose database is the schema.
     #[diesel(sql_type = diesel::sql_types::Text)]
     pub id: String,
-    /// The server as the connection reached it: its address and port
-    /// (PostgreSQL), its host name and port (MySQL/MariaDB). One server
-    /// reached by two paths (a Unix socket and TCP) or a cluster's two nodes
-    /// give two names: the journal never takes it as the whole identity.
+    /// The server as the connection reached it: its address (none over a Unix
+    /// socket) and port (PostgreSQL), its host name and port (MySQL/MariaDB);
+    /// empty on SQLite. One server reached by two paths (a Unix socket and
+    /// TCP) or a cluster's two nodes give two names, so the journal never
+    /// takes it for the whole identity; and two servers that give the same
+    /// name (two hosts with one host name and port) are one to it.
     #[diesel(sql_type = diesel::sql_types::Text)]
     pub server: String,
     /// The schema of the connection's unqualified tables (on MySQL/MariaDB its
@@ -156,7 +159,7 @@ mod postgres {
         // The schema too: with a schema per tenant (the connection's
         // `search_path` choosing it), tenants' tables share names and keys.
         const DATABASE_ID: &'static str = "SELECT current_database() AS id, \
-                    concat_ws(':', inet_server_addr(), inet_server_port()) AS server, \
+                    concat_ws(':', inet_server_addr(), current_setting('port')) AS server, \
                     COALESCE(current_schema(), '') AS schema, '' AS attached";
 
         fn key_is_unique_query(

@@ -940,7 +940,8 @@ struct Database {
 /// and what forgets an entry (a commit that moved the row past it) only
 /// forgets the entries recorded through the same server: a row of another
 /// server that shares database, table and key costs at worst a stale report
-/// or a version skipped, never a write over another.
+/// or a version skipped, never a write over another, as long as the two
+/// servers' names differ.
 fn server_and_rest(row: &str) -> (&str, &str) {
     row.split_once('\0').unwrap_or(("", row))
 }
@@ -996,10 +997,13 @@ pub(crate) fn row_id_with<W: Watched>(
         let table = table();
         // A table of an attached database (SQLite) is named by the file, as
         // the file's connections name their own tables: schema `main`.
-        let attached = table
-            .schema
-            .as_deref()
-            .and_then(|schema| database.attached.iter().find(|(name, _)| name == schema));
+        let attached = table.schema.as_deref().and_then(|schema| {
+            // SQLite's schema names ignore case.
+            database
+                .attached
+                .iter()
+                .find(|(name, _)| name.eq_ignore_ascii_case(schema))
+        });
         let (database_id, schema) = match attached {
             Some((_, file)) => (file.as_str(), "\"main\""),
             None => (
@@ -1235,11 +1239,17 @@ pub(crate) fn plan<W: Watched>(
         return Plan::Write;
     };
     let uncommitted = |e: &Entry| e.uncommitted(here);
-    match entries.iter().find(|e| e.version == expected) {
-        Some(entry) if uncommitted(entry) && entry.tainted => Plan::Refuse {
+    // Two servers' entries may hold the same number (two writes through two
+    // paths, neither of which saw the other's yet): any one that did not
+    // commit decides, a tainted one first.
+    let held = |e: &&Entry| e.version == expected && uncommitted(e);
+    if entries.iter().filter(held).any(|e| e.tainted) {
+        return Plan::Refuse {
             tentative: expected,
-        },
-        Some(entry) if uncommitted(entry) => {
+        };
+    }
+    match entries.iter().find(held) {
+        Some(entry) => {
             let mut restore = entry.restore;
             while let Some(earlier) = entries
                 .iter()
@@ -1252,7 +1262,7 @@ pub(crate) fn plan<W: Watched>(
                 tentative: expected,
             }
         }
-        _ => Plan::Write,
+        None => Plan::Write,
     }
 }
 
