@@ -82,11 +82,12 @@
 //! number protects the row whichever server recorded it, and a commit forgets
 //! only what was recorded through its own (`server_and_rest`), so that one
 //! server reached by two paths, or a cluster's two nodes, cannot make one row
-//! two. The connection's names are read once per connection. An SQLite database without a file
-//! (`:memory:`, a temporary one) is private to its connection and named after
-//! it; a shared-cache in-memory database used from several connections is
-//! therefore several databases to the journal, and a struct rolled back on one
-//! connection is not recognised on another: give such a database a file.
+//! two. The connection's names are read once per connection. An SQLite
+//! database without a file (`:memory:`, a temporary one) is private to its
+//! connection and named after it; a shared-cache in-memory database used from
+//! several connections is therefore several databases to the journal, and a
+//! struct rolled back on one connection is not recognised on another: give
+//! such a database a file.
 
 // Without a backend feature no connection implements the per-connection traits,
 // and the pieces they are built from go unused.
@@ -913,7 +914,7 @@ pub(crate) fn cache_unique_key<W: Watched>(conn: &mut W, table: TypeId, unique: 
     }
 }
 
-/// Table, and database with key.
+/// The table's name, and the row id without its server ([`server_and_rest`]).
 type RowId = (&'static str, String);
 
 /// The database a connection writes to, as its row ids name it.
