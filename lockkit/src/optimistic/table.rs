@@ -25,9 +25,6 @@ use diesel::query_builder::QueryFragment;
 /// A table as Diesel writes it for one backend.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct TableName {
-    /// The table as the backend's SQL names it, quoted as Diesel quotes it:
-    /// `"archive"."items"` (PostgreSQL), `` `items` `` (MySQL, SQLite).
-    pub(crate) sql: String,
     /// The schema the `table!` names (on MySQL/MariaDB, the database), or
     /// `None`: the table of the connection's schema (its `search_path`).
     pub(crate) schema: Option<String>,
@@ -68,18 +65,17 @@ where
 fn parse(rendered: &str) -> TableName {
     let parts = identifiers(rendered);
     match parts {
-        Some((sql, mut parts)) if parts.len() <= 2 => {
+        Some(mut parts) if parts.len() <= 2 => {
             let name = parts.pop().unwrap_or_default();
-            TableName::new(sql, parts.pop(), name)
+            TableName::new(parts.pop(), name)
         }
-        _ => TableName::new(rendered, None, rendered.to_owned()),
+        _ => TableName::new(None, rendered.to_owned()),
     }
 }
 
 impl TableName {
-    fn new(sql: &str, schema: Option<String>, name: String) -> Self {
+    fn new(schema: Option<String>, name: String) -> Self {
         TableName {
-            sql: sql.to_owned(),
             quoted_schema: schema.as_ref().map(|schema| format!("{schema:?}")),
             quoted_name: format!("{name:?}"),
             schema,
@@ -89,62 +85,54 @@ impl TableName {
 }
 
 /// The leading quoted identifiers of `text` (`"a"."b"`, `` `a` ``; a quote
-/// doubled inside stands for itself), separated by dots, with the text they
-/// span: `None` when `text` does not start with one.
-fn identifiers(text: &str) -> Option<(&str, Vec<String>)> {
+/// doubled inside stands for itself), separated by dots: `None` when `text`
+/// does not start with one.
+fn identifiers(text: &str) -> Option<Vec<String>> {
     let mut parts = Vec::new();
-    let mut chars = text.char_indices().peekable();
-    let mut end = 0;
-    while let Some((_, quote)) = chars.next_if(|&(_, c)| c == '"' || c == '`') {
+    let mut chars = text.chars().peekable();
+    while let Some(quote) = chars.next_if(|&c| c == '"' || c == '`') {
         let mut part = String::new();
         loop {
-            let (at, c) = chars.next()?;
+            let c = chars.next()?;
             if c != quote {
                 part.push(c);
-            } else if chars.next_if(|&(_, c)| c == quote).is_some() {
+            } else if chars.next_if_eq(&quote).is_some() {
                 part.push(quote);
             } else {
-                end = at + 1;
                 break;
             }
         }
         parts.push(part);
-        if chars.next_if(|&(_, c)| c == '.').is_none() {
+        if chars.next_if_eq(&'.').is_none() {
             break;
         }
     }
-    (!parts.is_empty()).then(|| (&text[..end], parts))
+    (!parts.is_empty()).then_some(parts)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn named(sql: &str, schema: Option<&str>, name: &str) -> TableName {
-        TableName::new(sql, schema.map(Into::into), name.into())
+    fn named(schema: Option<&str>, name: &str) -> TableName {
+        TableName::new(schema.map(Into::into), name.into())
     }
 
     #[test]
     fn a_table_of_the_connections_schema_has_no_schema() {
-        assert_eq!(
-            parse(r#""items" -- binds: []"#),
-            named(r#""items""#, None, "items")
-        );
-        assert_eq!(
-            parse("`items` -- binds: []"),
-            named("`items`", None, "items")
-        );
+        assert_eq!(parse(r#""items" -- binds: []"#), named(None, "items"));
+        assert_eq!(parse("`items` -- binds: []"), named(None, "items"));
     }
 
     #[test]
     fn a_qualified_table_names_its_schema() {
         assert_eq!(
             parse(r#""archive"."items" -- binds: []"#),
-            named(r#""archive"."items""#, Some("archive"), "items")
+            named(Some("archive"), "items")
         );
         assert_eq!(
             parse("`archive`.`items` -- binds: []"),
-            named("`archive`.`items`", Some("archive"), "items")
+            named(Some("archive"), "items")
         );
     }
 
@@ -152,13 +140,9 @@ mod tests {
     fn doubled_quotes_and_dots_inside_a_name_are_the_names_own() {
         assert_eq!(
             parse(r#""my ""odd"".schema"."it.ems""#),
-            named(
-                r#""my ""odd"".schema"."it.ems""#,
-                Some(r#"my "odd".schema"#),
-                "it.ems"
-            )
+            named(Some(r#"my "odd".schema"#), "it.ems")
         );
-        assert_eq!(parse("`a``b`"), named("`a``b`", None, "a`b"));
+        assert_eq!(parse("`a``b`"), named(None, "a`b"));
     }
 
     #[test]
@@ -170,7 +154,7 @@ mod tests {
             "",
             r#"("items") AS x"#,
         ] {
-            assert_eq!(parse(odd), named(odd, None, odd), "{odd:?}");
+            assert_eq!(parse(odd), named(None, odd), "{odd:?}");
         }
     }
 
@@ -184,12 +168,9 @@ mod tests {
             diesel::table! { items (id) { id -> Integer, } }
         }
         let qualified = of::<archive::items::table, diesel::pg::Pg>();
-        assert_eq!(
-            *qualified,
-            named(r#""archive"."items""#, Some("archive"), "items")
-        );
+        assert_eq!(*qualified, named(Some("archive"), "items"));
         let unqualified = of::<plain::items::table, diesel::pg::Pg>();
-        assert_eq!(*unqualified, named(r#""items""#, None, "items"));
+        assert_eq!(*unqualified, named(None, "items"));
         // Kept: the second call hands out the first rendering.
         assert!(std::ptr::eq(
             qualified,
