@@ -445,3 +445,47 @@ async_backend_tests! {
         }
     }
 }
+
+#[cfg(feature = "postgres")]
+mod postgres_search_path {
+    use super::*;
+    use diesel_async::AsyncPgConnection;
+    use lockkit_tests::TestDb;
+
+    /// The blocking side's `a_shared_table_found_through_the_search_path_..`
+    /// (`lost_updates`): schema-per-tenant connections (`search_path`
+    /// tenant_N, public) reach the shared `public.items` through a `table!`
+    /// without a schema. A's write rolls back on tenant 1's connection, B
+    /// commits on tenant 2's, A retries on B's: one row, so A must be stale.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_shared_table_found_through_the_search_path_is_one_table_to_every_tenant() {
+        let db = TestDb::<diesel::PgConnection>::new("async_shared_table_across_search_paths");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        lockkit_tests::exec(
+            &mut db.conn(),
+            "CREATE SCHEMA tenant_1; CREATE SCHEMA tenant_2",
+        );
+        let tenant = async |schema: &str| {
+            let mut conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
+            conn.batch_execute(&format!("SET search_path TO {schema}, public"))
+                .await
+                .unwrap();
+            conn
+        };
+        let (mut a_conn, mut b_conn) = (tenant("tenant_1").await, tenant("tenant_2").await);
+        let mut a = item!(&mut a_conn, 1);
+        a.stock = 5;
+        write_and_roll_back!(&mut a_conn, a);
+        let mut b = item!(&mut b_conn, 1);
+        b.stock = 7;
+        b.update_versioned(&mut b_conn).await.unwrap();
+        a.stock = 3;
+        let again = a.update_versioned(&mut b_conn).await;
+        let stock = item!(&mut b_conn, 1).stock;
+        assert!(
+            matches!(again, Err(Error::Stale(_))) && stock == 7,
+            "A's rolled-back 1, retried through tenant 2's connection, matched B's \
+             committed 1: {again:?}, stock {stock} (B's 7 lost)"
+        );
+    }
+}

@@ -481,6 +481,31 @@ mod postgres_schemas {
     }
 
     #[test]
+    fn a_shared_table_found_through_the_search_path_is_one_table_to_every_tenant() {
+        // Schema-per-tenant connections (`search_path` tenant_N, public) reach
+        // the shared `public.items` through a `table!` without a schema: each
+        // connection's first schema is its tenant's, where no `items` is. A's
+        // write of row 1 rolls back on tenant 1's connection; B commits the
+        // row on tenant 2's; A retries there: one row, so A must be stale.
+        let db = TestDb::<PgConnection>::new("shared_table_across_search_paths");
+        let mut setup = db.connect();
+        seed_items(&mut setup, &[(1, 10)]);
+        exec(&mut setup, "CREATE SCHEMA tenant_1; CREATE SCHEMA tenant_2");
+        let tenant = |schema: &str| {
+            let mut conn = db.connect();
+            exec(&mut conn, &format!("SET search_path TO {schema}, public"));
+            conn
+        };
+        let (mut one, mut two) = (tenant("tenant_1"), tenant("tenant_2"));
+        lockkit_tests::rolled_back_on_one_retried_on_the_other!(
+            &mut one,
+            &mut two,
+            |conn: &mut PgConnection| item!(conn, 1),
+            "tenant 2's connection"
+        );
+    }
+
+    #[test]
     fn a_database_reached_through_a_unix_socket_and_tcp_is_one_database() {
         // `inet_server_addr()` is the address the connection reached, NULL
         // over a Unix socket: the server part of a row's name depends on the

@@ -67,7 +67,7 @@ use diesel_async::{AsyncConnectionCore, RunQueryDsl, TransactionManager};
 use super::connection::{in_transaction, AsyncLockingConnection, Restore};
 use crate::error::classification::classify;
 use crate::error::{Error, Operation};
-use crate::optimistic::backend::{DatabaseId, InShareMode, OptimisticBackend, Unique};
+use crate::optimistic::backend::{DatabaseId, InShareMode, OptimisticBackend, TableSchema, Unique};
 use crate::optimistic::journal::{self, AsyncWatched};
 use crate::optimistic::sequence::{at_most_one, checked_next, Origin, Step, Write, Written};
 use crate::optimistic::statement::BySql;
@@ -369,6 +369,8 @@ where
     M::CurrentVersion: LockingDsl<InShareMode>,
     Latest<Conn, M::CurrentVersion>: for<'q> LoadQuery<'q, Conn, M::Version> + Send + 'static,
     BoxedSqlQuery<'static, Conn::Backend, SqlQuery>: for<'q> LoadQuery<'q, Conn, Unique> + Send,
+    BoxedSqlQuery<'static, Conn::Backend, SqlQuery>:
+        for<'q> LoadQuery<'q, Conn, TableSchema> + Send,
     SqlQuery: for<'q> LoadQuery<'q, Conn, DatabaseId>,
     TouchVersioned<M>: ExecuteDsl<Conn> + 'static,
     M::Table: QueryFragment<Conn::Backend> + 'static,
@@ -422,14 +424,49 @@ where
                 ),
                 false => None,
             };
+            let declared = TypeId::of::<M::Table>();
+            let table = table::of::<M::Table, Conn::Backend>;
+            // As the blocking side's `journal::row_id`. The query is built and
+            // boxed in a block of its own, so that it is not held across the
+            // await (the future would not be `Send`).
+            let found = {
+                let asking =
+                    journal::needs_table_schema(&mut AsyncWatched(&mut *conn), declared, table)
+                        .map(|table| {
+                            <Conn::Backend as OptimisticBackend>::table_schema_query(&table.name)
+                                .map(|query| load_boxed::<_, TableSchema>(query, &mut *conn))
+                        });
+                match asking {
+                    Some(Some(asking)) => Some(asking.await?.schema),
+                    // No search decides it: the connection's schema.
+                    Some(None) => Some(String::new()),
+                    None => None,
+                }
+            };
             Ok(journal::row_id_with(
                 &mut AsyncWatched(conn),
-                table::of::<M::Table, Conn::Backend>,
+                declared,
+                table,
                 key,
                 fetched,
+                found,
             ))
         })
     }
+}
+
+/// Loads the row of a catalog query built for every connection, as a boxed
+/// future (so that the caller's future is `Send` for any lifetime of the query).
+fn load_boxed<'c, Conn, R>(
+    query: BoxedSqlQuery<'static, Conn::Backend, SqlQuery>,
+    conn: &'c mut Conn,
+) -> BoxFuture<'c, QueryResult<R>>
+where
+    Conn: AsyncLockingConnection,
+    R: Send + 'c,
+    BoxedSqlQuery<'static, Conn::Backend, SqlQuery>: for<'q> LoadQuery<'q, Conn, R> + Send,
+{
+    Box::pin(query.get_result::<R>(conn))
 }
 
 /// Runs one versioned write: the sequence the blocking side's

@@ -1,9 +1,11 @@
-//! What optimistic locking needs to know about each backend: whether a table's
-//! declared key is unique in the database, and how to read the latest committed
-//! version after a stale write.
+//! What optimistic locking needs to know about each backend: which schema a
+//! table whose `table!` names none is in, whether a table's declared key is
+//! unique in the database, and how to read the latest committed version after
+//! a stale write.
 //!
 //! | | PostgreSQL | MySQL / MariaDB | SQLite |
 //! | --- | --- | --- | --- |
+//! | schema of a `table!` without one (once per connection and table, in a transaction) | `pg_class` of `to_regclass(quote_ident(table))`: where the `search_path` finds it | the connection's database | `main` |
 //! | key unique? (once per connection and table) | `pg_index`: a unique index, without predicate or expressions, on key columns only | `information_schema.STATISTICS`: a unique index on key columns only | `pragma_index_list` / `pragma_index_info`, or the `INTEGER PRIMARY KEY` (rowid) |
 //! | latest version after a stale write | plain `SELECT` (READ COMMITTED sees it; REPEATABLE READ fails the write itself) | `SELECT .. LOCK IN SHARE MODE`: a locking read sees the latest commit even under REPEATABLE READ | plain `SELECT` (one writer at a time) |
 //!
@@ -43,11 +45,12 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     /// Names the database this connection writes to (`id`: on PostgreSQL the
     /// database, on SQLite the file), the server as the connection reached it
     /// (`server`) and the schema its unqualified tables are in (`schema`: on
-    /// PostgreSQL the first in its `search_path`, on MySQL/MariaDB the
-    /// database), so that rows of two databases with the same table and key
-    /// are told apart. Read once per connection: a connection that later
-    /// switches its `search_path` (or, on MySQL, its database with `USE`) keeps
-    /// the first name.
+    /// PostgreSQL the first in its `search_path`, where
+    /// [`table_schema_query`](Self::table_schema_query) does not find the
+    /// table; on MySQL/MariaDB the database), so that rows of two databases
+    /// with the same table and key are told apart. Read once per connection: a
+    /// connection that later switches its `search_path` (or, on MySQL, its
+    /// database with `USE`) keeps the first name.
     ///
     /// # Errors
     ///
@@ -59,6 +62,36 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     {
         use diesel::RunQueryDsl;
         diesel::sql_query(Self::DATABASE_ID).get_result::<DatabaseId>(conn)
+    }
+
+    /// The statement that names the schema where the connection finds the
+    /// table `table` written without one, where its search path decides that
+    /// table by table (PostgreSQL): one row, text column `schema`, empty when
+    /// it finds no such table. `None` where every such table is in the
+    /// connection's schema ([`DatabaseId::schema`]: MySQL/MariaDB's database,
+    /// SQLite's `main`). Built here once for blocking and async connections.
+    #[doc(hidden)]
+    fn table_schema_query(table: &str) -> Option<BoxedSqlQuery<'static, Self, SqlQuery>> {
+        let _ = table;
+        None
+    }
+
+    /// Runs [`table_schema_query`](Self::table_schema_query): the schema where
+    /// the connection finds `table`, or `None` where no search decides it.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
+    fn table_schema<C>(conn: &mut C, table: &str) -> QueryResult<Option<String>>
+    where
+        C: Connection<Backend = Self> + LoadConnection,
+        BoxedSqlQuery<'static, Self, SqlQuery>:
+            for<'q> diesel::query_dsl::LoadQuery<'q, C, TableSchema>,
+    {
+        use diesel::RunQueryDsl;
+        Self::table_schema_query(table)
+            .map(|query| query.get_result::<TableSchema>(conn).map(|row| row.schema))
+            .transpose()
     }
 
     /// The catalog query behind [`key_is_unique`](Self::key_is_unique), with its
@@ -130,6 +163,16 @@ pub struct DatabaseId {
     pub attached: String,
 }
 
+/// The row of [`OptimisticBackend::table_schema_query`].
+#[doc(hidden)]
+#[derive(Debug, diesel::QueryableByName)]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub struct TableSchema {
+    /// The schema, unquoted; empty when the connection finds no such table.
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub schema: String,
+}
+
 /// The row of [`OptimisticBackend::key_is_unique_query`].
 #[doc(hidden)]
 #[derive(Debug, diesel::QueryableByName)]
@@ -161,6 +204,21 @@ mod postgres {
         const DATABASE_ID: &'static str = "SELECT current_database() AS id, \
                     concat_ws(':', inet_server_addr(), current_setting('port')) AS server, \
                     COALESCE(current_schema(), '') AS schema, '' AS attached";
+
+        // The table's own schema, as `to_regclass` finds it through the
+        // search path: a `public` table that tenants' connections reach
+        // through `search_path tenant_n, public` is one table to all of them.
+        fn table_schema_query(table: &str) -> Option<BoxedSqlQuery<'static, Self, SqlQuery>> {
+            Some(
+                diesel::sql_query(
+                    "SELECT COALESCE((SELECT n.nspname::text FROM pg_class c \
+                              JOIN pg_namespace n ON n.oid = c.relnamespace \
+                             WHERE c.oid = to_regclass(quote_ident($1))), '') AS schema",
+                )
+                .into_boxed()
+                .bind::<Text, _>(table.to_owned()),
+            )
+        }
 
         fn key_is_unique_query(
             schema: Option<&str>,

@@ -76,8 +76,9 @@
 //! database (on PostgreSQL its name, on SQLite its file). The schema is the one
 //! the model's `table!` names (`archive.items`, on MySQL/MariaDB a database;
 //! on SQLite a table of an attached database is named by that file), or else
-//! the connection's: on PostgreSQL the first in its `search_path`, on
-//! MySQL/MariaDB its database. The server as the connection reached it (its
+//! the one the connection finds the table in: on PostgreSQL the schema its
+//! `search_path` finds it in (asked once per connection and table), on
+//! MySQL/MariaDB its database, on SQLite `main`. The server as the connection reached it (its
 //! address, or host name, and port) is kept beside the name: a rolled-back
 //! number protects the row whichever server recorded it, and a commit forgets
 //! only what was recorded through its own (`server_and_rest`), so that one
@@ -127,6 +128,9 @@ pub struct Journal {
     /// Whether each table's declared key is unique in this connection's database.
     /// Keyed by the table's type: two tables may share a name.
     unique_keys: HashMap<TypeId, bool>,
+    /// The schema each table written without one is found in, quoted as
+    /// [`Database::schema`] (`None`: the connection's). Keyed by the table's type.
+    schemas: HashMap<TypeId, Option<String>>,
     /// The database this connection writes to, and its schema.
     database: Option<Database>,
     /// Whether a failed statement has ended the open transaction.
@@ -369,6 +373,7 @@ impl Journal {
             open: Vec::new(),
             committing: false,
             unique_keys: HashMap::new(),
+            schemas: HashMap::new(),
             database: None,
             aborts: Aborts::default(),
         }
@@ -960,18 +965,42 @@ pub(crate) fn needs_row_ids<W: Watched>(conn: &mut W) -> bool {
 ///
 /// The database id is read with `fetch` once per journaled connection, at its
 /// first versioned write (so that every connection sends the same statements),
-/// and on a connection without a journal only when an identity is needed.
+/// and on a connection without a journal only when an identity is needed. The
+/// schema of a table whose `table!` names none is asked with `find` (its
+/// name; `None` where the connection's schema is every such table's) once per
+/// journaled connection and table, and without a journal whenever needed.
 pub(crate) fn row_id<C: Connection>(
     conn: &mut C,
-    table: impl FnOnce() -> &'static TableName,
+    declared: TypeId,
+    table: impl Fn() -> &'static TableName,
     key: &dyn std::fmt::Debug,
     fetch: impl FnOnce(&mut C) -> diesel::QueryResult<DatabaseId>,
+    find: impl FnOnce(&mut C, &str) -> diesel::QueryResult<Option<String>>,
 ) -> diesel::QueryResult<Option<String>> {
     let fetched = match needs_database_id(conn) {
         true => Some(fetch(conn)?),
         false => None,
     };
-    Ok(row_id_with(conn, table, key, fetched))
+    let found = match needs_table_schema(conn, declared, &table) {
+        Some(table) => Some(find(conn, &table.name)?.unwrap_or_default()),
+        None => None,
+    };
+    Ok(row_id_with(conn, declared, table, key, fetched, found))
+}
+
+/// The table whose schema [`row_id_with`] needs read first
+/// ([`OptimisticBackend::table_schema_query`](crate::optimistic::backend::OptimisticBackend::table_schema_query)):
+/// a table whose `table!` names no schema, once per journaled connection, and
+/// without a journal whenever an identity is needed.
+pub(crate) fn needs_table_schema<W: Watched>(
+    conn: &mut W,
+    declared: TypeId,
+    table: impl FnOnce() -> &'static TableName,
+) -> Option<&'static TableName> {
+    if !needs_row_ids(conn) || journal_of(conn).is_some_and(|j| j.schemas.contains_key(&declared)) {
+        return None;
+    }
+    Some(table()).filter(|table| table.schema.is_none())
 }
 
 /// Whether [`row_id_with`] needs the database id read first: at a journaled
@@ -986,15 +1015,19 @@ pub(crate) fn needs_database_id<W: Watched>(conn: &mut W) -> bool {
 }
 
 /// [`row_id`] once the database id was read if [`needs_database_id`] said so
-/// (`fetched`).
+/// (`fetched`), and the table's schema if [`needs_table_schema`] did (`found`:
+/// empty where the connection's schema is the table's).
 pub(crate) fn row_id_with<W: Watched>(
     conn: &mut W,
+    declared: TypeId,
     table: impl FnOnce() -> &'static TableName,
     key: &dyn std::fmt::Debug,
     fetched: Option<DatabaseId>,
+    found: Option<String>,
 ) -> Option<String> {
     let needed = needs_row_ids(conn);
-    let row = |database: &Database| {
+    let found = found.map(|schema| (!schema.is_empty()).then(|| format!("{schema:?}")));
+    let row = |database: &Database, found: Option<&str>| {
         let table = table();
         // A table of an attached database (SQLite) is named by the file, as
         // the file's connections name their own tables: schema `main`.
@@ -1009,7 +1042,11 @@ pub(crate) fn row_id_with<W: Watched>(
             Some((_, file)) => (file.as_str(), "\"main\""),
             None => (
                 database.id.as_str(),
-                table.quoted_schema.as_deref().unwrap_or(&database.schema),
+                table
+                    .quoted_schema
+                    .as_deref()
+                    .or(found)
+                    .unwrap_or(&database.schema),
             ),
         };
         let mut id = String::with_capacity(64);
@@ -1049,12 +1086,20 @@ pub(crate) fn row_id_with<W: Watched>(
             if journal.database.is_none() {
                 journal.database = private(fetched, format!("journal {}", journal.id));
             }
-            journal.database.as_ref().filter(|_| needed).map(row)
+            if let Some(found) = found {
+                journal.schemas.insert(declared, found);
+            }
+            let found = journal.schemas.get(&declared).and_then(Option::as_deref);
+            journal
+                .database
+                .as_ref()
+                .filter(|_| needed)
+                .map(|database| row(database, found))
         }
         None => private(fetched, format!("connection {address:#x}"))
             .as_ref()
             .filter(|_| needed)
-            .map(row),
+            .map(|database| row(database, found.flatten().as_deref())),
     }
 }
 

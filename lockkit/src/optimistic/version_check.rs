@@ -141,9 +141,11 @@ macro_rules! current_version_query_on {
             fn row_id(conn: &mut $conn, key: &M::Key) -> diesel::QueryResult<Option<String>> {
                 journal::row_id(
                     conn,
+                    TypeId::of::<M::Table>(),
                     table::of::<M::Table, Backend<$conn>>,
                     key,
                     <Backend<$conn> as OptimisticBackend>::database_id,
+                    <Backend<$conn> as OptimisticBackend>::table_schema,
                 )
             }
 
