@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use lockkit_bench::run::sample::Sample;
 use lockkit_bench::vocabulary::{Backend, Case, Client, Limits, Strategy, Workload};
 
 fn limits() -> Limits {
@@ -13,10 +14,22 @@ fn limits() -> Limits {
     }
 }
 
+/// Runs `case` on SQLite within [`limits`].
+fn run_on_sqlite(case: &Case) -> Sample {
+    lockkit_bench::run::one(Backend::Sqlite, case, &limits()).expect("run")
+}
+
+/// Runs `case` on SQLite: it completes operations and its books balance.
+fn assert_sells_and_balances(case: &Case) {
+    let sample = run_on_sqlite(case);
+    assert!(sample.counts.successes > 0, "{}", case.label());
+    assert!(sample.check.ok, "{}: {}", case.label(), sample.check.detail);
+}
+
 #[test]
 fn hot_row_with_lock_loses_nothing() {
     let case = Case::new(Workload::HotRow, Strategy::WithLock, 4);
-    let sample = lockkit_bench::run::one(Backend::Sqlite, &case, &limits()).expect("run");
+    let sample = run_on_sqlite(&case);
     assert!(sample.counts.successes > 0, "{sample:?}");
     assert!(sample.check.ok, "{}", sample.check.detail);
     assert_eq!(sample.check.lost, 0);
@@ -36,16 +49,14 @@ fn optimistic_and_atomic_balance_the_books() {
         if flavor_hand {
             case = case.hand();
         }
-        let sample = lockkit_bench::run::one(Backend::Sqlite, &case, &limits()).expect("run");
-        assert!(sample.counts.successes > 0, "{}", case.label());
-        assert!(sample.check.ok, "{}: {}", case.label(), sample.check.detail);
+        assert_sells_and_balances(&case);
     }
 }
 
 #[test]
 fn queue_runs_no_job_twice() {
     let case = Case::new(Workload::Queue, Strategy::Claim, 4).batch(10);
-    let sample = lockkit_bench::run::one(Backend::Sqlite, &case, &limits()).expect("run");
+    let sample = run_on_sqlite(&case);
     assert!(sample.check.ok, "{}", sample.check.detail);
     assert!(sample.counts.units > 0);
     // The queue is small: it drains before the time limit, and every job ran once.
@@ -59,9 +70,7 @@ fn orders_and_uncontended_updates_balance() {
         Case::new(Workload::Uncontended, Strategy::Versioned, 2),
         Case::new(Workload::Uncontended, Strategy::Versioned, 2).hand(),
     ] {
-        let sample = lockkit_bench::run::one(Backend::Sqlite, &case, &limits()).expect("run");
-        assert!(sample.counts.successes > 0, "{}", case.label());
-        assert!(sample.check.ok, "{}: {}", case.label(), sample.check.detail);
+        assert_sells_and_balances(&case);
     }
 }
 
@@ -113,7 +122,7 @@ fn naive_is_counted_not_hidden() {
     // Naive may or may not lose updates in a short run; either way the check
     // reports exactly the difference between sold and taken.
     let case = Case::new(Workload::HotRow, Strategy::Naive, 4);
-    let sample = lockkit_bench::run::one(Backend::Sqlite, &case, &limits()).expect("run");
+    let sample = run_on_sqlite(&case);
     assert_eq!(sample.check.ok, sample.check.lost == 0);
     assert!(sample.check.lost >= 0, "{}", sample.check.detail);
 }
