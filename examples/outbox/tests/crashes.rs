@@ -84,6 +84,11 @@ fn consumer_report(out: &str) -> ConsumerReport {
     ConsumerReport::from_output(out).unwrap_or_else(|| panic!("no consumer report in {out:?}"))
 }
 
+/// Runs a consumer until it has been idle for 500 ms; returns its report.
+fn consume_the_rest(url: &str, broker: &BrokerConfig) -> ConsumerReport {
+    consumer_report(&run(url, broker, "consumer", &["--idle-ms", "500"], 0))
+}
+
 /// Sets up, places `orders` orders; returns the test's stream.
 fn prepare(test: &str, url: &str, orders: u32) -> Stream {
     let stream = Stream::new(test, url);
@@ -119,7 +124,7 @@ fn a_relay_killed_between_publish_and_mark(url: &str) {
         "batch 1 marked, batch 2 published but not marked"
     );
     run(url, broker, "relay", &["--batch", "5"], 0);
-    let consumed = consumer_report(&run(url, broker, "consumer", &["--idle-ms", "500"], 0));
+    let consumed = consume_the_rest(url, broker);
     let audit = audit(url, broker);
     assert!(audit.is_exactly_once(), "{audit}");
     assert_eq!(
@@ -166,7 +171,7 @@ fn a_consumer_killed_between_effect_and_ack(url: &str) {
         (3, 3),
         "three effects committed, two of them acked"
     );
-    let consumed = consumer_report(&run(url, broker, "consumer", &["--idle-ms", "500"], 0));
+    let consumed = consume_the_rest(url, broker);
     let audit = audit(url, broker);
     assert!(audit.is_exactly_once(), "{audit}");
     assert_eq!(audit.stream_messages, 20, "no duplicate published");
@@ -221,7 +226,7 @@ fn two_relays_at_once_lose_nothing(url: &str) {
     assert_eq!(outputs[1].0, Some(CRASH_EXIT), "{}", outputs[1].1);
     assert_eq!(outputs[2].0, Some(0), "{}", outputs[2].1);
     // Whatever was published after the first consumer stopped.
-    let last = consumer_report(&run(url, broker, "consumer", &["--idle-ms", "500"], 0));
+    let last = consume_the_rest(url, broker);
     let consumed = consumer_report(&outputs[2].1) + last;
     let audit = audit(url, broker);
     assert!(audit.is_exactly_once(), "{audit}");
@@ -395,7 +400,7 @@ fn the_broker_restarting_mid_run_loses_nothing(url: &str) {
     assert_eq!(outputs[0].0, Some(0), "{}", outputs[0].1);
     assert_eq!(outputs[1].0, Some(0), "{}", outputs[1].1);
     // Whatever was redelivered after the first consumer stopped.
-    let last = consumer_report(&run(url, broker, "consumer", &["--idle-ms", "500"], 0));
+    let last = consume_the_rest(url, broker);
     let consumed = consumer_report(&outputs[1].1) + last;
     let audit = audit(url, broker);
     assert!(audit.is_exactly_once(), "{audit}");
