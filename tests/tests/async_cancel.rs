@@ -112,24 +112,23 @@ struct Open {
     open: i64,
 }
 
-/// `with_lock` that decrements the stock, then waits `linger` inside the lock.
+/// `with_lock` on item 1 (with `options`, the default ones when omitted) that
+/// decrements its stock, then waits `linger` inside the lock.
 macro_rules! decrement {
     ($conn:expr, $linger:expr) => {
-        lockkit::asynchronous::with_lock(
-            $conn,
-            1,
-            LockOptions::default(),
-            async |conn, item: Item| {
-                diesel::update(items::table.find(item.id))
-                    .set(items::stock.eq(item.stock - 1))
-                    .execute(conn)
-                    .await?;
-                if let Some(linger) = $linger {
-                    tokio::time::sleep(linger).await;
-                }
-                Ok::<_, Error>(())
-            },
-        )
+        decrement!($conn, LockOptions::default(), $linger)
+    };
+    ($conn:expr, $options:expr, $linger:expr) => {
+        lockkit::asynchronous::with_lock($conn, 1, $options, async |conn, item: Item| {
+            diesel::update(items::table.find(item.id))
+                .set(items::stock.eq(item.stock - 1))
+                .execute(conn)
+                .await?;
+            if let Some(linger) = $linger {
+                tokio::time::sleep(linger).await;
+            }
+            Ok::<_, Error>(())
+        })
     };
 }
 
@@ -266,14 +265,7 @@ async_backend_tests! {
                     .await?;
                 let tried = tokio::time::timeout(
                     Duration::from_millis(100),
-                    lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |conn, item: Item| {
-                        diesel::update(items::table.find(item.id))
-                            .set(items::stock.eq(item.stock - 1))
-                            .execute(conn)
-                            .await?;
-                        tokio::time::sleep(Duration::from_secs(5)).await;
-                        Ok::<_, Error>(())
-                    }),
+                    decrement!(conn, Some(Duration::from_secs(5))),
                 )
                 .await;
                 assert!(tried.is_err(), "the nested call was given up on");
@@ -308,17 +300,10 @@ async_backend_tests! {
 macro_rules! decrement_dropped_after {
     ($pool:expr, $deadline:expr) => {{
         let mut conn = $pool.get().await.unwrap();
-        let call = lockkit::asynchronous::with_lock(
+        let call = decrement!(
             &mut *conn,
-            1,
             LockOptions::default().timeout(Duration::from_secs(1)),
-            async |conn, item: Item| {
-                diesel::update(items::table.find(item.id))
-                    .set(items::stock.eq(item.stock - 1))
-                    .execute(conn)
-                    .await?;
-                Ok::<_, Error>(())
-            },
+            None
         );
         let _ = tokio::time::timeout($deadline, call).await;
     }};
@@ -401,17 +386,10 @@ mod sqlite_only {
         for polls in (1..=6).cycle().take(24) {
             let mut conn = pool.get().await.unwrap();
             {
-                let mut call = Box::pin(lockkit::asynchronous::with_lock(
+                let mut call = Box::pin(decrement!(
                     &mut *conn,
-                    1,
                     LockOptions::default().nowait(),
-                    async |conn, item: Item| {
-                        diesel::update(items::table.find(item.id))
-                            .set(items::stock.eq(item.stock - 1))
-                            .execute(conn)
-                            .await?;
-                        Ok::<_, Error>(())
-                    },
+                    None
                 ));
                 for _ in 0..polls {
                     if poll_once(call.as_mut()).is_ready() {
