@@ -241,6 +241,22 @@ mod mysql_only {
         n: i64,
     }
 
+    /// [`COM_SELECT`] read on a blocking connection.
+    fn com_select(conn: &mut diesel::MysqlConnection) -> i64 {
+        diesel::RunQueryDsl::get_result::<N>(diesel::sql_query(COM_SELECT), conn)
+            .unwrap()
+            .n
+    }
+
+    /// [`COM_SELECT`] read on diesel-async.
+    async fn com_select_async(conn: &mut Async) -> i64 {
+        diesel::sql_query(COM_SELECT)
+            .get_result::<N>(conn)
+            .await
+            .unwrap()
+            .n
+    }
+
     /// One `with_lock` on item 1 that enqueues an outbox message, blocking.
     fn sell_blocking(conn: &mut diesel::MysqlConnection) {
         lockkit::with_lock(conn, 1, LockOptions::default(), |conn, _: Item| {
@@ -270,11 +286,6 @@ mod mysql_only {
         lockkit_tests::seed_items(&mut db.conn(), &[(1, 10)]);
 
         let mut sync = db.connect();
-        let com_select = |conn: &mut diesel::MysqlConnection| {
-            diesel::RunQueryDsl::get_result::<N>(diesel::sql_query(COM_SELECT), conn)
-                .unwrap()
-                .n
-        };
         // Warmed up: the journal installed, the statements prepared.
         sell_blocking(&mut sync);
         sell_blocking(&mut sync);
@@ -285,18 +296,9 @@ mod mysql_only {
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
         sell_async(&mut conn).await;
         sell_async(&mut conn).await;
-        let before = diesel::sql_query(COM_SELECT)
-            .get_result::<N>(&mut conn)
-            .await
-            .unwrap()
-            .n;
+        let before = com_select_async(&mut conn).await;
         sell_async(&mut conn).await;
-        let after = diesel::sql_query(COM_SELECT)
-            .get_result::<N>(&mut conn)
-            .await
-            .unwrap()
-            .n;
-        let asynchronous = after - before;
+        let asynchronous = com_select_async(&mut conn).await - before;
         assert_eq!(
             asynchronous, blocking,
             "SELECTs sent by one with_lock with an outbox message: async {asynchronous}, blocking {blocking}"
