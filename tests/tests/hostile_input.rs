@@ -151,14 +151,51 @@ fn tag_list(versions: &[i64], noise: &[u8], separators: &[usize]) -> String {
     header
 }
 
-fn expected_from<V: Ord + Copy>(mut versions: Vec<V>) -> Result<Expected<V>, IfMatchError> {
-    versions.sort();
-    versions.dedup();
-    match versions.len() {
-        0 => Err(IfMatchError::NoMatch),
-        1 => Ok(Expected::Version(versions[0])),
-        _ => Ok(Expected::OneOf(versions)),
+/// What an `If-Match` header listing the strong lockkit tags of `versions`
+/// must yield: nothing to match for none, the version for one distinct
+/// version, and every distinct version, ascending, for more.
+fn expected_from<V: Ord + Copy>(versions: Vec<V>) -> Result<Expected<V>, IfMatchError> {
+    let distinct: Vec<V> = versions
+        .into_iter()
+        .collect::<std::collections::BTreeSet<V>>()
+        .into_iter()
+        .collect();
+    match distinct[..] {
+        [] => Err(IfMatchError::NoMatch),
+        [version] => Ok(Expected::Version(version)),
+        _ => Ok(Expected::OneOf(distinct)),
     }
+}
+
+#[test]
+fn a_list_of_tags_yields_its_distinct_strong_versions_ascending() {
+    // The values the property below checks against `expected_from`, written out.
+    let cases: [(&str, Result<Expected<i64>, IfMatchError>); 5] = [
+        (
+            r#"W/"v3", "v3", "abc", "v1", "v2", "v3""#,
+            Ok(Expected::OneOf(vec![1, 2, 3])),
+        ),
+        (r#""v5", "v5""#, Ok(Expected::Version(5))),
+        (r#""v-2", , "v9""#, Ok(Expected::OneOf(vec![-2, 9]))),
+        (r#"W/"v5", "5", "v""#, Err(IfMatchError::NoMatch)),
+        (r#""v70000""#, Ok(Expected::Version(70_000))),
+    ];
+    for (header, expected) in cases {
+        assert_eq!(
+            etag::expected_version::<i64>(Some(header)),
+            expected,
+            "{header}"
+        );
+    }
+    // A version that does not fit the type is left out, not wrapped.
+    assert_eq!(
+        etag::expected_version::<i16>(Some(r#""v70000", "v4""#)),
+        Ok(Expected::Version(4))
+    );
+    assert_eq!(
+        etag::expected_version::<i16>(Some(r#""v70000""#)),
+        Err(IfMatchError::NoMatch)
+    );
 }
 
 proptest! {
