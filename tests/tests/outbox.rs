@@ -517,32 +517,56 @@ mod an_enqueue_after_a_deadlock_the_work_let_go {
 /// enqueue new messages, must not wait for it: they touch no row of the batch.
 mod an_enqueue_beside_a_relay {
     use super::*;
+    use lockkit_tests::db::TestBackend;
+    use lockkit_tests::TestDb;
     use std::sync::mpsc;
     use std::time::Instant;
+
+    /// Enqueues one message, then runs `order` on a connection of its own
+    /// while a relay, on another, holds that message's batch for `broker`
+    /// before its broker answers: confirmed when `confirms`, else timed out.
+    fn beside_a_relay_waiting_on_its_broker<C, T>(
+        db: &TestDb<C>,
+        broker: Duration,
+        confirms: bool,
+        order: impl FnOnce(&mut C) -> T,
+    ) -> T
+    where
+        C: TestBackend + lockkit::AsLockingConnection,
+        C::Conn: outbox::OutboxStore,
+    {
+        enqueue_many(&mut db.connect(), 1);
+        let (claimed, claimed_rx) = mpsc::channel();
+        thread::scope(|s| {
+            let relay = s.spawn(move || {
+                Relay::default()
+                    .publish_batch(&mut db.connect(), 10, |batch| {
+                        claimed.send(()).unwrap();
+                        thread::sleep(broker);
+                        let answer = if confirms {
+                            Ok(())
+                        } else {
+                            Err("publish timed out".to_owned())
+                        };
+                        Ok::<_, Error>(vec![answer; batch.len()])
+                    })
+                    .unwrap()
+            });
+            claimed_rx.recv().unwrap();
+            let outcome = order(&mut db.connect());
+            relay.join().unwrap();
+            outcome
+        })
+    }
 
     lockkit_tests::server_tests! {
         fn an_enqueue_does_not_wait_for_a_relay_waiting_on_its_broker(db) {
             db.conn().run_pending_migrations(outbox_migrations(BACKEND)).unwrap();
-            enqueue_many(&mut db.conn(), 1);
-            let (claimed, claimed_rx) = mpsc::channel();
-            let db = &db;
-            let waited = thread::scope(|s| {
-                let relay = s.spawn(move || {
-                    Relay::default()
-                        .publish_batch(&mut db.connect(), 10, |batch| {
-                            claimed.send(()).unwrap();
-                            thread::sleep(Duration::from_millis(1500)); // the broker is slow to confirm
-                            Ok::<_, Error>(vec![Ok(()); batch.len()])
-                        })
-                        .unwrap()
-                });
-                claimed_rx.recv().unwrap();
-                let mut conn = db.connect();
+            // The broker is slow to confirm.
+            let waited = beside_a_relay_waiting_on_its_broker(&db, Duration::from_millis(1500), true, |conn| {
                 let started = Instant::now();
                 conn.transaction(|c| outbox::enqueue(c, "orders", r#"{"order":2}"#)).unwrap();
-                let waited = started.elapsed();
-                relay.join().unwrap();
-                waited
+                started.elapsed()
             });
             assert!(waited < Duration::from_millis(500), "the order's transaction waited {waited:?} for the relay's broker");
         }
@@ -554,38 +578,23 @@ mod an_enqueue_beside_a_relay {
     #[cfg(feature = "mysql")]
     #[test]
     fn an_order_is_not_refused_while_a_relay_waits_for_its_broker() {
-        let db =
-            lockkit_tests::TestDb::<diesel::MysqlConnection>::new("outbox_enqueue_beside_relay");
+        let db = TestDb::<diesel::MysqlConnection>::new("outbox_enqueue_beside_relay");
         db.conn()
             .run_pending_migrations(outbox_migrations("mysql"))
             .unwrap();
-        enqueue_many(&mut db.conn(), 1);
-        let (claimed, claimed_rx) = mpsc::channel();
-        let db = &db;
-        let order = thread::scope(|s| {
-            let relay = s.spawn(move || {
-                Relay::default()
-                    .publish_batch(&mut db.connect(), 10, |batch| {
-                        claimed.send(()).unwrap();
-                        thread::sleep(Duration::from_millis(2500)); // the broker does not answer
-                        Ok::<_, Error>(vec![Err("publish timed out".to_owned()); batch.len()])
-                    })
-                    .unwrap()
+        // The broker does not answer.
+        let order =
+            beside_a_relay_waiting_on_its_broker(&db, Duration::from_millis(2500), false, |conn| {
+                diesel::connection::SimpleConnection::batch_execute(
+                    conn,
+                    "SET SESSION innodb_lock_wait_timeout = 1",
+                )
+                .unwrap();
+                conn.transaction(|c| {
+                    // .. insert the order ..
+                    outbox::enqueue(c, "orders", r#"{"order":2}"#)
+                })
             });
-            claimed_rx.recv().unwrap();
-            let mut conn = db.connect();
-            diesel::connection::SimpleConnection::batch_execute(
-                &mut conn,
-                "SET SESSION innodb_lock_wait_timeout = 1",
-            )
-            .unwrap();
-            let order = conn.transaction(|c| {
-                // .. insert the order ..
-                outbox::enqueue(c, "orders", r#"{"order":2}"#)
-            });
-            relay.join().unwrap();
-            order
-        });
         assert!(order.is_ok(), "the order: {order:?}");
     }
 }
