@@ -167,6 +167,30 @@ macro_rules! rolled_back_on_one_retried_on_the_other {
     }};
 }
 
+/// B reads item 1 on `$b_conn`, writes its 7 and commits; A's struct `$a`,
+/// holding the number a rolled-back write left, writes again on `$a_conn`: it
+/// must be stale, and B's 7 stay. `$what` names what might have made the
+/// journal forget A's rollback. The async tests' `b_commits_then_a_is_stale!`
+/// is the same on diesel-async.
+#[cfg(feature = "harness")]
+#[macro_export]
+macro_rules! b_commits_then_a_is_stale {
+    ($a_conn:expr, $b_conn:expr, $a:expr, $what:expr) => {{
+        let mut b = $crate::item!($b_conn, 1);
+        b.stock = 7;
+        b.update_versioned($b_conn).unwrap();
+        $a.stock = 3;
+        let again = $a.update_versioned($a_conn);
+        let stock = $crate::stock_of!($b_conn);
+        assert!(
+            matches!(again, Err(::lockkit::Error::Stale(_))) && stock == 7,
+            "A's rolled-back version 1 matched B's committed 1 once {}: {again:?}, \
+             stock {stock} (B's 7 lost)",
+            $what
+        );
+    }};
+}
+
 /// The stock of `items` row `$id` (row 1 when omitted), read on `$conn`. A
 /// macro, not a function: Diesel checks the query per backend.
 #[cfg(feature = "harness")]

@@ -23,7 +23,7 @@ use lockkit::version_trigger::{up_sql, Dialect};
 use lockkit::{locked_transaction, CurrentState, Error, LockOptions, RetryPolicy};
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
-use lockkit_tests::{exec, item, seed_items, stock_of};
+use lockkit_tests::{b_commits_then_a_is_stale, exec, item, seed_items, stock_of};
 
 fn dialect(backend: &str) -> Dialect {
     match backend {
@@ -365,12 +365,7 @@ mod all {
                     Ok::<_, Error>(())
                 })
                 .unwrap();
-            let mut b = item!(&mut b_conn, 1);
-            b.stock = 7;
-            b.update_versioned(&mut b_conn).unwrap();
-            a.stock = 3;
-            assert!(matches!(a.update_versioned(&mut a_conn), Err(Error::Stale(_))));
-            assert_eq!(item!(&mut a_conn, 1).stock, 7);
+            b_commits_then_a_is_stale!(&mut a_conn, &mut b_conn, a, "a savepoint rolled back");
         }
 
         fn a_committed_transaction_leaves_the_struct_writable(db) {
@@ -770,18 +765,13 @@ mod postgres_only {
             10,
             "nothing of A's transaction committed"
         );
-        // B reads v0, writes its 7 and commits: v1, B's data.
-        let mut b = item!(&mut other, 1);
-        b.stock = 7;
-        b.update_versioned(&mut other).unwrap();
-        // A writes again: its 1 never committed, the row's 1 is B's.
-        a.stock = 3;
-        let again = a.update_versioned(&mut own);
-        let stock = stock_of!(&mut other);
-        assert!(
-            matches!(again, Err(Error::Stale(_))) && stock == 7,
-            "A's version 1, rolled back at COMMIT, matched B's committed 1: {again:?}, \
-             stock {stock} (B's 7 lost)"
+        // B reads v0, writes its 7 and commits: v1, B's data. A writes again:
+        // its 1 never committed, the row's 1 is B's.
+        b_commits_then_a_is_stale!(
+            &mut own,
+            &mut other,
+            a,
+            "PostgreSQL rolled A's transaction back at COMMIT"
         );
     }
 }

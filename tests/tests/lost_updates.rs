@@ -7,7 +7,7 @@ use lockkit::prelude::*;
 use lockkit::Error;
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
-use lockkit_tests::{exec, item, seed_items, stock_of};
+use lockkit_tests::{b_commits_then_a_is_stale, exec, item, seed_items, stock_of};
 
 /// The journal's names of rows in two tables must differ: A's versioned
 /// write of item 1 rolls back on `$a`; an ordinary committed write of row 1 of
@@ -31,18 +31,7 @@ macro_rules! written_elsewhere {
         });
         assert!(rolled_back.is_err());
         $other_write
-        let mut b = item!($b, 1);
-        b.stock = 7;
-        b.update_versioned($b).unwrap();
-        a.stock = 3;
-        let again = a.update_versioned($a);
-        let stock = stock_of!($b);
-        assert!(
-            matches!(again, Err(Error::Stale(_))) && stock == 7,
-            "a write in {} cleared the journal's record of A's rolled-back 1, which then \
-             matched B's committed 1: {again:?}, stock {stock} (B's 7 lost)",
-            $where
-        );
+        b_commits_then_a_is_stale!($a, $b, a, concat!("a write in ", $where, " had cleared the journal"));
     }};
 }
 
@@ -256,19 +245,13 @@ mod journal {
             assert!(undone.is_err());
             assert_eq!(item!(&mut b_conn, 1).lock_version, 0, "the delete was undone");
 
-            // B reads v0, writes its 7 and commits: v1 (or v2), B's data.
-            let mut b = item!(&mut b_conn, 1);
-            b.stock = 7;
-            b.update_versioned(&mut b_conn).unwrap();
-
-            // A writes again from its rolled-back 1: it must not land over B's.
-            a.stock = 3;
-            let again = a.update_versioned(&mut a_conn);
-            let stock = stock_of!(&mut b_conn);
-            assert!(
-                matches!(again, Err(Error::Stale(_))) && stock == 7,
-                "A's rolled-back version 1 matched B's committed 1 once a rolled-back \
-                 delete had cleared the journal: {again:?}, stock {stock} (B's 7 lost)"
+            // B reads v0, writes its 7 and commits: v1 (or v2), B's data. A
+            // writes again from its rolled-back 1: it must not land over B's.
+            b_commits_then_a_is_stale!(
+                &mut a_conn,
+                &mut b_conn,
+                a,
+                "a rolled-back delete had cleared the journal"
             );
         }
 
