@@ -37,3 +37,27 @@ where
     let row = lock_timeout_query(backend).get_result::<Setting>(conn);
     row.unwrap().value
 }
+
+/// A server's version string (the query names its column `version`).
+#[derive(diesel::QueryableByName)]
+pub struct Version {
+    /// `VERSION()`'s answer.
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub version: String,
+}
+
+/// Whether the server behind `conn` is MariaDB, whose settings differ from
+/// MySQL's under the one `mysql` backend: `backend` (as [`lock_timeout_query`]
+/// takes it) is `mysql` and the server's `VERSION()` says so.
+pub fn is_mariadb<C>(conn: &mut C, backend: &str) -> bool
+where
+    C: LoadConnection,
+    SqlQuery: LoadQuery<'static, C, Version>,
+{
+    backend == "mysql"
+        && diesel::sql_query("SELECT VERSION() AS version")
+            .get_result::<Version>(conn)
+            .unwrap()
+            .version
+            .contains("MariaDB")
+}

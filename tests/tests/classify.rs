@@ -225,15 +225,9 @@ mod postgres {
 mod mysql {
     use super::*;
     use diesel::MysqlConnection;
+    use lockkit_tests::settings::is_mariadb;
 
     type Db = TestDb<MysqlConnection>;
-
-    fn is_mariadb(conn: &mut MysqlConnection) -> bool {
-        diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>("VERSION()"))
-            .get_result::<String>(conn)
-            .unwrap()
-            .contains("MariaDB")
-    }
 
     #[test]
     fn deadlock_1213() {
@@ -252,7 +246,7 @@ mod mysql {
     fn nowait_is_busy_mariadb_reports_it_as_1205() {
         let db = Db::new("my_nowait");
         seed_items(&mut db.connect(), &[(1, 10)]);
-        let mariadb = is_mariadb(&mut db.connect());
+        let mariadb = is_mariadb(&mut db.connect(), "mysql");
         let (plain, nowait) = while_row_locked(&db, || {
             let mut conn = db.connect();
             (
@@ -274,7 +268,7 @@ mod mysql {
         let db = Db::new("my_statement_timeout");
         seed_items(&mut db.connect(), &[(1, 10)]);
         let mut conn = db.connect();
-        let setting = if is_mariadb(&mut conn) {
+        let setting = if is_mariadb(&mut conn, "mysql") {
             "SET SESSION max_statement_time = 0.2"
         } else {
             "SET SESSION max_execution_time = 200"

@@ -14,6 +14,7 @@ use lockkit::prelude::*;
 use lockkit::{Error, LockOptions, RetryPolicy};
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
+use lockkit_tests::settings::is_mariadb;
 use lockkit_tests::{exec, seed_items, stock_of};
 
 /// Ends another session from the server side.
@@ -99,9 +100,7 @@ mod servers {
                 let mut conn = db.connect();
                 let setting = match BACKEND {
                     "postgres" => "SET statement_timeout = 200",
-                    _ if diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>("VERSION()"))
-                        .get_result::<String>(&mut conn)
-                        .is_ok_and(|v| v.contains("MariaDB")) => "SET SESSION max_statement_time = 0.2",
+                    _ if is_mariadb(&mut conn, BACKEND) => "SET SESSION max_statement_time = 0.2",
                     _ => "SET SESSION max_execution_time = 200",
                 };
                 exec(&mut conn, setting);

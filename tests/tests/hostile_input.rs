@@ -31,7 +31,7 @@ use lockkit::{CurrentState, Error, LockOptions, StaleObjectError};
 use lockkit_tests::models::*;
 use lockkit_tests::oracles::plain_identifier;
 use lockkit_tests::schema::*;
-use lockkit_tests::settings::lock_timeout;
+use lockkit_tests::settings::{is_mariadb, lock_timeout};
 use lockkit_tests::{exec, idempotency_migrations, seed_items, stock_of};
 use proptest::prelude::*;
 
@@ -686,10 +686,7 @@ mod all {
             // MySQL 8 takes innodb_lock_wait_timeout up to 2^30 s, MariaDB up to
             // 10^8 s and truncates larger values itself (a warning, not an error).
             let server_max = match BACKEND {
-                "mysql" if diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>("VERSION()"))
-                    .get_result::<String>(&mut conn)
-                    .unwrap()
-                    .contains("MariaDB") => 100_000_000,
+                _ if is_mariadb(&mut conn, BACKEND) => 100_000_000,
                 _ => i64::MAX,
             };
             for timeout in [
