@@ -65,6 +65,23 @@ where
         .collect()
 }
 
+/// Publishes one batch of up to 10 messages, each confirmed by the broker;
+/// returns the messages as the relay handed them to the broker.
+fn publish_one_batch<C>(conn: &mut C) -> Vec<OutboxMessage>
+where
+    C: lockkit::AsLockingConnection,
+    C::Conn: outbox::OutboxStore,
+{
+    let mut published = Vec::new();
+    Relay::default()
+        .publish_batch(conn, 10, |batch| {
+            published.extend_from_slice(batch);
+            Ok::<_, Error>(vec![Ok(()); batch.len()])
+        })
+        .unwrap();
+    published
+}
+
 /// Drains the outbox as relay number `relay`; returns how many batches it took.
 fn drain<C>(
     conn: &mut C,
@@ -411,16 +428,10 @@ mod large_payloads {
             assert!(payload.len() > 100 * 1024);
             let enqueued = conn.transaction(|conn| outbox::enqueue(conn, "orders", &payload));
             let id = enqueued.unwrap_or_else(|e| panic!("a {}-byte payload was refused: {e}", payload.len()));
-            let mut published = Vec::new();
-            Relay::default()
-                .publish_batch(&mut conn, 10, |batch| {
-                    published.extend(batch.iter().map(|m| (m.id, m.payload.clone())));
-                    Ok::<_, Error>(vec![Ok(()); batch.len()])
-                })
-                .unwrap();
+            let published = publish_one_batch(&mut conn);
             assert_eq!(published.len(), 1);
-            assert_eq!(published[0].0, id);
-            assert!(published[0].1 == payload, "the payload published is {} bytes, not the {} enqueued", published[0].1.len(), payload.len());
+            assert_eq!(published[0].id, id);
+            assert!(published[0].payload == payload, "the payload published is {} bytes, not the {} enqueued", published[0].payload.len(), payload.len());
         }
     }
 
@@ -441,13 +452,10 @@ mod large_payloads {
         let id = conn
             .transaction(|conn| outbox::enqueue(conn, "orders", &payload))
             .unwrap();
-        let mut published = Vec::new();
-        Relay::default()
-            .publish_batch(&mut conn, 10, |batch| {
-                published.extend(batch.iter().map(|m| (m.id, m.payload.len())));
-                Ok::<_, Error>(vec![Ok(()); batch.len()])
-            })
-            .unwrap();
+        let published: Vec<(i64, usize)> = publish_one_batch(&mut conn)
+            .iter()
+            .map(|m| (m.id, m.payload.len()))
+            .collect();
         assert_eq!(
             published,
             vec![(id, payload.len())],
