@@ -120,17 +120,23 @@ mod servers {
 mod all {
     use super::*;
 
+    /// Runs `call`, which must panic: the panic goes on through lockkit, and
+    /// is caught here.
+    fn assert_panics(call: impl FnOnce()) {
+        let panicked = catch_unwind(AssertUnwindSafe(call));
+        assert!(panicked.is_err(), "the panic goes on");
+    }
+
     lockkit_tests::backend_tests! {
         fn a_panic_inside_with_lock_rolls_back_and_frees_the_connection(db) {
             seed_items(&mut db.conn(), &[(1, 10)]);
             let mut conn = db.connect();
-            let panicked = catch_unwind(AssertUnwindSafe(|| {
+            assert_panics(|| {
                 let _: Result<(), Error> = lockkit::with_lock(&mut conn, 1, lockkit::LockOptions::default(), |conn, item: Item| {
                     diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 5)).execute(conn)?;
                     panic!("bug in the closure");
                 });
-            }));
-            assert!(panicked.is_err(), "the panic goes on");
+            });
             assert_eq!(stock_of!(&mut db.connect()), 10, "rolled back");
             // The same connection is usable, outside any transaction: a new
             // transaction is a real one, not a savepoint in the dead one.
@@ -150,7 +156,7 @@ mod all {
         fn a_panic_in_a_diesel_transaction_inside_with_lock_rolls_back_lockkits_transaction(db) {
             seed_items(&mut db.conn(), &[(1, 10)]);
             let mut conn = db.connect();
-            let panicked = catch_unwind(AssertUnwindSafe(|| {
+            assert_panics(|| {
                 let _: Result<(), Error> = lockkit::with_lock(&mut conn, 1, lockkit::LockOptions::default(), |conn, item: Item| {
                     conn.transaction(|conn| {
                         diesel::update(items::table.find(item.id)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
@@ -159,8 +165,7 @@ mod all {
                         Ok::<_, Error>(())
                     })
                 });
-            }));
-            assert!(panicked.is_err(), "the panic goes on");
+            });
             assert!(!lockkit::LockingConnection::in_transaction(&mut conn), "no transaction left open");
             assert_eq!(stock_of!(&mut db.connect()), 10, "rolled back");
             assert_row_free!(db);
@@ -170,7 +175,7 @@ mod all {
             seed_items(&mut db.conn(), &[(1, 10)]);
             let pool = db.pool();
             for _ in 0..3 {
-                let panicked = catch_unwind(AssertUnwindSafe(|| {
+                assert_panics(|| {
                     let mut pooled = pool.get().unwrap();
                     let _: Result<(), Error> = lockkit::transaction_with_retry(&mut *pooled, &RetryPolicy::immediate(2), |conn| {
                         conn.batch_execute("UPDATE items SET stock = 0 WHERE id = 1")?;
@@ -178,8 +183,7 @@ mod all {
                         #[allow(unreachable_code)]
                         Ok(())
                     });
-                }));
-                assert!(panicked.is_err());
+                });
             }
             // Every connection the pool hands out is outside a transaction.
             for _ in 0..3 {
@@ -193,15 +197,14 @@ mod all {
         fn a_panic_inside_serializable_rolls_back(db) {
             seed_items(&mut db.conn(), &[(1, 10)]);
             let mut conn = db.connect();
-            let panicked = catch_unwind(AssertUnwindSafe(|| {
+            assert_panics(|| {
                 let _: Result<(), Error> = lockkit::serializable(&mut conn, &RetryPolicy::default(), |conn| {
                     conn.batch_execute("UPDATE items SET stock = 0 WHERE id = 1")?;
                     panic!("bug");
                     #[allow(unreachable_code)]
                     Ok(())
                 });
-            }));
-            assert!(panicked.is_err());
+            });
             assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
             assert_eq!(stock_of!(&mut conn), 10);
             lockkit::serializable(&mut conn, &RetryPolicy::default(), |_| Ok::<_, lockkit::Error>(())).unwrap();
