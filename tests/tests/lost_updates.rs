@@ -606,6 +606,17 @@ mod mysql_aborted {
         retry(&RetryPolicy::default(), |_| sell_two(conn))
     }
 
+    /// The whole transaction ran again after the deadlock: `Ok`, one order
+    /// line, one unit of item 2 sold.
+    fn assert_retried_whole(db: &TestDb<MysqlConnection>, runs: i32, outcome: Result<(), Error>) {
+        let (stock, lines) = sold_and_lines(db);
+        assert!(
+            outcome.is_ok() && (stock, lines) == (9, 1),
+            "item 2's stock {stock}, order lines {lines} after {runs} runs of the outer \
+             transaction; the caller got {outcome:?}"
+        );
+    }
+
     /// README, Guarantees: "Nothing is retried inside a transaction the server
     /// has aborted." The README's own retry loop around `sell` (one unit of
     /// item 2) inside the caller's transaction, which first records an order
@@ -873,12 +884,7 @@ mod mysql_aborted {
                 })
             })
         });
-        let (stock, lines) = sold_and_lines(&db);
-        assert!(
-            outcome.is_ok() && (stock, lines) == (9, 1),
-            "item 2's stock {stock}, order lines {lines} after {runs} runs; the caller got \
-             {outcome:?}"
-        );
+        assert_retried_whole(&db, runs, outcome);
     }
 
     #[test]
@@ -928,12 +934,7 @@ mod mysql_aborted {
                 })
             })
         });
-        let (stock, lines) = sold_and_lines(&db);
-        assert!(
-            outcome.is_ok() && (stock, lines) == (9, 1),
-            "item 2's stock {stock}, order lines {lines} after {runs} runs of the outer \
-             transaction; the caller got {outcome:?}"
-        );
+        assert_retried_whole(&db, runs, outcome);
     }
 }
 
