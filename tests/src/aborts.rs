@@ -19,6 +19,17 @@ pub fn seed_for_deadlock<C: Connection>(conn: &mut C) {
     crate::seed_items(conn, &(1..=12).map(|id| (id, 10)).collect::<Vec<_>>());
 }
 
+/// Records order line `id` (no item, one unit) as the caller's own code does
+/// in its transaction: the write whose fate an abort decides, its error
+/// classified. Sent as plain SQL (`batch_execute`): Diesel's MySQL connection
+/// gives such a statement's error no kind, where it names a prepared
+/// statement's (1792, a `READ ONLY` transaction, among them), so the two are
+/// not interchangeable in these cases.
+pub fn order_line<C: Connection>(conn: &mut C, id: i32) -> Result<(), Error> {
+    let sql = format!("INSERT INTO orders (id, item_id, qty) VALUES ({id}, NULL, 1)");
+    conn.batch_execute(&sql).map_err(lockkit::classify)
+}
+
 /// The heavier side of a provoked deadlock, on its own connection `conn`
 /// (`backend` as the suite names it): changes items 3 and up (InnoDB rolls back
 /// the transaction with fewer changed rows), locks item 2, says so on `locked`,

@@ -12,6 +12,7 @@ mod async_common;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{mpsc, Mutex};
 
+use async_common::order_line;
 use diesel::{Connection, ExpressionMethods, QueryDsl};
 use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
 use lockkit::{Error, LockOptions, RetryPolicy};
@@ -122,12 +123,6 @@ macro_rules! in_transaction {
             AsyncConnection::transaction($conn, $work).await
         }
     };
-}
-
-/// `INSERT`s order line `id`: the write whose fate the deadlock decides.
-async fn order_line<A: SimpleAsyncConnection + Send>(conn: &mut A, id: u32) -> Result<(), Error> {
-    let sql = format!("INSERT INTO orders (id, item_id, qty) VALUES ({id}, NULL, 1)");
-    Ok(conn.batch_execute(&sql).await?)
 }
 
 /// What the next user of `conn` would find (a pool hands it on when

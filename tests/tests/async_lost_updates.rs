@@ -89,6 +89,7 @@ async_backend_tests! {
 #[cfg(feature = "mysql")]
 mod mysql_aborted {
     use super::*;
+    use crate::async_common::order_line;
     use diesel::{Connection, ExpressionMethods};
     use diesel_async::{AsyncMysqlConnection, SimpleAsyncConnection};
     use lockkit::RetryPolicy;
@@ -203,8 +204,7 @@ mod mysql_aborted {
         how: Sell,
     ) -> Result<(), Error> {
         let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
-        let line = format!("INSERT INTO orders (id, item_id, qty) VALUES ({run}, NULL, 1)");
-        conn.batch_execute(&line).await?;
+        order_line(conn, run).await?;
         if run == 1 {
             stage.cue();
         }
@@ -278,9 +278,7 @@ mod mysql_aborted {
                     .await?;
                 stage.cue();
                 caught = Some(sell_two(conn, Sell::Versioned).await);
-                conn.batch_execute("INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)")
-                    .await
-                    .map_err(lockkit::classify)
+                order_line(conn, 1).await
             })
             .await;
         let (stock, lines) = stage.sold_and_lines().await;
@@ -307,8 +305,7 @@ mod mysql_aborted {
         let mut refused = None;
         let outcome: Result<(), Error> = conn
             .transaction(async |conn| {
-                conn.batch_execute("INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)")
-                    .await?;
+                order_line(conn, 1).await?;
                 let mut two = item!(&mut *conn, 2);
                 two.stock = -1;
                 refused = Some(two.update_versioned(conn).await);
@@ -338,16 +335,13 @@ mod mysql_aborted {
         let mut caught = None;
         let outcome: Result<(), Error> = conn
             .transaction(async |conn| {
-                conn.batch_execute("INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)")
-                    .await?;
+                order_line(conn, 1).await?;
                 conn.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")
                     .await?;
                 stage.cue();
                 twin.label = "sold".into();
                 caught = Some(twin.update_versioned(conn).await);
-                conn.batch_execute("INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)")
-                    .await
-                    .map_err(lockkit::classify)
+                order_line(conn, 2).await
             })
             .await;
         let (_, lines) = stage.sold_and_lines().await;

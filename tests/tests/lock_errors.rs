@@ -12,6 +12,7 @@ use diesel::prelude::*;
 use lockkit::bounds::LockRow;
 use lockkit::prelude::*;
 use lockkit::{queue, retry, Error, LockOptions, RetryPolicy};
+use lockkit_tests::aborts::order_line;
 use lockkit_tests::db::TestBackend;
 use lockkit_tests::models::*;
 use lockkit_tests::observe::observe;
@@ -777,7 +778,7 @@ mod stand_in_probes {
                     let _ = work(conn, 1); // the caller's own statement, swallowed
                     locked = Some(Item::lock_all(conn, &[3]).map(|rows| rows.len()));
                     claimed = Some(queue::claim::<Job, _, _>(conn, jobs::table.filter(jobs::done.eq(false)).select(Job::as_select()), 1).map(|rows| rows.len()));
-                    diesel::connection::SimpleConnection::batch_execute(conn, "INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)").map_err(lockkit::classify)?;
+                    order_line(conn, 2)?;
                     Ok::<_, Error>(())
                 })
             });
@@ -814,7 +815,7 @@ mod stand_in_probes {
                         three.stock -= 1;
                         versioned = Some(three.update_versioned(conn));
                         conditional = Some(Item::update_if(conn, 4, items::stock.ge(1), items::stock.eq(items::stock - 1)));
-                        diesel::connection::SimpleConnection::batch_execute(conn, "INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)").map_err(lockkit::classify)?;
+                        order_line(conn, 2)?;
                         Ok::<_, Error>(())
                     })
                 });
@@ -914,7 +915,7 @@ mod stand_in_probes {
                     let _ = work(conn, 1); // the caller's own statement, swallowed
                     let mut item: Item = items::table.find(3).first(conn)?;
                     locked = Some(item.lock(conn));
-                    diesel::connection::SimpleConnection::batch_execute(conn, "INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)").map_err(lockkit::classify)?;
+                    order_line(conn, 2)?;
                     Ok::<_, Error>(())
                 })
             });

@@ -140,6 +140,17 @@ macro_rules! async_server_tests {
     };
 }
 
+/// Records order line `id` (no item, one unit) as the caller's own code does
+/// in its transaction, as `lockkit_tests::aborts::order_line` on a blocking
+/// connection: the write whose fate an abort decides, its error classified.
+pub async fn order_line<A>(conn: &mut A, id: u32) -> Result<(), Error>
+where
+    A: diesel_async::SimpleAsyncConnection + Send,
+{
+    let sql = format!("INSERT INTO orders (id, item_id, qty) VALUES ({id}, NULL, 1)");
+    Ok(conn.batch_execute(&sql).await?)
+}
+
 /// A patient retry policy for tests that contend on purpose.
 pub fn patient() -> lockkit::RetryPolicy {
     lockkit::RetryPolicy::default()
