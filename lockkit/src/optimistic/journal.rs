@@ -127,10 +127,10 @@ pub struct Journal {
     committing: bool,
     /// Whether each table's declared key is unique in this connection's database.
     /// Keyed by the table's type: two tables may share a name.
-    unique_keys: HashMap<TypeId, bool>,
+    unique_keys: ByType<bool>,
     /// The schema each table written without one is found in, quoted as
     /// [`Database::schema`] (`None`: the connection's). Keyed by the table's type.
-    schemas: HashMap<TypeId, Option<String>>,
+    schemas: ByType<Option<String>>,
     /// The database this connection writes to, and its schema.
     database: Option<Database>,
     /// Whether a failed statement has ended the open transaction.
@@ -372,8 +372,8 @@ impl Journal {
             inner: None,
             open: Vec::new(),
             committing: false,
-            unique_keys: HashMap::new(),
-            schemas: HashMap::new(),
+            unique_keys: ByType::default(),
+            schemas: ByType::default(),
             database: None,
             aborts: Aborts::default(),
         }
@@ -916,6 +916,33 @@ pub(crate) fn cached_unique_key<W: Watched>(conn: &mut W, table: TypeId) -> Opti
 pub(crate) fn cache_unique_key<W: Watched>(conn: &mut W, table: TypeId, unique: bool) {
     if let Some(journal) = journal_of(conn) {
         journal.unique_keys.insert(table, unique);
+    }
+}
+
+/// What a connection learned about each table, keyed by the table's type.
+/// A `TypeId` is a hash already: it is used as its own (a versioned write in a
+/// transaction looks a table up twice).
+type ByType<V> = HashMap<TypeId, V, std::hash::BuildHasherDefault<TypeIdHasher>>;
+
+/// Hashes a `TypeId` to the bits it holds.
+#[derive(Default)]
+struct TypeIdHasher(u64);
+
+impl std::hash::Hasher for TypeIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write_u64(&mut self, bits: u64) {
+        self.0 ^= bits;
+    }
+
+    // How `TypeId` hashes itself is the standard library's choice: any other
+    // write is folded in, byte by byte.
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
     }
 }
 
