@@ -343,3 +343,45 @@ impl ReplicaStatements for diesel::PgConnection {
         assert!(matches!(route, Route::PrimaryNotAStandby), "{route:?}");
     }
 }
+
+/// PostgreSQL and MySQL/MariaDB: on SQLite the other connection's open
+/// transaction would hold the whole file.
+mod whatever_others_recorded {
+    use super::*;
+
+    lockkit_tests::server_tests! {
+        /// What a connection sends does not depend on what other connections of
+        /// the process have recorded: a connection asks what it learns once (the
+        /// database, the schema of a table its `table!` names none for) at its
+        /// first versioned write, in a transaction or not. Here the same script on
+        /// two new connections, the second while another connection's versioned
+        /// write waits in an open transaction, sends the same statements.
+        fn a_connection_sends_the_same_statements_whatever_other_connections_recorded(db) {
+            seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+            let script = || {
+                let log = Log::default();
+                let mut conn = db.connect();
+                conn.set_instrumentation(lockkit::journal::Journal::wrap(log.instrumentation()));
+                log.section("item.update_versioned(&mut conn), then in a transaction");
+                let mut item = items::table.find(1).first::<Item>(&mut db.conn()).unwrap();
+                item.stock -= 1;
+                item.update_versioned(&mut conn).unwrap();
+                item.stock -= 1;
+                conn.transaction(|conn| item.update_versioned(conn)).unwrap();
+                // The versions bound differ from run to run; the statements may not.
+                log.render().lines().map(|line| line.split(" -- binds:").next().unwrap().to_owned()).collect::<Vec<_>>()
+            };
+            let before = script();
+            let mut other = db.connect();
+            let beside = other
+                .transaction(|other| {
+                    let mut two = items::table.find(2).first::<Item>(other)?;
+                    two.stock -= 1;
+                    two.update_versioned(other)?;
+                    Ok::<_, Error>(script())
+                })
+                .unwrap();
+            assert_eq!(before, beside);
+        }
+    }
+}

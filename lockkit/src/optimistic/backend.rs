@@ -5,7 +5,7 @@
 //!
 //! | | PostgreSQL | MySQL / MariaDB | SQLite |
 //! | --- | --- | --- | --- |
-//! | schema of a `table!` without one (once per connection and table, in a transaction) | `pg_class` of `to_regclass(quote_ident(table))`: where the `search_path` finds it | the connection's database | `main` |
+//! | schema of a `table!` without one (once per connection and table, at its first versioned write) | `pg_class` of `to_regclass(quote_ident(table))`: where the `search_path` finds it | the connection's database | `main` |
 //! | key unique? (once per connection and table) | `pg_index`: a unique index, without predicate or expressions, on key columns only | `information_schema.STATISTICS`: a unique index on key columns only | `pragma_index_list` / `pragma_index_info`, or the `INTEGER PRIMARY KEY` (rowid) |
 //! | latest version after a stale write | plain `SELECT` (READ COMMITTED sees it; REPEATABLE READ fails the write itself) | `SELECT .. LOCK IN SHARE MODE`: a locking read sees the latest commit even under REPEATABLE READ | plain `SELECT` (one writer at a time) |
 //!

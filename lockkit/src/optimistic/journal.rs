@@ -994,8 +994,9 @@ pub(crate) fn needs_row_ids<W: Watched>(conn: &mut W) -> bool {
 /// first versioned write (so that every connection sends the same statements),
 /// and on a connection without a journal only when an identity is needed. The
 /// schema of a table whose `table!` names none is asked with `find` (its
-/// name; `None` where the connection's schema is every such table's) once per
-/// journaled connection and table, and without a journal whenever needed.
+/// name; `None` where the connection's schema is every such table's) likewise:
+/// at a journaled connection's first versioned write to the table, and without
+/// a journal whenever needed.
 pub(crate) fn row_id<C: Connection>(
     conn: &mut C,
     declared: TypeId,
@@ -1017,17 +1018,21 @@ pub(crate) fn row_id<C: Connection>(
 
 /// The table whose schema [`row_id_with`] needs read first
 /// ([`OptimisticBackend::table_schema_query`](crate::optimistic::backend::OptimisticBackend::table_schema_query)):
-/// a table whose `table!` names no schema, once per journaled connection, and
+/// a table whose `table!` names no schema, at a journaled connection's first
+/// versioned write to it (in a transaction or not, as the database id: what a
+/// connection sends must not depend on what other connections recorded), and
 /// without a journal whenever an identity is needed.
 pub(crate) fn needs_table_schema<W: Watched>(
     conn: &mut W,
     declared: TypeId,
     table: impl FnOnce() -> &'static TableName,
 ) -> Option<&'static TableName> {
-    if !needs_row_ids(conn) || journal_of(conn).is_some_and(|j| j.schemas.contains_key(&declared)) {
-        return None;
-    }
-    Some(table()).filter(|table| table.schema.is_none())
+    let needed = needs_row_ids(conn);
+    let needed = match journal_of(conn) {
+        Some(journal) => !journal.schemas.contains_key(&declared),
+        None => needed,
+    };
+    needed.then(table).filter(|table| table.schema.is_none())
 }
 
 /// Whether [`row_id_with`] needs the database id read first: at a journaled
