@@ -402,6 +402,13 @@ mod postgres_schemas {
     use diesel::PgConnection;
     use lockkit_tests::{exec, TestDb};
 
+    /// A tenant's connection: its `search_path` set once, as a pool per tenant does.
+    fn tenant(db: &TestDb<PgConnection>, search_path: &str) -> PgConnection {
+        let mut conn = db.connect();
+        exec(&mut conn, &format!("SET search_path TO {search_path}"));
+        conn
+    }
+
     #[test]
     fn a_write_in_another_schema_does_not_make_the_journal_forget_a_rolled_back_write() {
         // Schema-per-tenant: each tenant's `items` in a schema of its own, the
@@ -421,13 +428,11 @@ mod postgres_schemas {
                 ),
             );
         }
-        let tenant = |schema: &str| {
-            let mut conn = db.connect();
-            exec(&mut conn, &format!("SET search_path TO {schema}"));
-            conn
-        };
-        let (mut a_conn, mut b_conn, mut two) =
-            (tenant("tenant_1"), tenant("tenant_1"), tenant("tenant_2"));
+        let (mut a_conn, mut b_conn, mut two) = (
+            tenant(&db, "tenant_1"),
+            tenant(&db, "tenant_1"),
+            tenant(&db, "tenant_2"),
+        );
 
         written_elsewhere!(&mut a_conn, &mut b_conn, &mut two, "tenant 2's schema");
     }
@@ -446,12 +451,7 @@ mod postgres_schemas {
             &mut setup,
             &format!("CREATE SCHEMA tenant_1; CREATE SCHEMA tenant_2; {archive}"),
         );
-        let tenant = |schema: &str| {
-            let mut conn = db.connect();
-            exec(&mut conn, &format!("SET search_path TO {schema}"));
-            conn
-        };
-        let (mut one, mut two) = (tenant("tenant_1"), tenant("tenant_2"));
+        let (mut one, mut two) = (tenant(&db, "tenant_1"), tenant(&db, "tenant_2"));
         lockkit_tests::rolled_back_on_one_retried_on_the_other!(
             &mut one,
             &mut two,
@@ -463,29 +463,45 @@ mod postgres_schemas {
         );
     }
 
-    #[test]
-    fn a_shared_table_found_through_the_search_path_is_one_table_to_every_tenant() {
-        // Schema-per-tenant connections (`search_path` tenant_N, public) reach
-        // the shared `public.items` through a `table!` without a schema: each
-        // connection's first schema is its tenant's, where no `items` is. A's
-        // write of row 1 rolls back on tenant 1's connection; B commits the
-        // row on tenant 2's; A retries there: one row, so A must be stale.
-        let db = TestDb::<PgConnection>::new("shared_table_across_search_paths");
+    /// Schema-per-tenant connections (`search_path` tenant_N, public) reach
+    /// the shared `public.items` through a `table!` without a schema: each
+    /// connection's first schema is its tenant's, where no `items` is. A's
+    /// write of row 1 rolls back on tenant 1's connection; B commits the row
+    /// on tenant 2's; A retries there: one row, so A must be stale. `prepare`
+    /// readies each tenant's connection.
+    fn shared_table_through_search_paths(name: &str, prepare: fn(&mut PgConnection)) {
+        let db = TestDb::<PgConnection>::new(name);
         let mut setup = db.connect();
         seed_items(&mut setup, &[(1, 10)]);
         exec(&mut setup, "CREATE SCHEMA tenant_1; CREATE SCHEMA tenant_2");
-        let tenant = |schema: &str| {
-            let mut conn = db.connect();
-            exec(&mut conn, &format!("SET search_path TO {schema}, public"));
-            conn
-        };
-        let (mut one, mut two) = (tenant("tenant_1"), tenant("tenant_2"));
+        let (mut one, mut two) = (
+            tenant(&db, "tenant_1, public"),
+            tenant(&db, "tenant_2, public"),
+        );
+        prepare(&mut one);
+        prepare(&mut two);
         lockkit_tests::rolled_back_on_one_retried_on_the_other!(
             &mut one,
             &mut two,
             |conn: &mut PgConnection| item!(conn, 1),
             "tenant 2's connection"
         );
+    }
+
+    #[test]
+    fn a_shared_table_found_through_the_search_path_is_one_table_to_every_tenant() {
+        // The connections' journals learn the schema with the key check.
+        shared_table_through_search_paths("shared_table_across_search_paths", |_| {});
+    }
+
+    #[test]
+    fn a_shared_table_found_through_the_search_path_is_one_table_on_connections_lockkit_cannot_watch(
+    ) {
+        // With instrumentation of their own, the connections keep no journal:
+        // the schema is asked at each write that names its row.
+        shared_table_through_search_paths("shared_table_unwatched", |conn| {
+            conn.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+        });
     }
 
     #[test]
