@@ -405,8 +405,15 @@ where
                 &table.name,
                 M::KEY_COLUMNS,
             );
-            let unique = query.get_result::<Unique>(conn).await?.unique_key != 0;
-            journal::cache_unique_key(&mut AsyncWatched(conn), declared, unique);
+            let answer = query.get_result::<Unique>(conn).await?;
+            let unique = answer.unique_key != 0;
+            journal::cache_unique_key(
+                &mut AsyncWatched(conn),
+                declared,
+                unique,
+                table,
+                answer.schema,
+            );
             Ok(unique)
         })
     }
@@ -531,12 +538,14 @@ where
 {
     super::connection::check_write(conn).await?;
     let sequence = async {
+        // As the blocking side: the key check first, which names the schema.
+        let unique = M::key_is_unique(conn).await.map_err(classify)?;
         let row = M::row_id(conn, key).await.map_err(classify)?;
         let watched = &mut AsyncWatched(&mut *conn);
         let write = Write::<M>::start(watched, key, row.as_deref(), expected, origin, operation)?;
         let rows = match write.statement() {
             Some(checked) => {
-                execute_once::<M, Conn, S>(conn, key, move || statement(checked)).await?
+                execute_once::<M, Conn, S>(conn, key, unique, move || statement(checked)).await?
             }
             None => 0,
         };
@@ -614,13 +623,14 @@ where
 }
 
 /// Executes a versioned statement; where the database does not enforce the
-/// key, in a transaction (a savepoint) that is undone if it matched more than
-/// one row.
+/// key (`unique`), in a transaction (a savepoint) that is undone if it matched
+/// more than one row.
 // The statement is built right before it is sent: it never lives across an
 // `.await`, so the future is `Send` whatever lifetime the changeset borrows.
 async fn execute_once<M, Conn, S>(
     conn: &mut Conn,
     key: &M::Key,
+    unique: bool,
     statement: impl FnOnce() -> S + Send,
 ) -> Result<usize, Error>
 where
@@ -628,7 +638,7 @@ where
     M: Lockable + AsyncVersionQuery<Conn>,
     S: ExecuteDsl<Conn>,
 {
-    if M::key_is_unique(conn).await.map_err(classify)? {
+    if unique {
         return ExecuteDsl::execute(statement(), conn)
             .await
             .map_err(classify);

@@ -5,8 +5,8 @@
 //!
 //! | | PostgreSQL | MySQL / MariaDB | SQLite |
 //! | --- | --- | --- | --- |
-//! | schema of a `table!` without one (once per connection and table, at its first versioned write) | `pg_class` of `to_regclass(quote_ident(table))`: where the `search_path` finds it | the connection's database | `main` |
-//! | key unique? (once per connection and table) | `pg_index`: a unique index, without predicate or expressions, on key columns only | `information_schema.STATISTICS`: a unique index on key columns only | `pragma_index_list` / `pragma_index_info`, or the `INTEGER PRIMARY KEY` (rowid) |
+//! | schema of a `table!` without one (once per connection and table, at its first versioned write, with the key check) | `pg_class` of `to_regclass(quote_ident(table))`: where the `search_path` finds it | the connection's database | `main` |
+//! | key unique? (once per connection and table, at its first versioned write) | `pg_index`: a unique index, without predicate or expressions, on key columns only | `information_schema.STATISTICS`: a unique index on key columns only | `pragma_index_list` / `pragma_index_info`, or the `INTEGER PRIMARY KEY` (rowid) |
 //! | latest version after a stale write | plain `SELECT` (READ COMMITTED sees it; REPEATABLE READ fails the write itself) | `SELECT .. LOCK IN SHARE MODE`: a locking read sees the latest commit even under REPEATABLE READ | plain `SELECT` (one writer at a time) |
 //!
 //! A key the catalog cannot prove unique (no constraint, a view, a table in
@@ -69,7 +69,10 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     /// table by table (PostgreSQL): one row, text column `schema`, empty when
     /// it finds no such table. `None` where every such table is in the
     /// connection's schema ([`DatabaseId::schema`]: MySQL/MariaDB's database,
-    /// SQLite's `main`). Built here once for blocking and async connections.
+    /// SQLite's `main`). A journaled connection has the answer from its key
+    /// check ([`Unique::schema`]); this asks it where nothing keeps that (a
+    /// connection with instrumentation of its own that lockkit cannot watch).
+    /// Built here once for blocking and async connections.
     #[doc(hidden)]
     fn table_schema_query(table: &str) -> Option<BoxedSqlQuery<'static, Self, SqlQuery>> {
         let _ = table;
@@ -95,10 +98,13 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     }
 
     /// The catalog query behind [`key_is_unique`](Self::key_is_unique), with its
-    /// values bound: one row, one `BIGINT` column `unique_key`, non-zero when a
+    /// values bound: one row, a `BIGINT` column `unique_key`, non-zero when a
     /// unique index covers only (some of) `key_columns` of `table` in `schema`
-    /// (`None`: the connection's, which its `search_path` or database names).
-    /// Built here once for every connection that runs it, blocking or async.
+    /// (`None`: the one the connection finds, through its `search_path` or in
+    /// its database), and a text column `schema`, the schema the connection
+    /// finds the table in, as [`table_schema_query`](Self::table_schema_query)
+    /// answers it (empty where that is `None`). Built here once for every
+    /// connection that runs it, blocking or async.
     fn key_is_unique_query(
         schema: Option<&str>,
         table: &str,
@@ -106,7 +112,8 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     ) -> BoxedSqlQuery<'static, Self, SqlQuery>;
 
     /// Whether a unique index covers only (some of) `key_columns` of `table`, so
-    /// that the key can never match two rows.
+    /// that the key can never match two rows, and where the connection finds
+    /// the table: [`key_is_unique_query`](Self::key_is_unique_query)'s row.
     ///
     /// # Errors
     ///
@@ -116,15 +123,13 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
         schema: Option<&str>,
         table: &str,
         key_columns: &[&str],
-    ) -> QueryResult<bool>
+    ) -> QueryResult<Unique>
     where
         C: Connection<Backend = Self> + LoadConnection,
         BoxedSqlQuery<'static, Self, SqlQuery>: for<'q> diesel::query_dsl::LoadQuery<'q, C, Unique>,
     {
         use diesel::RunQueryDsl;
-        Self::key_is_unique_query(schema, table, key_columns)
-            .get_result::<Unique>(conn)
-            .map(|row| row.unique_key != 0)
+        Self::key_is_unique_query(schema, table, key_columns).get_result::<Unique>(conn)
     }
 }
 
@@ -184,6 +189,15 @@ pub struct Unique {
     /// Non-zero when the key is unique.
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     pub unique_key: i64,
+    /// The schema the connection finds the table in, unquoted, where its
+    /// search path decides it table by table (PostgreSQL; empty when it finds
+    /// no such table); empty where the connection's schema is every such
+    /// table's (MySQL/MariaDB, SQLite). What
+    /// [`table_schema_query`](OptimisticBackend::table_schema_query) answers,
+    /// asked with the key so that a connection asks the catalog about a table
+    /// once.
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub schema: String,
 }
 
 #[cfg(feature = "postgres")]
@@ -225,13 +239,19 @@ mod postgres {
             table: &str,
             key_columns: &[&str],
         ) -> BoxedSqlQuery<'static, Self, SqlQuery> {
+            // The table as the connection finds it, once: its unique
+            // indexes, and the schema it is in (`table_schema_query`'s).
             diesel::sql_query(
-                "SELECT COUNT(*) AS unique_key FROM pg_index i \
-                  WHERE i.indrelid = to_regclass(COALESCE(quote_ident($1) || '.', '') || quote_ident($2)) \
-                    AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL \
-                    AND NOT EXISTS (SELECT 1 FROM unnest(i.indkey) AS k(attnum) \
-                          JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
-                         WHERE a.attname::text <> ALL ($3))",
+                "SELECT (SELECT COUNT(*) FROM pg_index i \
+                          WHERE i.indrelid = t.oid \
+                            AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL \
+                            AND NOT EXISTS (SELECT 1 FROM unnest(i.indkey) AS k(attnum) \
+                                  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
+                                 WHERE a.attname::text <> ALL ($3))) AS unique_key, \
+                        COALESCE((SELECT n.nspname::text FROM pg_class c \
+                                    JOIN pg_namespace n ON n.oid = c.relnamespace \
+                                   WHERE c.oid = t.oid), '') AS schema \
+                   FROM (SELECT to_regclass(COALESCE(quote_ident($1) || '.', '') || quote_ident($2)) AS oid) AS t",
             )
             .into_boxed()
             .bind::<Nullable<Text>, _>(schema.map(str::to_owned))
@@ -277,7 +297,7 @@ mod mysql {
             key_columns: &[&str],
         ) -> BoxedSqlQuery<'static, Self, SqlQuery> {
             diesel::sql_query(
-                "SELECT CAST(COUNT(*) AS SIGNED) AS unique_key FROM ( \
+                "SELECT CAST(COUNT(*) AS SIGNED) AS unique_key, '' AS `schema` FROM ( \
                    SELECT INDEX_NAME FROM information_schema.STATISTICS \
                     WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
                       AND NON_UNIQUE = 0 \
@@ -330,7 +350,7 @@ mod sqlite {
                       OR EXISTS (SELECT 1 FROM pragma_table_info(?1, ?2) AS c \
                           WHERE c.pk = 1 AND lower(c.type) = 'integer' \
                             AND instr(?3, ',' || c.name || ',') > 0 \
-                            AND (SELECT COUNT(*) FROM pragma_table_info(?1, ?2) WHERE pk > 0) = 1)) AS unique_key",
+                            AND (SELECT COUNT(*) FROM pragma_table_info(?1, ?2) WHERE pk > 0) = 1)) AS unique_key, '' AS schema",
             )
             .into_boxed()
             .bind::<Text, _>(table.to_owned())

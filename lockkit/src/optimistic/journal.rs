@@ -912,11 +912,29 @@ pub(crate) fn cached_unique_key<W: Watched>(conn: &mut W, table: TypeId) -> Opti
     journal_of(conn).and_then(|j| j.unique_keys.get(&table).copied())
 }
 
-/// Remembers whether the table's key is unique on this connection's database.
-pub(crate) fn cache_unique_key<W: Watched>(conn: &mut W, table: TypeId, unique: bool) {
+/// Remembers whether the table's key is unique on this connection's database,
+/// and the schema the key check found the table in (`found`: empty where the
+/// connection's schema is the table's) if its `table!` names none, which
+/// [`row_id`] then need not ask.
+pub(crate) fn cache_unique_key<W: Watched>(
+    conn: &mut W,
+    table: TypeId,
+    unique: bool,
+    declared: &TableName,
+    found: String,
+) {
     if let Some(journal) = journal_of(conn) {
         journal.unique_keys.insert(table, unique);
+        if declared.schema.is_none() {
+            journal.schemas.insert(table, quoted_schema(&found));
+        }
     }
+}
+
+/// The schema a connection found a table in, quoted as [`Database::schema`];
+/// `None` for an empty answer (the connection's schema).
+fn quoted_schema(found: &str) -> Option<String> {
+    (!found.is_empty()).then(|| format!("{found:?}"))
 }
 
 /// What a connection learned about each table, keyed by the table's type.
@@ -993,10 +1011,11 @@ pub(crate) fn needs_row_ids<W: Watched>(conn: &mut W) -> bool {
 /// The database id is read with `fetch` once per journaled connection, at its
 /// first versioned write (so that every connection sends the same statements),
 /// and on a connection without a journal only when an identity is needed. The
-/// schema of a table whose `table!` names none is asked with `find` (its
-/// name; `None` where the connection's schema is every such table's) likewise:
-/// at a journaled connection's first versioned write to the table, and without
-/// a journal whenever needed.
+/// schema of a table whose `table!` names none is known to a journaled
+/// connection from its key check, at its first versioned write to the table
+/// ([`cache_unique_key`]); it is asked with `find` (its name; `None` where the
+/// connection's schema is every such table's) where no key check answered it,
+/// and without a journal whenever needed.
 pub(crate) fn row_id<C: Connection>(
     conn: &mut C,
     declared: TypeId,
@@ -1018,10 +1037,11 @@ pub(crate) fn row_id<C: Connection>(
 
 /// The table whose schema [`row_id_with`] needs read first
 /// ([`OptimisticBackend::table_schema_query`](crate::optimistic::backend::OptimisticBackend::table_schema_query)):
-/// a table whose `table!` names no schema, at a journaled connection's first
-/// versioned write to it (in a transaction or not, as the database id: what a
-/// connection sends must not depend on what other connections recorded), and
-/// without a journal whenever an identity is needed.
+/// a table whose `table!` names no schema, on a journaled connection when its
+/// key check has not answered it (which it does at the first versioned write
+/// to the table, in a transaction or not: what a connection sends must not
+/// depend on what other connections recorded), and without a journal whenever
+/// an identity is needed.
 pub(crate) fn needs_table_schema<W: Watched>(
     conn: &mut W,
     declared: TypeId,
@@ -1058,7 +1078,7 @@ pub(crate) fn row_id_with<W: Watched>(
     found: Option<String>,
 ) -> Option<String> {
     let needed = needs_row_ids(conn);
-    let found = found.map(|schema| (!schema.is_empty()).then(|| format!("{schema:?}")));
+    let found = found.as_deref().map(quoted_schema);
     let row = |database: &Database, found: Option<&str>| {
         let table = table();
         // A table of an attached database (SQLite) is named by the file, as

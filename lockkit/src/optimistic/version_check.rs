@@ -128,13 +128,14 @@ macro_rules! current_version_query_on {
                     return Ok(known);
                 }
                 let table = table::of::<M::Table, Backend<$conn>>();
-                let unique = <Backend<$conn> as OptimisticBackend>::key_is_unique(
+                let answer = <Backend<$conn> as OptimisticBackend>::key_is_unique(
                     conn,
                     table.schema.as_deref(),
                     &table.name,
                     M::KEY_COLUMNS,
                 )?;
-                journal::cache_unique_key(conn, TypeId::of::<M::Table>(), unique);
+                let unique = answer.unique_key != 0;
+                journal::cache_unique_key(conn, TypeId::of::<M::Table>(), unique, table, answer.schema);
                 Ok(unique)
             }
 

@@ -942,10 +942,13 @@ where
     S: ExecuteDsl<Conn>,
 {
     let sequence = |conn: &mut Conn| -> Result<Written<M::Version>, Error> {
+        // First: at a connection's first write to the table, the key check
+        // also names the schema the row id needs.
+        let unique = M::key_is_unique(conn).map_err(classify)?;
         let row = M::row_id(conn, key).map_err(classify)?;
         let write = Write::<M>::start(conn, key, row.as_deref(), expected, origin, operation)?;
         let rows = match write.statement() {
-            Some(checked) => execute_once::<M, _, _>(conn, key, statement(checked))?,
+            Some(checked) => execute_once::<M, _, _>(conn, key, unique, statement(checked))?,
             None => 0,
         };
         let mut step = write.wrote(conn, rows);
@@ -976,14 +979,19 @@ where
 }
 
 /// Executes a versioned statement; where the database does not enforce the
-/// key, in a savepoint that is undone if it matched more than one row.
-fn execute_once<M, S, Conn>(conn: &mut Conn, key: &M::Key, statement: S) -> Result<usize, Error>
+/// key (`unique`), in a savepoint that is undone if it matched more than one row.
+fn execute_once<M, S, Conn>(
+    conn: &mut Conn,
+    key: &M::Key,
+    unique: bool,
+    statement: S,
+) -> Result<usize, Error>
 where
     M: CurrentVersionQuery<Conn>,
     Conn: Connection,
     S: ExecuteDsl<Conn>,
 {
-    if M::key_is_unique(conn).map_err(classify)? {
+    if unique {
         return ExecuteDsl::execute(statement, conn).map_err(classify);
     }
     // In the caller's transaction, a savepoint. A deadlock's victim on
