@@ -452,14 +452,14 @@ mod postgres_search_path {
     use diesel_async::AsyncPgConnection;
     use lockkit_tests::TestDb;
 
-    /// The blocking side's `a_shared_table_found_through_the_search_path_..`
+    /// The blocking side's `shared_table_through_search_paths`
     /// (`lost_updates`): schema-per-tenant connections (`search_path`
     /// tenant_N, public) reach the shared `public.items` through a `table!`
     /// without a schema. A's write rolls back on tenant 1's connection, B
     /// commits on tenant 2's, A retries on B's: one row, so A must be stale.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_shared_table_found_through_the_search_path_is_one_table_to_every_tenant() {
-        let db = TestDb::<diesel::PgConnection>::new("async_shared_table_across_search_paths");
+    /// `prepare` readies each tenant's connection.
+    async fn shared_table_through_search_paths(name: &str, prepare: fn(&mut AsyncPgConnection)) {
+        let db = TestDb::<diesel::PgConnection>::new(name);
         seed_items(&mut db.conn(), &[(1, 10)]);
         lockkit_tests::exec(
             &mut db.conn(),
@@ -470,6 +470,7 @@ mod postgres_search_path {
             conn.batch_execute(&format!("SET search_path TO {schema}, public"))
                 .await
                 .unwrap();
+            prepare(&mut conn);
             conn
         };
         let (mut a_conn, mut b_conn) = (tenant("tenant_1").await, tenant("tenant_2").await);
@@ -487,5 +488,25 @@ mod postgres_search_path {
             "A's rolled-back 1, retried through tenant 2's connection, matched B's \
              committed 1: {again:?}, stock {stock} (B's 7 lost)"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_shared_table_found_through_the_search_path_is_one_table_to_every_tenant() {
+        // The connections' journals learn the schema with the key check.
+        shared_table_through_search_paths("async_shared_table_across_search_paths", |_| {}).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_shared_table_found_through_the_search_path_is_one_table_on_connections_lockkit_cannot_watch(
+    ) {
+        // With instrumentation of their own, the connections keep no journal:
+        // the schema is asked at each write that names its row.
+        shared_table_through_search_paths("async_shared_table_unwatched", |conn| {
+            diesel_async::AsyncConnection::set_instrumentation(
+                conn,
+                |_: diesel::connection::InstrumentationEvent<'_>| {},
+            );
+        })
+        .await;
     }
 }
