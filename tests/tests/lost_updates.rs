@@ -468,18 +468,23 @@ mod postgres_schemas {
     /// connection's first schema is its tenant's, where no `items` is. A's
     /// write of row 1 rolls back on tenant 1's connection; B commits the row
     /// on tenant 2's; A retries there: one row, so A must be stale. `prepare`
-    /// readies each tenant's connection.
+    /// readies each tenant's connection, before the shared table is there
+    /// (it is created, as a migration would, right after).
     fn shared_table_through_search_paths(name: &str, prepare: fn(&mut PgConnection)) {
         let db = TestDb::<PgConnection>::new(name);
         let mut setup = db.connect();
-        seed_items(&mut setup, &[(1, 10)]);
-        exec(&mut setup, "CREATE SCHEMA tenant_1; CREATE SCHEMA tenant_2");
+        exec(
+            &mut setup,
+            "CREATE SCHEMA tenant_1; CREATE SCHEMA tenant_2; ALTER TABLE items RENAME TO items_later",
+        );
         let (mut one, mut two) = (
             tenant(&db, "tenant_1, public"),
             tenant(&db, "tenant_2, public"),
         );
         prepare(&mut one);
         prepare(&mut two);
+        exec(&mut setup, "ALTER TABLE items_later RENAME TO items");
+        seed_items(&mut setup, &[(1, 10)]);
         lockkit_tests::rolled_back_on_one_retried_on_the_other!(
             &mut one,
             &mut two,
@@ -492,6 +497,26 @@ mod postgres_schemas {
     fn a_shared_table_found_through_the_search_path_is_one_table_to_every_tenant() {
         // The connections' journals learn the schema with the key check.
         shared_table_through_search_paths("shared_table_across_search_paths", |_| {});
+    }
+
+    #[test]
+    fn a_shared_table_created_after_a_tenants_first_write_to_it_is_one_table_to_every_tenant() {
+        // An application that serves while its migrations run: each
+        // connection's first versioned write finds no `items` and fails. What
+        // the connection found then (nothing) must not name the table later.
+        shared_table_through_search_paths("shared_table_created_later", |conn| {
+            let mut early = Item {
+                id: 1,
+                name: "item 1".into(),
+                stock: 1,
+                lock_version: 0,
+            };
+            let refused = early.update_versioned(conn);
+            assert!(
+                refused.is_err(),
+                "a write to a table not there yet: {refused:?}"
+            );
+        });
     }
 
     #[test]

@@ -444,7 +444,7 @@ where
                                 .map(|query| load_boxed::<_, TableSchema>(query, &mut *conn))
                         });
                 match asking {
-                    Some(Some(asking)) => Some(asking.await?.schema),
+                    Some(Some(asking)) => asking.await?.schema,
                     // No search decides it: the connection's schema.
                     Some(None) => Some(String::new()),
                     None => None,

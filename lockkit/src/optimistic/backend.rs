@@ -66,7 +66,7 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
 
     /// The statement that names the schema where the connection finds the
     /// table `table` written without one, where its search path decides that
-    /// table by table (PostgreSQL): one row, text column `schema`, empty when
+    /// table by table (PostgreSQL): one row, text column `schema`, NULL when
     /// it finds no such table. `None` where every such table is in the
     /// connection's schema ([`DatabaseId::schema`]: MySQL/MariaDB's database,
     /// SQLite's `main`). A journaled connection has the answer from its key
@@ -80,7 +80,8 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     }
 
     /// Runs [`table_schema_query`](Self::table_schema_query): the schema where
-    /// the connection finds `table`, or `None` where no search decides it.
+    /// the connection finds `table` (empty where no search decides it: the
+    /// connection's), or `None` where it finds no such table.
     ///
     /// # Errors
     ///
@@ -92,9 +93,10 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
             for<'q> diesel::query_dsl::LoadQuery<'q, C, TableSchema>,
     {
         use diesel::RunQueryDsl;
-        Self::table_schema_query(table)
-            .map(|query| query.get_result::<TableSchema>(conn).map(|row| row.schema))
-            .transpose()
+        match Self::table_schema_query(table) {
+            Some(query) => query.get_result::<TableSchema>(conn).map(|row| row.schema),
+            None => Ok(Some(String::new())),
+        }
     }
 
     /// The catalog query behind [`key_is_unique`](Self::key_is_unique), with its
@@ -103,8 +105,9 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     /// (`None`: the one the connection finds, through its `search_path` or in
     /// its database), and a text column `schema`, the schema the connection
     /// finds the table in, as [`table_schema_query`](Self::table_schema_query)
-    /// answers it (empty where that is `None`). Built here once for every
-    /// connection that runs it, blocking or async.
+    /// answers it (NULL when it finds no such table; empty where that is
+    /// `None`). Built here once for every connection that runs it, blocking or
+    /// async.
     fn key_is_unique_query(
         schema: Option<&str>,
         table: &str,
@@ -173,9 +176,9 @@ pub struct DatabaseId {
 #[derive(Debug, diesel::QueryableByName)]
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub struct TableSchema {
-    /// The schema, unquoted; empty when the connection finds no such table.
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    pub schema: String,
+    /// The schema, unquoted; `None` when the connection finds no such table.
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    pub schema: Option<String>,
 }
 
 /// The row of [`OptimisticBackend::key_is_unique_query`].
@@ -190,14 +193,14 @@ pub struct Unique {
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     pub unique_key: i64,
     /// The schema the connection finds the table in, unquoted, where its
-    /// search path decides it table by table (PostgreSQL; empty when it finds
-    /// no such table); empty where the connection's schema is every such
-    /// table's (MySQL/MariaDB, SQLite). What
+    /// search path decides it table by table (PostgreSQL; `None` when it finds
+    /// no such table, as a table not created yet); empty where the
+    /// connection's schema is every such table's (MySQL/MariaDB, SQLite). What
     /// [`table_schema_query`](OptimisticBackend::table_schema_query) answers,
     /// asked with the key so that a connection asks the catalog about a table
     /// once.
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    pub schema: String,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    pub schema: Option<String>,
 }
 
 #[cfg(feature = "postgres")]
@@ -225,9 +228,9 @@ mod postgres {
         fn table_schema_query(table: &str) -> Option<BoxedSqlQuery<'static, Self, SqlQuery>> {
             Some(
                 diesel::sql_query(
-                    "SELECT COALESCE((SELECT n.nspname::text FROM pg_class c \
+                    "SELECT (SELECT n.nspname::text FROM pg_class c \
                               JOIN pg_namespace n ON n.oid = c.relnamespace \
-                             WHERE c.oid = to_regclass(quote_ident($1))), '') AS schema",
+                             WHERE c.oid = to_regclass(quote_ident($1))) AS schema",
                 )
                 .into_boxed()
                 .bind::<Text, _>(table.to_owned()),
@@ -248,9 +251,9 @@ mod postgres {
                             AND NOT EXISTS (SELECT 1 FROM unnest(i.indkey) AS k(attnum) \
                                   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
                                  WHERE a.attname::text <> ALL ($3))) AS unique_key, \
-                        COALESCE((SELECT n.nspname::text FROM pg_class c \
-                                    JOIN pg_namespace n ON n.oid = c.relnamespace \
-                                   WHERE c.oid = t.oid), '') AS schema \
+                        (SELECT n.nspname::text FROM pg_class c \
+                           JOIN pg_namespace n ON n.oid = c.relnamespace \
+                          WHERE c.oid = t.oid) AS schema \
                    FROM (SELECT to_regclass(COALESCE(quote_ident($1) || '.', '') || quote_ident($2)) AS oid) AS t",
             )
             .into_boxed()

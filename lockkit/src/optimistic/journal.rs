@@ -915,14 +915,19 @@ pub(crate) fn cached_unique_key<W: Watched>(conn: &mut W, table: TypeId) -> Opti
 /// Remembers whether the table's key is unique on this connection's database,
 /// and the schema the key check found the table in (`found`: empty where the
 /// connection's schema is the table's) if its `table!` names none, which
-/// [`row_id`] then need not ask.
+/// [`row_id`] then need not ask. Nothing where the connection found no such
+/// table (`None`: one not created yet, whose schema and key are asked again
+/// at the next write).
 pub(crate) fn cache_unique_key<W: Watched>(
     conn: &mut W,
     table: TypeId,
     unique: bool,
     declared: &TableName,
-    found: String,
+    found: Option<String>,
 ) {
+    let Some(found) = found else {
+        return;
+    };
     if let Some(journal) = journal_of(conn) {
         journal.unique_keys.insert(table, unique);
         if declared.schema.is_none() {
@@ -1013,9 +1018,10 @@ pub(crate) fn needs_row_ids<W: Watched>(conn: &mut W) -> bool {
 /// and on a connection without a journal only when an identity is needed. The
 /// schema of a table whose `table!` names none is known to a journaled
 /// connection from its key check, at its first versioned write to the table
-/// ([`cache_unique_key`]); it is asked with `find` (its name; `None` where the
-/// connection's schema is every such table's) where no key check answered it,
-/// and without a journal whenever needed.
+/// ([`cache_unique_key`]); it is asked with `find` (its name; empty where the
+/// connection's schema is every such table's, `None` where it finds no such
+/// table: nothing is kept then) where no key check answered it, and without a
+/// journal whenever needed.
 pub(crate) fn row_id<C: Connection>(
     conn: &mut C,
     declared: TypeId,
@@ -1029,7 +1035,7 @@ pub(crate) fn row_id<C: Connection>(
         false => None,
     };
     let found = match needs_table_schema(conn, declared, &table) {
-        Some(table) => Some(find(conn, &table.name)?.unwrap_or_default()),
+        Some(table) => find(conn, &table.name)?,
         None => None,
     };
     Ok(row_id_with(conn, declared, table, key, fetched, found))
@@ -1068,7 +1074,9 @@ pub(crate) fn needs_database_id<W: Watched>(conn: &mut W) -> bool {
 
 /// [`row_id`] once the database id was read if [`needs_database_id`] said so
 /// (`fetched`), and the table's schema if [`needs_table_schema`] did (`found`:
-/// empty where the connection's schema is the table's).
+/// empty where the connection's schema is the table's; `None` where it was
+/// not asked, or the connection found no such table: the row is then named
+/// in the connection's schema, and nothing is kept).
 pub(crate) fn row_id_with<W: Watched>(
     conn: &mut W,
     declared: TypeId,
