@@ -457,23 +457,28 @@ mod postgres_search_path {
     /// tenant_N, public) reach the shared `public.items` through a `table!`
     /// without a schema. A's write rolls back on tenant 1's connection, B
     /// commits on tenant 2's, A retries on B's: one row, so A must be stale.
-    /// `prepare` readies each tenant's connection.
-    async fn shared_table_through_search_paths(name: &str, prepare: fn(&mut AsyncPgConnection)) {
+    /// `prepare` readies each tenant's connection, before the shared table is
+    /// there (it is created, as a migration would, right after).
+    async fn shared_table_through_search_paths(
+        name: &str,
+        prepare: impl AsyncFn(&mut AsyncPgConnection),
+    ) {
         let db = TestDb::<diesel::PgConnection>::new(name);
-        seed_items(&mut db.conn(), &[(1, 10)]);
         lockkit_tests::exec(
             &mut db.conn(),
-            "CREATE SCHEMA tenant_1; CREATE SCHEMA tenant_2",
+            "CREATE SCHEMA tenant_1; CREATE SCHEMA tenant_2; ALTER TABLE items RENAME TO items_later",
         );
         let tenant = async |schema: &str| {
             let mut conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
             conn.batch_execute(&format!("SET search_path TO {schema}, public"))
                 .await
                 .unwrap();
-            prepare(&mut conn);
+            prepare(&mut conn).await;
             conn
         };
         let (mut a_conn, mut b_conn) = (tenant("tenant_1").await, tenant("tenant_2").await);
+        lockkit_tests::exec(&mut db.conn(), "ALTER TABLE items_later RENAME TO items");
+        seed_items(&mut db.conn(), &[(1, 10)]);
         let mut a = item!(&mut a_conn, 1);
         a.stock = 5;
         write_and_roll_back!(&mut a_conn, a);
@@ -493,7 +498,29 @@ mod postgres_search_path {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_shared_table_found_through_the_search_path_is_one_table_to_every_tenant() {
         // The connections' journals learn the schema with the key check.
-        shared_table_through_search_paths("async_shared_table_across_search_paths", |_| {}).await;
+        shared_table_through_search_paths("async_shared_table_across_search_paths", async |_| {})
+            .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_shared_table_created_after_a_tenants_first_write_to_it_is_one_table_to_every_tenant()
+    {
+        // An application that serves while its migrations run: each
+        // connection's first versioned write finds no `items` and fails.
+        shared_table_through_search_paths("async_shared_table_created_later", async |conn| {
+            let mut early = Item {
+                id: 1,
+                name: "item 1".into(),
+                stock: 1,
+                lock_version: 0,
+            };
+            let refused = early.update_versioned(conn).await;
+            assert!(
+                refused.is_err(),
+                "a write to a table not there yet: {refused:?}"
+            );
+        })
+        .await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -501,7 +528,7 @@ mod postgres_search_path {
     ) {
         // With instrumentation of their own, the connections keep no journal:
         // the schema is asked at each write that names its row.
-        shared_table_through_search_paths("async_shared_table_unwatched", |conn| {
+        shared_table_through_search_paths("async_shared_table_unwatched", async |conn| {
             diesel_async::AsyncConnection::set_instrumentation(
                 conn,
                 |_: diesel::connection::InstrumentationEvent<'_>| {},
