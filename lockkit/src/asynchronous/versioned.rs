@@ -406,15 +406,12 @@ where
                 M::KEY_COLUMNS,
             );
             let answer = query.get_result::<Unique>(conn).await?;
-            let unique = answer.unique_key != 0;
-            journal::cache_unique_key(
+            Ok(journal::key_checked(
                 &mut AsyncWatched(conn),
                 declared,
-                unique,
                 table,
-                answer.schema,
-            );
-            Ok(unique)
+                answer,
+            ))
         })
     }
 

@@ -77,9 +77,10 @@
 //! the model's `table!` names (`archive.items`, on MySQL/MariaDB a database;
 //! on SQLite a table of an attached database is named by that file), or else
 //! the one the connection finds the table in: on PostgreSQL the schema its
-//! `search_path` finds it in (asked once per connection and table), on
-//! MySQL/MariaDB its database, on SQLite `main`. The server as the connection reached it (its
-//! address, or host name, and port) is kept beside the name: a rolled-back
+//! `search_path` finds it in (asked with the key check, once per connection
+//! and table), on MySQL/MariaDB its database, on SQLite `main`. The server as
+//! the connection reached it (its address, or host name, and port) is kept
+//! beside the name: a rolled-back
 //! number protects the row whichever server recorded it, and a commit forgets
 //! only what was recorded through its own (`server_and_rest`), so that one
 //! server reached by two paths, or a cluster's two nodes, cannot make one row
@@ -105,7 +106,7 @@ use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use crate::error::classification;
 use crate::error::Error;
-use crate::optimistic::backend::DatabaseId;
+use crate::optimistic::backend::{DatabaseId, Unique};
 use crate::optimistic::table::TableName;
 use diesel::connection::{Instrumentation, InstrumentationEvent, TransactionManager};
 use diesel::result::DatabaseErrorKind;
@@ -912,28 +913,26 @@ pub(crate) fn cached_unique_key<W: Watched>(conn: &mut W, table: TypeId) -> Opti
     journal_of(conn).and_then(|j| j.unique_keys.get(&table).copied())
 }
 
-/// Remembers whether the table's key is unique on this connection's database,
-/// and the schema the key check found the table in (`found`: empty where the
-/// connection's schema is the table's) if its `table!` names none, which
-/// [`row_id`] then need not ask. Nothing where the connection found no such
-/// table (`None`: one not created yet, whose schema and key are asked again
-/// at the next write).
-pub(crate) fn cache_unique_key<W: Watched>(
+/// What the key check of `table` (its type `declared`) answered: whether the
+/// key is unique, which is returned. A journaled connection keeps it, and the
+/// schema the check found the table in (empty where the connection's schema
+/// is the table's) if its `table!` names none, which [`row_id`] then need not
+/// ask; nothing where the connection found no such table (`schema` NULL: one
+/// not created yet, whose schema and key are asked again at the next write).
+pub(crate) fn key_checked<W: Watched>(
     conn: &mut W,
-    table: TypeId,
-    unique: bool,
-    declared: &TableName,
-    found: Option<String>,
-) {
-    let Some(found) = found else {
-        return;
-    };
-    if let Some(journal) = journal_of(conn) {
-        journal.unique_keys.insert(table, unique);
-        if declared.schema.is_none() {
-            journal.schemas.insert(table, quoted_schema(&found));
+    declared: TypeId,
+    table: &TableName,
+    answer: Unique,
+) -> bool {
+    let unique = answer.unique_key != 0;
+    if let (Some(found), Some(journal)) = (answer.schema, journal_of(conn)) {
+        journal.unique_keys.insert(declared, unique);
+        if table.schema.is_none() {
+            journal.schemas.insert(declared, quoted_schema(&found));
         }
     }
+    unique
 }
 
 /// The schema a connection found a table in, quoted as [`Database::schema`];
@@ -1018,7 +1017,7 @@ pub(crate) fn needs_row_ids<W: Watched>(conn: &mut W) -> bool {
 /// and on a connection without a journal only when an identity is needed. The
 /// schema of a table whose `table!` names none is known to a journaled
 /// connection from its key check, at its first versioned write to the table
-/// ([`cache_unique_key`]); it is asked with `find` (its name; empty where the
+/// ([`key_checked`]); it is asked with `find` (its name; empty where the
 /// connection's schema is every such table's, `None` where it finds no such
 /// table: nothing is kept then) where no key check answered it, and without a
 /// journal whenever needed.

@@ -134,9 +134,7 @@ macro_rules! current_version_query_on {
                     &table.name,
                     M::KEY_COLUMNS,
                 )?;
-                let unique = answer.unique_key != 0;
-                journal::cache_unique_key(conn, TypeId::of::<M::Table>(), unique, table, answer.schema);
-                Ok(unique)
+                Ok(journal::key_checked(conn, TypeId::of::<M::Table>(), table, answer))
             }
 
             fn row_id(conn: &mut $conn, key: &M::Key) -> diesel::QueryResult<Option<String>> {
