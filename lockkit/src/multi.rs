@@ -346,6 +346,18 @@ macro_rules! dispatch {
                 }
             }
 
+            fn mark(conn: &mut T, mark: journal::Mark) -> QueryResult<()> {
+                match conn.dispatch() {
+                    $(BackendConn::$variant(conn) => <M as CurrentVersionQuery<$conn>>::mark(conn, mark),)+
+                }
+            }
+
+            fn mark_stands(conn: &mut T, mark: journal::Mark) -> QueryResult<bool> {
+                match conn.dispatch() {
+                    $(BackendConn::$variant(conn) => <M as CurrentVersionQuery<$conn>>::mark_stands(conn, mark),)+
+                }
+            }
+
             fn ends(conn: &mut T) -> journal::Ends {
                 match conn.dispatch() {
                     $(BackendConn::$variant(conn) => <M as CurrentVersionQuery<$conn>>::ends(conn),)+
@@ -431,6 +443,14 @@ where
 
     fn row_id(conn: &mut Pooled<T>, key: &M::Key) -> QueryResult<Option<String>> {
         M::row_id(conn, key)
+    }
+
+    fn mark(conn: &mut Pooled<T>, mark: journal::Mark) -> QueryResult<()> {
+        M::mark(conn, mark)
+    }
+
+    fn mark_stands(conn: &mut Pooled<T>, mark: journal::Mark) -> QueryResult<bool> {
+        M::mark_stands(conn, mark)
     }
 
     fn ends(conn: &mut Pooled<T>) -> journal::Ends {

@@ -609,7 +609,11 @@ where
                 row.version(),
             )
             .await?;
-            written_under_lock::<M>(&mut AsyncWatched(conn), row_id.as_deref(), &row, next);
+            let mark =
+                written_under_lock::<M>(&mut AsyncWatched(conn), row_id.as_deref(), &row, next);
+            if let Some(mark) = mark {
+                M::mark(conn, mark).await.map_err(classify)?;
+            }
             row.set_version(next);
             Ok(Some(row))
         })

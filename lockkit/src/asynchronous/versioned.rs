@@ -67,7 +67,9 @@ use diesel_async::{AsyncConnectionCore, RunQueryDsl, TransactionManager};
 use super::connection::{in_transaction, AsyncLockingConnection, Restore};
 use crate::error::classification::classify;
 use crate::error::{Error, Operation};
-use crate::optimistic::backend::{DatabaseId, InShareMode, OptimisticBackend, TableSchema, Unique};
+use crate::optimistic::backend::{
+    DatabaseId, InShareMode, OptimisticBackend, Stands, TableSchema, Unique,
+};
 use crate::optimistic::journal::{self, AsyncWatched};
 use crate::optimistic::sequence::{at_most_one, checked_next, Origin, Step, Write, Written};
 use crate::optimistic::statement::BySql;
@@ -358,6 +360,17 @@ pub trait AsyncVersionQuery<Conn>: VersionCheck<Key: Send + Sync, Version: Send>
         conn: &'a mut Conn,
         key: &'a Self::Key,
     ) -> BoxFuture<'a, QueryResult<Option<String>>>;
+
+    /// Marks a write made in a transaction on a connection the [`journal`]
+    /// cannot watch, in that transaction (the blocking side's
+    /// `CurrentVersionQuery::mark`).
+    #[doc(hidden)]
+    fn mark(conn: &mut Conn, mark: journal::Mark) -> BoxFuture<'_, QueryResult<()>>;
+
+    /// Whether the mark `mark` stands on `conn` (the blocking side's
+    /// `CurrentVersionQuery::mark_stands`).
+    #[doc(hidden)]
+    fn mark_stands(conn: &mut Conn, mark: journal::Mark) -> BoxFuture<'_, QueryResult<bool>>;
 }
 
 type Latest<Conn, Q> = <<Conn as AsyncConnectionCore>::Backend as OptimisticBackend>::Latest<Q>;
@@ -371,6 +384,8 @@ where
     BoxedSqlQuery<'static, Conn::Backend, SqlQuery>: for<'q> LoadQuery<'q, Conn, Unique> + Send,
     BoxedSqlQuery<'static, Conn::Backend, SqlQuery>:
         for<'q> LoadQuery<'q, Conn, TableSchema> + Send,
+    BoxedSqlQuery<'static, Conn::Backend, SqlQuery>:
+        for<'q> LoadQuery<'q, Conn, Stands> + ExecuteDsl<Conn> + Send,
     SqlQuery: for<'q> LoadQuery<'q, Conn, DatabaseId>,
     TouchVersioned<M>: ExecuteDsl<Conn> + 'static,
     M::Table: QueryFragment<Conn::Backend> + 'static,
@@ -457,6 +472,48 @@ where
             ))
         })
     }
+
+    fn mark(conn: &mut Conn, mark: journal::Mark) -> BoxFuture<'_, QueryResult<()>> {
+        Box::pin(async move {
+            let query = || <Conn::Backend as OptimisticBackend>::mark_query(mark);
+            let sent = execute_boxed(query(), &mut *conn).await;
+            match (sent, <Conn::Backend as OptimisticBackend>::MARKS) {
+                (Err(_), Some(create)) => {
+                    conn.batch_execute(create).await?;
+                    execute_boxed(query(), conn).await.map(drop)
+                }
+                (sent, _) => sent.map(drop),
+            }
+        })
+    }
+
+    fn mark_stands(conn: &mut Conn, mark: journal::Mark) -> BoxFuture<'_, QueryResult<bool>> {
+        Box::pin(async move {
+            let ask = || <Conn::Backend as OptimisticBackend>::mark_stands_query(mark);
+            let asked = load_boxed::<_, Stands>(ask(), &mut *conn).await;
+            let row = match (asked, <Conn::Backend as OptimisticBackend>::MARKS) {
+                (Err(_), Some(create)) => {
+                    conn.batch_execute(create).await?;
+                    load_boxed::<_, Stands>(ask(), conn).await?
+                }
+                (asked, _) => asked?,
+            };
+            Ok(row.stands != 0)
+        })
+    }
+}
+
+/// Executes a statement built for every connection, as a boxed future (see
+/// [`load_boxed`]).
+fn execute_boxed<'c, Conn>(
+    query: BoxedSqlQuery<'static, Conn::Backend, SqlQuery>,
+    conn: &'c mut Conn,
+) -> BoxFuture<'c, QueryResult<usize>>
+where
+    Conn: AsyncLockingConnection,
+    BoxedSqlQuery<'static, Conn::Backend, SqlQuery>: ExecuteDsl<Conn> + Send,
+{
+    Box::pin(ExecuteDsl::execute(query, conn))
 }
 
 /// Loads the row of a catalog query built for every connection, as a boxed
@@ -538,8 +595,15 @@ where
         // As the blocking side: the key check first, which names the schema.
         let unique = M::key_is_unique(conn).await.map_err(classify)?;
         let row = M::row_id(conn, key).await.map_err(classify)?;
+        let id = row.as_deref();
+        if let Some(mark) =
+            Write::<M>::unconfirmed(&mut AsyncWatched(&mut *conn), id, expected, origin)
+        {
+            let stands = M::mark_stands(conn, mark).await.map_err(classify)?;
+            Write::<M>::confirmed(&mut AsyncWatched(&mut *conn), id, mark, stands);
+        }
         let watched = &mut AsyncWatched(&mut *conn);
-        let write = Write::<M>::start(watched, key, row.as_deref(), expected, origin, operation)?;
+        let write = Write::<M>::start(watched, key, id, expected, origin, operation)?;
         let rows = match write.statement() {
             Some(checked) => {
                 execute_once::<M, Conn, S>(conn, key, unique, move || statement(checked)).await?
@@ -562,6 +626,10 @@ where
                 Step::MovePastReused(version, then) => {
                     let at = move_past_reused::<M, Conn>(conn, key, then.id(), version).await?;
                     then.moved(&mut AsyncWatched(&mut *conn), at)
+                }
+                Step::Mark(mark, written) => {
+                    M::mark(conn, mark).await.map_err(classify)?;
+                    Step::Done(written)
                 }
                 Step::Done(written) => return Ok(written),
             };

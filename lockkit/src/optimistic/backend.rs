@@ -7,6 +7,7 @@
 //! | --- | --- | --- | --- |
 //! | schema of a `table!` without one (once per connection and table, at its first versioned write, with the key check) | `pg_class` of `to_regclass(quote_ident(table))`: where the `search_path` finds it | the connection's database | `main` |
 //! | key unique? (once per connection and table, at its first versioned write) | `pg_index`: a unique index, without predicate or expressions, on key columns only | `information_schema.STATISTICS`: a unique index on key columns only | `pragma_index_list` / `pragma_index_info`, or the `INTEGER PRIMARY KEY` (rowid) |
+//! | mark of a write in a transaction on a connection lockkit cannot watch (`journal::Mark`), and whether it stands | the session setting `lockkit.marks` (`set_config(.., false)`: undone by a rollback, kept by a commit) | a row of the temporary table `lockkit_marks` (InnoDB: transactional) | a row of the temporary table `temp.lockkit_marks` |
 //! | latest version after a stale write | plain `SELECT` (READ COMMITTED sees it; REPEATABLE READ fails the write itself) | `SELECT .. LOCK IN SHARE MODE`: a locking read sees the latest commit even under REPEATABLE READ | plain `SELECT` (one writer at a time) |
 //!
 //! A key the catalog cannot prove unique (no constraint, a view, a table in
@@ -19,6 +20,8 @@ use diesel::connection::LoadConnection;
 use diesel::query_builder::{BoxedSqlQuery, QueryId, SqlQuery};
 use diesel::query_dsl::methods::LockingDsl;
 use diesel::{Connection, QueryResult};
+
+use crate::optimistic::journal::Mark;
 
 /// A backend lockkit's versioned writes run on: PostgreSQL, MySQL/MariaDB, SQLite.
 ///
@@ -134,6 +137,77 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
         use diesel::RunQueryDsl;
         Self::key_is_unique_query(schema, table, key_columns).get_result::<Unique>(conn)
     }
+
+    /// Creates what a connection keeps its [`Mark`]s in, where that is a
+    /// temporary table (MySQL/MariaDB, SQLite); `None` where it needs no
+    /// creating (PostgreSQL: a setting of the session). Sent when a mark's
+    /// statement failed, before it is sent once more.
+    #[doc(hidden)]
+    const MARKS: Option<&'static str>;
+
+    /// The statement that marks a write lockkit made in a transaction on a
+    /// connection it cannot watch ([`Mark`]), in that transaction: the mark
+    /// stands exactly as long as the write does (a rollback of the
+    /// transaction or of the savepoint takes both; a commit keeps both), and
+    /// the connection keeps its latest [`Mark::KEPT`]. Built here once for
+    /// blocking and async connections.
+    #[doc(hidden)]
+    fn mark_query(mark: Mark) -> BoxedSqlQuery<'static, Self, SqlQuery>;
+
+    /// The statement that asks whether the mark `mark` stands on the
+    /// connection: one row, a `BIGINT` column `stands`, non-zero when it does.
+    #[doc(hidden)]
+    fn mark_stands_query(mark: Mark) -> BoxedSqlQuery<'static, Self, SqlQuery>;
+
+    /// Sends [`mark_query`](Self::mark_query), creating the
+    /// [`MARKS`](Self::MARKS) table first if it failed.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
+    #[doc(hidden)]
+    fn mark<C>(conn: &mut C, mark: Mark) -> QueryResult<()>
+    where
+        C: Connection<Backend = Self>,
+        BoxedSqlQuery<'static, Self, SqlQuery>: diesel::query_dsl::methods::ExecuteDsl<C>,
+    {
+        use diesel::RunQueryDsl;
+        match (Self::mark_query(mark).execute(conn), Self::MARKS) {
+            (Err(_), Some(create)) => {
+                conn.batch_execute(create)?;
+                Self::mark_query(mark).execute(conn).map(drop)
+            }
+            (sent, _) => sent.map(drop),
+        }
+    }
+
+    /// Runs [`mark_stands_query`](Self::mark_stands_query), creating the
+    /// [`MARKS`](Self::MARKS) table first if it failed (a mark in no table
+    /// does not stand).
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
+    #[doc(hidden)]
+    fn mark_stands<C>(conn: &mut C, mark: Mark) -> QueryResult<bool>
+    where
+        C: Connection<Backend = Self> + LoadConnection,
+        BoxedSqlQuery<'static, Self, SqlQuery>: for<'q> diesel::query_dsl::LoadQuery<'q, C, Stands>,
+    {
+        use diesel::RunQueryDsl;
+        let ask = |conn: &mut C| {
+            Self::mark_stands_query(mark)
+                .get_result::<Stands>(conn)
+                .map(|row| row.stands != 0)
+        };
+        match (ask(conn), Self::MARKS) {
+            (Err(_), Some(create)) => {
+                conn.batch_execute(create)?;
+                ask(conn)
+            }
+            (asked, _) => asked,
+        }
+    }
 }
 
 /// `LOCK IN SHARE MODE` (MySQL/MariaDB): the clause of the latest-version read.
@@ -203,11 +277,24 @@ pub struct Unique {
     pub schema: Option<String>,
 }
 
+/// The row of [`OptimisticBackend::mark_stands_query`].
+#[doc(hidden)]
+#[derive(Debug, diesel::QueryableByName)]
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+pub struct Stands {
+    /// Non-zero when the mark stands.
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub stands: i64,
+}
+
 #[cfg(feature = "postgres")]
 mod postgres {
     use super::*;
     use diesel::pg::Pg;
-    use diesel::sql_types::{Array, Nullable, Text};
+    use diesel::sql_types::{Array, BigInt, Nullable, Text};
 
     impl OptimisticBackend for Pg {
         type Latest<Q: LockingDsl<InShareMode>> = Q;
@@ -235,6 +322,35 @@ mod postgres {
                 .into_boxed()
                 .bind::<Text, _>(table.to_owned()),
             )
+        }
+
+        // A setting of the session, `,1,5,`: set in a transaction, it is
+        // undone by the rollback of the transaction or of the savepoint, and
+        // kept by a commit, as a row would be.
+        const MARKS: Option<&'static str> = None;
+
+        // The latest `KEPT` marks, in the order they were made.
+        fn mark_query(mark: Mark) -> BoxedSqlQuery<'static, Self, SqlQuery> {
+            diesel::sql_query(
+                "SELECT set_config('lockkit.marks', ( \
+                        SELECT ',' || string_agg(m::text, ',' ORDER BY i) || ',' FROM ( \
+                          SELECT m, i FROM unnest(string_to_array(trim(BOTH ',' FROM \
+                                   COALESCE(current_setting('lockkit.marks', true), '')), ',')::int8[] \
+                                   || $1::int8) WITH ORDINALITY AS t(m, i) \
+                           ORDER BY i DESC LIMIT $2) AS latest), false)",
+            )
+            .into_boxed()
+            .bind::<BigInt, _>(mark.id)
+            .bind::<BigInt, _>(i64::from(Mark::KEPT))
+        }
+
+        fn mark_stands_query(mark: Mark) -> BoxedSqlQuery<'static, Self, SqlQuery> {
+            diesel::sql_query(
+                "SELECT (strpos(COALESCE(current_setting('lockkit.marks', true), ''), \
+                        ',' || $1::text || ',') > 0)::int::int8 AS stands",
+            )
+            .into_boxed()
+            .bind::<BigInt, _>(mark.id)
         }
 
         fn key_is_unique_query(
@@ -274,7 +390,7 @@ mod mysql {
     use super::*;
     use diesel::mysql::Mysql;
     use diesel::query_builder::{AstPass, QueryFragment};
-    use diesel::sql_types::{Nullable, Text};
+    use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 
     impl QueryFragment<Mysql> for InShareMode {
         fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
@@ -293,6 +409,29 @@ mod mysql {
         const DATABASE_ID: &'static str =
             "SELECT '' AS id, CONCAT_WS(':', @@hostname, @@port) AS server, \
                     COALESCE(DATABASE(), '') AS `schema`, '' AS attached";
+
+        // InnoDB, whatever the server's default: its temporary tables are
+        // transactional, savepoints included. Created outside any
+        // transaction's reach (no implicit commit, kept by a rollback).
+        const MARKS: Option<&'static str> = Some(
+            "CREATE TEMPORARY TABLE IF NOT EXISTS lockkit_marks (slot INT PRIMARY KEY, mark BIGINT NOT NULL) ENGINE=InnoDB",
+        );
+
+        fn mark_query(mark: Mark) -> BoxedSqlQuery<'static, Self, SqlQuery> {
+            diesel::sql_query("REPLACE INTO lockkit_marks (slot, mark) VALUES (?, ?)")
+                .into_boxed()
+                .bind::<Integer, _>(mark.slot as i32)
+                .bind::<BigInt, _>(mark.id)
+        }
+
+        fn mark_stands_query(mark: Mark) -> BoxedSqlQuery<'static, Self, SqlQuery> {
+            diesel::sql_query(
+                "SELECT CAST(EXISTS (SELECT 1 FROM lockkit_marks WHERE slot = ? AND mark = ?) AS SIGNED) AS stands",
+            )
+            .into_boxed()
+            .bind::<Integer, _>(mark.slot as i32)
+            .bind::<BigInt, _>(mark.id)
+        }
 
         fn key_is_unique_query(
             schema: Option<&str>,
@@ -318,7 +457,7 @@ mod mysql {
 #[cfg(feature = "sqlite")]
 mod sqlite {
     use super::*;
-    use diesel::sql_types::{Nullable, Text};
+    use diesel::sql_types::{BigInt, Integer, Nullable, Text};
     use diesel::sqlite::Sqlite;
 
     impl OptimisticBackend for Sqlite {
@@ -334,6 +473,30 @@ mod sqlite {
                     COALESCE((SELECT group_concat(name || char(31) || file || char(30), '') \
                                 FROM pragma_database_list \
                                WHERE name NOT IN ('main', 'temp') AND file <> ''), '') AS attached";
+
+        // In the connection's own `temp` schema, whose tables a transaction's
+        // or a savepoint's rollback restores like any other (the table
+        // itself, when it was created there).
+        const MARKS: Option<&'static str> =
+            Some("CREATE TEMP TABLE IF NOT EXISTS lockkit_marks (slot INTEGER PRIMARY KEY, mark INTEGER NOT NULL)");
+
+        fn mark_query(mark: Mark) -> BoxedSqlQuery<'static, Self, SqlQuery> {
+            diesel::sql_query(
+                "INSERT OR REPLACE INTO temp.lockkit_marks (slot, mark) VALUES (?, ?)",
+            )
+            .into_boxed()
+            .bind::<Integer, _>(mark.slot as i32)
+            .bind::<BigInt, _>(mark.id)
+        }
+
+        fn mark_stands_query(mark: Mark) -> BoxedSqlQuery<'static, Self, SqlQuery> {
+            diesel::sql_query(
+                "SELECT EXISTS (SELECT 1 FROM temp.lockkit_marks WHERE slot = ? AND mark = ?) AS stands",
+            )
+            .into_boxed()
+            .bind::<Integer, _>(mark.slot as i32)
+            .bind::<BigInt, _>(mark.id)
+        }
 
         // The pragmas' second argument is the schema (an `ATTACH`ed
         // database's name); NULL searches the schemas as an unqualified name does.

@@ -255,22 +255,25 @@ mod folded {
             };
             // Written as read, under the lock: the plan of `mark`'s bump.
             let next = move_past_reused::<M, _>(conn, key, row_id.as_deref(), row.version())?;
-            written_under_lock::<M>(conn, row_id.as_deref(), &row, next);
+            if let Some(mark) = written_under_lock::<M>(conn, row_id.as_deref(), &row, next) {
+                M::mark(conn, mark).map_err(classify)?;
+            }
             row.set_version(next);
             Ok(Some(row))
         }
     }
 
     /// What the bump of `mark` records after its write: the row moved from the
-    /// version before the folded statement's (`row`'s, less one) to `next`.
+    /// version before the folded statement's (`row`'s, less one) to `next`;
+    /// on a connection the journal cannot watch, the mark its caller sends.
     pub(crate) fn written_under_lock<M: Versioned>(
         conn: &mut impl journal::Watched,
         row_id: Option<&str>,
         row: &M,
         next: M::Version,
-    ) {
+    ) -> Option<journal::Mark> {
         let from = row.version().to_i64() - 1;
-        journal::written(conn, M::TABLE_NAME, row_id, from, Some(next.to_i64()));
+        journal::written(conn, M::TABLE_NAME, row_id, from, Some(next.to_i64()))
     }
 }
 

@@ -58,14 +58,23 @@
 //! A connection with its own Diesel instrumentation keeps it: wrap it with
 //! [`Journal::wrap`] (`conn.set_instrumentation(Journal::wrap(yours))`, or in
 //! `diesel::connection::set_default_instrumentation`) to let lockkit see
-//! commits. Without that, lockkit cannot tell a committed transaction from a
-//! rolled-back one: it treats the versions written in it as possibly rolled back,
-//! which never loses an update but may report a reused struct as stale after a
-//! commit. Inside a later transaction on the same connection it can no more tell
-//! that transaction from the one that wrote them, so it uses what it does see:
-//! the rollbacks of its own transactions (`with_lock`, `transaction_with_retry`,
-//! ...) mark the versions written in them rolled back, and a write that finds
-//! the row below such a version knows that the version's write was undone.
+//! commits. Without that, lockkit sees no `BEGIN`, `COMMIT` or `ROLLBACK`
+//! there, and asks the server instead. Each versioned write it makes in a
+//! transaction on such a connection is *marked* in the same transaction
+//! (PostgreSQL: the session setting `lockkit.marks`; MySQL/MariaDB and SQLite:
+//! a row of the temporary table `lockkit_marks`; the latest 1024 per
+//! connection), so that the mark stands exactly as long as the write does: a
+//! rollback of the transaction or savepoint takes both, a commit keeps both.
+//! Before a struct holding such a version writes again on that connection,
+//! lockkit asks whether the mark stands: if not (or no longer kept), the
+//! version was rolled back, and the rules above apply; if so, the write is of
+//! the open transaction or committed, and the struct writes on. A version
+//! written on another connection (or on one whose session is gone) cannot be
+//! asked: it is taken for possibly rolled back, which never loses an update
+//! but may report a reused struct as stale. The rollbacks of lockkit's own
+//! transactions (`with_lock`, `transaction_with_retry`, ...) mark the versions
+//! written in them rolled back at once, and a write that finds the row below
+//! such a version knows that the version's write was undone.
 //!
 //! The record is per process (a rolled-back transaction's struct lives in the
 //! process that ran it) and bounded ([`MAX_TENTATIVE`] versions); entries go away
@@ -1169,9 +1178,11 @@ enum State {
     /// Its transaction (or savepoint) rolled back, or its commit failed.
     RolledBack,
     /// Written in a transaction on a connection lockkit cannot watch (identified
-    /// by its address), at `depth`: once that transaction is over, its fate is
-    /// unknown.
-    Unwatched { conn: usize, depth: u32 },
+    /// by its address), at `depth`, and marked there with the entry's `seq` in
+    /// `slot` ([`Mark`]): whether it still stands is asked of that connection
+    /// ([`unconfirmed`]); elsewhere, or unasked once that transaction may be
+    /// over, it is taken for possibly rolled back.
+    Unwatched { conn: usize, depth: u32, slot: u32 },
 }
 
 #[derive(Debug)]
@@ -1198,7 +1209,7 @@ impl Entry {
             State::Open { .. } => false,
             State::RolledBack => true,
             // Still inside the transaction that wrote it, on the same connection.
-            State::Unwatched { conn, depth } => {
+            State::Unwatched { conn, depth, .. } => {
                 !(conn == here.0 && here.1.is_some_and(|now| now >= depth))
             }
         }
@@ -1212,6 +1223,9 @@ struct Registry {
     /// (an entry removed since is skipped when its turn comes).
     order: std::collections::VecDeque<(u64, RowId)>,
     seq: u64,
+    /// How many marks were made through each connection lockkit cannot watch
+    /// (by its address), modulo [`Mark::KEPT`]: the next one's slot.
+    marks: HashMap<usize, u32>,
 }
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
@@ -1249,7 +1263,21 @@ impl Registry {
         }
     }
 
-    fn insert(&mut self, row: RowId, mut entry: Entry) {
+    /// The slot of the next mark made through the connection at `address`.
+    /// Past 4096 addresses the counts start again (a mark may then be
+    /// overwritten early: taken for rolled back, the safe side).
+    fn next_slot(&mut self, address: usize) -> u32 {
+        if self.marks.len() >= 4096 && !self.marks.contains_key(&address) {
+            self.marks.clear();
+        }
+        let made = self.marks.entry(address).or_default();
+        let slot = *made;
+        *made = (*made + 1) % Mark::KEPT;
+        slot
+    }
+
+    /// Records `entry` for `row`; its sequence number.
+    fn insert(&mut self, row: RowId, mut entry: Entry) -> u64 {
         if ENTRIES.load(Ordering::Relaxed) >= MAX_TENTATIVE {
             self.evict_oldest();
         }
@@ -1267,6 +1295,7 @@ impl Registry {
         } else {
             ENTRIES.fetch_sub(before - after, Ordering::Relaxed);
         }
+        self.seq
     }
 
     /// Forgets the oldest entry, unless it belongs to an open transaction (those
@@ -1432,7 +1461,7 @@ pub(crate) fn unwatched_rolled_back(address: usize, level: u32) {
     }
     let mut registry = registry();
     for entry in registry.rows.values_mut().flatten() {
-        if matches!(entry.state, State::Unwatched { conn, depth } if conn == address && depth >= level)
+        if matches!(entry.state, State::Unwatched { conn, depth, .. } if conn == address && depth >= level)
         {
             entry.state = State::RolledBack;
         }
@@ -1441,20 +1470,20 @@ pub(crate) fn unwatched_rolled_back(address: usize, level: u32) {
 
 /// After a versioned write moved `row` from `from` to `to` (`None`: deleted):
 /// forgets what can no longer recur and, inside a transaction, records `to` as
-/// tentative.
+/// tentative. On a connection lockkit cannot watch, the [`Mark`] its caller
+/// sends in the same transaction, so that what became of the write can be
+/// asked later ([`unconfirmed`]).
 pub(crate) fn written<W: Watched>(
     conn: &mut W,
     table: &'static str,
     row: Option<&str>,
     from: i64,
     to: Option<i64>,
-) {
-    let Some(row) = row else {
-        return;
-    };
+) -> Option<Mark> {
+    let row = row?;
     let depth = conn.depth();
     if ENTRIES.load(Ordering::Relaxed) == 0 && (depth.is_none() || to.is_none()) {
-        return;
+        return None;
     }
     let (server, rest) = server_and_rest(row);
     let row = (table, rest.to_owned());
@@ -1469,7 +1498,7 @@ pub(crate) fn written<W: Watched>(
         if depth.is_none() {
             registry().remove(&row, through);
         }
-        return;
+        return None;
     };
     let Some(depth) = depth else {
         // Committed: versions only grow, so a number below the row's can never
@@ -1477,7 +1506,7 @@ pub(crate) fn written<W: Watched>(
         registry().remove(&row, |e| {
             through(e) && e.version < to && !matches!(e.state, State::Open { .. })
         });
-        return;
+        return None;
     };
     let state = match journal_of(conn) {
         Some(journal) => {
@@ -1492,16 +1521,25 @@ pub(crate) fn written<W: Watched>(
             State::Unwatched {
                 conn: conn.address(),
                 depth,
+                slot: 0,
             }
         }
     };
     let mut registry = registry();
+    let mut state = state;
+    if let State::Unwatched { conn, slot, .. } = &mut state {
+        *slot = registry.next_slot(*conn);
+    }
     let tainted = registry.rows.get(&row).is_some_and(|entries| {
         entries
             .iter()
             .any(|e| through(e) && e.version == from && !matches!(e.state, State::RolledBack))
     });
-    registry.insert(
+    let slot = match state {
+        State::Unwatched { slot, .. } => Some(slot),
+        _ => None,
+    };
+    let seq = registry.insert(
         row,
         Entry {
             version: to,
@@ -1512,6 +1550,104 @@ pub(crate) fn written<W: Watched>(
             server: server.into(),
         },
     );
+    slot.map(|slot| Mark {
+        id: seq as i64,
+        slot,
+    })
+}
+
+/// A versioned write made in a transaction on a connection lockkit cannot
+/// watch: its caller marks it in the same transaction (or savepoint) with
+/// [`OptimisticBackend::mark`](crate::optimistic::backend::OptimisticBackend::mark),
+/// so that the mark stands exactly as long as the write does. A rollback
+/// lockkit does not see takes the mark with the write; a commit keeps both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a write on an unwatched connection is marked in its transaction"]
+#[doc(hidden)]
+pub struct Mark {
+    /// The write's entry in the record: unique in the process, so that no
+    /// other write's mark can be taken for it.
+    pub id: i64,
+    /// Where the connection keeps it (MySQL/MariaDB, SQLite: the row of
+    /// `lockkit_marks`), one of [`Mark::KEPT`], taken in turn by the marks made
+    /// through one connection: a mark is overwritten by the `KEPT`th after it.
+    pub slot: u32,
+}
+
+impl Mark {
+    /// How many marks a connection keeps: its latest. A write whose mark was
+    /// overwritten since is taken for rolled back, the safe side (its struct
+    /// may be reported stale), so this bounds what a connection holds without
+    /// touching any transaction of fewer versioned writes.
+    pub const KEPT: u32 = 1024;
+}
+
+/// Before a write of `row` from a struct holding `expected`: the mark of the
+/// write that gave the struct its number, when lockkit cannot tell whether it
+/// still stands, since it was made on this connection (which lockkit cannot
+/// watch) in a transaction that may be the open one or an earlier one. The
+/// caller asks the server whether the mark stands
+/// ([`OptimisticBackend::mark_stands`](crate::optimistic::backend::OptimisticBackend::mark_stands))
+/// and tells [`confirmed`].
+pub(crate) fn unconfirmed<W: Watched>(
+    conn: &mut W,
+    table: &'static str,
+    row: Option<&str>,
+    expected: i64,
+) -> Option<Mark> {
+    let row = row?;
+    if !UNWATCHED.load(Ordering::Relaxed) || ENTRIES.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
+    let here = conn.address();
+    let registry = registry();
+    registry
+        .rows
+        .get(&(table, server_and_rest(row).1.to_owned()))?
+        .iter()
+        .find_map(|e| match e.state {
+            State::Unwatched { conn, slot, .. } if conn == here && e.version == expected => {
+                Some(Mark {
+                    id: e.seq as i64,
+                    slot,
+                })
+            }
+            _ => None,
+        })
+}
+
+/// The server answered whether the mark `mark` stands on `conn`
+/// ([`unconfirmed`]). It does not: its write was rolled back, with its
+/// transaction or savepoint. It does: its write stands, committed (outside a
+/// transaction now, it is forgotten as a commit forgets) or in the open
+/// transaction (at the depth the connection is at now, or above).
+pub(crate) fn confirmed<W: Watched>(
+    conn: &mut W,
+    table: &'static str,
+    row: &str,
+    mark: Mark,
+    stands: bool,
+) {
+    let depth = conn.depth();
+    let row = (table, server_and_rest(row).1.to_owned());
+    let mut registry = registry();
+    let ours = |e: &Entry| e.seq as i64 == mark.id;
+    if stands && depth.is_none() {
+        registry.remove(&row, ours);
+        return;
+    }
+    let Some(entry) = registry
+        .rows
+        .get_mut(&row)
+        .and_then(|entries| entries.iter_mut().find(|e| ours(e)))
+    else {
+        return;
+    };
+    match (&mut entry.state, depth) {
+        (State::Unwatched { depth, .. }, Some(now)) if stands => *depth = (*depth).min(now),
+        (state, _) if !stands => *state = State::RolledBack,
+        _ => {}
+    }
 }
 
 /// After a write planned as [`Plan::Restore`] found the row elsewhere: forgets

@@ -3,6 +3,10 @@
 //! (`asynchronous::versioned`) drive it, each sending the statements it asks
 //! for on its own connection.
 //!
+//! 0. on a connection the journal cannot watch, [`Write::unconfirmed`]: the
+//!    server is asked whether the write that gave a held struct its number,
+//!    made there in a transaction, still stands (its mark, below), when the
+//!    journal cannot tell the open transaction from an earlier one;
 //! 1. [`Write::start`]: the [`journal`] says which version to check (the
 //!    struct's, or the one before a write of it that was rolled back; a row
 //!    just read under lock, [`Origin::LockedRead`], is checked as read), and a
@@ -13,7 +17,8 @@
 //!    ([`Write::wrote`]);
 //! 3. one row: the new version is recorded (tentative inside a transaction),
 //!    after moving the row past any number a rolled-back write left with
-//!    another struct ([`Step::MovePastReused`]);
+//!    another struct ([`Step::MovePastReused`]); on a connection the journal
+//!    cannot watch, the write is marked in its transaction ([`Step::Mark`]);
 //! 4. no row: the latest committed version is read ([`Step::ReadCurrent`]),
 //!    the row moved past a number a rolled-back write tentatively used
 //!    ([`Step::MovePast`]), and the write reported as stale.
@@ -135,6 +140,38 @@ pub(crate) struct Write<'k, M: Model> {
 }
 
 impl<'k, M: Model> Write<'k, M> {
+    /// Before [`start`](Self::start): the mark of the write that gave a held
+    /// struct its number, when the journal cannot tell whether that write
+    /// still stands (made on this connection, which it cannot watch, in a
+    /// transaction that may be the open one or an earlier one). The driver
+    /// asks the server (`CurrentVersionQuery::mark_stands`) and hands the
+    /// answer to [`Write::confirmed`].
+    #[inline]
+    pub(crate) fn unconfirmed<W: Watched>(
+        watched: &mut W,
+        id: Option<&str>,
+        expected: M::Version,
+        origin: Origin,
+    ) -> Option<journal::Mark> {
+        match origin {
+            Origin::Held => journal::unconfirmed(watched, M::TABLE_NAME, id, expected.to_i64()),
+            Origin::LockedRead => None,
+        }
+    }
+
+    /// The server answered whether the mark [`unconfirmed`](Self::unconfirmed)
+    /// named stands.
+    pub(crate) fn confirmed<W: Watched>(
+        watched: &mut W,
+        id: Option<&str>,
+        mark: journal::Mark,
+        stands: bool,
+    ) {
+        if let Some(id) = id {
+            journal::confirmed(watched, M::TABLE_NAME, id, mark, stands);
+        }
+    }
+
     /// A write of the row `key` (`id` for the journal) from a struct or a
     /// read that holds `expected`: the journal's plan, the version the
     /// statement checks and the one it leaves, or [`Error::VersionOverflow`].
@@ -200,7 +237,7 @@ impl<'k, M: Model> Write<'k, M> {
                     then: AfterReused::Done { checked },
                 },
             ),
-            None => Step::Done(row.done(watched, checked, None)),
+            None => row.done(watched, checked, None),
         }
     }
 }
@@ -220,6 +257,9 @@ pub(crate) enum Step<'k, M: Model> {
     /// [`MovePastReused::id`] and [`MovePastReused::plan`]), and hand the
     /// version it ends at to [`MovePastReused::moved`].
     MovePastReused(M::Version, MovePastReused<'k, M>),
+    /// Mark the write in its transaction (`CurrentVersionQuery::mark`): it
+    /// was made on a connection the journal cannot watch. Then it is over.
+    Mark(journal::Mark, Written<M::Version>),
     /// The write is over.
     Done(Written<M::Version>),
 }
@@ -309,26 +349,31 @@ impl<'k, M: Model> MovePastReused<'k, M> {
     #[inline]
     pub(crate) fn moved<W: Watched>(self, watched: &mut W, at: M::Version) -> Step<'k, M> {
         let row = self.row;
-        Step::Done(match self.then {
+        match self.then {
             AfterReused::Done { checked } => row.done(watched, checked, Some(at)),
-            AfterReused::Stale => row.stale(watched, CurrentState::Version(at.to_i64())),
-        })
+            AfterReused::Stale => {
+                Step::Done(row.stale(watched, CurrentState::Version(at.to_i64())))
+            }
+        }
     }
 }
 
-impl<M: Model> Row<'_, M> {
+impl<'k, M: Model> Row<'k, M> {
     /// The write checked `checked` and left `next` on its row: the journal
-    /// records it.
+    /// records it, and on a connection it cannot watch the write is marked
+    /// in its transaction ([`Step::Mark`]).
     #[inline]
     fn done<W: Watched>(
         &self,
         watched: &mut W,
         checked: M::Version,
         next: Option<M::Version>,
-    ) -> Written<M::Version> {
+    ) -> Step<'k, M> {
         let to = next.map(VersionNumber::to_i64);
-        journal::written(watched, M::TABLE_NAME, self.id, checked.to_i64(), to);
-        Written::Done(next)
+        match journal::written(watched, M::TABLE_NAME, self.id, checked.to_i64(), to) {
+            Some(mark) => Step::Mark(mark, Written::Done(next)),
+            None => Step::Done(Written::Done(next)),
+        }
     }
 
     /// The write matched no row, which the follow-up read found at `current`

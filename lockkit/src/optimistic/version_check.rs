@@ -148,6 +148,14 @@ macro_rules! current_version_query_on {
                 )
             }
 
+            fn mark(conn: &mut $conn, mark: journal::Mark) -> diesel::QueryResult<()> {
+                <Backend<$conn> as OptimisticBackend>::mark(conn, mark)
+            }
+
+            fn mark_stands(conn: &mut $conn, mark: journal::Mark) -> diesel::QueryResult<bool> {
+                <Backend<$conn> as OptimisticBackend>::mark_stands(conn, mark)
+            }
+
             fn ends(_: &mut $conn) -> journal::Ends {
                 journal::Ends::of::<Backend<$conn>>()
             }

@@ -797,6 +797,25 @@ pub trait CurrentVersionQuery<Conn>: VersionCheck {
     /// Diesel's error, unclassified (lockkit's callers classify it).
     fn row_id(conn: &mut Conn, key: &Self::Key) -> diesel::QueryResult<Option<String>>;
 
+    /// Marks a write made in a transaction on a connection the [`journal`]
+    /// cannot watch, in that transaction
+    /// ([`OptimisticBackend::mark`](crate::optimistic::backend::OptimisticBackend::mark)).
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
+    #[doc(hidden)]
+    fn mark(conn: &mut Conn, mark: journal::Mark) -> diesel::QueryResult<()>;
+
+    /// Whether the mark `mark` stands on `conn`
+    /// ([`OptimisticBackend::mark_stands`](crate::optimistic::backend::OptimisticBackend::mark_stands)).
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
+    #[doc(hidden)]
+    fn mark_stands(conn: &mut Conn, mark: journal::Mark) -> diesel::QueryResult<bool>;
+
     /// How a failed statement leaves the open transaction on `conn`'s backend,
     /// for the [`journal`] (an enum's: the connection it holds), so that a
     /// write that installs it inside the caller's transaction knows what it
@@ -946,6 +965,10 @@ where
         // also names the schema the row id needs.
         let unique = M::key_is_unique(conn).map_err(classify)?;
         let row = M::row_id(conn, key).map_err(classify)?;
+        if let Some(mark) = Write::<M>::unconfirmed(conn, row.as_deref(), expected, origin) {
+            let stands = M::mark_stands(conn, mark).map_err(classify)?;
+            Write::<M>::confirmed(conn, row.as_deref(), mark, stands);
+        }
         let write = Write::<M>::start(conn, key, row.as_deref(), expected, origin, operation)?;
         let rows = match write.statement() {
             Some(checked) => execute_once::<M, _, _>(conn, key, unique, statement(checked))?,
@@ -965,6 +988,10 @@ where
                 Step::MovePastReused(version, then) => {
                     let at = move_past_reused::<M, _>(conn, key, then.id(), version)?;
                     then.moved(conn, at)
+                }
+                Step::Mark(mark, written) => {
+                    M::mark(conn, mark).map_err(classify)?;
+                    Step::Done(written)
                 }
                 Step::Done(written) => return Ok(written),
             };
