@@ -505,6 +505,99 @@ mod all {
             );
         }
 
+        fn a_rolled_back_struct_never_writes_over_another_instances_commit_in_a_later_plain_transaction_on_a_connection_with_its_own_instrumentation(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            // One connection, as a pool of one hands it to request after
+            // request, with the application's query logger: lockkit sees no
+            // `BEGIN`, `COMMIT` or `ROLLBACK` on it.
+            let mut own: Conn = db.connect();
+            own.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+            let mut other: Conn = db.connect();
+            // Request A reads v0 and writes it in a plain Diesel transaction
+            // that rolls back: the row is back at v0, `a` holds 1.
+            let mut a = item!(&mut own, 1);
+            let rolled_back = own.transaction(|c| {
+                a.stock = 5;
+                a.update_versioned(c)?;
+                Err::<(), _>(Error::NoRowMatched)
+            });
+            assert!(rolled_back.is_err());
+            // Another instance of the application writes the row, as
+            // docs/SQL.md shows `update_versioned` (stock 7, v0 -> v1), and commits.
+            exec(
+                &mut other,
+                "UPDATE items SET stock = 7, lock_version = lock_version + 1 \
+                 WHERE id = 1 AND lock_version = 0",
+            );
+            // Request A tries again in a plain transaction at the same depth:
+            // its 1 was rolled back, the row's 1 is the other instance's.
+            a.stock = 3;
+            let again = own.transaction(|c| a.update_versioned(c));
+            let stock = stock_of!(&mut other);
+            assert!(
+                matches!(again, Err(Error::Stale(_))) && stock == 7,
+                "A's rolled-back version 1 matched the other instance's committed 1: \
+                 {again:?}, stock {stock} (its 7 lost)"
+            );
+        }
+
+        fn a_struct_written_on_a_dropped_connection_never_writes_over_a_commit_on_the_one_that_took_its_place(db) {
+            use diesel::connection::TransactionManager;
+            type Manager = <Conn as diesel::Connection>::TransactionManager;
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut other: Conn = db.connect();
+            // The connection lives in a slot (a pool's, a struct field): the
+            // one that replaces it is at the same address, which is how
+            // lockkit tells connections it cannot watch apart.
+            let mut slot: Option<Conn> = Some(db.connect());
+            let own = slot.as_mut().unwrap();
+            own.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+            let mut a = item!(&mut *own, 1); // v0
+            Manager::begin_transaction(own).unwrap();
+            a.stock = 5;
+            a.update_versioned(own).unwrap(); // v1, in the open transaction
+            // The connection is dropped with its transaction open (a request
+            // cancelled, a pool that closes it): the server rolls it back.
+            slot = Some(db.connect());
+            let own = slot.as_mut().unwrap();
+            own.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+            exec(
+                &mut other,
+                "UPDATE items SET stock = 7, lock_version = lock_version + 1 \
+                 WHERE id = 1 AND lock_version = 0",
+            );
+            // In a transaction on the new connection, at the old one's depth.
+            a.stock = 3;
+            let again = own.transaction(|c| a.update_versioned(c));
+            let stock = stock_of!(&mut other);
+            assert!(
+                matches!(again, Err(Error::Stale(_))) && stock == 7,
+                "the dropped connection's 1 matched the other instance's 1: {again:?}, \
+                 stock {stock} (its 7 lost)"
+            );
+        }
+
+        fn a_struct_written_in_a_committed_plain_transaction_writes_on_on_a_connection_with_its_own_instrumentation(db) {
+            // What lockkit asks such a connection must not cost: a struct whose
+            // write committed writes on, in the next transaction and outside one.
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut own: Conn = db.connect();
+            own.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+            let mut a = item!(&mut own, 1);
+            for _ in 0..2 {
+                own.transaction(|c| {
+                    a.stock -= 1;
+                    a.update_versioned(c)
+                })
+                .unwrap();
+            }
+            a.stock -= 1;
+            a.update_versioned(&mut own).unwrap();
+            let stored = item!(&mut own, 1);
+            assert_eq!((stored.stock, stored.lock_version), (7, 3));
+            assert_eq!(stored, a);
+        }
+
         fn a_connection_with_its_own_instrumentation_writes_a_struct_twice_in_one_transaction(db) {
             // What the rules above must not cost: writes of one struct that
             // follow each other in one transaction (the bump of `with_lock`,
@@ -741,6 +834,42 @@ mod postgres_only {
     use super::*;
     use diesel::PgConnection;
     use lockkit_tests::TestDb;
+
+    #[test]
+    fn a_struct_rolled_back_with_a_plain_savepoint_never_writes_over_another_instances_commit() {
+        let db = TestDb::<PgConnection>::new("unwatched_savepoint");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut own = db.connect();
+        own.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+        let mut other = db.connect();
+        let mut a = item!(&mut own, 1); // v0
+        let result = own.transaction(|c| {
+            // A nested plain Diesel transaction (a savepoint) writes v0 -> v1 and
+            // rolls back: PostgreSQL lets the row go with it.
+            let rolled_back = c.transaction(|c| {
+                a.stock = 5;
+                a.update_versioned(c)?;
+                Err::<(), _>(Error::NoRowMatched)
+            });
+            assert!(rolled_back.is_err());
+            // Another instance writes v0 -> v1 (stock 7) and commits.
+            exec(
+                &mut other,
+                "UPDATE items SET stock = 7, lock_version = lock_version + 1 \
+                 WHERE id = 1 AND lock_version = 0",
+            );
+            // A second savepoint, at the depth of the first, tries again: the
+            // row's 1 is the other instance's.
+            a.stock = 3;
+            c.transaction(|c| a.update_versioned(c))
+        });
+        let stock = item!(&mut other, 1).stock;
+        assert!(
+            matches!(result, Err(Error::Stale(_))) && stock == 7,
+            "the rolled-back savepoint's 1 matched the other instance's 1: {result:?}, \
+             stock {stock} (its 7 lost)"
+        );
+    }
 
     #[test]
     fn a_versioned_write_postgres_rolled_back_at_commit_never_lands_over_a_later_commit() {
