@@ -96,6 +96,62 @@ macro_rules! increment_until_committed {
 }
 
 async_backend_tests! {
+    /// The blocking side's test of the same name (`combined`), on diesel-async:
+    /// on a connection with instrumentation of its own, a struct rolled back
+    /// in a plain transaction, retried in another plain transaction after
+    /// another instance's commit, must be stale.
+    async fn a_rolled_back_struct_never_writes_over_another_instances_commit_in_a_later_plain_transaction_on_a_connection_with_its_own_instrumentation(db) {
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut own: Async = async_common::connect(&db.url, BACKEND).await;
+        diesel_async::AsyncConnection::set_instrumentation(&mut own, |_: diesel::connection::InstrumentationEvent<'_>| {});
+        let mut a = item!(&mut own, 1); // v0
+        let rolled_back = diesel_async::AsyncConnection::transaction(&mut own, async |c| {
+            a.stock = 5;
+            a.update_versioned(c).await?;
+            Err::<(), _>(Error::NoRowMatched)
+        })
+        .await;
+        assert!(rolled_back.is_err());
+        // Another instance of the application writes v0 -> v1 (stock 7) and commits.
+        lockkit_tests::exec(
+            &mut db.conn(),
+            "UPDATE items SET stock = 7, lock_version = lock_version + 1 \
+             WHERE id = 1 AND lock_version = 0",
+        );
+        a.stock = 3;
+        let again =
+            diesel_async::AsyncConnection::transaction(&mut own, async |c| a.update_versioned(c).await)
+                .await;
+        let stock = stock!(&mut own);
+        assert!(
+            matches!(again, Err(Error::Stale(_))) && stock == 7,
+            "A's rolled-back version 1 matched the other instance's committed 1: \
+             {again:?}, stock {stock} (its 7 lost)"
+        );
+    }
+
+    /// And what that must not cost: a struct whose write committed writes on,
+    /// in the next plain transaction and outside one.
+    async fn a_struct_written_in_a_committed_plain_transaction_writes_on_on_a_connection_with_its_own_instrumentation(db) {
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut own: Async = async_common::connect(&db.url, BACKEND).await;
+        diesel_async::AsyncConnection::set_instrumentation(&mut own, |_: diesel::connection::InstrumentationEvent<'_>| {});
+        let mut a = item!(&mut own, 1);
+        for _ in 0..2 {
+            diesel_async::AsyncConnection::transaction(&mut own, async |c| {
+                a.stock -= 1;
+                a.update_versioned(c).await
+            })
+            .await
+            .unwrap();
+        }
+        a.stock -= 1;
+        a.update_versioned(&mut own).await.unwrap();
+        let stored = item!(&mut own, 1);
+        assert_eq!((stored.stock, stored.lock_version), (7, 3));
+        assert_eq!(stored, a);
+    }
+
     /// The blocking side's `with_lock_reports_what_committed_when_the_work_lets_a_failed_statement_go`
     /// (`swallowed_errors`), on diesel-async: on a connection with
     /// instrumentation of its own, no journal sees the statement that failed,
