@@ -340,7 +340,7 @@ mod postgres {
                            ORDER BY i DESC LIMIT $2) AS latest), false)",
             )
             .into_boxed()
-            .bind::<BigInt, _>(mark.id)
+            .bind::<BigInt, _>(mark.token())
             .bind::<BigInt, _>(i64::from(Mark::KEPT))
         }
 
@@ -350,7 +350,7 @@ mod postgres {
                         ',' || $1::text || ',') > 0)::int::int8 AS stands",
             )
             .into_boxed()
-            .bind::<BigInt, _>(mark.id)
+            .bind::<BigInt, _>(mark.token())
         }
 
         fn key_is_unique_query(
@@ -421,7 +421,7 @@ mod mysql {
             diesel::sql_query("REPLACE INTO lockkit_marks (slot, mark) VALUES (?, ?)")
                 .into_boxed()
                 .bind::<Integer, _>(mark.slot as i32)
-                .bind::<BigInt, _>(mark.id)
+                .bind::<BigInt, _>(mark.token())
         }
 
         fn mark_stands_query(mark: Mark) -> BoxedSqlQuery<'static, Self, SqlQuery> {
@@ -430,7 +430,7 @@ mod mysql {
             )
             .into_boxed()
             .bind::<Integer, _>(mark.slot as i32)
-            .bind::<BigInt, _>(mark.id)
+            .bind::<BigInt, _>(mark.token())
         }
 
         fn key_is_unique_query(
@@ -486,7 +486,7 @@ mod sqlite {
             )
             .into_boxed()
             .bind::<Integer, _>(mark.slot as i32)
-            .bind::<BigInt, _>(mark.id)
+            .bind::<BigInt, _>(mark.token())
         }
 
         fn mark_stands_query(mark: Mark) -> BoxedSqlQuery<'static, Self, SqlQuery> {
@@ -495,7 +495,7 @@ mod sqlite {
             )
             .into_boxed()
             .bind::<Integer, _>(mark.slot as i32)
-            .bind::<BigInt, _>(mark.id)
+            .bind::<BigInt, _>(mark.token())
         }
 
         // The pragmas' second argument is the schema (an `ATTACH`ed

@@ -1580,6 +1580,15 @@ impl Mark {
     /// may be reported stale), so this bounds what a connection holds without
     /// touching any transaction of fewer versioned writes.
     pub const KEPT: u32 = 1024;
+
+    /// What the connection keeps: the entry's number offset by a random number
+    /// of the process, so that a server session a pooler hands from one
+    /// process to another (PgBouncer's transaction pooling) never shows one
+    /// process's mark as another's.
+    pub fn token(&self) -> i64 {
+        static OFFSET: LazyLock<i64> = LazyLock::new(|| fastrand::i64(..));
+        self.id.wrapping_add(*OFFSET)
+    }
 }
 
 /// Before a write of `row` from a struct holding `expected`: the mark of the
