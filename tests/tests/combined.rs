@@ -836,6 +836,43 @@ mod postgres_only {
     use lockkit_tests::TestDb;
 
     #[test]
+    fn a_session_that_carries_another_processs_marks_never_takes_one_for_this_processs() {
+        let db = TestDb::<PgConnection>::new("unwatched_foreign_marks");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut own = db.connect();
+        own.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+        let mut other = db.connect();
+        let mut a = item!(&mut own, 1); // v0
+        let rolled_back = own.transaction(|c| {
+            a.stock = 5;
+            a.update_versioned(c)?;
+            Err::<(), _>(Error::NoRowMatched)
+        });
+        assert!(rolled_back.is_err());
+        // A pooler (PgBouncer's transaction pooling) hands the server session
+        // to another process, whose lockkit counted its writes from 1 as well
+        // and marked them here.
+        exec(
+            &mut own,
+            "SELECT set_config('lockkit.marks', ',' || string_agg(i::text, ',') || ',', false) \
+             FROM generate_series(1, 300000) AS i",
+        );
+        exec(
+            &mut other,
+            "UPDATE items SET stock = 7, lock_version = lock_version + 1 \
+             WHERE id = 1 AND lock_version = 0",
+        );
+        a.stock = 3;
+        let again = own.transaction(|c| a.update_versioned(c));
+        let stock = item!(&mut other, 1).stock;
+        assert!(
+            matches!(again, Err(Error::Stale(_))) && stock == 7,
+            "another process's mark was taken for the rolled-back write's: {again:?}, \
+             stock {stock} (the other instance's 7 lost)"
+        );
+    }
+
+    #[test]
     fn a_struct_rolled_back_with_a_plain_savepoint_never_writes_over_another_instances_commit() {
         let db = TestDb::<PgConnection>::new("unwatched_savepoint");
         seed_items(&mut db.conn(), &[(1, 10)]);
