@@ -48,6 +48,33 @@ macro_rules! rolled_back_write {
     }};
 }
 
+/// Gives `conn` instrumentation of its own (the application's query logger),
+/// not wrapped in `Journal::wrap`: lockkit sees no `BEGIN`, `COMMIT` or
+/// `ROLLBACK` on it, and asks the server instead.
+fn unwatched(conn: &mut impl diesel::Connection) {
+    conn.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+}
+
+/// Another instance of the application writes item 1 as docs/SQL.md shows
+/// `update_versioned` (stock 7, v0 -> v1), and commits.
+fn another_instance_commits(conn: &mut impl diesel::Connection) {
+    exec(
+        conn,
+        "UPDATE items SET stock = 7, lock_version = lock_version + 1 WHERE id = 1 AND lock_version = 0",
+    );
+}
+
+/// A struct holding a rolled-back write's number wrote `again` after another
+/// instance committed that number: it must be stale, and the other's stock 7
+/// stay. `what` names what held the number.
+fn assert_stale_over_the_other(again: Result<(), Error>, stock: i32, what: &str) {
+    assert!(
+        matches!(again, Err(Error::Stale(_))) && stock == 7,
+        "{what}'s rolled-back version 1 matched the other instance's committed 1: \
+         {again:?}, stock {stock} (its 7 lost)"
+    );
+}
+
 /// Inserts items `1..=n` (stock 10, version 0) in one statement.
 fn seed_many(conn: &mut impl diesel::Connection, backend: &str, n: usize) {
     let generate = match backend {
@@ -440,7 +467,7 @@ mod all {
             // One connection, as a pool of one hands it to request after request,
             // with the application's query logger as its instrumentation.
             let mut own: Conn = db.connect();
-            own.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+            unwatched(&mut own);
             // Request A reads v0 and writes it in a transaction that rolls back:
             // the row is back at v0, `a` holds 1.
             let mut a = item!(&mut own, 1);
@@ -471,7 +498,7 @@ mod all {
         fn a_retried_transaction_never_writes_over_another_instances_commit_on_a_connection_with_its_own_instrumentation(db) {
             seed_items(&mut db.conn(), &[(1, 10)]);
             let mut own: Conn = db.connect();
-            own.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+            unwatched(&mut own);
             let mut other: Conn = db.connect();
             let mut a = item!(&mut own, 1); // v0
             let mut attempt = 0;
@@ -482,11 +509,7 @@ mod all {
                     // Between the attempts another instance of the application
                     // writes the row: its `update_versioned`, as docs/SQL.md shows
                     // it (stock 7, v0 -> v1).
-                    exec(
-                        &mut other,
-                        "UPDATE items SET stock = 7, lock_version = lock_version + 1 \
-                         WHERE id = 1 AND lock_version = 0",
-                    );
+                    another_instance_commits(&mut other);
                 }
                 a.stock = 3;
                 a.update_versioned(c)?;
@@ -511,34 +534,17 @@ mod all {
             // request, with the application's query logger: lockkit sees no
             // `BEGIN`, `COMMIT` or `ROLLBACK` on it.
             let mut own: Conn = db.connect();
-            own.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+            unwatched(&mut own);
             let mut other: Conn = db.connect();
             // Request A reads v0 and writes it in a plain Diesel transaction
             // that rolls back: the row is back at v0, `a` holds 1.
-            let mut a = item!(&mut own, 1);
-            let rolled_back = own.transaction(|c| {
-                a.stock = 5;
-                a.update_versioned(c)?;
-                Err::<(), _>(Error::NoRowMatched)
-            });
-            assert!(rolled_back.is_err());
-            // Another instance of the application writes the row, as
-            // docs/SQL.md shows `update_versioned` (stock 7, v0 -> v1), and commits.
-            exec(
-                &mut other,
-                "UPDATE items SET stock = 7, lock_version = lock_version + 1 \
-                 WHERE id = 1 AND lock_version = 0",
-            );
+            let mut a = rolled_back_write!(own);
+            another_instance_commits(&mut other);
             // Request A tries again in a plain transaction at the same depth:
             // its 1 was rolled back, the row's 1 is the other instance's.
             a.stock = 3;
             let again = own.transaction(|c| a.update_versioned(c));
-            let stock = stock_of!(&mut other);
-            assert!(
-                matches!(again, Err(Error::Stale(_))) && stock == 7,
-                "A's rolled-back version 1 matched the other instance's committed 1: \
-                 {again:?}, stock {stock} (its 7 lost)"
-            );
+            assert_stale_over_the_other(again, stock_of!(&mut other), "request A");
         }
 
         fn a_struct_written_on_a_dropped_connection_never_writes_over_a_commit_on_the_one_that_took_its_place(db) {
@@ -551,7 +557,7 @@ mod all {
             // lockkit tells connections it cannot watch apart.
             let mut slot: Option<Conn> = Some(db.connect());
             let own = slot.as_mut().unwrap();
-            own.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+            unwatched(own);
             let mut a = item!(&mut *own, 1); // v0
             Manager::begin_transaction(own).unwrap();
             a.stock = 5;
@@ -560,21 +566,12 @@ mod all {
             // cancelled, a pool that closes it): the server rolls it back.
             slot = Some(db.connect());
             let own = slot.as_mut().unwrap();
-            own.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
-            exec(
-                &mut other,
-                "UPDATE items SET stock = 7, lock_version = lock_version + 1 \
-                 WHERE id = 1 AND lock_version = 0",
-            );
+            unwatched(own);
+            another_instance_commits(&mut other);
             // In a transaction on the new connection, at the old one's depth.
             a.stock = 3;
             let again = own.transaction(|c| a.update_versioned(c));
-            let stock = stock_of!(&mut other);
-            assert!(
-                matches!(again, Err(Error::Stale(_))) && stock == 7,
-                "the dropped connection's 1 matched the other instance's 1: {again:?}, \
-                 stock {stock} (its 7 lost)"
-            );
+            assert_stale_over_the_other(again, stock_of!(&mut other), "the dropped connection");
         }
 
         fn a_struct_written_in_a_committed_plain_transaction_writes_on_on_a_connection_with_its_own_instrumentation(db) {
@@ -582,7 +579,7 @@ mod all {
             // write committed writes on, in the next transaction and outside one.
             seed_items(&mut db.conn(), &[(1, 10)]);
             let mut own: Conn = db.connect();
-            own.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+            unwatched(&mut own);
             let mut a = item!(&mut own, 1);
             for _ in 0..2 {
                 own.transaction(|c| {
@@ -605,7 +602,7 @@ mod all {
             // taken for a rolled-back write.
             seed_items(&mut db.conn(), &[(1, 10)]);
             let mut own: Conn = db.connect();
-            own.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+            unwatched(&mut own);
             lockkit::with_lock(&mut own, 1, LockOptions::default(), |c, mut item: Item| {
                 item.stock -= 1;
                 item.update_versioned(c)
@@ -840,15 +837,9 @@ mod postgres_only {
         let db = TestDb::<PgConnection>::new("unwatched_foreign_marks");
         seed_items(&mut db.conn(), &[(1, 10)]);
         let mut own = db.connect();
-        own.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+        unwatched(&mut own);
         let mut other = db.connect();
-        let mut a = item!(&mut own, 1); // v0
-        let rolled_back = own.transaction(|c| {
-            a.stock = 5;
-            a.update_versioned(c)?;
-            Err::<(), _>(Error::NoRowMatched)
-        });
-        assert!(rolled_back.is_err());
+        let mut a = rolled_back_write!(own);
         // A pooler (PgBouncer's transaction pooling) hands the server session
         // to another process, whose lockkit counted its writes from 1 as well
         // and marked them here.
@@ -857,19 +848,11 @@ mod postgres_only {
             "SELECT set_config('lockkit.marks', ',' || string_agg(i::text, ',') || ',', false) \
              FROM generate_series(1, 300000) AS i",
         );
-        exec(
-            &mut other,
-            "UPDATE items SET stock = 7, lock_version = lock_version + 1 \
-             WHERE id = 1 AND lock_version = 0",
-        );
+        another_instance_commits(&mut other);
         a.stock = 3;
         let again = own.transaction(|c| a.update_versioned(c));
-        let stock = item!(&mut other, 1).stock;
-        assert!(
-            matches!(again, Err(Error::Stale(_))) && stock == 7,
-            "another process's mark was taken for the rolled-back write's: {again:?}, \
-             stock {stock} (the other instance's 7 lost)"
-        );
+        let what = "the struct (another process's mark taken for its write's)";
+        assert_stale_over_the_other(again, stock_of!(&mut other), what);
     }
 
     #[test]
@@ -877,7 +860,7 @@ mod postgres_only {
         let db = TestDb::<PgConnection>::new("unwatched_savepoint");
         seed_items(&mut db.conn(), &[(1, 10)]);
         let mut own = db.connect();
-        own.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+        unwatched(&mut own);
         let mut other = db.connect();
         let mut a = item!(&mut own, 1); // v0
         let result = own.transaction(|c| {
@@ -889,23 +872,13 @@ mod postgres_only {
                 Err::<(), _>(Error::NoRowMatched)
             });
             assert!(rolled_back.is_err());
-            // Another instance writes v0 -> v1 (stock 7) and commits.
-            exec(
-                &mut other,
-                "UPDATE items SET stock = 7, lock_version = lock_version + 1 \
-                 WHERE id = 1 AND lock_version = 0",
-            );
+            another_instance_commits(&mut other);
             // A second savepoint, at the depth of the first, tries again: the
             // row's 1 is the other instance's.
             a.stock = 3;
             c.transaction(|c| a.update_versioned(c))
         });
-        let stock = item!(&mut other, 1).stock;
-        assert!(
-            matches!(result, Err(Error::Stale(_))) && stock == 7,
-            "the rolled-back savepoint's 1 matched the other instance's 1: {result:?}, \
-             stock {stock} (its 7 lost)"
-        );
+        assert_stale_over_the_other(result, stock_of!(&mut other), "the savepoint");
     }
 
     #[test]
