@@ -1508,37 +1508,31 @@ pub(crate) fn written<W: Watched>(
         });
         return None;
     };
-    let state = match journal_of(conn) {
+    // The journal that watches the transaction, or the address of the
+    // connection none watches.
+    let watcher = match journal_of(conn) {
         Some(journal) => {
             journal.open.push((row.clone(), to));
-            State::Open {
-                journal: journal.id,
-                depth,
-            }
+            Ok(journal.id)
         }
         None => {
             UNWATCHED.store(true, Ordering::Relaxed);
-            State::Unwatched {
-                conn: conn.address(),
-                depth,
-                slot: 0,
-            }
+            Err(conn.address())
         }
     };
     let mut registry = registry();
-    let mut state = state;
-    if let State::Unwatched { conn, slot, .. } = &mut state {
-        *slot = registry.next_slot(*conn);
-    }
+    let (state, slot) = match watcher {
+        Ok(journal) => (State::Open { journal, depth }, None),
+        Err(conn) => {
+            let slot = registry.next_slot(conn);
+            (State::Unwatched { conn, depth, slot }, Some(slot))
+        }
+    };
     let tainted = registry.rows.get(&row).is_some_and(|entries| {
         entries
             .iter()
             .any(|e| through(e) && e.version == from && !matches!(e.state, State::RolledBack))
     });
-    let slot = match state {
-        State::Unwatched { slot, .. } => Some(slot),
-        _ => None,
-    };
     let seq = registry.insert(
         row,
         Entry {
