@@ -75,6 +75,37 @@ fn assert_stale_over_the_other(again: Result<(), Error>, stock: i32, what: &str)
     );
 }
 
+/// Item 1 written (v0 -> v1) by a struct in a transaction on a connection
+/// with instrumentation of its own, which is then dropped with the
+/// transaction open (a request cancelled, a pool that closes it): the server
+/// rolls it back. A new connection takes its place in the same slot (a
+/// pool's, a struct field), so at the same address, by which lockkit tells
+/// connections it cannot watch apart; `$prepare` readies it. Another instance
+/// commits v1, and the struct, retried in a transaction on the new connection
+/// at the old one's depth, must be stale.
+macro_rules! dropped_and_replaced {
+    ($db:ident, $prepare:expr) => {{
+        use diesel::connection::TransactionManager;
+        type Manager = <Conn as diesel::Connection>::TransactionManager;
+        seed_items(&mut $db.conn(), &[(1, 10)]);
+        let mut other: Conn = $db.connect();
+        let mut slot: Option<Conn> = Some($db.connect());
+        let own = slot.as_mut().unwrap();
+        unwatched(own);
+        let mut a = item!(&mut *own, 1); // v0
+        Manager::begin_transaction(own).unwrap();
+        a.stock = 5;
+        a.update_versioned(own).unwrap(); // v1, in the open transaction
+        slot = Some($db.connect());
+        let own = slot.as_mut().unwrap();
+        ($prepare)(own);
+        another_instance_commits(&mut other);
+        a.stock = 3;
+        let again = own.transaction(|c| a.update_versioned(c));
+        assert_stale_over_the_other(again, stock_of!(&mut other), "the dropped connection");
+    }};
+}
+
 /// Inserts items `1..=n` (stock 10, version 0) in one statement.
 fn seed_many(conn: &mut impl diesel::Connection, backend: &str, n: usize) {
     let generate = match backend {
@@ -548,30 +579,14 @@ mod all {
         }
 
         fn a_struct_written_on_a_dropped_connection_never_writes_over_a_commit_on_the_one_that_took_its_place(db) {
-            use diesel::connection::TransactionManager;
-            type Manager = <Conn as diesel::Connection>::TransactionManager;
-            seed_items(&mut db.conn(), &[(1, 10)]);
-            let mut other: Conn = db.connect();
-            // The connection lives in a slot (a pool's, a struct field): the
-            // one that replaces it is at the same address, which is how
-            // lockkit tells connections it cannot watch apart.
-            let mut slot: Option<Conn> = Some(db.connect());
-            let own = slot.as_mut().unwrap();
-            unwatched(own);
-            let mut a = item!(&mut *own, 1); // v0
-            Manager::begin_transaction(own).unwrap();
-            a.stock = 5;
-            a.update_versioned(own).unwrap(); // v1, in the open transaction
-            // The connection is dropped with its transaction open (a request
-            // cancelled, a pool that closes it): the server rolls it back.
-            slot = Some(db.connect());
-            let own = slot.as_mut().unwrap();
-            unwatched(own);
-            another_instance_commits(&mut other);
-            // In a transaction on the new connection, at the old one's depth.
-            a.stock = 3;
-            let again = own.transaction(|c| a.update_versioned(c));
-            assert_stale_over_the_other(again, stock_of!(&mut other), "the dropped connection");
+            dropped_and_replaced!(db, unwatched);
+        }
+
+        fn a_struct_written_on_a_dropped_connection_never_writes_over_a_commit_on_a_watched_one_that_took_its_place(db) {
+            // The new connection has no instrumentation: lockkit installs its
+            // journal there, and must still not take the old one's write for
+            // its own transaction's.
+            dropped_and_replaced!(db, |_: &mut Conn| {});
         }
 
         fn a_struct_written_in_a_committed_plain_transaction_writes_on_on_a_connection_with_its_own_instrumentation(db) {
