@@ -332,6 +332,35 @@ lockkit_tests::backend_tests! {
         assert_eq!(stock(&mut conn, 1), 2, "the later write stands");
     }
 
+    fn a_rolled_back_versioned_write_through_an_unwatched_enum_never_overwrites_a_later_one(db) {
+        // The application's own instrumentation, set on the enum (which sets
+        // it on the connection inside): lockkit sees no transaction end, and
+        // asks the server whether the write's mark stands.
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn = any(&db);
+        conn.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+        let mut mine = load(&mut conn, 1);
+        let rolled_back = conn.transaction(|conn| {
+            mine.stock = 1;
+            mine.update_versioned(conn)?;
+            Err::<(), _>(Error::NoRowMatched)
+        });
+        assert!(matches!(rolled_back, Err(Error::NoRowMatched)));
+
+        // Another instance of the application commits v1, as docs/SQL.md
+        // shows `update_versioned`.
+        exec(
+            &mut db.conn(),
+            "UPDATE items SET stock = 2, lock_version = lock_version + 1 WHERE id = 1 AND lock_version = 0",
+        );
+        mine.stock = 3;
+        let again = conn.transaction(|conn| mine.update_versioned(conn));
+        assert!(
+            matches!(again, Err(Error::Stale(_))) && stock(&mut conn, 1) == 2,
+            "the rolled-back version 1 matched the other instance's committed 1: {again:?}"
+        );
+    }
+
     fn pooled_enum_connections_take_the_same_calls(db) {
         seed_items(&mut db.conn(), &[(1, 10)]);
         let manager = diesel::r2d2::ConnectionManager::<AnyConnection>::new(&db.url);
