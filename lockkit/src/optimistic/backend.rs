@@ -210,6 +210,23 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     }
 }
 
+/// A statement on a table of marks (MySQL/MariaDB's, SQLite's), with its two
+/// parameters: the [`Mark`]'s slot, then its token.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+fn slot_and_token<DB>(sql: &'static str, mark: Mark) -> BoxedSqlQuery<'static, DB, SqlQuery>
+where
+    DB: Backend
+        + diesel::sql_types::HasSqlType<diesel::sql_types::Integer>
+        + diesel::sql_types::HasSqlType<diesel::sql_types::BigInt>,
+    i32: diesel::serialize::ToSql<diesel::sql_types::Integer, DB>,
+    i64: diesel::serialize::ToSql<diesel::sql_types::BigInt, DB>,
+{
+    diesel::sql_query(sql)
+        .into_boxed()
+        .bind::<diesel::sql_types::Integer, _>(mark.slot as i32)
+        .bind::<diesel::sql_types::BigInt, _>(mark.token())
+}
+
 /// `LOCK IN SHARE MODE` (MySQL/MariaDB): the clause of the latest-version read.
 #[derive(Debug, Clone, Copy, Default, QueryId)]
 pub struct InShareMode;
@@ -390,7 +407,7 @@ mod mysql {
     use super::*;
     use diesel::mysql::Mysql;
     use diesel::query_builder::{AstPass, QueryFragment};
-    use diesel::sql_types::{BigInt, Integer, Nullable, Text};
+    use diesel::sql_types::{Nullable, Text};
 
     impl QueryFragment<Mysql> for InShareMode {
         fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
@@ -418,19 +435,17 @@ mod mysql {
         );
 
         fn mark_query(mark: Mark) -> BoxedSqlQuery<'static, Self, SqlQuery> {
-            diesel::sql_query("REPLACE INTO lockkit_marks (slot, mark) VALUES (?, ?)")
-                .into_boxed()
-                .bind::<Integer, _>(mark.slot as i32)
-                .bind::<BigInt, _>(mark.token())
+            slot_and_token(
+                "REPLACE INTO lockkit_marks (slot, mark) VALUES (?, ?)",
+                mark,
+            )
         }
 
         fn mark_stands_query(mark: Mark) -> BoxedSqlQuery<'static, Self, SqlQuery> {
-            diesel::sql_query(
+            slot_and_token(
                 "SELECT CAST(EXISTS (SELECT 1 FROM lockkit_marks WHERE slot = ? AND mark = ?) AS SIGNED) AS stands",
+                mark,
             )
-            .into_boxed()
-            .bind::<Integer, _>(mark.slot as i32)
-            .bind::<BigInt, _>(mark.token())
         }
 
         fn key_is_unique_query(
@@ -457,7 +472,7 @@ mod mysql {
 #[cfg(feature = "sqlite")]
 mod sqlite {
     use super::*;
-    use diesel::sql_types::{BigInt, Integer, Nullable, Text};
+    use diesel::sql_types::{Nullable, Text};
     use diesel::sqlite::Sqlite;
 
     impl OptimisticBackend for Sqlite {
@@ -481,21 +496,17 @@ mod sqlite {
             Some("CREATE TEMP TABLE IF NOT EXISTS lockkit_marks (slot INTEGER PRIMARY KEY, mark INTEGER NOT NULL)");
 
         fn mark_query(mark: Mark) -> BoxedSqlQuery<'static, Self, SqlQuery> {
-            diesel::sql_query(
+            slot_and_token(
                 "INSERT OR REPLACE INTO temp.lockkit_marks (slot, mark) VALUES (?, ?)",
+                mark,
             )
-            .into_boxed()
-            .bind::<Integer, _>(mark.slot as i32)
-            .bind::<BigInt, _>(mark.token())
         }
 
         fn mark_stands_query(mark: Mark) -> BoxedSqlQuery<'static, Self, SqlQuery> {
-            diesel::sql_query(
+            slot_and_token(
                 "SELECT EXISTS (SELECT 1 FROM temp.lockkit_marks WHERE slot = ? AND mark = ?) AS stands",
+                mark,
             )
-            .into_boxed()
-            .bind::<Integer, _>(mark.slot as i32)
-            .bind::<BigInt, _>(mark.token())
         }
 
         // The pragmas' second argument is the schema (an `ATTACH`ed
