@@ -634,6 +634,55 @@ mod all {
             assert_eq!(stock_of!(&mut own), 7);
         }
 
+        fn a_connection_with_its_own_instrumentation_works_on_past_the_marks_it_keeps(db) {
+            // A pooled connection lives for hours. Past the latest 1024 marks
+            // it keeps (`Mark::KEPT`), the newest must be the ones kept: a
+            // struct written in a committed transaction a few writes ago
+            // writes on, and a rolled-back one is still stale.
+            seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+            let mut own: Conn = db.connect();
+            unwatched(&mut own);
+            let mut other: Conn = db.connect();
+            let mut busy = item!(&mut own, 2);
+            let mut write_busy = |own: &mut Conn, times: usize| {
+                for n in 0..times {
+                    own.transaction(|c| {
+                        busy.stock += 1;
+                        busy.update_versioned(c)
+                    })
+                    .unwrap_or_else(|e| panic!("write {n} of a struct that committed each: {e:?}"));
+                }
+            };
+            write_busy(&mut own, 1100);
+
+            let mut a = item!(&mut own, 1);
+            own.transaction(|c| {
+                a.stock = 9;
+                a.update_versioned(c)
+            })
+            .unwrap();
+            write_busy(&mut own, 10);
+            a.stock = 8;
+            own.transaction(|c| a.update_versioned(c))
+                .expect("a struct whose write committed ten marks ago writes on");
+
+            let mut rolled_back = item!(&mut own, 1);
+            let undone = own.transaction(|c| {
+                rolled_back.stock = 5;
+                rolled_back.update_versioned(c)?;
+                Err::<(), _>(Error::NoRowMatched)
+            });
+            assert!(undone.is_err());
+            write_busy(&mut own, 10);
+            exec(
+                &mut other,
+                "UPDATE items SET stock = 7, lock_version = lock_version + 1 WHERE id = 1",
+            );
+            rolled_back.stock = 3;
+            let again = own.transaction(|c| rolled_back.update_versioned(c));
+            assert_stale_over_the_other(again, stock_of!(&mut other), "a struct rolled back past 1100 marks");
+        }
+
         fn a_struct_ahead_of_the_row_is_reported_as_such(db) {
             let mut conn = db.conn();
             seed_items(&mut conn, &[(1, 10)]);
