@@ -501,13 +501,7 @@ mod all {
             unwatched(&mut own);
             // Request A reads v0 and writes it in a transaction that rolls back:
             // the row is back at v0, `a` holds 1.
-            let mut a = item!(&mut own, 1);
-            let rolled_back = own.transaction(|c| {
-                a.stock = 5;
-                a.update_versioned(c)?;
-                Err::<(), _>(Error::NoRowMatched)
-            });
-            assert!(rolled_back.is_err());
+            let mut a = rolled_back_write!(own);
             // Request B reads v0, sets the stock to 7 and commits: v1, B's data.
             own.transaction(|c| {
                 let mut b = item!(c, 1);
@@ -666,13 +660,7 @@ mod all {
             own.transaction(|c| a.update_versioned(c))
                 .expect("a struct whose write committed ten marks ago writes on");
 
-            let mut rolled_back = item!(&mut own, 1);
-            let undone = own.transaction(|c| {
-                rolled_back.stock = 5;
-                rolled_back.update_versioned(c)?;
-                Err::<(), _>(Error::NoRowMatched)
-            });
-            assert!(undone.is_err());
+            let mut rolled_back = rolled_back_write!(own);
             write_busy(&mut own, 10);
             exec(
                 &mut other,

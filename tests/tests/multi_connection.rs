@@ -112,6 +112,19 @@ fn sell_optimistic(conn: &mut AnyConnection, id: i32) -> Result<(), Error> {
     })
 }
 
+/// Item 1 read, then written (stock 1) in a transaction that rolls back: the
+/// struct as that write left it.
+fn rolled_back_write(conn: &mut AnyConnection) -> Item {
+    let mut mine = load(conn, 1);
+    let rolled_back = conn.transaction(|conn| {
+        mine.stock = 1;
+        mine.update_versioned(conn)?;
+        Err::<(), _>(Error::NoRowMatched)
+    });
+    assert!(matches!(rolled_back, Err(Error::NoRowMatched)));
+    mine
+}
+
 /// `threads` connections of their own sell `each` units of item 1 with `sell`.
 fn sell_from_threads<C: IntoAny>(
     db: &TestDb<C>,
@@ -311,13 +324,7 @@ lockkit_tests::backend_tests! {
         // connection's.
         seed_items(&mut db.conn(), &[(1, 10)]);
         let mut conn = any(&db);
-        let mut mine = load(&mut conn, 1);
-        let rolled_back = conn.transaction(|conn| {
-            mine.stock = 1;
-            mine.update_versioned(conn)?;
-            Err::<(), _>(Error::NoRowMatched)
-        });
-        assert!(matches!(rolled_back, Err(Error::NoRowMatched)));
+        let mut mine = rolled_back_write(&mut conn);
         assert_eq!(mine.lock_version, 1, "the struct moved on; the row did not");
 
         let mut theirs = any(&db);
@@ -339,13 +346,7 @@ lockkit_tests::backend_tests! {
         seed_items(&mut db.conn(), &[(1, 10)]);
         let mut conn = any(&db);
         conn.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
-        let mut mine = load(&mut conn, 1);
-        let rolled_back = conn.transaction(|conn| {
-            mine.stock = 1;
-            mine.update_versioned(conn)?;
-            Err::<(), _>(Error::NoRowMatched)
-        });
-        assert!(matches!(rolled_back, Err(Error::NoRowMatched)));
+        let mut mine = rolled_back_write(&mut conn);
 
         // Another instance of the application commits v1, as docs/SQL.md
         // shows `update_versioned`.
