@@ -27,7 +27,7 @@
 //! | --- | --- |
 //! | [`versioned`] | [`AsyncVersioned`], the version-checked writes |
 //! | [`lockable`] | [`with_lock`], [`locked_transaction`], [`lock_all`] |
-//! | [`retry`](mod@retry) | [`retry()`], [`transaction_with_retry`] |
+//! | `retry` (private) | [`retry()`], [`transaction_with_retry`] |
 //! | [`queue`] | [`queue::claim`]: work queues with `FOR UPDATE SKIP LOCKED` |
 //! | [`advisory`] | advisory locks for the length of a closure, and what a dropped one leaves ([cancellation](advisory#cancellation)) |
 //! | [`isolation`] | [`serializable()`]: `SERIALIZABLE` transactions, retried |
@@ -59,7 +59,7 @@ pub mod lockable;
 #[cfg(feature = "outbox")]
 pub mod outbox;
 pub mod queue;
-pub mod retry;
+mod retry;
 mod transaction;
 pub mod versioned;
 pub mod work;
