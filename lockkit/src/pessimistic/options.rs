@@ -82,13 +82,11 @@ impl LockOptions {
         self.lock.wait
     }
 
-    // What each backend is sent is decided in `LockingConnection`'s impls; the
-    // two timeout getters are public, hidden, only for lockkit's own tests of
-    // the clamps (`tests/tests/hostile_input.rs`).
+    // What each backend is sent is decided in `LockingConnection`'s impls;
+    // these two are the values they send.
 
     /// The timeout in whole milliseconds, clamped to 1 ..= `i32::MAX`.
-    #[doc(hidden)]
-    pub fn timeout_millis(&self) -> Option<i32> {
+    pub(crate) fn timeout_millis(&self) -> Option<i32> {
         self.timeout.map(|t| {
             let millis = t.as_millis().clamp(1, i32::MAX as u128);
             i32::try_from(millis).unwrap_or(i32::MAX)
@@ -98,8 +96,7 @@ impl LockOptions {
     /// The timeout in whole seconds, rounded up, clamped to 1 ..= 1,073,741,824
     /// (MySQL's range for `innodb_lock_wait_timeout`; MariaDB caps it further, at
     /// 100,000,000 s, with a warning).
-    #[doc(hidden)]
-    pub fn timeout_secs(&self) -> Option<i64> {
+    pub(crate) fn timeout_secs(&self) -> Option<i64> {
         self.timeout.map(|t| {
             let secs = t.as_secs().saturating_add(u64::from(t.subsec_nanos() > 0));
             i64::try_from(secs.clamp(1, 1_073_741_824)).unwrap_or(1_073_741_824)
@@ -126,5 +123,25 @@ mod tests {
         let opts = opts.timeout(Duration::MAX);
         assert_eq!(opts.timeout_millis(), Some(i32::MAX));
         assert_eq!(opts.timeout_secs(), Some(1_073_741_824));
+    }
+
+    #[test]
+    fn timeouts_are_clamped_around_every_edge_never_rejected() {
+        let around = |edge: u64| edge.saturating_sub(5)..=edge.saturating_add(5);
+        let seconds = around(0)
+            .chain(around(i32::MAX as u64 / 1000)) // i32::MAX milliseconds
+            .chain(around(1 << 30)) // MySQL's maximum, in seconds
+            .chain(around(u64::MAX));
+        for secs in seconds {
+            for nanos in [0, 1, 999_999, 1_000_000, 500_000_000, 999_999_999] {
+                let timeout = Duration::new(secs, nanos);
+                let opts = LockOptions::default().timeout(timeout);
+                let millis = timeout.as_millis().clamp(1, i32::MAX as u128);
+                assert_eq!(opts.timeout_millis().map(i128::from), Some(millis as i128));
+                let whole_secs = u128::from(secs) + u128::from(nanos > 0);
+                let secs = whole_secs.clamp(1, 1 << 30);
+                assert_eq!(opts.timeout_secs().map(i128::from), Some(secs as i128));
+            }
+        }
     }
 }
