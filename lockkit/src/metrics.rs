@@ -9,11 +9,22 @@
 //!   exhausted retries and deadlocks at `WARN`;
 //! * the counters below, readable at any time with [`snapshot`];
 //! * with the `metrics` feature, the [`metrics`](https://docs.rs/metrics) facade:
-//!   counters `lockkit_stale_writes_total`, `lockkit_retries_total`,
+//!   counters `lockkit_stale_writes_total{table}`, `lockkit_retries_total`,
 //!   `lockkit_retries_exhausted_total`, `lockkit_lock_errors_total{kind=busy|lock_timeout|deadlock|serialization_failure|statement_timeout}`,
-//!   `lockkit_locks_acquired_total{table}` and histogram `lockkit_lock_acquire_seconds{table}`
+//!   `lockkit_locks_acquired_total{table}`, histograms `lockkit_lock_acquire_seconds{table}`
+//!   and `lockkit_lock_hold_seconds{table}`
 //!   (`table` is the model's table; `queue` for [`queue::claim`](crate::queue::claim),
 //!   whose query lockkit cannot name; `database` for SQLite's write lock).
+//!
+//! # How long a lock was held
+//!
+//! A row lock lockkit takes (`with_lock`, `lock`; the rows of one `lock_all`
+//! together) is held from the locked read to the end of the outermost
+//! transaction, where the server lets it go: that span is counted in [`Metrics::locks_released`],
+//! [`Metrics::lock_hold_time`] and [`Metrics::lock_hold_max`], recorded in
+//! `lockkit_lock_hold_seconds`, and warned about (a `tracing` event at `WARN`
+//! naming the table and the key) past the limit of
+//! [`warn_when_held_longer_than`].
 //!
 //! ```
 //! let before = lockkit::metrics::snapshot();
