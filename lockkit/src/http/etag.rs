@@ -619,8 +619,9 @@ impl Problem {
             _ => VersionIn::IfMatch,
         };
         let refusal = Refusal::of(error, version_in);
-        let current = match error {
-            Error::Stale(stale) => match stale.current {
+        // The row's version now, where the refusal is that it changed.
+        let current = match &refusal {
+            Refusal::Changed(stale, _) => match stale.current {
                 CurrentState::Version(v) | CurrentState::Behind(v) => Some(v),
                 CurrentState::Deleted | CurrentState::NullVersion => None,
             },
