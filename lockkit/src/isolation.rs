@@ -33,9 +33,11 @@ use crate::retry::{may_retry, retry_while, RetryableError};
 ///
 /// * [`Error::AlreadyInTransaction`] when a transaction is already open; nothing
 ///   is sent.
-/// * [`Error::RetriesExhausted`] when every attempt failed with a
-///   [retryable](Error::is_retryable) error ([`Error::SerializationFailure`],
-///   [`Error::Deadlock`], ..); `last` is the final one.
+/// * when every attempt failed with a [retryable](RetryableError::is_retryable)
+///   error ([`Error::SerializationFailure`], [`Error::Deadlock`], ..): the last
+///   one, through [`RetryableError::retries_exhausted`]
+///   ([`Error::RetriesExhausted`] for lockkit's own error type, whose `last` is
+///   the final one).
 /// * the first non-retryable error, at once: `f`'s own, or a classified
 ///   database error (e.g. [`Error::ConnectionLost`]).
 ///

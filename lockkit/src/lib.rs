@@ -170,7 +170,8 @@ pub use lockkit_derive::Lockable;
 ///
 /// [`Versioned`] (the version-checked writes), [`Lockable`] (`with_lock`,
 /// `lock_all`), [`CompareAndSet`](compare_and_set::CompareAndSet)
-/// (`Model::compare_and_set`) and [`LockQueryExt`] (`.nowait()`,
+/// (`Model::compare_and_set`), [`UpdateAdaptive`](adaptive::UpdateAdaptive)
+/// (`update_adaptive`) and [`LockQueryExt`] (`.nowait()`,
 /// `.for_update_of(..)`), with the
 /// derives of the same names. The traits those methods require are in
 /// [`bounds`], to be named only in `where` clauses

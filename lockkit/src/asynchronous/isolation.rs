@@ -34,8 +34,10 @@ use crate::transaction::{Began, Failure};
 ///
 /// As [`lockkit::serializable`](crate::serializable()):
 /// [`Error::AlreadyInTransaction`] when a transaction is already open (nothing
-/// is sent), [`Error::RetriesExhausted`] when every attempt failed with a
-/// retryable error, else the first error that is not retryable.
+/// is sent); when every attempt failed with a retryable error, the last one
+/// through [`RetryableError::retries_exhausted`]
+/// ([`Error::RetriesExhausted`] for lockkit's own error type); else the first
+/// error that is not retryable.
 ///
 /// # Example
 ///

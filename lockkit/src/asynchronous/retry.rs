@@ -22,9 +22,9 @@ use crate::transaction::Failure;
 ///
 /// # Errors
 ///
-/// The first error that is not retryable, or (with `E = lockkit::Error`)
-/// [`Error::RetriesExhausted`](crate::Error::RetriesExhausted) holding the last
-/// one.
+/// The first error that is not retryable, or the last one through
+/// [`RetryableError::retries_exhausted`] (for `E = lockkit::Error`,
+/// [`Error::RetriesExhausted`](crate::Error::RetriesExhausted) holding it).
 ///
 /// # Example
 ///

@@ -338,8 +338,10 @@ impl<V: VersionNumber> Expected<V> {
     ///
     /// * whatever `current` or `write` return: [`Error::Stale`] when the row is
     ///   not at an expected version, [`Error::NotFound`] when it is gone, ...
-    /// * [`Error::RetriesExhausted`] under `*` when every one of
-    ///   [`ANY_MATCH_ATTEMPTS`] writes found the row changed in between.
+    /// * under `*`, when every one of [`ANY_MATCH_ATTEMPTS`] writes found the
+    ///   row changed in between: the last stale error through
+    ///   [`RetryableError::retries_exhausted`] ([`Error::RetriesExhausted`] for
+    ///   lockkit's own error type).
     /// * [`Error::NoRowMatched`] for an empty `OneOf`.
     pub fn apply<C: ?Sized, T, E>(
         &self,
