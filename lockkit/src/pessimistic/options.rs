@@ -86,6 +86,7 @@ impl LockOptions {
     // these two are the values they send.
 
     /// The timeout in whole milliseconds, clamped to 1 ..= `i32::MAX`.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(crate) fn timeout_millis(&self) -> Option<i32> {
         self.timeout.map(|t| {
             let millis = t.as_millis().clamp(1, i32::MAX as u128);
@@ -96,6 +97,7 @@ impl LockOptions {
     /// The timeout in whole seconds, rounded up, clamped to 1 ..= 1,073,741,824
     /// (MySQL's range for `innodb_lock_wait_timeout`; MariaDB caps it further, at
     /// 100,000,000 s, with a warning).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) fn timeout_secs(&self) -> Option<i64> {
         self.timeout.map(|t| {
             let secs = t.as_secs().saturating_add(u64::from(t.subsec_nanos() > 0));
