@@ -293,6 +293,20 @@ impl lockkit::RetryableError for ShopError {
     }
 }
 
+/// The response a handler gives a refused [`ShopError`]: the caller's refusal
+/// as a `409`, lockkit's error as lockkit renders it.
+#[cfg(feature = "harness")]
+impl From<ShopError> for lockkit::etag::Problem {
+    fn from(err: ShopError) -> Self {
+        match err {
+            ShopError::NotEnough(_) => {
+                lockkit::etag::Problem::new(409, "Conflict", err.to_string())
+            }
+            ShopError::Lock(err) => err.into(),
+        }
+    }
+}
+
 /// Inserts `items` rows `(id, stock)` with version 0 (the same SQL on every backend).
 #[cfg(feature = "harness")]
 pub fn seed_items<C: diesel::Connection>(conn: &mut C, rows: &[(i32, i32)]) {

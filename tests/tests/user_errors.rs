@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
 
 use diesel::prelude::*;
-use lockkit::etag::Expected;
+use lockkit::axum::{IfMatchTags, IfMatchVersion};
+use lockkit::etag::{ETagSecret, Expected};
 use lockkit::idempotency::{Idempotency, Outcome};
 use lockkit::prelude::*;
 use lockkit::{Error, LockOptions, RetryPolicy};
@@ -192,5 +193,26 @@ lockkit_tests::backend_tests! {
         let stale = Expected::Version(0).apply(&mut *conn, read, write);
         assert!(matches!(stale, Err(ShopError::Lock(Error::Stale(_)))), "{stale:?}");
         assert_eq!(stock_of!(&mut conn, 1), 9);
+
+        // The axum extractors' `apply`, from `If-Match: "v1"`.
+        let if_match = IfMatchVersion(Expected::Version(1));
+        assert_eq!(if_match.apply(&mut *conn, read, write).unwrap(), 2);
+        let stale = if_match.apply(&mut *conn, read, write);
+        assert!(matches!(stale, Err(ShopError::Lock(Error::Stale(_)))), "{stale:?}");
+        let refuse = |_: &mut Conn, _: i32| -> Result<i32, ShopError> { Err(ShopError::NotEnough(0)) };
+        let refused = if_match.apply(&mut *conn, read, refuse);
+        assert!(matches!(refused, Err(ShopError::NotEnough(0))), "{refused:?}");
+
+        // With bound tags: the caller's refusal is the problem its type makes,
+        // lockkit's the one lockkit makes.
+        let tags = ETagSecret::new(&[7; 32]).unwrap().resource("items", 1);
+        let current = IfMatchTags(tags.etag(2).to_string().parse().unwrap());
+        let refused = current.apply(&tags, &mut *conn, read, refuse).unwrap_err();
+        assert_eq!((refused.status, refused.detail.as_str()), (409, "only 0 left"));
+        assert_eq!(current.apply(&tags, &mut *conn, read, write).unwrap(), 3);
+        let old = current.apply(&tags, &mut *conn, read, write).unwrap_err();
+        assert_eq!(old.status, 412, "{old:?}");
+        assert_eq!(old.current_etag, Some(tags.etag(3).to_string()));
+        assert_eq!(stock_of!(&mut conn, 1), 7);
     }
 }

@@ -111,6 +111,7 @@ use crate::http::etag::{
     BoundETag, ETag, Expected, IfMatch, IfMatchError, Problem, ResourceTags, VersionIn,
 };
 use crate::optimistic::version::VersionNumber;
+use crate::retry::RetryableError;
 
 /// The media type of [`Problem`] bodies (RFC 9457).
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -171,16 +172,20 @@ impl<V: VersionNumber> IfMatchVersion<V> {
     }
 
     /// Runs a version-checked write for this header; see [`Expected::apply`].
+    /// The closures return your error type, as there.
     ///
     /// # Errors
     ///
     /// As [`Expected::apply`].
-    pub fn apply<C: ?Sized, T>(
+    pub fn apply<C: ?Sized, T, E>(
         &self,
         conn: &mut C,
-        current: impl FnMut(&mut C) -> Result<V, Error>,
-        write: impl FnMut(&mut C, V) -> Result<T, Error>,
-    ) -> Result<T, Error> {
+        current: impl FnMut(&mut C) -> Result<V, E>,
+        write: impl FnMut(&mut C, V) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: RetryableError,
+    {
         self.0.apply(conn, current, write)
     }
 }
@@ -239,23 +244,31 @@ impl IfMatchTags {
     /// known ([`ResourceTags::problem`]): `412` when no tag in the header is the
     /// resource's current one (an old copy, another resource's tag, a forged or
     /// altered one) or the row changed in between, `404` when it does not exist,
-    /// and the status of any other error of `current` or `write`.
+    /// and the status of any other lockkit error of `current` or `write`. The
+    /// closures may return your error type: one that carries no lockkit error
+    /// ([`RetryableError::lockkit_error`]) becomes the problem your
+    /// `Into<Problem>` makes of it.
     // The error is the response a refused request gets, built once per request.
     #[allow(clippy::result_large_err)]
-    pub fn apply<C: ?Sized, V: VersionNumber, T>(
+    pub fn apply<C: ?Sized, V: VersionNumber, T, E>(
         &self,
         tags: &ResourceTags,
         conn: &mut C,
-        mut current: impl FnMut(&mut C) -> Result<V, Error>,
-        write: impl FnMut(&mut C, V) -> Result<T, Error>,
-    ) -> Result<T, Problem> {
-        let now = current(conn).map_err(|error| tags.problem(&error))?;
+        mut current: impl FnMut(&mut C) -> Result<V, E>,
+        write: impl FnMut(&mut C, V) -> Result<T, E>,
+    ) -> Result<T, Problem>
+    where
+        E: RetryableError + Into<Problem>,
+    {
+        let problem = |error: E| match error.lockkit_error() {
+            Some(lockkit) => tags.problem(lockkit),
+            None => error.into(),
+        };
+        let now = current(conn).map_err(problem)?;
         let expected = tags
             .expected(&self.0, now)
             .map_err(|error| tags.if_match_problem(&error, now))?;
-        expected
-            .apply(conn, current, write)
-            .map_err(|error| tags.problem(&error))
+        expected.apply(conn, current, write).map_err(problem)
     }
 }
 

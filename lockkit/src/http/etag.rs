@@ -569,6 +569,14 @@ pub struct Problem {
     pub retry_after: Option<u32>,
 }
 
+/// [`Problem::from_error`]: the problem for a lockkit error in a handler whose
+/// version came in `If-Match`.
+impl From<Error> for Problem {
+    fn from(error: Error) -> Self {
+        Problem::from_error(&error)
+    }
+}
+
 impl Problem {
     /// A problem of your own (for errors that are not lockkit's), without a
     /// current ETag.
