@@ -419,7 +419,9 @@ impl AdaptivePolicy {
 
     /// The options of the locked path (a timeout, `nowait()`); the strength is
     /// always an exclusive `FOR UPDATE`, and `skip_locked()` acts as `nowait()`
-    /// (a skipped row would read as absent).
+    /// (both make a held row [`Error::Busy`](crate::Error::Busy); `NOWAIT` says
+    /// so in one statement, where `SKIP LOCKED` needs a second to ask whether
+    /// the row it left out exists).
     #[must_use]
     pub fn lock_options(mut self, options: LockOptions) -> Self {
         let options = options.strength(LockStrength::Update);

@@ -592,12 +592,9 @@ where
     }
     let mut row = match row {
         Some(row) => row,
-        // SKIP LOCKED hides a locked row: tell "held by someone" from "absent".
-        None if lock.wait == WaitMode::SkipLocked => {
-            return Err(match M::exists(conn, key).map_err(classify)? {
-                true => Error::Busy,
-                false => Error::NotFound,
-            })
+        None if lock.wait.hides_held_rows() => {
+            let exists = M::exists(conn, key).map_err(classify)?;
+            return Err(WaitMode::empty_read(exists));
         }
         None => return Err(Error::NotFound),
     };

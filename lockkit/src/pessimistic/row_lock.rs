@@ -102,6 +102,25 @@ impl WaitMode {
         }
     }
 
+    /// Whether a locked read of one key that found no row must ask whether the
+    /// row exists: `SKIP LOCKED` leaves out a row held by someone, so there an
+    /// empty read is "held" or "absent" ([`empty_read`](Self::empty_read)); in
+    /// the other modes it is "absent" ([`Error::NotFound`]).
+    pub(crate) fn hides_held_rows(self) -> bool {
+        matches!(self, WaitMode::SkipLocked)
+    }
+
+    /// The error of a locked read of one key that found no row, under a mode
+    /// that [hides held rows](Self::hides_held_rows), once asked whether the
+    /// row `exists`: [`Error::Busy`] when it does, else [`Error::NotFound`].
+    pub(crate) fn empty_read(exists: bool) -> Error {
+        if exists {
+            Error::Busy
+        } else {
+            Error::NotFound
+        }
+    }
+
     /// The error of SQLite's attempt to take the write lock: when waiting, "database
     /// is locked" means the wait ran out ([`Error::LockTimeout`](crate::Error::LockTimeout)).
     #[cfg(feature = "sqlite")]
