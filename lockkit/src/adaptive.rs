@@ -419,7 +419,7 @@ impl AdaptivePolicy {
 
     /// The options of the locked path (a timeout, `nowait()`); the strength is
     /// always an exclusive `FOR UPDATE`, and `skip_locked()` acts as `nowait()`
-    /// (both make a held row [`Error::Busy`](crate::Error::Busy); `NOWAIT` says
+    /// (both make a held row [`Error::Busy`]; `NOWAIT` says
     /// so in one statement, where `SKIP LOCKED` needs a second to ask whether
     /// the row it left out exists).
     #[must_use]
