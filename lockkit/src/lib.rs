@@ -26,19 +26,26 @@
 //! * **Replicas** (`replica`, feature `replica`): reads on a PostgreSQL standby
 //!   that wait for the reader's own writes, or go to the primary.
 //!
-//! | folder | concept |
+//! | module | concept |
 //! | --- | --- |
 //! | [`optimistic`] | version-checked writes |
 //! | [`pessimistic`] | row locks, queues, advisory locks |
 //! | [`adaptive`] | optimistic while a row is calm, locked while it is hot |
+//! | `isolation` (private) | [`serializable`] transactions, retried |
+//! | `retry` (private) | bounded [`retry()`] with backoff and jitter, [`RetryPolicy`] |
 //! | [`http`] | ETag / `If-Match`, axum, idempotency keys |
 //! | `lease` (feature `lease`) | leases with fencing tokens, fenced writes |
+//! | `outbox` (feature `outbox`) | the transactional outbox and the consumer's inbox |
 //! | `replica` (feature `replica`) | read-your-writes on a PostgreSQL standby |
+//! | `asynchronous` (feature `async`) | the same strategies on diesel-async |
 //! | [`error`] | the error type and the one place that reads server messages |
+//! | [`metrics`] | conflict counters, lock wait and hold times |
 //! | [`bounds`] | the traits lockkit's methods require: name them only in `where` clauses |
+//! | `sealed` (private) | the supertrait that keeps the backend traits lockkit's own |
 //! | [`multi`] | the backend chosen at run time: `#[derive(diesel::MultiConnection)]` enums |
 //! | [`migrations`] | the tables lockkit ships, as SQL per server and as Diesel migrations |
 //! | `transaction` (private) | what every lockkit transaction does the same way: the panic guard, [`after_commit`] work |
+//! | `clock` (private) | the application's clock, as the idempotency and outbox tables store times |
 //!
 //! Start with [`optimistic::versioned`] and [`pessimistic::lockable`] for complete
 //! examples; the repository's `docs/SQL.md` lists every statement lockkit sends.

@@ -1,5 +1,6 @@
 //! The layout table in `CONTRIBUTING.md` names every file of `lockkit/src`, and
-//! names no file that is not there.
+//! names no file that is not there; the crate docs' table of modules names every
+//! module of `lockkit/src`'s top level, and no other.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -61,5 +62,44 @@ fn the_layout_table_matches_lockkit_src() {
     assert!(
         missing.is_empty() && gone.is_empty(),
         "CONTRIBUTING.md's layout table is out of date:\n  not in the table: {missing:?}\n  not in the tree: {gone:?}"
+    );
+}
+
+/// The modules the crate docs' table names: the first cell of each row, in
+/// backticks or as a link.
+fn named_in_crate_docs() -> BTreeSet<String> {
+    let text = std::fs::read_to_string(workspace().join("lockkit/src/lib.rs")).unwrap();
+    let table = text
+        .split("//! | module | concept |")
+        .nth(1)
+        .expect("lib.rs has the table of modules");
+    table
+        .lines()
+        .skip(2) // the rest of the header line, and the `| --- |` line
+        .take_while(|line| line.starts_with("//! |"))
+        .map(|row| {
+            let first_cell = row.trim_start_matches("//! |").split(" | ").next().unwrap();
+            first_cell.split('`').nth(1).unwrap().to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn the_crate_docs_name_every_top_level_module() {
+    let mut modules = BTreeSet::new();
+    for entry in std::fs::read_dir(workspace().join("lockkit/src")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        match name.strip_suffix(".rs") {
+            Some("lib") => {}
+            Some(module) => drop(modules.insert(module.to_owned())),
+            None => drop(modules.insert(name)),
+        }
+    }
+    let named = named_in_crate_docs();
+    let missing: Vec<_> = modules.difference(&named).collect();
+    let gone: Vec<_> = named.difference(&modules).collect();
+    assert!(
+        missing.is_empty() && gone.is_empty(),
+        "lockkit/src/lib.rs's table of modules: add {missing:?}, remove {gone:?}"
     );
 }
