@@ -405,7 +405,7 @@ async fn ended_unwatched<C: AsyncLockingConnection>(conn: &mut C) -> Option<Erro
     match journal::AsyncWatched(&mut *conn).ends() {
         #[cfg(feature = "postgres")]
         journal::Ends::UntilSavepointRollback => {
-            let probe = crate::pessimistic::connection::postgres::CONFIRM_ABORT;
+            let probe = crate::transaction::PG_CONFIRM_ABORT;
             conn.batch_execute(probe).await.err().map(classify)
         }
         journal::Ends::OnDeadlock => conn.transaction_ended(None).await,
@@ -555,7 +555,7 @@ mod postgres {
 
         async fn confirms_abort(&mut self, _: &Error) -> bool {
             use diesel_async::SimpleAsyncConnection;
-            let sql = crate::pessimistic::connection::postgres::CONFIRM_ABORT;
+            let sql = crate::transaction::PG_CONFIRM_ABORT;
             self.batch_execute(sql).await.is_err()
         }
     }

@@ -390,13 +390,10 @@ pub(crate) mod postgres {
     impl Control for PgConnection {
         fn confirms_abort(&mut self, _: &Error) -> bool {
             // In an aborted transaction every statement fails (25P02).
-            diesel::connection::SimpleConnection::batch_execute(self, CONFIRM_ABORT).is_err()
+            let probe = crate::transaction::PG_CONFIRM_ABORT;
+            diesel::connection::SimpleConnection::batch_execute(self, probe).is_err()
         }
     }
-
-    /// What confirms that a PostgreSQL transaction is aborted, for the blocking
-    /// and the async connection: it fails there, and only there.
-    pub(crate) const CONFIRM_ABORT: &str = "SELECT 1";
 }
 
 #[cfg(feature = "mysql")]

@@ -139,6 +139,11 @@ pub(crate) fn ended_by_statement<C: Control>(conn: &mut C) -> Option<Error> {
     }
 }
 
+/// What confirms that a PostgreSQL transaction is aborted, for the blocking
+/// and the async connections: it fails there, and only there.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_CONFIRM_ABORT: &str = "SELECT 1";
+
 /// [`ended_by_statement`] where no journal watches `conn` (instrumentation of
 /// its own, not wrapped in [`Journal::wrap`](crate::journal::Journal::wrap)):
 /// lockkit cannot see a statement of the work end the open transaction, so it
@@ -156,7 +161,7 @@ pub(crate) fn ended_unwatched<C: Control>(conn: &mut C) -> Option<Error> {
     match conn.ends() {
         #[cfg(feature = "postgres")]
         journal::Ends::UntilSavepointRollback => {
-            let probe = crate::pessimistic::connection::postgres::CONFIRM_ABORT;
+            let probe = PG_CONFIRM_ABORT;
             conn.batch_execute(probe).err().map(classify)
         }
         journal::Ends::OnDeadlock => conn.transaction_ended(None),
