@@ -12,6 +12,7 @@
 //! | `table` | a table as the database names it (`"archive"."items"`): what the journal and the key check name |
 //! | [`backend`] | what each backend adds: key uniqueness, reading the latest committed version |
 //! | [`journal`] | versions written inside transactions that rolled back |
+//! | `mark` | the mark of a write on a connection the journal cannot watch, which its transaction keeps or rolls back with it |
 //! | [`atomic`] | conditional single-statement updates, for tables without a version column |
 //! | [`compare_and_set`] | writes checked against chosen columns, for tables without a version column |
 //! | [`version_trigger`] | database triggers for writers that bypass lockkit |
@@ -25,6 +26,7 @@ pub mod backend;
 pub mod bump_on_lock;
 pub mod compare_and_set;
 pub mod journal;
+pub(crate) mod mark;
 pub(crate) mod sequence;
 pub mod statement;
 pub(crate) mod table;
