@@ -63,7 +63,8 @@
 //! | `OutboxStore` | `outbox` (feature `outbox`) | `PgConnection`, `MysqlConnection`, `SqliteConnection` (sealed) |
 //!
 //! The traits keep their definitions next to the code that uses them; these are
-//! the same traits under one path.
+//! the same traits under one path. Those of the diesel-async calls are in
+//! [`bounds::asynchronous`](self::asynchronous) (feature `async`).
 
 pub use crate::adaptive::AdaptiveRow;
 #[cfg(feature = "idempotency")]
@@ -83,3 +84,39 @@ pub use crate::pessimistic::connection::{AsLockingConnection, LockingConnection}
 pub use crate::pessimistic::lock_waits::LockMonitor;
 pub use crate::pessimistic::lockable::{KeyColumn, LockAll, LockRow, MarkLocked};
 pub use crate::pessimistic::queue::ClaimQuery;
+
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub mod asynchronous {
+    //! The traits lockkit's diesel-async calls require
+    //! ([`lockkit::asynchronous`](crate::asynchronous), feature `async`), under
+    //! one path: name these only in `where` clauses.
+    //!
+    //! | trait | required by |
+    //! | --- | --- |
+    //! | [`AsyncLockingConnection`] | every async call: `AsyncPgConnection`, `AsyncMysqlConnection`, `SyncConnectionWrapper<SqliteConnection>` (sealed) |
+    //! | [`AsyncVersionQuery`] | the async versioned writes |
+    //! | [`AsyncLockRow`], [`AsyncLockAll`], [`AsyncMarkLocked`] | async `with_lock`, `lock_all` |
+    //! | [`AsyncClaimQuery`] | async `queue::claim` |
+    //! | [`AsyncAdvisory`] | async advisory locks (PostgreSQL, MySQL/MariaDB; sealed) |
+    //! | [`AsyncLockMonitor`] | async `lock_waits` (sealed) |
+    //! | `AsyncIdempotencyStore`, `AsyncLeaseStore`, `AsyncFenceStore`, `AsyncOutboxStore` | async idempotency keys, leases, fenced writes, outbox (their features; sealed) |
+    //! | [`ConnWork`], [`RowWork`], [`ConnAttempt`] | the `async` closures the calls take |
+
+    pub use crate::asynchronous::advisory::AsyncAdvisory;
+    pub use crate::asynchronous::connection::AsyncLockingConnection;
+    #[cfg(feature = "idempotency")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
+    pub use crate::asynchronous::idempotency::AsyncIdempotencyStore;
+    #[cfg(feature = "lease")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
+    pub use crate::asynchronous::lease::{AsyncFenceStore, AsyncLeaseStore};
+    pub use crate::asynchronous::lock_waits::AsyncLockMonitor;
+    pub use crate::asynchronous::lockable::{AsyncLockAll, AsyncLockRow, AsyncMarkLocked};
+    #[cfg(feature = "outbox")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
+    pub use crate::asynchronous::outbox::AsyncOutboxStore;
+    pub use crate::asynchronous::queue::AsyncClaimQuery;
+    pub use crate::asynchronous::versioned::AsyncVersionQuery;
+    pub use crate::asynchronous::work::{ConnAttempt, ConnWork, RowWork};
+}

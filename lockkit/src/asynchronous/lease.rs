@@ -202,6 +202,11 @@ where
 ///
 /// Sealed: implemented for `AsyncPgConnection`, `AsyncMysqlConnection` and
 /// `SyncConnectionWrapper<SqliteConnection>`; name it only in `where` clauses.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not store lockkit leases on diesel-async",
+    label = "not an async lease store",
+    note = "lockkit's async lease stores are `AsyncPgConnection`, `AsyncMysqlConnection` and `SyncConnectionWrapper<SqliteConnection>` (feature `async` with `postgres`, `mysql`, `sqlite`); pass a pooled connection as `&mut *conn`"
+)]
 pub trait AsyncLeaseStore: AsyncLockingConnection {
     /// Grants `name` to `token` for `ttl_ms` if nobody holds it; the new fence.
     #[doc(hidden)]
@@ -231,6 +236,11 @@ pub trait AsyncLeaseStore: AsyncLockingConnection {
 /// The statements behind [`fenced`] on a diesel-async connection: the blocking
 /// side's ([`FenceStore`](crate::lease::FenceStore)), awaited. Sealed; name it
 /// only in `where` clauses.
+#[diagnostic::on_unimplemented(
+    message = "lockkit's async fenced writes do not support `{Self}`",
+    label = "not a connection lockkit's async fenced writes support",
+    note = "lockkit supports `AsyncPgConnection`, `AsyncMysqlConnection` and `SyncConnectionWrapper<SqliteConnection>` (feature `async` with `postgres`, `mysql`, `sqlite`); pass a pooled connection as `&mut *conn`"
+)]
 pub trait AsyncFenceStore: AsyncLockingConnection {
     /// Raises the recorded fence of `resource` to `fence`; `Some(newer)` when
     /// it had seen a larger one (then nothing changed).

@@ -492,6 +492,11 @@ where
 /// connection: nothing ([`NoVersion`]), or the version bump ([`BumpVersion`]),
 /// as on the blocking side ([`MarkLocked`](crate::bounds::MarkLocked)). Name it
 /// only in `where` clauses.
+#[diagnostic::on_unimplemented(
+    message = "a lock on `{M}` cannot advance its version on `{Conn}`",
+    label = "`{Self}` cannot mark a locked `{M}` row",
+    note = "an exclusive lock on a `Versioned` model writes its version: the model must fit lockkit's async versioned writes on this connection (`#[derive(Versioned)]` on a `table!` of a supported backend)"
+)]
 pub trait AsyncMarkLocked<M, Conn> {
     /// Marks one locked row as written (the model is updated to match).
     fn mark<'a>(conn: &'a mut Conn, row: &'a mut M) -> BoxFuture<'a, Result<(), Error>>;

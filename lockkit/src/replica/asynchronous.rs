@@ -116,6 +116,11 @@ pub async fn route(
 /// `Pool` (feature `deadpool`).
 ///
 /// Sealed; name it only in `where` clauses.
+#[diagnostic::on_unimplemented(
+    message = "the async replica `Router` does not take connections from `{Self}`",
+    label = "not a diesel-async pool of `AsyncPgConnection`s",
+    note = "the async `Router` takes diesel-async's bb8 `Pool<AsyncPgConnection>` (feature `bb8`) or deadpool `Pool<AsyncPgConnection>` (feature `deadpool`)"
+)]
 pub trait AsyncPgPool: Clone + Send + Sync + crate::sealed::Sealed + 'static {
     /// The pool's connection, used as an `AsyncPgConnection` (`&mut *conn`);
     /// dropping it gives it back.
