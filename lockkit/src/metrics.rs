@@ -39,43 +39,48 @@ use std::time::{Duration, Instant};
 
 use std::fmt::Display;
 
-/// Declares every counter once: its process-wide atomic, its field in
-/// [`Metrics`] (with its doc), its words in [`Metrics`]' `Display`, and its part
-/// in [`snapshot`] and [`Metrics::since`]. A new counter is one line here plus
-/// the function that records it.
-macro_rules! counters {
-    ($($(#[doc = $doc:literal])* $field:ident: $name:ident, $words:literal;)*) => {
+/// Declares every metric once: a counter's process-wide atomic, or a timer's
+/// pair (total and longest); its fields in [`Metrics`] (with their docs), its
+/// words in [`Metrics`]' `Display`, and its part in [`snapshot`] and
+/// [`Metrics::since`]. A new metric is one entry here plus the function that
+/// records it.
+macro_rules! metrics {
+    (
+        counters {
+            $($(#[doc = $doc:literal])* $field:ident: $name:ident, $words:literal;)*
+        }
+        timers {
+            $(
+                $(#[doc = $total_doc:literal])* $total:ident,
+                $(#[doc = $max_doc:literal])* $max:ident:
+                $timer:ident, after $gate:ident, $verb:literal;
+            )*
+        }
+    ) => {
         $(static $name: AtomicU64 = AtomicU64::new(0);)*
+        $(static $timer: Timer = Timer::new();)*
 
         /// The counters at one moment, since the process started.
         #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
         #[non_exhaustive]
         pub struct Metrics {
             $($(#[doc = $doc])* pub $field: u64,)*
-            /// Total time spent taking them (the locked read or `BEGIN IMMEDIATE`, waits
-            /// included), counted once per statement however many rows it locked.
-            pub lock_acquire_time: Duration,
-            /// The longest single lock acquisition.
-            pub lock_acquire_max: Duration,
-            /// Total time the locks counted in `locks_released` were held: from
-            /// the locked read to the end of the outermost transaction.
-            pub lock_hold_time: Duration,
-            /// The longest single hold.
-            pub lock_hold_max: Duration,
+            $(
+                $(#[doc = $total_doc])* pub $total: Duration,
+                $(#[doc = $max_doc])* pub $max: Duration,
+            )*
         }
 
         impl Metrics {
-            /// What happened between `earlier` and `self`. Counters and total times are
-            /// differences; `lock_acquire_max` stays the process-wide maximum.
+            /// What happened between `earlier` and `self`. Counters and total times
+            /// are differences; the longest times stay the process-wide maximum.
             pub fn since(&self, earlier: &Metrics) -> Metrics {
                 Metrics {
                     $($field: self.$field - earlier.$field,)*
-                    lock_acquire_time: self
-                        .lock_acquire_time
-                        .saturating_sub(earlier.lock_acquire_time),
-                    lock_acquire_max: self.lock_acquire_max,
-                    lock_hold_time: self.lock_hold_time.saturating_sub(earlier.lock_hold_time),
-                    lock_hold_max: self.lock_hold_max,
+                    $(
+                        $total: self.$total.saturating_sub(earlier.$total),
+                        $max: self.$max,
+                    )*
                 }
             }
 
@@ -83,54 +88,101 @@ macro_rules! counters {
             fn counts(&self) -> [(&'static str, u64); [$($words),*].len()] {
                 [$(($words, self.$field)),*]
             }
+
+            /// Each timer with its verb, its total and its longest, when the
+            /// counter it follows counted anything.
+            fn times(&self) -> impl Iterator<Item = (&'static str, Duration, Duration)> {
+                [$(($verb, self.$gate, self.$total, self.$max)),*]
+                    .into_iter()
+                    .filter(|(_, gate, _, _)| *gate > 0)
+                    .map(|(verb, _, total, max)| (verb, total, max))
+            }
         }
 
         /// The counters now.
         pub fn snapshot() -> Metrics {
             Metrics {
                 $($field: $name.load(Relaxed),)*
-                lock_acquire_time: Duration::from_nanos(LOCK_ACQUIRE_NANOS.load(Relaxed)),
-                lock_acquire_max: Duration::from_nanos(LOCK_ACQUIRE_MAX_NANOS.load(Relaxed)),
-                lock_hold_time: Duration::from_nanos(LOCK_HOLD_NANOS.load(Relaxed)),
-                lock_hold_max: Duration::from_nanos(LOCK_HOLD_MAX_NANOS.load(Relaxed)),
+                $($total: $timer.total(), $max: $timer.max(),)*
             }
         }
     };
 }
 
-counters! {
-    /// Version-checked writes that matched no row ([`Error::Stale`](crate::Error::Stale)), bulk rows included.
-    stale_writes: STALE_WRITES, "stale writes";
-    /// Attempts [`retry`](crate::retry()) made after a retryable error.
-    retries: RETRIES, "retries";
-    /// Times [`retry`](crate::retry()) gave up ([`Error::RetriesExhausted`](crate::Error::RetriesExhausted)).
-    retries_exhausted: RETRIES_EXHAUSTED, "retries exhausted";
-    /// [`Error::Busy`](crate::Error::Busy): `NOWAIT` or SQLite's busy database.
-    busy: BUSY, "busy";
-    /// [`Error::LockTimeout`](crate::Error::LockTimeout).
-    lock_timeouts: LOCK_TIMEOUTS, "lock timeouts";
-    /// [`Error::Deadlock`](crate::Error::Deadlock).
-    deadlocks: DEADLOCKS, "deadlocks";
-    /// [`Error::SerializationFailure`](crate::Error::SerializationFailure).
-    serialization_failures: SERIALIZATION_FAILURES, "serialization failures";
-    /// [`Error::StatementTimeout`](crate::Error::StatementTimeout).
-    statement_timeouts: STATEMENT_TIMEOUTS, "statement timeouts";
-    /// Locks taken: rows locked by [`with_lock`](crate::with_lock),
-    /// [`lock_all`](crate::Lockable::lock_all) and [`queue::claim`](crate::queue::claim),
-    /// and on SQLite the database's write lock taken by a locking transaction.
-    locks_acquired: LOCKS_ACQUIRED, "locks";
-    /// Row locks whose hold time was measured: those taken by
-    /// [`with_lock`](crate::with_lock), [`Lockable::lock`](crate::Lockable::lock)
-    /// and [`lock_all`](crate::Lockable::lock_all) (one per statement) inside a
-    /// transaction lockkit opened, counted when its outermost transaction ended;
-    /// on diesel-async, by a `with_lock` that opened its transaction itself.
-    locks_released: LOCKS_RELEASED, "locks released";
+metrics! {
+    counters {
+        /// Version-checked writes that matched no row ([`Error::Stale`](crate::Error::Stale)), bulk rows included.
+        stale_writes: STALE_WRITES, "stale writes";
+        /// Attempts [`retry`](crate::retry()) made after a retryable error.
+        retries: RETRIES, "retries";
+        /// Times [`retry`](crate::retry()) gave up ([`Error::RetriesExhausted`](crate::Error::RetriesExhausted)).
+        retries_exhausted: RETRIES_EXHAUSTED, "retries exhausted";
+        /// [`Error::Busy`](crate::Error::Busy): `NOWAIT` or SQLite's busy database.
+        busy: BUSY, "busy";
+        /// [`Error::LockTimeout`](crate::Error::LockTimeout).
+        lock_timeouts: LOCK_TIMEOUTS, "lock timeouts";
+        /// [`Error::Deadlock`](crate::Error::Deadlock).
+        deadlocks: DEADLOCKS, "deadlocks";
+        /// [`Error::SerializationFailure`](crate::Error::SerializationFailure).
+        serialization_failures: SERIALIZATION_FAILURES, "serialization failures";
+        /// [`Error::StatementTimeout`](crate::Error::StatementTimeout).
+        statement_timeouts: STATEMENT_TIMEOUTS, "statement timeouts";
+        /// Locks taken: rows locked by [`with_lock`](crate::with_lock),
+        /// [`lock_all`](crate::Lockable::lock_all) and [`queue::claim`](crate::queue::claim),
+        /// and on SQLite the database's write lock taken by a locking transaction.
+        locks_acquired: LOCKS_ACQUIRED, "locks";
+        /// Row locks whose hold time was measured: those taken by
+        /// [`with_lock`](crate::with_lock), [`Lockable::lock`](crate::Lockable::lock)
+        /// and [`lock_all`](crate::Lockable::lock_all) (one per statement) inside a
+        /// transaction lockkit opened, counted when its outermost transaction ended;
+        /// on diesel-async, by a `with_lock` that opened its transaction itself.
+        locks_released: LOCKS_RELEASED, "locks released";
+    }
+    timers {
+        /// Total time spent taking them (the locked read or `BEGIN IMMEDIATE`, waits
+        /// included), counted once per statement however many rows it locked.
+        lock_acquire_time,
+        /// The longest single lock acquisition.
+        lock_acquire_max: LOCK_ACQUIRE, after locks_acquired, "waited";
+        /// Total time the locks counted in `locks_released` were held: from
+        /// the locked read to the end of the outermost transaction.
+        lock_hold_time,
+        /// The longest single hold.
+        lock_hold_max: LOCK_HOLD, after locks_released, "held";
+    }
 }
 
-static LOCK_ACQUIRE_NANOS: AtomicU64 = AtomicU64::new(0);
-static LOCK_ACQUIRE_MAX_NANOS: AtomicU64 = AtomicU64::new(0);
-static LOCK_HOLD_NANOS: AtomicU64 = AtomicU64::new(0);
-static LOCK_HOLD_MAX_NANOS: AtomicU64 = AtomicU64::new(0);
+/// A timer's process-wide total and longest, in nanoseconds.
+struct Timer {
+    total: AtomicU64,
+    max: AtomicU64,
+}
+
+impl Timer {
+    const fn new() -> Self {
+        Timer {
+            total: AtomicU64::new(0),
+            max: AtomicU64::new(0),
+        }
+    }
+
+    /// Adds `took` to the total and the longest; its nanoseconds, saturated.
+    fn record(&self, took: Duration) -> u64 {
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.total.fetch_add(nanos, Relaxed);
+        self.max.fetch_max(nanos, Relaxed);
+        nanos
+    }
+
+    fn total(&self) -> Duration {
+        Duration::from_nanos(self.total.load(Relaxed))
+    }
+
+    fn max(&self) -> Duration {
+        Duration::from_nanos(self.max.load(Relaxed))
+    }
+}
+
 /// [`warn_when_held_longer_than`]'s limit in nanoseconds; `u64::MAX`: off.
 static HOLD_WARNING_NANOS: AtomicU64 = AtomicU64::new(u64::MAX);
 
@@ -140,20 +192,9 @@ impl fmt::Display for Metrics {
             let sep = if i == 0 { "" } else { ", " };
             write!(f, "{sep}{words} {count}")?;
         }
-        if self.locks_acquired > 0 {
+        for (verb, total, max) in self.times() {
             // The maximum is the process's, not the interval's (see `since`).
-            write!(
-                f,
-                " (waited {:?}, longest so far {:?})",
-                self.lock_acquire_time, self.lock_acquire_max
-            )?;
-        }
-        if self.locks_released > 0 {
-            write!(
-                f,
-                " (held {:?}, longest so far {:?})",
-                self.lock_hold_time, self.lock_hold_max
-            )?;
+            write!(f, " ({verb} {total:?}, longest so far {max:?})")?;
         }
         Ok(())
     }
@@ -221,9 +262,7 @@ pub(crate) fn record_lock_error(kind: LockErrorKind, server_message: &str) {
 /// `rows` locks on `table` taken by one statement that waited `waited`.
 fn record_locks_acquired(table: &'static str, rows: u64, waited: Duration) {
     LOCKS_ACQUIRED.fetch_add(rows, Relaxed);
-    let nanos = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
-    LOCK_ACQUIRE_NANOS.fetch_add(nanos, Relaxed);
-    LOCK_ACQUIRE_MAX_NANOS.fetch_max(nanos, Relaxed);
+    LOCK_ACQUIRE.record(waited);
     tracing::trace!(target: "lockkit", table, rows, ?waited, "row locked");
     #[cfg(feature = "metrics")]
     {
@@ -289,9 +328,7 @@ pub(crate) fn record_lock_held(
 ) {
     let key = key.unwrap_or("?");
     LOCKS_RELEASED.fetch_add(1, Relaxed);
-    let nanos = u64::try_from(held.as_nanos()).unwrap_or(u64::MAX);
-    LOCK_HOLD_NANOS.fetch_add(nanos, Relaxed);
-    LOCK_HOLD_MAX_NANOS.fetch_max(nanos, Relaxed);
+    let nanos = LOCK_HOLD.record(held);
     let held_ms = u64::try_from(held.as_millis()).unwrap_or(u64::MAX);
     if nanos > HOLD_WARNING_NANOS.load(Relaxed) {
         tracing::warn!(target: "lockkit", table, key, held_ms, "{kind} lock on {table} {key} held {held_ms} ms");
@@ -300,4 +337,64 @@ pub(crate) fn record_lock_held(
     }
     #[cfg(feature = "metrics")]
     ::metrics::histogram!("lockkit_lock_hold_seconds", "table" => table).record(held.as_secs_f64());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_lists_the_counters_then_the_times_of_those_that_counted() {
+        let ms = Duration::from_millis;
+        let waited = Metrics {
+            locks_acquired: 2,
+            lock_acquire_time: ms(3),
+            lock_acquire_max: ms(2),
+            lock_hold_time: ms(9), // no lock released: not shown
+            ..Metrics::default()
+        };
+        assert_eq!(
+            waited.to_string(),
+            "stale writes 0, retries 0, retries exhausted 0, busy 0, lock timeouts 0, \
+             deadlocks 0, serialization failures 0, statement timeouts 0, locks 2, \
+             locks released 0 (waited 3ms, longest so far 2ms)"
+        );
+        let both = Metrics {
+            locks_released: 1,
+            lock_hold_max: ms(9),
+            ..waited
+        };
+        assert!(
+            both.to_string().ends_with(
+                "locks released 1 (waited 3ms, longest so far 2ms) (held 9ms, longest so far 9ms)"
+            ),
+            "{both}"
+        );
+    }
+
+    #[test]
+    fn since_takes_differences_of_totals_and_keeps_the_longest() {
+        let ms = Duration::from_millis;
+        let earlier = Metrics {
+            locks_acquired: 1,
+            lock_acquire_time: ms(4),
+            lock_acquire_max: ms(4),
+            ..Metrics::default()
+        };
+        let now = Metrics {
+            locks_acquired: 3,
+            lock_acquire_time: ms(10),
+            lock_acquire_max: ms(5),
+            ..Metrics::default()
+        };
+        let delta = now.since(&earlier);
+        assert_eq!(
+            (
+                delta.locks_acquired,
+                delta.lock_acquire_time,
+                delta.lock_acquire_max
+            ),
+            (2, ms(6), ms(5))
+        );
+    }
 }
