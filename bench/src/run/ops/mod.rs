@@ -1,8 +1,11 @@
 //! Every operation of every workload, written once and instantiated per backend.
 //!
-//! Diesel checks query types per backend, so (as in `examples/shop`) the code is
-//! a macro, `bench_backend!`, instantiated for `PgConnection`,
-//! `MysqlConnection` and `SqliteConnection`; inside it `Conn` is that type. The
+//! Diesel checks query types per backend, and the benchmark measures each
+//! backend's own connection type, as users write against it (the examples'
+//! `#[derive(MultiConnection)]` enum would add its dispatch to both sides of
+//! every ratio), so the code is a macro, `bench_backend!`, instantiated for
+//! `PgConnection`, `MysqlConnection` and `SqliteConnection`; inside it `Conn`
+//! is that type. The
 //! only per-backend differences are the DDL, the session settings and, for the
 //! hand-written SQL, whether the backend has row locks: SQLite has none, so its
 //! hand-written "lock" is `BEGIN IMMEDIATE` (which is what lockkit does there).
