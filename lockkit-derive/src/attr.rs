@@ -57,7 +57,7 @@ pub struct LockkitField {
 
 pub fn diesel_container(cx: &mut Ctxt, attrs: &[Attribute]) -> DieselContainer {
     let mut out = DieselContainer::default();
-    read_keys(cx, attrs, DIESEL, Pos::attr, |_, pos, meta| {
+    read_keys(cx, attrs, DIESEL, None, Pos::attr, |_, pos, meta| {
         if meta.path.is_ident("table_name") {
             out.table_name = Some(diesel_eq(meta.input, "table_name = foo")?);
         } else if meta.path.is_ident("primary_key") {
@@ -90,7 +90,7 @@ pub fn diesel_container(cx: &mut Ctxt, attrs: &[Attribute]) -> DieselContainer {
 pub fn diesel_field(cx: &mut Ctxt, field: usize, attrs: &[Attribute]) -> DieselField {
     let mut out = DieselField::default();
     let pos_of = |index: usize| Pos::field_attr(field, index);
-    read_keys(cx, attrs, DIESEL, pos_of, |_, pos, meta| {
+    read_keys(cx, attrs, DIESEL, None, pos_of, |_, pos, meta| {
         if meta.path.is_ident("column_name") {
             let value = diesel_value(meta.input, "column_name = foo")?;
             // Diesel accepts an identifier or a string literal.
@@ -121,64 +121,74 @@ pub fn diesel_field(cx: &mut Ctxt, field: usize, attrs: &[Attribute]) -> DieselF
 pub fn lockkit_field(cx: &mut Ctxt, field: usize, attrs: &[Attribute]) -> LockkitField {
     let mut out = LockkitField::default();
     let pos_of = |index: usize| Pos::field_attr(field, index);
-    read_keys(cx, attrs, LOCKKIT, pos_of, |cx, pos, meta| {
-        let slot = if meta.path.is_ident(VERSION) {
-            &mut out.version
-        } else if meta.path.is_ident(NO_BUMP) {
-            &mut out.no_bump
-        } else if meta.path.is_ident(UPDATED_AT) {
-            &mut out.updated_at
-        } else {
-            cx.error_with_help(
+    read_keys(
+        cx,
+        attrs,
+        LOCKKIT,
+        Some(FIELD_KEYS),
+        pos_of,
+        |cx, pos, meta| {
+            let slot = if meta.path.is_ident(VERSION) {
+                &mut out.version
+            } else if meta.path.is_ident(NO_BUMP) {
+                &mut out.no_bump
+            } else if meta.path.is_ident(UPDATED_AT) {
+                &mut out.updated_at
+            } else {
+                cx.error_with_help(
                     pos,
                     &meta.path,
                     format!(
                         "unknown lockkit attribute `{}`",
                         quote::ToTokens::to_token_stream(&meta.path)
                     ),
-                    "lockkit's field attributes are `#[lockkit(version)]`, `#[lockkit(no_bump)]` and `#[lockkit(updated_at)]`",
+                    FIELD_KEYS,
                 );
-            skip_value(meta.input)?;
-            return Ok(());
-        };
-        let name = meta
-            .path
-            .get_ident()
-            .map(ToString::to_string)
-            .unwrap_or_default();
-        if slot.is_some() {
-            cx.error_with_help(
+                skip_value(meta.input)?;
+                return Ok(());
+            };
+            let name = meta
+                .path
+                .get_ident()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            if slot.is_some() {
+                cx.error_with_help(
+                    pos,
+                    &meta.path,
+                    format!("duplicate `#[lockkit({name})]`"),
+                    format!("write `#[lockkit({name})]` once"),
+                );
+            }
+            if meta.input.peek(Token![=]) || meta.input.peek(syn::token::Paren) {
+                cx.error_with_help(
+                    pos,
+                    &meta.path,
+                    format!("`{name}` takes no value"),
+                    format!("write `#[lockkit({name})]`"),
+                );
+                skip_value(meta.input)?;
+            }
+            *slot = meta.path.get_ident().map(|ident| Located {
+                value: ident.clone(),
                 pos,
-                &meta.path,
-                format!("duplicate `#[lockkit({name})]`"),
-                format!("write `#[lockkit({name})]` once"),
-            );
-        }
-        if !meta.input.is_empty() && !meta.input.peek(Token![,]) {
-            cx.error_with_help(
-                pos,
-                &meta.path,
-                format!("`{name}` takes no value"),
-                format!("write `#[lockkit({name})]`"),
-            );
-            skip_value(meta.input)?;
-        }
-        *slot = meta.path.get_ident().map(|ident| Located {
-            value: ident.clone(),
-            pos,
-        });
-        Ok(())
-    });
+            });
+            Ok(())
+        },
+    );
     out
 }
 
 /// Runs `read` on each key of every `#[name(...)]` attribute in `attrs`, with
 /// the attribute's place (`pos_of` its index). A malformed attribute is
-/// reported there and the next one is read, so that all mistakes show at once.
+/// reported there and the next one is read, so that all mistakes show at once;
+/// with `help` (lockkit's own attributes), its error gets that `help:` line.
+/// Diesel's keep Diesel's words, which rustc then shows once for both derives.
 fn read_keys(
     cx: &mut Ctxt,
     attrs: &[Attribute],
     name: &str,
+    help: Option<&str>,
     pos_of: impl Fn(usize) -> Pos,
     mut read: impl FnMut(&mut Ctxt, Pos, ParseNestedMeta) -> syn::Result<()>,
 ) {
@@ -188,10 +198,20 @@ fn read_keys(
         }
         let pos = pos_of(index);
         if let Err(err) = attr.parse_nested_meta(|meta| read(cx, pos, meta)) {
-            cx.syn_error(pos, err);
+            match help {
+                Some(help) => cx.syn_error(
+                    pos,
+                    syn::Error::new(err.span(), format!("{err}\nhelp: {help}")),
+                ),
+                None => cx.syn_error(pos, err),
+            }
         }
     }
 }
+
+/// The `help:` line of a mistake in a field's `#[lockkit(...)]`.
+const FIELD_KEYS: &str =
+    "lockkit's field attributes are `#[lockkit(version)]`, `#[lockkit(no_bump)]` and `#[lockkit(updated_at)]`";
 
 /// `#[lockkit(...)]` on the struct itself: there are no struct-level keys.
 pub fn lockkit_container(cx: &mut Ctxt, attrs: &[Attribute]) {
