@@ -343,15 +343,25 @@ pub(crate) fn record_lock_held(
 mod tests {
     use super::*;
 
+    const fn ms(millis: u64) -> Duration {
+        Duration::from_millis(millis)
+    }
+
+    /// `locks` locks taken in `total` ms, the longest in `max` ms.
+    fn acquired(locks: u64, total: u64, max: u64) -> Metrics {
+        Metrics {
+            locks_acquired: locks,
+            lock_acquire_time: ms(total),
+            lock_acquire_max: ms(max),
+            ..Metrics::default()
+        }
+    }
+
     #[test]
     fn display_lists_the_counters_then_the_times_of_those_that_counted() {
-        let ms = Duration::from_millis;
         let waited = Metrics {
-            locks_acquired: 2,
-            lock_acquire_time: ms(3),
-            lock_acquire_max: ms(2),
             lock_hold_time: ms(9), // no lock released: not shown
-            ..Metrics::default()
+            ..acquired(2, 3, 2)
         };
         assert_eq!(
             waited.to_string(),
@@ -374,20 +384,7 @@ mod tests {
 
     #[test]
     fn since_takes_differences_of_totals_and_keeps_the_longest() {
-        let ms = Duration::from_millis;
-        let earlier = Metrics {
-            locks_acquired: 1,
-            lock_acquire_time: ms(4),
-            lock_acquire_max: ms(4),
-            ..Metrics::default()
-        };
-        let now = Metrics {
-            locks_acquired: 3,
-            lock_acquire_time: ms(10),
-            lock_acquire_max: ms(5),
-            ..Metrics::default()
-        };
-        let delta = now.since(&earlier);
+        let delta = acquired(3, 10, 5).since(&acquired(1, 4, 4));
         assert_eq!(
             (
                 delta.locks_acquired,

@@ -56,12 +56,16 @@ fn in_tree(dir: &Path, prefix: &str, out: &mut BTreeSet<String>) {
 fn the_layout_table_matches_lockkit_src() {
     let mut tree = BTreeSet::new();
     in_tree(&workspace().join("lockkit/src"), "lockkit/src/", &mut tree);
-    let named = named_in_table();
-    let missing: Vec<_> = tree.difference(&named).collect();
-    let gone: Vec<_> = named.difference(&tree).collect();
+    assert_names("CONTRIBUTING.md's layout table", &tree, &named_in_table());
+}
+
+/// `table` names exactly what `tree` holds.
+fn assert_names(table: &str, tree: &BTreeSet<String>, named: &BTreeSet<String>) {
+    let missing: Vec<_> = tree.difference(named).collect();
+    let gone: Vec<_> = named.difference(tree).collect();
     assert!(
         missing.is_empty() && gone.is_empty(),
-        "CONTRIBUTING.md's layout table is out of date:\n  not in the table: {missing:?}\n  not in the tree: {gone:?}"
+        "{table} is out of date:\n  not in the table: {missing:?}\n  not in the tree: {gone:?}"
     );
 }
 
@@ -95,11 +99,9 @@ fn the_crate_docs_name_every_top_level_module() {
             None => drop(modules.insert(name)),
         }
     }
-    let named = named_in_crate_docs();
-    let missing: Vec<_> = modules.difference(&named).collect();
-    let gone: Vec<_> = named.difference(&modules).collect();
-    assert!(
-        missing.is_empty() && gone.is_empty(),
-        "lockkit/src/lib.rs's table of modules: add {missing:?}, remove {gone:?}"
+    assert_names(
+        "lockkit/src/lib.rs's table of modules",
+        &modules,
+        &named_in_crate_docs(),
     );
 }
