@@ -144,7 +144,8 @@ pub fn lockkit_field(cx: &mut Ctxt, field: usize, attrs: &[Attribute]) -> Lockki
                     ),
                     FIELD_KEYS,
                 );
-                skip_value(meta.input)?;
+                // Reported above: a value that does not parse adds nothing.
+                let _ = skip_value(meta.input);
                 return Ok(());
             };
             let name = meta
@@ -167,7 +168,7 @@ pub fn lockkit_field(cx: &mut Ctxt, field: usize, attrs: &[Attribute]) -> Lockki
                     format!("`{name}` takes no value"),
                     format!("write `#[lockkit({name})]`"),
                 );
-                skip_value(meta.input)?;
+                let _ = skip_value(meta.input); // reported above
             }
             *slot = meta.path.get_ident().map(|ident| Located {
                 value: ident.clone(),
@@ -197,14 +198,22 @@ fn read_keys(
             continue;
         }
         let pos = pos_of(index);
-        if let Err(err) = attr.parse_nested_meta(|meta| read(cx, pos, meta)) {
-            match help {
-                Some(help) => cx.syn_error(
-                    pos,
-                    syn::Error::new(err.span(), format!("{err}\nhelp: {help}")),
-                ),
-                None => cx.syn_error(pos, err),
+        // An error `read` returns is about a key it knows; the help is for the
+        // attribute's own syntax (`#[lockkit(version version)]`).
+        let mut from_read = false;
+        let parsed =
+            attr.parse_nested_meta(|meta| read(cx, pos, meta).inspect_err(|_| from_read = true));
+        match (parsed, help) {
+            (Ok(()), _) => {}
+            (Err(err), Some(help)) if !from_read => {
+                let mut errors = err
+                    .into_iter()
+                    .map(|err| syn::Error::new(err.span(), format!("{err}\nhelp: {help}")));
+                let mut first = errors.next().expect("a syn::Error holds one at least");
+                first.extend(errors);
+                cx.syn_error(pos, first);
             }
+            (Err(err), _) => cx.syn_error(pos, err),
         }
     }
 }
