@@ -213,6 +213,20 @@ lockkit_tests::backend_tests! {
         let old = current.apply(&tags, &mut *conn, read, write).unwrap_err();
         assert_eq!(old.status, 412, "{old:?}");
         assert_eq!(old.current_etag, Some(tags.etag(3).to_string()));
+        // lockkit's error inside the caller's, from `write` (the header was
+        // current, the write's version was not): rendered with the bound tag,
+        // not as a plain `"v3"`.
+        let now = IfMatchTags(tags.etag(3).to_string().parse().unwrap());
+        let behind = |conn: &mut Conn, v: i32| -> Result<i32, ShopError> {
+            Ok(Item::update_by_version(conn, 1, v - 1, items::stock.eq(0))?)
+        };
+        let stale = now.apply(&tags, &mut *conn, read, behind).unwrap_err();
+        assert_eq!(
+            (stale.status, stale.current_etag),
+            (412, Some(tags.etag(3).to_string())),
+            "{}",
+            stale.detail
+        );
         assert_eq!(stock_of!(&mut conn, 1), 7);
     }
 }

@@ -244,10 +244,11 @@ impl IfMatchTags {
     /// known ([`ResourceTags::problem`]): `412` when no tag in the header is the
     /// resource's current one (an old copy, another resource's tag, a forged or
     /// altered one) or the row changed in between, `404` when it does not exist,
-    /// and the status of any other lockkit error of `current` or `write`. The
-    /// closures may return your error type: one that carries no lockkit error
-    /// ([`RetryableError::lockkit_error`]) becomes the problem your
-    /// `Into<Problem>` makes of it.
+    /// and the status of any other lockkit error of `current` or `write` (under
+    /// `If-Match: *`, see [`Expected::apply`] for what the last of its attempts
+    /// returns). The closures may return your error type: one that carries no
+    /// lockkit error ([`RetryableError::lockkit_error`]) becomes the problem
+    /// your `Into<Problem>` makes of it.
     // The error is the response a refused request gets, built once per request.
     #[allow(clippy::result_large_err)]
     pub fn apply<C: ?Sized, V: VersionNumber, T, E>(

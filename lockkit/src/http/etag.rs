@@ -329,7 +329,9 @@ impl<V: VersionNumber> Expected<V> {
     ///   current `ETag`) unless the row got there in between.
     /// * `*`: `current`, then `write` with it; when another writer got in between
     ///   (stale, row still there), again, up to [`ANY_MATCH_ATTEMPTS`] times, then
-    ///   [`Error::RetriesExhausted`] (`503`). A missing row is `404`.
+    ///   the last stale error through [`RetryableError::retries_exhausted`]: for
+    ///   lockkit's own error type [`Error::RetriesExhausted`] (`503`), for yours
+    ///   by default the stale error itself (`412`). A missing row is `404`.
     ///
     /// An empty `OneOf` (the parser never makes one) writes nothing and is
     /// [`Error::NoRowMatched`].
@@ -570,7 +572,10 @@ pub struct Problem {
 }
 
 /// [`Problem::from_error`]: the problem for a lockkit error in a handler whose
-/// version came in `If-Match`.
+/// version came in `If-Match` as a plain tag (`"v7"`), which it shows. For a
+/// resource with bound ETags, build the problem with `ResourceTags::problem`
+/// (feature `bound-etags`), which shows its bound tag and no version, rather
+/// than with `?` or `into()`.
 impl From<Error> for Problem {
     fn from(error: Error) -> Self {
         Problem::from_error(&error)
