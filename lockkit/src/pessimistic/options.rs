@@ -135,7 +135,15 @@ mod tests {
             .chain(around(1 << 30)) // MySQL's maximum, in seconds
             .chain(around(u64::MAX));
         for secs in seconds {
-            for nanos in [0, 1, 999_999, 1_000_000, 500_000_000, 999_999_999] {
+            for nanos in [
+                0,
+                1,
+                999_999,
+                1_000_000,
+                647_999_999,
+                648_000_000,
+                999_999_999,
+            ] {
                 let timeout = Duration::new(secs, nanos);
                 let opts = LockOptions::default().timeout(timeout);
                 let millis = timeout.as_millis().clamp(1, i32::MAX as u128);
@@ -144,6 +152,40 @@ mod tests {
                 let secs = whole_secs.clamp(1, 1 << 30);
                 assert_eq!(opts.timeout_secs().map(i128::from), Some(secs as i128));
             }
+        }
+    }
+
+    #[test]
+    fn timeouts_at_the_edges_are_sent_as_these() {
+        let max_millis = i32::MAX; // 2_147_483.647 s
+        let max_secs: i64 = 1 << 30;
+        for (timeout, millis, secs) in [
+            (Duration::ZERO, 1, 1),
+            (Duration::from_nanos(1), 1, 1),
+            (Duration::new(1, 0), 1000, 1),
+            (Duration::new(1, 1), 1000, 2),
+            (
+                Duration::new(2_147_483, 646_999_999),
+                max_millis - 1,
+                2_147_484,
+            ),
+            (Duration::new(2_147_483, 647_000_000), max_millis, 2_147_484),
+            (Duration::new(2_147_483, 648_000_000), max_millis, 2_147_484),
+            (
+                Duration::new(1 << 30, 0) - Duration::from_nanos(1),
+                max_millis,
+                max_secs,
+            ),
+            (Duration::new(1 << 30, 0), max_millis, max_secs),
+            (Duration::new(1 << 30, 1), max_millis, max_secs),
+            (Duration::MAX, max_millis, max_secs),
+        ] {
+            let opts = LockOptions::default().timeout(timeout);
+            assert_eq!(
+                (opts.timeout_millis(), opts.timeout_secs()),
+                (Some(millis), Some(secs)),
+                "{timeout:?}"
+            );
         }
     }
 }
