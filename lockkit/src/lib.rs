@@ -45,7 +45,7 @@
 //! | [`multi`] | the backend chosen at run time: `#[derive(diesel::MultiConnection)]` enums |
 //! | [`migrations`] | the tables lockkit ships, as SQL per server and as Diesel migrations |
 //! | `transaction` (private) | what every lockkit transaction does the same way: the panic guard, [`after_commit`] work |
-//! | `clock` (private) | the application's clock, as the idempotency and outbox tables store times |
+//! | `clock` (private; features `idempotency`, `outbox`) | the application's clock, as the idempotency and outbox tables store times |
 //!
 //! Start with [`optimistic::versioned`] and [`pessimistic::lockable`] for complete
 //! examples; the repository's `docs/SQL.md` lists every statement lockkit sends.

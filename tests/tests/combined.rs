@@ -70,8 +70,8 @@ fn another_instance_commits(conn: &mut impl diesel::Connection) {
 fn assert_stale_over_the_other(again: Result<(), Error>, stock: i32, what: &str) {
     assert!(
         matches!(again, Err(Error::Stale(_))) && stock == 7,
-        "{what}'s rolled-back version 1 matched the other instance's committed 1: \
-         {again:?}, stock {stock} (its 7 lost)"
+        "{what}'s rolled-back version matched the same number the other instance \
+         committed: {again:?}, stock {stock} (its 7 lost)"
     );
 }
 

@@ -311,7 +311,7 @@ lock_clauses! {
 /// [`RowLock`] value) on `Conn`: lockkit's locked reads, generic over the clause.
 /// Name it only in `where` clauses.
 #[diagnostic::on_unimplemented(
-    message = "lockkit cannot run this locked read under `{L}` on `{Conn}`",
+    message = "lockkit cannot run this locked read under `{L}` on this connection",
     label = "not a locked read lockkit can run on this connection",
     note = "the model must be `#[derive(Queryable, Selectable)]` for the connection's backend, and its table one that Diesel's row-lock clauses apply to"
 )]
@@ -325,7 +325,7 @@ pub trait LockedCall<L, Conn> {
 /// A call that takes every clause `with_lock` may pick for a [`RowLock`]. Blanket-
 /// implemented; name it only in `where` clauses.
 #[diagnostic::on_unimplemented(
-    message = "`with_lock` cannot run this locked read on `{Conn}` under every clause it may pick",
+    message = "`with_lock` cannot run this locked read on this connection under every clause it may pick",
     label = "not a locked read under `FOR UPDATE`, `NOWAIT`, `SKIP LOCKED` and `FOR SHARE` alike",
     note = "`with_lock` picks the clause from its `LockOptions` at run time: the model must be `#[derive(Queryable, Selectable)]` for the connection's backend"
 )]
