@@ -3,7 +3,6 @@
 
 use super::scope;
 use crate::error::Error;
-use crate::pessimistic::connection::AsLockingConnection;
 
 /// Queues `work` to run once the outermost transaction on `conn` commits, and
 /// never if it rolls back. Call it inside the closure of a lockkit transaction
@@ -85,9 +84,9 @@ use crate::pessimistic::connection::AsLockingConnection;
 /// ```
 pub fn after_commit<C, F>(conn: &mut C, work: F) -> Result<(), Error>
 where
-    C: AsLockingConnection,
+    C: diesel::Connection,
     F: FnOnce() + 'static,
 {
-    let conn = scope::conn_id(conn.locking_connection());
+    let conn = scope::conn_id(conn);
     scope::queue(conn, Box::new(work)).map_err(|_dropped| Error::NotInTransaction)
 }
