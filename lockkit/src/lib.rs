@@ -46,6 +46,7 @@
 //! | [`migrations`] | the tables lockkit ships, as SQL per server and as Diesel migrations |
 //! | `transaction` (private) | what every lockkit transaction does the same way: the panic guard, [`after_commit`] work |
 //! | `clock` (private; features `idempotency`, `outbox`) | the application's clock, as the idempotency and outbox tables store times |
+//! | `lsn` (private; feature `replica`) | a position in PostgreSQL's WAL (`replica::Lsn`), which the replica's errors carry |
 //!
 //! Start with [`optimistic::versioned`] and [`pessimistic::lockable`] for complete
 //! examples; the repository's `docs/SQL.md` lists every statement lockkit sends.
@@ -84,6 +85,8 @@ pub mod replica;
 #[cfg(any(feature = "idempotency", feature = "outbox"))]
 mod clock;
 mod isolation;
+#[cfg(feature = "replica")]
+mod lsn;
 mod retry;
 mod sealed;
 mod transaction;

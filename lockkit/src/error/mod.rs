@@ -166,9 +166,9 @@ pub enum Error {
     #[error("the replica has replayed the WAL up to {replayed}, not yet to {wanted}, after waiting {waited:?}")]
     ReplicaBehind {
         /// The position the read had to see (the last write's).
-        wanted: crate::replica::Lsn,
+        wanted: crate::lsn::Lsn,
         /// How far the replica had replayed when the wait ended.
-        replayed: crate::replica::Lsn,
+        replayed: crate::lsn::Lsn,
         /// How long the read waited.
         waited: std::time::Duration,
     },

@@ -83,13 +83,12 @@
 #[cfg(feature = "async")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
 pub mod asynchronous;
-mod lsn;
 mod position;
 mod route;
 #[cfg(feature = "r2d2")]
 mod router;
 
-pub use lsn::{Lsn, ParseLsnError};
+pub use crate::lsn::{Lsn, ParseLsnError};
 pub use position::{commit_lsn, replayed_lsn};
 pub use route::{route, Policy, Route};
 #[cfg(feature = "r2d2")]

@@ -7,7 +7,7 @@ use std::str::FromStr;
 /// A position in PostgreSQL's write-ahead log (WAL): a `pg_lsn`, a byte offset
 /// that only grows. A write's transaction is visible on a standby once the standby
 /// has replayed the WAL up to the position taken after its commit
-/// ([`commit_lsn`](super::commit_lsn)).
+/// ([`commit_lsn`](crate::replica::commit_lsn)).
 ///
 /// Its text form is PostgreSQL's own, `16/B374D848` (two hexadecimal numbers of
 /// up to eight digits: the high and the low 32 bits), and it is the token a web
