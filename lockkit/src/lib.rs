@@ -44,7 +44,7 @@
 //! | `sealed` (private) | the supertrait that keeps the backend traits lockkit's own |
 //! | [`multi`] | the backend chosen at run time: `#[derive(diesel::MultiConnection)]` enums |
 //! | [`migrations`] | the tables lockkit ships, as SQL per server and as Diesel migrations |
-//! | `transaction` (private) | what every lockkit transaction does the same way: the panic guard, [`after_commit`] work |
+//! | `transaction` (private) | what every lockkit transaction does the same way: the panic guard, the [`journal`] that watches each connection's transactions, [`after_commit`] work |
 //! | `clock` (private; features `idempotency`, `outbox`) | the application's clock, as the idempotency and outbox tables store times |
 //! | `lsn` (private; feature `replica`) | a position in PostgreSQL's WAL (`replica::Lsn`), which the replica's errors carry |
 //!
@@ -97,8 +97,9 @@ pub use http::axum;
 pub use http::etag;
 #[cfg(feature = "idempotency")]
 pub use http::idempotency;
-pub use optimistic::{atomic, compare_and_set, journal, version_trigger};
+pub use optimistic::{atomic, compare_and_set, version_trigger};
 pub use pessimistic::{advisory, lock_waits, queue};
+pub use transaction::journal;
 
 pub use error::{classify, classify_nowait};
 pub use error::{

@@ -129,7 +129,7 @@ pub trait Dispatch: diesel::Connection + Sized {
 
 use crate::bounds::{ClaimQuery, CurrentVersionQuery, LockAll, LockRow, MarkLocked, VersionCheck};
 use crate::error::Error;
-use crate::optimistic::journal;
+use crate::optimistic::mark::Mark;
 #[cfg(feature = "outbox")]
 use crate::outbox::{DeadLetter, OutboxMessage, OutboxStore};
 use crate::pessimistic::connection;
@@ -137,6 +137,7 @@ use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
 use crate::pessimistic::lockable::Lockable;
 use crate::pessimistic::options::LockOptions;
 use crate::pessimistic::row_lock::RowLock;
+use crate::transaction::journal;
 use crate::transaction::{Control, Reach};
 
 #[cfg(feature = "r2d2")]
@@ -346,13 +347,13 @@ macro_rules! dispatch {
                 }
             }
 
-            fn mark(conn: &mut T, mark: journal::Mark) -> QueryResult<()> {
+            fn mark(conn: &mut T, mark: Mark) -> QueryResult<()> {
                 match conn.dispatch() {
                     $(BackendConn::$variant(conn) => <M as CurrentVersionQuery<$conn>>::mark(conn, mark),)+
                 }
             }
 
-            fn mark_stands(conn: &mut T, mark: journal::Mark) -> QueryResult<bool> {
+            fn mark_stands(conn: &mut T, mark: Mark) -> QueryResult<bool> {
                 match conn.dispatch() {
                     $(BackendConn::$variant(conn) => <M as CurrentVersionQuery<$conn>>::mark_stands(conn, mark),)+
                 }
@@ -445,11 +446,11 @@ where
         M::row_id(conn, key)
     }
 
-    fn mark(conn: &mut Pooled<T>, mark: journal::Mark) -> QueryResult<()> {
+    fn mark(conn: &mut Pooled<T>, mark: Mark) -> QueryResult<()> {
         M::mark(conn, mark)
     }
 
-    fn mark_stands(conn: &mut Pooled<T>, mark: journal::Mark) -> QueryResult<bool> {
+    fn mark_stands(conn: &mut Pooled<T>, mark: Mark) -> QueryResult<bool> {
         M::mark_stands(conn, mark)
     }
 

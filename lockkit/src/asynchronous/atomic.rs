@@ -41,8 +41,8 @@ use crate::error::classification::classify;
 use crate::error::Error;
 pub use crate::optimistic::atomic::{counter, update, Increment, PreparedUpdate, Update};
 use crate::optimistic::atomic::{counters_statement, matched};
-use crate::optimistic::journal;
-use crate::optimistic::journal::AsyncWatched;
+use crate::transaction::journal;
+use crate::transaction::journal::AsyncWatched;
 
 /// Executes a conditional `UPDATE` (or `DELETE`): the number of rows written,
 /// or [`Error::NoRowMatched`] when its `WHERE` matched nothing

@@ -66,10 +66,10 @@ use diesel_async::{AsyncConnection, TransactionManager};
 use crate::error::classification::classify;
 use crate::error::Error;
 use crate::optimistic::backend::OptimisticBackend;
-use crate::optimistic::journal;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use crate::pessimistic::connection::LockingConnection;
 use crate::pessimistic::options::LockOptions;
+use crate::transaction::journal;
 
 /// A diesel-async connection lockkit's async calls run on:
 /// `AsyncPgConnection`, `AsyncMysqlConnection`,
@@ -442,7 +442,7 @@ pub(crate) async fn check_write<C: AsyncConnection>(conn: &mut C) -> Result<(), 
 /// under `innodb_rollback_on_timeout`) may have ended it, seen or not, as where
 /// no journal watches the connection: the stand-in's first statement asks.
 pub(crate) async fn failed_write<C: AsyncConnection>(conn: &mut C, err: Error) -> Error {
-    use crate::optimistic::journal::Watched;
+    use crate::transaction::journal::Watched;
     let watched = &mut journal::AsyncWatched(&mut *conn);
     let unseen = journal::may_end_transaction(&err)
         && watched.depth().is_some()

@@ -70,7 +70,6 @@ use super::versioned::{AsyncVersionQuery, AsyncVersioned};
 use super::work::{ConnWork, RowWork};
 use crate::error::classification::classify;
 use crate::error::Error;
-use crate::optimistic::journal;
 use crate::optimistic::versioned::TouchVersioned;
 use crate::optimistic::BumpVersion;
 use crate::pessimistic::lockable::Lockable;
@@ -83,6 +82,7 @@ use crate::pessimistic::row_lock::{
     EveryClause, ForUpdate, LockClause, LockedCall, RowLock, WaitMode,
 };
 use crate::pessimistic::NoVersion;
+use crate::transaction::journal;
 use crate::transaction::{require_transaction, Failure};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -587,7 +587,7 @@ where
         key: &'a M::Key,
     ) -> BoxFuture<'a, Result<Option<M>, Error>> {
         use crate::optimistic::bump_on_lock::written_under_lock;
-        use crate::optimistic::journal::AsyncWatched;
+        use crate::transaction::journal::AsyncWatched;
         Box::pin(async move {
             // Where the database does not enforce the key, the two statements.
             if !M::key_is_unique(conn).await.map_err(classify)? {

@@ -7,7 +7,7 @@ use diesel_async::TransactionManager;
 use super::connection::{in_transaction, AsyncLockingConnection, Begun, Restore};
 use crate::error::classification::classify;
 use crate::error::Error;
-use crate::optimistic::journal;
+use crate::transaction::journal;
 use crate::transaction::{settle, Check, Failed, Failure};
 
 /// The end of every async lockkit transaction, `began` nested in an open one or

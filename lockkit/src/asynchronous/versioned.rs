@@ -43,7 +43,7 @@
 //!
 //! # What differs from the blocking side
 //!
-//! * Nothing in what the [`journal`] does: it watches
+//! * Nothing in what the [`journal`](crate::journal) does: it watches
 //!   diesel-async connections as it watches blocking ones (diesel-async reports
 //!   `BEGIN`, `COMMIT`, `ROLLBACK` and savepoints to the connection's Diesel
 //!   instrumentation too), and the same code decides which version a struct
@@ -70,7 +70,8 @@ use crate::error::{Error, Operation};
 use crate::optimistic::backend::{
     DatabaseId, InShareMode, OptimisticBackend, Stands, TableSchema, Unique,
 };
-use crate::optimistic::journal::{self, AsyncWatched};
+use crate::optimistic::mark::Mark;
+use crate::optimistic::rollbacks;
 use crate::optimistic::sequence::{at_most_one, checked_next, Origin, Step, Write, Written};
 use crate::optimistic::statement::BySql;
 use crate::optimistic::table;
@@ -80,6 +81,7 @@ use crate::optimistic::versioned::{
     UpdateVersioned, VersionCheck, Versioned,
 };
 use crate::pessimistic::lockable::Lockable;
+use crate::transaction::journal::AsyncWatched;
 use crate::transaction::{Began, Failure};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -353,7 +355,7 @@ pub trait AsyncVersionQuery<Conn>: VersionCheck<Key: Send + Sync, Version: Send>
     /// Whether the database enforces the declared key.
     fn key_is_unique(conn: &mut Conn) -> BoxFuture<'_, QueryResult<bool>>;
 
-    /// The row's identity for the [`journal`]: database, table
+    /// The row's identity for the [`journal`](crate::journal): database, table
     /// and key; `None` when the journal needs none (nothing recorded, no
     /// transaction).
     fn row_id<'a>(
@@ -361,16 +363,16 @@ pub trait AsyncVersionQuery<Conn>: VersionCheck<Key: Send + Sync, Version: Send>
         key: &'a Self::Key,
     ) -> BoxFuture<'a, QueryResult<Option<String>>>;
 
-    /// Marks a write made in a transaction on a connection the [`journal`]
+    /// Marks a write made in a transaction on a connection the [`journal`](crate::journal)
     /// cannot watch, in that transaction (the blocking side's
     /// `CurrentVersionQuery::mark`).
     #[doc(hidden)]
-    fn mark(conn: &mut Conn, mark: journal::Mark) -> BoxFuture<'_, QueryResult<()>>;
+    fn mark(conn: &mut Conn, mark: Mark) -> BoxFuture<'_, QueryResult<()>>;
 
     /// Whether the mark `mark` stands on `conn` (the blocking side's
     /// `CurrentVersionQuery::mark_stands`).
     #[doc(hidden)]
-    fn mark_stands(conn: &mut Conn, mark: journal::Mark) -> BoxFuture<'_, QueryResult<bool>>;
+    fn mark_stands(conn: &mut Conn, mark: Mark) -> BoxFuture<'_, QueryResult<bool>>;
 }
 
 type Latest<Conn, Q> = <<Conn as AsyncConnectionCore>::Backend as OptimisticBackend>::Latest<Q>;
@@ -411,7 +413,7 @@ where
     fn key_is_unique(conn: &mut Conn) -> BoxFuture<'_, QueryResult<bool>> {
         Box::pin(async move {
             let declared = TypeId::of::<M::Table>();
-            if let Some(known) = journal::cached_unique_key(&mut AsyncWatched(conn), declared) {
+            if let Some(known) = rollbacks::cached_unique_key(&mut AsyncWatched(conn), declared) {
                 return Ok(known);
             }
             let table = table::of::<M::Table, Conn::Backend>();
@@ -421,7 +423,7 @@ where
                 M::KEY_COLUMNS,
             );
             let answer = query.get_result::<Unique>(conn).await?;
-            Ok(journal::key_checked(
+            Ok(rollbacks::key_checked(
                 &mut AsyncWatched(conn),
                 declared,
                 table,
@@ -435,7 +437,7 @@ where
         key: &'a M::Key,
     ) -> BoxFuture<'a, QueryResult<Option<String>>> {
         Box::pin(async move {
-            let fetched = match journal::needs_database_id(&mut AsyncWatched(&mut *conn)) {
+            let fetched = match rollbacks::needs_database_id(&mut AsyncWatched(&mut *conn)) {
                 true => Some(
                     diesel::sql_query(<Conn::Backend as OptimisticBackend>::DATABASE_ID)
                         .get_result::<DatabaseId>(&mut *conn)
@@ -445,12 +447,12 @@ where
             };
             let declared = TypeId::of::<M::Table>();
             let table = table::of::<M::Table, Conn::Backend>;
-            // As the blocking side's `journal::row_id`. The query is built and
+            // As the blocking side's `rollbacks::row_id`. The query is built and
             // boxed in a block of its own, so that it is not held across the
             // await (the future would not be `Send`).
             let found = {
                 let asking =
-                    journal::needs_table_schema(&mut AsyncWatched(&mut *conn), declared, table)
+                    rollbacks::needs_table_schema(&mut AsyncWatched(&mut *conn), declared, table)
                         .map(|table| {
                             <Conn::Backend as OptimisticBackend>::table_schema_query(&table.name)
                                 .map(|query| load_boxed::<_, TableSchema>(query, &mut *conn))
@@ -462,7 +464,7 @@ where
                     None => None,
                 }
             };
-            Ok(journal::row_id_with(
+            Ok(rollbacks::row_id_with(
                 &mut AsyncWatched(conn),
                 declared,
                 table,
@@ -473,7 +475,7 @@ where
         })
     }
 
-    fn mark(conn: &mut Conn, mark: journal::Mark) -> BoxFuture<'_, QueryResult<()>> {
+    fn mark(conn: &mut Conn, mark: Mark) -> BoxFuture<'_, QueryResult<()>> {
         Box::pin(async move {
             let query = || <Conn::Backend as OptimisticBackend>::mark_query(mark);
             let sent = execute_boxed(query(), &mut *conn).await;
@@ -487,7 +489,7 @@ where
         })
     }
 
-    fn mark_stands(conn: &mut Conn, mark: journal::Mark) -> BoxFuture<'_, QueryResult<bool>> {
+    fn mark_stands(conn: &mut Conn, mark: Mark) -> BoxFuture<'_, QueryResult<bool>> {
         Box::pin(async move {
             let ask = || <Conn::Backend as OptimisticBackend>::mark_stands_query(mark);
             let asked = load_boxed::<_, Stands>(ask(), &mut *conn).await;
@@ -644,7 +646,7 @@ where
 /// The blocking side's
 /// [`move_past_reused`](crate::optimistic::versioned::move_past_reused),
 /// awaited: while `next` is a number a rolled-back write left with a struct
-/// ([`journal::reused`]), the row is moved one further, in the writer's
+/// ([`rollbacks::reused`]), the row is moved one further, in the writer's
 /// transaction. Returns the version the row ends at.
 pub(crate) async fn move_past_reused<M, Conn>(
     conn: &mut Conn,
@@ -656,7 +658,7 @@ where
     Conn: AsyncLockingConnection,
     M: Versioned + AsyncVersionQuery<Conn>,
 {
-    while journal::reused(
+    while rollbacks::reused(
         &mut AsyncWatched(&mut *conn),
         M::TABLE_NAME,
         row_id,

@@ -43,8 +43,8 @@ use diesel::{Column, Connection, Expression, OptionalExtension, QueryResult};
 
 use crate::error::classification::classify;
 use crate::error::Error;
-use crate::optimistic::journal;
 use crate::optimistic::statement::{BySql, VersionedUpdate};
+use crate::transaction::journal;
 
 /// Starts an `UPDATE` that Diesel prepares once per connection: `diesel::update`
 /// with the same SQL, for the statements a hot path sends again and again.

@@ -83,13 +83,15 @@ mod folded {
     use super::BumpVersion;
     use crate::error::classification::classify;
     use crate::error::Error;
-    use crate::optimistic::journal;
+    use crate::optimistic::mark::Mark;
+    use crate::optimistic::rollbacks;
     use crate::optimistic::version::VersionNumber;
     use crate::optimistic::versioned::{
         move_past_reused, CurrentVersionQuery, VersionCheck, Versioned,
     };
     use crate::pessimistic::lockable::{by_key, BumpOnLock, ByKey, Lockable};
     use crate::pessimistic::row_lock::ForUpdate;
+    use crate::transaction::journal;
 
     type VersionColumnOf<M> = <M as Versioned>::VersionColumn;
     type VersionOf<M> = <M as Versioned>::Version;
@@ -271,9 +273,9 @@ mod folded {
         row_id: Option<&str>,
         row: &M,
         next: M::Version,
-    ) -> Option<journal::Mark> {
+    ) -> Option<Mark> {
         let from = row.version().to_i64() - 1;
-        journal::written(conn, M::TABLE_NAME, row_id, from, Some(next.to_i64()))
+        rollbacks::written(conn, M::TABLE_NAME, row_id, from, Some(next.to_i64()))
     }
 }
 

@@ -11,7 +11,7 @@
 //! | [`version`] | the integer types a version column may have, and their limit |
 //! | `table` | a table as the database names it (`"archive"."items"`): what the journal and the key check name |
 //! | [`backend`] | what each backend adds: key uniqueness, reading the latest committed version |
-//! | [`journal`] | versions written inside transactions that rolled back |
+//! | `rollbacks` | what the versioned writes record in the [`journal`]: the versions written inside transactions that did not commit, and how a struct holding one writes |
 //! | `mark` | the mark of a write on a connection the journal cannot watch, which its transaction keeps or rolls back with it |
 //! | [`atomic`] | conditional single-statement updates, for tables without a version column |
 //! | [`compare_and_set`] | writes checked against chosen columns, for tables without a version column |
@@ -25,8 +25,8 @@ pub mod atomic;
 pub mod backend;
 pub mod bump_on_lock;
 pub mod compare_and_set;
-pub mod journal;
 pub(crate) mod mark;
+pub(crate) mod rollbacks;
 pub(crate) mod sequence;
 pub mod statement;
 pub(crate) mod table;
@@ -36,5 +36,7 @@ pub mod version_check;
 pub mod version_trigger;
 pub mod versioned;
 
+/// The journal lives on the ground floor, where every transaction is watched.
+pub use crate::transaction::journal;
 pub use version::VersionNumber;
 pub use versioned::{BumpVersion, Versioned};

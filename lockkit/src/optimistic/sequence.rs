@@ -34,8 +34,10 @@ use std::fmt::Debug;
 
 use crate::error::classification::classify;
 use crate::error::{CurrentState, Error, Operation, StaleObjectError};
-use crate::optimistic::journal::{self, Plan, Watched};
+use crate::optimistic::mark::Mark;
+use crate::optimistic::rollbacks::{self, Plan};
 use crate::optimistic::version::VersionNumber;
+use crate::transaction::journal::{self, Watched};
 
 /// What the sequence knows of a versioned model: the names its reports give,
 /// and its key and version types. Every [`Versioned`] model is one
@@ -152,9 +154,9 @@ impl<'k, M: Model> Write<'k, M> {
         id: Option<&str>,
         expected: M::Version,
         origin: Origin,
-    ) -> Option<journal::Mark> {
+    ) -> Option<Mark> {
         match origin {
-            Origin::Held => journal::unconfirmed(watched, M::TABLE_NAME, id, expected.to_i64()),
+            Origin::Held => rollbacks::unconfirmed(watched, M::TABLE_NAME, id, expected.to_i64()),
             Origin::LockedRead => None,
         }
     }
@@ -164,11 +166,11 @@ impl<'k, M: Model> Write<'k, M> {
     pub(crate) fn confirmed<W: Watched>(
         watched: &mut W,
         id: Option<&str>,
-        mark: journal::Mark,
+        mark: Mark,
         stands: bool,
     ) {
         if let Some(id) = id {
-            journal::confirmed(watched, M::TABLE_NAME, id, mark, stands);
+            rollbacks::confirmed(watched, M::TABLE_NAME, id, mark, stands);
         }
     }
 
@@ -187,7 +189,7 @@ impl<'k, M: Model> Write<'k, M> {
         // If the statement ends the transaction, the write says so.
         journal::before_write(watched);
         let plan = match origin {
-            Origin::Held => journal::plan(watched, M::TABLE_NAME, id, expected.to_i64()),
+            Origin::Held => rollbacks::plan(watched, M::TABLE_NAME, id, expected.to_i64()),
             Origin::LockedRead => Plan::Write,
         };
         let checked = match plan {
@@ -259,7 +261,7 @@ pub(crate) enum Step<'k, M: Model> {
     MovePastReused(M::Version, MovePastReused<'k, M>),
     /// Mark the write in its transaction (`CurrentVersionQuery::mark`): it
     /// was made on a connection the journal cannot watch. Then it is over.
-    Mark(journal::Mark, Written<M::Version>),
+    Mark(Mark, Written<M::Version>),
     /// The write is over.
     Done(Written<M::Version>),
 }
@@ -272,7 +274,7 @@ pub(crate) struct ReadCurrent<'k, M: Model> {
 impl<'k, M: Model> ReadCurrent<'k, M> {
     /// The follow-up read returned `read`: the row is stale, unless it must
     /// first be moved past the number a rolled-back write tentatively used
-    /// (see [`journal::must_move_past`]). At the version's maximum there is no
+    /// (see [`rollbacks::must_move_past`]). At the version's maximum there is no
     /// number past it: [`Error::VersionOverflow`].
     #[inline]
     pub(crate) fn read<W: Watched>(
@@ -283,7 +285,7 @@ impl<'k, M: Model> ReadCurrent<'k, M> {
         let row = self.row;
         let current = current_state(read, row.expected)?;
         match current {
-            CurrentState::Version(v) if journal::must_move_past(row.plan, v) => {
+            CurrentState::Version(v) if rollbacks::must_move_past(row.plan, v) => {
                 checked_next::<M>(row.key, row.expected)?;
                 Ok(Step::MovePast(row.expected, MovePast { row, from: v }))
             }
@@ -370,7 +372,7 @@ impl<'k, M: Model> Row<'k, M> {
         next: Option<M::Version>,
     ) -> Step<'k, M> {
         let to = next.map(VersionNumber::to_i64);
-        match journal::written(watched, M::TABLE_NAME, self.id, checked.to_i64(), to) {
+        match rollbacks::written(watched, M::TABLE_NAME, self.id, checked.to_i64(), to) {
             Some(mark) => Step::Mark(mark, Written::Done(next)),
             None => Step::Done(Written::Done(next)),
         }
@@ -380,7 +382,7 @@ impl<'k, M: Model> Row<'k, M> {
     /// (after the move past, if any): the journal learns what it can, and the
     /// caller gets the report, counted in the metrics.
     fn stale<W: Watched>(&self, watched: &mut W, current: CurrentState) -> Written<M::Version> {
-        journal::found_stale(watched, M::TABLE_NAME, self.id, self.plan, current);
+        rollbacks::found_stale(watched, M::TABLE_NAME, self.id, self.plan, current);
         let stale = StaleObjectError {
             table: M::TABLE_NAME,
             key: format!("{:?}", self.key),

@@ -36,13 +36,15 @@ use diesel::sql_types::SqlType;
 use diesel::{Connection, ExpressionMethods, OptionalExtension, RunQueryDsl};
 
 use crate::optimistic::backend::{InShareMode, OptimisticBackend};
-use crate::optimistic::journal;
+use crate::optimistic::mark::Mark;
+use crate::optimistic::rollbacks;
 use crate::optimistic::table;
 use crate::optimistic::version::VersionNumber;
 use crate::optimistic::versioned::{touch, Versioned};
 pub use crate::optimistic::versioned::{
     CurrentVersionQuery, DeleteVersioned, TouchVersioned, UpdateVersioned, VersionCheck,
 };
+use crate::transaction::journal;
 
 type VersionColumnOf<M> = <M as Versioned>::VersionColumn;
 type VersionOf<M> = <M as Versioned>::Version;
@@ -124,7 +126,7 @@ macro_rules! current_version_query_on {
             }
 
             fn key_is_unique(conn: &mut $conn) -> diesel::QueryResult<bool> {
-                if let Some(known) = journal::cached_unique_key(conn, TypeId::of::<M::Table>()) {
+                if let Some(known) = rollbacks::cached_unique_key(conn, TypeId::of::<M::Table>()) {
                     return Ok(known);
                 }
                 let table = table::of::<M::Table, Backend<$conn>>();
@@ -134,11 +136,11 @@ macro_rules! current_version_query_on {
                     &table.name,
                     M::KEY_COLUMNS,
                 )?;
-                Ok(journal::key_checked(conn, TypeId::of::<M::Table>(), table, answer))
+                Ok(rollbacks::key_checked(conn, TypeId::of::<M::Table>(), table, answer))
             }
 
             fn row_id(conn: &mut $conn, key: &M::Key) -> diesel::QueryResult<Option<String>> {
-                journal::row_id(
+                rollbacks::row_id(
                     conn,
                     TypeId::of::<M::Table>(),
                     table::of::<M::Table, Backend<$conn>>,
@@ -148,11 +150,11 @@ macro_rules! current_version_query_on {
                 )
             }
 
-            fn mark(conn: &mut $conn, mark: journal::Mark) -> diesel::QueryResult<()> {
+            fn mark(conn: &mut $conn, mark: Mark) -> diesel::QueryResult<()> {
                 <Backend<$conn> as OptimisticBackend>::mark(conn, mark)
             }
 
-            fn mark_stands(conn: &mut $conn, mark: journal::Mark) -> diesel::QueryResult<bool> {
+            fn mark_stands(conn: &mut $conn, mark: Mark) -> diesel::QueryResult<bool> {
                 <Backend<$conn> as OptimisticBackend>::mark_stands(conn, mark)
             }
 

@@ -71,11 +71,13 @@ use diesel::{Column, Connection};
 
 use crate::error::classification::classify;
 use crate::error::{Error, Operation};
-use crate::optimistic::journal;
+use crate::optimistic::mark::Mark;
+use crate::optimistic::rollbacks;
 use crate::optimistic::sequence::{self, at_most_one, checked_next, Origin, Step, Write, Written};
 use crate::optimistic::statement::{BySql, ByType, CacheKey, VersionedUpdate};
 use crate::optimistic::version::VersionNumber;
 use crate::pessimistic::lockable::Lockable;
+use crate::transaction::journal;
 
 /// A Diesel model with a version column. Implement it with `#[derive(Versioned)]`.
 ///
@@ -553,7 +555,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         // The backend inside a `MultiConnection` enum, which `atomic::update_if`
         // cannot name.
         let ends = Self::ends(conn);
-        crate::optimistic::journal::watch(conn, |_| ends);
+        journal::watch(conn, |_| ends);
         crate::optimistic::atomic::update_if_on(conn, statement, ends).map(drop)
     }
 
@@ -805,7 +807,7 @@ pub trait CurrentVersionQuery<Conn>: VersionCheck {
     ///
     /// Diesel's error, unclassified (lockkit's callers classify it).
     #[doc(hidden)]
-    fn mark(conn: &mut Conn, mark: journal::Mark) -> diesel::QueryResult<()>;
+    fn mark(conn: &mut Conn, mark: Mark) -> diesel::QueryResult<()>;
 
     /// Whether the mark `mark` stands on `conn`
     /// ([`OptimisticBackend::mark_stands`](crate::optimistic::backend::OptimisticBackend::mark_stands)).
@@ -814,7 +816,7 @@ pub trait CurrentVersionQuery<Conn>: VersionCheck {
     ///
     /// Diesel's error, unclassified (lockkit's callers classify it).
     #[doc(hidden)]
-    fn mark_stands(conn: &mut Conn, mark: journal::Mark) -> diesel::QueryResult<bool>;
+    fn mark_stands(conn: &mut Conn, mark: Mark) -> diesel::QueryResult<bool>;
 
     /// How a failed statement leaves the open transaction on `conn`'s backend,
     /// for the [`journal`] (an enum's: the connection it holds), so that a
@@ -915,7 +917,7 @@ pub(crate) fn touch<M: VersionCheck>(key: M::Key, expected: M::Version) -> Touch
 }
 
 /// The version a write that left the row at `next` ends with: while `next` is
-/// a number a rolled-back write left with a struct ([`journal::reused`]),
+/// a number a rolled-back write left with a struct ([`rollbacks::reused`]),
 /// the row is moved one further (`bump_past`), in the writer's transaction.
 pub(crate) fn move_past_reused<M, Conn>(
     conn: &mut Conn,
@@ -927,7 +929,7 @@ where
     M: CurrentVersionQuery<Conn>,
     Conn: Connection,
 {
-    while journal::reused(conn, M::TABLE_NAME, row_id, next.to_i64()) {
+    while rollbacks::reused(conn, M::TABLE_NAME, row_id, next.to_i64()) {
         if M::bump_past(conn, key.clone(), next).map_err(classify)? != 1 {
             break;
         }

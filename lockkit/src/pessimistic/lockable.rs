@@ -258,7 +258,7 @@ pub trait Lockable: Sized {
         require_transaction(conn.in_transaction())?;
         if let Some(reason) = conn.transaction_ended(None) {
             conn.keep_aborted(); // as at the end of a nested call that found it
-            return Err(crate::optimistic::journal::aborted(conn, reason));
+            return Err(crate::transaction::journal::aborted(conn, reason));
         }
         conn.take_write_lock()?; // SQLite: a deferred transaction holds no lock yet
         *self = lock_row(conn, self.key(), LockOptions::default())?;

@@ -29,6 +29,7 @@
 
 mod after_commit;
 mod begin;
+pub mod journal;
 mod panic_guard;
 pub(crate) mod scope;
 
@@ -44,7 +45,6 @@ pub(crate) use panic_guard::PanicGuard;
 use crate::error::classification::classify;
 use crate::error::Aborted;
 use crate::error::Error;
-use crate::optimistic::journal;
 
 /// A lockkit transaction's failure on its way to the caller.
 pub(crate) enum Failure<E> {
@@ -567,9 +567,9 @@ where
 /// savepoint) opened at depth `level` on `conn`, blocking or async: on a
 /// connection whose own instrumentation keeps the journal from seeing the
 /// `ROLLBACK`, the versions written in it are taken for rolled back
-/// ([`unwatched_rolled_back`](crate::journal::unwatched_rolled_back)).
+/// ([`rolled_back_unwatched`](journal::rolled_back_unwatched)).
 pub(crate) fn rolled_back<C: ?Sized>(conn: &C, level: u32) {
-    journal::unwatched_rolled_back(scope::conn_id(conn), level);
+    journal::rolled_back_unwatched(scope::conn_id(conn), level);
 }
 
 /// A failed transaction's failure, Diesel's errors classified: the part of

@@ -2,9 +2,9 @@
 
 use diesel::connection::TransactionManager;
 
+use super::journal;
 use super::scope::{self, Scope};
 use super::{ended_by_statement, ended_under_ok, settle, Began, Check, Control, Failure};
-use crate::optimistic::journal;
 
 /// Catches a panic in a closure run inside a transaction, so that the transaction
 /// is rolled back before the panic goes on: the connection is then left usable,

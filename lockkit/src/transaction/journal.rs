@@ -99,6 +99,17 @@
 //! several connections is therefore several databases to the journal, and a
 //! struct rolled back on one connection is not recognised on another: give
 //! such a database a file.
+//!
+//! # What else it watches
+//!
+//! The same journal tells lockkit's transactions whether a statement the work
+//! let go ended the open transaction on the server (any error on PostgreSQL,
+//! until a rollback to a savepoint; a deadlock on MySQL/MariaDB, which then
+//! runs the next statements in autocommit), so that no lockkit call reports
+//! as committed, or retries inside, a transaction the server rolled back.
+//! Where no journal watches, lockkit asks the server instead. That part of it
+//! serves every strategy; the versions it records serve the versioned writes,
+//! which keep their record in it.
 
 // Without a backend feature no connection implements the per-connection traits,
 // and the pieces they are built from go unused.
@@ -106,19 +117,19 @@
     not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
     allow(unused_imports, dead_code)
 )]
+// Without a backend feature no connection implements the per-connection traits,
+// and the pieces they are built from go unused.
+#![cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(unused_imports, dead_code)
+)]
 
-use std::any::TypeId;
-use std::collections::HashMap;
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::any::Any;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use crate::error::classification;
 use crate::error::Error;
-use crate::optimistic::backend::{DatabaseId, Unique};
-#[doc(hidden)]
-pub use crate::optimistic::mark::Mark;
-use crate::optimistic::table::TableName;
 use diesel::connection::{Instrumentation, InstrumentationEvent, TransactionManager};
 use diesel::result::DatabaseErrorKind;
 use diesel::Connection;
@@ -133,20 +144,38 @@ pub const MAX_TENTATIVE: usize = 100_000;
 pub struct Journal {
     id: u64,
     inner: Option<Box<dyn Instrumentation>>,
-    /// Versions this connection wrote in its open transaction.
-    open: Vec<(RowId, i64)>,
+    /// What the versioned writes keep about this connection and the versions
+    /// it wrote in its open transaction; made at its first versioned write.
+    record: Option<Box<dyn Record>>,
     /// A top-level `COMMIT` was sent; its outcome comes with the next event.
     committing: bool,
-    /// Whether each table's declared key is unique in this connection's database.
-    /// Keyed by the table's type: two tables may share a name.
-    unique_keys: ByType<bool>,
-    /// The schema each table written without one is found in, quoted as
-    /// [`Database::schema`] (`None`: the connection's). Keyed by the table's type.
-    schemas: ByType<Option<String>>,
-    /// The database this connection writes to, and its schema.
-    database: Option<Database>,
     /// Whether a failed statement has ended the open transaction.
     aborts: Aborts,
+}
+
+/// How a transaction (or a savepoint) ended, as the journal saw it: what it
+/// tells the [`Record`] it keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    /// The outermost transaction committed.
+    Committed,
+    /// The savepoint at `depth` was released: what it wrote belongs to the
+    /// level above now.
+    Released { depth: u32 },
+    /// The transaction or savepoint at `depth` rolled back (1: the outermost,
+    /// also when its `COMMIT` failed or committed nothing, or the session
+    /// ended with it open).
+    RolledBack { depth: u32 },
+}
+
+/// What a layer above keeps in a connection's journal: the versioned writes'
+/// record (`optimistic::rollbacks`, which this floor does not name). The journal
+/// tells it how each transaction ends, and drops it with the connection's
+/// session (which the server ends by rolling back what is open: the record's
+/// own `Drop` takes that for [`End::RolledBack`] at depth 1).
+pub(crate) trait Record: Any + Send {
+    /// The open transaction (or a savepoint of it) ended so.
+    fn ended(&mut self, end: End);
 }
 
 /// How a failed statement leaves the open transaction, by backend: what
@@ -382,11 +411,8 @@ impl Journal {
         Journal {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             inner: None,
-            open: Vec::new(),
+            record: None,
             committing: false,
-            unique_keys: ByType::default(),
-            schemas: ByType::default(),
-            database: None,
             aborts: Aborts::default(),
         }
     }
@@ -403,64 +429,22 @@ impl Journal {
         self.inner.as_deref_mut()
     }
 
-    /// The server this connection's row ids name ([`server_and_rest`]).
-    fn server(database: &Option<Database>) -> &str {
-        database.as_ref().map_or("", |database| &database.server)
+    /// The record of type `R` this journal keeps, made at its first use.
+    pub(crate) fn record<R: Record + Default>(&mut self) -> &mut R {
+        let record = self.record.get_or_insert_with(|| Box::new(R::default()));
+        let any: &mut dyn Any = &mut **record;
+        if !any.is::<R>() {
+            *record = Box::new(R::default());
+        }
+        let any: &mut dyn Any = &mut **record;
+        any.downcast_mut::<R>()
+            .unwrap_or_else(|| unreachable!("the record was made as an `R`"))
     }
 
-    fn rolled_back(&mut self, depth: u32) {
-        // Nothing written here: the shared registry is not touched.
-        if self.open.is_empty() {
-            return;
-        }
-        let mut registry = registry();
-        let server = Self::server(&self.database);
-        self.open.retain(|(row, version)| {
-            let Some(entry) = registry.find_mut(row, server, *version) else {
-                return false;
-            };
-            match entry.state {
-                State::Open { depth: d, .. } if d >= depth => {
-                    entry.state = State::RolledBack;
-                    false
-                }
-                _ => true,
-            }
-        });
-    }
-
-    fn released(&mut self, depth: u32) {
-        // Nothing written here: the shared registry is not touched.
-        if self.open.is_empty() {
-            return;
-        }
-        let mut registry = registry();
-        let server = Self::server(&self.database);
-        for (row, version) in &self.open {
-            if let Some(Entry {
-                state: State::Open { depth: d, .. },
-                ..
-            }) = registry.find_mut(row, server, *version)
-            {
-                if *d >= depth {
-                    *d = depth - 1;
-                }
-            }
-        }
-    }
-
-    fn committed(&mut self) {
-        // Nothing written here: the shared registry is not touched.
-        if self.open.is_empty() {
-            return;
-        }
-        let mut registry = registry();
-        let server = Self::server(&self.database);
-        for (row, version) in self.open.drain(..) {
-            // Only what this transaction wrote: the rolled-back numbers below
-            // stay, since a commit the journal took for one may not have been
-            // (a failure it could not see ended the transaction).
-            registry.remove(&row, |e| e.version == version && *e.server == *server);
+    /// The record, if one was made: told how the transaction ended.
+    fn ended(&mut self, end: End) {
+        if let Some(record) = &mut self.record {
+            record.ended(end);
         }
     }
 }
@@ -475,7 +459,7 @@ impl std::fmt::Debug for Journal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Journal")
             .field("id", &self.id)
-            .field("open", &self.open.len())
+            .field("records", &self.record.is_some())
             .field("wraps", &self.inner.is_some())
             .finish()
     }
@@ -486,33 +470,34 @@ impl Instrumentation for Journal {
         match &event {
             InstrumentationEvent::BeginTransaction { .. } if self.committing => {
                 self.committing = false;
-                self.committed();
+                self.ended(End::Committed);
             }
             // The server ended the transaction under a failed statement: the
             // `COMMIT` commits nothing (PostgreSQL answers it with `ROLLBACK`).
             InstrumentationEvent::CommitTransaction { depth, .. }
                 if depth.get() == 1 && self.aborts.ended_by.is_some() =>
             {
-                self.rolled_back(1);
+                self.ended(End::RolledBack { depth: 1 });
             }
             InstrumentationEvent::CommitTransaction { depth, .. } => {
                 if depth.get() == 1 {
-                    self.committing = !self.open.is_empty();
+                    // Nothing to tell until a record was made.
+                    self.committing = self.record.is_some();
                 } else {
-                    self.released(depth.get());
+                    self.ended(End::Released { depth: depth.get() });
                 }
             }
             InstrumentationEvent::RollbackTransaction { depth, .. } => {
                 self.committing = false;
-                self.rolled_back(depth.get());
+                self.ended(End::RolledBack { depth: depth.get() });
             }
             InstrumentationEvent::FinishQuery { error, .. } if self.committing => {
                 self.committing = false;
-                match error {
-                    None => self.committed(),
+                self.ended(match error {
+                    None => End::Committed,
                     // A failed COMMIT did not commit.
-                    Some(_) => self.rolled_back(1),
-                }
+                    Some(_) => End::RolledBack { depth: 1 },
+                });
             }
             _ => {}
         }
@@ -525,8 +510,8 @@ impl Instrumentation for Journal {
 
 impl Drop for Journal {
     fn drop(&mut self) {
-        // The server rolls back a transaction whose session ends.
-        self.rolled_back(1);
+        // The record, dropped after this, takes its open versions for rolled
+        // back: the server rolls back a transaction whose session ends.
         self.aborts.settle();
     }
 }
@@ -537,8 +522,8 @@ impl Drop for Journal {
 /// Only the hooks differ between the two: Diesel's transaction manager and
 /// diesel-async's report `BEGIN`, `COMMIT`, `ROLLBACK` and savepoints to the
 /// connection's instrumentation alike, so one [`Journal`] watches both, and
-/// what is recorded and which version a struct writes with ([`plan`],
-/// [`written`]) is decided here once.
+/// what ended a transaction, what is recorded and which version a struct
+/// writes with (`optimistic::rollbacks`) are decided once, for both.
 pub(crate) trait Watched {
     /// The connection's Diesel instrumentation.
     fn slot(&mut self) -> &mut dyn Instrumentation;
@@ -919,745 +904,25 @@ fn has_no_instrumentation<C: Connection>(conn: &mut C) -> bool {
     std::mem::size_of_val(current) == 0 && (start..=end).contains(&at)
 }
 
-/// Whether the table's key is known to be unique on this connection's database.
-pub(crate) fn cached_unique_key<W: Watched>(conn: &mut W, table: TypeId) -> Option<bool> {
-    journal_of(conn).and_then(|j| j.unique_keys.get(&table).copied())
-}
+/// What lockkit's own rollback on a connection no journal watches tells the
+/// layer that recorded writes there ([`rolled_back_unwatched`]): set by that
+/// layer at its first such write.
+static UNWATCHED_ROLLBACK: OnceLock<fn(usize, u32)> = OnceLock::new();
 
-/// What the key check of `table` (its type `declared`) answered: whether the
-/// key is unique, which is returned. A journaled connection keeps it, and the
-/// schema the check found the table in (empty where the connection's schema
-/// is the table's) if its `table!` names none, which [`row_id`] then need not
-/// ask; nothing where the connection found no such table (`schema` NULL: one
-/// not created yet, whose schema and key are asked again at the next write).
-pub(crate) fn key_checked<W: Watched>(
-    conn: &mut W,
-    declared: TypeId,
-    table: &TableName,
-    answer: Unique,
-) -> bool {
-    let unique = answer.unique_key != 0;
-    if let (Some(found), Some(journal)) = (answer.schema, journal_of(conn)) {
-        journal.unique_keys.insert(declared, unique);
-        if table.schema.is_none() {
-            journal.schemas.insert(declared, quoted_schema(&found));
-        }
-    }
-    unique
-}
-
-/// The schema a connection found a table in, quoted as [`Database::schema`];
-/// `None` for an empty answer (the connection's schema).
-fn quoted_schema(found: &str) -> Option<String> {
-    (!found.is_empty()).then(|| format!("{found:?}"))
-}
-
-/// What a connection learned about each table, keyed by the table's type.
-/// A `TypeId` is a hash already: it is used as its own (a versioned write in a
-/// transaction looks a table up twice).
-type ByType<V> = HashMap<TypeId, V, std::hash::BuildHasherDefault<TypeIdHasher>>;
-
-/// Hashes a `TypeId` to the bits it holds.
-#[derive(Default)]
-struct TypeIdHasher(u64);
-
-impl std::hash::Hasher for TypeIdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write_u64(&mut self, bits: u64) {
-        self.0 ^= bits;
-    }
-
-    // How `TypeId` hashes itself is the standard library's choice: any other
-    // write is folded in, byte by byte.
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
-        }
-    }
-}
-
-/// The table's name, and the row id without its server ([`server_and_rest`]).
-type RowId = (&'static str, String);
-
-/// The database a connection writes to, as its row ids name it.
-#[derive(Debug)]
-struct Database {
-    /// [`DatabaseId::id`], or a name of its own for a database private to
-    /// the connection.
-    id: String,
-    /// [`DatabaseId::server`].
-    server: String,
-    /// [`DatabaseId::schema`], quoted as [`TableName::quoted_name`].
-    schema: String,
-    /// [`DatabaseId::attached`]: each attached database's name and file.
-    attached: Vec<(String, String)>,
-}
-
-/// Splits a row id ([`row_id_with`]) into the server as the connection
-/// reached it and the rest: database, schema, table and key.
-///
-/// One server reached by two paths (a Unix socket and TCP, two addresses)
-/// or two nodes of one cluster name the same row with two servers. So what
-/// protects a row (a rolled-back number to restore, [`plan`], or to move past,
-/// [`reused`]) is looked up by the rest alone, whichever server recorded it,
-/// and what forgets an entry (a commit that moved the row past it) only
-/// forgets the entries recorded through the same server: a row of another
-/// server that shares database, table and key costs at worst a stale report
-/// or a version skipped, never a write over another, as long as the two
-/// servers' names differ.
-fn server_and_rest(row: &str) -> (&str, &str) {
-    row.split_once('\0').unwrap_or(("", row))
-}
-
-/// Whether a versioned write on `conn` must name its row to the journal: when
-/// something is recorded, or the write happens inside a transaction.
-pub(crate) fn needs_row_ids<W: Watched>(conn: &mut W) -> bool {
-    ENTRIES.load(Ordering::Relaxed) > 0 || conn.depth().is_some()
-}
-
-/// The row's identity for the journal: database, schema, table and key
-/// (`table`: the schema the model's `table!` names, so that `archive.items` is
-/// not the `items` of the connection's schema), or `None` when the write needs
-/// none (nothing recorded, no transaction). Only then is `table` asked.
-///
-/// The database id is read with `fetch` once per journaled connection, at its
-/// first versioned write (so that every connection sends the same statements),
-/// and on a connection without a journal only when an identity is needed. The
-/// schema of a table whose `table!` names none is known to a journaled
-/// connection from its key check, at its first versioned write to the table
-/// ([`key_checked`]); it is asked with `find` (its name; empty where the
-/// connection's schema is every such table's, `None` where it finds no such
-/// table: nothing is kept then) where no key check answered it, and without a
-/// journal whenever needed.
-pub(crate) fn row_id<C: Connection>(
-    conn: &mut C,
-    declared: TypeId,
-    table: impl Fn() -> &'static TableName,
-    key: &dyn std::fmt::Debug,
-    fetch: impl FnOnce(&mut C) -> diesel::QueryResult<DatabaseId>,
-    find: impl FnOnce(&mut C, &str) -> diesel::QueryResult<Option<String>>,
-) -> diesel::QueryResult<Option<String>> {
-    let fetched = match needs_database_id(conn) {
-        true => Some(fetch(conn)?),
-        false => None,
-    };
-    let found = match needs_table_schema(conn, declared, &table) {
-        Some(table) => find(conn, &table.name)?,
-        None => None,
-    };
-    Ok(row_id_with(conn, declared, table, key, fetched, found))
-}
-
-/// The table whose schema [`row_id_with`] needs read first
-/// ([`OptimisticBackend::table_schema_query`](crate::optimistic::backend::OptimisticBackend::table_schema_query)):
-/// a table whose `table!` names no schema, on a journaled connection when its
-/// key check has not answered it (which it does at the first versioned write
-/// to the table, in a transaction or not: what a connection sends must not
-/// depend on what other connections recorded), and without a journal whenever
-/// an identity is needed.
-pub(crate) fn needs_table_schema<W: Watched>(
-    conn: &mut W,
-    declared: TypeId,
-    table: impl FnOnce() -> &'static TableName,
-) -> Option<&'static TableName> {
-    let needed = needs_row_ids(conn);
-    let needed = match journal_of(conn) {
-        Some(journal) => !journal.schemas.contains_key(&declared),
-        None => needed,
-    };
-    needed.then(table).filter(|table| table.schema.is_none())
-}
-
-/// Whether [`row_id_with`] needs the database id read first: at a journaled
-/// connection's first versioned write, and without a journal whenever an
-/// identity is needed.
-pub(crate) fn needs_database_id<W: Watched>(conn: &mut W) -> bool {
-    let needed = needs_row_ids(conn);
-    match journal_of(conn) {
-        Some(journal) => journal.database.is_none(),
-        None => needed,
-    }
-}
-
-/// [`row_id`] once the database id was read if [`needs_database_id`] said so
-/// (`fetched`), and the table's schema if [`needs_table_schema`] did (`found`:
-/// empty where the connection's schema is the table's; `None` where it was
-/// not asked, or the connection found no such table: the row is then named
-/// in the connection's schema, and nothing is kept).
-pub(crate) fn row_id_with<W: Watched>(
-    conn: &mut W,
-    declared: TypeId,
-    table: impl FnOnce() -> &'static TableName,
-    key: &dyn std::fmt::Debug,
-    fetched: Option<DatabaseId>,
-    found: Option<String>,
-) -> Option<String> {
-    let needed = needs_row_ids(conn);
-    let found = found.as_deref().map(quoted_schema);
-    let row = |database: &Database, found: Option<&str>| {
-        let table = table();
-        // A table of an attached database (SQLite) is named by the file, as
-        // the file's connections name their own tables: schema `main`.
-        let attached = table.schema.as_deref().and_then(|schema| {
-            // SQLite's schema names ignore case.
-            database
-                .attached
-                .iter()
-                .find(|(name, _)| name.eq_ignore_ascii_case(schema))
-        });
-        let (database_id, schema) = match attached {
-            Some((_, file)) => (file.as_str(), "\"main\""),
-            None => (
-                database.id.as_str(),
-                table
-                    .quoted_schema
-                    .as_deref()
-                    .or(found)
-                    .unwrap_or(&database.schema),
-            ),
-        };
-        let mut id = String::with_capacity(64);
-        id.push_str(&database.server);
-        id.push('\0');
-        id.push_str(database_id);
-        id.push('/');
-        id.push_str(schema);
-        id.push('.');
-        id.push_str(&table.quoted_name);
-        id.push('/');
-        let _ = write!(id, "{key:?}");
-        id
-    };
-    // A database with no name and no server (SQLite's `:memory:` and
-    // temporary databases) is private to its connection: named after it, not
-    // after "".
-    let private = |database: Option<DatabaseId>, owner: String| {
-        database.map(|database| Database {
-            id: match database.id.is_empty() && database.server.is_empty() {
-                true => format!(":private:{owner}"),
-                false => database.id,
-            },
-            server: database.server,
-            schema: format!("{:?}", database.schema),
-            attached: database
-                .attached
-                .split_terminator('\u{1e}')
-                .filter_map(|one| one.split_once('\u{1f}'))
-                .map(|(name, file)| (name.to_owned(), file.to_owned()))
-                .collect(),
-        })
-    };
-    let address = conn.address();
-    match journal_of(conn) {
-        Some(journal) => {
-            if journal.database.is_none() {
-                journal.database = private(fetched, format!("journal {}", journal.id));
-            }
-            if let Some(found) = found {
-                journal.schemas.insert(declared, found);
-            }
-            let found = journal.schemas.get(&declared).and_then(Option::as_deref);
-            journal
-                .database
-                .as_ref()
-                .filter(|_| needed)
-                .map(|database| row(database, found))
-        }
-        None => private(fetched, format!("connection {address:#x}"))
-            .as_ref()
-            .filter(|_| needed)
-            .map(|database| row(database, found.flatten().as_deref())),
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    /// Written in a transaction still open on the journal `journal`, at `depth`.
-    Open { journal: u64, depth: u32 },
-    /// Its transaction (or savepoint) rolled back, or its commit failed.
-    RolledBack,
-    /// Written in a transaction on a connection lockkit cannot watch (identified
-    /// by its address), at `depth`, and marked there with the entry's `seq` in
-    /// `slot` ([`Mark`]): whether it still stands is asked of that connection
-    /// ([`unconfirmed`]); elsewhere, or unasked once that transaction may be
-    /// over, it is taken for possibly rolled back.
-    Unwatched { conn: usize, depth: u32, slot: u32 },
-}
-
-#[derive(Debug)]
-struct Entry {
-    version: i64,
-    /// The version the row had before this write.
-    restore: i64,
-    /// That version was itself another write's, not committed when this one
-    /// was made (written earlier in the same transaction, by this struct or by
-    /// another that read it there): a struct holding `version` may carry what
-    /// that write changed, so it is never restored, only refused.
-    tainted: bool,
-    state: State,
-    seq: u64,
-    /// The server the write went through ([`server_and_rest`]).
-    server: Box<str>,
-}
-
-impl Entry {
-    /// Whether its write did not commit (or may not have), seen from the
-    /// connection at `here` (its address and transaction depth).
-    fn uncommitted(&self, here: (usize, Option<u32>)) -> bool {
-        match self.state {
-            State::Open { .. } => false,
-            State::RolledBack => true,
-            // Still inside the transaction that wrote it, on the same connection.
-            State::Unwatched { conn, depth, .. } => {
-                !(conn == here.0 && here.1.is_some_and(|now| now >= depth))
-            }
-        }
-    }
-}
-
-#[derive(Default)]
-struct Registry {
-    rows: HashMap<RowId, Vec<Entry>>,
-    /// Rows in the order their entries were made, oldest first, for eviction
-    /// (an entry removed since is skipped when its turn comes).
-    order: std::collections::VecDeque<(u64, RowId)>,
-    seq: u64,
-    /// How many marks were made through each connection lockkit cannot watch
-    /// (by its address), modulo [`Mark::KEPT`]: the next one's slot.
-    marks: HashMap<usize, u32>,
-}
-
-static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
-/// How many entries the registry holds: the fast path skips it when zero.
-static ENTRIES: AtomicUsize = AtomicUsize::new(0);
-/// Whether a write on a connection lockkit cannot watch was ever recorded:
-/// only then do lockkit's own transaction ends look at the registry
-/// ([`unwatched_rolled_back`]).
-static UNWATCHED: AtomicBool = AtomicBool::new(false);
-
-fn registry() -> MutexGuard<'static, Registry> {
-    // A panic while holding the lock leaves consistent data (every change is one
-    // step), so a poisoned lock is used as it is.
-    REGISTRY
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-impl Registry {
-    fn find_mut(&mut self, row: &RowId, server: &str, version: i64) -> Option<&mut Entry> {
-        self.rows
-            .get_mut(row)?
-            .iter_mut()
-            .find(|e| e.version == version && *e.server == *server)
-    }
-
-    fn remove(&mut self, row: &RowId, mut doomed: impl FnMut(&Entry) -> bool) {
-        if let Some(entries) = self.rows.get_mut(row) {
-            let before = entries.len();
-            entries.retain(|e| !doomed(e));
-            ENTRIES.fetch_sub(before - entries.len(), Ordering::Relaxed);
-            if entries.is_empty() {
-                self.rows.remove(row);
-            }
-        }
-    }
-
-    /// The slot of the next mark made through the connection at `address`.
-    /// Past 4096 addresses the counts start again (a mark may then be
-    /// overwritten early: taken for rolled back, the safe side).
-    fn next_slot(&mut self, address: usize) -> u32 {
-        if self.marks.len() >= 4096 && !self.marks.contains_key(&address) {
-            self.marks.clear();
-        }
-        let made = self.marks.entry(address).or_default();
-        let slot = *made;
-        *made = (*made + 1) % Mark::KEPT;
-        slot
-    }
-
-    /// Records `entry` for `row`; its sequence number.
-    fn insert(&mut self, row: RowId, mut entry: Entry) -> u64 {
-        if ENTRIES.load(Ordering::Relaxed) >= MAX_TENTATIVE {
-            self.evict_oldest();
-        }
-        self.compact();
-        self.seq += 1;
-        entry.seq = self.seq;
-        self.order.push_back((entry.seq, row.clone()));
-        let entries = self.rows.entry(row).or_default();
-        let before = entries.len();
-        entries.retain(|e| e.version != entry.version || e.server != entry.server);
-        entries.push(entry);
-        let after = entries.len();
-        if after > before {
-            ENTRIES.fetch_add(after - before, Ordering::Relaxed);
-        } else {
-            ENTRIES.fetch_sub(before - after, Ordering::Relaxed);
-        }
-        self.seq
-    }
-
-    /// Forgets the oldest entry, unless it belongs to an open transaction (those
-    /// go away at its end).
-    fn evict_oldest(&mut self) {
-        while let Some((seq, row)) = self.order.pop_front() {
-            let state = self
-                .rows
-                .get(&row)
-                .and_then(|entries| entries.iter().find(|e| e.seq == seq))
-                .map(|e| e.state);
-            match state {
-                None => continue, // removed since
-                Some(State::Open { .. }) => {
-                    self.order.push_front((seq, row));
-                    return;
-                }
-                Some(_) => {
-                    tracing::warn!(target: "lockkit", table = row.0, key = %row.1,
-                        "forgetting a rolled-back version: more than {MAX_TENTATIVE} are remembered");
-                    self.remove(&row, |e| e.seq == seq);
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Drops the queue's slots of entries removed since, when they outnumber
-    /// the live ones.
-    fn compact(&mut self) {
-        let live = ENTRIES.load(Ordering::Relaxed);
-        if self.order.len() > 2 * live.max(1024) {
-            let rows = &self.rows;
-            self.order.retain(|(seq, row)| {
-                rows.get(row)
-                    .is_some_and(|entries| entries.iter().any(|e| e.seq == *seq))
-            });
-        }
-    }
-}
-
-/// How to run a versioned write whose struct holds `expected`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Plan {
-    /// As usual: check `expected`.
-    Write,
-    /// `expected` (`tentative`) was written in a transaction that did not commit
-    /// (or may not have): check the version the row had before it, `restore`.
-    Restore { restore: i64, tentative: i64 },
-    /// `expected` (`tentative`) was written in a transaction that did not
-    /// commit, from a version another uncommitted write left: what the struct
-    /// holds may rest on that write, and lockkit cannot tell which struct made
-    /// it. Nothing is sent but the follow-up read: the struct is stale.
-    Refuse { tentative: i64 },
-}
-
-/// Decides how to write `row` from a struct holding `expected`.
-pub(crate) fn plan<W: Watched>(
-    conn: &mut W,
-    table: &'static str,
-    row: Option<&str>,
-    expected: i64,
-) -> Plan {
-    let Some(row) = row else {
-        return Plan::Write;
-    };
-    if ENTRIES.load(Ordering::Relaxed) == 0 {
-        return Plan::Write;
-    }
-    // Whichever server recorded it.
-    let row = (table, server_and_rest(row).1.to_owned());
-    let here = (conn.address(), conn.depth());
-    let registry = registry();
-    let Some(entries) = registry.rows.get(&row) else {
-        return Plan::Write;
-    };
-    let uncommitted = |e: &Entry| e.uncommitted(here);
-    // Two servers' entries may hold the same number (two writes through two
-    // paths, neither of which saw the other's yet): any one that did not
-    // commit decides, a tainted one first.
-    let held = |e: &&Entry| e.version == expected && uncommitted(e);
-    if entries.iter().filter(held).any(|e| e.tainted) {
-        return Plan::Refuse {
-            tentative: expected,
-        };
-    }
-    match entries.iter().find(held) {
-        Some(entry) => {
-            let mut restore = entry.restore;
-            while let Some(earlier) = entries
-                .iter()
-                .find(|e| e.version == restore && uncommitted(e))
-            {
-                restore = earlier.restore;
-            }
-            Plan::Restore {
-                restore,
-                tentative: expected,
-            }
-        }
-        None => Plan::Write,
-    }
-}
-
-/// Whether a write that just moved `row` to `to` gave it a number that a
-/// rolled-back write left with some struct: that struct's next write would
-/// expect `to`, match, and land over this one. The struct may be this write's
-/// own, restored past it, but also any copy of it (a clone made after the
-/// rollback holds the same number, and the journal cannot tell them apart).
-/// The caller moves the row past it (`SET v = v + 1 WHERE v = $to`, data
-/// untouched) and hands its struct the number after, so that no rolled-back
-/// number is ever committed.
-pub(crate) fn reused<W: Watched>(
-    conn: &mut W,
-    table: &'static str,
-    row: Option<&str>,
-    to: i64,
-) -> bool {
-    let Some(row) = row else {
-        return false;
-    };
-    if ENTRIES.load(Ordering::Relaxed) == 0 {
-        return false;
-    }
-    // Another connection's write of `to` still marked open did not commit
-    // either: this write found the row below `to`. (Its rollback may simply
-    // not have been reported yet: the server released the row first.)
-    let mine = conn
-        .slot()
-        .downcast_mut::<Journal>()
-        .map(|journal| journal.id);
-    let elsewhere =
-        |e: &Entry| matches!(e.state, State::Open { journal, .. } if Some(journal) != mine);
-    let here = (conn.address(), conn.depth());
-    let registry = registry();
-    // Whichever server recorded it.
-    let Some(entries) = registry
-        .rows
-        .get(&(table, server_and_rest(row).1.to_owned()))
-    else {
-        return false;
-    };
-    // An unwatched entry at `to` cannot be of the open transaction, whatever the
-    // connection and depth say: this write found the row below `to`, so the
-    // write of `to` was undone (a rollback lockkit did not see).
-    let unwatched = |e: &Entry| matches!(e.state, State::Unwatched { .. });
-    entries
-        .iter()
-        .any(|e| e.version == to && (e.uncommitted(here) || elsewhere(e) || unwatched(e)))
+/// Makes `hook` hear of every rollback lockkit makes of its own transactions
+/// (or savepoints) on a connection no journal watches, with the connection's
+/// address and the level it was opened at (1: the outermost).
+pub(crate) fn on_unwatched_rollback(hook: fn(usize, u32)) {
+    let _ = UNWATCHED_ROLLBACK.set(hook);
 }
 
 /// lockkit rolled back one of its own transactions (or savepoints) on the
-/// connection at `address`, opened at depth `level` (1: the outermost): what
-/// the journal of a connection with instrumentation of its own cannot see,
-/// lockkit's transaction plumbing tells it for the transactions it runs. The
-/// versions written on that connection at `level` or deeper did not commit.
-/// (One written in an earlier transaction there that did commit is taken for
-/// rolled back too: its struct may be reported stale, the safe side.) Nothing
-/// to do unless such a connection ever wrote a versioned row.
-pub(crate) fn unwatched_rolled_back(address: usize, level: u32) {
-    if !UNWATCHED.load(Ordering::Relaxed) || ENTRIES.load(Ordering::Relaxed) == 0 {
-        return;
-    }
-    let mut registry = registry();
-    for entry in registry.rows.values_mut().flatten() {
-        if matches!(entry.state, State::Unwatched { conn, depth, .. } if conn == address && depth >= level)
-        {
-            entry.state = State::RolledBack;
-        }
-    }
-}
-
-/// After a versioned write moved `row` from `from` to `to` (`None`: deleted):
-/// forgets what can no longer recur and, inside a transaction, records `to` as
-/// tentative. On a connection lockkit cannot watch, the [`Mark`] its caller
-/// sends in the same transaction, so that what became of the write can be
-/// asked later ([`unconfirmed`]).
-pub(crate) fn written<W: Watched>(
-    conn: &mut W,
-    table: &'static str,
-    row: Option<&str>,
-    from: i64,
-    to: Option<i64>,
-) -> Option<Mark> {
-    let row = row?;
-    let depth = conn.depth();
-    if ENTRIES.load(Ordering::Relaxed) == 0 && (depth.is_none() || to.is_none()) {
-        return None;
-    }
-    let (server, rest) = server_and_rest(row);
-    let row = (table, rest.to_owned());
-    let through = |e: &Entry| *e.server == *server;
-    // A restored write's rolled-back numbers stay recorded: copies of its
-    // struct hold them too. They go once a write outside a transaction moves
-    // the row past them.
-    let Some(to) = to else {
-        // Deleted: nothing can match the row again, once the delete commits. A
-        // delete inside a transaction may still be rolled back, with the row
-        // and the rolled-back versions other structs hold: those stay.
-        if depth.is_none() {
-            registry().remove(&row, through);
-        }
-        return None;
-    };
-    let Some(depth) = depth else {
-        // Committed: versions only grow, so a number below the row's can never
-        // match again.
-        registry().remove(&row, |e| {
-            through(e) && e.version < to && !matches!(e.state, State::Open { .. })
-        });
-        return None;
-    };
-    // The journal that watches the transaction, or the address of the
-    // connection none watches.
-    let watcher = match journal_of(conn) {
-        Some(journal) => {
-            journal.open.push((row.clone(), to));
-            Ok(journal.id)
-        }
-        None => {
-            UNWATCHED.store(true, Ordering::Relaxed);
-            Err(conn.address())
-        }
-    };
-    let mut registry = registry();
-    let (state, slot) = match watcher {
-        Ok(journal) => (State::Open { journal, depth }, None),
-        Err(conn) => {
-            let slot = registry.next_slot(conn);
-            (State::Unwatched { conn, depth, slot }, Some(slot))
-        }
-    };
-    let tainted = registry.rows.get(&row).is_some_and(|entries| {
-        entries
-            .iter()
-            .any(|e| through(e) && e.version == from && !matches!(e.state, State::RolledBack))
-    });
-    let seq = registry.insert(
-        row,
-        Entry {
-            version: to,
-            restore: from,
-            tainted,
-            state,
-            seq: 0,
-            server: server.into(),
-        },
-    );
-    slot.map(|slot| Mark {
-        id: seq as i64,
-        slot,
-    })
-}
-
-/// Before a write of `row` from a struct holding `expected`: the mark of the
-/// write that gave the struct its number, when lockkit cannot tell whether it
-/// still stands, since it was made on this connection (which lockkit cannot
-/// watch) in a transaction that may be the open one or an earlier one. The
-/// caller asks the server whether the mark stands
-/// ([`OptimisticBackend::mark_stands`](crate::optimistic::backend::OptimisticBackend::mark_stands))
-/// and tells [`confirmed`].
-pub(crate) fn unconfirmed<W: Watched>(
-    conn: &mut W,
-    table: &'static str,
-    row: Option<&str>,
-    expected: i64,
-) -> Option<Mark> {
-    let row = row?;
-    if !UNWATCHED.load(Ordering::Relaxed) || ENTRIES.load(Ordering::Relaxed) == 0 {
-        return None;
-    }
-    let here = conn.address();
-    let registry = registry();
-    registry
-        .rows
-        .get(&(table, server_and_rest(row).1.to_owned()))?
-        .iter()
-        .find_map(|e| match e.state {
-            State::Unwatched { conn, slot, .. } if conn == here && e.version == expected => {
-                Some(Mark {
-                    id: e.seq as i64,
-                    slot,
-                })
-            }
-            _ => None,
-        })
-}
-
-/// The server answered whether the mark `mark` stands on `conn`
-/// ([`unconfirmed`]). It does not: its write was rolled back, with its
-/// transaction or savepoint. It does: its write stands, committed (outside a
-/// transaction now, it is forgotten as a commit forgets) or in the open
-/// transaction (at the depth the connection is at now, or above).
-pub(crate) fn confirmed<W: Watched>(
-    conn: &mut W,
-    table: &'static str,
-    row: &str,
-    mark: Mark,
-    stands: bool,
-) {
-    let depth = conn.depth();
-    let row = (table, server_and_rest(row).1.to_owned());
-    let mut registry = registry();
-    let ours = |e: &Entry| e.seq as i64 == mark.id;
-    if stands && depth.is_none() {
-        registry.remove(&row, ours);
-        return;
-    }
-    let Some(entry) = registry
-        .rows
-        .get_mut(&row)
-        .and_then(|entries| entries.iter_mut().find(|e| ours(e)))
-    else {
-        return;
-    };
-    match (&mut entry.state, depth) {
-        (State::Unwatched { depth, .. }, Some(now)) if stands => *depth = (*depth).min(now),
-        (state, _) if !stands => *state = State::RolledBack,
-        _ => {}
-    }
-}
-
-/// After a write planned as [`Plan::Restore`] found the row elsewhere: forgets
-/// the tentative versions at or below what the row holds now.
-pub(crate) fn forget_through(table: &'static str, row: &str, current: i64) {
-    if ENTRIES.load(Ordering::Relaxed) > 0 {
-        let (server, rest) = server_and_rest(row);
-        registry().remove(&(table, rest.to_owned()), |e| {
-            *e.server == *server && e.version <= current && !matches!(e.state, State::Open { .. })
-        });
-    }
-}
-
-/// Whether a write planned as `plan` that matched no row found the row at the
-/// very number a rolled-back write gave the struct (`current`): somebody wrote
-/// it again, and the struct cannot be told from them. The caller moves the row
-/// past it (`SET v = v + 1 WHERE v = $n`) so that neither writes on a guess.
-pub(crate) fn must_move_past(plan: Plan, current: i64) -> bool {
-    matches!(plan, Plan::Restore { tentative, .. } | Plan::Refuse { tentative } if tentative == current)
-}
-
-/// After a write planned as `plan` was found stale, the row at `current`
-/// (after the move past, if any): outside a transaction what was read (and
-/// moved) is committed, so the rolled-back numbers at or below it can never
-/// match again.
-pub(crate) fn found_stale<W: Watched>(
-    conn: &mut W,
-    table: &'static str,
-    row: Option<&str>,
-    plan: Plan,
-    current: crate::error::CurrentState,
-) {
-    if let (
-        Plan::Restore { .. } | Plan::Refuse { .. },
-        crate::error::CurrentState::Version(current),
-        Some(row),
-    ) = (plan, current, row)
-    {
-        if conn.depth().is_none() {
-            forget_through(table, row, current);
-        }
+/// connection at `address`, opened at depth `level`: what the journal of a
+/// connection with instrumentation of its own cannot see, lockkit's
+/// transaction plumbing tells for the transactions it runs. Nothing to do
+/// unless a write was ever recorded on such a connection.
+pub(crate) fn rolled_back_unwatched(address: usize, level: u32) {
+    if let Some(hook) = UNWATCHED_ROLLBACK.get() {
+        hook(address, level);
     }
 }
