@@ -7,7 +7,7 @@
 //! | --- | --- | --- | --- |
 //! | schema of a `table!` without one (once per connection and table, at its first versioned write, with the key check) | `pg_class` of `to_regclass(quote_ident(table))`: where the `search_path` finds it | the connection's database | `main` |
 //! | key unique? (once per connection and table, at its first versioned write) | `pg_index`: a unique index, without predicate or expressions, on key columns only | `information_schema.STATISTICS`: a unique index on key columns only | `pragma_index_list` / `pragma_index_info`, or the `INTEGER PRIMARY KEY` (rowid) |
-//! | mark of a write in a transaction on a connection lockkit cannot watch (`journal::Mark`), and whether it stands | the session setting `lockkit.marks` (`set_config(.., false)`: undone by a rollback, kept by a commit) | a row of the temporary table `lockkit_marks` (InnoDB: transactional) | a row of the temporary table `temp.lockkit_marks` |
+//! | mark of a write in a transaction on a connection lockkit cannot watch (a `Mark`), and whether it stands | the session setting `lockkit.marks` (`set_config(.., false)`: undone by a rollback, kept by a commit) | a row of the temporary table `lockkit_marks` (InnoDB: transactional) | a row of the temporary table `temp.lockkit_marks` |
 //! | latest version after a stale write | plain `SELECT` (READ COMMITTED sees it; REPEATABLE READ fails the write itself) | `SELECT .. LOCK IN SHARE MODE`: a locking read sees the latest commit even under REPEATABLE READ | plain `SELECT` (one writer at a time) |
 //!
 //! A key the catalog cannot prove unique (no constraint, a view, a table in
