@@ -575,6 +575,25 @@ impl Registry {
     }
 }
 
+/// Looks at the entries recorded for `row` of `table`, whichever server
+/// recorded them ([`server_and_rest`]), with the registry locked: `None`
+/// where the write names no row, or nothing is recorded for it.
+fn recorded<T>(
+    table: &'static str,
+    row: Option<&str>,
+    look: impl FnOnce(&[Entry]) -> T,
+) -> Option<T> {
+    let row = row?;
+    if ENTRIES.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
+    let registry = registry();
+    let entries = registry
+        .rows
+        .get(&(table, server_and_rest(row).1.to_owned()))?;
+    Some(look(entries))
+}
+
 /// How to run a versioned write whose struct holds `expected`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Plan {
@@ -597,45 +616,34 @@ pub(crate) fn plan<W: Watched>(
     row: Option<&str>,
     expected: i64,
 ) -> Plan {
-    let Some(row) = row else {
-        return Plan::Write;
-    };
-    if ENTRIES.load(Ordering::Relaxed) == 0 {
-        return Plan::Write;
-    }
-    // Whichever server recorded it.
-    let row = (table, server_and_rest(row).1.to_owned());
-    let here = (conn.address(), conn.depth());
-    let registry = registry();
-    let Some(entries) = registry.rows.get(&row) else {
-        return Plan::Write;
-    };
-    let uncommitted = |e: &Entry| e.uncommitted(here);
-    // Two servers' entries may hold the same number (two writes through two
-    // paths, neither of which saw the other's yet): any one that did not
-    // commit decides, a tainted one first.
-    let held = |e: &&Entry| e.version == expected && uncommitted(e);
-    if entries.iter().filter(held).any(|e| e.tainted) {
-        return Plan::Refuse {
-            tentative: expected,
-        };
-    }
-    match entries.iter().find(held) {
-        Some(entry) => {
-            let mut restore = entry.restore;
-            while let Some(earlier) = entries
-                .iter()
-                .find(|e| e.version == restore && uncommitted(e))
-            {
-                restore = earlier.restore;
-            }
-            Plan::Restore {
-                restore,
+    recorded(table, row, |entries| {
+        let here = (conn.address(), conn.depth());
+        let uncommitted = |e: &Entry| e.uncommitted(here);
+        // Two servers' entries may hold the same number (two writes through two
+        // paths, neither of which saw the other's yet): any one that did not
+        // commit decides, a tainted one first.
+        let held = |e: &&Entry| e.version == expected && uncommitted(e);
+        if entries.iter().filter(held).any(|e| e.tainted) {
+            return Plan::Refuse {
                 tentative: expected,
-            }
+            };
         }
-        None => Plan::Write,
-    }
+        let Some(entry) = entries.iter().find(held) else {
+            return Plan::Write;
+        };
+        let mut restore = entry.restore;
+        while let Some(earlier) = entries
+            .iter()
+            .find(|e| e.version == restore && uncommitted(e))
+        {
+            restore = earlier.restore;
+        }
+        Plan::Restore {
+            restore,
+            tentative: expected,
+        }
+    })
+    .unwrap_or(Plan::Write)
 }
 
 /// Whether a write that just moved `row` to `to` gave it a number that a
@@ -652,37 +660,27 @@ pub(crate) fn reused<W: Watched>(
     row: Option<&str>,
     to: i64,
 ) -> bool {
-    let Some(row) = row else {
-        return false;
-    };
-    if ENTRIES.load(Ordering::Relaxed) == 0 {
-        return false;
-    }
-    // Another connection's write of `to` still marked open did not commit
-    // either: this write found the row below `to`. (Its rollback may simply
-    // not have been reported yet: the server released the row first.)
-    let mine = conn
-        .slot()
-        .downcast_mut::<Journal>()
-        .map(|journal| journal.record::<Versions>().id);
-    let elsewhere =
-        |e: &Entry| matches!(e.state, State::Open { journal, .. } if Some(journal) != mine);
-    let here = (conn.address(), conn.depth());
-    let registry = registry();
-    // Whichever server recorded it.
-    let Some(entries) = registry
-        .rows
-        .get(&(table, server_and_rest(row).1.to_owned()))
-    else {
-        return false;
-    };
-    // An unwatched entry at `to` cannot be of the open transaction, whatever the
-    // connection and depth say: this write found the row below `to`, so the
-    // write of `to` was undone (a rollback lockkit did not see).
-    let unwatched = |e: &Entry| matches!(e.state, State::Unwatched { .. });
-    entries
-        .iter()
-        .any(|e| e.version == to && (e.uncommitted(here) || elsewhere(e) || unwatched(e)))
+    recorded(table, row, |entries| {
+        // Another connection's write of `to` still marked open did not commit
+        // either: this write found the row below `to`. (Its rollback may simply
+        // not have been reported yet: the server released the row first.)
+        let mine = conn
+            .slot()
+            .downcast_mut::<Journal>()
+            .and_then(Journal::existing_record::<Versions>)
+            .map(|versions| versions.id);
+        let elsewhere =
+            |e: &Entry| matches!(e.state, State::Open { journal, .. } if Some(journal) != mine);
+        let here = (conn.address(), conn.depth());
+        // An unwatched entry at `to` cannot be of the open transaction, whatever
+        // the connection and depth say: this write found the row below `to`, so
+        // the write of `to` was undone (a rollback lockkit did not see).
+        let unwatched = |e: &Entry| matches!(e.state, State::Unwatched { .. });
+        entries
+            .iter()
+            .any(|e| e.version == to && (e.uncommitted(here) || elsewhere(e) || unwatched(e)))
+    })
+    .unwrap_or(false)
 }
 
 /// lockkit rolled back one of its own transactions (or savepoints) on the
@@ -803,17 +801,12 @@ pub(crate) fn unconfirmed<W: Watched>(
     row: Option<&str>,
     expected: i64,
 ) -> Option<Mark> {
-    let row = row?;
-    if !UNWATCHED.load(Ordering::Relaxed) || ENTRIES.load(Ordering::Relaxed) == 0 {
+    if !UNWATCHED.load(Ordering::Relaxed) {
         return None;
     }
-    let here = conn.address();
-    let registry = registry();
-    registry
-        .rows
-        .get(&(table, server_and_rest(row).1.to_owned()))?
-        .iter()
-        .find_map(|e| match e.state {
+    recorded(table, row, |entries| {
+        let here = conn.address();
+        entries.iter().find_map(|e| match e.state {
             State::Unwatched { conn, slot, .. } if conn == here && e.version == expected => {
                 Some(Mark {
                     id: e.seq as i64,
@@ -822,6 +815,8 @@ pub(crate) fn unconfirmed<W: Watched>(
             }
             _ => None,
         })
+    })
+    .flatten()
 }
 
 /// The server answered whether the mark `mark` stands on `conn`

@@ -441,6 +441,12 @@ impl Journal {
             .unwrap_or_else(|| unreachable!("the record was made as an `R`"))
     }
 
+    /// The record of type `R` this journal keeps, if one was made.
+    pub(crate) fn existing_record<R: Record>(&mut self) -> Option<&mut R> {
+        let any: &mut dyn Any = &mut **self.record.as_mut()?;
+        any.downcast_mut::<R>()
+    }
+
     /// The record, if one was made: told how the transaction ended.
     fn ended(&mut self, end: End) {
         if let Some(record) = &mut self.record {
