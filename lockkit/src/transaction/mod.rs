@@ -1,5 +1,6 @@
 //! The ground floor: what every lockkit transaction does the same way, whatever
-//! it locks. Nothing here is public; the strategies above build on it.
+//! it locks. Nothing here is public but [`after_commit`] and the [`journal`],
+//! which the crate re-exports; the strategies above build on it.
 //!
 //! Every transaction lockkit opens for a closure (`with_lock`,
 //! `locked_transaction`, `serializable`, `transaction_with_retry`, idempotency
@@ -19,6 +20,13 @@
 //! While the closure runs, the transaction's [`scope`] gathers the work queued
 //! with [`after_commit`] and the locks taken, so that [`finish`] can run the one
 //! after `COMMIT` and measure how long the others were held.
+//!
+//! Beneath them all, the [`journal`] (lockkit's Diesel instrumentation on the
+//! connection) watches every transaction end and every statement that ends
+//! one on the server, for lockkit's own transactions and the caller's alike.
+//! The versioned writes keep their record of the versions they wrote in it
+//! (`optimistic::rollbacks`), told how each transaction ended: this floor
+//! names nothing above it.
 
 // Without a backend feature no connection implements the per-connection traits,
 // and the pieces they are built from go unused.
