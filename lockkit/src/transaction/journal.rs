@@ -430,15 +430,15 @@ impl Journal {
     }
 
     /// The record of type `R` this journal keeps, made at its first use.
+    /// One type of record is ever kept (the versioned writes'), so the record
+    /// found is an `R`.
     pub(crate) fn record<R: Record + Default>(&mut self) -> &mut R {
         let record = self.record.get_or_insert_with(|| Box::new(R::default()));
         let any: &mut dyn Any = &mut **record;
-        if !any.is::<R>() {
-            *record = Box::new(R::default());
+        match any.downcast_mut::<R>() {
+            Some(record) => record,
+            None => unreachable!("a journal keeps one type of record"),
         }
-        let any: &mut dyn Any = &mut **record;
-        any.downcast_mut::<R>()
-            .unwrap_or_else(|| unreachable!("the record was made as an `R`"))
     }
 
     /// The record of type `R` this journal keeps, if one was made.
