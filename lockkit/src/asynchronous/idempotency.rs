@@ -225,6 +225,7 @@ pub trait AsyncIdempotencyStore: AsyncLockingConnection {
 #[allow(unused_macros)] // used once per enabled backend
 macro_rules! async_idempotency_store {
     ($conn:ty) => {
+        #[diagnostic::do_not_recommend]
         impl AsyncIdempotencyStore for $conn {
             async fn insert_running(
                 conn: &mut Self,

@@ -255,6 +255,7 @@ pub trait AsyncFenceStore: AsyncLockingConnection {
 #[allow(unused_macros)] // used once per enabled backend
 macro_rules! async_lease_store {
     ($conn:ty, $sql:ident) => {
+        #[diagnostic::do_not_recommend]
         impl AsyncLeaseStore for $conn {
             async fn grant(
                 conn: &mut Self,
@@ -298,6 +299,7 @@ macro_rules! async_lease_store {
             }
         }
 
+        #[diagnostic::do_not_recommend]
         impl AsyncFenceStore for $conn {
             async fn raise(
                 conn: &mut Self,

@@ -360,6 +360,7 @@ pub trait AsyncOutboxStore: AsyncLockingConnection {
 #[allow(unused_macros)] // used once per enabled backend
 macro_rules! async_outbox_store {
     ($conn:ty, $backend:ident) => {
+        #[diagnostic::do_not_recommend]
         impl AsyncOutboxStore for $conn {
             async fn insert_message(
                 conn: &mut Self,
