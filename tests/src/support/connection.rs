@@ -163,17 +163,17 @@ macro_rules! on_inner {
     ($conn:expr, |$inner:ident| $body:expr) => {{
         let conn: &mut $crate::support::AnyConnection = $conn;
         'inner: {
-            $crate::__if_postgres! {
+            $crate::support::__if_postgres! {
                 if let $crate::support::AnyConnection::Pg($inner) = &mut *conn {
                     break 'inner $body;
                 }
             }
-            $crate::__if_mysql! {
+            $crate::support::__if_mysql! {
                 if let $crate::support::AnyConnection::Mysql($inner) = &mut *conn {
                     break 'inner $body;
                 }
             }
-            $crate::__if_sqlite! {
+            $crate::support::__if_sqlite! {
                 if let $crate::support::AnyConnection::Sqlite($inner) = &mut *conn {
                     break 'inner $body;
                 }
@@ -185,34 +185,26 @@ macro_rules! on_inner {
 
 // `on_inner!`'s arms, one per variant of `AnyConnection`: expanded in the
 // calling crate, so `#[cfg(feature = ..)]` would read that crate's features;
-// these macros carry this crate's instead.
+// `__if_postgres!`, `__if_mysql!` and `__if_sqlite!` carry this crate's instead,
+// each `__keep!` where the feature is on and `__drop!` where it is off.
 #[doc(hidden)]
-#[cfg(feature = "postgres")]
 #[macro_export]
-macro_rules! __if_postgres { ($($t:tt)*) => { $($t)* }; }
+macro_rules! __keep { ($($t:tt)*) => { $($t)* }; }
 #[doc(hidden)]
-#[cfg(not(feature = "postgres"))]
 #[macro_export]
-macro_rules! __if_postgres {
+macro_rules! __drop {
     ($($t:tt)*) => {};
 }
-#[doc(hidden)]
-#[cfg(feature = "mysql")]
-#[macro_export]
-macro_rules! __if_mysql { ($($t:tt)*) => { $($t)* }; }
-#[doc(hidden)]
-#[cfg(not(feature = "mysql"))]
-#[macro_export]
-macro_rules! __if_mysql {
-    ($($t:tt)*) => {};
+
+/// Names `__keep!` or `__drop!` as `$gate`, as this crate has `$feature` or not.
+macro_rules! feature_gates {
+    ($($gate:ident: $feature:literal),*) => {$(
+        #[doc(hidden)]
+        #[cfg(feature = $feature)]
+        pub use crate::__keep as $gate;
+        #[doc(hidden)]
+        #[cfg(not(feature = $feature))]
+        pub use crate::__drop as $gate;
+    )*};
 }
-#[doc(hidden)]
-#[cfg(feature = "sqlite")]
-#[macro_export]
-macro_rules! __if_sqlite { ($($t:tt)*) => { $($t)* }; }
-#[doc(hidden)]
-#[cfg(not(feature = "sqlite"))]
-#[macro_export]
-macro_rules! __if_sqlite {
-    ($($t:tt)*) => {};
-}
+feature_gates!(__if_postgres: "postgres", __if_mysql: "mysql", __if_sqlite: "sqlite");

@@ -61,6 +61,9 @@ mod url;
 
 pub use backend::Backend;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[doc(hidden)]
+pub use connection::{__if_mysql, __if_postgres, __if_sqlite};
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub use connection::{worker_connections, AnyConnection, AnyPool, AnyPooled, Migrations};
 pub use databases::{drop_database_sql, drop_orphans, DatabaseName};
 pub use error::ProgramError;
