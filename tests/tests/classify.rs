@@ -45,11 +45,22 @@ fn update_while_locked<C: TestBackend>(db: &TestDb<C>, setting: &str) -> diesel:
     })
 }
 
-/// Two transactions lock rows 1 and 2 in opposite order; returns both outcomes.
-fn provoke_deadlock<C: TestBackend>(db: &TestDb<C>) -> Vec<Result<(), Error>> {
+/// [`update_while_locked`] with the lock wait timeout `setting`: the wait must
+/// end in `LockTimeout`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn assert_lock_timeout<C: TestBackend>(db: &TestDb<C>, setting: &str) {
+    assert!(matches!(
+        classify(update_while_locked(db, setting)),
+        Error::LockTimeout
+    ));
+}
+
+/// Two transactions lock rows 1 and 2 in opposite order: exactly one of them
+/// must fail, with `Deadlock`, and the other succeed.
+fn assert_one_deadlock<C: TestBackend>(db: &TestDb<C>) {
     seed_items(&mut db.connect(), &[(1, 10), (2, 10)]);
     let barrier = Barrier::new(2);
-    thread::scope(|s| {
+    let outcomes: Vec<_> = thread::scope(|s| {
         let runs: Vec<_> = [(1, 2), (2, 1)]
             .into_iter()
             .map(|(first, second)| {
@@ -70,10 +81,7 @@ fn provoke_deadlock<C: TestBackend>(db: &TestDb<C>) -> Vec<Result<(), Error>> {
             })
             .collect();
         runs.into_iter().map(|r| r.join().unwrap()).collect()
-    })
-}
-
-fn assert_one_deadlock(outcomes: &[Result<(), Error>]) {
+    });
     let deadlocks = outcomes
         .iter()
         .filter(|o| matches!(o, Err(Error::Deadlock)))
@@ -151,8 +159,7 @@ mod postgres {
 
     #[test]
     fn deadlock_40p01() {
-        let db = Db::new("pg_deadlock");
-        assert_one_deadlock(&provoke_deadlock(&db));
+        assert_one_deadlock(&Db::new("pg_deadlock"));
     }
 
     #[test]
@@ -167,9 +174,10 @@ mod postgres {
 
     #[test]
     fn lock_timeout_55p03_is_lock_timeout() {
-        let db = Db::new("pg_lock_timeout");
-        let err = update_while_locked(&db, "SET LOCAL lock_timeout = '100ms'");
-        assert!(matches!(classify(err), Error::LockTimeout));
+        assert_lock_timeout(
+            &Db::new("pg_lock_timeout"),
+            "SET LOCAL lock_timeout = '100ms'",
+        );
     }
 
     #[test]
@@ -231,15 +239,15 @@ mod mysql {
 
     #[test]
     fn deadlock_1213() {
-        let db = Db::new("my_deadlock");
-        assert_one_deadlock(&provoke_deadlock(&db));
+        assert_one_deadlock(&Db::new("my_deadlock"));
     }
 
     #[test]
     fn lock_wait_timeout_1205() {
-        let db = Db::new("my_lock_wait");
-        let err = update_while_locked(&db, "SET SESSION innodb_lock_wait_timeout = 1");
-        assert!(matches!(classify(err), Error::LockTimeout));
+        assert_lock_timeout(
+            &Db::new("my_lock_wait"),
+            "SET SESSION innodb_lock_wait_timeout = 1",
+        );
     }
 
     #[test]
