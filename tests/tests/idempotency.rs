@@ -13,6 +13,9 @@ use lockkit::Error;
 use lockkit_tests::schema::*;
 use lockkit_tests::{exec, idempotency_migrations, seed_items, stock_of};
 
+#[cfg(feature = "mysql")]
+mod mysql_deadlock;
+
 fn now_millis() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -317,10 +320,7 @@ lockkit_tests::backend_tests! {
 #[cfg(feature = "mysql")]
 mod mysql_only {
     use super::*;
-    use diesel::MysqlConnection;
-    use lockkit_tests::models::Item;
-    use lockkit_tests::TestDb;
-    use std::sync::mpsc;
+    use mysql_deadlock::{database_with, extra_on_item_2_is_the_victim, sell_from_item_1};
 
     /// The request's work sells one unit of item 1, then touches item 2 as a
     /// best-effort extra whose failure it ignores. That touch is a deadlock's
@@ -330,34 +330,18 @@ mod mysql_only {
     /// replays "201 sold" for ever, and the unit was never sold.
     #[test]
     fn a_key_is_not_marked_done_for_work_innodb_rolled_back() {
-        let db = TestDb::<MysqlConnection>::new("idempotency_deadlock_let_go");
-        db.conn()
-            .run_pending_migrations(idempotency_migrations("mysql"))
-            .unwrap();
-        lockkit_tests::aborts::seed_for_deadlock(&mut db.conn());
-        let (a_tx, a_rx) = mpsc::channel::<()>();
-        let (b_tx, b_rx) = mpsc::channel::<()>();
+        let db = database_with(
+            "idempotency_deadlock_let_go",
+            idempotency_migrations("mysql"),
+        );
         let keys = Idempotency::default();
         let request = fingerprint("POST", "/orders", b"{\"item\":1}");
-        let db = &db;
-        let outcome = thread::scope(|s| {
-            let neighbour = s.spawn(move || {
-                lockkit_tests::aborts::heavier_neighbour(&mut db.connect(), "mysql", b_tx, a_rx);
-            });
-            let mut conn = db.connect();
-            let outcome = keys.run(&mut conn, "tenant-1", "order-1", &request, |c| {
-                let item: Item = items::table.find(1).for_update().first(c)?;
-                diesel::update(items::table.find(1))
-                    .set(items::stock.eq(item.stock - 1))
-                    .execute(c)?;
-                a_tx.send(()).unwrap();
-                b_rx.recv().unwrap();
-                let extra = items::table.find(2).for_update().first::<Item>(c);
-                assert!(extra.is_err(), "the extra was the deadlock's victim");
+        let outcome = lockkit_tests::aborts::beside_neighbour(&db, "mysql", |conn, cue| {
+            keys.run(conn, "tenant-1", "order-1", &request, |c| {
+                sell_from_item_1(c, 1)?;
+                extra_on_item_2_is_the_victim(c, cue);
                 Ok::<_, Error>("201 sold".to_owned())
-            });
-            neighbour.join().unwrap();
-            outcome
+            })
         });
         let mut conn = db.connect();
         let stock = stock_of!(&mut conn);
@@ -540,9 +524,8 @@ mod an_unbounded_wait {
 #[cfg(feature = "mysql")]
 mod nested_after_a_deadlock_the_caller_let_go {
     use super::*;
-    use diesel::MysqlConnection;
     use lockkit_tests::models::Item;
-    use lockkit_tests::TestDb;
+    use mysql_deadlock::{database_with, extra_on_item_2_is_the_victim};
 
     #[derive(QueryableByName)]
     struct StateRow {
@@ -552,10 +535,10 @@ mod nested_after_a_deadlock_the_caller_let_go {
 
     #[test]
     fn the_retried_transaction_runs_the_work_once() {
-        let db = TestDb::<MysqlConnection>::new("idempotency_nested_after_deadlock");
-        db.conn()
-            .run_pending_migrations(idempotency_migrations("mysql"))
-            .unwrap();
+        let db = database_with(
+            "idempotency_nested_after_deadlock",
+            idempotency_migrations("mysql"),
+        );
         let keys = Idempotency::default();
         let mut attempt = 0;
         let outcome = lockkit_tests::aborts::beside_neighbour(&db, "mysql", |conn, cue| {
@@ -563,9 +546,7 @@ mod nested_after_a_deadlock_the_caller_let_go {
                 attempt += 1;
                 let _item: Item = items::table.find(1).for_update().first(c)?;
                 if attempt == 1 {
-                    cue.wait();
-                    let extra = items::table.find(2).for_update().first::<Item>(c);
-                    assert!(extra.is_err(), "the extra was the deadlock's victim");
+                    extra_on_item_2_is_the_victim(c, cue);
                 }
                 keys.run(c, "tenant-1", "order-1", "POST /orders", sell_one)
             })

@@ -18,6 +18,9 @@ use lockkit::outbox::{self, Inbox, OutboxMessage, Received, Relay};
 use lockkit::Error;
 use lockkit_tests::{outbox_migrations, seed_items, stock_of, unpublished_count};
 
+#[cfg(feature = "mysql")]
+mod mysql_deadlock;
+
 /// A stand-in broker: every message it was handed, with the relay that handed it.
 #[derive(Default)]
 struct Broker(Mutex<Vec<(usize, i64)>>);
@@ -475,31 +478,19 @@ mod large_payloads {
 #[cfg(feature = "mysql")]
 mod an_enqueue_after_a_deadlock_the_work_let_go {
     use super::*;
-    use diesel::MysqlConnection;
-    use lockkit_tests::models::Item;
-    use lockkit_tests::schema::items;
-    use lockkit_tests::TestDb;
+    use mysql_deadlock::{database_with, extra_on_item_2_is_the_victim, sell_from_item_1};
 
     #[test]
     fn the_message_commits_only_with_its_order() {
-        let db = TestDb::<MysqlConnection>::new("outbox_enqueue_after_deadlock");
-        db.conn()
-            .run_pending_migrations(outbox_migrations("mysql"))
-            .unwrap();
+        let db = database_with("outbox_enqueue_after_deadlock", outbox_migrations("mysql"));
         let mut attempt = 0;
         let outcome = lockkit_tests::aborts::beside_neighbour(&db, "mysql", |conn, cue| {
             lockkit::transaction_with_retry(conn, &lockkit::RetryPolicy::default(), |c| {
                 attempt += 1;
                 // The order: two units of item 1.
-                let item: Item = items::table.find(1).for_update().first(c)?;
-                diesel::update(items::table.find(1))
-                    .set(items::stock.eq(item.stock - 2))
-                    .execute(c)?;
+                sell_from_item_1(c, 2)?;
                 if attempt == 1 {
-                    cue.wait();
-                    // A best-effort extra on item 2; its failure is ignored.
-                    let extra = items::table.find(2).for_update().first::<Item>(c);
-                    assert!(extra.is_err(), "the extra was the deadlock's victim");
+                    extra_on_item_2_is_the_victim(c, cue);
                 }
                 outbox::enqueue(c, "orders", r#"{"order":1,"item":1,"qty":2}"#)?;
                 Ok::<_, Error>(())
