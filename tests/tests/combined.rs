@@ -21,9 +21,10 @@ use lockkit::journal::Journal;
 use lockkit::prelude::*;
 use lockkit::version_trigger::{up_sql, Dialect};
 use lockkit::{locked_transaction, CurrentState, Error, LockOptions, RetryPolicy};
+use lockkit_tests::db::TestBackend;
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
-use lockkit_tests::{b_commits_then_a_is_stale, exec, item, seed_items, stock_of};
+use lockkit_tests::{b_commits_then_a_is_stale, exec, item, seed_items, stock_of, TestDb};
 
 fn dialect(backend: &str) -> Dialect {
     match backend {
@@ -53,6 +54,15 @@ macro_rules! rolled_back_write {
 /// `ROLLBACK` on it, and asks the server instead.
 fn unwatched(conn: &mut impl diesel::Connection) {
     conn.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+}
+
+/// Seeds item 1 (stock 10) on `db` and opens two connections to it: this
+/// application's, [`unwatched`], and another instance's.
+fn own_unwatched_and_other<C: TestBackend>(db: &TestDb<C>) -> (C, C) {
+    seed_items(&mut db.conn(), &[(1, 10)]);
+    let mut own = db.connect();
+    unwatched(&mut own);
+    (own, db.connect())
 }
 
 /// Another instance of the application writes item 1 as docs/SQL.md shows
@@ -521,10 +531,7 @@ mod all {
         }
 
         fn a_retried_transaction_never_writes_over_another_instances_commit_on_a_connection_with_its_own_instrumentation(db) {
-            seed_items(&mut db.conn(), &[(1, 10)]);
-            let mut own: Conn = db.connect();
-            unwatched(&mut own);
-            let mut other: Conn = db.connect();
+            let (mut own, mut other) = own_unwatched_and_other(&db);
             let mut a = item!(&mut own, 1); // v0
             let mut attempt = 0;
             let policy = RetryPolicy::default().max_attempts(3);
@@ -554,13 +561,10 @@ mod all {
         }
 
         fn a_rolled_back_struct_never_writes_over_another_instances_commit_in_a_later_plain_transaction_on_a_connection_with_its_own_instrumentation(db) {
-            seed_items(&mut db.conn(), &[(1, 10)]);
             // One connection, as a pool of one hands it to request after
             // request, with the application's query logger: lockkit sees no
             // `BEGIN`, `COMMIT` or `ROLLBACK` on it.
-            let mut own: Conn = db.connect();
-            unwatched(&mut own);
-            let mut other: Conn = db.connect();
+            let (mut own, mut other) = own_unwatched_and_other(&db);
             // Request A reads v0 and writes it in a plain Diesel transaction
             // that rolls back: the row is back at v0, `a` holds 1.
             let mut a = rolled_back_write!(own);
@@ -887,10 +891,7 @@ mod postgres_only {
     #[test]
     fn a_session_that_carries_another_processs_marks_never_takes_one_for_this_processs() {
         let db = TestDb::<PgConnection>::new("unwatched_foreign_marks");
-        seed_items(&mut db.conn(), &[(1, 10)]);
-        let mut own = db.connect();
-        unwatched(&mut own);
-        let mut other = db.connect();
+        let (mut own, mut other) = own_unwatched_and_other(&db);
         let mut a = rolled_back_write!(own);
         // A pooler (PgBouncer's transaction pooling) hands the server session
         // to another process, whose lockkit counted its writes from 1 as well
@@ -910,10 +911,7 @@ mod postgres_only {
     #[test]
     fn a_struct_rolled_back_with_a_plain_savepoint_never_writes_over_another_instances_commit() {
         let db = TestDb::<PgConnection>::new("unwatched_savepoint");
-        seed_items(&mut db.conn(), &[(1, 10)]);
-        let mut own = db.connect();
-        unwatched(&mut own);
-        let mut other = db.connect();
+        let (mut own, mut other) = own_unwatched_and_other(&db);
         let mut a = item!(&mut own, 1); // v0
         let result = own.transaction(|c| {
             // A nested plain Diesel transaction (a savepoint) writes v0 -> v1 and
