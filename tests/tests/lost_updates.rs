@@ -647,10 +647,18 @@ mod mysql_aborted {
         retry(&RetryPolicy::default(), |_| sell_two(conn))
     }
 
-    /// The whole transaction ran again after the deadlock: `Ok`, one order
-    /// line, one unit of item 2 sold.
-    fn assert_retried_whole(db: &TestDb<MysqlConnection>, runs: i32, outcome: Result<(), Error>) {
-        let (stock, lines) = sold_and_lines(db);
+    /// Runs `run` beside the heavier neighbour on a new database `name`, handing
+    /// it the count of the outer transaction's runs to keep; then the whole
+    /// transaction must have run again after the deadlock: `Ok`, one order line,
+    /// one unit of item 2 sold.
+    fn assert_retried_whole(
+        name: &str,
+        run: impl FnOnce(&mut MysqlConnection, &Cue, &mut i32) -> Result<(), Error>,
+    ) {
+        let db = TestDb::<MysqlConnection>::new(name);
+        let mut runs = 0;
+        let outcome = beside_neighbour(&db, "mysql", |conn, cue| run(conn, cue, &mut runs));
+        let (stock, lines) = sold_and_lines(&db);
         assert!(
             outcome.is_ok() && (stock, lines) == (9, 1),
             "item 2's stock {stock}, order lines {lines} after {runs} runs of the outer \
@@ -908,24 +916,21 @@ mod mysql_aborted {
         // Nothing of that run is left once the caller rolled it back, so the
         // `TransactionAborted` it returned is retryable by then, and the retry
         // runs the whole transaction again: `Ok`, one order line, one unit sold.
-        let db = TestDb::<MysqlConnection>::new("retry_around_own_transaction");
-        let mut runs = 0;
-        let outcome: Result<(), Error> = beside_neighbour(&db, "mysql", |conn, cue| {
+        assert_retried_whole("retry_around_own_transaction", |conn, cue, runs| {
             retry(&RetryPolicy::default(), |_| {
-                runs += 1;
+                *runs += 1;
                 conn.transaction(|conn| {
                     exec(conn, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
                     let line =
                         format!("INSERT INTO orders (id, item_id, qty) VALUES ({runs}, NULL, 1)");
                     exec(conn, &line);
-                    if runs == 1 {
+                    if *runs == 1 {
                         cue.wait();
                     }
                     sell_two(conn)
                 })
             })
         });
-        assert_retried_whole(&db, runs, outcome);
     }
 
     #[test]
@@ -965,17 +970,14 @@ mod mysql_aborted {
         // run. The nested retry must not run it in autocommit, and the outer one
         // must take the abort up (the deadlock, retryable) and run the whole
         // transaction again: one order line, one unit sold, and `Ok`.
-        let db = TestDb::<MysqlConnection>::new("with_lock_retry_versioned_deadlock");
-        let mut runs = 0;
-        let outcome: Result<(), Error> = beside_neighbour(&db, "mysql", |conn, cue| {
+        assert_retried_whole("with_lock_retry_versioned_deadlock", |conn, cue, runs| {
             retry(&RetryPolicy::default(), |_| {
                 lockkit::with_lock(conn, 1, LockOptions::default(), |conn, _one: Item| {
-                    runs += 1;
-                    record_and_sell(conn, runs, cue)
+                    *runs += 1;
+                    record_and_sell(conn, *runs, cue)
                 })
             })
         });
-        assert_retried_whole(&db, runs, outcome);
     }
 }
 
