@@ -702,14 +702,18 @@ mod mysql_aborted {
         );
     }
 
-    /// `Item::update_if`: the versioned conditional update (`atomic::update_if`).
-    fn conditional_sale(conn: &mut MysqlConnection) -> Result<(), Error> {
-        Item::update_if(
-            conn,
-            2,
-            items::stock.ge(1),
-            items::stock.eq(items::stock - 1),
-        )
+    /// Sells one unit of item 2 with `Item::update_if`, the versioned
+    /// conditional update (`atomic::update_if`), on `$conn` of either
+    /// connection type the tests use.
+    macro_rules! conditional_sale {
+        ($conn:expr) => {
+            Item::update_if(
+                $conn,
+                2,
+                items::stock.ge(1),
+                items::stock.eq(items::stock - 1),
+            )
+        };
     }
 
     #[test]
@@ -720,7 +724,11 @@ mod mysql_aborted {
 
     #[test]
     fn a_deadlocked_conditional_update_under_a_nested_retry_commits_nothing() {
-        nested_retry_commits_nothing("nested_retry_update_if_deadlock", |c| c, conditional_sale);
+        nested_retry_commits_nothing(
+            "nested_retry_update_if_deadlock",
+            |c| c,
+            |conn| conditional_sale!(conn),
+        );
     }
 
     #[test]
@@ -730,14 +738,7 @@ mod mysql_aborted {
         nested_retry_commits_nothing(
             "nested_retry_update_if_enum",
             lockkit_tests::support::AnyConnection::Mysql,
-            |conn| {
-                Item::update_if(
-                    conn,
-                    2,
-                    items::stock.ge(1),
-                    items::stock.eq(items::stock - 1),
-                )
-            },
+            |conn| conditional_sale!(conn),
         );
     }
 
