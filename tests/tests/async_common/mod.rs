@@ -320,35 +320,39 @@ macro_rules! b_commits_then_a_is_stale {
     }};
 }
 
-/// Item 1's stock, read on `$conn` (each `async_*` test file that uses it has
-/// diesel's and diesel-async's query methods in scope). A macro: diesel-async
-/// checks the query per connection type.
+/// Item `$id`'s `$columns` (columns of `items`, one or a tuple) as a `$row`,
+/// read on `$conn` (each `async_*` test file that uses it has diesel's and
+/// diesel-async's query methods in scope). A macro: diesel-async checks the
+/// query per connection type.
+#[allow(unused_macros)]
+macro_rules! item_columns {
+    ($conn:expr, $id:expr, $columns:expr, $row:ty) => {
+        lockkit_tests::schema::items::table
+            .find($id)
+            .select($columns)
+            .get_result::<$row>($conn)
+            .await
+            .expect("read item")
+    };
+}
+
+/// Item 1's stock, read on `$conn`, as [`item_columns!`].
 #[allow(unused_macros)]
 macro_rules! stock {
     ($conn:expr) => {
-        lockkit_tests::schema::items::table
-            .find(1)
-            .select(lockkit_tests::schema::items::stock)
-            .get_result::<i32>($conn)
-            .await
-            .expect("read stock")
+        item_columns!($conn, 1, lockkit_tests::schema::items::stock, i32)
     };
 }
 
 /// Item `$id`'s stock (item 1 when omitted) and the number of order lines,
-/// read on `$conn`, as [`stock!`]: what a sale left.
+/// read on `$conn`, as [`item_columns!`]: what a sale left.
 #[allow(unused_macros)]
 macro_rules! stock_and_lines {
     ($conn:expr) => {
         stock_and_lines!($conn, 1)
     };
     ($conn:expr, $id:expr) => {{
-        let stock = lockkit_tests::schema::items::table
-            .find($id)
-            .select(lockkit_tests::schema::items::stock)
-            .get_result::<i32>(&mut *$conn)
-            .await
-            .expect("read stock");
+        let stock = item_columns!(&mut *$conn, $id, lockkit_tests::schema::items::stock, i32);
         let lines = lockkit_tests::schema::orders::table
             .count()
             .get_result::<i64>($conn)
@@ -359,7 +363,7 @@ macro_rules! stock_and_lines {
 }
 
 /// Every item's `$column` (an `Integer` column of `items`), in id order, read
-/// on `$conn`, as [`stock!`].
+/// on `$conn`, as [`item_columns!`].
 #[allow(unused_macros)]
 macro_rules! each_item {
     ($conn:expr, $column:ident) => {
@@ -372,25 +376,25 @@ macro_rules! each_item {
     };
 }
 
-/// Item 1's stock and version, read on `$conn`, as [`stock!`].
+/// Item 1's stock and version, read on `$conn`, as [`item_columns!`].
 #[allow(unused_macros)]
 macro_rules! stock_and_version {
     ($conn:expr) => {
-        lockkit_tests::schema::items::table
-            .find(1)
-            .select((
+        item_columns!(
+            $conn,
+            1,
+            (
                 lockkit_tests::schema::items::stock,
                 lockkit_tests::schema::items::lock_version,
-            ))
-            .get_result::<(i32, i32)>($conn)
-            .await
-            .expect("read stock and version")
+            ),
+            (i32, i32)
+        )
     };
 }
 
 /// Reads item 1's stock on `$conn`, awaits `$between`, then writes the stock
 /// back one less: a read-modify-write that loses updates unless something
-/// serializes it. A future of a `QueryResult<()>`, as [`stock!`].
+/// serializes it. A future of a `QueryResult<()>`, as [`item_columns!`].
 #[allow(unused_macros)]
 macro_rules! read_modify_write {
     ($conn:expr, $between:expr) => {
