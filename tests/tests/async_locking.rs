@@ -38,6 +38,18 @@ macro_rules! assert_every_decrement_counted {
     };
 }
 
+/// Item 1 at 1 000 and a pool of `TASKS` connections to `$db`; on each of
+/// `TASKS` tasks, `$round` (one decrement of 1) runs `ROUNDS` times on a pooled
+/// connection; then every decrement must be counted.
+macro_rules! decrements_on_tasks {
+    ($db:expr, $round:expr) => {
+        seed_items(&mut $db.conn(), &[(1, 1_000)]);
+        let pool = async_common::bb8_pool::<Async>(&$db.url, BACKEND, TASKS as u32).await;
+        rounds_on_tasks(&pool, TASKS, ROUNDS, $round).await;
+        assert_every_decrement_counted!(pool);
+    };
+}
+
 async_backend_tests! {
     async fn update_versioned_refuses_a_stale_struct_and_leaves_it_untouched(db) {
         seed_items(&mut db.conn(), &[(1, 10)]);
@@ -121,9 +133,8 @@ async_backend_tests! {
     }
 
     async fn concurrent_with_lock_decrements_are_exact(db) {
-        seed_items(&mut db.conn(), &[(1, 1_000)]);
-        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, TASKS as u32).await;
-        rounds_on_tasks(&pool, TASKS, ROUNDS, async |conn: &mut Async| {
+        // An exclusive lock on a versioned row also advances its version.
+        decrements_on_tasks!(db, async |conn: &mut Async| {
             lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |conn, item: Item| {
                 // Give the others time to queue behind the lock.
                 tokio::task::yield_now().await;
@@ -135,16 +146,11 @@ async_backend_tests! {
             })
             .await
             .unwrap();
-        })
-        .await;
-        // An exclusive lock on a versioned row also advances its version.
-        assert_every_decrement_counted!(pool);
+        });
     }
 
     async fn concurrent_transactions_with_retry_are_exact(db) {
-        seed_items(&mut db.conn(), &[(1, 1_000)]);
-        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, TASKS as u32).await;
-        rounds_on_tasks(&pool, TASKS, ROUNDS, async |conn: &mut Async| {
+        decrements_on_tasks!(db, async |conn: &mut Async| {
             lockkit::asynchronous::transaction_with_retry(conn, &patient(), async |conn| {
                 let mut item: Item = items::table.find(1).first(conn).await?;
                 tokio::task::yield_now().await;
@@ -154,9 +160,7 @@ async_backend_tests! {
             })
             .await
             .unwrap();
-        })
-        .await;
-        assert_every_decrement_counted!(pool);
+        });
     }
 
     async fn with_lock_reports_missing_rows_and_rolls_back_on_the_closures_error(db) {
