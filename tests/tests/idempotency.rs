@@ -24,14 +24,15 @@ fn now_millis() -> i64 {
 }
 
 /// Where every test here starts: lockkit's idempotency table, and item 1 with a
-/// stock of 100.
+/// stock of 100. A connection of `$db`'s pool, for the tests that use one.
 macro_rules! prepare {
-    ($db:expr) => {
+    ($db:expr) => {{
         $db.conn()
             .run_pending_migrations(idempotency_migrations(BACKEND))
             .unwrap();
         seed_items(&mut $db.conn(), &[(1, 100)]);
-    };
+        $db.conn()
+    }};
 }
 
 /// The work of a request: sell one unit, in the idempotency transaction.
@@ -133,8 +134,7 @@ lockkit_tests::backend_tests! {
     }
 
     fn a_failed_run_releases_the_key(db) {
-        prepare!(db);
-        let mut conn = db.conn();
+        let mut conn = prepare!(db);
         let keys = Idempotency::default();
         let err = keys
             .run(&mut conn, "tenant-1", "k", "fp", |conn| {
@@ -150,8 +150,7 @@ lockkit_tests::backend_tests! {
     }
 
     fn a_key_reused_for_another_request_is_refused(db) {
-        prepare!(db);
-        let mut conn = db.conn();
+        let mut conn = prepare!(db);
         let keys = Idempotency::default();
         keys.run(&mut conn, "tenant-1", "k", "POST /orders qty=1", sell_one).unwrap();
         let err = keys.run(&mut conn, "tenant-1", "k", "POST /orders qty=5", sell_one).unwrap_err();
@@ -161,8 +160,7 @@ lockkit_tests::backend_tests! {
     }
 
     fn a_crash_between_start_and_finish_is_recovered_after_the_lease(db) {
-        prepare!(db);
-        let mut conn = db.conn();
+        let mut conn = prepare!(db);
         let keys = Idempotency::default();
         // A process inserted its key and died: its row says "running" forever.
         exec(&mut conn, &format!(
@@ -204,8 +202,7 @@ lockkit_tests::backend_tests! {
     }
 
     fn completed_keys_expire_after_the_retention(db) {
-        prepare!(db);
-        let mut conn = db.conn();
+        let mut conn = prepare!(db);
         let keys = Idempotency::default();
         let old = now_millis() - 25 * 3600 * 1000;
         exec(&mut conn, &format!(
@@ -218,8 +215,7 @@ lockkit_tests::backend_tests! {
     }
 
     fn a_key_belongs_to_its_principal(db) {
-        prepare!(db);
-        let mut conn = db.conn();
+        let mut conn = prepare!(db);
         let keys = Idempotency::default();
         let request = fingerprint("POST", "/orders", br#"{"item":1,"qty":1}"#);
         let sell = |conn: &mut _, who: &str| {
@@ -289,8 +285,7 @@ lockkit_tests::backend_tests! {
     }
 
     fn the_same_key_and_body_on_another_endpoint_is_refused(db) {
-        prepare!(db);
-        let mut conn = db.conn();
+        let mut conn = prepare!(db);
         let keys = Idempotency::default();
         let body = br#"{"item":1,"qty":1}"#;
         keys.run(&mut conn, "tenant-1", "k", &fingerprint("POST", "/orders", body), sell_one).unwrap();
@@ -304,8 +299,7 @@ lockkit_tests::backend_tests! {
     }
 
     fn keys_are_data_not_sql(db) {
-        prepare!(db);
-        let mut conn = db.conn();
+        let mut conn = prepare!(db);
         let keys = Idempotency::default();
         let hostile = "'); DROP TABLE items; -- \" ` \\ é";
         assert_eq!(keys.run(&mut conn, hostile, hostile, hostile, sell_one).unwrap(), Outcome::Ran("201 sold".to_owned()));
@@ -330,10 +324,7 @@ mod mysql_only {
     /// replays "201 sold" for ever, and the unit was never sold.
     #[test]
     fn a_key_is_not_marked_done_for_work_innodb_rolled_back() {
-        let db = database_with(
-            "idempotency_deadlock_let_go",
-            idempotency_migrations("mysql"),
-        );
+        let db = database_with("idempotency_deadlock_let_go", idempotency_migrations);
         let keys = Idempotency::default();
         let request = fingerprint("POST", "/orders", b"{\"item\":1}");
         let outcome = lockkit_tests::aborts::beside_neighbour(&db, "mysql", |conn, cue| {
@@ -442,8 +433,7 @@ mod large_responses {
 
     lockkit_tests::backend_tests! {
         fn a_response_of_100_kib_is_stored_and_replayed(db) {
-            prepare!(db);
-            let mut conn = db.conn();
+            let mut conn = prepare!(db);
             let keys = Idempotency::default();
             let body: Vec<String> = (0..2048).map(|n| format!("line item {n:>40}")).collect();
             let ran = keys.run(&mut conn, "tenant-1", "order-big", "POST /orders", |conn| {
@@ -470,8 +460,7 @@ mod a_panicking_work {
 
     lockkit_tests::backend_tests! {
         fn a_work_that_panics_releases_its_key_for_the_retry(db) {
-            prepare!(db);
-            let mut conn = db.conn();
+            let mut conn = prepare!(db);
             let keys = Idempotency::default();
             let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 keys.run(&mut conn, "tenant-1", "order-7", "POST /orders", |conn| -> Result<String, Error> {
@@ -501,8 +490,7 @@ mod an_unbounded_wait {
 
     lockkit_tests::backend_tests! {
         fn a_wait_of_duration_max_runs_the_work(db) {
-            prepare!(db);
-            let mut conn = db.conn();
+            let mut conn = prepare!(db);
             let keys = Idempotency { wait_while_running: Duration::MAX, ..Idempotency::default() };
             let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 keys.run(&mut conn, "tenant-1", "order-1", "POST /orders", sell_one)
@@ -535,10 +523,7 @@ mod nested_after_a_deadlock_the_caller_let_go {
 
     #[test]
     fn the_retried_transaction_runs_the_work_once() {
-        let db = database_with(
-            "idempotency_nested_after_deadlock",
-            idempotency_migrations("mysql"),
-        );
+        let db = database_with("idempotency_nested_after_deadlock", idempotency_migrations);
         let keys = Idempotency::default();
         let mut attempt = 0;
         let outcome = lockkit_tests::aborts::beside_neighbour(&db, "mysql", |conn, cue| {

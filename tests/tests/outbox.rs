@@ -482,7 +482,7 @@ mod an_enqueue_after_a_deadlock_the_work_let_go {
 
     #[test]
     fn the_message_commits_only_with_its_order() {
-        let db = database_with("outbox_enqueue_after_deadlock", outbox_migrations("mysql"));
+        let db = database_with("outbox_enqueue_after_deadlock", outbox_migrations);
         let mut attempt = 0;
         let outcome = lockkit_tests::aborts::beside_neighbour(&db, "mysql", |conn, cue| {
             lockkit::transaction_with_retry(conn, &lockkit::RetryPolicy::default(), |c| {

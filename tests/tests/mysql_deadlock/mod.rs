@@ -12,10 +12,16 @@ use lockkit_tests::models::Item;
 use lockkit_tests::schema::items;
 use lockkit_tests::TestDb;
 
-/// The test database `name`, with lockkit's shipped `migrations` run on it.
-pub fn database_with(name: &str, migrations: ShippedMigration) -> TestDb<MysqlConnection> {
+/// The test database `name`, with lockkit's shipped `migrations` for MySQL run
+/// on it.
+pub fn database_with(
+    name: &str,
+    migrations: fn(&str) -> ShippedMigration,
+) -> TestDb<MysqlConnection> {
     let db = TestDb::<MysqlConnection>::new(name);
-    db.conn().run_pending_migrations(migrations).unwrap();
+    db.conn()
+        .run_pending_migrations(migrations("mysql"))
+        .unwrap();
     db
 }
 
