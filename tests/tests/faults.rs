@@ -12,10 +12,11 @@ use diesel::prelude::*;
 use lockkit::lock_waits;
 use lockkit::prelude::*;
 use lockkit::{Error, LockOptions, RetryPolicy};
+use lockkit_tests::db::TestBackend;
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
 use lockkit_tests::settings::is_mariadb;
-use lockkit_tests::{exec, seed_items, stock_of};
+use lockkit_tests::{exec, seed_items, stock_of, TestDb};
 
 /// Ends another session from the server side.
 fn kill_session<C: SimpleConnection>(admin: &mut C, backend: &str, session: i64) {
@@ -127,15 +128,28 @@ mod all {
         assert!(panicked.is_err(), "the panic goes on");
     }
 
+    /// Seeds item 1 (stock 10) and runs `call` on a new connection: it must
+    /// panic, as [`assert_panics`]. The connection, for what the test checks
+    /// on it next.
+    fn panicked_on<C: TestBackend>(
+        db: &TestDb<C>,
+        call: impl FnOnce(&mut C) -> Result<(), Error>,
+    ) -> C {
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn = db.connect();
+        assert_panics(|| {
+            let _ = call(&mut conn);
+        });
+        conn
+    }
+
     lockkit_tests::backend_tests! {
         fn a_panic_inside_with_lock_rolls_back_and_frees_the_connection(db) {
-            seed_items(&mut db.conn(), &[(1, 10)]);
-            let mut conn = db.connect();
-            assert_panics(|| {
-                let _: Result<(), Error> = lockkit::with_lock(&mut conn, 1, lockkit::LockOptions::default(), |conn, item: Item| {
+            let mut conn = panicked_on(&db, |conn| {
+                lockkit::with_lock(conn, 1, lockkit::LockOptions::default(), |conn, item: Item| {
                     diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 5)).execute(conn)?;
                     panic!("bug in the closure");
-                });
+                })
             });
             assert_eq!(stock_of!(&mut db.connect()), 10, "rolled back");
             // The same connection is usable, outside any transaction: a new
@@ -154,17 +168,15 @@ mod all {
         /// closure panics: the guard rolls back every level above its own first,
         /// so that its rollback ends lockkit's transaction, not that savepoint.
         fn a_panic_in_a_diesel_transaction_inside_with_lock_rolls_back_lockkits_transaction(db) {
-            seed_items(&mut db.conn(), &[(1, 10)]);
-            let mut conn = db.connect();
-            assert_panics(|| {
-                let _: Result<(), Error> = lockkit::with_lock(&mut conn, 1, lockkit::LockOptions::default(), |conn, item: Item| {
+            let mut conn = panicked_on(&db, |conn| {
+                lockkit::with_lock(conn, 1, lockkit::LockOptions::default(), |conn, item: Item| {
                     conn.transaction(|conn| {
                         diesel::update(items::table.find(item.id)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
                         panic!("bug in the closure's own transaction");
                         #[allow(unreachable_code)]
                         Ok::<_, Error>(())
                     })
-                });
+                })
             });
             assert!(!lockkit::LockingConnection::in_transaction(&mut conn), "no transaction left open");
             assert_eq!(stock_of!(&mut db.connect()), 10, "rolled back");
@@ -195,15 +207,13 @@ mod all {
         }
 
         fn a_panic_inside_serializable_rolls_back(db) {
-            seed_items(&mut db.conn(), &[(1, 10)]);
-            let mut conn = db.connect();
-            assert_panics(|| {
-                let _: Result<(), Error> = lockkit::serializable(&mut conn, &RetryPolicy::default(), |conn| {
+            let mut conn = panicked_on(&db, |conn| {
+                lockkit::serializable(conn, &RetryPolicy::default(), |conn| {
                     conn.batch_execute("UPDATE items SET stock = 0 WHERE id = 1")?;
                     panic!("bug");
                     #[allow(unreachable_code)]
                     Ok(())
-                });
+                })
             });
             assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
             assert_eq!(stock_of!(&mut conn), 10);
