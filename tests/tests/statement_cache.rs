@@ -11,9 +11,10 @@ use diesel::prelude::*;
 use lockkit::journal::Journal;
 use lockkit::prelude::*;
 use lockkit::LockOptions;
+use lockkit_tests::db::TestBackend;
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
-use lockkit_tests::{exec, seed_items};
+use lockkit_tests::{exec, seed_items, TestDb};
 
 /// The SQL of every statement Diesel put in the connection's cache, in order.
 #[derive(Clone, Default)]
@@ -40,6 +41,28 @@ impl Cached {
             .cloned()
             .collect()
     }
+
+    /// Exactly two `UPDATE`s were cached, and they differ: the shapes with and
+    /// without a column whose `None` a changeset skips, each prepared once.
+    fn assert_two_update_shapes(&self) {
+        let updates = self.starting_with("UPDATE");
+        assert_eq!(updates.len(), 2, "{updates:#?}");
+        assert_ne!(updates[0], updates[1]);
+    }
+}
+
+/// A new connection to `db` with document 1 (title `a`, its note the SQL
+/// `note`, version 0) inserted, and what it caches from then on.
+fn watched_document<C: TestBackend>(db: &TestDb<C>, note: &str) -> (C, Cached) {
+    let mut conn = db.connect();
+    exec(
+        &mut conn,
+        &format!(
+            "INSERT INTO documents (id, title, note, lock_version) VALUES (1, 'a', {note}, 0)"
+        ),
+    );
+    let cached = Cached::watch(&mut conn);
+    (conn, cached)
 }
 
 #[derive(QueryableByName)]
@@ -100,9 +123,7 @@ lockkit_tests::backend_tests! {
     }
 
     fn a_changeset_that_skips_none_is_cached_once_per_shape(db) {
-        let mut conn = db.connect();
-        exec(&mut conn, "INSERT INTO documents (id, title, note, lock_version) VALUES (1, 'a', NULL, 0)");
-        let cached = Cached::watch(&mut conn);
+        let (mut conn, cached) = watched_document(&db, "NULL");
 
         let mut doc = documents::table.find(1).first::<Document>(&mut conn).unwrap();
         for i in 0..6 {
@@ -114,9 +135,7 @@ lockkit_tests::backend_tests! {
         assert_eq!((stored.note.as_deref(), stored.lock_version), (Some("note 4"), 6));
 
         // With and without `note`: two statements, each prepared once.
-        let updates = cached.starting_with("UPDATE");
-        assert_eq!(updates.len(), 2, "{updates:#?}");
-        assert_ne!(updates[0], updates[1]);
+        cached.assert_two_update_shapes();
     }
 
     fn atomic_update_is_prepared_once_where_diesels_update_is_not(db) {
@@ -148,9 +167,7 @@ lockkit_tests::backend_tests! {
     }
 
     fn atomic_update_that_skips_none_is_cached_once_per_shape(db) {
-        let mut conn = db.connect();
-        exec(&mut conn, "INSERT INTO documents (id, title, note, lock_version) VALUES (1, 'a', 'first', 0)");
-        let cached = Cached::watch(&mut conn);
+        let (mut conn, cached) = watched_document(&db, "'first'");
 
         for i in 0..6i64 {
             let note = (i % 2 == 0).then(|| format!("note {i}"));
@@ -165,9 +182,7 @@ lockkit_tests::backend_tests! {
             assert_eq!(stored, (format!("title {i}"), Some(format!("note {}", i - i % 2))));
         }
 
-        let updates = cached.starting_with("UPDATE");
-        assert_eq!(updates.len(), 2, "{updates:#?}");
-        assert_ne!(updates[0], updates[1]);
+        cached.assert_two_update_shapes();
     }
 
     fn lock_all_is_prepared_once_per_padded_length(db) {
