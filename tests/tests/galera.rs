@@ -323,6 +323,21 @@ fn node_2_adds_10(cluster: &Cluster) -> (Result<(), Error>, Duration) {
     (result, started.elapsed())
 }
 
+/// [`while_node_1_holds_row_1`] with node 1 adding 1 to row 1 and node 2
+/// adding 10 ([`node_2_adds_10`]) meanwhile; node 1 then runs `after` and goes
+/// on to `COMMIT`. Node 1's result and node 2's.
+fn node_2_adds_10_while_node_1_holds_row_1(
+    cluster: &Cluster,
+    after: impl Fn(&mut MysqlConnection) -> Result<(), Error> + Send + Sync,
+) -> (Result<(), Error>, (Result<(), Error>, Duration)) {
+    while_node_1_holds_row_1(
+        cluster,
+        |conn| add_stock(conn, 1),
+        after,
+        || node_2_adds_10(cluster),
+    )
+}
+
 /// Waits until node 2's write set (its 10 on row 1) reached node 1, as a read
 /// on another connection to node 1 shows.
 fn node_1_sees_node_2s_10(cluster: &Cluster) -> Result<(), Error> {
@@ -341,12 +356,7 @@ fn node_1_sees_node_2s_10(cluster: &Cluster) -> Result<(), Error> {
 #[test]
 fn with_lock_on_another_node_does_not_wait_and_the_later_commit_fails_retryably() {
     let cluster = Cluster::with_hot_item("commit_abort");
-    let (node_1, (node_2, waited)) = while_node_1_holds_row_1(
-        &cluster,
-        |conn| add_stock(conn, 1),
-        |_| Ok(()),
-        || node_2_adds_10(&cluster),
-    );
+    let (node_1, (node_2, waited)) = node_2_adds_10_while_node_1_holds_row_1(&cluster, |_| Ok(()));
     node_2.expect("node 2 locks, writes and commits while node 1 holds the row");
     assert!(
         waited < Duration::from_secs(2),
@@ -382,15 +392,10 @@ fn a_struct_rolled_back_on_one_node_never_writes_over_a_commit_on_another() {
 #[test]
 fn a_transaction_overtaken_by_another_node_fails_at_its_next_statement() {
     let cluster = Cluster::with_hot_item("next_statement");
-    let (node_1, (node_2, _)) = while_node_1_holds_row_1(
-        &cluster,
-        |conn| add_stock(conn, 1),
-        |conn| {
-            node_1_sees_node_2s_10(&cluster)?;
-            add_stock(conn, 1)
-        },
-        || node_2_adds_10(&cluster),
-    );
+    let (node_1, (node_2, _)) = node_2_adds_10_while_node_1_holds_row_1(&cluster, |conn| {
+        node_1_sees_node_2s_10(&cluster)?;
+        add_stock(conn, 1)
+    });
     node_2.unwrap();
     let err = node_1.expect_err("node 1's next statement after node 2's commit must fail");
     assert!(matches!(err, Error::Deadlock), "{err:?}");
