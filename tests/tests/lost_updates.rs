@@ -64,6 +64,23 @@ mod journal {
         }};
     }
 
+    /// Item 1 at stock 10, read on `$conn` and written (stock `$stock`, v0 ->
+    /// v1) in a transaction that rolls back: the struct, holding the
+    /// rolled-back 1.
+    macro_rules! rolled_back_write {
+        ($conn:ident, $stock:expr) => {{
+            seed_items(&mut $conn, &[(1, 10)]);
+            let mut a = item!(&mut $conn, 1);
+            let rolled_back: Result<(), Error> = $conn.transaction(|c| {
+                a.stock = $stock;
+                a.update_versioned(c)?;
+                Err(Error::NoRowMatched)
+            });
+            assert!(rolled_back.is_err());
+            a
+        }};
+    }
+
     /// Item 1 at stock 10, read as a form whose save (stock 9, v0 -> v1) rolls
     /// back; the form is kept and opened twice (cloned after the rollback, as
     /// `update_versioned_recorded`'s example clones): two connections and the
@@ -72,14 +89,7 @@ mod journal {
         ($db:expr) => {{
             let mut a_conn = $db.conn();
             let b_conn = $db.conn();
-            seed_items(&mut a_conn, &[(1, 10)]);
-            let mut form = item!(&mut a_conn, 1);
-            let rolled_back: Result<(), Error> = a_conn.transaction(|c| {
-                form.stock = 9;
-                form.update_versioned(c)?;
-                Err(Error::NoRowMatched)
-            });
-            assert!(rolled_back.is_err());
+            let form = rolled_back_write!(a_conn, 9);
             (a_conn, b_conn, form.clone(), form)
         }};
     }
@@ -222,17 +232,10 @@ mod journal {
             // ... can never succeed over somebody else's later write."
             let mut a_conn = db.conn();
             let mut b_conn = db.conn();
-            seed_items(&mut a_conn, &[(1, 10)]);
 
             // A writes v0 -> v1 in a transaction that rolls back: `a` holds 1,
             // the row is back at 0.
-            let mut a = item!(&mut a_conn, 1);
-            let rolled_back: Result<(), Error> = a_conn.transaction(|c| {
-                a.stock = 5;
-                a.update_versioned(c)?;
-                Err(Error::NoRowMatched)
-            });
-            assert!(rolled_back.is_err());
+            let mut a = rolled_back_write!(a_conn, 5);
             assert_eq!(a.lock_version, 1);
 
             // D deletes the row (v0) in a transaction that rolls back too: the
