@@ -161,6 +161,21 @@ fn assert_left_clean(
     assert_eq!((stock, lines), (10, 1), "{outcome:?}");
 }
 
+/// `$body` in diesel-async's own transaction on `$conn`, which first records
+/// order line 1: the outer transaction whose fate a deadlock inside `$body`
+/// decides (the blocking side's `after_order_line_1`). Inside `$body`, `$conn`
+/// names the transaction's connection.
+macro_rules! after_order_line_1 {
+    ($conn:ident, $body:block) => {
+        $conn
+            .transaction(async |$conn| {
+                order_line($conn, 1).await?;
+                $body
+            })
+            .await
+    };
+}
+
 /// The nested lockkit call a caller sells under after it let its own deadlock
 /// go: it sells one unit of item 1 and records order line 2.
 #[derive(Debug, Clone, Copy)]
@@ -236,8 +251,7 @@ async_server_tests! {
         // under `with_lock`, retrying it as its own code would when the error
         // is retryable.
         let (outcome, runs, stock, lines) = deadlock_first_attempt!(db, |conn, work| {
-            conn.transaction(async |conn| {
-                order_line(conn, 1).await?;
+            after_order_line_1!(conn, {
                 let mut attempt = 0;
                 loop {
                     attempt += 1;
@@ -251,22 +265,19 @@ async_server_tests! {
                     }
                 }
             })
-            .await
         });
         assert_nested_deadlock_settled(BACKEND, &outcome, runs, stock, lines);
     }
 
     async fn a_deadlock_inside_a_nested_transaction_with_retry_loses_nothing(db) {
         let (outcome, runs, stock, lines) = deadlock_first_attempt!(db, |conn, work| {
-            conn.transaction(async |conn| {
-                order_line(conn, 1).await?;
+            after_order_line_1!(conn, {
                 let attempts = AtomicU32::new(0);
                 lockkit::asynchronous::transaction_with_retry(conn, &RetryPolicy::immediate(5), async |conn| {
                     work(conn, attempts.fetch_add(1, Ordering::SeqCst) + 1).await
                 })
                 .await
             })
-            .await
         });
         // PostgreSQL: retried in its savepoint, inside the outer transaction;
         // MySQL/MariaDB: not retried in a transaction the server has ended.
@@ -279,8 +290,7 @@ async_server_tests! {
         // order line 2. On MariaDB the deadlock ended the whole transaction: line
         // 2 must not be committed on its own.
         let (outcome, runs, stock, lines) = deadlock_first_attempt!(db, |conn, work| {
-            conn.transaction(async |conn| {
-                order_line(conn, 1).await?;
+            after_order_line_1!(conn, {
                 let sold = lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |conn, _: Item| {
                     work(conn, 1).await
                 })
@@ -289,7 +299,6 @@ async_server_tests! {
                 order_line(conn, 2).await?;
                 Ok::<_, Error>(())
             })
-            .await
         });
         assert_eq!(runs, 1);
         assert_swallowed_abort(BACKEND, &outcome, stock, lines);
@@ -319,11 +328,9 @@ async_server_tests! {
                     let outcome = if lockkit_outside {
                         lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |conn, _: Item| nested(conn).await).await
                     } else {
-                        conn.transaction(async |conn| {
-                            order_line(conn, 1).await?;
+                        after_order_line_1!(conn, {
                             nested(conn).await
                         })
-                        .await
                     };
                     after = Some(what_the_next_user_finds(&mut conn).await);
                     outcome
@@ -340,19 +347,16 @@ async_server_tests! {
         // rolls its whole transaction back: nothing may be committed.
         seed_items(&mut db.conn(), &[(1, 10)]);
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
-        let outcome: Result<(), Error> = conn
-            .transaction(async |conn| {
-                order_line(conn, 1).await?;
-                let nested = lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |conn, _: Item| {
-                    let _ = order_line(conn, 1).await; // a duplicate, swallowed
-                    Ok::<_, Error>(())
-                })
-                .await;
-                let _ = nested; // swallowed
-                let _ = order_line(conn, 2).await;
-                Err(Error::InvalidInput("the caller rolls back"))
+        let outcome: Result<(), Error> = after_order_line_1!(conn, {
+            let nested = lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |conn, _: Item| {
+                let _ = order_line(conn, 1).await; // a duplicate, swallowed
+                Ok::<_, Error>(())
             })
             .await;
+            let _ = nested; // swallowed
+            let _ = order_line(conn, 2).await;
+            Err(Error::InvalidInput("the caller rolls back"))
+        });
         let mut fresh: Async = async_common::connect(&db.url, BACKEND).await;
         let lines: i64 = orders::table.count().get_result(&mut fresh).await.unwrap();
         assert_eq!(lines, 0, "the caller rolled back, yet order lines committed: {outcome:?}");
@@ -639,19 +643,16 @@ mod stand_in_probes {
             let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
             conn.batch_execute("SET @lockkit_aborted = 1").await.unwrap();
             let nested = Mutex::new(None);
-            let outcome: Result<(), Error> = conn
-                .transaction(async |conn| {
-                    order_line(conn, 1).await?;
-                    conn.batch_execute("SAVEPOINT lockkit_aborted").await?;
-                    order_line(conn, 2).await?;
-                    let failed = lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |_, _: Item| {
-                        Err::<(), _>(Error::InvalidInput("the work fails"))
-                    })
-                    .await;
-                    *nested.lock().unwrap() = Some(failed);
-                    Err(Error::InvalidInput("the caller rolls back"))
+            let outcome: Result<(), Error> = after_order_line_1!(conn, {
+                conn.batch_execute("SAVEPOINT lockkit_aborted").await?;
+                order_line(conn, 2).await?;
+                let failed = lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |_, _: Item| {
+                    Err::<(), _>(Error::InvalidInput("the work fails"))
                 })
                 .await;
+                *nested.lock().unwrap() = Some(failed);
+                Err(Error::InvalidInput("the caller rolls back"))
+            });
             let nested = nested.into_inner().unwrap();
             let mut fresh: Async = async_common::connect(&db.url, BACKEND).await;
             let lines: i64 = orders::table.count().get_result(&mut fresh).await.unwrap();
@@ -779,25 +780,22 @@ mod mysql_only {
         .await
         .unwrap();
         let (neighbour, a_tx, b_rx) = heavier_neighbour!(db);
-        let outcome: Result<(), Error> = conn
-            .transaction(async |conn| {
-                order_line(conn, 1).await?;
-                diesel::update(items::table.find(1))
-                    .set(items::stock.eq(items::stock - 1))
-                    .execute(conn)
-                    .await?;
-                a_tx.send(()).unwrap();
-                tokio::task::block_in_place(|| b_rx.lock().unwrap().recv()).unwrap();
-                // The victim's read, whose error the caller lets go.
-                let _ = diesel::sql_query(
-                    "SET STATEMENT max_statement_time = 0 FOR \
-                     SELECT id FROM items WHERE id >= 2 AND id < 3 FOR UPDATE",
-                )
-                .load::<Id>(conn)
-                .await;
-                nested_sale!(Nested::WithLock, conn)
-            })
+        let outcome: Result<(), Error> = after_order_line_1!(conn, {
+            diesel::update(items::table.find(1))
+                .set(items::stock.eq(items::stock - 1))
+                .execute(conn)
+                .await?;
+            a_tx.send(()).unwrap();
+            tokio::task::block_in_place(|| b_rx.lock().unwrap().recv()).unwrap();
+            // The victim's read, whose error the caller lets go.
+            let _ = diesel::sql_query(
+                "SET STATEMENT max_statement_time = 0 FOR \
+                 SELECT id FROM items WHERE id >= 2 AND id < 3 FOR UPDATE",
+            )
+            .load::<Id>(conn)
             .await;
+            nested_sale!(Nested::WithLock, conn)
+        });
         tokio::task::block_in_place(|| neighbour.join()).unwrap();
         let (stock, lines) = committed!(db);
         assert_nested_sale_committed_nothing(Nested::WithLock, &outcome, 1, stock, lines);
