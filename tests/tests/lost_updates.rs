@@ -35,6 +35,17 @@ macro_rules! written_elsewhere {
     }};
 }
 
+/// Row 1 of the archive's `items` (`archive::items`), read on `$conn`. A
+/// macro: Diesel checks the query per connection type.
+macro_rules! archived_item_1 {
+    ($conn:expr) => {
+        archive::items::table
+            .find(1)
+            .first::<Archived>($conn)
+            .unwrap()
+    };
+}
+
 mod journal {
     use super::*;
 
@@ -91,6 +102,23 @@ mod journal {
             let b_conn = $db.conn();
             let form = rolled_back_write!(a_conn, 9);
             (a_conn, b_conn, form.clone(), form)
+        }};
+    }
+
+    /// Bob renames the row from his copy of the rolled-back form, on `$conn`:
+    /// he must be stale, and the row keep `$stock`, the stock of `$whose` write.
+    macro_rules! bob_is_stale_over {
+        ($bob:ident, $conn:ident, $stock:expr, $whose:literal) => {{
+            $bob.name = "bob's rename".into();
+            let saved = $bob.update_versioned(&mut $conn);
+            let row = item!(&mut $conn, 1);
+            assert!(
+                matches!(saved, Err(Error::Stale(_))) && row.stock == $stock,
+                "bob's copy of the rolled-back struct matched {}: {saved:?}, row {row:?} \
+                 (its {} lost)",
+                $whose,
+                $stock
+            );
         }};
     }
 
@@ -176,10 +204,7 @@ mod journal {
             seed_items(&mut a_conn, &[(1, 10)]);
             exec(&mut a_conn, &lockkit_tests::archive_sql(BACKEND, 1));
             written_elsewhere!(&mut a_conn, &mut b_conn, "lockkit_archive.items", {
-                let mut archived = archive::items::table
-                    .find(1)
-                    .first::<Archived>(&mut a_conn)
-                    .unwrap();
+                let mut archived = archived_item_1!(&mut a_conn);
                 archived.stock = 9;
                 archived.update_versioned(&mut a_conn).unwrap();
             });
@@ -193,14 +218,7 @@ mod journal {
             let (mut a_conn, mut b_conn, mut alice, mut bob) = rolled_back_form!(db);
             alice.stock = 7;
             alice.update_versioned(&mut a_conn).unwrap();
-            bob.name = "bob's rename".into();
-            let saved = bob.update_versioned(&mut b_conn);
-            let row = item!(&mut b_conn, 1);
-            assert!(
-                matches!(saved, Err(Error::Stale(_))) && row.stock == 7,
-                "bob's copy of the rolled-back struct matched alice's restored write: {saved:?}, \
-                 row {row:?} (alice's 7 lost)"
-            );
+            bob_is_stale_over!(bob, b_conn, 7, "alice's restored write");
         }
 
         fn a_copy_of_a_rolled_back_struct_never_writes_over_a_fresh_readers_write_after_a_second_rollback(db) {
@@ -217,14 +235,7 @@ mod journal {
             let mut fresh = item!(&mut a_conn, 1);
             fresh.stock = 6;
             fresh.update_versioned(&mut a_conn).unwrap();
-            bob.name = "bob's rename".into();
-            let saved = bob.update_versioned(&mut b_conn);
-            let row = item!(&mut b_conn, 1);
-            assert!(
-                matches!(saved, Err(Error::Stale(_))) && row.stock == 6,
-                "bob's copy of the rolled-back struct matched the fresh reader's write: \
-                 {saved:?}, row {row:?} (its 6 lost)"
-            );
+            bob_is_stale_over!(bob, b_conn, 6, "the fresh reader's write");
         }
 
         fn a_rolled_back_delete_does_not_make_the_journal_forget_a_rolled_back_write(db) {
@@ -458,10 +469,7 @@ mod postgres_schemas {
         lockkit_tests::rolled_back_on_one_retried_on_the_other!(
             &mut one,
             &mut two,
-            |conn: &mut PgConnection| archive::items::table
-                .find(1)
-                .first::<Archived>(conn)
-                .unwrap(),
+            |conn: &mut PgConnection| archived_item_1!(conn),
             "tenant 2's connection"
         );
     }
@@ -601,10 +609,7 @@ mod sqlite_attached {
         lockkit_tests::rolled_back_on_one_retried_on_the_other!(
             &mut one,
             &mut two,
-            |conn: &mut SqliteConnection| archive::items::table
-                .find(1)
-                .first::<Archived>(conn)
-                .unwrap(),
+            |conn: &mut SqliteConnection| archived_item_1!(conn),
             "another main file"
         );
     }
