@@ -20,6 +20,27 @@ use crate::{lock_options, Claim, JobAudit, JobQueueError, OutboxAudit, RelayConf
 /// bound parameters).
 const SEED_CHUNK: usize = 500;
 
+/// In one transaction, empties `$child`, then `$table` (whose rows `$child`
+/// references), and inserts `$count` rows into `$table`, `$row(1)` to
+/// `$row($count)`, [`SEED_CHUNK`] per `INSERT`. A macro: the batch `INSERT` runs
+/// on the connection inside the enum (which cannot send one), of another type on
+/// each backend.
+macro_rules! refill {
+    ($conn:expr, $child:expr, $table:expr, $count:expr, $row:expr) => {{
+        let rows: Vec<_> = (1..=$count).map($row).collect();
+        $conn.transaction(|conn| {
+            diesel::delete($child).execute(conn)?;
+            diesel::delete($table).execute(conn)?;
+            for chunk in rows.chunks(SEED_CHUNK) {
+                lockkit_tests::on_inner!(conn, |inner| diesel::insert_into($table)
+                    .values(chunk)
+                    .execute(inner))?;
+            }
+            Ok(())
+        })
+    }};
+}
+
 /// The queue's tables, per backend.
 pub(crate) const MIGRATIONS: Migrations = Migrations {
     postgres: Some(diesel_migrations::embed_migrations!("migrations/postgres")),
@@ -29,22 +50,9 @@ pub(crate) const MIGRATIONS: Migrations = Migrations {
 
 /// Empties `job_runs` and `jobs`, then enqueues `count` jobs.
 pub(crate) fn enqueue_jobs(conn: &mut AnyConnection, count: u32) -> Result<(), JobQueueError> {
-    let new: Vec<NewJob> = (1..=count)
-        .map(|n| NewJob {
-            payload: format!("job #{n}"),
-            done: false,
-        })
-        .collect();
-    conn.transaction(|conn| {
-        diesel::delete(job_runs::table).execute(conn)?;
-        diesel::delete(jobs::table).execute(conn)?;
-        for chunk in new.chunks(SEED_CHUNK) {
-            // A batch `INSERT`: the enum cannot send one.
-            lockkit_tests::on_inner!(conn, |inner| diesel::insert_into(jobs::table)
-                .values(chunk)
-                .execute(inner))?;
-        }
-        Ok(())
+    refill!(conn, job_runs::table, jobs::table, count, |n| NewJob {
+        payload: format!("job #{n}"),
+        done: false,
     })
 }
 
@@ -88,22 +96,12 @@ pub(crate) fn job_audit(conn: &mut AnyConnection) -> Result<JobAudit, JobQueueEr
 
 /// Empties `published` and `outbox`, then writes `count` unsent messages.
 pub(crate) fn fill_outbox(conn: &mut AnyConnection, count: u32) -> Result<(), JobQueueError> {
-    let new: Vec<NewOutboxMessage> = (1..=count)
-        .map(|n| NewOutboxMessage {
+    refill!(conn, published::table, outbox::table, count, |n| {
+        NewOutboxMessage {
             topic: "orders".into(),
             payload: format!("{{\"order\":{n},\"event\":\"created\"}}"),
             sent: false,
-        })
-        .collect();
-    conn.transaction(|conn| {
-        diesel::delete(published::table).execute(conn)?;
-        diesel::delete(outbox::table).execute(conn)?;
-        for chunk in new.chunks(SEED_CHUNK) {
-            lockkit_tests::on_inner!(conn, |inner| diesel::insert_into(outbox::table)
-                .values(chunk)
-                .execute(inner))?;
         }
-        Ok(())
     })
 }
 
