@@ -39,6 +39,14 @@ impl Server {
         Server::start_with(url, config())
     }
 
+    /// Starts the service on `url` holding one item, `name` with `stock` units;
+    /// returns it and the item's id.
+    fn with_item(url: &str, name: &str, stock: i64) -> (Server, i64) {
+        let server = Server::start(url);
+        let (id, _) = server.client().create(name, stock);
+        (server, id)
+    }
+
     fn start_with(url: &str, config: http_api::Config) -> Server {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -71,6 +79,16 @@ impl Server {
             agent: config.into(),
             base: self.base.clone(),
         }
+    }
+
+    /// [`race`] with a client of its own for each thread: runs
+    /// `each(i, client, start)` on `n` threads at once.
+    fn race_clients<T: Send>(
+        &self,
+        n: usize,
+        each: impl Fn(usize, &Client, &Barrier) -> T + Sync,
+    ) -> Vec<T> {
+        race(n, |i, start| each(i, &self.client(), start))
     }
 }
 
@@ -214,6 +232,9 @@ fn assert_problem(reply: &Reply, status: u16) {
     assert!(reply.body["detail"].is_string(), "{reply:?}");
 }
 
+/// How many clients the racing tests run at once, each on its own thread.
+const CLIENTS: usize = 8;
+
 /// Runs `each(i, start)` on `n` threads at once, `i` in `0..n`; `start` is a
 /// barrier of all `n`, for the moment the race begins. Their results, in order.
 fn race<T: Send>(n: usize, each: impl Fn(usize, &Barrier) -> T + Sync) -> Vec<T> {
@@ -235,8 +256,7 @@ fn race<T: Send>(n: usize, each: impl Fn(usize, &Barrier) -> T + Sync) -> Vec<T>
 /// `i` writes through `routes[i]`: both on diesel-async, or one of them on the
 /// blocking route.
 fn two_clients_one_wins(url: &str, routes: [&str; 2]) {
-    let server = Server::start(url);
-    let (id, _) = server.client().create("widget", 10);
+    let (server, id) = Server::with_item(url, "widget", 10);
     let clients = [server.client(), server.client()];
     let sales = [3_i64, 5];
 
@@ -401,14 +421,11 @@ fn preconditions(url: &str) {
 /// again from the GET on `412`. The first round starts together, so all but one
 /// lose it. Every sale lands: the final stock is the initial one less `CLIENTS`.
 fn concurrent_decrements(url: &str) {
-    const CLIENTS: usize = 8;
     const INITIAL: i64 = 100;
     const MAX_ATTEMPTS: u32 = 200;
 
-    let server = Server::start(url);
-    let (id, _) = server.client().create("popular", INITIAL);
-    let conflicts: Vec<u32> = race(CLIENTS, |_, first_read| {
-        let client = server.client();
+    let (server, id) = Server::with_item(url, "popular", INITIAL);
+    let conflicts: Vec<u32> = server.race_clients(CLIENTS, |_, client, first_read| {
         let mut conflicts = 0;
         for attempt in 1..=MAX_ATTEMPTS {
             let read = client.get(id);
@@ -451,14 +468,11 @@ fn concurrent_decrements(url: &str) {
 /// sales: exactly `INITIAL` succeed, the others are `409` with nothing written,
 /// and the stock ends at zero, never below. Every sale advances the version.
 fn sales_never_oversell(url: &str) {
-    const CLIENTS: usize = 8;
     const ROUNDS: usize = 4;
     const INITIAL: i64 = 20;
 
-    let server = Server::start(url);
-    let (id, _) = server.client().create("scarce", INITIAL);
-    let sold: Vec<i64> = race(CLIENTS, |_, start| {
-        let client = server.client();
+    let (server, id) = Server::with_item(url, "scarce", INITIAL);
+    let sold: Vec<i64> = server.race_clients(CLIENTS, |_, client, start| {
         start.wait();
         let mut sold = 0;
         for _ in 0..ROUNDS {
@@ -493,14 +507,11 @@ fn sales_never_oversell(url: &str) {
 /// ends at the initial one plus every restock that got `200`, the version one
 /// higher per restock.
 fn restocks_add_up(url: &str) {
-    const CLIENTS: usize = 8;
     const ROUNDS: i64 = 5;
     const MAX_SENDS: u32 = 100;
 
-    let server = Server::start(url);
-    let (id, _) = server.client().create("restocked", 0);
-    let refused: Vec<u32> = race(CLIENTS, |i, start| {
-        let client = server.client();
+    let (server, id) = Server::with_item(url, "restocked", 0);
+    let refused: Vec<u32> = server.race_clients(CLIENTS, |i, client, start| {
         start.wait();
         let mut refused = 0;
         for _ in 0..ROUNDS {
