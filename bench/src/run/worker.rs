@@ -1,7 +1,6 @@
 //! What one worker carries through its operations: its state, what it counted,
 //! and why an operation failed.
 
-use std::fmt;
 use std::sync::Arc;
 
 use lockkit::adaptive::AdaptivePolicy;
@@ -68,27 +67,20 @@ impl Counts {
 }
 
 /// Why an operation failed.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum OpError {
     /// A lockkit error.
+    #[error(transparent)]
     Lockkit(lockkit::Error),
     /// A Diesel error (hand-written code).
-    Diesel(diesel::result::Error),
+    #[error(transparent)]
+    Diesel(#[from] diesel::result::Error),
     /// The retries ran out.
+    #[error("retries exhausted")]
     GaveUp,
     /// Anything else (a hand-written check).
+    #[error("{0}")]
     Other(String),
-}
-
-impl fmt::Display for OpError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            OpError::Lockkit(e) => write!(f, "{e}"),
-            OpError::Diesel(e) => write!(f, "{e}"),
-            OpError::GaveUp => f.write_str("retries exhausted"),
-            OpError::Other(e) => f.write_str(e),
-        }
-    }
 }
 
 impl From<lockkit::Error> for OpError {
@@ -97,12 +89,6 @@ impl From<lockkit::Error> for OpError {
             lockkit::Error::RetriesExhausted { .. } => OpError::GaveUp,
             e => OpError::Lockkit(e),
         }
-    }
-}
-
-impl From<diesel::result::Error> for OpError {
-    fn from(e: diesel::result::Error) -> Self {
-        OpError::Diesel(e)
     }
 }
 
