@@ -437,7 +437,10 @@ where
         key: &'a M::Key,
     ) -> BoxFuture<'a, QueryResult<Option<String>>> {
         Box::pin(async move {
-            let fetched = match rollbacks::needs_database_id(&mut AsyncWatched(&mut *conn)) {
+            let declared = TypeId::of::<M::Table>();
+            let table = table::of::<M::Table, Conn::Backend>;
+            let unread = rollbacks::unread(&mut AsyncWatched(&mut *conn), declared, table);
+            let fetched = match unread.database {
                 true => Some(
                     diesel::sql_query(<Conn::Backend as OptimisticBackend>::DATABASE_ID)
                         .get_result::<DatabaseId>(&mut *conn)
@@ -445,18 +448,14 @@ where
                 ),
                 false => None,
             };
-            let declared = TypeId::of::<M::Table>();
-            let table = table::of::<M::Table, Conn::Backend>;
             // As the blocking side's `rollbacks::row_id`. The query is built and
             // boxed in a block of its own, so that it is not held across the
             // await (the future would not be `Send`).
             let found = {
-                let asking =
-                    rollbacks::needs_table_schema(&mut AsyncWatched(&mut *conn), declared, table)
-                        .map(|table| {
-                            <Conn::Backend as OptimisticBackend>::table_schema_query(&table.name)
-                                .map(|query| load_boxed::<_, TableSchema>(query, &mut *conn))
-                        });
+                let asking = unread.schema.map(|table| {
+                    <Conn::Backend as OptimisticBackend>::table_schema_query(&table.name)
+                        .map(|query| load_boxed::<_, TableSchema>(query, &mut *conn))
+                });
                 match asking {
                     Some(Some(asking)) => asking.await?.schema,
                     // No search decides it: the connection's schema.

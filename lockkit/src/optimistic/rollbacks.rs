@@ -276,50 +276,58 @@ pub(crate) fn row_id<C: Connection>(
     fetch: impl FnOnce(&mut C) -> diesel::QueryResult<DatabaseId>,
     find: impl FnOnce(&mut C, &str) -> diesel::QueryResult<Option<String>>,
 ) -> diesel::QueryResult<Option<String>> {
-    let fetched = match needs_database_id(conn) {
+    let unread = unread(conn, declared, &table);
+    let fetched = match unread.database {
         true => Some(fetch(conn)?),
         false => None,
     };
-    let found = match needs_table_schema(conn, declared, &table) {
+    let found = match unread.schema {
         Some(table) => find(conn, &table.name)?,
         None => None,
     };
     Ok(row_id_with(conn, declared, table, key, fetched, found))
 }
 
-/// The table whose schema [`row_id_with`] needs read first
-/// ([`OptimisticBackend::table_schema_query`](crate::optimistic::backend::OptimisticBackend::table_schema_query)):
-/// a table whose `table!` names no schema, on a journaled connection when its
-/// key check has not answered it (which it does at the first versioned write
-/// to the table, in a transaction or not: what a connection sends must not
-/// depend on what other connections recorded), and without a journal whenever
-/// an identity is needed.
-pub(crate) fn needs_table_schema<W: Watched>(
+/// What [`row_id_with`] needs read first ([`unread`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Unread {
+    /// The database id ([`OptimisticBackend::DATABASE_ID`](crate::optimistic::backend::OptimisticBackend::DATABASE_ID)):
+    /// at a journaled connection's first versioned write, and without a
+    /// journal whenever an identity is needed.
+    pub(crate) database: bool,
+    /// The table whose schema
+    /// ([`OptimisticBackend::table_schema_query`](crate::optimistic::backend::OptimisticBackend::table_schema_query))
+    /// is to be read: a table whose `table!` names no schema, on a journaled
+    /// connection when its key check has not answered it (which it does at the
+    /// first versioned write to the table, in a transaction or not: what a
+    /// connection sends must not depend on what other connections recorded),
+    /// and without a journal whenever an identity is needed.
+    pub(crate) schema: Option<&'static TableName>,
+}
+
+/// What [`row_id_with`] needs read first on `conn`, for the table of type
+/// `declared` (`table`: its name, asked only for a schema to read).
+pub(crate) fn unread<W: Watched>(
     conn: &mut W,
     declared: TypeId,
     table: impl FnOnce() -> &'static TableName,
-) -> Option<&'static TableName> {
+) -> Unread {
     let needed = needs_row_ids(conn);
-    let needed = match versions_of(conn) {
-        Some(versions) => !versions.schemas.contains_key(&declared),
-        None => needed,
+    let (database, schema) = match versions_of(conn) {
+        Some(versions) => (
+            versions.database.is_none(),
+            !versions.schemas.contains_key(&declared),
+        ),
+        None => (needed, needed),
     };
-    needed.then(table).filter(|table| table.schema.is_none())
-}
-
-/// Whether [`row_id_with`] needs the database id read first: at a journaled
-/// connection's first versioned write, and without a journal whenever an
-/// identity is needed.
-pub(crate) fn needs_database_id<W: Watched>(conn: &mut W) -> bool {
-    let needed = needs_row_ids(conn);
-    match versions_of(conn) {
-        Some(versions) => versions.database.is_none(),
-        None => needed,
+    Unread {
+        database,
+        schema: schema.then(table).filter(|table| table.schema.is_none()),
     }
 }
 
-/// [`row_id`] once the database id was read if [`needs_database_id`] said so
-/// (`fetched`), and the table's schema if [`needs_table_schema`] did (`found`:
+/// [`row_id`] once what [`unread`] named was read: the database id
+/// (`fetched`), and the table's schema (`found`:
 /// empty where the connection's schema is the table's; `None` where it was
 /// not asked, or the connection found no such table: the row is then named
 /// in the connection's schema, and nothing is kept).
