@@ -89,10 +89,9 @@
 //! `search_path` finds it in (asked with the key check, once per connection
 //! and table), on MySQL/MariaDB its database, on SQLite `main`. The server as
 //! the connection reached it (its address, or host name, and port) is kept
-//! beside the name: a rolled-back
-//! number protects the row whichever server recorded it, and a commit forgets
-//! only what was recorded through its own (`server_and_rest`), so that one
-//! server reached by two paths, or a cluster's two nodes, cannot make one row
+//! beside the name: a rolled-back number protects the row whichever server
+//! recorded it, and a commit forgets only what was recorded through its own,
+//! so that one server reached by two paths, or a cluster's two nodes, cannot make one row
 //! two. The connection's names are read once per connection. An SQLite
 //! database without a file (`:memory:`, a temporary one) is private to its
 //! connection and named after it; a shared-cache in-memory database used from
@@ -111,12 +110,6 @@
 //! serves every strategy; the versions it records serve the versioned writes,
 //! which keep their record in it.
 
-// Without a backend feature no connection implements the per-connection traits,
-// and the pieces they are built from go unused.
-#![cfg_attr(
-    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
-    allow(unused_imports, dead_code)
-)]
 // Without a backend feature no connection implements the per-connection traits,
 // and the pieces they are built from go unused.
 #![cfg_attr(
@@ -516,8 +509,11 @@ impl Instrumentation for Journal {
 
 impl Drop for Journal {
     fn drop(&mut self) {
-        // The record, dropped after this, takes its open versions for rolled
-        // back: the server rolls back a transaction whose session ends.
+        // The server rolls back a transaction whose session ends: the record
+        // takes its open versions for rolled back as it goes, before the
+        // aborts reported in that transaction are settled, so that whoever
+        // sees one settled sees its versions rolled back.
+        drop(self.record.take());
         self.aborts.settle();
     }
 }
@@ -527,9 +523,9 @@ impl Drop for Journal {
 ///
 /// Only the hooks differ between the two: Diesel's transaction manager and
 /// diesel-async's report `BEGIN`, `COMMIT`, `ROLLBACK` and savepoints to the
-/// connection's instrumentation alike, so one [`Journal`] watches both, and
-/// what ended a transaction, what is recorded and which version a struct
-/// writes with (`optimistic::rollbacks`) are decided once, for both.
+/// connection's instrumentation alike, so one [`Journal`] watches both: what
+/// ended a transaction is decided here once, and what is recorded and which
+/// version a struct writes with (`optimistic::rollbacks`) once above it.
 pub(crate) trait Watched {
     /// The connection's Diesel instrumentation.
     fn slot(&mut self) -> &mut dyn Instrumentation;
