@@ -584,22 +584,27 @@ impl Registry {
 }
 
 /// Looks at the entries recorded for `row` of `table`, whichever server
-/// recorded them ([`server_and_rest`]), with the registry locked: `None`
-/// where the write names no row, or nothing is recorded for it.
-fn recorded<T>(
+/// recorded them ([`server_and_rest`]): `None` where the write names no row, or
+/// nothing is recorded for it. What `look` needs of the connection (`ask`) is
+/// asked before the registry is locked, so that nothing the connection does
+/// can wait for the registry while it is held.
+fn recorded<W: Watched, A, T>(
+    conn: &mut W,
     table: &'static str,
     row: Option<&str>,
-    look: impl FnOnce(&[Entry]) -> T,
+    ask: impl FnOnce(&mut W) -> A,
+    look: impl FnOnce(&[Entry], A) -> T,
 ) -> Option<T> {
     let row = row?;
     if ENTRIES.load(Ordering::Relaxed) == 0 {
         return None;
     }
+    let asked = ask(conn);
     let registry = registry();
     let entries = registry
         .rows
         .get(&(table, server_and_rest(row).1.to_owned()))?;
-    Some(look(entries))
+    Some(look(entries, asked))
 }
 
 /// How to run a versioned write whose struct holds `expected`.
@@ -624,8 +629,8 @@ pub(crate) fn plan<W: Watched>(
     row: Option<&str>,
     expected: i64,
 ) -> Plan {
-    recorded(table, row, |entries| {
-        let here = (conn.address(), conn.depth());
+    let here = |conn: &mut W| (conn.address(), conn.depth());
+    recorded(conn, table, row, here, |entries, here| {
         let uncommitted = |e: &Entry| e.uncommitted(here);
         // Two servers' entries may hold the same number (two writes through two
         // paths, neither of which saw the other's yet): any one that did not
@@ -668,18 +673,20 @@ pub(crate) fn reused<W: Watched>(
     row: Option<&str>,
     to: i64,
 ) -> bool {
-    recorded(table, row, |entries| {
-        // Another connection's write of `to` still marked open did not commit
-        // either: this write found the row below `to`. (Its rollback may simply
-        // not have been reported yet: the server released the row first.)
+    let ask = |conn: &mut W| {
         let mine = conn
             .slot()
             .downcast_mut::<Journal>()
             .and_then(Journal::existing_record::<Versions>)
             .map(|versions| versions.id);
+        (mine, (conn.address(), conn.depth()))
+    };
+    recorded(conn, table, row, ask, |entries, (mine, here)| {
+        // Another connection's write of `to` still marked open did not commit
+        // either: this write found the row below `to`. (Its rollback may simply
+        // not have been reported yet: the server released the row first.)
         let elsewhere =
             |e: &Entry| matches!(e.state, State::Open { journal, .. } if Some(journal) != mine);
-        let here = (conn.address(), conn.depth());
         // An unwatched entry at `to` cannot be of the open transaction, whatever
         // the connection and depth say: this write found the row below `to`, so
         // the write of `to` was undone (a rollback lockkit did not see).
@@ -760,9 +767,10 @@ pub(crate) fn written<W: Watched>(
             Ok(versions.id)
         }
         None => {
-            if !UNWATCHED.swap(true, Ordering::Relaxed) {
-                journal::on_unwatched_rollback(unwatched_rolled_back);
-            }
+            // Installed before any entry of such a connection is recorded, so
+            // that the rollback of whichever transaction holds one is heard.
+            journal::on_unwatched_rollback(unwatched_rolled_back);
+            UNWATCHED.store(true, Ordering::Relaxed);
             Err(conn.address())
         }
     };
@@ -812,8 +820,7 @@ pub(crate) fn unconfirmed<W: Watched>(
     if !UNWATCHED.load(Ordering::Relaxed) {
         return None;
     }
-    recorded(table, row, |entries| {
-        let here = conn.address();
+    recorded(conn, table, row, W::address, |entries, here| {
         entries.iter().find_map(|e| match e.state {
             State::Unwatched { conn, slot, .. } if conn == here && e.version == expected => {
                 Some(Mark {
