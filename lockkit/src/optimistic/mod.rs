@@ -36,7 +36,9 @@ pub mod version_check;
 pub mod version_trigger;
 pub mod versioned;
 
-/// The journal lives on the ground floor, where every transaction is watched.
+// The journal lives on the ground floor, where every transaction is watched.
 pub use crate::transaction::journal;
+#[doc(hidden)]
+pub use mark::Mark;
 pub use version::VersionNumber;
 pub use versioned::{BumpVersion, Versioned};
