@@ -27,11 +27,11 @@ fn now_millis() -> i64 {
 /// stock of 100. A connection of `$db`'s pool, for the tests that use one.
 macro_rules! prepare {
     ($db:expr) => {{
-        $db.conn()
-            .run_pending_migrations(idempotency_migrations(BACKEND))
+        let mut conn = $db.conn();
+        conn.run_pending_migrations(idempotency_migrations(BACKEND))
             .unwrap();
-        seed_items(&mut $db.conn(), &[(1, 100)]);
-        $db.conn()
+        seed_items(&mut conn, &[(1, 100)]);
+        conn
     }};
 }
 
