@@ -445,10 +445,9 @@ mod large_payloads {
     #[cfg(feature = "mysql")]
     #[test]
     fn without_strict_mode_a_large_payload_is_not_published_cut() {
-        let db = lockkit_tests::TestDb::<diesel::MysqlConnection>::new("outbox_payload_not_strict");
+        let db =
+            crate::mysql_deadlock::database_with("outbox_payload_not_strict", outbox_migrations);
         let mut conn = db.connect();
-        conn.run_pending_migrations(outbox_migrations("mysql"))
-            .unwrap();
         diesel::connection::SimpleConnection::batch_execute(&mut conn, "SET SESSION sql_mode = ''")
             .unwrap();
         let payload = "x".repeat(70_000);
@@ -577,10 +576,8 @@ mod an_enqueue_beside_a_relay {
     #[cfg(feature = "mysql")]
     #[test]
     fn an_order_is_not_refused_while_a_relay_waits_for_its_broker() {
-        let db = TestDb::<diesel::MysqlConnection>::new("outbox_enqueue_beside_relay");
-        db.conn()
-            .run_pending_migrations(outbox_migrations("mysql"))
-            .unwrap();
+        let db =
+            crate::mysql_deadlock::database_with("outbox_enqueue_beside_relay", outbox_migrations);
         // The broker does not answer.
         let order =
             beside_a_relay_waiting_on_its_broker(&db, Duration::from_millis(2500), false, |conn| {

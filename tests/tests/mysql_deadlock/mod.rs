@@ -1,5 +1,6 @@
 //! What the MySQL/MariaDB cases of `tests/idempotency.rs` and `tests/outbox.rs`
-//! share: a database with lockkit's tables, and the request's work beside
+//! share: a database with lockkit's tables (every such case's), and, for the
+//! deadlock cases, the request's work beside
 //! `lockkit_tests::aborts::beside_neighbour`, whose best-effort extra is the
 //! deadlock's victim.
 
