@@ -161,21 +161,6 @@ fn assert_left_clean(
     assert_eq!((stock, lines), (10, 1), "{outcome:?}");
 }
 
-/// `$body` in diesel-async's own transaction on `$conn`, which first records
-/// order line 1: the outer transaction whose fate a deadlock inside `$body`
-/// decides (the blocking side's `after_order_line_1`). Inside `$body`, `$conn`
-/// names the transaction's connection.
-macro_rules! after_order_line_1 {
-    ($conn:ident, $body:block) => {
-        $conn
-            .transaction(async |$conn| {
-                order_line($conn, 1).await?;
-                $body
-            })
-            .await
-    };
-}
-
 /// The nested lockkit call a caller sells under after it let its own deadlock
 /// go: it sells one unit of item 1 and records order line 2.
 #[derive(Debug, Clone, Copy)]

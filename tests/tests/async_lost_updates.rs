@@ -303,15 +303,12 @@ mod mysql_aborted {
         );
         let mut conn: Async = async_common::connect(&db.url, "mysql").await;
         let mut refused = None;
-        let outcome: Result<(), Error> = conn
-            .transaction(async |conn| {
-                order_line(conn, 1).await?;
-                let mut two = item!(&mut *conn, 2);
-                two.stock = -1;
-                refused = Some(two.update_versioned(conn).await);
-                Err(Error::NoRowMatched)
-            })
-            .await;
+        let outcome: Result<(), Error> = after_order_line_1!(conn, {
+            let mut two = item!(&mut *conn, 2);
+            two.stock = -1;
+            refused = Some(two.update_versioned(conn).await);
+            Err(Error::NoRowMatched)
+        });
         let mut fresh: Async = async_common::connect(&db.url, "mysql").await;
         let (stock, lines) = stock_and_lines!(&mut fresh, 2);
         let rows = format!("item 2's stock {stock}, order lines {lines}");
@@ -333,17 +330,14 @@ mod mysql_aborted {
             conn.batch_execute(&set).await.unwrap();
         }
         let mut caught = None;
-        let outcome: Result<(), Error> = conn
-            .transaction(async |conn| {
-                order_line(conn, 1).await?;
-                conn.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")
-                    .await?;
-                stage.cue();
-                twin.label = "sold".into();
-                caught = Some(twin.update_versioned(conn).await);
-                order_line(conn, 2).await
-            })
-            .await;
+        let outcome: Result<(), Error> = after_order_line_1!(conn, {
+            conn.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")
+                .await?;
+            stage.cue();
+            twin.label = "sold".into();
+            caught = Some(twin.update_versioned(conn).await);
+            order_line(conn, 2).await
+        });
         let (_, lines) = stage.sold_and_lines().await;
         let rows = format!("order lines {lines}");
         assert_refused(&caught, true, &outcome, lines == 0, &rows);

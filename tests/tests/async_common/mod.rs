@@ -151,6 +151,22 @@ where
     Ok(conn.batch_execute(&sql).await?)
 }
 
+/// `$body` in diesel-async's own transaction on `$conn`, which first records
+/// order line 1: the outer transaction whose fate a deadlock inside `$body`
+/// decides (the blocking side's `after_order_line_1`). Inside `$body`, `$conn`
+/// names the transaction's connection.
+#[allow(unused_macros)]
+macro_rules! after_order_line_1 {
+    ($conn:ident, $body:block) => {
+        $conn
+            .transaction(async |$conn| {
+                $crate::async_common::order_line($conn, 1).await?;
+                $body
+            })
+            .await
+    };
+}
+
 /// A patient retry policy for tests that contend on purpose.
 pub fn patient() -> lockkit::RetryPolicy {
     lockkit::RetryPolicy::default()
