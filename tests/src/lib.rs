@@ -136,6 +136,20 @@ macro_rules! item {
     }};
 }
 
+/// `$row`'s versioned write (its stock set to `$stock`) in a transaction on
+/// `$conn` that rolls back: `$row` then holds the rolled-back number.
+#[macro_export]
+macro_rules! write_rolled_back {
+    ($conn:expr, $row:ident, $stock:expr) => {{
+        let rolled_back: Result<(), ::lockkit::Error> = ($conn).transaction(|c| {
+            $row.stock = $stock;
+            $row.update_versioned(c)?;
+            Err(::lockkit::Error::NoRowMatched)
+        });
+        assert!(rolled_back.is_err());
+    }};
+}
+
 /// One row reached through two connections: A's versioned write of the row
 /// `$load` reads rolls back on `$one`; B reads it, writes its 7 and commits on
 /// `$two`; A writes again on `$two` from its rolled-back number. A must be
@@ -146,12 +160,7 @@ macro_rules! rolled_back_on_one_retried_on_the_other {
     ($one:expr, $two:expr, $load:expr, $how:literal) => {{
         let load = $load;
         let mut a = load($one);
-        let rolled_back: Result<(), ::lockkit::Error> = ($one).transaction(|c| {
-            a.stock = 5;
-            a.update_versioned(c)?;
-            Err(::lockkit::Error::NoRowMatched)
-        });
-        assert!(rolled_back.is_err());
+        $crate::write_rolled_back!($one, a, 5);
         let mut b = load($two);
         b.stock = 7;
         b.update_versioned($two).unwrap();

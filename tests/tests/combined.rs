@@ -39,12 +39,7 @@ fn dialect(backend: &str) -> Dialect {
 macro_rules! rolled_back_write {
     ($conn:ident) => {{
         let mut a = item!(&mut $conn, 1);
-        let rolled_back: Result<(), Error> = $conn.transaction(|c| {
-            a.stock = 5;
-            a.update_versioned(c)?;
-            Err(Error::NoRowMatched)
-        });
-        assert!(rolled_back.is_err());
+        lockkit_tests::write_rolled_back!($conn, a, 5);
         a
     }};
 }

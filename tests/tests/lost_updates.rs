@@ -24,12 +24,7 @@ macro_rules! written_elsewhere {
     };
     ($a:expr, $b:expr, $where:literal, $other_write:block) => {{
         let mut a = item!($a, 1);
-        let rolled_back: Result<(), Error> = ($a).transaction(|c| {
-            a.stock = 5;
-            a.update_versioned(c)?;
-            Err(Error::NoRowMatched)
-        });
-        assert!(rolled_back.is_err());
+        lockkit_tests::write_rolled_back!($a, a, 5);
         $other_write
         b_commits_then_a_is_stale!($a, $b, a, concat!("a write in ", $where, " had cleared the journal"));
     }};
@@ -82,12 +77,7 @@ mod journal {
         ($conn:ident, $stock:expr) => {{
             seed_items(&mut $conn, &[(1, 10)]);
             let mut a = item!(&mut $conn, 1);
-            let rolled_back: Result<(), Error> = $conn.transaction(|c| {
-                a.stock = $stock;
-                a.update_versioned(c)?;
-                Err(Error::NoRowMatched)
-            });
-            assert!(rolled_back.is_err());
+            lockkit_tests::write_rolled_back!($conn, a, $stock);
             a
         }};
     }
