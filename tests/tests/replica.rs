@@ -473,6 +473,30 @@ fn a_rolled_back_write_gives_no_position_and_the_primary_policy_reads_the_primar
     paused.resume();
 }
 
+/// The work lets a failed statement go: PostgreSQL has aborted the transaction
+/// and answers its `COMMIT` with `ROLLBACK`. The write is gone, so the router
+/// must neither report it committed nor hand out a position for it.
+#[test]
+fn a_write_the_server_rolled_back_at_commit_is_an_error_and_gives_no_position() {
+    let db = TestReplicas::new("router_write_aborted");
+    db.seed_replicated(&[(1, 10)]);
+    let router = db.router(Policy::Primary);
+
+    let outcome = router.write(|conn| {
+        diesel::update(items::table.find(1))
+            .set(items::stock.eq(9))
+            .execute(conn)?;
+        let failed = diesel::sql_query("SELECT 1 / 0").execute(conn);
+        assert!(failed.is_err(), "the statement must fail");
+        Ok::<_, Error>(())
+    });
+    let stock = stock(&mut router.primary().unwrap());
+    assert!(
+        outcome.is_err() && stock == 10,
+        "Router::write returned {outcome:?} for a write the server threw away; stock {stock}"
+    );
+}
+
 #[test]
 fn read_only_transactions_on_the_primary_are_read_only_too() {
     let db = TestReplicas::new("read_only_transaction");

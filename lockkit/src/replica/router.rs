@@ -3,11 +3,12 @@
 use std::ops::{Deref, DerefMut};
 
 use diesel::r2d2::{ConnectionManager, Pool, PooledConnection};
-use diesel::{Connection, PgConnection};
+use diesel::PgConnection;
 
 use super::route::skips_the_replica;
 use super::{commit_lsn, route, Lsn, Policy, Route};
 use crate::error::Error;
+use crate::pessimistic::options::LockOptions;
 
 /// An r2d2 pool of PostgreSQL connections.
 pub type PgPool = Pool<ConnectionManager<PgConnection>>;
@@ -81,17 +82,26 @@ impl Router {
     /// Runs `work` in a transaction on the primary, commits it, and returns its
     /// result with the commit's position ([`commit_lsn`]): pass the position to
     /// the reads that must see this write. A rolled-back `work` returns its error
-    /// and no position.
+    /// and no position. The transaction is lockkit's
+    /// ([`locked_transaction`](crate::locked_transaction)): a panic in `work`
+    /// rolls it back, and a transaction the server aborted (a statement failed
+    /// and `work` let the error go, so PostgreSQL answers `COMMIT` with
+    /// `ROLLBACK`) is an error, not a position for a write that never happened.
+    ///
+    /// # Errors
+    ///
+    /// Whatever `work` returns; [`Error::Pool`]; a classified error from
+    /// `BEGIN`, `COMMIT` or the position's read.
     pub fn write<T, E>(
         &self,
         work: impl FnOnce(&mut PgConnection) -> Result<T, E>,
     ) -> Result<(T, Lsn), E>
     where
-        E: From<Error> + From<diesel::result::Error>,
+        E: From<Error>,
     {
         let mut pooled = self.primary().map_err(E::from)?;
         let conn: &mut PgConnection = &mut pooled;
-        let out = conn.transaction(work)?;
+        let out = crate::locked_transaction(conn, LockOptions::default(), work)?;
         let written = commit_lsn(conn).map_err(E::from)?;
         Ok((out, written))
     }
