@@ -122,7 +122,7 @@ pub enum BackendConn<'a> {
     note = "lockkit takes `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`) and r2d2 pooled connections to them",
     note = "for a `#[derive(diesel::MultiConnection)]` enum, implement `lockkit::multi::Dispatch` with one `match` that returns `BackendConn::Pg(conn)`, `BackendConn::Mysql(conn)` or `BackendConn::Sqlite(conn)`"
 )]
-pub trait Dispatch: diesel::Connection + Sized {
+pub trait Dispatch: diesel::Connection + Sized + 'static {
     /// The connection this enum holds now.
     fn dispatch(&mut self) -> BackendConn<'_>;
 }
@@ -130,6 +130,7 @@ pub trait Dispatch: diesel::Connection + Sized {
 use crate::bounds::{ClaimQuery, CurrentVersionQuery, LockAll, LockRow, MarkLocked, VersionCheck};
 use crate::error::Error;
 use crate::optimistic::mark::Mark;
+use crate::optimistic::versioned;
 #[cfg(feature = "outbox")]
 use crate::outbox::{DeadLetter, OutboxMessage, OutboxStore};
 use crate::pessimistic::connection;
@@ -321,7 +322,7 @@ macro_rules! dispatch {
         impl<M, T> CurrentVersionQuery<T> for M
         where
             T: Dispatch,
-            M: VersionCheck $(+ CurrentVersionQuery<$conn>)+,
+            M: VersionCheck<Key: Send + 'static> $(+ CurrentVersionQuery<$conn>)+,
         {
             fn load_current_version(conn: &mut T, key: M::Key) -> QueryResult<Option<M::Version>> {
                 match conn.dispatch() {
@@ -363,6 +364,14 @@ macro_rules! dispatch {
                 match conn.dispatch() {
                     $(BackendConn::$variant(conn) => <M as CurrentVersionQuery<$conn>>::ends(conn),)+
                 }
+            }
+
+            fn move_past_again(
+                key: M::Key,
+                row: Option<String>,
+                version: M::Version,
+            ) -> Box<dyn std::any::Any + Send> {
+                versioned::move_past_again(versioned::move_past::<M, T>, key, row, version)
             }
         }
 
@@ -428,7 +437,7 @@ where
 impl<M, T> CurrentVersionQuery<Pooled<T>> for M
 where
     T: Dispatch + R2D2Connection + Send + 'static,
-    M: CurrentVersionQuery<T>,
+    M: CurrentVersionQuery<T, Key: Send + 'static>,
 {
     fn load_current_version(conn: &mut Pooled<T>, key: M::Key) -> QueryResult<Option<M::Version>> {
         M::load_current_version(conn, key)
@@ -456,6 +465,14 @@ where
 
     fn ends(conn: &mut Pooled<T>) -> journal::Ends {
         M::ends(conn)
+    }
+
+    fn move_past_again(
+        key: M::Key,
+        row: Option<String>,
+        version: M::Version,
+    ) -> Box<dyn std::any::Any + Send> {
+        versioned::move_past_again(versioned::move_past::<M, Pooled<T>>, key, row, version)
     }
 }
 

@@ -415,6 +415,39 @@ async_backend_tests! {
         assert_eq!((stored.stock, stored.lock_version), (15, 2), "B's and A's writes, one bump each");
     }
 
+    /// A's versioned write (v0 -> v1) rolls back; another instance commits its
+    /// own v1. A reads the row afresh in `transaction_with_retry` and writes:
+    /// the read holds the other's 1, so the write lands, after a retry that
+    /// reads again (the first attempt's move past the number, which its
+    /// rollback undid, is made again outside it), and the struct that holds
+    /// the rolled-back 1 still never writes.
+    async fn a_fresh_read_in_a_retried_transaction_writes_over_a_number_another_instance_committed(db) {
+        let (mut a_conn, mut b_conn, mut held) = a_write_rolled_back!(db);
+        diesel::sql_query("UPDATE items SET stock = 7, lock_version = lock_version + 1 WHERE id = 1 AND lock_version = 0")
+            .execute(&mut b_conn)
+            .await
+            .unwrap();
+        let sold = transaction_with_retry(&mut a_conn, &RetryPolicy::immediate(3), async |c| {
+            let mut item = item!(c, 1);
+            item.stock -= 1;
+            item.update_versioned(c).await?;
+            Ok::<_, Error>(item.stock)
+        })
+        .await;
+        let stored = item!(&mut b_conn, 1);
+        assert!(
+            matches!(sold, Ok(6)) && (stored.stock, stored.lock_version) == (6, 3),
+            "a fresh read of the other's commit was refused: {sold:?}, row {stored:?}"
+        );
+        held.stock = 2;
+        let again = held.update_versioned(&mut a_conn).await;
+        let stock = item!(&mut b_conn, 1).stock;
+        assert!(
+            matches!(again, Err(Error::Stale(_))) && stock == 6,
+            "the rolled-back struct wrote: {again:?}, stock {stock}"
+        );
+    }
+
     /// A's write is rolled back (A holds 1, the row is back at 0); B's
     /// `with_lock` then bumps the row it locks to 1, A's rolled-back number, and
     /// must move it past (on PostgreSQL the bump is folded into the locking

@@ -356,6 +356,42 @@ mod all {
             assert_eq!((stored.stock, stored.lock_version), (15, 2), "B's and A's writes, one bump each");
         }
 
+        fn a_fresh_read_in_a_retried_transaction_writes_over_a_number_another_instance_committed(db) {
+            // A's versioned write (v0 -> v1) rolls back; another instance commits
+            // its own v1. A then reads the row afresh in `transaction_with_retry`
+            // and writes: the struct holds the row's 1, the other's, not the one
+            // A's rollback left behind, so the write must land, at the latest
+            // after a retry that reads again. (Each attempt used to take the read
+            // for the rolled-back struct, find the row past 0 and report Stale, in
+            // the transaction that Stale then rolled back: Stale on every retry.)
+            let mut a_conn = db.conn();
+            let mut other = db.conn();
+            seed_items(&mut a_conn, &[(1, 10)]);
+            let mut held = rolled_back_write!(a_conn);
+            another_instance_commits(&mut other);
+            let sold = lockkit::transaction_with_retry(&mut a_conn, &RetryPolicy::immediate(3), |c| {
+                let mut item = item!(c, 1);
+                item.stock -= 1;
+                item.update_versioned(c)?;
+                Ok::<_, Error>(item.stock)
+            });
+            // The first attempt moved the row past the number (1 -> 2, data
+            // untouched), which its rollback undid and lockkit made again outside
+            // it; the second attempt read 2 and wrote 3.
+            let stored = item!(&mut other, 1);
+            assert!(
+                matches!(sold, Ok(6)) && (stored.stock, stored.lock_version) == (6, 3),
+                "a fresh read of the other's commit was refused: {sold:?}, row {stored:?}"
+            );
+            // The struct that holds the rolled-back 1 never writes.
+            held.stock = 2;
+            let again = held.update_versioned(&mut a_conn);
+            assert!(
+                matches!(again, Err(Error::Stale(_))) && stock_of!(&mut other) == 6,
+                "the rolled-back struct wrote: {again:?}"
+            );
+        }
+
         fn a_with_lock_bump_moves_past_a_rolled_back_number(db) {
             // A's write is rolled back (A holds 1, the row is back at 0); B's
             // `with_lock` then bumps the row it locks to 1, A's rolled-back

@@ -339,6 +339,33 @@ lockkit_tests::backend_tests! {
         assert_eq!(stock(&mut conn, 1), 2, "the later write stands");
     }
 
+    fn a_fresh_read_retried_through_the_enum_writes_over_a_number_another_instance_committed(db) {
+        // combined's test of the same name, through the enum: the move past the
+        // first attempt made, undone by its rollback, is made again on the enum.
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn = any(&db);
+        let mut held = rolled_back_write(&mut conn);
+        let mut other = any(&db);
+        exec(
+            &mut other,
+            "UPDATE items SET stock = 7, lock_version = lock_version + 1 WHERE id = 1 AND lock_version = 0",
+        );
+        let sold = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c: &mut AnyConnection| {
+            let mut item = load(c, 1);
+            item.stock -= 1;
+            item.update_versioned(c)?;
+            Ok::<_, Error>(item.stock)
+        });
+        let stored = load(&mut other, 1);
+        assert!(
+            matches!(sold, Ok(6)) && (stored.stock, stored.lock_version) == (6, 3),
+            "a fresh read of the other's commit was refused: {sold:?}, row {stored:?}"
+        );
+        held.stock = 2;
+        assert!(matches!(held.update_versioned(&mut conn), Err(Error::Stale(_))));
+        assert_eq!(stock(&mut other, 1), 6, "the rolled-back struct never writes");
+    }
+
     fn a_rolled_back_versioned_write_through_an_unwatched_enum_never_overwrites_a_later_one(db) {
         // The application's own instrumentation, set on the enum (which sets
         // it on the connection inside): lockkit sees no transaction end, and

@@ -98,6 +98,7 @@ where
     };
     if !nested {
         conn.repair().await;
+        redo(conn).await;
     }
     let failed = Failed::from_failure(failure, classify);
     let (asked, ended) = match failed.question(nested) {
@@ -122,4 +123,15 @@ where
     Err(failed.into_error(nested, ended, |cause| {
         journal::aborted(&mut journal::AsyncWatched(conn), cause)
     }))
+}
+
+/// After lockkit's own outermost transaction on `conn` rolled back: sends
+/// again, outside any transaction, what the journal keeps of it that must stand
+/// (the blocking side's `transaction::redo`). Best effort.
+async fn redo<C: AsyncLockingConnection>(conn: &mut C) {
+    for redo in journal::take_redo(&mut journal::AsyncWatched(&mut *conn)) {
+        if let Ok(redo) = redo.downcast::<journal::AsyncRedo<C>>() {
+            redo(conn).await;
+        }
+    }
 }

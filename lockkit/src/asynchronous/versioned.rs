@@ -85,6 +85,8 @@ use crate::transaction::journal::AsyncWatched;
 use crate::transaction::{Began, Failure};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+/// [`move_past`] for a model, on `C`, its key `K` and its version `V`.
+type MovePast<C, K, V> = for<'c> fn(&'c mut C, K, Option<String>, V) -> BoxFuture<'c, ()>;
 
 /// The version-checked writes of [`Versioned`], on diesel-async connections.
 /// Implemented for every `Versioned` model; see the [module docs](self).
@@ -373,6 +375,16 @@ pub trait AsyncVersionQuery<Conn>: VersionCheck<Key: Send + Sync, Version: Send>
     /// `CurrentVersionQuery::mark_stands`).
     #[doc(hidden)]
     fn mark_stands(conn: &mut Conn, mark: Mark) -> BoxFuture<'_, QueryResult<bool>>;
+
+    /// The move past of a stale write as the journal keeps it, to be made
+    /// again outside any transaction once the one that made it rolled back
+    /// (the blocking side's `CurrentVersionQuery::move_past_again`).
+    #[doc(hidden)]
+    fn move_past_again(
+        key: Self::Key,
+        row: Option<String>,
+        version: Self::Version,
+    ) -> Box<dyn std::any::Any + Send>;
 }
 
 type Latest<Conn, Q> = <<Conn as AsyncConnectionCore>::Backend as OptimisticBackend>::Latest<Q>;
@@ -380,7 +392,7 @@ type Latest<Conn, Q> = <<Conn as AsyncConnectionCore>::Backend as OptimisticBack
 impl<M, Conn> AsyncVersionQuery<Conn> for M
 where
     Conn: AsyncLockingConnection,
-    M: VersionCheck<Key: Send + Sync, Version: Send>,
+    M: VersionCheck<Key: Send + Sync + 'static, Version: Send>,
     M::CurrentVersion: LockingDsl<InShareMode>,
     Latest<Conn, M::CurrentVersion>: for<'q> LoadQuery<'q, Conn, M::Version> + Send + 'static,
     BoxedSqlQuery<'static, Conn::Backend, SqlQuery>: for<'q> LoadQuery<'q, Conn, Unique> + Send,
@@ -502,6 +514,17 @@ where
             Ok(row.stands != 0)
         })
     }
+
+    fn move_past_again(
+        key: M::Key,
+        row: Option<String>,
+        version: M::Version,
+    ) -> Box<dyn std::any::Any + Send> {
+        let again: MovePast<Conn, M::Key, M::Version> = move_past::<M, Conn>;
+        let redo: crate::transaction::journal::AsyncRedo<Conn> =
+            Box::new(move |conn: &mut Conn| again(conn, key, row, version));
+        Box::new(redo)
+    }
 }
 
 /// Executes a statement built for every connection, as a boxed future (see
@@ -622,6 +645,13 @@ where
                     let bumped = M::bump_past(conn, key.clone(), version)
                         .await
                         .map_err(classify)?;
+                    if bumped == 1 {
+                        let again = M::move_past_again(key.clone(), row.clone(), version);
+                        crate::transaction::journal::redo_after_rollback(
+                            &mut AsyncWatched(&mut *conn),
+                            again,
+                        );
+                    }
                     then.moved(&mut AsyncWatched(&mut *conn), bumped)
                 }
                 Step::MovePastReused(version, then) => {
@@ -640,6 +670,33 @@ where
         Ok(written) => Ok(written),
         Err(err) => Err(super::connection::failed_write(conn, err).await),
     }
+}
+
+/// The blocking side's [`move_past`](crate::optimistic::versioned::move_past),
+/// awaited: outside a transaction, moves the row past `version` if it is still
+/// there, and on past the numbers other rolled-back writes left; then the
+/// journal forgets the numbers up to `version`. Best effort.
+fn move_past<M, Conn>(
+    conn: &mut Conn,
+    key: M::Key,
+    row: Option<String>,
+    version: M::Version,
+) -> BoxFuture<'_, ()>
+where
+    Conn: AsyncLockingConnection,
+    M: Versioned<Key: 'static> + AsyncVersionQuery<Conn>,
+{
+    Box::pin(async move {
+        if !matches!(M::bump_past(conn, key.clone(), version).await, Ok(1)) {
+            return;
+        }
+        if let Ok(next) = checked_next::<M>(&key, version) {
+            let _ = move_past_reused::<M, Conn>(conn, &key, row.as_deref(), next).await;
+        }
+        if let Some(row) = row {
+            rollbacks::forget_through(M::TABLE_NAME, &row, version.to_i64());
+        }
+    })
 }
 
 /// The blocking side's

@@ -107,6 +107,7 @@ macro_rules! current_version_query_on {
                 for<'q> LoadQuery<'q, $conn, M::Version>,
             TouchVersioned<M>: ExecuteDsl<$conn>,
             M::Table: QueryFragment<Backend<$conn>> + 'static,
+            M::Key: Send + 'static,
         {
             fn load_current_version(
                 conn: &mut $conn,
@@ -160,6 +161,15 @@ macro_rules! current_version_query_on {
 
             fn ends(_: &mut $conn) -> journal::Ends {
                 journal::Ends::of::<Backend<$conn>>()
+            }
+
+            fn move_past_again(
+                key: M::Key,
+                row: Option<String>,
+                version: M::Version,
+            ) -> Box<dyn std::any::Any + Send> {
+                use crate::optimistic::versioned::{move_past, move_past_again};
+                move_past_again(move_past::<M, $conn>, key, row, version)
             }
         }
     )*};

@@ -824,6 +824,63 @@ pub trait CurrentVersionQuery<Conn>: VersionCheck {
     /// may have missed there.
     #[doc(hidden)]
     fn ends(conn: &mut Conn) -> journal::Ends;
+
+    /// The move past of a stale write ([`bump_past`](Self::bump_past) of `key`
+    /// from `version`, the row named `row` for the [`journal`]) as the journal
+    /// keeps it, to be made again outside any transaction once the one that
+    /// made it rolled back ([`move_past_again`]).
+    #[doc(hidden)]
+    fn move_past_again(
+        key: Self::Key,
+        row: Option<String>,
+        version: Self::Version,
+    ) -> Box<dyn std::any::Any + Send>;
+}
+
+/// A move past that a stale write made inside a transaction, as the
+/// [`Redo`](journal::Redo) the journal keeps for the connection type `C`:
+/// `again` (a [`move_past`] for the model) on `key`, `row` and `version`. The
+/// transaction's rollback (which a stale write usually brings) undoes the move;
+/// without it made again, every reader of the row's number in a retried
+/// transaction would find that number again and be stale, attempt after attempt.
+pub(crate) fn move_past_again<C, K, V>(
+    again: fn(&mut C, K, Option<String>, V),
+    key: K,
+    row: Option<String>,
+    version: V,
+) -> Box<dyn std::any::Any + Send>
+where
+    C: 'static,
+    K: Send + 'static,
+    V: Send + 'static,
+{
+    let redo: journal::Redo<C> = Box::new(move |conn: &mut C| again(conn, key, row, version));
+    Box::new(redo)
+}
+
+/// Outside a transaction: moves the row `key` (`row` for the journal) past
+/// `version`, a number a rolled-back write left with some struct, if it is
+/// still there, and on past the numbers other rolled-back writes left; then
+/// the journal forgets the numbers up to `version`, which no row can hold
+/// again. Best effort: a failure leaves holders of `version` stale, as they were.
+pub(crate) fn move_past<M, Conn>(
+    conn: &mut Conn,
+    key: M::Key,
+    row: Option<String>,
+    version: M::Version,
+) where
+    M: CurrentVersionQuery<Conn>,
+    Conn: Connection,
+{
+    if !matches!(M::bump_past(conn, key.clone(), version), Ok(1)) {
+        return;
+    }
+    if let Ok(next) = checked_next::<M>(&key, version) {
+        let _ = move_past_reused::<M, _>(conn, &key, row.as_deref(), next);
+    }
+    if let Some(row) = row {
+        rollbacks::forget_through(M::TABLE_NAME, &row, version.to_i64());
+    }
 }
 
 /// The order `update_all_by_version` writes `rows` in: by key, so that two bulk
@@ -985,6 +1042,10 @@ where
                 }
                 Step::MovePast(version, then) => {
                     let bumped = M::bump_past(conn, key.clone(), version).map_err(classify)?;
+                    if bumped == 1 {
+                        let again = M::move_past_again(key.clone(), row.clone(), version);
+                        journal::redo_after_rollback(conn, again);
+                    }
                     then.moved(conn, bumped)
                 }
                 Step::MovePastReused(version, then) => {

@@ -33,6 +33,16 @@
 //!    number: it moves the row's version past it (`SET v = v + 1 WHERE v = $n`,
 //!    data untouched) and reports [`Error::Stale`]. The
 //!    struct's write never lands, and any other holder of that number reloads once.
+//!    A move past made inside a transaction goes with it if the transaction
+//!    rolls back (as a stale write's transaction usually does), and a reader
+//!    retried in a new transaction would find the number again, attempt after
+//!    attempt: so the journal keeps the move, and lockkit's own transactions
+//!    (`transaction_with_retry`, `with_lock`, `locked_transaction`,
+//!    `serializable`, ...) make it again, outside any transaction, once their
+//!    outermost level rolled back, before their next attempt. After a rollback
+//!    of a transaction of your own (Diesel's `transaction`) it waits for the
+//!    next rollback of lockkit's on that connection; a versioned write of the
+//!    row outside a transaction moves the row on by itself.
 //!
 //! 3. unless the struct's number was written from another uncommitted write's
 //!    number (the row written twice in the rolled-back transaction, by one
@@ -144,6 +154,9 @@ pub struct Journal {
     committing: bool,
     /// Whether a failed statement has ended the open transaction.
     aborts: Aborts,
+    /// Statements to send again once the transaction that sent them rolled
+    /// back ([`redo_after_rollback`]).
+    redo: ToRedo,
 }
 
 /// How a transaction (or a savepoint) ended, as the journal saw it: what it
@@ -407,6 +420,7 @@ impl Journal {
             record: None,
             committing: false,
             aborts: Aborts::default(),
+            redo: ToRedo::default(),
         }
     }
 
@@ -440,11 +454,13 @@ impl Journal {
         any.downcast_mut::<R>()
     }
 
-    /// The record, if one was made: told how the transaction ended.
+    /// The record, if one was made, and what is to be sent again: told how the
+    /// transaction ended.
     fn ended(&mut self, end: End) {
         if let Some(record) = &mut self.record {
             record.ended(end);
         }
+        self.redo.ended(end);
     }
 }
 
@@ -481,7 +497,7 @@ impl Instrumentation for Journal {
             InstrumentationEvent::CommitTransaction { depth, .. } => {
                 if depth.get() == 1 {
                     // Nothing to tell until a record was made.
-                    self.committing = self.record.is_some();
+                    self.committing = self.record.is_some() || !self.redo.entries.is_empty();
                 } else {
                     self.ended(End::Released { depth: depth.get() });
                 }
@@ -516,6 +532,96 @@ impl Drop for Journal {
         drop(self.record.take());
         self.aborts.settle();
     }
+}
+
+/// The most statements a journal keeps to send again ([`redo_after_rollback`]);
+/// past it the oldest is dropped (its struct is reported stale until a write
+/// outside a transaction moves the row on).
+pub(crate) const MAX_REDO: usize = 64;
+
+/// A statement to send again on a blocking connection of type `C`
+/// ([`redo_after_rollback`]).
+pub(crate) type Redo<C> = Box<dyn FnOnce(&mut C) + Send>;
+
+/// A statement to send again on a diesel-async connection of type `C`
+/// ([`redo_after_rollback`]).
+#[cfg(feature = "async")]
+pub(crate) type AsyncRedo<C> = Box<
+    dyn for<'c> FnOnce(
+            &'c mut C,
+        )
+            -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'c>>
+        + Send,
+>;
+
+/// What a transaction sent that must stand even though the transaction rolled
+/// back: each entry with the depth of the level that sent it while that level
+/// is open, `None` once it rolled back. A commit keeps what it committed.
+#[derive(Default)]
+struct ToRedo {
+    entries: Vec<(Option<u32>, Box<dyn Any + Send>)>,
+}
+
+impl ToRedo {
+    fn ended(&mut self, end: End) {
+        match end {
+            End::Committed => self.entries.retain(|(depth, _)| depth.is_none()),
+            End::Released { depth } => {
+                for (level, _) in &mut self.entries {
+                    if let Some(level) = level.as_mut().filter(|level| **level >= depth) {
+                        *level = depth - 1;
+                    }
+                }
+            }
+            End::RolledBack { depth } => {
+                for (level, _) in &mut self.entries {
+                    if level.is_some_and(|level| level >= depth) {
+                        *level = None;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `redo` was sent in the open transaction on `conn` and must stand even if
+/// that transaction rolls back (the move past of a stale versioned write:
+/// `optimistic::rollbacks`). It is a [`Redo`] for the connection's type (or
+/// the async side's `AsyncRedo`), type-erased; lockkit's own transaction
+/// sends what rolled back again, outside any transaction, once its outermost
+/// level ended ([`take_redo`]). Kept by the journal watching `conn`; where none
+/// does, or outside a transaction, nothing is kept.
+pub(crate) fn redo_after_rollback<W: Watched>(conn: &mut W, redo: Box<dyn Any + Send>) {
+    let Some(depth) = conn.depth() else {
+        return;
+    };
+    if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
+        let entries = &mut journal.redo.entries;
+        if entries.len() == MAX_REDO {
+            entries.remove(0);
+        }
+        entries.push((Some(depth), redo));
+    }
+}
+
+/// Outside a transaction on `conn`: what rolled back of what
+/// [`redo_after_rollback`] kept, to be sent again now (and forgotten here).
+pub(crate) fn take_redo<W: Watched>(conn: &mut W) -> Vec<Box<dyn Any + Send>> {
+    if conn.depth().is_some() {
+        return Vec::new();
+    }
+    let Some(journal) = conn.slot().downcast_mut::<Journal>() else {
+        return Vec::new();
+    };
+    let entries = &mut journal.redo.entries;
+    if entries.iter().all(|(depth, _)| depth.is_some()) {
+        return Vec::new();
+    }
+    let (undone, open): (Vec<_>, Vec<_>) = std::mem::take(entries)
+        .into_iter()
+        .partition(|(depth, _)| depth.is_none());
+    *entries = open;
+    undone.into_iter().map(|(_, redo)| redo).collect()
 }
 
 /// What the journal needs from a connection, blocking or async: the

@@ -81,7 +81,7 @@ impl<E> From<Error> for Failure<E> {
 /// connections lockkit supports and for [`Dispatch`](crate::multi::Dispatch)
 /// enums over them, and only by lockkit: it seals
 /// [`LockingConnection`](crate::LockingConnection).
-pub trait Control: Connection + Sized {
+pub trait Control: Connection + Sized + 'static {
     /// After a nested transaction failed (with `cause` when lockkit can see it):
     /// whether the server has ended the whole transaction, and why. Asked on
     /// error paths only. Where the server answers that the transaction is
@@ -558,6 +558,7 @@ where
     };
     if !nested {
         conn.repair();
+        redo(conn);
     }
     let failed = Failed::from_failure(failure, classify);
     let ended = failed
@@ -569,6 +570,18 @@ where
         conn.keep_aborted();
     }
     Err(failed.into_error(nested, ended, |cause| journal::aborted(conn, cause)))
+}
+
+/// After lockkit's own outermost transaction on `conn` rolled back: sends again,
+/// outside any transaction, what the journal keeps of it that must stand
+/// ([`journal::redo_after_rollback`]). Each is best effort: one that fails
+/// leaves a struct stale, never a write over somebody else's.
+fn redo<C: Control>(conn: &mut C) {
+    for redo in journal::take_redo(conn) {
+        if let Ok(redo) = redo.downcast::<journal::Redo<C>>() {
+            (*redo)(conn);
+        }
+    }
 }
 
 /// What lockkit tells the journal when it rolled back its own transaction (or
