@@ -195,7 +195,15 @@ impl RetryPolicy {
 /// once, for you to roll back (return it from the transaction's closure). Once
 /// the transaction has rolled back, the error is retryable like its cause
 /// ([`Aborted::is_settled`](crate::Aborted::is_settled)), so a `retry` around the
-/// whole transaction runs it again.
+/// whole transaction runs it again. On PostgreSQL any failed statement leaves
+/// the transaction unusable until it (or a savepoint) rolls back: a `retry`
+/// inside a transaction runs its work again into "current transaction is
+/// aborted". Put the retry around the transaction:
+/// [`transaction_with_retry`], or `retry` around `with_lock`, whose
+/// transaction hands back the first failure when its work went on after it.
+/// [`transaction_with_retry`] also makes again, between its attempts, what the
+/// rollback journal keeps of a rolled-back attempt (see [`journal`](crate::journal)),
+/// which a `retry` around Diesel's own `transaction` cannot.
 ///
 /// # Errors
 ///

@@ -727,6 +727,83 @@ mod postgres_only {
         );
         assert_eq!(stock, 10);
     }
+
+    /// The blocking side's
+    /// `a_retry_inside_with_lock_that_met_a_lock_timeout_lets_the_retry_around_it_run_again`:
+    /// the work runs its update again in the transaction a lock timeout
+    /// aborted; `with_lock` hands back the timeout, and the retry around it
+    /// runs the whole transaction again once item 2 is free.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_retry_inside_with_lock_that_met_a_lock_timeout_lets_the_retry_around_it_run_again() {
+        let db = TestDb::<diesel::PgConnection>::new("async_retry_inside_aborted");
+        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+        let mut conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let (locked_tx, locked_rx) = mpsc::channel::<()>();
+        let url = db.url.clone();
+        let holder = std::thread::spawn(move || {
+            let mut holder = diesel::PgConnection::establish(&url).unwrap();
+            holder
+                .transaction(|c| {
+                    diesel::RunQueryDsl::first::<i32>(
+                        items::table.find(2).for_update().select(items::stock),
+                        c,
+                    )?;
+                    locked_tx.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                    Ok::<_, diesel::result::Error>(())
+                })
+                .unwrap();
+        });
+        locked_rx.recv().unwrap();
+        let wait = LockOptions::default().timeout(std::time::Duration::from_millis(200));
+        let mut attempts = 0;
+        let outcome = loop {
+            attempts += 1;
+            if attempts == 2 {
+                release_tx.send(()).unwrap();
+            }
+            let sold =
+                lockkit::asynchronous::with_lock(&mut conn, 1, wait, async |c, item: Item| {
+                    // A retry of the update alone, inside the transaction.
+                    let mut tries = 0;
+                    loop {
+                        tries += 1;
+                        let written = diesel::update(items::table.find(2))
+                            .set(items::stock.eq(items::stock - 2))
+                            .execute(c)
+                            .await
+                            .map_err(Error::from);
+                        match written {
+                            Err(err) if err.is_retryable() && tries < 3 => continue,
+                            other => other?,
+                        };
+                        break;
+                    }
+                    diesel::update(items::table.find(1))
+                        .set(items::stock.eq(item.stock - 2))
+                        .execute(c)
+                        .await?;
+                    Ok::<_, Error>(())
+                })
+                .await;
+            match sold {
+                Err(err) if err.is_retryable() && attempts < 3 => continue,
+                other => break other,
+            }
+        };
+        let _ = release_tx.send(());
+        holder.join().unwrap();
+        let stocks: Vec<i32> = diesel::RunQueryDsl::load(
+            items::table.order(items::id).select(items::stock),
+            &mut db.conn(),
+        )
+        .unwrap();
+        assert!(
+            outcome.is_ok() && attempts == 2 && stocks == [8, 8],
+            "{outcome:?} after {attempts} attempt(s); stocks {stocks:?}"
+        );
+    }
 }
 
 #[cfg(all(feature = "async", feature = "mysql"))]

@@ -926,3 +926,112 @@ mod stand_in_probes {
         }
     }
 }
+
+/// Runs `during` while another connection holds item 2 of `db` `FOR UPDATE`
+/// (PostgreSQL), until `during` sends on the sender it gets, or returns.
+#[cfg(feature = "postgres")]
+fn item_2_held<T>(db: &TestDb<PgConnection>, during: impl FnOnce(&mpsc::Sender<()>) -> T) -> T {
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let (locked_tx, locked_rx) = mpsc::channel::<()>();
+    thread::scope(|s| {
+        s.spawn(move || {
+            let mut holder = db.connect();
+            holder
+                .transaction(|c| {
+                    items::table
+                        .find(2)
+                        .for_update()
+                        .select(items::stock)
+                        .first::<i32>(c)?;
+                    locked_tx.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                    Ok::<_, diesel::result::Error>(())
+                })
+                .unwrap();
+        });
+        locked_rx.recv().unwrap();
+        let out = during(&release_tx);
+        // The holder waits for its release however `during` ended.
+        let _ = release_tx.send(());
+        out
+    })
+}
+
+/// Items 1 and 2 as they are in `db`.
+#[cfg(feature = "postgres")]
+fn stocks(db: &TestDb<PgConnection>) -> Vec<i32> {
+    items::table
+        .order(items::id)
+        .select(items::stock)
+        .load(&mut db.conn())
+        .unwrap()
+}
+
+/// PostgreSQL ends the usefulness of a transaction at any failed statement: a
+/// `retry` inside `with_lock` that meets a lock timeout runs its work again in
+/// the aborted transaction, where every statement fails (25P02). `with_lock`,
+/// which owns the transaction, must hand back the retryable cause the journal
+/// saw, so that a `retry` around it runs the whole transaction again, not the
+/// "current transaction is aborted" error, which no retry takes up.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_retry_inside_with_lock_that_met_a_lock_timeout_lets_the_retry_around_it_run_again() {
+    let db = TestDb::<PgConnection>::new("retry_inside_aborted");
+    seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+    let mut conn = db.connect();
+    let mut attempts = 0;
+    let outcome = item_2_held(&db, |release| {
+        retry(&RetryPolicy::immediate(3), |_| {
+            attempts += 1;
+            if attempts == 2 {
+                release.send(()).unwrap();
+            }
+            let wait = LockOptions::default().timeout(Duration::from_millis(200));
+            lockkit::with_lock(&mut conn, 1, wait, |c, item: Item| {
+                retry(&RetryPolicy::immediate(3), |_| {
+                    diesel::update(items::table.find(2))
+                        .set(items::stock.eq(items::stock - 2))
+                        .execute(c)?;
+                    Ok::<_, Error>(())
+                })?;
+                diesel::update(items::table.find(1))
+                    .set(items::stock.eq(item.stock - 2))
+                    .execute(c)?;
+                Ok::<_, Error>(())
+            })
+        })
+    });
+    let stocks = stocks(&db);
+    assert!(
+        outcome.is_ok() && attempts == 2 && stocks == [8, 8],
+        "{outcome:?} after {attempts} attempt(s); stocks {stocks:?}"
+    );
+}
+
+/// And what that must not take away: a work that returns at the failed
+/// statement, with an error of its own, gets that error back.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_work_that_returns_its_own_error_at_a_lock_timeout_gets_it_back() {
+    let db = TestDb::<PgConnection>::new("own_error_at_timeout");
+    seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+    let mut conn = db.connect();
+    let outcome = item_2_held(&db, |_| {
+        let wait = LockOptions::default().timeout(Duration::from_millis(200));
+        lockkit::with_lock(&mut conn, 1, wait, |c, _: Item| {
+            let written = diesel::update(items::table.find(2))
+                .set(items::stock.eq(0))
+                .execute(c)
+                .map_err(Error::from);
+            match written {
+                Err(Error::LockTimeout) => Err(Error::InvalidInput("item 2 is busy")),
+                other => other.map(drop),
+            }
+        })
+    });
+    assert!(
+        matches!(outcome, Err(Error::InvalidInput("item 2 is busy"))),
+        "{outcome:?}"
+    );
+    assert_eq!(stocks(&db), [10, 10]);
+}

@@ -53,7 +53,7 @@ where
     let check = began.check(&result, || {
         let watched = &mut journal::AsyncWatched(&mut *conn);
         let ends = journal::Watched::ends(watched);
-        journal::whole(watched, ends)
+        journal::whole_at_end(watched, ends)
     });
     let ended = match check {
         Check::Nothing => None,

@@ -46,6 +46,15 @@
 //! in the work's error type, whatever the work returned: a `retry` around
 //! `with_lock` runs the whole transaction again.
 //!
+//! On PostgreSQL a failed statement aborts the transaction until a rollback to
+//! a savepoint: every later statement fails ("current transaction is aborted",
+//! 25P02), which no retry takes up. When the work of lockkit's outermost
+//! transaction went on there after a retryable failure (a deadlock, a lock
+//! timeout, a serialization failure; most often a `retry` inside the work ran
+//! its statements again) and then failed, lockkit hands back that failure, in
+//! the work's error type: a `retry` around the call runs the whole transaction
+//! again. A work that returns at the failure keeps its own error.
+//!
 //! The journal counts every lock wait timeout in a transaction as one that may
 //! have ended it (a server started with `--innodb-rollback-on-timeout` ends it),
 //! so lockkit's next call in that transaction asks the server: one question per

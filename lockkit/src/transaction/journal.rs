@@ -267,6 +267,10 @@ struct Aborts {
     /// A rollback to a savepoint was sent after such an error: on PostgreSQL
     /// its success revives the transaction.
     reviving: bool,
+    /// A statement failed after the one in `ended_by` (on PostgreSQL every one
+    /// does until the transaction is revived): the work went on in the ended
+    /// transaction, a `retry` inside it ran again there ([`whole_at_end`]).
+    failed_after: bool,
     /// The aborts lockkit reported in the open transaction
     /// ([`Error::TransactionAborted`]), settled
     /// when it ends.
@@ -340,11 +344,11 @@ impl Aborts {
                         self.ends = Ends::OnDeadlock;
                         self.guessed = true;
                     }
-                    if self.depth > 0
-                        && self.ended_by.is_none()
-                        && self.ends.by(*kind, info.message())
-                    {
+                    if self.depth > 0 && self.ended_by.is_some() {
+                        self.failed_after = true;
+                    } else if self.depth > 0 && self.ends.by(*kind, info.message()) {
                         self.ended_by = Some((*kind, info.message().to_owned()));
+                        self.failed_after = false;
                     }
                 }
             }
@@ -969,6 +973,32 @@ pub(crate) fn whole<W: Watched>(conn: &mut W, ends: Ends) -> Whole {
         None if conn.depth().is_some() && ends == Ends::OnDeadlock => Whole::Unwatched,
         None => Whole::No,
     }
+}
+
+/// [`whole`], as the end of an outermost transaction whose work failed asks
+/// it (`Began::check`): also [`Whole::Seen`] where a statement's retryable
+/// failure (a deadlock, a lock timeout, a serialization failure) aborted the
+/// transaction on PostgreSQL, no rollback to a savepoint revived it, and the
+/// work went on there: every statement after it failed (25P02), and a `retry`
+/// inside the work met only those. The owner then hands back the cause,
+/// retryable, for a retry around the transaction to run it again, as InnoDB's
+/// abort of the whole transaction is handed back on MySQL/MariaDB. A work that
+/// returned at the failure, with the failure or an error of its own, keeps it.
+pub(crate) fn whole_at_end<W: Watched>(conn: &mut W, ends: Ends) -> Whole {
+    let aborted_retryably = conn
+        .slot()
+        .downcast_mut::<Journal>()
+        .is_some_and(|journal| {
+            let aborts = &journal.aborts;
+            aborts.ends == Ends::UntilSavepointRollback
+                && aborts.ended_by.is_some()
+                && aborts.failed_after
+        })
+        && ended_by(conn).is_some_and(|cause| cause.is_retryable());
+    if aborted_retryably {
+        return Whole::Seen;
+    }
+    whole(conn, ends)
 }
 
 /// Before a write statement of lockkit's in the open transaction on `conn`

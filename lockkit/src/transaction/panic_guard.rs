@@ -53,7 +53,7 @@ impl PanicGuard {
             Ok(result) => {
                 let whole = || {
                     let ends = Control::ends(conn);
-                    journal::whole(conn, ends)
+                    journal::whole_at_end(conn, ends)
                 };
                 let ended = match began.check(&result, whole) {
                     Check::Nothing => None,
