@@ -437,7 +437,7 @@ where
 impl<M, T> CurrentVersionQuery<Pooled<T>> for M
 where
     T: Dispatch + R2D2Connection + Send + 'static,
-    M: CurrentVersionQuery<T, Key: Send + 'static>,
+    M: CurrentVersionQuery<T>,
 {
     fn load_current_version(conn: &mut Pooled<T>, key: M::Key) -> QueryResult<Option<M::Version>> {
         M::load_current_version(conn, key)
@@ -467,12 +467,14 @@ where
         M::ends(conn)
     }
 
+    /// The enum's: lockkit's transactions on a pooled connection run on the
+    /// enum inside, whose end makes the move again.
     fn move_past_again(
         key: M::Key,
         row: Option<String>,
         version: M::Version,
     ) -> Box<dyn std::any::Any + Send> {
-        versioned::move_past_again(versioned::move_past::<M, Pooled<T>>, key, row, version)
+        M::move_past_again(key, row, version)
     }
 }
 

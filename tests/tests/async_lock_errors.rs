@@ -741,7 +741,7 @@ mod postgres_only {
         let (release_tx, release_rx) = mpsc::channel::<()>();
         let (locked_tx, locked_rx) = mpsc::channel::<()>();
         let url = db.url.clone();
-        let holder = std::thread::spawn(move || {
+        let mut holder = Some(std::thread::spawn(move || {
             let mut holder = diesel::PgConnection::establish(&url).unwrap();
             holder
                 .transaction(|c| {
@@ -754,14 +754,16 @@ mod postgres_only {
                     Ok::<_, diesel::result::Error>(())
                 })
                 .unwrap();
-        });
+        }));
         locked_rx.recv().unwrap();
         let wait = LockOptions::default().timeout(std::time::Duration::from_millis(200));
         let mut attempts = 0;
         let outcome = loop {
             attempts += 1;
             if attempts == 2 {
+                // Released, and committed, before the second attempt.
                 release_tx.send(()).unwrap();
+                holder.take().unwrap().join().unwrap();
             }
             let sold =
                 lockkit::asynchronous::with_lock(&mut conn, 1, wait, async |c, item: Item| {
@@ -793,7 +795,9 @@ mod postgres_only {
             }
         };
         let _ = release_tx.send(());
-        holder.join().unwrap();
+        if let Some(holder) = holder {
+            holder.join().unwrap();
+        }
         let stocks: Vec<i32> = diesel::RunQueryDsl::load(
             items::table.order(items::id).select(items::stock),
             &mut db.conn(),

@@ -392,6 +392,40 @@ mod all {
             );
         }
 
+        fn a_move_past_undone_by_a_nested_rollback_is_made_again_when_the_outer_transaction_commits(db) {
+            // As above, but the stale write runs in a nested call whose savepoint
+            // rolls back, inside a lockkit transaction that then commits: the
+            // move past is made again after the commit, so that a fresh read in
+            // a transaction of the application's own writes at once.
+            let mut a_conn = db.conn();
+            let mut other = db.conn();
+            seed_items(&mut a_conn, &[(1, 10)]);
+            let mut held = rolled_back_write!(a_conn);
+            another_instance_commits(&mut other);
+            lockkit::locked_transaction(&mut a_conn, LockOptions::default(), |c| {
+                let nested = lockkit::transaction_with_retry(c, &RetryPolicy::immediate(1), |c| {
+                    let mut item = item!(c, 1);
+                    item.stock -= 1;
+                    item.update_versioned(c)
+                });
+                assert!(matches!(nested, Err(Error::RetriesExhausted { .. })), "{nested:?}");
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+            let moved = item!(&mut other, 1);
+            assert_eq!((moved.stock, moved.lock_version), (7, 2), "moved past the number, data untouched");
+            let sold = a_conn.transaction(|c| {
+                let mut item = item!(c, 1);
+                item.stock -= 1;
+                item.update_versioned(c)?;
+                Ok::<_, Error>(item.stock)
+            });
+            assert!(matches!(sold, Ok(6)), "{sold:?}");
+            held.stock = 2;
+            assert!(matches!(held.update_versioned(&mut a_conn), Err(Error::Stale(_))));
+            assert_eq!(stock_of!(&mut other), 6);
+        }
+
         fn a_with_lock_bump_moves_past_a_rolled_back_number(db) {
             // A's write is rolled back (A holds 1, the row is back at 0); B's
             // `with_lock` then bumps the row it locks to 1, A's rolled-back

@@ -928,11 +928,13 @@ mod stand_in_probes {
 }
 
 /// Runs `during` while another connection holds item 2 of `db` `FOR UPDATE`
-/// (PostgreSQL), until `during` sends on the sender it gets, or returns.
+/// (PostgreSQL), until `during` calls the release it gets (which returns once
+/// the holder has committed), or returns.
 #[cfg(feature = "postgres")]
-fn item_2_held<T>(db: &TestDb<PgConnection>, during: impl FnOnce(&mpsc::Sender<()>) -> T) -> T {
+fn item_2_held<T>(db: &TestDb<PgConnection>, during: impl FnOnce(&dyn Fn()) -> T) -> T {
     let (release_tx, release_rx) = mpsc::channel::<()>();
     let (locked_tx, locked_rx) = mpsc::channel::<()>();
+    let (released_tx, released_rx) = mpsc::channel::<()>();
     thread::scope(|s| {
         s.spawn(move || {
             let mut holder = db.connect();
@@ -948,9 +950,15 @@ fn item_2_held<T>(db: &TestDb<PgConnection>, during: impl FnOnce(&mpsc::Sender<(
                     Ok::<_, diesel::result::Error>(())
                 })
                 .unwrap();
+            let _ = released_tx.send(());
         });
         locked_rx.recv().unwrap();
-        let out = during(&release_tx);
+        let release = || {
+            if release_tx.send(()).is_ok() {
+                let _ = released_rx.recv();
+            }
+        };
+        let out = during(&release);
         // The holder waits for its release however `during` ended.
         let _ = release_tx.send(());
         out
@@ -984,7 +992,7 @@ fn a_retry_inside_with_lock_that_met_a_lock_timeout_lets_the_retry_around_it_run
         retry(&RetryPolicy::immediate(3), |_| {
             attempts += 1;
             if attempts == 2 {
-                release.send(()).unwrap();
+                release();
             }
             let wait = LockOptions::default().timeout(Duration::from_millis(200));
             lockkit::with_lock(&mut conn, 1, wait, |c, item: Item| {
@@ -1031,6 +1039,43 @@ fn a_work_that_returns_its_own_error_at_a_lock_timeout_gets_it_back() {
     });
     assert!(
         matches!(outcome, Err(Error::InvalidInput("item 2 is busy"))),
+        "{outcome:?}"
+    );
+    assert_eq!(stocks(&db), [10, 10]);
+}
+
+/// A work that recovers from the timeout with a savepoint of its own, in SQL,
+/// and then fails for another reason (a duplicate key) gets that failure, not
+/// the timeout it recovered from: a retry around it must not run a failure
+/// that no new attempt can cure again and again.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_work_that_recovered_from_a_lock_timeout_and_then_failed_otherwise_gets_its_failure() {
+    let db = TestDb::<PgConnection>::new("recovered_then_failed");
+    seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+    let mut conn = db.connect();
+    let outcome = item_2_held(&db, |_| {
+        let wait = LockOptions::default().timeout(Duration::from_millis(200));
+        lockkit::with_lock(&mut conn, 1, wait, |c, _: Item| {
+            exec(c, "SAVEPOINT best_effort");
+            let timed_out = diesel::update(items::table.find(2))
+                .set(items::stock.eq(0))
+                .execute(c)
+                .map_err(Error::from);
+            assert!(
+                matches!(timed_out, Err(Error::LockTimeout)),
+                "{timed_out:?}"
+            );
+            exec(c, "ROLLBACK TO SAVEPOINT best_effort");
+            diesel::sql_query(
+                "INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'dup', 0, 0)",
+            )
+            .execute(c)?;
+            Ok::<_, Error>(())
+        })
+    });
+    assert!(
+        matches!(&outcome, Err(err) if !err.is_retryable() && !matches!(err, Error::LockTimeout)),
         "{outcome:?}"
     );
     assert_eq!(stocks(&db), [10, 10]);

@@ -91,6 +91,9 @@ where
         crate::transaction::rolled_back(conn, depth.max(1));
     }
     let restored = conn.restore(&restore, false).await;
+    if !nested {
+        redo(conn).await;
+    }
     let failure = match (result, restored) {
         (Ok(value), Ok(())) => return Ok(value),
         (Ok(_), Err(err)) => Failure::Diesel(err),
@@ -98,7 +101,6 @@ where
     };
     if !nested {
         conn.repair().await;
-        redo(conn).await;
     }
     let failed = Failed::from_failure(failure, classify);
     let (asked, ended) = match failed.question(nested) {
@@ -125,13 +127,17 @@ where
     }))
 }
 
-/// After lockkit's own outermost transaction on `conn` rolled back: sends
-/// again, outside any transaction, what the journal keeps of it that must stand
-/// (the blocking side's `transaction::redo`). Best effort.
+/// After lockkit's own outermost transaction on `conn` ended: sends again,
+/// outside any transaction, what the journal keeps that a rollback undid and
+/// must stand (the blocking side's `transaction::redo`); nothing while the
+/// transaction manager is broken. Best effort.
 async fn redo<C: AsyncLockingConnection>(conn: &mut C) {
-    for redo in journal::take_redo(&mut journal::AsyncWatched(&mut *conn)) {
-        if let Ok(redo) = redo.downcast::<journal::AsyncRedo<C>>() {
-            redo(conn).await;
-        }
+    let status = C::TransactionManager::transaction_manager_status_mut(conn);
+    if !matches!(status.transaction_depth(), Ok(None)) {
+        return;
+    }
+    let watched = &mut journal::AsyncWatched(&mut *conn);
+    for redo in journal::take_redo::<journal::AsyncRedo<C>, _>(watched) {
+        redo(conn).await;
     }
 }

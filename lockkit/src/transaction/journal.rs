@@ -39,10 +39,12 @@
 //!    attempt: so the journal keeps the move, and lockkit's own transactions
 //!    (`transaction_with_retry`, `with_lock`, `locked_transaction`,
 //!    `serializable`, ...) make it again, outside any transaction, once their
-//!    outermost level rolled back, before their next attempt. After a rollback
+//!    outermost level ended (before a retry's next attempt). After a rollback
 //!    of a transaction of your own (Diesel's `transaction`) it waits for the
-//!    next rollback of lockkit's on that connection; a versioned write of the
-//!    row outside a transaction moves the row on by itself.
+//!    end of lockkit's next transaction on that connection (a move made
+//!    through an r2d2 pooled connection itself, never the connection lockkit's
+//!    transactions run on, is not made again); a versioned write of the row
+//!    outside a transaction moves the row on by itself.
 //!
 //! 3. unless the struct's number was written from another uncommitted write's
 //!    number (the row written twice in the rolled-back transaction, by one
@@ -330,6 +332,13 @@ impl Aborts {
                     if error.is_none() {
                         self.ended_by = None;
                     }
+                } else if error.is_none() {
+                    // PostgreSQL runs nothing in an aborted transaction but a
+                    // rollback: a statement that succeeded there was one to a
+                    // savepoint (the work's own SQL), which revived it.
+                    if self.ends == Ends::UntilSavepointRollback && self.depth > 0 {
+                        self.ended_by = None;
+                    }
                 } else if let Some(diesel::result::Error::DatabaseError(kind, info)) = error {
                     // A journal whose backend type names no server (a
                     // `MultiConnection` enum's, or one the user installed)
@@ -591,10 +600,11 @@ impl ToRedo {
 /// `redo` was sent in the open transaction on `conn` and must stand even if
 /// that transaction rolls back (the move past of a stale versioned write:
 /// `optimistic::rollbacks`). It is a [`Redo`] for the connection's type (or
-/// the async side's `AsyncRedo`), type-erased; lockkit's own transaction
-/// sends what rolled back again, outside any transaction, once its outermost
-/// level ended ([`take_redo`]). Kept by the journal watching `conn`; where none
-/// does, or outside a transaction, nothing is kept.
+/// the async side's `AsyncRedo`), type-erased; once lockkit's own outermost
+/// transaction on a connection of that type ended, committed or rolled back,
+/// what rolled back is sent again outside any transaction ([`take_redo`]).
+/// Kept by the journal watching `conn`; where none does, or outside a
+/// transaction, nothing is kept.
 pub(crate) fn redo_after_rollback<W: Watched>(conn: &mut W, redo: Box<dyn Any + Send>) {
     let Some(depth) = conn.depth() else {
         return;
@@ -608,24 +618,28 @@ pub(crate) fn redo_after_rollback<W: Watched>(conn: &mut W, redo: Box<dyn Any + 
     }
 }
 
-/// Outside a transaction on `conn`: what rolled back of what
-/// [`redo_after_rollback`] kept, to be sent again now (and forgotten here).
-pub(crate) fn take_redo<W: Watched>(conn: &mut W) -> Vec<Box<dyn Any + Send>> {
-    if conn.depth().is_some() {
-        return Vec::new();
-    }
+/// What rolled back of what [`redo_after_rollback`] kept on `conn`, of type
+/// `R` (a [`Redo`] or an `AsyncRedo` for the connection's type), to be sent
+/// again now (and forgotten here). The caller has made sure that no
+/// transaction is open, in the transaction manager's books as on the server
+/// (a broken manager counts as open: the redo would run inside what the server
+/// may still hold open, and be rolled back with it).
+pub(crate) fn take_redo<R: Any, W: Watched>(conn: &mut W) -> Vec<Box<R>> {
     let Some(journal) = conn.slot().downcast_mut::<Journal>() else {
         return Vec::new();
     };
     let entries = &mut journal.redo.entries;
-    if entries.iter().all(|(depth, _)| depth.is_some()) {
+    let undone =
+        |(depth, redo): &(Option<u32>, Box<dyn Any + Send>)| depth.is_none() && redo.is::<R>();
+    if !entries.iter().any(undone) {
         return Vec::new();
     }
-    let (undone, open): (Vec<_>, Vec<_>) = std::mem::take(entries)
+    let (taken, kept): (Vec<_>, Vec<_>) = std::mem::take(entries).into_iter().partition(undone);
+    *entries = kept;
+    taken
         .into_iter()
-        .partition(|(depth, _)| depth.is_none());
-    *entries = open;
-    undone.into_iter().map(|(_, redo)| redo).collect()
+        .filter_map(|(_, redo)| (redo as Box<dyn Any>).downcast::<R>().ok())
+        .collect()
 }
 
 /// What the journal needs from a connection, blocking or async: the

@@ -548,6 +548,9 @@ where
         let level = transaction_depth(conn) + 1;
         rolled_back(conn, level);
     }
+    if !nested {
+        redo(conn);
+    }
     // Committed (or the savepoint released) as soon as the work succeeded: a
     // failure to put a session setting back afterwards undoes nothing.
     guard.resume(result.is_ok());
@@ -558,7 +561,6 @@ where
     };
     if !nested {
         conn.repair();
-        redo(conn);
     }
     let failed = Failed::from_failure(failure, classify);
     let ended = failed
@@ -572,15 +574,20 @@ where
     Err(failed.into_error(nested, ended, |cause| journal::aborted(conn, cause)))
 }
 
-/// After lockkit's own outermost transaction on `conn` rolled back: sends again,
-/// outside any transaction, what the journal keeps of it that must stand
-/// ([`journal::redo_after_rollback`]). Each is best effort: one that fails
-/// leaves a struct stale, never a write over somebody else's.
+/// After lockkit's own outermost transaction on `conn` ended: sends again,
+/// outside any transaction, what the journal keeps that a rollback undid and
+/// must stand ([`journal::redo_after_rollback`]); nothing while the transaction
+/// manager is broken (the server may still hold a transaction open). Each is
+/// best effort: one that fails leaves a struct stale, never a write over
+/// somebody else's.
 fn redo<C: Control>(conn: &mut C) {
-    for redo in journal::take_redo(conn) {
-        if let Ok(redo) = redo.downcast::<journal::Redo<C>>() {
-            (*redo)(conn);
-        }
+    use diesel::connection::TransactionManager;
+    let status = C::TransactionManager::transaction_manager_status_mut(conn);
+    if !matches!(status.transaction_depth(), Ok(None)) {
+        return;
+    }
+    for redo in journal::take_redo::<journal::Redo<C>, _>(conn) {
+        redo(conn);
     }
 }
 
