@@ -132,6 +132,9 @@ where
 /// must stand (the blocking side's `transaction::redo`); nothing while the
 /// transaction manager is broken. Best effort.
 async fn redo<C: AsyncLockingConnection>(conn: &mut C) {
+    if !journal::redo_kept() {
+        return;
+    }
     let status = C::TransactionManager::transaction_manager_status_mut(conn);
     if !matches!(status.transaction_depth(), Ok(None)) {
         return;

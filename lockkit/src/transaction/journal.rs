@@ -336,7 +336,7 @@ impl Aborts {
                     // PostgreSQL runs nothing in an aborted transaction but a
                     // rollback: a statement that succeeded there was one to a
                     // savepoint (the work's own SQL), which revived it.
-                    if self.ends == Ends::UntilSavepointRollback && self.depth > 0 {
+                    if self.ended_by.is_some() && self.ends == Ends::UntilSavepointRollback {
                         self.ended_by = None;
                     }
                 } else if let Some(diesel::result::Error::DatabaseError(kind, info)) = error {
@@ -567,6 +567,15 @@ pub(crate) type AsyncRedo<C> = Box<
         + Send,
 >;
 
+/// Whether any journal of the process ever kept a statement to send again: until
+/// then the end of every lockkit transaction skips the question.
+static REDO_KEPT: AtomicBool = AtomicBool::new(false);
+
+/// [`REDO_KEPT`].
+pub(crate) fn redo_kept() -> bool {
+    REDO_KEPT.load(Ordering::Relaxed)
+}
+
 /// What a transaction sent that must stand even though the transaction rolled
 /// back: each entry with the depth of the level that sent it while that level
 /// is open, `None` once it rolled back. A commit keeps what it committed.
@@ -577,6 +586,9 @@ struct ToRedo {
 
 impl ToRedo {
     fn ended(&mut self, end: End) {
+        if self.entries.is_empty() {
+            return;
+        }
         match end {
             End::Committed => self.entries.retain(|(depth, _)| depth.is_none()),
             End::Released { depth } => {
@@ -610,6 +622,7 @@ pub(crate) fn redo_after_rollback<W: Watched>(conn: &mut W, redo: Box<dyn Any + 
         return;
     };
     if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
+        REDO_KEPT.store(true, Ordering::Relaxed);
         let entries = &mut journal.redo.entries;
         if entries.len() == MAX_REDO {
             entries.remove(0);
@@ -625,6 +638,9 @@ pub(crate) fn redo_after_rollback<W: Watched>(conn: &mut W, redo: Box<dyn Any + 
 /// (a broken manager counts as open: the redo would run inside what the server
 /// may still hold open, and be rolled back with it).
 pub(crate) fn take_redo<R: Any, W: Watched>(conn: &mut W) -> Vec<Box<R>> {
+    if !redo_kept() {
+        return Vec::new();
+    }
     let Some(journal) = conn.slot().downcast_mut::<Journal>() else {
         return Vec::new();
     };

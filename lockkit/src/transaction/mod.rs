@@ -582,6 +582,9 @@ where
 /// somebody else's.
 fn redo<C: Control>(conn: &mut C) {
     use diesel::connection::TransactionManager;
+    if !journal::redo_kept() {
+        return;
+    }
     let status = C::TransactionManager::transaction_manager_status_mut(conn);
     if !matches!(status.transaction_depth(), Ok(None)) {
         return;
