@@ -44,6 +44,34 @@ macro_rules! rolled_back_write {
     }};
 }
 
+/// Item 1 seeded; A's connection and the other instance's; A's struct of
+/// item 1 whose write (v0 -> v1) rolled back; then the other instance commits
+/// its own v1 ([`another_instance_commits`]).
+macro_rules! rolled_back_then_committed_elsewhere {
+    ($db:ident) => {{
+        let mut a_conn = $db.conn();
+        let mut other = $db.conn();
+        seed_items(&mut a_conn, &[(1, 10)]);
+        let held = rolled_back_write!(a_conn);
+        another_instance_commits(&mut other);
+        (a_conn, other, held)
+    }};
+}
+
+/// The struct `$held`, holding a rolled-back number, writes on `$conn`: it
+/// must be stale, and the row's stock 6 (A's sale over the other's 7) stay.
+macro_rules! assert_never_writes {
+    ($held:ident, $conn:ident, $other:ident) => {{
+        $held.stock = 2;
+        let again = $held.update_versioned(&mut $conn);
+        let stock = stock_of!(&mut $other);
+        assert!(
+            matches!(again, Err(Error::Stale(_))) && stock == 6,
+            "the rolled-back struct wrote: {again:?}, stock {stock}"
+        );
+    }};
+}
+
 /// Gives `conn` instrumentation of its own (the application's query logger),
 /// not wrapped in `Journal::wrap`: lockkit sees no `BEGIN`, `COMMIT` or
 /// `ROLLBACK` on it, and asks the server instead.
@@ -364,11 +392,7 @@ mod all {
             // after a retry that reads again. (Each attempt used to take the read
             // for the rolled-back struct, find the row past 0 and report Stale, in
             // the transaction that Stale then rolled back: Stale on every retry.)
-            let mut a_conn = db.conn();
-            let mut other = db.conn();
-            seed_items(&mut a_conn, &[(1, 10)]);
-            let mut held = rolled_back_write!(a_conn);
-            another_instance_commits(&mut other);
+            let (mut a_conn, mut other, mut held) = rolled_back_then_committed_elsewhere!(db);
             let sold = lockkit::transaction_with_retry(&mut a_conn, &RetryPolicy::immediate(3), |c| {
                 let mut item = item!(c, 1);
                 item.stock -= 1;
@@ -383,13 +407,7 @@ mod all {
                 matches!(sold, Ok(6)) && (stored.stock, stored.lock_version) == (6, 3),
                 "a fresh read of the other's commit was refused: {sold:?}, row {stored:?}"
             );
-            // The struct that holds the rolled-back 1 never writes.
-            held.stock = 2;
-            let again = held.update_versioned(&mut a_conn);
-            assert!(
-                matches!(again, Err(Error::Stale(_))) && stock_of!(&mut other) == 6,
-                "the rolled-back struct wrote: {again:?}"
-            );
+            assert_never_writes!(held, a_conn, other);
         }
 
         fn a_move_past_undone_by_a_nested_rollback_is_made_again_when_the_outer_transaction_commits(db) {
@@ -397,11 +415,7 @@ mod all {
             // rolls back, inside a lockkit transaction that then commits: the
             // move past is made again after the commit, so that a fresh read in
             // a transaction of the application's own writes at once.
-            let mut a_conn = db.conn();
-            let mut other = db.conn();
-            seed_items(&mut a_conn, &[(1, 10)]);
-            let mut held = rolled_back_write!(a_conn);
-            another_instance_commits(&mut other);
+            let (mut a_conn, mut other, mut held) = rolled_back_then_committed_elsewhere!(db);
             lockkit::locked_transaction(&mut a_conn, LockOptions::default(), |c| {
                 let nested = lockkit::transaction_with_retry(c, &RetryPolicy::immediate(1), |c| {
                     let mut item = item!(c, 1);
@@ -421,9 +435,7 @@ mod all {
                 Ok::<_, Error>(item.stock)
             });
             assert!(matches!(sold, Ok(6)), "{sold:?}");
-            held.stock = 2;
-            assert!(matches!(held.update_versioned(&mut a_conn), Err(Error::Stale(_))));
-            assert_eq!(stock_of!(&mut other), 6);
+            assert_never_writes!(held, a_conn, other);
         }
 
         fn a_with_lock_bump_moves_past_a_rolled_back_number(db) {

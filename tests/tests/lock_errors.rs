@@ -965,14 +965,43 @@ fn item_2_held<T>(db: &TestDb<PgConnection>, during: impl FnOnce(&dyn Fn()) -> T
     })
 }
 
-/// Items 1 and 2 as they are in `db`.
+/// Items 1 and 2 (stock 10) in a new database `name`, and `run` on a
+/// connection of its own while another holds item 2 ([`item_2_held`]): its
+/// result, and the two stocks after it.
 #[cfg(feature = "postgres")]
-fn stocks(db: &TestDb<PgConnection>) -> Vec<i32> {
-    items::table
+fn while_item_2_held<T>(
+    name: &str,
+    run: impl FnOnce(&mut PgConnection, &dyn Fn()) -> T,
+) -> (T, Vec<i32>) {
+    let db = TestDb::<PgConnection>::new(name);
+    seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+    let mut conn = db.connect();
+    let out = item_2_held(&db, |release| run(&mut conn, release));
+    let stocks = items::table
         .order(items::id)
         .select(items::stock)
         .load(&mut db.conn())
-        .unwrap()
+        .unwrap();
+    (out, stocks)
+}
+
+/// `with_lock` on item 1, waiting 200 ms at most for any lock in it.
+#[cfg(feature = "postgres")]
+fn with_lock_on_1<T>(
+    conn: &mut PgConnection,
+    work: impl FnOnce(&mut PgConnection, Item) -> Result<T, Error>,
+) -> Result<T, Error> {
+    let wait = LockOptions::default().timeout(Duration::from_millis(200));
+    lockkit::with_lock(conn, 1, wait, work)
+}
+
+/// Sells 2 of item 2: a lock timeout while [`item_2_held`] holds it.
+#[cfg(feature = "postgres")]
+fn sell_2_of_item_2(conn: &mut PgConnection) -> Result<(), Error> {
+    diesel::update(items::table.find(2))
+        .set(items::stock.eq(items::stock - 2))
+        .execute(conn)?;
+    Ok(())
 }
 
 /// PostgreSQL ends the usefulness of a transaction at any failed statement: a
@@ -984,32 +1013,22 @@ fn stocks(db: &TestDb<PgConnection>) -> Vec<i32> {
 #[cfg(feature = "postgres")]
 #[test]
 fn a_retry_inside_with_lock_that_met_a_lock_timeout_lets_the_retry_around_it_run_again() {
-    let db = TestDb::<PgConnection>::new("retry_inside_aborted");
-    seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
-    let mut conn = db.connect();
     let mut attempts = 0;
-    let outcome = item_2_held(&db, |release| {
+    let (outcome, stocks) = while_item_2_held("retry_inside_aborted", |conn, release| {
         retry(&RetryPolicy::immediate(3), |_| {
             attempts += 1;
             if attempts == 2 {
                 release();
             }
-            let wait = LockOptions::default().timeout(Duration::from_millis(200));
-            lockkit::with_lock(&mut conn, 1, wait, |c, item: Item| {
-                retry(&RetryPolicy::immediate(3), |_| {
-                    diesel::update(items::table.find(2))
-                        .set(items::stock.eq(items::stock - 2))
-                        .execute(c)?;
-                    Ok::<_, Error>(())
-                })?;
+            with_lock_on_1(conn, |c, item| {
+                retry(&RetryPolicy::immediate(3), |_| sell_2_of_item_2(c))?;
                 diesel::update(items::table.find(1))
                     .set(items::stock.eq(item.stock - 2))
                     .execute(c)?;
-                Ok::<_, Error>(())
+                Ok(())
             })
         })
     });
-    let stocks = stocks(&db);
     assert!(
         outcome.is_ok() && attempts == 2 && stocks == [8, 8],
         "{outcome:?} after {attempts} attempt(s); stocks {stocks:?}"
@@ -1021,27 +1040,16 @@ fn a_retry_inside_with_lock_that_met_a_lock_timeout_lets_the_retry_around_it_run
 #[cfg(feature = "postgres")]
 #[test]
 fn a_work_that_returns_its_own_error_at_a_lock_timeout_gets_it_back() {
-    let db = TestDb::<PgConnection>::new("own_error_at_timeout");
-    seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
-    let mut conn = db.connect();
-    let outcome = item_2_held(&db, |_| {
-        let wait = LockOptions::default().timeout(Duration::from_millis(200));
-        lockkit::with_lock(&mut conn, 1, wait, |c, _: Item| {
-            let written = diesel::update(items::table.find(2))
-                .set(items::stock.eq(0))
-                .execute(c)
-                .map_err(Error::from);
-            match written {
-                Err(Error::LockTimeout) => Err(Error::InvalidInput("item 2 is busy")),
-                other => other.map(drop),
-            }
+    let (outcome, stocks) = while_item_2_held("own_error_at_timeout", |conn, _| {
+        with_lock_on_1(conn, |c, _| match sell_2_of_item_2(c) {
+            Err(Error::LockTimeout) => Err(Error::InvalidInput("item 2 is busy")),
+            other => other,
         })
     });
     assert!(
-        matches!(outcome, Err(Error::InvalidInput("item 2 is busy"))),
-        "{outcome:?}"
+        matches!(outcome, Err(Error::InvalidInput("item 2 is busy"))) && stocks == [10, 10],
+        "{outcome:?}; stocks {stocks:?}"
     );
-    assert_eq!(stocks(&db), [10, 10]);
 }
 
 /// A work that recovers from the timeout with a savepoint of its own, in SQL,
@@ -1051,17 +1059,10 @@ fn a_work_that_returns_its_own_error_at_a_lock_timeout_gets_it_back() {
 #[cfg(feature = "postgres")]
 #[test]
 fn a_work_that_recovered_from_a_lock_timeout_and_then_failed_otherwise_gets_its_failure() {
-    let db = TestDb::<PgConnection>::new("recovered_then_failed");
-    seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
-    let mut conn = db.connect();
-    let outcome = item_2_held(&db, |_| {
-        let wait = LockOptions::default().timeout(Duration::from_millis(200));
-        lockkit::with_lock(&mut conn, 1, wait, |c, _: Item| {
+    let (outcome, stocks) = while_item_2_held("recovered_then_failed", |conn, _| {
+        with_lock_on_1(conn, |c, _| {
             exec(c, "SAVEPOINT best_effort");
-            let timed_out = diesel::update(items::table.find(2))
-                .set(items::stock.eq(0))
-                .execute(c)
-                .map_err(Error::from);
+            let timed_out = sell_2_of_item_2(c);
             assert!(
                 matches!(timed_out, Err(Error::LockTimeout)),
                 "{timed_out:?}"
@@ -1071,12 +1072,12 @@ fn a_work_that_recovered_from_a_lock_timeout_and_then_failed_otherwise_gets_its_
                 "INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'dup', 0, 0)",
             )
             .execute(c)?;
-            Ok::<_, Error>(())
+            Ok(())
         })
     });
     assert!(
-        matches!(&outcome, Err(err) if !err.is_retryable() && !matches!(err, Error::LockTimeout)),
-        "{outcome:?}"
+        matches!(&outcome, Err(err) if !err.is_retryable() && !matches!(err, Error::LockTimeout))
+            && stocks == [10, 10],
+        "{outcome:?}; stocks {stocks:?}"
     );
-    assert_eq!(stocks(&db), [10, 10]);
 }
