@@ -370,7 +370,7 @@ macro_rules! dispatch {
                 key: M::Key,
                 row: Option<String>,
                 version: M::Version,
-            ) -> Box<dyn std::any::Any + Send> {
+            ) -> journal::AnyRedo {
                 versioned::move_past_again(versioned::move_past::<M, T>, key, row, version)
             }
         }
@@ -469,11 +469,7 @@ where
 
     /// The enum's: lockkit's transactions on a pooled connection run on the
     /// enum inside, whose end makes the move again.
-    fn move_past_again(
-        key: M::Key,
-        row: Option<String>,
-        version: M::Version,
-    ) -> Box<dyn std::any::Any + Send> {
+    fn move_past_again(key: M::Key, row: Option<String>, version: M::Version) -> journal::AnyRedo {
         M::move_past_again(key, row, version)
     }
 }

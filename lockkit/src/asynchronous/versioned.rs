@@ -81,7 +81,7 @@ use crate::optimistic::versioned::{
     UpdateVersioned, VersionCheck, Versioned,
 };
 use crate::pessimistic::lockable::Lockable;
-use crate::transaction::journal::AsyncWatched;
+use crate::transaction::journal::{AnyRedo, AsyncWatched};
 use crate::transaction::{Began, Failure};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -380,11 +380,7 @@ pub trait AsyncVersionQuery<Conn>: VersionCheck<Key: Send + Sync, Version: Send>
     /// again outside any transaction once the one that made it rolled back
     /// (the blocking side's `CurrentVersionQuery::move_past_again`).
     #[doc(hidden)]
-    fn move_past_again(
-        key: Self::Key,
-        row: Option<String>,
-        version: Self::Version,
-    ) -> Box<dyn std::any::Any + Send>;
+    fn move_past_again(key: Self::Key, row: Option<String>, version: Self::Version) -> AnyRedo;
 }
 
 type Latest<Conn, Q> = <<Conn as AsyncConnectionCore>::Backend as OptimisticBackend>::Latest<Q>;
@@ -515,11 +511,7 @@ where
         })
     }
 
-    fn move_past_again(
-        key: M::Key,
-        row: Option<String>,
-        version: M::Version,
-    ) -> Box<dyn std::any::Any + Send> {
+    fn move_past_again(key: M::Key, row: Option<String>, version: M::Version) -> AnyRedo {
         let again: MovePast<Conn, M::Key, M::Version> = move_past::<M, Conn>;
         let redo: crate::transaction::journal::AsyncRedo<Conn> =
             Box::new(move |conn: &mut Conn| again(conn, key, row, version));

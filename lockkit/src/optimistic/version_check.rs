@@ -167,7 +167,7 @@ macro_rules! current_version_query_on {
                 key: M::Key,
                 row: Option<String>,
                 version: M::Version,
-            ) -> Box<dyn std::any::Any + Send> {
+            ) -> journal::AnyRedo {
                 use crate::optimistic::versioned::{move_past, move_past_again};
                 move_past_again(move_past::<M, $conn>, key, row, version)
             }

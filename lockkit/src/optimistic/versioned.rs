@@ -834,7 +834,7 @@ pub trait CurrentVersionQuery<Conn>: VersionCheck {
         key: Self::Key,
         row: Option<String>,
         version: Self::Version,
-    ) -> Box<dyn std::any::Any + Send>;
+    ) -> journal::AnyRedo;
 }
 
 /// A move past that a stale write made inside a transaction, as the
@@ -848,7 +848,7 @@ pub(crate) fn move_past_again<C, K, V>(
     key: K,
     row: Option<String>,
     version: V,
-) -> Box<dyn std::any::Any + Send>
+) -> journal::AnyRedo
 where
     C: 'static,
     K: Send + 'static,

@@ -552,6 +552,10 @@ impl Drop for Journal {
 /// outside a transaction moves the row on).
 pub(crate) const MAX_REDO: usize = 64;
 
+/// A [`Redo`] or an [`AsyncRedo`] for some connection type, as the journal
+/// keeps it ([`redo_after_rollback`]).
+pub(crate) type AnyRedo = Box<dyn Any + Send>;
+
 /// A statement to send again on a blocking connection of type `C`
 /// ([`redo_after_rollback`]).
 pub(crate) type Redo<C> = Box<dyn FnOnce(&mut C) + Send>;
@@ -581,7 +585,7 @@ pub(crate) fn redo_kept() -> bool {
 /// is open, `None` once it rolled back. A commit keeps what it committed.
 #[derive(Default)]
 struct ToRedo {
-    entries: Vec<(Option<u32>, Box<dyn Any + Send>)>,
+    entries: Vec<(Option<u32>, AnyRedo)>,
 }
 
 impl ToRedo {
@@ -617,7 +621,7 @@ impl ToRedo {
 /// what rolled back is sent again outside any transaction ([`take_redo`]).
 /// Kept by the journal watching `conn`; where none does, or outside a
 /// transaction, nothing is kept.
-pub(crate) fn redo_after_rollback<W: Watched>(conn: &mut W, redo: Box<dyn Any + Send>) {
+pub(crate) fn redo_after_rollback<W: Watched>(conn: &mut W, redo: AnyRedo) {
     let Some(depth) = conn.depth() else {
         return;
     };
@@ -645,8 +649,7 @@ pub(crate) fn take_redo<R: Any, W: Watched>(conn: &mut W) -> Vec<Box<R>> {
         return Vec::new();
     };
     let entries = &mut journal.redo.entries;
-    let undone =
-        |(depth, redo): &(Option<u32>, Box<dyn Any + Send>)| depth.is_none() && redo.is::<R>();
+    let undone = |(depth, redo): &(Option<u32>, AnyRedo)| depth.is_none() && redo.is::<R>();
     if !entries.iter().any(undone) {
         return Vec::new();
     }
