@@ -640,11 +640,9 @@ pub(crate) fn redo_after_rollback<W: Watched>(conn: &mut W, redo: AnyRedo) {
 /// again now (and forgotten here). The caller has made sure that no
 /// transaction is open, in the transaction manager's books as on the server
 /// (a broken manager counts as open: the redo would run inside what the server
-/// may still hold open, and be rolled back with it).
+/// may still hold open, and be rolled back with it), and asks it only once a
+/// journal ever kept one ([`redo_kept`]).
 pub(crate) fn take_redo<R: Any, W: Watched>(conn: &mut W) -> Vec<Box<R>> {
-    if !redo_kept() {
-        return Vec::new();
-    }
     let Some(journal) = conn.slot().downcast_mut::<Journal>() else {
         return Vec::new();
     };
