@@ -582,7 +582,8 @@ pub(crate) fn redo_kept() -> bool {
 
 /// What a transaction sent that must stand even though the transaction rolled
 /// back: each entry with the depth of the level that sent it while that level
-/// is open, `None` once it rolled back. A commit keeps what it committed.
+/// is open, `None` once it rolled back. A commit forgets what it committed
+/// (its moves stand) and keeps what rolled back before it.
 #[derive(Default)]
 struct ToRedo {
     entries: Vec<(Option<u32>, AnyRedo)>,
