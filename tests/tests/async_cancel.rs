@@ -133,9 +133,12 @@ macro_rules! decrement {
 }
 
 async_backend_tests! {
-    async fn a_held_connection_stays_inside_the_dropped_transaction(db) {
-        // The hazard the pool's check removes, shown: no pool, nothing discards it.
-        seed_items(&mut db.conn(), &[(1, 1_000)]);
+    async fn a_held_connection_refuses_the_next_transaction_instead_of_nesting_it(db) {
+        // The hazard the pool's check removes, shown: no pool discards the
+        // connection, which is still inside the abandoned transaction. Its
+        // next transaction must fail, not become a savepoint of the abandoned
+        // one whose commit commits nothing.
+        seed_items(&mut db.conn(), &[(1, 1_000), (2, 10)]);
         let mut held: Async = async_common::connect(&db.url, BACKEND).await;
         let mut other: Async = async_common::connect(&db.url, BACKEND).await;
         let dropped = tokio::time::timeout(
@@ -144,13 +147,66 @@ async_backend_tests! {
         )
         .await;
         assert!(dropped.is_err(), "the future was dropped inside the closure");
-        assert!(in_transaction(&mut held), "the abandoned transaction is still open");
-        assert!(!row_is_free(&mut other).await, "and still holds the row");
-        // The server sees it too: the check the pooled cases pass can fail.
-        assert!(!server_says_no_transaction(&mut held, BACKEND).await, "the server sees the open transaction");
+        assert!(!row_is_free(&mut other).await, "the abandoned transaction still holds the row");
+        let next = held
+            .transaction(async |conn| {
+                diesel::update(items::table.find(2))
+                    .set(items::stock.eq(items::stock - 1))
+                    .execute(conn)
+                    .await?;
+                Ok::<_, Error>(())
+            })
+            .await;
+        let again = decrement!(&mut held, None).await;
         drop(held);
         row_freed(&mut other).await;
+        let sold: i32 = items::table.find(2).select(items::stock).first(&mut other).await.unwrap();
+        assert!(
+            matches!(next, Err(Error::Database(diesel::result::Error::BrokenTransactionManager))) && sold == 10,
+            "the next transaction returned {next:?}, and item 2's stock is {sold}"
+        );
+        assert!(
+            matches!(again, Err(Error::Database(diesel::result::Error::BrokenTransactionManager))),
+            "a lockkit call on the held connection returned {again:?}"
+        );
         assert_eq!(stock!(&mut other), 1_000, "the abandoned decrement was rolled back");
+    }
+
+    async fn your_own_transaction_around_a_dropped_call_fails_instead_of_committing_nothing(db) {
+        // A lockkit call given up on inside diesel-async's own `transaction`
+        // leaves its savepoint open. The transaction's commit must not
+        // release that savepoint only and return Ok, with the transaction
+        // still open and item 2's sale lost with the connection.
+        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 1).await;
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        let mut conn = pool.get().await.unwrap();
+        let outcome = (*conn)
+            .transaction(async |conn| {
+                diesel::update(items::table.find(2))
+                    .set(items::stock.eq(items::stock - 1))
+                    .execute(conn)
+                    .await?;
+                let tried = tokio::time::timeout(
+                    Duration::from_millis(100),
+                    decrement!(conn, Some(Duration::from_secs(5))),
+                )
+                .await;
+                assert!(tried.is_err(), "the nested call was given up on");
+                Ok::<_, Error>(())
+            })
+            .await;
+        drop(conn);
+        assert_left_clean(&mut *pool.get().await.unwrap(), &mut other, BACKEND, "after the transaction").await;
+        let sold: i32 = items::table.find(2).select(items::stock).first(&mut other).await.unwrap();
+        assert!(
+            matches!(outcome, Err(Error::Database(diesel::result::Error::BrokenTransactionManager))) && sold == 10,
+            "the transaction returned {outcome:?}, and item 2's stock is {sold}"
+        );
+        assert_eq!(stock!(&mut other), 10, "the dropped call's work is rolled back");
+        // The pool works on.
+        decrement!(&mut *pool.get().await.unwrap(), None).await.unwrap();
+        assert_eq!(stock!(&mut other), 9);
     }
 
     async fn bb8_discards_a_connection_dropped_inside_with_lock(db) {
@@ -291,6 +347,89 @@ async_backend_tests! {
             .unwrap();
         assert_eq!((stock, version), (10, 0), "the dropped call's work is rolled back");
         assert!(row_is_free(&mut other).await, "and its row lock gone");
+    }
+
+    async fn work_after_a_dropped_nested_call_is_never_rolled_back_under_an_ok(db) {
+        // "Try item 1 for 100 ms, else sell item 3 instead": the sale of item 3
+        // runs after the nested call was given up on, inside the savepoint
+        // that call left open. The outer call must not roll that savepoint
+        // back with the sale in it and then commit and say Ok.
+        seed_items(&mut db.conn(), &[(1, 10), (2, 10), (3, 10)]);
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let outcome = lockkit::asynchronous::locked_transaction(
+            &mut conn,
+            LockOptions::default(),
+            async |conn: &mut Async| {
+                diesel::update(items::table.find(2))
+                    .set(items::stock.eq(items::stock - 1))
+                    .execute(conn)
+                    .await?;
+                let tried = tokio::time::timeout(
+                    Duration::from_millis(100),
+                    decrement!(conn, Some(Duration::from_secs(5))),
+                )
+                .await;
+                assert!(tried.is_err(), "the nested call was given up on");
+                diesel::update(items::table.find(3))
+                    .set(items::stock.eq(items::stock - 1))
+                    .execute(conn)
+                    .await?;
+                Ok::<_, Error>(())
+            },
+        )
+        .await;
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        let stocks: Vec<i32> = items::table.order(items::id).select(items::stock).load(&mut other).await.unwrap();
+        assert!(
+            matches!(outcome, Err(Error::NestedCallDropped)) && stocks == [10, 10, 10],
+            "locked_transaction returned {outcome:?}; stocks {stocks:?}"
+        );
+        assert!(!in_transaction(&mut conn) && server_says_no_transaction(&mut conn, BACKEND).await);
+        assert!(row_is_free(&mut other).await, "and the dropped call's row lock is gone");
+    }
+}
+
+/// On the servers, where a write waits for another session's row lock.
+mod waiting {
+    use super::*;
+
+    async_server_tests! {
+    async fn your_own_transaction_around_a_dropped_versioned_write_fails(db) {
+        // lockkit's own savepoint, around a versioned write of several rows,
+        // given up on while it waits for the lock another session holds on
+        // item 1: the caller's transaction must not commit nothing and say Ok.
+        use lockkit::asynchronous::prelude::*;
+        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+        let holder = RowHolder::lock(async_common::connect::<Async>(&db.url, BACKEND).await).await;
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let transaction = conn.transaction(async |conn| {
+            diesel::update(items::table.find(2))
+                .set(items::stock.eq(items::stock - 1))
+                .execute(conn)
+                .await?;
+            let tried = tokio::time::timeout(
+                Duration::from_millis(200),
+                Item::update_all_by_version(conn, &[(1, 0)], items::stock.eq(0)),
+            )
+            .await;
+            assert!(tried.is_err(), "the write was given up on while it waited");
+            Ok::<_, Error>(())
+        });
+        // A commit sent behind the dropped write would wait for the holder's
+        // lock, which is released only after it.
+        let outcome = tokio::time::timeout(Duration::from_secs(20), transaction)
+            .await
+            .expect("the transaction ended without waiting for the dropped write");
+        drop(conn);
+        holder.release().await;
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        let sold: i32 = items::table.find(2).select(items::stock).first(&mut other).await.unwrap();
+        assert!(
+            matches!(outcome, Err(Error::Database(diesel::result::Error::BrokenTransactionManager))) && sold == 10,
+            "the transaction returned {outcome:?}, and item 2's stock is {sold}"
+        );
+        assert_eq!(stock!(&mut other), 10, "the dropped write wrote nothing");
+    }
     }
 }
 

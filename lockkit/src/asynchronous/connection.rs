@@ -31,17 +31,31 @@
 //!
 //! A nested call dropped while the transaction around it goes on (a
 //! `tokio::time::timeout` around a `with_lock` inside your
-//! `locked_transaction`) leaves its savepoint open. The enclosing lockkit
-//! call's end knows its own level from when it began: it rolls the dropped
-//! savepoint back, with the dropped call's work, before it commits (or rolls
-//! back) its own; if that rollback fails, it fails and marks the connection
-//! broken. (On MySQL/MariaDB a nested call dropped while one of its statements
-//! was in flight leaves an unread reply, as the check-out ping below does:
-//! there, give up on the whole transaction rather than on a nested call.)
+//! `locked_transaction`) leaves its savepoint open, and whatever the
+//! connection sends next runs inside it. Who ends the level below decides
+//! (each call holds its level through a guard, and lockkit's
+//! [`journal`] records which levels are lockkit's):
+//!
+//! * another lockkit call: the enclosing call's end rolls the dropped
+//!   savepoint back, with the dropped call's work, and then fails with [`Error::NestedCallDropped`] when a statement ran in it after
+//!   the drop (that statement went with it), or commits (or rolls back) its
+//!   own work when none did. If a rollback fails, it fails and marks the
+//!   connection broken;
+//! * your own transaction (diesel-async's `transaction`), or none (the dropped
+//!   call was the outermost): the dropped call marks the connection's
+//!   transaction manager broken, so that your commit, or your next transaction
+//!   on a connection you hold without a pool, fails with
+//!   `BrokenTransactionManager` instead of releasing the dropped savepoint,
+//!   saying `Ok` and committing nothing. A pool discards the connection, and
+//!   the server rolls back.
+//!
+//! (On MySQL/MariaDB a nested call dropped while one of its statements was in
+//! flight leaves an unread reply, as the check-out ping below does: there,
+//! give up on the whole transaction rather than on a nested call.)
 //!
 //! A connection you hold yourself (no pool) is not discarded: after a dropped
-//! call it is still inside the abandoned transaction, and the next lockkit call
-//! on it would nest in it. Drop such a connection too, or use a pool.
+//! call it is still inside the abandoned transaction, and refuses every
+//! transaction until you drop it. Drop such a connection too, or use a pool.
 //!
 //! **MySQL/MariaDB and bb8's check-out ping.** bb8 sends `SELECT 1` on a
 //! connection before it hands it out (`test_on_check_out`, on by default). A
@@ -70,6 +84,7 @@ use crate::optimistic::backend::OptimisticBackend;
 use crate::pessimistic::connection::LockingConnection;
 use crate::pessimistic::options::LockOptions;
 use crate::transaction::journal;
+use crate::transaction::Failure;
 
 /// A diesel-async connection lockkit's async calls run on:
 /// `AsyncPgConnection`, `AsyncMysqlConnection`,
@@ -237,6 +252,82 @@ impl<C: AsyncConnection> Drop for Changing<'_, C> {
     }
 }
 
+/// An async lockkit call's own transaction level, from the moment it is open
+/// until the call's end has closed it ([`closed`](Level::closed)); the call
+/// reaches its connection through it. Dropped open (the call's future was
+/// dropped: a `tokio::time::timeout` around it, a client that went away), it
+/// leaves the level, and whatever the connection sends next runs inside it,
+/// to whoever ends the level below (see [`levels`](crate::transaction::levels)):
+///
+/// * a lockkit call's, directly below: that call rolls the dropped level back
+///   at its end ([`roll_back_dropped`]), and fails if a statement ran in it;
+/// * otherwise (the outermost level, or nested in a transaction of the
+///   caller's own, or no journal on the connection to tell which): it marks
+///   the connection's transaction manager broken, so that the caller's commit,
+///   or next transaction, fails instead of committing nothing behind an `Ok`,
+///   and a pool closes the connection (the server then rolls back).
+pub(crate) struct Level<'c, C: AsyncConnection> {
+    conn: &'c mut C,
+    level: u32,
+    open: bool,
+}
+
+impl<'c, C: AsyncConnection> Level<'c, C> {
+    /// The level just opened on `conn`: its transaction depth now.
+    pub(crate) fn opened(conn: &'c mut C) -> Self {
+        let level = transaction_depth(conn);
+        if let Some(levels) = journal::levels(&mut journal::AsyncWatched(&mut *conn)) {
+            levels.opened(level);
+        }
+        Level {
+            conn,
+            level,
+            open: true,
+        }
+    }
+
+    /// The call's end has closed the level (or has left it to the caller,
+    /// after the server ended the whole transaction).
+    pub(crate) fn closed(mut self) {
+        self.open = false;
+    }
+}
+
+impl<C: AsyncConnection> std::ops::Deref for Level<'_, C> {
+    type Target = C;
+
+    fn deref(&self) -> &C {
+        self.conn
+    }
+}
+
+impl<C: AsyncConnection> std::ops::DerefMut for Level<'_, C> {
+    fn deref_mut(&mut self) -> &mut C {
+        self.conn
+    }
+}
+
+impl<C: AsyncConnection> Drop for Level<'_, C> {
+    fn drop(&mut self) {
+        let open = self.open && transaction_depth(self.conn) >= self.level;
+        let handed_on = match journal::levels(&mut journal::AsyncWatched(&mut *self.conn)) {
+            Some(levels) => {
+                let handed_on = open && levels.dropped(self.level);
+                levels.closed(self.level);
+                handed_on
+            }
+            None => false,
+        };
+        if open && !handed_on {
+            C::TransactionManager::transaction_manager_status_mut(self.conn).set_in_error();
+            tracing::warn!(
+                target: "lockkit",
+                "a lockkit call was dropped before it finished, outside any other lockkit call: the connection is marked broken, so that no commit on it can report work it does not commit"
+            );
+        }
+    }
+}
+
 /// How many transactions are open on `conn` (0: none), as
 /// [`crate::transaction::transaction_depth`] on the blocking side.
 pub(crate) fn transaction_depth<C: AsyncConnection>(conn: &mut C) -> u32 {
@@ -302,15 +393,21 @@ impl From<crate::transaction::Began> for Begun {
 }
 
 /// At the end of the call that `begun` began: levels deeper than its own in
-/// diesel-async's books are what a nested call whose future was dropped (a
-/// `tokio::time::timeout` around it) left open. They are rolled back, with the
-/// dropped call's work, so that the call's `COMMIT` (or `RELEASE`) is its own
-/// and not the dropped savepoint's. `Err` when one cannot be: the connection
-/// is then marked broken, for its pool to close.
-pub(crate) async fn roll_back_dropped<C: AsyncConnection>(
+/// diesel-async's books were left open by a nested call whose future was
+/// dropped (a `tokio::time::timeout` around it), and every statement since
+/// ran inside them. They are rolled back, so that the call's `COMMIT` (or
+/// `RELEASE`) is its own and not the dropped savepoint's. `Err` when one
+/// cannot be (the connection is then marked broken, for its pool to close),
+/// and [`Error::NestedCallDropped`] when a statement ran in them after the
+/// drop, or when nobody told who left them ([`Left::Unknown`]): work that went
+/// with them must not be reported as committed.
+///
+/// [`Left::Unknown`]: crate::transaction::levels::Left::Unknown
+pub(crate) async fn roll_back_dropped<C: AsyncConnection, E>(
     conn: &mut C,
     begun: &Begun,
-) -> QueryResult<()> {
+) -> Result<(), Failure<E>> {
+    use crate::transaction::levels::Left;
     let Some(level) = begun.level else {
         return Ok(());
     };
@@ -318,6 +415,11 @@ pub(crate) async fn roll_back_dropped<C: AsyncConnection>(
     if left <= level {
         return Ok(());
     }
+    // Asked before the rollbacks below, which are statements too.
+    let who = match journal::levels(&mut journal::AsyncWatched(&mut *conn)) {
+        Some(levels) => levels.left_above(level),
+        None => Left::Unknown,
+    };
     tracing::warn!(
         target: "lockkit",
         "a nested lockkit call was dropped before it finished: its savepoint is rolled back at the end of the transaction around it"
@@ -325,11 +427,14 @@ pub(crate) async fn roll_back_dropped<C: AsyncConnection>(
     for _ in level..left {
         if let Err(err) = C::TransactionManager::rollback_transaction(conn).await {
             C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
-            return Err(err);
+            return Err(Failure::Diesel(err));
         }
     }
     crate::transaction::rolled_back(conn, level + 1);
-    Ok(())
+    match who {
+        Left::Dropped => Ok(()),
+        Left::Unknown => Err(Failure::Lockkit(Error::NestedCallDropped)),
+    }
 }
 
 /// The blocking side's [`require_live`](crate::transaction::require_live) on an

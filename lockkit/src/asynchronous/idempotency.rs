@@ -52,7 +52,7 @@ use diesel_async::TransactionManager;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::connection::{ended_by_statement, AsyncLockingConnection, Restore};
+use super::connection::{ended_by_statement, AsyncLockingConnection, Level, Restore};
 use super::transaction::end;
 use super::work::{CatchUnwind, ConnWork};
 use crate::clock::now_millis;
@@ -105,19 +105,22 @@ where
         .map_err(classify)?;
     // A panic of the work is caught only to roll back and release the key (a
     // retry must run the work again), then goes on.
-    let worked = CatchUnwind(Box::pin(work(conn))).await;
+    let mut level = Level::opened(&mut *conn);
+    let worked = CatchUnwind(Box::pin(work(&mut *level))).await;
     let worked = match worked {
         Ok(worked) => worked,
         Err(panic) => {
             let rolled_back = Err(Failure::Lockkit(Error::InvalidInput("the work panicked")));
-            let _ = end::<C, Outcome<R>, E>(conn, began, Restore::Nothing, rolled_back).await;
+            let _ =
+                end::<C, Outcome<R>, E>(&mut *level, began, Restore::Nothing, rolled_back).await;
+            level.closed();
             let _ = C::write(conn, key, Write::Release { started_at }).await;
             std::panic::resume_unwind(panic);
         }
     };
     let result = match worked {
         // The work let a statement end the transaction: as on the blocking side.
-        Ok(response) => match (ended_by_statement(conn).await, stored(&response)) {
+        Ok(response) => match (ended_by_statement(&mut *level).await, stored(&response)) {
             (Some(cause), _) => Err(cause),
             (None, Err(err)) => Err(err),
             (None, Ok(stored)) => {
@@ -126,7 +129,7 @@ where
                     response: &stored,
                     now: now_millis(),
                 };
-                match C::write(conn, key, finish).await {
+                match C::write(&mut *level, key, finish).await {
                     Ok(matched) => finished(matched).map(|()| response),
                     Err(err) => Err(err),
                 }
@@ -135,7 +138,8 @@ where
         .map_err(Failure::Lockkit),
         Err(err) => Err(Failure::Closure(err)),
     };
-    let result = end(conn, began, Restore::Nothing, result).await;
+    let result = end(&mut *level, began, Restore::Nothing, result).await;
+    level.closed();
     if result.is_err() {
         // Release the key so that a retry runs the work again; a no-op when
         // another request took it over (its `started_at` is not ours).

@@ -13,7 +13,7 @@
 
 use diesel_async::TransactionManager;
 
-use super::connection::{in_transaction, AsyncLockingConnection, Restore};
+use super::connection::{in_transaction, AsyncLockingConnection, Level, Restore};
 use super::retry::again;
 use super::work::ConnAttempt;
 use crate::error::classification::classify;
@@ -71,8 +71,12 @@ where
         let result = match conn.begin_serializable().await {
             Ok(()) => {
                 let began = Began::with_work(false);
-                let result = f(conn).await.map_err(Failure::Closure);
-                super::transaction::end(conn, began, Restore::Nothing, result).await
+                let mut level = Level::opened(&mut *conn);
+                let result = f(&mut *level).await.map_err(Failure::Closure);
+                let result =
+                    super::transaction::end(&mut *level, began, Restore::Nothing, result).await;
+                level.closed();
+                result
             }
             Err(err) => {
                 // A failed `BEGIN` may have left diesel-async's bookkeeping

@@ -53,7 +53,7 @@ use std::time::Duration;
 
 use diesel_async::TransactionManager;
 
-use super::connection::{in_transaction, AsyncLockingConnection, Restore};
+use super::connection::{in_transaction, AsyncLockingConnection, Level, Restore};
 use super::transaction::end;
 use super::work::{AsyncWork, ConnWork};
 use crate::error::classification::classify;
@@ -187,6 +187,8 @@ where
     C::TransactionManager::begin_transaction(conn)
         .await
         .map_err(classify)?;
+    let mut level = Level::opened(conn);
+    let conn = &mut *level;
     let result = match C::raise(conn, resource, fence.0).await {
         Ok(newer) => match admitted(resource, fence, newer) {
             Ok(()) => work(conn).await.map_err(Failure::Closure),
@@ -194,7 +196,9 @@ where
         },
         Err(err) => Err(Failure::Lockkit(err)),
     };
-    end(conn, began, Restore::Nothing, result).await
+    let result = end(conn, began, Restore::Nothing, result).await;
+    level.closed();
+    result
 }
 
 /// The database lease store on a diesel-async connection: the blocking side's

@@ -64,7 +64,7 @@ use diesel::{OptionalExtension, QueryResult, Selectable};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::RunQueryDsl;
 
-use super::connection::{in_transaction, AsyncLockingConnection, Changing, Restore};
+use super::connection::{in_transaction, AsyncLockingConnection, Changing, Level, Restore};
 use super::transaction::end;
 use super::versioned::{AsyncVersionQuery, AsyncVersioned};
 use super::work::{ConnWork, RowWork};
@@ -151,7 +151,8 @@ where
 {
     let began = super::connection::began(conn).await.map_err(E::from)?;
     let (mut changing, restore) = begin_locked(conn, &options).await.map_err(E::from)?;
-    let conn = &mut *changing.conn;
+    let mut level = Level::opened(&mut *changing.conn);
+    let conn = &mut *level;
     let mut held = None;
     let unsure = journal::unsure(&mut journal::AsyncWatched(&mut *conn));
     let result = match lock_row::<M, C>(conn, key, options).await {
@@ -164,6 +165,7 @@ where
         Err(err) => Err(Failure::Lockkit(err)),
     };
     let result = end(conn, began, restore, result).await;
+    level.closed();
     changing.restored();
     // Nested in the caller's transaction, the lock lasts until the caller's
     // end, which lockkit does not see (the blocking side hands it to the
@@ -235,9 +237,11 @@ where
 {
     let began = super::connection::began(conn).await.map_err(E::from)?;
     let (mut changing, restore) = begin_locked(conn, &options).await.map_err(E::from)?;
-    let conn = &mut *changing.conn;
+    let mut level = Level::opened(&mut *changing.conn);
+    let conn = &mut *level;
     let result = f(conn).await.map_err(Failure::Closure);
     let result = end(conn, began, restore, result).await;
+    level.closed();
     changing.restored();
     result
 }

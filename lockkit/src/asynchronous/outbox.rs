@@ -61,7 +61,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use super::connection::{in_transaction, AsyncLockingConnection};
+use super::connection::{in_transaction, AsyncLockingConnection, Level};
 use super::transaction::end;
 use super::work::{AsyncWork, ConnWork};
 use crate::clock::now_millis;
@@ -200,6 +200,8 @@ where
         C::before_relay(conn).await?;
     }
     let restore = conn.begin_locked(&LockOptions::default()).await?;
+    let mut level = Level::opened(conn);
+    let conn = &mut *level;
     let result = async {
         let batch = C::claim_due(conn, limit, now_millis()).await?;
         let mut relayed = Relayed {
@@ -217,7 +219,9 @@ where
         Ok(relayed)
     }
     .await;
-    end(conn, began, restore, result).await
+    let result = end(conn, began, restore, result).await;
+    level.closed();
+    result
 }
 
 /// Writes one relay mark in the claiming transaction.
@@ -257,6 +261,8 @@ where
     check_message_id(message_id)?;
     let began = super::connection::began(conn).await.map_err(E::from)?;
     let restore = conn.begin_locked(&LockOptions::default()).await?;
+    let mut level = Level::opened(conn);
+    let conn = &mut *level;
     let result = match C::record_received(conn, inbox.consumer(), message_id, now_millis()).await {
         Ok(true) => apply(conn)
             .await
@@ -265,7 +271,9 @@ where
         Ok(false) => Ok(Received::Duplicate),
         Err(err) => Err(Failure::Lockkit(err)),
     };
-    end(conn, began, restore, result).await
+    let result = end(conn, began, restore, result).await;
+    level.closed();
+    result
 }
 
 /// Deletes `inbox`'s ids recorded `age` ago or earlier; returns how many:

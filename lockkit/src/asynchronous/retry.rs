@@ -9,7 +9,7 @@
 
 use diesel_async::TransactionManager;
 
-use super::connection::{in_transaction, AsyncLockingConnection, Restore};
+use super::connection::{in_transaction, AsyncLockingConnection, Level, Restore};
 use super::work::ConnAttempt;
 use crate::error::classification::classify;
 use crate::retry::{after_failure, may_retry, Next};
@@ -155,8 +155,12 @@ where
         let result = match super::connection::began(conn).await {
             Ok(began) => match C::TransactionManager::begin_transaction(conn).await {
                 Ok(()) => {
-                    let result = op(conn).await.map_err(Failure::Closure);
-                    super::transaction::end(conn, began, Restore::Nothing, result).await
+                    let mut level = Level::opened(&mut *conn);
+                    let result = op(&mut *level).await.map_err(Failure::Closure);
+                    let result =
+                        super::transaction::end(&mut *level, began, Restore::Nothing, result).await;
+                    level.closed();
+                    result
                 }
                 Err(err) => Err(E::from(classify(err))),
             },

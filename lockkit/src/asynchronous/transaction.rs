@@ -40,9 +40,15 @@ where
     let began = begun.began;
     let nested = began.nested;
     // First the levels a dropped nested call left open above this call's own.
-    let result = match super::connection::roll_back_dropped(conn, &begun).await {
-        Ok(()) => result,
-        Err(err) => Err(Failure::Diesel(err)),
+    // The work's own error stands before the work that went with them: nothing
+    // is committed either way.
+    let result = match (
+        super::connection::roll_back_dropped(conn, &begun).await,
+        result,
+    ) {
+        (Ok(()), result) => result,
+        (Err(Failure::Lockkit(Error::NestedCallDropped)), Err(failure)) => Err(failure),
+        (Err(failure), _) => Err(failure),
     };
     // This call's own level in diesel-async's books: its transaction, or the
     // savepoint nested in the caller's.

@@ -64,7 +64,7 @@ use diesel::{OptionalExtension, QueryResult};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnectionCore, RunQueryDsl, TransactionManager};
 
-use super::connection::{in_transaction, AsyncLockingConnection, Restore};
+use super::connection::{in_transaction, AsyncLockingConnection, Level, Restore};
 use crate::error::classification::classify;
 use crate::error::{Error, Operation};
 use crate::optimistic::backend::{
@@ -250,6 +250,8 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
             Conn::TransactionManager::begin_transaction(conn)
                 .await
                 .map_err(classify)?;
+            let mut level = Level::opened(conn);
+            let conn = &mut *level;
             let mut versions = vec![None; rows.len()];
             let mut stale = Vec::new();
             let mut failed = None;
@@ -272,13 +274,15 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
                 Some(err) => Err(err),
                 None => all_or_none(versions, stale),
             };
-            super::transaction::end(
+            let result = super::transaction::end(
                 conn,
                 began,
                 Restore::Nothing,
                 result.map_err(Failure::Lockkit),
             )
-            .await
+            .await;
+            level.closed();
+            result
         }
     }
 
@@ -766,10 +770,15 @@ where
     Conn::TransactionManager::begin_transaction(conn)
         .await
         .map_err(classify)?;
+    let mut level = Level::opened(conn);
+    let conn = &mut *level;
     let result = ExecuteDsl::execute(statement(), conn)
         .await
         .map_err(classify)
         .and_then(|rows| at_most_one::<M>(key, rows))
         .map_err(Failure::Lockkit);
-    super::transaction::end::<Conn, usize, Error>(conn, began, Restore::Nothing, result).await
+    let result =
+        super::transaction::end::<Conn, usize, Error>(conn, began, Restore::Nothing, result).await;
+    level.closed();
+    result
 }

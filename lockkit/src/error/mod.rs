@@ -239,6 +239,17 @@ pub enum Error {
     #[error("the server rolled back the whole transaction: {0}")]
     TransactionAborted(Aborted),
 
+    /// A lockkit call nested in this one (async) was dropped before it
+    /// finished (a `tokio::time::timeout` around it), and a statement ran
+    /// after it, inside the savepoint it left open: that statement went with
+    /// the savepoint, so this call rolled back everything and committed
+    /// nothing. Also when a level it did not open was left open above its own
+    /// (a nested transaction of the caller's, dropped). Not retryable: return
+    /// from the closure once a nested call was dropped, or give up on it only
+    /// at the top level.
+    #[error("a nested call was dropped and work ran in the savepoint it left open; nothing was committed")]
+    NestedCallDropped,
+
     /// Any other database error, unchanged.
     #[error(transparent)]
     Database(diesel::result::Error),

@@ -159,6 +159,9 @@ pub struct Journal {
     /// Statements to send again once the transaction that sent them rolled
     /// back ([`redo_after_rollback`]).
     redo: ToRedo,
+    /// The levels lockkit's async calls hold open, and what a dropped one left.
+    #[cfg(feature = "async")]
+    levels: super::levels::Levels,
 }
 
 /// How a transaction (or a savepoint) ended, as the journal saw it: what it
@@ -434,6 +437,8 @@ impl Journal {
             committing: false,
             aborts: Aborts::default(),
             redo: ToRedo::default(),
+            #[cfg(feature = "async")]
+            levels: Default::default(),
         }
     }
 
@@ -527,6 +532,8 @@ impl Instrumentation for Journal {
                     Some(_) => End::RolledBack { depth: 1 },
                 });
             }
+            #[cfg(feature = "async")]
+            InstrumentationEvent::StartQuery { .. } => self.levels.on_statement(),
             _ => {}
         }
         self.aborts.on_event(&event);
@@ -775,6 +782,13 @@ impl<C: diesel_async::AsyncConnection> Watched for AsyncWatched<'_, C> {
 /// `None` if it has instrumentation of its own.
 pub(crate) fn journal_of<W: Watched>(conn: &mut W) -> Option<&mut Journal> {
     watched(conn, |conn| conn.ends())
+}
+
+/// The levels lockkit's async calls hold open on `conn`, as its journal keeps
+/// them; `None` if it has instrumentation of its own.
+#[cfg(feature = "async")]
+pub(crate) fn levels<W: Watched>(conn: &mut W) -> Option<&mut super::levels::Levels> {
+    journal_of(conn).map(|journal| &mut journal.levels)
 }
 
 /// Installs the journal on `conn` as [`journal_of`] does, with the rule the

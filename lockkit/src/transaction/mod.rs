@@ -38,6 +38,8 @@
 mod after_commit;
 mod begin;
 pub mod journal;
+#[cfg(feature = "async")]
+pub(crate) mod levels;
 mod panic_guard;
 pub(crate) mod scope;
 
