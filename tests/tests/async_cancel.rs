@@ -349,6 +349,39 @@ async_backend_tests! {
         assert!(row_is_free(&mut other).await, "and its row lock gone");
     }
 
+    async fn a_nested_call_tried_again_after_a_drop_keeps_its_work(db) {
+        // "Try item 1 for 100 ms, then once more": the second call must not
+        // run inside the savepoint the first one left, which the outer call
+        // rolls back at its end, its decrement with it, under an Ok.
+        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let outcome = lockkit::asynchronous::locked_transaction(
+            &mut conn,
+            LockOptions::default(),
+            async |conn: &mut Async| {
+                diesel::update(items::table.find(2))
+                    .set(items::stock.eq(items::stock - 1))
+                    .execute(conn)
+                    .await?;
+                let tried = tokio::time::timeout(
+                    Duration::from_millis(100),
+                    decrement!(conn, Some(Duration::from_secs(5))),
+                )
+                .await;
+                assert!(tried.is_err(), "the first call was given up on");
+                decrement!(conn, None).await
+            },
+        )
+        .await;
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        let stocks: Vec<i32> = items::table.order(items::id).select(items::stock).load(&mut other).await.unwrap();
+        assert!(
+            outcome.is_ok() && stocks == [9, 9],
+            "locked_transaction returned {outcome:?}; stocks {stocks:?}"
+        );
+        assert!(!in_transaction(&mut conn) && server_says_no_transaction(&mut conn, BACKEND).await);
+    }
+
     async fn work_after_a_dropped_nested_call_is_never_rolled_back_under_an_ok(db) {
         // "Try item 1 for 100 ms, else sell item 3 instead": the sale of item 3
         // runs after the nested call was given up on, inside the savepoint

@@ -36,8 +36,10 @@
 //! (each call holds its level through a guard, and lockkit's
 //! [`journal`] records which levels are lockkit's):
 //!
-//! * another lockkit call: the enclosing call's end rolls the dropped
-//!   savepoint back, with the dropped call's work, and then fails with [`Error::NestedCallDropped`] when a statement ran in it after
+//! * another lockkit call: the next lockkit call to begin (you try again) rolls
+//!   the dropped savepoint back first, with the dropped call's work, if
+//!   nothing was sent since; otherwise the enclosing call's end does, and then
+//!   fails with [`Error::NestedCallDropped`] when a statement ran in it after
 //!   the drop (that statement went with it), or commits (or rolls back) its
 //!   own work when none did. If a rollback fails, it fails and marks the
 //!   connection broken;
@@ -259,8 +261,10 @@ impl<C: AsyncConnection> Drop for Changing<'_, C> {
 /// leaves the level, and whatever the connection sends next runs inside it,
 /// to whoever ends the level below (see [`levels`](crate::transaction::levels)):
 ///
-/// * a lockkit call's, directly below: that call rolls the dropped level back
-///   at its end ([`roll_back_dropped`]), and fails if a statement ran in it;
+/// * a lockkit call's, directly below: the next lockkit call to begin rolls
+///   the dropped level back ([`roll_back_unused_drop`]) if nothing was sent
+///   since, or else the call below does at its end ([`roll_back_dropped`]),
+///   and fails if a statement ran in it;
 /// * otherwise (the outermost level, or nested in a transaction of the
 ///   caller's own, or no journal on the connection to tell which): it marks
 ///   the connection's transaction manager broken, so that the caller's commit,
@@ -341,18 +345,20 @@ pub(crate) fn in_transaction<C: AsyncConnection>(conn: &mut C) -> bool {
 
 /// Where an async lockkit transaction about to begin on `conn` stands
 /// ([`Began`](crate::transaction::Began)), with lockkit's journal watching the
-/// work, as the blocking side's panic guard has it.
+/// work, as the blocking side's panic guard has it; first rolls back the
+/// levels a dropped nested call left unused ([`roll_back_unused_drop`]).
 ///
 /// # Errors
 ///
-/// Nested in a transaction that a statement the caller let go has ended
+/// A classified error when those levels cannot be rolled back. Nested in a
+/// transaction that a statement the caller let go has ended
 /// ([`ended_by_statement`]): [`Error::TransactionAborted`], before anything is
 /// sent that MySQL/MariaDB would run in autocommit; the read-only stand-in is
 /// opened, as at the end of a nested call that found the transaction ended.
 pub(crate) async fn began<C: AsyncLockingConnection>(conn: &mut C) -> Result<Begun, Error> {
-    let depth = transaction_depth(conn);
-    let nested = depth > 0;
     watch(conn);
+    let depth = roll_back_unused_drop(conn).await?;
+    let nested = depth > 0;
     if nested {
         if let Some(cause) = ended_by_statement(conn).await {
             conn.keep_aborted().await;
@@ -364,6 +370,31 @@ pub(crate) async fn began<C: AsyncLockingConnection>(conn: &mut C) -> Result<Beg
         nested,
         level: Some(depth + 1),
     })
+}
+
+/// Before a lockkit call begins on `conn`: rolls back the levels a nested
+/// call whose future was dropped left open, if nothing was sent since (the
+/// caller tries again after a timeout), so that the new call's work is not
+/// made inside them and rolled back with them at the end of the call around
+/// it; the depth then. Marks the connection broken if one cannot be rolled
+/// back.
+async fn roll_back_unused_drop<C: AsyncConnection>(conn: &mut C) -> Result<u32, Error> {
+    let depth = transaction_depth(conn);
+    let dropped = match journal::levels(&mut journal::AsyncWatched(&mut *conn)) {
+        Some(levels) if depth > 0 => levels.take_unused_drop(),
+        _ => None,
+    };
+    let Some(dropped) = dropped.filter(|&level| level > 1 && level <= depth) else {
+        return Ok(depth);
+    };
+    for _ in dropped - 1..depth {
+        if let Err(err) = C::TransactionManager::rollback_transaction(conn).await {
+            C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
+            return Err(classify(err));
+        }
+    }
+    crate::transaction::rolled_back(conn, dropped);
+    Ok(dropped - 1)
 }
 
 /// Where an async lockkit transaction began ([`Began`](crate::transaction::Began)),

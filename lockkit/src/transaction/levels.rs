@@ -80,6 +80,19 @@ impl Levels {
         }
     }
 
+    /// Before a lockkit call begins: the level a dropped nested call left, if
+    /// no statement ran in it since, which may then be rolled back at once, so
+    /// that the new call's work does not go with it. Forgets the record.
+    pub(crate) fn take_unused_drop(&mut self) -> Option<u32> {
+        match (self.abandoned, self.stranded) {
+            (Some(abandoned), false) => {
+                self.abandoned = None;
+                Some(abandoned)
+            }
+            _ => None,
+        }
+    }
+
     /// At the end of the lockkit call at `level`, which found levels above its
     /// own open: who left them. Forgets a dropped call's record above `level`.
     pub(crate) fn left_above(&mut self, level: u32) -> Left {
@@ -132,6 +145,21 @@ mod tests {
         levels.opened(2);
         assert!(levels.dropped(2));
         assert_eq!(levels.left_above(1), Left::Dropped);
+    }
+
+    #[test]
+    fn a_drop_nothing_ran_in_since_is_handed_to_the_next_call() {
+        let mut levels = Levels::default();
+        levels.opened(1);
+        levels.opened(2);
+        assert!(levels.dropped(2));
+        assert_eq!(levels.take_unused_drop(), Some(2));
+        assert_eq!(levels.take_unused_drop(), None);
+        levels.opened(2);
+        assert!(levels.dropped(2));
+        levels.on_statement();
+        assert_eq!(levels.take_unused_drop(), None, "a statement ran in it");
+        assert_eq!(levels.left_above(1), Left::Unknown);
     }
 
     #[test]
