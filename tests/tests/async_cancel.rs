@@ -132,6 +132,60 @@ macro_rules! decrement {
     };
 }
 
+/// The caller's own sale of one unit of item `$id` on `$conn`, in the work's
+/// error type.
+macro_rules! sell_one {
+    ($conn:expr, $id:expr) => {
+        diesel::update(items::table.find($id))
+            .set(items::stock.eq(items::stock - 1))
+            .execute($conn)
+            .await
+            .map(drop)
+    };
+}
+
+/// A nested [`decrement!`] of item 1 that lingers 5 s inside its lock, given
+/// up on after 100 ms ("try item 1 for 100 ms").
+macro_rules! give_up_on_item_1 {
+    ($conn:expr) => {{
+        let tried = tokio::time::timeout(
+            Duration::from_millis(100),
+            decrement!($conn, Some(Duration::from_secs(5))),
+        )
+        .await;
+        assert!(tried.is_err(), "the nested call was given up on");
+    }};
+}
+
+/// `locked_transaction` on `$conn` whose work sells one of item 2, gives up on
+/// a nested call ([`give_up_on_item_1!`]), then ends with `$then`, where
+/// `$inner` names the transaction's connection.
+macro_rules! sell_2_then_give_up_on_1 {
+    ($conn:expr, |$inner:ident| $then:expr) => {
+        lockkit::asynchronous::locked_transaction(
+            $conn,
+            LockOptions::default(),
+            async |$inner: &mut Async| {
+                sell_one!(&mut *$inner, 2)?;
+                give_up_on_item_1!(&mut *$inner);
+                $then
+            },
+        )
+    };
+}
+
+/// Every item's stock, by id, read on `$conn`.
+macro_rules! stocks {
+    ($conn:expr) => {
+        items::table
+            .order(items::id)
+            .select(items::stock)
+            .load::<i32>($conn)
+            .await
+            .unwrap()
+    };
+}
+
 async_backend_tests! {
     async fn a_held_connection_refuses_the_next_transaction_instead_of_nesting_it(db) {
         // The hazard the pool's check removes, shown: no pool discards the
@@ -149,13 +203,7 @@ async_backend_tests! {
         assert!(dropped.is_err(), "the future was dropped inside the closure");
         assert!(!row_is_free(&mut other).await, "the abandoned transaction still holds the row");
         let next = held
-            .transaction(async |conn| {
-                diesel::update(items::table.find(2))
-                    .set(items::stock.eq(items::stock - 1))
-                    .execute(conn)
-                    .await?;
-                Ok::<_, Error>(())
-            })
+            .transaction(async |conn| sell_one!(conn, 2).map_err(Error::from))
             .await;
         let again = decrement!(&mut held, None).await;
         drop(held);
@@ -183,16 +231,8 @@ async_backend_tests! {
         let mut conn = pool.get().await.unwrap();
         let outcome = (*conn)
             .transaction(async |conn| {
-                diesel::update(items::table.find(2))
-                    .set(items::stock.eq(items::stock - 1))
-                    .execute(conn)
-                    .await?;
-                let tried = tokio::time::timeout(
-                    Duration::from_millis(100),
-                    decrement!(conn, Some(Duration::from_secs(5))),
-                )
-                .await;
-                assert!(tried.is_err(), "the nested call was given up on");
+                sell_one!(&mut *conn, 2)?;
+                give_up_on_item_1!(conn);
                 Ok::<_, Error>(())
             })
             .await;
@@ -311,24 +351,7 @@ async_backend_tests! {
         // and reporting Ok with nothing committed).
         seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
-        let outcome = lockkit::asynchronous::locked_transaction(
-            &mut conn,
-            LockOptions::default(),
-            async |conn: &mut Async| {
-                diesel::update(items::table.find(2))
-                    .set(items::stock.eq(items::stock - 1))
-                    .execute(conn)
-                    .await?;
-                let tried = tokio::time::timeout(
-                    Duration::from_millis(100),
-                    decrement!(conn, Some(Duration::from_secs(5))),
-                )
-                .await;
-                assert!(tried.is_err(), "the nested call was given up on");
-                Ok::<_, Error>(())
-            },
-        )
-        .await;
+        let outcome = sell_2_then_give_up_on_1!(&mut conn, |_conn| Ok::<_, Error>(())).await;
         let open = in_transaction(&mut conn);
         let mut other: Async = async_common::connect(&db.url, BACKEND).await;
         let sold: i32 = items::table.find(2).select(items::stock).first(&mut other).await.unwrap();
@@ -355,26 +378,9 @@ async_backend_tests! {
         // rolls back at its end, its decrement with it, under an Ok.
         seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
-        let outcome = lockkit::asynchronous::locked_transaction(
-            &mut conn,
-            LockOptions::default(),
-            async |conn: &mut Async| {
-                diesel::update(items::table.find(2))
-                    .set(items::stock.eq(items::stock - 1))
-                    .execute(conn)
-                    .await?;
-                let tried = tokio::time::timeout(
-                    Duration::from_millis(100),
-                    decrement!(conn, Some(Duration::from_secs(5))),
-                )
-                .await;
-                assert!(tried.is_err(), "the first call was given up on");
-                decrement!(conn, None).await
-            },
-        )
-        .await;
+        let outcome = sell_2_then_give_up_on_1!(&mut conn, |conn| decrement!(conn, None).await).await;
         let mut other: Async = async_common::connect(&db.url, BACKEND).await;
-        let stocks: Vec<i32> = items::table.order(items::id).select(items::stock).load(&mut other).await.unwrap();
+        let stocks = stocks!(&mut other);
         assert!(
             outcome.is_ok() && stocks == [9, 9],
             "locked_transaction returned {outcome:?}; stocks {stocks:?}"
@@ -389,30 +395,9 @@ async_backend_tests! {
         // back with the sale in it and then commit and say Ok.
         seed_items(&mut db.conn(), &[(1, 10), (2, 10), (3, 10)]);
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
-        let outcome = lockkit::asynchronous::locked_transaction(
-            &mut conn,
-            LockOptions::default(),
-            async |conn: &mut Async| {
-                diesel::update(items::table.find(2))
-                    .set(items::stock.eq(items::stock - 1))
-                    .execute(conn)
-                    .await?;
-                let tried = tokio::time::timeout(
-                    Duration::from_millis(100),
-                    decrement!(conn, Some(Duration::from_secs(5))),
-                )
-                .await;
-                assert!(tried.is_err(), "the nested call was given up on");
-                diesel::update(items::table.find(3))
-                    .set(items::stock.eq(items::stock - 1))
-                    .execute(conn)
-                    .await?;
-                Ok::<_, Error>(())
-            },
-        )
-        .await;
+        let outcome = sell_2_then_give_up_on_1!(&mut conn, |conn| sell_one!(conn, 3).map_err(Error::from)).await;
         let mut other: Async = async_common::connect(&db.url, BACKEND).await;
-        let stocks: Vec<i32> = items::table.order(items::id).select(items::stock).load(&mut other).await.unwrap();
+        let stocks = stocks!(&mut other);
         assert!(
             matches!(outcome, Err(Error::NestedCallDropped)) && stocks == [10, 10, 10],
             "locked_transaction returned {outcome:?}; stocks {stocks:?}"
@@ -436,10 +421,7 @@ mod waiting {
         let holder = RowHolder::lock(async_common::connect::<Async>(&db.url, BACKEND).await).await;
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
         let transaction = conn.transaction(async |conn| {
-            diesel::update(items::table.find(2))
-                .set(items::stock.eq(items::stock - 1))
-                .execute(conn)
-                .await?;
+            sell_one!(&mut *conn, 2)?;
             let tried = tokio::time::timeout(
                 Duration::from_millis(200),
                 Item::update_all_by_version(conn, &[(1, 0)], items::stock.eq(0)),
@@ -645,16 +627,23 @@ mod mysql_only {
 
     /// Checks out the pool's connection as `$conn`, polls `$call` once (its
     /// first statement goes out), lets the reply arrive, drops the call and
-    /// gives the connection back; then what the pool's next user reads.
+    /// gives the connection back; then what the pool's next user reads. A
+    /// call that finished in that one poll (every reply was there at once, on
+    /// a busy machine) is made again.
     macro_rules! next_user_after {
         ($pool:expr, |$conn:ident| $call:expr) => {{
-            {
+            let mut pending = false;
+            for _ in 0..20 {
                 let mut pooled = $pool.get().await.unwrap();
                 let $conn = &mut *pooled;
                 let mut call = Box::pin($call);
-                assert!(poll_once(call.as_mut()).is_pending());
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                if poll_once(call.as_mut()).is_pending() {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    pending = true;
+                    break;
+                }
             }
+            assert!(pending, "the call never waited for a reply");
             let mut next = $pool.get().await.unwrap();
             items::table
                 .find(1)
