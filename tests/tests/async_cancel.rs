@@ -412,6 +412,52 @@ mod waiting {
     use super::*;
 
     async_server_tests! {
+    async fn a_nested_call_dropped_while_waiting_for_a_lock_is_rolled_back_in_step(db) {
+        // The nested call is given up on while its locked read waits for the
+        // holder's lock: its statement is still running on the server when
+        // the enclosing call rolls its savepoint back. PostgreSQL answers the
+        // rollback once that read is done (the holder lets go), in step, and
+        // the enclosing call commits its own work. MySQL/MariaDB's client may
+        // instead close the connection under a dropped statement, and the
+        // enclosing call then fails. Either way its answer is the truth, the
+        // dropped call's work is gone, and the pool's next user reads its own
+        // replies.
+        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+        let holder = RowHolder::lock(async_common::connect::<Async>(&db.url, BACKEND).await).await;
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            holder.release().await;
+        });
+        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 1).await;
+        let mut conn = pool.get().await.unwrap();
+        let call = lockkit::asynchronous::locked_transaction(
+            &mut *conn,
+            LockOptions::default(),
+            async |conn: &mut Async| {
+                sell_one!(&mut *conn, 2)?;
+                let tried = tokio::time::timeout(Duration::from_millis(200), decrement!(conn, None)).await;
+                assert!(tried.is_err(), "the nested call was given up on while it waited");
+                Ok::<_, Error>(())
+            },
+        );
+        let outcome = tokio::time::timeout(Duration::from_secs(30), call)
+            .await
+            .expect("the enclosing call ended once the holder let go");
+        drop(conn);
+        release.await.unwrap();
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        assert_left_clean(&mut *pool.get().await.unwrap(), &mut other, BACKEND, "after the call").await;
+        let stocks = stocks!(&mut other);
+        let committed = stocks == [10, 9];
+        assert!(
+            (outcome.is_ok() && committed) || (BACKEND == "mysql" && outcome.is_err() && stocks == [10, 10]),
+            "locked_transaction returned {outcome:?}; stocks {stocks:?}"
+        );
+        // The pool works on.
+        decrement!(&mut *pool.get().await.unwrap(), None).await.unwrap();
+        assert_eq!(stock!(&mut other), 9);
+    }
+
     async fn your_own_transaction_around_a_dropped_versioned_write_fails(db) {
         // lockkit's own savepoint, around a versioned write of several rows,
         // given up on while it waits for the lock another session holds on

@@ -214,3 +214,71 @@ mod a_panicking_work {
         }
     }
 }
+
+/// On the servers, where taking a key waits for another session's uncommitted
+/// take of it.
+mod waiting {
+    use super::*;
+    use diesel_async::AsyncConnection;
+
+    async_server_tests! {
+        async fn your_own_transaction_around_a_run_dropped_while_taking_its_key_fails(db) {
+            // The take of the key (an INSERT in a savepoint of its own) waits
+            // for `other`'s take of the same key, still open in `other`'s
+            // transaction; the run is given up on right there. Your
+            // transaction must not then commit nothing and say Ok.
+            db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
+            seed_items(&mut db.conn(), &[(1, 100)]);
+            let keys = Idempotency::default();
+            let request = fingerprint("POST", "/orders", br#"{"item":1,"qty":1}"#);
+            let (taken_tx, taken_rx) = tokio::sync::oneshot::channel();
+            let (release, release_rx) = tokio::sync::oneshot::channel::<()>();
+            let other_url = db.url.clone();
+            let other = tokio::spawn(async move {
+                let mut other: Async = async_common::connect(&other_url, BACKEND).await;
+                let keys = Idempotency::default();
+                let request = fingerprint("POST", "/orders", br#"{"item":1,"qty":1}"#);
+                let _ = other
+                    .transaction(async |conn| {
+                        idempotency::run(&keys, conn, "tenant-1", "order-9", &request, async |_conn: &mut Async| {
+                            Ok::<_, Error>(Order { order: 0, left: 0 })
+                        })
+                        .await?;
+                        taken_tx.send(()).unwrap();
+                        let _ = release_rx.await;
+                        // Rolled back: the key is free again.
+                        Err::<(), _>(Error::NoRowMatched)
+                    })
+                    .await;
+            });
+            taken_rx.await.unwrap();
+            let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+            let transaction = conn.transaction(async |conn| {
+                sell_one!(conn)?;
+                let tried = tokio::time::timeout(
+                    Duration::from_millis(300),
+                    idempotency::run(&keys, conn, "tenant-1", "order-9", &request, async |_conn: &mut Async| {
+                        Ok::<_, Error>(Order { order: 1, left: 0 })
+                    }),
+                )
+                .await;
+                assert!(tried.is_err(), "the run was given up on while it waited for the key");
+                Ok::<_, Error>(())
+            });
+            // A commit sent behind the waiting INSERT would wait for `other`,
+            // which lets go only after it.
+            let outcome = tokio::time::timeout(Duration::from_secs(20), transaction)
+                .await
+                .expect("the transaction ended without waiting for the dropped take");
+            drop(conn);
+            release.send(()).unwrap();
+            other.await.unwrap();
+            let mut check: Async = async_common::connect(&db.url, BACKEND).await;
+            let left = stock!(&mut check);
+            assert!(
+                matches!(outcome, Err(Error::Database(diesel::result::Error::BrokenTransactionManager))) && left == 100,
+                "the transaction returned {outcome:?}, and item 1's stock is {left}"
+            );
+        }
+    }
+}

@@ -51,9 +51,17 @@
 //!   saying `Ok` and committing nothing. A pool discards the connection, and
 //!   the server rolls back.
 //!
-//! (On MySQL/MariaDB a nested call dropped while one of its statements was in
-//! flight leaves an unread reply, as the check-out ping below does: there,
-//! give up on the whole transaction rather than on a nested call.)
+//! A call dropped while one of its own transaction statements was in flight
+//! (its `BEGIN` or `SAVEPOINT`, or its end's `COMMIT`, `RELEASE` or `ROLLBACK
+//! TO`) leaves its level in a state nobody knows: it marks the connection
+//! broken wherever it was nested. (On MySQL/MariaDB a nested call dropped
+//! while one of its statements was in flight may leave an unread reply, as the
+//! check-out ping below does: there, give up on the whole transaction rather
+//! than on a nested call.) On SQLite, diesel-async
+//! refuses any access to the connection while a dropped statement still runs
+//! on its blocking thread: a call dropped then cannot mark anything (lockkit
+//! warns), so give up on the whole transaction there rather than on a nested
+//! call.
 //!
 //! A connection you hold yourself (no pool) is not discarded: after a dropped
 //! call it is still inside the abandoned transaction, and refuses every
@@ -206,52 +214,100 @@ pub enum Restore {
     BusyTimeout(i32),
 }
 
-/// The connection while a session setting a call changes (its lock timeout on
-/// MySQL/MariaDB; SQLite's busy timeout, which `nowait()` and `skip_locked()`
-/// set to 0 as well) may be in force: armed from before the setting is
-/// sent until it is put back. Dropped armed (the call's future was dropped in
+/// The connection while its state is unsettled: a session setting a call
+/// changes may be in force (its lock timeout on MySQL/MariaDB; SQLite's busy
+/// timeout, which `nowait()` and `skip_locked()` set to 0 as well), armed from
+/// before the setting is sent until it is put back; or a transaction statement
+/// that opens a level ([`begin_transaction`]) is in flight, before the call's
+/// [`Level`] guards it. Dropped armed (the call's future was dropped in
 /// between), it marks the connection's transaction manager broken, so that a
 /// pool closes the connection instead of handing the next user the dropped
 /// call's setting (diesel-async finishes a statement already sent even when
-/// its future is dropped). The advisory locks' `Held` does the same for a
-/// session lock.
-pub(crate) struct Changing<'c, C: AsyncConnection> {
+/// its future is dropped), and so that diesel-async refuses the next
+/// transaction statement with `BrokenTransactionManager` instead of sending it
+/// without knowing whether the level opened (a debug build of diesel-async
+/// panics there). The advisory locks' `Held` does the same for a session lock.
+pub(crate) struct Unsettled<'c, C: AsyncConnection> {
     pub(crate) conn: &'c mut C,
     armed: bool,
 }
 
-impl<'c, C: AsyncLockingConnection> Changing<'c, C> {
-    /// Armed when `options` change a session setting on this connection
-    /// ([`AsyncLockingConnection::changes_setting`]).
-    pub(crate) fn new(conn: &'c mut C, options: &LockOptions) -> Self {
-        let armed = C::changes_setting(options);
-        Changing { conn, armed }
-    }
-}
-
-impl<'c, C: AsyncConnection> Changing<'c, C> {
-    /// Armed: a setting is about to be sent.
-    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+impl<'c, C: AsyncConnection> Unsettled<'c, C> {
+    /// Armed: a setting or a transaction statement is about to be sent.
     pub(crate) fn armed(conn: &'c mut C) -> Self {
-        Changing { conn, armed: true }
+        Unsettled { conn, armed: true }
     }
 
-    /// The setting is back (or was never changed).
-    pub(crate) fn restored(&mut self) {
+    /// The setting is back (or was never changed), the statement answered.
+    pub(crate) fn settled(&mut self) {
         self.armed = false;
     }
 }
 
-impl<C: AsyncConnection> Drop for Changing<'_, C> {
+impl<C: AsyncConnection> Drop for Unsettled<'_, C> {
     fn drop(&mut self) {
         if self.armed {
-            C::TransactionManager::transaction_manager_status_mut(self.conn).set_in_error();
-            tracing::warn!(
-                target: "lockkit",
-                "a lock call was dropped while its lock timeout was in force: the connection is marked broken, for its pool to close"
-            );
+            let marked = from_drop(self.conn, |conn| {
+                C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
+            });
+            if marked.is_some() {
+                tracing::warn!(
+                    target: "lockkit",
+                    "a lockkit call was dropped while a setting of its was in force or a transaction statement in flight: the connection is marked broken, for its pool to close"
+                );
+            }
         }
     }
+}
+
+/// diesel-async's `begin_transaction` (`BEGIN`, or a `SAVEPOINT` when nested)
+/// under an armed [`Unsettled`]: how every async lockkit call opens its level
+/// when its backend needs nothing else.
+pub(crate) async fn begin_transaction<C: AsyncConnection>(conn: &mut C) -> QueryResult<()> {
+    let mut unsettled = Unsettled::armed(conn);
+    let begun = C::TransactionManager::begin_transaction(unsettled.conn).await;
+    unsettled.settled();
+    begun
+}
+
+/// Begins a transaction fit for locking on `conn`
+/// ([`AsyncLockingConnection::begin_locked`]) under an armed [`Unsettled`],
+/// which stays armed while the session setting it changed is in force
+/// ([`AsyncLockingConnection::changes_setting`]): settle it once the call's
+/// end has put the setting back.
+pub(crate) async fn open_locked<'c, C: AsyncLockingConnection>(
+    conn: &'c mut C,
+    options: &LockOptions,
+) -> Result<(Unsettled<'c, C>, Restore), Error> {
+    let mut unsettled = Unsettled::armed(conn);
+    let begun = unsettled.conn.begin_locked(options).await;
+    // On an error, `begin_locked` put the setting back.
+    if begun.is_err() || !C::changes_setting(options) {
+        unsettled.settled();
+    }
+    begun.map(|restore| (unsettled, restore))
+}
+
+/// Runs `f` on `conn` from a guard's `Drop`, unless the connection cannot be
+/// reached there: diesel-async's SQLite wrapper panics on any access while a
+/// statement a dropped future sent still runs on its blocking thread. Then
+/// (and on SQLite while the thread is already panicking) nothing is done, a
+/// warning says so, and the answer is `None`.
+fn from_drop<C: AsyncConnection, R>(conn: &mut C, f: impl FnOnce(&mut C) -> R) -> Option<R> {
+    if journal::Ends::of::<C::Backend>() != journal::Ends::Never {
+        return Some(f(conn));
+    }
+    let reached = match std::thread::panicking() {
+        true => None,
+        false => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(conn))).ok(),
+    };
+    if reached.is_none() {
+        tracing::warn!(
+            target: "lockkit",
+            "a lockkit call was dropped while its statement still ran on SQLite's blocking thread: its connection cannot be marked broken; drop it"
+        );
+    }
+    reached
 }
 
 /// An async lockkit call's own transaction level, from the moment it is open
@@ -266,7 +322,8 @@ impl<C: AsyncConnection> Drop for Changing<'_, C> {
 ///   since, or else the call below does at its end ([`roll_back_dropped`]),
 ///   and fails if a statement ran in it;
 /// * otherwise (the outermost level, or nested in a transaction of the
-///   caller's own, or no journal on the connection to tell which): it marks
+///   caller's own, or no journal on the connection to tell which, or dropped
+///   in the call's end, whose statement may be in flight): it marks
 ///   the connection's transaction manager broken, so that the caller's commit,
 ///   or next transaction, fails instead of committing nothing behind an `Ok`,
 ///   and a pool closes the connection (the server then rolls back).
@@ -274,6 +331,10 @@ pub(crate) struct Level<'c, C: AsyncConnection> {
     conn: &'c mut C,
     level: u32,
     open: bool,
+    /// The call's end is sending its statements: a drop now may leave its
+    /// `COMMIT`, `RELEASE` or `ROLLBACK TO` in flight, and the level in an
+    /// unknown state.
+    ending: bool,
 }
 
 impl<'c, C: AsyncConnection> Level<'c, C> {
@@ -287,7 +348,13 @@ impl<'c, C: AsyncConnection> Level<'c, C> {
             conn,
             level,
             open: true,
+            ending: false,
         }
+    }
+
+    /// The call's end begins ([`end`](super::transaction::end)).
+    pub(crate) fn ending(&mut self) {
+        self.ending = true;
     }
 
     /// The call's end has closed the level (or has left it to the caller,
@@ -313,17 +380,23 @@ impl<C: AsyncConnection> std::ops::DerefMut for Level<'_, C> {
 
 impl<C: AsyncConnection> Drop for Level<'_, C> {
     fn drop(&mut self) {
-        let open = self.open && transaction_depth(self.conn) >= self.level;
-        let handed_on = match journal::levels(&mut journal::AsyncWatched(&mut *self.conn)) {
-            Some(levels) => {
-                let handed_on = open && levels.dropped(self.level);
-                levels.closed(self.level);
-                handed_on
+        let (level, open, ending) = (self.level, self.open, self.ending);
+        let marked = from_drop(self.conn, |conn| {
+            let open = open && transaction_depth(conn) >= level;
+            let handed_on = match journal::levels(&mut journal::AsyncWatched(&mut *conn)) {
+                Some(levels) => {
+                    let handed_on = open && !ending && levels.dropped(level);
+                    levels.closed(level);
+                    handed_on
+                }
+                None => false,
+            };
+            if open && !handed_on {
+                C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
             }
-            None => false,
-        };
-        if open && !handed_on {
-            C::TransactionManager::transaction_manager_status_mut(self.conn).set_in_error();
+            open && !handed_on
+        });
+        if marked == Some(true) {
             tracing::warn!(
                 target: "lockkit",
                 "a lockkit call was dropped before it finished, outside any other lockkit call: the connection is marked broken, so that no commit on it can report work it does not commit"
@@ -387,12 +460,15 @@ async fn roll_back_unused_drop<C: AsyncConnection>(conn: &mut C) -> Result<u32, 
     let Some(dropped) = dropped.filter(|&level| level > 1 && level <= depth) else {
         return Ok(depth);
     };
+    let mut unsettled = Unsettled::armed(conn);
     for _ in dropped - 1..depth {
-        if let Err(err) = C::TransactionManager::rollback_transaction(conn).await {
-            C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
+        if let Err(err) = C::TransactionManager::rollback_transaction(unsettled.conn).await {
+            // Left armed: the connection is marked broken.
             return Err(classify(err));
         }
     }
+    unsettled.settled();
+    drop(unsettled);
     crate::transaction::rolled_back(conn, dropped);
     Ok(dropped - 1)
 }
@@ -753,8 +829,8 @@ mod mysql {
             // transaction: a call dropped before its `BEGIN` is in diesel-async's
             // books (with the statement's reply unread, or the setting pending
             // for the next user's transaction) marks the connection broken.
-            let mut changing = Changing::armed(self);
-            let conn = &mut *changing.conn;
+            let mut unsettled = Unsettled::armed(self);
+            let conn = &mut *unsettled.conn;
             let begun = match diesel::sql_query(crate::transaction::MYSQL_SET_SERIALIZABLE)
                 .execute(&mut *conn)
                 .await
@@ -764,7 +840,7 @@ mod mysql {
                 }
                 Err(err) => Err(err),
             };
-            changing.restored();
+            unsettled.settled();
             begun
         }
 
@@ -866,13 +942,18 @@ mod sqlite {
             // the outer transaction may be a deferred one that has none yet.
             let begun = if in_transaction(self) {
                 match <Self as AsyncConnection>::TransactionManager::begin_transaction(self).await {
-                    Ok(()) => match self.batch_execute(WRITE_LOCK).await {
-                        Ok(()) => Ok(()),
-                        Err(err) => {
-                            let _ = <Self as AsyncConnection>::TransactionManager::rollback_transaction(self).await;
-                            Err(err)
+                    Ok(()) => {
+                        // The savepoint is open and the caller's call holds no
+                        // guard of its level yet: dropped while waiting for the
+                        // write lock, the connection is marked broken.
+                        let mut unsettled = Unsettled::armed(self);
+                        let locked = unsettled.conn.batch_execute(WRITE_LOCK).await;
+                        if locked.is_err() {
+                            let _ = <Self as AsyncConnection>::TransactionManager::rollback_transaction(unsettled.conn).await;
                         }
-                    },
+                        unsettled.settled();
+                        locked
+                    }
                     Err(err) => Err(err),
                 }
             } else {

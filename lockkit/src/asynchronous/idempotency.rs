@@ -100,7 +100,7 @@ where
     };
     // A savepoint when one is open, as on the blocking side.
     let began = super::connection::began(conn).await.map_err(E::from)?;
-    C::TransactionManager::begin_transaction(conn)
+    super::connection::begin_transaction(conn)
         .await
         .map_err(classify)?;
     // A panic of the work is caught only to roll back and release the key (a
@@ -111,9 +111,7 @@ where
         Ok(worked) => worked,
         Err(panic) => {
             let rolled_back = Err(Failure::Lockkit(Error::InvalidInput("the work panicked")));
-            let _ =
-                end::<C, Outcome<R>, E>(&mut *level, began, Restore::Nothing, rolled_back).await;
-            level.closed();
+            let _ = end::<C, Outcome<R>, E>(level, began, Restore::Nothing, rolled_back).await;
             let _ = C::write(conn, key, Write::Release { started_at }).await;
             std::panic::resume_unwind(panic);
         }
@@ -138,8 +136,7 @@ where
         .map_err(Failure::Lockkit),
         Err(err) => Err(Failure::Closure(err)),
     };
-    let result = end(&mut *level, began, Restore::Nothing, result).await;
-    level.closed();
+    let result = end(level, began, Restore::Nothing, result).await;
     if result.is_err() {
         // Release the key so that a retry runs the work again; a no-op when
         // another request took it over (its `started_at` is not ours).
@@ -240,22 +237,23 @@ macro_rules! async_idempotency_store {
                 use diesel_async::RunQueryDsl;
                 // A savepoint when nested: a failed INSERT must not poison the
                 // caller's transaction.
-                <Self as diesel_async::AsyncConnection>::TransactionManager::begin_transaction(
-                    conn,
-                )
-                .await?;
+                super::connection::begin_transaction(conn).await?;
+                // Dropped before its end, as any lockkit transaction's.
+                let mut level = super::connection::Level::opened(conn);
                 let inserted =
                     statements::insert_running(key.principal, key.key, fingerprint, now)
-                        .execute(conn)
+                        .execute(&mut *level)
                         .await;
+                level.ending();
                 let ended = match inserted {
                     Ok(_) => {
-                        <Self as diesel_async::AsyncConnection>::TransactionManager::commit_transaction(conn).await
+                        <Self as diesel_async::AsyncConnection>::TransactionManager::commit_transaction(&mut *level).await
                     }
                     Err(_) => {
-                        <Self as diesel_async::AsyncConnection>::TransactionManager::rollback_transaction(conn).await
+                        <Self as diesel_async::AsyncConnection>::TransactionManager::rollback_transaction(&mut *level).await
                     }
                 };
+                level.closed();
                 let inserted = crate::http::idempotency::inserted(inserted)?;
                 ended?;
                 Ok(inserted)

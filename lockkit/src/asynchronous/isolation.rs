@@ -13,14 +13,14 @@
 
 use diesel_async::TransactionManager;
 
-use super::connection::{in_transaction, AsyncLockingConnection, Level, Restore};
+use super::connection::{in_transaction, AsyncLockingConnection, Unsettled};
 use super::retry::again;
 use super::work::ConnAttempt;
 use crate::error::classification::classify;
 use crate::error::Error;
 use crate::retry::may_retry;
 use crate::retry::{RetryPolicy, RetryableError};
-use crate::transaction::{Began, Failure};
+use crate::transaction::Began;
 
 /// Runs `f` in a `SERIALIZABLE` transaction, retrying serialization failures
 /// and deadlocks (and the other [retryable](Error::is_retryable) errors, also
@@ -68,16 +68,16 @@ where
     super::connection::watch(conn);
     let mut attempt = 1;
     loop {
-        let result = match conn.begin_serializable().await {
-            Ok(()) => {
-                let began = Began::with_work(false);
-                let mut level = Level::opened(&mut *conn);
-                let result = f(&mut *level).await.map_err(Failure::Closure);
-                let result =
-                    super::transaction::end(&mut *level, began, Restore::Nothing, result).await;
-                level.closed();
-                result
-            }
+        let begun = {
+            // As every async lockkit call's `BEGIN`: dropped in flight, the
+            // connection is marked broken.
+            let mut unsettled = Unsettled::armed(&mut *conn);
+            let begun = unsettled.conn.begin_serializable().await;
+            unsettled.settled();
+            begun
+        };
+        let result = match begun {
+            Ok(()) => super::transaction::attempt(conn, Began::with_work(false), &mut f).await,
             Err(err) => {
                 // A failed `BEGIN` may have left diesel-async's bookkeeping
                 // behind the server's: end whatever is open.

@@ -51,8 +51,6 @@
 use std::future::Future;
 use std::time::Duration;
 
-use diesel_async::TransactionManager;
-
 use super::connection::{in_transaction, AsyncLockingConnection, Level, Restore};
 use super::transaction::end;
 use super::work::{AsyncWork, ConnWork};
@@ -184,7 +182,7 @@ where
 {
     check_name(resource)?;
     let began = super::connection::began(conn).await.map_err(E::from)?;
-    C::TransactionManager::begin_transaction(conn)
+    super::connection::begin_transaction(conn)
         .await
         .map_err(classify)?;
     let mut level = Level::opened(conn);
@@ -196,9 +194,7 @@ where
         },
         Err(err) => Err(Failure::Lockkit(err)),
     };
-    let result = end(conn, began, Restore::Nothing, result).await;
-    level.closed();
-    result
+    end(level, began, Restore::Nothing, result).await
 }
 
 /// The database lease store on a diesel-async connection: the blocking side's

@@ -64,7 +64,7 @@ use diesel::{OptionalExtension, QueryResult, Selectable};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::RunQueryDsl;
 
-use super::connection::{in_transaction, AsyncLockingConnection, Changing, Level, Restore};
+use super::connection::{in_transaction, open_locked, AsyncLockingConnection, Level};
 use super::transaction::end;
 use super::versioned::{AsyncVersionQuery, AsyncVersioned};
 use super::work::{ConnWork, RowWork};
@@ -150,8 +150,8 @@ where
     F: RowWork<C, M, T, E>,
 {
     let began = super::connection::began(conn).await.map_err(E::from)?;
-    let (mut changing, restore) = begin_locked(conn, &options).await.map_err(E::from)?;
-    let mut level = Level::opened(&mut *changing.conn);
+    let (mut unsettled, restore) = open_locked(conn, &options).await.map_err(E::from)?;
+    let mut level = Level::opened(&mut *unsettled.conn);
     let conn = &mut *level;
     let mut held = None;
     let unsure = journal::unsure(&mut journal::AsyncWatched(&mut *conn));
@@ -164,9 +164,8 @@ where
         }
         Err(err) => Err(Failure::Lockkit(err)),
     };
-    let result = end(conn, began, restore, result).await;
-    level.closed();
-    changing.restored();
+    let result = end(level, began, restore, result).await;
+    unsettled.settled();
     // Nested in the caller's transaction, the lock lasts until the caller's
     // end, which lockkit does not see (the blocking side hands it to the
     // outer lockkit transaction's scope).
@@ -174,24 +173,6 @@ where
         lock.released();
     }
     result
-}
-
-/// Begins a transaction fit for locking on `conn` ([`AsyncLockingConnection::begin_locked`]),
-/// under the guard that marks the connection broken if the call is dropped
-/// while the session setting it changed is in force ([`Changing`]).
-async fn begin_locked<'c, C: AsyncLockingConnection>(
-    conn: &'c mut C,
-    options: &LockOptions,
-) -> Result<(Changing<'c, C>, Restore), Error> {
-    let mut changing = Changing::new(conn, options);
-    match changing.conn.begin_locked(options).await {
-        Ok(restore) => Ok((changing, restore)),
-        Err(err) => {
-            // `begin_locked` put the setting back.
-            changing.restored();
-            Err(err)
-        }
-    }
 }
 
 /// The row lock [`with_lock`] took: what the blocking side's transaction scope
@@ -236,13 +217,12 @@ where
     F: ConnWork<C, T, E>,
 {
     let began = super::connection::began(conn).await.map_err(E::from)?;
-    let (mut changing, restore) = begin_locked(conn, &options).await.map_err(E::from)?;
-    let mut level = Level::opened(&mut *changing.conn);
+    let (mut unsettled, restore) = open_locked(conn, &options).await.map_err(E::from)?;
+    let mut level = Level::opened(&mut *unsettled.conn);
     let conn = &mut *level;
     let result = f(conn).await.map_err(Failure::Closure);
-    let result = end(conn, began, restore, result).await;
-    level.closed();
-    changing.restored();
+    let result = end(level, began, restore, result).await;
+    unsettled.settled();
     result
 }
 

@@ -61,7 +61,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use super::connection::{in_transaction, AsyncLockingConnection, Level};
+use super::connection::{in_transaction, open_locked, AsyncLockingConnection, Level};
 use super::transaction::end;
 use super::work::{AsyncWork, ConnWork};
 use crate::clock::now_millis;
@@ -199,8 +199,8 @@ where
     if !began.nested {
         C::before_relay(conn).await?;
     }
-    let restore = conn.begin_locked(&LockOptions::default()).await?;
-    let mut level = Level::opened(conn);
+    let (mut unsettled, restore) = open_locked(conn, &LockOptions::default()).await?;
+    let mut level = Level::opened(&mut *unsettled.conn);
     let conn = &mut *level;
     let result = async {
         let batch = C::claim_due(conn, limit, now_millis()).await?;
@@ -219,8 +219,8 @@ where
         Ok(relayed)
     }
     .await;
-    let result = end(conn, began, restore, result).await;
-    level.closed();
+    let result = end(level, began, restore, result).await;
+    unsettled.settled();
     result
 }
 
@@ -260,8 +260,8 @@ where
 {
     check_message_id(message_id)?;
     let began = super::connection::began(conn).await.map_err(E::from)?;
-    let restore = conn.begin_locked(&LockOptions::default()).await?;
-    let mut level = Level::opened(conn);
+    let (mut unsettled, restore) = open_locked(conn, &LockOptions::default()).await?;
+    let mut level = Level::opened(&mut *unsettled.conn);
     let conn = &mut *level;
     let result = match C::record_received(conn, inbox.consumer(), message_id, now_millis()).await {
         Ok(true) => apply(conn)
@@ -271,8 +271,8 @@ where
         Ok(false) => Ok(Received::Duplicate),
         Err(err) => Err(Failure::Lockkit(err)),
     };
-    let result = end(conn, began, restore, result).await;
-    level.closed();
+    let result = end(level, began, restore, result).await;
+    unsettled.settled();
     result
 }
 

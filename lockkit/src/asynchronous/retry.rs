@@ -7,14 +7,11 @@
 //! the same metrics. The backoff sleeps with `tokio::time::sleep`, so the
 //! executor thread serves other tasks meanwhile.
 
-use diesel_async::TransactionManager;
-
-use super::connection::{in_transaction, AsyncLockingConnection, Level, Restore};
+use super::connection::{in_transaction, AsyncLockingConnection};
 use super::work::ConnAttempt;
 use crate::error::classification::classify;
 use crate::retry::{after_failure, may_retry, Next};
 use crate::retry::{RetryPolicy, RetryableError};
-use crate::transaction::Failure;
 
 /// Runs `op` until it succeeds, fails with an error that is not retryable, or
 /// has run `policy.attempts()` times, sleeping (asynchronously) with backoff
@@ -153,15 +150,8 @@ where
         // statement the caller let go has ended, `TransactionAborted` before
         // anything is sent that MySQL/MariaDB would run in autocommit.
         let result = match super::connection::began(conn).await {
-            Ok(began) => match C::TransactionManager::begin_transaction(conn).await {
-                Ok(()) => {
-                    let mut level = Level::opened(&mut *conn);
-                    let result = op(&mut *level).await.map_err(Failure::Closure);
-                    let result =
-                        super::transaction::end(&mut *level, began, Restore::Nothing, result).await;
-                    level.closed();
-                    result
-                }
+            Ok(began) => match super::connection::begin_transaction(conn).await {
+                Ok(()) => super::transaction::attempt(conn, began, &mut op).await,
                 Err(err) => Err(E::from(classify(err))),
             },
             Err(err) => Err(E::from(err)),

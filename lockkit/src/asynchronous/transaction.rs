@@ -4,7 +4,8 @@
 
 use diesel_async::TransactionManager;
 
-use super::connection::{in_transaction, AsyncLockingConnection, Begun, Restore};
+use super::connection::{in_transaction, AsyncLockingConnection, Begun, Level, Restore};
+use super::work::ConnAttempt;
 use crate::error::classification::classify;
 use crate::error::Error;
 use crate::transaction::journal;
@@ -25,8 +26,12 @@ use crate::transaction::{settle, Check, Failed, Failure};
 /// * decide the caller's error as the blocking side does ([`Failed`]): a nested
 ///   transaction whose whole transaction the server ended is
 ///   [`Error::TransactionAborted`].
+///
+/// It takes the call's [`Level`] and closes it: a future dropped in the middle
+/// of these statements (its `COMMIT` or `RELEASE` may be in flight) marks the
+/// connection broken rather than hand the level on.
 pub(crate) async fn end<C, T, E>(
-    conn: &mut C,
+    mut level: Level<'_, C>,
     began: impl Into<Begun>,
     restore: Restore,
     result: Result<T, Failure<E>>,
@@ -36,7 +41,24 @@ where
     E: From<Error> + Send,
     T: Send,
 {
-    let begun = began.into();
+    level.ending();
+    let result = end_level(&mut *level, began.into(), restore, result).await;
+    level.closed();
+    result
+}
+
+/// [`end`]'s statements and decisions, on the call's connection.
+async fn end_level<C, T, E>(
+    conn: &mut C,
+    begun: Begun,
+    restore: Restore,
+    result: Result<T, Failure<E>>,
+) -> Result<T, E>
+where
+    C: AsyncLockingConnection,
+    E: From<Error> + Send,
+    T: Send,
+{
     let began = begun.began;
     let nested = began.nested;
     // First the levels a dropped nested call left open above this call's own.
@@ -131,6 +153,25 @@ where
     Err(failed.into_error(nested, ended, |cause| {
         journal::aborted(&mut journal::AsyncWatched(conn), cause)
     }))
+}
+
+/// One attempt of a retried call's work (`transaction_with_retry`,
+/// `serializable`) in the transaction just begun on `conn`: `op` under the
+/// level's guard ([`Level`]), then [`end`].
+pub(crate) async fn attempt<C, T, E, F>(
+    conn: &mut C,
+    began: impl Into<Begun>,
+    op: &mut F,
+) -> Result<T, E>
+where
+    C: AsyncLockingConnection,
+    E: From<Error> + Send,
+    T: Send,
+    F: ConnAttempt<C, T, E>,
+{
+    let mut level = Level::opened(conn);
+    let result = op(&mut *level).await.map_err(Failure::Closure);
+    end(level, began, Restore::Nothing, result).await
 }
 
 /// After lockkit's own outermost transaction on `conn` ended: sends again,

@@ -62,7 +62,7 @@ use diesel::query_builder::{AsChangeset, BoxedSqlQuery, QueryFragment, SqlQuery}
 use diesel::query_dsl::methods::LockingDsl;
 use diesel::{OptionalExtension, QueryResult};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
-use diesel_async::{AsyncConnectionCore, RunQueryDsl, TransactionManager};
+use diesel_async::{AsyncConnectionCore, RunQueryDsl};
 
 use super::connection::{in_transaction, AsyncLockingConnection, Level, Restore};
 use crate::error::classification::classify;
@@ -247,7 +247,7 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
         async move {
             let order = key_order::<Self, _>(rows)?;
             let began = Began::own(in_transaction(conn));
-            Conn::TransactionManager::begin_transaction(conn)
+            super::connection::begin_transaction(conn)
                 .await
                 .map_err(classify)?;
             let mut level = Level::opened(conn);
@@ -274,15 +274,13 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
                 Some(err) => Err(err),
                 None => all_or_none(versions, stale),
             };
-            let result = super::transaction::end(
-                conn,
+            super::transaction::end(
+                level,
                 began,
                 Restore::Nothing,
                 result.map_err(Failure::Lockkit),
             )
-            .await;
-            level.closed();
-            result
+            .await
         }
     }
 
@@ -767,7 +765,7 @@ where
     // nested lockkit transaction (`TransactionAborted`, the stand-in open),
     // which `write_from` hands on as it is.
     let began = Began::own(in_transaction(conn));
-    Conn::TransactionManager::begin_transaction(conn)
+    super::connection::begin_transaction(conn)
         .await
         .map_err(classify)?;
     let mut level = Level::opened(conn);
@@ -777,8 +775,5 @@ where
         .map_err(classify)
         .and_then(|rows| at_most_one::<M>(key, rows))
         .map_err(Failure::Lockkit);
-    let result =
-        super::transaction::end::<Conn, usize, Error>(conn, began, Restore::Nothing, result).await;
-    level.closed();
-    result
+    super::transaction::end::<Conn, usize, Error>(level, began, Restore::Nothing, result).await
 }
