@@ -458,6 +458,58 @@ mod waiting {
         assert_eq!(stock!(&mut other), 9);
     }
 
+    async fn a_nested_call_dropped_at_every_point_never_makes_the_outer_answer_a_lie(db) {
+        // A sweep of deadlines over a nested `with_lock` inside
+        // `locked_transaction`, each step on the pool's one connection: its
+        // BEGIN, locked read, version bump, UPDATE, RELEASE (a drop while that
+        // is in flight leaves the savepoint's fate unknown) and after. Whatever
+        // the step, the outer call's answer is the truth: Ok means its sale of
+        // item 2 committed, with item 1's decrement exactly when the nested
+        // call finished; an error means nothing committed. (On SQLite,
+        // diesel-async refuses any access to a connection while a dropped
+        // statement still runs on its blocking thread, the outer call's end
+        // included; the servers only.)
+        seed_items(&mut db.conn(), &[(1, 1_000), (2, 1_000)]);
+        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 1).await;
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        let mut expected = vec![1_000, 1_000];
+        let (mut finished, mut dropped, mut failed) = (0, 0, 0);
+        for step in 0..=50u64 {
+            let deadline = match step {
+                50 => Duration::from_secs(10),
+                _ => Duration::from_micros(step * 200),
+            };
+            let mut conn = pool.get().await.unwrap();
+            let outcome = lockkit::asynchronous::locked_transaction(
+                &mut *conn,
+                LockOptions::default(),
+                async |conn: &mut Async| {
+                    sell_one!(&mut *conn, 2)?;
+                    let tried = tokio::time::timeout(deadline, decrement!(conn, None)).await;
+                    Ok::<_, Error>(matches!(tried, Ok(Ok(()))))
+                },
+            )
+            .await;
+            match outcome {
+                Ok(nested) => {
+                    expected[1] -= 1;
+                    if nested {
+                        expected[0] -= 1;
+                        finished += 1;
+                    } else {
+                        dropped += 1;
+                    }
+                }
+                Err(_) => failed += 1,
+            }
+            drop(conn);
+            assert_left_clean(&mut *pool.get().await.unwrap(), &mut other, BACKEND, &format!("step {step}")).await;
+            assert_eq!(stocks!(&mut other), expected, "step {step}: the outer call returned {outcome:?}");
+        }
+        assert!(finished > 0 && dropped + failed > 0, "{finished} finished, {dropped} dropped, {failed} failed");
+        eprintln!("{BACKEND}: {finished} nested calls finished, {dropped} dropped under an outer Ok, {failed} outer calls failed");
+    }
+
     async fn your_own_transaction_around_a_dropped_versioned_write_fails(db) {
         // lockkit's own savepoint, around a versioned write of several rows,
         // given up on while it waits for the lock another session holds on

@@ -54,10 +54,13 @@
 //! A call dropped while one of its own transaction statements was in flight
 //! (its `BEGIN` or `SAVEPOINT`, or its end's `COMMIT`, `RELEASE` or `ROLLBACK
 //! TO`) leaves its level in a state nobody knows: it marks the connection
-//! broken wherever it was nested. (On MySQL/MariaDB a nested call dropped
-//! while one of its statements was in flight may leave an unread reply, as the
-//! check-out ping below does: there, give up on the whole transaction rather
-//! than on a nested call.) On SQLite, diesel-async
+//! broken wherever it was nested. On MySQL/MariaDB a statement dropped before
+//! its reply was read may leave that reply for the next statement to read as
+//! its own (as the check-out ping below does; a `COMMIT` could be reported
+//! failed that committed): the next lockkit call, or the end of the call
+//! around the dropped one, finds the reply unread in the journal before it
+//! sends anything, marks the connection broken and fails with
+//! `BrokenTransactionManager`, committing nothing. On SQLite, diesel-async
 //! refuses any access to the connection while a dropped statement still runs
 //! on its blocking thread: a call dropped then cannot mark anything (lockkit
 //! warns), so give up on the whole transaction there rather than on a nested
@@ -405,6 +408,34 @@ impl<C: AsyncConnection> Drop for Level<'_, C> {
     }
 }
 
+/// Whether a statement's future on `conn` was dropped before its reply was
+/// read, on MySQL/MariaDB, where the next statement may read that reply as its
+/// own (a `COMMIT` reported failed that committed, or the other way round).
+/// If so, the connection's transaction manager is marked broken, and nothing
+/// more may be sent on it: asked before a lockkit call sends anything
+/// ([`began`], and the end of a call whose nested call was dropped).
+/// PostgreSQL's client keeps its replies in step, and SQLite has none.
+pub(crate) fn out_of_step<C: AsyncConnection>(conn: &mut C) -> bool {
+    if journal::Ends::of::<C::Backend>() != journal::Ends::OnDeadlock {
+        return false;
+    }
+    let unread = journal::levels(&mut journal::AsyncWatched(&mut *conn))
+        .is_some_and(|levels| levels.reply_unread());
+    if unread {
+        C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
+        tracing::warn!(
+            target: "lockkit",
+            "a statement on a MySQL/MariaDB connection was dropped before its reply was read: the connection is marked broken, as the next reply read may be that one"
+        );
+    }
+    unread
+}
+
+/// The error of a call that found its connection [`out_of_step`].
+pub(crate) fn out_of_step_error() -> Error {
+    classify(diesel::result::Error::BrokenTransactionManager)
+}
+
 /// How many transactions are open on `conn` (0: none), as
 /// [`crate::transaction::transaction_depth`] on the blocking side.
 pub(crate) fn transaction_depth<C: AsyncConnection>(conn: &mut C) -> u32 {
@@ -423,13 +454,17 @@ pub(crate) fn in_transaction<C: AsyncConnection>(conn: &mut C) -> bool {
 ///
 /// # Errors
 ///
-/// A classified error when those levels cannot be rolled back. Nested in a
-/// transaction that a statement the caller let go has ended
+/// `BrokenTransactionManager` (classified) when the connection is
+/// [`out_of_step`]. A classified error when those levels cannot be rolled
+/// back. Nested in a transaction that a statement the caller let go has ended
 /// ([`ended_by_statement`]): [`Error::TransactionAborted`], before anything is
 /// sent that MySQL/MariaDB would run in autocommit; the read-only stand-in is
 /// opened, as at the end of a nested call that found the transaction ended.
 pub(crate) async fn began<C: AsyncLockingConnection>(conn: &mut C) -> Result<Begun, Error> {
     watch(conn);
+    if out_of_step(conn) {
+        return Err(out_of_step_error());
+    }
     let depth = roll_back_unused_drop(conn).await?;
     let nested = depth > 0;
     if nested {

@@ -532,10 +532,10 @@ impl Instrumentation for Journal {
                     Some(_) => End::RolledBack { depth: 1 },
                 });
             }
-            #[cfg(feature = "async")]
-            InstrumentationEvent::StartQuery { .. } => self.levels.on_statement(),
             _ => {}
         }
+        #[cfg(feature = "async")]
+        self.levels.on_event(&event);
         self.aborts.on_event(&event);
         if let Some(inner) = &mut self.inner {
             inner.on_connection_event(event);

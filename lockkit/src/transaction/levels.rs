@@ -30,6 +30,9 @@ pub(crate) struct Levels {
     /// A statement was sent while `abandoned` was open: it ran inside the
     /// dropped call's savepoint.
     stranded: bool,
+    /// A statement began and its reply has not been read: its future was
+    /// dropped, if nothing runs on the connection now.
+    awaiting_reply: bool,
 }
 
 /// What was left above a lockkit call's level when it ended
@@ -73,11 +76,29 @@ impl Levels {
         handed_on
     }
 
+    /// What the connection reported: a statement begins, or its reply came.
+    pub(crate) fn on_event(&mut self, event: &diesel::connection::InstrumentationEvent<'_>) {
+        use diesel::connection::InstrumentationEvent;
+        match event {
+            InstrumentationEvent::StartQuery { .. } => self.on_statement(),
+            InstrumentationEvent::FinishQuery { .. } => self.awaiting_reply = false,
+            _ => {}
+        }
+    }
+
     /// A statement was sent on the connection.
     pub(crate) fn on_statement(&mut self) {
+        self.awaiting_reply = true;
         if self.abandoned.is_some() {
             self.stranded = true;
         }
+    }
+
+    /// Whether a statement's reply was never read: asked before lockkit sends
+    /// anything, when nothing else runs on the connection, so its future was
+    /// dropped.
+    pub(crate) fn reply_unread(&self) -> bool {
+        self.awaiting_reply
     }
 
     /// Before a lockkit call begins: the level a dropped nested call left, if
