@@ -19,6 +19,7 @@ use diesel_migrations::MigrationHarness;
 use lockkit::asynchronous::idempotency;
 use lockkit::idempotency::{fingerprint, Idempotency, Outcome};
 use lockkit::Error;
+use lockkit_tests::models::Item;
 use lockkit_tests::schema::items;
 use lockkit_tests::{idempotency_migrations, seed_items};
 use serde::{Deserialize, Serialize};
@@ -91,6 +92,40 @@ async_backend_tests! {
         .await
         .unwrap();
         assert_eq!(again, Outcome::Replayed(stored));
+    }
+
+    async fn a_run_whose_work_gave_up_on_a_nested_call_stores_its_response(db) {
+        // The work tries item 2 for 100 ms, gives up, and answers: the run
+        // rolls back the savepoint the nested call left before it writes the
+        // response, instead of writing it inside that savepoint and failing.
+        db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
+        seed_items(&mut db.conn(), &[(1, 100), (2, 100)]);
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let keys = Idempotency::default();
+        let request = fingerprint("POST", "/orders", br#"{"item":1,"qty":1}"#);
+        let ran = idempotency::run(&keys, &mut conn, "tenant-1", "order-3", &request, async |conn: &mut Async| {
+            let left = sell_one!(conn)?;
+            let tried = tokio::time::timeout(
+                Duration::from_millis(100),
+                lockkit::asynchronous::with_lock(conn, 2, lockkit::LockOptions::default(), async |_conn, _item: Item| {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    Ok::<_, Error>(())
+                }),
+            )
+            .await;
+            assert!(tried.is_err(), "the nested call was given up on");
+            Ok::<_, Error>(Order { order: 3, left })
+        })
+        .await;
+        let order = Order { order: 3, left: 99 };
+        assert_eq!(ran.as_ref().ok(), Some(&Outcome::Ran(order.clone())), "the run returned {ran:?}");
+        assert_eq!(stock!(&mut conn), 99);
+        let again = idempotency::run(&keys, &mut conn, "tenant-1", "order-3", &request, async |_conn: &mut Async| -> Result<Order, Error> {
+            panic!("a completed key must not run the work again")
+        })
+        .await
+        .unwrap();
+        assert_eq!(again, Outcome::Replayed(order));
     }
 
     async fn a_dropped_run_holds_its_key_until_the_lease_then_a_repeat_runs_the_work_once(db) {

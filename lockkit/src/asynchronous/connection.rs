@@ -480,13 +480,14 @@ pub(crate) async fn began<C: AsyncLockingConnection>(conn: &mut C) -> Result<Beg
     })
 }
 
-/// Before a lockkit call begins on `conn`: rolls back the levels a nested
+/// Before a lockkit call begins on `conn` (or sends its own statements after
+/// its work, as an idempotency key's response): rolls back the levels a nested
 /// call whose future was dropped left open, if nothing was sent since (the
 /// caller tries again after a timeout), so that the new call's work is not
 /// made inside them and rolled back with them at the end of the call around
 /// it; the depth then. Marks the connection broken if one cannot be rolled
 /// back.
-async fn roll_back_unused_drop<C: AsyncConnection>(conn: &mut C) -> Result<u32, Error> {
+pub(crate) async fn roll_back_unused_drop<C: AsyncConnection>(conn: &mut C) -> Result<u32, Error> {
     let depth = transaction_depth(conn);
     let dropped = match journal::levels(&mut journal::AsyncWatched(&mut *conn)) {
         Some(levels) if depth > 0 => levels.take_unused_drop(),

@@ -117,21 +117,26 @@ where
         }
     };
     let result = match worked {
-        // The work let a statement end the transaction: as on the blocking side.
-        Ok(response) => match (ended_by_statement(&mut *level).await, stored(&response)) {
-            (Some(cause), _) => Err(cause),
-            (None, Err(err)) => Err(err),
-            (None, Ok(stored)) => {
-                let finish = Write::Finish {
-                    started_at,
-                    response: &stored,
-                    now: now_millis(),
-                };
-                match C::write(&mut *level, key, finish).await {
-                    Ok(matched) => finished(matched).map(|()| response),
-                    Err(err) => Err(err),
+        // A nested call the work gave up on left its savepoint: rolled back
+        // before lockkit's own statements, which would otherwise run in it.
+        Ok(response) => match super::connection::roll_back_unused_drop(&mut *level).await {
+            Err(err) => Err(err),
+            // The work let a statement end the transaction: as on the blocking side.
+            Ok(_) => match (ended_by_statement(&mut *level).await, stored(&response)) {
+                (Some(cause), _) => Err(cause),
+                (None, Err(err)) => Err(err),
+                (None, Ok(stored)) => {
+                    let finish = Write::Finish {
+                        started_at,
+                        response: &stored,
+                        now: now_millis(),
+                    };
+                    match C::write(&mut *level, key, finish).await {
+                        Ok(matched) => finished(matched).map(|()| response),
+                        Err(err) => Err(err),
+                    }
                 }
-            }
+            },
         }
         .map_err(Failure::Lockkit),
         Err(err) => Err(Failure::Closure(err)),
