@@ -42,127 +42,120 @@ where
     T: Send,
 {
     level.ending();
-    let result = end_level(&mut *level, began.into(), restore, result).await;
+    let conn = &mut *level;
+    let begun: Begun = began.into();
+    // The statements and decisions; a `return` in them ends this block.
+    let result = async move {
+        // Before anything is sent: a statement a dropped nested call left unread
+        // (MySQL/MariaDB) would answer for this call's own. Nothing commits; the
+        // pool closes the connection, and the server rolls the transaction back.
+        if super::connection::out_of_step(conn) {
+            crate::transaction::rolled_back(conn, 1);
+            return Err(match result {
+                Err(Failure::Closure(err)) => err,
+                _ => E::from(super::connection::out_of_step_error()),
+            });
+        }
+        let began = begun.began;
+        let nested = began.nested;
+        // First the levels a dropped nested call left open above this call's own.
+        // The work's own error stands before the work that went with them: nothing
+        // is committed either way.
+        let result = match (
+            super::connection::roll_back_dropped(conn, &begun).await,
+            result,
+        ) {
+            (Ok(()), result) => result,
+            (Err(Failure::Lockkit(Error::NestedCallDropped)), Err(failure)) => Err(failure),
+            (Err(failure), _) => Err(failure),
+        };
+        // This call's own level in diesel-async's books: its transaction, or the
+        // savepoint nested in the caller's.
+        let depth = super::connection::transaction_depth(conn);
+        // Before `COMMIT` (or `ROLLBACK`): did the work let a statement (or a
+        // nested call) end this transaction? As the blocking side's panic guard
+        // asks it.
+        let check = began.check(&result, || {
+            let watched = &mut journal::AsyncWatched(&mut *conn);
+            let ends = journal::Watched::ends(watched);
+            journal::whole_at_end(watched, ends)
+        });
+        let ended = match check {
+            Check::Nothing => None,
+            Check::Ended { stand_in } => {
+                match super::connection::ended_by_seen_statement(conn).await {
+                    Some(cause) => Some(cause),
+                    None if stand_in => conn.transaction_ended(None).await,
+                    None => None,
+                }
+            }
+        };
+        let watched = || journal::watches(&mut journal::AsyncWatched(&mut *conn));
+        let ended = crate::transaction::ended_under_ok(&result, watched, ended);
+        let result = settle(result, ended);
+        let result = match result {
+            Ok(value) => match conn.restore(&restore, true).await {
+                Ok(()) => C::TransactionManager::commit_transaction(conn)
+                    .await
+                    .map(|()| value)
+                    .map_err(Failure::Diesel),
+                Err(err) => Err(Failure::Diesel(err)),
+            },
+            Err(failure) => Err(failure),
+        };
+        let mut rollback_failed = None;
+        if result.is_err() && depth > 0 && super::connection::transaction_depth(conn) == depth {
+            // Roll back this call's level, if it is still open: after a failed
+            // COMMIT or RELEASE SAVEPOINT diesel-async has already ended (or given
+            // up on) it, and one more rollback would end the caller's. A broken
+            // transaction manager says less than the error behind it.
+            match C::TransactionManager::rollback_transaction(conn).await {
+                Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => {}
+                Err(rollback) => rollback_failed = Some(rollback),
+            }
+        }
+        if result.is_err() {
+            crate::transaction::rolled_back(conn, depth.max(1));
+        }
+        let restored = conn.restore(&restore, false).await;
+        if !nested {
+            redo(conn).await;
+        }
+        let failure = match (result, restored) {
+            (Ok(value), Ok(())) => return Ok(value),
+            (Ok(_), Err(err)) => Failure::Diesel(err),
+            (Err(failure), _) => failure,
+        };
+        if !nested {
+            conn.repair().await;
+        }
+        let failed = Failed::from_failure(failure, classify);
+        let (asked, ended) = match failed.question(nested) {
+            Some(cause) => (true, conn.transaction_ended(cause).await),
+            None => (false, None),
+        };
+        // Only while the caller's transaction is open in diesel-async's books:
+        // the caller's rollback then ends the stand-in, and nothing is left open
+        // behind the books' back.
+        if ended.is_some() && in_transaction(conn) {
+            conn.keep_aborted().await;
+        }
+        // A savepoint that could not be rolled back because the server had ended
+        // the whole transaction (InnoDB's deadlock victim) is decided like any other
+        // nested failure; otherwise the failed rollback is the error, as Diesel's
+        // own transactions report it.
+        if let Some(rollback) = rollback_failed {
+            if !nested || (asked && ended.is_none()) {
+                return Err(E::from(classify(rollback)));
+            }
+        }
+        Err(failed.into_error(nested, ended, |cause| {
+            journal::aborted(&mut journal::AsyncWatched(conn), cause)
+        }))
+    }
+    .await;
     level.closed();
     result
-}
-
-/// [`end`]'s statements and decisions, on the call's connection.
-async fn end_level<C, T, E>(
-    conn: &mut C,
-    begun: Begun,
-    restore: Restore,
-    result: Result<T, Failure<E>>,
-) -> Result<T, E>
-where
-    C: AsyncLockingConnection,
-    E: From<Error> + Send,
-    T: Send,
-{
-    // Before anything is sent: a statement a dropped nested call left unread
-    // (MySQL/MariaDB) would answer for this call's own. Nothing commits; the
-    // pool closes the connection, and the server rolls the transaction back.
-    if super::connection::out_of_step(conn) {
-        crate::transaction::rolled_back(conn, 1);
-        return Err(match result {
-            Err(Failure::Closure(err)) => err,
-            _ => E::from(super::connection::out_of_step_error()),
-        });
-    }
-    let began = begun.began;
-    let nested = began.nested;
-    // First the levels a dropped nested call left open above this call's own.
-    // The work's own error stands before the work that went with them: nothing
-    // is committed either way.
-    let result = match (
-        super::connection::roll_back_dropped(conn, &begun).await,
-        result,
-    ) {
-        (Ok(()), result) => result,
-        (Err(Failure::Lockkit(Error::NestedCallDropped)), Err(failure)) => Err(failure),
-        (Err(failure), _) => Err(failure),
-    };
-    // This call's own level in diesel-async's books: its transaction, or the
-    // savepoint nested in the caller's.
-    let depth = super::connection::transaction_depth(conn);
-    // Before `COMMIT` (or `ROLLBACK`): did the work let a statement (or a
-    // nested call) end this transaction? As the blocking side's panic guard
-    // asks it.
-    let check = began.check(&result, || {
-        let watched = &mut journal::AsyncWatched(&mut *conn);
-        let ends = journal::Watched::ends(watched);
-        journal::whole_at_end(watched, ends)
-    });
-    let ended = match check {
-        Check::Nothing => None,
-        Check::Ended { stand_in } => match super::connection::ended_by_seen_statement(conn).await {
-            Some(cause) => Some(cause),
-            None if stand_in => conn.transaction_ended(None).await,
-            None => None,
-        },
-    };
-    let watched = || journal::watches(&mut journal::AsyncWatched(&mut *conn));
-    let ended = crate::transaction::ended_under_ok(&result, watched, ended);
-    let result = settle(result, ended);
-    let result = match result {
-        Ok(value) => match conn.restore(&restore, true).await {
-            Ok(()) => C::TransactionManager::commit_transaction(conn)
-                .await
-                .map(|()| value)
-                .map_err(Failure::Diesel),
-            Err(err) => Err(Failure::Diesel(err)),
-        },
-        Err(failure) => Err(failure),
-    };
-    let mut rollback_failed = None;
-    if result.is_err() && depth > 0 && super::connection::transaction_depth(conn) == depth {
-        // Roll back this call's level, if it is still open: after a failed
-        // COMMIT or RELEASE SAVEPOINT diesel-async has already ended (or given
-        // up on) it, and one more rollback would end the caller's. A broken
-        // transaction manager says less than the error behind it.
-        match C::TransactionManager::rollback_transaction(conn).await {
-            Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => {}
-            Err(rollback) => rollback_failed = Some(rollback),
-        }
-    }
-    if result.is_err() {
-        crate::transaction::rolled_back(conn, depth.max(1));
-    }
-    let restored = conn.restore(&restore, false).await;
-    if !nested {
-        redo(conn).await;
-    }
-    let failure = match (result, restored) {
-        (Ok(value), Ok(())) => return Ok(value),
-        (Ok(_), Err(err)) => Failure::Diesel(err),
-        (Err(failure), _) => failure,
-    };
-    if !nested {
-        conn.repair().await;
-    }
-    let failed = Failed::from_failure(failure, classify);
-    let (asked, ended) = match failed.question(nested) {
-        Some(cause) => (true, conn.transaction_ended(cause).await),
-        None => (false, None),
-    };
-    // Only while the caller's transaction is open in diesel-async's books:
-    // the caller's rollback then ends the stand-in, and nothing is left open
-    // behind the books' back.
-    if ended.is_some() && in_transaction(conn) {
-        conn.keep_aborted().await;
-    }
-    // A savepoint that could not be rolled back because the server had ended
-    // the whole transaction (InnoDB's deadlock victim) is decided like any other
-    // nested failure; otherwise the failed rollback is the error, as Diesel's
-    // own transactions report it.
-    if let Some(rollback) = rollback_failed {
-        if !nested || (asked && ended.is_none()) {
-            return Err(E::from(classify(rollback)));
-        }
-    }
-    Err(failed.into_error(nested, ended, |cause| {
-        journal::aborted(&mut journal::AsyncWatched(conn), cause)
-    }))
 }
 
 /// One attempt of a retried call's work (`transaction_with_retry`,
