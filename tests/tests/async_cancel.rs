@@ -683,6 +683,54 @@ mod mysql_only {
     use lockkit::RetryPolicy;
     use lockkit_tests::TestDb;
 
+    /// A value whose bind always fails: diesel-async's MySQL connection then
+    /// reports the statement begun and never its end, with nothing sent.
+    #[derive(Debug)]
+    struct Unbindable;
+
+    impl diesel::serialize::ToSql<diesel::sql_types::Integer, diesel::mysql::Mysql> for Unbindable {
+        fn to_sql<'b>(
+            &'b self,
+            _: &mut diesel::serialize::Output<'b, '_, diesel::mysql::Mysql>,
+        ) -> diesel::serialize::Result {
+            Err("this value cannot be bound".into())
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_statement_that_fails_to_bind_leaves_the_connection_healthy() {
+        // No future was dropped: the unanswered statement was never sent,
+        // and lockkit must not take the connection for one out of step.
+        let db = TestDb::<diesel::MysqlConnection>::new("unbindable");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
+        let outcome = lockkit::asynchronous::locked_transaction(
+            &mut conn,
+            LockOptions::default(),
+            async |conn: &mut AsyncMysqlConnection| {
+                sell_one!(&mut *conn, 1)?;
+                diesel::sql_query("UPDATE items SET stock = ? WHERE id = 1")
+                    .bind::<diesel::sql_types::Integer, _>(Unbindable)
+                    .execute(conn)
+                    .await?;
+                Ok::<_, Error>(())
+            },
+        )
+        .await;
+        assert!(
+            matches!(
+                outcome,
+                Err(Error::Database(diesel::result::Error::SerializationError(
+                    _
+                )))
+            ),
+            "{outcome:?}"
+        );
+        // The sale was rolled back, and the connection works on.
+        decrement!(&mut conn, None).await.unwrap();
+        assert_eq!(stock!(&mut conn), 9);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_dropped_with_lock_leaves_the_next_user_its_own_lock_wait_timeout() {
         let db = TestDb::<diesel::MysqlConnection>::new("dropped_lock_wait");

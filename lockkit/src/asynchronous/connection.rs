@@ -57,10 +57,11 @@
 //! broken wherever it was nested. On MySQL/MariaDB a statement dropped before
 //! its reply was read may leave that reply for the next statement to read as
 //! its own (as the check-out ping below does; a `COMMIT` could be reported
-//! failed that committed): the next lockkit call, or the end of the call
-//! around the dropped one, finds the reply unread in the journal before it
-//! sends anything, marks the connection broken and fails with
-//! `BrokenTransactionManager`, committing nothing. On SQLite, diesel-async
+//! failed that committed): a call dropped with one of its statements in
+//! flight (the journal sees it begin and no reply come) marks the connection
+//! broken wherever it was nested, so that no `COMMIT` is sent on it and the
+//! transaction around fails with `BrokenTransactionManager`, committing
+//! nothing. On SQLite, diesel-async
 //! refuses any access to the connection while a dropped statement still runs
 //! on its blocking thread: a call dropped then cannot mark anything (lockkit
 //! warns), so give up on the whole transaction there rather than on a nested
@@ -233,12 +234,18 @@ pub enum Restore {
 pub(crate) struct Unsettled<'c, C: AsyncConnection> {
     pub(crate) conn: &'c mut C,
     armed: bool,
+    /// Armed only against a reply left unread ([`unsettled_on_mysql`]).
+    unread_only: bool,
 }
 
 impl<'c, C: AsyncConnection> Unsettled<'c, C> {
     /// Armed: a setting or a transaction statement is about to be sent.
     pub(crate) fn armed(conn: &'c mut C) -> Self {
-        Unsettled { conn, armed: true }
+        Unsettled {
+            conn,
+            armed: true,
+            unread_only: false,
+        }
     }
 
     /// The setting is back (or was never changed), the statement answered.
@@ -250,10 +257,15 @@ impl<'c, C: AsyncConnection> Unsettled<'c, C> {
 impl<C: AsyncConnection> Drop for Unsettled<'_, C> {
     fn drop(&mut self) {
         if self.armed {
+            let unread_only = self.unread_only;
             let marked = from_drop(self.conn, |conn| {
-                C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
+                let mark = !unread_only || reply_left_unread(conn);
+                if mark {
+                    C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
+                }
+                mark
             });
-            if marked.is_some() {
+            if marked == Some(true) {
                 tracing::warn!(
                     target: "lockkit",
                     "a lockkit call was dropped while a setting of its was in force or a transaction statement in flight: the connection is marked broken, for its pool to close"
@@ -326,7 +338,8 @@ fn from_drop<C: AsyncConnection, R>(conn: &mut C, f: impl FnOnce(&mut C) -> R) -
 ///   and fails if a statement ran in it;
 /// * otherwise (the outermost level, or nested in a transaction of the
 ///   caller's own, or no journal on the connection to tell which, or dropped
-///   in the call's end, whose statement may be in flight): it marks
+///   in the call's end, whose statement may be in flight, or on MySQL/MariaDB
+///   with a statement's reply unread ([`reply_left_unread`])): it marks
 ///   the connection's transaction manager broken, so that the caller's commit,
 ///   or next transaction, fails instead of committing nothing behind an `Ok`,
 ///   and a pool closes the connection (the server then rolls back).
@@ -386,18 +399,20 @@ impl<C: AsyncConnection> Drop for Level<'_, C> {
         let (level, open, ending) = (self.level, self.open, self.ending);
         let marked = from_drop(self.conn, |conn| {
             let open = open && transaction_depth(conn) >= level;
+            let in_step = !reply_left_unread(conn);
             let handed_on = match journal::levels(&mut journal::AsyncWatched(&mut *conn)) {
                 Some(levels) => {
-                    let handed_on = open && !ending && levels.dropped(level);
+                    let handed_on = open && !ending && in_step && levels.dropped(level);
                     levels.closed(level);
                     handed_on
                 }
                 None => false,
             };
-            if open && !handed_on {
+            let broken = (open && !handed_on) || !in_step;
+            if broken {
                 C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
             }
-            open && !handed_on
+            broken
         });
         if marked == Some(true) {
             tracing::warn!(
@@ -408,32 +423,27 @@ impl<C: AsyncConnection> Drop for Level<'_, C> {
     }
 }
 
-/// Whether a statement's future on `conn` was dropped before its reply was
-/// read, on MySQL/MariaDB, where the next statement may read that reply as its
-/// own (a `COMMIT` reported failed that committed, or the other way round).
-/// If so, the connection's transaction manager is marked broken, and nothing
-/// more may be sent on it: asked before a lockkit call sends anything
-/// ([`began`], and the end of a call whose nested call was dropped).
-/// PostgreSQL's client keeps its replies in step, and SQLite has none.
-pub(crate) fn out_of_step<C: AsyncConnection>(conn: &mut C) -> bool {
-    if journal::Ends::of::<C::Backend>() != journal::Ends::OnDeadlock {
-        return false;
-    }
-    let unread = journal::levels(&mut journal::AsyncWatched(&mut *conn))
-        .is_some_and(|levels| levels.reply_unread());
-    if unread {
-        C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
-        tracing::warn!(
-            target: "lockkit",
-            "a statement on a MySQL/MariaDB connection was dropped before its reply was read: the connection is marked broken, as the next reply read may be that one"
-        );
-    }
-    unread
+/// From a guard's `Drop`: whether the dropped call left a statement's reply
+/// unread on MySQL/MariaDB, where the next statement may read it as its own
+/// (a `COMMIT` reported failed that committed, or the other way round). Such
+/// a connection is marked broken whatever level the call held, so that no
+/// `COMMIT` is sent on it. PostgreSQL's client keeps its replies in step, and
+/// SQLite has none.
+fn reply_left_unread<C: AsyncConnection>(conn: &mut C) -> bool {
+    journal::Ends::of::<C::Backend>() == journal::Ends::OnDeadlock
+        && journal::levels(&mut journal::AsyncWatched(&mut *conn))
+            .is_some_and(|levels| levels.reply_unread())
 }
 
-/// The error of a call that found its connection [`out_of_step`].
-pub(crate) fn out_of_step_error() -> Error {
-    classify(diesel::result::Error::BrokenTransactionManager)
+/// An [`Unsettled`] around the statements a call sends before its level
+/// opens, armed only against a reply left unread ([`reply_left_unread`]: a
+/// drop with one of them in flight on MySQL/MariaDB).
+pub(crate) fn unsettled_on_mysql<C: AsyncConnection>(conn: &mut C) -> Unsettled<'_, C> {
+    Unsettled {
+        conn,
+        armed: true,
+        unread_only: true,
+    }
 }
 
 /// How many transactions are open on `conn` (0: none), as
@@ -454,22 +464,24 @@ pub(crate) fn in_transaction<C: AsyncConnection>(conn: &mut C) -> bool {
 ///
 /// # Errors
 ///
-/// `BrokenTransactionManager` (classified) when the connection is
-/// [`out_of_step`]. A classified error when those levels cannot be rolled
-/// back. Nested in a transaction that a statement the caller let go has ended
+/// A classified error when those levels cannot be rolled back. Nested in a
+/// transaction that a statement the caller let go has ended
 /// ([`ended_by_statement`]): [`Error::TransactionAborted`], before anything is
 /// sent that MySQL/MariaDB would run in autocommit; the read-only stand-in is
 /// opened, as at the end of a nested call that found the transaction ended.
 pub(crate) async fn began<C: AsyncLockingConnection>(conn: &mut C) -> Result<Begun, Error> {
     watch(conn);
-    if out_of_step(conn) {
-        return Err(out_of_step_error());
-    }
     let depth = roll_back_unused_drop(conn).await?;
     let nested = depth > 0;
     if nested {
-        if let Some(cause) = ended_by_statement(conn).await {
-            conn.keep_aborted().await;
+        let mut unsettled = unsettled_on_mysql(conn);
+        let ended = ended_by_statement(unsettled.conn).await;
+        if ended.is_some() {
+            unsettled.conn.keep_aborted().await;
+        }
+        unsettled.settled();
+        drop(unsettled);
+        if let Some(cause) = ended {
             return Err(journal::aborted(&mut journal::AsyncWatched(conn), cause));
         }
     }

@@ -93,8 +93,15 @@ where
     F: ConnWork<C, R, E>,
 {
     let key = Scoped::checked(principal, key, fingerprint)?;
-    super::connection::require_live(conn).await?;
-    let started_at = match start(keys, conn, key, fingerprint).await? {
+    // Taking the key: its statements are sent before the run's level opens.
+    let mut unsettled = super::connection::unsettled_on_mysql(&mut *conn);
+    let started = match super::connection::require_live(unsettled.conn).await {
+        Ok(()) => start(keys, unsettled.conn, key, fingerprint).await,
+        Err(err) => Err(err),
+    };
+    unsettled.settled();
+    drop(unsettled);
+    let started_at = match started? {
         Start::Replay(stored) => return Ok(Outcome::Replayed(replayed(&stored)?)),
         Start::Owned { started_at } => started_at,
     };

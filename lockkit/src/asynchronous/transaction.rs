@@ -46,16 +46,6 @@ where
     let begun: Begun = began.into();
     // The statements and decisions; a `return` in them ends this block.
     let result = async move {
-        // Before anything is sent: a statement a dropped nested call left unread
-        // (MySQL/MariaDB) would answer for this call's own. Nothing commits; the
-        // pool closes the connection, and the server rolls the transaction back.
-        if super::connection::out_of_step(conn) {
-            crate::transaction::rolled_back(conn, 1);
-            return Err(match result {
-                Err(Failure::Closure(err)) => err,
-                _ => E::from(super::connection::out_of_step_error()),
-            });
-        }
         let began = begun.began;
         let nested = began.nested;
         // First the levels a dropped nested call left open above this call's own.

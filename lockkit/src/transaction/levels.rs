@@ -94,9 +94,8 @@ impl Levels {
         }
     }
 
-    /// Whether a statement's reply was never read: asked before lockkit sends
-    /// anything, when nothing else runs on the connection, so its future was
-    /// dropped.
+    /// Whether a statement's reply was never read: asked from the guard of a
+    /// call whose future was dropped, with that statement in flight.
     pub(crate) fn reply_unread(&self) -> bool {
         self.awaiting_reply
     }
