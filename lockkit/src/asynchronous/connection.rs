@@ -508,17 +508,27 @@ pub(crate) async fn roll_back_unused_drop<C: AsyncConnection>(conn: &mut C) -> R
     let Some(dropped) = dropped.filter(|&level| level > 1 && level <= depth) else {
         return Ok(depth);
     };
+    roll_back_above(conn, dropped - 1).await.map_err(classify)?;
+    Ok(dropped - 1)
+}
+
+/// Rolls back every level above `level` on `conn` (what a dropped nested call
+/// left open), under an armed [`Unsettled`], and tells the journal. `Err`
+/// when one cannot be: the connection is then marked broken.
+async fn roll_back_above<C: AsyncConnection>(conn: &mut C, level: u32) -> QueryResult<()> {
+    let depth = transaction_depth(conn);
     let mut unsettled = Unsettled::armed(conn);
-    for _ in dropped - 1..depth {
+    for _ in level..depth {
         if let Err(err) = C::TransactionManager::rollback_transaction(unsettled.conn).await {
-            // Left armed: the connection is marked broken.
-            return Err(classify(err));
+            C::TransactionManager::transaction_manager_status_mut(unsettled.conn).set_in_error();
+            unsettled.settled();
+            return Err(err);
         }
     }
     unsettled.settled();
     drop(unsettled);
-    crate::transaction::rolled_back(conn, dropped);
-    Ok(dropped - 1)
+    crate::transaction::rolled_back(conn, level + 1);
+    Ok(())
 }
 
 /// Where an async lockkit transaction began ([`Began`](crate::transaction::Began)),
@@ -579,13 +589,9 @@ pub(crate) async fn roll_back_dropped<C: AsyncConnection, E>(
         target: "lockkit",
         "a nested lockkit call was dropped before it finished: its savepoint is rolled back at the end of the transaction around it"
     );
-    for _ in level..left {
-        if let Err(err) = C::TransactionManager::rollback_transaction(conn).await {
-            C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
-            return Err(Failure::Diesel(err));
-        }
-    }
-    crate::transaction::rolled_back(conn, level + 1);
+    roll_back_above(conn, level)
+        .await
+        .map_err(Failure::Diesel)?;
     match who {
         Left::Dropped => Ok(()),
         Left::Unknown => Err(Failure::Lockkit(Error::NestedCallDropped)),
