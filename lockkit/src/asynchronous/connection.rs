@@ -98,6 +98,7 @@ use crate::optimistic::backend::OptimisticBackend;
 use crate::pessimistic::connection::LockingConnection;
 use crate::pessimistic::options::LockOptions;
 use crate::transaction::journal;
+use crate::transaction::levels::Levels;
 use crate::transaction::Failure;
 
 /// A diesel-async connection lockkit's async calls run on:
@@ -234,17 +235,28 @@ pub enum Restore {
 pub(crate) struct Unsettled<'c, C: AsyncConnection> {
     pub(crate) conn: &'c mut C,
     armed: bool,
-    /// Armed only against a reply left unread ([`unsettled_on_mysql`]).
+    /// Armed only against a reply left unread ([`Unsettled::until_replied`]).
     unread_only: bool,
 }
 
 impl<'c, C: AsyncConnection> Unsettled<'c, C> {
     /// Armed: a setting or a transaction statement is about to be sent.
     pub(crate) fn armed(conn: &'c mut C) -> Self {
+        Unsettled::new(conn, false)
+    }
+
+    /// Around the statements a call sends before its level opens: armed only
+    /// against a reply left unread ([`reply_left_unread`]: a drop with one of
+    /// them in flight on MySQL/MariaDB).
+    pub(crate) fn until_replied(conn: &'c mut C) -> Self {
+        Unsettled::new(conn, true)
+    }
+
+    fn new(conn: &'c mut C, unread_only: bool) -> Self {
         Unsettled {
             conn,
             armed: true,
-            unread_only: false,
+            unread_only,
         }
     }
 
@@ -259,7 +271,10 @@ impl<C: AsyncConnection> Drop for Unsettled<'_, C> {
         if self.armed {
             let unread_only = self.unread_only;
             let marked = from_drop(self.conn, |conn| {
-                let mark = !unread_only || reply_left_unread(conn);
+                let mark = !unread_only
+                    || reply_left_unread::<C>(
+                        journal::levels(&mut journal::AsyncWatched(&mut *conn)).as_deref(),
+                    );
                 if mark {
                     C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
                 }
@@ -399,8 +414,10 @@ impl<C: AsyncConnection> Drop for Level<'_, C> {
         let (level, open, ending) = (self.level, self.open, self.ending);
         let marked = from_drop(self.conn, |conn| {
             let open = open && transaction_depth(conn) >= level;
-            let in_step = !reply_left_unread(conn);
-            let handed_on = match journal::levels(&mut journal::AsyncWatched(&mut *conn)) {
+            let mut watched = journal::AsyncWatched(&mut *conn);
+            let levels = journal::levels(&mut watched);
+            let in_step = !reply_left_unread::<C>(levels.as_deref());
+            let handed_on = match levels {
                 Some(levels) => {
                     let handed_on = open && !ending && in_step && levels.dropped(level);
                     levels.closed(level);
@@ -429,21 +446,9 @@ impl<C: AsyncConnection> Drop for Level<'_, C> {
 /// a connection is marked broken whatever level the call held, so that no
 /// `COMMIT` is sent on it. PostgreSQL's client keeps its replies in step, and
 /// SQLite has none.
-fn reply_left_unread<C: AsyncConnection>(conn: &mut C) -> bool {
+fn reply_left_unread<C: AsyncConnection>(levels: Option<&Levels>) -> bool {
     journal::Ends::of::<C::Backend>() == journal::Ends::OnDeadlock
-        && journal::levels(&mut journal::AsyncWatched(&mut *conn))
-            .is_some_and(|levels| levels.reply_unread())
-}
-
-/// An [`Unsettled`] around the statements a call sends before its level
-/// opens, armed only against a reply left unread ([`reply_left_unread`]: a
-/// drop with one of them in flight on MySQL/MariaDB).
-pub(crate) fn unsettled_on_mysql<C: AsyncConnection>(conn: &mut C) -> Unsettled<'_, C> {
-    Unsettled {
-        conn,
-        armed: true,
-        unread_only: true,
-    }
+        && levels.is_some_and(Levels::reply_unread)
 }
 
 /// How many transactions are open on `conn` (0: none), as
@@ -474,16 +479,10 @@ pub(crate) async fn began<C: AsyncLockingConnection>(conn: &mut C) -> Result<Beg
     let depth = roll_back_unused_drop(conn).await?;
     let nested = depth > 0;
     if nested {
-        let mut unsettled = unsettled_on_mysql(conn);
-        let ended = ended_by_statement(unsettled.conn).await;
-        if ended.is_some() {
-            unsettled.conn.keep_aborted().await;
-        }
+        let mut unsettled = Unsettled::until_replied(conn);
+        let live = require_live(unsettled.conn).await;
         unsettled.settled();
-        drop(unsettled);
-        if let Some(cause) = ended {
-            return Err(journal::aborted(&mut journal::AsyncWatched(conn), cause));
-        }
+        live?;
     }
     Ok(Begun {
         began: crate::transaction::Began::with_work(nested),

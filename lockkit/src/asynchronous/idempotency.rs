@@ -94,7 +94,7 @@ where
 {
     let key = Scoped::checked(principal, key, fingerprint)?;
     // Taking the key: its statements are sent before the run's level opens.
-    let mut unsettled = super::connection::unsettled_on_mysql(&mut *conn);
+    let mut unsettled = super::connection::Unsettled::until_replied(&mut *conn);
     let started = match super::connection::require_live(unsettled.conn).await {
         Ok(()) => start(keys, unsettled.conn, key, fingerprint).await,
         Err(err) => Err(err),
