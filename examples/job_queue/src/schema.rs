@@ -1,23 +1,16 @@
 //! The job queue's tables (`migrations/<backend>/` creates them).
 
-diesel::table! {
-    /// Work to do; a worker claims a pending row, runs it and sets `done`.
-    jobs (id) {
-        /// Primary key; workers take the oldest (lowest) first.
-        id -> Integer,
-        /// What to do.
-        payload -> Text,
-        /// Set in the transaction that claimed the job.
-        done -> Bool,
-    }
-}
+/// Work to do: the `jobs` table of lockkit's test suite. A worker claims a
+/// pending row, runs its `payload` and sets `done` in the transaction that
+/// claimed it; workers take the oldest (lowest `id`) first.
+pub use lockkit_tests::schema::jobs;
 
 diesel::table! {
     /// One row per execution of a job: the audit trail that exposes duplicates.
     job_runs (id) {
         /// Primary key.
         id -> Integer,
-        /// The job that ran.
+        /// The job that ran (no query joins it to `jobs`).
         job_id -> Integer,
         /// The worker that ran it (`w1`, `w2`, …).
         worker -> Text,
@@ -50,6 +43,5 @@ diesel::table! {
     }
 }
 
-diesel::joinable!(job_runs -> jobs (job_id));
 diesel::joinable!(published -> outbox (outbox_id));
-diesel::allow_tables_to_appear_in_same_query!(jobs, job_runs, outbox, published);
+diesel::allow_tables_to_appear_in_same_query!(job_runs, outbox, published);
