@@ -270,22 +270,16 @@ impl<C: AsyncConnection> Drop for Unsettled<'_, C> {
     fn drop(&mut self) {
         if self.armed {
             let unread_only = self.unread_only;
-            let marked = from_drop(self.conn, |conn| {
-                let mark = !unread_only
-                    || reply_left_unread::<C>(
-                        journal::levels(&mut journal::AsyncWatched(&mut *conn)).as_deref(),
-                    );
-                if mark {
-                    C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
-                }
-                mark
-            });
-            if marked == Some(true) {
-                tracing::warn!(
-                    target: "lockkit",
-                    "a lockkit call was dropped while a setting of its was in force or a transaction statement in flight: the connection is marked broken, for its pool to close"
-                );
-            }
+            mark_broken_from_drop(
+                self.conn,
+                "a lockkit call was dropped while a setting of its was in force or a transaction statement in flight: the connection is marked broken, for its pool to close",
+                |conn| {
+                    !unread_only
+                        || reply_left_unread::<C>(
+                            journal::levels(&mut journal::AsyncWatched(conn)).as_deref(),
+                        )
+                },
+            );
         }
     }
 }
@@ -338,6 +332,26 @@ fn from_drop<C: AsyncConnection, R>(conn: &mut C, f: impl FnOnce(&mut C) -> R) -
         );
     }
     reached
+}
+
+/// From a guard's `Drop` (through [`from_drop`]): marks `conn`'s transaction
+/// manager broken, so that no commit on it succeeds and a pool closes it, when
+/// `decide` says the dropped call left it unsafe, and warns with `why`.
+fn mark_broken_from_drop<C: AsyncConnection>(
+    conn: &mut C,
+    why: &'static str,
+    decide: impl FnOnce(&mut C) -> bool,
+) {
+    let marked = from_drop(conn, |conn| {
+        let broken = decide(conn);
+        if broken {
+            C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
+        }
+        broken
+    });
+    if marked == Some(true) {
+        tracing::warn!(target: "lockkit", "{why}");
+    }
 }
 
 /// An async lockkit call's own transaction level, from the moment it is open
@@ -412,31 +426,25 @@ impl<C: AsyncConnection> std::ops::DerefMut for Level<'_, C> {
 impl<C: AsyncConnection> Drop for Level<'_, C> {
     fn drop(&mut self) {
         let (level, open, ending) = (self.level, self.open, self.ending);
-        let marked = from_drop(self.conn, |conn| {
-            let open = open && transaction_depth(conn) >= level;
-            let mut watched = journal::AsyncWatched(&mut *conn);
-            let levels = journal::levels(&mut watched);
-            let in_step = !reply_left_unread::<C>(levels.as_deref());
-            let handed_on = match levels {
-                Some(levels) => {
-                    let handed_on = open && !ending && in_step && levels.dropped(level);
-                    levels.closed(level);
-                    handed_on
-                }
-                None => false,
-            };
-            let broken = (open && !handed_on) || !in_step;
-            if broken {
-                C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
-            }
-            broken
-        });
-        if marked == Some(true) {
-            tracing::warn!(
-                target: "lockkit",
-                "a lockkit call was dropped before it finished, outside any other lockkit call: the connection is marked broken, so that no commit on it can report work it does not commit"
-            );
-        }
+        mark_broken_from_drop(
+            self.conn,
+            "a lockkit call was dropped before it finished, outside any other lockkit call: the connection is marked broken, so that no commit on it can report work it does not commit",
+            |conn| {
+                let open = open && transaction_depth(conn) >= level;
+                let mut watched = journal::AsyncWatched(conn);
+                let levels = journal::levels(&mut watched);
+                let in_step = !reply_left_unread::<C>(levels.as_deref());
+                let handed_on = match levels {
+                    Some(levels) => {
+                        let handed_on = open && !ending && in_step && levels.dropped(level);
+                        levels.closed(level);
+                        handed_on
+                    }
+                    None => false,
+                };
+                (open && !handed_on) || !in_step
+            },
+        );
     }
 }
 
