@@ -36,9 +36,10 @@
 //! (each call holds its level through a guard, and lockkit's
 //! [`journal`] records which levels are lockkit's):
 //!
-//! * another lockkit call: the next lockkit call to begin (you try again) rolls
-//!   the dropped savepoint back first, with the dropped call's work, if
-//!   nothing was sent since; otherwise the enclosing call's end does, and then
+//! * another lockkit call: the next lockkit call on the connection (you try
+//!   again, or go on with a versioned write, `lock_all`, `queue::claim` or an
+//!   outbox write) rolls the dropped savepoint back first, with the dropped
+//!   call's work, if nothing was sent since; otherwise the enclosing call's end does, and then
 //!   fails with [`Error::NestedCallDropped`] when a statement ran in it after
 //!   the drop (that statement went with it), or commits (or rolls back) its
 //!   own work when none did. If a rollback fails, it fails and marks the
@@ -361,8 +362,8 @@ fn mark_broken_from_drop<C: AsyncConnection>(
 /// leaves the level, and whatever the connection sends next runs inside it,
 /// to whoever ends the level below (see [`levels`](crate::transaction::levels)):
 ///
-/// * a lockkit call's, directly below: the next lockkit call to begin rolls
-///   the dropped level back ([`roll_back_unused_drop`]) if nothing was sent
+/// * a lockkit call's, directly below: the next lockkit call rolls the
+///   dropped level back ([`roll_back_unused_drop`]) if nothing was sent
 ///   since, or else the call below does at its end ([`roll_back_dropped`]),
 ///   and fails if a statement ran in it;
 /// * otherwise (the outermost level, or nested in a transaction of the
@@ -472,8 +473,9 @@ pub(crate) fn in_transaction<C: AsyncConnection>(conn: &mut C) -> bool {
 
 /// Where an async lockkit transaction about to begin on `conn` stands
 /// ([`Began`](crate::transaction::Began)), with lockkit's journal watching the
-/// work, as the blocking side's panic guard has it; first rolls back the
-/// levels a dropped nested call left unused ([`roll_back_unused_drop`]).
+/// work, as the blocking side's panic guard has it; nested, first asks
+/// [`require_live`] (which rolls back the levels a dropped nested call left
+/// unused).
 ///
 /// # Errors
 ///
@@ -484,8 +486,7 @@ pub(crate) fn in_transaction<C: AsyncConnection>(conn: &mut C) -> bool {
 /// opened, as at the end of a nested call that found the transaction ended.
 pub(crate) async fn began<C: AsyncLockingConnection>(conn: &mut C) -> Result<Begun, Error> {
     watch(conn);
-    let depth = roll_back_unused_drop(conn).await?;
-    let nested = depth > 0;
+    let nested = in_transaction(conn);
     if nested {
         let mut unsettled = Unsettled::until_replied(conn);
         let live = require_live(unsettled.conn).await;
@@ -495,17 +496,18 @@ pub(crate) async fn began<C: AsyncLockingConnection>(conn: &mut C) -> Result<Beg
     Ok(Begun {
         began: crate::transaction::Began::with_work(nested),
         nested,
-        level: Some(depth + 1),
+        level: Some(transaction_depth(conn) + 1),
     })
 }
 
-/// Before a lockkit call begins on `conn` (or sends its own statements after
-/// its work, as an idempotency key's response): rolls back the levels a nested
-/// call whose future was dropped left open, if nothing was sent since (the
-/// caller tries again after a timeout), so that the new call's work is not
-/// made inside them and rolled back with them at the end of the call around
-/// it; the depth then. Marks the connection broken if one cannot be rolled
-/// back.
+/// Before a lockkit call begins on `conn`, or sends anything in the caller's
+/// transaction ([`require_live`], [`check_write`], an idempotency key's
+/// response after its work): rolls back the levels a nested call whose future
+/// was dropped left open, if nothing was sent since (the caller tries again
+/// after a timeout, or goes on with other work), so that the new call's work
+/// is not made inside them and rolled back with them at the end of the call
+/// around it; the depth then. Marks the connection broken if one cannot be
+/// rolled back.
 pub(crate) async fn roll_back_unused_drop<C: AsyncConnection>(conn: &mut C) -> Result<u32, Error> {
     let depth = transaction_depth(conn);
     let dropped = match journal::levels(&mut journal::AsyncWatched(&mut *conn)) {
@@ -606,10 +608,11 @@ pub(crate) async fn roll_back_dropped<C: AsyncConnection, E>(
 }
 
 /// The blocking side's [`require_live`](crate::transaction::require_live) on an
-/// async connection; also asked by [`lock_all`](super::lock_all()) and
-/// [`queue::claim`](super::queue::claim), which lock inside the caller's
-/// transaction.
+/// async connection, after [`roll_back_unused_drop`]; also asked by
+/// [`lock_all`](super::lock_all()), [`queue::claim`](super::queue::claim) and
+/// the outbox's `enqueue`, which work inside the caller's transaction.
 pub(crate) async fn require_live<C: AsyncLockingConnection>(conn: &mut C) -> Result<(), Error> {
+    roll_back_unused_drop(conn).await?;
     match ended_by_statement(conn).await {
         Some(cause) => {
             conn.keep_aborted().await;
@@ -687,8 +690,9 @@ async fn ended_unwatched<C: AsyncLockingConnection>(conn: &mut C) -> Option<Erro
 }
 
 /// The blocking side's [`check_write`](crate::transaction::check_write) on an
-/// async connection.
+/// async connection, after [`roll_back_unused_drop`].
 pub(crate) async fn check_write<C: AsyncConnection>(conn: &mut C) -> Result<(), Error> {
+    roll_back_unused_drop(conn).await?;
     let watched = &mut journal::AsyncWatched(&mut *conn);
     journal::before_write(watched);
     let Some((cause, reported)) = journal::ended_before_write(watched) else {
