@@ -352,12 +352,28 @@ lockkit_tests::backend_tests! {
         }
         // A restart of a Redis that keeps nothing: both keys are gone.
         let mut conn = client(&redis);
-        let _: i64 = conn.del(&[store.lease_key("doc"), store.fence_key("doc")]).unwrap();
+        let keys = [store.lease_key("doc"), store.fence_key("doc")];
+        let forget = |conn: &mut lockkit::lease::redis::client::Connection| {
+            let _: i64 = conn.del(&keys).unwrap();
+        };
+        forget(&mut conn);
         let held = lease::acquire(&mut store, "doc", Duration::from_secs(30)).unwrap();
         assert_eq!(held.fence(), Fence(1), "the counter starts again");
         let stalled = write_body(&mut data, Some(held.fence()), "after the restart");
         assert!(matches!(stalled, Err(Error::Fenced { current: 3, .. })), "{stalled:?}");
         held.release().unwrap();
+        // Why the counter must be raised, not left to climb: the grant whose
+        // fence reaches the recorded one is admitted, beside the holder of the
+        // same number from before the restart, which may still be writing.
+        let second = lease::acquire(&mut store, "doc", Duration::from_secs(30)).unwrap();
+        assert_eq!(second.fence(), Fence(2));
+        second.release().unwrap();
+        let twin = lease::acquire(&mut store, "doc", Duration::from_secs(30)).unwrap();
+        assert_eq!(twin.fence(), Fence(3), "the last fence before the restart, again");
+        write_body(&mut data, Some(twin.fence()), "a second holder of fence 3").unwrap();
+        assert_eq!(data.body(), "a second holder of fence 3");
+        twin.release().unwrap();
+        forget(&mut conn);
         // The way back: raise the counter past what the fences table has seen.
         let seen: i64 = diesel::dsl::sql::<diesel::sql_types::BigInt>("SELECT MAX(fence) FROM lockkit_fences")
             .get_result(&mut data)

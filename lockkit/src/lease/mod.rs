@@ -95,13 +95,18 @@
 //! * **Redis without persistence or replication** forgets its leases when it
 //!   restarts, so a second holder gets the lease while the first still works,
 //!   and it forgets the fence counter: the new grants' fences start again at 1,
-//!   below the fences `lockkit_fences` has recorded. Fencing still keeps the
-//!   data safe (the new holders' fenced writes are refused, the old holder's
-//!   land as before), but every new holder is stuck until the counter is raised
-//!   past the recorded fences: [`redis::RedisStore::raise_fence`]. A replica
-//!   promoted after a failover may lack the last grants in the same way. Run
-//!   Redis with AOF (`appendfsync always`) if that matters, or keep the leases in
-//!   the database. Without fenced writes, a restart means two holders writing.
+//!   below the fences `lockkit_fences` has recorded. The new holders' fenced
+//!   writes are refused while their fences are lower than the recorded one, but
+//!   the grant whose fence climbs back to it is admitted (a fenced write admits
+//!   the recorded fence: its holder writes more than once), beside the holder
+//!   of the same number from before the restart, which may still be writing.
+//!   So after a restart, raise the counter past the recorded fences
+//!   ([`redis::RedisStore::raise_fence`]) before any grant: fencing keeps the
+//!   data safe only then. A replica promoted after a failover may lack the last
+//!   grants in the same way, and so may a database store restored from a
+//!   backup (raise `lockkit_leases.fence` there). Run Redis with AOF
+//!   (`appendfsync always`) if that matters, or keep the leases in the database.
+//!   Without fenced writes, a restart means two holders writing.
 //! * **The database store's grant is committed on its own**: [`acquire`] and
 //!   [`Lease::renew`] refuse to run inside a transaction
 //!   ([`Error::AlreadyInTransaction`]): a grant rolled back with its transaction

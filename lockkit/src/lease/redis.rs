@@ -128,8 +128,11 @@ impl<C: ConnectionLike> RedisStore<C> {
 
     /// Raises `name`'s fence counter to at least `at_least`, and returns it: the
     /// next grant gets a larger fence. For after a Redis restart that forgot the
-    /// counter: raise it to the largest fence your fenced writes recorded
-    /// (`SELECT MAX(fence) FROM lockkit_fences`), or fenced writes stay refused.
+    /// counter, before any grant: raise it to the largest fence your fenced
+    /// writes recorded (`SELECT MAX(fence) FROM lockkit_fences`). Otherwise
+    /// fenced writes are refused until the counter climbs back to that fence,
+    /// and the grant that reaches it shares its number with the holder from
+    /// before the restart: both are admitted.
     ///
     /// # Errors
     ///
