@@ -14,7 +14,7 @@ use lockkit_tests::db::TestBackend;
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
 use lockkit_tests::settings::lock_timeout;
-use lockkit_tests::{exec, seed_items, TestDb};
+use lockkit_tests::{exec, item, seed_items, TestDb};
 
 /// Holds `with_lock` on items row 1 on another connection while `blocked` runs.
 fn while_item_locked<C, T>(db: &TestDb<C>, blocked: impl FnOnce() -> T) -> T
@@ -278,6 +278,40 @@ mod all {
                 queue::claim::<i32, _, _>(conn, jobs::table.filter(jobs::done.eq(false)).order(jobs::id).select(jobs::id), -1)
             });
             assert!(matches!(claimed, Err(Error::InvalidInput(_))), "{claimed:?}");
+        }
+
+        fn a_claim_on_a_versioned_table_is_a_read_so_claimed_rows_are_marked_with_versioned_writes(db) {
+            // `claim` takes row locks but leaves the version alone, as a read:
+            // a plain `diesel::update` of a claimed row is lost to a struct read
+            // before the claim, a versioned write makes that struct stale.
+            let mut conn = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            let mark = |conn: &mut _, versioned: bool| {
+                locked_transaction(conn, LockOptions::default(), |conn| {
+                    let claimed: Vec<Item> =
+                        queue::claim(conn, items::table.filter(items::stock.gt(0)).order(items::id), 1)?;
+                    let mut item = claimed.into_iter().next().expect("item 1 claimed");
+                    item.stock -= 1;
+                    if versioned {
+                        item.update_versioned(conn)
+                    } else {
+                        diesel::update(items::table.find(item.id)).set(items::stock.eq(item.stock)).execute(conn).map(drop).map_err(Error::from)
+                    }
+                })
+                .unwrap()
+            };
+            // The baseline: the plain mark is overwritten.
+            let mut early = item!(&mut conn, 1);
+            mark(&mut db.conn(), false);
+            early.name = "renamed".into();
+            early.update_versioned(&mut conn).unwrap();
+            assert_eq!(item!(&mut conn, 1).stock, 10, "the plain mark was lost");
+            // The versioned mark: the early struct is stale.
+            let mut early = item!(&mut conn, 1);
+            mark(&mut db.conn(), true);
+            early.name = "renamed again".into();
+            assert!(matches!(early.update_versioned(&mut conn), Err(Error::Stale(_))));
+            assert_eq!(item!(&mut conn, 1).stock, 9, "the versioned mark stands");
         }
 
         fn lock_all_returns_rows_in_key_order(db) {

@@ -19,6 +19,12 @@
 //! rows another worker claimed: the workers then wait on or deadlock with each
 //! other.
 //!
+//! A claim is a locked read: on a versioned table (`#[derive(Versioned)]`) it
+//! leaves the version alone, unlike `with_lock` and `lock_all`. Mark claimed
+//! rows of such a table with the model's versioned writes (`update_versioned`,
+//! `update_by_version`): a plain `diesel::update` there is overwritten by a
+//! struct read before the claim, whose version still matches.
+//!
 //! On SQLite, which has no row locks, the claim takes the database's write lock
 //! ([`LockingConnection::take_write_lock`]) before it reads, so workers take turns,
 //! which keeps exactly-once (without the parallelism), even in a plain deferred
