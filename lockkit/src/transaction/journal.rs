@@ -207,7 +207,10 @@ pub enum Ends {
     /// transaction as ended.
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     OnDeadlock,
-    /// SQLite: an error ends its statement only.
+    /// SQLite: an error ends its statement only; not so a trigger's
+    /// `RAISE(ROLLBACK, ..)`, an `ON CONFLICT ROLLBACK` constraint, or SQLite's
+    /// rollback after `SQLITE_FULL`, `SQLITE_IOERR` or `SQLITE_NOMEM`, which
+    /// lockkit does not see (the README's Guarantees say so).
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     Never,
     /// A backend type that names no server (a `MultiConnection` enum's):
