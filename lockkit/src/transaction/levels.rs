@@ -140,12 +140,25 @@ fn bit(level: u32) -> u64 {
 mod tests {
     use super::*;
 
+    /// Levels with lockkit calls open at `open`, in that order.
+    fn opened(open: &[u32]) -> Levels {
+        let mut levels = Levels::default();
+        for &level in open {
+            levels.opened(level);
+        }
+        levels
+    }
+
+    /// A lockkit call at level 1, and one nested in it at level 2 dropped.
+    fn dropped_at_2() -> Levels {
+        let mut levels = opened(&[1, 2]);
+        assert!(levels.dropped(2));
+        levels
+    }
+
     #[test]
     fn a_call_dropped_above_a_lockkit_level_is_handed_to_it() {
-        let mut levels = Levels::default();
-        levels.opened(1);
-        levels.opened(2);
-        assert!(levels.dropped(2));
+        let mut levels = dropped_at_2();
         levels.closed(2);
         assert_eq!(levels.left_above(1), Left::Dropped);
         // The record is gone with the answer.
@@ -169,10 +182,7 @@ mod tests {
 
     #[test]
     fn a_drop_nothing_ran_in_since_is_handed_to_the_next_call() {
-        let mut levels = Levels::default();
-        levels.opened(1);
-        levels.opened(2);
-        assert!(levels.dropped(2));
+        let mut levels = dropped_at_2();
         assert_eq!(levels.take_unused_drop(), Some(2));
         assert_eq!(levels.take_unused_drop(), None);
         levels.opened(2);
@@ -184,8 +194,7 @@ mod tests {
 
     #[test]
     fn outermost_or_under_the_callers_own_level_nobody_takes_it() {
-        let mut levels = Levels::default();
-        levels.opened(1);
+        let mut levels = opened(&[1]);
         assert!(!levels.dropped(1));
         // Level 2 is the caller's own transaction.
         levels.opened(3);
@@ -195,10 +204,7 @@ mod tests {
 
     #[test]
     fn a_new_outermost_level_forgets_what_an_old_one_left() {
-        let mut levels = Levels::default();
-        levels.opened(1);
-        levels.opened(2);
-        assert!(levels.dropped(2));
+        let mut levels = dropped_at_2();
         levels.on_statement();
         levels.opened(1);
         assert!(!levels.dropped(3));
@@ -209,10 +215,7 @@ mod tests {
 
     #[test]
     fn a_level_opened_again_forgets_what_was_recorded_of_it() {
-        let mut levels = Levels::default();
-        levels.opened(1);
-        levels.opened(2);
-        levels.opened(3);
+        let mut levels = opened(&[1, 2, 3]);
         assert!(levels.dropped(3));
         levels.on_statement();
         // Level 2 ends without asking (its own drop marked the connection
@@ -239,10 +242,7 @@ mod tests {
 
     #[test]
     fn a_call_dropped_inside_a_dropped_call_leaves_the_lower_level() {
-        let mut levels = Levels::default();
-        levels.opened(1);
-        levels.opened(2);
-        levels.opened(3);
+        let mut levels = opened(&[1, 2, 3]);
         assert!(levels.dropped(3));
         levels.closed(3);
         assert!(levels.dropped(2));
