@@ -186,19 +186,21 @@ macro_rules! stocks {
     };
 }
 
-/// After [`sell_2_then_give_up_on_1!`] whose work then sold item 3: the call
-/// said `Ok`, items 2 and 3 are sold and item 1 is not, and `$conn` is out of
-/// any transaction.
-macro_rules! sold_2_and_3 {
-    ($db:expr, $conn:expr, $outcome:expr) => {{
+/// Items 1 to 3 with 10 each, and [`sell_2_then_give_up_on_1!`] whose work
+/// then sells one of item 3 with `$then`: the call must say `Ok`, with items 2
+/// and 3 sold and item 1 not, and leave its connection out of any transaction.
+macro_rules! sells_2_and_3_after_the_drop {
+    ($db:expr, |$inner:ident| $then:expr) => {{
+        seed_items(&mut $db.conn(), &[(1, 10), (2, 10), (3, 10)]);
+        let mut conn: Async = async_common::connect(&$db.url, BACKEND).await;
+        let outcome = sell_2_then_give_up_on_1!(&mut conn, |$inner| $then).await;
         let mut other: Async = async_common::connect(&$db.url, BACKEND).await;
         let stocks = stocks!(&mut other);
         assert!(
-            $outcome.is_ok() && stocks == [10, 9, 9],
-            "locked_transaction returned {:?}; stocks {stocks:?}",
-            $outcome
+            outcome.is_ok() && stocks == [10, 9, 9],
+            "locked_transaction returned {outcome:?}; stocks {stocks:?}"
         );
-        assert!(!in_transaction($conn) && server_says_no_transaction($conn, BACKEND).await);
+        assert!(!in_transaction(&mut conn) && server_says_no_transaction(&mut conn, BACKEND).await);
     }};
 }
 
@@ -423,59 +425,43 @@ async_backend_tests! {
     }
 
     async fn a_versioned_write_after_a_dropped_nested_call_keeps_its_work(db) {
-        // "Try item 1 for 100 ms, else sell item 3 with a versioned write" (of
-        // a copy read before): the write opens no level of its own, yet must
-        // not run inside the savepoint the given-up call left, as a lockkit
-        // call that begins there does not.
+        // "Try item 1 for 100 ms, else sell item 3 with a versioned write": the
+        // write opens no level of its own, yet must not run inside the
+        // savepoint the given-up call left, as a lockkit call that begins
+        // there does not.
         use lockkit::asynchronous::prelude::*;
-        seed_items(&mut db.conn(), &[(1, 10), (2, 10), (3, 10)]);
-        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
-        let mut item: Item = items::table.find(3).first(&mut conn).await.unwrap();
-        item.stock -= 1;
-        let outcome = sell_2_then_give_up_on_1!(&mut conn, |conn| item.update_versioned(conn).await)
-        .await;
-        sold_2_and_3!(&db, &mut conn, outcome);
+        sells_2_and_3_after_the_drop!(db, |conn| {
+            Item::update_by_version(conn, 3, 0, items::stock.eq(9)).await.map(drop)
+        });
     }
 
     async fn a_lock_all_after_a_dropped_nested_call_keeps_its_work(db) {
         // The same with `lock_all`, which locks in the caller's transaction.
-        seed_items(&mut db.conn(), &[(1, 10), (2, 10), (3, 10)]);
-        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
-        let outcome = sell_2_then_give_up_on_1!(&mut conn, |conn| {
+        sells_2_and_3_after_the_drop!(db, |conn| {
             let locked: Vec<Item> = lockkit::asynchronous::lock_all(&mut *conn, &[3]).await?;
             assert_eq!(locked.len(), 1);
             sell_one!(conn, 3).map_err(Error::from)
-        })
-        .await;
-        sold_2_and_3!(&db, &mut conn, outcome);
+        });
     }
 
     async fn a_queue_claim_after_a_dropped_nested_call_keeps_its_work(db) {
         // The same with `queue::claim`, which claims in the caller's transaction.
-        seed_items(&mut db.conn(), &[(1, 10), (2, 10), (3, 10)]);
-        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
-        let outcome = sell_2_then_give_up_on_1!(&mut conn, |conn| {
+        sells_2_and_3_after_the_drop!(db, |conn| {
             let due = items::table.filter(items::id.eq(3)).order(items::id);
             let claimed: Vec<Item> = lockkit::asynchronous::queue::claim(&mut *conn, due, 1).await?;
             assert_eq!(claimed.len(), 1);
             sell_one!(conn, 3).map_err(Error::from)
-        })
-        .await;
-        sold_2_and_3!(&db, &mut conn, outcome);
+        });
     }
 
     async fn an_outbox_write_after_a_dropped_nested_call_keeps_its_work(db) {
         // The same with an outbox message, written in the caller's transaction.
         use diesel_migrations::MigrationHarness;
         db.conn().run_pending_migrations(lockkit_tests::outbox_migrations(BACKEND)).unwrap();
-        seed_items(&mut db.conn(), &[(1, 10), (2, 10), (3, 10)]);
-        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
-        let outcome = sell_2_then_give_up_on_1!(&mut conn, |conn| {
+        sells_2_and_3_after_the_drop!(db, |conn| {
             lockkit::asynchronous::outbox::enqueue(&mut *conn, "sold", "item 3").await?;
             sell_one!(conn, 3).map_err(Error::from)
-        })
-        .await;
-        sold_2_and_3!(&db, &mut conn, outcome);
+        });
         let mut other: Async = async_common::connect(&db.url, BACKEND).await;
         let unpublished: i64 = lockkit_tests::unpublished_count().get_result(&mut other).await.unwrap();
         assert_eq!(unpublished, 1, "the message committed with the sale");
