@@ -207,10 +207,12 @@ pub enum Ends {
     /// transaction as ended.
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     OnDeadlock,
-    /// SQLite: an error ends its statement only; not so a trigger's
+    /// SQLite: an error ends its statement only, but for a trigger's
     /// `RAISE(ROLLBACK, ..)`, an `ON CONFLICT ROLLBACK` constraint, or SQLite's
-    /// rollback after `SQLITE_FULL`, `SQLITE_IOERR` or `SQLITE_NOMEM`, which
-    /// lockkit does not see (the README's Guarantees say so).
+    /// own rollback after `SQLITE_FULL`, `SQLITE_IOERR` or `SQLITE_NOMEM`,
+    /// which end the whole transaction: lockkit asks before it begins or
+    /// writes in a transaction where a statement failed
+    /// ([`Aborts::failed`]; `transaction::ended_on_sqlite`).
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     Never,
     /// A backend type that names no server (a `MultiConnection` enum's):
@@ -270,6 +272,14 @@ struct Aborts {
     guessed: bool,
     /// The depth of the open transaction (0: none).
     depth: u32,
+    /// SQLite ([`Ends::Never`]): the first statement that failed in the open
+    /// transaction since lockkit last asked ([`take_failed`]). It may have
+    /// rolled back the whole transaction, which neither SQLite's answer nor
+    /// Diesel's connection reports as such.
+    failed: Option<(DatabaseErrorKind, String)>,
+    /// Diesel told of a `BEGIN` or `SAVEPOINT` whose answer has not come: if
+    /// it fails, the level never opened.
+    opening: bool,
     /// The error that ended the open transaction (its kind and message).
     ended_by: Option<(DatabaseErrorKind, String)>,
     /// A rollback to a savepoint was sent after such an error: on PostgreSQL
@@ -309,24 +319,42 @@ impl Aborts {
         }
     }
 
+    /// No transaction is open any more: nothing ended it, nothing is unsure,
+    /// and every abort reported in it is settled.
+    fn closed(&mut self) {
+        self.ended_by = None;
+        self.failed = None;
+        self.reviving = false;
+        self.unsure = false;
+        self.missed = false;
+        self.settle();
+    }
+
     fn on_event(&mut self, event: &InstrumentationEvent<'_>) {
         match event {
-            InstrumentationEvent::BeginTransaction { depth, .. } => self.depth = depth.get(),
+            InstrumentationEvent::BeginTransaction { depth, .. } => {
+                self.depth = depth.get();
+                self.opening = true;
+            }
+            InstrumentationEvent::FinishQuery { error: Some(_), .. }
+                if std::mem::take(&mut self.opening) =>
+            {
+                // Diesel keeps its depth when its `BEGIN` (a busy `BEGIN
+                // IMMEDIATE`) or `SAVEPOINT` fails: so does the journal.
+                self.depth -= 1;
+            }
             InstrumentationEvent::CommitTransaction { depth, .. }
             | InstrumentationEvent::RollbackTransaction { depth, .. } => {
                 self.depth = depth.get() - 1;
                 let rollback = matches!(event, InstrumentationEvent::RollbackTransaction { .. });
                 if self.depth == 0 {
-                    self.ended_by = None;
-                    self.reviving = false;
-                    self.unsure = false;
-                    self.missed = false;
-                    self.settle();
+                    self.closed();
                 } else if rollback && self.ends == Ends::UntilSavepointRollback {
                     self.reviving = self.ended_by.is_some();
                 }
             }
             InstrumentationEvent::FinishQuery { query, error, .. } => {
+                self.opening = false;
                 if self.hides_read_errors
                     && self.depth > 0
                     && error.is_none()
@@ -364,6 +392,9 @@ impl Aborts {
                     } else if self.depth > 0 && self.ends.by(*kind, info.message()) {
                         self.ended_by = Some((*kind, info.message().to_owned()));
                         self.failed_after = false;
+                    }
+                    if self.depth > 0 && self.ends == Ends::Never && self.failed.is_none() {
+                        self.failed = Some((*kind, info.message().to_owned()));
                     }
                 }
             }
@@ -845,10 +876,18 @@ fn watched<W: Watched>(conn: &mut W, ends: impl FnOnce(&mut W) -> Ends) -> Optio
         journal.aborts.guessed = false;
         // Told now, inside the transaction: it may have missed what ended it.
         journal.aborts.missed = journal.aborts.depth > 0 && rule == Ends::OnDeadlock;
+        if journal.aborts.depth > 0 && rule == Ends::Never && journal.aborts.failed.is_none() {
+            journal.aborts.failed = Some((DatabaseErrorKind::Unknown, FAILED_UNSEEN.to_owned()));
+        }
     }
     journal.aborts.hides_read_errors = hides_read_errors;
     Some(journal)
 }
+
+/// The cause lockkit reports where SQLite's transaction ended under a
+/// statement that ran before lockkit's journal watched the connection.
+const FAILED_UNSEEN: &str = "a statement rolled back the whole transaction before lockkit \
+     watched this connection (a trigger's RAISE(ROLLBACK), an ON CONFLICT ROLLBACK constraint)";
 
 /// Forgets what [`ended_by`] said: the server answered that the transaction is
 /// alive (the work recovered with a savepoint of its own, in SQL; the error
@@ -872,6 +911,7 @@ pub(crate) fn forget_abort<W: Watched>(conn: &mut W) {
 pub(crate) fn saw_begin<W: Watched>(conn: &mut W) {
     if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
         journal.aborts.missed = false;
+        journal.aborts.failed = None;
     }
 }
 
@@ -940,6 +980,40 @@ pub(crate) fn ended_by<W: Watched>(conn: &mut W) -> Option<Error> {
     Some(classification::recall(
         diesel::result::Error::DatabaseError(kind, Box::new(message)),
     ))
+}
+
+/// SQLite: the error of the first statement that failed in the open
+/// transaction on `conn` since lockkit last asked ([`Aborts::failed`]), which
+/// may have rolled the whole transaction back; forgotten once taken. `None`
+/// when none did, on the other backends, or where no journal watches `conn`.
+pub(crate) fn take_failed<W: Watched>(conn: &mut W) -> Option<Error> {
+    let journal = journal_of(conn)?;
+    let (kind, message) = journal.aborts.failed.take()?;
+    Some(classification::recall(
+        diesel::result::Error::DatabaseError(kind, Box::new(message)),
+    ))
+}
+
+/// Whether the transaction that the journal of `conn` has open is deeper than
+/// the one Diesel's connection has: Diesel's SQLite connection drops its depth
+/// without an event when a statement fails where SQLite has no transaction
+/// open any more (see `transaction::ended_on_sqlite`). The journal then takes
+/// the levels Diesel dropped for rolled back, as SQLite has them.
+pub(crate) fn ended_unseen<W: Watched>(conn: &mut W) -> bool {
+    let now = conn.depth().unwrap_or(0);
+    let Some(journal) = conn.slot().downcast_mut::<Journal>() else {
+        return false;
+    };
+    if journal.aborts.depth <= now {
+        return false;
+    }
+    journal.committing = false;
+    journal.ended(End::RolledBack { depth: now + 1 });
+    journal.aborts.depth = now;
+    if now == 0 {
+        journal.aborts.closed();
+    }
+    true
 }
 
 /// Before a write statement of lockkit's that runs in the caller's transaction

@@ -130,6 +130,9 @@ pub trait Control: Connection + Sized + 'static {
 pub(crate) fn ended_by_statement<C: Control>(conn: &mut C) -> Option<Error> {
     // Installed now, inside the caller's transaction, it asks the server once.
     journal::watch(conn, C::ends);
+    if let Some(cause) = ended_on_sqlite(conn) {
+        return Some(cause);
+    }
     if !journal::watches(conn) {
         return ended_unwatched(conn);
     }
@@ -146,6 +149,44 @@ pub(crate) fn ended_by_statement<C: Control>(conn: &mut C) -> Option<Error> {
     } else {
         journal::forget_abort(conn);
         None
+    }
+}
+
+/// SQLite: whether a statement that failed in the open transaction on `conn`
+/// (lockkit's journal saw it: [`journal::take_failed`]) rolled back the whole
+/// transaction, as a trigger's `RAISE(ROLLBACK, ..)`, an `ON CONFLICT ROLLBACK`
+/// constraint and SQLite's own rollback after `SQLITE_FULL`, `SQLITE_IOERR` or
+/// `SQLITE_NOMEM` do; then its error, the cause. SQLite runs every statement
+/// after such a rollback in autocommit: a nested lockkit call would begin and
+/// commit on its own, under the caller's code that let the error go. Asked
+/// with a statement that always fails ([`SQLITE_PROBE`]): Diesel's SQLite
+/// connection drops its transaction depth to none when a statement fails with
+/// no transaction open on SQLite, and the journal, which still has the
+/// transaction open, is told it rolled back ([`journal::ended_unseen`]).
+/// Nothing is sent unless a statement failed in the transaction since lockkit
+/// last asked, or may have before its journal watched the connection; on the
+/// other backends, never.
+pub(crate) fn ended_on_sqlite<C: Connection>(conn: &mut C) -> Option<Error> {
+    let cause = journal::take_failed(conn)?;
+    let _ = conn.batch_execute(SQLITE_PROBE);
+    // The probe's own failure is no news.
+    let _ = journal::take_failed(conn);
+    journal::ended_unseen(conn).then_some(cause)
+}
+
+/// [`ended_on_sqlite`]'s statement: the release of a savepoint that no one
+/// opens, which fails whether a transaction is open or not, and changes
+/// nothing.
+const SQLITE_PROBE: &str = "RELEASE SAVEPOINT lockkit_probe_never_opened";
+
+/// [`ended_on_sqlite`] before lockkit begins a transaction or writes on
+/// `conn`: [`Error::TransactionAborted`] when a statement the caller let go
+/// rolled back the transaction it runs in, so that nothing is begun or
+/// written in autocommit.
+pub(crate) fn refuse_if_ended_on_sqlite<C: Connection>(conn: &mut C) -> Result<(), Error> {
+    match ended_on_sqlite(conn) {
+        Some(cause) => Err(journal::aborted(conn, cause)),
+        None => Ok(()),
     }
 }
 
@@ -244,6 +285,7 @@ pub(crate) fn require_live<C: Control>(conn: &mut C) -> Result<(), Error> {
 /// asks). The async writes' twin does the same.
 pub(crate) fn check_write<C: Connection>(conn: &mut C) -> Result<(), Error> {
     journal::before_write(conn);
+    refuse_if_ended_on_sqlite(conn)?;
     let Some((cause, reported)) = journal::ended_before_write(conn) else {
         return Ok(());
     };
@@ -522,6 +564,7 @@ where
     E: From<Error>,
     F: FnOnce(&mut C) -> Result<T, Failure<E>>,
 {
+    refuse_if_ended_on_sqlite(conn)?;
     let nested = in_transaction(conn);
     let mut guard = PanicGuard::default();
     let result = conn.transaction(|conn| guard.call(conn, f));
