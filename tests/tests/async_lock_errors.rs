@@ -867,3 +867,118 @@ mod mysql_only {
         assert_nested_sale_committed_nothing(Nested::WithLock, &outcome, 1, stock, lines);
     }
 }
+
+/// SQLite on diesel-async: a statement that rolls back the whole transaction
+/// (a trigger's `RAISE(ROLLBACK, ..)`), whose error the work lets go, as on the
+/// blocking side (`swallowed_errors.rs`).
+#[cfg(all(feature = "async", feature = "sqlite"))]
+mod sqlite_only {
+    use super::*;
+    use diesel::SqliteConnection;
+    use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+    use lockkit_tests::TestDb;
+
+    type Async = SyncConnectionWrapper<SqliteConnection>;
+
+    const OUT_OF_STOCK: &str = "CREATE TRIGGER out_of_stock BEFORE UPDATE OF stock ON items \
+         WHEN NEW.stock < 0 BEGIN SELECT RAISE(ROLLBACK, 'out of stock'); END";
+
+    /// The sale of one unit of item `$id` under `with_lock` on `$conn`.
+    macro_rules! sell {
+        ($conn:expr, $id:expr) => {
+            lockkit::asynchronous::with_lock(
+                $conn,
+                $id,
+                LockOptions::default(),
+                async |conn: &mut Async, item: Item| {
+                    diesel::update(items::table.find(item.id))
+                        .set(items::stock.eq(item.stock - 1))
+                        .execute(conn)
+                        .await
+                        .map(drop)
+                        .map_err(Error::from)
+                },
+            )
+        };
+    }
+
+    #[tokio::test]
+    async fn a_nested_call_after_a_statement_that_rolled_back_the_whole_transaction_commits_nothing(
+    ) {
+        let db = TestDb::<SqliteConnection>::new("async_raise_rollback");
+        seed_items(&mut db.conn(), &[(1, 0), (2, 5), (3, 5)]);
+        exec(&mut db.conn(), OUT_OF_STOCK);
+        let mut conn: Async = async_common::connect(&db.url, "sqlite").await;
+        let fallback = Mutex::new(None);
+        let outcome = lockkit::asynchronous::locked_transaction(
+            &mut conn,
+            LockOptions::default(),
+            async |conn: &mut Async| {
+                sell!(&mut *conn, 3).await?;
+                assert!(
+                    sell!(&mut *conn, 1).await.is_err(),
+                    "item 1 is out of stock"
+                );
+                *fallback.lock().unwrap() = Some(sell!(&mut *conn, 2).await);
+                Ok::<_, Error>(())
+            },
+        )
+        .await;
+        let stocks: Vec<i32> = items::table
+            .order(items::id)
+            .select(items::stock)
+            .load(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            stocks,
+            [0, 5, 5],
+            "nothing of the transaction committed; the call said {outcome:?}"
+        );
+        let fallback = fallback.into_inner().unwrap();
+        assert!(
+            matches!(fallback, Some(Err(Error::TransactionAborted(_)))),
+            "the nested call after the rollback refused: {fallback:?}"
+        );
+        assert!(outcome.is_err(), "{outcome:?}");
+    }
+
+    #[tokio::test]
+    async fn a_versioned_write_after_your_own_statement_rolled_back_the_whole_transaction_commits_nothing(
+    ) {
+        use lockkit::asynchronous::prelude::*;
+        let db = TestDb::<SqliteConnection>::new("async_raise_rollback_own");
+        seed_items(&mut db.conn(), &[(1, 0), (2, 5)]);
+        exec(&mut db.conn(), OUT_OF_STOCK);
+        let mut conn: Async = async_common::connect(&db.url, "sqlite").await;
+        let written = Mutex::new(None);
+        let outcome = conn
+            .transaction(async |conn| {
+                let failed = diesel::update(items::table.find(1))
+                    .set(items::stock.eq(-1))
+                    .execute(conn)
+                    .await;
+                assert!(failed.is_err());
+                *written.lock().unwrap() =
+                    Some(Item::update_by_version(conn, 2, 0, items::stock.eq(4)).await);
+                Ok::<_, diesel::result::Error>(())
+            })
+            .await;
+        let stocks: Vec<i32> = items::table
+            .order(items::id)
+            .select(items::stock)
+            .load(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            stocks,
+            [0, 5],
+            "nothing committed; the transaction said {outcome:?}"
+        );
+        let written = written.into_inner().unwrap();
+        assert!(
+            matches!(written, Some(Err(Error::TransactionAborted(_)))),
+            "the versioned write after the rollback refused: {written:?}"
+        );
+    }
+}

@@ -486,6 +486,7 @@ pub(crate) fn in_transaction<C: AsyncConnection>(conn: &mut C) -> bool {
 /// opened, as at the end of a nested call that found the transaction ended.
 pub(crate) async fn began<C: AsyncLockingConnection>(conn: &mut C) -> Result<Begun, Error> {
     watch(conn);
+    refuse_if_ended_on_sqlite(conn).await?;
     let nested = in_transaction(conn);
     if nested {
         let mut unsettled = Unsettled::until_replied(conn);
@@ -612,6 +613,7 @@ pub(crate) async fn roll_back_dropped<C: AsyncConnection, E>(
 /// [`lock_all`](super::lock_all()), [`queue::claim`](super::queue::claim) and
 /// the outbox's `enqueue`, which work inside the caller's transaction.
 pub(crate) async fn require_live<C: AsyncLockingConnection>(conn: &mut C) -> Result<(), Error> {
+    refuse_if_ended_on_sqlite(conn).await?;
     roll_back_unused_drop(conn).await?;
     match ended_by_statement(conn).await {
         Some(cause) => {
@@ -689,12 +691,33 @@ async fn ended_unwatched<C: AsyncLockingConnection>(conn: &mut C) -> Option<Erro
     }
 }
 
+/// The blocking side's [`refuse_if_ended_on_sqlite`](crate::transaction::refuse_if_ended_on_sqlite)
+/// on an async connection: where a statement failed in the open transaction,
+/// SQLite is asked whether it rolled back the whole transaction, and then
+/// [`Error::TransactionAborted`].
+pub(crate) async fn refuse_if_ended_on_sqlite<C: AsyncConnection>(
+    conn: &mut C,
+) -> Result<(), Error> {
+    let Some(cause) = journal::take_failed(&mut journal::AsyncWatched(&mut *conn)) else {
+        return Ok(());
+    };
+    let _ = conn.batch_execute(crate::transaction::SQLITE_PROBE).await;
+    // The probe's own failure is no news.
+    let _ = journal::take_failed(&mut journal::AsyncWatched(&mut *conn));
+    let watched = &mut journal::AsyncWatched(conn);
+    match journal::ended_unseen(watched) {
+        true => Err(journal::aborted(watched, cause)),
+        false => Ok(()),
+    }
+}
+
 /// The blocking side's [`check_write`](crate::transaction::check_write) on an
 /// async connection, after [`roll_back_unused_drop`].
 pub(crate) async fn check_write<C: AsyncConnection>(conn: &mut C) -> Result<(), Error> {
+    journal::before_write(&mut journal::AsyncWatched(&mut *conn));
+    refuse_if_ended_on_sqlite(conn).await?;
     roll_back_unused_drop(conn).await?;
     let watched = &mut journal::AsyncWatched(&mut *conn);
-    journal::before_write(watched);
     let Some((cause, reported)) = journal::ended_before_write(watched) else {
         return Ok(());
     };

@@ -62,10 +62,13 @@ where
     T: Send,
     F: ConnAttempt<C, T, E>,
 {
+    super::connection::watch(conn);
+    super::connection::refuse_if_ended_on_sqlite(conn)
+        .await
+        .map_err(E::from)?;
     if in_transaction(conn) {
         return Err(E::from(Error::AlreadyInTransaction));
     }
-    super::connection::watch(conn);
     let mut attempt = 1;
     loop {
         let begun = {

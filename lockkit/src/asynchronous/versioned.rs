@@ -246,6 +246,7 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
     {
         async move {
             let order = key_order::<Self, _>(rows)?;
+            super::connection::refuse_if_ended_on_sqlite(conn).await?;
             super::connection::roll_back_unused_drop(conn).await?;
             let began = Began::own(in_transaction(conn));
             super::connection::begin_transaction(conn)

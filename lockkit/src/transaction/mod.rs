@@ -177,7 +177,7 @@ pub(crate) fn ended_on_sqlite<C: Connection>(conn: &mut C) -> Option<Error> {
 /// [`ended_on_sqlite`]'s statement: the release of a savepoint that no one
 /// opens, which fails whether a transaction is open or not, and changes
 /// nothing.
-const SQLITE_PROBE: &str = "RELEASE SAVEPOINT lockkit_probe_never_opened";
+pub(crate) const SQLITE_PROBE: &str = "RELEASE SAVEPOINT lockkit_probe_never_opened";
 
 /// [`ended_on_sqlite`] before lockkit begins a transaction or writes on
 /// `conn`: [`Error::TransactionAborted`] when a statement the caller let go
