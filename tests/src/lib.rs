@@ -327,6 +327,13 @@ pub fn seed_items<C: diesel::Connection>(conn: &mut C, rows: &[(i32, i32)]) {
     }
 }
 
+/// SQLite: a trigger that answers an update of an `items` row below zero stock
+/// by rolling back the whole transaction (`RAISE(ROLLBACK, ..)`), for the tests
+/// of a statement that ends the transaction it runs in.
+pub const SQLITE_OUT_OF_STOCK_ROLLS_BACK: &str =
+    "CREATE TRIGGER out_of_stock BEFORE UPDATE OF stock ON items \
+     WHEN NEW.stock < 0 BEGIN SELECT RAISE(ROLLBACK, 'out of stock'); END";
+
 /// Seeds `sku_codes` with 899 fillers and the row `K`, and returns the keys
 /// that lock them across two chunks of 900: the fillers, then `K` and `k`,
 /// which a case-insensitive collation (MySQL's default) holds equal.

@@ -880,8 +880,45 @@ mod sqlite_only {
 
     type Async = SyncConnectionWrapper<SqliteConnection>;
 
-    const OUT_OF_STOCK: &str = "CREATE TRIGGER out_of_stock BEFORE UPDATE OF stock ON items \
-         WHEN NEW.stock < 0 BEGIN SELECT RAISE(ROLLBACK, 'out of stock'); END";
+    /// A database `name` with items of these stocks, whose update below zero
+    /// rolls back the whole transaction, and a connection to it.
+    async fn out_of_stock_db(
+        name: &str,
+        stocks: &[(i32, i32)],
+    ) -> (TestDb<SqliteConnection>, Async) {
+        let db = TestDb::<SqliteConnection>::new(name);
+        seed_items(&mut db.conn(), stocks);
+        exec(
+            &mut db.conn(),
+            lockkit_tests::SQLITE_OUT_OF_STOCK_ROLLS_BACK,
+        );
+        let conn = async_common::connect(&db.url, "sqlite").await;
+        (db, conn)
+    }
+
+    /// The stocks on `$conn` are `$stocks` (nothing of the transaction, which
+    /// said `$outcome`, committed), and `$refused`, lockkit's call after the
+    /// rollback, refused.
+    macro_rules! nothing_committed {
+        ($conn:expr, $stocks:expr, $outcome:expr, $refused:expr) => {{
+            let stocks: Vec<i32> = items::table
+                .order(items::id)
+                .select(items::stock)
+                .load($conn)
+                .await
+                .unwrap();
+            assert_eq!(
+                stocks, $stocks,
+                "nothing committed; the transaction said {:?}",
+                $outcome
+            );
+            let refused = $refused;
+            assert!(
+                matches!(refused, Some(Err(Error::TransactionAborted(_)))),
+                "lockkit's call after the rollback refused: {refused:?}"
+            );
+        }};
+    }
 
     /// The sale of one unit of item `$id` under `with_lock` on `$conn`.
     macro_rules! sell {
@@ -905,10 +942,8 @@ mod sqlite_only {
     #[tokio::test]
     async fn a_nested_call_after_a_statement_that_rolled_back_the_whole_transaction_commits_nothing(
     ) {
-        let db = TestDb::<SqliteConnection>::new("async_raise_rollback");
-        seed_items(&mut db.conn(), &[(1, 0), (2, 5), (3, 5)]);
-        exec(&mut db.conn(), OUT_OF_STOCK);
-        let mut conn: Async = async_common::connect(&db.url, "sqlite").await;
+        let (_db, mut conn) =
+            out_of_stock_db("async_raise_rollback", &[(1, 0), (2, 5), (3, 5)]).await;
         let fallback = Mutex::new(None);
         let outcome = lockkit::asynchronous::locked_transaction(
             &mut conn,
@@ -924,21 +959,11 @@ mod sqlite_only {
             },
         )
         .await;
-        let stocks: Vec<i32> = items::table
-            .order(items::id)
-            .select(items::stock)
-            .load(&mut conn)
-            .await
-            .unwrap();
-        assert_eq!(
-            stocks,
+        nothing_committed!(
+            &mut conn,
             [0, 5, 5],
-            "nothing of the transaction committed; the call said {outcome:?}"
-        );
-        let fallback = fallback.into_inner().unwrap();
-        assert!(
-            matches!(fallback, Some(Err(Error::TransactionAborted(_)))),
-            "the nested call after the rollback refused: {fallback:?}"
+            outcome,
+            fallback.into_inner().unwrap()
         );
         assert!(outcome.is_err(), "{outcome:?}");
     }
@@ -947,10 +972,7 @@ mod sqlite_only {
     async fn a_versioned_write_after_your_own_statement_rolled_back_the_whole_transaction_commits_nothing(
     ) {
         use lockkit::asynchronous::prelude::*;
-        let db = TestDb::<SqliteConnection>::new("async_raise_rollback_own");
-        seed_items(&mut db.conn(), &[(1, 0), (2, 5)]);
-        exec(&mut db.conn(), OUT_OF_STOCK);
-        let mut conn: Async = async_common::connect(&db.url, "sqlite").await;
+        let (_db, mut conn) = out_of_stock_db("async_raise_rollback_own", &[(1, 0), (2, 5)]).await;
         let written = Mutex::new(None);
         let outcome = conn
             .transaction(async |conn| {
@@ -958,27 +980,12 @@ mod sqlite_only {
                     .set(items::stock.eq(-1))
                     .execute(conn)
                     .await;
-                assert!(failed.is_err());
+                assert!(failed.is_err(), "item 1 is out of stock");
                 *written.lock().unwrap() =
                     Some(Item::update_by_version(conn, 2, 0, items::stock.eq(4)).await);
                 Ok::<_, diesel::result::Error>(())
             })
             .await;
-        let stocks: Vec<i32> = items::table
-            .order(items::id)
-            .select(items::stock)
-            .load(&mut conn)
-            .await
-            .unwrap();
-        assert_eq!(
-            stocks,
-            [0, 5],
-            "nothing committed; the transaction said {outcome:?}"
-        );
-        let written = written.into_inner().unwrap();
-        assert!(
-            matches!(written, Some(Err(Error::TransactionAborted(_)))),
-            "the versioned write after the rollback refused: {written:?}"
-        );
+        nothing_committed!(&mut conn, [0, 5], outcome, written.into_inner().unwrap());
     }
 }

@@ -266,31 +266,73 @@ mod instrumented {
 /// refuse instead, and nothing of the transaction may commit.
 #[cfg(feature = "sqlite")]
 mod sqlite_only {
+    use std::fmt::Debug;
+
     use diesel::{ExpressionMethods, QueryDsl, RunQueryDsl, SqliteConnection};
     use lockkit::{Error, LockOptions};
     use lockkit_tests::models::Item;
     use lockkit_tests::schema::items;
     use lockkit_tests::{exec, seed_items, TestDb};
 
-    #[test]
-    fn a_nested_call_after_a_statement_that_rolled_back_the_whole_transaction_commits_nothing() {
-        let db = TestDb::<SqliteConnection>::new("raise_rollback");
-        seed_items(&mut db.conn(), &[(1, 0), (2, 5), (3, 5)]);
+    /// A database `name` with items of these stocks, whose update below zero
+    /// rolls back the whole transaction (a trigger's `RAISE(ROLLBACK, ..)`).
+    fn out_of_stock_db(name: &str, stocks: &[(i32, i32)]) -> TestDb<SqliteConnection> {
+        let db = TestDb::<SqliteConnection>::new(name);
+        seed_items(&mut db.conn(), stocks);
         exec(
             &mut db.conn(),
-            "CREATE TRIGGER out_of_stock BEFORE UPDATE OF stock ON items \
-             WHEN NEW.stock < 0 BEGIN SELECT RAISE(ROLLBACK, 'out of stock'); END",
+            lockkit_tests::SQLITE_OUT_OF_STOCK_ROLLS_BACK,
         );
+        db
+    }
+
+    /// Your own statement, in your own transaction, that item 1's trigger
+    /// answers by rolling back the whole transaction; its error let go.
+    fn oversell_item_1(conn: &mut SqliteConnection) {
+        let failed = diesel::update(items::table.find(1))
+            .set(items::stock.eq(-1))
+            .execute(conn);
+        assert!(failed.is_err());
+    }
+
+    /// The stocks are `stocks` (nothing of the transaction, which said
+    /// `outcome`, committed), and lockkit's call after the rollback refused.
+    fn nothing_committed<T: Debug>(
+        db: &TestDb<SqliteConnection>,
+        stocks: &[i32],
+        outcome: &impl Debug,
+        refused: Option<Result<T, Error>>,
+    ) {
+        let now: Vec<i32> = items::table
+            .order(items::id)
+            .select(items::stock)
+            .load(&mut db.conn())
+            .unwrap();
+        assert_eq!(
+            now, stocks,
+            "nothing committed; the transaction said {outcome:?}"
+        );
+        assert!(
+            matches!(refused, Some(Err(Error::TransactionAborted(_)))),
+            "lockkit's call after the rollback refused: {refused:?}"
+        );
+    }
+
+    /// One unit of item `id` sold under `with_lock`.
+    fn sell(conn: &mut SqliteConnection, id: i32) -> Result<(), Error> {
+        lockkit::with_lock(conn, id, LockOptions::default(), |conn, item: Item| {
+            diesel::update(items::table.find(item.id))
+                .set(items::stock.eq(item.stock - 1))
+                .execute(conn)
+                .map(drop)
+                .map_err(Error::from)
+        })
+    }
+
+    #[test]
+    fn a_nested_call_after_a_statement_that_rolled_back_the_whole_transaction_commits_nothing() {
+        let db = out_of_stock_db("raise_rollback", &[(1, 0), (2, 5), (3, 5)]);
         let mut conn = db.connect();
-        let sell = |conn: &mut SqliteConnection, id: i32| {
-            lockkit::with_lock(conn, id, LockOptions::default(), |conn, item: Item| {
-                diesel::update(items::table.find(item.id))
-                    .set(items::stock.eq(item.stock - 1))
-                    .execute(conn)
-                    .map(drop)
-                    .map_err(Error::from)
-            })
-        };
         let mut fallback = None;
         let outcome = lockkit::locked_transaction(&mut conn, LockOptions::default(), |conn| {
             sell(conn, 3)?;
@@ -301,20 +343,7 @@ mod sqlite_only {
             fallback = Some(sell(conn, 2));
             Ok::<_, Error>(())
         });
-        let stocks: Vec<i32> = items::table
-            .order(items::id)
-            .select(items::stock)
-            .load(&mut db.conn())
-            .unwrap();
-        assert_eq!(
-            stocks,
-            [0, 5, 5],
-            "nothing of the transaction committed; the call said {outcome:?}"
-        );
-        assert!(
-            matches!(fallback, Some(Err(Error::TransactionAborted(_)))),
-            "the nested call after the rollback refused: {fallback:?}"
-        );
+        nothing_committed(&db, &[0, 5, 5], &outcome, fallback);
         assert!(outcome.is_err(), "{outcome:?}");
     }
 
@@ -322,78 +351,39 @@ mod sqlite_only {
     fn a_versioned_write_after_your_own_statement_rolled_back_the_whole_transaction_commits_nothing(
     ) {
         use lockkit::prelude::*;
-        let db = TestDb::<SqliteConnection>::new("raise_rollback_own");
-        seed_items(&mut db.conn(), &[(1, 0), (2, 5)]);
-        exec(
-            &mut db.conn(),
-            "CREATE TRIGGER out_of_stock BEFORE UPDATE OF stock ON items \
-             WHEN NEW.stock < 0 BEGIN SELECT RAISE(ROLLBACK, 'out of stock'); END",
-        );
+        let db = out_of_stock_db("raise_rollback_own", &[(1, 0), (2, 5)]);
         let mut conn = db.connect();
         let mut item: Item = items::table.find(2).first(&mut conn).unwrap();
         item.stock -= 1;
         let mut written = None;
         let outcome = diesel::Connection::transaction(&mut conn, |conn| {
-            // Your own statement, in your own transaction: item 1 is out of
-            // stock, and its trigger rolls back the whole transaction.
-            let failed = diesel::update(items::table.find(1))
-                .set(items::stock.eq(-1))
-                .execute(conn);
-            assert!(failed.is_err());
+            oversell_item_1(conn);
             written = Some(item.update_versioned(conn));
             Ok::<_, diesel::result::Error>(())
         });
-        let stocks: Vec<i32> = items::table
-            .order(items::id)
-            .select(items::stock)
-            .load(&mut db.conn())
-            .unwrap();
-        assert_eq!(
-            stocks,
-            [0, 5],
-            "nothing committed; the transaction said {outcome:?}"
-        );
-        assert!(
-            matches!(written, Some(Err(Error::TransactionAborted(_)))),
-            "the versioned write after the rollback refused: {written:?}"
-        );
+        nothing_committed(&db, &[0, 5], &outcome, written);
         assert!(outcome.is_err(), "{outcome:?}");
     }
 
     #[test]
     fn an_outbox_message_after_your_own_statement_rolled_back_the_whole_transaction_is_refused() {
         use diesel_migrations::MigrationHarness;
-        let db = TestDb::<SqliteConnection>::new("raise_rollback_outbox");
+        let db = out_of_stock_db("raise_rollback_outbox", &[(1, 0)]);
         db.conn()
             .run_pending_migrations(lockkit_tests::outbox_migrations("sqlite"))
             .unwrap();
-        seed_items(&mut db.conn(), &[(1, 0)]);
-        exec(
-            &mut db.conn(),
-            "CREATE TRIGGER out_of_stock BEFORE UPDATE OF stock ON items \
-             WHEN NEW.stock < 0 BEGIN SELECT RAISE(ROLLBACK, 'out of stock'); END",
-        );
         let mut conn = db.connect();
         let mut enqueued = None;
         let outcome = diesel::Connection::transaction(&mut conn, |conn| {
-            let failed = diesel::update(items::table.find(1))
-                .set(items::stock.eq(-1))
-                .execute(conn);
-            assert!(failed.is_err());
+            oversell_item_1(conn);
             enqueued = Some(lockkit::outbox::enqueue(conn, "sold", "item 1"));
             Ok::<_, diesel::result::Error>(())
         });
-        assert!(
-            matches!(enqueued, Some(Err(Error::TransactionAborted(_)))),
-            "the message after the rollback refused: {enqueued:?}"
-        );
+        nothing_committed(&db, &[0], &outcome, enqueued);
         let unpublished: i64 = lockkit_tests::unpublished_count()
             .get_result(&mut db.conn())
             .unwrap();
-        assert_eq!(
-            unpublished, 0,
-            "no message committed on its own; the transaction said {outcome:?}"
-        );
+        assert_eq!(unpublished, 0, "no message committed on its own");
     }
 
     #[test]
@@ -404,18 +394,12 @@ mod sqlite_only {
         seed_items(&mut db.conn(), &[(1, 5), (2, 5)]);
         let mut conn = db.connect();
         let outcome = lockkit::locked_transaction(&mut conn, LockOptions::default(), |conn| {
-            let duplicate = exec_result(
-                conn,
+            let duplicate = diesel::sql_query(
                 "INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'again', 1, 0)",
-            );
+            )
+            .execute(conn);
             assert!(duplicate.is_err(), "the key is taken");
-            lockkit::with_lock(conn, 2, LockOptions::default(), |conn, item: Item| {
-                diesel::update(items::table.find(item.id))
-                    .set(items::stock.eq(item.stock - 1))
-                    .execute(conn)
-                    .map(drop)
-                    .map_err(Error::from)
-            })
+            sell(conn, 2)
         });
         assert!(outcome.is_ok(), "{outcome:?}");
         let stocks: Vec<i32> = items::table
@@ -424,9 +408,5 @@ mod sqlite_only {
             .load(&mut db.conn())
             .unwrap();
         assert_eq!(stocks, [5, 4]);
-    }
-
-    fn exec_result(conn: &mut SqliteConnection, sql: &str) -> diesel::QueryResult<usize> {
-        diesel::sql_query(sql).execute(conn)
     }
 }
