@@ -485,3 +485,41 @@ mod servers {
         }
     }
 }
+
+/// SQLite through the enum: after your own statement rolled back the whole
+/// transaction (a trigger's `RAISE(ROLLBACK, ..)`), a nested `with_lock`
+/// refuses instead of committing on its own (`swallowed_errors.rs` on the
+/// connection itself).
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_nested_call_through_the_enum_after_sqlite_rolled_back_the_transaction_commits_nothing() {
+    let db = TestDb::<diesel::SqliteConnection>::new("multi_raise_rollback");
+    seed_items(&mut db.conn(), &[(1, 0), (2, 5)]);
+    exec(
+        &mut db.conn(),
+        lockkit_tests::SQLITE_OUT_OF_STOCK_ROLLS_BACK,
+    );
+    let mut conn = any(&db);
+    let mut fallback = None;
+    let outcome = lockkit::locked_transaction(
+        &mut conn,
+        LockOptions::default(),
+        |conn: &mut AnyConnection| {
+            let failed = diesel::update(items::table.find(1))
+                .set(items::stock.eq(-1))
+                .execute(conn);
+            assert!(failed.is_err(), "item 1 is out of stock");
+            fallback = Some(sell_locked(conn, 2, LockOptions::default()));
+            Ok::<_, Error>(())
+        },
+    );
+    assert_eq!(
+        stock(&mut conn, 2),
+        5,
+        "nothing committed; the call said {outcome:?}"
+    );
+    assert!(
+        matches!(fallback, Some(Err(Error::TransactionAborted(_)))),
+        "{fallback:?}"
+    );
+}
