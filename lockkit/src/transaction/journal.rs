@@ -341,7 +341,7 @@ impl Aborts {
             {
                 // Diesel keeps its depth when its `BEGIN` (a busy `BEGIN
                 // IMMEDIATE`) or `SAVEPOINT` fails: so does the journal.
-                self.depth -= 1;
+                self.depth = self.depth.saturating_sub(1);
             }
             InstrumentationEvent::CommitTransaction { depth, .. }
             | InstrumentationEvent::RollbackTransaction { depth, .. } => {
