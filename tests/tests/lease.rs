@@ -124,11 +124,8 @@ fn with_fencing<S: LeaseStore, C: Docs>(a: &mut S, b: &mut S, data: &mut C) {
     else {
         panic!("expected Error::Fenced, got {refused:?}");
     };
-    assert_eq!(
-        (resource.as_str(), *fence + 1),
-        ("doc-1", *current),
-        "{refused}"
-    );
+    assert_eq!(resource, "doc-1", "{refused}");
+    assert!(current > fence, "B's newer fence stands: {refused}");
     assert_eq!(data.body(), "written by B", "B's data stands");
     assert_eq!(lockkit::etag::status_for(&refused), 409);
 }
@@ -148,21 +145,28 @@ fn lifecycle<S: LeaseStore>(a: &mut S, b: &mut S) {
     first.release().unwrap();
 
     let second = lease::acquire(b, "job", ttl).unwrap();
-    assert_eq!(second.fence(), Fence(fence.0 + 1));
+    assert!(
+        second.fence() > fence,
+        "{:?} after {fence:?}",
+        second.fence()
+    );
+    let fence = second.fence();
     assert!(matches!(lease::acquire(a, "job", ttl), Err(Error::Busy)));
     drop(second); // released by the guard
     let mut third = lease::acquire(a, "job", Duration::from_millis(50)).unwrap();
-    assert_eq!(third.fence(), Fence(fence.0 + 2));
+    assert!(third.fence() > fence, "{:?} after {fence:?}", third.fence());
     // Past its TTL it cannot be renewed, even with nobody else holding it.
     thread::sleep(Duration::from_millis(150));
     assert!(matches!(third.renew(), Err(Error::LeaseLost)));
     drop(third);
 
     // Names are separate leases, compared exactly.
-    let upper = lease::acquire(a, "Job", ttl).unwrap();
-    let spaced = lease::acquire(b, "job ", ttl).unwrap();
-    assert_eq!((upper.fence(), spaced.fence()), (Fence(1), Fence(1)));
-    drop((upper, spaced));
+    let held = lease::acquire(a, "job", ttl).unwrap();
+    let fence = held.fence();
+    for other in ["Job", "job "] {
+        drop(lease::acquire(b, other, ttl).expect("another name is another lease"));
+    }
+    drop(held);
 
     // The closure form releases on every path.
     let err = lease::with_lease(a, "job", ttl, |_| Err::<(), _>(Error::NoRowMatched)).unwrap_err();
@@ -173,12 +177,9 @@ fn lifecycle<S: LeaseStore>(a: &mut S, b: &mut S) {
         })
     }));
     assert!(panicked.is_err());
-    let fences = lease::with_lease(b, "job", ttl, |held| Ok::<_, Error>(held.fence())).unwrap();
-    assert_eq!(
-        fences,
-        Fence(fence.0 + 5),
-        "released after the error and the panic"
-    );
+    let last = lease::with_lease(b, "job", ttl, |held| Ok::<_, Error>(held.fence()))
+        .expect("released after the error and the panic");
+    assert!(last > fence, "{last:?} after {fence:?}");
 
     let long = "n".repeat(256);
     for (name, ttl) in [
@@ -340,49 +341,45 @@ lockkit_tests::backend_tests! {
         contend(|| redis.store(), || db.connect());
     }
 
-    fn redis_restart_without_persistence_stalls_fenced_writes_until_the_fence_is_raised(db) {
+    fn redis_restart_without_persistence_never_hands_a_fence_out_again(db) {
         use lockkit::lease::redis::client::Commands;
         let mut data = db.connect();
         setup(&mut data, BACKEND);
         let redis = TestRedis::new(&format!("{BACKEND}_restart"));
-        let mut store = redis.store();
-        for _ in 0..3 {
+        let (mut store, mut other) = (redis.store(), redis.store());
+        let keys = [store.lease_key("doc"), store.fence_key("doc")];
+        let first = lease::acquire(&mut store, "doc", Duration::from_secs(30)).unwrap().fence();
+        for _ in 0..2 {
             let held = lease::acquire(&mut store, "doc", Duration::from_secs(30)).unwrap();
             write_body(&mut data, Some(held.fence()), "before the restart").unwrap();
         }
-        // A restart of a Redis that keeps nothing: both keys are gone.
+        // A holder from before the restart, still working.
+        let old = lease::acquire(&mut other, "doc", Duration::from_secs(30)).unwrap();
+        write_body(&mut data, Some(old.fence()), "by the old holder").unwrap();
+        // A restart of a Redis that keeps nothing: both keys are gone, and the
+        // next grant goes to a new holder.
         let mut conn = client(&redis);
-        let keys = [store.lease_key("doc"), store.fence_key("doc")];
-        let forget = |conn: &mut lockkit::lease::redis::client::Connection| {
-            let _: i64 = conn.del(&keys).unwrap();
-        };
-        forget(&mut conn);
-        let held = lease::acquire(&mut store, "doc", Duration::from_secs(30)).unwrap();
-        assert_eq!(held.fence(), Fence(1), "the counter starts again");
-        let stalled = write_body(&mut data, Some(held.fence()), "after the restart");
-        assert!(matches!(stalled, Err(Error::Fenced { current: 3, .. })), "{stalled:?}");
-        held.release().unwrap();
-        // Why the counter must be raised, not left to climb: the grant whose
-        // fence reaches the recorded one is admitted, beside the holder of the
-        // same number from before the restart, which may still be writing.
-        let second = lease::acquire(&mut store, "doc", Duration::from_secs(30)).unwrap();
-        assert_eq!(second.fence(), Fence(2));
-        second.release().unwrap();
-        let twin = lease::acquire(&mut store, "doc", Duration::from_secs(30)).unwrap();
-        assert_eq!(twin.fence(), Fence(3), "the last fence before the restart, again");
-        write_body(&mut data, Some(twin.fence()), "a second holder of fence 3").unwrap();
-        assert_eq!(data.body(), "a second holder of fence 3");
-        twin.release().unwrap();
-        forget(&mut conn);
-        // The way back: raise the counter past what the fences table has seen.
-        let seen: i64 = diesel::dsl::sql::<diesel::sql_types::BigInt>("SELECT MAX(fence) FROM lockkit_fences")
-            .get_result(&mut data)
-            .unwrap();
-        store.raise_fence("doc", Fence(seen)).unwrap();
-        let held = lease::acquire(&mut store, "doc", Duration::from_secs(30)).unwrap();
-        assert_eq!(held.fence(), Fence(4));
-        write_body(&mut data, Some(held.fence()), "after the restart").unwrap();
-        assert_eq!(data.body(), "after the restart");
+        let _: i64 = conn.del(&keys).unwrap();
+        let new = lease::acquire(&mut store, "doc", Duration::from_secs(30)).unwrap();
+        assert!(new.fence() > old.fence(), "{:?} after {:?}", new.fence(), old.fence());
+        write_body(&mut data, Some(new.fence()), "by the new holder").unwrap();
+        // The old holder writes again: refused, the new holder's data stands.
+        let late = write_body(&mut data, Some(old.fence()), "by the old holder, late");
+        assert!(matches!(late, Err(Error::Fenced { .. })), "{late:?}");
+        assert_eq!(data.body(), "by the new holder");
+        let (old_fence, new_fence) = (old.fence(), new.fence());
+        drop(new);
+        drop(old);
+
+        // A Redis restored from an older snapshot (or a replica promoted
+        // before the last grants reached it): the counter is back at the
+        // first fence. The next grant is still past every fence issued.
+        let _: () = conn.set(&keys[1], first.0).unwrap();
+        let restored = lease::acquire(&mut other, "doc", Duration::from_secs(30)).unwrap();
+        assert!(restored.fence() > new_fence, "{:?} after {new_fence:?}", restored.fence());
+        write_body(&mut data, Some(restored.fence()), "after the restore").unwrap();
+        assert!(matches!(write_body(&mut data, Some(old_fence), "late"), Err(Error::Fenced { .. })));
+        assert_eq!(data.body(), "after the restore");
     }
 
     fn db_lease_is_refused_inside_a_transaction(db) {
@@ -448,6 +445,7 @@ fn redis_keys_are_the_documented_ones_and_the_fence_outlives_the_lease() {
     let mut store = redis.store();
     let held = lease::acquire(&mut store, "report", Duration::from_secs(10)).unwrap();
     let token = held.token().to_owned();
+    let held_fence = held.fence();
     drop(held);
     let lease_key = format!("{}lease:report", redis.prefix);
     let fence_key = format!("{}fence:report", redis.prefix);
@@ -459,19 +457,30 @@ fn redis_keys_are_the_documented_ones_and_the_fence_outlives_the_lease() {
     let held_now: Option<String> = conn.get(&lease_key).unwrap();
     assert_eq!(held_now, None, "released: the lease key is gone");
     let fence: i64 = conn.get(&fence_key).unwrap();
-    assert_eq!(fence, 1, "the fence counter stays");
+    assert_eq!(Fence(fence), held_fence, "the fence counter stays");
     assert_eq!(token.len(), 32);
 
-    // A restart without persistence forgets the counter; raise_fence brings it back.
+    // raise_fence puts the counter ahead of the server's clock (fences a
+    // store with a slower clock issued): the next grant follows it.
     let _: i64 = conn.del(&fence_key).unwrap();
-    assert_eq!(store.raise_fence("report", Fence(41)).unwrap(), Fence(41));
+    let ahead = Fence(held_fence.0 + 3_600_000_000); // an hour of microseconds
+    assert_eq!(store.raise_fence("report", ahead).unwrap(), ahead);
     assert_eq!(
         store.raise_fence("report", Fence(7)).unwrap(),
-        Fence(41),
+        ahead,
         "never lowered"
     );
+    for beyond in [Fence(-1), Fence(1 << 53 | 1), Fence(i64::MAX)] {
+        assert!(
+            matches!(
+                store.raise_fence("report", beyond),
+                Err(Error::InvalidInput(_))
+            ),
+            "{beyond:?}"
+        );
+    }
     let held = lease::acquire(&mut store, "report", Duration::from_secs(10)).unwrap();
-    assert_eq!(held.fence(), Fence(42));
+    assert_eq!(held.fence(), Fence(ahead.0 + 1));
     let ttl: i64 = conn.pttl(&lease_key).unwrap();
     assert!((1..=10_000).contains(&ttl), "PX ttl {ttl}");
 }

@@ -26,7 +26,7 @@
 //!   (`lockkit::lease::POSTGRES_MIGRATIONS`, `MYSQL_MIGRATIONS`, `SQLITE_MIGRATIONS`).
 //!   The same migration creates `lockkit_fences`, the table of [`fenced`].
 //! * **Redis** (feature `redis`): [`redis::RedisStore`], `SET key token NX PX ttl`
-//!   and `INCR` in one Lua script, compare-and-delete and compare-and-extend
+//!   and the next fence in one Lua script, compare-and-delete and compare-and-extend
 //!   scripts. Fenced writes still go to the database.
 //!
 //! ```
@@ -93,20 +93,19 @@
 //!   records the fence. An e-mail sent, a file written or an API called by a holder
 //!   that overran its lease is not stopped.
 //! * **Redis without persistence or replication** forgets its leases when it
-//!   restarts, so a second holder gets the lease while the first still works,
-//!   and it forgets the fence counter: the new grants' fences start again at 1,
-//!   below the fences `lockkit_fences` has recorded. The new holders' fenced
-//!   writes are refused while their fences are lower than the recorded one, but
-//!   the grant whose fence climbs back to it is admitted (a fenced write admits
-//!   the recorded fence: its holder writes more than once), beside the holder
-//!   of the same number from before the restart, which may still be writing.
-//!   So after a restart, raise the counter past the recorded fences
-//!   ([`redis::RedisStore::raise_fence`]) before any grant: fencing keeps the
-//!   data safe only then. A replica promoted after a failover may lack the last
-//!   grants in the same way, and so may a database store restored from a
-//!   backup (raise `lockkit_leases.fence` there). Run Redis with AOF
-//!   (`appendfsync always`) if that matters, or keep the leases in the database.
-//!   Without fenced writes, a restart means two holders writing.
+//!   restarts, so a second holder gets the lease while the first still works:
+//!   only fenced writes stop the first. Redis also forgets the fence counter
+//!   then (or takes it back, restarted from an older snapshot or failed over
+//!   to a replica that lacked the last grants), so each grant's fence is the
+//!   counter plus one or the server's clock in microseconds, whichever is
+//!   larger: the next grant is past every fence issued before, unless the
+//!   server's clock was set back past the last one. After such a step, raise
+//!   the counter past the recorded fences ([`redis::RedisStore::raise_fence`])
+//!   before any grant. A database store restored from a backup may likewise
+//!   lack the last grants: raise `lockkit_leases.fence` there. Run Redis with
+//!   AOF (`appendfsync always`) if a second holder for a while matters, or keep
+//!   the leases in the database. Without fenced writes, a restart means two
+//!   holders writing.
 //! * **The database store's grant is committed on its own**: [`acquire`] and
 //!   [`Lease::renew`] refuse to run inside a transaction
 //!   ([`Error::AlreadyInTransaction`]): a grant rolled back with its transaction

@@ -12,10 +12,16 @@
 //! first `NOSCRIPT`), so each is atomic on the server:
 //!
 //! * **acquire**: `SET lease token NX PX ttl`, and only when that set the key,
-//!   `INCR fence`. The well-known recipe takes the lock and the fence in two
-//!   calls; a holder that pauses between them (or a client that dies there)
-//!   would leave a grant without a fence, or take a fence after a newer holder's.
-//!   One script issues both at once.
+//!   the next fence: the counter plus one, or the server's clock (`TIME`) in
+//!   microseconds when that is larger. The well-known recipe takes the lock and
+//!   an `INCR`ed fence in two calls; a holder that pauses between them (or a
+//!   client that dies there) would leave a grant without a fence, or take a
+//!   fence after a newer holder's. One script issues both at once. The clock
+//!   is what keeps a fence from being issued twice when Redis loses the counter
+//!   (a restart without persistence) or takes it back (a restart from an older
+//!   snapshot, a replica promoted before the last grants reached it): the next
+//!   grant is past every fence issued before, as long as the server's clock has
+//!   not been set back past the last one.
 //! * **renew**: `PEXPIRE lease ttl` only when `GET lease` is the caller's token
 //!   (compare and extend).
 //! * **release**: `DEL lease` only when `GET lease` is the caller's token
@@ -24,9 +30,9 @@
 //!
 //! The scripts are in the repository's `docs/SQL.md`. They name both keys in
 //! `KEYS`, so the two keys must live on one server: a single Redis (or one with
-//! replicas), not Redis Cluster. See the [limits](super#what-a-lease-does-not-give-the-limits)
-//! for what a restart without persistence does, and [`RedisStore::raise_fence`]
-//! for the way back.
+//! replicas), not Redis Cluster; Redis 5 or later (a script that reads `TIME`
+//! and then writes). See the [limits](super#what-a-lease-does-not-give-the-limits)
+//! for what a restart without persistence does.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -52,9 +58,20 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_FENCE_LUA));
 
 /// KEYS: lease, fence. ARGV: token, TTL in ms. The new fence, or nil when held.
+///
+/// The fence is the counter plus one, or the server's clock in microseconds
+/// when that is larger: a counter that a restart forgot, or a snapshot or a
+/// promoted replica took back, starts again past every fence issued before.
 pub const ACQUIRE_LUA: &str = "\
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return redis.call('INCR', KEYS[2])
+  local now = redis.call('TIME')
+  local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local fence = tonumber(redis.call('GET', KEYS[2]) or '0') + 1
+  if fence < clock then
+    fence = clock
+  end
+  redis.call('SET', KEYS[2], string.format('%.0f', fence))
+  return fence
 end
 return false";
 
@@ -71,6 +88,10 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0";
+
+/// The largest fence the scripts count exactly: Lua's numbers are doubles.
+/// The clock reaches it in the year 2255.
+const MAX_FENCE: i64 = 1 << 53;
 
 /// KEYS: fence. ARGV: the least fence. The counter afterwards.
 pub const RAISE_FENCE_LUA: &str = "\
@@ -127,18 +148,24 @@ impl<C: ConnectionLike> RedisStore<C> {
     }
 
     /// Raises `name`'s fence counter to at least `at_least`, and returns it: the
-    /// next grant gets a larger fence. For after a Redis restart that forgot the
-    /// counter, before any grant: raise it to the largest fence your fenced
-    /// writes recorded (`SELECT MAX(fence) FROM lockkit_fences`). Otherwise
-    /// fenced writes are refused until the counter climbs back to that fence,
-    /// and the grant that reaches it shares its number with the holder from
-    /// before the restart: both are admitted.
+    /// next grant gets a larger fence. A grant's fence is already past the
+    /// server's clock in microseconds, so a restart that forgot the counter
+    /// needs nothing; raise it by hand only when the clock may be behind the
+    /// fences `lockkit_fences` recorded (`SELECT MAX(fence) FROM
+    /// lockkit_fences`): after the server's clock was set back, or when
+    /// another store issued fences for the same resources.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] for a bad name (nothing is sent), or [`Error::Redis`].
+    /// [`Error::InvalidInput`] for a bad name or a fence outside 0 to 2^53
+    /// (Lua counts in doubles; nothing is sent), or [`Error::Redis`].
     pub fn raise_fence(&mut self, name: &str, at_least: Fence) -> Result<Fence, Error> {
         check_name(name)?;
+        if !(0..=MAX_FENCE).contains(&at_least.0) {
+            return Err(Error::InvalidInput(
+                "Redis fences are 0 to 2^53 (Lua counts in doubles)",
+            ));
+        }
         let fence = RAISE_FENCE
             .key(self.fence_key(name))
             .arg(at_least.0)
