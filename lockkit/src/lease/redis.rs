@@ -62,14 +62,19 @@ static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_FENCE_
 /// The fence is the counter plus one, or the server's clock in microseconds
 /// when that is larger: a counter that a restart forgot, or a snapshot or a
 /// promoted replica took back, starts again past every fence issued before.
+/// A counter at 2^53 - 1 (raised there by hand) grants no more: an error,
+/// never a fence issued twice.
 pub const ACQUIRE_LUA: &str = "\
+local now = redis.call('TIME')
+local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local fence = tonumber(redis.call('GET', KEYS[2]) or '0') + 1
+if fence < clock then
+  fence = clock
+end
+if fence >= 9007199254740992 then
+  return redis.error_reply('lockkit: the fence counter reached 2^53')
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local now = redis.call('TIME')
-  local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local fence = tonumber(redis.call('GET', KEYS[2]) or '0') + 1
-  if fence < clock then
-    fence = clock
-  end
   redis.call('SET', KEYS[2], string.format('%.0f', fence))
   return fence
 end
@@ -89,9 +94,10 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0";
 
-/// The largest fence the scripts count exactly: Lua's numbers are doubles.
-/// The clock reaches it in the year 2255.
-const MAX_FENCE: i64 = 1 << 53;
+/// The largest fence [`RedisStore::raise_fence`] sets: Lua's numbers are
+/// doubles, exact below 2^53, where [`ACQUIRE_LUA`] stops granting (an error,
+/// never a fence issued twice). The clock reaches it in the year 2255.
+const MAX_FENCE: i64 = (1 << 53) - 1;
 
 /// KEYS: fence. ARGV: the least fence. The counter afterwards.
 pub const RAISE_FENCE_LUA: &str = "\
@@ -157,13 +163,13 @@ impl<C: ConnectionLike> RedisStore<C> {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] for a bad name or a fence outside 0 to 2^53
+    /// [`Error::InvalidInput`] for a bad name or a fence outside 0 to 2^53 - 1
     /// (Lua counts in doubles; nothing is sent), or [`Error::Redis`].
     pub fn raise_fence(&mut self, name: &str, at_least: Fence) -> Result<Fence, Error> {
         check_name(name)?;
         if !(0..=MAX_FENCE).contains(&at_least.0) {
             return Err(Error::InvalidInput(
-                "Redis fences are 0 to 2^53 (Lua counts in doubles)",
+                "Redis fences are 0 to 2^53 - 1 (Lua counts in doubles)",
             ));
         }
         let fence = RAISE_FENCE
