@@ -628,6 +628,9 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         UpdateVersioned<Self, BySql<C>>: ExecuteDsl<Conn>,
     {
         let order = key_order::<Self, _>(rows)?;
+        // Before the savepoint, which SQLite would open as a transaction of
+        // its own after a rollback of the caller's whole transaction.
+        crate::transaction::refuse_if_ended_on_sqlite(conn)?;
         let nested = crate::transaction::in_transaction(conn);
         conn.transaction(|conn| {
             let mut versions = vec![None; rows.len()];
