@@ -988,4 +988,45 @@ mod sqlite_only {
             .await;
         nothing_committed!(&mut conn, [0, 5], outcome, written.into_inner().unwrap());
     }
+
+    #[tokio::test]
+    async fn every_lockkit_call_after_a_statement_that_rolled_back_the_whole_transaction_refuses() {
+        let (_db, mut conn) = out_of_stock_db(
+            "async_raise_rollback_every",
+            &[(1, 0), (2, 5), (3, 5), (4, 5)],
+        )
+        .await;
+        let after = Mutex::new(Vec::new());
+        let outcome = lockkit::asynchronous::locked_transaction(
+            &mut conn,
+            LockOptions::default(),
+            async |conn: &mut Async| {
+                sell!(&mut *conn, 3).await?;
+                assert!(
+                    sell!(&mut *conn, 1).await.is_err(),
+                    "item 1 is out of stock"
+                );
+                // Item after item: not one of them may commit on its own.
+                for id in [2, 4] {
+                    let sold = sell!(&mut *conn, id).await;
+                    after.lock().unwrap().push(sold);
+                }
+                Ok::<_, Error>(())
+            },
+        )
+        .await;
+        for sold in after.into_inner().unwrap() {
+            nothing_committed!(&mut conn, [0, 5, 5, 5], outcome, Some(sold));
+        }
+        assert!(outcome.is_err(), "{outcome:?}");
+        // The connection is whole again once the transaction ended.
+        sell!(&mut conn, 4).await.unwrap();
+        let stocks: Vec<i32> = items::table
+            .order(items::id)
+            .select(items::stock)
+            .load(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(stocks, [0, 5, 5, 4]);
+    }
 }

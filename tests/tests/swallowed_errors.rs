@@ -386,6 +386,113 @@ mod sqlite_only {
         assert_eq!(unpublished, 0, "no message committed on its own");
     }
 
+    /// Every call's result is `TransactionAborted`.
+    fn all_refused<T: Debug>(calls: &[Result<T, Error>]) {
+        for call in calls {
+            assert!(
+                matches!(call, Err(Error::TransactionAborted(_))),
+                "refused: {calls:?}"
+            );
+        }
+    }
+
+    /// The stocks, by id.
+    fn stocks(db: &TestDb<SqliteConnection>) -> Vec<i32> {
+        items::table
+            .order(items::id)
+            .select(items::stock)
+            .load(&mut db.conn())
+            .unwrap()
+    }
+
+    #[test]
+    fn every_lockkit_call_after_a_statement_that_rolled_back_the_whole_transaction_refuses() {
+        use lockkit::prelude::*;
+        let db = out_of_stock_db("raise_rollback_every", &[(1, 0), (2, 5), (3, 5), (4, 5)]);
+        let mut conn = db.connect();
+        let mut item_4: Item = items::table.find(4).first(&mut conn).unwrap();
+        let mut after = Vec::new();
+        let outcome = lockkit::locked_transaction(&mut conn, LockOptions::default(), |conn| {
+            sell(conn, 3)?;
+            assert!(sell(conn, 1).is_err());
+            // The work tries item after item: not one of them may commit on
+            // its own.
+            after.push(sell(conn, 2));
+            after.push(sell(conn, 4));
+            item_4.stock -= 1;
+            after.push(item_4.update_versioned(conn));
+            after.push(Item::update_all_by_version(conn, &[(2, 0)], items::stock.eq(0)).map(drop));
+            Ok::<_, Error>(())
+        });
+        all_refused(&after);
+        assert!(outcome.is_err(), "{outcome:?}");
+        assert_eq!(stocks(&db), [0, 5, 5, 5], "nothing committed");
+        // The connection is whole again once the transaction ended.
+        sell(&mut conn, 4).unwrap();
+        assert_eq!(stocks(&db), [0, 5, 5, 4]);
+    }
+
+    #[test]
+    fn every_lockkit_call_in_your_own_transaction_after_it_was_rolled_back_whole_refuses() {
+        let db = out_of_stock_db("raise_rollback_every_own", &[(1, 0), (2, 5), (3, 5)]);
+        let mut conn = db.connect();
+        let mut after = Vec::new();
+        let outcome = diesel::Connection::transaction(&mut conn, |conn| {
+            oversell_item_1(conn);
+            after.push(sell(conn, 2));
+            after.push(sell(conn, 3));
+            Ok::<_, diesel::result::Error>(())
+        });
+        all_refused(&after);
+        assert!(outcome.is_err(), "{outcome:?}");
+        assert_eq!(stocks(&db), [0, 5, 5], "nothing committed");
+        sell(&mut conn, 3).unwrap();
+        assert_eq!(stocks(&db), [0, 5, 4]);
+    }
+
+    #[test]
+    fn a_bulk_versioned_update_after_your_own_statement_rolled_back_the_whole_transaction_commits_nothing(
+    ) {
+        use lockkit::prelude::*;
+        let db = out_of_stock_db("raise_rollback_bulk", &[(1, 0), (2, 5)]);
+        let mut conn = db.connect();
+        let mut written = None;
+        let outcome = diesel::Connection::transaction(&mut conn, |conn| {
+            oversell_item_1(conn);
+            written = Some(Item::update_all_by_version(
+                conn,
+                &[(2, 0)],
+                items::stock.eq(4),
+            ));
+            Ok::<_, diesel::result::Error>(())
+        });
+        nothing_committed(&db, &[0, 5], &outcome, written);
+        assert!(outcome.is_err(), "{outcome:?}");
+    }
+
+    #[test]
+    fn lockkit_calls_after_a_nested_call_found_the_whole_transaction_rolled_back_refuse() {
+        let db = out_of_stock_db("raise_rollback_nested", &[(1, 0), (2, 5), (3, 5), (4, 5)]);
+        let mut conn = db.connect();
+        let mut after = Vec::new();
+        let outcome = lockkit::locked_transaction(&mut conn, LockOptions::default(), |conn| {
+            sell(conn, 3)?;
+            let nested = lockkit::locked_transaction(conn, LockOptions::default(), |conn| {
+                oversell_item_1(conn);
+                sell(conn, 2)
+            });
+            assert!(nested.is_err(), "{nested:?}");
+            after.push(sell(conn, 4));
+            after.push(sell(conn, 2));
+            Ok::<_, Error>(())
+        });
+        all_refused(&after);
+        assert!(outcome.is_err(), "{outcome:?}");
+        assert_eq!(stocks(&db), [0, 5, 5, 5], "nothing committed");
+        sell(&mut conn, 2).unwrap();
+        assert_eq!(stocks(&db), [0, 4, 5, 5]);
+    }
+
     #[test]
     fn a_failed_statement_that_ends_only_itself_leaves_the_transaction_to_lockkit_calls() {
         // SQLite's default: a constraint's error ends its statement only. The

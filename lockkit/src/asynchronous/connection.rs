@@ -698,17 +698,28 @@ async fn ended_unwatched<C: AsyncLockingConnection>(conn: &mut C) -> Option<Erro
 pub(crate) async fn refuse_if_ended_on_sqlite<C: AsyncConnection>(
     conn: &mut C,
 ) -> Result<(), Error> {
-    let Some(cause) = journal::take_failed(&mut journal::AsyncWatched(&mut *conn)) else {
+    let watched = &mut journal::AsyncWatched(&mut *conn);
+    if let Some(cause) = journal::orphaned(watched) {
+        return Err(journal::aborted(watched, cause));
+    }
+    let Some(failed) = journal::take_failed_statement(watched) else {
         return Ok(());
     };
     let _ = conn.batch_execute(crate::transaction::SQLITE_PROBE).await;
     // The probe's own failure is no news.
     let _ = journal::take_failed(&mut journal::AsyncWatched(&mut *conn));
+    let Some(depth) = journal::ended_unseen(&mut journal::AsyncWatched(&mut *conn)) else {
+        return Ok(());
+    };
+    // As on the blocking side: the callers' code still runs and counts the
+    // transaction open.
+    crate::transaction::restore_depth(
+        C::TransactionManager::transaction_manager_status_mut(conn),
+        depth,
+    );
     let watched = &mut journal::AsyncWatched(conn);
-    match journal::ended_unseen(watched) {
-        true => Err(journal::aborted(watched, cause)),
-        false => Ok(()),
-    }
+    let cause = journal::orphan(watched, failed, depth);
+    Err(journal::aborted(watched, cause))
 }
 
 /// The blocking side's [`check_write`](crate::transaction::check_write) on an

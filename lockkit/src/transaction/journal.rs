@@ -277,6 +277,11 @@ struct Aborts {
     /// rolled back the whole transaction, which neither SQLite's answer nor
     /// Diesel's connection reports as such.
     failed: Option<(DatabaseErrorKind, String)>,
+    /// SQLite rolled back the whole transaction under callers whose code still
+    /// runs and counts it open (`transaction::ended_on_sqlite` found it and
+    /// put Diesel's depth back): every lockkit call refuses until the
+    /// outermost one ends it, which Diesel tells as the end of depth 1.
+    orphaned: Option<Orphan>,
     /// Diesel told of a `BEGIN` or `SAVEPOINT` whose answer has not come: if
     /// it fails, the level never opened.
     opening: bool,
@@ -310,6 +315,15 @@ struct Aborts {
     missed: bool,
 }
 
+/// What [`Aborts::orphaned`] keeps: the error of the statement that rolled the
+/// whole transaction back, and the depth its callers count open now.
+#[derive(Debug)]
+struct Orphan {
+    kind: DatabaseErrorKind,
+    message: String,
+    depth: u32,
+}
+
 impl Aborts {
     /// The open transaction ended (or the session did): every abort reported in
     /// it is settled.
@@ -335,6 +349,9 @@ impl Aborts {
             InstrumentationEvent::BeginTransaction { depth, .. } => {
                 self.depth = depth.get();
                 self.opening = true;
+                if depth.get() == 1 {
+                    self.orphaned = None;
+                }
             }
             InstrumentationEvent::FinishQuery { error: Some(_), .. }
                 if std::mem::take(&mut self.opening) =>
@@ -348,6 +365,9 @@ impl Aborts {
                 self.depth = depth.get() - 1;
                 let rollback = matches!(event, InstrumentationEvent::RollbackTransaction { .. });
                 if self.depth == 0 {
+                    // The outermost caller ends the transaction, also one
+                    // SQLite rolled back under it.
+                    self.orphaned = None;
                     self.closed();
                 } else if rollback && self.ends == Ends::UntilSavepointRollback {
                     self.reviving = self.ended_by.is_some();
@@ -987,11 +1007,71 @@ pub(crate) fn ended_by<W: Watched>(conn: &mut W) -> Option<Error> {
 /// may have rolled the whole transaction back; forgotten once taken. `None`
 /// when none did, on the other backends, or where no journal watches `conn`.
 pub(crate) fn take_failed<W: Watched>(conn: &mut W) -> Option<Error> {
-    let journal = journal_of(conn)?;
-    let (kind, message) = journal.aborts.failed.take()?;
-    Some(classification::recall(
-        diesel::result::Error::DatabaseError(kind, Box::new(message)),
+    let (kind, message) = take_failed_statement(conn)?;
+    Some(recall(kind, message))
+}
+
+/// [`take_failed`]'s statement error, as the journal keeps it.
+pub(crate) fn take_failed_statement<W: Watched>(
+    conn: &mut W,
+) -> Option<(DatabaseErrorKind, String)> {
+    journal_of(conn)?.aborts.failed.take()
+}
+
+fn recall(kind: DatabaseErrorKind, message: String) -> Error {
+    classification::recall(diesel::result::Error::DatabaseError(
+        kind,
+        Box::new(message),
     ))
+}
+
+/// SQLite: `failed` rolled back the whole transaction on `conn` under callers
+/// that count `depth` levels open; lockkit refuses until the outermost ends
+/// it ([`orphaned`]). Returns its error.
+pub(crate) fn orphan<W: Watched>(
+    conn: &mut W,
+    (kind, message): (DatabaseErrorKind, String),
+    depth: u32,
+) -> Error {
+    if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
+        journal.aborts.orphaned = Some(Orphan {
+            kind,
+            message: message.clone(),
+            depth,
+        });
+    }
+    recall(kind, message)
+}
+
+/// SQLite: the error of the statement that rolled back the whole transaction
+/// under the callers still running on `conn` ([`Aborts::orphaned`]), while
+/// Diesel counts a transaction open. Where Diesel counts none (a failed
+/// statement of the caller's own reset its count: lockkit can no longer tell
+/// whether the callers still run), it is forgotten.
+pub(crate) fn orphaned<W: Watched>(conn: &mut W) -> Option<Error> {
+    let open = conn.depth().is_some();
+    let journal = conn.slot().downcast_mut::<Journal>()?;
+    if !open {
+        journal.aborts.orphaned = None;
+    }
+    let orphan = journal.aborts.orphaned.as_ref()?;
+    Some(recall(orphan.kind, orphan.message.clone()))
+}
+
+/// At the end of a lockkit call's level on `conn` (`nested`: inside its
+/// caller's), while SQLite's whole-transaction rollback is orphaned: the
+/// outermost call forgets it; a nested one hands back the depth its caller
+/// counts, which Diesel dropped when the level's `RELEASE` (or `ROLLBACK TO`)
+/// failed in autocommit. `None` when nothing is to be put back.
+pub(crate) fn level_ended_orphaned<W: Watched>(conn: &mut W, nested: bool) -> Option<u32> {
+    let journal = conn.slot().downcast_mut::<Journal>()?;
+    let orphan = journal.aborts.orphaned.as_mut()?;
+    if !nested || orphan.depth <= 1 {
+        journal.aborts.orphaned = None;
+        return None;
+    }
+    orphan.depth -= 1;
+    Some(orphan.depth)
 }
 
 /// Whether the transaction that the journal of `conn` has open is deeper than
@@ -999,13 +1079,15 @@ pub(crate) fn take_failed<W: Watched>(conn: &mut W) -> Option<Error> {
 /// without an event when a statement fails where SQLite has no transaction
 /// open any more (see `transaction::ended_on_sqlite`). The journal then takes
 /// the levels Diesel dropped for rolled back, as SQLite has them.
-pub(crate) fn ended_unseen<W: Watched>(conn: &mut W) -> bool {
+///
+/// Returns the depth the journal had open (the levels the callers count),
+/// when it was deeper.
+pub(crate) fn ended_unseen<W: Watched>(conn: &mut W) -> Option<u32> {
     let now = conn.depth().unwrap_or(0);
-    let Some(journal) = conn.slot().downcast_mut::<Journal>() else {
-        return false;
-    };
-    if journal.aborts.depth <= now {
-        return false;
+    let journal = conn.slot().downcast_mut::<Journal>()?;
+    let open = journal.aborts.depth;
+    if open <= now {
+        return None;
     }
     journal.committing = false;
     journal.ended(End::RolledBack { depth: now + 1 });
@@ -1013,7 +1095,7 @@ pub(crate) fn ended_unseen<W: Watched>(conn: &mut W) -> bool {
     if now == 0 {
         journal.aborts.closed();
     }
-    true
+    Some(open)
 }
 
 /// Before a write statement of lockkit's that runs in the caller's transaction

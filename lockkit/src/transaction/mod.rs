@@ -167,11 +167,41 @@ pub(crate) fn ended_by_statement<C: Control>(conn: &mut C) -> Option<Error> {
 /// last asked, or may have before its journal watched the connection; on the
 /// other backends, never.
 pub(crate) fn ended_on_sqlite<C: Connection>(conn: &mut C) -> Option<Error> {
-    let cause = journal::take_failed(conn)?;
+    if let Some(cause) = journal::orphaned(conn) {
+        return Some(cause);
+    }
+    let failed = journal::take_failed_statement(conn)?;
     let _ = conn.batch_execute(SQLITE_PROBE);
     // The probe's own failure is no news.
     let _ = journal::take_failed(conn);
-    journal::ended_unseen(conn).then_some(cause)
+    let depth = journal::ended_unseen(conn)?;
+    // The callers' code still runs and counts the transaction open: Diesel's
+    // count says so again, so that lockkit's later calls in it refuse too
+    // (`journal::orphaned`) and the outermost caller's end, which Diesel
+    // tells, closes it.
+    restore_depth(
+        C::TransactionManager::transaction_manager_status_mut(conn),
+        depth,
+    );
+    Some(journal::orphan(conn, failed, depth))
+}
+
+/// Puts Diesel's (or diesel-async's) count of open levels back up to `depth`
+/// where SQLite's rollback of the whole transaction dropped it (see
+/// [`ended_on_sqlite`]); the server has no transaction open, as without
+/// lockkit's question.
+pub(crate) fn restore_depth(status: &mut diesel::connection::TransactionManagerStatus, depth: u32) {
+    use diesel::connection::{TransactionDepthChange, TransactionManagerStatus};
+    if let TransactionManagerStatus::Valid(valid) = status {
+        while valid.transaction_depth().map_or(0, |d| d.get()) < depth {
+            if valid
+                .change_transaction_depth(TransactionDepthChange::IncreaseDepth)
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
 }
 
 /// [`ended_on_sqlite`]'s statement: the release of a savepoint that no one
@@ -592,6 +622,12 @@ where
         // Rolled back: this call's level, the one above the caller's.
         let level = transaction_depth(conn) + 1;
         rolled_back(conn, level);
+    }
+    if let Some(depth) = journal::level_ended_orphaned(conn, nested) {
+        restore_depth(
+            C::TransactionManager::transaction_manager_status_mut(conn),
+            depth,
+        );
     }
     if !nested {
         redo(conn);
