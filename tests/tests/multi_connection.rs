@@ -523,3 +523,36 @@ fn a_nested_call_through_the_enum_after_sqlite_rolled_back_the_transaction_commi
         "{fallback:?}"
     );
 }
+
+/// As above, in a transaction of your own (Diesel's), where `with_lock` is the
+/// connection's first lockkit call: the journal it installs learns SQLite's
+/// rule from the connection inside the enum, and asks.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_first_call_through_the_enum_in_your_transaction_after_sqlite_rolled_it_back_commits_nothing() {
+    let db = TestDb::<diesel::SqliteConnection>::new("multi_raise_rollback_own");
+    seed_items(&mut db.conn(), &[(1, 0), (2, 5)]);
+    exec(
+        &mut db.conn(),
+        lockkit_tests::SQLITE_OUT_OF_STOCK_ROLLS_BACK,
+    );
+    let mut conn = any(&db);
+    let mut fallback = None;
+    let outcome = diesel::Connection::transaction(&mut conn, |conn: &mut AnyConnection| {
+        let failed = diesel::update(items::table.find(1))
+            .set(items::stock.eq(-1))
+            .execute(conn);
+        assert!(failed.is_err(), "item 1 is out of stock");
+        fallback = Some(sell_locked(conn, 2, LockOptions::default()));
+        Ok::<_, diesel::result::Error>(())
+    });
+    assert_eq!(
+        stock(&mut conn, 2),
+        5,
+        "nothing committed; the transaction said {outcome:?}"
+    );
+    assert!(
+        matches!(fallback, Some(Err(Error::TransactionAborted(_)))),
+        "{fallback:?}"
+    );
+}

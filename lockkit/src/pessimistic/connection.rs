@@ -295,7 +295,7 @@ where
     E: From<Error>,
     F: FnOnce(&mut H) -> Result<T, E>,
 {
-    crate::transaction::refuse_if_ended_on_sqlite(conn)?;
+    crate::transaction::refuse_if_ended(conn)?;
     refuse_open_transaction(conn)?;
     let mut guard = PanicGuard::default();
     let result = transaction_sql::<I, _, _, _>(conn, begin, |conn| {
@@ -657,7 +657,7 @@ pub(crate) mod sqlite {
         E: From<Error>,
         F: FnOnce(&mut H) -> Result<T, E>,
     {
-        crate::transaction::refuse_if_ended_on_sqlite(conn)?;
+        crate::transaction::refuse_if_ended(conn)?;
         let wait = options.wait_mode();
         let nested = in_transaction(conn);
         // The busy timeout is set in one batch with the statement that takes

@@ -586,6 +586,16 @@ pub(crate) fn is_broken(status: &mut diesel::connection::TransactionManagerStatu
     status.transaction_depth().is_err()
 }
 
+/// [`refuse_if_ended_on_sqlite`] before a lockkit transaction begins on `conn`,
+/// whose rule the journal learns first from the connection ([`Control::ends`]:
+/// the one inside a `MultiConnection` enum, whose backend type names no
+/// server), so that a journal installed now, inside the caller's transaction,
+/// asks SQLite.
+pub(crate) fn refuse_if_ended<C: Control>(conn: &mut C) -> Result<(), Error> {
+    journal::watch(conn, C::ends);
+    refuse_if_ended_on_sqlite(conn)
+}
+
 /// Runs `f` in a transaction (a savepoint when one is open) behind the panic
 /// guard, and ends it as [`finish`] decides.
 pub(crate) fn run<C, T, E, F>(conn: &mut C, f: F) -> Result<T, E>
@@ -594,7 +604,7 @@ where
     E: From<Error>,
     F: FnOnce(&mut C) -> Result<T, Failure<E>>,
 {
-    refuse_if_ended_on_sqlite(conn)?;
+    refuse_if_ended(conn)?;
     let nested = in_transaction(conn);
     let mut guard = PanicGuard::default();
     let result = conn.transaction(|conn| guard.call(conn, f));
