@@ -334,6 +334,19 @@ pub const SQLITE_OUT_OF_STOCK_ROLLS_BACK: &str =
     "CREATE TRIGGER out_of_stock BEFORE UPDATE OF stock ON items \
      WHEN NEW.stock < 0 BEGIN SELECT RAISE(ROLLBACK, 'out of stock'); END";
 
+/// One unit of item 2 sold, the stock left returned (`RETURNING`: PostgreSQL,
+/// SQLite 3.35+), read as [`Stock`].
+pub const SELL_ITEM_2_RETURNING: &str =
+    "UPDATE items SET stock = stock - 1 WHERE id = 2 RETURNING stock";
+
+/// The `stock` column of a raw query's row.
+#[derive(Debug, diesel::QueryableByName)]
+pub struct Stock {
+    /// The stock.
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    pub stock: i32,
+}
+
 /// Seeds `sku_codes` with 899 fillers and the row `K`, and returns the keys
 /// that lock them across two chunks of 900: the fillers, then `K` and `k`,
 /// which a case-insensitive collation (MySQL's default) holds equal.

@@ -990,6 +990,32 @@ mod sqlite_only {
     }
 
     #[tokio::test]
+    async fn an_atomic_update_returning_after_your_own_statement_rolled_back_the_whole_transaction_commits_nothing(
+    ) {
+        let (_db, mut conn) =
+            out_of_stock_db("async_raise_rollback_returning", &[(1, 0), (2, 5)]).await;
+        let written = Mutex::new(None);
+        let outcome = conn
+            .transaction(async |conn| {
+                let failed = diesel::update(items::table.find(1))
+                    .set(items::stock.eq(-1))
+                    .execute(conn)
+                    .await;
+                assert!(failed.is_err(), "item 1 is out of stock");
+                let returned =
+                    lockkit::asynchronous::atomic::update_returning::<_, _, lockkit_tests::Stock>(
+                        conn,
+                        diesel::sql_query(lockkit_tests::SELL_ITEM_2_RETURNING),
+                    )
+                    .await;
+                *written.lock().unwrap() = Some(returned);
+                Ok::<_, diesel::result::Error>(())
+            })
+            .await;
+        nothing_committed!(&mut conn, [0, 5], outcome, written.into_inner().unwrap());
+    }
+
+    #[tokio::test]
     async fn every_lockkit_call_after_a_statement_that_rolled_back_the_whole_transaction_refuses() {
         let (_db, mut conn) = out_of_stock_db(
             "async_raise_rollback_every",

@@ -471,6 +471,28 @@ mod sqlite_only {
     }
 
     #[test]
+    fn an_atomic_update_returning_after_your_own_statement_rolled_back_the_whole_transaction_commits_nothing(
+    ) {
+        let db = out_of_stock_db("raise_rollback_returning", &[(1, 0), (2, 5)]);
+        let mut conn = db.connect();
+        let mut written = None;
+        let outcome = diesel::Connection::transaction(&mut conn, |conn| {
+            oversell_item_1(conn);
+            written = Some(lockkit::atomic::update_returning::<
+                _,
+                _,
+                lockkit_tests::Stock,
+            >(
+                conn,
+                diesel::sql_query(lockkit_tests::SELL_ITEM_2_RETURNING),
+            ));
+            Ok::<_, diesel::result::Error>(())
+        });
+        nothing_committed(&db, &[0, 5], &outcome, written);
+        assert!(outcome.is_err(), "{outcome:?}");
+    }
+
+    #[test]
     fn lockkit_calls_after_a_nested_call_found_the_whole_transaction_rolled_back_refuse() {
         let db = out_of_stock_db("raise_rollback_nested", &[(1, 0), (2, 5), (3, 5), (4, 5)]);
         let mut conn = db.connect();

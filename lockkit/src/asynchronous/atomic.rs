@@ -100,12 +100,12 @@ where
     S: for<'q> LoadQuery<'q, Conn, T> + Send,
     T: Send,
 {
-    statement
-        .get_result(conn)
-        .await
-        .optional()
-        .map_err(classify)?
-        .ok_or(Error::NoRowMatched)
+    journal::before_write(&mut AsyncWatched(&mut *conn));
+    super::connection::check_write(conn).await?;
+    match statement.get_result(conn).await.optional() {
+        Ok(row) => row.ok_or(Error::NoRowMatched),
+        Err(err) => Err(super::connection::failed_write(conn, classify(err)).await),
+    }
 }
 
 /// Adds to counters of the rows `target` selects, in one statement without

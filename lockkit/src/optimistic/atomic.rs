@@ -178,6 +178,8 @@ pub(crate) fn matched(rows: usize) -> Result<usize, Error> {
 /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
 ///   [`Error::Deadlock`], .., else [`Error::Database`]); see
 ///   [`classify`](crate::classify()).
+/// * [`Error::TransactionAborted`], as [`update_if`] returns it: nothing is
+///   written in autocommit after the caller's transaction ended under it.
 ///
 /// # Example
 ///
@@ -201,10 +203,13 @@ where
     Conn: Connection,
     S: for<'q> LoadQuery<'q, Conn, T>,
 {
+    let ends = journal::Ends::of::<Conn::Backend>();
+    journal::before_write(conn);
+    crate::transaction::check_write(conn)?;
     statement
         .get_result(conn)
         .optional()
-        .map_err(classify)?
+        .map_err(|err| crate::transaction::failed_write(conn, classify(err), ends))?
         .ok_or(Error::NoRowMatched)
 }
 
