@@ -99,9 +99,9 @@
 //!   to a replica that lacked the last grants), so each grant's fence is the
 //!   counter plus one or the server's clock in microseconds, whichever is
 //!   larger: the next grant is past every fence issued before, unless the
-//!   server's clock was set back past the last one. After such a step, raise
-//!   the counter past the recorded fences ([`redis::RedisStore::raise_fence`])
-//!   before any grant. A database store restored from a backup may likewise
+//!   granting server's clock is behind the last one (set back, or a promoted
+//!   replica's clock behind the old primary's). Then raise the counter past the
+//!   recorded fences ([`redis::RedisStore::raise_fence`]) before any grant. A database store restored from a backup may likewise
 //!   lack the last grants: raise `lockkit_leases.fence` there. Run Redis with
 //!   AOF (`appendfsync always`) if a second holder for a while matters, or keep
 //!   the leases in the database. Without fenced writes, a restart means two

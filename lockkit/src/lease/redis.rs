@@ -20,8 +20,9 @@
 //!   is what keeps a fence from being issued twice when Redis loses the counter
 //!   (a restart without persistence) or takes it back (a restart from an older
 //!   snapshot, a replica promoted before the last grants reached it): the next
-//!   grant is past every fence issued before, as long as the server's clock has
-//!   not been set back past the last one.
+//!   grant is past every fence issued before, as long as the clock of the
+//!   server that grants it is past the last one (not set back, and after a
+//!   failover not behind the old primary's).
 //! * **renew**: `PEXPIRE lease ttl` only when `GET lease` is the caller's token
 //!   (compare and extend).
 //! * **release**: `DEL lease` only when `GET lease` is the caller's token
@@ -156,10 +157,12 @@ impl<C: ConnectionLike> RedisStore<C> {
     /// Raises `name`'s fence counter to at least `at_least`, and returns it: the
     /// next grant gets a larger fence. A grant's fence is already past the
     /// server's clock in microseconds, so a restart that forgot the counter
-    /// needs nothing; raise it by hand only when the clock may be behind the
-    /// fences `lockkit_fences` recorded (`SELECT MAX(fence) FROM
-    /// lockkit_fences`): after the server's clock was set back, or when
-    /// another store issued fences for the same resources.
+    /// needs nothing while the fences stay behind the clock. Raise it by hand
+    /// (to `SELECT MAX(fence) FROM lockkit_fences`) when the clock may be
+    /// behind the fences recorded: after the server's clock was set back, after
+    /// a failover to a replica whose clock is behind the old primary's, when
+    /// another store issued fences for the same resources, and after a restart
+    /// that forgot a counter raised ahead of the clock.
     ///
     /// # Errors
     ///
