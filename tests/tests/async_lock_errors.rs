@@ -939,33 +939,16 @@ mod sqlite_only {
         };
     }
 
-    #[tokio::test]
-    async fn a_nested_call_after_a_statement_that_rolled_back_the_whole_transaction_commits_nothing(
-    ) {
-        let (_db, mut conn) =
-            out_of_stock_db("async_raise_rollback", &[(1, 0), (2, 5), (3, 5)]).await;
-        let fallback = Mutex::new(None);
-        let outcome = lockkit::asynchronous::locked_transaction(
-            &mut conn,
-            LockOptions::default(),
-            async |conn: &mut Async| {
-                sell!(&mut *conn, 3).await?;
-                assert!(
-                    sell!(&mut *conn, 1).await.is_err(),
-                    "item 1 is out of stock"
-                );
-                *fallback.lock().unwrap() = Some(sell!(&mut *conn, 2).await);
-                Ok::<_, Error>(())
-            },
-        )
-        .await;
-        nothing_committed!(
-            &mut conn,
-            [0, 5, 5],
-            outcome,
-            fallback.into_inner().unwrap()
-        );
-        assert!(outcome.is_err(), "{outcome:?}");
+    /// Your own statement on `$conn`, in your own transaction, that item 1's
+    /// trigger answers by rolling back the whole transaction; its error let go.
+    macro_rules! oversell_item_1 {
+        ($conn:expr) => {{
+            let failed = diesel::update(items::table.find(1))
+                .set(items::stock.eq(-1))
+                .execute($conn)
+                .await;
+            assert!(failed.is_err(), "item 1 is out of stock");
+        }};
     }
 
     #[tokio::test]
@@ -976,11 +959,7 @@ mod sqlite_only {
         let written = Mutex::new(None);
         let outcome = conn
             .transaction(async |conn| {
-                let failed = diesel::update(items::table.find(1))
-                    .set(items::stock.eq(-1))
-                    .execute(conn)
-                    .await;
-                assert!(failed.is_err(), "item 1 is out of stock");
+                oversell_item_1!(conn);
                 *written.lock().unwrap() =
                     Some(Item::update_by_version(conn, 2, 0, items::stock.eq(4)).await);
                 Ok::<_, diesel::result::Error>(())
@@ -997,11 +976,7 @@ mod sqlite_only {
         let written = Mutex::new(None);
         let outcome = conn
             .transaction(async |conn| {
-                let failed = diesel::update(items::table.find(1))
-                    .set(items::stock.eq(-1))
-                    .execute(conn)
-                    .await;
-                assert!(failed.is_err(), "item 1 is out of stock");
+                oversell_item_1!(conn);
                 let returned =
                     lockkit::asynchronous::atomic::update_returning::<_, _, lockkit_tests::Stock>(
                         conn,

@@ -486,42 +486,68 @@ mod servers {
     }
 }
 
-/// SQLite through the enum: after your own statement rolled back the whole
-/// transaction (a trigger's `RAISE(ROLLBACK, ..)`), a nested `with_lock`
-/// refuses instead of committing on its own (`swallowed_errors.rs` on the
-/// connection itself).
+/// SQLite through the enum: item 1 out of stock, item 2 at 5, and a trigger
+/// that answers an update below zero by rolling back the whole transaction.
 #[cfg(feature = "sqlite")]
-#[test]
-fn a_nested_call_through_the_enum_after_sqlite_rolled_back_the_transaction_commits_nothing() {
-    let db = TestDb::<diesel::SqliteConnection>::new("multi_raise_rollback");
+fn out_of_stock_any(name: &str) -> (TestDb<diesel::SqliteConnection>, AnyConnection) {
+    let db = TestDb::<diesel::SqliteConnection>::new(name);
     seed_items(&mut db.conn(), &[(1, 0), (2, 5)]);
     exec(
         &mut db.conn(),
         lockkit_tests::SQLITE_OUT_OF_STOCK_ROLLS_BACK,
     );
-    let mut conn = any(&db);
-    let mut fallback = None;
+    let conn = any(&db);
+    (db, conn)
+}
+
+/// Your own statement oversells item 1 (its error let go: the trigger rolled
+/// back the whole transaction), then item 2 is sold under `with_lock`.
+#[cfg(feature = "sqlite")]
+fn oversell_1_then_sell_2(conn: &mut AnyConnection) -> Result<i32, Error> {
+    let failed = diesel::update(items::table.find(1))
+        .set(items::stock.eq(-1))
+        .execute(conn);
+    assert!(failed.is_err(), "item 1 is out of stock");
+    sell_locked(conn, 2, LockOptions::default())
+}
+
+/// Item 2's sale refused, and nothing of the transaction (which said
+/// `outcome`) committed.
+#[cfg(feature = "sqlite")]
+fn refused_and_nothing_committed(
+    conn: &mut AnyConnection,
+    outcome: &impl std::fmt::Debug,
+    sale: Option<Result<i32, Error>>,
+) {
+    assert_eq!(
+        stock(conn, 2),
+        5,
+        "nothing committed; the transaction said {outcome:?}"
+    );
+    assert!(
+        matches!(sale, Some(Err(Error::TransactionAborted(_)))),
+        "{sale:?}"
+    );
+}
+
+/// After your own statement rolled back the whole transaction (a trigger's
+/// `RAISE(ROLLBACK, ..)`), a nested `with_lock` through the enum refuses
+/// instead of committing on its own (`swallowed_errors.rs` on the connection
+/// itself).
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_nested_call_through_the_enum_after_sqlite_rolled_back_the_transaction_commits_nothing() {
+    let (_db, mut conn) = out_of_stock_any("multi_raise_rollback");
+    let mut sale = None;
     let outcome = lockkit::locked_transaction(
         &mut conn,
         LockOptions::default(),
         |conn: &mut AnyConnection| {
-            let failed = diesel::update(items::table.find(1))
-                .set(items::stock.eq(-1))
-                .execute(conn);
-            assert!(failed.is_err(), "item 1 is out of stock");
-            fallback = Some(sell_locked(conn, 2, LockOptions::default()));
+            sale = Some(oversell_1_then_sell_2(conn));
             Ok::<_, Error>(())
         },
     );
-    assert_eq!(
-        stock(&mut conn, 2),
-        5,
-        "nothing committed; the call said {outcome:?}"
-    );
-    assert!(
-        matches!(fallback, Some(Err(Error::TransactionAborted(_)))),
-        "{fallback:?}"
-    );
+    refused_and_nothing_committed(&mut conn, &outcome, sale);
 }
 
 /// As above, in a transaction of your own (Diesel's), where `with_lock` is the
@@ -530,29 +556,11 @@ fn a_nested_call_through_the_enum_after_sqlite_rolled_back_the_transaction_commi
 #[cfg(feature = "sqlite")]
 #[test]
 fn a_first_call_through_the_enum_in_your_transaction_after_sqlite_rolled_it_back_commits_nothing() {
-    let db = TestDb::<diesel::SqliteConnection>::new("multi_raise_rollback_own");
-    seed_items(&mut db.conn(), &[(1, 0), (2, 5)]);
-    exec(
-        &mut db.conn(),
-        lockkit_tests::SQLITE_OUT_OF_STOCK_ROLLS_BACK,
-    );
-    let mut conn = any(&db);
-    let mut fallback = None;
+    let (_db, mut conn) = out_of_stock_any("multi_raise_rollback_own");
+    let mut sale = None;
     let outcome = diesel::Connection::transaction(&mut conn, |conn: &mut AnyConnection| {
-        let failed = diesel::update(items::table.find(1))
-            .set(items::stock.eq(-1))
-            .execute(conn);
-        assert!(failed.is_err(), "item 1 is out of stock");
-        fallback = Some(sell_locked(conn, 2, LockOptions::default()));
+        sale = Some(oversell_1_then_sell_2(conn));
         Ok::<_, diesel::result::Error>(())
     });
-    assert_eq!(
-        stock(&mut conn, 2),
-        5,
-        "nothing committed; the transaction said {outcome:?}"
-    );
-    assert!(
-        matches!(fallback, Some(Err(Error::TransactionAborted(_)))),
-        "{fallback:?}"
-    );
+    refused_and_nothing_committed(&mut conn, &outcome, sale);
 }

@@ -330,24 +330,6 @@ mod sqlite_only {
     }
 
     #[test]
-    fn a_nested_call_after_a_statement_that_rolled_back_the_whole_transaction_commits_nothing() {
-        let db = out_of_stock_db("raise_rollback", &[(1, 0), (2, 5), (3, 5)]);
-        let mut conn = db.connect();
-        let mut fallback = None;
-        let outcome = lockkit::locked_transaction(&mut conn, LockOptions::default(), |conn| {
-            sell(conn, 3)?;
-            // Item 1 is out of stock: its trigger rolls back the whole
-            // transaction, the sale of item 3 with it. The work goes on with
-            // item 2 instead.
-            assert!(sell(conn, 1).is_err());
-            fallback = Some(sell(conn, 2));
-            Ok::<_, Error>(())
-        });
-        nothing_committed(&db, &[0, 5, 5], &outcome, fallback);
-        assert!(outcome.is_err(), "{outcome:?}");
-    }
-
-    #[test]
     fn a_versioned_write_after_your_own_statement_rolled_back_the_whole_transaction_commits_nothing(
     ) {
         use lockkit::prelude::*;
@@ -386,14 +368,29 @@ mod sqlite_only {
         assert_eq!(unpublished, 0, "no message committed on its own");
     }
 
-    /// Every call's result is `TransactionAborted`.
-    fn all_refused<T: Debug>(calls: &[Result<T, Error>]) {
-        for call in calls {
+    /// Every call in `after` refused (`TransactionAborted`), the transaction
+    /// failed and committed nothing (the stocks are still `stocks`), and once
+    /// it ended the connection sells item `id` again.
+    fn refused_then_whole_again<T: Debug, E: Debug>(
+        db: &TestDb<SqliteConnection>,
+        conn: &mut SqliteConnection,
+        after: &[Result<T, Error>],
+        outcome: Result<(), E>,
+        stocks: &[i32],
+        id: i32,
+    ) {
+        for call in after {
             assert!(
                 matches!(call, Err(Error::TransactionAborted(_))),
-                "refused: {calls:?}"
+                "refused: {after:?}"
             );
         }
+        assert!(outcome.is_err(), "{outcome:?}");
+        assert_eq!(self::stocks(db), stocks, "nothing committed");
+        sell(conn, id).unwrap();
+        let mut sold = stocks.to_vec();
+        sold[usize::try_from(id - 1).unwrap()] -= 1;
+        assert_eq!(self::stocks(db), sold, "the connection is whole again");
     }
 
     /// The stocks, by id.
@@ -424,12 +421,7 @@ mod sqlite_only {
             after.push(Item::update_all_by_version(conn, &[(2, 0)], items::stock.eq(0)).map(drop));
             Ok::<_, Error>(())
         });
-        all_refused(&after);
-        assert!(outcome.is_err(), "{outcome:?}");
-        assert_eq!(stocks(&db), [0, 5, 5, 5], "nothing committed");
-        // The connection is whole again once the transaction ended.
-        sell(&mut conn, 4).unwrap();
-        assert_eq!(stocks(&db), [0, 5, 5, 4]);
+        refused_then_whole_again(&db, &mut conn, &after, outcome, &[0, 5, 5, 5], 4);
     }
 
     #[test]
@@ -443,53 +435,46 @@ mod sqlite_only {
             after.push(sell(conn, 3));
             Ok::<_, diesel::result::Error>(())
         });
-        all_refused(&after);
+        refused_then_whole_again(&db, &mut conn, &after, outcome, &[0, 5, 5], 3);
+    }
+
+    /// In your own transaction, your statement oversells item 1 (the trigger
+    /// rolls back the whole transaction; its error let go), then `write` runs
+    /// on item 2: it refuses, and nothing of the transaction commits.
+    fn write_after_your_own_rollback<T: Debug>(
+        name: &str,
+        write: impl FnOnce(&mut SqliteConnection) -> Result<T, Error>,
+    ) {
+        let db = out_of_stock_db(name, &[(1, 0), (2, 5)]);
+        let mut conn = db.connect();
+        let mut written = None;
+        let outcome = diesel::Connection::transaction(&mut conn, |conn| {
+            oversell_item_1(conn);
+            written = Some(write(conn));
+            Ok::<_, diesel::result::Error>(())
+        });
+        nothing_committed(&db, &[0, 5], &outcome, written);
         assert!(outcome.is_err(), "{outcome:?}");
-        assert_eq!(stocks(&db), [0, 5, 5], "nothing committed");
-        sell(&mut conn, 3).unwrap();
-        assert_eq!(stocks(&db), [0, 5, 4]);
     }
 
     #[test]
     fn a_bulk_versioned_update_after_your_own_statement_rolled_back_the_whole_transaction_commits_nothing(
     ) {
         use lockkit::prelude::*;
-        let db = out_of_stock_db("raise_rollback_bulk", &[(1, 0), (2, 5)]);
-        let mut conn = db.connect();
-        let mut written = None;
-        let outcome = diesel::Connection::transaction(&mut conn, |conn| {
-            oversell_item_1(conn);
-            written = Some(Item::update_all_by_version(
-                conn,
-                &[(2, 0)],
-                items::stock.eq(4),
-            ));
-            Ok::<_, diesel::result::Error>(())
+        write_after_your_own_rollback("raise_rollback_bulk", |conn| {
+            Item::update_all_by_version(conn, &[(2, 0)], items::stock.eq(4))
         });
-        nothing_committed(&db, &[0, 5], &outcome, written);
-        assert!(outcome.is_err(), "{outcome:?}");
     }
 
     #[test]
     fn an_atomic_update_returning_after_your_own_statement_rolled_back_the_whole_transaction_commits_nothing(
     ) {
-        let db = out_of_stock_db("raise_rollback_returning", &[(1, 0), (2, 5)]);
-        let mut conn = db.connect();
-        let mut written = None;
-        let outcome = diesel::Connection::transaction(&mut conn, |conn| {
-            oversell_item_1(conn);
-            written = Some(lockkit::atomic::update_returning::<
-                _,
-                _,
-                lockkit_tests::Stock,
-            >(
+        write_after_your_own_rollback("raise_rollback_returning", |conn| {
+            lockkit::atomic::update_returning::<_, _, lockkit_tests::Stock>(
                 conn,
                 diesel::sql_query(lockkit_tests::SELL_ITEM_2_RETURNING),
-            ));
-            Ok::<_, diesel::result::Error>(())
+            )
         });
-        nothing_committed(&db, &[0, 5], &outcome, written);
-        assert!(outcome.is_err(), "{outcome:?}");
     }
 
     #[test]
@@ -508,11 +493,7 @@ mod sqlite_only {
             after.push(sell(conn, 2));
             Ok::<_, Error>(())
         });
-        all_refused(&after);
-        assert!(outcome.is_err(), "{outcome:?}");
-        assert_eq!(stocks(&db), [0, 5, 5, 5], "nothing committed");
-        sell(&mut conn, 2).unwrap();
-        assert_eq!(stocks(&db), [0, 4, 5, 5]);
+        refused_then_whole_again(&db, &mut conn, &after, outcome, &[0, 5, 5, 5], 2);
     }
 
     #[test]
