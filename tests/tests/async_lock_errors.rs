@@ -991,6 +991,53 @@ mod sqlite_only {
     }
 
     #[tokio::test]
+    async fn a_rollback_of_the_whole_transaction_passed_up_with_question_mark_leaves_the_connection_whole(
+    ) {
+        let (_db, mut conn) =
+            out_of_stock_db("async_raise_rollback_passed_up", &[(1, 0), (2, 5), (3, 5)]).await;
+        let mine = lockkit::asynchronous::locked_transaction(
+            &mut conn,
+            LockOptions::default(),
+            async |conn: &mut Async| {
+                sell!(&mut *conn, 3).await?;
+                sell!(&mut *conn, 1).await
+            },
+        )
+        .await;
+        assert!(mine.is_err(), "{mine:?}");
+        let yours = conn
+            .transaction(async |conn| {
+                sell!(&mut *conn, 3).await?;
+                sell!(&mut *conn, 1).await
+            })
+            .await;
+        assert!(yours.is_err(), "{yours:?}");
+        // No transaction is left open in diesel-async's books or on the
+        // server: lockkit's calls and your transactions go on.
+        sell!(&mut conn, 2).await.unwrap();
+        let again = conn
+            .transaction(async |conn| {
+                sell!(&mut *conn, 2).await?;
+                Err::<(), _>(Error::NoRowMatched)
+            })
+            .await;
+        assert!(matches!(again, Err(Error::NoRowMatched)), "{again:?}");
+        sell!(&mut conn, 3).await.unwrap();
+        let stocks: Vec<i32> = items::table
+            .order(items::id)
+            .select(items::stock)
+            .load(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(stocks, [0, 4, 4], "the rolled-back sale of item 2 undone");
+        use diesel_async::{AsyncConnection, TransactionManager};
+        let status = <Async as AsyncConnection>::TransactionManager::transaction_manager_status_mut(
+            &mut conn,
+        );
+        assert_eq!(status.transaction_depth().unwrap(), None);
+    }
+
+    #[tokio::test]
     async fn every_lockkit_call_after_a_statement_that_rolled_back_the_whole_transaction_refuses() {
         let (_db, mut conn) = out_of_stock_db(
             "async_raise_rollback_every",

@@ -425,6 +425,50 @@ mod sqlite_only {
     }
 
     #[test]
+    fn a_rollback_of_the_whole_transaction_passed_up_with_question_mark_leaves_the_connection_whole(
+    ) {
+        let db = out_of_stock_db("raise_rollback_passed_up", &[(1, 0), (2, 5), (3, 5)]);
+        let mut conn = db.connect();
+        // lockkit's transaction, then your own: the nested sale's error ends
+        // the whole transaction and travels up with `?`.
+        let mine = lockkit::locked_transaction(&mut conn, LockOptions::default(), |conn| {
+            sell(conn, 3)?;
+            sell(conn, 1)
+        });
+        assert!(mine.is_err(), "{mine:?}");
+        let yours = diesel::Connection::transaction(&mut conn, |conn| {
+            sell(conn, 3)?;
+            sell(conn, 1)
+        });
+        assert!(yours.is_err(), "{yours:?}");
+        assert_eq!(stocks(&db), [0, 5, 5], "nothing committed");
+        // No transaction is left open in Diesel's books or on the server:
+        // lockkit's calls, your transactions and autocommit writes go on.
+        sell(&mut conn, 2).unwrap();
+        let again = diesel::Connection::transaction(&mut conn, |conn| {
+            sell(conn, 2)?;
+            Err::<(), _>(Error::NoRowMatched)
+        });
+        assert!(matches!(again, Err(Error::NoRowMatched)), "{again:?}");
+        sell(&mut conn, 3).unwrap();
+        assert_eq!(
+            stocks(&db),
+            [0, 4, 4],
+            "the rolled-back sale of item 2 undone"
+        );
+        use diesel::connection::{Connection, TransactionManager};
+        let status =
+            <SqliteConnection as Connection>::TransactionManager::transaction_manager_status_mut(
+                &mut conn,
+            );
+        assert_eq!(
+            status.transaction_depth().unwrap(),
+            None,
+            "Diesel counts no transaction"
+        );
+    }
+
+    #[test]
     fn every_lockkit_call_in_your_own_transaction_after_it_was_rolled_back_whole_refuses() {
         let db = out_of_stock_db("raise_rollback_every_own", &[(1, 0), (2, 5), (3, 5)]);
         let mut conn = db.connect();

@@ -705,21 +705,20 @@ pub(crate) async fn refuse_if_ended_on_sqlite<C: AsyncConnection>(
     let Some(failed) = journal::take_failed_statement(watched) else {
         return Ok(());
     };
+    let before = transaction_depth(conn);
     let _ = conn.batch_execute(crate::transaction::SQLITE_PROBE).await;
-    // The probe's own failure is no news.
-    let _ = journal::take_failed(&mut journal::AsyncWatched(&mut *conn));
-    let Some(depth) = journal::ended_unseen(&mut journal::AsyncWatched(&mut *conn)) else {
-        return Ok(());
-    };
-    // As on the blocking side: the callers' code still runs and counts the
-    // transaction open.
-    crate::transaction::restore_depth(
-        C::TransactionManager::transaction_manager_status_mut(conn),
-        depth,
-    );
     let watched = &mut journal::AsyncWatched(conn);
-    let cause = journal::orphan(watched, failed, depth);
-    Err(journal::aborted(watched, cause))
+    match crate::transaction::after_probe(watched, status_of, failed, before) {
+        Some(cause) => Err(journal::aborted(watched, cause)),
+        None => Ok(()),
+    }
+}
+
+/// The transaction manager of the connection `watched` wraps.
+pub(crate) fn status_of<'w, C: AsyncConnection>(
+    watched: &'w mut journal::AsyncWatched<'_, C>,
+) -> &'w mut diesel::connection::TransactionManagerStatus {
+    C::TransactionManager::transaction_manager_status_mut(&mut *watched.0)
 }
 
 /// The blocking side's [`check_write`](crate::transaction::check_write) on an

@@ -107,14 +107,12 @@ where
         if result.is_err() {
             crate::transaction::rolled_back(conn, depth.max(1));
         }
-        if let Some(depth) =
-            journal::level_ended_orphaned(&mut journal::AsyncWatched(&mut *conn), nested)
-        {
-            crate::transaction::restore_depth(
-                C::TransactionManager::transaction_manager_status_mut(conn),
-                depth,
-            );
-        }
+        crate::transaction::after_level(
+            &mut journal::AsyncWatched(&mut *conn),
+            super::connection::status_of,
+            nested,
+            Some(depth),
+        );
         let restored = conn.restore(&restore, false).await;
         if !nested {
             redo(conn).await;

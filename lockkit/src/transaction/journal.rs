@@ -316,12 +316,11 @@ struct Aborts {
 }
 
 /// What [`Aborts::orphaned`] keeps: the error of the statement that rolled the
-/// whole transaction back, and the depth its callers count open now.
+/// whole transaction back.
 #[derive(Debug)]
 struct Orphan {
     kind: DatabaseErrorKind,
     message: String,
-    depth: u32,
 }
 
 impl Aborts {
@@ -1025,22 +1024,61 @@ fn recall(kind: DatabaseErrorKind, message: String) -> Error {
     ))
 }
 
-/// SQLite: `failed` rolled back the whole transaction on `conn` under callers
-/// that count `depth` levels open; lockkit refuses until the outermost ends
-/// it ([`orphaned`]). Returns its error.
+/// SQLite: the whole transaction on `conn` was rolled back (by `failed`, when
+/// the journal noted it) under callers whose code still runs, counting `depth`
+/// levels open, which lockkit has put back in Diesel's books
+/// (`transaction::restore_depth`): the journal counts them too, takes every
+/// level for rolled back, and lockkit refuses until the outermost caller ends
+/// the transaction ([`orphaned`]). Returns the error to refuse with.
 pub(crate) fn orphan<W: Watched>(
     conn: &mut W,
-    (kind, message): (DatabaseErrorKind, String),
+    failed: Option<(DatabaseErrorKind, String)>,
     depth: u32,
 ) -> Error {
-    if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
-        journal.aborts.orphaned = Some(Orphan {
-            kind,
-            message: message.clone(),
-            depth,
-        });
-    }
+    let Some(journal) = conn.slot().downcast_mut::<Journal>() else {
+        let (kind, message) = failed.unwrap_or_else(ended_under_a_nested_level);
+        return recall(kind, message);
+    };
+    let (kind, message) = match journal.aborts.orphaned.take() {
+        Some(orphan) => (orphan.kind, orphan.message),
+        None => {
+            journal.committing = false;
+            journal.ended(End::RolledBack { depth: 1 });
+            failed
+                .or_else(|| journal.aborts.failed.take())
+                .unwrap_or_else(ended_under_a_nested_level)
+        }
+    };
+    journal.aborts.depth = depth;
+    journal.aborts.orphaned = Some(Orphan {
+        kind,
+        message: message.clone(),
+    });
     recall(kind, message)
+}
+
+/// The cause an orphan carries when no failed statement was noted.
+fn ended_under_a_nested_level() -> (DatabaseErrorKind, String) {
+    (
+        DatabaseErrorKind::Unknown,
+        "SQLite rolled back the whole transaction under a nested lockkit call".to_owned(),
+    )
+}
+
+/// lockkit's outermost transaction on `conn` ended and Diesel counts none
+/// open: whatever the journal still counts open ended with it, uncommitted (a
+/// commit would have told it), and nothing is orphaned any more.
+pub(crate) fn outermost_ended<W: Watched>(conn: &mut W) {
+    let Some(journal) = conn.slot().downcast_mut::<Journal>() else {
+        return;
+    };
+    journal.aborts.orphaned = None;
+    if journal.aborts.depth > 0 {
+        journal.committing = false;
+        journal.ended(End::RolledBack { depth: 1 });
+        journal.aborts.depth = 0;
+        journal.aborts.closed();
+    }
 }
 
 /// SQLite: the error of the statement that rolled back the whole transaction
@@ -1056,22 +1094,6 @@ pub(crate) fn orphaned<W: Watched>(conn: &mut W) -> Option<Error> {
     }
     let orphan = journal.aborts.orphaned.as_ref()?;
     Some(recall(orphan.kind, orphan.message.clone()))
-}
-
-/// At the end of a lockkit call's level on `conn` (`nested`: inside its
-/// caller's), while SQLite's whole-transaction rollback is orphaned: the
-/// outermost call forgets it; a nested one hands back the depth its caller
-/// counts, which Diesel dropped when the level's `RELEASE` (or `ROLLBACK TO`)
-/// failed in autocommit. `None` when nothing is to be put back.
-pub(crate) fn level_ended_orphaned<W: Watched>(conn: &mut W, nested: bool) -> Option<u32> {
-    let journal = conn.slot().downcast_mut::<Journal>()?;
-    let orphan = journal.aborts.orphaned.as_mut()?;
-    if !nested || orphan.depth <= 1 {
-        journal.aborts.orphaned = None;
-        return None;
-    }
-    orphan.depth -= 1;
-    Some(orphan.depth)
 }
 
 /// Whether the transaction that the journal of `conn` has open is deeper than

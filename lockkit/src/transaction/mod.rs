@@ -171,19 +171,76 @@ pub(crate) fn ended_on_sqlite<C: Connection>(conn: &mut C) -> Option<Error> {
         return Some(cause);
     }
     let failed = journal::take_failed_statement(conn)?;
+    let before = transaction_depth(conn);
     let _ = conn.batch_execute(SQLITE_PROBE);
+    after_probe(
+        conn,
+        C::TransactionManager::transaction_manager_status_mut,
+        failed,
+        before,
+    )
+}
+
+/// What [`SQLITE_PROBE`], sent on `conn` where Diesel counted `before` levels
+/// open after `failed` failed, tells (blocking or async; `status`: the
+/// connection's transaction manager): the error to refuse with, if SQLite had
+/// rolled back the whole transaction.
+pub(crate) fn after_probe<W: journal::Watched>(
+    conn: &mut W,
+    status: impl FnOnce(&mut W) -> &mut diesel::connection::TransactionManagerStatus,
+    failed: (diesel::result::DatabaseErrorKind, String),
+    before: u32,
+) -> Option<Error> {
     // The probe's own failure is no news.
     let _ = journal::take_failed(conn);
-    let depth = journal::ended_unseen(conn)?;
-    // The callers' code still runs and counts the transaction open: Diesel's
-    // count says so again, so that lockkit's later calls in it refuse too
-    // (`journal::orphaned`) and the outermost caller's end, which Diesel
-    // tells, closes it.
-    restore_depth(
-        C::TransactionManager::transaction_manager_status_mut(conn),
-        depth,
-    );
-    Some(journal::orphan(conn, failed, depth))
+    journal::ended_unseen(conn)?;
+    if before == 0 {
+        // Diesel had already dropped the transaction (a failed statement of
+        // the caller's own): lockkit cannot tell whether the callers still
+        // run in it, and refuses this call only.
+        let (kind, message) = failed;
+        return Some(crate::error::classification::recall(
+            diesel::result::Error::DatabaseError(kind, Box::new(message)),
+        ));
+    }
+    // The question dropped it, inside this call: the callers' code still runs
+    // and counts the transaction open. Diesel's count says so again, so that
+    // lockkit's later calls in it refuse too (`journal::orphaned`) and the
+    // outermost caller's end, which Diesel tells, closes it.
+    restore_depth(status(conn), before);
+    Some(journal::orphan(conn, Some(failed), before))
+}
+
+/// After a lockkit level opened at depth `level` on `conn` ended (`nested`:
+/// inside its caller's transaction), blocking or async (`status`: the
+/// connection's transaction manager): where Diesel's count of open levels fell
+/// below the caller's, SQLite rolled back the whole transaction under this
+/// level, and its `ROLLBACK TO` (or `RELEASE`), failing in autocommit, made
+/// Diesel drop the count. The caller's code runs on: the count is put back and
+/// lockkit refuses until the outermost caller ends it (see
+/// [`ended_on_sqlite`]). At the end of lockkit's outermost level, what the
+/// journal still counts open ended with it.
+pub(crate) fn after_level<W: journal::Watched>(
+    conn: &mut W,
+    status: impl FnOnce(&mut W) -> &mut diesel::connection::TransactionManagerStatus,
+    nested: bool,
+    level: Option<u32>,
+) {
+    let now = conn.depth().unwrap_or(0);
+    if !nested {
+        if now == 0 {
+            journal::outermost_ended(conn);
+        }
+        return;
+    }
+    let Some(caller) = level.and_then(|level| level.checked_sub(1)) else {
+        return;
+    };
+    if caller == 0 || now >= caller {
+        return;
+    }
+    restore_depth(status(conn), caller);
+    let _ = journal::orphan(conn, None, caller);
 }
 
 /// Puts Diesel's (or diesel-async's) count of open levels back up to `depth`
@@ -633,12 +690,12 @@ where
         let level = transaction_depth(conn) + 1;
         rolled_back(conn, level);
     }
-    if let Some(depth) = journal::level_ended_orphaned(conn, nested) {
-        restore_depth(
-            C::TransactionManager::transaction_manager_status_mut(conn),
-            depth,
-        );
-    }
+    after_level(
+        conn,
+        C::TransactionManager::transaction_manager_status_mut,
+        nested,
+        guard.level(),
+    );
     if !nested {
         redo(conn);
     }

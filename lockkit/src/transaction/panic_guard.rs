@@ -16,9 +16,17 @@ use super::{ended_by_statement, ended_under_ok, settle, Began, Check, Control, F
 pub(crate) struct PanicGuard {
     panic: Option<Box<dyn std::any::Any + Send + 'static>>,
     scope: Option<Scope>,
+    /// The depth of the level it guards, once the transaction began.
+    level: Option<u32>,
 }
 
 impl PanicGuard {
+    /// The depth of the level it guarded, if the transaction began
+    /// ([`after_level`](super::after_level)).
+    pub(crate) fn level(&self) -> Option<u32> {
+        self.level
+    }
+
     /// Runs `f` (inside the transaction it guards); a panic becomes an error that
     /// makes Diesel roll back.
     pub(crate) fn call<C: Control, T, E>(
@@ -28,6 +36,12 @@ impl PanicGuard {
     ) -> Result<T, Failure<E>> {
         let depth = C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth();
         let outermost = matches!(depth, Ok(Some(depth)) if depth.get() == 1);
+        self.level = depth
+            .as_ref()
+            .ok()
+            .copied()
+            .flatten()
+            .map(|depth| depth.get());
         let began = Began::with_work(!outermost);
         // Watched by the journal (installed on a connection without
         // instrumentation of its own), which sees a statement end the
