@@ -504,11 +504,18 @@ fn out_of_stock_any(name: &str) -> (TestDb<diesel::SqliteConnection>, AnyConnect
 /// back the whole transaction), then item 2 is sold under `with_lock`.
 #[cfg(feature = "sqlite")]
 fn oversell_1_then_sell_2(conn: &mut AnyConnection) -> Result<i32, Error> {
+    oversell_1(conn);
+    sell_locked(conn, 2, LockOptions::default())
+}
+
+/// Your own statement oversells item 1: the trigger rolls back the whole
+/// transaction, and the error is let go.
+#[cfg(feature = "sqlite")]
+fn oversell_1(conn: &mut AnyConnection) {
     let failed = diesel::update(items::table.find(1))
         .set(items::stock.eq(-1))
         .execute(conn);
     assert!(failed.is_err(), "item 1 is out of stock");
-    sell_locked(conn, 2, LockOptions::default())
 }
 
 /// Item 2's sale refused, and nothing of the transaction (which said
@@ -560,6 +567,25 @@ fn a_first_call_through_the_enum_in_your_transaction_after_sqlite_rolled_it_back
     let mut sale = None;
     let outcome = diesel::Connection::transaction(&mut conn, |conn: &mut AnyConnection| {
         sale = Some(oversell_1_then_sell_2(conn));
+        Ok::<_, diesel::result::Error>(())
+    });
+    refused_and_nothing_committed(&mut conn, &outcome, sale);
+}
+
+/// A bulk versioned update as the first lockkit call through the enum, in
+/// your transaction after SQLite rolled it back: it asks before its savepoint.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_first_bulk_update_through_the_enum_after_sqlite_rolled_back_your_transaction_commits_nothing()
+{
+    let (_db, mut conn) = out_of_stock_any("multi_raise_rollback_bulk");
+    let mut sale = None;
+    let outcome = diesel::Connection::transaction(&mut conn, |conn: &mut AnyConnection| {
+        oversell_1(conn);
+        sale = Some(
+            Item::update_all_by_version(conn, &[(2, 0)], items::stock.eq(4))
+                .map(|versions| versions[0]),
+        );
         Ok::<_, diesel::result::Error>(())
     });
     refused_and_nothing_committed(&mut conn, &outcome, sale);

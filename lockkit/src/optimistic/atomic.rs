@@ -179,7 +179,8 @@ pub(crate) fn matched(rows: usize) -> Result<usize, Error> {
 ///   [`Error::Deadlock`], .., else [`Error::Database`]); see
 ///   [`classify`](crate::classify()).
 /// * [`Error::TransactionAborted`], as [`update_if`] returns it: nothing is
-///   written in autocommit after the caller's transaction ended under it.
+///   written in autocommit after the caller's transaction ended under it
+///   (with [`update_if`]'s limit on a `MultiConnection` enum).
 ///
 /// # Example
 ///

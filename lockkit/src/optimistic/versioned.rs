@@ -629,7 +629,11 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     {
         let order = key_order::<Self, _>(rows)?;
         // Before the savepoint, which SQLite would open as a transaction of
-        // its own after a rollback of the caller's whole transaction.
+        // its own after a rollback of the caller's whole transaction; the
+        // journal first learns the rule of the backend (inside a
+        // `MultiConnection` enum, the connection's), as `write` does.
+        let ends = Self::ends(conn);
+        journal::watch(conn, |_| ends);
         crate::transaction::refuse_if_ended_on_sqlite(conn)?;
         let nested = crate::transaction::in_transaction(conn);
         conn.transaction(|conn| {
