@@ -174,18 +174,6 @@ macro_rules! sell_2_then_give_up_on_1 {
     };
 }
 
-/// Every item's stock, by id, read on `$conn`.
-macro_rules! stocks {
-    ($conn:expr) => {
-        items::table
-            .order(items::id)
-            .select(items::stock)
-            .load::<i32>($conn)
-            .await
-            .unwrap()
-    };
-}
-
 /// Items 1 to 3 with 10 each, and [`sell_2_then_give_up_on_1!`] whose work
 /// then sells one of item 3 with `$then`: the call must say `Ok`, with items 2
 /// and 3 sold and item 1 not, and leave its connection out of any transaction.

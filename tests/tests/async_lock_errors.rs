@@ -901,12 +901,7 @@ mod sqlite_only {
     /// rollback, refused.
     macro_rules! nothing_committed {
         ($conn:expr, $stocks:expr, $outcome:expr, $refused:expr) => {{
-            let stocks: Vec<i32> = items::table
-                .order(items::id)
-                .select(items::stock)
-                .load($conn)
-                .await
-                .unwrap();
+            let stocks = stocks!($conn);
             assert_eq!(
                 stocks, $stocks,
                 "nothing committed; the transaction said {:?}",
@@ -951,43 +946,44 @@ mod sqlite_only {
         }};
     }
 
+    /// In your own transaction, your statement oversells item 1 (the trigger
+    /// rolls back the whole transaction; its error let go), then `$write` runs
+    /// on item 2 through `$conn`: it refuses, and nothing commits.
+    macro_rules! write_after_your_own_rollback {
+        ($name:expr, |$conn:ident| $write:expr) => {{
+            let (_db, mut conn) = out_of_stock_db($name, &[(1, 0), (2, 5)]).await;
+            let written = Mutex::new(None);
+            let outcome = conn
+                .transaction(async |$conn| {
+                    oversell_item_1!($conn);
+                    let result = $write;
+                    *written.lock().unwrap() = Some(result);
+                    Ok::<_, diesel::result::Error>(())
+                })
+                .await;
+            nothing_committed!(&mut conn, [0, 5], outcome, written.into_inner().unwrap());
+        }};
+    }
+
     #[tokio::test]
     async fn a_versioned_write_after_your_own_statement_rolled_back_the_whole_transaction_commits_nothing(
     ) {
         use lockkit::asynchronous::prelude::*;
-        let (_db, mut conn) = out_of_stock_db("async_raise_rollback_own", &[(1, 0), (2, 5)]).await;
-        let written = Mutex::new(None);
-        let outcome = conn
-            .transaction(async |conn| {
-                oversell_item_1!(conn);
-                *written.lock().unwrap() =
-                    Some(Item::update_by_version(conn, 2, 0, items::stock.eq(4)).await);
-                Ok::<_, diesel::result::Error>(())
-            })
-            .await;
-        nothing_committed!(&mut conn, [0, 5], outcome, written.into_inner().unwrap());
+        write_after_your_own_rollback!("async_raise_rollback_own", |conn| {
+            Item::update_by_version(conn, 2, 0, items::stock.eq(4)).await
+        });
     }
 
     #[tokio::test]
     async fn an_atomic_update_returning_after_your_own_statement_rolled_back_the_whole_transaction_commits_nothing(
     ) {
-        let (_db, mut conn) =
-            out_of_stock_db("async_raise_rollback_returning", &[(1, 0), (2, 5)]).await;
-        let written = Mutex::new(None);
-        let outcome = conn
-            .transaction(async |conn| {
-                oversell_item_1!(conn);
-                let returned =
-                    lockkit::asynchronous::atomic::update_returning::<_, _, lockkit_tests::Stock>(
-                        conn,
-                        diesel::sql_query(lockkit_tests::SELL_ITEM_2_RETURNING),
-                    )
-                    .await;
-                *written.lock().unwrap() = Some(returned);
-                Ok::<_, diesel::result::Error>(())
-            })
-            .await;
-        nothing_committed!(&mut conn, [0, 5], outcome, written.into_inner().unwrap());
+        write_after_your_own_rollback!("async_raise_rollback_returning", |conn| {
+            lockkit::asynchronous::atomic::update_returning::<_, _, lockkit_tests::Stock>(
+                conn,
+                diesel::sql_query(lockkit_tests::SELL_ITEM_2_RETURNING),
+            )
+            .await
+        });
     }
 
     #[tokio::test]
@@ -1023,12 +1019,7 @@ mod sqlite_only {
             .await;
         assert!(matches!(again, Err(Error::NoRowMatched)), "{again:?}");
         sell!(&mut conn, 3).await.unwrap();
-        let stocks: Vec<i32> = items::table
-            .order(items::id)
-            .select(items::stock)
-            .load(&mut conn)
-            .await
-            .unwrap();
+        let stocks = stocks!(&mut conn);
         assert_eq!(stocks, [0, 4, 4], "the rolled-back sale of item 2 undone");
         use diesel_async::{AsyncConnection, TransactionManager};
         let status = <Async as AsyncConnection>::TransactionManager::transaction_manager_status_mut(
@@ -1069,12 +1060,7 @@ mod sqlite_only {
         assert!(outcome.is_err(), "{outcome:?}");
         // The connection is whole again once the transaction ended.
         sell!(&mut conn, 4).await.unwrap();
-        let stocks: Vec<i32> = items::table
-            .order(items::id)
-            .select(items::stock)
-            .load(&mut conn)
-            .await
-            .unwrap();
+        let stocks = stocks!(&mut conn);
         assert_eq!(stocks, [0, 5, 5, 4]);
     }
 }

@@ -352,6 +352,19 @@ macro_rules! item_columns {
     };
 }
 
+/// Every item's stock, by id, read on `$conn`.
+#[allow(unused_macros)]
+macro_rules! stocks {
+    ($conn:expr) => {{
+        lockkit_tests::schema::items::table
+            .order(lockkit_tests::schema::items::id)
+            .select(lockkit_tests::schema::items::stock)
+            .load::<i32>($conn)
+            .await
+            .unwrap()
+    }};
+}
+
 /// Item 1's stock, read on `$conn`, as [`item_columns!`].
 #[allow(unused_macros)]
 macro_rules! stock {
