@@ -317,3 +317,50 @@ mod waiting {
         }
     }
 }
+
+/// SQLite: a work that lets go the error of a statement that rolled back the
+/// whole transaction (a trigger's `RAISE(ROLLBACK, ..)`) and returns `Ok`: the
+/// run fails instead of storing the response in autocommit, and the retry runs
+/// the work again.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn a_work_that_let_sqlite_roll_back_the_whole_transaction_stores_no_response() {
+    use diesel::SqliteConnection;
+    type Async = diesel_async::sync_connection_wrapper::SyncConnectionWrapper<SqliteConnection>;
+    let db = lockkit_tests::TestDb::<SqliteConnection>::new("async_idem_raise_rollback");
+    db.conn()
+        .run_pending_migrations(idempotency_migrations("sqlite"))
+        .unwrap();
+    seed_items(&mut db.conn(), &[(1, 5), (2, 0)]);
+    lockkit_tests::exec(
+        &mut db.conn(),
+        lockkit_tests::SQLITE_OUT_OF_STOCK_ROLLS_BACK,
+    );
+    let mut conn: Async = async_common::connect(&db.url, "sqlite").await;
+    let keys = Idempotency::default();
+    let first = idempotency::run(&keys, &mut conn, "t", "k", "f", async |conn: &mut Async| {
+        let left = sell_one!(conn)?;
+        // Item 2 is out of stock: its trigger rolls back the whole
+        // transaction, the sale of item 1 with it. The error is let go.
+        let failed = diesel::update(items::table.find(2))
+            .set(items::stock.eq(-1))
+            .execute(&mut *conn)
+            .await;
+        assert!(failed.is_err(), "item 2 is out of stock");
+        Ok::<_, Error>(Order { order: 1, left })
+    })
+    .await;
+    assert!(first.is_err(), "{first:?}");
+    assert_eq!(stock!(&mut conn), 5, "the sale was rolled back");
+    let retried = idempotency::run(&keys, &mut conn, "t", "k", "f", async |conn: &mut Async| {
+        let left = sell_one!(conn)?;
+        Ok::<_, Error>(Order { order: 2, left })
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        retried,
+        Outcome::Ran(Order { order: 2, left: 4 }),
+        "nothing was stored: the work ran again"
+    );
+}

@@ -552,7 +552,7 @@ pub(crate) struct Begun {
     pub(crate) nested: bool,
     /// The depth of the transaction (or savepoint) the call opens, when known:
     /// always for an outermost one (1).
-    level: Option<u32>,
+    pub(crate) level: Option<u32>,
 }
 
 /// A transaction begun without [`began`]: outermost (level 1), or nested
@@ -640,6 +640,9 @@ pub(crate) async fn require_live<C: AsyncLockingConnection>(conn: &mut C) -> Res
 pub(crate) async fn ended_by_statement<C: AsyncLockingConnection>(conn: &mut C) -> Option<Error> {
     // Installed now inside the caller's transaction, it is unsure at once.
     watch(conn);
+    if let Some(cause) = ended_on_sqlite(conn).await {
+        return Some(cause);
+    }
     if !journal::watches(&mut journal::AsyncWatched(&mut *conn)) {
         return ended_unwatched(conn).await;
     }
@@ -691,25 +694,30 @@ async fn ended_unwatched<C: AsyncLockingConnection>(conn: &mut C) -> Option<Erro
     }
 }
 
-/// The blocking side's [`refuse_if_ended_on_sqlite`](crate::transaction::refuse_if_ended_on_sqlite)
+/// The blocking side's [`ended_on_sqlite`](crate::transaction::ended_on_sqlite)
 /// on an async connection: where a statement failed in the open transaction,
-/// SQLite is asked whether it rolled back the whole transaction, and then
+/// SQLite is asked whether it rolled back the whole transaction; then its
+/// error, the cause.
+pub(crate) async fn ended_on_sqlite<C: AsyncConnection>(conn: &mut C) -> Option<Error> {
+    let watched = &mut journal::AsyncWatched(&mut *conn);
+    if let Some(cause) = journal::orphaned(watched) {
+        return Some(cause);
+    }
+    let failed = journal::take_failed_statement(watched)?;
+    let before = transaction_depth(conn);
+    let _ = conn.batch_execute(crate::transaction::SQLITE_PROBE).await;
+    let watched = &mut journal::AsyncWatched(conn);
+    crate::transaction::after_probe(watched, status_of, failed, before)
+}
+
+/// The blocking side's [`refuse_if_ended_on_sqlite`](crate::transaction::refuse_if_ended_on_sqlite)
+/// on an async connection: [`ended_on_sqlite`], then
 /// [`Error::TransactionAborted`].
 pub(crate) async fn refuse_if_ended_on_sqlite<C: AsyncConnection>(
     conn: &mut C,
 ) -> Result<(), Error> {
-    let watched = &mut journal::AsyncWatched(&mut *conn);
-    if let Some(cause) = journal::orphaned(watched) {
-        return Err(journal::aborted(watched, cause));
-    }
-    let Some(failed) = journal::take_failed_statement(watched) else {
-        return Ok(());
-    };
-    let before = transaction_depth(conn);
-    let _ = conn.batch_execute(crate::transaction::SQLITE_PROBE).await;
-    let watched = &mut journal::AsyncWatched(conn);
-    match crate::transaction::after_probe(watched, status_of, failed, before) {
-        Some(cause) => Err(journal::aborted(watched, cause)),
+    match ended_on_sqlite(conn).await {
+        Some(cause) => Err(journal::aborted(&mut journal::AsyncWatched(conn), cause)),
         None => Ok(()),
     }
 }
