@@ -1029,6 +1029,49 @@ mod sqlite_only {
     }
 
     #[tokio::test]
+    async fn lockkit_calls_after_a_nested_level_whose_count_diesel_dropped_refuse() {
+        let (_db, mut conn) = out_of_stock_db(
+            "async_raise_rollback_dropped_count",
+            &[(1, 0), (2, 5), (3, 5)],
+        )
+        .await;
+        let after = Mutex::new(Vec::new());
+        let outcome = lockkit::asynchronous::locked_transaction(
+            &mut conn,
+            LockOptions::default(),
+            async |conn: &mut Async| {
+                // A nested lockkit level, inside it a savepoint of your own,
+                // inside that the sale of item 1, whose trigger rolls back the
+                // whole transaction: your savepoint's end makes diesel-async
+                // drop its count of open levels.
+                let nested = lockkit::asynchronous::locked_transaction(
+                    &mut *conn,
+                    LockOptions::default(),
+                    async |conn: &mut Async| {
+                        let yours = conn
+                            .transaction(async |conn| sell!(&mut *conn, 1).await)
+                            .await;
+                        assert!(yours.is_err(), "item 1 is out of stock");
+                        Ok::<_, Error>(())
+                    },
+                )
+                .await;
+                assert!(nested.is_err(), "{nested:?}");
+                for id in [2, 3] {
+                    let sold = sell!(&mut *conn, id).await;
+                    after.lock().unwrap().push(sold);
+                }
+                Ok::<_, Error>(())
+            },
+        )
+        .await;
+        for sold in after.into_inner().unwrap() {
+            nothing_committed!(&mut conn, [0, 5, 5], outcome, Some(sold));
+        }
+        assert!(outcome.is_err(), "{outcome:?}");
+    }
+
+    #[tokio::test]
     async fn every_lockkit_call_after_a_statement_that_rolled_back_the_whole_transaction_refuses() {
         let (_db, mut conn) = out_of_stock_db(
             "async_raise_rollback_every",

@@ -469,6 +469,28 @@ mod sqlite_only {
     }
 
     #[test]
+    fn lockkit_calls_after_a_nested_level_whose_count_diesel_dropped_refuse() {
+        let db = out_of_stock_db("raise_rollback_dropped_count", &[(1, 0), (2, 5), (3, 5)]);
+        let mut conn = db.connect();
+        let mut after = Vec::new();
+        let outcome = lockkit::locked_transaction(&mut conn, LockOptions::default(), |conn| {
+            // A nested lockkit level, inside it a savepoint of your own, inside
+            // that the sale of item 1, whose trigger rolls back the whole
+            // transaction: your savepoint's end makes Diesel drop its count.
+            let nested = lockkit::locked_transaction(conn, LockOptions::default(), |conn| {
+                let yours = diesel::Connection::transaction(conn, |conn| sell(conn, 1));
+                assert!(yours.is_err(), "item 1 is out of stock");
+                Ok::<_, Error>(())
+            });
+            assert!(nested.is_err(), "{nested:?}");
+            after.push(sell(conn, 2));
+            after.push(sell(conn, 3));
+            Ok::<_, Error>(())
+        });
+        refused_then_whole_again(&db, &mut conn, &after, outcome, &[0, 5, 5], 2);
+    }
+
+    #[test]
     fn every_lockkit_call_in_your_own_transaction_after_it_was_rolled_back_whole_refuses() {
         let db = out_of_stock_db("raise_rollback_every_own", &[(1, 0), (2, 5), (3, 5)]);
         let mut conn = db.connect();

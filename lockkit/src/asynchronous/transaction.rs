@@ -107,11 +107,13 @@ where
         if result.is_err() {
             crate::transaction::rolled_back(conn, depth.max(1));
         }
+        // The level as it began (diesel-async's count may have fallen since).
+        let level = begun.level.or((depth > 0).then_some(depth));
         crate::transaction::after_level(
             &mut journal::AsyncWatched(&mut *conn),
             super::connection::status_of,
             nested,
-            Some(depth),
+            level,
         );
         let restored = conn.restore(&restore, false).await;
         if !nested {
