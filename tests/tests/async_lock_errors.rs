@@ -946,6 +946,27 @@ mod sqlite_only {
         }};
     }
 
+    /// One unit of each item of `$ids` sold on `$conn`, each result pushed to
+    /// the `Mutex<Vec<_>>` `$after`: not one may commit on its own.
+    macro_rules! sell_each {
+        ($conn:expr, $ids:expr, $after:ident) => {
+            for id in $ids {
+                let sold = sell!($conn, id).await;
+                $after.lock().unwrap().push(sold);
+            }
+        };
+    }
+
+    /// Every sale in `$after` refused, and the stocks on `$conn` still
+    /// `$stocks`: nothing of the transaction, which said `$outcome`, committed.
+    macro_rules! all_refused {
+        ($conn:expr, $stocks:expr, $outcome:expr, $after:ident) => {
+            for sold in $after.into_inner().unwrap() {
+                nothing_committed!($conn, $stocks, $outcome, Some(sold));
+            }
+        };
+    }
+
     /// In your own transaction, your statement oversells item 1 (the trigger
     /// rolls back the whole transaction; its error let go), then `$write` runs
     /// on item 2 through `$conn`: it refuses, and nothing commits.
@@ -1057,17 +1078,12 @@ mod sqlite_only {
                 )
                 .await;
                 assert!(nested.is_err(), "{nested:?}");
-                for id in [2, 3] {
-                    let sold = sell!(&mut *conn, id).await;
-                    after.lock().unwrap().push(sold);
-                }
+                sell_each!(&mut *conn, [2, 3], after);
                 Ok::<_, Error>(())
             },
         )
         .await;
-        for sold in after.into_inner().unwrap() {
-            nothing_committed!(&mut conn, [0, 5, 5], outcome, Some(sold));
-        }
+        all_refused!(&mut conn, [0, 5, 5], outcome, after);
         assert!(outcome.is_err(), "{outcome:?}");
     }
 
@@ -1089,17 +1105,12 @@ mod sqlite_only {
                     "item 1 is out of stock"
                 );
                 // Item after item: not one of them may commit on its own.
-                for id in [2, 4] {
-                    let sold = sell!(&mut *conn, id).await;
-                    after.lock().unwrap().push(sold);
-                }
+                sell_each!(&mut *conn, [2, 4], after);
                 Ok::<_, Error>(())
             },
         )
         .await;
-        for sold in after.into_inner().unwrap() {
-            nothing_committed!(&mut conn, [0, 5, 5, 5], outcome, Some(sold));
-        }
+        all_refused!(&mut conn, [0, 5, 5, 5], outcome, after);
         assert!(outcome.is_err(), "{outcome:?}");
         // The connection is whole again once the transaction ended.
         sell!(&mut conn, 4).await.unwrap();
