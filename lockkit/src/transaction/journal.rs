@@ -1017,7 +1017,8 @@ pub(crate) fn take_failed_statement<W: Watched>(
     journal_of(conn)?.aborts.failed.take()
 }
 
-fn recall(kind: DatabaseErrorKind, message: String) -> Error {
+/// A statement error as the journal keeps it, classified again.
+pub(crate) fn recall(kind: DatabaseErrorKind, message: String) -> Error {
     classification::recall(diesel::result::Error::DatabaseError(
         kind,
         Box::new(message),

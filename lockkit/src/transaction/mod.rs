@@ -199,9 +199,7 @@ pub(crate) fn after_probe<W: journal::Watched>(
         // the caller's own): lockkit cannot tell whether the callers still
         // run in it, and refuses this call only.
         let (kind, message) = failed;
-        return Some(crate::error::classification::recall(
-            diesel::result::Error::DatabaseError(kind, Box::new(message)),
-        ));
+        return Some(journal::recall(kind, message));
     }
     // The question dropped it, inside this call: the callers' code still runs
     // and counts the transaction open. Diesel's count says so again, so that
