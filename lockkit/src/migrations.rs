@@ -10,7 +10,7 @@
 //! | a name or key, compared byte for byte | `VARCHAR(255)` | `VARBINARY(1020)` (VARCHAR's default collation would make `"a"`, `"A"` and `"a "` one key) | `VARCHAR(255)` |
 //! | text of any length (a payload, a stored response, an error) | `TEXT` | `LONGTEXT` (`TEXT` stops at 64 KiB, and outside strict mode cuts what is longer without an error) | `TEXT` |
 //! | an increasing id | `BIGSERIAL PRIMARY KEY` | `BIGINT AUTO_INCREMENT PRIMARY KEY` | `INTEGER PRIMARY KEY AUTOINCREMENT` |
-//! | a table's end | `);` | `) ENGINE = InnoDB;` | `);` |
+//! | a table's end | `);` | `) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;` (the database's default character set may be `latin1`, which cannot hold what Diesel sends as `utf8mb4`: refused, or stored as `?` outside strict mode) | `);` |
 //!
 //! Each module gives the SQL as `up_sql(dialect)` and `down_sql(dialect)`, to
 //! copy into your own migrations, and with its `*-migrations` feature as
@@ -189,7 +189,7 @@ impl Words {
                 key: "VARBINARY(1020)",
                 text: "LONGTEXT",
                 serial: "BIGINT AUTO_INCREMENT PRIMARY KEY",
-                end: ") ENGINE = InnoDB",
+                end: ") ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
                 clock: "server's",
             },
             Dialect::Sqlite => Words {

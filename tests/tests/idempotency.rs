@@ -450,6 +450,51 @@ mod large_responses {
     }
 }
 
+/// A MySQL/MariaDB database whose default character set is `latin1` (the
+/// default of MariaDB before 11.6 and of MySQL 5.7): a stored response in any
+/// script is replayed as it was, and the run that stores it does not fail
+/// after its work.
+#[cfg(feature = "mysql")]
+mod on_a_latin1_database {
+    use super::*;
+    use diesel::connection::SimpleConnection;
+    use lockkit_tests::TestDb;
+
+    const RESPONSE: &str = "201 售出: 山田 😀";
+
+    #[test]
+    fn a_response_in_any_script_is_stored_and_replayed() {
+        let db = TestDb::<MysqlConnection>::new("idempotency_latin1");
+        let mut conn = db.connect();
+        conn.batch_execute("ALTER DATABASE CHARACTER SET latin1 COLLATE latin1_swedish_ci")
+            .unwrap();
+        conn.run_pending_migrations(idempotency_migrations("mysql"))
+            .unwrap();
+        seed_items(&mut conn, &[(1, 100)]);
+        let keys = Idempotency::default();
+        let ran = keys.run(&mut conn, "tenant-1", "order-1", "POST /orders", |conn| {
+            sell_one(conn)?;
+            Ok::<_, Error>(RESPONSE.to_owned())
+        });
+        assert!(
+            matches!(&ran, Ok(Outcome::Ran(r)) if r == RESPONSE),
+            "{ran:?}"
+        );
+        let again = keys.run(
+            &mut conn,
+            "tenant-1",
+            "order-1",
+            "POST /orders",
+            |_| -> Result<String, Error> { panic!("a completed key must not run its work again") },
+        );
+        assert!(
+            matches!(&again, Ok(Outcome::Replayed(r)) if r == RESPONSE),
+            "{again:?}"
+        );
+        assert_eq!(stock_of!(&mut conn), 99, "sold once");
+    }
+}
+
 /// A run whose work panics: the panic guard rolls the work back, and the
 /// process lives on (a web framework catches a handler's panic and answers
 /// 500). The key is left `running`, as if the process had died, so the

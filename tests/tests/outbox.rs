@@ -466,6 +466,81 @@ mod large_payloads {
     }
 }
 
+/// A MySQL/MariaDB database whose default character set is `latin1` (the
+/// default of MariaDB before 11.6 and of MySQL 5.7): the shipped tables must
+/// still keep any text, since Diesel sends it as `utf8mb4`.
+#[cfg(feature = "mysql")]
+mod on_a_latin1_database {
+    use super::*;
+    use diesel::connection::SimpleConnection;
+    use lockkit_tests::TestDb;
+
+    const PAYLOAD: &str = r#"{"customer":"山田 😀","note":"Ærø"}"#;
+
+    fn latin1_outbox(name: &str) -> (TestDb<MysqlConnection>, MysqlConnection) {
+        let db = TestDb::<MysqlConnection>::new(name);
+        let mut conn = db.connect();
+        conn.batch_execute("ALTER DATABASE CHARACTER SET latin1 COLLATE latin1_swedish_ci")
+            .unwrap();
+        conn.run_pending_migrations(outbox_migrations("mysql"))
+            .unwrap();
+        (db, conn)
+    }
+
+    #[test]
+    fn a_payload_in_any_script_is_published_as_enqueued() {
+        let (_db, mut conn) = latin1_outbox("outbox_latin1_payload");
+        let id = conn
+            .transaction(|conn| outbox::enqueue(conn, "orders", PAYLOAD))
+            .unwrap_or_else(|e| panic!("a valid payload was refused: {e}"));
+        let published = publish_one_batch(&mut conn);
+        assert_eq!(published.len(), 1);
+        assert_eq!(
+            (published[0].id, published[0].payload.as_str()),
+            (id, PAYLOAD)
+        );
+    }
+
+    /// Outside strict mode the server does not refuse what it cannot store:
+    /// it writes `?` in its place, and the relay would publish another message.
+    #[test]
+    fn without_strict_mode_a_payload_is_not_published_changed() {
+        let (_db, mut conn) = latin1_outbox("outbox_latin1_not_strict");
+        conn.batch_execute("SET SESSION sql_mode = ''").unwrap();
+        conn.transaction(|conn| outbox::enqueue(conn, "orders", PAYLOAD))
+            .unwrap();
+        let published = publish_one_batch(&mut conn);
+        assert_eq!(published.len(), 1);
+        assert_eq!(
+            published[0].payload, PAYLOAD,
+            "the message published is not the one enqueued"
+        );
+    }
+
+    /// A broker's refusal in another language is the message's last error: the
+    /// relay records it and counts the attempt, so that the message backs off
+    /// and ends as a dead letter, instead of failing the whole batch's marks
+    /// and being published again on every pass.
+    #[test]
+    fn a_failure_reason_in_any_script_is_recorded() {
+        let (_db, mut conn) = latin1_outbox("outbox_latin1_reason");
+        conn.transaction(|conn| outbox::enqueue(conn, "orders", "{}"))
+            .unwrap();
+        let failed = Relay::default().publish_batch(&mut conn, 10, |batch| {
+            Ok::<_, Error>(vec![Err("代理拒绝了消息".to_owned()); batch.len()])
+        });
+        assert!(failed.is_ok(), "the relay's pass failed: {failed:?}");
+        let (attempts, last_error): (i32, Option<String>) = lockkit_outbox::table
+            .select((lockkit_outbox::attempts, lockkit_outbox::last_error))
+            .first(&mut conn)
+            .unwrap();
+        assert_eq!(
+            (attempts, last_error.as_deref()),
+            (1, Some("代理拒绝了消息"))
+        );
+    }
+}
+
 /// The order and its message in a lockkit transaction that retries
 /// (`transaction_with_retry`). Its work does a best-effort extra whose failure
 /// it ignores, and that extra is a deadlock's victim: InnoDB rolls back the
