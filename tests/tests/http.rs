@@ -327,4 +327,36 @@ lockkit_tests::backend_tests! {
         let sold = server.send("POST", "/items/1/sell", &[], "");
         assert_eq!((sold.status, &sold.body), (200, &json!({ "left": 4 })));
     }
+
+    /// What a client sends can make a write fail, never the server: a bulk
+    /// write of rows another client changed is 412 (409 with the versions in
+    /// the body), a row named twice 400, and a made-up tag at the version
+    /// type's maximum 409. None of them is a 500, and none writes anything.
+    fn a_clients_versions_are_refused_with_4xx_never_500(db) {
+        use lockkit::etag::{self, Problem, VersionIn};
+        let mut conn = db.conn();
+        seed_items(&mut conn, &[(1, 10), (2, 10)]);
+        Item::update_by_version(&mut conn, 2, 0, items::stock.eq(9)).unwrap();
+
+        let stale_rows = Item::update_all_by_version(&mut conn, &[(1, 0), (2, 0)], items::stock.eq(0)).unwrap_err();
+        assert!(matches!(stale_rows, lockkit::Error::StaleRows(_)), "{stale_rows:?}");
+        let problem = Problem::from_error(&stale_rows);
+        assert_eq!((problem.status, problem.title), (412, "Precondition Failed"), "{problem:?}");
+        assert!(!problem.detail.contains("items"), "no table names for clients: {}", problem.detail);
+        assert_eq!(etag::status_for_version_in(&stale_rows, VersionIn::Body), 409);
+
+        let twice = Item::update_all_by_version(&mut conn, &[(1, 0), (1, 0)], items::stock.eq(0)).unwrap_err();
+        assert!(matches!(twice, lockkit::Error::DuplicateKey { .. }), "{twice:?}");
+        assert_eq!(Problem::from_error(&twice).status, 400);
+
+        let made_up = etag::expected_version::<i32>(Some("\"v2147483647\"")).unwrap();
+        let overflow = made_up
+            .apply(&mut conn, |c| items::table.find(1).select(items::lock_version).first(c).map_err(lockkit::Error::from), |c, v| Item::update_by_version(c, 1, v, items::stock.eq(0)))
+            .unwrap_err();
+        assert!(matches!(overflow, lockkit::Error::VersionOverflow { .. }), "{overflow:?}");
+        let problem = Problem::from_error(&overflow);
+        assert_eq!(problem.status, 409, "{problem:?}");
+        assert!(!problem.detail.contains("items"), "no table names for clients: {}", problem.detail);
+        assert_eq!((stock_of!(&mut conn, 1), stock_of!(&mut conn, 2)), (10, 9), "nothing written");
+    }
 }

@@ -22,6 +22,11 @@
 //! `bound-etags` ([`ETagSecret`]). `GET` answers `304 Not Modified` when
 //! `If-None-Match` holds the current tag ([`not_modified`]).
 //!
+//! A tag names a version of a row, not the row's life: a row deleted and
+//! created again under the same key at the same version (a natural key, a
+//! client that creates with `PUT`) takes the tags of the old one, plain and
+//! bound alike. Create it again with a version past the old one's.
+//!
 //! ```
 //! use lockkit::etag::{self, ETag, Expected};
 //!
@@ -406,10 +411,13 @@ pub fn expected_version<V: VersionNumber>(
 
 /// The HTTP status for a lockkit error in a write handler whose version came in
 /// `If-Match`: `Stale` → 412 (the client's copy is old; 404 when the row is gone),
-/// `NotFound` → 404, a conditional update that matched nothing, an idempotency
-/// key in use or a fenced write refused for an older fence → 409, a reused
-/// idempotency key → 422, invalid input → 400, lock contention → 503 (try again,
-/// with `Retry-After`), anything else → 500.
+/// and `StaleRows` (some of a bulk write's rows changed) → 412, `NotFound` →
+/// 404, a conditional update that matched nothing, an idempotency key in use, a
+/// fenced write refused for an older fence or a version at its type's maximum
+/// (a tag the client made up, or a row no write can follow) → 409, a reused
+/// idempotency key → 422, invalid input or a row named twice → 400, lock
+/// contention → 503 (try again, with `Retry-After`), a transaction the server
+/// rolled back → the status of what rolled it back, anything else → 500.
 pub fn status_for(error: &Error) -> u16 {
     status_for_version_in(error, VersionIn::IfMatch)
 }
@@ -460,6 +468,14 @@ enum Refusal<'a> {
     /// 412 (409 for a version from the body): the row changed since the client
     /// read it.
     Changed(&'a StaleObjectError, VersionIn),
+    /// 412 (409 for versions from the body): some of the rows of a bulk write
+    /// changed since the client read them; nothing was written.
+    RowsChanged(VersionIn),
+    /// 409: no write can follow the version the client sent (its type's
+    /// maximum).
+    Unwritable,
+    /// 400: the client named one row twice.
+    NamedTwice,
     /// 404: the row is gone, or never was.
     NotFound,
     /// 409: a condition did not hold, the same key is still running, or a newer
@@ -486,6 +502,10 @@ impl<'a> Refusal<'a> {
             | Error::NoRowMatched
             | Error::IdempotencyInProgress
             | Error::Fenced { .. } => Refusal::Conflict,
+            Error::StaleRows(_) => Refusal::RowsChanged(version_in),
+            Error::VersionOverflow { .. } => Refusal::Unwritable,
+            Error::DuplicateKey { .. } => Refusal::NamedTwice,
+            Error::TransactionAborted(aborted) => Refusal::of(aborted.cause(), version_in),
             Error::IdempotencyKeyReused => Refusal::KeyReused,
             Error::InvalidInput(_) => Refusal::BadRequest,
             Error::Busy
@@ -501,10 +521,12 @@ impl<'a> Refusal<'a> {
         match self {
             Refusal::Changed(_, VersionIn::IfMatch) => 412,
             Refusal::Changed(_, VersionIn::Body) => 409,
+            Refusal::RowsChanged(VersionIn::IfMatch) => 412,
+            Refusal::RowsChanged(VersionIn::Body) => 409,
             Refusal::NotFound => 404,
-            Refusal::Conflict => 409,
+            Refusal::Conflict | Refusal::Unwritable => 409,
             Refusal::KeyReused => 422,
-            Refusal::BadRequest => 400,
+            Refusal::BadRequest | Refusal::NamedTwice => 400,
             Refusal::Busy => 503,
             Refusal::Failed => 500,
         }
@@ -514,10 +536,12 @@ impl<'a> Refusal<'a> {
         match self {
             Refusal::Changed(_, VersionIn::IfMatch) => "Precondition Failed",
             Refusal::Changed(_, VersionIn::Body) => "Conflict",
+            Refusal::RowsChanged(VersionIn::IfMatch) => "Precondition Failed",
+            Refusal::RowsChanged(VersionIn::Body) => "Conflict",
             Refusal::NotFound => "Not Found",
-            Refusal::Conflict => "Conflict",
+            Refusal::Conflict | Refusal::Unwritable => "Conflict",
             Refusal::KeyReused => "Unprocessable Content",
-            Refusal::BadRequest => "Bad Request",
+            Refusal::BadRequest | Refusal::NamedTwice => "Bad Request",
             Refusal::Busy => "Service Unavailable",
             Refusal::Failed => "Internal Server Error",
         }
@@ -662,6 +686,11 @@ impl Problem {
                      re-read it (GET) and apply your change to the current version"
                     .to_owned(),
             },
+            Refusal::RowsChanged(_) => "some of the resources were changed by someone else after you read them, \
+                 and nothing was written; re-read them (GET) and apply your change to their current versions"
+                .to_owned(),
+            Refusal::Unwritable => "no write can follow the version you sent; re-read the resource (GET)".to_owned(),
+            Refusal::NamedTwice => "the request names one resource more than once; nothing was written".to_owned(),
             Refusal::NotFound => "the resource does not exist".to_owned(),
             Refusal::Conflict | Refusal::KeyReused | Refusal::BadRequest => error.to_string(),
             Refusal::Busy => "the resource is busy with other changes; try again".to_owned(),
@@ -826,6 +855,14 @@ mod tests {
         assert!("W/\"v4\"".parse::<ETag>().is_err());
         assert_eq!(status_for(&Error::NotFound), 404);
         assert_eq!(status_for(&Error::Deadlock), 503);
+        // A deadlock that rolled back the caller's own transaction: the status
+        // of the deadlock, which a retry of the whole request may get past.
+        let aborted = Error::TransactionAborted(crate::error::Aborted::new(Error::Deadlock));
+        assert_eq!(
+            Problem::from_error(&aborted).retry_after,
+            Some(RETRY_AFTER_SECONDS)
+        );
+        assert_eq!(status_for(&aborted), 503);
         assert_eq!(Problem::from_if_match(&IfMatchError::Missing).status, 428);
     }
 }
