@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
+use crate::transaction::journal::Ended;
 use crate::transaction::{self, Failure};
 
 /// What the retrying calls ([`retry()`], [`transaction_with_retry`],
@@ -195,10 +196,17 @@ impl RetryPolicy {
 /// once, for you to roll back (return it from the transaction's closure). Once
 /// the transaction has rolled back, the error is retryable like its cause
 /// ([`Aborted::is_settled`](crate::Aborted::is_settled)), so a `retry` around the
-/// whole transaction runs it again. On PostgreSQL any failed statement leaves
-/// the transaction unusable until it (or a savepoint) rolls back: a `retry`
-/// inside a transaction runs its work again into "current transaction is
-/// aborted". Put the retry around the transaction:
+/// whole transaction runs it again. A plain Diesel statement of `op` that ends
+/// the open transaction (on MySQL/MariaDB a deadlock's victim, after which
+/// statements run in autocommit; on PostgreSQL any failure, after which
+/// statements fail until a savepoint rolls back) is seen by lockkit's journal
+/// on a connection it watches (see [`journal`](crate::journal)): `retry`
+/// then returns the error at once instead of running `op` again, in
+/// autocommit or in the aborted transaction, for the transaction's owner to
+/// run the whole of it again. On a connection no lockkit call has watched
+/// yet, or one with instrumentation of its own not wrapped in
+/// [`Journal::wrap`](crate::journal::Journal::wrap), `retry` cannot know. So
+/// put the retry around the transaction:
 /// [`transaction_with_retry`], or `retry` around `with_lock`, whose
 /// transaction hands back the first failure when its work went on after it.
 /// [`transaction_with_retry`] also makes again, between its attempts, what the
@@ -233,11 +241,16 @@ where
 {
     let mut attempt = 1;
     loop {
+        let mark = Ended::mark();
         let err = match op(attempt) {
             Ok(value) => return Ok(value),
             Err(err) => err,
         };
-        match after_failure(policy, attempt, err, &retryable) {
+        // An attempt under which a statement ended the open transaction ran
+        // inside it: the next would run in autocommit (MySQL/MariaDB) or into
+        // the aborted transaction (PostgreSQL). Its owner retries it whole.
+        let ended = Ended::since(mark);
+        match after_failure(policy, attempt, err, |err| !ended && retryable(err)) {
             Next::GiveUp(err) => return Err(err),
             Next::RetryAfter(delay) => {
                 if !delay.is_zero() {

@@ -780,6 +780,82 @@ mod mysql_aborted {
         );
     }
 
+    /// A plain Diesel sale of one unit of item 2: `retry` sees no connection,
+    /// and the error is the deadlock `From` made of Diesel's.
+    fn plain_sale(conn: &mut MysqlConnection) -> Result<(), Error> {
+        diesel::update(items::table.find(2))
+            .set(items::stock.eq(items::stock - 1))
+            .execute(conn)?;
+        Ok(())
+    }
+
+    #[test]
+    fn a_deadlocked_plain_write_under_a_nested_retry_is_not_applied_twice_by_the_owners_retry() {
+        // The owner's transaction records order line `run`, then a `retry`
+        // inside it runs a plain Diesel sale, the deadlock's victim: InnoDB
+        // rolled back the whole transaction, so a second attempt in it would
+        // commit on its own, and the owner's rerun would sell again.
+        let db = TestDb::<MysqlConnection>::new("owner_retry_plain_deadlock");
+        let mut runs = 0;
+        let mut attempts = 0;
+        let outcome: Result<(), Error> = beside_neighbour(&db, "mysql", |conn, cue| {
+            lockkit::transaction_with_retry(conn, &RetryPolicy::default(), |conn| {
+                runs += 1;
+                exec(conn, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
+                let line =
+                    format!("INSERT INTO orders (id, item_id, qty) VALUES ({runs}, NULL, 1)");
+                exec(conn, &line);
+                if runs == 1 {
+                    cue.wait();
+                }
+                retry(&RetryPolicy::default(), |_| {
+                    attempts += 1;
+                    plain_sale(conn)
+                })
+            })
+        });
+        let (stock, lines) = sold_and_lines(&db);
+        assert!(
+            outcome.is_ok() && (stock, lines) == (9, 1),
+            "item 2's stock {stock}, order lines {lines} after {runs} runs of the outer \
+             transaction and {attempts} attempts of the inner retry; the caller got {outcome:?}"
+        );
+    }
+
+    #[test]
+    fn a_deadlocked_plain_write_under_a_nested_retry_in_your_transaction_commits_nothing() {
+        // The caller's own transaction, which locks item 1 through lockkit
+        // (`lock_all`, so lockkit watches the connection), then runs a plain
+        // sale in a `retry`: the sale is the deadlock's victim, and its retry
+        // must not run again in autocommit.
+        let db = TestDb::<MysqlConnection>::new("nested_retry_plain_deadlock");
+        let mut attempts = 0;
+        let outcome: Result<(), Error> = beside_neighbour(&db, "mysql", |conn, cue| {
+            conn.transaction(|conn| {
+                exec(
+                    conn,
+                    "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)",
+                );
+                Item::lock_all(conn, &[1])?;
+                cue.wait();
+                retry(&RetryPolicy::default(), |_| {
+                    attempts += 1;
+                    plain_sale(conn)
+                })
+            })
+        });
+        let (stock, lines) = sold_and_lines(&db);
+        assert!(
+            (stock, lines) == (10, 0),
+            "half of the caller's transaction committed: item 2's stock {stock}, order lines \
+             {lines}, after {attempts} attempts; the caller got {outcome:?}"
+        );
+        assert!(
+            matches!(outcome, Err(Error::Deadlock)),
+            "the deadlock is handed back, retryable by a retry around the transaction: {outcome:?}"
+        );
+    }
+
     #[test]
     fn a_write_after_a_caught_abort_of_a_versioned_write_is_refused() {
         // README, Guarantees: "A write after a caught abort is refused". The

@@ -17,6 +17,13 @@ use crate::retry::{RetryPolicy, RetryableError};
 /// has run `policy.attempts()` times, sleeping (asynchronously) with backoff
 /// and jitter between attempts. `op` gets the attempt number, from 1.
 ///
+/// Put it around a transaction, never inside one: it sees no connection, and
+/// a task moves between threads, so unlike the blocking
+/// [`retry`](crate::retry()) it cannot tell that a statement of `op` ended the
+/// open transaction (a deadlock's victim on MySQL/MariaDB, whose next attempt
+/// would run in autocommit). [`transaction_with_retry`](super::transaction_with_retry)
+/// asks the server.
+///
 /// # Errors
 ///
 /// The first error that is not retryable, or the last one through

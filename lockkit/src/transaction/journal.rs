@@ -285,8 +285,12 @@ struct Aborts {
     /// Diesel told of a `BEGIN` or `SAVEPOINT` whose answer has not come: if
     /// it fails, the level never opened.
     opening: bool,
-    /// The error that ended the open transaction (its kind and message).
+    /// The error that ended the open transaction (its kind and message). Set
+    /// and cleared through [`Aborts::ended`] and [`Aborts::not_ended`], which
+    /// keep [`ENDED`] in step.
     ended_by: Option<(DatabaseErrorKind, String)>,
+    /// This journal's entry in [`ENDED`] while `ended_by` is set.
+    ended_entry: Option<u64>,
     /// A rollback to a savepoint was sent after such an error: on PostgreSQL
     /// its success revives the transaction.
     reviving: bool,
@@ -324,6 +328,24 @@ struct Orphan {
 }
 
 impl Aborts {
+    /// A statement ended the open transaction with `cause`: recorded, and
+    /// entered in [`ENDED`] for the thread that saw it.
+    fn ended(&mut self, cause: (DatabaseErrorKind, String)) {
+        self.ended_by = Some(cause);
+        if self.ended_entry.is_none() {
+            self.ended_entry = Some(Ended::enter());
+        }
+    }
+
+    /// Nothing (any more) ended the open transaction: a rollback to a
+    /// savepoint revived it, the server said it is alive, or it is over.
+    fn not_ended(&mut self) {
+        self.ended_by = None;
+        if let Some(entry) = self.ended_entry.take() {
+            Ended::leave(entry);
+        }
+    }
+
     /// The open transaction ended (or the session did): every abort reported in
     /// it is settled.
     fn settle(&mut self) {
@@ -335,7 +357,7 @@ impl Aborts {
     /// No transaction is open any more: nothing ended it, nothing is unsure,
     /// and every abort reported in it is settled.
     fn closed(&mut self) {
-        self.ended_by = None;
+        self.not_ended();
         self.failed = None;
         self.reviving = false;
         self.unsure = false;
@@ -383,14 +405,14 @@ impl Aborts {
                 }
                 if std::mem::take(&mut self.reviving) {
                     if error.is_none() {
-                        self.ended_by = None;
+                        self.not_ended();
                     }
                 } else if error.is_none() {
                     // PostgreSQL runs nothing in an aborted transaction but a
                     // rollback: a statement that succeeded there was one to a
                     // savepoint (the work's own SQL), which revived it.
                     if self.ended_by.is_some() && self.ends == Ends::UntilSavepointRollback {
-                        self.ended_by = None;
+                        self.not_ended();
                     }
                 } else if let Some(diesel::result::Error::DatabaseError(kind, info)) = error {
                     // A journal whose backend type names no server (a
@@ -409,7 +431,7 @@ impl Aborts {
                     if self.depth > 0 && self.ended_by.is_some() {
                         self.failed_after = true;
                     } else if self.depth > 0 && self.ends.by(*kind, info.message()) {
-                        self.ended_by = Some((*kind, info.message().to_owned()));
+                        self.ended((*kind, info.message().to_owned()));
                         self.failed_after = false;
                     }
                     if self.depth > 0 && self.ends == Ends::Never && self.failed.is_none() {
@@ -604,6 +626,60 @@ impl Drop for Journal {
         // sees one settled sees its versions rolled back.
         drop(self.record.take());
         self.aborts.settle();
+        self.aborts.not_ended();
+    }
+}
+
+/// The transactions a statement ended under code that still runs in them:
+/// one entry per journal whose [`Aborts::ended_by`] is set, with the thread
+/// whose statement ended it. A blocking [`retry`](crate::retry()) asks it
+/// ([`Ended::since`]) before it runs an attempt again: an attempt that left
+/// such a transaction behind ran inside it, and a second attempt would run
+/// in autocommit on MySQL/MariaDB (committing on its own), or fail again on
+/// PostgreSQL. Touched only when a transaction ends under a statement and
+/// when that is over, never on the path of a statement that succeeds.
+pub(crate) struct Ended;
+
+/// [`Ended`]'s entries: the thread, and the entry's number.
+static ENDED: std::sync::Mutex<Vec<(std::thread::ThreadId, u64)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// The number of the latest entry [`Ended`] made.
+static ENDED_COUNT: AtomicU64 = AtomicU64::new(0);
+
+impl Ended {
+    fn entries() -> std::sync::MutexGuard<'static, Vec<(std::thread::ThreadId, u64)>> {
+        ENDED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn enter() -> u64 {
+        let entry = ENDED_COUNT.fetch_add(1, Ordering::Relaxed) + 1;
+        Ended::entries().push((std::thread::current().id(), entry));
+        entry
+    }
+
+    fn leave(entry: u64) {
+        Ended::entries().retain(|&(_, e)| e != entry);
+    }
+
+    /// Where the entries stand now, for [`Ended::since`].
+    pub(crate) fn mark() -> u64 {
+        ENDED_COUNT.load(Ordering::Relaxed)
+    }
+
+    /// Whether a statement on this thread ended a transaction after `mark`,
+    /// under code that still runs in it (not rolled back, no savepoint
+    /// rolled back to revive it).
+    pub(crate) fn since(mark: u64) -> bool {
+        if ENDED_COUNT.load(Ordering::Relaxed) == mark {
+            return false;
+        }
+        let thread = std::thread::current().id();
+        Ended::entries()
+            .iter()
+            .any(|&(t, entry)| t == thread && entry > mark)
     }
 }
 
@@ -888,7 +964,7 @@ fn watched<W: Watched>(conn: &mut W, ends: impl FnOnce(&mut W) -> Ends) -> Optio
         // (a SQLite trigger's error in InnoDB's words) ended nothing.
         if let Some((kind, message)) = &journal.aborts.ended_by {
             if !rule.by(*kind, message) {
-                journal.aborts.ended_by = None;
+                journal.aborts.not_ended();
             }
         }
         journal.aborts.ends = rule;
@@ -920,7 +996,7 @@ const FAILED_UNSEEN: &str = "a statement rolled back the whole transaction befor
 /// error path only.
 pub(crate) fn forget_abort<W: Watched>(conn: &mut W) {
     if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
-        journal.aborts.ended_by = None;
+        journal.aborts.not_ended();
         journal.aborts.missed = false;
     }
 }
@@ -966,8 +1042,9 @@ pub(crate) fn answered<W: Watched>(conn: &mut W, ended: Option<&Error>) {
         journal.aborts.unsure = false;
         journal.aborts.missed = false;
         if matches!(ended, Some(Error::Deadlock)) && journal.aborts.ended_by.is_none() {
-            journal.aborts.ended_by =
-                Some((DatabaseErrorKind::Unknown, UNSEEN_DEADLOCK.to_owned()));
+            journal
+                .aborts
+                .ended((DatabaseErrorKind::Unknown, UNSEEN_DEADLOCK.to_owned()));
         }
     }
 }
