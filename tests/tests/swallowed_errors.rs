@@ -348,6 +348,30 @@ mod sqlite_only {
     }
 
     #[test]
+    fn a_row_lock_after_your_own_statement_rolled_back_the_whole_transaction_is_refused() {
+        // `lock()` on a model without a version column: in autocommit its
+        // write lock and its read would hold nothing, and the caller's
+        // read-change-write after it would run unprotected.
+        use lockkit::prelude::*;
+        use lockkit_tests::models::Job;
+        use lockkit_tests::schema::jobs;
+        let db = out_of_stock_db("raise_rollback_lock", &[(1, 0)]);
+        exec(
+            &mut db.conn(),
+            "INSERT INTO jobs (id, payload, done) VALUES (1, 'a', false)",
+        );
+        let mut conn = db.connect();
+        let mut job: Job = jobs::table.find(1).first(&mut conn).unwrap();
+        let mut locked = None;
+        let outcome = diesel::Connection::transaction(&mut conn, |conn| {
+            oversell_item_1(conn);
+            locked = Some(job.lock(conn));
+            Ok::<_, diesel::result::Error>(())
+        });
+        nothing_committed(&db, &[0], &outcome, locked);
+    }
+
+    #[test]
     fn an_outbox_message_after_your_own_statement_rolled_back_the_whole_transaction_is_refused() {
         use diesel_migrations::MigrationHarness;
         let db = out_of_stock_db("raise_rollback_outbox", &[(1, 0)]);

@@ -256,6 +256,10 @@ pub trait Lockable: Sized {
     {
         let conn = conn.locking_connection();
         require_transaction(conn.in_transaction())?;
+        // A statement that ended the transaction (SQLite's whole-transaction
+        // rollback, a deadlock the caller let go): the lock would be taken in
+        // autocommit, and released at once.
+        require_live(conn)?;
         if let Some(reason) = conn.transaction_ended(None) {
             conn.keep_aborted(); // as at the end of a nested call that found it
             return Err(crate::transaction::journal::aborted(conn, reason));

@@ -334,17 +334,14 @@ const ENDED_UNSEEN: &str = "the transaction ended before lockkit's COMMIT: a dea
      back, or a statement of the work committed it implicitly (DDL, TRUNCATE, LOCK TABLES); \
      wrap the connection's instrumentation in lockkit::journal::Journal::wrap to tell which";
 
-/// Refuses a write in the caller's transaction once a statement has ended it
-/// (the work let a deadlock go on MySQL/MariaDB): an outbox message or an
-/// idempotency key's first write would otherwise run in autocommit and commit
-/// on its own, for work the server threw away. As a nested lockkit transaction
-/// refuses to start: [`Error::TransactionAborted`], and the caller's later
-/// statements are kept out of autocommit. The async connections' twin does the
-/// same.
-#[cfg_attr(
-    not(any(feature = "outbox", feature = "idempotency")),
-    allow(dead_code)
-)]
+/// Refuses a write or a lock in the caller's transaction once a statement has
+/// ended it (the work let a deadlock go on MySQL/MariaDB, or SQLite rolled the
+/// whole transaction back): an outbox message or an idempotency key's first
+/// write would otherwise run in autocommit and commit on its own, for work the
+/// server threw away, and a row lock would be released at once. As a nested
+/// lockkit transaction refuses to start: [`Error::TransactionAborted`], and the
+/// caller's later statements are kept out of autocommit. The async
+/// connections' twin does the same.
 pub(crate) fn require_live<C: Control>(conn: &mut C) -> Result<(), Error> {
     match ended_by_statement(conn) {
         Some(cause) => {
