@@ -361,6 +361,45 @@ mod postgres_only {
         .unwrap();
     }
 
+    /// Under READ COMMITTED, a locking read that waited for a transaction
+    /// which deleted a row and inserted it again skips the deleted row, and
+    /// the new one is not in its snapshot: `lock_all` must still return, and
+    /// lock, the row of every key, or refuse.
+    #[test]
+    fn lock_all_locks_a_row_deleted_and_inserted_again_by_the_transaction_it_waited_for() {
+        let db = TestDb::<PgConnection>::new("lock_all_reinserted");
+        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+        let mut replacer = db.connect();
+        replacer
+            .batch_execute(
+                "BEGIN; DELETE FROM items WHERE id = 2; \
+                 INSERT INTO items (id, name, stock, lock_version) VALUES (2, 'again', 7, 0)",
+            )
+            .unwrap();
+        let mut observer = db.connect();
+        let (session_tx, session_rx) = mpsc::channel();
+        let locked = thread::scope(|s| {
+            let locker = s.spawn(|| {
+                let mut conn = db.connect();
+                session_tx
+                    .send(lock_waits::session_id(&mut conn).unwrap())
+                    .unwrap();
+                locked_transaction(&mut conn, LockOptions::default(), |c| {
+                    let rows = Item::lock_all(c, &[1, 2])?;
+                    Ok::<_, Error>(rows.iter().map(|r| (r.id, r.stock)).collect::<Vec<_>>())
+                })
+            });
+            let session = session_rx.recv().unwrap();
+            look_until(Duration::from_secs(10), "lock_all never waited", || {
+                let found = lock_waits::blocked_sessions(&mut observer).unwrap();
+                found.into_iter().find(|s| s.session == session)
+            });
+            replacer.batch_execute("COMMIT").unwrap();
+            locker.join().unwrap()
+        });
+        assert_eq!(locked.unwrap(), vec![(1, 10), (2, 7)]);
+    }
+
     /// Holds row 1 of items with `options` on another connection while `during` runs.
     fn while_held<T>(
         db: &TestDb<PgConnection>,

@@ -322,11 +322,18 @@ where
             .await
             .map_err(classify)?;
         if locked.len() < chunk.len() {
-            for key in unmatched(chunk, &locked) {
+            // As on the blocking side: the keys without a row, read again.
+            let missed: Vec<M::Key> = unmatched(chunk, &locked).cloned().collect();
+            let again = M::load_all_locked(conn, missed.clone())
+                .await
+                .map_err(classify)?;
+            locked.extend(again);
+            for key in unmatched(&missed, &locked) {
                 if !M::exists(conn, key.clone()).await.map_err(classify)? {
                     return Err(Error::NotFound);
                 }
             }
+            locked.sort_by_key(Lockable::key);
             locked.dedup_by(|a, b| a.key() == b.key());
         }
         // A row found by keys of two chunks, before it is marked again (as on

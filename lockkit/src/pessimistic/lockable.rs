@@ -410,7 +410,11 @@ pub trait Lockable: Sized {
         for chunk in keys.chunks(MAX_KEYS_PER_STATEMENT) {
             let mut locked = Self::load_all_locked(conn, chunk.to_vec()).map_err(classify)?;
             if locked.len() < chunk.len() {
-                for key in unmatched(chunk, &locked) {
+                // Read the keys the read found no row for again, in a statement
+                // of its own (see [`unmatched`]).
+                let missed: Vec<Self::Key> = unmatched(chunk, &locked).cloned().collect();
+                locked.extend(Self::load_all_locked(conn, missed.clone()).map_err(classify)?);
+                for key in unmatched(&missed, &locked) {
                     if !Self::exists(conn, key.clone()).map_err(classify)? {
                         return Err(Error::NotFound);
                     }
@@ -478,9 +482,14 @@ impl<K: Ord + Clone> Returned<K> {
     }
 }
 
-/// The keys of `chunk` that no row of `locked` has: a key without a row, or
-/// (MySQL/MariaDB) keys that the column's collation holds equal ("k", "K"),
-/// which find one row. [`Lockable::lock_all`] asks whether each exists.
+/// The keys of `chunk` that no row of `locked` has: a key without a row; keys
+/// that the column's collation holds equal ("k", "K" on MySQL/MariaDB), which
+/// find one row; or, on PostgreSQL under `READ COMMITTED`, a key whose row a
+/// transaction the read waited for deleted and inserted again: the read skips
+/// the deleted row, and the new one is not in its snapshot.
+/// [`Lockable::lock_all`] reads them again, in a statement of their own (which
+/// sees and locks such a new row), then asks whether each key still without a
+/// row exists.
 pub(crate) fn unmatched<'k, M>(
     chunk: &'k [M::Key],
     locked: &[M],
