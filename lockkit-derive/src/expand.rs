@@ -74,6 +74,26 @@ fn expand_lockable(model: &Model<'_>) -> TokenStream {
         }
     };
 
+    // The key must be the `table!`'s primary key, column for column: lockkit
+    // finds the row with `table.find(key)`.
+    let key_check_span = model
+        .keys
+        .first()
+        .map_or_else(proc_macro2::Span::call_site, |k| k.ident.span());
+    let primary_key = match model.keys.as_slice() {
+        [key] => {
+            let column = &key.column;
+            quote!(#table::#column)
+        }
+        keys => {
+            let columns = keys.iter().map(|k| &k.column);
+            quote!((#(#table::#columns,)*))
+        }
+    };
+    let key_check = quote::quote_spanned! {key_check_span=>
+        ::lockkit::__private::key_is_primary_key::<#table::table, #primary_key>()
+    };
+
     let key_columns = model.keys.iter().map(|k| {
         let column = &k.column;
         quote!(<#table::#column as ::lockkit::__private::diesel::Column>::NAME)
@@ -97,6 +117,8 @@ fn expand_lockable(model: &Model<'_>) -> TokenStream {
                 #key_value
             }
         }
+
+        const _: fn() = || #key_check;
     }
 }
 

@@ -212,6 +212,7 @@ pub mod __private {
     pub use crate::optimistic::statement::{BySql, ByType};
     pub use crate::optimistic::updated_at::{NoUpdatedAt, SetUpdatedAt};
     pub use crate::optimistic::BumpVersion;
+    pub use crate::pessimistic::lockable::key_is_primary_key;
     pub use crate::pessimistic::NoVersion;
     pub use crate::{Lockable, Versioned};
     pub use diesel;

@@ -420,6 +420,7 @@ pub trait Lockable: Sized {
                     }
                 }
                 // A row found by two keys of this chunk is returned once.
+                locked.sort_by_key(Lockable::key);
                 locked.dedup_by(|a, b| a.key() == b.key());
             }
             // And a row found by keys of two chunks (before it is marked
@@ -480,6 +481,29 @@ impl<K: Ord + Clone> Returned<K> {
             locked.retain(|row| returned.insert(row.key()));
         }
     }
+}
+
+/// What the derive checks of a model's key: that it names the primary key of
+/// the model's `table!`, column for column, in the same order. lockkit finds a
+/// model's row with `table.find(key)`, which matches the `table!`'s key: a
+/// model key of other columns (or of the same ones in another order) would
+/// find, and write, another row. Implemented for a key and itself only.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "the model's key is `{Key}`, but its `table!`'s primary key is `{Self}`",
+    label = "lockkit finds the model's row with `table.find(key)`, which matches the `table!`'s primary key",
+    note = "name the `table!`'s primary key columns, in its order, in `#[diesel(primary_key(..))]` (without it, the key is the field `id`)"
+)]
+pub trait PrimaryKeyIs<Key> {}
+
+impl<Key> PrimaryKeyIs<Key> for Key {}
+
+/// The derive's call that checks [`PrimaryKeyIs`] at compile time.
+#[doc(hidden)]
+pub fn key_is_primary_key<T: diesel::Table, Key>()
+where
+    T::PrimaryKey: PrimaryKeyIs<Key>,
+{
 }
 
 /// The keys of `chunk` that no row of `locked` has: a key without a row; keys
