@@ -396,9 +396,16 @@ fn check_version_type(cx: &mut Ctxt, version: &ModelField<'_>) {
     }
 }
 
-/// `Some(T)` for `Option<T>`, matched by name as Diesel does.
+/// `Some(T)` for `Option<T>`, matched by name as Diesel does, also inside the
+/// invisible group a `macro_rules!` type fragment (`$t`) arrives in, or
+/// parentheses.
 pub fn option_inner(ty: &Type) -> Option<&Type> {
-    let Type::Path(path) = ty else { return None };
+    let path = match ty {
+        Type::Path(path) => path,
+        Type::Group(group) => return option_inner(&group.elem),
+        Type::Paren(paren) => return option_inner(&paren.elem),
+        _ => return None,
+    };
     let last = path.path.segments.last()?;
     if last.ident != "Option" {
         return None;

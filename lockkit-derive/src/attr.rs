@@ -59,7 +59,11 @@ pub fn diesel_container(cx: &mut Ctxt, attrs: &[Attribute]) -> DieselContainer {
     let mut out = DieselContainer::default();
     read_keys(cx, attrs, DIESEL, None, Pos::attr, |_, pos, meta| {
         if meta.path.is_ident("table_name") {
-            out.table_name = Some(diesel_eq(meta.input, "table_name = foo")?);
+            // Diesel's single-table derives (`AsChangeset`, `Identifiable`)
+            // use the first of several (`Insertable` takes them all): so does
+            // lockkit, which writes that table.
+            let table_name = diesel_eq(meta.input, "table_name = foo")?;
+            out.table_name.get_or_insert(table_name);
         } else if meta.path.is_ident("primary_key") {
             if meta.input.is_empty() {
                 return Err(diesel_format_error(

@@ -172,6 +172,51 @@ fn option_field_skipped_when_none() {
 }
 
 #[test]
+fn an_option_from_a_macro_fragment_is_skipped_when_none() {
+    // A `macro_rules!` type fragment (`$t`) reaches the derive in an invisible
+    // group: its `Option` is still one that Diesel skips when `None`.
+    let plain: DeriveInput = syn::parse_quote! {
+        #[diesel(table_name = documents)]
+        pub struct Document {
+            pub id: i64,
+            pub note: Option<String>,
+            pub lock_version: i64,
+        }
+    };
+    let mut grouped = plain.clone();
+    let syn::Data::Struct(data) = &mut grouped.data else {
+        unreachable!()
+    };
+    let note = data.fields.iter_mut().nth(1).unwrap();
+    note.ty = syn::Type::Group(syn::TypeGroup {
+        group_token: Default::default(),
+        elem: Box::new(note.ty.clone()),
+    });
+    assert_eq!(expand(&grouped), expand(&plain));
+    assert!(expand(&grouped).contains("BySql"));
+}
+
+#[test]
+fn the_first_of_several_table_names_is_the_one_written() {
+    // As Diesel's `AsChangeset` and `Identifiable` take it.
+    let input: DeriveInput = syn::parse_quote! {
+        #[diesel(table_name = items)]
+        #[diesel(table_name = items_history)]
+        pub struct Item {
+            pub id: i32,
+            pub stock: i32,
+            pub lock_version: i32,
+        }
+    };
+    let expanded = expand(&input);
+    assert!(
+        expanded.contains("type Table = items::table;"),
+        "{expanded}"
+    );
+    assert!(!expanded.contains("items_history::"), "{expanded}");
+}
+
+#[test]
 fn option_field_treat_none_as_null() {
     assert_expansion! {
         #[diesel(table_name = documents, treat_none_as_null = true)]
