@@ -11,6 +11,13 @@
 //! and a struct read before a raw write gets [`Error::Stale`](crate::Error::Stale)
 //! on its next versioned write.
 //!
+//! The trigger sees updates only. A row deleted and inserted again (`DELETE`
+//! then `INSERT`, MySQL's `REPLACE`, SQLite's `INSERT OR REPLACE`) is a new row
+//! to it, at the version its insert writes: a struct (or an ETag) read from the
+//! old row can match the new one. Write a row back with an upsert (`ON
+//! CONFLICT DO UPDATE`, `ON DUPLICATE KEY UPDATE`), which runs the update
+//! trigger, or insert it again with a version past the old one.
+//!
 //! Put the SQL in a migration:
 //!
 //! ```

@@ -429,6 +429,12 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// `expected_version`, without loading it first: for a version that arrives from
     /// outside (a form's hidden field, an `If-Match` header). Returns the new version.
     ///
+    /// Leave the version column out of `changes` (a struct that derives
+    /// `AsChangeset` with it: `#[diesel(skip_update)]` on the field, or a
+    /// changeset of the other columns): lockkit sets it. PostgreSQL refuses a
+    /// statement that sets a column twice, and MySQL/MariaDB, which assign
+    /// from left to right, would move the version to your value plus one.
+    ///
     /// # Errors
     ///
     /// * [`Error::Stale`] when no row matched the key and the expected version:

@@ -71,7 +71,8 @@
 //! // The consumer: the effect and the message id commit together; a
 //! // redelivery is recognised and skipped.
 //! let inbox = Inbox::new("stock").unwrap();
-//! let message_id = id.to_string();
+//! // The id names its outbox: a consumer of two services' messages meets two 7s.
+//! let message_id = format!("orders/{id}");
 //! for _delivery in 0..2 {
 //!     let received = inbox.receive(&mut conn, &message_id, |_conn| {
 //!         // .. reserve the stock ..
@@ -295,7 +296,10 @@ where
 #[non_exhaustive]
 pub struct OutboxMessage {
     /// The outbox row's id, increasing in commit order per connection: give it to
-    /// the broker as the message id, for the consumer's [`Inbox`].
+    /// the broker as the message id, for the consumer's [`Inbox`], with the name
+    /// of its outbox (`format!("orders/{id}")`) where a consumer reads from more
+    /// than one: two services' outboxes both have a message 7, and the inbox
+    /// would take the second for a redelivery of the first.
     pub id: i64,
     /// Where to publish it (a subject, routing key, topic).
     pub topic: String,
