@@ -484,3 +484,51 @@ mod mysql_only {
         );
     }
 }
+
+/// As the blocking `row_locks.rs` shows: under READ COMMITTED a locking read
+/// that waited for a transaction which deleted a row and inserted it again
+/// skips the deleted row, and the new one is not in its snapshot. `lock_all`
+/// must still return, and lock, the row of every key.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_all_locks_a_row_deleted_and_inserted_again_by_the_transaction_it_waited_for() {
+    use diesel::connection::SimpleConnection;
+    use lockkit::asynchronous::lock_waits;
+    let db = lockkit_tests::TestDb::<diesel::PgConnection>::new("async_lock_all_reinserted");
+    seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+    let mut replacer = db.connect();
+    replacer
+        .batch_execute(
+            "BEGIN; DELETE FROM items WHERE id = 2; \
+             INSERT INTO items (id, name, stock, lock_version) VALUES (2, 'again', 7, 0)",
+        )
+        .unwrap();
+    let mut conn: diesel_async::AsyncPgConnection =
+        async_common::connect(&db.url, "postgres").await;
+    let session = lock_waits::session_id(&mut conn).await.unwrap();
+    let locker = tokio::spawn(async move {
+        lockkit::asynchronous::locked_transaction(&mut conn, LockOptions::default(), async |c| {
+            let rows: Vec<Item> = lockkit::asynchronous::lock_all(c, &[1, 2]).await?;
+            Ok::<_, Error>(rows.iter().map(|r| (r.id, r.stock)).collect::<Vec<_>>())
+        })
+        .await
+    });
+    let mut observer: diesel_async::AsyncPgConnection =
+        async_common::connect(&db.url, "postgres").await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !lock_waits::blocked_sessions(&mut observer)
+        .await
+        .unwrap()
+        .iter()
+        .any(|s| s.session == session)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "lock_all never waited"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    replacer.batch_execute("COMMIT").unwrap();
+    let locked = locker.await.unwrap();
+    assert_eq!(locked.unwrap(), vec![(1, 10), (2, 7)]);
+}
