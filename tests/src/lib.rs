@@ -334,6 +334,12 @@ pub const SQLITE_OUT_OF_STOCK_ROLLS_BACK: &str =
     "CREATE TRIGGER out_of_stock BEFORE UPDATE OF stock ON items \
      WHEN NEW.stock < 0 BEGIN SELECT RAISE(ROLLBACK, 'out of stock'); END";
 
+/// Opens a transaction that replaces item 2 (stock 7) by deleting it and
+/// inserting it again, and leaves it open: a locking read of item 2 waits
+/// for it.
+pub const REPLACE_ITEM_2_UNCOMMITTED: &str = "BEGIN; DELETE FROM items WHERE id = 2; \
+     INSERT INTO items (id, name, stock, lock_version) VALUES (2, 'again', 7, 0)";
+
 /// One unit of item 2 sold, the stock left returned (`RETURNING`: PostgreSQL,
 /// SQLite 3.35+), read as [`Stock`].
 pub const SELL_ITEM_2_RETURNING: &str =

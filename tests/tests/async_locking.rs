@@ -498,10 +498,7 @@ async fn lock_all_locks_a_row_deleted_and_inserted_again_by_the_transaction_it_w
     seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
     let mut replacer = db.connect();
     replacer
-        .batch_execute(
-            "BEGIN; DELETE FROM items WHERE id = 2; \
-             INSERT INTO items (id, name, stock, lock_version) VALUES (2, 'again', 7, 0)",
-        )
+        .batch_execute(lockkit_tests::REPLACE_ITEM_2_UNCOMMITTED)
         .unwrap();
     let mut conn: diesel_async::AsyncPgConnection =
         async_common::connect(&db.url, "postgres").await;

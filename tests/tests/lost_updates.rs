@@ -780,13 +780,17 @@ mod mysql_aborted {
         );
     }
 
-    /// A plain Diesel sale of one unit of item 2: `retry` sees no connection,
-    /// and the error is the deadlock `From` made of Diesel's.
-    fn plain_sale(conn: &mut MysqlConnection) -> Result<(), Error> {
-        diesel::update(items::table.find(2))
-            .set(items::stock.eq(items::stock - 1))
-            .execute(conn)?;
-        Ok(())
+    /// A plain Diesel sale of one unit of item 2 in a `retry`, counting its
+    /// attempts: `retry` sees no connection, and the error is the deadlock
+    /// `From` made of Diesel's.
+    fn plain_sale_retried(conn: &mut MysqlConnection, attempts: &mut i32) -> Result<(), Error> {
+        retry(&RetryPolicy::default(), |_| {
+            *attempts += 1;
+            diesel::update(items::table.find(2))
+                .set(items::stock.eq(items::stock - 1))
+                .execute(conn)?;
+            Ok(())
+        })
     }
 
     #[test]
@@ -808,10 +812,7 @@ mod mysql_aborted {
                 if runs == 1 {
                     cue.wait();
                 }
-                retry(&RetryPolicy::default(), |_| {
-                    attempts += 1;
-                    plain_sale(conn)
-                })
+                plain_sale_retried(conn, &mut attempts)
             })
         });
         let (stock, lines) = sold_and_lines(&db);
@@ -838,10 +839,7 @@ mod mysql_aborted {
                 );
                 Item::lock_all(conn, &[1])?;
                 cue.wait();
-                retry(&RetryPolicy::default(), |_| {
-                    attempts += 1;
-                    plain_sale(conn)
-                })
+                plain_sale_retried(conn, &mut attempts)
             })
         });
         let (stock, lines) = sold_and_lines(&db);

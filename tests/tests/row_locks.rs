@@ -371,10 +371,7 @@ mod postgres_only {
         seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
         let mut replacer = db.connect();
         replacer
-            .batch_execute(
-                "BEGIN; DELETE FROM items WHERE id = 2; \
-                 INSERT INTO items (id, name, stock, lock_version) VALUES (2, 'again', 7, 0)",
-            )
+            .batch_execute(lockkit_tests::REPLACE_ITEM_2_UNCOMMITTED)
             .unwrap();
         let mut observer = db.connect();
         let (session_tx, session_rx) = mpsc::channel();
