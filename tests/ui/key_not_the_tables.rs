@@ -1,16 +1,8 @@
 // The model's key must be the `table!`'s primary key, in its order: lockkit
-// finds the row with `table.find(key)`, so `(line_no, order_id)` would write
-// the line `(order_id = line_no, line_no = order_id)`.
+// finds the row with `table.find(key)`, and `order_lines` is keyed
+// `(order_id, line_no)`, so `(line_no, order_id)` would write another line.
 use diesel::prelude::*;
-
-diesel::table! {
-    order_lines (order_id, line_no) {
-        order_id -> Integer,
-        line_no -> Integer,
-        qty -> Integer,
-        lock_version -> Integer,
-    }
-}
+use lockkit_tests::schema::order_lines;
 
 #[derive(Queryable, lockkit::Versioned)]
 #[diesel(table_name = order_lines, primary_key(line_no, order_id))]
