@@ -57,13 +57,22 @@ pub struct LockkitField {
 
 pub fn diesel_container(cx: &mut Ctxt, attrs: &[Attribute]) -> DieselContainer {
     let mut out = DieselContainer::default();
-    read_keys(cx, attrs, DIESEL, None, Pos::attr, |_, pos, meta| {
+    read_keys(cx, attrs, DIESEL, None, Pos::attr, |cx, pos, meta| {
         if meta.path.is_ident("table_name") {
-            // Diesel's single-table derives (`AsChangeset`, `Identifiable`)
-            // use the first of several (`Insertable` takes them all): so does
-            // lockkit, which writes that table.
             let table_name = diesel_eq(meta.input, "table_name = foo")?;
-            out.table_name.get_or_insert(table_name);
+            if out.table_name.is_some() {
+                // As Diesel's single-table derives (`AsChangeset`,
+                // `Selectable`) refuse it; `Queryable` and `Insertable`
+                // accept several.
+                cx.error_with_help(
+                    pos,
+                    &meta.path,
+                    "expected a single table name attribute",
+                    "lockkit writes one table: keep one `#[diesel(table_name = ..)]`",
+                );
+            } else {
+                out.table_name = Some(table_name);
+            }
         } else if meta.path.is_ident("primary_key") {
             if meta.input.is_empty() {
                 return Err(diesel_format_error(
