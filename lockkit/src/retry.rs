@@ -205,8 +205,11 @@ impl RetryPolicy {
 /// autocommit or in the aborted transaction, for the transaction's owner to
 /// run the whole of it again. On a connection no lockkit call has watched
 /// yet, or one with instrumentation of its own not wrapped in
-/// [`Journal::wrap`](crate::journal::Journal::wrap), `retry` cannot know. So
-/// put the retry around the transaction:
+/// [`Journal::wrap`](crate::journal::Journal::wrap), `retry` cannot know, nor
+/// after a MySQL/MariaDB lock wait timeout, which ends the transaction only
+/// on a server started with `--innodb-rollback-on-timeout` (elsewhere it
+/// ends the statement, and `retry` runs `op` again). So put the retry around
+/// the transaction:
 /// [`transaction_with_retry`], or `retry` around `with_lock`, whose
 /// transaction hands back the first failure when its work went on after it.
 /// [`transaction_with_retry`] also makes again, between its attempts, what the

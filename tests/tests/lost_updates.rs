@@ -824,6 +824,55 @@ mod mysql_aborted {
     }
 
     #[test]
+    fn a_lock_wait_timeout_under_a_nested_retry_is_retried_in_the_live_transaction() {
+        // A lock wait timeout ends the statement only (the server's default,
+        // without `--innodb-rollback-on-timeout`): the transaction is alive,
+        // and a `retry` inside it may run the sale again there. Another
+        // session holds item 2 for 2.5 s; each attempt waits 1 s.
+        let db = TestDb::<MysqlConnection>::new("nested_retry_lock_wait_timeout");
+        seed_for_deadlock(&mut db.conn());
+        let (held_tx, held_rx) = mpsc::channel();
+        let mut attempts = 0;
+        let outcome: Result<(), Error> = std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut holder = db.connect();
+                holder
+                    .transaction(|conn| {
+                        exec(conn, "SELECT id FROM items WHERE id = 2 FOR UPDATE");
+                        held_tx.send(()).unwrap();
+                        std::thread::sleep(std::time::Duration::from_millis(2_500));
+                        Ok::<_, diesel::result::Error>(())
+                    })
+                    .unwrap();
+            });
+            let mut conn = db.connect();
+            exec(&mut conn, "SET SESSION innodb_lock_wait_timeout = 1");
+            held_rx.recv().unwrap();
+            conn.transaction(|conn| {
+                exec(
+                    conn,
+                    "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)",
+                );
+                Item::lock_all(conn, &[1])?;
+                let policy = RetryPolicy::immediate(5);
+                retry(&policy, |_| {
+                    attempts += 1;
+                    diesel::update(items::table.find(2))
+                        .set(items::stock.eq(items::stock - 1))
+                        .execute(conn)?;
+                    Ok(())
+                })
+            })
+        });
+        let (stock, lines) = sold_and_lines(&db);
+        assert!(
+            outcome.is_ok() && (stock, lines) == (9, 1) && attempts > 1,
+            "item 2's stock {stock}, order lines {lines}, after {attempts} attempts; the caller \
+             got {outcome:?}"
+        );
+    }
+
+    #[test]
     fn a_deadlocked_plain_write_under_a_nested_retry_in_your_transaction_commits_nothing() {
         // The caller's own transaction, which locks item 1 through lockkit
         // (`lock_all`, so lockkit watches the connection), then runs a plain

@@ -329,10 +329,17 @@ struct Orphan {
 
 impl Aborts {
     /// A statement ended the open transaction with `cause`: recorded, and
-    /// entered in [`ENDED`] for the thread that saw it.
+    /// entered in [`ENDED`] for the thread that saw it, unless the cause is
+    /// a lock wait timeout on MySQL/MariaDB, which ends the transaction only
+    /// on a server started with `--innodb-rollback-on-timeout`: lockkit's
+    /// calls ask the server before they take it for an end, and a `retry`,
+    /// which cannot ask, runs again as it would after the statement alone
+    /// failed.
     fn ended(&mut self, cause: (DatabaseErrorKind, String)) {
+        let certain =
+            !(self.ends == Ends::OnDeadlock && classification::is_lock_wait_timeout(&cause.1));
         self.ended_by = Some(cause);
-        if self.ended_entry.is_none() {
+        if certain && self.ended_entry.is_none() {
             self.ended_entry = Some(Ended::enter());
         }
     }
