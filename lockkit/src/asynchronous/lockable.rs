@@ -333,8 +333,8 @@ where
                     return Err(Error::NotFound);
                 }
             }
-            locked.sort_by_key(Lockable::key);
-            locked.dedup_by(|a, b| a.key() == b.key());
+            let mut seen = std::collections::BTreeSet::new();
+            locked.retain(|row| seen.insert(row.key()));
         }
         // A row found by keys of two chunks, before it is marked again (as on
         // the blocking side).

@@ -419,9 +419,10 @@ pub trait Lockable: Sized {
                         return Err(Error::NotFound);
                     }
                 }
-                // A row found by two keys of this chunk is returned once.
-                locked.sort_by_key(Lockable::key);
-                locked.dedup_by(|a, b| a.key() == b.key());
+                // A row found by two keys of this chunk is returned once, in
+                // the order the server returned it.
+                let mut seen = std::collections::BTreeSet::new();
+                locked.retain(|row| seen.insert(row.key()));
             }
             // And a row found by keys of two chunks (before it is marked
             // again: a versioned row's version would advance twice).
@@ -513,7 +514,9 @@ where
 /// the deleted row, and the new one is not in its snapshot.
 /// [`Lockable::lock_all`] reads them again, in a statement of their own (which
 /// sees and locks such a new row), then asks whether each key still without a
-/// row exists.
+/// row exists. Such a row is locked after the rest of its chunk, out of key
+/// order: in that race only, a deadlock with another `lock_all` is possible,
+/// and reported as one (retryable).
 pub(crate) fn unmatched<'k, M>(
     chunk: &'k [M::Key],
     locked: &[M],
