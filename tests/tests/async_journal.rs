@@ -541,6 +541,53 @@ mod postgres_search_path {
     use diesel_async::AsyncPgConnection;
     use lockkit_tests::TestDb;
 
+    /// The blocking side's test of the same name (`combined.rs`): a savepoint
+    /// of diesel-async's own whose work let a failed statement go, which
+    /// rolls back to the savepoint, and the versioned write in it with it.
+    /// Unlike Diesel's, diesel-async's transaction did not announce a release
+    /// here even before the journal waited for the `RELEASE` to succeed: the
+    /// test keeps the two sides in step.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_in_a_savepoint_whose_release_failed_never_writes_over_a_later_commit() {
+        use diesel_async::AsyncConnection;
+        let db = TestDb::<diesel::PgConnection>::new("async_release_failed");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut a_conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
+        let mut b_conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
+        let mut a = item!(&mut a_conn, 1);
+        let a_ref = &mut a;
+        a_conn
+            .transaction(async |c| {
+                let inner = c
+                    .transaction(async |c| {
+                        a_ref.stock = 5;
+                        a_ref.update_versioned(c).await?;
+                        let _ = diesel::sql_query("SELECT 1 / 0").execute(c).await;
+                        Ok::<_, Error>(())
+                    })
+                    .await;
+                assert!(inner.is_err(), "{inner:?}");
+                Ok::<_, Error>(())
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            item!(&mut b_conn, 1).stock,
+            10,
+            "the savepoint's write rolled back"
+        );
+        let mut b = item!(&mut b_conn, 1);
+        b.stock = 7;
+        b.update_versioned(&mut b_conn).await.unwrap();
+        a.stock = 3;
+        let again = a.update_versioned(&mut a_conn).await;
+        let stock = item!(&mut b_conn, 1).stock;
+        assert!(
+            matches!(again, Err(Error::Stale(_))) && stock == 7,
+            "A's rolled-back 1 matched B's committed 1: {again:?}, stock {stock} (B's 7 lost)"
+        );
+    }
+
     /// The blocking side's `shared_table_through_search_paths`
     /// (`lost_updates`): schema-per-tenant connections (`search_path`
     /// tenant_N, public) reach the shared `public.items` through a `table!`

@@ -965,6 +965,41 @@ mod postgres_only {
     use diesel::PgConnection;
     use lockkit_tests::TestDb;
 
+    /// A savepoint whose work let a failed statement go: PostgreSQL refuses
+    /// its `RELEASE`, and Diesel rolls it back to the savepoint instead. The
+    /// versioned write in it was rolled back, though Diesel announced the
+    /// release before it failed; the outer transaction then commits.
+    #[test]
+    fn a_write_in_a_savepoint_whose_release_failed_never_writes_over_a_later_commit() {
+        let db = TestDb::<PgConnection>::new("release_failed");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let (mut a_conn, mut b_conn) = (db.connect(), db.connect());
+        let mut a = item!(&mut a_conn, 1);
+        a_conn
+            .transaction(|c| {
+                let inner: Result<(), Error> = c.transaction(|c| {
+                    a.stock = 5;
+                    a.update_versioned(c)?;
+                    let _ = diesel::sql_query("SELECT 1 / 0").execute(c);
+                    Ok(())
+                });
+                assert!(inner.is_err(), "{inner:?}");
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+        assert_eq!(
+            stock_of!(&mut b_conn),
+            10,
+            "the savepoint's write rolled back"
+        );
+        b_commits_then_a_is_stale!(
+            &mut a_conn,
+            &mut b_conn,
+            a,
+            "a savepoint whose RELEASE failed"
+        );
+    }
+
     #[test]
     fn a_session_that_carries_another_processs_marks_never_takes_one_for_this_processs() {
         let db = TestDb::<PgConnection>::new("unwatched_foreign_marks");

@@ -154,6 +154,11 @@ pub struct Journal {
     record: Option<Box<dyn Record>>,
     /// A top-level `COMMIT` was sent; its outcome comes with the next event.
     committing: bool,
+    /// The `RELEASE` of the savepoint at this depth was announced; it is
+    /// released once the statement succeeds. When it fails (PostgreSQL, in a
+    /// transaction a statement aborted), Diesel rolls back to the savepoint
+    /// instead, and says so.
+    releasing: Option<u32>,
     /// Whether a failed statement has ended the open transaction.
     aborts: Aborts,
     /// Statements to send again once the transaction that sent them rolled
@@ -517,6 +522,7 @@ impl Journal {
             inner: None,
             record: None,
             committing: false,
+            releasing: None,
             aborts: Aborts::default(),
             redo: ToRedo::default(),
             #[cfg(feature = "async")]
@@ -599,12 +605,18 @@ impl Instrumentation for Journal {
                     // Nothing to tell until a record was made.
                     self.committing = self.record.is_some() || !self.redo.entries.is_empty();
                 } else {
-                    self.ended(End::Released { depth: depth.get() });
+                    self.releasing = Some(depth.get());
                 }
             }
             InstrumentationEvent::RollbackTransaction { depth, .. } => {
                 self.committing = false;
+                self.releasing = None;
                 self.ended(End::RolledBack { depth: depth.get() });
+            }
+            InstrumentationEvent::FinishQuery { error, .. } if self.releasing.is_some() => {
+                if let (Some(depth), None) = (self.releasing.take(), error) {
+                    self.ended(End::Released { depth });
+                }
             }
             InstrumentationEvent::FinishQuery { error, .. } if self.committing => {
                 self.committing = false;
@@ -1128,6 +1140,7 @@ pub(crate) fn orphan<W: Watched>(
         Some(orphan) => (orphan.kind, orphan.message),
         None => {
             journal.committing = false;
+            journal.releasing = None;
             journal.ended(End::RolledBack { depth: 1 });
             failed
                 .or_else(|| journal.aborts.failed.take())
@@ -1160,6 +1173,7 @@ pub(crate) fn outermost_ended<W: Watched>(conn: &mut W) {
     journal.aborts.orphaned = None;
     if journal.aborts.depth > 0 {
         journal.committing = false;
+        journal.releasing = None;
         journal.ended(End::RolledBack { depth: 1 });
         journal.aborts.depth = 0;
         journal.aborts.closed();
@@ -1197,6 +1211,7 @@ pub(crate) fn ended_unseen<W: Watched>(conn: &mut W) -> Option<u32> {
         return None;
     }
     journal.committing = false;
+    journal.releasing = None;
     journal.ended(End::RolledBack { depth: now + 1 });
     journal.aborts.depth = now;
     if now == 0 {
