@@ -689,7 +689,7 @@ impl Problem {
             Refusal::RowsChanged(_) => "some of the resources were changed by someone else after you read them, \
                  and nothing was written; re-read them (GET) and apply your change to their current versions"
                 .to_owned(),
-            Refusal::Unwritable => "no write can follow the version you sent; re-read the resource (GET)".to_owned(),
+            Refusal::Unwritable => "the version cannot go higher: no write can follow it; re-read the resource (GET)".to_owned(),
             Refusal::NamedTwice => "the request names one resource more than once; nothing was written".to_owned(),
             Refusal::NotFound => "the resource does not exist".to_owned(),
             Refusal::Conflict | Refusal::KeyReused | Refusal::BadRequest => error.to_string(),

@@ -205,16 +205,16 @@ pub trait Lockable: Sized {
     /// [`with_lock`](Self::with_lock): an optimistic writer who read the row
     /// before gets [`Error::Stale`], and `self` carries the new version.
     ///
-    /// On MariaDB lockkit first asks the server whether the transaction Diesel
-    /// believes open still is (a deadlock ends InnoDB's transaction behind
-    /// Diesel's back); if not, [`Error::TransactionAborted`]: return it from
-    /// your transaction's closure. On PostgreSQL and SQLite Diesel's count of
-    /// open transactions is the answer.
+    /// lockkit first makes sure that the transaction Diesel believes open still
+    /// is: a statement its journal saw end it (a deadlock on MySQL/MariaDB, a
+    /// failed statement on PostgreSQL, SQLite's whole-transaction rollback),
+    /// and on MariaDB the server's own answer. If not, [`Error::TransactionAborted`]:
+    /// return it from your transaction's closure.
     ///
     /// # Errors
     ///
     /// * [`Error::NotInTransaction`] outside a transaction; nothing is sent.
-    /// * [`Error::TransactionAborted`] (MariaDB) when the server already ended the
+    /// * [`Error::TransactionAborted`] when the server already ended the
     ///   transaction.
     /// * [`Error::NotFound`] when the row is gone; `self` is left as it was.
     /// * [`Error::LockTimeout`], [`Error::Deadlock`] (SQLite: [`Error::Busy`]) when
