@@ -219,3 +219,23 @@ pub fn assert_refused<T: std::fmt::Debug, U: std::fmt::Debug>(
         "the write got {write:?}, the caller {outcome:?}; {rows}"
     );
 }
+
+/// Opens lockkit's read-only stand-in on `conn`, a MySQL/MariaDB connection of
+/// its own: a nested `transaction_with_retry` in a transaction the caller
+/// already rolled back behind Diesel's back. Every lockkit transaction that
+/// runs in the process meanwhile then asks the server before its `COMMIT`
+/// whether it is still its own.
+#[cfg(feature = "mysql")]
+pub fn open_a_stand_in(conn: &mut diesel::MysqlConnection) {
+    use diesel::connection::SimpleConnection;
+    let nested = conn.transaction(|conn| {
+        conn.batch_execute("ROLLBACK")?;
+        lockkit::transaction_with_retry(conn, &lockkit::RetryPolicy::immediate(1), |_| {
+            Err::<(), _>(Error::Busy)
+        })
+    });
+    assert!(
+        matches!(nested, Err(Error::TransactionAborted(_))),
+        "{nested:?}"
+    );
+}
