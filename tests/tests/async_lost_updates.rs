@@ -453,4 +453,51 @@ mod mysql_aborted {
         .await;
         assert_retried_whole(stage, &runs, outcome).await;
     }
+
+    /// The blocking side's `work_whose_transaction_ended_without_a_failed_statement_is_not_run_again`,
+    /// on diesel-async: the work sells, a statement commits the transaction
+    /// implicitly, the work sells again (committed on its own) while another
+    /// connection of the process opens a stand-in. lockkit asks before COMMIT,
+    /// finds no transaction open, and must not run the work again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn work_whose_transaction_ended_without_a_failed_statement_is_not_run_again() {
+        let db = lockkit_tests::TestDb::<Blocking>::new("async_ended_without_a_failed_statement");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn: Async = async_common::connect(&db.url, "mysql").await;
+        let other = Mutex::new(db.connect());
+        let attempts = AtomicU32::new(0);
+        let outcome = lockkit::asynchronous::transaction_with_retry(
+            &mut conn,
+            &RetryPolicy::immediate(3),
+            async |conn| {
+                attempts.fetch_add(1, Ordering::SeqCst);
+                let sell =
+                    diesel::update(items::table.find(1)).set(items::stock.eq(items::stock - 1));
+                sell.clone().execute(conn).await?;
+                conn.batch_execute("CREATE TABLE IF NOT EXISTS committed_implicitly (id INT)")
+                    .await?;
+                sell.execute(conn).await?;
+                lockkit_tests::aborts::open_a_stand_in(&mut other.lock().unwrap());
+                Ok::<_, Error>(())
+            },
+        )
+        .await;
+        let attempts = AtomicU32::load(&attempts, Ordering::SeqCst);
+        assert_eq!(
+            attempts, 1,
+            "the work ran again; the caller got {outcome:?}"
+        );
+        assert!(
+            outcome.as_ref().is_err_and(|err| !err.is_retryable()),
+            "{outcome:?}"
+        );
+        let mut fresh: Async = async_common::connect(&db.url, "mysql").await;
+        let stock: i32 = items::table
+            .find(1)
+            .select(items::stock)
+            .first(&mut fresh)
+            .await
+            .unwrap();
+        assert_eq!(stock, 8);
+    }
 }

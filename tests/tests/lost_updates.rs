@@ -1101,6 +1101,48 @@ mod mysql_aborted {
             })
         });
     }
+
+    #[test]
+    fn work_whose_transaction_ended_without_a_failed_statement_is_not_run_again() {
+        // The work sells one unit, then the transaction ends under it with no
+        // statement failing (here a statement that commits implicitly; on a
+        // Galera node, an abort for another node's write that the server did
+        // not report, as the cluster's tests caught), and it sells another:
+        // that sale committed on its own. Another connection of the process
+        // opens a stand-in meanwhile, so lockkit asks the server before COMMIT
+        // and finds no transaction open. A rerun would sell twice more for
+        // one order; the caller must get an error that is not retried.
+        let db = TestDb::<MysqlConnection>::new("ended_without_a_failed_statement");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let (mut conn, mut other) = (db.connect(), db.connect());
+        let sell = |conn: &mut MysqlConnection| {
+            diesel::update(items::table.find(1))
+                .set(items::stock.eq(items::stock - 1))
+                .execute(conn)
+        };
+        let mut attempts = 0;
+        let outcome =
+            lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |conn| {
+                attempts += 1;
+                sell(conn)?;
+                exec(
+                    conn,
+                    "CREATE TABLE IF NOT EXISTS committed_implicitly (id INT)",
+                );
+                sell(conn)?;
+                lockkit_tests::aborts::open_a_stand_in(&mut other);
+                Ok::<_, Error>(())
+            });
+        assert_eq!(
+            attempts, 1,
+            "the work ran again; the caller got {outcome:?}"
+        );
+        assert!(
+            outcome.as_ref().is_err_and(|err| !err.is_retryable()),
+            "{outcome:?}"
+        );
+        assert_eq!(stock_of!(&mut db.connect()), 8);
+    }
 }
 
 mod if_match {

@@ -75,7 +75,11 @@ where
             Check::Ended { stand_in } => {
                 match super::connection::ended_by_seen_statement(conn).await {
                     Some(cause) => Some(cause),
-                    None if stand_in => conn.transaction_ended(None).await,
+                    None if stand_in => {
+                        let ended = conn.transaction_ended(None).await;
+                        let watched = &mut journal::AsyncWatched(&mut *conn);
+                        crate::transaction::ended_silently(watched, ended)
+                    }
                     None => None,
                 }
             }

@@ -320,12 +320,7 @@ pub(crate) fn ended_under_ok<T, E>(
     ended: Option<Error>,
 ) -> Option<Error> {
     match ended {
-        Some(Error::Deadlock) if result.is_ok() && !watched() => {
-            Some(Error::Database(diesel::result::Error::DatabaseError(
-                diesel::result::DatabaseErrorKind::Unknown,
-                Box::new(ENDED_UNSEEN.to_owned()),
-            )))
-        }
+        Some(Error::Deadlock) if result.is_ok() && !watched() => Some(unseen(ENDED_UNSEEN)),
         ended => ended,
     }
 }
@@ -333,6 +328,44 @@ pub(crate) fn ended_under_ok<T, E>(
 const ENDED_UNSEEN: &str = "the transaction ended before lockkit's COMMIT: a deadlock rolled it \
      back, or a statement of the work committed it implicitly (DDL, TRUNCATE, LOCK TABLES); \
      wrap the connection's instrumentation in lockkit::journal::Journal::wrap to tell which";
+
+/// The server's answer to the question an outermost transaction asks before
+/// `COMMIT` ([`Began::check`]'s `stand_in`), where lockkit's journal, which
+/// watches the connection, saw no statement end the transaction: `ended`. A
+/// deadlock that the question itself met (Galera's 1213 at the next statement)
+/// ended the transaction after the work's last statement, and stands,
+/// retryable. Otherwise the server has no transaction open although every
+/// statement of the work succeeded: one of them ended it without an error (a
+/// statement that commits implicitly; on MariaDB Galera, an abort for another
+/// node's write that the server did not report), and the statements after it
+/// ran outside it, each committed on its own. Not retryable, as where no
+/// journal watches ([`ended_under_ok`]): a rerun would apply them twice. For
+/// the blocking panic guard and the async connections' end alike.
+pub(crate) fn ended_silently<W: journal::Watched>(
+    conn: &mut W,
+    ended: Option<Error>,
+) -> Option<Error> {
+    match ended {
+        Some(Error::Deadlock) if journal::watches(conn) && journal::ended_by(conn).is_none() => {
+            Some(unseen(ENDED_SILENTLY))
+        }
+        ended => ended,
+    }
+}
+
+const ENDED_SILENTLY: &str = "the transaction ended under the work before lockkit's COMMIT, \
+     and no statement of the work failed: its statements after that point ran outside it and \
+     may have committed on their own (a statement that commits implicitly: DDL, TRUNCATE, \
+     LOCK TABLES; on MariaDB Galera, an abort for another node's write that the server did not \
+     report); not retried, so that nothing is applied twice";
+
+/// [`Error::Database`] with lockkit's own words for an end it could not see.
+fn unseen(message: &str) -> Error {
+    Error::Database(diesel::result::Error::DatabaseError(
+        diesel::result::DatabaseErrorKind::Unknown,
+        Box::new(message.to_owned()),
+    ))
+}
 
 /// Refuses a write or a lock in the caller's transaction once a statement has
 /// ended it (the work let a deadlock go on MySQL/MariaDB, or SQLite rolled the

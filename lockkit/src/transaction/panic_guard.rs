@@ -4,7 +4,9 @@ use diesel::connection::TransactionManager;
 
 use super::journal;
 use super::scope::{self, Scope};
-use super::{ended_by_statement, ended_under_ok, settle, Began, Check, Control, Failure};
+use super::{
+    ended_by_statement, ended_silently, ended_under_ok, settle, Began, Check, Control, Failure,
+};
 
 /// Catches a panic in a closure run inside a transaction, so that the transaction
 /// is rolled back before the panic goes on: the connection is then left usable,
@@ -71,8 +73,10 @@ impl PanicGuard {
                 };
                 let ended = match began.check(&result, whole) {
                     Check::Nothing => None,
-                    Check::Ended { stand_in } => ended_by_statement(conn)
-                        .or_else(|| stand_in.then(|| conn.transaction_ended(None)).flatten()),
+                    Check::Ended { stand_in } => ended_by_statement(conn).or_else(|| {
+                        let ended = stand_in.then(|| conn.transaction_ended(None)).flatten();
+                        ended_silently(conn, ended)
+                    }),
                 };
                 let ended = ended_under_ok(&result, || journal::watches(conn), ended);
                 settle(result, ended)
