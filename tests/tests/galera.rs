@@ -9,6 +9,16 @@
 //! reached its node first. Row locks, `NOWAIT`, `SKIP LOCKED` and `GET_LOCK`
 //! stay on the node that took them. What holds across nodes is what the
 //! certification checks: versioned writes, and locked writes that retry.
+//!
+//! Except one thing the server does now and then under these tests' load
+//! (MariaDB 10.11): it ends a transaction for another node's write without
+//! failing any statement, runs the transaction's later statements on their
+//! own, each committed at once, and reports every one of them a success. A
+//! locked write's stale `UPDATE` then commits over other nodes' increments,
+//! whatever the client does next. lockkit cannot stop that; where it asks the
+//! server before `COMMIT` it finds no transaction open and reports it, not
+//! retryable ([`silently_ended`]), instead of running the work again or
+//! reporting it committed.
 
 #![cfg(feature = "mysql")]
 
@@ -23,6 +33,7 @@ use diesel::MysqlConnection;
 use lockkit::bounds::LockRow;
 use lockkit::prelude::*;
 use lockkit::{advisory, locked_transaction, queue, Error, LockOptions, RetryPolicy};
+use lockkit_tests::aborts::open_a_stand_in;
 use lockkit_tests::db::TestBackend;
 use lockkit_tests::models::{Item, Job};
 use lockkit_tests::schema::{items, jobs};
@@ -158,6 +169,17 @@ struct Counts {
     retries: AtomicU32,
     /// Connections the node stopped answering, replaced (see [`Cluster::node`]).
     lost: AtomicU32,
+    /// Writes whose transaction the server ended without failing a statement
+    /// ([`silently_ended`]): lockkit reported it, and their outcome is unknown.
+    silently_ended: AtomicU32,
+}
+
+/// Whether `err` is lockkit's report of a transaction that the server ended
+/// without failing any of its statements, whose later statements may have
+/// committed on their own (see the module's docs): not retryable, and said in
+/// lockkit's own words.
+fn silently_ended(err: &Error) -> bool {
+    matches!(err, Error::Database(_)) && err.to_string().contains("no statement of the work failed")
 }
 
 /// Runs `write` `WRITES` times on each of `WRITERS` threads, the threads spread
@@ -187,6 +209,10 @@ fn spread(
                             {
                                 counts.lost.fetch_add(1, Ordering::Relaxed);
                                 conn = cluster.node(t);
+                            }
+                            Err(err) if silently_ended(&err) => {
+                                counts.silently_ended.fetch_add(1, Ordering::Relaxed);
+                                break;
                             }
                             Err(err) => panic!("writer {t}: {err:?}"),
                         }
@@ -472,7 +498,7 @@ fn retried_locked_writes_add_up_while_another_connection_opens_stand_ins() {
 
 /// Half the writers retry `with_lock`, half run `transaction_with_retry` around
 /// a `FOR UPDATE` read: the losers of each certification run again. With
-/// `stand_ins`, another connection opens stand-ins ([`opens_a_stand_in`]) over
+/// `stand_ins`, another connection opens stand-ins ([`open_a_stand_in`]) over
 /// and over while they write.
 fn retried_locked_writes(test: &str, label: &str, stand_ins: bool) {
     let cluster = Cluster::with_hot_item(test);
@@ -483,7 +509,7 @@ fn retried_locked_writes(test: &str, label: &str, stand_ins: bool) {
             let (done, mut other) = (&done, cluster.node(0));
             s.spawn(move || {
                 while !done.load(Ordering::Relaxed) {
-                    opens_a_stand_in(&mut other);
+                    open_a_stand_in(&mut other);
                     thread::sleep(Duration::from_millis(1));
                 }
             });
@@ -521,6 +547,16 @@ fn retried_locked_writes(test: &str, label: &str, stand_ins: bool) {
     });
     let total = WRITERS as i32 * WRITES;
     let (stock, version) = cluster.item();
+    let silently_ended = counts.silently_ended.load(Ordering::Relaxed);
+    if silently_ended > 0 {
+        // The server committed statements of ended transactions on their own
+        // (the module's docs): an increment may be missing, never one more
+        // (each write's statements add one to what they read), and the caller
+        // of each such write was told.
+        assert!(stock <= total, "{stock} increments of {total}, {counts:?}");
+        eprintln!("galera {label}: the server ended {silently_ended} transactions silently");
+        return;
+    }
     assert_eq!(stock, total, "every increment once");
     // Only `with_lock` on a versioned model advances the version: once per
     // locked write, plus at most one skipped number per retried (aborted) one.
@@ -671,18 +707,6 @@ fn a_retried_lock_reuses_a_multi_connection_whose_rollback_the_node_refused() {
 /// victim); the stand-in is rolled back with the transaction. From then on,
 /// every outermost lockkit transaction whose work was running asks the server
 /// before `COMMIT` whether its transaction is still its own.
-fn opens_a_stand_in(conn: &mut MysqlConnection) {
-    let nested = conn.transaction(|conn| {
-        conn.batch_execute("ROLLBACK")?;
-        lockkit::transaction_with_retry(conn, &RetryPolicy::immediate(1), |_| {
-            Err::<(), _>(Error::Busy)
-        })
-    });
-    assert!(
-        matches!(nested, Err(Error::TransactionAborted(_))),
-        "{nested:?}"
-    );
-}
 
 #[test]
 fn a_locked_write_overtaken_while_its_work_ends_is_not_reported_committed() {
@@ -697,7 +721,7 @@ fn a_locked_write_overtaken_while_its_work_ends_is_not_reported_committed() {
         add_stock(conn, 1)?;
         node_2_adds_10(&cluster).0.unwrap();
         node_1_sees_node_2s_10(&cluster)?;
-        opens_a_stand_in(&mut cluster.node(0));
+        open_a_stand_in(&mut cluster.node(0));
         Ok::<_, Error>(())
     });
     let (stock, _) = cluster.item();
