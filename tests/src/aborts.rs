@@ -239,3 +239,25 @@ pub fn open_a_stand_in(conn: &mut diesel::MysqlConnection) {
         "{nested:?}"
     );
 }
+
+/// What a work whose transaction ended with no failed statement leaves
+/// (`tests/lost_updates.rs`, `tests/async_lost_updates.rs`): it sold one unit
+/// of item 1 (seeded with 10), a statement committed the transaction
+/// implicitly, and it sold another, committed on its own. lockkit must not
+/// run it again (`attempts`: 1) and must tell the caller, not retryably; both
+/// sales stand (`stock`: 8), the second committed by the server on its own.
+pub fn assert_not_run_again<T: std::fmt::Debug>(
+    attempts: u32,
+    outcome: &Result<T, Error>,
+    stock: i32,
+) {
+    assert_eq!(
+        attempts, 1,
+        "the work ran again; the caller got {outcome:?}"
+    );
+    assert!(
+        outcome.as_ref().is_err_and(|err| !err.is_retryable()),
+        "{outcome:?}"
+    );
+    assert_eq!(stock, 8, "item 1's stock; the caller got {outcome:?}");
+}
