@@ -1097,6 +1097,19 @@ pub(crate) fn ended_by<W: Watched>(conn: &mut W) -> Option<Error> {
     ))
 }
 
+/// Whether lockkit knows how the open transaction on `conn` ended: a
+/// statement's error the journal saw ([`ended_by`]), or an abort lockkit
+/// confirmed with the server and reported in it ([`aborted`]; a read whose
+/// deadlock diesel-async hid from the journal, among them). `false` where no
+/// journal watches `conn`.
+pub(crate) fn knows_of_end<W: Watched>(conn: &mut W) -> bool {
+    conn.slot()
+        .downcast_mut::<Journal>()
+        .is_some_and(|journal| {
+            journal.aborts.ended_by.is_some() || !journal.aborts.reported.is_empty()
+        })
+}
+
 /// SQLite: the error of the first statement that failed in the open
 /// transaction on `conn` since lockkit last asked ([`Aborts::failed`]), which
 /// may have rolled the whole transaction back; forgotten once taken. `None`

@@ -334,8 +334,10 @@ const ENDED_UNSEEN: &str = "the transaction ended before lockkit's COMMIT: a dea
 /// watches the connection, saw no statement end the transaction: `ended`. A
 /// deadlock that the question itself met (Galera's 1213 at the next statement)
 /// ended the transaction after the work's last statement, and stands,
-/// retryable. Otherwise the server has no transaction open although every
-/// statement of the work succeeded: one of them ended it without an error (a
+/// retryable; so does an end lockkit confirmed and reported in the work (a
+/// nested call's, [`journal::knows_of_end`]). Otherwise the server has no
+/// transaction open although every statement of the work succeeded, as far as
+/// lockkit knows: one of them ended it without an error (a
 /// statement that commits implicitly; on MariaDB Galera, an abort for another
 /// node's write that the server did not report), and the statements after it
 /// ran outside it, each committed on its own. Not retryable, as where no
@@ -346,7 +348,7 @@ pub(crate) fn ended_silently<W: journal::Watched>(
     ended: Option<Error>,
 ) -> Option<Error> {
     match ended {
-        Some(Error::Deadlock) if journal::watches(conn) && journal::ended_by(conn).is_none() => {
+        Some(Error::Deadlock) if journal::watches(conn) && !journal::knows_of_end(conn) => {
             Some(unseen(ENDED_SILENTLY))
         }
         ended => ended,
