@@ -550,11 +550,11 @@ fn retried_locked_writes(test: &str, label: &str, stand_ins: bool) {
     let silently_ended = counts.silently_ended.load(Ordering::Relaxed);
     if silently_ended > 0 {
         // The server may have committed statements of those transactions on
-        // their own (the module's docs), over other writers' increments: one
-        // may be missing, never one more (each write's statements add one to
-        // what they read, and a reported write is not run again), and the
-        // caller of each such write was told. Most often nothing of it had
-        // committed, and the total lacks exactly those writes.
+        // their own (the module's docs), over other writers' increments:
+        // increments may be missing, never one more (each write's statements
+        // add one to what they read, and a reported write is not run again),
+        // and the caller of each such write was told. Most often nothing of it
+        // had committed, and the total lacks exactly those writes.
         assert!(stock <= total, "{stock} increments of {total}, {counts:?}");
         eprintln!("galera {label}: the server ended {silently_ended} transactions silently; {stock} of {total}");
         return;
@@ -702,13 +702,6 @@ fn a_retried_lock_reuses_a_multi_connection_whose_rollback_the_node_refused() {
         Ok(())
     });
 }
-
-/// Opens lockkit's read-only stand-in for an aborted transaction on `conn`, as
-/// any code of the process does whose transaction ended under a nested lockkit
-/// call (here the transaction is ended by hand, as InnoDB ends a deadlock's
-/// victim); the stand-in is rolled back with the transaction. From then on,
-/// every outermost lockkit transaction whose work was running asks the server
-/// before `COMMIT` whether its transaction is still its own.
 
 #[test]
 fn a_locked_write_overtaken_while_its_work_ends_is_not_reported_committed() {
