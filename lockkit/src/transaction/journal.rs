@@ -459,7 +459,8 @@ impl Aborts {
 /// Whether a statement (its SQL, as the connection reports it) may answer
 /// with rows, so that an error coming in their place may reach its caller
 /// only ([`Aborts::hides_read_errors`]): any statement but a transaction
-/// statement, `SET`, and a write without `RETURNING`. Read off the statement's
+/// statement, `SET`, a statement that commits implicitly (DDL, `LOCK TABLES`),
+/// and a write without `RETURNING`. Read off the statement's
 /// first word; the text is scanned for `RETURNING` only for a write that
 /// MariaDB lets return rows.
 fn may_answer_with_rows(query: &dyn std::fmt::Display) -> bool {
@@ -483,6 +484,14 @@ fn may_answer_with_rows(query: &dyn std::fmt::Display) -> bool {
                 "SAVEPOINT",
                 "RELEASE",
                 "UPDATE",
+                // Statements that commit implicitly, and answer with no rows.
+                "CREATE",
+                "ALTER",
+                "DROP",
+                "TRUNCATE",
+                "RENAME",
+                "LOCK",
+                "UNLOCK",
             ];
             let answer = if is("SET") {
                 // MariaDB's `SET STATEMENT .. FOR <statement>` runs a statement
