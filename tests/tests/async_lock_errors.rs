@@ -834,6 +834,40 @@ mod mysql_only {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_top_level_transaction_with_retry_whose_work_lets_a_hidden_deadlock_go_runs_again() {
+        // The work's own read by a range is the deadlock's victim, which
+        // diesel-async hides from the journal, and the work lets the error go.
+        // Meanwhile another connection of the process opens a stand-in, so
+        // lockkit asks the server before COMMIT and finds no transaction open.
+        // The journal knows a read may have hidden a deadlock: nothing of the
+        // attempt committed, and it runs again (not the error for an end no
+        // statement reported).
+        let db = lockkit_tests::TestDb::<Sync>::new("async_hidden_deadlock_let_go");
+        let attempts = AtomicU32::new(0);
+        let (outcome, runs, stock, lines) = deadlock_first_attempt!(by_range, db, |conn, work| {
+            lockkit::asynchronous::transaction_with_retry(
+                &mut conn,
+                &RetryPolicy::immediate(5),
+                async |conn| {
+                    let attempt = attempts.fetch_add(1, Ordering::SeqCst) + 1;
+                    order_line(conn, attempt).await?;
+                    let _ = work(conn, attempt).await; // let go
+                    let mut other = Sync::establish(&db.url).unwrap();
+                    lockkit_tests::aborts::open_a_stand_in(&mut other);
+                    Ok(())
+                },
+            )
+            .await
+        });
+        assert!(outcome.is_ok(), "{outcome:?}");
+        assert_eq!(
+            (runs, stock, lines),
+            (2, 9, 1),
+            "the thrown-away attempt reported as done"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn nested_with_lock_after_a_set_statement_read_was_a_deadlocks_victim_commits_nothing() {
         // MariaDB's `SET STATEMENT var = value FOR SELECT ..` answers with rows
         // like any SELECT, and a deadlock comes in place of them just the

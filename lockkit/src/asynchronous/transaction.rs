@@ -76,9 +76,10 @@ where
                 match super::connection::ended_by_seen_statement(conn).await {
                     Some(cause) => Some(cause),
                     None if stand_in => {
+                        let unsure = journal::unsure(&mut journal::AsyncWatched(&mut *conn));
                         let ended = conn.transaction_ended(None).await;
                         let watched = &mut journal::AsyncWatched(&mut *conn);
-                        crate::transaction::ended_silently(watched, ended)
+                        crate::transaction::ended_silently(watched, unsure, ended)
                     }
                     None => None,
                 }

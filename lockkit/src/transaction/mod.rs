@@ -331,24 +331,32 @@ const ENDED_UNSEEN: &str = "the transaction ended before lockkit's COMMIT: a dea
 
 /// The server's answer to the question an outermost transaction asks before
 /// `COMMIT` ([`Began::check`]'s `stand_in`), where lockkit's journal, which
-/// watches the connection, saw no statement end the transaction: `ended`. A
-/// deadlock that the question itself met (Galera's 1213 at the next statement)
-/// ended the transaction after the work's last statement, and stands,
-/// retryable; so does an end lockkit confirmed and reported in the work (a
-/// nested call's, [`journal::knows_of_end`]). Otherwise the server has no
-/// transaction open although every statement of the work succeeded, as far as
-/// lockkit knows: one of them ended it without an error (a
-/// statement that commits implicitly; on MariaDB Galera, an abort for another
-/// node's write that the server did not report), and the statements after it
-/// ran outside it, each committed on its own. Not retryable, as where no
-/// journal watches ([`ended_under_ok`]): a rerun would apply them twice. For
+/// watches the connection, saw no statement end the transaction: `ended`.
+///
+/// A deadlock that the question itself met (Galera's 1213 at the next
+/// statement) ended the transaction after the work's last statement, and
+/// stands, retryable. So does an end that lockkit confirmed and reported in the
+/// work (a nested call's, [`journal::knows_of_end`]), and one that a deadlock
+/// the journal could not see may have caused (`unsure`: [`journal::unsure`] as
+/// the work left it, read before the question, itself a read; diesel-async's
+/// MySQL connection hides a read's error that comes in place of its rows).
+///
+/// Otherwise the server has no transaction open although every statement of
+/// the work succeeded, as far as lockkit knows: one of them ended it without an
+/// error (a statement that commits implicitly; on MariaDB Galera, an abort for
+/// another node's write that the server did not report), and the statements
+/// after it ran outside it, each committed on its own. Not retryable, as where
+/// no journal watches ([`ended_under_ok`]): a rerun would apply them twice. For
 /// the blocking panic guard and the async connections' end alike.
 pub(crate) fn ended_silently<W: journal::Watched>(
     conn: &mut W,
+    unsure: bool,
     ended: Option<Error>,
 ) -> Option<Error> {
     match ended {
-        Some(Error::Deadlock) if journal::watches(conn) && !journal::knows_of_end(conn) => {
+        Some(Error::Deadlock)
+            if journal::watches(conn) && !journal::knows_of_end(conn) && !unsure =>
+        {
             Some(unseen(ENDED_SILENTLY))
         }
         ended => ended,

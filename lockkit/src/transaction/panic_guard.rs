@@ -74,8 +74,9 @@ impl PanicGuard {
                 let ended = match began.check(&result, whole) {
                     Check::Nothing => None,
                     Check::Ended { stand_in } => ended_by_statement(conn).or_else(|| {
+                        let unsure = journal::unsure(conn);
                         let ended = stand_in.then(|| conn.transaction_ended(None)).flatten();
-                        ended_silently(conn, ended)
+                        ended_silently(conn, unsure, ended)
                     }),
                 };
                 let ended = ended_under_ok(&result, || journal::watches(conn), ended);
