@@ -459,10 +459,9 @@ impl Aborts {
 /// Whether a statement (its SQL, as the connection reports it) may answer
 /// with rows, so that an error coming in their place may reach its caller
 /// only ([`Aborts::hides_read_errors`]): any statement but a transaction
-/// statement, `SET`, a statement that commits implicitly (DDL, `LOCK TABLES`),
-/// and a write without `RETURNING`. Read off the statement's
-/// first word; the text is scanned for `RETURNING` only for a write that
-/// MariaDB lets return rows.
+/// statement, `SET`, DDL and `LOCK`/`UNLOCK TABLES`, and a write without
+/// `RETURNING`. Read off the statement's first word; the text is scanned for
+/// `RETURNING` only for a write that MariaDB lets return rows.
 fn may_answer_with_rows(query: &dyn std::fmt::Display) -> bool {
     use std::fmt::Write;
     /// Reads the statement as it is written, and stops the writing once it
@@ -484,7 +483,8 @@ fn may_answer_with_rows(query: &dyn std::fmt::Display) -> bool {
                 "SAVEPOINT",
                 "RELEASE",
                 "UPDATE",
-                // Statements that commit implicitly, and answer with no rows.
+                // DDL and table locks answer with no rows (most of them also
+                // commit implicitly; a temporary table's do not).
                 "CREATE",
                 "ALTER",
                 "DROP",
