@@ -17,7 +17,7 @@
 //! locked write's stale `UPDATE` then commits over other nodes' increments,
 //! whatever the client does next. lockkit cannot stop that; where it asks the
 //! server before `COMMIT` it finds no transaction open and reports it, not
-//! retryable ([`silently_ended`]), instead of running the work again or
+//! retryable ([`ended_silently`]), instead of running the work again or
 //! reporting it committed.
 
 #![cfg(feature = "mysql")]
@@ -33,7 +33,7 @@ use diesel::MysqlConnection;
 use lockkit::bounds::LockRow;
 use lockkit::prelude::*;
 use lockkit::{advisory, locked_transaction, queue, Error, LockOptions, RetryPolicy};
-use lockkit_tests::aborts::open_a_stand_in;
+use lockkit_tests::aborts::{ended_silently, open_a_stand_in};
 use lockkit_tests::db::TestBackend;
 use lockkit_tests::models::{Item, Job};
 use lockkit_tests::schema::{items, jobs};
@@ -170,16 +170,8 @@ struct Counts {
     /// Connections the node stopped answering, replaced (see [`Cluster::node`]).
     lost: AtomicU32,
     /// Writes whose transaction the server ended without failing a statement
-    /// ([`silently_ended`]): lockkit reported it, and their outcome is unknown.
+    /// ([`ended_silently`]): lockkit reported it, and their outcome is unknown.
     silently_ended: AtomicU32,
-}
-
-/// Whether `err` is lockkit's report of a transaction that the server ended
-/// without failing any of its statements, whose later statements may have
-/// committed on their own (see the module's docs): not retryable, and said in
-/// lockkit's own words.
-fn silently_ended(err: &Error) -> bool {
-    matches!(err, Error::Database(_)) && err.to_string().contains("no statement of the work failed")
 }
 
 /// Runs `write` `WRITES` times on each of `WRITERS` threads, the threads spread
@@ -210,7 +202,7 @@ fn spread(
                                 counts.lost.fetch_add(1, Ordering::Relaxed);
                                 conn = cluster.node(t);
                             }
-                            Err(err) if silently_ended(&err) => {
+                            Err(err) if ended_silently(&err) => {
                                 counts.silently_ended.fetch_add(1, Ordering::Relaxed);
                                 break;
                             }
