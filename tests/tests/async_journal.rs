@@ -576,15 +576,11 @@ mod postgres_search_path {
             10,
             "the savepoint's write rolled back"
         );
-        let mut b = item!(&mut b_conn, 1);
-        b.stock = 7;
-        b.update_versioned(&mut b_conn).await.unwrap();
-        a.stock = 3;
-        let again = a.update_versioned(&mut a_conn).await;
-        let stock = item!(&mut b_conn, 1).stock;
-        assert!(
-            matches!(again, Err(Error::Stale(_))) && stock == 7,
-            "A's rolled-back 1 matched B's committed 1: {again:?}, stock {stock} (B's 7 lost)"
+        b_commits_then_a_is_stale!(
+            &mut a_conn,
+            &mut b_conn,
+            a,
+            "a savepoint whose RELEASE failed"
         );
     }
 
@@ -618,16 +614,12 @@ mod postgres_search_path {
         let mut a = item!(&mut a_conn, 1);
         a.stock = 5;
         write_and_roll_back!(&mut a_conn, a);
-        let mut b = item!(&mut b_conn, 1);
-        b.stock = 7;
-        b.update_versioned(&mut b_conn).await.unwrap();
-        a.stock = 3;
-        let again = a.update_versioned(&mut b_conn).await;
-        let stock = item!(&mut b_conn, 1).stock;
-        assert!(
-            matches!(again, Err(Error::Stale(_))) && stock == 7,
-            "A's rolled-back 1, retried through tenant 2's connection, matched B's \
-             committed 1: {again:?}, stock {stock} (B's 7 lost)"
+        // A retries on B's connection: tenant 2's.
+        b_commits_then_a_is_stale!(
+            &mut b_conn,
+            &mut b_conn,
+            a,
+            "retried through tenant 2's connection"
         );
     }
 
