@@ -206,7 +206,7 @@ pub async fn purge_expired<C: AsyncIdempotencyStore>(
 #[diagnostic::on_unimplemented(
     message = "lockkit's async idempotency keys do not support `{Self}`",
     label = "not a diesel-async connection lockkit's idempotency keys support",
-    note = "lockkit supports `AsyncPgConnection`, `AsyncMysqlConnection` and `SyncConnectionWrapper<SqliteConnection>`; pass a pooled connection as `&mut *conn`"
+    note = "lockkit supports `AsyncPgConnection`, `AsyncMysqlConnection` and `SyncConnectionWrapper<SqliteConnection>` (feature `async` with `postgres`, `mysql`, `sqlite`); pass a pooled connection as `&mut *conn`"
 )]
 pub trait AsyncIdempotencyStore: AsyncLockingConnection {
     #[doc(hidden)]

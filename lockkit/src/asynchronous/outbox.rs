@@ -299,7 +299,7 @@ pub async fn purge_received<C: AsyncOutboxStore>(
 #[diagnostic::on_unimplemented(
     message = "lockkit's async outbox does not support `{Self}`",
     label = "not a diesel-async connection lockkit's outbox supports",
-    note = "lockkit supports `AsyncPgConnection`, `AsyncMysqlConnection` and `SyncConnectionWrapper<SqliteConnection>`; pass a pooled connection as `&mut *conn`"
+    note = "lockkit supports `AsyncPgConnection`, `AsyncMysqlConnection` and `SyncConnectionWrapper<SqliteConnection>` (feature `async` with `postgres`, `mysql`, `sqlite`); pass a pooled connection as `&mut *conn`"
 )]
 pub trait AsyncOutboxStore: AsyncLockingConnection {
     #[doc(hidden)]
