@@ -881,4 +881,92 @@ mod mysql_only {
             "after a serializable() dropped during its SET TRANSACTION, the pool's next user's read"
         );
     }
+
+    /// A relay step sends `SET TRANSACTION ISOLATION LEVEL READ COMMITTED`
+    /// (for its own transaction) before its `BEGIN`, as `serializable` does:
+    /// a step dropped while that statement is in flight does not hand the
+    /// pool's next user a connection that reads the wrong replies.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_dropped_relay_step_hands_the_next_user_a_working_connection() {
+        use diesel_migrations::MigrationHarness;
+        use lockkit::outbox::{OutboxMessage, Relay};
+        let db = TestDb::<diesel::MysqlConnection>::new("dropped_relay_step");
+        seed_items(&mut db.conn(), &[(1, 1_000)]);
+        db.conn()
+            .run_pending_migrations(lockkit_tests::outbox_migrations("mysql"))
+            .unwrap();
+
+        let pool = unpinged_pool(&db.url).await;
+        let relay = Relay::default();
+        let next = next_user_after!(pool, |conn| lockkit::asynchronous::outbox::publish_batch(
+            &relay,
+            conn,
+            10,
+            async |batch: &[OutboxMessage]| Ok::<_, Error>(vec![Ok(()); batch.len()]),
+        ));
+        assert_eq!(
+            next,
+            Ok(1_000),
+            "after a relay step dropped during its SET TRANSACTION, the pool's next user's read"
+        );
+    }
+
+    /// A run whose work failed releases its key after its transaction ended
+    /// (so that a retry runs the work again): a run dropped while that release
+    /// waits for another session's lock on the key's row does not hand the
+    /// pool's next user a connection that reads the release's reply for its
+    /// own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_run_dropped_while_releasing_its_key_hands_the_next_user_a_working_connection() {
+        use diesel_async::SimpleAsyncConnection;
+        use diesel_migrations::MigrationHarness;
+        use lockkit::idempotency::Idempotency;
+        let db = TestDb::<diesel::MysqlConnection>::new("dropped_key_release");
+        seed_items(&mut db.conn(), &[(1, 1_000)]);
+        db.conn()
+            .run_pending_migrations(lockkit_tests::idempotency_migrations("mysql"))
+            .unwrap();
+
+        let pool = unpinged_pool(&db.url).await;
+        let mut holder: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
+        let keys = Idempotency::default();
+        let mut pooled = pool.get().await.unwrap();
+        let run = lockkit::asynchronous::idempotency::run(
+            &keys,
+            &mut *pooled,
+            "tenant-1",
+            "order-1",
+            "POST /orders",
+            async |_conn: &mut AsyncMysqlConnection| {
+                // The key is taken and committed: another session locks its row.
+                holder.batch_execute("BEGIN").await?;
+                holder
+                    .batch_execute("SELECT 1 FROM lockkit_idempotency_keys FOR UPDATE")
+                    .await?;
+                Err::<String, Error>(Error::NoRowMatched)
+            },
+        );
+        let dropped = tokio::time::timeout(Duration::from_secs(1), run).await;
+        assert!(
+            dropped.is_err(),
+            "the release waits for the other session's lock: {dropped:?}"
+        );
+        drop(pooled);
+        // The release goes through now, and its reply reaches the connection.
+        holder.batch_execute("ROLLBACK").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+
+        let mut next = pool.get().await.unwrap();
+        let read = items::table
+            .find(1)
+            .select(items::stock)
+            .first::<i32>(&mut *next)
+            .await
+            .map_err(|e| e.to_string());
+        assert_eq!(
+            read,
+            Ok(1_000),
+            "after a run dropped while releasing its key, the pool's next user's read"
+        );
+    }
 }

@@ -119,7 +119,7 @@ where
         Err(panic) => {
             let rolled_back = Err(Failure::Lockkit(Error::InvalidInput("the work panicked")));
             let _ = end::<C, Outcome<R>, E>(level, began, Restore::Nothing, rolled_back).await;
-            let _ = C::write(conn, key, Write::Release { started_at }).await;
+            release(conn, key, started_at).await;
             std::panic::resume_unwind(panic);
         }
     };
@@ -150,11 +150,20 @@ where
     };
     let result = end(level, began, Restore::Nothing, result).await;
     if result.is_err() {
-        // Release the key so that a retry runs the work again; a no-op when
-        // another request took it over (its `started_at` is not ours).
-        let _ = C::write(conn, key, Write::Release { started_at }).await;
+        release(conn, key, started_at).await;
     }
     result.map(Outcome::Ran)
+}
+
+/// Releases the key of a run that failed, so that a retry runs the work
+/// again; a no-op when another request took it over (its `started_at` is not
+/// ours). Sent after the run's level ended, as the take was sent before it
+/// opened: a run dropped with the release's reply unread marks the
+/// connection broken, as one dropped while taking the key does.
+async fn release<C: AsyncIdempotencyStore>(conn: &mut C, key: Scoped<'_>, started_at: i64) {
+    let mut unsettled = super::connection::Unsettled::until_replied(conn);
+    let _ = C::write(unsettled.conn, key, Write::Release { started_at }).await;
+    unsettled.settled();
 }
 
 /// Takes the key or finds what to replay, as the blocking side does, the

@@ -61,7 +61,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use super::connection::{in_transaction, open_locked, AsyncLockingConnection, Level};
+use super::connection::{in_transaction, open_locked, AsyncLockingConnection, Level, Unsettled};
 use super::transaction::end;
 use super::work::{AsyncWork, ConnWork};
 use crate::clock::now_millis;
@@ -197,7 +197,15 @@ where
     check_limit(limit)?;
     let began = super::connection::began(conn).await.map_err(E::from)?;
     if !began.nested {
-        C::before_relay(conn).await?;
+        // For the relay's transaction only, so sent outside any: a step
+        // dropped before its `BEGIN` is in diesel-async's books (with the
+        // statement's reply unread, or the setting pending for the next
+        // user's transaction) marks the connection broken, as `serializable`
+        // does for its own.
+        let mut unsettled = Unsettled::armed(conn);
+        let set = C::before_relay(unsettled.conn).await;
+        unsettled.settled();
+        set?;
     }
     let (mut unsettled, restore) = open_locked(conn, &LockOptions::default()).await?;
     let mut level = Level::opened(&mut *unsettled.conn);
