@@ -178,7 +178,14 @@ async fn start<C: AsyncIdempotencyStore>(
     loop {
         let now = now_millis();
         if C::insert_running(conn, key, fingerprint, now).await? {
-            return Ok(Start::Owned { started_at: now });
+            let Some((write, started_at)) = keys.stamp_again(now, now_millis()) else {
+                return Ok(Start::Owned { started_at: now });
+            };
+            if C::write(conn, key, write).await? {
+                return Ok(Start::Owned { started_at });
+            }
+            // Taken over while the insert waited: look again.
+            continue;
         }
         let row = <C as AsyncIdempotencyStore>::load(conn, key).await?;
         let seen = keys.decide(row, fingerprint, now)?;

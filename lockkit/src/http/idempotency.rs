@@ -16,6 +16,11 @@
 //! | the work failed | the key is released: the next attempt runs it again | the error's |
 //! | the process died between start and finish | after the lease (default 60 s) the next attempt takes the key over and runs the work | |
 //!
+//! The lease counts from when the request got the key. A request whose take
+//! waited for another's uncommitted take of it (a run inside a transaction of
+//! the caller's, which then rolled back) stamps the key again once it has it,
+//! when the wait was longer than a tenth of the lease.
+//!
 //! **Whose key:** keys are scoped by a principal that you pass: the tenant, user
 //! or API key that the request authenticated as (never a value the client
 //! chooses freely). The same key from two principals is two keys, so one client
@@ -424,7 +429,14 @@ impl Idempotency {
         loop {
             let now = now_millis();
             if C::insert_running(conn, key, fingerprint, now)? {
-                return Ok(Start::Owned { started_at: now });
+                let Some((write, started_at)) = self.stamp_again(now, now_millis()) else {
+                    return Ok(Start::Owned { started_at: now });
+                };
+                if C::write(conn, key, write)? {
+                    return Ok(Start::Owned { started_at });
+                }
+                // Taken over while the insert waited: look again.
+                continue;
             }
             let seen = self.decide(C::load(conn, key)?, fingerprint, now)?;
             let matched = match seen.write(now) {
@@ -437,6 +449,25 @@ impl Idempotency {
                 ControlFlow::Continue(_) => {}
             }
         }
+    }
+
+    /// A key inserted as running at `started_at` whose insert returned at
+    /// `now`. The insert waits for another session's take of the same key
+    /// until that session's transaction ends, and when it rolls back, the
+    /// row goes in with the `started_at` it was sent with: past a tenth of
+    /// the lease, the write that stamps it again with `now` (if still as
+    /// inserted), so that a repeat during the run finds it running, not
+    /// abandoned; and the `started_at` it then has. The one place for the
+    /// blocking and the async side.
+    pub(crate) fn stamp_again(&self, started_at: i64, now: i64) -> Option<(Write<'static>, i64)> {
+        let waited = now.saturating_sub(started_at);
+        (waited > millis(self.lease) / 10).then_some((
+            Write::TakeOver {
+                seen_started_at: started_at,
+                now,
+            },
+            now,
+        ))
     }
 
     /// What a stored row (or its absence) means for a request with
