@@ -173,6 +173,12 @@ pub trait LockingConnection: Control {
     /// takes it (waiting up to the busy timeout, then [`Error::Busy`]) and changes
     /// no data. A no-op on PostgreSQL and MySQL, whose row locks need nothing more.
     ///
+    /// The lock is the `main` database's. Connections whose `main` files differ
+    /// and that share a table of an `ATTACH`ed database do not take turns this
+    /// way: a transaction begun with `BEGIN IMMEDIATE`
+    /// ([`locked_transaction`](crate::locked_transaction)) takes the lock of
+    /// every database attached.
+    ///
     /// # Errors
     ///
     /// SQLite: [`Error::Busy`] when another connection holds the write lock past

@@ -31,7 +31,11 @@
 //! `conn.transaction`. [`locked_transaction`](crate::locked_transaction) is the
 //! transaction to use: its `BEGIN IMMEDIATE` takes the lock at once (and a
 //! deferred transaction that read before claiming may find the lock taken by a
-//! writer it cannot wait for: [`Error::Busy`]).
+//! writer it cannot wait for: [`Error::Busy`]). In a deferred transaction the
+//! lock taken is the `main` database's: workers whose connections have
+//! different `main` files and claim from a table of an `ATTACH`ed database
+//! take turns only in `locked_transaction`, whose `BEGIN IMMEDIATE` locks
+//! every database attached.
 //!
 //! On diesel-async (feature `async`): `lockkit::asynchronous::queue::claim`, the
 //! same statement.
