@@ -805,6 +805,18 @@ mod mysql_only {
         );
     }
 
+    /// A database whose item 1 has 1,000 units, with lockkit's `tables` in it.
+    fn item_1_at_1_000(
+        name: &str,
+        tables: lockkit::migrations::ShippedMigration,
+    ) -> TestDb<diesel::MysqlConnection> {
+        use diesel_migrations::MigrationHarness;
+        let db = TestDb::<diesel::MysqlConnection>::new(name);
+        seed_items(&mut db.conn(), &[(1, 1_000)]);
+        db.conn().run_pending_migrations(tables).unwrap();
+        db
+    }
+
     /// A pool of one connection without bb8's check-out ping, as lockkit's
     /// docs advise on MySQL with cancellation.
     async fn unpinged_pool(url: &str) -> Pool {
@@ -850,14 +862,15 @@ mod mysql_only {
     }
 
     /// `serializable` sends `SET TRANSACTION ISOLATION LEVEL SERIALIZABLE`
-    /// (for the session's next transaction) before its `BEGIN`: a call dropped
+    /// (for the session's next transaction) before its `BEGIN`, and a relay
+    /// step `SET TRANSACTION ISOLATION LEVEL READ COMMITTED`: a call dropped
     /// while that statement is in flight does not hand the pool's next user a
     /// connection that reads the wrong replies, as the guarded `SET` of
     /// `with_lock(.. timeout(..))` does not.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_dropped_serializable_hands_the_next_user_a_working_connection() {
-        let db = TestDb::<diesel::MysqlConnection>::new("dropped_serializable");
-        seed_items(&mut db.conn(), &[(1, 1_000)]);
+    async fn a_call_dropped_during_its_set_transaction_hands_the_next_user_a_working_connection() {
+        use lockkit::outbox::{OutboxMessage, Relay};
+        let db = item_1_at_1_000("dropped_set", lockkit_tests::outbox_migrations("mysql"));
 
         let guarded = unpinged_pool(&db.url).await;
         let with_lock = next_user_after!(guarded, |conn| lockkit::asynchronous::with_lock(
@@ -880,32 +893,17 @@ mod mysql_only {
             Ok(1_000),
             "after a serializable() dropped during its SET TRANSACTION, the pool's next user's read"
         );
-    }
-
-    /// A relay step sends `SET TRANSACTION ISOLATION LEVEL READ COMMITTED`
-    /// (for its own transaction) before its `BEGIN`, as `serializable` does:
-    /// a step dropped while that statement is in flight does not hand the
-    /// pool's next user a connection that reads the wrong replies.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_dropped_relay_step_hands_the_next_user_a_working_connection() {
-        use diesel_migrations::MigrationHarness;
-        use lockkit::outbox::{OutboxMessage, Relay};
-        let db = TestDb::<diesel::MysqlConnection>::new("dropped_relay_step");
-        seed_items(&mut db.conn(), &[(1, 1_000)]);
-        db.conn()
-            .run_pending_migrations(lockkit_tests::outbox_migrations("mysql"))
-            .unwrap();
 
         let pool = unpinged_pool(&db.url).await;
         let relay = Relay::default();
-        let next = next_user_after!(pool, |conn| lockkit::asynchronous::outbox::publish_batch(
+        let relayed = next_user_after!(pool, |conn| lockkit::asynchronous::outbox::publish_batch(
             &relay,
             conn,
             10,
             async |batch: &[OutboxMessage]| Ok::<_, Error>(vec![Ok(()); batch.len()]),
         ));
         assert_eq!(
-            next,
+            relayed,
             Ok(1_000),
             "after a relay step dropped during its SET TRANSACTION, the pool's next user's read"
         );
@@ -919,13 +917,11 @@ mod mysql_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_run_dropped_while_releasing_its_key_hands_the_next_user_a_working_connection() {
         use diesel_async::SimpleAsyncConnection;
-        use diesel_migrations::MigrationHarness;
         use lockkit::idempotency::Idempotency;
-        let db = TestDb::<diesel::MysqlConnection>::new("dropped_key_release");
-        seed_items(&mut db.conn(), &[(1, 1_000)]);
-        db.conn()
-            .run_pending_migrations(lockkit_tests::idempotency_migrations("mysql"))
-            .unwrap();
+        let db = item_1_at_1_000(
+            "dropped_key_release",
+            lockkit_tests::idempotency_migrations("mysql"),
+        );
 
         let pool = unpinged_pool(&db.url).await;
         let mut holder: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
