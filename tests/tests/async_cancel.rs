@@ -909,6 +909,157 @@ mod mysql_only {
         );
     }
 
+    /// Takes `$lock` (a locking read) on another session, runs `$call` with
+    /// `$conn` a connection of `$pool`, and drops it after a second, while its
+    /// statement waits for that lock; gives the connection back and lets the
+    /// statement through; then what the pool's next user reads (item 1's id).
+    macro_rules! next_user_after_a_wait {
+        ($pool:expr, $url:expr, $lock:expr, |$conn:ident| $call:expr) => {{
+            use diesel_async::SimpleAsyncConnection;
+            let mut holder: AsyncMysqlConnection = async_common::connect($url, "mysql").await;
+            holder.batch_execute("BEGIN").await.unwrap();
+            holder.batch_execute($lock).await.unwrap();
+            let mut pooled = $pool.get().await.unwrap();
+            {
+                let $conn = &mut *pooled;
+                let dropped = tokio::time::timeout(Duration::from_secs(1), $call).await;
+                assert!(
+                    dropped.is_err(),
+                    "the call waits for the other session's lock"
+                );
+            }
+            drop(pooled);
+            holder.batch_execute("ROLLBACK").await.unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let mut next = $pool.get().await.unwrap();
+            items::table
+                .find(1)
+                .select(items::id)
+                .first::<i32>(&mut *next)
+                .await
+                .map_err(|e| e.to_string())
+        }};
+    }
+
+    /// A versioned write outside a transaction opens no level: one dropped
+    /// while its `UPDATE` waits for another session's lock on the row does not
+    /// hand the pool's next user a connection that reads that reply as its own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_versioned_write_dropped_in_autocommit_hands_the_next_user_a_working_connection() {
+        use lockkit::asynchronous::prelude::*;
+        let db = TestDb::<diesel::MysqlConnection>::new("dropped_autocommit_write");
+        seed_items(&mut db.conn(), &[(1, 1_000)]);
+        let pool = unpinged_pool(&db.url).await;
+        let mut item = item!(&mut *pool.get().await.unwrap(), 1);
+        item.stock = 999;
+        let read = next_user_after_a_wait!(
+            pool,
+            &db.url,
+            "SELECT 1 FROM items WHERE id = 1 FOR UPDATE",
+            |conn| item.update_versioned(conn)
+        );
+        assert_eq!(
+            read,
+            Ok(1),
+            "after a versioned write dropped in autocommit, the pool's next user's read"
+        );
+    }
+
+    /// `lease::acquire` sends three statements outside any transaction: one
+    /// dropped while they wait for another session's lock on the lease's row
+    /// does not hand the pool's next user a connection that reads their reply
+    /// as its own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_lease_acquire_dropped_while_it_waits_hands_the_next_user_a_working_connection() {
+        let db = item_1_at_1_000(
+            "dropped_lease_acquire",
+            lockkit_tests::lease_migrations("mysql"),
+        );
+        let pool = unpinged_pool(&db.url).await;
+        {
+            let mut conn = pool.get().await.unwrap();
+            let lease = lockkit::asynchronous::lease::acquire(
+                &mut *conn,
+                "nightly",
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+            lease.release().await.unwrap();
+        }
+        let read = next_user_after_a_wait!(
+            pool,
+            &db.url,
+            "SELECT 1 FROM lockkit_leases WHERE name = 'nightly' FOR UPDATE",
+            |conn| async {
+                lockkit::asynchronous::lease::acquire(conn, "nightly", Duration::from_secs(60))
+                    .await
+                    .map(drop)
+            }
+        );
+        assert_eq!(
+            read,
+            Ok(1),
+            "after a lease acquire dropped while it waited, the pool's next user's read"
+        );
+    }
+
+    /// `lock_all` opens no level of its own: one timed out on its own while it
+    /// waits for a row lock, in a `locked_transaction` that goes on, fails
+    /// that transaction instead of letting its `COMMIT` read the lock's reply.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_lock_all_dropped_while_it_waits_fails_the_transaction_around() {
+        use diesel_async::SimpleAsyncConnection;
+        let db = TestDb::<diesel::MysqlConnection>::new("dropped_lock_all");
+        seed_items(&mut db.conn(), &[(1, 1_000), (2, 1_000)]);
+        let mut holder: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
+        holder.batch_execute("BEGIN").await.unwrap();
+        holder
+            .batch_execute("SELECT 1 FROM items WHERE id = 2 FOR UPDATE")
+            .await
+            .unwrap();
+        let releaser = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            holder.batch_execute("ROLLBACK").await.unwrap();
+        });
+        let mut conn: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
+        let outcome = lockkit::asynchronous::locked_transaction(
+            &mut conn,
+            LockOptions::default(),
+            async |conn: &mut AsyncMysqlConnection| {
+                diesel::update(items::table.find(1))
+                    .set(items::stock.eq(items::stock - 1))
+                    .execute(&mut *conn)
+                    .await?;
+                let waited = tokio::time::timeout(
+                    Duration::from_secs(1),
+                    lockkit::asynchronous::lock_all::<Item, _>(&mut *conn, &[1, 2]),
+                )
+                .await;
+                assert!(waited.is_err(), "lock_all waits for item 2");
+                Ok::<_, Error>(())
+            },
+        )
+        .await;
+        releaser.await.unwrap();
+        let mut check: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
+        let stock = items::table
+            .find(1)
+            .select(items::stock)
+            .first::<i32>(&mut check)
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                outcome,
+                Err(Error::Database(
+                    diesel::result::Error::BrokenTransactionManager
+                ))
+            ) && stock == 1_000,
+            "the transaction returned {outcome:?}, and item 1's stock is {stock}"
+        );
+    }
+
     /// A run whose work failed releases its key after its transaction ended
     /// (so that a retry runs the work again): a run dropped while that release
     /// waits for another session's lock on the key's row does not hand the

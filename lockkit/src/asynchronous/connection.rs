@@ -62,7 +62,13 @@
 //! flight (the journal sees it begin and no reply come) marks the connection
 //! broken wherever it was nested, so that no `COMMIT` is sent on it and the
 //! transaction around fails with `BrokenTransactionManager`, committing
-//! nothing. On SQLite, diesel-async
+//! nothing. So does a call of more than one statement that opens no level of
+//! its own, in a transaction or not: a versioned write, `lock_all`,
+//! `queue::claim`, an outbox message, and a lease's `acquire` and `release`
+//! (these two whenever they are dropped: no journal watches them). A call of
+//! one statement (`atomic::*`, the outbox's and the idempotency keys'
+//! housekeeping, a lease's `renew`) is left as a statement of your own is
+//! (below). On SQLite, diesel-async
 //! refuses any access to the connection while a dropped statement still runs
 //! on its blocking thread: a call dropped then cannot mark anything (lockkit
 //! warns), so give up on the whole transaction there rather than on a nested
@@ -269,7 +275,10 @@ impl<'c, C: AsyncConnection> Unsettled<'c, C> {
 
 impl<C: AsyncConnection> Drop for Unsettled<'_, C> {
     fn drop(&mut self) {
-        if self.armed {
+        // Only MySQL/MariaDB leaves a reply unread ([`reply_left_unread`]):
+        // elsewhere there is nothing to ask the connection.
+        let unread_anywhere = journal::Ends::of::<C::Backend>() == journal::Ends::OnDeadlock;
+        if self.armed && (unread_anywhere || !self.unread_only) {
             let unread_only = self.unread_only;
             mark_broken_from_drop(
                 self.conn,

@@ -15,7 +15,9 @@
 //! out after its TTL, as a crashed holder's does; its fence stays valid for
 //! writes until a newer holder writes, which is what fencing is for. A dropped
 //! [`acquire`] may have granted the lease before it could read the fence: that
-//! grant is nobody's, and runs out after its TTL too. A dropped [`fenced`]
+//! grant is nobody's, and runs out after its TTL too. A dropped [`acquire`] or
+//! [`AsyncLease::release`] marks the connection broken (a statement's reply
+//! may be left unread on MySQL/MariaDB), for its pool to close. A dropped [`fenced`]
 //! leaves its transaction open on the connection, which diesel-async's pools
 //! discard ([cancellation](super::connection#cancellation)): neither the fence
 //! nor the work is recorded.
@@ -51,7 +53,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use super::connection::{in_transaction, AsyncLockingConnection, Level, Restore};
+use super::connection::{in_transaction, AsyncLockingConnection, Level, Restore, Unsettled};
 use super::transaction::end;
 use super::work::{AsyncWork, ConnWork};
 use crate::error::classification::classify;
@@ -98,7 +100,10 @@ impl<C: AsyncLeaseStore> AsyncLease<'_, C> {
     ///
     /// As [`Lease::release`](crate::lease::Lease::release).
     pub async fn release(mut self) -> Result<(), Error> {
-        let revoked = C::revoke(self.store, &self.grant.name, &self.grant.token).await;
+        let mut unsettled = Unsettled::armed(&mut *self.store);
+        let revoked = C::revoke(unsettled.conn, &self.grant.name, &self.grant.token).await;
+        unsettled.settled();
+        drop(unsettled);
         self.held = false;
         released(revoked?)
     }
@@ -128,7 +133,12 @@ pub async fn acquire<'c, C: AsyncLeaseStore>(
 ) -> Result<AsyncLease<'c, C>, Error> {
     let ttl_ms = check_acquire(name, ttl, in_transaction(conn))?;
     let token = new_token();
-    let fence = C::grant(conn, name, &token, ttl_ms).await?;
+    // Three statements: a call dropped among them marks the connection broken.
+    let mut unsettled = Unsettled::armed(&mut *conn);
+    let fence = C::grant(unsettled.conn, name, &token, ttl_ms).await;
+    unsettled.settled();
+    drop(unsettled);
+    let fence = fence?;
     Ok(AsyncLease {
         grant: Grant::new(name, token, ttl_ms, fence)?,
         store: conn,

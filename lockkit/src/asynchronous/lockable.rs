@@ -64,7 +64,7 @@ use diesel::{OptionalExtension, QueryResult, Selectable};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::RunQueryDsl;
 
-use super::connection::{in_transaction, open_locked, AsyncLockingConnection, Level};
+use super::connection::{in_transaction, open_locked, AsyncLockingConnection, Level, Unsettled};
 use super::transaction::end;
 use super::versioned::{AsyncVersionQuery, AsyncVersioned};
 use super::work::{ConnWork, RowWork};
@@ -303,6 +303,23 @@ where
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(run()).unwrap();
 /// ```
 pub async fn lock_all<M, C>(conn: &mut C, keys: &[M::Key]) -> Result<Vec<M>, Error>
+where
+    C: AsyncLockingConnection,
+    M: AsyncLockAll<C>,
+    M::Key: Ord + Send + Sync,
+{
+    // It opens no level of its own: a call dropped (timed out on its own) with
+    // one of its statements in flight on MySQL/MariaDB marks the connection
+    // broken, so that the transaction around does not read that reply for its
+    // `COMMIT`'s.
+    let mut unsettled = Unsettled::until_replied(conn);
+    let locked = lock_all_unguarded::<M, C>(&mut *unsettled.conn, keys).await;
+    unsettled.settled();
+    locked
+}
+
+/// [`lock_all`]'s statements.
+async fn lock_all_unguarded<M, C>(conn: &mut C, keys: &[M::Key]) -> Result<Vec<M>, Error>
 where
     C: AsyncLockingConnection,
     M: AsyncLockAll<C>,

@@ -89,8 +89,16 @@ pub async fn enqueue<C: AsyncOutboxStore>(
     payload: &str,
 ) -> Result<i64, Error> {
     check_message(topic, payload, in_transaction(conn))?;
-    super::connection::require_live(conn).await?;
-    C::insert_message(conn, topic, payload, now_millis()).await
+    // As `lock_all`: no level of its own, so a call dropped with a statement
+    // in flight on MySQL/MariaDB marks the connection broken.
+    let mut unsettled = Unsettled::until_replied(conn);
+    let conn = &mut *unsettled.conn;
+    let inserted = match super::connection::require_live(conn).await {
+        Ok(()) => C::insert_message(conn, topic, payload, now_millis()).await,
+        Err(err) => Err(err),
+    };
+    unsettled.settled();
+    inserted
 }
 
 /// Claims up to `limit` due messages that no other relay holds, oldest first,

@@ -58,7 +58,7 @@ use diesel::query_dsl::methods::{LimitDsl, LockingDsl};
 use diesel_async::methods::LoadQuery;
 use diesel_async::RunQueryDsl;
 
-use super::connection::{in_transaction, AsyncLockingConnection};
+use super::connection::{in_transaction, AsyncLockingConnection, Unsettled};
 use crate::error::classification::classify;
 use crate::error::Error;
 use crate::metrics::LockWait;
@@ -93,16 +93,25 @@ where
 {
     crate::pessimistic::queue::check_limit(limit)?;
     require_transaction(in_transaction(conn))?;
-    super::connection::require_live(conn).await?;
-    let waited = LockWait::start();
-    conn.take_write_lock().await?;
-    let rows: Vec<M> = query
-        .claim_statement(limit)
-        .load(conn)
-        .await
-        .map_err(classify)?;
-    waited.acquired("queue", rows.len());
-    Ok(rows)
+    // As `lock_all`: no level of its own, so a claim dropped with a statement
+    // in flight on MySQL/MariaDB marks the connection broken.
+    let mut unsettled = Unsettled::until_replied(conn);
+    let conn = &mut *unsettled.conn;
+    let claimed = async {
+        super::connection::require_live(conn).await?;
+        let waited = LockWait::start();
+        conn.take_write_lock().await?;
+        let rows: Vec<M> = query
+            .claim_statement(limit)
+            .load(conn)
+            .await
+            .map_err(classify)?;
+        waited.acquired("queue", rows.len());
+        Ok(rows)
+    }
+    .await;
+    unsettled.settled();
+    claimed
 }
 
 /// A query [`claim`] can run on `Conn`, loading `M`s: any Diesel query that

@@ -64,7 +64,7 @@ use diesel::{OptionalExtension, QueryResult};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnectionCore, RunQueryDsl};
 
-use super::connection::{in_transaction, AsyncLockingConnection, Level, Restore};
+use super::connection::{in_transaction, AsyncLockingConnection, Level, Restore, Unsettled};
 use crate::error::classification::classify;
 use crate::error::{Error, Operation};
 use crate::optimistic::backend::{
@@ -597,7 +597,39 @@ where
 /// already reported (a savepoint's, from [`execute_once`]) is handed on as it
 /// is: while the transaction is open, an [`Error::TransactionAborted`] is not
 /// retryable, and the decision never takes it for a new one.
+///
+/// Its statements run under an [`Unsettled::until_replied`]: a write dropped
+/// with one of them in flight on MySQL/MariaDB marks the connection broken, in
+/// a transaction or not (a write in autocommit has no level to do it).
 async fn write_from<M, Conn, S>(
+    conn: &mut Conn,
+    key: &M::Key,
+    expected: M::Version,
+    origin: Origin,
+    operation: Operation,
+    statement: impl FnOnce(M::Version) -> S + Send,
+) -> Result<Written<M::Version>, Error>
+where
+    Conn: AsyncLockingConnection,
+    M: Versioned + AsyncVersionQuery<Conn>,
+    S: ExecuteDsl<Conn>,
+{
+    let mut unsettled = Unsettled::until_replied(conn);
+    let written = write_unguarded::<M, Conn, S>(
+        &mut *unsettled.conn,
+        key,
+        expected,
+        origin,
+        operation,
+        statement,
+    )
+    .await;
+    unsettled.settled();
+    written
+}
+
+/// [`write_from`]'s statements, the write's whole sequence.
+async fn write_unguarded<M, Conn, S>(
     conn: &mut Conn,
     key: &M::Key,
     expected: M::Version,
