@@ -122,4 +122,29 @@ async_backend_tests! {
         .await;
         assert!(matches!(nested, Err(Error::AlreadyInTransaction)), "{nested:?}");
     }
+
+    async fn a_connection_a_dropped_call_left_in_its_transaction_grants_no_lease(db) {
+        // The outermost call is dropped in its work: its transaction stays
+        // open on the server, and the connection is marked broken. A grant
+        // there would be undone with that transaction, and its fence handed
+        // out again.
+        db.conn().run_pending_migrations(lease_migrations(BACKEND)).unwrap();
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(200),
+            lockkit::asynchronous::locked_transaction(&mut conn, lockkit::LockOptions::default(), async |_conn: &mut Async| {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                Ok::<_, Error>(())
+            }),
+        )
+        .await;
+        assert!(dropped.is_err(), "the call was dropped in its work");
+        let granted = lease::acquire(&mut conn, "nightly", Duration::from_secs(30)).await.map(|held| held.fence());
+        assert!(matches!(granted, Err(Error::AlreadyInTransaction)), "{granted:?}");
+        drop(conn);
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        let held = lease::acquire(&mut other, "nightly", Duration::from_secs(30)).await.unwrap();
+        assert_eq!(held.fence(), Fence(1), "no fence was handed out in the abandoned transaction");
+        held.release().await.unwrap();
+    }
 }

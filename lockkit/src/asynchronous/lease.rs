@@ -53,7 +53,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use super::connection::{in_transaction, AsyncLockingConnection, Level, Restore, Unsettled};
+use super::connection::{AsyncLockingConnection, Level, Restore, Unsettled};
 use super::transaction::end;
 use super::work::{AsyncWork, ConnWork};
 use crate::error::classification::classify;
@@ -85,7 +85,7 @@ impl<C: AsyncLeaseStore> AsyncLease<'_, C> {
     ///
     /// As [`Lease::renew`](crate::lease::Lease::renew).
     pub async fn renew(&mut self) -> Result<(), Error> {
-        check_own_commit(in_transaction(self.store))?;
+        check_own_commit(may_be_in_transaction(self.store))?;
         let grant = &self.grant;
         let extended = C::extend(self.store, &grant.name, &grant.token, grant.ttl_ms).await?;
         let renewed = renewed(extended);
@@ -117,6 +117,15 @@ impl<C: AsyncLeaseStore> Drop for AsyncLease<'_, C> {
     }
 }
 
+/// Whether a grant on `conn` could be undone with an open transaction
+/// ([`crate::transaction::may_be_in_transaction`]).
+fn may_be_in_transaction<C: diesel_async::AsyncConnection>(conn: &mut C) -> bool {
+    use diesel_async::TransactionManager;
+    crate::transaction::may_be_in_transaction(
+        C::TransactionManager::transaction_manager_status_mut(conn),
+    )
+}
+
 /// Takes the lease `name` for `ttl` if nobody holds it:
 /// [`lease::acquire`](crate::lease::acquire) on diesel-async. It does not
 /// wait: wrap it in [`retry()`](super::retry()) to wait with backoff.
@@ -131,7 +140,7 @@ pub async fn acquire<'c, C: AsyncLeaseStore>(
     name: &str,
     ttl: Duration,
 ) -> Result<AsyncLease<'c, C>, Error> {
-    let ttl_ms = check_acquire(name, ttl, in_transaction(conn))?;
+    let ttl_ms = check_acquire(name, ttl, may_be_in_transaction(conn))?;
     let token = new_token();
     // Three statements: a call dropped among them marks the connection broken.
     let mut unsettled = Unsettled::armed(&mut *conn);

@@ -277,7 +277,11 @@ macro_rules! lease_store {
             }
 
             fn in_transaction(&mut self) -> bool {
-                crate::transaction::in_transaction(self)
+                use diesel::connection::{Connection, TransactionManager};
+                type Manager = <$conn as Connection>::TransactionManager;
+                crate::transaction::may_be_in_transaction(Manager::transaction_manager_status_mut(
+                    self,
+                ))
             }
         }
 

@@ -181,7 +181,8 @@ pub trait LeaseStore: crate::sealed::Sealed {
     /// Releases `name` if `token` still holds it.
     #[doc(hidden)]
     fn revoke(&mut self, name: &str, token: &str) -> Result<bool, Error>;
-    /// Whether a grant here would be undone with an open transaction.
+    /// Whether a grant here could be undone with an open transaction (one is
+    /// open, or the connection's transaction manager is broken).
     #[doc(hidden)]
     fn in_transaction(&mut self) -> bool {
         false
@@ -380,8 +381,10 @@ pub(crate) fn check_acquire(name: &str, ttl: Duration, in_transaction: bool) -> 
 /// Refuses a grant or an extension on a database store with an open
 /// transaction ([`Error::AlreadyInTransaction`]), before anything is sent: it
 /// must commit on its own, as a grant rolled back with its transaction would
-/// hand the same fence out twice. For [`acquire`] and [`Lease::renew`], blocking
-/// and async.
+/// hand the same fence out twice. A connection whose transaction manager is
+/// broken counts as in one: a dropped async call may have left its
+/// transaction open on the server. For [`acquire`] and [`Lease::renew`],
+/// blocking and async.
 pub(crate) fn check_own_commit(in_transaction: bool) -> Result<(), Error> {
     match in_transaction {
         true => Err(Error::AlreadyInTransaction),

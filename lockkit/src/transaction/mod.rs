@@ -928,6 +928,16 @@ pub(crate) fn in_transaction<C: Connection>(conn: &mut C) -> bool {
     transaction_depth(conn) > 0
 }
 
+/// Whether a transaction may be open on the server under `status`: Diesel
+/// counts one, or its transaction manager is broken (a dropped async call's
+/// transaction may still be open there). For the calls that must commit on
+/// their own, blocking and async.
+pub(crate) fn may_be_in_transaction(
+    status: &mut diesel::connection::TransactionManagerStatus,
+) -> bool {
+    !matches!(status.transaction_depth(), Ok(None))
+}
+
 /// [`Error::NotInTransaction`] unless a transaction is open (`open`): the calls
 /// that lock inside the caller's transaction send nothing outside one.
 pub(crate) fn require_transaction(open: bool) -> Result<(), Error> {
