@@ -692,7 +692,8 @@ impl Problem {
             Refusal::Unwritable => "the version cannot go higher: no write can follow it; re-read the resource (GET)".to_owned(),
             Refusal::NamedTwice => "the request names one resource more than once; nothing was written".to_owned(),
             Refusal::NotFound => "the resource does not exist".to_owned(),
-            Refusal::Conflict | Refusal::KeyReused | Refusal::BadRequest => error.to_string(),
+            Refusal::Conflict => conflict_detail(error),
+            Refusal::KeyReused | Refusal::BadRequest => error.to_string(),
             Refusal::Busy => "the resource is busy with other changes; try again".to_owned(),
             Refusal::Failed => "the request could not be completed".to_owned(),
         };
@@ -728,6 +729,23 @@ impl Problem {
             other => other.to_string(),
         };
         Problem::new(error.status(), title, detail)
+    }
+}
+
+/// What a 409 tells the client: in its terms, never the table, the key or
+/// the stored values that a compare-and-set's or a fence's error names for
+/// the log.
+fn conflict_detail(error: &Error) -> String {
+    match error {
+        Error::StaleColumns(_) => "the resource was changed by someone else after you read it, \
+             and nothing was written; re-read it (GET) and apply your change to what it holds now"
+            .to_owned(),
+        Error::Fenced { .. } => {
+            "a newer holder of the resource's lease has written to it; this write was refused"
+                .to_owned()
+        }
+        Error::TransactionAborted(aborted) => conflict_detail(aborted.cause()),
+        other => other.to_string(),
     }
 }
 
@@ -812,6 +830,39 @@ mod tests {
         assert_eq!(expected("bad").unwrap_err().status(), 400);
         assert_eq!(IfMatchError::Missing.status(), 428);
         assert_eq!(IfMatchError::NoMatch.status(), 412);
+    }
+
+    #[test]
+    fn a_conflict_names_no_table_key_or_stored_value() {
+        let stale = crate::error::StaleColumnsError {
+            table: "orders",
+            key: "5".to_owned(),
+            deleted: false,
+            columns: vec![crate::error::ColumnValue {
+                column: "state",
+                expected: "\"pending\"".to_owned(),
+                current: Some("\"shipped\"".to_owned()),
+            }],
+        };
+        let columns = Error::StaleColumns(stale.clone());
+        let fenced = Error::Fenced {
+            resource: "orders/5".to_owned(),
+            fence: 6,
+            current: 7,
+        };
+        let aborted =
+            Error::TransactionAborted(crate::error::Aborted::new(Error::StaleColumns(stale)));
+        for error in [&columns, &fenced, &aborted] {
+            let problem = Problem::from_error(error);
+            assert_eq!((problem.status, problem.title), (409, "Conflict"));
+            for secret in ["orders", "5", "state", "pending", "shipped", "6", "7"] {
+                assert!(
+                    !problem.detail.contains(secret),
+                    "{secret:?} in the detail of {error}: {}",
+                    problem.detail
+                );
+            }
+        }
     }
 
     #[test]
