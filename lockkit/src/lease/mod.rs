@@ -73,6 +73,10 @@
 //! writes are refused, so nothing they write can slip in between your read and
 //! your write. A holder that only writes, with a fence the resource has not seen
 //! yet, is not refused: fencing stops *older* holders, it does not order readers.
+//! On MySQL/MariaDB, do not nest [`fenced`] in a `REPEATABLE READ` transaction of
+//! yours that has already read: its plain reads see that transaction's snapshot,
+//! taken before the fence was raised, and miss what an older holder wrote
+//! meanwhile (PostgreSQL refuses the raise there with a serialization failure).
 //!
 //! A table of your own can carry the fence per row instead, with a conditional
 //! update ([`atomic::update_if`](crate::atomic::update_if)):
