@@ -932,6 +932,11 @@ pub(crate) fn in_transaction<C: Connection>(conn: &mut C) -> bool {
 /// counts one, or its transaction manager is broken (a dropped async call's
 /// transaction may still be open there). For the calls that must commit on
 /// their own, blocking and async.
+#[cfg(feature = "lease")]
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
 pub(crate) fn may_be_in_transaction(
     status: &mut diesel::connection::TransactionManagerStatus,
 ) -> bool {
