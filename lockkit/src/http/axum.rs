@@ -140,7 +140,7 @@ impl<V: VersionNumber> IfMatchVersion<V> {
     /// # Errors
     ///
     /// * [`IfMatchError::Missing`] without the header (`428`).
-    /// * [`IfMatchError::Malformed`] when a line is not UTF-8, or not `*` or a
+    /// * [`IfMatchError::Malformed`] when the lines are not `*` or a
     ///   list of entity tags (`400`).
     /// * [`IfMatchError::NoMatch`] when no strong lockkit tag in it fits `V` (`412`).
     pub fn from_headers(headers: &HeaderMap) -> Result<Self, IfMatchError> {
@@ -191,12 +191,14 @@ impl<V: VersionNumber> IfMatchVersion<V> {
 }
 
 /// The field lines of `name` joined with `", "` (RFC 9110 §5.3), `None` without
-/// any. A value that is not UTF-8 is malformed.
-fn joined_value(headers: &HeaderMap, name: HeaderName) -> Result<Option<String>, IfMatchError> {
+/// any. Bytes that are not UTF-8 (RFC 9110's obs-text, which an entity tag may
+/// hold) are read as U+FFFD: inside a tag they make one that names no version,
+/// outside one a malformed header.
+fn joined_value(headers: &HeaderMap, name: HeaderName) -> Option<String> {
     let mut joined: Option<String> = None;
     for line in headers.get_all(name) {
-        let text = std::str::from_utf8(line.as_bytes())
-            .map_err(|_| IfMatchError::Malformed("the header is not valid UTF-8"))?;
+        let text = String::from_utf8_lossy(line.as_bytes());
+        let text = text.as_ref();
         match &mut joined {
             Some(joined) => {
                 joined.push_str(", ");
@@ -205,7 +207,7 @@ fn joined_value(headers: &HeaderMap, name: HeaderName) -> Result<Option<String>,
             None => joined = Some(text.to_owned()),
         }
     }
-    Ok(joined)
+    joined
 }
 
 /// The `If-Match` header of a request as it was sent, for resources with bound
@@ -224,10 +226,10 @@ impl IfMatchTags {
     /// # Errors
     ///
     /// * [`IfMatchError::Missing`] without the header (`428`).
-    /// * [`IfMatchError::Malformed`] when a line is not UTF-8, or not `*` or a
+    /// * [`IfMatchError::Malformed`] when the lines are not `*` or a
     ///   list of entity tags (`400`).
     pub fn from_headers(headers: &HeaderMap) -> Result<Self, IfMatchError> {
-        match joined_value(headers, IF_MATCH)? {
+        match joined_value(headers, IF_MATCH) {
             Some(value) => value.parse().map(IfMatchTags),
             None => Err(IfMatchError::Missing),
         }
@@ -317,7 +319,7 @@ pub struct IfNoneMatch(pub Option<IfMatch>);
 impl IfNoneMatch {
     /// Reads the `If-None-Match` field lines of `headers`, as the extractor does.
     pub fn from_headers(headers: &HeaderMap) -> Self {
-        let value = joined_value(headers, IF_NONE_MATCH).ok().flatten();
+        let value = joined_value(headers, IF_NONE_MATCH);
         IfNoneMatch(value.and_then(|value| value.parse().ok()))
     }
 
@@ -653,9 +655,14 @@ mod tests {
     fn the_extractor_rejects_with_the_right_status() {
         assert_eq!(extract(&[]), Err(IfMatchError::Missing));
         assert!(matches!(extract(&[b"v3"]), Err(IfMatchError::Malformed(_))));
+        assert_eq!(
+            extract(&[b"\"\xe9\""]),
+            Err(IfMatchError::NoMatch),
+            "obs-text in a tag: a valid tag that names no version"
+        );
         assert!(
-            matches!(extract(&[b"\"\xe9\""]), Err(IfMatchError::Malformed(_))),
-            "not UTF-8"
+            matches!(extract(&[b"\xe9"]), Err(IfMatchError::Malformed(_))),
+            "obs-text outside a tag"
         );
         assert!(matches!(
             extract(&[b"*", b"\"v1\""]),
@@ -1009,7 +1016,10 @@ mod tests {
         assert!(!get(&[b"\"v6\""]).not_modified(ETag::from_version(7_i32)));
         assert!(!get(&[]).not_modified(ETag::from_version(7_i32)));
         assert_eq!(get(&[b"v7"]), IfNoneMatch(None), "malformed: ignored");
-        assert_eq!(get(&[b"\"\xe9\""]), IfNoneMatch(None), "not UTF-8: ignored");
+        assert!(
+            !get(&[b"\"\xe9\""]).not_modified(ETag::from_version(7_i32)),
+            "obs-text in a tag: names no version"
+        );
         let tags = secret().resource("items", 1);
         let sent = get(&[tags.etag(7_i32).to_string().as_bytes()]);
         assert!(sent.not_modified_bound(&tags, 7_i32));
