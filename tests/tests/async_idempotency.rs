@@ -320,53 +320,61 @@ mod waiting {
             // A takes the key in its own transaction, holds it past the
             // lease and rolls back. B's take waited all that while behind
             // A's, then got the key: during B's run, a repeat must find the
-            // key running, not abandoned since B's take was sent.
+            // key running, not abandoned since B's take was sent. A take is
+            // an insert, or the take-over of an abandoned key.
             db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
             seed_items(&mut db.conn(), &[(1, 100)]);
+            lockkit_tests::exec(
+                &mut db.conn(),
+                "INSERT INTO lockkit_idempotency_keys (principal, idempotency_key, fingerprint, state, started_at) \
+                 VALUES ('tenant-1', 'abandoned', 'POST /orders', 'running', 0)",
+            );
             let keys = Idempotency { lease: Duration::from_secs(1), ..Idempotency::default() };
-            let (taken_tx, taken_rx) = tokio::sync::oneshot::channel();
-            let url = db.url.clone();
-            let a = tokio::spawn(async move {
-                let mut conn: Async = async_common::connect(&url, BACKEND).await;
-                let _ = conn
-                    .transaction(async |conn| {
-                        idempotency::run(&keys, conn, "tenant-1", "order-3", "POST /orders", async |_conn: &mut Async| {
-                            Ok::<_, Error>(Order { order: 0, left: 0 })
+            for (key, left) in [("new", 99), ("abandoned", 98)] {
+                let (taken_tx, taken_rx) = tokio::sync::oneshot::channel();
+                let url = db.url.clone();
+                let a = tokio::spawn(async move {
+                    let mut conn: Async = async_common::connect(&url, BACKEND).await;
+                    let _ = conn
+                        .transaction(async |conn| {
+                            idempotency::run(&keys, conn, "tenant-1", key, "POST /orders", async |_conn: &mut Async| {
+                                Ok::<_, Error>(Order { order: 0, left: 0 })
+                            })
+                            .await?;
+                            taken_tx.send(()).unwrap();
+                            tokio::time::sleep(Duration::from_millis(1_500)).await;
+                            Err::<(), _>(Error::NoRowMatched)
                         })
-                        .await?;
-                        taken_tx.send(()).unwrap();
-                        tokio::time::sleep(Duration::from_millis(1_500)).await;
-                        Err::<(), _>(Error::NoRowMatched)
+                        .await;
+                });
+                taken_rx.await.unwrap();
+                let (running_tx, running_rx) = tokio::sync::oneshot::channel();
+                let (repeated_tx, repeated_rx) = tokio::sync::oneshot::channel::<()>();
+                let url = db.url.clone();
+                let b = tokio::spawn(async move {
+                    let mut conn: Async = async_common::connect(&url, BACKEND).await;
+                    idempotency::run(&keys, &mut conn, "tenant-1", key, "POST /orders", async |conn: &mut Async| {
+                        running_tx.send(()).unwrap();
+                        let _ = repeated_rx.await;
+                        let left = sell_one!(conn)?;
+                        Ok::<_, Error>(Order { order: 1, left })
                     })
-                    .await;
-            });
-            taken_rx.await.unwrap();
-            let (running_tx, running_rx) = tokio::sync::oneshot::channel();
-            let (repeated_tx, repeated_rx) = tokio::sync::oneshot::channel::<()>();
-            let url = db.url.clone();
-            let b = tokio::spawn(async move {
-                let mut conn: Async = async_common::connect(&url, BACKEND).await;
-                idempotency::run(&keys, &mut conn, "tenant-1", "order-3", "POST /orders", async |conn: &mut Async| {
-                    running_tx.send(()).unwrap();
-                    let _ = repeated_rx.await;
+                    .await
+                });
+                running_rx.await.unwrap();
+                let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+                let repeat = idempotency::run(&keys, &mut conn, "tenant-1", key, "POST /orders", async |conn: &mut Async| {
                     let left = sell_one!(conn)?;
-                    Ok::<_, Error>(Order { order: 1, left })
+                    Ok::<_, Error>(Order { order: 2, left })
                 })
-                .await
-            });
-            running_rx.await.unwrap();
-            let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
-            let repeat = idempotency::run(&keys, &mut conn, "tenant-1", "order-3", "POST /orders", async |conn: &mut Async| {
-                let left = sell_one!(conn)?;
-                Ok::<_, Error>(Order { order: 2, left })
-            })
-            .await;
-            repeated_tx.send(()).unwrap();
-            a.await.unwrap();
-            let b = b.await.unwrap();
-            assert!(matches!(repeat, Err(Error::IdempotencyInProgress)), "the repeat while B ran: {repeat:?}");
-            assert_eq!(b.unwrap(), Outcome::Ran(Order { order: 1, left: 99 }));
-            assert_eq!(stock!(&mut conn), 99, "sold once");
+                .await;
+                repeated_tx.send(()).unwrap();
+                a.await.unwrap();
+                let b = b.await.unwrap();
+                assert!(matches!(repeat, Err(Error::IdempotencyInProgress)), "the repeat while B ran ({key} key): {repeat:?}");
+                assert_eq!(b.unwrap(), Outcome::Ran(Order { order: 1, left }), "{key} key");
+                assert_eq!(stock!(&mut conn), left, "sold once");
+            }
         }
     }
 }

@@ -435,47 +435,55 @@ mod in_the_callers_transaction {
                 // A takes the key in its own transaction, holds it past the
                 // lease and rolls back. B's take waited all that while behind
                 // A's, then got the key: during B's run, a repeat must find the
-                // key running, not abandoned since B's take was sent.
+                // key running, not abandoned since B's take was sent. A take
+                // is an insert, or the take-over of an abandoned key.
                 db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
                 seed_items(&mut db.conn(), &[(1, 10)]);
+                lockkit_tests::exec(
+                    &mut db.conn(),
+                    "INSERT INTO lockkit_idempotency_keys (principal, idempotency_key, fingerprint, state, started_at) \
+                     VALUES ('tenant-1', 'abandoned', 'POST /orders', 'running', 0)",
+                );
                 let keys = Idempotency {
                     lease: Duration::from_secs(1),
                     ..Idempotency::default()
                 };
-                let (taken, taken_rx) = mpsc::channel();
-                let (running, running_rx) = mpsc::channel();
-                let (repeated, repeated_rx) = mpsc::channel::<()>();
-                let db = &db;
-                let (b, repeat) = thread::scope(|s| {
-                    let a = s.spawn(move || {
-                        let mut conn = db.connect();
-                        let _ = conn.transaction(|c| {
-                            keys.run(c, "tenant-1", "order-1", "POST /orders", sell_one)?;
-                            taken.send(()).unwrap();
-                            thread::sleep(Duration::from_millis(1_500));
-                            Err::<(), _>(Error::NoRowMatched)
+                for key in ["new", "abandoned"] {
+                    let (taken, taken_rx) = mpsc::channel();
+                    let (running, running_rx) = mpsc::channel();
+                    let (repeated, repeated_rx) = mpsc::channel::<()>();
+                    let db = &db;
+                    let (b, repeat) = thread::scope(|s| {
+                        let a = s.spawn(move || {
+                            let mut conn = db.connect();
+                            let _ = conn.transaction(|c| {
+                                keys.run(c, "tenant-1", key, "POST /orders", sell_one)?;
+                                taken.send(()).unwrap();
+                                thread::sleep(Duration::from_millis(1_500));
+                                Err::<(), _>(Error::NoRowMatched)
+                            });
                         });
+                        taken_rx.recv().unwrap();
+                        let b = s.spawn(move || {
+                            keys.run(&mut db.connect(), "tenant-1", key, "POST /orders", |c| {
+                                running.send(()).unwrap();
+                                repeated_rx.recv().unwrap();
+                                sell_one(c)
+                            })
+                        });
+                        running_rx.recv().unwrap();
+                        let repeat = keys.run(&mut db.connect(), "tenant-1", key, "POST /orders", sell_one);
+                        repeated.send(()).unwrap();
+                        a.join().unwrap();
+                        (b.join().unwrap(), repeat)
                     });
-                    taken_rx.recv().unwrap();
-                    let b = s.spawn(move || {
-                        keys.run(&mut db.connect(), "tenant-1", "order-1", "POST /orders", |c| {
-                            running.send(()).unwrap();
-                            repeated_rx.recv().unwrap();
-                            sell_one(c)
-                        })
-                    });
-                    running_rx.recv().unwrap();
-                    let repeat = keys.run(&mut db.connect(), "tenant-1", "order-1", "POST /orders", sell_one);
-                    repeated.send(()).unwrap();
-                    a.join().unwrap();
-                    (b.join().unwrap(), repeat)
-                });
-                assert!(
-                    matches!(repeat, Err(Error::IdempotencyInProgress)),
-                    "the repeat while B ran: {repeat:?}"
-                );
-                assert_eq!(b.unwrap(), Outcome::Ran("201 sold".to_owned()));
-                assert_eq!(stock_of!(&mut db.conn()), 9, "sold once");
+                    assert!(
+                        matches!(repeat, Err(Error::IdempotencyInProgress)),
+                        "the repeat while B ran ({key} key): {repeat:?}"
+                    );
+                    assert_eq!(b.unwrap(), Outcome::Ran("201 sold".to_owned()), "{key} key");
+                }
+                assert_eq!(stock_of!(&mut db.conn()), 8, "sold once per key");
             }
         }
     }

@@ -177,26 +177,49 @@ async fn start<C: AsyncIdempotencyStore>(
     let mut looks = keys.looks();
     loop {
         let now = now_millis();
-        if C::insert_running(conn, key, fingerprint, now).await? {
-            let Some((write, started_at)) = keys.stamp_again(now, now_millis()) else {
-                return Ok(Start::Owned { started_at: now });
-            };
-            if C::write(conn, key, write).await? {
-                return Ok(Start::Owned { started_at });
+        let taken = match C::insert_running(conn, key, fingerprint, now).await? {
+            true => Start::Owned { started_at: now },
+            false => {
+                let row = <C as AsyncIdempotencyStore>::load(conn, key).await?;
+                let seen = keys.decide(row, fingerprint, now)?;
+                let matched = match seen.write(now) {
+                    Some(write) => C::write(conn, key, write).await?,
+                    None => false,
+                };
+                match looks.after(seen, matched, now)? {
+                    ControlFlow::Break(start) => start,
+                    ControlFlow::Continue(pause) => {
+                        if !pause.is_zero() {
+                            tokio::time::sleep(pause).await;
+                        }
+                        continue;
+                    }
+                }
             }
-            // Taken over while the insert waited: look again.
-            continue;
-        }
-        let row = <C as AsyncIdempotencyStore>::load(conn, key).await?;
-        let seen = keys.decide(row, fingerprint, now)?;
-        let matched = match seen.write(now) {
-            Some(write) => C::write(conn, key, write).await?,
-            None => false,
         };
-        match looks.after(seen, matched, now)? {
-            ControlFlow::Break(start) => return Ok(start),
-            ControlFlow::Continue(pause) if !pause.is_zero() => tokio::time::sleep(pause).await,
-            ControlFlow::Continue(_) => {}
+        let taken_at = match taken {
+            Start::Owned { started_at } => started_at,
+            replay => return Ok(replay),
+        };
+        let Some((write, started_at)) = keys.stamp_again(taken_at, now_millis()) else {
+            return Ok(taken);
+        };
+        match C::write(conn, key, write).await {
+            Ok(true) => return Ok(Start::Owned { started_at }),
+            // Taken over meanwhile: look again.
+            Ok(false) => {}
+            Err(err) => {
+                // The key is this request's: give it up, as on the blocking side.
+                let _ = C::write(
+                    conn,
+                    key,
+                    Write::Release {
+                        started_at: taken_at,
+                    },
+                )
+                .await;
+                return Err(err);
+            }
         }
     }
 }

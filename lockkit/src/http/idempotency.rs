@@ -428,37 +428,61 @@ impl Idempotency {
         let mut looks = self.looks();
         loop {
             let now = now_millis();
-            if C::insert_running(conn, key, fingerprint, now)? {
-                let Some((write, started_at)) = self.stamp_again(now, now_millis()) else {
-                    return Ok(Start::Owned { started_at: now });
-                };
-                if C::write(conn, key, write)? {
-                    return Ok(Start::Owned { started_at });
+            let taken = match C::insert_running(conn, key, fingerprint, now)? {
+                true => Start::Owned { started_at: now },
+                false => {
+                    let seen = self.decide(C::load(conn, key)?, fingerprint, now)?;
+                    let matched = match seen.write(now) {
+                        Some(write) => C::write(conn, key, write)?,
+                        None => false,
+                    };
+                    match looks.after(seen, matched, now)? {
+                        ControlFlow::Break(start) => start,
+                        ControlFlow::Continue(pause) => {
+                            if !pause.is_zero() {
+                                thread::sleep(pause);
+                            }
+                            continue;
+                        }
+                    }
                 }
-                // Taken over while the insert waited: look again.
-                continue;
-            }
-            let seen = self.decide(C::load(conn, key)?, fingerprint, now)?;
-            let matched = match seen.write(now) {
-                Some(write) => C::write(conn, key, write)?,
-                None => false,
             };
-            match looks.after(seen, matched, now)? {
-                ControlFlow::Break(start) => return Ok(start),
-                ControlFlow::Continue(pause) if !pause.is_zero() => thread::sleep(pause),
-                ControlFlow::Continue(_) => {}
+            let taken_at = match taken {
+                Start::Owned { started_at } => started_at,
+                replay => return Ok(replay),
+            };
+            let Some((write, started_at)) = self.stamp_again(taken_at, now_millis()) else {
+                return Ok(taken);
+            };
+            match C::write(conn, key, write) {
+                Ok(true) => return Ok(Start::Owned { started_at }),
+                // Taken over meanwhile: look again.
+                Ok(false) => {}
+                Err(err) => {
+                    // The key is this request's: give it up, so that a retry
+                    // does not wait out the lease.
+                    let _ = C::write(
+                        conn,
+                        key,
+                        Write::Release {
+                            started_at: taken_at,
+                        },
+                    );
+                    return Err(err);
+                }
             }
         }
     }
 
-    /// A key inserted as running at `started_at` whose insert returned at
-    /// `now`. The insert waits for another session's take of the same key
-    /// until that session's transaction ends, and when it rolls back, the
-    /// row goes in with the `started_at` it was sent with: past a tenth of
-    /// the lease, the write that stamps it again with `now` (if still as
-    /// inserted), so that a repeat during the run finds it running, not
-    /// abandoned; and the `started_at` it then has. The one place for the
-    /// blocking and the async side.
+    /// A key this request took (inserted, or took over) with `started_at`,
+    /// whose statement returned at `now`. That statement waits for another
+    /// session's uncommitted take of the same key until that session's
+    /// transaction ends, and when it rolls back, the row holds the
+    /// `started_at` the statement was sent with: past a tenth of the lease,
+    /// the write that stamps it again with `now` (if still as taken), so that
+    /// a repeat during the run finds it running, not abandoned; and the
+    /// `started_at` it then has. The one place for the blocking and the async
+    /// side.
     pub(crate) fn stamp_again(&self, started_at: i64, now: i64) -> Option<(Write<'static>, i64)> {
         let waited = now.saturating_sub(started_at);
         (waited > millis(self.lease) / 10).then_some((
