@@ -930,15 +930,59 @@ mod mysql_only {
             }
             drop(pooled);
             holder.batch_execute("ROLLBACK").await.unwrap();
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            let mut next = $pool.get().await.unwrap();
-            items::table
-                .find(1)
-                .select(items::id)
-                .first::<i32>(&mut *next)
-                .await
-                .map_err(|e| e.to_string())
+            next_users_read(&$pool).await
         }};
+    }
+
+    /// A moment for a statement let through to answer, then what the pool's
+    /// next user reads: item 1's id.
+    async fn next_users_read(pool: &Pool) -> Result<i32, String> {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut next = pool.get().await.unwrap();
+        items::table
+            .find(1)
+            .select(items::id)
+            .first::<i32>(&mut *next)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// A lease's `renew` is one statement in autocommit (it refuses to run
+    /// in a transaction): one dropped while it waits for another session's
+    /// lock on the lease's row does not hand the pool's next user a connection
+    /// that reads its reply as its own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_lease_renew_dropped_while_it_waits_hands_the_next_user_a_working_connection() {
+        use diesel_async::SimpleAsyncConnection;
+        let db = item_1_at_1_000(
+            "dropped_lease_renew",
+            lockkit_tests::lease_migrations("mysql"),
+        );
+        let pool = unpinged_pool(&db.url).await;
+        let mut holder: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
+        {
+            let mut pooled = pool.get().await.unwrap();
+            let ttl = Duration::from_secs(60);
+            let mut lease = lockkit::asynchronous::lease::acquire(&mut *pooled, "nightly", ttl)
+                .await
+                .unwrap();
+            holder.batch_execute("BEGIN").await.unwrap();
+            holder
+                .batch_execute("SELECT 1 FROM lockkit_leases WHERE name = 'nightly' FOR UPDATE")
+                .await
+                .unwrap();
+            let dropped = tokio::time::timeout(Duration::from_secs(1), lease.renew()).await;
+            assert!(
+                dropped.is_err(),
+                "the renew waits for the other session's lock"
+            );
+        }
+        holder.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(
+            next_users_read(&pool).await,
+            Ok(1),
+            "after a lease renew dropped while it waited, the pool's next user's read"
+        );
     }
 
     /// A versioned write outside a transaction opens no level: one dropped

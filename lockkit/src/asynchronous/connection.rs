@@ -62,13 +62,12 @@
 //! flight (the journal sees it begin and no reply come) marks the connection
 //! broken wherever it was nested, so that no `COMMIT` is sent on it and the
 //! transaction around fails with `BrokenTransactionManager`, committing
-//! nothing. So does a call of more than one statement that opens no level of
-//! its own, in a transaction or not: a versioned write, `lock_all`,
-//! `queue::claim`, an outbox message, and a lease's `acquire` and `release`
-//! (these two whenever they are dropped: no journal watches them). A call of
-//! one statement (`atomic::*`, the outbox's and the idempotency keys'
-//! housekeeping, a lease's `renew`) is left as a statement of your own is
-//! (below). On SQLite, diesel-async
+//! nothing. So do the calls that open no level of their own, in a
+//! transaction or not: a versioned write, `lock_all`, `queue::claim`, an
+//! outbox message, and a lease's `acquire`, `renew` and `release`. The
+//! single-statement calls (`atomic::*`, the outbox's and the idempotency
+//! keys' housekeeping) are left as a statement of your own is (below). On
+//! SQLite, diesel-async
 //! refuses any access to the connection while a dropped statement still runs
 //! on its blocking thread: a call dropped then cannot mark anything (lockkit
 //! warns), so give up on the whole transaction there rather than on a nested
@@ -252,10 +251,14 @@ impl<'c, C: AsyncConnection> Unsettled<'c, C> {
         Unsettled::new(conn, false)
     }
 
-    /// Around the statements a call sends before its level opens: armed only
-    /// against a reply left unread ([`reply_left_unread`]: a drop with one of
-    /// them in flight on MySQL/MariaDB).
+    /// Around the statements a call sends outside a level of its own: armed
+    /// only against a reply left unread (a drop with one of them in flight on
+    /// MySQL/MariaDB). Installs lockkit's journal first, which sees every
+    /// statement begin and its reply come; on a connection with
+    /// instrumentation of its own, which it cannot watch, a drop marks the
+    /// connection broken.
     pub(crate) fn until_replied(conn: &'c mut C) -> Self {
+        watch(conn);
         Unsettled::new(conn, true)
     }
 
@@ -285,9 +288,8 @@ impl<C: AsyncConnection> Drop for Unsettled<'_, C> {
                 "a lockkit call was dropped while a setting of its was in force or a transaction statement in flight: the connection is marked broken, for its pool to close",
                 |conn| {
                     !unread_only
-                        || reply_left_unread::<C>(
-                            journal::levels(&mut journal::AsyncWatched(conn)).as_deref(),
-                        )
+                        || journal::levels(&mut journal::AsyncWatched(conn))
+                            .is_none_or(|levels| levels.reply_unread())
                 },
             );
         }

@@ -15,9 +15,10 @@
 //! out after its TTL, as a crashed holder's does; its fence stays valid for
 //! writes until a newer holder writes, which is what fencing is for. A dropped
 //! [`acquire`] may have granted the lease before it could read the fence: that
-//! grant is nobody's, and runs out after its TTL too. A dropped [`acquire`] or
-//! [`AsyncLease::release`] marks the connection broken (a statement's reply
-//! may be left unread on MySQL/MariaDB), for its pool to close. A dropped [`fenced`]
+//! grant is nobody's, and runs out after its TTL too. On MySQL/MariaDB, an
+//! [`acquire`], [`AsyncLease::renew`] or [`AsyncLease::release`] dropped with
+//! a statement in flight marks the connection broken (the reply is left
+//! unread), for its pool to close. A dropped [`fenced`]
 //! leaves its transaction open on the connection, which diesel-async's pools
 //! discard ([cancellation](super::connection#cancellation)): neither the fence
 //! nor the work is recorded.
@@ -87,7 +88,11 @@ impl<C: AsyncLeaseStore> AsyncLease<'_, C> {
     pub async fn renew(&mut self) -> Result<(), Error> {
         check_own_commit(may_be_in_transaction(self.store))?;
         let grant = &self.grant;
-        let extended = C::extend(self.store, &grant.name, &grant.token, grant.ttl_ms).await?;
+        let mut unsettled = Unsettled::until_replied(&mut *self.store);
+        let extended = C::extend(unsettled.conn, &grant.name, &grant.token, grant.ttl_ms).await;
+        unsettled.settled();
+        drop(unsettled);
+        let extended = extended?;
         let renewed = renewed(extended);
         self.held = renewed.is_ok();
         renewed
@@ -100,7 +105,7 @@ impl<C: AsyncLeaseStore> AsyncLease<'_, C> {
     ///
     /// As [`Lease::release`](crate::lease::Lease::release).
     pub async fn release(mut self) -> Result<(), Error> {
-        let mut unsettled = Unsettled::armed(&mut *self.store);
+        let mut unsettled = Unsettled::until_replied(&mut *self.store);
         let revoked = C::revoke(unsettled.conn, &self.grant.name, &self.grant.token).await;
         unsettled.settled();
         drop(unsettled);
@@ -142,8 +147,9 @@ pub async fn acquire<'c, C: AsyncLeaseStore>(
 ) -> Result<AsyncLease<'c, C>, Error> {
     let ttl_ms = check_acquire(name, ttl, may_be_in_transaction(conn))?;
     let token = new_token();
-    // Three statements: a call dropped among them marks the connection broken.
-    let mut unsettled = Unsettled::armed(&mut *conn);
+    // Three statements: a call dropped with one in flight marks the
+    // connection broken.
+    let mut unsettled = Unsettled::until_replied(&mut *conn);
     let fence = C::grant(unsettled.conn, name, &token, ttl_ms).await;
     unsettled.settled();
     drop(unsettled);
