@@ -8,6 +8,9 @@
 #   export PG_STANDBY_URL=postgres://postgres@127.0.0.1:5442/test
 #   scripts/pg-standby.sh stop DIR
 #
+# `promote DIR` promotes the standby (a test's own pair: a server that was a
+# standby and is one no longer).
+#
 # `start` runs initdb (trust auth), starts the primary, creates database `test`,
 # copies it with `pg_basebackup -R -X stream -c fast` (`-R` writes the standby's
 # `primary_conninfo` and `standby.signal`; `-c fast` checkpoints at once instead of
@@ -25,7 +28,7 @@ listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 command="${1:-}"
 dir="${2:-}"
-[ -n "$command" ] && [ -n "$dir" ] || die "usage: $0 start|stop DIR [PRIMARY_PORT] [STANDBY_PORT]"
+[ -n "$command" ] && [ -n "$dir" ] || die "usage: $0 start|stop|promote DIR [PRIMARY_PORT] [STANDBY_PORT]"
 primary_port="${3:-5441}"
 standby_port="${4:-5442}"
 
@@ -49,8 +52,12 @@ case "$command" in
     stop
     exit 0
     ;;
+  promote)
+    "${PG_RUN[@]}" "$bin/pg_ctl" -D "$dir/standby" -w promote >/dev/null
+    exit 0
+    ;;
   start) ;;
-  *) die "unknown command $command (start or stop)" ;;
+  *) die "unknown command $command (start, stop or promote)" ;;
 esac
 
 stop # a previous run's servers in the same DIR (a run that was killed)

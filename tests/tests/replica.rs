@@ -670,3 +670,76 @@ fn a_read_only_server_message_is_read_only() {
     );
     assert!(matches!(lockkit::classify(err), Error::ReadOnly));
 }
+
+/// A primary and a streaming standby of one test's own
+/// (`scripts/pg-standby.sh`, on free ports), stopped and removed on drop.
+struct OwnPair {
+    dir: std::path::PathBuf,
+    standby_port: u16,
+}
+
+impl OwnPair {
+    fn start(name: &str) -> OwnPair {
+        let free_port = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|listener| listener.local_addr())
+                .expect("a free port")
+                .port()
+        };
+        let dir = std::env::temp_dir().join(format!("lockkit-{name}-{}", std::process::id()));
+        let pair = OwnPair {
+            dir,
+            standby_port: free_port(),
+        };
+        let primary_port = free_port().to_string();
+        pair.script(&["start", &primary_port, &pair.standby_port.to_string()]);
+        pair
+    }
+
+    fn script(&self, args: &[&str]) {
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/pg-standby.sh");
+        let (command, rest) = args.split_first().expect("a command");
+        let status = std::process::Command::new(script)
+            .arg(command)
+            .arg(&self.dir)
+            .args(rest)
+            .status()
+            .expect("scripts/pg-standby.sh runs");
+        assert!(status.success(), "scripts/pg-standby.sh {args:?} failed");
+    }
+
+    fn standby(&self) -> PgConnection {
+        let url = format!("postgres://postgres@127.0.0.1:{}/test", self.standby_port);
+        PgConnection::establish(&url).expect("connect to the pair's standby")
+    }
+}
+
+impl Drop for OwnPair {
+    fn drop(&mut self) {
+        self.script(&["stop"]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A promoted standby keeps the last position it replayed
+/// (`pg_last_wal_replay_lsn` stays put once recovery ends), but it is a
+/// primary now, whose writes no other server replays: a read with a position
+/// never goes to it, however far that position is behind.
+#[test]
+fn a_promoted_standby_is_not_read_as_a_replica() {
+    let pair = OwnPair::start("promoted");
+    let mut standby = pair.standby();
+    let replayed = replica::replayed_lsn(&mut standby).unwrap();
+    assert!(replayed.is_some(), "a standby in recovery has a position");
+    pair.script(&["promote"]);
+    let mut promoted = pair.standby();
+    assert_eq!(replica::replayed_lsn(&mut promoted).unwrap(), None);
+    let route = replica::route(
+        &mut promoted,
+        Some("0/1".parse::<Lsn>().unwrap()),
+        Policy::WaitThenPrimary(Duration::from_millis(100)),
+    )
+    .unwrap();
+    assert_eq!(route, Route::PrimaryNotAStandby);
+}

@@ -22,7 +22,7 @@
 //! -- on the primary, after the commit
 //! SELECT pg_current_wal_insert_lsn()::text AS lsn
 //! -- on the replica, once, or every 1 to 20 ms while the policy waits
-//! SELECT pg_last_wal_replay_lsn()::text AS lsn
+//! SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()::text END AS lsn
 //! ```
 //!
 //! The position is the token a web app carries between a client's requests: its

@@ -12,7 +12,11 @@ use crate::transaction::in_transaction;
 pub(crate) const COMMIT_LSN: &str = "SELECT pg_current_wal_insert_lsn()::text AS lsn";
 
 /// The statement of [`replayed_lsn`]; the async twin sends the same text.
-pub(crate) const REPLAYED_LSN: &str = "SELECT pg_last_wal_replay_lsn()::text AS lsn";
+/// `pg_last_wal_replay_lsn` alone stays at the last position replayed once
+/// recovery ended (a promoted standby, a primary after crash recovery): only a
+/// server in recovery is a standby.
+pub(crate) const REPLAYED_LSN: &str =
+    "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()::text END AS lsn";
 
 /// A WAL position as the server prints it; `NULL` where the server has none.
 #[derive(diesel::QueryableByName)]
@@ -85,7 +89,7 @@ pub(crate) fn check_committed(in_transaction: bool) -> Result<()> {
 /// recovery: a primary, or a standby that was promoted).
 ///
 /// ```sql
-/// SELECT pg_last_wal_replay_lsn()::text AS lsn
+/// SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()::text END AS lsn
 /// ```
 pub fn replayed_lsn(replica: &mut PgConnection) -> Result<Option<Lsn>> {
     diesel::sql_query(REPLAYED_LSN)

@@ -71,8 +71,9 @@ const MAX_PAUSE: Duration = Duration::from_millis(20);
 /// asking `replica` how far it has replayed and waiting as `policy` allows.
 /// With `written` `None` (no write to see) the read goes to the replica at once.
 ///
-/// Each look at the replica is one `SELECT pg_last_wal_replay_lsn()`, repeated
-/// with pauses from 1 to 20 ms while the policy waits.
+/// Each look at the replica is one `SELECT pg_last_wal_replay_lsn()` (while it
+/// is in recovery), repeated with pauses from 1 to 20 ms while the policy
+/// waits.
 ///
 /// # Errors
 ///
