@@ -209,6 +209,45 @@ async_server_tests! {
         lock_freed(&mut other, key).await;
     }
 
+    async fn a_connection_a_dropped_call_left_in_its_transaction_takes_no_advisory_lock(db) {
+        // The outermost call is dropped in its work: its transaction stays
+        // open on the server, and the connection is marked broken. A lock and
+        // work there would go with that transaction, under an `Ok`.
+        let db_key = key(&db.url);
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut held: Async = async_common::connect(&db.url, BACKEND).await;
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(200),
+            lockkit::asynchronous::locked_transaction(&mut held, LockOptions::default(), async |_conn: &mut Async| {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                Ok::<_, Error>(())
+            }),
+        )
+        .await;
+        assert!(dropped.is_err(), "the call was dropped in its work");
+        let locked = advisory::with_lock(&mut held, db_key, async |conn: &mut Async| {
+            diesel::update(lockkit_tests::schema::items::table.find(1))
+                .set(lockkit_tests::schema::items::stock.eq(9))
+                .execute(conn)
+                .await?;
+            Ok::<_, Error>(())
+        })
+        .await;
+        assert!(
+            matches!(locked, Err(Error::Database(diesel::result::Error::BrokenTransactionManager))),
+            "{locked:?}"
+        );
+        drop(held);
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        let stock: i32 = lockkit_tests::schema::items::table
+            .find(1)
+            .select(lockkit_tests::schema::items::stock)
+            .first(&mut other)
+            .await
+            .unwrap();
+        assert_eq!(stock, 10, "nothing ran in the abandoned transaction");
+    }
+
     async fn lock_waits_shows_a_real_waiter_and_the_idle_session_in_its_way(db) {
         use lockkit::asynchronous::lock_waits;
         seed_items(&mut db.conn(), &[(1, 10)]);

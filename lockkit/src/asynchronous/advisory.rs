@@ -39,7 +39,8 @@
 //!
 //! A connection held without a pool is not closed for you: after a dropped
 //! `with_lock` it may still hold the lock, and its transaction manager refuses
-//! every later transaction (`BrokenTransactionManager`). Drop it.
+//! every later transaction and advisory lock (`BrokenTransactionManager`),
+//! as it does after any lockkit call dropped there. Drop it.
 //!
 //! The transaction locks are cancellation-safe by themselves: a dropped future
 //! leaves the transaction open, the pools discard such a connection (see
@@ -67,7 +68,6 @@ use std::future::Future;
 use diesel::QueryResult;
 use diesel_async::{AsyncConnection, TransactionManager};
 
-use super::connection::in_transaction;
 use super::work::ConnWork;
 use crate::error::classification::classify;
 use crate::error::Error;
@@ -235,7 +235,8 @@ where
     T: Send,
     F: ConnWork<C, T, E>,
 {
-    let scope = scope_for(C::Backend::TRANSACTION_LOCKS, in_transaction(conn)).map_err(E::from)?;
+    let status = <C as AsyncConnection>::TransactionManager::transaction_manager_status_mut(conn);
+    let scope = scope_for(C::Backend::TRANSACTION_LOCKS, status).map_err(E::from)?;
     // Armed before the statement is sent: a future dropped while it waits
     // does not know whether the server granted the lock.
     let mut held = Held {
@@ -272,6 +273,7 @@ mod postgres {
     use diesel_async::AsyncPgConnection;
 
     use super::*;
+    use crate::asynchronous::connection::in_transaction;
     use crate::transaction::require_transaction;
 
     /// PostgreSQL: waits for the transaction-level advisory lock `key`, held

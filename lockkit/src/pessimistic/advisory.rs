@@ -72,7 +72,6 @@ use diesel::Connection;
 
 use crate::error::classification::classify;
 use crate::error::Error;
-use crate::transaction::in_transaction;
 
 /// An advisory lock's key; see the [module docs](self).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -202,11 +201,20 @@ pub type Statement<DB> =
 /// (MySQL/MariaDB) is refused, [`Error::AlreadyInTransaction`]: released
 /// before the transaction's `COMMIT`, it would not cover the writes made under
 /// it (see the [module docs](self)).
-pub(crate) fn scope_for(transaction_locks: bool, in_transaction: bool) -> Result<Scope, Error> {
-    match (transaction_locks, in_transaction) {
-        (true, true) => Ok(Scope::Transaction),
-        (false, true) => Err(Error::AlreadyInTransaction),
-        (_, false) => Ok(Scope::Session),
+pub(crate) fn scope_for(
+    transaction_locks: bool,
+    status: &mut diesel::connection::TransactionManagerStatus,
+) -> Result<Scope, Error> {
+    match (transaction_locks, status.transaction_depth()) {
+        // A broken transaction manager: a dropped async call's transaction may
+        // still be open on the server, and a lock taken and work done there
+        // would go with it, under an `Ok`.
+        (_, Err(_)) => Err(Error::Database(
+            diesel::result::Error::BrokenTransactionManager,
+        )),
+        (true, Ok(Some(_))) => Ok(Scope::Transaction),
+        (false, Ok(Some(_))) => Err(Error::AlreadyInTransaction),
+        (_, Ok(None)) => Ok(Scope::Session),
     }
 }
 
@@ -223,7 +231,9 @@ where
     C: Connection + LoadConnection,
     C::Backend: AdvisoryBackend,
 {
-    scope_for(C::Backend::TRANSACTION_LOCKS, in_transaction(conn))
+    use diesel::connection::TransactionManager;
+    let status = C::TransactionManager::transaction_manager_status_mut(conn);
+    scope_for(C::Backend::TRANSACTION_LOCKS, status)
 }
 
 /// A held advisory lock. Derefs to the connection; a session lock is released
