@@ -248,14 +248,17 @@ pub struct AdaptiveStats {
 }
 
 impl AdaptiveStats {
-    /// What happened between `earlier` and `self`.
+    /// What happened between `earlier` and `self`. Each count is at least 0:
+    /// stats taken in the other order, or from another policy, never panic.
     pub fn since(&self, earlier: &AdaptiveStats) -> AdaptiveStats {
         AdaptiveStats {
-            optimistic_writes: self.optimistic_writes - earlier.optimistic_writes,
-            locked_writes: self.locked_writes - earlier.locked_writes,
-            conflicts: self.conflicts - earlier.conflicts,
-            escalations: self.escalations - earlier.escalations,
-            de_escalations: self.de_escalations - earlier.de_escalations,
+            optimistic_writes: self
+                .optimistic_writes
+                .saturating_sub(earlier.optimistic_writes),
+            locked_writes: self.locked_writes.saturating_sub(earlier.locked_writes),
+            conflicts: self.conflicts.saturating_sub(earlier.conflicts),
+            escalations: self.escalations.saturating_sub(earlier.escalations),
+            de_escalations: self.de_escalations.saturating_sub(earlier.de_escalations),
         }
     }
 }
@@ -737,6 +740,18 @@ mod tests {
     //! The decisions alone, on a clock of the test's own: what the policy does
     //! with the writes and lost races it is told about.
     use super::*;
+
+    #[test]
+    fn stats_since_later_stats_are_zero_not_a_panic() {
+        let later = AdaptiveStats {
+            conflicts: 5,
+            escalations: 1,
+            ..AdaptiveStats::default()
+        };
+        let earlier = AdaptiveStats::default();
+        assert_eq!(later.since(&earlier).conflicts, 5);
+        assert_eq!(earlier.since(&later), AdaptiveStats::default());
+    }
 
     const SLOT: usize = 7;
 
