@@ -50,7 +50,9 @@
 //! out in [`AdvisoryKey::from_name`]). PostgreSQL takes the number; MySQL/MariaDB
 //! lock names are strings of at most 64 characters, so the key is sent as
 //! `lockkit:` followed by its 16 hexadecimal digits. Keys always travel as bound
-//! parameters.
+//! parameters. A PostgreSQL advisory lock belongs to its database; a MySQL/MariaDB
+//! name to the whole server, so databases that share a server share its names:
+//! put the database's name in the key there.
 //!
 //! ```no_run
 //! # #[cfg(feature = "postgres")] {
