@@ -74,7 +74,10 @@
 //! [`journal`] sees what it sees on the plain connection.
 //! lockkit's own statements are those `docs/SQL.md` lists for the backend inside;
 //! a versioned `UPDATE` or `DELETE` goes through the enum, which Diesel renders
-//! with that backend's query builder.
+//! with that backend's query builder. One exception: `with_lock` on a
+//! `Versioned` model locks the row and advances its version in two statements
+//! (`SELECT .. FOR UPDATE`, then the version's `UPDATE`) where the plain
+//! PostgreSQL connection sends one.
 //!
 //! A query given to [`queue::claim`](crate::queue::claim) runs on the inner
 //! connection, so it must load on every backend: select columns (or nothing, for

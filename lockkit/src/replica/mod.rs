@@ -65,6 +65,13 @@
 //!   primary before [`commit_lsn`] was taken, on that connection or any other.
 //! * Only PostgreSQL physical (streaming) replication: `pg_last_wal_replay_lsn`
 //!   means nothing on a logical replica or on MySQL.
+//! * One WAL history: positions are compared as numbers, without their
+//!   timeline. After a failover, a standby left behind on the old timeline
+//!   (one that had replayed further than the promoted one, and cannot follow
+//!   it) reads as caught up with the new primary's positions below its own:
+//!   take it out of the replica pool, as the failover note below says of reads
+//!   without a position, and never point the pool at another cluster's
+//!   standby.
 //! * The token comes from the client, so a client can forge it. A position from
 //!   the past reads that client's stale data, which it could read anyway; a
 //!   position far ahead makes its reads wait the policy's full wait (then the
