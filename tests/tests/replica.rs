@@ -679,6 +679,9 @@ struct OwnPair {
 }
 
 impl OwnPair {
+    /// Started on two ports free a moment before (another test's connection
+    /// may take one meanwhile: then on two others, up to three times; each
+    /// start stops what a failed one left in the folder).
     fn start(name: &str) -> OwnPair {
         let free_port = || {
             std::net::TcpListener::bind("127.0.0.1:0")
@@ -687,26 +690,30 @@ impl OwnPair {
                 .port()
         };
         let dir = std::env::temp_dir().join(format!("lockkit-{name}-{}", std::process::id()));
-        let pair = OwnPair {
-            dir,
-            standby_port: free_port(),
-        };
-        let primary_port = free_port().to_string();
-        pair.script(&["start", &primary_port, &pair.standby_port.to_string()]);
-        pair
+        for _ in 0..3 {
+            let pair = OwnPair {
+                dir: dir.clone(),
+                standby_port: free_port(),
+            };
+            let primary_port = free_port().to_string();
+            if pair.run(&["start", &primary_port, &pair.standby_port.to_string()]) {
+                return pair;
+            }
+        }
+        panic!("scripts/pg-standby.sh could not start a pair in three tries (its log is above)");
     }
 
-    fn script(&self, args: &[&str]) {
+    /// `scripts/pg-standby.sh COMMAND DIR ARGS..`: whether it succeeded.
+    fn run(&self, args: &[&str]) -> bool {
         let script =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/pg-standby.sh");
         let (command, rest) = args.split_first().expect("a command");
-        let status = std::process::Command::new(script)
+        std::process::Command::new(script)
             .arg(command)
             .arg(&self.dir)
             .args(rest)
             .status()
-            .expect("scripts/pg-standby.sh runs");
-        assert!(status.success(), "scripts/pg-standby.sh {args:?} failed");
+            .is_ok_and(|status| status.success())
     }
 
     fn standby(&self) -> PgConnection {
@@ -717,7 +724,8 @@ impl OwnPair {
 
 impl Drop for OwnPair {
     fn drop(&mut self) {
-        self.script(&["stop"]);
+        // Never a panic here: a failed stop must not abort the test binary.
+        let _ = self.run(&["stop"]);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -732,7 +740,10 @@ fn a_promoted_standby_is_not_read_as_a_replica() {
     let mut standby = pair.standby();
     let replayed = replica::replayed_lsn(&mut standby).unwrap();
     assert!(replayed.is_some(), "a standby in recovery has a position");
-    pair.script(&["promote"]);
+    assert!(
+        pair.run(&["promote"]),
+        "scripts/pg-standby.sh promote failed"
+    );
     let mut promoted = pair.standby();
     assert_eq!(replica::replayed_lsn(&mut promoted).unwrap(), None);
     let route = replica::route(
