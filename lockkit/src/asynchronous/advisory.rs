@@ -141,6 +141,9 @@ async_advisory!(
 ///   the session lock would be released before `COMMIT`, so the next holder
 ///   would read what `f` wrote as it was before. Run the transaction inside
 ///   `f` instead. Nothing is sent.
+/// * [`Error::Database`] with `BrokenTransactionManager` when the connection's
+///   transaction manager is broken (a dropped call's transaction may still be
+///   open on the server). Nothing is sent.
 /// * [`Error::LockTimeout`] when the wait ran out: PostgreSQL's
 ///   `lock_timeout`, or MySQL/MariaDB's `GET_LOCK` giving up.
 /// * [`Error::Deadlock`] when the server broke a deadlock with this session.
@@ -182,9 +185,10 @@ where
 ///
 /// # Errors
 ///
-/// [`Error::AlreadyInTransaction`] on MySQL/MariaDB inside a transaction, as
-/// [`with_lock`]; a classified database error from the lock statement, or
-/// whatever `f` returns (the lock is released either way).
+/// [`Error::AlreadyInTransaction`] on MySQL/MariaDB inside a transaction, and
+/// `BrokenTransactionManager` on a broken connection, as [`with_lock`]; a
+/// classified database error from the lock statement, or whatever `f` returns
+/// (the lock is released either way).
 pub async fn try_with_lock<C, T, E, F>(
     conn: &mut C,
     key: impl Into<AdvisoryKey>,

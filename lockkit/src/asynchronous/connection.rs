@@ -254,8 +254,8 @@ impl<'c, C: AsyncConnection> Unsettled<'c, C> {
     /// Around the statements a call sends outside a level of its own: armed
     /// only against a reply left unread (a drop with one of them in flight on
     /// MySQL/MariaDB). Installs lockkit's journal first, which sees every
-    /// statement begin and its reply come; on a connection with
-    /// instrumentation of its own, which it cannot watch, a drop marks the
+    /// statement begin and its reply come; on a MySQL/MariaDB connection with
+    /// instrumentation of its own, which it cannot watch, any drop marks the
     /// connection broken.
     pub(crate) fn until_replied(conn: &'c mut C) -> Self {
         watch(conn);

@@ -17,8 +17,9 @@
 //! [`acquire`] may have granted the lease before it could read the fence: that
 //! grant is nobody's, and runs out after its TTL too. On MySQL/MariaDB, an
 //! [`acquire`], [`AsyncLease::renew`] or [`AsyncLease::release`] dropped with
-//! a statement in flight marks the connection broken (the reply is left
-//! unread), for its pool to close. A dropped [`fenced`]
+//! a statement in flight (or dropped at all, on a connection with
+//! instrumentation of its own that lockkit cannot watch) marks the connection
+//! broken (the reply is left unread), for its pool to close. A dropped [`fenced`]
 //! leaves its transaction open on the connection, which diesel-async's pools
 //! discard ([cancellation](super::connection#cancellation)): neither the fence
 //! nor the work is recorded.

@@ -346,6 +346,9 @@ where
 ///
 /// * [`Error::AlreadyInTransaction`] on MySQL/MariaDB inside a transaction (the
 ///   session lock would be released before `COMMIT`); nothing is sent.
+/// * [`Error::Database`] with `BrokenTransactionManager` when the connection's
+///   transaction manager is broken (a transaction may be open on the server
+///   that Diesel no longer counts); nothing is sent.
 /// * [`Error::LockTimeout`] when the wait ran out: PostgreSQL's `lock_timeout`,
 ///   or MySQL/MariaDB's `GET_LOCK` giving up.
 /// * [`Error::Deadlock`] when the server broke a deadlock with this session.
@@ -532,5 +535,30 @@ mod mysql {
                 .into_boxed()
                 .bind::<Text, _>(key.mysql_name())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use diesel::connection::TransactionManagerStatus;
+
+    use super::*;
+
+    #[test]
+    fn a_broken_transaction_manager_takes_no_lock_of_either_scope() {
+        for transaction_locks in [true, false] {
+            let refused = scope_for(transaction_locks, &mut TransactionManagerStatus::InError);
+            assert!(
+                matches!(
+                    refused,
+                    Err(Error::Database(
+                        diesel::result::Error::BrokenTransactionManager
+                    ))
+                ),
+                "{refused:?}"
+            );
+        }
+        let mut idle = TransactionManagerStatus::Valid(Default::default());
+        assert_eq!(scope_for(false, &mut idle).unwrap(), Scope::Session);
     }
 }

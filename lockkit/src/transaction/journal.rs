@@ -1245,7 +1245,9 @@ pub(crate) fn ended_unseen<W: Watched>(conn: &mut W) -> Option<u32> {
 /// Before a write statement of lockkit's that runs in the caller's transaction
 /// (a versioned write, [`atomic::update_if`](crate::atomic::update_if)): the
 /// journal watches it, so that [`write_ended_transaction`] can tell whether it
-/// ended the transaction. Outside a transaction nothing is installed.
+/// ended the transaction. Outside a transaction nothing is installed here (an
+/// async call's reply guard installs it there:
+/// [`Unsettled::until_replied`](crate::asynchronous::connection::Unsettled::until_replied)).
 pub(crate) fn before_write<W: Watched>(conn: &mut W) {
     if conn.depth().is_some() {
         let _ = journal_of(conn);
