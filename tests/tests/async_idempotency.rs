@@ -205,6 +205,16 @@ async_backend_tests! {
         let expired = Idempotency { retention: Duration::ZERO, ..keys };
         tokio::time::sleep(Duration::from_millis(5)).await;
         assert_eq!(idempotency::purge_expired(&expired, &mut conn).await.unwrap(), 1);
+        lockkit_tests::exec(
+            &mut db.conn(),
+            "INSERT INTO lockkit_idempotency_keys (principal, idempotency_key, fingerprint, state, started_at) \
+             VALUES ('t', 'crashed', 'f', 'running', 0)",
+        );
+        assert_eq!(
+            idempotency::purge_expired(&keys, &mut conn).await.unwrap(),
+            1,
+            "a run abandoned past the retention"
+        );
     }
 }
 

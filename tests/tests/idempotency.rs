@@ -214,6 +214,24 @@ lockkit_tests::backend_tests! {
         assert_eq!(keys.run(&mut conn, "tenant-1", "old", "fp", sell_one).unwrap(), Outcome::Replayed("201 sold".to_owned()));
     }
 
+    fn running_keys_abandoned_past_the_retention_are_purged(db) {
+        // A run whose process died holds its key as running for ever: every
+        // request with another fingerprint is refused (422), and the table
+        // grows. Past the retention (and the lease) the purge takes it.
+        let mut conn = prepare!(db);
+        let keys = Idempotency::default();
+        let old = now_millis() - 25 * 3600 * 1000;
+        let lately = now_millis() - 2 * 60 * 1000;
+        exec(&mut conn, &format!(
+            "INSERT INTO lockkit_idempotency_keys (principal, idempotency_key, fingerprint, state, started_at) \
+             VALUES ('tenant-1', 'crashed', 'fp', 'running', {old}), ('tenant-1', 'crashed-lately', 'fp', 'running', {lately})"
+        ));
+        assert_eq!(keys.purge_expired(&mut conn).unwrap(), 1, "only the run abandoned past the retention");
+        assert_eq!(keys.run(&mut conn, "tenant-1", "crashed", "another fp", sell_one).unwrap(), Outcome::Ran("201 sold".to_owned()));
+        let lately = keys.run(&mut conn, "tenant-1", "crashed-lately", "another fp", sell_one);
+        assert!(matches!(lately, Err(Error::IdempotencyKeyReused)), "{lately:?}");
+    }
+
     fn a_key_belongs_to_its_principal(db) {
         let mut conn = prepare!(db);
         let keys = Idempotency::default();

@@ -59,7 +59,7 @@ use crate::clock::now_millis;
 use crate::error::classification::classify;
 use crate::error::Error;
 use crate::http::idempotency::{
-    finished, replayed, stored, Idempotency, Outcome, Scoped, Start, StoredKey, Write,
+    finished, replayed, stored, Idempotency, Outcome, PurgeBefore, Scoped, Start, StoredKey, Write,
 };
 use crate::transaction::Failure;
 
@@ -224,8 +224,9 @@ async fn start<C: AsyncIdempotencyStore>(
     }
 }
 
-/// Deletes completed keys older than the retention; returns how many:
-/// [`Idempotency::purge_expired`] on diesel-async.
+/// Deletes completed keys older than the retention, and running keys long
+/// abandoned; returns how many: [`Idempotency::purge_expired`] on
+/// diesel-async.
 ///
 /// # Errors
 ///
@@ -270,7 +271,7 @@ pub trait AsyncIdempotencyStore: AsyncLockingConnection {
     #[doc(hidden)]
     fn purge(
         conn: &mut Self,
-        finished_before: i64,
+        before: PurgeBefore,
     ) -> impl Future<Output = Result<usize, Error>> + Send;
 }
 
@@ -347,9 +348,11 @@ macro_rules! async_idempotency_store {
                 Ok(rows? == 1)
             }
 
-            async fn purge(conn: &mut Self, finished_before: i64) -> Result<usize, Error> {
+            async fn purge(conn: &mut Self, before: PurgeBefore) -> Result<usize, Error> {
                 use diesel_async::RunQueryDsl;
-                Ok(statements::purge(finished_before).execute(conn).await?)
+                Ok(statements::purge(before.finished, before.started)
+                    .execute(conn)
+                    .await?)
             }
         }
     };

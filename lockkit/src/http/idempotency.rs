@@ -535,7 +535,10 @@ impl Idempotency {
         }
     }
 
-    /// Deletes completed keys older than the retention; returns how many.
+    /// Deletes completed keys older than the retention, and running keys
+    /// started longer ago than the retention and the lease (their owner is
+    /// long gone, and no request with another fingerprint could ever use the
+    /// key); returns how many.
     ///
     /// # Errors
     ///
@@ -548,10 +551,23 @@ impl Idempotency {
         C::Conn::purge(conn.locking_connection(), self.purge_before())
     }
 
-    /// Completed keys that finished before this are expired.
-    pub(crate) fn purge_before(&self) -> i64 {
-        now_millis() - millis(self.retention)
+    /// What [`purge_expired`](Self::purge_expired) deletes, now.
+    pub(crate) fn purge_before(&self) -> PurgeBefore {
+        let now = now_millis();
+        PurgeBefore {
+            finished: now - millis(self.retention),
+            started: now - millis(self.retention.max(self.lease)),
+        }
     }
+}
+
+/// The keys [`Idempotency::purge_expired`] deletes: completed ones that
+/// finished before `finished`, running ones started before `started`.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct PurgeBefore {
+    pub finished: i64,
+    pub started: i64,
 }
 
 /// What a stored key means to a request that could not insert it.
@@ -783,12 +799,18 @@ pub(crate) mod statements {
     }
 
     #[auto_type(no_type_alias)]
-    pub(crate) fn purge(finished_before: i64) -> _ {
+    pub(crate) fn purge(finished_before: i64, started_before: i64) -> _ {
         let done: &'static str = super::DONE;
+        let running: &'static str = super::RUNNING;
         delete(
-            keys::table
-                .filter(keys::state.eq(done))
-                .filter(keys::finished_at.lt(finished_before)),
+            keys::table.filter(
+                keys::state
+                    .eq(done)
+                    .and(keys::finished_at.lt(finished_before))
+                    .or(keys::state
+                        .eq(running)
+                        .and(keys::started_at.lt(started_before))),
+            ),
         )
     }
 }
@@ -816,7 +838,7 @@ pub trait IdempotencyStore: diesel::Connection + crate::sealed::Sealed + Sized {
     #[doc(hidden)]
     fn write(conn: &mut Self, key: Scoped<'_>, write: Write<'_>) -> Result<bool, Error>;
     #[doc(hidden)]
-    fn purge(conn: &mut Self, finished_before: i64) -> Result<usize, Error>;
+    fn purge(conn: &mut Self, before: PurgeBefore) -> Result<usize, Error>;
 }
 
 #[allow(unused_macros)] // used once per enabled backend
@@ -869,9 +891,9 @@ macro_rules! idempotency_store {
                 Ok(rows? == 1)
             }
 
-            fn purge(conn: &mut Self, finished_before: i64) -> Result<usize, Error> {
+            fn purge(conn: &mut Self, before: PurgeBefore) -> Result<usize, Error> {
                 use diesel::RunQueryDsl;
-                Ok(statements::purge(finished_before).execute(conn)?)
+                Ok(statements::purge(before.finished, before.started).execute(conn)?)
             }
         }
     };
