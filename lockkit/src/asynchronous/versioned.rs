@@ -615,89 +615,69 @@ where
     S: ExecuteDsl<Conn>,
 {
     let mut unsettled = Unsettled::until_replied(conn);
-    let written = write_unguarded::<M, Conn, S>(
-        &mut *unsettled.conn,
-        key,
-        expected,
-        origin,
-        operation,
-        statement,
-    )
+    let conn = &mut *unsettled.conn;
+    let written = async {
+        super::connection::check_write(conn).await?;
+        let sequence = async {
+            // As the blocking side: the key check first, which names the schema.
+            let unique = M::key_is_unique(conn).await.map_err(classify)?;
+            let row = M::row_id(conn, key).await.map_err(classify)?;
+            let id = row.as_deref();
+            if let Some(mark) =
+                Write::<M>::unconfirmed(&mut AsyncWatched(&mut *conn), id, expected, origin)
+            {
+                let stands = M::mark_stands(conn, mark).await.map_err(classify)?;
+                Write::<M>::confirmed(&mut AsyncWatched(&mut *conn), id, mark, stands);
+            }
+            let watched = &mut AsyncWatched(&mut *conn);
+            let write = Write::<M>::start(watched, key, id, expected, origin, operation)?;
+            let rows = match write.statement() {
+                Some(checked) => {
+                    execute_once::<M, Conn, S>(conn, key, unique, move || statement(checked))
+                        .await?
+                }
+                None => 0,
+            };
+            let mut step = write.wrote(&mut AsyncWatched(&mut *conn), rows);
+            loop {
+                step = match step {
+                    Step::ReadCurrent(then) => {
+                        let read = M::load_current_version(conn, key.clone()).await;
+                        then.read(&mut AsyncWatched(&mut *conn), read)?
+                    }
+                    Step::MovePast(version, then) => {
+                        let bumped = M::bump_past(conn, key.clone(), version)
+                            .await
+                            .map_err(classify)?;
+                        if bumped == 1 {
+                            let again = M::move_past_again(key.clone(), row.clone(), version);
+                            crate::transaction::journal::redo_after_rollback(
+                                &mut AsyncWatched(&mut *conn),
+                                again,
+                            );
+                        }
+                        then.moved(&mut AsyncWatched(&mut *conn), bumped)
+                    }
+                    Step::MovePastReused(version, then) => {
+                        let at = move_past_reused::<M, Conn>(conn, key, then.id(), version).await?;
+                        then.moved(&mut AsyncWatched(&mut *conn), at)
+                    }
+                    Step::Mark(mark, written) => {
+                        M::mark(conn, mark).await.map_err(classify)?;
+                        Step::Done(written)
+                    }
+                    Step::Done(written) => return Ok(written),
+                };
+            }
+        };
+        match sequence.await {
+            Ok(written) => Ok(written),
+            Err(err) => Err(super::connection::failed_write(conn, err).await),
+        }
+    }
     .await;
     unsettled.settled();
     written
-}
-
-/// [`write_from`]'s statements, the write's whole sequence.
-async fn write_unguarded<M, Conn, S>(
-    conn: &mut Conn,
-    key: &M::Key,
-    expected: M::Version,
-    origin: Origin,
-    operation: Operation,
-    statement: impl FnOnce(M::Version) -> S + Send,
-) -> Result<Written<M::Version>, Error>
-where
-    Conn: AsyncLockingConnection,
-    M: Versioned + AsyncVersionQuery<Conn>,
-    S: ExecuteDsl<Conn>,
-{
-    super::connection::check_write(conn).await?;
-    let sequence = async {
-        // As the blocking side: the key check first, which names the schema.
-        let unique = M::key_is_unique(conn).await.map_err(classify)?;
-        let row = M::row_id(conn, key).await.map_err(classify)?;
-        let id = row.as_deref();
-        if let Some(mark) =
-            Write::<M>::unconfirmed(&mut AsyncWatched(&mut *conn), id, expected, origin)
-        {
-            let stands = M::mark_stands(conn, mark).await.map_err(classify)?;
-            Write::<M>::confirmed(&mut AsyncWatched(&mut *conn), id, mark, stands);
-        }
-        let watched = &mut AsyncWatched(&mut *conn);
-        let write = Write::<M>::start(watched, key, id, expected, origin, operation)?;
-        let rows = match write.statement() {
-            Some(checked) => {
-                execute_once::<M, Conn, S>(conn, key, unique, move || statement(checked)).await?
-            }
-            None => 0,
-        };
-        let mut step = write.wrote(&mut AsyncWatched(&mut *conn), rows);
-        loop {
-            step = match step {
-                Step::ReadCurrent(then) => {
-                    let read = M::load_current_version(conn, key.clone()).await;
-                    then.read(&mut AsyncWatched(&mut *conn), read)?
-                }
-                Step::MovePast(version, then) => {
-                    let bumped = M::bump_past(conn, key.clone(), version)
-                        .await
-                        .map_err(classify)?;
-                    if bumped == 1 {
-                        let again = M::move_past_again(key.clone(), row.clone(), version);
-                        crate::transaction::journal::redo_after_rollback(
-                            &mut AsyncWatched(&mut *conn),
-                            again,
-                        );
-                    }
-                    then.moved(&mut AsyncWatched(&mut *conn), bumped)
-                }
-                Step::MovePastReused(version, then) => {
-                    let at = move_past_reused::<M, Conn>(conn, key, then.id(), version).await?;
-                    then.moved(&mut AsyncWatched(&mut *conn), at)
-                }
-                Step::Mark(mark, written) => {
-                    M::mark(conn, mark).await.map_err(classify)?;
-                    Step::Done(written)
-                }
-                Step::Done(written) => return Ok(written),
-            };
-        }
-    };
-    match sequence.await {
-        Ok(written) => Ok(written),
-        Err(err) => Err(super::connection::failed_write(conn, err).await),
-    }
 }
 
 /// The blocking side's [`move_past`](crate::optimistic::versioned::move_past),
