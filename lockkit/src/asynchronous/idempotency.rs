@@ -201,23 +201,17 @@ async fn start<C: AsyncIdempotencyStore>(
             Start::Owned { started_at } => started_at,
             replay => return Ok(replay),
         };
-        let Some((write, started_at)) = keys.stamp_again(taken_at, now_millis()) else {
+        let now = now_millis();
+        let Some(write) = keys.stamp_again(taken_at, now) else {
             return Ok(taken);
         };
         match C::write(conn, key, write).await {
-            Ok(true) => return Ok(Start::Owned { started_at }),
+            Ok(true) => return Ok(Start::Owned { started_at: now }),
             // Taken over meanwhile: look again.
             Ok(false) => {}
             Err(err) => {
                 // The key is this request's: give it up, as on the blocking side.
-                let _ = C::write(
-                    conn,
-                    key,
-                    Write::Release {
-                        started_at: taken_at,
-                    },
-                )
-                .await;
+                release(conn, key, taken_at).await;
                 return Err(err);
             }
         }

@@ -407,14 +407,12 @@ impl Idempotency {
         let result = match run {
             Ok(result) => result,
             Err(panic) => {
-                let _ = C::Conn::write(conn, key, Write::Release { started_at });
+                release(conn, key, started_at);
                 std::panic::resume_unwind(panic);
             }
         };
         if result.is_err() {
-            // Release the key so that a retry runs the work again; a no-op when
-            // another request took it over (its `started_at` is not ours).
-            let _ = C::Conn::write(conn, key, Write::Release { started_at });
+            release(conn, key, started_at);
         }
         result.map(Outcome::Ran)
     }
@@ -451,23 +449,18 @@ impl Idempotency {
                 Start::Owned { started_at } => started_at,
                 replay => return Ok(replay),
             };
-            let Some((write, started_at)) = self.stamp_again(taken_at, now_millis()) else {
+            let now = now_millis();
+            let Some(write) = self.stamp_again(taken_at, now) else {
                 return Ok(taken);
             };
             match C::write(conn, key, write) {
-                Ok(true) => return Ok(Start::Owned { started_at }),
+                Ok(true) => return Ok(Start::Owned { started_at: now }),
                 // Taken over meanwhile: look again.
                 Ok(false) => {}
                 Err(err) => {
                     // The key is this request's: give it up, so that a retry
                     // does not wait out the lease.
-                    let _ = C::write(
-                        conn,
-                        key,
-                        Write::Release {
-                            started_at: taken_at,
-                        },
-                    );
+                    release(conn, key, taken_at);
                     return Err(err);
                 }
             }
@@ -480,18 +473,14 @@ impl Idempotency {
     /// transaction ends, and when it rolls back, the row holds the
     /// `started_at` the statement was sent with: past a tenth of the lease,
     /// the write that stamps it again with `now` (if still as taken), so that
-    /// a repeat during the run finds it running, not abandoned; and the
-    /// `started_at` it then has. The one place for the blocking and the async
-    /// side.
-    pub(crate) fn stamp_again(&self, started_at: i64, now: i64) -> Option<(Write<'static>, i64)> {
+    /// a repeat during the run finds it running, not abandoned. The one place
+    /// for the blocking and the async side.
+    pub(crate) fn stamp_again(&self, started_at: i64, now: i64) -> Option<Write<'static>> {
         let waited = now.saturating_sub(started_at);
-        (waited > millis(self.lease) / 10).then_some((
-            Write::TakeOver {
-                seen_started_at: started_at,
-                now,
-            },
+        (waited > millis(self.lease) / 10).then_some(Write::TakeOver {
+            seen_started_at: started_at,
             now,
-        ))
+        })
     }
 
     /// What a stored row (or its absence) means for a request with
@@ -559,6 +548,13 @@ impl Idempotency {
             started: now - millis(self.retention.max(self.lease)),
         }
     }
+}
+
+/// Releases the key of a run that failed, so that a retry runs the work
+/// again; a no-op when another request took it over (its `started_at` is not
+/// this run's).
+fn release<C: IdempotencyStore>(conn: &mut C, key: Scoped<'_>, started_at: i64) {
+    let _ = C::write(conn, key, Write::Release { started_at });
 }
 
 /// The keys [`Idempotency::purge_expired`] deletes: completed ones that
