@@ -313,56 +313,50 @@ where
     // broken, so that the transaction around does not read that reply for its
     // `COMMIT`'s.
     let mut unsettled = Unsettled::until_replied(conn);
-    let locked = lock_all_unguarded::<M, C>(&mut *unsettled.conn, keys).await;
-    unsettled.settled();
-    locked
-}
-
-/// [`lock_all`]'s statements.
-async fn lock_all_unguarded<M, C>(conn: &mut C, keys: &[M::Key]) -> Result<Vec<M>, Error>
-where
-    C: AsyncLockingConnection,
-    M: AsyncLockAll<C>,
-    M::Key: Ord + Send + Sync,
-{
-    require_transaction(in_transaction(conn))?;
-    super::connection::require_live(conn).await?;
-    let waited = crate::metrics::LockWait::start();
-    conn.take_write_lock().await?; // SQLite: a deferred transaction holds no lock yet
-    let keys = lock_order(keys);
-    let mut rows = Vec::with_capacity(keys.len());
-    // Chunk after chunk in key order: every transaction takes the locks in the
-    // same order, whatever the length of its list.
-    let mut returned = Returned::for_keys(keys.len());
-    for chunk in keys.chunks(MAX_KEYS_PER_STATEMENT) {
-        let mut locked = M::load_all_locked(conn, chunk.to_vec())
-            .await
-            .map_err(classify)?;
-        if locked.len() < chunk.len() {
-            // As on the blocking side: the keys without a row, read again.
-            let missed: Vec<M::Key> = unmatched(chunk, &locked).cloned().collect();
-            let again = M::load_all_locked(conn, missed.clone())
+    let conn = &mut *unsettled.conn;
+    let locked = async {
+        require_transaction(in_transaction(conn))?;
+        super::connection::require_live(conn).await?;
+        let waited = crate::metrics::LockWait::start();
+        conn.take_write_lock().await?; // SQLite: a deferred transaction holds no lock yet
+        let keys = lock_order(keys);
+        let mut rows = Vec::with_capacity(keys.len());
+        // Chunk after chunk in key order: every transaction takes the locks in the
+        // same order, whatever the length of its list.
+        let mut returned = Returned::for_keys(keys.len());
+        for chunk in keys.chunks(MAX_KEYS_PER_STATEMENT) {
+            let mut locked = M::load_all_locked(conn, chunk.to_vec())
                 .await
                 .map_err(classify)?;
-            locked.extend(again);
-            for key in unmatched(&missed, &locked) {
-                if !M::exists(conn, key.clone()).await.map_err(classify)? {
-                    return Err(Error::NotFound);
+            if locked.len() < chunk.len() {
+                // As on the blocking side: the keys without a row, read again.
+                let missed: Vec<M::Key> = unmatched(chunk, &locked).cloned().collect();
+                let again = M::load_all_locked(conn, missed.clone())
+                    .await
+                    .map_err(classify)?;
+                locked.extend(again);
+                for key in unmatched(&missed, &locked) {
+                    if !M::exists(conn, key.clone()).await.map_err(classify)? {
+                        return Err(Error::NotFound);
+                    }
                 }
+                let mut seen = std::collections::BTreeSet::new();
+                locked.retain(|row| seen.insert(row.key()));
             }
-            let mut seen = std::collections::BTreeSet::new();
-            locked.retain(|row| seen.insert(row.key()));
+            // A row found by keys of two chunks, before it is marked again (as on
+            // the blocking side).
+            returned.keep_new(&mut locked);
+            for row in &mut locked {
+                <M::OnLock as AsyncMarkLocked<M, C>>::mark(conn, row).await?;
+            }
+            rows.append(&mut locked);
         }
-        // A row found by keys of two chunks, before it is marked again (as on
-        // the blocking side).
-        returned.keep_new(&mut locked);
-        for row in &mut locked {
-            <M::OnLock as AsyncMarkLocked<M, C>>::mark(conn, row).await?;
-        }
-        rows.append(&mut locked);
+        waited.acquired(M::TABLE_NAME, rows.len());
+        Ok(rows)
     }
-    waited.acquired(M::TABLE_NAME, rows.len());
-    Ok(rows)
+    .await;
+    unsettled.settled();
+    locked
 }
 
 /// The locked re-read of one row, which [`with_lock`] requires: the blocking
