@@ -61,6 +61,6 @@ where
     retry_while(
         policy,
         |_| conn.serializable_transaction(&mut f),
-        |err| may_retry(err, false),
+        |err, attempt| may_retry(err, false, attempt),
     )
 }

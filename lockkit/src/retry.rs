@@ -228,15 +228,16 @@ where
     E: RetryableError,
     F: FnMut(u32) -> Result<T, E>,
 {
-    retry_while(policy, op, E::is_retryable)
+    retry_while(policy, op, |err, _| err.is_retryable())
 }
 
 /// The one retry loop: runs `op` until it succeeds, fails with an error
-/// `retryable` refuses, or has run `policy.attempts()` times.
+/// `retryable` refuses (given the error and the attempt that failed), or has
+/// run `policy.attempts()` times.
 pub(crate) fn retry_while<T, E, F>(
     policy: &RetryPolicy,
     mut op: F,
-    retryable: impl Fn(&E) -> bool,
+    retryable: impl Fn(&E, u32) -> bool,
 ) -> Result<T, E>
 where
     E: RetryableError,
@@ -253,7 +254,9 @@ where
         // inside it: the next would run in autocommit (MySQL/MariaDB) or into
         // the aborted transaction (PostgreSQL). Its owner retries it whole.
         let ended = Ended::since(mark);
-        match after_failure(policy, attempt, err, |err| !ended && retryable(err)) {
+        match after_failure(policy, attempt, err, |err| {
+            !ended && retryable(err, attempt)
+        }) {
             Next::GiveUp(err) => return Err(err),
             Next::RetryAfter(delay) => {
                 if !delay.is_zero() {
@@ -304,10 +307,16 @@ pub(crate) fn after_failure<E: RetryableError>(
 /// * A serialization failure is not retried in a savepoint: the savepoint keeps
 ///   the transaction's snapshot, so every attempt would fail the same way; the
 ///   owner of the transaction runs it again in a new one.
-pub(crate) fn may_retry<E: RetryableError>(err: &E, nested: bool) -> bool {
+/// * A deadlock is retried in a savepoint once (`attempt` is the attempt that
+///   failed). A second one says the cycle runs through a lock the transaction
+///   took before the savepoint, which only the owner's rollback lets go: the
+///   deadlock goes to the owner as it is (retryable), not as
+///   [`Error::RetriesExhausted`].
+pub(crate) fn may_retry<E: RetryableError>(err: &E, nested: bool, attempt: u32) -> bool {
     match err.lockkit_error() {
         Some(Error::TransactionAborted(aborted)) if !nested => aborted.cause().is_retryable(),
         Some(Error::SerializationFailure) if nested => false,
+        Some(Error::Deadlock) if nested && attempt > 1 => false,
         _ => err.is_retryable(),
     }
 }
@@ -319,7 +328,10 @@ pub(crate) fn may_retry<E: RetryableError>(err: &E, nested: bool) -> bool {
 /// Called inside another transaction, each attempt is a savepoint. If the server
 /// rolled back the whole transaction (InnoDB on a deadlock), nothing is retried in
 /// it: the result is [`Error::TransactionAborted`] for the owner of the outermost
-/// transaction. Called outside one, an attempt that ended that way is retried
+/// transaction. A deadlock that leaves the transaction open (PostgreSQL) is
+/// retried in the savepoint once; a second one means the cycle runs through a
+/// lock taken before the savepoint, which only the owner's rollback lets go, so
+/// it returns [`Error::Deadlock`] (retryable) for the owner to run again. Called outside one, an attempt that ended that way is retried
 /// like its cause. See [`locking_connection`](crate::pessimistic::connection#when-the-server-aborts-the-whole-transaction).
 ///
 /// # Errors
@@ -331,6 +343,7 @@ pub(crate) fn may_retry<E: RetryableError>(err: &E, nested: bool) -> bool {
 ///   `COMMIT`.
 /// * [`Error::TransactionAborted`] when nested in an open transaction that the
 ///   server rolled back as a whole; not retried.
+/// * [`Error::Deadlock`] when nested, after the second deadlock in a row.
 /// * when every attempt failed with a retryable error, the last one through
 ///   [`RetryableError::retries_exhausted`] ([`Error::RetriesExhausted`] for
 ///   lockkit's own error type).
@@ -361,7 +374,7 @@ where
     retry_while(
         policy,
         |_| transaction::run(conn, |conn| op(conn).map_err(Failure::Closure)),
-        |err| may_retry(err, nested),
+        |err, attempt| may_retry(err, nested, attempt),
     )
 }
 
@@ -418,6 +431,15 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_nested_deadlock_is_retried_in_its_savepoint_once() {
+        assert!(may_retry(&Error::Deadlock, true, 1));
+        assert!(!may_retry(&Error::Deadlock, true, 2));
+        // The owner retries it for as long as its policy says.
+        assert!(may_retry(&Error::Deadlock, false, 2));
+        assert!(may_retry(&Error::LockTimeout, true, 2));
     }
 
     #[test]

@@ -269,6 +269,44 @@ async_server_tests! {
         assert_nested_deadlock_settled(BACKEND, &outcome, runs, stock, lines);
     }
 
+    async fn a_deadlock_through_the_owners_lock_is_retried_by_the_owner(db) {
+        // The blocking side's case of the same name: two orders, each a
+        // `transaction_with_retry` that sells one of its first item, then one
+        // of its second in a nested `transaction_with_retry`, deadlock on the
+        // locks the outer transactions took. Only the owner's rollback lets
+        // such a lock go: both orders must go through.
+        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+        let both_hold_their_first = tokio::sync::Barrier::new(2);
+        let sell = async |conn: &mut Async, id: i32| -> Result<(), Error> {
+            let item: Item = items::table.find(id).for_update().first(conn).await?;
+            diesel::update(items::table.find(id)).set(items::stock.eq(item.stock - 1)).execute(conn).await?;
+            Ok(())
+        };
+        let order = async |first: i32, second: i32| {
+            let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+            if BACKEND == "postgres" {
+                // The deadlock check, once per wait: faster than the default 1 s.
+                conn.batch_execute("SET deadlock_timeout = '100ms'").await.unwrap();
+            }
+            let attempts = AtomicU32::new(0);
+            let outcome = lockkit::asynchronous::transaction_with_retry(&mut conn, &RetryPolicy::default(), async |conn| {
+                sell(conn, first).await?;
+                if attempts.fetch_add(1, Ordering::SeqCst) == 0 {
+                    both_hold_their_first.wait().await;
+                }
+                lockkit::asynchronous::transaction_with_retry(conn, &RetryPolicy::default(), async |conn| sell(conn, second).await).await
+            })
+            .await;
+            (outcome, attempts.into_inner())
+        };
+        let (a, b) = tokio::join!(order(1, 2), order(2, 1));
+        assert!(a.0.is_ok() && b.0.is_ok(), "{a:?} {b:?}");
+        // One of them ran again, from its owner's new transaction.
+        assert_eq!(a.1 + b.1, 3, "{a:?} {b:?}");
+        let mut fresh: Async = async_common::connect(&db.url, BACKEND).await;
+        assert_eq!(stocks!(&mut fresh), vec![8, 8]);
+    }
+
     async fn a_write_after_a_nested_abort_the_caller_swallows_is_refused(db) {
         // The caller's transaction records order line 1, tries to sell under
         // `with_lock`, ignores the failure (a fallback of its own) and records

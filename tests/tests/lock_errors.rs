@@ -294,6 +294,49 @@ mod servers {
             }
         }
 
+        fn a_deadlock_through_the_owners_lock_is_retried_by_the_owner(db) {
+            // Two orders, each a `transaction_with_retry` that sells one of
+            // its first item, then one of its second in a nested
+            // `transaction_with_retry`: the nested calls deadlock on the
+            // locks the outer transactions took. Retried in its savepoint, the
+            // victim waits again for the same lock, and only the owner's
+            // rollback lets it go: both orders must go through.
+            seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+            let both_hold_their_first = std::sync::Barrier::new(2);
+            let order = |first: i32, second: i32| {
+                let mut conn = db.connect();
+                if BACKEND == "postgres" {
+                    // The deadlock check, once per wait: faster than the default 1 s.
+                    exec(&mut conn, "SET deadlock_timeout = '100ms'");
+                }
+                let sell = |conn: &mut Conn, id: i32| -> Result<(), Error> {
+                    let item: Item = items::table.find(id).for_update().first(conn)?;
+                    diesel::update(items::table.find(id)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
+                    Ok(())
+                };
+                let mut attempts = 0;
+                let outcome = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::default(), |conn| {
+                    attempts += 1;
+                    sell(conn, first)?;
+                    if attempts == 1 {
+                        both_hold_their_first.wait();
+                    }
+                    lockkit::transaction_with_retry(conn, &RetryPolicy::default(), |conn| sell(conn, second))
+                });
+                (outcome, attempts)
+            };
+            let (a, b) = thread::scope(|s| {
+                let a = s.spawn(|| order(1, 2));
+                let b = order(2, 1);
+                (a.join().unwrap(), b)
+            });
+            assert!(a.0.is_ok() && b.0.is_ok(), "{a:?} {b:?}");
+            // One of them ran again, from its owner's new transaction.
+            assert_eq!(a.1 + b.1, 3, "{a:?} {b:?}");
+            let mut conn = db.conn();
+            assert_eq!((stock_of!(&mut conn, 1), stock_of!(&mut conn, 2)), (8, 8));
+        }
+
         fn a_write_after_a_nested_abort_the_caller_swallows_is_refused(db) {
             // The caller's transaction records order line 1, tries to sell under
             // `with_lock`, ignores the failure (a fallback of its own) and records

@@ -94,6 +94,9 @@ where
             Ok(value) => return Ok(value),
             Err(err) => err,
         };
-        attempt = again(policy, attempt, err, |err| may_retry(err, false)).await?;
+        attempt = again(policy, attempt, err, move |err| {
+            may_retry(err, false, attempt)
+        })
+        .await?;
     }
 }

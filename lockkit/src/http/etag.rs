@@ -380,7 +380,7 @@ impl<V: VersionNumber> Expected<V> {
                     let now = current(conn)?;
                     write(conn, now)
                 },
-                |err: &E| {
+                |err: &E, _| {
                     matches!(
                         err.lockkit_error(),
                         Some(Error::Stale(stale)) if matches!(stale.current, CurrentState::Version(_))
