@@ -494,6 +494,62 @@ mod all {
             assert_eq!(item!(&mut conn, 1), a);
         }
 
+        fn a_struct_read_after_an_update_if_in_a_rolled_back_transaction_is_never_restored(db) {
+            // `update_if` moves the version without a number lockkit knows
+            // (v0 -> v1); a struct read after it writes v1 -> v2, and the
+            // transaction rolls back (the row is at v0 again). Restored to v1,
+            // the struct would match the next writer's commit of v1, here
+            // another process's, which lockkit's record never sees.
+            let mut conn = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            let mut kept = None;
+            let rolled_back = conn.transaction(|c| {
+                Item::update_if(c, 1, items::stock.ge(1), items::stock.eq(items::stock - 1))?;
+                let mut a = item!(c, 1);
+                a.name = "renamed".into();
+                a.update_versioned(c)?;
+                kept = Some(a);
+                Err::<(), _>(Error::NoRowMatched)
+            });
+            assert!(rolled_back.is_err());
+            let mut a = kept.unwrap();
+            exec(&mut db.conn(), "UPDATE items SET stock = 5, lock_version = 1 WHERE id = 1 AND lock_version = 0");
+            let outcome = a.update_versioned(&mut conn);
+            assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
+            assert_eq!(stock_of!(&mut conn), 5, "the other writer's sale stands");
+        }
+
+        fn a_struct_read_after_a_trigger_bump_in_a_rolled_back_transaction_is_never_restored(db) {
+            // With the version trigger, a plain `UPDATE` in `with_lock`'s
+            // closure moves the version past the lock's own bump (v0 -> v1 ->
+            // v2) without a number lockkit knows; a struct read after it writes
+            // v2 -> v3, and the transaction rolls back (v0 again). Another
+            // process then commits two writes (v2).
+            let mut conn = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            exec(&mut conn, &up_sql(dialect(BACKEND), "items", "lock_version").unwrap());
+            let mut kept = None;
+            let rolled_back = conn.transaction(|c| {
+                lockkit::with_lock(c, 1, LockOptions::default(), |c, _: Item| {
+                    exec(c, "UPDATE items SET stock = stock - 1 WHERE id = 1");
+                    Ok::<_, Error>(())
+                })?;
+                let mut a = item!(c, 1);
+                a.name = "renamed".into();
+                a.update_versioned(c)?;
+                kept = Some(a);
+                Err::<(), _>(Error::NoRowMatched)
+            });
+            assert!(rolled_back.is_err());
+            let mut a = kept.unwrap();
+            exec(&mut db.conn(), "UPDATE items SET stock = 6 WHERE id = 1");
+            exec(&mut db.conn(), "UPDATE items SET stock = 5 WHERE id = 1");
+            assert_eq!(item!(&mut conn, 1).lock_version, 2);
+            let outcome = a.update_versioned(&mut conn);
+            assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
+            assert_eq!(stock_of!(&mut conn), 5, "the other writer's sale stands");
+        }
+
         fn a_rolled_back_savepoint_is_tracked_like_a_transaction(db) {
             let mut a_conn = db.conn();
             let mut b_conn = db.conn();

@@ -46,6 +46,9 @@ pub(crate) struct Versions {
     id: u64,
     /// Versions this connection wrote in its open transaction.
     open: Vec<(RowId, i64)>,
+    /// Tables whose versions a write of lockkit's moved in the open
+    /// transaction without a number it knows ([`moved_unnumbered`]).
+    unnumbered: Vec<&'static str>,
     /// Whether each table's declared key is unique in this connection's database.
     /// Keyed by the table's type: two tables may share a name.
     unique_keys: ByType<bool>,
@@ -62,6 +65,7 @@ impl Default for Versions {
         Versions {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             open: Vec::new(),
+            unnumbered: Vec::new(),
             unique_keys: ByType::default(),
             schemas: ByType::default(),
             database: None,
@@ -76,6 +80,9 @@ impl Versions {
     }
 
     fn rolled_back(&mut self, depth: u32) {
+        if depth <= 1 {
+            self.unnumbered.clear();
+        }
         // Nothing written here: the shared registry is not touched.
         if self.open.is_empty() {
             return;
@@ -117,6 +124,7 @@ impl Versions {
     }
 
     fn committed(&mut self) {
+        self.unnumbered.clear();
         // Nothing written here: the shared registry is not touched.
         if self.open.is_empty() {
             return;
@@ -719,6 +727,22 @@ pub(crate) fn unwatched_rolled_back(address: usize, level: u32) {
     }
 }
 
+/// A write of lockkit's moved the versions of rows of `table` on `conn` without
+/// a number lockkit knows (`Versioned::update_if`: `SET v = v + 1`, no read).
+/// Inside a transaction, a versioned write of such a row later in it writes
+/// from a number that transaction made: [`written`] records it tainted, never
+/// restored after a rollback. Kept until the outermost transaction ends.
+pub(crate) fn moved_unnumbered<W: Watched>(conn: &mut W, table: &'static str) {
+    if conn.depth().is_none() {
+        return;
+    }
+    if let Some(versions) = versions_of(conn) {
+        if !versions.unnumbered.contains(&table) {
+            versions.unnumbered.push(table);
+        }
+    }
+}
+
 /// After a versioned write moved `row` from `from` to `to` (`None`: deleted):
 /// forgets what can no longer recur and, inside a transaction, records `to` as
 /// tentative. On a connection lockkit cannot watch, the [`Mark`] its caller
@@ -761,9 +785,11 @@ pub(crate) fn written<W: Watched>(
     };
     // The journal that watches the transaction, or the address of the
     // connection none watches.
+    let mut unnumbered = false;
     let watcher = match versions_of(conn) {
         Some(versions) => {
             versions.open.push((row.clone(), to));
+            unnumbered = versions.unnumbered.contains(&table);
             Ok(versions.id)
         }
         None => {
@@ -782,11 +808,22 @@ pub(crate) fn written<W: Watched>(
             (State::Unwatched { conn, depth, slot }, Some(slot))
         }
     };
-    let tainted = registry.rows.get(&row).is_some_and(|entries| {
-        entries
-            .iter()
-            .any(|e| through(e) && e.version == from && !matches!(e.state, State::RolledBack))
-    });
+    // `from` is a number no commit may hold: another uncommitted write's, or
+    // one this transaction made. It did if it wrote the row before (whatever
+    // moved the version since: a trigger's bump of a plain `UPDATE` after
+    // `with_lock`'s), or moved the table's versions by a write lockkit cannot
+    // number. After a rollback, the row is back below `from`, and the next
+    // commit, in any process, may make `from` again: such a struct is never
+    // restored to it.
+    let mine = watcher.ok();
+    let tainted = unnumbered
+        || registry.rows.get(&row).is_some_and(|entries| {
+            entries.iter().any(|e| {
+                through(e)
+                    && ((e.version == from && !matches!(e.state, State::RolledBack))
+                        || matches!(e.state, State::Open { journal, .. } if Some(journal) == mine))
+            })
+        });
     let seq = registry.insert(
         row,
         Entry {

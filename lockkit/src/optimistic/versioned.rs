@@ -562,7 +562,10 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         // cannot name.
         let ends = Self::ends(conn);
         journal::watch(conn, |_| ends);
-        crate::optimistic::atomic::update_if_on(conn, statement, ends).map(drop)
+        crate::optimistic::atomic::update_if_on(conn, statement, ends)?;
+        // The row's new version is a number lockkit does not know.
+        crate::optimistic::rollbacks::moved_unnumbered(conn, Self::TABLE_NAME);
+        Ok(())
     }
 
     /// Applies one changeset to many rows, each checked against its own expected

@@ -48,10 +48,18 @@
 //!
 //! 3. unless the struct's number was written from another uncommitted write's
 //!    number (the row written twice in the rolled-back transaction, by one
-//!    struct or by a second one that read it there): such a struct may carry
-//!    what the earlier write changed, and restoring it would either commit that
-//!    or match another struct's retry. It is reported
-//!    [`Error::Stale`] without a write;
+//!    struct or by a second one that read it there, also when something moved
+//!    the version between the two writes, such as a version trigger's bump of
+//!    a plain `UPDATE`; or the row's table moved by `Versioned::update_if`
+//!    earlier in that transaction): such a struct may carry what the earlier
+//!    write changed, its number exists only in the rolled-back transaction,
+//!    and restoring it would commit that change, or match the next commit of
+//!    that number, in any process. It is reported [`Error::Stale`] without a
+//!    write. A version your own SQL moved in the transaction before lockkit
+//!    wrote the row there (a plain `UPDATE` under the version trigger, a raw
+//!    `SET lock_version = ..`) is a number lockkit cannot see: reload a struct
+//!    read after such a write once its transaction rolled back, instead of
+//!    writing it again;
 //!
 //! 4. and no write ever *commits* a number a rolled-back write left with a
 //!    struct of the process (a fresh reader of the row writing n after another
