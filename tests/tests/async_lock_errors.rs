@@ -307,6 +307,20 @@ async_server_tests! {
         assert_eq!(stocks!(&mut fresh), vec![8, 8]);
     }
 
+    async fn lock_all_after_a_plain_read_finds_a_row_deleted_since_missing(db) {
+        // The blocking side's case of the same name: the key's row is asked of
+        // the latest commit, not of the transaction's snapshot.
+        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let outcome = lockkit::asynchronous::locked_transaction(&mut conn, LockOptions::default(), async |c| {
+            let _: Item = items::table.find(1).first(c).await?;
+            exec(&mut db.conn(), "DELETE FROM items WHERE id = 2");
+            lockkit::asynchronous::lock_all::<Item, _>(c, &[1, 2]).await
+        })
+        .await;
+        assert!(matches!(outcome, Err(Error::NotFound)), "{outcome:?}");
+    }
+
     async fn a_write_after_a_nested_abort_the_caller_swallows_is_refused(db) {
         // The caller's transaction records order line 1, tries to sell under
         // `with_lock`, ignores the failure (a fallback of its own) and records

@@ -337,6 +337,21 @@ mod servers {
             assert_eq!((stock_of!(&mut conn, 1), stock_of!(&mut conn, 2)), (8, 8));
         }
 
+        fn lock_all_after_a_plain_read_finds_a_row_deleted_since_missing(db) {
+            // A plain read opened the transaction's snapshot (InnoDB's
+            // REPEATABLE READ); another session then deletes item 2. The locked
+            // read sees the latest commit, without item 2: whether the key has a
+            // row is asked of the latest commit too, not of the snapshot.
+            seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+            let mut conn = db.connect();
+            let outcome = lockkit::locked_transaction(&mut conn, LockOptions::default(), |c| {
+                let _ = lockkit_tests::item!(c, 1);
+                exec(&mut db.connect(), "DELETE FROM items WHERE id = 2");
+                Item::lock_all(c, &[1, 2])
+            });
+            assert!(matches!(outcome, Err(Error::NotFound)), "{outcome:?}");
+        }
+
         fn a_write_after_a_nested_abort_the_caller_swallows_is_refused(db) {
             // The caller's transaction records order line 1, tries to sell under
             // `with_lock`, ignores the failure (a fallback of its own) and records

@@ -335,8 +335,10 @@ where
                     .await
                     .map_err(classify)?;
                 locked.extend(again);
+                // Asked of the latest commit, as on the blocking side.
                 for key in unmatched(&missed, &locked) {
-                    if !M::exists(conn, key.clone()).await.map_err(classify)? {
+                    let row = M::load_locked(conn, key.clone(), RowLock::share()).await;
+                    if row.map_err(classify)?.is_none() {
                         return Err(Error::NotFound);
                     }
                 }

@@ -414,8 +414,12 @@ pub trait Lockable: Sized {
                 // of its own (see [`unmatched`]).
                 let missed: Vec<Self::Key> = unmatched(chunk, &locked).cloned().collect();
                 locked.extend(Self::load_all_locked(conn, missed.clone()).map_err(classify)?);
+                // Asked of the latest commit, as the locked reads were: on
+                // InnoDB a plain read asks the transaction's snapshot, which
+                // may still hold a row deleted since.
                 for key in unmatched(&missed, &locked) {
-                    if !Self::exists(conn, key.clone()).map_err(classify)? {
+                    let row = Self::load_locked(conn, key.clone(), RowLock::share());
+                    if row.map_err(classify)?.is_none() {
                         return Err(Error::NotFound);
                     }
                 }
@@ -514,7 +518,8 @@ where
 /// the deleted row, and the new one is not in its snapshot.
 /// [`Lockable::lock_all`] reads them again, in a statement of their own (which
 /// sees and locks such a new row), then asks whether each key still without a
-/// row exists. Such a row is locked after the rest of its chunk, out of key
+/// row exists, with a shared locked read (the latest commit, not the
+/// transaction's snapshot). Such a row is locked after the rest of its chunk, out of key
 /// order: in that race only, a deadlock with another `lock_all` is possible,
 /// and reported as one (retryable).
 pub(crate) fn unmatched<'k, M>(
