@@ -1210,4 +1210,70 @@ mod sqlite_only {
         let stocks = stocks!(&mut conn);
         assert_eq!(stocks, [0, 5, 5, 4]);
     }
+
+    /// The blocking side's
+    /// `sqlite_with_lock_commits_behind_a_reader_whatever_its_wait_for_the_lock`:
+    /// in rollback-journal mode, `COMMIT` waits for a reader under the
+    /// connection's own busy timeout, not `nowait()`'s or `timeout(..)`'s.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_lock_commits_behind_a_reader_whatever_its_wait_for_the_lock() {
+        use diesel::Connection as _;
+        use std::time::Duration;
+        let path = std::env::temp_dir().join(format!(
+            "lk_async_commit_behind_a_reader_{}.sqlite",
+            std::process::id()
+        ));
+        let _ = lockkit_tests::support::remove_sqlite_files(&path);
+        let url = path.display().to_string();
+        let mut setup = SqliteConnection::establish(&url).unwrap();
+        exec(&mut setup, "PRAGMA journal_mode = DELETE");
+        exec(
+            &mut setup,
+            &lockkit_tests::schema::create_tables(lockkit::version_trigger::Dialect::Sqlite),
+        );
+        seed_items(&mut setup, &[(1, 10)]);
+        let waits = [
+            LockOptions::default().nowait(),
+            LockOptions::default().timeout(Duration::from_millis(50)),
+        ];
+        for options in waits {
+            let (reading_tx, reading_rx) = mpsc::channel();
+            let reader_url = url.clone();
+            let reader = std::thread::spawn(move || {
+                let mut reader = SqliteConnection::establish(&reader_url).unwrap();
+                reader
+                    .transaction(|r| {
+                        // Holds the shared lock until its end.
+                        let _: Vec<i32> =
+                            diesel::RunQueryDsl::load(items::table.select(items::stock), r)?;
+                        reading_tx.send(()).unwrap();
+                        std::thread::sleep(Duration::from_millis(300));
+                        Ok::<_, diesel::result::Error>(())
+                    })
+                    .unwrap();
+            });
+            reading_rx.recv().unwrap();
+            let mut conn = Async::establish(&url).await.unwrap();
+            conn.batch_execute("PRAGMA busy_timeout = 5000")
+                .await
+                .unwrap();
+            let outcome =
+                lockkit::asynchronous::with_lock(&mut conn, 1, options, async |c, item: Item| {
+                    diesel::update(items::table.find(1))
+                        .set(items::stock.eq(item.stock - 1))
+                        .execute(c)
+                        .await?;
+                    Ok::<_, Error>(())
+                })
+                .await;
+            reader.join().unwrap();
+            assert!(outcome.is_ok(), "{options:?}: {outcome:?}");
+        }
+        let stock: i32 =
+            diesel::RunQueryDsl::get_result(items::table.find(1).select(items::stock), &mut setup)
+                .unwrap();
+        assert_eq!(stock, 8);
+        drop(setup);
+        let _ = lockkit_tests::support::remove_sqlite_files(&path);
+    }
 }

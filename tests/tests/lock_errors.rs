@@ -1139,3 +1139,60 @@ fn a_work_that_recovered_from_a_lock_timeout_and_then_failed_otherwise_gets_its_
         "{outcome:?}; stocks {stocks:?}"
     );
 }
+
+/// SQLite in its default rollback-journal mode: `COMMIT` waits for the readers
+/// of the database to finish (it needs the exclusive lock). `nowait()` and
+/// `timeout(..)` bound the wait for the write lock at `BEGIN IMMEDIATE`, not
+/// that one: a reader that holds the database for a moment must not fail a
+/// `with_lock` whose work is done, after the work ran.
+#[cfg(feature = "sqlite")]
+#[test]
+fn sqlite_with_lock_commits_behind_a_reader_whatever_its_wait_for_the_lock() {
+    use diesel::SqliteConnection;
+    let path = std::env::temp_dir().join(format!(
+        "lk_commit_behind_a_reader_{}.sqlite",
+        std::process::id()
+    ));
+    let _ = lockkit_tests::support::remove_sqlite_files(&path);
+    let url = path.display().to_string();
+    let mut setup = SqliteConnection::establish(&url).unwrap();
+    exec(&mut setup, "PRAGMA journal_mode = DELETE");
+    exec(
+        &mut setup,
+        &lockkit_tests::schema::create_tables(lockkit::version_trigger::Dialect::Sqlite),
+    );
+    seed_items(&mut setup, &[(1, 10)]);
+    let waits = [
+        LockOptions::default().nowait(),
+        LockOptions::default().timeout(Duration::from_millis(50)),
+    ];
+    for options in waits {
+        let (reading_tx, reading_rx) = mpsc::channel();
+        let outcome = thread::scope(|s| {
+            s.spawn(|| {
+                let mut reader = SqliteConnection::establish(&url).unwrap();
+                reader
+                    .transaction(|r| {
+                        let _ = stock_of!(r); // holds the shared lock until its end
+                        reading_tx.send(()).unwrap();
+                        thread::sleep(Duration::from_millis(300));
+                        Ok::<_, diesel::result::Error>(())
+                    })
+                    .unwrap();
+            });
+            reading_rx.recv().unwrap();
+            let mut conn = SqliteConnection::establish(&url).unwrap();
+            exec(&mut conn, "PRAGMA busy_timeout = 5000");
+            lockkit::with_lock(&mut conn, 1, options, |c, item: Item| {
+                diesel::update(items::table.find(1))
+                    .set(items::stock.eq(item.stock - 1))
+                    .execute(c)?;
+                Ok::<_, Error>(())
+            })
+        });
+        assert!(outcome.is_ok(), "{options:?}: {outcome:?}");
+    }
+    assert_eq!(stock_of!(&mut setup), 8);
+    drop(setup);
+    let _ = lockkit_tests::support::remove_sqlite_files(&path);
+}

@@ -225,6 +225,20 @@ pub enum Restore {
     BusyTimeout(i32),
 }
 
+impl Restore {
+    /// What is left to put back after the end of the transaction (or
+    /// savepoint), once [`AsyncLockingConnection::restore`] ran before it.
+    /// SQLite's busy timeout is back by then: it bounds the wait for the write
+    /// lock, not the `COMMIT`, which in rollback-journal mode waits for the
+    /// database's readers.
+    pub(crate) fn after_end(self) -> Restore {
+        match self {
+            Restore::BusyTimeout(_) => Restore::Nothing,
+            other => other,
+        }
+    }
+}
+
 /// The connection while its state is unsettled: a session setting a call
 /// changes may be in force (its lock timeout on MySQL/MariaDB; SQLite's busy
 /// timeout, which `nowait()` and `skip_locked()` set to 0 as well), armed from
@@ -1099,9 +1113,10 @@ mod sqlite {
                 .is_some()
         }
 
-        async fn restore(&mut self, restore: &Restore, before_end: bool) -> QueryResult<()> {
+        async fn restore(&mut self, restore: &Restore, _before_end: bool) -> QueryResult<()> {
             match restore {
-                Restore::BusyTimeout(previous) if !before_end => {
+                // Before the end too: see `Restore::after_end`.
+                Restore::BusyTimeout(previous) => {
                     self.batch_execute(&set_busy_timeout_sql(*previous)).await
                 }
                 _ => Ok(()),

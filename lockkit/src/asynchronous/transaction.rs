@@ -88,12 +88,16 @@ where
         let watched = || journal::watches(&mut journal::AsyncWatched(&mut *conn));
         let ended = crate::transaction::ended_under_ok(&result, watched, ended);
         let result = settle(result, ended);
+        let mut restore = restore;
         let result = match result {
             Ok(value) => match conn.restore(&restore, true).await {
-                Ok(()) => C::TransactionManager::commit_transaction(conn)
-                    .await
-                    .map(|()| value)
-                    .map_err(Failure::Diesel),
+                Ok(()) => {
+                    restore = restore.after_end();
+                    C::TransactionManager::commit_transaction(conn)
+                        .await
+                        .map(|()| value)
+                        .map_err(Failure::Diesel)
+                }
                 Err(err) => Err(Failure::Diesel(err)),
             },
             Err(failure) => Err(failure),

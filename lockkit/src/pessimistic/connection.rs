@@ -667,7 +667,10 @@ pub(crate) mod sqlite {
         let wait = options.wait_mode();
         let nested = in_transaction(conn);
         // The busy timeout is set in one batch with the statement that takes
-        // the write lock, and put back once the transaction ended.
+        // the write lock, and put back once the work is done: at the top level
+        // before `COMMIT`, which in rollback-journal mode waits for the
+        // database's readers (at `nowait()`'s 0 ms any reader would fail it,
+        // after the work ran); elsewhere once the call ended.
         let busy_timeout = match wait.busy_timeout_millis(options.timeout_millis()) {
             Some(millis) => {
                 let sqlite = conn.reach().map_err(classify)?;
@@ -684,6 +687,7 @@ pub(crate) mod sqlite {
             None => Cow::Borrowed(lock),
         };
         let lock_error = |err| wait.classify_write_lock(err);
+        let mut restored_before_commit = false;
         let waited = LockWait::start();
         let mut guard = PanicGuard::default();
         let work = |conn: &mut H| f(conn).map_err(Failure::Closure);
@@ -709,7 +713,14 @@ pub(crate) mod sqlite {
                     if let Some(waited) = waited.take() {
                         waited.acquired("database", 1);
                     }
-                    guard.call(conn, work)
+                    let done = guard.call(conn, work)?;
+                    if let Some((_, previous)) = busy_timeout {
+                        conn.reach()
+                            .and_then(|c| set_busy_timeout(c, previous))
+                            .map_err(Failure::Diesel)?;
+                        restored_before_commit = true;
+                    }
+                    Ok(done)
                 },
             )
             .map_err(|failure| match failure {
@@ -718,6 +729,7 @@ pub(crate) mod sqlite {
             })
         };
         let restored = busy_timeout
+            .filter(|_| !restored_before_commit)
             .map(|(_, previous)| conn.reach().and_then(|c| set_busy_timeout(c, previous)));
         finish(conn, nested, guard, result, restored, classify)
     }
