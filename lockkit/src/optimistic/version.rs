@@ -11,6 +11,14 @@
 //! A row that reaches the maximum must have its version reset by an operator (or the
 //! column widened); with `i32` that is two billion writes to one row, with `i16` it is
 //! 32,767, which is why `i32` or `i64` is the recommended type.
+//!
+//! One write is not checked first: [`Versioned::update_if`](crate::Versioned::update_if)
+//! reads nothing, and its `SET lock_version = lock_version + 1` on a row already
+//! at the maximum is the server's to refuse. PostgreSQL and MySQL/MariaDB in
+//! strict mode answer with an out-of-range error ([`Error::Database`](crate::Error::Database));
+//! SQLite stores the larger number, which Diesel reads back wrapped to the
+//! type's minimum, and which no later versioned write then matches
+//! ([`Error::Stale`](crate::Error::Stale) every time) until an operator resets it.
 
 use std::fmt::{Debug, Display};
 
