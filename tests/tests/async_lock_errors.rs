@@ -886,6 +886,29 @@ mod mysql_only {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_lock_wait_timeout_not_put_back_after_the_commit_still_reports_the_commit() {
+        // The blocking side's case of the same name (`row_locks.rs`): the
+        // restore after `COMMIT` fails, and the committed work is `Ok`.
+        let db = lockkit_tests::TestDb::<Sync>::new("async_restore_fails_after_commit");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let options = LockOptions::default().timeout(std::time::Duration::from_secs(1));
+        let outcome =
+            lockkit::asynchronous::with_lock(&mut conn, 1, options, async |c, item: Item| {
+                diesel::update(items::table.find(1))
+                    .set(items::stock.eq(item.stock - 1))
+                    .execute(c)
+                    .await?;
+                c.batch_execute("SET @lockkit_lock_wait_timeout_0 = 'not a number'")
+                    .await?;
+                Ok::<_, Error>(())
+            })
+            .await;
+        assert!(outcome.is_ok(), "{outcome:?}");
+        assert_eq!(stock!(&mut conn), 9);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_top_level_transaction_with_retry_whose_work_lets_a_hidden_deadlock_go_runs_again() {
         // The work's own read by a range is the deadlock's victim, which
         // diesel-async hides from the journal, and the work lets the error go.

@@ -518,6 +518,35 @@ mod mysql_only {
     }
 
     #[test]
+    fn a_lock_wait_timeout_not_put_back_after_the_commit_still_reports_the_commit() {
+        // The session's `innodb_lock_wait_timeout` is put back after `COMMIT`,
+        // from the variable lockkit kept it in; the work spoils that variable,
+        // so the restore fails. The work committed (and its after-commit work
+        // ran): an error would have the caller run it a second time.
+        let db = lockkit_tests::TestDb::<MysqlConnection>::new("restore_fails_after_commit");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn = db.connect();
+        let confirmed = std::rc::Rc::new(std::cell::Cell::new(false));
+        let outcome = lockkit::with_lock(
+            &mut conn,
+            1,
+            LockOptions::default().timeout(Duration::from_secs(1)),
+            |c, item: Item| {
+                diesel::update(items::table.find(1))
+                    .set(items::stock.eq(item.stock - 1))
+                    .execute(c)?;
+                exec(c, "SET @lockkit_lock_wait_timeout_0 = 'not a number'");
+                let confirmed = confirmed.clone();
+                lockkit::after_commit(c, move || confirmed.set(true))?;
+                Ok::<_, Error>(())
+            },
+        );
+        assert!(outcome.is_ok(), "{outcome:?}");
+        assert!(confirmed.get());
+        assert_eq!(lockkit_tests::stock_of!(&mut conn), 9);
+    }
+
+    #[test]
     fn lock_all_returns_a_row_once_for_keys_the_collation_holds_equal_across_chunks() {
         // 899 fillers, then "K" and "k": Rust's order puts them in two chunks
         // of 900 keys, and the column's collation finds row K for both.

@@ -130,7 +130,10 @@ where
         }
         let failure = match (result, restored) {
             (Ok(value), Ok(())) => return Ok(value),
-            (Ok(_), Err(err)) => Failure::Diesel(err),
+            (Ok(value), Err(err)) => {
+                crate::transaction::setting_kept(&err);
+                return Ok(value);
+            }
             (Err(failure), _) => failure,
         };
         if !nested {

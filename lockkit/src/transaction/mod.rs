@@ -742,7 +742,10 @@ where
     guard.resume(result.is_ok());
     let failure = match (result, restored) {
         (Ok(value), None | Some(Ok(()))) => return Ok(value),
-        (Ok(_), Some(Err(err))) => Failure::Lockkit(crate::error::classification::classify(err)),
+        (Ok(value), Some(Err(err))) => {
+            setting_kept(&err);
+            return Ok(value);
+        }
         (Err(failure), _) => failure,
     };
     if !nested {
@@ -758,6 +761,19 @@ where
         conn.keep_aborted();
     }
     Err(failed.into_error(nested, ended, |cause| journal::aborted(conn, cause)))
+}
+
+/// A session setting a lockkit transaction changed (MySQL/MariaDB's
+/// `innodb_lock_wait_timeout`) could not be put back after its work
+/// committed, for the blocking and the async side. The call still returns its
+/// work's `Ok`: the work stands, and an error would have the caller run it
+/// again. The session keeps the call's setting; it is logged.
+pub(crate) fn setting_kept(err: &diesel::result::Error) {
+    tracing::warn!(
+        target: "lockkit",
+        error = %err,
+        "lock timeout not put back after the transaction; the session keeps the call's"
+    );
 }
 
 /// After lockkit's own outermost transaction on `conn` ended: sends again,
