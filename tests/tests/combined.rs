@@ -519,6 +519,27 @@ mod all {
             assert_eq!(stock_of!(&mut conn), 5, "the other writer's sale stands");
         }
 
+        fn a_struct_retried_after_a_rollback_writes_although_update_if_moved_another_row(db) {
+            // `update_if` on item 2 says nothing of item 1's number: the struct
+            // of item 1, read before the transaction, is restored as usual.
+            let mut conn = db.conn();
+            seed_items(&mut conn, &[(1, 10), (2, 10)]);
+            let mut a = item!(&mut conn, 1);
+            let mut attempts = 0;
+            let outcome = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c| {
+                attempts += 1;
+                Item::update_if(c, 2, items::stock.ge(1), items::stock.eq(items::stock - 1))?;
+                a.stock = 9;
+                a.update_versioned(c)?;
+                if attempts == 1 {
+                    return Err(Error::Deadlock); // a conflict after the writes
+                }
+                Ok(())
+            });
+            assert!(outcome.is_ok() && attempts == 2, "{outcome:?} after {attempts}");
+            assert_eq!((stock_of!(&mut conn, 1), stock_of!(&mut conn, 2)), (9, 9));
+        }
+
         fn a_struct_read_after_a_trigger_bump_in_a_rolled_back_transaction_is_never_restored(db) {
             // With the version trigger, a plain `UPDATE` in `with_lock`'s
             // closure moves the version past the lock's own bump (v0 -> v1 ->

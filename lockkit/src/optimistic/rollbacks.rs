@@ -46,9 +46,9 @@ pub(crate) struct Versions {
     id: u64,
     /// Versions this connection wrote in its open transaction.
     open: Vec<(RowId, i64)>,
-    /// Tables whose versions a write of lockkit's moved in the open
-    /// transaction without a number it knows ([`moved_unnumbered`]).
-    unnumbered: Vec<&'static str>,
+    /// Rows whose versions a write of lockkit's moved in the open transaction
+    /// without a number it knows ([`moved_unnumbered`]).
+    unnumbered: Vec<RowId>,
     /// Whether each table's declared key is unique in this connection's database.
     /// Keyed by the table's type: two tables may share a name.
     unique_keys: ByType<bool>,
@@ -727,20 +727,31 @@ pub(crate) fn unwatched_rolled_back(address: usize, level: u32) {
     }
 }
 
-/// A write of lockkit's moved the versions of rows of `table` on `conn` without
-/// a number lockkit knows (`Versioned::update_if`: `SET v = v + 1`, no read).
-/// Inside a transaction, a versioned write of such a row later in it writes
-/// from a number that transaction made: [`written`] records it tainted, never
-/// restored after a rollback. Kept until the outermost transaction ends.
-pub(crate) fn moved_unnumbered<W: Watched>(conn: &mut W, table: &'static str) {
-    if conn.depth().is_none() {
-        return;
+/// A write of lockkit's moved the version of a row of `table` on `conn`
+/// without a number lockkit knows (`Versioned::update_if`: `SET v = v + 1`, no
+/// read); `row_id` names the row ([`row_id`]), asked only inside a transaction
+/// on a watched connection. A versioned write of that row later in the
+/// transaction writes from a number the transaction made: [`written`] records
+/// it tainted, never restored after a rollback. Kept until the outermost
+/// transaction ends.
+pub(crate) fn moved_unnumbered<W: Watched>(
+    conn: &mut W,
+    table: &'static str,
+    row_id: impl FnOnce(&mut W) -> diesel::QueryResult<Option<String>>,
+) -> diesel::QueryResult<()> {
+    if conn.depth().is_none() || versions_of(conn).is_none() {
+        return Ok(());
     }
+    let Some(row) = row_id(conn)? else {
+        return Ok(());
+    };
+    let row = (table, server_and_rest(&row).1.to_owned());
     if let Some(versions) = versions_of(conn) {
-        if !versions.unnumbered.contains(&table) {
-            versions.unnumbered.push(table);
+        if !versions.unnumbered.contains(&row) {
+            versions.unnumbered.push(row);
         }
     }
+    Ok(())
 }
 
 /// After a versioned write moved `row` from `from` to `to` (`None`: deleted):
@@ -789,7 +800,7 @@ pub(crate) fn written<W: Watched>(
     let watcher = match versions_of(conn) {
         Some(versions) => {
             versions.open.push((row.clone(), to));
-            unnumbered = versions.unnumbered.contains(&table);
+            unnumbered = versions.unnumbered.contains(&row);
             Ok(versions.id)
         }
         None => {
@@ -811,8 +822,7 @@ pub(crate) fn written<W: Watched>(
     // `from` is a number no commit may hold: another uncommitted write's, or
     // one this transaction made. It did if it wrote the row before (whatever
     // moved the version since: a trigger's bump of a plain `UPDATE` after
-    // `with_lock`'s), or moved the table's versions by a write lockkit cannot
-    // number. After a rollback, the row is back below `from`, and the next
+    // `with_lock`'s), or moved it by a write lockkit cannot number. After a rollback, the row is back below `from`, and the next
     // commit, in any process, may make `from` again: such a struct is never
     // restored to it.
     let mine = watcher.ok();

@@ -556,7 +556,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
             <(C, Self::Bump) as AsChangeset>::Changeset,
         >: ExecuteDsl<Conn>,
     {
-        let target = Self::Table::default().find(key).filter(condition);
+        let target = Self::Table::default().find(key.clone()).filter(condition);
         let statement = crate::optimistic::atomic::update(target).set((changes, Self::bump()));
         // The backend inside a `MultiConnection` enum, which `atomic::update_if`
         // cannot name.
@@ -564,8 +564,9 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         journal::watch(conn, |_| ends);
         crate::optimistic::atomic::update_if_on(conn, statement, ends)?;
         // The row's new version is a number lockkit does not know.
-        crate::optimistic::rollbacks::moved_unnumbered(conn, Self::TABLE_NAME);
-        Ok(())
+        let row_id = |conn: &mut Conn| Self::row_id(conn, &key);
+        crate::optimistic::rollbacks::moved_unnumbered(conn, Self::TABLE_NAME, row_id)
+            .map_err(classify)
     }
 
     /// Applies one changeset to many rows, each checked against its own expected
