@@ -307,11 +307,11 @@ pub(crate) fn after_failure<E: RetryableError>(
 /// * A serialization failure is not retried in a savepoint: the savepoint keeps
 ///   the transaction's snapshot, so every attempt would fail the same way; the
 ///   owner of the transaction runs it again in a new one.
-/// * A deadlock is retried in a savepoint once (`attempt` is the attempt that
-///   failed). A second one says the cycle runs through a lock the transaction
-///   took before the savepoint, which only the owner's rollback lets go: the
-///   deadlock goes to the owner as it is (retryable), not as
-///   [`Error::RetriesExhausted`].
+/// * A deadlock is retried in a savepoint only when the first attempt failed
+///   with it (`attempt` is the attempt that failed). One on a later attempt
+///   may say the cycle runs through a lock the transaction took before the
+///   savepoint, which only the owner's rollback lets go: the deadlock goes to
+///   the owner as it is (retryable), not as [`Error::RetriesExhausted`].
 pub(crate) fn may_retry<E: RetryableError>(err: &E, nested: bool, attempt: u32) -> bool {
     match err.lockkit_error() {
         Some(Error::TransactionAborted(aborted)) if !nested => aborted.cause().is_retryable(),
@@ -328,11 +328,12 @@ pub(crate) fn may_retry<E: RetryableError>(err: &E, nested: bool, attempt: u32) 
 /// Called inside another transaction, each attempt is a savepoint. If the server
 /// rolled back the whole transaction (InnoDB on a deadlock), nothing is retried in
 /// it: the result is [`Error::TransactionAborted`] for the owner of the outermost
-/// transaction. A deadlock that leaves the transaction open (PostgreSQL) is
-/// retried in the savepoint once; a second one means the cycle runs through a
-/// lock taken before the savepoint, which only the owner's rollback lets go, so
-/// it returns [`Error::Deadlock`] (retryable) for the owner to run again. Called outside one, an attempt that ended that way is retried
-/// like its cause. See [`locking_connection`](crate::pessimistic::connection#when-the-server-aborts-the-whole-transaction).
+/// transaction. A deadlock that leaves the transaction open (PostgreSQL) on
+/// the first attempt is retried in the savepoint; one on a later attempt may
+/// mean the cycle runs through a lock taken before the savepoint, which only
+/// the owner's rollback lets go, so it returns [`Error::Deadlock`] (retryable)
+/// for the owner to run again. Called outside one, an attempt that ended that
+/// way is retried like its cause. See [`locking_connection`](crate::pessimistic::connection#when-the-server-aborts-the-whole-transaction).
 ///
 /// # Errors
 ///
@@ -343,7 +344,7 @@ pub(crate) fn may_retry<E: RetryableError>(err: &E, nested: bool, attempt: u32) 
 ///   `COMMIT`.
 /// * [`Error::TransactionAborted`] when nested in an open transaction that the
 ///   server rolled back as a whole; not retried.
-/// * [`Error::Deadlock`] when nested, after the second deadlock in a row.
+/// * [`Error::Deadlock`] when nested, from a deadlock on any attempt but the first.
 /// * when every attempt failed with a retryable error, the last one through
 ///   [`RetryableError::retries_exhausted`] ([`Error::RetriesExhausted`] for
 ///   lockkit's own error type).

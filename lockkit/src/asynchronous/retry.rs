@@ -100,9 +100,9 @@ pub(crate) async fn back_off(delay: std::time::Duration) {
 /// Nested in an open transaction, each attempt is a savepoint, retried as on
 /// the blocking side unless the server ended the whole transaction (InnoDB does
 /// on a deadlock): that is [`Error::TransactionAborted`](crate::Error::TransactionAborted),
-/// for the owner of the outermost transaction to run again, and a second
-/// deadlock in a row is [`Error::Deadlock`](crate::Error::Deadlock), for the
-/// owner too (see the blocking side). Nested in a
+/// for the owner of the outermost transaction to run again, and a deadlock on
+/// any attempt but the first is [`Error::Deadlock`](crate::Error::Deadlock),
+/// for the owner too (see the blocking side). Nested in a
 /// transaction that a statement the caller let go has already ended (a
 /// deadlock on MariaDB), it sends nothing and returns `TransactionAborted`, as
 /// the other async lockkit transactions do, instead of running `op` in
@@ -112,7 +112,8 @@ pub(crate) async fn back_off(delay: std::time::Duration) {
 ///
 /// # Errors
 ///
-/// As [`retry`].
+/// As [`retry`]; nested, also [`Error::Deadlock`](crate::Error::Deadlock) from
+/// a deadlock on any attempt but the first (above).
 ///
 /// # Example
 ///

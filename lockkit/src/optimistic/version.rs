@@ -16,9 +16,11 @@
 //! reads nothing, and its `SET lock_version = lock_version + 1` on a row already
 //! at the maximum is the server's to refuse. PostgreSQL and MySQL/MariaDB in
 //! strict mode answer with an out-of-range error ([`Error::Database`](crate::Error::Database));
-//! SQLite stores the larger number, which Diesel reads back wrapped to the
-//! type's minimum, and which no later versioned write then matches
-//! ([`Error::Stale`](crate::Error::Stale) every time) until an operator resets it.
+//! SQLite stores the larger number. For `i16` and `i32`, Diesel reads it back
+//! wrapped to the type's minimum, which no later versioned write then matches
+//! ([`Error::Stale`](crate::Error::Stale) every time) until an operator resets it;
+//! for `i64` it becomes a floating-point value read back as the maximum, and
+//! later writes are [`Error::VersionOverflow`](crate::Error::VersionOverflow).
 
 use std::fmt::{Debug, Display};
 

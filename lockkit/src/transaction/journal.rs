@@ -59,7 +59,9 @@
 //!    wrote the row there (a plain `UPDATE` under the version trigger, a raw
 //!    `SET lock_version = ..`) is a number lockkit cannot see: reload a struct
 //!    read after such a write once its transaction rolled back, instead of
-//!    writing it again;
+//!    writing it again (as on a connection with instrumentation of its own not
+//!    wrapped in [`Journal::wrap`], where lockkit keeps no record of what its
+//!    transaction wrote, and sees neither case);
 //!
 //! 4. and no write ever *commits* a number a rolled-back write left with a
 //!    struct of the process (a fresh reader of the row writing n after another
