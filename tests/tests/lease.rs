@@ -382,6 +382,23 @@ lockkit_tests::backend_tests! {
         assert_eq!(data.body(), "after the restore");
     }
 
+    fn db_lease_fence_at_its_maximum_is_never_handed_out_again(db) {
+        // An operator raised the fence (after a restore) to just below the
+        // maximum: the next grant gets the maximum, and the one after must
+        // fail, not hand the maximum out again (SQLite would turn the sum into
+        // a float, read back as the maximum).
+        setup(&mut db.connect(), BACKEND);
+        let mut conn = db.connect();
+        let first = lease::acquire(&mut conn, "job", Duration::from_secs(5)).unwrap();
+        first.release().unwrap();
+        exec(&mut conn, "UPDATE lockkit_leases SET fence = 9223372036854775806 WHERE name = 'job'");
+        let at_max = lease::acquire(&mut conn, "job", Duration::from_secs(5)).unwrap();
+        assert_eq!(at_max.fence(), Fence(i64::MAX));
+        at_max.release().unwrap();
+        let again = lease::acquire(&mut conn, "job", Duration::from_secs(5));
+        assert!(again.is_err(), "{:?}", again.as_ref().map(|lease| lease.fence()));
+    }
+
     fn db_lease_is_refused_inside_a_transaction(db) {
         setup(&mut db.connect(), BACKEND);
         let mut conn = db.connect();

@@ -213,11 +213,15 @@ pub(crate) const MYSQL: Statements<diesel::mysql::Mysql> = Statements {
 };
 
 /// SQLite's `julianday('now')`, in Unix milliseconds (it runs on the
-/// application's machine: that is the clock).
+/// application's machine: that is the clock). Past the largest integer SQLite
+/// makes `fence + 1` a float, read back as the largest integer again: the
+/// grant sets NULL there instead, which the column refuses (PostgreSQL and
+/// MySQL/MariaDB refuse the sum themselves), so no fence is handed out twice.
 #[cfg(feature = "sqlite")]
 pub(crate) const SQLITE: Statements<diesel::sqlite::Sqlite> = Statements {
     ensure: "INSERT INTO lockkit_leases (name, fence, expires_at) VALUES (?, 0, 0) ON CONFLICT (name) DO NOTHING",
-    grant: "UPDATE lockkit_leases SET owner = ?, fence = fence + 1, \
+    grant: "UPDATE lockkit_leases SET owner = ?, \
+            fence = CASE WHEN fence < 9223372036854775807 THEN fence + 1 END, \
             expires_at = CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + ? \
             WHERE name = ? AND (owner IS NULL OR expires_at <= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER))",
     read_fence: "SELECT fence FROM lockkit_leases WHERE name = ? AND owner = ?",
