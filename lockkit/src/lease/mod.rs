@@ -110,6 +110,12 @@
 //!   AOF (`appendfsync always`) if a second holder for a while matters, or keep
 //!   the leases in the database. Without fenced writes, a restart means two
 //!   holders writing.
+//! * **Redis evicting keys.** A lease is a key with a TTL: under a `maxmemory`
+//!   policy that evicts such keys (`volatile-*`, `allkeys-*`), a full Redis may
+//!   drop a lease before its time, and the next `acquire` takes it while its
+//!   holder still works (its `renew` then says [`Error::LeaseLost`]). Only
+//!   fenced writes stop the first holder. Give the leases a Redis with
+//!   `maxmemory-policy noeviction`, or one of their own with room to spare.
 //! * **The database store's grant is committed on its own**: [`acquire`] and
 //!   [`Lease::renew`] refuse to run inside a transaction
 //!   ([`Error::AlreadyInTransaction`]): a grant rolled back with its transaction

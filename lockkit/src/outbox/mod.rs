@@ -89,7 +89,10 @@
 //! `conn.run_pending_migrations(lockkit::outbox::POSTGRES_MIGRATIONS)` (or
 //! `MYSQL_MIGRATIONS`, `SQLITE_MIGRATIONS`); [`schema`] has the tables for
 //! queries of your own (the backlog, what keeps failing and why). Times are the application's clock
-//! in Unix milliseconds. Topics, consumer names and message ids are 1 to 255
+//! in Unix milliseconds: a message is due from its writer's clock, and a relay
+//! claims it once its own clock has passed that time, so a writer whose clock
+//! runs ahead of the relays' delays its messages by as much (nothing is lost,
+//! nor reported). Topics, consumer names and message ids are 1 to 255
 //! characters without NUL, payloads any text without NUL; everything travels as
 //! bound parameters.
 
