@@ -1042,6 +1042,34 @@ mod postgres_only {
     use diesel::PgConnection;
     use lockkit_tests::TestDb;
 
+    /// A child table (`INHERITS`) holds a row with item 1's key: the parent's
+    /// primary key does not cover it, and `UPDATE items` writes both rows.
+    /// The key is not unique in the database's eyes, so the write runs in a
+    /// savepoint and is undone.
+    #[test]
+    fn a_key_matching_a_row_of_an_inheriting_table_is_ambiguous_and_writes_nothing() {
+        let db = TestDb::<PgConnection>::new("inherited_key");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        exec(
+            &mut db.conn(),
+            "CREATE TABLE items_child () INHERITS (items)",
+        );
+        exec(
+            &mut db.conn(),
+            "INSERT INTO items_child (id, name, stock, lock_version) VALUES (1, 'child', 10, 0)",
+        );
+        let mut conn = db.connect();
+        let mut a = item!(&mut conn, 1);
+        a.stock = 3;
+        let outcome = a.update_versioned(&mut conn);
+        assert!(
+            matches!(outcome, Err(Error::AmbiguousKey { .. })),
+            "{outcome:?}"
+        );
+        let stocks: Vec<i32> = items::table.select(items::stock).load(&mut conn).unwrap();
+        assert_eq!(stocks, vec![10, 10], "nothing was written");
+    }
+
     /// A savepoint whose work let a failed statement go: PostgreSQL refuses
     /// its `RELEASE`, and Diesel rolls it back to the savepoint instead. The
     /// versioned write in it was rolled back, though Diesel announced the

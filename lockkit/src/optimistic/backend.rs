@@ -376,14 +376,22 @@ mod postgres {
             key_columns: &[&str],
         ) -> BoxedSqlQuery<'static, Self, SqlQuery> {
             // The table as the connection finds it, once: its unique
-            // indexes, and the schema it is in (`table_schema_query`'s).
+            // indexes, and the schema it is in (`table_schema_query`'s). An
+            // index counts if it is valid and checked at each statement (not
+            // deferrable); none does for a table that other tables inherit
+            // from (`INHERITS`): its `UPDATE` writes their rows too, which its
+            // indexes do not cover. (A partitioned table's key covers its
+            // partitions.)
             diesel::sql_query(
-                "SELECT (SELECT COUNT(*) FROM pg_index i \
+                "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_class c \
+                          WHERE c.oid = t.oid AND c.relkind = 'r' AND c.relhassubclass) THEN 0 \
+                        ELSE (SELECT COUNT(*) FROM pg_index i \
                           WHERE i.indrelid = t.oid \
-                            AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL \
+                            AND i.indisunique AND i.indisvalid AND i.indimmediate \
+                            AND i.indpred IS NULL AND i.indexprs IS NULL \
                             AND NOT EXISTS (SELECT 1 FROM unnest(i.indkey) AS k(attnum) \
                                   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
-                                 WHERE a.attname::text <> ALL ($3))) AS unique_key, \
+                                 WHERE a.attname::text <> ALL ($3))) END AS unique_key, \
                         (SELECT n.nspname::text FROM pg_class c \
                            JOIN pg_namespace n ON n.oid = c.relnamespace \
                           WHERE c.oid = t.oid) AS schema \
