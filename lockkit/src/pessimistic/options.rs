@@ -37,6 +37,13 @@ impl LockOptions {
     #[must_use]
     /// Skip a locked row: [`with_lock`](crate::with_lock) then reports [`Error::Busy`]
     /// (the row exists but someone holds it) or [`Error::NotFound`].
+    ///
+    /// Which of the two is asked with a plain read (a locking one would wait
+    /// for the holder). On MySQL/MariaDB, nested in a transaction that has
+    /// already read, that read sees the transaction's snapshot: a row deleted
+    /// since is reported `Busy`, and one inserted since and held `NotFound`.
+    /// Take such calls outside the transaction, or in one that has read
+    /// nothing yet, where the answer is the latest commit's.
     pub fn skip_locked(mut self) -> Self {
         self.lock.wait = WaitMode::SkipLocked;
         self
