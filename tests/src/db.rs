@@ -330,6 +330,51 @@ mod sqlite {
     }
 }
 
+/// A SQLite database of a test's own in rollback-journal mode (SQLite's
+/// default: a `COMMIT` waits for the readers; [`TestDb`]'s databases use WAL),
+/// with the test schema and these items. Its files go when it is dropped.
+#[cfg(feature = "sqlite")]
+pub struct RollbackJournalDb {
+    path: std::path::PathBuf,
+    /// The database's path, as a connection URL.
+    pub url: String,
+}
+
+#[cfg(feature = "sqlite")]
+impl RollbackJournalDb {
+    /// Creates the database `name` (with the process id) in the temporary
+    /// directory, items `(id, stock)` seeded.
+    pub fn new(name: &str, items: &[(i32, i32)]) -> Self {
+        let path = std::env::temp_dir().join(format!("{name}_{}.sqlite", std::process::id()));
+        let _ = crate::support::remove_sqlite_files(&path);
+        let db = RollbackJournalDb {
+            url: path.display().to_string(),
+            path,
+        };
+        let mut conn = db.connect();
+        conn.batch_execute("PRAGMA journal_mode = DELETE")
+            .expect("rollback journal");
+        conn.batch_execute(&crate::schema::create_tables(
+            lockkit::version_trigger::Dialect::Sqlite,
+        ))
+        .expect("the test schema");
+        crate::seed_items(&mut conn, items);
+        db
+    }
+
+    /// A new connection to it.
+    pub fn connect(&self) -> diesel::SqliteConnection {
+        diesel::SqliteConnection::establish(&self.url).expect("connect to the test database")
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl Drop for RollbackJournalDb {
+    fn drop(&mut self) {
+        let _ = crate::support::remove_sqlite_files(&self.path);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1240,28 +1240,16 @@ mod sqlite_only {
     /// connection's own busy timeout, not `nowait()`'s or `timeout(..)`'s.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn with_lock_commits_behind_a_reader_whatever_its_wait_for_the_lock() {
-        use diesel::Connection as _;
         use std::time::Duration;
-        let path = std::env::temp_dir().join(format!(
-            "lk_async_commit_behind_a_reader_{}.sqlite",
-            std::process::id()
-        ));
-        let _ = lockkit_tests::support::remove_sqlite_files(&path);
-        let url = path.display().to_string();
-        let mut setup = SqliteConnection::establish(&url).unwrap();
-        exec(&mut setup, "PRAGMA journal_mode = DELETE");
-        exec(
-            &mut setup,
-            &lockkit_tests::schema::create_tables(lockkit::version_trigger::Dialect::Sqlite),
-        );
-        seed_items(&mut setup, &[(1, 10)]);
+        let db =
+            lockkit_tests::db::RollbackJournalDb::new("async_commit_behind_a_reader", &[(1, 10)]);
         let waits = [
             LockOptions::default().nowait(),
             LockOptions::default().timeout(Duration::from_millis(50)),
         ];
         for options in waits {
             let (reading_tx, reading_rx) = mpsc::channel();
-            let reader_url = url.clone();
+            let reader_url = db.url.clone();
             let reader = std::thread::spawn(move || {
                 let mut reader = SqliteConnection::establish(&reader_url).unwrap();
                 reader
@@ -1276,27 +1264,23 @@ mod sqlite_only {
                     .unwrap();
             });
             reading_rx.recv().unwrap();
-            let mut conn = Async::establish(&url).await.unwrap();
+            let mut conn = Async::establish(&db.url).await.unwrap();
             conn.batch_execute("PRAGMA busy_timeout = 5000")
                 .await
                 .unwrap();
-            let outcome =
-                lockkit::asynchronous::with_lock(&mut conn, 1, options, async |c, item: Item| {
-                    diesel::update(items::table.find(1))
-                        .set(items::stock.eq(item.stock - 1))
-                        .execute(c)
-                        .await?;
-                    Ok::<_, Error>(())
-                })
-                .await;
+            let sell = async |c: &mut Async, _: Item| {
+                let sql = "UPDATE items SET stock = stock - 1 WHERE id = 1";
+                Ok::<_, Error>(c.batch_execute(sql).await?)
+            };
+            let outcome = lockkit::asynchronous::with_lock(&mut conn, 1, options, sell).await;
             reader.join().unwrap();
             assert!(outcome.is_ok(), "{options:?}: {outcome:?}");
         }
-        let stock: i32 =
-            diesel::RunQueryDsl::get_result(items::table.find(1).select(items::stock), &mut setup)
-                .unwrap();
+        let stock: i32 = diesel::RunQueryDsl::get_result(
+            items::table.find(1).select(items::stock),
+            &mut db.connect(),
+        )
+        .unwrap();
         assert_eq!(stock, 8);
-        drop(setup);
-        let _ = lockkit_tests::support::remove_sqlite_files(&path);
     }
 }

@@ -163,6 +163,25 @@ fn seed_many(conn: &mut impl diesel::Connection, backend: &str, n: usize) {
     exec(conn, &generate);
 }
 
+/// Runs `$first` in a transaction on `$conn`, which then reads item 1, renames
+/// it with a versioned write and rolls back: gives that struct, which holds a
+/// number only the rolled-back transaction had.
+macro_rules! renamed_then_rolled_back {
+    ($conn:expr, |$c:ident| $first:block) => {{
+        let mut kept = None;
+        let rolled_back = $conn.transaction(|$c| {
+            $first
+            let mut a = item!($c, 1);
+            a.name = "renamed".into();
+            a.update_versioned($c)?;
+            kept = Some(a);
+            Err::<(), _>(Error::NoRowMatched)
+        });
+        assert!(rolled_back.is_err());
+        kept.unwrap()
+    }};
+}
+
 mod all {
     use super::*;
 
@@ -502,17 +521,9 @@ mod all {
             // another process's, which lockkit's record never sees.
             let mut conn = db.conn();
             seed_items(&mut conn, &[(1, 10)]);
-            let mut kept = None;
-            let rolled_back = conn.transaction(|c| {
+            let mut a = renamed_then_rolled_back!(conn, |c| {
                 Item::update_if(c, 1, items::stock.ge(1), items::stock.eq(items::stock - 1))?;
-                let mut a = item!(c, 1);
-                a.name = "renamed".into();
-                a.update_versioned(c)?;
-                kept = Some(a);
-                Err::<(), _>(Error::NoRowMatched)
             });
-            assert!(rolled_back.is_err());
-            let mut a = kept.unwrap();
             exec(&mut db.conn(), "UPDATE items SET stock = 5, lock_version = 1 WHERE id = 1 AND lock_version = 0");
             let outcome = a.update_versioned(&mut conn);
             assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
@@ -549,20 +560,12 @@ mod all {
             let mut conn = db.conn();
             seed_items(&mut conn, &[(1, 10)]);
             exec(&mut conn, &up_sql(dialect(BACKEND), "items", "lock_version").unwrap());
-            let mut kept = None;
-            let rolled_back = conn.transaction(|c| {
+            let mut a = renamed_then_rolled_back!(conn, |c| {
                 lockkit::with_lock(c, 1, LockOptions::default(), |c, _: Item| {
                     exec(c, "UPDATE items SET stock = stock - 1 WHERE id = 1");
                     Ok::<_, Error>(())
                 })?;
-                let mut a = item!(c, 1);
-                a.name = "renamed".into();
-                a.update_versioned(c)?;
-                kept = Some(a);
-                Err::<(), _>(Error::NoRowMatched)
             });
-            assert!(rolled_back.is_err());
-            let mut a = kept.unwrap();
             exec(&mut db.conn(), "UPDATE items SET stock = 6 WHERE id = 1");
             exec(&mut db.conn(), "UPDATE items SET stock = 5 WHERE id = 1");
             assert_eq!(item!(&mut conn, 1).lock_version, 2);

@@ -1148,20 +1148,7 @@ fn a_work_that_recovered_from_a_lock_timeout_and_then_failed_otherwise_gets_its_
 #[cfg(feature = "sqlite")]
 #[test]
 fn sqlite_with_lock_commits_behind_a_reader_whatever_its_wait_for_the_lock() {
-    use diesel::SqliteConnection;
-    let path = std::env::temp_dir().join(format!(
-        "lk_commit_behind_a_reader_{}.sqlite",
-        std::process::id()
-    ));
-    let _ = lockkit_tests::support::remove_sqlite_files(&path);
-    let url = path.display().to_string();
-    let mut setup = SqliteConnection::establish(&url).unwrap();
-    exec(&mut setup, "PRAGMA journal_mode = DELETE");
-    exec(
-        &mut setup,
-        &lockkit_tests::schema::create_tables(lockkit::version_trigger::Dialect::Sqlite),
-    );
-    seed_items(&mut setup, &[(1, 10)]);
+    let db = lockkit_tests::db::RollbackJournalDb::new("commit_behind_a_reader", &[(1, 10)]);
     let waits = [
         LockOptions::default().nowait(),
         LockOptions::default().timeout(Duration::from_millis(50)),
@@ -1170,7 +1157,7 @@ fn sqlite_with_lock_commits_behind_a_reader_whatever_its_wait_for_the_lock() {
         let (reading_tx, reading_rx) = mpsc::channel();
         let outcome = thread::scope(|s| {
             s.spawn(|| {
-                let mut reader = SqliteConnection::establish(&url).unwrap();
+                let mut reader = db.connect();
                 reader
                     .transaction(|r| {
                         let _ = stock_of!(r); // holds the shared lock until its end
@@ -1181,7 +1168,7 @@ fn sqlite_with_lock_commits_behind_a_reader_whatever_its_wait_for_the_lock() {
                     .unwrap();
             });
             reading_rx.recv().unwrap();
-            let mut conn = SqliteConnection::establish(&url).unwrap();
+            let mut conn = db.connect();
             exec(&mut conn, "PRAGMA busy_timeout = 5000");
             lockkit::with_lock(&mut conn, 1, options, |c, item: Item| {
                 diesel::update(items::table.find(1))
@@ -1192,7 +1179,5 @@ fn sqlite_with_lock_commits_behind_a_reader_whatever_its_wait_for_the_lock() {
         });
         assert!(outcome.is_ok(), "{options:?}: {outcome:?}");
     }
-    assert_eq!(stock_of!(&mut setup), 8);
-    drop(setup);
-    let _ = lockkit_tests::support::remove_sqlite_files(&path);
+    assert_eq!(stock_of!(&mut db.connect()), 8);
 }
