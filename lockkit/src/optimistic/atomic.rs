@@ -128,9 +128,12 @@ pub type PreparedUpdate<T, W, V> = VersionedUpdate<T, W, V, BySql<V>>;
 ///   autocommit; the owner of the outermost transaction runs it again whole.
 ///
 /// On a `#[derive(diesel::MultiConnection)]` enum, this function cannot name
-/// the backend inside: where it is the connection's first lockkit call, inside
-/// a transaction that an earlier statement's error (the caller let it go)
-/// already ended, it does not know to ask. [`Versioned::update_if`](crate::Versioned::update_if)
+/// the backend inside: inside a transaction that an earlier statement's error
+/// (the caller let it go) already ended, it knows to ask only once another
+/// lockkit call on the connection (a versioned write, `with_lock`, a lockkit
+/// transaction) has told the connection's journal which backend it is; and a
+/// deadlock of its own on MySQL/MariaDB through an enum whose instrumentation
+/// is its own is reported as `Deadlock`, not `TransactionAborted`. [`Versioned::update_if`](crate::Versioned::update_if)
 /// knows, as do the versioned writes.
 pub fn update_if<Conn, S>(conn: &mut Conn, statement: S) -> Result<usize, Error>
 where

@@ -12,7 +12,10 @@
 //! included, so a session lock taken there would outlive the guard (and the
 //! transaction) until the connection closes. A transaction lock cannot: it ends
 //! with the transaction, commit or rollback. It ends *then*, not when the guard
-//! drops ([`AdvisoryLock::scope`]).
+//! drops ([`AdvisoryLock::scope`]); or earlier, if it was taken in a savepoint
+//! (a nested Diesel `transaction`, or a nested lockkit call) that rolls back:
+//! PostgreSQL lets it go with the rest of the savepoint's work. Once a nested
+//! level that took it failed, take it again before going on under it.
 //!
 //! Why MySQL/MariaDB refuse inside a transaction: `GET_LOCK` is the session's,
 //! released when the guard drops, and a guard taken inside a transaction drops
@@ -50,7 +53,12 @@
 //! out in [`AdvisoryKey::from_name`]). PostgreSQL takes the number; MySQL/MariaDB
 //! lock names are strings of at most 64 characters, so the key is sent as
 //! `lockkit:` followed by its 16 hexadecimal digits. Keys always travel as bound
-//! parameters. A PostgreSQL advisory lock belongs to its database; a MySQL/MariaDB
+//! parameters. FNV-1a is no cryptographic hash: two names may share a key
+//! (by chance, or made to by whoever chooses the names), and then share one
+//! lock, as a name's key and the same number given as an `i64` do. That
+//! serializes what need not be (a `try_lock` says "held" for the other name),
+//! never lets two holders in; hash names users choose yourself, with a keyed
+//! hash, if that matters. A PostgreSQL advisory lock belongs to its database; a MySQL/MariaDB
 //! name to the whole server, so databases that share a server share its names:
 //! put the database's name in the key there.
 //!
@@ -125,7 +133,8 @@ pub enum Scope {
     /// Until the guard drops (or [`AdvisoryLock::unlock`]), or the session ends.
     Session,
     /// Until the transaction it was taken in ends (PostgreSQL); it cannot be
-    /// released earlier.
+    /// released earlier, but for a rollback of the savepoint it was taken in,
+    /// which releases it with that savepoint's work.
     Transaction,
 }
 
