@@ -293,6 +293,36 @@ mod postgres_only {
     use lockkit_tests::TestDb;
 
     #[test]
+    fn a_session_lock_whose_unlock_fails_marks_the_connection_broken() {
+        // The guard drops inside a transaction that a failed statement
+        // aborted (a panic left it open): PostgreSQL refuses the unlock, and
+        // the session keeps the lock. The connection must say it is broken, so
+        // that a pool closes it (and the server frees the lock), as the async
+        // side does.
+        use diesel::connection::{AnsiTransactionManager, TransactionManager};
+        let db = TestDb::<PgConnection>::new("advisory_unlock_fails");
+        let mut conn = db.connect();
+        let key = AdvisoryKey::from_name("unlock fails");
+        {
+            let mut guard = advisory::lock(&mut conn, key).unwrap();
+            AnsiTransactionManager::begin_transaction(&mut *guard).unwrap();
+            assert!(guard.batch_execute("SELECT 1/0").is_err());
+        }
+        let status = AnsiTransactionManager::transaction_manager_status_mut(&mut conn);
+        assert!(status.transaction_depth().is_err(), "{status:?}");
+        let mut other = db.connect();
+        assert!(
+            advisory::try_lock(&mut other, key).unwrap().is_none(),
+            "the session still holds it"
+        );
+        drop(conn);
+        assert!(
+            advisory::try_lock(&mut other, key).unwrap().is_some(),
+            "freed with the session"
+        );
+    }
+
+    #[test]
     fn for_update_of_locks_one_side_of_an_outer_join() {
         let db = TestDb::<PgConnection>::new("for_update_of");
         let mut conn = db.conn();

@@ -249,7 +249,12 @@ where
 
 /// A held advisory lock. Derefs to the connection; a session lock is released
 /// when the guard drops (or explicitly with [`AdvisoryLock::unlock`]), a
-/// transaction lock when its transaction ends ([`AdvisoryLock::scope`]).
+/// transaction lock when its transaction ends ([`AdvisoryLock::scope`]). If
+/// the release on drop fails (PostgreSQL refuses it inside a transaction that
+/// a failed statement aborted, as a panic may leave one), the session keeps
+/// the lock: the connection's transaction manager is then marked broken, so
+/// that a pool closes the connection and the server frees the lock, and a
+/// connection of your own refuses its next transaction.
 #[must_use = "the lock is released when the guard is dropped"]
 pub struct AdvisoryLock<'c, C>
 where
@@ -341,8 +346,18 @@ where
     fn drop(&mut self) {
         if self.held && self.scope == Scope::Session {
             if let Err(err) = C::Backend::release(self.conn, self.key) {
-                // A broken connection has lost its session, and the lock with it.
-                tracing::warn!(target: "lockkit", key = self.key.0, error = %err, "advisory unlock failed");
+                // The session may keep the lock (PostgreSQL refuses the unlock
+                // in an aborted transaction): marked broken, as on the async
+                // side, the connection is closed by its pool, and the server
+                // frees the lock. A lost connection has lost it already.
+                use diesel::connection::TransactionManager;
+                C::TransactionManager::transaction_manager_status_mut(self.conn).set_in_error();
+                tracing::warn!(
+                    target: "lockkit",
+                    key = self.key.0,
+                    error = %err,
+                    "advisory unlock failed: the connection is marked broken, for its pool to close"
+                );
             }
         }
     }
