@@ -333,7 +333,8 @@ pub(crate) fn may_retry<E: RetryableError>(err: &E, nested: bool, attempt: u32) 
 /// mean the cycle runs through a lock taken before the savepoint, which only
 /// the owner's rollback lets go, so it returns [`Error::Deadlock`] (retryable)
 /// for the owner to run again. Called outside one, an attempt that ended that
-/// way is retried like its cause. See [`locking_connection`](crate::pessimistic::connection#when-the-server-aborts-the-whole-transaction).
+/// way is retried like its cause. See
+/// [`locking_connection`](crate::pessimistic::connection#when-the-server-aborts-the-whole-transaction).
 ///
 /// # Errors
 ///

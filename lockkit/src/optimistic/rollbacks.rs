@@ -822,9 +822,9 @@ pub(crate) fn written<W: Watched>(
     // `from` is a number no commit may hold: another uncommitted write's, or
     // one this transaction made. It did if it wrote the row before (whatever
     // moved the version since: a trigger's bump of a plain `UPDATE` after
-    // `with_lock`'s), or moved it by a write lockkit cannot number. After a rollback, the row is back below `from`, and the next
-    // commit, in any process, may make `from` again: such a struct is never
-    // restored to it.
+    // `with_lock`'s), or moved it by a write lockkit cannot number. After a
+    // rollback, the row is back below `from`, and the next commit, in any
+    // process, may make `from` again: such a struct is never restored to it.
     let mine = watcher.ok();
     let tainted = unnumbered
         || registry.rows.get(&row).is_some_and(|entries| {

@@ -519,9 +519,9 @@ where
 /// [`Lockable::lock_all`] reads them again, in a statement of their own (which
 /// sees and locks such a new row), then asks whether each key still without a
 /// row exists, with a shared locked read (the latest commit, not the
-/// transaction's snapshot). Such a row is locked after the rest of its chunk, out of key
-/// order: in that race only, a deadlock with another `lock_all` is possible,
-/// and reported as one (retryable).
+/// transaction's snapshot). Such a row is locked after the rest of its chunk,
+/// out of key order: in that race only, a deadlock with another `lock_all` is
+/// possible, and reported as one (retryable).
 pub(crate) fn unmatched<'k, M>(
     chunk: &'k [M::Key],
     locked: &[M],
