@@ -483,6 +483,26 @@ mod servers {
                 other => panic!("{other:?}"),
             }
         }
+
+        fn an_atomic_update_through_the_enum_after_an_error_a_savepoint_undid_writes(db) {
+            // The enum's backend type names no server. A statement's error that
+            // a rollback to a savepoint undid leaves the transaction alive (on
+            // PostgreSQL too): `atomic::update_if` writes in it, and asks
+            // nothing that would abort it.
+            seed_items(&mut db.conn(), &[(1, 0), (2, 5)]);
+            let mut conn = any(&db);
+            let item_2 = || items::table.find(2).filter(items::stock.ge(1));
+            let outcome = conn.transaction(|conn| {
+                lockkit::atomic::update_if(conn, diesel::update(item_2()).set(items::stock.eq(items::stock - 1)))?;
+                let failed = conn.transaction(|conn| {
+                    diesel::sql_query("SELECT no_such_column FROM items").execute(conn)
+                });
+                assert!(failed.is_err());
+                lockkit::atomic::update_if(conn, diesel::update(item_2()).set(items::stock.eq(items::stock - 1)))
+            });
+            assert_eq!(outcome.unwrap(), 1);
+            assert_eq!(stock(&mut conn, 2), 3);
+        }
     }
 }
 
@@ -585,6 +605,35 @@ fn a_first_bulk_update_through_the_enum_after_sqlite_rolled_back_your_transactio
         sale = Some(
             Item::update_all_by_version(conn, &[(2, 0)], items::stock.eq(4))
                 .map(|versions| versions[0]),
+        );
+        Ok::<_, diesel::result::Error>(())
+    });
+    refused_and_nothing_committed(&mut conn, &outcome, sale);
+}
+
+/// `atomic::update_if` through the enum, whose backend type names no server:
+/// after your own statement rolled back the whole transaction (an earlier
+/// `update_if` there had the journal watch the connection), the next
+/// `update_if` asks SQLite and refuses, instead of writing in autocommit.
+#[cfg(feature = "sqlite")]
+#[test]
+fn an_atomic_update_through_the_enum_after_sqlite_rolled_back_your_transaction_commits_nothing() {
+    let (_db, mut conn) = out_of_stock_any("multi_raise_rollback_atomic");
+    let mut sale = None;
+    let outcome = diesel::Connection::transaction(&mut conn, |conn: &mut AnyConnection| {
+        let item_2 = || items::table.find(2).filter(items::stock.ge(1));
+        lockkit::atomic::update_if(
+            conn,
+            diesel::update(item_2()).set(items::stock.eq(items::stock - 1)),
+        )
+        .unwrap();
+        oversell_1(conn);
+        sale = Some(
+            lockkit::atomic::update_if(
+                conn,
+                diesel::update(item_2()).set(items::stock.eq(items::stock - 1)),
+            )
+            .map(|rows| rows as i32),
         );
         Ok::<_, diesel::result::Error>(())
     });

@@ -128,13 +128,17 @@ pub type PreparedUpdate<T, W, V> = VersionedUpdate<T, W, V, BySql<V>>;
 ///   autocommit; the owner of the outermost transaction runs it again whole.
 ///
 /// On a `#[derive(diesel::MultiConnection)]` enum, this function cannot name
-/// the backend inside: inside a transaction that an earlier statement's error
-/// (the caller let it go) already ended, it knows to ask only once another
-/// lockkit call on the connection (a versioned write, `with_lock`, a lockkit
-/// transaction) has told the connection's journal which backend it is; and a
-/// deadlock of its own on MySQL/MariaDB through an enum whose instrumentation
-/// is its own is reported as `Deadlock`, not `TransactionAborted`. [`Versioned::update_if`](crate::Versioned::update_if)
-/// knows, as do the versioned writes.
+/// the backend inside. Inside a transaction that an earlier statement's error
+/// (the caller let it go) may have ended, it asks as on SQLite (one statement,
+/// which fails harmlessly on the other servers) when the connection's journal
+/// saw that error, which it does once a lockkit call inside a transaction on
+/// the connection came before the error. Where none did, it asks only once
+/// another lockkit call (a versioned write, `with_lock`, a lockkit
+/// transaction) has told the journal which backend it is. A deadlock of its
+/// own on MySQL/MariaDB through an enum whose instrumentation is its own is
+/// reported as `Deadlock`, not `TransactionAborted`.
+/// [`Versioned::update_if`](crate::Versioned::update_if) knows the backend, as
+/// do the versioned writes.
 pub fn update_if<Conn, S>(conn: &mut Conn, statement: S) -> Result<usize, Error>
 where
     Conn: Connection,

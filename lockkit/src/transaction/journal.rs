@@ -232,7 +232,7 @@ pub enum Ends {
     Never,
     /// A backend type that names no server (a `MultiConnection` enum's):
     /// treated as [`Never`](Self::Never) until the connection inside tells,
-    /// or InnoDB's words do.
+    /// or InnoDB's words do (see `Aborts::failed`).
     #[default]
     Unknown,
 }
@@ -287,10 +287,13 @@ struct Aborts {
     guessed: bool,
     /// The depth of the open transaction (0: none).
     depth: u32,
-    /// SQLite ([`Ends::Never`]): the first statement that failed in the open
-    /// transaction since lockkit last asked ([`take_failed`]). It may have
-    /// rolled back the whole transaction, which neither SQLite's answer nor
-    /// Diesel's connection reports as such.
+    /// SQLite ([`Ends::Never`]), or a backend not known yet: the first
+    /// statement that failed in the open transaction since lockkit last asked
+    /// ([`take_failed`]). It may have rolled back the whole transaction, which
+    /// neither SQLite's answer nor Diesel's connection reports as such. Where
+    /// the backend is not known, lockkit's question fails harmlessly on
+    /// MySQL/MariaDB, and on PostgreSQL in a transaction the failure aborted
+    /// already (a rollback to a savepoint that revives it clears this).
     failed: Option<(DatabaseErrorKind, String)>,
     /// SQLite rolled back the whole transaction under callers whose code still
     /// runs and counts it open (`transaction::ended_on_sqlite` found it and
@@ -436,6 +439,17 @@ impl Aborts {
                     if self.ended_by.is_some() && self.ends == Ends::UntilSavepointRollback {
                         self.not_ended();
                     }
+                    // Not knowing the backend, the journal keeps a failed
+                    // statement as SQLite's (for lockkit to ask about it) until
+                    // a rollback to a savepoint undid it: one that succeeds
+                    // finds the transaction alive on every backend, and on
+                    // PostgreSQL the question would abort it again.
+                    if self.ends == Ends::Unknown
+                        && self.failed.is_some()
+                        && first_word_is(query, "ROLLBACK")
+                    {
+                        self.failed = None;
+                    }
                 } else if let Some(diesel::result::Error::DatabaseError(kind, info)) = error {
                     // A journal whose backend type names no server (a
                     // `MultiConnection` enum's, or one the user installed)
@@ -456,7 +470,10 @@ impl Aborts {
                         self.ended((*kind, info.message().to_owned()));
                         self.failed_after = false;
                     }
-                    if self.depth > 0 && self.ends == Ends::Never && self.failed.is_none() {
+                    if self.depth > 0
+                        && matches!(self.ends, Ends::Never | Ends::Unknown)
+                        && self.failed.is_none()
+                    {
                         self.failed = Some((*kind, info.message().to_owned()));
                     }
                 }
@@ -464,6 +481,28 @@ impl Aborts {
             _ => {}
         }
     }
+}
+
+/// Whether the first word of a statement (its SQL, as the connection reports
+/// it) is `keyword`, in any case.
+fn first_word_is(query: &dyn std::fmt::Display, keyword: &str) -> bool {
+    use std::fmt::Write;
+    /// Reads the statement's first word, and stops the writing there.
+    struct First<'k>(&'k str, bool);
+    impl Write for First<'_> {
+        fn write_str(&mut self, sql: &str) -> std::fmt::Result {
+            let word = sql
+                .trim_start_matches(|c: char| c.is_whitespace())
+                .split(|c: char| !c.is_ascii_alphabetic())
+                .next()
+                .unwrap_or_default();
+            self.1 = word.eq_ignore_ascii_case(self.0);
+            Err(std::fmt::Error)
+        }
+    }
+    let mut first = First(keyword, false);
+    let _ = write!(first, "{query}");
+    first.1
 }
 
 /// Whether a statement (its SQL, as the connection reports it) may answer
@@ -1007,6 +1046,10 @@ fn watched<W: Watched>(conn: &mut W, ends: impl FnOnce(&mut W) -> Ends) -> Optio
         }
         journal.aborts.ends = rule;
         journal.aborts.guessed = false;
+        // What was kept as SQLite's while the rule was unknown.
+        if rule != Ends::Never {
+            journal.aborts.failed = None;
+        }
         // Told now, inside the transaction: it may have missed what ended it.
         journal.aborts.missed = journal.aborts.depth > 0 && rule == Ends::OnDeadlock;
         if journal.aborts.depth > 0 && rule == Ends::Never && journal.aborts.failed.is_none() {
