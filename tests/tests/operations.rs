@@ -1,6 +1,7 @@
 //! Operating lockkit: version triggers for writers that bypass it, versioned
 //! bulk updates, and conflict metrics.
 
+use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use lockkit::prelude::*;
 use lockkit::version_trigger::{down_sql, up_sql, Dialect};
@@ -9,6 +10,15 @@ use lockkit_tests::models::*;
 use lockkit_tests::observe::observe;
 use lockkit_tests::schema::*;
 use lockkit_tests::{exec, seed_items};
+
+/// The two version columns of the table `vt_a_b`.
+#[derive(QueryableByName)]
+struct VtVersions {
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    c_v: i32,
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    b_c_v: i32,
+}
 
 fn dialect(backend: &str) -> Dialect {
     match backend {
@@ -19,6 +29,26 @@ fn dialect(backend: &str) -> Dialect {
 }
 
 lockkit_tests::backend_tests! {
+    fn a_version_trigger_whose_name_another_already_has_is_refused(db) {
+        // `vt_a_b`.`c_v` and `vt_a`.`b_c_v` make the same trigger name. The
+        // second is refused (on PostgreSQL too, where the function's name is
+        // the database's, not the table's), and the first still bumps its
+        // own column, not the other's that its table also has.
+        let mut conn = db.conn();
+        exec(&mut conn, "CREATE TABLE vt_a_b (id INTEGER PRIMARY KEY, c_v INTEGER NOT NULL, b_c_v INTEGER NOT NULL, name VARCHAR(20))");
+        exec(&mut conn, "CREATE TABLE vt_a (id INTEGER PRIMARY KEY, b_c_v INTEGER NOT NULL)");
+        exec(&mut conn, "INSERT INTO vt_a_b (id, c_v, b_c_v, name) VALUES (1, 0, 0, 'a')");
+        exec(&mut conn, &up_sql(dialect(BACKEND), "vt_a_b", "c_v").unwrap());
+        let second = up_sql(dialect(BACKEND), "vt_a", "b_c_v").unwrap();
+        assert!(conn.batch_execute(&second).is_err(), "a second trigger of that name was installed");
+        exec(&mut conn, "UPDATE vt_a_b SET name = 'b' WHERE id = 1");
+        let versions: (i32, i32) = diesel::sql_query("SELECT c_v, b_c_v FROM vt_a_b WHERE id = 1")
+            .get_result::<VtVersions>(&mut conn)
+            .map(|row| (row.c_v, row.b_c_v))
+            .unwrap();
+        assert_eq!(versions, (1, 0));
+    }
+
     fn a_version_trigger_makes_raw_writers_visible(db) {
         let mut conn = db.conn();
         seed_items(&mut conn, &[(1, 10)]);

@@ -30,7 +30,7 @@
 //!
 //! ```sql
 //! -- PostgreSQL
-//! CREATE OR REPLACE FUNCTION lockkit_version_items_lock_version() RETURNS trigger AS $$
+//! CREATE FUNCTION lockkit_version_items_lock_version() RETURNS trigger AS $$
 //! BEGIN
 //!   IF NEW.lock_version IS NULL OR NEW.lock_version <= OLD.lock_version THEN
 //!     NEW.lock_version := OLD.lock_version + 1;
@@ -54,6 +54,13 @@
 //! Table and column names are identifiers, not values, so they cannot be bound:
 //! they are checked to be plain identifiers (`[A-Za-z_][A-Za-z0-9_]*`, at most 40
 //! characters) and anything else is refused.
+//!
+//! Two pairs can make one name (`a_b`.`c` and `a`.`b_c`), and PostgreSQL cuts a
+//! name at 63 bytes. The server then refuses the second trigger (its function's
+//! name is taken, on PostgreSQL; its trigger's, on MySQL/MariaDB and SQLite):
+//! nothing replaces the first table's trigger. Rename one column or table, or
+//! write that trigger by hand under a name of your own. On PostgreSQL, dropping
+//! the table leaves the function: run [`down_sql`] before installing again.
 
 /// The SQL dialect of the generated trigger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,7 +117,7 @@ pub fn up_sql(dialect: Dialect, table: &str, column: &str) -> Result<String, Inv
     let (t, c) = (table, column);
     Ok(match dialect {
         Dialect::Postgres => format!(
-            "CREATE OR REPLACE FUNCTION {name}() RETURNS trigger AS $$\n\
+            "CREATE FUNCTION {name}() RETURNS trigger AS $$\n\
              BEGIN\n  IF NEW.{c} IS NULL OR NEW.{c} <= OLD.{c} THEN\n    NEW.{c} := OLD.{c} + 1;\n  END IF;\n  RETURN NEW;\nEND\n\
              $$ LANGUAGE plpgsql;\n\
              CREATE TRIGGER {name} BEFORE UPDATE ON {t}\n  FOR EACH ROW EXECUTE FUNCTION {name}();\n"
