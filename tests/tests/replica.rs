@@ -504,6 +504,43 @@ fn read_only_transactions_on_the_primary_are_read_only_too() {
     assert_eq!(stock(&mut primary), 10);
 }
 
+/// The replica is looked at outside a transaction only: inside one (REPEATABLE
+/// READ) the read would see the snapshot of the transaction's first statement,
+/// from before the replay the look found.
+#[test]
+fn a_route_inside_a_transaction_on_the_replica_is_refused() {
+    let db = TestReplicas::new("route_in_transaction");
+    seed_items(&mut db.primary(), &[(1, 10)]);
+    let paused = db.pause_replay();
+    let mut primary = db.primary();
+    diesel::update(items::table.find(1))
+        .set(items::stock.eq(9))
+        .execute(&mut primary)
+        .unwrap();
+    let written = replica::commit_lsn(&mut primary).unwrap();
+
+    let mut replica = db.standby();
+    let seen = thread::scope(|s| {
+        s.spawn(move || {
+            thread::sleep(Duration::from_millis(300));
+            paused.resume();
+        });
+        replica
+            .build_transaction()
+            .repeatable_read()
+            .read_only()
+            .run(|conn| {
+                let route = replica::route(
+                    conn,
+                    Some(written),
+                    Policy::WaitThenPrimary(Duration::from_secs(10)),
+                )?;
+                Ok::<_, Error>((route, stock(conn)))
+            })
+    });
+    assert!(matches!(seen, Err(Error::AlreadyInTransaction)), "{seen:?}");
+}
+
 #[test]
 fn positions_are_taken_after_the_commit_and_only_from_a_standby() {
     let db = TestReplicas::new("positions");

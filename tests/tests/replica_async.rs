@@ -356,6 +356,17 @@ async fn positions_are_taken_after_the_commit_and_only_from_a_standby() {
         "{inside:?}"
     );
 
+    // Nor is a replica looked at inside a transaction, whose snapshot may
+    // predate the replay the look would find.
+    let mut standby = connect(&db.standby_url).await;
+    Manager::begin_transaction(&mut standby).await.unwrap();
+    let inside = replica::route(&mut standby, Some(Lsn::from(0)), Policy::Primary).await;
+    Manager::rollback_transaction(&mut standby).await.unwrap();
+    assert!(
+        matches!(inside, Err(Error::AlreadyInTransaction)),
+        "{inside:?}"
+    );
+
     let before = replica::commit_lsn(&mut primary).await.unwrap();
     seed_items(&mut db.primary(), &[(1, 10)]);
     let after = replica::commit_lsn(&mut primary).await.unwrap();

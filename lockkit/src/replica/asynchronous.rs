@@ -47,7 +47,7 @@ use std::ops::{Deref, DerefMut};
 
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
-use super::position::{check_committed, Position, COMMIT_LSN, REPLAYED_LSN};
+use super::position::{outside_transaction, Position, COMMIT_LSN, REPLAYED_LSN};
 use super::route::{skips_the_replica, Routing, Step};
 use super::{Lsn, Policy, Route};
 use crate::asynchronous::connection::in_transaction;
@@ -66,7 +66,7 @@ use crate::pessimistic::options::LockOptions;
 /// * [`Error::AlreadyInTransaction`] when a transaction is open on `primary`.
 /// * [`Error::Database`] when `primary` is a standby itself.
 pub async fn commit_lsn(primary: &mut AsyncPgConnection) -> Result<Lsn> {
-    check_committed(in_transaction(primary))?;
+    outside_transaction(in_transaction(primary))?;
     diesel::sql_query(COMMIT_LSN)
         .get_result::<Position>(primary)
         .await?
@@ -92,13 +92,16 @@ pub async fn replayed_lsn(replica: &mut AsyncPgConnection) -> Result<Option<Lsn>
 ///
 /// # Errors
 ///
-/// [`Error::ReplicaBehind`] when the wait of [`Policy::WaitOrFail`] ran out; the
-/// errors of the replica's connection.
+/// * [`Error::AlreadyInTransaction`] when a transaction is open on `replica`,
+///   as [`replica::route`](super::route()); nothing is sent.
+/// * [`Error::ReplicaBehind`] when the wait of [`Policy::WaitOrFail`] ran out.
+/// * the errors of the replica's connection.
 pub async fn route(
     replica: &mut AsyncPgConnection,
     written: Option<Lsn>,
     policy: Policy,
 ) -> Result<Route> {
+    outside_transaction(in_transaction(replica))?;
     let mut routing = match Routing::start(written, policy) {
         Ok(routing) => routing,
         Err(route) => return Ok(route),

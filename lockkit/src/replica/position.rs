@@ -68,16 +68,19 @@ impl Position {
 /// * [`Error::Database`] when `primary` is a standby itself (PostgreSQL:
 ///   "recovery is in progress").
 pub fn commit_lsn(primary: &mut PgConnection) -> Result<Lsn> {
-    check_committed(in_transaction(primary))?;
+    outside_transaction(in_transaction(primary))?;
     diesel::sql_query(COMMIT_LSN)
         .get_result::<Position>(primary)?
         .committed()
 }
 
-/// Refuses [`commit_lsn`] while a transaction is open on the primary
-/// ([`Error::AlreadyInTransaction`], nothing sent): the write has not committed
-/// yet. Decided here for the blocking and the async twin.
-pub(crate) fn check_committed(in_transaction: bool) -> Result<()> {
+/// Refuses a call while a transaction is open on its connection
+/// ([`Error::AlreadyInTransaction`], nothing sent), for the blocking and the
+/// async twins. [`commit_lsn`] on the primary: the write has not committed
+/// yet. [`route`](super::route()) on the replica: the read would see the
+/// snapshot the transaction took at its first statement, which may be older
+/// than the replay the look found (REPEATABLE READ).
+pub(crate) fn outside_transaction(in_transaction: bool) -> Result<()> {
     match in_transaction {
         true => Err(Error::AlreadyInTransaction),
         false => Ok(()),

@@ -5,8 +5,10 @@ use std::time::{Duration, Instant};
 
 use diesel::PgConnection;
 
+use super::position::outside_transaction;
 use super::{replayed_lsn, Lsn};
 use crate::error::{Error, Result};
+use crate::transaction::in_transaction;
 
 /// What a read that must see a write does when the replica has not replayed it
 /// yet. The caller's choice; [`route`] applies it.
@@ -75,11 +77,18 @@ const MAX_PAUSE: Duration = Duration::from_millis(20);
 /// is in recovery), repeated with pauses from 1 to 20 ms while the policy
 /// waits.
 ///
+/// The replica is looked at outside a transaction only: inside one, the read
+/// would see the snapshot the transaction took at its first statement (under
+/// REPEATABLE READ), which may be older than the replay the look found.
+///
 /// # Errors
 ///
-/// [`Error::ReplicaBehind`] when the wait of [`Policy::WaitOrFail`] ran out; the
-/// errors of the replica's connection.
+/// * [`Error::AlreadyInTransaction`] when a transaction is open on `replica`;
+///   nothing is sent. Route first, then open the transaction.
+/// * [`Error::ReplicaBehind`] when the wait of [`Policy::WaitOrFail`] ran out.
+/// * the errors of the replica's connection.
 pub fn route(replica: &mut PgConnection, written: Option<Lsn>, policy: Policy) -> Result<Route> {
+    outside_transaction(in_transaction(replica))?;
     let mut routing = match Routing::start(written, policy) {
         Ok(routing) => routing,
         Err(route) => return Ok(route),
