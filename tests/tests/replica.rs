@@ -423,6 +423,15 @@ fn the_standby_refuses_writes_and_locks_with_a_typed_error() {
     assert!(matches!(locked, Err(Error::ReadOnly)), "{locked:?}");
     assert!(!Error::ReadOnly.is_retryable());
 
+    // Advisory locks too: a standby's would be its own, excluding no one who
+    // takes the same key on the primary.
+    let advisory = lockkit::advisory::try_lock(&mut *replica, 42).map(|guard| guard.is_some());
+    assert!(matches!(advisory, Err(Error::ReadOnly)), "{advisory:?}");
+    let advisory = lockkit::advisory::lock(&mut *replica, 42).map(drop);
+    assert!(matches!(advisory, Err(Error::ReadOnly)), "{advisory:?}");
+    let advisory = replica.transaction(|conn| lockkit::advisory::xact_lock(conn, 42));
+    assert!(matches!(advisory, Err(Error::ReadOnly)), "{advisory:?}");
+
     // Locks go to the primary, which has the latest row even while replay is paused.
     let paused = db.pause_replay();
     let mut primary = router.primary().unwrap();

@@ -366,6 +366,13 @@ async fn positions_are_taken_after_the_commit_and_only_from_a_standby() {
         matches!(inside, Err(Error::AlreadyInTransaction)),
         "{inside:?}"
     );
+    // And a standby takes no advisory lock: it would exclude no one on the
+    // primary.
+    let advisory = lockkit::asynchronous::advisory::try_with_lock(&mut standby, 42, async |_| {
+        Ok::<_, Error>(())
+    })
+    .await;
+    assert!(matches!(advisory, Err(Error::ReadOnly)), "{advisory:?}");
 
     let before = replica::commit_lsn(&mut primary).await.unwrap();
     seed_items(&mut db.primary(), &[(1, 10)]);

@@ -116,10 +116,8 @@ macro_rules! async_advisory {
         impl AsyncAdvisory for $conn {
             async fn run(conn: &mut Self, statement: Statement<Self::Backend>) -> QueryResult<bool> {
                 use diesel_async::RunQueryDsl;
-                statement
-                    .get_result::<crate::pessimistic::advisory::Locked>(conn)
-                    .await
-                    .map(|row| row.locked)
+                use crate::pessimistic::advisory::Locked;
+                Locked::answer(statement.get_result::<Locked>(conn).await)
             }
         }
     )*};

@@ -17,6 +17,11 @@
 //! PostgreSQL lets it go with the rest of the savepoint's work. Once a nested
 //! level that took it failed, take it again before going on under it.
 //!
+//! On PostgreSQL each lock statement ends in `WHERE NOT pg_is_in_recovery()`:
+//! a hot standby grants advisory locks of its own, which would exclude no one
+//! who takes the same key on the primary. There the call is [`Error::ReadOnly`],
+//! as a row lock is; take the lock on the primary.
+//!
 //! Why MySQL/MariaDB refuse inside a transaction: `GET_LOCK` is the session's,
 //! released when the guard drops, and a guard taken inside a transaction drops
 //! before its `COMMIT`. The next holder would then read the rows written under
@@ -442,6 +447,25 @@ pub(crate) struct Locked {
     pub(crate) locked: bool,
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl Locked {
+    /// What a lock statement answered (blocking or async): whether the lock
+    /// was taken. No row is PostgreSQL's standby, where the statement takes
+    /// nothing (`WHERE NOT pg_is_in_recovery()`): a standby's advisory locks
+    /// are its own and would exclude no one on the primary. That is the
+    /// server's read-only error, [`Error::ReadOnly`] once classified.
+    pub(crate) fn answer(row: diesel::QueryResult<Locked>) -> diesel::QueryResult<bool> {
+        match row {
+            Ok(row) => Ok(row.locked),
+            Err(diesel::result::Error::NotFound) => Err(diesel::result::Error::DatabaseError(
+                diesel::result::DatabaseErrorKind::ReadOnlyTransaction,
+                Box::new("a standby takes no advisory lock: take it on the primary".to_owned()),
+            )),
+            Err(err) => Err(err),
+        }
+    }
+}
+
 #[cfg(feature = "postgres")]
 mod postgres {
     use diesel::connection::LoadConnection;
@@ -465,17 +489,25 @@ mod postgres {
         where
             C: Connection<Backend = Self> + LoadConnection,
         {
-            statement.get_result::<Locked>(conn).map(|row| row.locked)
+            Locked::answer(statement.get_result::<Locked>(conn))
         }
 
         fn acquire_statement(key: AdvisoryKey, scope: Scope, wait: bool) -> Statement<Pg> {
             let sql = match (scope, wait) {
-                (Scope::Session, true) => "SELECT pg_advisory_lock($1) IS NOT NULL AS locked",
-                (Scope::Transaction, true) => {
-                    "SELECT pg_advisory_xact_lock($1) IS NOT NULL AS locked"
+                (Scope::Session, true) => {
+                    "SELECT pg_advisory_lock($1) IS NOT NULL AS locked \
+                     WHERE NOT pg_is_in_recovery()"
                 }
-                (Scope::Session, false) => "SELECT pg_try_advisory_lock($1) AS locked",
-                (Scope::Transaction, false) => "SELECT pg_try_advisory_xact_lock($1) AS locked",
+                (Scope::Transaction, true) => {
+                    "SELECT pg_advisory_xact_lock($1) IS NOT NULL AS locked \
+                     WHERE NOT pg_is_in_recovery()"
+                }
+                (Scope::Session, false) => {
+                    "SELECT pg_try_advisory_lock($1) AS locked WHERE NOT pg_is_in_recovery()"
+                }
+                (Scope::Transaction, false) => {
+                    "SELECT pg_try_advisory_xact_lock($1) AS locked WHERE NOT pg_is_in_recovery()"
+                }
             };
             statement(sql, key)
         }
@@ -543,7 +575,7 @@ mod mysql {
         where
             C: Connection<Backend = Self> + LoadConnection,
         {
-            statement.get_result::<Locked>(conn).map(|row| row.locked)
+            Locked::answer(statement.get_result::<Locked>(conn))
         }
 
         /// Session locks only: the scope changes nothing.
