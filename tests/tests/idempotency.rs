@@ -232,6 +232,27 @@ lockkit_tests::backend_tests! {
         assert!(matches!(lately, Err(Error::IdempotencyKeyReused)), "{lately:?}");
     }
 
+    fn a_key_the_purge_would_take_is_free_for_another_request_before_it_runs(db) {
+        // Whether a request with another body may use a key that expired
+        // must not depend on when the purge last ran: what it would delete is
+        // gone for every request already.
+        let mut conn = prepare!(db);
+        let keys = Idempotency::default();
+        let old = now_millis() - 25 * 3600 * 1000;
+        exec(&mut conn, &format!(
+            "INSERT INTO lockkit_idempotency_keys (principal, idempotency_key, fingerprint, state, response, started_at, finished_at) \
+             VALUES ('tenant-1', 'done-long-ago', 'fp', 'done', 'stored', {old}, {old}), ('tenant-1', 'crashed', 'fp', 'running', NULL, {old}, NULL)"
+        ));
+        for key in ["done-long-ago", "crashed"] {
+            let ran = keys.run(&mut conn, "tenant-1", key, "another fp", sell_one);
+            assert_eq!(ran.unwrap(), Outcome::Ran("201 sold".to_owned()), "{key}");
+            let again = keys.run(&mut conn, "tenant-1", key, "another fp", sell_one);
+            assert_eq!(again.unwrap(), Outcome::Replayed("201 sold".to_owned()), "{key}");
+        }
+        assert_eq!(keys.purge_expired(&mut conn).unwrap(), 0, "both keys ran again and are fresh");
+        assert_eq!(stock_of!(&mut db.conn()), 98, "sold once per key");
+    }
+
     fn a_key_belongs_to_its_principal(db) {
         let mut conn = prepare!(db);
         let keys = Idempotency::default();

@@ -34,6 +34,8 @@
 //! **Expiry:** a completed key is kept for the retention period (default 24 h)
 //! after it finished; a repeat after that runs the work again, and
 //! [`Idempotency::purge_expired`] deletes such keys (run it from a periodic job).
+//! A key the purge would delete is free for any request, whenever the purge
+//! last ran: one with another body runs too.
 //! Times come from the application's clock (Unix milliseconds), so keep server
 //! clocks in sync to within a small fraction of the lease.
 //!
@@ -495,15 +497,17 @@ impl Idempotency {
         let Some(row) = row else {
             return Ok(Seen::Gone); // released meanwhile: try to insert again
         };
+        // What the purge would delete is gone for any request, whenever the
+        // purge last ran: also for one with another fingerprint.
+        if self.purge_before_at(now).takes(&row) {
+            return Ok(Seen::Expired {
+                started_at: row.started_at,
+            });
+        }
         if row.fingerprint != fingerprint {
             return Err(Error::IdempotencyKeyReused);
         }
         Ok(match row.state.as_str() {
-            DONE if row.finished_at.unwrap_or(row.started_at) < now - millis(self.retention) => {
-                Seen::Expired {
-                    started_at: row.started_at,
-                }
-            }
             DONE => Seen::Done(Start::Replay(row.response.unwrap_or_default())),
             _ if row.started_at < now - millis(self.lease) => Seen::Abandoned {
                 started_at: row.started_at,
@@ -542,7 +546,11 @@ impl Idempotency {
 
     /// What [`purge_expired`](Self::purge_expired) deletes, now.
     pub(crate) fn purge_before(&self) -> PurgeBefore {
-        let now = now_millis();
+        self.purge_before_at(now_millis())
+    }
+
+    /// What [`purge_expired`](Self::purge_expired) deletes at `now`.
+    fn purge_before_at(&self, now: i64) -> PurgeBefore {
         PurgeBefore {
             finished: now - millis(self.retention),
             started: now - millis(self.retention.max(self.lease)),
@@ -566,13 +574,25 @@ pub struct PurgeBefore {
     pub started: i64,
 }
 
+impl PurgeBefore {
+    /// Whether the purge deletes `row` (the statement's rule, read in Rust).
+    fn takes(&self, row: &StoredKey) -> bool {
+        match row.state.as_str() {
+            DONE => row.finished_at.unwrap_or(row.started_at) < self.finished,
+            _ => row.started_at < self.started,
+        }
+    }
+}
+
 /// What a stored key means to a request that could not insert it.
 pub(crate) enum Seen {
     /// Completed within the retention: replay it.
     Done(Start),
     /// Gone since the insert failed (released): insert again.
     Gone,
-    /// Completed, past the retention: delete it (if still this one), insert again.
+    /// What the purge would delete (completed past the retention, or running
+    /// past the retention and the lease): delete it (if still this one),
+    /// insert again.
     Expired { started_at: i64 },
     /// Running past its lease: take it over (if still this one).
     Abandoned { started_at: i64 },
