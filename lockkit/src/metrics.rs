@@ -73,10 +73,11 @@ macro_rules! metrics {
 
         impl Metrics {
             /// What happened between `earlier` and `self`. Counters and total times
-            /// are differences; the longest times stay the process-wide maximum.
+            /// are differences (zero, never a panic, where `earlier` is the later
+            /// snapshot); the longest times stay the process-wide maximum.
             pub fn since(&self, earlier: &Metrics) -> Metrics {
                 Metrics {
-                    $($field: self.$field - earlier.$field,)*
+                    $($field: self.$field.saturating_sub(earlier.$field),)*
                     $(
                         $total: self.$total.saturating_sub(earlier.$total),
                         $max: self.$max,
@@ -392,6 +393,15 @@ mod tests {
                 delta.lock_acquire_max
             ),
             (2, ms(6), ms(5))
+        );
+    }
+
+    #[test]
+    fn since_a_later_snapshot_is_zero_not_a_panic() {
+        let delta = acquired(1, 4, 4).since(&acquired(3, 10, 5));
+        assert_eq!(
+            (delta.locks_acquired, delta.lock_acquire_time),
+            (0, Duration::ZERO)
         );
     }
 }
