@@ -115,8 +115,11 @@
 //!   pooled connections to them), not on [`Dispatch`](crate::multi::Dispatch)
 //!   enums.
 //! * Inside a transaction you opened, a `REPEATABLE READ` snapshot cannot see
-//!   other writers' rows: the optimistic attempts then stay stale until the
-//!   call takes the lock, which reads the latest row.
+//!   other writers' rows. On MySQL/MariaDB the optimistic attempts then stay
+//!   stale until the call takes the lock, which reads the latest row. On
+//!   PostgreSQL the first write to a row that another transaction changed
+//!   since the snapshot fails with [`Error::SerializationFailure`]
+//!   (retryable): run the whole transaction again.
 
 // Without a backend feature no connection implements `AdaptiveRow`, and the
 // pieces it is built from go unused.
@@ -393,7 +396,7 @@ impl AdaptivePolicy {
     }
 
     /// How long a row stays [`Mode::Locked`] after the lock won its trial,
-    /// before it is measured optimistically again.
+    /// before it is measured optimistically again (`Duration::MAX`: for ever).
     #[must_use]
     pub fn locked_for(mut self, locked_for: Duration) -> Self {
         self.locked_for = locked_for;
@@ -567,11 +570,14 @@ impl AdaptivePolicy {
         if let Some(until) = over {
             let rate = self.rate(slot.writes, now.saturating_duration_since(since));
             let won = slot.trial && rate > slot.optimistic_rate * LOCK_MUST_WIN_BY;
-            // A won trial keeps the lock for `locked_for` from the trial's end.
-            let keep_until = until.checked_add(self.locked_for).filter(|_| won);
-            if let Some(keep_until) = keep_until.filter(|keep_until| now < *keep_until) {
+            // A won trial keeps the lock for `locked_for` from the trial's end
+            // (`None`: past the clock's end, for ever).
+            let keep_until = won
+                .then(|| until.checked_add(self.locked_for))
+                .filter(|keep_until| keep_until.is_none_or(|keep_until| now < keep_until));
+            if let Some(keep_until) = keep_until {
                 slot.trial = false;
-                slot.locked_until = Some(keep_until);
+                slot.locked_until = keep_until;
                 slot.trial_wait = FIRST_TRIAL_WAIT;
                 tracing::debug!(target: "lockkit", locked = rate, optimistic = slot.optimistic_rate,
                     "adaptive: the lock wrote more, keeping it");
@@ -887,6 +893,17 @@ mod tests {
             "a trial once the optimistic period is as long as a trial"
         );
         assert_eq!(clock.policy.stats().escalations, 1);
+    }
+
+    #[test]
+    fn a_row_whose_lock_won_stays_locked_for_ever_with_locked_for_max() {
+        let mut clock = Clock::new(AdaptivePolicy::new().locked_for(Duration::MAX));
+        assert_eq!(clock.optimistic(1, 20, 50 * MS, 1000 * MS), Mode::Locked);
+        // The trial writes 500 per second: the lock won, and keeps the row.
+        assert_eq!(clock.locked(50, 100 * MS), Mode::Locked);
+        assert_eq!(clock.locked(500, 10_000 * MS), Mode::Locked);
+        assert_eq!(clock.ask_after(100_000 * MS), Mode::Locked);
+        assert_eq!(clock.policy.stats().de_escalations, 0);
     }
 
     #[test]
