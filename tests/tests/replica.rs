@@ -448,6 +448,38 @@ fn the_standby_refuses_writes_and_locks_with_a_typed_error() {
     assert_eq!(stock(&mut primary), 7);
 }
 
+/// What the tests of a committed write whose own connection cannot read the
+/// position run in the work: a function of the work's schema, first on the
+/// session's search path, hides the one the position is read with.
+const HIDE_THE_POSITION: &str = "CREATE SCHEMA lockkit_hide; \
+     CREATE FUNCTION lockkit_hide.pg_current_wal_insert_lsn() RETURNS pg_lsn \
+     AS $$ BEGIN RAISE EXCEPTION 'no position on this session'; END $$ LANGUAGE plpgsql; \
+     SET search_path = lockkit_hide, pg_catalog, public";
+
+/// A write that committed is not reported as failed when its own connection
+/// cannot read the position afterwards (it broke, or its session settings
+/// refuse): any position read on the primary after the `COMMIT` covers it,
+/// and the router reads one on another connection. A caller that retried an
+/// error would have written twice.
+#[test]
+fn a_committed_write_whose_connection_cannot_read_the_position_still_gets_one() {
+    let db = TestReplicas::new("position_elsewhere");
+    db.seed_replicated(&[(1, 10)]);
+    let router = db.router(Policy::WaitThenPrimary(Duration::from_secs(10)));
+    let (sold, written) = router
+        .write(|conn| {
+            conn.batch_execute(HIDE_THE_POSITION)?;
+            diesel::update(items::table.find(1))
+                .set(items::stock.eq(items::stock - 1))
+                .execute(conn)?;
+            Ok::<_, Error>(1)
+        })
+        .unwrap();
+    assert_eq!(sold, 1);
+    let mut read = router.read(Some(written)).unwrap();
+    assert_eq!(stock(&mut read), 9);
+}
+
 /// A write that rolls back gives no position, and neither does one the
 /// server threw away: the work let a failed statement go, so PostgreSQL
 /// answers its `COMMIT` with `ROLLBACK`, which the router must not report as

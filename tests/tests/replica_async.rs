@@ -539,6 +539,36 @@ fn deadpool_pool(
     .unwrap()
 }
 
+/// As `tests/replica.rs` shows on the blocking router: a committed write
+/// whose own connection cannot read the position gets one read on another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_write_whose_connection_cannot_read_the_position_still_gets_one() {
+    use diesel_async::SimpleAsyncConnection;
+    let db = TestReplicas::new("async_position_elsewhere");
+    db.seed_replicated(&[(1, 10)]);
+    let router = bb8_router(&db, 2, Policy::WaitThenPrimary(Duration::from_secs(10))).await;
+    let (sold, written) = router
+        .write(async |conn| {
+            conn.batch_execute(
+                "CREATE SCHEMA lockkit_hide; \
+                 CREATE FUNCTION lockkit_hide.pg_current_wal_insert_lsn() RETURNS pg_lsn \
+                 AS $$ BEGIN RAISE EXCEPTION 'no position on this session'; END $$ LANGUAGE plpgsql; \
+                 SET search_path = lockkit_hide, pg_catalog, public",
+            )
+            .await?;
+            diesel::update(items::table.find(1))
+                .set(items::stock.eq(items::stock - 1))
+                .execute(conn)
+                .await?;
+            Ok::<_, Error>(1)
+        })
+        .await
+        .unwrap();
+    assert_eq!(sold, 1);
+    let mut read = router.read(Some(written)).await.unwrap();
+    assert_eq!(stock_of(&mut read, 1).await, 9);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_router_over_bb8_pools_reads_own_writes() {
     let db = TestReplicas::new("async_router_bb8");

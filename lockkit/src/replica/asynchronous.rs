@@ -254,8 +254,12 @@ impl<P: AsyncPgPool> Router<P> {
     ///
     /// # Errors
     ///
-    /// Whatever `work` returns; [`Error::AsyncPool`]; a classified error from
-    /// `BEGIN`, `COMMIT` or the position's read.
+    /// * whatever `work` returns; [`Error::AsyncPool`]; a classified error
+    ///   from `BEGIN` or `COMMIT`: nothing was written.
+    /// * a classified error from the position's read, after the write
+    ///   committed: where `work`'s connection cannot read it, another
+    ///   connection to the primary does (any position read after the `COMMIT`
+    ///   covers it), and this is that one's error too. Do not run `work` again.
     pub async fn write<T, E, F>(&self, work: F) -> std::result::Result<(T, Lsn), E>
     where
         E: From<Error> + Send,
@@ -265,7 +269,16 @@ impl<P: AsyncPgPool> Router<P> {
         let mut pooled = self.primary().await.map_err(E::from)?;
         let conn: &mut AsyncPgConnection = &mut pooled;
         let out = locked_transaction(conn, LockOptions::default(), work).await?;
-        let written = commit_lsn(conn).await.map_err(E::from)?;
+        let written = match commit_lsn(conn).await {
+            Ok(written) => written,
+            Err(err) => {
+                let other = match self.primary().await {
+                    Ok(mut other) => commit_lsn(&mut other).await,
+                    Err(pool) => Err(pool),
+                };
+                super::position::read_elsewhere(err, || other)?
+            }
+        };
         Ok((out, written))
     }
 

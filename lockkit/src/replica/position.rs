@@ -74,6 +74,18 @@ pub fn commit_lsn(primary: &mut PgConnection) -> Result<Lsn> {
         .committed()
 }
 
+/// The position of a write that committed on a connection that could not
+/// read it (`first`: why), read on another connection to the primary by
+/// `other` (blocking and async routers): any position read after the `COMMIT`
+/// covers it. Where that fails too, `first`, logged with the second.
+pub(crate) fn read_elsewhere(first: Error, other: impl FnOnce() -> Result<Lsn>) -> Result<Lsn> {
+    other().map_err(|second| {
+        tracing::warn!(target: "lockkit", error = %first, other = %second,
+            "the write committed, but no connection to the primary read its position");
+        first
+    })
+}
+
 /// Refuses a call while a transaction is open on its connection
 /// ([`Error::AlreadyInTransaction`], nothing sent), for the blocking and the
 /// async twins. [`commit_lsn`] on the primary: the write has not committed

@@ -90,8 +90,12 @@ impl Router {
     ///
     /// # Errors
     ///
-    /// Whatever `work` returns; [`Error::Pool`]; a classified error from
-    /// `BEGIN`, `COMMIT` or the position's read.
+    /// * whatever `work` returns; [`Error::Pool`]; a classified error from
+    ///   `BEGIN` or `COMMIT`: nothing was written.
+    /// * a classified error from the position's read, after the write
+    ///   committed: where `work`'s connection cannot read it, another
+    ///   connection to the primary does (any position read after the `COMMIT`
+    ///   covers it), and this is that one's error too. Do not run `work` again.
     pub fn write<T, E>(
         &self,
         work: impl FnOnce(&mut PgConnection) -> Result<T, E>,
@@ -102,7 +106,12 @@ impl Router {
         let mut pooled = self.primary().map_err(E::from)?;
         let conn: &mut PgConnection = &mut pooled;
         let out = crate::locked_transaction(conn, LockOptions::default(), work)?;
-        let written = commit_lsn(conn).map_err(E::from)?;
+        let written = match commit_lsn(conn) {
+            Ok(written) => written,
+            Err(err) => super::position::read_elsewhere(err, || {
+                self.primary().and_then(|mut other| commit_lsn(&mut other))
+            })?,
+        };
         Ok((out, written))
     }
 
