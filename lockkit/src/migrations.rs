@@ -16,6 +16,8 @@
 //! copy into your own migrations, and with its `*-migrations` feature as
 //! `POSTGRES_MIGRATIONS`, `MYSQL_MIGRATIONS` and `SQLITE_MIGRATIONS`, each a
 //! [`ShippedMigration`] for `diesel_migrations`' `run_pending_migrations`.
+//! Each runs in a transaction, which on MySQL/MariaDB does not cover `CREATE
+//! TABLE` (see [`ShippedMigration`]).
 
 use std::fmt;
 use std::sync::OnceLock;
@@ -142,7 +144,10 @@ impl<DB: Backend> Migration<DB> for ShippedMigration {
     }
 }
 
-/// Runs in a transaction, as Diesel's default.
+/// Runs in a transaction, as Diesel's default. MySQL/MariaDB commit each
+/// `CREATE TABLE` on its own: there a migration that failed at its second
+/// table (one of that name already exists) keeps its first, and is not
+/// recorded as run; drop what it created before running it again.
 impl MigrationMetadata for ShippedMigration {}
 
 impl MigrationName for ShippedMigration {
