@@ -114,7 +114,9 @@ metrics! {
     counters {
         /// Version-checked writes that matched no row ([`Error::Stale`](crate::Error::Stale)), bulk rows included.
         stale_writes: STALE_WRITES, "stale writes";
-        /// Attempts [`retry`](crate::retry()) made after a retryable error.
+        /// Attempts [`retry`](crate::retry()) made after a retryable error
+        /// (counted when the retry is decided: on diesel-async, a future
+        /// dropped during the wait before the attempt counts it too).
         retries: RETRIES, "retries";
         /// Times [`retry`](crate::retry()) gave up ([`Error::RetriesExhausted`](crate::Error::RetriesExhausted)).
         retries_exhausted: RETRIES_EXHAUSTED, "retries exhausted";
