@@ -46,7 +46,8 @@
 //!   UPDATE items SET stock = $fresh - qty WHERE id = $id; INSERT INTO orders ...; COMMIT;
 //!   ```
 //! * [`Strategy::Atomic`] lets the database do the check and the arithmetic in
-//!   one statement, through [`lockkit::atomic::update_if`]; no read before the write, so
+//!   one statement, through [`Versioned::update_if`](lockkit::Versioned::update_if)
+//!   (which also moves the version, as `items` is versioned); no read before the write, so
 //!   nothing can change in between, and no lock is held across a round trip.
 //!   Zero rows matched is
 //!   `lockkit::Error::NoRowMatched`: not enough stock (only then is the stock read,
@@ -54,7 +55,8 @@
 //!   transaction.
 //!   ```sql
 //!   -- think
-//!   BEGIN; UPDATE items SET stock = stock - qty WHERE id = $id AND stock >= qty;
+//!   BEGIN; UPDATE items SET stock = stock - qty, lock_version = lock_version + 1
+//!            WHERE id = $id AND stock >= qty;
 //!          INSERT INTO orders ...; COMMIT;
 //!   ```
 //! * [`Strategy::Nowait`] is pessimistic with
@@ -101,7 +103,8 @@
 //!   SELECT ... FROM items WHERE id = $second FOR UPDATE;       -- may deadlock: retry
 //!   SELECT ... FROM items WHERE id = $third FOR UPDATE;
 //!   -- check
-//!   UPDATE items SET stock = $fresh - qty WHERE id = $each;    -- per line
+//!   UPDATE items SET stock = $fresh - qty, lock_version = lock_version + 1
+//!      WHERE id = $each AND lock_version = $fresh_version;     -- per line
 //!   INSERT INTO orders ...;                                    -- per line, basket_id = $basket
 //!   COMMIT;
 //!   ```
@@ -114,8 +117,14 @@
 //!   BEGIN;                                                     -- SQLite: BEGIN IMMEDIATE
 //!   SELECT ... FROM items WHERE id = ANY($ids) ORDER BY id FOR UPDATE;  -- MySQL: id IN (?, ?, ?)
 //!   -- check, think
-//!   UPDATE items SET stock = $fresh - qty WHERE id = $each; INSERT INTO orders ...; COMMIT;
+//!   UPDATE items SET stock = $fresh - qty, lock_version = lock_version + 1
+//!      WHERE id = $each AND lock_version = $fresh_version;     -- per line
+//!   INSERT INTO orders ...; COMMIT;
 //!   ```
+//!
+//! Every strategy but the naive one moves the version of each item it sells, so
+//! that a versioned writer that read the item before (an edit form) is refused
+//! instead of writing the old stock back.
 //!
 //! SQLite has no `FOR UPDATE` and no row locks. There both basket strategies run
 //! in [`lockkit::locked_transaction`], whose `BEGIN IMMEDIATE` takes the whole

@@ -31,6 +31,13 @@ pub struct Report {
     pub final_stock: i64,
     /// The smallest stock left of any one item (negative would be a bug).
     pub lowest_stock: i64,
+    /// Rows in `orders`: one per item sold (a basket has one per line).
+    pub order_lines: i64,
+    /// How often the items' versions moved (sum of `lock_version`). Every
+    /// strategy but `naive` moves the version of each item it sells, so that
+    /// a versioned writer that read the item before (an edit form) is refused
+    /// instead of writing the old stock back.
+    pub version_moves: i64,
     /// Writes that lost a race and were refused: stale version-checked writes
     /// (`optimistic`) or rows found locked under `NOWAIT` (`nowait`).
     pub conflicts: u64,
@@ -152,6 +159,8 @@ mod tests {
             units_sold: sold,
             final_stock: left,
             lowest_stock: left,
+            order_lines: sold / 2,
+            version_moves: sold / 2,
             conflicts: 12,
             deadlocks: 0,
             retries: 10,

@@ -112,6 +112,8 @@ pub(crate) fn run_on(url: &str, strategy: Strategy, config: &Config) -> Result<R
         units_sold: tally.units_sold,
         final_stock: tally.final_stock,
         lowest_stock: tally.lowest_stock,
+        order_lines: tally.order_lines,
+        version_moves: tally.version_moves,
         conflicts: counters.conflicts,
         deadlocks: counters.deadlocks,
         retries: counters.retries,

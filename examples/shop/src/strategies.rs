@@ -88,6 +88,10 @@ pub(crate) struct Tally {
     pub final_stock: i64,
     /// Smallest `items.stock`.
     pub lowest_stock: i64,
+    /// Rows in `orders`: one per item sold (a basket has one per line).
+    pub order_lines: i64,
+    /// Sum of `items.lock_version`: how often the items' versions moved.
+    pub version_moves: i64,
 }
 
 /// The fresh (locked) row of each line's item, in the basket's order. `rows` may
@@ -220,6 +224,7 @@ pub(crate) fn buy_basket(
 /// Counts orders, units sold and the stock left, over all items.
 pub(crate) fn tally(conn: &mut AnyConnection) -> Result<Tally, ShopError> {
     let stocks: Vec<i32> = items::table.select(items::stock).load(conn)?;
+    let versions: Vec<i32> = items::table.select(items::lock_version).load(conn)?;
     // Summed here: SUM(INTEGER) has a different SQL type on every backend.
     let lines: Vec<(i32, Option<i32>)> = orders::table
         .select((orders::qty, orders::basket_id))
@@ -232,6 +237,8 @@ pub(crate) fn tally(conn: &mut AnyConnection) -> Result<Tally, ShopError> {
         units_sold: lines.iter().map(|&(qty, _)| i64::from(qty)).sum(),
         final_stock: stocks.iter().map(|&s| i64::from(s)).sum(),
         lowest_stock: stocks.iter().copied().min().map_or(0, i64::from),
+        order_lines: lines.len() as i64,
+        version_moves: versions.iter().map(|&v| i64::from(v)).sum(),
     })
 }
 
@@ -367,8 +374,9 @@ fn pessimistic(
     Ok(outcome)
 }
 
-/// One conditional `UPDATE .. SET stock = stock - qty WHERE id = ? AND
-/// stock >= qty` and the order, in one transaction. Nothing is read
+/// One conditional `UPDATE .. SET stock = stock - qty, lock_version =
+/// lock_version + 1 WHERE id = ? AND stock >= qty` and the order, in one
+/// transaction. Nothing is read
 /// before the write; only a refused update (`NoRowMatched`) reads the
 /// stock, to tell "sold out" from "not enough". The think pause is
 /// before the transaction: no lock is held while thinking.
@@ -380,14 +388,14 @@ fn atomic(
 ) -> Result<Outcome, ShopError> {
     std::thread::sleep(config.think);
     let sold = conn.transaction(|conn| {
-        lockkit::atomic::update_if(
+        // `Item::update_if`, not the free `atomic::update_if`: `items` is
+        // versioned, and the sale moves the version, so an edit form that read
+        // the item before cannot write the old stock back.
+        Item::update_if(
             conn,
-            diesel::update(
-                items::table
-                    .find(purchase.item_id)
-                    .filter(items::stock.ge(purchase.qty)),
-            )
-            .set(items::stock.eq(items::stock - purchase.qty)),
+            purchase.item_id,
+            items::stock.ge(purchase.qty),
+            items::stock.eq(items::stock - purchase.qty),
         )?;
         insert_order(conn, purchase)?;
         Ok::<_, lockkit::Error>(())
@@ -442,9 +450,15 @@ fn sell_basket(
         std::thread::sleep(think);
     }
     for (line, row) in basket.iter().zip(fresh) {
-        diesel::update(items::table.find(row.id))
-            .set(items::stock.eq(row.stock - line.qty))
-            .execute(conn)?;
+        // Version-checked and bumped: the row is locked, so the check cannot
+        // fail, and the bump refuses a versioned writer that read it before
+        // (`basket-naive`'s locks are Diesel's, which bump nothing).
+        Item::update_by_version(
+            conn,
+            row.id,
+            row.lock_version,
+            items::stock.eq(row.stock - line.qty),
+        )?;
         insert_order(conn, *line)?;
     }
     Ok(Outcome::Bought)

@@ -158,6 +158,16 @@ fn check_consistent(report: &Report, table: &str) {
     );
     assert!(report.is_consistent(), "{table}");
     assert!(report.orders > 0, "{table}");
+    // Each sale moved its item's version: an edit form (a versioned writer)
+    // that read the item before it is refused, and cannot put the old stock
+    // back.
+    assert!(
+        report.version_moves >= report.order_lines,
+        "{}: {} of {} sales left the version where it was:\n{table}",
+        report.strategy,
+        report.order_lines - report.version_moves,
+        report.order_lines
+    );
 }
 
 lockkit_tests::url_tests! {
