@@ -1,6 +1,7 @@
 //! The validated model of a `#[derive(Versioned)]` or `#[derive(Lockable)]` input.
 //! Code generation reads only this; it never looks at attributes.
 
+use syn::ext::IdentExt;
 use syn::{Data, DeriveInput, Fields, Ident, Path, Type};
 
 use crate::attr::{self, Located, DEFAULT_VERSION_FIELD};
@@ -151,8 +152,9 @@ pub fn model<'a>(
     derive: Derive,
 ) -> Option<Model<'a>> {
     let table = container.table_name.clone().unwrap_or_else(|| {
+        // `r#Item` names the table of `Item`.
         Ident::new(
-            &infer_table_name(&input.ident.to_string()),
+            &infer_table_name(&input.ident.unraw().to_string()),
             input.ident.span(),
         )
         .into()
@@ -235,10 +237,11 @@ fn versioning<'a>(
     }
     check_version_type(cx, version);
     let updated_at = check_unversioned_fields(cx, fields, version, keys);
+    check_columns_mapped_twice(cx, fields, version, keys);
 
     let changeset = fields
         .iter()
-        .filter(|f| f.ident != version.ident && !keys.iter().any(|k| k.ident == f.ident))
+        .filter(|f| f.column != version.column && !keys.iter().any(|k| k.column == f.column))
         .filter(|f| !f.skip_update && f.no_bump.is_none() && f.updated_at.is_none())
         .collect::<Vec<_>>();
     for field in &changeset {
@@ -260,6 +263,38 @@ fn versioning<'a>(
         changeset,
         updated_at,
     })
+}
+
+/// A second field on the version column, or on a key column: the versioned
+/// write would set the version from it (on MySQL, before its bump), or
+/// rewrite the key. Diesel's `AsChangeset` leaves every field on a key column
+/// out; lockkit refuses both, so that each column has one field.
+fn check_columns_mapped_twice(
+    cx: &mut Ctxt,
+    fields: &[ModelField<'_>],
+    version: &ModelField<'_>,
+    keys: &[&ModelField<'_>],
+) {
+    let owners = keys
+        .iter()
+        .map(|key| (*key, "primary key"))
+        .chain([(version, "version")]);
+    for (owner, what) in owners {
+        for field in fields
+            .iter()
+            .filter(|f| f.column == owner.column && f.ident != owner.ident)
+        {
+            cx.error_with_help(
+                Pos::field_name(field.index),
+                field.ident,
+                format!(
+                    "field `{}` maps the {what} column `{}`, as `{}` does",
+                    field.ident, owner.column, owner.ident
+                ),
+                format!("remove `{}`, or map it to a column of its own", field.ident),
+            );
+        }
+    }
 }
 
 /// `no_bump` and `updated_at`: on neither the version nor a key, not both on one

@@ -43,7 +43,8 @@ pub struct DieselField {
     pub column_name: Option<Ident>,
     pub skip_update: bool,
     pub treat_none_as_null: Option<bool>,
-    /// `serialize_as` or `embed`: changesets lockkit cannot mirror.
+    /// `serialize_as`, `embed` or `select_expression`: a changeset lockkit
+    /// cannot mirror, or a field read from an expression, not its column.
     pub unsupported: Option<Located<Ident>>,
 }
 
@@ -55,8 +56,55 @@ pub struct LockkitField {
     pub updated_at: Option<Located<Ident>>,
 }
 
+/// Diesel's attribute forms from before 2.0 (`#[table_name = "items"]`), with
+/// the `#[diesel(..)]` key that replaced each. Diesel's `with-deprecated`
+/// feature, on by default, still reads them; lockkit would not, and would write
+/// another table, column or `None` than Diesel's derives.
+const OLD_STRUCT_FORMS: &[(&str, &str, &str)] = &[
+    (
+        "table_name",
+        "`#[table_name = ..]`",
+        "#[diesel(table_name = ..)]",
+    ),
+    (
+        "primary_key",
+        "`#[primary_key(..)]`",
+        "#[diesel(primary_key(..))]",
+    ),
+    (
+        "changeset_options",
+        "`#[changeset_options(..)]`",
+        "#[diesel(treat_none_as_null = ..)]",
+    ),
+];
+const OLD_FIELD_FORMS: &[(&str, &str, &str)] = &[(
+    "column_name",
+    "`#[column_name = ..]`",
+    "#[diesel(column_name = ..)]",
+)];
+
+/// Reports each attribute in `attrs` of one of Diesel's old `forms`.
+fn refuse_old_forms(
+    cx: &mut Ctxt,
+    attrs: &[Attribute],
+    forms: &[(&str, &str, &str)],
+    pos_of: impl Fn(usize) -> Pos,
+) {
+    for (index, attr) in attrs.iter().enumerate() {
+        if let Some((_, form, new)) = forms.iter().find(|(name, ..)| attr.path().is_ident(name)) {
+            cx.error_with_help(
+                pos_of(index),
+                attr,
+                format!("{form} is Diesel's old attribute form, which lockkit does not read"),
+                format!("write `{new}`, as Diesel 2 does"),
+            );
+        }
+    }
+}
+
 pub fn diesel_container(cx: &mut Ctxt, attrs: &[Attribute]) -> DieselContainer {
     let mut out = DieselContainer::default();
+    refuse_old_forms(cx, attrs, OLD_STRUCT_FORMS, Pos::attr);
     read_keys(cx, attrs, DIESEL, None, Pos::attr, |cx, pos, meta| {
         if meta.path.is_ident("table_name") {
             let table_name = diesel_eq(meta.input, "table_name = foo")?;
@@ -103,21 +151,26 @@ pub fn diesel_container(cx: &mut Ctxt, attrs: &[Attribute]) -> DieselContainer {
 pub fn diesel_field(cx: &mut Ctxt, field: usize, attrs: &[Attribute]) -> DieselField {
     let mut out = DieselField::default();
     let pos_of = |index: usize| Pos::field_attr(field, index);
+    refuse_old_forms(cx, attrs, OLD_FIELD_FORMS, pos_of);
     read_keys(cx, attrs, DIESEL, None, pos_of, |_, pos, meta| {
         if meta.path.is_ident("column_name") {
             let value = diesel_value(meta.input, "column_name = foo")?;
             // Diesel accepts an identifier or a string literal.
-            out.column_name = Some(if value.peek(syn::LitStr) {
+            let column = if value.peek(syn::LitStr) {
                 value.parse::<syn::LitStr>()?.parse_with(Ident::parse_any)?
             } else {
                 value.call(Ident::parse_any)?
-            });
+            };
+            out.column_name = Some(raw_if_keyword(column));
         } else if meta.path.is_ident("skip_update") {
             out.skip_update = true;
         } else if meta.path.is_ident("treat_none_as_null") {
             out.treat_none_as_null =
                 Some(diesel_eq::<LitBool>(meta.input, "treat_none_as_null = true")?.value);
-        } else if meta.path.is_ident("serialize_as") || meta.path.is_ident("embed") {
+        } else if ["serialize_as", "embed", "select_expression"]
+            .iter()
+            .any(|kind| meta.path.is_ident(kind))
+        {
             out.unsupported = meta.path.get_ident().map(|kind| Located {
                 value: kind.clone(),
                 pos,
@@ -191,6 +244,19 @@ pub fn lockkit_field(cx: &mut Ctxt, field: usize, attrs: &[Attribute]) -> Lockki
         },
     );
     out
+}
+
+/// `column` as `table!` names it: a keyword (`type`) as a raw identifier
+/// (`r#type`), as Diesel's derives read it. The few that cannot be raw
+/// (`self`, `crate`, ..) stay as they are, for rustc to refuse.
+fn raw_if_keyword(column: Ident) -> Ident {
+    let name = column.to_string();
+    let cannot_be_raw = matches!(name.as_str(), "self" | "Self" | "super" | "crate" | "_");
+    if syn::parse_str::<Ident>(&name).is_ok() || name.starts_with("r#") || cannot_be_raw {
+        column
+    } else {
+        Ident::new_raw(&name, column.span())
+    }
 }
 
 /// Runs `read` on each key of every `#[name(...)]` attribute in `attrs`, with

@@ -38,7 +38,7 @@ use proc_macro::TokenStream;
 /// | --- | --- | --- | --- |
 /// | `#[lockkit(version)]` | one field | the field named `lock_version` | this field is the version column |
 /// | `#[lockkit(no_bump)]` | any fields but the key and the version | not set | `update_versioned` leaves the column out: a counter or timestamp written on its own (`lockkit::atomic::update_counters`) neither makes an editor stale nor is written back by the editor |
-/// | `#[lockkit(updated_at)]` | one field, not the key or the version | not set | every versioned write sets the column to `CURRENT_TIMESTAMP`, the database's clock; `update_versioned` does not write the field's own value |
+/// | `#[lockkit(updated_at)]` | one field, not the key or the version, on a timestamp column (its type is not checked: on a text column the server stores the time as text) | not set | every versioned write sets the column to `CURRENT_TIMESTAMP`, the database's clock; `update_versioned` does not write the field's own value |
 ///
 /// The version field is `i16`, `i32` or `i64`: not an `Option` (a `NULL` version
 /// cannot be compared; declare the column `NOT NULL DEFAULT 0`), and not part of
@@ -55,7 +55,13 @@ use proc_macro::TokenStream;
 /// | `#[diesel(column_name = version)]` | field | the field's name | the field's column, for the key, the version and the changeset |
 /// | `#[diesel(skip_update)]` | field | not set | `update_versioned` leaves the column out |
 /// | `#[diesel(treat_none_as_null = true)]` | struct, or field (which wins) | `false` | `update_versioned` writes `None` as `NULL`; by default a `None` leaves its column alone, as Diesel's `AsChangeset` does |
-/// | `#[diesel(serialize_as = ..)]`, `#[diesel(embed)]` | field | | refused unless the field is `skip_update`: `update_versioned` cannot write it; write it with `update_versioned_with` |
+/// | `#[diesel(serialize_as = ..)]`, `#[diesel(embed)]`, `#[diesel(select_expression = ..)]` | field | | refused unless the field is `skip_update`: `update_versioned` cannot write it (a selected expression is not its column's value); write it with `update_versioned_with` |
+///
+/// Each column has one field: a second field on the version column or on a key
+/// column is refused. Diesel's attribute forms from before 2.0
+/// (`#[table_name = ".."]`, `#[primary_key(..)]`, `#[column_name = ".."]`,
+/// `#[changeset_options(..)]`), which Diesel still reads with its default
+/// `with-deprecated` feature, are refused: write the `#[diesel(..)]` form.
 ///
 /// # Errors
 ///
