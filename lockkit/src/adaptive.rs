@@ -146,8 +146,7 @@ use crate::error::classification::classify;
 use crate::error::Error;
 use crate::optimistic::versioned::{CurrentVersionQuery, UpdateVersioned, VersionCheck, Versioned};
 use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
-use crate::pessimistic::lockable::LockRow;
-use crate::pessimistic::lockable::Lockable;
+use crate::pessimistic::lockable::{load_held, LockRow, Lockable};
 use crate::pessimistic::options::LockOptions;
 use crate::pessimistic::row_lock::{LockStrength, WaitMode};
 use crate::retry::RetryPolicy;
@@ -510,10 +509,8 @@ impl AdaptivePolicy {
             }
         }
         let row = conn.locked_transaction(&self.lock, |conn| {
-            let lock = self.lock.row_lock();
-            let mut row = M::load_locked(conn, key, lock)
-                .map_err(|err| lock.wait.classify(err))?
-                .ok_or(Error::NotFound)?;
+            let mut row =
+                load_held::<M, _>(conn, key, self.lock.row_lock())?.ok_or(Error::NotFound)?;
             change(&mut row)?;
             // The row is locked: this write cannot be stale.
             row.write_versioned(conn)?;

@@ -88,6 +88,24 @@ lockkit_tests::backend_tests! {
         assert_eq!((locked.locked_writes, locked.optimistic_writes, locked.conflicts), ((THREADS * INCREMENTS) as u64, 0, 0), "{locked}");
     }
 
+    fn a_locked_adaptive_write_is_counted_as_a_lock(db) {
+        // The locked path takes `with_lock`'s locked read, and the lock
+        // metrics count it as they count `with_lock`'s, on every backend.
+        seed_items(&mut db.conn(), &[(1, 0)]);
+        let policy = hot_policy().trial(Duration::from_secs(600));
+        hot_increments(&db.pool(), &policy, 1, 6, 1);
+        assert_eq!(policy.mode::<Item>(&1), Mode::Locked);
+        let mut conn = db.conn();
+        let (row, seen) = lockkit_tests::observe::observe(|| {
+            policy.update::<Item, _, Error, _>(&mut conn, 1, |item| {
+                item.stock += 1;
+                Ok(())
+            })
+        });
+        assert_eq!(row.unwrap().stock, 7);
+        assert_eq!(seen.counter("lockkit_locks_acquired_total{table=items}"), 1, "{seen:?}");
+    }
+
     fn adaptive_switching_between_modes_loses_nothing(db) {
         const THREADS: usize = 8;
         const INCREMENTS: usize = 40;

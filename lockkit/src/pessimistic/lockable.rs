@@ -616,25 +616,15 @@ where
     Conn: LockingConnection,
     M: LockRow<Conn>,
 {
-    // The wait at SQLite's `BEGIN IMMEDIATE` is recorded by
-    // `locked_transaction`; here, the locked read's.
-    let waited = crate::metrics::LockWait::start();
-    let held = |conn: &mut Conn, key: &M::Key| {
-        let since = waited.acquired(M::TABLE_NAME, 1);
-        let conn_id = scope::conn_id(conn);
-        scope::hold(conn_id, "row", M::TABLE_NAME, || format!("{key:?}"), since);
-    };
     let lock = options.row_lock();
     if lock == ForUpdate::LOCK {
+        let waited = crate::metrics::LockWait::start();
         if let Some(row) = M::load_locked_bumped(conn, &key)? {
-            held(conn, &key);
+            held::<M, Conn>(conn, &key, waited);
             return Ok(row);
         }
     }
-    let row = M::load_locked(conn, key.clone(), lock).map_err(|err| lock.wait.classify(err))?;
-    if row.is_some() {
-        held(conn, &key);
-    }
+    let row = load_held(conn, key.clone(), lock)?;
     let mut row = match row {
         Some(row) => row,
         None if lock.wait.hides_held_rows() => {
@@ -647,6 +637,38 @@ where
         <M::OnLock as MarkLocked<M, Conn>>::mark(conn, &mut row)?;
     }
     Ok(row)
+}
+
+/// `M::load_locked`, classified, and the lock it took recorded (its wait, and
+/// its hold until the transaction ends): the locked read of [`with_lock`] and
+/// of the adaptive policy's locked path. The wait at SQLite's `BEGIN
+/// IMMEDIATE` is recorded by `locked_transaction`; here, the locked read's.
+pub(crate) fn load_held<M, Conn>(
+    conn: &mut Conn,
+    key: M::Key,
+    lock: RowLock,
+) -> Result<Option<M>, Error>
+where
+    Conn: LockingConnection,
+    M: LockRow<Conn>,
+{
+    let waited = crate::metrics::LockWait::start();
+    let row = M::load_locked(conn, key.clone(), lock).map_err(|err| lock.wait.classify(err))?;
+    if row.is_some() {
+        held::<M, Conn>(conn, &key, waited);
+    }
+    Ok(row)
+}
+
+/// Records the row lock on `key` of `M` that `conn` took after `waited`.
+fn held<M: Lockable, Conn: LockingConnection>(
+    conn: &mut Conn,
+    key: &M::Key,
+    waited: crate::metrics::LockWait,
+) {
+    let since = waited.acquired(M::TABLE_NAME, 1);
+    let conn_id = scope::conn_id(conn);
+    scope::hold(conn_id, "row", M::TABLE_NAME, || format!("{key:?}"), since);
 }
 
 /// Runs `f` in a transaction fit for locking: a plain transaction on PostgreSQL and
