@@ -484,6 +484,23 @@ mod servers {
             }
         }
 
+        fn an_atomic_update_through_the_enum_after_an_error_that_ended_nothing_writes(db) {
+            // An error Diesel reports although the server's transaction is
+            // alive (an empty query): what lockkit then asks must not abort it
+            // on PostgreSQL.
+            seed_items(&mut db.conn(), &[(1, 0), (2, 5)]);
+            let mut conn = any(&db);
+            let item_2 = || items::table.find(2).filter(items::stock.ge(1));
+            let outcome = conn.transaction(|conn| {
+                lockkit::atomic::update_if(conn, diesel::update(item_2()).set(items::stock.eq(items::stock - 1)))?;
+                let empty = diesel::sql_query("-- nothing").execute(conn);
+                assert_eq!(empty.is_err(), BACKEND == "postgres", "{empty:?}");
+                lockkit::atomic::update_if(conn, diesel::update(item_2()).set(items::stock.eq(items::stock - 1)))
+            });
+            assert_eq!(outcome.unwrap(), 1);
+            assert_eq!(stock(&mut conn, 2), 3);
+        }
+
         fn an_atomic_update_through_the_enum_after_an_error_a_savepoint_undid_writes(db) {
             // The enum's backend type names no server. A statement's error that
             // a rollback to a savepoint undid leaves the transaction alive (on

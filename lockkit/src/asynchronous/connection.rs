@@ -729,8 +729,9 @@ pub(crate) async fn ended_on_sqlite<C: AsyncConnection>(conn: &mut C) -> Option<
         return Some(cause);
     }
     let failed = journal::take_failed_statement(watched)?;
+    let probe = crate::transaction::probe_for(watched);
     let before = transaction_depth(conn);
-    let _ = conn.batch_execute(crate::transaction::SQLITE_PROBE).await;
+    let _ = conn.batch_execute(probe).await;
     let watched = &mut journal::AsyncWatched(conn);
     crate::transaction::after_probe(watched, status_of, failed, before)
 }

@@ -129,8 +129,8 @@ pub type PreparedUpdate<T, W, V> = VersionedUpdate<T, W, V, BySql<V>>;
 ///
 /// On a `#[derive(diesel::MultiConnection)]` enum, this function cannot name
 /// the backend inside. Inside a transaction that an earlier statement's error
-/// (the caller let it go) may have ended, it asks as on SQLite (one statement,
-/// which fails harmlessly on the other servers) when the connection's journal
+/// (the caller let it go) may have ended, it asks as on SQLite (`SELECT
+/// version()`, which fails on SQLite only) when the connection's journal
 /// saw that error, which it does once a lockkit call inside a transaction on
 /// the connection came before the error. Where none did, it asks only once
 /// another lockkit call (a versioned write, `with_lock`, a lockkit

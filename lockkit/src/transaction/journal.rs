@@ -291,9 +291,9 @@ struct Aborts {
     /// statement that failed in the open transaction since lockkit last asked
     /// ([`take_failed`]). It may have rolled back the whole transaction, which
     /// neither SQLite's answer nor Diesel's connection reports as such. Where
-    /// the backend is not known, lockkit's question fails harmlessly on
-    /// MySQL/MariaDB, and on PostgreSQL in a transaction the failure aborted
-    /// already (a rollback to a savepoint that revives it clears this).
+    /// the backend is not known, lockkit asks with a statement that fails on
+    /// SQLite only (`transaction::probe_for`); a rollback to a savepoint clears
+    /// this.
     failed: Option<(DatabaseErrorKind, String)>,
     /// SQLite rolled back the whole transaction under callers whose code still
     /// runs and counts it open (`transaction::ended_on_sqlite` found it and
@@ -442,8 +442,7 @@ impl Aborts {
                     // Not knowing the backend, the journal keeps a failed
                     // statement as SQLite's (for lockkit to ask about it) until
                     // a rollback to a savepoint undid it: one that succeeds
-                    // finds the transaction alive on every backend, and on
-                    // PostgreSQL the question would abort it again.
+                    // finds the transaction alive on every backend.
                     if self.ends == Ends::Unknown
                         && self.failed.is_some()
                         && first_word_is(query, "ROLLBACK")
@@ -1179,6 +1178,15 @@ pub(crate) fn knows_of_end<W: Watched>(conn: &mut W) -> bool {
 pub(crate) fn take_failed<W: Watched>(conn: &mut W) -> Option<Error> {
     let (kind, message) = take_failed_statement(conn)?;
     Some(recall(kind, message))
+}
+
+/// Whether the journal on `conn` does not know its backend's rule (a
+/// `MultiConnection` enum's, or lockkit built without the backend's feature):
+/// [`take_failed`]'s statement may then be any backend's.
+pub(crate) fn rule_unknown<W: Watched>(conn: &mut W) -> bool {
+    conn.slot()
+        .downcast_mut::<Journal>()
+        .is_some_and(|journal| journal.aborts.ends == Ends::Unknown)
 }
 
 /// [`take_failed`]'s statement error, as the journal keeps it.

@@ -172,7 +172,8 @@ pub(crate) fn ended_on_sqlite<C: Connection>(conn: &mut C) -> Option<Error> {
     }
     let failed = journal::take_failed_statement(conn)?;
     let before = transaction_depth(conn);
-    let _ = conn.batch_execute(SQLITE_PROBE);
+    let probe = probe_for(conn);
+    let _ = conn.batch_execute(probe);
     after_probe(
         conn,
         C::TransactionManager::transaction_manager_status_mut,
@@ -263,6 +264,23 @@ pub(crate) fn restore_depth(status: &mut diesel::connection::TransactionManagerS
 /// opens, which fails whether a transaction is open or not, and changes
 /// nothing.
 pub(crate) const SQLITE_PROBE: &str = "RELEASE SAVEPOINT lockkit_probe_never_opened";
+
+/// [`ended_on_sqlite`]'s statement where the journal does not know the
+/// backend (a `MultiConnection` enum's): it fails on SQLite only (which has
+/// no `version()`), and changes nothing anywhere. [`SQLITE_PROBE`] would fail
+/// on PostgreSQL too, and abort a transaction that a failed statement left
+/// alive there (one Diesel reports without the server: an empty query, too
+/// many binds).
+pub(crate) const UNKNOWN_PROBE: &str = "SELECT version()";
+
+/// The statement [`ended_on_sqlite`] (and its async twin) sends on `conn`.
+pub(crate) fn probe_for<W: journal::Watched>(conn: &mut W) -> &'static str {
+    if journal::rule_unknown(conn) {
+        UNKNOWN_PROBE
+    } else {
+        SQLITE_PROBE
+    }
+}
 
 /// [`ended_on_sqlite`] before lockkit begins a transaction or writes on
 /// `conn`: [`Error::TransactionAborted`] when a statement the caller let go
