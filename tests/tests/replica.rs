@@ -478,6 +478,37 @@ fn a_committed_write_whose_connection_cannot_read_the_position_still_gets_one() 
     assert_eq!(sold, 1);
     let mut read = router.read(Some(written)).unwrap();
     assert_eq!(stock(&mut read), 9);
+    drop(read);
+
+    // With a pool of one connection too: the write's goes back to the pool,
+    // which discards it, before the router asks for another (not a wait for
+    // the pool's timeout, and not the same connection again).
+    let one = |url: &str| {
+        diesel::r2d2::Pool::builder()
+            .max_size(1)
+            .connection_timeout(Duration::from_secs(5))
+            .build(diesel::r2d2::ConnectionManager::<PgConnection>::new(url))
+            .unwrap()
+    };
+    let router = lockkit::replica::Router::new(
+        one(&db.primary_url),
+        one(&db.standby_url),
+        Policy::WaitThenPrimary(Duration::from_secs(10)),
+    );
+    let started = Instant::now();
+    let (_, written) = router
+        .write(|conn| {
+            conn.batch_execute("SET search_path = lockkit_hide, pg_catalog, public")?;
+            diesel::update(items::table.find(1))
+                .set(items::stock.eq(items::stock - 1))
+                .execute(conn)?;
+            Ok::<_, Error>(1)
+        })
+        .unwrap();
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(4), "{took:?}");
+    let mut read = router.read(Some(written)).unwrap();
+    assert_eq!(stock(&mut read), 8);
 }
 
 /// A write that rolls back gives no position, and neither does one the
@@ -580,6 +611,13 @@ fn a_route_inside_a_transaction_on_the_replica_is_refused() {
             })
     });
     assert!(matches!(seen, Err(Error::AlreadyInTransaction)), "{seen:?}");
+
+    // A route that looks at nothing (no position to see) is no question of
+    // snapshots: it is answered inside a transaction too.
+    let route = replica.transaction(|conn| {
+        replica::route(conn, None, Policy::WaitThenPrimary(Duration::from_secs(1)))
+    });
+    assert!(matches!(route, Ok(Route::Replica { .. })), "{route:?}");
 }
 
 #[test]

@@ -360,11 +360,18 @@ async fn positions_are_taken_after_the_commit_and_only_from_a_standby() {
     // predate the replay the look would find.
     let mut standby = connect(&db.standby_url).await;
     Manager::begin_transaction(&mut standby).await.unwrap();
-    let inside = replica::route(&mut standby, Some(Lsn::from(0)), Policy::Primary).await;
+    let policy = Policy::WaitThenPrimary(Duration::from_secs(1));
+    let inside = replica::route(&mut standby, Some(Lsn::from(0)), policy).await;
+    // Without a position to see, nothing is looked at: no refusal.
+    let nothing_to_see = replica::route(&mut standby, None, policy).await;
     Manager::rollback_transaction(&mut standby).await.unwrap();
     assert!(
         matches!(inside, Err(Error::AlreadyInTransaction)),
         "{inside:?}"
+    );
+    assert!(
+        matches!(nothing_to_see, Ok(Route::Replica { .. })),
+        "{nothing_to_see:?}"
     );
     // And a standby takes no advisory lock: it would exclude no one on the
     // primary.

@@ -92,8 +92,9 @@ pub async fn replayed_lsn(replica: &mut AsyncPgConnection) -> Result<Option<Lsn>
 ///
 /// # Errors
 ///
-/// * [`Error::AlreadyInTransaction`] when a transaction is open on `replica`,
-///   as [`replica::route`](super::route()); nothing is sent.
+/// * [`Error::AlreadyInTransaction`] when a transaction is open on `replica`
+///   and the replica is to be looked at, as [`replica::route`](super::route());
+///   nothing is sent.
 /// * [`Error::ReplicaBehind`] when the wait of [`Policy::WaitOrFail`] ran out.
 /// * the errors of the replica's connection.
 pub async fn route(
@@ -101,11 +102,11 @@ pub async fn route(
     written: Option<Lsn>,
     policy: Policy,
 ) -> Result<Route> {
-    outside_transaction(in_transaction(replica))?;
     let mut routing = match Routing::start(written, policy) {
         Ok(routing) => routing,
         Err(route) => return Ok(route),
     };
+    outside_transaction(in_transaction(replica))?;
     loop {
         match routing.look(replayed_lsn(replica).await?) {
             Step::Done(decided) => return decided,
@@ -271,7 +272,14 @@ impl<P: AsyncPgPool> Router<P> {
         let out = locked_transaction(conn, LockOptions::default(), work).await?;
         let written = match commit_lsn(conn).await {
             Ok(written) => written,
+            Err(err) if !super::position::committed_elsewhere(&err) => return Err(E::from(err)),
             Err(err) => {
+                // Given back to the pool, which discards it (a pool of one
+                // has no other, and this one cannot read the position).
+                use diesel_async::{AsyncConnection, TransactionManager};
+                <AsyncPgConnection as AsyncConnection>::TransactionManager::transaction_manager_status_mut(conn)
+                    .set_in_error();
+                drop(pooled);
                 let other = match self.primary().await {
                     Ok(mut other) => commit_lsn(&mut other).await,
                     Err(pool) => Err(pool),

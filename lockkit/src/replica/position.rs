@@ -74,6 +74,13 @@ pub fn commit_lsn(primary: &mut PgConnection) -> Result<Lsn> {
         .committed()
 }
 
+/// Whether another connection may read the position of a write whose own
+/// connection failed with `err`: not where a transaction is still open on it
+/// (the write, inside a test transaction or the caller's, has not committed).
+pub(crate) fn committed_elsewhere(err: &Error) -> bool {
+    !matches!(err, Error::AlreadyInTransaction)
+}
+
 /// The position of a write that committed on a connection that could not
 /// read it (`first`: why), read on another connection to the primary by
 /// `other` (blocking and async routers): any position read after the `COMMIT`

@@ -83,16 +83,18 @@ const MAX_PAUSE: Duration = Duration::from_millis(20);
 ///
 /// # Errors
 ///
-/// * [`Error::AlreadyInTransaction`] when a transaction is open on `replica`;
-///   nothing is sent. Route first, then open the transaction.
+/// * [`Error::AlreadyInTransaction`] when a transaction is open on `replica`
+///   and the replica is to be looked at (a position to see, a policy that
+///   may read the replica); nothing is sent. Route first, then open the
+///   transaction.
 /// * [`Error::ReplicaBehind`] when the wait of [`Policy::WaitOrFail`] ran out.
 /// * the errors of the replica's connection.
 pub fn route(replica: &mut PgConnection, written: Option<Lsn>, policy: Policy) -> Result<Route> {
-    outside_transaction(in_transaction(replica))?;
     let mut routing = match Routing::start(written, policy) {
         Ok(routing) => routing,
         Err(route) => return Ok(route),
     };
+    outside_transaction(in_transaction(replica))?;
     loop {
         match routing.look(replayed_lsn(replica)?) {
             Step::Done(decided) => return decided,

@@ -108,9 +108,20 @@ impl Router {
         let out = crate::locked_transaction(conn, LockOptions::default(), work)?;
         let written = match commit_lsn(conn) {
             Ok(written) => written,
-            Err(err) => super::position::read_elsewhere(err, || {
-                self.primary().and_then(|mut other| commit_lsn(&mut other))
-            })?,
+            Err(err) if !super::position::committed_elsewhere(&err) => return Err(E::from(err)),
+            Err(err) => {
+                // Given back to the pool, which discards it (a pool of one
+                // has no other, and this one cannot read the position).
+                use diesel::connection::{Connection, TransactionManager};
+                <PgConnection as Connection>::TransactionManager::transaction_manager_status_mut(
+                    conn,
+                )
+                .set_in_error();
+                drop(pooled);
+                super::position::read_elsewhere(err, || {
+                    self.primary().and_then(|mut other| commit_lsn(&mut other))
+                })?
+            }
         };
         Ok((out, written))
     }
