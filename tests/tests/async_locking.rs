@@ -244,6 +244,47 @@ async_backend_tests! {
         assert!(holds[0] >= 0.080, "{holds:?}");
     }
 
+    async fn a_with_lock_dropped_or_panicking_in_its_closure_records_its_hold(db) {
+        // A timeout around a lock held too long is the hold the warning is
+        // for: the dropped call records it, and so does one whose closure
+        // panics, as the blocking side does.
+        seed_items(&mut db.conn(), &[(1, 5)]);
+        let url = db.url.clone();
+        let ((), seen) = std::thread::spawn(move || {
+            observe(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                runtime.block_on(async {
+                    let mut conn: Async = async_common::connect(&url, BACKEND).await;
+                    let call = lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |_, _: Item| {
+                        tokio::time::sleep(Duration::from_secs(60)).await;
+                        Ok::<_, Error>(())
+                    });
+                    assert!(tokio::time::timeout(Duration::from_millis(80), call).await.is_err());
+                    // Closed: the server rolls back what the dropped call left open.
+                    drop(conn);
+                    let url = url.clone();
+                    let panicked = tokio::spawn(async move {
+                        let mut conn: Async = async_common::connect(&url, BACKEND).await;
+                        lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |_, _: Item| {
+                            tokio::time::sleep(Duration::from_millis(40)).await;
+                            if true {
+                                panic!("the closure panics");
+                            }
+                            Ok::<_, Error>(())
+                        })
+                        .await
+                    });
+                    assert!(panicked.await.unwrap_err().is_panic());
+                })
+            })
+        })
+        .join()
+        .unwrap();
+        let holds = seen.histogram("lockkit_lock_hold_seconds{table=items}");
+        assert_eq!(holds.len(), 2, "the dropped call's and the panicking one's: {holds:?}");
+        assert!(holds.iter().all(|held| *held >= 0.040), "{holds:?}");
+    }
+
     async fn nowait_skip_locked_and_timeout_on_a_held_row_and_the_setting_put_back(db) {
         seed_items(&mut db.conn(), &[(1, 5)]);
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;

@@ -156,7 +156,11 @@ where
     let mut held = None;
     let unsure = journal::unsure(&mut journal::AsyncWatched(&mut *conn));
     let result = match lock_row::<M, C>(conn, key, options).await {
-        Ok((row, lock)) => {
+        Ok((row, mut lock)) => {
+            // Nested in the caller's transaction, the lock lasts until the
+            // caller's end, which lockkit does not see (the blocking side
+            // hands it to the outer lockkit transaction's scope).
+            lock.recorded = !began.nested;
             held = Some(lock);
             // Its rows came: the read hid no deadlock, and asks no question later.
             journal::own_read_done(&mut journal::AsyncWatched(&mut *conn), unsure);
@@ -166,29 +170,31 @@ where
     };
     let result = end(level, began, restore, result).await;
     unsettled.settled();
-    // Nested in the caller's transaction, the lock lasts until the caller's
-    // end, which lockkit does not see (the blocking side hands it to the
-    // outer lockkit transaction's scope).
-    if let (Some(lock), false) = (held, began.nested) {
-        lock.released();
-    }
+    // The transaction has ended: the hold is recorded.
+    drop(held);
     result
 }
 
 /// The row lock [`with_lock`] took: what the blocking side's transaction scope
-/// keeps of a lock, to report how long it was held.
+/// keeps of a lock, to report how long it was held. Recorded (and warned about
+/// past [`hold_warning`](crate::metrics::hold_warning)) when dropped: after
+/// the call's transaction ended, or where the call's future was dropped or its
+/// work panicked, whose transaction is rolled back.
 struct HeldRow {
     table: &'static str,
     key: Option<String>,
     since: std::time::Instant,
+    /// Whether the drop records the hold: not for a lock nested in the
+    /// caller's transaction.
+    recorded: bool,
 }
 
-impl HeldRow {
-    /// Its transaction has ended: the hold is recorded (and warned about past
-    /// [`hold_warning`](crate::metrics::hold_warning)).
-    fn released(self) {
-        let held = self.since.elapsed();
-        crate::metrics::record_lock_held("row", self.table, self.key.as_deref(), held);
+impl Drop for HeldRow {
+    fn drop(&mut self) {
+        if self.recorded {
+            let held = self.since.elapsed();
+            crate::metrics::record_lock_held("row", self.table, self.key.as_deref(), held);
+        }
     }
 }
 
@@ -242,6 +248,7 @@ where
         table: M::TABLE_NAME,
         since: waited.acquired(M::TABLE_NAME, 1),
         key: crate::transaction::scope::named(|| format!("{key:?}")),
+        recorded: true,
     };
     let lock = options.row_lock();
     if lock == ForUpdate::LOCK {
