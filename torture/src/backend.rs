@@ -96,15 +96,16 @@ pub fn setup(conn: &mut AnyConnection, config: &Config) -> Result<(), Error> {
     if conn.backend() == Backend::Sqlite {
         conn.batch_execute("PRAGMA journal_mode = WAL;")?;
     }
+    use lockkit::version_trigger::{down_sql, up_sql};
+    let dialect = dialect(conn.backend());
+    // The trigger of an earlier run first: on PostgreSQL dropping the table
+    // leaves the trigger's function, which `up_sql` would then not replace.
+    let down = down_sql(dialect, "torture_items", "lock_version").expect("plain identifiers");
+    conn.batch_execute(&down)?;
     conn.batch_execute(crate::schema::CREATE_TABLES)?;
     if config.bump == Bump::Trigger {
-        let sql = lockkit::version_trigger::up_sql(
-            dialect(conn.backend()),
-            "torture_items",
-            "lock_version",
-        )
-        .expect("plain identifiers");
-        conn.batch_execute(&sql)?;
+        let up = up_sql(dialect, "torture_items", "lock_version").expect("plain identifiers");
+        conn.batch_execute(&up)?;
     }
     conn.transaction(|conn| {
         for id in 1..=config.items {

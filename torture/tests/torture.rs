@@ -185,3 +185,16 @@ fn a_bad_command_line_is_refused() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--processes"));
 }
+
+/// The long run goes again and again on one database (CONTRIBUTING): a second
+/// run's setup replaces the first's tables and version trigger. On PostgreSQL
+/// dropping the table leaves the trigger's function, which a second install
+/// must not meet.
+#[test]
+fn a_second_run_on_the_same_postgres_database() {
+    let db = TestDb::<PgConnection>::new("torture_twice");
+    for run in 1..=2 {
+        let (ok, out) = torture(&db.url, &["--seconds", "1"]);
+        assert!(ok, "run {run}:\n{out}");
+    }
+}
