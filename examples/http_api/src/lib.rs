@@ -6,8 +6,8 @@
 //! | request | answer |
 //! | --- | --- |
 //! | `GET /items/{id}` | `200`, the item as JSON, `ETag: "v<version>"`; `404` |
-//! | `POST /items` `{"name": .., "stock": ..}` | `201`, `Location`, `ETag`, the item |
-//! | `PUT /items/{id}` + `If-Match` + `{"name": .., "stock": ..}` | `200` with the new `ETag`; `412` if the item changed since that `ETag` was read (the body is `application/problem+json` with the current ETag); `428` without `If-Match`; `400` for a malformed one; `404` |
+//! | `POST /items` `{"name": .., "stock": ..}` | `201`, `Location`, `ETag`, the item; `422` for an empty name, one over 255 characters or with a NUL, or a negative stock |
+//! | `PUT /items/{id}` + `If-Match` + `{"name": .., "stock": ..}` | `200` with the new `ETag`; `412` if the item changed since that `ETag` was read (the body is `application/problem+json` with the current ETag); `428` without `If-Match`; `400` for a malformed one; `404`; `422` for a body `POST` refuses |
 //! | `DELETE /items/{id}` + `If-Match` | `204`; `412`, `428`, `400`, `404` as for `PUT` |
 //!
 //! `If-Match: *` writes whatever the version (the item must exist); a list of

@@ -635,7 +635,43 @@ fn client_gone_mid_sale(url: &str) {
     assert_eq!(now.etag, sold.etag, "{now:?}");
 }
 
+/// Names no column can hold are a `422`, on `POST` and both `PUT` routes, and
+/// nothing is written: longer than 255 characters (MySQL/MariaDB's
+/// `VARCHAR(255)` refuses the 256th), or with a NUL (PostgreSQL's `text`
+/// refuses it). The limit counts characters, not bytes: 255 two-byte ones fit.
+/// Without the check the database refused them, a `500`, on those backends.
+fn names_no_column_can_hold(url: &str) {
+    let (server, id) = Server::with_item(url, "gadget", 5);
+    let client = server.client();
+    let fits = "é".repeat(255);
+    let bad = ["x".repeat(256), "é".repeat(256), "a\u{0}b".to_owned()];
+    for name in &bad {
+        let reply = client.send(
+            "POST",
+            "/items",
+            None,
+            Some(json!({ "name": name, "stock": 1 })),
+        );
+        assert_problem(&reply, 422);
+        for route in [ASYNC, BLOCKING] {
+            assert_problem(&client.put_via(route, id, Some("\"v0\""), name, 1), 422);
+        }
+    }
+    let now = client.get(id);
+    assert_eq!(now.etag.as_deref(), Some("\"v0\""), "{now:?}");
+    assert_eq!(now.body["name"], "gadget", "{now:?}");
+    // Only the item made at the start: no refused `POST` wrote a row.
+    assert_problem(&client.get(id + 1), 404);
+
+    let (long, _) = client.create(&fits, 1);
+    assert_eq!(client.get(long).body["name"], fits.as_str());
+    let reply = client.put(id, Some("\"v0\""), &fits, 2);
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(client.get(id).body["name"], fits.as_str());
+}
+
 lockkit_tests::url_tests! {
+    fn names_no_column_can_hold(url) { super::names_no_column_can_hold(url) }
     fn two_clients_one_wins(url) { super::two_clients_one_wins(url, [super::ASYNC, super::ASYNC]) }
     fn two_clients_one_wins_one_blocking(url) { super::two_clients_one_wins(url, [super::ASYNC, super::BLOCKING]) }
     fn preconditions(url) { super::preconditions(url) }
