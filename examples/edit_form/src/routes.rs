@@ -7,6 +7,7 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::Router;
 use diesel::prelude::*;
+use lockkit::etag::VersionIn;
 use lockkit::Versioned;
 
 use crate::merge::{merge, Fields, Submitted};
@@ -25,12 +26,34 @@ pub fn app(pool: Pool) -> Router {
 #[derive(Debug)]
 enum Failure {
     NotFound,
+    /// Contention (a busy database, a lock wait) or no connection: try again.
     Unavailable(String),
+    /// Refused for a reason trying again does not change, with its status: a
+    /// `409` for a version no write can follow (a form whose hidden version was
+    /// set to `i32::MAX`), a `500` for a database error.
+    Refused(StatusCode, String),
 }
 
 impl Failure {
     fn unavailable(err: &dyn std::fmt::Display) -> Failure {
         Failure::Unavailable(err.to_string())
+    }
+}
+
+/// A lockkit error's page, by lockkit's own HTTP mapping
+/// ([`lockkit::etag::status_for_version_in`]) for a version that came in the
+/// request's body, as the form's hidden field does: only a `503` (contention,
+/// which a retry gets past) says the database is busy.
+impl From<lockkit::Error> for Failure {
+    fn from(err: lockkit::Error) -> Failure {
+        match lockkit::etag::status_for_version_in(&err, VersionIn::Body) {
+            404 => Failure::NotFound,
+            503 => Failure::unavailable(&err),
+            status => Failure::Refused(
+                StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                err.to_string(),
+            ),
+        }
     }
 }
 
@@ -44,6 +67,17 @@ impl IntoResponse for Failure {
             Failure::Unavailable(err) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 pages::message("Try again", &format!("The database is busy: {err}")),
+            ),
+            Failure::Refused(status, err) if status.is_client_error() => (
+                status,
+                pages::message(
+                    "Not saved",
+                    &format!("This form cannot be saved ({err}). Open the item again to edit it."),
+                ),
+            ),
+            Failure::Refused(status, err) => (
+                status,
+                pages::message("Something went wrong", &format!("Nothing was saved: {err}")),
             ),
         };
         (status, Html(body)).into_response()
@@ -69,7 +103,7 @@ fn load(conn: &mut SqliteConnection, id: i32) -> Result<Item, Failure> {
         .select(Item::as_select())
         .first(conn)
         .optional()
-        .map_err(|err| Failure::unavailable(&err))?
+        .map_err(|err| Failure::from(lockkit::classify(err)))?
         .ok_or(Failure::NotFound)
 }
 
@@ -82,7 +116,8 @@ async fn edit(State(pool): State<Pool>, Path(id): Path<i32>, uri: Uri) -> Respon
 }
 
 /// `UPDATE items SET name = ?, stock = ?, lock_version = lock_version + 1
-///  WHERE id = ? AND lock_version = ?`: saved, or a conflict page (409).
+///  WHERE id = ? AND lock_version = ?`: saved, or a conflict page (409). Any
+/// other refusal gets lockkit's status for it (`Failure::from`).
 async fn save(
     State(pool): State<Pool>,
     Path(id): Path<i32>,
@@ -106,7 +141,8 @@ async fn save(
                 let merged = merge(&form.original(), &mine, &now);
                 Ok(Some(pages::conflict(&mine, &current, &merged)))
             }
-            Err(err) => Err(Failure::unavailable(&err)),
+            // Not every other error is a busy database: lockkit's mapping says.
+            Err(err) => Err(Failure::from(err)),
         }
     })
     .await;

@@ -359,3 +359,32 @@ fn a_stale_form_is_answered_with_409_and_writes_nothing() {
     let row = item(pool);
     assert_eq!((row.stock, row.lock_version), (4, 1));
 }
+
+/// A form whose hidden version was tampered with to `i32::MAX`: no write can
+/// follow that version (`Error::VersionOverflow`), which is not the database
+/// being busy. Answered as lockkit's `status_for_version_in` answers it for a
+/// version sent in the body, `409`, with a page that says the form cannot be
+/// saved; nothing is written.
+#[test]
+fn a_version_at_its_maximum_is_a_409_not_a_busy_database() {
+    let App { pool, base, .. } = &App::start("edit_form_overflow");
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .build()
+        .into();
+    let mut response = agent
+        .post(format!("{base}/items/1"))
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .send(format!(
+            "name=Blue+mug&stock=4&orig_name=Blue+mug&orig_stock=10&lock_version={}",
+            i32::MAX
+        ))
+        .unwrap();
+    let status = response.status().as_u16();
+    let page = response.body_mut().read_to_string().unwrap();
+    assert_eq!(status, 409, "{page}");
+    assert!(!page.contains("busy"), "{page}");
+    let row = item(pool);
+    assert_eq!((row.stock, row.lock_version), (10, 0), "nothing written");
+}
