@@ -9,9 +9,9 @@ use diesel::dsl::count_star;
 use diesel::prelude::*;
 use lockkit::outbox::schema::{lockkit_inbox, lockkit_outbox};
 use lockkit::outbox::{self, Inbox, Received, Relay};
-use lockkit_tests::support::{AnyConnection, Migrations};
+use lockkit_tests::support::{AnyConnection, Backend, Migrations};
 
-use crate::broker::{Broker, Delivery};
+use crate::broker::{Broker, Delivery, MESSAGE_ID_HEADER};
 use crate::{
     Audit, ConsumerOptions, ConsumerReport, OrderCreated, OutboxError, RelayOptions, RelayReport,
     CRASH_EXIT,
@@ -61,23 +61,22 @@ pub(crate) fn setup(url: &str, items: i32) -> Result<(), OutboxError> {
 pub(crate) fn place_orders(url: &str, subject: &str, count: u32) -> Result<Vec<i32>, OutboxError> {
     let mut conn = open(url)?;
     let items = i32::try_from(items(&mut conn)?.max(1)).unwrap_or(1);
-    let first = last_order(&mut conn)? + 1;
     let mut ids = Vec::new();
     for n in 0..i32::try_from(count).unwrap_or(i32::MAX) {
-        let order = OrderCreated {
-            order: first + n,
-            item: n % items + 1,
-            qty: n % 3 + 1,
-        };
-        let payload =
-            serde_json::to_string(&order).map_err(|e| OutboxError::Usage(e.to_string()))?;
+        let (item, qty) = (n % items + 1, n % 3 + 1);
         // The order and its message: one transaction, both or neither.
-        conn.transaction(|conn| -> Result<(), OutboxError> {
-            insert_order(conn, &order)?;
+        let id = conn.transaction(|conn| -> Result<i32, OutboxError> {
+            let order = OrderCreated {
+                order: insert_order(conn, item, qty)?,
+                item,
+                qty,
+            };
+            let payload =
+                serde_json::to_string(&order).map_err(|e| OutboxError::Usage(e.to_string()))?;
             outbox::enqueue(conn, subject, &payload)?;
-            Ok(())
+            Ok(order.order)
         })?;
-        ids.push(order.order);
+        ids.push(id);
     }
     Ok(ids)
 }
@@ -152,7 +151,36 @@ pub(crate) fn run_consumer(
         for delivery in &deliveries {
             report.delivered += 1;
             report.redelivered += u64::from(delivery.delivered > 1);
-            match apply(&mut conn, &inbox, delivery)? {
+            let received = match apply(&mut conn, &inbox, delivery) {
+                Ok(received) => received,
+                // No delivery of it can ever be applied, and an unacked message
+                // comes back for ever: terminate it, so that JetStream delivers
+                // it no more, and go on with the rest.
+                Err(err @ OutboxError::BadMessage { .. }) => {
+                    report.rejected += 1;
+                    eprintln!("consumer {}: rejected: {err}", options.name);
+                    if let Err(err) = broker.reject(delivery) {
+                        outage.wait_out(&options.name, err)?;
+                    }
+                    continue;
+                }
+                // Caused by another transaction, and rolled back with the id:
+                // not acked, the message comes again, and the inbox tells a
+                // redelivery of an applied one (lockkit's `Inbox::receive`).
+                Err(err) if err.is_retryable() => {
+                    report.retried += 1;
+                    eprintln!(
+                        "consumer {}: {err}; {} comes again",
+                        options.name, delivery.message_id
+                    );
+                    if let Err(err) = broker.retry_later(delivery) {
+                        outage.wait_out(&options.name, err)?;
+                    }
+                    continue;
+                }
+                Err(err) => return Err(err),
+            };
+            match received {
                 Received::Applied(()) => {
                     report.applied += 1;
                     if options.crash_after_effect == Some(report.applied as u32) {
@@ -197,17 +225,31 @@ impl Outage {
 }
 
 /// The message's effect, through the inbox: applied once per message id.
+/// [`OutboxError::BadMessage`] for a message that can never be applied: its
+/// body is not an order, its `Outbox-Id` header is missing (or not an id the
+/// inbox takes), or its item has no stock.
 fn apply(
     conn: &mut AnyConnection,
     inbox: &Inbox,
     delivery: &Delivery,
 ) -> Result<Received<()>, OutboxError> {
+    let bad = |reason: String| OutboxError::BadMessage {
+        id: delivery.message_id.clone(),
+        reason,
+    };
+    if delivery.message_id.is_empty() {
+        return Err(bad(format!("no {MESSAGE_ID_HEADER} header")));
+    }
     let order: OrderCreated =
-        serde_json::from_slice(&delivery.payload).map_err(|e| OutboxError::BadMessage {
-            id: delivery.message_id.clone(),
-            reason: e.to_string(),
-        })?;
-    inbox.receive(conn, &delivery.message_id, |conn| reserve(conn, &order))
+        serde_json::from_slice(&delivery.payload).map_err(|e| bad(e.to_string()))?;
+    inbox
+        .receive(conn, &delivery.message_id, |conn| reserve(conn, &order))
+        .map_err(|err| match err {
+            // The id itself (too long, a NUL), refused before anything was sent.
+            OutboxError::Lockkit(lockkit::Error::InvalidInput(reason)) => bad(reason.into()),
+            OutboxError::BadMessage { reason, .. } => bad(reason),
+            other => other,
+        })
 }
 
 pub(crate) fn audit(url: &str) -> Result<Audit, OutboxError> {
@@ -234,42 +276,54 @@ fn reset(conn: &mut AnyConnection, items: i32) -> Result<(), OutboxError> {
     Ok(())
 }
 
-/// The highest order id, 0 when there is none.
-fn last_order(conn: &mut AnyConnection) -> Result<i32, OutboxError> {
-    Ok(orders::table
-        .select(diesel::dsl::max(orders::id))
-        .first::<Option<i32>>(conn)?
-        .unwrap_or(0))
-}
-
 /// How many items are stocked.
 fn items(conn: &mut AnyConnection) -> Result<i64, OutboxError> {
     Ok(stock::table.count().get_result(conn)?)
 }
 
-/// Inserts the order row (inside the caller's transaction).
-fn insert_order(conn: &mut AnyConnection, order: &OrderCreated) -> Result<(), OutboxError> {
+/// Inserts an order row (inside the caller's transaction) and returns the id
+/// the database gave it. The database, not `MAX(id) + 1`: two order services
+/// reading the same maximum would insert the same id, and one would fail.
+/// The id is read back on the connection that inserted it, before the
+/// message's insert (whose id `LAST_INSERT_ID()` and `last_insert_rowid()`
+/// would give next): `RETURNING` is not on every backend the enum covers.
+fn insert_order(conn: &mut AnyConnection, item: i32, qty: i32) -> Result<i32, OutboxError> {
     diesel::insert_into(orders::table)
-        .values((
-            orders::id.eq(order.order),
-            orders::item_id.eq(order.item),
-            orders::qty.eq(order.qty),
-        ))
+        .values((orders::item_id.eq(item), orders::qty.eq(qty)))
         .execute(conn)?;
-    Ok(())
+    let last_id = match conn.backend() {
+        Backend::Postgres => "currval(pg_get_serial_sequence('orders', 'id'))",
+        Backend::Mysql => "CAST(LAST_INSERT_ID() AS SIGNED)",
+        Backend::Sqlite => "last_insert_rowid()",
+    };
+    let id: i64 =
+        diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(last_id)).get_result(conn)?;
+    i32::try_from(id).map_err(|e| diesel::result::Error::DeserializationError(e.into()).into())
 }
 
 /// The effect of a message: reserve the stock (inside the inbox's transaction).
+/// An item without a `stock` row is [`OutboxError::BadMessage`]: the error
+/// rolls the transaction back, the inbox's record of the id with it, so the
+/// order is not taken for applied; a redelivery would find no row either.
+/// Database errors are classified, so that a deadlock here is retried.
 fn reserve(conn: &mut AnyConnection, order: &OrderCreated) -> Result<(), OutboxError> {
-    diesel::update(stock::table.find(order.item))
+    let stocked = diesel::update(stock::table.find(order.item))
         .set(stock::reserved.eq(stock::reserved + order.qty))
-        .execute(conn)?;
+        .execute(conn)
+        .map_err(lockkit::classify)?;
+    if stocked == 0 {
+        return Err(OutboxError::BadMessage {
+            id: String::new(), // `apply` names the message
+            reason: format!("no stock row for item {}", order.item),
+        });
+    }
     diesel::insert_into(reservations::table)
         .values((
             reservations::order_id.eq(order.order),
             reservations::qty.eq(order.qty),
         ))
-        .execute(conn)?;
+        .execute(conn)
+        .map_err(lockkit::classify)?;
     Ok(())
 }
 

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer::pull, stream};
+use async_nats::jetstream::{self, consumer::pull, stream, AckKind};
 use async_nats::HeaderMap;
 use futures_util::StreamExt;
 use lockkit::outbox::OutboxMessage;
@@ -38,7 +38,8 @@ pub struct Broker {
 /// One delivered message, as the consumer sees it.
 #[derive(Debug)]
 pub struct Delivery {
-    /// The `Outbox-Id` header (empty when missing).
+    /// The `Outbox-Id` header (empty when missing: the consumer rejects the
+    /// message).
     pub message_id: String,
     /// The body.
     pub payload: Vec<u8>,
@@ -214,6 +215,24 @@ impl Broker {
     pub fn ack(&self, delivery: &Delivery) -> Result<(), OutboxError> {
         self.runtime
             .block_on(delivery.message.double_ack())
+            .map_err(broker_error)
+    }
+
+    /// Terminates a delivery that no delivery of could ever be applied (a
+    /// poison message): JetStream stops redelivering it, and it no longer
+    /// counts as pending. Waits for JetStream to confirm, as [`Broker::ack`].
+    pub fn reject(&self, delivery: &Delivery) -> Result<(), OutboxError> {
+        self.runtime
+            .block_on(delivery.message.double_ack_with(AckKind::Term))
+            .map_err(broker_error)
+    }
+
+    /// Hands a delivery back unapplied (a negative ack): JetStream delivers it
+    /// again at once rather than after [`ACK_WAIT`]. Not confirmed: a lost one
+    /// only means the redelivery waits for the ack wait.
+    pub fn retry_later(&self, delivery: &Delivery) -> Result<(), OutboxError> {
+        self.runtime
+            .block_on(delivery.message.ack_with(AckKind::Nak(None)))
             .map_err(broker_error)
     }
 

@@ -20,8 +20,10 @@ pub enum OutboxError {
     /// NATS refused or could not be reached.
     #[error("broker: {0}")]
     Broker(String),
-    /// A message that is not an order's.
-    #[error("unreadable message {id:?}: {reason}")]
+    /// A message no delivery of which can ever be applied: not an order's,
+    /// without a usable `Outbox-Id` header, or for an item without stock. The
+    /// consumer rejects it (JetStream delivers it no more) and goes on.
+    #[error("unusable message {id:?}: {reason}")]
     BadMessage {
         /// Its `Outbox-Id` header.
         id: String,
@@ -34,6 +36,15 @@ pub enum OutboxError {
     /// Bad options.
     #[error("{0}")]
     Usage(String),
+}
+
+impl OutboxError {
+    /// Whether the same work may succeed when run again: a lockkit error that
+    /// other transactions caused ([`lockkit::Error::is_retryable`]: a deadlock,
+    /// a lock wait timeout, SQLite's busy database).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, OutboxError::Lockkit(err) if err.is_retryable())
+    }
 }
 
 /// The shared connection code's errors, as this example words them.

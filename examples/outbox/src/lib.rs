@@ -13,7 +13,11 @@
 //! * **Consumer** ([`run_consumer`]): pulls messages, applies each one's effect
 //!   (reserve the stock: `stock.reserved += qty` and a `reservations` row) in
 //!   the transaction that records its id in the inbox (`Inbox::receive`), then
-//!   acks. A redelivered message is recognised and only acked.
+//!   acks. A redelivered message is recognised and only acked. A message that
+//!   can never be applied (not an order, no `Outbox-Id` header, an item without
+//!   stock) is rejected: terminated, so that JetStream delivers it no more, and
+//!   counted; one that a deadlock or a busy database stopped is handed back
+//!   unacked, to come again. Neither stops the consumer.
 //!
 //! Both crash windows of at-least-once delivery can be hit on purpose:
 //! `--crash-after-publish N` makes a relay exit after JetStream acked its N-th

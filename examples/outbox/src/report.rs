@@ -34,6 +34,12 @@ pub struct ConsumerReport {
     pub applied: u64,
     /// Deliveries the inbox recognised as already applied: duplicates absorbed.
     pub absorbed: u64,
+    /// Messages no delivery of which could be applied (not an order's, no
+    /// `Outbox-Id` header, an item without stock): terminated, not redelivered.
+    pub rejected: u64,
+    /// Deliveries a retryable database error (a deadlock, a busy database)
+    /// stopped: not acked, so JetStream delivers them again.
+    pub retried: u64,
 }
 
 impl ConsumerReport {
@@ -51,6 +57,8 @@ impl ConsumerReport {
             redelivered: field("redelivered")?,
             applied: field("applied")?,
             absorbed: field("absorbed")?,
+            rejected: field("rejected")?,
+            retried: field("retried")?,
         })
     }
 }
@@ -63,6 +71,8 @@ impl std::ops::Add for ConsumerReport {
             redelivered: self.redelivered + other.redelivered,
             applied: self.applied + other.applied,
             absorbed: self.absorbed + other.absorbed,
+            rejected: self.rejected + other.rejected,
+            retried: self.retried + other.retried,
         }
     }
 }
@@ -71,8 +81,13 @@ impl fmt::Display for ConsumerReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "delivered={} redelivered={} applied={} absorbed={}",
-            self.delivered, self.redelivered, self.applied, self.absorbed
+            "delivered={} redelivered={} applied={} absorbed={} rejected={} retried={}",
+            self.delivered,
+            self.redelivered,
+            self.applied,
+            self.absorbed,
+            self.rejected,
+            self.retried
         )
     }
 }

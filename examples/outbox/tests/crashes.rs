@@ -1,6 +1,8 @@
 //! The outbox under real crashes: relay and consumer processes exit at the exact
 //! point of each at-least-once window, against NATS JetStream and a real
-//! database, and the audit checks every order applied exactly once.
+//! database, and the audit checks every order applied exactly once. And under
+//! what a consumer meets in a real run: messages it can never apply, deadlocks
+//! and a busy database, and two order services at once.
 //!
 //! Each test runs in an empty database of its own ([`lockkit_tests::TestDb::empty`])
 //! and a JetStream stream of its own, deleted at the end. NATS is `NATS_URL`
@@ -17,7 +19,13 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use diesel::prelude::*;
+use diesel::sql_types::BigInt;
+use lockkit::outbox::schema::{lockkit_inbox, lockkit_outbox};
+use lockkit_tests::support::AnyConnection;
 use outbox::{Audit, Backend, BrokerConfig, ConsumerReport, CRASH_EXIT};
+
+diesel::table! { stock (item_id) { item_id -> Integer, reserved -> Integer } }
 
 /// The test's stream, named after the test and the backend, deleted on drop.
 struct Stream(BrokerConfig);
@@ -141,7 +149,9 @@ fn a_relay_killed_between_publish_and_mark(url: &str) {
             delivered: 25 + extra,
             redelivered: extra,
             applied: 20,
-            absorbed: 5 + extra
+            absorbed: 5 + extra,
+            rejected: 0,
+            retried: 0,
         },
         "every duplicate delivered and absorbed"
     );
@@ -453,7 +463,234 @@ fn a_dead_broker_costs_a_batch_one_ack_timeout(url: &str) {
     );
 }
 
+/// Publishes `payload` to the stream's order subject as no relay would: with
+/// `Outbox-Id: id` when given, without the header otherwise.
+fn publish_raw(broker: &BrokerConfig, id: Option<&str>, payload: &[u8]) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let client = async_nats::connect(&broker.url)
+            .await
+            .expect("connect to NATS");
+        let jetstream = async_nats::jetstream::new(client);
+        let subject = outbox::broker::Broker::subject(&broker.stream);
+        let sent = match id {
+            Some(id) => {
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert(outbox::broker::MESSAGE_ID_HEADER, id);
+                jetstream
+                    .publish_with_headers(subject, headers, payload.to_vec().into())
+                    .await
+            }
+            None => jetstream.publish(subject, payload.to_vec().into()).await,
+        };
+        sent.expect("publish").await.expect("JetStream stored it");
+    });
+}
+
+/// A message that is not an order's, and an order's body without its
+/// `Outbox-Id` header, sit at the head of the stream. No delivery of either can
+/// ever be applied: the consumer terminates both (JetStream delivers them no
+/// more), counts them as rejected, and applies every order behind them.
+fn a_bad_message_does_not_stop_the_consumer(url: &str) {
+    let stream = Stream::new("bad_message", url);
+    let broker = &stream.0;
+    outbox::setup(url, broker, 3).unwrap_or_else(|e| panic!("setup {url}: {e}"));
+    publish_raw(broker, Some("junk/1"), b"not an order");
+    publish_raw(broker, None, br#"{"order":1,"item":1,"qty":1}"#);
+    assert_eq!(outbox::place_orders(url, broker, 5).unwrap().len(), 5);
+    run(url, broker, "relay", &["--batch", "5"], 0);
+    let consumed = consume_the_rest(url, broker);
+    let audit = audit(url, broker);
+    assert!(audit.is_exactly_once(), "{audit}");
+    assert_eq!(audit.stream_messages, 7, "5 orders and the 2 bad messages");
+    assert_eq!(
+        (consumed.applied, consumed.rejected),
+        (5, 2),
+        "each bad message rejected once, never redelivered: {consumed}"
+    );
+}
+
+/// An order for an item the stock service does not carry (no `stock` row) is
+/// not applied: the inbox's transaction rolls back, so nothing records it, and
+/// the message is rejected rather than acked as done.
+fn an_order_for_an_unknown_item_is_rejected(url: &str) {
+    let stream = Stream::new("unknown_item", url);
+    let broker = &stream.0;
+    outbox::setup(url, broker, 0).unwrap_or_else(|e| panic!("setup {url}: {e}"));
+    assert_eq!(outbox::place_orders(url, broker, 1).unwrap().len(), 1);
+    run(url, broker, "relay", &[], 0);
+    let consumed = consume_the_rest(url, broker);
+    let audit = audit(url, broker);
+    assert_eq!(
+        (consumed.applied, consumed.rejected),
+        (0, 1),
+        "no stock row, nothing reserved: {consumed}"
+    );
+    assert_eq!(
+        (audit.inbox, audit.reservations, audit.reserved_qty),
+        (0, 0, 0),
+        "nothing recorded: {audit}"
+    );
+    assert!(!audit.is_exactly_once(), "{audit}");
+}
+
+/// Two order services at once (two `--role orders` processes, here two
+/// threads): both place all their orders, each with its own id, and each
+/// message names its own order.
+fn two_order_services_at_once(url: &str) {
+    const EACH: u32 = 20;
+    let stream = Stream::new("two_services", url);
+    let broker = &stream.0;
+    outbox::setup(url, broker, 3).unwrap_or_else(|e| panic!("setup {url}: {e}"));
+    let placed: Vec<_> = std::thread::scope(|s| {
+        let services: Vec<_> = (0..2)
+            .map(|_| s.spawn(|| outbox::place_orders(url, broker, EACH)))
+            .collect();
+        services
+            .into_iter()
+            .map(|t| t.join().expect("an order service panicked"))
+            .collect()
+    });
+    let mut ids = Vec::new();
+    for result in placed {
+        ids.extend(result.unwrap_or_else(|e| panic!("an order service failed: {e}")));
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(
+        ids.len(),
+        2 * EACH as usize,
+        "every order its own id: {ids:?}"
+    );
+    run(url, broker, "relay", &["--batch", "10"], 0);
+    let consumed = consume_the_rest(url, broker);
+    let audit = audit(url, broker);
+    assert_eq!(audit.orders, i64::from(2 * EACH), "{audit}");
+    assert!(audit.is_exactly_once(), "{audit}");
+    assert_eq!(consumed.applied, u64::from(2 * EACH), "{consumed}");
+}
+
+/// Whether a transaction in the test's database (other than `conn`'s) waits
+/// for a row lock: on MySQL/MariaDB, whether the consumer's `UPDATE stock`
+/// runs (it can only wait). PostgreSQL and MySQL/MariaDB.
+fn a_transaction_waits(conn: &mut AnyConnection) -> bool {
+    let query = match conn.backend() {
+        Backend::Postgres => {
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        }
+        // A row lock's wait shows as the statement that waits, still running.
+        // (`information_schema.innodb_trx` is a snapshot MariaDB refreshes
+        // when it likes.)
+        _ => {
+            "SELECT count(*) FROM information_schema.processlist \
+             WHERE db = DATABASE() AND info LIKE 'UPDATE `stock`%'"
+        }
+    };
+    diesel::select(diesel::dsl::sql::<BigInt>(&format!("({query})")))
+        .get_result::<i64>(conn)
+        .expect("read the lock waits")
+        > 0
+}
+
+/// A retryable database error while the consumer applies a message leaves the
+/// message unacked, and the consumer goes on: the message comes again and is
+/// applied once. On PostgreSQL and MySQL/MariaDB the error is a deadlock: the
+/// test's transaction holds the item's `stock` row, waits until the consumer
+/// waits for it (its inbox row written), then writes the same inbox row; the
+/// server picks the consumer as the victim (on PostgreSQL the test's session
+/// looks for deadlocks only after 10 s, the consumer's after 1 s; MySQL/MariaDB
+/// roll back the transaction that wrote less). On SQLite the test holds the
+/// database's write lock past the consumer's busy timeout (10 s).
+fn a_retryable_error_does_not_stop_the_consumer(url: &str) {
+    let stream = Stream::new("retryable", url);
+    let broker = &stream.0;
+    outbox::setup(url, broker, 3).unwrap_or_else(|e| panic!("setup {url}: {e}"));
+    assert_eq!(outbox::place_orders(url, broker, 1).unwrap().len(), 1);
+    run(url, broker, "relay", &[], 0);
+    let mut holder = AnyConnection::open(url).expect("open");
+    let outbox_id: i64 = lockkit_outbox::table
+        .select(lockkit_outbox::id)
+        .first(&mut holder)
+        .expect("the order's message");
+    let message_id = outbox::broker::message_id(outbox_id);
+    let consumer;
+    let held: Result<(), diesel::result::Error> = if holder.backend() == Backend::Sqlite {
+        // Plain SQL: the enum has no `immediate_transaction`.
+        diesel::sql_query("BEGIN IMMEDIATE")
+            .execute(&mut holder)
+            .expect("the write lock");
+        consumer = spawn(url, broker, "consumer", &["--idle-ms", "500"]);
+        std::thread::sleep(Duration::from_secs(12));
+        diesel::sql_query("ROLLBACK")
+            .execute(&mut holder)
+            .expect("rollback");
+        Err(diesel::result::Error::RollbackTransaction)
+    } else {
+        if holder.backend() == Backend::Postgres {
+            diesel::sql_query("SELECT set_config('deadlock_timeout', '10s', false)")
+                .execute(&mut holder)
+                .expect("deadlock_timeout");
+        }
+        let mut watcher = AnyConnection::open(url).expect("open");
+        let mut spawned = None;
+        let held = holder.transaction(|conn| {
+            // Every item, so that this transaction has written more than the
+            // consumer's when the deadlock forms.
+            diesel::update(stock::table)
+                .set(stock::reserved.eq(stock::reserved + 1000))
+                .execute(conn)?;
+            let consumer = spawned.insert(spawn(url, broker, "consumer", &["--idle-ms", "500"]));
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !a_transaction_waits(&mut watcher) {
+                if Instant::now() > deadline {
+                    let _ = consumer.kill();
+                    panic!("the consumer never waited for the stock row");
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            diesel::insert_into(lockkit_inbox::table)
+                .values((
+                    lockkit_inbox::consumer.eq("stock"),
+                    lockkit_inbox::message_id.eq(&message_id),
+                    lockkit_inbox::received_at.eq(0_i64),
+                ))
+                .execute(conn)?;
+            Err(diesel::result::Error::RollbackTransaction)
+        });
+        consumer = spawned.expect("the consumer");
+        held
+    };
+    assert!(
+        matches!(held, Err(diesel::result::Error::RollbackTransaction)),
+        "the test's transaction was not the victim: {held:?}"
+    );
+    let (code, out) = wait_all(vec![consumer], Duration::from_secs(120)).remove(0);
+    assert_eq!(code, Some(0), "{out}");
+    let consumed = consumer_report(&out);
+    let audit = audit(url, broker);
+    assert!(audit.is_exactly_once(), "{audit}");
+    assert_eq!(consumed.applied, 1, "{consumed}");
+    assert!(consumed.retried >= 1, "{consumed}");
+    assert_eq!(consumed.rejected, 0, "{consumed}");
+}
+
 lockkit_tests::url_tests! {
+    fn a_retryable_error_does_not_stop_the_consumer(url) {
+        super::a_retryable_error_does_not_stop_the_consumer(url)
+    }
+    fn a_bad_message_does_not_stop_the_consumer(url) {
+        super::a_bad_message_does_not_stop_the_consumer(url)
+    }
+    fn an_order_for_an_unknown_item_is_rejected(url) {
+        super::an_order_for_an_unknown_item_is_rejected(url)
+    }
+    fn two_order_services_at_once(url) {
+        super::two_order_services_at_once(url)
+    }
     fn a_dead_broker_costs_a_batch_one_ack_timeout(url) {
         super::a_dead_broker_costs_a_batch_one_ack_timeout(url)
     }
