@@ -482,26 +482,38 @@ impl Aborts {
     }
 }
 
-/// Whether the first word of a statement (its SQL, as the connection reports
-/// it) is `keyword`, in any case.
-fn first_word_is(query: &dyn std::fmt::Display, keyword: &str) -> bool {
+/// What `read` makes of the start of a statement (its SQL, as the connection
+/// reports it): the first piece the statement's `Display` writes, which holds
+/// its first words; the rest is not written. `None` for a statement that
+/// writes nothing.
+fn read_start<T>(query: &dyn std::fmt::Display, read: impl FnOnce(&str) -> T) -> Option<T> {
     use std::fmt::Write;
-    /// Reads the statement's first word, and stops the writing there.
-    struct First<'k>(&'k str, bool);
-    impl Write for First<'_> {
+    struct Start<R, T>(Option<R>, Option<T>);
+    impl<R: FnOnce(&str) -> T, T> Write for Start<R, T> {
         fn write_str(&mut self, sql: &str) -> std::fmt::Result {
-            let word = sql
-                .trim_start_matches(|c: char| c.is_whitespace())
-                .split(|c: char| !c.is_ascii_alphabetic())
-                .next()
-                .unwrap_or_default();
-            self.1 = word.eq_ignore_ascii_case(self.0);
+            if let Some(read) = self.0.take() {
+                self.1 = Some(read(sql));
+            }
+            // Enough read: the rest of the statement is not written.
             Err(std::fmt::Error)
         }
     }
-    let mut first = First(keyword, false);
-    let _ = write!(first, "{query}");
-    first.1
+    let mut start = Start(Some(read), None);
+    let _ = write!(start, "{query}");
+    start.1
+}
+
+/// The first word of `sql` (letters only).
+fn first_word(sql: &str) -> &str {
+    sql.trim_start_matches(|c: char| c.is_whitespace())
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .next()
+        .unwrap_or_default()
+}
+
+/// Whether the first word of a statement is `keyword`, in any case.
+fn first_word_is(query: &dyn std::fmt::Display, keyword: &str) -> bool {
+    read_start(query, |sql| first_word(sql).eq_ignore_ascii_case(keyword)).unwrap_or(false)
 }
 
 /// Whether a statement (its SQL, as the connection reports it) may answer
@@ -511,63 +523,48 @@ fn first_word_is(query: &dyn std::fmt::Display, keyword: &str) -> bool {
 /// `RETURNING`. Read off the statement's first word; the text is scanned for
 /// `RETURNING` only for a write that MariaDB lets return rows.
 fn may_answer_with_rows(query: &dyn std::fmt::Display) -> bool {
-    use std::fmt::Write;
-    /// Reads the statement as it is written, and stops the writing once it
-    /// knows.
-    struct Answer(Option<bool>);
-    impl Write for Answer {
-        fn write_str(&mut self, sql: &str) -> std::fmt::Result {
-            let word = sql
-                .trim_start_matches(|c: char| c.is_whitespace())
+    read_start(query, |sql| {
+        let word = first_word(sql);
+        let is = |keyword: &str| word.eq_ignore_ascii_case(keyword);
+        let never = [
+            "BEGIN",
+            "START",
+            "COMMIT",
+            "ROLLBACK",
+            "SAVEPOINT",
+            "RELEASE",
+            "UPDATE",
+            // DDL and table locks answer with no rows (most of them also
+            // commit implicitly; a temporary table's do not).
+            "CREATE",
+            "ALTER",
+            "DROP",
+            "TRUNCATE",
+            "RENAME",
+            "LOCK",
+            "UNLOCK",
+        ];
+        if is("SET") {
+            // MariaDB's `SET STATEMENT .. FOR <statement>` runs a statement
+            // that may answer with rows; any other `SET` does not.
+            sql.trim_start_matches(|c: char| c.is_whitespace())[word.len()..]
                 .split(|c: char| !c.is_ascii_alphabetic())
-                .next()
-                .unwrap_or_default();
-            let is = |keyword: &str| word.eq_ignore_ascii_case(keyword);
-            let never = [
-                "BEGIN",
-                "START",
-                "COMMIT",
-                "ROLLBACK",
-                "SAVEPOINT",
-                "RELEASE",
-                "UPDATE",
-                // DDL and table locks answer with no rows (most of them also
-                // commit implicitly; a temporary table's do not).
-                "CREATE",
-                "ALTER",
-                "DROP",
-                "TRUNCATE",
-                "RENAME",
-                "LOCK",
-                "UNLOCK",
-            ];
-            let answer = if is("SET") {
-                // MariaDB's `SET STATEMENT .. FOR <statement>` runs a statement
-                // that may answer with rows; any other `SET` does not.
-                sql.trim_start_matches(|c: char| c.is_whitespace())[word.len()..]
-                    .split(|c: char| !c.is_ascii_alphabetic())
-                    .find(|next| !next.is_empty())
-                    .is_some_and(|next| next.eq_ignore_ascii_case("STATEMENT"))
-            } else if never.iter().any(|keyword| is(keyword)) {
-                false
-            } else if ["INSERT", "REPLACE", "DELETE"]
-                .iter()
-                .any(|keyword| is(keyword))
-            {
-                sql.as_bytes()
-                    .windows("RETURNING".len())
-                    .any(|word| word.eq_ignore_ascii_case(b"RETURNING"))
-            } else {
-                true
-            };
-            self.0 = Some(answer);
-            // Enough read: the rest of the statement is not written.
-            Err(std::fmt::Error)
+                .find(|next| !next.is_empty())
+                .is_some_and(|next| next.eq_ignore_ascii_case("STATEMENT"))
+        } else if never.iter().any(|keyword| is(keyword)) {
+            false
+        } else if ["INSERT", "REPLACE", "DELETE"]
+            .iter()
+            .any(|keyword| is(keyword))
+        {
+            sql.as_bytes()
+                .windows("RETURNING".len())
+                .any(|word| word.eq_ignore_ascii_case(b"RETURNING"))
+        } else {
+            true
         }
-    }
-    let mut answer = Answer(None);
-    let _ = write!(answer, "{query}");
-    answer.0.unwrap_or(true)
+    })
+    .unwrap_or(true)
 }
 
 impl Journal {
