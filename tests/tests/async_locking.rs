@@ -217,29 +217,19 @@ async_backend_tests! {
     }
 
     async fn with_lock_reports_how_long_it_held_the_row(db) {
-        // On a thread and a single-threaded runtime of its own, so that what
-        // lockkit reports is seen there only, and counted exactly.
         seed_items(&mut db.conn(), &[(1, 5)]);
         let url = db.url.clone();
-        let ((), seen) = std::thread::spawn(move || {
-            observe(|| {
-                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-                runtime.block_on(async {
-                    let mut conn: Async = async_common::connect(&url, BACKEND).await;
-                    lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |conn, _: Item| {
-                        tokio::time::sleep(Duration::from_millis(80)).await;
-                        // Nested in the transaction above: its lock lasts until that
-                        // one ends, which lockkit does not see from here.
-                        lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |_, _: Item| Ok::<_, Error>(())).await
-                    })
-                    .await
-                    .unwrap();
-                })
+        let holds = holds_recorded_by(move || async move {
+            let mut conn: Async = async_common::connect(&url, BACKEND).await;
+            lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |conn, _: Item| {
+                tokio::time::sleep(Duration::from_millis(80)).await;
+                // Nested in the transaction above: its lock lasts until that
+                // one ends, which lockkit does not see from here.
+                lockkit::asynchronous::with_lock(conn, 1, LockOptions::default(), async |_, _: Item| Ok::<_, Error>(())).await
             })
-        })
-        .join()
-        .unwrap();
-        let holds = seen.histogram("lockkit_lock_hold_seconds{table=items}");
+            .await
+            .unwrap();
+        });
         assert_eq!(holds.len(), 1, "the outer with_lock's: {holds:?}");
         assert!(holds[0] >= 0.080, "{holds:?}");
     }
@@ -250,37 +240,28 @@ async_backend_tests! {
         // panics, as the blocking side does.
         seed_items(&mut db.conn(), &[(1, 5)]);
         let url = db.url.clone();
-        let ((), seen) = std::thread::spawn(move || {
-            observe(|| {
-                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-                runtime.block_on(async {
-                    let mut conn: Async = async_common::connect(&url, BACKEND).await;
-                    let call = lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |_, _: Item| {
-                        tokio::time::sleep(Duration::from_secs(60)).await;
-                        Ok::<_, Error>(())
-                    });
-                    assert!(tokio::time::timeout(Duration::from_millis(80), call).await.is_err());
-                    // Closed: the server rolls back what the dropped call left open.
-                    drop(conn);
-                    let url = url.clone();
-                    let panicked = tokio::spawn(async move {
-                        let mut conn: Async = async_common::connect(&url, BACKEND).await;
-                        lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |_, _: Item| {
-                            tokio::time::sleep(Duration::from_millis(40)).await;
-                            if true {
-                                panic!("the closure panics");
-                            }
-                            Ok::<_, Error>(())
-                        })
-                        .await
-                    });
-                    assert!(panicked.await.unwrap_err().is_panic());
+        let holds = holds_recorded_by(move || async move {
+            let mut conn: Async = async_common::connect(&url, BACKEND).await;
+            let call = lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |_, _: Item| {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                Ok::<_, Error>(())
+            });
+            assert!(tokio::time::timeout(Duration::from_millis(80), call).await.is_err());
+            // Closed: the server rolls back what the dropped call left open.
+            drop(conn);
+            let panicked = tokio::spawn(async move {
+                let mut conn: Async = async_common::connect(&url, BACKEND).await;
+                lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |_, _: Item| {
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                    if true {
+                        panic!("the closure panics");
+                    }
+                    Ok::<_, Error>(())
                 })
-            })
-        })
-        .join()
-        .unwrap();
-        let holds = seen.histogram("lockkit_lock_hold_seconds{table=items}");
+                .await
+            });
+            assert!(panicked.await.unwrap_err().is_panic());
+        });
         assert_eq!(holds.len(), 2, "the dropped call's and the panicking one's: {holds:?}");
         assert!(holds.iter().all(|held| *held >= 0.040), "{holds:?}");
     }
@@ -430,6 +411,27 @@ async_backend_tests! {
 /// own) does not have yet. It takes it, as the blocking `lock_all` does, also
 /// for a model without a version (whose lock writes nothing).
 #[cfg(feature = "sqlite")]
+/// The row-lock holds on `items` that `work` records, run on a thread and a
+/// single-threaded runtime of its own, so that what lockkit reports is seen
+/// there only, and counted exactly.
+fn holds_recorded_by<F: std::future::Future<Output = ()>>(
+    work: impl FnOnce() -> F + Send + 'static,
+) -> Vec<f64> {
+    let ((), seen) = std::thread::spawn(move || {
+        observe(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(work())
+        })
+    })
+    .join()
+    .unwrap();
+    seen.histogram("lockkit_lock_hold_seconds{table=items}")
+        .to_vec()
+}
+
 mod sqlite_only {
     use super::*;
     use diesel::connection::SimpleConnection;

@@ -14,7 +14,7 @@ use lockkit::prelude::*;
 use lockkit::replica::{self, Lsn, Policy, Route};
 use lockkit::{Error, LockOptions};
 use lockkit_tests::models::Item;
-use lockkit_tests::replica::assert_replica_behind;
+use lockkit_tests::replica::{assert_replica_behind, ReplayPaused};
 use lockkit_tests::schema::items;
 use lockkit_tests::{seed_items, TestReplicas};
 use proptest::prelude::*;
@@ -97,9 +97,9 @@ fn a_read_after_a_write_sees_it_while_the_replica_lags() {
     assert_eq!(stock(&mut read), 9);
 }
 
-#[test]
-fn a_read_waits_for_the_replica_to_replay_the_write() {
-    let db = TestReplicas::new("read_waits");
+/// Item 1 seeded at 10, replay paused, then item 1 set to 9 on the primary:
+/// the pause (resume it to let the standby catch up) and the write's position.
+fn written_while_replay_is_paused(db: &TestReplicas) -> (ReplayPaused, Lsn) {
     seed_items(&mut db.primary(), &[(1, 10)]);
     let paused = db.pause_replay();
     let mut primary = db.primary();
@@ -107,8 +107,13 @@ fn a_read_waits_for_the_replica_to_replay_the_write() {
         .set(items::stock.eq(9))
         .execute(&mut primary)
         .unwrap();
-    let written = replica::commit_lsn(&mut primary).unwrap();
+    (paused, replica::commit_lsn(&mut primary).unwrap())
+}
 
+#[test]
+fn a_read_waits_for_the_replica_to_replay_the_write() {
+    let db = TestReplicas::new("read_waits");
+    let (paused, written) = written_while_replay_is_paused(&db);
     let mut replica = db.standby();
     let route = thread::scope(|s| {
         s.spawn(move || {
@@ -582,15 +587,7 @@ fn read_only_transactions_on_the_primary_are_read_only_too() {
 #[test]
 fn a_route_inside_a_transaction_on_the_replica_is_refused() {
     let db = TestReplicas::new("route_in_transaction");
-    seed_items(&mut db.primary(), &[(1, 10)]);
-    let paused = db.pause_replay();
-    let mut primary = db.primary();
-    diesel::update(items::table.find(1))
-        .set(items::stock.eq(9))
-        .execute(&mut primary)
-        .unwrap();
-    let written = replica::commit_lsn(&mut primary).unwrap();
-
+    let (paused, written) = written_while_replay_is_paused(&db);
     let mut replica = db.standby();
     let seen = thread::scope(|s| {
         s.spawn(move || {
