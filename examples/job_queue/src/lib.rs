@@ -26,6 +26,14 @@
 //!   against one database at once; [`seed_outbox`] fills the outbox and
 //!   [`outbox_audit`] checks the result.
 //!
+//!   Each message is published exactly once here only because the stand-in
+//!   broker is a table written in the claim's own transaction: the publish
+//!   commits or rolls back with the claim. A real broker's publish is not part
+//!   of the transaction: a relay that crashes after the publish and before the
+//!   `COMMIT` publishes again, so delivery is at least once, and the consumer
+//!   must recognise a message it has applied. `examples/outbox` does it with a
+//!   real broker (NATS JetStream) and lockkit's `outbox::Inbox`.
+//!
 //! ## Waiting, per backend
 //!
 //! On **PostgreSQL** and **MySQL/MariaDB** the workers never wait for each other:
