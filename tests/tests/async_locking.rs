@@ -406,11 +406,6 @@ async_backend_tests! {
     }
 }
 
-/// SQLite has no row locks: `lock_all` holds its rows by the database's write
-/// lock, which a deferred transaction (`transaction_with_retry`, diesel-async's
-/// own) does not have yet. It takes it, as the blocking `lock_all` does, also
-/// for a model without a version (whose lock writes nothing).
-#[cfg(feature = "sqlite")]
 /// The row-lock holds on `items` that `work` records, run on a thread and a
 /// single-threaded runtime of its own, so that what lockkit reports is seen
 /// there only, and counted exactly.
@@ -432,6 +427,11 @@ fn holds_recorded_by<F: std::future::Future<Output = ()>>(
         .to_vec()
 }
 
+/// SQLite has no row locks: `lock_all` holds its rows by the database's write
+/// lock, which a deferred transaction (`transaction_with_retry`, diesel-async's
+/// own) does not have yet. It takes it, as the blocking `lock_all` does, also
+/// for a model without a version (whose lock writes nothing).
+#[cfg(feature = "sqlite")]
 mod sqlite_only {
     use super::*;
     use diesel::connection::SimpleConnection;

@@ -248,7 +248,8 @@ where
         table: M::TABLE_NAME,
         since: waited.acquired(M::TABLE_NAME, 1),
         key: crate::transaction::scope::named(|| format!("{key:?}")),
-        recorded: true,
+        // Set by `with_lock` once the read (and the bump) succeeded.
+        recorded: false,
     };
     let lock = options.row_lock();
     if lock == ForUpdate::LOCK {
