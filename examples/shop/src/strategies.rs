@@ -77,20 +77,15 @@ impl AddAssign for Counters {
     }
 }
 
-/// What the database holds after a run.
+/// What the database holds after a run: the [`Report`](crate::Report) fields
+/// of the same names, which say what each one counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Tally {
-    /// Accepted orders: `orders` rows without a basket, plus distinct baskets.
     pub orders: i64,
-    /// Sum of `orders.qty`.
     pub units_sold: i64,
-    /// Sum of `items.stock`.
     pub final_stock: i64,
-    /// Smallest `items.stock`.
     pub lowest_stock: i64,
-    /// Rows in `orders`: one per item sold (a basket has one per line).
     pub order_lines: i64,
-    /// Sum of `items.lock_version`: how often the items' versions moved.
     pub version_moves: i64,
 }
 
