@@ -665,6 +665,10 @@ fn names_no_column_can_hold(url: &str) {
 
     let (long, _) = client.create(&fits, 1);
     assert_eq!(client.get(long).body["name"], fits.as_str());
+    // Any script, also beyond the Basic Multilingual Plane: on MySQL/MariaDB
+    // the table is `utf8mb4` whatever the database's default character set.
+    let (crab, _) = client.create("🦀 mug", 1);
+    assert_eq!(client.get(crab).body["name"], "🦀 mug");
     let reply = client.put(id, Some("\"v0\""), &fits, 2);
     assert_eq!(reply.status, 200, "{reply:?}");
     assert_eq!(client.get(id).body["name"], fits.as_str());
