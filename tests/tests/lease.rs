@@ -199,6 +199,29 @@ fn lifecycle<S: LeaseStore>(a: &mut S, b: &mut S) {
 /// One holder's turn in [`contend`]: a fenced read of the counter, a pause (one
 /// in four past the TTL), a fenced write of the read plus one and the fence.
 /// Counts the writes that find a newer holder's fence in the row.
+/// A holder whose lease ran out and was taken can neither renew nor release
+/// it, also when the application seeded the same random generator before each
+/// grant (for reproducible jitter), as forked workers share one: the grant's
+/// token is not drawn from it.
+fn tokens_are_the_grants_own<S: LeaseStore>(a: &mut S, b: &mut S) {
+    fastrand::seed(7);
+    let mut late = lease::acquire(a, "tokens", Duration::from_millis(50)).unwrap();
+    thread::sleep(Duration::from_millis(150));
+    fastrand::seed(7);
+    let taken = lease::acquire(b, "tokens", Duration::from_secs(30)).unwrap();
+    assert_ne!(late.token(), taken.token());
+    assert!(matches!(late.renew(), Err(Error::LeaseLost)));
+    drop(late);
+    assert!(
+        matches!(
+            lease::acquire(a, "tokens", Duration::from_secs(30)),
+            Err(Error::Busy)
+        ),
+        "the late holder's release freed the lease its successor holds"
+    );
+    drop(taken);
+}
+
 fn read_pause_write<C: Docs>(
     data: &mut C,
     fence: Fence,
@@ -318,6 +341,11 @@ lockkit_tests::backend_tests! {
         lifecycle(&mut db.connect(), &mut db.connect());
     }
 
+    fn db_lease_tokens_are_the_grants_own(db) {
+        setup(&mut db.connect(), BACKEND);
+        tokens_are_the_grants_own(&mut db.connect(), &mut db.connect());
+    }
+
     fn db_lease_contending_holders_never_both_write(db) {
         setup(&mut db.connect(), BACKEND);
         contend(|| db.connect(), || db.connect());
@@ -339,6 +367,11 @@ lockkit_tests::backend_tests! {
         setup(&mut db.connect(), BACKEND);
         let redis = TestRedis::new(&format!("{BACKEND}_contend"));
         contend(|| redis.store(), || db.connect());
+    }
+
+    fn redis_lease_tokens_are_the_grants_own(db) {
+        let redis = TestRedis::new(&format!("{BACKEND}_tokens"));
+        tokens_are_the_grants_own(&mut redis.store(), &mut redis.store());
     }
 
     fn redis_restart_without_persistence_never_hands_a_fence_out_again(db) {

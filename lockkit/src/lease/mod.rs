@@ -145,7 +145,8 @@ pub(crate) mod fence;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::error::Error;
 
@@ -402,9 +403,23 @@ pub(crate) fn check_own_commit(in_transaction: bool) -> Result<(), Error> {
     }
 }
 
-/// 128 random bits as 32 hexadecimal digits.
+/// 128 bits from the operating system's random source, as 32 hexadecimal
+/// digits: unique to the grant whatever the application does with its own
+/// generators (`fastrand::seed`), and after a `fork()`. Should the system
+/// refuse, the process id, a counter and the clock keep it apart from every
+/// other grant of this and other processes.
 pub(crate) fn new_token() -> String {
-    format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..))
+    let mut bytes = [0u8; 16];
+    if getrandom::fill(&mut bytes).is_err() {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos() as u64);
+        let unique = (u64::from(std::process::id()) << 32) ^ NEXT.fetch_add(1, Relaxed);
+        bytes[..8].copy_from_slice(&(nanos ^ fastrand::u64(..)).to_le_bytes());
+        bytes[8..].copy_from_slice(&unique.to_le_bytes());
+    }
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 /// Takes the lease `name` for `ttl` if nobody holds it; see the
