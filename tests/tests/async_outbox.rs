@@ -180,6 +180,24 @@ async_backend_tests! {
         assert_eq!(outbox::purge_published(&mut *conn, Duration::ZERO).await.unwrap(), committed.len());
     }
 
+    async fn a_relay_inside_a_transaction_is_refused_before_it_claims(db) {
+        // As on the blocking side: its claim would see the transaction's own
+        // uncommitted messages.
+        db.conn().run_pending_migrations(outbox_migrations(BACKEND)).unwrap();
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let relayed = locked_transaction(&mut conn, LockOptions::default(), async |conn: &mut Async| {
+            outbox::enqueue(conn, "orders", "not committed").await?;
+            let relay = Relay::default();
+            let relayed = outbox::publish_batch(&relay, conn, 10, async |batch: &[OutboxMessage]| {
+                Ok::<_, Error>(vec![Ok(()); batch.len()])
+            })
+            .await;
+            Err::<(), _>(relayed.err().unwrap_or(Error::NoRowMatched))
+        })
+        .await;
+        assert!(matches!(relayed, Err(Error::AlreadyInTransaction)), "{relayed:?}");
+    }
+
     async fn failed_publishes_become_dead_letters_until_requeued(db) {
         db.conn().run_pending_migrations(outbox_migrations(BACKEND)).unwrap();
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;

@@ -213,6 +213,25 @@ lockkit_tests::backend_tests! {
         assert_eq!(copies, expected, "at least once: exactly the dead relay's batch twice");
     }
 
+    fn a_relay_inside_a_transaction_is_refused_before_it_claims(db) {
+        // Inside your transaction its claim would see the transaction's own
+        // messages, uncommitted, and publish them though it rolls back.
+        let mut conn = db.conn();
+        conn.run_pending_migrations(outbox_migrations(BACKEND)).unwrap();
+        let mut sent = Vec::new();
+        let outcome = conn.transaction(|conn| {
+            outbox::enqueue(conn, "orders", "not committed")?;
+            let relayed = Relay::default().publish_batch(conn, 10, |batch| {
+                sent.extend_from_slice(batch);
+                Ok::<_, Error>(vec![Ok(()); batch.len()])
+            });
+            assert!(matches!(relayed, Err(Error::AlreadyInTransaction)), "{relayed:?}");
+            Err::<(), _>(Error::NoRowMatched)
+        });
+        assert!(outcome.is_err());
+        assert!(sent.is_empty(), "published a rolled-back message: {sent:?}");
+    }
+
     fn a_failed_publish_backs_off_and_is_retried(db) {
         let mut conn = db.conn();
         conn.run_pending_migrations(outbox_migrations(BACKEND)).unwrap();

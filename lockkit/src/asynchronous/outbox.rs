@@ -204,13 +204,13 @@ where
 {
     check_limit(limit)?;
     let began = super::connection::began(conn).await.map_err(E::from)?;
-    if !began.nested {
-        // For the relay's transaction only, so sent outside any: a step
-        // dropped before its `BEGIN` is in diesel-async's books (with the
-        // statement's reply unread, or the setting pending for the next
-        // user's transaction) marks the connection broken, as `serializable`
-        // does for its own.
-        let mut unsettled = Unsettled::armed(conn);
+    crate::outbox::refuse_nested(began.nested)?;
+    // For the relay's transaction only, so sent outside any: a step dropped
+    // before its `BEGIN` is in diesel-async's books (with the statement's
+    // reply unread, or the setting pending for the next user's transaction)
+    // marks the connection broken, as `serializable` does for its own.
+    {
+        let mut unsettled = Unsettled::armed(&mut *conn);
         let set = C::before_relay(unsettled.conn).await;
         unsettled.settled();
         set?;

@@ -240,6 +240,15 @@ fn valid_name(name: &str) -> bool {
     !name.is_empty() && name.chars().count() <= MAX_NAME && !name.contains('\0')
 }
 
+/// Refuses a relay inside a transaction ([`Error::AlreadyInTransaction`]),
+/// blocking or async: see [`Relay::publish_batch`].
+pub(crate) fn refuse_nested(in_transaction: bool) -> Result<(), Error> {
+    match in_transaction {
+        true => Err(Error::AlreadyInTransaction),
+        false => Ok(()),
+    }
+}
+
 /// The `next_attempt_at` of a dead letter: never due, so the relays' claim
 /// (`next_attempt_at <= now`) passes it over with no change to its SQL or to
 /// the tables.
@@ -494,6 +503,10 @@ impl Relay {
     /// # Errors
     ///
     /// * [`Error::InvalidInput`] when `limit` is below 1; nothing is sent.
+    /// * [`Error::AlreadyInTransaction`] inside a transaction; nothing is sent.
+    ///   Its claim would see that transaction's own messages, uncommitted, and
+    ///   publish them although the transaction may roll back: the relay runs
+    ///   in a transaction of its own.
     /// * whatever `publish` returns, untouched (the transaction rolled back).
     /// * lockkit's errors converted into `E`: [`Error::Busy`] on SQLite, a
     ///   classified database error ([`classify`](crate::classify())).
@@ -506,9 +519,8 @@ impl Relay {
     {
         check_limit(limit)?;
         let inner = conn.locking_connection();
-        if !inner.in_transaction() {
-            C::Conn::before_relay(inner)?;
-        }
+        refuse_nested(inner.in_transaction())?;
+        C::Conn::before_relay(inner)?;
         locked_transaction(conn, LockOptions::default(), |conn| {
             let batch = C::Conn::claim_due(conn, limit, now_millis())?;
             let mut relayed = Relayed {
