@@ -317,8 +317,16 @@ impl<S: LeaseStore> Lease<'_, S> {
     /// # Errors
     ///
     /// * [`Error::LeaseLost`] when it had run out and another holder may have it
-    ///   (whose lease stays untouched).
+    ///   (whose lease stays untouched). On a database store a lease that ran
+    ///   out but that nobody took is released with `Ok`, where Redis answers
+    ///   `LeaseLost`: either way nobody else held it.
     /// * the store's error.
+    ///
+    /// On a database connection the release (and the guard's, on drop) is sent
+    /// in the transaction open there, if any: it takes effect when that
+    /// transaction commits, and a transaction left open (a Diesel `transaction`
+    /// that a panic unwound) keeps the lease's row locked, so that other
+    /// acquirers wait. Release it outside transactions.
     pub fn release(mut self) -> Result<(), Error> {
         self.held = false;
         released(self.store.revoke(&self.grant.name, &self.grant.token)?)

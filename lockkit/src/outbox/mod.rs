@@ -401,6 +401,12 @@ impl Relayed {
 /// transaction ends: [`queue::claim`](crate::queue::claim) on `lockkit_outbox`. For a relay of your
 /// own; [`Relay::publish_batch`] does claim, publish and mark in one call.
 ///
+/// Run it in a transaction of its own, as `publish_batch` does: inside one that
+/// enqueues, it sees that transaction's uncommitted messages. On MySQL/MariaDB
+/// open it at `READ COMMITTED`, as `publish_batch` does: under InnoDB's
+/// `REPEATABLE READ` the claim locks the gap where new messages go, and
+/// `enqueue`s wait for your relay's broker.
+///
 /// # Errors
 ///
 /// As [`queue::claim`](crate::queue::claim): [`Error::InvalidInput`] for a
