@@ -203,8 +203,9 @@ where
     for<'b> F: AsyncWork<&'b [OutboxMessage], Result<Vec<Result<(), String>>, E>, Fut: Send> + Send,
 {
     check_limit(limit)?;
+    // Before `began`, which inside a transaction may already ask the server.
+    crate::outbox::refuse_nested(super::connection::in_transaction(conn))?;
     let began = super::connection::began(conn).await.map_err(E::from)?;
-    crate::outbox::refuse_nested(began.nested)?;
     // For the relay's transaction only, so sent outside any: a step dropped
     // before its `BEGIN` is in diesel-async's books (with the statement's
     // reply unread, or the setting pending for the next user's transaction)
