@@ -196,9 +196,6 @@ fn lifecycle<S: LeaseStore>(a: &mut S, b: &mut S) {
     }
 }
 
-/// One holder's turn in [`contend`]: a fenced read of the counter, a pause (one
-/// in four past the TTL), a fenced write of the read plus one and the fence.
-/// Counts the writes that find a newer holder's fence in the row.
 /// A holder whose lease ran out and was taken can neither renew nor release
 /// it, also when the application seeded the same random generator before each
 /// grant (for reproducible jitter), as forked workers share one: the grant's
@@ -222,6 +219,9 @@ fn tokens_are_the_grants_own<S: LeaseStore>(a: &mut S, b: &mut S) {
     drop(taken);
 }
 
+/// One holder's turn in [`contend`]: a fenced read of the counter, a pause (one
+/// in four past the TTL), a fenced write of the read plus one and the fence.
+/// Counts the writes that find a newer holder's fence in the row.
 fn read_pause_write<C: Docs>(
     data: &mut C,
     fence: Fence,

@@ -414,8 +414,8 @@ pub(crate) fn check_own_commit(in_transaction: bool) -> Result<(), Error> {
 /// 128 bits from the operating system's random source, as 32 hexadecimal
 /// digits: unique to the grant whatever the application does with its own
 /// generators (`fastrand::seed`), and after a `fork()`. Should the system
-/// refuse, the process id, a counter and the clock keep it apart from every
-/// other grant of this and other processes.
+/// refuse, the process id and a counter keep it apart from every other grant
+/// on this host, and the clock and `fastrand` from most elsewhere.
 pub(crate) fn new_token() -> String {
     let mut bytes = [0u8; 16];
     if getrandom::fill(&mut bytes).is_err() {
