@@ -133,6 +133,16 @@ pub fn diesel_container(cx: &mut Ctxt, attrs: &[Attribute]) -> DieselContainer {
             let content;
             syn::parenthesized!(content in meta.input);
             let keys = content.parse_terminated(Ident::parse_any, Token![,])?;
+            if keys.is_empty() {
+                // Diesel accepts it, and the model's key would be `()`.
+                cx.error_with_help(
+                    pos,
+                    &meta.path,
+                    "`primary_key` needs at least one column",
+                    "name the key columns: `#[diesel(primary_key(id))]`",
+                );
+                return Ok(());
+            }
             out.primary_key = Some(Located {
                 value: keys.into_iter().collect(),
                 pos,

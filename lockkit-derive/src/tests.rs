@@ -673,3 +673,17 @@ fn a_column_name_that_cannot_be_raw_is_no_panic() {
         let _ = derive_versioned(&input);
     }
 }
+
+#[test]
+fn an_empty_primary_key_is_refused_at_its_attribute() {
+    assert_errors_start_with(
+        syn::parse_quote! {
+            #[diesel(primary_key())]
+            pub struct Item {
+                pub id: i32,
+                pub lock_version: i32,
+            }
+        },
+        &["`primary_key` needs at least one column"],
+    );
+}
