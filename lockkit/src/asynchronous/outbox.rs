@@ -204,7 +204,7 @@ where
 {
     check_limit(limit)?;
     // Before `began`, which inside a transaction may already ask the server.
-    crate::outbox::refuse_nested(super::connection::in_transaction(conn))?;
+    crate::transaction::refuse_transaction(super::connection::in_transaction(conn))?;
     let began = super::connection::began(conn).await.map_err(E::from)?;
     // For the relay's transaction only, so sent outside any: a step dropped
     // before its `BEGIN` is in diesel-async's books (with the statement's

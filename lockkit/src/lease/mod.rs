@@ -405,10 +405,7 @@ pub(crate) fn check_acquire(name: &str, ttl: Duration, in_transaction: bool) -> 
 /// transaction open on the server. For [`acquire`] and [`Lease::renew`],
 /// blocking and async.
 pub(crate) fn check_own_commit(in_transaction: bool) -> Result<(), Error> {
-    match in_transaction {
-        true => Err(Error::AlreadyInTransaction),
-        false => Ok(()),
-    }
+    crate::transaction::refuse_transaction(in_transaction)
 }
 
 /// 128 bits from the operating system's random source, as 32 hexadecimal

@@ -240,15 +240,6 @@ fn valid_name(name: &str) -> bool {
     !name.is_empty() && name.chars().count() <= MAX_NAME && !name.contains('\0')
 }
 
-/// Refuses a relay inside a transaction ([`Error::AlreadyInTransaction`]),
-/// blocking or async: see [`Relay::publish_batch`].
-pub(crate) fn refuse_nested(in_transaction: bool) -> Result<(), Error> {
-    match in_transaction {
-        true => Err(Error::AlreadyInTransaction),
-        false => Ok(()),
-    }
-}
-
 /// The `next_attempt_at` of a dead letter: never due, so the relays' claim
 /// (`next_attempt_at <= now`) passes it over with no change to its SQL or to
 /// the tables.
@@ -525,7 +516,7 @@ impl Relay {
     {
         check_limit(limit)?;
         let inner = conn.locking_connection();
-        refuse_nested(inner.in_transaction())?;
+        crate::transaction::refuse_transaction(inner.in_transaction())?;
         C::Conn::before_relay(inner)?;
         locked_transaction(conn, LockOptions::default(), |conn| {
             let batch = C::Conn::claim_due(conn, limit, now_millis())?;

@@ -283,10 +283,7 @@ macro_rules! locking_connection {
 /// `SERIALIZABLE` transaction is always the outermost one.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 fn refuse_open_transaction<C: Control>(conn: &mut C) -> Result<(), Error> {
-    if in_transaction(conn) {
-        return Err(Error::AlreadyInTransaction);
-    }
-    Ok(())
+    crate::transaction::refuse_transaction(in_transaction(conn))
 }
 
 /// [`LockingConnection::serializable_transaction`] where one statement,

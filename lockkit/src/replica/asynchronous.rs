@@ -47,7 +47,7 @@ use std::ops::{Deref, DerefMut};
 
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
-use super::position::{outside_transaction, Position, COMMIT_LSN, REPLAYED_LSN};
+use super::position::{Position, COMMIT_LSN, REPLAYED_LSN};
 use super::route::{skips_the_replica, Routing, Step};
 use super::{Lsn, Policy, Route};
 use crate::asynchronous::connection::in_transaction;
@@ -66,7 +66,7 @@ use crate::pessimistic::options::LockOptions;
 /// * [`Error::AlreadyInTransaction`] when a transaction is open on `primary`.
 /// * [`Error::Database`] when `primary` is a standby itself.
 pub async fn commit_lsn(primary: &mut AsyncPgConnection) -> Result<Lsn> {
-    outside_transaction(in_transaction(primary))?;
+    crate::transaction::refuse_transaction(in_transaction(primary))?;
     diesel::sql_query(COMMIT_LSN)
         .get_result::<Position>(primary)
         .await?
@@ -106,7 +106,7 @@ pub async fn route(
         Ok(routing) => routing,
         Err(route) => return Ok(route),
     };
-    outside_transaction(in_transaction(replica))?;
+    crate::transaction::refuse_transaction(in_transaction(replica))?;
     loop {
         match routing.look(replayed_lsn(replica).await?) {
             Step::Done(decided) => return decided,

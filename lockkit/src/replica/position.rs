@@ -6,7 +6,7 @@ use diesel::{PgConnection, RunQueryDsl};
 
 use super::Lsn;
 use crate::error::{Error, Result};
-use crate::transaction::in_transaction;
+use crate::transaction::{in_transaction, refuse_transaction};
 
 /// The statement of [`commit_lsn`]; the async twin sends the same text.
 pub(crate) const COMMIT_LSN: &str = "SELECT pg_current_wal_insert_lsn()::text AS lsn";
@@ -68,7 +68,7 @@ impl Position {
 /// * [`Error::Database`] when `primary` is a standby itself (PostgreSQL:
 ///   "recovery is in progress").
 pub fn commit_lsn(primary: &mut PgConnection) -> Result<Lsn> {
-    outside_transaction(in_transaction(primary))?;
+    refuse_transaction(in_transaction(primary))?;
     diesel::sql_query(COMMIT_LSN)
         .get_result::<Position>(primary)?
         .committed()
@@ -91,19 +91,6 @@ pub(crate) fn read_elsewhere(first: Error, other: impl FnOnce() -> Result<Lsn>) 
             "the write committed, but no connection to the primary read its position");
         first
     })
-}
-
-/// Refuses a call while a transaction is open on its connection
-/// ([`Error::AlreadyInTransaction`], nothing sent), for the blocking and the
-/// async twins. [`commit_lsn`] on the primary: the write has not committed
-/// yet. [`route`](super::route()) on the replica: the read would see the
-/// snapshot the transaction took at its first statement, which may be older
-/// than the replay the look found (REPEATABLE READ).
-pub(crate) fn outside_transaction(in_transaction: bool) -> Result<()> {
-    match in_transaction {
-        true => Err(Error::AlreadyInTransaction),
-        false => Ok(()),
-    }
 }
 
 /// How far `replica` has replayed the primary's WAL: its writes up to this

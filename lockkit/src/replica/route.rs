@@ -5,10 +5,9 @@ use std::time::{Duration, Instant};
 
 use diesel::PgConnection;
 
-use super::position::outside_transaction;
 use super::{replayed_lsn, Lsn};
 use crate::error::{Error, Result};
-use crate::transaction::in_transaction;
+use crate::transaction::{in_transaction, refuse_transaction};
 
 /// What a read that must see a write does when the replica has not replayed it
 /// yet. The caller's choice; [`route`] applies it.
@@ -94,7 +93,7 @@ pub fn route(replica: &mut PgConnection, written: Option<Lsn>, policy: Policy) -
         Ok(routing) => routing,
         Err(route) => return Ok(route),
     };
-    outside_transaction(in_transaction(replica))?;
+    refuse_transaction(in_transaction(replica))?;
     loop {
         match routing.look(replayed_lsn(replica)?) {
             Step::Done(decided) => return decided,

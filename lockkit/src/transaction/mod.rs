@@ -977,6 +977,17 @@ pub(crate) fn may_be_in_transaction(
     !matches!(status.transaction_depth(), Ok(None))
 }
 
+/// [`Error::AlreadyInTransaction`] when a transaction is open (`open`): the
+/// calls that must run outside one (commit on their own, or read outside any
+/// snapshot) send nothing inside one. [`require_transaction`]'s twin.
+pub(crate) fn refuse_transaction(open: bool) -> Result<(), Error> {
+    if open {
+        Err(Error::AlreadyInTransaction)
+    } else {
+        Ok(())
+    }
+}
+
 /// [`Error::NotInTransaction`] unless a transaction is open (`open`): the calls
 /// that lock inside the caller's transaction send nothing outside one.
 pub(crate) fn require_transaction(open: bool) -> Result<(), Error> {
