@@ -262,7 +262,8 @@ pub fn lockkit_field(cx: &mut Ctxt, field: usize, attrs: &[Attribute]) -> Lockki
 fn raw_if_keyword(column: Ident) -> Ident {
     let name = column.to_string();
     let cannot_be_raw = matches!(name.as_str(), "self" | "Self" | "super" | "crate" | "_");
-    if syn::parse_str::<Ident>(&name).is_ok() || name.starts_with("r#") || cannot_be_raw {
+    // A raw identifier (`r#type`) parses as one already.
+    if syn::parse_str::<Ident>(&name).is_ok() || cannot_be_raw {
         column
     } else {
         Ident::new_raw(&name, column.span())

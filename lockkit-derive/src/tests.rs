@@ -687,3 +687,17 @@ fn an_empty_primary_key_is_refused_at_its_attribute() {
         &["`primary_key` needs at least one column"],
     );
 }
+
+#[test]
+fn a_raw_column_name_stays_raw() {
+    let input: DeriveInput = syn::parse_quote! {
+        pub struct Item {
+            pub id: i32,
+            #[diesel(column_name = r#type)]
+            pub kind: String,
+            pub lock_version: i32,
+        }
+    };
+    let out = expand(&input);
+    assert!(out.contains("items::r#type"), "{out}");
+}
