@@ -18,8 +18,9 @@ use super::schema;
 pub trait OutboxStore: LockingConnection + crate::sealed::Sealed {
     #[doc(hidden)]
     fn insert_message(conn: &mut Self, topic: &str, payload: &str, now: i64) -> Result<i64, Error>;
-    /// Runs before the relay's own transaction begins (not inside the
-    /// caller's): MySQL/MariaDB's isolation for it, nothing elsewhere.
+    /// Runs before the relay's own transaction begins (a relay refuses to
+    /// run inside another): MySQL/MariaDB's isolation for it, nothing
+    /// elsewhere.
     #[doc(hidden)]
     fn before_relay(conn: &mut Self) -> Result<(), Error>;
     #[doc(hidden)]
