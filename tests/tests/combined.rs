@@ -530,6 +530,29 @@ mod all {
             assert_eq!(stock_of!(&mut conn), 5, "the other writer's sale stands");
         }
 
+        fn a_stale_report_keeps_the_rolled_back_number_the_row_holds_again(db) {
+            // A's write (v0 -> v1) rolls back; another process moves the row to
+            // v2; B reads v2 and its write (v2 -> v3) rolls back; the other
+            // process commits v3 with its sale. A's write is stale, and must
+            // not forget B's rolled-back 3, which the row now holds: B's write
+            // would match it.
+            let mut conn = db.conn();
+            let mut other = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            let mut a = rolled_back_write!(conn);
+            exec(&mut other, "UPDATE items SET lock_version = 2 WHERE id = 1");
+            let mut b = rolled_back_write!(conn);
+            assert_eq!(b.lock_version, 3);
+            exec(&mut other, "UPDATE items SET stock = 2, lock_version = 3 WHERE id = 1 AND lock_version = 2");
+            a.stock = 1;
+            let outcome = a.update_versioned(&mut conn);
+            assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
+            b.stock = 4;
+            let outcome = b.update_versioned(&mut conn);
+            assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
+            assert_eq!(stock_of!(&mut other), 2, "the other writer's sale stands");
+        }
+
         fn a_struct_retried_after_a_rollback_writes_although_update_if_moved_another_row(db) {
             // `update_if` on item 2 says nothing of item 1's number: the struct
             // of item 1, read before the transaction, is restored as usual.

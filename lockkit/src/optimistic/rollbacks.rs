@@ -915,13 +915,19 @@ pub(crate) fn confirmed<W: Watched>(
     }
 }
 
-/// After a write planned as [`Plan::Restore`] found the row elsewhere: forgets
-/// the tentative versions at or below what the row holds now.
-pub(crate) fn forget_through(table: &'static str, row: &str, current: i64) {
+/// After the row was moved past `version` outside a transaction: forgets the
+/// tentative versions at or below it, which the row can never hold again.
+pub(crate) fn forget_through(table: &'static str, row: &str, version: i64) {
+    forget(table, row, |v| v <= version);
+}
+
+/// Forgets the tentative versions of `row` that `doomed` names, but those of
+/// open transactions, as recorded through the server `row` names.
+fn forget(table: &'static str, row: &str, doomed: impl Fn(i64) -> bool) {
     if ENTRIES.load(Ordering::Relaxed) > 0 {
         let (server, rest) = server_and_rest(row);
         registry().remove(&(table, rest.to_owned()), |e| {
-            *e.server == *server && e.version <= current && !matches!(e.state, State::Open { .. })
+            *e.server == *server && doomed(e.version) && !matches!(e.state, State::Open { .. })
         });
     }
 }
@@ -936,8 +942,12 @@ pub(crate) fn must_move_past(plan: Plan, current: i64) -> bool {
 
 /// After a write planned as `plan` was found stale, the row at `current`
 /// (after the move past, if any): outside a transaction what was read (and
-/// moved) is committed, so the rolled-back numbers at or below it can never
-/// match again.
+/// moved) is committed, so the rolled-back numbers below it can never match
+/// again. One at `current` itself stays: the row holds that number, committed
+/// by a writer lockkit did not see (another process, raw SQL), and the struct
+/// that holds it from a rolled-back write, another than this one, must still
+/// be refused (its write restores, and finds the row at its number:
+/// [`must_move_past`]).
 pub(crate) fn found_stale<W: Watched>(
     conn: &mut W,
     table: &'static str,
@@ -952,7 +962,7 @@ pub(crate) fn found_stale<W: Watched>(
     ) = (plan, current, row)
     {
         if conn.depth().is_none() {
-            forget_through(table, row, current);
+            forget(table, row, |v| v < current);
         }
     }
 }
