@@ -553,6 +553,32 @@ mod all {
             assert_eq!(stock_of!(&mut other), 2, "the other writer's sale stands");
         }
 
+        fn a_write_onto_the_maximum_a_rolled_back_write_left_commits_and_reports_so(db) {
+            // A's write (MAX-1 -> MAX) rolls back; a fresh reader's write then
+            // commits MAX, a number A holds, and there is no number past it.
+            // The fresh write stands and says so; A is refused.
+            let mut conn = db.conn();
+            exec(&mut conn, &format!("INSERT INTO gadgets (id, label, version) VALUES (1, 'g', {})", i16::MAX - 1));
+            let mut a = gadgets::table.find(1).first::<Gadget>(&mut conn).unwrap();
+            let rolled_back = conn.transaction(|c| {
+                a.label = "a".into();
+                a.update_versioned(c)?;
+                Err::<(), _>(Error::NoRowMatched)
+            });
+            assert!(rolled_back.is_err());
+            let mut fresh = gadgets::table.find(1).first::<Gadget>(&mut conn).unwrap();
+            fresh.label = "fresh".into();
+            let outcome = fresh.update_versioned(&mut conn);
+            assert!(outcome.is_ok(), "{outcome:?}");
+            let stored = gadgets::table.find(1).first::<Gadget>(&mut conn).unwrap();
+            assert_eq!((stored.label.as_str(), stored.revision), ("fresh", i16::MAX));
+            assert_eq!(fresh, stored);
+            a.label = "again".into();
+            let outcome = a.update_versioned(&mut conn);
+            assert!(outcome.is_err(), "{outcome:?}");
+            assert_eq!(gadgets::table.find(1).first::<Gadget>(&mut conn).unwrap(), stored);
+        }
+
         fn a_struct_retried_after_a_rollback_writes_although_update_if_moved_another_row(db) {
             // `update_if` on item 2 says nothing of item 1's number: the struct
             // of item 1, read before the transaction, is restored as usual.

@@ -728,6 +728,10 @@ where
         row_id,
         next.to_i64(),
     ) {
+        // No number past the type's maximum: as on the blocking side.
+        let Some(after) = next.checked_next() else {
+            break;
+        };
         if M::bump_past(conn, key.clone(), next)
             .await
             .map_err(classify)?
@@ -735,7 +739,7 @@ where
         {
             break;
         }
-        next = checked_next::<M>(key, next)?;
+        next = after;
     }
     Ok(next)
 }

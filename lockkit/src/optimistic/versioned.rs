@@ -1004,10 +1004,17 @@ where
     Conn: Connection,
 {
     while rollbacks::reused(conn, M::TABLE_NAME, row_id, next.to_i64()) {
+        // No number past the type's maximum: the row stays at it, and the
+        // write, which committed it, stands. A struct holding the rolled-back
+        // maximum is refused all the same: its write finds the row at its own
+        // number and has none to move past it to (`Error::VersionOverflow`).
+        let Some(after) = next.checked_next() else {
+            break;
+        };
         if M::bump_past(conn, key.clone(), next).map_err(classify)? != 1 {
             break;
         }
-        next = checked_next::<M>(key, next)?;
+        next = after;
     }
     Ok(next)
 }

@@ -73,7 +73,10 @@
 //!    row another connection's write of n is still recorded open on counts too:
 //!    that write must have been rolled back, even if its `ROLLBACK` has not
 //!    been reported yet. The cost is one statement and a skipped number, only
-//!    on a row with such a struct. The rolled-back numbers stay recorded until a
+//!    on a row with such a struct. (At the version type's maximum there is no
+//!    number past it: the write stands, and the struct holding the rolled-back
+//!    maximum is refused by [`Error::VersionOverflow`](crate::Error::VersionOverflow).)
+//!    The rolled-back numbers stay recorded until a
 //!    write outside a transaction moves the row past them (or the record's
 //!    bound, below, forgets the oldest).
 //!
