@@ -530,6 +530,32 @@ mod all {
             assert_eq!(stock_of!(&mut conn), 5, "the other writer's sale stands");
         }
 
+        fn a_struct_only_read_after_an_update_if_in_a_rolled_back_transaction_is_stale(db) {
+            // `update_if` moves the version (v0 -> v1) and a struct read after
+            // it holds v1 without writing; the transaction rolls back (v0
+            // again), and another connection's versioned write commits v1. The
+            // struct must not match that commit.
+            let mut conn = db.conn();
+            let mut other = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            let mut kept = None;
+            let rolled_back = conn.transaction(|c| {
+                Item::update_if(c, 1, items::stock.ge(1), items::stock.eq(items::stock - 1))?;
+                kept = Some(item!(c, 1));
+                Err::<(), _>(Error::NoRowMatched)
+            });
+            assert!(rolled_back.is_err());
+            let mut b = kept.unwrap();
+            assert_eq!(b.lock_version, 1);
+            let mut f = item!(&mut other, 1);
+            f.stock = 3;
+            f.update_versioned(&mut other).unwrap();
+            b.stock = 7;
+            let outcome = b.update_versioned(&mut conn);
+            assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
+            assert_eq!(stock_of!(&mut other), 3, "the other writer's sale stands");
+        }
+
         fn a_stale_report_keeps_the_rolled_back_number_the_row_holds_again(db) {
             // A's write (v0 -> v1) rolls back; another process moves the row to
             // v2; B reads v2 and its write (v2 -> v3) rolls back; the other

@@ -727,31 +727,30 @@ pub(crate) fn unwatched_rolled_back(address: usize, level: u32) {
     }
 }
 
-/// A write of lockkit's moved the version of a row of `table` on `conn`
-/// without a number lockkit knows (`Versioned::update_if`: `SET v = v + 1`, no
-/// read); `row_id` names the row ([`row_id`]), asked only inside a transaction
-/// on a watched connection. A versioned write of that row later in the
-/// transaction writes from a number the transaction made: [`written`] records
-/// it tainted, never restored after a rollback. Kept until the outermost
-/// transaction ends.
-pub(crate) fn moved_unnumbered<W: Watched>(
-    conn: &mut W,
-    table: &'static str,
-    row_id: impl FnOnce(&mut W) -> diesel::QueryResult<Option<String>>,
-) -> diesel::QueryResult<()> {
-    if conn.depth().is_none() || versions_of(conn).is_none() {
-        return Ok(());
-    }
-    let Some(row) = row_id(conn)? else {
-        return Ok(());
-    };
-    let row = (table, server_and_rest(&row).1.to_owned());
+/// Whether `conn` is in a transaction its journal watches: only there does a
+/// write lockkit cannot number ([`moved_unnumbered`]) need recording.
+pub(crate) fn in_watched_transaction<W: Watched>(conn: &mut W) -> bool {
+    conn.depth().is_some() && versions_of(conn).is_some()
+}
+
+/// A write of lockkit's moved the version of the row `row` of `table` on
+/// `conn`, in a transaction its journal watches
+/// ([`in_watched_transaction`]), without a number lockkit knows
+/// (`Versioned::update_if`: `SET v = v + 1`, no read). A versioned write of
+/// that row later in the transaction writes from a number the transaction
+/// made: [`written`] records it tainted, never restored after a rollback. Kept
+/// until the outermost transaction ends.
+///
+/// The caller then reads the number the write left and records it with
+/// [`written`], tainted by this: a struct read after the write in the
+/// transaction holds that number, which exists only there.
+pub(crate) fn moved_unnumbered<W: Watched>(conn: &mut W, table: &'static str, row: &str) {
+    let row = (table, server_and_rest(row).1.to_owned());
     if let Some(versions) = versions_of(conn) {
         if !versions.unnumbered.contains(&row) {
             versions.unnumbered.push(row);
         }
     }
-    Ok(())
 }
 
 /// After a versioned write moved `row` from `from` to `to` (`None`: deleted):

@@ -508,6 +508,13 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// table: the version moves, so an optimistic writer who read the row before
     /// gets [`Error::Stale`] instead of writing over this change.
     ///
+    /// Inside a transaction, which may roll back, the [`journal`] learns the
+    /// number the row moved to: one more statement reads it (under the row
+    /// lock the update holds), so that a struct read after the update in that
+    /// transaction is refused once it rolled back, as after lockkit's other
+    /// writes. Outside a transaction, and on a connection with instrumentation
+    /// of its own, it is the one statement.
+    ///
     /// # Errors
     ///
     /// * [`Error::NoRowMatched`] when the condition is false or the row is gone.
@@ -563,10 +570,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         let ends = Self::ends(conn);
         journal::watch(conn, |_| ends);
         crate::optimistic::atomic::update_if_on(conn, statement, ends)?;
-        // The row's new version is a number lockkit does not know.
-        let row_id = |conn: &mut Conn| Self::row_id(conn, &key);
-        crate::optimistic::rollbacks::moved_unnumbered(conn, Self::TABLE_NAME, row_id)
-            .map_err(classify)
+        moved_by_update_if::<Self, _>(conn, &key)
     }
 
     /// Applies one changeset to many rows, each checked against its own expected
@@ -898,6 +902,34 @@ pub(crate) fn move_past<M, Conn>(
     if let Some(row) = row {
         rollbacks::forget_through(M::TABLE_NAME, &row, version.to_i64());
     }
+}
+
+/// After [`Versioned::update_if`] moved the row `key` to a number lockkit did
+/// not read: inside a transaction its journal watches, which may roll back,
+/// the number is read (under the row lock the write holds), moved past while
+/// a rolled-back write left it with a struct (rule 4 of the [`journal`]), and
+/// recorded, so that a struct read after the write in the transaction is
+/// refused once the transaction rolled back. Outside one the write committed,
+/// and nothing is sent.
+fn moved_by_update_if<M, Conn>(conn: &mut Conn, key: &M::Key) -> Result<(), Error>
+where
+    M: CurrentVersionQuery<Conn>,
+    Conn: Connection,
+{
+    if !rollbacks::in_watched_transaction(conn) {
+        return Ok(());
+    }
+    let Some(row) = M::row_id(conn, key).map_err(classify)? else {
+        return Ok(());
+    };
+    rollbacks::moved_unnumbered(conn, M::TABLE_NAME, &row);
+    let Some(moved) = M::load_current_version(conn, key.clone()).map_err(classify)? else {
+        return Ok(());
+    };
+    let at = move_past_reused::<M, _>(conn, key, Some(&row), moved)?;
+    let from = moved.to_i64().saturating_sub(1);
+    rollbacks::written(conn, M::TABLE_NAME, Some(&row), from, Some(at.to_i64()));
+    Ok(())
 }
 
 /// The order `update_all_by_version` writes `rows` in: by key, so that two bulk

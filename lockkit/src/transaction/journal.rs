@@ -50,8 +50,9 @@
 //!    number (the row written twice in the rolled-back transaction, by one
 //!    struct or by a second one that read it there, also when something moved
 //!    the version between the two writes, such as a version trigger's bump of
-//!    a plain `UPDATE`; or the row's table moved by `Versioned::update_if`
-//!    earlier in that transaction): such a struct may carry what the earlier
+//!    a plain `UPDATE`; or the row moved by `Versioned::update_if` earlier in
+//!    that transaction, whose number lockkit reads there, so that a struct
+//!    read after it, written or not, is refused): such a struct may carry what the earlier
 //!    write changed, its number exists only in the rolled-back transaction,
 //!    and restoring it would commit that change, or match the next commit of
 //!    that number, in any process. It is reported [`Error::Stale`] without a
