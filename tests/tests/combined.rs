@@ -556,6 +556,23 @@ mod all {
             assert_eq!(stock_of!(&mut other), 3, "the other writer's sale stands");
         }
 
+        fn an_update_if_committed_in_a_transaction_never_hands_a_rolled_back_number_on(db) {
+            // A's write (v0 -> v1) rolls back; an `update_if` in a committed
+            // transaction then moves the row from v0: it must not commit A's
+            // number 1, which A's write would match.
+            let mut conn = db.conn();
+            let mut other = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            let mut a = rolled_back_write!(conn);
+            other
+                .transaction(|c| Item::update_if(c, 1, items::stock.ge(1), items::stock.eq(items::stock - 1)))
+                .unwrap();
+            a.stock = 2;
+            let outcome = a.update_versioned(&mut conn);
+            assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
+            assert_eq!(stock_of!(&mut other), 9, "the sale stands");
+        }
+
         fn a_stale_report_keeps_the_rolled_back_number_the_row_holds_again(db) {
             // A's write (v0 -> v1) rolls back; another process moves the row to
             // v2; B reads v2 and its write (v2 -> v3) rolls back; the other
