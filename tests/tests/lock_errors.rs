@@ -488,6 +488,32 @@ mod servers {
             assert_eq!((attempts, stock_of!(&mut conn), order_lines!(&mut conn)), (2, 9, 1));
         }
 
+        fn a_top_level_transaction_with_retry_whose_work_writes_after_letting_its_deadlock_go_is_not_run_again(db) {
+            // The work lets its own deadlock go, then writes an order line of
+            // its own. On MySQL/MariaDB no transaction is open any more: that
+            // line commits on its own, and a rerun would write it twice.
+            // PostgreSQL refuses it in the aborted transaction: rerun, once.
+            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
+                orders_with_retry(&mut conn, |conn, attempt| {
+                    let _ = work(conn, attempt); // let go
+                    let line = format!("INSERT INTO orders (id, item_id, qty) VALUES ({}, NULL, 1)", 100 + attempt);
+                    let _ = diesel::sql_query(line).execute(conn);
+                    Ok::<_, Error>(())
+                })
+            });
+            let counts = (stock_of!(&mut conn), order_lines!(&mut conn));
+            if BACKEND == "postgres" {
+                assert!(outcome.is_ok(), "{outcome:?}");
+                assert_eq!((attempts, counts), (2, (9, 2)));
+            } else {
+                assert_eq!(attempts, 1, "{outcome:?}");
+                assert!(outcome.as_ref().is_err_and(|err| !err.is_retryable()), "{outcome:?}");
+                // The line written after the deadlock committed, once.
+                assert_eq!(counts, (10, 1));
+            }
+            assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
+        }
+
         fn a_nested_with_lock_after_the_caller_let_its_own_deadlock_go_commits_nothing(db) {
             // The caller's own statement is the deadlock's victim and the caller
             // goes on to sell under `with_lock`. On MariaDB no transaction is

@@ -85,8 +85,8 @@ where
                 }
             }
         };
-        let watched = || journal::watches(&mut journal::AsyncWatched(&mut *conn));
-        let ended = crate::transaction::ended_under_ok(&result, watched, ended);
+        let watched = &mut journal::AsyncWatched(&mut *conn);
+        let ended = crate::transaction::reported_end(&result, watched, ended);
         let result = settle(result, ended);
         let mut restore = restore;
         let result = match result {

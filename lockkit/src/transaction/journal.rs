@@ -316,6 +316,11 @@ struct Aborts {
     /// A rollback to a savepoint was sent after such an error: on PostgreSQL
     /// its success revives the transaction.
     reviving: bool,
+    /// A statement that may write succeeded after the one in `ended_by`, on a
+    /// backend that then runs it in autocommit (MySQL/MariaDB's deadlock,
+    /// [`Ends::OnDeadlock`]): it committed on its own, and a rerun of the work
+    /// would apply it twice ([`wrote_after_end`]).
+    wrote_after_end: bool,
     /// A statement failed after the one in `ended_by` (on PostgreSQL every one
     /// does until the transaction is revived): the work went on in the ended
     /// transaction, a `retry` inside it ran again there ([`whole_at_end`]).
@@ -370,6 +375,7 @@ impl Aborts {
     /// savepoint revived it, the server said it is alive, or it is over.
     fn not_ended(&mut self) {
         self.ended_by = None;
+        self.wrote_after_end = false;
         if let Some(entry) = self.ended_entry.take() {
             Ended::leave(entry);
         }
@@ -437,6 +443,13 @@ impl Aborts {
                         self.not_ended();
                     }
                 } else if error.is_none() {
+                    if self.depth > 0
+                        && self.ended_by.is_some()
+                        && self.ends == Ends::OnDeadlock
+                        && !only_reads(query)
+                    {
+                        self.wrote_after_end = true;
+                    }
                     // PostgreSQL runs nothing in an aborted transaction but a
                     // rollback: a statement that succeeded there was one to a
                     // savepoint (the work's own SQL), which revived it.
@@ -526,6 +539,32 @@ fn first_word_is(query: &dyn std::fmt::Display, keyword: &str) -> bool {
 /// statement, `SET`, DDL and `LOCK`/`UNLOCK TABLES`, and a write without
 /// `RETURNING`. Read off the statement's first word; the text is scanned for
 /// `RETURNING` only for a write that MariaDB lets return rows.
+/// Whether a statement writes nothing a rerun could apply twice: a read, a
+/// session setting, or a transaction statement. Anything else (also a
+/// statement whose start cannot be read) may write.
+fn only_reads(query: &dyn std::fmt::Display) -> bool {
+    read_start(query, |sql| {
+        let word = first_word(sql);
+        [
+            "SELECT",
+            "SHOW",
+            "SET",
+            "DESCRIBE",
+            "DESC",
+            "EXPLAIN",
+            "BEGIN",
+            "START",
+            "COMMIT",
+            "ROLLBACK",
+            "SAVEPOINT",
+            "RELEASE",
+        ]
+        .iter()
+        .any(|keyword| word.eq_ignore_ascii_case(keyword))
+    })
+    .unwrap_or(false)
+}
+
 fn may_answer_with_rows(query: &dyn std::fmt::Display) -> bool {
     read_start(query, |sql| {
         let word = first_word(sql);
@@ -1170,6 +1209,16 @@ pub(crate) fn knows_of_end<W: Watched>(conn: &mut W) -> bool {
         .is_some_and(|journal| {
             journal.aborts.ended_by.is_some() || !journal.aborts.reported.is_empty()
         })
+}
+
+/// Whether a statement of the work that may write succeeded on `conn` after
+/// a statement ended the open transaction ([`ended_by`]) on a backend that
+/// then runs it in autocommit: it committed on its own. `false` where no
+/// journal watches `conn`.
+pub(crate) fn wrote_after_end<W: Watched>(conn: &mut W) -> bool {
+    conn.slot()
+        .downcast_mut::<Journal>()
+        .is_some_and(|journal| journal.aborts.wrote_after_end)
 }
 
 /// SQLite: the error of the first statement that failed in the open

@@ -323,25 +323,40 @@ pub(crate) fn ended_unwatched<C: Control>(conn: &mut C) -> Option<Error> {
     }
 }
 
-/// What an outermost transaction whose work returned `Ok` reports when the
-/// server ended it and no journal saw why ([`ended_unwatched`]; `watched`,
-/// asked only then, says whether one watches): on MySQL/MariaDB, which then
-/// has no transaction open, a deadlock rolled it back or a statement of the
-/// work committed it implicitly (DDL, `TRUNCATE`, `LOCK TABLES`), and lockkit
-/// cannot tell which. Not retryable,
-/// so that no retry applies committed work twice. Work that failed, and the
-/// other answers (a lost connection), stand as they are. For the blocking
-/// panic guard and the async connections' end alike.
-pub(crate) fn ended_under_ok<T, E>(
+/// What an outermost transaction reports of an end the server made under its
+/// work (`ended`), for the blocking panic guard and the async connections'
+/// end alike:
+///
+/// * where the work returned `Ok` and no journal watches `conn`
+///   ([`ended_unwatched`]): on MySQL/MariaDB, which then has no transaction
+///   open, a deadlock rolled it back or a statement of the work committed it
+///   implicitly (DDL, `TRUNCATE`, `LOCK TABLES`), and lockkit cannot tell which;
+/// * where the journal saw a statement of the work write after the end
+///   ([`journal::wrote_after_end`]: the work let a deadlock go on
+///   MySQL/MariaDB, and went on in autocommit): that statement committed on its
+///   own.
+///
+/// Neither is retryable, so that no retry applies committed work twice. Work
+/// that failed otherwise, and the other answers (a lost connection), stand as
+/// they are.
+pub(crate) fn reported_end<T, E, W: journal::Watched>(
     result: &Result<T, Failure<E>>,
-    watched: impl FnOnce() -> bool,
+    conn: &mut W,
     ended: Option<Error>,
 ) -> Option<Error> {
     match ended {
-        Some(Error::Deadlock) if result.is_ok() && !watched() => Some(unseen(ENDED_UNSEEN)),
+        Some(Error::Deadlock) if result.is_ok() && !journal::watches(conn) => {
+            Some(unseen(ENDED_UNSEEN))
+        }
+        Some(_) if journal::wrote_after_end(conn) => Some(unseen(WROTE_AFTER_END)),
         ended => ended,
     }
 }
+
+const WROTE_AFTER_END: &str = "the transaction ended under the work (a deadlock rolled it back), \
+     which let the error go and went on: its statements after that point ran outside the \
+     transaction, and those that write committed on their own; not retried, so that nothing is \
+     applied twice";
 
 const ENDED_UNSEEN: &str = "the transaction ended before lockkit's COMMIT: a deadlock rolled it \
      back, or a statement of the work committed it implicitly (DDL, TRUNCATE, LOCK TABLES); \

@@ -5,7 +5,7 @@ use diesel::connection::TransactionManager;
 use super::journal;
 use super::scope::{self, Scope};
 use super::{
-    ended_by_statement, ended_silently, ended_under_ok, settle, Began, Check, Control, Failure,
+    ended_by_statement, ended_silently, reported_end, settle, Began, Check, Control, Failure,
 };
 
 /// Catches a panic in a closure run inside a transaction, so that the transaction
@@ -79,7 +79,7 @@ impl PanicGuard {
                         ended_silently(conn, unsure, ended)
                     }),
                 };
-                let ended = ended_under_ok(&result, || journal::watches(conn), ended);
+                let ended = reported_end(&result, conn, ended);
                 settle(result, ended)
             }
             Err(payload) => {
