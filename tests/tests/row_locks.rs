@@ -326,6 +326,29 @@ mod postgres_only {
     }
 
     #[test]
+    fn a_session_lock_whose_explicit_unlock_fails_marks_the_connection_broken() {
+        // As above, released with `unlock`, which reports the failure: the
+        // connection must still say it is broken, or, its transaction rolled
+        // back, it goes back to its pool healthy and holding the lock.
+        use diesel::connection::{AnsiTransactionManager, TransactionManager};
+        let db = TestDb::<PgConnection>::new("advisory_explicit_unlock_fails");
+        let mut conn = db.connect();
+        let key = AdvisoryKey::from_name("explicit unlock fails");
+        let mut guard = advisory::lock(&mut conn, key).unwrap();
+        AnsiTransactionManager::begin_transaction(&mut *guard).unwrap();
+        assert!(guard.batch_execute("SELECT 1/0").is_err());
+        let unlocked = guard.unlock();
+        assert!(unlocked.is_err(), "{unlocked:?}");
+        let status = AnsiTransactionManager::transaction_manager_status_mut(&mut conn);
+        assert!(status.transaction_depth().is_err(), "{status:?}");
+        let mut other = db.connect();
+        assert!(
+            advisory::try_lock(&mut other, key).unwrap().is_none(),
+            "the session still holds it"
+        );
+    }
+
+    #[test]
     fn for_update_of_locks_one_side_of_an_outer_join() {
         let db = TestDb::<PgConnection>::new("for_update_of");
         let mut conn = db.conn();

@@ -297,11 +297,15 @@ where
     /// * a classified database error ([`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
     pub fn unlock(mut self) -> Result<(), Error> {
-        self.held = false;
         if self.scope == Scope::Transaction {
+            self.held = false;
             return Ok(());
         }
-        match C::Backend::release(self.conn, self.key).map_err(classify)? {
+        let released = C::Backend::release(self.conn, self.key).map_err(classify)?;
+        // Only now: a failed release leaves the guard holding, and its drop
+        // tries once more, then marks the connection broken.
+        self.held = false;
+        match released {
             true => Ok(()),
             false => Err(Error::NotFound),
         }
