@@ -349,6 +349,50 @@ mod postgres_only {
     }
 
     #[test]
+    fn lock_waits_answer_a_role_that_cannot_see_other_roles_sessions() {
+        // Without `pg_read_all_stats`, `pg_stat_activity` shows no times
+        // (NULL) and no statement for the sessions of other roles: the waiter
+        // is listed all the same, its wait unknown (zero).
+        let db = TestDb::<PgConnection>::new("lock_waits_unprivileged");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let database = db.url.rsplit('/').next().unwrap().to_owned();
+        let role = format!("{database}_observer");
+        exec(&mut db.conn(), &format!("DROP ROLE IF EXISTS \"{role}\""));
+        exec(&mut db.conn(), &format!("CREATE ROLE \"{role}\" NOLOGIN"));
+        let mut watcher = db.connect();
+        let mut observer = db.connect();
+        exec(&mut observer, &format!("SET ROLE \"{role}\""));
+        let (sessions, (blocked, waits), _) = while_a_session_waits_for_item_1(&db, |sessions| {
+            look_until(
+                Duration::from_secs(10),
+                "b never showed up as waiting",
+                || {
+                    let found = lock_waits::blocked_sessions(&mut watcher).unwrap();
+                    found.into_iter().find(|s| s.session == sessions.waiter)
+                },
+            );
+            (
+                lock_waits::blocked_sessions(&mut observer),
+                lock_waits::lock_waits(&mut observer),
+            )
+        });
+        drop(observer);
+        exec(&mut db.conn(), &format!("DROP ROLE \"{role}\""));
+        let blocked = blocked.unwrap();
+        let blocked = blocked.iter().find(|s| s.session == sessions.waiter);
+        assert_eq!(
+            blocked.map(|s| s.blocked_by.clone()),
+            Some(vec![sessions.holder]),
+            "{blocked:?}"
+        );
+        let waits = waits.unwrap();
+        assert!(
+            waits.iter().any(|w| w.session == sessions.waiter),
+            "{waits:?}"
+        );
+    }
+
+    #[test]
     fn for_update_of_locks_one_side_of_an_outer_join() {
         let db = TestDb::<PgConnection>::new("for_update_of");
         let mut conn = db.conn();

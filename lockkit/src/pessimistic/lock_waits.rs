@@ -49,7 +49,9 @@ pub struct BlockedSession {
     pub session: i64,
     /// The sessions holding what it waits for.
     pub blocked_by: Vec<i64>,
-    /// How long it has been waiting (PostgreSQL: since its state last changed).
+    /// How long it has been waiting (PostgreSQL: since its state last
+    /// changed); zero where the server does not show it (on PostgreSQL, a
+    /// session of another role, to a role without `pg_read_all_stats`).
     pub waiting: Duration,
     /// The statement it is running.
     pub query: String,
@@ -62,7 +64,9 @@ pub struct BlockedSession {
 pub struct LockWait {
     /// The waiting session.
     pub session: i64,
-    /// How long it has been waiting (PostgreSQL: since its state last changed).
+    /// How long it has been waiting (PostgreSQL: since its state last
+    /// changed); zero where the server does not show it (on PostgreSQL, a
+    /// session of another role, to a role without `pg_read_all_stats`).
     pub waiting: Duration,
     /// The statement it is running.
     pub query: String,
@@ -362,7 +366,7 @@ pub(crate) mod postgres {
     /// by the first in line, awaited by the others) names the table, since the
     /// `transactionid` lock a row-lock waiter waits on has none.
     pub(crate) const LOCK_WAITS: &str = "SELECT a.pid::bigint AS session, \
-            (EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(a.state_change, a.query_start)) * 1000)::bigint AS waiting_ms, \
+            COALESCE((EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(a.state_change, a.query_start)) * 1000)::bigint, 0) AS waiting_ms, \
             COALESCE(a.query, '') AS query, \
             w.locktype || ' ' || w.mode AS lock_mode, \
             COALESCE(t.relation, w.relation)::regclass::text AS relation, \
@@ -384,7 +388,7 @@ pub(crate) mod postgres {
 
     pub(crate) const BLOCKED_SESSIONS: &str = "SELECT pid::bigint AS session, \
             pg_blocking_pids(pid)::bigint[] AS blocked_by, \
-            (EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(state_change, query_start)) * 1000)::bigint AS waiting_ms, \
+            COALESCE((EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(state_change, query_start)) * 1000)::bigint, 0) AS waiting_ms, \
             COALESCE(query, '') AS query \
        FROM pg_stat_activity \
       WHERE cardinality(pg_blocking_pids(pid)) > 0 \
@@ -432,7 +436,7 @@ pub(crate) mod mysql {
             concat!(
                 "SELECT CAST(r.trx_mysql_thread_id AS SIGNED) AS session, \
                     CAST(b.trx_mysql_thread_id AS SIGNED) AS blocker, \
-                    CAST(TIMESTAMPDIFF(MICROSECOND, r.trx_wait_started, NOW(6)) DIV 1000 AS SIGNED) AS waiting_ms, \
+                    CAST(COALESCE(TIMESTAMPDIFF(MICROSECOND, r.trx_wait_started, NOW(6)) DIV 1000, 0) AS SIGNED) AS waiting_ms, \
                     COALESCE(r.trx_query, '') AS query ",
                 $from,
                 " ORDER BY session, blocker"
@@ -454,7 +458,7 @@ pub(crate) mod mysql {
 
     /// MariaDB's views; `PROCESSLIST.COMMAND` is `Sleep` between statements.
     pub(crate) const LOCK_WAITS: &str = "SELECT CAST(r.trx_mysql_thread_id AS SIGNED) AS session, \
-            CAST(TIMESTAMPDIFF(MICROSECOND, r.trx_wait_started, NOW(6)) DIV 1000 AS SIGNED) AS waiting_ms, \
+            CAST(COALESCE(TIMESTAMPDIFF(MICROSECOND, r.trx_wait_started, NOW(6)) DIV 1000, 0) AS SIGNED) AS waiting_ms, \
             COALESCE(r.trx_query, '') AS query, \
             CAST(CONCAT(rl.lock_type, ' ', rl.lock_mode) AS CHAR(64)) AS lock_mode, \
             rl.lock_table AS relation, \
