@@ -4,7 +4,7 @@
 use crate::error::Error;
 use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
 use crate::retry::RetryPolicy;
-use crate::retry::{may_retry, retry_while, RetryableError};
+use crate::retry::{may_retry, retry_while, RetryableError, Spent};
 
 /// `SERIALIZABLE` transactions, retried.
 ///
@@ -62,5 +62,6 @@ where
         policy,
         |_| conn.serializable_transaction(&mut f),
         |err, attempt| may_retry(err, false, attempt),
+        Spent::Exhausted,
     )
 }

@@ -228,16 +228,17 @@ where
     E: RetryableError,
     F: FnMut(u32) -> Result<T, E>,
 {
-    retry_while(policy, op, |err, _| err.is_retryable())
+    retry_while(policy, op, |err, _| err.is_retryable(), Spent::Exhausted)
 }
 
 /// The one retry loop: runs `op` until it succeeds, fails with an error
 /// `retryable` refuses (given the error and the attempt that failed), or has
-/// run `policy.attempts()` times.
+/// run `policy.attempts()` times (then `spent` says what it returns).
 pub(crate) fn retry_while<T, E, F>(
     policy: &RetryPolicy,
     mut op: F,
     retryable: impl Fn(&E, u32) -> bool,
+    spent: Spent,
 ) -> Result<T, E>
 where
     E: RetryableError,
@@ -254,7 +255,7 @@ where
         // inside it: the next would run in autocommit (MySQL/MariaDB) or into
         // the aborted transaction (PostgreSQL). Its owner retries it whole.
         let ended = Ended::since(mark);
-        match after_failure(policy, attempt, err, |err| {
+        match after_failure(policy, attempt, err, spent, |err| {
             !ended && retryable(err, attempt)
         }) {
             Next::GiveUp(err) => return Err(err),
@@ -276,13 +277,41 @@ pub(crate) enum Next<E> {
     RetryAfter(std::time::Duration),
 }
 
+/// What a retry loop returns once the policy's attempts are spent, each
+/// failed with a retryable error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Spent {
+    /// The last error through [`RetryableError::retries_exhausted`]
+    /// ([`Error::RetriesExhausted`], not retryable): an outer retry would only
+    /// repeat what failed.
+    Exhausted,
+    /// The last error as it is, retryable: the loop ran nested in an open
+    /// transaction, each attempt in a savepoint that keeps what the
+    /// transaction holds (its snapshot under REPEATABLE READ, the locks it took
+    /// before), so that every attempt may fail for the same reason, where the
+    /// owner of the outermost transaction, running it again in a new one, may
+    /// succeed.
+    AsIs,
+}
+
+impl Spent {
+    /// A `transaction_with_retry`'s, `nested` in an open transaction or not.
+    pub(crate) fn for_transaction(nested: bool) -> Self {
+        match nested {
+            true => Spent::AsIs,
+            false => Spent::Exhausted,
+        }
+    }
+}
+
 /// The one decision of every retry loop, blocking or async: give up (not
-/// retryable, or the policy's attempts spent) or wait and try again. The
-/// metrics are recorded here.
+/// retryable, or the policy's attempts spent: as `spent` says) or wait and
+/// try again. The metrics are recorded here.
 pub(crate) fn after_failure<E: RetryableError>(
     policy: &RetryPolicy,
     attempt: u32,
     err: E,
+    spent: Spent,
     retryable: impl Fn(&E) -> bool,
 ) -> Next<E> {
     if !retryable(&err) {
@@ -290,7 +319,10 @@ pub(crate) fn after_failure<E: RetryableError>(
     }
     if attempt >= policy.max_attempts {
         crate::metrics::record_exhausted(attempt, err.lockkit_error().map(|e| e as _));
-        return Next::GiveUp(err.retries_exhausted(attempt));
+        return Next::GiveUp(match spent {
+            Spent::Exhausted => err.retries_exhausted(attempt),
+            Spent::AsIs => err,
+        });
     }
     let delay = policy.delay_after(attempt);
     crate::metrics::record_retry(attempt, delay, err.lockkit_error().map(|e| e as _));
@@ -348,7 +380,11 @@ pub(crate) fn may_retry<E: RetryableError>(err: &E, nested: bool, attempt: u32) 
 /// * [`Error::Deadlock`] when nested, from a deadlock on any attempt but the first.
 /// * when every attempt failed with a retryable error, the last one through
 ///   [`RetryableError::retries_exhausted`] ([`Error::RetriesExhausted`] for
-///   lockkit's own error type).
+///   lockkit's own error type); nested, the last one as it is, retryable: each
+///   attempt ran in a savepoint of the open transaction, whose snapshot and
+///   earlier locks every attempt shared (a row read stale from a REPEATABLE
+///   READ snapshot, say), and the owner of the outermost transaction runs the
+///   whole of it again in a new one.
 ///
 /// # Example
 ///
@@ -377,6 +413,7 @@ where
         policy,
         |_| transaction::run(conn, |conn| op(conn).map_err(Failure::Closure)),
         |err, attempt| may_retry(err, nested, attempt),
+        Spent::for_transaction(nested),
     )
 }
 

@@ -441,7 +441,7 @@ mod all {
                     item.stock -= 1;
                     item.update_versioned(c)
                 });
-                assert!(matches!(nested, Err(Error::RetriesExhausted { .. })), "{nested:?}");
+                assert!(matches!(nested, Err(Error::Stale(_))), "{nested:?}");
                 Ok::<_, Error>(())
             })
             .unwrap();

@@ -17,7 +17,7 @@ use lockkit_tests::db::TestBackend;
 use lockkit_tests::models::*;
 use lockkit_tests::observe::observe;
 use lockkit_tests::schema::*;
-use lockkit_tests::{exec, seed_items, stock_of, TestDb};
+use lockkit_tests::{exec, item, seed_items, stock_of, TestDb};
 
 /// Items 1 and 2 (stock 10 each), and a MySQL/MariaDB connection whose lock
 /// waits time out after 1 s.
@@ -512,6 +512,39 @@ mod servers {
                 assert_eq!(counts, (10, 1));
             }
             assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
+        }
+
+        fn a_nested_transaction_with_retry_that_its_savepoint_cannot_save_hands_its_error_on(db) {
+            // The outer transaction's first read fixes its snapshot (InnoDB's
+            // REPEATABLE READ); another session then commits a sale. The
+            // nested transaction_with_retry reads item 1 from that snapshot on
+            // every attempt, and every write is stale: its last error must
+            // stay retryable, for the owner to run the whole transaction again
+            // in a new snapshot. PostgreSQL's READ COMMITTED sees the sale at
+            // the nested call's first read.
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn = db.connect();
+            let mut other = db.connect();
+            let (mut outer_runs, mut inner_runs) = (0, 0);
+            let outcome = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(5), |c| {
+                outer_runs += 1;
+                let _ = item!(c, 1);
+                if outer_runs == 1 {
+                    exec(&mut other, "UPDATE items SET stock = stock - 1, lock_version = lock_version + 1 WHERE id = 1");
+                }
+                lockkit::transaction_with_retry(c, &RetryPolicy::immediate(5), |c| {
+                    inner_runs += 1;
+                    let mut item = item!(c, 1);
+                    item.stock -= 1;
+                    item.update_versioned(c)
+                })
+            });
+            assert!(outcome.is_ok(), "{outcome:?}");
+            assert_eq!(stock_of!(&mut conn), 8);
+            match BACKEND {
+                "postgres" => assert_eq!((outer_runs, inner_runs), (1, 1)),
+                _ => assert_eq!((outer_runs, inner_runs), (2, 6)),
+            }
         }
 
         fn a_nested_with_lock_after_the_caller_let_its_own_deadlock_go_commits_nothing(db) {

@@ -18,7 +18,7 @@ use super::retry::again;
 use super::work::ConnAttempt;
 use crate::error::classification::classify;
 use crate::error::Error;
-use crate::retry::may_retry;
+use crate::retry::{may_retry, Spent};
 use crate::retry::{RetryPolicy, RetryableError};
 use crate::transaction::Began;
 
@@ -94,7 +94,7 @@ where
             Ok(value) => return Ok(value),
             Err(err) => err,
         };
-        attempt = again(policy, attempt, err, move |err| {
+        attempt = again(policy, attempt, err, Spent::Exhausted, move |err| {
             may_retry(err, false, attempt)
         })
         .await?;

@@ -10,7 +10,7 @@
 use super::connection::{in_transaction, AsyncLockingConnection};
 use super::work::ConnAttempt;
 use crate::error::classification::classify;
-use crate::retry::{after_failure, may_retry, Next};
+use crate::retry::{after_failure, may_retry, Next, Spent};
 use crate::retry::{RetryPolicy, RetryableError};
 
 /// Runs `op` until it succeeds, fails with an error that is not retryable, or
@@ -60,21 +60,22 @@ where
             Ok(value) => return Ok(value),
             Err(err) => err,
         };
-        attempt = again(policy, attempt, err, E::is_retryable).await?;
+        attempt = again(policy, attempt, err, Spent::Exhausted, E::is_retryable).await?;
     }
 }
 
 /// After attempt `attempt` failed with `err`: the blocking loops' decision
-/// ([`after_failure`]), then the wait. `Err`: give up with this error; `Ok`: the
-/// number of the next attempt, once its delay has passed. Shared by the async
-/// retry loops.
+/// ([`after_failure`], `spent` as there), then the wait. `Err`: give up with
+/// this error; `Ok`: the number of the next attempt, once its delay has
+/// passed. Shared by the async retry loops.
 pub(crate) async fn again<E: RetryableError>(
     policy: &RetryPolicy,
     attempt: u32,
     err: E,
+    spent: Spent,
     retryable: impl Fn(&E) -> bool,
 ) -> Result<u32, E> {
-    match after_failure(policy, attempt, err, retryable) {
+    match after_failure(policy, attempt, err, spent, retryable) {
         Next::GiveUp(err) => Err(err),
         Next::RetryAfter(delay) => {
             back_off(delay).await;
@@ -113,7 +114,9 @@ pub(crate) async fn back_off(delay: std::time::Duration) {
 /// # Errors
 ///
 /// As [`retry`]; nested, also [`Error::Deadlock`](crate::Error::Deadlock) from
-/// a deadlock on any attempt but the first (above).
+/// a deadlock on any attempt but the first (above), and, once every attempt
+/// failed with a retryable error, the last one as it is, for the owner of the
+/// outermost transaction (as on the blocking side).
 ///
 /// # Example
 ///
@@ -170,7 +173,8 @@ where
             Ok(value) => return Ok(value),
             Err(err) => err,
         };
-        attempt = again(policy, attempt, err, move |err| {
+        let spent = Spent::for_transaction(nested);
+        attempt = again(policy, attempt, err, spent, move |err| {
             may_retry(err, nested, attempt)
         })
         .await?;

@@ -48,7 +48,7 @@ pub use crate::http::bound_etag::{
     BoundETag, ETagSecret, ResourceTags, SecretTooShort, MIN_SECRET_LEN,
 };
 use crate::optimistic::version::VersionNumber;
-use crate::retry::retry_while;
+use crate::retry::{retry_while, Spent};
 use crate::retry::{RetryPolicy, RetryableError};
 
 /// A strong entity tag made from a row's version: `"v<version>"`.
@@ -386,6 +386,7 @@ impl<V: VersionNumber> Expected<V> {
                         Some(Error::Stale(stale)) if matches!(stale.current, CurrentState::Version(_))
                     )
                 },
+                Spent::Exhausted,
             ),
         }
     }
