@@ -3,15 +3,29 @@
 //! Many workers claim rows from one table without waiting on each other: each
 //! claims up to `n` rows that nobody else holds, processes them, marks them done
 //! and commits. A crashed worker's transaction rolls back and its rows become
-//! claimable again. Every row is processed exactly once as long as "mark done"
-//! happens in the claiming transaction.
+//! claimable again. Every row is marked done exactly once as long as "mark
+//! done" happens in the claiming transaction; what the processing does outside
+//! the database (an email, a call to another service) is done at least once: a
+//! worker that crashes after it, before its `COMMIT`, leaves the row for the
+//! next worker.
 //!
 //! ```sql
 //! BEGIN;
 //! SELECT ... FROM jobs WHERE jobs.done = false ORDER BY jobs.id LIMIT $1 FOR UPDATE SKIP LOCKED;
-//! -- process, then UPDATE jobs SET done = true WHERE id IN (...)
+//! -- process, then, for each claimed row: UPDATE jobs SET done = true WHERE id = $1
 //! COMMIT;
 //! ```
+//!
+//! On MySQL/MariaDB, run the workers' transactions at READ COMMITTED (`SET
+//! SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED` on each worker's
+//! connection). Under InnoDB's default REPEATABLE READ a claim that reaches the
+//! end of the pending rows also locks the gap after them, where every new row
+//! is inserted: a producer's `INSERT` waits for the worker's whole batch (and
+//! fails after `innodb_lock_wait_timeout`), and two workers that both enqueue
+//! follow-up work may deadlock. PostgreSQL takes no such locks.
+//!
+//! `SKIP LOCKED` needs PostgreSQL 9.5, MySQL 8.0 or MariaDB 10.6 or later; an
+//! older server refuses the statement (a syntax error, [`Error::Database`]).
 //!
 //! Mark the claimed rows one primary key at a time (`WHERE id = ?`), as below. On
 //! MySQL/MariaDB an `UPDATE ... WHERE id IN (..)` over a small table may be run as
