@@ -11,8 +11,8 @@
 //!   SELECT set_config('lock_timeout', '1000ms', true); -- PostgreSQL; MySQL: innodb_lock_wait_timeout = 1
 //!   SELECT id, payload, done FROM jobs WHERE done = false
 //!     ORDER BY id LIMIT $batch FOR UPDATE SKIP LOCKED;
-//!   INSERT INTO job_runs (job_id, worker) VALUES (..);  -- once per job: "run" it
-//!   UPDATE jobs SET done = true WHERE id IN (..);
+//!   UPDATE jobs SET done = true WHERE id = ..;          -- once per job,
+//!   INSERT INTO job_runs (job_id, worker) VALUES (..);  -- which it "runs"
 //!   COMMIT;
 //!   ```
 //!
@@ -42,6 +42,11 @@
 //! `LockOptions::default().timeout(1 s)` ([`lock_options`]), so any lock wait
 //! longer than a second would fail the run with `lockkit::Error::LockTimeout`
 //! rather than go unnoticed.
+//!
+//! On MySQL/MariaDB every connection runs its transactions at READ COMMITTED.
+//! Under InnoDB's default REPEATABLE READ, a claim that reaches the end of the
+//! pending rows also locks the gap after them, where every new job goes: a
+//! producer's insert would wait for a worker's whole batch.
 //!
 //! Rows are marked done (or sent) one `UPDATE … WHERE id = ?` at a time. On a
 //! small table MySQL/MariaDB may run `WHERE id IN (…)` as a full scan, which under

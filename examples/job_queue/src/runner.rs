@@ -4,20 +4,35 @@ use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use diesel::connection::SimpleConnection;
+use diesel::QueryResult;
 use lockkit_tests::support::{worker_connections, AnyConnection, AnyPooled, SessionSettings};
 
 use crate::backends;
 use crate::{
-    JobAudit, JobQueueError, OutboxAudit, RelayConfig, RelayReport, WorkerConfig, WorkerReport,
-    WorkerStats,
+    Backend, JobAudit, JobQueueError, OutboxAudit, RelayConfig, RelayReport, WorkerConfig,
+    WorkerReport, WorkerStats,
 };
 
 /// One direct connection with the session settings. An unreachable server fails
 /// here at once with its own message, not after a pool's connection timeout.
 fn connect(url: &str) -> Result<AnyConnection, JobQueueError> {
     let mut conn = AnyConnection::open(url)?;
-    conn.configure_session()?;
+    configure_session(&mut conn)?;
     Ok(conn)
+}
+
+/// The session settings of every connection: the shared ones, and on
+/// MySQL/MariaDB transactions at READ COMMITTED. Under InnoDB's REPEATABLE
+/// READ a claim that reaches the end of the pending rows also locks the gap
+/// after them, where every new job (or message) is inserted: a producer would
+/// wait for a worker's whole batch (see `lockkit::queue`).
+fn configure_session(conn: &mut AnyConnection) -> QueryResult<()> {
+    conn.configure_session()?;
+    if conn.backend() == Backend::Mysql {
+        conn.batch_execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")?;
+    }
+    Ok(())
 }
 
 pub(crate) fn run_workers(url: &str, config: &WorkerConfig) -> Result<WorkerReport, JobQueueError> {
@@ -30,8 +45,7 @@ pub(crate) fn run_workers(url: &str, config: &WorkerConfig) -> Result<WorkerRepo
     let backend = setup.backend();
     drop(setup);
 
-    let (pool, conns) =
-        worker_connections(url, size, SessionSettings(AnyConnection::configure_session))?;
+    let (pool, conns) = worker_connections(url, size, SessionSettings(configure_session))?;
     let start_line = Barrier::new(config.workers + 1);
     let (results, elapsed) = thread::scope(|scope| {
         let workers: Vec<_> = conns
