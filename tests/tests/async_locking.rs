@@ -572,3 +572,64 @@ async fn lock_all_locks_a_row_deleted_and_inserted_again_by_the_transaction_it_w
     let locked = locker.await.unwrap();
     assert_eq!(locked.unwrap(), vec![(1, 10), (2, 7)]);
 }
+
+/// As the blocking `row_locks.rs` shows: a row committed while `lock_all`'s
+/// second read waited (which skipped the row that read saw deleted) is found
+/// by the last read by key, and must be locked and returned, not left out of
+/// an `Ok`.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_all_locks_a_row_committed_while_its_second_read_waited() {
+    use diesel::connection::SimpleConnection;
+    use lockkit::asynchronous::lock_waits;
+    let db = lockkit_tests::TestDb::<diesel::PgConnection>::new("async_lock_all_second_read");
+    seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+    let mut holder = db.connect();
+    holder
+        .batch_execute("BEGIN; SELECT id FROM items WHERE id = 1 FOR UPDATE")
+        .unwrap();
+    let mut replacer = db.connect();
+    let replacer_id = lockkit::lock_waits::session_id(&mut replacer).unwrap();
+    let mut conn: diesel_async::AsyncPgConnection =
+        async_common::connect(&db.url, "postgres").await;
+    let session = lock_waits::session_id(&mut conn).await.unwrap();
+    let locker = tokio::spawn(async move {
+        lockkit::asynchronous::locked_transaction(&mut conn, LockOptions::default(), async |c| {
+            let rows: Vec<Item> = lockkit::asynchronous::lock_all(c, &[1, 2]).await?;
+            Ok::<_, Error>(rows.iter().map(|r| (r.id, r.stock)).collect::<Vec<_>>())
+        })
+        .await
+    });
+    let mut observer: diesel_async::AsyncPgConnection =
+        async_common::connect(&db.url, "postgres").await;
+    for blocker in [None, Some(replacer_id)] {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !lock_waits::blocked_sessions(&mut observer)
+            .await
+            .unwrap()
+            .iter()
+            .any(|s| s.session == session && blocker.is_none_or(|b| s.blocked_by == [b]))
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "lock_all never waited for {blocker:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if blocker.is_none() {
+            db.conn()
+                .batch_execute(
+                    "BEGIN; DELETE FROM items WHERE id = 2; \
+                     INSERT INTO items (id, name, stock, lock_version) VALUES (2, 'first', 8, 0); COMMIT",
+                )
+                .unwrap();
+            replacer
+                .batch_execute(lockkit_tests::REPLACE_ITEM_2_UNCOMMITTED)
+                .unwrap();
+            holder.batch_execute("COMMIT").unwrap();
+        }
+    }
+    replacer.batch_execute("COMMIT").unwrap();
+    let locked = locker.await.unwrap();
+    assert_eq!(locked.unwrap(), vec![(1, 10), (2, 7)]);
+}

@@ -497,6 +497,66 @@ mod postgres_only {
         assert_eq!(locked.unwrap(), vec![(1, 10), (2, 7)]);
     }
 
+    #[test]
+    fn lock_all_locks_a_row_committed_while_its_second_read_waited() {
+        // lock_all waits for row 1, which a holder locked. Meanwhile one
+        // transaction replaces row 2 and commits, and another replaces it
+        // again, not committed yet. Once the holder commits, the first read
+        // skips the row 2 the first replacement deleted; the second read
+        // waits for the second replacement's delete, and skips that row once
+        // it commits. The row 2 committed last must be locked and returned,
+        // not left out of an `Ok`.
+        let db = TestDb::<PgConnection>::new("lock_all_second_read_waited");
+        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+        let mut holder = db.connect();
+        holder
+            .batch_execute("BEGIN; SELECT id FROM items WHERE id = 1 FOR UPDATE")
+            .unwrap();
+        let mut replacer = db.connect();
+        let replacer_id = lock_waits::session_id(&mut replacer).unwrap();
+        let mut observer = db.connect();
+        let (session_tx, session_rx) = mpsc::channel();
+        let locked = thread::scope(|s| {
+            let locker = s.spawn(|| {
+                let mut conn = db.connect();
+                session_tx
+                    .send(lock_waits::session_id(&mut conn).unwrap())
+                    .unwrap();
+                locked_transaction(&mut conn, LockOptions::default(), |c| {
+                    let rows = Item::lock_all(c, &[1, 2])?;
+                    Ok::<_, Error>(rows.iter().map(|r| (r.id, r.stock)).collect::<Vec<_>>())
+                })
+            });
+            let session = session_rx.recv().unwrap();
+            let mut waits_on = |blocker: Option<i64>, never: &str| {
+                look_until(Duration::from_secs(10), never, || {
+                    let found = lock_waits::blocked_sessions(&mut observer).unwrap();
+                    found.into_iter().find(|s| {
+                        s.session == session && blocker.is_none_or(|b| s.blocked_by == [b])
+                    })
+                });
+            };
+            waits_on(None, "lock_all never waited for row 1");
+            db.conn()
+                .batch_execute(
+                    "BEGIN; DELETE FROM items WHERE id = 2; \
+                     INSERT INTO items (id, name, stock, lock_version) VALUES (2, 'first', 8, 0); COMMIT",
+                )
+                .unwrap();
+            replacer
+                .batch_execute(lockkit_tests::REPLACE_ITEM_2_UNCOMMITTED)
+                .unwrap();
+            holder.batch_execute("COMMIT").unwrap();
+            waits_on(
+                Some(replacer_id),
+                "the second read never waited for the replacement",
+            );
+            replacer.batch_execute("COMMIT").unwrap();
+            locker.join().unwrap()
+        });
+        assert_eq!(locked.unwrap(), vec![(1, 10), (2, 7)]);
+    }
+
     /// Holds row 1 of items with `options` on another connection while `during` runs.
     fn while_held<T>(
         db: &TestDb<PgConnection>,

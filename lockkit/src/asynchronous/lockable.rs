@@ -343,11 +343,16 @@ where
                     .await
                     .map_err(classify)?;
                 locked.extend(again);
-                // Asked of the latest commit, as on the blocking side.
-                for key in unmatched(&missed, &locked) {
-                    let row = M::load_locked(conn, key.clone(), RowLock::share()).await;
-                    if row.map_err(classify)?.is_none() {
-                        return Err(Error::NotFound);
+                // Asked of the latest commit, and a row found then locked and
+                // returned, as on the blocking side.
+                let still: Vec<M::Key> = unmatched(&missed, &locked).cloned().collect();
+                for key in still {
+                    match M::load_locked(conn, key, RowLock::update())
+                        .await
+                        .map_err(classify)?
+                    {
+                        Some(row) => locked.push(row),
+                        None => return Err(Error::NotFound),
                     }
                 }
                 let mut seen = std::collections::BTreeSet::new();

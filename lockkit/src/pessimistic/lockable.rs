@@ -416,11 +416,14 @@ pub trait Lockable: Sized {
                 locked.extend(Self::load_all_locked(conn, missed.clone()).map_err(classify)?);
                 // Asked of the latest commit, as the locked reads were: on
                 // InnoDB a plain read asks the transaction's snapshot, which
-                // may still hold a row deleted since.
-                for key in unmatched(&missed, &locked) {
-                    let row = Self::load_locked(conn, key.clone(), RowLock::share());
-                    if row.map_err(classify)?.is_none() {
-                        return Err(Error::NotFound);
+                // may still hold a row deleted since. A row found now (one
+                // committed while the second read waited) is locked and
+                // returned as well.
+                let still: Vec<Self::Key> = unmatched(&missed, &locked).cloned().collect();
+                for key in still {
+                    match Self::load_locked(conn, key, RowLock::update()).map_err(classify)? {
+                        Some(row) => locked.push(row),
+                        None => return Err(Error::NotFound),
                     }
                 }
                 // A row found by two keys of this chunk is returned once, in
@@ -517,11 +520,12 @@ where
 /// transaction the read waited for deleted and inserted again: the read skips
 /// the deleted row, and the new one is not in its snapshot.
 /// [`Lockable::lock_all`] reads them again, in a statement of their own (which
-/// sees and locks such a new row), then asks whether each key still without a
-/// row exists, with a shared locked read (the latest commit, not the
-/// transaction's snapshot). Such a row is locked after the rest of its chunk,
-/// out of key order: in that race only, a deadlock with another `lock_all` is
-/// possible, and reported as one (retryable).
+/// sees and locks such a new row), then reads each key still without a row
+/// once more, locked (the latest commit, not the transaction's snapshot): a
+/// row committed while the second read waited is locked and returned there,
+/// and a key without one is [`Error::NotFound`]. Such a row is locked after
+/// the rest of its chunk, out of key order: in that race only, a deadlock with
+/// another `lock_all` is possible, and reported as one (retryable).
 pub(crate) fn unmatched<'k, M>(
     chunk: &'k [M::Key],
     locked: &[M],
