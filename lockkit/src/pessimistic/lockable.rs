@@ -111,7 +111,9 @@ use crate::transaction::{require_live, require_transaction, scope, Control};
 
 /// `lock_all` sends at most this many keys per statement (SQLite's oldest limit
 /// on bound parameters is 999); longer lists are locked chunk by chunk, in key
-/// order, which keeps the no-deadlock promise.
+/// order, which keeps the no-deadlock promise. For text keys that order is
+/// Rust's (bytes) between chunks and the column's collation within each: see
+/// [`Lockable::lock_all`].
 pub const MAX_KEYS_PER_STATEMENT: usize = 900;
 
 pub(crate) type Pk<M> = <<M as Lockable>::Table as Table>::PrimaryKey;
@@ -299,7 +301,8 @@ pub trait Lockable: Sized {
     }
 
     /// Locks the rows with these keys in ascending key order, in one statement,
-    /// and returns them in that order.
+    /// and returns them in that order (the server's: for text keys, the
+    /// column's collation, in which `"b"` may come before `"Z"`).
     ///
     /// Two transactions that lock overlapping sets one row at a time in different
     /// orders deadlock; locking every set in the same (key) order cannot. (A
@@ -327,6 +330,16 @@ pub trait Lockable: Sized {
     /// `String`, and with the `uuid` feature `uuid::Uuid` on PostgreSQL, whose
     /// `uuid` order is `Uuid`'s. Diesel maps UUIDs on no other backend: on
     /// MySQL/MariaDB and SQLite store them as text and use a `String` key.
+    ///
+    /// A list of more than [`MAX_KEYS_PER_STATEMENT`] keys is cut into
+    /// chunks in Rust's order of the keys, each locked in one statement in
+    /// the server's. For integer and UUID keys the two agree. For text keys
+    /// under a collation that does not order by bytes (MySQL/MariaDB's
+    /// case-insensitive defaults, PostgreSQL's non-`C` collations) they may
+    /// not: two such lists may then take their locks in different orders and
+    /// deadlock ([`Error::Deadlock`], retryable). Keep such lists within one
+    /// chunk, or give the key column a byte-ordered collation (`COLLATE "C"`,
+    /// `utf8mb4_bin`).
     ///
     /// A composite key does not compile: its columns are a tuple, which is no
     /// [`KeyColumn`] ("lock_all needs a single-column integer, string or UUID
