@@ -226,6 +226,40 @@ async_backend_tests! {
         assert_eq!(stock!(&mut other), 1_000, "the abandoned decrement was rolled back");
     }
 
+    async fn a_held_connection_refuses_a_versioned_write_or_update_if_after_a_dropped_call(db) {
+        // As above, with the writes that open no transaction of their own: a
+        // versioned write and `update_if` would run inside the abandoned
+        // transaction, answer `Ok`, and go with it. The versioned struct would
+        // then hold a number nobody committed, and match another writer's
+        // later commit of it.
+        seed_items(&mut db.conn(), &[(1, 1_000), (2, 10)]);
+        let mut held: Async = async_common::connect(&db.url, BACKEND).await;
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        let mut item: Item = items::table.find(2).first(&mut held).await.unwrap();
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(300),
+            decrement!(&mut held, Some(Duration::from_secs(3600))),
+        )
+        .await;
+        assert!(dropped.is_err(), "the future was dropped inside the closure");
+        item.stock = 5;
+        let written = lockkit::asynchronous::AsyncVersioned::update_versioned(&mut item, &mut held).await;
+        let sell = lockkit::asynchronous::atomic::update_if(
+            &mut held,
+            diesel::update(items::table.find(2)).set(items::stock.eq(items::stock - 1)),
+        )
+        .await;
+        drop(held);
+        row_freed(&mut other).await;
+        let broken = |outcome: Result<(), &Error>| {
+            matches!(outcome, Err(Error::Database(diesel::result::Error::BrokenTransactionManager)))
+        };
+        assert!(broken(written.as_ref().map(drop)), "the versioned write returned {written:?}");
+        assert!(broken(sell.as_ref().map(drop)), "update_if returned {sell:?}");
+        let stored: Item = items::table.find(2).first(&mut other).await.unwrap();
+        assert_eq!((stored.stock, stored.lock_version), (10, 0));
+    }
+
     async fn your_own_transaction_around_a_dropped_call_fails_instead_of_committing_nothing(db) {
         // A lockkit call given up on inside diesel-async's own `transaction`
         // leaves its savepoint open. The transaction's commit must not

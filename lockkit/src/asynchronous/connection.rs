@@ -758,6 +758,7 @@ pub(crate) fn status_of<'w, C: AsyncConnection>(
 /// The blocking side's [`check_write`](crate::transaction::check_write) on an
 /// async connection, after [`roll_back_unused_drop`].
 pub(crate) async fn check_write<C: AsyncConnection>(conn: &mut C) -> Result<(), Error> {
+    crate::transaction::refuse_broken(C::TransactionManager::transaction_manager_status_mut(conn))?;
     journal::before_write(&mut journal::AsyncWatched(&mut *conn));
     refuse_if_ended_on_sqlite(conn).await?;
     roll_back_unused_drop(conn).await?;

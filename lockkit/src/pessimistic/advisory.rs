@@ -221,16 +221,14 @@ pub(crate) fn scope_for(
     transaction_locks: bool,
     status: &mut diesel::connection::TransactionManagerStatus,
 ) -> Result<Scope, Error> {
+    // A broken transaction manager: a dropped async call's transaction may
+    // still be open on the server, and a lock taken and work done there would
+    // go with it, under an `Ok`.
+    crate::transaction::refuse_broken(status)?;
     match (transaction_locks, status.transaction_depth()) {
-        // A broken transaction manager: a dropped async call's transaction may
-        // still be open on the server, and a lock taken and work done there
-        // would go with it, under an `Ok`.
-        (_, Err(_)) => Err(Error::Database(
-            diesel::result::Error::BrokenTransactionManager,
-        )),
         (true, Ok(Some(_))) => Ok(Scope::Transaction),
         (false, Ok(Some(_))) => Err(Error::AlreadyInTransaction),
-        (_, Ok(None)) => Ok(Scope::Session),
+        (_, _) => Ok(Scope::Session),
     }
 }
 

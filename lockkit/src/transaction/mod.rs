@@ -442,6 +442,8 @@ pub(crate) fn require_live<C: Control>(conn: &mut C) -> Result<(), Error> {
 /// connection new to lockkit, the first write in the caller's transaction
 /// asks). The async writes' twin does the same.
 pub(crate) fn check_write<C: Connection>(conn: &mut C) -> Result<(), Error> {
+    use diesel::connection::TransactionManager;
+    refuse_broken(C::TransactionManager::transaction_manager_status_mut(conn))?;
     journal::before_write(conn);
     refuse_if_ended_on_sqlite(conn)?;
     let Some((cause, reported)) = journal::ended_before_write(conn) else {
@@ -712,6 +714,23 @@ impl StandIn {
 #[cfg(feature = "mysql")]
 pub(crate) fn is_broken(status: &mut diesel::connection::TransactionManagerStatus) -> bool {
     status.transaction_depth().is_err()
+}
+
+/// Refuses a statement of lockkit's on a connection whose transaction manager
+/// gave up on it (a dropped async call, which may have left its transaction
+/// open on the server; a failed rollback): the statement would run in that
+/// transaction and go with it, under an `Ok`. Diesel refuses a transaction
+/// there; this refuses the single statements (a versioned write,
+/// `atomic::update_if`, an advisory lock) the same way, blocking and async.
+pub(crate) fn refuse_broken(
+    status: &mut diesel::connection::TransactionManagerStatus,
+) -> Result<(), Error> {
+    match status.transaction_depth() {
+        Err(_) => Err(Error::Database(
+            diesel::result::Error::BrokenTransactionManager,
+        )),
+        Ok(_) => Ok(()),
+    }
 }
 
 /// [`refuse_if_ended_on_sqlite`] before a lockkit transaction begins on `conn`,
