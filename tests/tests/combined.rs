@@ -622,6 +622,40 @@ mod all {
             assert_eq!(gadgets::table.find(1).first::<Gadget>(&mut conn).unwrap(), stored);
         }
 
+        fn a_write_in_a_transaction_onto_the_maximum_a_rolled_back_write_left_is_refused(db) {
+            // As above, but the fresh write runs in a transaction: there it is
+            // refused before the commit. Recorded and committed, its record
+            // would have replaced the rolled-back maximum's, and A's delete,
+            // which needs no number past it, would have matched the commit.
+            let mut conn = db.conn();
+            exec(&mut conn, &format!("INSERT INTO gadgets (id, label, version) VALUES (1, 'g', {})", i16::MAX - 1));
+            let mut a = gadgets::table.find(1).first::<Gadget>(&mut conn).unwrap();
+            let rolled_back = conn.transaction(|c| {
+                a.label = "a".into();
+                a.update_versioned(c)?;
+                Err::<(), _>(Error::NoRowMatched)
+            });
+            assert!(rolled_back.is_err());
+            let outcome = conn.transaction(|c| {
+                let mut fresh = gadgets::table.find(1).first::<Gadget>(c)?;
+                fresh.label = "fresh".into();
+                fresh.update_versioned(c)
+            });
+            assert!(matches!(outcome, Err(Error::VersionOverflow { .. })), "{outcome:?}");
+            let outcome = conn.transaction(|c| {
+                let mut fresh = gadgets::table.find(1).first::<Gadget>(c)?;
+                fresh.label = "fresh".into();
+                let _ = fresh.update_versioned(c); // let go: the write stands in the transaction
+                Ok::<_, Error>(())
+            });
+            assert!(outcome.is_ok(), "{outcome:?}");
+            let stored = gadgets::table.find(1).first::<Gadget>(&mut conn).unwrap();
+            assert_eq!((stored.label.as_str(), stored.revision), ("fresh", i16::MAX));
+            let deleted = a.delete_versioned(&mut conn);
+            assert!(deleted.is_err(), "{deleted:?}");
+            assert_eq!(gadgets::table.find(1).first::<Gadget>(&mut conn).unwrap(), stored);
+        }
+
         fn a_struct_retried_after_a_rollback_writes_although_update_if_moved_another_row(db) {
             // `update_if` on item 2 says nothing of item 1's number: the struct
             // of item 1, read before the transaction, is restored as usual.

@@ -729,8 +729,15 @@ where
         next.to_i64(),
     ) {
         // No number past the type's maximum: as on the blocking side.
-        let Some(after) = next.checked_next() else {
-            break;
+        let after = match checked_next::<M>(key, next) {
+            Ok(after) => after,
+            Err(_)
+                if crate::transaction::journal::Watched::depth(&mut AsyncWatched(&mut *conn))
+                    .is_none() =>
+            {
+                break
+            }
+            Err(overflow) => return Err(overflow),
         };
         if M::bump_past(conn, key.clone(), next)
             .await

@@ -1036,12 +1036,16 @@ where
     Conn: Connection,
 {
     while rollbacks::reused(conn, M::TABLE_NAME, row_id, next.to_i64()) {
-        // No number past the type's maximum: the row stays at it, and the
-        // write, which committed it, stands. A struct holding the rolled-back
-        // maximum is refused all the same: its write finds the row at its own
-        // number and has none to move past it to (`Error::VersionOverflow`).
-        let Some(after) = next.checked_next() else {
-            break;
+        let after = match checked_next::<M>(key, next) {
+            Ok(after) => after,
+            // No number past the type's maximum. Outside a transaction the
+            // write committed it: it stands there, and the struct holding the
+            // rolled-back maximum is refused all the same (its write finds the
+            // row at its own number, with none to move past it to).
+            Err(_) if journal::Watched::depth(conn).is_none() => break,
+            // In a transaction, refused before it commits: recorded, the
+            // write would take the place of the rolled-back maximum's record.
+            Err(overflow) => return Err(overflow),
         };
         if M::bump_past(conn, key.clone(), next).map_err(classify)? != 1 {
             break;

@@ -75,8 +75,10 @@
 //!    that write must have been rolled back, even if its `ROLLBACK` has not
 //!    been reported yet. The cost is one statement and a skipped number, only
 //!    on a row with such a struct. (At the version type's maximum there is no
-//!    number past it: the write stands, and the struct holding the rolled-back
-//!    maximum is refused by [`Error::VersionOverflow`](crate::Error::VersionOverflow).)
+//!    number past it: a write inside a transaction is refused before its
+//!    commit, [`Error::VersionOverflow`](crate::Error::VersionOverflow); one
+//!    outside, already committed, stands, and the struct holding the
+//!    rolled-back maximum is refused by its own write's `VersionOverflow`.)
 //!    The rolled-back numbers stay recorded until a
 //!    write outside a transaction moves the row past them (or the record's
 //!    bound, below, forgets the oldest).
