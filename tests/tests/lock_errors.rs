@@ -514,6 +514,37 @@ mod servers {
             assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
         }
 
+        fn a_write_after_a_lock_wait_timeout_the_work_let_go_is_rerun_after_a_deadlock(db) {
+            // MySQL/MariaDB: a lock wait timeout (let go) ends the statement
+            // only; the order line written after it is in the live
+            // transaction, which a deadlock then rolls back with it. Nothing
+            // committed on its own: the attempt runs again, once.
+            if BACKEND != "mysql" {
+                return;
+            }
+            let mut holder = None;
+            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
+                let mut held = db.connect();
+                // An order line inserted, not committed: a locking read of it waits.
+                exec(&mut held, "BEGIN; INSERT INTO orders (id, item_id, qty) VALUES (999, NULL, 1)");
+                holder = Some(held);
+                exec(&mut conn, "SET SESSION innodb_lock_wait_timeout = 1");
+                orders_with_retry(&mut conn, |conn, attempt| {
+                    if attempt == 1 {
+                        let waited = diesel::sql_query("SELECT id FROM orders WHERE id = 999 FOR UPDATE").execute(conn);
+                        assert!(waited.is_err(), "{waited:?}"); // let go
+                    }
+                    let line = format!("INSERT INTO orders (id, item_id, qty) VALUES ({}, NULL, 1)", 100 + attempt);
+                    diesel::sql_query(line).execute(conn)?;
+                    let _ = work(conn, attempt); // let go
+                    Ok::<_, Error>(())
+                })
+            });
+            drop(holder);
+            assert!(outcome.is_ok(), "{outcome:?}");
+            assert_eq!((attempts, stock_of!(&mut conn), order_lines!(&mut conn)), (2, 9, 2));
+        }
+
         fn a_nested_transaction_with_retry_that_its_savepoint_cannot_save_hands_its_error_on(db) {
             // The outer transaction's first read fixes its snapshot (InnoDB's
             // REPEATABLE READ); another session then commits a sale. The

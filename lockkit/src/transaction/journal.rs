@@ -320,8 +320,9 @@ struct Aborts {
     reviving: bool,
     /// A statement that may write succeeded after the one in `ended_by`, on a
     /// backend that then runs it in autocommit (MySQL/MariaDB's deadlock,
-    /// [`Ends::OnDeadlock`]): it committed on its own, and a rerun of the work
-    /// would apply it twice ([`wrote_after_end`]).
+    /// [`Ends::OnDeadlock`]; not after a lock wait timeout, whose end is not
+    /// certain): it committed on its own, and a rerun of the work would apply
+    /// it twice ([`wrote_after_end`]).
     wrote_after_end: bool,
     /// A statement failed after the one in `ended_by` (on PostgreSQL every one
     /// does until the transaction is revived): the work went on in the ended
@@ -445,8 +446,13 @@ impl Aborts {
                         self.not_ended();
                     }
                 } else if error.is_none() {
+                    // Only after an end that is certain (a deadlock's, not a
+                    // lock wait timeout's, which ends the transaction on a
+                    // server started with `--innodb-rollback-on-timeout`
+                    // only): after an uncertain one the statement most often
+                    // ran in the live transaction, and went with it.
                     if self.depth > 0
-                        && self.ended_by.is_some()
+                        && self.ended_entry.is_some()
                         && self.ends == Ends::OnDeadlock
                         && !only_reads(query)
                     {
