@@ -118,7 +118,9 @@ metrics! {
         /// (counted when the retry is decided: on diesel-async, a future
         /// dropped during the wait before the attempt counts it too).
         retries: RETRIES, "retries";
-        /// Times [`retry`](crate::retry()) gave up ([`Error::RetriesExhausted`](crate::Error::RetriesExhausted)).
+        /// Times [`retry`](crate::retry()) gave up with its attempts spent
+        /// ([`Error::RetriesExhausted`](crate::Error::RetriesExhausted), or a nested
+        /// `transaction_with_retry`'s last error handed to the owner as it is).
         retries_exhausted: RETRIES_EXHAUSTED, "retries exhausted";
         /// [`Error::Busy`](crate::Error::Busy): `NOWAIT` or SQLite's busy database.
         busy: BUSY, "busy";

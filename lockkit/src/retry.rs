@@ -285,20 +285,23 @@ pub(crate) enum Spent {
     /// ([`Error::RetriesExhausted`], not retryable): an outer retry would only
     /// repeat what failed.
     Exhausted,
-    /// The last error as it is, retryable: the loop ran nested in an open
-    /// transaction, each attempt in a savepoint that keeps what the
-    /// transaction holds (its snapshot under REPEATABLE READ, the locks it took
-    /// before), so that every attempt may fail for the same reason, where the
-    /// owner of the outermost transaction, running it again in a new one, may
-    /// succeed.
-    AsIs,
+    /// The loop ran nested in an open transaction, each attempt in a
+    /// savepoint that keeps the transaction's snapshot: an error that
+    /// snapshot may cause on every attempt ([`Error::Stale`], a row read from
+    /// a REPEATABLE READ snapshot older than the latest commit; SQLite's
+    /// [`Error::Busy`], a snapshot older than the write lock's holder's
+    /// commit) comes back as it is, retryable, for the owner of the outermost
+    /// transaction, whose new transaction has a new snapshot. Any other is
+    /// [`Exhausted`](Self::Exhausted): a lock wait's each attempt already
+    /// waited in full.
+    Nested,
 }
 
 impl Spent {
     /// A `transaction_with_retry`'s, `nested` in an open transaction or not.
     pub(crate) fn for_transaction(nested: bool) -> Self {
         match nested {
-            true => Spent::AsIs,
+            true => Spent::Nested,
             false => Spent::Exhausted,
         }
     }
@@ -319,9 +322,10 @@ pub(crate) fn after_failure<E: RetryableError>(
     }
     if attempt >= policy.max_attempts {
         crate::metrics::record_exhausted(attempt, err.lockkit_error().map(|e| e as _));
+        let snapshot_bound = matches!(err.lockkit_error(), Some(Error::Stale(_) | Error::Busy));
         return Next::GiveUp(match spent {
-            Spent::Exhausted => err.retries_exhausted(attempt),
-            Spent::AsIs => err,
+            Spent::Nested if snapshot_bound => err,
+            _ => err.retries_exhausted(attempt),
         });
     }
     let delay = policy.delay_after(attempt);
@@ -380,11 +384,11 @@ pub(crate) fn may_retry<E: RetryableError>(err: &E, nested: bool, attempt: u32) 
 /// * [`Error::Deadlock`] when nested, from a deadlock on any attempt but the first.
 /// * when every attempt failed with a retryable error, the last one through
 ///   [`RetryableError::retries_exhausted`] ([`Error::RetriesExhausted`] for
-///   lockkit's own error type); nested, the last one as it is, retryable: each
-///   attempt ran in a savepoint of the open transaction, whose snapshot and
-///   earlier locks every attempt shared (a row read stale from a REPEATABLE
-///   READ snapshot, say), and the owner of the outermost transaction runs the
-///   whole of it again in a new one.
+///   lockkit's own error type); nested, a last [`Error::Stale`] or SQLite's
+///   [`Error::Busy`] as it is, retryable: each attempt ran in a savepoint of
+///   the open transaction, whose snapshot every attempt shared (a row read
+///   stale from a REPEATABLE READ snapshot, say), and the owner of the
+///   outermost transaction runs the whole of it again in a new one.
 ///
 /// # Example
 ///
@@ -470,6 +474,33 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn nested_attempts_spent_hand_a_snapshot_bound_error_on_as_it_is() {
+        let spent = |err: Error| {
+            let policy = RetryPolicy::immediate(2);
+            match after_failure(&policy, 2, err, Spent::for_transaction(true), |_| true) {
+                Next::GiveUp(err) => err,
+                Next::RetryAfter(_) => panic!("attempts left"),
+            }
+        };
+        assert!(matches!(spent(Error::Busy), Error::Busy));
+        assert!(matches!(
+            spent(Error::LockTimeout),
+            Error::RetriesExhausted { .. }
+        ));
+        let outermost = match after_failure(
+            &RetryPolicy::immediate(2),
+            2,
+            Error::Busy,
+            Spent::for_transaction(false),
+            |_| true,
+        ) {
+            Next::GiveUp(err) => err,
+            Next::RetryAfter(_) => panic!("attempts left"),
+        };
+        assert!(matches!(outermost, Error::RetriesExhausted { .. }));
     }
 
     #[test]

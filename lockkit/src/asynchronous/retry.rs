@@ -115,8 +115,8 @@ pub(crate) async fn back_off(delay: std::time::Duration) {
 ///
 /// As [`retry`]; nested, also [`Error::Deadlock`](crate::Error::Deadlock) from
 /// a deadlock on any attempt but the first (above), and, once every attempt
-/// failed with a retryable error, the last one as it is, for the owner of the
-/// outermost transaction (as on the blocking side).
+/// failed, a last `Stale` or `Busy` as it is, for the owner of the outermost
+/// transaction (as on the blocking side).
 ///
 /// # Example
 ///
