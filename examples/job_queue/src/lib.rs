@@ -52,8 +52,8 @@
 //! small table MySQL/MariaDB may run `WHERE id IN (…)` as a full scan, which under
 //! REPEATABLE READ locks every row it reads, including rows other workers have
 //! claimed. The workers then wait for each other and can deadlock. A
-//! primary-key lookup locks only its row. (The test
-//! `two_relay_processes_share_a_small_outbox` covers this.)
+//! primary-key lookup locks only its row, under either level (this example's
+//! connections run at READ COMMITTED, above).
 //!
 //! **SQLite** has no row locks: `locked_transaction` is `BEGIN IMMEDIATE`, which
 //! takes the database's write lock up front, so workers (and relay processes)

@@ -48,7 +48,9 @@
 //! * [`Strategy::Atomic`] lets the database do the check and the arithmetic in
 //!   one statement, through [`Versioned::update_if`](lockkit::Versioned::update_if)
 //!   (which also moves the version, as `items` is versioned); no read before the write, so
-//!   nothing can change in between, and no lock is held across a round trip.
+//!   nothing can change in between. In the order's transaction lockkit then reads
+//!   the row's new version (under the lock the `UPDATE` holds), so that a struct
+//!   read later in a transaction that rolls back is never taken for current.
 //!   Zero rows matched is
 //!   `lockkit::Error::NoRowMatched`: not enough stock (only then is the stock read,
 //!   to tell "sold out" from "not enough"). The think pause comes before the
@@ -57,6 +59,7 @@
 //!   -- think
 //!   BEGIN; UPDATE items SET stock = stock - qty, lock_version = lock_version + 1
 //!            WHERE id = $id AND stock >= qty;
+//!          SELECT lock_version FROM items WHERE id = $id;   -- lockkit's record
 //!          INSERT INTO orders ...; COMMIT;
 //!   ```
 //! * [`Strategy::Nowait`] is pessimistic with

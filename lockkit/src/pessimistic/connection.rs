@@ -44,7 +44,9 @@
 //! lockkit's own and its work fails after such an abort, it confirms with the
 //! server and returns the cause ([`Error::Deadlock`], or [`Error::LockTimeout`])
 //! in the work's error type, whatever the work returned: a `retry` around
-//! `with_lock` runs the whole transaction again.
+//! `with_lock` runs the whole transaction again. (Unless the work wrote after
+//! letting a deadlock go: that write ran in autocommit and committed, and the
+//! error is one no retry takes up, so that it is not made twice.)
 //!
 //! On PostgreSQL a failed statement aborts the transaction until a rollback to
 //! a savepoint: every later statement fails ("current transaction is aborted",

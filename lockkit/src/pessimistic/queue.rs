@@ -22,7 +22,9 @@
 //! end of the pending rows also locks the gap after them, where every new row
 //! is inserted: a producer's `INSERT` waits for the worker's whole batch (and
 //! fails after `innodb_lock_wait_timeout`), and two workers that both enqueue
-//! follow-up work may deadlock. PostgreSQL takes no such locks.
+//! follow-up work may deadlock. PostgreSQL takes no such locks. (MySQL refuses
+//! writes to InnoDB tables at READ COMMITTED when its binary log is in
+//! `STATEMENT` format: use `ROW` or `MIXED`, the defaults of MySQL and MariaDB.)
 //!
 //! `SKIP LOCKED` needs PostgreSQL 9.5, MySQL 8.0 or MariaDB 10.6 or later; an
 //! older server refuses the statement (a syntax error, [`Error::Database`]).

@@ -609,7 +609,8 @@ impl Began {
     ///   journal watches a MySQL/MariaDB connection, the server is asked),
     ///   most often with a nested call's [`Error::TransactionAborted`]: the
     ///   server confirms, and the owner hands on the cause, retryable, since
-    ///   nothing of the work is left.
+    ///   nothing of the work is left (unless the work wrote after the end:
+    ///   [`reported_end`]).
     /// * Anything else, and a nested transaction: nothing to ask.
     pub(crate) fn check<T, E>(
         self,
