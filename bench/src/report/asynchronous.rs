@@ -240,11 +240,12 @@ fn gap(w: &mut String, pg: &[PgbenchSummary]) -> fmt::Result {
         w,
         "What remains is the statements and their round trips. The server spends {} µs per unit \
          under diesel-async, {} under pgbench `-M prepared` and {} under `-M extended` (table \
-         order). lockkit's `UPDATE`s go out prepared once per connection (`lockkit::atomic::update` \
-         and the versioned `UPDATE`), as pgbench `-M prepared` sends them; Diesel's own `UPDATE` \
-         would be parsed and planned again each time, and diesel-async 0.9 sends such an uncached \
-         statement in two round trips (tokio-postgres' `prepare_typed`, then bind and execute), \
-         inside the row lock in `with_lock` and the queue. `with_lock` on a `Versioned` model also advances the version as it locks (on PostgreSQL \
+         order). lockkit's own `UPDATE`s go out prepared once per connection \
+         (`lockkit::atomic::update` and the versioned `UPDATE`), as pgbench `-M prepared` sends \
+         them; Diesel's own `UPDATE` is parsed and planned again each time, and diesel-async 0.9 \
+         sends such an uncached statement in two round trips (tokio-postgres' `prepare_typed`, \
+         then bind and execute): the user's `diesel::update` in `with_lock`'s closure does, \
+         inside the row lock, on both sides of the pair. `with_lock` on a `Versioned` model also advances the version as it locks (on PostgreSQL \
          inside the locking statement, `UPDATE .. WHERE EXISTS (SELECT .. FOR UPDATE) RETURNING ..`), \
          as pgbench's script does too.\n",
         list(&|s| us(tasks(s).server_cpu)),

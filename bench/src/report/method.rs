@@ -40,9 +40,11 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
          * lockkit / hand-written pairs run `a b b a` ({} × per repetition) with {:.2} s slices. The hand-written twins \
          send the same SQL: the version-checked `UPDATE` with its own row-count check, `SELECT .. \
          FOR UPDATE` in a transaction, the conditional `UPDATE`, `LIMIT n FOR UPDATE SKIP \
-         LOCKED`; lockkit's side writes its `UPDATE`s with `lockkit::atomic::update` (prepared \
-         once per connection), the hand-written side with `diesel::update` (Diesel parses and \
-         plans its own `UPDATE` again each time). The hand-written optimistic retry uses the \
+         LOCKED`; lockkit's side writes the atomic `UPDATE` and the queue's mark-done with \
+         `lockkit::atomic::update` (prepared once per connection), the hand-written side with \
+         `diesel::update` (Diesel parses and plans its own `UPDATE` again each time). The write \
+         inside `with_lock`'s closure is user code: the same `diesel::update` on both sides. \
+         The hand-written optimistic retry uses the \
          same backoff schedule. Two \
          differences by design: after a stale write lockkit reads the row's current version for \
          its error report (one `SELECT` per conflict), and on the `Versioned` item `with_lock` \
@@ -52,7 +54,8 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
          * pgbench: `{}`. The with_lock script is lockkit's: `BEGIN; UPDATE .. SET lock_version = \
          lock_version + 1 WHERE .. AND EXISTS (SELECT .. FOR UPDATE) RETURNING .. \\gset; UPDATE \
          .. SET stock = :left; COMMIT` (the locking read of a `Versioned` row advances its \
-         version); the atomic script is the single conditional `UPDATE`; the \
+         version; lockkit sends that statement prepared and the closure's `UPDATE` as Diesel \
+         does, pgbench both in its one mode); the atomic script is the single conditional `UPDATE`; the \
          queue with batch 1 is `SELECT id .. LIMIT 1 FOR UPDATE SKIP LOCKED \\gset` and one \
          `UPDATE`; with batch 10 the claim is wrapped in `array_agg` (pgbench has no loop) and \
          followed by ten `UPDATE`s by key. Both sides drain a queue of {} jobs.\n\

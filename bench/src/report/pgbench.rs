@@ -25,8 +25,10 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
              on 2 threads, **the server's own limit**; `-M prepared -j 16`, that with one thread \
              per connection, as the benchmark's workers have; `-M extended`, every statement \
              parsed and planned again on each execution, which is how Diesel sends each `UPDATE` \
-             of its own (lockkit sends its `UPDATE`s prepared, through `lockkit::atomic::update`), \
-             on 2 and on 16 threads. In every repetition lockkit ({} workers) runs first and last, pgbench in \
+             of its own, on 2 and on 16 threads. lockkit sends its own statements and \
+             `lockkit::atomic::update`'s prepared; the `UPDATE` inside `with_lock`'s closure is \
+             the user's `diesel::update`, sent as `-M extended` sends it, so no one mode of \
+             pgbench matches the with_lock script statement for statement. In every repetition lockkit ({} workers) runs first and last, pgbench in \
              between (each mode twice, in mirrored order). CPU is µs per update (or job) from \
              `/proc`: the client (the benchmark, or pgbench) and the server (every `postgres` \
              process).\n",
@@ -99,10 +101,11 @@ fn pgbench_reading(w: &mut String, pg: &[PgbenchSummary]) -> fmt::Result {
     }
     writeln!(
         w,
-        "Below target against the server's own limit: {}. lockkit sends these statements \
+        "Below target against the server's own limit: {}. lockkit sends its own statements \
          prepared once per connection, as `-M prepared` does (its `UPDATE`s through \
-         `lockkit::atomic::update`: Diesel's own `UPDATE` is parsed and planned on every \
-         execution, which costs pgbench {} in table order). Against pgbench prepared on one \
+         `lockkit::atomic::update`), but not the `UPDATE` in `with_lock`'s closure: that is the \
+         user's `diesel::update`, parsed and planned on every execution, as `-M extended` \
+         does (which costs pgbench {} in table order). Against pgbench prepared on one \
          thread per connection (`-M prepared -j 16`), as the benchmark's workers are, lockkit \
          reaches {}. What is left is the client's:\n",
         below

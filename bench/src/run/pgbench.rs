@@ -7,6 +7,9 @@
 //! connection ([`Mode`]). The one difference is the queue with batches of 10:
 //! pgbench has no loop, so the claim is wrapped in `array_agg` (one row for
 //! `\gset`) and the ten updates are written out; the locking is the same.
+//! pgbench sends a whole script one way, where lockkit's `with_lock` sends its
+//! locking statement prepared and the closure's `UPDATE` (the user's
+//! `diesel::update`) the way Diesel sends its own.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -36,7 +39,8 @@ pub enum Mode {
     PreparedThreads,
     /// `-M extended -j 2`: every statement parsed and planned again on every
     /// execution (an unnamed statement), which is how Diesel 2.3 sends each
-    /// `UPDATE` of its own (lockkit's are prepared: `lockkit::atomic::update`).
+    /// `UPDATE` of its own: the one in `with_lock`'s closure too (lockkit's own
+    /// statements and `lockkit::atomic::update`'s are prepared).
     Extended,
     /// `-M extended -j 16`: that, with one thread per connection, as the
     /// benchmark's workers have.

@@ -149,14 +149,15 @@ macro_rules! async_backend {
             }
 
             /// `lockkit::asynchronous::with_lock` on the hot row: `SELECT .. FOR
-            /// UPDATE`, write, commit.
+            /// UPDATE`, write (the closure's `diesel::update`, as the hand-written
+            /// twin's), commit.
             async fn with_lock(conn: &mut Conn, st: &mut WorkerState) -> Result<usize, OpError> {
                 let result = lockkit::asynchronous::with_lock(
                     conn,
                     HOT_ID,
                     LockOptions::default(),
                     async |conn: &mut Conn, item: Item| {
-                        statements::set_stock_prepared(item.id, item.stock - 1)
+                        statements::set_stock(item.id, item.stock - 1)
                             .execute(conn)
                             .await?;
                         Ok::<_, lockkit::Error>(())

@@ -2,9 +2,12 @@
 //! both clients: blocking Diesel executes them with `diesel::RunQueryDsl`,
 //! diesel-async with its own `RunQueryDsl`. Only the execution differs.
 //!
-//! Each `UPDATE` comes two ways from one target and one changeset: `diesel::update`
-//! for the hand-written twins, and `lockkit::atomic::update` (the same SQL,
-//! prepared once per connection) for lockkit's side, as a lockkit user writes it.
+//! The atomic case's `UPDATE` and the queue's mark-done come two ways from one
+//! target and one changeset:
+//! `diesel::update` for the hand-written twins, and `lockkit::atomic::update`
+//! (the same SQL, prepared once per connection) for lockkit's side. The write
+//! inside `with_lock`'s closure, [`set_stock`], is user code: the same
+//! `diesel::update` on both sides, as lockkit's docs write it.
 
 use diesel::dsl::auto_type;
 use diesel::prelude::*;
@@ -35,11 +38,6 @@ fn stock_to(stock: i32) -> _ {
 pub fn set_stock(id: i32, stock: i32) -> _ {
     let (target, changes): (item, stock_to) = (item(id), stock_to(stock));
     diesel::dsl::update(target).set(changes)
-}
-
-/// [`set_stock`], prepared once per connection.
-pub fn set_stock_prepared(id: i32, stock: i32) -> Prepared<item, stock_to> {
-    lockkit::atomic::update(item(id)).set(stock_to(stock))
 }
 
 /// `.. WHERE id = $1 AND stock >= $2`: the item, while it has `qty` in stock.

@@ -1,5 +1,6 @@
 //! Hot row (and own rows), `with_lock`: `SELECT .. FOR UPDATE`, write, commit; and the same
-//! transaction by hand.
+//! transaction by hand. The write is user code, the same on both sides: the
+//! `diesel::update` users write in the closure ([`set_stock`](super::statements::set_stock)).
 
 /// Writes `with_lock` and `with_lock_hand` into one `bench_backend!`
 /// instantiation, where `Conn` is its connection type and `$locks` says whether
@@ -10,7 +11,7 @@ macro_rules! with_lock_ops {
         fn with_lock(conn: &mut Conn, st: &mut WorkerState, id: i32) -> Result<usize, OpError> {
             attempt(st, |_| {
                 lockkit::with_lock(conn, id, LockOptions::default(), |conn, item: Item| {
-                    super::statements::set_stock_prepared(item.id, item.stock - 1).execute(conn)?;
+                    super::statements::set_stock(item.id, item.stock - 1).execute(conn)?;
                     Ok::<_, lockkit::Error>(())
                 })
             })?;
