@@ -151,6 +151,25 @@ fn run(cli: Cli) -> Result<(), BenchError> {
         charts.len(),
         results.wall
     );
+    // After the report, which shows them: a strategy meant to lose nothing
+    // that lost something fails the run (naive is expected to lose).
+    let failed = results.failed_checks();
+    if !failed.is_empty() {
+        return Err(BenchError::Other(format!(
+            "{} run(s) of strategies meant to lose nothing failed their correctness check: {}",
+            failed.len(),
+            failed
+                .iter()
+                .map(|s| format!(
+                    "{} {} ({})",
+                    report_name(s.backend),
+                    s.case.label(),
+                    s.check.detail
+                ))
+                .collect::<Vec<_>>()
+                .join("; ")
+        )));
+    }
     Ok(())
 }
 

@@ -258,7 +258,7 @@ fn overhead_chart(results: &Results, path: &Path) -> Result<bool, BenchError> {
     let mut chart = category_chart(
         &root,
         (
-            "lockkit / hand-written Diesel, same SQL (1.00 = no overhead; dots: median, bars: min–max)",
+            "lockkit / hand-written Diesel (part of it: statement caching; dots: median, bars: min–max)",
             16,
         ),
         50,

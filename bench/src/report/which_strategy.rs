@@ -5,9 +5,10 @@ use std::fmt::{self, Write as _};
 
 use super::context::{hot, Report};
 use super::format::{ms, num, rate, ratio};
-use crate::analysis::ratios::overhead;
+use crate::analysis::ratios::{overhead, OVERHEAD_TARGET};
 use crate::plan::{IMMEDIATE, ORDER_WORKERS, QUEUE_WORKERS, RETRY_WORKERS};
-use crate::vocabulary::{report_name, Backend, Case, Retry, Strategy, Workload};
+use crate::run::sample::Sample;
+use crate::vocabulary::{report_name, Backend, Case, Flavor, Retry, Strategy, Workload};
 
 pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let (results, sums, bs) = (report.results, &report.sums, report.backends.as_slice());
@@ -75,12 +76,29 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
             })
         })
     };
+    // Whether every run of the hot-row `strategy` at 16 workers on `b` took one
+    // attempt per operation (`None`: it did not run).
+    let one_attempt = |b: Backend, strategy: Strategy| {
+        one_attempt_each(
+            &results
+                .samples
+                .iter()
+                .filter(|s| s.backend == b && s.case == hot(strategy, 16))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let with_lock_runs: Vec<(Backend, bool)> = bs
+        .iter()
+        .filter_map(|&b| one_attempt(b, Strategy::WithLock).map(|once| (b, once)))
+        .collect();
     writeln!(
         w,
         "* **Read, decide, write a row that many write → `with_lock` when every operation must \
-         go through, optimistic + retry when throughput matters more.** `with_lock` never \
-         retries but holds the row lock across its round trips: {}. Optimistic + retry holds no \
-         lock while it reads and pays in retries and give-ups instead: {}. `nowait` + retry: {}.",
+         go through, optimistic + retry when throughput matters more.** `with_lock` waits for \
+         the row lock instead of retrying{} and holds it across its round trips: {}. Optimistic \
+         + retry holds no lock while it reads and pays in retries and give-ups instead: {}. \
+         `nowait` + retry: {}.",
+        attempts_clause(&with_lock_runs),
         describe(Strategy::WithLock),
         describe(Strategy::Optimistic),
         describe(Strategy::Nowait),
@@ -104,19 +122,23 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
             .join(", ")
     };
     let versioned_cg = cg("update_versioned");
+    let uncontended = Case::new(Workload::Uncontended, Strategy::Versioned, 4);
+    let versioned_ratios: Vec<(Backend, f64)> = bs
+        .iter()
+        .filter_map(|&b| overhead(results, b, &uncontended).map(|r| (b, r.0)))
+        .collect();
     writeln!(
         w,
         "* **Conflicts are rare, or the edit spans a user's think time → `update_versioned`.** \
-         Uncontended it runs at the speed of the same hand-written `UPDATE` (lockkit / \
-         hand-written at 4 workers: {}{}) and holds no lock between read and write. Under \
-         contention every loser re-reads and retries: {} attempts per success at 16 workers, \
-         {} at 32.",
-        per_backend(&|b| overhead(
-            results,
-            b,
-            &Case::new(Workload::Uncontended, Strategy::Versioned, 4)
-        )
-        .map(|r| ratio(r.0))),
+         {} (lockkit / hand-written at 4 workers: {}{}; lockkit's `UPDATE` is prepared once \
+         per connection, the hand-written one planned again each time) and holds no lock \
+         between read and write. Under contention every loser re-reads and retries: {} \
+         attempts per success at 16 workers, {} at 32.",
+        target_clause(&versioned_ratios),
+        per_backend(&|b| versioned_ratios
+            .iter()
+            .find(|r| r.0 == b)
+            .map(|r| ratio(r.1))),
         if versioned_cg.is_empty() {
             String::new()
         } else {
@@ -169,10 +191,19 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
             &Case::new(Workload::Queue, Strategy::Claim, QUEUE_WORKERS).batch(n),
         )
     };
+    let claims: Vec<&Sample> = results
+        .all_samples()
+        .filter(|s| s.case.strategy == Strategy::Claim && s.case.flavor == Flavor::Lockkit)
+        .collect();
     writeln!(
         w,
-        "* **A work queue → `queue::claim`, in batches.** No job ran twice in any run; batches \
-         of 10 drain {} the jobs per second of batches of 1.",
+        "* **A work queue → `queue::claim`, in batches.** {}Batches of 10 drain {} the jobs per \
+         second of batches of 1.",
+        queue_clause(
+            claims.len(),
+            claims.iter().filter(|s| !s.check.ok).count(),
+            claims.iter().map(|s| s.check.lost.max(0)).sum()
+        ),
         per_backend(&|b| {
             let ten = queue(b, 10)?.throughput;
             let one = queue(b, 1)?.throughput;
@@ -192,18 +223,37 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
         ),
         n = IMMEDIATE[0],
     )?;
-    writeln!(
-        w,
-        "* **Never the naive read-modify-write.** It is fast because it is wrong: {} updates \
-         lost per run at 16 workers.",
-        per_backend(&|b| get(b, &hot(Strategy::Naive, 16)).map(|x| num(x.lost))),
-    )?;
+    let naive_lost: Vec<(Backend, f64)> = bs
+        .iter()
+        .filter_map(|&b| get(b, &hot(Strategy::Naive, 16)).map(|x| (b, x.lost)))
+        .collect();
+    if !naive_lost.is_empty() {
+        writeln!(
+            w,
+            "* **Never the naive read-modify-write.** {}",
+            naive_clause(&naive_lost)
+        )?;
+    }
     if bs.contains(&Backend::Sqlite) {
+        let once: Vec<String> = Strategy::HOT_ROW
+            .into_iter()
+            .filter(|s| s.is_safe() && one_attempt(Backend::Sqlite, *s) == Some(true))
+            .map(|s| format!("`{}`", s.title()))
+            .collect();
         writeln!(
             w,
             "* **SQLite** has one writer at a time, so every safe strategy serializes writers \
-             (`with_lock` is `BEGIN IMMEDIATE`); `atomic::update_if` and `with_lock` are the \
-             ones that never retry."
+             (`with_lock` is `BEGIN IMMEDIATE`); {}.",
+            if once.is_empty() {
+                "at 16 workers every safe strategy took more than one attempt for some \
+                 operation"
+                    .to_owned()
+            } else {
+                format!(
+                    "at 16 workers one attempt per operation in every run: {}",
+                    once.join(", ")
+                )
+            }
         )?;
     }
     writeln!(w)?;
@@ -236,4 +286,144 @@ fn sqlite_orders(row_by_row: Option<f64>, lock_all: Option<f64>) -> String {
          {speed}. Its `IN (..)` list is padded to 1, 2, 4, .. keys, so each length is one \
          statement that the connection prepares once and caches."
     )
+}
+
+/// Whether every one of `runs` completed something and took one attempt per
+/// operation (`None`: no runs).
+fn one_attempt_each(runs: &[&Sample]) -> Option<bool> {
+    if runs.is_empty() {
+        return None;
+    }
+    Some(
+        runs.iter()
+            .all(|s| s.counts.successes > 0 && s.counts.attempts == s.counts.successes),
+    )
+}
+
+/// What the runs of `with_lock` (per backend: one attempt per operation in
+/// every run?) say about its attempts, as a clause after "instead of
+/// retrying".
+fn attempts_clause(runs: &[(Backend, bool)]) -> String {
+    let not: Vec<&str> = runs
+        .iter()
+        .filter(|r| !r.1)
+        .map(|r| report_name(r.0))
+        .collect();
+    if runs.is_empty() {
+        String::new()
+    } else if not.is_empty() {
+        " (one attempt per operation in every run)".to_owned()
+    } else {
+        format!(
+            " (yet some attempts failed on {}: see the attempts per success)",
+            not.join(", ")
+        )
+    }
+}
+
+/// Where `update_versioned` uncontended stands against the target, from its
+/// lockkit / hand-written ratios per backend.
+fn target_clause(ratios: &[(Backend, f64)]) -> String {
+    let below: Vec<&str> = ratios
+        .iter()
+        .filter(|r| r.1.is_nan() || r.1 < OVERHEAD_TARGET)
+        .map(|r| report_name(r.0))
+        .collect();
+    if ratios.is_empty() {
+        "Uncontended it was not paired with the hand-written `UPDATE` in this run".to_owned()
+    } else if below.is_empty() {
+        format!(
+            "Uncontended it reaches the {OVERHEAD_TARGET:.2} target against the same \
+             hand-written `UPDATE` on every backend"
+        )
+    } else {
+        format!(
+            "Uncontended it stays below the {OVERHEAD_TARGET:.2} target against the same \
+             hand-written `UPDATE` on {}",
+            below.join(", ")
+        )
+    }
+}
+
+/// What the queue's checks found: `runs` runs of `queue::claim`, `failed` of
+/// them unbalanced, `twice` jobs run twice in all.
+fn queue_clause(runs: usize, failed: usize, twice: i64) -> String {
+    match (runs, failed) {
+        (0, _) => String::new(),
+        (n, 0) => format!("No job ran twice in any of its {n} runs. "),
+        (n, f) => format!(
+            "**{f} of its {n} runs did not balance their books** ({twice} jobs run twice). "
+        ),
+    }
+}
+
+/// What the naive read-modify-write lost (per backend, per run at 16 workers).
+fn naive_clause(lost: &[(Backend, f64)]) -> String {
+    let losing: Vec<String> = lost
+        .iter()
+        .filter(|x| x.1 > 0.0)
+        .map(|x| format!("{} {}", report_name(x.0), num(x.1)))
+        .collect();
+    let none: Vec<&str> = lost
+        .iter()
+        .filter(|x| x.1.is_nan() || x.1 <= 0.0)
+        .map(|x| report_name(x.0))
+        .collect();
+    if losing.is_empty() {
+        return "It lost no update at 16 workers in these runs, but nothing in it stops two \
+                writers from writing over each other's read."
+            .to_owned();
+    }
+    format!(
+        "It loses updates: {} lost per run at 16 workers{}.",
+        losing.join("; "),
+        if none.is_empty() {
+            String::new()
+        } else {
+            format!(" (none on {} in these runs)", none.join(", "))
+        }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_claims_follow_the_numbers() {
+        let (pg, my) = (Backend::Postgres, Backend::Mysql);
+        // with_lock: one attempt each only when every run says so.
+        assert!(attempts_clause(&[(pg, true), (my, true)]).contains("one attempt"));
+        let some_failed = attempts_clause(&[(pg, true), (my, false)]);
+        assert!(some_failed.contains("failed on MariaDB"), "{some_failed}");
+        assert_eq!(attempts_clause(&[]), "");
+        // update_versioned: at the target, or below it where it is.
+        assert!(target_clause(&[(pg, 1.01), (my, 0.97)]).contains("reaches"));
+        let below = target_clause(&[(pg, 1.01), (my, 0.90)]);
+        assert!(
+            below.contains("below") && below.contains("MariaDB"),
+            "{below}"
+        );
+        assert!(!below.contains("PostgreSQL"), "{below}");
+        // The queue: no job twice only when every check passed.
+        assert!(queue_clause(6, 0, 0).starts_with("No job ran twice in any of its 6 runs"));
+        let twice = queue_clause(6, 1, 3);
+        assert!(
+            twice.contains("1 of its 6 runs") && twice.contains("3 jobs"),
+            "{twice}"
+        );
+        assert!(!twice.contains("No job"), "{twice}");
+        assert_eq!(queue_clause(0, 0, 0), "");
+        // Naive: what it lost, and never "lost" when it did not.
+        let lost = naive_clause(&[(pg, 120.0), (my, 0.0)]);
+        assert!(
+            lost.contains("PostgreSQL 120") && lost.contains("none on MariaDB"),
+            "{lost}"
+        );
+        let none = naive_clause(&[(pg, 0.0)]);
+        assert!(
+            none.contains("lost no update") && !none.contains("loses"),
+            "{none}"
+        );
+    }
 }

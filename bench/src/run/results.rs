@@ -63,3 +63,23 @@ pub struct Results {
     /// What was skipped, and why.
     pub notes: Vec<String>,
 }
+
+impl Results {
+    /// Every measured run: `samples`, the adaptive groups' runs, and the
+    /// lockkit and diesel-async runs beside pgbench.
+    pub fn all_samples(&self) -> impl Iterator<Item = &Sample> {
+        self.samples.iter().chain(&self.adaptive).chain(
+            self.pgbench
+                .iter()
+                .flat_map(|p| std::iter::once(&p.lockkit).chain(&p.tasks)),
+        )
+    }
+
+    /// The runs of strategies meant to lose nothing (all but naive; lockkit's
+    /// and hand-written) whose books did not balance.
+    pub fn failed_checks(&self) -> Vec<&Sample> {
+        self.all_samples()
+            .filter(|s| s.case.strategy.is_safe() && !s.check.ok)
+            .collect()
+    }
+}
