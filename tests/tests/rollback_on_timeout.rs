@@ -209,6 +209,30 @@ fn a_nested_with_lock_after_the_caller_let_its_own_lock_timeout_go_commits_nothi
 }
 
 #[test]
+fn a_transaction_with_retry_whose_work_wrote_after_a_let_go_timeout_is_not_run_again() {
+    // The work's own locking read times out, which ends the transaction on
+    // this server; the work lets it go and writes an order line, in
+    // autocommit: committed on its own. Once the server confirms the end, the
+    // owner must not run the work again (the line would be written twice).
+    let url = database("let_go_timeout_then_write");
+    let mut runs = 0;
+    let (outcome, _, lines) = while_item_2_is_held(&url, |conn| {
+        lockkit::transaction_with_retry(conn, &lockkit::RetryPolicy::immediate(3), |conn| {
+            runs += 1;
+            let timed_out = conn.batch_execute("SELECT id FROM items WHERE id = 2 FOR UPDATE");
+            assert!(timed_out.is_err()); // let go
+            order_line(conn, runs)
+        })
+    });
+    assert_eq!(runs, 1, "{outcome:?}");
+    assert!(
+        outcome.as_ref().is_err_and(|err| !err.is_retryable()),
+        "{outcome:?}"
+    );
+    assert_eq!(lines, 1, "the line written after the end, once");
+}
+
+#[test]
 fn single_writes_after_the_caller_let_its_own_lock_timeout_go_refuse() {
     // As above, with lockkit's single writes (a versioned write of item 1,
     // `update_if`) in place of the nested call: each would commit on its own.

@@ -320,9 +320,9 @@ struct Aborts {
     reviving: bool,
     /// A statement that may write succeeded after the one in `ended_by`, on a
     /// backend that then runs it in autocommit (MySQL/MariaDB's deadlock,
-    /// [`Ends::OnDeadlock`]; not after a lock wait timeout, whose end is not
-    /// certain): it committed on its own, and a rerun of the work would apply
-    /// it twice ([`wrote_after_end`]).
+    /// [`Ends::OnDeadlock`]): it committed on its own, and a rerun of the work
+    /// would apply it twice ([`wrote_after_end`]). After a lock wait timeout,
+    /// whose end is not certain, it counts once the server confirms the end.
     wrote_after_end: bool,
     /// A statement failed after the one in `ended_by` (on PostgreSQL every one
     /// does until the transaction is revived): the work went on in the ended
@@ -366,12 +366,18 @@ impl Aborts {
     /// which cannot ask, runs again as it would after the statement alone
     /// failed.
     fn ended(&mut self, cause: (DatabaseErrorKind, String)) {
-        let certain =
-            !(self.ends == Ends::OnDeadlock && classification::is_lock_wait_timeout(&cause.1));
+        let certain = self.certain(&cause.1);
         self.ended_by = Some(cause);
         if certain && self.ended_entry.is_none() {
             self.ended_entry = Some(Ended::enter());
         }
+    }
+
+    /// Whether a statement that failed with `message`, on this journal's
+    /// backend, certainly ended the transaction it ended: all but a lock wait
+    /// timeout on MySQL/MariaDB ([`ended`](Self::ended)).
+    fn certain(&self, message: &str) -> bool {
+        !(self.ends == Ends::OnDeadlock && classification::is_lock_wait_timeout(message))
     }
 
     /// Nothing (any more) ended the open transaction: a rollback to a
@@ -446,13 +452,15 @@ impl Aborts {
                         self.not_ended();
                     }
                 } else if error.is_none() {
-                    // Only after an end that is certain (a deadlock's, not a
-                    // lock wait timeout's, which ends the transaction on a
-                    // server started with `--innodb-rollback-on-timeout`
-                    // only): after an uncertain one the statement most often
-                    // ran in the live transaction, and went with it.
+                    // After a lock wait timeout, which ends the transaction
+                    // only on a server started with
+                    // `--innodb-rollback-on-timeout`, the flag stands only if
+                    // the server confirms the end (else the end is forgotten,
+                    // and the flag with it), and a certain end that follows
+                    // (a deadlock) clears it: the statement ran in the live
+                    // transaction, and went with it.
                     if self.depth > 0
-                        && self.ended_entry.is_some()
+                        && self.ended_by.is_some()
                         && self.ends == Ends::OnDeadlock
                         && !only_reads(query)
                     {
@@ -488,9 +496,20 @@ impl Aborts {
                         self.ends = Ends::OnDeadlock;
                         self.guessed = true;
                     }
+                    let ends_it = self.depth > 0 && self.ends.by(*kind, info.message());
                     if self.depth > 0 && self.ended_by.is_some() {
-                        self.failed_after = true;
-                    } else if self.depth > 0 && self.ends.by(*kind, info.message()) {
+                        if ends_it && self.ended_entry.is_none() && self.certain(info.message()) {
+                            // A certain end after one that was not (a
+                            // deadlock after a lock wait timeout the work let
+                            // go): the transaction lived until now, and what
+                            // the work wrote in between went with it.
+                            self.ended((*kind, info.message().to_owned()));
+                            self.wrote_after_end = false;
+                            self.failed_after = false;
+                        } else {
+                            self.failed_after = true;
+                        }
+                    } else if ends_it {
                         self.ended((*kind, info.message().to_owned()));
                         self.failed_after = false;
                     }
