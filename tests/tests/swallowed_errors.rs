@@ -609,4 +609,51 @@ mod sqlite_only {
             .unwrap();
         assert_eq!(stocks, [5, 4]);
     }
+
+    #[test]
+    fn a_versioned_write_a_nested_transactions_trigger_rolled_back_is_never_taken_for_committed() {
+        // The trigger rolls back the whole transaction under a nested Diesel
+        // transaction: Diesel's `ROLLBACK TO SAVEPOINT` then fails in
+        // autocommit, Diesel forgets its count, and the outer transaction's
+        // end reports nothing. A's write there (v0 -> v1) did not commit: the
+        // connection's next transaction, which commits, must not be taken for
+        // its commit, or another writer's v1 is A's to write over.
+        use diesel::Connection;
+        use lockkit::prelude::*;
+        let db = out_of_stock_db("nested_raise_rollback", &[(1, 10), (2, 10)]);
+        let mut conn = db.conn();
+        let mut a: Item = items::table.find(2).first(&mut conn).unwrap();
+        let outcome: Result<(), Error> = conn.transaction(|c| {
+            a.stock = 5;
+            a.update_versioned(c)?;
+            c.transaction(|c| {
+                diesel::update(items::table.find(1))
+                    .set(items::stock.eq(-1))
+                    .execute(c)
+                    .map(drop)
+            })?;
+            Ok(())
+        });
+        assert!(outcome.is_err(), "{outcome:?}");
+        conn.transaction(|c| {
+            diesel::update(items::table.find(1))
+                .set(items::stock.eq(9))
+                .execute(c)
+                .map(drop)
+        })
+        .unwrap();
+        let mut other = db.conn();
+        let mut b: Item = items::table.find(2).first(&mut other).unwrap();
+        b.stock = 7;
+        b.update_versioned(&mut other).unwrap();
+        a.stock = 3;
+        let again = a.update_versioned(&mut conn);
+        assert!(matches!(again, Err(Error::Stale(_))), "{again:?}");
+        let stock: i32 = items::table
+            .find(2)
+            .select(items::stock)
+            .first(&mut other)
+            .unwrap();
+        assert_eq!(stock, 7, "the other writer's sale stands");
+    }
 }

@@ -712,6 +712,20 @@ impl std::fmt::Debug for Journal {
 
 impl Instrumentation for Journal {
     fn on_connection_event(&mut self, event: InstrumentationEvent<'_>) {
+        if let InstrumentationEvent::BeginTransaction { depth, .. } = &event {
+            if !self.committing && depth.get() <= self.aborts.depth {
+                // A level the journal counts open at `depth` or above ended
+                // without an event: Diesel forgets its count when it finds
+                // the server outside a transaction (SQLite's rollback of the
+                // whole transaction under a failed statement, whose nested
+                // `ROLLBACK TO SAVEPOINT` then fails; a raw `ROLLBACK`).
+                // Taken for rolled back, the safe side: a commit is reported.
+                self.ended(End::RolledBack { depth: depth.get() });
+                if depth.get() == 1 {
+                    self.aborts.closed();
+                }
+            }
+        }
         match &event {
             InstrumentationEvent::BeginTransaction { .. } if self.committing => {
                 self.committing = false;
