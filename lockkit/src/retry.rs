@@ -287,10 +287,12 @@ pub(crate) enum Spent {
     Exhausted,
     /// The loop ran nested in an open transaction, each attempt in a
     /// savepoint that keeps the transaction's snapshot: an error that
-    /// snapshot may cause on every attempt ([`Error::Stale`], a row read from
-    /// a REPEATABLE READ snapshot older than the latest commit; SQLite's
-    /// [`Error::Busy`], a snapshot older than the write lock's holder's
-    /// commit) comes back as it is, retryable, for the owner of the outermost
+    /// snapshot may cause on every attempt (a stale write,
+    /// [`Error::Stale`], [`Error::StaleRows`] or [`Error::StaleColumns`], of
+    /// a row read from a REPEATABLE READ snapshot older than the latest
+    /// commit; SQLite's [`Error::Busy`], a snapshot older than the write
+    /// lock's holder's commit, or a `NOWAIT` refusal, which costs no wait)
+    /// comes back as it is, retryable, for the owner of the outermost
     /// transaction, whose new transaction has a new snapshot. Any other is
     /// [`Exhausted`](Self::Exhausted): a lock wait's each attempt already
     /// waited in full.
@@ -322,7 +324,10 @@ pub(crate) fn after_failure<E: RetryableError>(
     }
     if attempt >= policy.max_attempts {
         crate::metrics::record_exhausted(attempt, err.lockkit_error().map(|e| e as _));
-        let snapshot_bound = matches!(err.lockkit_error(), Some(Error::Stale(_) | Error::Busy));
+        let snapshot_bound = matches!(
+            err.lockkit_error(),
+            Some(Error::Stale(_) | Error::StaleRows(_) | Error::StaleColumns(_) | Error::Busy)
+        );
         return Next::GiveUp(match spent {
             Spent::Nested if snapshot_bound => err,
             _ => err.retries_exhausted(attempt),
@@ -384,8 +389,9 @@ pub(crate) fn may_retry<E: RetryableError>(err: &E, nested: bool, attempt: u32) 
 /// * [`Error::Deadlock`] when nested, from a deadlock on any attempt but the first.
 /// * when every attempt failed with a retryable error, the last one through
 ///   [`RetryableError::retries_exhausted`] ([`Error::RetriesExhausted`] for
-///   lockkit's own error type); nested, a last [`Error::Stale`] or SQLite's
-///   [`Error::Busy`] as it is, retryable: each attempt ran in a savepoint of
+///   lockkit's own error type); nested, a last stale write ([`Error::Stale`],
+///   `StaleRows`, `StaleColumns`) or [`Error::Busy`] as it is, retryable:
+///   each attempt ran in a savepoint of
 ///   the open transaction, whose snapshot every attempt shared (a row read
 ///   stale from a REPEATABLE READ snapshot, say), and the owner of the
 ///   outermost transaction runs the whole of it again in a new one.
@@ -486,6 +492,10 @@ mod tests {
             }
         };
         assert!(matches!(spent(Error::Busy), Error::Busy));
+        assert!(matches!(
+            spent(Error::StaleRows(Vec::new())),
+            Error::StaleRows(_)
+        ));
         assert!(matches!(
             spent(Error::LockTimeout),
             Error::RetriesExhausted { .. }
