@@ -125,7 +125,14 @@
 //! connection and named after it; a shared-cache in-memory database used from
 //! several connections is therefore several databases to the journal, and a
 //! struct rolled back on one connection is not recognised on another: give
-//! such a database a file.
+//! such a database a file. It is named after the journal that watches the
+//! connection, so replacing the connection's instrumentation
+//! (`set_instrumentation`, even with [`Journal::wrap`]) after a rollback
+//! forgets what was recorded of it: install yours before the first
+//! transaction. The server a PostgreSQL connection reached is the address and
+//! port the server sees (`inet_server_addr()`): two servers each reached
+//! through a tunnel that ends at the same address and port on their side are
+//! one server to the journal.
 //!
 //! # What else it watches
 //!
