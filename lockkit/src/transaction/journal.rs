@@ -130,9 +130,10 @@
 //! (`set_instrumentation`, even with [`Journal::wrap`]) after a rollback
 //! forgets what was recorded of it: install yours before the first
 //! transaction. The server a PostgreSQL connection reached is the address and
-//! port the server sees (`inet_server_addr()`): two servers each reached
-//! through a tunnel that ends at the same address and port on their side are
-//! one server to the journal.
+//! port the server sees (`inet_server_addr()`; the port alone over a Unix
+//! socket): two servers each reached through a tunnel that ends at the same
+//! address and port on their side, or by sockets on the same port, are one
+//! server to the journal.
 //!
 //! # What else it watches
 //!
