@@ -568,59 +568,46 @@ fn first_word_is(query: &dyn std::fmt::Display, keyword: &str) -> bool {
     read_start(query, |sql| first_word(sql).eq_ignore_ascii_case(keyword)).unwrap_or(false)
 }
 
-/// Whether a statement (its SQL, as the connection reports it) may answer
-/// with rows, so that an error coming in their place may reach its caller
-/// only ([`Aborts::hides_read_errors`]): any statement but a transaction
-/// statement, `SET`, DDL and `LOCK`/`UNLOCK TABLES`, and a write without
-/// `RETURNING`. Read off the statement's first word; the text is scanned for
-/// `RETURNING` only for a write that MariaDB lets return rows.
+/// The first words of the transaction statements, which write nothing and
+/// answer with no rows.
+const TRANSACTION_WORDS: [&str; 6] = [
+    "BEGIN",
+    "START",
+    "COMMIT",
+    "ROLLBACK",
+    "SAVEPOINT",
+    "RELEASE",
+];
+
 /// Whether a statement writes nothing a rerun could apply twice: a read, a
 /// session setting, or a transaction statement. Anything else (also a
 /// statement whose start cannot be read) may write.
 fn only_reads(query: &dyn std::fmt::Display) -> bool {
     read_start(query, |sql| {
         let word = first_word(sql);
-        [
-            "SELECT",
-            "SHOW",
-            "SET",
-            "DESCRIBE",
-            "DESC",
-            "EXPLAIN",
-            "BEGIN",
-            "START",
-            "COMMIT",
-            "ROLLBACK",
-            "SAVEPOINT",
-            "RELEASE",
-        ]
-        .iter()
-        .any(|keyword| word.eq_ignore_ascii_case(keyword))
+        ["SELECT", "SHOW", "SET", "DESCRIBE", "DESC", "EXPLAIN"]
+            .iter()
+            .chain(&TRANSACTION_WORDS)
+            .any(|keyword| word.eq_ignore_ascii_case(keyword))
     })
     .unwrap_or(false)
 }
 
+/// Whether a statement (its SQL, as the connection reports it) may answer
+/// with rows, so that an error coming in their place may reach its caller
+/// only ([`Aborts::hides_read_errors`]): any statement but a transaction
+/// statement, `SET`, DDL and `LOCK`/`UNLOCK TABLES`, and a write without
+/// `RETURNING`. Read off the statement's first word; the text is scanned for
+/// `RETURNING` only for a write that MariaDB lets return rows.
 fn may_answer_with_rows(query: &dyn std::fmt::Display) -> bool {
     read_start(query, |sql| {
         let word = first_word(sql);
         let is = |keyword: &str| word.eq_ignore_ascii_case(keyword);
         let never = [
-            "BEGIN",
-            "START",
-            "COMMIT",
-            "ROLLBACK",
-            "SAVEPOINT",
-            "RELEASE",
             "UPDATE",
             // DDL and table locks answer with no rows (most of them also
             // commit implicitly; a temporary table's do not).
-            "CREATE",
-            "ALTER",
-            "DROP",
-            "TRUNCATE",
-            "RENAME",
-            "LOCK",
-            "UNLOCK",
+            "CREATE", "ALTER", "DROP", "TRUNCATE", "RENAME", "LOCK", "UNLOCK",
         ];
         if is("SET") {
             // MariaDB's `SET STATEMENT .. FOR <statement>` runs a statement
@@ -629,7 +616,11 @@ fn may_answer_with_rows(query: &dyn std::fmt::Display) -> bool {
                 .split(|c: char| !c.is_ascii_alphabetic())
                 .find(|next| !next.is_empty())
                 .is_some_and(|next| next.eq_ignore_ascii_case("STATEMENT"))
-        } else if never.iter().any(|keyword| is(keyword)) {
+        } else if TRANSACTION_WORDS
+            .iter()
+            .chain(&never)
+            .any(|keyword| is(keyword))
+        {
             false
         } else if ["INSERT", "REPLACE", "DELETE"]
             .iter()
