@@ -514,66 +514,50 @@ mod servers {
             assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
         }
 
-        fn a_write_after_a_lock_wait_timeout_the_work_let_go_is_rerun_after_a_deadlock(db) {
+        fn a_write_after_a_let_go_lock_wait_timeout_counts_only_if_it_follows_the_deadlock(db) {
             // MySQL/MariaDB: a lock wait timeout (let go) ends the statement
-            // only; the order line written after it is in the live
-            // transaction, which a deadlock then rolls back with it. Nothing
-            // committed on its own: the attempt runs again, once.
+            // only, and the deadlock that follows ends the transaction. An
+            // order line written between the two is in the live transaction
+            // and goes with it: the attempt runs again, once. One written
+            // after the deadlock runs in autocommit and commits on its own: a
+            // rerun would write it twice, so the owner's error is final.
             if BACKEND != "mysql" {
                 return;
             }
-            let mut holder = None;
-            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
-                let mut held = db.connect();
-                // An order line inserted, not committed: a locking read of it waits.
-                exec(&mut held, "BEGIN; INSERT INTO orders (id, item_id, qty) VALUES (999, NULL, 1)");
-                holder = Some(held);
-                exec(&mut conn, "SET SESSION innodb_lock_wait_timeout = 1");
-                orders_with_retry(&mut conn, |conn, attempt| {
-                    if attempt == 1 {
-                        let waited = diesel::sql_query("SELECT id FROM orders WHERE id = 999 FOR UPDATE").execute(conn);
-                        assert!(waited.is_err(), "{waited:?}"); // let go
-                    }
-                    let line = format!("INSERT INTO orders (id, item_id, qty) VALUES ({}, NULL, 1)", 100 + attempt);
-                    diesel::sql_query(line).execute(conn)?;
-                    let _ = work(conn, attempt); // let go
-                    Ok::<_, Error>(())
-                })
-            });
-            drop(holder);
-            assert!(outcome.is_ok(), "{outcome:?}");
-            assert_eq!((attempts, stock_of!(&mut conn), order_lines!(&mut conn)), (2, 9, 2));
-        }
-
-        fn a_write_after_a_deadlock_that_followed_a_let_go_lock_wait_timeout_is_not_run_again(db) {
-            // As above, but the order line is written after the deadlock, in
-            // autocommit: it committed on its own, and a rerun would write it
-            // twice. The deadlock, a certain end, takes the place of the
-            // timeout's uncertain one.
-            if BACKEND != "mysql" {
-                return;
+            for after_the_deadlock in [false, true] {
+                let mut holder = None;
+                let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
+                    let mut held = db.connect();
+                    // An order line inserted, not committed: a locking read of it waits.
+                    exec(&mut held, "BEGIN; INSERT INTO orders (id, item_id, qty) VALUES (999, NULL, 1)");
+                    holder = Some(held);
+                    exec(&mut conn, "SET SESSION innodb_lock_wait_timeout = 1");
+                    orders_with_retry(&mut conn, |conn, attempt| {
+                        if attempt == 1 {
+                            let waited = diesel::sql_query("SELECT id FROM orders WHERE id = 999 FOR UPDATE").execute(conn);
+                            assert!(waited.is_err(), "{waited:?}"); // let go
+                        }
+                        let line = format!("INSERT INTO orders (id, item_id, qty) VALUES ({}, NULL, 1)", 100 + attempt);
+                        if !after_the_deadlock {
+                            diesel::sql_query(&line).execute(conn)?;
+                        }
+                        let _ = work(conn, attempt); // let go
+                        if after_the_deadlock {
+                            diesel::sql_query(&line).execute(conn)?;
+                        }
+                        Ok::<_, Error>(())
+                    })
+                });
+                drop(holder);
+                let counts = (attempts, stock_of!(&mut conn), order_lines!(&mut conn));
+                if after_the_deadlock {
+                    assert!(outcome.as_ref().is_err_and(|err| !err.is_retryable()), "{outcome:?}");
+                    assert_eq!(counts, (1, 10, 1), "the line written after the deadlock, once");
+                } else {
+                    assert!(outcome.is_ok(), "{outcome:?}");
+                    assert_eq!(counts, (2, 9, 2));
+                }
             }
-            let mut holder = None;
-            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
-                let mut held = db.connect();
-                exec(&mut held, "BEGIN; INSERT INTO orders (id, item_id, qty) VALUES (999, NULL, 1)");
-                holder = Some(held);
-                exec(&mut conn, "SET SESSION innodb_lock_wait_timeout = 1");
-                orders_with_retry(&mut conn, |conn, attempt| {
-                    if attempt == 1 {
-                        let waited = diesel::sql_query("SELECT id FROM orders WHERE id = 999 FOR UPDATE").execute(conn);
-                        assert!(waited.is_err(), "{waited:?}"); // let go
-                    }
-                    let _ = work(conn, attempt); // let go
-                    let line = format!("INSERT INTO orders (id, item_id, qty) VALUES ({}, NULL, 1)", 100 + attempt);
-                    diesel::sql_query(line).execute(conn)?;
-                    Ok::<_, Error>(())
-                })
-            });
-            drop(holder);
-            assert_eq!(attempts, 1, "{outcome:?}");
-            assert!(outcome.as_ref().is_err_and(|err| !err.is_retryable()), "{outcome:?}");
-            assert_eq!((stock_of!(&mut conn), order_lines!(&mut conn)), (10, 1));
         }
 
         fn a_nested_transaction_with_retry_that_its_savepoint_cannot_save_hands_its_error_on(db) {
