@@ -64,6 +64,12 @@ pub(super) fn ratio(v: f64) -> String {
     or_dash(v, |v| format!("{v:.2}"))
 }
 
+/// Whether the ratio `v` misses `target` as the report prints it ([`ratio`],
+/// two decimals): a ratio shown as the target is not listed below it.
+pub(super) fn below(v: f64, target: f64) -> bool {
+    (v * 100.0).round() / 100.0 < target
+}
+
 pub(super) fn num(v: f64) -> String {
     or_dash(v, |v| {
         if v == v.round() {

@@ -5,7 +5,7 @@
 use std::fmt::{self, Write as _};
 
 use super::context::Report;
-use super::format::{rate, ratio, table_head};
+use super::format::{below, rate, ratio, table_head};
 use crate::analysis::ratios::{overhead, OVERHEAD_TARGET};
 use crate::analysis::statistics::median;
 use crate::plan;
@@ -59,7 +59,7 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
     let below: Vec<f64> = all
         .iter()
         .copied()
-        .filter(|r| *r < OVERHEAD_TARGET)
+        .filter(|r| below(*r, OVERHEAD_TARGET))
         .collect();
     writeln!(
         w,

@@ -4,7 +4,7 @@
 use std::fmt::{self, Write as _};
 
 use super::context::Report;
-use super::format::{rate, ratio, us};
+use super::format::{below, rate, ratio, us};
 use crate::analysis::ratios::{pgbench_summaries, PgbenchSummary, PGBENCH_TARGET};
 use crate::run::pgbench::{self, Mode};
 
@@ -90,7 +90,7 @@ fn pgbench_reading(w: &mut String, pg: &[PgbenchSummary]) -> fmt::Result {
     };
     let below: Vec<&PgbenchSummary> = pg
         .iter()
-        .filter(|s| s.ratio(Mode::Prepared).0 < PGBENCH_TARGET)
+        .filter(|s| below(s.ratio(Mode::Prepared).0, PGBENCH_TARGET))
         .collect();
     if below.is_empty() {
         writeln!(

@@ -4,7 +4,7 @@
 use std::fmt::{self, Write as _};
 
 use super::context::{hot, Report};
-use super::format::{ms, num, rate, ratio};
+use super::format::{below, ms, num, rate, ratio};
 use crate::analysis::ratios::{overhead, OVERHEAD_TARGET};
 use crate::plan::{IMMEDIATE, ORDER_WORKERS, QUEUE_WORKERS, RETRY_WORKERS};
 use crate::run::sample::Sample;
@@ -326,7 +326,7 @@ fn attempts_clause(runs: &[(Backend, bool)]) -> String {
 fn target_clause(ratios: &[(Backend, f64)]) -> String {
     let below: Vec<&str> = ratios
         .iter()
-        .filter(|r| r.1.is_nan() || r.1 < OVERHEAD_TARGET)
+        .filter(|r| r.1.is_nan() || below(r.1, OVERHEAD_TARGET))
         .map(|r| report_name(r.0))
         .collect();
     if ratios.is_empty() {
