@@ -67,6 +67,14 @@ pub struct ModelField<'a> {
     pub updated_at: Option<Located<Ident>>,
 }
 
+impl ModelField<'_> {
+    /// Whether this field maps `column`: `r#name` and `name` are one column, as
+    /// in Diesel's `table!`.
+    pub fn maps(&self, column: &Ident) -> bool {
+        self.column.unraw() == column.unraw()
+    }
+}
+
 /// Reads the fields; the model borrows them, so they are built first.
 pub fn fields<'a>(
     cx: &mut Ctxt,
@@ -167,7 +175,7 @@ pub fn model<'a>(
     let keys: Vec<_> = primary_key
         .iter()
         .filter_map(|column| {
-            let field = fields.iter().find(|f| f.column == *column);
+            let field = fields.iter().find(|f| f.maps(column));
             if field.is_none() {
                 let help = if container.primary_key.is_some() {
                     format!(
@@ -198,6 +206,17 @@ pub fn model<'a>(
         Derive::Versioned => Some(versioning(cx, input, fields, &keys)?),
         Derive::Lockable => {
             for field in fields {
+                if field.column.unraw() == DEFAULT_VERSION_FIELD {
+                    cx.error_with_help(
+                        Pos::field_name(field.index),
+                        field.ident,
+                        format!(
+                            "a `Lockable` model's locks do not advance the version in `{DEFAULT_VERSION_FIELD}`: \
+                             an editor holding an older copy of the row would write over the locked change"
+                        ),
+                        "write `#[derive(Versioned)]` instead: it implements `Lockable` too, and its locks advance the version",
+                    );
+                }
                 let markers = [&field.marked_version, &field.no_bump, &field.updated_at];
                 for marker in markers.into_iter().flatten() {
                     cx.error_with_help(
@@ -241,7 +260,7 @@ fn versioning<'a>(
 
     let changeset = fields
         .iter()
-        .filter(|f| f.column != version.column && !keys.iter().any(|k| k.column == f.column))
+        .filter(|f| !f.maps(&version.column) && !keys.iter().any(|k| f.maps(&k.column)))
         .filter(|f| !f.skip_update && f.no_bump.is_none() && f.updated_at.is_none())
         .collect::<Vec<_>>();
     for field in &changeset {
@@ -265,34 +284,58 @@ fn versioning<'a>(
     })
 }
 
-/// A second field on the version column, or on a key column: the versioned
-/// write would set the version from it (on MySQL, before its bump), or
-/// rewrite the key. Diesel's `AsChangeset` leaves every field on a key column
-/// out; lockkit refuses both, so that each column has one field.
+/// One field for each column the versioned write names: a second field on the
+/// version column would set the version from it (on MySQL, before its bump); on
+/// a key column, rewrite the key; on a `no_bump` column, write back the count it
+/// read over the increments the marker protects; anywhere else in the write,
+/// assign the column twice. Diesel's `AsChangeset` leaves every field on a key
+/// column out; lockkit refuses them all. A `skip_update` field is never
+/// written: it may read a column that another field writes, but not the key or
+/// the version.
 fn check_columns_mapped_twice(
     cx: &mut Ctxt,
     fields: &[ModelField<'_>],
     version: &ModelField<'_>,
     keys: &[&ModelField<'_>],
 ) {
-    let owners = keys
+    // The key and the version own their columns wherever they stand; then
+    // each written field, in source order, owns its column.
+    let mut owners: Vec<(&ModelField<'_>, &str)> = keys
         .iter()
-        .map(|key| (*key, "primary key"))
-        .chain([(version, "version")]);
-    for (owner, what) in owners {
-        for field in fields
-            .iter()
-            .filter(|f| f.column == owner.column && f.ident != owner.ident)
-        {
-            cx.error_with_help(
-                Pos::field_name(field.index),
-                field.ident,
-                format!(
-                    "field `{}` maps the {what} column `{}`, as `{}` does",
-                    field.ident, owner.column, owner.ident
-                ),
-                format!("remove `{}`, or map it to a column of its own", field.ident),
-            );
+        .map(|key| (*key, "primary key column"))
+        .chain([(version, "version column")])
+        .collect();
+    let pinned = owners.len();
+    for field in fields {
+        if owners[..pinned].iter().any(|(o, _)| o.ident == field.ident) {
+            continue;
+        }
+        let what = if field.no_bump.is_some() {
+            "`no_bump` column"
+        } else if field.updated_at.is_some() {
+            "`updated_at` column"
+        } else {
+            "column"
+        };
+        let written = !field.skip_update || what != "column";
+        match owners.iter().position(|(o, _)| field.maps(&o.column)) {
+            Some(at) if at < pinned || written => {
+                let (owner, what) = owners[at];
+                cx.error_with_help(
+                    Pos::field_name(field.index),
+                    field.ident,
+                    format!(
+                        "field `{}` maps the {what} `{}`, as `{}` does",
+                        field.ident,
+                        owner.column.unraw(),
+                        owner.ident
+                    ),
+                    format!("remove `{}`, or map it to a column of its own", field.ident),
+                );
+            }
+            Some(_) => {}
+            None if written => owners.push((field, what)),
+            None => {}
         }
     }
 }

@@ -128,6 +128,11 @@ pub fn derive_versioned(input: TokenStream) -> TokenStream {
 /// to the row (`OnLock = NoVersion`).
 ///
 /// `#[derive(Versioned)]` implements `Lockable` too: derive one or the other.
+/// On a table with a version column, every model that locks its rows must be
+/// `Versioned`: a `Lockable` one's lock would leave the version as it is, and an
+/// editor holding an older copy of the row would write over the locked change.
+/// A field on the column `lock_version` is refused for this reason; a version
+/// column of another name the derive cannot recognise.
 ///
 /// # Attributes
 ///

@@ -113,6 +113,38 @@ fn lockable_rejects_a_version_marker() {
     );
 }
 
+/// A `Lockable` model that reads the version column: its locks would not
+/// advance the version, and an editor holding a `Versioned` copy of the row
+/// would write over the locked writer's change.
+#[test]
+fn lockable_refuses_the_version_column() {
+    for field in [
+        quote::quote!(pub lock_version: i32),
+        quote::quote!(#[diesel(column_name = lock_version)] pub rev: i64),
+        quote::quote!(#[diesel(column_name = r#lock_version)] pub rev: i64),
+        quote::quote!(pub r#lock_version: i32),
+    ] {
+        let input: DeriveInput = syn::parse_quote! {
+            pub struct Item {
+                pub id: i32,
+                #field,
+            }
+        };
+        let errors = compile_errors(derive_lockable(&input));
+        assert_eq!(errors.len(), 1, "{field}: {errors:?}");
+        assert!(
+            errors[0].starts_with(
+                "a `Lockable` model's locks do not advance the version in `lock_version`"
+            ),
+            "{errors:?}"
+        );
+        assert!(
+            errors[0].contains("help: write `#[derive(Versioned)]`"),
+            "{errors:?}"
+        );
+    }
+}
+
 /// `Item`, with an `i32` key and `lock_version`, its table named `table`.
 fn item_in(table: syn::Path) -> DeriveInput {
     syn::parse_quote! {
@@ -623,6 +655,46 @@ fn a_second_field_on_the_version_or_a_key_column_is_refused() {
         &[
             "field `legacy_id` maps the primary key column `id`, as `id` does",
             "field `etag` maps the version column `lock_version`, as `lock_version` does",
+        ],
+    );
+}
+
+/// Every column the versioned write sets has one field: a second field on a
+/// `no_bump` column would write back the count read, over the increments the
+/// marker protects; on the `updated_at` column, or twice in the changeset, it
+/// would assign the column twice. `r#name` is the column `name`.
+#[test]
+fn a_second_field_on_any_written_or_key_column_is_refused() {
+    assert_errors_start_with(
+        syn::parse_quote! {
+            pub struct Item {
+                pub id: i32,
+                #[diesel(column_name = r#id)]
+                pub legacy_id: i32,
+                #[diesel(column_name = r#lock_version)]
+                pub etag: i32,
+                pub lock_version: i32,
+                #[lockkit(no_bump)]
+                pub views: i32,
+                #[diesel(column_name = views)]
+                pub views_seen: i32,
+                #[lockkit(updated_at)]
+                pub updated_at: Option<String>,
+                #[diesel(column_name = updated_at)]
+                pub touched: Option<String>,
+                pub stock: i32,
+                #[diesel(column_name = stock)]
+                pub stock_again: i32,
+                #[diesel(column_name = stock, skip_update)]
+                pub stock_shown: i32,
+            }
+        },
+        &[
+            "field `legacy_id` maps the primary key column `id`, as `id` does",
+            "field `etag` maps the version column `lock_version`, as `lock_version` does",
+            "field `views_seen` maps the `no_bump` column `views`, as `views` does",
+            "field `touched` maps the `updated_at` column `updated_at`, as `updated_at` does",
+            "field `stock_again` maps the column `stock`, as `stock` does",
         ],
     );
 }

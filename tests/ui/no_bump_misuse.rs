@@ -39,7 +39,6 @@ pub struct PostRow {
     #[lockkit(updated_at)]
     pub updated_at: Option<String>,
     pub created_at: Option<String>,
-    pub lock_version: i32,
 }
 
 fn main() {}

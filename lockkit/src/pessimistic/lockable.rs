@@ -121,7 +121,11 @@ pub(crate) type Pk<M> = <<M as Lockable>::Table as Table>::PrimaryKey;
 /// A model whose row can be locked: table and primary key.
 ///
 /// `#[derive(Versioned)]` implements it; for a model without a version column use
-/// `#[derive(Lockable)]`.
+/// `#[derive(Lockable)]`. A table with a version column is locked through
+/// `Versioned` models only: their locks advance the version
+/// ([`BumpVersion`](crate::optimistic::BumpVersion)), which makes an editor's
+/// older copy stale; a `Lockable` model's lock writes nothing, so that copy
+/// would still match and write over the locked change.
 pub trait Lockable: Sized {
     /// The Diesel table (`items::table`).
     type Table: Table + Default;
