@@ -528,6 +528,79 @@ mod in_the_callers_transaction {
     }
 }
 
+/// A key the purge would take, deleted by a repeat to run again, while its
+/// owner finishes: on the servers, where the repeat's statements wait for the
+/// owner's row lock.
+mod an_expired_key_finished_meanwhile {
+    use std::thread;
+    use std::time::{Duration, Instant};
+
+    use diesel::prelude::*;
+    use diesel_migrations::MigrationHarness;
+    use lockkit::idempotency::{Idempotency, Outcome};
+    use lockkit::lock_waits;
+    use lockkit::Error;
+    use lockkit_tests::{exec, idempotency_migrations, seed_items, stock_of};
+
+    use super::{now_millis, sell_one};
+
+    lockkit_tests::server_tests! {
+        fn a_key_completed_while_a_repeat_deletes_it_as_expired_is_replayed(db) {
+            // With a retention no longer than the lease, a running key past
+            // both is expired to a repeat, which deletes it and runs the work
+            // again. Its owner overran, and finishes while the repeat's delete
+            // waits for the row: the delete must not take the completed key,
+            // or the work runs twice.
+            db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let keys = Idempotency {
+                lease: Duration::from_secs(60),
+                retention: Duration::from_secs(60),
+                ..Idempotency::default()
+            };
+            exec(&mut db.conn(), &format!(
+                "INSERT INTO lockkit_idempotency_keys (principal, idempotency_key, fingerprint, state, started_at) \
+                 VALUES ('tenant-1', 'order-1', 'POST /orders', 'running', {})",
+                now_millis() - 600_000
+            ));
+            let mut owner = db.connect();
+            let mut repeat_conn = db.connect();
+            let repeat_id = lock_waits::session_id(&mut repeat_conn).unwrap();
+            let mut watcher = db.connect();
+            let repeat = thread::scope(|s| {
+                owner
+                    .transaction(|c| {
+                        // The owner's row lock, as its finish takes it.
+                        exec(c, "SELECT state FROM lockkit_idempotency_keys WHERE idempotency_key = 'order-1' FOR UPDATE");
+                        let repeat = s.spawn(|| keys.run(&mut repeat_conn, "tenant-1", "order-1", "POST /orders", sell_one));
+                        // Until the repeat waits for the row (MariaDB does not
+                        // always list an insert's wait: at most a second).
+                        let deadline = Instant::now() + Duration::from_secs(1);
+                        while Instant::now() < deadline
+                            && !lock_waits::lock_waits(&mut watcher).unwrap().iter().any(|w| w.session == repeat_id)
+                        {
+                            assert!(!repeat.is_finished(), "the repeat did not wait for the owner's row: {:?}", repeat.join());
+                            thread::sleep(Duration::from_millis(20));
+                        }
+                        // The owner's work (its sale) and finish.
+                        sell_one(c)?;
+                        exec(c, &format!(
+                            "UPDATE lockkit_idempotency_keys SET state = 'done', response = '\"201 sold\"', finished_at = {} \
+                             WHERE idempotency_key = 'order-1'",
+                            now_millis()
+                        ));
+                        Ok::<_, Error>(repeat)
+                    })
+                    .unwrap()
+                    .join()
+                    .unwrap()
+            });
+            assert_eq!(repeat.unwrap(), Outcome::Replayed("201 sold".to_owned()));
+            assert_eq!(stock_of!(&mut db.conn()), 9, "sold once");
+        }
+    }
+}
+
 /// Responses are "any `Serialize + DeserializeOwned` value, stored as JSON"
 /// (`Idempotency::run`): a list response of 100 KiB runs once and replays.
 mod large_responses {

@@ -333,8 +333,8 @@ macro_rules! async_idempotency_store {
                             .execute(conn)
                             .await
                     }
-                    Write::DeleteIfStarted { started_at } => {
-                        statements::delete_if_started(principal, key, started_at)
+                    Write::DeleteIfAsSeen { started_at, state } => {
+                        statements::delete_if_as_seen(principal, key, started_at, state)
                             .execute(conn)
                             .await
                     }

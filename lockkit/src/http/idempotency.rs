@@ -502,6 +502,7 @@ impl Idempotency {
         if self.purge_before_at(now).takes(&row) {
             return Ok(Seen::Expired {
                 started_at: row.started_at,
+                state: if row.state == DONE { DONE } else { RUNNING },
             });
         }
         if row.fingerprint != fingerprint {
@@ -593,7 +594,10 @@ pub(crate) enum Seen {
     /// What the purge would delete (completed past the retention, or running
     /// past the retention and the lease): delete it (if still this one),
     /// insert again.
-    Expired { started_at: i64 },
+    Expired {
+        started_at: i64,
+        state: &'static str,
+    },
     /// Running past its lease: take it over (if still this one).
     Abandoned { started_at: i64 },
     /// Running within its lease: wait for it, or refuse.
@@ -607,7 +611,9 @@ impl Seen {
     /// as seen.
     pub(crate) fn write(&self, now: i64) -> Option<Write<'static>> {
         match *self {
-            Seen::Expired { started_at } => Some(Write::DeleteIfStarted { started_at }),
+            Seen::Expired { started_at, state } => {
+                Some(Write::DeleteIfAsSeen { started_at, state })
+            }
             Seen::Abandoned { started_at } => Some(Write::TakeOver {
                 seen_started_at: started_at,
                 now,
@@ -719,8 +725,13 @@ pub enum Write<'a> {
     },
     /// Deletes this request's running key, so that a retry runs the work again.
     Release { started_at: i64 },
-    /// Deletes an expired key, if it still has the `started_at` that was seen.
-    DeleteIfStarted { started_at: i64 },
+    /// Deletes an expired key, if it still has the `started_at` and the state
+    /// that were seen: a running key that its owner finished meanwhile is
+    /// not expired any more (its retention starts at its finish).
+    DeleteIfAsSeen {
+        started_at: i64,
+        state: &'static str,
+    },
 }
 
 /// The statements behind [`Idempotency`], built once for the blocking and the
@@ -806,11 +817,17 @@ pub(crate) mod statements {
     }
 
     #[auto_type(no_type_alias)]
-    pub(crate) fn delete_if_started<'a>(principal: &'a str, key: &'a str, started_at: i64) -> _ {
+    pub(crate) fn delete_if_as_seen<'a>(
+        principal: &'a str,
+        key: &'a str,
+        started_at: i64,
+        state: &'static str,
+    ) -> _ {
         delete(
             keys::table
                 .find((principal, key))
-                .filter(keys::started_at.eq(started_at)),
+                .filter(keys::started_at.eq(started_at))
+                .filter(keys::state.eq(state)),
         )
     }
 
@@ -900,8 +917,9 @@ macro_rules! idempotency_store {
                     Write::Release { started_at } => {
                         statements::release(principal, key, started_at).execute(conn)
                     }
-                    Write::DeleteIfStarted { started_at } => {
-                        statements::delete_if_started(principal, key, started_at).execute(conn)
+                    Write::DeleteIfAsSeen { started_at, state } => {
+                        statements::delete_if_as_seen(principal, key, started_at, state)
+                            .execute(conn)
                     }
                 };
                 Ok(rows? == 1)
