@@ -622,6 +622,30 @@ mod large_responses {
             assert!(matches!(&again, Ok(Outcome::Replayed(b)) if *b == body));
             assert_eq!(stock_of!(&mut conn), 99, "sold once");
         }
+
+        fn a_response_that_would_not_replay_is_refused_and_its_work_undone(db) {
+            // JSON writes NaN as `null`, which does not read back as `f64`:
+            // stored, every repeat would fail for the whole retention, after
+            // work that committed. The run fails instead, and undoes it.
+            let mut conn = prepare!(db);
+            let keys = Idempotency::default();
+            let average = |conn: &mut _| {
+                sell_one(conn)?;
+                Ok::<_, Error>(f64::NAN)
+            };
+            let ran = keys.run(&mut conn, "tenant-1", "order-avg", "POST /orders", average);
+            assert!(
+                matches!(&ran, Err(Error::Database(diesel::result::Error::SerializationError(_)))),
+                "{ran:?}"
+            );
+            assert_eq!(stock_of!(&mut conn), 100, "the work is undone");
+            let again = keys.run(&mut conn, "tenant-1", "order-avg", "POST /orders", |conn| {
+                sell_one(conn)?;
+                Ok::<_, Error>(1.5)
+            });
+            assert_eq!(again.unwrap(), Outcome::Ran(1.5), "the key is free for the retry");
+            assert_eq!(stock_of!(&mut conn), 99, "sold once");
+        }
     }
 }
 

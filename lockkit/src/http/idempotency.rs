@@ -360,8 +360,12 @@ impl Idempotency {
     /// * whatever `work` returns, untouched; its transaction is rolled back and
     ///   the key released, so a retry runs it again.
     /// * [`Error::Database`] with Diesel's `SerializationError` when the response
-    ///   cannot be written as JSON, or `DeserializationError` when a stored one
-    ///   does not read as `R` (the response type changed since it was stored).
+    ///   cannot be written as JSON, or its JSON does not read back as `R` (a
+    ///   non-finite `f64` is written as `null`): the work is rolled back and the
+    ///   key released, as for `work`'s own error. `DeserializationError` when a
+    ///   stored one does not read as `R` (the response type changed since it was
+    ///   stored). A response is replayed as its JSON reads back: `Some(())` and
+    ///   `Some(None)` come back as `None`.
     /// * a classified database error; see [`classify`](crate::classify()).
     pub fn run<C, R, E, F>(
         &self,
@@ -684,10 +688,23 @@ pub(crate) fn replayed<R: DeserializeOwned>(stored: &str) -> Result<R, Error> {
         .map_err(|err| Error::Database(diesel::result::Error::DeserializationError(Box::new(err))))
 }
 
-/// A response as it is stored.
-pub(crate) fn stored<R: Serialize>(response: &R) -> Result<String, Error> {
-    serde_json::to_string(response)
-        .map_err(|err| Error::Database(diesel::result::Error::SerializationError(Box::new(err))))
+/// A response as it is stored, once it is known to read back as `R`: JSON
+/// writes a non-finite `f64` as `null`, which does not, and a key stored so
+/// would fail every repeat for its whole retention, after work that committed.
+pub(crate) fn stored<R: Serialize + DeserializeOwned>(response: &R) -> Result<String, Error> {
+    let refused = |err: Box<dyn std::error::Error + Send + Sync>| {
+        Error::Database(diesel::result::Error::SerializationError(err))
+    };
+    let json = serde_json::to_string(response).map_err(|err| refused(Box::new(err)))?;
+    match serde_json::from_str::<R>(&json) {
+        Ok(_) => Ok(json),
+        Err(err) => Err(refused(
+            format!(
+                "the response would not replay: its JSON `{json:.80}` does not read back: {err}"
+            )
+            .into(),
+        )),
+    }
 }
 
 /// What the final write's row count means: `false`, the lease ran out and
