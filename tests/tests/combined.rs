@@ -17,6 +17,7 @@ use std::sync::Barrier;
 use std::thread;
 
 use diesel::prelude::*;
+use lockkit::etag::Expected;
 use lockkit::journal::Journal;
 use lockkit::prelude::*;
 use lockkit::version_trigger::{up_sql, Dialect};
@@ -1102,6 +1103,34 @@ mod servers {
                     Ok::<_, Error>(())
                 })
                 .unwrap();
+        }
+
+        fn if_match_any_in_a_retried_transaction_writes_over_a_commit_after_its_read(db) {
+            // `If-Match: *` writes again when another writer got in between. In
+            // a transaction whose snapshot its first read fixed (MySQL/MariaDB's
+            // REPEATABLE READ), reading again finds the same old version: the
+            // next write must take the version the stale report found, the
+            // latest commit, or every attempt fails and the owner gives up.
+            let mut conn = db.conn();
+            let mut other = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            let mut reads = 0;
+            let written = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c| {
+                Expected::Any.apply(
+                    c,
+                    |c| {
+                        let version: i32 = items::table.find(1).select(items::lock_version).first(c)?;
+                        reads += 1;
+                        if reads == 1 {
+                            Item::update_by_version(&mut other, 1, version, items::stock.eq(items::stock - 2))?;
+                        }
+                        Ok::<_, Error>(version)
+                    },
+                    |c, version| Item::update_by_version(c, 1, version, items::stock.eq(items::stock - 1)),
+                )
+            });
+            assert_eq!(written.unwrap(), 2, "written over the other's commit");
+            assert_eq!(stock_of!(&mut other), 7, "both sales stand");
         }
 
         fn lock_all_locks_chunks_in_key_order_so_opposite_orders_never_deadlock(db) {

@@ -38,6 +38,7 @@
 //! assert!(etag::expected_version::<i32>(None).is_err());             // 428
 //! ```
 
+use std::cell::Cell;
 use std::fmt;
 use std::str::FromStr;
 
@@ -308,7 +309,7 @@ pub fn not_modified(if_none_match: Option<&str>, current: ETag) -> bool {
         .is_some_and(|header| header.contains_weakly(&current.opaque()))
 }
 
-/// How many times [`Expected::apply`] re-reads and retries a write under
+/// How many times in all [`Expected::apply`] writes under
 /// `If-Match: *` when other writers keep changing the row in between.
 pub const ANY_MATCH_ATTEMPTS: u32 = 5;
 
@@ -326,14 +327,20 @@ impl<V: VersionNumber> Expected<V> {
     /// write only if the row is still at `expected` (e.g.
     /// [`Versioned::update_by_version`](crate::Versioned::update_by_version)) and
     /// report [`Error::Stale`] otherwise; `current(conn)` reads the row's version
-    /// ([`Error::NotFound`] when it does not exist).
+    /// ([`Error::NotFound`] when it does not exist). Under `*`, `write` runs
+    /// again after a stale report: one that writes more than the row (a parent
+    /// it touches, say) must have written nothing when it reports
+    /// [`Error::Stale`], so make it one statement or give it its own
+    /// transaction (a savepoint in yours), or its earlier writes run again.
     ///
     /// * one tag: `write` with it; `current` is not called.
     /// * several tags: `current`, then `write` with it if it is listed, else with a
     ///   listed version, which the database refuses as stale (`412` with the
     ///   current `ETag`) unless the row got there in between.
     /// * `*`: `current`, then `write` with it; when another writer got in between
-    ///   (stale, row still there), again, up to [`ANY_MATCH_ATTEMPTS`] times, then
+    ///   (stale, row still there), `write` again with the version the stale
+    ///   report found (not `current`, whose read may see a transaction's old
+    ///   snapshot), up to [`ANY_MATCH_ATTEMPTS`] times in all, then
     ///   the last stale error through [`RetryableError::retries_exhausted`]: for
     ///   lockkit's own error type [`Error::RetriesExhausted`] (`503`), for yours
     ///   by default the stale error itself (`412`). A missing row is `404`.
@@ -373,21 +380,34 @@ impl<V: VersionNumber> Expected<V> {
                     None => Err(E::from(Error::NoRowMatched)),
                 }
             }
-            // Another writer got in between: read the new version and write again.
-            Expected::Any => retry_while(
-                &RetryPolicy::immediate(ANY_MATCH_ATTEMPTS),
-                |_| {
-                    let now = current(conn)?;
-                    write(conn, now)
-                },
-                |err: &E, _| {
-                    matches!(
-                        err.lockkit_error(),
-                        Some(Error::Stale(stale)) if matches!(stale.current, CurrentState::Version(_))
-                    )
-                },
-                Spent::Exhausted,
-            ),
+            // Another writer got in between: write again with the version the
+            // stale report found. Reading it again would not do in a
+            // transaction whose snapshot the first read fixed (REPEATABLE READ
+            // on MySQL/MariaDB): it would find the old version every time.
+            Expected::Any => {
+                let found = Cell::new(None);
+                retry_while(
+                    &RetryPolicy::immediate(ANY_MATCH_ATTEMPTS),
+                    |_| {
+                        let now = match found.take() {
+                            Some(version) => version,
+                            None => current(conn)?,
+                        };
+                        write(conn, now)
+                    },
+                    |err: &E, _| match err.lockkit_error() {
+                        Some(Error::Stale(stale)) => match stale.current {
+                            CurrentState::Version(version) => {
+                                found.set(V::from_i64(version));
+                                true
+                            }
+                            _ => false,
+                        },
+                        _ => false,
+                    },
+                    Spent::Exhausted,
+                )
+            }
         }
     }
 }
