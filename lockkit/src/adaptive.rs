@@ -144,7 +144,10 @@ use diesel::{OptionalExtension, RunQueryDsl, Selectable, SelectableHelper};
 
 use crate::error::classification::classify;
 use crate::error::Error;
-use crate::optimistic::versioned::{CurrentVersionQuery, UpdateVersioned, VersionCheck, Versioned};
+use crate::optimistic::sequence::Origin;
+use crate::optimistic::versioned::{
+    update_from, CurrentVersionQuery, UpdateVersioned, VersionCheck, Versioned,
+};
 use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
 use crate::pessimistic::lockable::{load_held, LockRow, Lockable};
 use crate::pessimistic::options::LockOptions;
@@ -512,8 +515,9 @@ impl AdaptivePolicy {
             let mut row =
                 load_held::<M, _>(conn, key, self.lock.row_lock())?.ok_or(Error::NotFound)?;
             change(&mut row)?;
-            // The row is locked: this write cannot be stale.
-            row.write_versioned(conn)?;
+            // The row is locked: this write cannot be stale, and its version
+            // is the row's own (`Origin::LockedRead`).
+            row.write_locked(conn)?;
             Ok::<_, E>(row)
         })?;
         self.counters.locked_writes.fetch_add(1, Relaxed);
@@ -691,6 +695,14 @@ pub trait AdaptiveRow<Conn: LockingConnection>: LockRow<Conn> + Versioned {
     ///
     /// Those of [`Versioned::update_versioned`].
     fn write_versioned(&mut self, conn: &mut Conn) -> Result<(), Error>;
+    /// [`Versioned::update_versioned`] of the row as just read under its lock:
+    /// its version is the row's own, never one a rolled-back write of this
+    /// process left with a struct, so the write is never stale.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Versioned::update_versioned`], [`Error::Stale`] aside.
+    fn write_locked(&mut self, conn: &mut Conn) -> Result<(), Error>;
 }
 
 type ByKey<M, DB> = Select<Find<<M as Lockable>::Table, <M as Lockable>::Key>, AsSelect<M, DB>>;
@@ -726,7 +738,11 @@ macro_rules! adaptive_row_on {
             }
 
             fn write_versioned(&mut self, conn: &mut $conn) -> Result<(), Error> {
-                Versioned::update_versioned(self, conn)
+                update_from(self, conn, Origin::Held)
+            }
+
+            fn write_locked(&mut self, conn: &mut $conn) -> Result<(), Error> {
+                update_from(self, conn, Origin::LockedRead)
             }
         }
     )*};

@@ -106,6 +106,40 @@ lockkit_tests::backend_tests! {
         assert_eq!(seen.counter("lockkit_locks_acquired_total{table=items}"), 1, "{seen:?}");
     }
 
+    fn a_locked_adaptive_write_is_never_stale_after_a_rolled_back_write_of_the_row(db) {
+        // This process rolled back a versioned write of the row (v6 -> v7),
+        // and another process then committed its own v7. The locked path
+        // reads the row under its lock: that v7 is the row's own, and the
+        // write must go through, not restore v6 and report stale, once or (on
+        // a connection lockkit does not watch) on every call.
+        seed_items(&mut db.conn(), &[(1, 0)]);
+        let policy = hot_policy().trial(Duration::from_secs(600));
+        hot_increments(&db.pool(), &policy, 1, 6, 1);
+        assert_eq!(policy.mode::<Item>(&1), Mode::Locked);
+        for watched in [true, false] {
+            let mut conn = db.connect();
+            if !watched {
+                conn.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+            }
+            let mut held = items::table.find(1).first::<Item>(&mut conn).unwrap();
+            let version = held.lock_version;
+            lockkit_tests::write_rolled_back!(conn, held, 5);
+            diesel::update(items::table.find(1))
+                .set((items::stock.eq(items::stock + 100), items::lock_version.eq(version + 1)))
+                .execute(&mut db.conn())
+                .unwrap();
+            for _ in 0..2 {
+                let written = policy.update::<Item, _, Error, _>(&mut conn, 1, |item| {
+                    item.stock += 1;
+                    Ok(())
+                });
+                assert!(written.is_ok(), "watched: {watched}: {written:?}");
+            }
+        }
+        let item = items::table.find(1).first::<Item>(&mut db.conn()).unwrap();
+        assert_eq!(item.stock, 6 + 2 * 100 + 4, "nothing lost");
+    }
+
     fn adaptive_switching_between_modes_loses_nothing(db) {
         const THREADS: usize = 8;
         const INCREMENTS: usize = 40;

@@ -995,6 +995,32 @@ where
     settle(model, written)
 }
 
+/// [`Versioned::update_versioned`] of `model`, whose version came from `origin`:
+/// a struct the caller held, or the row read under its lock. (The trait's
+/// method writes the same inline: through its higher-ranked bounds a generic
+/// caller cannot show this function's, which a concrete connection can.)
+pub(crate) fn update_from<M, Conn>(
+    model: &mut M,
+    conn: &mut Conn,
+    origin: Origin,
+) -> Result<(), Error>
+where
+    Conn: Connection,
+    M: Versioned + VersionCheck + CurrentVersionQuery<Conn>,
+    for<'a> UpdateVersioned<M, M::Changeset<'a>>: ExecuteDsl<Conn>,
+    for<'a> (M::Changeset<'a>, M::Bump): AsChangeset<Target = M::Table>,
+{
+    let written = write::<M, _, _>(
+        conn,
+        &model.key(),
+        model.version(),
+        origin,
+        Operation::Update,
+        |checked| update::<M, _>(model.key(), checked, model.versioned_changeset()),
+    )?;
+    settle(model, written)
+}
+
 /// [`Lockable::OnLock`] of a [`Versioned`] model: an exclusive
 /// lock advances the version.
 #[derive(Debug, Clone, Copy)]
