@@ -147,4 +147,41 @@ async_backend_tests! {
         assert_eq!(held.fence(), Fence(1), "no fence was handed out in the abandoned transaction");
         held.release().await.unwrap();
     }
+
+    async fn a_release_after_a_dropped_call_in_the_lease_is_not_sent_in_the_abandoned_transaction(db) {
+        // The lease's work drops a lockkit call in its transaction: that
+        // transaction stays open on the server, and the connection is marked
+        // broken. A release sent there would never commit, and would keep the
+        // lease's row locked while the connection lives: other workers' grants
+        // would wait for it, not find the lease busy.
+        db.conn().run_pending_migrations(lease_migrations(BACKEND)).unwrap();
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let ran = lease::with_lease(&mut conn, "nightly", Duration::from_secs(30), async |held: &mut lease::AsyncLease<'_, Async>| {
+            let dropped = tokio::time::timeout(
+                Duration::from_millis(200),
+                lockkit::asynchronous::locked_transaction(&mut **held, lockkit::LockOptions::default(), async |_conn: &mut Async| {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    Ok::<_, Error>(())
+                }),
+            )
+            .await;
+            assert!(dropped.is_err(), "the call was dropped in its work");
+            Ok::<_, Error>(())
+        })
+        .await;
+        ran.unwrap();
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        let granted = tokio::time::timeout(
+            Duration::from_secs(5),
+            lease::acquire(&mut other, "nightly", Duration::from_secs(1)),
+        )
+        .await
+        .map(|granted| granted.map(|held| held.fence()));
+        // On SQLite the abandoned transaction holds the database's write lock
+        // whatever the release does: every grant waits for the connection.
+        if BACKEND != "sqlite" {
+            assert!(matches!(granted, Ok(Err(Error::Busy))), "{granted:?}");
+        }
+        drop(conn);
+    }
 }

@@ -104,13 +104,20 @@ impl<C: AsyncLeaseStore> AsyncLease<'_, C> {
     ///
     /// # Errors
     ///
-    /// As [`Lease::release`](crate::lease::Lease::release).
+    /// As [`Lease::release`](crate::lease::Lease::release), and
+    /// [`Error::Database`] with `BrokenTransactionManager` when a dropped call
+    /// left the connection in its transaction: that transaction never
+    /// commits, so nothing is sent, and the lease runs out after its TTL.
     pub async fn release(mut self) -> Result<(), Error> {
+        // A transaction a dropped call left open (the connection marked
+        // broken) never commits: a release sent there would not count, and
+        // would keep the lease's row locked while the connection lives.
+        self.held = false;
+        refuse_broken(self.store)?;
         let mut unsettled = Unsettled::until_replied(&mut *self.store);
         let revoked = C::revoke(unsettled.conn, &self.grant.name, &self.grant.token).await;
         unsettled.settled();
         drop(unsettled);
-        self.held = false;
         released(revoked?)
     }
 }
@@ -121,6 +128,13 @@ impl<C: AsyncLeaseStore> Drop for AsyncLease<'_, C> {
             tracing::warn!(target: "lockkit", lease = %self.grant.name, fence = self.grant.fence.0, "an async lease was dropped unreleased; it runs out after its TTL");
         }
     }
+}
+
+/// [`Error::Database`] with `BrokenTransactionManager` when a dropped call
+/// left `conn` in its transaction ([`crate::transaction::refuse_broken`]).
+fn refuse_broken<C: diesel_async::AsyncConnection>(conn: &mut C) -> Result<(), Error> {
+    use diesel_async::TransactionManager;
+    crate::transaction::refuse_broken(C::TransactionManager::transaction_manager_status_mut(conn))
 }
 
 /// Whether a grant on `conn` could be undone with an open transaction
