@@ -185,3 +185,60 @@ async_backend_tests! {
         drop(conn);
     }
 }
+
+/// A diesel-async MySQL connection made from a `mysql_async` one with options
+/// of its own (`AsyncMysqlConnection::try_from`): unless asked, the server
+/// reports the rows a statement changed, not the rows it matched, and a
+/// fence written again is a statement that changes nothing.
+#[cfg(feature = "mysql")]
+mod a_mysql_connection_reporting_changed_rows {
+    use super::*;
+    use diesel_async::AsyncMysqlConnection;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_same_fence_writes_again() {
+        let db = lockkit_tests::TestDb::<diesel::MysqlConnection>::new("async_fence_changed_rows");
+        db.conn()
+            .run_pending_migrations(lease_migrations("mysql"))
+            .unwrap();
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let opts = mysql_async::Opts::from_url(&db.url).unwrap();
+        let mut conn = AsyncMysqlConnection::try_from(mysql_async::Conn::new(opts).await.unwrap())
+            .await
+            .unwrap();
+        for stock in [5, 6] {
+            let written = lease::fenced(
+                &mut conn,
+                "item-1",
+                Fence(7),
+                async |conn: &mut AsyncMysqlConnection| {
+                    diesel::update(items::table.find(1))
+                        .set(items::stock.eq(stock))
+                        .execute(conn)
+                        .await?;
+                    Ok::<_, Error>(())
+                },
+            )
+            .await;
+            assert!(written.is_ok(), "stock {stock}: {written:?}");
+        }
+        let older = lease::fenced(
+            &mut conn,
+            "item-1",
+            Fence(6),
+            async |_: &mut AsyncMysqlConnection| Ok::<_, Error>(()),
+        )
+        .await;
+        assert!(
+            matches!(
+                older,
+                Err(Error::Fenced {
+                    fence: 6,
+                    current: 7,
+                    ..
+                })
+            ),
+            "{older:?}"
+        );
+    }
+}

@@ -359,7 +359,7 @@ macro_rules! async_lease_store {
                     .current_fence(resource)
                     .get_result::<crate::lease::database::FenceRow>(conn)
                     .await?;
-                Ok(Some(current.fence))
+                Ok(crate::lease::database::newer(current.fence, fence))
             }
         }
     };

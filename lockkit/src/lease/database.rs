@@ -300,10 +300,19 @@ macro_rules! lease_store {
                     return Ok(None);
                 }
                 let current = $sql.current_fence(resource).get_result::<FenceRow>(conn)?;
-                Ok(Some(current.fence))
+                Ok(newer(current.fence, fence))
             }
         }
     };
+}
+
+/// What a raise that reported no row means, from the fence it then read
+/// (locked): refused when a larger one stands. A MySQL/MariaDB connection that
+/// reports the rows a statement changed, not those it matched (one made
+/// without `CLIENT_FOUND_ROWS`, as `AsyncMysqlConnection::try_from` may be),
+/// reports none for the same fence written again, which is admitted.
+pub(crate) fn newer(current: i64, fence: i64) -> Option<i64> {
+    (current > fence).then_some(current)
 }
 
 #[cfg(feature = "postgres")]
