@@ -221,6 +221,8 @@ async_backend_tests! {
         assert_eq!((relayed.claimed, relayed.failed, relayed.dead), (1, 1, 1));
         let dead = outbox::dead_letters(&mut conn, 10).await.unwrap();
         assert_eq!(dead.len(), 1);
+        let negative = outbox::dead_letters(&mut conn, -1).await;
+        assert!(matches!(negative, Err(Error::InvalidInput(_))), "{negative:?}");
         assert_eq!((dead[0].id, dead[0].last_error.as_deref()), (id, Some("broker down")));
         let idle = outbox::publish_batch(&relay, &mut conn, 10, async |_batch: &[OutboxMessage]| -> Result<Vec<Result<(), String>>, Error> {
             panic!("a dead letter is not claimed")

@@ -300,6 +300,9 @@ lockkit_tests::backend_tests! {
         assert_eq!(unpublished_count().get_result::<i64>(&mut conn).unwrap(), 1, "still in the outbox, unpublished");
         let dead = outbox::dead_letters(&mut conn, 10).unwrap();
         assert_eq!(dead.len(), 1);
+        // A negative limit is no limit on SQLite, an error elsewhere: refused.
+        let negative = outbox::dead_letters(&mut conn, -1);
+        assert!(matches!(negative, Err(Error::InvalidInput(_))), "{negative:?}");
         assert_eq!((dead[0].id, dead[0].attempts, dead[0].last_error.as_deref()), (ids[0], 3, Some("nack 3")));
         assert_eq!((dead[0].topic.as_str(), dead[0].payload.as_str()), ("orders", "{\"order\":0}"));
         // Only a dead letter is requeued: not a published message, not an unknown id.

@@ -164,11 +164,14 @@ pub async fn purge_published<C: AsyncOutboxStore>(
 ///
 /// # Errors
 ///
-/// A classified database error.
+/// As [`outbox::dead_letters`](crate::outbox::dead_letters):
+/// [`Error::InvalidInput`] for a negative `limit`, or a classified database
+/// error.
 pub async fn dead_letters<C: AsyncOutboxStore>(
     conn: &mut C,
     limit: i64,
 ) -> Result<Vec<DeadLetter>, Error> {
+    crate::outbox::check_dead_letter_limit(limit)?;
     C::dead_letters(conn, DEAD, limit).await
 }
 

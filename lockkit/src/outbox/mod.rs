@@ -270,13 +270,24 @@ pub struct DeadLetter {
 ///
 /// # Errors
 ///
-/// A classified database error; see [`classify`](crate::classify()).
+/// [`Error::InvalidInput`] when `limit` is negative (nothing is sent), or a
+/// classified database error; see [`classify`](crate::classify()).
 pub fn dead_letters<C>(conn: &mut C, limit: i64) -> Result<Vec<DeadLetter>, Error>
 where
     C: AsLockingConnection,
     C::Conn: OutboxStore,
 {
+    check_dead_letter_limit(limit)?;
     C::Conn::dead_letters(conn.locking_connection(), DEAD, limit)
+}
+
+/// A [`dead_letters`] limit, checked before anything is sent: SQLite and
+/// MySQL/MariaDB read a negative one as none, PostgreSQL refuses it.
+pub(crate) fn check_dead_letter_limit(limit: i64) -> Result<(), Error> {
+    match limit < 0 {
+        true => Err(Error::InvalidInput("a dead-letter limit is 0 or more")),
+        false => Ok(()),
+    }
 }
 
 /// Puts the dead letter `id` back in the relays' way: due now, with no failed
