@@ -21,6 +21,18 @@
 //! the caller's, which then rolled back) stamps the key again once it has it,
 //! when the wait was longer than a tenth of the lease.
 //!
+//! **Repeats inside a transaction of yours:** a run inside your transaction
+//! reads the key in that transaction's snapshot. Under `REPEATABLE READ`
+//! (MySQL/MariaDB's default; PostgreSQL's `REPEATABLE READ` and
+//! `SERIALIZABLE`) a repeat that waits for the first request
+//! (`wait_while_running`) never sees it finish, and ends in
+//! [`Error::IdempotencyInProgress`] (409) where it would have replayed. On
+//! MySQL/MariaDB its failed insert also keeps a lock on the key's row until
+//! your transaction ends, which the first request's final write waits for:
+//! the first request is held up for the repeat's whole wait, or fails with
+//! `LockTimeout` after its work. Run keys outside your transactions, or keep
+//! `wait_while_running` at zero there.
+//!
 //! **Whose key:** keys are scoped by a principal that you pass: the tenant, user
 //! or API key that the request authenticated as (never a value the client
 //! chooses freely). The same key from two principals is two keys, so one client

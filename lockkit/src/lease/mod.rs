@@ -106,7 +106,13 @@
 //!   granting server's clock is behind the last one (set back, or a promoted
 //!   replica's clock behind the old primary's). Then raise the counter past the
 //!   recorded fences ([`redis::RedisStore::raise_fence`]) before any grant. A database store restored from a backup may likewise
-//!   lack the last grants: raise `lockkit_leases.fence` there. Run Redis with
+//!   lack the last grants: raise `lockkit_leases.fence` there. So may one that
+//!   failed over to a replica the last grants had not reached (asynchronous
+//!   replication), or lost commits it had acknowledged (PostgreSQL's
+//!   `synchronous_commit = off`, InnoDB's `innodb_flush_log_at_trx_commit = 2`):
+//!   then a fence is handed out twice, and both holders' fenced writes are
+//!   admitted. Keep the leases on a store that commits durably and replicates
+//!   synchronously, or raise the fences after a failover. Run Redis with
 //!   AOF (`appendfsync always`) if a second holder for a while matters, or keep
 //!   the leases in the database. Without fenced writes, a restart means two
 //!   holders writing.

@@ -98,7 +98,11 @@ impl Inbox {
     /// millisecond; with `Duration::ZERO`, every one recorded so far); returns
     /// how many.
     /// Keep them longer than the broker may redeliver (its retention and retry
-    /// limits): a message older than its record would be applied again.
+    /// limits), and longer than a producer's relay may publish a message
+    /// again: a publish that failed unconfirmed (the broker stored it, its ack
+    /// was lost) is retried after its backoff, or, as a dead letter, when you
+    /// [`requeue`](crate::outbox::requeue) it, perhaps days later. A message
+    /// older than its record would be applied again.
     ///
     /// # Errors
     ///

@@ -292,6 +292,9 @@ pub(crate) fn check_dead_letter_limit(limit: i64) -> Result<(), Error> {
 
 /// Puts the dead letter `id` back in the relays' way: due now, with no failed
 /// attempts (so it gets [`Relay::max_attempts`] anew); `last_error` is kept.
+/// A failed publish may have reached the broker (its confirmation lost): a
+/// consumer whose [`Inbox`] has purged the message's record since applies it
+/// again ([`Inbox::purge_older_than`]).
 /// `false` if `id` is not a dead letter (published, pending, or unknown).
 ///
 /// # Errors
@@ -313,7 +316,13 @@ pub struct OutboxMessage {
     /// the broker as the message id, for the consumer's [`Inbox`], with the name
     /// of its outbox (`format!("orders/{id}")`) where a consumer reads from more
     /// than one: two services' outboxes both have a message 7, and the inbox
-    /// would take the second for a redelivery of the first.
+    /// would take the second for a redelivery of the first. Ids are unique
+    /// while the table lives: a table created again, or a database restored
+    /// from a backup (its sequence or `AUTO_INCREMENT` set back), issues them
+    /// again, and consumers' inboxes drop the new messages as duplicates; name
+    /// the outbox's incarnation in the message id then (`orders.2/{id}`).
+    /// Relays publish in id order within a batch, but retries, backoff and
+    /// several relays reorder delivery: consumers must not rely on it.
     pub id: i64,
     /// Where to publish it (a subject, routing key, topic).
     pub topic: String,
