@@ -303,8 +303,27 @@ fn check_columns_mapped_twice(
     let mut owners: Vec<(&ModelField<'_>, &str)> = keys
         .iter()
         .map(|key| (*key, "primary key column"))
-        .chain([(version, "version column")])
         .collect();
+    // The version on a key column would move the row at every write.
+    if let Some((key, what)) = owners.iter().find(|(k, _)| version.maps(&k.column)) {
+        if key.ident != version.ident {
+            cx.error_with_help(
+                Pos::field_name(version.index),
+                version.ident,
+                format!(
+                    "field `{}` maps the {what} `{}`, as `{}` does",
+                    version.ident,
+                    key.column.unraw(),
+                    key.ident
+                ),
+                format!(
+                    "remove `{}`, or map it to a column of its own",
+                    version.ident
+                ),
+            );
+        }
+    }
+    owners.push((version, "version column"));
     let pinned = owners.len();
     for field in fields {
         if owners[..pinned].iter().any(|(o, _)| o.ident == field.ident) {

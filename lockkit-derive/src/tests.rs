@@ -663,6 +663,34 @@ fn a_second_field_on_the_version_or_a_key_column_is_refused() {
 /// `no_bump` column would write back the count read, over the increments the
 /// marker protects; on the `updated_at` column, or twice in the changeset, it
 /// would assign the column twice. `r#name` is the column `name`.
+/// The version on a key column would move the row to another key at every
+/// write: refused, by its default name or marked.
+#[test]
+fn the_version_on_a_key_column_is_refused() {
+    assert_errors_start_with(
+        syn::parse_quote! {
+            pub struct Item {
+                pub id: i32,
+                #[diesel(column_name = id)]
+                pub lock_version: i32,
+                pub stock: i32,
+            }
+        },
+        &["field `lock_version` maps the primary key column `id`, as `id` does"],
+    );
+    assert_errors_start_with(
+        syn::parse_quote! {
+            pub struct Item {
+                pub id: i32,
+                #[lockkit(version)]
+                #[diesel(column_name = r#id)]
+                pub rev: i32,
+            }
+        },
+        &["field `rev` maps the primary key column `id`, as `id` does"],
+    );
+}
+
 #[test]
 fn a_second_field_on_any_written_or_key_column_is_refused() {
     assert_errors_start_with(
