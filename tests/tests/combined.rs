@@ -1133,6 +1133,36 @@ mod servers {
             assert_eq!(stock_of!(&mut other), 7, "both sales stand");
         }
 
+        fn if_match_any_never_writes_values_read_in_a_snapshot_older_than_the_version(db) {
+            // As above, with a `write` that computes the row's new stock from a
+            // read of its own: inside the transaction that read sees the
+            // snapshot the first read fixed. A write with the latest version
+            // and the snapshot's stock would undo the other's sale.
+            let mut conn = db.conn();
+            let mut other = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            let mut reads = 0;
+            let written = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c| {
+                Expected::Any.apply(
+                    c,
+                    |c| {
+                        let version: i32 = items::table.find(1).select(items::lock_version).first(c)?;
+                        reads += 1;
+                        if reads == 1 {
+                            Item::update_by_version(&mut other, 1, version, items::stock.eq(items::stock - 2))?;
+                        }
+                        Ok::<_, Error>(version)
+                    },
+                    |c, version| {
+                        let stock: i32 = items::table.find(1).select(items::stock).first(c)?;
+                        Item::update_by_version(c, 1, version, items::stock.eq(stock - 1))
+                    },
+                )
+            });
+            assert_eq!(written.unwrap(), 2);
+            assert_eq!(stock_of!(&mut other), 7, "both sales stand");
+        }
+
         fn lock_all_locks_chunks_in_key_order_so_opposite_orders_never_deadlock(db) {
             // Keys in opposite orders, more than one statement's worth: if lock_all
             // locked chunk by chunk in the order given, the two would deadlock.

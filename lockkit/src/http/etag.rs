@@ -309,7 +309,7 @@ pub fn not_modified(if_none_match: Option<&str>, current: ETag) -> bool {
         .is_some_and(|header| header.contains_weakly(&current.opaque()))
 }
 
-/// How many times in all [`Expected::apply`] writes under
+/// How many times [`Expected::apply`] re-reads and retries a write under
 /// `If-Match: *` when other writers keep changing the row in between.
 pub const ANY_MATCH_ATTEMPTS: u32 = 5;
 
@@ -338,12 +338,16 @@ impl<V: VersionNumber> Expected<V> {
     ///   listed version, which the database refuses as stale (`412` with the
     ///   current `ETag`) unless the row got there in between.
     /// * `*`: `current`, then `write` with it; when another writer got in between
-    ///   (stale, row still there), `write` again with the version the stale
-    ///   report found (not `current`, whose read may see a transaction's old
-    ///   snapshot), up to [`ANY_MATCH_ATTEMPTS`] times in all, then
+    ///   (stale, row still there), again, up to [`ANY_MATCH_ATTEMPTS`] times, then
     ///   the last stale error through [`RetryableError::retries_exhausted`]: for
     ///   lockkit's own error type [`Error::RetriesExhausted`] (`503`), for yours
     ///   by default the stale error itself (`412`). A missing row is `404`.
+    ///   When `current` reads again the version the last write found stale,
+    ///   it reads a snapshot older than the other writer's commit (a
+    ///   transaction at `REPEATABLE READ`, MySQL/MariaDB's default): that
+    ///   write's stale error comes back as it is, retryable, for the
+    ///   transaction's owner ([`transaction_with_retry`](crate::transaction_with_retry))
+    ///   to run again on a fresh snapshot.
     ///
     /// An empty `OneOf` (the parser never makes one) writes nothing and is
     /// [`Error::NoRowMatched`].
@@ -380,30 +384,33 @@ impl<V: VersionNumber> Expected<V> {
                     None => Err(E::from(Error::NoRowMatched)),
                 }
             }
-            // Another writer got in between: write again with the version the
-            // stale report found. Reading it again would not do in a
-            // transaction whose snapshot the first read fixed (REPEATABLE READ
-            // on MySQL/MariaDB): it would find the old version every time.
+            // Another writer got in between: read the new version and write
+            // again.
             Expected::Any => {
-                let found = Cell::new(None);
+                let tried = Cell::new(None);
+                let stuck = Cell::new(false);
                 retry_while(
                     &RetryPolicy::immediate(ANY_MATCH_ATTEMPTS),
                     |_| {
-                        let now = match found.take() {
-                            Some(version) => version,
-                            None => current(conn)?,
-                        };
+                        let now = current(conn)?;
+                        // Reading again found the version the last write found
+                        // stale: the reads see a snapshot taken before the
+                        // other writer's commit (a transaction at REPEATABLE
+                        // READ), as every further one would. This write fails
+                        // as the last did, and its stale error goes back as it
+                        // is, for the transaction's owner to run again. (A
+                        // write with the version the stale report found would
+                        // match, with values `write` may have read in the old
+                        // snapshot: the other writer's update lost.)
+                        stuck.set(tried.replace(Some(now)) == Some(now));
                         write(conn, now)
                     },
-                    |err: &E, _| match err.lockkit_error() {
-                        Some(Error::Stale(stale)) => match stale.current {
-                            CurrentState::Version(version) => {
-                                found.set(V::from_i64(version));
-                                true
-                            }
-                            _ => false,
-                        },
-                        _ => false,
+                    |err: &E, _| {
+                        !stuck.get()
+                            && matches!(
+                                err.lockkit_error(),
+                                Some(Error::Stale(stale)) if matches!(stale.current, CurrentState::Version(_))
+                            )
                     },
                     Spent::Exhausted,
                 )
