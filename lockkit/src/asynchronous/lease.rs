@@ -112,12 +112,17 @@ impl<C: AsyncLeaseStore> AsyncLease<'_, C> {
         // A transaction a dropped call left open (the connection marked
         // broken) never commits: a release sent there would not count, and
         // would keep the lease's row locked while the connection lives.
-        self.held = false;
-        refuse_broken(self.store)?;
+        if let Err(err) = refuse_broken(self.store) {
+            self.held = false;
+            return Err(err);
+        }
         let mut unsettled = Unsettled::until_replied(&mut *self.store);
         let revoked = C::revoke(unsettled.conn, &self.grant.name, &self.grant.token).await;
         unsettled.settled();
         drop(unsettled);
+        // Not before: a release dropped with its statement in flight is
+        // logged as a lease dropped unreleased.
+        self.held = false;
         released(revoked?)
     }
 }
