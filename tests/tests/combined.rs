@@ -1222,6 +1222,69 @@ mod mysql_only {
         .unwrap_err();
         assert!(matches!(err, Error::NotFound), "{err:?}");
     }
+
+    /// MariaDB's `innodb_snapshot_isolation` (the default from 11.6.2): a
+    /// write to a row changed since the transaction's snapshot fails with
+    /// 1020, which rolls back the whole transaction, as a deadlock does. The
+    /// retried transaction runs again on a fresh snapshot, also when its work
+    /// let the error go.
+    #[test]
+    fn a_write_past_the_snapshot_under_snapshot_isolation_is_a_deadlock() {
+        let db = TestDb::<MysqlConnection>::new("snapshot_isolation");
+        let mut conn = db.conn();
+        let mut other = db.conn();
+        seed_items(&mut conn, &[(1, 10), (2, 10)]);
+        let supported =
+            diesel::sql_query("SET SESSION innodb_snapshot_isolation = ON").execute(&mut conn);
+        assert!(supported.is_ok(), "the server has innodb_snapshot_isolation (MariaDB 10.6.18, 10.11.8 or later): {supported:?}");
+        let mut attempts = 0;
+        let sold = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c| {
+            attempts += 1;
+            let mut item = item!(c, 1);
+            if attempts == 1 {
+                exec(
+                    &mut other,
+                    "UPDATE items SET stock = 7, lock_version = lock_version + 1 WHERE id = 1",
+                );
+            }
+            item.stock -= 1;
+            item.update_versioned(c)?;
+            Ok::<_, Error>(item.stock)
+        });
+        assert_eq!(
+            (attempts, sold.unwrap()),
+            (2, 6),
+            "retried on a fresh snapshot"
+        );
+
+        // Work that lets the error go: its next write meets the read-only
+        // stand-in lockkit opened where the transaction was, not autocommit,
+        // and the owner runs the work again whole.
+        let mut attempts = 0;
+        let let_go = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c| {
+            attempts += 1;
+            let mut item = item!(c, 2);
+            if attempts == 1 {
+                exec(
+                    &mut other,
+                    "UPDATE items SET stock = 5, lock_version = lock_version + 1 WHERE id = 2",
+                );
+            }
+            item.stock -= 1;
+            let _ = item.update_versioned(c);
+            let _ = diesel::connection::SimpleConnection::batch_execute(
+                c,
+                "UPDATE items SET stock = stock + 100 WHERE id = 1",
+            );
+            Ok::<_, Error>(())
+        });
+        assert_eq!((attempts, let_go.is_ok()), (2, true), "{let_go:?}");
+        assert_eq!(
+            (stock_of!(&mut other, 1), stock_of!(&mut other, 2)),
+            (106, 4),
+            "each write once"
+        );
+    }
 }
 
 #[cfg(feature = "postgres")]

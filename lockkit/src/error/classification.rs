@@ -17,6 +17,7 @@
 //! | PostgreSQL | 57014 | `statement timeout` | [`Error::StatementTimeout`] |
 //! | PostgreSQL | 40001 | (kind) | [`Error::SerializationFailure`] |
 //! | MySQL/MariaDB | 1213 | `Deadlock found` | [`Error::Deadlock`] |
+//! | MariaDB (`innodb_snapshot_isolation`, the default from 11.6.2) | 1020 | `Record has changed since last read` | [`Error::Deadlock`]: InnoDB rolls back the whole transaction, as for a deadlock |
 //! | MySQL/MariaDB | 1205 | `Lock wait timeout exceeded` | [`Error::LockTimeout`]; right after lockkit's `NOWAIT` (MariaDB's failed `NOWAIT`), [`Error::Busy`], see below |
 //! | MySQL | 3572 | `NOWAIT is set` | [`Error::Busy`] |
 //! | MySQL/MariaDB | 3024 / 1969 | `maximum statement execution time` / `max_statement_time` | [`Error::StatementTimeout`] |
@@ -185,8 +186,13 @@ pub(crate) fn is_deadlock(message: &str) -> bool {
 
 /// MySQL/MariaDB's deadlock (1213, Galera's certification failure too), which
 /// rolls back the victim's whole transaction; no other server says it so.
+/// MariaDB's 1020 under `innodb_snapshot_isolation` (the default from 11.6.2:
+/// a locking read or write of a row changed since the transaction's snapshot)
+/// is one too: InnoDB handles it as a deadlock, and rolls back the whole
+/// transaction.
 pub(crate) fn is_innodb_deadlock(message: &str) -> bool {
     message.starts_with("Deadlock found")
+        || message.starts_with("Record has changed since last read")
 }
 
 /// MySQL/MariaDB's lock wait timeout (1205, also MariaDB's failed `NOWAIT`),

@@ -78,7 +78,9 @@ pub enum Error {
     #[error("statement timed out")]
     StatementTimeout,
 
-    /// The server broke a deadlock by aborting this transaction.
+    /// The server broke a deadlock by aborting this transaction. Also
+    /// MariaDB's 1020 under `innodb_snapshot_isolation` (a row changed since
+    /// the transaction's snapshot), which InnoDB handles as a deadlock.
     #[error("deadlock detected; the transaction was rolled back")]
     Deadlock,
 
