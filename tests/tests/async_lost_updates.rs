@@ -492,4 +492,52 @@ mod mysql_aborted {
             .unwrap();
         lockkit_tests::aborts::assert_not_run_again(attempts, &outcome, stock);
     }
+
+    /// The blocking side's `a_nested_call_after_an_implicit_commit_is_never_retried`,
+    /// on diesel-async: a nested call fails after a statement of it committed
+    /// the transaction implicitly; the owner must not run the committed sale
+    /// again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_nested_call_after_an_implicit_commit_is_never_retried() {
+        let db = lockkit_tests::TestDb::<Blocking>::new("async_nested_implicit_commit");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn: Async = async_common::connect(&db.url, "mysql").await;
+        let attempts = AtomicU32::new(0);
+        let outcome = lockkit::asynchronous::transaction_with_retry(
+            &mut conn,
+            &RetryPolicy::immediate(3),
+            async |conn| {
+                attempts.fetch_add(1, Ordering::SeqCst);
+                diesel::update(items::table.find(1))
+                    .set(items::stock.eq(items::stock - 1))
+                    .execute(conn)
+                    .await?;
+                lockkit::asynchronous::transaction_with_retry(
+                    conn,
+                    &RetryPolicy::immediate(3),
+                    async |conn| {
+                        conn.batch_execute(
+                            "CREATE TABLE IF NOT EXISTS nested_committed_implicitly (id INT)",
+                        )
+                        .await?;
+                        Err::<(), _>(Error::NotFound)
+                    },
+                )
+                .await
+            },
+        )
+        .await;
+        let attempts = AtomicU32::load(&attempts, Ordering::SeqCst);
+        let mut fresh: Async = async_common::connect(&db.url, "mysql").await;
+        let stock: i32 = items::table
+            .find(1)
+            .select(items::stock)
+            .first(&mut fresh)
+            .await
+            .unwrap();
+        assert!(
+            attempts == 1 && stock == 9 && outcome.as_ref().is_err_and(|e| !e.is_retryable()),
+            "{attempts} attempt(s), stock {stock}: {outcome:?}"
+        );
+    }
 }

@@ -258,6 +258,36 @@ mod instrumented {
             "{attempts} attempt(s), {lines} order line(s): {outcome:?}"
         );
     }
+
+    /// As above, with the journal watching, where a nested call fails after
+    /// the implicit commit: the server has no transaction open under it, and
+    /// nothing the journal saw ended one. That is no deadlock's rollback, and
+    /// the owner must not run the committed work again.
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn a_nested_call_after_an_implicit_commit_is_never_retried() {
+        use lockkit::RetryPolicy;
+        use lockkit_tests::schema::orders;
+        let db = lockkit_tests::TestDb::<diesel::MysqlConnection>::new("nested_implicit_commit");
+        let mut conn = db.conn();
+        let mut attempts = 0;
+        let outcome = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c| {
+            attempts += 1;
+            let line =
+                format!("INSERT INTO orders (id, item_id, qty) VALUES ({attempts}, NULL, 1)");
+            diesel::sql_query(line).execute(c)?;
+            lockkit::transaction_with_retry(c, &RetryPolicy::immediate(3), |c| {
+                diesel::sql_query("CREATE TABLE IF NOT EXISTS nested_implicit_commit (id INT)")
+                    .execute(c)?;
+                Err::<(), _>(Error::NotFound)
+            })
+        });
+        let lines: i64 = orders::table.count().get_result(&mut db.conn()).unwrap();
+        assert!(
+            attempts == 1 && lines == 1 && outcome.as_ref().is_err_and(|e| !e.is_retryable()),
+            "{attempts} attempt(s), {lines} order line(s): {outcome:?}"
+        );
+    }
 }
 
 /// SQLite: a statement that rolls back the whole transaction (a trigger's

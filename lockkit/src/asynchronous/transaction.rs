@@ -79,7 +79,7 @@ where
                         let unsure = journal::unsure(&mut journal::AsyncWatched(&mut *conn));
                         let ended = conn.transaction_ended(None).await;
                         let watched = &mut journal::AsyncWatched(&mut *conn);
-                        crate::transaction::ended_silently(watched, unsure, ended)
+                        crate::transaction::ended_silently(watched, unsure, ended, false)
                     }
                     None => None,
                 }
@@ -140,10 +140,20 @@ where
             conn.repair().await;
         }
         let failed = Failed::from_failure(failure, classify);
+        let unsure = journal::unsure(&mut journal::AsyncWatched(&mut *conn));
         let (asked, ended) = match failed.question(nested) {
             Some(cause) => (true, conn.transaction_ended(cause).await),
             None => (false, None),
         };
+        // No transaction open under a nested call, and nothing the journal
+        // saw ended it: a statement committed it implicitly, and the owner
+        // must not run the committed work again.
+        let ended = crate::transaction::ended_silently(
+            &mut journal::AsyncWatched(&mut *conn),
+            unsure,
+            ended,
+            true,
+        );
         // Only while the caller's transaction is open in diesel-async's books:
         // the caller's rollback then ends the stand-in, and nothing is left open
         // behind the books' back.

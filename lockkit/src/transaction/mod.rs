@@ -380,17 +380,24 @@ const ENDED_UNSEEN: &str = "the transaction ended before lockkit's COMMIT: a dea
 /// another node's write that the server did not report), and the statements
 /// after it ran outside it, each committed on its own. Not retryable, as where
 /// no journal watches ([`ended_under_ok`]): a rerun would apply them twice. For
-/// the blocking panic guard and the async connections' end alike.
+/// the blocking panic guard and the async connections' end alike, and for a
+/// nested call that failed (`nested`), whose question found the caller's
+/// transaction gone.
 pub(crate) fn ended_silently<W: journal::Watched>(
     conn: &mut W,
     unsure: bool,
     ended: Option<Error>,
+    nested: bool,
 ) -> Option<Error> {
     match ended {
         Some(Error::Deadlock)
             if journal::watches(conn) && !journal::knows_of_end(conn) && !unsure =>
         {
-            Some(unseen(ENDED_SILENTLY))
+            Some(unseen(if nested {
+                ENDED_SILENTLY_UNDER_NESTED
+            } else {
+                ENDED_SILENTLY
+            }))
         }
         ended => ended,
     }
@@ -399,6 +406,12 @@ pub(crate) fn ended_silently<W: journal::Watched>(
 const ENDED_SILENTLY: &str = "the transaction ended under the work before lockkit's COMMIT, \
      and no statement of the work failed: its statements after that point ran outside it and \
      may have committed on their own (a statement that commits implicitly: DDL, TRUNCATE, \
+     LOCK TABLES; on MariaDB Galera, an abort for another node's write that the server did not \
+     report); not retried, so that nothing is applied twice";
+
+const ENDED_SILENTLY_UNDER_NESTED: &str = "the transaction ended before a nested lockkit call \
+     failed, and no statement lockkit saw ended it: the statements after that point ran outside \
+     it and may have committed on their own (a statement that commits implicitly: DDL, TRUNCATE, \
      LOCK TABLES; on MariaDB Galera, an abort for another node's write that the server did not \
      report); not retried, so that nothing is applied twice";
 
@@ -805,9 +818,14 @@ where
         conn.repair();
     }
     let failed = Failed::from_failure(failure, classify);
+    let unsure = journal::unsure(conn);
     let ended = failed
         .question(nested)
         .and_then(|cause| conn.transaction_ended(cause));
+    // No transaction open under a nested call, and nothing the journal saw
+    // ended it: a statement committed it implicitly, and the owner must not
+    // run the committed work again.
+    let ended = ended_silently(conn, unsure, ended, true);
     // Only while the caller's transaction is open in Diesel's books: the
     // caller's rollback then ends the stand-in.
     if ended.is_some() && in_transaction(conn) {

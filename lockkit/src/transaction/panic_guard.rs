@@ -76,7 +76,7 @@ impl PanicGuard {
                     Check::Ended { stand_in } => ended_by_statement(conn).or_else(|| {
                         let unsure = journal::unsure(conn);
                         let ended = stand_in.then(|| conn.transaction_ended(None)).flatten();
-                        ended_silently(conn, unsure, ended)
+                        ended_silently(conn, unsure, ended, false)
                     }),
                 };
                 let ended = reported_end(&result, conn, ended);
