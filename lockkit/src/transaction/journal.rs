@@ -58,7 +58,9 @@
 //!    that number, in any process. It is reported [`Error::Stale`] without a
 //!    write. A version your own SQL moved in the transaction before lockkit
 //!    wrote the row there (a plain `UPDATE` under the version trigger, a raw
-//!    `SET lock_version = ..`) is a number lockkit cannot see: reload a struct
+//!    `SET lock_version = ..`; under the trigger also lockkit's calls that do
+//!    not write the version: `atomic::update_counters`, `atomic::update_if`,
+//!    `compare_and_set`) is a number lockkit cannot see: reload a struct
 //!    read after such a write once its transaction rolled back, instead of
 //!    writing it again (as on a connection with instrumentation of its own not
 //!    wrapped in [`Journal::wrap`], where lockkit keeps no record of what its
