@@ -183,6 +183,32 @@ mod all {
             assert_row_free!(db);
         }
 
+        /// The same panic, caught inside lockkit's closure, which then returns
+        /// `Ok`: the savepoint stays open, and Diesel's `COMMIT` would release
+        /// it, not commit lockkit's transaction, which would stay open with
+        /// its row lock (and its after-commit work would run). The call rolls
+        /// both back and fails instead.
+        fn a_savepoint_the_work_left_open_is_rolled_back_and_the_call_fails(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn = db.connect();
+            let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let ran_after = ran.clone();
+            let result = lockkit::with_lock(&mut conn, 1, lockkit::LockOptions::default(), |conn, item: Item| {
+                diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
+                lockkit::after_commit(conn, move || ran_after.store(true, std::sync::atomic::Ordering::SeqCst))?;
+                let caught = catch_unwind(AssertUnwindSafe(|| {
+                    let _ = conn.transaction(|_| -> QueryResult<()> { panic!("caught by the work") });
+                }));
+                assert!(caught.is_err());
+                Ok::<_, Error>(())
+            });
+            assert!(matches!(result, Err(Error::NestedCallDropped)), "{result:?}");
+            assert!(!lockkit::LockingConnection::in_transaction(&mut conn), "no transaction left open");
+            assert_eq!(stock_of!(&mut db.connect()), 10, "rolled back");
+            assert!(!ran.load(std::sync::atomic::Ordering::SeqCst), "no after-commit work without a commit");
+            assert_row_free!(db);
+        }
+
         fn a_panic_with_a_pooled_connection_never_returns_it_mid_transaction(db) {
             seed_items(&mut db.conn(), &[(1, 10)]);
             let pool = db.pool();

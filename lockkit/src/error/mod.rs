@@ -246,9 +246,10 @@ pub enum Error {
     /// after it, inside the savepoint it left open: that statement went with
     /// the savepoint, so this call rolled back everything and committed
     /// nothing. Also when a level it did not open was left open above its own
-    /// (a nested transaction of the caller's, dropped). Not retryable: return
-    /// from the closure once a nested call was dropped, or give up on it only
-    /// at the top level.
+    /// (a nested transaction of the caller's, dropped; on the blocking side, a
+    /// Diesel `transaction` whose closure panicked, the panic caught in the
+    /// work, which Diesel leaves open). Not retryable: return from the closure
+    /// once a nested call was dropped, or give up on it only at the top level.
     #[error("a nested call was dropped and work ran in the savepoint it left open; nothing was committed")]
     NestedCallDropped,
 

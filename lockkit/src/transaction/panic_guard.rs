@@ -7,6 +7,7 @@ use super::scope::{self, Scope};
 use super::{
     ended_by_statement, ended_silently, reported_end, settle, Began, Check, Control, Failure,
 };
+use crate::error::Error;
 
 /// Catches a panic in a closure run inside a transaction, so that the transaction
 /// is rolled back before the panic goes on: the connection is then left usable,
@@ -67,6 +68,17 @@ impl PanicGuard {
             // Before `COMMIT` (or `ROLLBACK`): did the work let a statement (or
             // a nested call) end this transaction?
             Ok(result) => {
+                // A level the work left open above this one: a Diesel
+                // `transaction` whose closure panicked, the panic caught in
+                // the work. Diesel's `COMMIT` would release that savepoint, not
+                // commit this level, which would stay open with its locks:
+                // rolled back, deepest first, and refused.
+                if let Ok(Some(own)) = depth {
+                    if super::transaction_depth(conn) > own.get() {
+                        roll_back_above(conn, own.get());
+                        return Err(Failure::Lockkit(Error::NestedCallDropped));
+                    }
+                }
                 let whole = || {
                     let ends = Control::ends(conn);
                     journal::whole_at_end(conn, ends)
