@@ -1293,6 +1293,42 @@ mod postgres_only {
     use diesel::PgConnection;
     use lockkit_tests::TestDb;
 
+    /// Diesel quotes every name, so a table or column with capitals is named
+    /// with them on PostgreSQL: the trigger must name them so too, or it
+    /// cannot be created, or (a column) fails every update of the table.
+    #[test]
+    fn a_version_trigger_on_names_with_capitals_bumps_the_version() {
+        let db = TestDb::<PgConnection>::new("trigger_capitals");
+        let mut conn = db.conn();
+        exec(&mut conn, "CREATE TABLE \"Gadgets\" (id INTEGER PRIMARY KEY, label TEXT NOT NULL, \"lockVersion\" INTEGER NOT NULL DEFAULT 0)");
+        exec(
+            &mut conn,
+            "INSERT INTO \"Gadgets\" (id, label) VALUES (1, 'a')",
+        );
+        exec(
+            &mut conn,
+            &up_sql(Dialect::Postgres, "Gadgets", "lockVersion").unwrap(),
+        );
+        exec(&mut conn, "UPDATE \"Gadgets\" SET label = 'b' WHERE id = 1");
+        let version: i32 =
+            diesel::sql_query("SELECT \"lockVersion\" AS v FROM \"Gadgets\" WHERE id = 1")
+                .get_result::<Version>(&mut conn)
+                .unwrap()
+                .v;
+        assert_eq!(version, 1, "the trigger bumped the version");
+        exec(
+            &mut conn,
+            &lockkit::version_trigger::down_sql(Dialect::Postgres, "Gadgets", "lockVersion")
+                .unwrap(),
+        );
+    }
+
+    #[derive(QueryableByName)]
+    struct Version {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        v: i32,
+    }
+
     /// A child table (`INHERITS`) holds a row with item 1's key: the parent's
     /// primary key does not cover it, and `UPDATE items` writes both rows.
     /// The key is not unique in the database's eyes, so the write runs in a

@@ -32,13 +32,13 @@
 //! -- PostgreSQL
 //! CREATE FUNCTION lockkit_version_items_lock_version() RETURNS trigger AS $$
 //! BEGIN
-//!   IF NEW.lock_version IS NULL OR NEW.lock_version <= OLD.lock_version THEN
-//!     NEW.lock_version := OLD.lock_version + 1;
+//!   IF NEW."lock_version" IS NULL OR NEW."lock_version" <= OLD."lock_version" THEN
+//!     NEW."lock_version" := OLD."lock_version" + 1;
 //!   END IF;
 //!   RETURN NEW;
 //! END
 //! $$ LANGUAGE plpgsql;
-//! CREATE TRIGGER lockkit_version_items_lock_version BEFORE UPDATE ON items
+//! CREATE TRIGGER lockkit_version_items_lock_version BEFORE UPDATE ON "items"
 //!   FOR EACH ROW EXECUTE FUNCTION lockkit_version_items_lock_version();
 //!
 //! -- MySQL / MariaDB
@@ -116,11 +116,13 @@ pub fn up_sql(dialect: Dialect, table: &str, column: &str) -> Result<String, Inv
     let name = trigger_name(table, column)?;
     let (t, c) = (table, column);
     Ok(match dialect {
+        // Quoted, as Diesel names them: PostgreSQL folds an unquoted name to
+        // lower case.
         Dialect::Postgres => format!(
             "CREATE FUNCTION {name}() RETURNS trigger AS $$\n\
-             BEGIN\n  IF NEW.{c} IS NULL OR NEW.{c} <= OLD.{c} THEN\n    NEW.{c} := OLD.{c} + 1;\n  END IF;\n  RETURN NEW;\nEND\n\
+             BEGIN\n  IF NEW.\"{c}\" IS NULL OR NEW.\"{c}\" <= OLD.\"{c}\" THEN\n    NEW.\"{c}\" := OLD.\"{c}\" + 1;\n  END IF;\n  RETURN NEW;\nEND\n\
              $$ LANGUAGE plpgsql;\n\
-             CREATE TRIGGER {name} BEFORE UPDATE ON {t}\n  FOR EACH ROW EXECUTE FUNCTION {name}();\n"
+             CREATE TRIGGER {name} BEFORE UPDATE ON \"{t}\"\n  FOR EACH ROW EXECUTE FUNCTION {name}();\n"
         ),
         Dialect::Mysql => format!(
             "CREATE TRIGGER {name} BEFORE UPDATE ON {t} FOR EACH ROW\n  \
@@ -143,7 +145,7 @@ pub fn down_sql(dialect: Dialect, table: &str, column: &str) -> Result<String, I
     let name = trigger_name(table, column)?;
     Ok(match dialect {
         Dialect::Postgres => format!(
-            "DROP TRIGGER IF EXISTS {name} ON {table};\nDROP FUNCTION IF EXISTS {name}();\n"
+            "DROP TRIGGER IF EXISTS {name} ON \"{table}\";\nDROP FUNCTION IF EXISTS {name}();\n"
         ),
         Dialect::Mysql | Dialect::Sqlite => format!("DROP TRIGGER IF EXISTS {name};\n"),
     })
