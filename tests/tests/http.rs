@@ -357,6 +357,15 @@ lockkit_tests::backend_tests! {
         let problem = Problem::from_error(&overflow);
         assert_eq!(problem.status, 409, "{problem:?}");
         assert!(!problem.detail.contains("items"), "no table names for clients: {}", problem.detail);
+        // A list of tags, none current, one of them made up at the maximum:
+        // the precondition is false, as for any stale list (412 with the
+        // current ETag), not a tag no write can follow (409).
+        let listed = etag::expected_version::<i32>(Some("\"v5\", \"v2147483647\"")).unwrap();
+        let stale = listed
+            .apply(&mut conn, |c| items::table.find(1).select(items::lock_version).first(c).map_err(lockkit::Error::from), |c, v| Item::update_by_version(c, 1, v, items::stock.eq(0)))
+            .unwrap_err();
+        assert!(matches!(stale, lockkit::Error::Stale(_)), "{stale:?}");
+        assert_eq!(Problem::from_error(&stale).status, 412);
         assert_eq!((stock_of!(&mut conn, 1), stock_of!(&mut conn, 2)), (10, 9), "nothing written");
     }
 }

@@ -377,7 +377,16 @@ impl<V: VersionNumber> Expected<V> {
                 if versions.contains(&now) {
                     return write(conn, now);
                 }
-                match versions.last() {
+                // A listed version the row is not at, for the database to
+                // refuse as stale (412 with the current ETag); not one at the
+                // type's maximum, which no write can follow (409), unless
+                // every listed one is.
+                let listed = versions
+                    .iter()
+                    .rev()
+                    .find(|v| v.checked_next().is_some())
+                    .or(versions.last());
+                match listed {
                     Some(&listed) => write(conn, listed),
                     // The parser never makes an empty list; one built by hand
                     // matches nothing.
