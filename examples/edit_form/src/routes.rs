@@ -94,7 +94,8 @@ async fn blocking<T: Send + 'static>(
         work(&mut conn)
     })
     .await
-    .map_err(|err| Failure::unavailable(&err))?
+    // The task panicked: a bug, not a busy database.
+    .map_err(|err| Failure::Refused(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?
 }
 
 fn load(conn: &mut SqliteConnection, id: i32) -> Result<Item, Failure> {

@@ -169,11 +169,13 @@ impl Pools {
     /// rows is [`lockkit::Error::Stale`] with the current version (a `412`).
     ///
     /// One tag is written at once. A list of tags, or `*`, first reads the
-    /// version: a listed one is written, else the last listed (the database
-    /// refuses it: `412` with the current `ETag`). Under `*` another writer may
-    /// get in between the read and the write: read and write again, up to
-    /// [`ANY_MATCH_ATTEMPTS`] times, as `Expected::apply` does on the blocking
-    /// side ([`lockkit::asynchronous::retry()`], a new connection per attempt).
+    /// version: a listed one is written, else another listed ([`write_at`]: the
+    /// database refuses it, `412` with the current `ETag`). Under `*` another
+    /// writer may get in between the read and the write: read and write again,
+    /// up to [`ANY_MATCH_ATTEMPTS`] times, a new connection per attempt, in
+    /// autocommit. Unlike `Expected::apply` on the blocking side, which retries
+    /// only a stale write, [`lockkit::asynchronous::retry()`] also retries the
+    /// other retryable errors (a busy database, a deadlock), at once.
     pub(crate) async fn update(
         &self,
         id: i32,
@@ -302,13 +304,20 @@ impl Pools {
 }
 
 /// The version to write at for a list of tags or `*`, the row being at `now`:
-/// `now` if the header names it (`*` names every version), else the last listed
+/// `now` if the header names it (`*` names every version), else a listed
 /// version, which the database refuses as stale (412 with the current ETag)
-/// unless the row got there in between.
+/// unless the row got there in between: the last below `i32::MAX` (a made-up
+/// tag at the maximum no write can follow: 409), as `Expected::apply` picks.
 fn write_at(expected: &Expected<i32>, now: i32) -> Result<i32, lockkit::Error> {
     match expected {
         _ if expected.matches(now) => Ok(now),
-        Expected::OneOf(listed) => listed.last().copied().ok_or(lockkit::Error::NoRowMatched),
+        Expected::OneOf(listed) => listed
+            .iter()
+            .rev()
+            .find(|&&v| v < i32::MAX)
+            .or(listed.last())
+            .copied()
+            .ok_or(lockkit::Error::NoRowMatched),
         // One tag is written at once, without reading `now`.
         _ => Err(lockkit::Error::NoRowMatched),
     }
