@@ -214,11 +214,19 @@ fn is_connection_lost(message: &str) -> bool {
         || message.starts_with("Lost connection to")
 }
 
+/// MySQL's 3572, whole: the words alone may stand in a message that quotes
+/// the user's data.
+const MYSQL_NOWAIT: &str =
+    "Statement aborted because lock(s) could not be acquired immediately and NOWAIT is set";
+
+/// The server's message, read from its start: a message may quote the user's
+/// data (an invalid enum value, a truncated string), which must not read as a
+/// lock error and be retried.
 fn classify_message(message: &str) -> Option<Error> {
     if is_deadlock(message) {
         Some(Error::Deadlock)
     } else if message.starts_with("could not obtain lock")
-        || message.contains("NOWAIT is set")
+        || message.starts_with(MYSQL_NOWAIT)
         || message.starts_with("database is locked")
         || message.starts_with("database table is locked")
     {
@@ -227,13 +235,16 @@ fn classify_message(message: &str) -> Option<Error> {
         || message.starts_with("canceling statement due to lock timeout")
     {
         Some(Error::LockTimeout)
-    } else if message.contains("running with the --read-only option") {
+    } else if message.starts_with("The MySQL server is running with the --read-only option")
+        || message.starts_with("The MariaDB server is running with the --read-only option")
+    {
         Some(Error::ReadOnly)
     } else if is_connection_lost(message) {
         Some(Error::ConnectionLost)
     } else if message.starts_with("canceling statement due to statement timeout")
-        || message.contains("maximum statement execution time exceeded")
-        || message.contains("max_statement_time exceeded")
+        || (message.starts_with("Query execution was interrupted")
+            && (message.contains("maximum statement execution time exceeded")
+                || message.contains("max_statement_time exceeded")))
     {
         Some(Error::StatementTimeout)
     } else {
@@ -260,4 +271,34 @@ fn record(error: &Error, server_message: &str) {
         _ => return,
     };
     crate::metrics::record_lock_error(kind, server_message);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_users_data_in_a_message_is_never_a_lock_error() {
+        for quoted in [
+            "invalid input value for enum status: \"x NOWAIT is set\"",
+            "Incorrect integer value: 'running with the --read-only option' for column 'n'",
+            "invalid input syntax for type integer: \"max_statement_time exceeded\"",
+            "Data too long for column 'note': 'maximum statement execution time exceeded'",
+        ] {
+            assert!(classify_message(quoted).is_none(), "{quoted}");
+        }
+        for (server, expected) in [
+            ("Statement aborted because lock(s) could not be acquired immediately and NOWAIT is set.", Error::Busy),
+            ("The MySQL server is running with the --read-only option so it cannot execute this statement", Error::ReadOnly),
+            ("Query execution was interrupted, maximum statement execution time exceeded", Error::StatementTimeout),
+            ("Query execution was interrupted (max_statement_time exceeded)", Error::StatementTimeout),
+        ] {
+            let classified = classify_message(server);
+            assert_eq!(
+                classified.as_ref().map(ToString::to_string),
+                Some(expected.to_string()),
+                "{server}"
+            );
+        }
+    }
 }
