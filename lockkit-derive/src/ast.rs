@@ -305,22 +305,9 @@ fn check_columns_mapped_twice(
         .map(|key| (*key, "primary key column"))
         .collect();
     // The version on a key column would move the row at every write.
-    if let Some((key, what)) = owners.iter().find(|(k, _)| version.maps(&k.column)) {
+    if let Some(&(key, what)) = owners.iter().find(|(k, _)| version.maps(&k.column)) {
         if key.ident != version.ident {
-            cx.error_with_help(
-                Pos::field_name(version.index),
-                version.ident,
-                format!(
-                    "field `{}` maps the {what} `{}`, as `{}` does",
-                    version.ident,
-                    key.column.unraw(),
-                    key.ident
-                ),
-                format!(
-                    "remove `{}`, or map it to a column of its own",
-                    version.ident
-                ),
-            );
+            mapped_twice(cx, version, key, what);
         }
     }
     owners.push((version, "version column"));
@@ -340,23 +327,28 @@ fn check_columns_mapped_twice(
         match owners.iter().position(|(o, _)| field.maps(&o.column)) {
             Some(at) if at < pinned || written => {
                 let (owner, what) = owners[at];
-                cx.error_with_help(
-                    Pos::field_name(field.index),
-                    field.ident,
-                    format!(
-                        "field `{}` maps the {what} `{}`, as `{}` does",
-                        field.ident,
-                        owner.column.unraw(),
-                        owner.ident
-                    ),
-                    format!("remove `{}`, or map it to a column of its own", field.ident),
-                );
+                mapped_twice(cx, field, owner, what);
             }
             Some(_) => {}
             None if written => owners.push((field, what)),
             None => {}
         }
     }
+}
+
+/// The error for `field` on the column `owner` maps (`what` kind of column).
+fn mapped_twice(cx: &mut Ctxt, field: &ModelField<'_>, owner: &ModelField<'_>, what: &str) {
+    cx.error_with_help(
+        Pos::field_name(field.index),
+        field.ident,
+        format!(
+            "field `{}` maps the {what} `{}`, as `{}` does",
+            field.ident,
+            owner.column.unraw(),
+            owner.ident
+        ),
+        format!("remove `{}`, or map it to a column of its own", field.ident),
+    );
 }
 
 /// `no_bump` and `updated_at`: on neither the version nor a key, not both on one
