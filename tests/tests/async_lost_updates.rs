@@ -454,6 +454,18 @@ mod mysql_aborted {
         assert_retried_whole(stage, &runs, outcome).await;
     }
 
+    /// Item 1's stock, read on a connection of its own (outside every
+    /// transaction the test left).
+    async fn stock_on_a_fresh_connection(url: &str) -> i32 {
+        let mut fresh: Async = async_common::connect(url, "mysql").await;
+        items::table
+            .find(1)
+            .select(items::stock)
+            .first(&mut fresh)
+            .await
+            .unwrap()
+    }
+
     /// The blocking side's `work_whose_transaction_ended_without_a_failed_statement_is_not_run_again`,
     /// on diesel-async: the work sells, a statement commits the transaction
     /// implicitly, the work sells again (committed on its own) while another
@@ -483,13 +495,7 @@ mod mysql_aborted {
         )
         .await;
         let attempts = AtomicU32::load(&attempts, Ordering::SeqCst);
-        let mut fresh: Async = async_common::connect(&db.url, "mysql").await;
-        let stock: i32 = items::table
-            .find(1)
-            .select(items::stock)
-            .first(&mut fresh)
-            .await
-            .unwrap();
+        let stock = stock_on_a_fresh_connection(&db.url).await;
         lockkit_tests::aborts::assert_not_run_again(attempts, &outcome, stock);
     }
 
@@ -528,13 +534,7 @@ mod mysql_aborted {
         )
         .await;
         let attempts = AtomicU32::load(&attempts, Ordering::SeqCst);
-        let mut fresh: Async = async_common::connect(&db.url, "mysql").await;
-        let stock: i32 = items::table
-            .find(1)
-            .select(items::stock)
-            .first(&mut fresh)
-            .await
-            .unwrap();
+        let stock = stock_on_a_fresh_connection(&db.url).await;
         assert!(
             attempts == 1 && stock == 9 && outcome.as_ref().is_err_and(|e| !e.is_retryable()),
             "{attempts} attempt(s), stock {stock}: {outcome:?}"
