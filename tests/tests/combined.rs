@@ -1264,6 +1264,28 @@ mod mysql_only {
             (106, 4),
             "each write once"
         );
+
+        // The same in a nested call, whose `RELEASE SAVEPOINT` then fails
+        // (the transaction is gone) and which Diesel keeps counting open: the
+        // owner rolls it back with its own and runs the work again.
+        let mut attempts = 0;
+        let nested = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c| {
+            attempts += 1;
+            lockkit::transaction_with_retry(c, &RetryPolicy::immediate(3), |c| {
+                let mut item = item!(c, 2);
+                if attempts == 1 {
+                    exec(
+                        &mut other,
+                        "UPDATE items SET stock = 3, lock_version = lock_version + 1 WHERE id = 2",
+                    );
+                }
+                item.stock -= 1;
+                let _ = item.update_versioned(c);
+                Ok::<_, Error>(())
+            })
+        });
+        assert_eq!((attempts, nested.is_ok()), (2, true), "{nested:?}");
+        assert_eq!(stock_of!(&mut other, 2), 2, "sold once");
     }
 }
 

@@ -70,13 +70,17 @@ impl PanicGuard {
             Ok(result) => {
                 // A level the work left open above this one: a Diesel
                 // `transaction` whose closure panicked, the panic caught in
-                // the work. Diesel's `COMMIT` would release that savepoint, not
-                // commit this level, which would stay open with its locks:
-                // rolled back, deepest first, and refused.
+                // the work, or a nested call whose `RELEASE SAVEPOINT` failed
+                // (Diesel then keeps counting it). Diesel's `COMMIT` would
+                // release that savepoint, not commit this level, which would
+                // stay open with its locks: rolled back, deepest first. Work
+                // that failed keeps its error; work that succeeded is refused.
                 if let Ok(Some(own)) = depth {
                     if super::transaction_depth(conn) > own.get() {
                         roll_back_above(conn, own.get());
-                        return Err(Failure::Lockkit(Error::NestedCallDropped));
+                        if result.is_ok() {
+                            return Err(Failure::Lockkit(Error::NestedCallDropped));
+                        }
                     }
                 }
                 let whole = || {
