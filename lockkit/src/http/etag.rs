@@ -38,7 +38,6 @@
 //! assert!(etag::expected_version::<i32>(None).is_err());             // 428
 //! ```
 
-use std::cell::Cell;
 use std::fmt;
 use std::str::FromStr;
 
@@ -344,8 +343,8 @@ impl<V: VersionNumber> Expected<V> {
     ///   by default the stale error itself (`412`). A missing row is `404`.
     ///   When `current` reads again the version the last write found stale,
     ///   it reads a snapshot older than the other writer's commit (a
-    ///   transaction at `REPEATABLE READ`, MySQL/MariaDB's default): that
-    ///   write's stale error comes back as it is, retryable, for the
+    ///   transaction at `REPEATABLE READ`, MySQL/MariaDB's default):
+    ///   [`Error::SerializationFailure`] (`503`, retryable), for the
     ///   transaction's owner ([`transaction_with_retry`](crate::transaction_with_retry))
     ///   to run again on a fresh snapshot.
     ///
@@ -396,8 +395,7 @@ impl<V: VersionNumber> Expected<V> {
             // Another writer got in between: read the new version and write
             // again.
             Expected::Any => {
-                let tried = Cell::new(None);
-                let stuck = Cell::new(false);
+                let mut tried = None;
                 retry_while(
                     &RetryPolicy::immediate(ANY_MATCH_ATTEMPTS),
                     |_| {
@@ -405,21 +403,22 @@ impl<V: VersionNumber> Expected<V> {
                         // Reading again found the version the last write found
                         // stale: the reads see a snapshot taken before the
                         // other writer's commit (a transaction at REPEATABLE
-                        // READ), as every further one would. This write fails
-                        // as the last did, and its stale error goes back as it
-                        // is, for the transaction's owner to run again. (A
+                        // READ), as every further one would. A serialization
+                        // failure: retryable, for the transaction's owner to run
+                        // again (`*` is never a 412 while the row exists). A
                         // write with the version the stale report found would
                         // match, with values `write` may have read in the old
-                        // snapshot: the other writer's update lost.)
-                        stuck.set(tried.replace(Some(now)) == Some(now));
+                        // snapshot: the other writer's update lost.
+                        if tried.replace(now) == Some(now) {
+                            return Err(E::from(Error::SerializationFailure));
+                        }
                         write(conn, now)
                     },
                     |err: &E, _| {
-                        !stuck.get()
-                            && matches!(
-                                err.lockkit_error(),
-                                Some(Error::Stale(stale)) if matches!(stale.current, CurrentState::Version(_))
-                            )
+                        matches!(
+                            err.lockkit_error(),
+                            Some(Error::Stale(stale)) if matches!(stale.current, CurrentState::Version(_))
+                        )
                     },
                     Spent::Exhausted,
                 )
