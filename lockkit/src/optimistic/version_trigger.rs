@@ -53,10 +53,12 @@
 //!
 //! Table and column names are identifiers, not values, so they cannot be bound:
 //! they are checked to be plain identifiers (`[A-Za-z_][A-Za-z0-9_]*`, at most 40
-//! characters) and anything else is refused.
+//! characters) and anything else is refused. On PostgreSQL they are quoted, as
+//! Diesel quotes them: pass them as your `table!` names them.
 //!
-//! Two pairs can make one name (`a_b`.`c` and `a`.`b_c`), and PostgreSQL cuts a
-//! name at 63 bytes. The server then refuses the second trigger (its function's
+//! Two pairs can make one name (`a_b`.`c` and `a`.`b_c`; on PostgreSQL, which
+//! folds the unquoted trigger name to lower case, also `Items` and `items`),
+//! and PostgreSQL cuts a name at 63 bytes. The server then refuses the second trigger (its function's
 //! name is taken, on PostgreSQL; its trigger's, on MySQL/MariaDB and SQLite):
 //! nothing replaces the first table's trigger. Rename one column or table, or
 //! write that trigger by hand under a name of your own. On PostgreSQL, dropping
