@@ -557,6 +557,27 @@ mod all {
             assert_eq!(stock_of!(&mut other), 3, "the other writer's sale stands");
         }
 
+        fn if_match_any_writes_again_only_for_its_own_rows_stale_report(db) {
+            // `*` writes again when its row moved on between the read and the
+            // write. A `write` that also writes another row from a stale copy
+            // (here: item 2 at a version it no longer has) reports that row's
+            // staleness: not a reason to write item 1 again, which committed.
+            let mut conn = db.conn();
+            seed_items(&mut conn, &[(1, 10), (2, 10)]);
+            exec(&mut conn, "UPDATE items SET lock_version = 3 WHERE id = 2");
+            let outcome = Expected::Any.apply(
+                &mut *conn,
+                |c| Ok::<i32, Error>(items::table.find(1).select(items::lock_version).first(c)?),
+                |c, version| {
+                    Item::update_by_version(c, 1, version, items::stock.eq(items::stock - 1))?;
+                    Item::update_by_version(c, 2, 1, items::stock.eq(items::stock - 1))
+                },
+            );
+            assert!(matches!(&outcome, Err(Error::Stale(stale)) if stale.expected_version == 1), "{outcome:?}");
+            assert_eq!(lockkit::etag::status_for(&outcome.unwrap_err()), 412);
+            assert_eq!((stock_of!(&mut conn, 1), stock_of!(&mut conn, 2)), (9, 10), "item 1 written once");
+        }
+
         fn an_update_if_committed_in_a_transaction_never_hands_a_rolled_back_number_on(db) {
             // A's write (v0 -> v1) rolls back; an `update_if` in a committed
             // transaction then moves the row from v0: it must not commit A's

@@ -778,8 +778,22 @@ mod tests {
                 *value = "written";
                 Ok(*version)
             }
-            Some((version, _)) => Err(stale(CurrentState::Version(i64::from(*version)))),
-            None => Err(stale(CurrentState::Deleted)),
+            Some((version, _)) => Err(stale_from(
+                expected,
+                CurrentState::Version(i64::from(*version)),
+            )),
+            None => Err(stale_from(expected, CurrentState::Deleted)),
+        }
+    }
+
+    /// The stale report of a write that expected `expected`.
+    fn stale_from(expected: i32, current: CurrentState) -> Error {
+        match stale(current) {
+            Error::Stale(report) => Error::Stale(StaleObjectError {
+                expected_version: i64::from(expected),
+                ..report
+            }),
+            other => other,
         }
     }
 

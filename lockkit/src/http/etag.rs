@@ -38,6 +38,7 @@
 //! assert!(etag::expected_version::<i32>(None).is_err());             // 428
 //! ```
 
+use std::cell::Cell;
 use std::fmt;
 use std::str::FromStr;
 
@@ -327,10 +328,12 @@ impl<V: VersionNumber> Expected<V> {
     /// [`Versioned::update_by_version`](crate::Versioned::update_by_version)) and
     /// report [`Error::Stale`] otherwise; `current(conn)` reads the row's version
     /// ([`Error::NotFound`] when it does not exist). Under `*`, `write` runs
-    /// again after a stale report: one that writes more than the row (a parent
-    /// it touches, say) must have written nothing when it reports
-    /// [`Error::Stale`], so make it one statement or give it its own
-    /// transaction (a savepoint in yours), or its earlier writes run again.
+    /// again after a stale report of its own write (expecting the version
+    /// read): one that writes more than the row (a parent it touches, say)
+    /// must have written nothing when it reports that, so make it one
+    /// statement or give it its own transaction (a savepoint in yours), or
+    /// its earlier writes run again. A stale report of another row (another
+    /// expected version) comes back as it is.
     ///
     /// * one tag: `write` with it; `current` is not called.
     /// * several tags: `current`, then `write` with it if it is listed, else with a
@@ -395,7 +398,7 @@ impl<V: VersionNumber> Expected<V> {
             // Another writer got in between: read the new version and write
             // again.
             Expected::Any => {
-                let mut tried = None;
+                let tried = Cell::new(None);
                 retry_while(
                     &RetryPolicy::immediate(ANY_MATCH_ATTEMPTS),
                     |_| {
@@ -409,16 +412,21 @@ impl<V: VersionNumber> Expected<V> {
                         // write with the version the stale report found would
                         // match, with values `write` may have read in the old
                         // snapshot: the other writer's update lost.
-                        if tried.replace(now) == Some(now) {
+                        if tried.replace(Some(now)) == Some(now) {
                             return Err(E::from(Error::SerializationFailure));
                         }
                         write(conn, now)
                     },
-                    |err: &E, _| {
-                        matches!(
-                            err.lockkit_error(),
-                            Some(Error::Stale(stale)) if matches!(stale.current, CurrentState::Version(_))
-                        )
+                    // Written again only when the stale report is this write's
+                    // own (it expected the version read, the row is past it):
+                    // one about another row `write` touched goes back as it is.
+                    |err: &E, _| match (err.lockkit_error(), tried.get()) {
+                        (Some(Error::Stale(stale)), Some(now)) => {
+                            let now = now.to_i64();
+                            stale.expected_version == now
+                                && matches!(stale.current, CurrentState::Version(current) if current > now)
+                        }
+                        _ => false,
                     },
                     Spent::Exhausted,
                 )
