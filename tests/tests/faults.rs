@@ -209,6 +209,30 @@ mod all {
             assert_row_free!(db);
         }
 
+        /// Two levels left open, the deeper one's savepoint gone on the
+        /// server (released behind Diesel's back): its `ROLLBACK TO` fails, and
+        /// Diesel counts it gone anyway. The guard goes on to the next level,
+        /// so that no level of lockkit's transaction is left open.
+        fn two_savepoints_the_work_left_open_are_rolled_back_when_one_is_gone(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn = db.connect();
+            let result = lockkit::with_lock(&mut conn, 1, lockkit::LockOptions::default(), |conn, item: Item| {
+                diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 1)).execute(conn)?;
+                let caught = catch_unwind(AssertUnwindSafe(|| {
+                    let _ = conn.transaction(|c| -> QueryResult<()> {
+                        c.transaction(|_| -> QueryResult<()> { panic!("caught by the work") })
+                    });
+                }));
+                assert!(caught.is_err());
+                conn.batch_execute("RELEASE SAVEPOINT diesel_savepoint_2")?;
+                Ok::<_, Error>(())
+            });
+            assert!(matches!(result, Err(Error::NestedCallDropped)), "{result:?}");
+            assert_eq!(stock_of!(&mut db.connect()), 10, "rolled back");
+            assert!(!lockkit::LockingConnection::in_transaction(&mut conn), "no transaction left open");
+            assert_row_free!(db);
+        }
+
         fn a_panic_with_a_pooled_connection_never_returns_it_mid_transaction(db) {
             seed_items(&mut db.conn(), &[(1, 10)]);
             let pool = db.pool();

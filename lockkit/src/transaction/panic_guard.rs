@@ -127,15 +127,18 @@ impl PanicGuard {
 }
 
 /// Rolls back the transactions (savepoints) open on `conn` above depth `own`,
-/// deepest first; stops when a rollback fails or leaves the depth as it was
-/// (the transaction manager is broken: the rollback that follows reports it).
+/// deepest first; goes on while each rollback lowers the depth, failed or not
+/// (Diesel counts a savepoint gone whose `ROLLBACK TO` failed because the
+/// server ended the transaction), and stops when one leaves it as it was (the
+/// transaction manager is broken: the rollback that follows reports it).
 fn roll_back_above<C: Control>(conn: &mut C, own: u32) {
     loop {
         let depth = super::transaction_depth(conn);
-        if depth <= own
-            || C::TransactionManager::rollback_transaction(conn).is_err()
-            || super::transaction_depth(conn) >= depth
-        {
+        if depth <= own {
+            return;
+        }
+        let _ = C::TransactionManager::rollback_transaction(conn);
+        if super::transaction_depth(conn) >= depth {
             return;
         }
     }
