@@ -73,6 +73,29 @@ macro_rules! assert_never_writes {
     }};
 }
 
+/// Gadget 1 inserted at the version type's maximum less one, read on `$conn`,
+/// then written (to the maximum) in a transaction that rolls back. Returns the
+/// struct as that write left it, holding the rolled-back maximum.
+macro_rules! gadget_rolled_back_onto_the_maximum {
+    ($conn:ident) => {{
+        exec(
+            &mut $conn,
+            &format!(
+                "INSERT INTO gadgets (id, label, version) VALUES (1, 'g', {})",
+                i16::MAX - 1
+            ),
+        );
+        let mut a = gadgets::table.find(1).first::<Gadget>(&mut $conn).unwrap();
+        let rolled_back = $conn.transaction(|c| {
+            a.label = "a".into();
+            a.update_versioned(c)?;
+            Err::<(), _>(Error::NoRowMatched)
+        });
+        assert!(rolled_back.is_err());
+        a
+    }};
+}
+
 /// Gives `conn` instrumentation of its own (the application's query logger),
 /// not wrapped in `Journal::wrap`: lockkit sees no `BEGIN`, `COMMIT` or
 /// `ROLLBACK` on it, and asks the server instead.
@@ -623,14 +646,7 @@ mod all {
             // commits MAX, a number A holds, and there is no number past it.
             // The fresh write stands and says so; A is refused.
             let mut conn = db.conn();
-            exec(&mut conn, &format!("INSERT INTO gadgets (id, label, version) VALUES (1, 'g', {})", i16::MAX - 1));
-            let mut a = gadgets::table.find(1).first::<Gadget>(&mut conn).unwrap();
-            let rolled_back = conn.transaction(|c| {
-                a.label = "a".into();
-                a.update_versioned(c)?;
-                Err::<(), _>(Error::NoRowMatched)
-            });
-            assert!(rolled_back.is_err());
+            let mut a = gadget_rolled_back_onto_the_maximum!(conn);
             let mut fresh = gadgets::table.find(1).first::<Gadget>(&mut conn).unwrap();
             fresh.label = "fresh".into();
             let outcome = fresh.update_versioned(&mut conn);
@@ -650,14 +666,7 @@ mod all {
             // would have replaced the rolled-back maximum's, and A's delete,
             // which needs no number past it, would have matched the commit.
             let mut conn = db.conn();
-            exec(&mut conn, &format!("INSERT INTO gadgets (id, label, version) VALUES (1, 'g', {})", i16::MAX - 1));
-            let mut a = gadgets::table.find(1).first::<Gadget>(&mut conn).unwrap();
-            let rolled_back = conn.transaction(|c| {
-                a.label = "a".into();
-                a.update_versioned(c)?;
-                Err::<(), _>(Error::NoRowMatched)
-            });
-            assert!(rolled_back.is_err());
+            let a = gadget_rolled_back_onto_the_maximum!(conn);
             let outcome = conn.transaction(|c| {
                 let mut fresh = gadgets::table.find(1).first::<Gadget>(c)?;
                 fresh.label = "fresh".into();
