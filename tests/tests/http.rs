@@ -368,4 +368,35 @@ lockkit_tests::backend_tests! {
         assert_eq!(Problem::from_error(&stale).status, 412);
         assert_eq!((stock_of!(&mut conn, 1), stock_of!(&mut conn, 2)), (10, 9), "nothing written");
     }
+    /// A 412 hands a bound tag only for the resource's own row: a handler's
+    /// write that also writes another row from a stale copy must not give the
+    /// client this resource's tag at the other row's version. With it, once
+    /// other writers bring the resource to that number, the client writes over
+    /// changes it never read.
+    fn a_refusal_never_binds_another_rows_version_to_this_resource(db) {
+        let mut conn = db.conn();
+        seed_items(&mut conn, &[(1, 10), (2, 10)]);
+        diesel::sql_query("UPDATE items SET lock_version = 5 WHERE id = 2").execute(&mut conn).unwrap();
+        let tags = tags_of(1);
+        let read = |c: &mut Conn| -> Result<i32, lockkit::Error> { Ok(items::table.find(1).select(items::lock_version).first(c)?) };
+        let write_both = |c: &mut Conn, v: i32| {
+            c.transaction(|c| {
+                Item::update_by_version(c, 1, v, items::stock.eq(1))?;
+                Item::update_by_version(c, 2, 0, items::stock.eq(1)) // a stale copy of item 2
+            })
+        };
+        let sent = IfMatchTags(tags.etag(0).to_string().parse().unwrap());
+        let refused = sent.apply(&tags, &mut *conn, read, write_both).unwrap_err();
+        assert_eq!(refused.status, 412, "{refused:?}");
+        assert_ne!(refused.current_etag, Some(tags.etag(5).to_string()), "item 2's version, bound to item 1");
+        // Other writers bring item 1 to 5; a client with a tag for 5 that it
+        // was handed, not read, would write over their changes.
+        diesel::sql_query("UPDATE items SET stock = 3, lock_version = 5 WHERE id = 1").execute(&mut conn).unwrap();
+        if let Some(handed) = refused.current_etag {
+            let again = IfMatchTags(handed.parse().unwrap());
+            let overwrite = again.apply(&tags, &mut *conn, read, |c, v| Item::update_by_version(c, 1, v, items::stock.eq(0)));
+            assert!(overwrite.is_err(), "{overwrite:?}");
+        }
+        assert_eq!(stock_of!(&mut conn, 1), 3, "the other writers' change stands");
+    }
 }

@@ -39,7 +39,7 @@ use std::fmt;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::error::Error;
+use crate::error::{Error, StaleObjectError};
 use crate::http::etag::{Expected, IfMatch, IfMatchError, Problem, Rendering};
 use crate::optimistic::version::VersionNumber;
 
@@ -98,7 +98,11 @@ impl ETagSecret {
             mac.update(&(part.len() as u64).to_be_bytes());
             mac.update(part);
         }
-        ResourceTags { mac }
+        ResourceTags {
+            mac,
+            table: table.to_owned(),
+            key,
+        }
     }
 }
 
@@ -107,6 +111,10 @@ impl ETagSecret {
 pub struct ResourceTags {
     /// Keyed with the secret, fed with the table and key.
     mac: HmacSha256,
+    /// The table and key it was made for, to tell a stale report of this
+    /// resource from one of another row ([`names`](Self::names)).
+    table: String,
+    key: String,
 }
 
 impl fmt::Debug for ResourceTags {
@@ -143,6 +151,17 @@ impl ResourceTags {
     /// The resource's tag at `version`.
     pub fn etag<V: VersionNumber>(&self, version: V) -> BoundETag {
         self.etag_of(version.to_i64())
+    }
+
+    /// Whether a stale report is of this resource: the same table and the same
+    /// key (reports format keys with `Debug`, `"sku-9"` for a string; the
+    /// resource was made with its `Display`, `sku-9`). Another row's version
+    /// must never be handed out as this resource's tag: a client would hold a
+    /// tag for a version it never read, good as soon as the resource reaches
+    /// that number.
+    pub(crate) fn names(&self, stale: &StaleObjectError) -> bool {
+        stale.table == self.table
+            && (stale.key == self.key || stale.key == format!("{:?}", self.key))
     }
 
     pub(crate) fn etag_of(&self, version: i64) -> BoundETag {
@@ -215,7 +234,10 @@ impl ResourceTags {
 
     /// The problem for a lockkit error on this resource: the status and title of
     /// [`Problem::from_error`], with this resource's bound tag as the current
-    /// ETag and no version in the detail.
+    /// ETag and no version in the detail. The tag is given only when the stale
+    /// report is of this resource (the table and key it was made with, the key
+    /// as the report formats it): a report of another row written in the same
+    /// request gives none, as its version is not this resource's.
     pub fn problem(&self, error: &Error) -> Problem {
         Problem::render(error, Rendering::Bound(self))
     }
@@ -292,6 +314,38 @@ mod tests {
         );
         assert!(items_1.not_modified(&header(&format!("W/{tag}")), 7_i32));
         assert!(!items_1.not_modified(&sent, 8_i32));
+    }
+
+    #[test]
+    fn a_problem_binds_only_its_own_rows_version() {
+        use crate::error::{CurrentState, Operation};
+        let stale = |table, key: &str| {
+            Error::Stale(StaleObjectError::new(
+                table,
+                key,
+                "lock_version",
+                Operation::Update,
+                3,
+                CurrentState::Version(9),
+            ))
+        };
+        let sku = secret(1).resource("items", "sku-9");
+        let own = Some(sku.etag(9_i32).to_string());
+        // Reports format keys with `Debug`; either form is this resource.
+        assert_eq!(sku.problem(&stale("items", "\"sku-9\"")).current_etag, own);
+        assert_eq!(sku.problem(&stale("items", "sku-9")).current_etag, own);
+        for (table, key) in [
+            ("items", "\"sku-8\""),
+            ("orders", "\"sku-9\""),
+            ("items", "sku-9 "),
+        ] {
+            let problem = sku.problem(&stale(table, key));
+            assert_eq!(
+                (problem.status, problem.current_etag),
+                (412, None),
+                "{table} {key}"
+            );
+        }
     }
 
     #[test]

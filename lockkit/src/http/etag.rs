@@ -745,7 +745,12 @@ impl Problem {
             Rendering::Plain => (current.map(|v| ETag(v).to_string()), None),
             Rendering::Body => (None, current),
             #[cfg(feature = "bound-etags")]
-            Rendering::Bound(tags) => (current.map(|v| tags.etag_of(v).to_string()), None),
+            Rendering::Bound(tags) => match &refusal {
+                Refusal::Changed(stale, _) if tags.names(stale) => {
+                    (current.map(|v| tags.etag_of(v).to_string()), None)
+                }
+                _ => (None, None),
+            },
             #[cfg(not(feature = "bound-etags"))]
             Rendering::Never(_) => (None, None),
         };
