@@ -215,6 +215,28 @@ async_backend_tests! {
             1,
             "a run abandoned past the retention"
         );
+        // A dropped call leaves its transaction open and the connection
+        // marked broken: a purge sent there would count deletes that never
+        // commit, and keep the rows locked.
+        lockkit_tests::exec(
+            &mut db.conn(),
+            "INSERT INTO lockkit_idempotency_keys (principal, idempotency_key, fingerprint, state, started_at) \
+             VALUES ('t', 'crashed again', 'f', 'running', 0)",
+        );
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(200),
+            lockkit::asynchronous::locked_transaction(&mut conn, lockkit::LockOptions::default(), async |_conn: &mut Async| {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                Ok::<_, Error>(())
+            }),
+        )
+        .await;
+        assert!(dropped.is_err(), "the call was dropped in its work");
+        let purged = idempotency::purge_expired(&keys, &mut conn).await;
+        assert!(matches!(purged, Err(Error::Database(diesel::result::Error::BrokenTransactionManager))), "{purged:?}");
+        drop(conn);
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        assert_eq!(idempotency::purge_expired(&keys, &mut other).await.unwrap(), 1, "not purged before");
     }
 }
 

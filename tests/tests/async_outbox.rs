@@ -240,6 +240,48 @@ async_backend_tests! {
         assert!(!outbox::requeue(&mut conn, id).await.unwrap(), "published: not a dead letter");
         assert!(matches!(outbox::publish_batch(&relay, &mut conn, 0, async |_b: &[OutboxMessage]| Ok::<_, Error>(vec![])).await, Err(Error::InvalidInput(_))));
     }
+
+    async fn housekeeping_after_a_dropped_call_is_not_sent_in_the_abandoned_transaction(db) {
+        // A dropped lockkit call leaves its transaction open on the server and
+        // the connection marked broken: a requeue or a purge sent there would
+        // answer as done and never commit, and would keep its rows locked
+        // while the connection lives.
+        db.conn().run_pending_migrations(outbox_migrations(BACKEND)).unwrap();
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let id = locked_transaction(&mut conn, LockOptions::default(), async |conn: &mut Async| {
+            outbox::enqueue(conn, "orders", "1").await
+        })
+        .await
+        .unwrap();
+        let relay = Relay { max_attempts: Some(1), ..Relay::default() };
+        outbox::publish_batch(&relay, &mut conn, 10, async |_batch: &[OutboxMessage]| {
+            Ok::<_, Error>(vec![Err("broker down".to_owned())])
+        })
+        .await
+        .unwrap();
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(200),
+            locked_transaction(&mut conn, LockOptions::default(), async |_conn: &mut Async| {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                Ok::<_, Error>(())
+            }),
+        )
+        .await;
+        assert!(dropped.is_err(), "the call was dropped in its work");
+        let broken = |result: &Result<usize, Error>| {
+            matches!(result, Err(Error::Database(diesel::result::Error::BrokenTransactionManager)))
+        };
+        let requeued = outbox::requeue(&mut conn, id).await.map(usize::from);
+        assert!(broken(&requeued), "{requeued:?}");
+        let purged = outbox::purge_published(&mut conn, Duration::ZERO).await;
+        assert!(broken(&purged), "{purged:?}");
+        let purged = outbox::purge_received(&Inbox::new("audit").unwrap(), &mut conn, Duration::ZERO).await;
+        assert!(broken(&purged), "{purged:?}");
+        drop(conn);
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        let dead = outbox::dead_letters(&mut other, 10).await.unwrap();
+        assert_eq!(dead.iter().map(|d| d.id).collect::<Vec<_>>(), [id], "still a dead letter");
+    }
 }
 
 #[cfg(all(feature = "async", feature = "mysql"))]

@@ -755,10 +755,20 @@ pub(crate) fn status_of<'w, C: AsyncConnection>(
     C::TransactionManager::transaction_manager_status_mut(&mut *watched.0)
 }
 
+/// [`Error::Database`] with `BrokenTransactionManager` when a dropped call
+/// left `conn` in its transaction ([`crate::transaction::refuse_broken`]):
+/// that transaction never commits, so a statement sent there would answer as
+/// done for nothing, and keep its rows locked while the connection lives. For
+/// the calls that write outside a lockkit transaction of their own (a lease's
+/// release, the outbox's and the idempotency keys' housekeeping).
+pub(crate) fn refuse_broken<C: AsyncConnection>(conn: &mut C) -> Result<(), Error> {
+    crate::transaction::refuse_broken(C::TransactionManager::transaction_manager_status_mut(conn))
+}
+
 /// The blocking side's [`check_write`](crate::transaction::check_write) on an
 /// async connection, after [`roll_back_unused_drop`].
 pub(crate) async fn check_write<C: AsyncConnection>(conn: &mut C) -> Result<(), Error> {
-    crate::transaction::refuse_broken(C::TransactionManager::transaction_manager_status_mut(conn))?;
+    refuse_broken(conn)?;
     journal::before_write(&mut journal::AsyncWatched(&mut *conn));
     refuse_if_ended_on_sqlite(conn).await?;
     roll_back_unused_drop(conn).await?;

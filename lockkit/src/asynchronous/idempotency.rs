@@ -161,6 +161,11 @@ where
 /// opened: a run dropped with the release's reply unread marks the
 /// connection broken, as one dropped while taking the key does.
 async fn release<C: AsyncIdempotencyStore>(conn: &mut C, key: Scoped<'_>, started_at: i64) {
+    // Not in a transaction a dropped call left open: it would never commit,
+    // and would keep the key's row locked. The key waits out its lease.
+    if super::connection::refuse_broken(conn).is_err() {
+        return;
+    }
     let mut unsettled = super::connection::Unsettled::until_replied(conn);
     let _ = C::write(unsettled.conn, key, Write::Release { started_at }).await;
     unsettled.settled();
@@ -224,11 +229,14 @@ async fn start<C: AsyncIdempotencyStore>(
 ///
 /// # Errors
 ///
-/// A classified database error; see [`classify`](crate::classify()).
+/// [`Error::Database`] with `BrokenTransactionManager` when a dropped call
+/// left `conn` in its transaction (nothing is sent), or a classified database
+/// error; see [`classify`](crate::classify()).
 pub async fn purge_expired<C: AsyncIdempotencyStore>(
     keys: &Idempotency,
     conn: &mut C,
 ) -> Result<usize, Error> {
+    super::connection::refuse_broken(conn)?;
     C::purge(conn, keys.purge_before()).await
 }
 

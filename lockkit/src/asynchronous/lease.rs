@@ -55,7 +55,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use super::connection::{AsyncLockingConnection, Level, Restore, Unsettled};
+use super::connection::{refuse_broken, AsyncLockingConnection, Level, Restore, Unsettled};
 use super::transaction::end;
 use super::work::{AsyncWork, ConnWork};
 use crate::error::classification::classify;
@@ -133,13 +133,6 @@ impl<C: AsyncLeaseStore> Drop for AsyncLease<'_, C> {
             tracing::warn!(target: "lockkit", lease = %self.grant.name, fence = self.grant.fence.0, "an async lease was dropped unreleased; it runs out after its TTL");
         }
     }
-}
-
-/// [`Error::Database`] with `BrokenTransactionManager` when a dropped call
-/// left `conn` in its transaction ([`crate::transaction::refuse_broken`]).
-fn refuse_broken<C: diesel_async::AsyncConnection>(conn: &mut C) -> Result<(), Error> {
-    use diesel_async::TransactionManager;
-    crate::transaction::refuse_broken(C::TransactionManager::transaction_manager_status_mut(conn))
 }
 
 /// Whether a grant on `conn` could be undone with an open transaction

@@ -61,7 +61,9 @@
 use std::future::Future;
 use std::time::Duration;
 
-use super::connection::{in_transaction, open_locked, AsyncLockingConnection, Level, Unsettled};
+use super::connection::{
+    in_transaction, open_locked, refuse_broken, AsyncLockingConnection, Level, Unsettled,
+};
 use super::transaction::end;
 use super::work::{AsyncWork, ConnWork};
 use crate::clock::now_millis;
@@ -151,11 +153,14 @@ pub async fn mark_failed<C: AsyncOutboxStore>(
 ///
 /// # Errors
 ///
-/// A classified database error.
+/// [`Error::Database`] with `BrokenTransactionManager` when a dropped call
+/// left `conn` in its transaction (nothing is sent), or a classified database
+/// error.
 pub async fn purge_published<C: AsyncOutboxStore>(
     conn: &mut C,
     age: Duration,
 ) -> Result<usize, Error> {
+    refuse_broken(conn)?;
     C::purge_published(conn, older_than(age)).await
 }
 
@@ -180,8 +185,11 @@ pub async fn dead_letters<C: AsyncOutboxStore>(
 ///
 /// # Errors
 ///
-/// A classified database error.
+/// [`Error::Database`] with `BrokenTransactionManager` when a dropped call
+/// left `conn` in its transaction (nothing is sent), or a classified database
+/// error.
 pub async fn requeue<C: AsyncOutboxStore>(conn: &mut C, id: i64) -> Result<bool, Error> {
+    refuse_broken(conn)?;
     C::requeue(conn, id, DEAD, now_millis()).await
 }
 
@@ -301,12 +309,15 @@ where
 ///
 /// # Errors
 ///
-/// A classified database error.
+/// [`Error::Database`] with `BrokenTransactionManager` when a dropped call
+/// left `conn` in its transaction (nothing is sent), or a classified database
+/// error.
 pub async fn purge_received<C: AsyncOutboxStore>(
     inbox: &Inbox,
     conn: &mut C,
     age: Duration,
 ) -> Result<usize, Error> {
+    refuse_broken(conn)?;
     C::purge_received(conn, inbox.consumer(), older_than(age)).await
 }
 
