@@ -244,6 +244,15 @@ pub fn assert_replica_behind(failed: lockkit::Result<Route>, written: Lsn, wait:
             assert!(replayed < wanted);
             assert!(waited >= wait);
             assert!(e.is_retryable());
+            // Over HTTP as lockkit's other retryable errors: 503 with
+            // `Retry-After` (a client's far-ahead position makes it too), not
+            // a 500.
+            let problem = lockkit::etag::Problem::from_error(&e);
+            assert_eq!(
+                (problem.status, problem.retry_after),
+                (503, Some(1)),
+                "{problem:?}"
+            );
         }
         other => panic!("expected ReplicaBehind, got {other:?}"),
     }

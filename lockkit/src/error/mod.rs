@@ -285,12 +285,12 @@ impl Error {
     }
 
     #[cfg(feature = "replica")]
-    fn is_replica_behind(&self) -> bool {
+    pub(crate) fn is_replica_behind(&self) -> bool {
         matches!(self, Error::ReplicaBehind { .. })
     }
 
     #[cfg(not(feature = "replica"))]
-    fn is_replica_behind(&self) -> bool {
+    pub(crate) fn is_replica_behind(&self) -> bool {
         false
     }
 

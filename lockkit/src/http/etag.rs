@@ -460,8 +460,9 @@ pub fn expected_version<V: VersionNumber>(
 /// fenced write refused for an older fence or a version at its type's maximum
 /// (a tag the client made up, or a row no write can follow) → 409, a reused
 /// idempotency key → 422, invalid input or a row named twice → 400, lock
-/// contention → 503 (try again, with `Retry-After`), a transaction the server
-/// rolled back → the status of what rolled it back, anything else → 500.
+/// contention or a replica behind the read's position → 503 (try again, with
+/// `Retry-After`), a transaction the server rolled back → the status of what
+/// rolled it back, anything else → 500.
 pub fn status_for(error: &Error) -> u16 {
     status_for_version_in(error, VersionIn::IfMatch)
 }
@@ -557,6 +558,9 @@ impl<'a> Refusal<'a> {
             | Error::Deadlock
             | Error::SerializationFailure
             | Error::RetriesExhausted { .. } => Refusal::Busy,
+            // A replica behind the read's position (or a client's position
+            // far ahead): retryable, as contention is.
+            _ if error.is_replica_behind() => Refusal::Busy,
             _ => Refusal::Failed,
         }
     }
