@@ -1186,3 +1186,75 @@ mod mysql_only {
         );
     }
 }
+
+#[cfg(feature = "postgres")]
+mod postgres_only {
+    use super::*;
+    use diesel::connection::SimpleConnection as _;
+    use diesel::Connection as _;
+    use diesel_async::AsyncPgConnection;
+    use lockkit_tests::TestDb;
+
+    /// PostgreSQL runs a statement whose future was dropped: a versioned
+    /// write given up on while it waits for another session's lock on the row
+    /// still writes, in the caller's transaction, once the lock is let go. A
+    /// struct read after it holds the number it wrote; the transaction rolls
+    /// back, another process commits that number with its own change, and the
+    /// struct must not match it (the journal's rule 3, for a write it did not
+    /// see finish).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_versioned_write_dropped_in_flight_in_a_rolled_back_transaction_is_never_matched_again(
+    ) {
+        use lockkit::asynchronous::prelude::*;
+        let db = TestDb::<diesel::PgConnection>::new("dropped_write_rolled_back");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let url = db.url.clone();
+        let holder = std::thread::spawn(move || {
+            let mut conn = diesel::PgConnection::establish(&url).unwrap();
+            conn.transaction(|c| {
+                c.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")?;
+                locked_tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(500));
+                Ok::<_, diesel::result::Error>(())
+            })
+            .unwrap();
+        });
+        locked_rx.recv().unwrap();
+        let mut conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
+        let mut a = item!(&mut conn, 1);
+        let mut fresh = None;
+        let outcome = lockkit::asynchronous::locked_transaction(
+            &mut conn,
+            LockOptions::default(),
+            async |conn: &mut AsyncPgConnection| {
+                a.stock = 5;
+                let tried =
+                    tokio::time::timeout(Duration::from_millis(100), a.update_versioned(conn))
+                        .await;
+                assert!(tried.is_err(), "given up on while it waited for the lock");
+                // Queued behind the dropped write: sees it once the holder lets go.
+                fresh = Some(item!(conn, 1));
+                Err::<(), _>(Error::NoRowMatched) // the caller gives up: rolled back
+            },
+        )
+        .await;
+        assert!(matches!(outcome, Err(Error::NoRowMatched)), "{outcome:?}");
+        holder.join().unwrap();
+        let mut fresh = fresh.unwrap();
+        assert_eq!(
+            (fresh.stock, fresh.lock_version),
+            (5, 1),
+            "the dropped write ran in the transaction"
+        );
+        db.conn()
+            .batch_execute(
+                "UPDATE items SET stock = 7, lock_version = 1 WHERE id = 1 AND lock_version = 0",
+            )
+            .unwrap();
+        fresh.stock = 4;
+        let outcome = fresh.update_versioned(&mut conn).await;
+        assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
+        assert_eq!(stock!(&mut conn), 7, "the other process's change stands");
+    }
+}

@@ -100,6 +100,7 @@ use diesel_async::{AsyncConnection, TransactionManager};
 use crate::error::classification::classify;
 use crate::error::Error;
 use crate::optimistic::backend::OptimisticBackend;
+use crate::optimistic::sequence::Tentative;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use crate::pessimistic::connection::LockingConnection;
 use crate::pessimistic::options::LockOptions;
@@ -257,6 +258,9 @@ pub(crate) struct Unsettled<'c, C: AsyncConnection> {
     armed: bool,
     /// Armed only against a reply left unread ([`Unsettled::until_replied`]).
     unread_only: bool,
+    /// A versioned write in flight: recorded in the journal if dropped
+    /// ([`Tentative`]).
+    tentative: Option<Tentative>,
 }
 
 impl<'c, C: AsyncConnection> Unsettled<'c, C> {
@@ -281,7 +285,14 @@ impl<'c, C: AsyncConnection> Unsettled<'c, C> {
             conn,
             armed: true,
             unread_only,
+            tentative: None,
         }
+    }
+
+    /// The connection, and where a versioned write puts what its statement
+    /// in flight may leave on its row, until its answer came.
+    pub(crate) fn parts(&mut self) -> (&mut C, &mut Option<Tentative>) {
+        (&mut *self.conn, &mut self.tentative)
     }
 
     /// The setting is back (or was never changed), the statement answered.
@@ -292,6 +303,9 @@ impl<'c, C: AsyncConnection> Unsettled<'c, C> {
 
 impl<C: AsyncConnection> Drop for Unsettled<'_, C> {
     fn drop(&mut self) {
+        if let Some(tentative) = self.tentative.take().filter(|_| self.armed) {
+            tentative.record(&mut journal::AsyncWatched(&mut *self.conn));
+        }
         // Only MySQL/MariaDB leaves a reply unread ([`reply_left_unread`]):
         // elsewhere there is nothing to ask the connection.
         let unread_anywhere = journal::Ends::of::<C::Backend>() == journal::Ends::OnDeadlock;

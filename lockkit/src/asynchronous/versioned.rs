@@ -600,7 +600,9 @@ where
 ///
 /// Its statements run under an [`Unsettled::until_replied`]: a write dropped
 /// with one of them in flight on MySQL/MariaDB marks the connection broken, in
-/// a transaction or not (a write in autocommit has no level to do it).
+/// a transaction or not (a write in autocommit has no level to do it); on
+/// every backend, a write dropped after its statement was sent is recorded in
+/// the journal as done ([`Tentative`](crate::optimistic::sequence::Tentative)).
 async fn write_from<M, Conn, S>(
     conn: &mut Conn,
     key: &M::Key,
@@ -615,7 +617,7 @@ where
     S: ExecuteDsl<Conn>,
 {
     let mut unsettled = Unsettled::until_replied(conn);
-    let conn = &mut *unsettled.conn;
+    let (conn, tentative) = unsettled.parts();
     let written = async {
         super::connection::check_write(conn).await?;
         let sequence = async {
@@ -631,6 +633,10 @@ where
             }
             let watched = &mut AsyncWatched(&mut *conn);
             let write = Write::<M>::start(watched, key, id, expected, origin, operation)?;
+            // Dropped from here until the journal records the write, the
+            // write is recorded as done: PostgreSQL runs a statement whose
+            // future was dropped.
+            *tentative = write.tentative();
             let rows = match write.statement() {
                 Some(checked) => {
                     execute_once::<M, Conn, S>(conn, key, unique, move || statement(checked))
@@ -638,8 +644,14 @@ where
                 }
                 None => 0,
             };
+            if rows != 1 {
+                *tentative = None;
+            }
             let mut step = write.wrote(&mut AsyncWatched(&mut *conn), rows);
             loop {
+                if matches!(step, Step::Mark(..) | Step::Done(..)) {
+                    *tentative = None; // recorded
+                }
                 step = match step {
                     Step::ReadCurrent(then) => {
                         let read = M::load_current_version(conn, key.clone()).await;

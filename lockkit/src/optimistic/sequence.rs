@@ -213,6 +213,19 @@ impl<'k, M: Model> Write<'k, M> {
         })
     }
 
+    /// What the statement may leave on its row, for a driver that can be
+    /// given up on with it in flight ([`Tentative`]); `None` where nothing is
+    /// sent or the journal cannot name the row.
+    pub(crate) fn tentative(&self) -> Option<Tentative> {
+        let checked = self.statement()?;
+        Some(Tentative {
+            table: M::TABLE_NAME,
+            id: self.row.id?.to_owned(),
+            from: checked.to_i64(),
+            to: self.next.map(VersionNumber::to_i64),
+        })
+    }
+
     /// The version the statement is to check, or `None` where the journal
     /// refuses the write: then nothing is sent, and the driver hands over 0
     /// rows.
@@ -241,6 +254,29 @@ impl<'k, M: Model> Write<'k, M> {
             ),
             None => row.done(watched, checked, None),
         }
+    }
+}
+
+/// A write whose statement was sent and whose answer never came: an async
+/// write dropped with it in flight. PostgreSQL still runs it (in the caller's
+/// transaction, if one is open), so a struct read after it may hold the number
+/// it left; recorded as if it had matched, so that if the transaction rolls
+/// back, that number is never matched again (the journal's rule 3). If it
+/// matched nothing, the record only makes a later write of that number move
+/// past it, or a struct holding it stale: never a lost update.
+pub(crate) struct Tentative {
+    table: &'static str,
+    id: String,
+    from: i64,
+    to: Option<i64>,
+}
+
+impl Tentative {
+    /// Records the write as done ([`rollbacks::written`]). On a connection no
+    /// journal watches, the mark that would tell its fate is not sent: asked
+    /// later, it is not found, and the write counts as rolled back.
+    pub(crate) fn record<W: Watched>(self, watched: &mut W) {
+        let _ = rollbacks::written(watched, self.table, Some(&self.id), self.from, self.to);
     }
 }
 
