@@ -540,4 +540,72 @@ mod mysql_aborted {
             "{attempts} attempt(s), stock {stock}: {outcome:?}"
         );
     }
+
+    /// The blocking side's `a_key_is_kept_for_work_that_wrote_after_innodb_rolled_it_back`
+    /// (`idempotency.rs`), on diesel-async: the work holds item 1, lets its
+    /// lock on item 2 be the deadlock's victim, then sells one unit of item 2
+    /// in autocommit, which commits on its own. The key must not be released
+    /// for the client's retry to sell again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_idempotency_key_is_kept_for_work_that_wrote_after_innodb_rolled_it_back() {
+        use diesel_migrations::MigrationHarness;
+        use lockkit::asynchronous::idempotency;
+        use lockkit::idempotency::Idempotency;
+        let stage = Stage::new("async_idempotency_wrote_after_end");
+        stage
+            .db
+            .conn()
+            .run_pending_migrations(lockkit_tests::idempotency_migrations("mysql"))
+            .unwrap();
+        let keys = Idempotency::default();
+        let mut conn = stage.connect().await;
+        let sell_two = async |conn: &mut Async| {
+            diesel::update(items::table.find(2))
+                .set(items::stock.eq(items::stock - 1))
+                .execute(conn)
+                .await
+        };
+        let outcome = idempotency::run(
+            &keys,
+            &mut conn,
+            "tenant-1",
+            "order-1",
+            "f",
+            async |conn: &mut Async| {
+                conn.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")
+                    .await?;
+                stage.cue();
+                let victim = items::table.find(2).for_update().first::<Item>(conn).await;
+                assert!(
+                    victim.is_err(),
+                    "the lock on item 2 was the deadlock's victim"
+                );
+                sell_two(conn).await?; // in autocommit
+                Ok::<_, Error>("201 sold".to_owned())
+            },
+        )
+        .await;
+        assert!(
+            outcome.as_ref().is_err_and(|err| !err.is_retryable()),
+            "{outcome:?}"
+        );
+        let again = idempotency::run(
+            &keys,
+            &mut conn,
+            "tenant-1",
+            "order-1",
+            "f",
+            async |conn: &mut Async| {
+                sell_two(conn).await?;
+                Ok::<_, Error>("201 sold".to_owned())
+            },
+        )
+        .await;
+        assert!(
+            matches!(again, Err(Error::IdempotencyInProgress)),
+            "{again:?}"
+        );
+        let (stock, _) = stage.sold_and_lines().await;
+        assert_eq!(stock, 9, "the unit sold once");
+    }
 }

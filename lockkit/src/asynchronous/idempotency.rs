@@ -59,9 +59,10 @@ use crate::clock::now_millis;
 use crate::error::classification::classify;
 use crate::error::Error;
 use crate::http::idempotency::{
-    finished, replayed, stored, Idempotency, Outcome, PurgeBefore, Scoped, Start, StoredKey, Write,
+    finished, replayed, stored, Idempotency, Outcome, PurgeBefore, RunError, Scoped, Start,
+    StoredKey, Write,
 };
-use crate::transaction::Failure;
+use crate::transaction::{journal, Failure};
 
 /// Runs `work` at most once for `key` of `principal`:
 /// [`Idempotency::run`] on diesel-async, with its arguments, table and errors.
@@ -123,6 +124,9 @@ where
             std::panic::resume_unwind(panic);
         }
     };
+    // Statements of the work that ran after its transaction ended, in
+    // autocommit: they committed, and the key is kept.
+    let wrote_after_end = journal::wrote_after_end(&mut journal::AsyncWatched(&mut *level));
     let result = match worked {
         // A nested call the work gave up on left its savepoint: rolled back
         // before lockkit's own statements, which would otherwise run in it.
@@ -130,7 +134,10 @@ where
             Err(err) => Err(err),
             // The work let a statement end the transaction: as on the blocking side.
             Ok(_) => match (ended_by_statement(&mut *level).await, stored(&response)) {
-                (Some(cause), _) => Err(cause),
+                (Some(cause), _) => Err(crate::transaction::ended_under_work(
+                    &mut journal::AsyncWatched(&mut *level),
+                    cause,
+                )),
                 (None, Err(err)) => Err(err),
                 (None, Ok(stored)) => {
                     let finish = Write::Finish {
@@ -146,10 +153,11 @@ where
             },
         }
         .map_err(Failure::Lockkit),
-        Err(err) => Err(Failure::Closure(err)),
+        Err(err) => Err(Failure::Closure(RunError::Work(err))),
     };
     let result = end(level, began, Restore::Nothing, result).await;
-    if result.is_err() {
+    let (result, kept) = RunError::settle(result, wrote_after_end);
+    if result.is_err() && !kept {
         release(conn, key, started_at).await;
     }
     result.map(Outcome::Ran)

@@ -15,6 +15,7 @@
 //! | same key, different request (fingerprint: method, path or body) | [`Error::IdempotencyKeyReused`] | 422 |
 //! | the work failed | the key is released: the next attempt runs it again | the error's |
 //! | the process died between start and finish | after the lease (default 60 s) the next attempt takes the key over and runs the work | |
+//! | the work's transaction ended under it and statements of the work committed on their own (MySQL/MariaDB: it let a deadlock go and wrote on; a statement that commits implicitly) | the key is kept running: repeats get [`Error::IdempotencyInProgress`] until the lease runs out, then as after a crash | lockkit's error, not retryable |
 //!
 //! The lease counts from when the request got the key. A request whose take
 //! waited for another's uncommitted take of it (a run inside a transaction of
@@ -370,7 +371,10 @@ impl Idempotency {
     ///   lease has not run out), or took it over while `work` ran (which is then
     ///   rolled back).
     /// * whatever `work` returns, untouched; its transaction is rolled back and
-    ///   the key released, so a retry runs it again.
+    ///   the key released, so a retry runs it again; unless statements of the
+    ///   work ran after its transaction ended under it, and committed on their
+    ///   own: then the key is kept running until its lease runs out (see the
+    ///   [module](self)'s table).
     /// * [`Error::Database`] with Diesel's `SerializationError` when the response
     ///   cannot be written as JSON, or its JSON does not read back as `R` (a
     ///   non-finite `f64` is written as `null`): the work is rolled back and the
@@ -401,16 +405,21 @@ impl Idempotency {
             Start::Replay(stored) => return Ok(Outcome::Replayed(replayed(&stored)?)),
             Start::Owned { started_at } => started_at,
         };
+        // Statements of the work that ran after its transaction ended, in
+        // autocommit: they committed, and the key is kept.
+        let mut wrote_after_end = false;
         // A panic of the work is caught here only to release the key (the work
         // was rolled back, and a retry must run it again), then goes on.
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             transaction::run(&mut *conn, |conn| {
-                let response = work(conn).map_err(Failure::Closure)?;
+                let worked = work(conn);
+                wrote_after_end = transaction::journal::wrote_after_end(conn);
+                let response = worked.map_err(|err| Failure::Closure(RunError::Work(err)))?;
                 // The work let a statement end the transaction (a deadlock's
                 // victim on MySQL/MariaDB): the key's `Finish` would commit on its
                 // own, for work the server threw away.
                 if let Some(cause) = transaction::ended_by_statement(conn) {
-                    return Err(Failure::Lockkit(cause));
+                    return Err(Failure::Lockkit(transaction::ended_under_work(conn, cause)));
                 }
                 let stored = stored(&response)?;
                 let finish = Write::Finish {
@@ -429,7 +438,8 @@ impl Idempotency {
                 std::panic::resume_unwind(panic);
             }
         };
-        if result.is_err() {
+        let (result, kept) = RunError::settle(result, wrote_after_end);
+        if result.is_err() && !kept {
             release(conn, key, started_at);
         }
         result.map(Outcome::Ran)
@@ -571,6 +581,41 @@ impl Idempotency {
         PurgeBefore {
             finished: now - millis(self.retention),
             started: now - millis(self.retention.max(self.lease)),
+        }
+    }
+}
+
+/// A run's error before it is the caller's: the work's own, or lockkit's,
+/// which may say that statements of the work committed on their own.
+pub(crate) enum RunError<E> {
+    Work(E),
+    Lockkit(Error),
+}
+
+impl<E> From<Error> for RunError<E> {
+    fn from(error: Error) -> Self {
+        RunError::Lockkit(error)
+    }
+}
+
+impl<E: From<Error>> RunError<E> {
+    /// The run's result for its caller, and whether its key is kept instead
+    /// of released: where statements of the work may have committed on their
+    /// own after its transaction ended under it (`wrote_after_end`, or an
+    /// error that says so, [`transaction::may_have_committed`]), a retry must
+    /// not run the work again. The key stays running until its lease runs
+    /// out, as after a crash.
+    pub(crate) fn settle<R>(
+        result: Result<R, Self>,
+        wrote_after_end: bool,
+    ) -> (Result<R, E>, bool) {
+        match result {
+            Ok(response) => (Ok(response), false),
+            Err(RunError::Work(err)) => (Err(err), wrote_after_end),
+            Err(RunError::Lockkit(err)) => {
+                let kept = wrote_after_end || transaction::may_have_committed(&err);
+                (Err(E::from(err)), kept)
+            }
         }
     }
 }

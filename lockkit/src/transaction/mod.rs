@@ -348,8 +348,42 @@ pub(crate) fn reported_end<T, E, W: journal::Watched>(
         Some(Error::Deadlock) if result.is_ok() && !journal::watches(conn) => {
             Some(unseen(ENDED_UNSEEN))
         }
-        Some(_) if journal::wrote_after_end(conn) => Some(unseen(WROTE_AFTER_END)),
-        ended => ended,
+        ended => ended.map(|cause| ended_under_work(conn, cause)),
+    }
+}
+
+/// What ended a transaction under the work (`cause`, a statement's error the
+/// journal saw), as lockkit reports it: [`WROTE_AFTER_END`] where a statement of
+/// the work wrote after it (on MySQL/MariaDB, in autocommit: it committed on
+/// its own), else `cause`. For [`reported_end`], and for the idempotency keys,
+/// which ask before their own last write.
+pub(crate) fn ended_under_work<W: journal::Watched>(conn: &mut W, cause: Error) -> Error {
+    if journal::wrote_after_end(conn) {
+        unseen(WROTE_AFTER_END)
+    } else {
+        cause
+    }
+}
+
+/// Whether `error` says that statements of the work may have committed on their
+/// own after its transaction ended under it ([`reported_end`],
+/// [`ended_silently`]): not retried, and an idempotency key is not released
+/// for it, so that nothing is applied twice.
+#[cfg(feature = "idempotency")]
+pub(crate) fn may_have_committed(error: &Error) -> bool {
+    match error {
+        Error::Database(diesel::result::Error::DatabaseError(
+            diesel::result::DatabaseErrorKind::Unknown,
+            info,
+        )) => [
+            WROTE_AFTER_END,
+            ENDED_UNSEEN,
+            ENDED_SILENTLY,
+            ENDED_SILENTLY_UNDER_NESTED,
+        ]
+        .contains(&info.message()),
+        Error::TransactionAborted(aborted) => may_have_committed(aborted.cause()),
+        _ => false,
     }
 }
 
