@@ -1257,4 +1257,52 @@ mod postgres_only {
         assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
         assert_eq!(stock!(&mut conn), 7, "the other process's change stands");
     }
+
+    /// A delete dropped in autocommit while it waits for another session's
+    /// lock may or may not run: it must not make the journal forget what it
+    /// knows of the row. A struct holds a number a rolled-back write left;
+    /// another process then commits that number, and the struct must not
+    /// match it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_delete_dropped_in_autocommit_keeps_the_journals_rolled_back_numbers() {
+        use lockkit::asynchronous::prelude::*;
+        let db = TestDb::<diesel::PgConnection>::new("dropped_delete_autocommit");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
+        let mut s1 = item!(&mut conn, 1);
+        let rolled_back = lockkit::asynchronous::locked_transaction(
+            &mut conn,
+            LockOptions::default(),
+            async |conn: &mut AsyncPgConnection| {
+                s1.stock = 5;
+                s1.update_versioned(conn).await?;
+                Err::<(), _>(Error::NoRowMatched)
+            },
+        )
+        .await;
+        assert!(rolled_back.is_err());
+        assert_eq!(s1.lock_version, 1, "s1 holds the rolled-back number");
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let url = db.url.clone();
+        let other = std::thread::spawn(move || {
+            let mut conn = diesel::PgConnection::establish(&url).unwrap();
+            conn.transaction(|c| {
+                c.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")?;
+                locked_tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(500));
+                c.batch_execute("UPDATE items SET stock = 7, lock_version = 1 WHERE id = 1")
+            })
+            .unwrap();
+        });
+        locked_rx.recv().unwrap();
+        let s2 = item!(&mut conn, 1);
+        let tried =
+            tokio::time::timeout(Duration::from_millis(100), s2.delete_versioned(&mut conn)).await;
+        assert!(tried.is_err(), "given up on while it waited for the lock");
+        other.join().unwrap();
+        s1.stock = 4;
+        let outcome = s1.update_versioned(&mut conn).await;
+        assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
+        assert_eq!(stock!(&mut conn), 7, "the other process's change stands");
+    }
 }

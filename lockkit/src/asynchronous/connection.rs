@@ -304,7 +304,9 @@ impl<'c, C: AsyncConnection> Unsettled<'c, C> {
 impl<C: AsyncConnection> Drop for Unsettled<'_, C> {
     fn drop(&mut self) {
         if let Some(tentative) = self.tentative.take().filter(|_| self.armed) {
-            tentative.record(&mut journal::AsyncWatched(&mut *self.conn));
+            from_drop(self.conn, |conn| {
+                tentative.record(&mut journal::AsyncWatched(conn));
+            });
         }
         // Only MySQL/MariaDB leaves a reply unread ([`reply_left_unread`]):
         // elsewhere there is nothing to ask the connection.

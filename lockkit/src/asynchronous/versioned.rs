@@ -633,10 +633,12 @@ where
             }
             let watched = &mut AsyncWatched(&mut *conn);
             let write = Write::<M>::start(watched, key, id, expected, origin, operation)?;
-            // Dropped from here until the journal records the write, the
-            // write is recorded as done: PostgreSQL runs a statement whose
-            // future was dropped.
-            *tentative = write.tentative();
+            // Dropped from here until the journal records the write, a write
+            // in a transaction is recorded as done: PostgreSQL runs a
+            // statement whose future was dropped. Not in autocommit, where a
+            // record would make the journal forget numbers structs still hold
+            // (as after a commit), for a write that may not run.
+            *tentative = write.tentative().filter(|_| in_transaction(conn));
             let rows = match write.statement() {
                 Some(checked) => {
                     execute_once::<M, Conn, S>(conn, key, unique, move || statement(checked))

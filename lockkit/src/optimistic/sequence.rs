@@ -257,13 +257,15 @@ impl<'k, M: Model> Write<'k, M> {
     }
 }
 
-/// A write whose statement was sent and whose answer never came: an async
-/// write dropped with it in flight. PostgreSQL still runs it (in the caller's
-/// transaction, if one is open), so a struct read after it may hold the number
-/// it left; recorded as if it had matched, so that if the transaction rolls
-/// back, that number is never matched again (the journal's rule 3). If it
-/// matched nothing, the record only makes a later write of that number move
-/// past it, or a struct holding it stale: never a lost update.
+/// A write sent in a transaction whose answer never came: an async write
+/// dropped with its statement in flight. PostgreSQL still runs it in the
+/// transaction, so a struct read after it may hold the number it left;
+/// recorded as if it had matched, so that if the transaction rolls back, that
+/// number is never matched again (the journal's rule 3). If it matched nothing,
+/// the record only makes a later write of that number move past it, or a
+/// struct holding it stale: never a lost update. Not in autocommit: there a
+/// record would make the journal forget the numbers below it, as a commit
+/// does, for a write that may not have run.
 pub(crate) struct Tentative {
     table: &'static str,
     id: String,
