@@ -568,6 +568,13 @@ mod waiting {
                 LockOptions::default(),
                 async |conn: &mut Async| {
                     sell_one!(&mut *conn, 2)?;
+                    // Step 0 polls the nested call once, then drops it: a
+                    // drop whatever the timer's tick (on a loaded machine
+                    // every deadline below may come after the call's end).
+                    if step == 0 {
+                        let nested = std::pin::pin!(decrement!(&mut *conn, None));
+                        return Ok::<_, Error>(matches!(poll_once(nested), Poll::Ready(Ok(()))));
+                    }
                     let tried = tokio::time::timeout(deadline, decrement!(conn, None)).await;
                     Ok::<_, Error>(matches!(tried, Ok(Ok(()))))
                 },
