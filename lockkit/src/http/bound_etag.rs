@@ -89,7 +89,11 @@ impl ETagSecret {
     }
 
     /// The tags of one resource: the row of `table` whose key formats as `key`
-    /// (the same table name and key formatting on every server).
+    /// (the same table name and key formatting on every server). A refusal's
+    /// problem ([`ResourceTags::problem`]) carries the resource's current tag
+    /// only when the stale report names it: `table` as Diesel names the table
+    /// (its `table!` name) and a single-column key; otherwise (another name, a
+    /// composite key) the `412` carries none, and the client re-reads.
     pub fn resource(&self, table: &str, key: impl fmt::Display) -> ResourceTags {
         let mut mac = self.0.clone();
         mac.update(DOMAIN);
