@@ -122,7 +122,8 @@ metrics! {
         /// ([`Error::RetriesExhausted`](crate::Error::RetriesExhausted), or a nested
         /// `transaction_with_retry`'s last error handed to the owner as it is).
         retries_exhausted: RETRIES_EXHAUSTED, "retries exhausted";
-        /// [`Error::Busy`](crate::Error::Busy): `NOWAIT` or SQLite's busy database.
+        /// [`Error::Busy`](crate::Error::Busy): `NOWAIT`, a row `SKIP LOCKED` passed
+        /// over in a locked read of one key, or SQLite's busy database.
         busy: BUSY, "busy";
         /// [`Error::LockTimeout`](crate::Error::LockTimeout).
         lock_timeouts: LOCK_TIMEOUTS, "lock timeouts";

@@ -136,4 +136,31 @@ lockkit_tests::backend_tests! {
         assert!(delta.retries_exhausted >= 1, "{delta}");
         assert!(delta.locks_acquired >= 1, "{delta}");
     }
+
+    fn a_held_row_that_skip_locked_passes_over_is_counted_busy(db) {
+        // `with_lock` with `skip_locked()` on a held row is `Busy`, as under
+        // `nowait()`: counted as one, whichever way lockkit learned it.
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            let db = &db;
+            s.spawn(move || {
+                lockkit::with_lock(&mut db.conn(), 1, lockkit::LockOptions::default(), |_, _: Item| {
+                    locked_tx.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                    Ok::<_, Error>(())
+                })
+                .unwrap();
+            });
+            locked_rx.recv().unwrap();
+            let mut conn = db.conn();
+            let (outcome, seen) = observe(|| {
+                lockkit::with_lock(&mut conn, 1, lockkit::LockOptions::default().skip_locked(), |_, _: Item| Ok::<_, Error>(()))
+            });
+            release_tx.send(()).unwrap();
+            assert!(matches!(outcome, Err(Error::Busy)), "{outcome:?}");
+            assert_eq!(seen.counter("lockkit_lock_errors_total{kind=busy}"), 1, "{seen:?}");
+        });
+    }
 }

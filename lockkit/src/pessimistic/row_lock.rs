@@ -115,6 +115,12 @@ impl WaitMode {
     /// row `exists`: [`Error::Busy`] when it does, else [`Error::NotFound`].
     pub(crate) fn empty_read(exists: bool) -> Error {
         if exists {
+            // No server error said so: counted here, as `classify` counts
+            // the `NOWAIT` one.
+            crate::metrics::record_lock_error(
+                crate::metrics::LockErrorKind::Busy,
+                "SKIP LOCKED passed over the held row",
+            );
             Error::Busy
         } else {
             Error::NotFound
