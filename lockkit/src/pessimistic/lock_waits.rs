@@ -255,6 +255,19 @@ pub(crate) struct WaitRow {
     blocker_query: String,
 }
 
+/// `sessions` in their order, each once (`pg_blocking_pids` may name one
+/// twice).
+#[cfg(feature = "postgres")]
+fn once_each(mut sessions: Vec<i64>) -> Vec<i64> {
+    let mut seen = Vec::with_capacity(sessions.len());
+    sessions.retain(|session| {
+        let first = !seen.contains(session);
+        seen.push(*session);
+        first
+    });
+    sessions
+}
+
 /// Rows ordered by waiter, then blocker: one [`LockWait`] per waiter.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn group_waits(rows: Vec<WaitRow>) -> Vec<LockWait> {
@@ -268,7 +281,13 @@ pub(crate) fn group_waits(rows: Vec<WaitRow>) -> Vec<LockWait> {
             query: row.blocker_query,
         };
         match waits.last_mut() {
-            Some(last) if last.session == row.session => last.blockers.push(blocker),
+            // One row per blocking lock: a blocker holding two locks the
+            // waiter waits for is listed once.
+            Some(last) if last.session == row.session => {
+                if last.blockers.iter().all(|b| b.session != blocker.session) {
+                    last.blockers.push(blocker);
+                }
+            }
             _ => waits.push(LockWait {
                 session: row.session,
                 waiting: millis(row.waiting_ms),
@@ -353,13 +372,13 @@ pub(crate) mod postgres {
     #[derive(diesel::QueryableByName)]
     pub(crate) struct Row {
         #[diesel(sql_type = BigInt)]
-        session: i64,
+        pub(super) session: i64,
         #[diesel(sql_type = Array<BigInt>)]
-        blocked_by: Vec<i64>,
+        pub(super) blocked_by: Vec<i64>,
         #[diesel(sql_type = BigInt)]
-        waiting_ms: i64,
+        pub(super) waiting_ms: i64,
         #[diesel(sql_type = Text)]
-        query: String,
+        pub(super) query: String,
     }
 
     /// The waiter's first lock not granted names the mode; its tuple lock (held
@@ -402,7 +421,7 @@ pub(crate) mod postgres {
         rows.into_iter()
             .map(|row| BlockedSession {
                 session: row.session,
-                blocked_by: row.blocked_by,
+                blocked_by: once_each(row.blocked_by),
                 waiting: millis(row.waiting_ms),
                 query: row.query,
             })
@@ -419,13 +438,13 @@ pub(crate) mod mysql {
     #[derive(diesel::QueryableByName)]
     pub(crate) struct Row {
         #[diesel(sql_type = BigInt)]
-        session: i64,
+        pub(super) session: i64,
         #[diesel(sql_type = BigInt)]
-        blocker: i64,
+        pub(super) blocker: i64,
         #[diesel(sql_type = BigInt)]
-        waiting_ms: i64,
+        pub(super) waiting_ms: i64,
         #[diesel(sql_type = Text)]
-        query: String,
+        pub(super) query: String,
     }
 
     /// The query of [`BLOCKED_SESSIONS_TRIED`] over the lock-wait view its
@@ -487,7 +506,12 @@ pub(crate) mod mysql {
         let mut sessions: Vec<BlockedSession> = Vec::new();
         for row in rows {
             match sessions.last_mut() {
-                Some(last) if last.session == row.session => last.blocked_by.push(row.blocker),
+                // One row per blocking lock: each blocker once.
+                Some(last) if last.session == row.session => {
+                    if !last.blocked_by.contains(&row.blocker) {
+                        last.blocked_by.push(row.blocker);
+                    }
+                }
                 _ => sessions.push(BlockedSession {
                     session: row.session,
                     blocked_by: vec![row.blocker],
@@ -497,5 +521,57 @@ pub(crate) mod mysql {
             }
         }
         sessions
+    }
+}
+
+#[cfg(all(test, feature = "postgres", feature = "mysql"))]
+mod tests {
+    use super::*;
+
+    fn wait_row(session: i64, blocker: i64) -> WaitRow {
+        WaitRow {
+            session,
+            waiting_ms: 5,
+            query: "SELECT 1".into(),
+            lock_mode: None,
+            relation: None,
+            blocker,
+            blocker_state: "idle in transaction".into(),
+            blocker_state_ms: 1,
+            blocker_transaction_ms: None,
+            blocker_query: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_blocker_holding_two_locks_is_listed_once() {
+        let waits = group_waits(vec![
+            wait_row(7, 3),
+            wait_row(7, 3),
+            wait_row(7, 4),
+            wait_row(8, 3),
+        ]);
+        let blockers: Vec<(i64, Vec<i64>)> = waits
+            .iter()
+            .map(|w| (w.session, w.blockers.iter().map(|b| b.session).collect()))
+            .collect();
+        assert_eq!(blockers, [(7, vec![3, 4]), (8, vec![3])]);
+        let rows = [(7, 3), (7, 3), (7, 4)]
+            .into_iter()
+            .map(|(session, blocker)| mysql::Row {
+                session,
+                blocker,
+                waiting_ms: 5,
+                query: String::new(),
+            })
+            .collect();
+        assert_eq!(mysql::blocked(rows)[0].blocked_by, [3, 4]);
+        let rows = vec![postgres::Row {
+            session: 7,
+            blocked_by: vec![4, 3, 4],
+            waiting_ms: 5,
+            query: String::new(),
+        }];
+        assert_eq!(postgres::blocked(rows)[0].blocked_by, [4, 3]);
     }
 }
