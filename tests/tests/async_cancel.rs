@@ -1265,6 +1265,69 @@ mod postgres_only {
         assert_eq!(stock!(&mut conn), 7, "the other process's change stands");
     }
 
+    /// A write dropped in flight in a transaction that commits: PostgreSQL
+    /// runs it, and the row commits a number a rolled-back write left with
+    /// another struct (a write that finished would have moved the row past
+    /// it). The journal must still refuse that struct.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_write_dropped_in_flight_keeps_another_structs_rolled_back_number_refused() {
+        use lockkit::asynchronous::prelude::*;
+        let db = TestDb::<diesel::PgConnection>::new("dropped_write_reused_number");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
+        let mut s1 = item!(&mut conn, 1);
+        let rolled_back = lockkit::asynchronous::locked_transaction(
+            &mut conn,
+            LockOptions::default(),
+            async |conn: &mut AsyncPgConnection| {
+                s1.stock = 5;
+                s1.update_versioned(conn).await?;
+                Err::<(), _>(Error::NoRowMatched)
+            },
+        )
+        .await;
+        assert!(rolled_back.is_err());
+        assert_eq!(s1.lock_version, 1, "s1 holds the rolled-back number");
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let url = db.url.clone();
+        let holder = std::thread::spawn(move || {
+            let mut conn = diesel::PgConnection::establish(&url).unwrap();
+            conn.transaction(|c| {
+                c.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")?;
+                locked_tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(500));
+                Ok::<_, diesel::result::Error>(())
+            })
+            .unwrap();
+        });
+        locked_rx.recv().unwrap();
+        let mut s2 = item!(&mut conn, 1);
+        let committed = lockkit::asynchronous::locked_transaction(
+            &mut conn,
+            LockOptions::default(),
+            async |conn: &mut AsyncPgConnection| {
+                s2.stock = 7;
+                let tried =
+                    tokio::time::timeout(Duration::from_millis(100), s2.update_versioned(conn))
+                        .await;
+                assert!(tried.is_err(), "given up on while it waited for the lock");
+                Ok::<_, Error>(())
+            },
+        )
+        .await;
+        holder.join().unwrap();
+        assert!(committed.is_ok(), "{committed:?}");
+        assert_eq!(
+            item!(&mut conn, 1).lock_version,
+            1,
+            "the dropped write committed the rolled-back number"
+        );
+        s1.stock = 4;
+        let outcome = s1.update_versioned(&mut conn).await;
+        assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
+        assert_eq!(stock!(&mut conn), 7, "the dropped write's change stands");
+    }
+
     /// A delete dropped in autocommit while it waits for another session's
     /// lock may or may not run: it must not make the journal forget what it
     /// knows of the row. A struct holds a number a rolled-back write left;

@@ -850,6 +850,31 @@ pub(crate) fn written<W: Watched>(
     })
 }
 
+/// [`written`] for a write sent in a transaction whose answer never came (an
+/// async write dropped with its statement in flight, which PostgreSQL still
+/// runs): recorded, unless the journal already holds `to` for the row. That
+/// number is then one a rolled-back write left with some struct, which a write
+/// that finished would have moved the row past; a record would replace the
+/// entry that keeps that struct refused, and a commit would forget it.
+pub(crate) fn written_unanswered<W: Watched>(
+    conn: &mut W,
+    table: &'static str,
+    row: &str,
+    from: i64,
+    to: i64,
+) {
+    let (server, rest) = server_and_rest(row);
+    let id = (table, rest.to_owned());
+    let known = registry().rows.get(&id).is_some_and(|entries| {
+        entries
+            .iter()
+            .any(|e| *e.server == *server && e.version == to)
+    });
+    if !known {
+        let _ = written(conn, table, Some(row), from, Some(to));
+    }
+}
+
 /// Before a write of `row` from a struct holding `expected`: the mark of the
 /// write that gave the struct its number, when lockkit cannot tell whether it
 /// still stands, since it was made on this connection (which lockkit cannot

@@ -215,14 +215,15 @@ impl<'k, M: Model> Write<'k, M> {
 
     /// What the statement may leave on its row, for a driver that can be
     /// given up on with it in flight ([`Tentative`]); `None` where nothing is
-    /// sent or the journal cannot name the row.
+    /// sent, the journal cannot name the row, or the write is a delete (which
+    /// the journal records only once it commits).
     pub(crate) fn tentative(&self) -> Option<Tentative> {
         let checked = self.statement()?;
         Some(Tentative {
             table: M::TABLE_NAME,
             id: self.row.id?.to_owned(),
             from: checked.to_i64(),
-            to: self.next.map(VersionNumber::to_i64),
+            to: self.next?.to_i64(),
         })
     }
 
@@ -270,15 +271,15 @@ pub(crate) struct Tentative {
     table: &'static str,
     id: String,
     from: i64,
-    to: Option<i64>,
+    to: i64,
 }
 
 impl Tentative {
-    /// Records the write as done ([`rollbacks::written`]). On a connection no
-    /// journal watches, the mark that would tell its fate is not sent: asked
-    /// later, it is not found, and the write counts as rolled back.
+    /// Records the write as done ([`rollbacks::written_unanswered`]). On a
+    /// connection no journal watches, the mark that would tell its fate is not
+    /// sent: asked later, it is not found, and the write counts as rolled back.
     pub(crate) fn record<W: Watched>(self, watched: &mut W) {
-        let _ = rollbacks::written(watched, self.table, Some(&self.id), self.from, self.to);
+        rollbacks::written_unanswered(watched, self.table, &self.id, self.from, self.to);
     }
 }
 
