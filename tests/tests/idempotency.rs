@@ -426,6 +426,42 @@ mod mysql_only {
         );
         assert_eq!(stock_of!(&mut conn), 9, "the unit sold once");
     }
+
+    /// The work sells, then a nested call's DDL commits the transaction
+    /// implicitly; the nested call's error (not retryable: statements may
+    /// have committed on their own) is the work's. The sale committed: the
+    /// key must not be released for the client's retry to sell again.
+    #[test]
+    fn a_key_is_kept_for_work_whose_nested_call_found_an_implicit_commit() {
+        let db = database_with("idempotency_implicit_commit", idempotency_migrations);
+        lockkit_tests::seed_items(&mut db.conn(), &[(1, 10)]);
+        let keys = Idempotency::default();
+        let request = fingerprint("POST", "/orders", b"{\"item\":1}");
+        let mut conn = db.connect();
+        let work = |c: &mut diesel::MysqlConnection| {
+            sell_from_item_1(c, 1)?;
+            lockkit::transaction_with_retry(c, &lockkit::RetryPolicy::immediate(3), |c| {
+                diesel::sql_query(
+                    "CREATE TABLE IF NOT EXISTS idempotency_implicit_commit (id INT)",
+                )
+                .execute(c)?;
+                Err::<(), _>(Error::NotFound)
+            })?;
+            Ok::<_, Error>("201 sold".to_owned())
+        };
+        let outcome = keys.run(&mut conn, "tenant-1", "order-1", &request, work);
+        assert!(
+            outcome.as_ref().is_err_and(|err| !err.is_retryable()),
+            "{outcome:?}"
+        );
+        assert_eq!(stock_of!(&mut conn), 9, "the sale committed with the DDL");
+        let again = keys.run(&mut conn, "tenant-1", "order-1", &request, work);
+        assert!(
+            matches!(again, Err(Error::IdempotencyInProgress)),
+            "{again:?}"
+        );
+        assert_eq!(stock_of!(&mut conn), 9, "the unit sold once");
+    }
 }
 
 /// Keys inside the caller's transaction: a retried one, and one a duplicate

@@ -125,8 +125,11 @@ where
         }
     };
     // Statements of the work that ran after its transaction ended, in
-    // autocommit: they committed, and the key is kept.
-    let wrote_after_end = journal::wrote_after_end(&mut journal::AsyncWatched(&mut *level));
+    // autocommit, or that a statement committing implicitly took with it (a
+    // nested call reported it): they committed, and the key is kept.
+    let watched = &mut journal::AsyncWatched(&mut *level);
+    let wrote_after_end =
+        journal::wrote_after_end(watched) || journal::reported_own_commits(watched);
     let result = match worked {
         // A nested call the work gave up on left its savepoint: rolled back
         // before lockkit's own statements, which would otherwise run in it.

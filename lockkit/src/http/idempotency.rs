@@ -15,7 +15,7 @@
 //! | same key, different request (fingerprint: method, path or body) | [`Error::IdempotencyKeyReused`] | 422 |
 //! | the work failed | the key is released: the next attempt runs it again | the error's |
 //! | the process died between start and finish | after the lease (default 60 s) the next attempt takes the key over and runs the work | |
-//! | the work's transaction ended under it and statements of the work committed on their own (MySQL/MariaDB: it let a deadlock go and wrote on; a statement that commits implicitly) | the key is kept running: repeats get [`Error::IdempotencyInProgress`] until the lease runs out, then as after a crash | lockkit's error, not retryable |
+//! | the work's transaction ended under it and statements of the work committed on their own (MySQL/MariaDB: it let a deadlock go and wrote on; a statement that commits implicitly) | the key is kept running: repeats get [`Error::IdempotencyInProgress`] until the lease runs out, then as after a crash (a run inside your transaction: the key's row went with that transaction) | lockkit's error, not retryable |
 //!
 //! The lease counts from when the request got the key. A request whose take
 //! waited for another's uncommitted take of it (a run inside a transaction of
@@ -406,14 +406,16 @@ impl Idempotency {
             Start::Owned { started_at } => started_at,
         };
         // Statements of the work that ran after its transaction ended, in
-        // autocommit: they committed, and the key is kept.
+        // autocommit, or that a statement committing implicitly took with it
+        // (a nested call reported it): they committed, and the key is kept.
         let mut wrote_after_end = false;
         // A panic of the work is caught here only to release the key (the work
         // was rolled back, and a retry must run it again), then goes on.
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             transaction::run(&mut *conn, |conn| {
                 let worked = work(conn);
-                wrote_after_end = transaction::journal::wrote_after_end(conn);
+                wrote_after_end = transaction::journal::wrote_after_end(conn)
+                    || transaction::journal::reported_own_commits(conn);
                 let response = worked.map_err(|err| Failure::Closure(RunError::Work(err)))?;
                 // The work let a statement end the transaction (a deadlock's
                 // victim on MySQL/MariaDB): the key's `Finish` would commit on its

@@ -342,6 +342,10 @@ struct Aborts {
     /// ([`Error::TransactionAborted`]), settled
     /// when it ends.
     reported: Vec<crate::error::Settler>,
+    /// One of them said that statements of the work may have committed on
+    /// their own ([`may_have_committed`](crate::transaction::may_have_committed)):
+    /// read by the idempotency keys after the work ([`reported_own_commits`]).
+    reported_own_commits: bool,
     /// The connection reports a statement that answers with rows as succeeded
     /// once they begin to come, and an error in their place reaches the caller
     /// only (diesel-async's MySQL connection: a locking read that is a
@@ -406,6 +410,7 @@ impl Aborts {
         for reported in self.reported.drain(..) {
             reported.settle();
         }
+        self.reported_own_commits = false;
     }
 
     /// No transaction is open any more: nothing ended it, nothing is unsure,
@@ -1419,9 +1424,22 @@ pub(crate) fn aborted<W: Watched>(conn: &mut W, cause: Error) -> Error {
     if conn.depth().is_none() {
         aborted.settler().settle();
     } else if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
+        journal.aborts.reported_own_commits |=
+            crate::transaction::may_have_committed(aborted.cause());
         journal.aborts.reported.push(aborted.settler());
     }
     Error::TransactionAborted(aborted)
+}
+
+/// Whether lockkit reported, in the open transaction on `conn`, an abort
+/// saying that statements of the work may have committed on their own (a
+/// nested call that found the transaction ended silently). `false` where no
+/// journal watches `conn`.
+#[cfg(feature = "idempotency")]
+pub(crate) fn reported_own_commits<W: Watched>(conn: &mut W) -> bool {
+    conn.slot()
+        .downcast_mut::<Journal>()
+        .is_some_and(|journal| journal.aborts.reported_own_commits)
 }
 
 /// A write statement of lockkit's ([`before_write`]) failed with `err`: whether

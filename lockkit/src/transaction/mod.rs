@@ -369,7 +369,6 @@ pub(crate) fn ended_under_work<W: journal::Watched>(conn: &mut W, cause: Error) 
 /// own after its transaction ended under it ([`reported_end`],
 /// [`ended_silently`]): not retried, and an idempotency key is not released
 /// for it, so that nothing is applied twice.
-#[cfg(feature = "idempotency")]
 pub(crate) fn may_have_committed(error: &Error) -> bool {
     match error {
         Error::Database(diesel::result::Error::DatabaseError(
