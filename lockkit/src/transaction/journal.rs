@@ -27,7 +27,10 @@
 //!    version the row had before the rolled-back write; if nobody wrote since, it
 //!    succeeds, exactly once, and (rule 4) leaves the row one number past the
 //!    rolled-back one, which any copy of the struct (a clone made after the
-//!    rollback) still holds;
+//!    rollback) still holds. Only the version is restored: the struct's other
+//!    fields keep what the rolled-back attempt set them to, so a retried
+//!    closure must set them from values (or re-read the row), never change
+//!    them relative to themselves (`a.stock -= 1` subtracts once per attempt);
 //! 2. otherwise, if the row now holds the very number the struct holds (somebody
 //!    re-produced it), it cannot tell the struct from a legitimate reader of that
 //!    number: it moves the row's version past it (`SET v = v + 1 WHERE v = $n`,
