@@ -271,3 +271,53 @@ mod all {
         }
     }
 }
+
+/// MySQL/MariaDB: `serializable` sets the isolation of the next transaction
+/// before it opens it. On a connection whose transaction manager Diesel marked
+/// broken (a failed `ROLLBACK`, say), no transaction opens: the setting must
+/// not be sent, or it would stay pending for the next user of the connection,
+/// whose transaction would run at SERIALIZABLE.
+#[cfg(feature = "mysql")]
+#[test]
+fn serializable_on_a_broken_connection_leaves_no_isolation_pending() {
+    use diesel::connection::{TransactionManager, TransactionManagerStatus};
+    #[derive(QueryableByName)]
+    struct Isolation {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        level: String,
+    }
+    let db = TestDb::<diesel::MysqlConnection>::new("broken_serializable");
+    let mut conn = db.connect();
+    let status =
+        <diesel::MysqlConnection as Connection>::TransactionManager::transaction_manager_status_mut(
+            &mut conn,
+        );
+    status.set_in_error();
+    let refused =
+        lockkit::serializable(
+            &mut conn,
+            &RetryPolicy::immediate(1),
+            |_| Ok::<_, Error>(()),
+        );
+    assert!(refused.is_err(), "{refused:?}");
+    // The next user of the connection, with its manager working again.
+    let status =
+        <diesel::MysqlConnection as Connection>::TransactionManager::transaction_manager_status_mut(
+            &mut conn,
+        );
+    *status = TransactionManagerStatus::default();
+    // The transaction's own level, as InnoDB keeps it (the session's
+    // variable does not show a level set for the next transaction).
+    let level = conn
+        .transaction(|c| {
+            c.batch_execute("SELECT COUNT(*) FROM items FOR UPDATE")?;
+            diesel::sql_query(
+                "SELECT CAST(trx_isolation_level AS CHAR) AS level FROM information_schema.innodb_trx \
+                 WHERE trx_mysql_thread_id = CONNECTION_ID()",
+            )
+            .get_result::<Isolation>(c)
+        })
+        .unwrap()
+        .level;
+    assert_eq!(level, "REPEATABLE READ", "the next transaction's isolation");
+}

@@ -536,7 +536,7 @@ impl Relay {
     {
         check_limit(limit)?;
         let inner = conn.locking_connection();
-        crate::transaction::refuse_transaction(inner.in_transaction())?;
+        crate::transaction::refuse_transaction_or_broken(inner)?;
         C::Conn::before_relay(inner)?;
         locked_transaction(conn, LockOptions::default(), |conn| {
             let batch = C::Conn::claim_due(conn, limit, now_millis())?;

@@ -285,7 +285,7 @@ macro_rules! locking_connection {
 /// `SERIALIZABLE` transaction is always the outermost one.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 fn refuse_open_transaction<C: Control>(conn: &mut C) -> Result<(), Error> {
-    crate::transaction::refuse_transaction(in_transaction(conn))
+    crate::transaction::refuse_transaction_or_broken(conn)
 }
 
 /// [`LockingConnection::serializable_transaction`] where one statement,

@@ -1074,6 +1074,16 @@ pub(crate) fn refuse_transaction(open: bool) -> Result<(), Error> {
     }
 }
 
+/// [`refuse_transaction`] for `conn`, and [`refuse_broken`] first: for the
+/// calls that send a setting for the transaction they are about to open
+/// (MySQL/MariaDB's `SET TRANSACTION ISOLATION LEVEL`, which applies to the
+/// next transaction). On a connection Diesel marked broken that transaction
+/// never opens, and the setting would wait for the connection's next user.
+pub(crate) fn refuse_transaction_or_broken<C: Control>(conn: &mut C) -> Result<(), Error> {
+    refuse_broken(C::TransactionManager::transaction_manager_status_mut(conn))?;
+    refuse_transaction(in_transaction(conn))
+}
+
 /// [`Error::NotInTransaction`] unless a transaction is open (`open`): the calls
 /// that lock inside the caller's transaction send nothing outside one.
 pub(crate) fn require_transaction(open: bool) -> Result<(), Error> {
