@@ -1200,7 +1200,52 @@ mod postgres_only {
     use diesel::connection::SimpleConnection as _;
     use diesel::Connection as _;
     use diesel_async::AsyncPgConnection;
+    use lockkit::asynchronous::prelude::*;
     use lockkit_tests::TestDb;
+
+    /// Another session holds item 1's row lock for half a second, then runs
+    /// `then` and commits; returns once it holds the lock.
+    fn hold_the_row(
+        db: &TestDb<diesel::PgConnection>,
+        then: &'static str,
+    ) -> std::thread::JoinHandle<()> {
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let url = db.url.clone();
+        let holder = std::thread::spawn(move || {
+            let mut conn = diesel::PgConnection::establish(&url).unwrap();
+            conn.transaction(|c| {
+                c.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")?;
+                locked_tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(500));
+                c.batch_execute(then)
+            })
+            .unwrap();
+        });
+        locked_rx.recv().unwrap();
+        holder
+    }
+
+    /// Item 1 as read before a versioned write of it (stock 5) that rolled
+    /// back: the struct holds the rolled-back number 1.
+    async fn rolled_back_write(conn: &mut AsyncPgConnection) -> Item {
+        let mut item = item!(&mut *conn, 1);
+        let rolled_back = lockkit::asynchronous::locked_transaction(
+            &mut *conn,
+            LockOptions::default(),
+            async |conn: &mut AsyncPgConnection| {
+                item.stock = 5;
+                item.update_versioned(conn).await?;
+                Err::<(), _>(Error::NoRowMatched)
+            },
+        )
+        .await;
+        assert!(rolled_back.is_err());
+        assert_eq!(
+            item.lock_version, 1,
+            "the struct holds the rolled-back number"
+        );
+        item
+    }
 
     /// PostgreSQL runs a statement whose future was dropped: a versioned
     /// write given up on while it waits for another session's lock on the row
@@ -1212,22 +1257,9 @@ mod postgres_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_versioned_write_dropped_in_flight_in_a_rolled_back_transaction_is_never_matched_again(
     ) {
-        use lockkit::asynchronous::prelude::*;
         let db = TestDb::<diesel::PgConnection>::new("dropped_write_rolled_back");
         seed_items(&mut db.conn(), &[(1, 10)]);
-        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
-        let url = db.url.clone();
-        let holder = std::thread::spawn(move || {
-            let mut conn = diesel::PgConnection::establish(&url).unwrap();
-            conn.transaction(|c| {
-                c.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")?;
-                locked_tx.send(()).unwrap();
-                std::thread::sleep(Duration::from_millis(500));
-                Ok::<_, diesel::result::Error>(())
-            })
-            .unwrap();
-        });
-        locked_rx.recv().unwrap();
+        let holder = hold_the_row(&db, "SELECT 1");
         let mut conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
         let mut a = item!(&mut conn, 1);
         let mut fresh = None;
@@ -1271,36 +1303,11 @@ mod postgres_only {
     /// it). The journal must still refuse that struct.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_write_dropped_in_flight_keeps_another_structs_rolled_back_number_refused() {
-        use lockkit::asynchronous::prelude::*;
         let db = TestDb::<diesel::PgConnection>::new("dropped_write_reused_number");
         seed_items(&mut db.conn(), &[(1, 10)]);
         let mut conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
-        let mut s1 = item!(&mut conn, 1);
-        let rolled_back = lockkit::asynchronous::locked_transaction(
-            &mut conn,
-            LockOptions::default(),
-            async |conn: &mut AsyncPgConnection| {
-                s1.stock = 5;
-                s1.update_versioned(conn).await?;
-                Err::<(), _>(Error::NoRowMatched)
-            },
-        )
-        .await;
-        assert!(rolled_back.is_err());
-        assert_eq!(s1.lock_version, 1, "s1 holds the rolled-back number");
-        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
-        let url = db.url.clone();
-        let holder = std::thread::spawn(move || {
-            let mut conn = diesel::PgConnection::establish(&url).unwrap();
-            conn.transaction(|c| {
-                c.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")?;
-                locked_tx.send(()).unwrap();
-                std::thread::sleep(Duration::from_millis(500));
-                Ok::<_, diesel::result::Error>(())
-            })
-            .unwrap();
-        });
-        locked_rx.recv().unwrap();
+        let mut s1 = rolled_back_write(&mut conn).await;
+        let holder = hold_the_row(&db, "SELECT 1");
         let mut s2 = item!(&mut conn, 1);
         let committed = lockkit::asynchronous::locked_transaction(
             &mut conn,
@@ -1335,36 +1342,14 @@ mod postgres_only {
     /// match it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_delete_dropped_in_autocommit_keeps_the_journals_rolled_back_numbers() {
-        use lockkit::asynchronous::prelude::*;
         let db = TestDb::<diesel::PgConnection>::new("dropped_delete_autocommit");
         seed_items(&mut db.conn(), &[(1, 10)]);
         let mut conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
-        let mut s1 = item!(&mut conn, 1);
-        let rolled_back = lockkit::asynchronous::locked_transaction(
-            &mut conn,
-            LockOptions::default(),
-            async |conn: &mut AsyncPgConnection| {
-                s1.stock = 5;
-                s1.update_versioned(conn).await?;
-                Err::<(), _>(Error::NoRowMatched)
-            },
-        )
-        .await;
-        assert!(rolled_back.is_err());
-        assert_eq!(s1.lock_version, 1, "s1 holds the rolled-back number");
-        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
-        let url = db.url.clone();
-        let other = std::thread::spawn(move || {
-            let mut conn = diesel::PgConnection::establish(&url).unwrap();
-            conn.transaction(|c| {
-                c.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")?;
-                locked_tx.send(()).unwrap();
-                std::thread::sleep(Duration::from_millis(500));
-                c.batch_execute("UPDATE items SET stock = 7, lock_version = 1 WHERE id = 1")
-            })
-            .unwrap();
-        });
-        locked_rx.recv().unwrap();
+        let mut s1 = rolled_back_write(&mut conn).await;
+        let other = hold_the_row(
+            &db,
+            "UPDATE items SET stock = 7, lock_version = 1 WHERE id = 1",
+        );
         let s2 = item!(&mut conn, 1);
         let tried =
             tokio::time::timeout(Duration::from_millis(100), s2.delete_versioned(&mut conn)).await;

@@ -223,15 +223,7 @@ async_backend_tests! {
             "INSERT INTO lockkit_idempotency_keys (principal, idempotency_key, fingerprint, state, started_at) \
              VALUES ('t', 'crashed again', 'f', 'running', 0)",
         );
-        let dropped = tokio::time::timeout(
-            Duration::from_millis(200),
-            lockkit::asynchronous::locked_transaction(&mut conn, lockkit::LockOptions::default(), async |_conn: &mut Async| {
-                tokio::time::sleep(Duration::from_secs(5)).await;
-                Ok::<_, Error>(())
-            }),
-        )
-        .await;
-        assert!(dropped.is_err(), "the call was dropped in its work");
+        async_common::drop_a_call_in_its_work(&mut conn).await;
         let purged = idempotency::purge_expired(&keys, &mut conn).await;
         assert!(matches!(purged, Err(Error::Database(diesel::result::Error::BrokenTransactionManager))), "{purged:?}");
         drop(conn);

@@ -259,15 +259,7 @@ async_backend_tests! {
         })
         .await
         .unwrap();
-        let dropped = tokio::time::timeout(
-            Duration::from_millis(200),
-            locked_transaction(&mut conn, LockOptions::default(), async |_conn: &mut Async| {
-                tokio::time::sleep(Duration::from_secs(5)).await;
-                Ok::<_, Error>(())
-            }),
-        )
-        .await;
-        assert!(dropped.is_err(), "the call was dropped in its work");
+        async_common::drop_a_call_in_its_work(&mut conn).await;
         let broken = |result: &Result<usize, Error>| {
             matches!(result, Err(Error::Database(diesel::result::Error::BrokenTransactionManager)))
         };

@@ -286,6 +286,25 @@ impl RowHolder {
 /// locks it held.
 pub const FREED_WITHIN: Duration = Duration::from_secs(10);
 
+/// A lockkit call on `conn` given up on in its work (a timeout fired): its
+/// transaction stays open on the server, and the connection is marked broken.
+#[allow(dead_code)]
+pub async fn drop_a_call_in_its_work<A: AsyncLockingConnection>(conn: &mut A) {
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(200),
+        lockkit::asynchronous::locked_transaction(
+            conn,
+            LockOptions::default(),
+            async |_conn: &mut A| {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                Ok::<_, Error>(())
+            },
+        ),
+    )
+    .await;
+    assert!(dropped.is_err(), "the call was dropped in its work");
+}
+
 /// Asks `free` every 5 ms until it says the lock is free; how long that took.
 /// Fails the test when `what` is still held after [`FREED_WITHIN`].
 pub async fn freed(what: &str, mut free: impl AsyncFnMut() -> bool) -> Duration {
