@@ -453,6 +453,25 @@ mod all {
             assert_never_writes!(held, a_conn, other);
         }
 
+        fn a_bulk_write_retried_after_its_rollback_undid_its_move_past_writes(db) {
+            // As above, with `update_all_by_version`, which opens a
+            // transaction of its own: its stale report's move past (1 -> 2)
+            // goes with its rollback, and must be made again, or every retry
+            // that reads the row afresh finds the other's 1 again and is
+            // stale, attempt after attempt.
+            let (mut a_conn, mut other, mut held) = rolled_back_then_committed_elsewhere!(db);
+            let sold = lockkit::retry(&RetryPolicy::immediate(3), |_| {
+                let version = item!(&mut a_conn, 1).lock_version;
+                Item::update_all_by_version(&mut a_conn, &[(1, version)], items::stock.eq(items::stock - 1))
+            });
+            let stored = item!(&mut other, 1);
+            assert!(
+                sold.is_ok() && (stored.stock, stored.lock_version) == (6, 3),
+                "a fresh read of the other's commit was refused: {sold:?}, row {stored:?}"
+            );
+            assert_never_writes!(held, a_conn, other);
+        }
+
         fn a_move_past_undone_by_a_nested_rollback_is_made_again_when_the_outer_transaction_commits(db) {
             // As above, but the stale write runs in a nested call whose savepoint
             // rolls back, inside a lockkit transaction that then commits: the

@@ -634,7 +634,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         changes: C,
     ) -> Result<Vec<Self::Version>, Error>
     where
-        Conn: Connection,
+        Conn: Connection + 'static,
         Self: VersionCheck + CurrentVersionQuery<Conn>,
         Self::Key: Ord,
         C: Clone,
@@ -650,7 +650,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         journal::watch(conn, |_| ends);
         crate::transaction::refuse_if_ended_on_sqlite(conn)?;
         let nested = crate::transaction::in_transaction(conn);
-        conn.transaction(|conn| {
+        let written = conn.transaction(|conn| {
             let mut versions = vec![None; rows.len()];
             let mut stale = Vec::new();
             for i in order {
@@ -668,8 +668,13 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
                 }
             }
             all_or_none(versions, stale)
-        })
-        .map_err(|err| crate::transaction::owners_error(err, nested))
+        });
+        // A stale row's move past went with the rollback: made again, as
+        // after lockkit's other transactions ([`transaction::finish`]).
+        if written.is_err() && !nested {
+            crate::transaction::redo(conn);
+        }
+        written.map_err(|err| crate::transaction::owners_error(err, nested))
     }
 
     /// The unexecuted statement of [`update_versioned`](Self::update_versioned), for

@@ -886,7 +886,7 @@ pub(crate) fn setting_kept(err: &diesel::result::Error) {
 /// manager is broken (the server may still hold a transaction open). Each is
 /// best effort: one that fails leaves a struct stale, never a write over
 /// somebody else's.
-fn redo<C: Control>(conn: &mut C) {
+pub(crate) fn redo<C: Connection + 'static>(conn: &mut C) {
     use diesel::connection::TransactionManager;
     if !journal::redo_kept() {
         return;
