@@ -1079,7 +1079,11 @@ pub(crate) fn refuse_transaction(open: bool) -> Result<(), Error> {
 /// (MySQL/MariaDB's `SET TRANSACTION ISOLATION LEVEL`, which applies to the
 /// next transaction). On a connection Diesel marked broken that transaction
 /// never opens, and the setting would wait for the connection's next user.
+/// A manager Diesel gave up on although the server has no transaction open is
+/// put back in order first ([`Control::repair`]), as after lockkit's failed
+/// transactions, so that the connection works on.
 pub(crate) fn refuse_transaction_or_broken<C: Control>(conn: &mut C) -> Result<(), Error> {
+    conn.repair();
     refuse_broken(C::TransactionManager::transaction_manager_status_mut(conn))?;
     refuse_transaction(in_transaction(conn))
 }
