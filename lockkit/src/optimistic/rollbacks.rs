@@ -852,10 +852,12 @@ pub(crate) fn written<W: Watched>(
 
 /// [`written`] for a write sent in a transaction whose answer never came (an
 /// async write dropped with its statement in flight, which PostgreSQL still
-/// runs): recorded, unless the journal already holds `to` for the row. That
-/// number is then one a rolled-back write left with some struct, which a write
-/// that finished would have moved the row past; a record would replace the
-/// entry that keeps that struct refused, and a commit would forget it.
+/// runs): recorded, unless the journal holds `to` for the row as a rolled-back
+/// write's number, left with some struct, which a write that finished would
+/// have moved the row past: a record would replace the entry that keeps that
+/// struct refused, and a commit would forget it. (Two connections' writes of
+/// one row dropped in flight in the same process share one entry: the later
+/// record replaces the earlier, as for finished writes.)
 pub(crate) fn written_unanswered<W: Watched>(
     conn: &mut W,
     table: &'static str,
@@ -866,9 +868,9 @@ pub(crate) fn written_unanswered<W: Watched>(
     let (server, rest) = server_and_rest(row);
     let id = (table, rest.to_owned());
     let known = registry().rows.get(&id).is_some_and(|entries| {
-        entries
-            .iter()
-            .any(|e| *e.server == *server && e.version == to)
+        entries.iter().any(|e| {
+            *e.server == *server && e.version == to && matches!(e.state, State::RolledBack)
+        })
     });
     if !known {
         let _ = written(conn, table, Some(row), from, Some(to));
