@@ -852,12 +852,13 @@ pub(crate) fn written<W: Watched>(
 
 /// [`written`] for a write sent in a transaction whose answer never came (an
 /// async write dropped with its statement in flight, which PostgreSQL still
-/// runs): recorded, unless the journal holds `to` for the row as a rolled-back
-/// write's number, left with some struct, which a write that finished would
-/// have moved the row past: a record would replace the entry that keeps that
-/// struct refused, and a commit would forget it. (Two connections' writes of
-/// one row dropped in flight in the same process share one entry: the later
-/// record replaces the earlier, as for finished writes.)
+/// runs): recorded, unless the journal already holds `to` for the row. That
+/// number is then one a rolled-back write left with some struct, which a write
+/// that finished would have moved the row past, or another transaction's open
+/// write of the row (whose lock this write was waiting for): a record would
+/// replace the entry that keeps that struct refused, and a commit would forget
+/// it. Left as it is: two connections' writes of one row both dropped in flight
+/// share the entry of the first.
 pub(crate) fn written_unanswered<W: Watched>(
     conn: &mut W,
     table: &'static str,
@@ -868,9 +869,9 @@ pub(crate) fn written_unanswered<W: Watched>(
     let (server, rest) = server_and_rest(row);
     let id = (table, rest.to_owned());
     let known = registry().rows.get(&id).is_some_and(|entries| {
-        entries.iter().any(|e| {
-            *e.server == *server && e.version == to && matches!(e.state, State::RolledBack)
-        })
+        entries
+            .iter()
+            .any(|e| *e.server == *server && e.version == to)
     });
     if !known {
         let _ = written(conn, table, Some(row), from, Some(to));
