@@ -1335,6 +1335,60 @@ mod postgres_only {
         assert_eq!(stock!(&mut conn), 7, "the dropped write's change stands");
     }
 
+    /// A write dropped while it waits for another transaction's versioned
+    /// write of the row, which then rolls back: the dropped write runs and
+    /// commits that write's number. The rolled-back struct must not match it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_write_dropped_behind_a_rolled_back_write_keeps_that_struct_refused() {
+        let db = TestDb::<diesel::PgConnection>::new("dropped_behind_rolled_back");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let url = db.url.clone();
+        let a = std::thread::spawn(move || {
+            let mut conn = diesel::PgConnection::establish(&url).unwrap();
+            let mut s_a: Item =
+                diesel::RunQueryDsl::first(items::table.find(1), &mut conn).unwrap();
+            let rolled_back = conn.transaction(|c| {
+                s_a.stock = 5;
+                lockkit::prelude::Versioned::update_versioned(&mut s_a, c)?;
+                locked_tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(500));
+                Err::<(), _>(Error::NoRowMatched)
+            });
+            assert!(rolled_back.is_err());
+            (conn, s_a)
+        });
+        locked_rx.recv().unwrap();
+        let mut conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
+        let mut s2 = item!(&mut conn, 1);
+        let committed = lockkit::asynchronous::locked_transaction(
+            &mut conn,
+            LockOptions::default(),
+            async |conn: &mut AsyncPgConnection| {
+                s2.stock = 7;
+                let tried =
+                    tokio::time::timeout(Duration::from_millis(100), s2.update_versioned(conn))
+                        .await;
+                assert!(
+                    tried.is_err(),
+                    "given up on while it waited for the other write"
+                );
+                Ok::<_, Error>(())
+            },
+        )
+        .await;
+        assert!(committed.is_ok(), "{committed:?}");
+        let (mut a_conn, mut s_a) = a.join().unwrap();
+        assert_eq!(
+            s_a.lock_version, 1,
+            "the rolled-back struct holds the number the dropped write committed"
+        );
+        s_a.stock = 4;
+        let outcome = lockkit::prelude::Versioned::update_versioned(&mut s_a, &mut a_conn);
+        assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
+        assert_eq!(stock!(&mut conn), 7, "the dropped write's change stands");
+    }
+
     /// A delete dropped in autocommit while it waits for another session's
     /// lock may or may not run: it must not make the journal forget what it
     /// knows of the row. A struct holds a number a rolled-back write left;
