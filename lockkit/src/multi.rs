@@ -376,6 +376,10 @@ macro_rules! dispatch {
             ) -> journal::AnyRedo {
                 versioned::move_past_again(versioned::move_past::<M, T>, key, row, version)
             }
+
+            fn redo_after_own_rollback(conn: &mut T) {
+                crate::transaction::redo(conn);
+            }
         }
 
         impl<Q, M, T> ClaimQuery<T, M> for Q
@@ -474,6 +478,11 @@ where
     /// enum inside, whose end makes the move again.
     fn move_past_again(key: M::Key, row: Option<String>, version: M::Version) -> journal::AnyRedo {
         M::move_past_again(key, row, version)
+    }
+
+    /// On the enum inside, for which the moves were kept.
+    fn redo_after_own_rollback(conn: &mut Pooled<T>) {
+        M::redo_after_own_rollback(&mut **conn);
     }
 }
 

@@ -389,6 +389,33 @@ lockkit_tests::backend_tests! {
         );
     }
 
+    fn a_bulk_write_retried_on_a_pooled_enum_makes_its_move_past_again(db) {
+        // combined's bulk test, on an r2d2 pooled enum: the move past is kept
+        // for the enum inside, and made again there after the bulk's rollback.
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let manager = diesel::r2d2::ConnectionManager::<AnyConnection>::new(&db.url);
+        let pool = diesel::r2d2::Pool::builder().max_size(1).build(manager).unwrap();
+        let mut pooled = pool.get().unwrap();
+        let mut held = rolled_back_write(&mut pooled);
+        let mut other = any(&db);
+        exec(
+            &mut other,
+            "UPDATE items SET stock = 7, lock_version = lock_version + 1 WHERE id = 1 AND lock_version = 0",
+        );
+        let sold = lockkit::retry(&RetryPolicy::immediate(3), |_| {
+            let version = load(&mut pooled, 1).lock_version;
+            Item::update_all_by_version(&mut pooled, &[(1, version)], items::stock.eq(items::stock - 1))
+        });
+        let stored = load(&mut other, 1);
+        assert!(
+            sold.is_ok() && (stored.stock, stored.lock_version) == (6, 3),
+            "a fresh read of the other's commit was refused: {sold:?}, row {stored:?}"
+        );
+        held.stock = 2;
+        assert!(matches!(held.update_versioned(&mut *pooled), Err(Error::Stale(_))));
+        assert_eq!(stock(&mut other, 1), 6, "the rolled-back struct never writes");
+    }
+
     fn pooled_enum_connections_take_the_same_calls(db) {
         seed_items(&mut db.conn(), &[(1, 10)]);
         let manager = diesel::r2d2::ConnectionManager::<AnyConnection>::new(&db.url);

@@ -171,6 +171,10 @@ macro_rules! current_version_query_on {
                 use crate::optimistic::versioned::{move_past, move_past_again};
                 move_past_again(move_past::<M, $conn>, key, row, version)
             }
+
+            fn redo_after_own_rollback(conn: &mut $conn) {
+                crate::transaction::redo(conn);
+            }
         }
     )*};
 }

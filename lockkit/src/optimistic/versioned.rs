@@ -634,7 +634,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         changes: C,
     ) -> Result<Vec<Self::Version>, Error>
     where
-        Conn: Connection + 'static,
+        Conn: Connection,
         Self: VersionCheck + CurrentVersionQuery<Conn>,
         Self::Key: Ord,
         C: Clone,
@@ -672,7 +672,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         // A stale row's move past went with the rollback: made again, as
         // after lockkit's other transactions ([`transaction::finish`]).
         if written.is_err() && !nested {
-            crate::transaction::redo(conn);
+            Self::redo_after_own_rollback(conn);
         }
         written.map_err(|err| crate::transaction::owners_error(err, nested))
     }
@@ -861,6 +861,13 @@ pub trait CurrentVersionQuery<Conn>: VersionCheck {
         row: Option<String>,
         version: Self::Version,
     ) -> journal::AnyRedo;
+
+    /// After a transaction of lockkit's own on `conn` rolled back outside any
+    /// other: sends again the moves past that [`move_past_again`](Self::move_past_again)
+    /// kept, on the connection whose type they were kept for (a pooled
+    /// `MultiConnection` enum's: the enum inside).
+    #[doc(hidden)]
+    fn redo_after_own_rollback(conn: &mut Conn);
 }
 
 /// A move past that a stale write made inside a transaction, as the
