@@ -127,9 +127,7 @@ where
     // Statements of the work that ran after its transaction ended, in
     // autocommit, or that a statement committing implicitly took with it (a
     // nested call reported it): they committed, and the key is kept.
-    let watched = &mut journal::AsyncWatched(&mut *level);
-    let wrote_after_end =
-        journal::wrote_after_end(watched) || journal::reported_own_commits(watched);
+    let committed_on_own = journal::committed_on_own(&mut journal::AsyncWatched(&mut *level));
     let result = match worked {
         // A nested call the work gave up on left its savepoint: rolled back
         // before lockkit's own statements, which would otherwise run in it.
@@ -159,7 +157,7 @@ where
         Err(err) => Err(Failure::Closure(RunError::Work(err))),
     };
     let result = end(level, began, Restore::Nothing, result).await;
-    let (result, kept) = RunError::settle(result, wrote_after_end);
+    let (result, kept) = RunError::settle(result, committed_on_own);
     if result.is_err() && !kept {
         release(conn, key, started_at).await;
     }

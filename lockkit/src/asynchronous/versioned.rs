@@ -638,7 +638,7 @@ where
             // statement whose future was dropped. Not in autocommit, where a
             // record would make the journal forget numbers structs still hold
             // (as after a commit), for a write that may not run.
-            *tentative = write.tentative().filter(|_| in_transaction(conn));
+            *tentative = in_transaction(conn).then(|| write.tentative()).flatten();
             let rows = match write.statement() {
                 Some(checked) => {
                     execute_once::<M, Conn, S>(conn, key, unique, move || statement(checked))

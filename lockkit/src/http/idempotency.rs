@@ -408,14 +408,13 @@ impl Idempotency {
         // Statements of the work that ran after its transaction ended, in
         // autocommit, or that a statement committing implicitly took with it
         // (a nested call reported it): they committed, and the key is kept.
-        let mut wrote_after_end = false;
+        let mut committed_on_own = false;
         // A panic of the work is caught here only to release the key (the work
         // was rolled back, and a retry must run it again), then goes on.
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             transaction::run(&mut *conn, |conn| {
                 let worked = work(conn);
-                wrote_after_end = transaction::journal::wrote_after_end(conn)
-                    || transaction::journal::reported_own_commits(conn);
+                committed_on_own = transaction::journal::committed_on_own(conn);
                 let response = worked.map_err(|err| Failure::Closure(RunError::Work(err)))?;
                 // The work let a statement end the transaction (a deadlock's
                 // victim on MySQL/MariaDB): the key's `Finish` would commit on its
@@ -440,7 +439,7 @@ impl Idempotency {
                 std::panic::resume_unwind(panic);
             }
         };
-        let (result, kept) = RunError::settle(result, wrote_after_end);
+        let (result, kept) = RunError::settle(result, committed_on_own);
         if result.is_err() && !kept {
             release(conn, key, started_at);
         }
@@ -603,19 +602,20 @@ impl<E> From<Error> for RunError<E> {
 impl<E: From<Error>> RunError<E> {
     /// The run's result for its caller, and whether its key is kept instead
     /// of released: where statements of the work may have committed on their
-    /// own after its transaction ended under it (`wrote_after_end`, or an
-    /// error that says so, [`transaction::may_have_committed`]), a retry must
+    /// own after its transaction ended under it (`committed_on_own`, which the
+    /// journal saw, or an error that says so,
+    /// [`transaction::may_have_committed`]), a retry must
     /// not run the work again. The key stays running until its lease runs
     /// out, as after a crash.
     pub(crate) fn settle<R>(
         result: Result<R, Self>,
-        wrote_after_end: bool,
+        committed_on_own: bool,
     ) -> (Result<R, E>, bool) {
         match result {
             Ok(response) => (Ok(response), false),
-            Err(RunError::Work(err)) => (Err(err), wrote_after_end),
+            Err(RunError::Work(err)) => (Err(err), committed_on_own),
             Err(RunError::Lockkit(err)) => {
-                let kept = wrote_after_end || transaction::may_have_committed(&err);
+                let kept = committed_on_own || transaction::may_have_committed(&err);
                 (Err(E::from(err)), kept)
             }
         }

@@ -347,7 +347,7 @@ struct Aborts {
     reported: Vec<crate::error::Settler>,
     /// One of them said that statements of the work may have committed on
     /// their own ([`may_have_committed`](crate::transaction::may_have_committed)):
-    /// read by the idempotency keys after the work ([`reported_own_commits`]).
+    /// read by the idempotency keys after the work ([`committed_on_own`]).
     reported_own_commits: bool,
     /// The connection reports a statement that answers with rows as succeeded
     /// once they begin to come, and an error in their place reaches the caller
@@ -1434,15 +1434,18 @@ pub(crate) fn aborted<W: Watched>(conn: &mut W, cause: Error) -> Error {
     Error::TransactionAborted(aborted)
 }
 
-/// Whether lockkit reported, in the open transaction on `conn`, an abort
-/// saying that statements of the work may have committed on their own (a
-/// nested call that found the transaction ended silently). `false` where no
-/// journal watches `conn`.
+/// Whether statements of the work in the open transaction on `conn` may have
+/// committed on their own: one wrote after the transaction ended
+/// ([`wrote_after_end`]), or lockkit reported an abort saying so (a nested call
+/// that found the transaction ended silently). For the idempotency keys, which
+/// then keep the key. `false` where no journal watches `conn`.
 #[cfg(feature = "idempotency")]
-pub(crate) fn reported_own_commits<W: Watched>(conn: &mut W) -> bool {
+pub(crate) fn committed_on_own<W: Watched>(conn: &mut W) -> bool {
     conn.slot()
         .downcast_mut::<Journal>()
-        .is_some_and(|journal| journal.aborts.reported_own_commits)
+        .is_some_and(|journal| {
+            journal.aborts.wrote_after_end || journal.aborts.reported_own_commits
+        })
 }
 
 /// A write statement of lockkit's ([`before_write`]) failed with `err`: whether
