@@ -206,6 +206,27 @@ macro_rules! renamed_then_rolled_back {
     }};
 }
 
+/// `Expected::apply`'s `current` for item 1: reads its version, counting the
+/// reads in `$reads`; after the first, `$other` sells 2 and commits a newer
+/// version, which a snapshot fixed by that read cannot see.
+macro_rules! read_then_the_other_sells_2 {
+    ($reads:ident, $other:ident) => {
+        |c| {
+            let version: i32 = items::table.find(1).select(items::lock_version).first(c)?;
+            $reads += 1;
+            if $reads == 1 {
+                Item::update_by_version(
+                    &mut $other,
+                    1,
+                    version,
+                    items::stock.eq(items::stock - 2),
+                )?;
+            }
+            Ok::<_, Error>(version)
+        }
+    };
+}
+
 mod all {
     use super::*;
 
@@ -1170,14 +1191,7 @@ mod servers {
                 let written = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c| {
                     Expected::Any.apply(
                         c,
-                        |c| {
-                            let version: i32 = items::table.find(1).select(items::lock_version).first(c)?;
-                            reads += 1;
-                            if reads == 1 {
-                                Item::update_by_version(&mut other, 1, version, items::stock.eq(items::stock - 2))?;
-                            }
-                            Ok::<_, Error>(version)
-                        },
+                        read_then_the_other_sells_2!(reads, other),
                         |c, version| match reads_stock {
                             true => {
                                 let stock: i32 = items::table.find(1).select(items::stock).first(c)?;
@@ -1199,14 +1213,7 @@ mod servers {
             let plain = conn.transaction(|c| {
                 Expected::Any.apply(
                     c,
-                    |c| {
-                        let version: i32 = items::table.find(1).select(items::lock_version).first(c)?;
-                        reads += 1;
-                        if reads == 1 {
-                            Item::update_by_version(&mut other, 1, version, items::stock.eq(items::stock - 2))?;
-                        }
-                        Ok::<_, Error>(version)
-                    },
+                    read_then_the_other_sells_2!(reads, other),
                     |c, version| Item::update_by_version(c, 1, version, items::stock.eq(items::stock - 1)),
                 )
             });
