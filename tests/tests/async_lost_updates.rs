@@ -608,4 +608,68 @@ mod mysql_aborted {
         let (stock, _) = stage.sold_and_lines().await;
         assert_eq!(stock, 9, "the unit sold once");
     }
+
+    /// As above, but the work panics after its sale in autocommit: the sale
+    /// committed, so the panic (which goes on) must not release the key for
+    /// the client's retry to sell again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_idempotency_key_is_kept_for_work_that_panicked_after_writing_past_innodbs_rollback()
+    {
+        use diesel_migrations::MigrationHarness;
+        use lockkit::asynchronous::idempotency;
+        use lockkit::idempotency::Idempotency;
+        let stage = Stage::new("async_idempotency_panic_after_end");
+        stage
+            .db
+            .conn()
+            .run_pending_migrations(lockkit_tests::idempotency_migrations("mysql"))
+            .unwrap();
+        let keys = Idempotency::default();
+        let mut conn = stage.connect().await;
+        let sell_two = async |conn: &mut Async| {
+            diesel::update(items::table.find(2))
+                .set(items::stock.eq(items::stock - 1))
+                .execute(conn)
+                .await
+        };
+        let panicked = async_common::caught_panic(idempotency::run(
+            &keys,
+            &mut conn,
+            "tenant-1",
+            "order-1",
+            "f",
+            async |conn: &mut Async| -> Result<String, Error> {
+                conn.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")
+                    .await?;
+                stage.cue();
+                let victim = items::table.find(2).for_update().first::<Item>(conn).await;
+                assert!(
+                    victim.is_err(),
+                    "the lock on item 2 was the deadlock's victim"
+                );
+                sell_two(conn).await?; // in autocommit
+                panic!("a bug in the handler");
+            },
+        ))
+        .await;
+        assert!(panicked.is_err(), "the panic went on");
+        let again = idempotency::run(
+            &keys,
+            &mut conn,
+            "tenant-1",
+            "order-1",
+            "f",
+            async |conn: &mut Async| {
+                sell_two(conn).await?;
+                Ok::<_, Error>("201 sold".to_owned())
+            },
+        )
+        .await;
+        assert!(
+            matches!(again, Err(Error::IdempotencyInProgress)),
+            "{again:?}"
+        );
+        let (stock, _) = stage.sold_and_lines().await;
+        assert_eq!(stock, 9, "the unit sold once");
+    }
 }

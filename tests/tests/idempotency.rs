@@ -427,6 +427,45 @@ mod mysql_only {
         assert_eq!(stock_of!(&mut conn), 9, "the unit sold once");
     }
 
+    /// As above, but the work panics after its sale in autocommit: the sale
+    /// committed, so the panic (which goes on) must not release the key for
+    /// the client's retry to sell again.
+    #[test]
+    fn a_key_is_kept_for_work_that_panicked_after_writing_past_innodbs_rollback() {
+        let db = database_with("idempotency_panic_after_end", idempotency_migrations);
+        let keys = Idempotency::default();
+        let request = fingerprint("POST", "/orders", b"{\"item\":1}");
+        let panicked = lockkit_tests::aborts::beside_neighbour(&db, "mysql", |conn, cue| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                keys.run(
+                    conn,
+                    "tenant-1",
+                    "order-1",
+                    &request,
+                    |c| -> Result<String, Error> {
+                        sell_from_item_1(c, 1)?;
+                        extra_on_item_2_is_the_victim(c, cue);
+                        sell_from_item_1(c, 1)?; // in autocommit
+                        panic!("a bug in the handler");
+                    },
+                )
+            }))
+        });
+        assert!(panicked.is_err(), "the panic went on");
+        let mut conn = db.connect();
+        assert_eq!(stock_of!(&mut conn), 9, "the sale committed on its own");
+        // The client retries with the same key.
+        let again = keys.run(&mut conn, "tenant-1", "order-1", &request, |c| {
+            sell_from_item_1(c, 1)?;
+            Ok::<_, Error>("201 sold".to_owned())
+        });
+        assert!(
+            matches!(again, Err(Error::IdempotencyInProgress)),
+            "{again:?}"
+        );
+        assert_eq!(stock_of!(&mut conn), 9, "the unit sold once");
+    }
+
     /// The work sells, then a nested call's DDL commits the transaction
     /// implicitly; the nested call's error (not retryable: statements may
     /// have committed on their own) is the work's. The sale committed: the

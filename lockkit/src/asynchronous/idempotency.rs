@@ -115,19 +115,22 @@ where
     // retry must run the work again), then goes on.
     let mut level = Level::opened(&mut *conn);
     let worked = CatchUnwind(Box::pin(work(&mut *level))).await;
+    // Statements of the work that ran after its transaction ended, in
+    // autocommit, or that a statement committing implicitly took with it (a
+    // nested call reported it): they committed, and the key is kept, also
+    // when the work then panicked.
+    let committed_on_own = journal::committed_on_own(&mut journal::AsyncWatched(&mut *level));
     let worked = match worked {
         Ok(worked) => worked,
         Err(panic) => {
             let rolled_back = Err(Failure::Lockkit(Error::InvalidInput("the work panicked")));
             let _ = end::<C, Outcome<R>, E>(level, began, Restore::Nothing, rolled_back).await;
-            release(conn, key, started_at).await;
+            if !committed_on_own {
+                release(conn, key, started_at).await;
+            }
             std::panic::resume_unwind(panic);
         }
     };
-    // Statements of the work that ran after its transaction ended, in
-    // autocommit, or that a statement committing implicitly took with it (a
-    // nested call reported it): they committed, and the key is kept.
-    let committed_on_own = journal::committed_on_own(&mut journal::AsyncWatched(&mut *level));
     let result = match worked {
         // A nested call the work gave up on left its savepoint: rolled back
         // before lockkit's own statements, which would otherwise run in it.

@@ -13,9 +13,9 @@
 //! | same key from another principal | a key of its own: the work runs for that principal | 2xx |
 //! | repeat while the first still runs | [`Error::IdempotencyInProgress`] | 409 |
 //! | same key, different request (fingerprint: method, path or body) | [`Error::IdempotencyKeyReused`] | 422 |
-//! | the work failed | the key is released: the next attempt runs it again | the error's |
+//! | the work failed (an error, or a panic, which then goes on) | the key is released: the next attempt runs it again | the error's |
 //! | the process died between start and finish | after the lease (default 60 s) the next attempt takes the key over and runs the work | |
-//! | the work's transaction ended under it and statements of the work committed on their own (MySQL/MariaDB: it let a deadlock go and wrote on; a statement that commits implicitly) | the key is kept running: repeats get [`Error::IdempotencyInProgress`] until the lease runs out, then as after a crash (a run inside your transaction: the key's row went with that transaction) | lockkit's error, not retryable |
+//! | the work's transaction ended under it and statements of the work committed on their own (MySQL/MariaDB: it let a deadlock go and wrote on; a statement that commits implicitly) | the key is kept running: repeats get [`Error::IdempotencyInProgress`] until the lease runs out, then as after a crash (a run inside your transaction: the key's row went with that transaction) | lockkit's error, not retryable (or the work's panic, which goes on) |
 //!
 //! The lease counts from when the request got the key. A request whose take
 //! waited for another's uncommitted take of it (a run inside a transaction of
@@ -410,11 +410,15 @@ impl Idempotency {
         // (a nested call reported it): they committed, and the key is kept.
         let mut committed_on_own = false;
         // A panic of the work is caught here only to release the key (the work
-        // was rolled back, and a retry must run it again), then goes on.
+        // was rolled back, and a retry must run it again), then goes on;
+        // unless statements of the work committed on their own before it
+        // panicked: then the key is kept, as for an error.
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             transaction::run(&mut *conn, |conn| {
-                let worked = work(conn);
+                let worked =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&mut *conn)));
                 committed_on_own = transaction::journal::committed_on_own(conn);
+                let worked = worked.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
                 let response = worked.map_err(|err| Failure::Closure(RunError::Work(err)))?;
                 // The work let a statement end the transaction (a deadlock's
                 // victim on MySQL/MariaDB): the key's `Finish` would commit on its
@@ -435,7 +439,9 @@ impl Idempotency {
         let result = match run {
             Ok(result) => result,
             Err(panic) => {
-                release(conn, key, started_at);
+                if !committed_on_own {
+                    release(conn, key, started_at);
+                }
                 std::panic::resume_unwind(panic);
             }
         };

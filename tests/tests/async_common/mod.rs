@@ -480,3 +480,17 @@ macro_rules! all_at_once {
         .await
     }};
 }
+
+/// `future`'s output, or the panic of one of its polls: `catch_unwind` for a
+/// future, so that a test goes on after a call whose work panicked.
+pub async fn caught_panic<F: Future>(future: F) -> std::thread::Result<F::Output> {
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(|cx| {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(output)) => std::task::Poll::Ready(Ok(output)),
+            Err(panic) => std::task::Poll::Ready(Err(panic)),
+        }
+    })
+    .await
+}
