@@ -531,14 +531,14 @@ mod mysql_only {
 /// As the blocking `row_locks.rs` shows: under READ COMMITTED a locking read
 /// that waited for a transaction which deleted a row and inserted it again
 /// skips the deleted row, and the new one is not in its snapshot. `lock_all`
-/// must still return, and lock, the row of every key.
+/// must still return, and lock, the row of every key, in key order.
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lock_all_locks_a_row_deleted_and_inserted_again_by_the_transaction_it_waited_for() {
     use diesel::connection::SimpleConnection;
     use lockkit::asynchronous::lock_waits;
     let db = lockkit_tests::TestDb::<diesel::PgConnection>::new("async_lock_all_reinserted");
-    seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+    seed_items(&mut db.conn(), &[(1, 10), (2, 10), (3, 10)]);
     let mut replacer = db.connect();
     replacer
         .batch_execute(lockkit_tests::REPLACE_ITEM_2_UNCOMMITTED)
@@ -548,7 +548,7 @@ async fn lock_all_locks_a_row_deleted_and_inserted_again_by_the_transaction_it_w
     let session = lock_waits::session_id(&mut conn).await.unwrap();
     let locker = tokio::spawn(async move {
         lockkit::asynchronous::locked_transaction(&mut conn, LockOptions::default(), async |c| {
-            let rows: Vec<Item> = lockkit::asynchronous::lock_all(c, &[1, 2]).await?;
+            let rows: Vec<Item> = lockkit::asynchronous::lock_all(c, &[1, 2, 3]).await?;
             Ok::<_, Error>(rows.iter().map(|r| (r.id, r.stock)).collect::<Vec<_>>())
         })
         .await
@@ -570,7 +570,7 @@ async fn lock_all_locks_a_row_deleted_and_inserted_again_by_the_transaction_it_w
     }
     replacer.batch_execute("COMMIT").unwrap();
     let locked = locker.await.unwrap();
-    assert_eq!(locked.unwrap(), vec![(1, 10), (2, 7)]);
+    assert_eq!(locked.unwrap(), vec![(1, 10), (2, 7), (3, 10)]);
 }
 
 /// As the blocking `row_locks.rs` shows: a row committed while `lock_all`'s

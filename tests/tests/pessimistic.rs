@@ -327,6 +327,16 @@ mod all {
             assert!(matches!(err, Error::NotFound));
         }
 
+        fn lock_all_reports_a_key_without_a_row_beside_two_rows_of_another(db) {
+            // The declared key of twins is not unique in the database: key 1
+            // has two rows, key 2 none. The two rows must not stand in for
+            // the two keys.
+            let mut conn = db.conn();
+            exec(&mut conn, "INSERT INTO twins (id, label, lock_version) VALUES (1, 'a', 0), (1, 'b', 0)");
+            let locked = locked_transaction(&mut conn, LockOptions::default(), |conn| Twin::lock_all(conn, &[1, 2]));
+            assert!(matches!(locked, Err(Error::NotFound)), "{locked:?}");
+        }
+
         fn serializable_keeps_the_on_call_invariant(db) {
             // Two doctors on call; each may go off duty only if another stays on.
             exec(&mut db.conn(), "INSERT INTO doctors (id, name, on_call) VALUES (1, 'alice', true), (2, 'bob', true)");

@@ -464,11 +464,12 @@ mod postgres_only {
     /// Under READ COMMITTED, a locking read that waited for a transaction
     /// which deleted a row and inserted it again skips the deleted row, and
     /// the new one is not in its snapshot: `lock_all` must still return, and
-    /// lock, the row of every key, or refuse.
+    /// lock, the row of every key, or refuse; and return them in key order
+    /// (the new row is found by a read of its own, after the others).
     #[test]
     fn lock_all_locks_a_row_deleted_and_inserted_again_by_the_transaction_it_waited_for() {
         let db = TestDb::<PgConnection>::new("lock_all_reinserted");
-        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+        seed_items(&mut db.conn(), &[(1, 10), (2, 10), (3, 10)]);
         let mut replacer = db.connect();
         replacer
             .batch_execute(lockkit_tests::REPLACE_ITEM_2_UNCOMMITTED)
@@ -482,7 +483,7 @@ mod postgres_only {
                     .send(lock_waits::session_id(&mut conn).unwrap())
                     .unwrap();
                 locked_transaction(&mut conn, LockOptions::default(), |c| {
-                    let rows = Item::lock_all(c, &[1, 2])?;
+                    let rows = Item::lock_all(c, &[1, 2, 3])?;
                     Ok::<_, Error>(rows.iter().map(|r| (r.id, r.stock)).collect::<Vec<_>>())
                 })
             });
@@ -494,7 +495,7 @@ mod postgres_only {
             replacer.batch_execute("COMMIT").unwrap();
             locker.join().unwrap()
         });
-        assert_eq!(locked.unwrap(), vec![(1, 10), (2, 7)]);
+        assert_eq!(locked.unwrap(), vec![(1, 10), (2, 7), (3, 10)]);
     }
 
     #[test]

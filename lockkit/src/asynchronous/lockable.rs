@@ -74,8 +74,8 @@ use crate::optimistic::versioned::TouchVersioned;
 use crate::optimistic::BumpVersion;
 use crate::pessimistic::lockable::Lockable;
 use crate::pessimistic::lockable::{
-    all_by_keys, by_key, lock_order, unmatched, AllByKeys, ByKey, KeyColumn, KeysFilter, Pk,
-    Returned, MAX_KEYS_PER_STATEMENT,
+    all_by_keys, by_key, incomplete, lock_order, unmatched, AllByKeys, ByKey, KeyColumn,
+    KeysFilter, Pk, Returned, MAX_KEYS_PER_STATEMENT,
 };
 use crate::pessimistic::options::LockOptions;
 use crate::pessimistic::row_lock::{
@@ -201,7 +201,9 @@ impl Drop for HeldRow {
 /// Runs `f` in a transaction fit for locking, as
 /// [`lockkit::locked_transaction`](crate::locked_transaction) does: a plain
 /// transaction with the options' lock timeout on PostgreSQL and MySQL, `BEGIN
-/// IMMEDIATE` on SQLite. Use it around [`lock_all`].
+/// IMMEDIATE` on SQLite. Use it around [`lock_all`]. Of the options, as there,
+/// the lock timeout bounds the lock waits of `f` on the servers; the strength
+/// and wait mode are `with_lock`'s (and on SQLite how `BEGIN IMMEDIATE` waits).
 ///
 /// # Errors
 ///
@@ -336,13 +338,16 @@ where
             let mut locked = M::load_all_locked(conn, chunk.to_vec())
                 .await
                 .map_err(classify)?;
-            if locked.len() < chunk.len() {
+            if incomplete(chunk, &locked) {
+                let first = locked.len();
                 // As on the blocking side: the keys without a row, read again.
                 let missed: Vec<M::Key> = unmatched(chunk, &locked).cloned().collect();
-                let again = M::load_all_locked(conn, missed.clone())
-                    .await
-                    .map_err(classify)?;
-                locked.extend(again);
+                if !missed.is_empty() {
+                    let again = M::load_all_locked(conn, missed.clone())
+                        .await
+                        .map_err(classify)?;
+                    locked.extend(again);
+                }
                 // Asked of the latest commit, and a row found then locked and
                 // returned, as on the blocking side.
                 let still: Vec<M::Key> = unmatched(&missed, &locked).cloned().collect();
@@ -357,6 +362,14 @@ where
                 }
                 let mut seen = std::collections::BTreeSet::new();
                 locked.retain(|row| seen.insert(row.key()));
+                if locked.len() > first {
+                    // In key order, as on the blocking side.
+                    locked = M::load_all_locked(conn, chunk.to_vec())
+                        .await
+                        .map_err(classify)?;
+                    let mut seen = std::collections::BTreeSet::new();
+                    locked.retain(|row| seen.insert(row.key()));
+                }
             }
             // A row found by keys of two chunks, before it is marked again (as on
             // the blocking side).

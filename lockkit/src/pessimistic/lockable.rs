@@ -426,11 +426,14 @@ pub trait Lockable: Sized {
         // the same order, whatever the length of its list.
         for chunk in keys.chunks(MAX_KEYS_PER_STATEMENT) {
             let mut locked = Self::load_all_locked(conn, chunk.to_vec()).map_err(classify)?;
-            if locked.len() < chunk.len() {
+            if incomplete(chunk, &locked) {
+                let first = locked.len();
                 // Read the keys the read found no row for again, in a statement
                 // of its own (see [`unmatched`]).
                 let missed: Vec<Self::Key> = unmatched(chunk, &locked).cloned().collect();
-                locked.extend(Self::load_all_locked(conn, missed.clone()).map_err(classify)?);
+                if !missed.is_empty() {
+                    locked.extend(Self::load_all_locked(conn, missed.clone()).map_err(classify)?);
+                }
                 // Asked of the latest commit, as the locked reads were: on
                 // InnoDB a plain read asks the transaction's snapshot, which
                 // may still hold a row deleted since. A row found now (one
@@ -447,6 +450,13 @@ pub trait Lockable: Sized {
                 // the order the server returned it.
                 let mut seen = std::collections::BTreeSet::new();
                 locked.retain(|row| seen.insert(row.key()));
+                if locked.len() > first {
+                    // Rows found by the later reads came after the rest: the
+                    // chunk, all of it locked now, read once more in key order.
+                    locked = Self::load_all_locked(conn, chunk.to_vec()).map_err(classify)?;
+                    let mut seen = std::collections::BTreeSet::new();
+                    locked.retain(|row| seen.insert(row.key()));
+                }
             }
             // And a row found by keys of two chunks (before it is marked
             // again: a versioned row's version would advance twice).
@@ -531,6 +541,19 @@ where
 {
 }
 
+/// Whether `locked`, the rows the first read of `chunk` returned (in the
+/// server's key order), may leave a key of `chunk` without its row: fewer rows
+/// than keys, or two rows with one key (a key the database does not enforce
+/// unique), which would hide a key without a row. [`Lockable::lock_all`] then
+/// reads the keys [`unmatched`] says again.
+pub(crate) fn incomplete<M>(chunk: &[M::Key], locked: &[M]) -> bool
+where
+    M: Lockable,
+    M::Key: Ord,
+{
+    locked.len() < chunk.len() || locked.windows(2).any(|pair| pair[0].key() == pair[1].key())
+}
+
 /// The keys of `chunk` that no row of `locked` has: a key without a row; keys
 /// that the column's collation holds equal ("k", "K" on MySQL/MariaDB), which
 /// find one row; or, on PostgreSQL under `READ COMMITTED`, a key whose row a
@@ -542,7 +565,9 @@ where
 /// row committed while the second read waited is locked and returned there,
 /// and a key without one is [`Error::NotFound`]. Such a row is locked after
 /// the rest of its chunk, out of key order: in that race only, a deadlock with
-/// another `lock_all` is possible, and reported as one (retryable).
+/// another `lock_all` is possible, and reported as one (retryable). Once every
+/// row of the chunk is locked, the chunk is read once more, so that its rows
+/// come back in key order.
 pub(crate) fn unmatched<'k, M>(
     chunk: &'k [M::Key],
     locked: &[M],
@@ -695,6 +720,13 @@ fn held<M: Lockable, Conn: LockingConnection>(
 /// Runs `f` in a transaction fit for locking: a plain transaction on PostgreSQL and
 /// MySQL (with the options' lock timeout), `BEGIN IMMEDIATE` on SQLite. Use it around
 /// [`Lockable::lock_all`] and [`queue::claim`](crate::queue::claim).
+///
+/// Of the options, the lock timeout bounds every lock wait of `f` on the servers;
+/// the strength and wait mode are [`with_lock`]'s. `lock_all` always waits
+/// (`FOR UPDATE`) and `claim` always skips (`SKIP LOCKED`), `nowait()` or not; on
+/// SQLite the wait mode says how `BEGIN IMMEDIATE` waits for the database's write
+/// lock (`nowait()`: [`Error::Busy`] at once). For a `lock_all` that must not wait,
+/// give it a short `timeout(..)`.
 ///
 /// `f` returns your own error type, as in Diesel's `transaction`: any `E` that a
 /// [`lockkit::Error`](Error) converts into. An `Err` (or a panic) rolls the
