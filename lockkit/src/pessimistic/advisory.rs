@@ -30,6 +30,14 @@
 //! Take the lock first and open the transaction on the guard: the lock then
 //! covers the `COMMIT`.
 //!
+//! On PostgreSQL the same holds of a transaction at `REPEATABLE READ` or
+//! `SERIALIZABLE`: its snapshot is taken by its first statement (the lock's,
+//! at the latest), before the wait, so the next holder reads the rows as they
+//! were before the last holder committed. Take the lock in a transaction at
+//! `READ COMMITTED` (every lockkit transaction but
+//! [`serializable`](crate::serializable()) runs there), where each statement
+//! reads the latest commit, or before `BEGIN`.
+//!
 //! ```no_run
 //! # #[cfg(feature = "mysql")] {
 //! use diesel::prelude::*;

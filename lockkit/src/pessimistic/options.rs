@@ -1,7 +1,10 @@
 //! [`LockOptions`]: how to lock a row (strength, wait mode, lock timeout), for
-//! [`with_lock`](crate::with_lock), [`Lockable::lock_all`](crate::Lockable::lock_all)
-//! and [`queue::claim`](crate::queue::claim). What each option becomes on each
-//! backend is decided in [`LockingConnection`](crate::LockingConnection)'s impls.
+//! [`with_lock`](crate::with_lock); and for [`locked_transaction`](crate::locked_transaction)
+//! around [`Lockable::lock_all`](crate::Lockable::lock_all) and
+//! [`queue::claim`](crate::queue::claim), whose lock waits its timeout bounds
+//! (their own row-lock clauses stay `FOR UPDATE` and `SKIP LOCKED`). What each
+//! option becomes on each backend is decided in
+//! [`LockingConnection`](crate::LockingConnection)'s impls.
 
 use std::time::Duration;
 
