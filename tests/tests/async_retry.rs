@@ -205,7 +205,88 @@ mod postgres {
 #[cfg(feature = "mysql")]
 mod mysql {
     use super::*;
+    use diesel_async::AsyncMysqlConnection;
     type Sync = diesel::MysqlConnection;
 
-    deadlock_is_retried!(diesel_async::AsyncMysqlConnection, "mysql");
+    deadlock_is_retried!(AsyncMysqlConnection, "mysql");
+
+    #[derive(diesel::QueryableByName)]
+    struct Isolation {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        level: String,
+    }
+
+    /// The isolation of `conn`'s next transaction, as InnoDB keeps it (the
+    /// session's variable does not show a level set for the next
+    /// transaction only).
+    async fn next_transactions_isolation(conn: &mut AsyncMysqlConnection) -> String {
+        use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+        conn.transaction(async |c| {
+            c.batch_execute("SELECT COUNT(*) FROM items FOR UPDATE").await?;
+            diesel::sql_query(
+                "SELECT CAST(trx_isolation_level AS CHAR) AS level FROM information_schema.innodb_trx \
+                 WHERE trx_mysql_thread_id = CONNECTION_ID()",
+            )
+            .get_result::<Isolation>(c)
+            .await
+        })
+        .await
+        .unwrap()
+        .level
+    }
+
+    /// Marks `conn`'s transaction manager broken, with no transaction open on
+    /// the server (as after Galera's answer to a `ROLLBACK`).
+    fn break_manager(conn: &mut AsyncMysqlConnection) {
+        use diesel_async::{AsyncConnection, TransactionManager};
+        <AsyncMysqlConnection as AsyncConnection>::TransactionManager::transaction_manager_status_mut(conn)
+            .set_in_error();
+    }
+
+    /// The blocking side's `serializable_on_a_broken_connection_leaves_no_isolation_pending`
+    /// (`faults.rs`), on diesel-async: `serializable` and a relay step set the
+    /// isolation of the next transaction, then open it. On a connection whose
+    /// transaction manager is broken no transaction opens, and the setting
+    /// must not be left for the connection's next transaction. Where the
+    /// server has no transaction open, the manager is put back in order
+    /// first, and the call runs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn serializable_and_a_relay_step_on_a_broken_connection_leave_no_isolation_pending() {
+        use diesel_migrations::MigrationHarness;
+        use lockkit::outbox::{OutboxMessage, Relay};
+        let db = lockkit_tests::TestDb::<Sync>::new("async_broken_serializable");
+        db.conn()
+            .run_pending_migrations(lockkit_tests::outbox_migrations("mysql"))
+            .unwrap();
+        let mut conn: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
+
+        break_manager(&mut conn);
+        let ran = lockkit::asynchronous::serializable(
+            &mut conn,
+            &RetryPolicy::immediate(1),
+            async |_conn: &mut AsyncMysqlConnection| Ok::<_, Error>(()),
+        )
+        .await;
+        assert!(ran.is_ok(), "serializable: {ran:?}");
+        assert_eq!(
+            next_transactions_isolation(&mut conn).await,
+            "REPEATABLE READ",
+            "after serializable"
+        );
+
+        break_manager(&mut conn);
+        let relayed = lockkit::asynchronous::outbox::publish_batch(
+            &Relay::default(),
+            &mut conn,
+            10,
+            async |batch: &[OutboxMessage]| Ok::<_, Error>(vec![Ok(()); batch.len()]),
+        )
+        .await;
+        assert!(relayed.is_ok(), "the relay step: {relayed:?}");
+        assert_eq!(
+            next_transactions_isolation(&mut conn).await,
+            "REPEATABLE READ",
+            "after a relay step"
+        );
+    }
 }

@@ -781,6 +781,21 @@ pub(crate) fn refuse_broken<C: AsyncConnection>(conn: &mut C) -> Result<(), Erro
     crate::transaction::refuse_broken(C::TransactionManager::transaction_manager_status_mut(conn))
 }
 
+/// [`crate::transaction::refuse_transaction_or_broken`] on an async
+/// connection: for the calls that send a setting for the transaction they are
+/// about to open (`serializable`'s and the relay's `SET TRANSACTION ISOLATION
+/// LEVEL` on MySQL/MariaDB), which on a broken connection would open none and
+/// leave the setting for the connection's next transaction. A manager
+/// diesel-async gave up on although the server has no transaction open is put
+/// back in order first ([`AsyncLockingConnection::repair`]).
+pub(crate) async fn refuse_transaction_or_broken<C: AsyncLockingConnection>(
+    conn: &mut C,
+) -> Result<(), Error> {
+    conn.repair().await;
+    refuse_broken(conn)?;
+    crate::transaction::refuse_transaction(in_transaction(conn))
+}
+
 /// The blocking side's [`check_write`](crate::transaction::check_write) on an
 /// async connection, after [`roll_back_unused_drop`].
 pub(crate) async fn check_write<C: AsyncConnection>(conn: &mut C) -> Result<(), Error> {

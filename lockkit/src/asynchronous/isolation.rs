@@ -17,6 +17,7 @@ use super::connection::{in_transaction, AsyncLockingConnection, Unsettled};
 use super::retry::again;
 use super::work::ConnAttempt;
 use crate::error::classification::classify;
+#[allow(unused_imports)] // doc links
 use crate::error::Error;
 use crate::retry::{may_retry, Spent};
 use crate::retry::{RetryPolicy, RetryableError};
@@ -66,9 +67,9 @@ where
     super::connection::refuse_if_ended_on_sqlite(conn)
         .await
         .map_err(E::from)?;
-    if in_transaction(conn) {
-        return Err(E::from(Error::AlreadyInTransaction));
-    }
+    super::connection::refuse_transaction_or_broken(conn)
+        .await
+        .map_err(E::from)?;
     let mut attempt = 1;
     loop {
         let begun = {

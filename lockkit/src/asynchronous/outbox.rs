@@ -215,7 +215,7 @@ where
 {
     check_limit(limit)?;
     // Before `began`, which inside a transaction may already ask the server.
-    crate::transaction::refuse_transaction(super::connection::in_transaction(conn))?;
+    super::connection::refuse_transaction_or_broken(conn).await?;
     let began = super::connection::began(conn).await.map_err(E::from)?;
     // For the relay's transaction only, so sent outside any: a step dropped
     // before its `BEGIN` is in diesel-async's books (with the statement's
