@@ -1198,6 +1198,42 @@ fn a_retry_inside_with_lock_that_met_a_lock_timeout_lets_the_retry_around_it_run
     );
 }
 
+/// As above, with the caller's own Diesel transaction, which lets the lock
+/// timeout go and calls `with_lock`: the nested call's `SAVEPOINT` would fail
+/// with "current transaction is aborted", a plain database error that no retry
+/// takes up. The call reports the cause the journal saw
+/// (`TransactionAborted(LockTimeout)`, retryable once the caller's transaction
+/// rolled back), and a `retry` around that transaction runs it again.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_nested_call_after_a_lock_timeout_the_caller_let_go_lets_the_retry_around_run_again() {
+    let mut attempts = 0;
+    let (outcome, stocks) = while_item_2_held("nested_after_aborted", |conn, release| {
+        // The journal watches the connection from here on.
+        lockkit::locked_transaction(conn, LockOptions::default(), |_| Ok::<_, Error>(())).unwrap();
+        retry(&RetryPolicy::immediate(3), |_| {
+            attempts += 1;
+            if attempts == 2 {
+                release();
+            }
+            conn.transaction(|c| {
+                exec(c, "SET LOCAL lock_timeout = '200ms'");
+                let _ = sell_2_of_item_2(c); // let go
+                with_lock_on_1(c, |c, item| {
+                    diesel::update(items::table.find(1))
+                        .set(items::stock.eq(item.stock - 2))
+                        .execute(c)?;
+                    Ok(())
+                })
+            })
+        })
+    });
+    assert!(
+        outcome.is_ok() && attempts == 2 && stocks == [8, 8],
+        "{outcome:?} after {attempts} attempt(s); stocks {stocks:?}"
+    );
+}
+
 /// And what that must not take away: a work that returns at the failed
 /// statement, with an error of its own, gets that error back.
 #[cfg(feature = "postgres")]

@@ -361,6 +361,7 @@ pub(crate) mod postgres {
         E: From<Error>,
         F: FnOnce(&mut H) -> Result<T, E>,
     {
+        crate::transaction::refuse_if_ended(conn)?;
         let nested = in_transaction(conn);
         let mut guard = PanicGuard::default();
         let result = conn.transaction(|conn| {
@@ -526,6 +527,7 @@ pub(crate) mod mysql {
         E: From<Error>,
         F: FnOnce(&mut H) -> Result<T, E>,
     {
+        crate::transaction::refuse_if_ended(conn)?;
         // innodb_lock_wait_timeout is a session setting: set it (keeping the
         // session's value on the server), run, put it back.
         let depth = crate::transaction::transaction_depth(conn);
