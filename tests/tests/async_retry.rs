@@ -236,20 +236,25 @@ mod mysql {
     }
 
     /// Marks `conn`'s transaction manager broken, with no transaction open on
-    /// the server (as after Galera's answer to a `ROLLBACK`).
-    fn break_manager(conn: &mut AsyncMysqlConnection) {
+    /// the server (as lockkit does after a dropped call, or as after Galera's
+    /// answer to a `ROLLBACK`), or puts it back in order (`broken` false).
+    fn set_broken(conn: &mut AsyncMysqlConnection, broken: bool) {
         use diesel_async::{AsyncConnection, TransactionManager};
-        <AsyncMysqlConnection as AsyncConnection>::TransactionManager::transaction_manager_status_mut(conn)
-            .set_in_error();
+        let status = <AsyncMysqlConnection as AsyncConnection>::TransactionManager::transaction_manager_status_mut(conn);
+        match broken {
+            true => status.set_in_error(),
+            false => *status = Default::default(),
+        }
     }
 
     /// The blocking side's `serializable_on_a_broken_connection_leaves_no_isolation_pending`
     /// (`faults.rs`), on diesel-async: `serializable` and a relay step set the
     /// isolation of the next transaction, then open it. On a connection whose
-    /// transaction manager is broken no transaction opens, and the setting
-    /// must not be left for the connection's next transaction. Where the
-    /// server has no transaction open, the manager is put back in order
-    /// first, and the call runs.
+    /// transaction manager is broken no transaction opens: the call is
+    /// refused with nothing sent, and no setting is left for the connection's
+    /// next transaction (here, once the test puts the manager back in order).
+    /// Unlike the blocking side's, the manager is not repaired: lockkit marks
+    /// an async connection broken on purpose, for the pool to close it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn serializable_and_a_relay_step_on_a_broken_connection_leave_no_isolation_pending() {
         use diesel_migrations::MigrationHarness;
@@ -259,30 +264,41 @@ mod mysql {
             .run_pending_migrations(lockkit_tests::outbox_migrations("mysql"))
             .unwrap();
         let mut conn: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
+        let broken = |ran: &Result<(), Error>| {
+            matches!(
+                ran,
+                Err(Error::Database(
+                    diesel::result::Error::BrokenTransactionManager
+                ))
+            )
+        };
 
-        break_manager(&mut conn);
+        set_broken(&mut conn, true);
         let ran = lockkit::asynchronous::serializable(
             &mut conn,
             &RetryPolicy::immediate(1),
             async |_conn: &mut AsyncMysqlConnection| Ok::<_, Error>(()),
         )
         .await;
-        assert!(ran.is_ok(), "serializable: {ran:?}");
+        assert!(broken(&ran), "serializable: {ran:?}");
+        set_broken(&mut conn, false);
         assert_eq!(
             next_transactions_isolation(&mut conn).await,
             "REPEATABLE READ",
             "after serializable"
         );
 
-        break_manager(&mut conn);
+        set_broken(&mut conn, true);
         let relayed = lockkit::asynchronous::outbox::publish_batch(
             &Relay::default(),
             &mut conn,
             10,
             async |batch: &[OutboxMessage]| Ok::<_, Error>(vec![Ok(()); batch.len()]),
         )
-        .await;
-        assert!(relayed.is_ok(), "the relay step: {relayed:?}");
+        .await
+        .map(drop);
+        assert!(broken(&relayed), "the relay step: {relayed:?}");
+        set_broken(&mut conn, false);
         assert_eq!(
             next_transactions_isolation(&mut conn).await,
             "REPEATABLE READ",

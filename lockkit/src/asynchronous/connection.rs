@@ -785,13 +785,13 @@ pub(crate) fn refuse_broken<C: AsyncConnection>(conn: &mut C) -> Result<(), Erro
 /// connection: for the calls that send a setting for the transaction they are
 /// about to open (`serializable`'s and the relay's `SET TRANSACTION ISOLATION
 /// LEVEL` on MySQL/MariaDB), which on a broken connection would open none and
-/// leave the setting for the connection's next transaction. A manager
-/// diesel-async gave up on although the server has no transaction open is put
-/// back in order first ([`AsyncLockingConnection::repair`]).
-pub(crate) async fn refuse_transaction_or_broken<C: AsyncLockingConnection>(
-    conn: &mut C,
-) -> Result<(), Error> {
-    conn.repair().await;
+/// leave the setting for the connection's next transaction. Unlike the
+/// blocking side, no repair first: lockkit marks an async connection broken
+/// on purpose after a dropped call (a session advisory lock it may still hold,
+/// a lock timeout it may have left in force, a reply left unread), with no
+/// transaction open on the server, so that the pool closes it; a repair would
+/// hand it on.
+pub(crate) fn refuse_transaction_or_broken<C: AsyncConnection>(conn: &mut C) -> Result<(), Error> {
     refuse_broken(conn)?;
     crate::transaction::refuse_transaction(in_transaction(conn))
 }

@@ -67,9 +67,7 @@ where
     super::connection::refuse_if_ended_on_sqlite(conn)
         .await
         .map_err(E::from)?;
-    super::connection::refuse_transaction_or_broken(conn)
-        .await
-        .map_err(E::from)?;
+    super::connection::refuse_transaction_or_broken(conn).map_err(E::from)?;
     let mut attempt = 1;
     loop {
         let begun = {

@@ -215,7 +215,7 @@ where
 {
     check_limit(limit)?;
     // Before `began`, which inside a transaction may already ask the server.
-    super::connection::refuse_transaction_or_broken(conn).await?;
+    super::connection::refuse_transaction_or_broken(conn)?;
     let began = super::connection::began(conn).await.map_err(E::from)?;
     // For the relay's transaction only, so sent outside any: a step dropped
     // before its `BEGIN` is in diesel-async's books (with the statement's
