@@ -339,7 +339,12 @@ where
                 .await
                 .map_err(classify)?;
             if incomplete(chunk, &locked) {
-                let first = locked.len();
+                // The rows found so far, each once (two rows with one key
+                // count as one).
+                let first = {
+                    let mut seen = std::collections::BTreeSet::new();
+                    locked.iter().filter(|row| seen.insert(row.key())).count()
+                };
                 // As on the blocking side: the keys without a row, read again.
                 let missed: Vec<M::Key> = unmatched(chunk, &locked).cloned().collect();
                 if !missed.is_empty() {

@@ -427,7 +427,12 @@ pub trait Lockable: Sized {
         for chunk in keys.chunks(MAX_KEYS_PER_STATEMENT) {
             let mut locked = Self::load_all_locked(conn, chunk.to_vec()).map_err(classify)?;
             if incomplete(chunk, &locked) {
-                let first = locked.len();
+                // The rows found so far, each once (two rows with one key
+                // count as one).
+                let first = {
+                    let mut seen = std::collections::BTreeSet::new();
+                    locked.iter().filter(|row| seen.insert(row.key())).count()
+                };
                 // Read the keys the read found no row for again, in a statement
                 // of its own (see [`unmatched`]).
                 let missed: Vec<Self::Key> = unmatched(chunk, &locked).cloned().collect();
