@@ -361,7 +361,7 @@ pub(crate) mod postgres {
         E: From<Error>,
         F: FnOnce(&mut H) -> Result<T, E>,
     {
-        crate::transaction::refuse_if_ended(conn)?;
+        crate::transaction::refuse_if_ended_before_level(conn)?;
         let nested = in_transaction(conn);
         let mut guard = PanicGuard::default();
         let result = conn.transaction(|conn| {
@@ -527,7 +527,7 @@ pub(crate) mod mysql {
         E: From<Error>,
         F: FnOnce(&mut H) -> Result<T, E>,
     {
-        crate::transaction::refuse_if_ended(conn)?;
+        crate::transaction::refuse_if_ended_before_level(conn)?;
         // innodb_lock_wait_timeout is a session setting: set it (keeping the
         // session's value on the server), run, put it back.
         let depth = crate::transaction::transaction_depth(conn);
@@ -664,7 +664,7 @@ pub(crate) mod sqlite {
         E: From<Error>,
         F: FnOnce(&mut H) -> Result<T, E>,
     {
-        crate::transaction::refuse_if_ended(conn)?;
+        crate::transaction::refuse_if_ended_before_level(conn)?;
         let wait = options.wait_mode();
         let nested = in_transaction(conn);
         // The busy timeout is set in one batch with the statement that takes

@@ -784,15 +784,20 @@ pub(crate) fn refuse_broken(
 /// whose rule the journal learns first from the connection ([`Control::ends`]:
 /// the one inside a `MultiConnection` enum, whose backend type names no
 /// server), so that a journal installed now, inside the caller's transaction,
-/// asks SQLite. Nested where the journal saw a statement end the caller's
-/// transaction, [`require_live`] decides before the call's `SAVEPOINT`, which
-/// PostgreSQL would refuse with "current transaction is aborted" (a plain
-/// database error, which no retry takes up) before the panic guard could
-/// report the cause, as it does on MySQL/MariaDB. The async calls ask the
-/// same before theirs.
+/// asks SQLite.
 pub(crate) fn refuse_if_ended<C: Control>(conn: &mut C) -> Result<(), Error> {
     journal::watch(conn, C::ends);
-    refuse_if_ended_on_sqlite(conn)?;
+    refuse_if_ended_on_sqlite(conn)
+}
+
+/// Before a lockkit transaction's `BEGIN` or `SAVEPOINT`: [`refuse_if_ended`];
+/// and nested where the journal saw a statement end the caller's transaction,
+/// [`require_live`] decides before the call's `SAVEPOINT`, which PostgreSQL
+/// would refuse with "current transaction is aborted" (a plain database error,
+/// which no retry takes up) before the panic guard could report the cause, as
+/// it does on MySQL/MariaDB. The async calls ask the same before theirs.
+pub(crate) fn refuse_if_ended_before_level<C: Control>(conn: &mut C) -> Result<(), Error> {
+    refuse_if_ended(conn)?;
     if in_transaction(conn) && journal::ended_by(conn).is_some() {
         require_live(conn)?;
     }
@@ -807,7 +812,7 @@ where
     E: From<Error>,
     F: FnOnce(&mut C) -> Result<T, Failure<E>>,
 {
-    refuse_if_ended(conn)?;
+    refuse_if_ended_before_level(conn)?;
     let nested = in_transaction(conn);
     let mut guard = PanicGuard::default();
     let result = conn.transaction(|conn| guard.call(conn, f));
