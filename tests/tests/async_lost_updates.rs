@@ -672,4 +672,84 @@ mod mysql_aborted {
         let (stock, _) = stage.sold_and_lines().await;
         assert_eq!(stock, 9, "the unit sold once");
     }
+
+    /// The blocking side's `a_key_is_released_for_work_that_failed_after_a_lock_wait_timeout_it_let_go`
+    /// (`idempotency.rs`), on diesel-async: a lock wait timeout ends no
+    /// transaction on this server, so what the work wrote after it went with
+    /// the rollback of its error or panic, and the key is released.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_idempotency_key_is_released_for_work_that_failed_after_a_lock_wait_timeout_it_let_go(
+    ) {
+        use diesel_migrations::MigrationHarness;
+        use lockkit::asynchronous::idempotency;
+        use lockkit::idempotency::{Idempotency, Outcome};
+        let db = lockkit_tests::TestDb::<diesel::MysqlConnection>::new(
+            "async_idempotency_after_lock_wait_timeout",
+        );
+        db.conn()
+            .run_pending_migrations(lockkit_tests::idempotency_migrations("mysql"))
+            .unwrap();
+        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+        let mut holder = db.connect();
+        lockkit_tests::exec(&mut holder, "BEGIN");
+        lockkit_tests::exec(&mut holder, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
+        let keys = Idempotency::default();
+        let mut conn: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
+        conn.batch_execute("SET SESSION innodb_lock_wait_timeout = 1")
+            .await
+            .unwrap();
+        for panics in [false, true] {
+            let key = if panics {
+                "order-panics"
+            } else {
+                "order-fails"
+            };
+            let failed = async_common::caught_panic(idempotency::run(
+                &keys,
+                &mut conn,
+                "tenant-1",
+                key,
+                "f",
+                async |c: &mut AsyncMysqlConnection| -> Result<String, Error> {
+                    let timed_out = diesel::update(items::table.find(1))
+                        .set(items::stock.eq(items::stock - 1))
+                        .execute(c)
+                        .await;
+                    assert!(timed_out.is_err(), "item 1 is held: {timed_out:?}");
+                    // In the transaction, which lives on.
+                    diesel::update(items::table.find(2))
+                        .set(items::stock.eq(items::stock - 1))
+                        .execute(c)
+                        .await?;
+                    if panics {
+                        panic!("a bug in the handler");
+                    }
+                    Err(Error::InvalidInput("the handler gave up"))
+                },
+            ))
+            .await;
+            assert_eq!(failed.is_err(), panics, "{key}");
+            let stock: i32 = items::table
+                .find(2)
+                .select(items::stock)
+                .first(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(stock, 10, "{key}: the work was rolled back");
+            let again = idempotency::run(
+                &keys,
+                &mut conn,
+                "tenant-1",
+                key,
+                "f",
+                async |_: &mut AsyncMysqlConnection| Ok::<_, Error>("ok".to_owned()),
+            )
+            .await;
+            assert!(
+                matches!(again, Ok(Outcome::Ran(_))),
+                "{key}: the retry got {again:?}"
+            );
+        }
+        lockkit_tests::exec(&mut holder, "ROLLBACK");
+    }
 }

@@ -466,6 +466,71 @@ mod mysql_only {
         assert_eq!(stock_of!(&mut conn), 9, "the unit sold once");
     }
 
+    /// A lock wait timeout the work lets go ends no transaction on a server
+    /// started without `--innodb-rollback-on-timeout` (the default): what the
+    /// work wrote after it went with the rollback of its failure (an error,
+    /// or a panic), and the key is released for the client's retry, not kept
+    /// as if those writes had committed on their own.
+    #[test]
+    fn a_key_is_released_for_work_that_failed_after_a_lock_wait_timeout_it_let_go() {
+        use lockkit_tests::TestDb;
+        let db = TestDb::<MysqlConnection>::new("idempotency_after_lock_wait_timeout");
+        db.conn()
+            .run_pending_migrations(idempotency_migrations("mysql"))
+            .unwrap();
+        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+        let mut holder = db.connect();
+        exec(&mut holder, "BEGIN");
+        exec(&mut holder, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
+        let keys = Idempotency::default();
+        let mut conn = db.connect();
+        exec(&mut conn, "SET SESSION innodb_lock_wait_timeout = 1");
+        for panics in [false, true] {
+            let key = if panics {
+                "order-panics"
+            } else {
+                "order-fails"
+            };
+            let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                keys.run(
+                    &mut conn,
+                    "tenant-1",
+                    key,
+                    "f",
+                    |c| -> Result<String, Error> {
+                        let timed_out = diesel::update(items::table.find(1))
+                            .set(items::stock.eq(items::stock - 1))
+                            .execute(c);
+                        assert!(timed_out.is_err(), "item 1 is held: {timed_out:?}");
+                        // In the transaction, which lives on.
+                        diesel::update(items::table.find(2))
+                            .set(items::stock.eq(items::stock - 1))
+                            .execute(c)?;
+                        if panics {
+                            panic!("a bug in the handler");
+                        }
+                        Err(Error::InvalidInput("the handler gave up"))
+                    },
+                )
+            }));
+            assert_eq!(failed.is_err(), panics, "{key}: {failed:?}");
+            assert_eq!(
+                stock_of!(&mut conn, 2),
+                10,
+                "{key}: the work was rolled back"
+            );
+            // The client retries with the same key.
+            let again = keys.run(&mut conn, "tenant-1", key, "f", |_| {
+                Ok::<_, Error>("ok".to_owned())
+            });
+            assert!(
+                matches!(again, Ok(Outcome::Ran(_))),
+                "{key}: the retry got {again:?}"
+            );
+        }
+        exec(&mut holder, "ROLLBACK");
+    }
+
     /// The work sells, then a nested call's DDL commits the transaction
     /// implicitly; the nested call's error (not retryable: statements may
     /// have committed on their own) is the work's. The sale committed: the

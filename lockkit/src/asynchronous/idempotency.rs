@@ -115,6 +115,13 @@ where
     // retry must run the work again), then goes on.
     let mut level = Level::opened(&mut *conn);
     let worked = CatchUnwind(Box::pin(work(&mut *level))).await;
+    // Work that failed or panicked: an end the journal is not sure of asked
+    // first, as on the blocking side.
+    if !matches!(worked, Ok(Ok(_)))
+        && journal::ended_by(&mut journal::AsyncWatched(&mut *level)).is_some()
+    {
+        let _ = ended_by_statement(&mut *level).await;
+    }
     // Statements of the work that ran after its transaction ended, in
     // autocommit, or that a statement committing implicitly took with it (a
     // nested call reported it): they committed, and the key is kept, also

@@ -417,6 +417,9 @@ impl Idempotency {
             transaction::run(&mut *conn, |conn| {
                 let worked =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&mut *conn)));
+                if !matches!(worked, Ok(Ok(_))) {
+                    confirm_end(conn);
+                }
                 committed_on_own = transaction::journal::committed_on_own(conn);
                 let worked = worked.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
                 let response = worked.map_err(|err| Failure::Closure(RunError::Work(err)))?;
@@ -625,6 +628,19 @@ impl<E: From<Error>> RunError<E> {
                 (Err(E::from(err)), kept)
             }
         }
+    }
+}
+
+/// After work that failed or panicked, before its key is kept for statements
+/// that committed on their own: an end of the transaction that the journal
+/// is not sure of (a lock wait timeout the work let go, which ends it only on
+/// a server started with `--innodb-rollback-on-timeout`) is asked of the
+/// server, so that the statements the work sent after it count as committed
+/// only if it did end. Nothing is sent where the journal saw no such end.
+/// (Work that succeeded asks before the key's `Finish`.)
+fn confirm_end<C: transaction::Control>(conn: &mut C) {
+    if transaction::journal::ended_by(conn).is_some() {
+        let _ = transaction::ended_by_statement(conn);
     }
 }
 
