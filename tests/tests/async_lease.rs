@@ -187,6 +187,29 @@ mod a_mysql_connection_reporting_changed_rows {
     use super::*;
     use diesel_async::AsyncMysqlConnection;
 
+    /// A renew in the millisecond of the last one sets the expiry it already
+    /// has: such a connection reports no row changed, and the lease, still
+    /// held, must not be reported lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn renews_in_one_millisecond_keep_the_lease() {
+        let db = lockkit_tests::TestDb::<diesel::MysqlConnection>::new("async_renew_changed_rows");
+        db.conn()
+            .run_pending_migrations(lease_migrations("mysql"))
+            .unwrap();
+        let opts = mysql_async::Opts::from_url(&db.url).unwrap();
+        let mut conn = AsyncMysqlConnection::try_from(mysql_async::Conn::new(opts).await.unwrap())
+            .await
+            .unwrap();
+        let mut held = lease::acquire(&mut conn, "heartbeat", Duration::from_secs(60))
+            .await
+            .unwrap();
+        for round in 0..300 {
+            let renewed = held.renew().await;
+            assert!(renewed.is_ok(), "renew {round}: {renewed:?}");
+        }
+        held.release().await.unwrap();
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_same_fence_writes_again() {
         let db = lockkit_tests::TestDb::<diesel::MysqlConnection>::new("async_fence_changed_rows");

@@ -323,10 +323,21 @@ macro_rules! async_lease_store {
                 token: &str,
                 ttl_ms: i64,
             ) -> Result<bool, Error> {
+                use diesel::OptionalExtension;
                 use diesel_async::RunQueryDsl;
                 let sql = &crate::lease::database::$sql;
                 let rows = sql.extend(name, token, ttl_ms).execute(conn).await?;
-                Ok(rows == 1)
+                if rows == 1 {
+                    return Ok(true);
+                }
+                // No row changed: lost, or (on a connection that reports
+                // changed rows) renewed in the millisecond of the last renew.
+                Ok(sql
+                    .held(name, token)
+                    .get_result::<crate::lease::database::FenceRow>(conn)
+                    .await
+                    .optional()?
+                    .is_some())
             }
 
             async fn revoke(conn: &mut Self, name: &str, token: &str) -> Result<bool, Error> {

@@ -80,6 +80,12 @@ pub(crate) struct Statements<DB> {
     grant: &'static str,
     read_fence: &'static str,
     extend: &'static str,
+    /// Whether the token still holds the lease, unexpired: asked when
+    /// `extend` reports no row, on a MySQL/MariaDB connection that reports the
+    /// rows a statement changed, not those it matched (made without
+    /// `CLIENT_FOUND_ROWS`, as `AsyncMysqlConnection::try_from` may be),
+    /// where a renew in the millisecond of the last one changes nothing.
+    held: &'static str,
     revoke: &'static str,
     /// A fenced write's record of its fence in `lockkit_fences`.
     raise: Raise,
@@ -142,6 +148,11 @@ where
         Self::bind(self.extend, &params)
     }
 
+    /// The fence of `name` while `token` holds it, unexpired.
+    pub(crate) fn held<'a>(&self, name: &'a str, token: &'a str) -> Bound<'a, DB> {
+        Self::bind(self.held, &[Param::Text(name), Param::Text(token)])
+    }
+
     /// Frees `name` if `token` holds it.
     pub(crate) fn revoke<'a>(&self, name: &'a str, token: &'a str) -> Bound<'a, DB> {
         Self::bind(self.revoke, &[Param::Text(name), Param::Text(token)])
@@ -187,6 +198,8 @@ pub(crate) const POSTGRES: Statements<diesel::pg::Pg> = Statements {
     read_fence: "SELECT fence FROM lockkit_leases WHERE name = $1 AND owner = $2",
     extend: "UPDATE lockkit_leases SET expires_at = (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint + $1 \
              WHERE name = $2 AND owner = $3 AND expires_at > (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint",
+    held: "SELECT fence FROM lockkit_leases WHERE name = $1 AND owner = $2 \
+           AND expires_at > (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint",
     revoke: "UPDATE lockkit_leases SET owner = NULL, expires_at = 0 WHERE name = $1 AND owner = $2",
     raise: Raise::Upsert("INSERT INTO lockkit_fences (resource, fence) VALUES ($1, $2) ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence WHERE lockkit_fences.fence <= excluded.fence"),
     current_fence: "SELECT fence FROM lockkit_fences WHERE resource = $1",
@@ -203,6 +216,8 @@ pub(crate) const MYSQL: Statements<diesel::mysql::Mysql> = Statements {
     read_fence: "SELECT fence FROM lockkit_leases WHERE name = ? AND owner = ?",
     extend: "UPDATE lockkit_leases SET expires_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) DIV 1000 + ? \
              WHERE name = ? AND owner = ? AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) DIV 1000",
+    held: "SELECT fence FROM lockkit_leases WHERE name = ? AND owner = ? \
+           AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) DIV 1000",
     revoke: "UPDATE lockkit_leases SET owner = NULL, expires_at = 0 WHERE name = ? AND owner = ?",
     raise: Raise::EnsureThenUpdate {
         ensure: "INSERT INTO lockkit_fences (resource, fence) VALUES (?, ?) ON DUPLICATE KEY UPDATE resource = resource",
@@ -227,6 +242,8 @@ pub(crate) const SQLITE: Statements<diesel::sqlite::Sqlite> = Statements {
     read_fence: "SELECT fence FROM lockkit_leases WHERE name = ? AND owner = ?",
     extend: "UPDATE lockkit_leases SET expires_at = CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + ? \
              WHERE name = ? AND owner = ? AND expires_at > CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+    held: "SELECT fence FROM lockkit_leases WHERE name = ? AND owner = ? \
+           AND expires_at > CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
     revoke: "UPDATE lockkit_leases SET owner = NULL, expires_at = 0 WHERE name = ? AND owner = ?",
     raise: Raise::Upsert("INSERT INTO lockkit_fences (resource, fence) VALUES (?, ?) ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence WHERE lockkit_fences.fence <= excluded.fence"),
     current_fence: "SELECT fence FROM lockkit_fences WHERE resource = ?",
@@ -269,9 +286,17 @@ macro_rules! lease_store {
             }
 
             fn extend(&mut self, name: &str, token: &str, ttl_ms: i64) -> Result<bool, Error> {
-                use diesel::RunQueryDsl;
-                let rows = $sql.extend(name, token, ttl_ms).execute(self)?;
-                Ok(rows == 1)
+                use diesel::{OptionalExtension, RunQueryDsl};
+                if $sql.extend(name, token, ttl_ms).execute(self)? == 1 {
+                    return Ok(true);
+                }
+                // No row changed: lost, or renewed in the millisecond of the
+                // last renew on a connection that reports changed rows.
+                Ok($sql
+                    .held(name, token)
+                    .get_result::<FenceRow>(self)
+                    .optional()?
+                    .is_some())
             }
 
             fn revoke(&mut self, name: &str, token: &str) -> Result<bool, Error> {
