@@ -350,6 +350,43 @@ lockkit_tests::backend_tests! {
     }
 }
 
+/// PostgreSQL: work that meets a failed statement (a `NOWAIT` on a held row),
+/// which aborts the transaction, and returns an error of its own gets that
+/// error back untouched, as `run` promises, not the statement's.
+#[cfg(feature = "postgres")]
+#[test]
+fn work_that_returns_its_own_error_after_a_failed_statement_gets_it_back_on_postgres() {
+    use diesel::PgConnection;
+    use lockkit_tests::TestDb;
+    let db = TestDb::<PgConnection>::new("idempotency_own_error_after_nowait");
+    db.conn()
+        .run_pending_migrations(idempotency_migrations("postgres"))
+        .unwrap();
+    seed_items(&mut db.conn(), &[(1, 10)]);
+    let mut holder = db.connect();
+    exec(&mut holder, "BEGIN");
+    exec(&mut holder, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
+    let keys = Idempotency::default();
+    let mut conn = db.connect();
+    let ran = keys.run(
+        &mut conn,
+        "tenant-1",
+        "order-1",
+        "f",
+        |c| -> Result<String, Error> {
+            let busy =
+                diesel::sql_query("SELECT id FROM items WHERE id = 1 FOR UPDATE NOWAIT").execute(c);
+            assert!(busy.is_err(), "item 1 is held: {busy:?}");
+            Err(Error::InvalidInput("the handler gave up"))
+        },
+    );
+    exec(&mut holder, "ROLLBACK");
+    assert!(
+        matches!(ran, Err(Error::InvalidInput("the handler gave up"))),
+        "{ran:?}"
+    );
+}
+
 #[cfg(feature = "mysql")]
 mod mysql_only {
     use super::*;

@@ -59,8 +59,8 @@ use crate::clock::now_millis;
 use crate::error::classification::classify;
 use crate::error::Error;
 use crate::http::idempotency::{
-    finished, replayed, stored, Idempotency, Outcome, PurgeBefore, RunError, Scoped, Start,
-    StoredKey, Write,
+    finished, replayed, stored, unsure_end, Idempotency, Outcome, PurgeBefore, RunError, Scoped,
+    Start, StoredKey, Write,
 };
 use crate::transaction::{journal, Failure};
 
@@ -117,9 +117,9 @@ where
     let worked = CatchUnwind(Box::pin(work(&mut *level))).await;
     // Work that failed or panicked: an end the journal is not sure of asked
     // first, as on the blocking side.
-    if !matches!(worked, Ok(Ok(_)))
-        && journal::ended_by(&mut journal::AsyncWatched(&mut *level)).is_some()
-    {
+    let watched = &mut journal::AsyncWatched(&mut *level);
+    let (ends, ended_by) = (journal::Watched::ends(watched), journal::ended_by(watched));
+    if !matches!(worked, Ok(Ok(_))) && unsure_end(ends, ended_by) {
         let _ = ended_by_statement(&mut *level).await;
     }
     // Statements of the work that ran after its transaction ended, in

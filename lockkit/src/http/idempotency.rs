@@ -639,9 +639,19 @@ impl<E: From<Error>> RunError<E> {
 /// only if it did end. Nothing is sent where the journal saw no such end.
 /// (Work that succeeded asks before the key's `Finish`.)
 fn confirm_end<C: transaction::Control>(conn: &mut C) {
-    if transaction::journal::ended_by(conn).is_some() {
+    if unsure_end(conn.ends(), transaction::journal::ended_by(conn)) {
         let _ = transaction::ended_by_statement(conn);
     }
+}
+
+/// Whether `ended_by`, the end the journal saw on a backend that ends
+/// transactions as `ends` says, is one the server is asked about before a
+/// failed run's key is kept: a lock wait timeout on MySQL/MariaDB. (Only
+/// there do statements after an end commit on their own; elsewhere, and
+/// after a deadlock, nothing is asked, and the work's error stands.) For the
+/// blocking and the async run.
+pub(crate) fn unsure_end(ends: transaction::journal::Ends, ended_by: Option<Error>) -> bool {
+    ends == transaction::journal::Ends::OnDeadlock && matches!(ended_by, Some(Error::LockTimeout))
 }
 
 /// Releases the key of a run that failed, so that a retry runs the work
