@@ -867,6 +867,81 @@ mod postgres_only {
             "{outcome:?} after {attempts} attempt(s); stocks {stocks:?}"
         );
     }
+
+    /// The blocking side's
+    /// `a_nested_call_whose_work_let_a_lock_timeout_go_is_run_again_by_its_retry`:
+    /// a nested `transaction_with_retry` whose work lets a lock timeout go and
+    /// returns `Ok` hands back the timeout once its savepoint is rolled back,
+    /// and runs again there once item 2 is free.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_nested_call_whose_work_let_a_lock_timeout_go_is_run_again_by_its_retry() {
+        use diesel_async::SimpleAsyncConnection;
+        use std::sync::atomic::{AtomicU32, Ordering};
+        use std::sync::Mutex;
+        let db = TestDb::<diesel::PgConnection>::new("async_nested_swallowed_timeout");
+        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+        let mut conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let (locked_tx, locked_rx) = mpsc::channel::<()>();
+        let url = db.url.clone();
+        let holder = Mutex::new(Some(std::thread::spawn(move || {
+            let mut holder = diesel::PgConnection::establish(&url).unwrap();
+            holder
+                .transaction(|c| {
+                    diesel::RunQueryDsl::first::<i32>(
+                        items::table.find(2).for_update().select(items::stock),
+                        c,
+                    )?;
+                    locked_tx.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                    Ok::<_, diesel::result::Error>(())
+                })
+                .unwrap();
+        })));
+        locked_rx.recv().unwrap();
+        let attempts = AtomicU32::new(0);
+        let (holder, attempts_ref, release_tx) = (&holder, &attempts, &release_tx);
+        let outcome = lockkit::asynchronous::transaction_with_retry(
+            &mut conn,
+            &lockkit::RetryPolicy::immediate(1),
+            async |c: &mut AsyncPgConnection| {
+                lockkit::asynchronous::transaction_with_retry(
+                    c,
+                    &lockkit::RetryPolicy::immediate(3),
+                    async |c: &mut AsyncPgConnection| {
+                        if attempts_ref.fetch_add(1, Ordering::SeqCst) + 1 == 2 {
+                            // Released, and committed, before the second attempt.
+                            release_tx.send(()).unwrap();
+                            let released = holder.lock().unwrap().take();
+                            released.unwrap().join().unwrap();
+                        }
+                        c.batch_execute("SET LOCAL lock_timeout = '200ms'").await?;
+                        let _ = diesel::update(items::table.find(2))
+                            .set(items::stock.eq(items::stock - 2))
+                            .execute(c)
+                            .await; // let go
+                        Ok::<_, Error>(())
+                    },
+                )
+                .await
+            },
+        )
+        .await;
+        let _ = release_tx.send(());
+        if let Some(holder) = holder.lock().unwrap().take() {
+            holder.join().unwrap();
+        }
+        let stocks: Vec<i32> = diesel::RunQueryDsl::load(
+            items::table.order(items::id).select(items::stock),
+            &mut db.conn(),
+        )
+        .unwrap();
+        let attempts = AtomicU32::load(&attempts, Ordering::SeqCst);
+        assert!(
+            outcome.is_ok() && attempts == 2 && stocks == [10, 8],
+            "{outcome:?} after {attempts} attempt(s); stocks {stocks:?}"
+        );
+    }
 }
 
 #[cfg(all(feature = "async", feature = "mysql"))]

@@ -1234,6 +1234,35 @@ fn a_nested_call_after_a_lock_timeout_the_caller_let_go_lets_the_retry_around_ru
     );
 }
 
+/// A nested lockkit transaction whose work lets a lock timeout go and
+/// returns `Ok`: PostgreSQL refuses the nested call's `RELEASE SAVEPOINT` in
+/// the aborted transaction ("current transaction is aborted", which no retry
+/// takes up). The nested call must hand back the cause the journal saw, once
+/// its savepoint is rolled back (which revives the transaction around it), so
+/// that a `transaction_with_retry` runs it again there.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_nested_call_whose_work_let_a_lock_timeout_go_is_run_again_by_its_retry() {
+    let mut attempts = 0;
+    let (outcome, stocks) = while_item_2_held("nested_swallowed_timeout", |conn, release| {
+        lockkit::transaction_with_retry(conn, &RetryPolicy::immediate(1), |c| {
+            lockkit::transaction_with_retry(c, &RetryPolicy::immediate(3), |c| {
+                attempts += 1;
+                if attempts == 2 {
+                    release();
+                }
+                exec(c, "SET LOCAL lock_timeout = '200ms'");
+                let _ = sell_2_of_item_2(c); // let go
+                Ok::<_, Error>(())
+            })
+        })
+    });
+    assert!(
+        outcome.is_ok() && attempts == 2 && stocks == [10, 8],
+        "{outcome:?} after {attempts} attempt(s); stocks {stocks:?}"
+    );
+}
+
 /// And what that must not take away: a work that returns at the failed
 /// statement, with an error of its own, gets that error back.
 #[cfg(feature = "postgres")]

@@ -62,6 +62,19 @@ where
         // This call's own level in diesel-async's books: its transaction, or the
         // savepoint nested in the caller's.
         let depth = super::connection::transaction_depth(conn);
+        // A nested level whose work let a statement abort the transaction
+        // (PostgreSQL): as the blocking side's panic guard decides it.
+        let result = match result {
+            Ok(value) if nested => {
+                let watched = &mut journal::AsyncWatched(&mut *conn);
+                let ends = journal::Watched::ends(watched);
+                match crate::transaction::aborted_level(watched, ends) {
+                    Some(cause) => Err(Failure::Lockkit(cause)),
+                    None => Ok(value),
+                }
+            }
+            result => result,
+        };
         // Before `COMMIT` (or `ROLLBACK`): did the work let a statement (or a
         // nested call) end this transaction? As the blocking side's panic guard
         // asks it.

@@ -679,6 +679,26 @@ impl Began {
     }
 }
 
+/// A nested lockkit transaction whose work returned `Ok` after a statement of
+/// it failed and aborted the transaction, on a backend where that lasts until
+/// a rollback to a savepoint (PostgreSQL; `ends`), as the journal saw it (the
+/// work let the error go): its `RELEASE SAVEPOINT` would be refused ("current
+/// transaction is aborted", which no retry takes up). The statement's error,
+/// for the call to fail with instead: its savepoint is then rolled back, which
+/// revives the transaction around it, and a retry may run it again there.
+/// Decided here for the blocking panic guard and the async end. (The journal
+/// holds no such error from before the call: [`refuse_if_ended_before_level`]
+/// refused the call then.)
+pub(crate) fn aborted_level<W: journal::Watched>(
+    conn: &mut W,
+    ends: journal::Ends,
+) -> Option<Error> {
+    match ends {
+        journal::Ends::UntilSavepointRollback => journal::ended_by(conn),
+        _ => None,
+    }
+}
+
 /// What [`Began::check`] asks before an outermost transaction ends.
 pub(crate) enum Check {
     /// Nothing: the work's result stands.

@@ -83,6 +83,12 @@ impl PanicGuard {
                         }
                     }
                 }
+                if !outermost && result.is_ok() {
+                    let ends = Control::ends(conn);
+                    if let Some(cause) = super::aborted_level(conn, ends) {
+                        return Err(Failure::Lockkit(cause));
+                    }
+                }
                 let whole = || {
                     let ends = Control::ends(conn);
                     journal::whole_at_end(conn, ends)
