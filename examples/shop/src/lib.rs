@@ -42,6 +42,9 @@
 //!   BEGIN;                                                  -- SQLite: BEGIN IMMEDIATE
 //!   SELECT id, name, stock, lock_version FROM items WHERE id = $id
 //!      FOR UPDATE;                                          -- SQLite: no clause
+//!   UPDATE items SET lock_version = lock_version + 1
+//!      WHERE id = $id AND lock_version = $fresh_version;    -- the lock moves the version
+//!   -- (PostgreSQL: the two as one UPDATE .. RETURNING; docs/SQL.md)
 //!   -- check, think
 //!   UPDATE items SET stock = $fresh - qty WHERE id = $id; INSERT INTO orders ...; COMMIT;
 //!   ```
@@ -72,6 +75,7 @@
 //!   SELECT id, name, stock, lock_version FROM items WHERE id = $id;   -- the buyer's view
 //!   BEGIN;                                      -- SQLite: BEGIN IMMEDIATE, busy_timeout 0
 //!   SELECT ... FROM items WHERE id = $id FOR UPDATE NOWAIT;  -- locked: Busy, retry
+//!   UPDATE items SET lock_version = lock_version + 1 WHERE id = $id AND lock_version = $v;
 //!   -- check, think
 //!   UPDATE items SET stock = $fresh - qty WHERE id = $id; INSERT INTO orders ...; COMMIT;
 //!   ```
@@ -119,6 +123,8 @@
 //!   ```sql
 //!   BEGIN;                                                     -- SQLite: BEGIN IMMEDIATE
 //!   SELECT ... FROM items WHERE id = ANY($ids) ORDER BY id FOR UPDATE;  -- MySQL: id IN (?, ?, ?)
+//!   UPDATE items SET lock_version = lock_version + 1
+//!      WHERE id = $each AND lock_version = $locked_version;    -- per row: the lock moves the version
 //!   -- check, think
 //!   UPDATE items SET stock = $fresh - qty, lock_version = lock_version + 1
 //!      WHERE id = $each AND lock_version = $fresh_version;     -- per line
@@ -127,7 +133,9 @@
 //!
 //! Every strategy but the naive one moves the version of each item it sells, so
 //! that a versioned writer that read the item before (an edit form) is refused
-//! instead of writing the old stock back.
+//! instead of writing the old stock back. The locking ones move it when they
+//! lock the row, also where the buyer then buys nothing (not enough stock),
+//! and `basket-lock-all` moves it again with its versioned write: twice per line.
 //!
 //! SQLite has no `FOR UPDATE` and no row locks. There both basket strategies run
 //! in [`lockkit::locked_transaction`], whose `BEGIN IMMEDIATE` takes the whole
