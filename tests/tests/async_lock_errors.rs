@@ -1137,6 +1137,25 @@ mod sqlite_only {
         }};
     }
 
+    /// The blocking side's `a_work_that_returns_the_rollback_triggers_error_gets_it_back`
+    /// (`swallowed_errors.rs`): a work that returns the trigger's error after
+    /// SQLite rolled back the whole transaction gets that error, not the
+    /// failed `ROLLBACK`'s, and the connection works on.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_work_that_returns_the_rollback_triggers_error_gets_it_back() {
+        let (_db, mut conn) =
+            out_of_stock_db("async_raise_rollback_returned", &[(1, 0), (2, 5)]).await;
+        let oversold = sell!(&mut conn, 1).await;
+        assert!(
+            oversold
+                .as_ref()
+                .is_err_and(|err| err.to_string().contains("out of stock")),
+            "{oversold:?}"
+        );
+        sell!(&mut conn, 2).await.expect("the connection works on");
+        assert_eq!(stocks!(&mut conn), vec![0, 4]);
+    }
+
     /// One unit of each item of `$ids` sold on `$conn`, each result pushed to
     /// the `Mutex<Vec<_>>` `$after`: not one may commit on its own.
     macro_rules! sell_each {

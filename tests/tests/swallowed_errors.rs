@@ -348,6 +348,16 @@ mod sqlite_only {
         );
     }
 
+    /// The stocks are `stocks`.
+    fn nothing_committed_but(db: &TestDb<SqliteConnection>, stocks: &[i32]) {
+        let now: Vec<i32> = items::table
+            .order(items::id)
+            .select(items::stock)
+            .load(&mut db.conn())
+            .unwrap();
+        assert_eq!(now, stocks);
+    }
+
     /// One unit of item `id` sold under `with_lock`.
     fn sell(conn: &mut SqliteConnection, id: i32) -> Result<(), Error> {
         lockkit::with_lock(conn, id, LockOptions::default(), |conn, item: Item| {
@@ -357,6 +367,47 @@ mod sqlite_only {
                 .map(drop)
                 .map_err(Error::from)
         })
+    }
+
+    /// A work that returns the trigger's error (`?`) after SQLite rolled back
+    /// the whole transaction gets that error back, as lockkit promises of the
+    /// work's own error: not the failure of the `ROLLBACK` (or `ROLLBACK TO`)
+    /// that finds no transaction (or savepoint) left. And the connection works
+    /// on.
+    #[test]
+    fn a_work_that_returns_the_rollback_triggers_error_gets_it_back() {
+        let db = out_of_stock_db("raise_rollback_returned", &[(1, 0), (2, 5)]);
+        let mut conn = db.connect();
+        let oversell = |conn: &mut SqliteConnection| {
+            lockkit::with_lock(conn, 1, LockOptions::default(), |conn, item: Item| {
+                diesel::update(items::table.find(item.id))
+                    .set(items::stock.eq(item.stock - 1))
+                    .execute(conn)?;
+                Ok::<_, Error>(())
+            })
+        };
+        let outermost = oversell(&mut conn);
+        assert!(
+            outermost
+                .as_ref()
+                .is_err_and(|err| err.to_string().contains("out of stock")),
+            "outermost: {outermost:?}"
+        );
+        let mut nested = None;
+        let around = diesel::Connection::transaction(&mut conn, |conn| {
+            nested = Some(oversell(conn));
+            Ok::<_, Error>(())
+        });
+        assert!(
+            matches!(&nested, Some(Err(err)) if err.to_string().contains("out of stock")),
+            "nested: {nested:?}"
+        );
+        assert!(
+            around.is_err(),
+            "the transaction SQLite rolled back: {around:?}"
+        );
+        sell(&mut conn, 2).expect("the connection works on");
+        nothing_committed_but(&db, &[0, 4]);
     }
 
     #[test]

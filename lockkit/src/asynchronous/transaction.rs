@@ -123,7 +123,14 @@ where
             // transaction manager says less than the error behind it.
             match C::TransactionManager::rollback_transaction(conn).await {
                 Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => {}
-                Err(rollback) => rollback_failed = Some(rollback),
+                // SQLite had rolled the whole transaction back under the work:
+                // the work's error stands, as on the blocking side.
+                Err(rollback) => match crate::transaction::rolled_back_by_sqlite(&rollback) {
+                    Some(ended) => {
+                        ended.repair(C::TransactionManager::transaction_manager_status_mut(conn))
+                    }
+                    None => rollback_failed = Some(rollback),
+                },
             }
         }
         if result.is_err() {

@@ -364,7 +364,7 @@ pub(crate) mod postgres {
         crate::transaction::refuse_if_ended_before_level(conn)?;
         let nested = in_transaction(conn);
         let mut guard = PanicGuard::default();
-        let result = conn.transaction(|conn| {
+        let result = crate::transaction::level(conn, |conn| {
             let outer = match options.timeout_millis() {
                 Some(millis) => {
                     let outer = if nested {
@@ -543,8 +543,9 @@ pub(crate) mod mysql {
         };
         let nested = depth > 0;
         let mut guard = PanicGuard::default();
-        let result =
-            conn.transaction(|conn| guard.call(conn, |conn| f(conn).map_err(Failure::Closure)));
+        let result = crate::transaction::level(conn, |conn| {
+            guard.call(conn, |conn| f(conn).map_err(Failure::Closure))
+        });
         let restored = saved.map(|depth| {
             conn.reach()
                 .and_then(|c| restore_lock_wait_timeout(c, depth))
@@ -695,7 +696,7 @@ pub(crate) mod sqlite {
         let result = if nested {
             // A savepoint takes no lock, and the outer transaction may be a
             // deferred one that has none yet.
-            conn.transaction(|conn| {
+            crate::transaction::level(conn, |conn| {
                 conn.reach()
                     .and_then(|c| c.batch_execute(&take(WRITE_LOCK)))
                     .map_err(lock_error)?;

@@ -4,7 +4,7 @@
 //! connection it goes to.
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-use diesel::connection::{AnsiTransactionManager, TransactionManager};
+use diesel::connection::AnsiTransactionManager;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use diesel::Connection;
 
@@ -47,15 +47,93 @@ where
     E: From<diesel::result::Error>,
 {
     AnsiTransactionManager::begin_transaction_sql(conn.reach()?, begin)?;
-    match f(conn) {
+    let result = f(conn);
+    end_level(conn, result)
+}
+
+/// Diesel's `Connection::transaction` for a lockkit call's own level (a
+/// savepoint when a transaction is open), ended as [`end_level`] decides.
+pub(crate) fn level<C, T, E>(conn: &mut C, f: impl FnOnce(&mut C) -> Result<T, E>) -> Result<T, E>
+where
+    C: diesel::Connection,
+    E: From<diesel::result::Error>,
+{
+    use diesel::connection::TransactionManager;
+    C::TransactionManager::begin_transaction(conn)?;
+    let result = f(conn);
+    end_level(conn, result)
+}
+
+/// Commits the level `result` succeeded in, or rolls it back, as Diesel's
+/// `transaction` does, but for the rollback that finds nothing to roll back
+/// because SQLite already rolled the whole transaction back under the work
+/// (a trigger's `RAISE(ROLLBACK, ..)`, an `ON CONFLICT ROLLBACK`): the work's
+/// own error is what the caller gets ([`rolled_back_by_sqlite`]), not that of
+/// the `ROLLBACK`; and at the outermost level Diesel's transaction manager,
+/// which gave up on the connection there, is put back in order (SQLite has no
+/// transaction open), so that the connection works on.
+fn end_level<C, T, E>(conn: &mut C, result: Result<T, E>) -> Result<T, E>
+where
+    C: diesel::Connection,
+    E: From<diesel::result::Error>,
+{
+    use diesel::connection::TransactionManager;
+    match result {
         Ok(value) => {
-            H::TransactionManager::commit_transaction(conn)?;
+            C::TransactionManager::commit_transaction(conn)?;
             Ok(value)
         }
-        Err(err) => match H::TransactionManager::rollback_transaction(conn) {
+        Err(err) => match C::TransactionManager::rollback_transaction(conn) {
             // A broken transaction manager says less than the error behind it.
             Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => Err(err),
-            Err(rollback) => Err(rollback.into()),
+            Err(rollback) => match rolled_back_by_sqlite(&rollback) {
+                Some(ended) => {
+                    ended.repair(C::TransactionManager::transaction_manager_status_mut(conn));
+                    Err(err)
+                }
+                None => Err(rollback.into()),
+            },
         },
+    }
+}
+
+/// What a failed `ROLLBACK` or `ROLLBACK TO SAVEPOINT` says of a transaction
+/// SQLite rolled back whole under the work: [`rolled_back_by_sqlite`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SqliteEnded {
+    /// "cannot rollback - no transaction is active": the outermost level.
+    Transaction,
+    /// "no such savepoint": a nested one.
+    Savepoint,
+}
+
+impl SqliteEnded {
+    /// At the outermost level, puts Diesel's transaction manager (blocking or
+    /// diesel-async's), which gave up on the connection when its `ROLLBACK`
+    /// failed, back in order: SQLite has no transaction open. Nested, Diesel
+    /// has already counted the level out.
+    pub(crate) fn repair(self, status: &mut diesel::connection::TransactionManagerStatus) {
+        if self == SqliteEnded::Transaction && status.transaction_depth().is_err() {
+            *status = diesel::connection::TransactionManagerStatus::default();
+        }
+    }
+}
+
+/// Whether `rollback`, the error of a lockkit level's rollback, is SQLite's
+/// answer where it had already rolled the whole transaction back (no other
+/// server fails a `ROLLBACK` so: PostgreSQL warns, MySQL/MariaDB succeed, and
+/// MySQL's missing savepoint after a deadlock is Diesel's to forgive).
+/// Shared with the async end.
+pub(crate) fn rolled_back_by_sqlite(rollback: &diesel::result::Error) -> Option<SqliteEnded> {
+    let diesel::result::Error::DatabaseError(_, info) = rollback else {
+        return None;
+    };
+    let message = info.message();
+    if message == "cannot rollback - no transaction is active" {
+        Some(SqliteEnded::Transaction)
+    } else if message.starts_with("no such savepoint: diesel_savepoint_") {
+        Some(SqliteEnded::Savepoint)
+    } else {
+        None
     }
 }

@@ -835,7 +835,7 @@ where
     refuse_if_ended_before_level(conn)?;
     let nested = in_transaction(conn);
     let mut guard = PanicGuard::default();
-    let result = conn.transaction(|conn| guard.call(conn, f));
+    let result = level(conn, |conn| guard.call(conn, f));
     finish(conn, nested, guard, result, None, classify)
 }
 
