@@ -304,7 +304,9 @@ pub(crate) const PG_CONFIRM_ABORT: &str = "SELECT 1";
 /// asks the server whether the transaction is alive. PostgreSQL aborts it at
 /// any failed statement: the probe (`SELECT 1`) then fails, and its error is
 /// the cause. MySQL/MariaDB end it at a deadlock: `@@in_transaction`
-/// ([`Control::transaction_ended`]). SQLite never does. One round trip before
+/// ([`Control::transaction_ended`]). SQLite can (a trigger's `RAISE(ROLLBACK,
+/// ..)`), but has no question to ask: without a journal that saw the failed
+/// statement, lockkit cannot tell (the README says so). One round trip before
 /// each `COMMIT` of lockkit's and each nested call on such a connection, the
 /// price of not wrapping its instrumentation. Outside a transaction, nothing.
 /// The async connections' twin asks the same.
