@@ -2,6 +2,7 @@
 
 use proc_macro2::TokenStream;
 use quote::quote;
+use syn::ext::IdentExt;
 use syn::DeriveInput;
 
 use crate::ast::{self, Derive, Model, ModelField, Versioning};
@@ -53,7 +54,7 @@ fn expand_lockable(model: &Model<'_>) -> TokenStream {
     let table_name = table
         .segments
         .last()
-        .map(|segment| segment.ident.to_string())
+        .map(|segment| segment.ident.unraw().to_string())
         .unwrap_or_default();
 
     let (key_type, key_value) = match model.keys.as_slice() {

@@ -323,6 +323,16 @@ fn table_path() {
 }
 
 #[test]
+fn a_raw_table_name_is_named_without_its_prefix() {
+    // In errors and metrics: "stale update of type 1", not "r#type 1".
+    let expanded = expand(&item_in(syn::parse_quote!(r#type)));
+    assert!(
+        expanded.contains(r#"const TABLE_NAME: &'static str = "type";"#),
+        "{expanded}"
+    );
+}
+
+#[test]
 fn inferred_table_name() {
     assert_expansion! {
         pub struct StockItem {
