@@ -1263,6 +1263,35 @@ fn a_nested_call_whose_work_let_a_lock_timeout_go_is_run_again_by_its_retry() {
     );
 }
 
+/// And what that must not take: an error that aborts nothing (Diesel's
+/// empty query, answered without an abort) let go in a nested call's work,
+/// which returns `Ok`, leaves the call's work to commit with the caller's.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_nested_call_whose_work_let_an_error_go_that_aborted_nothing_commits() {
+    let db = TestDb::<PgConnection>::new("nested_error_aborted_nothing");
+    seed_items(&mut db.conn(), &[(1, 10)]);
+    let mut conn = db.connect();
+    // The journal watches the connection from here on.
+    lockkit::locked_transaction(&mut conn, LockOptions::default(), |_| Ok::<_, Error>(())).unwrap();
+    let outcome = conn.transaction(|c| {
+        lockkit::transaction_with_retry(c, &RetryPolicy::immediate(1), |c| {
+            diesel::update(items::table.find(1))
+                .set(items::stock.eq(9))
+                .execute(c)?;
+            let empty = diesel::connection::SimpleConnection::batch_execute(c, "-- nothing");
+            assert!(empty.is_err(), "an empty query is an error: {empty:?}");
+            Ok::<_, Error>(())
+        })
+    });
+    let stock: i32 = items::table
+        .find(1)
+        .select(items::stock)
+        .first(&mut db.conn())
+        .unwrap();
+    assert!(outcome.is_ok() && stock == 9, "{outcome:?}; stock {stock}");
+}
+
 /// And what that must not take away: a work that returns at the failed
 /// statement, with an error of its own, gets that error back.
 #[cfg(feature = "postgres")]

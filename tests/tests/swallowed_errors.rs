@@ -410,6 +410,32 @@ mod sqlite_only {
         nothing_committed_but(&db, &[0, 4]);
     }
 
+    /// As above, but the work writes on after SQLite's rollback (in
+    /// autocommit, where the write commits on its own) and then returns a
+    /// retryable error of its own: a retry would apply that write twice. The
+    /// call answers an error that is not retried instead.
+    #[test]
+    fn a_work_that_wrote_after_sqlites_rollback_is_not_retried() {
+        let db = out_of_stock_db("raise_rollback_wrote_on", &[(1, 0), (2, 5)]);
+        let mut conn = db.connect();
+        let mut runs = 0;
+        let outcome =
+            lockkit::transaction_with_retry(&mut conn, &lockkit::RetryPolicy::immediate(3), |c| {
+                runs += 1;
+                oversell_item_1(c);
+                diesel::update(items::table.find(2))
+                    .set(items::stock.eq(items::stock - 1))
+                    .execute(c)?;
+                Err::<(), _>(Error::LockTimeout)
+            });
+        assert!(
+            outcome.as_ref().is_err_and(|err| !err.is_retryable()),
+            "{outcome:?}"
+        );
+        assert_eq!(runs, 1, "the work ran again");
+        nothing_committed_but(&db, &[0, 4]);
+    }
+
     #[test]
     fn a_versioned_write_after_your_own_statement_rolled_back_the_whole_transaction_commits_nothing(
     ) {

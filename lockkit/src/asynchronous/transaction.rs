@@ -68,7 +68,11 @@ where
             Ok(value) if nested => {
                 let watched = &mut journal::AsyncWatched(&mut *conn);
                 let ends = journal::Watched::ends(watched);
-                match crate::transaction::aborted_level(watched, ends) {
+                let ended = match crate::transaction::may_have_aborted_level(watched, ends) {
+                    true => super::connection::ended_by_seen_statement(conn).await,
+                    false => None,
+                };
+                match ended {
                     Some(cause) => Err(Failure::Lockkit(cause)),
                     None => Ok(value),
                 }
@@ -116,7 +120,10 @@ where
             Err(failure) => Err(failure),
         };
         let mut rollback_failed = None;
+        let mut wrote_after_sqlite_rollback = None;
         if result.is_err() && depth > 0 && super::connection::transaction_depth(conn) == depth {
+            // Read before the rollback, whose end the journal forgets it at.
+            let wrote = journal::wrote_after_failed(&mut journal::AsyncWatched(&mut *conn));
             // Roll back this call's level, if it is still open: after a failed
             // COMMIT or RELEASE SAVEPOINT diesel-async has already ended (or given
             // up on) it, and one more rollback would end the caller's. A broken
@@ -124,10 +131,12 @@ where
             match C::TransactionManager::rollback_transaction(conn).await {
                 Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => {}
                 // SQLite had rolled the whole transaction back under the work:
-                // the work's error stands, as on the blocking side.
+                // the work's error stands, as on the blocking side, unless the
+                // work wrote after it.
                 Err(rollback) => match crate::transaction::rolled_back_by_sqlite(&rollback) {
                     Some(ended) => {
-                        ended.repair(C::TransactionManager::transaction_manager_status_mut(conn))
+                        ended.repair(C::TransactionManager::transaction_manager_status_mut(conn));
+                        wrote_after_sqlite_rollback = ended.error_for(wrote);
                     }
                     None => rollback_failed = Some(rollback),
                 },
@@ -188,6 +197,9 @@ where
             if !nested || (asked && ended.is_none()) {
                 return Err(E::from(classify(rollback)));
             }
+        }
+        if let Some(wrote) = wrote_after_sqlite_rollback {
+            return Err(E::from(classify(wrote)));
         }
         Err(failed.into_error(nested, ended, |cause| {
             journal::aborted(&mut journal::AsyncWatched(conn), cause)

@@ -83,17 +83,21 @@ where
             C::TransactionManager::commit_transaction(conn)?;
             Ok(value)
         }
-        Err(err) => match C::TransactionManager::rollback_transaction(conn) {
-            // A broken transaction manager says less than the error behind it.
-            Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => Err(err),
-            Err(rollback) => match rolled_back_by_sqlite(&rollback) {
-                Some(ended) => {
-                    ended.repair(C::TransactionManager::transaction_manager_status_mut(conn));
-                    Err(err)
-                }
-                None => Err(rollback.into()),
-            },
-        },
+        Err(err) => {
+            // Read before the rollback, whose end the journal forgets it at.
+            let wrote = super::journal::wrote_after_failed(conn);
+            match C::TransactionManager::rollback_transaction(conn) {
+                // A broken transaction manager says less than the error behind it.
+                Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => Err(err),
+                Err(rollback) => match rolled_back_by_sqlite(&rollback) {
+                    Some(ended) => {
+                        ended.repair(C::TransactionManager::transaction_manager_status_mut(conn));
+                        Err(ended.error_for(wrote).map_or(err, E::from))
+                    }
+                    None => Err(rollback.into()),
+                },
+            }
+        }
     }
 }
 
@@ -108,6 +112,21 @@ pub(crate) enum SqliteEnded {
 }
 
 impl SqliteEnded {
+    /// What the level's caller gets in place of the work's own error: where a
+    /// statement of the work wrote after one failed (`wrote`), and SQLite had
+    /// rolled the whole transaction back, that write committed on its own in
+    /// autocommit; the work's error, which a retry may take up, would apply it
+    /// twice. Then [`WROTE_AFTER_SQLITE_ROLLBACK`](super::WROTE_AFTER_SQLITE_ROLLBACK),
+    /// not retryable; else nothing (the work's error stands).
+    pub(crate) fn error_for(self, wrote: bool) -> Option<diesel::result::Error> {
+        wrote.then(|| {
+            diesel::result::Error::DatabaseError(
+                diesel::result::DatabaseErrorKind::Unknown,
+                Box::new(super::WROTE_AFTER_SQLITE_ROLLBACK.to_owned()),
+            )
+        })
+    }
+
     /// At the outermost level, puts Diesel's transaction manager (blocking or
     /// diesel-async's), which gave up on the connection when its `ROLLBACK`
     /// failed, back in order: SQLite has no transaction open. Nested, Diesel

@@ -314,6 +314,11 @@ struct Aborts {
     /// SQLite only (`transaction::probe_for`); a rollback to a savepoint clears
     /// this.
     failed: Option<(DatabaseErrorKind, String)>,
+    /// SQLite ([`Ends::Never`]): a statement that may write succeeded after
+    /// one failed in the open transaction (`failed`, or while `orphaned`). If
+    /// the failure rolled the whole transaction back, that statement ran in
+    /// autocommit and committed on its own ([`wrote_after_failed`]).
+    wrote_after_failed: bool,
     /// SQLite rolled back the whole transaction under callers whose code still
     /// runs and counts it open (`transaction::ended_on_sqlite` found it and
     /// put Diesel's depth back): every lockkit call refuses until the
@@ -421,6 +426,7 @@ impl Aborts {
     fn closed(&mut self) {
         self.not_ended();
         self.failed = None;
+        self.wrote_after_failed = false;
         self.reviving = false;
         self.unsure = false;
         self.missed = false;
@@ -484,6 +490,13 @@ impl Aborts {
                     {
                         self.wrote_after_end = true;
                     }
+                    if self.depth > 0
+                        && (self.failed.is_some() || self.orphaned.is_some())
+                        && matches!(self.ends, Ends::Never | Ends::Unknown)
+                        && !only_reads(query)
+                    {
+                        self.wrote_after_failed = true;
+                    }
                     // PostgreSQL runs nothing in an aborted transaction but a
                     // rollback: a statement that succeeded there was one to a
                     // savepoint (the work's own SQL), which revived it.
@@ -499,6 +512,7 @@ impl Aborts {
                         && first_word_is(query, "ROLLBACK")
                     {
                         self.failed = None;
+                        self.wrote_after_failed = false;
                     }
                 } else if let Some(diesel::result::Error::DatabaseError(kind, info)) = error {
                     // A journal whose backend type names no server (a
@@ -1269,6 +1283,16 @@ pub(crate) fn wrote_after_end<W: Watched>(conn: &mut W) -> bool {
     conn.slot()
         .downcast_mut::<Journal>()
         .is_some_and(|journal| journal.aborts.wrote_after_end)
+}
+
+/// SQLite: whether a statement that may write succeeded on `conn` after one
+/// failed in the open transaction ([`Aborts::wrote_after_failed`]): if the
+/// failure had rolled the whole transaction back, it committed on its own.
+/// Read before the transaction's end, which forgets it.
+pub(crate) fn wrote_after_failed<W: Watched>(conn: &mut W) -> bool {
+    conn.slot()
+        .downcast_mut::<Journal>()
+        .is_some_and(|journal| journal.aborts.wrote_after_failed)
 }
 
 /// SQLite: the error of the first statement that failed in the open

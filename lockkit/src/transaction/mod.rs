@@ -376,13 +376,16 @@ pub(crate) fn may_have_committed(error: &Error) -> bool {
         Error::Database(diesel::result::Error::DatabaseError(
             diesel::result::DatabaseErrorKind::Unknown,
             info,
-        )) => [
-            WROTE_AFTER_END,
-            ENDED_UNSEEN,
-            ENDED_SILENTLY,
-            ENDED_SILENTLY_UNDER_NESTED,
-        ]
-        .contains(&info.message()),
+        )) => {
+            [
+                WROTE_AFTER_END,
+                ENDED_UNSEEN,
+                ENDED_SILENTLY,
+                ENDED_SILENTLY_UNDER_NESTED,
+            ]
+            .contains(&info.message())
+                || info.message() == WROTE_AFTER_SQLITE_ROLLBACK
+        }
         Error::TransactionAborted(aborted) => may_have_committed(aborted.cause()),
         _ => false,
     }
@@ -392,6 +395,12 @@ const WROTE_AFTER_END: &str = "the transaction ended under the work (a deadlock 
      which let the error go and went on: its statements after that point ran outside the \
      transaction, and those that write committed on their own; not retried, so that nothing is \
      applied twice";
+
+/// SQLite's twin of [`WROTE_AFTER_END`] ([`SqliteEnded::error_for`]).
+pub(crate) const WROTE_AFTER_SQLITE_ROLLBACK: &str = "SQLite rolled the whole transaction back \
+     under the work (a trigger's RAISE(ROLLBACK), ON CONFLICT ROLLBACK), which let the error go \
+     and went on: its statements after that point ran outside the transaction, and those that \
+     write committed on their own; not retried, so that nothing is applied twice";
 
 const ENDED_UNSEEN: &str = "the transaction ended before lockkit's COMMIT: a deadlock rolled it \
      back, or a statement of the work committed it implicitly (DDL, TRUNCATE, LOCK TABLES); \
@@ -688,17 +697,16 @@ impl Began {
 /// transaction is aborted", which no retry takes up). The statement's error,
 /// for the call to fail with instead: its savepoint is then rolled back, which
 /// revives the transaction around it, and a retry may run it again there.
-/// Decided here for the blocking panic guard and the async end. (The journal
-/// holds no such error from before the call: [`refuse_if_ended_before_level`]
-/// refused the call then.)
-pub(crate) fn aborted_level<W: journal::Watched>(
+/// Whether to ask is decided here; the blocking panic guard and the async end
+/// ask the server ([`ended_by_statement`] and its async twin), since the
+/// journal takes some errors that abort nothing for an abort (Diesel's empty
+/// query, a client-side refusal). (The journal holds no such error from
+/// before the call: [`refuse_if_ended_before_level`] refused the call then.)
+pub(crate) fn may_have_aborted_level<W: journal::Watched>(
     conn: &mut W,
     ends: journal::Ends,
-) -> Option<Error> {
-    match ends {
-        journal::Ends::UntilSavepointRollback => journal::ended_by(conn),
-        _ => None,
-    }
+) -> bool {
+    ends == journal::Ends::UntilSavepointRollback && journal::ended_by(conn).is_some()
 }
 
 /// What [`Began::check`] asks before an outermost transaction ends.

@@ -85,8 +85,10 @@ impl PanicGuard {
                 }
                 if !outermost && result.is_ok() {
                     let ends = Control::ends(conn);
-                    if let Some(cause) = super::aborted_level(conn, ends) {
-                        return Err(Failure::Lockkit(cause));
+                    if super::may_have_aborted_level(conn, ends) {
+                        if let Some(cause) = ended_by_statement(conn) {
+                            return Err(Failure::Lockkit(cause));
+                        }
                     }
                 }
                 let whole = || {
