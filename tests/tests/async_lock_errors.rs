@@ -787,6 +787,30 @@ mod postgres_only {
         assert_eq!(stock, 10);
     }
 
+    /// A thread holding item 2 locked (`FOR UPDATE`) on a connection of its
+    /// own to `url` until told (or its sender dropped); returns once it holds it.
+    fn item_2_held(url: &str) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let (locked_tx, locked_rx) = mpsc::channel::<()>();
+        let url = url.to_owned();
+        let holder = std::thread::spawn(move || {
+            let mut holder = diesel::PgConnection::establish(&url).unwrap();
+            holder
+                .transaction(|c| {
+                    diesel::RunQueryDsl::first::<i32>(
+                        items::table.find(2).for_update().select(items::stock),
+                        c,
+                    )?;
+                    locked_tx.send(()).unwrap();
+                    let _ = release_rx.recv();
+                    Ok::<_, diesel::result::Error>(())
+                })
+                .unwrap();
+        });
+        locked_rx.recv().unwrap();
+        (release_tx, holder)
+    }
+
     /// The blocking side's
     /// `a_retry_inside_with_lock_that_met_a_lock_timeout_lets_the_retry_around_it_run_again`:
     /// the work runs its update again in the transaction a lock timeout
@@ -797,24 +821,8 @@ mod postgres_only {
         let db = TestDb::<diesel::PgConnection>::new("async_retry_inside_aborted");
         seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
         let mut conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
-        let (release_tx, release_rx) = mpsc::channel::<()>();
-        let (locked_tx, locked_rx) = mpsc::channel::<()>();
-        let url = db.url.clone();
-        let mut holder = Some(std::thread::spawn(move || {
-            let mut holder = diesel::PgConnection::establish(&url).unwrap();
-            holder
-                .transaction(|c| {
-                    diesel::RunQueryDsl::first::<i32>(
-                        items::table.find(2).for_update().select(items::stock),
-                        c,
-                    )?;
-                    locked_tx.send(()).unwrap();
-                    release_rx.recv().unwrap();
-                    Ok::<_, diesel::result::Error>(())
-                })
-                .unwrap();
-        }));
-        locked_rx.recv().unwrap();
+        let (release_tx, holder) = item_2_held(&db.url);
+        let mut holder = Some(holder);
         let wait = LockOptions::default().timeout(std::time::Duration::from_millis(200));
         let mut attempts = 0;
         let outcome = loop {
@@ -881,24 +889,8 @@ mod postgres_only {
         let db = TestDb::<diesel::PgConnection>::new("async_nested_swallowed_timeout");
         seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
         let mut conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
-        let (release_tx, release_rx) = mpsc::channel::<()>();
-        let (locked_tx, locked_rx) = mpsc::channel::<()>();
-        let url = db.url.clone();
-        let holder = Mutex::new(Some(std::thread::spawn(move || {
-            let mut holder = diesel::PgConnection::establish(&url).unwrap();
-            holder
-                .transaction(|c| {
-                    diesel::RunQueryDsl::first::<i32>(
-                        items::table.find(2).for_update().select(items::stock),
-                        c,
-                    )?;
-                    locked_tx.send(()).unwrap();
-                    release_rx.recv().unwrap();
-                    Ok::<_, diesel::result::Error>(())
-                })
-                .unwrap();
-        })));
-        locked_rx.recv().unwrap();
+        let (release_tx, holder) = item_2_held(&db.url);
+        let holder = Mutex::new(Some(holder));
         let attempts = AtomicU32::new(0);
         let (holder, attempts_ref, release_tx) = (&holder, &attempts, &release_tx);
         let outcome = lockkit::asynchronous::transaction_with_retry(

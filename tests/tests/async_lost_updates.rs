@@ -544,133 +544,77 @@ mod mysql_aborted {
     /// The blocking side's `a_key_is_kept_for_work_that_wrote_after_innodb_rolled_it_back`
     /// (`idempotency.rs`), on diesel-async: the work holds item 1, lets its
     /// lock on item 2 be the deadlock's victim, then sells one unit of item 2
-    /// in autocommit, which commits on its own. The key must not be released
-    /// for the client's retry to sell again.
+    /// in autocommit, which commits on its own, and returns or panics. The key
+    /// must not be released for the client's retry to sell again.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn an_idempotency_key_is_kept_for_work_that_wrote_after_innodb_rolled_it_back() {
         use diesel_migrations::MigrationHarness;
         use lockkit::asynchronous::idempotency;
         use lockkit::idempotency::Idempotency;
-        let stage = Stage::new("async_idempotency_wrote_after_end");
-        stage
-            .db
-            .conn()
-            .run_pending_migrations(lockkit_tests::idempotency_migrations("mysql"))
-            .unwrap();
-        let keys = Idempotency::default();
-        let mut conn = stage.connect().await;
-        let sell_two = async |conn: &mut Async| {
-            diesel::update(items::table.find(2))
-                .set(items::stock.eq(items::stock - 1))
-                .execute(conn)
-                .await
-        };
-        let outcome = idempotency::run(
-            &keys,
-            &mut conn,
-            "tenant-1",
-            "order-1",
-            "f",
-            async |conn: &mut Async| {
-                conn.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")
-                    .await?;
-                stage.cue();
-                let victim = items::table.find(2).for_update().first::<Item>(conn).await;
-                assert!(
-                    victim.is_err(),
-                    "the lock on item 2 was the deadlock's victim"
-                );
-                sell_two(conn).await?; // in autocommit
-                Ok::<_, Error>("201 sold".to_owned())
-            },
-        )
-        .await;
-        assert!(
-            outcome.as_ref().is_err_and(|err| !err.is_retryable()),
-            "{outcome:?}"
-        );
-        let again = idempotency::run(
-            &keys,
-            &mut conn,
-            "tenant-1",
-            "order-1",
-            "f",
-            async |conn: &mut Async| {
-                sell_two(conn).await?;
-                Ok::<_, Error>("201 sold".to_owned())
-            },
-        )
-        .await;
-        assert!(
-            matches!(again, Err(Error::IdempotencyInProgress)),
-            "{again:?}"
-        );
-        let (stock, _) = stage.sold_and_lines().await;
-        assert_eq!(stock, 9, "the unit sold once");
-    }
-
-    /// As above, but the work panics after its sale in autocommit: the sale
-    /// committed, so the panic (which goes on) must not release the key for
-    /// the client's retry to sell again.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn an_idempotency_key_is_kept_for_work_that_panicked_after_writing_past_innodbs_rollback()
-    {
-        use diesel_migrations::MigrationHarness;
-        use lockkit::asynchronous::idempotency;
-        use lockkit::idempotency::Idempotency;
-        let stage = Stage::new("async_idempotency_panic_after_end");
-        stage
-            .db
-            .conn()
-            .run_pending_migrations(lockkit_tests::idempotency_migrations("mysql"))
-            .unwrap();
-        let keys = Idempotency::default();
-        let mut conn = stage.connect().await;
-        let sell_two = async |conn: &mut Async| {
-            diesel::update(items::table.find(2))
-                .set(items::stock.eq(items::stock - 1))
-                .execute(conn)
-                .await
-        };
-        let panicked = async_common::caught_panic(idempotency::run(
-            &keys,
-            &mut conn,
-            "tenant-1",
-            "order-1",
-            "f",
-            async |conn: &mut Async| -> Result<String, Error> {
-                conn.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")
-                    .await?;
-                stage.cue();
-                let victim = items::table.find(2).for_update().first::<Item>(conn).await;
-                assert!(
-                    victim.is_err(),
-                    "the lock on item 2 was the deadlock's victim"
-                );
-                sell_two(conn).await?; // in autocommit
-                panic!("a bug in the handler");
-            },
-        ))
-        .await;
-        assert!(panicked.is_err(), "the panic went on");
-        let again = idempotency::run(
-            &keys,
-            &mut conn,
-            "tenant-1",
-            "order-1",
-            "f",
-            async |conn: &mut Async| {
-                sell_two(conn).await?;
-                Ok::<_, Error>("201 sold".to_owned())
-            },
-        )
-        .await;
-        assert!(
-            matches!(again, Err(Error::IdempotencyInProgress)),
-            "{again:?}"
-        );
-        let (stock, _) = stage.sold_and_lines().await;
-        assert_eq!(stock, 9, "the unit sold once");
+        for panics in [false, true] {
+            let stage = Stage::new(&format!("async_idempotency_wrote_after_end_{panics}"));
+            stage
+                .db
+                .conn()
+                .run_pending_migrations(lockkit_tests::idempotency_migrations("mysql"))
+                .unwrap();
+            let keys = Idempotency::default();
+            let mut conn = stage.connect().await;
+            let sell_two = async |conn: &mut Async| {
+                diesel::update(items::table.find(2))
+                    .set(items::stock.eq(items::stock - 1))
+                    .execute(conn)
+                    .await
+            };
+            let outcome = async_common::caught_panic(idempotency::run(
+                &keys,
+                &mut conn,
+                "tenant-1",
+                "order-1",
+                "f",
+                async |conn: &mut Async| {
+                    conn.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")
+                        .await?;
+                    stage.cue();
+                    let victim = items::table.find(2).for_update().first::<Item>(conn).await;
+                    assert!(
+                        victim.is_err(),
+                        "the lock on item 2 was the deadlock's victim"
+                    );
+                    sell_two(conn).await?; // in autocommit
+                    if panics {
+                        panic!("a bug in the handler");
+                    }
+                    Ok::<_, Error>("201 sold".to_owned())
+                },
+            ))
+            .await;
+            match &outcome {
+                Err(_) => assert!(panics, "a panic without one"),
+                Ok(outcome) => assert!(
+                    outcome.as_ref().is_err_and(|err| !err.is_retryable()),
+                    "{outcome:?}"
+                ),
+            }
+            let again = idempotency::run(
+                &keys,
+                &mut conn,
+                "tenant-1",
+                "order-1",
+                "f",
+                async |conn: &mut Async| {
+                    sell_two(conn).await?;
+                    Ok::<_, Error>("201 sold".to_owned())
+                },
+            )
+            .await;
+            assert!(
+                matches!(again, Err(Error::IdempotencyInProgress)),
+                "panics: {panics}: {again:?}"
+            );
+            let (stock, _) = stage.sold_and_lines().await;
+            assert_eq!(stock, 9, "the unit sold once");
+        }
     }
 
     /// The blocking side's `a_key_is_released_for_work_that_failed_after_a_lock_wait_timeout_it_let_go`

@@ -432,75 +432,48 @@ mod mysql_only {
     /// As above, but the work sells after letting the deadlock go: the sale
     /// runs with no transaction open and commits on its own. lockkit refuses
     /// to retry that (nothing may be applied twice); the key must not be
-    /// released for the client's retry to sell again.
+    /// released for the client's retry to sell again, whether the work then
+    /// returns or panics (the panic goes on).
     #[test]
     fn a_key_is_kept_for_work_that_wrote_after_innodb_rolled_it_back() {
-        let db = database_with("idempotency_wrote_after_end", idempotency_migrations);
-        let keys = Idempotency::default();
-        let request = fingerprint("POST", "/orders", b"{\"item\":1}");
-        let outcome = lockkit_tests::aborts::beside_neighbour(&db, "mysql", |conn, cue| {
-            keys.run(conn, "tenant-1", "order-1", &request, |c| {
-                sell_from_item_1(c, 1)?;
-                extra_on_item_2_is_the_victim(c, cue);
-                sell_from_item_1(c, 1)?; // in autocommit
-                Ok::<_, Error>("201 sold".to_owned())
-            })
-        });
-        let mut conn = db.connect();
-        assert!(
-            outcome.as_ref().is_err_and(|err| !err.is_retryable()),
-            "{outcome:?}"
-        );
-        assert_eq!(stock_of!(&mut conn), 9, "the sale committed on its own");
-        // The client retries with the same key.
-        let again = keys.run(&mut conn, "tenant-1", "order-1", &request, |c| {
-            sell_from_item_1(c, 1)?;
-            Ok::<_, Error>("201 sold".to_owned())
-        });
-        assert!(
-            matches!(again, Err(Error::IdempotencyInProgress)),
-            "{again:?}"
-        );
-        assert_eq!(stock_of!(&mut conn), 9, "the unit sold once");
-    }
-
-    /// As above, but the work panics after its sale in autocommit: the sale
-    /// committed, so the panic (which goes on) must not release the key for
-    /// the client's retry to sell again.
-    #[test]
-    fn a_key_is_kept_for_work_that_panicked_after_writing_past_innodbs_rollback() {
-        let db = database_with("idempotency_panic_after_end", idempotency_migrations);
-        let keys = Idempotency::default();
-        let request = fingerprint("POST", "/orders", b"{\"item\":1}");
-        let panicked = lockkit_tests::aborts::beside_neighbour(&db, "mysql", |conn, cue| {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                keys.run(
-                    conn,
-                    "tenant-1",
-                    "order-1",
-                    &request,
-                    |c| -> Result<String, Error> {
+        for panics in [false, true] {
+            let name = format!("idempotency_wrote_after_end_{panics}");
+            let db = database_with(&name, idempotency_migrations);
+            let keys = Idempotency::default();
+            let request = fingerprint("POST", "/orders", b"{\"item\":1}");
+            let outcome = lockkit_tests::aborts::beside_neighbour(&db, "mysql", |conn, cue| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    keys.run(conn, "tenant-1", "order-1", &request, |c| {
                         sell_from_item_1(c, 1)?;
                         extra_on_item_2_is_the_victim(c, cue);
                         sell_from_item_1(c, 1)?; // in autocommit
-                        panic!("a bug in the handler");
-                    },
-                )
-            }))
-        });
-        assert!(panicked.is_err(), "the panic went on");
-        let mut conn = db.connect();
-        assert_eq!(stock_of!(&mut conn), 9, "the sale committed on its own");
-        // The client retries with the same key.
-        let again = keys.run(&mut conn, "tenant-1", "order-1", &request, |c| {
-            sell_from_item_1(c, 1)?;
-            Ok::<_, Error>("201 sold".to_owned())
-        });
-        assert!(
-            matches!(again, Err(Error::IdempotencyInProgress)),
-            "{again:?}"
-        );
-        assert_eq!(stock_of!(&mut conn), 9, "the unit sold once");
+                        if panics {
+                            panic!("a bug in the handler");
+                        }
+                        Ok::<_, Error>("201 sold".to_owned())
+                    })
+                }))
+            });
+            match &outcome {
+                Err(_) => assert!(panics, "a panic without one"),
+                Ok(outcome) => assert!(
+                    outcome.as_ref().is_err_and(|err| !err.is_retryable()),
+                    "{outcome:?}"
+                ),
+            }
+            let mut conn = db.connect();
+            assert_eq!(stock_of!(&mut conn), 9, "the sale committed on its own");
+            // The client retries with the same key.
+            let again = keys.run(&mut conn, "tenant-1", "order-1", &request, |c| {
+                sell_from_item_1(c, 1)?;
+                Ok::<_, Error>("201 sold".to_owned())
+            });
+            assert!(
+                matches!(again, Err(Error::IdempotencyInProgress)),
+                "panics: {panics}: {again:?}"
+            );
+            assert_eq!(stock_of!(&mut conn), 9, "the unit sold once");
+        }
     }
 
     /// A lock wait timeout the work lets go ends no transaction on a server

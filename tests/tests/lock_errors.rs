@@ -1148,6 +1148,32 @@ fn while_item_2_held<T>(
     (out, stocks)
 }
 
+/// [`while_item_2_held`] for work that is tried again: `run` calls
+/// `attempt()` at the start of each attempt, which counts it and releases item
+/// 2 before the second. The outcome must be `Ok` after two attempts, with the
+/// stocks `stocks`.
+#[cfg(feature = "postgres")]
+fn succeeds_at_the_second_attempt<T: std::fmt::Debug>(
+    name: &str,
+    stocks: [i32; 2],
+    run: impl FnOnce(&mut PgConnection, &mut dyn FnMut()) -> Result<T, Error>,
+) {
+    let mut attempts = 0;
+    let (outcome, now) = while_item_2_held(name, |conn, release| {
+        let mut attempt = || {
+            attempts += 1;
+            if attempts == 2 {
+                release();
+            }
+        };
+        run(conn, &mut attempt)
+    });
+    assert!(
+        outcome.is_ok() && attempts == 2 && now == stocks,
+        "{outcome:?} after {attempts} attempt(s); stocks {now:?}"
+    );
+}
+
 /// `with_lock` on item 1, waiting 200 ms at most for any lock in it.
 #[cfg(feature = "postgres")]
 fn with_lock_on_1<T>(
@@ -1176,13 +1202,9 @@ fn sell_2_of_item_2(conn: &mut PgConnection) -> Result<(), Error> {
 #[cfg(feature = "postgres")]
 #[test]
 fn a_retry_inside_with_lock_that_met_a_lock_timeout_lets_the_retry_around_it_run_again() {
-    let mut attempts = 0;
-    let (outcome, stocks) = while_item_2_held("retry_inside_aborted", |conn, release| {
+    succeeds_at_the_second_attempt("retry_inside_aborted", [8, 8], |conn, attempt| {
         retry(&RetryPolicy::immediate(3), |_| {
-            attempts += 1;
-            if attempts == 2 {
-                release();
-            }
+            attempt();
             with_lock_on_1(conn, |c, item| {
                 retry(&RetryPolicy::immediate(3), |_| sell_2_of_item_2(c))?;
                 diesel::update(items::table.find(1))
@@ -1192,10 +1214,6 @@ fn a_retry_inside_with_lock_that_met_a_lock_timeout_lets_the_retry_around_it_run
             })
         })
     });
-    assert!(
-        outcome.is_ok() && attempts == 2 && stocks == [8, 8],
-        "{outcome:?} after {attempts} attempt(s); stocks {stocks:?}"
-    );
 }
 
 /// As above, with the caller's own Diesel transaction, which lets the lock
@@ -1207,15 +1225,11 @@ fn a_retry_inside_with_lock_that_met_a_lock_timeout_lets_the_retry_around_it_run
 #[cfg(feature = "postgres")]
 #[test]
 fn a_nested_call_after_a_lock_timeout_the_caller_let_go_lets_the_retry_around_run_again() {
-    let mut attempts = 0;
-    let (outcome, stocks) = while_item_2_held("nested_after_aborted", |conn, release| {
+    succeeds_at_the_second_attempt("nested_after_aborted", [8, 8], |conn, attempt| {
         // The journal watches the connection from here on.
         lockkit::locked_transaction(conn, LockOptions::default(), |_| Ok::<_, Error>(())).unwrap();
         retry(&RetryPolicy::immediate(3), |_| {
-            attempts += 1;
-            if attempts == 2 {
-                release();
-            }
+            attempt();
             conn.transaction(|c| {
                 exec(c, "SET LOCAL lock_timeout = '200ms'");
                 let _ = sell_2_of_item_2(c); // let go
@@ -1228,10 +1242,6 @@ fn a_nested_call_after_a_lock_timeout_the_caller_let_go_lets_the_retry_around_ru
             })
         })
     });
-    assert!(
-        outcome.is_ok() && attempts == 2 && stocks == [8, 8],
-        "{outcome:?} after {attempts} attempt(s); stocks {stocks:?}"
-    );
 }
 
 /// A nested lockkit transaction whose work lets a lock timeout go and
@@ -1243,24 +1253,16 @@ fn a_nested_call_after_a_lock_timeout_the_caller_let_go_lets_the_retry_around_ru
 #[cfg(feature = "postgres")]
 #[test]
 fn a_nested_call_whose_work_let_a_lock_timeout_go_is_run_again_by_its_retry() {
-    let mut attempts = 0;
-    let (outcome, stocks) = while_item_2_held("nested_swallowed_timeout", |conn, release| {
+    succeeds_at_the_second_attempt("nested_swallowed_timeout", [10, 8], |conn, attempt| {
         lockkit::transaction_with_retry(conn, &RetryPolicy::immediate(1), |c| {
             lockkit::transaction_with_retry(c, &RetryPolicy::immediate(3), |c| {
-                attempts += 1;
-                if attempts == 2 {
-                    release();
-                }
+                attempt();
                 exec(c, "SET LOCAL lock_timeout = '200ms'");
                 let _ = sell_2_of_item_2(c); // let go
                 Ok::<_, Error>(())
             })
         })
     });
-    assert!(
-        outcome.is_ok() && attempts == 2 && stocks == [10, 8],
-        "{outcome:?} after {attempts} attempt(s); stocks {stocks:?}"
-    );
 }
 
 /// And what that must not take: an error that aborts nothing (Diesel's
