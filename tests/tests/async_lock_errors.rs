@@ -1148,6 +1148,59 @@ mod sqlite_only {
         assert_eq!(stocks!(&mut conn), vec![0, 4]);
     }
 
+    /// The blocking side's `an_idempotency_key_is_kept_for_work_that_wrote_after_sqlites_rollback`
+    /// (`swallowed_errors.rs`): a run whose work writes after SQLite rolled the
+    /// whole transaction back, then panics, keeps its key.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idempotency_key_is_kept_for_work_that_wrote_after_sqlites_rollback() {
+        use diesel_migrations::MigrationHarness;
+        use lockkit::asynchronous::idempotency;
+        use lockkit::idempotency::Idempotency;
+        let (db, mut conn) =
+            out_of_stock_db("async_raise_rollback_idempotency", &[(1, 0), (2, 5)]).await;
+        db.conn()
+            .run_pending_migrations(lockkit_tests::idempotency_migrations("sqlite"))
+            .unwrap();
+        let keys = Idempotency::default();
+        let sell_two = async |c: &mut Async| {
+            diesel::update(items::table.find(2))
+                .set(items::stock.eq(items::stock - 1))
+                .execute(c)
+                .await
+        };
+        let panicked = async_common::caught_panic(idempotency::run(
+            &keys,
+            &mut conn,
+            "tenant-1",
+            "order-1",
+            "f",
+            async |c: &mut Async| -> Result<String, Error> {
+                oversell_item_1!(&mut *c);
+                sell_two(c).await?; // in autocommit
+                panic!("a bug in the handler");
+            },
+        ))
+        .await;
+        assert!(panicked.is_err(), "the panic went on");
+        let again = idempotency::run(
+            &keys,
+            &mut conn,
+            "tenant-1",
+            "order-1",
+            "f",
+            async |c: &mut Async| {
+                sell_two(c).await?;
+                Ok::<_, Error>("sold".to_owned())
+            },
+        )
+        .await;
+        assert!(
+            matches!(again, Err(Error::IdempotencyInProgress)),
+            "the retry got {again:?}"
+        );
+        assert_eq!(stocks!(&mut conn), vec![0, 4]);
+    }
+
     /// One unit of each item of `$ids` sold on `$conn`, each result pushed to
     /// the `Mutex<Vec<_>>` `$after`: not one may commit on its own.
     macro_rules! sell_each {

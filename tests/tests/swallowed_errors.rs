@@ -436,6 +436,59 @@ mod sqlite_only {
         nothing_committed_but(&db, &[0, 4]);
     }
 
+    /// An idempotency key's run whose work writes after SQLite rolled the
+    /// whole transaction back (in autocommit: the write committed) and then
+    /// fails or panics keeps its key, so that the client's retry does not
+    /// write again.
+    #[test]
+    fn an_idempotency_key_is_kept_for_work_that_wrote_after_sqlites_rollback() {
+        use diesel_migrations::MigrationHarness;
+        use lockkit::idempotency::Idempotency;
+        let db = out_of_stock_db("raise_rollback_idempotency", &[(1, 0), (2, 5)]);
+        db.conn()
+            .run_pending_migrations(lockkit_tests::idempotency_migrations("sqlite"))
+            .unwrap();
+        let keys = Idempotency::default();
+        let mut conn = db.connect();
+        let sell_two = |c: &mut SqliteConnection| {
+            diesel::update(items::table.find(2))
+                .set(items::stock.eq(items::stock - 1))
+                .execute(c)
+        };
+        for panics in [false, true] {
+            let key = if panics {
+                "order-panics"
+            } else {
+                "order-fails"
+            };
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                keys.run(
+                    &mut conn,
+                    "tenant-1",
+                    key,
+                    "f",
+                    |c| -> Result<String, Error> {
+                        oversell_item_1(c);
+                        sell_two(c)?; // in autocommit
+                        if panics {
+                            panic!("a bug in the handler");
+                        }
+                        Err(Error::LockTimeout)
+                    },
+                )
+            }));
+            let again = keys.run(&mut conn, "tenant-1", key, "f", |c| {
+                sell_two(c)?;
+                Ok::<_, Error>("sold".to_owned())
+            });
+            assert!(
+                matches!(again, Err(Error::IdempotencyInProgress)),
+                "{key}: the retry got {again:?}"
+            );
+        }
+        nothing_committed_but(&db, &[0, 3]);
+    }
+
     #[test]
     fn a_versioned_write_after_your_own_statement_rolled_back_the_whole_transaction_commits_nothing(
     ) {

@@ -119,14 +119,23 @@ where
     // first, as on the blocking side.
     let watched = &mut journal::AsyncWatched(&mut *level);
     let (ends, ended_by) = (journal::Watched::ends(watched), journal::ended_by(watched));
-    if !matches!(worked, Ok(Ok(_))) && unsure_end(ends, ended_by) {
+    let failed = !matches!(worked, Ok(Ok(_)));
+    if failed && unsure_end(ends, ended_by) {
         let _ = ended_by_statement(&mut *level).await;
     }
+    // SQLite, where the work wrote after a statement failed: as on the
+    // blocking side.
+    let sqlite_own = failed
+        && journal::wrote_after_failed(&mut journal::AsyncWatched(&mut *level))
+        && super::connection::ended_on_sqlite(&mut *level)
+            .await
+            .is_some();
     // Statements of the work that ran after its transaction ended, in
     // autocommit, or that a statement committing implicitly took with it (a
     // nested call reported it): they committed, and the key is kept, also
     // when the work then panicked.
-    let committed_on_own = journal::committed_on_own(&mut journal::AsyncWatched(&mut *level));
+    let committed_on_own =
+        sqlite_own || journal::committed_on_own(&mut journal::AsyncWatched(&mut *level));
     let worked = match worked {
         Ok(worked) => worked,
         Err(panic) => {

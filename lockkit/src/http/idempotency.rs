@@ -417,10 +417,8 @@ impl Idempotency {
             transaction::run(&mut *conn, |conn| {
                 let worked =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&mut *conn)));
-                if !matches!(worked, Ok(Ok(_))) {
-                    confirm_end(conn);
-                }
-                committed_on_own = transaction::journal::committed_on_own(conn);
+                let sqlite_own = !matches!(worked, Ok(Ok(_))) && confirm_end(conn);
+                committed_on_own = sqlite_own || transaction::journal::committed_on_own(conn);
                 let worked = worked.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
                 let response = worked.map_err(|err| Failure::Closure(RunError::Work(err)))?;
                 // The work let a statement end the transaction (a deadlock's
@@ -637,11 +635,15 @@ impl<E: From<Error>> RunError<E> {
 /// a server started with `--innodb-rollback-on-timeout`) is asked of the
 /// server, so that the statements the work sent after it count as committed
 /// only if it did end. Nothing is sent where the journal saw no such end.
-/// (Work that succeeded asks before the key's `Finish`.)
-fn confirm_end<C: transaction::Control>(conn: &mut C) {
+/// (Work that succeeded asks before the key's `Finish`.) On SQLite, where the
+/// work wrote after a statement failed: whether that statement had rolled the
+/// whole transaction back, so that the writes committed on their own (asked
+/// with lockkit's probe); the returned `true`.
+fn confirm_end<C: transaction::Control>(conn: &mut C) -> bool {
     if unsure_end(conn.ends(), transaction::journal::ended_by(conn)) {
         let _ = transaction::ended_by_statement(conn);
     }
+    transaction::journal::wrote_after_failed(conn) && transaction::ended_on_sqlite(conn).is_some()
 }
 
 /// Whether `ended_by`, the end the journal saw on a backend that ends
