@@ -1191,6 +1191,7 @@ pub(crate) fn saw_begin<W: Watched>(conn: &mut W) {
     if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
         journal.aborts.missed = false;
         journal.aborts.failed = None;
+        journal.aborts.wrote_after_failed = false;
     }
 }
 
@@ -1293,6 +1294,16 @@ pub(crate) fn wrote_after_failed<W: Watched>(conn: &mut W) -> bool {
     conn.slot()
         .downcast_mut::<Journal>()
         .is_some_and(|journal| journal.aborts.wrote_after_failed)
+}
+
+/// Sets [`wrote_after_failed`] to `wrote`: kept across the end that
+/// [`ended_unseen`] closed where SQLite's rollback leaves callers running
+/// ([`orphan`]), or forgotten (`false`) where the transaction was found alive
+/// and the writes ran in it.
+pub(crate) fn set_wrote_after_failed<W: Watched>(conn: &mut W, wrote: bool) {
+    if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
+        journal.aborts.wrote_after_failed = wrote;
+    }
 }
 
 /// SQLite: the error of the first statement that failed in the open

@@ -194,7 +194,12 @@ pub(crate) fn after_probe<W: journal::Watched>(
 ) -> Option<Error> {
     // The probe's own failure is no news.
     let _ = journal::take_failed(conn);
-    journal::ended_unseen(conn)?;
+    let wrote = journal::wrote_after_failed(conn);
+    if journal::ended_unseen(conn).is_none() {
+        // Alive: what the work wrote since ran in the transaction.
+        journal::set_wrote_after_failed(conn, false);
+        return None;
+    }
     if before == 0 {
         // Diesel had already dropped the transaction (a failed statement of
         // the caller's own): lockkit cannot tell whether the callers still
@@ -207,7 +212,9 @@ pub(crate) fn after_probe<W: journal::Watched>(
     // lockkit's later calls in it refuse too (`journal::orphaned`) and the
     // outermost caller's end, which Diesel tells, closes it.
     restore_depth(status(conn), before);
-    Some(journal::orphan(conn, Some(failed), before))
+    let orphaned = journal::orphan(conn, Some(failed), before);
+    journal::set_wrote_after_failed(conn, wrote);
+    Some(orphaned)
 }
 
 /// After a lockkit level opened at depth `level` on `conn` ended (`nested`:
