@@ -436,6 +436,36 @@ mod sqlite_only {
         nothing_committed_but(&db, &[0, 4]);
     }
 
+    /// As above, with a savepoint of the work's own after the write, which
+    /// SQLite, in autocommit, takes for the start of a new transaction; a
+    /// lockkit call in it finds that transaction alive. The write before it
+    /// still committed on its own: no retry.
+    #[test]
+    fn a_work_that_wrote_after_sqlites_rollback_then_opened_a_savepoint_is_not_retried() {
+        let db = out_of_stock_db(
+            "raise_rollback_wrote_then_savepoint",
+            &[(1, 0), (2, 5), (3, 5)],
+        );
+        let mut conn = db.connect();
+        let mut runs = 0;
+        let outcome =
+            lockkit::transaction_with_retry(&mut conn, &lockkit::RetryPolicy::immediate(3), |c| {
+                runs += 1;
+                oversell_item_1(c);
+                diesel::update(items::table.find(2))
+                    .set(items::stock.eq(items::stock - 1))
+                    .execute(c)?;
+                diesel::Connection::transaction(c, |c| sell(c, 3))?;
+                Err::<(), _>(Error::LockTimeout)
+            });
+        assert!(
+            outcome.as_ref().is_err_and(|err| !err.is_retryable()),
+            "{outcome:?}"
+        );
+        assert_eq!(runs, 1, "the work ran again");
+        nothing_committed_but(&db, &[0, 4, 4]);
+    }
+
     /// An idempotency key's run whose work writes after SQLite rolled the
     /// whole transaction back (in autocommit: the write committed) and then
     /// fails or panics keeps its key, so that the client's retry does not

@@ -1298,8 +1298,7 @@ pub(crate) fn wrote_after_failed<W: Watched>(conn: &mut W) -> bool {
 
 /// Sets [`wrote_after_failed`] to `wrote`: kept across the end that
 /// [`ended_unseen`] closed where SQLite's rollback leaves callers running
-/// ([`orphan`]), or forgotten (`false`) where the transaction was found alive
-/// and the writes ran in it.
+/// ([`orphan`]).
 pub(crate) fn set_wrote_after_failed<W: Watched>(conn: &mut W, wrote: bool) {
     if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
         journal.aborts.wrote_after_failed = wrote;

@@ -194,12 +194,12 @@ pub(crate) fn after_probe<W: journal::Watched>(
 ) -> Option<Error> {
     // The probe's own failure is no news.
     let _ = journal::take_failed(conn);
+    // Kept where the probe finds the transaction alive, too: a savepoint of
+    // the work's own may have begun a new transaction after SQLite's
+    // rollback, in which the probe finds it alive, while what the work wrote
+    // before had committed on its own.
     let wrote = journal::wrote_after_failed(conn);
-    if journal::ended_unseen(conn).is_none() {
-        // Alive: what the work wrote since ran in the transaction.
-        journal::set_wrote_after_failed(conn, false);
-        return None;
-    }
+    journal::ended_unseen(conn)?;
     if before == 0 {
         // Diesel had already dropped the transaction (a failed statement of
         // the caller's own): lockkit cannot tell whether the callers still
