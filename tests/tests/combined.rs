@@ -1080,10 +1080,6 @@ mod all {
             assert!(matches!(err, Error::AmbiguousKey { .. }), "{err:?}");
             assert_eq!(labels(&mut conn), before, "nothing was deleted");
 
-            let err = Twin::update_if(&mut conn, 1, twins::lock_version.ge(0), twins::label.eq("c")).unwrap_err();
-            assert!(matches!(err, Error::AmbiguousKey { table: "twins", .. }), "update_if: {err:?}");
-            assert_eq!(labels(&mut conn), before, "nothing was written by update_if");
-
             // Inside a transaction the statement is undone too, and the transaction goes on.
             conn.transaction(|c| {
                 assert!(matches!(twin.touch_versioned(c), Err(Error::AmbiguousKey { .. })));

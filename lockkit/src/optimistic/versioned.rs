@@ -518,8 +518,6 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// # Errors
     ///
     /// * [`Error::NoRowMatched`] when the condition is false or the row is gone.
-    /// * [`Error::AmbiguousKey`] when the key matched more than one row (a key
-    ///   the database does not enforce); nothing is written.
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
@@ -571,15 +569,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         // cannot name.
         let ends = Self::ends(conn);
         journal::watch(conn, |_| ends);
-        journal::before_write(conn);
-        crate::transaction::check_write(conn)?;
-        // A key the database does not enforce is written as the versioned
-        // writes write it: in a savepoint, undone if it matched more than one row.
-        let rows = Self::key_is_unique(conn)
-            .map_err(classify)
-            .and_then(|unique| execute_once::<Self, _, _>(conn, &key, unique, statement))
-            .map_err(|err| crate::transaction::failed_write(conn, err, ends))?;
-        crate::optimistic::atomic::matched(rows)?;
+        crate::optimistic::atomic::update_if_on(conn, statement, ends)?;
         moved_by_update_if::<Self, _>(conn, &key)
     }
 
