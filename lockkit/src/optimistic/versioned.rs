@@ -518,6 +518,10 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// # Errors
     ///
     /// * [`Error::NoRowMatched`] when the condition is false or the row is gone.
+    ///   (Unlike the other versioned writes, `update_if` does not ask whether
+    ///   the database enforces the key, a catalog read before its one
+    ///   statement: on a table whose declared key is not unique there it
+    ///   writes every row of the key.)
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
@@ -876,6 +880,7 @@ pub trait CurrentVersionQuery<Conn>: VersionCheck {
 /// transaction's rollback (which a stale write usually brings) undoes the move;
 /// without it made again, every reader of the row's number in a retried
 /// transaction would find that number again and be stale, attempt after attempt.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) fn move_past_again<C, K, V>(
     again: fn(&mut C, K, Option<String>, V),
     key: K,
@@ -896,6 +901,7 @@ where
 /// still there, and on past the numbers other rolled-back writes left; then
 /// the journal forgets the numbers up to `version`, which no row can hold
 /// again. Best effort: a failure leaves holders of `version` stale, as they were.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) fn move_past<M, Conn>(
     conn: &mut Conn,
     key: M::Key,
