@@ -96,7 +96,6 @@ use diesel::query_dsl::methods::LockingDsl;
 use diesel::QueryResult;
 use diesel_async::{AsyncConnection, TransactionManager};
 
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use crate::error::classification::classify;
 use crate::error::Error;
 use crate::optimistic::backend::OptimisticBackend;

@@ -859,6 +859,7 @@ pub(crate) fn written<W: Watched>(
 /// replace the entry that keeps that struct refused, and a commit would forget
 /// it. Left as it is: two connections' writes of one row both dropped in flight
 /// share the entry of the first.
+#[cfg(feature = "async")]
 pub(crate) fn written_unanswered<W: Watched>(
     conn: &mut W,
     table: &'static str,

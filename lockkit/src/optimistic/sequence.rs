@@ -217,6 +217,7 @@ impl<'k, M: Model> Write<'k, M> {
     /// given up on with it in flight ([`Tentative`]); `None` where nothing is
     /// sent, the journal cannot name the row, or the write is a delete (which
     /// the journal records only once it commits).
+    #[cfg(feature = "async")]
     pub(crate) fn tentative(&self) -> Option<Tentative> {
         let checked = self.statement()?;
         Some(Tentative {
@@ -267,6 +268,7 @@ impl<'k, M: Model> Write<'k, M> {
 /// struct holding it stale: never a lost update. Not in autocommit: there a
 /// record would make the journal forget the numbers below it, as a commit
 /// does, for a write that may not have run.
+#[cfg(feature = "async")]
 pub(crate) struct Tentative {
     table: &'static str,
     id: String,
@@ -274,6 +276,7 @@ pub(crate) struct Tentative {
     to: i64,
 }
 
+#[cfg(feature = "async")]
 impl Tentative {
     /// Records the write as done ([`rollbacks::written_unanswered`]). On a
     /// connection no journal watches, the mark that would tell its fate is not
