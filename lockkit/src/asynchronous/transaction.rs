@@ -133,13 +133,11 @@ where
                 // SQLite had rolled the whole transaction back under the work:
                 // the work's error stands, as on the blocking side, unless the
                 // work wrote after it.
-                Err(rollback) => match crate::transaction::rolled_back_by_sqlite(&rollback) {
-                    Some(ended) => {
-                        ended.repair(C::TransactionManager::transaction_manager_status_mut(conn));
-                        wrote_after_sqlite_rollback = ended.error_for(wrote);
-                    }
-                    None => rollback_failed = Some(rollback),
-                },
+                Err(rollback) if crate::transaction::rolled_back_by_sqlite(&rollback) => {
+                    wrote_after_sqlite_rollback =
+                        crate::transaction::wrote_after_sqlite_rollback(wrote);
+                }
+                Err(rollback) => rollback_failed = Some(rollback),
             }
         }
         if result.is_err() {

@@ -69,9 +69,7 @@ where
 /// because SQLite already rolled the whole transaction back under the work
 /// (a trigger's `RAISE(ROLLBACK, ..)`, an `ON CONFLICT ROLLBACK`): the work's
 /// own error is what the caller gets ([`rolled_back_by_sqlite`]), not that of
-/// the `ROLLBACK`; and at the outermost level Diesel's transaction manager,
-/// which gave up on the connection there, is put back in order (SQLite has no
-/// transaction open), so that the connection works on.
+/// the `ROLLBACK` ([`wrote_after_sqlite_rollback`] decides when it cannot).
 fn end_level<C, T, E>(conn: &mut C, result: Result<T, E>) -> Result<T, E>
 where
     C: diesel::Connection,
@@ -89,70 +87,44 @@ where
             match C::TransactionManager::rollback_transaction(conn) {
                 // A broken transaction manager says less than the error behind it.
                 Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => Err(err),
-                Err(rollback) => match rolled_back_by_sqlite(&rollback) {
-                    Some(ended) => {
-                        ended.repair(C::TransactionManager::transaction_manager_status_mut(conn));
-                        Err(ended.error_for(wrote).map_or(err, E::from))
-                    }
-                    None => Err(rollback.into()),
-                },
+                Err(rollback) if rolled_back_by_sqlite(&rollback) => {
+                    Err(wrote_after_sqlite_rollback(wrote).map_or(err, E::from))
+                }
+                Err(rollback) => Err(rollback.into()),
             }
         }
     }
 }
 
-/// What a failed `ROLLBACK` or `ROLLBACK TO SAVEPOINT` says of a transaction
-/// SQLite rolled back whole under the work: [`rolled_back_by_sqlite`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SqliteEnded {
-    /// "cannot rollback - no transaction is active": the outermost level.
-    Transaction,
-    /// "no such savepoint": a nested one.
-    Savepoint,
-}
-
-impl SqliteEnded {
-    /// What the level's caller gets in place of the work's own error: where a
-    /// statement of the work wrote after one failed (`wrote`), and SQLite had
-    /// rolled the whole transaction back, that write committed on its own in
-    /// autocommit; the work's error, which a retry may take up, would apply it
-    /// twice. Then [`WROTE_AFTER_SQLITE_ROLLBACK`](super::WROTE_AFTER_SQLITE_ROLLBACK),
-    /// not retryable; else nothing (the work's error stands).
-    pub(crate) fn error_for(self, wrote: bool) -> Option<diesel::result::Error> {
-        wrote.then(|| {
-            diesel::result::Error::DatabaseError(
-                diesel::result::DatabaseErrorKind::Unknown,
-                Box::new(super::WROTE_AFTER_SQLITE_ROLLBACK.to_owned()),
-            )
-        })
-    }
-
-    /// At the outermost level, puts Diesel's transaction manager (blocking or
-    /// diesel-async's), which gave up on the connection when its `ROLLBACK`
-    /// failed, back in order: SQLite has no transaction open. Nested, Diesel
-    /// has already counted the level out.
-    pub(crate) fn repair(self, status: &mut diesel::connection::TransactionManagerStatus) {
-        if self == SqliteEnded::Transaction && status.transaction_depth().is_err() {
-            *status = diesel::connection::TransactionManagerStatus::default();
-        }
-    }
+/// What the caller of a level gets in place of the work's own error, once
+/// [`rolled_back_by_sqlite`] said SQLite had rolled the whole transaction back
+/// under the work: where a statement of the work wrote after one failed
+/// (`wrote`), that write ran in autocommit and committed on its own, and the
+/// work's error, which a retry may take up, would apply it twice. Then
+/// [`WROTE_AFTER_SQLITE_ROLLBACK`](super::WROTE_AFTER_SQLITE_ROLLBACK), not
+/// retryable; else nothing (the work's error stands). For the blocking and the
+/// async end.
+pub(crate) fn wrote_after_sqlite_rollback(wrote: bool) -> Option<diesel::result::Error> {
+    wrote.then(|| {
+        diesel::result::Error::DatabaseError(
+            diesel::result::DatabaseErrorKind::Unknown,
+            Box::new(super::WROTE_AFTER_SQLITE_ROLLBACK.to_owned()),
+        )
+    })
 }
 
 /// Whether `rollback`, the error of a lockkit level's rollback, is SQLite's
 /// answer where it had already rolled the whole transaction back (no other
 /// server fails a `ROLLBACK` so: PostgreSQL warns, MySQL/MariaDB succeed, and
 /// MySQL's missing savepoint after a deadlock is Diesel's to forgive).
-/// Shared with the async end.
-pub(crate) fn rolled_back_by_sqlite(rollback: &diesel::result::Error) -> Option<SqliteEnded> {
+/// ("cannot rollback - no transaction is active" at the outermost level, "no
+/// such savepoint" nested; Diesel's SQLite connection has then already counted
+/// the level out, with no transaction open.) Shared with the async end.
+pub(crate) fn rolled_back_by_sqlite(rollback: &diesel::result::Error) -> bool {
     let diesel::result::Error::DatabaseError(_, info) = rollback else {
-        return None;
+        return false;
     };
     let message = info.message();
-    if message == "cannot rollback - no transaction is active" {
-        Some(SqliteEnded::Transaction)
-    } else if message.starts_with("no such savepoint: diesel_savepoint_") {
-        Some(SqliteEnded::Savepoint)
-    } else {
-        None
-    }
+    message == "cannot rollback - no transaction is active"
+        || message.starts_with("no such savepoint: diesel_savepoint_")
 }

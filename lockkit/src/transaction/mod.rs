@@ -403,7 +403,7 @@ const WROTE_AFTER_END: &str = "the transaction ended under the work (a deadlock 
      transaction, and those that write committed on their own; not retried, so that nothing is \
      applied twice";
 
-/// SQLite's twin of [`WROTE_AFTER_END`] ([`SqliteEnded::error_for`]).
+/// SQLite's twin of [`WROTE_AFTER_END`] ([`wrote_after_sqlite_rollback`]).
 pub(crate) const WROTE_AFTER_SQLITE_ROLLBACK: &str = "SQLite rolled the whole transaction back \
      under the work (a trigger's RAISE(ROLLBACK), ON CONFLICT ROLLBACK), which let the error go \
      and went on: its statements after that point ran outside the transaction, and those that \
