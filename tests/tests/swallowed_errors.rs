@@ -410,13 +410,19 @@ mod sqlite_only {
         nothing_committed_but(&db, &[0, 4]);
     }
 
-    /// As above, but the work writes on after SQLite's rollback (in
-    /// autocommit, where the write commits on its own) and then returns a
-    /// retryable error of its own: a retry would apply that write twice. The
-    /// call answers an error that is not retried instead.
-    #[test]
-    fn a_work_that_wrote_after_sqlites_rollback_is_not_retried() {
-        let db = out_of_stock_db("raise_rollback_wrote_on", &[(1, 0), (2, 5)]);
+    /// A work under `transaction_with_retry` on a database `name` with these
+    /// stocks that lets SQLite's whole rollback go, sells one unit of item 2
+    /// (in autocommit, where the write commits on its own), runs `more`, and
+    /// returns a retryable error of its own: a retry would apply that write
+    /// twice. The call must run it once, answer an error that is not retried,
+    /// and leave the stocks `after`.
+    fn runs_once_after_writing_past_the_rollback(
+        name: &str,
+        stocks: &[(i32, i32)],
+        more: impl Fn(&mut SqliteConnection) -> Result<(), Error>,
+        after: &[i32],
+    ) {
+        let db = out_of_stock_db(name, stocks);
         let mut conn = db.connect();
         let mut runs = 0;
         let outcome =
@@ -426,6 +432,7 @@ mod sqlite_only {
                 diesel::update(items::table.find(2))
                     .set(items::stock.eq(items::stock - 1))
                     .execute(c)?;
+                more(c)?;
                 Err::<(), _>(Error::LockTimeout)
             });
         assert!(
@@ -433,7 +440,17 @@ mod sqlite_only {
             "{outcome:?}"
         );
         assert_eq!(runs, 1, "the work ran again");
-        nothing_committed_but(&db, &[0, 4]);
+        nothing_committed_but(&db, after);
+    }
+
+    #[test]
+    fn a_work_that_wrote_after_sqlites_rollback_is_not_retried() {
+        runs_once_after_writing_past_the_rollback(
+            "raise_rollback_wrote_on",
+            &[(1, 0), (2, 5)],
+            |_| Ok(()),
+            &[0, 4],
+        );
     }
 
     /// As above, with a savepoint of the work's own after the write, which
@@ -442,28 +459,12 @@ mod sqlite_only {
     /// still committed on its own: no retry.
     #[test]
     fn a_work_that_wrote_after_sqlites_rollback_then_opened_a_savepoint_is_not_retried() {
-        let db = out_of_stock_db(
+        runs_once_after_writing_past_the_rollback(
             "raise_rollback_wrote_then_savepoint",
             &[(1, 0), (2, 5), (3, 5)],
+            |c| diesel::Connection::transaction(c, |c| sell(c, 3)),
+            &[0, 4, 4],
         );
-        let mut conn = db.connect();
-        let mut runs = 0;
-        let outcome =
-            lockkit::transaction_with_retry(&mut conn, &lockkit::RetryPolicy::immediate(3), |c| {
-                runs += 1;
-                oversell_item_1(c);
-                diesel::update(items::table.find(2))
-                    .set(items::stock.eq(items::stock - 1))
-                    .execute(c)?;
-                diesel::Connection::transaction(c, |c| sell(c, 3))?;
-                Err::<(), _>(Error::LockTimeout)
-            });
-        assert!(
-            outcome.as_ref().is_err_and(|err| !err.is_retryable()),
-            "{outcome:?}"
-        );
-        assert_eq!(runs, 1, "the work ran again");
-        nothing_committed_but(&db, &[0, 4, 4]);
     }
 
     /// An idempotency key's run whose work writes after SQLite rolled the
