@@ -339,6 +339,12 @@ macro_rules! dispatch {
                 }
             }
 
+            fn known_key_is_unique(conn: &mut T) -> Option<bool> {
+                match conn.dispatch() {
+                    $(BackendConn::$variant(conn) => <M as CurrentVersionQuery<$conn>>::known_key_is_unique(conn),)+
+                }
+            }
+
             fn key_is_unique(conn: &mut T) -> QueryResult<bool> {
                 match conn.dispatch() {
                     $(BackendConn::$variant(conn) => <M as CurrentVersionQuery<$conn>>::key_is_unique(conn),)+
@@ -452,6 +458,10 @@ where
 
     fn bump_past(conn: &mut Pooled<T>, key: M::Key, version: M::Version) -> QueryResult<usize> {
         M::bump_past(conn, key, version)
+    }
+
+    fn known_key_is_unique(conn: &mut Pooled<T>) -> Option<bool> {
+        M::known_key_is_unique(conn)
     }
 
     fn key_is_unique(conn: &mut Pooled<T>) -> QueryResult<bool> {

@@ -321,6 +321,35 @@ mod all {
             assert_eq!((stored.stock, stored.lock_version), (2, 1));
         }
 
+        fn a_first_update_if_in_a_transaction_waits_for_another_writer(db) {
+            // `update_if` asks the catalog whether the key is enforced once
+            // per connection. Asked before its `UPDATE`, in a deferred SQLite
+            // transaction that read made the `UPDATE` fail `Busy` at once
+            // while another connection wrote, instead of waiting its turn.
+            let mut holder = db.conn();
+            seed_items(&mut holder, &[(1, 10)]);
+            let mut buyer = db.connect(); // a connection that never asked
+            let held = Barrier::new(2);
+            let sold = thread::scope(|s| {
+                s.spawn(|| {
+                    holder
+                        .transaction(|c| {
+                            exec(c, "UPDATE items SET stock = stock - 1 WHERE id = 1");
+                            held.wait();
+                            thread::sleep(std::time::Duration::from_millis(300));
+                            Ok::<_, Error>(())
+                        })
+                        .unwrap();
+                });
+                held.wait();
+                buyer.transaction(|c| {
+                    Item::update_if(c, 1, items::stock.ge(8), items::stock.eq(items::stock - 8))
+                })
+            });
+            assert!(sold.is_ok(), "the first update_if on a connection, in a transaction: {sold:?}");
+            assert_eq!(stock_of!(&mut db.conn(), 1), 1, "both writes stand");
+        }
+
         // --- 2. a rolled-back write is never mistaken for a committed one ---------
 
         fn a_rolled_back_write_never_overwrites_a_later_writer(db) {
@@ -1080,9 +1109,15 @@ mod all {
             assert!(matches!(err, Error::AmbiguousKey { .. }), "{err:?}");
             assert_eq!(labels(&mut conn), before, "nothing was deleted");
 
+            let err = Twin::update_if(&mut conn, 1, twins::lock_version.ge(0), twins::label.eq("c")).unwrap_err();
+            assert!(matches!(err, Error::AmbiguousKey { table: "twins", .. }), "update_if: {err:?}");
+            assert_eq!(labels(&mut conn), before, "nothing was written by update_if");
+
             // Inside a transaction the statement is undone too, and the transaction goes on.
             conn.transaction(|c| {
                 assert!(matches!(twin.touch_versioned(c), Err(Error::AmbiguousKey { .. })));
+                let err = Twin::update_if(c, 1, twins::lock_version.ge(0), twins::label.eq("d")).unwrap_err();
+                assert!(matches!(err, Error::AmbiguousKey { .. }), "update_if in a transaction: {err:?}");
                 exec(c, "INSERT INTO twins (id, label, lock_version) VALUES (2, 'z', 0)");
                 Ok::<_, Error>(())
             })

@@ -168,6 +168,17 @@ pub(crate) fn cached_unique_key<W: Watched>(conn: &mut W, table: TypeId) -> Opti
     versions_of(conn).and_then(|j| j.unique_keys.get(&table).copied())
 }
 
+/// What a write that asks the key check after its statement
+/// (`Versioned::update_if`) goes by: the answer the connection keeps, `None`
+/// when it has not asked yet, and `Some(false)` (write in a savepoint, ask
+/// nothing) on a connection with instrumentation of its own, which keeps none.
+pub(crate) fn known_unique_key<W: Watched>(conn: &mut W, table: TypeId) -> Option<bool> {
+    match versions_of(conn) {
+        Some(versions) => versions.unique_keys.get(&table).copied(),
+        None => Some(false),
+    }
+}
+
 /// What the key check of `table` (its type `declared`) answered: whether the
 /// key is unique, which is returned. A journaled connection keeps it, and the
 /// schema the check found the table in (empty where the connection's schema

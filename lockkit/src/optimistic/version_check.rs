@@ -126,6 +126,10 @@ macro_rules! current_version_query_on {
                 ExecuteDsl::execute(touch::<M>(key, version), conn)
             }
 
+            fn known_key_is_unique(conn: &mut $conn) -> Option<bool> {
+                rollbacks::known_unique_key(conn, TypeId::of::<M::Table>())
+            }
+
             fn key_is_unique(conn: &mut $conn) -> diesel::QueryResult<bool> {
                 if let Some(known) = rollbacks::cached_unique_key(conn, TypeId::of::<M::Table>()) {
                     return Ok(known);

@@ -512,16 +512,18 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// number the row moved to: one more statement reads it (under the row
     /// lock the update holds), so that a struct read after the update in that
     /// transaction is refused once it rolled back, as after lockkit's other
-    /// writes. Outside a transaction, and on a connection with instrumentation
-    /// of its own, it is the one statement.
+    /// writes. Outside a transaction it is the one statement, once the
+    /// connection knows that the database enforces the key: its first
+    /// `update_if` of a table writes in a savepoint (as every write does where
+    /// the key is not enforced, undone if it matched several rows), then asks
+    /// the catalog. A connection with instrumentation of its own remembers no
+    /// answer, and writes in a savepoint each time.
     ///
     /// # Errors
     ///
     /// * [`Error::NoRowMatched`] when the condition is false or the row is gone.
-    ///   (Unlike the other versioned writes, `update_if` does not ask whether
-    ///   the database enforces the key, a catalog read before its one
-    ///   statement: on a table whose declared key is not unique there it
-    ///   writes every row of the key.)
+    /// * [`Error::AmbiguousKey`] when the key matched more than one row (a key
+    ///   the database does not enforce); nothing is written.
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
@@ -573,7 +575,23 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         // cannot name.
         let ends = Self::ends(conn);
         journal::watch(conn, |_| ends);
-        crate::optimistic::atomic::update_if_on(conn, statement, ends)?;
+        journal::before_write(conn);
+        crate::transaction::check_write(conn)?;
+        // A key the database does not enforce is written as the versioned
+        // writes write it: in a savepoint, undone if it matched more than one
+        // row. The catalog is asked after the write, once per connection: a
+        // read before it would keep the `UPDATE` of a deferred SQLite
+        // transaction from waiting for the write lock (`Busy` at once).
+        let known = Self::known_key_is_unique(conn);
+        let rows = execute_once::<Self, _, _>(conn, &key, known == Some(true), statement)
+            .and_then(|rows| {
+                if known.is_none() {
+                    Self::key_is_unique(conn).map_err(classify)?;
+                }
+                Ok(rows)
+            })
+            .map_err(|err| crate::transaction::failed_write(conn, err, ends))?;
+        crate::optimistic::atomic::matched(rows)?;
         moved_by_update_if::<Self, _>(conn, &key)
     }
 
@@ -800,6 +818,12 @@ pub trait CurrentVersionQuery<Conn>: VersionCheck {
         conn: &mut Conn,
         key: Self::Key,
     ) -> diesel::QueryResult<Option<Self::Version>>;
+
+    /// What the connection already knows of [`key_is_unique`](Self::key_is_unique)'s
+    /// answer, without asking: `None` before its first check of the table;
+    /// `Some(false)` on a connection that keeps no answer (instrumentation of
+    /// its own), whose writes all go in a savepoint.
+    fn known_key_is_unique(conn: &mut Conn) -> Option<bool>;
 
     /// `UPDATE .. SET <version> = <version> + 1 WHERE <key> AND <version> = $version`:
     /// moves the row past a version that a rolled-back struct may still hold.
