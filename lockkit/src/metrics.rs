@@ -173,9 +173,14 @@ impl Timer {
     }
 
     /// Adds `took` to the total and the longest; its nanoseconds, saturated.
+    /// The total saturates too: it sums the holds of every connection at
+    /// once, and a sum that wrapped would read as a small total (and as no
+    /// time at all in a later [`Metrics::since`]).
     fn record(&self, took: Duration) -> u64 {
         let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-        self.total.fetch_add(nanos, Relaxed);
+        let _ = self
+            .total
+            .fetch_update(Relaxed, Relaxed, |total| Some(total.saturating_add(nanos)));
         self.max.fetch_max(nanos, Relaxed);
         nanos
     }
@@ -399,6 +404,15 @@ mod tests {
             ),
             (2, ms(6), ms(5))
         );
+    }
+
+    #[test]
+    fn a_timers_total_saturates_instead_of_wrapping() {
+        let timer = Timer::new();
+        timer.record(Duration::from_nanos(u64::MAX - 5));
+        timer.record(Duration::from_nanos(10));
+        assert_eq!(timer.total(), Duration::from_nanos(u64::MAX));
+        assert_eq!(timer.max(), Duration::from_nanos(u64::MAX - 5));
     }
 
     #[test]
