@@ -7,7 +7,7 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::Router;
 use diesel::prelude::*;
-use lockkit::etag::VersionIn;
+use lockkit::etag::{Problem, VersionIn};
 use lockkit::Versioned;
 
 use crate::merge::{merge, Fields, Submitted};
@@ -35,23 +35,30 @@ enum Failure {
 }
 
 impl Failure {
+    /// No connection, or a pool that timed out: the page says only that; the
+    /// log gets the pool's error.
     fn unavailable(err: &dyn std::fmt::Display) -> Failure {
-        Failure::Unavailable(err.to_string())
+        eprintln!("edit_form: no connection: {err}");
+        Failure::Unavailable("no connection is free".to_owned())
     }
 }
 
 /// A lockkit error's page, by lockkit's own HTTP mapping
-/// ([`lockkit::etag::status_for_version_in`]) for a version that came in the
-/// request's body, as the form's hidden field does: only a `503` (contention,
-/// which a retry gets past) says the database is busy.
+/// ([`Problem::from_error_in`]) for a version that came in the request's
+/// body, as the form's hidden field does: only a `503` (contention, which a
+/// retry gets past) says the database is busy. The page shows the problem's
+/// detail, which speaks in the client's terms; the error itself, which names
+/// the table, the key and the database's words, goes to the log.
 impl From<lockkit::Error> for Failure {
     fn from(err: lockkit::Error) -> Failure {
-        match lockkit::etag::status_for_version_in(&err, VersionIn::Body) {
+        eprintln!("edit_form: {err}");
+        let problem = Problem::from_error_in(&err, VersionIn::Body);
+        match problem.status {
             404 => Failure::NotFound,
-            503 => Failure::unavailable(&err),
+            503 => Failure::Unavailable(problem.detail),
             status => Failure::Refused(
                 StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-                err.to_string(),
+                problem.detail,
             ),
         }
     }
@@ -95,7 +102,13 @@ async fn blocking<T: Send + 'static>(
     })
     .await
     // The task panicked: a bug, not a busy database.
-    .map_err(|err| Failure::Refused(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?
+    .map_err(|err| {
+        eprintln!("edit_form: the request's task failed: {err}");
+        Failure::Refused(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the request could not be completed".to_owned(),
+        )
+    })?
 }
 
 fn load(conn: &mut SqliteConnection, id: i32) -> Result<Item, Failure> {

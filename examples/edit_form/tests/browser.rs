@@ -364,7 +364,7 @@ fn a_stale_form_is_answered_with_409_and_writes_nothing() {
 /// follow that version (`Error::VersionOverflow`), which is not the database
 /// being busy. Answered as lockkit's `status_for_version_in` answers it for a
 /// version sent in the body, `409`, with a page that says the form cannot be
-/// saved; nothing is written.
+/// saved, and names nothing of the database; nothing is written.
 #[test]
 fn a_version_at_its_maximum_is_a_409_not_a_busy_database() {
     let App { pool, base, .. } = &App::start("edit_form_overflow");
@@ -385,6 +385,12 @@ fn a_version_at_its_maximum_is_a_409_not_a_busy_database() {
     let page = response.body_mut().read_to_string().unwrap();
     assert_eq!(status, 409, "{page}");
     assert!(!page.contains("busy"), "{page}");
+    // The page speaks in the client's terms: not the table, the key or the
+    // number the error names for the log.
+    assert!(
+        !page.contains("items 1") && !page.contains("2147483647"),
+        "{page}"
+    );
     let row = item(pool);
     assert_eq!((row.stock, row.lock_version), (10, 0), "nothing written");
 }
