@@ -333,7 +333,11 @@ impl<V: VersionNumber> Expected<V> {
     /// must have written nothing when it reports that, so make it one
     /// statement or give it its own transaction (a savepoint in yours), or
     /// its earlier writes run again. A stale report of another row (another
-    /// expected version) comes back as it is.
+    /// expected version) comes back as it is; `apply` tells the write's own
+    /// report by its expected version alone, so one of another row that
+    /// expected the same number is taken for the write's own. Such a report
+    /// names that row's version: see [`Problem::from_error`] before turning
+    /// it into a `412`.
     ///
     /// * one tag: `write` with it; `current` is not called.
     /// * several tags: `current`, then `write` with it if it is listed, else with a
@@ -686,6 +690,16 @@ impl Problem {
 
     /// The problem for a lockkit error in a handler whose version came in
     /// `If-Match` (plain tags).
+    ///
+    /// A plain tag names a number, not a row: a stale report becomes a `412`
+    /// whose `ETag` is the version the report found, whichever row it is of.
+    /// Where the handler's write also writes other versioned rows (whose
+    /// stale reports [`Expected::apply`] returns as they are), answer their
+    /// reports yourself (a `409`, say) rather than with this, or use bound
+    /// ETags (feature `bound-etags`), whose problem shows a tag only for a
+    /// report of the resource itself: otherwise the client is handed another
+    /// row's version as this resource's tag, good as soon as the resource
+    /// reaches that number.
     pub fn from_error(error: &Error) -> Self {
         Problem::render(error, Rendering::Plain)
     }

@@ -11,6 +11,15 @@ use crate::transaction::{in_transaction, refuse_transaction};
 
 /// What a read that must see a write does when the replica has not replayed it
 /// yet. The caller's choice; [`route`] applies it.
+///
+/// The waits bound how long the replica may take to catch up, not a replica
+/// that does not answer: taking its connection from the pool and each look
+/// at its position wait as long as the pool and the connection let them
+/// (r2d2's `connection_timeout`, 30 s by default; the server's TCP
+/// timeouts). Bound those on the replica's pool and URL (a short
+/// `connection_timeout`, `connect_timeout` and
+/// `options=-c statement_timeout=..` in the URL) when a stalled standby must
+/// not hold a read that long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Policy {
