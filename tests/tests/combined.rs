@@ -1182,6 +1182,46 @@ mod all {
     }
 }
 
+/// On a connection lockkit cannot watch, a versioned write in a transaction
+/// marks itself there (a row of `temp.lockkit_marks`), so that the mark stands
+/// exactly as long as the write. A mark whose statement failed for another
+/// reason than a missing table (a trigger's `RAISE(ROLLBACK)` here, which ends
+/// the whole transaction; a Galera certification abort) is the write's
+/// failure: sent again, it committed on its own in autocommit and stood for a
+/// write that was rolled back, whose number then matched another instance's.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_mark_that_failed_for_another_reason_than_its_table_is_not_sent_again() {
+    let db = TestDb::<diesel::SqliteConnection>::new("mark_failed_otherwise");
+    let (mut own, mut other) = own_unwatched_and_other(&db);
+    exec(
+        &mut own,
+        "CREATE TEMP TABLE IF NOT EXISTS lockkit_marks (slot INTEGER PRIMARY KEY, mark INTEGER NOT NULL)",
+    );
+    exec(
+        &mut own,
+        "CREATE TEMP TRIGGER refuse_the_mark BEFORE INSERT ON lockkit_marks \
+         WHEN (SELECT lock_version FROM main.items WHERE id = 1) = 1 \
+         BEGIN SELECT RAISE(ROLLBACK, 'the mark is refused'); END",
+    );
+    let mut a = item!(&mut own, 1); // v0
+    a.stock = 9;
+    let written = own.transaction(|c| a.update_versioned(c));
+    assert!(
+        written.is_err(),
+        "the write's transaction ended under its mark: {written:?}"
+    );
+    assert_eq!(item!(&mut other, 1).lock_version, 0, "rolled back");
+    another_instance_commits(&mut other); // v0 -> v1, stock 7
+    a.stock = 8;
+    let again = a.update_versioned(&mut own);
+    assert_stale_over_the_other(
+        again,
+        stock_of!(&mut other),
+        "a struct whose mark was sent again",
+    );
+}
+
 mod servers {
     use super::*;
 

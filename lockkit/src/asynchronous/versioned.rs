@@ -68,7 +68,7 @@ use super::connection::{in_transaction, AsyncLockingConnection, Level, Restore, 
 use crate::error::classification::classify;
 use crate::error::{Error, Operation};
 use crate::optimistic::backend::{
-    DatabaseId, InShareMode, OptimisticBackend, Stands, TableSchema, Unique,
+    marks_missing, DatabaseId, InShareMode, OptimisticBackend, Stands, TableSchema, Unique,
 };
 use crate::optimistic::mark::Mark;
 use crate::optimistic::rollbacks;
@@ -491,7 +491,7 @@ where
             let query = || <Conn::Backend as OptimisticBackend>::mark_query(mark);
             let sent = execute_boxed(query(), &mut *conn).await;
             match (sent, <Conn::Backend as OptimisticBackend>::MARKS) {
-                (Err(_), Some(create)) => {
+                (Err(err), Some(create)) if marks_missing(&err) => {
                     conn.batch_execute(create).await?;
                     execute_boxed(query(), conn).await.map(drop)
                 }
@@ -505,7 +505,7 @@ where
             let ask = || <Conn::Backend as OptimisticBackend>::mark_stands_query(mark);
             let asked = load_boxed::<_, Stands>(ask(), &mut *conn).await;
             let row = match (asked, <Conn::Backend as OptimisticBackend>::MARKS) {
-                (Err(_), Some(create)) => {
+                (Err(err), Some(create)) if marks_missing(&err) => {
                     conn.batch_execute(create).await?;
                     load_boxed::<_, Stands>(ask(), conn).await?
                 }

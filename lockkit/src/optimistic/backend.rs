@@ -160,7 +160,10 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     fn mark_stands_query(mark: Mark) -> BoxedSqlQuery<'static, Self, SqlQuery>;
 
     /// Sends [`mark_query`](Self::mark_query), creating the
-    /// [`MARKS`](Self::MARKS) table first if it failed.
+    /// [`MARKS`](Self::MARKS) table first if it failed for want of it. Any
+    /// other failure is the write's: the mark's statement may have ended the
+    /// transaction (a deadlock, a trigger's `RAISE(ROLLBACK)`), and sent again
+    /// it would commit on its own, standing for a write that was rolled back.
     ///
     /// # Errors
     ///
@@ -173,7 +176,7 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     {
         use diesel::RunQueryDsl;
         match (Self::mark_query(mark).execute(conn), Self::MARKS) {
-            (Err(_), Some(create)) => {
+            (Err(err), Some(create)) if marks_missing(&err) => {
                 conn.batch_execute(create)?;
                 Self::mark_query(mark).execute(conn).map(drop)
             }
@@ -182,8 +185,8 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     }
 
     /// Runs [`mark_stands_query`](Self::mark_stands_query), creating the
-    /// [`MARKS`](Self::MARKS) table first if it failed (a mark in no table
-    /// does not stand).
+    /// [`MARKS`](Self::MARKS) table first if it failed for want of it (a mark
+    /// in no table does not stand).
     ///
     /// # Errors
     ///
@@ -201,12 +204,27 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
                 .map(|row| row.stands != 0)
         };
         match (ask(conn), Self::MARKS) {
-            (Err(_), Some(create)) => {
+            (Err(err), Some(create)) if marks_missing(&err) => {
                 conn.batch_execute(create)?;
                 ask(conn)
             }
             (asked, _) => asked,
         }
+    }
+}
+
+/// Whether a statement on the table of marks failed because the connection
+/// has none yet (a temporary table: each session creates its own): MySQL's
+/// "Table '..lockkit_marks' doesn't exist", SQLite's "no such table".
+/// Decided here for the blocking and the async connections.
+pub(crate) fn marks_missing(err: &diesel::result::Error) -> bool {
+    match err {
+        diesel::result::Error::DatabaseError(_, info) => {
+            let message = info.message();
+            message.contains("lockkit_marks")
+                && (message.contains("doesn't exist") || message.contains("no such table"))
+        }
+        _ => false,
     }
 }
 
