@@ -20,7 +20,7 @@
 //! | detects | a change of the *compared* columns | any write through lockkit (the version moves on every one) |
 //! | ABA | **blind**: `pending → paid → pending` between read and write looks unchanged, and the write lands | sees it: the version went from 3 to 5 |
 //! | other columns | a change of a column not compared is overwritten or ignored | detected |
-//! | text on MySQL/MariaDB | compared under the column's collation: with the default case-insensitive one, `'Jo Smith'` = `'jo smith'` and `'paid '` = `'paid'` (use `VARBINARY` or a `_bin` collation) | detected |
+//! | text on MySQL/MariaDB | compared under the column's collation: with the default case-insensitive one, `'Jo Smith'` = `'jo smith'` and `'paid '` = `'paid'` (use `VARBINARY` or a `_bin` collation); likewise SQLite's `COLLATE NOCASE`/`RTRIM` columns and PostgreSQL's `citext`, `char(n)` and non-deterministic collations | detected |
 //! | a SQLite timestamp stored as other text than Diesel writes (`'2024-01-01 12:00'`, a `Z` suffix) | never equal to the value read back, which Diesel binds as `'2024-01-01 12:00:00'`: every call is [`Error::StaleColumns`] (write such columns through Diesel) | detected |
 //!
 //! Compare-and-set is right for a state machine whose transitions never come back

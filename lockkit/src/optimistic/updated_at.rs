@@ -11,7 +11,8 @@
 //! ```
 //!
 //! `CURRENT_TIMESTAMP` is the database's clock on PostgreSQL (the transaction's
-//! start, as `NOW()`), MySQL/MariaDB and SQLite (UTC, to the second), so
+//! start, as `NOW()`), MySQL/MariaDB (to the second, also in a `DATETIME(6)`
+//! column) and SQLite (UTC, to the second), so
 //! application servers with skewed clocks agree. The field is left out of the
 //! fields `update_versioned` writes, and the struct keeps the value it was read
 //! with: re-read the row to see the new time. A model without the attribute sends

@@ -47,7 +47,11 @@
 //!    end of lockkit's next transaction on that connection (a move made
 //!    through an r2d2 pooled connection itself, never the connection lockkit's
 //!    transactions run on, is not made again); a versioned write of the row
-//!    outside a transaction moves the row on by itself.
+//!    outside a transaction moves the row on by itself. Until then a fresh
+//!    read of the row, written in transactions of your own retried by
+//!    [`retry`](crate::retry()), is refused as stale on every attempt: retry
+//!    the transaction with [`transaction_with_retry`](crate::transaction_with_retry)
+//!    instead, which makes the move between its attempts.
 //!
 //! 3. unless the struct's number was written from another uncommitted write's
 //!    number (the row written twice in the rolled-back transaction, by one
