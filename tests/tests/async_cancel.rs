@@ -821,9 +821,60 @@ mod mysql_only {
         assert_eq!(stock!(&mut conn), 9);
     }
 
+    /// A nested call dropped while its lock wait timeout is in force marks
+    /// the connection broken on purpose. When the server's transaction then
+    /// ends under the outer call (a statement that commits implicitly, a
+    /// deadlock), the outer call's repair after its failure must not hand the
+    /// connection back healthy: the pool's next user would wait 1 s for row
+    /// locks instead of its session's timeout.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_dropped_with_lock_leaves_the_next_user_its_own_lock_wait_timeout() {
-        let db = TestDb::<diesel::MysqlConnection>::new("dropped_lock_wait");
+    async fn a_repair_never_hands_on_a_connection_a_dropped_nested_call_broke() {
+        use diesel_async::SimpleAsyncConnection;
+        let (_db, pool, session) =
+            one_connection_and_its_lock_wait("repair_after_dropped_nested").await;
+        {
+            let mut pooled = pool.get().await.unwrap();
+            let outer = lockkit::asynchronous::locked_transaction(
+                &mut *pooled,
+                LockOptions::default(),
+                async |conn: &mut AsyncMysqlConnection| {
+                    let nested = lockkit::asynchronous::with_lock(
+                        &mut *conn,
+                        1,
+                        LockOptions::default().timeout(Duration::from_secs(1)),
+                        async |_conn, _item: Item| {
+                            tokio::time::sleep(Duration::from_secs(3_600)).await;
+                            Ok::<_, Error>(())
+                        },
+                    );
+                    let dropped = tokio::time::timeout(Duration::from_millis(300), nested).await;
+                    assert!(dropped.is_err(), "the nested call sleeps");
+                    // The server's transaction ends under the outer call.
+                    conn.batch_execute("COMMIT").await?;
+                    Err::<(), _>(Error::NoRowMatched)
+                },
+            )
+            .await;
+            assert!(outer.is_err(), "{outer:?}");
+        }
+        let next = lock_timeout(&mut pool.get().await.unwrap(), "mysql").await;
+        assert_eq!(
+            next, session,
+            "the pool's next user got innodb_lock_wait_timeout = {next} (its session had {session})"
+        );
+    }
+
+    /// A database `name` with item 1 at 1,000 units, a pool of one connection
+    /// to it, and that connection's session `innodb_lock_wait_timeout`, which
+    /// differs from the 1 s the calls in these tests set.
+    async fn one_connection_and_its_lock_wait(
+        name: &str,
+    ) -> (
+        TestDb<diesel::MysqlConnection>,
+        bb8::Pool<AsyncDieselConnectionManager<AsyncMysqlConnection>>,
+        i64,
+    ) {
+        let db = TestDb::<diesel::MysqlConnection>::new(name);
         seed_items(&mut db.conn(), &[(1, 1_000)]);
         let pool = async_common::bb8_pool::<AsyncMysqlConnection>(&db.url, "mysql", 1).await;
         let session = lock_timeout(&mut pool.get().await.unwrap(), "mysql").await;
@@ -831,6 +882,106 @@ mod mysql_only {
             session, 1,
             "the server's default differs from the call's 1 s"
         );
+        (db, pool, session)
+    }
+
+    /// A statement that failed to bind reports its start and no end: the
+    /// call's end then asks whether the replies are in step (a probe). The
+    /// probe is not the work's statement: a nested call the work gave up on,
+    /// with nothing run in its level since, is still rolled back in step, and
+    /// the call commits the rest of its work.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_probe_after_a_bind_error_leaves_a_given_up_nested_call_handed_on() {
+        let db = TestDb::<diesel::MysqlConnection>::new("probe_after_unbindable");
+        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+        let mut conn: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
+        let outcome = lockkit::asynchronous::locked_transaction(
+            &mut conn,
+            LockOptions::default(),
+            async |conn: &mut AsyncMysqlConnection| {
+                let unbound = diesel::sql_query("UPDATE items SET stock = ? WHERE id = 2")
+                    .bind::<diesel::sql_types::Integer, _>(Unbindable)
+                    .execute(&mut *conn)
+                    .await;
+                assert!(unbound.is_err());
+                sell_one!(&mut *conn, 2)?;
+                give_up_on_item_1!(&mut *conn);
+                Ok::<_, Error>(())
+            },
+        )
+        .await;
+        assert!(outcome.is_ok(), "{outcome:?}");
+        let stocks: Vec<i32> = diesel::RunQueryDsl::load(
+            items::table.order(items::id).select(items::stock),
+            &mut db.conn(),
+        )
+        .unwrap();
+        assert_eq!(
+            stocks,
+            [10, 9],
+            "item 2 sold, the given-up call's sale of item 1 rolled back"
+        );
+    }
+
+    /// After a statement of the work's own cut short, the work goes on with a
+    /// versioned write, which reads the cut-short statement's lock wait
+    /// timeout as its own. The stand-in for an ended transaction would send
+    /// `START TRANSACTION`, which commits what the open transaction holds
+    /// (the versioned write itself, which the server ran): nothing commits.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_write_after_a_statement_cut_short_commits_nothing() {
+        use diesel_async::SimpleAsyncConnection;
+        use lockkit::asynchronous::prelude::*;
+        let db = TestDb::<diesel::MysqlConnection>::new("write_after_cut_short");
+        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+        let mut holder: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
+        holder.batch_execute("BEGIN").await.unwrap();
+        holder
+            .batch_execute("SELECT 1 FROM items WHERE id = 1 FOR UPDATE")
+            .await
+            .unwrap();
+        let mut conn: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
+        let mut item_2 = item!(&mut conn, 2);
+        // A first write, so that the one below sends its UPDATE first (the
+        // connection knows the table's key by then).
+        item_2.update_versioned(&mut conn).await.unwrap();
+        let outcome = lockkit::asynchronous::locked_transaction(
+            &mut conn,
+            LockOptions::default().timeout(Duration::from_secs(1)),
+            async |conn: &mut AsyncMysqlConnection| {
+                let sell = diesel::update(items::table.find(1))
+                    .set(items::stock.eq(items::stock - 1))
+                    .execute(&mut *conn);
+                let cut = tokio::time::timeout(Duration::from_millis(300), sell).await;
+                assert!(cut.is_err(), "the UPDATE waits for the holder's lock");
+                // The cut-short UPDATE's lock wait timeout comes after 1 s.
+                tokio::time::sleep(Duration::from_millis(1_500)).await;
+                item_2.stock = 0;
+                item_2.update_versioned(conn).await
+            },
+        )
+        .await;
+        holder.batch_execute("ROLLBACK").await.unwrap();
+        assert!(outcome.is_err(), "{outcome:?}");
+        let mut reader: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
+        let row = item!(&mut reader, 2);
+        assert_eq!(
+            (row.stock, row.lock_version),
+            (10, 1),
+            "nothing committed: {outcome:?}"
+        );
+        // The write's row lock went with the call, not with the connection,
+        // which the caller still holds.
+        let locked = reader
+            .batch_execute("BEGIN; SELECT 1 FROM items WHERE id = 2 FOR UPDATE NOWAIT; ROLLBACK")
+            .await;
+        assert!(locked.is_ok(), "item 2 is still locked: {locked:?}");
+        drop(conn);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_dropped_with_lock_leaves_the_next_user_its_own_lock_wait_timeout() {
+        let (_db, pool, session) = one_connection_and_its_lock_wait("dropped_lock_wait").await;
         let mut seen = Vec::new();
         for attempt in 0..200u64 {
             decrement_dropped_after!(pool, Duration::from_micros(attempt % 4 * 100));
@@ -1024,6 +1175,88 @@ mod mysql_only {
             Ok(1),
             "after a lease renew dropped while it waited, the pool's next user's read"
         );
+    }
+
+    /// A statement of the work's own, cut short inside a lockkit transaction
+    /// (a `timeout` the work catches, going on to return), leaves its reply
+    /// unread on MySQL/MariaDB. The call's `COMMIT` or `ROLLBACK` would read
+    /// that reply as its own: the transaction looked ended, the connection
+    /// went back to the pool one reply behind, and (ending `Ok`) the cut-short
+    /// `UPDATE` committed. The call sends neither: it marks the connection
+    /// broken, for the pool to close (the server then rolls back), and fails.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_statement_of_the_works_own_cut_short_hands_the_next_user_a_working_connection() {
+        use diesel_async::SimpleAsyncConnection;
+        let db = TestDb::<diesel::MysqlConnection>::new("own_statement_cut_short");
+        seed_items(&mut db.conn(), &[(1, 1_000)]);
+        for ends_ok in [true, false] {
+            let pool = unpinged_pool(&db.url).await;
+            let mut holder: diesel_async::AsyncMysqlConnection =
+                async_common::connect(&db.url, "mysql").await;
+            holder.batch_execute("BEGIN").await.unwrap();
+            holder
+                .batch_execute("SELECT 1 FROM items WHERE id = 1 FOR UPDATE")
+                .await
+                .unwrap();
+            // The holder lets go while the call ends, so that the cut-short
+            // UPDATE's reply comes first.
+            let release = tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(1_500)).await;
+                holder.batch_execute("ROLLBACK").await.unwrap();
+            });
+            let mut pooled = pool.get().await.unwrap();
+            let result = {
+                lockkit::asynchronous::locked_transaction(
+                    &mut *pooled,
+                    LockOptions::default(),
+                    async |conn: &mut diesel_async::AsyncMysqlConnection| {
+                        let sell = diesel::update(items::table.find(1))
+                            .set(items::stock.eq(items::stock - 1))
+                            .execute(conn);
+                        let cut = tokio::time::timeout(Duration::from_millis(500), sell).await;
+                        assert!(cut.is_err(), "the UPDATE waits for the holder's lock");
+                        match ends_ok {
+                            true => Ok(()),
+                            false => Err(Error::NoRowMatched),
+                        }
+                    },
+                )
+                .await
+            };
+            release.await.unwrap();
+            assert!(
+                result.is_err(),
+                "a call whose work cut a statement short, ending Ok = {ends_ok}: {result:?}"
+            );
+            // Its row lock went with the call, not with the connection, which
+            // the caller still holds.
+            let mut other: diesel_async::AsyncMysqlConnection =
+                async_common::connect(&db.url, "mysql").await;
+            let locked = other
+                .batch_execute(
+                    "BEGIN; SELECT 1 FROM items WHERE id = 1 FOR UPDATE NOWAIT; ROLLBACK",
+                )
+                .await;
+            assert!(
+                locked.is_ok(),
+                "the row is still locked (ending Ok = {ends_ok}): {locked:?}"
+            );
+            drop(pooled);
+            assert_eq!(
+                next_users_read(&pool).await,
+                Ok(1),
+                "after a work that cut a statement short (ending Ok = {ends_ok}), the pool's next user's read"
+            );
+            let stock: i32 = diesel::RunQueryDsl::first(
+                items::table.find(1).select(items::stock),
+                &mut db.conn(),
+            )
+            .unwrap();
+            assert_eq!(
+                stock, 1_000,
+                "the cut-short UPDATE committed nothing (ending Ok = {ends_ok})"
+            );
+        }
     }
 
     /// A versioned write outside a transaction opens no level: one dropped

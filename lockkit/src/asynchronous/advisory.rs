@@ -214,7 +214,7 @@ struct Held<'c, C: AsyncConnection> {
 impl<C: AsyncConnection> Drop for Held<'_, C> {
     fn drop(&mut self) {
         if self.armed {
-            C::TransactionManager::transaction_manager_status_mut(self.conn).set_in_error();
+            super::connection::condemn(self.conn);
             tracing::warn!(
                 target: "lockkit",
                 key = self.key.0,

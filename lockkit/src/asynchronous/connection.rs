@@ -89,6 +89,17 @@
 //! A statement of your own (outside lockkit's transactions) dropped in flight
 //! leaves the same unread reply: on MySQL, run statements that a dropped future
 //! may cut short inside a transaction, so the pool discards the connection.
+//! Inside a lockkit call whose work cuts one of its statements short and goes
+//! on (a `timeout` it catches), the call's end finds the reply unread (a probe,
+//! `SELECT` of a number of its own, asked only then): it sends no `COMMIT`,
+//! marks the connection broken for its pool to close, ends the outermost
+//! transaction with a `ROLLBACK` whose reply it does not read as the answer
+//! (the server runs it; its locks go at once), and fails: the work's error,
+//! or for `Ok` `BrokenTransactionManager`. A statement the work sent after
+//! the cut-short one has read that reply as its own (a lockkit write then
+//! opens no stand-in, and a nested lockkit call refuses to begin): do not go
+//! on with a work after cutting one of its statements short. A connection
+//! lockkit marked broken on purpose is never repaired.
 
 use std::future::Future;
 
@@ -196,6 +207,14 @@ pub trait AsyncLockingConnection:
     #[doc(hidden)]
     fn repair(&mut self) -> impl Future<Output = ()> + Send {
         std::future::ready(())
+    }
+
+    /// Whether the connection reads its own replies: asked where a statement
+    /// may have left its reply unread ([`replies_out_of_step`]). The default:
+    /// yes (PostgreSQL's client keeps its replies in step, SQLite has none).
+    #[doc(hidden)]
+    fn replies_in_step(&mut self) -> impl Future<Output = bool> + Send {
+        std::future::ready(true)
     }
 
     /// After lockkit's journal saw a statement end the open transaction with
@@ -386,13 +405,61 @@ fn mark_broken_from_drop<C: AsyncConnection>(
     let marked = from_drop(conn, |conn| {
         let broken = decide(conn);
         if broken {
-            C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
+            condemn(conn);
         }
         broken
     });
     if marked == Some(true) {
         tracing::warn!(target: "lockkit", "{why}");
     }
+}
+
+/// Marks `conn`'s transaction manager broken on purpose, for its pool to
+/// close: a call left it unsafe (a setting or a session lock in force, a reply
+/// unread), and no [`repair`](AsyncLockingConnection::repair) may hand it on.
+pub(crate) fn condemn<C: AsyncConnection>(conn: &mut C) {
+    C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
+    if let Some(levels) = journal::levels(&mut journal::AsyncWatched(conn)) {
+        levels.condemn();
+    }
+}
+
+/// Whether lockkit marked `conn` broken on purpose ([`condemn`]).
+fn condemned<C: AsyncConnection>(conn: &mut C) -> bool {
+    journal::levels(&mut journal::AsyncWatched(conn)).is_some_and(|levels| levels.condemned())
+}
+
+/// At the end of a lockkit call on MySQL/MariaDB, before any statement of
+/// its end: a statement of the work's own whose future the work dropped (a
+/// `timeout` it caught, going on) left its reply unread, which the next
+/// statement reads as its own. Asked only where the journal saw a statement
+/// begin and no reply come since (a statement that failed to bind does that
+/// too, with nothing sent): the connection's probe
+/// ([`replies_in_step`](AsyncLockingConnection::replies_in_step)). Out of
+/// step, the connection is [`condemn`]ed and `true`: nothing more may be sent
+/// on it, not even the `ROLLBACK`, and its pool closes it (the server rolls
+/// back).
+pub(crate) async fn replies_out_of_step<C: AsyncLockingConnection>(conn: &mut C) -> bool {
+    let stranded = match journal::levels(&mut journal::AsyncWatched(&mut *conn)) {
+        Some(levels) if levels.replies_unsure() => levels.stranded(),
+        _ => return false,
+    };
+    // Found out of step under a nested call already: nothing more is sent.
+    if condemned(conn) {
+        return true;
+    }
+    if conn.replies_in_step().await {
+        if let Some(levels) = journal::levels(&mut journal::AsyncWatched(&mut *conn)) {
+            levels.in_step(stranded);
+        }
+        return false;
+    }
+    condemn(conn);
+    tracing::warn!(
+        target: "lockkit",
+        "a statement's reply was left unread inside a lockkit call (its future dropped): the connection is marked broken, for its pool to close"
+    );
+    true
 }
 
 /// An async lockkit call's own transaction level, from the moment it is open
@@ -653,6 +720,12 @@ pub(crate) async fn roll_back_dropped<C: AsyncConnection, E>(
 /// [`lock_all`](super::lock_all()), [`queue::claim`](super::queue::claim) and
 /// the outbox's `enqueue`, which work inside the caller's transaction.
 pub(crate) async fn require_live<C: AsyncLockingConnection>(conn: &mut C) -> Result<(), Error> {
+    // A reply left unread (MySQL/MariaDB): whatever is sent now reads it.
+    if replies_out_of_step(conn).await {
+        return Err(Error::Database(
+            diesel::result::Error::BrokenTransactionManager,
+        ));
+    }
     refuse_if_ended_on_sqlite(conn).await?;
     roll_back_unused_drop(conn).await?;
     match ended_by_statement(conn).await {
@@ -846,6 +919,17 @@ pub(crate) async fn failed_write<C: AsyncConnection>(conn: &mut C, err: Error) -
 /// The blocking side's [`open_stand_in`](crate::transaction::open_stand_in) on
 /// an async connection: `false` when the server still had a transaction open.
 pub(crate) async fn open_stand_in<C: AsyncConnection>(conn: &mut C) -> bool {
+    // A reply left unread (a statement of the work's own cut short): the
+    // error may be that statement's, the stand-in's `START TRANSACTION` would
+    // commit what the open transaction holds, and every reply read now is
+    // another statement's. The connection is condemned instead: nothing on it
+    // commits, and the end of the lockkit call around refuses it.
+    if journal::levels(&mut journal::AsyncWatched(&mut *conn))
+        .is_some_and(|levels| levels.replies_unsure())
+    {
+        condemn(conn);
+        return false;
+    }
     #[cfg(feature = "mysql")]
     for (i, statement) in crate::transaction::keep_aborted_sql().iter().enumerate() {
         if let Err(err) = conn.batch_execute(statement).await {
@@ -1031,15 +1115,36 @@ mod mysql {
             let _ = super::open_stand_in(self).await;
         }
 
+        async fn replies_in_step(&mut self) -> bool {
+            // A number of this probe's own: a reply left unread (an `UPDATE`'s
+            // row count, an error, another query's rows) reads back as
+            // anything but one row holding it.
+            let token = fastrand::i64(1..);
+            diesel::sql_query("SELECT ? AS token")
+                .bind::<diesel::sql_types::BigInt, _>(token)
+                .get_results::<Probe>(self)
+                .await
+                .is_ok_and(|rows| matches!(rows.as_slice(), [row] if row.token == token))
+        }
+
         async fn repair(&mut self) {
             // As the blocking connection's: Galera's answer to a ROLLBACK.
+            // Never a connection lockkit marked broken on purpose.
             type Manager = <AsyncMysqlConnection as AsyncConnection>::TransactionManager;
             if crate::transaction::is_broken(Manager::transaction_manager_status_mut(self))
+                && !condemned(self)
                 && matches!(in_server_transaction(self).await, Ok(false))
             {
                 *Manager::transaction_manager_status_mut(self) = Default::default();
             }
         }
+    }
+
+    /// [`AsyncLockingConnection::replies_in_step`]'s row.
+    #[derive(diesel::QueryableByName)]
+    struct Probe {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        token: i64,
     }
 
     /// Whether the caller's transaction is alive on the server, as the blocking

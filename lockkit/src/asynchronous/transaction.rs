@@ -48,6 +48,33 @@ where
     let result = async move {
         let began = begun.began;
         let nested = began.nested;
+        // Before anything is sent (MySQL/MariaDB): a statement of the work's
+        // own that it cut short left its reply unread, which this end's
+        // statements would read as theirs (a `ROLLBACK` answered by an
+        // `UPDATE`'s row count, the real answer left for the pool's next
+        // user). The connection is condemned instead: nothing commits, the
+        // server rolls back when the pool closes it, and the work's error
+        // stands (for `Ok`, the broken connection's).
+        if super::connection::replies_out_of_step(conn).await {
+            // The outermost level ends the server's transaction, so that its
+            // locks go now, not when the pool closes the connection (deadpool
+            // looks at it only at its next check-out): the server runs the
+            // `ROLLBACK` whatever reply the client reads for it. Nested, the
+            // transaction stays open (a rollback would leave the caller's
+            // next statements in autocommit) until the outermost end's.
+            if !nested {
+                let _ = conn.batch_execute("ROLLBACK").await;
+            }
+            let failure = match result {
+                Ok(_) => Failure::Diesel(diesel::result::Error::BrokenTransactionManager),
+                Err(failure) => failure,
+            };
+            return Err(Failed::from_failure(failure, classify).into_error(
+                nested,
+                None,
+                |cause| cause,
+            ));
+        }
         // First the levels a dropped nested call left open above this call's own.
         // The work's own error stands before the work that went with them: nothing
         // is committed either way.

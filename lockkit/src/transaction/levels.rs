@@ -33,6 +33,14 @@ pub(crate) struct Levels {
     /// A statement began and its reply has not been read: its future was
     /// dropped, if nothing runs on the connection now.
     awaiting_reply: bool,
+    /// A statement began while `awaiting_reply` was set: on MySQL/MariaDB it
+    /// may have read the reply left unread as its own, leaving its own unread
+    /// (or the first was never sent: a bind that failed). Until a probe
+    /// settles it ([`in_step`](Levels::in_step)).
+    out_of_step: bool,
+    /// lockkit marked the connection broken on purpose (a dropped call, a
+    /// reply left unread): nothing may repair it, only its pool's closing.
+    condemned: bool,
 }
 
 /// What was left above a lockkit call's level when it ended
@@ -88,6 +96,7 @@ impl Levels {
 
     /// A statement was sent on the connection.
     pub(crate) fn on_statement(&mut self) {
+        self.out_of_step |= self.awaiting_reply;
         self.awaiting_reply = true;
         if self.abandoned.is_some() {
             self.stranded = true;
@@ -98,6 +107,38 @@ impl Levels {
     /// call whose future was dropped, with that statement in flight.
     pub(crate) fn reply_unread(&self) -> bool {
         self.awaiting_reply
+    }
+
+    /// Whether a statement may have left its reply unread, now or before the
+    /// statements since: asked at the end of a lockkit call, where a
+    /// statement of the work's own whose future the work dropped leaves one.
+    pub(crate) fn replies_unsure(&self) -> bool {
+        self.awaiting_reply || self.out_of_step
+    }
+
+    /// Whether a statement ran in a dropped call's level since it was left
+    /// ([`on_statement`](Levels::on_statement)).
+    pub(crate) fn stranded(&self) -> bool {
+        self.stranded
+    }
+
+    /// A probe read back its own reply: every reply so far has been read. The
+    /// probe is not the work's: a dropped call's level it ran in counts as
+    /// `stranded` only if it did before.
+    pub(crate) fn in_step(&mut self, stranded: bool) {
+        self.awaiting_reply = false;
+        self.out_of_step = false;
+        self.stranded = stranded;
+    }
+
+    /// lockkit marked the connection broken on purpose.
+    pub(crate) fn condemn(&mut self) {
+        self.condemned = true;
+    }
+
+    /// Whether lockkit marked the connection broken on purpose: no repair.
+    pub(crate) fn condemned(&self) -> bool {
+        self.condemned
     }
 
     /// Before a lockkit call begins: the level a dropped nested call left, if
