@@ -94,18 +94,22 @@ impl ETagSecret {
     /// only when the stale report names it: `table` as Diesel names the table
     /// (its `table!` name) and a single-column key; otherwise (another name, a
     /// composite key) the `412` carries none, and the client re-reads.
-    pub fn resource(&self, table: &str, key: impl fmt::Display) -> ResourceTags {
+    ///
+    /// Pass the key as the model holds it (`7`, not `"7"`): stale reports
+    /// name rows by the key's `Debug`, which the resource keeps to tell its
+    /// own from another row's.
+    pub fn resource(&self, table: &str, key: impl fmt::Display + fmt::Debug) -> ResourceTags {
         let mut mac = self.0.clone();
         mac.update(DOMAIN);
-        let key = key.to_string();
-        for part in [table.as_bytes(), key.as_bytes()] {
+        let shown = key.to_string();
+        for part in [table.as_bytes(), shown.as_bytes()] {
             mac.update(&(part.len() as u64).to_be_bytes());
             mac.update(part);
         }
         ResourceTags {
             mac,
             table: table.to_owned(),
-            key,
+            key: format!("{key:?}"),
         }
     }
 }
@@ -115,8 +119,9 @@ impl ETagSecret {
 pub struct ResourceTags {
     /// Keyed with the secret, fed with the table and key.
     mac: HmacSha256,
-    /// The table and key it was made for, to tell a stale report of this
-    /// resource from one of another row ([`names`](Self::names)).
+    /// The table and key it was made for (the key as stale reports format
+    /// it, with `Debug`), to tell a stale report of this resource from one of
+    /// another row ([`names`](Self::names)).
     table: String,
     key: String,
 }
@@ -158,14 +163,13 @@ impl ResourceTags {
     }
 
     /// Whether a stale report is of this resource: the same table and the same
-    /// key (reports format keys with `Debug`, `"sku-9"` for a string; the
-    /// resource was made with its `Display`, `sku-9`). Another row's version
+    /// key, both formatted with `Debug` (`"sku-9"` for a string, so that a
+    /// key whose text is `"x"`, quotes included, is not row `x`). Another row's version
     /// must never be handed out as this resource's tag: a client would hold a
     /// tag for a version it never read, good as soon as the resource reaches
     /// that number.
     pub(crate) fn names(&self, stale: &StaleObjectError) -> bool {
-        stale.table == self.table
-            && (stale.key == self.key || stale.key == format!("{:?}", self.key))
+        stale.table == self.table && stale.key == self.key
     }
 
     pub(crate) fn etag_of(&self, version: i64) -> BoundETag {
@@ -280,6 +284,36 @@ mod tests {
     }
 
     #[test]
+    fn a_stale_report_names_its_own_resource_only() {
+        use crate::error::{CurrentState, Operation, StaleObjectError};
+        // Reports format keys with `Debug`: row `x` is `"x"`, quotes
+        // included, which is also the `Display` of another key.
+        let report = |key: &str| {
+            StaleObjectError::new(
+                "items",
+                key,
+                "lock_version",
+                Operation::Update,
+                0,
+                CurrentState::Version(9),
+            )
+        };
+        let row_x = report(&format!("{:?}", "x"));
+        assert!(secret(1).resource("items", "x").names(&row_x));
+        assert!(
+            !secret(1).resource("items", "\"x\"").names(&row_x),
+            "row x named the resource \"x\""
+        );
+        assert!(!secret(1).resource("orders", "x").names(&row_x));
+        let row_7 = report(&format!("{:?}", 7));
+        assert!(secret(1).resource("items", 7).names(&row_7));
+        assert!(
+            !secret(1).resource("items", "7").names(&row_7),
+            "row 7 named the resource \"7\""
+        );
+    }
+
+    #[test]
     fn a_tag_matches_its_resource_and_version_only() {
         let items_1 = secret(1).resource("items", 1);
         let tag = items_1.etag(7_i32);
@@ -335,10 +369,10 @@ mod tests {
         };
         let sku = secret(1).resource("items", "sku-9");
         let own = Some(sku.etag(9_i32).to_string());
-        // Reports format keys with `Debug`; either form is this resource.
+        // Reports format keys with `Debug`: only that form is this resource.
         assert_eq!(sku.problem(&stale("items", "\"sku-9\"")).current_etag, own);
-        assert_eq!(sku.problem(&stale("items", "sku-9")).current_etag, own);
         for (table, key) in [
+            ("items", "sku-9"),
             ("items", "\"sku-8\""),
             ("orders", "\"sku-9\""),
             ("items", "sku-9 "),
