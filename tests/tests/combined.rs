@@ -1222,6 +1222,42 @@ fn a_mark_that_failed_for_another_reason_than_its_table_is_not_sent_again() {
     );
 }
 
+/// A connection's first `Versioned::update_if` of a table writes in a
+/// savepoint (the key check comes after it). A trigger that answers the
+/// `UPDATE` with `RAISE(ROLLBACK, ..)` rolls SQLite's whole transaction back:
+/// the caller gets the trigger's error, not the failed rollback's "cannot
+/// rollback - no transaction is active".
+#[cfg(feature = "sqlite")]
+#[test]
+fn update_if_answers_a_triggers_rollback_with_its_own_error() {
+    let db = TestDb::<diesel::SqliteConnection>::new("update_if_raise_rollback");
+    seed_items(&mut db.conn(), &[(1, 10)]);
+    let mut conn = db.connect();
+    exec(
+        &mut conn,
+        "CREATE TEMP TRIGGER refuse_the_sale BEFORE UPDATE ON main.items \
+         WHEN NEW.stock < 5 BEGIN SELECT RAISE(ROLLBACK, 'out of stock'); END",
+    );
+    let err = Item::update_if(
+        &mut conn,
+        1,
+        items::stock.ge(8),
+        items::stock.eq(items::stock - 8),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("out of stock"), "{err}");
+    assert_eq!(stock_of!(&mut conn, 1), 10, "nothing written");
+    // The connection goes on.
+    Item::update_if(
+        &mut conn,
+        1,
+        items::stock.ge(1),
+        items::stock.eq(items::stock - 1),
+    )
+    .unwrap();
+    assert_eq!(stock_of!(&mut conn, 1), 9);
+}
+
 mod servers {
     use super::*;
 

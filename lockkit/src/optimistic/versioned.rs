@@ -579,17 +579,12 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         crate::transaction::check_write(conn)?;
         // A key the database does not enforce is written as the versioned
         // writes write it: in a savepoint, undone if it matched more than one
-        // row. The catalog is asked after the write, once per connection: a
-        // read before it would keep the `UPDATE` of a deferred SQLite
-        // transaction from waiting for the write lock (`Busy` at once).
+        // row. The catalog is asked after the write (in its savepoint), once
+        // per connection: a read before it would keep the `UPDATE` of a
+        // deferred SQLite transaction from waiting for the write lock (`Busy`
+        // at once).
         let known = Self::known_key_is_unique(conn);
-        let rows = execute_once::<Self, _, _>(conn, &key, known == Some(true), statement)
-            .and_then(|rows| {
-                if known.is_none() {
-                    Self::key_is_unique(conn).map_err(classify)?;
-                }
-                Ok(rows)
-            })
+        let rows = execute_once::<Self, _, _>(conn, &key, known, statement)
             .map_err(|err| crate::transaction::failed_write(conn, err, ends))?;
         crate::optimistic::atomic::matched(rows)?;
         moved_by_update_if::<Self, _>(conn, &key)
@@ -1158,7 +1153,7 @@ where
         }
         let write = Write::<M>::start(conn, key, row.as_deref(), expected, origin, operation)?;
         let rows = match write.statement() {
-            Some(checked) => execute_once::<M, _, _>(conn, key, unique, statement(checked))?,
+            Some(checked) => execute_once::<M, _, _>(conn, key, Some(unique), statement(checked))?,
             None => 0,
         };
         let mut step = write.wrote(conn, rows);
@@ -1197,11 +1192,14 @@ where
 }
 
 /// Executes a versioned statement; where the database does not enforce the
-/// key (`unique`), in a savepoint that is undone if it matched more than one row.
+/// key (`unique`: `Some(false)`), in a savepoint that is undone if it matched
+/// more than one row. Not known yet (`None`): in the savepoint too, and the
+/// key check ([`CurrentVersionQuery::key_is_unique`]) asked in it after the
+/// statement, so that its failure undoes the write.
 fn execute_once<M, S, Conn>(
     conn: &mut Conn,
     key: &M::Key,
-    unique: bool,
+    unique: Option<bool>,
     statement: S,
 ) -> Result<usize, Error>
 where
@@ -1209,16 +1207,22 @@ where
     Conn: Connection,
     S: ExecuteDsl<Conn>,
 {
-    if unique {
+    if unique == Some(true) {
         return ExecuteDsl::execute(statement, conn).map_err(classify);
     }
     // In the caller's transaction, a savepoint. A deadlock's victim on
     // MySQL/MariaDB takes the savepoint with the whole transaction; Diesel,
     // which marks its transaction manager on that error (1213), lets the failed
     // `ROLLBACK TO SAVEPOINT` go and hands back the statement's error, which
-    // `write` decides as without a savepoint.
-    conn.transaction(|conn| {
-        at_most_one::<M>(key, ExecuteDsl::execute(statement, conn).map_err(classify)?)
+    // `write` decides as without a savepoint. SQLite's rollback of the whole
+    // transaction under the statement (a trigger's `RAISE(ROLLBACK)`) leaves
+    // the statement's error too (`transaction::level`).
+    crate::transaction::level(conn, |conn| {
+        let rows = at_most_one::<M>(key, ExecuteDsl::execute(statement, conn).map_err(classify)?)?;
+        if unique.is_none() {
+            M::key_is_unique(conn).map_err(classify)?;
+        }
+        Ok(rows)
     })
 }
 
