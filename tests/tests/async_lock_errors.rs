@@ -231,6 +231,28 @@ fn assert_nested_sale_committed_nothing(
 }
 
 async_server_tests! {
+    async fn a_session_the_server_killed_is_connection_lost(db) {
+        // The blocking side's `faults.rs` case on diesel-async, whose drivers
+        // word a closed connection their own way ("connection closed",
+        // "Connection to the server is closed").
+        use lockkit::asynchronous::prelude::*;
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let mut item = item!(&mut conn, 1);
+        let session = lockkit::asynchronous::lock_waits::session_id(&mut conn).await.unwrap();
+        // `session` is an integer read from the server, never text.
+        let kill = match BACKEND {
+            "postgres" => format!("SELECT pg_terminate_backend({session})"),
+            _ => format!("KILL {session}"),
+        };
+        exec(&mut db.connect(), &kill);
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        item.stock -= 1;
+        let err = item.update_versioned(&mut conn).await.unwrap_err();
+        assert!(matches!(err, Error::ConnectionLost), "{err:?}");
+        assert!(!err.is_retryable());
+    }
+
     async fn a_deadlock_inside_a_nested_with_lock_that_the_caller_retries_loses_nothing(db) {
         // The caller's own transaction records order line 1, then sells one unit
         // under `with_lock`, retrying it as its own code would when the error

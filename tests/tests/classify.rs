@@ -136,6 +136,23 @@ fn messages_are_read_for_every_kind_but_constraint_violations() {
         "server closed the connection unexpectedly",
     );
     assert!(matches!(classify(lost), Error::ConnectionLost));
+    // diesel-async's drivers word a closed connection their own way, without
+    // a code (seen on a killed session: `async_lock_errors.rs`).
+    for (kind, message) in [
+        (Kind::UnableToSendCommand, "connection closed"),
+        (
+            Kind::UnableToSendCommand,
+            "error communicating with the server: Connection reset by peer (os error 104)",
+        ),
+        (
+            Kind::Unknown,
+            "Input/output error: Input/output error: Broken pipe (os error 32)",
+        ),
+        (Kind::Unknown, "Connection to the server is closed."),
+    ] {
+        let err = classify(error(kind, message));
+        assert!(matches!(err, Error::ConnectionLost), "{message}: {err:?}");
+    }
     // A constraint violation's message may hold user data: never read.
     for kind in [
         Kind::UniqueViolation,

@@ -212,6 +212,13 @@ fn is_connection_lost(message: &str) -> bool {
         || message.starts_with("MySQL server has gone away")
         || message.starts_with("Server has gone away")
         || message.starts_with("Lost connection to")
+        // diesel-async's drivers, whose closed connection carries no code:
+        // tokio-postgres ...
+        || message == "connection closed"
+        || message.starts_with("error communicating with the server")
+        // ... and mysql_async.
+        || message.starts_with("Connection to the server is closed")
+        || message.starts_with("Input/output error")
 }
 
 /// MySQL's 3572, whole: the words alone may stand in a message that quotes
