@@ -1377,6 +1377,28 @@ mod mysql_only {
     use diesel::MysqlConnection;
     use lockkit_tests::TestDb;
 
+    /// A versioned write in a transaction on a connection lockkit cannot
+    /// watch marks itself in a temporary table the connection creates at its
+    /// first mark. Whether the mark failed for want of that table is asked of
+    /// the server, not read from its message, which a server speaking another
+    /// language words its own way.
+    #[test]
+    fn the_table_of_marks_is_created_whatever_language_the_server_speaks() {
+        let db = TestDb::<MysqlConnection>::new("marks_in_german");
+        let (mut own, mut other) = own_unwatched_and_other(&db);
+        exec(&mut own, "SET SESSION lc_messages = 'de_DE'");
+        let mut a = item!(&mut own, 1);
+        a.stock = 9;
+        own.transaction(|c| a.update_versioned(c)).unwrap();
+        assert_eq!(item!(&mut other, 1).lock_version, 1);
+        a.stock = 8;
+        own.transaction(|c| a.update_versioned(c)).unwrap();
+        assert_eq!(
+            (stock_of!(&mut other), item!(&mut other, 1).lock_version),
+            (8, 2)
+        );
+    }
+
     #[test]
     fn lock_all_with_keys_equal_under_the_collation_returns_the_one_row() {
         let db = TestDb::<MysqlConnection>::new("collation_keys");

@@ -68,7 +68,7 @@ use super::connection::{in_transaction, AsyncLockingConnection, Level, Restore, 
 use crate::error::classification::classify;
 use crate::error::{Error, Operation};
 use crate::optimistic::backend::{
-    marks_missing, DatabaseId, InShareMode, OptimisticBackend, Stands, TableSchema, Unique,
+    DatabaseId, InShareMode, OptimisticBackend, Stands, TableSchema, Unique,
 };
 use crate::optimistic::mark::Mark;
 use crate::optimistic::rollbacks;
@@ -491,7 +491,7 @@ where
             let query = || <Conn::Backend as OptimisticBackend>::mark_query(mark);
             let sent = execute_boxed(query(), &mut *conn).await;
             match (sent, <Conn::Backend as OptimisticBackend>::MARKS) {
-                (Err(err), Some(create)) if marks_missing(&err) => {
+                (Err(_), Some(create)) if marks_missing(&mut *conn).await => {
                     conn.batch_execute(create).await?;
                     execute_boxed(query(), conn).await.map(drop)
                 }
@@ -505,7 +505,7 @@ where
             let ask = || <Conn::Backend as OptimisticBackend>::mark_stands_query(mark);
             let asked = load_boxed::<_, Stands>(ask(), &mut *conn).await;
             let row = match (asked, <Conn::Backend as OptimisticBackend>::MARKS) {
-                (Err(err), Some(create)) if marks_missing(&err) => {
+                (Err(_), Some(create)) if marks_missing(&mut *conn).await => {
                     conn.batch_execute(create).await?;
                     load_boxed::<_, Stands>(ask(), conn).await?
                 }
@@ -520,6 +520,18 @@ where
         let redo: crate::transaction::journal::AsyncRedo<Conn> =
             Box::new(move |conn: &mut Conn| again(conn, key, row, version));
         Box::new(redo)
+    }
+}
+
+/// [`OptimisticBackend::marks_missing`], awaited: whether the connection has
+/// no table of marks yet, asked after a mark's statement failed.
+async fn marks_missing<Conn: diesel_async::AsyncConnection>(conn: &mut Conn) -> bool
+where
+    Conn::Backend: OptimisticBackend,
+{
+    match <Conn::Backend as OptimisticBackend>::MARKS_PRESENT {
+        Some(probe) => conn.batch_execute(probe).await.is_err(),
+        None => false,
     }
 }
 

@@ -145,6 +145,13 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     #[doc(hidden)]
     const MARKS: Option<&'static str>;
 
+    /// Fails where the connection has no table of [`MARKS`](Self::MARKS) yet:
+    /// asked when a mark's statement failed, whose error (worded in the
+    /// server's language) may be another one (a deadlock, a trigger's
+    /// `RAISE(ROLLBACK)`), to be the write's. A read, harmless in autocommit.
+    #[doc(hidden)]
+    const MARKS_PRESENT: Option<&'static str>;
+
     /// The statement that marks a write lockkit made in a transaction on a
     /// connection it cannot watch ([`Mark`]), in that transaction: the mark
     /// stands exactly as long as the write does (a rollback of the
@@ -169,6 +176,16 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     ///
     /// Diesel's error, unclassified (lockkit's callers classify it).
     #[doc(hidden)]
+    fn marks_missing<C>(conn: &mut C) -> bool
+    where
+        C: Connection<Backend = Self>,
+    {
+        Self::MARKS_PRESENT.is_some_and(|probe| conn.batch_execute(probe).is_err())
+    }
+
+    /// Sends [`mark_query`](Self::mark_query), creating the table first:
+    /// see [`mark`](Self::mark).
+    #[doc(hidden)]
     fn mark<C>(conn: &mut C, mark: Mark) -> QueryResult<()>
     where
         C: Connection<Backend = Self>,
@@ -176,7 +193,7 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     {
         use diesel::RunQueryDsl;
         match (Self::mark_query(mark).execute(conn), Self::MARKS) {
-            (Err(err), Some(create)) if marks_missing(&err) => {
+            (Err(_), Some(create)) if Self::marks_missing(conn) => {
                 conn.batch_execute(create)?;
                 Self::mark_query(mark).execute(conn).map(drop)
             }
@@ -204,27 +221,12 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
                 .map(|row| row.stands != 0)
         };
         match (ask(conn), Self::MARKS) {
-            (Err(err), Some(create)) if marks_missing(&err) => {
+            (Err(_), Some(create)) if Self::marks_missing(conn) => {
                 conn.batch_execute(create)?;
                 ask(conn)
             }
             (asked, _) => asked,
         }
-    }
-}
-
-/// Whether a statement on the table of marks failed because the connection
-/// has none yet (a temporary table: each session creates its own): MySQL's
-/// "Table '..lockkit_marks' doesn't exist", SQLite's "no such table".
-/// Decided here for the blocking and the async connections.
-pub(crate) fn marks_missing(err: &diesel::result::Error) -> bool {
-    match err {
-        diesel::result::Error::DatabaseError(_, info) => {
-            let message = info.message();
-            message.contains("lockkit_marks")
-                && (message.contains("doesn't exist") || message.contains("no such table"))
-        }
-        _ => false,
     }
 }
 
@@ -363,6 +365,7 @@ mod postgres {
         // undone by the rollback of the transaction or of the savepoint, and
         // kept by a commit, as a row would be.
         const MARKS: Option<&'static str> = None;
+        const MARKS_PRESENT: Option<&'static str> = None;
 
         // The latest `KEPT` marks, in the order they were made.
         fn mark_query(mark: Mark) -> BoxedSqlQuery<'static, Self, SqlQuery> {
@@ -459,6 +462,7 @@ mod mysql {
         const MARKS: Option<&'static str> = Some(
             "CREATE TEMPORARY TABLE IF NOT EXISTS lockkit_marks (slot INT PRIMARY KEY, mark BIGINT NOT NULL) ENGINE=InnoDB",
         );
+        const MARKS_PRESENT: Option<&'static str> = Some("SELECT 1 FROM lockkit_marks LIMIT 0");
 
         fn mark_query(mark: Mark) -> BoxedSqlQuery<'static, Self, SqlQuery> {
             slot_and_token(
@@ -520,6 +524,8 @@ mod sqlite {
         // itself, when it was created there).
         const MARKS: Option<&'static str> =
             Some("CREATE TEMP TABLE IF NOT EXISTS lockkit_marks (slot INTEGER PRIMARY KEY, mark INTEGER NOT NULL)");
+        const MARKS_PRESENT: Option<&'static str> =
+            Some("SELECT 1 FROM temp.lockkit_marks LIMIT 0");
 
         fn mark_query(mark: Mark) -> BoxedSqlQuery<'static, Self, SqlQuery> {
             slot_and_token(
