@@ -25,6 +25,22 @@ use lockkit_tests::{exec, seed_items};
 /// connection: it locks item 2, says so on `b`, waits for `a`, then locks
 /// item 1. Gives the thread, `a`'s sender and `b`'s receiver (shared with the
 /// work's future).
+/// A value whose bind always fails: diesel-async then reports the statement
+/// begun and never its end, with nothing sent.
+#[derive(Debug)]
+struct Unbindable;
+
+impl<DB: diesel::backend::Backend> diesel::serialize::ToSql<diesel::sql_types::Integer, DB>
+    for Unbindable
+{
+    fn to_sql<'b>(
+        &'b self,
+        _: &mut diesel::serialize::Output<'b, '_, DB>,
+    ) -> diesel::serialize::Result {
+        Err("this value cannot be bound".into())
+    }
+}
+
 macro_rules! heavier_neighbour {
     ($db:expr) => {{
         let (a_tx, a_rx) = mpsc::channel::<()>();
@@ -341,6 +357,34 @@ async_server_tests! {
         })
         .await;
         assert!(matches!(outcome, Err(Error::NotFound)), "{outcome:?}");
+    }
+
+    async fn a_write_after_a_failed_bind_and_a_swallowed_abort_is_refused(db) {
+        // A statement that failed before it was sent (a bind that fails)
+        // leaves the journal unsure whether a reply is unread. A lockkit write
+        // after a deadlock the work let go is refused all the same (the
+        // connection is condemned in place of the stand-in) and commits
+        // nothing on its own.
+        let (outcome, runs, stock, _) = deadlock_first_attempt!(db, |conn, work| {
+            // A lockkit call before: the journal watches the connection from
+            // then on, as it does a pooled connection lockkit used before.
+            let none = diesel::update(orders::table.filter(orders::id.eq(-1))).set(orders::qty.eq(1));
+            let _ = lockkit::asynchronous::atomic::update_if(&mut conn, none).await;
+            after_order_line_1!(conn, {
+                let _ = work(conn, 1).await; // the deadlock, let go
+                let unbound = diesel::sql_query("UPDATE items SET stock = ? WHERE id = 1")
+                    .bind::<diesel::sql_types::Integer, _>(Unbindable)
+                    .execute(&mut *conn)
+                    .await;
+                assert!(unbound.is_err(), "a bind that fails");
+                let sale = diesel::update(items::table.find(1)).set(items::stock.eq(items::stock - 5));
+                lockkit::asynchronous::atomic::update_if(&mut *conn, sale).await?;
+                Ok::<_, Error>(())
+            })
+        });
+        assert_eq!(runs, 1);
+        assert!(outcome.is_err(), "{outcome:?}");
+        assert_eq!(stock, 10, "the sale after the abort committed on its own: {outcome:?}");
     }
 
     async fn a_write_after_a_nested_abort_the_caller_swallows_is_refused(db) {

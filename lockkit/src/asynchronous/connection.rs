@@ -448,7 +448,12 @@ pub(crate) async fn replies_out_of_step<C: AsyncLockingConnection>(conn: &mut C)
     if condemned(conn) {
         return true;
     }
-    if conn.replies_in_step().await {
+    // The probe is a read of lockkit's own: its rows came, or it failed (out
+    // of step), and it leaves the journal as sure as it found it.
+    let unsure = journal::unsure(&mut journal::AsyncWatched(&mut *conn));
+    let in_step = conn.replies_in_step().await;
+    journal::own_read_done(&mut journal::AsyncWatched(&mut *conn), unsure);
+    if in_step {
         if let Some(levels) = journal::levels(&mut journal::AsyncWatched(&mut *conn)) {
             levels.in_step(stranded);
         }
@@ -919,16 +924,20 @@ pub(crate) async fn failed_write<C: AsyncConnection>(conn: &mut C, err: Error) -
 /// The blocking side's [`open_stand_in`](crate::transaction::open_stand_in) on
 /// an async connection: `false` when the server still had a transaction open.
 pub(crate) async fn open_stand_in<C: AsyncConnection>(conn: &mut C) -> bool {
-    // A reply left unread (a statement of the work's own cut short): the
-    // error may be that statement's, the stand-in's `START TRANSACTION` would
-    // commit what the open transaction holds, and every reply read now is
-    // another statement's. The connection is condemned instead: nothing on it
-    // commits, and the end of the lockkit call around refuses it.
+    // A reply may be left unread (a statement of the work's own cut short,
+    // or one that failed before it was sent, which the journal cannot tell
+    // apart here): the error may be that statement's, the stand-in's `START
+    // TRANSACTION` would commit what the open transaction holds, and every
+    // reply read now may be another statement's. The connection is condemned
+    // instead, and counts as ended: the write is refused (or reported
+    // `TransactionAborted`), lockkit's next writes are refused on the broken
+    // connection, nothing on it commits, and the end of the lockkit call
+    // around ends it.
     if journal::levels(&mut journal::AsyncWatched(&mut *conn))
         .is_some_and(|levels| levels.replies_unsure())
     {
         condemn(conn);
-        return false;
+        return true;
     }
     #[cfg(feature = "mysql")]
     for (i, statement) in crate::transaction::keep_aborted_sql().iter().enumerate() {
