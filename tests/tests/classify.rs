@@ -148,7 +148,10 @@ fn messages_are_read_for_every_kind_but_constraint_violations() {
             Kind::Unknown,
             "Input/output error: Input/output error: Broken pipe (os error 32)",
         ),
-        (Kind::Unknown, "Connection to the server is closed."),
+        (
+            Kind::Unknown,
+            "Driver error: `Connection to the server is closed.'",
+        ),
     ] {
         let err = classify(error(kind, message));
         assert!(matches!(err, Error::ConnectionLost), "{message}: {err:?}");

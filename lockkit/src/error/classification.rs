@@ -216,8 +216,8 @@ fn is_connection_lost(message: &str) -> bool {
         // tokio-postgres ...
         || message == "connection closed"
         || message.starts_with("error communicating with the server")
-        // ... and mysql_async.
-        || message.starts_with("Connection to the server is closed")
+        // ... and mysql_async (its driver error, as diesel-async words it).
+        || message.starts_with("Driver error: `Connection to the server is closed")
         || message.starts_with("Input/output error")
 }
 
