@@ -67,7 +67,12 @@ pub enum Error {
     /// client. So do not take this error for "nothing happened" after a write:
     /// read the row again, or make the work idempotent (lockkit's idempotency
     /// keys mark the key done in the work's transaction). Not retryable on the
-    /// same connection: take a new one (a pool does).
+    /// same connection: take a new one (a pool does), and drop the old one.
+    /// Inside a transaction of your own (Diesel's `transaction`), lockkit
+    /// takes the versions that transaction wrote for rolled back only when
+    /// the connection is dropped (r2d2 drops a broken one at once): while a
+    /// lost connection lives on, a struct written there may still match
+    /// another writer's commit of its number.
     #[error(
         "the database connection was lost; an open transaction was rolled back, \
          unless it was lost while committing"
