@@ -362,9 +362,10 @@ async_server_tests! {
     async fn a_write_after_a_failed_bind_and_a_swallowed_abort_is_refused(db) {
         // A statement that failed before it was sent (a bind that fails)
         // leaves the journal unsure whether a reply is unread. A lockkit write
-        // after a deadlock the work let go is refused all the same (the
-        // connection is condemned in place of the stand-in) and commits
-        // nothing on its own.
+        // after a deadlock the work let go is refused all the same, and so is
+        // the work's own write after that: the probe finds the replies in
+        // step, and the stand-in opens (a connection condemned in its place
+        // let that write commit on its own).
         let (outcome, runs, stock, _) = deadlock_first_attempt!(db, |conn, work| {
             // A lockkit call before: the journal watches the connection from
             // then on, as it does a pooled connection lockkit used before.
@@ -378,13 +379,19 @@ async_server_tests! {
                     .await;
                 assert!(unbound.is_err(), "a bind that fails");
                 let sale = diesel::update(items::table.find(1)).set(items::stock.eq(items::stock - 5));
-                lockkit::asynchronous::atomic::update_if(&mut *conn, sale).await?;
+                let refused = lockkit::asynchronous::atomic::update_if(&mut *conn, sale).await;
+                assert!(refused.is_err(), "{refused:?}");
+                // The work lets that go too, and sells on.
+                diesel::update(items::table.find(1))
+                    .set(items::stock.eq(items::stock - 5))
+                    .execute(&mut *conn)
+                    .await?;
                 Ok::<_, Error>(())
             })
         });
         assert_eq!(runs, 1);
         assert!(outcome.is_err(), "{outcome:?}");
-        assert_eq!(stock, 10, "the sale after the abort committed on its own: {outcome:?}");
+        assert_eq!(stock, 10, "a sale after the abort committed on its own: {outcome:?}");
     }
 
     async fn a_write_after_a_nested_abort_the_caller_swallows_is_refused(db) {

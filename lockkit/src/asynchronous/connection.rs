@@ -91,7 +91,8 @@
 //! may cut short inside a transaction, so the pool discards the connection.
 //! Inside a lockkit call whose work cuts one of its statements short and goes
 //! on (a `timeout` it catches), the call's end finds the reply unread (a probe,
-//! `SELECT` of a number of its own, asked only then): it sends no `COMMIT`,
+//! a read of a table named with a number of its own, whose error names it,
+//! asked only then): it sends no `COMMIT`,
 //! marks the connection broken for its pool to close, ends the outermost
 //! transaction with a `ROLLBACK` whose reply it does not read as the answer
 //! (the server runs it; its locks go at once), and fails: the work's error,
@@ -207,14 +208,6 @@ pub trait AsyncLockingConnection:
     #[doc(hidden)]
     fn repair(&mut self) -> impl Future<Output = ()> + Send {
         std::future::ready(())
-    }
-
-    /// Whether the connection reads its own replies: asked where a statement
-    /// may have left its reply unread ([`replies_out_of_step`]). The default:
-    /// yes (PostgreSQL's client keeps its replies in step, SQLite has none).
-    #[doc(hidden)]
-    fn replies_in_step(&mut self) -> impl Future<Output = bool> + Send {
-        std::future::ready(true)
     }
 
     /// After lockkit's journal saw a statement end the open transaction with
@@ -434,12 +427,11 @@ fn condemned<C: AsyncConnection>(conn: &mut C) -> bool {
 /// `timeout` it caught, going on) left its reply unread, which the next
 /// statement reads as its own. Asked only where the journal saw a statement
 /// begin and no reply come since (a statement that failed to bind does that
-/// too, with nothing sent): the connection's probe
-/// ([`replies_in_step`](AsyncLockingConnection::replies_in_step)). Out of
+/// too, with nothing sent): the connection's probe ([`replies_in_step`]). Out of
 /// step, the connection is [`condemn`]ed and `true`: nothing more may be sent
 /// on it, not even the `ROLLBACK`, and its pool closes it (the server rolls
 /// back).
-pub(crate) async fn replies_out_of_step<C: AsyncLockingConnection>(conn: &mut C) -> bool {
+pub(crate) async fn replies_out_of_step<C: AsyncConnection>(conn: &mut C) -> bool {
     let stranded = match journal::levels(&mut journal::AsyncWatched(&mut *conn)) {
         Some(levels) if levels.replies_unsure() => levels.stranded(),
         _ => return false,
@@ -448,10 +440,10 @@ pub(crate) async fn replies_out_of_step<C: AsyncLockingConnection>(conn: &mut C)
     if condemned(conn) {
         return true;
     }
-    // The probe is a read of lockkit's own: its rows came, or it failed (out
-    // of step), and it leaves the journal as sure as it found it.
+    // The probe sends no read that could hide an error in place of its rows;
+    // it leaves the journal as sure as it found it.
     let unsure = journal::unsure(&mut journal::AsyncWatched(&mut *conn));
-    let in_step = conn.replies_in_step().await;
+    let in_step = replies_in_step(conn).await;
     journal::own_read_done(&mut journal::AsyncWatched(&mut *conn), unsure);
     if in_step {
         if let Some(levels) = journal::levels(&mut journal::AsyncWatched(&mut *conn)) {
@@ -465,6 +457,28 @@ pub(crate) async fn replies_out_of_step<C: AsyncLockingConnection>(conn: &mut C)
         "a statement's reply was left unread inside a lockkit call (its future dropped): the connection is marked broken, for its pool to close"
     );
     true
+}
+
+/// Whether `conn` reads its own replies: on MySQL/MariaDB a question whose
+/// answer only it can give, the error of a read of a table named with a
+/// number of its own (`SELECT 1 FROM lockkit_probe_<n>.t`, which no server
+/// has), whose message names it in any language (a missing table, a refused
+/// privilege). A reply left unread (an `UPDATE`'s row count, another error,
+/// another query's rows) reads back as anything else. Elsewhere yes, with
+/// nothing sent: PostgreSQL's client keeps its replies in step, and SQLite
+/// has none. Any connection, so that the stand-in asks it too.
+async fn replies_in_step<C: AsyncConnection>(conn: &mut C) -> bool {
+    if journal::Ends::of::<C::Backend>() != journal::Ends::OnDeadlock {
+        return true;
+    }
+    let token = format!("{:016x}", fastrand::u64(..));
+    match conn
+        .batch_execute(&format!("SELECT 1 FROM lockkit_probe_{token}.t"))
+        .await
+    {
+        Err(diesel::result::Error::DatabaseError(_, info)) => info.message().contains(&token),
+        _ => false,
+    }
 }
 
 /// An async lockkit call's own transaction level, from the moment it is open
@@ -924,19 +938,15 @@ pub(crate) async fn failed_write<C: AsyncConnection>(conn: &mut C, err: Error) -
 /// The blocking side's [`open_stand_in`](crate::transaction::open_stand_in) on
 /// an async connection: `false` when the server still had a transaction open.
 pub(crate) async fn open_stand_in<C: AsyncConnection>(conn: &mut C) -> bool {
-    // A reply may be left unread (a statement of the work's own cut short,
-    // or one that failed before it was sent, which the journal cannot tell
-    // apart here): the error may be that statement's, the stand-in's `START
-    // TRANSACTION` would commit what the open transaction holds, and every
-    // reply read now may be another statement's. The connection is condemned
-    // instead, and counts as ended: the write is refused (or reported
-    // `TransactionAborted`), lockkit's next writes are refused on the broken
-    // connection, nothing on it commits, and the end of the lockkit call
-    // around ends it.
-    if journal::levels(&mut journal::AsyncWatched(&mut *conn))
-        .is_some_and(|levels| levels.replies_unsure())
-    {
-        condemn(conn);
+    // A reply left unread (a statement of the work's own cut short, which
+    // the probe tells from one that failed before it was sent): the error
+    // may be that statement's, the stand-in's `START TRANSACTION` would
+    // commit what the open transaction holds, and every reply read now is
+    // another statement's. The connection is condemned instead, and counts as
+    // ended: the write is refused (or reported `TransactionAborted`),
+    // lockkit's next writes are refused on the broken connection, nothing on
+    // it commits, and the end of the lockkit call around ends it.
+    if replies_out_of_step(conn).await {
         return true;
     }
     #[cfg(feature = "mysql")]
@@ -1124,18 +1134,6 @@ mod mysql {
             let _ = super::open_stand_in(self).await;
         }
 
-        async fn replies_in_step(&mut self) -> bool {
-            // A number of this probe's own: a reply left unread (an `UPDATE`'s
-            // row count, an error, another query's rows) reads back as
-            // anything but one row holding it.
-            let token = fastrand::i64(1..);
-            diesel::sql_query("SELECT ? AS token")
-                .bind::<diesel::sql_types::BigInt, _>(token)
-                .get_results::<Probe>(self)
-                .await
-                .is_ok_and(|rows| matches!(rows.as_slice(), [row] if row.token == token))
-        }
-
         async fn repair(&mut self) {
             // As the blocking connection's: Galera's answer to a ROLLBACK.
             // Never a connection lockkit marked broken on purpose.
@@ -1147,13 +1145,6 @@ mod mysql {
                 *Manager::transaction_manager_status_mut(self) = Default::default();
             }
         }
-    }
-
-    /// [`AsyncLockingConnection::replies_in_step`]'s row.
-    #[derive(diesel::QueryableByName)]
-    struct Probe {
-        #[diesel(sql_type = diesel::sql_types::BigInt)]
-        token: i64,
     }
 
     /// Whether the caller's transaction is alive on the server, as the blocking

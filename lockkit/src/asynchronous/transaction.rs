@@ -64,6 +64,10 @@ where
             // next statements in autocommit) until the outermost end's.
             if !nested {
                 let _ = conn.batch_execute("ROLLBACK").await;
+                // Diesel's books saw no rollback: the versions written in the
+                // transaction count as rolled back now, not when the
+                // connection is dropped.
+                journal::outermost_ended(&mut journal::AsyncWatched(&mut *conn));
             }
             let failure = match result {
                 Ok(_) => Failure::Diesel(diesel::result::Error::BrokenTransactionManager),
