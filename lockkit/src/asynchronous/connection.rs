@@ -91,7 +91,7 @@
 //! may cut short inside a transaction, so the pool discards the connection.
 //! Inside a lockkit call whose work cuts one of its statements short and goes
 //! on (a `timeout` it catches), the call's end finds the reply unread (a probe,
-//! a read of a table named with a number of its own, whose error names it,
+//! a read of a column named with a number of its own, whose error names it,
 //! asked only then): it sends no `COMMIT`,
 //! marks the connection broken for its pool to close, ends the outermost
 //! transaction with a `ROLLBACK` whose reply it does not read as the answer
@@ -460,10 +460,10 @@ pub(crate) async fn replies_out_of_step<C: AsyncConnection>(conn: &mut C) -> boo
 }
 
 /// Whether `conn` reads its own replies: on MySQL/MariaDB a question whose
-/// answer only it can give, the error of a read of a table named with a
-/// number of its own (`SELECT 1 FROM lockkit_probe_<n>.t`, which no server
-/// has), whose message names it in any language (a missing table, a refused
-/// privilege). A reply left unread (an `UPDATE`'s row count, another error,
+/// answer only it can give, the error of a column named with a number of
+/// its own (`SELECT lockkit_probe_<n>`: "Unknown column 'lockkit_probe_<n>'
+/// in 'field list'", in any language, and with no table, so no privilege,
+/// asked for). A reply left unread (an `UPDATE`'s row count, another error,
 /// another query's rows) reads back as anything else. Elsewhere yes, with
 /// nothing sent: PostgreSQL's client keeps its replies in step, and SQLite
 /// has none. Any connection, so that the stand-in asks it too.
@@ -473,7 +473,7 @@ async fn replies_in_step<C: AsyncConnection>(conn: &mut C) -> bool {
     }
     let token = format!("{:016x}", fastrand::u64(..));
     match conn
-        .batch_execute(&format!("SELECT 1 FROM lockkit_probe_{token}.t"))
+        .batch_execute(&format!("SELECT lockkit_probe_{token}"))
         .await
     {
         Err(diesel::result::Error::DatabaseError(_, info)) => info.message().contains(&token),
