@@ -90,6 +90,12 @@ where
                 Err(rollback) if rolled_back_by_sqlite(&rollback) => {
                     Err(wrote_after_sqlite_rollback(wrote).map_or(err, E::from))
                 }
+                // MySQL/MariaDB had rolled the whole transaction back under
+                // the work, its savepoints with it: a lock wait timeout under
+                // `--innodb-rollback-on-timeout` (Diesel forgives the failed
+                // `ROLLBACK TO SAVEPOINT` of a deadlock itself). The work's
+                // error is what happened; Diesel has given up on its books.
+                Err(rollback) if savepoint_gone_on_mysql(&rollback) => Err(err),
                 Err(rollback) => Err(rollback.into()),
             }
         }
@@ -111,6 +117,17 @@ pub(crate) fn wrote_after_sqlite_rollback(wrote: bool) -> Option<diesel::result:
             Box::new(super::WROTE_AFTER_SQLITE_ROLLBACK.to_owned()),
         )
     })
+}
+
+/// Whether `rollback`, the error of a lockkit level's `ROLLBACK TO SAVEPOINT`,
+/// is MySQL/MariaDB's for a savepoint the server no longer has (1305): the
+/// whole transaction ended under the level's work.
+fn savepoint_gone_on_mysql(rollback: &diesel::result::Error) -> bool {
+    let diesel::result::Error::DatabaseError(_, info) = rollback else {
+        return false;
+    };
+    let message = info.message();
+    message.starts_with("SAVEPOINT diesel_savepoint_") && message.ends_with("does not exist")
 }
 
 /// Whether `rollback`, the error of a lockkit level's rollback, is SQLite's
