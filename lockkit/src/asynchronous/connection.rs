@@ -100,7 +100,10 @@
 //! the cut-short one has read that reply as its own (a lockkit write then
 //! opens no stand-in, and a nested lockkit call refuses to begin): do not go
 //! on with a work after cutting one of its statements short. A connection
-//! lockkit marked broken on purpose is never repaired.
+//! lockkit marked broken on purpose is never repaired (where its journal
+//! watches the connection: one with instrumentation of its own, not wrapped
+//! in `Journal::wrap`, keeps no such mark, and a failed outermost call's
+//! repair may hand it on once the server has no transaction open).
 
 use std::future::Future;
 
