@@ -27,6 +27,39 @@ use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
 use lockkit_tests::{b_commits_then_a_is_stale, exec, item, seed_items, stock_of, TestDb};
 
+/// `items` declared a second time, under another Rust name.
+mod alias {
+    diesel::table! {
+        #[sql_name = "items"]
+        stock_items (id) {
+            id -> Integer,
+            name -> Text,
+            stock -> Integer,
+            lock_version -> Integer,
+        }
+    }
+}
+
+/// An `items` row through [`alias::stock_items`].
+#[derive(Debug, Queryable, Selectable, Identifiable, AsChangeset, Versioned)]
+#[diesel(table_name = alias::stock_items)]
+struct StockItem {
+    id: i32,
+    name: String,
+    stock: i32,
+    lock_version: i32,
+}
+
+/// Row 1 of `items` as a [`StockItem`].
+macro_rules! stock_item {
+    ($conn:expr) => {
+        alias::stock_items::table
+            .find(1)
+            .first::<StockItem>($conn)
+            .unwrap()
+    };
+}
+
 fn dialect(backend: &str) -> Dialect {
     match backend {
         "postgres" => Dialect::Postgres,
@@ -407,6 +440,38 @@ mod all {
             b.update_versioned(&mut b_conn).unwrap();
             let stored = item!(&mut a_conn, 1);
             assert_eq!((stored.stock, stored.lock_version), (4, b.lock_version));
+        }
+
+        fn a_struct_of_another_declaration_of_the_table_read_in_a_rolled_back_transaction_is_stale(db) {
+            // `items` declared twice (`StockItem`'s `stock_items` is `items` by
+            // its SQL name). A's `Item` write rolls back, with a `StockItem`
+            // read after it; B's `StockItem` write then commits the number that
+            // struct holds. The journal names the row as the database does, so
+            // B moves past it and the struct is stale, whichever declaration
+            // wrote and read.
+            let mut a_conn = db.conn();
+            let mut b_conn = db.conn();
+            seed_items(&mut a_conn, &[(1, 10)]);
+            let mut read_then = None;
+            let rolled_back: Result<(), Error> = a_conn.transaction(|c| {
+                let mut a = item!(c, 1);
+                a.stock = 5;
+                a.update_versioned(c)?;
+                read_then = Some(stock_item!(c));
+                Err(Error::NoRowMatched)
+            });
+            assert!(rolled_back.is_err());
+            let mut held = read_then.unwrap();
+            assert_eq!(held.lock_version, 1, "read after the rolled-back write");
+
+            let mut b = stock_item!(&mut b_conn);
+            b.stock = 9;
+            b.update_versioned(&mut b_conn).unwrap();
+
+            held.stock = 3;
+            let err = held.update_versioned(&mut a_conn).unwrap_err();
+            assert!(matches!(err, Error::Stale(_)), "{err:?}");
+            assert_eq!(stock_of!(&mut a_conn, 1), 9, "B's write stands");
         }
 
         fn writers_that_roll_back_and_retry_on_shared_rows_lose_nothing(db) {

@@ -728,7 +728,11 @@ where
             let _ = move_past_reused::<M, Conn>(conn, &key, row.as_deref(), next).await;
         }
         if let Some(row) = row {
-            rollbacks::forget_through(M::TABLE_NAME, &row, version.to_i64());
+            rollbacks::forget_through(
+                <M::VersionColumn as diesel::Column>::NAME,
+                &row,
+                version.to_i64(),
+            );
         }
     })
 }
@@ -750,7 +754,7 @@ where
 {
     while rollbacks::reused(
         &mut AsyncWatched(&mut *conn),
-        M::TABLE_NAME,
+        <M::VersionColumn as diesel::Column>::NAME,
         row_id,
         next.to_i64(),
     ) {

@@ -275,7 +275,13 @@ mod folded {
         next: M::Version,
     ) -> Option<Mark> {
         let from = row.version().to_i64() - 1;
-        rollbacks::written(conn, M::TABLE_NAME, row_id, from, Some(next.to_i64()))
+        rollbacks::written(
+            conn,
+            <M::VersionColumn as diesel::Column>::NAME,
+            row_id,
+            from,
+            Some(next.to_i64()),
+        )
     }
 }
 

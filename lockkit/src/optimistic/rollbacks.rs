@@ -234,7 +234,10 @@ impl std::hash::Hasher for TypeIdHasher {
     }
 }
 
-/// The table's name, and the row id without its server ([`server_and_rest`]).
+/// The version column's name, and the row id without its server
+/// ([`server_and_rest`]). The row id names the table as the database knows it,
+/// so that two `table!` declarations of one table (two Rust names, one
+/// `sql_name`) name its rows alike.
 type RowId = (&'static str, String);
 
 /// The database a connection writes to, as its row ids name it.
@@ -579,7 +582,7 @@ impl Registry {
                     return;
                 }
                 Some(_) => {
-                    tracing::warn!(target: "lockkit", table = row.0, key = %row.1,
+                    tracing::warn!(target: "lockkit", column = row.0, row = %row.1,
                         "forgetting a rolled-back version: more than {MAX_TENTATIVE} are remembered");
                     self.remove(&row, |e| e.seq == seq);
                     return;
@@ -602,14 +605,14 @@ impl Registry {
     }
 }
 
-/// Looks at the entries recorded for `row` of `table`, whichever server
-/// recorded them ([`server_and_rest`]): `None` where the write names no row, or
-/// nothing is recorded for it. What `look` needs of the connection (`ask`) is
+/// Looks at the entries recorded for the version `column` of `row`, whichever
+/// server recorded them ([`server_and_rest`]): `None` where the write names no
+/// row, or nothing is recorded for it. What `look` needs of the connection (`ask`) is
 /// asked before the registry is locked, so that nothing the connection does
 /// can wait for the registry while it is held.
 fn recorded<W: Watched, A, T>(
     conn: &mut W,
-    table: &'static str,
+    column: &'static str,
     row: Option<&str>,
     ask: impl FnOnce(&mut W) -> A,
     look: impl FnOnce(&[Entry], A) -> T,
@@ -622,7 +625,7 @@ fn recorded<W: Watched, A, T>(
     let registry = registry();
     let entries = registry
         .rows
-        .get(&(table, server_and_rest(row).1.to_owned()))?;
+        .get(&(column, server_and_rest(row).1.to_owned()))?;
     Some(look(entries, asked))
 }
 
@@ -644,12 +647,12 @@ pub(crate) enum Plan {
 /// Decides how to write `row` from a struct holding `expected`.
 pub(crate) fn plan<W: Watched>(
     conn: &mut W,
-    table: &'static str,
+    column: &'static str,
     row: Option<&str>,
     expected: i64,
 ) -> Plan {
     let here = |conn: &mut W| (conn.address(), conn.depth());
-    recorded(conn, table, row, here, |entries, here| {
+    recorded(conn, column, row, here, |entries, here| {
         let uncommitted = |e: &Entry| e.uncommitted(here);
         // Two servers' entries may hold the same number (two writes through two
         // paths, neither of which saw the other's yet): any one that did not
@@ -688,7 +691,7 @@ pub(crate) fn plan<W: Watched>(
 /// number is ever committed.
 pub(crate) fn reused<W: Watched>(
     conn: &mut W,
-    table: &'static str,
+    column: &'static str,
     row: Option<&str>,
     to: i64,
 ) -> bool {
@@ -700,7 +703,7 @@ pub(crate) fn reused<W: Watched>(
             .map(|versions| versions.id);
         (mine, (conn.address(), conn.depth()))
     };
-    recorded(conn, table, row, ask, |entries, (mine, here)| {
+    recorded(conn, column, row, ask, |entries, (mine, here)| {
         // Another connection's write of `to` still marked open did not commit
         // either: this write found the row below `to`. (Its rollback may simply
         // not have been reported yet: the server released the row first.)
@@ -744,8 +747,8 @@ pub(crate) fn in_watched_transaction<W: Watched>(conn: &mut W) -> bool {
     conn.depth().is_some() && versions_of(conn).is_some()
 }
 
-/// A write of lockkit's moved the version of the row `row` of `table` on
-/// `conn`, in a transaction its journal watches
+/// A write of lockkit's moved the version `column` of the row `row` on `conn`,
+/// in a transaction its journal watches
 /// ([`in_watched_transaction`]), without a number lockkit knows
 /// (`Versioned::update_if`: `SET v = v + 1`, no read). A versioned write of
 /// that row later in the transaction writes from a number the transaction
@@ -755,8 +758,8 @@ pub(crate) fn in_watched_transaction<W: Watched>(conn: &mut W) -> bool {
 /// The caller then reads the number the write left and records it with
 /// [`written`], tainted by this: a struct read after the write in the
 /// transaction holds that number, which exists only there.
-pub(crate) fn moved_unnumbered<W: Watched>(conn: &mut W, table: &'static str, row: &str) {
-    let row = (table, server_and_rest(row).1.to_owned());
+pub(crate) fn moved_unnumbered<W: Watched>(conn: &mut W, column: &'static str, row: &str) {
+    let row = (column, server_and_rest(row).1.to_owned());
     if let Some(versions) = versions_of(conn) {
         if !versions.unnumbered.contains(&row) {
             versions.unnumbered.push(row);
@@ -771,7 +774,7 @@ pub(crate) fn moved_unnumbered<W: Watched>(conn: &mut W, table: &'static str, ro
 /// asked later ([`unconfirmed`]).
 pub(crate) fn written<W: Watched>(
     conn: &mut W,
-    table: &'static str,
+    column: &'static str,
     row: Option<&str>,
     from: i64,
     to: Option<i64>,
@@ -782,7 +785,7 @@ pub(crate) fn written<W: Watched>(
         return None;
     }
     let (server, rest) = server_and_rest(row);
-    let row = (table, rest.to_owned());
+    let row = (column, rest.to_owned());
     let through = |e: &Entry| *e.server == *server;
     // A restored write's rolled-back numbers stay recorded: copies of its
     // struct hold them too. They go once a write outside a transaction moves
@@ -873,20 +876,20 @@ pub(crate) fn written<W: Watched>(
 #[cfg(feature = "async")]
 pub(crate) fn written_unanswered<W: Watched>(
     conn: &mut W,
-    table: &'static str,
+    column: &'static str,
     row: &str,
     from: i64,
     to: i64,
 ) {
     let (server, rest) = server_and_rest(row);
-    let id = (table, rest.to_owned());
+    let id = (column, rest.to_owned());
     let known = registry().rows.get(&id).is_some_and(|entries| {
         entries
             .iter()
             .any(|e| *e.server == *server && e.version == to)
     });
     if !known {
-        let _ = written(conn, table, Some(row), from, Some(to));
+        let _ = written(conn, column, Some(row), from, Some(to));
     }
 }
 
@@ -899,14 +902,14 @@ pub(crate) fn written_unanswered<W: Watched>(
 /// and tells [`confirmed`].
 pub(crate) fn unconfirmed<W: Watched>(
     conn: &mut W,
-    table: &'static str,
+    column: &'static str,
     row: Option<&str>,
     expected: i64,
 ) -> Option<Mark> {
     if !UNWATCHED.load(Ordering::Relaxed) {
         return None;
     }
-    recorded(conn, table, row, W::address, |entries, here| {
+    recorded(conn, column, row, W::address, |entries, here| {
         entries.iter().find_map(|e| match e.state {
             State::Unwatched { conn, slot, .. } if conn == here && e.version == expected => {
                 Some(Mark {
@@ -927,13 +930,13 @@ pub(crate) fn unconfirmed<W: Watched>(
 /// transaction (at the depth the connection is at now, or above).
 pub(crate) fn confirmed<W: Watched>(
     conn: &mut W,
-    table: &'static str,
+    column: &'static str,
     row: &str,
     mark: Mark,
     stands: bool,
 ) {
     let depth = conn.depth();
-    let row = (table, server_and_rest(row).1.to_owned());
+    let row = (column, server_and_rest(row).1.to_owned());
     let mut registry = registry();
     let ours = |e: &Entry| e.seq as i64 == mark.id;
     if stands && depth.is_none() {
@@ -956,16 +959,16 @@ pub(crate) fn confirmed<W: Watched>(
 
 /// After the row was moved past `version` outside a transaction: forgets the
 /// tentative versions at or below it, which the row can never hold again.
-pub(crate) fn forget_through(table: &'static str, row: &str, version: i64) {
-    forget(table, row, |v| v <= version);
+pub(crate) fn forget_through(column: &'static str, row: &str, version: i64) {
+    forget(column, row, |v| v <= version);
 }
 
 /// Forgets the tentative versions of `row` that `doomed` names, but those of
 /// open transactions, as recorded through the server `row` names.
-fn forget(table: &'static str, row: &str, doomed: impl Fn(i64) -> bool) {
+fn forget(column: &'static str, row: &str, doomed: impl Fn(i64) -> bool) {
     if ENTRIES.load(Ordering::Relaxed) > 0 {
         let (server, rest) = server_and_rest(row);
-        registry().remove(&(table, rest.to_owned()), |e| {
+        registry().remove(&(column, rest.to_owned()), |e| {
             *e.server == *server && doomed(e.version) && !matches!(e.state, State::Open { .. })
         });
     }
@@ -989,7 +992,7 @@ pub(crate) fn must_move_past(plan: Plan, current: i64) -> bool {
 /// [`must_move_past`]).
 pub(crate) fn found_stale<W: Watched>(
     conn: &mut W,
-    table: &'static str,
+    column: &'static str,
     row: Option<&str>,
     plan: Plan,
     current: crate::error::CurrentState,
@@ -1001,7 +1004,7 @@ pub(crate) fn found_stale<W: Watched>(
     ) = (plan, current, row)
     {
         if conn.depth().is_none() {
-            forget(table, row, |v| v < current);
+            forget(column, row, |v| v < current);
         }
     }
 }

@@ -156,7 +156,9 @@ impl<'k, M: Model> Write<'k, M> {
         origin: Origin,
     ) -> Option<Mark> {
         match origin {
-            Origin::Held => rollbacks::unconfirmed(watched, M::TABLE_NAME, id, expected.to_i64()),
+            Origin::Held => {
+                rollbacks::unconfirmed(watched, M::VERSION_COLUMN, id, expected.to_i64())
+            }
             Origin::LockedRead => None,
         }
     }
@@ -170,7 +172,7 @@ impl<'k, M: Model> Write<'k, M> {
         stands: bool,
     ) {
         if let Some(id) = id {
-            rollbacks::confirmed(watched, M::TABLE_NAME, id, mark, stands);
+            rollbacks::confirmed(watched, M::VERSION_COLUMN, id, mark, stands);
         }
     }
 
@@ -189,7 +191,7 @@ impl<'k, M: Model> Write<'k, M> {
         // If the statement ends the transaction, the write says so.
         journal::before_write(watched);
         let plan = match origin {
-            Origin::Held => rollbacks::plan(watched, M::TABLE_NAME, id, expected.to_i64()),
+            Origin::Held => rollbacks::plan(watched, M::VERSION_COLUMN, id, expected.to_i64()),
             Origin::LockedRead => Plan::Write,
         };
         let checked = match plan {
@@ -221,7 +223,7 @@ impl<'k, M: Model> Write<'k, M> {
     pub(crate) fn tentative(&self) -> Option<Tentative> {
         let checked = self.statement()?;
         Some(Tentative {
-            table: M::TABLE_NAME,
+            column: M::VERSION_COLUMN,
             id: self.row.id?.to_owned(),
             from: checked.to_i64(),
             to: self.next?.to_i64(),
@@ -270,7 +272,7 @@ impl<'k, M: Model> Write<'k, M> {
 /// does, for a write that may not have run.
 #[cfg(feature = "async")]
 pub(crate) struct Tentative {
-    table: &'static str,
+    column: &'static str,
     id: String,
     from: i64,
     to: i64,
@@ -282,7 +284,7 @@ impl Tentative {
     /// connection no journal watches, the mark that would tell its fate is not
     /// sent: asked later, it is not found, and the write counts as rolled back.
     pub(crate) fn record<W: Watched>(self, watched: &mut W) {
-        rollbacks::written_unanswered(watched, self.table, &self.id, self.from, self.to);
+        rollbacks::written_unanswered(watched, self.column, &self.id, self.from, self.to);
     }
 }
 
@@ -414,7 +416,7 @@ impl<'k, M: Model> Row<'k, M> {
         next: Option<M::Version>,
     ) -> Step<'k, M> {
         let to = next.map(VersionNumber::to_i64);
-        match rollbacks::written(watched, M::TABLE_NAME, self.id, checked.to_i64(), to) {
+        match rollbacks::written(watched, M::VERSION_COLUMN, self.id, checked.to_i64(), to) {
             Some(mark) => Step::Mark(mark, Written::Done(next)),
             None => Step::Done(Written::Done(next)),
         }
@@ -424,7 +426,7 @@ impl<'k, M: Model> Row<'k, M> {
     /// (after the move past, if any): the journal learns what it can, and the
     /// caller gets the report, counted in the metrics.
     fn stale<W: Watched>(&self, watched: &mut W, current: CurrentState) -> Written<M::Version> {
-        rollbacks::found_stale(watched, M::TABLE_NAME, self.id, self.plan, current);
+        rollbacks::found_stale(watched, M::VERSION_COLUMN, self.id, self.plan, current);
         let stale = StaleObjectError {
             table: M::TABLE_NAME,
             key: format!("{:?}", self.key),

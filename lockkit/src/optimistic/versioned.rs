@@ -937,7 +937,11 @@ pub(crate) fn move_past<M, Conn>(
         let _ = move_past_reused::<M, _>(conn, &key, row.as_deref(), next);
     }
     if let Some(row) = row {
-        rollbacks::forget_through(M::TABLE_NAME, &row, version.to_i64());
+        rollbacks::forget_through(
+            <M as sequence::Model>::VERSION_COLUMN,
+            &row,
+            version.to_i64(),
+        );
     }
 }
 
@@ -959,13 +963,19 @@ where
     let Some(row) = M::row_id(conn, key).map_err(classify)? else {
         return Ok(());
     };
-    rollbacks::moved_unnumbered(conn, M::TABLE_NAME, &row);
+    rollbacks::moved_unnumbered(conn, <M as sequence::Model>::VERSION_COLUMN, &row);
     let Some(moved) = M::load_current_version(conn, key.clone()).map_err(classify)? else {
         return Ok(());
     };
     let at = move_past_reused::<M, _>(conn, key, Some(&row), moved)?;
     let from = moved.to_i64().saturating_sub(1);
-    rollbacks::written(conn, M::TABLE_NAME, Some(&row), from, Some(at.to_i64()));
+    rollbacks::written(
+        conn,
+        <M as sequence::Model>::VERSION_COLUMN,
+        Some(&row),
+        from,
+        Some(at.to_i64()),
+    );
     Ok(())
 }
 
@@ -1098,7 +1108,12 @@ where
     M: CurrentVersionQuery<Conn>,
     Conn: Connection,
 {
-    while rollbacks::reused(conn, M::TABLE_NAME, row_id, next.to_i64()) {
+    while rollbacks::reused(
+        conn,
+        <M as sequence::Model>::VERSION_COLUMN,
+        row_id,
+        next.to_i64(),
+    ) {
         let after = match checked_next::<M>(key, next) {
             Ok(after) => after,
             // No number past the type's maximum. Outside a transaction the
