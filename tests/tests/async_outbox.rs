@@ -265,6 +265,9 @@ async_backend_tests! {
         };
         let requeued = outbox::requeue(&mut conn, id).await.map(usize::from);
         assert!(broken(&requeued), "{requeued:?}");
+        // Not `NotInTransaction`, whose help is wrong on a broken connection.
+        let enqueued = outbox::enqueue(&mut conn, "orders", "2").await.map(|id| id as usize);
+        assert!(broken(&enqueued), "{enqueued:?}");
         let purged = outbox::purge_published(&mut conn, Duration::ZERO).await;
         assert!(broken(&purged), "{purged:?}");
         let purged = outbox::purge_received(&Inbox::new("audit").unwrap(), &mut conn, Duration::ZERO).await;

@@ -157,6 +157,17 @@ async_backend_tests! {
         assert!(matches!(err, Error::NotInTransaction), "{err}");
     }
 
+    async fn a_claim_on_a_connection_a_dropped_call_broke_is_refused_as_broken(db) {
+        // Not `NotInTransaction`, whose help (wrap the claim in a transaction)
+        // is wrong here: the dropped call's transaction is still open on the
+        // server, and the connection is to be dropped.
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        insert_jobs!(&mut conn, 1);
+        async_common::drop_a_call_in_its_work(&mut conn).await;
+        let err = queue::claim::<i32, _, _>(&mut conn, jobs::table.select(jobs::id), 1).await.unwrap_err();
+        assert!(matches!(err, Error::Database(diesel::result::Error::BrokenTransactionManager)), "{err}");
+    }
+
     async fn claiming_with_a_negative_limit_is_refused(db) {
         // As on the blocking side: SQLite reads `LIMIT -1` as no limit.
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;

@@ -275,8 +275,7 @@ mod postgres {
     use diesel_async::AsyncPgConnection;
 
     use super::*;
-    use crate::asynchronous::connection::in_transaction;
-    use crate::transaction::require_transaction;
+    use crate::asynchronous::connection::require_transaction;
 
     /// PostgreSQL: waits for the transaction-level advisory lock `key`, held
     /// until the transaction ends (`COMMIT` or `ROLLBACK`; a dropped future's
@@ -293,7 +292,7 @@ mod postgres {
         conn: &mut AsyncPgConnection,
         key: impl Into<AdvisoryKey>,
     ) -> Result<(), Error> {
-        require_transaction(in_transaction(conn))?;
+        require_transaction(conn)?;
         conn.acquire(key.into(), Scope::Transaction, true)
             .await
             .map(drop)
@@ -312,7 +311,7 @@ mod postgres {
         conn: &mut AsyncPgConnection,
         key: impl Into<AdvisoryKey>,
     ) -> Result<bool, Error> {
-        require_transaction(in_transaction(conn))?;
+        require_transaction(conn)?;
         conn.acquire(key.into(), Scope::Transaction, false)
             .await
             .map_err(classify)

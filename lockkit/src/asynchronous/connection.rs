@@ -600,6 +600,14 @@ pub(crate) fn in_transaction<C: AsyncConnection>(conn: &mut C) -> bool {
     transaction_depth(conn) > 0
 }
 
+/// [`require_transaction`](crate::transaction::require_transaction) for an
+/// async connection.
+pub(crate) fn require_transaction<C: AsyncConnection>(conn: &mut C) -> Result<(), Error> {
+    crate::transaction::require_transaction(C::TransactionManager::transaction_manager_status_mut(
+        conn,
+    ))
+}
+
 /// Where an async lockkit transaction about to begin on `conn` stands
 /// ([`Began`](crate::transaction::Began)), with lockkit's journal watching the
 /// work, as the blocking side's panic guard has it; nested, first asks

@@ -64,7 +64,7 @@ use diesel::{OptionalExtension, QueryResult, Selectable};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::RunQueryDsl;
 
-use super::connection::{in_transaction, open_locked, AsyncLockingConnection, Level, Unsettled};
+use super::connection::{open_locked, AsyncLockingConnection, Level, Unsettled};
 use super::transaction::end;
 use super::versioned::{AsyncVersionQuery, AsyncVersioned};
 use super::work::{ConnWork, RowWork};
@@ -83,7 +83,7 @@ use crate::pessimistic::row_lock::{
 };
 use crate::pessimistic::NoVersion;
 use crate::transaction::journal;
-use crate::transaction::{require_transaction, Failure};
+use crate::transaction::Failure;
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -325,7 +325,7 @@ where
     let mut unsettled = Unsettled::until_replied(conn);
     let conn = &mut *unsettled.conn;
     let locked = async {
-        require_transaction(in_transaction(conn))?;
+        super::connection::require_transaction(conn)?;
         super::connection::require_live(conn).await?;
         let waited = crate::metrics::LockWait::start();
         conn.take_write_lock().await?; // SQLite: a deferred transaction holds no lock yet

@@ -61,9 +61,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use super::connection::{
-    in_transaction, open_locked, refuse_broken, AsyncLockingConnection, Level, Unsettled,
-};
+use super::connection::{open_locked, refuse_broken, AsyncLockingConnection, Level, Unsettled};
 use super::transaction::end;
 use super::work::{AsyncWork, ConnWork};
 use crate::clock::now_millis;
@@ -90,7 +88,8 @@ pub async fn enqueue<C: AsyncOutboxStore>(
     topic: &str,
     payload: &str,
 ) -> Result<i64, Error> {
-    check_message(topic, payload, in_transaction(conn))?;
+    check_message(topic, payload)?;
+    super::connection::require_transaction(conn)?;
     // As `lock_all`: no level of its own, so a call dropped with a statement
     // in flight on MySQL/MariaDB marks the connection broken.
     let mut unsettled = Unsettled::until_replied(conn);

@@ -58,12 +58,11 @@ use diesel::query_dsl::methods::{LimitDsl, LockingDsl};
 use diesel_async::methods::LoadQuery;
 use diesel_async::RunQueryDsl;
 
-use super::connection::{in_transaction, AsyncLockingConnection, Unsettled};
+use super::connection::{require_transaction, AsyncLockingConnection, Unsettled};
 use crate::error::classification::classify;
 use crate::error::Error;
 use crate::metrics::LockWait;
 use crate::pessimistic::row_lock::ForUpdateSkipLocked;
-use crate::transaction::require_transaction;
 
 /// Claims up to `limit` rows of `query` that no other transaction holds, locking
 /// them until the current transaction ends (`LIMIT n FOR UPDATE SKIP LOCKED`):
@@ -92,7 +91,7 @@ where
     M: Send,
 {
     crate::pessimistic::queue::check_limit(limit)?;
-    require_transaction(in_transaction(conn))?;
+    require_transaction(conn)?;
     // As `lock_all`: no level of its own, so a claim dropped with a statement
     // in flight on MySQL/MariaDB marks the connection broken.
     let mut unsettled = Unsettled::until_replied(conn);

@@ -110,11 +110,11 @@ use std::time::Duration;
 use crate::clock::{millis, now_millis};
 use crate::error::Error;
 use crate::migrations::Words;
-use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
+use crate::pessimistic::connection::AsLockingConnection;
 use crate::pessimistic::lockable::locked_transaction;
 use crate::pessimistic::options::LockOptions;
 use crate::retry::RetryPolicy;
-use crate::transaction::require_transaction;
+use crate::transaction::require_transaction_on;
 
 pub use crate::optimistic::version_trigger::Dialect;
 pub use inbox::{Inbox, Received};
@@ -350,19 +350,19 @@ where
     C::Conn: OutboxStore,
 {
     let conn = conn.locking_connection();
-    check_message(topic, payload, conn.in_transaction())?;
+    check_message(topic, payload)?;
+    require_transaction_on(conn)?;
     crate::transaction::require_live(conn)?;
     C::Conn::insert_message(conn, topic, payload, now_millis())
 }
 
 /// Checks what [`enqueue`] is asked for, before anything is sent.
-pub(crate) fn check_message(topic: &str, payload: &str, in_transaction: bool) -> Result<(), Error> {
+pub(crate) fn check_message(topic: &str, payload: &str) -> Result<(), Error> {
     if !valid_name(topic) || payload.contains('\0') {
         return Err(Error::InvalidInput(
             "outbox topics are 1 to 255 characters and payloads any text, without NUL",
         ));
     }
-    require_transaction(in_transaction)?;
     Ok(())
 }
 

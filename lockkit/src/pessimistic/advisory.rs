@@ -486,7 +486,7 @@ mod postgres {
     use super::{AdvisoryBackend, AdvisoryKey, Locked, Scope, Statement};
     use crate::error::classification::classify;
     use crate::error::Error;
-    use crate::transaction::{in_transaction, require_transaction};
+    use crate::transaction::require_transaction_on;
 
     fn statement(sql: &'static str, key: AdvisoryKey) -> Statement<Pg> {
         diesel::sql_query(sql).into_boxed().bind::<BigInt, _>(key.0)
@@ -540,7 +540,7 @@ mod postgres {
     where
         C: Connection<Backend = Pg> + LoadConnection,
     {
-        require_transaction(in_transaction(conn))?;
+        require_transaction_on(conn)?;
         Pg::acquire(conn, key.into(), Scope::Transaction)
             .map(drop)
             .map_err(classify)
@@ -557,7 +557,7 @@ mod postgres {
     where
         C: Connection<Backend = Pg> + LoadConnection,
     {
-        require_transaction(in_transaction(conn))?;
+        require_transaction_on(conn)?;
         Pg::try_acquire(conn, key.into(), Scope::Transaction).map_err(classify)
     }
 }

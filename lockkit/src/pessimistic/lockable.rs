@@ -107,7 +107,7 @@ use super::row_lock::{
 };
 use crate::error::classification::classify;
 use crate::error::Error;
-use crate::transaction::{require_live, require_transaction, scope, Control};
+use crate::transaction::{require_live, require_transaction_on, scope, Control};
 
 /// `lock_all` sends at most this many keys per statement (SQLite's oldest limit
 /// on bound parameters is 999); longer lists are locked chunk by chunk, in key
@@ -261,7 +261,7 @@ pub trait Lockable: Sized {
         Self: LockRow<C::Conn>,
     {
         let conn = conn.locking_connection();
-        require_transaction(conn.in_transaction())?;
+        require_transaction_on(conn)?;
         // A statement that ended the transaction (SQLite's whole-transaction
         // rollback, a deadlock the caller let go): the lock would be taken in
         // autocommit, and released at once.
@@ -412,7 +412,7 @@ pub trait Lockable: Sized {
         Self::Key: Ord,
     {
         let conn = conn.locking_connection();
-        require_transaction(conn.in_transaction())?;
+        require_transaction_on(conn)?;
         // A statement that ended the transaction (a deadlock the caller let go,
         // MySQL/MariaDB): the locks would be taken in autocommit, and released
         // at once.

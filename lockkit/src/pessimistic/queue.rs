@@ -100,7 +100,7 @@ use crate::error::Error;
 use crate::metrics::LockWait;
 use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
 use crate::pessimistic::row_lock::ForUpdateSkipLocked;
-use crate::transaction::{require_live, require_transaction};
+use crate::transaction::{require_live, require_transaction_on};
 
 /// Claims up to `limit` rows of `query` that no other transaction holds, locking
 /// them until the current transaction ends (`LIMIT n FOR UPDATE SKIP LOCKED`).
@@ -129,7 +129,7 @@ where
 {
     check_limit(limit)?;
     let conn = conn.locking_connection();
-    require_transaction(conn.in_transaction())?;
+    require_transaction_on(conn)?;
     // A statement that ended the transaction (a deadlock the caller let go,
     // MySQL/MariaDB): the claim would run in autocommit and hold nothing.
     require_live(conn)?;

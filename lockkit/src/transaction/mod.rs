@@ -1139,14 +1139,26 @@ pub(crate) fn refuse_transaction_or_broken<C: Control>(conn: &mut C) -> Result<(
     refuse_transaction(in_transaction(conn))
 }
 
-/// [`Error::NotInTransaction`] unless a transaction is open (`open`): the calls
-/// that lock inside the caller's transaction send nothing outside one.
-pub(crate) fn require_transaction(open: bool) -> Result<(), Error> {
-    if open {
+/// [`Error::NotInTransaction`] unless a transaction is open on the connection
+/// whose transaction manager reports `status`: the calls that lock or write
+/// inside the caller's transaction send nothing outside one. On a connection
+/// Diesel marked broken, [`refuse_broken`]'s error: the transaction a dropped
+/// call left may still be open on the server, and the help of
+/// `NotInTransaction` (open one) is wrong there.
+pub(crate) fn require_transaction(
+    status: &mut diesel::connection::TransactionManagerStatus,
+) -> Result<(), Error> {
+    refuse_broken(status)?;
+    if depth_of(status) > 0 {
         Ok(())
     } else {
         Err(Error::NotInTransaction)
     }
+}
+
+/// [`require_transaction`] for a blocking connection.
+pub(crate) fn require_transaction_on<C: Connection>(conn: &mut C) -> Result<(), Error> {
+    require_transaction(C::TransactionManager::transaction_manager_status_mut(conn))
 }
 
 /// How many transactions (the outermost one and its savepoints) are open on
