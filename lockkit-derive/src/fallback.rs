@@ -31,10 +31,10 @@ pub fn expand(input: &DeriveInput, derive: Derive, errors: &[syn::Error]) -> Tok
         quote! {
             #[automatically_derived]
             impl #impl_generics ::lockkit::__private::Versioned for #ident #ty_generics #where_clause {
-                type VersionColumn = Invalid;
-                type Version = Invalid;
-                type Changeset<'__lockkit> = Invalid where Self: '__lockkit;
-                type UpdatedAt = Invalid;
+                type VersionColumn = __LockkitInvalid;
+                type Version = __LockkitInvalid;
+                type Changeset<'__lockkit> = __LockkitInvalid where Self: '__lockkit;
+                type UpdatedAt = __LockkitInvalid;
 
                 fn version(&self) -> Self::Version {
                     ::core::unreachable!()
@@ -52,12 +52,12 @@ pub fn expand(input: &DeriveInput, derive: Derive, errors: &[syn::Error]) -> Tok
     });
 
     let impls = dummy_const(quote! {
-        type Invalid = [(); #first];
+        type __LockkitInvalid = [(); #first];
 
         #[automatically_derived]
         impl #impl_generics ::lockkit::__private::Lockable for #ident #ty_generics #where_clause {
-            type Table = Invalid;
-            type Key = Invalid;
+            type Table = __LockkitInvalid;
+            type Key = __LockkitInvalid;
             type OnLock = #on_lock;
 
             const TABLE_NAME: &'static str = "";
