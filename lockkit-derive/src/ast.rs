@@ -429,7 +429,9 @@ fn version_field<'a>(
     match marked.as_slice() {
         [one] => Some(one),
         [] => {
-            let by_name = fields.iter().find(|f| f.ident == DEFAULT_VERSION_FIELD);
+            let by_name = fields
+                .iter()
+                .find(|f| f.ident.unraw() == DEFAULT_VERSION_FIELD);
             if by_name.is_none() {
                 cx.error_with_help(
                     Pos::NAME,

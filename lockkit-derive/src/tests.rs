@@ -507,6 +507,21 @@ fn valid_input_has_no_errors() {
 }
 
 #[test]
+fn a_raw_lock_version_field_is_the_version() {
+    // As `Lockable` refuses `r#lock_version` as the version column, `Versioned`
+    // takes it as its version.
+    assert_eq!(
+        errors(syn::parse_quote! {
+            pub struct Item {
+                pub id: i32,
+                pub r#lock_version: i32,
+            }
+        }),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
 fn diesel_keys_lockkit_does_not_read_are_skipped() {
     // Values of every shape Diesel takes: types with generics (no expressions),
     // expressions (no types), lists, and keys without a value.
