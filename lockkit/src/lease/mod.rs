@@ -165,8 +165,11 @@ const MAX_NAME_LEN: usize = 255;
 const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// A fencing token: the number a lease was granted with. Every grant of a name
-/// gets a larger one than all grants before it (from 1), so a larger fence is a
-/// later holder. Pass it to [`fenced`], or to another service that checks it.
+/// gets a larger one than all grants before it, so a larger fence is a later
+/// holder. The database stores count from 1; the Redis store's first grant is
+/// the server's clock in microseconds (see `lease::redis`), so read nothing
+/// into a fence's size. Pass it to [`fenced`], or to another service that
+/// checks it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Fence(pub i64);
 

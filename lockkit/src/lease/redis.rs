@@ -110,7 +110,10 @@ end
 return current";
 
 /// A lease store on one Redis connection, with a key prefix (use one per
-/// application, so that names do not collide on a shared server).
+/// application, so that names do not collide on a shared server). Two stores on
+/// one server need prefixes neither of which starts the other: with `app:` and
+/// `app:lease:`, the lease of the name `fence:x` in the first is the fence
+/// counter of `x` in the second.
 ///
 /// `C` is any sync `redis` connection: a [`client::Connection`], or a pooled one.
 pub struct RedisStore<C = client::Connection> {
