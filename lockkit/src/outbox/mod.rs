@@ -39,7 +39,8 @@
 //!
 //! The relay holds its claimed rows locked (a transaction open) while the broker
 //! confirms; keep batches small. On SQLite, which has no row locks, relays take
-//! turns (`BEGIN IMMEDIATE`), as [`queue`](crate::queue) explains.
+//! turns (`BEGIN IMMEDIATE`), as [`queue`](crate::queue) explains, and every
+//! other writer of the database waits for the broker too.
 //!
 //! ```
 //! # #[cfg(feature = "sqlite")] {
