@@ -206,6 +206,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// Like [`update_versioned`](Self::update_versioned), with your own changeset
     /// instead of the model's fields, e.g. `items::stock.eq(items::stock - 1)`.
     /// Only the version is refreshed in memory; re-read the row if you need the rest.
+    /// Leave the version column out of `changes`, as for
+    /// [`update_by_version`](Self::update_by_version): lockkit sets it.
     ///
     /// # Errors
     ///
