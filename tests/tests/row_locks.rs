@@ -288,6 +288,11 @@ lockkit_tests::server_tests! {
 #[cfg(feature = "postgres")]
 mod postgres_only {
     use super::*;
+
+    /// What lockkit reports when a session lock's unlock finds it not held.
+    const NOT_HELD: &str = "advisory unlock found the lock not held by this session: \
+        released by other code, or the unlock reached another server session \
+        (a pooler in transaction mode), which may still hold it";
     use diesel::connection::SimpleConnection;
     use diesel::PgConnection;
     use lockkit_tests::TestDb;
@@ -346,6 +351,26 @@ mod postgres_only {
             advisory::try_lock(&mut other, key).unwrap().is_none(),
             "the session still holds it"
         );
+    }
+
+    #[test]
+    fn a_session_lock_found_not_held_at_its_drop_is_reported() {
+        // Code of yours released it (`pg_advisory_unlock_all()`), or a pooler
+        // in transaction mode sent the unlock to another server session than
+        // the lock's, which still holds it: the guard cannot tell which, and
+        // must not stay silent.
+        let db = TestDb::<PgConnection>::new("advisory_unlock_not_held");
+        let mut conn = db.connect();
+        let key = AdvisoryKey::from_name("not held at drop");
+        let ((), seen) = lockkit_tests::observe::observe(|| {
+            let mut guard = advisory::lock(&mut conn, key).unwrap();
+            guard
+                .batch_execute("SELECT pg_advisory_unlock_all()")
+                .unwrap();
+        });
+        let warned = seen.events_named(NOT_HELD);
+        assert_eq!(warned.len(), 1, "{:?}", seen.events);
+        assert_eq!(warned[0].level, tracing::Level::WARN);
     }
 
     #[test]

@@ -260,7 +260,12 @@ where
     let result = f(&mut *held.conn).await;
     if scope == Scope::Session {
         match held.conn.release(key).await {
-            Ok(_) => held.armed = false,
+            Ok(released) => {
+                held.armed = false;
+                if !released {
+                    crate::pessimistic::advisory::not_held_at_unlock(key);
+                }
+            }
             // Left armed: the connection is marked broken when `held` drops.
             Err(err) => {
                 tracing::warn!(target: "lockkit", key = key.0, error = %err, "advisory unlock failed")

@@ -360,7 +360,11 @@ where
 {
     fn drop(&mut self) {
         if self.held && self.scope == Scope::Session {
-            if let Err(err) = C::Backend::release(self.conn, self.key) {
+            let released = C::Backend::release(self.conn, self.key);
+            if let Ok(false) = released {
+                not_held_at_unlock(self.key);
+            }
+            if let Err(err) = released {
                 // The session may keep the lock (PostgreSQL refuses the unlock
                 // in an aborted transaction): marked broken, as on the async
                 // side, the connection is closed by its pool, and the server
@@ -376,6 +380,20 @@ where
             }
         }
     }
+}
+
+/// A session lock's unlock answered that this session did not hold it: code of
+/// the caller's released it, or the unlock reached another server session than
+/// the lock (a pooler in transaction mode), and that session may hold it still.
+/// lockkit cannot tell which; the blocking and the async releases say so here.
+pub(crate) fn not_held_at_unlock(key: AdvisoryKey) {
+    tracing::warn!(
+        target: "lockkit",
+        key = key.0,
+        "advisory unlock found the lock not held by this session: released by other code, \
+         or the unlock reached another server session (a pooler in transaction mode), \
+         which may still hold it"
+    );
 }
 
 /// Waits for the advisory lock `key`: a session lock, or inside a transaction on
