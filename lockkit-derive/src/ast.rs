@@ -185,7 +185,7 @@ pub fn model<'a>(
                     // The first field that is not the version, as an example.
                     let example = fields
                         .iter()
-                        .find(|f| f.marked_version.is_none() && f.ident != DEFAULT_VERSION_FIELD)
+                        .find(|f| f.marked_version.is_none() && f.ident.unraw() != DEFAULT_VERSION_FIELD)
                         .map_or("code".to_string(), |f| f.column.to_string());
                     format!(
                         "add an `id` field, or name the key columns: `#[diesel(primary_key({example}))]`"

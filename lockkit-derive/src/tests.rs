@@ -522,6 +522,18 @@ fn a_raw_lock_version_field_is_the_version() {
 }
 
 #[test]
+fn a_missing_key_is_not_suggested_as_the_raw_version_field() {
+    let errors = errors(syn::parse_quote! {
+        pub struct Item {
+            pub r#lock_version: i32,
+            pub code: String,
+        }
+    });
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(errors[0].contains("primary_key(code)"), "{errors:#?}");
+}
+
+#[test]
 fn diesel_keys_lockkit_does_not_read_are_skipped() {
     // Values of every shape Diesel takes: types with generics (no expressions),
     // expressions (no types), lists, and keys without a value.
