@@ -280,7 +280,8 @@ where
 /// Locks the rows with these keys in ascending key order and returns them in
 /// that order: [`Lockable::lock_all`] on diesel-async, with its statement and
 /// errors. Must run inside a transaction ([`Error::NotInTransaction`]
-/// otherwise): [`locked_transaction`].
+/// otherwise, `BrokenTransactionManager` on a broken connection):
+/// [`locked_transaction`].
 ///
 /// # Errors
 ///

@@ -81,8 +81,8 @@ use crate::transaction::Failure;
 /// # Errors
 ///
 /// As [`outbox::enqueue`](crate::outbox::enqueue): [`Error::NotInTransaction`]
-/// outside a transaction, [`Error::InvalidInput`], or a classified database
-/// error.
+/// outside a transaction, `BrokenTransactionManager` on a broken connection,
+/// [`Error::InvalidInput`], or a classified database error.
 pub async fn enqueue<C: AsyncOutboxStore>(
     conn: &mut C,
     topic: &str,

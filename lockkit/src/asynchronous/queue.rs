@@ -78,6 +78,9 @@ use crate::pessimistic::row_lock::ForUpdateSkipLocked;
 ///
 /// * [`Error::InvalidInput`] when `limit` is negative; nothing is sent.
 /// * [`Error::NotInTransaction`] outside a transaction; nothing is sent.
+/// * [`Error::Database`] with `BrokenTransactionManager` when the connection's
+///   transaction manager is broken (a dropped call's transaction may still be
+///   open on the server); nothing is sent.
 /// * [`Error::TransactionAborted`] when a statement you let go (a MariaDB
 ///   deadlock) has ended the transaction; nothing is sent, which on
 ///   MySQL/MariaDB would claim in autocommit and hold nothing.

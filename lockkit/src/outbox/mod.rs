@@ -342,6 +342,9 @@ pub struct OutboxMessage {
 ///
 /// * [`Error::NotInTransaction`] outside a transaction: the message must commit
 ///   with its change (wrap both in `conn.transaction(..)`); nothing is sent.
+/// * [`Error::Database`] with `BrokenTransactionManager` when the connection's
+///   transaction manager is broken (a dropped call's transaction may still be
+///   open on the server); nothing is sent.
 /// * [`Error::InvalidInput`] when `topic` is empty, longer than 255 characters
 ///   or contains NUL, or `payload` contains NUL; nothing is sent.
 /// * a classified database error; see [`classify`](crate::classify()).

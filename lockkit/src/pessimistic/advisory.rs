@@ -551,6 +551,9 @@ mod postgres {
     /// # Errors
     ///
     /// * [`Error::NotInTransaction`] outside a transaction; nothing is sent.
+    /// * [`Error::Database`] with `BrokenTransactionManager` when the connection's
+    ///   transaction manager is broken (a dropped call's transaction may still be
+    ///   open on the server); nothing is sent.
     /// * [`Error::LockTimeout`] when the wait ran past `lock_timeout`.
     /// * [`Error::Deadlock`] when the server broke a deadlock with this session.
     /// * any other classified database error; see [`classify`](crate::classify()).
@@ -570,6 +573,9 @@ mod postgres {
     /// # Errors
     ///
     /// * [`Error::NotInTransaction`] outside a transaction; nothing is sent.
+    /// * [`Error::Database`] with `BrokenTransactionManager` when the connection's
+    ///   transaction manager is broken (a dropped call's transaction may still be
+    ///   open on the server); nothing is sent.
     /// * a classified database error; see [`classify`](crate::classify()).
     pub fn try_xact_lock<C>(conn: &mut C, key: impl Into<AdvisoryKey>) -> Result<bool, Error>
     where

@@ -220,6 +220,9 @@ pub trait Lockable: Sized {
     /// # Errors
     ///
     /// * [`Error::NotInTransaction`] outside a transaction; nothing is sent.
+    /// * [`Error::Database`] with `BrokenTransactionManager` when the connection's
+    ///   transaction manager is broken (a dropped call's transaction may still be
+    ///   open on the server); nothing is sent.
     /// * [`Error::TransactionAborted`] when the server already ended the
     ///   transaction.
     /// * [`Error::NotFound`] when the row is gone; `self` is left as it was.
@@ -355,6 +358,9 @@ pub trait Lockable: Sized {
     /// # Errors
     ///
     /// * [`Error::NotInTransaction`] outside a transaction; nothing is sent.
+    /// * [`Error::Database`] with `BrokenTransactionManager` when the connection's
+    ///   transaction manager is broken (a dropped call's transaction may still be
+    ///   open on the server); nothing is sent.
     /// * [`Error::TransactionAborted`] when a statement whose error the work let
     ///   go has ended the transaction (a deadlock on MySQL/MariaDB, seen by
     ///   lockkit's journal); nothing is sent, and later writes are kept out of

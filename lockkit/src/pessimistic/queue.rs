@@ -114,6 +114,9 @@ use crate::transaction::{require_live, require_transaction_on};
 /// * [`Error::InvalidInput`] when `limit` is negative (SQLite would read it as
 ///   no limit); nothing is sent.
 /// * [`Error::NotInTransaction`] outside a transaction; nothing is sent.
+/// * [`Error::Database`] with `BrokenTransactionManager` when the connection's
+///   transaction manager is broken (a dropped call's transaction may still be
+///   open on the server); nothing is sent.
 /// * [`Error::TransactionAborted`] when a statement whose error the work let go
 ///   has ended the transaction (a deadlock on MySQL/MariaDB, seen by lockkit's
 ///   journal); nothing is sent, and later writes are kept out of autocommit.
