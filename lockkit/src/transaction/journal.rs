@@ -118,8 +118,10 @@
 //! when their transaction commits, when the row's version moves past them, or when
 //! the struct holding them writes again.
 //!
-//! A row is named by its key, its table with the table's schema, and its
-//! database (on PostgreSQL its name, on SQLite its file). The schema is the one
+//! A row is named by its key (as the model's key type prints it), its table
+//! with the table's schema (as the database names them, whatever the `table!`
+//! declaration's Rust name), its database (on PostgreSQL its name, on SQLite
+//! its file) and its version column. The schema is the one
 //! the model's `table!` names (`archive.items`, on MySQL/MariaDB a database;
 //! on SQLite a table of an attached database is named by that file), or else
 //! the one the connection finds the table in: on PostgreSQL the schema its
