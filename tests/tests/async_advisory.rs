@@ -338,6 +338,51 @@ mod postgres_transaction_locks {
         assert!(free, "the rollback released it");
     }
 
+    #[test]
+    fn a_session_lock_found_not_held_at_its_unlock_is_reported() {
+        // As on the blocking side: the work released it (or a pooler sent the
+        // unlock to another server session); `with_lock` cannot tell which,
+        // and must not stay silent.
+        let db = lockkit_tests::TestDb::<diesel::PgConnection>::new("async_unlock_not_held");
+        let url = db.url.clone();
+        let ((), seen) = std::thread::spawn(move || {
+            lockkit_tests::observe::observe(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                runtime.block_on(async {
+                    let mut conn: diesel_async::AsyncPgConnection =
+                        async_common::connect(&url, "postgres").await;
+                    let key = key(&url);
+                    advisory::with_lock(
+                        &mut conn,
+                        key,
+                        async |conn: &mut diesel_async::AsyncPgConnection| {
+                            diesel::sql_query("SELECT pg_advisory_unlock_all()")
+                                .execute(conn)
+                                .await?;
+                            Ok::<_, Error>(())
+                        },
+                    )
+                    .await
+                    .unwrap();
+                })
+            })
+        })
+        .join()
+        .unwrap();
+        let warned: Vec<_> = seen
+            .events
+            .iter()
+            .filter(|e| {
+                e.message()
+                    .starts_with("advisory unlock found the lock not held")
+            })
+            .collect();
+        assert_eq!(warned.len(), 1, "{:?}", seen.events);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn an_xact_lock_of_a_dropped_future_ends_with_the_discarded_connection() {
         let db = lockkit_tests::TestDb::<diesel::PgConnection>::new("async_xact_lock_dropped");
