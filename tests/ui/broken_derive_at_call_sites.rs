@@ -20,6 +20,14 @@ pub struct Item {
     pub lock_version: i32,
 }
 
+// Named as the fallback's own placeholder type could be: one error all the same.
+#[derive(Identifiable, lockkit::Versioned)]
+#[diesel(table_name = items)]
+pub struct Invalid {
+    pub id: i32,
+    pub lock_version: String,
+}
+
 fn main() -> Result<(), lockkit::Error> {
     let conn = &mut SqliteConnection::establish(":memory:").unwrap();
     let mut item = items::table.find(1).select(Item::as_select()).first(conn)?;
@@ -34,6 +42,10 @@ fn main() -> Result<(), lockkit::Error> {
     let _stock: i32 = item.with_lock(conn, |_conn, locked| Ok(locked.stock))?;
     let _stock: i32 = lockkit::with_lock(conn, 1, lockkit::LockOptions::default(), |_conn, locked: Item| Ok::<_, lockkit::Error>(locked.stock))?;
     let _all: Vec<Item> = conn.transaction(|conn| Item::lock_all(conn, &[1, 2]))?;
+
+    let mut invalid = Invalid { id: 1, lock_version: String::new() };
+    invalid.update_versioned(conn)?;
+    let _key: i32 = invalid.key();
 
     item.delete_versioned(conn)
 }
