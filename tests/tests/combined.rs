@@ -474,6 +474,28 @@ mod all {
             assert_eq!(stock_of!(&mut a_conn, 1), 9, "B's write stands");
         }
 
+        fn a_version_from_outside_naming_a_rolled_back_number_is_stale(db) {
+            // A client's tag (a form's field, `If-Match`) names a number it read
+            // from a committed row. One a rolled-back write of this process left
+            // is not such a number (another row's tag, a guess): where a held
+            // struct is restored, `update_by_version` is stale, and writes
+            // nothing over content the client never read.
+            let mut conn = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            let _held = rolled_back_write!(conn);
+            let err = Item::update_by_version(&mut conn, 1, 1, items::stock.eq(3)).unwrap_err();
+            assert!(matches!(err, Error::Stale(_)), "{err:?}");
+            let err = Item::update_all_by_version(&mut conn, &[(1, 1)], items::stock.eq(3)).unwrap_err();
+            assert!(matches!(err, Error::StaleRows(_)), "{err:?}");
+            let err = Item::delete_by_version(&mut conn, 1, 1).unwrap_err();
+            assert!(matches!(err, Error::Stale(_)), "{err:?}");
+            let stored = item!(&mut conn, 1);
+            assert_eq!((stored.stock, stored.lock_version), (10, 0), "nothing written");
+            // The committed number writes.
+            Item::update_by_version(&mut conn, 1, 0, items::stock.eq(3)).unwrap();
+            assert_eq!(stock_of!(&mut conn, 1), 3);
+        }
+
         fn writers_that_roll_back_and_retry_on_shared_rows_lose_nothing(db) {
             // Six threads on two rows: each increment is first written in a
             // transaction that rolls back, then the same struct is written again

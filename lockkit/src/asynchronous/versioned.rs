@@ -118,8 +118,15 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
             let this = &*self;
             let statement =
                 |checked| update::<Self, _>(this.key(), checked, this.versioned_changeset());
-            let written =
-                write::<Self, Conn, _>(conn, &key, expected, Operation::Update, statement).await?;
+            let written = write::<Self, Conn, _>(
+                conn,
+                &key,
+                expected,
+                Origin::Held,
+                Operation::Update,
+                statement,
+            )
+            .await?;
             settle(self, written)
         }
     }
@@ -191,8 +198,15 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
         async move {
             let statement = |checked| Self::update_statement(key.clone(), checked, changes);
             let op = Operation::Update;
-            let written =
-                write::<Self, Conn, _>(conn, &key, expected_version, op, statement).await?;
+            let written = write::<Self, Conn, _>(
+                conn,
+                &key,
+                expected_version,
+                Origin::Outside,
+                op,
+                statement,
+            )
+            .await?;
             Ok(written.version()?.unwrap_or(expected_version))
         }
     }
@@ -261,8 +275,15 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
                 let (key, expected) = &rows[i];
                 let statement =
                     |checked| Self::update_statement(key.clone(), checked, changes.clone());
-                match write::<Self, Conn, _>(conn, key, *expected, Operation::Update, statement)
-                    .await
+                match write::<Self, Conn, _>(
+                    conn,
+                    key,
+                    *expected,
+                    Origin::Outside,
+                    Operation::Update,
+                    statement,
+                )
+                .await
                 {
                     Ok(Written::Done(next)) => versions[i] = next,
                     Ok(Written::Stale(report)) => stale.push(*report),
@@ -307,7 +328,8 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
             let expected = self.version();
             let statement = |checked| diesel::delete(Self::target(key.clone(), checked));
             let op = Operation::Delete;
-            let written = write::<Self, Conn, _>(conn, &key, expected, op, statement).await?;
+            let written =
+                write::<Self, Conn, _>(conn, &key, expected, Origin::Held, op, statement).await?;
             written.version().map(drop)
         }
     }
@@ -569,6 +591,7 @@ async fn write<M, Conn, S>(
     conn: &mut Conn,
     key: &M::Key,
     expected: M::Version,
+    origin: Origin,
     operation: Operation,
     statement: impl FnOnce(M::Version) -> S + Send,
 ) -> Result<Written<M::Version>, Error>
@@ -577,7 +600,7 @@ where
     M: Versioned + AsyncVersionQuery<Conn>,
     S: ExecuteDsl<Conn>,
 {
-    write_from::<M, Conn, S>(conn, key, expected, Origin::Held, operation, statement).await
+    write_from::<M, Conn, S>(conn, key, expected, origin, operation, statement).await
 }
 
 /// [`write`] of the row `model` holds, checking the version it holds (from

@@ -61,6 +61,14 @@ pub(crate) enum Origin {
     /// A struct the caller held: it may hold a number a rolled-back write gave
     /// it, which the [`journal`] restores.
     Held,
+    /// A number from outside the process (a form's field, an `If-Match`
+    /// header; `update_by_version` and its kin): the client read it from a
+    /// committed row, so a number a rolled-back write of this process left is
+    /// not one it read. The write is refused (`Stale`) where a held struct's
+    /// would be restored, and the row moved past the number where it holds it:
+    /// a tag naming a number that never committed never writes over the
+    /// row's content, nor over another process's commit of that number.
+    Outside,
     /// The row, read under lock in the open transaction: the row's own number,
     /// never one a rollback left behind (which another process, unseen by this
     /// one's journal, may have committed since). Restoring it would write on an
@@ -156,7 +164,7 @@ impl<'k, M: Model> Write<'k, M> {
         origin: Origin,
     ) -> Option<Mark> {
         match origin {
-            Origin::Held => {
+            Origin::Held | Origin::Outside => {
                 rollbacks::unconfirmed(watched, M::VERSION_COLUMN, id, expected.to_i64())
             }
             Origin::LockedRead => None,
@@ -192,6 +200,12 @@ impl<'k, M: Model> Write<'k, M> {
         journal::before_write(watched);
         let plan = match origin {
             Origin::Held => rollbacks::plan(watched, M::VERSION_COLUMN, id, expected.to_i64()),
+            Origin::Outside => {
+                match rollbacks::plan(watched, M::VERSION_COLUMN, id, expected.to_i64()) {
+                    Plan::Restore { tentative, .. } => Plan::Refuse { tentative },
+                    plan => plan,
+                }
+            }
             Origin::LockedRead => Plan::Write,
         };
         let checked = match plan {

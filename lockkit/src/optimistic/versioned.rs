@@ -365,7 +365,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
             conn,
             &key,
             expected_version,
-            Origin::Held,
+            Origin::Outside,
             Operation::Delete,
             |checked| diesel::delete(Self::target(key.clone(), checked)),
         )?
@@ -493,7 +493,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
             conn,
             &key,
             expected_version,
-            Origin::Held,
+            Origin::Outside,
             Operation::Update,
             |checked| Self::update_statement(key.clone(), checked, changes),
         )?;
@@ -678,7 +678,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
                     conn,
                     key,
                     *expected,
-                    Origin::Held,
+                    Origin::Outside,
                     Operation::Update,
                     |checked| Self::update_statement(key.clone(), checked, changes.clone()),
                 )? {
