@@ -157,6 +157,65 @@ fn sell_two(conn: &mut MysqlConnection) -> Result<(), Error> {
 }
 
 #[test]
+fn a_compare_and_set_whose_follow_up_read_times_out_commits_nothing() {
+    // The `UPDATE` matched nothing (item 2 moved on), and before the read that
+    // reports what it found, another connection took item 2: the read's wait
+    // times out, and the server rolls the caller's whole transaction back. The
+    // call must say so, as a failed write does, or the caller's next writes
+    // commit on their own.
+    use diesel::connection::InstrumentationEvent;
+    use lockkit::compare_and_set::expect;
+    use std::sync::{Arc, Mutex};
+    let url = database("cas_read_times_out");
+    let holder: Arc<Mutex<Option<MysqlConnection>>> = Arc::default();
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut conn = connect(&url);
+    // At READ COMMITTED (lockkit's advice for workers) the `UPDATE` lets go of
+    // the row it did not change.
+    conn.batch_execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .unwrap();
+    {
+        let (holder, armed, url) = (holder.clone(), armed.clone(), url.clone());
+        conn.set_instrumentation(lockkit::journal::Journal::wrap(
+            move |event: InstrumentationEvent<'_>| {
+                let InstrumentationEvent::FinishQuery { query, .. } = event else {
+                    return;
+                };
+                if query.to_string().starts_with("UPDATE")
+                    && armed.swap(false, std::sync::atomic::Ordering::SeqCst)
+                {
+                    let mut hold = connect(&url);
+                    hold.batch_execute(HOLD_ITEM_2).unwrap();
+                    *holder.lock().unwrap() = Some(hold);
+                }
+            },
+        ));
+    }
+    let mut cas = None;
+    let mut after = None;
+    let outcome: Result<(), Error> = conn.transaction(|conn| {
+        order_line(conn, 1)?;
+        armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        cas = Some(Item::compare_and_set(
+            conn,
+            2,
+            expect(items::stock, 999),
+            items::stock.eq(0),
+        ));
+        after = Some(order_line(conn, 2));
+        Err(Error::NoRowMatched)
+    });
+    drop(holder.lock().unwrap().take());
+    let cas = cas.unwrap().map(drop);
+    assert!(matches!(cas, Err(Error::TransactionAborted(_))), "{cas:?}");
+    assert!(
+        after.unwrap().is_err(),
+        "the caller's next write ran in autocommit"
+    );
+    assert_refused(&url, &[], &outcome);
+}
+
+#[test]
 fn a_versioned_write_that_times_out_under_a_nested_retry_commits_nothing() {
     // The README's retry around a sale inside the caller's transaction, which
     // first records an order line. The sale's UPDATE waits for item 2 and

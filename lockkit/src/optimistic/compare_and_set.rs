@@ -275,6 +275,11 @@ pub trait CompareAndSet: Lockable {
     /// * a classified database error ([`Error::Busy`], [`Error::LockTimeout`],
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
+    /// * [`Error::TransactionAborted`] when the write or the read that reports
+    ///   a mismatch was a deadlock's victim inside a transaction on
+    ///   MySQL/MariaDB (or a lock wait timeout's, on a server started with
+    ///   `--innodb-rollback-on-timeout`), which rolled the whole transaction
+    ///   back, as for [`atomic::update_if`](crate::atomic::update_if).
     fn compare_and_set<Conn, E, C>(
         conn: &mut Conn,
         key: Self::Key,
@@ -307,10 +312,14 @@ pub trait CompareAndSet: Lockable {
         let read = Self::Table::default()
             .find(key.clone())
             .select(expected.columns());
+        // Under `LOCK IN SHARE MODE` (MySQL/MariaDB) the read waits for a
+        // row lock, and a deadlock or a lock wait timeout there may end the
+        // caller's transaction: decided as for the write.
+        let ends = crate::transaction::journal::Ends::of::<Conn::Backend>();
         let current = <Conn::Backend as OptimisticBackend>::latest(read)
             .get_result::<E::Values>(conn)
             .optional()
-            .map_err(classify)?;
+            .map_err(|err| crate::transaction::failed_write(conn, classify(err), ends))?;
         let mut columns = Vec::new();
         expected.report(current.as_ref(), &mut columns);
         Err(Error::StaleColumns(StaleColumnsError {
