@@ -422,6 +422,137 @@ fn a_transaction_overtaken_by_another_node_fails_at_its_next_statement() {
 }
 
 #[test]
+fn a_nested_lock_whose_timeout_restore_finds_the_transaction_aborted_reports_it() {
+    // A nested `with_lock` with a lock timeout releases its savepoint, then
+    // puts the session's lock wait timeout back. Node 2's commit of row 1 in
+    // between aborts node 1's transaction, and the restore is the statement
+    // that learns it: the call must fail as its work's own statement would
+    // have, the stand-in open, or the caller's next write commits on its own.
+    let cluster = Cluster::with_hot_item("restore_after_release");
+    let mut node_1 = cluster.node(0);
+    node_1.set_instrumentation(lockkit::journal::Journal::wrap(
+        node_2_commits_after_the_first_release(&cluster),
+    ));
+    let order_line = |conn: &mut MysqlConnection, id: i32| -> Result<(), Error> {
+        let sql = format!("INSERT INTO orders (id, item_id, qty) VALUES ({id}, NULL, 1)");
+        Ok(conn.batch_execute(&sql)?)
+    };
+    let mut nested = None;
+    let mut after = None;
+    let outcome: Result<(), Error> = node_1.transaction(|conn| {
+        order_line(conn, 1)?;
+        let options = LockOptions::default().timeout(Duration::from_secs(5));
+        nested = Some(lockkit::with_lock(conn, 1, options, |conn, _: Item| {
+            add_stock(conn, 1)
+        }));
+        after = Some(order_line(conn, 2));
+        Ok(())
+    });
+    let nested = nested.unwrap();
+    assert!(
+        matches!(nested, Err(Error::TransactionAborted(_))),
+        "{nested:?}"
+    );
+    assert!(
+        after.unwrap().is_err(),
+        "the caller's next write ran in autocommit"
+    );
+    let lines: i64 = lockkit_tests::schema::orders::table
+        .count()
+        .get_result(&mut cluster.synced(0))
+        .unwrap();
+    assert_eq!(
+        lines, 0,
+        "nothing of node 1's transaction committed; it returned {outcome:?}"
+    );
+    assert_eq!(cluster.item().0, 10, "node 2's 10 stands");
+}
+
+/// On `node_1`: after its first successful `RELEASE SAVEPOINT`, node 2 adds
+/// 10 to row 1 and node 1 applies it (aborting node 1's open transaction);
+/// whether that happened.
+fn node_2_commits_after_the_first_release(
+    cluster: &Cluster,
+) -> impl FnMut(diesel::connection::InstrumentationEvent<'_>) + Send + 'static {
+    let fired = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (on_node_2, on_node_1) = (cluster.urls[1].clone(), cluster.urls[0].clone());
+    move |event| {
+        let diesel::connection::InstrumentationEvent::FinishQuery {
+            query, error: None, ..
+        } = event
+        else {
+            return;
+        };
+        if query.to_string().starts_with("RELEASE SAVEPOINT") && !fired.swap(true, Ordering::SeqCst)
+        {
+            establish(&on_node_2)
+                .batch_execute("UPDATE items SET stock = stock + 10 WHERE id = 1")
+                .unwrap();
+            establish(&on_node_1)
+                .batch_execute("SET SESSION wsrep_sync_wait = 15; SELECT COUNT(*) FROM items")
+                .unwrap();
+        }
+    }
+}
+
+#[cfg(feature = "async")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_nested_lock_whose_timeout_restore_finds_the_transaction_aborted_reports_it() {
+    // As on the blocking side, on diesel-async.
+    use diesel_async::{AsyncConnection, AsyncMysqlConnection, SimpleAsyncConnection};
+    let cluster = Cluster::with_hot_item("async_restore_after_release");
+    let mut node_1 = AsyncMysqlConnection::establish(&cluster.urls[0])
+        .await
+        .unwrap();
+    node_1.set_instrumentation(lockkit::journal::Journal::wrap(
+        node_2_commits_after_the_first_release(&cluster),
+    ));
+    let mut nested = None;
+    let mut after = None;
+    let outcome = lockkit::asynchronous::locked_transaction(
+        &mut node_1,
+        LockOptions::default(),
+        async |conn: &mut AsyncMysqlConnection| {
+            conn.batch_execute("INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)")
+                .await?;
+            let options = LockOptions::default().timeout(Duration::from_secs(5));
+            nested = Some(
+                lockkit::asynchronous::with_lock(conn, 1, options, async |conn, _: Item| {
+                    conn.batch_execute("UPDATE items SET stock = stock + 1 WHERE id = 1")
+                        .await?;
+                    Ok::<_, Error>(())
+                })
+                .await,
+            );
+            after = Some(
+                conn.batch_execute("INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)")
+                    .await,
+            );
+            Ok::<_, Error>(())
+        },
+    )
+    .await;
+    let nested = nested.unwrap();
+    assert!(
+        matches!(nested, Err(Error::TransactionAborted(_))),
+        "{nested:?}"
+    );
+    assert!(
+        after.unwrap().is_err(),
+        "the caller's next write ran in autocommit"
+    );
+    let lines: i64 = lockkit_tests::schema::orders::table
+        .count()
+        .get_result(&mut cluster.synced(0))
+        .unwrap();
+    assert_eq!(
+        lines, 0,
+        "nothing of node 1's transaction committed; it returned {outcome:?}"
+    );
+    assert_eq!(cluster.item().0, 10, "node 2's 10 stands");
+}
+
+#[test]
 fn transaction_with_retry_reruns_a_transaction_another_node_aborted() {
     // with_lock nested in transaction_with_retry: node 2 overtakes the first
     // attempt, whose nested call reports the whole transaction gone

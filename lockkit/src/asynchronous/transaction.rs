@@ -186,11 +186,27 @@ where
         if !nested {
             redo(conn).await;
         }
+        // As on the blocking side (`transaction::finish`): nested, a restore
+        // that found the whole transaction ended ends the call.
         let failure = match (result, restored) {
             (Ok(value), Ok(())) => return Ok(value),
             (Ok(value), Err(err)) => {
-                crate::transaction::setting_kept(&err);
-                return Ok(value);
+                let cause = classify(err);
+                let ended = match nested {
+                    true => conn.transaction_ended(Some(&cause)).await,
+                    false => None,
+                };
+                let Some(ended) = ended else {
+                    crate::transaction::setting_kept(&cause);
+                    return Ok(value);
+                };
+                if in_transaction(conn) {
+                    conn.keep_aborted().await;
+                }
+                let failed = Failed::<E>::Lockkit(cause);
+                return Err(failed.into_error(true, Some(ended), |cause| {
+                    journal::aborted(&mut journal::AsyncWatched(conn), cause)
+                }));
             }
             (Err(failure), _) => failure,
         };

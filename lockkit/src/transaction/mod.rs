@@ -887,14 +887,28 @@ where
     if !nested {
         redo(conn);
     }
-    // Committed (or the savepoint released) as soon as the work succeeded: a
-    // failure to put a session setting back afterwards undoes nothing.
+    // Committed as soon as the work succeeded: a failure to put a session
+    // setting back afterwards undoes nothing. Nested, the savepoint is only
+    // released: a restore that found the whole transaction ended (another
+    // Galera node's commit aborted it while it sat idle) ends the call as the
+    // work's own statement would have, or the caller writes on in autocommit.
     guard.resume(result.is_ok());
     let failure = match (result, restored) {
         (Ok(value), None | Some(Ok(()))) => return Ok(value),
         (Ok(value), Some(Err(err))) => {
-            setting_kept(&err);
-            return Ok(value);
+            let cause = classify(err);
+            let Some(ended) = nested
+                .then(|| conn.transaction_ended(Some(&cause)))
+                .flatten()
+            else {
+                setting_kept(&cause);
+                return Ok(value);
+            };
+            if in_transaction(conn) {
+                conn.keep_aborted();
+            }
+            let failed = Failed::<E>::Lockkit(cause);
+            return Err(failed.into_error(true, Some(ended), |cause| journal::aborted(conn, cause)));
         }
         (Err(failure), _) => failure,
     };
@@ -923,7 +937,7 @@ where
 /// committed, for the blocking and the async side. The call still returns its
 /// work's `Ok`: the work stands, and an error would have the caller run it
 /// again. The session keeps the call's setting; it is logged.
-pub(crate) fn setting_kept(err: &diesel::result::Error) {
+pub(crate) fn setting_kept(err: &dyn std::fmt::Display) {
     tracing::warn!(
         target: "lockkit",
         error = %err,
