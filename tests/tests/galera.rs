@@ -431,7 +431,7 @@ fn a_nested_lock_whose_timeout_restore_finds_the_transaction_aborted_reports_it(
     let cluster = Cluster::with_hot_item("restore_after_release");
     let mut node_1 = cluster.node(0);
     node_1.set_instrumentation(lockkit::journal::Journal::wrap(
-        node_2_commits_after_the_first_release(&cluster),
+        node_2_commits_after_the_first(&cluster, "RELEASE SAVEPOINT"),
     ));
     let order_line = |conn: &mut MysqlConnection, id: i32| -> Result<(), Error> {
         let sql = format!("INSERT INTO orders (id, item_id, qty) VALUES ({id}, NULL, 1)");
@@ -468,11 +468,12 @@ fn a_nested_lock_whose_timeout_restore_finds_the_transaction_aborted_reports_it(
     assert_eq!(cluster.item().0, 10, "node 2's 10 stands");
 }
 
-/// On `node_1`: after its first successful `RELEASE SAVEPOINT`, node 2 adds
-/// 10 to row 1 and node 1 applies it (aborting node 1's open transaction);
-/// whether that happened.
-fn node_2_commits_after_the_first_release(
+/// Instrumentation for node 1: after its first successful statement that
+/// starts with `after`, node 2 adds 10 to row 1 and node 1 applies it
+/// (aborting node 1's open transaction, which wrote row 1).
+fn node_2_commits_after_the_first(
     cluster: &Cluster,
+    after: &'static str,
 ) -> impl FnMut(diesel::connection::InstrumentationEvent<'_>) + Send + 'static {
     let fired = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (on_node_2, on_node_1) = (cluster.urls[1].clone(), cluster.urls[0].clone());
@@ -483,8 +484,7 @@ fn node_2_commits_after_the_first_release(
         else {
             return;
         };
-        if query.to_string().starts_with("RELEASE SAVEPOINT") && !fired.swap(true, Ordering::SeqCst)
-        {
+        if query.to_string().starts_with(after) && !fired.swap(true, Ordering::SeqCst) {
             establish(&on_node_2)
                 .batch_execute("UPDATE items SET stock = stock + 10 WHERE id = 1")
                 .unwrap();
@@ -493,6 +493,109 @@ fn node_2_commits_after_the_first_release(
                 .unwrap();
         }
     }
+}
+
+#[test]
+fn a_nested_lock_whose_timeout_setting_finds_the_transaction_aborted_reports_it() {
+    // As above, one step earlier: the statement that saves and sets the
+    // session's lock wait timeout, before the savepoint, is the first to learn
+    // that node 2's commit aborted node 1's transaction.
+    let cluster = Cluster::with_hot_item("setting_after_abort");
+    let mut node_1 = cluster.node(0);
+    node_1.set_instrumentation(lockkit::journal::Journal::wrap(
+        node_2_commits_after_the_first(&cluster, "INSERT INTO orders"),
+    ));
+    let order_line = |conn: &mut MysqlConnection, id: i32| -> Result<(), Error> {
+        let sql = format!("INSERT INTO orders (id, item_id, qty) VALUES ({id}, NULL, 1)");
+        Ok(conn.batch_execute(&sql)?)
+    };
+    let mut nested = None;
+    let mut after = None;
+    let outcome: Result<(), Error> = node_1.transaction(|conn| {
+        add_stock(conn, 1)?;
+        order_line(conn, 1)?;
+        let options = LockOptions::default().timeout(Duration::from_secs(5));
+        nested = Some(lockkit::with_lock(conn, 1, options, |conn, _: Item| {
+            add_stock(conn, 1)
+        }));
+        after = Some(order_line(conn, 2));
+        Ok(())
+    });
+    let nested = nested.unwrap();
+    assert!(
+        matches!(nested, Err(Error::TransactionAborted(_))),
+        "{nested:?}"
+    );
+    assert!(
+        after.unwrap().is_err(),
+        "the caller's next write ran in autocommit"
+    );
+    let lines: i64 = lockkit_tests::schema::orders::table
+        .count()
+        .get_result(&mut cluster.synced(0))
+        .unwrap();
+    assert_eq!(
+        lines, 0,
+        "nothing of node 1's transaction committed; it returned {outcome:?}"
+    );
+    assert_eq!(cluster.item().0, 10, "node 2's 10 stands");
+}
+
+#[cfg(feature = "async")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_nested_lock_whose_timeout_setting_finds_the_transaction_aborted_reports_it() {
+    // As on the blocking side, on diesel-async.
+    use diesel_async::{AsyncConnection, AsyncMysqlConnection, SimpleAsyncConnection};
+    let cluster = Cluster::with_hot_item("async_setting_after_abort");
+    let mut node_1 = AsyncMysqlConnection::establish(&cluster.urls[0])
+        .await
+        .unwrap();
+    node_1.set_instrumentation(lockkit::journal::Journal::wrap(
+        node_2_commits_after_the_first(&cluster, "INSERT INTO orders"),
+    ));
+    let mut nested = None;
+    let mut after = None;
+    let outcome = lockkit::asynchronous::locked_transaction(
+        &mut node_1,
+        LockOptions::default(),
+        async |conn: &mut AsyncMysqlConnection| {
+            conn.batch_execute("UPDATE items SET stock = stock + 1 WHERE id = 1")
+                .await?;
+            conn.batch_execute("INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)")
+                .await?;
+            let options = LockOptions::default().timeout(Duration::from_secs(5));
+            nested = Some(
+                lockkit::asynchronous::with_lock(conn, 1, options, async |_, _: Item| {
+                    Ok::<_, Error>(())
+                })
+                .await,
+            );
+            after = Some(
+                conn.batch_execute("INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)")
+                    .await,
+            );
+            Ok::<_, Error>(())
+        },
+    )
+    .await;
+    let nested = nested.unwrap();
+    assert!(
+        matches!(nested, Err(Error::TransactionAborted(_))),
+        "{nested:?}"
+    );
+    assert!(
+        after.unwrap().is_err(),
+        "the caller's next write ran in autocommit"
+    );
+    let lines: i64 = lockkit_tests::schema::orders::table
+        .count()
+        .get_result(&mut cluster.synced(0))
+        .unwrap();
+    assert_eq!(
+        lines, 0,
+        "nothing of node 1's transaction committed; it returned {outcome:?}"
+    );
+    assert_eq!(cluster.item().0, 10, "node 2's 10 stands");
 }
 
 #[cfg(feature = "async")]
@@ -505,7 +608,7 @@ async fn an_async_nested_lock_whose_timeout_restore_finds_the_transaction_aborte
         .await
         .unwrap();
     node_1.set_instrumentation(lockkit::journal::Journal::wrap(
-        node_2_commits_after_the_first_release(&cluster),
+        node_2_commits_after_the_first(&cluster, "RELEASE SAVEPOINT"),
     ));
     let mut nested = None;
     let mut after = None;

@@ -1084,10 +1084,15 @@ mod mysql {
             let restore = match options.timeout_secs() {
                 Some(secs) => {
                     let depth = transaction_depth(self);
-                    SaveAndSetLockWaitTimeout { depth, secs }
+                    let set = (SaveAndSetLockWaitTimeout { depth, secs })
                         .execute(self)
-                        .await
-                        .map_err(classify)?;
+                        .await;
+                    if let Err(err) = set {
+                        // As on the blocking side: nested, this may be the
+                        // first statement to learn that the caller's
+                        // transaction ended.
+                        return Err(failed_write(self, classify(err)).await);
+                    }
                     Restore::LockWaitTimeout(depth)
                 }
                 None => Restore::Nothing,

@@ -534,9 +534,18 @@ pub(crate) mod mysql {
         let saved = match options.timeout_secs() {
             Some(secs) => {
                 let mysql = conn.reach().map_err(classify)?;
-                SaveAndSetLockWaitTimeout { depth, secs }
-                    .execute(mysql)
-                    .map_err(classify)?;
+                if let Err(err) = (SaveAndSetLockWaitTimeout { depth, secs }).execute(mysql) {
+                    // Nested, this may be the first statement to learn that
+                    // the caller's transaction ended (another Galera node's
+                    // commit aborted it): decided as a failed write's, with
+                    // the stand-in, not a plain retryable error.
+                    let ends = crate::transaction::journal::Ends::of::<diesel::mysql::Mysql>();
+                    return Err(E::from(crate::transaction::failed_write(
+                        conn,
+                        classify(err),
+                        ends,
+                    )));
+                }
                 Some(depth)
             }
             None => None,
