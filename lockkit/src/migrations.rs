@@ -18,6 +18,14 @@
 //! [`ShippedMigration`] for `diesel_migrations`' `run_pending_migrations`.
 //! Each runs in a transaction, which on MySQL/MariaDB does not cover `CREATE
 //! TABLE` (see [`ShippedMigration`]).
+//!
+//! Diesel's reverts (`diesel migration revert` and `redo`, a harness's
+//! `revert_last_migration` and `revert_all_migrations`) take the newest version
+//! applied to the database and look it up in the one source they are given.
+//! Once a set of lockkit's is applied with a version newer than your own
+//! migrations', reverting yours that way fails with `UnknownMigrationVersion`.
+//! Where you revert with Diesel's tools, copy `up_sql` and `down_sql` into a
+//! migration of your own instead.
 
 use std::fmt;
 use std::sync::OnceLock;
