@@ -333,6 +333,24 @@ async_backend_tests! {
         assert_eq!(items::table.count().get_result::<i64>(&mut conn).await.unwrap(), 0);
     }
 
+    /// A version from outside (a form's field, `If-Match`) naming a number a
+    /// rolled-back write left is stale, never restored as a held struct is.
+    async fn a_version_from_outside_naming_a_rolled_back_number_is_stale(db) {
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let mut a = item!(&mut conn, 1);
+        a.stock = 5;
+        write_and_roll_back!(&mut conn, a);
+        let err = Item::update_by_version(&mut conn, 1, 1, items::stock.eq(3)).await.unwrap_err();
+        assert!(matches!(err, Error::Stale(_)), "{err:?}");
+        let err = Item::delete_by_version(&mut conn, 1, 1).await.unwrap_err();
+        assert!(matches!(err, Error::Stale(_)), "{err:?}");
+        assert_eq!(item!(&mut conn, 1).stock, 10, "nothing written");
+        // The held struct is restored, and deletes.
+        a.delete_versioned(&mut conn).await.unwrap();
+        assert_eq!(items::table.count().get_result::<i64>(&mut conn).await.unwrap(), 0);
+    }
+
     /// A committed transaction leaves its versions as they are: the struct
     /// writes on, and a struct that read the row before it is stale.
     async fn a_committed_transaction_leaves_the_struct_writable(db) {

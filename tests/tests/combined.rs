@@ -496,6 +496,15 @@ mod all {
             assert_eq!(stock_of!(&mut conn, 1), 3);
         }
 
+        fn a_struct_deleted_after_its_write_rolled_back_deletes_as_if_restored(db) {
+            // A held struct, unlike a version from outside: restored.
+            let mut conn = db.conn();
+            seed_items(&mut conn, &[(1, 10)]);
+            let a = rolled_back_write!(conn);
+            a.delete_versioned(&mut conn).unwrap();
+            assert_eq!(items::table.count().get_result::<i64>(&mut conn).unwrap(), 0);
+        }
+
         fn writers_that_roll_back_and_retry_on_shared_rows_lose_nothing(db) {
             // Six threads on two rows: each increment is first written in a
             // transaction that rolls back, then the same struct is written again

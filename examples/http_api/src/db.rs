@@ -222,15 +222,7 @@ impl Pools {
                     Expected::Version(version) => *version,
                     listed_or_any => write_at(listed_or_any, current_version!(conn, id)?)?,
                 };
-                // `delete_versioned` reads only the key and the version: the
-                // row is not loaded (the async side has no `delete_by_version`).
-                let item = Item {
-                    id,
-                    name: String::new(),
-                    stock: 0,
-                    lock_version: at,
-                };
-                Ok::<_, ApiError>(item.delete_versioned(conn).await?)
+                Ok::<_, ApiError>(Item::delete_by_version(conn, id, at).await?)
             })
         };
         if matches!(expected, Expected::Any) {

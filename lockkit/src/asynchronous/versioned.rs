@@ -323,15 +323,29 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
         Self: AsyncVersionQuery<Conn> + 'a,
         DeleteVersioned<Self>: ExecuteDsl<Conn>,
     {
-        async move {
-            let key = self.key();
-            let expected = self.version();
-            let statement = |checked| diesel::delete(Self::target(key.clone(), checked));
-            let op = Operation::Delete;
-            let written =
-                write::<Self, Conn, _>(conn, &key, expected, Origin::Held, op, statement).await?;
-            written.version().map(drop)
-        }
+        delete_from::<Self, Conn>(conn, self.key(), self.version(), Origin::Held)
+    }
+
+    /// [`Versioned::delete_by_version`], async: deletes the row `key` if its
+    /// version is still `expected_version`, without loading it first (e.g.
+    /// `DELETE` with `If-Match`). A number a rolled-back write left is refused,
+    /// never restored, as for [`update_by_version`](Self::update_by_version).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Stale`] when the row changed or is gone (nothing was deleted),
+    /// [`Error::AmbiguousKey`], or a classified database error.
+    fn delete_by_version<'a, Conn>(
+        conn: &'a mut Conn,
+        key: Self::Key,
+        expected_version: Self::Version,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
+    where
+        Conn: AsyncLockingConnection,
+        Self: AsyncVersionQuery<Conn> + 'a,
+        DeleteVersioned<Self>: ExecuteDsl<Conn>,
+    {
+        delete_from::<Self, Conn>(conn, key, expected_version, Origin::Outside)
     }
 
     /// [`Versioned::touch_versioned`], async: bumps the version without
@@ -582,6 +596,24 @@ where
     BoxedSqlQuery<'static, Conn::Backend, SqlQuery>: for<'q> LoadQuery<'q, Conn, R> + Send,
 {
     Box::pin(query.get_result::<R>(conn))
+}
+
+/// A versioned delete of the row `key`, expecting `expected` from `origin`: a
+/// struct's (`delete_versioned`) or one from outside (`delete_by_version`).
+async fn delete_from<M, Conn>(
+    conn: &mut Conn,
+    key: M::Key,
+    expected: M::Version,
+    origin: Origin,
+) -> Result<(), Error>
+where
+    Conn: AsyncLockingConnection,
+    M: Versioned + AsyncVersionQuery<Conn>,
+    DeleteVersioned<M>: ExecuteDsl<Conn>,
+{
+    let statement = |checked| diesel::delete(M::target(key.clone(), checked));
+    let written = write::<M, Conn, _>(conn, &key, expected, origin, Operation::Delete, statement);
+    written.await?.version().map(drop)
 }
 
 /// Runs one versioned write: the sequence the blocking side's

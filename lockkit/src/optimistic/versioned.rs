@@ -310,7 +310,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         Self: VersionCheck + CurrentVersionQuery<Conn>,
         DeleteVersioned<Self>: ExecuteDsl<Conn>,
     {
-        Self::delete_by_version(conn, self.key(), self.version())
+        delete_from::<Self, _>(conn, self.key(), self.version(), Origin::Held)
     }
 
     /// Deletes the row `key` if its version is still `expected_version`, without
@@ -361,16 +361,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         Self: VersionCheck + CurrentVersionQuery<Conn>,
         DeleteVersioned<Self>: ExecuteDsl<Conn>,
     {
-        write::<Self, _, _>(
-            conn,
-            &key,
-            expected_version,
-            Origin::Outside,
-            Operation::Delete,
-            |checked| diesel::delete(Self::target(key.clone(), checked)),
-        )?
-        .version()
-        .map(drop)
+        delete_from::<Self, _>(conn, key, expected_version, Origin::Outside)
     }
 
     /// Bumps the version only (JPA's `OPTIMISTIC_FORCE_INCREMENT`): marks the row
@@ -979,6 +970,25 @@ where
         Some(at.to_i64()),
     );
     Ok(())
+}
+
+/// A versioned delete of the row `key`, expecting `expected` from `origin`: a
+/// struct's (`delete_versioned`) or one from outside (`delete_by_version`).
+fn delete_from<M, Conn>(
+    conn: &mut Conn,
+    key: M::Key,
+    expected: M::Version,
+    origin: Origin,
+) -> Result<(), Error>
+where
+    Conn: Connection,
+    M: VersionCheck + CurrentVersionQuery<Conn>,
+    DeleteVersioned<M>: ExecuteDsl<Conn>,
+{
+    let delete = |checked| diesel::delete(M::target(key.clone(), checked));
+    write::<M, _, _>(conn, &key, expected, origin, Operation::Delete, delete)?
+        .version()
+        .map(drop)
 }
 
 /// The order `update_all_by_version` writes `rows` in: by key, so that two bulk
