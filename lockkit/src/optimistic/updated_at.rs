@@ -10,6 +10,12 @@
 //!  WHERE posts.id = $2 AND posts.lock_version = $3
 //! ```
 //!
+//! Put it on a column of a date-and-time or text type (`Timestamp`,
+//! `Timestamptz`, `Datetime`, `Text`): lockkit does not check the column's
+//! type, and an integer column (epoch milliseconds) takes what the server makes
+//! of `CURRENT_TIMESTAMP` there, on MySQL/MariaDB the number `20261206050058`,
+//! on SQLite the text, read back as `2026` (PostgreSQL refuses it).
+//!
 //! `CURRENT_TIMESTAMP` is the database's clock on PostgreSQL (the transaction's
 //! start, as `NOW()`), MySQL/MariaDB (to the second, also in a `DATETIME(6)`
 //! column) and SQLite (UTC, to the second), so
