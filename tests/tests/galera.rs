@@ -421,42 +421,114 @@ fn a_transaction_overtaken_by_another_node_fails_at_its_next_statement() {
     assert_eq!(cluster.item(), (10, 2));
 }
 
+// A nested `with_lock` with a lock timeout saves and sets the session's lock
+// wait timeout, takes a savepoint, works, releases the savepoint, and puts the
+// timeout back. Node 2's commit of row 1 aborts node 1's transaction, and one
+// of those statements is the first to learn it: the call must fail as its
+// work's own statement would have, the stand-in open, or the caller's next
+// write commits on its own.
+
 #[test]
 fn a_nested_lock_whose_timeout_restore_finds_the_transaction_aborted_reports_it() {
-    // A nested `with_lock` with a lock timeout releases its savepoint, then
-    // puts the session's lock wait timeout back. Node 2's commit of row 1 in
-    // between aborts node 1's transaction, and the restore is the statement
-    // that learns it: the call must fail as its work's own statement would
-    // have, the stand-in open, or the caller's next write commits on its own.
-    let cluster = Cluster::with_hot_item("restore_after_release");
+    nested_lock_after_an_abort("restore_after_release", "RELEASE SAVEPOINT");
+}
+
+#[test]
+fn a_nested_lock_whose_timeout_setting_finds_the_transaction_aborted_reports_it() {
+    nested_lock_after_an_abort("setting_after_abort", "INSERT INTO orders");
+}
+
+#[cfg(feature = "async")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_nested_lock_whose_timeout_restore_finds_the_transaction_aborted_reports_it() {
+    async_nested_lock_after_an_abort("async_restore_after_release", "RELEASE SAVEPOINT").await;
+}
+
+#[cfg(feature = "async")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_nested_lock_whose_timeout_setting_finds_the_transaction_aborted_reports_it() {
+    async_nested_lock_after_an_abort("async_setting_after_abort", "INSERT INTO orders").await;
+}
+
+/// What node 1's transaction writes before its nested lock call, and after.
+const ROW_1: &str = "UPDATE items SET stock = stock + 1 WHERE id = 1";
+const ORDER_LINE_1: &str = "INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)";
+const ORDER_LINE_2: &str = "INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)";
+
+/// Node 1's transaction writes row 1 and order line 1, runs a nested
+/// `with_lock` of row 1 with a lock timeout, then writes order line 2; node 2
+/// commits row 1 after node 1's first statement that starts with
+/// `abort_after`.
+fn nested_lock_after_an_abort(test: &str, abort_after: &'static str) {
+    let cluster = Cluster::with_hot_item(test);
     let mut node_1 = cluster.node(0);
     node_1.set_instrumentation(lockkit::journal::Journal::wrap(
-        node_2_commits_after_the_first(&cluster, "RELEASE SAVEPOINT"),
+        node_2_commits_after_the_first(&cluster, abort_after),
     ));
-    let order_line = |conn: &mut MysqlConnection, id: i32| -> Result<(), Error> {
-        let sql = format!("INSERT INTO orders (id, item_id, qty) VALUES ({id}, NULL, 1)");
-        Ok(conn.batch_execute(&sql)?)
-    };
     let mut nested = None;
     let mut after = None;
     let outcome: Result<(), Error> = node_1.transaction(|conn| {
-        order_line(conn, 1)?;
+        conn.batch_execute(ROW_1)?;
+        conn.batch_execute(ORDER_LINE_1)?;
         let options = LockOptions::default().timeout(Duration::from_secs(5));
         nested = Some(lockkit::with_lock(conn, 1, options, |conn, _: Item| {
             add_stock(conn, 1)
         }));
-        after = Some(order_line(conn, 2));
+        after = Some(conn.batch_execute(ORDER_LINE_2).map_err(Error::from));
         Ok(())
     });
-    let nested = nested.unwrap();
+    nothing_of_node_1_committed(&cluster, nested.unwrap(), after.unwrap(), &outcome);
+}
+
+/// [`nested_lock_after_an_abort`] on diesel-async.
+#[cfg(feature = "async")]
+async fn async_nested_lock_after_an_abort(test: &str, abort_after: &'static str) {
+    use diesel_async::{AsyncConnection, AsyncMysqlConnection, SimpleAsyncConnection};
+    let cluster = Cluster::with_hot_item(test);
+    let mut node_1 = AsyncMysqlConnection::establish(&cluster.urls[0])
+        .await
+        .unwrap();
+    node_1.set_instrumentation(lockkit::journal::Journal::wrap(
+        node_2_commits_after_the_first(&cluster, abort_after),
+    ));
+    let mut nested = None;
+    let mut after = None;
+    let outcome = lockkit::asynchronous::locked_transaction(
+        &mut node_1,
+        LockOptions::default(),
+        async |conn: &mut AsyncMysqlConnection| {
+            conn.batch_execute(ROW_1).await?;
+            conn.batch_execute(ORDER_LINE_1).await?;
+            let options = LockOptions::default().timeout(Duration::from_secs(5));
+            nested = Some(
+                lockkit::asynchronous::with_lock(conn, 1, options, async |conn, _: Item| {
+                    conn.batch_execute(ROW_1).await?;
+                    Ok::<_, Error>(())
+                })
+                .await,
+            );
+            after = Some(conn.batch_execute(ORDER_LINE_2).await.map_err(Error::from));
+            Ok::<_, Error>(())
+        },
+    )
+    .await;
+    nothing_of_node_1_committed(&cluster, nested.unwrap(), after.unwrap(), &outcome);
+}
+
+/// The nested call failed as aborted, the write after it was refused, and
+/// nothing of node 1's transaction committed: no order line, and row 1 holds
+/// node 2's 10 only. `outcome`: what node 1's transaction returned.
+fn nothing_of_node_1_committed(
+    cluster: &Cluster,
+    nested: Result<(), Error>,
+    after: Result<(), Error>,
+    outcome: &Result<(), Error>,
+) {
     assert!(
         matches!(nested, Err(Error::TransactionAborted(_))),
         "{nested:?}"
     );
-    assert!(
-        after.unwrap().is_err(),
-        "the caller's next write ran in autocommit"
-    );
+    assert!(after.is_err(), "the caller's next write ran in autocommit");
     let lines: i64 = lockkit_tests::schema::orders::table
         .count()
         .get_result(&mut cluster.synced(0))
@@ -493,166 +565,6 @@ fn node_2_commits_after_the_first(
                 .unwrap();
         }
     }
-}
-
-#[test]
-fn a_nested_lock_whose_timeout_setting_finds_the_transaction_aborted_reports_it() {
-    // As above, one step earlier: the statement that saves and sets the
-    // session's lock wait timeout, before the savepoint, is the first to learn
-    // that node 2's commit aborted node 1's transaction.
-    let cluster = Cluster::with_hot_item("setting_after_abort");
-    let mut node_1 = cluster.node(0);
-    node_1.set_instrumentation(lockkit::journal::Journal::wrap(
-        node_2_commits_after_the_first(&cluster, "INSERT INTO orders"),
-    ));
-    let order_line = |conn: &mut MysqlConnection, id: i32| -> Result<(), Error> {
-        let sql = format!("INSERT INTO orders (id, item_id, qty) VALUES ({id}, NULL, 1)");
-        Ok(conn.batch_execute(&sql)?)
-    };
-    let mut nested = None;
-    let mut after = None;
-    let outcome: Result<(), Error> = node_1.transaction(|conn| {
-        add_stock(conn, 1)?;
-        order_line(conn, 1)?;
-        let options = LockOptions::default().timeout(Duration::from_secs(5));
-        nested = Some(lockkit::with_lock(conn, 1, options, |conn, _: Item| {
-            add_stock(conn, 1)
-        }));
-        after = Some(order_line(conn, 2));
-        Ok(())
-    });
-    let nested = nested.unwrap();
-    assert!(
-        matches!(nested, Err(Error::TransactionAborted(_))),
-        "{nested:?}"
-    );
-    assert!(
-        after.unwrap().is_err(),
-        "the caller's next write ran in autocommit"
-    );
-    let lines: i64 = lockkit_tests::schema::orders::table
-        .count()
-        .get_result(&mut cluster.synced(0))
-        .unwrap();
-    assert_eq!(
-        lines, 0,
-        "nothing of node 1's transaction committed; it returned {outcome:?}"
-    );
-    assert_eq!(cluster.item().0, 10, "node 2's 10 stands");
-}
-
-#[cfg(feature = "async")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_async_nested_lock_whose_timeout_setting_finds_the_transaction_aborted_reports_it() {
-    // As on the blocking side, on diesel-async.
-    use diesel_async::{AsyncConnection, AsyncMysqlConnection, SimpleAsyncConnection};
-    let cluster = Cluster::with_hot_item("async_setting_after_abort");
-    let mut node_1 = AsyncMysqlConnection::establish(&cluster.urls[0])
-        .await
-        .unwrap();
-    node_1.set_instrumentation(lockkit::journal::Journal::wrap(
-        node_2_commits_after_the_first(&cluster, "INSERT INTO orders"),
-    ));
-    let mut nested = None;
-    let mut after = None;
-    let outcome = lockkit::asynchronous::locked_transaction(
-        &mut node_1,
-        LockOptions::default(),
-        async |conn: &mut AsyncMysqlConnection| {
-            conn.batch_execute("UPDATE items SET stock = stock + 1 WHERE id = 1")
-                .await?;
-            conn.batch_execute("INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)")
-                .await?;
-            let options = LockOptions::default().timeout(Duration::from_secs(5));
-            nested = Some(
-                lockkit::asynchronous::with_lock(conn, 1, options, async |_, _: Item| {
-                    Ok::<_, Error>(())
-                })
-                .await,
-            );
-            after = Some(
-                conn.batch_execute("INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)")
-                    .await,
-            );
-            Ok::<_, Error>(())
-        },
-    )
-    .await;
-    let nested = nested.unwrap();
-    assert!(
-        matches!(nested, Err(Error::TransactionAborted(_))),
-        "{nested:?}"
-    );
-    assert!(
-        after.unwrap().is_err(),
-        "the caller's next write ran in autocommit"
-    );
-    let lines: i64 = lockkit_tests::schema::orders::table
-        .count()
-        .get_result(&mut cluster.synced(0))
-        .unwrap();
-    assert_eq!(
-        lines, 0,
-        "nothing of node 1's transaction committed; it returned {outcome:?}"
-    );
-    assert_eq!(cluster.item().0, 10, "node 2's 10 stands");
-}
-
-#[cfg(feature = "async")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_async_nested_lock_whose_timeout_restore_finds_the_transaction_aborted_reports_it() {
-    // As on the blocking side, on diesel-async.
-    use diesel_async::{AsyncConnection, AsyncMysqlConnection, SimpleAsyncConnection};
-    let cluster = Cluster::with_hot_item("async_restore_after_release");
-    let mut node_1 = AsyncMysqlConnection::establish(&cluster.urls[0])
-        .await
-        .unwrap();
-    node_1.set_instrumentation(lockkit::journal::Journal::wrap(
-        node_2_commits_after_the_first(&cluster, "RELEASE SAVEPOINT"),
-    ));
-    let mut nested = None;
-    let mut after = None;
-    let outcome = lockkit::asynchronous::locked_transaction(
-        &mut node_1,
-        LockOptions::default(),
-        async |conn: &mut AsyncMysqlConnection| {
-            conn.batch_execute("INSERT INTO orders (id, item_id, qty) VALUES (1, NULL, 1)")
-                .await?;
-            let options = LockOptions::default().timeout(Duration::from_secs(5));
-            nested = Some(
-                lockkit::asynchronous::with_lock(conn, 1, options, async |conn, _: Item| {
-                    conn.batch_execute("UPDATE items SET stock = stock + 1 WHERE id = 1")
-                        .await?;
-                    Ok::<_, Error>(())
-                })
-                .await,
-            );
-            after = Some(
-                conn.batch_execute("INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)")
-                    .await,
-            );
-            Ok::<_, Error>(())
-        },
-    )
-    .await;
-    let nested = nested.unwrap();
-    assert!(
-        matches!(nested, Err(Error::TransactionAborted(_))),
-        "{nested:?}"
-    );
-    assert!(
-        after.unwrap().is_err(),
-        "the caller's next write ran in autocommit"
-    );
-    let lines: i64 = lockkit_tests::schema::orders::table
-        .count()
-        .get_result(&mut cluster.synced(0))
-        .unwrap();
-    assert_eq!(
-        lines, 0,
-        "nothing of node 1's transaction committed; it returned {outcome:?}"
-    );
-    assert_eq!(cluster.item().0, 10, "node 2's 10 stands");
 }
 
 #[test]
