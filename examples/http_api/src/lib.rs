@@ -27,7 +27,7 @@
 //! ([`lockkit::asynchronous`]):
 //!
 //! * `PUT` and `DELETE` are `AsyncVersioned::update_by_version` and
-//!   `delete_versioned`: one statement that checks and bumps the version, so
+//!   `delete_by_version`: one statement that checks and bumps the version, so
 //!   two clients that read the same `ETag` cannot both write; `If-Match: *`
 //!   re-reads and writes again under `asynchronous::retry` when another writer
 //!   got in between.
