@@ -234,15 +234,15 @@ type Amount<C, V> =
     <V as AsExpression<<<C as Expression>::SqlType as IntoNotNullable>::NotNullable>>::Expression;
 
 /// Adds `by` (negative to subtract) to `column` in SQL: `column = COALESCE(column,
-/// 0) + $1`, a `NULL` counting as zero. `by` is bound as a parameter. The
-/// column is of a type SQL adds (Diesel's `sql_types::ops::Add`: the integer,
-/// floating-point and numeric types): on a text column SQLite would store `0`.
+/// 0) + $1`, a `NULL` counting as zero. `by` is bound as a parameter. Put it
+/// on an integer, floating-point or numeric column: lockkit does not check the
+/// column's type, and SQLite adds text and timestamps as numbers (a text column
+/// would hold `0`).
 pub fn counter<C, V>(_column: C, by: V) -> Increment<C, Amount<C, V>>
 where
     C: Column,
     C::SqlType: IntoNotNullable,
-    <C::SqlType as IntoNotNullable>::NotNullable:
-        SqlType + TypedExpressionType + diesel::sql_types::ops::Add,
+    <C::SqlType as IntoNotNullable>::NotNullable: SqlType + TypedExpressionType,
     V: AsExpression<<C::SqlType as IntoNotNullable>::NotNullable>,
 {
     Increment {
