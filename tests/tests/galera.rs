@@ -421,33 +421,50 @@ fn a_transaction_overtaken_by_another_node_fails_at_its_next_statement() {
     assert_eq!(cluster.item(), (10, 2));
 }
 
-// A nested `with_lock` with a lock timeout saves and sets the session's lock
-// wait timeout, takes a savepoint, works, releases the savepoint, and puts the
-// timeout back. Node 2's commit of row 1 aborts node 1's transaction, and one
-// of those statements is the first to learn it: the call must fail as its
-// work's own statement would have, the stand-in open, or the caller's next
-// write commits on its own.
+// A nested `with_lock` (with a lock timeout: saves and sets the session's
+// lock wait timeout) takes a savepoint, works, releases the savepoint (and
+// puts the timeout back). Node 2's commit of row 1 aborts node 1's
+// transaction, and one of those statements is the first to learn it: the call
+// must fail as its work's own statement would have, the stand-in open, or the
+// caller's next write commits on its own.
+
+/// The lock timeout of the nested calls that set one.
+const TIMEOUT: Option<Duration> = Some(Duration::from_secs(5));
 
 #[test]
 fn a_nested_lock_whose_timeout_restore_finds_the_transaction_aborted_reports_it() {
-    nested_lock_after_an_abort("restore_after_release", "RELEASE SAVEPOINT");
+    nested_lock_after_an_abort("restore_after_release", "RELEASE SAVEPOINT", TIMEOUT);
 }
 
 #[test]
 fn a_nested_lock_whose_timeout_setting_finds_the_transaction_aborted_reports_it() {
-    nested_lock_after_an_abort("setting_after_abort", "INSERT INTO orders");
+    nested_lock_after_an_abort("setting_after_abort", "INSERT INTO orders", TIMEOUT);
+}
+
+#[test]
+fn a_nested_lock_whose_savepoint_finds_the_transaction_aborted_reports_it() {
+    nested_lock_after_an_abort("savepoint_after_abort", "INSERT INTO orders", None);
 }
 
 #[cfg(feature = "async")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_async_nested_lock_whose_timeout_restore_finds_the_transaction_aborted_reports_it() {
-    async_nested_lock_after_an_abort("async_restore_after_release", "RELEASE SAVEPOINT").await;
+    async_nested_lock_after_an_abort("async_restore_after_release", "RELEASE SAVEPOINT", TIMEOUT)
+        .await;
 }
 
 #[cfg(feature = "async")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_async_nested_lock_whose_timeout_setting_finds_the_transaction_aborted_reports_it() {
-    async_nested_lock_after_an_abort("async_setting_after_abort", "INSERT INTO orders").await;
+    async_nested_lock_after_an_abort("async_setting_after_abort", "INSERT INTO orders", TIMEOUT)
+        .await;
+}
+
+#[cfg(feature = "async")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_nested_lock_whose_savepoint_finds_the_transaction_aborted_reports_it() {
+    async_nested_lock_after_an_abort("async_savepoint_after_abort", "INSERT INTO orders", None)
+        .await;
 }
 
 /// What node 1's transaction writes before its nested lock call, and after.
@@ -456,10 +473,10 @@ const ORDER_LINE_1: &str = "INSERT INTO orders (id, item_id, qty) VALUES (1, NUL
 const ORDER_LINE_2: &str = "INSERT INTO orders (id, item_id, qty) VALUES (2, NULL, 1)";
 
 /// Node 1's transaction writes row 1 and order line 1, runs a nested
-/// `with_lock` of row 1 with a lock timeout, then writes order line 2; node 2
-/// commits row 1 after node 1's first statement that starts with
+/// `with_lock` of row 1 (with the lock `timeout`), then writes order line 2;
+/// node 2 commits row 1 after node 1's first statement that starts with
 /// `abort_after`.
-fn nested_lock_after_an_abort(test: &str, abort_after: &'static str) {
+fn nested_lock_after_an_abort(test: &str, abort_after: &'static str, timeout: Option<Duration>) {
     let cluster = Cluster::with_hot_item(test);
     let mut node_1 = cluster.node(0);
     node_1.set_instrumentation(lockkit::journal::Journal::wrap(
@@ -470,7 +487,8 @@ fn nested_lock_after_an_abort(test: &str, abort_after: &'static str) {
     let outcome: Result<(), Error> = node_1.transaction(|conn| {
         conn.batch_execute(ROW_1)?;
         conn.batch_execute(ORDER_LINE_1)?;
-        let options = LockOptions::default().timeout(Duration::from_secs(5));
+        let options =
+            timeout.map_or_else(LockOptions::default, |t| LockOptions::default().timeout(t));
         nested = Some(lockkit::with_lock(conn, 1, options, |conn, _: Item| {
             add_stock(conn, 1)
         }));
@@ -482,7 +500,11 @@ fn nested_lock_after_an_abort(test: &str, abort_after: &'static str) {
 
 /// [`nested_lock_after_an_abort`] on diesel-async.
 #[cfg(feature = "async")]
-async fn async_nested_lock_after_an_abort(test: &str, abort_after: &'static str) {
+async fn async_nested_lock_after_an_abort(
+    test: &str,
+    abort_after: &'static str,
+    timeout: Option<Duration>,
+) {
     use diesel_async::{AsyncConnection, AsyncMysqlConnection, SimpleAsyncConnection};
     let cluster = Cluster::with_hot_item(test);
     let mut node_1 = AsyncMysqlConnection::establish(&cluster.urls[0])
@@ -499,7 +521,8 @@ async fn async_nested_lock_after_an_abort(test: &str, abort_after: &'static str)
         async |conn: &mut AsyncMysqlConnection| {
             conn.batch_execute(ROW_1).await?;
             conn.batch_execute(ORDER_LINE_1).await?;
-            let options = LockOptions::default().timeout(Duration::from_secs(5));
+            let options =
+                timeout.map_or_else(LockOptions::default, |t| LockOptions::default().timeout(t));
             nested = Some(
                 lockkit::asynchronous::with_lock(conn, 1, options, async |conn, _: Item| {
                     conn.batch_execute(ROW_1).await?;

@@ -343,11 +343,27 @@ impl<C: AsyncConnection> Drop for Unsettled<'_, C> {
 /// diesel-async's `begin_transaction` (`BEGIN`, or a `SAVEPOINT` when nested)
 /// under an armed [`Unsettled`]: how every async lockkit call opens its level
 /// when its backend needs nothing else.
-pub(crate) async fn begin_transaction<C: AsyncConnection>(conn: &mut C) -> QueryResult<()> {
+pub(crate) async fn begin_transaction<C: AsyncConnection>(conn: &mut C) -> Result<(), Error> {
     let mut unsettled = Unsettled::armed(conn);
     let begun = C::TransactionManager::begin_transaction(unsettled.conn).await;
     unsettled.settled();
-    begun
+    drop(unsettled);
+    match begun {
+        Ok(()) => Ok(()),
+        Err(err) => Err(begin_failed(conn, err).await),
+    }
+}
+
+/// A transaction or savepoint `conn` could not open: nested, its statement may
+/// be the first to learn that the caller's transaction ended (another Galera
+/// node's commit aborted it while it sat idle), and the error is decided as a
+/// failed write's (`TransactionAborted`, the stand-in open), as the blocking
+/// side's failed level is, not a plain retryable error.
+pub(crate) async fn begin_failed<C: AsyncConnection>(
+    conn: &mut C,
+    err: diesel::result::Error,
+) -> Error {
+    failed_write(conn, classify(err)).await
 }
 
 /// Begins a transaction fit for locking on `conn`
@@ -1101,7 +1117,7 @@ mod mysql {
                 <Self as AsyncConnection>::TransactionManager::begin_transaction(self).await
             {
                 let _ = self.restore(&restore, false).await;
-                return Err(classify(err));
+                return Err(begin_failed(self, err).await);
             }
             Ok(restore)
         }

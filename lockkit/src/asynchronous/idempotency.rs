@@ -56,7 +56,6 @@ use super::connection::{ended_by_statement, AsyncLockingConnection, Level, Resto
 use super::transaction::end;
 use super::work::{CatchUnwind, ConnWork};
 use crate::clock::now_millis;
-use crate::error::classification::classify;
 use crate::error::Error;
 use crate::http::idempotency::{
     finished, replayed, stored, unsure_end, Idempotency, Outcome, PurgeBefore, RunError, Scoped,
@@ -108,9 +107,7 @@ where
     };
     // A savepoint when one is open, as on the blocking side.
     let began = super::connection::began(conn).await.map_err(E::from)?;
-    super::connection::begin_transaction(conn)
-        .await
-        .map_err(classify)?;
+    super::connection::begin_transaction(conn).await?;
     // A panic of the work is caught only to roll back and release the key (a
     // retry must run the work again), then goes on.
     let mut level = Level::opened(&mut *conn);

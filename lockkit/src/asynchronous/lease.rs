@@ -58,7 +58,6 @@ use std::time::Duration;
 use super::connection::{refuse_broken, AsyncLockingConnection, Level, Restore, Unsettled};
 use super::transaction::end;
 use super::work::{AsyncWork, ConnWork};
-use crate::error::classification::classify;
 use crate::error::Error;
 use crate::lease::fence::admitted;
 use crate::lease::{
@@ -220,9 +219,7 @@ where
 {
     check_name(resource)?;
     let began = super::connection::began(conn).await.map_err(E::from)?;
-    super::connection::begin_transaction(conn)
-        .await
-        .map_err(classify)?;
+    super::connection::begin_transaction(conn).await?;
     let mut level = Level::opened(conn);
     let conn = &mut *level;
     let result = match C::raise(conn, resource, fence.0).await {

@@ -9,7 +9,6 @@
 
 use super::connection::{in_transaction, AsyncLockingConnection};
 use super::work::ConnAttempt;
-use crate::error::classification::classify;
 use crate::retry::{after_failure, may_retry, Next, Spent};
 use crate::retry::{RetryPolicy, RetryableError};
 
@@ -165,7 +164,7 @@ where
         let result = match super::connection::began(conn).await {
             Ok(began) => match super::connection::begin_transaction(conn).await {
                 Ok(()) => super::transaction::attempt(conn, began, &mut op).await,
-                Err(err) => Err(E::from(classify(err))),
+                Err(err) => Err(E::from(err)),
             },
             Err(err) => Err(E::from(err)),
         };

@@ -263,9 +263,7 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
             super::connection::refuse_if_ended_on_sqlite(conn).await?;
             super::connection::roll_back_unused_drop(conn).await?;
             let began = Began::own(in_transaction(conn));
-            super::connection::begin_transaction(conn)
-                .await
-                .map_err(classify)?;
+            super::connection::begin_transaction(conn).await?;
             let mut level = Level::opened(conn);
             let conn = &mut *level;
             let mut versions = vec![None; rows.len()];
@@ -875,9 +873,7 @@ where
     // nested lockkit transaction (`TransactionAborted`, the stand-in open),
     // which `write_from` hands on as it is.
     let began = Began::own(in_transaction(conn));
-    super::connection::begin_transaction(conn)
-        .await
-        .map_err(classify)?;
+    super::connection::begin_transaction(conn).await?;
     let mut level = Level::opened(conn);
     let conn = &mut *level;
     let result = ExecuteDsl::execute(statement(), conn)
