@@ -345,13 +345,14 @@ impl<C: AsyncConnection> Drop for Unsettled<'_, C> {
 /// when its backend needs nothing else.
 pub(crate) async fn begin_transaction<C: AsyncConnection>(conn: &mut C) -> Result<(), Error> {
     let mut unsettled = Unsettled::armed(conn);
-    let begun = C::TransactionManager::begin_transaction(unsettled.conn).await;
-    unsettled.settled();
-    drop(unsettled);
-    match begun {
+    let begun = match C::TransactionManager::begin_transaction(unsettled.conn).await {
         Ok(()) => Ok(()),
-        Err(err) => Err(begin_failed(conn, err).await),
-    }
+        // Still armed: what deciding the error sends (the stand-in's
+        // statements) is in flight too.
+        Err(err) => Err(begin_failed(&mut *unsettled.conn, err).await),
+    };
+    unsettled.settled();
+    begun
 }
 
 /// A transaction or savepoint `conn` could not open: nested, its statement may
