@@ -1108,7 +1108,7 @@ mod mysql {
                         // As on the blocking side: nested, this may be the
                         // first statement to learn that the caller's
                         // transaction ended.
-                        return Err(failed_write(self, classify(err)).await);
+                        return Err(begin_failed(self, err).await);
                     }
                     Restore::LockWaitTimeout(depth)
                 }

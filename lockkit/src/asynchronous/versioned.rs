@@ -118,7 +118,7 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
             let this = &*self;
             let statement =
                 |checked| update::<Self, _>(this.key(), checked, this.versioned_changeset());
-            let written = write::<Self, Conn, _>(
+            let written = write_from::<Self, Conn, _>(
                 conn,
                 &key,
                 expected,
@@ -198,7 +198,7 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
         async move {
             let statement = |checked| Self::update_statement(key.clone(), checked, changes);
             let op = Operation::Update;
-            let written = write::<Self, Conn, _>(
+            let written = write_from::<Self, Conn, _>(
                 conn,
                 &key,
                 expected_version,
@@ -273,7 +273,7 @@ pub trait AsyncVersioned: Versioned + VersionCheck + Send + Sync {
                 let (key, expected) = &rows[i];
                 let statement =
                     |checked| Self::update_statement(key.clone(), checked, changes.clone());
-                match write::<Self, Conn, _>(
+                match write_from::<Self, Conn, _>(
                     conn,
                     key,
                     *expected,
@@ -610,30 +610,12 @@ where
     DeleteVersioned<M>: ExecuteDsl<Conn>,
 {
     let statement = |checked| diesel::delete(M::target(key.clone(), checked));
-    let written = write::<M, Conn, _>(conn, &key, expected, origin, Operation::Delete, statement);
+    let written =
+        write_from::<M, Conn, _>(conn, &key, expected, origin, Operation::Delete, statement);
     written.await?.version().map(drop)
 }
 
-/// Runs one versioned write: the sequence the blocking side's
-/// `optimistic::versioned::write` drives (`optimistic::sequence`), its
-/// decisions taken by the same functions; only the statements are awaited.
-async fn write<M, Conn, S>(
-    conn: &mut Conn,
-    key: &M::Key,
-    expected: M::Version,
-    origin: Origin,
-    operation: Operation,
-    statement: impl FnOnce(M::Version) -> S + Send,
-) -> Result<Written<M::Version>, Error>
-where
-    Conn: AsyncLockingConnection,
-    M: Versioned + AsyncVersionQuery<Conn>,
-    S: ExecuteDsl<Conn>,
-{
-    write_from::<M, Conn, S>(conn, key, expected, origin, operation, statement).await
-}
-
-/// [`write`] of the row `model` holds, checking the version it holds (from
+/// [`write_from`] of the row `model` holds, checking the version it holds (from
 /// `origin`) with the statement `statement` builds for the key and the version
 /// to check; the version the write left is kept in `model`.
 async fn write_held<M, Conn, S>(
@@ -655,7 +637,10 @@ where
     settle(model, written)
 }
 
-/// [`write`], for a version from `origin`. As on the blocking side, the
+/// Runs one versioned write, expecting a version from `origin`: the sequence
+/// the blocking side's `optimistic::versioned::write` drives
+/// (`optimistic::sequence`), its decisions taken by the same functions; only
+/// the statements are awaited. As on the blocking side, the
 /// error of any of its statements (the follow-up read or a move past as well
 /// as the write) is decided as a failed write's, once
 /// ([`failed_write`](super::connection::failed_write)). An abort the sequence
