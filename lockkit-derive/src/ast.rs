@@ -81,7 +81,6 @@ pub fn fields<'a>(
     input: &'a DeriveInput,
     derive: Derive,
 ) -> Option<(attr::DieselContainer, Vec<ModelField<'a>>)> {
-    attr::lockkit_container(cx, &input.attrs);
     let container = attr::diesel_container(cx, &input.attrs);
     let named = match &input.data {
         Data::Struct(data) => match &data.fields {

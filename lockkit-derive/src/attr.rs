@@ -312,19 +312,79 @@ fn read_keys(
 const FIELD_KEYS: &str =
     "lockkit's field attributes are `#[lockkit(version)]`, `#[lockkit(no_bump)]` and `#[lockkit(updated_at)]`";
 
-/// `#[lockkit(...)]` on the struct itself: there are no struct-level keys.
-pub fn lockkit_container(cx: &mut Ctxt, attrs: &[Attribute]) {
-    for (index, attr) in attrs.iter().enumerate() {
-        if !attr.path().is_ident(LOCKKIT) {
-            continue;
-        }
-        cx.error_with_help(
-            Pos::attr(index),
-            attr,
-            "`#[lockkit(...)]` is not allowed on the struct",
-            "put `#[lockkit(version)]` on the version field",
-        );
-    }
+/// `#[lockkit(crate = ..)]` on the struct: the path the generated code
+/// reaches lockkit by, for a crate that depends on lockkit under another name
+/// or through a facade crate that re-exports it.
+pub const CRATE: &str = "crate";
+
+/// The `help:` line of a mistake in the struct's `#[lockkit(...)]`.
+const CONTAINER_KEYS: &str =
+    "the struct's one lockkit attribute is `#[lockkit(crate = \"path::to::lockkit\")]`";
+
+/// `#[lockkit(...)]` on the struct itself: `crate = ..` is the one key. The
+/// field keys are refused here with a hint to move them.
+pub fn lockkit_container(cx: &mut Ctxt, attrs: &[Attribute]) -> Option<Path> {
+    let mut krate: Option<Path> = None;
+    read_keys(
+        cx,
+        attrs,
+        LOCKKIT,
+        Some(CONTAINER_KEYS),
+        Pos::attr,
+        |cx, pos, meta| {
+            let name = quote::ToTokens::to_token_stream(&meta.path).to_string();
+            if !meta.path.is_ident(CRATE) {
+                let (message, help) = if [VERSION, NO_BUMP, UPDATED_AT].contains(&name.as_str()) {
+                    (
+                        format!(
+                            "`#[lockkit({name})]` is a field attribute, not allowed on the struct"
+                        ),
+                        format!("put `#[lockkit({name})]` on the field it marks"),
+                    )
+                } else {
+                    (
+                        format!("unknown lockkit attribute `{name}` on the struct"),
+                        CONTAINER_KEYS.to_owned(),
+                    )
+                };
+                cx.error_with_help(pos, &meta.path, message, help);
+                // Reported above: a value that does not parse adds nothing.
+                let _ = skip_value(meta.input);
+                return Ok(());
+            }
+            if !meta.input.peek(Token![=]) {
+                cx.error_with_help(
+                    pos,
+                    &meta.path,
+                    "`crate` needs the path lockkit is reached by",
+                    "write `#[lockkit(crate = \"path::to::lockkit\")]`",
+                );
+                let _ = skip_value(meta.input); // reported above
+                return Ok(());
+            }
+            let value = meta.value()?;
+            // A string, as serde's `crate = ".."`, or the path itself.
+            let path = if value.peek(syn::LitStr) {
+                value
+                    .parse::<syn::LitStr>()?
+                    .parse_with(Path::parse_mod_style)?
+            } else {
+                value.call(Path::parse_mod_style)?
+            };
+            if krate.is_some() {
+                cx.error_with_help(
+                    pos,
+                    &meta.path,
+                    "duplicate `#[lockkit(crate = ..)]`",
+                    "write `#[lockkit(crate = ..)]` once",
+                );
+            } else {
+                krate = Some(path);
+            }
+            Ok(())
+        },
+    );
+    krate
 }
 
 /// `= value` after a Diesel key, parsed as a `T`.

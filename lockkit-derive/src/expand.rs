@@ -3,9 +3,10 @@
 use proc_macro2::TokenStream;
 use quote::quote;
 use syn::ext::IdentExt;
-use syn::DeriveInput;
+use syn::{DeriveInput, Path};
 
 use crate::ast::{self, Derive, Model, ModelField, Versioning};
+use crate::attr;
 use crate::ctxt::Ctxt;
 use crate::dummy::dummy_const;
 use crate::fallback;
@@ -23,27 +24,32 @@ pub fn derive_lockable(input: &DeriveInput) -> TokenStream {
 
 fn derive(input: &DeriveInput, derive: Derive) -> TokenStream {
     let mut cx = Ctxt::default();
+    // Read first and apart from the model: the fallback needs it too.
+    let krate = attr::lockkit_container(&mut cx, &input.attrs);
     let parsed = ast::fields(&mut cx, input, derive);
     let model = parsed
         .as_ref()
         .and_then(|(container, fields)| ast::model(&mut cx, input, container, fields, derive));
     match (cx.check(), model) {
-        (Ok(()), Some(model)) => expand(&model),
-        (Err(errors), _) => fallback::expand(input, derive, &errors),
+        (Ok(()), Some(model)) => expand(krate.as_ref(), &model),
+        (Err(errors), _) => fallback::expand(krate.as_ref(), input, derive, &errors),
         (Ok(()), None) => unreachable!("a missing model always records an error"),
     }
 }
 
-fn expand(model: &Model<'_>) -> TokenStream {
+fn expand(krate: Option<&Path>, model: &Model<'_>) -> TokenStream {
     let lockable = expand_lockable(model);
     let versioned = model
         .versioning
         .as_ref()
         .map(|versioning| expand_versioned(model, versioning));
-    dummy_const(quote! {
-        #lockable
-        #versioned
-    })
+    dummy_const(
+        krate,
+        quote! {
+            #lockable
+            #versioned
+        },
+    )
 }
 
 /// `impl Lockable`: the table and the primary key.
@@ -92,21 +98,21 @@ fn expand_lockable(model: &Model<'_>) -> TokenStream {
         }
     };
     let key_check = quote::quote_spanned! {key_check_span=>
-        ::lockkit::__private::key_is_primary_key::<#table::table, #primary_key>()
+        __lockkit::__private::key_is_primary_key::<#table::table, #primary_key>()
     };
 
     let key_columns = model.keys.iter().map(|k| {
         let column = &k.column;
-        quote!(<#table::#column as ::lockkit::__private::diesel::Column>::NAME)
+        quote!(<#table::#column as __lockkit::__private::diesel::Column>::NAME)
     });
     let on_lock = match model.versioning {
-        Some(_) => quote!(::lockkit::__private::BumpVersion),
-        None => quote!(::lockkit::__private::NoVersion),
+        Some(_) => quote!(__lockkit::__private::BumpVersion),
+        None => quote!(__lockkit::__private::NoVersion),
     };
 
     quote! {
         #[automatically_derived]
-        impl #impl_generics ::lockkit::__private::Lockable for #ident #ty_generics #where_clause {
+        impl #impl_generics __lockkit::__private::Lockable for #ident #ty_generics #where_clause {
             type Table = #table::table;
             type Key = #key_type;
             type OnLock = #on_lock;
@@ -139,7 +145,7 @@ fn expand_versioned(model: &Model<'_>, versioning: &Versioning<'_>) -> TokenStre
     let (fields_type, fields_value, cache) = if versioning.changeset.is_empty() {
         // Nothing but key and version: the version bump is the whole update.
         (
-            quote!(::core::option::Option<::lockkit::__private::diesel::dsl::Eq<#table::#version_column, #version_type>>),
+            quote!(::core::option::Option<__lockkit::__private::diesel::dsl::Eq<#table::#version_column, #version_type>>),
             quote!(::core::option::Option::None),
             quote!(BySql),
         )
@@ -162,16 +168,16 @@ fn expand_versioned(model: &Model<'_>, versioning: &Versioning<'_>) -> TokenStre
     let updated_at = match versioning.updated_at {
         Some(field) => {
             let column = &field.column;
-            quote!(::lockkit::__private::SetUpdatedAt<#table::#column>)
+            quote!(__lockkit::__private::SetUpdatedAt<#table::#column>)
         }
-        None => quote!(::lockkit::__private::NoUpdatedAt<#table::table>),
+        None => quote!(__lockkit::__private::NoUpdatedAt<#table::table>),
     };
-    let changeset_type = quote!(::lockkit::__private::#cache<#fields_type>);
-    let changeset_value = quote!(::lockkit::__private::#cache(#fields_value));
+    let changeset_type = quote!(__lockkit::__private::#cache<#fields_type>);
+    let changeset_value = quote!(__lockkit::__private::#cache(#fields_value));
 
     quote! {
         #[automatically_derived]
-        impl #impl_generics ::lockkit::__private::Versioned for #ident #ty_generics #where_clause {
+        impl #impl_generics __lockkit::__private::Versioned for #ident #ty_generics #where_clause {
             type VersionColumn = #table::#version_column;
             type Version = #version_type;
             type Changeset<#lifetime> = #changeset_type where Self: #lifetime;
@@ -202,11 +208,11 @@ fn changeset_type(
     let column = &field.column;
     match (field.skip_none, ast::option_inner(field.ty)) {
         (true, Some(inner)) => {
-            quote!(::core::option::Option<::lockkit::__private::diesel::dsl::Eq<#table::#column, &#lifetime #inner>>)
+            quote!(::core::option::Option<__lockkit::__private::diesel::dsl::Eq<#table::#column, &#lifetime #inner>>)
         }
         _ => {
             let ty = field.ty;
-            quote!(::lockkit::__private::diesel::dsl::Eq<#table::#column, &#lifetime #ty>)
+            quote!(__lockkit::__private::diesel::dsl::Eq<#table::#column, &#lifetime #ty>)
         }
     }
 }
@@ -217,9 +223,9 @@ fn changeset_value(table: &syn::Path, field: &ModelField<'_>) -> TokenStream {
     if field.skip_none {
         quote!(::core::option::Option::map(
             ::core::option::Option::as_ref(&self.#ident),
-            |value| ::lockkit::__private::diesel::ExpressionMethods::eq(#table::#column, value),
+            |value| __lockkit::__private::diesel::ExpressionMethods::eq(#table::#column, value),
         ))
     } else {
-        quote!(::lockkit::__private::diesel::ExpressionMethods::eq(#table::#column, &self.#ident))
+        quote!(__lockkit::__private::diesel::ExpressionMethods::eq(#table::#column, &self.#ident))
     }
 }

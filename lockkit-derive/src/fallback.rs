@@ -10,12 +10,17 @@
 
 use proc_macro2::TokenStream;
 use quote::quote;
-use syn::DeriveInput;
+use syn::{DeriveInput, Path};
 
 use crate::ast::Derive;
 use crate::dummy::dummy_const;
 
-pub fn expand(input: &DeriveInput, derive: Derive, errors: &[syn::Error]) -> TokenStream {
+pub fn expand(
+    krate: Option<&Path>,
+    input: &DeriveInput,
+    derive: Derive,
+    errors: &[syn::Error],
+) -> TokenStream {
     let mut errors = errors.iter().map(syn::Error::to_compile_error);
     let first = errors
         .next()
@@ -24,13 +29,13 @@ pub fn expand(input: &DeriveInput, derive: Derive, errors: &[syn::Error]) -> Tok
     let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
 
     let on_lock = match derive {
-        Derive::Versioned => quote!(::lockkit::__private::BumpVersion),
-        Derive::Lockable => quote!(::lockkit::__private::NoVersion),
+        Derive::Versioned => quote!(__lockkit::__private::BumpVersion),
+        Derive::Lockable => quote!(__lockkit::__private::NoVersion),
     };
     let versioned = (derive == Derive::Versioned).then(|| {
         quote! {
             #[automatically_derived]
-            impl #impl_generics ::lockkit::__private::Versioned for #ident #ty_generics #where_clause {
+            impl #impl_generics __lockkit::__private::Versioned for #ident #ty_generics #where_clause {
                 type VersionColumn = __LockkitInvalid;
                 type Version = __LockkitInvalid;
                 type Changeset<'__lockkit> = __LockkitInvalid where Self: '__lockkit;
@@ -51,25 +56,28 @@ pub fn expand(input: &DeriveInput, derive: Derive, errors: &[syn::Error]) -> Tok
         }
     });
 
-    let impls = dummy_const(quote! {
-        type __LockkitInvalid = [(); #first];
+    let impls = dummy_const(
+        krate,
+        quote! {
+            type __LockkitInvalid = [(); #first];
 
-        #[automatically_derived]
-        impl #impl_generics ::lockkit::__private::Lockable for #ident #ty_generics #where_clause {
-            type Table = __LockkitInvalid;
-            type Key = __LockkitInvalid;
-            type OnLock = #on_lock;
+            #[automatically_derived]
+            impl #impl_generics __lockkit::__private::Lockable for #ident #ty_generics #where_clause {
+                type Table = __LockkitInvalid;
+                type Key = __LockkitInvalid;
+                type OnLock = #on_lock;
 
-            const TABLE_NAME: &'static str = "";
-            const KEY_COLUMNS: &'static [&'static str] = &[];
+                const TABLE_NAME: &'static str = "";
+                const KEY_COLUMNS: &'static [&'static str] = &[];
 
-            fn key(&self) -> Self::Key {
-                ::core::unreachable!()
+                fn key(&self) -> Self::Key {
+                    ::core::unreachable!()
+                }
             }
-        }
 
-        #versioned
-    });
+            #versioned
+        },
+    );
     quote! {
         #impls
         #(#errors)*

@@ -32,10 +32,12 @@ use proc_macro::TokenStream;
 ///
 /// # Attributes
 ///
-/// lockkit's own attributes, on fields, each without a value:
+/// lockkit's own attributes, on fields each without a value, and one on the
+/// struct:
 ///
 /// | attribute | on | default | meaning |
 /// | --- | --- | --- | --- |
+/// | `#[lockkit(crate = "my_db::lockkit")]`, or the path without quotes | struct | `::lockkit` | the path the generated code reaches lockkit by: for a crate that depends on lockkit under another name, or only through a facade crate that re-exports it (`pub use lockkit;`) |
 /// | `#[lockkit(version)]` | one field | the field named `lock_version` | this field is the version column |
 /// | `#[lockkit(no_bump)]` | any fields but the key and the version | not set | `update_versioned` leaves the column out: a counter or timestamp written on its own (`lockkit::atomic::update_counters`) neither makes an editor stale nor is written back by the editor |
 /// | `#[lockkit(updated_at)]` | one field, not the key or the version, on a timestamp column (its type is not checked: on a text column the server stores the time as text) | not set | every versioned write sets the column to `CURRENT_TIMESTAMP`, the database's clock; `update_versioned` does not write the field's own value |
@@ -84,7 +86,9 @@ use proc_macro::TokenStream;
 /// # What it generates
 ///
 /// For `struct Item { id: i32, name: String, lock_version: i32 }` with
-/// `#[diesel(table_name = items)]`, inside a `const _: () = { .. };`:
+/// `#[diesel(table_name = items)]`, inside a `const _: () = { .. };` that
+/// begins `use ::lockkit as __lockkit;` (the `crate` path when one is given),
+/// the one name of lockkit the generated code uses:
 ///
 /// ```ignore
 /// impl Lockable for Item {
@@ -136,8 +140,10 @@ pub fn derive_versioned(input: TokenStream) -> TokenStream {
 ///
 /// # Attributes
 ///
-/// No `#[lockkit(..)]` attribute: `version`, `no_bump` and `updated_at` are refused, with a hint
-/// to derive `Versioned`. From Diesel's `#[diesel(..)]`, with Diesel's defaults:
+/// lockkit's one attribute is `#[lockkit(crate = "my_db::lockkit")]` on the
+/// struct, as for `#[derive(Versioned)]`; the field attributes `version`,
+/// `no_bump` and `updated_at` are refused, with a hint to derive `Versioned`.
+/// From Diesel's `#[diesel(..)]`, with Diesel's defaults:
 ///
 /// | attribute | on | default | used for |
 /// | --- | --- | --- | --- |

@@ -424,8 +424,96 @@ fn errors_are_collected_across_stages() {
             }
         },
         &[
-            "`#[lockkit(...)]` is not allowed on the struct",
+            "`#[lockkit(version)]` is a field attribute, not allowed on the struct",
             "no field maps the primary key column `code`",
+        ],
+    );
+}
+
+/// How many times `lockkit` is named as an identifier in `tokens` (not
+/// `__lockkit`, the generated code's alias).
+fn lockkit_idents(tokens: TokenStream) -> usize {
+    tokens
+        .into_iter()
+        .map(|token| match token {
+            TokenTree::Ident(ident) => usize::from(ident == "lockkit"),
+            TokenTree::Group(group) => lockkit_idents(group.stream()),
+            _ => 0,
+        })
+        .sum()
+}
+
+#[test]
+fn crate_path_is_the_only_way_to_lockkit() {
+    // A crate that depends on lockkit under another name, or through a facade
+    // that re-exports it: the generated code names lockkit once, by the path
+    // given, and through its alias everywhere else.
+    let versioned: DeriveInput = syn::parse_quote! {
+        #[diesel(table_name = items)]
+        #[lockkit(crate = "facade::locks")]
+        pub struct Item { pub id: i32, pub name: String, pub lock_version: i32 }
+    };
+    let bare_path: DeriveInput = syn::parse_quote! {
+        #[diesel(table_name = items)]
+        #[lockkit(crate = facade::locks)]
+        pub struct Item { pub id: i32, pub name: String, pub lock_version: i32 }
+    };
+    let lockable: DeriveInput = syn::parse_quote! {
+        #[diesel(table_name = jobs)]
+        #[lockkit(crate = "facade::locks")]
+        pub struct Job { pub id: i32 }
+    };
+    for tokens in [
+        derive_versioned(&versioned),
+        derive_versioned(&bare_path),
+        derive_lockable(&lockable),
+    ] {
+        let errors = compile_errors(tokens.clone());
+        assert!(errors.is_empty(), "{errors:#?}");
+        let text = tokens.to_string();
+        assert!(
+            text.contains("use facade :: locks as __lockkit ;"),
+            "{text}"
+        );
+        assert_eq!(lockkit_idents(tokens), 0, "{text}");
+    }
+    // Without it, `::lockkit`, once.
+    let tokens = derive_versioned(&syn::parse_quote! {
+        pub struct Item { pub id: i32, pub lock_version: i32 }
+    });
+    assert!(tokens.to_string().contains("use :: lockkit as __lockkit ;"));
+    assert_eq!(lockkit_idents(tokens), 1);
+}
+
+#[test]
+fn crate_path_reaches_the_fallback() {
+    // The fallback's impls name lockkit by the given path too: with another
+    // error in the input, the user sees that error and nothing about lockkit.
+    let tokens = derive_versioned(&syn::parse_quote! {
+        #[lockkit(crate = "facade::locks")]
+        pub struct Item { pub id: i32, pub lock_version: String }
+    });
+    assert_eq!(compile_errors(tokens.clone()).len(), 1);
+    assert_eq!(lockkit_idents(tokens), 0);
+}
+
+#[test]
+fn struct_attribute_mistakes() {
+    assert_errors_start_with(
+        syn::parse_quote! {
+            #[lockkit(crate = "a", crate = "b")]
+            #[lockkit(crate)]
+            #[lockkit(krate = "a")]
+            #[lockkit(no_bump)]
+            #[lockkit(crate = "not a path")]
+            pub struct Item { pub id: i32, pub lock_version: i32 }
+        },
+        &[
+            "duplicate `#[lockkit(crate = ..)]`",
+            "`crate` needs the path lockkit is reached by",
+            "unknown lockkit attribute `krate` on the struct",
+            "`#[lockkit(no_bump)]` is a field attribute, not allowed on the struct",
+            "unexpected token",
         ],
     );
 }

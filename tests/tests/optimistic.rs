@@ -7,7 +7,38 @@ use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
 use lockkit_tests::{exec, seed_items};
 
+/// A facade crate that re-exports lockkit, as an application's own `db`
+/// crate does: its users may have no `lockkit` dependency of their own.
+mod facade {
+    pub use lockkit as locks;
+}
+
+/// A model that reaches lockkit through the facade only.
+#[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable, facade::locks::Versioned)]
+#[diesel(table_name = items)]
+#[lockkit(crate = "crate::facade::locks")]
+struct FacadeItem {
+    id: i32,
+    name: String,
+    stock: i32,
+    lock_version: i32,
+}
+
 lockkit_tests::backend_tests! {
+    fn a_model_that_reaches_lockkit_through_a_facade_is_versioned(db) {
+        let mut conn = db.conn();
+        seed_items(&mut conn, &[(1, 10)]);
+        let mut alice = items::table.find(1).select(FacadeItem::as_select()).first(&mut *conn).unwrap();
+        let mut bob = alice.clone();
+        alice.stock = 2;
+        alice.update_versioned(&mut conn).unwrap();
+        bob.stock = 3;
+        assert!(matches!(bob.update_versioned(&mut conn), Err(Error::Stale(_))));
+        let stored = items::table.find(1).select(FacadeItem::as_select()).first(&mut *conn).unwrap();
+        assert_eq!(stored, alice);
+        assert_eq!(stored.lock_version, 1);
+    }
+
     fn update_versioned_writes_every_field_and_bumps_the_version(db) {
         let mut conn = db.conn();
         seed_items(&mut conn, &[(1, 10)]);
