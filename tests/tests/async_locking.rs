@@ -51,6 +51,20 @@ macro_rules! decrements_on_tasks {
 }
 
 async_backend_tests! {
+    async fn with_lock_refuses_key_share_before_it_sends_anything(db) {
+        // FOR KEY SHARE lets writers of the row's other columns through on
+        // PostgreSQL: the closure's copy would not stay the row's.
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let key_share = LockOptions::default().strength(lockkit::LockStrength::KeyShare);
+        let refused = lockkit::asynchronous::with_lock(&mut conn, 1, key_share, async |_, _: Item| {
+            Ok::<_, Error>(())
+        })
+        .await;
+        assert!(matches!(refused, Err(Error::InvalidInput(_))), "{refused:?}");
+        let _ = &mut conn;
+    }
+
     async fn update_versioned_refuses_a_stale_struct_and_leaves_it_untouched(db) {
         seed_items(&mut db.conn(), &[(1, 10)]);
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;

@@ -631,16 +631,76 @@ mod postgres_only {
     fn key_share_blocks_only_key_changes() {
         let db = TestDb::<PgConnection>::new("key_share");
         seed_items(&mut db.conn(), &[(1, 10)]);
-        let key_share = LockOptions::default().strength(LockStrength::KeyShare);
-        let (no_key_update, update) = while_held(&db, key_share, || {
-            let mut other = db.connect();
-            (
-                can_lock(&mut other, LockOptions::default().no_key_update()),
-                can_lock(&mut other, LockOptions::default()),
-            )
-        });
+        let hold_key_share = |conn: &mut PgConnection, wait: &dyn Fn()| {
+            conn.transaction(|conn| {
+                items::table
+                    .find(1)
+                    .select(items::id)
+                    .for_key_share()
+                    .load::<i32>(conn)?;
+                wait();
+                Ok::<_, diesel::result::Error>(())
+            })
+            .unwrap();
+        };
+        let (no_key_update, update) = db.while_holding(
+            |conn, wait| hold_key_share(conn, &wait),
+            || {
+                let mut other = db.connect();
+                (
+                    can_lock(&mut other, LockOptions::default().no_key_update()),
+                    can_lock(&mut other, LockOptions::default()),
+                )
+            },
+        );
         assert!(no_key_update.is_ok(), "{no_key_update:?}");
         assert!(matches!(update, Err(Error::Busy)), "{update:?}");
+    }
+
+    #[test]
+    fn with_lock_refuses_key_share_which_lets_writers_through() {
+        // FOR KEY SHARE waits only for FOR UPDATE: a plain UPDATE, or a second
+        // caller with the same lock, would change the row under the closure's
+        // copy, and the closure's write would lose theirs.
+        let db = TestDb::<PgConnection>::new("key_share_refused");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn = db.connect();
+        let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = sent.clone();
+        conn.set_instrumentation(move |event: diesel::connection::InstrumentationEvent<'_>| {
+            if matches!(
+                event,
+                diesel::connection::InstrumentationEvent::StartQuery { .. }
+                    | diesel::connection::InstrumentationEvent::BeginTransaction { .. }
+            ) {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        let key_share = LockOptions::default().strength(LockStrength::KeyShare);
+        let mut ran = false;
+        let refused = lockkit::with_lock(&mut conn, 1, key_share, |_, _: Item| {
+            ran = true;
+            Ok::<_, Error>(())
+        });
+        assert!(
+            matches!(refused, Err(Error::InvalidInput(_))),
+            "{refused:?}"
+        );
+        assert!(!ran, "the closure never runs");
+        assert_eq!(
+            sent.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "nothing was sent"
+        );
+        // The counter counts: the same call with `Share` sends statements.
+        lockkit::with_lock(
+            &mut conn,
+            1,
+            LockOptions::default().share(),
+            |_, _: Item| Ok::<_, Error>(()),
+        )
+        .unwrap();
+        assert!(sent.load(std::sync::atomic::Ordering::SeqCst) > 0);
     }
 
     #[test]

@@ -99,7 +99,9 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// As [`Lockable::with_lock`]: [`Error::NotFound`], [`Error::Busy`] with
 /// `nowait()` or `skip_locked()`, [`Error::LockTimeout`], [`Error::Deadlock`],
 /// a serialization failure or deadlock reported at `COMMIT`, any other
-/// classified database error, and whatever `f` returns.
+/// classified database error, and whatever `f` returns; [`Error::InvalidInput`],
+/// with nothing sent, for [`LockStrength::KeyShare`](crate::LockStrength::KeyShare)
+/// (see [`LockOptions::strength`](crate::LockOptions::strength)).
 ///
 /// # Example
 ///
@@ -149,6 +151,7 @@ where
     T: Send,
     F: RowWork<C, M, T, E>,
 {
+    options.check_for_with_lock()?;
     let began = super::connection::began(conn).await.map_err(E::from)?;
     let (mut unsettled, restore) = open_locked(conn, &options).await.map_err(E::from)?;
     let mut level = Level::opened(&mut *unsettled.conn);

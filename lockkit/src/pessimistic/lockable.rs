@@ -603,8 +603,10 @@ where
 /// # Errors
 ///
 /// As [`Lockable::with_lock`]; [`Error::Busy`] with `nowait()` or `skip_locked()`
-/// when the row is held, [`Error::LockTimeout`] after `timeout(..)`. lockkit's
-/// errors reach you converted into `E`.
+/// when the row is held, [`Error::LockTimeout`] after `timeout(..)`;
+/// [`Error::InvalidInput`], with nothing sent, for
+/// [`LockStrength::KeyShare`] (see
+/// [`LockOptions::strength`]). lockkit's errors reach you converted into `E`.
 ///
 /// # Example
 ///
@@ -659,6 +661,7 @@ where
     E: From<Error>,
     F: FnOnce(&mut C::Conn, M) -> Result<T, E>,
 {
+    options.check_for_with_lock()?;
     conn.locking_connection()
         .locked_transaction(&options, |conn| {
             let row = lock_row::<M, _>(conn, key, options)?;

@@ -9,7 +9,6 @@
 use std::time::Duration;
 
 use super::row_lock::{LockStrength, RowLock, WaitMode};
-#[allow(unused_imports)] // doc links
 use crate::error::Error;
 
 /// How to lock: strength, wait mode and lock timeout. `LockOptions::default()` is
@@ -64,6 +63,13 @@ impl LockOptions {
 
     #[must_use]
     /// The lock strength ([`LockStrength::Update`] by default).
+    ///
+    /// [`with_lock`](crate::with_lock) refuses [`LockStrength::KeyShare`] with
+    /// [`Error::InvalidInput`], before it sends anything: PostgreSQL's
+    /// `FOR KEY SHARE` lets other writers change the row's columns (and a
+    /// second `with_lock` take the same lock), so a write the closure based on
+    /// its copy would lose theirs. Take that lock in a query of your own
+    /// (`.for_key_share()`) where the row's values do not matter.
     pub fn strength(mut self, strength: LockStrength) -> Self {
         self.lock.strength = strength;
         self
@@ -84,6 +90,20 @@ impl LockOptions {
     /// The row-lock clause these options produce.
     pub(crate) fn row_lock(&self) -> RowLock {
         self.lock
+    }
+
+    /// Whether [`with_lock`](crate::with_lock) takes these options, where the
+    /// closure's copy must stay the row's: `KeyShare` is refused (see
+    /// [`LockOptions::strength`]).
+    pub(crate) fn check_for_with_lock(&self) -> Result<(), Error> {
+        match self.lock.strength {
+            LockStrength::KeyShare => Err(Error::InvalidInput(
+                "with_lock cannot lock with LockStrength::KeyShare: FOR KEY SHARE lets other \
+                 writers change the row under the closure's copy; use Share, NoKeyUpdate or \
+                 Update",
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// The wait mode.

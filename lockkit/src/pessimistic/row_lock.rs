@@ -57,6 +57,9 @@ pub enum LockStrength {
     /// share it, writers wait.
     Share,
     /// `FOR KEY SHARE` (PostgreSQL); `LOCK IN SHARE MODE` on MySQL/MariaDB.
+    /// On PostgreSQL it waits only for `FOR UPDATE`: writers of the row's
+    /// other columns go through, which is why
+    /// [`with_lock`](crate::with_lock) refuses it.
     KeyShare,
 }
 
