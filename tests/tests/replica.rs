@@ -725,6 +725,54 @@ fn the_commit_position_is_past_a_commit_made_with_set_local_synchronous_commit_o
     );
 }
 
+/// A connection Diesel marked broken (a call dropped in a transaction there,
+/// which may still be open on the server with its old snapshot): `route` and
+/// `commit_lsn` refuse it before they send anything, blocking and async.
+#[test]
+fn route_and_commit_lsn_refuse_a_broken_connection() {
+    use diesel::connection::{AnsiTransactionManager, TransactionManager};
+    let broken = |result: Result<String, Error>| {
+        assert!(
+            matches!(
+                result,
+                Err(Error::Database(
+                    diesel::result::Error::BrokenTransactionManager
+                ))
+            ),
+            "{result:?}"
+        );
+    };
+    let db = lockkit_tests::TestDb::<PgConnection>::new("replica_broken");
+    let mut conn = db.connect();
+    let written = replica::commit_lsn(&mut conn).unwrap();
+    AnsiTransactionManager::transaction_manager_status_mut(&mut conn).set_in_error();
+    let wait = Policy::WaitThenPrimary(Duration::from_secs(1));
+    broken(replica::route(&mut conn, Some(written), wait).map(|r| format!("{r:?}")));
+    broken(replica::commit_lsn(&mut conn).map(|p| p.to_string()));
+
+    #[cfg(feature = "async")]
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            use diesel_async::{AnsiTransactionManager, AsyncConnection, TransactionManager};
+            let mut conn = diesel_async::AsyncPgConnection::establish(&db.url)
+                .await
+                .unwrap();
+            AnsiTransactionManager::transaction_manager_status_mut(&mut conn).set_in_error();
+            let route = replica::asynchronous::route(&mut conn, Some(written), wait).await;
+            broken(route.map(|r| format!("{r:?}")));
+            broken(
+                replica::asynchronous::commit_lsn(&mut conn)
+                    .await
+                    .map(|p| p.to_string()),
+            );
+        });
+}
+
+/// MySQL/MariaDB refuse a write in a `READ ONLY` transaction with 1792, which
+/// lockkit reports as it reports a PostgreSQL standby's refusal.
 #[cfg(feature = "mysql")]
 #[test]
 fn mysql_read_only_transactions_are_read_only() {

@@ -50,7 +50,6 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use super::position::{Position, COMMIT_LSN, REPLAYED_LSN};
 use super::route::{skips_the_replica, Routing, Step};
 use super::{Lsn, Policy, Route};
-use crate::asynchronous::connection::in_transaction;
 use crate::asynchronous::locked_transaction;
 use crate::asynchronous::work::ConnWork;
 use crate::error::{Error, Result};
@@ -63,10 +62,11 @@ use crate::pessimistic::options::LockOptions;
 ///
 /// # Errors
 ///
-/// * [`Error::AlreadyInTransaction`] when a transaction is open on `primary`.
+/// * [`Error::AlreadyInTransaction`] when a transaction is open on `primary`;
+///   [`Error::Database`]`(BrokenTransactionManager)` when it is marked broken.
 /// * [`Error::Database`] when `primary` is a standby itself.
 pub async fn commit_lsn(primary: &mut AsyncPgConnection) -> Result<Lsn> {
-    crate::transaction::refuse_transaction(in_transaction(primary))?;
+    crate::asynchronous::connection::refuse_transaction_or_broken(primary)?;
     diesel::sql_query(COMMIT_LSN)
         .get_result::<Position>(primary)
         .await?
@@ -94,7 +94,8 @@ pub async fn replayed_lsn(replica: &mut AsyncPgConnection) -> Result<Option<Lsn>
 ///
 /// * [`Error::AlreadyInTransaction`] when a transaction is open on `replica`
 ///   and the replica is to be looked at, as [`replica::route`](super::route());
-///   nothing is sent.
+///   nothing is sent. `BrokenTransactionManager` when it is marked broken (a
+///   call dropped in a transaction there).
 /// * [`Error::ReplicaBehind`] when the wait of [`Policy::WaitOrFail`] ran out.
 /// * the errors of the replica's connection.
 pub async fn route(
@@ -106,7 +107,7 @@ pub async fn route(
         Ok(routing) => routing,
         Err(route) => return Ok(route),
     };
-    crate::transaction::refuse_transaction(in_transaction(replica))?;
+    crate::asynchronous::connection::refuse_transaction_or_broken(replica)?;
     loop {
         match routing.look(replayed_lsn(replica).await?) {
             Step::Done(decided) => return decided,

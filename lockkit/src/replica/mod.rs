@@ -86,6 +86,17 @@
 //!   standby out of the replica pool when you fail over.
 //! * [`Policy::Primary`]'s window is the token's lifetime, which the app sets
 //!   (a cookie's `Max-Age`): lockkit keeps no clock.
+//! * The look and the read must reach the same standby: each read is routed
+//!   by asking its own connection how far that server has replayed. A replica
+//!   URL behind a pooler that spreads one client connection's statements over
+//!   several standbys (PgBouncer in transaction mode over several hosts,
+//!   Pgpool-II's statement-level load balancing) can send the read to a
+//!   standby the look never asked. Point the replica pool at standbys
+//!   directly, or at a pooler in session mode.
+//! * A connection Diesel marked broken (a call dropped in a transaction
+//!   there) is refused with `BrokenTransactionManager`: the transaction it
+//!   left may still be open on the server, and a read there would see that
+//!   transaction's old snapshot, whatever the look found.
 
 #[cfg(feature = "async")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]

@@ -6,7 +6,7 @@ use diesel::{PgConnection, RunQueryDsl};
 
 use super::Lsn;
 use crate::error::{Error, Result};
-use crate::transaction::{in_transaction, refuse_transaction};
+use crate::transaction::refuse_transaction_or_broken;
 
 /// The statement of [`commit_lsn`]; the async twin sends the same text.
 pub(crate) const COMMIT_LSN: &str = "SELECT pg_current_wal_insert_lsn()::text AS lsn";
@@ -65,10 +65,12 @@ impl Position {
 /// * [`Error::AlreadyInTransaction`] when a transaction is open on `primary`: the
 ///   write has not committed yet, and a reader could wait for a position that
 ///   the rollback makes meaningless.
+/// * [`Error::Database`]`(BrokenTransactionManager)` on a connection Diesel
+///   marked broken: the transaction a dropped call left may still be open.
 /// * [`Error::Database`] when `primary` is a standby itself (PostgreSQL:
 ///   "recovery is in progress").
 pub fn commit_lsn(primary: &mut PgConnection) -> Result<Lsn> {
-    refuse_transaction(in_transaction(primary))?;
+    refuse_transaction_or_broken(primary)?;
     diesel::sql_query(COMMIT_LSN)
         .get_result::<Position>(primary)?
         .committed()

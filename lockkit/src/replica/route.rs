@@ -7,7 +7,7 @@ use diesel::PgConnection;
 
 use super::{replayed_lsn, Lsn};
 use crate::error::{Error, Result};
-use crate::transaction::{in_transaction, refuse_transaction};
+use crate::transaction::refuse_transaction_or_broken;
 
 /// What a read that must see a write does when the replica has not replayed it
 /// yet. The caller's choice; [`route`] applies it.
@@ -94,7 +94,9 @@ const MAX_PAUSE: Duration = Duration::from_millis(20);
 /// * [`Error::AlreadyInTransaction`] when a transaction is open on `replica`
 ///   and the replica is to be looked at (a position to see, a policy that
 ///   may read the replica); nothing is sent. Route first, then open the
-///   transaction.
+///   transaction. [`Error::Database`]`(BrokenTransactionManager)` on a
+///   connection Diesel marked broken: a transaction a dropped call left open
+///   there would serve the read from its old snapshot.
 /// * [`Error::ReplicaBehind`] when the wait of [`Policy::WaitOrFail`] ran out.
 /// * the errors of the replica's connection.
 pub fn route(replica: &mut PgConnection, written: Option<Lsn>, policy: Policy) -> Result<Route> {
@@ -102,7 +104,7 @@ pub fn route(replica: &mut PgConnection, written: Option<Lsn>, policy: Policy) -
         Ok(routing) => routing,
         Err(route) => return Ok(route),
     };
-    refuse_transaction(in_transaction(replica))?;
+    refuse_transaction_or_broken(replica)?;
     loop {
         match routing.look(replayed_lsn(replica)?) {
             Step::Done(decided) => return decided,
