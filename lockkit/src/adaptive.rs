@@ -491,7 +491,7 @@ impl AdaptivePolicy {
                 .map_err(classify)?
                 .ok_or(Error::NotFound)?;
             change(&mut row)?;
-            match row.write_versioned(conn) {
+            match row.write_fresh(conn) {
                 Ok(()) => {
                     self.counters.optimistic_writes.fetch_add(1, Relaxed);
                     self.touch(slot, Instant::now(), Event::Optimistic { lost: false });
@@ -515,9 +515,8 @@ impl AdaptivePolicy {
             let mut row =
                 load_held::<M, _>(conn, key, self.lock.row_lock())?.ok_or(Error::NotFound)?;
             change(&mut row)?;
-            // The row is locked: this write cannot be stale, and its version
-            // is the row's own (`Origin::LockedRead`).
-            row.write_locked(conn)?;
+            // The row is locked: this write cannot be stale.
+            row.write_fresh(conn)?;
             Ok::<_, E>(row)
         })?;
         self.counters.locked_writes.fetch_add(1, Relaxed);
@@ -689,20 +688,16 @@ pub trait AdaptiveRow<Conn: LockingConnection>: LockRow<Conn> + Versioned {
     ///
     /// Diesel's error, unclassified.
     fn read(conn: &mut Conn, key: Self::Key) -> diesel::QueryResult<Option<Self>>;
-    /// [`Versioned::update_versioned`].
+    /// [`Versioned::update_versioned`] of the row as just read (by
+    /// [`read`](Self::read), or under its lock): its version is the row's
+    /// own, never one a rolled-back write of this process left with a struct,
+    /// so the write is stale only when another writer got in between, and
+    /// never under the lock.
     ///
     /// # Errors
     ///
     /// Those of [`Versioned::update_versioned`].
-    fn write_versioned(&mut self, conn: &mut Conn) -> Result<(), Error>;
-    /// [`Versioned::update_versioned`] of the row as just read under its lock:
-    /// its version is the row's own, never one a rolled-back write of this
-    /// process left with a struct, so the write is never stale.
-    ///
-    /// # Errors
-    ///
-    /// Those of [`Versioned::update_versioned`], [`Error::Stale`] aside.
-    fn write_locked(&mut self, conn: &mut Conn) -> Result<(), Error>;
+    fn write_fresh(&mut self, conn: &mut Conn) -> Result<(), Error>;
 }
 
 type ByKey<M, DB> = Select<Find<<M as Lockable>::Table, <M as Lockable>::Key>, AsSelect<M, DB>>;
@@ -737,12 +732,8 @@ macro_rules! adaptive_row_on {
                     .optional()
             }
 
-            fn write_versioned(&mut self, conn: &mut $conn) -> Result<(), Error> {
-                update_from(self, conn, Origin::Held)
-            }
-
-            fn write_locked(&mut self, conn: &mut $conn) -> Result<(), Error> {
-                update_from(self, conn, Origin::LockedRead)
+            fn write_fresh(&mut self, conn: &mut $conn) -> Result<(), Error> {
+                update_from(self, conn, Origin::Read)
             }
         }
     )*};

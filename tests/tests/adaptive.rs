@@ -140,6 +140,39 @@ lockkit_tests::backend_tests! {
         assert_eq!(item.stock, 6 + 2 * 100 + 4, "nothing lost");
     }
 
+    fn an_optimistic_adaptive_write_is_not_stale_after_a_rolled_back_write_of_the_row(db) {
+        // As above, on the optimistic path: the row it just read is the row's
+        // own v7, not a struct that may hold a number a rollback left. Its
+        // write must go through at once: no lost race counted (which would
+        // push the row toward the lock), no version skipped.
+        seed_items(&mut db.conn(), &[(1, 0)]);
+        for watched in [true, false] {
+            let policy = AdaptivePolicy::new();
+            let mut conn = db.connect();
+            if !watched {
+                conn.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
+            }
+            let mut held = items::table.find(1).first::<Item>(&mut conn).unwrap();
+            let version = held.lock_version;
+            lockkit_tests::write_rolled_back!(conn, held, 5);
+            diesel::update(items::table.find(1))
+                .set((items::stock.eq(items::stock + 100), items::lock_version.eq(version + 1)))
+                .execute(&mut db.conn())
+                .unwrap();
+            let written = policy.update::<Item, _, Error, _>(&mut conn, 1, |item| {
+                item.stock += 1;
+                Ok(())
+            });
+            assert!(written.is_ok(), "watched: {watched}: {written:?}");
+            let stats = policy.stats();
+            assert_eq!((stats.conflicts, stats.optimistic_writes), (0, 1), "watched: {watched}: {stats}");
+            let item = items::table.find(1).first::<Item>(&mut db.conn()).unwrap();
+            assert_eq!(item.lock_version, version + 2, "watched: {watched}: no version skipped");
+        }
+        let item = items::table.find(1).first::<Item>(&mut db.conn()).unwrap();
+        assert_eq!(item.stock, 2 * 100 + 2, "nothing lost");
+    }
+
     fn adaptive_switching_between_modes_loses_nothing(db) {
         const THREADS: usize = 8;
         const INCREMENTS: usize = 40;

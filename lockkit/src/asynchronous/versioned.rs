@@ -822,14 +822,14 @@ where
 /// The version bump of an exclusive lock on a row just read under that lock
 /// ([`with_lock`](super::with_lock), [`lock_all`](super::lock_all)): the row's
 /// own version, checked as read, never one the journal would restore (see
-/// `Origin::LockedRead`).
+/// `Origin::Read`).
 pub(crate) async fn touch_locked<M, Conn>(conn: &mut Conn, row: &mut M) -> Result<(), Error>
 where
     Conn: AsyncLockingConnection,
     M: Versioned + AsyncVersionQuery<Conn>,
     TouchVersioned<M>: ExecuteDsl<Conn>,
 {
-    write_held(row, conn, Origin::LockedRead, Operation::Touch, touch::<M>).await
+    write_held(row, conn, Origin::Read, Operation::Touch, touch::<M>).await
 }
 
 /// Executes a versioned statement; where the database does not enforce the

@@ -33,8 +33,8 @@ where
 {
     fn mark(conn: &mut Conn, row: &mut M) -> Result<(), Error> {
         // The row is locked: the version cannot have moved since the locked read,
-        // and is the row's own (see `Origin::LockedRead`).
-        write_held(row, conn, Origin::LockedRead, Operation::Touch, touch::<M>)
+        // and is the row's own (see `Origin::Read`).
+        write_held(row, conn, Origin::Read, Operation::Touch, touch::<M>)
     }
 }
 

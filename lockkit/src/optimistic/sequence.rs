@@ -9,7 +9,7 @@
 //!    journal cannot tell the open transaction from an earlier one;
 //! 1. [`Write::start`]: the [`journal`] says which version to check (the
 //!    struct's, or the one before a write of it that was rolled back; a row
-//!    just read under lock, [`Origin::LockedRead`], is checked as read), and a
+//!    just read, [`Origin::Read`], is checked as read), and a
 //!    version at its type's maximum is refused before anything is sent;
 //! 2. the driver sends the statement ([`Write::statement`]), in a savepoint if
 //!    the database does not enforce the declared key ([`Error::AmbiguousKey`]
@@ -69,12 +69,14 @@ pub(crate) enum Origin {
     /// a tag naming a number that never committed never writes over the
     /// row's content, nor over another process's commit of that number.
     Outside,
-    /// The row, read under lock in the open transaction: the row's own number,
-    /// never one a rollback left behind (which another process, unseen by this
-    /// one's journal, may have committed since). Restoring it would write on an
-    /// older number, find the row past it and report `Stale` in a transaction
-    /// that then rolls back, again on every retry.
-    LockedRead,
+    /// The row, just read from the database (under lock in the open
+    /// transaction, or the adaptive policy's optimistic read): the row's own
+    /// number, never one a rollback left behind (which another process, unseen
+    /// by this one's journal, may have committed since). Restoring it would
+    /// write on an older number and find the row past it: a `Stale` for a race
+    /// that never happened (under lock, in a transaction that then rolls back,
+    /// again on every retry).
+    Read,
 }
 
 /// How a versioned write ended, when it did not fail.
@@ -167,7 +169,7 @@ impl<'k, M: Model> Write<'k, M> {
             Origin::Held | Origin::Outside => {
                 rollbacks::unconfirmed(watched, M::VERSION_COLUMN, id, expected.to_i64())
             }
-            Origin::LockedRead => None,
+            Origin::Read => None,
         }
     }
 
@@ -206,7 +208,7 @@ impl<'k, M: Model> Write<'k, M> {
                     plan => plan,
                 }
             }
-            Origin::LockedRead => Plan::Write,
+            Origin::Read => Plan::Write,
         };
         let checked = match plan {
             Plan::Restore { restore, .. } => M::Version::from_i64(restore).unwrap_or(expected),
