@@ -115,11 +115,12 @@
 //!   pooled connections to them), not on [`Dispatch`](crate::multi::Dispatch)
 //!   enums.
 //! * Inside a transaction you opened, a `REPEATABLE READ` snapshot cannot see
-//!   other writers' rows. On MySQL/MariaDB the optimistic attempts then stay
-//!   stale until the call takes the lock, which reads the latest row. On
-//!   PostgreSQL the first write to a row that another transaction changed
-//!   since the snapshot fails with [`Error::SerializationFailure`]
-//!   (retryable): run the whole transaction again.
+//!   other writers' rows, so a lost race goes to the lock at once (no second
+//!   optimistic attempt, no backoff): on MySQL/MariaDB the locked read is the
+//!   latest row's. On PostgreSQL the first write to a row that another
+//!   transaction changed since the snapshot fails with
+//!   [`Error::SerializationFailure`] (retryable): run the whole transaction
+//!   again.
 
 // Without a backend feature no connection implements `AdaptiveRow`, and the
 // pieces it is built from go unused.
@@ -482,6 +483,12 @@ impl AdaptivePolicy {
         F: FnMut(&mut M) -> Result<(), E>,
     {
         let conn = conn.locking_connection();
+        // Inside a transaction of the caller's, a lost race goes to the lock
+        // at once: a `REPEATABLE READ` snapshot would read the same old row
+        // again (MySQL/MariaDB's stale `UPDATE` meanwhile keeps its lock on
+        // the row until that transaction ends), and the locked read is the
+        // latest row's.
+        let nested = crate::transaction::in_transaction(conn);
         let slot = self.slot::<M>(&key);
         let mut lost = 0;
         while lost < self.max_optimistic_attempts
@@ -501,6 +508,9 @@ impl AdaptivePolicy {
                     self.counters.conflicts.fetch_add(1, Relaxed);
                     lost += 1;
                     let mode = self.touch(slot, Instant::now(), Event::Optimistic { lost: true });
+                    if nested {
+                        break;
+                    }
                     if mode == Mode::Optimistic && lost < self.max_optimistic_attempts {
                         let wait = self.backoff.delay_after(lost);
                         if !wait.is_zero() {
