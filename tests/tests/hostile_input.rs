@@ -327,22 +327,18 @@ proptest! {
             prop_assert_eq!(up.is_ok(), valid, "{:?} {:?}", table, column);
             prop_assert_eq!(down.is_ok(), valid);
             if let (Ok(up), Ok(down)) = (up, down) {
-                // Only the names change the SQL: no quote (but PostgreSQL's
-                // double quotes around the names, as Diesel's), and the
-                // statements of the template.
+                // Only the names change the SQL: no quote but those around
+                // the names (double quotes on PostgreSQL, backticks
+                // elsewhere, as Diesel's), and the statements of the template.
                 let template = version_trigger::up_sql(dialect, "t", "c").unwrap();
                 prop_assert_eq!(up.matches(';').count(), template.matches(';').count());
-                let unquoted = |sql: &str| match dialect {
-                    Dialect::Postgres => sql
-                        .replace(&format!("\"{table}\""), "")
-                        .replace(&format!("\"{column}\""), ""),
-                    _ => sql.to_owned(),
+                let quote = |name: &str| match dialect {
+                    Dialect::Postgres => format!("\"{name}\""),
+                    _ => format!("`{name}`"),
                 };
+                let unquoted = |sql: &str| sql.replace(&quote(&table), "").replace(&quote(&column), "");
                 prop_assert!(!unquoted(&up).contains(['\'', '"', '`']) && !unquoted(&down).contains(['\'', '"', '`']));
-                let on_table = match dialect {
-                    Dialect::Postgres => format!("ON \"{table}\""),
-                    _ => format!("ON {table}"),
-                };
+                let on_table = format!("ON {}", quote(&table));
                 prop_assert!(up.contains(&on_table));
                 prop_assert_eq!(
                     version_trigger::trigger_name(&table, &column).unwrap(),

@@ -7,7 +7,8 @@
 //! writer that sets a larger number), the trigger leaves it alone; when it left
 //! the version unchanged, set it to NULL, or moved it *back* (a plain save of a
 //! struct read long ago writes its old version), the trigger sets it to the old
-//! version plus one. So the version never repeats, every raw write is visible,
+//! version plus one. (On SQLite, whose trigger runs after the row is written,
+//! a `NOT NULL` version column refuses the `NULL` first: the write fails.) So the version never repeats, every raw write is visible,
 //! and a struct read before a raw write gets [`Error::Stale`](crate::Error::Stale)
 //! on its next versioned write.
 //!
@@ -42,23 +43,29 @@
 //!   FOR EACH ROW EXECUTE FUNCTION lockkit_version_items_lock_version();
 //!
 //! -- MySQL / MariaDB
-//! CREATE TRIGGER lockkit_version_items_lock_version BEFORE UPDATE ON items FOR EACH ROW
-//!   SET NEW.lock_version = IF(NEW.lock_version IS NULL OR NEW.lock_version <= OLD.lock_version, OLD.lock_version + 1, NEW.lock_version);
+//! CREATE TRIGGER lockkit_version_items_lock_version BEFORE UPDATE ON `items` FOR EACH ROW
+//!   SET NEW.`lock_version` = IF(NEW.`lock_version` IS NULL OR NEW.`lock_version` <= OLD.`lock_version`, OLD.`lock_version` + 1, NEW.`lock_version`);
 //!
 //! -- SQLite (AFTER, as SQLite cannot assign NEW; recursive triggers are off by default)
-//! CREATE TRIGGER lockkit_version_items_lock_version AFTER UPDATE ON items FOR EACH ROW
-//!   WHEN NEW.lock_version IS NULL OR NEW.lock_version <= OLD.lock_version
-//!   BEGIN UPDATE items SET lock_version = OLD.lock_version + 1 WHERE rowid = NEW.rowid; END;
+//! CREATE TRIGGER lockkit_version_items_lock_version AFTER UPDATE ON `items` FOR EACH ROW
+//!   WHEN NEW.`lock_version` IS NULL OR NEW.`lock_version` <= OLD.`lock_version`
+//!   BEGIN UPDATE `items` SET `lock_version` = OLD.`lock_version` + 1 WHERE rowid = NEW.rowid; END;
 //! ```
 //!
 //! Table and column names are identifiers, not values, so they cannot be bound:
 //! they are checked to be plain identifiers (`[A-Za-z_][A-Za-z0-9_]*`, at most 40
-//! characters) and anything else is refused. On PostgreSQL they are quoted, as
-//! Diesel quotes them: pass them as your `table!` names them.
+//! characters) and anything else is refused. They are quoted, as Diesel
+//! quotes them (double quotes on PostgreSQL, backticks elsewhere), so a
+//! reserved word (`order`) works: pass them as your `table!` names them. A
+//! table of another schema (`archive.items`) is not a plain identifier:
+//! write that trigger by hand (a trigger installed for `items` would go to
+//! whichever `items` the migration's `search_path` or database finds).
 //!
 //! Two pairs can make one name (`a_b`.`c` and `a`.`b_c`; on PostgreSQL, which
 //! folds the unquoted trigger name to lower case, also `Items` and `items`),
-//! and PostgreSQL cuts a name at 63 bytes. The server then refuses the second trigger (its function's
+//! and PostgreSQL cuts a name at 63 bytes. MySQL/MariaDB refuse a trigger
+//! name over 64 characters (a table and a column of more than 47 together).
+//! The server then refuses the second trigger (its function's
 //! name is taken, on PostgreSQL; its trigger's, on MySQL/MariaDB and SQLite):
 //! nothing replaces the first table's trigger. Rename one column or table, or
 //! write that trigger by hand under a name of your own. On PostgreSQL, dropping
@@ -119,21 +126,23 @@ pub fn up_sql(dialect: Dialect, table: &str, column: &str) -> Result<String, Inv
     let (t, c) = (table, column);
     Ok(match dialect {
         // Quoted, as Diesel names them: PostgreSQL folds an unquoted name to
-        // lower case.
+        // lower case, and a reserved word (`order`) is a name only quoted.
         Dialect::Postgres => format!(
             "CREATE FUNCTION {name}() RETURNS trigger AS $$\n\
              BEGIN\n  IF NEW.\"{c}\" IS NULL OR NEW.\"{c}\" <= OLD.\"{c}\" THEN\n    NEW.\"{c}\" := OLD.\"{c}\" + 1;\n  END IF;\n  RETURN NEW;\nEND\n\
              $$ LANGUAGE plpgsql;\n\
              CREATE TRIGGER {name} BEFORE UPDATE ON \"{t}\"\n  FOR EACH ROW EXECUTE FUNCTION {name}();\n"
         ),
+        // Quoted with backticks, as Diesel names them there: a table or
+        // column named by a reserved word (`order`, `groups`) works.
         Dialect::Mysql => format!(
-            "CREATE TRIGGER {name} BEFORE UPDATE ON {t} FOR EACH ROW\n  \
-             SET NEW.{c} = IF(NEW.{c} IS NULL OR NEW.{c} <= OLD.{c}, OLD.{c} + 1, NEW.{c});\n"
+            "CREATE TRIGGER {name} BEFORE UPDATE ON `{t}` FOR EACH ROW\n  \
+             SET NEW.`{c}` = IF(NEW.`{c}` IS NULL OR NEW.`{c}` <= OLD.`{c}`, OLD.`{c}` + 1, NEW.`{c}`);\n"
         ),
         Dialect::Sqlite => format!(
-            "CREATE TRIGGER {name} AFTER UPDATE ON {t} FOR EACH ROW\n  \
-             WHEN NEW.{c} IS NULL OR NEW.{c} <= OLD.{c}\n  \
-             BEGIN UPDATE {t} SET {c} = OLD.{c} + 1 WHERE rowid = NEW.rowid; END;\n"
+            "CREATE TRIGGER {name} AFTER UPDATE ON `{t}` FOR EACH ROW\n  \
+             WHEN NEW.`{c}` IS NULL OR NEW.`{c}` <= OLD.`{c}`\n  \
+             BEGIN UPDATE `{t}` SET `{c}` = OLD.`{c}` + 1 WHERE rowid = NEW.rowid; END;\n"
         ),
     })
 }
