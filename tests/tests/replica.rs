@@ -676,8 +676,6 @@ proptest! {
     }
 }
 
-/// MySQL/MariaDB refuse a write in a `READ ONLY` transaction with 1792, which
-/// lockkit reports as it reports a PostgreSQL standby's refusal.
 /// `commit_lsn` after a write made with `SET LOCAL synchronous_commit = off`
 /// (the usual way to make one write cheap; the setting is back at `on` by the
 /// time `commit_lsn` runs): the position must still be past the commit, here

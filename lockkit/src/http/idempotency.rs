@@ -9,7 +9,7 @@
 //! | situation | result | HTTP |
 //! | --- | --- | --- |
 //! | first request for the key | the work runs; its response is stored | 2xx |
-//! | repeat after it completed | [`Outcome::Replayed`] with the stored response; the work does not run | the stored status |
+//! | repeat after it completed | [`Outcome::Replayed`] with the stored response; the work does not run | the status your handler gives a replay: store the first answer's status and headers (`Location`, `ETag`) in the response to answer the same |
 //! | same key from another principal | a key of its own: the work runs for that principal | 2xx |
 //! | repeat while the first still runs | [`Error::IdempotencyInProgress`] | 409 |
 //! | same key, different request (fingerprint: method, path or body) | [`Error::IdempotencyKeyReused`] | 422 |

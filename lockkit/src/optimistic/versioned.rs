@@ -501,6 +501,12 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// table: the version moves, so an optimistic writer who read the row before
     /// gets [`Error::Stale`] instead of writing over this change.
     ///
+    /// Leave the version column out of `changes`, as for
+    /// [`update_by_version`](Self::update_by_version): lockkit sets it.
+    /// PostgreSQL refuses a statement that sets a column twice, and
+    /// MySQL/MariaDB, which assign from left to right, would move the version
+    /// to your value plus one, back to where an older copy of the row matches.
+    ///
     /// Inside a transaction, which may roll back, the [`journal`] learns the
     /// number the row moved to: one more statement reads it (under the row
     /// lock the update holds), so that a struct read after the update in that
@@ -592,7 +598,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     /// [`update_by_version`](Self::update_by_version)), inside a transaction (a
     /// savepoint when one is already open), in key order (so two bulk updates of
     /// overlapping rows cannot deadlock). A key named twice is
-    /// [`Error::DuplicateKey`], before anything is sent.
+    /// [`Error::DuplicateKey`], before anything is sent. Leave the version
+    /// column out of `changes`, as for `update_by_version`.
     ///
     /// # Errors
     ///

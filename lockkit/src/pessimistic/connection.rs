@@ -10,11 +10,16 @@
 //! | nested | savepoint; a timeout is put back before the savepoint is released (`SET LOCAL` outlives `RELEASE SAVEPOINT`) | savepoint | savepoint, then `PRAGMA incremental_vacuum(1)`, which takes the write lock a deferred outer transaction lacks |
 //!
 //! Options apply to the call that asked for them and to nothing after it, nested
-//! or not. A setting lockkit changes is put back without reading it first: on
+//! or not. How a setting lockkit changes is put back: on PostgreSQL, at the top
+//! level, `SET LOCAL` ends with the transaction, and a nested call reads the
+//! value in its savepoint first (`current_setting('lock_timeout')`); on
 //! MySQL/MariaDB the server keeps the session's value in a user variable of the
-//! call's nesting depth (so nested calls keep theirs apart); on SQLite the new
-//! value is set in one batch with the statement that takes the write lock. A panic in the closure rolls the transaction back before it unwinds
-//! further, so the connection is never left inside a transaction.
+//! call's nesting depth (so nested calls keep theirs apart), and the top level
+//! sets it before `BEGIN`; on SQLite the busy timeout is read first
+//! (`PRAGMA busy_timeout`), and the new value set in one batch with the
+//! statement that takes the write lock (as a statement of its own on
+//! diesel-async). A panic in the closure rolls the transaction back before it
+//! unwinds further, so the connection is never left inside a transaction.
 //!
 //! # When the server aborts the whole transaction
 //!

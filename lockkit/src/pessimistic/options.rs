@@ -45,7 +45,9 @@ impl LockOptions {
     /// already read, that read sees the transaction's snapshot: a row deleted
     /// since is reported `Busy`, and one inserted since and held `NotFound`.
     /// Take such calls outside the transaction, or in one that has read
-    /// nothing yet, where the answer is the latest commit's.
+    /// nothing yet, where the answer is the latest commit's. On SQLite, which
+    /// locks the whole database, a locked database is `Busy` whether the row
+    /// exists or not.
     pub fn skip_locked(mut self) -> Self {
         self.lock.wait = WaitMode::SkipLocked;
         self

@@ -257,7 +257,10 @@ impl<P: AsyncPgPool> Router<P> {
     /// # Errors
     ///
     /// * whatever `work` returns; [`Error::AsyncPool`]; a classified error
-    ///   from `BEGIN` or `COMMIT`: nothing was written.
+    ///   from `BEGIN`, or the server's refusal of `COMMIT`: nothing was
+    ///   written. [`Error::ConnectionLost`] at `COMMIT` is the exception, as
+    ///   everywhere: the write may have committed, and no position comes with
+    ///   it. Re-read on the primary before running `work` again.
     /// * a classified error from the position's read, after the write
     ///   committed: where `work`'s connection cannot read it, another
     ///   connection to the primary does (any position read after the `COMMIT`

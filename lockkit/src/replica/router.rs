@@ -91,7 +91,11 @@ impl Router {
     /// # Errors
     ///
     /// * whatever `work` returns; [`Error::Pool`]; a classified error from
-    ///   `BEGIN` or `COMMIT`: nothing was written.
+    ///   `BEGIN`, or the server's refusal of `COMMIT`: nothing was written.
+    ///   [`Error::ConnectionLost`] at `COMMIT` is the exception, as everywhere:
+    ///   the write may have committed, and no position comes with it. Re-read
+    ///   on the primary before running `work` again, or make it idempotent
+    ///   (idempotency keys, feature `idempotency`).
     /// * a classified error from the position's read, after the write
     ///   committed: where `work`'s connection cannot read it, another
     ///   connection to the primary does (any position read after the `COMMIT`
