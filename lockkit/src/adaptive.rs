@@ -114,13 +114,14 @@
 //! * On `PgConnection`, `MysqlConnection` and `SqliteConnection` (and r2d2
 //!   pooled connections to them), not on [`Dispatch`](crate::multi::Dispatch)
 //!   enums.
-//! * Inside a transaction you opened, a `REPEATABLE READ` snapshot cannot see
-//!   other writers' rows, so a lost race goes to the lock at once (no second
-//!   optimistic attempt, no backoff): on MySQL/MariaDB the locked read is the
-//!   latest row's. On PostgreSQL the first write to a row that another
-//!   transaction changed since the snapshot fails with
-//!   [`Error::SerializationFailure`] (retryable): run the whole transaction
-//!   again.
+//! * Inside a transaction you opened, a lost race is tried again without a
+//!   backoff (which would sleep holding the transaction's locks). A
+//!   `REPEATABLE READ` snapshot cannot see other writers' rows: when the read
+//!   returns the version that just lost, the call takes the lock at once (on
+//!   MySQL/MariaDB the locked read is the latest row's). On PostgreSQL the
+//!   first write to a row that another transaction changed since the snapshot
+//!   fails with [`Error::SerializationFailure`] (retryable): run the whole
+//!   transaction again.
 
 // Without a backend feature no connection implements `AdaptiveRow`, and the
 // pieces it is built from go unused.
@@ -483,21 +484,27 @@ impl AdaptivePolicy {
         F: FnMut(&mut M) -> Result<(), E>,
     {
         let conn = conn.locking_connection();
-        // Inside a transaction of the caller's, a lost race goes to the lock
-        // at once: a `REPEATABLE READ` snapshot would read the same old row
-        // again (MySQL/MariaDB's stale `UPDATE` meanwhile keeps its lock on
-        // the row until that transaction ends), and the locked read is the
-        // latest row's.
+        // Inside a transaction of the caller's, a lost race is tried again at
+        // once: a backoff would sleep holding the transaction's locks.
         let nested = crate::transaction::in_transaction(conn);
         let slot = self.slot::<M>(&key);
         let mut lost = 0;
+        let mut lost_with = None;
         while lost < self.max_optimistic_attempts
             && self.touch(slot, Instant::now(), Event::Ask) == Mode::Optimistic
         {
             let mut row = M::read(conn, key.clone())
                 .map_err(classify)?
                 .ok_or(Error::NotFound)?;
+            // The version that just lost, read again, cannot win: a snapshot
+            // of the caller's transaction (`REPEATABLE READ`, MySQL/MariaDB's
+            // default) that does not show the winner. The locked read is the
+            // latest row's.
+            if lost_with == Some(row.version()) {
+                break;
+            }
             change(&mut row)?;
+            let version = row.version();
             match row.write_fresh(conn) {
                 Ok(()) => {
                     self.counters.optimistic_writes.fetch_add(1, Relaxed);
@@ -507,11 +514,9 @@ impl AdaptivePolicy {
                 Err(Error::Stale(_)) => {
                     self.counters.conflicts.fetch_add(1, Relaxed);
                     lost += 1;
+                    lost_with = Some(version);
                     let mode = self.touch(slot, Instant::now(), Event::Optimistic { lost: true });
-                    if nested {
-                        break;
-                    }
-                    if mode == Mode::Optimistic && lost < self.max_optimistic_attempts {
+                    if !nested && mode == Mode::Optimistic && lost < self.max_optimistic_attempts {
                         let wait = self.backoff.delay_after(lost);
                         if !wait.is_zero() {
                             std::thread::sleep(wait);
