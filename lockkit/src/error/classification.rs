@@ -165,6 +165,13 @@ fn classify_with(err: DieselError, context: Context) -> Error {
             // Diesel's hidden `Unknown`, and any kind a later Diesel adds.
             _ => classify_message(info.message()),
         },
+        // Diesel's `ROLLBACK` after a failed `COMMIT` failed too: on a
+        // connection lost at `COMMIT` (MySQL/MariaDB's 2013, then "server has
+        // gone away"), which may have committed.
+        DieselError::RollbackErrorOnCommit {
+            commit_error,
+            rollback_error,
+        } if is_lost(commit_error) || is_lost(rollback_error) => Some(Error::ConnectionLost),
         _ => None,
     };
     let classified = match (kind, context) {
@@ -202,16 +209,31 @@ pub(crate) fn is_lock_wait_timeout(message: &str) -> bool {
     message.starts_with("Lock wait timeout exceeded")
 }
 
+/// Whether `err` is a lost connection, as [`classify`] reads it.
+fn is_lost(err: &DieselError) -> bool {
+    match err {
+        DieselError::DatabaseError(DatabaseErrorKind::ClosedConnection, _) => true,
+        DieselError::DatabaseError(_, info) => is_connection_lost(info.message()),
+        _ => false,
+    }
+}
+
 fn is_connection_lost(message: &str) -> bool {
-    // PostgreSQL: pg_terminate_backend, a restart, a broken socket.
+    // PostgreSQL: pg_terminate_backend, a restart, a broken socket. libpq's
+    // words may follow the server's last message, on a line of their own;
+    // read at a line's start, as a message may quote the user's data.
     message.starts_with("terminating connection due to administrator command")
-        || message.contains("server closed the connection unexpectedly")
+        || message
+            .lines()
+            .any(|line| line.trim_start().starts_with("server closed the connection unexpectedly"))
         || message.starts_with("no connection to the server")
         // MySQL/MariaDB: KILL (1927), 2006, 2013.
         || message.starts_with("Connection was killed")
         || message.starts_with("MySQL server has gone away")
         || message.starts_with("Server has gone away")
         || message.starts_with("Lost connection to")
+        // MySQL 8.0.24+'s 4031: an idle session past `wait_timeout`.
+        || message.starts_with("The client was disconnected by the server because of inactivity")
         // diesel-async's drivers, whose closed connection carries no code:
         // tokio-postgres ...
         || message == "connection closed"
@@ -243,6 +265,7 @@ fn classify_message(message: &str) -> Option<Error> {
     {
         Some(Error::LockTimeout)
     } else if message.starts_with("The MySQL server is running with the --read-only option")
+        || message.starts_with("The MySQL server is running with the --super-read-only option")
         || message.starts_with("The MariaDB server is running with the --read-only option")
     {
         Some(Error::ReadOnly)
@@ -285,12 +308,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_connection_lost_at_commit_is_connection_lost_after_the_failed_rollback() {
+        let error = |message: &str| {
+            Box::new(DieselError::DatabaseError(
+                DatabaseErrorKind::Unknown,
+                Box::new(message.to_owned()),
+            ))
+        };
+        let lost = DieselError::RollbackErrorOnCommit {
+            commit_error: error("Lost connection to MySQL server during query"),
+            rollback_error: error("MySQL server has gone away"),
+        };
+        assert!(matches!(classify(lost), Error::ConnectionLost));
+        let refused = DieselError::RollbackErrorOnCommit {
+            commit_error: error("Deferred constraint failed"),
+            rollback_error: error("cannot rollback - no transaction is active"),
+        };
+        assert!(matches!(classify(refused), Error::Database(_)));
+    }
+
+    #[test]
     fn the_users_data_in_a_message_is_never_a_lock_error() {
         for quoted in [
             "invalid input value for enum status: \"x NOWAIT is set\"",
             "Incorrect integer value: 'running with the --read-only option' for column 'n'",
             "invalid input syntax for type integer: \"max_statement_time exceeded\"",
             "Data too long for column 'note': 'maximum statement execution time exceeded'",
+            "rejected: \"server closed the connection unexpectedly\"",
         ] {
             assert!(classify_message(quoted).is_none(), "{quoted}");
         }
@@ -299,6 +343,10 @@ mod tests {
             ("The MySQL server is running with the --read-only option so it cannot execute this statement", Error::ReadOnly),
             ("Query execution was interrupted, maximum statement execution time exceeded", Error::StatementTimeout),
             ("Query execution was interrupted (max_statement_time exceeded)", Error::StatementTimeout),
+            ("The MySQL server is running with the --super-read-only option so it cannot execute this statement", Error::ReadOnly),
+            ("The client was disconnected by the server because of inactivity. See wait_timeout and interactive_timeout for configuring this behavior.", Error::ConnectionLost),
+            ("server closed the connection unexpectedly\n\tThis probably means the server terminated abnormally", Error::ConnectionLost),
+            ("FATAL:  terminating connection due to idle-session timeout\nserver closed the connection unexpectedly", Error::ConnectionLost),
         ] {
             let classified = classify_message(server);
             assert_eq!(
