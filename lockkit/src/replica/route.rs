@@ -34,8 +34,9 @@ pub enum Policy {
     /// Waits up to this long for the replica to replay the position, then fails
     /// with [`Error::ReplicaBehind`]: for a primary that must not take the reads.
     /// A "replica" that is not in recovery (promoted, or the pool points at
-    /// the primary) is answered [`Route::PrimaryNotAStandby`] at once, under
-    /// every policy, and the [`Router`](super::Router) reads the primary then.
+    /// the primary) is answered [`Route::PrimaryNotAStandby`] at once, as
+    /// under `WaitThenPrimary`, and the [`Router`](super::Router) reads the
+    /// primary then.
     WaitOrFail(Duration),
 }
 
