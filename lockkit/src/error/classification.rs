@@ -168,10 +168,11 @@ fn classify_with(err: DieselError, context: Context) -> Error {
         // Diesel's `ROLLBACK` after a failed `COMMIT` failed too: on a
         // connection lost at `COMMIT` (MySQL/MariaDB's 2013, then "server has
         // gone away"), which may have committed.
-        DieselError::RollbackErrorOnCommit {
-            commit_error,
-            rollback_error,
-        } if is_lost(commit_error) || is_lost(rollback_error) => Some(Error::ConnectionLost),
+        // A `COMMIT` the server refused did not commit: that stays a database
+        // error, as before.
+        DieselError::RollbackErrorOnCommit { commit_error, .. } if is_lost(commit_error) => {
+            Some(Error::ConnectionLost)
+        }
         _ => None,
     };
     let classified = match (kind, context) {
@@ -209,23 +210,30 @@ pub(crate) fn is_lock_wait_timeout(message: &str) -> bool {
     message.starts_with("Lock wait timeout exceeded")
 }
 
-/// Whether `err` is a lost connection, as [`classify`] reads it.
+/// Whether `err` is a lost connection, as [`classify`] reads it (the
+/// messages of the kinds it never reads are not read here either).
 fn is_lost(err: &DieselError) -> bool {
     match err {
         DieselError::DatabaseError(DatabaseErrorKind::ClosedConnection, _) => true,
-        DieselError::DatabaseError(_, info) => is_connection_lost(info.message()),
+        DieselError::DatabaseError(
+            DatabaseErrorKind::Unknown | DatabaseErrorKind::UnableToSendCommand,
+            info,
+        ) => is_connection_lost(info.message()),
         _ => false,
     }
 }
 
 fn is_connection_lost(message: &str) -> bool {
     // PostgreSQL: pg_terminate_backend, a restart, a broken socket. libpq's
-    // words may follow the server's last message, on a line of their own;
-    // read at a line's start, as a message may quote the user's data.
+    // words may follow the server's last message (`FATAL:  ..`) on a line of
+    // their own; read there or at the start only, as a message may quote the
+    // user's data, newlines included.
+    const CLOSED: &str = "server closed the connection unexpectedly";
+    let mut lines = message.lines();
+    let (first, second) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
     message.starts_with("terminating connection due to administrator command")
-        || message
-            .lines()
-            .any(|line| line.trim_start().starts_with("server closed the connection unexpectedly"))
+        || first.starts_with(CLOSED)
+        || (first.starts_with("FATAL:") && second.starts_with(CLOSED))
         || message.starts_with("no connection to the server")
         // MySQL/MariaDB: KILL (1927), 2006, 2013.
         || message.starts_with("Connection was killed")
@@ -320,11 +328,21 @@ mod tests {
             rollback_error: error("MySQL server has gone away"),
         };
         assert!(matches!(classify(lost), Error::ConnectionLost));
-        let refused = DieselError::RollbackErrorOnCommit {
-            commit_error: error("Deferred constraint failed"),
-            rollback_error: error("cannot rollback - no transaction is active"),
-        };
-        assert!(matches!(classify(refused), Error::Database(_)));
+        // A COMMIT the server refused did not commit, whatever the ROLLBACK
+        // after it met.
+        for rollback in [
+            "cannot rollback - no transaction is active",
+            "MySQL server has gone away",
+        ] {
+            let refused = DieselError::RollbackErrorOnCommit {
+                commit_error: error("Deferred constraint failed"),
+                rollback_error: error(rollback),
+            };
+            assert!(
+                matches!(classify(refused), Error::Database(_)),
+                "{rollback}"
+            );
+        }
     }
 
     #[test]
@@ -335,6 +353,7 @@ mod tests {
             "invalid input syntax for type integer: \"max_statement_time exceeded\"",
             "Data too long for column 'note': 'maximum statement execution time exceeded'",
             "rejected: \"server closed the connection unexpectedly\"",
+            "invalid input syntax for type integer: \"x\nserver closed the connection unexpectedly\"",
         ] {
             assert!(classify_message(quoted).is_none(), "{quoted}");
         }
