@@ -255,8 +255,8 @@ fn gap(w: &mut String, pg: &[PgbenchSummary]) -> fmt::Result {
          (`lockkit::atomic::update` and the versioned `UPDATE`), as pgbench `-M prepared` sends \
          them; Diesel's own `UPDATE` is parsed and planned again each time, and diesel-async 0.9 \
          sends such an uncached statement in two round trips (tokio-postgres' `prepare_typed`, \
-         then bind and execute): the user's `diesel::update` in `with_lock`'s closure does, \
-         inside the row lock, on both sides of the pair. `with_lock` on a `Versioned` model also advances the version as it locks (on PostgreSQL \
+         then bind and execute): the user's `diesel::update` in `with_lock`'s closure (inside \
+         the row lock) and the queue's mark-done do, on both sides of the pair. `with_lock` on a `Versioned` model also advances the version as it locks (on PostgreSQL \
          inside the locking statement, `UPDATE .. WHERE EXISTS (SELECT .. FOR UPDATE) RETURNING ..`), \
          as pgbench's script does too.\n",
         list(&|s| us(tasks(s).server_cpu)),

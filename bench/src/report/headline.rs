@@ -26,12 +26,15 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
         "Throughput through lockkit divided by the same work written by hand with plain Diesel, \
          run alternately ({} × `lockkit, hand, hand, lockkit`, {:.2} s each) in every \
          repetition; median of the repetitions, (min–max) in brackets; the spread shows what \
-         this machine's noise is worth. The two sides send the same SQL, but not the same way. \
-         The hand-written side is written as users write it: Diesel parses and plans each of \
-         its `UPDATE`s again on every execution. lockkit's own statements (and the `UPDATE`s it \
-         builds with `lockkit::atomic::update`) are prepared once per connection. So part of \
-         each ratio is statement caching, not lockkit's own cost, and 1.00 does not mean no \
-         overhead. The write inside `with_lock`'s closure is user code, the same \
+         this machine's noise is worth. The two sides send the same SQL, but not the same way, \
+         with two exceptions by design (see the method): `with_lock` on the `Versioned` item \
+         also advances its version as it locks (one more statement on MariaDB and SQLite), and \
+         after a stale write lockkit reads the row's version for its report. The hand-written \
+         side is written as users write it: Diesel parses and plans each of its `UPDATE`s \
+         again on every execution. lockkit's own statements (and the `UPDATE`s it builds with \
+         `lockkit::atomic::update`) are prepared once per connection. So part of each ratio is \
+         statement caching, not lockkit's own cost, and 1.00 does not mean no overhead. The \
+         write inside `with_lock`'s closure and the queue's mark-done are user code, the same \
          `diesel::update` on both sides.\n",
         results.settings.pair_rounds,
         results.settings.pair_limits.run.as_secs_f64()

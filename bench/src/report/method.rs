@@ -24,7 +24,10 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
          lock timeout (PostgreSQL `lock_timeout = 10s`, MariaDB `innodb_lock_wait_timeout = 10`, \
          SQLite `busy_timeout = 5000`).\n\
          * Before every run the tables are reset: `items` gets fresh rows with stock {} \
-         (enough never to run out) and version 0; the queue gets {} fresh jobs.\n\
+         (enough never to run out) and version 0; the queue gets {} fresh jobs ({} in the paired \
+         slices). A queue run's time ends with the last job it marked done, once every worker found the \
+         queue empty: the empty claims of the end, which on SQLite may sleep in the busy handler, are not \
+         the drain's rate.\n\
          * All workers take their pooled connection, wait at a barrier, and start together; \
          throughput is the operations (queue: jobs) completed within the run's time, over that \
          time. An operation that runs past it still finishes and counts for the correctness \
@@ -40,10 +43,11 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
          * lockkit / hand-written pairs run `a b b a` ({} × per repetition) with {:.2} s slices. The hand-written twins \
          send the same SQL: the version-checked `UPDATE` with its own row-count check, `SELECT .. \
          FOR UPDATE` in a transaction, the conditional `UPDATE`, `LIMIT n FOR UPDATE SKIP \
-         LOCKED`; lockkit's side writes the atomic `UPDATE` and the queue's mark-done with \
-         `lockkit::atomic::update` (prepared once per connection), the hand-written side with \
-         `diesel::update` (Diesel parses and plans its own `UPDATE` again each time). The write \
-         inside `with_lock`'s closure is user code: the same `diesel::update` on both sides. \
+         LOCKED`; lockkit's side writes the atomic `UPDATE` with `lockkit::atomic::update` \
+         (prepared once per connection), the hand-written side with `diesel::update` (Diesel \
+         parses and plans its own `UPDATE` again each time). The write inside `with_lock`'s \
+         closure and the queue's mark-done are user code: the same `diesel::update` on both \
+         sides. \
          The hand-written optimistic retry uses the \
          same backoff schedule. Two \
          differences by design: after a stale write lockkit reads the row's current version for \
@@ -57,7 +61,7 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
          version; lockkit sends that statement prepared and the closure's `UPDATE` as Diesel \
          does, pgbench both in its one mode); the atomic script is the single conditional `UPDATE`; the \
          queue with batch 1 is `SELECT id .. LIMIT 1 FOR UPDATE SKIP LOCKED \\gset` and one \
-         `UPDATE`; with batch 10 the claim is wrapped in `array_agg` (pgbench has no loop) and \
+         `UPDATE` (the user's mark-done, which lockkit's side sends as Diesel does); with batch 10 the claim is wrapped in `array_agg` (pgbench has no loop) and \
          followed by ten `UPDATE`s by key. Both sides drain a queue of {} jobs.\n\
          * PostgreSQL sessions (the benchmark's and pgbench's) run with `synchronous_commit = {}`. \
          {}\n\
@@ -68,6 +72,7 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
         rate(s.limits.max_ops_per_worker as f64),
         rate(f64::from(INITIAL_STOCK)),
         rate(f64::from(s.limits.jobs)),
+        rate(f64::from(s.pair_limits.jobs)),
         s.pair_rounds,
         s.pair_limits.run.as_secs_f64(),
         results

@@ -26,9 +26,10 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
              per connection, as the benchmark's workers have; `-M extended`, every statement \
              parsed and planned again on each execution, which is how Diesel sends each `UPDATE` \
              of its own, on 2 and on 16 threads. lockkit sends its own statements and \
-             `lockkit::atomic::update`'s prepared; the `UPDATE` inside `with_lock`'s closure is \
-             the user's `diesel::update`, sent as `-M extended` sends it, so no one mode of \
-             pgbench matches the with_lock script statement for statement. In every repetition lockkit ({} workers) runs first and last, pgbench in \
+             `lockkit::atomic::update`'s prepared; the `UPDATE` inside `with_lock`'s closure and \
+             the queue's mark-done are the user's `diesel::update`, sent as `-M extended` sends \
+             them, so no one mode of pgbench matches the with_lock and queue scripts statement \
+             for statement. In every repetition lockkit ({} workers) runs first and last, pgbench in \
              between (each mode twice, in mirrored order). CPU is µs per update (or job) from \
              `/proc`: the client (the benchmark, or pgbench) and the server (every `postgres` \
              process).\n",
@@ -103,9 +104,9 @@ fn pgbench_reading(w: &mut String, pg: &[PgbenchSummary]) -> fmt::Result {
         w,
         "Below target against the server's own limit: {}. lockkit sends its own statements \
          prepared once per connection, as `-M prepared` does (its `UPDATE`s through \
-         `lockkit::atomic::update`), but not the `UPDATE` in `with_lock`'s closure: that is the \
-         user's `diesel::update`, parsed and planned on every execution, as `-M extended` \
-         does (which costs pgbench {} in table order). Against pgbench prepared on one \
+         `lockkit::atomic::update`), but not the `UPDATE` in `with_lock`'s closure nor the \
+         queue's mark-done: those are the user's `diesel::update`, parsed and planned on every \
+         execution, as `-M extended` does (which costs pgbench {} in table order). Against pgbench prepared on one \
          thread per connection (`-M prepared -j 16`), as the benchmark's workers are, lockkit \
          reaches {}. What is left is the client's:\n",
         below

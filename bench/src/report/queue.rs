@@ -24,7 +24,7 @@ pub(super) fn section(w: &mut String, report: &Report) -> fmt::Result {
          hand-written twin is `.limit(n).for_update().skip_locked()` in a plain transaction \
          (SQLite: `BEGIN IMMEDIATE`, no lock clause). \"No job twice\" is checked from the ids \
          every worker claimed and the table's `done` count.\n",
-        rate(f64::from(settings.limits.jobs))
+        rate(f64::from(settings.pair_limits.jobs))
     )?;
     writeln!(
         w,

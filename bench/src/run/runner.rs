@@ -64,6 +64,10 @@ pub(crate) struct WorkerOut {
     state: WorkerState,
     hist: Histogram<u64>,
     first_error: Option<String>,
+    /// A queue worker that found the queue empty.
+    drained: bool,
+    /// When it finished its last unit of work.
+    last_unit: Option<Instant>,
 }
 
 /// One worker's loop, whoever runs it (a thread or a task): bounded by the
@@ -77,6 +81,8 @@ pub(crate) struct WorkerLoop {
     deadline: Instant,
     ops: u64,
     consecutive_errors: u32,
+    last_unit: Option<Instant>,
+    drained: bool,
 }
 
 impl WorkerLoop {
@@ -89,6 +95,8 @@ impl WorkerLoop {
             deadline: Instant::now(),
             ops: 0,
             consecutive_errors: 0,
+            last_unit: None,
+            drained: false,
         }
     }
 
@@ -111,12 +119,16 @@ impl WorkerLoop {
     ) -> bool {
         self.ops += 1;
         match result {
-            Ok(0) if case.workload == Workload::Queue => return false, // drained
+            Ok(0) if case.workload == Workload::Queue => {
+                self.drained = true;
+                return false;
+            }
             Ok(units) => {
                 let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
                 self.hist.saturating_record(micros.max(1));
                 self.state.counts.successes += 1;
                 self.state.counts.units += units as u64;
+                self.last_unit = Some(Instant::now());
                 if Instant::now() > self.deadline {
                     self.state.counts.late_successes += 1;
                     self.state.counts.late_units += units as u64;
@@ -141,6 +153,8 @@ impl WorkerLoop {
     /// The worker's results.
     pub(crate) fn finish(self) -> WorkerOut {
         WorkerOut {
+            drained: self.drained,
+            last_unit: self.last_unit,
             state: self.state,
             hist: self.hist,
             first_error: self.first_error,
@@ -162,13 +176,14 @@ pub(crate) fn reset<C: BenchConnection>(
     Ok(())
 }
 
-/// The sample of a run: the workers' counts and latencies merged, the tables
-/// read back through `pool` and checked.
+/// The sample of a run that started at `started` and took `elapsed`: the
+/// workers' counts and latencies merged, the tables read back through `pool`
+/// and checked.
 pub(crate) fn sample<C: BenchConnection>(
     pool: &BenchPool<C>,
     case: &Case,
     outs: Vec<Result<WorkerOut, BenchError>>,
-    elapsed: Duration,
+    (started, elapsed): (Instant, Duration),
     limits: &Limits,
     cpu: cpu::Cpu,
     adaptive: &AdaptivePolicy,
@@ -177,8 +192,14 @@ pub(crate) fn sample<C: BenchConnection>(
     let mut hist = histogram();
     let mut claimed = Vec::new();
     let mut first_error = None;
+    // Every worker of a queue run found it empty: the run took until the last
+    // job was done, not until the last empty claim returned.
+    let mut drained = true;
+    let mut last_unit = None;
     for out in outs {
         let out = out?;
+        drained &= out.drained;
+        last_unit = last_unit.max(out.last_unit);
         counts.add(&out.state.counts);
         hist.add(&out.hist).expect("same histogram bounds");
         claimed.extend_from_slice(&out.state.claimed);
@@ -199,7 +220,12 @@ pub(crate) fn sample<C: BenchConnection>(
         elapsed,
         // The workers stop starting operations at the run's time; the last
         // ones still finish (a backoff, a lock queue), while the others idle.
-        window: elapsed.min(limits.run),
+        window: last_unit
+            .filter(|_| drained)
+            .map(|at| at.saturating_duration_since(started))
+            .filter(|drain| !drain.is_zero())
+            .unwrap_or(elapsed)
+            .min(limits.run),
         counts,
         hist,
         check,
@@ -224,7 +250,7 @@ pub fn run_case<C: BenchConnection>(
     let start_line = Barrier::new(case.workers + 1);
     // Each run starts calm: what the policy learnt in one run does not carry over.
     let adaptive = Arc::new(AdaptivePolicy::new());
-    let (outs, elapsed, cpu) = thread::scope(|scope| {
+    let (outs, started, elapsed, cpu) = thread::scope(|scope| {
         let workers: Vec<_> = conns
             .into_iter()
             .enumerate()
@@ -249,9 +275,14 @@ pub fn run_case<C: BenchConnection>(
             })
             .collect();
         let elapsed = started.elapsed();
-        (outs, elapsed, cpu_before.until(&cpu::snapshot(C::BACKEND)))
+        (
+            outs,
+            started,
+            elapsed,
+            cpu_before.until(&cpu::snapshot(C::BACKEND)),
+        )
     });
-    sample(pool, case, outs, elapsed, limits, cpu, &adaptive)
+    sample(pool, case, outs, (started, elapsed), limits, cpu, &adaptive)
 }
 
 fn worker<C: BenchConnection>(
@@ -336,5 +367,32 @@ mod tests {
         let counts = run.finish().state.counts;
         assert_eq!((counts.successes, counts.units), (2, 2));
         assert_eq!((counts.late_successes, counts.late_units), (1, 1));
+    }
+
+    #[test]
+    fn a_drained_queue_worker_reports_when_its_last_job_was_done() {
+        // The empty claim that tells the worker the queue is empty may take
+        // long (SQLite's busy handler): the drain ended with the last job.
+        let case = Case::new(Workload::Queue, Strategy::Claim, 1).batch(10);
+        let limits = Limits {
+            run: Duration::from_secs(3600),
+            max_ops_per_worker: 10,
+            jobs: 10,
+        };
+        let mut run = WorkerLoop::new(0, &case, Arc::new(AdaptivePolicy::new()));
+        run.start(&limits);
+        assert!(run.record(&case, Instant::now(), Ok(10)));
+        let last_job = Instant::now();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!run.record(&case, Instant::now(), Ok(0)));
+        let out = run.finish();
+        assert!(out.drained);
+        let at = out.last_unit.expect("a job was done");
+        assert!(at <= last_job, "{:?}", at.duration_since(last_job));
+        // A worker stopped by the run's time did not drain the queue.
+        let mut run = WorkerLoop::new(0, &case, Arc::new(AdaptivePolicy::new()));
+        run.start(&limits);
+        assert!(run.record(&case, Instant::now(), Ok(10)));
+        assert!(!run.finish().drained);
     }
 }

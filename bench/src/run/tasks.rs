@@ -73,7 +73,7 @@ pub fn run_case<A: AsyncBenchConnection>(
     reset(blocking, case, limits)?;
     // Each run starts calm, as the blocking runs do.
     let adaptive = Arc::new(AdaptivePolicy::new());
-    let (outs, elapsed, cpu) = tasks.runtime.block_on(async {
+    let (outs, started, elapsed, cpu) = tasks.runtime.block_on(async {
         // Every task gets its connection before the start line.
         let mut conns = Vec::with_capacity(case.workers);
         for _ in 0..case.workers {
@@ -112,9 +112,17 @@ pub fn run_case<A: AsyncBenchConnection>(
         }
         let elapsed = started.elapsed();
         let cpu = cpu_before.until(&cpu::snapshot(A::Blocking::BACKEND));
-        Ok::<_, BenchError>((outs, elapsed, cpu))
+        Ok::<_, BenchError>((outs, started, elapsed, cpu))
     })?;
-    sample(blocking, case, outs, elapsed, limits, cpu, &adaptive)
+    sample(
+        blocking,
+        case,
+        outs,
+        (started, elapsed),
+        limits,
+        cpu,
+        &adaptive,
+    )
 }
 
 async fn worker<A: AsyncBenchConnection>(

@@ -225,7 +225,7 @@ macro_rules! async_backend {
                         )
                         .await?;
                         for id in &ids {
-                            statements::mark_done_prepared(*id).execute(conn).await?;
+                            statements::mark_done(*id).execute(conn).await?;
                         }
                         Ok::<_, lockkit::Error>(ids)
                     },

@@ -13,9 +13,11 @@ macro_rules! claim_ops {
                     let ids: Vec<i32> =
                         lockkit::queue::claim(conn, super::statements::pending_jobs(), batch)?;
                     // One row by primary key at a time: MySQL may scan and
-                    // lock other workers' rows for `WHERE id IN (..)`.
+                    // lock other workers' rows for `WHERE id IN (..)`. With
+                    // `diesel::update`, as the README's queue does and as the
+                    // hand-written twin does: the pair measures `claim`.
                     for id in &ids {
-                        super::statements::mark_done_prepared(*id).execute(conn)?;
+                        super::statements::mark_done(*id).execute(conn)?;
                     }
                     Ok(ids)
                 })

@@ -96,17 +96,6 @@ pub fn mark_done(id: i32) -> _ {
     diesel::dsl::update(target).set(changes)
 }
 
-/// [`mark_done`], prepared once per connection.
-pub fn mark_done_prepared(
-    id: i32,
-) -> lockkit::atomic::PreparedUpdate<
-    jobs::table,
-    <job as diesel::query_builder::IntoUpdateTarget>::WhereClause,
-    <done as diesel::query_builder::AsChangeset>::Changeset,
-> {
-    lockkit::atomic::update(job(id)).set(done())
-}
-
 /// `.. WHERE id = $1 AND lock_version = $2`: the row as it was read, which a
 /// hand-written versioned write targets.
 #[auto_type]

@@ -24,11 +24,12 @@ pub fn hand_written(st: &mut WorkerState, rows: usize) -> Result<usize, OpError>
 /// The versioned `UPDATE` as a hand-built statement that Diesel may cache.
 ///
 /// Diesel 2.3 marks every `UpdateStatement` unsafe to cache (a changeset with
-/// `Option` fields changes its SQL from call to call), so each `UPDATE` it runs,
-/// lockkit's and hand-written alike, is prepared anew: SQLite compiles it again,
-/// PostgreSQL parses and plans it again (unnamed statement), MySQL spends a
-/// prepare round trip on it. This fragment renders the same statement with a static
-/// query id and no such mark, to measure what caching would save.
+/// `Option` fields changes its SQL from call to call), so each hand-written
+/// `diesel::update` is prepared anew: SQLite compiles it again, PostgreSQL
+/// parses and plans it again (unnamed statement), MySQL spends a prepare round
+/// trip on it (lockkit's versioned writes are a statement of its own, which
+/// Diesel caches). This fragment renders the same statement with a static query
+/// id and no such mark, to measure what caching would save by hand.
 #[derive(Debug, Clone, diesel::query_builder::QueryId)]
 pub struct CacheableVersionedUpdate {
     /// New name.
