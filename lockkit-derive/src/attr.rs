@@ -8,6 +8,7 @@ use syn::meta::ParseNestedMeta;
 use syn::parse::{Parse, ParseStream};
 use syn::{Attribute, Ident, LitBool, Path, Token};
 
+use crate::ast::Derive;
 use crate::ctxt::{Ctxt, Pos};
 
 pub const LOCKKIT: &str = "lockkit";
@@ -323,7 +324,7 @@ const CONTAINER_KEYS: &str =
 
 /// `#[lockkit(...)]` on the struct itself: `crate = ..` is the one key. The
 /// field keys are refused here with a hint to move them.
-pub fn lockkit_container(cx: &mut Ctxt, attrs: &[Attribute]) -> Option<Path> {
+pub fn lockkit_container(cx: &mut Ctxt, attrs: &[Attribute], derive: Derive) -> Option<Path> {
     let mut krate: Option<Path> = None;
     read_keys(
         cx,
@@ -339,7 +340,16 @@ pub fn lockkit_container(cx: &mut Ctxt, attrs: &[Attribute]) -> Option<Path> {
                         format!(
                             "`#[lockkit({name})]` is a field attribute, not allowed on the struct"
                         ),
-                        format!("put `#[lockkit({name})]` on the field it marks"),
+                        match derive {
+                            Derive::Versioned => {
+                                format!("put `#[lockkit({name})]` on the field it marks")
+                            }
+                            // Refused on `Lockable`'s fields too.
+                            Derive::Lockable => format!(
+                                "write `#[derive(Versioned)]` instead (it implements `Lockable` too), \
+                                 and put `#[lockkit({name})]` on the field it marks"
+                            ),
+                        },
                     )
                 } else {
                     (

@@ -25,7 +25,7 @@ pub fn derive_lockable(input: &DeriveInput) -> TokenStream {
 fn derive(input: &DeriveInput, derive: Derive) -> TokenStream {
     let mut cx = Ctxt::default();
     // Read first and apart from the model: the fallback needs it too.
-    let krate = attr::lockkit_container(&mut cx, &input.attrs);
+    let krate = attr::lockkit_container(&mut cx, &input.attrs, derive);
     let parsed = ast::fields(&mut cx, input, derive);
     let model = parsed
         .as_ref()

@@ -498,6 +498,19 @@ fn crate_path_reaches_the_fallback() {
 }
 
 #[test]
+fn a_field_key_on_a_lockable_struct_says_to_derive_versioned() {
+    let errors = compile_errors(derive_lockable(&syn::parse_quote! {
+        #[lockkit(version)]
+        pub struct Job { pub id: i32 }
+    }));
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(
+        errors[0].contains("write `#[derive(Versioned)]` instead"),
+        "{errors:#?}"
+    );
+}
+
+#[test]
 fn struct_attribute_mistakes() {
     assert_errors_start_with(
         syn::parse_quote! {
