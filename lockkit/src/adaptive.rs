@@ -120,8 +120,10 @@
 //!   returns the version that just lost, the call takes the lock at once (on
 //!   MySQL/MariaDB the locked read is the latest row's). On PostgreSQL the
 //!   first write to a row that another transaction changed since the snapshot
-//!   fails with [`Error::SerializationFailure`] (retryable): run the whole
-//!   transaction again.
+//!   fails with [`Error::SerializationFailure`], and on MariaDB with
+//!   `innodb_snapshot_isolation` (the default from 11.6.2) with
+//!   [`Error::Deadlock`] (1020, which rolls back the whole transaction): both
+//!   retryable, by running the whole transaction again.
 
 // Without a backend feature no connection implements `AdaptiveRow`, and the
 // pieces it is built from go unused.

@@ -94,7 +94,8 @@
 //!   standby the look never asked. Point the replica pool at standbys
 //!   directly, or at a pooler in session mode.
 //! * A connection Diesel marked broken (a call dropped in a transaction
-//!   there) is refused with `BrokenTransactionManager`: the transaction it
+//!   there) is refused with `BrokenTransactionManager` where the route looks
+//!   at the replica (a read with a position to see): the transaction it
 //!   left may still be open on the server, and a read there would see that
 //!   transaction's old snapshot, whatever the look found.
 
