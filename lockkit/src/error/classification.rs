@@ -165,11 +165,10 @@ fn classify_with(err: DieselError, context: Context) -> Error {
             // Diesel's hidden `Unknown`, and any kind a later Diesel adds.
             _ => classify_message(info.message()),
         },
-        // Diesel's `ROLLBACK` after a failed `COMMIT` failed too: on a
-        // connection lost at `COMMIT` (MySQL/MariaDB's 2013, then "server has
-        // gone away"), which may have committed.
-        // A `COMMIT` the server refused did not commit: that stays a database
-        // error, as before.
+        // Diesel's `ROLLBACK` after a failed `COMMIT` failed too. A `COMMIT`
+        // that lost the connection (MySQL/MariaDB's 2013, then "server has
+        // gone away") may have committed; one the server refused did not,
+        // and stays a database error.
         DieselError::RollbackErrorOnCommit { commit_error, .. } if is_lost(commit_error) => {
             Some(Error::ConnectionLost)
         }
