@@ -18,7 +18,7 @@ use crate::retry::{may_retry, retry_while, RetryableError, Spent};
 /// | backend | how |
 /// | --- | --- |
 /// | PostgreSQL | `BEGIN TRANSACTION ISOLATION LEVEL SERIALIZABLE` (SSI) |
-/// | MySQL/MariaDB | `SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; BEGIN` (reads take shared locks) |
+/// | MySQL/MariaDB | `SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; START TRANSACTION READ WRITE` (reads take shared locks) |
 /// | SQLite | `BEGIN IMMEDIATE` (one writer at a time is serializable) |
 ///
 /// # Running `f`

@@ -217,6 +217,13 @@ reach!(Pg(PgConnection): "postgres", Mysql(MysqlConnection): "mysql", Sqlite(Sql
 macro_rules! dispatch {
     ($($variant:ident($conn:ty, $module:ident)),+) => {
         impl<T: Dispatch> Control for T {
+            // The enum's transaction manager is the inner connection's.
+            fn begin_level(&mut self) -> diesel::QueryResult<()> {
+                match self.dispatch() {
+                    $(BackendConn::$variant(conn) => conn.begin_level(),)+
+                }
+            }
+
             fn transaction_ended(&mut self, cause: Option<&Error>) -> Option<Error> {
                 match self.dispatch() {
                     $(BackendConn::$variant(conn) => conn.transaction_ended(cause),)+

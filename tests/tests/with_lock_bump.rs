@@ -35,7 +35,14 @@ impl Counter {
         move |event: InstrumentationEvent<'_>| {
             if let InstrumentationEvent::StartQuery { query, .. } = event {
                 let sql = query.to_string();
-                let control = ["BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE"];
+                let control = [
+                    "BEGIN",
+                    "START TRANSACTION",
+                    "COMMIT",
+                    "ROLLBACK",
+                    "SAVEPOINT",
+                    "RELEASE",
+                ];
                 if !control.iter().any(|c| sql.starts_with(c)) {
                     counter.0.lock().unwrap().push(sql);
                 }

@@ -1251,7 +1251,7 @@ where
     // `write` decides as without a savepoint. SQLite's rollback of the whole
     // transaction under the statement (a trigger's `RAISE(ROLLBACK)`) leaves
     // the statement's error too (`transaction::level`).
-    crate::transaction::level(conn, |conn| {
+    crate::transaction::diesel_level(conn, |conn| {
         let rows = at_most_one::<M>(key, ExecuteDsl::execute(statement, conn).map_err(classify)?)?;
         if unique.is_none() {
             M::key_is_unique(conn).map_err(classify)?;

@@ -583,6 +583,15 @@ pub(crate) mod mysql {
     }
 
     impl Control for MysqlConnection {
+        fn begin_level(&mut self) -> diesel::QueryResult<()> {
+            use diesel::connection::{AnsiTransactionManager, TransactionManager};
+            if crate::transaction::in_transaction(self) {
+                AnsiTransactionManager::begin_transaction(self)
+            } else {
+                AnsiTransactionManager::begin_transaction_sql(self, crate::transaction::MYSQL_BEGIN)
+            }
+        }
+
         fn transaction_ended(&mut self, cause: Option<&Error>) -> Option<Error> {
             // MariaDB knows.
             let alive = caller_transaction_alive(self);

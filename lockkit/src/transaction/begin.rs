@@ -12,6 +12,13 @@ use diesel::Connection;
 /// `build_transaction().serializable()` sends), shared with the async side.
 #[cfg(feature = "postgres")]
 pub(crate) const PG_BEGIN_SERIALIZABLE: &str = "BEGIN TRANSACTION ISOLATION LEVEL SERIALIZABLE";
+/// How lockkit's transactions begin on MySQL/MariaDB: read-write whatever the
+/// session's default, so that a session made read-only outside them (`SET
+/// SESSION TRANSACTION READ ONLY`) refuses a write the server would otherwise
+/// run in autocommit after it ended the transaction without an error (MariaDB
+/// Galera; README, "Galera"). Diesel's own `BEGIN` is read-only there.
+#[cfg(feature = "mysql")]
+pub(crate) const MYSQL_BEGIN: &str = "START TRANSACTION READ WRITE";
 /// MySQL/MariaDB: sent before `BEGIN`; applies to the next transaction only.
 #[cfg(feature = "mysql")]
 pub(crate) const MYSQL_SET_SERIALIZABLE: &str = "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE";
@@ -54,6 +61,22 @@ where
 /// Diesel's `Connection::transaction` for a lockkit call's own level (a
 /// savepoint when a transaction is open), ended as [`end_level`] decides.
 pub(crate) fn level<C, T, E>(conn: &mut C, f: impl FnOnce(&mut C) -> Result<T, E>) -> Result<T, E>
+where
+    C: super::Control,
+    E: From<diesel::result::Error>,
+{
+    conn.begin_level()?;
+    let result = f(conn);
+    end_level(conn, result)
+}
+
+/// [`level`] on any connection, opened as Diesel opens it: a savepoint in the
+/// caller's transaction, else Diesel's `BEGIN` (on MySQL/MariaDB read-only in
+/// a session made read-only: see [`MYSQL_BEGIN`]).
+pub(crate) fn diesel_level<C, T, E>(
+    conn: &mut C,
+    f: impl FnOnce(&mut C) -> Result<T, E>,
+) -> Result<T, E>
 where
     C: diesel::Connection,
     E: From<diesel::result::Error>,

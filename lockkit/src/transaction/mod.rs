@@ -84,6 +84,14 @@ impl<E> From<Error> for Failure<E> {
 /// enums over them, and only by lockkit: it seals
 /// [`LockingConnection`](crate::LockingConnection).
 pub trait Control: Connection + Sized + 'static {
+    /// Opens a lockkit call's level: Diesel's `BEGIN`, or a `SAVEPOINT` when
+    /// a transaction is open. MySQL/MariaDB begin with
+    /// [`MYSQL_BEGIN`](crate::transaction::MYSQL_BEGIN) instead.
+    #[doc(hidden)]
+    fn begin_level(&mut self) -> diesel::QueryResult<()> {
+        Self::TransactionManager::begin_transaction(self)
+    }
+
     /// After a nested transaction failed (with `cause` when lockkit can see it):
     /// whether the server has ended the whole transaction, and why. Asked on
     /// error paths only. Where the server answers that the transaction is
