@@ -49,6 +49,20 @@ pub fn session(conn: &mut AnyConnection) -> QueryResult<()> {
     }
 }
 
+/// `--read-only-sessions` (MySQL/MariaDB): the session refuses writes outside
+/// lockkit's transactions, which begin `READ WRITE`. On a Galera node that
+/// ends a transaction for another node's write without failing a statement
+/// (README, "Galera"), the operation's later writes would otherwise run in
+/// autocommit and commit on their own: an order line without its stock
+/// change. They fail with `Error::ReadOnly` instead, which [`crate::run`]
+/// takes for an outage (nothing of the transaction committed).
+pub fn read_only_session(conn: &mut AnyConnection) -> QueryResult<()> {
+    match conn.backend() {
+        Backend::Mysql => conn.batch_execute("SET SESSION TRANSACTION READ ONLY"),
+        Backend::Postgres | Backend::Sqlite => Ok(()),
+    }
+}
+
 /// The version trigger's SQL dialect of `backend`.
 fn dialect(backend: Backend) -> Dialect {
     match backend {

@@ -35,6 +35,10 @@ OPTIONS:
                          with a fresh pooled connection (until --seconds + --grace), and
                          find out whether the interrupted transaction committed
     --grace S            how long past --seconds an outage may last                [default: 60]
+    --read-only-sessions MySQL/MariaDB: the workers' sessions are read-only outside
+                         lockkit's transactions (SET SESSION TRANSACTION READ ONLY), so a
+                         write the server runs after it ended a transaction without an
+                         error (Galera) fails instead of committing on its own
     --seed N             random seed                                            [default: from the clock]
     --async              the workers run lockkit::asynchronous on diesel-async: --threads
                          tasks on a multi-threaded tokio runtime over a bb8 pool, with the
@@ -100,6 +104,8 @@ pub struct Config {
     pub jobs: i64,
     pub bump: Bump,
     pub tolerate_outages: bool,
+    /// `--read-only-sessions`: see [`crate::backend::session`].
+    pub read_only_sessions: bool,
     pub grace: f64,
     pub seed: u64,
     /// `--async`: the workers run on diesel-async.
@@ -128,6 +134,7 @@ impl Config {
             jobs: 50,
             bump: Bump::Trigger,
             tolerate_outages: false,
+            read_only_sessions: false,
             grace: 60.0,
             seed: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -175,6 +182,7 @@ impl Config {
                     }
                 }
                 "--tolerate-outages" => config.tolerate_outages = true,
+                "--read-only-sessions" => config.read_only_sessions = true,
                 "--grace" => config.grace = seconds(&flag, &value(&flag)?)?,
                 "--seed" => config.seed = number(&flag, &value(&flag)?, 0, u64::MAX)?,
                 "--async" => config.asynchronous = true,
@@ -188,6 +196,9 @@ impl Config {
         }
         if config.url.is_empty() {
             return Err("--url is required".into());
+        }
+        if config.asynchronous && config.read_only_sessions {
+            return Err("--async does not take --read-only-sessions".into());
         }
         if config.asynchronous && config.tolerate_outages {
             return Err("--async does not take --tolerate-outages (yet)".into());
@@ -231,6 +242,9 @@ impl Config {
         ];
         if self.tolerate_outages {
             args.push("--tolerate-outages".to_owned());
+        }
+        if self.read_only_sessions {
+            args.push("--read-only-sessions".to_owned());
         }
         if self.asynchronous {
             args.push("--async".to_owned());

@@ -27,12 +27,19 @@ fn is_starved(config: &Config, err: &Error) -> bool {
     config.tolerate_outages && matches!(err, Error::RetriesExhausted { .. })
 }
 
+/// The workers' session settings; `read_only`: `--read-only-sessions`.
 #[derive(Debug)]
-struct Session;
+struct Session {
+    read_only: bool,
+}
 
 impl CustomizeConnection<AnyConnection, diesel::r2d2::Error> for Session {
     fn on_acquire(&self, conn: &mut AnyConnection) -> Result<(), diesel::r2d2::Error> {
-        backend::session(conn).map_err(diesel::r2d2::Error::QueryError)
+        backend::session(conn).map_err(diesel::r2d2::Error::QueryError)?;
+        if self.read_only {
+            backend::read_only_session(conn).map_err(diesel::r2d2::Error::QueryError)?;
+        }
+        Ok(())
     }
 }
 
@@ -48,7 +55,9 @@ fn pool(config: &Config, size: u32) -> Pool<ConnectionManager<AnyConnection>> {
         } else {
             Duration::from_secs(30)
         })
-        .connection_customizer(Box::new(Session))
+        .connection_customizer(Box::new(Session {
+            read_only: config.read_only_sessions,
+        }))
         .build_unchecked(ConnectionManager::<AnyConnection>::new(
             crate::nodes::connection_url(config),
         ))
@@ -97,6 +106,14 @@ fn is_outage(err: &Error) -> bool {
         | Error::Database(Diesel::RollbackErrorOnCommit { .. }) => true,
         _ => false,
     }
+}
+
+/// With `--read-only-sessions`: a write refused because the server had ended
+/// the operation's transaction without an error (see
+/// [`backend::read_only_session`]). Nothing of it committed; like an outage,
+/// the operation is looked up and run again.
+fn ended_under(config: &Config, err: &Error) -> bool {
+    config.read_only_sessions && matches!(err, Error::ReadOnly)
 }
 
 fn note_outage(stats: &mut Stats, err: &Error) {
@@ -175,7 +192,9 @@ fn perform(
                 drop(conn);
                 thread::sleep(Duration::from_millis(50));
             }
-            Err(err) if config.tolerate_outages && is_outage(&err) => {
+            Err(err)
+                if config.tolerate_outages && (is_outage(&err) || ended_under(config, &err)) =>
+            {
                 note_outage(stats, &err);
                 outages += 1;
                 if outages > 1000 {

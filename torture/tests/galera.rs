@@ -41,6 +41,7 @@ fn every_invariant_holds_with_writers_on_three_nodes() {
             "--seed",
             "20260509",
             "--tolerate-outages",
+            "--read-only-sessions",
             "--grace",
             "30",
         ])
