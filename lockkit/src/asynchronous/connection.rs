@@ -4,7 +4,7 @@
 //!
 //! | | `AsyncPgConnection` | `AsyncMysqlConnection` | `SyncConnectionWrapper<SqliteConnection>` |
 //! | --- | --- | --- | --- |
-//! | begin | `BEGIN` (`SAVEPOINT` nested) | `BEGIN` (`SAVEPOINT` nested) | `BEGIN IMMEDIATE` (nested: `SAVEPOINT` + write lock) |
+//! | begin | `BEGIN` (`SAVEPOINT` nested) | `START TRANSACTION READ WRITE` (`SAVEPOINT` nested) | `BEGIN IMMEDIATE` (nested: `SAVEPOINT` + write lock) |
 //! | row-lock clause | the [`RowLock`](crate::RowLock)'s | the [`RowLock`](crate::RowLock)'s | none: the transaction holds the database's write lock |
 //! | [`LockOptions::timeout`](crate::LockOptions::timeout) | `set_config('lock_timeout', $1, true)` | `innodb_lock_wait_timeout`, put back after | `PRAGMA busy_timeout`, put back after |
 //!
@@ -179,6 +179,15 @@ pub trait AsyncLockingConnection:
         std::future::ready(Ok(()))
     }
 
+    /// Opens a lockkit call's level: diesel-async's `BEGIN`, or a `SAVEPOINT`
+    /// when a transaction is open. MySQL/MariaDB begin with
+    /// [`MYSQL_BEGIN`](crate::transaction::MYSQL_BEGIN), as the blocking
+    /// connection does.
+    #[doc(hidden)]
+    fn begin_level(&mut self) -> impl Future<Output = QueryResult<()>> + Send {
+        Self::TransactionManager::begin_transaction(self)
+    }
+
     /// Begins a top-level `SERIALIZABLE` transaction (SQLite: `BEGIN
     /// IMMEDIATE`), with the blocking side's statements.
     #[doc(hidden)]
@@ -343,9 +352,11 @@ impl<C: AsyncConnection> Drop for Unsettled<'_, C> {
 /// diesel-async's `begin_transaction` (`BEGIN`, or a `SAVEPOINT` when nested)
 /// under an armed [`Unsettled`]: how every async lockkit call opens its level
 /// when its backend needs nothing else.
-pub(crate) async fn begin_transaction<C: AsyncConnection>(conn: &mut C) -> Result<(), Error> {
+pub(crate) async fn begin_transaction<C: AsyncLockingConnection>(
+    conn: &mut C,
+) -> Result<(), Error> {
     let mut unsettled = Unsettled::armed(conn);
-    let begun = match C::TransactionManager::begin_transaction(unsettled.conn).await {
+    let begun = match unsettled.conn.begin_level().await {
         Ok(()) => Ok(()),
         // Still armed: what deciding the error sends (the stand-in's
         // statements) is in flight too.
@@ -1094,6 +1105,18 @@ mod mysql {
             MysqlConnection::apply_lock(query, lock)
         }
 
+        async fn begin_level(&mut self) -> QueryResult<()> {
+            if transaction_depth(self) > 0 {
+                <Self as AsyncConnection>::TransactionManager::begin_transaction(self).await
+            } else {
+                diesel_async::AnsiTransactionManager::begin_transaction_sql(
+                    self,
+                    crate::transaction::MYSQL_BEGIN,
+                )
+                .await
+            }
+        }
+
         async fn begin_locked(&mut self, options: &LockOptions) -> Result<Restore, Error> {
             // innodb_lock_wait_timeout is a session setting: set it (keeping the
             // session's value on the server), run, put it back; the blocking
@@ -1114,9 +1137,7 @@ mod mysql {
                 }
                 None => Restore::Nothing,
             };
-            if let Err(err) =
-                <Self as AsyncConnection>::TransactionManager::begin_transaction(self).await
-            {
+            if let Err(err) = self.begin_level().await {
                 let _ = self.restore(&restore, false).await;
                 return Err(begin_failed(self, err).await);
             }
@@ -1144,9 +1165,7 @@ mod mysql {
                 .execute(&mut *conn)
                 .await
             {
-                Ok(_) => {
-                    <Self as AsyncConnection>::TransactionManager::begin_transaction(conn).await
-                }
+                Ok(_) => conn.begin_level().await,
                 Err(err) => Err(err),
             };
             unsettled.settled();
