@@ -191,6 +191,20 @@ pub(crate) fn is_deadlock(message: &str) -> bool {
     message.starts_with("deadlock detected") || is_innodb_deadlock(message)
 }
 
+/// MySQL/MariaDB's refusal of a write in a read-only transaction (1792; the
+/// kind is Diesel's reading, the message diesel-async's): in autocommit on a
+/// session made read-only outside lockkit's transactions (README, "Galera"),
+/// or in a transaction that began read-only.
+pub(crate) fn is_read_only_refusal(kind: DatabaseErrorKind, message: &str) -> bool {
+    kind == DatabaseErrorKind::ReadOnlyTransaction || is_mysql_read_only_refusal(message)
+}
+
+/// MySQL/MariaDB's refusal of a write in a read-only transaction (1792), read
+/// off its message only: PostgreSQL's (25006, the same kind) says it otherwise.
+pub(crate) fn is_mysql_read_only_refusal(message: &str) -> bool {
+    message.starts_with("Cannot execute statement in a READ ONLY transaction")
+}
+
 /// MySQL/MariaDB's deadlock (1213, Galera's certification failure too), which
 /// rolls back the victim's whole transaction; no other server says it so.
 /// MariaDB's 1020 under `innodb_snapshot_isolation` (the default from 11.6.2:

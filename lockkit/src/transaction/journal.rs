@@ -41,7 +41,9 @@
 //!    retried in a new transaction would find the number again, attempt after
 //!    attempt: so the journal keeps the move, and lockkit's own transactions
 //!    (`transaction_with_retry`, `with_lock`, `locked_transaction`,
-//!    `serializable`, ...) make it again, outside any transaction, once their
+//!    `serializable`, ...) make it again, outside any transaction (committed
+//!    on its own; on a MySQL/MariaDB session that refuses writes there, in a
+//!    read-write transaction of its own), once their
 //!    outermost level ended (before a retry's next attempt). After a rollback
 //!    of a transaction of your own (Diesel's `transaction`) it waits for the
 //!    end of lockkit's next transaction on that connection (a move made
@@ -325,6 +327,12 @@ struct Aborts {
     /// the failure rolled the whole transaction back, that statement ran in
     /// autocommit and committed on its own ([`wrote_after_failed`]).
     wrote_after_failed: bool,
+    /// MySQL/MariaDB: a statement of the open transaction may have committed
+    /// it implicitly (DDL, a raw `COMMIT`, `SET autocommit`, a procedure:
+    /// [`may_commit_implicitly`]). A later write refused as one in a
+    /// read-only transaction then follows a commit, not an end the server
+    /// made silently, and is not taken for one ([`Aborts::silent_end`]).
+    implicit_commit: bool,
     /// SQLite rolled back the whole transaction under callers whose code still
     /// runs and counts it open (`transaction::ended_on_sqlite` found it and
     /// put Diesel's depth back): every lockkit call refuses until the
@@ -405,7 +413,40 @@ impl Aborts {
     /// backend, certainly ended the transaction it ended: all but a lock wait
     /// timeout on MySQL/MariaDB ([`ended`](Self::ended)).
     fn certain(&self, message: &str) -> bool {
-        !(self.ends == Ends::OnDeadlock && classification::is_lock_wait_timeout(message))
+        !(self.ends == Ends::OnDeadlock
+            && (classification::is_lock_wait_timeout(message) || message == SILENT_END))
+    }
+
+    /// What the journal records for a write MySQL/MariaDB refused as one in a
+    /// read-only transaction (1792, `kind` and `message`) while no end is
+    /// known: lockkit's transactions begin read-write
+    /// ([`MYSQL_BEGIN`](crate::transaction::MYSQL_BEGIN)), so on a session
+    /// made read-only outside them the refusal says that the server ended the
+    /// transaction without an error and ran the write in autocommit (README,
+    /// "Galera"). Recorded as that end, a deadlock (as Galera reports the same
+    /// abort when it says so), not a certain one: the server is asked (a
+    /// transaction of the caller's own that began read-only is alive).
+    /// Inside lockkit's read-only stand-in, the known end stands. After a
+    /// statement that may have committed the transaction itself
+    /// (`implicit_commit`), the refusal is only what it says: a retry
+    /// would apply the committed part twice.
+    fn silent_end(
+        &self,
+        kind: DatabaseErrorKind,
+        message: &str,
+    ) -> Option<(DatabaseErrorKind, String)> {
+        (classification::is_read_only_refusal(kind, message)
+            && self.ends == Ends::OnDeadlock
+            && self.depth > 0
+            && !self.implicit_commit
+            && self.ended_by.is_none()
+            && self.reported.is_empty())
+        .then(|| {
+            (
+                DatabaseErrorKind::SerializationFailure,
+                SILENT_END.to_owned(),
+            )
+        })
     }
 
     /// Nothing (any more) ended the open transaction: a rollback to a
@@ -446,6 +487,7 @@ impl Aborts {
                 self.opening = true;
                 if depth.get() == 1 {
                     self.orphaned = None;
+                    self.implicit_commit = false;
                 }
             }
             InstrumentationEvent::FinishQuery { error: Some(_), .. }
@@ -469,7 +511,11 @@ impl Aborts {
                 }
             }
             InstrumentationEvent::FinishQuery { query, error, .. } => {
-                self.opening = false;
+                let opened = std::mem::take(&mut self.opening);
+                // Failed too: MySQL/MariaDB commit before they run DDL.
+                if self.depth > 0 && !opened && may_commit_implicitly(query) {
+                    self.implicit_commit = true;
+                }
                 if self.hides_read_errors
                     && self.depth > 0
                     && error.is_none()
@@ -521,6 +567,11 @@ impl Aborts {
                         self.wrote_after_failed = false;
                     }
                 } else if let Some(diesel::result::Error::DatabaseError(kind, info)) = error {
+                    let silent = self.silent_end(*kind, info.message());
+                    let (kind, message) = match &silent {
+                        Some((kind, message)) => (kind, message.as_str()),
+                        None => (kind, info.message()),
+                    };
                     // A journal whose backend type names no server (a
                     // `MultiConnection` enum's, or one the user installed)
                     // learns its rule when a lockkit call tells it; before
@@ -528,34 +579,34 @@ impl Aborts {
                     // timeout's) make a guess, which the call's rule replaces.
                     #[cfg(feature = "mysql")]
                     if self.ends == Ends::Unknown
-                        && (classification::is_innodb_deadlock(info.message())
-                            || classification::is_lock_wait_timeout(info.message()))
+                        && (classification::is_innodb_deadlock(message)
+                            || classification::is_lock_wait_timeout(message))
                     {
                         self.ends = Ends::OnDeadlock;
                         self.guessed = true;
                     }
-                    let ends_it = self.depth > 0 && self.ends.by(*kind, info.message());
+                    let ends_it = self.depth > 0 && self.ends.by(*kind, message);
                     if self.depth > 0 && self.ended_by.is_some() {
-                        if ends_it && self.ended_entry.is_none() && self.certain(info.message()) {
+                        if ends_it && self.ended_entry.is_none() && self.certain(message) {
                             // A certain end after one that was not (a
                             // deadlock after a lock wait timeout the work let
                             // go): the transaction lived until now, and what
                             // the work wrote in between went with it.
-                            self.ended((*kind, info.message().to_owned()));
+                            self.ended((*kind, message.to_owned()));
                             self.wrote_after_end = false;
                             self.failed_after = false;
                         } else {
                             self.failed_after = true;
                         }
                     } else if ends_it {
-                        self.ended((*kind, info.message().to_owned()));
+                        self.ended((*kind, message.to_owned()));
                         self.failed_after = false;
                     }
                     if self.depth > 0
                         && matches!(self.ends, Ends::Never | Ends::Unknown)
                         && self.failed.is_none()
                     {
-                        self.failed = Some((*kind, info.message().to_owned()));
+                        self.failed = Some((*kind, message.to_owned()));
                     }
                 }
             }
@@ -619,6 +670,53 @@ fn only_reads(query: &dyn std::fmt::Display) -> bool {
             .iter()
             .chain(&TRANSACTION_WORDS)
             .any(|keyword| word.eq_ignore_ascii_case(keyword))
+    })
+    .unwrap_or(false)
+}
+
+/// Whether a statement (its SQL, as the connection reports it) may have
+/// committed the open transaction on MySQL/MariaDB (also when it failed: DDL
+/// commits before it runs): any but a read (a parenthesized one too, as
+/// Diesel writes a `UNION`), a row write, a savepoint statement, a `ROLLBACK`
+/// (which commits nothing), `CREATE TEMPORARY TABLE`, and a `SET` of a
+/// variable (not `autocommit`, `PASSWORD` or MariaDB's `SET STATEMENT .. FOR`,
+/// which runs another statement). Read off the statement's first words; one
+/// that does not say (a procedure's `CALL`, a leading comment, a batch of
+/// several statements) may have.
+fn may_commit_implicitly(query: &dyn std::fmt::Display) -> bool {
+    read_start(query, |sql| {
+        let sql = sql.trim_start();
+        if sql.starts_with('(') {
+            return false;
+        }
+        // A batch of several statements: any of them may commit.
+        if sql
+            .split_once(';')
+            .is_some_and(|(_, rest)| !rest.trim().is_empty())
+        {
+            return true;
+        }
+        let lower = sql.to_ascii_lowercase();
+        let mut words = lower.split_whitespace();
+        match words.next().unwrap_or_default() {
+            "set" => {
+                let next = words.next().unwrap_or_default();
+                next.starts_with("password")
+                    || next == "statement"
+                    || lower.match_indices("autocommit").any(|(at, _)| {
+                        // Not a user variable (`@my_autocommit`) or another
+                        // name that holds the word; `@@autocommit` is it.
+                        let before = &lower[..at];
+                        let user = before.ends_with('@') && !before.ends_with("@@");
+                        !user && !before.ends_with(|c: char| c == '_' || c.is_ascii_alphanumeric())
+                    })
+            }
+            "create" => words.next() != Some("temporary"),
+            "select" | "insert" | "update" | "delete" | "replace" | "with" | "values" | "table"
+            | "show" | "describe" | "desc" | "explain" | "do" | "savepoint" | "release"
+            | "rollback" => false,
+            _ => true,
+        }
     })
     .unwrap_or(false)
 }
@@ -1251,6 +1349,12 @@ pub(crate) fn own_read_done<W: Watched>(conn: &mut W, was_unsure: bool) {
         }
     }
 }
+
+/// What [`Aborts::silent_end`] records: InnoDB's words for a deadlock, which
+/// [`ended_by`] classifies as one.
+const SILENT_END: &str = "Deadlock found when trying to get lock (the server had ended the \
+     transaction without an error: a later write ran outside it, on a read-only session, and was \
+     refused)";
 
 /// What [`answered`] records for a deadlock that ended the transaction unseen:
 /// InnoDB's words, which [`ended_by`] classifies as a deadlock.
