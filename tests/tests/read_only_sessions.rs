@@ -9,11 +9,13 @@
 
 #![cfg(feature = "mysql")]
 
-use diesel::{Connection, ExpressionMethods, MysqlConnection, QueryDsl, RunQueryDsl};
+use diesel::{CombineDsl, Connection, ExpressionMethods, MysqlConnection, QueryDsl, RunQueryDsl};
+use lockkit::prelude::*;
 use lockkit::{Error, LockOptions, RetryPolicy};
 use lockkit_tests::models::Item;
 use lockkit_tests::schema::items;
 use lockkit_tests::{exec, seed_items, TestDb};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 fn stock(conn: &mut MysqlConnection) -> i32 {
     items::table
@@ -29,6 +31,23 @@ fn read_only(db: &TestDb<MysqlConnection>) -> MysqlConnection {
     conn
 }
 
+/// A database named after `name` with item 1 at stock 10, and a read-only
+/// session on it.
+fn guarded(name: &str) -> (TestDb<MysqlConnection>, MysqlConnection) {
+    let db = TestDb::<MysqlConnection>::new(name);
+    seed_items(&mut db.conn(), &[(1, 10)]);
+    let conn = read_only(&db);
+    (db, conn)
+}
+
+/// Work that takes one, runs `end` (which ends the transaction under lockkit,
+/// or commits it), and takes one more.
+fn take_one_around(c: &mut MysqlConnection, end: &str) -> Result<usize, Error> {
+    take_one(c)?;
+    exec(c, end);
+    take_one(c)
+}
+
 fn take_one(conn: &mut MysqlConnection) -> Result<usize, Error> {
     Ok(diesel::update(items::table.find(1))
         .set(items::stock.eq(items::stock - 1))
@@ -39,9 +58,7 @@ fn take_one(conn: &mut MysqlConnection) -> Result<usize, Error> {
 /// while a write outside them is refused: the session is what the guard needs.
 #[test]
 fn lockkits_transactions_write_on_a_read_only_session() {
-    let db = TestDb::<MysqlConnection>::new("ro_session_writes");
-    seed_items(&mut db.conn(), &[(1, 10)]);
-    let mut conn = read_only(&db);
+    let (db, mut conn) = guarded("ro_session_writes");
     let policy = RetryPolicy::immediate(3);
 
     lockkit::locked_transaction(&mut conn, LockOptions::default(), take_one).unwrap();
@@ -75,16 +92,22 @@ fn lockkits_transactions_write_on_a_read_only_session() {
 /// nor the one after.
 #[test]
 fn a_write_after_the_server_ended_the_transaction_fails_and_commits_nothing() {
-    let db = TestDb::<MysqlConnection>::new("ro_session_end");
-    seed_items(&mut db.conn(), &[(1, 10)]);
-    let mut conn = read_only(&db);
+    let (db, mut conn) = guarded("ro_session_end");
     let outcome = lockkit::with_lock(&mut conn, 1, LockOptions::default(), |c, _: Item| {
         take_one(c)?;
+        // A read as Diesel writes a `UNION`, parenthesized: it commits nothing.
+        let ids: Vec<i32> = items::table
+            .select(items::id)
+            .union(items::table.select(items::id))
+            .load(c)?;
+        assert_eq!(ids, [1]);
         exec(c, "ROLLBACK");
         take_one(c)
     });
+    // The end, not the refused write, is what happened: a retryable
+    // `Deadlock`, as Galera reports the same abort when it says so.
     assert!(
-        matches!(outcome, Err(Error::ReadOnly)),
+        matches!(outcome, Err(Error::Deadlock)),
         "the write after the end: {outcome:?}"
     );
     assert_eq!(stock(&mut db.conn()), 10, "half of the work committed");
@@ -96,6 +119,124 @@ fn a_write_after_the_server_ended_the_transaction_fails_and_commits_nothing() {
     assert_eq!(stock(&mut db.conn()), 9);
 }
 
+/// The retrying calls run a transaction the server ended again, once: the
+/// first attempt's writes are gone with it (the one before the end) or refused
+/// (the one after), the second commits.
+#[test]
+fn a_transaction_the_server_ended_is_run_again_by_the_retrying_calls() {
+    let (db, mut conn) = guarded("ro_session_retry");
+    let policy = RetryPolicy::immediate(3);
+    let runs = AtomicU32::new(0);
+    let work = |c: &mut MysqlConnection| {
+        let first = runs.fetch_add(1, Ordering::SeqCst) == 0;
+        take_one_around(c, if first { "ROLLBACK" } else { "DO 0" })
+    };
+    lockkit::transaction_with_retry(&mut conn, &policy, work).unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(stock(&mut db.conn()), 8);
+
+    runs.store(0, Ordering::SeqCst);
+    lockkit::retry(&policy, |_| {
+        lockkit::with_lock(&mut conn, 1, LockOptions::default(), |c, _: Item| work(c))
+    })
+    .unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(stock(&mut db.conn()), 6);
+}
+
+/// Work that lets the refused write go and returns `Ok` is not committed as a
+/// success: lockkit's `COMMIT` would commit nothing of it.
+#[test]
+fn work_that_lets_the_refused_write_go_is_not_reported_committed() {
+    let (db, mut conn) = guarded("ro_session_swallow");
+    let outcome = lockkit::with_lock(&mut conn, 1, LockOptions::default(), |c, _: Item| {
+        take_one(c)?;
+        exec(c, "ROLLBACK");
+        let refused = take_one(c);
+        assert!(refused.is_err(), "{refused:?}");
+        Ok::<_, Error>(())
+    });
+    assert!(matches!(outcome, Err(Error::Deadlock)), "{outcome:?}");
+    assert_eq!(stock(&mut db.conn()), 10);
+}
+
+/// Diesel's own transaction begins read-only on such a session, and a write
+/// refused there ends nothing: lockkit's versioned write reports the refusal,
+/// not an end, and a nested lockkit call goes on.
+#[test]
+fn a_refused_write_in_the_callers_own_read_only_transaction_ends_nothing() {
+    let (_db, mut conn) = guarded("ro_session_own");
+    // A lockkit transaction first: lockkit's journal watches the connection.
+    lockkit::locked_transaction(&mut conn, LockOptions::default(), |_| Ok::<_, Error>(())).unwrap();
+    let mut item: Item = items::table.find(1).first(&mut conn).unwrap();
+    let read = conn.transaction(|c| {
+        item.stock = 9;
+        let refused = item.update_versioned(c);
+        assert!(matches!(refused, Err(Error::ReadOnly)), "{refused:?}");
+        assert!(matches!(take_one(c), Err(Error::ReadOnly)));
+        lockkit::locked_transaction(c, LockOptions::default(), |c| Ok::<_, Error>(stock(c)))
+    });
+    assert!(matches!(read, Ok(10)), "{read:?}");
+}
+
+/// A statement of the work that commits the transaction itself (here a raw
+/// `COMMIT`; DDL does so too) is not an end the server made silently: the
+/// refused write after it is `ReadOnly`, which no retry takes up, since the
+/// part before the commit stands and a rerun would apply it twice.
+#[test]
+fn a_write_refused_after_the_work_committed_itself_is_not_run_again() {
+    let (db, mut conn) = guarded("ro_session_commit");
+    // DDL commits before it runs, also when it fails (the table exists); a
+    // batch's first statement commits nothing, its second does.
+    let ends = ["COMMIT", "CREATE TABLE items (id INT)", "DO 0; COMMIT"];
+    for (n, end) in ends.into_iter().enumerate() {
+        let runs = AtomicU32::new(0);
+        let outcome = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            take_one(c)?;
+            let _ = diesel::connection::SimpleConnection::batch_execute(c, end);
+            take_one(c)
+        });
+        assert!(
+            matches!(outcome, Err(Error::ReadOnly)),
+            "{end}: {outcome:?}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{end}");
+        assert_eq!(stock(&mut db.conn()), 9 - n as i32, "{end}");
+    }
+}
+
+/// lockkit's own writes outside a transaction on such a session: the move of
+/// a row past a number that a rolled-back write left with a struct, made again
+/// once the retried transaction's rollback undid it (see `combined.rs`, "a
+/// fresh read in a retried transaction"). Refused in autocommit, every attempt
+/// would read the other's number again and be stale.
+#[test]
+fn a_fresh_read_retried_after_a_rollback_writes_on_a_read_only_session() {
+    let (db, mut conn) = guarded("ro_session_redo");
+    // This process's write of version 1 rolls back...
+    let mut held: Item = items::table.find(1).first(&mut conn).unwrap();
+    let rolled_back = lockkit::locked_transaction(&mut conn, LockOptions::default(), |c| {
+        held.stock = 9;
+        held.update_versioned(c)?;
+        Err::<(), _>(Error::NoRowMatched)
+    });
+    assert!(matches!(rolled_back, Err(Error::NoRowMatched)));
+    // ... and another instance commits its own version 1.
+    exec(
+        &mut db.conn(),
+        "UPDATE items SET stock = 7, lock_version = 1 WHERE id = 1",
+    );
+    let sold = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c| {
+        let mut item: Item = items::table.find(1).first(c)?;
+        item.stock -= 1;
+        item.update_versioned(c)?;
+        Ok::<_, Error>(item.stock)
+    });
+    assert!(matches!(sold, Ok(6)), "{sold:?}");
+    assert_eq!(stock(&mut db.conn()), 6);
+}
+
 /// The baseline: on a session that is not read-only, the same work's second
 /// write runs in autocommit and commits on its own, and the call reports
 /// success for work of which only half committed.
@@ -105,9 +246,7 @@ fn on_a_read_write_session_the_write_after_the_end_commits_on_its_own() {
     seed_items(&mut db.conn(), &[(1, 10)]);
     let mut conn = db.connect();
     let outcome = lockkit::with_lock(&mut conn, 1, LockOptions::default(), |c, _: Item| {
-        take_one(c)?;
-        exec(c, "ROLLBACK");
-        take_one(c)
+        take_one_around(c, "ROLLBACK")
     });
     assert!(outcome.is_ok(), "{outcome:?}");
     assert_eq!(
@@ -115,4 +254,116 @@ fn on_a_read_write_session_the_write_after_the_end_commits_on_its_own() {
         9,
         "two writes reported, one committed (the second, in autocommit)"
     );
+}
+
+/// The same on diesel-async's MySQL connection: its lockkit transactions begin
+/// read-write too, and a transaction the server ended is run again.
+#[cfg(feature = "async")]
+mod asynchronous {
+    use super::*;
+    use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl, SimpleAsyncConnection};
+
+    async fn read_only(db: &TestDb<MysqlConnection>) -> AsyncMysqlConnection {
+        let mut conn = AsyncMysqlConnection::establish(&db.url).await.unwrap();
+        conn.batch_execute("SET SESSION TRANSACTION READ ONLY")
+            .await
+            .unwrap();
+        conn
+    }
+
+    async fn take_one(conn: &mut AsyncMysqlConnection) -> Result<usize, Error> {
+        Ok(diesel::update(items::table.find(1))
+            .set(items::stock.eq(items::stock - 1))
+            .execute(conn)
+            .await?)
+    }
+
+    #[tokio::test]
+    async fn lockkits_async_transactions_write_on_a_read_only_session() {
+        let db = TestDb::<MysqlConnection>::new("ro_session_async_writes");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn = read_only(&db).await;
+        let policy = RetryPolicy::immediate(3);
+        lockkit::asynchronous::transaction_with_retry(&mut conn, &policy, async |c| {
+            take_one(c).await
+        })
+        .await
+        .unwrap();
+        lockkit::asynchronous::with_lock(
+            &mut conn,
+            1,
+            LockOptions::default(),
+            async |c, _: Item| take_one(c).await,
+        )
+        .await
+        .unwrap();
+        lockkit::asynchronous::serializable(&mut conn, &policy, async |c| take_one(c).await)
+            .await
+            .unwrap();
+        assert_eq!(stock(&mut db.conn()), 7);
+        assert!(matches!(take_one(&mut conn).await, Err(Error::ReadOnly)));
+    }
+
+    /// As `a_fresh_read_retried_after_a_rollback_writes_on_a_read_only_session`.
+    #[tokio::test]
+    async fn a_fresh_read_retried_after_a_rollback_writes_on_async() {
+        use lockkit::asynchronous::AsyncVersioned;
+        let db = TestDb::<MysqlConnection>::new("ro_session_async_redo");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn = read_only(&db).await;
+        let mut held: Item = items::table.find(1).first(&mut conn).await.unwrap();
+        let rolled_back = lockkit::asynchronous::locked_transaction(
+            &mut conn,
+            LockOptions::default(),
+            async |c| {
+                held.stock = 9;
+                AsyncVersioned::update_versioned(&mut held, c).await?;
+                Err::<(), _>(Error::NoRowMatched)
+            },
+        )
+        .await;
+        assert!(
+            matches!(rolled_back, Err(Error::NoRowMatched)),
+            "{rolled_back:?}"
+        );
+        exec(
+            &mut db.conn(),
+            "UPDATE items SET stock = 7, lock_version = 1 WHERE id = 1",
+        );
+        let sold = lockkit::asynchronous::transaction_with_retry(
+            &mut conn,
+            &RetryPolicy::immediate(3),
+            async |c| {
+                let mut item: Item = items::table.find(1).first(c).await?;
+                item.stock -= 1;
+                AsyncVersioned::update_versioned(&mut item, c).await?;
+                Ok::<_, Error>(item.stock)
+            },
+        )
+        .await;
+        assert!(matches!(sold, Ok(6)), "{sold:?}");
+    }
+
+    #[tokio::test]
+    async fn a_transaction_the_server_ended_is_run_again_on_async() {
+        let db = TestDb::<MysqlConnection>::new("ro_session_async_end");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn = read_only(&db).await;
+        let runs = AtomicU32::new(0);
+        lockkit::asynchronous::transaction_with_retry(
+            &mut conn,
+            &RetryPolicy::immediate(3),
+            async |c| {
+                take_one(c).await?;
+                if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                    c.batch_execute("ROLLBACK").await?;
+                }
+                take_one(c).await
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(AtomicU32::load(&runs, Ordering::SeqCst), 2);
+        assert_eq!(stock(&mut db.conn()), 8);
+    }
 }

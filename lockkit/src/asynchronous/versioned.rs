@@ -759,11 +759,40 @@ where
     M: Versioned<Key: 'static> + AsyncVersionQuery<Conn>,
 {
     Box::pin(async move {
-        if !matches!(M::bump_past(conn, key.clone(), version).await, Ok(1)) {
-            return;
+        #[cfg_attr(not(feature = "mysql"), allow(unused_mut))]
+        let mut moved = moves::<M, Conn>(conn, &key, row.as_deref(), version).await;
+        // Refused in autocommit on a session made read-only outside lockkit's
+        // transactions: again in a read-write transaction of their own, as on
+        // the blocking side (`committed_alone`), armed from its `START
+        // TRANSACTION` to its `COMMIT` (dropped in between, or left with its
+        // end failed, the connection is marked broken, and the journal
+        // forgets nothing).
+        #[cfg(feature = "mysql")]
+        if let Err(diesel::result::Error::DatabaseError(_, info)) = &moved {
+            if crate::error::classification::is_mysql_read_only_refusal(info.message())
+                && !super::connection::in_transaction(conn)
+            {
+                use crate::transaction::{MYSQL_BEGIN_ALONE, MYSQL_END_ALONE};
+                let mut unsettled = super::connection::Unsettled::armed(&mut *conn);
+                let conn = &mut *unsettled.conn;
+                if let Err(err) = conn.batch_execute(MYSQL_BEGIN_ALONE).await {
+                    moved = Err(err);
+                } else {
+                    let mut again = moves::<M, Conn>(conn, &key, row.as_deref(), version).await;
+                    if again.is_ok() {
+                        again = conn.batch_execute(MYSQL_END_ALONE).await.and(again);
+                    }
+                    let end = if again.is_ok() { "COMMIT" } else { "ROLLBACK" };
+                    let ended = conn.batch_execute(end).await;
+                    if ended.is_ok() {
+                        unsettled.settled();
+                    }
+                    moved = ended.and(again);
+                }
+            }
         }
-        if let Ok(next) = checked_next::<M>(&key, version) {
-            let _ = move_past_reused::<M, Conn>(conn, &key, row.as_deref(), next).await;
+        if !matches!(moved, Ok(1)) {
+            return;
         }
         if let Some(row) = row {
             rollbacks::forget_through(
@@ -773,6 +802,28 @@ where
             );
         }
     })
+}
+
+/// [`move_past`]'s statements: the row moved past `version`, and on past the
+/// numbers other rolled-back writes left (best effort). The first move's
+/// count, or its error.
+async fn moves<M, Conn>(
+    conn: &mut Conn,
+    key: &M::Key,
+    row: Option<&str>,
+    version: M::Version,
+) -> QueryResult<usize>
+where
+    Conn: AsyncLockingConnection,
+    M: Versioned<Key: 'static> + AsyncVersionQuery<Conn>,
+{
+    let bumped = M::bump_past(conn, key.clone(), version).await?;
+    if bumped == 1 {
+        if let Ok(next) = checked_next::<M>(key, version) {
+            let _ = move_past_reused::<M, Conn>(conn, key, row, next).await;
+        }
+    }
+    Ok(bumped)
 }
 
 /// The blocking side's

@@ -920,6 +920,8 @@ where
 /// still there, and on past the numbers other rolled-back writes left; then
 /// the journal forgets the numbers up to `version`, which no row can hold
 /// again. Best effort: a failure leaves holders of `version` stale, as they were.
+/// The moves are committed on their own, or where the session refuses writes
+/// outside lockkit's transactions, in one of their own ([`committed_alone`]).
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) fn move_past<M, Conn>(
     conn: &mut Conn,
@@ -930,19 +932,64 @@ pub(crate) fn move_past<M, Conn>(
     M: CurrentVersionQuery<Conn>,
     Conn: Connection,
 {
-    if !matches!(M::bump_past(conn, key.clone(), version), Ok(1)) {
+    let moves = |conn: &mut Conn| {
+        let bumped = M::bump_past(conn, key.clone(), version)?;
+        if bumped == 1 {
+            if let Ok(next) = checked_next::<M>(&key, version) {
+                let _ = move_past_reused::<M, _>(conn, &key, row.as_deref(), next);
+            }
+        }
+        Ok(bumped)
+    };
+    if !matches!(committed_alone(conn, moves), Ok(1)) {
         return;
     }
-    if let Ok(next) = checked_next::<M>(&key, version) {
-        let _ = move_past_reused::<M, _>(conn, &key, row.as_deref(), next);
-    }
-    if let Some(row) = row {
+    if let Some(row) = &row {
         rollbacks::forget_through(
             <M as sequence::Model>::VERSION_COLUMN,
-            &row,
+            row,
             version.to_i64(),
         );
     }
+}
+
+/// `write`, outside any transaction, committed on its own: in autocommit, or,
+/// where MySQL/MariaDB refuses it there as a write in a read-only transaction
+/// (a session made read-only outside lockkit's transactions; README,
+/// "Galera"), again in a read-write transaction of its own
+/// ([`MYSQL_BEGIN_ALONE`] ... `RELEASE SAVEPOINT` ... `COMMIT`, sent past
+/// Diesel's books, which count none). Its result stands only once the
+/// savepoint was still there (a transaction the server ended silently took
+/// it) and the `COMMIT` succeeded: what the caller does on `Ok` (the journal
+/// forgetting a number) must not outlive a write that did not commit. Where
+/// the `COMMIT` or `ROLLBACK` fails, Diesel's transaction manager is marked
+/// broken, so that a pool closes the connection rather than hand on a
+/// transaction left open.
+///
+/// [`MYSQL_BEGIN_ALONE`]: crate::transaction::MYSQL_BEGIN_ALONE
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+fn committed_alone<Conn: Connection>(
+    conn: &mut Conn,
+    write: impl Fn(&mut Conn) -> diesel::QueryResult<usize>,
+) -> diesel::QueryResult<usize> {
+    let first = write(conn);
+    #[cfg(feature = "mysql")]
+    if let Err(diesel::result::Error::DatabaseError(_, info)) = &first {
+        if crate::error::classification::is_mysql_read_only_refusal(info.message())
+            && !crate::transaction::in_transaction(conn)
+        {
+            use crate::transaction::{MYSQL_BEGIN_ALONE, MYSQL_END_ALONE};
+            use diesel::connection::TransactionManager;
+            conn.batch_execute(MYSQL_BEGIN_ALONE)?;
+            let again = write(conn).and_then(|n| conn.batch_execute(MYSQL_END_ALONE).map(|()| n));
+            let end = conn.batch_execute(if again.is_ok() { "COMMIT" } else { "ROLLBACK" });
+            if end.is_err() {
+                Conn::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
+            }
+            return end.and(again);
+        }
+    }
+    first
 }
 
 /// After [`Versioned::update_if`] moved the row `key` to a number lockkit did

@@ -19,6 +19,16 @@ pub(crate) const PG_BEGIN_SERIALIZABLE: &str = "BEGIN TRANSACTION ISOLATION LEVE
 /// Galera; README, "Galera"). Diesel's own `BEGIN` is read-only there.
 #[cfg(feature = "mysql")]
 pub(crate) const MYSQL_BEGIN: &str = "START TRANSACTION READ WRITE";
+/// MySQL/MariaDB: a write lockkit makes outside any transaction, refused there
+/// on a session made read-only, is sent again in a transaction of its own,
+/// begun so (one round trip), and ended with [`MYSQL_END_ALONE`] before its
+/// `COMMIT`.
+#[cfg(feature = "mysql")]
+pub(crate) const MYSQL_BEGIN_ALONE: &str = "START TRANSACTION READ WRITE; SAVEPOINT lockkit_alone";
+/// Fails where the server ended [`MYSQL_BEGIN_ALONE`]'s transaction without an
+/// error (the savepoint went with it): then its `COMMIT` would commit nothing.
+#[cfg(feature = "mysql")]
+pub(crate) const MYSQL_END_ALONE: &str = "RELEASE SAVEPOINT lockkit_alone";
 /// MySQL/MariaDB: sent before `BEGIN`; applies to the next transaction only.
 #[cfg(feature = "mysql")]
 pub(crate) const MYSQL_SET_SERIALIZABLE: &str = "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE";
