@@ -54,8 +54,8 @@ pub fn session(conn: &mut AnyConnection) -> QueryResult<()> {
 /// ends a transaction for another node's write without failing a statement
 /// (README, "Galera"), the operation's later writes would otherwise run in
 /// autocommit and commit on their own: an order line without its stock
-/// change. They fail with `Error::ReadOnly` instead, which [`crate::run`]
-/// takes for an outage (nothing of the transaction committed).
+/// change. They fail instead, and lockkit reports the end as a retryable
+/// `Error::Deadlock` (nothing of the transaction committed).
 pub fn read_only_session(conn: &mut AnyConnection) -> QueryResult<()> {
     match conn.backend() {
         Backend::Mysql => conn.batch_execute("SET SESSION TRANSACTION READ ONLY"),

@@ -108,14 +108,6 @@ fn is_outage(err: &Error) -> bool {
     }
 }
 
-/// With `--read-only-sessions`: a write refused because the server had ended
-/// the operation's transaction without an error (see
-/// [`backend::read_only_session`]). Nothing of it committed; like an outage,
-/// the operation is looked up and run again.
-fn ended_under(config: &Config, err: &Error) -> bool {
-    config.read_only_sessions && matches!(err, Error::ReadOnly)
-}
-
 fn note_outage(stats: &mut Stats, err: &Error) {
     stats.outage_errors += 1;
     let kind = match err {
@@ -192,9 +184,7 @@ fn perform(
                 drop(conn);
                 thread::sleep(Duration::from_millis(50));
             }
-            Err(err)
-                if config.tolerate_outages && (is_outage(&err) || ended_under(config, &err)) =>
-            {
+            Err(err) if config.tolerate_outages && is_outage(&err) => {
                 note_outage(stats, &err);
                 outages += 1;
                 if outages > 1000 {
