@@ -1106,15 +1106,21 @@ mod mysql {
         }
 
         async fn begin_level(&mut self) -> QueryResult<()> {
-            if transaction_depth(self) > 0 {
-                <Self as AsyncConnection>::TransactionManager::begin_transaction(self).await
-            } else {
-                diesel_async::AnsiTransactionManager::begin_transaction_sql(
+            if transaction_depth(self) == 0 {
+                let begun = diesel_async::AnsiTransactionManager::begin_transaction_sql(
                     self,
                     crate::transaction::MYSQL_BEGIN,
                 )
-                .await
+                .await;
+                // As on the blocking side: a server running read-only takes
+                // diesel-async's `BEGIN` where it may refuse `READ WRITE`.
+                match begun {
+                    Err(diesel::result::Error::DatabaseError(_, info))
+                        if crate::error::classification::is_read_only_server(info.message()) => {}
+                    begun => return begun,
+                }
             }
+            <Self as AsyncConnection>::TransactionManager::begin_transaction(self).await
         }
 
         async fn begin_locked(&mut self, options: &LockOptions) -> Result<Restore, Error> {

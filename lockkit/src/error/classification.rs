@@ -199,6 +199,14 @@ pub(crate) fn is_read_only_refusal(kind: DatabaseErrorKind, message: &str) -> bo
     kind == DatabaseErrorKind::ReadOnlyTransaction || is_mysql_read_only_refusal(message)
 }
 
+/// MySQL/MariaDB's refusal of a server running read-only (1290, `--read-only`
+/// or `--super-read-only`), read from the message's start.
+pub(crate) fn is_read_only_server(message: &str) -> bool {
+    message.starts_with("The MySQL server is running with the --read-only option")
+        || message.starts_with("The MySQL server is running with the --super-read-only option")
+        || message.starts_with("The MariaDB server is running with the --read-only option")
+}
+
 /// MySQL/MariaDB's refusal of a write in a read-only transaction (1792), read
 /// off its message only: PostgreSQL's (25006, the same kind) says it otherwise.
 pub(crate) fn is_mysql_read_only_refusal(message: &str) -> bool {
@@ -285,10 +293,7 @@ fn classify_message(message: &str) -> Option<Error> {
         || message.starts_with("canceling statement due to lock timeout")
     {
         Some(Error::LockTimeout)
-    } else if message.starts_with("The MySQL server is running with the --read-only option")
-        || message.starts_with("The MySQL server is running with the --super-read-only option")
-        || message.starts_with("The MariaDB server is running with the --read-only option")
-    {
+    } else if is_read_only_server(message) {
         Some(Error::ReadOnly)
     } else if is_connection_lost(message) {
         Some(Error::ConnectionLost)

@@ -586,9 +586,21 @@ pub(crate) mod mysql {
         fn begin_level(&mut self) -> diesel::QueryResult<()> {
             use diesel::connection::{AnsiTransactionManager, TransactionManager};
             if crate::transaction::in_transaction(self) {
-                AnsiTransactionManager::begin_transaction(self)
-            } else {
-                AnsiTransactionManager::begin_transaction_sql(self, crate::transaction::MYSQL_BEGIN)
+                return AnsiTransactionManager::begin_transaction(self);
+            }
+            match AnsiTransactionManager::begin_transaction_sql(
+                self,
+                crate::transaction::MYSQL_BEGIN,
+            ) {
+                // A server running read-only (a replica) refuses `READ WRITE`
+                // to some users where it takes Diesel's `BEGIN`; nothing
+                // writes there anyway.
+                Err(diesel::result::Error::DatabaseError(_, info))
+                    if crate::error::classification::is_read_only_server(info.message()) =>
+                {
+                    AnsiTransactionManager::begin_transaction(self)
+                }
+                begun => begun,
             }
         }
 
