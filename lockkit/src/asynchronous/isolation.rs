@@ -5,7 +5,7 @@
 //! | backend | how |
 //! | --- | --- |
 //! | PostgreSQL | `BEGIN TRANSACTION ISOLATION LEVEL SERIALIZABLE` (SSI) |
-//! | MySQL/MariaDB | `SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; BEGIN` (reads take shared locks) |
+//! | MySQL/MariaDB | `SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; START TRANSACTION READ WRITE` (reads take shared locks) |
 //! | SQLite | `BEGIN IMMEDIATE` (one writer at a time is serializable) |
 //!
 //! A future dropped during an attempt leaves its transaction open: see

@@ -774,21 +774,30 @@ where
             {
                 use crate::transaction::{MYSQL_BEGIN_ALONE, MYSQL_END_ALONE};
                 let mut unsettled = super::connection::Unsettled::armed(&mut *conn);
-                let conn = &mut *unsettled.conn;
-                if let Err(err) = conn.batch_execute(MYSQL_BEGIN_ALONE).await {
-                    moved = Err(err);
-                } else {
-                    let mut again = moves::<M, Conn>(conn, &key, row.as_deref(), version).await;
-                    if again.is_ok() {
-                        again = conn.batch_execute(MYSQL_END_ALONE).await.and(again);
-                    }
-                    let end = if again.is_ok() { "COMMIT" } else { "ROLLBACK" };
-                    let ended = conn.batch_execute(end).await;
-                    if ended.is_ok() {
-                        unsettled.settled();
-                    }
-                    moved = ended.and(again);
+                let inner = &mut *unsettled.conn;
+                let mut again = inner.batch_execute(MYSQL_BEGIN_ALONE).await.map(|()| 0);
+                if again.is_ok() {
+                    again = moves::<M, Conn>(inner, &key, row.as_deref(), version).await;
                 }
+                if again.is_ok() {
+                    again = inner.batch_execute(MYSQL_END_ALONE).await.and(again);
+                }
+                let end = if again.is_ok() { "COMMIT" } else { "ROLLBACK" };
+                let ended = inner.batch_execute(end).await;
+                if ended.is_ok() {
+                    unsettled.settled();
+                }
+                drop(unsettled);
+                // A server that ended the transaction silently after the
+                // savepoint's release answers the `COMMIT` too: the row past
+                // `version` is what lets the journal forget it.
+                moved = match ended.and(again) {
+                    Ok(1) => match M::load_current_version(conn, key.clone()).await {
+                        Ok(Some(now)) if now.to_i64() > version.to_i64() => Ok(1),
+                        _ => Ok(0),
+                    },
+                    other => other,
+                };
             }
         }
         if !matches!(moved, Ok(1)) {

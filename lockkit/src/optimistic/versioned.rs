@@ -941,8 +941,16 @@ pub(crate) fn move_past<M, Conn>(
         }
         Ok(bumped)
     };
-    if !matches!(committed_alone(conn, moves), Ok(1)) {
-        return;
+    match committed_alone(conn, moves) {
+        Ok((1, false)) => {}
+        // Sent again in a transaction of its own: a server that ended it
+        // silently after the savepoint's release answers the `COMMIT` too;
+        // the row past `version` is what lets the journal forget it.
+        Ok((1, true)) => match M::load_current_version(conn, key.clone()) {
+            Ok(Some(now)) if now.to_i64() > version.to_i64() => {}
+            _ => return,
+        },
+        _ => return,
     }
     if let Some(row) = &row {
         rollbacks::forget_through(
@@ -958,20 +966,21 @@ pub(crate) fn move_past<M, Conn>(
 /// (a session made read-only outside lockkit's transactions; README,
 /// "Galera"), again in a read-write transaction of its own
 /// ([`MYSQL_BEGIN_ALONE`] ... `RELEASE SAVEPOINT` ... `COMMIT`, sent past
-/// Diesel's books, which count none). Its result stands only once the
-/// savepoint was still there (a transaction the server ended silently took
-/// it) and the `COMMIT` succeeded: what the caller does on `Ok` (the journal
-/// forgetting a number) must not outlive a write that did not commit. Where
-/// the `COMMIT` or `ROLLBACK` fails, Diesel's transaction manager is marked
-/// broken, so that a pool closes the connection rather than hand on a
-/// transaction left open.
+/// Diesel's books, which count none): then `true` with the count. Its result
+/// stands only once the savepoint was still there (a transaction the server
+/// ended silently took it) and the `COMMIT` succeeded; a caller that acts on
+/// `Ok` (the journal forgetting a number) checks the row too, since a server
+/// that ends a transaction silently answers its `COMMIT` as well. Where the
+/// transaction's statements fail to begin or end it, Diesel's transaction
+/// manager is marked broken, so that a pool closes the connection rather than
+/// hand on a transaction left open.
 ///
 /// [`MYSQL_BEGIN_ALONE`]: crate::transaction::MYSQL_BEGIN_ALONE
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 fn committed_alone<Conn: Connection>(
     conn: &mut Conn,
     write: impl Fn(&mut Conn) -> diesel::QueryResult<usize>,
-) -> diesel::QueryResult<usize> {
+) -> diesel::QueryResult<(usize, bool)> {
     let first = write(conn);
     #[cfg(feature = "mysql")]
     if let Err(diesel::result::Error::DatabaseError(_, info)) = &first {
@@ -980,16 +989,18 @@ fn committed_alone<Conn: Connection>(
         {
             use crate::transaction::{MYSQL_BEGIN_ALONE, MYSQL_END_ALONE};
             use diesel::connection::TransactionManager;
-            conn.batch_execute(MYSQL_BEGIN_ALONE)?;
-            let again = write(conn).and_then(|n| conn.batch_execute(MYSQL_END_ALONE).map(|()| n));
+            let again = conn
+                .batch_execute(MYSQL_BEGIN_ALONE)
+                .and_then(|()| write(conn))
+                .and_then(|n| conn.batch_execute(MYSQL_END_ALONE).map(|()| n));
             let end = conn.batch_execute(if again.is_ok() { "COMMIT" } else { "ROLLBACK" });
             if end.is_err() {
                 Conn::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
             }
-            return end.and(again);
+            return end.and(again).map(|n| (n, true));
         }
     }
-    first
+    first.map(|n| (n, false))
 }
 
 /// After [`Versioned::update_if`] moved the row `key` to a number lockkit did

@@ -512,8 +512,15 @@ impl Aborts {
             }
             InstrumentationEvent::FinishQuery { query, error, .. } => {
                 let opened = std::mem::take(&mut self.opening);
-                // Failed too: MySQL/MariaDB commit before they run DDL.
-                if self.depth > 0 && !opened && may_commit_implicitly(query) {
+                // Failed too: MySQL/MariaDB commit before they run DDL. Read
+                // where the rule may be theirs only (writing the SQL out
+                // costs).
+                if self.depth > 0
+                    && !opened
+                    && !self.implicit_commit
+                    && matches!(self.ends, Ends::OnDeadlock | Ends::Unknown)
+                    && may_commit_implicitly(query)
+                {
                     self.implicit_commit = true;
                 }
                 if self.hides_read_errors
