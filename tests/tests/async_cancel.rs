@@ -1182,13 +1182,22 @@ mod mysql_only {
     /// unread on MySQL/MariaDB. The call's `COMMIT` or `ROLLBACK` would read
     /// that reply as its own: the transaction looked ended, the connection
     /// went back to the pool one reply behind, and (ending `Ok`) the cut-short
-    /// `UPDATE` committed. The call sends neither: it marks the connection
-    /// broken, for the pool to close (the server then rolls back), and fails.
+    /// `UPDATE` committed. The call marks the connection broken, for the pool
+    /// to close, and fails; its `ROLLBACK` has run on the server by the time
+    /// it returns, so its locks are gone although the caller still holds the
+    /// connection. The work writes many rows first, so that the server takes
+    /// a while to roll back: on the old code the call returned with the
+    /// `ROLLBACK` still on its way, and the row still locked.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_statement_of_the_works_own_cut_short_hands_the_next_user_a_working_connection() {
         use diesel_async::SimpleAsyncConnection;
         let db = TestDb::<diesel::MysqlConnection>::new("own_statement_cut_short");
         seed_items(&mut db.conn(), &[(1, 1_000)]);
+        diesel::connection::SimpleConnection::batch_execute(
+            &mut db.conn(),
+            "CREATE TABLE filler (n INT PRIMARY KEY, pad VARCHAR(100) NOT NULL)",
+        )
+        .unwrap();
         for ends_ok in [true, false] {
             let pool = unpinged_pool(&db.url).await;
             let mut holder: diesel_async::AsyncMysqlConnection =
@@ -1198,23 +1207,44 @@ mod mysql_only {
                 .batch_execute("SELECT 1 FROM items WHERE id = 1 FOR UPDATE")
                 .await
                 .unwrap();
-            // The holder lets go while the call ends, so that the cut-short
-            // UPDATE's reply comes first.
-            let release = tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(1_500)).await;
-                holder.batch_execute("ROLLBACK").await.unwrap();
+            // The holder lets go once the work has cut its UPDATE short, so
+            // that the UPDATE's reply comes while the call ends.
+            let cut_short = std::sync::Arc::new(tokio::sync::Notify::new());
+            let release = tokio::spawn({
+                let cut_short = cut_short.clone();
+                async move {
+                    cut_short.notified().await;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    holder.batch_execute("ROLLBACK").await.unwrap();
+                }
             });
+            // Connected before the call ends, so that the check below asks
+            // the moment the call returns.
+            let mut other: diesel_async::AsyncMysqlConnection =
+                async_common::connect(&db.url, "mysql").await;
             let mut pooled = pool.get().await.unwrap();
+            pooled
+                .batch_execute("SET SESSION max_recursive_iterations = 1000000")
+                .await
+                .unwrap();
             let result = {
                 lockkit::asynchronous::locked_transaction(
                     &mut *pooled,
                     LockOptions::default(),
                     async |conn: &mut diesel_async::AsyncMysqlConnection| {
+                        diesel::sql_query(
+                            "INSERT INTO filler (n, pad) WITH RECURSIVE s(n) AS \
+                             (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < 200000) \
+                             SELECT n, REPEAT('x', 100) FROM s",
+                        )
+                        .execute(conn)
+                        .await?;
                         let sell = diesel::update(items::table.find(1))
                             .set(items::stock.eq(items::stock - 1))
                             .execute(conn);
                         let cut = tokio::time::timeout(Duration::from_millis(500), sell).await;
                         assert!(cut.is_err(), "the UPDATE waits for the holder's lock");
+                        cut_short.notify_one();
                         match ends_ok {
                             true => Ok(()),
                             false => Err(Error::NoRowMatched),
@@ -1223,20 +1253,18 @@ mod mysql_only {
                 )
                 .await
             };
-            release.await.unwrap();
-            assert!(
-                result.is_err(),
-                "a call whose work cut a statement short, ending Ok = {ends_ok}: {result:?}"
-            );
             // Its row lock went with the call, not with the connection, which
-            // the caller still holds.
-            let mut other: diesel_async::AsyncMysqlConnection =
-                async_common::connect(&db.url, "mysql").await;
+            // the caller still holds: gone by the time the call returns.
             let locked = other
                 .batch_execute(
                     "BEGIN; SELECT 1 FROM items WHERE id = 1 FOR UPDATE NOWAIT; ROLLBACK",
                 )
                 .await;
+            release.await.unwrap();
+            assert!(
+                result.is_err(),
+                "a call whose work cut a statement short, ending Ok = {ends_ok}: {result:?}"
+            );
             assert!(
                 locked.is_ok(),
                 "the row is still locked (ending Ok = {ends_ok}): {locked:?}"
@@ -1255,6 +1283,17 @@ mod mysql_only {
             assert_eq!(
                 stock, 1_000,
                 "the cut-short UPDATE committed nothing (ending Ok = {ends_ok})"
+            );
+            let filled: i64 = diesel::RunQueryDsl::get_result(
+                diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+                    "(SELECT COUNT(*) FROM filler)",
+                )),
+                &mut db.conn(),
+            )
+            .unwrap();
+            assert_eq!(
+                filled, 0,
+                "the work's own rows committed nothing (ending Ok = {ends_ok})"
             );
         }
     }

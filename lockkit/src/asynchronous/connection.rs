@@ -459,9 +459,10 @@ fn condemned<C: AsyncConnection>(conn: &mut C) -> bool {
 /// statement reads as its own. Asked only where the journal saw a statement
 /// begin and no reply come since (a statement that failed to bind does that
 /// too, with nothing sent): the connection's probe ([`replies_in_step`]). Out of
-/// step, the connection is [`condemn`]ed and `true`: nothing more may be sent
-/// on it, not even the `ROLLBACK`, and its pool closes it (the server rolls
-/// back).
+/// step, the connection is [`condemn`]ed and `true`: nothing of the work's
+/// may be sent on it, nor a `COMMIT`, and its pool closes it. The outermost
+/// call's end still rolls the server's transaction back
+/// ([`roll_back_out_of_step`]).
 pub(crate) async fn replies_out_of_step<C: AsyncConnection>(conn: &mut C) -> bool {
     let stranded = match journal::levels(&mut journal::AsyncWatched(&mut *conn)) {
         Some(levels) if levels.replies_unsure() => levels.stranded(),
@@ -502,14 +503,59 @@ async fn replies_in_step<C: AsyncConnection>(conn: &mut C) -> bool {
     if journal::Ends::of::<C::Backend>() != journal::Ends::OnDeadlock {
         return true;
     }
-    let token = format!("{:016x}", fastrand::u64(..));
-    match conn
-        .batch_execute(&format!("SELECT lockkit_probe_{token}"))
-        .await
-    {
+    let token = probe_token();
+    match conn.batch_execute(&probe(&token)).await {
         Err(diesel::result::Error::DatabaseError(_, info)) => info.message().contains(&token),
         _ => false,
     }
+}
+
+/// Probes sent after the `ROLLBACK` of [`roll_back_out_of_step`] at most: one
+/// more than the replies left unread before it (one per statement cut
+/// short) reaches a probe's own.
+const PROBES_AFTER_ROLLBACK: usize = 8;
+
+/// Ends the server's transaction on a connection found out of step
+/// ([`replies_out_of_step`]), and returns once the server has run that
+/// `ROLLBACK`, so that the transaction's locks are gone when the lockkit call
+/// returns, not when the pool closes the connection. Each reply read is an
+/// earlier statement's, so the `ROLLBACK`'s own says nothing; the server runs
+/// a connection's statements in order, so a probe's own reply, read back,
+/// means the `ROLLBACK` before it has run. Probes are sent until one's comes
+/// back (or the connection is lost, which rolls back too). A rollback that
+/// failed (the connection could not be reached) leaves the locks to the
+/// pool's close, as before.
+pub(crate) async fn roll_back_out_of_step<C: AsyncConnection>(conn: &mut C) {
+    let _ = conn.batch_execute("ROLLBACK").await;
+    if journal::Ends::of::<C::Backend>() != journal::Ends::OnDeadlock {
+        return;
+    }
+    let mut sent = Vec::with_capacity(PROBES_AFTER_ROLLBACK);
+    for _ in 0..PROBES_AFTER_ROLLBACK {
+        sent.push(probe_token());
+        match conn.batch_execute(&probe(&sent[sent.len() - 1])).await {
+            Err(diesel::result::Error::DatabaseError(_, info))
+                if sent
+                    .iter()
+                    .any(|token| info.message().contains(token.as_str())) =>
+            {
+                return
+            }
+            Ok(()) | Err(diesel::result::Error::DatabaseError(..)) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// A number no other statement's reply holds, for [`probe`].
+fn probe_token() -> String {
+    format!("{:016x}", fastrand::u64(..))
+}
+
+/// The probe's statement: a column named with `token`, which the server's
+/// error repeats.
+fn probe(token: &str) -> String {
+    format!("SELECT lockkit_probe_{token}")
 }
 
 /// An async lockkit call's own transaction level, from the moment it is open

@@ -58,12 +58,11 @@ where
         if super::connection::replies_out_of_step(conn).await {
             // The outermost level ends the server's transaction, so that its
             // locks go now, not when the pool closes the connection (deadpool
-            // looks at it only at its next check-out): the server runs the
-            // `ROLLBACK` whatever reply the client reads for it. Nested, the
+            // looks at it only at its next check-out). Nested, the
             // transaction stays open (a rollback would leave the caller's
             // next statements in autocommit) until the outermost end's.
             if !nested {
-                let _ = conn.batch_execute("ROLLBACK").await;
+                super::connection::roll_back_out_of_step(conn).await;
                 // Diesel's books saw no rollback: the versions written in the
                 // transaction count as rolled back now, not when the
                 // connection is dropped.
