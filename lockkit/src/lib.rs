@@ -44,7 +44,7 @@
 //! | `sealed` (private) | the supertrait that keeps the backend traits lockkit's own |
 //! | [`multi`] | the backend chosen at run time: `#[derive(diesel::MultiConnection)]` enums |
 //! | [`migrations`] | the tables lockkit ships, as SQL per server and as Diesel migrations |
-//! | `transaction` (private) | what every lockkit transaction does the same way: the panic guard, the [`journal`] that watches each connection's transactions, [`after_commit`] work |
+//! | `transaction` (private) | what every lockkit transaction does the same way: the panic guard, the [`journal`] that watches each connection's transactions, [`after_commit`] work, the read-only sessions of the Galera guard |
 //! | `clock` (private; features `idempotency`, `outbox`) | the application's clock, as the idempotency and outbox tables store times |
 //! | `lsn` (private; feature `replica`) | a position in PostgreSQL's WAL (`replica::Lsn`), which the replica's errors carry |
 //!
@@ -113,6 +113,8 @@ pub use pessimistic::{AsLockingConnection, LockOptions, LockingConnection};
 pub use pessimistic::{LockQueryExt, LockStrength, RowLock, WaitMode};
 pub use retry::{retry, transaction_with_retry, RetryPolicy, RetryableError};
 pub use transaction::after_commit;
+#[cfg(feature = "mysql")]
+pub use transaction::read_only_outside_transactions;
 
 /// `#[derive(Versioned)]`: implements [`Versioned`] and [`Lockable`] for a model
 /// with a version column. The attributes it reads, their defaults, its errors and

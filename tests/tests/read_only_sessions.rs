@@ -1,5 +1,6 @@
-//! MySQL/MariaDB sessions made read-only outside lockkit's transactions (`SET
-//! SESSION TRANSACTION READ ONLY`; README, "Galera"): lockkit's transactions
+//! MySQL/MariaDB sessions made read-only outside lockkit's transactions
+//! (`lockkit::read_only_outside_transactions`, which sends `SET SESSION
+//! TRANSACTION READ ONLY`; README, "Galera"): lockkit's transactions
 //! begin `READ WRITE` and write as usual, and a statement the server runs after
 //! it ended the transaction without an error (MariaDB Galera, for another
 //! node's write) fails instead of committing on its own. Here the end is a
@@ -27,7 +28,7 @@ fn stock(conn: &mut MysqlConnection) -> i32 {
 
 fn read_only(db: &TestDb<MysqlConnection>) -> MysqlConnection {
     let mut conn = db.connect();
-    exec(&mut conn, "SET SESSION TRANSACTION READ ONLY");
+    lockkit::read_only_outside_transactions(&mut conn).unwrap();
     conn
 }
 
@@ -206,6 +207,33 @@ fn a_write_refused_after_the_work_committed_itself_is_not_run_again() {
     }
 }
 
+/// A session made read-only by the user's own SQL, not through lockkit: the
+/// journal learns of it at the server's first refusal there (here a write
+/// outside a transaction), and from then on tells a statement that committed
+/// the transaction itself, as above.
+#[test]
+fn a_session_made_read_only_in_sql_is_guarded_from_its_first_refusal() {
+    let db = TestDb::<MysqlConnection>::new("ro_session_sql");
+    seed_items(&mut db.conn(), &[(1, 10)]);
+    let mut conn = db.connect();
+    // The journal watches the connection from lockkit's first call on it.
+    lockkit::locked_transaction(&mut conn, LockOptions::default(), take_one).unwrap();
+    exec(&mut conn, "SET SESSION TRANSACTION READ ONLY");
+    assert!(matches!(take_one(&mut conn), Err(Error::ReadOnly)));
+    let runs = AtomicU32::new(0);
+    let outcome = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        take_one_around(c, "COMMIT")
+    });
+    assert!(matches!(outcome, Err(Error::ReadOnly)), "{outcome:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        stock(&mut db.conn()),
+        8,
+        "the first sale, and the one before the COMMIT"
+    );
+}
+
 /// lockkit's own writes outside a transaction on such a session: the move of
 /// a row past a number that a rolled-back write left with a struct, made again
 /// once the retried transaction's rollback undid it (see `combined.rs`, "a
@@ -265,7 +293,7 @@ mod asynchronous {
 
     async fn read_only(db: &TestDb<MysqlConnection>) -> AsyncMysqlConnection {
         let mut conn = AsyncMysqlConnection::establish(&db.url).await.unwrap();
-        conn.batch_execute("SET SESSION TRANSACTION READ ONLY")
+        lockkit::asynchronous::read_only_outside_transactions(&mut conn)
             .await
             .unwrap();
         conn

@@ -59,6 +59,7 @@ pub mod lockable;
 #[cfg(feature = "outbox")]
 pub mod outbox;
 pub mod queue;
+mod read_only_sessions;
 mod retry;
 mod transaction;
 pub mod versioned;
@@ -67,6 +68,8 @@ pub mod work;
 pub use connection::AsyncLockingConnection;
 pub use isolation::serializable;
 pub use lockable::{lock_all, locked_transaction, with_lock};
+#[cfg(feature = "mysql")]
+pub use read_only_sessions::read_only_outside_transactions;
 pub use retry::{retry, transaction_with_retry};
 pub use versioned::AsyncVersioned;
 

@@ -333,6 +333,16 @@ struct Aborts {
     /// read-only transaction then follows a commit, not an end the server
     /// made silently, and is not taken for one ([`Aborts::silent_end`]).
     implicit_commit: bool,
+    /// MySQL/MariaDB: the session refuses writes outside transactions
+    /// (README, "Galera"): lockkit made it so
+    /// ([`read_only_outside_transactions`](crate::read_only_outside_transactions)),
+    /// or the server refused a write as one in a read-only transaction (1792).
+    /// Kept for the connection's life. Only then does the journal look for
+    /// statements that may commit implicitly (`implicit_commit`): that reads
+    /// each statement's SQL, which costs about as much as Diesel building it,
+    /// and a refusal that follows such a statement arrives only on such a
+    /// session.
+    guarded: bool,
     /// SQLite rolled back the whole transaction under callers whose code still
     /// runs and counts it open (`transaction::ended_on_sqlite` found it and
     /// put Diesel's depth back): every lockkit call refuses until the
@@ -513,9 +523,10 @@ impl Aborts {
             InstrumentationEvent::FinishQuery { query, error, .. } => {
                 let opened = std::mem::take(&mut self.opening);
                 // Failed too: MySQL/MariaDB commit before they run DDL. Read
-                // where the rule may be theirs only (writing the SQL out
-                // costs).
-                if self.depth > 0
+                // on a guarded session only, where the rule may be theirs
+                // (writing the SQL out costs).
+                if self.guarded
+                    && self.depth > 0
                     && !opened
                     && !self.implicit_commit
                     && matches!(self.ends, Ends::OnDeadlock | Ends::Unknown)
@@ -575,6 +586,15 @@ impl Aborts {
                     }
                 } else if let Some(diesel::result::Error::DatabaseError(kind, info)) = error {
                     let silent = self.silent_end(*kind, info.message());
+                    // A refusal of MySQL/MariaDB's (not PostgreSQL's, which
+                    // ends in `Ends::UntilSavepointRollback`) shows the guard.
+                    self.guarded |= match self.ends {
+                        Ends::OnDeadlock => {
+                            classification::is_read_only_refusal(*kind, info.message())
+                        }
+                        Ends::Unknown => classification::is_mysql_read_only_refusal(info.message()),
+                        Ends::Never | Ends::UntilSavepointRollback => false,
+                    };
                     let (kind, message) = match &silent {
                         Some((kind, message)) => (kind, message.as_str()),
                         None => (kind, info.message()),
@@ -1552,6 +1572,16 @@ pub(crate) fn ended_unseen<W: Watched>(conn: &mut W) -> Option<u32> {
         journal.aborts.closed();
     }
     Some(open)
+}
+
+/// The session behind `conn` refuses writes outside transactions
+/// ([`Aborts::guarded`]): installs the journal if the connection has none
+/// (one with instrumentation of its own is not watched).
+#[cfg(feature = "mysql")]
+pub(crate) fn guard<W: Watched>(conn: &mut W) {
+    if let Some(journal) = journal_of(conn) {
+        journal.aborts.guarded = true;
+    }
 }
 
 /// Before a write statement of lockkit's that runs in the caller's transaction

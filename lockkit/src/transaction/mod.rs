@@ -41,6 +41,7 @@ pub mod journal;
 #[cfg(feature = "async")]
 pub(crate) mod levels;
 mod panic_guard;
+mod read_only_sessions;
 pub(crate) mod scope;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,6 +52,10 @@ use diesel::Connection;
 pub use after_commit::after_commit;
 pub(crate) use begin::*;
 pub(crate) use panic_guard::PanicGuard;
+#[cfg(feature = "mysql")]
+pub use read_only_sessions::read_only_outside_transactions;
+#[cfg(all(feature = "mysql", feature = "async"))]
+pub(crate) use read_only_sessions::SET_READ_ONLY;
 
 use crate::error::classification::classify;
 use crate::error::Aborted;

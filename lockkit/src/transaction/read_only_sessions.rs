@@ -1,0 +1,58 @@
+//! The guard against a transaction the server ends without an error
+//! (MariaDB Galera): [`read_only_outside_transactions`].
+
+#[cfg(feature = "mysql")]
+use crate::error::{classify, Error};
+
+/// Makes the MySQL/MariaDB session behind `conn` refuse writes outside
+/// transactions (`SET SESSION TRANSACTION READ ONLY`), and tells lockkit so.
+///
+/// lockkit's transactions begin read-write whatever the session's default. A
+/// statement the server runs after it ended a transaction without an error
+/// (MariaDB Galera does, for another node's write) is then refused instead of
+/// committing on its own, and lockkit reads that refusal inside its
+/// transactions as the end it is: [`Error::Deadlock`], which the retrying
+/// calls run again (README, "Galera").
+///
+/// Telling lockkit makes its journal look, from this call on, for statements
+/// of the work that may commit the transaction themselves (DDL, a raw
+/// `COMMIT`, `SET autocommit`, a `CALL`, a batch of several statements): a
+/// write refused after one is [`Error::ReadOnly`], which no retry takes up,
+/// since what came before the commit stands. That look reads each statement's
+/// SQL, so lockkit does it only on such sessions. A session made read-only by
+/// your own SQL is found out at the server's first refusal on it; until then,
+/// a refusal after such a statement is taken for the server's end and run
+/// again.
+///
+/// Every write on the session must then run in lockkit's transactions
+/// (README, "Galera", lists the calls that write outside one). Call this
+/// where the pool hands out a connection (an r2d2 `CustomizeConnection`). On
+/// a connection with Diesel instrumentation of its own not wrapped in
+/// [`Journal::wrap`](crate::journal::Journal::wrap), the session is made
+/// read-only, and lockkit sees no refusal.
+///
+/// ```no_run
+/// use diesel::{Connection, MysqlConnection};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = MysqlConnection::establish("mysql://root@127.0.0.1/app")?;
+/// lockkit::read_only_outside_transactions(&mut conn)?;
+/// // A write outside lockkit's transactions is refused now.
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+///
+/// The server's refusal of the `SET`, classified as every lockkit error is.
+#[cfg(feature = "mysql")]
+pub fn read_only_outside_transactions(conn: &mut diesel::MysqlConnection) -> Result<(), Error> {
+    use diesel::connection::SimpleConnection;
+    conn.batch_execute(SET_READ_ONLY).map_err(classify)?;
+    super::journal::guard(conn);
+    Ok(())
+}
+
+/// The session setting of [`read_only_outside_transactions`].
+#[cfg(feature = "mysql")]
+pub(crate) const SET_READ_ONLY: &str = "SET SESSION TRANSACTION READ ONLY";
