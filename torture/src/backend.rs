@@ -56,10 +56,10 @@ pub fn session(conn: &mut AnyConnection) -> QueryResult<()> {
 /// autocommit and commit on their own: an order line without its stock
 /// change. They fail instead, and lockkit reports the end as a retryable
 /// `Error::Deadlock` (nothing of the transaction committed).
-pub fn read_only_session(conn: &mut AnyConnection) -> QueryResult<()> {
-    match conn.backend() {
-        Backend::Mysql => conn.batch_execute("SET SESSION TRANSACTION READ ONLY"),
-        Backend::Postgres | Backend::Sqlite => Ok(()),
+pub fn read_only_session(conn: &mut AnyConnection) -> Result<(), Error> {
+    match conn {
+        AnyConnection::Mysql(conn) => lockkit::read_only_outside_transactions(conn),
+        _ => Ok(()),
     }
 }
 

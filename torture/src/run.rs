@@ -37,7 +37,11 @@ impl CustomizeConnection<AnyConnection, diesel::r2d2::Error> for Session {
     fn on_acquire(&self, conn: &mut AnyConnection) -> Result<(), diesel::r2d2::Error> {
         backend::session(conn).map_err(diesel::r2d2::Error::QueryError)?;
         if self.read_only {
-            backend::read_only_session(conn).map_err(diesel::r2d2::Error::QueryError)?;
+            backend::read_only_session(conn).map_err(|err| {
+                diesel::r2d2::Error::QueryError(diesel::result::Error::QueryBuilderError(Box::new(
+                    err,
+                )))
+            })?;
         }
         Ok(())
     }
