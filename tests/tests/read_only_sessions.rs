@@ -234,6 +234,59 @@ fn a_session_made_read_only_in_sql_is_guarded_from_its_first_refusal() {
     );
 }
 
+/// Where the journal does not know the session is read-only (made so in the
+/// user's SQL, with no refusal seen yet; or the guard's journal replaced by
+/// the user's own, wrapped), it did not look for statements that commit the
+/// transaction themselves: a refusal then fails the call as `ReadOnly`, run
+/// once, whether the work committed itself or the server ended the
+/// transaction, and never as `Ok`.
+#[test]
+fn on_a_session_not_known_read_only_a_refusal_fails_the_call_once() {
+    let db = TestDb::<MysqlConnection>::new("ro_session_unknown");
+    seed_items(&mut db.conn(), &[(1, 10)]);
+    // A fresh session each time: the first refusal makes the session known.
+    let replaced = || {
+        let mut conn = read_only(&db);
+        conn.set_instrumentation(lockkit::journal::Journal::wrap(
+            |_: diesel::connection::InstrumentationEvent<'_>| {},
+        ));
+        conn
+    };
+    let in_sql = || {
+        let mut conn = db.connect();
+        exec(&mut conn, "SET SESSION TRANSACTION READ ONLY");
+        conn
+    };
+    let mut expected = 10;
+    for (session, connect) in [
+        ("replaced", &replaced as &dyn Fn() -> MysqlConnection),
+        ("in SQL", &in_sql),
+    ] {
+        for (end, committed) in [("COMMIT", 1), ("ROLLBACK", 0)] {
+            for swallowed in [false, true] {
+                let mut conn = connect();
+                let runs = AtomicU32::new(0);
+                let outcome =
+                    lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c| {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        match swallowed {
+                            false => take_one_around(c, end),
+                            true => Ok(take_one_around(c, end).unwrap_or(0)),
+                        }
+                    });
+                let case = format!("{session}, {end}, swallowed {swallowed}");
+                assert!(
+                    matches!(outcome, Err(Error::ReadOnly)),
+                    "{case}: {outcome:?}"
+                );
+                assert_eq!(runs.load(Ordering::SeqCst), 1, "{case}");
+                expected -= committed;
+                assert_eq!(stock(&mut db.conn()), expected, "{case}");
+            }
+        }
+    }
+}
+
 /// lockkit's own writes outside a transaction on such a session: the move of
 /// a row past a number that a rolled-back write left with a struct, made again
 /// once the retried transaction's rollback undid it (see `combined.rs`, "a

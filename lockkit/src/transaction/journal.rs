@@ -296,6 +296,7 @@ impl Ends {
                 kind == DatabaseErrorKind::SerializationFailure
                     || classification::is_deadlock(message)
                     || classification::is_lock_wait_timeout(message)
+                    || message == ENDED_READ_ONLY
             }
             Ends::Never | Ends::Unknown => false,
         }
@@ -424,22 +425,35 @@ impl Aborts {
     /// timeout on MySQL/MariaDB ([`ended`](Self::ended)).
     fn certain(&self, message: &str) -> bool {
         !(self.ends == Ends::OnDeadlock
-            && (classification::is_lock_wait_timeout(message) || message == SILENT_END))
+            && (classification::is_lock_wait_timeout(message)
+                || message == SILENT_END
+                || message == ENDED_READ_ONLY))
     }
 
     /// What the journal records for a write MySQL/MariaDB refused as one in a
     /// read-only transaction (1792, `kind` and `message`) while no end is
     /// known: lockkit's transactions begin read-write
-    /// ([`MYSQL_BEGIN`](crate::transaction::MYSQL_BEGIN)), so on a session
-    /// made read-only outside them the refusal says that the server ended the
-    /// transaction without an error and ran the write in autocommit (README,
-    /// "Galera"). Recorded as that end, a deadlock (as Galera reports the same
-    /// abort when it says so), not a certain one: the server is asked (a
-    /// transaction of the caller's own that began read-only is alive).
-    /// Inside lockkit's read-only stand-in, the known end stands. After a
-    /// statement that may have committed the transaction itself
-    /// (`implicit_commit`), the refusal is only what it says: a retry
-    /// would apply the committed part twice.
+    /// ([`MYSQL_BEGIN`](crate::transaction::MYSQL_BEGIN)), so the refusal says
+    /// that the transaction ended and the write ran in autocommit on a
+    /// session read-only outside transactions. Recorded as an end, not a
+    /// certain one: the server is asked (a transaction of the caller's own
+    /// that began read-only is alive, and the refusal is only what it says).
+    /// Its cause:
+    ///
+    /// * on a session known to be read-only before the refusal (`guarded`),
+    ///   with no statement since the transaction began that may have
+    ///   committed it itself (`implicit_commit`): the server ended it without
+    ///   an error (README, "Galera"), nothing of it committed, and the cause
+    ///   is a deadlock (as Galera reports the same abort when it says so),
+    ///   which the retrying calls run again;
+    /// * otherwise the refusal itself ([`Error::ReadOnly`], which no retry
+    ///   takes up): the part before an implicit commit stands, which a rerun
+    ///   would apply twice, and on a session not known to be read-only the
+    ///   journal did not look for one.
+    ///
+    /// Either way the call fails: work that let the refused write go is not
+    /// reported committed. Inside lockkit's read-only stand-in, the known end
+    /// stands.
     fn silent_end(
         &self,
         kind: DatabaseErrorKind,
@@ -448,14 +462,17 @@ impl Aborts {
         (classification::is_read_only_refusal(kind, message)
             && self.ends == Ends::OnDeadlock
             && self.depth > 0
-            && !self.implicit_commit
             && self.ended_by.is_none()
             && self.reported.is_empty())
-        .then(|| {
-            (
+        .then(|| match self.guarded && !self.implicit_commit {
+            true => (
                 DatabaseErrorKind::SerializationFailure,
                 SILENT_END.to_owned(),
-            )
+            ),
+            false => (
+                DatabaseErrorKind::ReadOnlyTransaction,
+                ENDED_READ_ONLY.to_owned(),
+            ),
         })
     }
 
@@ -1382,6 +1399,13 @@ pub(crate) fn own_read_done<W: Watched>(conn: &mut W, was_unsure: bool) {
 const SILENT_END: &str = "Deadlock found when trying to get lock (the server had ended the \
      transaction without an error: a later write ran outside it, on a read-only session, and was \
      refused)";
+
+/// What [`Aborts::silent_end`] records where a rerun could apply work twice:
+/// MySQL/MariaDB's words for the refusal (1792), which [`ended_by`]
+/// classifies as [`Error::ReadOnly`].
+const ENDED_READ_ONLY: &str = "Cannot execute statement in a READ ONLY transaction (lockkit's \
+     read-write transaction had ended: a later write ran outside it, on a read-only session, and \
+     was refused)";
 
 /// What [`answered`] records for a deadlock that ended the transaction unseen:
 /// InnoDB's words, which [`ended_by`] classifies as a deadlock.

@@ -19,17 +19,21 @@ use crate::error::{classify, Error};
 /// `COMMIT`, `SET autocommit`, a `CALL`, a batch of several statements): a
 /// write refused after one is [`Error::ReadOnly`], which no retry takes up,
 /// since what came before the commit stands. That look reads each statement's
-/// SQL, so lockkit does it only on such sessions. A session made read-only by
-/// your own SQL is found out at the server's first refusal on it; until then,
-/// a refusal after such a statement is taken for the server's end and run
-/// again.
+/// SQL, so lockkit does it only on sessions it knows to be read-only: made so
+/// here, or on which its journal saw the server refuse a write. On a session
+/// it does not know, every refusal inside its transactions fails the call
+/// with [`Error::ReadOnly`], run once: safe, but not retried.
 ///
 /// Every write on the session must then run in lockkit's transactions
 /// (README, "Galera", lists the calls that write outside one). Call this
-/// where the pool hands out a connection (an r2d2 `CustomizeConnection`). On
-/// a connection with Diesel instrumentation of its own not wrapped in
-/// [`Journal::wrap`](crate::journal::Journal::wrap), the session is made
-/// read-only, and lockkit sees no refusal.
+/// where the pool hands out a connection (an r2d2 `CustomizeConnection`),
+/// after installing any instrumentation of your own
+/// ([`Journal::wrap`](crate::journal::Journal::wrap)): what the journal knows
+/// goes with it when it is replaced. On a connection with instrumentation not
+/// wrapped in a journal, the session is made read-only, and lockkit sees no
+/// refusal. For a `#[derive(MultiConnection)]` enum, call it on its
+/// MySQL/MariaDB variant's connection: the enum's journal is that
+/// connection's.
 ///
 /// ```no_run
 /// use diesel::{Connection, MysqlConnection};
