@@ -94,8 +94,9 @@
 //! a read of a column named with a number of its own, whose error names it,
 //! asked only then): it sends no `COMMIT`,
 //! marks the connection broken for its pool to close, ends the outermost
-//! transaction with a `ROLLBACK` whose reply it does not read as the answer
-//! (the server runs it; its locks go at once), and fails: the work's error,
+//! transaction with a `ROLLBACK`, whose own reply comes after the unread ones
+//! (it probes until a probe's own comes back, so that the transaction's locks
+//! are gone when it returns), and fails: the work's error,
 //! or for `Ok` `BrokenTransactionManager`. A statement the work sent after
 //! the cut-short one has read that reply as its own (a lockkit write then
 //! opens no stand-in, and a nested lockkit call refuses to begin): do not go
@@ -512,8 +513,10 @@ async fn replies_in_step<C: AsyncConnection>(conn: &mut C) -> bool {
 
 /// Probes sent after the `ROLLBACK` of [`roll_back_out_of_step`] at most: one
 /// more than the replies left unread before it (one per statement cut
-/// short) reaches a probe's own.
-const PROBES_AFTER_ROLLBACK: usize = 8;
+/// short) reaches a probe's own. A work that cut more statements short than
+/// this leaves the locks to the pool's close; on a lost connection (whose
+/// errors diesel-async reports as the server's) each probe fails at once.
+const PROBES_AFTER_ROLLBACK: usize = 64;
 
 /// Ends the server's transaction on a connection found out of step
 /// ([`replies_out_of_step`]), and returns once the server has run that
@@ -522,15 +525,14 @@ const PROBES_AFTER_ROLLBACK: usize = 8;
 /// earlier statement's, so the `ROLLBACK`'s own says nothing; the server runs
 /// a connection's statements in order, so a probe's own reply, read back,
 /// means the `ROLLBACK` before it has run. Probes are sent until one's comes
-/// back (or the connection is lost, which rolls back too). A rollback that
-/// failed (the connection could not be reached) leaves the locks to the
-/// pool's close, as before.
+/// back, [`PROBES_AFTER_ROLLBACK`] at most (a lost connection rolls back
+/// too).
 pub(crate) async fn roll_back_out_of_step<C: AsyncConnection>(conn: &mut C) {
     let _ = conn.batch_execute("ROLLBACK").await;
     if journal::Ends::of::<C::Backend>() != journal::Ends::OnDeadlock {
         return;
     }
-    let mut sent = Vec::with_capacity(PROBES_AFTER_ROLLBACK);
+    let mut sent = Vec::new();
     for _ in 0..PROBES_AFTER_ROLLBACK {
         sent.push(probe_token());
         match conn.batch_execute(&probe(&sent[sent.len() - 1])).await {
@@ -541,8 +543,7 @@ pub(crate) async fn roll_back_out_of_step<C: AsyncConnection>(conn: &mut C) {
             {
                 return
             }
-            Ok(()) | Err(diesel::result::Error::DatabaseError(..)) => {}
-            Err(_) => return,
+            _ => {}
         }
     }
 }

@@ -52,9 +52,9 @@ where
         // own that it cut short left its reply unread, which this end's
         // statements would read as theirs (a `ROLLBACK` answered by an
         // `UPDATE`'s row count, the real answer left for the pool's next
-        // user). The connection is condemned instead: nothing commits, the
-        // server rolls back when the pool closes it, and the work's error
-        // stands (for `Ok`, the broken connection's).
+        // user). The connection is condemned instead (its pool closes it):
+        // nothing commits, and the work's error stands (for `Ok`, the broken
+        // connection's).
         if super::connection::replies_out_of_step(conn).await {
             // The outermost level ends the server's transaction, so that its
             // locks go now, not when the pool closes the connection (deadpool
@@ -62,11 +62,12 @@ where
             // transaction stays open (a rollback would leave the caller's
             // next statements in autocommit) until the outermost end's.
             if !nested {
-                super::connection::roll_back_out_of_step(conn).await;
-                // Diesel's books saw no rollback: the versions written in the
+                // Diesel's books see no rollback: the versions written in the
                 // transaction count as rolled back now, not when the
-                // connection is dropped.
+                // connection is dropped (also if this future is dropped while
+                // the server rolls back).
                 journal::outermost_ended(&mut journal::AsyncWatched(&mut *conn));
+                super::connection::roll_back_out_of_step(conn).await;
             }
             let failure = match result {
                 Ok(_) => Failure::Diesel(diesel::result::Error::BrokenTransactionManager),
