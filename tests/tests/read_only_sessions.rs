@@ -207,6 +207,33 @@ fn a_write_refused_after_the_work_committed_itself_is_not_run_again() {
     }
 }
 
+/// The same refusal met by a nested lockkit call, whose owner (here lockkit's
+/// outer call) may retry: the nested call hands on the refusal, which no
+/// retry takes up, not a deadlock's end.
+#[test]
+fn a_nested_call_refused_after_the_work_committed_itself_hands_on_read_only() {
+    let (db, mut conn) = guarded("ro_session_nested_commit");
+    let runs = AtomicU32::new(0);
+    let outer = lockkit::locked_transaction(&mut conn, LockOptions::default(), |c| {
+        take_one(c)?;
+        exec(c, "COMMIT");
+        let inner = lockkit::transaction_with_retry(c, &RetryPolicy::immediate(3), |c| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            take_one(c)
+        });
+        match &inner {
+            Err(Error::TransactionAborted(aborted)) => {
+                assert!(matches!(aborted.cause(), Error::ReadOnly), "{inner:?}")
+            }
+            _ => panic!("the nested call: {inner:?}"),
+        }
+        inner
+    });
+    assert!(matches!(outer, Err(Error::ReadOnly)), "{outer:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(stock(&mut db.conn()), 9, "the part before the COMMIT");
+}
+
 /// A session made read-only by the user's own SQL, not through lockkit: the
 /// journal learns of it at the server's first refusal there (here a write
 /// outside a transaction), and from then on tells a statement that committed

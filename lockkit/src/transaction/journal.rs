@@ -631,7 +631,18 @@ impl Aborts {
                     }
                     let ends_it = self.depth > 0 && self.ends.by(*kind, message);
                     if self.depth > 0 && self.ended_by.is_some() {
-                        if ends_it && self.ended_entry.is_none() && self.certain(message) {
+                        // Not after a refusal that may follow an implicit
+                        // commit (`ENDED_READ_ONLY`): a deadlock then ends
+                        // a transaction the work began after the commit,
+                        // and the committed part still stands.
+                        if ends_it
+                            && self.ended_entry.is_none()
+                            && self.certain(message)
+                            && self
+                                .ended_by
+                                .as_ref()
+                                .is_none_or(|(_, m)| m != ENDED_READ_ONLY)
+                        {
                             // A certain end after one that was not (a
                             // deadlock after a lock wait timeout the work let
                             // go): the transaction lived until now, and what

@@ -1094,11 +1094,17 @@ pub(crate) fn ended_unless_open<W: journal::Watched>(
     open: diesel::QueryResult<bool>,
     cause: Option<&Error>,
 ) -> Option<Error> {
+    // The journal took a refusal for the end (`Error::ReadOnly`: the session
+    // refuses writes outside transactions, and a statement of the work may
+    // have committed the transaction itself): the end is that, which no
+    // retry takes up, also where the server cannot be asked.
+    let refused = matches!(journal::ended_by(conn), Some(Error::ReadOnly));
     match open {
         Ok(true) => {
             journal::forget_abort(conn);
             None
         }
+        _ if refused => Some(Error::ReadOnly),
         Ok(false) if matches!(cause, Some(Error::LockTimeout)) => Some(Error::LockTimeout),
         Ok(false) => Some(Error::Deadlock),
         Err(err) => match (cause, classify(err)) {
