@@ -507,9 +507,17 @@ mod waiting {
         // replies.
         seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
         let holder = RowHolder::lock(async_common::connect::<Async>(&db.url, BACKEND).await).await;
-        let release = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            holder.release().await;
+        // The holder lets go only once the nested call has been given up on,
+        // a while later, so that the enclosing call's rollback comes while
+        // the dropped read still waits.
+        let given_up = std::sync::Arc::new(tokio::sync::Notify::new());
+        let release = tokio::spawn({
+            let given_up = given_up.clone();
+            async move {
+                given_up.notified().await;
+                tokio::time::sleep(Duration::from_millis(800)).await;
+                holder.release().await;
+            }
         });
         let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 1).await;
         let mut conn = pool.get().await.unwrap();
@@ -519,6 +527,7 @@ mod waiting {
             async |conn: &mut Async| {
                 sell_one!(&mut *conn, 2)?;
                 let tried = tokio::time::timeout(Duration::from_millis(200), decrement!(conn, None)).await;
+                given_up.notify_one();
                 assert!(tried.is_err(), "the nested call was given up on while it waited");
                 Ok::<_, Error>(())
             },
@@ -527,6 +536,7 @@ mod waiting {
             .await
             .expect("the enclosing call ended once the holder let go");
         drop(conn);
+        given_up.notify_one(); // had the work failed before its nested call
         release.await.unwrap();
         let mut other: Async = async_common::connect(&db.url, BACKEND).await;
         assert_left_clean(&mut *pool.get().await.unwrap(), &mut other, BACKEND, "after the call").await;
@@ -1375,9 +1385,16 @@ mod mysql_only {
             .batch_execute("SELECT 1 FROM items WHERE id = 2 FOR UPDATE")
             .await
             .unwrap();
-        let releaser = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(1_500)).await;
-            holder.batch_execute("ROLLBACK").await.unwrap();
+        // The holder lets go only once `lock_all` has been given up on, a
+        // while later, so that its reply comes while the transaction ends.
+        let given_up = std::sync::Arc::new(tokio::sync::Notify::new());
+        let releaser = tokio::spawn({
+            let given_up = given_up.clone();
+            async move {
+                given_up.notified().await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                holder.batch_execute("ROLLBACK").await.unwrap();
+            }
         });
         let mut conn: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
         let outcome = lockkit::asynchronous::locked_transaction(
@@ -1393,11 +1410,13 @@ mod mysql_only {
                     lockkit::asynchronous::lock_all::<Item, _>(&mut *conn, &[1, 2]),
                 )
                 .await;
+                given_up.notify_one();
                 assert!(waited.is_err(), "lock_all waits for item 2");
                 Ok::<_, Error>(())
             },
         )
         .await;
+        given_up.notify_one(); // had the work failed before its `lock_all`
         releaser.await.unwrap();
         let mut check: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
         let stock = items::table
@@ -1475,26 +1494,45 @@ mod postgres_only {
     use lockkit::asynchronous::prelude::*;
     use lockkit_tests::TestDb;
 
-    /// Another session holds item 1's row lock for half a second, then runs
-    /// `then` and commits; returns once it holds the lock.
-    fn hold_the_row(
-        db: &TestDb<diesel::PgConnection>,
-        then: &'static str,
-    ) -> std::thread::JoinHandle<()> {
+    /// Another session holding item 1's row lock ([`hold_the_row`]).
+    struct HeldRow {
+        release: std::sync::mpsc::Sender<()>,
+        thread: std::thread::JoinHandle<()>,
+    }
+
+    impl HeldRow {
+        /// Tells the holder to run its statement and commit; call it right
+        /// after the write under test was given up on.
+        fn let_go(&self) {
+            let _ = self.release.send(());
+        }
+
+        /// Lets go (if not yet told to) and waits for the holder's commit.
+        fn join(self) {
+            self.let_go();
+            self.thread.join().unwrap();
+        }
+    }
+
+    /// Another session holds item 1's row lock until told to let go (or the
+    /// [`HeldRow`] is dropped), then runs `then` and commits; returns once it
+    /// holds the lock.
+    fn hold_the_row(db: &TestDb<diesel::PgConnection>, then: &'static str) -> HeldRow {
         let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel::<()>();
         let url = db.url.clone();
-        let holder = std::thread::spawn(move || {
+        let thread = std::thread::spawn(move || {
             let mut conn = diesel::PgConnection::establish(&url).unwrap();
             conn.transaction(|c| {
                 c.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")?;
                 locked_tx.send(()).unwrap();
-                std::thread::sleep(Duration::from_millis(500));
+                let _ = release_rx.recv();
                 c.batch_execute(then)
             })
             .unwrap();
         });
         locked_rx.recv().unwrap();
-        holder
+        HeldRow { release, thread }
     }
 
     /// Item 1 as read before a versioned write of it (stock 5) that rolled
@@ -1543,6 +1581,7 @@ mod postgres_only {
                 let tried =
                     tokio::time::timeout(Duration::from_millis(100), a.update_versioned(conn))
                         .await;
+                holder.let_go();
                 assert!(tried.is_err(), "given up on while it waited for the lock");
                 // Queued behind the dropped write: sees it once the holder lets go.
                 fresh = Some(item!(conn, 1));
@@ -1551,7 +1590,7 @@ mod postgres_only {
         )
         .await;
         assert!(matches!(outcome, Err(Error::NoRowMatched)), "{outcome:?}");
-        holder.join().unwrap();
+        holder.join();
         let mut fresh = fresh.unwrap();
         assert_eq!(
             (fresh.stock, fresh.lock_version),
@@ -1589,12 +1628,13 @@ mod postgres_only {
                 let tried =
                     tokio::time::timeout(Duration::from_millis(100), s2.update_versioned(conn))
                         .await;
+                holder.let_go();
                 assert!(tried.is_err(), "given up on while it waited for the lock");
                 Ok::<_, Error>(())
             },
         )
         .await;
-        holder.join().unwrap();
+        holder.join();
         assert!(committed.is_ok(), "{committed:?}");
         assert_eq!(
             item!(&mut conn, 1).lock_version,
@@ -1615,6 +1655,9 @@ mod postgres_only {
         let db = TestDb::<diesel::PgConnection>::new("dropped_behind_rolled_back");
         seed_items(&mut db.conn(), &[(1, 10)]);
         let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        // The other write rolls back once the dropped write was given up on
+        // (or the test panicked and dropped the sender).
+        let (release, release_rx) = std::sync::mpsc::channel::<()>();
         let url = db.url.clone();
         let a = std::thread::spawn(move || {
             let mut conn = diesel::PgConnection::establish(&url).unwrap();
@@ -1624,7 +1667,7 @@ mod postgres_only {
                 s_a.stock = 5;
                 lockkit::prelude::Versioned::update_versioned(&mut s_a, c)?;
                 locked_tx.send(()).unwrap();
-                std::thread::sleep(Duration::from_millis(500));
+                let _ = release_rx.recv();
                 Err::<(), _>(Error::NoRowMatched)
             });
             assert!(rolled_back.is_err());
@@ -1641,6 +1684,7 @@ mod postgres_only {
                 let tried =
                     tokio::time::timeout(Duration::from_millis(100), s2.update_versioned(conn))
                         .await;
+                let _ = release.send(());
                 assert!(
                     tried.is_err(),
                     "given up on while it waited for the other write"
@@ -1650,6 +1694,7 @@ mod postgres_only {
         )
         .await;
         assert!(committed.is_ok(), "{committed:?}");
+        drop(release); // had the call failed before its write
         let (mut a_conn, mut s_a) = a.join().unwrap();
         assert_eq!(
             s_a.lock_version, 1,
@@ -1679,8 +1724,9 @@ mod postgres_only {
         let s2 = item!(&mut conn, 1);
         let tried =
             tokio::time::timeout(Duration::from_millis(100), s2.delete_versioned(&mut conn)).await;
+        other.let_go();
         assert!(tried.is_err(), "given up on while it waited for the lock");
-        other.join().unwrap();
+        other.join();
         s1.stock = 4;
         let outcome = s1.update_versioned(&mut conn).await;
         assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");

@@ -791,13 +791,17 @@ mod stand_in_probes {
             conn.batch_execute("SET SESSION innodb_lock_wait_timeout = 1").await.unwrap();
             let mut two: Item = items::table.find(2).first(&mut conn).await.unwrap();
             let (held_tx, held_rx) = mpsc::channel();
+            // The holder lets go once the caller's transaction has returned
+            // (or the test panicked and dropped the sender), never before the
+            // nested call has timed out on its lock.
+            let (release_tx, release_rx) = mpsc::channel::<()>();
             let url = db.url.clone();
             let holder = std::thread::spawn(move || {
                 let mut conn = Sync::establish(&url).unwrap();
                 conn.transaction(|conn| {
                     exec(conn, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
                     held_tx.send(()).unwrap();
-                    std::thread::sleep(std::time::Duration::from_millis(2500));
+                    let _ = release_rx.recv();
                     diesel::QueryResult::Ok(())
                 })
                 .unwrap();
@@ -813,6 +817,7 @@ mod stand_in_probes {
                     Ok(())
                 })
                 .await;
+            release_tx.send(()).unwrap();
             holder.join().unwrap();
             assert!(committed.is_ok(), "{committed:?}");
             two.stock -= 1;

@@ -256,11 +256,21 @@ async_backend_tests! {
         let url = db.url.clone();
         let holds = holds_recorded_by(move || async move {
             let mut conn: Async = async_common::connect(&url, BACKEND).await;
-            let call = lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |_, _: Item| {
+            // The closure says when it is entered (the row is held), so that
+            // the call is dropped 80 ms into its hold, however long it took
+            // to get there.
+            let entered = tokio::sync::Notify::new();
+            let mut call = Box::pin(lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |_, _: Item| {
+                entered.notify_one();
                 tokio::time::sleep(Duration::from_secs(60)).await;
                 Ok::<_, Error>(())
-            });
-            assert!(tokio::time::timeout(Duration::from_millis(80), call).await.is_err());
+            }));
+            tokio::select! {
+                ended = &mut call => panic!("the call ended before its closure slept: {ended:?}"),
+                () = entered.notified() => {}
+            }
+            assert!(tokio::time::timeout(Duration::from_millis(80), &mut call).await.is_err());
+            drop(call);
             // Closed: the server rolls back what the dropped call left open.
             drop(conn);
             let panicked = tokio::spawn(async move {

@@ -30,6 +30,8 @@ fn two_items_one_second_lock_waits<C: TestBackend>(db: &TestDb<C>) -> C {
 
 /// Holds `with_lock` on items row 1 (SQLite: the database's write lock) on another
 /// connection for `hold`, then commits; `during` runs once the lock is held.
+/// Only for a call meant to wait and then succeed; one that must fail on the
+/// held row uses [`while_item_1_locked`].
 fn item_1_locked_for<C, T>(db: &TestDb<C>, hold: Duration, during: impl FnOnce() -> T) -> T
 where
     C: TestBackend + lockkit::LockingConnection + lockkit::AsLockingConnection<Conn = C>,
@@ -52,6 +54,42 @@ where
         });
         locked_rx.recv().unwrap();
         let out = during();
+        holder.join().unwrap();
+        out
+    })
+}
+
+/// Holds `with_lock` on items row 1 (SQLite: the database's write lock) on another
+/// connection until `during` has returned (or panicked), then commits; `during`
+/// runs once the lock is held. For calls that must fail on the held row: the
+/// holder never lets go before they reach it, however slow the machine.
+fn while_item_1_locked<C, T>(db: &TestDb<C>, during: impl FnOnce() -> T) -> T
+where
+    C: TestBackend + lockkit::LockingConnection + lockkit::AsLockingConnection<Conn = C>,
+    Item: LockRow<C>,
+{
+    let (locked_tx, locked_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    thread::scope(|s| {
+        let holder = s.spawn(move || {
+            lockkit::with_lock(
+                &mut db.connect(),
+                1,
+                lockkit::LockOptions::default(),
+                |_, _: Item| {
+                    locked_tx.send(()).unwrap();
+                    // A message, or the sender dropped by a panic in `during`.
+                    let _ = release_rx.recv();
+                    Ok::<_, lockkit::Error>(())
+                },
+            )
+            .unwrap();
+        });
+        locked_rx.recv().unwrap();
+        let out = {
+            let _release = release_tx;
+            during()
+        };
         holder.join().unwrap();
         out
     })
@@ -687,7 +725,7 @@ mod servers {
         fn our_nowait_through_the_question_mark_is_busy(db) {
             seed_items(&mut db.conn(), &[(1, 10)]);
             let mut conn = db.connect();
-            let (err, seen) = item_1_locked_for(&db, Duration::from_millis(1500), || {
+            let (err, seen) = while_item_1_locked(&db, || {
                 observe(|| {
                     let started = Instant::now();
                     // Twice: the second statement comes from the prepared-statement cache.
@@ -708,7 +746,7 @@ mod servers {
             assert_eq!(seen.counter("lockkit_lock_errors_total{kind=lock_timeout}"), 0);
             // A real lock wait timeout right after it is still a lock timeout.
             exec(&mut conn, if BACKEND == "postgres" { "SET lock_timeout = '1s'" } else { "SET SESSION innodb_lock_wait_timeout = 1" });
-            let err = item_1_locked_for(&db, Duration::from_millis(2500), || {
+            let err = while_item_1_locked(&db, || {
                 let _ = conn.transaction(|conn| -> Result<Item, Error> {
                     Ok(items::table.find(2).for_update().nowait().first::<Item>(conn)?)
                 });
@@ -778,7 +816,7 @@ mod all {
         fn a_nested_nowait_fails_while_another_connection_holds_the_lock(db) {
             seed_items(&mut db.conn(), &[(1, 10)]);
             let mut conn = db.connect();
-            let outcome = item_1_locked_for(&db, Duration::from_millis(500), || {
+            let outcome = while_item_1_locked(&db, || {
                 conn.transaction(|conn| {
                     lockkit::with_lock(conn, 1, LockOptions::default().nowait(), |_, item: Item| Ok(item.stock))
                 })
@@ -816,7 +854,7 @@ mod all {
         fn a_lock_timeout_is_counted_once_as_a_lock_timeout(db) {
             seed_items(&mut db.conn(), &[(1, 10)]);
             let mut conn = db.connect();
-            let (err, seen) = item_1_locked_for(&db, Duration::from_millis(1500), || {
+            let (err, seen) = while_item_1_locked(&db, || {
                 observe(|| {
                     lockkit::with_lock(&mut conn, 1, LockOptions::default().timeout(Duration::from_millis(100)), |_, _: Item| Ok(()))
                         .unwrap_err()
@@ -1016,7 +1054,7 @@ mod stand_in_probes {
                 .get_result::<i64>(conn)
                 .unwrap()
             };
-            let asked = item_1_locked_for(&db, Duration::from_millis(5000), || {
+            let asked = while_item_1_locked(&db, || {
                 conn.transaction(|conn| {
                     // Once, so that the row's first lock fills lockkit's caches.
                     lockkit::with_lock(conn, 2, LockOptions::default(), |_, _: Item| Ok::<_, Error>(()))?;
@@ -1049,7 +1087,7 @@ mod stand_in_probes {
             }
             let mut conn = two_items_one_second_lock_waits(&db);
             let mut two: Item = items::table.find(2).first(&mut conn).unwrap();
-            let committed = item_1_locked_for(&db, Duration::from_millis(2500), || {
+            let committed = while_item_1_locked(&db, || {
                 conn.transaction(|conn| {
                     two.stock -= 1;
                     two.update_versioned(conn)?;
