@@ -220,14 +220,15 @@ lockkit_tests::backend_tests! {
     fn adaptive_returns_to_optimistic_once_the_row_calms_down(db) {
         seed_items(&mut db.conn(), &[(1, 0)]);
         // Whether the lock wins its trial or not, the row is optimistic again
-        // 400 ms after it.
-        let policy = hot_policy().trial(Duration::from_millis(200)).locked_for(Duration::from_millis(200));
+        // 2 s after it. Periods long enough for the losers' locked retries to
+        // end inside the trial on a loaded machine.
+        let policy = hot_policy().trial(Duration::from_millis(1_000)).locked_for(Duration::from_millis(1_000));
         hot_increments(&db.pool(), &policy, 1, 6, 1); // five races lost of six
         let hot = policy.stats();
         assert_eq!(hot.escalations, 1, "{hot}");
         assert_eq!(hot.de_escalations, 0, "{hot}");
 
-        thread::sleep(Duration::from_millis(500));
+        thread::sleep(Duration::from_millis(2_300));
         assert_eq!(policy.mode::<Item>(&1), Mode::Optimistic);
         let mut conn = db.conn();
         let item: Item = policy.update(&mut conn, 1, |item: &mut Item| {

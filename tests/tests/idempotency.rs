@@ -55,18 +55,25 @@ lockkit_tests::backend_tests! {
                 panic!("a repeat must not run the work while the first request holds the key")
             })
         };
+        // The first request holds the key until the two repeats that do not
+        // wait it out have returned, however late their threads run.
+        let repeats_returned = Barrier::new(3);
+        let returned = |outcome| {
+            repeats_returned.wait();
+            outcome
+        };
         let (first, waited, gave_up, refused) = thread::scope(|s| {
             let first = s.spawn(|| {
                 let mut conn = db.conn();
                 Idempotency::default().run(&mut conn, "tenant-1", "order-9", "POST /orders qty=1", |conn| {
                     first_holds_the_key.wait();
-                    thread::sleep(Duration::from_millis(400)); // the repeats arrive meanwhile
+                    repeats_returned.wait();
                     sell_one(conn)
                 })
             });
             let waited = s.spawn(|| repeat(&patient));
-            let gave_up = s.spawn(|| repeat(&brief));
-            let refused = s.spawn(|| repeat(&impatient));
+            let gave_up = s.spawn(|| returned(repeat(&brief)));
+            let refused = s.spawn(|| returned(repeat(&impatient)));
             (first.join().unwrap(), waited.join().unwrap(), gave_up.join().unwrap(), refused.join().unwrap())
         });
         assert_eq!(first.unwrap(), Outcome::Ran("201 sold".to_owned()));
@@ -177,15 +184,25 @@ lockkit_tests::backend_tests! {
     fn an_owner_that_overruns_its_lease_is_rolled_back(db) {
         prepare!(db);
         let keys = Idempotency { lease: Duration::from_millis(100), ..Idempotency::default() };
+        // The slow owner has its key when the fast one starts, past the
+        // lease, and goes on a while after that, however late either thread
+        // runs.
+        let (claimed, has_claimed) = std::sync::mpsc::channel();
+        let (starts, fast_starts) = std::sync::mpsc::channel::<()>();
         let (slow, fast) = thread::scope(|s| {
-            let slow = s.spawn(|| {
+            let (keys, db) = (&keys, &db);
+            let slow = s.spawn(move || {
                 keys.run(&mut db.conn(), "tenant-1", "k", "fp", |conn| {
                     let out = sell_one(conn);
-                    thread::sleep(Duration::from_millis(600));
+                    claimed.send(()).unwrap();
+                    fast_starts.recv().unwrap();
+                    thread::sleep(Duration::from_millis(300));
                     out
                 })
             });
+            has_claimed.recv().unwrap();
             thread::sleep(Duration::from_millis(300));
+            starts.send(()).unwrap();
             let fast = keys.run(&mut db.conn(), "tenant-1", "k", "fp", sell_one);
             (slow.join().unwrap(), fast)
         });
