@@ -37,26 +37,7 @@ where
     C: TestBackend + lockkit::LockingConnection + lockkit::AsLockingConnection<Conn = C>,
     Item: LockRow<C>,
 {
-    let (locked_tx, locked_rx) = mpsc::channel();
-    thread::scope(|s| {
-        let holder = s.spawn(move || {
-            lockkit::with_lock(
-                &mut db.connect(),
-                1,
-                lockkit::LockOptions::default(),
-                |_, _: Item| {
-                    locked_tx.send(()).unwrap();
-                    thread::sleep(hold);
-                    Ok::<_, lockkit::Error>(())
-                },
-            )
-            .unwrap();
-        });
-        locked_rx.recv().unwrap();
-        let out = during();
-        holder.join().unwrap();
-        out
-    })
+    item_1_held(db, Some(hold), during)
 }
 
 /// Holds `with_lock` on items row 1 (SQLite: the database's write lock) on another
@@ -64,6 +45,16 @@ where
 /// runs once the lock is held. For calls that must fail on the held row: the
 /// holder never lets go before they reach it, however slow the machine.
 fn while_item_1_locked<C, T>(db: &TestDb<C>, during: impl FnOnce() -> T) -> T
+where
+    C: TestBackend + lockkit::LockingConnection + lockkit::AsLockingConnection<Conn = C>,
+    Item: LockRow<C>,
+{
+    item_1_held(db, None, during)
+}
+
+/// Item 1 held on another connection while `during` runs: for `hold`, or
+/// (`None`) until `during` has returned.
+fn item_1_held<C, T>(db: &TestDb<C>, hold: Option<Duration>, during: impl FnOnce() -> T) -> T
 where
     C: TestBackend + lockkit::LockingConnection + lockkit::AsLockingConnection<Conn = C>,
     Item: LockRow<C>,
@@ -78,8 +69,11 @@ where
                 lockkit::LockOptions::default(),
                 |_, _: Item| {
                     locked_tx.send(()).unwrap();
-                    // A message, or the sender dropped by a panic in `during`.
-                    let _ = release_rx.recv();
+                    match hold {
+                        Some(hold) => thread::sleep(hold),
+                        // A message, or the sender dropped by a panic in `during`.
+                        None => drop(release_rx.recv()),
+                    }
                     Ok::<_, lockkit::Error>(())
                 },
             )
