@@ -474,4 +474,53 @@ mod asynchronous {
         assert_eq!(AtomicU32::load(&runs, Ordering::SeqCst), 2);
         assert_eq!(stock(&mut db.conn()), 8);
     }
+
+    /// As `on_a_session_not_known_read_only_a_refusal_fails_the_call_once`
+    /// and `a_write_refused_after_the_work_committed_itself_is_not_run_again`:
+    /// on a session made read-only in SQL (not known), and on one made so
+    /// through lockkit after a `COMMIT` of the work's, the refusal fails the
+    /// call as `ReadOnly`, run once, also where the work let it go.
+    #[tokio::test]
+    async fn a_refusal_that_may_follow_a_commit_fails_once_on_async() {
+        let db = TestDb::<MysqlConnection>::new("ro_session_async_commit");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut expected = 10;
+        for known in [false, true] {
+            for swallowed in [false, true] {
+                let mut conn = match known {
+                    true => read_only(&db).await,
+                    false => {
+                        let mut conn = AsyncMysqlConnection::establish(&db.url).await.unwrap();
+                        conn.batch_execute("SET SESSION TRANSACTION READ ONLY")
+                            .await
+                            .unwrap();
+                        conn
+                    }
+                };
+                let runs = AtomicU32::new(0);
+                let outcome = lockkit::asynchronous::transaction_with_retry(
+                    &mut conn,
+                    &RetryPolicy::immediate(3),
+                    async |c| {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        take_one(c).await?;
+                        c.batch_execute("COMMIT").await?;
+                        match (take_one(c).await, swallowed) {
+                            (Err(_), true) => Ok(0),
+                            (outcome, _) => outcome,
+                        }
+                    },
+                )
+                .await;
+                let case = format!("known {known}, swallowed {swallowed}");
+                assert!(
+                    matches!(outcome, Err(Error::ReadOnly)),
+                    "{case}: {outcome:?}"
+                );
+                assert_eq!(AtomicU32::load(&runs, Ordering::SeqCst), 1, "{case}");
+                expected -= 1;
+                assert_eq!(stock(&mut db.conn()), expected, "{case}");
+            }
+        }
+    }
 }
