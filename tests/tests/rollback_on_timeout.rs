@@ -10,9 +10,9 @@
 
 #![cfg(feature = "mysql")]
 
-use std::sync::mpsc;
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
@@ -82,17 +82,106 @@ fn holding<T>(url: &str, hold: &str, at_most: Duration, f: impl FnOnce() -> T) -
     })
 }
 
+/// How long [`holding_through_the_first_wait`] keeps its hold at most when no
+/// statement waits for it and the caller does not return: a bound for a test
+/// gone wrong, far past any wait of 1 s.
+const HOLD_AT_MOST: Duration = Duration::from_secs(60);
+
+/// How often the holder of [`holding_through_the_first_wait`] looks at the
+/// server's lock waits: more slowly than every 100 ms, or InnoDB serves each
+/// look the same copy of its `information_schema` tables.
+const LOOK_EVERY: Duration = Duration::from_millis(150);
+
+/// A statement running on the server: its session and its `QUERY_ID`.
+#[derive(diesel::QueryableByName, Debug, Clone, Copy, PartialEq, Eq)]
+struct Statement {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    session: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    query_id: i64,
+}
+
+/// A statement (of any session) now waiting for a lock `holder`'s session
+/// holds, if there is one.
+fn waiting_for(watcher: &mut MysqlConnection, holder: i64) -> Option<Statement> {
+    diesel::sql_query(format!(
+        "SELECT CAST(p.ID AS SIGNED) AS session, CAST(p.QUERY_ID AS SIGNED) AS query_id \
+           FROM information_schema.INNODB_LOCK_WAITS w \
+           JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id \
+           JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id \
+           JOIN information_schema.PROCESSLIST p ON p.ID = r.trx_mysql_thread_id \
+          WHERE b.trx_mysql_thread_id = {holder} AND p.COMMAND <> 'Sleep' \
+          ORDER BY p.ID LIMIT 1"
+    ))
+    .get_result(watcher)
+    .optional()
+    .unwrap()
+}
+
+/// Whether `statement` is still running (its wait, if it waits, not over).
+fn still_running(watcher: &mut MysqlConnection, statement: Statement) -> bool {
+    let running: i64 = diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(&format!(
+        "(SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+           WHERE ID = {} AND QUERY_ID = {} AND COMMAND <> 'Sleep')",
+        statement.session, statement.query_id
+    )))
+    .get_result(watcher)
+    .unwrap();
+    running > 0
+}
+
+/// Runs `f` while another connection holds what its statements `hold` take,
+/// until the first statement that waits for them has stopped waiting (its
+/// wait of 1 s timed out): then that connection rolls back, and a later
+/// statement finds everything free. The holder lets go earlier when `f`
+/// returns, and after [`HOLD_AT_MOST`] in any case.
+///
+/// However late `f` gets to its first locking statement, that statement waits
+/// its whole 1 s; and the holder watches the server (a connection of its
+/// own), not the clock.
+fn holding_through_the_first_wait<T>(url: &str, hold: &str, f: impl FnOnce() -> T) -> T {
+    let (held_tx, held) = mpsc::channel();
+    let (done, done_rx) = mpsc::channel::<()>();
+    thread::scope(|s| {
+        s.spawn(move || {
+            let mut watcher = connect(url);
+            let mut conn = connect(url);
+            let holder = lockkit::lock_waits::session_id(&mut conn).unwrap();
+            conn.batch_execute(hold).unwrap();
+            held_tx.send(()).unwrap();
+            let deadline = Instant::now() + HOLD_AT_MOST;
+            let mut first = None;
+            while Instant::now() < deadline {
+                if !matches!(
+                    done_rx.recv_timeout(LOOK_EVERY),
+                    Err(RecvTimeoutError::Timeout)
+                ) {
+                    break; // `f` returned
+                }
+                match first {
+                    None => first = waiting_for(&mut watcher, holder),
+                    Some(statement) if !still_running(&mut watcher, statement) => break,
+                    Some(_) => {}
+                }
+            }
+            conn.batch_execute("ROLLBACK").unwrap();
+        });
+        held.recv().unwrap();
+        let out = f();
+        let _ = done.send(()); // the holder may have let go already
+        out
+    })
+}
+
 /// Runs `caller` on a connection of its own while another connection holds
-/// item 2 locked (until `caller` returns, or for 1.5 s: the caller's first wait
-/// times out, a later one finds the row free), then reads item 2's stock and
-/// the order lines on a new connection.
+/// item 2 locked ([`holding_through_the_first_wait`]: until the caller's first
+/// wait for it has timed out, so that a later one finds the row free), then
+/// reads item 2's stock and the order lines on a new connection.
 fn while_item_2_is_held<T>(
     url: &str,
     caller: impl FnOnce(&mut MysqlConnection) -> T,
 ) -> (T, i32, i64) {
-    let out = holding(url, HOLD_ITEM_2, Duration::from_millis(1500), || {
-        caller(&mut connect(url))
-    });
+    let out = holding_through_the_first_wait(url, HOLD_ITEM_2, || caller(&mut connect(url)));
     let mut fresh = connect(url);
     let stock: i32 = items::table
         .find(2)
@@ -530,7 +619,7 @@ fn a_single_write_through_an_enum_with_its_own_instrumentation_that_times_out_un
     for (i, (name, sell)) in sales.into_iter().enumerate() {
         let url = database(&format!("enum_instrumented_retry_{i}"));
         let hold_item_1 = "START TRANSACTION; SELECT id FROM items WHERE id = 1 FOR UPDATE";
-        let outcome = holding(&url, hold_item_1, Duration::from_millis(1500), || {
+        let outcome = holding_through_the_first_wait(&url, hold_item_1, || {
             let mut conn = AnyConnection::Mysql(connect(&url));
             conn.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
             conn.transaction(|conn| {
