@@ -58,6 +58,24 @@ macro_rules! hold_for_an_hour {
     };
 }
 
+/// A `with_lock` on `$conn` like [`hold_for_an_hour!`], dropped once its
+/// closure runs, holding the lock (as a timeout firing there would), however
+/// long it took to get there.
+macro_rules! drop_while_holding {
+    ($conn:expr, $key:expr) => {{
+        let holding = tokio::sync::Notify::new();
+        let call = advisory::with_lock($conn, $key, async |_conn| {
+            holding.notify_one();
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok::<_, Error>(())
+        });
+        tokio::select! {
+            () = holding.notified() => {} // drops the call, holding the lock
+            outcome = call => panic!("the call returned {outcome:?} before it took the lock"),
+        }
+    }};
+}
+
 async_server_tests! {
     async fn with_lock_serializes_a_read_modify_write_that_loses_updates_without_it(db) {
         seed_items(&mut db.conn(), &[(1, 1_000)]);
@@ -198,8 +216,7 @@ async_server_tests! {
         let key = key(&db.url);
         let mut held: Async = async_common::connect(&db.url, BACKEND).await;
         let mut other: Async = async_common::connect(&db.url, BACKEND).await;
-        let dropped = tokio::time::timeout(Duration::from_millis(200), hold_for_an_hour!(&mut held, key)).await;
-        assert!(dropped.is_err());
+        drop_while_holding!(&mut held, key);
         assert!(!lock_is_free(&mut other, key).await, "the abandoned session still holds the lock");
         let err = lockkit::asynchronous::locked_transaction(&mut held, LockOptions::default(), async |_| Ok::<_, Error>(()))
             .await
@@ -216,15 +233,7 @@ async_server_tests! {
         let db_key = key(&db.url);
         seed_items(&mut db.conn(), &[(1, 10)]);
         let mut held: Async = async_common::connect(&db.url, BACKEND).await;
-        let dropped = tokio::time::timeout(
-            Duration::from_millis(200),
-            lockkit::asynchronous::locked_transaction(&mut held, LockOptions::default(), async |_conn: &mut Async| {
-                tokio::time::sleep(Duration::from_secs(5)).await;
-                Ok::<_, Error>(())
-            }),
-        )
-        .await;
-        assert!(dropped.is_err(), "the call was dropped in its work");
+        async_common::drop_a_call_in_its_work(&mut held).await;
         let locked = advisory::with_lock(&mut held, db_key, async |conn: &mut Async| {
             diesel::update(lockkit_tests::schema::items::table.find(1))
                 .set(lockkit_tests::schema::items::stock.eq(9))

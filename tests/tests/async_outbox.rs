@@ -83,16 +83,19 @@ async_backend_tests! {
         let relay = Relay::default();
         {
             let mut conn = pool.get().await.unwrap();
-            let dropped = tokio::time::timeout(
-                Duration::from_millis(500),
-                outbox::publish_batch(&relay, &mut *conn, 5, async |batch: &[OutboxMessage]| {
-                    sink.take(batch);
-                    tokio::time::sleep(Duration::from_secs(60)).await;
-                    Ok::<_, Error>(vec![Ok(()); batch.len()])
-                }),
-            )
-            .await;
-            assert!(dropped.is_err());
+            // Dropped once the broker has the batch (as a timeout firing
+            // then would), however long the step took to get there.
+            let handed = tokio::sync::Notify::new();
+            let step = outbox::publish_batch(&relay, &mut *conn, 5, async |batch: &[OutboxMessage]| {
+                sink.take(batch);
+                handed.notify_one();
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                Ok::<_, Error>(vec![Ok(()); batch.len()])
+            });
+            tokio::select! {
+                () = handed.notified() => {} // drops the step
+                outcome = step => panic!("the relay step returned {outcome:?} before it was dropped"),
+            }
         }
         assert_eq!(sink.deliveries().len(), 5, "the broker got the dropped batch");
 

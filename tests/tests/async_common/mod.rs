@@ -286,23 +286,26 @@ impl RowHolder {
 /// locks it held.
 pub const FREED_WITHIN: Duration = Duration::from_secs(10);
 
-/// A lockkit call on `conn` given up on in its work (a timeout fired): its
-/// transaction stays open on the server, and the connection is marked broken.
+/// A lockkit call on `conn` given up on in its work (as a timeout firing
+/// there would): its transaction stays open on the server, and the
+/// connection is marked broken. The work says when it has begun; the call
+/// is dropped then, however long it took to get there.
 #[allow(dead_code)]
 pub async fn drop_a_call_in_its_work<A: AsyncLockingConnection>(conn: &mut A) {
-    let dropped = tokio::time::timeout(
-        Duration::from_millis(200),
-        lockkit::asynchronous::locked_transaction(
-            conn,
-            LockOptions::default(),
-            async |_conn: &mut A| {
-                tokio::time::sleep(Duration::from_secs(5)).await;
-                Ok::<_, Error>(())
-            },
-        ),
-    )
-    .await;
-    assert!(dropped.is_err(), "the call was dropped in its work");
+    let in_its_work = tokio::sync::Notify::new();
+    let call = lockkit::asynchronous::locked_transaction(
+        conn,
+        LockOptions::default(),
+        async |_conn: &mut A| {
+            in_its_work.notify_one();
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok::<_, Error>(())
+        },
+    );
+    tokio::select! {
+        () = in_its_work.notified() => {} // drops the call, in its work
+        outcome = call => panic!("the call returned {outcome:?} before it was dropped in its work"),
+    }
 }
 
 /// Asks `free` every 5 ms until it says the lock is free; how long that took.
