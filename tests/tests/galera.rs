@@ -375,11 +375,10 @@ fn node_1_sees_node_2s_10(cluster: &Cluster) -> Result<(), Error> {
 fn with_lock_on_another_node_does_not_wait_and_the_later_commit_fails_retryably() {
     let cluster = Cluster::with_hot_item("commit_abort");
     let (node_1, (node_2, waited)) = node_2_adds_10_while_node_1_holds_row_1(&cluster, |_| Ok(()));
+    // No bound on `waited`: node 1 holds the row until node 2's call has
+    // returned, so a node 2 that waited for node 1's lock would fail with
+    // its lock timeout (5 s), not lock, write and commit.
     node_2.expect("node 2 locks, writes and commits while node 1 holds the row");
-    assert!(
-        waited < Duration::from_secs(2),
-        "node 2 waited {waited:?} for node 1's lock"
-    );
     let err = node_1.expect_err("node 1's COMMIT after node 2's must fail");
     assert!(matches!(err, Error::Deadlock), "{err:?}");
     assert!(err.is_retryable());

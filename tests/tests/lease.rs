@@ -255,21 +255,36 @@ fn read_pause_write<C: Docs>(
 /// TTL, so holders overlap), and writes back its read plus one through a fenced
 /// write, with its fence. The counter must end equal to the writes that landed,
 /// and no write may find a newer holder's fence in the row it overwrites.
+///
+/// The threads contend for at least 2.5 s, and on until the run proves
+/// something (writes landed, holders overlapped, a late write was refused),
+/// for at most a minute: a loaded machine may take longer to get there.
 fn contend<S: LeaseStore, C: Docs>(store: impl Fn() -> S + Sync, data: impl Fn() -> C + Sync) {
     const THREADS: usize = 6;
     let ttl = Duration::from_millis(30);
-    let deadline = Instant::now() + Duration::from_millis(2500);
+    let started = Instant::now();
+    let (at_least, at_most) = (Duration::from_millis(2500), Duration::from_secs(60));
     let landed = AtomicI64::new(0);
     let refused = AtomicUsize::new(0);
     let older_after_newer = AtomicUsize::new(0);
     let believers = AtomicUsize::new(0);
     let most_believers = AtomicUsize::new(0);
     let others = Mutex::new(Vec::new());
+    // Whether the run has shown enough: the last three assertions below hold.
+    let enough = || {
+        landed.load(Ordering::SeqCst) >= 10
+            && refused.load(Ordering::SeqCst) > 0
+            && most_believers.load(Ordering::SeqCst) >= 2
+    };
+    let go_on = || {
+        let elapsed = started.elapsed();
+        elapsed < at_least || (elapsed < at_most && !enough())
+    };
     thread::scope(|s| {
         for _ in 0..THREADS {
             s.spawn(|| {
                 let (mut store, mut data) = (store(), data());
-                while Instant::now() < deadline {
+                while go_on() {
                     let held = match lease::acquire(&mut store, "counter", ttl) {
                         Ok(held) => held,
                         Err(Error::Busy) => {

@@ -615,29 +615,36 @@ mod an_enqueue_beside_a_relay {
     use lockkit_tests::db::TestBackend;
     use lockkit_tests::TestDb;
     use std::sync::mpsc;
-    use std::time::Instant;
+
+    /// How long the relay's broker takes at most to answer: a bound for a
+    /// test gone wrong, since it answers as soon as the order is done.
+    const BROKER_AT_MOST: Duration = Duration::from_secs(30);
 
     /// Enqueues one message, then runs `order` on a connection of its own
-    /// while a relay, on another, holds that message's batch for `broker`
-    /// before its broker answers: confirmed when `confirms`, else timed out.
+    /// while a relay, on another, holds that message's batch before its
+    /// broker answers: confirmed when `confirms`, else timed out. The broker
+    /// answers once `order` is done, or after [`BROKER_AT_MOST`]. What `order`
+    /// returned, and whether it was done before the broker answered: while
+    /// the relay still held its batch, so without waiting for it.
     fn beside_a_relay_waiting_on_its_broker<C, T>(
         db: &TestDb<C>,
-        broker: Duration,
         confirms: bool,
         order: impl FnOnce(&mut C) -> T,
-    ) -> T
+    ) -> (T, bool)
     where
         C: TestBackend + lockkit::AsLockingConnection,
         C::Conn: outbox::OutboxStore,
     {
         enqueue_many(&mut db.connect(), 1);
         let (claimed, claimed_rx) = mpsc::channel();
+        let (done, done_rx) = mpsc::channel::<()>();
         thread::scope(|s| {
             let relay = s.spawn(move || {
+                let mut order_done_first = false;
                 Relay::default()
                     .publish_batch(&mut db.connect(), 10, |batch| {
                         claimed.send(()).unwrap();
-                        thread::sleep(broker);
+                        order_done_first = done_rx.recv_timeout(BROKER_AT_MOST).is_ok();
                         let answer = if confirms {
                             Ok(())
                         } else {
@@ -645,49 +652,51 @@ mod an_enqueue_beside_a_relay {
                         };
                         Ok::<_, Error>(vec![answer; batch.len()])
                     })
-                    .unwrap()
+                    .unwrap();
+                order_done_first
             });
             claimed_rx.recv().unwrap();
             let outcome = order(&mut db.connect());
-            relay.join().unwrap();
-            outcome
+            let _ = done.send(());
+            (outcome, relay.join().unwrap())
         })
     }
 
     lockkit_tests::server_tests! {
         fn an_enqueue_does_not_wait_for_a_relay_waiting_on_its_broker(db) {
             db.conn().run_pending_migrations(outbox_migrations(BACKEND)).unwrap();
-            // The broker is slow to confirm.
-            let waited = beside_a_relay_waiting_on_its_broker(&db, Duration::from_millis(1500), true, |conn| {
-                let started = Instant::now();
+            // The broker is slow to confirm: it confirms only once the order is
+            // done. An order that waited for the relay would be done only after
+            // the broker gave up waiting for it, whatever the time either took;
+            // so no bound on the order's time.
+            let ((), done_first) = beside_a_relay_waiting_on_its_broker(&db, true, |conn| {
                 conn.transaction(|c| outbox::enqueue(c, "orders", r#"{"order":2}"#)).unwrap();
-                started.elapsed()
             });
-            assert!(waited < Duration::from_millis(500), "the order's transaction waited {waited:?} for the relay's broker");
+            assert!(done_first, "the order's transaction waited {BROKER_AT_MOST:?} for the relay's broker");
         }
     }
 
-    /// The same on MySQL/MariaDB, with the broker away longer than the order
-    /// service's lock wait timeout (here 1 s; InnoDB's default is 50 s): the
-    /// order fails, although it shares no row with the relay's batch.
+    /// The same on MySQL/MariaDB, with the broker away until the order is
+    /// done, so longer than the order service's lock wait timeout (here 1 s;
+    /// InnoDB's default is 50 s) if the order waits: it then fails, although
+    /// it shares no row with the relay's batch.
     #[cfg(feature = "mysql")]
     #[test]
     fn an_order_is_not_refused_while_a_relay_waits_for_its_broker() {
         let db =
             crate::mysql_deadlock::database_with("outbox_enqueue_beside_relay", outbox_migrations);
-        // The broker does not answer.
-        let order =
-            beside_a_relay_waiting_on_its_broker(&db, Duration::from_millis(2500), false, |conn| {
-                diesel::connection::SimpleConnection::batch_execute(
-                    conn,
-                    "SET SESSION innodb_lock_wait_timeout = 1",
-                )
-                .unwrap();
-                conn.transaction(|c| {
-                    // .. insert the order ..
-                    outbox::enqueue(c, "orders", r#"{"order":2}"#)
-                })
-            });
+        // The broker does not answer (until the order is done).
+        let (order, _) = beside_a_relay_waiting_on_its_broker(&db, false, |conn| {
+            diesel::connection::SimpleConnection::batch_execute(
+                conn,
+                "SET SESSION innodb_lock_wait_timeout = 1",
+            )
+            .unwrap();
+            conn.transaction(|c| {
+                // .. insert the order ..
+                outbox::enqueue(c, "orders", r#"{"order":2}"#)
+            })
+        });
         assert!(order.is_ok(), "the order: {order:?}");
     }
 }

@@ -112,26 +112,59 @@ fn written_while_replay_is_paused(db: &TestReplicas) -> (ReplayPaused, Lsn) {
 
 #[test]
 fn a_read_waits_for_the_replica_to_replay_the_write() {
+    use diesel::connection::InstrumentationEvent;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{mpsc, Arc};
     let db = TestReplicas::new("read_waits");
     let (paused, written) = written_while_replay_is_paused(&db);
     let mut replica = db.standby();
-    let route = thread::scope(|s| {
-        s.spawn(move || {
-            thread::sleep(Duration::from_millis(300));
-            paused.resume();
+    // Each look of the route at the replica's replay, counted and signalled.
+    let looks = Arc::new(AtomicUsize::new(0));
+    let (looked_tx, looked) = mpsc::channel();
+    {
+        let looks = looks.clone();
+        replica.set_instrumentation(move |event: InstrumentationEvent<'_>| {
+            if let InstrumentationEvent::FinishQuery { query, .. } = event {
+                if query.to_string().contains("pg_last_wal_replay_lsn") {
+                    looks.fetch_add(1, Ordering::SeqCst);
+                    let _ = looked_tx.send(());
+                }
+            }
         });
-        replica::route(
+    }
+    let (route, done, resumed_at) = thread::scope(|s| {
+        let resumer = s.spawn(move || {
+            // Once the route has found the replay behind (it is paused), and
+            // so waits for it, however late the route began.
+            looked
+                .recv_timeout(Duration::from_secs(30))
+                .expect("the route looked at the replica");
+            let resumed_at = Instant::now();
+            paused.resume();
+            resumed_at
+        });
+        let route = replica::route(
             &mut replica,
             Some(written),
             Policy::WaitThenPrimary(Duration::from_secs(10)),
         )
-        .unwrap()
+        .unwrap();
+        (route, Instant::now(), resumer.join().unwrap())
     });
     let Route::Replica { waited } = route else {
         panic!("expected the replica, got {route:?}");
     };
-    // Replay resumed 300 ms after the wait began (less the time to start it).
-    assert!(waited >= Duration::from_millis(100), "{waited:?}");
+    // The route found the replay behind, and returned only after replay
+    // resumed, at a later look: it waited for the replay.
+    let looks = looks.load(Ordering::SeqCst);
+    assert!(
+        looks >= 2,
+        "the route went to the replica after {looks} look(s)"
+    );
+    assert!(
+        done >= resumed_at,
+        "released before replay resumed ({waited:?})"
+    );
     assert!(waited < Duration::from_secs(5), "{waited:?}");
     assert_eq!(stock(&mut replica), 9);
 }
