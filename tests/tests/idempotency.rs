@@ -56,24 +56,33 @@ lockkit_tests::backend_tests! {
             })
         };
         // The first request holds the key until the two repeats that do not
-        // wait it out have returned, however late their threads run.
-        let repeats_returned = Barrier::new(3);
-        let returned = |outcome| {
-            repeats_returned.wait();
-            outcome
-        };
+        // wait it out have returned (or died: a repeat that ran the work
+        // panics), however late their threads run; 30 s at most.
+        let (returned, repeats_returned) = std::sync::mpsc::channel::<()>();
         let (first, waited, gave_up, refused) = thread::scope(|s| {
-            let first = s.spawn(|| {
+            let (db, first_holds_the_key) = (&db, &first_holds_the_key);
+            let first = s.spawn(move || {
                 let mut conn = db.conn();
                 Idempotency::default().run(&mut conn, "tenant-1", "order-9", "POST /orders qty=1", |conn| {
                     first_holds_the_key.wait();
-                    repeats_returned.wait();
+                    for _ in 0..2 {
+                        let _ = repeats_returned.recv_timeout(Duration::from_secs(30));
+                    }
                     sell_one(conn)
                 })
             });
             let waited = s.spawn(|| repeat(&patient));
-            let gave_up = s.spawn(|| returned(repeat(&brief)));
-            let refused = s.spawn(|| returned(repeat(&impatient)));
+            let (to_first, repeat) = (returned.clone(), &repeat);
+            let gave_up = s.spawn(move || {
+                let outcome = repeat(&brief);
+                let _ = to_first.send(());
+                outcome
+            });
+            let refused = s.spawn(move || {
+                let outcome = repeat(&impatient);
+                let _ = returned.send(());
+                outcome
+            });
             (first.join().unwrap(), waited.join().unwrap(), gave_up.join().unwrap(), refused.join().unwrap())
         });
         assert_eq!(first.unwrap(), Outcome::Ran("201 sold".to_owned()));

@@ -291,17 +291,18 @@ lockkit_tests::backend_tests! {
         assert_eq!(holds.len(), 3, "{holds:?}");
         assert!(holds[0] >= 0.650, "{holds:?}");
         assert!(holds[1] >= 0.600, "held to the end of the outer transaction: {holds:?}");
-        assert!(holds[2] < 0.500, "{holds:?}");
+        // The short hold is warned of only if a loaded machine stretched it.
+        let long_holds = holds.iter().filter(|held| **held >= 0.500).count();
         let warnings: Vec<_> = seen
             .events
             .iter()
             .filter(|e| e.level == tracing::Level::WARN && e.message().starts_with("row lock on items 1 held"))
             .collect();
-        assert_eq!(warnings.len(), 2, "{:?}", seen.events);
+        assert_eq!(warnings.len(), long_holds, "{holds:?}: {:?}", seen.events);
         for warning in &warnings {
             assert_eq!((warning.field("table"), warning.field("key")), (Some("items"), Some("1")));
             let held: u64 = warning.field("held_ms").unwrap().parse().unwrap();
-            assert!(held >= 600, "{warning:?}");
+            assert!(held >= 500, "{warning:?}");
             assert!(warning.message().ends_with(&format!("held {held} ms")), "{warning:?}");
         }
     }
@@ -361,6 +362,7 @@ mod servers {
                     waits.into_iter().find(|w| {
                         w.session == sessions.waiter
                             && w.waiting >= long
+                            && !w.blockers.is_empty()
                             && w.blockers.iter().all(|b| b.in_state >= long)
                     })
                 })

@@ -71,8 +71,11 @@ where
                     locked_tx.send(()).unwrap();
                     match hold {
                         Some(hold) => thread::sleep(hold),
-                        // A message, or the sender dropped by a panic in `during`.
-                        None => drop(release_rx.recv()),
+                        // A message, or the sender dropped by a panic in
+                        // `during`; at most 30 s, so that a call that waits
+                        // (PostgreSQL has no lock timeout here) fails instead
+                        // of waiting forever.
+                        None => drop(release_rx.recv_timeout(Duration::from_secs(30))),
                     }
                     Ok::<_, lockkit::Error>(())
                 },
