@@ -69,10 +69,7 @@ macro_rules! drop_while_holding {
             tokio::time::sleep(Duration::from_secs(3600)).await;
             Ok::<_, Error>(())
         });
-        tokio::select! {
-            () = holding.notified() => {} // drops the call, holding the lock
-            outcome = call => panic!("the call returned {outcome:?} before it took the lock"),
-        }
+        async_common::drop_once_reached(&holding, call, "holding the lock").await
     }};
 }
 

@@ -139,19 +139,21 @@ macro_rules! decrement {
 macro_rules! drop_a_decrement_in_its_work {
     ($conn:expr) => {{
         let decremented = tokio::sync::Notify::new();
-        let call = lockkit::asynchronous::with_lock($conn, 1, LockOptions::default(), async |conn, item: Item| {
-            diesel::update(items::table.find(item.id))
-                .set(items::stock.eq(item.stock - 1))
-                .execute(conn)
-                .await?;
-            decremented.notify_one();
-            tokio::time::sleep(Duration::from_secs(3600)).await;
-            Ok::<_, Error>(())
-        });
-        tokio::select! {
-            () = decremented.notified() => {} // drops the call, inside the closure
-            outcome = call => panic!("the call returned {outcome:?} before it was dropped inside the closure"),
-        }
+        let call = lockkit::asynchronous::with_lock(
+            $conn,
+            1,
+            LockOptions::default(),
+            async |conn, item: Item| {
+                diesel::update(items::table.find(item.id))
+                    .set(items::stock.eq(item.stock - 1))
+                    .execute(conn)
+                    .await?;
+                decremented.notify_one();
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                Ok::<_, Error>(())
+            },
+        );
+        async_common::drop_once_reached(&decremented, call, "inside the closure").await
     }};
 }
 
@@ -523,15 +525,8 @@ mod waiting {
         // The holder lets go only once the nested call has been given up on,
         // a while later, so that the enclosing call's rollback comes while
         // the dropped read still waits.
-        let given_up = std::sync::Arc::new(tokio::sync::Notify::new());
-        let release = tokio::spawn({
-            let given_up = given_up.clone();
-            async move {
-                given_up.notified().await;
-                tokio::time::sleep(Duration::from_millis(800)).await;
-                holder.release().await;
-            }
-        });
+        let (given_up, release) =
+            async_common::once_signalled(Duration::from_millis(800), holder.release());
         let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 1).await;
         let mut conn = pool.get().await.unwrap();
         let call = lockkit::asynchronous::locked_transaction(
@@ -1232,15 +1227,10 @@ mod mysql_only {
                 .unwrap();
             // The holder lets go once the work has cut its UPDATE short, so
             // that the UPDATE's reply comes while the call ends.
-            let cut_short = std::sync::Arc::new(tokio::sync::Notify::new());
-            let release = tokio::spawn({
-                let cut_short = cut_short.clone();
-                async move {
-                    cut_short.notified().await;
-                    tokio::time::sleep(Duration::from_millis(300)).await;
+            let (cut_short, release) =
+                async_common::once_signalled(Duration::from_millis(300), async move {
                     holder.batch_execute("ROLLBACK").await.unwrap();
-                }
-            });
+                });
             // Connected before the call ends, so that the check below asks
             // the moment the call returns.
             let mut other: diesel_async::AsyncMysqlConnection =
@@ -1400,15 +1390,10 @@ mod mysql_only {
             .unwrap();
         // The holder lets go only once `lock_all` has been given up on, a
         // while later, so that its reply comes while the transaction ends.
-        let given_up = std::sync::Arc::new(tokio::sync::Notify::new());
-        let releaser = tokio::spawn({
-            let given_up = given_up.clone();
-            async move {
-                given_up.notified().await;
-                tokio::time::sleep(Duration::from_millis(500)).await;
+        let (given_up, releaser) =
+            async_common::once_signalled(Duration::from_millis(500), async move {
                 holder.batch_execute("ROLLBACK").await.unwrap();
-            }
-        });
+            });
         let mut conn: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
         let outcome = lockkit::asynchronous::locked_transaction(
             &mut conn,

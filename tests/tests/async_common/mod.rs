@@ -302,9 +302,48 @@ pub async fn drop_a_call_in_its_work<A: AsyncLockingConnection>(conn: &mut A) {
             Ok::<_, Error>(())
         },
     );
+    drop_once_reached(&in_its_work, call, "in its work").await;
+}
+
+/// Spawns `then`, to run `after` the returned signal is notified (from the
+/// work under test, once it has reached its point), however late that is.
+#[allow(dead_code)]
+pub fn once_signalled<F>(
+    after: Duration,
+    then: F,
+) -> (
+    std::sync::Arc<tokio::sync::Notify>,
+    tokio::task::JoinHandle<F::Output>,
+)
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let signal = std::sync::Arc::new(tokio::sync::Notify::new());
+    let task = tokio::spawn({
+        let signal = signal.clone();
+        async move {
+            signal.notified().await;
+            tokio::time::sleep(after).await;
+            then.await
+        }
+    });
+    (signal, task)
+}
+
+/// Polls `call` until it notifies `reached` (from inside it: its work, the
+/// lock it took), then drops it there, as a timeout firing at that point
+/// would, however long it took to get there. Fails the test if `call`
+/// returns first; `point` names the place in that message.
+#[allow(dead_code)]
+pub async fn drop_once_reached<F>(reached: &tokio::sync::Notify, call: F, point: &str)
+where
+    F: Future,
+    F::Output: std::fmt::Debug,
+{
     tokio::select! {
-        () = in_its_work.notified() => {} // drops the call, in its work
-        outcome = call => panic!("the call returned {outcome:?} before it was dropped in its work"),
+        () = reached.notified() => {} // drops the call at `point`
+        outcome = call => panic!("the call returned {outcome:?} before it was dropped {point}"),
     }
 }
 
