@@ -234,6 +234,53 @@ fn a_nested_call_refused_after_the_work_committed_itself_hands_on_read_only() {
     assert_eq!(stock(&mut db.conn()), 9, "the part before the COMMIT");
 }
 
+/// A lock wait timeout the work let go is an end lockkit is not sure of (on
+/// most servers it ends nothing): a refusal after it, which may follow a
+/// statement of the work that committed the transaction, fails the call as
+/// `ReadOnly`, not as the timeout a retry would take up. Also where lockkit
+/// was told of the session inside the transaction, after such a statement.
+#[test]
+fn a_refusal_after_a_lock_wait_timeout_the_work_let_go_is_not_run_again() {
+    let (db, mut conn) = guarded("ro_session_timeout_commit");
+    exec(&mut conn, "SET SESSION innodb_lock_wait_timeout = 1");
+    let mut holder = db.connect();
+    exec(
+        &mut holder,
+        "START TRANSACTION; SELECT id FROM items WHERE id = 1 FOR UPDATE",
+    );
+    let runs = AtomicU32::new(0);
+    let outcome = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        exec(
+            c,
+            "INSERT INTO items (id, name, stock, lock_version) VALUES (2, 'b', 5, 0)",
+        );
+        let waited = items::table.find(1).for_update().first::<Item>(c);
+        assert!(waited.is_err(), "the row is held: {waited:?}");
+        exec(c, "COMMIT");
+        take_one(c)
+    });
+    exec(&mut holder, "ROLLBACK");
+    assert!(matches!(outcome, Err(Error::ReadOnly)), "{outcome:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let rows: i64 = items::table.count().get_result(&mut db.conn()).unwrap();
+    assert_eq!(rows, 2, "the insert before the COMMIT, once");
+
+    // Told inside a transaction, after a COMMIT it did not see.
+    let mut conn = db.connect();
+    let runs = AtomicU32::new(0);
+    let outcome = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        take_one(c)?;
+        exec(c, "COMMIT");
+        lockkit::read_only_outside_transactions(c)?;
+        take_one(c)
+    });
+    assert!(matches!(outcome, Err(Error::ReadOnly)), "{outcome:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(stock(&mut db.conn()), 9, "the sale before the COMMIT, once");
+}
+
 /// A session made read-only by the user's own SQL, not through lockkit: the
 /// journal learns of it at the server's first refusal there (here a write
 /// outside a transaction), and from then on tells a statement that committed

@@ -23,6 +23,7 @@ use crate::error::{classify, Error};
 ///
 /// The server's refusal of the `SET`, classified as every lockkit error is.
 #[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub async fn read_only_outside_transactions(
     conn: &mut diesel_async::AsyncMysqlConnection,
 ) -> Result<(), Error> {

@@ -459,21 +459,31 @@ impl Aborts {
         kind: DatabaseErrorKind,
         message: &str,
     ) -> Option<(DatabaseErrorKind, String)> {
-        (classification::is_read_only_refusal(kind, message)
+        if !(classification::is_read_only_refusal(kind, message)
             && self.ends == Ends::OnDeadlock
             && self.depth > 0
-            && self.ended_by.is_none()
             && self.reported.is_empty())
-        .then(|| match self.guarded && !self.implicit_commit {
-            true => (
+        {
+            return None;
+        }
+        let trusted = self.guarded && !self.implicit_commit;
+        match (&self.ended_by, trusted) {
+            (None, true) => Some((
                 DatabaseErrorKind::SerializationFailure,
                 SILENT_END.to_owned(),
-            ),
-            false => (
-                DatabaseErrorKind::ReadOnlyTransaction,
-                ENDED_READ_ONLY.to_owned(),
-            ),
-        })
+            )),
+            // Also after an end recorded as not certain (a lock wait timeout
+            // the work let go, which ends nothing on most servers): a
+            // statement since may have committed the transaction, and the
+            // timeout's retry would apply that part twice.
+            (None, false) => Some(read_only_end()),
+            (Some((_, recorded)), false)
+                if self.ended_entry.is_none() && recorded != ENDED_READ_ONLY =>
+            {
+                Some(read_only_end())
+            }
+            (Some(_), _) => None,
+        }
     }
 
     /// Nothing (any more) ended the open transaction: a rollback to a
@@ -630,7 +640,12 @@ impl Aborts {
                         self.guessed = true;
                     }
                     let ends_it = self.depth > 0 && self.ends.by(*kind, message);
-                    if self.depth > 0 && self.ended_by.is_some() {
+                    if self.depth > 0 && self.ended_by.is_some() && message == ENDED_READ_ONLY {
+                        // The refusal replaces an end that was not certain
+                        // ([`Aborts::silent_end`]).
+                        self.ended((*kind, message.to_owned()));
+                        self.failed_after = false;
+                    } else if self.depth > 0 && self.ended_by.is_some() {
                         // Not after a refusal that may follow an implicit
                         // commit (`ENDED_READ_ONLY`): a deadlock then ends
                         // a transaction the work began after the commit,
@@ -1418,6 +1433,15 @@ const ENDED_READ_ONLY: &str = "Cannot execute statement in a READ ONLY transacti
      read-write transaction had ended: a later write ran outside it, on a read-only session, and \
      was refused)";
 
+/// [`ENDED_READ_ONLY`] with the refusal's kind, as [`Aborts::silent_end`]
+/// records it.
+fn read_only_end() -> (DatabaseErrorKind, String) {
+    (
+        DatabaseErrorKind::ReadOnlyTransaction,
+        ENDED_READ_ONLY.to_owned(),
+    )
+}
+
 /// What [`answered`] records for a deadlock that ended the transaction unseen:
 /// InnoDB's words, which [`ended_by`] classifies as a deadlock.
 const UNSEEN_DEADLOCK: &str =
@@ -1616,6 +1640,11 @@ pub(crate) fn ended_unseen<W: Watched>(conn: &mut W) -> Option<u32> {
 pub(crate) fn guard<W: Watched>(conn: &mut W) {
     if let Some(journal) = journal_of(conn) {
         journal.aborts.guarded = true;
+        // Told inside a transaction: the statements before were not looked
+        // at, and any of them may have committed it.
+        if journal.aborts.depth > 0 {
+            journal.aborts.implicit_commit = true;
+        }
     }
 }
 

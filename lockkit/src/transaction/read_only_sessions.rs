@@ -22,7 +22,9 @@ use crate::error::{classify, Error};
 /// SQL, so lockkit does it only on sessions it knows to be read-only: made so
 /// here, or on which its journal saw the server refuse a write. On a session
 /// it does not know, every refusal inside its transactions fails the call
-/// with [`Error::ReadOnly`], run once: safe, but not retried.
+/// with [`Error::ReadOnly`], run once: safe, but not retried. Called inside a
+/// transaction, it takes that transaction for one that may have committed
+/// itself (it did not look at its statements), and the same holds there.
 ///
 /// Every write on the session must then run in lockkit's transactions
 /// (README, "Galera", lists the calls that write outside one). Call this
@@ -50,6 +52,7 @@ use crate::error::{classify, Error};
 ///
 /// The server's refusal of the `SET`, classified as every lockkit error is.
 #[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub fn read_only_outside_transactions(conn: &mut diesel::MysqlConnection) -> Result<(), Error> {
     use diesel::connection::SimpleConnection;
     conn.batch_execute(SET_READ_ONLY).map_err(classify)?;
