@@ -95,8 +95,8 @@
 //! asked only then): it sends no `COMMIT`,
 //! marks the connection broken for its pool to close, ends the outermost
 //! transaction with a `ROLLBACK`, whose own reply comes after the unread ones
-//! (it probes until a probe's own comes back, so that the transaction's locks
-//! are gone when it returns), and fails: the work's error,
+//! (it probes until a probe's own comes back, up to 64 times, so that the
+//! transaction's locks are gone when it returns), and fails: the work's error,
 //! or for `Ok` `BrokenTransactionManager`. A statement the work sent after
 //! the cut-short one has read that reply as its own (a lockkit write then
 //! opens no stand-in, and a nested lockkit call refuses to begin): do not go
