@@ -177,7 +177,7 @@ use lockkit::RetryPolicy;
 
 pub use error::ShopError;
 pub use lockkit_tests::support::Backend;
-pub use report::{format_table, Report};
+pub use report::{format_table, Report, Tally};
 
 /// The primary key of the one item on sale in the single-item strategies (the
 /// basket strategies sell items `1..=`[`Config::items`]).

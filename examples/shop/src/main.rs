@@ -171,7 +171,7 @@ lockkit metrics:"
                 "\nBUG: {} lost {} units (lowest stock {}), but it must never lose an update",
                 report.strategy,
                 report.oversold(),
-                report.lowest_stock
+                report.tally.lowest_stock
             );
         } else {
             println!(

@@ -22,22 +22,8 @@ pub struct Report {
     pub items: usize,
     /// Stock at the start, all items together.
     pub initial_stock: i64,
-    /// Accepted orders: rows in `orders` for a single-item strategy, distinct
-    /// `basket_id`s (whole baskets) for a basket strategy.
-    pub orders: i64,
-    /// Units sold (sum of `orders.qty`).
-    pub units_sold: i64,
-    /// Stock left at the end, all items together.
-    pub final_stock: i64,
-    /// The smallest stock left of any one item (negative would be a bug).
-    pub lowest_stock: i64,
-    /// Rows in `orders`: one per item sold (a basket has one per line).
-    pub order_lines: i64,
-    /// How often the items' versions moved (sum of `lock_version`). Every
-    /// strategy but `naive` moves the version of each item it sells, so that
-    /// a versioned writer that read the item before (an edit form) is refused
-    /// instead of writing the old stock back.
-    pub version_moves: i64,
+    /// What the database holds after the run.
+    pub tally: Tally,
     /// Writes that lost a race and were refused: stale version-checked writes
     /// (`optimistic`) or rows found locked under `NOWAIT` (`nowait`).
     pub conflicts: u64,
@@ -54,18 +40,40 @@ pub struct Report {
     pub note: Option<String>,
 }
 
+/// What the database holds after a [`run`](crate::run), counted once all
+/// buyers finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    /// Accepted orders: rows in `orders` for a single-item strategy, distinct
+    /// `basket_id`s (whole baskets) for a basket strategy.
+    pub orders: i64,
+    /// Units sold (sum of `orders.qty`).
+    pub units_sold: i64,
+    /// Stock left at the end, all items together.
+    pub final_stock: i64,
+    /// The smallest stock left of any one item (negative would be a bug).
+    pub lowest_stock: i64,
+    /// Rows in `orders`: one per item sold (a basket has one per line).
+    pub order_lines: i64,
+    /// How often the items' versions moved (sum of `lock_version`). Every
+    /// strategy but `naive` moves the version of each item it sells, so that
+    /// a versioned writer that read the item before (an edit form) is refused
+    /// instead of writing the old stock back.
+    pub version_moves: i64,
+}
+
 impl Report {
     /// Units sold that were never in stock: `units_sold + final_stock -
     /// initial_stock`. Every lost update adds the quantity it overwrote; 0 means the
     /// stock and the orders agree.
     pub fn oversold(&self) -> i64 {
-        self.units_sold + self.final_stock - self.initial_stock
+        self.tally.units_sold + self.tally.final_stock - self.initial_stock
     }
 
     /// Whether stock and orders agree (`oversold() == 0`) and no item's stock is
     /// negative.
     pub fn is_consistent(&self) -> bool {
-        self.oversold() == 0 && self.lowest_stock >= 0
+        self.oversold() == 0 && self.tally.lowest_stock >= 0
     }
 }
 
@@ -98,10 +106,10 @@ pub fn format_table(reports: &[Report]) -> String {
             [
                 r.strategy.to_string(),
                 r.items.to_string(),
-                r.orders.to_string(),
+                r.tally.orders.to_string(),
                 r.initial_stock.to_string(),
-                r.units_sold.to_string(),
-                r.final_stock.to_string(),
+                r.tally.units_sold.to_string(),
+                r.tally.final_stock.to_string(),
                 r.oversold().to_string(),
                 r.conflicts.to_string(),
                 r.deadlocks.to_string(),
@@ -155,12 +163,14 @@ mod tests {
             buyers: 8,
             items: 1,
             initial_stock: 100,
-            orders: sold / 2,
-            units_sold: sold,
-            final_stock: left,
-            lowest_stock: left,
-            order_lines: sold / 2,
-            version_moves: sold / 2,
+            tally: Tally {
+                orders: sold / 2,
+                units_sold: sold,
+                final_stock: left,
+                lowest_stock: left,
+                order_lines: sold / 2,
+                version_moves: sold / 2,
+            },
             conflicts: 12,
             deadlocks: 0,
             retries: 10,
@@ -176,10 +186,8 @@ mod tests {
         assert_eq!(report(Strategy::Naive, 90, 25).oversold(), 15);
         assert!(report(Strategy::Optimistic, 100, 0).is_consistent());
         assert!(report(Strategy::Optimistic, 97, 3).is_consistent());
-        let negative = Report {
-            lowest_stock: -2,
-            ..report(Strategy::BasketLockAll, 100, 0)
-        };
+        let mut negative = report(Strategy::BasketLockAll, 100, 0);
+        negative.tally.lowest_stock = -2;
         assert!(!negative.is_consistent());
     }
 

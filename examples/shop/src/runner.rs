@@ -101,19 +101,13 @@ pub(crate) fn run_on(url: &str, strategy: Strategy, config: &Config) -> Result<R
         counters += result.map_err(|_| ShopError::Panicked("buyer"))??;
     }
 
-    let tally = strategies::tally(&mut *pool.get()?)?;
     Ok(Report {
         strategy,
         backend,
         buyers: config.buyers,
         items,
         initial_stock: i64::from(config.stock) * i64::from(items_i32),
-        orders: tally.orders,
-        units_sold: tally.units_sold,
-        final_stock: tally.final_stock,
-        lowest_stock: tally.lowest_stock,
-        order_lines: tally.order_lines,
-        version_moves: tally.version_moves,
+        tally: strategies::tally(&mut *pool.get()?)?,
         conflicts: counters.conflicts,
         deadlocks: counters.deadlocks,
         retries: counters.retries,

@@ -24,7 +24,7 @@ use lockkit_tests::support::{AnyConnection, Migrations};
 
 use crate::models::{Item, NewOrder};
 use crate::schema::{items, orders};
-use crate::{Backend, Config, ShopError, Strategy};
+use crate::{Backend, Config, ShopError, Strategy, Tally};
 
 /// What one purchase attempt came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,18 +75,6 @@ impl AddAssign for Counters {
         self.retries += other.retries;
         self.exhausted += other.exhausted;
     }
-}
-
-/// What the database holds after a run: the [`Report`](crate::Report) fields
-/// of the same names, which say what each one counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Tally {
-    pub orders: i64,
-    pub units_sold: i64,
-    pub final_stock: i64,
-    pub lowest_stock: i64,
-    pub order_lines: i64,
-    pub version_moves: i64,
 }
 
 /// The fresh (locked) row of each line's item, in the basket's order. `rows` may

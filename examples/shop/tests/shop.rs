@@ -52,7 +52,7 @@ fn one_item(url: &str) {
         "8 buyers with a 5 ms race window must lose updates:\n{table}"
     );
     assert!(
-        naive.units_sold > naive.initial_stock - naive.final_stock,
+        naive.tally.units_sold > naive.initial_stock - naive.tally.final_stock,
         "{table}"
     );
 
@@ -69,7 +69,7 @@ fn one_item(url: &str) {
             (0, 0, 0),
             "{table}"
         );
-        assert_eq!(report.final_stock, 0, "the stock sells out:\n{table}");
+        assert_eq!(report.tally.final_stock, 0, "the stock sells out:\n{table}");
     }
 
     // Racing for the row, the strategies that retry meet conflicts.
@@ -114,7 +114,7 @@ fn baskets(url: &str) {
         assert_eq!(report.initial_stock, 4 * 40, "{table}");
         assert_eq!(report.conflicts, 0, "{table}");
         assert!(
-            report.units_sold >= 2 * report.orders,
+            report.tally.units_sold >= 2 * report.tally.orders,
             "every basket holds at least 2 units:\n{table}"
         );
     }
@@ -147,26 +147,26 @@ fn baskets(url: &str) {
 fn check_consistent(report: &Report, table: &str) {
     assert_eq!(report.oversold(), 0, "{table}");
     assert_eq!(
-        report.units_sold + report.final_stock,
+        report.tally.units_sold + report.tally.final_stock,
         report.initial_stock,
         "{table}"
     );
-    assert!(report.final_stock >= 0, "{table}");
+    assert!(report.tally.final_stock >= 0, "{table}");
     assert!(
-        report.lowest_stock >= 0,
+        report.tally.lowest_stock >= 0,
         "no item may go below zero:\n{table}"
     );
     assert!(report.is_consistent(), "{table}");
-    assert!(report.orders > 0, "{table}");
+    assert!(report.tally.orders > 0, "{table}");
     // Each sale moved its item's version: an edit form (a versioned writer)
     // that read the item before it is refused, and cannot put the old stock
     // back.
     assert!(
-        report.version_moves >= report.order_lines,
+        report.tally.version_moves >= report.tally.order_lines,
         "{}: {} of {} sales left the version where it was:\n{table}",
         report.strategy,
-        report.order_lines - report.version_moves,
-        report.order_lines
+        report.tally.order_lines - report.tally.version_moves,
+        report.tally.order_lines
     );
 }
 
