@@ -58,6 +58,46 @@ macro_rules! hold_for_an_hour {
     };
 }
 
+/// A count of sessions waiting, as the server reports it.
+#[derive(diesel::QueryableByName)]
+struct Waiting {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+}
+
+/// Returns once the server shows session `$session` waiting for an advisory
+/// lock, as `$conn` (another session) sees it. Fails the test after 30 s.
+macro_rules! waits_for_an_advisory_lock {
+    ($conn:expr, $session:expr) => {
+        async {
+            let sql = if BACKEND == "postgres" {
+                "SELECT COUNT(*) AS n FROM pg_locks \
+                 WHERE locktype = 'advisory' AND NOT granted AND pid = $1"
+            } else {
+                "SELECT COUNT(*) AS n FROM information_schema.processlist \
+                 WHERE state = 'User lock' AND id = ?"
+            };
+            let started = Instant::now();
+            loop {
+                let waiting: Waiting = diesel::sql_query(sql)
+                    .bind::<diesel::sql_types::BigInt, _>($session)
+                    .get_result($conn)
+                    .await
+                    .unwrap();
+                if waiting.n > 0 {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "session {} never waited for the lock",
+                    $session
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+}
+
 /// A `with_lock` on `$conn` like [`hold_for_an_hour!`], dropped once its
 /// closure runs, holding the lock (as a timeout firing there would), however
 /// long it took to get there.
@@ -130,10 +170,9 @@ async_server_tests! {
         let key = key(&db.url);
         let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 1).await;
         let mut other: Async = async_common::connect(&db.url, BACKEND).await;
-        // Dropped by a timeout, inside the closure.
+        // Dropped inside the closure, as a timeout firing there would.
         let mut conn = pool.get().await.unwrap();
-        let dropped = tokio::time::timeout(Duration::from_millis(200), hold_for_an_hour!(&mut *conn, key)).await;
-        assert!(dropped.is_err(), "the future was dropped while it held the lock");
+        drop_while_holding!(&mut *conn, key);
         assert!(broken(&mut *conn), "the connection is marked broken");
         drop(conn);
         let mut next = pool.get().await.unwrap();
@@ -169,8 +208,7 @@ async_server_tests! {
         let pool = async_common::deadpool_pool::<Async>(&db.url, BACKEND, 1);
         let mut other: Async = async_common::connect(&db.url, BACKEND).await;
         let mut conn = pool.get().await.unwrap();
-        let dropped = tokio::time::timeout(Duration::from_millis(200), hold_for_an_hour!(&mut *conn, key)).await;
-        assert!(dropped.is_err());
+        drop_while_holding!(&mut *conn, key);
         drop(conn);
         let mut next = pool.get().await.unwrap();
         lock_freed(&mut *next, key).await;
@@ -198,8 +236,13 @@ async_server_tests! {
         });
         locked_rx.await.unwrap();
         let mut conn = pool.get().await.unwrap();
-        let dropped = tokio::time::timeout(Duration::from_millis(200), hold_for_an_hour!(&mut *conn, key)).await;
-        assert!(dropped.is_err(), "the call waited for the lock");
+        let session = lockkit::asynchronous::lock_waits::session_id(&mut *conn).await.unwrap();
+        // Dropped once the server shows it waiting, however long it took to
+        // get there.
+        tokio::select! {
+            () = waits_for_an_advisory_lock!(&mut other, session) => {}
+            outcome = hold_for_an_hour!(&mut *conn, key) => panic!("the call returned {outcome:?} while the lock was held"),
+        }
         assert!(broken(&mut *conn));
         drop(conn);
         release_tx.send(()).unwrap();
@@ -398,20 +441,18 @@ mod postgres_transaction_locks {
         let mut other: diesel_async::AsyncPgConnection =
             async_common::connect(&db.url, "postgres").await;
         let mut conn = pool.get().await.unwrap();
-        let dropped = tokio::time::timeout(
-            Duration::from_millis(200),
-            lockkit::asynchronous::locked_transaction(
-                &mut *conn,
-                LockOptions::default(),
-                async |conn| {
-                    advisory::xact_lock(conn, key).await?;
-                    tokio::time::sleep(Duration::from_secs(3600)).await;
-                    Ok::<_, Error>(())
-                },
-            ),
-        )
-        .await;
-        assert!(dropped.is_err());
+        let locked = tokio::sync::Notify::new();
+        let call = lockkit::asynchronous::locked_transaction(
+            &mut *conn,
+            LockOptions::default(),
+            async |conn| {
+                advisory::xact_lock(conn, key).await?;
+                locked.notify_one();
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                Ok::<_, Error>(())
+            },
+        );
+        async_common::drop_once_reached(&locked, call, "holding the lock").await;
         drop(conn);
         drop(pool.get().await.unwrap());
         lock_freed(&mut other, key).await;

@@ -130,15 +130,13 @@ async_backend_tests! {
         // out again.
         db.conn().run_pending_migrations(lease_migrations(BACKEND)).unwrap();
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
-        let dropped = tokio::time::timeout(
-            Duration::from_millis(200),
-            lockkit::asynchronous::locked_transaction(&mut conn, lockkit::LockOptions::default(), async |_conn: &mut Async| {
-                tokio::time::sleep(Duration::from_secs(5)).await;
-                Ok::<_, Error>(())
-            }),
-        )
-        .await;
-        assert!(dropped.is_err(), "the call was dropped in its work");
+        let in_work = tokio::sync::Notify::new();
+        let call = lockkit::asynchronous::locked_transaction(&mut conn, lockkit::LockOptions::default(), async |_conn: &mut Async| {
+            in_work.notify_one();
+            std::future::pending::<()>().await;
+            Ok::<_, Error>(())
+        });
+        async_common::drop_once_reached(&in_work, call, "in its work").await;
         let granted = lease::acquire(&mut conn, "nightly", Duration::from_secs(30)).await.map(|held| held.fence());
         assert!(matches!(granted, Err(Error::AlreadyInTransaction)), "{granted:?}");
         drop(conn);
