@@ -74,8 +74,8 @@ use crate::optimistic::versioned::TouchVersioned;
 use crate::optimistic::BumpVersion;
 use crate::pessimistic::lockable::Lockable;
 use crate::pessimistic::lockable::{
-    all_by_keys, by_key, incomplete, lock_order, unmatched, AllByKeys, ByKey, KeyColumn,
-    KeysFilter, Pk, Returned, MAX_KEYS_PER_STATEMENT,
+    all_by_keys, by_key, distinct_keys, first_of_each_key, incomplete, lock_order, unmatched,
+    AllByKeys, ByKey, KeyColumn, KeysFilter, Pk, Returned, MAX_KEYS_PER_STATEMENT,
 };
 use crate::pessimistic::options::LockOptions;
 use crate::pessimistic::row_lock::{
@@ -345,10 +345,7 @@ where
             if incomplete(chunk, &locked) {
                 // The rows found so far, each once (two rows with one key
                 // count as one).
-                let first = {
-                    let mut seen = std::collections::BTreeSet::new();
-                    locked.iter().filter(|row| seen.insert(row.key())).count()
-                };
+                let first = distinct_keys(&locked);
                 // As on the blocking side: the keys without a row, read again.
                 let missed: Vec<M::Key> = unmatched(chunk, &locked).cloned().collect();
                 if !missed.is_empty() {
@@ -369,15 +366,13 @@ where
                         None => return Err(Error::NotFound),
                     }
                 }
-                let mut seen = std::collections::BTreeSet::new();
-                locked.retain(|row| seen.insert(row.key()));
+                first_of_each_key(&mut locked);
                 if locked.len() > first {
                     // In key order, as on the blocking side.
                     locked = M::load_all_locked(conn, chunk.to_vec())
                         .await
                         .map_err(classify)?;
-                    let mut seen = std::collections::BTreeSet::new();
-                    locked.retain(|row| seen.insert(row.key()));
+                    first_of_each_key(&mut locked);
                 }
             }
             // A row found by keys of two chunks, before it is marked again (as on

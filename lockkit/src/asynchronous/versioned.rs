@@ -77,7 +77,7 @@ use crate::optimistic::statement::BySql;
 use crate::optimistic::table;
 use crate::optimistic::version::VersionNumber;
 use crate::optimistic::versioned::{
-    all_or_none, key_order, settle, touch, update, DeleteVersioned, TouchVersioned,
+    all_or_none, delete, key_order, settle, touch, update, DeleteVersioned, TouchVersioned,
     UpdateVersioned, VersionCheck, Versioned,
 };
 use crate::pessimistic::lockable::Lockable;
@@ -596,8 +596,8 @@ where
     Box::pin(query.get_result::<R>(conn))
 }
 
-/// A versioned delete of the row `key`, expecting `expected` from `origin`: a
-/// struct's (`delete_versioned`) or one from outside (`delete_by_version`).
+/// The blocking side's `delete_from`, awaited: a versioned delete of the row
+/// `key`, expecting `expected` from `origin` (a struct's, or one from outside).
 async fn delete_from<M, Conn>(
     conn: &mut Conn,
     key: M::Key,
@@ -609,7 +609,7 @@ where
     M: Versioned + AsyncVersionQuery<Conn>,
     DeleteVersioned<M>: ExecuteDsl<Conn>,
 {
-    let statement = |checked| diesel::delete(M::target(key.clone(), checked));
+    let statement = |checked| delete::<M>(key.clone(), checked);
     let written =
         write_from::<M, Conn, _>(conn, &key, expected, origin, Operation::Delete, statement);
     written.await?.version().map(drop)

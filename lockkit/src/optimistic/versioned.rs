@@ -723,7 +723,7 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     where
         Self: VersionCheck,
     {
-        diesel::delete(Self::target(self.key(), self.version()))
+        delete::<Self>(self.key(), self.version())
     }
 
     /// The unexecuted statement of [`touch_versioned`](Self::touch_versioned).
@@ -1050,8 +1050,8 @@ where
     M: VersionCheck + CurrentVersionQuery<Conn>,
     DeleteVersioned<M>: ExecuteDsl<Conn>,
 {
-    let delete = |checked| diesel::delete(M::target(key.clone(), checked));
-    write::<M, _, _>(conn, &key, expected, origin, Operation::Delete, delete)?
+    let statement = |checked| delete::<M>(key.clone(), checked);
+    write::<M, _, _>(conn, &key, expected, origin, Operation::Delete, statement)?
         .version()
         .map(drop)
 }
@@ -1170,6 +1170,11 @@ where
 /// The statement that bumps the version of the row `key` if it still has `expected`.
 pub(crate) fn touch<M: VersionCheck>(key: M::Key, expected: M::Version) -> TouchVersioned<M> {
     VersionedUpdate::new(M::target(key, expected).into_update_target(), M::bump())
+}
+
+/// The statement that deletes the row `key` if it still has `expected`.
+pub(crate) fn delete<M: VersionCheck>(key: M::Key, expected: M::Version) -> DeleteVersioned<M> {
+    diesel::delete(M::target(key, expected))
 }
 
 /// The version a write that left the row at `next` ends with: while `next` is

@@ -435,10 +435,7 @@ pub trait Lockable: Sized {
             if incomplete(chunk, &locked) {
                 // The rows found so far, each once (two rows with one key
                 // count as one).
-                let first = {
-                    let mut seen = std::collections::BTreeSet::new();
-                    locked.iter().filter(|row| seen.insert(row.key())).count()
-                };
+                let first = distinct_keys(&locked);
                 // Read the keys the read found no row for again, in a statement
                 // of its own (see [`unmatched`]).
                 let missed: Vec<Self::Key> = unmatched(chunk, &locked).cloned().collect();
@@ -459,14 +456,12 @@ pub trait Lockable: Sized {
                 }
                 // A row found by two keys of this chunk is returned once, in
                 // the order the server returned it.
-                let mut seen = std::collections::BTreeSet::new();
-                locked.retain(|row| seen.insert(row.key()));
+                first_of_each_key(&mut locked);
                 if locked.len() > first {
                     // Rows found by the later reads came after the rest: the
                     // chunk, all of it locked now, read once more in key order.
                     locked = Self::load_all_locked(conn, chunk.to_vec()).map_err(classify)?;
-                    let mut seen = std::collections::BTreeSet::new();
-                    locked.retain(|row| seen.insert(row.key()));
+                    first_of_each_key(&mut locked);
                 }
             }
             // And a row found by keys of two chunks (before it is marked
@@ -589,6 +584,29 @@ where
 {
     let found: std::collections::BTreeSet<M::Key> = locked.iter().map(Lockable::key).collect();
     chunk.iter().filter(move |key| !found.contains(key))
+}
+
+/// How many keys the rows in `locked` have: two rows with one key count as
+/// one. [`Lockable::lock_all`]'s count of an incomplete chunk's first read,
+/// blocking or async.
+pub(crate) fn distinct_keys<M>(locked: &[M]) -> usize
+where
+    M: Lockable,
+    M::Key: Ord,
+{
+    let mut seen = std::collections::BTreeSet::new();
+    locked.iter().filter(|row| seen.insert(row.key())).count()
+}
+
+/// Keeps the first row of each key in `locked`, in the order the server
+/// returned them: [`Lockable::lock_all`]'s rows of a chunk, blocking or async.
+pub(crate) fn first_of_each_key<M>(locked: &mut Vec<M>)
+where
+    M: Lockable,
+    M::Key: Ord,
+{
+    let mut seen = std::collections::BTreeSet::new();
+    locked.retain(|row| seen.insert(row.key()));
 }
 
 /// Locks the row `key` of `M` as `options` say and runs `f` on the fresh row, in
