@@ -20,6 +20,8 @@
 pub mod aborts;
 #[cfg(feature = "harness")]
 pub mod db;
+#[cfg(feature = "harness")]
+pub mod failed_work;
 #[cfg(all(feature = "harness", any(feature = "postgres", feature = "mysql")))]
 pub mod lock_waits;
 pub mod models;
@@ -30,6 +32,8 @@ pub mod oracles;
 pub mod redis;
 #[cfg(all(feature = "harness", feature = "postgres"))]
 pub mod replica;
+#[cfg(all(feature = "harness", feature = "postgres"))]
+pub mod row_2_replaced;
 pub mod schema;
 #[cfg(feature = "harness")]
 pub mod settings;

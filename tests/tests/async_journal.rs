@@ -39,6 +39,17 @@ macro_rules! write_and_roll_back {
     }};
 }
 
+/// `$item` deletes its row on `$conn`, which leaves `items` empty.
+macro_rules! deletes_the_only_row {
+    ($conn:expr, $item:expr) => {{
+        $item.delete_versioned($conn).await.unwrap();
+        assert_eq!(
+            items::table.count().get_result::<i64>($conn).await.unwrap(),
+            0
+        );
+    }};
+}
+
 /// Item 1 seeded; A's and B's connections; A's struct of item 1, whose write
 /// of stock 5 was rolled back.
 macro_rules! a_write_rolled_back {
@@ -329,8 +340,7 @@ async_backend_tests! {
         assert_eq!((stored.stock, stored.lock_version), (9, 6));
         assert_eq!(a.lock_version, 6);
         a.stock = 9;
-        a.delete_versioned(&mut conn).await.unwrap();
-        assert_eq!(items::table.count().get_result::<i64>(&mut conn).await.unwrap(), 0);
+        deletes_the_only_row!(&mut conn, a);
     }
 
     /// A version from outside (a form's field, `If-Match`) naming a number a
@@ -347,8 +357,7 @@ async_backend_tests! {
         assert!(matches!(err, Error::Stale(_)), "{err:?}");
         assert_eq!(item!(&mut conn, 1).stock, 10, "nothing written");
         // The held struct is restored, and deletes.
-        a.delete_versioned(&mut conn).await.unwrap();
-        assert_eq!(items::table.count().get_result::<i64>(&mut conn).await.unwrap(), 0);
+        deletes_the_only_row!(&mut conn, a);
     }
 
     /// A committed transaction leaves its versions as they are: the struct

@@ -604,16 +604,9 @@ async fn lock_all_locks_a_row_deleted_and_inserted_again_by_the_transaction_it_w
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lock_all_locks_a_row_committed_while_its_second_read_waited() {
-    use diesel::connection::SimpleConnection;
     use lockkit::asynchronous::lock_waits;
     let db = lockkit_tests::TestDb::<diesel::PgConnection>::new("async_lock_all_second_read");
-    seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
-    let mut holder = db.connect();
-    holder
-        .batch_execute("BEGIN; SELECT id FROM items WHERE id = 1 FOR UPDATE")
-        .unwrap();
-    let mut replacer = db.connect();
-    let replacer_id = lockkit::lock_waits::session_id(&mut replacer).unwrap();
+    let mut scene = lockkit_tests::row_2_replaced::Row2ReplacedTwice::new(&db);
     let mut conn: diesel_async::AsyncPgConnection =
         async_common::connect(&db.url, "postgres").await;
     let session = lock_waits::session_id(&mut conn).await.unwrap();
@@ -626,7 +619,7 @@ async fn lock_all_locks_a_row_committed_while_its_second_read_waited() {
     });
     let mut observer: diesel_async::AsyncPgConnection =
         async_common::connect(&db.url, "postgres").await;
-    for blocker in [None, Some(replacer_id)] {
+    for blocker in [None, Some(scene.replacer_id)] {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while !lock_waits::blocked_sessions(&mut observer)
             .await
@@ -641,19 +634,10 @@ async fn lock_all_locks_a_row_committed_while_its_second_read_waited() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         if blocker.is_none() {
-            db.conn()
-                .batch_execute(
-                    "BEGIN; DELETE FROM items WHERE id = 2; \
-                     INSERT INTO items (id, name, stock, lock_version) VALUES (2, 'first', 8, 0); COMMIT",
-                )
-                .unwrap();
-            replacer
-                .batch_execute(lockkit_tests::REPLACE_ITEM_2_UNCOMMITTED)
-                .unwrap();
-            holder.batch_execute("COMMIT").unwrap();
+            scene.replace_row_2_twice(&db);
         }
     }
-    replacer.batch_execute("COMMIT").unwrap();
+    scene.commit_the_second();
     let locked = locker.await.unwrap();
     assert_eq!(locked.unwrap(), vec![(1, 10), (2, 7)]);
 }

@@ -83,9 +83,7 @@ macro_rules! rolled_back_write {
 /// its own v1 ([`another_instance_commits`]).
 macro_rules! rolled_back_then_committed_elsewhere {
     ($db:ident) => {{
-        let mut a_conn = $db.conn();
-        let mut other = $db.conn();
-        seed_items(&mut a_conn, &[(1, 10)]);
+        let (mut a_conn, mut other) = item_1_on_two_conns(&$db);
         let held = rolled_back_write!(a_conn);
         another_instance_commits(&mut other);
         (a_conn, other, held)
@@ -103,6 +101,25 @@ macro_rules! assert_never_writes {
             matches!(again, Err(Error::Stale(_))) && stock == 6,
             "the rolled-back struct wrote: {again:?}, stock {stock}"
         );
+    }};
+}
+
+/// Writes `$a` (stock 5) in a savepoint on `$conn`, whose work then ends with
+/// `$last` (`$c`: the savepoint's connection): the savepoint must fail, and
+/// the transaction around it commit.
+macro_rules! write_in_a_failed_savepoint {
+    ($conn:ident, $a:ident, |$c:ident| $last:block) => {{
+        $conn
+            .transaction(|c| {
+                let inner: Result<(), Error> = c.transaction(|$c| {
+                    $a.stock = 5;
+                    $a.update_versioned($c)?;
+                    $last
+                });
+                assert!(inner.is_err(), "{inner:?}");
+                Ok::<_, Error>(())
+            })
+            .unwrap();
     }};
 }
 
@@ -136,6 +153,18 @@ fn unwatched(conn: &mut impl diesel::Connection) {
     conn.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
 }
 
+/// A pooled connection of a test database.
+type Pooled<C> = diesel::r2d2::PooledConnection<diesel::r2d2::ConnectionManager<C>>;
+
+/// Two pooled connections of `db`, the first of which then seeds item 1
+/// (stock 10): A's, and another writer's.
+fn item_1_on_two_conns<C: TestBackend>(db: &TestDb<C>) -> (Pooled<C>, Pooled<C>) {
+    let mut a = db.conn();
+    let other = db.conn();
+    seed_items(&mut a, &[(1, 10)]);
+    (a, other)
+}
+
 /// Seeds item 1 (stock 10) on `db` and opens two connections to it: this
 /// application's, [`unwatched`], and another instance's.
 fn own_unwatched_and_other<C: TestBackend>(db: &TestDb<C>) -> (C, C) {
@@ -163,6 +192,12 @@ fn assert_stale_over_the_other(again: Result<(), Error>, stock: i32, what: &str)
         "{what}'s rolled-back version matched the same number the other instance \
          committed: {again:?}, stock {stock} (its 7 lost)"
     );
+}
+
+/// Asserts that a versioned write was refused as stale.
+#[track_caller]
+fn assert_stale(outcome: Result<(), Error>) {
+    assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
 }
 
 /// Item 1 written (v0 -> v1) by a struct in a transaction on a connection
@@ -267,9 +302,7 @@ mod all {
         // --- 1. a write under a lock advances the version -------------------------
 
         fn a_write_under_with_lock_makes_a_stale_optimistic_writer_stale(db) {
-            let mut a = db.conn();
-            let mut b = db.conn();
-            seed_items(&mut a, &[(1, 10)]);
+            let (mut a, mut b) = item_1_on_two_conns(&db);
             let mut o = item!(&mut a, 1);
             // The README's own with_lock example: a plain Diesel update in the closure.
             o.with_lock(&mut b, |c, fresh| {
@@ -386,9 +419,7 @@ mod all {
         // --- 2. a rolled-back write is never mistaken for a committed one ---------
 
         fn a_rolled_back_write_never_overwrites_a_later_writer(db) {
-            let mut a_conn = db.conn();
-            let mut b_conn = db.conn();
-            seed_items(&mut a_conn, &[(1, 10)]);
+            let (mut a_conn, mut b_conn) = item_1_on_two_conns(&db);
             let mut a = rolled_back_write!(a_conn);
             assert_eq!(item!(&mut a_conn, 1).lock_version, 0, "the row is back at version 0");
 
@@ -417,9 +448,7 @@ mod all {
             // As above, but B writes inside a transaction of its own: B's write
             // would commit the very number A's rolled-back write gave A (1), and
             // A's next write, expecting 1, would land over B's.
-            let mut a_conn = db.conn();
-            let mut b_conn = db.conn();
-            seed_items(&mut a_conn, &[(1, 10)]);
+            let (mut a_conn, mut b_conn) = item_1_on_two_conns(&db);
             let mut a = rolled_back_write!(a_conn);
 
             let mut b = item!(&mut b_conn, 1);
@@ -449,9 +478,7 @@ mod all {
             // struct holds. The journal names the row as the database does, so
             // B moves past it and the struct is stale, whichever declaration
             // wrote and read.
-            let mut a_conn = db.conn();
-            let mut b_conn = db.conn();
-            seed_items(&mut a_conn, &[(1, 10)]);
+            let (mut a_conn, mut b_conn) = item_1_on_two_conns(&db);
             let mut read_then = None;
             let rolled_back: Result<(), Error> = a_conn.transaction(|c| {
                 let mut a = item!(c, 1);
@@ -554,9 +581,7 @@ mod all {
             // its version is the row's, not the one A's rollback left behind, so it
             // locks. (It used to "restore" to 0, find 1, move the row to 2 and report
             // Stale, in the transaction that Stale then rolled back: Stale forever.)
-            let mut a_conn = db.conn();
-            let mut b_conn = db.conn();
-            seed_items(&mut a_conn, &[(1, 10)]);
+            let (mut a_conn, mut b_conn) = item_1_on_two_conns(&db);
             let lock = |conn: &mut _, add: i32| {
                 lockkit::with_lock(conn, 1, LockOptions::default(), |conn, item: Item| {
                     diesel::update(items::table.find(1)).set(items::stock.eq(item.stock + add)).execute(conn)?;
@@ -651,9 +676,7 @@ mod all {
             // `with_lock` then bumps the row it locks to 1, A's rolled-back
             // number, and must move it past, or A's next write, expecting 1,
             // lands over B's.
-            let mut a_conn = db.conn();
-            let mut b_conn = db.conn();
-            seed_items(&mut a_conn, &[(1, 10)]);
+            let (mut a_conn, mut b_conn) = item_1_on_two_conns(&db);
             let mut a = rolled_back_write!(a_conn);
             lockkit::with_lock(&mut b_conn, 1, LockOptions::default(), |conn, item: Item| {
                 diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 4)).execute(conn)?;
@@ -714,8 +737,7 @@ mod all {
                 Item::update_if(c, 1, items::stock.ge(1), items::stock.eq(items::stock - 1))?;
             });
             exec(&mut db.conn(), "UPDATE items SET stock = 5, lock_version = 1 WHERE id = 1 AND lock_version = 0");
-            let outcome = a.update_versioned(&mut conn);
-            assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
+            assert_stale(a.update_versioned(&mut conn));
             assert_eq!(stock_of!(&mut conn), 5, "the other writer's sale stands");
         }
 
@@ -724,9 +746,7 @@ mod all {
             // it holds v1 without writing; the transaction rolls back (v0
             // again), and another connection's versioned write commits v1. The
             // struct must not match that commit.
-            let mut conn = db.conn();
-            let mut other = db.conn();
-            seed_items(&mut conn, &[(1, 10)]);
+            let (mut conn, mut other) = item_1_on_two_conns(&db);
             let mut kept = None;
             let rolled_back = conn.transaction(|c| {
                 Item::update_if(c, 1, items::stock.ge(1), items::stock.eq(items::stock - 1))?;
@@ -740,8 +760,7 @@ mod all {
             f.stock = 3;
             f.update_versioned(&mut other).unwrap();
             b.stock = 7;
-            let outcome = b.update_versioned(&mut conn);
-            assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
+            assert_stale(b.update_versioned(&mut conn));
             assert_eq!(stock_of!(&mut other), 3, "the other writer's sale stands");
         }
 
@@ -770,16 +789,13 @@ mod all {
             // A's write (v0 -> v1) rolls back; an `update_if` in a committed
             // transaction then moves the row from v0: it must not commit A's
             // number 1, which A's write would match.
-            let mut conn = db.conn();
-            let mut other = db.conn();
-            seed_items(&mut conn, &[(1, 10)]);
+            let (mut conn, mut other) = item_1_on_two_conns(&db);
             let mut a = rolled_back_write!(conn);
             other
                 .transaction(|c| Item::update_if(c, 1, items::stock.ge(1), items::stock.eq(items::stock - 1)))
                 .unwrap();
             a.stock = 2;
-            let outcome = a.update_versioned(&mut conn);
-            assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
+            assert_stale(a.update_versioned(&mut conn));
             assert_eq!(stock_of!(&mut other), 9, "the sale stands");
         }
 
@@ -789,20 +805,16 @@ mod all {
             // process commits v3 with its sale. A's write is stale, and must
             // not forget B's rolled-back 3, which the row now holds: B's write
             // would match it.
-            let mut conn = db.conn();
-            let mut other = db.conn();
-            seed_items(&mut conn, &[(1, 10)]);
+            let (mut conn, mut other) = item_1_on_two_conns(&db);
             let mut a = rolled_back_write!(conn);
             exec(&mut other, "UPDATE items SET lock_version = 2 WHERE id = 1");
             let mut b = rolled_back_write!(conn);
             assert_eq!(b.lock_version, 3);
             exec(&mut other, "UPDATE items SET stock = 2, lock_version = 3 WHERE id = 1 AND lock_version = 2");
             a.stock = 1;
-            let outcome = a.update_versioned(&mut conn);
-            assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
+            assert_stale(a.update_versioned(&mut conn));
             b.stock = 4;
-            let outcome = b.update_versioned(&mut conn);
-            assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
+            assert_stale(b.update_versioned(&mut conn));
             assert_eq!(stock_of!(&mut other), 2, "the other writer's sale stands");
         }
 
@@ -891,27 +903,14 @@ mod all {
             exec(&mut db.conn(), "UPDATE items SET stock = 6 WHERE id = 1");
             exec(&mut db.conn(), "UPDATE items SET stock = 5 WHERE id = 1");
             assert_eq!(item!(&mut conn, 1).lock_version, 2);
-            let outcome = a.update_versioned(&mut conn);
-            assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
+            assert_stale(a.update_versioned(&mut conn));
             assert_eq!(stock_of!(&mut conn), 5, "the other writer's sale stands");
         }
 
         fn a_rolled_back_savepoint_is_tracked_like_a_transaction(db) {
-            let mut a_conn = db.conn();
-            let mut b_conn = db.conn();
-            seed_items(&mut a_conn, &[(1, 10)]);
+            let (mut a_conn, mut b_conn) = item_1_on_two_conns(&db);
             let mut a = item!(&mut a_conn, 1);
-            a_conn
-                .transaction(|c| {
-                    let inner: Result<(), Error> = c.transaction(|c| {
-                        a.stock = 5;
-                        a.update_versioned(c)?;
-                        Err(Error::NoRowMatched)
-                    });
-                    assert!(inner.is_err());
-                    Ok::<_, Error>(())
-                })
-                .unwrap();
+            write_in_a_failed_savepoint!(a_conn, a, |c| { Err(Error::NoRowMatched) });
             b_commits_then_a_is_stale!(&mut a_conn, &mut b_conn, a, "a savepoint rolled back");
         }
 
@@ -1516,6 +1515,27 @@ mod mysql_only {
         assert!(matches!(err, Error::NotFound), "{err:?}");
     }
 
+    /// Item `id` as read on `c`; if `moves`, `other` then commits stock
+    /// `stock` to it with a new version, past the snapshot that read fixed.
+    fn read_then_moved(
+        c: &mut MysqlConnection,
+        other: &mut Pooled<MysqlConnection>,
+        moves: bool,
+        id: i32,
+        stock: i32,
+    ) -> Item {
+        let item = item!(c, id);
+        if moves {
+            exec(
+                other,
+                &format!(
+                    "UPDATE items SET stock = {stock}, lock_version = lock_version + 1 WHERE id = {id}"
+                ),
+            );
+        }
+        item
+    }
+
     /// MariaDB's `innodb_snapshot_isolation` (the default from 11.6.2): a
     /// write to a row changed since the transaction's snapshot fails with
     /// 1020, which rolls back the whole transaction, as a deadlock does. The
@@ -1546,13 +1566,7 @@ mod mysql_only {
         let mut attempts = 0;
         let sold = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c| {
             attempts += 1;
-            let mut item = item!(c, 1);
-            if attempts == 1 {
-                exec(
-                    &mut other,
-                    "UPDATE items SET stock = 7, lock_version = lock_version + 1 WHERE id = 1",
-                );
-            }
+            let mut item = read_then_moved(c, &mut other, attempts == 1, 1, 7);
             item.stock -= 1;
             item.update_versioned(c)?;
             Ok::<_, Error>(item.stock)
@@ -1569,13 +1583,7 @@ mod mysql_only {
         let mut attempts = 0;
         let let_go = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c| {
             attempts += 1;
-            let mut item = item!(c, 2);
-            if attempts == 1 {
-                exec(
-                    &mut other,
-                    "UPDATE items SET stock = 5, lock_version = lock_version + 1 WHERE id = 2",
-                );
-            }
+            let mut item = read_then_moved(c, &mut other, attempts == 1, 2, 5);
             item.stock -= 1;
             let _ = item.update_versioned(c);
             let _ = diesel::connection::SimpleConnection::batch_execute(
@@ -1598,13 +1606,7 @@ mod mysql_only {
         let nested = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c| {
             attempts += 1;
             lockkit::transaction_with_retry(c, &RetryPolicy::immediate(3), |c| {
-                let mut item = item!(c, 2);
-                if attempts == 1 {
-                    exec(
-                        &mut other,
-                        "UPDATE items SET stock = 3, lock_version = lock_version + 1 WHERE id = 2",
-                    );
-                }
+                let mut item = read_then_moved(c, &mut other, attempts == 1, 2, 3);
                 item.stock -= 1;
                 let _ = item.update_versioned(c);
                 Ok::<_, Error>(())
@@ -1695,18 +1697,10 @@ mod postgres_only {
         seed_items(&mut db.conn(), &[(1, 10)]);
         let (mut a_conn, mut b_conn) = (db.connect(), db.connect());
         let mut a = item!(&mut a_conn, 1);
-        a_conn
-            .transaction(|c| {
-                let inner: Result<(), Error> = c.transaction(|c| {
-                    a.stock = 5;
-                    a.update_versioned(c)?;
-                    let _ = diesel::sql_query("SELECT 1 / 0").execute(c);
-                    Ok(())
-                });
-                assert!(inner.is_err(), "{inner:?}");
-                Ok::<_, Error>(())
-            })
-            .unwrap();
+        write_in_a_failed_savepoint!(a_conn, a, |c| {
+            let _ = diesel::sql_query("SELECT 1 / 0").execute(c);
+            Ok(())
+        });
         assert_eq!(
             stock_of!(&mut b_conn),
             10,

@@ -376,6 +376,16 @@ lockkit_tests::backend_tests! {
     }
 }
 
+/// A new connection of `db` holding item 1 locked in a transaction it keeps
+/// open, for work to meet the held row.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn holding_item_1<C: lockkit_tests::db::TestBackend>(db: &lockkit_tests::TestDb<C>) -> C {
+    let mut holder = db.connect();
+    exec(&mut holder, "BEGIN");
+    exec(&mut holder, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
+    holder
+}
+
 /// PostgreSQL: work that meets a failed statement (a `NOWAIT` on a held row),
 /// which aborts the transaction, and returns an error of its own gets that
 /// error back untouched, as `run` promises, not the statement's.
@@ -389,9 +399,7 @@ fn work_that_returns_its_own_error_after_a_failed_statement_gets_it_back_on_post
         .run_pending_migrations(idempotency_migrations("postgres"))
         .unwrap();
     seed_items(&mut db.conn(), &[(1, 10)]);
-    let mut holder = db.connect();
-    exec(&mut holder, "BEGIN");
-    exec(&mut holder, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
+    let mut holder = holding_item_1(&db);
     let keys = Idempotency::default();
     let mut conn = db.connect();
     let ran = keys.run(
@@ -416,6 +424,7 @@ fn work_that_returns_its_own_error_after_a_failed_statement_gets_it_back_on_post
 #[cfg(feature = "mysql")]
 mod mysql_only {
     use super::*;
+    use lockkit_tests::failed_work::fail_under_a_key;
     use mysql_deadlock::{database_with, extra_on_item_2_is_the_victim, sell_from_item_1};
 
     /// The request's work sells one unit of item 1, then touches item 2 as a
@@ -509,46 +518,28 @@ mod mysql_only {
     /// as if those writes had committed on their own.
     #[test]
     fn a_key_is_released_for_work_that_failed_after_a_lock_wait_timeout_it_let_go() {
-        use lockkit_tests::TestDb;
-        let db = TestDb::<MysqlConnection>::new("idempotency_after_lock_wait_timeout");
-        db.conn()
-            .run_pending_migrations(idempotency_migrations("mysql"))
-            .unwrap();
+        let db = database_with(
+            "idempotency_after_lock_wait_timeout",
+            idempotency_migrations,
+        );
         seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
-        let mut holder = db.connect();
-        exec(&mut holder, "BEGIN");
-        exec(&mut holder, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
+        let mut holder = holding_item_1(&db);
         let keys = Idempotency::default();
         let mut conn = db.connect();
         exec(&mut conn, "SET SESSION innodb_lock_wait_timeout = 1");
         for panics in [false, true] {
-            let key = if panics {
-                "order-panics"
-            } else {
-                "order-fails"
-            };
-            let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                keys.run(
-                    &mut conn,
-                    "tenant-1",
-                    key,
-                    "f",
-                    |c| -> Result<String, Error> {
-                        let timed_out = diesel::update(items::table.find(1))
-                            .set(items::stock.eq(items::stock - 1))
-                            .execute(c);
-                        assert!(timed_out.is_err(), "item 1 is held: {timed_out:?}");
-                        // In the transaction, which lives on.
-                        diesel::update(items::table.find(2))
-                            .set(items::stock.eq(items::stock - 1))
-                            .execute(c)?;
-                        if panics {
-                            panic!("a bug in the handler");
-                        }
-                        Err(Error::InvalidInput("the handler gave up"))
-                    },
-                )
-            }));
+            let gave_up = Error::InvalidInput("the handler gave up");
+            let (key, failed) = fail_under_a_key(&keys, &mut conn, panics, gave_up, |c| {
+                let timed_out = diesel::update(items::table.find(1))
+                    .set(items::stock.eq(items::stock - 1))
+                    .execute(c);
+                assert!(timed_out.is_err(), "item 1 is held: {timed_out:?}");
+                // In the transaction, which lives on.
+                diesel::update(items::table.find(2))
+                    .set(items::stock.eq(items::stock - 1))
+                    .execute(c)?;
+                Ok(())
+            });
             assert_eq!(failed.is_err(), panics, "{key}: {failed:?}");
             assert_eq!(
                 stock_of!(&mut conn, 2),

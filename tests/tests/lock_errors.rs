@@ -1228,6 +1228,16 @@ fn sell_2_of_item_2(conn: &mut PgConnection) -> Result<(), Error> {
     Ok(())
 }
 
+/// Sells 2 of item 1, which [`with_lock_on_1`] handed over as `item`: its
+/// stock set 2 below the one read.
+#[cfg(feature = "postgres")]
+fn sell_2_of_locked_item_1(conn: &mut PgConnection, item: &Item) -> Result<(), Error> {
+    diesel::update(items::table.find(1))
+        .set(items::stock.eq(item.stock - 2))
+        .execute(conn)?;
+    Ok(())
+}
+
 /// PostgreSQL ends the usefulness of a transaction at any failed statement: a
 /// `retry` inside `with_lock` that meets a lock timeout runs its work again in
 /// the aborted transaction, where every statement fails (25P02). `with_lock`,
@@ -1242,10 +1252,7 @@ fn a_retry_inside_with_lock_that_met_a_lock_timeout_lets_the_retry_around_it_run
             attempt();
             with_lock_on_1(conn, |c, item| {
                 retry(&RetryPolicy::immediate(3), |_| sell_2_of_item_2(c))?;
-                diesel::update(items::table.find(1))
-                    .set(items::stock.eq(item.stock - 2))
-                    .execute(c)?;
-                Ok(())
+                sell_2_of_locked_item_1(c, &item)
             })
         })
     });
@@ -1268,12 +1275,7 @@ fn a_nested_call_after_a_lock_timeout_the_caller_let_go_lets_the_retry_around_ru
             conn.transaction(|c| {
                 exec(c, "SET LOCAL lock_timeout = '200ms'");
                 let _ = sell_2_of_item_2(c); // let go
-                with_lock_on_1(c, |c, item| {
-                    diesel::update(items::table.find(1))
-                        .set(items::stock.eq(item.stock - 2))
-                        .execute(c)?;
-                    Ok(())
-                })
+                with_lock_on_1(c, |c, item| sell_2_of_locked_item_1(c, &item))
             })
         })
     });
@@ -1321,11 +1323,7 @@ fn a_nested_call_whose_work_let_an_error_go_that_aborted_nothing_commits() {
             Ok::<_, Error>(())
         })
     });
-    let stock: i32 = items::table
-        .find(1)
-        .select(items::stock)
-        .first(&mut db.conn())
-        .unwrap();
+    let stock = stock_of!(&mut db.conn());
     assert!(outcome.is_ok() && stock == 9, "{outcome:?}; stock {stock}");
 }
 

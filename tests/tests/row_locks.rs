@@ -299,6 +299,7 @@ mod postgres_only {
         (a pooler in transaction mode), which may still hold it";
     use diesel::connection::SimpleConnection;
     use diesel::PgConnection;
+    use lockkit_tests::row_2_replaced::Row2ReplacedTwice;
     use lockkit_tests::TestDb;
 
     #[test]
@@ -308,22 +309,9 @@ mod postgres_only {
         // the session keeps the lock. The connection must say it is broken, so
         // that a pool closes it (and the server frees the lock), as the async
         // side does.
-        use diesel::connection::{AnsiTransactionManager, TransactionManager};
         let db = TestDb::<PgConnection>::new("advisory_unlock_fails");
-        let mut conn = db.connect();
         let key = AdvisoryKey::from_name("unlock fails");
-        {
-            let mut guard = advisory::lock(&mut conn, key).unwrap();
-            AnsiTransactionManager::begin_transaction(&mut *guard).unwrap();
-            assert!(guard.batch_execute("SELECT 1/0").is_err());
-        }
-        let status = AnsiTransactionManager::transaction_manager_status_mut(&mut conn);
-        assert!(status.transaction_depth().is_err(), "{status:?}");
-        let mut other = db.connect();
-        assert!(
-            advisory::try_lock(&mut other, key).unwrap().is_none(),
-            "the session still holds it"
-        );
+        let (conn, mut other) = released_in_an_aborted_transaction(&db, key, |guard| drop(guard));
         drop(conn);
         // The server frees it once the session's process has exited, which
         // the client does not wait for.
@@ -339,15 +327,30 @@ mod postgres_only {
         // As above, released with `unlock`, which reports the failure: the
         // connection must still say it is broken, or, its transaction rolled
         // back, it goes back to its pool healthy and holding the lock.
-        use diesel::connection::{AnsiTransactionManager, TransactionManager};
         let db = TestDb::<PgConnection>::new("advisory_explicit_unlock_fails");
-        let mut conn = db.connect();
         let key = AdvisoryKey::from_name("explicit unlock fails");
+        released_in_an_aborted_transaction(&db, key, |guard| {
+            let unlocked = guard.unlock();
+            assert!(unlocked.is_err(), "{unlocked:?}");
+        });
+    }
+
+    /// Takes `key`'s session lock on a new connection of `db` and fails a
+    /// statement in a transaction opened on the guard, which aborts it;
+    /// `release` then lets the guard go. The connection must say it is
+    /// broken, and another session find the lock still held: returns the
+    /// connection and that other session's.
+    fn released_in_an_aborted_transaction(
+        db: &TestDb<PgConnection>,
+        key: AdvisoryKey,
+        release: impl FnOnce(advisory::AdvisoryLock<'_, PgConnection>),
+    ) -> (PgConnection, PgConnection) {
+        use diesel::connection::{AnsiTransactionManager, TransactionManager};
+        let mut conn = db.connect();
         let mut guard = advisory::lock(&mut conn, key).unwrap();
         AnsiTransactionManager::begin_transaction(&mut *guard).unwrap();
         assert!(guard.batch_execute("SELECT 1/0").is_err());
-        let unlocked = guard.unlock();
-        assert!(unlocked.is_err(), "{unlocked:?}");
+        release(guard);
         let status = AnsiTransactionManager::transaction_manager_status_mut(&mut conn);
         assert!(status.transaction_depth().is_err(), "{status:?}");
         let mut other = db.connect();
@@ -355,6 +358,7 @@ mod postgres_only {
             advisory::try_lock(&mut other, key).unwrap().is_none(),
             "the session still holds it"
         );
+        (conn, other)
     }
 
     #[test]
@@ -506,16 +510,7 @@ mod postgres_only {
         let mut observer = db.connect();
         let (session_tx, session_rx) = mpsc::channel();
         let locked = thread::scope(|s| {
-            let locker = s.spawn(|| {
-                let mut conn = db.connect();
-                session_tx
-                    .send(lock_waits::session_id(&mut conn).unwrap())
-                    .unwrap();
-                locked_transaction(&mut conn, LockOptions::default(), |c| {
-                    let rows = Item::lock_all(c, &[1, 2, 3])?;
-                    Ok::<_, Error>(rows.iter().map(|r| (r.id, r.stock)).collect::<Vec<_>>())
-                })
-            });
+            let locker = s.spawn(|| lock_all_telling_its_session(&db, &[1, 2, 3], session_tx));
             let session = session_rx.recv().unwrap();
             look_until(Duration::from_secs(10), "lock_all never waited", || {
                 let found = lock_waits::blocked_sessions(&mut observer).unwrap();
@@ -537,26 +532,11 @@ mod postgres_only {
         // it commits. The row 2 committed last must be locked and returned,
         // not left out of an `Ok`.
         let db = TestDb::<PgConnection>::new("lock_all_second_read_waited");
-        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
-        let mut holder = db.connect();
-        holder
-            .batch_execute("BEGIN; SELECT id FROM items WHERE id = 1 FOR UPDATE")
-            .unwrap();
-        let mut replacer = db.connect();
-        let replacer_id = lock_waits::session_id(&mut replacer).unwrap();
+        let mut scene = Row2ReplacedTwice::new(&db);
         let mut observer = db.connect();
         let (session_tx, session_rx) = mpsc::channel();
         let locked = thread::scope(|s| {
-            let locker = s.spawn(|| {
-                let mut conn = db.connect();
-                session_tx
-                    .send(lock_waits::session_id(&mut conn).unwrap())
-                    .unwrap();
-                locked_transaction(&mut conn, LockOptions::default(), |c| {
-                    let rows = Item::lock_all(c, &[1, 2])?;
-                    Ok::<_, Error>(rows.iter().map(|r| (r.id, r.stock)).collect::<Vec<_>>())
-                })
-            });
+            let locker = s.spawn(|| lock_all_telling_its_session(&db, &[1, 2], session_tx));
             let session = session_rx.recv().unwrap();
             let mut waits_on = |blocker: Option<i64>, never: &str| {
                 look_until(Duration::from_secs(10), never, || {
@@ -567,24 +547,33 @@ mod postgres_only {
                 });
             };
             waits_on(None, "lock_all never waited for row 1");
-            db.conn()
-                .batch_execute(
-                    "BEGIN; DELETE FROM items WHERE id = 2; \
-                     INSERT INTO items (id, name, stock, lock_version) VALUES (2, 'first', 8, 0); COMMIT",
-                )
-                .unwrap();
-            replacer
-                .batch_execute(lockkit_tests::REPLACE_ITEM_2_UNCOMMITTED)
-                .unwrap();
-            holder.batch_execute("COMMIT").unwrap();
+            scene.replace_row_2_twice(&db);
             waits_on(
-                Some(replacer_id),
+                Some(scene.replacer_id),
                 "the second read never waited for the replacement",
             );
-            replacer.batch_execute("COMMIT").unwrap();
+            scene.commit_the_second();
             locker.join().unwrap()
         });
         assert_eq!(locked.unwrap(), vec![(1, 10), (2, 7)]);
+    }
+
+    /// `lock_all` of items `keys` in a lockkit transaction on a new
+    /// connection of `db`, which first sends its session's id on `session`:
+    /// the rows' `(id, stock)`.
+    fn lock_all_telling_its_session(
+        db: &TestDb<PgConnection>,
+        keys: &[i32],
+        session: mpsc::Sender<i64>,
+    ) -> Result<Vec<(i32, i32)>, Error> {
+        let mut conn = db.connect();
+        session
+            .send(lock_waits::session_id(&mut conn).unwrap())
+            .unwrap();
+        locked_transaction(&mut conn, LockOptions::default(), |c| {
+            let rows = Item::lock_all(c, keys)?;
+            Ok::<_, Error>(rows.iter().map(|r| (r.id, r.stock)).collect::<Vec<_>>())
+        })
     }
 
     /// Holds row 1 of items with `options` on another connection while `during` runs.

@@ -12,7 +12,7 @@ mod postgres_only {
     use diesel::{ExpressionMethods, QueryDsl, RunQueryDsl};
     use lockkit::{Error, RetryPolicy};
     use lockkit_tests::schema::items;
-    use lockkit_tests::{exec, seed_items, TestDb};
+    use lockkit_tests::{exec, seed_items, stock_of, TestDb};
 
     /// The work recovers from a failed statement with a savepoint of its own,
     /// in SQL (`SAVEPOINT`, `ROLLBACK TO SAVEPOINT`), as PostgreSQL allows:
@@ -34,11 +34,7 @@ mod postgres_only {
             exec(c, "ROLLBACK TO SAVEPOINT best_effort");
             Ok::<_, Error>(())
         });
-        let stock: i32 = items::table
-            .find(1)
-            .select(items::stock)
-            .first(&mut db.conn())
-            .unwrap();
+        let stock = stock_of!(&mut db.conn());
         assert!(
             outcome.is_ok() && stock == 9,
             "a transaction the server kept was refused: {outcome:?} after {} run(s), stock {stock}",
@@ -230,6 +226,30 @@ mod instrumented {
         }
     }
 
+    /// Inserts order line `attempt` (no item, quantity 1): one for each run
+    /// of the work.
+    #[cfg(feature = "mysql")]
+    fn insert_order_line(c: &mut diesel::MysqlConnection, attempt: i32) -> QueryResult<usize> {
+        let line = format!("INSERT INTO orders (id, item_id, qty) VALUES ({attempt}, NULL, 1)");
+        diesel::sql_query(line).execute(c)
+    }
+
+    /// The work, whose statement committed implicitly, ran once (`attempts`),
+    /// left one order line in `db`, and ended with an error no retry takes up.
+    #[cfg(feature = "mysql")]
+    fn assert_run_once(
+        db: &lockkit_tests::TestDb<diesel::MysqlConnection>,
+        attempts: i32,
+        outcome: Result<(), Error>,
+    ) {
+        use lockkit_tests::schema::orders;
+        let lines: i64 = orders::table.count().get_result(&mut db.conn()).unwrap();
+        assert!(
+            attempts == 1 && lines == 1 && outcome.as_ref().is_err_and(|e| !e.is_retryable()),
+            "{attempts} attempt(s), {lines} order line(s): {outcome:?}"
+        );
+    }
+
     /// MySQL/MariaDB: a statement of the work commits the transaction
     /// implicitly (DDL). With no journal, lockkit finds no transaction open
     /// before its `COMMIT` and cannot tell this from a deadlock's rollback: it
@@ -239,24 +259,17 @@ mod instrumented {
     #[test]
     fn an_implicit_commit_in_the_work_is_never_retried() {
         use lockkit::RetryPolicy;
-        use lockkit_tests::schema::orders;
         let db = lockkit_tests::TestDb::<diesel::MysqlConnection>::new("implicit_commit");
         let mut own = db.connect();
         own.set_instrumentation(|_: diesel::connection::InstrumentationEvent<'_>| {});
         let mut attempts = 0;
         let outcome = lockkit::transaction_with_retry(&mut own, &RetryPolicy::immediate(3), |c| {
             attempts += 1;
-            let line =
-                format!("INSERT INTO orders (id, item_id, qty) VALUES ({attempts}, NULL, 1)");
-            diesel::sql_query(line).execute(c)?;
+            insert_order_line(c, attempts)?;
             diesel::sql_query("CREATE TABLE IF NOT EXISTS implicit_commit (id INT)").execute(c)?;
             Ok::<_, Error>(())
         });
-        let lines: i64 = orders::table.count().get_result(&mut db.conn()).unwrap();
-        assert!(
-            attempts == 1 && lines == 1 && outcome.as_ref().is_err_and(|e| !e.is_retryable()),
-            "{attempts} attempt(s), {lines} order line(s): {outcome:?}"
-        );
+        assert_run_once(&db, attempts, outcome);
     }
 
     /// As above, with the journal watching, where a nested call fails after
@@ -267,26 +280,19 @@ mod instrumented {
     #[test]
     fn a_nested_call_after_an_implicit_commit_is_never_retried() {
         use lockkit::RetryPolicy;
-        use lockkit_tests::schema::orders;
         let db = lockkit_tests::TestDb::<diesel::MysqlConnection>::new("nested_implicit_commit");
         let mut conn = db.conn();
         let mut attempts = 0;
         let outcome = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c| {
             attempts += 1;
-            let line =
-                format!("INSERT INTO orders (id, item_id, qty) VALUES ({attempts}, NULL, 1)");
-            diesel::sql_query(line).execute(c)?;
+            insert_order_line(c, attempts)?;
             lockkit::transaction_with_retry(c, &RetryPolicy::immediate(3), |c| {
                 diesel::sql_query("CREATE TABLE IF NOT EXISTS nested_implicit_commit (id INT)")
                     .execute(c)?;
                 Err::<(), _>(Error::NotFound)
             })
         });
-        let lines: i64 = orders::table.count().get_result(&mut db.conn()).unwrap();
-        assert!(
-            attempts == 1 && lines == 1 && outcome.as_ref().is_err_and(|e| !e.is_retryable()),
-            "{attempts} attempt(s), {lines} order line(s): {outcome:?}"
-        );
+        assert_run_once(&db, attempts, outcome);
     }
 }
 
@@ -475,6 +481,7 @@ mod sqlite_only {
     fn an_idempotency_key_is_kept_for_work_that_wrote_after_sqlites_rollback() {
         use diesel_migrations::MigrationHarness;
         use lockkit::idempotency::Idempotency;
+        use lockkit_tests::failed_work::fail_under_a_key;
         let db = out_of_stock_db("raise_rollback_idempotency", &[(1, 0), (2, 5)]);
         db.conn()
             .run_pending_migrations(lockkit_tests::idempotency_migrations("sqlite"))
@@ -487,27 +494,11 @@ mod sqlite_only {
                 .execute(c)
         };
         for panics in [false, true] {
-            let key = if panics {
-                "order-panics"
-            } else {
-                "order-fails"
-            };
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                keys.run(
-                    &mut conn,
-                    "tenant-1",
-                    key,
-                    "f",
-                    |c| -> Result<String, Error> {
-                        oversell_item_1(c);
-                        sell_two(c)?; // in autocommit
-                        if panics {
-                            panic!("a bug in the handler");
-                        }
-                        Err(Error::LockTimeout)
-                    },
-                )
-            }));
+            let (key, _) = fail_under_a_key(&keys, &mut conn, panics, Error::LockTimeout, |c| {
+                oversell_item_1(c);
+                sell_two(c)?; // in autocommit
+                Ok(())
+            });
             let again = keys.run(&mut conn, "tenant-1", key, "f", |c| {
                 sell_two(c)?;
                 Ok::<_, Error>("sold".to_owned())
