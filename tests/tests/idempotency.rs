@@ -35,6 +35,26 @@ macro_rules! prepare {
     }};
 }
 
+diesel::table! {
+    /// The columns of lockkit's idempotency table that the tests look at.
+    lockkit_idempotency_keys (principal, idempotency_key) {
+        principal -> Text,
+        idempotency_key -> Text,
+        started_at -> BigInt,
+    }
+}
+
+/// When the request that owns key `$key` took it, as `$conn` reads it.
+macro_rules! started_at_of {
+    ($conn:expr, $key:expr) => {
+        lockkit_idempotency_keys::table
+            .filter(lockkit_idempotency_keys::idempotency_key.eq($key))
+            .select(lockkit_idempotency_keys::started_at)
+            .first::<i64>($conn)
+            .unwrap()
+    };
+}
+
 /// The work of a request: sell one unit, in the idempotency transaction.
 fn sell_one<C: Connection>(conn: &mut C) -> Result<String, Error> {
     conn.batch_execute("UPDATE items SET stock = stock - 1 WHERE id = 1")?;
@@ -194,8 +214,8 @@ lockkit_tests::backend_tests! {
         prepare!(db);
         let keys = Idempotency { lease: Duration::from_millis(100), ..Idempotency::default() };
         // The slow owner has its key when the fast one starts, past the
-        // lease, and goes on a while after that, however late either thread
-        // runs.
+        // lease, and goes on until the fast one has taken the key over,
+        // however late either thread runs.
         let (claimed, has_claimed) = std::sync::mpsc::channel();
         let (starts, fast_starts) = std::sync::mpsc::channel::<()>();
         let (slow, fast) = thread::scope(|s| {
@@ -203,9 +223,20 @@ lockkit_tests::backend_tests! {
             let slow = s.spawn(move || {
                 keys.run(&mut db.conn(), "tenant-1", "k", "fp", |conn| {
                     let out = sell_one(conn);
+                    let claimed_at = started_at_of!(&mut db.conn(), "k");
                     claimed.send(()).unwrap();
                     fast_starts.recv().unwrap();
-                    thread::sleep(Duration::from_millis(300));
+                    if BACKEND == "sqlite" {
+                        // The take-over waits for this transaction: it
+                        // needs the database's write lock.
+                        thread::sleep(Duration::from_millis(300));
+                    } else {
+                        lockkit_tests::lock_waits::look_until(
+                            Duration::from_secs(30),
+                            "the fast request never took the key over",
+                            || (started_at_of!(&mut db.conn(), "k") != claimed_at).then_some(()),
+                        );
+                    }
                     out
                 })
             });
