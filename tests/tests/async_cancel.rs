@@ -23,7 +23,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use async_common::{in_transaction, lock_timeout, RowHolder};
+use async_common::{in_transaction, lock_timeout, seeded, RowHolder};
 use diesel::{ExpressionMethods, QueryDsl};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 use lockkit::asynchronous::AsyncLockingConnection;
@@ -113,21 +113,27 @@ struct Open {
 }
 
 /// `with_lock` on item 1 (with `options`, the default ones when omitted) that
-/// decrements its stock, then waits `linger` inside the lock.
+/// decrements its stock, then waits `linger` inside the lock (or runs the
+/// block after `then` there).
 macro_rules! decrement {
-    ($conn:expr, $linger:expr) => {
-        decrement!($conn, LockOptions::default(), $linger)
-    };
-    ($conn:expr, $options:expr, $linger:expr) => {
+    ($conn:expr, $options:expr, then $then:block) => {
         lockkit::asynchronous::with_lock($conn, 1, $options, async |conn, item: Item| {
             diesel::update(items::table.find(item.id))
                 .set(items::stock.eq(item.stock - 1))
                 .execute(conn)
                 .await?;
+            $then
+            Ok::<_, Error>(())
+        })
+    };
+    ($conn:expr, $linger:expr) => {
+        decrement!($conn, LockOptions::default(), $linger)
+    };
+    ($conn:expr, $options:expr, $linger:expr) => {
+        decrement!($conn, $options, then {
             if let Some(linger) = $linger {
                 tokio::time::sleep(linger).await;
             }
-            Ok::<_, Error>(())
         })
     };
 }
@@ -139,20 +145,10 @@ macro_rules! decrement {
 macro_rules! drop_a_decrement_in_its_work {
     ($conn:expr) => {{
         let decremented = tokio::sync::Notify::new();
-        let call = lockkit::asynchronous::with_lock(
-            $conn,
-            1,
-            LockOptions::default(),
-            async |conn, item: Item| {
-                diesel::update(items::table.find(item.id))
-                    .set(items::stock.eq(item.stock - 1))
-                    .execute(conn)
-                    .await?;
-                decremented.notify_one();
-                tokio::time::sleep(Duration::from_secs(3600)).await;
-                Ok::<_, Error>(())
-            },
-        );
+        let call = decrement!($conn, LockOptions::default(), then {
+            decremented.notify_one();
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        });
         async_common::drop_once_reached(&decremented, call, "inside the closure").await
     }};
 }
@@ -182,20 +178,29 @@ macro_rules! give_up_on_item_1 {
     }};
 }
 
-/// `locked_transaction` on `$conn` whose work sells one of item 2, gives up on
-/// a nested call ([`give_up_on_item_1!`]), then ends with `$then`, where
-/// `$inner` names the transaction's connection.
-macro_rules! sell_2_then_give_up_on_1 {
+/// `locked_transaction` on `$conn` whose work sells one of item 2, then ends
+/// with `$then`, where `$inner` names the transaction's connection.
+macro_rules! sell_2_then {
     ($conn:expr, |$inner:ident| $then:expr) => {
         lockkit::asynchronous::locked_transaction(
             $conn,
             LockOptions::default(),
             async |$inner: &mut Async| {
                 sell_one!(&mut *$inner, 2)?;
-                give_up_on_item_1!(&mut *$inner);
                 $then
             },
         )
+    };
+}
+
+/// [`sell_2_then!`] whose work gives up on a nested call
+/// ([`give_up_on_item_1!`]) before it ends with `$then`.
+macro_rules! sell_2_then_give_up_on_1 {
+    ($conn:expr, |$inner:ident| $then:expr) => {
+        sell_2_then!($conn, |$inner| {
+            give_up_on_item_1!(&mut *$inner);
+            $then
+        })
     };
 }
 
@@ -529,17 +534,12 @@ mod waiting {
             async_common::once_signalled(Duration::from_millis(800), holder.release());
         let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 1).await;
         let mut conn = pool.get().await.unwrap();
-        let call = lockkit::asynchronous::locked_transaction(
-            &mut *conn,
-            LockOptions::default(),
-            async |conn: &mut Async| {
-                sell_one!(&mut *conn, 2)?;
-                let tried = tokio::time::timeout(Duration::from_millis(200), decrement!(conn, None)).await;
-                given_up.notify_one();
-                assert!(tried.is_err(), "the nested call was given up on while it waited");
-                Ok::<_, Error>(())
-            },
-        );
+        let call = sell_2_then!(&mut *conn, |conn| {
+            let tried = tokio::time::timeout(Duration::from_millis(200), decrement!(conn, None)).await;
+            given_up.notify_one();
+            assert!(tried.is_err(), "the nested call was given up on while it waited");
+            Ok::<_, Error>(())
+        });
         let outcome = tokio::time::timeout(Duration::from_secs(30), call)
             .await
             .expect("the enclosing call ended once the holder let go");
@@ -581,22 +581,17 @@ mod waiting {
                 _ => Duration::from_micros(step * 200),
             };
             let mut conn = pool.get().await.unwrap();
-            let outcome = lockkit::asynchronous::locked_transaction(
-                &mut *conn,
-                LockOptions::default(),
-                async |conn: &mut Async| {
-                    sell_one!(&mut *conn, 2)?;
-                    // Step 0 polls the nested call once, then drops it: a
-                    // drop whatever the timer's tick (on a loaded machine
-                    // every deadline below may come after the call's end).
-                    if step == 0 {
-                        let nested = std::pin::pin!(decrement!(&mut *conn, None));
-                        return Ok::<_, Error>(matches!(poll_once(nested), Poll::Ready(Ok(()))));
-                    }
-                    let tried = tokio::time::timeout(deadline, decrement!(conn, None)).await;
-                    Ok::<_, Error>(matches!(tried, Ok(Ok(()))))
-                },
-            )
+            let outcome = sell_2_then!(&mut *conn, |conn| {
+                // Step 0 polls the nested call once, then drops it: a
+                // drop whatever the timer's tick (on a loaded machine
+                // every deadline below may come after the call's end).
+                if step == 0 {
+                    let nested = std::pin::pin!(decrement!(&mut *conn, None));
+                    return Ok::<_, Error>(matches!(poll_once(nested), Poll::Ready(Ok(()))));
+                }
+                let tried = tokio::time::timeout(deadline, decrement!(conn, None)).await;
+                Ok::<_, Error>(matches!(tried, Ok(Ok(()))))
+            })
             .await;
             match outcome {
                 Ok(nested) => {
@@ -638,9 +633,7 @@ mod waiting {
         });
         // A commit sent behind the dropped write would wait for the holder's
         // lock, which is released only after it.
-        let outcome = tokio::time::timeout(Duration::from_secs(20), transaction)
-            .await
-            .expect("the transaction ended without waiting for the dropped write");
+        let outcome = async_common::ended_without_waiting_for(transaction, "write").await;
         drop(conn);
         holder.release().await;
         let mut other: Async = async_common::connect(&db.url, BACKEND).await;
@@ -688,8 +681,7 @@ mod sqlite_only {
         diesel_async::pooled_connection::bb8::Pool<Async>,
         i64,
     ) {
-        let db = TestDb::<SqliteConnection>::new(name);
-        seed_items(&mut db.conn(), &[(1, 1_000)]);
+        let db = seeded::<SqliteConnection>(name, &[(1, 1_000)]);
         let pool = async_common::bb8_pool::<Async>(&db.url, "sqlite", 1).await;
         let session = lock_timeout(&mut pool.get().await.unwrap(), "sqlite").await;
         assert_eq!(session, 10_000, "the suite's busy timeout");
@@ -786,10 +778,11 @@ mod sqlite_only {
 #[cfg(feature = "mysql")]
 mod mysql_only {
     use super::*;
+    use diesel::MysqlConnection;
     use diesel_async::pooled_connection::AsyncDieselConnectionManager;
     use diesel_async::AsyncMysqlConnection;
     use lockkit::RetryPolicy;
-    use lockkit_tests::TestDb;
+    use lockkit_tests::{idempotency_migrations, lease_migrations, outbox_migrations, TestDb};
 
     /// A value whose bind always fails: diesel-async's MySQL connection then
     /// reports the statement begun and never its end, with nothing sent.
@@ -809,8 +802,7 @@ mod mysql_only {
     async fn a_statement_that_fails_to_bind_leaves_the_connection_healthy() {
         // No future was dropped: the unanswered statement was never sent,
         // and lockkit must not take the connection for one out of step.
-        let db = TestDb::<diesel::MysqlConnection>::new("unbindable");
-        seed_items(&mut db.conn(), &[(1, 10)]);
+        let db = seeded::<MysqlConnection>("unbindable", &[(1, 10)]);
         let mut conn: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
         let outcome = lockkit::asynchronous::locked_transaction(
             &mut conn,
@@ -888,12 +880,11 @@ mod mysql_only {
     async fn one_connection_and_its_lock_wait(
         name: &str,
     ) -> (
-        TestDb<diesel::MysqlConnection>,
+        TestDb<MysqlConnection>,
         bb8::Pool<AsyncDieselConnectionManager<AsyncMysqlConnection>>,
         i64,
     ) {
-        let db = TestDb::<diesel::MysqlConnection>::new(name);
-        seed_items(&mut db.conn(), &[(1, 1_000)]);
+        let db = seeded::<MysqlConnection>(name, &[(1, 1_000)]);
         let pool = async_common::bb8_pool::<AsyncMysqlConnection>(&db.url, "mysql", 1).await;
         let session = lock_timeout(&mut pool.get().await.unwrap(), "mysql").await;
         assert_ne!(
@@ -910,8 +901,7 @@ mod mysql_only {
     /// the call commits the rest of its work.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn the_probe_after_a_bind_error_leaves_a_given_up_nested_call_handed_on() {
-        let db = TestDb::<diesel::MysqlConnection>::new("probe_after_unbindable");
-        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+        let db = seeded::<MysqlConnection>("probe_after_unbindable", &[(1, 10), (2, 10)]);
         let mut conn: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
         let outcome = lockkit::asynchronous::locked_transaction(
             &mut conn,
@@ -950,14 +940,8 @@ mod mysql_only {
     async fn a_write_after_a_statement_cut_short_commits_nothing() {
         use diesel_async::SimpleAsyncConnection;
         use lockkit::asynchronous::prelude::*;
-        let db = TestDb::<diesel::MysqlConnection>::new("write_after_cut_short");
-        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
-        let mut holder: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
-        holder.batch_execute("BEGIN").await.unwrap();
-        holder
-            .batch_execute("SELECT 1 FROM items WHERE id = 1 FOR UPDATE")
-            .await
-            .unwrap();
+        let db = seeded::<MysqlConnection>("write_after_cut_short", &[(1, 10), (2, 10)]);
+        let mut holder = holding(&db.url, "SELECT 1 FROM items WHERE id = 1 FOR UPDATE").await;
         let mut conn: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
         let mut item_2 = item!(&mut conn, 2);
         // A first write, so that the one below sends its UPDATE first (the
@@ -1019,12 +1003,36 @@ mod mysql_only {
     fn item_1_at_1_000(
         name: &str,
         tables: lockkit::migrations::ShippedMigration,
-    ) -> TestDb<diesel::MysqlConnection> {
+    ) -> TestDb<MysqlConnection> {
         use diesel_migrations::MigrationHarness;
-        let db = TestDb::<diesel::MysqlConnection>::new(name);
-        seed_items(&mut db.conn(), &[(1, 1_000)]);
+        let db = seeded::<MysqlConnection>(name, &[(1, 1_000)]);
         db.conn().run_pending_migrations(tables).unwrap();
         db
+    }
+
+    /// Another session on `url`, in a transaction that took `lock` (a locking
+    /// read) and holds it until the test rolls it back.
+    async fn holding(url: &str, lock: &str) -> AsyncMysqlConnection {
+        use diesel_async::SimpleAsyncConnection;
+        let mut holder: AsyncMysqlConnection = async_common::connect(url, "mysql").await;
+        holder.batch_execute("BEGIN").await.unwrap();
+        holder.batch_execute(lock).await.unwrap();
+        holder
+    }
+
+    /// Rolls `holder`'s transaction back (its locks with it) `after` the
+    /// returned signal, as [`async_common::once_signalled`].
+    fn rolled_back_once_signalled(
+        mut holder: AsyncMysqlConnection,
+        after: Duration,
+    ) -> (
+        std::sync::Arc<tokio::sync::Notify>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        use diesel_async::SimpleAsyncConnection;
+        async_common::once_signalled(after, async move {
+            holder.batch_execute("ROLLBACK").await.unwrap();
+        })
     }
 
     /// A pool of one connection without bb8's check-out ping, as lockkit's
@@ -1041,6 +1049,20 @@ mod mysql_only {
     }
 
     type Pool = bb8::Pool<AsyncDieselConnectionManager<AsyncMysqlConnection>>;
+
+    /// Item 1's `$column` (an `Integer` column of `items`) as the next user of
+    /// `$pool` reads it, an error as its text.
+    macro_rules! next_users_read {
+        ($pool:expr, $column:expr) => {{
+            let mut next = $pool.get().await.unwrap();
+            items::table
+                .find(1)
+                .select($column)
+                .first::<i32>(&mut *next)
+                .await
+                .map_err(|e| e.to_string())
+        }};
+    }
 
     /// Checks out the pool's connection as `$conn`, polls `$call` once (its
     /// first statement goes out), lets the reply arrive, drops the call and
@@ -1061,13 +1083,7 @@ mod mysql_only {
                 }
             }
             assert!(pending, "the call never waited for a reply");
-            let mut next = $pool.get().await.unwrap();
-            items::table
-                .find(1)
-                .select(items::stock)
-                .first::<i32>(&mut *next)
-                .await
-                .map_err(|e| e.to_string())
+            next_users_read!($pool, items::stock)
         }};
     }
 
@@ -1080,7 +1096,7 @@ mod mysql_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_call_dropped_during_its_set_transaction_hands_the_next_user_a_working_connection() {
         use lockkit::outbox::{OutboxMessage, Relay};
-        let db = item_1_at_1_000("dropped_set", lockkit_tests::outbox_migrations("mysql"));
+        let db = item_1_at_1_000("dropped_set", outbox_migrations("mysql"));
 
         let guarded = unpinged_pool(&db.url).await;
         let with_lock = next_user_after!(guarded, |conn| lockkit::asynchronous::with_lock(
@@ -1122,13 +1138,11 @@ mod mysql_only {
     /// Takes `$lock` (a locking read) on another session, runs `$call` with
     /// `$conn` a connection of `$pool`, and drops it after a second, while its
     /// statement waits for that lock; gives the connection back and lets the
-    /// statement through; then what the pool's next user reads (item 1's id).
-    macro_rules! next_user_after_a_wait {
+    /// statement through.
+    macro_rules! dropped_while_it_waits {
         ($pool:expr, $url:expr, $lock:expr, |$conn:ident| $call:expr) => {{
             use diesel_async::SimpleAsyncConnection;
-            let mut holder: AsyncMysqlConnection = async_common::connect($url, "mysql").await;
-            holder.batch_execute("BEGIN").await.unwrap();
-            holder.batch_execute($lock).await.unwrap();
+            let mut holder = holding($url, $lock).await;
             let mut pooled = $pool.get().await.unwrap();
             {
                 let $conn = &mut *pooled;
@@ -1140,21 +1154,18 @@ mod mysql_only {
             }
             drop(pooled);
             holder.batch_execute("ROLLBACK").await.unwrap();
-            next_users_read(&$pool).await
         }};
     }
 
-    /// A moment for a statement let through to answer, then what the pool's
-    /// next user reads: item 1's id.
-    async fn next_users_read(pool: &Pool) -> Result<i32, String> {
+    /// A moment for a statement let through to answer; then the pool's next
+    /// user must read item 1's id, after what `after` names.
+    async fn assert_next_user_reads_item_1(pool: &Pool, after: &str) {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let mut next = pool.get().await.unwrap();
-        items::table
-            .find(1)
-            .select(items::id)
-            .first::<i32>(&mut *next)
-            .await
-            .map_err(|e| e.to_string())
+        assert_eq!(
+            next_users_read!(pool, items::id),
+            Ok(1),
+            "after {after}, the pool's next user's read"
+        );
     }
 
     /// A lease's `renew` is one statement in autocommit (it refuses to run
@@ -1164,35 +1175,28 @@ mod mysql_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_lease_renew_dropped_while_it_waits_hands_the_next_user_a_working_connection() {
         use diesel_async::SimpleAsyncConnection;
-        let db = item_1_at_1_000(
-            "dropped_lease_renew",
-            lockkit_tests::lease_migrations("mysql"),
-        );
+        let db = item_1_at_1_000("dropped_lease_renew", lease_migrations("mysql"));
         let pool = unpinged_pool(&db.url).await;
-        let mut holder: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
-        {
+        let mut holder = {
             let mut pooled = pool.get().await.unwrap();
             let ttl = Duration::from_secs(60);
             let mut lease = lockkit::asynchronous::lease::acquire(&mut *pooled, "nightly", ttl)
                 .await
                 .unwrap();
-            holder.batch_execute("BEGIN").await.unwrap();
-            holder
-                .batch_execute("SELECT 1 FROM lockkit_leases WHERE name = 'nightly' FOR UPDATE")
-                .await
-                .unwrap();
+            let holder = holding(
+                &db.url,
+                "SELECT 1 FROM lockkit_leases WHERE name = 'nightly' FOR UPDATE",
+            )
+            .await;
             let dropped = tokio::time::timeout(Duration::from_secs(1), lease.renew()).await;
             assert!(
                 dropped.is_err(),
                 "the renew waits for the other session's lock"
             );
-        }
+            holder
+        };
         holder.batch_execute("ROLLBACK").await.unwrap();
-        assert_eq!(
-            next_users_read(&pool).await,
-            Ok(1),
-            "after a lease renew dropped while it waited, the pool's next user's read"
-        );
+        assert_next_user_reads_item_1(&pool, "a lease renew dropped while it waited").await;
     }
 
     /// A statement of the work's own, cut short inside a lockkit transaction
@@ -1209,8 +1213,7 @@ mod mysql_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_statement_of_the_works_own_cut_short_hands_the_next_user_a_working_connection() {
         use diesel_async::SimpleAsyncConnection;
-        let db = TestDb::<diesel::MysqlConnection>::new("own_statement_cut_short");
-        seed_items(&mut db.conn(), &[(1, 1_000)]);
+        let db = seeded::<MysqlConnection>("own_statement_cut_short", &[(1, 1_000)]);
         diesel::connection::SimpleConnection::batch_execute(
             &mut db.conn(),
             "CREATE TABLE filler (n INT PRIMARY KEY, pad VARCHAR(100) NOT NULL)",
@@ -1218,19 +1221,11 @@ mod mysql_only {
         .unwrap();
         for ends_ok in [true, false] {
             let pool = unpinged_pool(&db.url).await;
-            let mut holder: diesel_async::AsyncMysqlConnection =
-                async_common::connect(&db.url, "mysql").await;
-            holder.batch_execute("BEGIN").await.unwrap();
-            holder
-                .batch_execute("SELECT 1 FROM items WHERE id = 1 FOR UPDATE")
-                .await
-                .unwrap();
+            let holder = holding(&db.url, "SELECT 1 FROM items WHERE id = 1 FOR UPDATE").await;
             // The holder lets go once the work has cut its UPDATE short, so
             // that the UPDATE's reply comes while the call ends.
             let (cut_short, release) =
-                async_common::once_signalled(Duration::from_millis(300), async move {
-                    holder.batch_execute("ROLLBACK").await.unwrap();
-                });
+                rolled_back_once_signalled(holder, Duration::from_millis(300));
             // Connected before the call ends, so that the check below asks
             // the moment the call returns.
             let mut other: diesel_async::AsyncMysqlConnection =
@@ -1283,11 +1278,8 @@ mod mysql_only {
                 "the row is still locked (ending Ok = {ends_ok}): {locked:?}"
             );
             drop(pooled);
-            assert_eq!(
-                next_users_read(&pool).await,
-                Ok(1),
-                "after a work that cut a statement short (ending Ok = {ends_ok}), the pool's next user's read"
-            );
+            let after = format!("a work that cut a statement short (ending Ok = {ends_ok})");
+            assert_next_user_reads_item_1(&pool, &after).await;
             let stock: i32 = diesel::RunQueryDsl::first(
                 items::table.find(1).select(items::stock),
                 &mut db.conn(),
@@ -1317,22 +1309,17 @@ mod mysql_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_versioned_write_dropped_in_autocommit_hands_the_next_user_a_working_connection() {
         use lockkit::asynchronous::prelude::*;
-        let db = TestDb::<diesel::MysqlConnection>::new("dropped_autocommit_write");
-        seed_items(&mut db.conn(), &[(1, 1_000)]);
+        let db = seeded::<MysqlConnection>("dropped_autocommit_write", &[(1, 1_000)]);
         let pool = unpinged_pool(&db.url).await;
         let mut item = item!(&mut *pool.get().await.unwrap(), 1);
         item.stock = 999;
-        let read = next_user_after_a_wait!(
+        dropped_while_it_waits!(
             pool,
             &db.url,
             "SELECT 1 FROM items WHERE id = 1 FOR UPDATE",
             |conn| item.update_versioned(conn)
         );
-        assert_eq!(
-            read,
-            Ok(1),
-            "after a versioned write dropped in autocommit, the pool's next user's read"
-        );
+        assert_next_user_reads_item_1(&pool, "a versioned write dropped in autocommit").await;
     }
 
     /// `lease::acquire` sends three statements outside any transaction: one
@@ -1341,10 +1328,7 @@ mod mysql_only {
     /// as its own.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_lease_acquire_dropped_while_it_waits_hands_the_next_user_a_working_connection() {
-        let db = item_1_at_1_000(
-            "dropped_lease_acquire",
-            lockkit_tests::lease_migrations("mysql"),
-        );
+        let db = item_1_at_1_000("dropped_lease_acquire", lease_migrations("mysql"));
         let pool = unpinged_pool(&db.url).await;
         {
             let mut conn = pool.get().await.unwrap();
@@ -1357,7 +1341,7 @@ mod mysql_only {
             .unwrap();
             lease.release().await.unwrap();
         }
-        let read = next_user_after_a_wait!(
+        dropped_while_it_waits!(
             pool,
             &db.url,
             "SELECT 1 FROM lockkit_leases WHERE name = 'nightly' FOR UPDATE",
@@ -1367,11 +1351,7 @@ mod mysql_only {
                     .map(drop)
             }
         );
-        assert_eq!(
-            read,
-            Ok(1),
-            "after a lease acquire dropped while it waited, the pool's next user's read"
-        );
+        assert_next_user_reads_item_1(&pool, "a lease acquire dropped while it waited").await;
     }
 
     /// `lock_all` opens no level of its own: one timed out on its own while it
@@ -1379,21 +1359,11 @@ mod mysql_only {
     /// that transaction instead of letting its `COMMIT` read the lock's reply.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_lock_all_dropped_while_it_waits_fails_the_transaction_around() {
-        use diesel_async::SimpleAsyncConnection;
-        let db = TestDb::<diesel::MysqlConnection>::new("dropped_lock_all");
-        seed_items(&mut db.conn(), &[(1, 1_000), (2, 1_000)]);
-        let mut holder: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
-        holder.batch_execute("BEGIN").await.unwrap();
-        holder
-            .batch_execute("SELECT 1 FROM items WHERE id = 2 FOR UPDATE")
-            .await
-            .unwrap();
+        let db = seeded::<MysqlConnection>("dropped_lock_all", &[(1, 1_000), (2, 1_000)]);
+        let holder = holding(&db.url, "SELECT 1 FROM items WHERE id = 2 FOR UPDATE").await;
         // The holder lets go only once `lock_all` has been given up on, a
         // while later, so that its reply comes while the transaction ends.
-        let (given_up, releaser) =
-            async_common::once_signalled(Duration::from_millis(500), async move {
-                holder.batch_execute("ROLLBACK").await.unwrap();
-            });
+        let (given_up, releaser) = rolled_back_once_signalled(holder, Duration::from_millis(500));
         let mut conn: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
         let outcome = lockkit::asynchronous::locked_transaction(
             &mut conn,
@@ -1443,10 +1413,7 @@ mod mysql_only {
     async fn a_run_dropped_while_releasing_its_key_hands_the_next_user_a_working_connection() {
         use diesel_async::SimpleAsyncConnection;
         use lockkit::idempotency::Idempotency;
-        let db = item_1_at_1_000(
-            "dropped_key_release",
-            lockkit_tests::idempotency_migrations("mysql"),
-        );
+        let db = item_1_at_1_000("dropped_key_release", idempotency_migrations("mysql"));
 
         let pool = unpinged_pool(&db.url).await;
         let mut holder: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
@@ -1475,11 +1442,7 @@ mod mysql_only {
         drop(pooled);
         // The release goes through now, and its reply reaches the connection.
         holder.batch_execute("ROLLBACK").await.unwrap();
-        assert_eq!(
-            next_users_read(&pool).await,
-            Ok(1),
-            "after a run dropped while releasing its key, the pool's next user's read"
-        );
+        assert_next_user_reads_item_1(&pool, "a run dropped while releasing its key").await;
     }
 }
 
@@ -1488,6 +1451,7 @@ mod postgres_only {
     use super::*;
     use diesel::connection::SimpleConnection as _;
     use diesel::Connection as _;
+    use diesel::PgConnection;
     use diesel_async::AsyncPgConnection;
     use lockkit::asynchronous::prelude::*;
     use lockkit_tests::TestDb;
@@ -1515,12 +1479,12 @@ mod postgres_only {
     /// Another session holds item 1's row lock until told to let go (or the
     /// [`HeldRow`] is dropped), then runs `then` and commits; returns once it
     /// holds the lock.
-    fn hold_the_row(db: &TestDb<diesel::PgConnection>, then: &'static str) -> HeldRow {
+    fn hold_the_row(db: &TestDb<PgConnection>, then: &'static str) -> HeldRow {
         let (locked_tx, locked_rx) = std::sync::mpsc::channel();
         let (release, release_rx) = std::sync::mpsc::channel::<()>();
         let url = db.url.clone();
         let thread = std::thread::spawn(move || {
-            let mut conn = diesel::PgConnection::establish(&url).unwrap();
+            let mut conn = PgConnection::establish(&url).unwrap();
             conn.transaction(|c| {
                 c.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")?;
                 locked_tx.send(()).unwrap();
@@ -1555,6 +1519,44 @@ mod postgres_only {
         item
     }
 
+    /// Gives `write` 100 ms, while it waits for `what`, then drops it and
+    /// calls `let_go`, which frees what it waited for.
+    async fn given_up_while_it_waits<F: Future>(write: F, let_go: impl FnOnce(), what: &str) {
+        let tried = tokio::time::timeout(Duration::from_millis(100), write).await;
+        let_go();
+        assert!(tried.is_err(), "given up on while it waited for {what}");
+    }
+
+    /// A versioned write of stock 7 to item 1 as read now on `conn`, given up
+    /// on while it waits for `what` ([`given_up_while_it_waits`]), in a
+    /// `locked_transaction` that goes on to commit: what that returned.
+    async fn write_of_7_given_up_in_a_commit(
+        conn: &mut AsyncPgConnection,
+        let_go: impl FnOnce() + Send,
+        what: &str,
+    ) -> Result<(), Error> {
+        let mut item = item!(&mut *conn, 1);
+        lockkit::asynchronous::locked_transaction(
+            conn,
+            LockOptions::default(),
+            async |conn: &mut AsyncPgConnection| {
+                item.stock = 7;
+                given_up_while_it_waits(item.update_versioned(conn), let_go, what).await;
+                Ok::<_, Error>(())
+            },
+        )
+        .await
+    }
+
+    /// `item`'s versioned write of stock 4 on `conn`: refused as stale, and
+    /// the stock of 7 that `stands` names stays.
+    async fn refused_as_stale(conn: &mut AsyncPgConnection, mut item: Item, stands: &str) {
+        item.stock = 4;
+        let outcome = item.update_versioned(&mut *conn).await;
+        assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
+        assert_eq!(stock!(conn), 7, "{stands}");
+    }
+
     /// PostgreSQL runs a statement whose future was dropped: a versioned
     /// write given up on while it waits for another session's lock on the row
     /// still writes, in the caller's transaction, once the lock is let go. A
@@ -1565,8 +1567,7 @@ mod postgres_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_versioned_write_dropped_in_flight_in_a_rolled_back_transaction_is_never_matched_again(
     ) {
-        let db = TestDb::<diesel::PgConnection>::new("dropped_write_rolled_back");
-        seed_items(&mut db.conn(), &[(1, 10)]);
+        let db = seeded::<PgConnection>("dropped_write_rolled_back", &[(1, 10)]);
         let holder = hold_the_row(&db, "SELECT 1");
         let mut conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
         let mut a = item!(&mut conn, 1);
@@ -1576,11 +1577,8 @@ mod postgres_only {
             LockOptions::default(),
             async |conn: &mut AsyncPgConnection| {
                 a.stock = 5;
-                let tried =
-                    tokio::time::timeout(Duration::from_millis(100), a.update_versioned(conn))
-                        .await;
-                holder.let_go();
-                assert!(tried.is_err(), "given up on while it waited for the lock");
+                given_up_while_it_waits(a.update_versioned(conn), || holder.let_go(), "the lock")
+                    .await;
                 // Queued behind the dropped write: sees it once the holder lets go.
                 fresh = Some(item!(conn, 1));
                 Err::<(), _>(Error::NoRowMatched) // the caller gives up: rolled back
@@ -1589,7 +1587,7 @@ mod postgres_only {
         .await;
         assert!(matches!(outcome, Err(Error::NoRowMatched)), "{outcome:?}");
         holder.join();
-        let mut fresh = fresh.unwrap();
+        let fresh = fresh.unwrap();
         assert_eq!(
             (fresh.stock, fresh.lock_version),
             (5, 1),
@@ -1600,10 +1598,7 @@ mod postgres_only {
                 "UPDATE items SET stock = 7, lock_version = 1 WHERE id = 1 AND lock_version = 0",
             )
             .unwrap();
-        fresh.stock = 4;
-        let outcome = fresh.update_versioned(&mut conn).await;
-        assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
-        assert_eq!(stock!(&mut conn), 7, "the other process's change stands");
+        refused_as_stale(&mut conn, fresh, "the other process's change stands").await;
     }
 
     /// A write dropped in flight in a transaction that commits: PostgreSQL
@@ -1612,26 +1607,12 @@ mod postgres_only {
     /// it). The journal must still refuse that struct.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_write_dropped_in_flight_keeps_another_structs_rolled_back_number_refused() {
-        let db = TestDb::<diesel::PgConnection>::new("dropped_write_reused_number");
-        seed_items(&mut db.conn(), &[(1, 10)]);
+        let db = seeded::<PgConnection>("dropped_write_reused_number", &[(1, 10)]);
         let mut conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
-        let mut s1 = rolled_back_write(&mut conn).await;
+        let s1 = rolled_back_write(&mut conn).await;
         let holder = hold_the_row(&db, "SELECT 1");
-        let mut s2 = item!(&mut conn, 1);
-        let committed = lockkit::asynchronous::locked_transaction(
-            &mut conn,
-            LockOptions::default(),
-            async |conn: &mut AsyncPgConnection| {
-                s2.stock = 7;
-                let tried =
-                    tokio::time::timeout(Duration::from_millis(100), s2.update_versioned(conn))
-                        .await;
-                holder.let_go();
-                assert!(tried.is_err(), "given up on while it waited for the lock");
-                Ok::<_, Error>(())
-            },
-        )
-        .await;
+        let committed =
+            write_of_7_given_up_in_a_commit(&mut conn, || holder.let_go(), "the lock").await;
         holder.join();
         assert!(committed.is_ok(), "{committed:?}");
         assert_eq!(
@@ -1639,10 +1620,7 @@ mod postgres_only {
             1,
             "the dropped write committed the rolled-back number"
         );
-        s1.stock = 4;
-        let outcome = s1.update_versioned(&mut conn).await;
-        assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
-        assert_eq!(stock!(&mut conn), 7, "the dropped write's change stands");
+        refused_as_stale(&mut conn, s1, "the dropped write's change stands").await;
     }
 
     /// A write dropped while it waits for another transaction's versioned
@@ -1650,15 +1628,14 @@ mod postgres_only {
     /// commits that write's number. The rolled-back struct must not match it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_write_dropped_behind_a_rolled_back_write_keeps_that_struct_refused() {
-        let db = TestDb::<diesel::PgConnection>::new("dropped_behind_rolled_back");
-        seed_items(&mut db.conn(), &[(1, 10)]);
+        let db = seeded::<PgConnection>("dropped_behind_rolled_back", &[(1, 10)]);
         let (locked_tx, locked_rx) = std::sync::mpsc::channel();
         // The other write rolls back once the dropped write was given up on
         // (or the test panicked and dropped the sender).
         let (release, release_rx) = std::sync::mpsc::channel::<()>();
         let url = db.url.clone();
         let a = std::thread::spawn(move || {
-            let mut conn = diesel::PgConnection::establish(&url).unwrap();
+            let mut conn = PgConnection::establish(&url).unwrap();
             let mut s_a: Item =
                 diesel::RunQueryDsl::first(items::table.find(1), &mut conn).unwrap();
             let rolled_back = conn.transaction(|c| {
@@ -1673,24 +1650,10 @@ mod postgres_only {
         });
         locked_rx.recv().unwrap();
         let mut conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
-        let mut s2 = item!(&mut conn, 1);
-        let committed = lockkit::asynchronous::locked_transaction(
-            &mut conn,
-            LockOptions::default(),
-            async |conn: &mut AsyncPgConnection| {
-                s2.stock = 7;
-                let tried =
-                    tokio::time::timeout(Duration::from_millis(100), s2.update_versioned(conn))
-                        .await;
-                let _ = release.send(());
-                assert!(
-                    tried.is_err(),
-                    "given up on while it waited for the other write"
-                );
-                Ok::<_, Error>(())
-            },
-        )
-        .await;
+        let let_go = || {
+            let _ = release.send(());
+        };
+        let committed = write_of_7_given_up_in_a_commit(&mut conn, let_go, "the other write").await;
         assert!(committed.is_ok(), "{committed:?}");
         drop(release); // had the call failed before its write
         let (mut a_conn, mut s_a) = a.join().unwrap();
@@ -1711,23 +1674,21 @@ mod postgres_only {
     /// match it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_delete_dropped_in_autocommit_keeps_the_journals_rolled_back_numbers() {
-        let db = TestDb::<diesel::PgConnection>::new("dropped_delete_autocommit");
-        seed_items(&mut db.conn(), &[(1, 10)]);
+        let db = seeded::<PgConnection>("dropped_delete_autocommit", &[(1, 10)]);
         let mut conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
-        let mut s1 = rolled_back_write(&mut conn).await;
+        let s1 = rolled_back_write(&mut conn).await;
         let other = hold_the_row(
             &db,
             "UPDATE items SET stock = 7, lock_version = 1 WHERE id = 1",
         );
         let s2 = item!(&mut conn, 1);
-        let tried =
-            tokio::time::timeout(Duration::from_millis(100), s2.delete_versioned(&mut conn)).await;
-        other.let_go();
-        assert!(tried.is_err(), "given up on while it waited for the lock");
+        given_up_while_it_waits(
+            s2.delete_versioned(&mut conn),
+            || other.let_go(),
+            "the lock",
+        )
+        .await;
         other.join();
-        s1.stock = 4;
-        let outcome = s1.update_versioned(&mut conn).await;
-        assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
-        assert_eq!(stock!(&mut conn), 7, "the other process's change stands");
+        refused_as_stale(&mut conn, s1, "the other process's change stands").await;
     }
 }

@@ -44,6 +44,48 @@ macro_rules! sell_one {
     }};
 }
 
+/// Request `k` of tenant `t` (fingerprint `f`) under `$keys` on `$conn`, whose
+/// work sells one unit of item 1 and answers as order `$order`: the retry
+/// after a failed run of it.
+macro_rules! sell_under_key_k {
+    ($keys:expr, $conn:expr, $order:expr) => {
+        idempotency::run(&$keys, $conn, "t", "k", "f", async |conn: &mut Async| {
+            let left = sell_one!(conn)?;
+            Ok::<_, Error>(Order {
+                order: $order,
+                left,
+            })
+        })
+    };
+}
+
+/// A repeat of request `key` (tenant `tenant-1`, fingerprint `request`) on
+/// `conn`, after the request completed: it replays `stored`, without running
+/// the work.
+async fn assert_replayed<C>(
+    keys: &Idempotency,
+    conn: &mut C,
+    key: &str,
+    request: &str,
+    stored: Order,
+) where
+    C: idempotency::AsyncIdempotencyStore,
+{
+    let again = idempotency::run(
+        keys,
+        conn,
+        "tenant-1",
+        key,
+        request,
+        async |_conn: &mut C| -> Result<Order, Error> {
+            panic!("a completed key must not run the work again")
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(again, Outcome::Replayed(stored));
+}
+
 async_backend_tests! {
     async fn eight_tasks_with_one_key_run_the_work_once_and_get_one_response(db) {
         db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
@@ -86,12 +128,7 @@ async_backend_tests! {
         let mut conn = pool.get().await.unwrap();
         assert_eq!(stock!(&mut *conn), 99, "one unit sold");
         // Later repeats replay too, without running the work.
-        let again = idempotency::run(&keys, &mut *conn, "tenant-1", "order-42", &request, async |_conn: &mut Async| -> Result<Order, Error> {
-            panic!("a completed key must not run the work again")
-        })
-        .await
-        .unwrap();
-        assert_eq!(again, Outcome::Replayed(stored));
+        assert_replayed(&keys, &mut *conn, "order-42", &request, stored).await;
     }
 
     async fn a_run_whose_work_gave_up_on_a_nested_call_stores_its_response(db) {
@@ -120,12 +157,7 @@ async_backend_tests! {
         let order = Order { order: 3, left: 99 };
         assert_eq!(ran.as_ref().ok(), Some(&Outcome::Ran(order.clone())), "the run returned {ran:?}");
         assert_eq!(stock!(&mut conn), 99);
-        let again = idempotency::run(&keys, &mut conn, "tenant-1", "order-3", &request, async |_conn: &mut Async| -> Result<Order, Error> {
-            panic!("a completed key must not run the work again")
-        })
-        .await
-        .unwrap();
-        assert_eq!(again, Outcome::Replayed(order));
+        assert_replayed(&keys, &mut conn, "order-3", &request, order).await;
     }
 
     async fn a_dropped_run_holds_its_key_until_the_lease_then_a_repeat_runs_the_work_once(db) {
@@ -184,12 +216,7 @@ async_backend_tests! {
         .await;
         assert!(matches!(failed, Err(Error::InvalidInput("out of stock"))), "{failed:?}");
         assert_eq!(stock!(&mut conn), 100, "the failed work was rolled back");
-        let retried = idempotency::run(&keys, &mut conn, "t", "k", "f", async |conn: &mut Async| {
-            let left = sell_one!(conn)?;
-            Ok::<_, Error>(Order { order: 3, left })
-        })
-        .await
-        .unwrap();
+        let retried = sell_under_key_k!(keys, &mut conn, 3).await.unwrap();
         assert_eq!(retried, Outcome::Ran(Order { order: 3, left: 99 }), "the released key ran again");
         let reused = idempotency::run(&keys, &mut conn, "t", "k", "another request", async |_conn: &mut Async| {
             Ok::<_, Error>(Order { order: 4, left: 0 })
@@ -326,9 +353,7 @@ mod waiting {
             });
             // A commit sent behind the waiting INSERT would wait for `other`,
             // which lets go only after it.
-            let outcome = tokio::time::timeout(Duration::from_secs(20), transaction)
-                .await
-                .expect("the transaction ended without waiting for the dropped take");
+            let outcome = async_common::ended_without_waiting_for(transaction, "take").await;
             drop(conn);
             release.send(()).unwrap();
             other.await.unwrap();
@@ -437,12 +462,7 @@ async fn a_work_that_let_sqlite_roll_back_the_whole_transaction_stores_no_respon
     .await;
     assert!(first.is_err(), "{first:?}");
     assert_eq!(stock!(&mut conn), 5, "the sale was rolled back");
-    let retried = idempotency::run(&keys, &mut conn, "t", "k", "f", async |conn: &mut Async| {
-        let left = sell_one!(conn)?;
-        Ok::<_, Error>(Order { order: 2, left })
-    })
-    .await
-    .unwrap();
+    let retried = sell_under_key_k!(keys, &mut conn, 2).await.unwrap();
     assert_eq!(
         retried,
         Outcome::Ran(Order { order: 2, left: 4 }),

@@ -889,6 +889,33 @@ mod postgres_only {
         (release_tx, holder)
     }
 
+    /// A database `name` whose items 1 and 2 have 10 units each, and an async
+    /// connection to it.
+    async fn items_1_and_2_at_10(name: &str) -> (TestDb<diesel::PgConnection>, AsyncPgConnection) {
+        let db = async_common::seeded::<diesel::PgConnection>(name, &[(1, 10), (2, 10)]);
+        let conn = async_common::connect(&db.url, "postgres").await;
+        (db, conn)
+    }
+
+    /// Lets item 2's holder ([`item_2_held`]) go, if not told yet, and waits
+    /// for its thread unless that was joined already; then the stocks
+    /// committed, in id order.
+    fn stocks_once_let_go(
+        db: &TestDb<diesel::PgConnection>,
+        release_tx: &mpsc::Sender<()>,
+        holder: Option<std::thread::JoinHandle<()>>,
+    ) -> Vec<i32> {
+        let _ = release_tx.send(());
+        if let Some(holder) = holder {
+            holder.join().unwrap();
+        }
+        diesel::RunQueryDsl::load(
+            items::table.order(items::id).select(items::stock),
+            &mut db.conn(),
+        )
+        .unwrap()
+    }
+
     /// The blocking side's
     /// `a_retry_inside_with_lock_that_met_a_lock_timeout_lets_the_retry_around_it_run_again`:
     /// the work runs its update again in the transaction a lock timeout
@@ -896,9 +923,7 @@ mod postgres_only {
     /// runs the whole transaction again once item 2 is free.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_retry_inside_with_lock_that_met_a_lock_timeout_lets_the_retry_around_it_run_again() {
-        let db = TestDb::<diesel::PgConnection>::new("async_retry_inside_aborted");
-        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
-        let mut conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
+        let (db, mut conn) = items_1_and_2_at_10("async_retry_inside_aborted").await;
         let (release_tx, holder) = item_2_held(&db.url);
         let mut holder = Some(holder);
         let wait = LockOptions::default().timeout(std::time::Duration::from_millis(200));
@@ -939,15 +964,7 @@ mod postgres_only {
                 other => break other,
             }
         };
-        let _ = release_tx.send(());
-        if let Some(holder) = holder {
-            holder.join().unwrap();
-        }
-        let stocks: Vec<i32> = diesel::RunQueryDsl::load(
-            items::table.order(items::id).select(items::stock),
-            &mut db.conn(),
-        )
-        .unwrap();
+        let stocks = stocks_once_let_go(&db, &release_tx, holder);
         assert!(
             outcome.is_ok() && attempts == 2 && stocks == [8, 8],
             "{outcome:?} after {attempts} attempt(s); stocks {stocks:?}"
@@ -964,9 +981,7 @@ mod postgres_only {
         use diesel_async::SimpleAsyncConnection;
         use std::sync::atomic::{AtomicU32, Ordering};
         use std::sync::Mutex;
-        let db = TestDb::<diesel::PgConnection>::new("async_nested_swallowed_timeout");
-        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
-        let mut conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
+        let (db, mut conn) = items_1_and_2_at_10("async_nested_swallowed_timeout").await;
         let (release_tx, holder) = item_2_held(&db.url);
         let holder = Mutex::new(Some(holder));
         let attempts = AtomicU32::new(0);
@@ -997,15 +1012,7 @@ mod postgres_only {
             },
         )
         .await;
-        let _ = release_tx.send(());
-        if let Some(holder) = holder.lock().unwrap().take() {
-            holder.join().unwrap();
-        }
-        let stocks: Vec<i32> = diesel::RunQueryDsl::load(
-            items::table.order(items::id).select(items::stock),
-            &mut db.conn(),
-        )
-        .unwrap();
+        let stocks = stocks_once_let_go(&db, release_tx, holder.lock().unwrap().take());
         let attempts = AtomicU32::load(&attempts, Ordering::SeqCst);
         assert!(
             outcome.is_ok() && attempts == 2 && stocks == [10, 8],
@@ -1232,7 +1239,6 @@ mod sqlite_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_idempotency_key_is_kept_for_work_that_wrote_after_sqlites_rollback() {
         use diesel_migrations::MigrationHarness;
-        use lockkit::asynchronous::idempotency;
         use lockkit::idempotency::Idempotency;
         let (db, mut conn) =
             out_of_stock_db("async_raise_rollback_idempotency", &[(1, 0), (2, 5)]).await;
@@ -1240,42 +1246,27 @@ mod sqlite_only {
             .run_pending_migrations(lockkit_tests::idempotency_migrations("sqlite"))
             .unwrap();
         let keys = Idempotency::default();
-        let sell_two = async |c: &mut Async| {
-            diesel::update(items::table.find(2))
-                .set(items::stock.eq(items::stock - 1))
-                .execute(c)
-                .await
-        };
-        let panicked = async_common::caught_panic(idempotency::run(
+        let panicked = async_common::caught_panic(async_common::run_order_1(
             &keys,
             &mut conn,
-            "tenant-1",
-            "order-1",
-            "f",
             async |c: &mut Async| -> Result<String, Error> {
                 oversell_item_1!(&mut *c);
-                sell_two(c).await?; // in autocommit
+                sell_item_2!(c)?; // in autocommit
                 panic!("a bug in the handler");
             },
         ))
         .await;
         assert!(panicked.is_err(), "the panic went on");
-        let again = idempotency::run(
+        async_common::assert_retry_in_progress(
             &keys,
             &mut conn,
-            "tenant-1",
-            "order-1",
-            "f",
+            "the retry got",
             async |c: &mut Async| {
-                sell_two(c).await?;
+                sell_item_2!(c)?;
                 Ok::<_, Error>("sold".to_owned())
             },
         )
         .await;
-        assert!(
-            matches!(again, Err(Error::IdempotencyInProgress)),
-            "the retry got {again:?}"
-        );
         assert_eq!(stocks!(&mut conn), vec![0, 4]);
     }
 
@@ -1298,6 +1289,28 @@ mod sqlite_only {
                 nothing_committed!($conn, $stocks, $outcome, Some(sold));
             }
         };
+    }
+
+    /// `locked_transaction` on `$conn` whose work runs `$before` (where
+    /// `$inner` names its connection), then sells one unit of each item of
+    /// `$ids` ([`sell_each!`]): every one of those sales refuses, the stocks
+    /// stay `$stocks`, and the call fails.
+    macro_rules! every_sale_after_refused {
+        ($conn:expr, $ids:expr, $stocks:expr, |$inner:ident| $before:block) => {{
+            let after = Mutex::new(Vec::new());
+            let outcome = lockkit::asynchronous::locked_transaction(
+                $conn,
+                LockOptions::default(),
+                async |$inner: &mut Async| {
+                    $before
+                    sell_each!(&mut *$inner, $ids, after);
+                    Ok::<_, Error>(())
+                },
+            )
+            .await;
+            all_refused!($conn, $stocks, outcome, after);
+            assert!(outcome.is_err(), "{outcome:?}");
+        }};
     }
 
     /// In your own transaction, your statement oversells item 1 (the trigger
@@ -1389,35 +1402,25 @@ mod sqlite_only {
             &[(1, 0), (2, 5), (3, 5)],
         )
         .await;
-        let after = Mutex::new(Vec::new());
-        let outcome = lockkit::asynchronous::locked_transaction(
-            &mut conn,
-            LockOptions::default(),
-            async |conn: &mut Async| {
-                // A nested lockkit level, inside it a savepoint of your own,
-                // inside that the sale of item 1, whose trigger rolls back the
-                // whole transaction: your savepoint's end makes diesel-async
-                // drop its count of open levels.
-                let nested = lockkit::asynchronous::locked_transaction(
-                    &mut *conn,
-                    LockOptions::default(),
-                    async |conn: &mut Async| {
-                        let yours = conn
-                            .transaction(async |conn| sell!(&mut *conn, 1).await)
-                            .await;
-                        assert!(yours.is_err(), "item 1 is out of stock");
-                        Ok::<_, Error>(())
-                    },
-                )
-                .await;
-                assert!(nested.is_err(), "{nested:?}");
-                sell_each!(&mut *conn, [2, 3], after);
-                Ok::<_, Error>(())
-            },
-        )
-        .await;
-        all_refused!(&mut conn, [0, 5, 5], outcome, after);
-        assert!(outcome.is_err(), "{outcome:?}");
+        every_sale_after_refused!(&mut conn, [2, 3], [0, 5, 5], |conn| {
+            // A nested lockkit level, inside it a savepoint of your own,
+            // inside that the sale of item 1, whose trigger rolls back the
+            // whole transaction: your savepoint's end makes diesel-async
+            // drop its count of open levels.
+            let nested = lockkit::asynchronous::locked_transaction(
+                &mut *conn,
+                LockOptions::default(),
+                async |conn: &mut Async| {
+                    let yours = conn
+                        .transaction(async |conn| sell!(&mut *conn, 1).await)
+                        .await;
+                    assert!(yours.is_err(), "item 1 is out of stock");
+                    Ok::<_, Error>(())
+                },
+            )
+            .await;
+            assert!(nested.is_err(), "{nested:?}");
+        });
     }
 
     #[tokio::test]
@@ -1427,24 +1430,15 @@ mod sqlite_only {
             &[(1, 0), (2, 5), (3, 5), (4, 5)],
         )
         .await;
-        let after = Mutex::new(Vec::new());
-        let outcome = lockkit::asynchronous::locked_transaction(
-            &mut conn,
-            LockOptions::default(),
-            async |conn: &mut Async| {
-                sell!(&mut *conn, 3).await?;
-                assert!(
-                    sell!(&mut *conn, 1).await.is_err(),
-                    "item 1 is out of stock"
-                );
-                // Item after item: not one of them may commit on its own.
-                sell_each!(&mut *conn, [2, 4], after);
-                Ok::<_, Error>(())
-            },
-        )
-        .await;
-        all_refused!(&mut conn, [0, 5, 5, 5], outcome, after);
-        assert!(outcome.is_err(), "{outcome:?}");
+        // Item after item after the oversale: not one of them may commit on
+        // its own.
+        every_sale_after_refused!(&mut conn, [2, 4], [0, 5, 5, 5], |conn| {
+            sell!(&mut *conn, 3).await?;
+            assert!(
+                sell!(&mut *conn, 1).await.is_err(),
+                "item 1 is out of stock"
+            );
+        });
         // The connection is whole again once the transaction ended.
         sell!(&mut conn, 4).await.unwrap();
         let stocks = stocks!(&mut conn);

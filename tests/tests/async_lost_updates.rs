@@ -454,6 +454,40 @@ mod mysql_aborted {
         assert_retried_whole(stage, &runs, outcome).await;
     }
 
+    /// A database `name` whose item 1 has 10 units, and a connection to it.
+    async fn item_1_at_10(name: &str) -> (lockkit_tests::TestDb<Blocking>, Async) {
+        let db = async_common::seeded::<Blocking>(name, &[(1, 10)]);
+        let conn = async_common::connect(&db.url, "mysql").await;
+        (db, conn)
+    }
+
+    /// `work` under `transaction_with_retry` (up to three attempts) on `conn`:
+    /// what that returned, and how many attempts ran. Each attempt runs a copy
+    /// of `work`, which captures only references.
+    async fn counting_attempts<F>(conn: &mut Async, work: F) -> (Result<(), Error>, u32)
+    where
+        F: for<'r> lockkit::asynchronous::work::AsyncAttempt<
+                &'r mut Async,
+                Result<(), Error>,
+                Fut: Send,
+            > + Clone
+            + Send
+            + Sync,
+    {
+        let attempts = AtomicU32::new(0);
+        let outcome = lockkit::asynchronous::transaction_with_retry(
+            conn,
+            &RetryPolicy::immediate(3),
+            async |conn: &mut Async| {
+                attempts.fetch_add(1, Ordering::SeqCst);
+                let mut work = work.clone();
+                work(conn).await
+            },
+        )
+        .await;
+        (outcome, AtomicU32::load(&attempts, Ordering::SeqCst))
+    }
+
     /// Item 1's stock, read on a connection of its own (outside every
     /// transaction the test left).
     async fn stock_on_a_fresh_connection(url: &str) -> i32 {
@@ -473,28 +507,18 @@ mod mysql_aborted {
     /// finds no transaction open, and must not run the work again.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn work_whose_transaction_ended_without_a_failed_statement_is_not_run_again() {
-        let db = lockkit_tests::TestDb::<Blocking>::new("async_ended_without_a_failed_statement");
-        seed_items(&mut db.conn(), &[(1, 10)]);
-        let mut conn: Async = async_common::connect(&db.url, "mysql").await;
+        let (db, mut conn) = item_1_at_10("async_ended_without_a_failed_statement").await;
         let other = Mutex::new(db.connect());
-        let attempts = AtomicU32::new(0);
-        let outcome = lockkit::asynchronous::transaction_with_retry(
-            &mut conn,
-            &RetryPolicy::immediate(3),
-            async |conn| {
-                attempts.fetch_add(1, Ordering::SeqCst);
-                let sell =
-                    diesel::update(items::table.find(1)).set(items::stock.eq(items::stock - 1));
-                sell.clone().execute(conn).await?;
-                conn.batch_execute("CREATE TABLE IF NOT EXISTS committed_implicitly (id INT)")
-                    .await?;
-                sell.execute(conn).await?;
-                lockkit_tests::aborts::open_a_stand_in(&mut other.lock().unwrap());
-                Ok::<_, Error>(())
-            },
-        )
+        let (outcome, attempts) = counting_attempts(&mut conn, async |conn| {
+            let sell = diesel::update(items::table.find(1)).set(items::stock.eq(items::stock - 1));
+            sell.clone().execute(conn).await?;
+            conn.batch_execute("CREATE TABLE IF NOT EXISTS committed_implicitly (id INT)")
+                .await?;
+            sell.execute(conn).await?;
+            lockkit_tests::aborts::open_a_stand_in(&mut other.lock().unwrap());
+            Ok::<_, Error>(())
+        })
         .await;
-        let attempts = AtomicU32::load(&attempts, Ordering::SeqCst);
         let stock = stock_on_a_fresh_connection(&db.url).await;
         lockkit_tests::aborts::assert_not_run_again(attempts, &outcome, stock);
     }
@@ -505,35 +529,26 @@ mod mysql_aborted {
     /// again.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_nested_call_after_an_implicit_commit_is_never_retried() {
-        let db = lockkit_tests::TestDb::<Blocking>::new("async_nested_implicit_commit");
-        seed_items(&mut db.conn(), &[(1, 10)]);
-        let mut conn: Async = async_common::connect(&db.url, "mysql").await;
-        let attempts = AtomicU32::new(0);
-        let outcome = lockkit::asynchronous::transaction_with_retry(
-            &mut conn,
-            &RetryPolicy::immediate(3),
-            async |conn| {
-                attempts.fetch_add(1, Ordering::SeqCst);
-                diesel::update(items::table.find(1))
-                    .set(items::stock.eq(items::stock - 1))
-                    .execute(conn)
+        let (db, mut conn) = item_1_at_10("async_nested_implicit_commit").await;
+        let (outcome, attempts) = counting_attempts(&mut conn, async |conn| {
+            diesel::update(items::table.find(1))
+                .set(items::stock.eq(items::stock - 1))
+                .execute(conn)
+                .await?;
+            lockkit::asynchronous::transaction_with_retry(
+                conn,
+                &RetryPolicy::immediate(3),
+                async |conn| {
+                    conn.batch_execute(
+                        "CREATE TABLE IF NOT EXISTS nested_committed_implicitly (id INT)",
+                    )
                     .await?;
-                lockkit::asynchronous::transaction_with_retry(
-                    conn,
-                    &RetryPolicy::immediate(3),
-                    async |conn| {
-                        conn.batch_execute(
-                            "CREATE TABLE IF NOT EXISTS nested_committed_implicitly (id INT)",
-                        )
-                        .await?;
-                        Err::<(), _>(Error::NotFound)
-                    },
-                )
-                .await
-            },
-        )
+                    Err::<(), _>(Error::NotFound)
+                },
+            )
+            .await
+        })
         .await;
-        let attempts = AtomicU32::load(&attempts, Ordering::SeqCst);
         let stock = stock_on_a_fresh_connection(&db.url).await;
         assert!(
             attempts == 1 && stock == 9 && outcome.as_ref().is_err_and(|e| !e.is_retryable()),
@@ -549,7 +564,6 @@ mod mysql_aborted {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn an_idempotency_key_is_kept_for_work_that_wrote_after_innodb_rolled_it_back() {
         use diesel_migrations::MigrationHarness;
-        use lockkit::asynchronous::idempotency;
         use lockkit::idempotency::Idempotency;
         for panics in [false, true] {
             let stage = Stage::new(&format!("async_idempotency_wrote_after_end_{panics}"));
@@ -560,18 +574,9 @@ mod mysql_aborted {
                 .unwrap();
             let keys = Idempotency::default();
             let mut conn = stage.connect().await;
-            let sell_two = async |conn: &mut Async| {
-                diesel::update(items::table.find(2))
-                    .set(items::stock.eq(items::stock - 1))
-                    .execute(conn)
-                    .await
-            };
-            let outcome = async_common::caught_panic(idempotency::run(
+            let outcome = async_common::caught_panic(async_common::run_order_1(
                 &keys,
                 &mut conn,
-                "tenant-1",
-                "order-1",
-                "f",
                 async |conn: &mut Async| {
                     conn.batch_execute("SELECT id FROM items WHERE id = 1 FOR UPDATE")
                         .await?;
@@ -581,7 +586,7 @@ mod mysql_aborted {
                         victim.is_err(),
                         "the lock on item 2 was the deadlock's victim"
                     );
-                    sell_two(conn).await?; // in autocommit
+                    sell_item_2!(conn)?; // in autocommit
                     if panics {
                         panic!("a bug in the handler");
                     }
@@ -596,22 +601,17 @@ mod mysql_aborted {
                     "{outcome:?}"
                 ),
             }
-            let again = idempotency::run(
+            let context = format!("panics: {panics}:");
+            async_common::assert_retry_in_progress(
                 &keys,
                 &mut conn,
-                "tenant-1",
-                "order-1",
-                "f",
+                &context,
                 async |conn: &mut Async| {
-                    sell_two(conn).await?;
+                    sell_item_2!(conn)?;
                     Ok::<_, Error>("201 sold".to_owned())
                 },
             )
             .await;
-            assert!(
-                matches!(again, Err(Error::IdempotencyInProgress)),
-                "panics: {panics}: {again:?}"
-            );
             let (stock, _) = stage.sold_and_lines().await;
             assert_eq!(stock, 9, "the unit sold once");
         }

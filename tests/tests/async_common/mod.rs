@@ -39,6 +39,17 @@ pub async fn connect<A: AsyncConnection + 'static>(url: &str, backend: &str) -> 
     conn
 }
 
+/// A database of its own for test `name` (`TestDb::new`), holding the items
+/// `rows` (id, stock).
+pub fn seeded<S: lockkit_tests::db::TestBackend>(
+    name: &str,
+    rows: &[(i32, i32)],
+) -> lockkit_tests::TestDb<S> {
+    let db = lockkit_tests::TestDb::<S>::new(name);
+    lockkit_tests::seed_items(&mut *db.conn(), rows);
+    db
+}
+
 /// A bb8 pool of up to `size` async connections to `url`.
 pub async fn bb8_pool<A>(
     url: &str,
@@ -163,6 +174,53 @@ macro_rules! after_order_line_1 {
                 $crate::async_common::order_line($conn, 1).await?;
                 $body
             })
+            .await
+    };
+}
+
+/// Request `order-1` of tenant `tenant-1` (fingerprint `f`) run on `conn`
+/// under `keys`, with `work`: the request the key-keeping tests send, and the
+/// client's retry of it.
+pub async fn run_order_1<C, F>(
+    keys: &lockkit::idempotency::Idempotency,
+    conn: &mut C,
+    work: F,
+) -> Result<lockkit::idempotency::Outcome<String>, Error>
+where
+    C: lockkit::asynchronous::idempotency::AsyncIdempotencyStore,
+    F: lockkit::asynchronous::work::ConnWork<C, String, Error>,
+{
+    lockkit::asynchronous::idempotency::run(keys, conn, "tenant-1", "order-1", "f", work).await
+}
+
+/// The client's retry of [`run_order_1`] with `work`, after a run whose work
+/// wrote after the database ended its transaction: refused, the key kept
+/// running, and `work` not run. `context` leads the failure message.
+pub async fn assert_retry_in_progress<C, F>(
+    keys: &lockkit::idempotency::Idempotency,
+    conn: &mut C,
+    context: &str,
+    work: F,
+) where
+    C: lockkit::asynchronous::idempotency::AsyncIdempotencyStore,
+    F: lockkit::asynchronous::work::ConnWork<C, String, Error>,
+{
+    let again = run_order_1(keys, conn, work).await;
+    assert!(
+        matches!(again, Err(Error::IdempotencyInProgress)),
+        "{context} {again:?}"
+    );
+}
+
+/// Sells one unit of item 2 on `$conn`, in whatever transaction it is in (in
+/// autocommit once the database ended the work's): a `QueryResult` of the
+/// rows, as [`item_columns!`].
+#[allow(unused_macros)]
+macro_rules! sell_item_2 {
+    ($conn:expr) => {
+        diesel::update(lockkit_tests::schema::items::table.find(2))
+            .set(lockkit_tests::schema::items::stock.eq(lockkit_tests::schema::items::stock - 1))
+            .execute($conn)
             .await
     };
 }
@@ -329,6 +387,17 @@ where
         }
     });
     (signal, task)
+}
+
+/// Your own `transaction` around a call given up on while it waited for a
+/// lock, awaited: its outcome, which must come within 20 s, without waiting
+/// for the dropped call (`what`) as a commit sent behind it would.
+pub async fn ended_without_waiting_for<F: Future>(transaction: F, what: &str) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(20), transaction)
+        .await
+        .unwrap_or_else(|e| {
+            panic!("the transaction ended without waiting for the dropped {what}: {e:?}")
+        })
 }
 
 /// Polls `call` until it notifies `reached` (from inside it: its work, the
