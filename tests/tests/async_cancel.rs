@@ -1519,12 +1519,70 @@ mod postgres_only {
         item
     }
 
-    /// Gives `write` 100 ms, while it waits for `what`, then drops it and
-    /// calls `let_go`, which frees what it waited for.
-    async fn given_up_while_it_waits<F: Future>(write: F, let_go: impl FnOnce(), what: &str) {
-        let tried = tokio::time::timeout(Duration::from_millis(100), write).await;
+    /// A session of a test database, by the id the server knows it by.
+    struct Session<'a> {
+        url: &'a str,
+        id: i64,
+    }
+
+    impl<'a> Session<'a> {
+        /// `conn`'s session, on the database at `url`.
+        async fn of(conn: &mut AsyncPgConnection, url: &'a str) -> Self {
+            let id = lockkit::asynchronous::lock_waits::session_id(conn)
+                .await
+                .unwrap();
+            Session { url, id }
+        }
+
+        /// Returns once the server shows the session waiting for a lock, as
+        /// another session sees it. Fails the test after 30 s.
+        async fn waits_for_a_lock(&self) {
+            #[derive(diesel::QueryableByName)]
+            struct Waiting {
+                #[diesel(sql_type = diesel::sql_types::BigInt)]
+                n: i64,
+            }
+            let mut watcher: AsyncPgConnection = async_common::connect(self.url, "postgres").await;
+            let started = std::time::Instant::now();
+            loop {
+                let waiting: Waiting = diesel::sql_query(
+                    "SELECT COUNT(*) AS n FROM pg_stat_activity \
+                     WHERE pid = $1 AND wait_event_type = 'Lock'",
+                )
+                .bind::<diesel::sql_types::BigInt, _>(self.id)
+                .get_result(&mut watcher)
+                .await
+                .unwrap();
+                if waiting.n > 0 {
+                    return;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "session {} never waited for a lock",
+                    self.id
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+
+    /// Drops `write` once `session` (its connection's) waits for `what`,
+    /// however long it took to get there, then calls `let_go`, which frees
+    /// what it waited for.
+    async fn given_up_while_it_waits<F>(
+        write: F,
+        session: &Session<'_>,
+        let_go: impl FnOnce(),
+        what: &str,
+    ) where
+        F: Future,
+        F::Output: std::fmt::Debug,
+    {
+        tokio::select! {
+            () = session.waits_for_a_lock() => {}
+            outcome = write => panic!("returned {outcome:?} before it waited for {what}"),
+        }
         let_go();
-        assert!(tried.is_err(), "given up on while it waited for {what}");
     }
 
     /// A versioned write of stock 7 to item 1 as read now on `conn`, given up
@@ -1532,16 +1590,18 @@ mod postgres_only {
     /// `locked_transaction` that goes on to commit: what that returned.
     async fn write_of_7_given_up_in_a_commit(
         conn: &mut AsyncPgConnection,
+        url: &str,
         let_go: impl FnOnce() + Send,
         what: &str,
     ) -> Result<(), Error> {
+        let session = Session::of(conn, url).await;
         let mut item = item!(&mut *conn, 1);
         lockkit::asynchronous::locked_transaction(
             conn,
             LockOptions::default(),
             async |conn: &mut AsyncPgConnection| {
                 item.stock = 7;
-                given_up_while_it_waits(item.update_versioned(conn), let_go, what).await;
+                given_up_while_it_waits(item.update_versioned(conn), &session, let_go, what).await;
                 Ok::<_, Error>(())
             },
         )
@@ -1571,14 +1631,20 @@ mod postgres_only {
         let holder = hold_the_row(&db, "SELECT 1");
         let mut conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
         let mut a = item!(&mut conn, 1);
+        let session = Session::of(&mut conn, &db.url).await;
         let mut fresh = None;
         let outcome = lockkit::asynchronous::locked_transaction(
             &mut conn,
             LockOptions::default(),
             async |conn: &mut AsyncPgConnection| {
                 a.stock = 5;
-                given_up_while_it_waits(a.update_versioned(conn), || holder.let_go(), "the lock")
-                    .await;
+                given_up_while_it_waits(
+                    a.update_versioned(conn),
+                    &session,
+                    || holder.let_go(),
+                    "the lock",
+                )
+                .await;
                 // Queued behind the dropped write: sees it once the holder lets go.
                 fresh = Some(item!(conn, 1));
                 Err::<(), _>(Error::NoRowMatched) // the caller gives up: rolled back
@@ -1612,7 +1678,8 @@ mod postgres_only {
         let s1 = rolled_back_write(&mut conn).await;
         let holder = hold_the_row(&db, "SELECT 1");
         let committed =
-            write_of_7_given_up_in_a_commit(&mut conn, || holder.let_go(), "the lock").await;
+            write_of_7_given_up_in_a_commit(&mut conn, &db.url, || holder.let_go(), "the lock")
+                .await;
         holder.join();
         assert!(committed.is_ok(), "{committed:?}");
         assert_eq!(
@@ -1653,7 +1720,8 @@ mod postgres_only {
         let let_go = || {
             let _ = release.send(());
         };
-        let committed = write_of_7_given_up_in_a_commit(&mut conn, let_go, "the other write").await;
+        let committed =
+            write_of_7_given_up_in_a_commit(&mut conn, &db.url, let_go, "the other write").await;
         assert!(committed.is_ok(), "{committed:?}");
         drop(release); // had the call failed before its write
         let (mut a_conn, mut s_a) = a.join().unwrap();
@@ -1682,8 +1750,10 @@ mod postgres_only {
             "UPDATE items SET stock = 7, lock_version = 1 WHERE id = 1",
         );
         let s2 = item!(&mut conn, 1);
+        let session = Session::of(&mut conn, &db.url).await;
         given_up_while_it_waits(
             s2.delete_versioned(&mut conn),
+            &session,
             || other.let_go(),
             "the lock",
         )
