@@ -185,19 +185,31 @@ mod a_mysql_connection_reporting_changed_rows {
     use super::*;
     use diesel_async::AsyncMysqlConnection;
 
+    /// A database named after `name` with the lease tables, and such a
+    /// connection to it.
+    async fn changed_rows_connection(
+        name: &str,
+    ) -> (
+        lockkit_tests::TestDb<diesel::MysqlConnection>,
+        AsyncMysqlConnection,
+    ) {
+        let db = lockkit_tests::TestDb::<diesel::MysqlConnection>::new(name);
+        db.conn()
+            .run_pending_migrations(lease_migrations("mysql"))
+            .unwrap();
+        let opts = mysql_async::Opts::from_url(&db.url).unwrap();
+        let conn = AsyncMysqlConnection::try_from(mysql_async::Conn::new(opts).await.unwrap())
+            .await
+            .unwrap();
+        (db, conn)
+    }
+
     /// A renew in the millisecond of the last one sets the expiry it already
     /// has: such a connection reports no row changed, and the lease, still
     /// held, must not be reported lost.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn renews_in_one_millisecond_keep_the_lease() {
-        let db = lockkit_tests::TestDb::<diesel::MysqlConnection>::new("async_renew_changed_rows");
-        db.conn()
-            .run_pending_migrations(lease_migrations("mysql"))
-            .unwrap();
-        let opts = mysql_async::Opts::from_url(&db.url).unwrap();
-        let mut conn = AsyncMysqlConnection::try_from(mysql_async::Conn::new(opts).await.unwrap())
-            .await
-            .unwrap();
+        let (_db, mut conn) = changed_rows_connection("async_renew_changed_rows").await;
         let mut held = lease::acquire(&mut conn, "heartbeat", Duration::from_secs(60))
             .await
             .unwrap();
@@ -210,15 +222,8 @@ mod a_mysql_connection_reporting_changed_rows {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_same_fence_writes_again() {
-        let db = lockkit_tests::TestDb::<diesel::MysqlConnection>::new("async_fence_changed_rows");
-        db.conn()
-            .run_pending_migrations(lease_migrations("mysql"))
-            .unwrap();
+        let (db, mut conn) = changed_rows_connection("async_fence_changed_rows").await;
         seed_items(&mut db.conn(), &[(1, 10)]);
-        let opts = mysql_async::Opts::from_url(&db.url).unwrap();
-        let mut conn = AsyncMysqlConnection::try_from(mysql_async::Conn::new(opts).await.unwrap())
-            .await
-            .unwrap();
         for stock in [5, 6] {
             let written = lease::fenced(
                 &mut conn,

@@ -247,6 +247,17 @@ mod mysql {
         }
     }
 
+    /// Puts `conn`'s transaction manager back in order and checks that the
+    /// refused `call` left no isolation for its next transaction.
+    async fn repaired_with_no_isolation_pending(conn: &mut AsyncMysqlConnection, call: &str) {
+        set_broken(conn, false);
+        assert_eq!(
+            next_transactions_isolation(conn).await,
+            "REPEATABLE READ",
+            "after {call}"
+        );
+    }
+
     /// The blocking side's `serializable_on_a_broken_connection_leaves_no_isolation_pending`
     /// (`faults.rs`), on diesel-async: `serializable` and a relay step set the
     /// isolation of the next transaction, then open it. On a connection whose
@@ -281,12 +292,7 @@ mod mysql {
         )
         .await;
         assert!(broken(&ran), "serializable: {ran:?}");
-        set_broken(&mut conn, false);
-        assert_eq!(
-            next_transactions_isolation(&mut conn).await,
-            "REPEATABLE READ",
-            "after serializable"
-        );
+        repaired_with_no_isolation_pending(&mut conn, "serializable").await;
 
         set_broken(&mut conn, true);
         let relayed = lockkit::asynchronous::outbox::publish_batch(
@@ -298,11 +304,6 @@ mod mysql {
         .await
         .map(drop);
         assert!(broken(&relayed), "the relay step: {relayed:?}");
-        set_broken(&mut conn, false);
-        assert_eq!(
-            next_transactions_isolation(&mut conn).await,
-            "REPEATABLE READ",
-            "after a relay step"
-        );
+        repaired_with_no_isolation_pending(&mut conn, "a relay step").await;
     }
 }

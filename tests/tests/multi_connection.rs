@@ -86,6 +86,16 @@ fn order_lines(conn: &mut AnyConnection) -> i64 {
     orders::table.count().get_result(conn).unwrap()
 }
 
+/// One unit of item 2 sold by `atomic::update_if`, if it has one left: the
+/// rows written.
+fn sell_one_of_2_if_left(conn: &mut AnyConnection) -> Result<usize, Error> {
+    let item_2 = items::table.find(2).filter(items::stock.ge(1));
+    lockkit::atomic::update_if(
+        conn,
+        diesel::update(item_2).set(items::stock.eq(items::stock - 1)),
+    )
+}
+
 /// One sale under the row lock: read, check, write, in the lock's transaction.
 fn sell_locked(conn: &mut AnyConnection, id: i32, options: LockOptions) -> Result<i32, Error> {
     lockkit::with_lock(conn, id, options, |conn: &mut AnyConnection, item: Item| {
@@ -123,6 +133,13 @@ fn rolled_back_write(conn: &mut AnyConnection) -> Item {
     });
     assert!(matches!(rolled_back, Err(Error::NoRowMatched)));
     mine
+}
+
+/// `held`, the struct a rolled-back write left, writes `stock` again on `conn`:
+/// refused as stale.
+fn rewrite_is_stale(conn: &mut AnyConnection, held: &mut Item, stock: i32) {
+    held.stock = stock;
+    assert!(matches!(held.update_versioned(conn), Err(Error::Stale(_))));
 }
 
 /// `threads` connections of their own sell `each` units of item 1 with `sell`.
@@ -334,8 +351,7 @@ lockkit_tests::backend_tests! {
         // Not 1: that number is the rolled-back write's, which is never committed.
         assert_eq!(later.lock_version, 2);
 
-        mine.stock = 3;
-        assert!(matches!(mine.update_versioned(&mut conn), Err(Error::Stale(_))));
+        rewrite_is_stale(&mut conn, &mut mine, 3);
         assert_eq!(stock(&mut conn, 1), 2, "the later write stands");
     }
 
@@ -361,8 +377,7 @@ lockkit_tests::backend_tests! {
             matches!(sold, Ok(6)) && (stored.stock, stored.lock_version) == (6, 3),
             "a fresh read of the other's commit was refused: {sold:?}, row {stored:?}"
         );
-        held.stock = 2;
-        assert!(matches!(held.update_versioned(&mut conn), Err(Error::Stale(_))));
+        rewrite_is_stale(&mut conn, &mut held, 2);
         assert_eq!(stock(&mut other, 1), 6, "the rolled-back struct never writes");
     }
 
@@ -411,8 +426,7 @@ lockkit_tests::backend_tests! {
             sold.is_ok() && (stored.stock, stored.lock_version) == (6, 3),
             "a fresh read of the other's commit was refused: {sold:?}, row {stored:?}"
         );
-        held.stock = 2;
-        assert!(matches!(held.update_versioned(&mut *pooled), Err(Error::Stale(_))));
+        rewrite_is_stale(&mut pooled, &mut held, 2);
         assert_eq!(stock(&mut other, 1), 6, "the rolled-back struct never writes");
     }
 
@@ -517,12 +531,11 @@ mod servers {
             // on PostgreSQL.
             seed_items(&mut db.conn(), &[(1, 0), (2, 5)]);
             let mut conn = any(&db);
-            let item_2 = || items::table.find(2).filter(items::stock.ge(1));
             let outcome = conn.transaction(|conn| {
-                lockkit::atomic::update_if(conn, diesel::update(item_2()).set(items::stock.eq(items::stock - 1)))?;
+                sell_one_of_2_if_left(conn)?;
                 let empty = diesel::sql_query("-- nothing").execute(conn);
                 assert_eq!(empty.is_err(), BACKEND == "postgres", "{empty:?}");
-                lockkit::atomic::update_if(conn, diesel::update(item_2()).set(items::stock.eq(items::stock - 1)))
+                sell_one_of_2_if_left(conn)
             });
             assert_eq!(outcome.unwrap(), 1);
             assert_eq!(stock(&mut conn, 2), 3);
@@ -535,14 +548,13 @@ mod servers {
             // nothing that would abort it.
             seed_items(&mut db.conn(), &[(1, 0), (2, 5)]);
             let mut conn = any(&db);
-            let item_2 = || items::table.find(2).filter(items::stock.ge(1));
             let outcome = conn.transaction(|conn| {
-                lockkit::atomic::update_if(conn, diesel::update(item_2()).set(items::stock.eq(items::stock - 1)))?;
+                sell_one_of_2_if_left(conn)?;
                 let failed = conn.transaction(|conn| {
                     diesel::sql_query("SELECT no_such_column FROM items").execute(conn)
                 });
                 assert!(failed.is_err());
-                lockkit::atomic::update_if(conn, diesel::update(item_2()).set(items::stock.eq(items::stock - 1)))
+                sell_one_of_2_if_left(conn)
             });
             assert_eq!(outcome.unwrap(), 1);
             assert_eq!(stock(&mut conn, 2), 3);
@@ -601,6 +613,22 @@ fn refused_and_nothing_committed(
     );
 }
 
+/// On a fresh [`out_of_stock_any`] database named `name`, `sell` runs in a
+/// transaction of your own (Diesel's): its sale is refused, and nothing commits.
+#[cfg(feature = "sqlite")]
+fn refused_in_your_transaction(
+    name: &str,
+    sell: impl FnOnce(&mut AnyConnection) -> Result<i32, Error>,
+) {
+    let (_db, mut conn) = out_of_stock_any(name);
+    let mut sale = None;
+    let outcome = diesel::Connection::transaction(&mut conn, |conn: &mut AnyConnection| {
+        sale = Some(sell(conn));
+        Ok::<_, diesel::result::Error>(())
+    });
+    refused_and_nothing_committed(&mut conn, &outcome, sale);
+}
+
 /// After your own statement rolled back the whole transaction (a trigger's
 /// `RAISE(ROLLBACK, ..)`), a nested `with_lock` through the enum refuses
 /// instead of committing on its own (`swallowed_errors.rs` on the connection
@@ -627,13 +655,7 @@ fn a_nested_call_through_the_enum_after_sqlite_rolled_back_the_transaction_commi
 #[cfg(feature = "sqlite")]
 #[test]
 fn a_first_call_through_the_enum_in_your_transaction_after_sqlite_rolled_it_back_commits_nothing() {
-    let (_db, mut conn) = out_of_stock_any("multi_raise_rollback_own");
-    let mut sale = None;
-    let outcome = diesel::Connection::transaction(&mut conn, |conn: &mut AnyConnection| {
-        sale = Some(oversell_1_then_sell_2(conn));
-        Ok::<_, diesel::result::Error>(())
-    });
-    refused_and_nothing_committed(&mut conn, &outcome, sale);
+    refused_in_your_transaction("multi_raise_rollback_own", oversell_1_then_sell_2);
 }
 
 /// A bulk versioned update as the first lockkit call through the enum, in
@@ -642,17 +664,10 @@ fn a_first_call_through_the_enum_in_your_transaction_after_sqlite_rolled_it_back
 #[test]
 fn a_first_bulk_update_through_the_enum_after_sqlite_rolled_back_your_transaction_commits_nothing()
 {
-    let (_db, mut conn) = out_of_stock_any("multi_raise_rollback_bulk");
-    let mut sale = None;
-    let outcome = diesel::Connection::transaction(&mut conn, |conn: &mut AnyConnection| {
+    refused_in_your_transaction("multi_raise_rollback_bulk", |conn| {
         oversell_1(conn);
-        sale = Some(
-            Item::update_all_by_version(conn, &[(2, 0)], items::stock.eq(4))
-                .map(|versions| versions[0]),
-        );
-        Ok::<_, diesel::result::Error>(())
+        Item::update_all_by_version(conn, &[(2, 0)], items::stock.eq(4)).map(|versions| versions[0])
     });
-    refused_and_nothing_committed(&mut conn, &outcome, sale);
 }
 
 /// `atomic::update_if` through the enum, whose backend type names no server:
@@ -662,24 +677,9 @@ fn a_first_bulk_update_through_the_enum_after_sqlite_rolled_back_your_transactio
 #[cfg(feature = "sqlite")]
 #[test]
 fn an_atomic_update_through_the_enum_after_sqlite_rolled_back_your_transaction_commits_nothing() {
-    let (_db, mut conn) = out_of_stock_any("multi_raise_rollback_atomic");
-    let mut sale = None;
-    let outcome = diesel::Connection::transaction(&mut conn, |conn: &mut AnyConnection| {
-        let item_2 = || items::table.find(2).filter(items::stock.ge(1));
-        lockkit::atomic::update_if(
-            conn,
-            diesel::update(item_2()).set(items::stock.eq(items::stock - 1)),
-        )
-        .unwrap();
+    refused_in_your_transaction("multi_raise_rollback_atomic", |conn| {
+        sell_one_of_2_if_left(conn).unwrap();
         oversell_1(conn);
-        sale = Some(
-            lockkit::atomic::update_if(
-                conn,
-                diesel::update(item_2()).set(items::stock.eq(items::stock - 1)),
-            )
-            .map(|rows| rows as i32),
-        );
-        Ok::<_, diesel::result::Error>(())
+        sell_one_of_2_if_left(conn).map(|rows| rows as i32)
     });
-    refused_and_nothing_committed(&mut conn, &outcome, sale);
 }

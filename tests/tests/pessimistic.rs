@@ -2,7 +2,7 @@
 //! SKIP LOCKED claims, advisory locks, `serializable`, conditional updates and
 //! the lock-wait view. Concurrency claims use several connections on threads.
 
-use std::sync::{mpsc, Barrier, Mutex};
+use std::sync::{Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -409,6 +409,22 @@ mod all {
 mod servers {
     use super::*;
 
+    /// A holder for `TestDb::while_holding`: claims up to `$limit` jobs of
+    /// `$pending` in a locked transaction on `$conn`, checks they are
+    /// `$claimed`, and keeps them until `$wait` returns. A macro: the
+    /// connection type is each backend's.
+    macro_rules! hold_claimed {
+        ($conn:expr, $pending:expr, $limit:expr, $claimed:expr, $wait:expr) => {
+            locked_transaction($conn, LockOptions::default(), |conn| {
+                let ids: Vec<i32> = queue::claim(conn, $pending, $limit)?;
+                assert_eq!(ids, $claimed);
+                $wait();
+                Ok::<_, lockkit::Error>(())
+            })
+            .unwrap()
+        };
+    }
+
     lockkit_tests::server_tests! {
         fn a_producer_waits_for_a_claim_only_under_innodbs_repeatable_read(db) {
             // A claim that reaches the end of the pending jobs locks, under
@@ -420,30 +436,16 @@ mod servers {
             for read_committed in [false, true] {
                 exec(&mut db.conn(), "DELETE FROM jobs");
                 exec(&mut db.conn(), "INSERT INTO jobs (id, payload, done) VALUES (1, 'job 1', false), (2, 'job 2', false)");
-                let (claimed_tx, claimed_rx) = mpsc::channel();
-                let (release_tx, release_rx) = mpsc::channel::<()>();
-                let inserted = thread::scope(|s| {
-                    let db = &db;
-                    let worker = s.spawn(move || {
-                        let mut conn = db.connect();
-                        if read_committed && BACKEND != "postgres" {
-                            exec(&mut conn, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
-                        }
-                        locked_transaction(&mut conn, LockOptions::default(), |conn| {
-                            let ids: Vec<i32> = queue::claim(conn, pending(), 10)?;
-                            claimed_tx.send(ids).unwrap();
-                            let _ = release_rx.recv();
-                            Ok::<_, lockkit::Error>(())
-                        })
-                        .unwrap();
-                    });
-                    assert_eq!(claimed_rx.recv().unwrap(), vec![1, 2]);
+                let worker = |conn: &mut Conn, wait: &dyn Fn()| {
+                    if read_committed && BACKEND != "postgres" {
+                        exec(conn, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
+                    }
+                    hold_claimed!(conn, pending(), 10, vec![1, 2], wait);
+                };
+                let inserted = db.while_holding(worker, || {
                     let mut producer = db.connect();
                     exec(&mut producer, if BACKEND == "postgres" { "SET lock_timeout = '1s'" } else { "SET SESSION innodb_lock_wait_timeout = 1" });
-                    let inserted = diesel::sql_query("INSERT INTO jobs (id, payload, done) VALUES (3, 'job 3', false)").execute(&mut producer);
-                    release_tx.send(()).unwrap();
-                    worker.join().unwrap();
-                    inserted
+                    diesel::sql_query("INSERT INTO jobs (id, payload, done) VALUES (3, 'job 3', false)").execute(&mut producer)
                 });
                 if BACKEND == "postgres" || read_committed {
                     assert!(inserted.is_ok(), "read committed: {read_committed}; {inserted:?}");
@@ -458,31 +460,17 @@ mod servers {
             let values: Vec<String> = (1..=3).map(|id| format!("({id}, 'job {id}', false)")).collect();
             exec(&mut db.conn(), &format!("INSERT INTO jobs (id, payload, done) VALUES {}", values.join(", ")));
             let pending = || jobs::table.filter(jobs::done.eq(false)).order(jobs::id).select(jobs::id);
-            let (claimed_tx, claimed_rx) = mpsc::channel();
-            let (release_tx, release_rx) = mpsc::channel::<()>();
-            thread::scope(|s| {
-                let db = &db;
-                let holder = s.spawn(move || {
-                    locked_transaction(&mut db.connect(), LockOptions::default(), |conn| {
-                        let ids: Vec<i32> = queue::claim(conn, pending(), 1)?;
-                        claimed_tx.send(ids).unwrap();
-                        let _ = release_rx.recv();
-                        Ok::<_, lockkit::Error>(())
-                    })
-                    .unwrap();
-                });
-                assert_eq!(claimed_rx.recv().unwrap(), vec![1]);
+            let holder = |conn: &mut Conn, wait: &dyn Fn()| hold_claimed!(conn, pending(), 1, vec![1], wait);
+            let second = db.while_holding(holder, || {
                 let mut conn = db.connect();
                 // A plain FOR UPDATE would wait for job 1 here: let it fail, not hang.
                 exec(&mut conn, if BACKEND == "postgres" { "SET lock_timeout = '3s'" } else { "SET SESSION innodb_lock_wait_timeout = 3" });
                 // No bound on the claim's time: the holder lets go of job 1
                 // only after the claim returned, so a claim that waited for it
                 // would fail with the lock timeout, not return jobs 2 and 3.
-                let second = locked_transaction(&mut conn, LockOptions::default(), |conn| queue::claim::<i32, _, _>(conn, pending(), 2));
-                release_tx.send(()).unwrap();
-                holder.join().unwrap();
-                assert_eq!(second.unwrap(), vec![2, 3], "job 1 skipped while held");
+                locked_transaction(&mut conn, LockOptions::default(), |conn| queue::claim::<i32, _, _>(conn, pending(), 2))
             });
+            assert_eq!(second.unwrap(), vec![2, 3], "job 1 skipped while held");
         }
     }
 }

@@ -55,6 +55,15 @@ fn take_one(conn: &mut MysqlConnection) -> Result<usize, Error> {
         .execute(conn)?)
 }
 
+/// `work` under `lockkit::with_lock` of item 1 (default options), which does
+/// not look at the locked row.
+fn with_lock_on_1<T>(
+    conn: &mut MysqlConnection,
+    work: impl FnOnce(&mut MysqlConnection) -> Result<T, Error>,
+) -> Result<T, Error> {
+    lockkit::with_lock(conn, 1, LockOptions::default(), |c, _: Item| work(c))
+}
+
 /// Every lockkit call that opens a transaction writes on a read-only session,
 /// while a write outside them is refused: the session is what the guard needs.
 #[test]
@@ -65,13 +74,10 @@ fn lockkits_transactions_write_on_a_read_only_session() {
     lockkit::locked_transaction(&mut conn, LockOptions::default(), take_one).unwrap();
     lockkit::transaction_with_retry(&mut conn, &policy, take_one).unwrap();
     lockkit::serializable(&mut conn, &policy, take_one).unwrap();
-    lockkit::with_lock(&mut conn, 1, LockOptions::default(), |c, _: Item| {
-        take_one(c)
-    })
-    .unwrap();
+    with_lock_on_1(&mut conn, take_one).unwrap();
     // Nested: a savepoint in lockkit's read-write transaction.
     lockkit::locked_transaction(&mut conn, LockOptions::default(), |c| {
-        lockkit::with_lock(c, 1, LockOptions::default(), |c, _: Item| take_one(c))
+        with_lock_on_1(c, take_one)
     })
     .unwrap();
     assert_eq!(stock(&mut db.conn()), 5);
@@ -94,7 +100,7 @@ fn lockkits_transactions_write_on_a_read_only_session() {
 #[test]
 fn a_write_after_the_server_ended_the_transaction_fails_and_commits_nothing() {
     let (db, mut conn) = guarded("ro_session_end");
-    let outcome = lockkit::with_lock(&mut conn, 1, LockOptions::default(), |c, _: Item| {
+    let outcome = with_lock_on_1(&mut conn, |c| {
         take_one(c)?;
         // A read as Diesel writes a `UNION`, parenthesized: it commits nothing.
         let ids: Vec<i32> = items::table
@@ -113,10 +119,7 @@ fn a_write_after_the_server_ended_the_transaction_fails_and_commits_nothing() {
     );
     assert_eq!(stock(&mut db.conn()), 10, "half of the work committed");
     // The connection goes on.
-    lockkit::with_lock(&mut conn, 1, LockOptions::default(), |c, _: Item| {
-        take_one(c)
-    })
-    .unwrap();
+    with_lock_on_1(&mut conn, take_one).unwrap();
     assert_eq!(stock(&mut db.conn()), 9);
 }
 
@@ -137,10 +140,7 @@ fn a_transaction_the_server_ended_is_run_again_by_the_retrying_calls() {
     assert_eq!(stock(&mut db.conn()), 8);
 
     runs.store(0, Ordering::SeqCst);
-    lockkit::retry(&policy, |_| {
-        lockkit::with_lock(&mut conn, 1, LockOptions::default(), |c, _: Item| work(c))
-    })
-    .unwrap();
+    lockkit::retry(&policy, |_| with_lock_on_1(&mut conn, work)).unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 2);
     assert_eq!(stock(&mut db.conn()), 6);
 }
@@ -150,7 +150,7 @@ fn a_transaction_the_server_ended_is_run_again_by_the_retrying_calls() {
 #[test]
 fn work_that_lets_the_refused_write_go_is_not_reported_committed() {
     let (db, mut conn) = guarded("ro_session_swallow");
-    let outcome = lockkit::with_lock(&mut conn, 1, LockOptions::default(), |c, _: Item| {
+    let outcome = with_lock_on_1(&mut conn, |c| {
         take_one(c)?;
         exec(c, "ROLLBACK");
         let refused = take_one(c);
@@ -400,9 +400,7 @@ fn on_a_read_write_session_the_write_after_the_end_commits_on_its_own() {
     let db = TestDb::<MysqlConnection>::new("rw_session_end");
     seed_items(&mut db.conn(), &[(1, 10)]);
     let mut conn = db.connect();
-    let outcome = lockkit::with_lock(&mut conn, 1, LockOptions::default(), |c, _: Item| {
-        take_one_around(c, "ROLLBACK")
-    });
+    let outcome = with_lock_on_1(&mut conn, |c| take_one_around(c, "ROLLBACK"));
     assert!(outcome.is_ok(), "{outcome:?}");
     assert_eq!(
         stock(&mut db.conn()),
