@@ -348,16 +348,27 @@ pub fn alternate(
 mod tests {
     use super::*;
 
+    /// Limits of an hour-long run of at most 10 operations a worker, `jobs` queued.
+    fn hour_limits(jobs: i32) -> Limits {
+        Limits {
+            run: Duration::from_secs(3600),
+            max_ops_per_worker: 10,
+            jobs,
+        }
+    }
+
+    /// Worker 0 of `case`, started under `limits`.
+    fn started(case: &Case, limits: &Limits) -> WorkerLoop {
+        let mut run = WorkerLoop::new(0, case, Arc::new(AdaptivePolicy::new()));
+        run.start(limits);
+        run
+    }
+
     #[test]
     fn an_operation_ending_after_the_run_counts_for_the_check_not_the_throughput() {
         let case = Case::new(Workload::HotRow, Strategy::Versioned, 1);
-        let limits = Limits {
-            run: Duration::from_secs(3600),
-            max_ops_per_worker: 10,
-            jobs: 0,
-        };
-        let mut run = WorkerLoop::new(0, &case, Arc::new(AdaptivePolicy::new()));
-        run.start(&limits);
+        let limits = hour_limits(0);
+        let mut run = started(&case, &limits);
         assert!(run.record(&case, Instant::now(), Ok(1)));
         // The run's time is up while the next operation is under way.
         run.deadline = Instant::now();
@@ -374,13 +385,8 @@ mod tests {
         // The empty claim that tells the worker the queue is empty may take
         // long (SQLite's busy handler): the drain ended with the last job.
         let case = Case::new(Workload::Queue, Strategy::Claim, 1).batch(10);
-        let limits = Limits {
-            run: Duration::from_secs(3600),
-            max_ops_per_worker: 10,
-            jobs: 10,
-        };
-        let mut run = WorkerLoop::new(0, &case, Arc::new(AdaptivePolicy::new()));
-        run.start(&limits);
+        let limits = hour_limits(10);
+        let mut run = started(&case, &limits);
         assert!(run.record(&case, Instant::now(), Ok(10)));
         let last_job = Instant::now();
         std::thread::sleep(Duration::from_millis(50));
@@ -390,8 +396,7 @@ mod tests {
         let at = out.last_unit.expect("a job was done");
         assert!(at <= last_job, "{:?}", at.duration_since(last_job));
         // A worker stopped by the run's time did not drain the queue.
-        let mut run = WorkerLoop::new(0, &case, Arc::new(AdaptivePolicy::new()));
-        run.start(&limits);
+        let mut run = started(&case, &limits);
         assert!(run.record(&case, Instant::now(), Ok(10)));
         assert!(!run.finish().drained);
     }

@@ -97,10 +97,15 @@ fn consume_the_rest(url: &str, broker: &BrokerConfig) -> ConsumerReport {
     consumer_report(&run(url, broker, "consumer", &["--idle-ms", "500"], 0))
 }
 
-/// Sets up, places `orders` orders; returns the test's stream.
+/// Sets up with 3 items, places `orders` orders; returns the test's stream.
 fn prepare(test: &str, url: &str, orders: u32) -> Stream {
+    prepare_stocked(test, url, 3, orders)
+}
+
+/// Sets up with `items` items, places `orders` orders; returns the test's stream.
+fn prepare_stocked(test: &str, url: &str, items: i32, orders: u32) -> Stream {
     let stream = Stream::new(test, url);
-    outbox::setup(url, &stream.0, 3).unwrap_or_else(|e| panic!("setup {url}: {e}"));
+    outbox::setup(url, &stream.0, items).unwrap_or_else(|e| panic!("setup {url}: {e}"));
     let ids = outbox::place_orders(url, &stream.0, orders).unwrap();
     assert_eq!(ids.len(), orders as usize);
     stream
@@ -517,10 +522,8 @@ fn a_bad_message_does_not_stop_the_consumer(url: &str) {
 /// not applied: the inbox's transaction rolls back, so nothing records it, and
 /// the message is rejected rather than acked as done.
 fn an_order_for_an_unknown_item_is_rejected(url: &str) {
-    let stream = Stream::new("unknown_item", url);
+    let stream = prepare_stocked("unknown_item", url, 0, 1);
     let broker = &stream.0;
-    outbox::setup(url, broker, 0).unwrap_or_else(|e| panic!("setup {url}: {e}"));
-    assert_eq!(outbox::place_orders(url, broker, 1).unwrap().len(), 1);
     run(url, broker, "relay", &[], 0);
     let consumed = consume_the_rest(url, broker);
     let audit = audit(url, broker);
@@ -606,10 +609,8 @@ fn a_transaction_waits(conn: &mut AnyConnection) -> bool {
 /// roll back the transaction that wrote less). On SQLite the test holds the
 /// database's write lock past the consumer's busy timeout (10 s).
 fn a_retryable_error_does_not_stop_the_consumer(url: &str) {
-    let stream = Stream::new("retryable", url);
+    let stream = prepare("retryable", url, 1);
     let broker = &stream.0;
-    outbox::setup(url, broker, 3).unwrap_or_else(|e| panic!("setup {url}: {e}"));
-    assert_eq!(outbox::place_orders(url, broker, 1).unwrap().len(), 1);
     run(url, broker, "relay", &[], 0);
     let mut holder = AnyConnection::open(url).expect("open");
     let outbox_id: i64 = lockkit_outbox::table
