@@ -137,9 +137,11 @@ fn rolled_back_write(conn: &mut AnyConnection) -> Item {
 
 /// `held`, the struct a rolled-back write left, writes `stock` again on `conn`:
 /// refused as stale.
+#[track_caller]
 fn rewrite_is_stale(conn: &mut AnyConnection, held: &mut Item, stock: i32) {
     held.stock = stock;
-    assert!(matches!(held.update_versioned(conn), Err(Error::Stale(_))));
+    let outcome = held.update_versioned(conn);
+    assert!(matches!(outcome, Err(Error::Stale(_))), "{outcome:?}");
 }
 
 /// `threads` connections of their own sell `each` units of item 1 with `sell`.

@@ -237,6 +237,7 @@ mod instrumented {
     /// The work, whose statement committed implicitly, ran once (`attempts`),
     /// left one order line in `db`, and ended with an error no retry takes up.
     #[cfg(feature = "mysql")]
+    #[track_caller]
     fn assert_run_once(
         db: &lockkit_tests::TestDb<diesel::MysqlConnection>,
         attempts: i32,

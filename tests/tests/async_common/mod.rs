@@ -403,17 +403,23 @@ pub async fn ended_without_waiting_for<F: Future>(transaction: F, what: &str) ->
 /// Polls `call` until it notifies `reached` (from inside it: its work, the
 /// lock it took), then drops it there, as a timeout firing at that point
 /// would, however long it took to get there. Fails the test if `call`
-/// returns first; `point` names the place in that message.
+/// returns first, or has not got there after 30 s; `point` names the place
+/// in those messages.
 #[allow(dead_code)]
 pub async fn drop_once_reached<F>(reached: &tokio::sync::Notify, call: F, point: &str)
 where
     F: Future,
     F::Output: std::fmt::Debug,
 {
-    tokio::select! {
-        () = reached.notified() => {} // drops the call at `point`
-        outcome = call => panic!("the call returned {outcome:?} before it was dropped {point}"),
-    }
+    let raced = tokio::time::timeout(Duration::from_secs(30), async {
+        tokio::select! {
+            () = reached.notified() => {} // drops the call at `point`
+            outcome = call => panic!("the call returned {outcome:?} before it was dropped {point}"),
+        }
+    });
+    raced
+        .await
+        .unwrap_or_else(|_| panic!("the call was not {point} after 30 s"));
 }
 
 /// Asks `free` every 5 ms until it says the lock is free; how long that took.
