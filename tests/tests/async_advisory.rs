@@ -58,13 +58,6 @@ macro_rules! hold_for_an_hour {
     };
 }
 
-/// A count of sessions waiting, as the server reports it.
-#[derive(diesel::QueryableByName)]
-struct Waiting {
-    #[diesel(sql_type = diesel::sql_types::BigInt)]
-    n: i64,
-}
-
 /// Returns once the server shows session `$session` waiting for an advisory
 /// lock, as `$conn` (another session) sees it. Fails the test after 30 s.
 macro_rules! waits_for_an_advisory_lock {
@@ -77,23 +70,7 @@ macro_rules! waits_for_an_advisory_lock {
                 "SELECT COUNT(*) AS n FROM information_schema.processlist \
                  WHERE state = 'User lock' AND id = ?"
             };
-            let started = Instant::now();
-            loop {
-                let waiting: Waiting = diesel::sql_query(sql)
-                    .bind::<diesel::sql_types::BigInt, _>($session)
-                    .get_result($conn)
-                    .await
-                    .unwrap();
-                if waiting.n > 0 {
-                    break;
-                }
-                assert!(
-                    started.elapsed() < Duration::from_secs(30),
-                    "session {} never waited for the lock",
-                    $session
-                );
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            until_counted!($conn, sql, $session, "a wait for the advisory lock")
         }
     };
 }

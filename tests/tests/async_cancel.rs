@@ -1537,32 +1537,14 @@ mod postgres_only {
         /// Returns once the server shows the session waiting for a lock, as
         /// another session sees it. Fails the test after 30 s.
         async fn waits_for_a_lock(&self) {
-            #[derive(diesel::QueryableByName)]
-            struct Waiting {
-                #[diesel(sql_type = diesel::sql_types::BigInt)]
-                n: i64,
-            }
             let mut watcher: AsyncPgConnection = async_common::connect(self.url, "postgres").await;
-            let started = std::time::Instant::now();
-            loop {
-                let waiting: Waiting = diesel::sql_query(
-                    "SELECT COUNT(*) AS n FROM pg_stat_activity \
-                     WHERE pid = $1 AND wait_event_type = 'Lock'",
-                )
-                .bind::<diesel::sql_types::BigInt, _>(self.id)
-                .get_result(&mut watcher)
-                .await
-                .unwrap();
-                if waiting.n > 0 {
-                    return;
-                }
-                assert!(
-                    started.elapsed() < Duration::from_secs(30),
-                    "session {} never waited for a lock",
-                    self.id
-                );
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            until_counted!(
+                &mut watcher,
+                "SELECT COUNT(*) AS n FROM pg_stat_activity \
+                 WHERE pid = $1 AND wait_event_type = 'Lock'",
+                self.id,
+                "a wait for a lock"
+            )
         }
     }
 

@@ -422,6 +422,42 @@ where
         .unwrap_or_else(|_| panic!("the call was not {point} after 30 s"));
 }
 
+/// A count the server reports, read with `diesel::sql_query` (`SELECT
+/// COUNT(*) AS n ..`).
+#[derive(diesel::QueryableByName)]
+pub struct Count {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub n: i64,
+}
+
+/// Reads `$sql` (a `SELECT COUNT(*) AS n ..` with session id `$id` bound as
+/// its one parameter) on `$conn` every 5 ms until it counts a row. Fails the
+/// test after 30 s, naming `$what` it waited to see. A macro: the connection
+/// types differ, and the read is awaited in the caller's future.
+#[allow(unused_macros)]
+macro_rules! until_counted {
+    ($conn:expr, $sql:expr, $id:expr, $what:expr) => {{
+        let id: i64 = $id;
+        let started = std::time::Instant::now();
+        loop {
+            let counted: $crate::async_common::Count = diesel::sql_query($sql)
+                .bind::<diesel::sql_types::BigInt, _>(id)
+                .get_result($conn)
+                .await
+                .unwrap();
+            if counted.n > 0 {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "session {id}: {} not seen after 30 s",
+                $what
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }};
+}
+
 /// Asks `free` every 5 ms until it says the lock is free; how long that took.
 /// Fails the test when `what` is still held after [`FREED_WITHIN`].
 pub async fn freed(what: &str, mut free: impl AsyncFnMut() -> bool) -> Duration {
