@@ -74,8 +74,8 @@ use crate::optimistic::versioned::TouchVersioned;
 use crate::optimistic::BumpVersion;
 use crate::pessimistic::lockable::Lockable;
 use crate::pessimistic::lockable::{
-    all_by_keys, by_key, distinct_keys, first_of_each_key, incomplete, lock_order, unmatched,
-    AllByKeys, ByKey, KeyColumn, KeysFilter, Pk, Returned, MAX_KEYS_PER_STATEMENT,
+    all_by_keys, by_key, first_of_each_key, incomplete, lock_order, unmatched, AllByKeys, ByKey,
+    KeyColumn, KeysFilter, Pk, Returned, MAX_KEYS_PER_STATEMENT,
 };
 use crate::pessimistic::options::LockOptions;
 use crate::pessimistic::row_lock::{
@@ -345,7 +345,8 @@ where
             if incomplete(chunk, &locked) {
                 // The rows found so far, each once (two rows with one key
                 // count as one).
-                let first = distinct_keys(&locked);
+                first_of_each_key(&mut locked);
+                let first = locked.len();
                 // As on the blocking side: the keys without a row, read again.
                 let missed: Vec<M::Key> = unmatched(chunk, &locked).cloned().collect();
                 if !missed.is_empty() {

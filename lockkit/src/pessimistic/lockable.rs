@@ -435,7 +435,8 @@ pub trait Lockable: Sized {
             if incomplete(chunk, &locked) {
                 // The rows found so far, each once (two rows with one key
                 // count as one).
-                let first = distinct_keys(&locked);
+                first_of_each_key(&mut locked);
+                let first = locked.len();
                 // Read the keys the read found no row for again, in a statement
                 // of its own (see [`unmatched`]).
                 let missed: Vec<Self::Key> = unmatched(chunk, &locked).cloned().collect();
@@ -584,18 +585,6 @@ where
 {
     let found: std::collections::BTreeSet<M::Key> = locked.iter().map(Lockable::key).collect();
     chunk.iter().filter(move |key| !found.contains(key))
-}
-
-/// How many keys the rows in `locked` have: two rows with one key count as
-/// one. [`Lockable::lock_all`]'s count of an incomplete chunk's first read,
-/// blocking or async.
-pub(crate) fn distinct_keys<M>(locked: &[M]) -> usize
-where
-    M: Lockable,
-    M::Key: Ord,
-{
-    let mut seen = std::collections::BTreeSet::new();
-    locked.iter().filter(|row| seen.insert(row.key())).count()
 }
 
 /// Keeps the first row of each key in `locked`, in the order the server
