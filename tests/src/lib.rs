@@ -233,6 +233,18 @@ pub fn idempotency_migrations(backend: &str) -> lockkit::migrations::ShippedMigr
     }
 }
 
+/// Inserts the idempotency key `abandoned` of `tenant-1` for `POST /orders`,
+/// running since 1970: its lease long over, so the next take of it is a
+/// take-over. Needs [`idempotency_migrations`].
+#[cfg(feature = "harness")]
+pub fn insert_abandoned_key<C: diesel::Connection>(conn: &mut C) {
+    exec(
+        conn,
+        "INSERT INTO lockkit_idempotency_keys (principal, idempotency_key, fingerprint, state, started_at) \
+         VALUES ('tenant-1', 'abandoned', 'POST /orders', 'running', 0)",
+    );
+}
+
 /// The migration of lockkit's lease and fence tables for `backend`.
 #[cfg(feature = "harness")]
 pub fn lease_migrations(backend: &str) -> lockkit::migrations::ShippedMigration {

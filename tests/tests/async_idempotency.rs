@@ -373,11 +373,7 @@ mod waiting {
             // an insert, or the take-over of an abandoned key.
             db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
             seed_items(&mut db.conn(), &[(1, 100)]);
-            lockkit_tests::exec(
-                &mut db.conn(),
-                "INSERT INTO lockkit_idempotency_keys (principal, idempotency_key, fingerprint, state, started_at) \
-                 VALUES ('tenant-1', 'abandoned', 'POST /orders', 'running', 0)",
-            );
+            lockkit_tests::insert_abandoned_key(&mut db.conn());
             let keys = Idempotency { lease: Duration::from_secs(1), ..Idempotency::default() };
             for (key, left) in [("new", 99), ("abandoned", 98)] {
                 let (taken_tx, taken_rx) = tokio::sync::oneshot::channel();

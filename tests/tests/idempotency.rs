@@ -711,11 +711,7 @@ mod in_the_callers_transaction {
                 // is an insert, or the take-over of an abandoned key.
                 db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
                 seed_items(&mut db.conn(), &[(1, 10)]);
-                lockkit_tests::exec(
-                    &mut db.conn(),
-                    "INSERT INTO lockkit_idempotency_keys (principal, idempotency_key, fingerprint, state, started_at) \
-                     VALUES ('tenant-1', 'abandoned', 'POST /orders', 'running', 0)",
-                );
+                lockkit_tests::insert_abandoned_key(&mut db.conn());
                 let keys = Idempotency {
                     lease: Duration::from_secs(1),
                     ..Idempotency::default()
