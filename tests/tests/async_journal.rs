@@ -577,9 +577,7 @@ mod postgres_search_path {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_write_in_a_savepoint_whose_release_failed_never_writes_over_a_later_commit() {
         use diesel_async::AsyncConnection;
-        let db = TestDb::<diesel::PgConnection>::new("async_release_failed");
-        seed_items(&mut db.conn(), &[(1, 10)]);
-        let mut a_conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
+        let (db, mut a_conn) = async_common::seeded_pg("async_release_failed", &[(1, 10)]).await;
         let mut b_conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
         let mut a = item!(&mut a_conn, 1);
         let a_ref = &mut a;

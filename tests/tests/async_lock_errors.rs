@@ -837,9 +837,7 @@ mod postgres_only {
     /// and answers the `COMMIT` with `ROLLBACK`, without an error.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn async_with_lock_does_not_report_success_for_work_postgres_rolled_back_at_commit() {
-        let db = TestDb::<diesel::PgConnection>::new("async_aborted_at_commit");
-        seed_items(&mut db.conn(), &[(1, 10)]);
-        let mut conn: AsyncPgConnection = async_common::connect(&db.url, "postgres").await;
+        let (db, mut conn) = async_common::seeded_pg("async_aborted_at_commit", &[(1, 10)]).await;
         let sold = lockkit::asynchronous::with_lock(
             &mut conn,
             1,
@@ -889,14 +887,6 @@ mod postgres_only {
         (release_tx, holder)
     }
 
-    /// A database `name` whose items 1 and 2 have 10 units each, and an async
-    /// connection to it.
-    async fn items_1_and_2_at_10(name: &str) -> (TestDb<diesel::PgConnection>, AsyncPgConnection) {
-        let db = async_common::seeded::<diesel::PgConnection>(name, &[(1, 10), (2, 10)]);
-        let conn = async_common::connect(&db.url, "postgres").await;
-        (db, conn)
-    }
-
     /// Lets item 2's holder ([`item_2_held`]) go, if not told yet, and waits
     /// for its thread unless that was joined already; then the stocks
     /// committed, in id order.
@@ -923,7 +913,8 @@ mod postgres_only {
     /// runs the whole transaction again once item 2 is free.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_retry_inside_with_lock_that_met_a_lock_timeout_lets_the_retry_around_it_run_again() {
-        let (db, mut conn) = items_1_and_2_at_10("async_retry_inside_aborted").await;
+        let (db, mut conn) =
+            async_common::seeded_pg("async_retry_inside_aborted", &[(1, 10), (2, 10)]).await;
         let (release_tx, holder) = item_2_held(&db.url);
         let mut holder = Some(holder);
         let wait = LockOptions::default().timeout(std::time::Duration::from_millis(200));
@@ -981,7 +972,8 @@ mod postgres_only {
         use diesel_async::SimpleAsyncConnection;
         use std::sync::atomic::{AtomicU32, Ordering};
         use std::sync::Mutex;
-        let (db, mut conn) = items_1_and_2_at_10("async_nested_swallowed_timeout").await;
+        let (db, mut conn) =
+            async_common::seeded_pg("async_nested_swallowed_timeout", &[(1, 10), (2, 10)]).await;
         let (release_tx, holder) = item_2_held(&db.url);
         let holder = Mutex::new(Some(holder));
         let attempts = AtomicU32::new(0);

@@ -50,6 +50,21 @@ pub fn seeded<S: lockkit_tests::db::TestBackend>(
     db
 }
 
+/// A PostgreSQL database of its own for test `name` holding the items `rows`
+/// ([`seeded`]), and an async connection to it.
+#[cfg(feature = "postgres")]
+pub async fn seeded_pg(
+    name: &str,
+    rows: &[(i32, i32)],
+) -> (
+    lockkit_tests::TestDb<diesel::PgConnection>,
+    diesel_async::AsyncPgConnection,
+) {
+    let db = seeded::<diesel::PgConnection>(name, rows);
+    let conn = connect(&db.url, "postgres").await;
+    (db, conn)
+}
+
 /// A bb8 pool of up to `size` async connections to `url`.
 pub async fn bb8_pool<A>(
     url: &str,
