@@ -15,15 +15,13 @@ use lockkit::prelude::*;
 use lockkit::{Error, LockOptions, RetryPolicy};
 use lockkit_tests::models::Item;
 use lockkit_tests::schema::items;
-use lockkit_tests::{exec, seed_items, TestDb};
+use lockkit_tests::{exec, seed_items, stock_of, TestDb};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+/// [`stock_of!`] as a function: the async tests below have diesel-async's
+/// `RunQueryDsl` in scope, which would make the macro's `first` ambiguous.
 fn stock(conn: &mut MysqlConnection) -> i32 {
-    items::table
-        .find(1)
-        .select(items::stock)
-        .first(conn)
-        .unwrap()
+    stock_of!(conn)
 }
 
 fn read_only(db: &TestDb<MysqlConnection>) -> MysqlConnection {

@@ -16,19 +16,17 @@ use lockkit::{Error, LockOptions};
 use lockkit_tests::models::Item;
 use lockkit_tests::replica::{assert_replica_behind, ReplayPaused};
 use lockkit_tests::schema::items;
-use lockkit_tests::{seed_items, TestReplicas};
+use lockkit_tests::{item, seed_items, stock_of, TestReplicas};
 use proptest::prelude::*;
 
+/// [`stock_of!`] as a function, taking the `PgConnection` a routed one derefs to.
 fn stock(conn: &mut PgConnection) -> i32 {
-    items::table
-        .find(1)
-        .select(items::stock)
-        .first(conn)
-        .unwrap()
+    stock_of!(conn)
 }
 
+/// [`item!`] of row 1 as a function, taking the `PgConnection` a routed one derefs to.
 fn item(conn: &mut PgConnection) -> Item {
-    items::table.find(1).first(conn).unwrap()
+    item!(conn, 1)
 }
 
 /// Sells one of item 1 with a blind write: `stock = <what was read> - 1`.
@@ -817,12 +815,7 @@ fn mysql_read_only_transactions_are_read_only() {
         .execute(&mut conn);
     conn.batch_execute("ROLLBACK").unwrap();
     assert!(matches!(refused.map_err(Error::from), Err(Error::ReadOnly)));
-    let stock: i32 = items::table
-        .find(1)
-        .select(items::stock)
-        .first(&mut conn)
-        .unwrap();
-    assert_eq!(stock, 10);
+    assert_eq!(stock_of!(&mut conn), 10);
 }
 
 /// A server started with `--read-only` refuses a user without `SUPER` with error
