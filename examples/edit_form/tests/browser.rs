@@ -272,6 +272,33 @@ impl App {
     }
 }
 
+/// A client that hands back every answer as it comes: error statuses are not
+/// errors, redirects are not followed.
+fn form_client() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .build()
+        .into()
+}
+
+/// Item 1's edit form as the page posts it, read when the item was "Blue mug"
+/// with 10 in stock, saving `stock` over version `lock_version`.
+fn post_form(
+    agent: &ureq::Agent,
+    base: &str,
+    lock_version: i32,
+    stock: i32,
+) -> ureq::http::Response<ureq::Body> {
+    agent
+        .post(format!("{base}/items/1"))
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .send(format!(
+            "name=Blue+mug&stock={stock}&orig_name=Blue+mug&orig_stock=10&lock_version={lock_version}"
+        ))
+        .unwrap()
+}
+
 #[test]
 fn two_people_edit_one_item_and_nothing_is_lost() {
     let App { pool, base, .. } = &App::start("edit_form");
@@ -338,22 +365,8 @@ fn two_people_edit_one_item_and_nothing_is_lost() {
 #[test]
 fn a_stale_form_is_answered_with_409_and_writes_nothing() {
     let App { pool, base, .. } = &App::start("edit_form_409");
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .max_redirects(0)
-        .build()
-        .into();
-    let post = |version: i32, stock: i32| {
-        agent
-            .post(format!("{base}/items/1"))
-            .header("Content-Type", "application/x-www-form-urlencoded")
-            .send(format!(
-                "name=Blue+mug&stock={stock}&orig_name=Blue+mug&orig_stock=10&lock_version={version}"
-            ))
-            .unwrap()
-            .status()
-            .as_u16()
-    };
+    let agent = form_client();
+    let post = |version: i32, stock: i32| post_form(&agent, base, version, stock).status().as_u16();
     assert_eq!(post(0, 4), 303, "saved, then redirected to the form");
     assert_eq!(post(0, 3), 409, "the same version again is stale");
     let row = item(pool);
@@ -368,19 +381,7 @@ fn a_stale_form_is_answered_with_409_and_writes_nothing() {
 #[test]
 fn a_version_at_its_maximum_is_a_409_not_a_busy_database() {
     let App { pool, base, .. } = &App::start("edit_form_overflow");
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .max_redirects(0)
-        .build()
-        .into();
-    let mut response = agent
-        .post(format!("{base}/items/1"))
-        .header("Content-Type", "application/x-www-form-urlencoded")
-        .send(format!(
-            "name=Blue+mug&stock=4&orig_name=Blue+mug&orig_stock=10&lock_version={}",
-            i32::MAX
-        ))
-        .unwrap();
+    let mut response = post_form(&form_client(), base, i32::MAX, 4);
     let status = response.status().as_u16();
     let page = response.body_mut().read_to_string().unwrap();
     assert_eq!(status, 409, "{page}");
