@@ -41,6 +41,18 @@ macro_rules! refill {
     }};
 }
 
+/// `SELECT $column, COUNT(*) FROM $table GROUP BY $column` on `$conn`: each
+/// value of the column with its number of rows, collected into a map.
+macro_rules! count_per {
+    ($conn:expr, $table:ident :: $column:ident) => {
+        $table::table
+            .group_by($table::$column)
+            .select(($table::$column, count_star()))
+            .load($conn)
+            .map(|rows: Vec<_>| rows.into_iter().collect())
+    };
+}
+
 /// The queue's tables, per backend.
 pub(crate) const MIGRATIONS: Migrations = Migrations {
     postgres: Some(diesel_migrations::embed_migrations!("migrations/postgres")),
@@ -77,20 +89,12 @@ pub(crate) fn job_audit(conn: &mut AnyConnection) -> Result<JobAudit, JobQueueEr
         .count()
         .get_result(conn)?;
     let runs: i64 = job_runs::table.count().get_result(conn)?;
-    let runs_per_job: Vec<(i32, i64)> = job_runs::table
-        .group_by(job_runs::job_id)
-        .select((job_runs::job_id, count_star()))
-        .load(conn)?;
-    let runs_per_worker: Vec<(String, i64)> = job_runs::table
-        .group_by(job_runs::worker)
-        .select((job_runs::worker, count_star()))
-        .load(conn)?;
     Ok(JobAudit {
         jobs,
         done,
         runs,
-        runs_per_job: runs_per_job.into_iter().collect(),
-        runs_per_worker: runs_per_worker.into_iter().collect(),
+        runs_per_job: count_per!(conn, job_runs::job_id)?,
+        runs_per_worker: count_per!(conn, job_runs::worker)?,
     })
 }
 
@@ -154,15 +158,11 @@ pub(crate) fn outbox_audit(conn: &mut AnyConnection) -> Result<OutboxAudit, JobQ
         .select(published::outbox_id)
         .order(published::outbox_id)
         .load(conn)?;
-    let per_relay: Vec<(String, i64)> = published::table
-        .group_by(published::relay)
-        .select((published::relay, count_star()))
-        .load(conn)?;
     Ok(OutboxAudit {
         outbox_ids: outbox_ids.into_iter().collect(),
         sent,
         published_ids,
-        per_relay: per_relay.into_iter().collect(),
+        per_relay: count_per!(conn, published::relay)?,
     })
 }
 
