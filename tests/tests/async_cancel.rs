@@ -26,6 +26,7 @@ use std::time::Duration;
 use async_common::{in_transaction, lock_timeout, seeded, RowHolder};
 use diesel::{ExpressionMethods, QueryDsl};
 use diesel_async::{AsyncConnection, RunQueryDsl};
+use lockkit::asynchronous::lock_waits;
 use lockkit::asynchronous::AsyncLockingConnection;
 use lockkit::{Error, LockOptions};
 use lockkit_tests::models::Item;
@@ -510,6 +511,38 @@ async_backend_tests! {
     }
 }
 
+/// Returns once the server shows session `$id` waiting for another session's
+/// row lock, in a statement like `$statement` (an SQL `LIKE` pattern), as
+/// `$watcher`, a connection of another session, sees it; fails the test after
+/// 30 s. PostgreSQL reports the lock wait itself. MariaDB's processlist shows
+/// a statement waiting for a row lock in the state of the step that reads the
+/// row (`Statistics` for a key lookup, `Updating`), so there the look is for
+/// the statement still running: InnoDB's own views of lock waits are a copy
+/// refreshed only after 100 ms without a read, which tests polling at once
+/// can keep stale for as long as they poll.
+macro_rules! until_waiting {
+    ($watcher:expr, $backend:expr, $id:expr, $statement:literal) => {
+        match $backend {
+            "postgres" => until_counted!(
+                $watcher,
+                "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
+                $id,
+                "a wait for a lock"
+            ),
+            _ => until_counted!(
+                $watcher,
+                concat!(
+                    "SELECT COUNT(*) AS n FROM information_schema.processlist WHERE id = ? AND info LIKE '",
+                    $statement,
+                    "'"
+                ),
+                $id,
+                "a wait for a lock"
+            ),
+        }
+    };
+}
+
 /// On the servers, where a write waits for another session's row lock.
 mod waiting {
     use super::*;
@@ -536,20 +569,11 @@ mod waiting {
         let mut conn = pool.get().await.unwrap();
         // The nested call is given up on once the server shows its locked read
         // waiting for the holder's lock, however long it took to get there.
-        // MariaDB shows such a read in the state of the step that reads the
-        // row (`Statistics` for a key lookup), so there the look is for the
-        // locked read still running.
-        let session = lockkit::asynchronous::lock_waits::session_id(&mut *conn).await.unwrap();
-        let sql = match BACKEND {
-            "postgres" => "SELECT COUNT(*) AS n FROM pg_stat_activity \
-                           WHERE pid = $1 AND wait_event_type = 'Lock'",
-            _ => "SELECT COUNT(*) AS n FROM information_schema.processlist \
-                  WHERE id = ? AND info LIKE '%FOR UPDATE%'",
-        };
+        let session = lock_waits::session_id(&mut *conn).await.unwrap();
         let mut watcher: Async = async_common::connect(&db.url, BACKEND).await;
         let call = sell_2_then!(&mut *conn, |conn| {
             tokio::select! {
-                () = async { until_counted!(&mut watcher, sql, session, "a wait for the holder's lock") } => {}
+                () = async { until_waiting!(&mut watcher, BACKEND, session, "%FOR UPDATE%") } => {}
                 tried = decrement!(conn, None) => panic!("the nested call returned {tried:?} before it waited"),
             }
             given_up.notify_one();
@@ -636,14 +660,16 @@ mod waiting {
         seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
         let holder = RowHolder::lock(async_common::connect::<Async>(&db.url, BACKEND).await).await;
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let session = lock_waits::session_id(&mut conn).await.unwrap();
+        let mut watcher: Async = async_common::connect(&db.url, BACKEND).await;
         let transaction = conn.transaction(async |conn| {
             sell_one!(&mut *conn, 2)?;
-            let tried = tokio::time::timeout(
-                Duration::from_millis(200),
-                Item::update_all_by_version(conn, &[(1, 0)], items::stock.eq(0)),
-            )
-            .await;
-            assert!(tried.is_err(), "the write was given up on while it waited");
+            tokio::select! {
+                () = async { until_waiting!(&mut watcher, BACKEND, session, "UPDATE%") } => {}
+                tried = Item::update_all_by_version(conn, &[(1, 0)], items::stock.eq(0)) => {
+                    panic!("the write returned {tried:?} before it waited")
+                }
+            }
             Ok::<_, Error>(())
         });
         // A commit sent behind the dropped write would wait for the holder's
@@ -962,6 +988,8 @@ mod mysql_only {
         // A first write, so that the one below sends its UPDATE first (the
         // connection knows the table's key by then).
         item_2.update_versioned(&mut conn).await.unwrap();
+        let session = lock_waits::session_id(&mut conn).await.unwrap();
+        let mut watcher: AsyncMysqlConnection = async_common::connect(&db.url, "mysql").await;
         let outcome = lockkit::asynchronous::locked_transaction(
             &mut conn,
             LockOptions::default().timeout(Duration::from_secs(1)),
@@ -969,8 +997,11 @@ mod mysql_only {
                 let sell = diesel::update(items::table.find(1))
                     .set(items::stock.eq(items::stock - 1))
                     .execute(&mut *conn);
-                let cut = tokio::time::timeout(Duration::from_millis(300), sell).await;
-                assert!(cut.is_err(), "the UPDATE waits for the holder's lock");
+                // Cut short once it waits for the holder's lock.
+                tokio::select! {
+                    () = async { until_waiting!(&mut watcher, "mysql", session, "UPDATE%") } => {}
+                    sold = sell => panic!("the UPDATE returned {sold:?} before it waited"),
+                }
                 // The cut-short UPDATE's lock wait timeout comes after 1 s.
                 tokio::time::sleep(Duration::from_millis(1_500)).await;
                 item_2.stock = 0;
@@ -1250,6 +1281,9 @@ mod mysql_only {
                 .batch_execute("SET SESSION max_recursive_iterations = 1000000")
                 .await
                 .unwrap();
+            let session = lock_waits::session_id(&mut *pooled).await.unwrap();
+            let mut watcher: diesel_async::AsyncMysqlConnection =
+                async_common::connect(&db.url, "mysql").await;
             let result = {
                 lockkit::asynchronous::locked_transaction(
                     &mut *pooled,
@@ -1265,8 +1299,11 @@ mod mysql_only {
                         let sell = diesel::update(items::table.find(1))
                             .set(items::stock.eq(items::stock - 1))
                             .execute(conn);
-                        let cut = tokio::time::timeout(Duration::from_millis(500), sell).await;
-                        assert!(cut.is_err(), "the UPDATE waits for the holder's lock");
+                        // Cut short once it waits for the holder's lock.
+                        tokio::select! {
+                            () = async { until_waiting!(&mut watcher, "mysql", session, "UPDATE%") } => {}
+                            sold = sell => panic!("the UPDATE returned {sold:?} before it waited"),
+                        }
                         cut_short.notify_one();
                         match ends_ok {
                             true => Ok(()),
@@ -1553,13 +1590,7 @@ mod postgres_only {
         /// another session sees it. Fails the test after 30 s.
         async fn waits_for_a_lock(&self) {
             let mut watcher: AsyncPgConnection = async_common::connect(self.url, "postgres").await;
-            until_counted!(
-                &mut watcher,
-                "SELECT COUNT(*) AS n FROM pg_stat_activity \
-                 WHERE pid = $1 AND wait_event_type = 'Lock'",
-                self.id,
-                "a wait for a lock"
-            )
+            until_waiting!(&mut watcher, "postgres", self.id, "%")
         }
     }
 
