@@ -59,7 +59,7 @@ macro_rules! hold_for_an_hour {
 }
 
 /// Returns once the server shows session `$session` waiting for an advisory
-/// lock, as `$conn` (another session) sees it. Fails the test after 30 s.
+/// lock, as `$conn` (another session) sees it. Fails the test after 10 s.
 macro_rules! waits_for_an_advisory_lock {
     ($conn:expr, $session:expr) => {
         async {

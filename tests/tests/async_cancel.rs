@@ -511,15 +511,16 @@ async_backend_tests! {
     }
 }
 
-/// Returns once the server shows session `$id` waiting for another session's
-/// row lock, in a statement like `$statement` (an SQL `LIKE` pattern), as
-/// `$watcher`, a connection of another session, sees it; fails the test after
-/// 30 s. PostgreSQL reports the lock wait itself. MariaDB's processlist shows
-/// a statement waiting for a row lock in the state of the step that reads the
-/// row (`Statistics` for a key lookup, `Updating`), so there the look is for
-/// the statement still running: InnoDB's own views of lock waits are a copy
-/// refreshed only after 100 ms without a read, which tests polling at once
-/// can keep stale for as long as they poll.
+/// Returns once the server shows session `$id` in a statement that waits
+/// for another session's row lock, a statement like `$statement` (an SQL
+/// `LIKE` pattern), as `$watcher`, a connection of another session, sees it;
+/// fails the test after 10 s. PostgreSQL reports the lock wait itself.
+/// MariaDB's processlist shows a statement waiting for a row lock in the state
+/// of the step that reads the row (`Statistics` for a key lookup, `Updating`),
+/// so there the look is for the statement executing (not being prepared):
+/// with the row held, it waits or is about to. InnoDB's own views of lock
+/// waits do not serve: they are a copy refreshed only after 100 ms without a
+/// read, which tests polling at once can keep stale for as long as they poll.
 macro_rules! until_waiting {
     ($watcher:expr, $backend:expr, $id:expr, $statement:literal) => {
         match $backend {
@@ -532,7 +533,8 @@ macro_rules! until_waiting {
             _ => until_counted!(
                 $watcher,
                 concat!(
-                    "SELECT COUNT(*) AS n FROM information_schema.processlist WHERE id = ? AND info LIKE '",
+                    "SELECT COUNT(*) AS n FROM information_schema.processlist \
+                     WHERE id = ? AND command IN ('Query', 'Execute') AND info LIKE '",
                     $statement,
                     "'"
                 ),
@@ -1587,7 +1589,7 @@ mod postgres_only {
         }
 
         /// Returns once the server shows the session waiting for a lock, as
-        /// another session sees it. Fails the test after 30 s.
+        /// another session sees it. Fails the test after 10 s.
         async fn waits_for_a_lock(&self) {
             let mut watcher: AsyncPgConnection = async_common::connect(self.url, "postgres").await;
             until_waiting!(&mut watcher, "postgres", self.id, "%")
