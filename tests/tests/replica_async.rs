@@ -265,6 +265,10 @@ async fn a_waiting_route_yields_and_is_released_when_replay_resumes() {
             "reported {waited:?}, began {:?} before the resume",
             resuming_at - began
         );
+        assert!(
+            began + waited <= done,
+            "reported {waited:?}, more than the call took"
+        );
         assert!(waited < Duration::from_secs(5), "{waited:?}");
         assert_eq!(seen, 9);
     }
