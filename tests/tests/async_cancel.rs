@@ -223,6 +223,40 @@ macro_rules! sells_2_and_3_after_the_drop {
     }};
 }
 
+/// Returns once the server shows session `$id` in a statement that waits
+/// for another session's row lock, a statement like `$statement` (an SQL
+/// `LIKE` pattern), as `$watcher`, a connection of another session, sees it;
+/// fails the test after 10 s. PostgreSQL reports the lock wait itself.
+/// MariaDB's processlist shows a statement waiting for a row lock in the state
+/// of the step that reads the row (`Statistics` for a key lookup, `Updating`),
+/// so there the look is for the statement executing (not being prepared):
+/// with the row held, it waits or is about to. InnoDB's own views of lock
+/// waits do not serve: they are a copy refreshed only after 100 ms without a
+/// read, which tests polling at once can keep stale for as long as they poll.
+macro_rules! until_waiting {
+    ($watcher:expr, $backend:expr, $id:expr, $statement:literal) => {
+        match $backend {
+            "postgres" => until_counted!(
+                $watcher,
+                "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
+                $id,
+                "a wait for a lock"
+            ),
+            _ => until_counted!(
+                $watcher,
+                concat!(
+                    "SELECT COUNT(*) AS n FROM information_schema.processlist \
+                     WHERE id = ? AND command IN ('Query', 'Execute') AND info LIKE '",
+                    $statement,
+                    "'"
+                ),
+                $id,
+                "a wait for a lock"
+            ),
+        }
+    };
+}
+
 async_backend_tests! {
     async fn a_held_connection_refuses_the_next_transaction_instead_of_nesting_it(db) {
         // The hazard the pool's check removes, shown: no pool discards the
@@ -346,10 +380,20 @@ async_backend_tests! {
         // `holder` takes the row's lock and keeps it until told.
         let holder = RowHolder::lock(async_common::connect::<Async>(&db.url, BACKEND).await).await;
         let mut conn = pool.get().await.unwrap();
-        // Dropped in the locked read (PostgreSQL, MariaDB) or in `BEGIN
-        // IMMEDIATE` (SQLite), both waiting for `holder`.
-        let dropped = tokio::time::timeout(Duration::from_millis(200), decrement!(&mut *conn, None)).await;
-        assert!(dropped.is_err(), "the call waited for the lock");
+        // Dropped in the locked read (PostgreSQL, MariaDB), once the server
+        // shows it waiting for `holder`, or in `BEGIN IMMEDIATE` (SQLite), 200
+        // ms into its wait for the file's write lock (no server to ask).
+        use async_common::ServerSession;
+        match conn.server_session().await {
+            Some(session) => tokio::select! {
+                () = async { until_waiting!(&mut other, BACKEND, session, "%FOR UPDATE%") } => {}
+                tried = decrement!(&mut *conn, None) => panic!("the call returned {tried:?} before it waited"),
+            },
+            None => {
+                let dropped = tokio::time::timeout(Duration::from_millis(200), decrement!(&mut *conn, None)).await;
+                assert!(dropped.is_err(), "the call waited for the lock");
+            }
+        }
         drop(conn);
         holder.release().await;
         assert_left_clean(&mut *pool.get().await.unwrap(), &mut other, BACKEND, "after the drop").await;
@@ -509,40 +553,6 @@ async_backend_tests! {
         let unpublished: i64 = lockkit_tests::unpublished_count().get_result(&mut other).await.unwrap();
         assert_eq!(unpublished, 1, "the message committed with the sale");
     }
-}
-
-/// Returns once the server shows session `$id` in a statement that waits
-/// for another session's row lock, a statement like `$statement` (an SQL
-/// `LIKE` pattern), as `$watcher`, a connection of another session, sees it;
-/// fails the test after 10 s. PostgreSQL reports the lock wait itself.
-/// MariaDB's processlist shows a statement waiting for a row lock in the state
-/// of the step that reads the row (`Statistics` for a key lookup, `Updating`),
-/// so there the look is for the statement executing (not being prepared):
-/// with the row held, it waits or is about to. InnoDB's own views of lock
-/// waits do not serve: they are a copy refreshed only after 100 ms without a
-/// read, which tests polling at once can keep stale for as long as they poll.
-macro_rules! until_waiting {
-    ($watcher:expr, $backend:expr, $id:expr, $statement:literal) => {
-        match $backend {
-            "postgres" => until_counted!(
-                $watcher,
-                "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
-                $id,
-                "a wait for a lock"
-            ),
-            _ => until_counted!(
-                $watcher,
-                concat!(
-                    "SELECT COUNT(*) AS n FROM information_schema.processlist \
-                     WHERE id = ? AND command IN ('Query', 'Execute') AND info LIKE '",
-                    $statement,
-                    "'"
-                ),
-                $id,
-                "a wait for a lock"
-            ),
-        }
-    };
 }
 
 /// On the servers, where a write waits for another session's row lock.

@@ -65,6 +65,44 @@ pub async fn seeded_pg(
     (db, conn)
 }
 
+/// The id the server knows a connection's session by, where there is a
+/// server to ask: on SQLite, `None`.
+#[allow(dead_code, async_fn_in_trait)]
+pub trait ServerSession {
+    async fn server_session(&mut self) -> Option<i64>;
+}
+
+#[cfg(feature = "postgres")]
+impl ServerSession for diesel_async::AsyncPgConnection {
+    async fn server_session(&mut self) -> Option<i64> {
+        Some(
+            lockkit::asynchronous::lock_waits::session_id(self)
+                .await
+                .unwrap(),
+        )
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl ServerSession for diesel_async::AsyncMysqlConnection {
+    async fn server_session(&mut self) -> Option<i64> {
+        Some(
+            lockkit::asynchronous::lock_waits::session_id(self)
+                .await
+                .unwrap(),
+        )
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl ServerSession
+    for diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>
+{
+    async fn server_session(&mut self) -> Option<i64> {
+        None
+    }
+}
+
 /// A bb8 pool of up to `size` async connections to `url`.
 pub async fn bb8_pool<A>(
     url: &str,
