@@ -72,27 +72,25 @@ pub trait ServerSession {
     async fn server_session(&mut self) -> Option<i64>;
 }
 
-#[cfg(feature = "postgres")]
-impl ServerSession for diesel_async::AsyncPgConnection {
-    async fn server_session(&mut self) -> Option<i64> {
-        Some(
-            lockkit::asynchronous::lock_waits::session_id(self)
-                .await
-                .unwrap(),
-        )
-    }
+/// [`ServerSession`] for `$conn`, a connection lockkit's lock monitor knows
+/// (`lock_waits::session_id`), when `$feature` is on.
+macro_rules! server_session_by_lockkit {
+    ($feature:literal, $conn:ty) => {
+        #[cfg(feature = $feature)]
+        impl ServerSession for $conn {
+            async fn server_session(&mut self) -> Option<i64> {
+                Some(
+                    lockkit::asynchronous::lock_waits::session_id(self)
+                        .await
+                        .unwrap(),
+                )
+            }
+        }
+    };
 }
 
-#[cfg(feature = "mysql")]
-impl ServerSession for diesel_async::AsyncMysqlConnection {
-    async fn server_session(&mut self) -> Option<i64> {
-        Some(
-            lockkit::asynchronous::lock_waits::session_id(self)
-                .await
-                .unwrap(),
-        )
-    }
-}
+server_session_by_lockkit!("postgres", diesel_async::AsyncPgConnection);
+server_session_by_lockkit!("mysql", diesel_async::AsyncMysqlConnection);
 
 #[cfg(feature = "sqlite")]
 impl ServerSession
