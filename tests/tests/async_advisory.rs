@@ -293,7 +293,7 @@ async_server_tests! {
         let mut observer: Async = async_common::connect(&db.url, BACKEND).await;
         let started = Instant::now();
         let wait = loop {
-            let waits = lock_waits::lock_waits(&mut observer).await.unwrap();
+            let waits = lock_waits::current(&mut observer).await.unwrap();
             if let Some(wait) = waits.into_iter().find(|w| w.session == waiter_session) {
                 break wait;
             }
@@ -312,7 +312,7 @@ async_server_tests! {
         holder.release().await;
         assert_eq!(waiter.await.unwrap(), 10);
         tokio::time::sleep(Duration::from_millis(150)).await;
-        assert!(lock_waits::lock_waits(&mut observer).await.unwrap().iter().all(|w| w.session != waiter_session));
+        assert!(lock_waits::current(&mut observer).await.unwrap().iter().all(|w| w.session != waiter_session));
     }
 }
 

@@ -806,7 +806,7 @@ mod an_expired_key_finished_meanwhile {
                         // always list an insert's wait: at most a second).
                         let deadline = Instant::now() + Duration::from_secs(1);
                         while Instant::now() < deadline
-                            && !lock_waits::lock_waits(&mut watcher).unwrap().iter().any(|w| w.session == repeat_id)
+                            && !lock_waits::current(&mut watcher).unwrap().iter().any(|w| w.session == repeat_id)
                         {
                             assert!(!repeat.is_finished(), "the repeat did not wait for the owner's row: {:?}", repeat.join());
                             thread::sleep(Duration::from_millis(20));

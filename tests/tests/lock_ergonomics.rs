@@ -358,7 +358,7 @@ mod servers {
             let long = Duration::from_millis(500);
             let (sessions, wait, stock) = while_a_session_waits_for_item_1(&db, |sessions| {
                 look_until(Duration::from_secs(10), "the waiter never waited half a second", || {
-                    let waits = lock_waits::lock_waits(&mut observer).unwrap();
+                    let waits = lock_waits::current(&mut observer).unwrap();
                     waits.into_iter().find(|w| {
                         w.session == sessions.waiter
                             && w.waiting >= long

@@ -406,7 +406,7 @@ mod postgres_only {
             );
             (
                 lock_waits::blocked_sessions(&mut observer),
-                lock_waits::lock_waits(&mut observer),
+                lock_waits::current(&mut observer),
             )
         });
         drop(observer);

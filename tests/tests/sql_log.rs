@@ -344,8 +344,8 @@ macro_rules! server_statements {
                 lockkit::lock_waits::session_id(self).unwrap();
                 log.section("lockkit::lock_waits::blocked_sessions(&mut conn)");
                 lockkit::lock_waits::blocked_sessions(self).unwrap();
-                log.section("lockkit::lock_waits::lock_waits(&mut conn)");
-                lockkit::lock_waits::lock_waits(self).unwrap();
+                log.section("lockkit::lock_waits::current(&mut conn)");
+                lockkit::lock_waits::current(self).unwrap();
             }
         }
     )*};

@@ -1,5 +1,5 @@
 //! Who is waiting on whom, right now, on diesel-async: [`session_id`],
-//! [`blocked_sessions`] and [`lock_waits`], the async twins of
+//! [`blocked_sessions`] and [`lock_waits::current`](current), the async twins of
 //! [`lockkit::lock_waits`](crate::lock_waits), with the same statements over
 //! the server's views and the same answers (see there for what each backend
 //! reports). PostgreSQL and MySQL/MariaDB; SQLite has no row locks to wait on.
@@ -8,7 +8,7 @@
 //! # #[cfg(feature = "postgres")]
 //! # async fn run(conn: &mut diesel_async::AsyncPgConnection) -> Result<(), lockkit::Error> {
 //! use lockkit::asynchronous::lock_waits;
-//! for wait in lock_waits::lock_waits(conn).await? {
+//! for wait in lock_waits::current(conn).await? {
 //!     for blocker in wait.blockers.iter().filter(|b| b.is_idle_in_transaction()) {
 //!         println!("session {} waits for session {}, idle in transaction for {:?}",
 //!             wait.session, blocker.session, blocker.in_state);
@@ -69,13 +69,13 @@ pub async fn blocked_sessions<C: AsyncLockMonitor>(
 
 /// Every session now waiting for a lock, ordered by session id, with the lock
 /// it waits for and what each of its blockers is doing, as
-/// [`lockkit::lock_waits::lock_waits`](crate::lock_waits::lock_waits).
+/// [`lockkit::lock_waits::current`](crate::lock_waits::current).
 ///
 /// # Errors
 ///
-/// As [`lockkit::lock_waits::lock_waits`](crate::lock_waits::lock_waits)
+/// As [`lockkit::lock_waits::current`](crate::lock_waits::current)
 /// (MySQL 8: [`Error::Database`]; use [`blocked_sessions`]).
-pub async fn lock_waits<C: AsyncLockMonitor>(conn: &mut C) -> Result<Vec<LockWait>, Error> {
+pub async fn current<C: AsyncLockMonitor>(conn: &mut C) -> Result<Vec<LockWait>, Error> {
     conn.lock_waits().await.map_err(classify)
 }
 

@@ -10,7 +10,7 @@
 //! | [`advisory::with_lock`], [`advisory::try_with_lock`] (a closure, no guard), [`advisory::xact_lock`], [`advisory::try_xact_lock`] (PostgreSQL) | [`lockkit::advisory`](crate::advisory) |
 //! | [`serializable()`] | [`lockkit::serializable`](crate::serializable()) |
 //! | [`atomic::update_if`], [`atomic::update_returning`], [`atomic::update_counters`] | [`lockkit::atomic`](crate::atomic) |
-//! | [`lock_waits::session_id`], [`lock_waits::blocked_sessions`], [`lock_waits::lock_waits`] (PostgreSQL, MySQL/MariaDB) | [`lockkit::lock_waits`](crate::lock_waits) |
+//! | [`lock_waits::session_id`], [`lock_waits::blocked_sessions`], [`lock_waits::current`] (PostgreSQL, MySQL/MariaDB) | [`lockkit::lock_waits`](crate::lock_waits) |
 //! | [`idempotency::run`], [`idempotency::purge_expired`] (feature `idempotency`) | [`Idempotency::run`](crate::idempotency::Idempotency::run), [`Idempotency::purge_expired`](crate::idempotency::Idempotency::purge_expired) |
 //! | [`lease::acquire`], [`lease::with_lease`], [`lease::fenced`] (feature `lease`; the database store) | [`lockkit::lease::acquire`](crate::lease::acquire), [`lockkit::lease::with_lease`](crate::lease::with_lease), [`lockkit::lease::fenced`](crate::lease::fenced) |
 //! | [`outbox::enqueue`], [`outbox::publish_batch`], [`outbox::receive`] and the rest (feature `outbox`) | [`lockkit::outbox`](crate::outbox) |

@@ -7,7 +7,7 @@
 //! * MariaDB: `information_schema.INNODB_LOCK_WAITS` and `INNODB_TRX`
 //!   (MySQL 8: `performance_schema.data_lock_waits`).
 //!
-//! [`lock_waits`] says more, one entry per waiting session: which lock it waits
+//! [`lock_waits::current`](current) says more, one entry per waiting session: which lock it waits
 //! for (mode and relation) and, for each session in its way, what that session
 //! is doing and for how long. The usual culprit is a blocker that is
 //! `idle in transaction`: it took a lock, then went to do something else (an HTTP
@@ -21,7 +21,7 @@
 //! | [`Blocker::in_state`] | since `state_change` | `PROCESSLIST.TIME_MS`: time in the current command |
 //! | [`Blocker::transaction_age`] | since `xact_start` | since `INNODB_TRX.trx_started` |
 //!
-//! `lock_waits` reads MariaDB's `information_schema` (`INNODB_LOCK_WAITS`,
+//! [`lock_waits::current`](current) reads MariaDB's `information_schema` (`INNODB_LOCK_WAITS`,
 //! `INNODB_LOCKS`, `INNODB_TRX`, `PROCESSLIST`); MySQL 8 removed the first two,
 //! and there it fails with [`Error::Database`]: use [`blocked_sessions`].
 //!
@@ -58,7 +58,7 @@ pub struct BlockedSession {
 }
 
 /// A session waiting for a lock, with what lockkit can learn of the lock and
-/// of those holding it: [`lock_waits`].
+/// of those holding it: [`lock_waits::current`](current).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockWait {
@@ -211,7 +211,7 @@ where
 /// use diesel::prelude::*;
 /// use lockkit::lock_waits;
 /// let mut conn = PgConnection::establish("postgres://localhost/app").unwrap();
-/// for wait in lock_waits::lock_waits(&mut conn).unwrap() {
+/// for wait in lock_waits::current(&mut conn).unwrap() {
 ///     for blocker in wait.blockers.iter().filter(|b| b.is_idle_in_transaction()) {
 ///         println!(
 ///             "session {} waits {:?} for {:?} on {:?}: session {} has been idle in transaction for {:?}",
@@ -221,7 +221,7 @@ where
 /// }
 /// # }
 /// ```
-pub fn lock_waits<C>(conn: &mut C) -> Result<Vec<LockWait>, Error>
+pub fn current<C>(conn: &mut C) -> Result<Vec<LockWait>, Error>
 where
     C: Connection + LoadConnection,
     C::Backend: LockMonitor,
