@@ -19,13 +19,13 @@
 //!
 //! ```
 //! use diesel::prelude::*;
-//! use lockkit::bounds::LockRow;
+//! use lockkit::bounds::{AsLockingConnection, LockRow, LockingConnection};
 //! use lockkit::prelude::*;
 //!
 //! /// The stock of any lockable item model with a `stock()` accessor, read under its row lock.
 //! fn locked_stock<M, C>(conn: &mut C, key: M::Key) -> Result<i32, lockkit::Error>
 //! where
-//!     C: lockkit::LockingConnection + lockkit::AsLockingConnection<Conn = C>,
+//!     C: LockingConnection + AsLockingConnection<Conn = C>,
 //!     M: LockRow<C> + HasStock,
 //! {
 //!     lockkit::with_lock(conn, key, lockkit::LockOptions::default(), |_conn, item: M| Ok(item.stock()))
@@ -51,6 +51,8 @@
 //! | [`AdaptiveRow`] | [`adaptive`](crate::adaptive) writes | every [`Versioned`](crate::Versioned) model that is `Selectable` on `PgConnection`, `MysqlConnection` or `SqliteConnection` (not on [`Dispatch`](crate::multi::Dispatch) enums) |
 //! | [`VersionCheck`] | every versioned write | every [`Versioned`](crate::Versioned) model |
 //! | [`CurrentVersionQuery`] | every versioned write, [`Versioned::update_if`](crate::Versioned::update_if) | those, on a connection of a supported backend or a [`Dispatch`](crate::multi::Dispatch) enum |
+//! | [`LockedCall`], [`EveryClause`] | `with_lock`, blocking and async (in [`LockRow`]'s and `AsyncLockRow`'s impls) | lockkit's locked reads, under each clause type of [`row_lock`](crate::pessimistic::row_lock) and a [`RowLock`](crate::RowLock) value |
+//! | [`VersionNumber`] | every call that takes a version: [`Versioned::Version`](crate::Versioned::Version), [`ETag::from_version`](crate::etag::ETag::from_version), [`expected_version`](crate::etag::expected_version), .. | `i16`, `i32`, `i64` (sealed) |
 //! | [`LockingConnection`], [`AsLockingConnection`] | the lock calls | `PgConnection`, `MysqlConnection`, `SqliteConnection`; r2d2 pooled connections to them (feature `r2d2`); [`Dispatch`](crate::multi::Dispatch) enums |
 //! | [`ClaimQuery`] | [`queue::claim`](crate::queue::claim) | every select query that takes `.limit(n)` and a row-lock clause, on those connections |
 //! | [`Expectations`] | [`CompareAndSet::compare_and_set`](crate::compare_and_set::CompareAndSet::compare_and_set) | [`expect`](crate::compare_and_set::expect)`(column, value)` and tuples of up to six |
@@ -75,6 +77,7 @@ pub use crate::http::idempotency::IdempotencyStore;
 pub use crate::lease::{FenceStore, LeaseStore};
 pub use crate::optimistic::backend::OptimisticBackend;
 pub use crate::optimistic::compare_and_set::Expectations;
+pub use crate::optimistic::version::VersionNumber;
 pub use crate::optimistic::versioned::{CurrentVersionQuery, VersionCheck};
 #[cfg(feature = "outbox")]
 #[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
@@ -84,6 +87,7 @@ pub use crate::pessimistic::connection::{AsLockingConnection, LockingConnection}
 pub use crate::pessimistic::lock_waits::LockMonitor;
 pub use crate::pessimistic::lockable::{KeyColumn, LockAll, LockRow, MarkLocked};
 pub use crate::pessimistic::queue::ClaimQuery;
+pub use crate::pessimistic::row_lock::{EveryClause, LockedCall};
 
 #[cfg(feature = "async")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]

@@ -1,9 +1,11 @@
 //! The private supertrait that seals lockkit's backend traits
-//! ([`bounds`](crate::bounds)): each one's impls are lockkit's own SQL for a
-//! backend, so no other crate can add one, and lockkit can add methods to them
-//! without a breaking release.
+//! ([`bounds`](crate::bounds)) and the lock-clause types
+//! ([`LockClause`](crate::pessimistic::row_lock::LockClause)): each one's impls
+//! are lockkit's own SQL for a backend or a clause, so no other crate can add
+//! one, and lockkit can add methods to them without a breaking release.
 
-/// Implemented for the backends and connections of the enabled features.
+/// Implemented for the backends and connections of the enabled features, and
+/// (in `row_lock`) for the four lock-clause types.
 pub trait Sealed {}
 
 #[cfg(feature = "postgres")]

@@ -31,7 +31,13 @@ mod sealed {
     impl Sealed for i64 {}
 }
 
-/// An integer type usable as a lock version: `i16`, `i32` or `i64`.
+/// An integer type usable as a lock version: `i16`, `i32` or `i64`. Sealed;
+/// name it only in `where` clauses.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a lockkit version type",
+    label = "a version is `i16`, `i32` or `i64`",
+    note = "use the model's version field, or the type of its `SMALLINT`, `INTEGER` or `BIGINT` column; convert a value with `i64::from(n)`, or `i64::try_from(n)` where it may not fit"
+)]
 pub trait VersionNumber:
     sealed::Sealed + Copy + Eq + Ord + Debug + Display + Send + Sync + 'static
 {
@@ -52,6 +58,7 @@ pub trait VersionNumber:
 
 macro_rules! version_number {
     ($($t:ty),*) => {$(
+        #[diagnostic::do_not_recommend]
         impl VersionNumber for $t {
             const MAX: Self = <$t>::MAX;
             const ONE: Self = 1;

@@ -274,7 +274,10 @@ impl QueryFragment<diesel::mysql::Mysql> for RowLock {
 /// type for [`with_lock`](crate::with_lock) (for these four clauses),
 /// [`lock_all`](crate::Lockable::lock_all) ([`ForUpdate`]) and
 /// [`queue::claim`](crate::queue::claim) ([`ForUpdateSkipLocked`]).
-pub trait LockClause: QueryId + Copy + Default + 'static {
+///
+/// Sealed: the four types below are all there are; name it only in `where`
+/// clauses.
+pub trait LockClause: QueryId + Copy + Default + crate::sealed::Sealed + 'static {
     /// The clause, as a value.
     const LOCK: RowLock;
 }
@@ -284,6 +287,8 @@ macro_rules! lock_clauses {
         $(#[$doc])*
         #[derive(Debug, Clone, Copy, Default, QueryId)]
         pub struct $name;
+
+        impl crate::sealed::Sealed for $name {}
 
         impl LockClause for $name {
             const LOCK: RowLock = $lock;
