@@ -1,22 +1,31 @@
 //! The closures of lockkit's calls return the caller's own error type, as Diesel's
 //! `transaction` does: a `thiserror` enum with a `#[from] lockkit::Error` variant
-//! flows through every closure-taking call untouched, the transaction is rolled
-//! back on it (and on a panic), and the retrying calls ask it which errors are
-//! worth another attempt. That type is [`ShopError`], with its `RetryableError`
-//! impl.
+//! flows through every closure-taking call untouched (the locks, the retries,
+//! idempotency keys, `If-Match`, the adaptive update, the outbox's relay and
+//! inbox, leases and fenced writes, the replica router's write), the call's
+//! transaction is rolled back on it (and on a panic), a lease is released, and
+//! the retrying calls ask it which errors are worth another attempt. lockkit's
+//! own errors reach the caller inside it. That type is [`ShopError`], with its
+//! `RetryableError` impl. `tests/async_user_errors.rs` shows the same for the
+//! diesel-async calls (`async_locking.rs` for the async `with_lock`).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
+use std::time::Duration;
 
 use diesel::prelude::*;
+use lockkit::adaptive::AdaptivePolicy;
 use lockkit::axum::{IfMatchTags, IfMatchVersion};
 use lockkit::etag::{ETagSecret, Expected};
 use lockkit::idempotency::{Idempotency, Outcome};
+use lockkit::lease::{self, Fence};
+use lockkit::outbox::schema::lockkit_outbox;
+use lockkit::outbox::{self, Inbox, OutboxMessage, Received, Relay};
 use lockkit::prelude::*;
 use lockkit::{Error, LockOptions, RetryPolicy};
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
-use lockkit_tests::{seed_items, stock_of, ShopError};
+use lockkit_tests::{lease_migrations, outbox_migrations, seed_items, stock_of, ShopError};
 
 /// A response stored by an idempotency key: any `Serialize + DeserializeOwned`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -228,5 +237,180 @@ lockkit_tests::backend_tests! {
             stale.detail
         );
         assert_eq!(stock_of!(&mut conn, 1), 7);
+    }
+
+    fn adaptive_update_hands_back_the_callers_error_on_either_path(db) {
+        let mut conn = db.conn();
+        seed_items(&mut conn, &[(1, 10)]);
+        let policy = AdaptivePolicy::new().max_optimistic_attempts(1);
+        let take_eight = |item: &mut Item| {
+            if item.stock < 8 {
+                return Err(ShopError::NotEnough(item.stock));
+            }
+            item.stock -= 8;
+            Ok(())
+        };
+        // Optimistic: the change refuses, nothing is written.
+        let refused = policy.update(&mut conn, 1, |item: &mut Item| {
+            item.stock -= 3;
+            take_eight(item)
+        });
+        assert!(matches!(refused, Err(ShopError::NotEnough(7))), "{refused:?}");
+        assert_eq!(lockkit_tests::item!(&mut conn, 1), Item { id: 1, name: "item 1".into(), stock: 10, lock_version: 0 });
+        // Another buyer takes 7 while the first change runs: that race is lost,
+        // and the change runs again under the row lock, where it refuses, and
+        // lockkit writes nothing after it.
+        let mut runs = 0;
+        let refused = policy.update(&mut conn, 1, |item: &mut Item| {
+            runs += 1;
+            if runs == 1 {
+                diesel::update(items::table.find(1))
+                    .set((items::stock.eq(3), items::lock_version.eq(items::lock_version + 1)))
+                    .execute(&mut db.conn())
+                    .unwrap();
+            }
+            take_eight(item)
+        });
+        assert!(matches!(refused, Err(ShopError::NotEnough(3))), "{refused:?}");
+        assert_eq!(runs, 2, "the second run was the locked one");
+        assert_eq!(lockkit_tests::item!(&mut conn, 1).lock_version, 1, "only the other buyer's write");
+        let missing = policy.update(&mut conn, 99, take_eight);
+        assert!(matches!(missing, Err(ShopError::Lock(Error::NotFound))), "{missing:?}");
+    }
+
+    fn relay_publish_batch_hands_back_the_callers_error_and_marks_nothing(db) {
+        use diesel_migrations::MigrationHarness;
+        let mut conn = db.conn();
+        conn.run_pending_migrations(outbox_migrations(BACKEND)).unwrap();
+        for order in 0..2 {
+            conn.transaction(|conn| outbox::enqueue(conn, "orders", &format!("{{\"order\":{order}}}"))).unwrap();
+        }
+        let relay = Relay::default();
+        // The broker client fails as a whole: no message is marked, none gets
+        // an attempt or a backoff.
+        let refused = relay.publish_batch(&mut conn, 10, |batch| -> Result<Vec<Result<(), String>>, ShopError> {
+            Err(ShopError::NotEnough(batch.len() as i32))
+        });
+        assert!(matches!(refused, Err(ShopError::NotEnough(2))), "{refused:?}");
+        let attempts: Vec<i32> = lockkit_outbox::table.order(lockkit_outbox::id).select(lockkit_outbox::attempts).load(&mut conn).unwrap();
+        assert_eq!(attempts, [0, 0], "nothing marked");
+        // Claimable again at once.
+        let relayed = relay
+            .publish_batch(&mut conn, 10, |batch: &[OutboxMessage]| Ok::<_, ShopError>(vec![Ok(()); batch.len()]))
+            .unwrap();
+        assert_eq!((relayed.claimed, relayed.published), (2, 2));
+        // lockkit's refusal, in the caller's type: nothing is claimed.
+        let invalid = relay.publish_batch(&mut conn, 0, |_| -> Result<Vec<Result<(), String>>, ShopError> {
+            panic!("nothing is claimed")
+        });
+        assert!(matches!(invalid, Err(ShopError::Lock(Error::InvalidInput(_)))), "{invalid:?}");
+    }
+
+    fn inbox_receive_hands_back_the_callers_error_and_leaves_the_message_to_its_redelivery(db) {
+        use diesel_migrations::MigrationHarness;
+        let mut conn = db.conn();
+        conn.run_pending_migrations(outbox_migrations(BACKEND)).unwrap();
+        seed_items(&mut conn, &[(1, 10)]);
+        let inbox = Inbox::new("stock").unwrap();
+        // Takes `qty` of item 1, then refuses if there was not that much.
+        let take = |conn: &mut Conn, qty: i32| -> Result<i32, ShopError> {
+            let stock = stock_of!(&mut *conn, 1);
+            diesel::update(items::table.find(1)).set(items::stock.eq(stock - qty)).execute(conn)?;
+            if stock < qty {
+                return Err(ShopError::NotEnough(stock));
+            }
+            Ok(stock - qty)
+        };
+        let refused = inbox.receive(&mut conn, "m-1", |conn| take(conn, 12));
+        assert!(matches!(refused, Err(ShopError::NotEnough(10))), "{refused:?}");
+        assert_eq!(stock_of!(&mut conn, 1), 10, "rolled back");
+        // The id went with it: the redelivery applies the message, once.
+        assert_eq!(inbox.receive(&mut conn, "m-1", |conn| take(conn, 4)).unwrap(), Received::Applied(6));
+        assert_eq!(inbox.receive(&mut conn, "m-1", |conn| take(conn, 4)).unwrap(), Received::Duplicate);
+        let invalid = inbox.receive(&mut conn, "", |conn| take(conn, 4));
+        assert!(matches!(invalid, Err(ShopError::Lock(Error::InvalidInput(_)))), "{invalid:?}");
+        assert_eq!(stock_of!(&mut conn, 1), 6);
+    }
+
+    fn fenced_and_with_lease_hand_back_the_callers_error(db) {
+        use diesel_migrations::MigrationHarness;
+        let mut conn = db.connect();
+        conn.run_pending_migrations(lease_migrations(BACKEND)).unwrap();
+        seed_items(&mut conn, &[(1, 10)]);
+        let ttl = Duration::from_secs(30);
+        // Empties item 1 under `fence`, then refuses.
+        let empty_then_refuse = |conn: &mut Conn, fence: Fence| {
+            lease::fenced(conn, "item-1", fence, |conn| {
+                diesel::update(items::table.find(1)).set(items::stock.eq(0)).execute(conn)?;
+                Err::<(), _>(ShopError::NotEnough(10))
+            })
+        };
+        // Under a lease: the work's error comes back untouched, and the lease
+        // is released all the same.
+        let refused = lease::with_lease(&mut conn, "restock", ttl, |held| {
+            let fence = held.fence();
+            empty_then_refuse(held, fence)
+        });
+        assert!(matches!(refused, Err(ShopError::NotEnough(10))), "{refused:?}");
+        assert_eq!(stock_of!(&mut conn, 1), 10, "rolled back");
+        let mut other = db.connect();
+        let next = lease::acquire(&mut other, "restock", ttl).unwrap();
+        assert_eq!(next.fence(), Fence(2), "released: taken at once");
+        // Held by another: lockkit's `Busy`, in the caller's type; the work did not run.
+        let busy = lease::with_lease(&mut conn, "restock", ttl, |_| -> Result<(), ShopError> { panic!("must not run") });
+        assert!(matches!(busy, Err(ShopError::Lock(Error::Busy))), "{busy:?}");
+        next.release().unwrap();
+
+        // The fenced write and its fence roll back together: fence 5 was not
+        // recorded, so fence 3 still writes.
+        let refused = empty_then_refuse(&mut conn, Fence(5));
+        assert!(matches!(refused, Err(ShopError::NotEnough(10))), "{refused:?}");
+        assert_eq!(stock_of!(&mut conn, 1), 10, "rolled back");
+        lease::fenced(&mut conn, "item-1", Fence(3), |_| Ok::<_, ShopError>(())).unwrap();
+        let fenced_out = lease::fenced(&mut conn, "item-1", Fence(2), |_| -> Result<(), ShopError> { panic!("must not run") });
+        assert!(matches!(fenced_out, Err(ShopError::Lock(Error::Fenced { fence: 2, current: 3, .. }))), "{fenced_out:?}");
+    }
+}
+
+/// The replica router's write, with both pools on the one test database: a
+/// write needs only the primary, whose commit position PostgreSQL reports
+/// without a standby.
+#[cfg(feature = "postgres")]
+mod replica_router {
+    use super::*;
+    use diesel::r2d2::{ConnectionManager, Pool};
+    use lockkit::replica::{Policy, Router};
+
+    #[test]
+    fn router_write_hands_back_the_callers_error_and_rolls_back() {
+        let db = lockkit_tests::TestDb::<PgConnection>::new("router_write_user_error");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let router = Router::new(db.pool(), db.pool(), Policy::Primary);
+        let refused = router.write(|conn| {
+            diesel::update(items::table.find(1))
+                .set(items::stock.eq(0))
+                .execute(conn)?;
+            Err::<(), _>(ShopError::NotEnough(10))
+        });
+        assert!(
+            matches!(refused, Err(ShopError::NotEnough(10))),
+            "{refused:?}"
+        );
+        assert_eq!(stock_of!(&mut db.conn(), 1), 10, "rolled back");
+        // lockkit's own error, in the caller's type: the primary's pool has no
+        // connection to give. Its one connection is taken with time to spare;
+        // the write waits 50 ms for another.
+        let one = Pool::builder()
+            .max_size(1)
+            .connection_timeout(Duration::from_millis(50))
+            .build_unchecked(ConnectionManager::<PgConnection>::new(&db.url));
+        let taken = one.get_timeout(Duration::from_secs(20)).unwrap();
+        let starved = Router::new(one.clone(), one.clone(), Policy::Primary)
+            .write(|_| -> Result<(), ShopError> { panic!("no connection to run on") });
+        assert!(
+            matches!(starved, Err(ShopError::Lock(Error::Pool(_)))),
+            "{starved:?}"
+        );
+        drop(taken);
     }
 }
