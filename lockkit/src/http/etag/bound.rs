@@ -39,8 +39,8 @@ use std::fmt;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
+use super::{Expected, IfMatch, IfMatchError, Problem, Rendering};
 use crate::error::{Error, StaleObjectError};
-use crate::http::etag::{Expected, IfMatch, IfMatchError, Problem, Rendering};
 use crate::optimistic::version::VersionNumber;
 
 type HmacSha256 = Hmac<Sha256>;
@@ -174,7 +174,7 @@ impl ResourceTags {
 
     pub(crate) fn etag_of(&self, version: i64) -> BoundETag {
         let mac = self.mac_of(version).finalize().into_bytes();
-        BoundETag(super::hex(&mac[..TAG_BYTES]))
+        BoundETag(crate::http::hex(&mac[..TAG_BYTES]))
     }
 
     /// Whether `opaque` (a tag without quotes) is this resource's tag at

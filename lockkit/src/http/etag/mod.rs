@@ -38,19 +38,20 @@
 //! assert!(etag::expected_version::<i32>(None).is_err());             // 428
 //! ```
 
+#[cfg(feature = "bound-etags")]
+mod bound;
+
 use std::cell::Cell;
 use std::fmt;
 use std::str::FromStr;
 
 use crate::error::{CurrentState, Error, StaleObjectError};
-#[cfg(feature = "bound-etags")]
-#[cfg_attr(docsrs, doc(cfg(feature = "bound-etags")))]
-pub use crate::http::bound_etag::{
-    BoundETag, ETagSecret, ResourceTags, SecretTooShort, MIN_SECRET_LEN,
-};
 use crate::optimistic::version::VersionNumber;
 use crate::retry::{retry_while, Spent};
 use crate::retry::{RetryPolicy, RetryableError};
+#[cfg(feature = "bound-etags")]
+#[cfg_attr(docsrs, doc(cfg(feature = "bound-etags")))]
+pub use bound::{BoundETag, ETagSecret, ResourceTags, SecretTooShort, MIN_SECRET_LEN};
 
 /// A strong entity tag made from a row's version: `"v<version>"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
