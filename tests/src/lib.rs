@@ -245,6 +245,54 @@ pub fn insert_abandoned_key<C: diesel::Connection>(conn: &mut C) {
     );
 }
 
+/// The answers clients got for idempotency keys: (key, outcome).
+#[cfg(feature = "harness")]
+pub type KeyAnswers = Vec<(i32, lockkit::idempotency::Outcome<String>)>;
+
+/// The audit of sales sent with the idempotency keys `0..keys`, each key by
+/// two clients, whose work sells one unit of an item that started at
+/// `initial` and writes one order with `qty` = the key: `stock` and the
+/// orders' `qty`s add up (nothing lost), each key's work is applied exactly
+/// once, both clients of each key got an answer, and at most one of them ran
+/// the work (exactly one where `one_ran`: no client gave up on a run that
+/// committed); every answer is `order for key {k}`.
+#[cfg(feature = "harness")]
+pub fn audit_idempotent_sales(
+    initial: i32,
+    keys: i32,
+    stock: i32,
+    orders: &[i32],
+    outcomes: &[(i32, lockkit::idempotency::Outcome<String>)],
+    one_ran: bool,
+) {
+    use lockkit::idempotency::Outcome;
+    assert_eq!(
+        stock + orders.len() as i32,
+        initial,
+        "stock + sold must equal the initial stock"
+    );
+    for k in 0..keys {
+        let applied = orders.iter().filter(|q| **q == k).count();
+        assert_eq!(applied, 1, "key {k}'s work must be applied exactly once");
+        let of_key: Vec<_> = outcomes.iter().filter(|(key, _)| *key == k).collect();
+        assert_eq!(of_key.len(), 2, "both clients of key {k} got an answer");
+        let ran = of_key
+            .iter()
+            .filter(|(_, o)| matches!(o, Outcome::Ran(_)))
+            .count();
+        match one_ran {
+            true => assert_eq!(
+                ran, 1,
+                "key {k}: exactly one client ran the work: {of_key:?}"
+            ),
+            false => assert!(ran <= 1, "key {k}: two clients ran the work: {of_key:?}"),
+        }
+        for (_, outcome) in &of_key {
+            assert_eq!(outcome.clone().into_inner(), format!("order for key {k}"));
+        }
+    }
+}
+
 /// The migration of lockkit's lease and fence tables for `backend`.
 #[cfg(feature = "harness")]
 pub fn lease_migrations(backend: &str) -> lockkit::migrations::ShippedMigration {
