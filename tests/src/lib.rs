@@ -245,6 +245,13 @@ pub fn insert_abandoned_key<C: diesel::Connection>(conn: &mut C) {
     );
 }
 
+/// A fresh `orders.id`, unique in the process (the column has no default).
+#[cfg(feature = "harness")]
+pub fn next_order_id() -> i32 {
+    static NEXT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The answers clients got for idempotency keys: (key, outcome).
 #[cfg(feature = "harness")]
 pub type KeyAnswers = Vec<(i32, lockkit::idempotency::Outcome<String>)>;

@@ -11,7 +11,7 @@
 #[macro_use]
 mod async_common;
 
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,8 +25,6 @@ use lockkit::{Error, LockOptions};
 use lockkit_tests::models::Item;
 use lockkit_tests::schema::{items, orders};
 use lockkit_tests::{idempotency_migrations, seed_items};
-
-static ORDER_ID: AtomicI32 = AtomicI32::new(1);
 
 async_backend_tests! {
     async fn dropped_idempotent_runs_nesting_locks_apply_each_key_once(db) {
@@ -67,7 +65,7 @@ async_backend_tests! {
                             }
                             tokio::time::sleep(Duration::from_micros(fastrand::u64(0..4000))).await;
                             diesel::insert_into(orders::table)
-                                .values((orders::id.eq(ORDER_ID.fetch_add(1, Ordering::Relaxed)), orders::item_id.eq(1), orders::qty.eq(k)))
+                                .values((orders::id.eq(lockkit_tests::next_order_id()), orders::item_id.eq(1), orders::qty.eq(k)))
                                 .execute(&mut *c)
                                 .await?;
                             Ok::<_, Error>(format!("order for key {k}"))
@@ -113,7 +111,7 @@ async_backend_tests! {
         let outcomes = outcomes.lock().unwrap().clone();
         eprintln!(
             "{BACKEND}: {} outcomes, {} dropped, {} resends, stock {stock}, {} orders",
-            outcomes.len(), std::sync::atomic::AtomicUsize::load(&dropped, Ordering::Relaxed), std::sync::atomic::AtomicUsize::load(&resent, Ordering::Relaxed), orders.len()
+            outcomes.len(), AtomicUsize::load(&dropped, Ordering::Relaxed), AtomicUsize::load(&resent, Ordering::Relaxed), orders.len()
         );
         // A client whose run was dropped after its commit gets the replay when
         // it sends again: none of the two may have run it (at most one).

@@ -13,7 +13,7 @@
 //! so `stock + orders = initial` holds exactly when nothing was lost or
 //! applied twice; each idempotency key's work is applied once.
 
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -27,13 +27,6 @@ use lockkit::{Error, LockOptions, RetryPolicy};
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
 use lockkit_tests::{idempotency_migrations, seed_items, stock_of};
-
-static ORDER_ID: AtomicI32 = AtomicI32::new(1);
-
-/// A fresh order id, unique in the process.
-fn next_order_id() -> i32 {
-    ORDER_ID.fetch_add(1, Ordering::Relaxed)
-}
 
 /// The retries for these races: many attempts, short jittered waits.
 fn policy() -> RetryPolicy {
@@ -67,17 +60,19 @@ macro_rules! seed_for_keys {
     }};
 }
 
-/// Key `$k`'s order of one unit of item 1, its `qty` the key (the audit
-/// counts each key's orders by it).
-macro_rules! order_for_key {
-    ($c:expr, $k:expr) => {
+/// An order of item `$item` with `qty` `$qty` (what each test's audit counts
+/// by), in the transaction of `$c`; `Result<(), lockkit::Error>`.
+macro_rules! order {
+    ($c:expr, $item:expr, $qty:expr) => {
         diesel::insert_into(orders::table)
             .values((
-                orders::id.eq(next_order_id()),
-                orders::item_id.eq(1),
-                orders::qty.eq($k),
+                orders::id.eq(lockkit_tests::next_order_id()),
+                orders::item_id.eq($item),
+                orders::qty.eq($qty),
             ))
-            .execute($c)?
+            .execute($c)
+            .map(drop)
+            .map_err(Error::from)
     };
 }
 
@@ -172,7 +167,7 @@ mod idempotent {
                     keys.run(c, "tenant", key, "POST /orders", |c| {
                         sell_one_as!(&mut *c, k);
                         thread::sleep(Duration::from_micros(fastrand::u64(0..5000)));
-                        order_for_key!(c, k);
+                        order!(c, 1, k)?; // the key is its qty
                         Ok::<_, Error>(format!("order for key {k}"))
                     })
                 })
@@ -203,7 +198,7 @@ mod idempotent {
                         sell_one_as!(&mut *c, k);
                         Ok(())
                     })?;
-                    order_for_key!(c, k);
+                    order!(c, 1, k)?; // the key is its qty
                     if fastrand::u8(0..3) == 0 {
                         overran.fetch_add(1, Ordering::Relaxed);
                         thread::sleep(Duration::from_millis(90));
@@ -230,16 +225,7 @@ mod idempotent {
 macro_rules! sell_by_kind {
     ($conn:expr, $kind:expr, $naive:expr) => {{
         let conn = $conn;
-        let order = |c: &mut Conn| -> Result<(), Error> {
-            diesel::insert_into(orders::table)
-                .values((
-                    orders::id.eq(next_order_id()),
-                    orders::item_id.eq(1),
-                    orders::qty.eq(1),
-                ))
-                .execute(c)?;
-            Ok(())
-        };
+        let order = |c: &mut Conn| order!(c, 1, 1);
         match $kind {
             // `If-Match: *` inside the caller's retried transaction, whose
             // snapshot (REPEATABLE READ on MariaDB) was taken before the
@@ -424,14 +410,7 @@ macro_rules! optimistic_sale {
             item.stock -= 1;
             let result = conn.transaction::<_, Error, _>(|c| {
                 item.update_versioned(c)?;
-                diesel::insert_into(orders::table)
-                    .values((
-                        orders::id.eq(next_order_id()),
-                        orders::item_id.eq($id),
-                        orders::qty.eq($id),
-                    ))
-                    .execute(c)?;
-                Ok(())
+                order!(c, $id, $id)
             });
             match result {
                 Ok(()) => break,
@@ -468,12 +447,7 @@ mod lock_all_nested {
                                 optimistic_sale!(&mut conn, 1 + (n % 2));
                                 continue;
                             }
-                            let order = |c: &mut Conn, id: i32| -> Result<(), Error> {
-                                diesel::insert_into(orders::table)
-                                    .values((orders::id.eq(next_order_id()), orders::item_id.eq(id), orders::qty.eq(id)))
-                                    .execute(c)?;
-                                Ok(())
-                            };
+                            let order = |c: &mut Conn, id: i32| order!(c, id, id);
                             lockkit::transaction_with_retry(&mut conn, &policy(), |c| {
                                 let rows = Item::lock_all(c, &[1, 2])?;
                                 assert_eq!(rows.len(), 2);
