@@ -42,7 +42,7 @@ pub trait AsyncLockMonitor: diesel_async::AsyncConnection + crate::sealed::Seale
     ) -> impl Future<Output = diesel::QueryResult<Vec<BlockedSession>>> + Send;
     /// Every session now waiting for a lock, with its blockers.
     #[doc(hidden)]
-    fn lock_waits(&mut self) -> impl Future<Output = diesel::QueryResult<Vec<LockWait>>> + Send;
+    fn current(&mut self) -> impl Future<Output = diesel::QueryResult<Vec<LockWait>>> + Send;
 }
 
 /// This connection's session id (`pg_backend_pid()`, `CONNECTION_ID()`), as
@@ -76,7 +76,7 @@ pub async fn blocked_sessions<C: AsyncLockMonitor>(
 /// As [`lockkit::lock_waits::current`](crate::lock_waits::current)
 /// (MySQL 8: [`Error::Database`]; use [`blocked_sessions`]).
 pub async fn current<C: AsyncLockMonitor>(conn: &mut C) -> Result<Vec<LockWait>, Error> {
-    conn.lock_waits().await.map_err(classify)
+    conn.current().await.map_err(classify)
 }
 
 /// Implements [`AsyncLockMonitor`] for `$conn` with the blocking side's
@@ -107,7 +107,7 @@ macro_rules! async_lock_monitor {
                 rows.map(blocked)
             }
 
-            async fn lock_waits(&mut self) -> diesel::QueryResult<Vec<LockWait>> {
+            async fn current(&mut self) -> diesel::QueryResult<Vec<LockWait>> {
                 use diesel_async::RunQueryDsl;
                 diesel::sql_query(crate::pessimistic::lock_waits::$sql::LOCK_WAITS)
                     .load::<crate::pessimistic::lock_waits::WaitRow>(self)

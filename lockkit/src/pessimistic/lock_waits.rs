@@ -136,7 +136,7 @@ pub trait LockMonitor: diesel::backend::Backend + crate::sealed::Sealed {
     /// # Errors
     ///
     /// Diesel's error, unclassified (lockkit's callers classify it).
-    fn lock_waits<C>(conn: &mut C) -> diesel::QueryResult<Vec<LockWait>>
+    fn current<C>(conn: &mut C) -> diesel::QueryResult<Vec<LockWait>>
     where
         C: Connection<Backend = Self> + LoadConnection;
 }
@@ -147,6 +147,22 @@ pub trait LockMonitor: diesel::backend::Backend + crate::sealed::Sealed {
 ///
 /// A classified database error ([`Error::ConnectionLost`], .., else
 /// [`Error::Database`]); see [`classify`](crate::classify()).
+///
+/// # Example
+///
+/// Find this connection among the waiters:
+///
+/// ```no_run
+/// # #[cfg(feature = "postgres")] {
+/// use diesel::prelude::*;
+/// use lockkit::lock_waits;
+/// let mut conn = PgConnection::establish("postgres://localhost/app").unwrap();
+/// let me = lock_waits::session_id(&mut conn).unwrap();
+/// let mut monitor = PgConnection::establish("postgres://localhost/app").unwrap();
+/// let waiting = lock_waits::blocked_sessions(&mut monitor).unwrap();
+/// println!("waiting for a lock: {}", waiting.iter().any(|w| w.session == me));
+/// # }
+/// ```
 pub fn session_id<C>(conn: &mut C) -> Result<i64, Error>
 where
     C: Connection + LoadConnection,
@@ -226,7 +242,7 @@ where
     C: Connection + LoadConnection,
     C::Backend: LockMonitor,
 {
-    C::Backend::lock_waits(conn).map_err(classify)
+    C::Backend::current(conn).map_err(classify)
 }
 
 /// One row of the lock-wait queries: a waiter and one of its blockers.
@@ -345,7 +361,7 @@ macro_rules! lock_monitor {
                 rows.map($sql::blocked)
             }
 
-            fn lock_waits<C>(conn: &mut C) -> diesel::QueryResult<Vec<LockWait>>
+            fn current<C>(conn: &mut C) -> diesel::QueryResult<Vec<LockWait>>
             where
                 C: Connection<Backend = Self> + LoadConnection,
             {
