@@ -648,6 +648,31 @@ pub struct Problem {
     pub retry_after: Option<u32>,
 }
 
+/// `503 Service Unavailable: ..`: the status, the title and the detail, for
+/// logs and error chains (a `Problem` is an error: `?` takes it into
+/// `Box<dyn Error>` or `anyhow`).
+///
+/// ```
+/// use lockkit::etag::Problem;
+///
+/// let problem = Problem::from_error(&lockkit::Error::Busy);
+/// assert_eq!(problem.status, 503);
+/// assert_eq!(problem.retry_after, Some(1));
+/// assert!(problem.to_string().starts_with("503 Service Unavailable: "));
+///
+/// let own = Problem::new(404, "Not Found", "no item 7").with_instance("/items/7");
+/// assert_eq!(own.to_string(), "404 Not Found: no item 7");
+/// let boxed: Box<dyn std::error::Error + Send + Sync> = own.into();
+/// # let _ = boxed;
+/// ```
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}: {}", self.status, self.title, self.detail)
+    }
+}
+
+impl std::error::Error for Problem {}
+
 /// [`Problem::from_error`]: the problem for a lockkit error in a handler whose
 /// version came in `If-Match` as a plain tag (`"v7"`), which it shows. For a
 /// resource with bound ETags, build the problem with `ResourceTags::problem`
