@@ -268,7 +268,7 @@ where
             }
             // Left armed: the connection is marked broken when `held` drops.
             Err(err) => {
-                tracing::warn!(target: "lockkit", key = key.0, error = %err, "advisory unlock failed")
+                tracing::warn!(target: "lockkit", key = key.0, error = %crate::error::Chain(&err), "advisory unlock failed")
             }
         }
     }

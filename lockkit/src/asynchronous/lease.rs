@@ -196,7 +196,7 @@ where
     let result = work(&mut lease).await;
     let (name, fence) = (lease.grant.name.clone(), lease.grant.fence);
     if let Err(err) = lease.release().await {
-        tracing::warn!(target: "lockkit", lease = %name, fence = fence.0, error = %err, "lease release failed");
+        tracing::warn!(target: "lockkit", lease = %name, fence = fence.0, error = %crate::error::Chain(&err), "lease release failed");
     }
     result
 }

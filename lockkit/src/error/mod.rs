@@ -1,6 +1,9 @@
-//! The one error type of lockkit, and the stale-write report.
+//! lockkit's error type, and the stale-write report.
 //!
-//! Every fallible lockkit call returns [`Error`]. Database errors become typed
+//! Every lockkit call that talks to the database returns [`Error`] (a few
+//! parsers and constructors have small errors of their own: `IfMatchError`,
+//! `ParseLsnError`, `InvalidIdentifier`, `SecretTooShort`; the HTTP layer answers
+//! with a `Problem`). Database errors become typed
 //! variants through [`classify`] (also used by `From<diesel::result::Error>`),
 //! so a caller matches on what happened, not on server text:
 //!
@@ -52,8 +55,9 @@ pub enum Error {
     #[error("row not found")]
     NotFound,
 
-    /// A lock could not be taken at once (`NOWAIT`), or SQLite's database is locked.
-    #[error("the row is locked by another transaction (lock not available)")]
+    /// A lock could not be taken at once (`NOWAIT`, or `SKIP LOCKED` on one
+    /// key), SQLite's database is locked, or a lease is held by another holder.
+    #[error("lock not available: another transaction or holder has it")]
     Busy,
 
     /// Waiting for a lock took longer than the lock timeout.
@@ -150,7 +154,7 @@ pub enum Error {
     /// connection, protocol or script error from the `redis` client.
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-    #[error("redis: {0}")]
+    #[error("the Redis lease store failed")]
     Redis(#[from] redis::RedisError),
 
     /// The server refused a write because the transaction or the server is
@@ -185,7 +189,7 @@ pub enum Error {
     /// or the server could not be reached.
     #[cfg(all(feature = "replica", feature = "r2d2"))]
     #[cfg_attr(docsrs, doc(cfg(all(feature = "replica", feature = "r2d2"))))]
-    #[error("no connection from the pool: {0}")]
+    #[error("no connection from the pool")]
     Pool(#[from] diesel::r2d2::PoolError),
 
     /// No connection could be taken from a diesel-async pool (the bb8 or
@@ -194,7 +198,7 @@ pub enum Error {
     /// its timeout ran out, or the server could not be reached.
     #[cfg(all(feature = "replica", feature = "async"))]
     #[cfg_attr(docsrs, doc(cfg(all(feature = "replica", feature = "async"))))]
-    #[error("no connection from the pool: {0}")]
+    #[error("no connection from the pool")]
     AsyncPool(#[source] Box<dyn std::error::Error + Send + Sync>),
 
     /// A value from the caller is out of range; nothing was sent.
@@ -266,10 +270,12 @@ pub enum Error {
 impl Error {
     /// Whether running the same work again (after re-reading) may succeed.
     ///
-    /// True for [`Stale`](Error::Stale), [`StaleColumns`](Error::StaleColumns), [`Busy`](Error::Busy),
+    /// True for [`Stale`](Error::Stale), [`StaleColumns`](Error::StaleColumns),
+    /// [`StaleRows`](Error::StaleRows), [`Busy`](Error::Busy),
     /// [`LockTimeout`](Error::LockTimeout), [`Deadlock`](Error::Deadlock) and
     /// [`SerializationFailure`](Error::SerializationFailure): they are caused by
-    /// other transactions and go away when those finish.
+    /// other transactions and go away when those finish. Also for
+    /// `ReplicaBehind` (feature `replica`): the replica catches up.
     /// [`TransactionAborted`](Error::TransactionAborted) only once its
     /// transaction's owner has rolled it back ([`Aborted::is_settled`]): until
     /// then nothing may run in that transaction, and a retry inside it would run
@@ -575,9 +581,42 @@ fn describe_columns(stale: &StaleColumnsError) -> String {
 /// `Result` with lockkit's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// An error and its sources, `: `-separated, for lockkit's own log lines: an
+/// error whose `Display` leaves its cause to `source()` (a pool's, Redis's)
+/// still shows it there.
+pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_chain_shows_the_source_a_display_leaves_out() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("no connection from the pool")]
+        struct Outer(#[source] std::io::Error);
+        let err = Outer(std::io::Error::other("connection refused"));
+        assert_eq!(
+            Chain(&err).to_string(),
+            "no connection from the pool: connection refused"
+        );
+        assert_eq!(
+            Chain(&Error::Deadlock).to_string(),
+            Error::Deadlock.to_string()
+        );
+    }
 
     #[test]
     fn stale_message_names_everything() {

@@ -355,7 +355,7 @@ impl<S: LeaseStore> Drop for Lease<'_, S> {
             }
             // The lease runs out by itself after its TTL.
             Err(err) => {
-                tracing::warn!(target: "lockkit", lease = %grant.name, error = %err, "lease release failed")
+                tracing::warn!(target: "lockkit", lease = %grant.name, error = %crate::error::Chain(&err), "lease release failed")
             }
         }
     }

@@ -374,7 +374,7 @@ where
                 tracing::warn!(
                     target: "lockkit",
                     key = self.key.0,
-                    error = %err,
+                    error = %crate::error::Chain(&err),
                     "advisory unlock failed: the connection is marked broken, for its pool to close"
                 );
             }

@@ -89,7 +89,7 @@ pub(crate) fn committed_elsewhere(err: &Error) -> bool {
 /// covers it. Where that fails too, `first`, logged with the second.
 pub(crate) fn read_elsewhere(first: Error, other: impl FnOnce() -> Result<Lsn>) -> Result<Lsn> {
     other().map_err(|second| {
-        tracing::warn!(target: "lockkit", error = %first, other = %second,
+        tracing::warn!(target: "lockkit", error = %crate::error::Chain(&first), other = %crate::error::Chain(&second),
             "the write committed, but no connection to the primary read its position");
         first
     })
