@@ -90,7 +90,7 @@ use proc_macro::TokenStream;
 /// begins `use ::lockkit as __lockkit;` (the `crate` path when one is given),
 /// the one name of lockkit the generated code uses:
 ///
-/// ```ignore
+/// ```text
 /// impl Lockable for Item {
 ///     type Table = items::table;
 ///     type Key = i32;

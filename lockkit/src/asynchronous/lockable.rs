@@ -405,12 +405,20 @@ pub trait AsyncLockRow<Conn: AsyncLockingConnection>:
     Lockable<OnLock: AsyncMarkLocked<Self, Conn>, Key: Send + Sync> + Send
 {
     /// `SELECT <fields> FROM <table> WHERE <key> FOR UPDATE`.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
     fn load_locked(
         conn: &mut Conn,
         key: Self::Key,
         lock: RowLock,
     ) -> BoxFuture<'_, QueryResult<Option<Self>>>;
     /// Whether the row exists (an unlocked read).
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
     fn exists(conn: &mut Conn, key: Self::Key) -> BoxFuture<'_, QueryResult<bool>>;
     /// The blocking side's
     /// [`load_locked_bumped`](crate::bounds::LockRow::load_locked_bumped):
@@ -498,6 +506,10 @@ where
 )]
 pub trait AsyncLockAll<Conn: AsyncLockingConnection>: AsyncLockRow<Conn> {
     /// `SELECT .. WHERE pk IN (..) ORDER BY pk FOR UPDATE`.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
     fn load_all_locked(
         conn: &mut Conn,
         keys: Vec<Self::Key>,

@@ -379,6 +379,10 @@ impl<M: Versioned + VersionCheck + Send + Sync> AsyncVersioned for M {}
 )]
 pub trait AsyncVersionQuery<Conn>: VersionCheck<Key: Send + Sync, Version: Send> {
     /// `Some(version)`, or `None` when the row is gone: the latest committed state.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
     fn load_current_version(
         conn: &mut Conn,
         key: Self::Key,
@@ -386,6 +390,10 @@ pub trait AsyncVersionQuery<Conn>: VersionCheck<Key: Send + Sync, Version: Send>
 
     /// `UPDATE .. SET <version> = <version> + 1 WHERE <key> AND <version> = $version`:
     /// moves the row past a version that a rolled-back struct may still hold.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
     fn bump_past(
         conn: &mut Conn,
         key: Self::Key,
@@ -393,11 +401,19 @@ pub trait AsyncVersionQuery<Conn>: VersionCheck<Key: Send + Sync, Version: Send>
     ) -> BoxFuture<'_, QueryResult<usize>>;
 
     /// Whether the database enforces the declared key.
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
     fn key_is_unique(conn: &mut Conn) -> BoxFuture<'_, QueryResult<bool>>;
 
     /// The row's identity for the [`journal`](crate::journal): database, table
     /// and key; `None` when the journal needs none (nothing recorded, no
     /// transaction).
+    ///
+    /// # Errors
+    ///
+    /// Diesel's error, unclassified (lockkit's callers classify it).
     fn row_id<'a>(
         conn: &'a mut Conn,
         key: &'a Self::Key,

@@ -75,6 +75,10 @@ impl Router {
     /// ([`commit_lsn`] after the commit), and for every read that locks
     /// (`with_lock`, `lock_all`, `FOR UPDATE`), which a standby refuses
     /// ([`Error::ReadOnly`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Pool`] when the pool has no connection to give.
     pub fn primary(&self) -> Result<PgPooled, Error> {
         Ok(self.primary.get()?)
     }
