@@ -298,6 +298,63 @@ struct Counters {
 /// When to switch between optimistic writes and row locks; see the
 /// [module docs](self). Share one policy between the threads that write the
 /// same rows (it is `Sync`); [`AdaptivePolicy::global`] is the process's.
+///
+/// A policy of your own, quick to judge, with a rival writer on a second
+/// connection that wins the first race:
+///
+/// ```
+/// use std::time::Duration;
+/// use diesel::prelude::*;
+/// use lockkit::adaptive::{AdaptivePolicy, Mode};
+/// use lockkit::prelude::*;
+/// use lockkit::{LockOptions, RetryPolicy};
+/// # diesel::table! { items (id) { id -> Integer, stock -> Integer, lock_version -> Integer } }
+/// # #[derive(Queryable, Selectable, Versioned, Debug)]
+/// # #[diesel(table_name = items)]
+/// # pub struct Item { pub id: i32, pub stock: i32, pub lock_version: i32 }
+///
+/// # fn main() -> Result<(), lockkit::Error> {
+/// let policy = AdaptivePolicy::new()
+///     .half_life(Duration::from_secs(60)) // conflicts fade slowly
+///     .min_attempts(2) // a rate from 2 attempts on
+///     .escalate_at(0.3) // try the lock once 30% of the races are lost
+///     .min_period(Duration::ZERO)
+///     .trial(Duration::from_secs(60))
+///     .locked_for(Duration::from_secs(60))
+///     .max_optimistic_attempts(1) // one lost race, then the lock
+///     .backoff(RetryPolicy::immediate(1))
+///     .lock_options(LockOptions::default().timeout(Duration::from_secs(2)));
+///
+/// // Two connections to one in-memory database.
+/// let url = "file:adaptive?mode=memory&cache=shared";
+/// let mut conn = SqliteConnection::establish(url).unwrap();
+/// let mut rival = SqliteConnection::establish(url).unwrap();
+/// # diesel::sql_query("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL)").execute(&mut conn)?;
+/// # diesel::sql_query("INSERT INTO items VALUES (1, 10, 0)").execute(&mut conn)?;
+/// let mut first = true;
+/// let item: Item = policy.update(&mut conn, 1, |fresh: &mut Item| {
+///     if std::mem::take(&mut first) {
+///         // the rival sells one between our read and our write
+///         diesel::sql_query("UPDATE items SET stock = stock - 1, lock_version = lock_version + 1")
+///             .execute(&mut rival)?;
+///     }
+///     fresh.stock -= 1;
+///     Ok::<_, lockkit::Error>(())
+/// })?;
+/// assert_eq!(item.stock, 8); // both sales, none lost
+/// let stats = policy.stats();
+/// assert_eq!((stats.conflicts, stats.locked_writes), (1, 1)); // lost once, then locked
+///
+/// // One more write, uncontested: 1 race lost in 2 attempts is over 30%,
+/// // so the row is locked for a trial.
+/// policy.update(&mut conn, 1, |fresh: &mut Item| {
+///     fresh.stock -= 1;
+///     Ok::<_, lockkit::Error>(())
+/// })?;
+/// assert_eq!(policy.mode::<Item>(&1), Mode::Locked);
+/// assert_eq!(policy.stats().escalations, 1);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct AdaptivePolicy {
     half_life: Duration,

@@ -26,6 +26,51 @@
 //! * **Replicas** (`replica`, feature `replica`): reads on a PostgreSQL standby
 //!   that wait for the reader's own writes, or go to the primary.
 //!
+//! The two buyers, on an in-memory SQLite database: Bob's write from his stale
+//! copy is refused, and under the row lock he decides again on the fresh row.
+//!
+//! ```
+//! use diesel::prelude::*;
+//! use lockkit::prelude::*;
+//!
+//! diesel::table! {
+//!     items (id) { id -> Integer, name -> Text, stock -> Integer, lock_version -> Integer }
+//! }
+//!
+//! #[derive(Debug, Queryable, Selectable, Identifiable, AsChangeset, Versioned)]
+//! #[diesel(table_name = items)]
+//! pub struct Item { pub id: i32, pub name: String, pub stock: i32, pub lock_version: i32 }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut conn = SqliteConnection::establish(":memory:")?;
+//! # diesel::sql_query("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL DEFAULT 0)").execute(&mut conn)?;
+//! # diesel::sql_query("INSERT INTO items (id, name, stock) VALUES (1, 'widget', 10)").execute(&mut conn)?;
+//! // Two buyers read stock = 10.
+//! let mut alice = items::table.find(1).first::<Item>(&mut conn)?;
+//! let mut bob = items::table.find(1).first::<Item>(&mut conn)?;
+//!
+//! // Alice buys 8: UPDATE .. WHERE id = 1 AND lock_version = 0.
+//! alice.stock -= 8;
+//! alice.update_versioned(&mut conn)?;
+//! assert_eq!(alice.lock_version, 1);
+//!
+//! // Bob buys 8 from his stale copy: refused, nothing written.
+//! bob.stock -= 8;
+//! assert!(matches!(bob.update_versioned(&mut conn), Err(lockkit::Error::Stale(_))));
+//!
+//! // Bob again, under the row lock: `fresh` is the row as it is now.
+//! let sold = bob.with_lock(&mut conn, |conn, fresh| {
+//!     let qty = fresh.stock.min(8); // only 2 left
+//!     diesel::update(items::table.find(fresh.id))
+//!         .set(items::stock.eq(fresh.stock - qty))
+//!         .execute(conn)?;
+//!     Ok::<_, lockkit::Error>(qty)
+//! })?;
+//! assert_eq!(sold, 2);
+//! assert_eq!(items::table.find(1).select(items::stock).first::<i32>(&mut conn)?, 0);
+//! # Ok(()) }
+//! ```
+//!
 //! | module | concept |
 //! | --- | --- |
 //! | [`optimistic`] | version-checked writes |

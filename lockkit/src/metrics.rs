@@ -313,6 +313,36 @@ impl LockWait {
 /// The warning names the locked row's key when the limit was set before the
 /// lock was taken (lockkit formats keys only then); a lock taken earlier is
 /// named `?`.
+///
+/// ```
+/// use std::time::Duration;
+/// use lockkit::metrics;
+/// # use diesel::prelude::*;
+/// # diesel::table! { items (id) { id -> Integer, stock -> Integer } }
+/// # #[derive(Queryable, Selectable, lockkit::Lockable)]
+/// # #[diesel(table_name = items)]
+/// # pub struct Item { pub id: i32, pub stock: i32 }
+/// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+/// # diesel::sql_query("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL)").execute(&mut conn).unwrap();
+/// # diesel::sql_query("INSERT INTO items VALUES (1, 10)").execute(&mut conn).unwrap();
+///
+/// // At start-up: a WARN event (target `lockkit`) for every lock held over 5 ms.
+/// metrics::warn_when_held_longer_than(Some(Duration::from_millis(5)));
+/// assert_eq!(metrics::hold_warning(), Some(Duration::from_millis(5)));
+///
+/// let before = metrics::snapshot();
+/// lockkit::with_lock(&mut conn, 1, lockkit::LockOptions::default(), |_conn, _item: Item| {
+///     std::thread::sleep(Duration::from_millis(10)); // slow work under the lock: warned
+///     Ok::<_, lockkit::Error>(())
+/// })
+/// .unwrap();
+/// let held = metrics::snapshot().since(&before);
+/// assert_eq!(held.locks_released, 1);
+/// assert!(held.lock_hold_time >= Duration::from_millis(10));
+///
+/// metrics::warn_when_held_longer_than(None); // no more warnings
+/// assert_eq!(metrics::hold_warning(), None);
+/// ```
 pub fn warn_when_held_longer_than(limit: Option<Duration>) {
     let nanos = limit.map_or(u64::MAX, |limit| {
         u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX - 1)

@@ -77,6 +77,36 @@ impl RetryableError for Error {
 
 /// How often and how patiently to retry. `RetryPolicy::default()`: 5 attempts,
 /// backoff from 10 ms doubling up to 1 s, full jitter.
+///
+/// The builder methods change one setting each; [`delay_after`](Self::delay_after)
+/// is the wait the policy asks for after a failed attempt:
+///
+/// ```
+/// use std::time::Duration;
+/// use lockkit::{retry, Error, RetryPolicy};
+///
+/// let policy = RetryPolicy::default()
+///     .max_attempts(3)
+///     .base_delay(Duration::from_millis(2))
+///     .max_delay(Duration::from_millis(5))
+///     .jitter(false);
+/// assert_eq!(policy.attempts(), 3);
+/// // Without jitter each wait is its ceiling: doubling, then capped at max_delay.
+/// assert_eq!(policy.delay_after(1), Duration::from_millis(2));
+/// assert_eq!(policy.delay_after(2), Duration::from_millis(4));
+/// assert_eq!(policy.delay_after(3), Duration::from_millis(5));
+/// // With jitter (the default), a random part of the ceiling.
+/// assert!(policy.clone().jitter(true).delay_after(2) <= Duration::from_millis(4));
+///
+/// // `retry` with it: a conflict on every attempt gives up after the third.
+/// let mut runs = 0;
+/// let result: Result<(), Error> = retry(&policy, |_attempt| {
+///     runs += 1;
+///     Err(Error::Deadlock)
+/// });
+/// assert_eq!(runs, 3);
+/// assert!(matches!(result, Err(Error::RetriesExhausted { attempts: 3, .. })));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryPolicy {
     max_attempts: u32,

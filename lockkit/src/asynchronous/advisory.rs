@@ -34,7 +34,7 @@
 //! broken. The pools discard a broken connection instead of handing it out;
 //! closing it ends the server session, and the server frees the lock with it.
 //! The same happens when the unlock itself fails (the error is logged, `f`'s
-//! result is returned). `tests/async_advisory.rs` drops the future while it
+//! result is returned). `tests/tests/async_advisory.rs` drops the future while it
 //! holds the lock and takes the lock from another connection at once.
 //!
 //! A connection held without a pool is not closed for you: after a dropped
@@ -296,6 +296,26 @@ mod postgres {
     /// * [`Error::LockTimeout`] when the wait ran past `lock_timeout`.
     /// * [`Error::Deadlock`] when the server broke a deadlock with this session.
     /// * any other classified database error; see [`classify`](crate::classify()).
+    ///
+    /// In a lockkit transaction (or diesel-async's own), waiting for one lock
+    /// and trying another ([`try_xact_lock`]):
+    ///
+    /// ```no_run
+    /// # async fn run(conn: &mut diesel_async::AsyncPgConnection) -> Result<(), lockkit::Error> {
+    /// use lockkit::asynchronous::{advisory, locked_transaction};
+    /// use lockkit::LockOptions;
+    /// let ran = locked_transaction(conn, LockOptions::default(), async |conn| {
+    ///     advisory::xact_lock(conn, "invoice-numbers").await?; // waits for the holder's COMMIT
+    ///     if !advisory::try_xact_lock(conn, "nightly-report").await? {
+    ///         return Ok(false); // another instance is running it
+    ///     }
+    ///     // ... both held until this transaction ends ...
+    ///     Ok::<_, lockkit::Error>(true)
+    /// })
+    /// .await?;
+    /// # let _ = ran;
+    /// # Ok(()) }
+    /// ```
     pub async fn xact_lock(
         conn: &mut AsyncPgConnection,
         key: impl Into<AdvisoryKey>,
@@ -309,7 +329,8 @@ mod postgres {
 
     /// PostgreSQL: takes the transaction-level advisory lock `key` if it is
     /// free. `Ok(false)` when another session holds it. As
-    /// [`lockkit::advisory::try_xact_lock`](crate::advisory::try_xact_lock).
+    /// [`lockkit::advisory::try_xact_lock`](crate::advisory::try_xact_lock);
+    /// [`xact_lock`]'s example takes both.
     ///
     /// # Errors
     ///

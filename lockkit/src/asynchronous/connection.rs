@@ -18,7 +18,7 @@
 //! back, and discard a connection with an open transaction (or one dropped in
 //! the middle of `BEGIN`, `COMMIT` or `ROLLBACK`) instead of handing it to the
 //! next user. Closing it ends the server session, and with it the transaction
-//! and its row locks. `tests/async_cancel.rs` drops `with_lock` at every await
+//! and its row locks. `tests/tests/async_cancel.rs` drops `with_lock` at every await
 //! point and checks both.
 //!
 //! A session setting a call sends before its `BEGIN` (the lock timeout of

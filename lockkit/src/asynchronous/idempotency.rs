@@ -250,7 +250,8 @@ async fn start<C: AsyncIdempotencyStore>(
 
 /// Deletes completed keys older than the retention, and running keys long
 /// abandoned; returns how many: [`Idempotency::purge_expired`] on
-/// diesel-async.
+/// diesel-async (its example shows what goes), called as
+/// `purge_expired(&keys, &mut conn).await`.
 ///
 /// # Errors
 ///

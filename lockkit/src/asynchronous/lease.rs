@@ -80,7 +80,8 @@ lease_guard!(AsyncLease, AsyncLeaseStore);
 
 impl<C: AsyncLeaseStore> AsyncLease<'_, C> {
     /// Extends the lease by its TTL from now (the server's clock), keeping the
-    /// fence: [`Lease::renew`](crate::lease::Lease::renew).
+    /// fence: [`Lease::renew`](crate::lease::Lease::renew), whose example
+    /// renews a held lease and one that ran out (`lease.renew().await` here).
     ///
     /// # Errors
     ///

@@ -112,6 +112,43 @@ pub async fn enqueue<C: AsyncOutboxStore>(
 /// [`queue::claim`](super::queue::claim)'s, in its order): [`Error::InvalidInput`]
 /// for a negative `limit`, [`Error::NotInTransaction`], [`Error::Busy`] on
 /// SQLite, or a classified database error.
+///
+/// A relay of your own, as in the blocking twin's example: claim, mark each
+/// message in the claiming transaction ([`mark_published`], [`mark_failed`]),
+/// and purge what was published ([`purge_published`]):
+///
+/// ```
+/// # #[cfg(feature = "sqlite")] {
+/// use std::time::Duration;
+/// use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+/// use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+/// use lockkit::asynchronous::{locked_transaction, outbox};
+/// use lockkit::outbox::{up_sql, Dialect, Relay};
+/// use lockkit::LockOptions;
+/// # async fn demo() -> Result<(), lockkit::Error> {
+/// let mut conn = SyncConnectionWrapper::<diesel::SqliteConnection>::establish(":memory:").await.unwrap();
+/// conn.batch_execute(up_sql(Dialect::Sqlite)).await?;
+/// locked_transaction(&mut conn, LockOptions::default(), async |conn| {
+///     outbox::enqueue(conn, "orders", r#"{"order":7}"#).await?;
+///     outbox::enqueue(conn, "orders", r#"{"order":8}"#).await
+/// })
+/// .await?;
+///
+/// let relay = Relay::default();
+/// let dead = locked_transaction(&mut conn, LockOptions::default(), async |conn| {
+///     let batch = outbox::claim(conn, 10).await?;
+///     assert_eq!(batch.len(), 2);
+///     // The broker confirmed the first and refused the second.
+///     assert!(outbox::mark_published(conn, batch[0].id).await?);
+///     outbox::mark_failed(&relay, conn, &batch[1], "broker refused").await
+/// })
+/// .await?;
+/// assert!(!dead); // the second waits out its backoff
+/// assert_eq!(outbox::purge_published(&mut conn, Duration::ZERO).await?, 1);
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(demo()).unwrap();
+/// # }
+/// ```
 pub async fn claim<C: AsyncOutboxStore>(
     conn: &mut C,
     limit: i64,
@@ -171,6 +208,38 @@ pub async fn purge_published<C: AsyncOutboxStore>(
 /// As [`outbox::dead_letters`](crate::outbox::dead_letters):
 /// [`Error::InvalidInput`] for a negative `limit`, or a classified database
 /// error.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")] {
+/// use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+/// use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+/// use lockkit::asynchronous::{locked_transaction, outbox};
+/// use lockkit::outbox::{up_sql, Dialect, Relay};
+/// use lockkit::LockOptions;
+/// # async fn demo() -> Result<(), lockkit::Error> {
+/// let mut conn = SyncConnectionWrapper::<diesel::SqliteConnection>::establish(":memory:").await.unwrap();
+/// conn.batch_execute(up_sql(Dialect::Sqlite)).await?;
+/// locked_transaction(&mut conn, LockOptions::default(), async |conn| {
+///     outbox::enqueue(conn, "orders", "{}").await
+/// })
+/// .await?;
+///
+/// // A relay that gives up after one failed publish.
+/// let relay = Relay { max_attempts: Some(1), ..Relay::default() };
+/// let relayed = outbox::publish_batch(&relay, &mut conn, 10, async |batch| {
+///     Ok::<_, lockkit::Error>(vec![Err("no route to orders".to_owned()); batch.len()])
+/// })
+/// .await?;
+/// assert_eq!(relayed.dead, 1);
+///
+/// let dead = outbox::dead_letters(&mut conn, 10).await?;
+/// assert_eq!(dead[0].last_error.as_deref(), Some("no route to orders"));
+/// assert!(outbox::requeue(&mut conn, dead[0].id).await?); // due again, attempts reset
+/// assert!(outbox::dead_letters(&mut conn, 10).await?.is_empty());
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(demo()).unwrap();
+/// # }
+/// ```
 pub async fn dead_letters<C: AsyncOutboxStore>(
     conn: &mut C,
     limit: i64,
@@ -304,7 +373,8 @@ where
 }
 
 /// Deletes `inbox`'s ids recorded `age` ago or earlier; returns how many:
-/// [`Inbox::purge_older_than`] on diesel-async.
+/// [`Inbox::purge_older_than`] on diesel-async (its example shows what a purge
+/// forgets), called as `purge_received(&inbox, &mut conn, age).await`.
 ///
 /// # Errors
 ///

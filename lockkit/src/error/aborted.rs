@@ -21,6 +21,26 @@ use super::Error;
 ///
 /// It reads as its cause: [`Deref`](std::ops::Deref) to it, and `Debug` and
 /// `Display` print it.
+///
+/// What a call nested in your transaction may return, and what it says (made
+/// by hand here: it takes a server that aborts the whole transaction, such as
+/// InnoDB choosing a deadlock's victim):
+///
+/// ```
+/// use lockkit::{Aborted, Error};
+///
+/// let err = Error::TransactionAborted(Aborted::new(Error::Deadlock));
+/// if let Error::TransactionAborted(aborted) = &err {
+///     assert!(matches!(aborted.cause(), Error::Deadlock));
+///     // Still open in Diesel's books: roll it back (return the error from
+///     // the transaction's closure) before anything runs again.
+///     assert!(!aborted.is_settled());
+///     assert!(!err.is_retryable());
+/// }
+/// // The cause by value, to report or to match on.
+/// let Error::TransactionAborted(aborted) = err else { unreachable!() };
+/// assert!(matches!(aborted.into_cause(), Error::Deadlock));
+/// ```
 pub struct Aborted {
     cause: Box<Error>,
     settled: Arc<AtomicBool>,

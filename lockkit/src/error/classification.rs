@@ -84,6 +84,25 @@ pub fn classify(err: DieselError) -> Error {
 
 /// Like [`classify`], for a statement that used `NOWAIT`: a lock wait timeout can
 /// only mean the lock was not available (MariaDB), so it is [`Error::Busy`].
+///
+/// For Diesel's own `.no_wait()`, which lockkit does not see being sent (and
+/// for async code, see the [module docs](self#limits)):
+///
+/// ```no_run
+/// # #[cfg(feature = "mysql")] {
+/// use diesel::prelude::*;
+/// # diesel::table! { jobs (id) { id -> Integer, done -> Bool } }
+/// let mut conn = MysqlConnection::establish("mysql://localhost/app").unwrap();
+/// let done = conn.transaction(|conn| {
+///     jobs::table.find(1).select(jobs::done).for_update().no_wait().first::<bool>(conn)
+/// });
+/// match done.map_err(lockkit::classify_nowait) {
+///     Ok(done) => println!("job 1 locked, done: {done}"),
+///     Err(lockkit::Error::Busy) => println!("another worker holds job 1"), // MariaDB's 1205 too
+///     Err(other) => panic!("{other}"),
+/// }
+/// # }
+/// ```
 pub fn classify_nowait(err: DieselError) -> Error {
     classify_with(err, Context::NoWait)
 }

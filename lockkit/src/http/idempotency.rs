@@ -566,7 +566,29 @@ impl Idempotency {
     /// Deletes completed keys older than the retention, and running keys
     /// started longer ago than the retention and the lease (their owner is
     /// long gone, and no request with another fingerprint could ever use the
-    /// key); returns how many.
+    /// key); returns how many. Run it from a periodic job.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")] {
+    /// use std::time::Duration;
+    /// use diesel::connection::SimpleConnection;
+    /// use diesel::prelude::*;
+    /// use lockkit::idempotency::{fingerprint, up_sql, Dialect, Idempotency};
+    ///
+    /// let mut conn = SqliteConnection::establish(":memory:").unwrap();
+    /// conn.batch_execute(up_sql(Dialect::Sqlite)).unwrap();
+    /// let keys = Idempotency { retention: Duration::from_millis(1), ..Idempotency::default() };
+    /// let request = fingerprint("POST", "/orders", b"{}");
+    /// keys.run(&mut conn, "tenant-1", "order-42", &request, |_conn| Ok::<_, lockkit::Error>("201".to_owned()))
+    ///     .unwrap();
+    ///
+    /// // Under the default retention (24 h) the completed key is kept.
+    /// assert_eq!(Idempotency::default().purge_expired(&mut conn).unwrap(), 0);
+    /// // Past this policy's retention it goes.
+    /// std::thread::sleep(Duration::from_millis(5));
+    /// assert_eq!(keys.purge_expired(&mut conn).unwrap(), 1);
+    /// # }
+    /// ```
     ///
     /// # Errors
     ///

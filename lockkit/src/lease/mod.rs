@@ -304,7 +304,30 @@ lease_guard!(Lease, LeaseStore);
 
 impl<S: LeaseStore> Lease<'_, S> {
     /// Extends the lease by its TTL from now (the store's clock), keeping the
-    /// fence.
+    /// fence. Call it from long work, well before the TTL runs out.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")] {
+    /// use std::time::Duration;
+    /// use diesel::connection::SimpleConnection;
+    /// use diesel::prelude::*;
+    /// use lockkit::lease::{self, up_sql, Dialect};
+    ///
+    /// let mut conn = SqliteConnection::establish(":memory:").unwrap();
+    /// conn.batch_execute(up_sql(Dialect::Sqlite)).unwrap();
+    /// let mut held = lease::acquire(&mut conn, "import", Duration::from_secs(30)).unwrap();
+    /// let fence = held.fence();
+    /// // ... part of the work ...
+    /// held.renew().unwrap(); // 30 s from now, same fence
+    /// assert_eq!(held.fence(), fence);
+    /// held.release().unwrap();
+    ///
+    /// // A lease that ran out cannot be renewed: stop writing.
+    /// let mut short = lease::acquire(&mut conn, "import", Duration::from_millis(1)).unwrap();
+    /// std::thread::sleep(Duration::from_millis(20));
+    /// assert!(matches!(short.renew(), Err(lockkit::Error::LeaseLost)));
+    /// # }
+    /// ```
     ///
     /// # Errors
     ///

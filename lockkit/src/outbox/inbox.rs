@@ -104,6 +104,28 @@ impl Inbox {
     /// [`requeue`](crate::outbox::requeue) it, perhaps days later. A message
     /// older than its record would be applied again.
     ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")] {
+    /// use std::time::Duration;
+    /// use diesel::connection::SimpleConnection;
+    /// use diesel::prelude::*;
+    /// use lockkit::outbox::{self, Dialect, Inbox, Received};
+    ///
+    /// let mut conn = SqliteConnection::establish(":memory:").unwrap();
+    /// conn.batch_execute(outbox::up_sql(Dialect::Sqlite)).unwrap();
+    /// let inbox = Inbox::new("stock").unwrap();
+    /// let apply = |_conn: &mut SqliteConnection| Ok::<_, lockkit::Error>(());
+    /// inbox.receive(&mut conn, "orders/7", apply).unwrap();
+    /// assert_eq!(inbox.receive(&mut conn, "orders/7", apply).unwrap(), Received::Duplicate);
+    ///
+    /// // From a periodic job: a week is longer than the broker redelivers here.
+    /// assert_eq!(inbox.purge_older_than(&mut conn, Duration::from_secs(7 * 24 * 3600)).unwrap(), 0);
+    /// // Purged, the id is forgotten: a delivery now would be applied again.
+    /// assert_eq!(inbox.purge_older_than(&mut conn, Duration::ZERO).unwrap(), 1);
+    /// assert_eq!(inbox.receive(&mut conn, "orders/7", apply).unwrap(), Received::Applied(()));
+    /// # }
+    /// ```
+    ///
     /// # Errors
     ///
     /// A classified database error; see [`classify`](crate::classify()).

@@ -269,6 +269,39 @@ pub struct DeadLetter {
 /// [`Relay::max_attempts`] times, which no relay claims until they are
 /// [`requeue`]d.
 ///
+/// ```
+/// # #[cfg(feature = "sqlite")] {
+/// use diesel::connection::SimpleConnection;
+/// use diesel::prelude::*;
+/// use lockkit::outbox::{self, Dialect, Relay};
+///
+/// let mut conn = SqliteConnection::establish(":memory:").unwrap();
+/// conn.batch_execute(outbox::up_sql(Dialect::Sqlite)).unwrap();
+/// conn.transaction(|conn| outbox::enqueue(conn, "orders", "{}")).unwrap();
+///
+/// // A relay that gives up after one failed publish.
+/// let relay = Relay { max_attempts: Some(1), ..Relay::default() };
+/// let relayed = relay
+///     .publish_batch(&mut conn, 10, |batch| {
+///         Ok::<_, lockkit::Error>(vec![Err("no route to orders".to_owned()); batch.len()])
+///     })
+///     .unwrap();
+/// assert_eq!(relayed.dead, 1);
+///
+/// // The dead letters, with why they failed; put one back once the cause is fixed.
+/// let dead = outbox::dead_letters(&mut conn, 10).unwrap();
+/// assert_eq!(dead[0].last_error.as_deref(), Some("no route to orders"));
+/// assert!(outbox::requeue(&mut conn, dead[0].id).unwrap());
+/// assert!(outbox::dead_letters(&mut conn, 10).unwrap().is_empty());
+///
+/// // Due again at once, with its attempts reset.
+/// let relayed = relay
+///     .publish_batch(&mut conn, 10, |batch| Ok::<_, lockkit::Error>(vec![Ok(()); batch.len()]))
+///     .unwrap();
+/// assert_eq!(relayed.published, 1);
+/// # }
+/// ```
+///
 /// # Errors
 ///
 /// [`Error::InvalidInput`] when `limit` is negative (nothing is sent), or a
@@ -415,6 +448,43 @@ impl Relayed {
 /// backoff) and that no other relay holds, oldest first, locking them until the
 /// transaction ends: [`queue::claim`](crate::queue::claim) on `lockkit_outbox`. For a relay of your
 /// own; [`Relay::publish_batch`] does claim, publish and mark in one call.
+///
+/// A relay of your own: claim, publish, mark each message in the claiming
+/// transaction ([`mark_published`], [`Relay::mark_failed`]), and purge what was
+/// published ([`purge_published`]) from a periodic job:
+///
+/// ```
+/// # #[cfg(feature = "sqlite")] {
+/// use std::time::Duration;
+/// use diesel::connection::SimpleConnection;
+/// use diesel::prelude::*;
+/// use lockkit::outbox::{self, Dialect, Relay};
+/// use lockkit::{locked_transaction, LockOptions};
+///
+/// let mut conn = SqliteConnection::establish(":memory:").unwrap();
+/// conn.batch_execute(outbox::up_sql(Dialect::Sqlite)).unwrap();
+/// conn.transaction(|conn| {
+///     outbox::enqueue(conn, "orders", r#"{"order":7}"#)?;
+///     outbox::enqueue(conn, "orders", r#"{"order":8}"#)
+/// })
+/// .unwrap();
+///
+/// let relay = Relay::default();
+/// let retried = locked_transaction(&mut conn, LockOptions::default(), |conn| {
+///     let batch = outbox::claim(conn, 10)?;
+///     assert_eq!(batch.len(), 2);
+///     // The broker confirmed the first and refused the second.
+///     assert!(outbox::mark_published(conn, batch[0].id)?);
+///     let dead = relay.mark_failed(conn, &batch[1], "broker refused")?;
+///     Ok::<_, lockkit::Error>(!dead)
+/// })
+/// .unwrap();
+/// assert!(retried); // the second waits out its backoff, then is claimed again
+///
+/// // Later, from a periodic job: delete what was published.
+/// assert_eq!(outbox::purge_published(&mut conn, Duration::ZERO).unwrap(), 1);
+/// # }
+/// ```
 ///
 /// Run it in a transaction of its own, as `publish_batch` does: inside one that
 /// enqueues, it sees that transaction's uncommitted messages. On MySQL/MariaDB

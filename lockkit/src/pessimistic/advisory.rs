@@ -557,6 +557,19 @@ mod postgres {
     /// * [`Error::LockTimeout`] when the wait ran past `lock_timeout`.
     /// * [`Error::Deadlock`] when the server broke a deadlock with this session.
     /// * any other classified database error; see [`classify`](crate::classify()).
+    ///
+    /// ```no_run
+    /// use diesel::prelude::*;
+    /// use lockkit::advisory;
+    ///
+    /// let mut conn = PgConnection::establish("postgres://localhost/app").unwrap();
+    /// conn.transaction(|conn| {
+    ///     advisory::xact_lock(conn, "invoice-numbers")?; // waits for the holder's COMMIT
+    ///     // read the last invoice number, insert the next: one transaction at a time
+    ///     Ok::<_, lockkit::Error>(())
+    /// }) // released here, at COMMIT (or ROLLBACK)
+    /// .unwrap();
+    /// ```
     pub fn xact_lock<C>(conn: &mut C, key: impl Into<AdvisoryKey>) -> Result<(), Error>
     where
         C: Connection<Backend = Pg> + LoadConnection,
@@ -577,6 +590,23 @@ mod postgres {
     ///   transaction manager is broken (a dropped call's transaction may still be
     ///   open on the server); nothing is sent.
     /// * a classified database error; see [`classify`](crate::classify()).
+    ///
+    /// ```no_run
+    /// use diesel::prelude::*;
+    /// use lockkit::advisory;
+    ///
+    /// let mut conn = PgConnection::establish("postgres://localhost/app").unwrap();
+    /// let ran = conn
+    ///     .transaction(|conn| {
+    ///         if !advisory::try_xact_lock(conn, "nightly-report")? {
+    ///             return Ok(false); // another instance is running it
+    ///         }
+    ///         // ... the report, written in this transaction ...
+    ///         Ok::<_, lockkit::Error>(true)
+    ///     })
+    ///     .unwrap();
+    /// println!("ran the report: {ran}");
+    /// ```
     pub fn try_xact_lock<C>(conn: &mut C, key: impl Into<AdvisoryKey>) -> Result<bool, Error>
     where
         C: Connection<Backend = Pg> + LoadConnection,

@@ -84,7 +84,38 @@ impl LockOptions {
     }
 
     #[must_use]
-    /// `FOR SHARE` / `LOCK IN SHARE MODE`.
+    /// `FOR SHARE` / `LOCK IN SHARE MODE`: a reader's lock. Nobody may change or
+    /// delete the row until the transaction ends, and other readers may take
+    /// the same lock meanwhile (on SQLite, which has no row locks, the
+    /// transaction holds the database's write lock, as with every strength).
+    /// Unlike the exclusive strengths, it does not advance a
+    /// [`Versioned`](crate::Versioned) row's version.
+    ///
+    /// ```
+    /// use diesel::prelude::*;
+    /// use lockkit::prelude::*;
+    /// use lockkit::LockOptions;
+    /// # diesel::table! { customers (id) { id -> Integer, name -> Text, lock_version -> Integer } }
+    /// # #[derive(Queryable, Selectable, Versioned)]
+    /// # #[diesel(table_name = customers)]
+    /// # pub struct Customer { pub id: i32, pub name: String, pub lock_version: i32 }
+    ///
+    /// # fn main() -> Result<(), lockkit::Error> {
+    /// # let mut conn = SqliteConnection::establish(":memory:").unwrap();
+    /// # diesel::sql_query("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT NOT NULL, lock_version INTEGER NOT NULL)").execute(&mut conn)?;
+    /// # diesel::sql_query("CREATE TABLE orders (id INTEGER PRIMARY KEY, customer_id INTEGER NOT NULL)").execute(&mut conn)?;
+    /// # diesel::sql_query("INSERT INTO customers VALUES (1, 'Ada', 0)").execute(&mut conn)?;
+    /// // An order for customer 1: the customer stays as read until the order commits.
+    /// let shared = LockOptions::default().share();
+    /// let name = lockkit::with_lock(&mut conn, 1, shared, |conn, customer: Customer| {
+    ///     diesel::sql_query("INSERT INTO orders (customer_id) VALUES (1)").execute(conn)?;
+    ///     Ok::<_, lockkit::Error>(customer.name)
+    /// })?;
+    /// assert_eq!(name, "Ada");
+    /// let version = customers::table.find(1).select(customers::lock_version).first::<i32>(&mut conn)?;
+    /// assert_eq!(version, 0); // a shared lock leaves the version alone
+    /// # Ok(()) }
+    /// ```
     pub fn share(self) -> Self {
         self.strength(LockStrength::Share)
     }

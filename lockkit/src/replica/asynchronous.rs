@@ -74,7 +74,9 @@ pub async fn commit_lsn(primary: &mut AsyncPgConnection) -> Result<Lsn> {
 }
 
 /// How far `replica` has replayed the primary's WAL; `None` when it is not a
-/// standby. The async twin of [`replica::replayed_lsn`](super::replayed_lsn).
+/// standby. The async twin of [`replica::replayed_lsn`](super::replayed_lsn),
+/// whose example compares it with a write's position
+/// (`replayed_lsn(&mut replica).await` here).
 pub async fn replayed_lsn(replica: &mut AsyncPgConnection) -> Result<Option<Lsn>> {
     diesel::sql_query(REPLAYED_LSN)
         .get_result::<Position>(replica)

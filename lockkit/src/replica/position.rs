@@ -102,6 +102,23 @@ pub(crate) fn read_elsewhere(first: Error, other: impl FnOnce() -> Result<Lsn>) 
 /// ```sql
 /// SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()::text END AS lsn
 /// ```
+///
+/// [`route`](super::route()) compares the two for you, waiting as its
+/// [`Policy`](super::Policy) allows; by hand, to watch a standby's lag:
+///
+/// ```no_run
+/// use diesel::prelude::*;
+/// use lockkit::replica;
+///
+/// let mut primary = PgConnection::establish("postgres://app@primary/shop").unwrap();
+/// let mut standby = PgConnection::establish("postgres://app@replica/shop").unwrap();
+/// let written = replica::commit_lsn(&mut primary).unwrap();
+/// match replica::replayed_lsn(&mut standby).unwrap() {
+///     Some(replayed) if replayed >= written => println!("the standby shows every commit so far"),
+///     Some(replayed) => println!("{} bytes of WAL behind", u64::from(written) - u64::from(replayed)),
+///     None => println!("not a standby (a primary, or promoted)"),
+/// }
+/// ```
 pub fn replayed_lsn(replica: &mut PgConnection) -> Result<Option<Lsn>> {
     diesel::sql_query(REPLAYED_LSN)
         .get_result::<Position>(replica)?

@@ -836,6 +836,44 @@ fn may_answer_with_rows(query: &dyn std::fmt::Display) -> bool {
 
 impl Journal {
     /// A journal for a connection without other instrumentation.
+    ///
+    /// lockkit installs one by itself at the first versioned write on a
+    /// connection that has no instrumentation. To have one watch every
+    /// connection from its first transaction on, install it yourself, on one
+    /// connection (`conn.set_instrumentation(Journal::new())`) or as Diesel's
+    /// default for all:
+    ///
+    /// ```
+    /// use diesel::connection::{set_default_instrumentation, Instrumentation};
+    /// use diesel::prelude::*;
+    /// use lockkit::journal::Journal;
+    /// use lockkit::prelude::*;
+    /// # diesel::table! { items (id) { id -> Integer, stock -> Integer, lock_version -> Integer } }
+    /// # #[derive(Queryable, Selectable, Versioned)]
+    /// # #[diesel(table_name = items)]
+    /// # pub struct Item { pub id: i32, pub stock: i32, pub lock_version: i32 }
+    ///
+    /// # fn main() -> Result<(), lockkit::Error> {
+    /// fn journal() -> Option<Box<dyn Instrumentation>> {
+    ///     Some(Box::new(Journal::new()))
+    /// }
+    /// set_default_instrumentation(journal)?;
+    ///
+    /// let mut conn = SqliteConnection::establish(":memory:").unwrap(); // watched
+    /// # diesel::sql_query("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL)").execute(&mut conn)?;
+    /// # diesel::sql_query("INSERT INTO items VALUES (1, 10, 0)").execute(&mut conn)?;
+    /// let mut item = items::table.find(1).first::<Item>(&mut conn)?;
+    /// let rolled_back = conn.transaction::<(), lockkit::Error, _>(|conn| {
+    ///     item.update_versioned(conn)?; // lock_version 0 -> 1, then undone
+    ///     Err(diesel::result::Error::RollbackTransaction.into())
+    /// });
+    /// assert!(rolled_back.is_err());
+    /// // The journal saw the rollback: the struct's next write expects version 0
+    /// // again, and moves the row past the rolled-back 1.
+    /// item.update_versioned(&mut conn)?;
+    /// assert_eq!(item.lock_version, 2);
+    /// # Ok(()) }
+    /// ```
     pub fn new() -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         Journal {
@@ -852,6 +890,60 @@ impl Journal {
     }
 
     /// A journal that passes every event on to your own instrumentation.
+    ///
+    /// A connection with instrumentation of its own (a query logger, tracing)
+    /// gets no journal from lockkit: install yours wrapped, before the first
+    /// transaction, and lockkit sees every `BEGIN`, `COMMIT` and `ROLLBACK`
+    /// while your instrumentation still gets every event. Here a struct whose
+    /// write was rolled back cannot overwrite the write that came after it:
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use std::sync::Arc;
+    /// use diesel::connection::InstrumentationEvent;
+    /// use diesel::prelude::*;
+    /// use lockkit::journal::Journal;
+    /// use lockkit::prelude::*;
+    /// # diesel::table! { items (id) { id -> Integer, stock -> Integer, lock_version -> Integer } }
+    /// # #[derive(Queryable, Selectable, Versioned)]
+    /// # #[diesel(table_name = items)]
+    /// # pub struct Item { pub id: i32, pub stock: i32, pub lock_version: i32 }
+    ///
+    /// # fn main() -> Result<(), lockkit::Error> {
+    /// let mut conn = SqliteConnection::establish(":memory:").unwrap();
+    /// let rollbacks = Arc::new(AtomicUsize::new(0));
+    /// let seen = Arc::clone(&rollbacks);
+    /// conn.set_instrumentation(Journal::wrap(move |event: InstrumentationEvent<'_>| {
+    ///     // your own instrumentation: here it counts rollbacks
+    ///     if let InstrumentationEvent::RollbackTransaction { .. } = event {
+    ///         seen.fetch_add(1, Ordering::Relaxed);
+    ///     }
+    /// }));
+    /// # diesel::sql_query("CREATE TABLE items (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL)").execute(&mut conn)?;
+    /// # diesel::sql_query("INSERT INTO items VALUES (1, 10, 0)").execute(&mut conn)?;
+    ///
+    /// // Alice writes in a transaction that rolls back: her struct says 1, the row 0.
+    /// let mut alice = items::table.find(1).first::<Item>(&mut conn)?;
+    /// let rolled_back = conn.transaction::<(), lockkit::Error, _>(|conn| {
+    ///     alice.stock = 9;
+    ///     alice.update_versioned(conn)?;
+    ///     Err(diesel::result::Error::RollbackTransaction.into())
+    /// });
+    /// assert!(rolled_back.is_err());
+    /// assert_eq!(alice.lock_version, 1);
+    ///
+    /// // Bob reads the row (version 0) and writes it.
+    /// let mut bob = items::table.find(1).first::<Item>(&mut conn)?;
+    /// bob.stock = 5;
+    /// bob.update_versioned(&mut conn)?;
+    ///
+    /// // Alice's struct matched the number Bob's write would have committed:
+    /// // the journal saw her rollback, so her write is refused.
+    /// assert!(matches!(alice.update_versioned(&mut conn), Err(lockkit::Error::Stale(_))));
+    /// assert_eq!(items::table.find(1).select(items::stock).first::<i32>(&mut conn)?, 5);
+    /// assert_eq!(rollbacks.load(Ordering::Relaxed), 1); // and your instrumentation saw it too
+    /// # Ok(()) }
+    /// ```
     pub fn wrap(inner: impl Instrumentation) -> Self {
         let mut journal = Journal::new();
         journal.inner = Some(Box::new(inner));
