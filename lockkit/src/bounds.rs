@@ -59,10 +59,10 @@
 //! | [`OptimisticBackend`] | every versioned write | `Pg`, `Mysql`, `Sqlite` (sealed) |
 //! | [`AdvisoryBackend`] | [`advisory`](crate::advisory) | `Pg`, `Mysql` (sealed): SQLite has no advisory locks |
 //! | [`LockMonitor`] | [`lock_waits`](crate::lock_waits) | `Pg`, `Mysql` (sealed) |
-//! | `LeaseStore` | `lease::acquire`, `lease::with_lease` (feature `lease`) | `PgConnection`, `MysqlConnection`, `SqliteConnection`, `lease::redis::RedisStore` (feature `redis`) (sealed) |
-//! | `FenceStore` | `lease::fenced` (feature `lease`) | `PgConnection`, `MysqlConnection`, `SqliteConnection` (sealed) |
-//! | `IdempotencyStore` | `idempotency` (feature `idempotency`) | `PgConnection`, `MysqlConnection`, `SqliteConnection` (sealed) |
-//! | `OutboxStore` | `outbox` (feature `outbox`) | `PgConnection`, `MysqlConnection`, `SqliteConnection` (sealed) |
+//! | `LeaseStore` | `lease::acquire`, `lease::with_lease` (feature `lease`) | `PgConnection`, `MysqlConnection`, `SqliteConnection`, `Dispatch` enums, `lease::redis::RedisStore` (feature `redis`) (sealed) |
+//! | `FenceStore` | `lease::fenced` (feature `lease`) | `PgConnection`, `MysqlConnection`, `SqliteConnection`, `Dispatch` enums (sealed) |
+//! | `IdempotencyStore` | `idempotency` (feature `idempotency`) | `PgConnection`, `MysqlConnection`, `SqliteConnection`, `Dispatch` enums (sealed) |
+//! | `OutboxStore` | `outbox` (feature `outbox`) | `PgConnection`, `MysqlConnection`, `SqliteConnection`, `Dispatch` enums (sealed) |
 //!
 //! The traits keep their definitions next to the code that uses them; these are
 //! the same traits under one path. Those of the diesel-async calls are in

@@ -58,15 +58,20 @@
 //! ```
 //!
 //! With that `impl`, the enum (and an r2d2 pooled connection to it) takes every
-//! call a plain connection takes, except [`advisory`](crate::advisory) locks and
-//! [`lock_waits`](crate::lock_waits) (call them on the connection that
-//! `dispatch` returns):
+//! call a plain connection takes, except [`advisory`](crate::advisory) locks,
+//! [`lock_waits`](crate::lock_waits),
+//! [`compare_and_set`](crate::compare_and_set::CompareAndSet::compare_and_set)
+//! and adaptive writes ([`update_adaptive`](crate::adaptive::UpdateAdaptive::update_adaptive)):
+//! call those on the connection that `dispatch` returns. What the others do
+//! through the enum:
 //!
 //! | call | through the enum |
 //! | --- | --- |
 //! | [`Versioned`](crate::Versioned)'s writes, [`atomic`](crate::atomic) | the statement runs through the enum (Diesel's own multi-backend SQL); lockkit's follow-up reads go to the inner connection |
 //! | [`with_lock`](crate::with_lock), [`locked_transaction`](crate::locked_transaction), [`Lockable::lock_all`], [`queue::claim`](crate::queue::claim), [`serializable`](crate::serializable), [`transaction_with_retry`](crate::transaction_with_retry) | lockkit's statements (`BEGIN IMMEDIATE`, timeouts, the locked reads) go to the inner connection; your closure gets the enum |
 //! | `outbox` (feature `outbox`): `enqueue`, `Relay`, `Inbox` | the outbox's and the inbox's statements go to the inner connection, in the enum's transaction; the inbox's closure gets the enum |
+//! | `idempotency` (feature `idempotency`): `Idempotency::run`, `purge_expired` | the key's statements go to the inner connection, in the enum's transaction (the key's insert in a savepoint of it); the work's closure gets the enum |
+//! | `lease` (feature `lease`): `acquire`, `with_lease`, `renew`, `release` on the database store; `fenced` | the lease's and the fence's statements go to the inner connection; `acquire` and `renew` refuse inside the enum's transaction, as on the plain connection; `fenced`'s closure gets the enum. For a pooled enum, pass `&mut *pooled` to `acquire`, as for a pooled plain connection |
 //!
 //! Every transaction is the inner connection's own: the enum's transaction
 //! manager is the inner one's, so your Diesel calls inside a closure run in
@@ -132,6 +137,10 @@ pub trait Dispatch: diesel::Connection + Sized + 'static {
 
 use crate::bounds::{ClaimQuery, CurrentVersionQuery, LockAll, LockRow, MarkLocked, VersionCheck};
 use crate::error::Error;
+#[cfg(feature = "idempotency")]
+use crate::http::idempotency::{IdempotencyStore, PurgeBefore, Scoped, StoredKey, Write};
+#[cfg(feature = "lease")]
+use crate::lease::{FenceStore, LeaseStore};
 use crate::optimistic::mark::Mark;
 use crate::optimistic::versioned;
 #[cfg(feature = "outbox")]
@@ -172,7 +181,7 @@ pub(crate) fn kind<T: Dispatch>(conn: &mut T) -> Kind {
 
 /// `$body` with `$inner` bound to the connection a [`Dispatch`] enum holds,
 /// compiled once per backend feature.
-#[cfg(feature = "outbox")]
+#[cfg(any(feature = "idempotency", feature = "lease", feature = "outbox"))]
 macro_rules! on_inner {
     ($conn:expr, |$inner:ident| $body:expr) => {
         match $conn.dispatch() {
@@ -576,5 +585,68 @@ impl<T: Dispatch> OutboxStore for T {
             consumer,
             received_before
         ))
+    }
+}
+
+/// Sends each of the idempotency keys' statements to the connection inside the
+/// enum: the work's transaction and the savepoint of the key's insert are the
+/// enum's (the inner connection's), the SQL is the backend's.
+#[cfg(feature = "idempotency")]
+impl<T: Dispatch> IdempotencyStore for T {
+    fn insert_running(
+        conn: &mut Self,
+        key: Scoped<'_>,
+        fingerprint: &str,
+        now: i64,
+    ) -> Result<bool, Error> {
+        on_inner!(conn, |c| IdempotencyStore::insert_running(
+            c,
+            key,
+            fingerprint,
+            now
+        ))
+    }
+
+    fn load(conn: &mut Self, key: Scoped<'_>) -> Result<Option<StoredKey>, Error> {
+        on_inner!(conn, |c| IdempotencyStore::load(c, key))
+    }
+
+    fn write(conn: &mut Self, key: Scoped<'_>, write: Write<'_>) -> Result<bool, Error> {
+        on_inner!(conn, |c| IdempotencyStore::write(c, key, write))
+    }
+
+    fn purge(conn: &mut Self, before: PurgeBefore) -> Result<usize, Error> {
+        on_inner!(conn, |c| IdempotencyStore::purge(c, before))
+    }
+}
+
+/// The database lease store on the connection inside the enum. Whether a
+/// transaction is open is the inner connection's word, which is the enum's:
+/// `acquire` and `renew` refuse inside the enum's transactions.
+#[cfg(feature = "lease")]
+impl<T: Dispatch> LeaseStore for T {
+    fn grant(&mut self, name: &str, token: &str, ttl_ms: i64) -> Result<Option<i64>, Error> {
+        on_inner!(self, |c| LeaseStore::grant(c, name, token, ttl_ms))
+    }
+
+    fn extend(&mut self, name: &str, token: &str, ttl_ms: i64) -> Result<bool, Error> {
+        on_inner!(self, |c| LeaseStore::extend(c, name, token, ttl_ms))
+    }
+
+    fn revoke(&mut self, name: &str, token: &str) -> Result<bool, Error> {
+        on_inner!(self, |c| LeaseStore::revoke(c, name, token))
+    }
+
+    fn in_transaction(&mut self) -> bool {
+        on_inner!(self, |c| LeaseStore::in_transaction(c))
+    }
+}
+
+/// Sends the fence's statements to the connection inside the enum, in the
+/// enum's transaction.
+#[cfg(feature = "lease")]
+impl<T: Dispatch> FenceStore for T {
+    fn raise(conn: &mut Self, resource: &str, fence: i64) -> Result<Option<i64>, Error> {
+        on_inner!(conn, |c| FenceStore::raise(c, resource, fence))
     }
 }

@@ -2,18 +2,22 @@
 //! each backend with the enum holding that backend's connection, and the
 //! closures get the enum, so the Diesel queries in them are written once.
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Barrier};
 use std::thread;
 use std::time::Duration;
 
 use diesel::prelude::*;
+use diesel::r2d2::{ConnectionManager, Pool};
+use diesel_migrations::MigrationHarness;
+use lockkit::idempotency::{Idempotency, Outcome};
+use lockkit::lease::{self, Fence};
 use lockkit::multi::{BackendConn, Dispatch};
 use lockkit::prelude::*;
 use lockkit::{queue, retry, CurrentState, Error, LockOptions, RetryPolicy};
 use lockkit_tests::db::TestBackend;
 use lockkit_tests::models::{Item, Job};
 use lockkit_tests::schema::{items, jobs, orders};
-use lockkit_tests::{exec, seed_items, TestDb};
+use lockkit_tests::{exec, idempotency_migrations, lease_migrations, seed_items, TestDb};
 
 #[derive(diesel::MultiConnection)]
 pub enum AnyConnection {
@@ -446,6 +450,188 @@ lockkit_tests::backend_tests! {
         item.stock = 8;
         item.update_versioned(&mut pooled).unwrap();
         assert_eq!((stock(&mut pooled, 1), item.lock_version), (8, 2));
+    }
+}
+
+/// A pool of two enum connections to the test database.
+fn any_pool(url: &str) -> Pool<ConnectionManager<AnyConnection>> {
+    Pool::builder()
+        .max_size(2)
+        .build(ConnectionManager::new(url))
+        .unwrap()
+}
+
+/// A request's work under an idempotency key: one unit of item 1 sold, and the
+/// response to store.
+fn sell_one_of_1(conn: &mut AnyConnection) -> Result<String, Error> {
+    diesel::update(items::table.find(1))
+        .set(items::stock.eq(items::stock - 1))
+        .execute(conn)?;
+    Ok("201 sold".to_owned())
+}
+
+/// The work of a repeat that must replay: it never runs.
+fn must_not_run(_: &mut AnyConnection) -> Result<String, Error> {
+    panic!("the work ran again")
+}
+
+/// Item 1's stock set to `stock` by a write fenced with `fence`.
+fn restock(conn: &mut AnyConnection, fence: Fence, stock: i32) -> Result<(), Error> {
+    lease::fenced(conn, "item-1", fence, |conn: &mut AnyConnection| {
+        diesel::update(items::table.find(1))
+            .set(items::stock.eq(stock))
+            .execute(conn)?;
+        Ok(())
+    })
+}
+
+/// Idempotency keys and leases through the enum: their statements go to the
+/// connection inside, in the enum's transactions.
+mod keys_and_leases {
+    use super::*;
+
+    lockkit_tests::backend_tests! {
+        fn concurrent_duplicates_through_the_enum_run_the_work_once_and_get_its_response(db) {
+            db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
+            seed_items(&mut db.conn(), &[(1, 100)]);
+            const CLIENTS: usize = 6;
+            let barrier = Barrier::new(CLIENTS);
+            // The repeats wait for the first request's run, and replay it.
+            let keys = Idempotency { wait_while_running: Duration::from_secs(20), ..Idempotency::default() };
+            let answers: Vec<Result<Outcome<String>, Error>> = thread::scope(|s| {
+                let clients: Vec<_> = (0..CLIENTS)
+                    .map(|_| {
+                        let (url, barrier, keys) = (db.url.as_str(), &barrier, &keys);
+                        s.spawn(move || {
+                            let mut conn = any_at::<Conn>(url);
+                            barrier.wait();
+                            keys.run(&mut conn, "tenant-1", "order-1", "POST /orders", |conn: &mut AnyConnection| {
+                                thread::sleep(Duration::from_millis(200)); // the others arrive meanwhile
+                                sell_one_of_1(conn)
+                            })
+                        })
+                    })
+                    .collect();
+                clients.into_iter().map(|client| client.join().unwrap()).collect()
+            });
+            let ran = answers.iter().filter(|answer| matches!(answer, Ok(Outcome::Ran(_)))).count();
+            assert_eq!(ran, 1, "{answers:?}");
+            assert!(
+                answers.iter().all(|answer| matches!(answer, Ok(outcome) if outcome.clone().into_inner() == "201 sold")),
+                "every client gets the one run's response: {answers:?}"
+            );
+            assert_eq!(stock(&mut any(&db), 1), 99, "the work ran exactly once");
+        }
+
+        fn a_failed_run_through_the_enum_rolls_back_its_write_and_releases_the_key(db) {
+            db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
+            seed_items(&mut db.conn(), &[(1, 100)]);
+            let mut conn = any(&db);
+            let keys = Idempotency::default();
+            let failed = keys.run(&mut conn, "tenant-1", "order-2", "POST /orders", |conn: &mut AnyConnection| {
+                sell_one_of_1(conn)?;
+                Err::<String, _>(Error::NoRowMatched)
+            });
+            assert!(matches!(failed, Err(Error::NoRowMatched)), "{failed:?}");
+            assert_eq!(stock(&mut conn, 1), 100, "the work's write rolled back");
+            // The resend runs the work, on a pooled enum connection.
+            let pool = any_pool(&db.url);
+            let resent = keys.run(&mut pool.get().unwrap(), "tenant-1", "order-2", "POST /orders", sell_one_of_1);
+            assert_eq!(resent.unwrap(), Outcome::Ran("201 sold".to_owned()));
+            let again = keys.run(&mut conn, "tenant-1", "order-2", "POST /orders", must_not_run);
+            assert_eq!(again.unwrap(), Outcome::Replayed("201 sold".to_owned()));
+            assert_eq!(stock(&mut conn, 1), 99);
+            assert_eq!(keys.purge_expired(&mut conn).unwrap(), 0, "the key is kept for its retention");
+            let short = Idempotency { retention: Duration::from_millis(1), ..Idempotency::default() };
+            thread::sleep(Duration::from_millis(5));
+            assert_eq!(short.purge_expired(&mut pool.get().unwrap()).unwrap(), 1, "past a short retention it goes");
+            let after = keys.run(&mut conn, "tenant-1", "order-2", "POST /orders", sell_one_of_1);
+            assert_eq!(after.unwrap(), Outcome::Ran("201 sold".to_owned()), "a purged key is new again");
+        }
+
+        fn idempotency_runs_inside_the_enums_transaction_nest_and_roll_back_with_it(db) {
+            db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
+            seed_items(&mut db.conn(), &[(1, 100)]);
+            let mut conn = any(&db);
+            let keys = Idempotency::default();
+            keys.run(&mut conn, "tenant-1", "done", "POST /orders", sell_one_of_1).unwrap();
+            let outer = conn.transaction(|conn| {
+                // The done key's insert fails in a savepoint of the enum's
+                // transaction (PostgreSQL would abort the whole of it
+                // otherwise): the replay is read in it.
+                let replayed = keys.run(conn, "tenant-1", "done", "POST /orders", must_not_run)?;
+                assert_eq!(replayed, Outcome::Replayed("201 sold".to_owned()));
+                let ran = keys.run(conn, "tenant-1", "new", "POST /orders", sell_one_of_1)?;
+                assert_eq!(ran, Outcome::Ran("201 sold".to_owned()));
+                assert_eq!(stock(conn, 1), 98);
+                Err::<(), _>(Error::NoRowMatched) // the caller's transaction fails after both
+            });
+            assert!(matches!(outer, Err(Error::NoRowMatched)), "{outer:?}");
+            assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
+            assert_eq!(stock(&mut conn, 1), 99, "the new key's work went with the enum's transaction");
+            // So did its key: the resend runs the work.
+            let resent = keys.run(&mut conn, "tenant-1", "new", "POST /orders", sell_one_of_1);
+            assert_eq!(resent.unwrap(), Outcome::Ran("201 sold".to_owned()));
+            assert_eq!(stock(&mut conn, 1), 98);
+        }
+
+        fn a_lease_taken_over_through_the_enum_fences_out_its_old_holder(db) {
+            db.conn().run_pending_migrations(lease_migrations(BACKEND)).unwrap();
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let (mut a, mut b) = (any(&db), any(&db));
+            let ttl = Duration::from_millis(150);
+            let mut held_by_a = lease::acquire(&mut a, "restock", ttl).unwrap();
+            let fence_a = held_by_a.fence();
+            thread::sleep(ttl + Duration::from_millis(100)); // A pauses past its TTL
+            let mut held_by_b = lease::acquire(&mut b, "restock", Duration::from_secs(30))
+                .expect("A's lease ran out: B takes it");
+            let fence_b = held_by_b.fence();
+            assert_eq!(fence_b, Fence(fence_a.0 + 1));
+            held_by_b.renew().unwrap();
+            restock(&mut held_by_b, fence_b, 20).unwrap();
+            assert_eq!(stock(&mut held_by_b, 1), 20, "the current holder's write lands");
+
+            // A wakes, still believing it holds the lease: refused, its work not run.
+            let late = restock(&mut held_by_a, fence_a, 0);
+            assert!(
+                matches!(late, Err(Error::Fenced { fence, current, .. }) if fence == fence_a.0 && current == fence_b.0),
+                "{late:?}"
+            );
+            assert_eq!(stock(&mut held_by_a, 1), 20, "the old holder wrote nothing");
+            assert!(matches!(held_by_a.renew(), Err(Error::LeaseLost)));
+            assert!(matches!(held_by_a.release(), Err(Error::LeaseLost)));
+            assert!(matches!(lease::acquire(&mut a, "restock", ttl), Err(Error::Busy)), "B's lease stands");
+
+            // The enum's transaction is the inner connection's: a grant there
+            // is refused, and a fenced write in it rolls back with its fence.
+            let inside = a.transaction(|conn| lease::acquire(conn, "nightly", ttl).map(drop));
+            assert!(matches!(inside, Err(Error::AlreadyInTransaction)), "{inside:?}");
+            let rolled_back = held_by_b.transaction(|conn| {
+                restock(conn, Fence(fence_b.0 + 1), 30)?;
+                Err::<(), _>(Error::NoRowMatched)
+            });
+            assert!(matches!(rolled_back, Err(Error::NoRowMatched)), "{rolled_back:?}");
+            restock(&mut held_by_b, fence_b, 25).expect("the rolled-back fence was never recorded");
+            assert_eq!(stock(&mut held_by_b, 1), 25);
+            held_by_b.release().unwrap();
+
+            // Pooled enum connections: one holds the next lease (the
+            // connection inside its guard), another makes the fenced write.
+            let pool = any_pool(&db.url);
+            let mut lease_conn = pool.get().unwrap();
+            let held_by_c = lease::acquire(&mut *lease_conn, "restock", Duration::from_secs(30)).unwrap();
+            let fence_c = held_by_c.fence();
+            assert_eq!(fence_c, Fence(fence_b.0 + 1));
+            lease::fenced(&mut pool.get().unwrap(), "item-1", fence_c, |conn: &mut AnyConnection| {
+                diesel::update(items::table.find(1)).set(items::stock.eq(5)).execute(conn)?;
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+            let stale = restock(&mut b, fence_b, 0);
+            assert!(matches!(stale, Err(Error::Fenced { .. })), "{stale:?}");
+            assert_eq!(stock(&mut b, 1), 5);
+            held_by_c.release().expect("the lease was held throughout");
+        }
     }
 }
 

@@ -987,7 +987,7 @@ pub(crate) mod statements {
 #[diagnostic::on_unimplemented(
     message = "lockkit's idempotency keys do not support `{Self}`",
     label = "not a connection lockkit's idempotency keys support",
-    note = "lockkit supports `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`) and r2d2 pooled connections to them"
+    note = "lockkit supports `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`), r2d2 pooled connections to them, and `#[derive(diesel::MultiConnection)]` enums over them that implement `lockkit::multi::Dispatch`"
 )]
 pub trait IdempotencyStore: diesel::Connection + crate::sealed::Sealed + Sized {
     #[doc(hidden)]

@@ -73,7 +73,7 @@ pub(crate) fn admitted(resource: &str, fence: Fence, newer: Option<i64>) -> Resu
 #[diagnostic::on_unimplemented(
     message = "lockkit's fenced writes do not support `{Self}`",
     label = "not a connection lockkit's fenced writes support",
-    note = "lockkit supports `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`) and r2d2 pooled connections to them"
+    note = "lockkit supports `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`), r2d2 pooled connections to them, and `#[derive(diesel::MultiConnection)]` enums over them that implement `lockkit::multi::Dispatch`"
 )]
 pub trait FenceStore:
     crate::pessimistic::connection::LockingConnection + crate::sealed::Sealed

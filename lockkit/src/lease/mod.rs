@@ -180,7 +180,8 @@ impl std::fmt::Display for Fence {
 }
 
 /// A store that grants leases: the database connections of the backend features
-/// (`PgConnection`, `MysqlConnection`, `SqliteConnection`) and, with the feature
+/// (`PgConnection`, `MysqlConnection`, `SqliteConnection`, and
+/// [`Dispatch`](crate::multi::Dispatch) enums over them) and, with the feature
 /// `redis`, [`redis::RedisStore`].
 ///
 /// Sealed: implemented by lockkit; name it only in `where` clauses
@@ -189,7 +190,7 @@ impl std::fmt::Display for Fence {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` does not store lockkit leases",
     label = "not a lease store",
-    note = "lockkit's lease stores are `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`; pass `&mut *pooled` for a pooled one) and `lockkit::lease::redis::RedisStore` (feature `redis`)"
+    note = "lockkit's lease stores are `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`; pass `&mut *pooled` for a pooled one), `#[derive(diesel::MultiConnection)]` enums over them that implement `lockkit::multi::Dispatch`, and `lockkit::lease::redis::RedisStore` (feature `redis`)"
 )]
 pub trait LeaseStore: crate::sealed::Sealed {
     /// Grants `name` to `token` for `ttl_ms` if nobody holds it; the new fence.
