@@ -15,6 +15,14 @@
 //! | [`lease::acquire`], [`lease::with_lease`], [`lease::fenced`] (feature `lease`; the database store) | [`lockkit::lease::acquire`](crate::lease::acquire), [`lockkit::lease::with_lease`](crate::lease::with_lease), [`lockkit::lease::fenced`](crate::lease::fenced) |
 //! | [`outbox::enqueue`], [`outbox::publish_batch`], [`outbox::receive`] and the rest (feature `outbox`) | [`lockkit::outbox`](crate::outbox) |
 //!
+//! Blocking only, with no async twin yet: [`Versioned::update_if`](crate::Versioned::update_if)
+//! (the versioned conditional update; [`atomic::update_if`] is the unversioned one),
+//! [`Lockable::lock`](crate::Lockable::lock) and [`reload`](crate::Lockable::reload),
+//! [`compare_and_set`](crate::compare_and_set), adaptive writes
+//! ([`adaptive`](crate::adaptive)), [`after_commit`](crate::after_commit()) and the
+//! advisory lock guard ([`advisory::lock`](crate::advisory::lock); use the closures
+//! above).
+//!
 //! Connections: `AsyncPgConnection`, `AsyncMysqlConnection` and
 //! `SyncConnectionWrapper<SqliteConnection>` (with the features `postgres`,
 //! `mysql`, `sqlite`), and the connections of diesel-async's bb8 and deadpool
