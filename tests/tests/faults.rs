@@ -1,14 +1,20 @@
 //! Things going wrong: the server kills the session in the middle of `with_lock`,
-//! the connection drops between the read and the versioned write, a statement
-//! timeout fires while waiting for a lock, closures panic. Each time the caller
-//! gets a typed error, nothing is half-written, and the lock is free again.
+//! of an idempotent run, of a fenced write, or while it holds an advisory lock;
+//! the connection drops between the read and the versioned write; a statement
+//! timeout fires while waiting for a lock; closures panic. Each time the caller
+//! gets a typed error, nothing is half-written, the lock is free again, and what
+//! the caller does next (a resend, the same fence again) applies the work once.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc;
 use std::thread;
+use std::time::{Duration, Instant};
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
+use diesel_migrations::MigrationHarness;
+use lockkit::idempotency::{Idempotency, Outcome};
+use lockkit::lease::{self, Fence};
 use lockkit::lock_waits;
 use lockkit::prelude::*;
 use lockkit::{Error, LockOptions, RetryPolicy};
@@ -16,7 +22,7 @@ use lockkit_tests::db::TestBackend;
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
 use lockkit_tests::settings::is_mariadb;
-use lockkit_tests::{exec, seed_items, stock_of, TestDb};
+use lockkit_tests::{exec, idempotency_migrations, lease_migrations, seed_items, stock_of, TestDb};
 
 /// Ends another session from the server side.
 fn kill_session<C: SimpleConnection>(admin: &mut C, backend: &str, session: i64) {
@@ -26,6 +32,45 @@ fn kill_session<C: SimpleConnection>(admin: &mut C, backend: &str, session: i64)
         _ => format!("KILL {session}"),
     };
     admin.batch_execute(&sql).unwrap();
+}
+
+/// Runs `call` on a connection of its own in another thread. When `call`'s
+/// work calls the `midway` it is handed (after a write, before the next), that
+/// session is killed from the server side, and `midway` returns once it is.
+fn killed_midway<C, T>(
+    db: &TestDb<C>,
+    backend: &str,
+    session_id: fn(&mut C) -> i64,
+    call: impl FnOnce(&mut C, &dyn Fn(&mut C)) -> T + Send,
+) -> T
+where
+    C: TestBackend + SimpleConnection,
+    T: Send,
+{
+    let (id_tx, id_rx) = mpsc::channel();
+    let (killed_tx, killed_rx) = mpsc::channel::<()>();
+    thread::scope(|s| {
+        let victim = s.spawn(move || {
+            let midway = |conn: &mut C| {
+                id_tx.send(session_id(conn)).unwrap();
+                killed_rx.recv().unwrap();
+            };
+            call(&mut db.connect(), &midway)
+        });
+        let session = id_rx.recv().expect("the work reached its midway");
+        kill_session(&mut db.connect(), backend, session);
+        killed_tx.send(()).unwrap();
+        victim.join().unwrap()
+    })
+}
+
+/// The session id of a test connection.
+fn session_id<C>(conn: &mut C) -> i64
+where
+    C: diesel::Connection + diesel::connection::LoadConnection,
+    C::Backend: lockkit::bounds::LockMonitor,
+{
+    lock_waits::session_id(conn).unwrap()
 }
 
 /// `nowait` succeeds: nobody holds row 1.
@@ -54,31 +99,114 @@ mod servers {
             // written", and nothing half-written.
             seed_items(&mut db.conn(), &[(1, 10)]);
             for writes_after_the_kill in [true, false] {
-                let (id_tx, id_rx) = mpsc::channel();
-                let (killed_tx, killed_rx) = mpsc::channel::<()>();
-                let outcome = thread::scope(|s| {
-                    let db = &db;
-                    let victim = s.spawn(move || {
-                        let mut conn = db.connect();
-                        lockkit::with_lock(&mut conn, 1, lockkit::LockOptions::default(), |conn, item: Item| {
-                            diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 5)).execute(conn)?;
-                            id_tx.send(lock_waits::session_id(conn)?).unwrap();
-                            killed_rx.recv().unwrap();
-                            if writes_after_the_kill {
-                                diesel::update(items::table.find(1)).set(items::name.eq("never")).execute(conn)?;
-                            }
-                            Ok(())
-                        })
-                    });
-                    let session = id_rx.recv().unwrap();
-                    kill_session(&mut db.connect(), BACKEND, session);
-                    killed_tx.send(()).unwrap();
-                    victim.join().unwrap()
+                let outcome = killed_midway(&db, BACKEND, session_id, |conn, midway| {
+                    lockkit::with_lock(conn, 1, lockkit::LockOptions::default(), |conn, item: Item| {
+                        diesel::update(items::table.find(1)).set(items::stock.eq(item.stock - 5)).execute(conn)?;
+                        midway(conn);
+                        if writes_after_the_kill {
+                            diesel::update(items::table.find(1)).set(items::name.eq("never")).execute(conn)?;
+                        }
+                        Ok(())
+                    })
                 });
                 assert!(matches!(outcome, Err(Error::ConnectionLost)), "{writes_after_the_kill}: {outcome:?}");
                 assert_eq!(stock_of!(&mut db.connect()), 10, "nothing half-written");
                 assert_row_free!(db);
             }
+        }
+
+        fn the_server_killing_the_session_of_an_idempotent_run(db) {
+            // The killed run's work rolls back; its key, left running, is
+            // taken over once its lease ran out, and the work runs once.
+            db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let keys = Idempotency { lease: Duration::from_millis(300), ..Idempotency::default() };
+            let sell = |conn: &mut Conn| -> Result<String, Error> {
+                diesel::update(items::table.find(1)).set(items::stock.eq(items::stock - 1)).execute(conn)?;
+                Ok("sold".to_owned())
+            };
+            let outcome = killed_midway(&db, BACKEND, session_id, |conn, midway| {
+                keys.run(conn, "tenant", "order-1", "POST /orders", |conn: &mut Conn| {
+                    let sold = sell(conn)?;
+                    midway(conn);
+                    diesel::update(items::table.find(1)).set(items::name.eq("never")).execute(conn)?;
+                    Ok(sold)
+                })
+            });
+            assert!(matches!(outcome, Err(Error::ConnectionLost)), "{outcome:?}");
+            assert_eq!(stock_of!(&mut db.connect()), 10, "the killed run's work rolled back");
+            // The client sends again, on a new connection, until the key is free.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let resent = loop {
+                match keys.run(&mut db.connect(), "tenant", "order-1", "POST /orders", sell) {
+                    Err(Error::IdempotencyInProgress) if Instant::now() < deadline => {
+                        thread::sleep(Duration::from_millis(50));
+                    }
+                    resent => break resent,
+                }
+            };
+            assert_eq!(resent.unwrap(), Outcome::Ran("sold".to_owned()));
+            assert_eq!(stock_of!(&mut db.connect()), 9, "the work ran once");
+            let again = keys.run(&mut db.connect(), "tenant", "order-1", "POST /orders", |_: &mut Conn| -> Result<String, Error> {
+                panic!("the work ran again")
+            });
+            assert_eq!(again.unwrap(), Outcome::Replayed("sold".to_owned()));
+        }
+
+        fn the_server_killing_the_session_of_a_fenced_write(db) {
+            // The killed write raised no fence: the holder's next try with the
+            // same fence, on a new connection, lands, and an older one is refused.
+            db.conn().run_pending_migrations(lease_migrations(BACKEND)).unwrap();
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let fence = {
+                let mut store = db.connect();
+                let lease = lease::acquire(&mut store, "restock-1", Duration::from_secs(30)).unwrap();
+                let fence = lease.fence();
+                lease.release().unwrap();
+                let newer = lease::acquire(&mut store, "restock-1", Duration::from_secs(30)).unwrap();
+                assert!(newer.fence() > fence);
+                newer.fence()
+            };
+            let restock = |conn: &mut Conn, fence, stock: i32| {
+                lease::fenced(conn, "item-1", fence, |conn: &mut Conn| {
+                    diesel::update(items::table.find(1)).set(items::stock.eq(stock)).execute(conn)?;
+                    Ok::<_, Error>(())
+                })
+            };
+            let outcome = killed_midway(&db, BACKEND, session_id, |conn, midway| {
+                lease::fenced(conn, "item-1", fence, |conn: &mut Conn| {
+                    diesel::update(items::table.find(1)).set(items::stock.eq(20)).execute(conn)?;
+                    midway(conn);
+                    diesel::update(items::table.find(1)).set(items::name.eq("never")).execute(conn)?;
+                    Ok::<_, Error>(())
+                })
+            });
+            assert!(matches!(outcome, Err(Error::ConnectionLost)), "{outcome:?}");
+            assert_eq!(stock_of!(&mut db.connect()), 10, "nothing half-written");
+            restock(&mut db.connect(), fence, 20).unwrap();
+            assert_eq!(stock_of!(&mut db.connect()), 20);
+            let older = Fence(fence.0 - 1);
+            let refused = restock(&mut db.connect(), older, 30);
+            assert!(matches!(refused, Err(Error::Fenced { .. })), "{refused:?}");
+            assert_eq!(stock_of!(&mut db.connect()), 20);
+        }
+
+        fn the_server_killing_the_session_that_holds_an_advisory_lock(db) {
+            // The lock goes with the session: another session takes it at
+            // once, and the old holder's next write fails instead of landing
+            // outside the lock. Its guard's drop on the dead connection is quiet.
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let outcome = killed_midway(&db, BACKEND, session_id, |conn, midway| {
+                let mut guard = lockkit::advisory::lock(conn, "faults-restock").unwrap();
+                midway(&mut guard);
+                diesel::update(items::table.find(1)).set(items::stock.eq(0)).execute(&mut *guard)
+            });
+            assert!(outcome.is_err(), "{outcome:?}");
+            let mut other = db.connect();
+            let taken = lockkit::advisory::try_lock(&mut other, "faults-restock").unwrap();
+            assert!(taken.is_some(), "the killed session's lock is free");
+            drop(taken);
+            assert_eq!(stock_of!(&mut db.connect()), 10);
         }
 
         fn the_connection_dropping_between_read_and_versioned_write(db) {
