@@ -213,12 +213,15 @@ macro_rules! stock_of {
         $crate::stock_of!($conn, 1)
     };
     ($conn:expr, $id:expr) => {{
-        use ::diesel::prelude::*;
-        $crate::schema::items::table
-            .find($id)
-            .select($crate::schema::items::stock)
-            .first::<i32>($conn)
-            .unwrap()
+        use ::diesel::QueryDsl;
+        // A blocking read, also where diesel-async's `RunQueryDsl` is in scope.
+        ::diesel::RunQueryDsl::first::<i32>(
+            $crate::schema::items::table
+                .find($id)
+                .select($crate::schema::items::stock),
+            $conn,
+        )
+        .unwrap()
     }};
 }
 

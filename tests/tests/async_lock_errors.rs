@@ -2,7 +2,8 @@
 //! deadlock's victim: on MariaDB the server rolls back the whole transaction, and
 //! nothing may run on as if only the savepoint had gone; the owner of the
 //! outermost transaction runs it again. The async twins of the blocking side's
-//! `lock_errors` cases.
+//! `lock_errors` cases, and of `faults.rs`'s killed sessions (inside `with_lock`,
+//! an idempotent run, a fenced write).
 
 #![cfg(feature = "async")]
 
@@ -246,6 +247,39 @@ fn assert_nested_sale_committed_nothing(
     );
 }
 
+/// Kills `$conn`'s session from the server side (on a blocking admin
+/// connection of `$db`), and gives the kill time to land.
+macro_rules! kill_session {
+    ($db:expr, $conn:expr) => {{
+        let session = lockkit::asynchronous::lock_waits::session_id($conn)
+            .await
+            .unwrap();
+        // `session` is an integer read from the server, never text.
+        let kill = match BACKEND {
+            "postgres" => format!("SELECT pg_terminate_backend({session})"),
+            _ => format!("KILL {session}"),
+        };
+        exec(&mut $db.connect(), &kill);
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }};
+}
+
+/// The work of a call whose session is killed midway: it sets item 1's stock
+/// to `$stock`, the server kills the session, and its next write fails.
+macro_rules! written_then_killed {
+    ($db:expr, $conn:expr, $stock:expr) => {{
+        diesel::update(items::table.find(1))
+            .set(items::stock.eq($stock))
+            .execute($conn)
+            .await?;
+        kill_session!($db, $conn);
+        diesel::update(items::table.find(1))
+            .set(items::name.eq("never"))
+            .execute($conn)
+            .await?;
+    }};
+}
+
 async_server_tests! {
     async fn a_session_the_server_killed_is_connection_lost(db) {
         // The blocking side's `faults.rs` case on diesel-async, whose drivers
@@ -255,18 +289,102 @@ async_server_tests! {
         seed_items(&mut db.conn(), &[(1, 10)]);
         let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
         let mut item = item!(&mut conn, 1);
-        let session = lockkit::asynchronous::lock_waits::session_id(&mut conn).await.unwrap();
-        // `session` is an integer read from the server, never text.
-        let kill = match BACKEND {
-            "postgres" => format!("SELECT pg_terminate_backend({session})"),
-            _ => format!("KILL {session}"),
-        };
-        exec(&mut db.connect(), &kill);
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        kill_session!(db, &mut conn);
         item.stock -= 1;
         let err = item.update_versioned(&mut conn).await.unwrap_err();
         assert!(matches!(err, Error::ConnectionLost), "{err:?}");
         assert!(!err.is_retryable());
+    }
+
+    async fn a_session_the_server_killed_inside_with_lock_writes_nothing(db) {
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let outcome = lockkit::asynchronous::with_lock(&mut conn, 1, LockOptions::default(), async |conn, item: Item| {
+            written_then_killed!(db, conn, item.stock - 5);
+            Ok::<_, Error>(())
+        })
+        .await;
+        assert!(matches!(outcome, Err(Error::ConnectionLost)), "{outcome:?}");
+        assert_eq!(lockkit_tests::stock_of!(&mut db.connect()), 10, "nothing half-written");
+        let free = lockkit::asynchronous::with_lock(
+            &mut async_common::connect::<Async>(&db.url, BACKEND).await,
+            1,
+            LockOptions::default().nowait(),
+            async |_, _: Item| Ok::<_, Error>(()),
+        )
+        .await;
+        assert!(free.is_ok(), "the row lock went with the session: {free:?}");
+    }
+
+    async fn a_session_the_server_killed_inside_an_idempotent_run_leaves_the_work_to_the_resend(db) {
+        use diesel_migrations::MigrationHarness;
+        use lockkit::asynchronous::idempotency;
+        use lockkit::idempotency::{Idempotency, Outcome};
+        use std::time::{Duration, Instant};
+        db.conn().run_pending_migrations(lockkit_tests::idempotency_migrations(BACKEND)).unwrap();
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        // A lease short enough for the resend to take over the key the killed
+        // run left running.
+        let keys = Idempotency { lease: Duration::from_millis(300), ..Idempotency::default() };
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let outcome = idempotency::run(&keys, &mut conn, "tenant", "order-1", "POST /orders", async |conn: &mut Async| {
+            written_then_killed!(db, conn, items::stock - 1);
+            Ok::<_, Error>("sold".to_owned())
+        })
+        .await;
+        assert!(matches!(outcome, Err(Error::ConnectionLost)), "{outcome:?}");
+        assert_eq!(lockkit_tests::stock_of!(&mut db.connect()), 10, "the killed run's work rolled back");
+        // The client sends again, on a new connection, until the key is free.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let resent = loop {
+            let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+            let resent = idempotency::run(&keys, &mut conn, "tenant", "order-1", "POST /orders", async |conn: &mut Async| {
+                diesel::update(items::table.find(1)).set(items::stock.eq(items::stock - 1)).execute(conn).await?;
+                Ok::<_, Error>("sold".to_owned())
+            })
+            .await;
+            match resent {
+                Err(Error::IdempotencyInProgress) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                resent => break resent,
+            }
+        };
+        assert_eq!(resent.unwrap(), Outcome::Ran("sold".to_owned()));
+        assert_eq!(lockkit_tests::stock_of!(&mut db.connect()), 9, "the work ran once");
+        let again = idempotency::run(&keys, &mut async_common::connect::<Async>(&db.url, BACKEND).await, "tenant", "order-1", "POST /orders", async |_: &mut Async| -> Result<String, Error> {
+            panic!("the work ran again")
+        })
+        .await;
+        assert_eq!(again.unwrap(), Outcome::Replayed("sold".to_owned()));
+    }
+
+    async fn a_session_the_server_killed_inside_a_fenced_write_raises_no_fence(db) {
+        use diesel_migrations::MigrationHarness;
+        use lockkit::asynchronous::lease;
+        use lockkit::lease::Fence;
+        db.conn().run_pending_migrations(lockkit_tests::lease_migrations(BACKEND)).unwrap();
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let outcome = lease::fenced(&mut conn, "item-1", Fence(7), async |conn: &mut Async| {
+            written_then_killed!(db, conn, 20);
+            Ok::<_, Error>(())
+        })
+        .await;
+        assert!(matches!(outcome, Err(Error::ConnectionLost)), "{outcome:?}");
+        assert_eq!(lockkit_tests::stock_of!(&mut db.connect()), 10, "nothing half-written");
+        // The holder tries again with the same fence, on a new connection: it
+        // lands, and an older fence is refused.
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        for (fence, stock) in [(7, 20), (6, 30)] {
+            let written = lease::fenced(&mut conn, "item-1", Fence(fence), async |conn: &mut Async| {
+                diesel::update(items::table.find(1)).set(items::stock.eq(stock)).execute(conn).await?;
+                Ok::<_, Error>(())
+            })
+            .await;
+            assert_eq!(written.is_ok(), fence == 7, "fence {fence}: {written:?}");
+        }
+        assert_eq!(lockkit_tests::stock_of!(&mut db.connect()), 20);
     }
 
     async fn a_deadlock_inside_a_nested_with_lock_that_the_caller_retries_loses_nothing(db) {
