@@ -111,9 +111,10 @@
 //! * Rows share rates by hash: a calm row that lands on a hot row's slot (one
 //!   in [`SLOTS`]) is locked too. That costs speed, never correctness.
 //! * The rates live in the process: each process learns on its own.
-//! * On `PgConnection`, `MysqlConnection` and `SqliteConnection` (and r2d2
-//!   pooled connections to them), not on [`Dispatch`](crate::multi::Dispatch)
-//!   enums.
+//! * On `PgConnection`, `MysqlConnection` and `SqliteConnection`, on
+//!   [`Dispatch`](crate::multi::Dispatch) enums (the reads and the lock go to
+//!   the connection inside, the versioned write through the enum), and on r2d2
+//!   pooled connections to them.
 //! * Inside a transaction you opened, a lost race is tried again without a
 //!   backoff (which would sleep holding the transaction's locks). A
 //!   `REPEATABLE READ` snapshot cannot see other writers' rows: when the read

@@ -48,7 +48,7 @@
 //! | [`LockAll`] | `lock_all` | those whose key is one column: integer, text, or (feature `uuid`, PostgreSQL) UUID |
 //! | [`KeyColumn`] | `lock_all` | such a key column: `pk = ANY($1)` / `pk IN (..)` |
 //! | [`MarkLocked`] | `with_lock`, `lock_all` | what an exclusive lock writes: [`NoVersion`](crate::pessimistic::NoVersion), [`BumpVersion`](crate::optimistic::BumpVersion) |
-//! | [`AdaptiveRow`] | [`adaptive`](crate::adaptive) writes | every [`Versioned`](crate::Versioned) model that is `Selectable` on `PgConnection`, `MysqlConnection` or `SqliteConnection` (not on [`Dispatch`](crate::multi::Dispatch) enums) |
+//! | [`AdaptiveRow`] | [`adaptive`](crate::adaptive) writes | every [`Versioned`](crate::Versioned) model that is `Selectable` on `PgConnection`, `MysqlConnection` or `SqliteConnection`; on a [`Dispatch`](crate::multi::Dispatch) enum, one that is so on each of its backends |
 //! | [`VersionCheck`] | every versioned write | every [`Versioned`](crate::Versioned) model |
 //! | [`CurrentVersionQuery`] | every versioned write, [`Versioned::update_if`](crate::Versioned::update_if) | those, on a connection of a supported backend or a [`Dispatch`](crate::multi::Dispatch) enum |
 //! | [`LockedCall`], [`EveryClause`] | `with_lock`, blocking and async (in [`LockRow`]'s and `AsyncLockRow`'s impls) | lockkit's locked reads, under each clause type of [`row_lock`](crate::pessimistic::row_lock) and a [`RowLock`](crate::RowLock) value |
@@ -57,8 +57,10 @@
 //! | [`ClaimQuery`] | [`queue::claim`](crate::queue::claim) | every select query that takes `.limit(n)` and a row-lock clause, on those connections |
 //! | [`Expectations`] | [`CompareAndSet::compare_and_set`](crate::compare_and_set::CompareAndSet::compare_and_set) | [`expect`](crate::compare_and_set::expect)`(column, value)` and tuples of up to six |
 //! | [`OptimisticBackend`] | every versioned write | `Pg`, `Mysql`, `Sqlite` (sealed) |
-//! | [`AdvisoryBackend`] | [`advisory`](crate::advisory) | `Pg`, `Mysql` (sealed): SQLite has no advisory locks |
-//! | [`LockMonitor`] | [`lock_waits`](crate::lock_waits) | `Pg`, `Mysql` (sealed) |
+//! | [`AdvisoryConnection`] | [`advisory`](crate::advisory) | `PgConnection`, `MysqlConnection`; r2d2 pooled connections to them (feature `r2d2`); [`Dispatch`](crate::multi::Dispatch) enums (sealed): SQLite has no advisory locks |
+//! | [`AdvisoryBackend`] | [`advisory`](crate::advisory)'s statements | `Pg`, `Mysql` (sealed) |
+//! | [`LockMonitorConnection`] | [`lock_waits`](crate::lock_waits) | `PgConnection`, `MysqlConnection`; r2d2 pooled connections to them (feature `r2d2`); [`Dispatch`](crate::multi::Dispatch) enums (sealed) |
+//! | [`LockMonitor`] | [`lock_waits`](crate::lock_waits)' statements | `Pg`, `Mysql` (sealed) |
 //! | `LeaseStore` | `lease::acquire`, `lease::with_lease` (feature `lease`) | `PgConnection`, `MysqlConnection`, `SqliteConnection`, `Dispatch` enums, `lease::redis::RedisStore` (feature `redis`) (sealed) |
 //! | `FenceStore` | `lease::fenced` (feature `lease`) | `PgConnection`, `MysqlConnection`, `SqliteConnection`, `Dispatch` enums (sealed) |
 //! | `IdempotencyStore` | `idempotency` (feature `idempotency`) | `PgConnection`, `MysqlConnection`, `SqliteConnection`, `Dispatch` enums (sealed) |
@@ -82,9 +84,9 @@ pub use crate::optimistic::versioned::{CurrentVersionQuery, VersionCheck};
 #[cfg(feature = "outbox")]
 #[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
 pub use crate::outbox::OutboxStore;
-pub use crate::pessimistic::advisory::AdvisoryBackend;
+pub use crate::pessimistic::advisory::{AdvisoryBackend, AdvisoryConnection};
 pub use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
-pub use crate::pessimistic::lock_waits::LockMonitor;
+pub use crate::pessimistic::lock_waits::{LockMonitor, LockMonitorConnection};
 pub use crate::pessimistic::lockable::{KeyColumn, LockAll, LockRow, MarkLocked};
 pub use crate::pessimistic::queue::ClaimQuery;
 pub use crate::pessimistic::row_lock::{EveryClause, LockedCall};

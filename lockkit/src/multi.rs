@@ -58,16 +58,22 @@
 //! ```
 //!
 //! With that `impl`, the enum (and an r2d2 pooled connection to it) takes every
-//! call a plain connection takes, except [`advisory`](crate::advisory) locks,
-//! [`lock_waits`](crate::lock_waits),
+//! call a plain connection takes, except
 //! [`compare_and_set`](crate::compare_and_set::CompareAndSet::compare_and_set)
-//! and adaptive writes ([`update_adaptive`](crate::adaptive::UpdateAdaptive::update_adaptive)):
-//! call those on the connection that `dispatch` returns. What the others do
-//! through the enum:
+//! and PostgreSQL's [`advisory::xact_lock`](crate::advisory::xact_lock) and
+//! [`try_xact_lock`](crate::advisory::try_xact_lock): call those on the
+//! connection that `dispatch` returns. (`compare_and_set` reads the row again
+//! after a refused write with its backend's own locking read, which the
+//! derived backend cannot name; in the enum's transaction on PostgreSQL,
+//! `advisory::lock` already takes the transaction lock that `xact_lock` takes.)
+//! What the others do through the enum:
 //!
 //! | call | through the enum |
 //! | --- | --- |
 //! | [`Versioned`](crate::Versioned)'s writes, [`atomic`](crate::atomic) | the statement runs through the enum (Diesel's own multi-backend SQL); lockkit's follow-up reads go to the inner connection |
+//! | adaptive writes: [`AdaptivePolicy::update`](crate::adaptive::AdaptivePolicy::update), [`update_adaptive`](crate::adaptive::UpdateAdaptive::update_adaptive) | the plain and the locked reads and the lock's transaction go to the inner connection, the versioned write through the enum, as above; `change` sees no connection |
+//! | [`advisory::lock`](crate::advisory::lock), [`try_lock`](crate::advisory::try_lock) | the lock statements go to the inner connection; the guard derefs to the enum, and its scope is decided by the enum's transaction, as on the plain connection. An enum holding SQLite, which has no advisory locks, refuses with [`Error::InvalidInput`] and sends nothing |
+//! | [`lock_waits`](crate::lock_waits): `session_id`, `blocked_sessions`, `current` | the server of the inner connection is asked; an enum holding SQLite refuses with [`Error::InvalidInput`] and sends nothing |
 //! | [`with_lock`](crate::with_lock), [`locked_transaction`](crate::locked_transaction), [`Lockable::lock_all`], [`queue::claim`](crate::queue::claim), [`serializable`](crate::serializable), [`transaction_with_retry`](crate::transaction_with_retry) | lockkit's statements (`BEGIN IMMEDIATE`, timeouts, the locked reads) go to the inner connection; your closure gets the enum |
 //! | `outbox` (feature `outbox`): `enqueue`, `Relay`, `Inbox` | the outbox's and the inbox's statements go to the inner connection, in the enum's transaction; the inbox's closure gets the enum |
 //! | `idempotency` (feature `idempotency`): `Idempotency::run`, `purge_expired` | the key's statements go to the inner connection, in the enum's transaction (the key's insert in a savepoint of it); the work's closure gets the enum |
@@ -91,16 +97,17 @@
 //! `RETURNING` with MySQL among its backends, run on the inner connection too:
 //! match on your enum, as the `http_api` example does.)
 
-use diesel::query_dsl::methods::LockingDsl;
+use diesel::query_builder::{AsChangeset, IntoUpdateTarget, QueryFragment, QueryId};
+use diesel::query_dsl::methods::{ExecuteDsl, LockingDsl};
 #[cfg(feature = "r2d2")]
 use diesel::r2d2::R2D2Connection;
 #[cfg(feature = "mysql")]
 use diesel::MysqlConnection;
 #[cfg(feature = "postgres")]
 use diesel::PgConnection;
-use diesel::QueryResult;
 #[cfg(feature = "sqlite")]
 use diesel::SqliteConnection;
+use diesel::{QueryResult, QuerySource};
 
 /// The connection inside a multi-connection enum, as [`Dispatch::dispatch`]
 /// hands it to lockkit: one variant per backend feature of lockkit.
@@ -135,18 +142,27 @@ pub trait Dispatch: diesel::Connection + Sized + 'static {
     fn dispatch(&mut self) -> BackendConn<'_>;
 }
 
-use crate::bounds::{ClaimQuery, CurrentVersionQuery, LockAll, LockRow, MarkLocked, VersionCheck};
+use crate::bounds::{
+    AdaptiveRow, ClaimQuery, CurrentVersionQuery, LockAll, LockRow, MarkLocked, VersionCheck,
+};
 use crate::error::Error;
 #[cfg(feature = "idempotency")]
 use crate::http::idempotency::{IdempotencyStore, PurgeBefore, Scoped, StoredKey, Write};
 #[cfg(feature = "lease")]
 use crate::lease::{FenceStore, LeaseStore};
 use crate::optimistic::mark::Mark;
-use crate::optimistic::versioned;
+use crate::optimistic::sequence::Origin;
+use crate::optimistic::versioned::{self, UpdateVersioned};
 #[cfg(feature = "outbox")]
 use crate::outbox::{DeadLetter, OutboxMessage, OutboxStore};
+#[cfg(feature = "sqlite")]
+use crate::pessimistic::advisory::no_advisory_locks;
+use crate::pessimistic::advisory::{AdvisoryConnection, AdvisoryKey, Scope};
 use crate::pessimistic::connection;
 use crate::pessimistic::connection::{AsLockingConnection, LockingConnection};
+#[cfg(feature = "sqlite")]
+use crate::pessimistic::lock_waits::no_lock_views;
+use crate::pessimistic::lock_waits::{BlockedSession, LockMonitorConnection, LockWait};
 use crate::pessimistic::lockable::Lockable;
 use crate::pessimistic::options::LockOptions;
 use crate::pessimistic::row_lock::RowLock;
@@ -404,6 +420,34 @@ macro_rules! dispatch {
             }
         }
 
+        /// The plain read goes to the inner connection; the write is
+        /// [`Versioned::update_versioned`](crate::Versioned::update_versioned)'s
+        /// through the enum, as any versioned write there.
+        impl<M, T> AdaptiveRow<T> for M
+        where
+            T: Dispatch,
+            M: LockRow<T> + VersionCheck + CurrentVersionQuery<T> $(+ AdaptiveRow<$conn>)+,
+            for<'a> UpdateVersioned<M, M::Changeset<'a>>: ExecuteDsl<T>,
+            for<'a> (M::Changeset<'a>, M::Bump): AsChangeset<Target = M::Table>,
+            // The parts of the statement above, which the compiler cannot see
+            // through the higher-ranked bound.
+            M::Table: QueryId,
+            <M::Table as QuerySource>::FromClause: QueryFragment<T::Backend>,
+            <M::Target as IntoUpdateTarget>::WhereClause: QueryFragment<T::Backend> + QueryId,
+            M::Bump: QueryId,
+            for<'a> <(M::Changeset<'a>, M::Bump) as AsChangeset>::Changeset: QueryFragment<T::Backend>,
+        {
+            fn read(conn: &mut T, key: M::Key) -> QueryResult<Option<M>> {
+                match conn.dispatch() {
+                    $(BackendConn::$variant(conn) => <M as AdaptiveRow<$conn>>::read(conn, key),)+
+                }
+            }
+
+            fn write_fresh(&mut self, conn: &mut T) -> Result<(), Error> {
+                versioned::update_from(self, conn, Origin::Read)
+            }
+        }
+
         impl<Q, M, T> ClaimQuery<T, M> for Q
         where
             T: Dispatch,
@@ -514,6 +558,66 @@ where
 
 /// Sealed traits take the enum: its impls hand each call to a backend's own.
 impl<T: Dispatch> crate::sealed::Sealed for T {}
+
+/// `$body` with `$inner` bound to the server connection (PostgreSQL,
+/// MySQL/MariaDB) a [`Dispatch`] enum holds; `$sqlite` when it holds SQLite.
+macro_rules! on_server {
+    ($conn:expr, |$inner:ident| $body:expr, sqlite: $sqlite:expr) => {
+        match $conn.dispatch() {
+            #[cfg(feature = "postgres")]
+            BackendConn::Pg($inner) => $body,
+            #[cfg(feature = "mysql")]
+            BackendConn::Mysql($inner) => $body,
+            #[cfg(feature = "sqlite")]
+            BackendConn::Sqlite(_) => $sqlite,
+        }
+    };
+}
+
+/// The advisory locks of the connection inside the enum: the scope is decided
+/// by its backend and its transaction (the enum's), the statements are its
+/// backend's. SQLite has none: [`Error::InvalidInput`], nothing sent.
+// With SQLite alone every call refuses, its arguments unused.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql")),
+    allow(unused_variables)
+)]
+#[diagnostic::do_not_recommend] // a connection that is none: say so, not "implement Dispatch"
+impl<T: Dispatch> AdvisoryConnection for T {
+    fn scope(conn: &mut Self) -> Result<Scope, Error> {
+        on_server!(conn, |c| AdvisoryConnection::scope(c), sqlite: Err(no_advisory_locks()))
+    }
+
+    fn acquire(conn: &mut Self, key: AdvisoryKey, scope: Scope, wait: bool) -> Result<bool, Error> {
+        on_server!(conn, |c| AdvisoryConnection::acquire(c, key, scope, wait), sqlite: Err(no_advisory_locks()))
+    }
+
+    fn release(conn: &mut Self, key: AdvisoryKey) -> Result<bool, Error> {
+        on_server!(conn, |c| AdvisoryConnection::release(c, key), sqlite: Err(no_advisory_locks()))
+    }
+}
+
+/// The server of the connection inside the enum is asked. SQLite has no lock
+/// views: [`Error::InvalidInput`], nothing sent.
+// With SQLite alone every call refuses, its arguments unused.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql")),
+    allow(unused_variables)
+)]
+#[diagnostic::do_not_recommend] // a connection that is none: say so, not "implement Dispatch"
+impl<T: Dispatch> LockMonitorConnection for T {
+    fn session_id(conn: &mut Self) -> Result<i64, Error> {
+        on_server!(conn, |c| LockMonitorConnection::session_id(c), sqlite: Err(no_lock_views()))
+    }
+
+    fn blocked_sessions(conn: &mut Self) -> Result<Vec<BlockedSession>, Error> {
+        on_server!(conn, |c| LockMonitorConnection::blocked_sessions(c), sqlite: Err(no_lock_views()))
+    }
+
+    fn current(conn: &mut Self) -> Result<Vec<LockWait>, Error> {
+        on_server!(conn, |c| LockMonitorConnection::current(c), sqlite: Err(no_lock_views()))
+    }
+}
 
 /// Sends each of the outbox's and the inbox's statements to the connection
 /// inside the enum: the transactions are the enum's (the inner connection's),

@@ -20,6 +20,12 @@ impl Sealed for diesel::MysqlConnection {}
 impl Sealed for diesel::sqlite::Sqlite {}
 #[cfg(feature = "sqlite")]
 impl Sealed for diesel::SqliteConnection {}
+/// A pooled connection is sealed where the connection inside is.
+#[cfg(feature = "r2d2")]
+impl<C> Sealed for diesel::r2d2::PooledConnection<diesel::r2d2::ConnectionManager<C>> where
+    C: Sealed + diesel::r2d2::R2D2Connection + 'static
+{
+}
 #[cfg(all(feature = "async", feature = "postgres"))]
 impl Sealed for diesel_async::AsyncPgConnection {}
 #[cfg(all(feature = "async", feature = "mysql"))]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use diesel::connection::LoadConnection;
 use lockkit::bounds::LockRow;
-use lockkit::lock_waits::{self, LockMonitor};
+use lockkit::lock_waits::{self, LockMonitorConnection};
 use lockkit::{AsLockingConnection, Error, LockOptions, LockingConnection};
 
 use crate::db::TestBackend;
@@ -36,7 +36,7 @@ pub fn while_a_session_waits_for_item_1<C, T>(
 ) -> (Sessions, T, Result<i32, Error>)
 where
     C: TestBackend + LoadConnection + LockingConnection + AsLockingConnection<Conn = C> + Send,
-    C::Backend: LockMonitor,
+    C: LockMonitorConnection,
     Item: LockRow<C>,
     TestDb<C>: Sync,
 {

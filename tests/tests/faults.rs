@@ -67,8 +67,7 @@ where
 /// The session id of a test connection.
 fn session_id<C>(conn: &mut C) -> i64
 where
-    C: diesel::Connection + diesel::connection::LoadConnection,
-    C::Backend: lockkit::bounds::LockMonitor,
+    C: lockkit::bounds::LockMonitorConnection,
 {
     lock_waits::session_id(conn).unwrap()
 }

@@ -4,17 +4,20 @@
 
 use std::sync::{mpsc, Barrier};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
 use diesel::r2d2::{ConnectionManager, Pool};
 use diesel_migrations::MigrationHarness;
+use lockkit::adaptive::AdaptivePolicy;
+use lockkit::advisory::{self, AdvisoryKey, AdvisoryLock, Scope};
 use lockkit::idempotency::{Idempotency, Outcome};
 use lockkit::lease::{self, Fence};
 use lockkit::multi::{BackendConn, Dispatch};
 use lockkit::prelude::*;
-use lockkit::{queue, retry, CurrentState, Error, LockOptions, RetryPolicy};
+use lockkit::{lock_waits, queue, retry, CurrentState, Error, LockOptions, RetryPolicy};
 use lockkit_tests::db::TestBackend;
+use lockkit_tests::lock_waits::look_until;
 use lockkit_tests::models::{Item, Job};
 use lockkit_tests::schema::{items, jobs, orders};
 use lockkit_tests::{exec, idempotency_migrations, lease_migrations, seed_items, TestDb};
@@ -631,6 +634,215 @@ mod keys_and_leases {
             assert!(matches!(stale, Err(Error::Fenced { .. })), "{stale:?}");
             assert_eq!(stock(&mut b, 1), 5);
             held_by_c.release().expect("the lease was held throughout");
+        }
+    }
+}
+
+/// One unit of item `id` sold by `policy`, optimistically or under the row lock
+/// as it decides: the row as written.
+fn sell_adaptive(
+    policy: &AdaptivePolicy,
+    conn: &mut AnyConnection,
+    id: i32,
+) -> Result<Item, Error> {
+    policy.update(conn, id, |item: &mut Item| {
+        item.stock -= 1;
+        Ok::<_, Error>(())
+    })
+}
+
+/// Adaptive writes through the enum: the read and the locked read go to the
+/// connection inside, the versioned write through the enum.
+mod adaptive {
+    use super::*;
+
+    lockkit_tests::backend_tests! {
+        fn concurrent_adaptive_writes_through_the_enum_lose_nothing(db) {
+            seed_items(&mut db.conn(), &[(1, 100)]);
+            // Quick to try the lock, and one lost race sends a call there:
+            // both paths write, and meet.
+            let policy = AdaptivePolicy::new()
+                .min_attempts(2)
+                .escalate_at(0.3)
+                .min_period(Duration::ZERO)
+                .trial(Duration::from_millis(20))
+                .max_optimistic_attempts(1)
+                .backoff(RetryPolicy::immediate(1));
+            thread::scope(|s| {
+                for _ in 0..4 {
+                    let (url, policy) = (db.url.as_str(), &policy);
+                    s.spawn(move || {
+                        let mut conn = any_at::<Conn>(url);
+                        for _ in 0..10 {
+                            sell_adaptive(policy, &mut conn, 1).unwrap();
+                        }
+                    });
+                }
+            });
+            let item = load(&mut any(&db), 1);
+            assert_eq!((item.stock, item.lock_version), (60, 40), "40 sales, each written once");
+            let stats = policy.stats();
+            assert_eq!(stats.optimistic_writes + stats.locked_writes, 40, "{stats}");
+        }
+
+        fn an_adaptive_write_through_the_enum_that_loses_its_race_writes_under_the_lock(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let policy = AdaptivePolicy::new()
+                .max_optimistic_attempts(1)
+                .backoff(RetryPolicy::immediate(1))
+                .lock_options(LockOptions::default().timeout(Duration::from_secs(5)));
+            let (mut conn, mut rival) = (any(&db), any(&db));
+            let mut first = true;
+            let written = policy.update(&mut conn, 1, |item: &mut Item| {
+                if std::mem::take(&mut first) {
+                    // Another instance sells one between the read and the write.
+                    exec(&mut rival, "UPDATE items SET stock = stock - 1, lock_version = lock_version + 1 WHERE id = 1");
+                }
+                item.stock -= 1;
+                Ok::<_, Error>(())
+            });
+            let written = written.unwrap();
+            assert_eq!((written.stock, written.lock_version), (8, 2), "both sales, none lost");
+            let stats = policy.stats();
+            assert_eq!((stats.conflicts, stats.optimistic_writes, stats.locked_writes), (1, 0, 1), "{stats}");
+            assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
+
+            // `update_adaptive` on a loaded model, on a pooled enum connection.
+            let pool = any_pool(&db.url);
+            let mut pooled = pool.get().unwrap();
+            let mut item = load(&mut pooled, 1);
+            item.update_adaptive(&mut pooled, |fresh| {
+                fresh.stock -= 1;
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+            assert_eq!((item.stock, item.lock_version), (7, 3));
+            assert_eq!(load(&mut rival, 1), item, "the struct is the row as written");
+            let missing = sell_adaptive(&policy, &mut conn, 7);
+            assert!(matches!(missing, Err(Error::NotFound)), "{missing:?}");
+        }
+    }
+}
+
+/// Advisory locks and lock waits through the enum: the statements go to the
+/// connection inside; an enum holding SQLite, which has neither, refuses.
+mod advisory_and_lock_waits {
+    use super::*;
+
+    lockkit_tests::backend_tests! {
+        fn an_advisory_lock_through_one_enum_keeps_another_out_until_released(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            // Per test database: the lock names are the server's.
+            let key = AdvisoryKey::from_name(&db.url);
+            let (mut a, mut b) = (any(&db), any(&db));
+            if BACKEND == "sqlite" {
+                let refused = advisory::try_lock(&mut a, key).map(|guard| guard.is_some());
+                assert!(matches!(refused, Err(Error::InvalidInput(_))), "{refused:?}");
+                let refused = advisory::lock(&mut a, key).map(drop);
+                assert!(matches!(refused, Err(Error::InvalidInput(_))), "{refused:?}");
+                assert!(!lockkit::LockingConnection::in_transaction(&mut a));
+                assert_eq!(stock(&mut a, 1), 10, "the connection is as it was");
+                return;
+            }
+
+            let mut guard = advisory::try_lock(&mut a, key).unwrap().expect("free at first");
+            assert_eq!(guard.scope(), Scope::Session);
+            assert!(advisory::try_lock(&mut b, key).unwrap().is_none(), "held through the other enum");
+            assert_eq!(stock(&mut guard, 1), 10, "the guard derefs to the enum");
+            // A waiting `lock` through the other enum waits for the release.
+            let waiter_session = lock_waits::session_id(&mut b).unwrap();
+            thread::scope(|s| {
+                let waiter = s.spawn(|| advisory::lock(&mut b, key).map(AdvisoryLock::unlock));
+                thread::sleep(Duration::from_millis(300));
+                assert!(!waiter.is_finished(), "the lock is held: the waiter waits");
+                drop(guard);
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while !waiter.is_finished() && Instant::now() < deadline {
+                    thread::sleep(Duration::from_millis(10));
+                }
+                if !waiter.is_finished() {
+                    // The drop released nothing: end the waiter's session
+                    // (an integer from the server), so that this fails, not hangs.
+                    let kill = match BACKEND {
+                        "postgres" => format!("SELECT pg_terminate_backend({waiter_session})"),
+                        _ => format!("KILL {waiter_session}"),
+                    };
+                    exec(&mut db.conn(), &kill);
+                    panic!("dropping the guard did not release the lock");
+                }
+                waiter.join().unwrap().unwrap().unwrap();
+            });
+
+            // Inside the enum's transaction: PostgreSQL's transaction lock,
+            // held until the commit; MySQL/MariaDB refuse (nothing is sent).
+            let inside = a.transaction(|conn| {
+                let scope = advisory::lock(conn, key)?.scope();
+                let other_got_it = advisory::try_lock(&mut b, key)?.is_some();
+                Ok::<_, Error>((scope, other_got_it))
+            });
+            match BACKEND {
+                "postgres" => assert_eq!(inside.unwrap(), (Scope::Transaction, false)),
+                _ => assert!(matches!(inside, Err(Error::AlreadyInTransaction)), "{inside:?}"),
+            }
+
+            // A pooled enum connection takes it too, once the commit freed it.
+            let pool = any_pool(&db.url);
+            let mut pooled = pool.get().unwrap();
+            let held = advisory::try_lock(&mut pooled, key).unwrap().expect("released at the commit");
+            assert!(advisory::try_lock(&mut b, key).unwrap().is_none(), "held through the pooled enum");
+            held.unlock().unwrap();
+            assert!(advisory::try_lock(&mut b, key).unwrap().is_some(), "released by unlock");
+        }
+
+        fn lock_waits_through_the_enum_report_a_waiter_that_really_waits(db) {
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut observer = any(&db);
+            if BACKEND == "sqlite" {
+                let refused = [
+                    lock_waits::session_id(&mut observer).map(drop),
+                    lock_waits::blocked_sessions(&mut observer).map(drop),
+                    lock_waits::current(&mut observer).map(drop),
+                ];
+                assert!(refused.iter().all(|r| matches!(r, Err(Error::InvalidInput(_)))), "{refused:?}");
+                return;
+            }
+
+            let (locked_tx, locked_rx) = mpsc::channel();
+            let (done_tx, done_rx) = mpsc::channel::<()>();
+            thread::scope(|s| {
+                // Owned here: a failing assertion drops it, and the holder commits.
+                let done_tx = done_tx;
+                let url = db.url.as_str();
+                let holder = s.spawn(move || {
+                    let mut holder = any_at::<Conn>(url);
+                    let me = lock_waits::session_id(&mut holder).unwrap();
+                    lockkit::with_lock(&mut holder, 1, LockOptions::default(), |_, _: Item| {
+                        locked_tx.send(me).unwrap();
+                        let _ = done_rx.recv();
+                        Ok::<_, Error>(())
+                    })
+                    .unwrap();
+                });
+                let holder_id = locked_rx.recv().unwrap();
+                let pool = any_pool(url);
+                let mut waiter = pool.get().unwrap();
+                let waiter_id = lock_waits::session_id(&mut waiter).unwrap();
+                let waiting = s.spawn(move || sell_locked(&mut waiter, 1, LockOptions::default()));
+
+                let wait = look_until(Duration::from_secs(10), "the waiter never showed up", || {
+                    lock_waits::current(&mut observer).unwrap().into_iter().find(|w| w.session == waiter_id)
+                });
+                assert!(wait.blockers.iter().any(|b| b.session == holder_id), "{wait:?}");
+                let blocked = lock_waits::blocked_sessions(&mut observer).unwrap();
+                assert!(
+                    blocked.iter().any(|b| b.session == waiter_id && b.blocked_by.contains(&holder_id)),
+                    "{blocked:?}"
+                );
+                assert!(!waiting.is_finished(), "the waiter really waits");
+                done_tx.send(()).unwrap();
+                holder.join().unwrap();
+                assert_eq!(waiting.join().unwrap().unwrap(), 9, "it sold once the holder let go");
+            });
         }
     }
 }

@@ -201,7 +201,9 @@ pub enum Error {
     #[error("no connection from the pool")]
     AsyncPool(#[source] Box<dyn std::error::Error + Send + Sync>),
 
-    /// A value from the caller is out of range; nothing was sent.
+    /// A value from the caller is out of range, or a call the connection
+    /// inside a `MultiConnection` enum cannot take (advisory locks and lock
+    /// views on SQLite); nothing was sent.
     #[error("invalid input: {0}")]
     InvalidInput(&'static str),
 

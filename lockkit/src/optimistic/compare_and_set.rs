@@ -260,7 +260,11 @@ pub trait CompareAndSet: Lockable {
     /// the declared key (unlike versioned writes, this call does not check it).
     ///
     /// Runs on `PgConnection`, `MysqlConnection` and `SqliteConnection` (and r2d2
-    /// pooled connections to them), not on a `MultiConnection` enum.
+    /// pooled connections to them), not on a `MultiConnection` enum: the read
+    /// after a refused write is the backend's own (`LOCK IN SHARE MODE` on
+    /// MySQL/MariaDB), which the enum's backend cannot name. Call it on the
+    /// connection that [`Dispatch::dispatch`](crate::multi::Dispatch::dispatch)
+    /// returns.
     ///
     /// On a versioned table this does not bump the version: an editor who read the
     /// row before does not see this write (use

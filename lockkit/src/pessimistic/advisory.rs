@@ -53,7 +53,12 @@
 //! # }
 //! ```
 //!
-//! SQLite has no advisory locks; these functions do not compile for it.
+//! SQLite has no advisory locks; these functions do not compile for it. They
+//! take `PgConnection`, `MysqlConnection`, r2d2 pooled connections to them
+//! (feature `r2d2`) and [`Dispatch`](crate::multi::Dispatch) enums
+//! ([`AdvisoryConnection`]); an enum takes the lock on the connection inside,
+//! and one holding a SQLite connection refuses with [`Error::InvalidInput`],
+//! sending nothing.
 //!
 //! On diesel-async (feature `async`): `lockkit::asynchronous::advisory`, with
 //! these statements, holding the lock for the length of a closure instead of a
@@ -90,9 +95,10 @@
 
 use std::ops::{Deref, DerefMut};
 
-use diesel::connection::LoadConnection;
+use diesel::connection::{LoadConnection, TransactionManager};
 use diesel::Connection;
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 use crate::error::classification::classify;
 use crate::error::Error;
 
@@ -219,12 +225,123 @@ pub trait AdvisoryBackend: diesel::backend::Backend + crate::sealed::Sealed {
 pub type Statement<DB> =
     diesel::query_builder::BoxedSqlQuery<'static, DB, diesel::query_builder::SqlQuery>;
 
+/// A connection that takes advisory locks: `PgConnection` and
+/// `MysqlConnection`, r2d2 pooled connections to them (feature `r2d2`), and
+/// [`Dispatch`](crate::multi::Dispatch) enums, which take them on the
+/// connection inside (one holding SQLite refuses: [`Error::InvalidInput`]).
+/// The statements are its backend's ([`AdvisoryBackend`]).
+///
+/// Sealed: implemented by lockkit; name it only in `where` clauses
+/// ([`bounds`](crate::bounds)).
+#[diagnostic::on_unimplemented(
+    message = "advisory locks need a PostgreSQL or MySQL/MariaDB connection, not `{Self}`",
+    label = "no advisory locks on this connection",
+    note = "on SQLite, whose writers take turns on the database's write lock, run the work in `lockkit::locked_transaction` (`BEGIN IMMEDIATE`) instead",
+    note = "advisory locks take `PgConnection`, `MysqlConnection` (features `postgres`, `mysql`), r2d2 pooled connections to them, and `#[derive(diesel::MultiConnection)]` enums that implement `lockkit::multi::Dispatch`"
+)]
+pub trait AdvisoryConnection: Connection + crate::sealed::Sealed {
+    /// The scope of a lock taken now on `conn` ([`scope_for`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::AlreadyInTransaction`] inside a transaction on MySQL/MariaDB,
+    /// [`Error::Database`] with a broken transaction manager,
+    /// [`Error::InvalidInput`] on an enum holding SQLite.
+    #[doc(hidden)]
+    fn scope(conn: &mut Self) -> Result<Scope, Error>;
+    /// Takes the lock `key` in `scope`, waiting for it or not: whether the
+    /// server granted it.
+    ///
+    /// # Errors
+    ///
+    /// A classified database error.
+    #[doc(hidden)]
+    fn acquire(conn: &mut Self, key: AdvisoryKey, scope: Scope, wait: bool) -> Result<bool, Error>;
+    /// Releases the session lock `key`: `false` if this session did not hold
+    /// it.
+    ///
+    /// # Errors
+    ///
+    /// A classified database error.
+    #[doc(hidden)]
+    fn release(conn: &mut Self, key: AdvisoryKey) -> Result<bool, Error>;
+}
+
+/// [`AdvisoryConnection`] for a connection of a backend with advisory locks:
+/// its backend's statements.
+#[allow(unused_macros)] // used once per enabled backend
+macro_rules! advisory_connection {
+    ($conn:ty) => {
+        impl AdvisoryConnection for $conn {
+            fn scope(conn: &mut Self) -> Result<Scope, Error> {
+                let status =
+                    <Self as Connection>::TransactionManager::transaction_manager_status_mut(conn);
+                scope_for(<Self as Connection>::Backend::TRANSACTION_LOCKS, status)
+            }
+
+            fn acquire(
+                conn: &mut Self,
+                key: AdvisoryKey,
+                scope: Scope,
+                wait: bool,
+            ) -> Result<bool, Error> {
+                type B = <$conn as Connection>::Backend;
+                match wait {
+                    true => B::acquire(conn, key, scope),
+                    false => B::try_acquire(conn, key, scope),
+                }
+                .map_err(classify)
+            }
+
+            fn release(conn: &mut Self, key: AdvisoryKey) -> Result<bool, Error> {
+                <Self as Connection>::Backend::release(conn, key).map_err(classify)
+            }
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+advisory_connection!(diesel::PgConnection);
+#[cfg(feature = "mysql")]
+advisory_connection!(diesel::MysqlConnection);
+
+/// The connection inside the pooled one takes the locks.
+#[cfg(feature = "r2d2")]
+#[cfg_attr(docsrs, doc(cfg(feature = "r2d2")))]
+impl<C> AdvisoryConnection for diesel::r2d2::PooledConnection<diesel::r2d2::ConnectionManager<C>>
+where
+    C: AdvisoryConnection + diesel::r2d2::R2D2Connection + Send + 'static,
+{
+    fn scope(conn: &mut Self) -> Result<Scope, Error> {
+        C::scope(conn)
+    }
+
+    fn acquire(conn: &mut Self, key: AdvisoryKey, scope: Scope, wait: bool) -> Result<bool, Error> {
+        C::acquire(conn, key, scope, wait)
+    }
+
+    fn release(conn: &mut Self, key: AdvisoryKey) -> Result<bool, Error> {
+        C::release(conn, key)
+    }
+}
+
+/// What a [`Dispatch`](crate::multi::Dispatch) enum holding a SQLite
+/// connection answers an advisory lock call: nothing is sent.
+#[cfg(feature = "sqlite")]
+pub(crate) fn no_advisory_locks() -> Error {
+    Error::InvalidInput(
+        "advisory locks need PostgreSQL or MySQL/MariaDB: the MultiConnection enum holds a \
+         SQLite connection",
+    )
+}
+
 /// The scope of a lock taken now on a connection of a backend with (or
 /// without) transaction locks, inside a transaction or not: decided here for
 /// the blocking and the async calls. A session lock inside a transaction
 /// (MySQL/MariaDB) is refused, [`Error::AlreadyInTransaction`]: released
 /// before the transaction's `COMMIT`, it would not cover the writes made under
 /// it (see the [module docs](self)).
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) fn scope_for(
     transaction_locks: bool,
     status: &mut diesel::connection::TransactionManagerStatus,
@@ -247,17 +364,6 @@ pub(crate) fn gave_up() -> Error {
     crate::error::classification::lock_error(Error::LockTimeout, "GET_LOCK gave up waiting")
 }
 
-/// The scope of a lock taken now on `conn`, decided in one place.
-fn scope_on<C>(conn: &mut C) -> Result<Scope, Error>
-where
-    C: Connection + LoadConnection,
-    C::Backend: AdvisoryBackend,
-{
-    use diesel::connection::TransactionManager;
-    let status = C::TransactionManager::transaction_manager_status_mut(conn);
-    scope_for(C::Backend::TRANSACTION_LOCKS, status)
-}
-
 /// A held advisory lock. Derefs to the connection; a session lock is released
 /// when the guard drops (or explicitly with [`AdvisoryLock::unlock`]), a
 /// transaction lock when its transaction ends ([`AdvisoryLock::scope`]). If
@@ -269,19 +375,20 @@ where
 #[must_use = "the lock is released when the guard is dropped"]
 pub struct AdvisoryLock<'c, C>
 where
-    C: Connection + LoadConnection,
-    C::Backend: AdvisoryBackend,
+    C: Connection,
 {
     conn: &'c mut C,
     key: AdvisoryKey,
     scope: Scope,
     held: bool,
+    /// `C`'s [`AdvisoryConnection::release`], taken with the lock: `Drop`
+    /// may ask no more of `C` than the struct does (`Connection`).
+    release: fn(&mut C, AdvisoryKey) -> Result<bool, Error>,
 }
 
 impl<C> AdvisoryLock<'_, C>
 where
-    C: Connection + LoadConnection,
-    C::Backend: AdvisoryBackend,
+    C: Connection,
 {
     /// The key.
     pub fn key(&self) -> AdvisoryKey {
@@ -307,7 +414,7 @@ where
             self.held = false;
             return Ok(());
         }
-        let released = C::Backend::release(self.conn, self.key).map_err(classify)?;
+        let released = (self.release)(self.conn, self.key)?;
         // Only now: a failed release leaves the guard holding, and its drop
         // tries once more, then marks the connection broken.
         self.held = false;
@@ -321,8 +428,7 @@ where
 /// Shows the key and whether the lock is still held, not the connection.
 impl<C> std::fmt::Debug for AdvisoryLock<'_, C>
 where
-    C: Connection + LoadConnection,
-    C::Backend: AdvisoryBackend,
+    C: Connection,
 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AdvisoryLock")
@@ -334,8 +440,7 @@ where
 
 impl<C> Deref for AdvisoryLock<'_, C>
 where
-    C: Connection + LoadConnection,
-    C::Backend: AdvisoryBackend,
+    C: Connection,
 {
     type Target = C;
     fn deref(&self) -> &C {
@@ -345,8 +450,7 @@ where
 
 impl<C> DerefMut for AdvisoryLock<'_, C>
 where
-    C: Connection + LoadConnection,
-    C::Backend: AdvisoryBackend,
+    C: Connection,
 {
     fn deref_mut(&mut self) -> &mut C {
         self.conn
@@ -355,12 +459,11 @@ where
 
 impl<C> Drop for AdvisoryLock<'_, C>
 where
-    C: Connection + LoadConnection,
-    C::Backend: AdvisoryBackend,
+    C: Connection,
 {
     fn drop(&mut self) {
         if self.held && self.scope == Scope::Session {
-            let released = C::Backend::release(self.conn, self.key);
+            let released = (self.release)(self.conn, self.key);
             if let Ok(false) = released {
                 not_held_at_unlock(self.key);
             }
@@ -369,7 +472,6 @@ where
                 // in an aborted transaction): marked broken, as on the async
                 // side, the connection is closed by its pool, and the server
                 // frees the lock. A lost connection has lost it already.
-                use diesel::connection::TransactionManager;
                 C::TransactionManager::transaction_manager_status_mut(self.conn).set_in_error();
                 tracing::warn!(
                     target: "lockkit",
@@ -403,6 +505,8 @@ pub(crate) fn not_held_at_unlock(key: AdvisoryKey) {
 ///
 /// * [`Error::AlreadyInTransaction`] on MySQL/MariaDB inside a transaction (the
 ///   session lock would be released before `COMMIT`); nothing is sent.
+/// * [`Error::InvalidInput`] on a [`Dispatch`](crate::multi::Dispatch) enum
+///   holding a SQLite connection; nothing is sent.
 /// * [`Error::Database`] with `BrokenTransactionManager` when the connection's
 ///   transaction manager is broken (a transaction may be open on the server
 ///   that Diesel no longer counts); nothing is sent.
@@ -414,8 +518,7 @@ pub(crate) fn not_held_at_unlock(key: AdvisoryKey) {
 ///   [`classify`](crate::classify()).
 pub fn lock<C>(conn: &mut C, key: impl Into<AdvisoryKey>) -> Result<AdvisoryLock<'_, C>, Error>
 where
-    C: Connection + LoadConnection,
-    C::Backend: AdvisoryBackend,
+    C: AdvisoryConnection,
 {
     taken(conn, key.into(), true)?.ok_or_else(gave_up)
 }
@@ -427,6 +530,8 @@ where
 ///
 /// * [`Error::AlreadyInTransaction`] on MySQL/MariaDB inside a transaction, as
 ///   [`lock`]; nothing is sent.
+/// * [`Error::InvalidInput`] on a [`Dispatch`](crate::multi::Dispatch) enum
+///   holding a SQLite connection, as [`lock`]; nothing is sent.
 /// * a classified database error ([`Error::ConnectionLost`], .., else
 ///   [`Error::Database`]); see [`classify`](crate::classify()).
 pub fn try_lock<C>(
@@ -434,34 +539,30 @@ pub fn try_lock<C>(
     key: impl Into<AdvisoryKey>,
 ) -> Result<Option<AdvisoryLock<'_, C>>, Error>
 where
-    C: Connection + LoadConnection,
-    C::Backend: AdvisoryBackend,
+    C: AdvisoryConnection,
 {
     taken(conn, key.into(), false)
 }
 
-/// Takes the lock `key`, waiting for it or not, scoped by [`scope_on`]: its
-/// guard, or `None` when the server did not grant it.
+/// Takes the lock `key`, waiting for it or not, scoped by
+/// [`AdvisoryConnection::scope`]: its guard, or `None` when the server did not
+/// grant it.
 fn taken<C>(
     conn: &mut C,
     key: AdvisoryKey,
     wait: bool,
 ) -> Result<Option<AdvisoryLock<'_, C>>, Error>
 where
-    C: Connection + LoadConnection,
-    C::Backend: AdvisoryBackend,
+    C: AdvisoryConnection,
 {
-    let scope = scope_on(conn)?;
-    let locked = match wait {
-        true => C::Backend::acquire(conn, key, scope),
-        false => C::Backend::try_acquire(conn, key, scope),
-    };
-    Ok(match locked.map_err(classify)? {
+    let scope = C::scope(conn)?;
+    Ok(match C::acquire(conn, key, scope, wait)? {
         true => Some(AdvisoryLock {
             conn,
             key,
             scope,
             held: true,
+            release: C::release,
         }),
         false => None,
     })

@@ -30,6 +30,12 @@
 //! `information_schema` from a copy it refreshes only after 100 ms without a read:
 //! poll it more slowly than that, or every poll sees the same snapshot.
 //!
+//! These functions take `PgConnection`, `MysqlConnection`, r2d2 pooled
+//! connections to them (feature `r2d2`) and
+//! [`Dispatch`](crate::multi::Dispatch) enums ([`LockMonitorConnection`]),
+//! which ask the server of the connection inside; one holding a SQLite
+//! connection refuses with [`Error::InvalidInput`], sending nothing.
+//!
 //! On diesel-async (feature `async`): `lockkit::asynchronous::lock_waits`, with
 //! these statements.
 
@@ -38,6 +44,7 @@ use std::time::Duration;
 use diesel::connection::LoadConnection;
 use diesel::Connection;
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 use crate::error::classification::classify;
 use crate::error::Error;
 
@@ -141,12 +148,108 @@ pub trait LockMonitor: diesel::backend::Backend + crate::sealed::Sealed {
         C: Connection<Backend = Self> + LoadConnection;
 }
 
+/// A connection whose server lockkit can ask for lock waits: `PgConnection`
+/// and `MysqlConnection`, r2d2 pooled connections to them (feature `r2d2`), and
+/// [`Dispatch`](crate::multi::Dispatch) enums, which ask through the connection
+/// inside (one holding SQLite refuses: [`Error::InvalidInput`]). The
+/// statements are its backend's ([`LockMonitor`]).
+///
+/// Sealed: implemented by lockkit; name it only in `where` clauses
+/// ([`bounds`](crate::bounds)).
+#[diagnostic::on_unimplemented(
+    message = "lockkit cannot list lock waits through `{Self}`",
+    label = "lock waits are read from PostgreSQL's and MySQL/MariaDB's views",
+    note = "SQLite has no row locks to wait on: a writer waits for the database's write lock, up to `PRAGMA busy_timeout`",
+    note = "lock waits are listed through `PgConnection`, `MysqlConnection` (features `postgres`, `mysql`), r2d2 pooled connections to them, and `#[derive(diesel::MultiConnection)]` enums that implement `lockkit::multi::Dispatch`"
+)]
+pub trait LockMonitorConnection: Connection + crate::sealed::Sealed {
+    /// [`session_id`].
+    ///
+    /// # Errors
+    ///
+    /// Those of [`session_id`].
+    #[doc(hidden)]
+    fn session_id(conn: &mut Self) -> Result<i64, Error>;
+    /// [`blocked_sessions`].
+    ///
+    /// # Errors
+    ///
+    /// Those of [`blocked_sessions`].
+    #[doc(hidden)]
+    fn blocked_sessions(conn: &mut Self) -> Result<Vec<BlockedSession>, Error>;
+    /// [`current`].
+    ///
+    /// # Errors
+    ///
+    /// Those of [`current`].
+    #[doc(hidden)]
+    fn current(conn: &mut Self) -> Result<Vec<LockWait>, Error>;
+}
+
+/// [`LockMonitorConnection`] for a connection of a backend with lock views:
+/// its backend's statements.
+#[allow(unused_macros)] // used once per enabled backend
+macro_rules! lock_monitor_connection {
+    ($conn:ty) => {
+        impl LockMonitorConnection for $conn {
+            fn session_id(conn: &mut Self) -> Result<i64, Error> {
+                <$conn as Connection>::Backend::session_id(conn).map_err(classify)
+            }
+
+            fn blocked_sessions(conn: &mut Self) -> Result<Vec<BlockedSession>, Error> {
+                <$conn as Connection>::Backend::blocked_sessions(conn).map_err(classify)
+            }
+
+            fn current(conn: &mut Self) -> Result<Vec<LockWait>, Error> {
+                <$conn as Connection>::Backend::current(conn).map_err(classify)
+            }
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+lock_monitor_connection!(diesel::PgConnection);
+#[cfg(feature = "mysql")]
+lock_monitor_connection!(diesel::MysqlConnection);
+
+/// The server of the connection inside the pooled one is asked.
+#[cfg(feature = "r2d2")]
+#[cfg_attr(docsrs, doc(cfg(feature = "r2d2")))]
+impl<C> LockMonitorConnection for diesel::r2d2::PooledConnection<diesel::r2d2::ConnectionManager<C>>
+where
+    C: LockMonitorConnection + diesel::r2d2::R2D2Connection + Send + 'static,
+{
+    fn session_id(conn: &mut Self) -> Result<i64, Error> {
+        C::session_id(conn)
+    }
+
+    fn blocked_sessions(conn: &mut Self) -> Result<Vec<BlockedSession>, Error> {
+        C::blocked_sessions(conn)
+    }
+
+    fn current(conn: &mut Self) -> Result<Vec<LockWait>, Error> {
+        C::current(conn)
+    }
+}
+
+/// What a [`Dispatch`](crate::multi::Dispatch) enum holding a SQLite
+/// connection answers a lock-wait call: nothing is sent.
+#[cfg(feature = "sqlite")]
+pub(crate) fn no_lock_views() -> Error {
+    Error::InvalidInput(
+        "lock waits are read from PostgreSQL's and MySQL/MariaDB's views: the MultiConnection \
+         enum holds a SQLite connection",
+    )
+}
+
 /// This connection's session id (`pg_backend_pid()`, `CONNECTION_ID()`).
 ///
 /// # Errors
 ///
 /// A classified database error ([`Error::ConnectionLost`], .., else
 /// [`Error::Database`]); see [`classify`](crate::classify()).
+/// [`Error::InvalidInput`] on a [`Dispatch`](crate::multi::Dispatch) enum
+/// holding a SQLite connection; nothing is sent.
 ///
 /// # Example
 ///
@@ -163,12 +266,8 @@ pub trait LockMonitor: diesel::backend::Backend + crate::sealed::Sealed {
 /// println!("waiting for a lock: {}", waiting.iter().any(|w| w.session == me));
 /// # }
 /// ```
-pub fn session_id<C>(conn: &mut C) -> Result<i64, Error>
-where
-    C: Connection + LoadConnection,
-    C::Backend: LockMonitor,
-{
-    C::Backend::session_id(conn).map_err(classify)
+pub fn session_id<C: LockMonitorConnection>(conn: &mut C) -> Result<i64, Error> {
+    C::session_id(conn)
 }
 
 /// Every session now waiting for a lock, ordered by session id.
@@ -179,6 +278,8 @@ where
 /// cannot be read (MySQL 8 without access to `performance_schema`, missing
 /// privileges), [`Error::ConnectionLost`], [`Error::StatementTimeout`], ..; see
 /// [`classify`](crate::classify()).
+/// [`Error::InvalidInput`] on a [`Dispatch`](crate::multi::Dispatch) enum
+/// holding a SQLite connection; nothing is sent.
 ///
 /// # Example
 ///
@@ -195,12 +296,10 @@ where
 /// }
 /// # }
 /// ```
-pub fn blocked_sessions<C>(conn: &mut C) -> Result<Vec<BlockedSession>, Error>
-where
-    C: Connection + LoadConnection,
-    C::Backend: LockMonitor,
-{
-    C::Backend::blocked_sessions(conn).map_err(classify)
+pub fn blocked_sessions<C: LockMonitorConnection>(
+    conn: &mut C,
+) -> Result<Vec<BlockedSession>, Error> {
+    C::blocked_sessions(conn)
 }
 
 /// Every session now waiting for a lock, ordered by session id, with the lock it
@@ -219,6 +318,8 @@ where
 /// A classified database error: [`Error::Database`] when the server's views
 /// cannot be read (MySQL 8, which lacks MariaDB's `INNODB_LOCK_WAITS`, missing
 /// privileges), [`Error::ConnectionLost`], ..; see [`classify`](crate::classify()).
+/// [`Error::InvalidInput`] on a [`Dispatch`](crate::multi::Dispatch) enum
+/// holding a SQLite connection; nothing is sent.
 ///
 /// # Example
 ///
@@ -237,12 +338,8 @@ where
 /// }
 /// # }
 /// ```
-pub fn current<C>(conn: &mut C) -> Result<Vec<LockWait>, Error>
-where
-    C: Connection + LoadConnection,
-    C::Backend: LockMonitor,
-{
-    C::Backend::current(conn).map_err(classify)
+pub fn current<C: LockMonitorConnection>(conn: &mut C) -> Result<Vec<LockWait>, Error> {
+    C::current(conn)
 }
 
 /// One row of the lock-wait queries: a waiter and one of its blockers.
