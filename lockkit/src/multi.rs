@@ -72,8 +72,8 @@
 //! | --- | --- |
 //! | [`Versioned`](crate::Versioned)'s writes, [`atomic`](crate::atomic) | the statement runs through the enum (Diesel's own multi-backend SQL); lockkit's follow-up reads go to the inner connection |
 //! | adaptive writes: [`AdaptivePolicy::update`](crate::adaptive::AdaptivePolicy::update), [`update_adaptive`](crate::adaptive::UpdateAdaptive::update_adaptive) | the plain and the locked reads and the lock's transaction go to the inner connection, the versioned write through the enum, as above; `change` sees no connection |
-//! | [`advisory::lock`](crate::advisory::lock), [`try_lock`](crate::advisory::try_lock) | the lock statements go to the inner connection; the guard derefs to the enum, and its scope is decided by the enum's transaction, as on the plain connection. An enum holding SQLite, which has no advisory locks, refuses with [`Error::InvalidInput`] and sends nothing |
-//! | [`lock_waits`](crate::lock_waits): `session_id`, `blocked_sessions`, `current` | the server of the inner connection is asked; an enum holding SQLite refuses with [`Error::InvalidInput`] and sends nothing |
+//! | [`advisory::lock`](crate::advisory::lock), [`try_lock`](crate::advisory::try_lock) | the lock statements go to the inner connection; the guard derefs to the enum, and its scope is decided by the enum's transaction, as on the plain connection. An enum holding SQLite, which has no advisory locks, refuses with [`Error::Unsupported`] and sends nothing |
+//! | [`lock_waits`](crate::lock_waits): `session_id`, `blocked_sessions`, `current` | the server of the inner connection is asked; an enum holding SQLite refuses with [`Error::Unsupported`] and sends nothing |
 //! | [`with_lock`](crate::with_lock), [`locked_transaction`](crate::locked_transaction), [`Lockable::lock_all`], [`queue::claim`](crate::queue::claim), [`serializable`](crate::serializable), [`transaction_with_retry`](crate::transaction_with_retry) | lockkit's statements (`BEGIN IMMEDIATE`, timeouts, the locked reads) go to the inner connection; your closure gets the enum |
 //! | `outbox` (feature `outbox`): `enqueue`, `Relay`, `Inbox` | the outbox's and the inbox's statements go to the inner connection, in the enum's transaction; the inbox's closure gets the enum |
 //! | `idempotency` (feature `idempotency`): `Idempotency::run`, `purge_expired` | the key's statements go to the inner connection, in the enum's transaction (the key's insert in a savepoint of it); the work's closure gets the enum |
@@ -576,7 +576,7 @@ macro_rules! on_server {
 
 /// The advisory locks of the connection inside the enum: the scope is decided
 /// by its backend and its transaction (the enum's), the statements are its
-/// backend's. SQLite has none: [`Error::InvalidInput`], nothing sent.
+/// backend's. SQLite has none: [`Error::Unsupported`], nothing sent.
 // With SQLite alone every call refuses, its arguments unused.
 #[cfg_attr(
     not(any(feature = "postgres", feature = "mysql")),
@@ -598,7 +598,7 @@ impl<T: Dispatch> AdvisoryConnection for T {
 }
 
 /// The server of the connection inside the enum is asked. SQLite has no lock
-/// views: [`Error::InvalidInput`], nothing sent.
+/// views: [`Error::Unsupported`], nothing sent.
 // With SQLite alone every call refuses, its arguments unused.
 #[cfg_attr(
     not(any(feature = "postgres", feature = "mysql")),

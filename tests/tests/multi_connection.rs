@@ -737,9 +737,12 @@ mod advisory_and_lock_waits {
             let (mut a, mut b) = (any(&db), any(&db));
             if BACKEND == "sqlite" {
                 let refused = advisory::try_lock(&mut a, key).map(|guard| guard.is_some());
-                assert!(matches!(refused, Err(Error::InvalidInput(_))), "{refused:?}");
-                let refused = advisory::lock(&mut a, key).map(drop);
-                assert!(matches!(refused, Err(Error::InvalidInput(_))), "{refused:?}");
+                assert!(matches!(refused, Err(Error::Unsupported(_))), "{refused:?}");
+                let refused = advisory::lock(&mut a, key).map(drop).unwrap_err();
+                assert!(matches!(refused, Error::Unsupported(_)), "{refused:?}");
+                // A setup error, not the client's, and no retry gets past it.
+                assert_eq!(lockkit::etag::status_for(&refused), 500);
+                assert!(!refused.is_retryable());
                 assert!(!lockkit::LockingConnection::in_transaction(&mut a));
                 assert_eq!(stock(&mut a, 1), 10, "the connection is as it was");
                 return;
@@ -803,7 +806,7 @@ mod advisory_and_lock_waits {
                     lock_waits::blocked_sessions(&mut observer).map(drop),
                     lock_waits::current(&mut observer).map(drop),
                 ];
-                assert!(refused.iter().all(|r| matches!(r, Err(Error::InvalidInput(_)))), "{refused:?}");
+                assert!(refused.iter().all(|r| matches!(r, Err(Error::Unsupported(_)))), "{refused:?}");
                 return;
             }
 

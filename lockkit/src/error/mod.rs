@@ -201,11 +201,16 @@ pub enum Error {
     #[error("no connection from the pool")]
     AsyncPool(#[source] Box<dyn std::error::Error + Send + Sync>),
 
-    /// A value from the caller is out of range, or a call the connection
-    /// inside a `MultiConnection` enum cannot take (advisory locks and lock
-    /// views on SQLite); nothing was sent.
+    /// A value from the caller is out of range; nothing was sent.
     #[error("invalid input: {0}")]
     InvalidInput(&'static str),
+
+    /// The connection cannot take this call: advisory locks or lock views
+    /// through a [`Dispatch`](crate::multi::Dispatch) enum that holds a SQLite
+    /// connection. Nothing was sent. A setup error, not the client's: not
+    /// retryable, and a `500` over HTTP.
+    #[error("not supported on this connection: {0}")]
+    Unsupported(&'static str),
 
     /// [`retry`](crate::retry()) gave up; `last` is the error of the final attempt.
     #[error("gave up after {attempts} attempts: {last}")]

@@ -57,7 +57,7 @@
 //! take `PgConnection`, `MysqlConnection`, r2d2 pooled connections to them
 //! (feature `r2d2`) and [`Dispatch`](crate::multi::Dispatch) enums
 //! ([`AdvisoryConnection`]); an enum takes the lock on the connection inside,
-//! and one holding a SQLite connection refuses with [`Error::InvalidInput`],
+//! and one holding a SQLite connection refuses with [`Error::Unsupported`],
 //! sending nothing.
 //!
 //! On diesel-async (feature `async`): `lockkit::asynchronous::advisory`, with
@@ -228,7 +228,7 @@ pub type Statement<DB> =
 /// A connection that takes advisory locks: `PgConnection` and
 /// `MysqlConnection`, r2d2 pooled connections to them (feature `r2d2`), and
 /// [`Dispatch`](crate::multi::Dispatch) enums, which take them on the
-/// connection inside (one holding SQLite refuses: [`Error::InvalidInput`]).
+/// connection inside (one holding SQLite refuses: [`Error::Unsupported`]).
 /// The statements are its backend's ([`AdvisoryBackend`]).
 ///
 /// Sealed: implemented by lockkit; name it only in `where` clauses
@@ -246,7 +246,7 @@ pub trait AdvisoryConnection: Connection + crate::sealed::Sealed {
     ///
     /// [`Error::AlreadyInTransaction`] inside a transaction on MySQL/MariaDB,
     /// [`Error::Database`] with a broken transaction manager,
-    /// [`Error::InvalidInput`] on an enum holding SQLite.
+    /// [`Error::Unsupported`] on an enum holding SQLite.
     #[doc(hidden)]
     fn scope(conn: &mut Self) -> Result<Scope, Error>;
     /// Takes the lock `key` in `scope`, waiting for it or not: whether the
@@ -329,7 +329,7 @@ where
 /// connection answers an advisory lock call: nothing is sent.
 #[cfg(feature = "sqlite")]
 pub(crate) fn no_advisory_locks() -> Error {
-    Error::InvalidInput(
+    Error::Unsupported(
         "advisory locks need PostgreSQL or MySQL/MariaDB: the MultiConnection enum holds a \
          SQLite connection",
     )
@@ -505,7 +505,7 @@ pub(crate) fn not_held_at_unlock(key: AdvisoryKey) {
 ///
 /// * [`Error::AlreadyInTransaction`] on MySQL/MariaDB inside a transaction (the
 ///   session lock would be released before `COMMIT`); nothing is sent.
-/// * [`Error::InvalidInput`] on a [`Dispatch`](crate::multi::Dispatch) enum
+/// * [`Error::Unsupported`] on a [`Dispatch`](crate::multi::Dispatch) enum
 ///   holding a SQLite connection; nothing is sent.
 /// * [`Error::Database`] with `BrokenTransactionManager` when the connection's
 ///   transaction manager is broken (a transaction may be open on the server
@@ -530,7 +530,7 @@ where
 ///
 /// * [`Error::AlreadyInTransaction`] on MySQL/MariaDB inside a transaction, as
 ///   [`lock`]; nothing is sent.
-/// * [`Error::InvalidInput`] on a [`Dispatch`](crate::multi::Dispatch) enum
+/// * [`Error::Unsupported`] on a [`Dispatch`](crate::multi::Dispatch) enum
 ///   holding a SQLite connection, as [`lock`]; nothing is sent.
 /// * a classified database error ([`Error::ConnectionLost`], .., else
 ///   [`Error::Database`]); see [`classify`](crate::classify()).

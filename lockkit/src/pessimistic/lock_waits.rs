@@ -34,7 +34,7 @@
 //! connections to them (feature `r2d2`) and
 //! [`Dispatch`](crate::multi::Dispatch) enums ([`LockMonitorConnection`]),
 //! which ask the server of the connection inside; one holding a SQLite
-//! connection refuses with [`Error::InvalidInput`], sending nothing.
+//! connection refuses with [`Error::Unsupported`], sending nothing.
 //!
 //! On diesel-async (feature `async`): `lockkit::asynchronous::lock_waits`, with
 //! these statements.
@@ -151,7 +151,7 @@ pub trait LockMonitor: diesel::backend::Backend + crate::sealed::Sealed {
 /// A connection whose server lockkit can ask for lock waits: `PgConnection`
 /// and `MysqlConnection`, r2d2 pooled connections to them (feature `r2d2`), and
 /// [`Dispatch`](crate::multi::Dispatch) enums, which ask through the connection
-/// inside (one holding SQLite refuses: [`Error::InvalidInput`]). The
+/// inside (one holding SQLite refuses: [`Error::Unsupported`]). The
 /// statements are its backend's ([`LockMonitor`]).
 ///
 /// Sealed: implemented by lockkit; name it only in `where` clauses
@@ -236,7 +236,7 @@ where
 /// connection answers a lock-wait call: nothing is sent.
 #[cfg(feature = "sqlite")]
 pub(crate) fn no_lock_views() -> Error {
-    Error::InvalidInput(
+    Error::Unsupported(
         "lock waits are read from PostgreSQL's and MySQL/MariaDB's views: the MultiConnection \
          enum holds a SQLite connection",
     )
@@ -248,7 +248,7 @@ pub(crate) fn no_lock_views() -> Error {
 ///
 /// A classified database error ([`Error::ConnectionLost`], .., else
 /// [`Error::Database`]); see [`classify`](crate::classify()).
-/// [`Error::InvalidInput`] on a [`Dispatch`](crate::multi::Dispatch) enum
+/// [`Error::Unsupported`] on a [`Dispatch`](crate::multi::Dispatch) enum
 /// holding a SQLite connection; nothing is sent.
 ///
 /// # Example
@@ -278,7 +278,7 @@ pub fn session_id<C: LockMonitorConnection>(conn: &mut C) -> Result<i64, Error> 
 /// cannot be read (MySQL 8 without access to `performance_schema`, missing
 /// privileges), [`Error::ConnectionLost`], [`Error::StatementTimeout`], ..; see
 /// [`classify`](crate::classify()).
-/// [`Error::InvalidInput`] on a [`Dispatch`](crate::multi::Dispatch) enum
+/// [`Error::Unsupported`] on a [`Dispatch`](crate::multi::Dispatch) enum
 /// holding a SQLite connection; nothing is sent.
 ///
 /// # Example
@@ -318,7 +318,7 @@ pub fn blocked_sessions<C: LockMonitorConnection>(
 /// A classified database error: [`Error::Database`] when the server's views
 /// cannot be read (MySQL 8, which lacks MariaDB's `INNODB_LOCK_WAITS`, missing
 /// privileges), [`Error::ConnectionLost`], ..; see [`classify`](crate::classify()).
-/// [`Error::InvalidInput`] on a [`Dispatch`](crate::multi::Dispatch) enum
+/// [`Error::Unsupported`] on a [`Dispatch`](crate::multi::Dispatch) enum
 /// holding a SQLite connection; nothing is sent.
 ///
 /// # Example
