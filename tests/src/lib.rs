@@ -514,6 +514,18 @@ pub fn archived(
         .select((items::name, items::lock_version))
 }
 
+/// Ends session `session` from the server side, on `admin` (another
+/// connection): `pg_terminate_backend` on PostgreSQL, `KILL` on MySQL/MariaDB.
+#[cfg(feature = "harness")]
+pub fn kill_session<C: diesel::Connection>(admin: &mut C, backend: &str, session: i64) {
+    // `session` is an integer read from the server, never text.
+    let sql = match backend {
+        "postgres" => format!("SELECT pg_terminate_backend({session})"),
+        _ => format!("KILL {session}"),
+    };
+    exec(admin, &sql);
+}
+
 /// Runs the same SQL on every backend (test fixtures only, never outside input).
 #[cfg(feature = "harness")]
 pub fn exec<C: diesel::Connection>(conn: &mut C, sql: &str) {

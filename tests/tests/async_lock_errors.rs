@@ -254,12 +254,7 @@ macro_rules! kill_session {
         let session = lockkit::asynchronous::lock_waits::session_id($conn)
             .await
             .unwrap();
-        // `session` is an integer read from the server, never text.
-        let kill = match BACKEND {
-            "postgres" => format!("SELECT pg_terminate_backend({session})"),
-            _ => format!("KILL {session}"),
-        };
-        exec(&mut $db.connect(), &kill);
+        lockkit_tests::kill_session(&mut $db.connect(), BACKEND, session);
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }};
 }

@@ -22,17 +22,9 @@ use lockkit_tests::db::TestBackend;
 use lockkit_tests::models::*;
 use lockkit_tests::schema::*;
 use lockkit_tests::settings::is_mariadb;
-use lockkit_tests::{exec, idempotency_migrations, lease_migrations, seed_items, stock_of, TestDb};
-
-/// Ends another session from the server side.
-fn kill_session<C: SimpleConnection>(admin: &mut C, backend: &str, session: i64) {
-    // `session` is an integer read from the server, never text.
-    let sql = match backend {
-        "postgres" => format!("SELECT pg_terminate_backend({session})"),
-        _ => format!("KILL {session}"),
-    };
-    admin.batch_execute(&sql).unwrap();
-}
+use lockkit_tests::{
+    exec, idempotency_migrations, kill_session, lease_migrations, seed_items, stock_of, TestDb,
+};
 
 /// Runs `call` on a connection of its own in another thread. When `call`'s
 /// work calls the `midway` it is handed (after a write, before the next), that

@@ -764,13 +764,9 @@ mod advisory_and_lock_waits {
                     thread::sleep(Duration::from_millis(10));
                 }
                 if !waiter.is_finished() {
-                    // The drop released nothing: end the waiter's session
-                    // (an integer from the server), so that this fails, not hangs.
-                    let kill = match BACKEND {
-                        "postgres" => format!("SELECT pg_terminate_backend({waiter_session})"),
-                        _ => format!("KILL {waiter_session}"),
-                    };
-                    exec(&mut db.conn(), &kill);
+                    // The drop released nothing: end the waiter's session,
+                    // so that this fails, not hangs.
+                    lockkit_tests::kill_session(&mut db.conn(), BACKEND, waiter_session);
                     panic!("dropping the guard did not release the lock");
                 }
                 waiter.join().unwrap().unwrap().unwrap();
