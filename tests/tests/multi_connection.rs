@@ -1082,3 +1082,83 @@ fn an_atomic_update_through_the_enum_after_sqlite_rolled_back_your_transaction_c
         sell_one_of_2_if_left(conn).map(|rows| rows as i32)
     });
 }
+
+/// `atomic::update_if` through the enum as the first lockkit call, in your
+/// transaction after SQLite rolled it back: refused, nothing written in
+/// autocommit.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_first_atomic_update_through_the_enum_after_sqlite_rolled_back_your_transaction_commits_nothing(
+) {
+    refused_in_your_transaction("multi_raise_rollback_atomic_first", |conn| {
+        oversell_1(conn);
+        sell_one_of_2_if_left(conn).map(|rows| rows as i32)
+    });
+}
+
+/// On a fresh MySQL/MariaDB database named `name`, your transaction through
+/// the enum records order line 1, then your own statement is a deadlock's
+/// victim (InnoDB rolls back the whole transaction; the error let go), then
+/// `write` is the first lockkit call: refused, nothing written in autocommit,
+/// nothing of the transaction committed.
+#[cfg(feature = "mysql")]
+fn refused_after_a_deadlock_ended_your_transaction(
+    name: &str,
+    write: impl FnOnce(&mut AnyConnection) -> Result<usize, Error> + Send,
+) {
+    use lockkit_tests::aborts::{beside_neighbour, order_line};
+    let db = TestDb::<diesel::MysqlConnection>::new(name);
+    let url = db.url.clone();
+    let (outcome, sale) = beside_neighbour(&db, "mysql", |_, cue| {
+        let mut conn = any_at::<diesel::MysqlConnection>(&url);
+        let mut sale = None;
+        let outcome = conn.transaction(|conn| {
+            order_line(conn, 1)?;
+            exec(conn, "SELECT id FROM items WHERE id = 1 FOR UPDATE");
+            cue.wait();
+            let victim =
+                diesel::sql_query("SELECT id FROM items WHERE id = 2 FOR UPDATE").execute(conn);
+            assert!(victim.is_err(), "the deadlock's victim");
+            sale = Some(write(conn));
+            Ok::<_, Error>(())
+        });
+        (outcome, sale)
+    });
+    let mut conn = any(&db);
+    assert_eq!(
+        (stock(&mut conn, 2), order_lines(&mut conn)),
+        (10, 0),
+        "nothing of the transaction committed, nor the sale on its own: {outcome:?}, sale {sale:?}"
+    );
+    assert!(
+        matches!(sale, Some(Err(Error::TransactionAborted(_)))),
+        "{sale:?}"
+    );
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn a_first_atomic_update_through_the_enum_after_a_deadlock_ended_your_transaction_commits_nothing()
+{
+    refused_after_a_deadlock_ended_your_transaction(
+        "multi_deadlock_atomic_first",
+        sell_one_of_2_if_left,
+    );
+}
+
+/// `atomic::update_returning` through the enum as the first lockkit call, in
+/// your transaction after SQLite rolled it back: refused, nothing written in
+/// autocommit.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_first_update_returning_through_the_enum_after_sqlite_rolled_back_your_transaction_commits_nothing(
+) {
+    refused_in_your_transaction("multi_raise_rollback_returning_first", |conn| {
+        oversell_1(conn);
+        lockkit::atomic::update_returning::<_, _, lockkit_tests::Stock>(
+            conn,
+            diesel::sql_query(lockkit_tests::SELL_ITEM_2_RETURNING),
+        )
+        .map(|left| left.stock)
+    });
+}

@@ -751,6 +751,28 @@ mod sqlite_only {
     }
 
     #[test]
+    fn an_atomic_update_if_after_your_own_statement_rolled_back_the_whole_transaction_commits_nothing(
+    ) {
+        write_after_your_own_rollback("raise_rollback_update_if", |conn| {
+            let item_2 = items::table.find(2).filter(items::stock.ge(1));
+            lockkit::atomic::update_if(
+                conn,
+                diesel::update(item_2).set(items::stock.eq(items::stock - 1)),
+            )
+        });
+    }
+
+    #[test]
+    fn a_compare_and_set_after_your_own_statement_rolled_back_the_whole_transaction_commits_nothing(
+    ) {
+        use lockkit::compare_and_set::expect;
+        use lockkit::prelude::*;
+        write_after_your_own_rollback("raise_rollback_compare_and_set", |conn| {
+            Item::compare_and_set(conn, 2, expect(items::stock, 5), items::stock.eq(4))
+        });
+    }
+
+    #[test]
     fn lockkit_calls_after_a_nested_call_found_the_whole_transaction_rolled_back_refuse() {
         let db = out_of_stock_db("raise_rollback_nested", &[(1, 0), (2, 5), (3, 5), (4, 5)]);
         let mut conn = db.connect();

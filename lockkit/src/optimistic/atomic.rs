@@ -44,7 +44,9 @@ use diesel::{Column, Connection, Expression, OptionalExtension, QueryResult};
 use crate::error::classification::classify;
 use crate::error::Error;
 use crate::optimistic::statement::{BySql, VersionedUpdate};
+use crate::pessimistic::connection::AsLockingConnection;
 use crate::transaction::journal;
+use crate::transaction::Control;
 
 /// Starts an `UPDATE` that Diesel prepares once per connection: `diesel::update`
 /// with the same SQL, for the statements a hot path sends again and again.
@@ -127,30 +129,30 @@ pub type PreparedUpdate<T, W, V> = VersionedUpdate<T, W, V, BySql<V>>;
 ///   transaction back: not retryable here, since a retry would run in
 ///   autocommit; the owner of the outermost transaction runs it again whole.
 ///
-/// On a `#[derive(diesel::MultiConnection)]` enum, this function cannot name
-/// the backend inside. Inside a transaction that an earlier statement's error
-/// (the caller let it go) may have ended, it asks as on SQLite (`SELECT
-/// version()`, which fails on SQLite only) when the connection's journal
-/// saw that error, which it does once a lockkit call inside a transaction on
-/// the connection came before the error. Where none did, it asks only once
-/// another lockkit call (a versioned write, `with_lock`, a lockkit
-/// transaction) has told the journal which backend it is. A deadlock of its
-/// own on MySQL/MariaDB through an enum whose instrumentation is its own is
-/// reported as `Deadlock`, not `TransactionAborted`.
-/// [`Versioned::update_if`](crate::Versioned::update_if) knows the backend, as
-/// do the versioned writes.
+/// Runs on `PgConnection`, `MysqlConnection` and `SqliteConnection`, r2d2
+/// pooled connections to them (feature `r2d2`) and `MultiConnection` enums
+/// that implement [`Dispatch`](crate::multi::Dispatch): there the statement
+/// runs through the enum, and what a failed statement does to the open
+/// transaction is decided by the backend of the connection inside.
 pub fn update_if<Conn, S>(conn: &mut Conn, statement: S) -> Result<usize, Error>
 where
-    Conn: Connection,
+    Conn: Connection + AsLockingConnection,
     S: ExecuteDsl<Conn>,
 {
-    let ends = journal::Ends::of::<Conn::Backend>();
+    let ends = ends_of(conn);
     update_if_on(conn, statement, ends)
 }
 
-/// [`update_if`] on a backend whose rule is `ends`: told by a caller that can
-/// name the backend inside a `MultiConnection` enum
-/// ([`Versioned::update_if`](crate::Versioned::update_if)).
+/// How a failed statement leaves the open transaction on `conn`: the rule of
+/// its backend, or of the connection inside an enum (whose own backend names
+/// none).
+pub(crate) fn ends_of<Conn: AsLockingConnection>(conn: &mut Conn) -> journal::Ends {
+    conn.locking_connection().ends()
+}
+
+/// [`update_if`] on a backend whose rule is `ends` (the backend's inside a
+/// `MultiConnection` enum), which the journal of a transaction learns before
+/// the write asks it.
 pub(crate) fn update_if_on<Conn, S>(
     conn: &mut Conn,
     statement: S,
@@ -160,7 +162,7 @@ where
     Conn: Connection,
     S: ExecuteDsl<Conn>,
 {
-    journal::before_write(conn);
+    journal::before_write_told(conn, ends);
     crate::transaction::check_write(conn)?;
     let rows = ExecuteDsl::execute(statement, conn)
         .map_err(|err| crate::transaction::failed_write(conn, classify(err), ends))?;
@@ -186,8 +188,7 @@ pub(crate) fn matched(rows: usize) -> Result<usize, Error> {
 ///   [`Error::Deadlock`], .., else [`Error::Database`]); see
 ///   [`classify`](crate::classify()).
 /// * [`Error::TransactionAborted`], as [`update_if`] returns it: nothing is
-///   written in autocommit after the caller's transaction ended under it
-///   (with [`update_if`]'s limit on a `MultiConnection` enum).
+///   written in autocommit after the caller's transaction ended under it.
 ///
 /// # Example
 ///
@@ -208,11 +209,11 @@ pub(crate) fn matched(rows: usize) -> Result<usize, Error> {
 /// ```
 pub fn update_returning<Conn, S, T>(conn: &mut Conn, statement: S) -> Result<T, Error>
 where
-    Conn: Connection,
+    Conn: Connection + AsLockingConnection,
     S: for<'q> LoadQuery<'q, Conn, T>,
 {
-    let ends = journal::Ends::of::<Conn::Backend>();
-    journal::before_write(conn);
+    let ends = ends_of(conn);
+    journal::before_write_told(conn, ends);
     crate::transaction::check_write(conn)?;
     statement
         .get_result(conn)
@@ -316,7 +317,7 @@ impl<C: QueryId, E: QueryId> QueryId for Increment<C, E> {
 /// ```
 pub fn update_counters<Conn, T, C>(conn: &mut Conn, target: T, counters: C) -> Result<usize, Error>
 where
-    Conn: Connection,
+    Conn: Connection + AsLockingConnection,
     T: diesel::query_builder::IntoUpdateTarget,
     C: AsChangeset<Target = T::Table>,
     diesel::dsl::Update<T, C>: diesel::query_builder::AsQuery + ExecuteDsl<Conn>,

@@ -82,6 +82,7 @@ use diesel::{OptionalExtension, RunQueryDsl};
 use crate::error::classification::classify;
 use crate::error::{ColumnValue, Error, StaleColumnsError};
 use crate::optimistic::backend::{InShareMode, OptimisticBackend};
+use crate::pessimistic::connection::AsLockingConnection;
 use crate::pessimistic::lockable::Lockable;
 
 /// One column and the value it must still hold: build it with [`expect`].
@@ -291,7 +292,7 @@ pub trait CompareAndSet: Lockable {
         changes: C,
     ) -> Result<usize, Error>
     where
-        Conn: Connection,
+        Conn: Connection + AsLockingConnection,
         Conn::Backend: OptimisticBackend,
         E: Expectations,
         Self::Table: FindDsl<Self::Key>,

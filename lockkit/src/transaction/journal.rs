@@ -1752,6 +1752,15 @@ pub(crate) fn before_write<W: Watched>(conn: &mut W) {
     }
 }
 
+/// [`before_write`], the caller telling the connection's rule (`ends`: the
+/// rule of the connection inside a `MultiConnection` enum, whose backend type
+/// names none), which a journal installed or guessed here takes.
+pub(crate) fn before_write_told<W: Watched>(conn: &mut W, ends: Ends) {
+    if conn.depth().is_some() {
+        watch(conn, |_| ends);
+    }
+}
+
 /// The error lockkit reports when the server rolled back the whole open
 /// transaction on `conn` under one of its calls (`cause`: why):
 /// [`Error::TransactionAborted`], not retryable
