@@ -56,6 +56,7 @@
 //! | [`LockingConnection`], [`AsLockingConnection`] | the lock calls | `PgConnection`, `MysqlConnection`, `SqliteConnection`; r2d2 pooled connections to them (feature `r2d2`); [`Dispatch`](crate::multi::Dispatch) enums |
 //! | [`ClaimQuery`] | [`queue::claim`](crate::queue::claim) | every select query that takes `.limit(n)` and a row-lock clause, on those connections |
 //! | [`Expectations`] | [`CompareAndSet::compare_and_set`](crate::compare_and_set::CompareAndSet::compare_and_set) | [`expect`](crate::compare_and_set::expect)`(column, value)` and tuples of up to six |
+//! | [`CurrentValues`] | [`CompareAndSet::compare_and_set`](crate::compare_and_set::CompareAndSet::compare_and_set): the read after a refused write | those, on a connection of a supported backend, an r2d2 pooled connection to one (feature `r2d2`) or a [`Dispatch`](crate::multi::Dispatch) enum |
 //! | [`OptimisticBackend`] | every versioned write | `Pg`, `Mysql`, `Sqlite` (sealed) |
 //! | [`AdvisoryConnection`] | [`advisory`](crate::advisory) | `PgConnection`, `MysqlConnection`; r2d2 pooled connections to them (feature `r2d2`); [`Dispatch`](crate::multi::Dispatch) enums (sealed): SQLite has no advisory locks |
 //! | [`AdvisoryBackend`] | [`advisory`](crate::advisory)'s statements | `Pg`, `Mysql` (sealed) |
@@ -78,7 +79,7 @@ pub use crate::http::idempotency::IdempotencyStore;
 #[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
 pub use crate::lease::{FenceStore, LeaseStore};
 pub use crate::optimistic::backend::OptimisticBackend;
-pub use crate::optimistic::compare_and_set::Expectations;
+pub use crate::optimistic::compare_and_set::{CurrentValues, Expectations};
 pub use crate::optimistic::version::VersionNumber;
 pub use crate::optimistic::versioned::{CurrentVersionQuery, VersionCheck};
 #[cfg(feature = "outbox")]

@@ -58,19 +58,17 @@
 //! ```
 //!
 //! With that `impl`, the enum (and an r2d2 pooled connection to it) takes every
-//! call a plain connection takes, except
-//! [`compare_and_set`](crate::compare_and_set::CompareAndSet::compare_and_set)
-//! and PostgreSQL's [`advisory::xact_lock`](crate::advisory::xact_lock) and
-//! [`try_xact_lock`](crate::advisory::try_xact_lock): call those on the
-//! connection that `dispatch` returns. (`compare_and_set` reads the row again
-//! after a refused write with its backend's own locking read, which the
-//! derived backend cannot name; in the enum's transaction on PostgreSQL,
-//! `advisory::lock` already takes the transaction lock that `xact_lock` takes.)
-//! What the others do through the enum:
+//! call a plain connection takes, except PostgreSQL's
+//! [`advisory::xact_lock`](crate::advisory::xact_lock) and
+//! [`try_xact_lock`](crate::advisory::try_xact_lock): in the enum's
+//! transaction on PostgreSQL, [`advisory::lock`](crate::advisory::lock)
+//! already takes the transaction lock that `xact_lock` takes (or call them on
+//! the connection that `dispatch` returns). What the others do through the
+//! enum:
 //!
 //! | call | through the enum |
 //! | --- | --- |
-//! | [`Versioned`](crate::Versioned)'s writes, [`atomic`](crate::atomic) | the statement runs through the enum (Diesel's own multi-backend SQL); lockkit's follow-up reads go to the inner connection |
+//! | [`Versioned`](crate::Versioned)'s writes, [`atomic`](crate::atomic), [`compare_and_set`](crate::compare_and_set::CompareAndSet::compare_and_set) | the statement runs through the enum (Diesel's own multi-backend SQL); lockkit's follow-up reads (`compare_and_set`'s after a refused write, with the backend's locking read) go to the inner connection |
 //! | adaptive writes: [`AdaptivePolicy::update`](crate::adaptive::AdaptivePolicy::update), [`update_adaptive`](crate::adaptive::UpdateAdaptive::update_adaptive) | the plain and the locked reads and the lock's transaction go to the inner connection, the versioned write through the enum, as above; `change` sees no connection |
 //! | [`advisory::lock`](crate::advisory::lock), [`try_lock`](crate::advisory::try_lock) | the lock statements go to the inner connection; the guard derefs to the enum, and its scope is decided by the enum's transaction, as on the plain connection. An enum holding SQLite, which has no advisory locks, refuses with [`Error::Unsupported`] and sends nothing |
 //! | [`lock_waits`](crate::lock_waits): `session_id`, `blocked_sessions`, `current` | the server of the inner connection is asked; an enum holding SQLite refuses with [`Error::Unsupported`] and sends nothing |
@@ -143,7 +141,8 @@ pub trait Dispatch: diesel::Connection + Sized + 'static {
 }
 
 use crate::bounds::{
-    AdaptiveRow, ClaimQuery, CurrentVersionQuery, LockAll, LockRow, MarkLocked, VersionCheck,
+    AdaptiveRow, ClaimQuery, CurrentValues, CurrentVersionQuery, Expectations, LockAll, LockRow,
+    MarkLocked, VersionCheck,
 };
 use crate::error::Error;
 #[cfg(feature = "idempotency")]
@@ -448,6 +447,21 @@ macro_rules! dispatch {
             }
         }
 
+        /// The read after a refused compare-and-set goes to the inner
+        /// connection, with its backend's locking read.
+        impl<M, E, T> CurrentValues<M, T> for E
+        where
+            T: Dispatch,
+            M: Lockable,
+            E: Expectations $(+ CurrentValues<M, $conn>)+,
+        {
+            fn load_current(&self, conn: &mut T, key: M::Key) -> QueryResult<Option<E::Values>> {
+                match conn.dispatch() {
+                    $(BackendConn::$variant(conn) => <E as CurrentValues<M, $conn>>::load_current(self, conn, key),)+
+                }
+            }
+        }
+
         impl<Q, M, T> ClaimQuery<T, M> for Q
         where
             T: Dispatch,
@@ -553,6 +567,19 @@ where
     /// On the enum inside, for which the moves were kept.
     fn redo_after_own_rollback(conn: &mut Pooled<T>) {
         M::redo_after_own_rollback(&mut **conn);
+    }
+}
+
+#[cfg(feature = "r2d2")]
+#[cfg_attr(docsrs, doc(cfg(feature = "r2d2")))]
+impl<M, E, T> CurrentValues<M, Pooled<T>> for E
+where
+    T: Dispatch + R2D2Connection + Send + 'static,
+    M: Lockable,
+    E: CurrentValues<M, T>,
+{
+    fn load_current(&self, conn: &mut Pooled<T>, key: M::Key) -> QueryResult<Option<E::Values>> {
+        self.load_current(&mut **conn, key)
     }
 }
 

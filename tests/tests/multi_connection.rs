@@ -11,6 +11,7 @@ use diesel::r2d2::{ConnectionManager, Pool};
 use diesel_migrations::MigrationHarness;
 use lockkit::adaptive::AdaptivePolicy;
 use lockkit::advisory::{self, AdvisoryKey, AdvisoryLock, Scope};
+use lockkit::compare_and_set::expect;
 use lockkit::idempotency::{Idempotency, Outcome};
 use lockkit::lease::{self, Fence};
 use lockkit::multi::{BackendConn, Dispatch};
@@ -724,6 +725,129 @@ mod adaptive {
     }
 }
 
+/// One unit of item 1 sold by a compare-and-set on its stock, read just before:
+/// retried with a fresh read while another sale moved the stock in between.
+fn sell_compare_and_set(conn: &mut AnyConnection) -> Result<(), Error> {
+    let policy = RetryPolicy::default()
+        .max_attempts(1000)
+        .base_delay(Duration::from_millis(1))
+        .max_delay(Duration::from_millis(5));
+    retry(&policy, |_| {
+        let seen = stock(conn, 1);
+        Item::compare_and_set(
+            conn,
+            1,
+            expect(items::stock, seen),
+            items::stock.eq(seen - 1),
+        )
+        .map(drop)
+    })
+}
+
+/// What a refused compare-and-set reports: whether the row is gone, and each
+/// column with the value expected and the value found.
+type Found = (bool, Vec<(&'static str, String, Option<String>)>);
+
+/// What the refused compare-and-set `outcome` reports.
+fn found(outcome: Result<usize, Error>) -> Found {
+    match outcome {
+        Err(Error::StaleColumns(stale)) => (
+            stale.deleted,
+            stale
+                .columns
+                .into_iter()
+                .map(|c| (c.column, c.expected, c.current))
+                .collect(),
+        ),
+        other => panic!("expected StaleColumns, got {other:?}"),
+    }
+}
+
+/// Compare-and-set through the enum: the write runs through it, the read that
+/// reports a refused write goes to the connection inside.
+mod compare_and_set {
+    use super::*;
+
+    lockkit_tests::backend_tests! {
+        fn compare_and_set_through_the_enum_writes_while_the_columns_hold_and_reports_what_moved(db) {
+            seed_items(&mut db.conn(), &[(1, 10), (2, 5)]);
+            let mut conn = any(&db);
+            let written = Item::compare_and_set(&mut conn, 1, expect(items::stock, 10), items::stock.eq(9));
+            assert_eq!(written.unwrap(), 1);
+            assert_eq!(stock(&mut conn, 1), 9);
+
+            // Paying twice: refused, nothing written, both values named.
+            let again = Item::compare_and_set(&mut conn, 1, expect(items::stock, 10), items::stock.eq(9));
+            assert_eq!(found(again), (false, vec![("stock", "10".to_owned(), Some("9".to_owned()))]));
+            let both = Item::compare_and_set(
+                &mut conn,
+                1,
+                (expect(items::stock, 9), expect(items::name, "item 2".to_owned())),
+                items::stock.eq(0),
+            );
+            assert_eq!(
+                found(both),
+                (false, vec![
+                    ("stock", "9".to_owned(), Some("9".to_owned())),
+                    ("name", "\"item 2\"".to_owned(), Some("\"item 1\"".to_owned())),
+                ])
+            );
+            assert_eq!(stock(&mut conn, 1), 9);
+
+            // A row gone is reported as gone.
+            exec(&mut conn, "DELETE FROM items WHERE id = 2");
+            let gone = Item::compare_and_set(&mut conn, 2, expect(items::stock, 5), items::stock.eq(4));
+            assert_eq!(found(gone), (true, vec![("stock", "5".to_owned(), None)]));
+
+            // In the enum's transaction, rolled back with it.
+            let rolled_back = conn.transaction(|conn| {
+                Item::compare_and_set(conn, 1, expect(items::stock, 9), items::stock.eq(8))?;
+                Err::<(), _>(Error::NoRowMatched)
+            });
+            assert!(matches!(rolled_back, Err(Error::NoRowMatched)));
+            assert_eq!(stock(&mut conn, 1), 9, "rolled back");
+
+            // On a pooled enum connection.
+            let pool = any_pool(&db.url);
+            let mut pooled = pool.get().unwrap();
+            let written = Item::compare_and_set(&mut pooled, 1, expect(items::stock, 9), items::stock.eq(8));
+            assert_eq!(written.unwrap(), 1);
+            let refused = Item::compare_and_set(&mut pooled, 1, expect(items::stock, 9), items::stock.eq(8));
+            assert_eq!(found(refused), (false, vec![("stock", "9".to_owned(), Some("8".to_owned()))]));
+        }
+
+        fn concurrent_compare_and_set_through_the_enum_loses_nothing(db) {
+            seed_items(&mut db.conn(), &[(1, 100)]);
+            sell_from_threads(&db, 4, 10, sell_compare_and_set);
+            assert_eq!(stock(&mut any(&db), 1), 60, "40 sales, each one counted");
+        }
+    }
+
+    /// What a refused write reads on the servers, inside a transaction.
+    mod in_transaction {
+        use super::*;
+
+        lockkit_tests::server_tests! {
+        fn a_refused_compare_and_set_in_the_enums_transaction_reports_the_latest_commit(db) {
+            // MySQL/MariaDB's REPEATABLE READ answers a plain read from the
+            // transaction's snapshot: the report would say the stock is still
+            // what was expected. The inner connection's locking read sees the
+            // other session's commit.
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn = any(&db);
+            let mut rival = any(&db);
+            let outcome = conn.transaction(|conn| {
+                assert_eq!(stock(conn, 1), 10, "the snapshot is taken");
+                exec(&mut rival, "UPDATE items SET stock = 7 WHERE id = 1");
+                Ok::<_, Error>(Item::compare_and_set(conn, 1, expect(items::stock, 10), items::stock.eq(9)))
+            });
+            assert_eq!(found(outcome.unwrap()), (false, vec![("stock", "10".to_owned(), Some("7".to_owned()))]));
+            assert_eq!(stock(&mut conn, 1), 7, "the rival's sale stands");
+        }
+        }
+    }
+}
+
 /// Advisory locks and lock waits through the enum: the statements go to the
 /// connection inside; an enum holding SQLite, which has neither, refuses.
 mod advisory_and_lock_waits {
@@ -1083,6 +1207,36 @@ fn an_atomic_update_through_the_enum_after_sqlite_rolled_back_your_transaction_c
     });
 }
 
+/// `compare_and_set` through the enum in your transaction after SQLite rolled
+/// it back, as the first lockkit call and after an earlier one had the
+/// journal watch the connection: refused, nothing written in autocommit.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_compare_and_set_through_the_enum_after_sqlite_rolled_back_your_transaction_commits_nothing() {
+    for (name, earlier) in [
+        ("multi_raise_rollback_cas", false),
+        ("multi_raise_rollback_cas_again", true),
+    ] {
+        refused_in_your_transaction(name, |conn| {
+            let seen = if earlier {
+                Item::compare_and_set(conn, 2, expect(items::stock, 5), items::stock.eq(4))
+                    .unwrap();
+                4
+            } else {
+                5
+            };
+            oversell_1(conn);
+            Item::compare_and_set(
+                conn,
+                2,
+                expect(items::stock, seen),
+                items::stock.eq(seen - 1),
+            )
+            .map(|rows| rows as i32)
+        });
+    }
+}
+
 /// `atomic::update_if` through the enum as the first lockkit call, in your
 /// transaction after SQLite rolled it back: refused, nothing written in
 /// autocommit.
@@ -1144,6 +1298,15 @@ fn a_first_atomic_update_through_the_enum_after_a_deadlock_ended_your_transactio
         "multi_deadlock_atomic_first",
         sell_one_of_2_if_left,
     );
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn a_first_compare_and_set_through_the_enum_after_a_deadlock_ended_your_transaction_commits_nothing(
+) {
+    refused_after_a_deadlock_ended_your_transaction("multi_deadlock_cas_first", |conn| {
+        Item::compare_and_set(conn, 2, expect(items::stock, 10), items::stock.eq(9))
+    });
 }
 
 /// `atomic::update_returning` through the enum as the first lockkit call, in

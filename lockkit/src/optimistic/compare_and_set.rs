@@ -69,21 +69,27 @@
 use std::fmt::Debug;
 
 use diesel::backend::Backend;
-use diesel::dsl::{self, Select};
+use diesel::dsl;
 use diesel::expression::{AppearsOnTable, AsExpression, Expression, SelectableExpression};
 use diesel::query_builder::{AsChangeset, AsQuery, IntoUpdateTarget};
 use diesel::query_builder::{AstPass, QueryFragment};
-use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, FindDsl, LockingDsl, SelectDsl};
-use diesel::query_dsl::LoadQuery;
+use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl, FindDsl};
 use diesel::sql_types::{Bool, SqlType};
 use diesel::{Column, Connection, ExpressionMethods, QueryResult};
-use diesel::{OptionalExtension, RunQueryDsl};
 
 use crate::error::classification::classify;
 use crate::error::{ColumnValue, Error, StaleColumnsError};
-use crate::optimistic::backend::{InShareMode, OptimisticBackend};
 use crate::pessimistic::connection::AsLockingConnection;
 use crate::pessimistic::lockable::Lockable;
+// What only the per-connection impls of `CurrentValues` name: there are none
+// without a backend feature.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use {
+    crate::optimistic::backend::{InShareMode, OptimisticBackend},
+    diesel::dsl::Select,
+    diesel::query_dsl::{methods::LockingDsl, methods::SelectDsl, LoadQuery},
+    diesel::{OptionalExtension, RunQueryDsl},
+};
 
 /// One column and the value it must still hold: build it with [`expect`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,6 +258,74 @@ expectations_tuple!(A B C D);
 expectations_tuple!(A B C D E);
 expectations_tuple!(A B C D E F);
 
+/// The read after a refused compare-and-set: the expected columns of `M`'s row
+/// `key`, as they are now, on `Conn`. Under `LOCK IN SHARE MODE` on
+/// MySQL/MariaDB, so that it sees the latest commit.
+///
+/// Implemented by lockkit for every [`Expectations`] on `M`'s table, on
+/// `PgConnection`, `MysqlConnection` and `SqliteConnection`, r2d2 pooled
+/// connections to them (feature `r2d2`) and [`Dispatch`](crate::multi::Dispatch)
+/// enums (where the read goes to the connection inside); name it only in
+/// `where` clauses.
+#[diagnostic::on_unimplemented(
+    message = "compare-and-set cannot read `{Self}` back from `{M}`'s row on `{Conn}`",
+    label = "expected columns of `{M}`'s table",
+    note = "expect columns of the model's own table, on `PgConnection`, `MysqlConnection`, `SqliteConnection`, an r2d2 pooled connection to one (feature `r2d2`) or a `MultiConnection` enum that implements `lockkit::multi::Dispatch`"
+)]
+pub trait CurrentValues<M: Lockable, Conn>: Expectations {
+    /// The expected columns of the row `key` (`None`: it is gone).
+    #[doc(hidden)]
+    fn load_current(&self, conn: &mut Conn, key: M::Key) -> QueryResult<Option<Self::Values>>;
+}
+
+/// Implements [`CurrentValues`] on each connection lockkit supports (a
+/// [`Dispatch`](crate::multi::Dispatch) enum hands it on to the connection it
+/// holds: `multi.rs`).
+macro_rules! current_values_on {
+    ($($conn:ty: $cfg:meta),* $(,)?) => {$(
+        #[cfg($cfg)]
+        impl<M, E> CurrentValues<M, $conn> for E
+        where
+            M: Lockable,
+            E: Expectations,
+            M::Table: FindDsl<M::Key>,
+            dsl::Find<M::Table, M::Key>: SelectDsl<E::Columns>,
+            CurrentRead<M, E>: LockingDsl<InShareMode>,
+            <BackendOf<$conn> as OptimisticBackend>::Latest<CurrentRead<M, E>>:
+                for<'q> LoadQuery<'q, $conn, E::Values>,
+        {
+            fn load_current(&self, conn: &mut $conn, key: M::Key) -> QueryResult<Option<E::Values>> {
+                let read = M::Table::default().find(key).select(self.columns());
+                <BackendOf<$conn> as OptimisticBackend>::latest(read)
+                    .get_result::<E::Values>(conn)
+                    .optional()
+            }
+        }
+    )*};
+}
+
+/// The read of the expected columns of `M`'s row.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+type CurrentRead<M, E> =
+    Select<dsl::Find<<M as Lockable>::Table, <M as Lockable>::Key>, <E as Expectations>::Columns>;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+type BackendOf<C> = <C as Connection>::Backend;
+#[cfg(feature = "r2d2")]
+#[allow(unused)] // without a backend feature
+type Pooled<C> = diesel::r2d2::PooledConnection<diesel::r2d2::ConnectionManager<C>>;
+
+current_values_on!(
+    diesel::PgConnection: feature = "postgres",
+    diesel::MysqlConnection: feature = "mysql",
+    diesel::SqliteConnection: feature = "sqlite",
+);
+#[cfg(feature = "r2d2")]
+current_values_on!(
+    Pooled<diesel::PgConnection>: feature = "postgres",
+    Pooled<diesel::MysqlConnection>: feature = "mysql",
+    Pooled<diesel::SqliteConnection>: feature = "sqlite",
+);
+
 /// Compare-and-set writes for every [`Lockable`] model (`#[derive(Lockable)]` or
 /// `#[derive(Versioned)]`); see the [module docs](self).
 pub trait CompareAndSet: Lockable {
@@ -260,12 +334,11 @@ pub trait CompareAndSet: Lockable {
     /// Returns the number of rows written: 1, unless the database does not enforce
     /// the declared key (unlike versioned writes, this call does not check it).
     ///
-    /// Runs on `PgConnection`, `MysqlConnection` and `SqliteConnection` (and r2d2
-    /// pooled connections to them), not on a `MultiConnection` enum: the read
-    /// after a refused write is the backend's own (`LOCK IN SHARE MODE` on
-    /// MySQL/MariaDB), which the enum's backend cannot name. Call it on the
-    /// connection that [`Dispatch::dispatch`](crate::multi::Dispatch::dispatch)
-    /// returns.
+    /// Runs on `PgConnection`, `MysqlConnection` and `SqliteConnection`, r2d2
+    /// pooled connections to them (feature `r2d2`) and `MultiConnection` enums
+    /// that implement [`Dispatch`](crate::multi::Dispatch): there the write
+    /// runs through the enum, and the read after a refused write goes to the
+    /// connection inside, with its backend's locking read.
     ///
     /// On a versioned table this does not bump the version: an editor who read the
     /// row before does not see this write (use
@@ -293,37 +366,29 @@ pub trait CompareAndSet: Lockable {
     ) -> Result<usize, Error>
     where
         Conn: Connection + AsLockingConnection,
-        Conn::Backend: OptimisticBackend,
-        E: Expectations,
+        E: CurrentValues<Self, Conn>,
         Self::Table: FindDsl<Self::Key>,
-        dsl::Find<Self::Table, Self::Key>: FilterDsl<E::Filter> + SelectDsl<E::Columns>,
+        dsl::Find<Self::Table, Self::Key>: FilterDsl<E::Filter>,
         dsl::Filter<dsl::Find<Self::Table, Self::Key>, E::Filter>:
             IntoUpdateTarget<Table = Self::Table>,
         C: AsChangeset<Target = Self::Table>,
         dsl::Update<dsl::Filter<dsl::Find<Self::Table, Self::Key>, E::Filter>, C>:
             AsQuery + ExecuteDsl<Conn>,
-        Select<dsl::Find<Self::Table, Self::Key>, E::Columns>: LockingDsl<InShareMode>,
-        <Conn::Backend as OptimisticBackend>::Latest<
-            Select<dsl::Find<Self::Table, Self::Key>, E::Columns>,
-        >: for<'q> LoadQuery<'q, Conn, E::Values>,
     {
+        let ends = crate::optimistic::atomic::ends_of(conn);
         let target = Self::Table::default()
             .find(key.clone())
             .filter(expected.filter());
-        match crate::optimistic::atomic::update_if(conn, diesel::update(target).set(changes)) {
+        let write = diesel::update(target).set(changes);
+        match crate::optimistic::atomic::update_if_on(conn, write, ends) {
             Err(Error::NoRowMatched) => {}
             written => return written,
         }
-        let read = Self::Table::default()
-            .find(key.clone())
-            .select(expected.columns());
         // Under `LOCK IN SHARE MODE` (MySQL/MariaDB) the read waits for a
         // row lock, and a deadlock or a lock wait timeout there may end the
         // caller's transaction: decided as for the write.
-        let ends = crate::transaction::journal::Ends::of::<Conn::Backend>();
-        let current = <Conn::Backend as OptimisticBackend>::latest(read)
-            .get_result::<E::Values>(conn)
-            .optional()
+        let current = expected
+            .load_current(conn, key.clone())
             .map_err(|err| crate::transaction::failed_write(conn, classify(err), ends))?;
         let mut columns = Vec::new();
         expected.report(current.as_ref(), &mut columns);
