@@ -6,32 +6,7 @@ use syn::{Data, DeriveInput, Fields, Ident, Path, Type};
 
 use crate::attr::{self, Located, DEFAULT_VERSION_FIELD};
 use crate::ctxt::{Ctxt, Pos};
-
-/// Which derive is being expanded.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Derive {
-    /// Table, key, version and changeset.
-    Versioned,
-    /// Table and key only.
-    Lockable,
-}
-
-impl Derive {
-    pub fn name(self) -> &'static str {
-        match self {
-            Derive::Versioned => "Versioned",
-            Derive::Lockable => "Lockable",
-        }
-    }
-
-    /// The shape the derive expects, for `help:` lines.
-    fn example(self, ident: &Ident) -> String {
-        match self {
-            Derive::Versioned => format!("struct {ident} {{ id: i32, lock_version: i32, .. }}"),
-            Derive::Lockable => format!("struct {ident} {{ id: i32, .. }}"),
-        }
-    }
-}
+use crate::derive::Derive;
 
 pub struct Model<'a> {
     pub input: &'a DeriveInput,

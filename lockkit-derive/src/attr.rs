@@ -8,8 +8,8 @@ use syn::meta::ParseNestedMeta;
 use syn::parse::{Parse, ParseStream};
 use syn::{Attribute, Ident, LitBool, Path, Token};
 
-use crate::ast::Derive;
 use crate::ctxt::{Ctxt, Pos};
+use crate::derive::Derive;
 
 pub const LOCKKIT: &str = "lockkit";
 pub const DIESEL: &str = "diesel";

@@ -5,9 +5,10 @@ use quote::quote;
 use syn::ext::IdentExt;
 use syn::{DeriveInput, Path};
 
-use crate::ast::{self, Derive, Model, ModelField, Versioning};
+use crate::ast::{self, Model, ModelField, Versioning};
 use crate::attr;
 use crate::ctxt::Ctxt;
+use crate::derive::Derive;
 use crate::dummy::dummy_const;
 use crate::fallback;
 

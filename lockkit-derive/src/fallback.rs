@@ -12,7 +12,7 @@ use proc_macro2::TokenStream;
 use quote::quote;
 use syn::{DeriveInput, Path};
 
-use crate::ast::Derive;
+use crate::derive::Derive;
 use crate::dummy::dummy_const;
 
 pub fn expand(

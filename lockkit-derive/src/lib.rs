@@ -15,6 +15,7 @@
 mod ast;
 mod attr;
 mod ctxt;
+mod derive;
 mod dummy;
 mod expand;
 mod fallback;
