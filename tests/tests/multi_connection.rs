@@ -1143,7 +1143,19 @@ fn refused_in_your_transaction(
     name: &str,
     sell: impl FnOnce(&mut AnyConnection) -> Result<i32, Error>,
 ) {
-    let (_db, mut conn) = out_of_stock_any(name);
+    refused_in_your_transaction_after(name, |_| {}, sell);
+}
+
+/// [`refused_in_your_transaction`], with `setup` run on the database first
+/// (lockkit's migrations).
+#[cfg(feature = "sqlite")]
+fn refused_in_your_transaction_after(
+    name: &str,
+    setup: impl FnOnce(&TestDb<diesel::SqliteConnection>),
+    sell: impl FnOnce(&mut AnyConnection) -> Result<i32, Error>,
+) {
+    let (db, mut conn) = out_of_stock_any(name);
+    setup(&db);
     let mut sale = None;
     let outcome = diesel::Connection::transaction(&mut conn, |conn: &mut AnyConnection| {
         sale = Some(sell(conn));
@@ -1256,12 +1268,24 @@ fn a_first_atomic_update_through_the_enum_after_sqlite_rolled_back_your_transact
 /// `write` is the first lockkit call: refused, nothing written in autocommit,
 /// nothing of the transaction committed.
 #[cfg(feature = "mysql")]
-fn refused_after_a_deadlock_ended_your_transaction(
+fn refused_after_a_deadlock_ended_your_transaction<T: std::fmt::Debug + Send>(
     name: &str,
-    write: impl FnOnce(&mut AnyConnection) -> Result<usize, Error> + Send,
+    write: impl FnOnce(&mut AnyConnection) -> Result<T, Error> + Send,
 ) {
+    refused_after_a_deadlock_ended_your_transaction_after(name, |_| {}, write);
+}
+
+/// [`refused_after_a_deadlock_ended_your_transaction`], with `setup` run on
+/// the database first (lockkit's migrations): the database, for more checks.
+#[cfg(feature = "mysql")]
+fn refused_after_a_deadlock_ended_your_transaction_after<T: std::fmt::Debug + Send>(
+    name: &str,
+    setup: impl FnOnce(&TestDb<diesel::MysqlConnection>),
+    write: impl FnOnce(&mut AnyConnection) -> Result<T, Error> + Send,
+) -> TestDb<diesel::MysqlConnection> {
     use lockkit_tests::aborts::{beside_neighbour, order_line};
     let db = TestDb::<diesel::MysqlConnection>::new(name);
+    setup(&db);
     let url = db.url.clone();
     let (outcome, sale) = beside_neighbour(&db, "mysql", |_, cue| {
         let mut conn = any_at::<diesel::MysqlConnection>(&url);
@@ -1288,6 +1312,7 @@ fn refused_after_a_deadlock_ended_your_transaction(
         matches!(sale, Some(Err(Error::TransactionAborted(_)))),
         "{sale:?}"
     );
+    db
 }
 
 #[cfg(feature = "mysql")]
@@ -1324,4 +1349,137 @@ fn a_first_update_returning_through_the_enum_after_sqlite_rolled_back_your_trans
         )
         .map(|left| left.stock)
     });
+}
+
+/// The sale of one unit of item 2, by your own statement: what the lockkit
+/// calls below wrap.
+#[cfg(feature = "sqlite")]
+fn sell_one_of_2(conn: &mut AnyConnection) -> Result<i32, Error> {
+    diesel::update(items::table.find(2))
+        .set(items::stock.eq(items::stock - 1))
+        .execute(conn)?;
+    Ok(4)
+}
+
+/// `Idempotency::run` through the enum as the first lockkit call, in your
+/// transaction after SQLite rolled it back: the key's savepoint would begin a
+/// transaction of its own, and commit the work with it. Refused, nothing
+/// written.
+#[cfg(feature = "sqlite")]
+#[test]
+fn an_idempotent_run_through_the_enum_after_sqlite_rolled_back_your_transaction_commits_nothing() {
+    refused_in_your_transaction_after(
+        "multi_raise_rollback_idempotency",
+        |db| {
+            db.conn()
+                .run_pending_migrations(idempotency_migrations("sqlite"))
+                .unwrap();
+        },
+        |conn| {
+            oversell_1(conn);
+            Idempotency::default()
+                .run(conn, "tenant-1", "order-1", "POST /orders", sell_one_of_2)
+                .map(Outcome::into_inner)
+        },
+    );
+}
+
+/// `lease::fenced` through the enum as the first lockkit call, in your
+/// transaction after SQLite rolled it back: refused, neither the fence nor
+/// the work written.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_fenced_write_through_the_enum_after_sqlite_rolled_back_your_transaction_commits_nothing() {
+    refused_in_your_transaction_after(
+        "multi_raise_rollback_fenced",
+        |db| {
+            db.conn()
+                .run_pending_migrations(lease_migrations("sqlite"))
+                .unwrap();
+        },
+        |conn| {
+            oversell_1(conn);
+            lease::fenced(conn, "item-2", Fence(7), sell_one_of_2)
+        },
+    );
+}
+
+/// `Idempotency::run` through the enum as the first lockkit call, in your
+/// MySQL/MariaDB transaction after a deadlock ended it: refused, neither the
+/// key nor the work written in autocommit.
+#[cfg(feature = "mysql")]
+#[test]
+fn an_idempotent_run_through_the_enum_after_a_deadlock_ended_your_transaction_commits_nothing() {
+    refused_after_a_deadlock_ended_your_transaction_after(
+        "multi_deadlock_idempotency_first",
+        |db| {
+            db.conn()
+                .run_pending_migrations(idempotency_migrations("mysql"))
+                .unwrap();
+        },
+        |conn| {
+            Idempotency::default().run(
+                conn,
+                "tenant-1",
+                "order-1",
+                "POST /orders",
+                |conn: &mut AnyConnection| sell_one_of_2_if_left(conn).map(|_| "sold".to_owned()),
+            )
+        },
+    );
+}
+
+/// `lease::fenced` through the enum as the first lockkit call, in your
+/// MySQL/MariaDB transaction after a deadlock ended it: refused, neither the
+/// fence nor the work written in autocommit.
+#[cfg(feature = "mysql")]
+#[test]
+fn a_fenced_write_through_the_enum_after_a_deadlock_ended_your_transaction_commits_nothing() {
+    refused_after_a_deadlock_ended_your_transaction_after(
+        "multi_deadlock_fenced_first",
+        |db| {
+            db.conn()
+                .run_pending_migrations(lease_migrations("mysql"))
+                .unwrap();
+        },
+        |conn| lease::fenced(conn, "item-2", Fence(7), sell_one_of_2_if_left),
+    );
+}
+
+/// `with_lock` through the enum as the first lockkit call, in your
+/// MySQL/MariaDB transaction after a deadlock ended it: refused, nothing
+/// written in autocommit.
+#[cfg(feature = "mysql")]
+#[test]
+fn with_lock_through_the_enum_after_a_deadlock_ended_your_transaction_commits_nothing() {
+    refused_after_a_deadlock_ended_your_transaction("multi_deadlock_with_lock_first", |conn| {
+        sell_locked(conn, 2, LockOptions::default())
+    });
+}
+
+/// `outbox::enqueue` through the enum as the first lockkit call, in your
+/// MySQL/MariaDB transaction after a deadlock ended it: refused, no message
+/// written in autocommit (a message whose order is gone).
+#[cfg(feature = "mysql")]
+#[test]
+fn an_outbox_message_through_the_enum_after_a_deadlock_ended_your_transaction_is_refused() {
+    let db = refused_after_a_deadlock_ended_your_transaction_after(
+        "multi_deadlock_outbox_first",
+        |db| {
+            db.conn()
+                .run_pending_migrations(lockkit_tests::outbox_migrations("mysql"))
+                .unwrap();
+        },
+        |conn| lockkit::outbox::enqueue(conn, "orders", "{\"order\":1}"),
+    );
+    #[derive(diesel::QueryableByName)]
+    struct Messages {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let mut conn = any(&db);
+    let messages = diesel::sql_query("SELECT COUNT(*) AS n FROM lockkit_outbox")
+        .get_result::<Messages>(&mut conn)
+        .unwrap();
+    assert_eq!(messages.n, 0, "no message of the rolled-back order");
 }
