@@ -169,7 +169,7 @@ use crate::transaction::journal;
 use crate::transaction::{Control, Reach};
 
 #[cfg(feature = "r2d2")]
-type Pooled<C> = diesel::r2d2::PooledConnection<diesel::r2d2::ConnectionManager<C>>;
+use crate::sealed::Pooled;
 
 /// Which backend a [`BackendConn`] is, without the borrow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

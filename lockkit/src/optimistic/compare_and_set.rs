@@ -310,21 +310,8 @@ type CurrentRead<M, E> =
     Select<dsl::Find<<M as Lockable>::Table, <M as Lockable>::Key>, <E as Expectations>::Columns>;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 type BackendOf<C> = <C as Connection>::Backend;
-#[cfg(feature = "r2d2")]
-#[allow(unused)] // without a backend feature
-type Pooled<C> = diesel::r2d2::PooledConnection<diesel::r2d2::ConnectionManager<C>>;
 
-current_values_on!(
-    diesel::PgConnection: feature = "postgres",
-    diesel::MysqlConnection: feature = "mysql",
-    diesel::SqliteConnection: feature = "sqlite",
-);
-#[cfg(feature = "r2d2")]
-current_values_on!(
-    Pooled<diesel::PgConnection>: feature = "postgres",
-    Pooled<diesel::MysqlConnection>: feature = "mysql",
-    Pooled<diesel::SqliteConnection>: feature = "sqlite",
-);
+crate::sealed::every_connection!(current_values_on);
 
 /// Compare-and-set writes for every [`Lockable`] model (`#[derive(Lockable)]` or
 /// `#[derive(Versioned)]`); see the [module docs](self).

@@ -184,18 +184,5 @@ macro_rules! current_version_query_on {
 }
 
 type Backend<C> = <C as Connection>::Backend;
-#[cfg(feature = "r2d2")]
-#[allow(unused)] // without a backend feature
-type Pooled<C> = diesel::r2d2::PooledConnection<diesel::r2d2::ConnectionManager<C>>;
 
-current_version_query_on!(
-    diesel::PgConnection: feature = "postgres",
-    diesel::MysqlConnection: feature = "mysql",
-    diesel::SqliteConnection: feature = "sqlite",
-);
-#[cfg(feature = "r2d2")]
-current_version_query_on!(
-    Pooled<diesel::PgConnection>: feature = "postgres",
-    Pooled<diesel::MysqlConnection>: feature = "mysql",
-    Pooled<diesel::SqliteConnection>: feature = "sqlite",
-);
+crate::sealed::every_connection!(current_version_query_on);
