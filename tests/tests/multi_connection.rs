@@ -1147,13 +1147,13 @@ fn refused_in_your_transaction(
 }
 
 /// [`refused_in_your_transaction`], with `setup` run on the database first
-/// (lockkit's migrations).
+/// (lockkit's migrations): the connection, for more checks.
 #[cfg(feature = "sqlite")]
 fn refused_in_your_transaction_after(
     name: &str,
     setup: impl FnOnce(&TestDb<diesel::SqliteConnection>),
     sell: impl FnOnce(&mut AnyConnection) -> Result<i32, Error>,
-) {
+) -> AnyConnection {
     let (db, mut conn) = out_of_stock_any(name);
     setup(&db);
     let mut sale = None;
@@ -1162,6 +1162,20 @@ fn refused_in_your_transaction_after(
         Ok::<_, diesel::result::Error>(())
     });
     refused_and_nothing_committed(&mut conn, &outcome, sale);
+    conn
+}
+
+/// The rows of `table` (one of lockkit's).
+fn rows_in(conn: &mut AnyConnection, table: &str) -> i64 {
+    #[derive(diesel::QueryableByName)]
+    struct Rows {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    diesel::sql_query(format!("SELECT COUNT(*) AS n FROM {table}"))
+        .get_result::<Rows>(conn)
+        .unwrap()
+        .n
 }
 
 /// After your own statement rolled back the whole transaction (a trigger's
@@ -1368,7 +1382,7 @@ fn sell_one_of_2(conn: &mut AnyConnection) -> Result<i32, Error> {
 #[cfg(feature = "sqlite")]
 #[test]
 fn an_idempotent_run_through_the_enum_after_sqlite_rolled_back_your_transaction_commits_nothing() {
-    refused_in_your_transaction_after(
+    let mut conn = refused_in_your_transaction_after(
         "multi_raise_rollback_idempotency",
         |db| {
             db.conn()
@@ -1382,6 +1396,11 @@ fn an_idempotent_run_through_the_enum_after_sqlite_rolled_back_your_transaction_
                 .map(Outcome::into_inner)
         },
     );
+    assert_eq!(
+        rows_in(&mut conn, "lockkit_idempotency_keys"),
+        0,
+        "no key left taken"
+    );
 }
 
 /// `lease::fenced` through the enum as the first lockkit call, in your
@@ -1390,7 +1409,7 @@ fn an_idempotent_run_through_the_enum_after_sqlite_rolled_back_your_transaction_
 #[cfg(feature = "sqlite")]
 #[test]
 fn a_fenced_write_through_the_enum_after_sqlite_rolled_back_your_transaction_commits_nothing() {
-    refused_in_your_transaction_after(
+    let mut conn = refused_in_your_transaction_after(
         "multi_raise_rollback_fenced",
         |db| {
             db.conn()
@@ -1402,6 +1421,7 @@ fn a_fenced_write_through_the_enum_after_sqlite_rolled_back_your_transaction_com
             lease::fenced(conn, "item-2", Fence(7), sell_one_of_2)
         },
     );
+    assert_eq!(rows_in(&mut conn, "lockkit_fences"), 0, "no fence raised");
 }
 
 /// `Idempotency::run` through the enum as the first lockkit call, in your
@@ -1410,7 +1430,7 @@ fn a_fenced_write_through_the_enum_after_sqlite_rolled_back_your_transaction_com
 #[cfg(feature = "mysql")]
 #[test]
 fn an_idempotent_run_through_the_enum_after_a_deadlock_ended_your_transaction_commits_nothing() {
-    refused_after_a_deadlock_ended_your_transaction_after(
+    let db = refused_after_a_deadlock_ended_your_transaction_after(
         "multi_deadlock_idempotency_first",
         |db| {
             db.conn()
@@ -1427,6 +1447,11 @@ fn an_idempotent_run_through_the_enum_after_a_deadlock_ended_your_transaction_co
             )
         },
     );
+    assert_eq!(
+        rows_in(&mut any(&db), "lockkit_idempotency_keys"),
+        0,
+        "no key left taken"
+    );
 }
 
 /// `lease::fenced` through the enum as the first lockkit call, in your
@@ -1435,7 +1460,7 @@ fn an_idempotent_run_through_the_enum_after_a_deadlock_ended_your_transaction_co
 #[cfg(feature = "mysql")]
 #[test]
 fn a_fenced_write_through_the_enum_after_a_deadlock_ended_your_transaction_commits_nothing() {
-    refused_after_a_deadlock_ended_your_transaction_after(
+    let db = refused_after_a_deadlock_ended_your_transaction_after(
         "multi_deadlock_fenced_first",
         |db| {
             db.conn()
@@ -1443,6 +1468,11 @@ fn a_fenced_write_through_the_enum_after_a_deadlock_ended_your_transaction_commi
                 .unwrap();
         },
         |conn| lease::fenced(conn, "item-2", Fence(7), sell_one_of_2_if_left),
+    );
+    assert_eq!(
+        rows_in(&mut any(&db), "lockkit_fences"),
+        0,
+        "no fence raised"
     );
 }
 
@@ -1472,14 +1502,9 @@ fn an_outbox_message_through_the_enum_after_a_deadlock_ended_your_transaction_is
         },
         |conn| lockkit::outbox::enqueue(conn, "orders", "{\"order\":1}"),
     );
-    #[derive(diesel::QueryableByName)]
-    struct Messages {
-        #[diesel(sql_type = diesel::sql_types::BigInt)]
-        n: i64,
-    }
-    let mut conn = any(&db);
-    let messages = diesel::sql_query("SELECT COUNT(*) AS n FROM lockkit_outbox")
-        .get_result::<Messages>(&mut conn)
-        .unwrap();
-    assert_eq!(messages.n, 0, "no message of the rolled-back order");
+    assert_eq!(
+        rows_in(&mut any(&db), "lockkit_outbox"),
+        0,
+        "no message of the rolled-back order"
+    );
 }
