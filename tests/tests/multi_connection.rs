@@ -1508,3 +1508,25 @@ fn an_outbox_message_through_the_enum_after_a_deadlock_ended_your_transaction_is
         "no message of the rolled-back order"
     );
 }
+
+/// `atomic::update_if` through an r2d2 pooled enum as the first lockkit call,
+/// in your transaction after SQLite rolled it back: the pooled connection is
+/// asked for the enum inside, and the enum for its connection. Refused,
+/// nothing written in autocommit.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_first_atomic_update_through_a_pooled_enum_after_sqlite_rolled_back_your_transaction_commits_nothing(
+) {
+    let (db, _) = out_of_stock_any("multi_raise_rollback_atomic_pooled");
+    let pool = any_pool(&db.url);
+    let mut pooled = pool.get().unwrap();
+    let mut sale = None;
+    let outcome = diesel::Connection::transaction(&mut pooled, |pooled| {
+        oversell_1(pooled);
+        let item_2 = items::table.find(2).filter(items::stock.ge(1));
+        let sell = diesel::update(item_2).set(items::stock.eq(items::stock - 1));
+        sale = Some(lockkit::atomic::update_if(pooled, sell).map(|rows| rows as i32));
+        Ok::<_, diesel::result::Error>(())
+    });
+    refused_and_nothing_committed(&mut pooled, &outcome, sale);
+}

@@ -568,7 +568,7 @@ fn a_multi_connection_enums_first_lockkit_call_a_single_write_after_a_let_go_tim
 type Sale = fn(&mut AnyConnection) -> Result<(), Error>;
 
 /// Sells one unit of item 1 through the enum with `atomic::update_if`, which
-/// cannot name the backend inside.
+/// asks the connection inside which backend it is.
 fn sell_one_atomically(conn: &mut AnyConnection) -> Result<(), Error> {
     let sale = diesel::update(items::table.find(1).filter(items::stock.ge(1)))
         .set(items::stock.eq(items::stock - 1));
@@ -577,13 +577,13 @@ fn sell_one_atomically(conn: &mut AnyConnection) -> Result<(), Error> {
 
 #[test]
 fn update_if_through_a_multi_connection_enum_that_served_lockkit_after_a_let_go_timeout_refuses() {
-    // The enum served lockkit before, with `atomic::update_if` only (in a
-    // transaction of its own): the journal watches it, with no rule, since
-    // neither the enum's backend type nor that call names the server. The
-    // caller's locking read times out, which the journal sees in InnoDB's
-    // words. `atomic::update_if` after it must refuse, not sell in
-    // autocommit; so must `Versioned::update_if`, which tells the journal
-    // the rule of the connection inside, in place of its guess.
+    // The enum carries a journal with no rule (`Journal::new`, installed by
+    // the application), which watched a transaction of its own before: the
+    // enum's backend type names no server. The caller's locking read times
+    // out, which the journal sees in InnoDB's words and guesses MySQL's rule
+    // from. `atomic::update_if` and `Versioned::update_if` after it must
+    // refuse, not sell in autocommit; each tells the journal the rule of the
+    // connection inside, in place of its guess.
     let sales: [(&str, Sale); 2] = [
         ("atomic::update_if", sell_one_atomically),
         ("Versioned::update_if", sell_one_if_in_stock),
@@ -591,9 +591,11 @@ fn update_if_through_a_multi_connection_enum_that_served_lockkit_after_a_let_go_
     for (i, (name, sell)) in sales.into_iter().enumerate() {
         let url = database(&format!("enum_served_update_if_{i}"));
         let mut conn = AnyConnection::Mysql(connect(&url));
+        conn.set_instrumentation(lockkit::journal::Journal::new());
         conn.transaction(|conn| {
-            let nothing = diesel::update(items::table.find(2)).set(items::stock.eq(items::stock));
-            lockkit::atomic::update_if(conn, nothing)
+            diesel::update(items::table.find(2))
+                .set(items::stock.eq(items::stock))
+                .execute(conn)
         })
         .unwrap();
         let (conditional, outcome) = holding(&url, HOLD_ITEM_2, Duration::from_secs(10), || {

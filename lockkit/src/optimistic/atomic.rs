@@ -125,8 +125,9 @@ pub type PreparedUpdate<T, W, V> = VersionedUpdate<T, W, V, BySql<V>>;
 /// * [`Error::TransactionAborted`] when the statement (or one of the caller's
 ///   before it, whose error the caller let go) was a deadlock's victim
 ///   inside a transaction on MySQL/MariaDB (or a lock wait timeout's, on a server
-///   started with `--innodb-rollback-on-timeout`), which rolled the whole
-///   transaction back: not retryable here, since a retry would run in
+///   started with `--innodb-rollback-on-timeout`), or a statement of the
+///   caller's rolled back the whole transaction on SQLite (a trigger's
+///   `RAISE(ROLLBACK)`): not retryable here, since a retry would run in
 ///   autocommit; the owner of the outermost transaction runs it again whole.
 ///
 /// Runs on `PgConnection`, `MysqlConnection` and `SqliteConnection`, r2d2

@@ -570,8 +570,8 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
     {
         let target = Self::Table::default().find(key.clone()).filter(condition);
         let statement = crate::optimistic::atomic::update(target).set((changes, Self::bump()));
-        // The backend inside a `MultiConnection` enum, which `atomic::update_if`
-        // cannot name.
+        // The backend inside a `MultiConnection` enum, whose own backend type
+        // names none.
         let ends = Self::ends(conn);
         journal::watch(conn, |_| ends);
         journal::before_write(conn);

@@ -196,14 +196,17 @@ pub trait LockingConnection: Control {
 }
 
 #[diagnostic::on_unimplemented(
-    message = "lockkit cannot lock rows through `{Self}`",
+    message = "lockkit cannot run its calls on `{Self}`",
     label = "not a connection lockkit supports",
-    note = "pass a `PgConnection`, `MysqlConnection` or `SqliteConnection` (features `postgres`, `mysql`, `sqlite`), an r2d2 pooled connection to one (feature `r2d2`), or a `#[derive(diesel::MultiConnection)]` enum that implements `lockkit::multi::Dispatch`"
+    note = "pass a `PgConnection`, `MysqlConnection` or `SqliteConnection` (features `postgres`, `mysql`, `sqlite`), an r2d2 pooled connection to one (feature `r2d2`; without it, pass `&mut *pooled`), or a `#[derive(diesel::MultiConnection)]` enum that implements `lockkit::multi::Dispatch`"
 )]
 /// Something that gives access to a [`LockingConnection`]: the connection itself
 /// (or a [`Dispatch`](crate::multi::Dispatch) enum) or an r2d2 pooled connection
 /// to it (feature `r2d2`). This is what lets `item.with_lock(&mut conn, ..)`
-/// take either; the closure receives the underlying connection.
+/// take either; the closure receives the underlying connection. The atomic
+/// writes ([`atomic::update_if`](crate::atomic::update_if), ..) ask it which
+/// backend runs their statement: the backend inside an enum, whose own
+/// backend type names none.
 pub trait AsLockingConnection {
     /// The underlying connection.
     type Conn: LockingConnection;

@@ -1741,7 +1741,7 @@ pub(crate) fn guard<W: Watched>(conn: &mut W) {
 }
 
 /// Before a write statement of lockkit's that runs in the caller's transaction
-/// (a versioned write, [`atomic::update_if`](crate::atomic::update_if)): the
+/// (a versioned write; [`before_write_told`] for the atomic writes): the
 /// journal watches it, so that [`write_ended_transaction`] can tell whether it
 /// ended the transaction. Outside a transaction nothing is installed here (an
 /// async call's reply guard installs it there:
