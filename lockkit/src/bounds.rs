@@ -56,7 +56,7 @@
 //! | [`LockingConnection`], [`AsLockingConnection`] | the lock calls | `PgConnection`, `MysqlConnection`, `SqliteConnection`; r2d2 pooled connections to them (feature `r2d2`); [`Dispatch`](crate::multi::Dispatch) enums |
 //! | [`ClaimQuery`] | [`queue::claim`](crate::queue::claim) | every select query that takes `.limit(n)` and a row-lock clause, on those connections |
 //! | [`Expectations`] | [`CompareAndSet::compare_and_set`](crate::compare_and_set::CompareAndSet::compare_and_set) | [`expect`](crate::compare_and_set::expect)`(column, value)` and tuples of up to six |
-//! | [`CurrentValues`] | [`CompareAndSet::compare_and_set`](crate::compare_and_set::CompareAndSet::compare_and_set): the read after a refused write | those, on a connection of a supported backend, an r2d2 pooled connection to one (feature `r2d2`) or a [`Dispatch`](crate::multi::Dispatch) enum |
+//! | [`CurrentValues`] | [`CompareAndSet::compare_and_set`](crate::compare_and_set::CompareAndSet::compare_and_set): the read after a refused write | those whose columns load into their values, on a connection of a supported backend or an r2d2 pooled connection to one (feature `r2d2`); on a [`Dispatch`](crate::multi::Dispatch) enum, those that do so on each of its backends |
 //! | [`OptimisticBackend`] | every versioned write | `Pg`, `Mysql`, `Sqlite` (sealed) |
 //! | [`AdvisoryConnection`] | [`advisory`](crate::advisory) | `PgConnection`, `MysqlConnection`; r2d2 pooled connections to them (feature `r2d2`); [`Dispatch`](crate::multi::Dispatch) enums (sealed): SQLite has no advisory locks |
 //! | [`AdvisoryBackend`] | [`advisory`](crate::advisory)'s statements | `Pg`, `Mysql` (sealed) |

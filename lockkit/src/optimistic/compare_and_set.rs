@@ -268,9 +268,10 @@ expectations_tuple!(A B C D E F);
 /// enums (where the read goes to the connection inside); name it only in
 /// `where` clauses.
 #[diagnostic::on_unimplemented(
-    message = "compare-and-set cannot read `{Self}` back from `{M}`'s row on `{Conn}`",
-    label = "expected columns of `{M}`'s table",
-    note = "expect columns of the model's own table, on `PgConnection`, `MysqlConnection`, `SqliteConnection`, an r2d2 pooled connection to one (feature `r2d2`) or a `MultiConnection` enum that implements `lockkit::multi::Dispatch`"
+    message = "compare-and-set cannot load `{Self}` back from `{M}`'s row on `{Conn}`",
+    label = "the values found could not be loaded into these expectations",
+    note = "each expected value is the owned Rust type its column loads as, e.g. `expect(orders::state, \"pending\".to_owned())`, not a `&str`",
+    note = "the columns are the model's own table's, and the connection a `PgConnection`, `MysqlConnection` or `SqliteConnection`, an r2d2 pooled connection to one (feature `r2d2`), or a `MultiConnection` enum that implements `lockkit::multi::Dispatch` (there the columns load on each backend lockkit is built with)"
 )]
 pub trait CurrentValues<M: Lockable, Conn>: Expectations {
     /// The expected columns of the row `key` (`None`: it is gone).
