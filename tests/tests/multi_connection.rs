@@ -14,6 +14,7 @@ use lockkit::advisory::{self, AdvisoryKey, AdvisoryLock, Scope};
 use lockkit::compare_and_set::expect;
 use lockkit::idempotency::{Idempotency, Outcome};
 use lockkit::lease::{self, Fence};
+use lockkit::migrations::ShippedMigration;
 use lockkit::multi::{BackendConn, Dispatch};
 use lockkit::prelude::*;
 use lockkit::{lock_waits, queue, retry, CurrentState, Error, LockOptions, RetryPolicy};
@@ -1143,19 +1144,21 @@ fn refused_in_your_transaction(
     name: &str,
     sell: impl FnOnce(&mut AnyConnection) -> Result<i32, Error>,
 ) {
-    refused_in_your_transaction_after(name, |_| {}, sell);
+    refused_in_your_transaction_after(name, None, sell);
 }
 
-/// [`refused_in_your_transaction`], with `setup` run on the database first
-/// (lockkit's migrations): the connection, for more checks.
+/// [`refused_in_your_transaction`], with lockkit's `migrations` run on the
+/// database first: the connection, for more checks.
 #[cfg(feature = "sqlite")]
 fn refused_in_your_transaction_after(
     name: &str,
-    setup: impl FnOnce(&TestDb<diesel::SqliteConnection>),
+    migrations: Option<ShippedMigration>,
     sell: impl FnOnce(&mut AnyConnection) -> Result<i32, Error>,
 ) -> AnyConnection {
     let (db, mut conn) = out_of_stock_any(name);
-    setup(&db);
+    if let Some(migrations) = migrations {
+        db.conn().run_pending_migrations(migrations).unwrap();
+    }
     let mut sale = None;
     let outcome = diesel::Connection::transaction(&mut conn, |conn: &mut AnyConnection| {
         sale = Some(sell(conn));
@@ -1286,20 +1289,22 @@ fn refused_after_a_deadlock_ended_your_transaction<T: std::fmt::Debug + Send>(
     name: &str,
     write: impl FnOnce(&mut AnyConnection) -> Result<T, Error> + Send,
 ) {
-    refused_after_a_deadlock_ended_your_transaction_after(name, |_| {}, write);
+    refused_after_a_deadlock_ended_your_transaction_after(name, None, write);
 }
 
-/// [`refused_after_a_deadlock_ended_your_transaction`], with `setup` run on
-/// the database first (lockkit's migrations): the database, for more checks.
+/// [`refused_after_a_deadlock_ended_your_transaction`], with lockkit's
+/// `migrations` run on the database first: the database, for more checks.
 #[cfg(feature = "mysql")]
 fn refused_after_a_deadlock_ended_your_transaction_after<T: std::fmt::Debug + Send>(
     name: &str,
-    setup: impl FnOnce(&TestDb<diesel::MysqlConnection>),
+    migrations: Option<ShippedMigration>,
     write: impl FnOnce(&mut AnyConnection) -> Result<T, Error> + Send,
 ) -> TestDb<diesel::MysqlConnection> {
     use lockkit_tests::aborts::{beside_neighbour, order_line};
     let db = TestDb::<diesel::MysqlConnection>::new(name);
-    setup(&db);
+    if let Some(migrations) = migrations {
+        db.conn().run_pending_migrations(migrations).unwrap();
+    }
     let url = db.url.clone();
     let (outcome, sale) = beside_neighbour(&db, "mysql", |_, cue| {
         let mut conn = any_at::<diesel::MysqlConnection>(&url);
@@ -1375,105 +1380,101 @@ fn sell_one_of_2(conn: &mut AnyConnection) -> Result<i32, Error> {
     Ok(4)
 }
 
-/// `Idempotency::run` through the enum as the first lockkit call, in your
-/// transaction after SQLite rolled it back: the key's savepoint would begin a
-/// transaction of its own, and commit the work with it. Refused, nothing
-/// written.
+/// The sale of item 2 under an idempotency key, as a lockkit call of its own.
+#[cfg(feature = "sqlite")]
+fn sell_one_of_2_under_a_key(conn: &mut AnyConnection) -> Result<i32, Error> {
+    Idempotency::default()
+        .run(conn, "tenant-1", "order-1", "POST /orders", sell_one_of_2)
+        .map(Outcome::into_inner)
+}
+
+/// The sale of item 2 as a write fenced with token 7.
+#[cfg(feature = "sqlite")]
+fn sell_one_of_2_fenced(conn: &mut AnyConnection) -> Result<i32, Error> {
+    lease::fenced(conn, "item-2", Fence(7), sell_one_of_2)
+}
+
+/// `Idempotency::run` and `lease::fenced` through the enum as the first
+/// lockkit call, in your transaction after SQLite rolled it back: a key's or
+/// a fence's savepoint would begin a transaction of its own, and commit the
+/// work with it. Refused, and neither the work nor lockkit's own row (the key,
+/// the fence) written.
 #[cfg(feature = "sqlite")]
 #[test]
-fn an_idempotent_run_through_the_enum_after_sqlite_rolled_back_your_transaction_commits_nothing() {
-    let mut conn = refused_in_your_transaction_after(
-        "multi_raise_rollback_idempotency",
-        |db| {
-            db.conn()
-                .run_pending_migrations(idempotency_migrations("sqlite"))
-                .unwrap();
-        },
-        |conn| {
+fn keys_and_fences_through_the_enum_after_sqlite_rolled_back_your_transaction_commit_nothing() {
+    type Call = fn(&mut AnyConnection) -> Result<i32, Error>;
+    let calls: [(&str, ShippedMigration, Call, &str); 2] = [
+        (
+            "multi_raise_rollback_idempotency",
+            idempotency_migrations("sqlite"),
+            sell_one_of_2_under_a_key,
+            "lockkit_idempotency_keys",
+        ),
+        (
+            "multi_raise_rollback_fenced",
+            lease_migrations("sqlite"),
+            sell_one_of_2_fenced,
+            "lockkit_fences",
+        ),
+    ];
+    for (name, migrations, sell, table) in calls {
+        let mut conn = refused_in_your_transaction_after(name, Some(migrations), |conn| {
             oversell_1(conn);
-            Idempotency::default()
-                .run(conn, "tenant-1", "order-1", "POST /orders", sell_one_of_2)
-                .map(Outcome::into_inner)
-        },
-    );
-    assert_eq!(
-        rows_in(&mut conn, "lockkit_idempotency_keys"),
-        0,
-        "no key left taken"
-    );
+            sell(conn)
+        });
+        assert_eq!(
+            rows_in(&mut conn, table),
+            0,
+            "{name}: nothing of lockkit's left in {table}"
+        );
+    }
 }
 
-/// `lease::fenced` through the enum as the first lockkit call, in your
-/// transaction after SQLite rolled it back: refused, neither the fence nor
-/// the work written.
-#[cfg(feature = "sqlite")]
-#[test]
-fn a_fenced_write_through_the_enum_after_sqlite_rolled_back_your_transaction_commits_nothing() {
-    let mut conn = refused_in_your_transaction_after(
-        "multi_raise_rollback_fenced",
-        |db| {
-            db.conn()
-                .run_pending_migrations(lease_migrations("sqlite"))
-                .unwrap();
-        },
-        |conn| {
-            oversell_1(conn);
-            lease::fenced(conn, "item-2", Fence(7), sell_one_of_2)
-        },
-    );
-    assert_eq!(rows_in(&mut conn, "lockkit_fences"), 0, "no fence raised");
-}
-
-/// `Idempotency::run` through the enum as the first lockkit call, in your
-/// MySQL/MariaDB transaction after a deadlock ended it: refused, neither the
-/// key nor the work written in autocommit.
+/// `Idempotency::run`, `lease::fenced` and `outbox::enqueue` through the enum
+/// as the first lockkit call, in your MySQL/MariaDB transaction after a
+/// deadlock ended it: refused, and neither the work nor lockkit's own row
+/// (the key, the fence, a message whose order is gone) written in autocommit.
 #[cfg(feature = "mysql")]
 #[test]
-fn an_idempotent_run_through_the_enum_after_a_deadlock_ended_your_transaction_commits_nothing() {
-    let db = refused_after_a_deadlock_ended_your_transaction_after(
-        "multi_deadlock_idempotency_first",
-        |db| {
-            db.conn()
-                .run_pending_migrations(idempotency_migrations("mysql"))
-                .unwrap();
-        },
-        |conn| {
-            Idempotency::default().run(
-                conn,
-                "tenant-1",
-                "order-1",
-                "POST /orders",
-                |conn: &mut AnyConnection| sell_one_of_2_if_left(conn).map(|_| "sold".to_owned()),
-            )
-        },
-    );
-    assert_eq!(
-        rows_in(&mut any(&db), "lockkit_idempotency_keys"),
-        0,
-        "no key left taken"
-    );
-}
-
-/// `lease::fenced` through the enum as the first lockkit call, in your
-/// MySQL/MariaDB transaction after a deadlock ended it: refused, neither the
-/// fence nor the work written in autocommit.
-#[cfg(feature = "mysql")]
-#[test]
-fn a_fenced_write_through_the_enum_after_a_deadlock_ended_your_transaction_commits_nothing() {
-    let db = refused_after_a_deadlock_ended_your_transaction_after(
-        "multi_deadlock_fenced_first",
-        |db| {
-            db.conn()
-                .run_pending_migrations(lease_migrations("mysql"))
-                .unwrap();
-        },
-        |conn| lease::fenced(conn, "item-2", Fence(7), sell_one_of_2_if_left),
-    );
-    assert_eq!(
-        rows_in(&mut any(&db), "lockkit_fences"),
-        0,
-        "no fence raised"
-    );
+fn keys_fences_and_messages_through_the_enum_after_a_deadlock_ended_your_transaction_commit_nothing(
+) {
+    type Call = fn(&mut AnyConnection) -> Result<(), Error>;
+    let calls: [(&str, ShippedMigration, Call, &str); 3] = [
+        (
+            "multi_deadlock_idempotency_first",
+            idempotency_migrations("mysql"),
+            |conn| {
+                let sell = |conn: &mut AnyConnection| {
+                    sell_one_of_2_if_left(conn).map(|_| "sold".to_owned())
+                };
+                Idempotency::default()
+                    .run(conn, "tenant-1", "order-1", "POST /orders", sell)
+                    .map(drop)
+            },
+            "lockkit_idempotency_keys",
+        ),
+        (
+            "multi_deadlock_fenced_first",
+            lease_migrations("mysql"),
+            |conn| lease::fenced(conn, "item-2", Fence(7), sell_one_of_2_if_left).map(drop),
+            "lockkit_fences",
+        ),
+        (
+            "multi_deadlock_outbox_first",
+            lockkit_tests::outbox_migrations("mysql"),
+            |conn| lockkit::outbox::enqueue(conn, "orders", "{\"order\":1}").map(drop),
+            "lockkit_outbox",
+        ),
+    ];
+    for (name, migrations, call, table) in calls {
+        let db =
+            refused_after_a_deadlock_ended_your_transaction_after(name, Some(migrations), call);
+        assert_eq!(
+            rows_in(&mut any(&db), table),
+            0,
+            "{name}: nothing of lockkit's left in {table}"
+        );
+    }
 }
 
 /// `with_lock` through the enum as the first lockkit call, in your
@@ -1485,28 +1486,6 @@ fn with_lock_through_the_enum_after_a_deadlock_ended_your_transaction_commits_no
     refused_after_a_deadlock_ended_your_transaction("multi_deadlock_with_lock_first", |conn| {
         sell_locked(conn, 2, LockOptions::default())
     });
-}
-
-/// `outbox::enqueue` through the enum as the first lockkit call, in your
-/// MySQL/MariaDB transaction after a deadlock ended it: refused, no message
-/// written in autocommit (a message whose order is gone).
-#[cfg(feature = "mysql")]
-#[test]
-fn an_outbox_message_through_the_enum_after_a_deadlock_ended_your_transaction_is_refused() {
-    let db = refused_after_a_deadlock_ended_your_transaction_after(
-        "multi_deadlock_outbox_first",
-        |db| {
-            db.conn()
-                .run_pending_migrations(lockkit_tests::outbox_migrations("mysql"))
-                .unwrap();
-        },
-        |conn| lockkit::outbox::enqueue(conn, "orders", "{\"order\":1}"),
-    );
-    assert_eq!(
-        rows_in(&mut any(&db), "lockkit_outbox"),
-        0,
-        "no message of the rolled-back order"
-    );
 }
 
 /// `atomic::update_if` through an r2d2 pooled enum as the first lockkit call,
