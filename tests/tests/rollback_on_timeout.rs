@@ -567,6 +567,19 @@ fn a_multi_connection_enums_first_lockkit_call_a_single_write_after_a_let_go_tim
 /// One way to sell a unit of item 1 through the enum.
 type Sale = fn(&mut AnyConnection) -> Result<(), Error>;
 
+#[test]
+fn an_atomic_write_as_a_multi_connection_enums_first_lockkit_call_after_a_let_go_timeout_refuses() {
+    // As above, with `atomic::update_if` as lockkit's first call on the enum:
+    // it asks the connection inside which backend it is, and the server
+    // whether the transaction is alive, instead of selling in autocommit.
+    let url = database("enum_new_atomic_first");
+    let (sale, outcome) = holding(&url, HOLD_ITEM_2, Duration::from_secs(10), || {
+        let mut conn = AnyConnection::Mysql(connect(&url));
+        after_a_let_go_timeout(&mut conn, sell_one_atomically)
+    });
+    assert_refused(&url, &[("atomic::update_if", &sale)], &outcome);
+}
+
 /// Sells one unit of item 1 through the enum with `atomic::update_if`, which
 /// asks the connection inside which backend it is.
 fn sell_one_atomically(conn: &mut AnyConnection) -> Result<(), Error> {
@@ -576,7 +589,8 @@ fn sell_one_atomically(conn: &mut AnyConnection) -> Result<(), Error> {
 }
 
 #[test]
-fn update_if_through_a_multi_connection_enum_that_served_lockkit_after_a_let_go_timeout_refuses() {
+fn update_if_through_a_multi_connection_enum_whose_journal_has_no_rule_after_a_let_go_timeout_refuses(
+) {
     // The enum carries a journal with no rule (`Journal::new`, installed by
     // the application), which watched a transaction of its own before: the
     // enum's backend type names no server. The caller's locking read times
@@ -614,9 +628,10 @@ fn a_single_write_through_an_enum_with_its_own_instrumentation_that_times_out_un
     // sale waits for item 1 and times out, and the server rolls back the
     // whole transaction. lockkit must learn from the connection inside that
     // this may be so: a retry would sell in autocommit, without the order line.
-    let sales: [(&str, Sale); 2] = [
+    let sales: [(&str, Sale); 3] = [
         ("update_versioned", sell_one_versioned),
         ("Versioned::update_if", sell_one_if_in_stock),
+        ("atomic::update_if", sell_one_atomically),
     ];
     for (i, (name, sell)) in sales.into_iter().enumerate() {
         let url = database(&format!("enum_instrumented_retry_{i}"));
