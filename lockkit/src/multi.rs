@@ -132,7 +132,7 @@ pub enum BackendConn<'a> {
 #[diagnostic::on_unimplemented(
     message = "lockkit cannot tell which backend `{Self}` holds",
     label = "`{Self}` does not implement `lockkit::multi::Dispatch`",
-    note = "lockkit takes `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`) and r2d2 pooled connections to them",
+    note = "lockkit takes `PgConnection`, `MysqlConnection` and `SqliteConnection` (features `postgres`, `mysql`, `sqlite`) and r2d2 pooled connections to them (feature `r2d2`; without it, pass `&mut *pooled`)",
     note = "for a `#[derive(diesel::MultiConnection)]` enum, implement `lockkit::multi::Dispatch` with one `match` that returns `BackendConn::Pg(conn)`, `BackendConn::Mysql(conn)` or `BackendConn::Sqlite(conn)`"
 )]
 pub trait Dispatch: diesel::Connection + Sized + 'static {

@@ -3,8 +3,9 @@
 //! ([`LockClause`](crate::pessimistic::row_lock::LockClause)): each one's impls
 //! are lockkit's own SQL for a backend or a clause, so no other crate can add
 //! one, and lockkit can add methods to them without a breaking release. And
-//! the list of the blocking connections those impls are written for,
-//! [`every_connection!`].
+//! [`every_connection!`], the list of the blocking connections that the bound
+//! traits implemented once per connection type with the same body
+//! (`CurrentVersionQuery`, `CurrentValues`) are written for.
 
 /// Implemented for the backends and connections of the enabled features, and
 /// (in `row_lock`) for the four lock-clause types.

@@ -833,7 +833,8 @@ mod compare_and_set {
             // MySQL/MariaDB's REPEATABLE READ answers a plain read from the
             // transaction's snapshot: the report would say the stock is still
             // what was expected. The inner connection's locking read sees the
-            // other session's commit.
+            // other session's commit. (PostgreSQL's READ COMMITTED sees it
+            // either way: the case is MariaDB's.)
             seed_items(&mut db.conn(), &[(1, 10)]);
             let mut conn = any(&db);
             let mut rival = any(&db);

@@ -130,10 +130,10 @@ pub type PreparedUpdate<T, W, V> = VersionedUpdate<T, W, V, BySql<V>>;
 ///   `RAISE(ROLLBACK)`): not retryable here, since a retry would run in
 ///   autocommit; the owner of the outermost transaction runs it again whole.
 ///
-/// Runs on `PgConnection`, `MysqlConnection` and `SqliteConnection`, r2d2
-/// pooled connections to them (feature `r2d2`) and `MultiConnection` enums
-/// that implement [`Dispatch`](crate::multi::Dispatch): there the statement
-/// runs through the enum, and what a failed statement does to the open
+/// Runs on `PgConnection`, `MysqlConnection` and `SqliteConnection`,
+/// `MultiConnection` enums that implement [`Dispatch`](crate::multi::Dispatch),
+/// and r2d2 pooled connections to either (feature `r2d2`): through an enum the
+/// statement runs through the enum, and what a failed statement does to the open
 /// transaction is decided by the backend of the connection inside.
 pub fn update_if<Conn, S>(conn: &mut Conn, statement: S) -> Result<usize, Error>
 where

@@ -262,11 +262,12 @@ expectations_tuple!(A B C D E F);
 /// `key`, as they are now, on `Conn`. Under `LOCK IN SHARE MODE` on
 /// MySQL/MariaDB, so that it sees the latest commit.
 ///
-/// Implemented by lockkit for every [`Expectations`] on `M`'s table, on
-/// `PgConnection`, `MysqlConnection` and `SqliteConnection`, r2d2 pooled
-/// connections to them (feature `r2d2`) and [`Dispatch`](crate::multi::Dispatch)
-/// enums (where the read goes to the connection inside); name it only in
-/// `where` clauses.
+/// Implemented by lockkit for the [`Expectations`] on `M`'s table whose
+/// columns load into their values, on `PgConnection`, `MysqlConnection` and
+/// `SqliteConnection` and r2d2 pooled connections to them (feature `r2d2`);
+/// on a [`Dispatch`](crate::multi::Dispatch) enum (and an r2d2 pooled
+/// connection to one), for those that do so on each of its backends, the read
+/// going to the connection inside. Name it only in `where` clauses.
 #[diagnostic::on_unimplemented(
     message = "compare-and-set cannot load `{Self}` back from `{M}`'s row on `{Conn}`",
     label = "the values found could not be loaded into these expectations",
@@ -322,9 +323,10 @@ pub trait CompareAndSet: Lockable {
     /// Returns the number of rows written: 1, unless the database does not enforce
     /// the declared key (unlike versioned writes, this call does not check it).
     ///
-    /// Runs on `PgConnection`, `MysqlConnection` and `SqliteConnection`, r2d2
-    /// pooled connections to them (feature `r2d2`) and `MultiConnection` enums
-    /// that implement [`Dispatch`](crate::multi::Dispatch): there the write
+    /// Runs on `PgConnection`, `MysqlConnection` and `SqliteConnection`,
+    /// `MultiConnection` enums that implement
+    /// [`Dispatch`](crate::multi::Dispatch), and r2d2 pooled connections to
+    /// either (feature `r2d2`): through an enum the write
     /// runs through the enum, and the read after a refused write goes to the
     /// connection inside, with its backend's locking read.
     ///
@@ -342,10 +344,13 @@ pub trait CompareAndSet: Lockable {
     ///   [`Error::Deadlock`], [`Error::ConnectionLost`], .., else
     ///   [`Error::Database`]); see [`classify`](crate::classify()).
     /// * [`Error::TransactionAborted`] when the write or the read that reports
-    ///   a mismatch was a deadlock's victim inside a transaction on
-    ///   MySQL/MariaDB (or a lock wait timeout's, on a server started with
-    ///   `--innodb-rollback-on-timeout`), which rolled the whole transaction
-    ///   back, as for [`atomic::update_if`](crate::atomic::update_if).
+    ///   a mismatch (or one of the caller's statements before them, whose
+    ///   error the caller let go) was a deadlock's victim inside a transaction
+    ///   on MySQL/MariaDB (or a lock wait timeout's, on a server started with
+    ///   `--innodb-rollback-on-timeout`), or a statement of the caller's
+    ///   rolled back the whole transaction on SQLite (a trigger's
+    ///   `RAISE(ROLLBACK)`): nothing is written in autocommit, as for
+    ///   [`atomic::update_if`](crate::atomic::update_if).
     fn compare_and_set<Conn, E, C>(
         conn: &mut Conn,
         key: Self::Key,
