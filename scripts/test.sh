@@ -271,6 +271,13 @@ for features in "" derive postgres mysql sqlite r2d2 idempotency idempotency-mig
   cargo clippy --locked -q -p lockkit --no-default-features --features "$features" --all-targets \
     -- -D warnings || die "lockkit does not build with features [$features]"
 done
+# --all-targets builds lockkit's tests too, whose dev-dependency on lockkit
+# turns on `sqlite` and `async`: the library alone, without them.
+log "lockkit: the library alone, without SQLite"
+for features in "" r2d2 postgres mysql postgres,r2d2 mysql,r2d2; do
+  cargo clippy --locked -q -p lockkit --lib --no-default-features --features "$features" \
+    -- -D warnings || die "lockkit's library does not build with features [$features]"
+done
 log "lockkit: doc examples with default features"
 cargo test --locked -q -p lockkit --doc
 log "examples: default features"
