@@ -1372,13 +1372,13 @@ fn a_first_update_returning_through_the_enum_after_sqlite_rolled_back_your_trans
 }
 
 /// The sale of one unit of item 2, by your own statement: what the lockkit
-/// calls below wrap.
+/// calls below wrap. The rows it wrote.
 #[cfg(feature = "sqlite")]
 fn sell_one_of_2(conn: &mut AnyConnection) -> Result<i32, Error> {
-    diesel::update(items::table.find(2))
+    let rows = diesel::update(items::table.find(2))
         .set(items::stock.eq(items::stock - 1))
         .execute(conn)?;
-    Ok(4)
+    Ok(rows as i32)
 }
 
 /// The sale of item 2 under an idempotency key, as a lockkit call of its own.
