@@ -1386,6 +1386,36 @@ mod mysql_only {
         assert_next_user_reads_item_1(&pool, "a versioned write dropped in autocommit").await;
     }
 
+    /// The atomic writes are one statement each, outside a transaction here:
+    /// one dropped while its `UPDATE` waits for another session's lock on the
+    /// row does not hand the pool's next user a connection that reads that
+    /// reply as its own (a conditional sale that matched nothing would come
+    /// back as one row written, and one that sold as nothing).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_atomic_write_dropped_in_autocommit_hands_the_next_user_a_working_connection() {
+        use lockkit::asynchronous::atomic::{counter, update, update_counters, update_if};
+        let db = seeded::<MysqlConnection>("dropped_atomic_write", &[(1, 1_000)]);
+        let pool = unpinged_pool(&db.url).await;
+        dropped_while_it_waits!(
+            pool,
+            &db.url,
+            "SELECT 1 FROM items WHERE id = 1 FOR UPDATE",
+            |conn| update_if(
+                conn,
+                update(items::table.find(1).filter(items::stock.ge(1)))
+                    .set(items::stock.eq(items::stock - 1))
+            )
+        );
+        assert_next_user_reads_item_1(&pool, "update_if dropped in autocommit").await;
+        dropped_while_it_waits!(
+            pool,
+            &db.url,
+            "SELECT 1 FROM items WHERE id = 1 FOR UPDATE",
+            |conn| update_counters(conn, items::table.find(1), counter(items::stock, -1))
+        );
+        assert_next_user_reads_item_1(&pool, "update_counters dropped in autocommit").await;
+    }
+
     /// `lease::acquire` sends three statements outside any transaction: one
     /// dropped while they wait for another session's lock on the lease's row
     /// does not hand the pool's next user a connection that reads their reply

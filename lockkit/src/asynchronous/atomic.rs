@@ -10,7 +10,11 @@
 //! ```
 //!
 //! Each is one statement: a future dropped while it runs leaves the statement
-//! applied or not, as the server decided, and nothing open on the connection.
+//! applied or not, as the server decided. On MySQL/MariaDB a statement dropped
+//! before its reply came would leave that reply for the connection's next
+//! statement to read as its own: the dropped write marks the connection
+//! broken, in a transaction or not, so that its pool closes it (as a dropped
+//! versioned write does).
 //! Build the `UPDATE` with [`update`] (re-exported from
 //! [`lockkit::atomic`](crate::atomic::update)) to have diesel-async prepare it
 //! once per connection, as it does a `SELECT`.
@@ -35,8 +39,9 @@
 use diesel::query_builder::{AsChangeset, AsQuery, IntoUpdateTarget};
 use diesel::OptionalExtension;
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
-use diesel_async::{AsyncConnection, RunQueryDsl};
+use diesel_async::RunQueryDsl;
 
+use super::connection::{AsyncLockingConnection, Unsettled};
 use crate::error::classification::classify;
 use crate::error::Error;
 pub use crate::optimistic::atomic::{counter, update, Increment, PreparedUpdate, Update};
@@ -53,16 +58,22 @@ use crate::transaction::journal::AsyncWatched;
 /// As [`lockkit::atomic::update_if`](crate::atomic::update_if).
 pub async fn update_if<Conn, S>(conn: &mut Conn, statement: S) -> Result<usize, Error>
 where
-    Conn: AsyncConnection,
+    Conn: AsyncLockingConnection,
     S: ExecuteDsl<Conn> + Send,
 {
-    journal::before_write(&mut AsyncWatched(&mut *conn));
-    super::connection::check_write(conn).await?;
-    let rows = match statement.execute(conn).await {
-        Ok(rows) => rows,
-        Err(err) => return Err(super::connection::failed_write(conn, classify(err)).await),
-    };
-    matched(rows)
+    let mut unsettled = Unsettled::until_replied(conn);
+    let conn = &mut *unsettled.conn;
+    let rows = async {
+        journal::before_write(&mut AsyncWatched(&mut *conn));
+        super::connection::check_write(conn).await?;
+        match statement.execute(conn).await {
+            Ok(rows) => Ok(rows),
+            Err(err) => Err(super::connection::failed_write(conn, classify(err)).await),
+        }
+    }
+    .await;
+    unsettled.settled();
+    matched(rows?)
 }
 
 /// Executes a conditional `UPDATE ... RETURNING` (PostgreSQL, SQLite 3.35+) and
@@ -96,16 +107,23 @@ where
 /// ```
 pub async fn update_returning<Conn, S, T>(conn: &mut Conn, statement: S) -> Result<T, Error>
 where
-    Conn: AsyncConnection,
+    Conn: AsyncLockingConnection,
     S: for<'q> LoadQuery<'q, Conn, T> + Send,
     T: Send,
 {
-    journal::before_write(&mut AsyncWatched(&mut *conn));
-    super::connection::check_write(conn).await?;
-    match statement.get_result(conn).await.optional() {
-        Ok(row) => row.ok_or(Error::NoRowMatched),
-        Err(err) => Err(super::connection::failed_write(conn, classify(err)).await),
+    let mut unsettled = Unsettled::until_replied(conn);
+    let conn = &mut *unsettled.conn;
+    let row = async {
+        journal::before_write(&mut AsyncWatched(&mut *conn));
+        super::connection::check_write(conn).await?;
+        match statement.get_result(conn).await.optional() {
+            Ok(row) => Ok(row),
+            Err(err) => Err(super::connection::failed_write(conn, classify(err)).await),
+        }
     }
+    .await;
+    unsettled.settled();
+    row?.ok_or(Error::NoRowMatched)
 }
 
 /// Adds to counters of the rows `target` selects, in one statement without
@@ -123,7 +141,7 @@ pub async fn update_counters<Conn, T, C>(
     counters: C,
 ) -> Result<usize, Error>
 where
-    Conn: AsyncConnection,
+    Conn: AsyncLockingConnection,
     T: IntoUpdateTarget,
     C: AsChangeset<Target = T::Table>,
     diesel::dsl::Update<T, C>: AsQuery + ExecuteDsl<Conn> + Send,

@@ -63,10 +63,10 @@
 //! broken wherever it was nested, so that no `COMMIT` is sent on it and the
 //! transaction around fails with `BrokenTransactionManager`, committing
 //! nothing. So do the calls that open no level of their own, in a
-//! transaction or not: a versioned write, `lock_all`, `queue::claim`, an
-//! outbox message, and a lease's `acquire`, `renew` and `release`. The
-//! single-statement calls (`atomic::*`, the outbox's and the idempotency
-//! keys' housekeeping) are left as a statement of your own is (below). On
+//! transaction or not: a versioned write, an atomic write (`atomic::*`),
+//! `lock_all`, `queue::claim`, an outbox message, and a lease's `acquire`,
+//! `renew` and `release`. The outbox's and the idempotency keys'
+//! housekeeping are left as a statement of your own is (below). On
 //! SQLite, diesel-async
 //! refuses any access to the connection while a dropped statement still runs
 //! on its blocking thread: a call dropped then cannot mark anything (lockkit
