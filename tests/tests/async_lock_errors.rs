@@ -94,9 +94,11 @@ macro_rules! deadlock_first_attempt {
         let runs = AtomicU32::new(0);
         let $work = async |conn: &mut Async, attempt: u32| -> Result<(), Error> {
             runs.fetch_add(1, Ordering::SeqCst);
-            let item: Item = items::table.find(1).for_update().first(conn).await?;
+            // The sale locks item 1 without a read before it: a write after
+            // a read of the work's own is one that may follow a hidden
+            // deadlock (`a_transaction_with_retry_whose_work_wrote_after_..`).
             diesel::update(items::table.find(1))
-                .set(items::stock.eq(item.stock - 1))
+                .set(items::stock.eq(items::stock - 1))
                 .execute(conn)
                 .await?;
             if attempt == 1 {
@@ -771,10 +773,12 @@ async_server_tests! {
         // lockkit's transaction (whose journal saw the deadlock), and in
         // diesel-async's own on a connection that has not served lockkit
         // before (the write installs the journal after the deadlock and asks
-        // the server once).
-        for lockkit_outside in [true, false] {
+        // the server once). The victim is the caller's statement by key, or a
+        // read by a range whose deadlock comes in place of its rows (the
+        // journal is told the read succeeded, so the write asks the server).
+        for (by_range, lockkit_outside) in [(false, true), (false, false), (true, true), (true, false)] {
             let seen = Mutex::new(None);
-            let (outcome, runs, _, lines) = deadlock_first_attempt!(db, |conn, work| {
+            let (outcome, runs, _, lines) = deadlock_first_attempt!(@run by_range, db, |conn, work| {
                 let let_go = async |conn: &mut Async| {
                     let mut three: Item = items::table.find(3).first(conn).await?;
                     three.stock -= 1;
@@ -801,15 +805,16 @@ async_server_tests! {
             assert_eq!(
                 (stocks, lines),
                 (vec![10, 10], 0),
-                "a write committed on its own (lockkit's transaction: {lockkit_outside}): \
-                 {versioned:?} {conditional:?}, outcome {outcome:?}"
+                "a write committed on its own (lockkit's transaction: {lockkit_outside}, \
+                 victim by range: {by_range}): {versioned:?} {conditional:?}, outcome {outcome:?}"
             );
             if BACKEND == "mysql" {
                 assert!(
                     matches!(versioned, Err(Error::TransactionAborted(_)))
                         && matches!(conditional, Err(Error::TransactionAborted(_))),
-                    "in a transaction the server had ended (lockkit's: {lockkit_outside}), \
-                     update_versioned returned {versioned:?} and update_if {conditional:?}"
+                    "in a transaction the server had ended (lockkit's: {lockkit_outside}, \
+                     victim by range: {by_range}), update_versioned returned {versioned:?} \
+                     and update_if {conditional:?}"
                 );
             }
         }
@@ -1197,6 +1202,149 @@ mod mysql_only {
             (2, 9, 1),
             "the thrown-away attempt reported as done"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_transaction_with_retry_whose_work_wrote_after_a_hidden_deadlock_is_not_run_again() {
+        // As above, but after letting the hidden deadlock go the work writes
+        // item 3 with a statement of its own. The server had ended the
+        // transaction: that write ran in autocommit and committed on its own.
+        // Asked before COMMIT, the server finds no transaction open; running
+        // the attempt again would sell item 3 twice. The owner reports the end,
+        // not retryable, and the attempt runs once.
+        let db = lockkit_tests::TestDb::<Sync>::new("async_hidden_deadlock_wrote_after");
+        let attempts = AtomicU32::new(0);
+        let (outcome, runs, _, _) = deadlock_first_attempt!(by_range, db, |conn, work| {
+            lockkit::asynchronous::transaction_with_retry(
+                &mut conn,
+                &RetryPolicy::immediate(5),
+                async |conn| {
+                    let attempt = attempts.fetch_add(1, Ordering::SeqCst) + 1;
+                    order_line(conn, attempt).await?;
+                    let _ = work(conn, attempt).await; // let go
+                    diesel::update(items::table.find(3))
+                        .set(items::stock.eq(items::stock - 1))
+                        .execute(conn)
+                        .await?;
+                    let mut other = Sync::establish(&db.url).unwrap();
+                    lockkit_tests::aborts::open_a_stand_in(&mut other);
+                    Ok(())
+                },
+            )
+            .await
+        });
+        let mut fresh: Async = async_common::connect(&db.url, BACKEND).await;
+        let three: i32 = items::table
+            .find(3)
+            .select(items::stock)
+            .first(&mut fresh)
+            .await
+            .unwrap();
+        assert_eq!(
+            (runs, three),
+            (1, 9),
+            "the attempt ran again after its write committed on its own: {outcome:?}"
+        );
+        let err = outcome.expect_err("the transaction had ended under the work");
+        assert!(!err.is_retryable(), "{err:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_transaction_with_retry_whose_versioned_write_came_before_a_hidden_deadlock_runs_again(
+    ) {
+        // The work puts item -1 in place (the deadlock's other side holds
+        // items 2 and up; an id of 0 would take the next AUTO_INCREMENT value), reads it, writes it with a versioned write (which
+        // asks the server first: a read of the work's own came before), then
+        // lets the hidden deadlock go. The versioned write's own reads and
+        // write are lockkit's: they leave the journal as sure as its question
+        // did, so the end found later is one before which nothing was written
+        // outside the transaction, and the attempt runs again.
+        use lockkit::asynchronous::prelude::*;
+        let db = lockkit_tests::TestDb::<Sync>::new("async_versioned_before_hidden_deadlock");
+        let attempts = AtomicU32::new(0);
+        let (outcome, runs, stock, lines) = deadlock_first_attempt!(by_range, db, |conn, work| {
+            lockkit::asynchronous::transaction_with_retry(
+                &mut conn,
+                &RetryPolicy::immediate(5),
+                async |conn| {
+                    let attempt = attempts.fetch_add(1, Ordering::SeqCst) + 1;
+                    conn.batch_execute(
+                        "INSERT INTO items (id, name, stock, lock_version) VALUES (-1, 'item -1', 10, 0)",
+                    )
+                    .await?;
+                    let mut extra: Item = items::table.find(-1).first(conn).await?;
+                    extra.stock -= 1;
+                    extra.update_versioned(conn).await?;
+                    let _ = work(conn, attempt).await; // let go
+                    if attempt == 1 {
+                        let mut other = Sync::establish(&db.url).unwrap();
+                        lockkit_tests::aborts::open_a_stand_in(&mut other);
+                    }
+                    Ok(())
+                },
+            )
+            .await
+        });
+        assert!(outcome.is_ok(), "{outcome:?}");
+        let mut fresh: Async = async_common::connect(&db.url, BACKEND).await;
+        let extra: i32 = items::table
+            .find(-1)
+            .select(items::stock)
+            .first(&mut fresh)
+            .await
+            .unwrap();
+        assert_eq!((runs, stock, lines, extra), (2, 9, 0, 9));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn writes_after_a_read_of_the_work_ask_the_server_once() {
+        // The question a lockkit write asks after a read of the work's own
+        // (a deadlock may have come in place of its rows) costs one round
+        // trip: the writes after it, whose reads are lockkit's own, ask
+        // nothing more.
+        use lockkit::asynchronous::prelude::*;
+        use std::sync::atomic::AtomicUsize;
+        use std::sync::Arc;
+        let db = lockkit_tests::TestDb::<Sync>::new("async_writes_ask_once");
+        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let asks = Arc::new(AtomicUsize::new(0));
+        let counted = asks.clone();
+        conn.set_instrumentation(lockkit::journal::Journal::wrap(
+            move |event: diesel::connection::InstrumentationEvent<'_>| {
+                if let diesel::connection::InstrumentationEvent::StartQuery { query, .. } = event {
+                    if query.to_string().contains("@@in_transaction") {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            },
+        ));
+        let seen = Mutex::new(Vec::new());
+        lockkit::asynchronous::transaction_with_retry(
+            &mut conn,
+            &RetryPolicy::immediate(1),
+            async |conn| {
+                let mut one: Item = items::table.find(1).first(conn).await?;
+                let mut two: Item = items::table.find(2).first(conn).await?;
+                one.stock -= 1;
+                one.update_versioned(conn).await?;
+                seen.lock()
+                    .unwrap()
+                    .push(AtomicUsize::load(&asks, Ordering::SeqCst));
+                two.stock -= 1;
+                two.update_versioned(conn).await?;
+                let sale = lockkit::asynchronous::atomic::update(items::table.find(1))
+                    .set(items::stock.eq(items::stock - 1));
+                lockkit::asynchronous::atomic::update_if(conn, sale).await?;
+                seen.lock()
+                    .unwrap()
+                    .push(AtomicUsize::load(&asks, Ordering::SeqCst));
+                Ok::<_, Error>(())
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(seen.into_inner().unwrap(), vec![1, 1]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -475,9 +475,9 @@ pub(crate) async fn replies_out_of_step<C: AsyncConnection>(conn: &mut C) -> boo
     }
     // The probe sends no read that could hide an error in place of its rows;
     // it leaves the journal as sure as it found it.
-    let unsure = journal::unsure(&mut journal::AsyncWatched(&mut *conn));
+    let before = journal::own_read(&mut journal::AsyncWatched(&mut *conn));
     let in_step = replies_in_step(conn).await;
-    journal::own_read_done(&mut journal::AsyncWatched(&mut *conn), unsure);
+    journal::own_read_done(&mut journal::AsyncWatched(&mut *conn), before);
     if in_step {
         if let Some(levels) = journal::levels(&mut journal::AsyncWatched(&mut *conn)) {
             levels.in_step(stranded);
@@ -975,11 +975,26 @@ pub(crate) fn refuse_transaction_or_broken<C: AsyncConnection>(conn: &mut C) -> 
 
 /// The blocking side's [`check_write`](crate::transaction::check_write) on an
 /// async connection, after [`roll_back_unused_drop`].
-pub(crate) async fn check_write<C: AsyncConnection>(conn: &mut C) -> Result<(), Error> {
+///
+/// One more case: where a read of the work's own may have hidden a deadlock
+/// since lockkit last knew ([`unsure`](crate::journal::unsure): diesel-async's
+/// MySQL connection), the server is asked first, as [`require_live`] asks it
+/// (one round trip, only for a write that follows such a read in a
+/// transaction), so that the write never runs in autocommit after an end
+/// nobody saw.
+pub(crate) async fn check_write<C: AsyncLockingConnection>(conn: &mut C) -> Result<(), Error> {
     refuse_broken(conn)?;
     journal::before_write(&mut journal::AsyncWatched(&mut *conn));
     refuse_if_ended_on_sqlite(conn).await?;
     roll_back_unused_drop(conn).await?;
+    if journal::unsure(&mut journal::AsyncWatched(&mut *conn)) {
+        let ended = conn.transaction_ended(None).await;
+        journal::answered(&mut journal::AsyncWatched(&mut *conn), ended.as_ref());
+        if let Some(cause) = ended {
+            conn.keep_aborted().await;
+            return Err(journal::aborted(&mut journal::AsyncWatched(conn), cause));
+        }
+    }
     let watched = &mut journal::AsyncWatched(&mut *conn);
     let Some((cause, reported)) = journal::ended_before_write(watched) else {
         return Ok(());

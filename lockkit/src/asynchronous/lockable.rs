@@ -157,7 +157,6 @@ where
     let mut level = Level::opened(&mut *unsettled.conn);
     let conn = &mut *level;
     let mut held = None;
-    let unsure = journal::unsure(&mut journal::AsyncWatched(&mut *conn));
     let result = match lock_row::<M, C>(conn, key, options).await {
         Ok((row, mut lock)) => {
             // Nested in the caller's transaction, the lock lasts until the
@@ -165,8 +164,6 @@ where
             // hands it to the outer lockkit transaction's scope).
             lock.recorded = !began.nested;
             held = Some(lock);
-            // Its rows came: the read hid no deadlock, and asks no question later.
-            journal::own_read_done(&mut journal::AsyncWatched(&mut *conn), unsure);
             f(conn, row).await.map_err(Failure::Closure)
         }
         Err(err) => Err(Failure::Lockkit(err)),
@@ -257,8 +254,13 @@ where
         recorded: false,
     };
     let lock = options.row_lock();
+    // A locking read of lockkit's own whose row came hid no deadlock: the
+    // journal is left as sure as it was before it, and neither the bump below
+    // nor a later write asks the server for it.
+    let before = journal::own_read(&mut journal::AsyncWatched(&mut *conn));
     if lock == ForUpdate::LOCK {
         if let Some(row) = M::load_locked_bumped(conn, &key).await? {
+            journal::own_read_done(&mut journal::AsyncWatched(&mut *conn), before);
             return Ok((row, held(&key)));
         }
     }
@@ -266,7 +268,10 @@ where
         .await
         .map_err(|err| lock.wait.classify(err))?;
     let mut row = match row {
-        Some(row) => row,
+        Some(row) => {
+            journal::own_read_done(&mut journal::AsyncWatched(&mut *conn), before);
+            row
+        }
         None if lock.wait.hides_held_rows() => {
             let exists = M::exists(conn, key).await.map_err(classify)?;
             return Err(WaitMode::empty_read(exists));

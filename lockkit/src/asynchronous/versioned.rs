@@ -686,6 +686,9 @@ where
     let (conn, tentative) = unsettled.parts();
     let written = async {
         super::connection::check_write(conn).await?;
+        // The sequence's reads are lockkit's own: once it is done, the journal
+        // is as sure as `check_write` left it.
+        let before = crate::transaction::journal::own_read(&mut AsyncWatched(&mut *conn));
         let sequence = async {
             // As the blocking side: the key check first, which names the schema.
             let unique = M::key_is_unique(conn).await.map_err(classify)?;
@@ -751,7 +754,10 @@ where
             }
         };
         match sequence.await {
-            Ok(written) => Ok(written),
+            Ok(written) => {
+                crate::transaction::journal::own_read_done(&mut AsyncWatched(&mut *conn), before);
+                Ok(written)
+            }
             Err(err) => Err(super::connection::failed_write(conn, err).await),
         }
     }

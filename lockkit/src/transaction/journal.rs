@@ -388,6 +388,12 @@ struct Aborts {
     /// in the open transaction since lockkit last asked the server whether it
     /// is alive: a deadlock may have ended it unseen.
     unsure: bool,
+    /// A statement that may write succeeded while [`unsure`](Self::unsure)
+    /// stood, and no statement was seen to end the transaction since: if the
+    /// server then finds the transaction ended, the deadlock a read hid may
+    /// have come before it, and it may have run in autocommit and committed
+    /// on its own ([`wrote_while_unsure`]).
+    wrote_while_unsure: bool,
     /// The journal learned that its backend ends a transaction on a deadlock
     /// only inside the open transaction (installed by a connection's first
     /// lockkit call there, or told its rule late): it may have missed, or not
@@ -513,6 +519,7 @@ impl Aborts {
         self.wrote_after_failed = false;
         self.reviving = false;
         self.unsure = false;
+        self.wrote_while_unsure = false;
         self.missed = false;
         self.settle();
     }
@@ -560,6 +567,9 @@ impl Aborts {
                     && may_commit_implicitly(query)
                 {
                     self.implicit_commit = true;
+                }
+                if self.unsure && self.depth > 0 && error.is_none() && !only_reads(query) {
+                    self.wrote_while_unsure = true;
                 }
                 if self.hides_read_errors
                     && self.depth > 0
@@ -664,12 +674,16 @@ impl Aborts {
                             // the work wrote in between went with it.
                             self.ended((*kind, message.to_owned()));
                             self.wrote_after_end = false;
+                            self.wrote_while_unsure = false;
                             self.failed_after = false;
                         } else {
                             self.failed_after = true;
                         }
                     } else if ends_it {
+                        // Seen: what the work wrote before, it wrote in the
+                        // transaction.
                         self.ended((*kind, message.to_owned()));
+                        self.wrote_while_unsure = false;
                         self.failed_after = false;
                     }
                     if self.depth > 0
@@ -1492,6 +1506,10 @@ pub(crate) fn answered<W: Watched>(conn: &mut W, ended: Option<&Error>) {
     if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
         journal.aborts.unsure = false;
         journal.aborts.missed = false;
+        if ended.is_none() {
+            // Alive: what the work wrote, it wrote in the transaction.
+            journal.aborts.wrote_while_unsure = false;
+        }
         if matches!(ended, Some(Error::Deadlock)) && journal.aborts.ended_by.is_none() {
             journal
                 .aborts
@@ -1500,14 +1518,48 @@ pub(crate) fn answered<W: Watched>(conn: &mut W, ended: Option<&Error>) {
     }
 }
 
+/// Whether a statement of the work that may write succeeded on `conn` while
+/// the journal was [`unsure`], and no statement was seen to end the
+/// transaction since: where the server then finds it ended, the deadlock a
+/// read hid may have come before that statement, which then ran in autocommit
+/// and committed on its own. `false` where no journal watches `conn`.
+pub(crate) fn wrote_while_unsure<W: Watched>(conn: &mut W) -> bool {
+    conn.slot()
+        .downcast_mut::<Journal>()
+        .is_some_and(|journal| journal.aborts.wrote_while_unsure)
+}
+
+/// How sure the journal was before a read of lockkit's own ([`own_read`]),
+/// for [`own_read_done`] to put back.
+#[cfg_attr(not(feature = "async"), allow(dead_code))] // only diesel-async hides read errors
+#[derive(Clone, Copy)]
+pub(crate) struct OwnRead {
+    was_unsure: bool,
+    had_written_while_unsure: bool,
+}
+
+/// Before a read of lockkit's own on `conn` (and the statements of lockkit's
+/// that follow it in the same call, such as `with_lock`'s bump): how sure the
+/// journal is.
+#[cfg_attr(not(feature = "async"), allow(dead_code))] // only diesel-async hides read errors
+pub(crate) fn own_read<W: Watched>(conn: &mut W) -> OwnRead {
+    let had_written_while_unsure = wrote_while_unsure(conn);
+    OwnRead {
+        was_unsure: unsure(conn),
+        had_written_while_unsure,
+    }
+}
+
 /// A read of lockkit's own on `conn` returned all its rows: no error can have
 /// come in their place, so it leaves the journal as sure as it found it
-/// (`was_unsure`, [`unsure`] before the read).
+/// (`before`, [`own_read`]), with what lockkit wrote after it in the same
+/// call.
 #[cfg_attr(not(feature = "async"), allow(dead_code))] // only diesel-async hides read errors
-pub(crate) fn own_read_done<W: Watched>(conn: &mut W, was_unsure: bool) {
-    if !was_unsure {
+pub(crate) fn own_read_done<W: Watched>(conn: &mut W, before: OwnRead) {
+    if !before.was_unsure {
         if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
             journal.aborts.unsure = false;
+            journal.aborts.wrote_while_unsure = before.had_written_while_unsure;
         }
     }
 }

@@ -382,6 +382,8 @@ pub(crate) fn reported_end<T, E, W: journal::Watched>(
 pub(crate) fn ended_under_work<W: journal::Watched>(conn: &mut W, cause: Error) -> Error {
     if journal::wrote_after_end(conn) {
         unseen(WROTE_AFTER_END)
+    } else if journal::wrote_while_unsure(conn) {
+        unseen(MAY_HAVE_WRITTEN_AFTER_END)
     } else {
         cause
     }
@@ -399,6 +401,7 @@ pub(crate) fn may_have_committed(error: &Error) -> bool {
         )) => {
             [
                 WROTE_AFTER_END,
+                MAY_HAVE_WRITTEN_AFTER_END,
                 ENDED_UNSEEN,
                 ENDED_SILENTLY,
                 ENDED_SILENTLY_UNDER_NESTED,
@@ -415,6 +418,18 @@ const WROTE_AFTER_END: &str = "the transaction ended under the work (a deadlock 
      which let the error go and went on: its statements after that point ran outside the \
      transaction, and those that write committed on their own; not retried, so that nothing is \
      applied twice";
+
+/// [`WROTE_AFTER_END`] where no statement was seen to end the transaction: a
+/// read of the work may have hidden the deadlock that did (diesel-async's
+/// MySQL connection reports a read as succeeded before an error that comes in
+/// place of its rows), and a statement of the work wrote after such a read
+/// ([`journal::wrote_while_unsure`]). Which read it was nobody can tell, so
+/// that write may have run in autocommit.
+const MAY_HAVE_WRITTEN_AFTER_END: &str = "the transaction ended under the work (a deadlock rolled \
+     it back) and no statement was seen to end it: a read of the work may have hidden the \
+     deadlock, which the work let go, and its statements that wrote after that read may have run \
+     outside the transaction and committed on their own; not retried, so that nothing is applied \
+     twice";
 
 /// SQLite's twin of [`WROTE_AFTER_END`] ([`wrote_after_sqlite_rollback`]).
 pub(crate) const WROTE_AFTER_SQLITE_ROLLBACK: &str = "SQLite rolled the whole transaction back \
@@ -436,7 +451,9 @@ const ENDED_UNSEEN: &str = "the transaction ended before lockkit's COMMIT: a dea
 /// work (a nested call's, [`journal::knows_of_end`]), and one that a deadlock
 /// the journal could not see may have caused (`unsure`: [`journal::unsure`] as
 /// the work left it, read before the question, itself a read; diesel-async's
-/// MySQL connection hides a read's error that comes in place of its rows).
+/// MySQL connection hides a read's error that comes in place of its rows;
+/// where the work wrote after such a read, [`reported_end`] makes that end not
+/// retryable).
 ///
 /// Otherwise the server has no transaction open although every statement of
 /// the work succeeded, as far as lockkit knows: one of them ended it without an
