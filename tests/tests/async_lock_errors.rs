@@ -454,8 +454,10 @@ async_server_tests! {
         };
         let (a, b) = tokio::join!(order(1, 2), order(2, 1));
         assert!(a.0.is_ok() && b.0.is_ok(), "{a:?} {b:?}");
-        // One of them ran again, from its owner's new transaction.
-        assert_eq!(a.1 + b.1, 3, "{a:?} {b:?}");
+        // One of them ran again, from its owner's new transaction (under load
+        // the retry in the savepoint may meet the deadlock again with the
+        // other as its victim, and then both owners run again).
+        assert!((3..=4).contains(&(a.1 + b.1)), "{a:?} {b:?}");
         let mut fresh: Async = async_common::connect(&db.url, BACKEND).await;
         assert_eq!(stocks!(&mut fresh), vec![8, 8]);
     }

@@ -366,8 +366,10 @@ mod servers {
                 (a.join().unwrap(), b)
             });
             assert!(a.0.is_ok() && b.0.is_ok(), "{a:?} {b:?}");
-            // One of them ran again, from its owner's new transaction.
-            assert_eq!(a.1 + b.1, 3, "{a:?} {b:?}");
+            // One of them ran again, from its owner's new transaction (under load
+            // the retry in the savepoint may meet the deadlock again with the
+            // other as its victim, and then both owners run again).
+            assert!((3..=4).contains(&(a.1 + b.1)), "{a:?} {b:?}");
             let mut conn = db.conn();
             assert_eq!((stock_of!(&mut conn, 1), stock_of!(&mut conn, 2)), (8, 8));
         }
