@@ -89,6 +89,44 @@ lockkit_tests::server_tests! {
         lockkit::with_lock(&mut other, item.id, nowait, |_, _: Item| Ok::<_, Error>(())).unwrap();
     }
 
+    fn a_nested_call_that_failed_lets_its_row_lock_go(db) {
+        // Nested, the savepoint's release keeps the row lock (above). A
+        // nested call whose closure fails rolls back to its savepoint, and
+        // PostgreSQL then releases the row locks taken after it; MariaDB
+        // does too where the transaction had done nothing before the
+        // savepoint (it rolls the whole of it back). Code that lets the
+        // failure go and writes from what the call read may hold no lock:
+        // the docs say to lock again.
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn = db.connect();
+        let mut other = db.connect();
+        let nowait = LockOptions::default().nowait();
+        conn.transaction(|conn| {
+            let failed = lockkit::with_lock(conn, 1, LockOptions::default(), |_, _: Item| {
+                Err::<(), _>(Error::NoRowMatched)
+            });
+            assert!(matches!(failed, Err(Error::NoRowMatched)), "{failed:?}");
+            let taken = lockkit::with_lock(&mut other, 1, nowait, |_, _: Item| Ok::<_, Error>(()));
+            assert!(taken.is_ok(), "released with the savepoint: {taken:?}");
+            // Inside a savepoint of your own, after a read: the same on
+            // PostgreSQL; MariaDB keeps this one.
+            let mut item: Item = items::table.find(1).first(conn)?;
+            let rolled_back = conn.transaction(|conn| {
+                item.lock(conn)?;
+                Err::<(), _>(Error::NoRowMatched)
+            });
+            assert!(rolled_back.is_err());
+            let taken = lockkit::with_lock(&mut other, 1, nowait, |_, _: Item| Ok::<_, Error>(()));
+            if BACKEND == "postgres" {
+                assert!(taken.is_ok(), "released with the savepoint: {taken:?}");
+            } else {
+                assert!(matches!(taken, Err(Error::Busy)), "kept after a read before the savepoint: {taken:?}");
+            }
+            Ok::<_, Error>(())
+        })
+        .unwrap();
+    }
+
     fn nowait_is_the_same_clause_as_diesels_no_wait(db) {
         let _ = db;
         let ours = diesel::debug_query::<Backend, _>(&items::table.find(1).for_update().nowait()).to_string();

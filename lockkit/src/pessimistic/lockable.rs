@@ -49,6 +49,10 @@
 //!
 //! Nested inside an open transaction, `with_lock` uses a savepoint: the row lock is
 //! then held until the **outermost** transaction ends, not when the closure returns.
+//! A closure that fails rolls back to the savepoint, and PostgreSQL releases the
+//! row locks taken after it there (MariaDB too, where the transaction did nothing
+//! before the savepoint): after letting such an error go, lock the row again
+//! before writing from what the call read.
 //!
 //! On SQLite, which has no row locks, the transaction is `BEGIN IMMEDIATE`: it takes
 //! the database's write lock up front, so concurrent `with_lock` calls run one after
@@ -201,7 +205,8 @@ pub trait Lockable: Sized {
     /// (On PostgreSQL a versioned model's read and bump are one statement, as in
     /// [`with_lock`](Self::with_lock): see the [module docs](self).)
     ///
-    /// The lock is held until the transaction ends, so this must run inside one
+    /// The lock is held until the transaction ends (taken inside a savepoint that
+    /// rolls back, on PostgreSQL until that rollback), so this must run inside one
     /// (yours from Diesel's `conn.transaction`, or a lockkit one such as
     /// [`locked_transaction`]): outside, the lock would be released as soon as
     /// it was taken, and `lock` refuses with [`Error::NotInTransaction`] without

@@ -7,8 +7,9 @@
 //! (told apart by its address, stable while the transaction borrows it). A nested
 //! scope (a savepoint) hands what it gathered to the scope around it on the same
 //! connection: the work only if the savepoint was released, the locks always
-//! (a rollback to a savepoint does not release InnoDB's row locks, and lockkit
-//! measures up to the end of the outermost transaction in every case). The
+//! (lockkit measures up to the end of the outermost transaction in every case,
+//! also where a rollback to the savepoint released the row locks, as PostgreSQL
+//! does: there the hold time measured runs past the lock's end). The
 //! outermost scope runs the work after `COMMIT` and records the hold times after
 //! `COMMIT` or `ROLLBACK`.
 
