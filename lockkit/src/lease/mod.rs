@@ -71,7 +71,10 @@
 //! Record the fence **before you read** what you will write back: run the read in
 //! [`fenced`] too (as soon as you hold the lease). From then on the older holders'
 //! writes are refused, so nothing they write can slip in between your read and
-//! your write. A holder that only writes, with a fence the resource has not seen
+//! your write. The raise is a write like any other: nested in a transaction of
+//! yours that rolls back, it goes with it, and the older holders are admitted
+//! again; read under a fence in a transaction that commits (or in its own
+//! [`fenced`] call at the top level). A holder that only writes, with a fence the resource has not seen
 //! yet, is not refused: fencing stops *older* holders, it does not order readers.
 //! On MySQL/MariaDB, do not nest [`fenced`] in a `REPEATABLE READ` transaction of
 //! yours that has already read: its plain reads see that transaction's snapshot,
