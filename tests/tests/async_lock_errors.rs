@@ -1172,130 +1172,114 @@ mod mysql_only {
         assert_eq!(stock!(&mut conn), 9);
     }
 
+    /// What the work of a top-level `transaction_with_retry` does around its
+    /// sale and the hidden deadlock it lets go.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Around {
+        /// Nothing more.
+        Nothing,
+        /// After the deadlock, writes item 3 with a statement of its own.
+        WritesAfter,
+        /// Before it, puts item -1 in place (the deadlock's other side holds
+        /// items 2 and up; an id of 0 would take the next AUTO_INCREMENT
+        /// value), reads it and writes it with a versioned write.
+        VersionedBefore,
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_top_level_transaction_with_retry_whose_work_lets_a_hidden_deadlock_go_runs_again() {
+    async fn a_top_level_transaction_with_retry_whose_work_lets_a_hidden_deadlock_go_runs_again_unless_it_wrote_after(
+    ) {
         // The work's own read by a range is the deadlock's victim, which
         // diesel-async hides from the journal, and the work lets the error go.
         // Meanwhile another connection of the process opens a stand-in, so
         // lockkit asks the server before COMMIT and finds no transaction open.
-        // The journal knows a read may have hidden a deadlock: nothing of the
-        // attempt committed, and it runs again (not the error for an end no
-        // statement reported).
-        let db = lockkit_tests::TestDb::<Sync>::new("async_hidden_deadlock_let_go");
-        let attempts = AtomicU32::new(0);
-        let (outcome, runs, stock, lines) = deadlock_first_attempt!(by_range, db, |conn, work| {
-            lockkit::asynchronous::transaction_with_retry(
-                &mut conn,
-                &RetryPolicy::immediate(5),
-                async |conn| {
-                    let attempt = attempts.fetch_add(1, Ordering::SeqCst) + 1;
-                    order_line(conn, attempt).await?;
-                    let _ = work(conn, attempt).await; // let go
-                    let mut other = Sync::establish(&db.url).unwrap();
-                    lockkit_tests::aborts::open_a_stand_in(&mut other);
-                    Ok(())
-                },
-            )
-            .await
-        });
-        assert!(outcome.is_ok(), "{outcome:?}");
-        assert_eq!(
-            (runs, stock, lines),
-            (2, 9, 1),
-            "the thrown-away attempt reported as done"
-        );
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_transaction_with_retry_whose_work_wrote_after_a_hidden_deadlock_is_not_run_again() {
-        // As above, but after letting the hidden deadlock go the work writes
-        // item 3 with a statement of its own. The server had ended the
-        // transaction: that write ran in autocommit and committed on its own.
-        // Asked before COMMIT, the server finds no transaction open; running
-        // the attempt again would sell item 3 twice. The owner reports the end,
-        // not retryable, and the attempt runs once.
-        let db = lockkit_tests::TestDb::<Sync>::new("async_hidden_deadlock_wrote_after");
-        let attempts = AtomicU32::new(0);
-        let (outcome, runs, _, _) = deadlock_first_attempt!(by_range, db, |conn, work| {
-            lockkit::asynchronous::transaction_with_retry(
-                &mut conn,
-                &RetryPolicy::immediate(5),
-                async |conn| {
-                    let attempt = attempts.fetch_add(1, Ordering::SeqCst) + 1;
-                    order_line(conn, attempt).await?;
-                    let _ = work(conn, attempt).await; // let go
-                    diesel::update(items::table.find(3))
-                        .set(items::stock.eq(items::stock - 1))
-                        .execute(conn)
-                        .await?;
-                    let mut other = Sync::establish(&db.url).unwrap();
-                    lockkit_tests::aborts::open_a_stand_in(&mut other);
-                    Ok(())
-                },
-            )
-            .await
-        });
-        let mut fresh: Async = async_common::connect(&db.url, BACKEND).await;
-        let three: i32 = items::table
-            .find(3)
-            .select(items::stock)
-            .first(&mut fresh)
-            .await
-            .unwrap();
-        assert_eq!(
-            (runs, three),
-            (1, 9),
-            "the attempt ran again after its write committed on its own: {outcome:?}"
-        );
-        let err = outcome.expect_err("the transaction had ended under the work");
-        assert!(!err.is_retryable(), "{err:?}");
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_transaction_with_retry_whose_versioned_write_came_before_a_hidden_deadlock_runs_again(
-    ) {
-        // The work puts item -1 in place (the deadlock's other side holds
-        // items 2 and up; an id of 0 would take the next AUTO_INCREMENT value), reads it, writes it with a versioned write (which
-        // asks the server first: a read of the work's own came before), then
-        // lets the hidden deadlock go. The versioned write's own reads and
-        // write are lockkit's: they leave the journal as sure as its question
-        // did, so the end found later is one before which nothing was written
-        // outside the transaction, and the attempt runs again.
-        use lockkit::asynchronous::prelude::*;
-        let db = lockkit_tests::TestDb::<Sync>::new("async_versioned_before_hidden_deadlock");
-        let attempts = AtomicU32::new(0);
-        let (outcome, runs, stock, lines) = deadlock_first_attempt!(by_range, db, |conn, work| {
-            lockkit::asynchronous::transaction_with_retry(
-                &mut conn,
-                &RetryPolicy::immediate(5),
-                async |conn| {
-                    let attempt = attempts.fetch_add(1, Ordering::SeqCst) + 1;
-                    conn.batch_execute(
-                        "INSERT INTO items (id, name, stock, lock_version) VALUES (-1, 'item -1', 10, 0)",
-                    )
-                    .await?;
-                    let mut extra: Item = items::table.find(-1).first(conn).await?;
-                    extra.stock -= 1;
-                    extra.update_versioned(conn).await?;
-                    let _ = work(conn, attempt).await; // let go
-                    if attempt == 1 {
-                        let mut other = Sync::establish(&db.url).unwrap();
-                        lockkit_tests::aborts::open_a_stand_in(&mut other);
-                    }
-                    Ok(())
-                },
-            )
-            .await
-        });
-        assert!(outcome.is_ok(), "{outcome:?}");
-        let mut fresh: Async = async_common::connect(&db.url, BACKEND).await;
-        let extra: i32 = items::table
-            .find(-1)
-            .select(items::stock)
-            .first(&mut fresh)
-            .await
-            .unwrap();
-        assert_eq!((runs, stock, lines, extra), (2, 9, 0, 9));
+        // The journal knows a read may have hidden a deadlock:
+        // * nothing of the attempt committed, and it runs again (not the
+        //   error for an end no statement reported);
+        // * unless the work wrote after one of its reads: that write (item
+        //   3's) ran in autocommit and committed on its own, and running the
+        //   attempt again would sell item 3 twice; the owner reports the end,
+        //   not retryable, and the attempt runs once;
+        // * a versioned write before the deadlock asks the server first (a
+        //   read of the work's own came before it); its own reads and write
+        //   leave the journal as sure as its question did, so the attempt
+        //   runs again.
+        for around in [
+            Around::Nothing,
+            Around::WritesAfter,
+            Around::VersionedBefore,
+        ] {
+            let name = format!("async_hidden_deadlock_{around:?}").to_lowercase();
+            let db = lockkit_tests::TestDb::<Sync>::new(&name);
+            let attempts = AtomicU32::new(0);
+            let (outcome, runs, stock, lines) = deadlock_first_attempt!(
+                by_range,
+                db,
+                |conn, work| {
+                    lockkit::asynchronous::transaction_with_retry(
+                    &mut conn,
+                    &RetryPolicy::immediate(5),
+                    async |conn| {
+                        let attempt = attempts.fetch_add(1, Ordering::SeqCst) + 1;
+                        order_line(conn, attempt).await?;
+                        if around == Around::VersionedBefore {
+                            conn.batch_execute(
+                                "INSERT INTO items (id, name, stock, lock_version) VALUES (-1, 'item -1', 10, 0)",
+                            )
+                            .await?;
+                            let mut extra: Item = items::table.find(-1).first(conn).await?;
+                            extra.stock -= 1;
+                            lockkit::asynchronous::AsyncVersioned::update_versioned(&mut extra, conn).await?;
+                        }
+                        let _ = work(conn, attempt).await; // let go
+                        if around == Around::WritesAfter {
+                            diesel::update(items::table.find(3))
+                                .set(items::stock.eq(items::stock - 1))
+                                .execute(conn)
+                                .await?;
+                        }
+                        if attempt == 1 {
+                            let mut other = Sync::establish(&db.url).unwrap();
+                            lockkit_tests::aborts::open_a_stand_in(&mut other);
+                        }
+                        Ok(())
+                    },
+                )
+                .await
+                }
+            );
+            let mut fresh: Async = async_common::connect(&db.url, BACKEND).await;
+            let others: Vec<(i32, i32)> = items::table
+                .filter(items::id.eq_any([-1, 3]))
+                .order(items::id)
+                .select((items::id, items::stock))
+                .load(&mut fresh)
+                .await
+                .unwrap();
+            match around {
+                Around::WritesAfter => {
+                    assert_eq!(
+                        (runs, stock, lines, others),
+                        (1, 10, 0, vec![(3, 9)]),
+                        "the attempt ran again after its write committed on its own: {outcome:?}"
+                    );
+                    let err = outcome.expect_err("the transaction had ended under the work");
+                    assert!(!err.is_retryable(), "{err:?}");
+                }
+                Around::Nothing | Around::VersionedBefore => {
+                    assert!(outcome.is_ok(), "{around:?}: {outcome:?}");
+                    let others_then = match around {
+                        Around::VersionedBefore => vec![(-1, 9), (3, 10)],
+                        _ => vec![(3, 10)],
+                    };
+                    assert_eq!(
+                        (runs, stock, lines, others),
+                        (2, 9, 1, others_then),
+                        "{around:?}: the thrown-away attempt reported as done"
+                    );
+                }
+            }
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
