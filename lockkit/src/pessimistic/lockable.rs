@@ -206,7 +206,8 @@ pub trait Lockable: Sized {
     /// [`with_lock`](Self::with_lock): see the [module docs](self).)
     ///
     /// The lock is held until the transaction ends (taken inside a savepoint that
-    /// rolls back, on PostgreSQL until that rollback), so this must run inside one
+    /// rolls back, on PostgreSQL until that rollback, and on MariaDB too where the
+    /// transaction did nothing before the savepoint), so this must run inside one
     /// (yours from Diesel's `conn.transaction`, or a lockkit one such as
     /// [`locked_transaction`]): outside, the lock would be released as soon as
     /// it was taken, and `lock` refuses with [`Error::NotInTransaction`] without
