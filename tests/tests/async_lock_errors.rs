@@ -96,7 +96,7 @@ macro_rules! deadlock_first_attempt {
             runs.fetch_add(1, Ordering::SeqCst);
             // The sale locks item 1 without a read before it: a write after
             // a read of the work's own is one that may follow a hidden
-            // deadlock (`a_transaction_with_retry_whose_work_wrote_after_..`).
+            // deadlock (`.._runs_again_unless_it_wrote_after`).
             diesel::update(items::table.find(1))
                 .set(items::stock.eq(items::stock - 1))
                 .execute(conn)
@@ -1180,6 +1180,11 @@ mod mysql_only {
         Nothing,
         /// After the deadlock, writes item 3 with a statement of its own.
         WritesAfter,
+        /// As `WritesAfter`, then waits for a job another session holds, and
+        /// returns the lock wait timeout (which on a server without
+        /// `--innodb-rollback-on-timeout` ends nothing: the end lockkit finds
+        /// is the hidden deadlock's).
+        WritesAfterThenTimesOut,
         /// Before it, puts item -1 in place (the deadlock's other side holds
         /// items 2 and up; an id of 0 would take the next AUTO_INCREMENT
         /// value), reads it and writes it with a versioned write.
@@ -1203,14 +1208,31 @@ mod mysql_only {
         // * a versioned write before the deadlock asks the server first (a
         //   read of the work's own came before it); its own reads and write
         //   leave the journal as sure as its question did, so the attempt
-        //   runs again.
-        for around in [
+        //   runs again;
+        // * a lock wait timeout the work meets after its write, seen by the
+        //   journal, does not make that write one made inside the
+        //   transaction: the end is still not retryable.
+        let all = [
             Around::Nothing,
             Around::WritesAfter,
+            Around::WritesAfterThenTimesOut,
             Around::VersionedBefore,
-        ] {
+        ];
+        for around in all {
             let name = format!("async_hidden_deadlock_{around:?}").to_lowercase();
             let db = lockkit_tests::TestDb::<Sync>::new(&name);
+            let mut holder = Sync::establish(&db.url).unwrap();
+            if around == Around::WritesAfterThenTimesOut {
+                exec(
+                    &mut db.conn(),
+                    "INSERT INTO jobs (id, payload) VALUES (7, 'held')",
+                );
+                exec(&mut holder, "BEGIN");
+                exec(
+                    &mut holder,
+                    "UPDATE jobs SET payload = 'holder' WHERE id = 7",
+                );
+            }
             let attempts = AtomicU32::new(0);
             let (outcome, runs, stock, lines) = deadlock_first_attempt!(
                 by_range,
@@ -1232,11 +1254,15 @@ mod mysql_only {
                             lockkit::asynchronous::AsyncVersioned::update_versioned(&mut extra, conn).await?;
                         }
                         let _ = work(conn, attempt).await; // let go
-                        if around == Around::WritesAfter {
+                        if matches!(around, Around::WritesAfter | Around::WritesAfterThenTimesOut) {
                             diesel::update(items::table.find(3))
                                 .set(items::stock.eq(items::stock - 1))
                                 .execute(conn)
                                 .await?;
+                        }
+                        if around == Around::WritesAfterThenTimesOut && attempt == 1 {
+                            conn.batch_execute("SET SESSION innodb_lock_wait_timeout = 1").await?;
+                            conn.batch_execute("UPDATE jobs SET payload = 'work' WHERE id = 7").await?;
                         }
                         if attempt == 1 {
                             let mut other = Sync::establish(&db.url).unwrap();
@@ -1248,6 +1274,7 @@ mod mysql_only {
                 .await
                 }
             );
+            exec(&mut holder, "ROLLBACK");
             let mut fresh: Async = async_common::connect(&db.url, BACKEND).await;
             let others: Vec<(i32, i32)> = items::table
                 .filter(items::id.eq_any([-1, 3]))
@@ -1257,11 +1284,11 @@ mod mysql_only {
                 .await
                 .unwrap();
             match around {
-                Around::WritesAfter => {
+                Around::WritesAfter | Around::WritesAfterThenTimesOut => {
                     assert_eq!(
                         (runs, stock, lines, others),
                         (1, 10, 0, vec![(3, 9)]),
-                        "the attempt ran again after its write committed on its own: {outcome:?}"
+                        "{around:?}: the attempt ran again after its write committed on its own: {outcome:?}"
                     );
                     let err = outcome.expect_err("the transaction had ended under the work");
                     assert!(!err.is_retryable(), "{err:?}");
@@ -1280,6 +1307,55 @@ mod mysql_only {
                 }
             }
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_retry_around_your_transaction_whose_write_followed_a_hidden_deadlock_runs_once() {
+        // diesel-async's own transaction under lockkit's `retry`: the work's
+        // read by a range hides the deadlock, which it lets go, writes item 3
+        // with a statement of its own (in autocommit: it commits), then sells
+        // with `update_if`, which asks the server and refuses. The refusal
+        // says that a write may have committed on its own: the retry does not
+        // run the work again and sell item 3 twice.
+        let db = lockkit_tests::TestDb::<Sync>::new("async_retry_own_tx_hidden_deadlock");
+        let (outcome, runs, _, _) = deadlock_first_attempt!(by_range, db, |conn, work| {
+            let conn = tokio::sync::Mutex::new(&mut conn);
+            lockkit::asynchronous::retry(&RetryPolicy::immediate(5), |attempt| {
+                let (conn, work) = (&conn, &work);
+                async move {
+                    let mut guard = conn.lock().await;
+                    let conn: &mut Async = &mut guard;
+                    conn.transaction::<_, Error, _>(async |conn| {
+                        let _ = work(conn, attempt).await; // let go
+                        diesel::update(items::table.find(3))
+                            .set(items::stock.eq(items::stock - 1))
+                            .execute(conn)
+                            .await?;
+                        let sale = lockkit::asynchronous::atomic::update(items::table.find(4))
+                            .set(items::stock.eq(items::stock - 1));
+                        lockkit::asynchronous::atomic::update_if(conn, sale).await?;
+                        Ok(())
+                    })
+                    .await
+                }
+            })
+            .await
+        });
+        let mut fresh: Async = async_common::connect(&db.url, BACKEND).await;
+        let stocks: Vec<i32> = items::table
+            .filter(items::id.eq_any([3, 4]))
+            .order(items::id)
+            .select(items::stock)
+            .load(&mut fresh)
+            .await
+            .unwrap();
+        assert_eq!(
+            (runs, stocks),
+            (1, vec![9, 10]),
+            "the work ran again after its write committed on its own: {outcome:?}"
+        );
+        let err = outcome.expect_err("the transaction had ended under the work");
+        assert!(!err.is_retryable(), "{err:?}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -865,10 +865,12 @@ pub(crate) async fn ended_by_statement<C: AsyncLockingConnection>(conn: &mut C) 
         return ended_unwatched(conn).await;
     }
     if journal::unsure(&mut journal::AsyncWatched(&mut *conn)) {
-        let ended = conn.transaction_ended(None).await;
-        journal::answered(&mut journal::AsyncWatched(&mut *conn), ended.as_ref());
-        if ended.is_some() {
-            return ended;
+        // An answer that it is alive makes the journal sure (`ended_unless_open`);
+        // a question that failed leaves it unsure.
+        if let Some(cause) = conn.transaction_ended(None).await {
+            let watched = &mut journal::AsyncWatched(&mut *conn);
+            journal::answered(watched, Some(&cause));
+            return Some(crate::transaction::ended_under_work(watched, cause));
         }
     }
     ended_by_seen_statement(conn).await
@@ -988,10 +990,21 @@ pub(crate) async fn check_write<C: AsyncLockingConnection>(conn: &mut C) -> Resu
     refuse_if_ended_on_sqlite(conn).await?;
     roll_back_unused_drop(conn).await?;
     if journal::unsure(&mut journal::AsyncWatched(&mut *conn)) {
-        let ended = conn.transaction_ended(None).await;
-        journal::answered(&mut journal::AsyncWatched(&mut *conn), ended.as_ref());
-        if let Some(cause) = ended {
-            conn.keep_aborted().await;
+        // A reply left unread would answer the question: as `require_live`.
+        if replies_out_of_step(conn).await {
+            return Err(Error::Database(
+                diesel::result::Error::BrokenTransactionManager,
+            ));
+        }
+        if let Some(cause) = conn.transaction_ended(None).await {
+            let watched = &mut journal::AsyncWatched(&mut *conn);
+            journal::answered(watched, Some(&cause));
+            // A write of the work's own after the read may have committed on
+            // its own: said so, which no retry takes up.
+            let cause = crate::transaction::ended_under_work(watched, cause);
+            if in_transaction(conn) {
+                conn.keep_aborted().await;
+            }
             return Err(journal::aborted(&mut journal::AsyncWatched(conn), cause));
         }
     }
@@ -1001,7 +1014,9 @@ pub(crate) async fn check_write<C: AsyncLockingConnection>(conn: &mut C) -> Resu
     };
     if reported || open_stand_in(conn).await {
         // Confirmed: from now on as if the journal had seen it.
-        journal::answered(&mut journal::AsyncWatched(&mut *conn), Some(&cause));
+        let watched = &mut journal::AsyncWatched(&mut *conn);
+        journal::answered(watched, Some(&cause));
+        let cause = crate::transaction::ended_under_work(watched, cause);
         return Err(journal::aborted(&mut journal::AsyncWatched(conn), cause));
     }
     journal::forget_abort(&mut journal::AsyncWatched(conn));

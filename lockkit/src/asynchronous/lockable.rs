@@ -254,7 +254,7 @@ where
         recorded: false,
     };
     let lock = options.row_lock();
-    // A locking read of lockkit's own whose row came hid no deadlock: the
+    // A locking read of lockkit's own that answered hid no deadlock: the
     // journal is left as sure as it was before it, and neither the bump below
     // nor a later write asks the server for it.
     let before = journal::own_read(&mut journal::AsyncWatched(&mut *conn));
@@ -267,11 +267,9 @@ where
     let row = M::load_locked(conn, key.clone(), lock)
         .await
         .map_err(|err| lock.wait.classify(err))?;
+    journal::own_read_done(&mut journal::AsyncWatched(&mut *conn), before);
     let mut row = match row {
-        Some(row) => {
-            journal::own_read_done(&mut journal::AsyncWatched(&mut *conn), before);
-            row
-        }
+        Some(row) => row,
         None if lock.wait.hides_held_rows() => {
             let exists = M::exists(conn, key).await.map_err(classify)?;
             return Err(WaitMode::empty_read(exists));
@@ -336,6 +334,9 @@ where
     let locked = async {
         super::connection::require_transaction(conn)?;
         super::connection::require_live(conn).await?;
+        // Its reads are lockkit's own: once they answered, the journal is as
+        // sure as `require_live` left it.
+        let before = journal::own_read(&mut journal::AsyncWatched(&mut *conn));
         let waited = crate::metrics::LockWait::start();
         conn.take_write_lock().await?; // SQLite: a deferred transaction holds no lock yet
         let keys = lock_order(keys);
@@ -390,6 +391,7 @@ where
             rows.append(&mut locked);
         }
         waited.acquired(M::TABLE_NAME, rows.len());
+        journal::own_read_done(&mut journal::AsyncWatched(&mut *conn), before);
         Ok(rows)
     }
     .await;

@@ -63,6 +63,7 @@ use crate::error::classification::classify;
 use crate::error::Error;
 use crate::metrics::LockWait;
 use crate::pessimistic::row_lock::ForUpdateSkipLocked;
+use crate::transaction::journal;
 
 /// Claims up to `limit` rows of `query` that no other transaction holds, locking
 /// them until the current transaction ends (`LIMIT n FOR UPDATE SKIP LOCKED`):
@@ -101,6 +102,9 @@ where
     let conn = &mut *unsettled.conn;
     let claimed = async {
         super::connection::require_live(conn).await?;
+        // The claim is a read of lockkit's own: once it answered, the journal
+        // is as sure as `require_live` left it.
+        let before = journal::own_read(&mut journal::AsyncWatched(&mut *conn));
         let waited = LockWait::start();
         conn.take_write_lock().await?;
         let rows: Vec<M> = query
@@ -108,6 +112,7 @@ where
             .load(conn)
             .await
             .map_err(classify)?;
+        journal::own_read_done(&mut journal::AsyncWatched(&mut *conn), before);
         waited.acquired("queue", rows.len());
         Ok(rows)
     }

@@ -680,10 +680,15 @@ impl Aborts {
                             self.failed_after = true;
                         }
                     } else if ends_it {
-                        // Seen: what the work wrote before, it wrote in the
-                        // transaction.
+                        // Seen to end it for certain (a deadlock): what the
+                        // work wrote before, it wrote in the transaction. Not
+                        // after a lock wait timeout, which ends nothing on a
+                        // server without `--innodb-rollback-on-timeout`: an
+                        // end found there came earlier, unseen.
+                        if self.certain(message) {
+                            self.wrote_while_unsure = false;
+                        }
                         self.ended((*kind, message.to_owned()));
-                        self.wrote_while_unsure = false;
                         self.failed_after = false;
                     }
                     if self.depth > 0
@@ -1498,17 +1503,22 @@ pub(crate) fn unsure<W: Watched>(conn: &mut W) -> bool {
 }
 
 /// The server answered whether the open transaction on `conn` is alive
-/// (`ended`: what ended it), after [`unsure`]: the journal is sure again, and
+/// (`ended`: what ended it; `None` only for an answer that it is alive, not
+/// for a question that failed), after [`unsure`]: the journal is sure again, and
 /// a deadlock that ended it is recorded as if seen, so that the rest of
 /// lockkit treats it as it treats a statement's ([`ended_by`], [`whole`]), and
 /// the versions written in the transaction count as rolled back when it ends.
 pub(crate) fn answered<W: Watched>(conn: &mut W, ended: Option<&Error>) {
     if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
         journal.aborts.unsure = false;
-        journal.aborts.missed = false;
+        let missed = std::mem::take(&mut journal.aborts.missed);
         if ended.is_none() {
             // Alive: what the work wrote, it wrote in the transaction.
             journal.aborts.wrote_while_unsure = false;
+        } else if missed && journal.aborts.ended_by.is_none() {
+            // Ended before the journal came: the work's statements it did
+            // not see may have run after the end, in autocommit.
+            journal.aborts.wrote_while_unsure = true;
         }
         if matches!(ended, Some(Error::Deadlock)) && journal.aborts.ended_by.is_none() {
             journal
@@ -1835,14 +1845,19 @@ pub(crate) fn aborted<W: Watched>(conn: &mut W, cause: Error) -> Error {
 /// Whether statements of the work in the open transaction on `conn` may have
 /// committed on their own: one wrote after the transaction ended
 /// ([`wrote_after_end`]), or lockkit reported an abort saying so (a nested call
-/// that found the transaction ended silently). For the idempotency keys, which
-/// then keep the key. `false` where no journal watches `conn`.
+/// that found the transaction ended silently), or one wrote after a read that
+/// may have hidden the end lockkit then found ([`wrote_while_unsure`]). For the
+/// idempotency keys, which then keep the key. `false` where no journal watches
+/// `conn`.
 #[cfg(feature = "idempotency")]
 pub(crate) fn committed_on_own<W: Watched>(conn: &mut W) -> bool {
     conn.slot()
         .downcast_mut::<Journal>()
         .is_some_and(|journal| {
-            journal.aborts.wrote_after_end || journal.aborts.reported_own_commits
+            let aborts = &journal.aborts;
+            aborts.wrote_after_end
+                || aborts.reported_own_commits
+                || (aborts.wrote_while_unsure && aborts.ended_by.is_some())
         })
 }
 

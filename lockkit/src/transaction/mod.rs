@@ -419,17 +419,17 @@ const WROTE_AFTER_END: &str = "the transaction ended under the work (a deadlock 
      transaction, and those that write committed on their own; not retried, so that nothing is \
      applied twice";
 
-/// [`WROTE_AFTER_END`] where no statement was seen to end the transaction: a
-/// read of the work may have hidden the deadlock that did (diesel-async's
-/// MySQL connection reports a read as succeeded before an error that comes in
-/// place of its rows), and a statement of the work wrote after such a read
-/// ([`journal::wrote_while_unsure`]). Which read it was nobody can tell, so
-/// that write may have run in autocommit.
+/// [`WROTE_AFTER_END`] where no statement was seen to end the transaction
+/// ([`journal::wrote_while_unsure`]): a read of the work may have hidden the
+/// deadlock that did (diesel-async's MySQL connection reports a read as
+/// succeeded before an error that comes in place of its rows) and a statement
+/// of the work wrote after such a read, or the journal came in the middle of
+/// the transaction and did not see the statements before it. Which statement
+/// came after the end nobody can tell, so a write may have run in autocommit.
 const MAY_HAVE_WRITTEN_AFTER_END: &str = "the transaction ended under the work (a deadlock rolled \
-     it back) and no statement was seen to end it: a read of the work may have hidden the \
-     deadlock, which the work let go, and its statements that wrote after that read may have run \
-     outside the transaction and committed on their own; not retried, so that nothing is applied \
-     twice";
+     it back) and no statement lockkit saw ended it: the work let that error go (a read may hide \
+     it), and its statements that wrote after it may have run outside the transaction and \
+     committed on their own; not retried, so that nothing is applied twice";
 
 /// SQLite's twin of [`WROTE_AFTER_END`] ([`wrote_after_sqlite_rollback`]).
 pub(crate) const WROTE_AFTER_SQLITE_ROLLBACK: &str = "SQLite rolled the whole transaction back \
@@ -546,6 +546,7 @@ pub(crate) fn check_write<C: Connection>(conn: &mut C) -> Result<(), Error> {
     if reported || open_stand_in(conn) {
         // Confirmed: from now on as if the journal had seen it.
         journal::answered(conn, Some(&cause));
+        let cause = ended_under_work(conn, cause);
         return Err(journal::aborted(conn, cause));
     }
     journal::forget_abort(conn);
@@ -1118,7 +1119,10 @@ pub(crate) fn ended_unless_open<W: journal::Watched>(
     let refused = matches!(journal::ended_by(conn), Some(Error::ReadOnly));
     match open {
         Ok(true) => {
+            // Alive: no read hid an end, and what the work wrote it wrote in
+            // the transaction.
             journal::forget_abort(conn);
+            journal::answered(conn, None);
             None
         }
         _ if refused => Some(Error::ReadOnly),
