@@ -64,6 +64,21 @@ macro_rules! committed {
     }};
 }
 
+/// What committed of items 3 and 4 (the single writes' rows), seen from a new
+/// connection: their stocks.
+macro_rules! committed_3_and_4 {
+    ($db:expr) => {{
+        let mut fresh: Async = async_common::connect(&$db.url, BACKEND).await;
+        items::table
+            .filter(items::id.eq_any([3, 4]))
+            .order(items::id)
+            .select(items::stock)
+            .load::<i32>(&mut fresh)
+            .await
+            .unwrap()
+    }};
+}
+
 /// Empties `orders` and `items`, seeds items 1 to 12 (stock 10), then runs `$run` on a new async connection
 /// `$conn`, where `$work(conn, attempt)` sells one unit of item 1 and, on
 /// attempt 1, becomes a deadlock's victim: it holds item 1 and waits for item 2,
@@ -796,14 +811,7 @@ async_server_tests! {
             });
             assert_eq!(runs, 1);
             let (versioned, conditional) = seen.into_inner().unwrap().expect("the work ran");
-            let mut fresh: Async = async_common::connect(&db.url, BACKEND).await;
-            let stocks: Vec<i32> = items::table
-                .filter(items::id.eq_any([3, 4]))
-                .order(items::id)
-                .select(items::stock)
-                .load(&mut fresh)
-                .await
-                .unwrap();
+            let stocks = committed_3_and_4!(db);
             assert_eq!(
                 (stocks, lines),
                 (vec![10, 10], 0),
@@ -1341,14 +1349,7 @@ mod mysql_only {
             })
             .await
         });
-        let mut fresh: Async = async_common::connect(&db.url, BACKEND).await;
-        let stocks: Vec<i32> = items::table
-            .filter(items::id.eq_any([3, 4]))
-            .order(items::id)
-            .select(items::stock)
-            .load(&mut fresh)
-            .await
-            .unwrap();
+        let stocks = committed_3_and_4!(db);
         assert_eq!(
             (runs, stocks),
             (1, vec![9, 10]),
