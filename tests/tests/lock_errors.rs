@@ -1034,7 +1034,8 @@ mod stand_in_probes {
             // Diesel's own transaction on a connection new to lockkit, under
             // lockkit's `retry`: the work lets its deadlock go, writes item 3
             // with a statement of its own (on MariaDB in autocommit: it
-            // commits), then sells item 4 with update_if, which installs the
+            // commits), then reaches item 4 through lockkit (a conditional
+            // write, or a lock taken before a write), which installs the
             // journal, asks the server and refuses. lockkit saw nothing of
             // what came before it: the refusal says a write may have committed
             // on its own, and the retry does not run the work again (which
@@ -1042,23 +1043,29 @@ mod stand_in_probes {
             if BACKEND != "mysql" {
                 return;
             }
-            let mut runs = 0;
-            let (outcome, _, _conn) = deadlock_first_attempt!(db, |conn, work| {
-                retry(&RetryPolicy::immediate(5), |attempt| {
-                    runs += 1;
-                    conn.transaction(|conn| {
-                        let _ = work(conn, attempt); // the caller's own statement, swallowed
-                        diesel::update(items::table.find(3)).set(items::stock.eq(items::stock - 1)).execute(conn)?;
-                        Item::update_if(conn, 4, items::stock.ge(1), items::stock.eq(items::stock - 1))?;
-                        Ok::<_, Error>(())
+            for call in ["update_if", "lock_all"] {
+                let mut runs = 0;
+                let (outcome, _, _conn) = deadlock_first_attempt!(db, |conn, work| {
+                    retry(&RetryPolicy::immediate(5), |attempt| {
+                        runs += 1;
+                        conn.transaction(|conn| {
+                            let _ = work(conn, attempt); // the caller's own statement, swallowed
+                            diesel::update(items::table.find(3)).set(items::stock.eq(items::stock - 1)).execute(conn)?;
+                            if call == "update_if" {
+                                Item::update_if(conn, 4, items::stock.ge(1), items::stock.eq(items::stock - 1))?;
+                            } else {
+                                Item::lock_all(conn, &[4])?;
+                            }
+                            Ok::<_, Error>(())
+                        })
                     })
-                })
-            });
-            let mut fresh = db.connect();
-            let stocks: Vec<i32> = items::table.filter(items::id.eq_any([3, 4])).order(items::id).select(items::stock).load(&mut fresh).unwrap();
-            assert_eq!((runs, stocks), (1, vec![9, 10]), "the work ran again after its write committed on its own: {outcome:?}");
-            let err = outcome.expect_err("the transaction had ended under the work");
-            assert!(!err.is_retryable(), "{err:?}");
+                });
+                let mut fresh = db.connect();
+                let stocks: Vec<i32> = items::table.filter(items::id.eq_any([3, 4])).order(items::id).select(items::stock).load(&mut fresh).unwrap();
+                assert_eq!((runs, stocks), (1, vec![9, 10]), "{call}: the work ran again after its write committed on its own: {outcome:?}");
+                let err = outcome.expect_err("the transaction had ended under the work");
+                assert!(!err.is_retryable(), "{call}: {err:?}");
+            }
         }
 
         fn each_lock_timeout_the_caller_let_go_costs_the_next_call_one_question(db) {

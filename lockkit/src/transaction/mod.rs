@@ -150,10 +150,11 @@ pub(crate) fn ended_by_statement<C: Control>(conn: &mut C) -> Option<Error> {
         return ended_unwatched(conn);
     }
     if journal::unsure(conn) {
-        let ended = conn.transaction_ended(None);
-        journal::answered(conn, ended.as_ref());
-        if ended.is_some() {
-            return ended;
+        // An answer that it is alive makes the journal sure (`ended_unless_open`);
+        // a question that failed leaves it unsure.
+        if let Some(cause) = conn.transaction_ended(None) {
+            journal::answered(conn, Some(&cause));
+            return Some(ended_under_work(conn, cause));
         }
     }
     let cause = journal::ended_by(conn)?;
