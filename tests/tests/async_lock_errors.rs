@@ -1360,6 +1360,65 @@ mod mysql_only {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_retry_around_your_transaction_whose_nested_lockkit_work_wrote_after_the_end_runs_once(
+    ) {
+        // As above, with the work inside a nested lockkit transaction: it
+        // lets its deadlock go, writes item 3 in autocommit, then fails
+        // (`update_if` refuses, or the work returns an error of its own). The
+        // nested call's end finds the caller's transaction gone; what it
+        // reports must say that a write committed on its own, so that the
+        // retry around the caller's transaction does not sell item 3 twice.
+        for fails_by in ["update_if", "its own error"] {
+            let db = lockkit_tests::TestDb::<Sync>::new("async_retry_nested_wrote_after_end");
+            let (outcome, runs, _, _) = deadlock_first_attempt!(db, |conn, work| {
+                let conn = tokio::sync::Mutex::new(&mut conn);
+                lockkit::asynchronous::retry(&RetryPolicy::immediate(5), |attempt| {
+                    let (conn, work) = (&conn, &work);
+                    async move {
+                        let mut guard = conn.lock().await;
+                        let conn: &mut Async = &mut guard;
+                        conn.transaction::<_, Error, _>(async |conn| {
+                            lockkit::asynchronous::locked_transaction(
+                                conn,
+                                LockOptions::default(),
+                                async |conn| {
+                                    let _ = work(conn, attempt).await; // let go
+                                    diesel::update(items::table.find(3))
+                                        .set(items::stock.eq(items::stock - 1))
+                                        .execute(conn)
+                                        .await?;
+                                    if fails_by == "update_if" {
+                                        let sale = lockkit::asynchronous::atomic::update(
+                                            items::table.find(4),
+                                        )
+                                        .set(items::stock.eq(items::stock - 1));
+                                        lockkit::asynchronous::atomic::update_if(conn, sale)
+                                            .await?;
+                                        Ok(())
+                                    } else {
+                                        Err(Error::NoRowMatched)
+                                    }
+                                },
+                            )
+                            .await
+                        })
+                        .await
+                    }
+                })
+                .await
+            });
+            let stocks = committed_3_and_4!(db);
+            assert_eq!(
+                (runs, stocks),
+                (1, vec![9, 10]),
+                "{fails_by}: the work ran again after its write committed on its own: {outcome:?}"
+            );
+            let err = outcome.expect_err("the transaction had ended under the work");
+            assert!(!err.is_retryable(), "{fails_by}: {err:?}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn writes_after_a_read_of_the_work_ask_the_server_once() {
         // The question a lockkit write asks after a read of the work's own
         // (a deadlock may have come in place of its rows) costs one round

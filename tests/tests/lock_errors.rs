@@ -1068,6 +1068,44 @@ mod stand_in_probes {
             }
         }
 
+        fn a_retry_around_your_transaction_whose_nested_lockkit_work_wrote_after_the_end_runs_once(db) {
+            // As above, with the work inside a nested lockkit transaction:
+            // it lets its deadlock go, writes item 3 in autocommit, then
+            // fails (update_if refuses, or the work returns an error of its
+            // own). The nested call's end finds the caller's transaction
+            // gone; what it reports must say that a write committed on its
+            // own, so that the retry around the caller's transaction does not
+            // sell item 3 twice.
+            if BACKEND != "mysql" {
+                return;
+            }
+            for fails_by in ["update_if", "its own error"] {
+                let mut runs = 0;
+                let (outcome, _, _conn) = deadlock_first_attempt!(db, |conn, work| {
+                    retry(&RetryPolicy::immediate(5), |attempt| {
+                        runs += 1;
+                        conn.transaction(|conn| {
+                            lockkit::locked_transaction(conn, LockOptions::default(), |conn| {
+                                let _ = work(conn, attempt); // let go
+                                diesel::update(items::table.find(3)).set(items::stock.eq(items::stock - 1)).execute(conn)?;
+                                if fails_by == "update_if" {
+                                    Item::update_if(conn, 4, items::stock.ge(1), items::stock.eq(items::stock - 1))?;
+                                    Ok(())
+                                } else {
+                                    Err(Error::NoRowMatched)
+                                }
+                            })
+                        })
+                    })
+                });
+                let mut fresh = db.connect();
+                let stocks: Vec<i32> = items::table.filter(items::id.eq_any([3, 4])).order(items::id).select(items::stock).load(&mut fresh).unwrap();
+                assert_eq!((runs, stocks), (1, vec![9, 10]), "{fails_by}: the work ran again after its write committed on its own: {outcome:?}");
+                let err = outcome.expect_err("the transaction had ended under the work");
+                assert!(!err.is_retryable(), "{fails_by}: {err:?}");
+            }
+        }
+
         fn each_lock_timeout_the_caller_let_go_costs_the_next_call_one_question(db) {
             // After a lock wait timeout in a transaction, lockkit's next call
             // asks the server whether the transaction is still open (under

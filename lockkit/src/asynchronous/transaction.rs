@@ -222,12 +222,11 @@ where
         // No transaction open under a nested call, and nothing the journal
         // saw ended it: a statement committed it implicitly, and the owner
         // must not run the committed work again.
-        let ended = crate::transaction::ended_silently(
-            &mut journal::AsyncWatched(&mut *conn),
-            unsure,
-            ended,
-            true,
-        );
+        let watched = &mut journal::AsyncWatched(&mut *conn);
+        let ended = crate::transaction::ended_silently(watched, unsure, ended, true);
+        // A statement of the work that wrote after the end committed on its
+        // own: the end the caller's retry sees must say so.
+        let ended = ended.map(|cause| crate::transaction::ended_under_work(watched, cause));
         // Only while the caller's transaction is open in diesel-async's books:
         // the caller's rollback then ends the stand-in, and nothing is left open
         // behind the books' back.

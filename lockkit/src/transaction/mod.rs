@@ -956,6 +956,9 @@ where
     // ended it: a statement committed it implicitly, and the owner must not
     // run the committed work again.
     let ended = ended_silently(conn, unsure, ended, true);
+    // A statement of the work that wrote after the end committed on its own:
+    // the end the caller's retry sees must say so.
+    let ended = ended.map(|cause| ended_under_work(conn, cause));
     // Only while the caller's transaction is open in Diesel's books: the
     // caller's rollback then ends the stand-in.
     if ended.is_some() && in_transaction(conn) {
@@ -1066,8 +1069,14 @@ impl<E: From<Error>> Failed<E> {
             // lockkit's own error names the cause when it is one of the
             // errors that end a transaction (a deadlock, a lost connection);
             // else (a failed RELEASE SAVEPOINT, say) the server's answer does.
+            // A reason that says statements may have committed on their own
+            // wins: no retry may take the call up.
             (Failed::Lockkit(err), Some(reason)) if nested => {
-                let cause = if err.is_retryable() { err } else { reason };
+                let cause = if err.is_retryable() && !may_have_committed(&reason) {
+                    err
+                } else {
+                    reason
+                };
                 E::from(aborted(cause))
             }
             (Failed::Lockkit(err), _) => E::from(err),
