@@ -46,8 +46,6 @@ use crate::error::classification::classify;
 use crate::error::Error;
 pub use crate::optimistic::atomic::{counter, update, Increment, PreparedUpdate, Update};
 use crate::optimistic::atomic::{counters_statement, matched};
-use crate::transaction::journal;
-use crate::transaction::journal::AsyncWatched;
 
 /// Executes a conditional `UPDATE` (or `DELETE`): the number of rows written,
 /// or [`Error::NoRowMatched`] when its `WHERE` matched nothing
@@ -64,7 +62,6 @@ where
     let mut unsettled = Unsettled::until_replied(conn);
     let conn = &mut *unsettled.conn;
     let rows = async {
-        journal::before_write(&mut AsyncWatched(&mut *conn));
         super::connection::check_write(conn).await?;
         match statement.execute(conn).await {
             Ok(rows) => Ok(rows),
@@ -114,7 +111,6 @@ where
     let mut unsettled = Unsettled::until_replied(conn);
     let conn = &mut *unsettled.conn;
     let row = async {
-        journal::before_write(&mut AsyncWatched(&mut *conn));
         super::connection::check_write(conn).await?;
         match statement.get_result(conn).await.optional() {
             Ok(row) => Ok(row),

@@ -865,15 +865,24 @@ pub(crate) async fn ended_by_statement<C: AsyncLockingConnection>(conn: &mut C) 
         return ended_unwatched(conn).await;
     }
     if journal::unsure(&mut journal::AsyncWatched(&mut *conn)) {
-        // An answer that it is alive makes the journal sure (`ended_unless_open`);
-        // a question that failed leaves it unsure.
-        if let Some(cause) = conn.transaction_ended(None).await {
-            let watched = &mut journal::AsyncWatched(&mut *conn);
-            journal::answered(watched, Some(&cause));
-            return Some(crate::transaction::ended_under_work(watched, cause));
+        if let Some(ended) = hidden_end(conn).await {
+            return Some(ended);
         }
     }
     ended_by_seen_statement(conn).await
+}
+
+/// Where lockkit's journal is not sure that no read of the work hid an end
+/// ([`unsure`](crate::journal::unsure)): the server's answer whether the open
+/// transaction ended, as lockkit reports it
+/// ([`ended_under_work`](crate::transaction::ended_under_work): not retryable
+/// where the work wrote after that read). An answer that it is alive makes the
+/// journal sure (`ended_unless_open`); a question that failed leaves it unsure.
+async fn hidden_end<C: AsyncLockingConnection>(conn: &mut C) -> Option<Error> {
+    let cause = conn.transaction_ended(None).await?;
+    let watched = &mut journal::AsyncWatched(&mut *conn);
+    journal::answered(watched, Some(&cause));
+    Some(crate::transaction::ended_under_work(watched, cause))
 }
 
 /// [`ended_by_statement`] from what the journal saw only, with the server's
@@ -996,12 +1005,7 @@ pub(crate) async fn check_write<C: AsyncLockingConnection>(conn: &mut C) -> Resu
                 diesel::result::Error::BrokenTransactionManager,
             ));
         }
-        if let Some(cause) = conn.transaction_ended(None).await {
-            let watched = &mut journal::AsyncWatched(&mut *conn);
-            journal::answered(watched, Some(&cause));
-            // A write of the work's own after the read may have committed on
-            // its own: said so, which no retry takes up.
-            let cause = crate::transaction::ended_under_work(watched, cause);
+        if let Some(cause) = hidden_end(conn).await {
             if in_transaction(conn) {
                 conn.keep_aborted().await;
             }
