@@ -1319,58 +1319,24 @@ mod mysql_only {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_retry_around_your_transaction_whose_write_followed_a_hidden_deadlock_runs_once() {
-        // diesel-async's own transaction under lockkit's `retry`: the work's
-        // read by a range hides the deadlock, which it lets go, writes item 3
-        // with a statement of its own (in autocommit: it commits), then sells
-        // with `update_if`, which asks the server and refuses. The refusal
-        // says that a write may have committed on its own: the retry does not
-        // run the work again and sell item 3 twice.
-        let db = lockkit_tests::TestDb::<Sync>::new("async_retry_own_tx_hidden_deadlock");
-        let (outcome, runs, _, _) = deadlock_first_attempt!(by_range, db, |conn, work| {
-            let conn = tokio::sync::Mutex::new(&mut conn);
-            lockkit::asynchronous::retry(&RetryPolicy::immediate(5), |attempt| {
-                let (conn, work) = (&conn, &work);
-                async move {
-                    let mut guard = conn.lock().await;
-                    let conn: &mut Async = &mut guard;
-                    conn.transaction::<_, Error, _>(async |conn| {
-                        let _ = work(conn, attempt).await; // let go
-                        diesel::update(items::table.find(3))
-                            .set(items::stock.eq(items::stock - 1))
-                            .execute(conn)
-                            .await?;
-                        let sale = lockkit::asynchronous::atomic::update(items::table.find(4))
-                            .set(items::stock.eq(items::stock - 1));
-                        lockkit::asynchronous::atomic::update_if(conn, sale).await?;
-                        Ok(())
-                    })
-                    .await
-                }
-            })
-            .await
-        });
-        let stocks = committed_3_and_4!(db);
-        assert_eq!(
-            (runs, stocks),
-            (1, vec![9, 10]),
-            "the work ran again after its write committed on its own: {outcome:?}"
-        );
-        let err = outcome.expect_err("the transaction had ended under the work");
-        assert!(!err.is_retryable(), "{err:?}");
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_retry_around_your_transaction_whose_nested_lockkit_work_wrote_after_the_end_runs_once(
-    ) {
-        // As above, with the work inside a nested lockkit transaction: it
-        // lets its deadlock go, writes item 3 in autocommit, then fails
-        // (`update_if` refuses, or the work returns an error of its own). The
-        // nested call's end finds the caller's transaction gone; what it
-        // reports must say that a write committed on its own, so that the
-        // retry around the caller's transaction does not sell item 3 twice.
-        for fails_by in ["update_if", "its own error"] {
-            let db = lockkit_tests::TestDb::<Sync>::new("async_retry_nested_wrote_after_end");
-            let (outcome, runs, _, _) = deadlock_first_attempt!(db, |conn, work| {
+        // diesel-async's own transaction under lockkit's `retry`: the work
+        // lets its deadlock go (hidden: its read by a range met it, or seen),
+        // writes item 3 with a statement of its own (in autocommit: it
+        // commits), then meets the end through lockkit: `update_if` asks the
+        // server and refuses, or the work, inside a nested lockkit
+        // transaction, fails and that call's end finds the caller's
+        // transaction gone. The error says that a write may have committed
+        // on its own: the retry does not run the work again and sell item 3
+        // twice.
+        let cases = [
+            (true, false, "update_if"),
+            (true, true, "update_if"),
+            (false, true, "update_if"),
+            (false, true, "its own error"),
+        ];
+        for (hidden, nested, then) in cases {
+            let db = lockkit_tests::TestDb::<Sync>::new("async_retry_own_tx_hidden_deadlock");
+            let (outcome, runs, _, _) = deadlock_first_attempt!(@run hidden, db, |conn, work| {
                 let conn = tokio::sync::Mutex::new(&mut conn);
                 lockkit::asynchronous::retry(&RetryPolicy::immediate(5), |attempt| {
                     let (conn, work) = (&conn, &work);
@@ -1378,29 +1344,27 @@ mod mysql_only {
                         let mut guard = conn.lock().await;
                         let conn: &mut Async = &mut guard;
                         conn.transaction::<_, Error, _>(async |conn| {
-                            lockkit::asynchronous::locked_transaction(
-                                conn,
-                                LockOptions::default(),
-                                async |conn| {
-                                    let _ = work(conn, attempt).await; // let go
-                                    diesel::update(items::table.find(3))
-                                        .set(items::stock.eq(items::stock - 1))
-                                        .execute(conn)
-                                        .await?;
-                                    if fails_by == "update_if" {
-                                        let sale = lockkit::asynchronous::atomic::update(
-                                            items::table.find(4),
-                                        )
-                                        .set(items::stock.eq(items::stock - 1));
-                                        lockkit::asynchronous::atomic::update_if(conn, sale)
-                                            .await?;
-                                        Ok(())
-                                    } else {
-                                        Err(Error::NoRowMatched)
-                                    }
-                                },
-                            )
-                            .await
+                            let sale = async |conn: &mut Async| -> Result<(), Error> {
+                                let _ = work(conn, attempt).await; // let go
+                                diesel::update(items::table.find(3))
+                                    .set(items::stock.eq(items::stock - 1))
+                                    .execute(conn)
+                                    .await?;
+                                if then != "update_if" {
+                                    return Err(Error::NoRowMatched);
+                                }
+                                let sale = lockkit::asynchronous::atomic::update(items::table.find(4))
+                                    .set(items::stock.eq(items::stock - 1));
+                                lockkit::asynchronous::atomic::update_if(conn, sale).await?;
+                                Ok(())
+                            };
+                            match nested {
+                                true => {
+                                    let options = LockOptions::default();
+                                    lockkit::asynchronous::locked_transaction(conn, options, sale).await
+                                }
+                                false => sale(conn).await,
+                            }
                         })
                         .await
                     }
@@ -1408,14 +1372,50 @@ mod mysql_only {
                 .await
             });
             let stocks = committed_3_and_4!(db);
+            let case = format!("hidden: {hidden}, nested: {nested}, then {then}");
             assert_eq!(
                 (runs, stocks),
                 (1, vec![9, 10]),
-                "{fails_by}: the work ran again after its write committed on its own: {outcome:?}"
+                "{case}: the work ran again after its write committed on its own: {outcome:?}"
             );
             let err = outcome.expect_err("the transaction had ended under the work");
-            assert!(!err.is_retryable(), "{fails_by}: {err:?}");
+            assert!(!err.is_retryable(), "{case}: {err:?}");
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_nested_call_whose_read_after_its_write_was_the_deadlocks_victim_is_retried() {
+        // Inside transaction_with_retry, a nested lockkit transaction's work
+        // reads, sells item 1, then its read by a range is the deadlock's
+        // victim (hidden from the journal) and the work returns that error.
+        // The sale went with the rollback: the nested call's end reports a
+        // retryable end, and the retry sells once.
+        let db = lockkit_tests::TestDb::<Sync>::new("async_nested_victim_after_write");
+        let attempts = AtomicU32::new(0);
+        let (outcome, runs, stock, _) = deadlock_first_attempt!(by_range, db, |conn, work| {
+            lockkit::asynchronous::transaction_with_retry(
+                &mut conn,
+                &RetryPolicy::immediate(5),
+                async |conn| {
+                    let attempt = attempts.fetch_add(1, Ordering::SeqCst) + 1;
+                    let options = LockOptions::default();
+                    lockkit::asynchronous::locked_transaction(conn, options, async |conn| {
+                        let _: Item = items::table.find(5).first(conn).await?;
+                        work(conn, attempt).await?;
+                        diesel::update(items::table.find(3))
+                            .set(items::stock.eq(items::stock - 1))
+                            .execute(conn)
+                            .await?;
+                        Ok(())
+                    })
+                    .await
+                },
+            )
+            .await
+        });
+        assert!(outcome.is_ok(), "the deadlock was retried: {outcome:?}");
+        assert_eq!((runs, stock), (2, 9), "item 1 sold once, in the second run");
+        assert_eq!(committed_3_and_4!(db), vec![9, 10], "item 3 sold once");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

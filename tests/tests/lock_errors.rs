@@ -1031,78 +1031,54 @@ mod stand_in_probes {
         }
 
         fn a_retry_around_your_transaction_whose_write_followed_a_swallowed_deadlock_runs_once(db) {
-            // Diesel's own transaction on a connection new to lockkit, under
-            // lockkit's `retry`: the work lets its deadlock go, writes item 3
-            // with a statement of its own (on MariaDB in autocommit: it
-            // commits), then reaches item 4 through lockkit (a conditional
-            // write, or a lock taken before a write), which installs the
-            // journal, asks the server and refuses. lockkit saw nothing of
-            // what came before it: the refusal says a write may have committed
-            // on its own, and the retry does not run the work again (which
-            // would sell item 3 twice).
+            // Diesel's own transaction under lockkit's `retry`: the work lets
+            // its deadlock go, writes item 3 with a statement of its own (on
+            // MariaDB in autocommit: it commits), then meets the end through
+            // lockkit: a conditional write or a lock of item 4 refuses, or the
+            // work, inside a nested lockkit transaction, fails and that
+            // call's end finds the caller's transaction gone. Unnested, the
+            // connection is new to lockkit, whose journal sees nothing before
+            // the call; nested, it sees the deadlock. Either way the error
+            // must say that a write may have committed on its own, so that
+            // the retry does not run the work again (which would sell item 3
+            // twice).
             if BACKEND != "mysql" {
                 return;
             }
-            for call in ["update_if", "lock_all"] {
+            let cases = [(false, "update_if"), (false, "lock_all"), (true, "update_if"), (true, "its own error")];
+            for (nested, then) in cases {
                 let mut runs = 0;
                 let (outcome, _, _conn) = deadlock_first_attempt!(db, |conn, work| {
                     retry(&RetryPolicy::immediate(5), |attempt| {
                         runs += 1;
                         conn.transaction(|conn| {
-                            let _ = work(conn, attempt); // the caller's own statement, swallowed
-                            diesel::update(items::table.find(3)).set(items::stock.eq(items::stock - 1)).execute(conn)?;
-                            if call == "update_if" {
-                                Item::update_if(conn, 4, items::stock.ge(1), items::stock.eq(items::stock - 1))?;
-                            } else {
-                                Item::lock_all(conn, &[4])?;
-                            }
-                            Ok::<_, Error>(())
-                        })
-                    })
-                });
-                let mut fresh = db.connect();
-                let stocks: Vec<i32> = items::table.filter(items::id.eq_any([3, 4])).order(items::id).select(items::stock).load(&mut fresh).unwrap();
-                assert_eq!((runs, stocks), (1, vec![9, 10]), "{call}: the work ran again after its write committed on its own: {outcome:?}");
-                let err = outcome.expect_err("the transaction had ended under the work");
-                assert!(!err.is_retryable(), "{call}: {err:?}");
-            }
-        }
-
-        fn a_retry_around_your_transaction_whose_nested_lockkit_work_wrote_after_the_end_runs_once(db) {
-            // As above, with the work inside a nested lockkit transaction:
-            // it lets its deadlock go, writes item 3 in autocommit, then
-            // fails (update_if refuses, or the work returns an error of its
-            // own). The nested call's end finds the caller's transaction
-            // gone; what it reports must say that a write committed on its
-            // own, so that the retry around the caller's transaction does not
-            // sell item 3 twice.
-            if BACKEND != "mysql" {
-                return;
-            }
-            for fails_by in ["update_if", "its own error"] {
-                let mut runs = 0;
-                let (outcome, _, _conn) = deadlock_first_attempt!(db, |conn, work| {
-                    retry(&RetryPolicy::immediate(5), |attempt| {
-                        runs += 1;
-                        conn.transaction(|conn| {
-                            lockkit::locked_transaction(conn, LockOptions::default(), |conn| {
-                                let _ = work(conn, attempt); // let go
+                            let mut sale = |conn: &mut Conn| -> Result<(), Error> {
+                                let _ = work(conn, attempt); // the caller's own statement, swallowed
                                 diesel::update(items::table.find(3)).set(items::stock.eq(items::stock - 1)).execute(conn)?;
-                                if fails_by == "update_if" {
-                                    Item::update_if(conn, 4, items::stock.ge(1), items::stock.eq(items::stock - 1))?;
-                                    Ok(())
-                                } else {
-                                    Err(Error::NoRowMatched)
+                                match then {
+                                    "update_if" => {
+                                        Item::update_if(conn, 4, items::stock.ge(1), items::stock.eq(items::stock - 1))?;
+                                    }
+                                    "lock_all" => {
+                                        Item::lock_all(conn, &[4])?;
+                                    }
+                                    _ => return Err(Error::NoRowMatched),
                                 }
-                            })
+                                Ok(())
+                            };
+                            match nested {
+                                true => lockkit::locked_transaction(conn, LockOptions::default(), sale),
+                                false => sale(conn),
+                            }
                         })
                     })
                 });
                 let mut fresh = db.connect();
                 let stocks: Vec<i32> = items::table.filter(items::id.eq_any([3, 4])).order(items::id).select(items::stock).load(&mut fresh).unwrap();
-                assert_eq!((runs, stocks), (1, vec![9, 10]), "{fails_by}: the work ran again after its write committed on its own: {outcome:?}");
+                let case = format!("nested: {nested}, then {then}");
+                assert_eq!((runs, stocks), (1, vec![9, 10]), "{case}: the work ran again after its write committed on its own: {outcome:?}");
                 let err = outcome.expect_err("the transaction had ended under the work");
-                assert!(!err.is_retryable(), "{fails_by}: {err:?}");
+                assert!(!err.is_retryable(), "{case}: {err:?}");
             }
         }
 

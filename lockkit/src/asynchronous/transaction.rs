@@ -226,7 +226,7 @@ where
         let ended = crate::transaction::ended_silently(watched, unsure, ended, true);
         // A statement of the work that wrote after the end committed on its
         // own: the end the caller's retry sees must say so.
-        let ended = ended.map(|cause| crate::transaction::ended_under_work(watched, cause));
+        let ended = ended.map(|cause| crate::transaction::ended_under_failed_work(watched, cause));
         // Only while the caller's transaction is open in diesel-async's books:
         // the caller's rollback then ends the stand-in, and nothing is left open
         // behind the books' back.

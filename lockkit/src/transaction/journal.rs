@@ -377,7 +377,8 @@ struct Aborts {
     reported: Vec<crate::error::Settler>,
     /// One of them said that statements of the work may have committed on
     /// their own ([`may_have_committed`](crate::transaction::may_have_committed)):
-    /// read by the idempotency keys after the work ([`committed_on_own`]).
+    /// read by the idempotency keys after the work ([`committed_on_own`]) and
+    /// by a nested call's end ([`reported_own_commits`]).
     reported_own_commits: bool,
     /// The connection reports a statement that answers with rows as succeeded
     /// once they begin to come, and an error in their place reaches the caller
@@ -1634,6 +1635,15 @@ pub(crate) fn wrote_after_end<W: Watched>(conn: &mut W) -> bool {
     conn.slot()
         .downcast_mut::<Journal>()
         .is_some_and(|journal| journal.aborts.wrote_after_end)
+}
+
+/// Whether lockkit reported an abort in the open transaction on `conn` that
+/// said statements of the work may have committed on their own
+/// ([`Aborts::reported_own_commits`]). `false` where no journal watches `conn`.
+pub(crate) fn reported_own_commits<W: Watched>(conn: &mut W) -> bool {
+    conn.slot()
+        .downcast_mut::<Journal>()
+        .is_some_and(|journal| journal.aborts.reported_own_commits)
 }
 
 /// SQLite: whether a statement that may write succeeded on `conn` after one

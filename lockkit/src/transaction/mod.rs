@@ -381,13 +381,41 @@ pub(crate) fn reported_end<T, E, W: journal::Watched>(
 /// its own), else `cause`. For [`reported_end`], and for the idempotency keys,
 /// which ask before their own last write.
 pub(crate) fn ended_under_work<W: journal::Watched>(conn: &mut W, cause: Error) -> Error {
+    let may_have_written = journal::wrote_while_unsure(conn);
+    ended_under(conn, cause, may_have_written)
+}
+
+/// `cause`, or the error that says statements of the work committed on their
+/// own: certainly where the journal saw one write after the end, else where
+/// the caller says one may have (`may_have_written`).
+fn ended_under<W: journal::Watched>(conn: &mut W, cause: Error, may_have_written: bool) -> Error {
     if journal::wrote_after_end(conn) {
         unseen(WROTE_AFTER_END)
-    } else if journal::wrote_while_unsure(conn) {
+    } else if may_have_written {
         unseen(MAY_HAVE_WRITTEN_AFTER_END)
     } else {
         cause
     }
+}
+
+/// What a nested lockkit transaction whose work failed reports of the end
+/// its question found (`cause`), blocking and async: where lockkit knows that
+/// statements of the work ran after the end (the journal saw one write after
+/// it, or a lockkit call in the work already refused saying so), the error
+/// that no retry takes up; else `cause`.
+///
+/// A write after a read that may have hidden the end
+/// ([`journal::wrote_while_unsure`]) does not count here, unlike in
+/// [`ended_under_work`]: most often the work's error is that read's own (a
+/// locking read by a range, the deadlock's victim, after the write), the
+/// write went with the rollback, and the retry is the one the caller wants.
+/// lockkit cannot tell that from work that let the read's error go, wrote on
+/// in autocommit and then failed otherwise; it keeps the retry, as the
+/// outermost end does for failed work (which asks the server nothing), and the
+/// README names the case.
+pub(crate) fn ended_under_failed_work<W: journal::Watched>(conn: &mut W, cause: Error) -> Error {
+    let reported = journal::reported_own_commits(conn);
+    ended_under(conn, cause, reported)
 }
 
 /// Whether `error` says that statements of the work may have committed on their
@@ -958,7 +986,7 @@ where
     let ended = ended_silently(conn, unsure, ended, true);
     // A statement of the work that wrote after the end committed on its own:
     // the end the caller's retry sees must say so.
-    let ended = ended.map(|cause| ended_under_work(conn, cause));
+    let ended = ended.map(|cause| ended_under_failed_work(conn, cause));
     // Only while the caller's transaction is open in Diesel's books: the
     // caller's rollback then ends the stand-in.
     if ended.is_some() && in_transaction(conn) {
