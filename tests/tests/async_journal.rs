@@ -64,6 +64,57 @@ macro_rules! a_write_rolled_back {
     }};
 }
 
+/// The blocking side's `assert_stale_after_a_rolled_back_move_past`
+/// (`combined`) on diesel-async: A's write rolls back; another instance
+/// commits v1 (stock 7); in diesel-async's own transaction A's write moves
+/// the row past its number (v2) and is stale, A reloads and, when `$writes`,
+/// sells one (v3); the transaction rolls back. The other instance then
+/// commits v2 (stock 6): the reloaded struct must be stale.
+macro_rules! stale_after_a_rolled_back_move_past {
+    ($db:expr, $writes:expr) => {{
+        use diesel_async::AsyncConnection;
+        let (mut a_conn, mut b_conn, mut a) = a_write_rolled_back!($db);
+        let other = |sql: &'static str| diesel::sql_query(sql);
+        other("UPDATE items SET stock = 7, lock_version = 1 WHERE id = 1 AND lock_version = 0")
+            .execute(&mut b_conn)
+            .await
+            .unwrap();
+        let mut kept = None;
+        let rolled_back = a_conn
+            .transaction::<(), Error, _>(async |c| {
+                a.stock = 5;
+                let stale = a.update_versioned(c).await;
+                assert!(matches!(stale, Err(Error::Stale(_))), "{stale:?}");
+                let mut reloaded = item!(c, 1);
+                assert_eq!(
+                    (reloaded.stock, reloaded.lock_version),
+                    (7, 2),
+                    "moved past A's number"
+                );
+                if $writes {
+                    reloaded.stock -= 1;
+                    reloaded.update_versioned(c).await?;
+                }
+                kept = Some(reloaded);
+                Err(Error::NoRowMatched)
+            })
+            .await;
+        assert!(rolled_back.is_err());
+        other("UPDATE items SET stock = 6, lock_version = 2 WHERE id = 1 AND lock_version = 1")
+            .execute(&mut b_conn)
+            .await
+            .unwrap();
+        let mut held = kept.unwrap();
+        held.stock = 1;
+        let again = held.update_versioned(&mut a_conn).await;
+        let stock = item!(&mut b_conn, 1).stock;
+        assert!(
+            matches!(again, Err(Error::Stale(_))) && stock == 6,
+            "the reloaded struct wrote over the other's commit: {again:?}, stock {stock}"
+        );
+    }};
+}
+
 /// Writes `$item` (item `$id`) with its stock one higher in a locked
 /// transaction on a connection of `$pool`, until one commits: the first
 /// attempt rolled back when `$roll_back_first`, a stale struct reloaded, a
@@ -473,6 +524,14 @@ async_backend_tests! {
             matches!(again, Err(Error::Stale(_))) && stock == 6,
             "the rolled-back struct wrote: {again:?}, stock {stock}"
         );
+    }
+
+    async fn a_struct_written_after_a_move_past_in_a_rolled_back_transaction_is_stale(db) {
+        stale_after_a_rolled_back_move_past!(db, true);
+    }
+
+    async fn a_struct_read_after_a_move_past_in_a_rolled_back_transaction_is_stale(db) {
+        stale_after_a_rolled_back_move_past!(db, false);
     }
 
     /// A's write is rolled back (A holds 1, the row is back at 0); B's

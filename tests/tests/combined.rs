@@ -274,6 +274,47 @@ macro_rules! renamed_then_rolled_back {
     }};
 }
 
+/// A's write of item 1 (v0 -> v1) rolls back; another instance commits v1
+/// (stock 7). In a transaction on `$conn`, A's write finds the row at its own
+/// rolled-back number, moves it past (v1 -> v2) and reports stale; A reloads
+/// (v2) and, when `$writes`, sells one (v2 -> v3); the transaction rolls back
+/// (v1 again). The other instance then sells one and commits v2 (stock 6):
+/// the reloaded struct, holding a number only the rolled-back transaction
+/// had, must be stale, and the other's sale stand.
+macro_rules! assert_stale_after_a_rolled_back_move_past {
+    ($db:ident, $writes:expr) => {{
+        let (mut conn, mut other) = item_1_on_two_conns(&$db);
+        let mut a = rolled_back_write!(conn);
+        another_instance_commits(&mut other);
+        let mut kept = None;
+        let rolled_back = conn.transaction(|c| {
+            a.stock = 5;
+            assert_stale(a.update_versioned(c));
+            let mut reloaded = item!(c, 1);
+            assert_eq!(
+                (reloaded.stock, reloaded.lock_version),
+                (7, 2),
+                "moved past A's number"
+            );
+            if $writes {
+                reloaded.stock -= 1;
+                reloaded.update_versioned(c)?;
+            }
+            kept = Some(reloaded);
+            Err::<(), _>(Error::NoRowMatched)
+        });
+        assert!(rolled_back.is_err());
+        exec(
+            &mut other,
+            "UPDATE items SET stock = 6, lock_version = 2 WHERE id = 1 AND lock_version = 1",
+        );
+        let mut held = kept.unwrap();
+        held.stock = 1;
+        assert_stale(held.update_versioned(&mut conn));
+        assert_eq!(stock_of!(&mut other), 6, "the other instance's sale stands");
+    }};
+}
+
 /// `Expected::apply`'s `current` for item 1: reads its version, counting the
 /// reads in `$reads`; after the first, `$other` sells 2 and commits a newer
 /// version, which a snapshot fixed by that read cannot see.
@@ -816,6 +857,14 @@ mod all {
             b.stock = 4;
             assert_stale(b.update_versioned(&mut conn));
             assert_eq!(stock_of!(&mut other), 2, "the other writer's sale stands");
+        }
+
+        fn a_struct_written_after_a_move_past_in_a_rolled_back_transaction_is_stale(db) {
+            assert_stale_after_a_rolled_back_move_past!(db, true);
+        }
+
+        fn a_struct_read_after_a_move_past_in_a_rolled_back_transaction_is_stale(db) {
+            assert_stale_after_a_rolled_back_move_past!(db, false);
         }
 
         fn a_write_onto_the_maximum_a_rolled_back_write_left_commits_and_reports_so(db) {

@@ -851,6 +851,10 @@ where
     let bumped = M::bump_past(conn, key.clone(), version).await?;
     if bumped == 1 {
         if let Ok(next) = checked_next::<M>(key, version) {
+            if let Some(row) = row {
+                let column = <M::VersionColumn as diesel::Column>::NAME;
+                rollbacks::moved_again(column, row, version.to_i64(), next.to_i64());
+            }
             let _ = move_past_reused::<M, Conn>(conn, key, row, next).await;
         }
     }

@@ -963,6 +963,28 @@ pub(crate) fn forget_through(column: &'static str, row: &str, version: i64) {
     forget(column, row, |v| v <= version);
 }
 
+/// After a move past that a rollback undid was made again outside any
+/// transaction (the row `row` moved from `from` to `to`, its data untouched):
+/// forgets the entry that recorded the undone move ([`sequence`]'s stale
+/// report), so that the row, at `to` again, is not moved on as if a
+/// rolled-back write had left `to`. A struct read after the undone move holds
+/// `to` with the data the row has again: its write may match. One written
+/// after it is tainted, and stays refused.
+///
+/// [`sequence`]: crate::optimistic::sequence
+pub(crate) fn moved_again(column: &'static str, row: &str, from: i64, to: i64) {
+    if ENTRIES.load(Ordering::Relaxed) > 0 {
+        let (server, rest) = server_and_rest(row);
+        registry().remove(&(column, rest.to_owned()), |e| {
+            *e.server == *server
+                && e.version == to
+                && e.restore == from
+                && !e.tainted
+                && matches!(e.state, State::RolledBack)
+        });
+    }
+}
+
 /// Forgets the tentative versions of `row` that `doomed` names, but those of
 /// open transactions, as recorded through the server `row` names.
 fn forget(column: &'static str, row: &str, doomed: impl Fn(i64) -> bool) {

@@ -377,7 +377,7 @@ impl<'k, M: Model> MovePast<'k, M> {
                 at,
                 MovePastReused {
                     row,
-                    then: AfterReused::Stale,
+                    then: AfterReused::Stale { from },
                 },
             ),
             None => Step::Done(row.stale(watched, CurrentState::Version(from + 1))),
@@ -396,8 +396,9 @@ pub(crate) struct MovePastReused<'k, M: Model> {
 enum AfterReused<V> {
     /// The write, which checked this version.
     Done { checked: V },
-    /// The report of a stale write.
-    Stale,
+    /// The report of a stale write, whose row was moved past its own
+    /// rolled-back number from `from`, the version the follow-up read found.
+    Stale { from: i64 },
 }
 
 impl<'k, M: Model> MovePastReused<'k, M> {
@@ -413,7 +414,8 @@ impl<'k, M: Model> MovePastReused<'k, M> {
         let row = self.row;
         match self.then {
             AfterReused::Done { checked } => row.done(watched, checked, Some(at)),
-            AfterReused::Stale => {
+            AfterReused::Stale { from } => {
+                row.moved_past(watched, from, at.to_i64());
                 Step::Done(row.stale(watched, CurrentState::Version(at.to_i64())))
             }
         }
@@ -435,6 +437,18 @@ impl<'k, M: Model> Row<'k, M> {
         match rollbacks::written(watched, M::VERSION_COLUMN, self.id, checked.to_i64(), to) {
             Some(mark) => Step::Mark(mark, Written::Done(next)),
             None => Step::Done(Written::Done(next)),
+        }
+    }
+
+    /// The row was moved past the struct's rolled-back number, from `from` to
+    /// `at`, in a transaction the journal watches: recorded as a write, so
+    /// that if the transaction rolls back, a struct read after the move (which
+    /// holds `at`, a number only the transaction had) is restored to `from`,
+    /// and one written after it is never restored (the journal's rule 3).
+    /// Outside a transaction the move committed, and nothing is recorded.
+    fn moved_past<W: Watched>(&self, watched: &mut W, from: i64, at: i64) {
+        if rollbacks::in_watched_transaction(watched) {
+            let _ = rollbacks::written(watched, M::VERSION_COLUMN, self.id, from, Some(at));
         }
     }
 

@@ -936,6 +936,10 @@ pub(crate) fn move_past<M, Conn>(
         let bumped = M::bump_past(conn, key.clone(), version)?;
         if bumped == 1 {
             if let Ok(next) = checked_next::<M>(&key, version) {
+                if let Some(row) = &row {
+                    let column = <M as sequence::Model>::VERSION_COLUMN;
+                    rollbacks::moved_again(column, row, version.to_i64(), next.to_i64());
+                }
                 let _ = move_past_reused::<M, _>(conn, &key, row.as_deref(), next);
             }
         }
