@@ -321,6 +321,50 @@ mod postgres_transaction_locks {
     use super::*;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_transaction_lock_at_repeatable_read_is_refused_and_takes_nothing() {
+        // The blocking side's `row_locks` test issues a number twice under
+        // such a lock. Here: lockkit's transaction begins at the session's
+        // default, REPEATABLE READ (as a database's or role's setting would
+        // make it); each way of taking a transaction lock is refused, and the
+        // lock is free for another session meanwhile.
+        use diesel_async::SimpleAsyncConnection;
+        let db =
+            lockkit_tests::TestDb::<diesel::PgConnection>::new("async_xact_lock_repeatable_read");
+        let key = key(&db.url);
+        let mut a: diesel_async::AsyncPgConnection =
+            async_common::connect(&db.url, "postgres").await;
+        let mut b: diesel_async::AsyncPgConnection =
+            async_common::connect(&db.url, "postgres").await;
+        a.batch_execute("SET default_transaction_isolation = 'repeatable read'")
+            .await
+            .unwrap();
+        let outcome = lockkit::asynchronous::locked_transaction(
+            &mut a,
+            LockOptions::default(),
+            async |conn| {
+                let refused = [
+                    advisory::xact_lock(conn, key).await.err(),
+                    advisory::try_xact_lock(conn, key).await.err(),
+                    advisory::with_lock(conn, key, async |_| Ok::<_, Error>(()))
+                        .await
+                        .err(),
+                ];
+                assert!(lock_is_free(&mut b, key).await, "nothing was locked");
+                Ok::<_, Error>(refused)
+            },
+        )
+        .await
+        .unwrap();
+        for err in outcome {
+            let err = err.expect("refused at REPEATABLE READ");
+            assert!(
+                err.to_string().contains("REPEATABLE READ") && !err.is_retryable(),
+                "{err:?}"
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn an_xact_lock_is_held_until_rollback() {
         let db = lockkit_tests::TestDb::<diesel::PgConnection>::new("async_xact_lock_rollback");
         let key = key(&db.url);

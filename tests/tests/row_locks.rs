@@ -759,6 +759,87 @@ mod postgres_only {
     }
 
     #[test]
+    fn a_transaction_lock_at_repeatable_read_is_refused_and_issues_no_number_twice() {
+        // Two sessions issue the next number (`max(stock) + 1`, a new item)
+        // under one transaction lock, the second waiting for the first's
+        // COMMIT. At READ COMMITTED each statement after the wait sees that
+        // commit: 11, then 12. At REPEATABLE READ (here a session default, as
+        // a database's or a role's `default_transaction_isolation` would set
+        // it) the waiter's snapshot predates the commit, and both would issue
+        // 11: the lock is refused there instead, nothing locked.
+        let db = TestDb::<PgConnection>::new("pg_xact_lock_repeatable_read");
+        for isolation in ["read committed", "repeatable read"] {
+            exec(&mut db.conn(), "DELETE FROM items");
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let connect = || {
+                let mut conn = db.connect();
+                exec(
+                    &mut conn,
+                    &format!("SET default_transaction_isolation = '{isolation}'"),
+                );
+                conn
+            };
+            let (mut first, mut second) = (connect(), connect());
+            let issue = |conn: &mut PgConnection, id: i32| -> Result<(), Error> {
+                let last: Option<i32> = items::table
+                    .select(diesel::dsl::max(items::stock))
+                    .first(conn)?;
+                diesel::insert_into(items::table)
+                    .values((
+                        items::id.eq(id),
+                        items::name.eq("issued"),
+                        items::stock.eq(last.unwrap_or(0) + 1),
+                        items::lock_version.eq(0),
+                    ))
+                    .execute(conn)?;
+                Ok(())
+            };
+            let held = Barrier::new(2);
+            let (a, b) = thread::scope(|s| {
+                let a = s.spawn(|| {
+                    first.transaction(|c| {
+                        let locked = advisory::xact_lock(c, 7);
+                        held.wait();
+                        locked?;
+                        // The second session's lock statement, and with it its
+                        // snapshot, comes before this commit.
+                        thread::sleep(Duration::from_millis(300));
+                        issue(c, 2)
+                    })
+                });
+                held.wait();
+                let b = second.transaction(|c| {
+                    advisory::xact_lock(c, 7)?;
+                    issue(c, 3)
+                });
+                (a.join().unwrap(), b)
+            });
+            let numbers: Vec<i32> = items::table
+                .filter(items::id.gt(1))
+                .order(items::id)
+                .select(items::stock)
+                .load(&mut db.conn())
+                .unwrap();
+            match isolation {
+                "read committed" => {
+                    assert!(a.is_ok() && b.is_ok(), "{a:?} {b:?}");
+                    assert_eq!(numbers, [11, 12], "one number each, in turn");
+                }
+                _ => {
+                    assert!(numbers.is_empty(), "numbers issued: {numbers:?}");
+                    for refused in [a, b] {
+                        let err = refused.unwrap_err();
+                        assert!(
+                            err.to_string().contains("REPEATABLE READ") && !err.is_retryable(),
+                            "{err:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn update_returning_hands_back_the_row_or_no_row_matched() {
         let db = TestDb::<PgConnection>::new("pg_update_returning");
         let mut conn = db.conn();

@@ -33,10 +33,16 @@
 //! On PostgreSQL the same holds of a transaction at `REPEATABLE READ` or
 //! `SERIALIZABLE`: its snapshot is taken by its first statement (the lock's,
 //! at the latest), before the wait, so the next holder reads the rows as they
-//! were before the last holder committed. Take the lock in a transaction at
-//! `READ COMMITTED` (every lockkit transaction but
-//! [`serializable`](crate::serializable()) runs there), where each statement
-//! reads the latest commit, or before `BEGIN`.
+//! were before the last holder committed. At `REPEATABLE READ` nothing reports
+//! it, and a transaction lock asked for there is refused, nothing locked
+//! ([`Error::Database`], not retryable); at `SERIALIZABLE`
+//! ([`serializable`](crate::serializable())) the server reports a conflict
+//! as a serialization failure, which a retry takes up. Take the lock in a
+//! transaction at `READ COMMITTED`, where each statement reads the latest
+//! commit, or a session lock before `BEGIN`. lockkit's other transactions
+//! begin at the database's default isolation: `READ COMMITTED`, unless
+//! `default_transaction_isolation` (the server's, a database's or a role's)
+//! says otherwise.
 //!
 //! ```no_run
 //! # #[cfg(feature = "mysql")] {
@@ -572,9 +578,18 @@ where
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[derive(diesel::QueryableByName)]
 pub(crate) struct Locked {
-    #[diesel(sql_type = diesel::sql_types::Bool)]
-    pub(crate) locked: bool,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Bool>)]
+    pub(crate) locked: Option<bool>,
 }
+
+/// What lockkit answers a PostgreSQL transaction lock asked for at
+/// `REPEATABLE READ` ([`Locked::answer`]).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+const REPEATABLE_READ: &str = "an advisory transaction lock at REPEATABLE READ protects \
+     nothing: the transaction's snapshot is taken before the wait, and the next holder would \
+     not see what the last one committed under the lock; nothing was locked. Run the \
+     transaction at READ COMMITTED (PostgreSQL's default, unless default_transaction_isolation \
+     says otherwise), or take a session lock before BEGIN";
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 impl Locked {
@@ -582,10 +597,18 @@ impl Locked {
     /// was taken. No row is PostgreSQL's standby, where the statement takes
     /// nothing (`WHERE NOT pg_is_in_recovery()`): a standby's advisory locks
     /// are its own and would exclude no one on the primary. That is the
-    /// server's read-only error, [`Error::ReadOnly`] once classified.
+    /// server's read-only error, [`Error::ReadOnly`] once classified. `NULL` is
+    /// a PostgreSQL transaction lock asked for at `REPEATABLE READ`, which the
+    /// statement does not take ([`REPEATABLE_READ`]): not retryable.
     pub(crate) fn answer(row: diesel::QueryResult<Locked>) -> diesel::QueryResult<bool> {
         match row {
-            Ok(row) => Ok(row.locked),
+            Ok(Locked {
+                locked: Some(locked),
+            }) => Ok(locked),
+            Ok(Locked { locked: None }) => Err(diesel::result::Error::DatabaseError(
+                diesel::result::DatabaseErrorKind::Unknown,
+                Box::new(REPEATABLE_READ.to_owned()),
+            )),
             Err(diesel::result::Error::NotFound) => Err(diesel::result::Error::DatabaseError(
                 diesel::result::DatabaseErrorKind::ReadOnlyTransaction,
                 Box::new("a standby takes no advisory lock: take it on the primary".to_owned()),
@@ -627,15 +650,21 @@ mod postgres {
                     "SELECT pg_advisory_lock($1) IS NOT NULL AS locked \
                      WHERE NOT pg_is_in_recovery()"
                 }
+                // Not taken at REPEATABLE READ, whose snapshot predates the
+                // wait (`Locked::answer`); SERIALIZABLE reports what that
+                // snapshot misses as a serialization failure.
                 (Scope::Transaction, true) => {
-                    "SELECT pg_advisory_xact_lock($1) IS NOT NULL AS locked \
+                    "SELECT CASE WHEN current_setting('transaction_isolation') = 'repeatable read' \
+                     THEN NULL ELSE pg_advisory_xact_lock($1) IS NOT NULL END AS locked \
                      WHERE NOT pg_is_in_recovery()"
                 }
                 (Scope::Session, false) => {
                     "SELECT pg_try_advisory_lock($1) AS locked WHERE NOT pg_is_in_recovery()"
                 }
                 (Scope::Transaction, false) => {
-                    "SELECT pg_try_advisory_xact_lock($1) AS locked WHERE NOT pg_is_in_recovery()"
+                    "SELECT CASE WHEN current_setting('transaction_isolation') = 'repeatable read' \
+                     THEN NULL ELSE pg_try_advisory_xact_lock($1) END AS locked \
+                     WHERE NOT pg_is_in_recovery()"
                 }
             };
             statement(sql, key)
