@@ -77,8 +77,8 @@ use crate::optimistic::statement::BySql;
 use crate::optimistic::table;
 use crate::optimistic::version::VersionNumber;
 use crate::optimistic::versioned::{
-    all_or_none, delete, key_order, settle, touch, update, DeleteVersioned, TouchVersioned,
-    UpdateVersioned, VersionCheck, Versioned,
+    all_or_none, delete, key_order, settle, touch, undone_move_only, update, DeleteVersioned,
+    TouchVersioned, UpdateVersioned, VersionCheck, Versioned,
 };
 use crate::pessimistic::lockable::Lockable;
 use crate::transaction::journal::{AnyRedo, AsyncWatched};
@@ -826,11 +826,11 @@ where
             return;
         }
         if let Some(row) = row {
-            rollbacks::forget_through(
-                <M::VersionColumn as diesel::Column>::NAME,
-                &row,
-                version.to_i64(),
-            );
+            let column = <M::VersionColumn as diesel::Column>::NAME;
+            rollbacks::forget_through(column, &row, version.to_i64());
+            if let Ok(next) = checked_next::<M>(&key, version) {
+                rollbacks::moved_again(column, &row, version.to_i64(), next.to_i64());
+            }
         }
     })
 }
@@ -851,11 +851,10 @@ where
     let bumped = M::bump_past(conn, key.clone(), version).await?;
     if bumped == 1 {
         if let Ok(next) = checked_next::<M>(key, version) {
-            if let Some(row) = row {
-                let column = <M::VersionColumn as diesel::Column>::NAME;
-                rollbacks::moved_again(column, row, version.to_i64(), next.to_i64());
+            let watched = &mut AsyncWatched(&mut *conn);
+            if !undone_move_only::<M, _>(watched, row, version, next) {
+                let _ = move_past_reused::<M, Conn>(conn, key, row, next).await;
             }
-            let _ = move_past_reused::<M, Conn>(conn, key, row, next).await;
         }
     }
     Ok(bumped)

@@ -963,15 +963,46 @@ pub(crate) fn forget_through(column: &'static str, row: &str, version: i64) {
     forget(column, row, |v| v <= version);
 }
 
-/// After a move past that a rollback undid was made again outside any
-/// transaction (the row `row` moved from `from` to `to`, its data untouched):
-/// forgets the entry that recorded the undone move ([`sequence`]'s stale
-/// report), so that the row, at `to` again, is not moved on as if a
-/// rolled-back write had left `to`. A struct read after the undone move holds
-/// `to` with the data the row has again: its write may match. One written
-/// after it is tainted, and stays refused.
+/// The entries of the row `row` at `to` that count as a number a rolled-back
+/// write left ([`reused`]) all record one undone move past, from `from` to
+/// `to` (a stale report's, [`sequence`]): a redo of that move, which lands
+/// the row on `to` again with the data it had at `from`, need not move it on.
+/// A struct read after the undone move holds `to` with that data (its write
+/// may match); one written after it is tainted, and stays refused.
 ///
 /// [`sequence`]: crate::optimistic::sequence
+pub(crate) fn only_an_undone_move<W: Watched>(
+    conn: &mut W,
+    column: &'static str,
+    row: &str,
+    from: i64,
+    to: i64,
+) -> bool {
+    let server = server_and_rest(row).0.to_owned();
+    recorded(
+        conn,
+        column,
+        Some(row),
+        |_| (),
+        |entries, ()| {
+            let mut at_to = entries
+                .iter()
+                .filter(|e| *e.server == *server && e.version == to)
+                .peekable();
+            at_to.peek().is_some()
+                && at_to.all(|e| {
+                    e.restore == from && !e.tainted && matches!(e.state, State::RolledBack)
+                })
+        },
+    )
+    .unwrap_or(false)
+}
+
+/// Once a redo of an undone move past (from `from` to `to`, the row `row`)
+/// committed: forgets the entry that recorded the undone move
+/// ([`only_an_undone_move`]), whose number the row holds again with the data
+/// it recorded. Called only after the commit is known, so that a redo that
+/// did not commit leaves the entry, and a struct holding `to` refused.
 pub(crate) fn moved_again(column: &'static str, row: &str, from: i64, to: i64) {
     if ENTRIES.load(Ordering::Relaxed) > 0 {
         let (server, rest) = server_and_rest(row);

@@ -936,11 +936,9 @@ pub(crate) fn move_past<M, Conn>(
         let bumped = M::bump_past(conn, key.clone(), version)?;
         if bumped == 1 {
             if let Ok(next) = checked_next::<M>(&key, version) {
-                if let Some(row) = &row {
-                    let column = <M as sequence::Model>::VERSION_COLUMN;
-                    rollbacks::moved_again(column, row, version.to_i64(), next.to_i64());
+                if !undone_move_only::<M, _>(conn, row.as_deref(), version, next) {
+                    let _ = move_past_reused::<M, _>(conn, &key, row.as_deref(), next);
                 }
-                let _ = move_past_reused::<M, _>(conn, &key, row.as_deref(), next);
             }
         }
         Ok(bumped)
@@ -957,12 +955,37 @@ pub(crate) fn move_past<M, Conn>(
         _ => return,
     }
     if let Some(row) = &row {
-        rollbacks::forget_through(
-            <M as sequence::Model>::VERSION_COLUMN,
-            row,
-            version.to_i64(),
-        );
+        let column = <M as sequence::Model>::VERSION_COLUMN;
+        rollbacks::forget_through(column, row, version.to_i64());
+        if let Ok(next) = checked_next::<M>(&key, version) {
+            rollbacks::moved_again(column, row, version.to_i64(), next.to_i64());
+        }
     }
+}
+
+/// Whether the row `row`, moved again from `version` to `next` by a redo,
+/// holds `next` where only the undone move it redoes left that number
+/// ([`rollbacks::only_an_undone_move`]): then it stays there. Blocking and
+/// async.
+#[cfg_attr(
+    not(any(
+        feature = "postgres",
+        feature = "mysql",
+        feature = "sqlite",
+        feature = "async"
+    )),
+    allow(dead_code)
+)]
+pub(crate) fn undone_move_only<M: sequence::Model, W: journal::Watched>(
+    conn: &mut W,
+    row: Option<&str>,
+    version: M::Version,
+    next: M::Version,
+) -> bool {
+    row.is_some_and(|row| {
+        let (from, to) = (version.to_i64(), next.to_i64());
+        rollbacks::only_an_undone_move(conn, M::VERSION_COLUMN, row, from, to)
+    })
 }
 
 /// `write`, outside any transaction, committed on its own: in autocommit, or,

@@ -54,12 +54,13 @@
 //!    [`retry`](crate::retry()), is refused as stale on every attempt: retry
 //!    the transaction with [`transaction_with_retry`](crate::transaction_with_retry)
 //!    instead, which makes the move between its attempts. The move is
-//!    recorded as a write of the transaction: a struct read after it there,
-//!    once the transaction rolled back, holds a number only that transaction
-//!    had, and writes as restored (rule 1) to the number the move started
-//!    from (its data is that number's), one written after it is refused
-//!    (rule 3), and the move made again outside it gives that number back to
-//!    the row with the same data;
+//!    recorded as a write of the transaction (on a connection the journal
+//!    watches): a struct read after it there, once the transaction rolled
+//!    back, holds a number only that transaction had, and writes as restored
+//!    (rule 1) or is reported stale, never matching another commit of that
+//!    number; one written after it is refused (rule 3); and the move, once
+//!    made again outside the transaction and committed, gives that number
+//!    back to the row with the data the struct read;
 //!
 //! 3. unless the struct's number was written from another uncommitted write's
 //!    number (the row written twice in the rolled-back transaction, by one
