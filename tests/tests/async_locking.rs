@@ -597,6 +597,50 @@ async fn lock_all_locks_a_row_deleted_and_inserted_again_by_the_transaction_it_w
     assert_eq!(locked.unwrap(), vec![(1, 10), (2, 7), (3, 10)]);
 }
 
+/// The same race for `with_lock`'s one row, with a lock that only reads
+/// (`FOR SHARE`, not the versioned `FOR UPDATE` that bumps in its read): the
+/// row exists, locked, and must come back, not `NotFound`.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_lock_locks_a_row_deleted_and_inserted_again_by_the_transaction_it_waited_for() {
+    use diesel::connection::SimpleConnection;
+    use lockkit::asynchronous::lock_waits;
+    let db = lockkit_tests::TestDb::<diesel::PgConnection>::new("async_with_lock_reinserted");
+    seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+    let mut replacer = db.connect();
+    replacer
+        .batch_execute(lockkit_tests::REPLACE_ITEM_2_UNCOMMITTED)
+        .unwrap();
+    let mut conn: diesel_async::AsyncPgConnection =
+        async_common::connect(&db.url, "postgres").await;
+    let session = lock_waits::session_id(&mut conn).await.unwrap();
+    let locker = tokio::spawn(async move {
+        let options = LockOptions::default().share();
+        lockkit::asynchronous::with_lock(&mut conn, 2, options, async |_, item: Item| {
+            Ok::<_, Error>(item.stock)
+        })
+        .await
+    });
+    let mut observer: diesel_async::AsyncPgConnection =
+        async_common::connect(&db.url, "postgres").await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !lock_waits::blocked_sessions(&mut observer)
+        .await
+        .unwrap()
+        .iter()
+        .any(|s| s.session == session)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "with_lock never waited"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    replacer.batch_execute("COMMIT").unwrap();
+    let locked = locker.await.unwrap();
+    assert!(matches!(locked, Ok(7)), "{locked:?}");
+}
+
 /// As the blocking `row_locks.rs` shows: a row committed while `lock_all`'s
 /// second read waited (which skipped the row that read saw deleted) is found
 /// by the last read by key, and must be locked and returned, not left out of

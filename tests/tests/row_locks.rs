@@ -561,6 +561,55 @@ mod postgres_only {
     }
 
     #[test]
+    fn with_lock_locks_a_row_deleted_and_inserted_again_by_the_transaction_it_waited_for() {
+        // As lock_all above, for one row: the locked read that waited skips
+        // the row the other transaction deleted, and the new one is not in
+        // its snapshot. The row exists, locked: it must come back, not
+        // `NotFound`, with each lock strength (the versioned `FOR UPDATE`
+        // bumps in its read, the others read only; the adaptive policy's
+        // locked path reads as they do).
+        let db = TestDb::<PgConnection>::new("with_lock_reinserted");
+        let cases = [
+            ("for update", LockOptions::default()),
+            ("for share", LockOptions::default().share()),
+            ("for no key update", LockOptions::default().no_key_update()),
+        ];
+        for (name, options) in cases {
+            exec(&mut db.conn(), "DELETE FROM items");
+            seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+            let mut replacer = db.connect();
+            replacer
+                .batch_execute(lockkit_tests::REPLACE_ITEM_2_UNCOMMITTED)
+                .unwrap();
+            let mut observer = db.connect();
+            let (session_tx, session_rx) = mpsc::channel();
+            let locked = thread::scope(|s| {
+                let locker = s.spawn(|| {
+                    let mut conn = db.connect();
+                    session_tx
+                        .send(lock_waits::session_id(&mut conn).unwrap())
+                        .unwrap();
+                    lockkit::with_lock(&mut conn, 2, options, |_, item: Item| {
+                        Ok::<_, Error>(item.stock)
+                    })
+                });
+                let session = session_rx.recv().unwrap();
+                look_until(
+                    Duration::from_secs(10),
+                    "the locked read never waited",
+                    || {
+                        let found = lock_waits::blocked_sessions(&mut observer).unwrap();
+                        found.into_iter().find(|s| s.session == session)
+                    },
+                );
+                replacer.batch_execute("COMMIT").unwrap();
+                locker.join().unwrap()
+            });
+            assert!(matches!(locked, Ok(7)), "{name}: {locked:?}");
+        }
+    }
+
+    #[test]
     fn lock_all_locks_a_row_committed_while_its_second_read_waited() {
         // lock_all waits for row 1, which a holder locked. Meanwhile one
         // transaction replaces row 2 and commits, and another replaces it

@@ -264,9 +264,15 @@ where
             return Ok((row, held(&key)));
         }
     }
-    let row = M::load_locked(conn, key.clone(), lock)
+    let mut row = M::load_locked(conn, key.clone(), lock)
         .await
         .map_err(|err| lock.wait.classify(err))?;
+    let ends = journal::Watched::ends(&journal::AsyncWatched(&mut *conn));
+    if row.is_none() && lock.wait.reads_again_when_empty(ends) {
+        row = M::load_locked(conn, key.clone(), lock)
+            .await
+            .map_err(|err| lock.wait.classify(err))?;
+    }
     journal::own_read_done(&mut journal::AsyncWatched(&mut *conn), before);
     let mut row = match row {
         Some(row) => row,

@@ -715,7 +715,10 @@ where
 /// `M::load_locked`, classified, and the lock it took recorded (its wait, and
 /// its hold until the transaction ends): the locked read of [`with_lock`] and
 /// of the adaptive policy's locked path. The wait at SQLite's `BEGIN
-/// IMMEDIATE` is recorded by `locked_transaction`; here, the locked read's.
+/// IMMEDIATE` is recorded by `locked_transaction`; here, the locked read's. A
+/// read that found no row is read again where the mode says so
+/// ([`WaitMode::reads_again_when_empty`]: a row deleted and inserted again by
+/// the transaction the read waited for).
 pub(crate) fn load_held<M, Conn>(
     conn: &mut Conn,
     key: M::Key,
@@ -726,7 +729,13 @@ where
     M: LockRow<Conn>,
 {
     let waited = crate::metrics::LockWait::start();
-    let row = M::load_locked(conn, key.clone(), lock).map_err(|err| lock.wait.classify(err))?;
+    let read = |conn: &mut Conn| {
+        M::load_locked(conn, key.clone(), lock).map_err(|err| lock.wait.classify(err))
+    };
+    let mut row = read(conn)?;
+    if row.is_none() && lock.wait.reads_again_when_empty(conn.ends()) {
+        row = read(conn)?;
+    }
     if row.is_some() {
         held::<M, Conn>(conn, &key, waited);
     }

@@ -105,6 +105,20 @@ impl WaitMode {
         }
     }
 
+    /// Whether a locked read of one key that found no row, on a backend that
+    /// ends transactions as `ends` says, reads it once more, locked, before
+    /// the row counts as absent. PostgreSQL (`UntilSavepointRollback`, also
+    /// inside a `MultiConnection` enum): a read that waited for a transaction
+    /// that deleted the row and inserted it again skips the deleted row under
+    /// `READ COMMITTED`, and the new one is not in its snapshot; a statement of
+    /// its own sees and locks it (as
+    /// [`Lockable::lock_all`](crate::Lockable::lock_all) reads such keys
+    /// again). InnoDB's locking reads and SQLite's `BEGIN IMMEDIATE` read the
+    /// latest commit, and `NOWAIT` and `SKIP LOCKED` wait for no one.
+    pub(crate) fn reads_again_when_empty(self, ends: crate::transaction::journal::Ends) -> bool {
+        self.waits() && ends == crate::transaction::journal::Ends::UntilSavepointRollback
+    }
+
     /// Whether a locked read of one key that found no row must ask whether the
     /// row exists: `SKIP LOCKED` leaves out a row held by someone, so there an
     /// empty read is "held" or "absent" ([`empty_read`](Self::empty_read)); in
