@@ -455,10 +455,11 @@ const WROTE_AFTER_END: &str = "the transaction ended under the work (a deadlock 
 /// of the work wrote after such a read, or the journal came in the middle of
 /// the transaction and did not see the statements before it. Which statement
 /// came after the end nobody can tell, so a write may have run in autocommit.
-const MAY_HAVE_WRITTEN_AFTER_END: &str = "the transaction ended under the work (a deadlock rolled \
-     it back) and no statement lockkit saw ended it: the work let that error go (a read may hide \
-     it), and its statements that wrote after it may have run outside the transaction and \
-     committed on their own; not retried, so that nothing is applied twice";
+const MAY_HAVE_WRITTEN_AFTER_END: &str = "the transaction ended under the work (a deadlock's \
+     rollback, or a commit lockkit did not see) and no statement lockkit saw ended it: the work \
+     let that error go (a read may hide it), or it came before lockkit's first call in the \
+     transaction, and statements of the work may have run outside the transaction and committed \
+     on their own; not retried, so that nothing is applied twice";
 
 /// SQLite's twin of [`WROTE_AFTER_END`] ([`wrote_after_sqlite_rollback`]).
 pub(crate) const WROTE_AFTER_SQLITE_ROLLBACK: &str = "SQLite rolled the whole transaction back \
