@@ -829,6 +829,8 @@ mod postgres_only {
                 conn
             };
             let (mut first, mut second) = (connect(), connect());
+            let waiter = lock_waits::session_id(&mut second).unwrap();
+            let mut observer = db.connect();
             let issue = |conn: &mut PgConnection, id: i32| -> Result<(), Error> {
                 let last: Option<i32> = items::table
                     .select(diesel::dsl::max(items::stock))
@@ -851,8 +853,15 @@ mod postgres_only {
                         held.wait();
                         locked?;
                         // The second session's lock statement, and with it its
-                        // snapshot, comes before this commit.
-                        thread::sleep(Duration::from_millis(300));
+                        // snapshot, comes before this commit: it waits.
+                        look_until(
+                            Duration::from_secs(10),
+                            "the second session never waited",
+                            || {
+                                let found = lock_waits::blocked_sessions(&mut observer).unwrap();
+                                found.into_iter().find(|s| s.session == waiter)
+                            },
+                        );
                         issue(c, 2)
                     })
                 });

@@ -5,8 +5,8 @@
 //! | | PostgreSQL | MySQL / MariaDB |
 //! | --- | --- | --- |
 //! | [`with_lock`] / [`try_with_lock`] outside a transaction: session lock, released when the closure returns | `pg_advisory_lock($1)` / `pg_try_advisory_lock($1)`, then `pg_advisory_unlock($1)` | `GET_LOCK(?, ?)` / `GET_LOCK(?, 0)`, then `RELEASE_LOCK(?)` |
-//! | [`with_lock`] / [`try_with_lock`] inside a transaction | transaction lock: `pg_advisory_xact_lock($1)` / `pg_try_advisory_xact_lock($1)`, released when the transaction ends | refused: [`Error::AlreadyInTransaction`], nothing is sent; take the lock before the transaction ([why](crate::advisory)) |
-//! | [`xact_lock`] / [`try_xact_lock`] (released at `COMMIT` or `ROLLBACK`) | `pg_advisory_xact_lock($1)`, `pg_try_advisory_xact_lock($1)` | — |
+//! | [`with_lock`] / [`try_with_lock`] inside a transaction | transaction lock: `pg_advisory_xact_lock($1)` / `pg_try_advisory_xact_lock($1)`, released when the transaction ends (not taken at `REPEATABLE READ`: [why](crate::advisory)) | refused: [`Error::AlreadyInTransaction`], nothing is sent; take the lock before the transaction ([why](crate::advisory)) |
+//! | [`xact_lock`] / [`try_xact_lock`] (released at `COMMIT` or `ROLLBACK`) | `pg_advisory_xact_lock($1)`, `pg_try_advisory_xact_lock($1)` (not taken at `REPEATABLE READ`) | — |
 //!
 //! SQLite has no advisory locks; these functions do not compile for it.
 //!
@@ -142,6 +142,9 @@ async_advisory!(
 /// * [`Error::Database`] with `BrokenTransactionManager` when the connection's
 ///   transaction manager is broken (a dropped call's transaction may still be
 ///   open on the server). Nothing is sent.
+/// * [`Error::Database`], not retryable, on PostgreSQL inside a transaction at
+///   `REPEATABLE READ`, whose snapshot predates the wait; nothing is locked
+///   ([why](crate::advisory)), and `f` does not run.
 /// * [`Error::LockTimeout`] when the wait ran out: PostgreSQL's
 ///   `lock_timeout`, or MySQL/MariaDB's `GET_LOCK` giving up.
 /// * [`Error::Deadlock`] when the server broke a deadlock with this session.
@@ -183,8 +186,9 @@ where
 ///
 /// # Errors
 ///
-/// [`Error::AlreadyInTransaction`] on MySQL/MariaDB inside a transaction, and
-/// `BrokenTransactionManager` on a broken connection, as [`with_lock`]; a
+/// [`Error::AlreadyInTransaction`] on MySQL/MariaDB inside a transaction,
+/// `BrokenTransactionManager` on a broken connection, and the refusal at
+/// `REPEATABLE READ` on PostgreSQL, as [`with_lock`]; a
 /// classified database error from the lock statement, or whatever `f` returns
 /// (the lock is released either way).
 pub async fn try_with_lock<C, T, E, F>(
@@ -293,6 +297,9 @@ mod postgres {
     /// * [`Error::Database`] with `BrokenTransactionManager` when the connection's
     ///   transaction manager is broken (a dropped call's transaction may still be
     ///   open on the server); nothing is sent.
+    /// * [`Error::Database`], not retryable, in a transaction at
+    ///   `REPEATABLE READ`, whose snapshot predates the wait; nothing is locked
+    ///   ([why](crate::advisory)).
     /// * [`Error::LockTimeout`] when the wait ran past `lock_timeout`.
     /// * [`Error::Deadlock`] when the server broke a deadlock with this session.
     /// * any other classified database error; see [`classify`](crate::classify()).
@@ -338,6 +345,9 @@ mod postgres {
     /// * [`Error::Database`] with `BrokenTransactionManager` when the connection's
     ///   transaction manager is broken (a dropped call's transaction may still be
     ///   open on the server); nothing is sent.
+    /// * [`Error::Database`], not retryable, in a transaction at
+    ///   `REPEATABLE READ`, whose snapshot predates the wait; nothing is locked
+    ///   ([why](crate::advisory)).
     /// * a classified database error; see [`classify`](crate::classify()).
     pub async fn try_xact_lock(
         conn: &mut AsyncPgConnection,

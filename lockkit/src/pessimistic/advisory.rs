@@ -4,8 +4,8 @@
 //! | | PostgreSQL | MySQL / MariaDB |
 //! | --- | --- | --- |
 //! | [`lock`] / [`try_lock`] outside a transaction: session lock, released when the guard drops | `pg_advisory_lock($1)` / `pg_try_advisory_lock($1)`, then `pg_advisory_unlock($1)` | `GET_LOCK(?, ?)` / `GET_LOCK(?, 0)`, then `RELEASE_LOCK(?)` |
-//! | [`lock`] / [`try_lock`] inside a transaction | transaction lock: `pg_advisory_xact_lock($1)` / `pg_try_advisory_xact_lock($1)`, released when the transaction ends | refused: [`Error::AlreadyInTransaction`], nothing is sent; take the lock before the transaction |
-//! | [`xact_lock`] / [`try_xact_lock`] (released at commit) | `pg_advisory_xact_lock($1)`, `pg_try_advisory_xact_lock($1)` | — |
+//! | [`lock`] / [`try_lock`] inside a transaction | transaction lock: `pg_advisory_xact_lock($1)` / `pg_try_advisory_xact_lock($1)`, released when the transaction ends (not taken at `REPEATABLE READ`, below) | refused: [`Error::AlreadyInTransaction`], nothing is sent; take the lock before the transaction |
+//! | [`xact_lock`] / [`try_xact_lock`] (released at commit) | `pg_advisory_xact_lock($1)`, `pg_try_advisory_xact_lock($1)` (not taken at `REPEATABLE READ`, below) | — |
 //!
 //! Why the transaction lock inside a transaction: PostgreSQL refuses every
 //! statement in a transaction that a failed statement aborted, the unlock
@@ -36,8 +36,10 @@
 //! were before the last holder committed. At `REPEATABLE READ` nothing reports
 //! it, and a transaction lock asked for there is refused, nothing locked
 //! ([`Error::Database`], not retryable); at `SERIALIZABLE`
-//! ([`serializable`](crate::serializable())) the server reports a conflict
-//! as a serialization failure, which a retry takes up. Take the lock in a
+//! ([`serializable`](crate::serializable())) the server keeps the outcome
+//! serializable, though not necessarily in the lock's order, and reports a
+//! conflict that would break it as a serialization failure, which a retry
+//! takes up. Take the lock in a
 //! transaction at `READ COMMITTED`, where each statement reads the latest
 //! commit, or a session lock before `BEGIN`. lockkit's other transactions
 //! begin at the database's default isolation: `READ COMMITTED`, unless
@@ -516,6 +518,9 @@ pub(crate) fn not_held_at_unlock(key: AdvisoryKey) {
 /// * [`Error::Database`] with `BrokenTransactionManager` when the connection's
 ///   transaction manager is broken (a transaction may be open on the server
 ///   that Diesel no longer counts); nothing is sent.
+/// * [`Error::Database`], not retryable, on PostgreSQL inside a transaction at
+///   `REPEATABLE READ`, whose snapshot predates the wait; nothing is locked
+///   (see the [module docs](self)).
 /// * [`Error::LockTimeout`] when the wait ran out: PostgreSQL's `lock_timeout`,
 ///   or MySQL/MariaDB's `GET_LOCK` giving up.
 /// * [`Error::Deadlock`] when the server broke a deadlock with this session.
@@ -538,6 +543,8 @@ where
 ///   [`lock`]; nothing is sent.
 /// * [`Error::Unsupported`] on a [`Dispatch`](crate::multi::Dispatch) enum
 ///   holding a SQLite connection, as [`lock`]; nothing is sent.
+/// * [`Error::Database`], not retryable, on PostgreSQL inside a transaction at
+///   `REPEATABLE READ`, as [`lock`]; nothing is locked.
 /// * a classified database error ([`Error::ConnectionLost`], .., else
 ///   [`Error::Database`]); see [`classify`](crate::classify()).
 pub fn try_lock<C>(
@@ -684,6 +691,9 @@ mod postgres {
     /// * [`Error::Database`] with `BrokenTransactionManager` when the connection's
     ///   transaction manager is broken (a dropped call's transaction may still be
     ///   open on the server); nothing is sent.
+    /// * [`Error::Database`], not retryable, in a transaction at
+    ///   `REPEATABLE READ`, whose snapshot predates the wait; nothing is locked
+    ///   (see the [module docs](super)).
     /// * [`Error::LockTimeout`] when the wait ran past `lock_timeout`.
     /// * [`Error::Deadlock`] when the server broke a deadlock with this session.
     /// * any other classified database error; see [`classify`](crate::classify()).
@@ -719,6 +729,9 @@ mod postgres {
     /// * [`Error::Database`] with `BrokenTransactionManager` when the connection's
     ///   transaction manager is broken (a dropped call's transaction may still be
     ///   open on the server); nothing is sent.
+    /// * [`Error::Database`], not retryable, in a transaction at
+    ///   `REPEATABLE READ`, whose snapshot predates the wait; nothing is locked
+    ///   (see the [module docs](super)).
     /// * a classified database error; see [`classify`](crate::classify()).
     ///
     /// ```no_run
