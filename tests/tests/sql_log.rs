@@ -203,7 +203,7 @@ lockkit_tests::backend_tests! {
         conn.transaction(|conn| lockkit::with_lock(conn, item.id, LockOptions::default().timeout(Duration::from_millis(250)), |_, _: Item| Ok::<_, Error>(())))
             .unwrap();
 
-        log.section("conn.transaction(|conn| lockkit::with_lock(conn, 42, ..)) on a missing row: a nested call that fails asks MySQL whether the transaction is still open");
+        log.section("conn.transaction(|conn| lockkit::with_lock(conn, 42, ..)) on a missing row: PostgreSQL reads it once more (a row deleted and inserted again by a transaction the read waited for is seen only by a statement of its own), and a nested call that fails asks MySQL whether the transaction is still open");
         let missing = conn.transaction(|conn| lockkit::with_lock(conn, 42, lockkit::LockOptions::default(), |_, _: Item| Ok(())));
         assert!(matches!(missing, Err(Error::NotFound)));
 
