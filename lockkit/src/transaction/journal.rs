@@ -60,7 +60,9 @@
 //!    (rule 1) or is reported stale, never matching another commit of that
 //!    number; one written after it is refused (rule 3); and the move, once
 //!    made again outside the transaction and committed, gives that number
-//!    back to the row with the data the struct read;
+//!    back to the row with the data the struct read (where it went one
+//!    number: one that went further is made again and moved on, and such a
+//!    struct is reported stale);
 //!
 //! 3. unless the struct's number was written from another uncommitted write's
 //!    number (the row written twice in the rolled-back transaction, by one
