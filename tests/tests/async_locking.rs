@@ -559,41 +559,16 @@ mod mysql_only {
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lock_all_locks_a_row_deleted_and_inserted_again_by_the_transaction_it_waited_for() {
-    use diesel::connection::SimpleConnection;
-    use lockkit::asynchronous::lock_waits;
     let db = lockkit_tests::TestDb::<diesel::PgConnection>::new("async_lock_all_reinserted");
     seed_items(&mut db.conn(), &[(1, 10), (2, 10), (3, 10)]);
-    let mut replacer = db.connect();
-    replacer
-        .batch_execute(lockkit_tests::REPLACE_ITEM_2_UNCOMMITTED)
-        .unwrap();
-    let mut conn: diesel_async::AsyncPgConnection =
-        async_common::connect(&db.url, "postgres").await;
-    let session = lock_waits::session_id(&mut conn).await.unwrap();
-    let locker = tokio::spawn(async move {
+    let locked = once_item_2_replaced(&db, |mut conn| async move {
         lockkit::asynchronous::locked_transaction(&mut conn, LockOptions::default(), async |c| {
             let rows: Vec<Item> = lockkit::asynchronous::lock_all(c, &[1, 2, 3]).await?;
             Ok::<_, Error>(rows.iter().map(|r| (r.id, r.stock)).collect::<Vec<_>>())
         })
         .await
-    });
-    let mut observer: diesel_async::AsyncPgConnection =
-        async_common::connect(&db.url, "postgres").await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !lock_waits::blocked_sessions(&mut observer)
-        .await
-        .unwrap()
-        .iter()
-        .any(|s| s.session == session)
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "lock_all never waited"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    replacer.batch_execute("COMMIT").unwrap();
-    let locked = locker.await.unwrap();
+    })
+    .await;
     assert_eq!(locked.unwrap(), vec![(1, 10), (2, 7), (3, 10)]);
 }
 
@@ -603,10 +578,35 @@ async fn lock_all_locks_a_row_deleted_and_inserted_again_by_the_transaction_it_w
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_lock_locks_a_row_deleted_and_inserted_again_by_the_transaction_it_waited_for() {
-    use diesel::connection::SimpleConnection;
-    use lockkit::asynchronous::lock_waits;
     let db = lockkit_tests::TestDb::<diesel::PgConnection>::new("async_with_lock_reinserted");
     seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+    let locked = once_item_2_replaced(&db, |mut conn| async move {
+        let options = LockOptions::default().share();
+        lockkit::asynchronous::with_lock(&mut conn, 2, options, async |_, item: Item| {
+            Ok::<_, Error>(item.stock)
+        })
+        .await
+    })
+    .await;
+    assert!(matches!(locked, Ok(7)), "{locked:?}");
+}
+
+/// Runs `lock` on a new connection of `db`, in a task of its own, while
+/// another transaction replaces item 2 (deletes it and inserts it again,
+/// stock 7): the replacement commits once the server shows `lock`'s session
+/// waiting for it. What `lock` returned.
+#[cfg(feature = "postgres")]
+async fn once_item_2_replaced<T, F, Fut>(
+    db: &lockkit_tests::TestDb<diesel::PgConnection>,
+    lock: F,
+) -> T
+where
+    T: Send + 'static,
+    F: FnOnce(diesel_async::AsyncPgConnection) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+{
+    use diesel::connection::SimpleConnection;
+    use lockkit::asynchronous::lock_waits;
     let mut replacer = db.connect();
     replacer
         .batch_execute(lockkit_tests::REPLACE_ITEM_2_UNCOMMITTED)
@@ -614,13 +614,7 @@ async fn with_lock_locks_a_row_deleted_and_inserted_again_by_the_transaction_it_
     let mut conn: diesel_async::AsyncPgConnection =
         async_common::connect(&db.url, "postgres").await;
     let session = lock_waits::session_id(&mut conn).await.unwrap();
-    let locker = tokio::spawn(async move {
-        let options = LockOptions::default().share();
-        lockkit::asynchronous::with_lock(&mut conn, 2, options, async |_, item: Item| {
-            Ok::<_, Error>(item.stock)
-        })
-        .await
-    });
+    let locker = tokio::spawn(lock(conn));
     let mut observer: diesel_async::AsyncPgConnection =
         async_common::connect(&db.url, "postgres").await;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -632,13 +626,12 @@ async fn with_lock_locks_a_row_deleted_and_inserted_again_by_the_transaction_it_
     {
         assert!(
             std::time::Instant::now() < deadline,
-            "with_lock never waited"
+            "the locked read never waited"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     replacer.batch_execute("COMMIT").unwrap();
-    let locked = locker.await.unwrap();
-    assert!(matches!(locked, Ok(7)), "{locked:?}");
+    locker.await.unwrap()
 }
 
 /// As the blocking `row_locks.rs` shows: a row committed while `lock_all`'s

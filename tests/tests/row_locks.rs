@@ -541,21 +541,11 @@ mod postgres_only {
     fn lock_all_locks_a_row_deleted_and_inserted_again_by_the_transaction_it_waited_for() {
         let db = TestDb::<PgConnection>::new("lock_all_reinserted");
         seed_items(&mut db.conn(), &[(1, 10), (2, 10), (3, 10)]);
-        let mut replacer = db.connect();
-        replacer
-            .batch_execute(lockkit_tests::REPLACE_ITEM_2_UNCOMMITTED)
-            .unwrap();
-        let mut observer = db.connect();
-        let (session_tx, session_rx) = mpsc::channel();
-        let locked = thread::scope(|s| {
-            let locker = s.spawn(|| lock_all_telling_its_session(&db, &[1, 2, 3], session_tx));
-            let session = session_rx.recv().unwrap();
-            look_until(Duration::from_secs(10), "lock_all never waited", || {
-                let found = lock_waits::blocked_sessions(&mut observer).unwrap();
-                found.into_iter().find(|s| s.session == session)
-            });
-            replacer.batch_execute("COMMIT").unwrap();
-            locker.join().unwrap()
+        let locked = once_item_2_replaced(&db, |conn| {
+            locked_transaction(conn, LockOptions::default(), |c| {
+                let rows = Item::lock_all(c, &[1, 2, 3])?;
+                Ok::<_, Error>(rows.iter().map(|r| (r.id, r.stock)).collect::<Vec<_>>())
+            })
         });
         assert_eq!(locked.unwrap(), vec![(1, 10), (2, 7), (3, 10)]);
     }
@@ -577,36 +567,41 @@ mod postgres_only {
         for (name, options) in cases {
             exec(&mut db.conn(), "DELETE FROM items");
             seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
-            let mut replacer = db.connect();
-            replacer
-                .batch_execute(lockkit_tests::REPLACE_ITEM_2_UNCOMMITTED)
-                .unwrap();
-            let mut observer = db.connect();
-            let (session_tx, session_rx) = mpsc::channel();
-            let locked = thread::scope(|s| {
-                let locker = s.spawn(|| {
-                    let mut conn = db.connect();
-                    session_tx
-                        .send(lock_waits::session_id(&mut conn).unwrap())
-                        .unwrap();
-                    lockkit::with_lock(&mut conn, 2, options, |_, item: Item| {
-                        Ok::<_, Error>(item.stock)
-                    })
-                });
-                let session = session_rx.recv().unwrap();
-                look_until(
-                    Duration::from_secs(10),
-                    "the locked read never waited",
-                    || {
-                        let found = lock_waits::blocked_sessions(&mut observer).unwrap();
-                        found.into_iter().find(|s| s.session == session)
-                    },
-                );
-                replacer.batch_execute("COMMIT").unwrap();
-                locker.join().unwrap()
+            let locked = once_item_2_replaced(&db, |conn| {
+                lockkit::with_lock(conn, 2, options, |_, item: Item| Ok::<_, Error>(item.stock))
             });
             assert!(matches!(locked, Ok(7)), "{name}: {locked:?}");
         }
+    }
+
+    /// Runs `lock` on a new connection of `db` while another transaction
+    /// replaces item 2 (deletes it and inserts it again, stock 7): the
+    /// replacement commits once the server shows `lock`'s session waiting for
+    /// it. What `lock` returned.
+    fn once_item_2_replaced<T: Send>(
+        db: &TestDb<PgConnection>,
+        lock: impl FnOnce(&mut PgConnection) -> T + Send,
+    ) -> T {
+        let mut replacer = db.connect();
+        replacer
+            .batch_execute(lockkit_tests::REPLACE_ITEM_2_UNCOMMITTED)
+            .unwrap();
+        let mut observer = db.connect();
+        let mut conn = db.connect();
+        let session = lock_waits::session_id(&mut conn).unwrap();
+        thread::scope(|s| {
+            let locker = s.spawn(move || lock(&mut conn));
+            look_until(
+                Duration::from_secs(10),
+                "the locked read never waited",
+                || {
+                    let found = lock_waits::blocked_sessions(&mut observer).unwrap();
+                    found.into_iter().find(|s| s.session == session)
+                },
+            );
+            replacer.batch_execute("COMMIT").unwrap();
+            locker.join().unwrap()
+        })
     }
 
     #[test]
