@@ -1589,6 +1589,36 @@ mod sqlite_only {
         }};
     }
 
+    /// The blocking side's
+    /// `a_nested_call_after_lockkits_own_returning_write_rolled_back_refuses`
+    /// (`swallowed_errors.rs`): lockkit's own `atomic::update_returning` is the
+    /// statement whose whole rollback the connection reports as succeeded;
+    /// the sale after it, under `with_lock`, must refuse.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_nested_call_after_lockkits_own_returning_write_rolled_back_refuses() {
+        let (_db, mut conn) =
+            out_of_stock_db("async_raise_rollback_returning", &[(1, 0), (2, 5)]).await;
+        sell!(&mut conn, 2).await.unwrap(); // lockkit's journal watches the connection
+        let mut refused = None;
+        let outcome = conn
+            .transaction::<(), Error, _>(async |conn| {
+                sell!(conn, 2).await?;
+                let oversold =
+                    lockkit::asynchronous::atomic::update_returning::<_, _, lockkit_tests::Stock>(
+                        conn,
+                        diesel::sql_query(
+                            "UPDATE items SET stock = -1 WHERE id = 1 RETURNING stock",
+                        ),
+                    )
+                    .await;
+                assert!(oversold.is_err(), "{oversold:?}");
+                refused = Some(sell!(conn, 2).await);
+                Ok(())
+            })
+            .await;
+        nothing_committed!(&mut conn, vec![0, 4], outcome, refused);
+    }
+
     /// The blocking side's `a_work_that_returns_the_rollback_triggers_error_gets_it_back`
     /// (`swallowed_errors.rs`): a work that returns the trigger's error after
     /// SQLite rolled back the whole transaction gets that error, not the

@@ -376,6 +376,30 @@ mod sqlite_only {
         })
     }
 
+    /// lockkit's own `atomic::update_returning` is the statement SQLite's
+    /// trigger answers by rolling back the whole transaction: Diesel's SQLite
+    /// connection reports a statement that answers with rows as succeeded, so
+    /// only lockkit sees its error. The work lets it go and sells item 2 under
+    /// `with_lock`, which must refuse rather than begin and commit on its own.
+    #[test]
+    fn a_nested_call_after_lockkits_own_returning_write_rolled_back_refuses() {
+        let db = out_of_stock_db("raise_rollback_returning", &[(1, 0), (2, 5)]);
+        let mut conn = db.connect();
+        sell(&mut conn, 2).unwrap(); // lockkit's journal watches the connection
+        let mut refused = None;
+        let outcome = diesel::Connection::transaction(&mut conn, |conn| {
+            sell(conn, 2)?;
+            let oversold = lockkit::atomic::update_returning::<_, _, lockkit_tests::Stock>(
+                conn,
+                diesel::sql_query("UPDATE items SET stock = -1 WHERE id = 1 RETURNING stock"),
+            );
+            assert!(oversold.is_err(), "{oversold:?}");
+            refused = Some(sell(conn, 2));
+            Ok::<_, Error>(())
+        });
+        nothing_committed(&db, &[0, 4], &outcome, refused);
+    }
+
     /// A work that returns the trigger's error (`?`) after SQLite rolled back
     /// the whole transaction gets that error back, as lockkit promises of the
     /// work's own error: not the failure of the `ROLLBACK` (or `ROLLBACK TO`)

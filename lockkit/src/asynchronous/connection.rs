@@ -1041,10 +1041,12 @@ pub(crate) async fn check_write<C: AsyncLockingConnection>(conn: &mut C) -> Resu
 pub(crate) async fn failed_write<C: AsyncConnection>(conn: &mut C, err: Error) -> Error {
     use crate::transaction::journal::Watched;
     let watched = &mut journal::AsyncWatched(&mut *conn);
+    let ends = watched.ends();
+    // SQLite: as on the blocking side (`journal::failed_unseen`).
+    journal::failed_unseen(watched, &err, ends);
     let unseen = journal::may_end_transaction(&err)
         && watched.depth().is_some()
-        && watched.ends() == journal::Ends::OnDeadlock;
-    let ends = watched.ends();
+        && ends == journal::Ends::OnDeadlock;
     if !unseen && !journal::write_ended_transaction(watched, &err, ends) {
         return err;
     }

@@ -1692,6 +1692,32 @@ pub(crate) fn rule_unknown<W: Watched>(conn: &mut W) -> bool {
         .is_some_and(|journal| journal.aborts.ends == Ends::Unknown)
 }
 
+/// SQLite: lockkit's own statement that answers with rows
+/// ([`atomic::update_returning`](crate::atomic::update_returning)) failed with
+/// `err` in the open transaction on `conn`, whose backend ends transactions as
+/// `ends` says. Diesel's SQLite connection reports such a statement to its
+/// instrumentation as succeeded, and its error reaches the caller only: the
+/// journal keeps it as the transaction's failed statement (unless it keeps
+/// one already), so that lockkit's next call asks SQLite whether it rolled
+/// back the whole transaction ([`take_failed`]), as after a failed statement
+/// the journal saw.
+pub(crate) fn failed_unseen<W: Watched>(conn: &mut W, err: &Error, ends: Ends) {
+    if ends != Ends::Never || conn.depth().is_none() {
+        return;
+    }
+    let Some(journal) = conn.slot().downcast_mut::<Journal>() else {
+        return;
+    };
+    if journal.aborts.depth > 0 && journal.aborts.failed.is_none() {
+        journal.aborts.failed = Some(match err {
+            Error::Database(diesel::result::Error::DatabaseError(kind, info)) => {
+                (*kind, info.message().to_owned())
+            }
+            other => (DatabaseErrorKind::Unknown, other.to_string()),
+        });
+    }
+}
+
 /// [`take_failed`]'s statement error, as the journal keeps it.
 pub(crate) fn take_failed_statement<W: Watched>(
     conn: &mut W,

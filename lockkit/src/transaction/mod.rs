@@ -599,6 +599,9 @@ pub(crate) fn check_write<C: Connection>(conn: &mut C) -> Result<(), Error> {
 /// and the write returns its error as it is, the caller's transaction still
 /// the caller's to commit or roll back.
 pub(crate) fn failed_write<C: Connection>(conn: &mut C, err: Error, ends: journal::Ends) -> Error {
+    // SQLite: a write that answers with rows failed where the journal could
+    // not see it; lockkit's next call asks whether it ended the transaction.
+    journal::failed_unseen(conn, &err, ends);
     if !journal::write_ended_transaction(conn, &err, ends) {
         return err;
     }
