@@ -470,6 +470,17 @@ struct Entry {
 }
 
 impl Entry {
+    /// Whether it records an undone move past from `from` to `to` through
+    /// `server`: rolled back, untainted ([`only_an_undone_move`],
+    /// [`moved_again`]).
+    fn undone_move(&self, server: &str, from: i64, to: i64) -> bool {
+        *self.server == *server
+            && self.version == to
+            && self.restore == from
+            && !self.tainted
+            && matches!(self.state, State::RolledBack)
+    }
+
     /// Whether its write did not commit (or may not have), seen from the
     /// connection at `here` (its address and transaction depth).
     fn uncommitted(&self, here: (usize, Option<u32>)) -> bool {
@@ -989,10 +1000,7 @@ pub(crate) fn only_an_undone_move<W: Watched>(
                 .iter()
                 .filter(|e| *e.server == *server && e.version == to)
                 .peekable();
-            at_to.peek().is_some()
-                && at_to.all(|e| {
-                    e.restore == from && !e.tainted && matches!(e.state, State::RolledBack)
-                })
+            at_to.peek().is_some() && at_to.all(|e| e.undone_move(&server, from, to))
         },
     )
     .unwrap_or(false)
@@ -1007,11 +1015,7 @@ pub(crate) fn moved_again(column: &'static str, row: &str, from: i64, to: i64) {
     if ENTRIES.load(Ordering::Relaxed) > 0 {
         let (server, rest) = server_and_rest(row);
         registry().remove(&(column, rest.to_owned()), |e| {
-            *e.server == *server
-                && e.version == to
-                && e.restore == from
-                && !e.tainted
-                && matches!(e.state, State::RolledBack)
+            e.undone_move(server, from, to)
         });
     }
 }
