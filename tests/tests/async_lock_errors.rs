@@ -1589,34 +1589,57 @@ mod sqlite_only {
         }};
     }
 
+    /// In your own transaction on a database `$name`, a sale of item 2, then
+    /// `$oversell` on `$conn`, a statement that answers with rows and that
+    /// item 1's trigger answers by rolling back the whole transaction: the
+    /// connection reports it as succeeded, its error reaches the work only,
+    /// and the work lets it go. The sale after it, under `with_lock`, must
+    /// refuse, and nothing commits.
+    macro_rules! sale_after_a_rollback_in_place_of_rows_refuses {
+        ($name:expr, |$conn:ident| $oversell:expr) => {{
+            let (_db, mut conn) = out_of_stock_db($name, &[(1, 0), (2, 5)]).await;
+            sell!(&mut conn, 2).await.unwrap(); // lockkit's journal watches the connection
+            let mut refused = None;
+            let outcome = conn
+                .transaction::<(), Error, _>(async |$conn| {
+                    sell!($conn, 2).await?;
+                    let oversold = $oversell;
+                    assert!(oversold.is_err(), "{oversold:?}");
+                    refused = Some(sell!($conn, 2).await);
+                    Ok(())
+                })
+                .await;
+            nothing_committed!(&mut conn, vec![0, 4], outcome, refused);
+        }};
+    }
+
+    /// The statement that answers with rows that SQLite's rollback answers.
+    const OVERSELL_RETURNING: &str = "UPDATE items SET stock = -1 WHERE id = 1 RETURNING stock";
+
     /// The blocking side's
     /// `a_nested_call_after_lockkits_own_returning_write_rolled_back_refuses`
-    /// (`swallowed_errors.rs`): lockkit's own `atomic::update_returning` is the
-    /// statement whose whole rollback the connection reports as succeeded;
-    /// the sale after it, under `with_lock`, must refuse.
+    /// (`swallowed_errors.rs`): lockkit's own `atomic::update_returning`.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_nested_call_after_lockkits_own_returning_write_rolled_back_refuses() {
-        let (_db, mut conn) =
-            out_of_stock_db("async_raise_rollback_returning", &[(1, 0), (2, 5)]).await;
-        sell!(&mut conn, 2).await.unwrap(); // lockkit's journal watches the connection
-        let mut refused = None;
-        let outcome = conn
-            .transaction::<(), Error, _>(async |conn| {
-                sell!(conn, 2).await?;
-                let oversold =
-                    lockkit::asynchronous::atomic::update_returning::<_, _, lockkit_tests::Stock>(
-                        conn,
-                        diesel::sql_query(
-                            "UPDATE items SET stock = -1 WHERE id = 1 RETURNING stock",
-                        ),
-                    )
-                    .await;
-                assert!(oversold.is_err(), "{oversold:?}");
-                refused = Some(sell!(conn, 2).await);
-                Ok(())
-            })
-            .await;
-        nothing_committed!(&mut conn, vec![0, 4], outcome, refused);
+        sale_after_a_rollback_in_place_of_rows_refuses!("async_raise_rollback_returning", |conn| {
+            lockkit::asynchronous::atomic::update_returning::<_, _, lockkit_tests::Stock>(
+                conn,
+                diesel::sql_query(OVERSELL_RETURNING),
+            )
+            .await
+        });
+    }
+
+    /// The blocking side's
+    /// `a_nested_call_after_your_own_statement_that_answers_with_rows_rolled_back_refuses`
+    /// (`swallowed_errors.rs`): your own statement.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_nested_call_after_your_own_statement_that_answers_with_rows_rolled_back_refuses() {
+        sale_after_a_rollback_in_place_of_rows_refuses!("async_raise_rollback_own_read", |conn| {
+            diesel::sql_query(OVERSELL_RETURNING)
+                .load::<lockkit_tests::Stock>(conn)
+                .await
+        });
     }
 
     /// The blocking side's `a_work_that_returns_the_rollback_triggers_error_gets_it_back`

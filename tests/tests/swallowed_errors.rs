@@ -332,6 +332,21 @@ mod sqlite_only {
         assert!(failed.is_err());
     }
 
+    /// As [`oversell_item_1`], by a statement that answers with rows
+    /// (`RETURNING`), read with `load` or `get_result`: Diesel's SQLite
+    /// connection reports it to its instrumentation as succeeded, and its
+    /// error reaches the caller only.
+    fn oversell_item_1_in_a_read(conn: &mut SqliteConnection, get_result: bool) {
+        let oversell =
+            diesel::sql_query("UPDATE items SET stock = -1 WHERE id = 1 RETURNING stock");
+        let failed = if get_result {
+            oversell.get_result::<lockkit_tests::Stock>(conn).map(drop)
+        } else {
+            oversell.load::<lockkit_tests::Stock>(conn).map(drop)
+        };
+        assert!(failed.is_err(), "{failed:?}");
+    }
+
     /// The stocks are `stocks` (nothing of the transaction, which said
     /// `outcome`, committed), and lockkit's call after the rollback refused.
     fn nothing_committed<T: Debug>(
@@ -400,6 +415,30 @@ mod sqlite_only {
         nothing_committed(&db, &[0, 4], &outcome, refused);
     }
 
+    /// Your own statement that answers with rows is the one SQLite's trigger
+    /// answers by rolling back the whole transaction, its error let go: the
+    /// journal saw it succeed, so lockkit's next call in the transaction
+    /// asks SQLite, and refuses rather than begin and commit on its own.
+    #[test]
+    fn a_nested_call_after_your_own_statement_that_answers_with_rows_rolled_back_refuses() {
+        for get_result in [false, true] {
+            let db = out_of_stock_db(
+                &format!("raise_rollback_own_read_{get_result}"),
+                &[(1, 0), (2, 5)],
+            );
+            let mut conn = db.connect();
+            sell(&mut conn, 2).unwrap(); // lockkit's journal watches the connection
+            let mut refused = None;
+            let outcome = diesel::Connection::transaction(&mut conn, |conn| {
+                sell(conn, 2)?;
+                oversell_item_1_in_a_read(conn, get_result);
+                refused = Some(sell(conn, 2));
+                Ok::<_, Error>(())
+            });
+            nothing_committed(&db, &[0, 4], &outcome, refused);
+        }
+    }
+
     /// A work that returns the trigger's error (`?`) after SQLite rolled back
     /// the whole transaction gets that error back, as lockkit promises of the
     /// work's own error: not the failure of the `ROLLBACK` (or `ROLLBACK TO`)
@@ -453,13 +492,25 @@ mod sqlite_only {
         more: impl Fn(&mut SqliteConnection) -> Result<(), Error>,
         after: &[i32],
     ) {
+        runs_once_after_writing_past(name, stocks, oversell_item_1, more, after);
+    }
+
+    /// [`runs_once_after_writing_past_the_rollback`], where `oversell` is the
+    /// work's statement that SQLite's rollback answers.
+    fn runs_once_after_writing_past(
+        name: &str,
+        stocks: &[(i32, i32)],
+        oversell: impl Fn(&mut SqliteConnection),
+        more: impl Fn(&mut SqliteConnection) -> Result<(), Error>,
+        after: &[i32],
+    ) {
         let db = out_of_stock_db(name, stocks);
         let mut conn = db.connect();
         let mut runs = 0;
         let outcome =
             lockkit::transaction_with_retry(&mut conn, &lockkit::RetryPolicy::immediate(3), |c| {
                 runs += 1;
-                oversell_item_1(c);
+                oversell(c);
                 diesel::update(items::table.find(2))
                     .set(items::stock.eq(items::stock - 1))
                     .execute(c)?;
@@ -482,6 +533,61 @@ mod sqlite_only {
             |_| Ok(()),
             &[0, 4],
         );
+    }
+
+    /// As above, where the statement SQLite's rollback answers is one that
+    /// answers with rows, whose error the journal does not see: the write
+    /// after it may have run in autocommit all the same, with a lockkit call
+    /// after it, in a savepoint of the work's own, or none.
+    #[test]
+    fn a_work_that_wrote_after_a_rollback_its_read_hid_is_not_retried() {
+        type More = fn(&mut SqliteConnection) -> Result<(), Error>;
+        let more: [(&str, More, i32); 3] = [
+            ("none", |_| Ok(()), 5),
+            ("sell", |c| sell(c, 3), 5),
+            // A savepoint of the work's own after the write: SQLite begins a
+            // new transaction, in which the lockkit call sells item 3.
+            (
+                "savepoint",
+                |c| diesel::Connection::transaction(c, |c| sell(c, 3)),
+                4,
+            ),
+        ];
+        for (name, more, item_3) in more {
+            runs_once_after_writing_past(
+                &format!("raise_rollback_read_wrote_on_{name}"),
+                &[(1, 0), (2, 5), (3, 5)],
+                |c| oversell_item_1_in_a_read(c, false),
+                more,
+                &[0, 4, item_3],
+            );
+        }
+    }
+
+    /// As above, where the work returns `Ok`: SQLite refuses the `COMMIT`
+    /// (no transaction is open), and no retry runs the work again. Nor does
+    /// lockkit ask SQLite before that `COMMIT` for the read (the refusal
+    /// tells): the work's reads cost no statement at the end.
+    #[test]
+    fn a_work_that_returns_ok_after_a_rollback_its_read_hid_is_not_retried() {
+        let db = out_of_stock_db("raise_rollback_read_ok", &[(1, 0), (2, 5)]);
+        let mut conn = db.connect();
+        let mut runs = 0;
+        let outcome =
+            lockkit::transaction_with_retry(&mut conn, &lockkit::RetryPolicy::immediate(3), |c| {
+                runs += 1;
+                oversell_item_1_in_a_read(c, false);
+                diesel::update(items::table.find(2))
+                    .set(items::stock.eq(items::stock - 1))
+                    .execute(c)?;
+                Ok::<_, Error>(())
+            });
+        assert!(
+            outcome.as_ref().is_err_and(|err| !err.is_retryable()),
+            "{outcome:?}"
+        );
+        assert_eq!(runs, 1, "the work ran again");
+        nothing_committed_but(&db, &[0, 4]);
     }
 
     /// As above, with a savepoint of the work's own after the write, which

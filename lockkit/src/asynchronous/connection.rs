@@ -932,12 +932,23 @@ pub(crate) async fn ended_on_sqlite<C: AsyncConnection>(conn: &mut C) -> Option<
     if let Some(cause) = journal::orphaned(watched) {
         return Some(cause);
     }
+    // Marked broken (lockkit does so after a dropped call): the call refuses
+    // as such, and nothing is asked.
+    if refuse_broken(conn).is_err() {
+        return None;
+    }
+    let watched = &mut journal::AsyncWatched(&mut *conn);
+    let seen = journal::seen_failure(watched);
     let failed = journal::take_failed_statement(watched)?;
     let probe = crate::transaction::probe_for(watched);
+    let stranded = journal::levels(watched).map(|levels| levels.stranded());
     let before = transaction_depth(conn);
     let _ = conn.batch_execute(probe).await;
     let watched = &mut journal::AsyncWatched(conn);
-    crate::transaction::after_probe(watched, status_of, failed, before)
+    if let (Some(levels), Some(stranded)) = (journal::levels(watched), stranded) {
+        levels.asked(stranded);
+    }
+    crate::transaction::after_probe(watched, status_of, failed, (before, seen))
 }
 
 /// The blocking side's [`refuse_if_ended_on_sqlite`](crate::transaction::refuse_if_ended_on_sqlite)

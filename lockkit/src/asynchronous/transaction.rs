@@ -113,6 +113,9 @@ where
         // Before `COMMIT` (or `ROLLBACK`): did the work let a statement (or a
         // nested call) end this transaction? As the blocking side's panic guard
         // asks it.
+        if !nested && result.is_ok() {
+            journal::commit_tells(&mut journal::AsyncWatched(&mut *conn));
+        }
         let check = began.check(&result, || {
             let watched = &mut journal::AsyncWatched(&mut *conn);
             let ends = journal::Watched::ends(watched);

@@ -22,6 +22,7 @@ use diesel::query_dsl::methods::LockingDsl;
 use diesel::{Connection, QueryResult};
 
 use crate::optimistic::mark::Mark;
+use crate::transaction::journal;
 
 /// A backend lockkit's versioned writes run on: PostgreSQL, MySQL/MariaDB, SQLite.
 ///
@@ -64,7 +65,9 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
         SqlQuery: for<'q> diesel::query_dsl::LoadQuery<'q, C, DatabaseId>,
     {
         use diesel::RunQueryDsl;
-        diesel::sql_query(Self::DATABASE_ID).get_result::<DatabaseId>(conn)
+        journal::own(conn, |conn| {
+            diesel::sql_query(Self::DATABASE_ID).get_result::<DatabaseId>(conn)
+        })
     }
 
     /// The statement that names the schema where the connection finds the
@@ -97,7 +100,8 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     {
         use diesel::RunQueryDsl;
         match Self::table_schema_query(table) {
-            Some(query) => query.get_result::<TableSchema>(conn).map(|row| row.schema),
+            Some(query) => journal::own(conn, |conn| query.get_result::<TableSchema>(conn))
+                .map(|row| row.schema),
             None => Ok(Some(String::new())),
         }
     }
@@ -135,7 +139,9 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
         BoxedSqlQuery<'static, Self, SqlQuery>: for<'q> diesel::query_dsl::LoadQuery<'q, C, Unique>,
     {
         use diesel::RunQueryDsl;
-        Self::key_is_unique_query(schema, table, key_columns).get_result::<Unique>(conn)
+        journal::own(conn, |conn| {
+            Self::key_is_unique_query(schema, table, key_columns).get_result::<Unique>(conn)
+        })
     }
 
     /// Creates what a connection keeps its [`Mark`]s in, where that is a
@@ -216,9 +222,10 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
     {
         use diesel::RunQueryDsl;
         let ask = |conn: &mut C| {
-            Self::mark_stands_query(mark)
-                .get_result::<Stands>(conn)
-                .map(|row| row.stands != 0)
+            journal::own(conn, |conn| {
+                Self::mark_stands_query(mark).get_result::<Stands>(conn)
+            })
+            .map(|row| row.stands != 0)
         };
         match (ask(conn), Self::MARKS) {
             (Err(_), Some(create)) if Self::marks_missing(conn) => {

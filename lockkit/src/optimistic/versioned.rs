@@ -1312,7 +1312,8 @@ where
     let ends = M::ends(conn);
     journal::watch(conn, |_| ends);
     crate::transaction::check_write(conn)?;
-    sequence(conn).map_err(|err| crate::transaction::failed_write(conn, err, ends))
+    // lockkit sees every answer of the sequence (SQLite's journal).
+    journal::own(conn, sequence).map_err(|err| crate::transaction::failed_write(conn, err, ends))
 }
 
 /// Executes a versioned statement; where the database does not enforce the

@@ -648,6 +648,7 @@ pub(crate) mod sqlite {
 
     use super::*;
     use crate::metrics::LockWait;
+    use crate::transaction::journal::own;
     use crate::transaction::SQLITE_BEGIN_IMMEDIATE;
 
     as_locking_connection!(SqliteConnection);
@@ -680,11 +681,13 @@ pub(crate) mod sqlite {
     /// would fix the transaction's snapshot, and a snapshot older than the lock
     /// holder's commit could never be upgraded to a write.
     fn write_lock(conn: &mut SqliteConnection) -> diesel::QueryResult<()> {
-        conn.batch_execute(WRITE_LOCK)
+        own(conn, |conn| conn.batch_execute(WRITE_LOCK))
     }
 
     fn set_busy_timeout(conn: &mut SqliteConnection, millis: i32) -> diesel::QueryResult<()> {
-        conn.batch_execute(&set_busy_timeout_sql(millis))
+        own(conn, |conn| {
+            conn.batch_execute(&set_busy_timeout_sql(millis))
+        })
     }
 
     locking_connection!(SqliteConnection, lock_clause: none, take_write_lock: |conn| {
@@ -714,10 +717,11 @@ pub(crate) mod sqlite {
         let busy_timeout = match wait.busy_timeout_millis(options.timeout_millis()) {
             Some(millis) => {
                 let sqlite = conn.reach().map_err(classify)?;
-                let previous = diesel::sql_query(BUSY_TIMEOUT)
-                    .get_result::<BusyTimeout>(sqlite)
-                    .map_err(classify)?
-                    .timeout;
+                let previous = own(sqlite, |c| {
+                    diesel::sql_query(BUSY_TIMEOUT).get_result::<BusyTimeout>(c)
+                })
+                .map_err(classify)?
+                .timeout;
                 Some((millis, previous))
             }
             None => None,
@@ -736,7 +740,7 @@ pub(crate) mod sqlite {
             // deferred one that has none yet.
             crate::transaction::level(conn, |conn| {
                 conn.reach()
-                    .and_then(|c| c.batch_execute(&take(WRITE_LOCK)))
+                    .and_then(|c| own(c, |c| c.batch_execute(&take(WRITE_LOCK))))
                     .map_err(lock_error)?;
                 waited.acquired("database", 1);
                 guard.call(conn, work)

@@ -430,57 +430,63 @@ pub trait Lockable: Sized {
         // at once.
         require_live(conn)?;
         let waited = crate::metrics::LockWait::start();
-        conn.take_write_lock()?; // SQLite: a deferred transaction holds no lock yet
         let keys = lock_order(keys);
-        let mut rows = Vec::with_capacity(keys.len());
-        let mut returned = Returned::for_keys(keys.len());
-        // Chunk after chunk in key order: every transaction takes the locks in
-        // the same order, whatever the length of its list.
-        for chunk in keys.chunks(MAX_KEYS_PER_STATEMENT) {
-            let mut locked = Self::load_all_locked(conn, chunk.to_vec()).map_err(classify)?;
-            if incomplete(chunk, &locked) {
-                // The rows found so far, each once (two rows with one key
-                // count as one).
-                first_of_each_key(&mut locked);
-                let first = locked.len();
-                // Read the keys the read found no row for again, in a statement
-                // of its own (see [`unmatched`]).
-                let missed: Vec<Self::Key> = unmatched(chunk, &locked).cloned().collect();
-                if !missed.is_empty() {
-                    locked.extend(Self::load_all_locked(conn, missed.clone()).map_err(classify)?);
-                }
-                // Asked of the latest commit, as the locked reads were: on
-                // InnoDB a plain read asks the transaction's snapshot, which
-                // may still hold a row deleted since. A row found now (one
-                // committed while the second read waited) is locked and
-                // returned as well.
-                let still: Vec<Self::Key> = unmatched(&missed, &locked).cloned().collect();
-                for key in still {
-                    match Self::load_locked(conn, key, RowLock::update()).map_err(classify)? {
-                        Some(row) => locked.push(row),
-                        None => return Err(Error::NotFound),
+        // lockkit's own statements, whose answers lockkit sees (SQLite's
+        // journal): a later call asks nothing for them.
+        let rows = crate::transaction::journal::own(conn, |conn| {
+            conn.take_write_lock()?; // SQLite: a deferred transaction holds no lock yet
+            let mut rows = Vec::with_capacity(keys.len());
+            let mut returned = Returned::for_keys(keys.len());
+            // Chunk after chunk in key order: every transaction takes the locks in
+            // the same order, whatever the length of its list.
+            for chunk in keys.chunks(MAX_KEYS_PER_STATEMENT) {
+                let mut locked = Self::load_all_locked(conn, chunk.to_vec()).map_err(classify)?;
+                if incomplete(chunk, &locked) {
+                    // The rows found so far, each once (two rows with one key
+                    // count as one).
+                    first_of_each_key(&mut locked);
+                    let first = locked.len();
+                    // Read the keys the read found no row for again, in a statement
+                    // of its own (see [`unmatched`]).
+                    let missed: Vec<Self::Key> = unmatched(chunk, &locked).cloned().collect();
+                    if !missed.is_empty() {
+                        locked
+                            .extend(Self::load_all_locked(conn, missed.clone()).map_err(classify)?);
+                    }
+                    // Asked of the latest commit, as the locked reads were: on
+                    // InnoDB a plain read asks the transaction's snapshot, which
+                    // may still hold a row deleted since. A row found now (one
+                    // committed while the second read waited) is locked and
+                    // returned as well.
+                    let still: Vec<Self::Key> = unmatched(&missed, &locked).cloned().collect();
+                    for key in still {
+                        match Self::load_locked(conn, key, RowLock::update()).map_err(classify)? {
+                            Some(row) => locked.push(row),
+                            None => return Err(Error::NotFound),
+                        }
+                    }
+                    // A row found by two keys of this chunk is returned once, in
+                    // the order the server returned it.
+                    first_of_each_key(&mut locked);
+                    if locked.len() > first {
+                        // Rows found by the later reads came after the rest: the
+                        // chunk, all of it locked now, read once more in key order.
+                        locked = Self::load_all_locked(conn, chunk.to_vec()).map_err(classify)?;
+                        first_of_each_key(&mut locked);
                     }
                 }
-                // A row found by two keys of this chunk is returned once, in
-                // the order the server returned it.
-                first_of_each_key(&mut locked);
-                if locked.len() > first {
-                    // Rows found by the later reads came after the rest: the
-                    // chunk, all of it locked now, read once more in key order.
-                    locked = Self::load_all_locked(conn, chunk.to_vec()).map_err(classify)?;
-                    first_of_each_key(&mut locked);
+                // And a row found by keys of two chunks (before it is marked
+                // again: a versioned row's version would advance twice).
+                returned.keep_new(&mut locked);
+                // One `UPDATE .. WHERE <key> = $1` per row: on MySQL/MariaDB an
+                // `IN (..)` list may be run as a scan that locks rows of others.
+                for row in &mut locked {
+                    <Self::OnLock as MarkLocked<Self, C::Conn>>::mark(conn, row)?;
                 }
+                rows.append(&mut locked);
             }
-            // And a row found by keys of two chunks (before it is marked
-            // again: a versioned row's version would advance twice).
-            returned.keep_new(&mut locked);
-            // One `UPDATE .. WHERE <key> = $1` per row: on MySQL/MariaDB an
-            // `IN (..)` list may be run as a scan that locks rows of others.
-            for row in &mut locked {
-                <Self::OnLock as MarkLocked<Self, C::Conn>>::mark(conn, row)?;
-            }
-            rows.append(&mut locked);
-        }
+            Ok::<_, Error>(rows)
+        })?;
         let since = waited.acquired(Self::TABLE_NAME, rows.len());
         if !rows.is_empty() {
             scope::hold(
@@ -689,6 +695,23 @@ where
     Conn: LockingConnection,
     M: LockRow<Conn>,
 {
+    // lockkit's own statements, whose answers lockkit sees (SQLite's
+    // journal): a later call asks nothing for them.
+    crate::transaction::journal::own(conn, |conn| {
+        lock_row_unwatched::<M, Conn>(conn, key, options)
+    })
+}
+
+/// [`lock_row`]'s statements.
+fn lock_row_unwatched<M, Conn>(
+    conn: &mut Conn,
+    key: M::Key,
+    options: LockOptions,
+) -> Result<M, Error>
+where
+    Conn: LockingConnection,
+    M: LockRow<Conn>,
+{
     let lock = options.row_lock();
     if lock == ForUpdate::LOCK {
         let waited = crate::metrics::LockWait::start();
@@ -729,8 +752,10 @@ where
     M: LockRow<Conn>,
 {
     let waited = crate::metrics::LockWait::start();
+    // lockkit's own reads, whose answers lockkit sees (SQLite's journal).
     let read = |conn: &mut Conn| {
-        M::load_locked(conn, key.clone(), lock).map_err(|err| lock.wait.classify(err))
+        crate::transaction::journal::own(conn, |conn| M::load_locked(conn, key.clone(), lock))
+            .map_err(|err| lock.wait.classify(err))
     };
     let mut row = read(conn)?;
     if row.is_none() && lock.wait.reads_again_when_empty(conn.ends()) {

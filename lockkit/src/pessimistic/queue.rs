@@ -138,7 +138,9 @@ where
     require_live(conn)?;
     let waited = LockWait::start();
     conn.take_write_lock()?;
-    let rows = query.load_claimed(conn, limit).map_err(classify)?;
+    // lockkit's own read, whose answer lockkit sees (SQLite's journal).
+    let rows = crate::transaction::journal::own(conn, |conn| query.load_claimed(conn, limit))
+        .map_err(classify)?;
     waited.acquired("queue", rows.len());
     Ok(rows)
 }

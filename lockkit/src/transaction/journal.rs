@@ -263,7 +263,9 @@ pub enum Ends {
     /// own rollback after `SQLITE_FULL`, `SQLITE_IOERR` or `SQLITE_NOMEM`,
     /// which end the whole transaction: lockkit asks before it begins or
     /// writes in a transaction where a statement failed
-    /// ([`Aborts::failed`]; `transaction::ended_on_sqlite`).
+    /// ([`Aborts::failed`]; `transaction::ended_on_sqlite`), or where one of
+    /// the work's succeeded, which Diesel reports so even where that rollback
+    /// came in place of its rows ([`Aborts::read_unseen`]).
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     Never,
     /// A backend type that names no server (a `MultiConnection` enum's):
@@ -326,8 +328,9 @@ struct Aborts {
     depth: u32,
     /// SQLite ([`Ends::Never`]), or a backend not known yet: the first
     /// statement that failed in the open transaction since lockkit last asked
-    /// ([`take_failed`]). It may have rolled back the whole transaction, which
-    /// neither SQLite's answer nor Diesel's connection reports as such. Where
+    /// ([`take_failed_statement`]). It may have rolled back the whole
+    /// transaction, which neither SQLite's answer nor Diesel's connection
+    /// reports as such. Where
     /// the backend is not known, lockkit asks with a statement that fails on
     /// SQLite only (`transaction::probe_for`); a rollback to a savepoint clears
     /// this.
@@ -337,6 +340,37 @@ struct Aborts {
     /// the failure rolled the whole transaction back, that statement ran in
     /// autocommit and committed on its own ([`wrote_after_failed`]).
     wrote_after_failed: bool,
+    /// SQLite ([`Ends::Never`]): a statement succeeded in the open
+    /// transaction since lockkit last asked, not one of lockkit's own
+    /// ([`own`]; on the async side, one that answered: [`own_read_done`]) nor
+    /// one that begins or ends a level.
+    /// Diesel's SQLite connection reports a statement that answers with rows
+    /// (`load`, `get_result`, `RETURNING`) to its instrumentation as succeeded
+    /// when an error came in place of its rows, and the error reaches the
+    /// caller only: it may have rolled back the whole transaction, as
+    /// `failed` may ([`take_failed_statement`]). Which statements answer with
+    /// rows the journal does not read off their SQL (writing a statement's SQL
+    /// out costs more than the question lockkit then asks): any counts.
+    read_unseen: bool,
+    /// SQLite: a statement succeeded while [`read_unseen`](Self::read_unseen)
+    /// stood. If the statement before it had rolled the whole transaction
+    /// back, it ran in autocommit, and if it wrote, it committed on its own
+    /// ([`wrote_after_failed`]); forgotten once SQLite answers that the
+    /// transaction is alive ([`read_answered`]), unless a savepoint followed
+    /// (`savepoint_after_read`). Not read where a statement was seen to fail
+    /// in the transaction (`seen_failure`): that one, which SQLite reported,
+    /// is taken for the one that rolled the transaction back, as before the
+    /// journal counted statements it could not read, so that the work's own
+    /// error after a trigger's `RAISE(ROLLBACK, ..)` still reaches it.
+    wrote_after_read: bool,
+    /// SQLite: a statement failed in the open transaction, as the journal saw
+    /// (`failed` was set, whether or not lockkit asked about it since).
+    seen_failure: bool,
+    /// SQLite: a savepoint was opened while
+    /// [`read_unseen`](Self::read_unseen) stood. After a rollback of the whole
+    /// transaction it begins a new one, which SQLite then finds alive, while
+    /// what the work wrote before it committed on its own.
+    savepoint_after_read: bool,
     /// MySQL/MariaDB: a statement of the open transaction may have committed
     /// it implicitly (DDL, a raw `COMMIT`, `SET autocommit`, a procedure:
     /// [`may_commit_implicitly`]). A later write refused as one in a
@@ -361,6 +395,13 @@ struct Aborts {
     /// Diesel told of a `BEGIN` or `SAVEPOINT` whose answer has not come: if
     /// it fails, the level never opened.
     opening: bool,
+    /// Diesel told of a level's end (its `COMMIT`, `RELEASE` or `ROLLBACK
+    /// [TO]` comes next): that statement is none of the work's
+    /// ([`read_unseen`](Self::read_unseen)).
+    closing: bool,
+    /// lockkit's own statements are running ([`own`]): they mark nothing
+    /// ([`read_unseen`](Self::read_unseen)).
+    own: bool,
     /// The error that ended the open transaction (its kind and message). Set
     /// and cleared through [`Aborts::ended`] and [`Aborts::not_ended`], which
     /// keep [`ENDED`] in step.
@@ -527,6 +568,10 @@ impl Aborts {
         self.not_ended();
         self.failed = None;
         self.wrote_after_failed = false;
+        self.read_unseen = false;
+        self.wrote_after_read = false;
+        self.savepoint_after_read = false;
+        self.seen_failure = false;
         self.reviving = false;
         self.unsure = false;
         self.wrote_while_unsure = false;
@@ -538,6 +583,7 @@ impl Aborts {
         match event {
             InstrumentationEvent::BeginTransaction { depth, .. } => {
                 self.depth = depth.get();
+                self.savepoint_after_read |= self.read_unseen && depth.get() > 1;
                 self.opening = true;
                 if depth.get() == 1 {
                     self.orphaned = None;
@@ -554,6 +600,7 @@ impl Aborts {
             InstrumentationEvent::CommitTransaction { depth, .. }
             | InstrumentationEvent::RollbackTransaction { depth, .. } => {
                 self.depth = depth.get() - 1;
+                self.closing = true;
                 let rollback = matches!(event, InstrumentationEvent::RollbackTransaction { .. });
                 if self.depth == 0 {
                     // The outermost caller ends the transaction, also one
@@ -566,6 +613,7 @@ impl Aborts {
             }
             InstrumentationEvent::FinishQuery { query, error, .. } => {
                 let opened = std::mem::take(&mut self.opening);
+                let closed = std::mem::take(&mut self.closing);
                 // Failed too: MySQL/MariaDB commit before they run DDL. Read
                 // on a guarded session only, where the rule may be theirs
                 // (writing the SQL out costs).
@@ -580,6 +628,17 @@ impl Aborts {
                 }
                 if self.unsure && self.depth > 0 && error.is_none() && !only_reads(query) {
                     self.wrote_while_unsure = true;
+                }
+                if self.ends == Ends::Never
+                    && self.depth > 0
+                    && error.is_none()
+                    && !opened
+                    && !closed
+                    && !self.own
+                {
+                    // No SQL read: see `read_unseen`.
+                    self.wrote_after_read |= self.read_unseen;
+                    self.read_unseen = true;
                 }
                 if self.hides_read_errors
                     && self.depth > 0
@@ -706,6 +765,7 @@ impl Aborts {
                         && self.failed.is_none()
                     {
                         self.failed = Some((*kind, message.to_owned()));
+                        self.seen_failure = true;
                     }
                 }
             }
@@ -1551,35 +1611,129 @@ pub(crate) fn wrote_while_unsure<W: Watched>(conn: &mut W) -> bool {
 
 /// How sure the journal was before a read of lockkit's own ([`own_read`]),
 /// for [`own_read_done`] to put back.
-#[cfg_attr(not(feature = "async"), allow(dead_code))] // only diesel-async hides read errors
+#[cfg_attr(not(feature = "async"), allow(dead_code))] // the blocking side runs `own`
 #[derive(Clone, Copy)]
 pub(crate) struct OwnRead {
     was_unsure: bool,
     had_written_while_unsure: bool,
+    was_read_unseen: bool,
+    had_written_after_read: bool,
 }
 
-/// Before a read of lockkit's own on `conn` (and the statements of lockkit's
-/// that follow it in the same call, such as `with_lock`'s bump): how sure the
-/// journal is.
-#[cfg_attr(not(feature = "async"), allow(dead_code))] // only diesel-async hides read errors
+/// Before a read of lockkit's own on an async `conn` (and the statements of
+/// lockkit's that follow it in the same call, such as `with_lock`'s bump): how
+/// sure the journal is (diesel-async's MySQL connection: [`unsure`]; SQLite:
+/// [`Aborts::read_unseen`]). The blocking side, whose statements run in a
+/// closure, runs them in [`own`] instead.
+#[cfg_attr(not(feature = "async"), allow(dead_code))] // the blocking side runs `own`
 pub(crate) fn own_read<W: Watched>(conn: &mut W) -> OwnRead {
     let had_written_while_unsure = wrote_while_unsure(conn);
+    let was_unsure = unsure(conn);
+    let (was_read_unseen, had_written_after_read) = conn
+        .slot()
+        .downcast_mut::<Journal>()
+        .map_or((false, false), |journal| {
+            (journal.aborts.read_unseen, journal.aborts.wrote_after_read)
+        });
     OwnRead {
-        was_unsure: unsure(conn),
+        was_unsure,
         had_written_while_unsure,
+        was_read_unseen,
+        had_written_after_read,
     }
 }
 
 /// A read of lockkit's own on `conn` returned all its rows: no error can have
 /// come in their place, so it leaves the journal as sure as it found it
 /// (`before`, [`own_read`]), with what lockkit wrote after it in the same
-/// call.
-#[cfg_attr(not(feature = "async"), allow(dead_code))] // only diesel-async hides read errors
+/// call. Not after a failure, whose error the caller may let go: the journal
+/// then stays unsure.
+#[cfg_attr(not(feature = "async"), allow(dead_code))] // the blocking side runs `own`
 pub(crate) fn own_read_done<W: Watched>(conn: &mut W, before: OwnRead) {
+    let Some(journal) = conn.slot().downcast_mut::<Journal>() else {
+        return;
+    };
     if !before.was_unsure {
-        if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
-            journal.aborts.unsure = false;
-            journal.aborts.wrote_while_unsure = before.had_written_while_unsure;
+        journal.aborts.unsure = false;
+        journal.aborts.wrote_while_unsure = before.had_written_while_unsure;
+    }
+    if !before.was_read_unseen {
+        journal.aborts.read_unseen = false;
+        journal.aborts.wrote_after_read = before.had_written_after_read;
+    }
+}
+
+/// The work of lockkit's outermost transaction on `conn` returned `Ok`: its
+/// `COMMIT` tells whether SQLite rolled the transaction back under a
+/// statement whose error the journal did not see ([`Aborts::read_unseen`]),
+/// which SQLite then refuses, so lockkit does not ask before it. What the
+/// work ran after such a statement is kept ([`wrote_after_failed`]).
+pub(crate) fn commit_tells<W: Watched>(conn: &mut W) {
+    if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
+        journal.aborts.read_unseen = false;
+    }
+}
+
+/// Runs `statements`, lockkit's own on `conn` (no closure of the caller's
+/// runs among them): SQLite's journal counts none of them as a statement of
+/// the work that may have hidden an error ([`Aborts::read_unseen`]), since
+/// lockkit sees every answer they give. Where they fail with a database
+/// error, the error reaches the caller, who may let it go: the journal then
+/// counts them as such a statement after all, so that lockkit's next call in
+/// the transaction asks SQLite.
+pub(crate) fn own<W: Watched, T, E: OwnFailure>(
+    conn: &mut W,
+    statements: impl FnOnce(&mut W) -> Result<T, E>,
+) -> Result<T, E> {
+    let was = set_own(conn, true);
+    let result = statements(conn);
+    set_own(conn, was);
+    if let Err(err) = &result {
+        if !was && err.answered_by_database() {
+            if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
+                let aborts = &mut journal.aborts;
+                if aborts.ends == Ends::Never && aborts.depth > 0 {
+                    aborts.read_unseen = true;
+                }
+            }
+        }
+    }
+    result
+}
+
+/// Sets [`Aborts::own`] on `conn`'s journal; returns what it was.
+fn set_own<W: Watched>(conn: &mut W, own: bool) -> bool {
+    conn.slot()
+        .downcast_mut::<Journal>()
+        .is_some_and(|journal| std::mem::replace(&mut journal.aborts.own, own))
+}
+
+/// The error of lockkit's own statements ([`own`]): whether the database
+/// answered it (a `NotFound` of lockkit's, or Diesel's empty result, did not).
+pub(crate) trait OwnFailure {
+    /// Whether the database answered with this error.
+    fn answered_by_database(&self) -> bool;
+}
+
+impl OwnFailure for diesel::result::Error {
+    fn answered_by_database(&self) -> bool {
+        !matches!(self, diesel::result::Error::NotFound)
+    }
+}
+
+impl OwnFailure for Error {
+    fn answered_by_database(&self) -> bool {
+        match self {
+            Error::Database(err) => err.answered_by_database(),
+            Error::Busy
+            | Error::LockTimeout
+            | Error::ConnectionLost
+            | Error::StatementTimeout
+            | Error::Deadlock
+            | Error::SerializationFailure
+            | Error::ReadOnly
+            | Error::DuplicateKey { .. } => true,
+            _ => false,
         }
     }
 }
@@ -1656,13 +1810,52 @@ pub(crate) fn reported_own_commits<W: Watched>(conn: &mut W) -> bool {
 }
 
 /// SQLite: whether a statement that may write succeeded on `conn` after one
-/// failed in the open transaction ([`Aborts::wrote_after_failed`]): if the
-/// failure had rolled the whole transaction back, it committed on its own.
-/// Read before the transaction's end, which forgets it.
+/// failed in the open transaction ([`Aborts::wrote_after_failed`]), or, where
+/// none was seen to fail, after a statement of the work whose error the
+/// journal may not have seen ([`Aborts::wrote_after_read`]): if the failure
+/// had rolled the whole transaction back, it committed on its own. Read
+/// before the transaction's end, which forgets it.
 pub(crate) fn wrote_after_failed<W: Watched>(conn: &mut W) -> bool {
     conn.slot()
         .downcast_mut::<Journal>()
-        .is_some_and(|journal| journal.aborts.wrote_after_failed)
+        .is_some_and(|journal| {
+            let aborts = &journal.aborts;
+            aborts.wrote_after_failed || (aborts.wrote_after_read && !aborts.seen_failure)
+        })
+}
+
+/// SQLite: whether a statement was seen to fail in the open transaction on
+/// `conn` ([`Aborts::seen_failure`]).
+pub(crate) fn seen_failure<W: Watched>(conn: &mut W) -> bool {
+    conn.slot()
+        .downcast_mut::<Journal>()
+        .is_some_and(|journal| journal.aborts.seen_failure)
+}
+
+/// SQLite: lockkit's probe failed on `conn`, as it always does: its failure
+/// is forgotten, and whether a statement was seen to fail before it (`seen`)
+/// put back.
+pub(crate) fn probe_failed<W: Watched>(conn: &mut W, seen: bool) {
+    if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
+        journal.aborts.failed = None;
+        journal.aborts.seen_failure = seen;
+    }
+}
+
+/// SQLite answered that the open transaction on `conn` is alive: the reads
+/// whose errors the journal does not see ([`Aborts::read_unseen`]) rolled
+/// nothing back, and what the work wrote after them, it wrote in the
+/// transaction (unless a savepoint of the work's own may have begun it:
+/// [`Aborts::savepoint_after_read`]).
+pub(crate) fn read_answered<W: Watched>(conn: &mut W) {
+    if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
+        journal.aborts.read_unseen = false;
+        // Nor did a failure it saw.
+        journal.aborts.seen_failure = false;
+        if !journal.aborts.savepoint_after_read {
+            journal.aborts.wrote_after_read = false;
+        }
+    }
 }
 
 /// Sets [`wrote_after_failed`] to `wrote`: kept across the end that
@@ -1674,18 +1867,9 @@ pub(crate) fn set_wrote_after_failed<W: Watched>(conn: &mut W, wrote: bool) {
     }
 }
 
-/// SQLite: the error of the first statement that failed in the open
-/// transaction on `conn` since lockkit last asked ([`Aborts::failed`]), which
-/// may have rolled the whole transaction back; forgotten once taken. `None`
-/// when none did, on the other backends, or where no journal watches `conn`.
-pub(crate) fn take_failed<W: Watched>(conn: &mut W) -> Option<Error> {
-    let (kind, message) = take_failed_statement(conn)?;
-    Some(recall(kind, message))
-}
-
 /// Whether the journal on `conn` does not know its backend's rule (a
 /// `MultiConnection` enum's, or lockkit built without the backend's feature):
-/// [`take_failed`]'s statement may then be any backend's.
+/// [`take_failed_statement`]'s statement may then be any backend's.
 pub(crate) fn rule_unknown<W: Watched>(conn: &mut W) -> bool {
     conn.slot()
         .downcast_mut::<Journal>()
@@ -1699,7 +1883,7 @@ pub(crate) fn rule_unknown<W: Watched>(conn: &mut W) -> bool {
 /// instrumentation as succeeded, and its error reaches the caller only: the
 /// journal keeps it as the transaction's failed statement (unless it keeps
 /// one already), so that lockkit's next call asks SQLite whether it rolled
-/// back the whole transaction ([`take_failed`]), as after a failed statement
+/// back the whole transaction ([`take_failed_statement`]), as after a failed statement
 /// the journal saw.
 pub(crate) fn failed_unseen<W: Watched>(conn: &mut W, err: &Error, ends: Ends) {
     if ends != Ends::Never || conn.depth().is_none() {
@@ -1709,6 +1893,7 @@ pub(crate) fn failed_unseen<W: Watched>(conn: &mut W, err: &Error, ends: Ends) {
         return;
     };
     if journal.aborts.depth > 0 && journal.aborts.failed.is_none() {
+        journal.aborts.seen_failure = true;
         journal.aborts.failed = Some(match err {
             Error::Database(diesel::result::Error::DatabaseError(kind, info)) => {
                 (*kind, info.message().to_owned())
@@ -1718,12 +1903,28 @@ pub(crate) fn failed_unseen<W: Watched>(conn: &mut W, err: &Error, ends: Ends) {
     }
 }
 
-/// [`take_failed`]'s statement error, as the journal keeps it.
+/// SQLite: the error of the first statement that failed in the open
+/// transaction on `conn` since lockkit last asked ([`Aborts::failed`]), which
+/// may have rolled the whole transaction back, as the journal keeps it; for a
+/// statement of the work whose error the journal may not have seen
+/// ([`Aborts::read_unseen`]), [`READ_UNSEEN`]. Forgotten once taken. `None`
+/// when neither, on the other backends, or where no journal watches `conn`.
 pub(crate) fn take_failed_statement<W: Watched>(
     conn: &mut W,
 ) -> Option<(DatabaseErrorKind, String)> {
-    journal_of(conn)?.aborts.failed.take()
+    let aborts = &mut journal_of(conn)?.aborts;
+    let read_unseen = std::mem::take(&mut aborts.read_unseen);
+    aborts
+        .failed
+        .take()
+        .or_else(|| read_unseen.then(|| (DatabaseErrorKind::Unknown, READ_UNSEEN.to_owned())))
 }
+
+/// The cause lockkit reports where SQLite rolled back the whole transaction
+/// under a statement that answers with rows, whose error reached the caller
+/// only ([`Aborts::read_unseen`]).
+const READ_UNSEEN: &str = "SQLite rolled back the whole transaction under a statement whose \
+     error reached the caller only (one that answers with rows: load, get_result, RETURNING)";
 
 /// A statement error as the journal keeps it, classified again.
 pub(crate) fn recall(kind: DatabaseErrorKind, message: String) -> Error {

@@ -131,6 +131,13 @@ impl Levels {
         self.stranded = stranded;
     }
 
+    /// A question of lockkit's ran (SQLite's probe, which fails and changes
+    /// nothing): not the work's, so a dropped call's level it ran in counts as
+    /// `stranded` only if it did before.
+    pub(crate) fn asked(&mut self, stranded: bool) {
+        self.stranded = stranded;
+    }
+
     /// lockkit marked the connection broken on purpose.
     pub(crate) fn condemn(&mut self) {
         self.condemned = true;

@@ -167,7 +167,7 @@ pub(crate) fn ended_by_statement<C: Control>(conn: &mut C) -> Option<Error> {
 }
 
 /// SQLite: whether a statement that failed in the open transaction on `conn`
-/// (lockkit's journal saw it: [`journal::take_failed`]) rolled back the whole
+/// (lockkit's journal saw it: [`journal::take_failed_statement`]) rolled back the whole
 /// transaction, as a trigger's `RAISE(ROLLBACK, ..)`, an `ON CONFLICT ROLLBACK`
 /// constraint and SQLite's own rollback after `SQLITE_FULL`, `SQLITE_IOERR` or
 /// `SQLITE_NOMEM` do; then its error, the cause. SQLite runs every statement
@@ -178,12 +178,15 @@ pub(crate) fn ended_by_statement<C: Control>(conn: &mut C) -> Option<Error> {
 /// no transaction open on SQLite, and the journal, which still has the
 /// transaction open, is told it rolled back ([`journal::ended_unseen`]).
 /// Nothing is sent unless a statement failed in the transaction since lockkit
-/// last asked, or may have before its journal watched the connection; on the
-/// other backends, never.
+/// last asked, or may have before its journal watched the connection, or a
+/// statement of the work succeeded in Diesel's eyes since (one that answers
+/// with rows may have met such a rollback unseen: [`journal::own`] says which
+/// are lockkit's own, which ask nothing); on the other backends, never.
 pub(crate) fn ended_on_sqlite<C: Connection>(conn: &mut C) -> Option<Error> {
     if let Some(cause) = journal::orphaned(conn) {
         return Some(cause);
     }
+    let seen = journal::seen_failure(conn);
     let failed = journal::take_failed_statement(conn)?;
     let before = transaction_depth(conn);
     let probe = probe_for(conn);
@@ -192,28 +195,34 @@ pub(crate) fn ended_on_sqlite<C: Connection>(conn: &mut C) -> Option<Error> {
         conn,
         C::TransactionManager::transaction_manager_status_mut,
         failed,
-        before,
+        (before, seen),
     )
 }
 
 /// What [`SQLITE_PROBE`], sent on `conn` where Diesel counted `before` levels
-/// open after `failed` failed, tells (blocking or async; `status`: the
-/// connection's transaction manager): the error to refuse with, if SQLite had
-/// rolled back the whole transaction.
+/// open after `failed` failed (and the journal had `seen` a statement fail in
+/// the transaction: [`journal::seen_failure`]), tells (blocking or async;
+/// `status`: the connection's transaction manager): the error to refuse with,
+/// if SQLite had rolled back the whole transaction.
 pub(crate) fn after_probe<W: journal::Watched>(
     conn: &mut W,
     status: impl FnOnce(&mut W) -> &mut diesel::connection::TransactionManagerStatus,
     failed: (diesel::result::DatabaseErrorKind, String),
-    before: u32,
+    (before, seen): (u32, bool),
 ) -> Option<Error> {
     // The probe's own failure is no news.
-    let _ = journal::take_failed(conn);
+    journal::probe_failed(conn, seen);
     // Kept where the probe finds the transaction alive, too: a savepoint of
     // the work's own may have begun a new transaction after SQLite's
     // rollback, in which the probe finds it alive, while what the work wrote
     // before had committed on its own.
     let wrote = journal::wrote_after_failed(conn);
-    journal::ended_unseen(conn)?;
+    if journal::ended_unseen(conn).is_none() {
+        // Alive: the statements whose errors the journal may not have seen
+        // rolled nothing back.
+        journal::read_answered(conn);
+        return None;
+    }
     if before == 0 {
         // Diesel had already dropped the transaction (a failed statement of
         // the caller's own): lockkit cannot tell whether the callers still

@@ -91,6 +91,9 @@ impl PanicGuard {
                         }
                     }
                 }
+                if outermost && result.is_ok() {
+                    journal::commit_tells(conn);
+                }
                 let whole = || {
                     let ends = Control::ends(conn);
                     journal::whole_at_end(conn, ends)
