@@ -1202,6 +1202,29 @@ fn a_nested_call_through_the_enum_after_sqlite_rolled_back_the_transaction_commi
     refused_and_nothing_committed(&mut conn, &outcome, sale);
 }
 
+/// As above, where your statement that SQLite's rollback answers is one that
+/// answers with rows, whose error the enum's SQLite connection reports to
+/// the work only (`swallowed_errors.rs` on the connection itself).
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_nested_call_through_the_enum_after_a_rollback_hidden_in_a_read_commits_nothing() {
+    let (_db, mut conn) = out_of_stock_any("multi_raise_rollback_read");
+    let mut sale = None;
+    let outcome = lockkit::locked_transaction(
+        &mut conn,
+        LockOptions::default(),
+        |conn: &mut AnyConnection| {
+            let oversold =
+                diesel::sql_query("UPDATE items SET stock = -1 WHERE id = 1 RETURNING stock")
+                    .load::<lockkit_tests::Stock>(conn);
+            assert!(oversold.is_err(), "item 1 is out of stock: {oversold:?}");
+            sale = Some(sell_locked(conn, 2, LockOptions::default()));
+            Ok::<_, Error>(())
+        },
+    );
+    refused_and_nothing_committed(&mut conn, &outcome, sale);
+}
+
 /// As above, in a transaction of your own (Diesel's), where `with_lock` is the
 /// connection's first lockkit call: the journal it installs learns SQLite's
 /// rule from the connection inside the enum, and asks.
