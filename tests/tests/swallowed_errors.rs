@@ -536,17 +536,18 @@ mod sqlite_only {
     }
 
     /// As above, where the statement SQLite's rollback answers is one that
-    /// answers with rows, whose error the journal does not see: the write
-    /// after it may have run in autocommit all the same, with a lockkit call
-    /// after it, in a savepoint of the work's own, or none.
+    /// answers with rows, whose error the journal does not see, and a lockkit
+    /// call follows the write: it asks SQLite, refuses, and says the write may
+    /// have committed on its own, so that no retry runs the work again.
+    /// So too where that call runs in a savepoint of the work's own, which
+    /// SQLite, in autocommit, takes for the start of a new transaction that
+    /// it then finds alive: the call sells item 3 there, and the work still
+    /// runs once.
     #[test]
-    fn a_work_that_wrote_after_a_rollback_its_read_hid_is_not_retried() {
+    fn a_lockkit_call_after_a_write_after_a_rollback_its_read_hid_is_not_retried() {
         type More = fn(&mut SqliteConnection) -> Result<(), Error>;
-        let more: [(&str, More, i32); 3] = [
-            ("none", |_| Ok(()), 5),
+        let more: [(&str, More, i32); 2] = [
             ("sell", |c| sell(c, 3), 5),
-            // A savepoint of the work's own after the write: SQLite begins a
-            // new transaction, in which the lockkit call sells item 3.
             (
                 "savepoint",
                 |c| diesel::Connection::transaction(c, |c| sell(c, 3)),
@@ -562,6 +563,40 @@ mod sqlite_only {
                 &[0, 4, item_3],
             );
         }
+    }
+
+    /// A work that wrote, then met SQLite's whole rollback in a statement
+    /// that answers with rows and returned its error (`?`), gets that error
+    /// back, outermost and nested: the journal, which did not see that
+    /// statement fail, takes it for the rollback's, not for one the work let
+    /// go before it wrote on.
+    #[test]
+    fn a_work_that_returns_the_error_of_its_read_after_a_write_gets_it_back() {
+        let db = out_of_stock_db("raise_rollback_read_returned", &[(1, 0), (2, 5)]);
+        let mut conn = db.connect();
+        let work = |conn: &mut SqliteConnection| {
+            lockkit::with_lock(conn, 2, LockOptions::default(), |conn, item: Item| {
+                diesel::update(items::table.find(item.id))
+                    .set(items::stock.eq(item.stock - 1))
+                    .execute(conn)?;
+                diesel::sql_query("UPDATE items SET stock = -1 WHERE id = 1 RETURNING stock")
+                    .load::<lockkit_tests::Stock>(conn)?;
+                Ok::<_, Error>(())
+            })
+        };
+        let outermost = work(&mut conn);
+        let mut nested = None;
+        let _ = diesel::Connection::transaction(&mut conn, |conn| {
+            nested = Some(work(conn));
+            Ok::<_, Error>(())
+        });
+        for (at, returned) in [("outermost", Some(outermost)), ("nested", nested)] {
+            assert!(
+                matches!(&returned, Some(Err(err)) if err.to_string().contains("out of stock")),
+                "{at}: {returned:?}"
+            );
+        }
+        nothing_committed_but(&db, &[0, 5]);
     }
 
     /// As above, where the work returns `Ok`: SQLite refuses the `COMMIT`

@@ -1354,6 +1354,9 @@ mod sqlite {
             let wait = options.wait_mode();
             let restore = match wait.busy_timeout_millis(options.timeout_millis()) {
                 Some(millis) => {
+                    // lockkit's own statements, whose answers it sees: they
+                    // leave the journal as sure as it was.
+                    let before = journal::own_read(&mut journal::AsyncWatched(&mut *self));
                     let previous = diesel::sql_query(BUSY_TIMEOUT)
                         .get_result::<BusyTimeout>(self)
                         .await
@@ -1362,6 +1365,7 @@ mod sqlite {
                     self.batch_execute(&set_busy_timeout_sql(millis))
                         .await
                         .map_err(classify)?;
+                    journal::own_read_done(&mut journal::AsyncWatched(&mut *self), before);
                     Restore::BusyTimeout(previous)
                 }
                 None => Restore::Nothing,
@@ -1377,7 +1381,14 @@ mod sqlite {
                         // guard of its level yet: dropped while waiting for the
                         // write lock, the connection is marked broken.
                         let mut unsettled = Unsettled::armed(self);
+                        // lockkit's own statement, whose answer it sees.
+                        let watched = &mut journal::AsyncWatched(&mut *unsettled.conn);
+                        let before = journal::own_read(watched);
                         let locked = unsettled.conn.batch_execute(WRITE_LOCK).await;
+                        if locked.is_ok() {
+                            let watched = &mut journal::AsyncWatched(&mut *unsettled.conn);
+                            journal::own_read_done(watched, before);
+                        }
                         if locked.is_err() {
                             let _ = <Self as AsyncConnection>::TransactionManager::rollback_transaction(unsettled.conn).await;
                         }

@@ -165,7 +165,7 @@ where
 {
     journal::before_write_told(conn, ends);
     crate::transaction::check_write(conn)?;
-    let rows = ExecuteDsl::execute(statement, conn)
+    let rows = journal::own(conn, |conn| ExecuteDsl::execute(statement, conn))
         .map_err(|err| crate::transaction::failed_write(conn, classify(err), ends))?;
     matched(rows)
 }
@@ -216,9 +216,7 @@ where
     let ends = ends_of(conn);
     journal::before_write_told(conn, ends);
     crate::transaction::check_write(conn)?;
-    statement
-        .get_result(conn)
-        .optional()
+    journal::own(conn, |conn| statement.get_result(conn).optional())
         .map_err(|err| crate::transaction::failed_write(conn, classify(err), ends))?
         .ok_or(Error::NoRowMatched)
 }

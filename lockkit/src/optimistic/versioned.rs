@@ -583,8 +583,10 @@ pub trait Versioned: Lockable<OnLock = BumpVersion> {
         // deferred SQLite transaction from waiting for the write lock (`Busy`
         // at once).
         let known = Self::known_key_is_unique(conn);
-        let rows = execute_once::<Self, _, _>(conn, &key, known, statement)
-            .map_err(|err| crate::transaction::failed_write(conn, err, ends))?;
+        let rows = journal::own(conn, |conn| {
+            execute_once::<Self, _, _>(conn, &key, known, statement)
+        })
+        .map_err(|err| crate::transaction::failed_write(conn, err, ends))?;
         crate::optimistic::atomic::matched(rows)?;
         moved_by_update_if::<Self, _>(conn, &key)
     }
@@ -1049,10 +1051,15 @@ where
         return Ok(());
     };
     rollbacks::moved_unnumbered(conn, <M as sequence::Model>::VERSION_COLUMN, &row);
-    let Some(moved) = M::load_current_version(conn, key.clone()).map_err(classify)? else {
+    // lockkit's own statements, whose answers it sees.
+    let Some(moved) =
+        journal::own(conn, |conn| M::load_current_version(conn, key.clone())).map_err(classify)?
+    else {
         return Ok(());
     };
-    let at = move_past_reused::<M, _>(conn, key, Some(&row), moved)?;
+    let at = journal::own(conn, |conn| {
+        move_past_reused::<M, _>(conn, key, Some(&row), moved)
+    })?;
     let from = moved.to_i64().saturating_sub(1);
     rollbacks::written(
         conn,

@@ -252,8 +252,12 @@ macro_rules! outbox_store {
                 now: i64,
             ) -> Result<i64, Error> {
                 use diesel::RunQueryDsl;
-                statements::insert_message(topic, payload, now).execute(conn)?;
-                Ok(statements::last_id($backend::LAST_ID).get_result(conn)?)
+                // lockkit's own statements, whose answers it sees.
+                crate::transaction::journal::own(conn, |conn| {
+                    statements::insert_message(topic, payload, now).execute(conn)?;
+                    statements::last_id($backend::LAST_ID).get_result(conn)
+                })
+                .map_err(Error::from)
             }
 
             fn before_relay(conn: &mut Self) -> Result<(), Error> {

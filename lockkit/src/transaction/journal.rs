@@ -355,13 +355,12 @@ struct Aborts {
     /// SQLite: a statement succeeded while [`read_unseen`](Self::read_unseen)
     /// stood. If the statement before it had rolled the whole transaction
     /// back, it ran in autocommit, and if it wrote, it committed on its own
-    /// ([`wrote_after_failed`]); forgotten once SQLite answers that the
+    /// ([`wrote_after_unseen`]); forgotten once SQLite answers that the
     /// transaction is alive ([`read_answered`]), unless a savepoint followed
-    /// (`savepoint_after_read`). Not read where a statement was seen to fail
-    /// in the transaction (`seen_failure`): that one, which SQLite reported,
-    /// is taken for the one that rolled the transaction back, as before the
-    /// journal counted statements it could not read, so that the work's own
-    /// error after a trigger's `RAISE(ROLLBACK, ..)` still reaches it.
+    /// (`savepoint_after_read`): then it becomes `wrote_after_failed`. Read only where lockkit asks before a call
+    /// of its own ([`wrote_after_unseen`]), and not where a statement was
+    /// seen to fail in the transaction (`seen_failure`): that one, which
+    /// SQLite reported, is taken for the one that rolled the transaction back.
     wrote_after_read: bool,
     /// SQLite: a statement failed in the open transaction, as the journal saw
     /// (`failed` was set, whether or not lockkit asked about it since).
@@ -572,6 +571,7 @@ impl Aborts {
         self.wrote_after_read = false;
         self.savepoint_after_read = false;
         self.seen_failure = false;
+        self.own = false;
         self.reviving = false;
         self.unsure = false;
         self.wrote_while_unsure = false;
@@ -1666,8 +1666,7 @@ pub(crate) fn own_read_done<W: Watched>(conn: &mut W, before: OwnRead) {
 /// The work of lockkit's outermost transaction on `conn` returned `Ok`: its
 /// `COMMIT` tells whether SQLite rolled the transaction back under a
 /// statement whose error the journal did not see ([`Aborts::read_unseen`]),
-/// which SQLite then refuses, so lockkit does not ask before it. What the
-/// work ran after such a statement is kept ([`wrote_after_failed`]).
+/// which SQLite then refuses, so lockkit does not ask before it.
 pub(crate) fn commit_tells<W: Watched>(conn: &mut W) {
     if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
         journal.aborts.read_unseen = false;
@@ -1686,8 +1685,12 @@ pub(crate) fn own<W: Watched, T, E: OwnFailure>(
     statements: impl FnOnce(&mut W) -> Result<T, E>,
 ) -> Result<T, E> {
     let was = set_own(conn, true);
-    let result = statements(conn);
+    // Put back also when a `Queryable` or `Debug` of the caller's panics in
+    // them, and the panic is caught: the connection counts the work's
+    // statements again.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| statements(conn)));
     set_own(conn, was);
+    let result = result.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
     if let Err(err) = &result {
         if !was && err.answered_by_database() {
             if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
@@ -1810,18 +1813,28 @@ pub(crate) fn reported_own_commits<W: Watched>(conn: &mut W) -> bool {
 }
 
 /// SQLite: whether a statement that may write succeeded on `conn` after one
-/// failed in the open transaction ([`Aborts::wrote_after_failed`]), or, where
-/// none was seen to fail, after a statement of the work whose error the
-/// journal may not have seen ([`Aborts::wrote_after_read`]): if the failure
-/// had rolled the whole transaction back, it committed on its own. Read
-/// before the transaction's end, which forgets it.
+/// failed in the open transaction ([`Aborts::wrote_after_failed`]): if the
+/// failure had rolled the whole transaction back, it committed on its own.
+/// Read before the transaction's end, which forgets it.
 pub(crate) fn wrote_after_failed<W: Watched>(conn: &mut W) -> bool {
     conn.slot()
         .downcast_mut::<Journal>()
-        .is_some_and(|journal| {
-            let aborts = &journal.aborts;
-            aborts.wrote_after_failed || (aborts.wrote_after_read && !aborts.seen_failure)
-        })
+        .is_some_and(|journal| journal.aborts.wrote_after_failed)
+}
+
+/// SQLite: whether, where no statement was seen to fail in the open
+/// transaction on `conn`, a statement of the work followed one whose error
+/// the journal may not have seen ([`Aborts::wrote_after_read`]): if that one
+/// had rolled the whole transaction back, what followed ran in autocommit.
+/// Read where lockkit asks SQLite before a call of its own (a call after such
+/// a rollback means the work let its error go), not at the end of work that
+/// failed: there the work's error is most often that statement's own (a
+/// trigger's `RAISE(ROLLBACK, ..)` in a `RETURNING`, returned with `?`), which
+/// lockkit cannot tell from one the work let go; it keeps the work's error.
+pub(crate) fn wrote_after_unseen<W: Watched>(conn: &mut W) -> bool {
+    conn.slot()
+        .downcast_mut::<Journal>()
+        .is_some_and(|journal| journal.aborts.wrote_after_read && !journal.aborts.seen_failure)
 }
 
 /// SQLite: whether a statement was seen to fail in the open transaction on
@@ -1849,12 +1862,19 @@ pub(crate) fn probe_failed<W: Watched>(conn: &mut W, seen: bool) {
 /// [`Aborts::savepoint_after_read`]).
 pub(crate) fn read_answered<W: Watched>(conn: &mut W) {
     if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
-        journal.aborts.read_unseen = false;
-        // Nor did a failure it saw.
-        journal.aborts.seen_failure = false;
-        if !journal.aborts.savepoint_after_read {
-            journal.aborts.wrote_after_read = false;
+        let aborts = &mut journal.aborts;
+        if aborts.savepoint_after_read && aborts.wrote_after_read && !aborts.seen_failure {
+            // The transaction SQLite finds alive may be the one a savepoint
+            // of the work's own began after a rollback: what the work ran
+            // before that savepoint may have committed on its own, which the
+            // end of the work, failed or not, must know.
+            aborts.wrote_after_failed = true;
+        } else {
+            aborts.wrote_after_read = false;
         }
+        aborts.read_unseen = false;
+        // Nor did a failure it saw.
+        aborts.seen_failure = false;
     }
 }
 

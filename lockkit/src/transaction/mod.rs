@@ -216,7 +216,7 @@ pub(crate) fn after_probe<W: journal::Watched>(
     // the work's own may have begun a new transaction after SQLite's
     // rollback, in which the probe finds it alive, while what the work wrote
     // before had committed on its own.
-    let wrote = journal::wrote_after_failed(conn);
+    let wrote = journal::wrote_after_failed(conn) || journal::wrote_after_unseen(conn);
     if journal::ended_unseen(conn).is_none() {
         // Alive: the statements whose errors the journal may not have seen
         // rolled nothing back.
