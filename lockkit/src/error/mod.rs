@@ -456,16 +456,16 @@ impl StaleObjectError {
     /// What the losing writer tried to write, if it was attached and is an `M`:
     /// for a merge UI that shows the user's values next to the row's current ones.
     pub fn record<M: Any>(&self) -> Option<&M> {
-        self.record.as_ref()?.value.downcast_ref()
+        self.record.as_ref()?.0.value.downcast_ref()
     }
 
     /// This report with `record` attached as what the writer tried to write.
     #[must_use]
     pub fn with_record<M: Any + Send + Sync>(mut self, record: M) -> Self {
-        self.record = Some(StaleRecord {
-            value: Arc::new(record),
+        self.record = Some(StaleRecord(Arc::new(Recorded {
             type_name: std::any::type_name::<M>(),
-        });
+            value: record,
+        })));
         self
     }
 }
@@ -477,27 +477,33 @@ impl StaleObjectError {
 /// [`StaleObjectError::record`]. Cloning it shares the record. Two are equal
 /// only when they are the same attached record (the record need not be `Eq`).
 #[derive(Clone)]
-pub struct StaleRecord {
-    value: Arc<dyn Any + Send + Sync>,
+pub struct StaleRecord(Arc<Recorded<dyn Any + Send + Sync>>);
+
+/// A record and its type's name, in one allocation behind one pointer: the
+/// report (and so every `Result<_, Error>`) stays small.
+struct Recorded<T: ?Sized> {
     type_name: &'static str,
+    value: T,
 }
 
 impl StaleRecord {
     /// The Rust type of the record, as `std::any::type_name` prints it.
     pub fn type_name(&self) -> &'static str {
-        self.type_name
+        self.0.type_name
     }
 }
 
 impl fmt::Debug for StaleRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("StaleRecord").field(&self.type_name).finish()
+        f.debug_tuple("StaleRecord")
+            .field(&self.0.type_name)
+            .finish()
     }
 }
 
 impl PartialEq for StaleRecord {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.value, &other.value)
+        Arc::ptr_eq(&self.0, &other.0)
     }
 }
 
