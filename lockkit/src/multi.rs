@@ -388,6 +388,12 @@ macro_rules! dispatch {
                 }
             }
 
+            fn database_table(conn: &mut T) -> &'static str {
+                match conn.dispatch() {
+                    $(BackendConn::$variant(conn) => <M as CurrentVersionQuery<$conn>>::database_table(conn),)+
+                }
+            }
+
             fn mark(conn: &mut T, mark: Mark) -> QueryResult<()> {
                 match conn.dispatch() {
                     $(BackendConn::$variant(conn) => <M as CurrentVersionQuery<$conn>>::mark(conn, mark),)+
@@ -544,6 +550,10 @@ where
 
     fn row_id(conn: &mut Pooled<T>, key: &M::Key) -> QueryResult<Option<String>> {
         M::row_id(conn, key)
+    }
+
+    fn database_table(conn: &mut Pooled<T>) -> &'static str {
+        M::database_table(conn)
     }
 
     fn mark(conn: &mut Pooled<T>, mark: Mark) -> QueryResult<()> {

@@ -80,6 +80,7 @@ async_backend_tests! {
         let Error::Stale(stale) = err else { panic!("{err}") };
         assert_eq!(stale.current, CurrentState::Version(1));
         assert_eq!(stale.expected_version, 0);
+        assert_eq!((stale.table, stale.database_table), ("items", Some("items")));
         assert_eq!(bob.lock_version, 0);
         assert_eq!(stock_and_version!(&mut conn), (2, 1));
 

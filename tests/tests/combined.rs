@@ -1290,6 +1290,12 @@ mod all {
             assert!(matches!(err, Error::AmbiguousKey { table: "items", .. }), "{err:?}");
             let stored: Vec<(String, i32)> = lockkit_tests::archived(2).load(&mut conn).unwrap();
             assert_eq!(stored, [("archived".into(), 0), ("twin".into(), 0)], "nothing was written");
+            // A stale report names the table as the database does: the
+            // `table!`'s Rust name, `items`, is the connection's table's too.
+            exec(&mut conn, "DELETE FROM lockkit_archive.items WHERE name = 'twin'");
+            let mut behind = Archived { id: 2, name: "c".into(), stock: 0, lock_version: 5 };
+            let Err(Error::Stale(stale)) = behind.update_versioned(&mut conn) else { panic!("not stale") };
+            assert_eq!((stale.table, stale.database_table), ("items", Some("lockkit_archive.items")));
         }
 
         // --- 10. any number of keys ---------------------------------------------------

@@ -399,4 +399,61 @@ lockkit_tests::backend_tests! {
         }
         assert_eq!(stock_of!(&mut conn, 1), 3, "the other writers' change stands");
     }
+
+    /// As above, for a row of another table that the application's Rust code
+    /// names as this one: a `table!` module also called `items` (another
+    /// schema's, or one that `sql_name` renames) is another table, and its
+    /// row 1 is not this resource.
+    fn a_refusal_never_binds_another_tables_version_to_this_resource(db) {
+        mod archive {
+            diesel::table! {
+                #[sql_name = "items_archive"]
+                items (id) {
+                    id -> Integer,
+                    stock -> Integer,
+                    lock_version -> Integer,
+                }
+            }
+        }
+        #[derive(Queryable, Selectable, Identifiable, AsChangeset, Versioned)]
+        #[diesel(table_name = archive::items)]
+        struct ArchivedItem {
+            id: i32,
+            stock: i32,
+            lock_version: i32,
+        }
+        let mut conn = db.conn();
+        seed_items(&mut conn, &[(1, 10)]);
+        diesel::sql_query("CREATE TABLE items_archive (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL)").execute(&mut conn).unwrap();
+        diesel::sql_query("INSERT INTO items_archive (id, stock, lock_version) VALUES (1, 10, 5)").execute(&mut conn).unwrap();
+        let tags = tags_of(1);
+        let read = |c: &mut Conn| -> Result<i32, lockkit::Error> { Ok(items::table.find(1).select(items::lock_version).first(c)?) };
+        let write_both = |c: &mut Conn, v: i32| {
+            c.transaction(|c| {
+                Item::update_by_version(c, 1, v, items::stock.eq(1))?;
+                // A stale copy of the archived row 1.
+                ArchivedItem::update_by_version(c, 1, 0, archive::items::stock.eq(1))
+            })
+        };
+        let sent = IfMatchTags(tags.etag(0).to_string().parse().unwrap());
+        let refused = sent.apply(&tags, &mut *conn, read, write_both).unwrap_err();
+        assert_eq!(refused.status, 412, "{refused:?}");
+        assert_ne!(refused.current_etag, Some(tags.etag(5).to_string()), "the archived row's version, bound to item 1");
+        diesel::sql_query("UPDATE items SET stock = 3, lock_version = 5 WHERE id = 1").execute(&mut conn).unwrap();
+        if let Some(handed) = refused.current_etag {
+            let again = IfMatchTags(handed.parse().unwrap());
+            let overwrite = again.apply(&tags, &mut *conn, read, |c, v| Item::update_by_version(c, 1, v, items::stock.eq(0)));
+            assert!(overwrite.is_err(), "{overwrite:?}");
+        }
+        assert_eq!(stock_of!(&mut conn, 1), 3, "the other writers' change stands");
+        // The resource's own stale report (another writer got in between the
+        // check and the write) still hands out its current tag.
+        let own = IfMatchTags(tags.etag(5).to_string().parse().unwrap());
+        let raced = own.apply(&tags, &mut *conn, read, |c, v| {
+            diesel::sql_query("UPDATE items SET lock_version = 6 WHERE id = 1").execute(c)?;
+            Item::update_by_version(c, 1, v, items::stock.eq(0))
+        });
+        let refused = raced.unwrap_err();
+        assert_eq!((refused.status, refused.current_etag), (412, Some(tags.etag(6).to_string())));
+    }
 }

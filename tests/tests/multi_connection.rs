@@ -192,7 +192,9 @@ lockkit_tests::backend_tests! {
         // The struct read before all that is stale, with the row's version.
         other.stock = 0;
         match other.update_versioned(&mut conn) {
-            Err(Error::Stale(stale)) => assert_eq!(stale.current, CurrentState::Version(4)),
+            Err(Error::Stale(stale)) => {
+                assert_eq!((stale.current, stale.database_table), (CurrentState::Version(4), Some("items")))
+            }
             other => panic!("{other:?}"),
         }
         assert_eq!(stock(&mut conn, 1), 7);

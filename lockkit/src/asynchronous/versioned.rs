@@ -430,6 +430,11 @@ pub trait AsyncVersionQuery<Conn>: VersionCheck<Key: Send + Sync, Version: Send>
     #[doc(hidden)]
     fn mark_stands(conn: &mut Conn, mark: Mark) -> BoxFuture<'_, QueryResult<bool>>;
 
+    /// The table as the database names it, for a stale report (the blocking
+    /// side's `CurrentVersionQuery::database_table`).
+    #[doc(hidden)]
+    fn database_table() -> &'static str;
+
     /// The move past of a stale write as the journal keeps it, to be made
     /// again outside any transaction once the one that made it rolled back
     /// (the blocking side's `CurrentVersionQuery::move_past_again`).
@@ -563,6 +568,10 @@ where
             };
             Ok(row.stands != 0)
         })
+    }
+
+    fn database_table() -> &'static str {
+        &table::of::<M::Table, Conn::Backend>().qualified
     }
 
     fn move_past_again(key: M::Key, row: Option<String>, version: M::Version) -> AnyRedo {
@@ -749,7 +758,7 @@ where
                         M::mark(conn, mark).await.map_err(classify)?;
                         Step::Done(written)
                     }
-                    Step::Done(written) => return Ok(written),
+                    Step::Done(written) => return Ok(written.named(M::database_table)),
                 };
             }
         };

@@ -414,8 +414,14 @@ pub enum CurrentState {
 )]
 #[non_exhaustive]
 pub struct StaleObjectError {
-    /// The table's name.
+    /// The table's name: the last segment of the model's
+    /// `#[diesel(table_name = ..)]`, its `table!`'s Rust name.
     pub table: &'static str,
+    /// The table as the database names it: `schema.name` for a `table!` that
+    /// names a schema, the `sql_name` of one that renames the table. Two
+    /// `table!`s may share a Rust name (`archive::items` and `items`); this
+    /// tells their rows apart. `None` in a report made with [`new`](Self::new).
+    pub database_table: Option<&'static str>,
     /// The primary key, formatted with `Debug` (`1`, `(1, 2)`, `"sku-9"`).
     pub key: String,
     /// The version column's name.
@@ -444,6 +450,7 @@ impl StaleObjectError {
     ) -> Self {
         StaleObjectError {
             table,
+            database_table: None,
             key: key.into(),
             version_column,
             operation,
@@ -635,6 +642,7 @@ mod tests {
     fn stale_message_names_everything() {
         let err = Error::from(StaleObjectError {
             table: "items",
+            database_table: Some("items"),
             key: "7".into(),
             version_column: "lock_version",
             operation: Operation::Update,

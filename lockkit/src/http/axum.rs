@@ -626,6 +626,7 @@ mod tests {
     fn stale(current: CurrentState) -> Error {
         Error::Stale(StaleObjectError {
             table: "items",
+            database_table: None,
             key: "1".into(),
             version_column: "lock_version",
             operation: Operation::Update,

@@ -88,6 +88,19 @@ pub(crate) enum Written<V> {
 }
 
 impl<V> Written<V> {
+    /// A stale report names the table as the database names it
+    /// (`TableName::qualified`), which the driver asks its connection for.
+    #[inline]
+    pub(crate) fn named(self, table: impl FnOnce() -> &'static str) -> Self {
+        match self {
+            Written::Stale(mut stale) => {
+                stale.database_table = Some(table());
+                Written::Stale(stale)
+            }
+            done => done,
+        }
+    }
+
     /// The version the write left (`None` for a delete), or [`Error::Stale`].
     pub(crate) fn version(self) -> Result<Option<V>, Error> {
         match self {
@@ -459,6 +472,8 @@ impl<'k, M: Model> Row<'k, M> {
         rollbacks::found_stale(watched, M::VERSION_COLUMN, self.id, self.plan, current);
         let stale = StaleObjectError {
             table: M::TABLE_NAME,
+            // The driver names it ([`Written::named`]): this step knows no backend.
+            database_table: None,
             key: format!("{:?}", self.key),
             version_column: M::VERSION_COLUMN,
             operation: self.operation,

@@ -35,6 +35,10 @@ pub(crate) struct TableName {
     /// the same for every backend.
     pub(crate) quoted_schema: Option<String>,
     pub(crate) quoted_name: String,
+    /// `schema.name`, or `name` alone: the table as a stale report names it
+    /// for bound ETags ([`StaleObjectError`](crate::StaleObjectError)'s
+    /// `database_table`).
+    pub(crate) qualified: String,
 }
 
 /// The name of table `T` on backend `DB`, rendered at the first call and kept.
@@ -78,6 +82,10 @@ impl TableName {
         TableName {
             quoted_schema: schema.as_ref().map(|schema| format!("{schema:?}")),
             quoted_name: format!("{name:?}"),
+            qualified: match &schema {
+                Some(schema) => format!("{schema}.{name}"),
+                None => name.clone(),
+            },
             schema,
             name,
         }

@@ -155,6 +155,10 @@ macro_rules! current_version_query_on {
                 )
             }
 
+            fn database_table(_: &mut $conn) -> &'static str {
+                &table::of::<M::Table, Backend<$conn>>().qualified
+            }
+
             fn mark(conn: &mut $conn, mark: Mark) -> diesel::QueryResult<()> {
                 <Backend<$conn> as OptimisticBackend>::mark(conn, mark)
             }

@@ -850,6 +850,11 @@ pub trait CurrentVersionQuery<Conn>: VersionCheck {
     /// Diesel's error, unclassified (lockkit's callers classify it).
     fn row_id(conn: &mut Conn, key: &Self::Key) -> diesel::QueryResult<Option<String>>;
 
+    /// The table as the database names it, for a stale report
+    /// ([`StaleObjectError::database_table`](crate::StaleObjectError::database_table)).
+    #[doc(hidden)]
+    fn database_table(conn: &mut Conn) -> &'static str;
+
     /// Marks a write made in a transaction on a connection the [`journal`]
     /// cannot watch, in that transaction
     /// ([`OptimisticBackend::mark`](crate::optimistic::backend::OptimisticBackend::mark)).
@@ -1310,7 +1315,7 @@ where
                     M::mark(conn, mark).map_err(classify)?;
                     Step::Done(written)
                 }
-                Step::Done(written) => return Ok(written),
+                Step::Done(written) => return Ok(written.named(|| M::database_table(conn))),
             };
         }
     };

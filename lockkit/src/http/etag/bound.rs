@@ -91,9 +91,12 @@ impl ETagSecret {
     /// The tags of one resource: the row of `table` whose key formats as `key`
     /// (the same table name and key formatting on every server). A refusal's
     /// problem ([`ResourceTags::problem`]) carries the resource's current tag
-    /// only when the stale report names it: `table` as Diesel names the table
-    /// (its `table!` name) and a single-column key; otherwise (another name, a
-    /// composite key) the `412` carries none, and the client re-reads.
+    /// only when the stale report names it: `table` as the database names the
+    /// table (`"items"`; `"archive.items"` for a `table!` that names the schema
+    /// `archive`; the `sql_name` of a `table!` that renames it: what a stale
+    /// report's [`database_table`](StaleObjectError::database_table) says) and
+    /// a single-column key; otherwise (another name, a composite key) the
+    /// `412` carries none, and the client re-reads.
     ///
     /// Pass the key as the model holds it (`7`, not `"7"`): stale reports
     /// name rows by the key's `Debug`, which the resource keeps to tell its
@@ -162,14 +165,17 @@ impl ResourceTags {
         self.etag_of(version.to_i64())
     }
 
-    /// Whether a stale report is of this resource: the same table and the same
-    /// key, both formatted with `Debug` (`"sku-9"` for a string, so that a
-    /// key whose text is `"x"`, quotes included, is not row `x`). Another row's version
-    /// must never be handed out as this resource's tag: a client would hold a
-    /// tag for a version it never read, good as soon as the resource reaches
-    /// that number.
+    /// Whether a stale report is of this resource: the same table, as the
+    /// database names it (the report's `database_table`; its `table` in a
+    /// report made by hand, which has none), and the same key, both formatted
+    /// with `Debug` (`"sku-9"` for a string, so that a key whose text is `"x"`,
+    /// quotes included, is not row `x`). Another row's version must never be
+    /// handed out as this resource's tag: a client would hold a tag for a
+    /// version it never read, good as soon as the resource reaches that
+    /// number. That includes the row of another table whose `table!` has the
+    /// same Rust name (`archive::items`).
     pub(crate) fn names(&self, stale: &StaleObjectError) -> bool {
-        stale.table == self.table && stale.key == self.key
+        stale.database_table.unwrap_or(stale.table) == self.table && stale.key == self.key
     }
 
     pub(crate) fn etag_of(&self, version: i64) -> BoundETag {
@@ -382,6 +388,45 @@ mod tests {
                 (problem.status, problem.current_etag),
                 (412, None),
                 "{table} {key}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_problem_tells_tables_apart_by_their_database_names() {
+        use crate::error::{CurrentState, Operation};
+        // What a versioned write reports: the `table!`'s Rust name, and the
+        // table as the database names it.
+        let stale = |database_table| {
+            let mut report = StaleObjectError::new(
+                "items",
+                "1",
+                "lock_version",
+                Operation::Update,
+                3,
+                CurrentState::Version(9),
+            );
+            report.database_table = Some(database_table);
+            Error::Stale(report)
+        };
+        let items = secret(1).resource("items", 1);
+        let archived = secret(1).resource("archive.items", 1);
+        let own = |tags: &ResourceTags| Some(tags.etag(9_i32).to_string());
+        assert_eq!(items.problem(&stale("items")).current_etag, own(&items));
+        assert_eq!(
+            archived.problem(&stale("archive.items")).current_etag,
+            own(&archived)
+        );
+        for (tags, other) in [
+            (&items, "archive.items"),
+            (&items, "items_archive"),
+            (&archived, "items"),
+        ] {
+            let problem = tags.problem(&stale(other));
+            assert_eq!(
+                (problem.status, problem.current_etag),
+                (412, None),
+                "{other}"
             );
         }
     }

@@ -973,6 +973,7 @@ mod tests {
     fn errors_map_to_statuses_and_problems() {
         let stale = Error::Stale(crate::error::StaleObjectError {
             table: "items",
+            database_table: None,
             key: "1".into(),
             version_column: "lock_version",
             operation: crate::error::Operation::Update,
