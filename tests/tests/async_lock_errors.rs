@@ -1698,6 +1698,53 @@ mod sqlite_only {
         assert_eq!(stocks!(&mut conn), vec![0, 4]);
     }
 
+    /// A run nested in your transaction after SQLite rolled it back in place
+    /// of a read's rows is refused, and leaves no key behind it: the client's
+    /// retry runs the work, as on the blocking side (`swallowed_errors.rs`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idempotency_run_refused_after_a_rollback_in_place_of_rows_leaves_no_key() {
+        use diesel_migrations::MigrationHarness;
+        use lockkit::idempotency::{Idempotency, Outcome};
+        let (db, mut conn) =
+            out_of_stock_db("async_raise_rollback_idempotency_nested", &[(1, 0), (2, 5)]).await;
+        db.conn()
+            .run_pending_migrations(lockkit_tests::idempotency_migrations("sqlite"))
+            .unwrap();
+        sell!(&mut conn, 2).await.unwrap(); // lockkit's journal watches the connection
+        let keys = Idempotency::default();
+        let sell = async |c: &mut Async| -> Result<String, Error> {
+            sell_item_2!(c)?;
+            Ok("sold".to_owned())
+        };
+        let mut refused = None;
+        let outcome = conn
+            .transaction::<(), Error, _>(async |c| {
+                let oversold = diesel::sql_query(OVERSELL_RETURNING)
+                    .load::<lockkit_tests::Stock>(c)
+                    .await;
+                assert!(oversold.is_err(), "{oversold:?}");
+                refused = Some(async_common::run_order_1(&keys, c, sell).await);
+                Ok(())
+            })
+            .await;
+        let refused = refused.expect("the run was called");
+        assert!(
+            refused.is_err(),
+            "{refused:?} (the transaction said {outcome:?})"
+        );
+        assert_eq!(
+            stocks!(&mut conn),
+            vec![0, 4],
+            "nothing of the run committed"
+        );
+        let again = async_common::run_order_1(&keys, &mut conn, sell).await;
+        assert!(
+            matches!(again, Ok(Outcome::Ran(_))),
+            "the retry got {again:?}"
+        );
+        assert_eq!(stocks!(&mut conn), vec![0, 3]);
+    }
+
     /// One unit of each item of `$ids` sold on `$conn`, each result pushed to
     /// the `Mutex<Vec<_>>` `$after`: not one may commit on its own.
     macro_rules! sell_each {

@@ -677,6 +677,44 @@ mod sqlite_only {
         nothing_committed_but(&db, &[0, 3]);
     }
 
+    /// An idempotency key's run nested in your transaction after SQLite
+    /// rolled it back in place of a read's rows is refused and leaves no key
+    /// behind it: the client's retry runs the work.
+    #[test]
+    fn an_idempotency_run_refused_after_a_rollback_in_place_of_rows_leaves_no_key() {
+        use diesel_migrations::MigrationHarness;
+        use lockkit::idempotency::{Idempotency, Outcome};
+        let db = out_of_stock_db("raise_rollback_idempotency_nested", &[(1, 0), (2, 5)]);
+        db.conn()
+            .run_pending_migrations(lockkit_tests::idempotency_migrations("sqlite"))
+            .unwrap();
+        let keys = Idempotency::default();
+        let mut conn = db.connect();
+        sell(&mut conn, 2).unwrap(); // lockkit's journal watches the connection
+        let sell_two = |c: &mut SqliteConnection| {
+            sell(c, 2)?;
+            Ok::<_, Error>("sold".to_owned())
+        };
+        let mut refused = None;
+        let outcome = diesel::Connection::transaction(&mut conn, |c| {
+            oversell_item_1_in_a_read(c, false);
+            refused = Some(keys.run(c, "tenant-1", "order-1", "f", sell_two));
+            Ok::<_, Error>(())
+        });
+        let refused = refused.expect("the run was called");
+        assert!(
+            refused.is_err(),
+            "{refused:?} (the transaction said {outcome:?})"
+        );
+        nothing_committed_but(&db, &[0, 4]);
+        let again = keys.run(&mut conn, "tenant-1", "order-1", "f", sell_two);
+        assert!(
+            matches!(again, Ok(Outcome::Ran(_))),
+            "the retry got {again:?}"
+        );
+        nothing_committed_but(&db, &[0, 3]);
+    }
+
     #[test]
     fn a_versioned_write_after_your_own_statement_rolled_back_the_whole_transaction_commits_nothing(
     ) {
