@@ -113,6 +113,52 @@ fn principal(headers: &HeaderMap) -> Result<String, HttpError> {
         .ok_or(HttpError(lockkit::Error::InvalidInput("no client")))
 }
 
+/// A `PUT` of item 1 on `$conn` sent with item 1's bound tag at version 0,
+/// whose write also runs `$other` (on `$c`, its connection), a stale write of
+/// a row at version 5: refused with 412, and never with item 1's tag at 5. A
+/// client handed that tag, never read, would write over other writers'
+/// changes once they bring item 1 to 5. Evaluates to item 1's tags.
+macro_rules! refused_without_the_other_rows_tag {
+    ($conn:ident, |$c:ident| $other:block) => {{
+        let tags = tags_of(1);
+        let read = |c: &mut Conn| -> Result<i32, lockkit::Error> {
+            Ok(items::table.find(1).select(items::lock_version).first(c)?)
+        };
+        let write_both = |$c: &mut Conn, v: i32| {
+            $c.transaction(|$c| {
+                Item::update_by_version($c, 1, v, items::stock.eq(1))?;
+                $other
+            })
+        };
+        let sent = IfMatchTags(tags.etag(0).to_string().parse().unwrap());
+        let refused = sent
+            .apply(&tags, &mut *$conn, read, write_both)
+            .unwrap_err();
+        assert_eq!(refused.status, 412, "{refused:?}");
+        assert_ne!(
+            refused.current_etag,
+            Some(tags.etag(5).to_string()),
+            "the other row's version, bound to item 1"
+        );
+        diesel::sql_query("UPDATE items SET stock = 3, lock_version = 5 WHERE id = 1")
+            .execute(&mut *$conn)
+            .unwrap();
+        if let Some(handed) = refused.current_etag {
+            let again = IfMatchTags(handed.parse().unwrap());
+            let overwrite = again.apply(&tags, &mut *$conn, read, |c, v| {
+                Item::update_by_version(c, 1, v, items::stock.eq(0))
+            });
+            assert!(overwrite.is_err(), "{overwrite:?}");
+        }
+        assert_eq!(
+            stock_of!(&mut *$conn, 1),
+            3,
+            "the other writers' change stands"
+        );
+        tags
+    }};
+}
+
 lockkit_tests::backend_tests! {
     fn bound_etags_fit_their_own_resource_only(db) {
         seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
@@ -370,34 +416,14 @@ lockkit_tests::backend_tests! {
     }
     /// A 412 hands a bound tag only for the resource's own row: a handler's
     /// write that also writes another row from a stale copy must not give the
-    /// client this resource's tag at the other row's version. With it, once
-    /// other writers bring the resource to that number, the client writes over
-    /// changes it never read.
+    /// client this resource's tag at the other row's version.
     fn a_refusal_never_binds_another_rows_version_to_this_resource(db) {
         let mut conn = db.conn();
         seed_items(&mut conn, &[(1, 10), (2, 10)]);
         diesel::sql_query("UPDATE items SET lock_version = 5 WHERE id = 2").execute(&mut conn).unwrap();
-        let tags = tags_of(1);
-        let read = |c: &mut Conn| -> Result<i32, lockkit::Error> { Ok(items::table.find(1).select(items::lock_version).first(c)?) };
-        let write_both = |c: &mut Conn, v: i32| {
-            c.transaction(|c| {
-                Item::update_by_version(c, 1, v, items::stock.eq(1))?;
-                Item::update_by_version(c, 2, 0, items::stock.eq(1)) // a stale copy of item 2
-            })
-        };
-        let sent = IfMatchTags(tags.etag(0).to_string().parse().unwrap());
-        let refused = sent.apply(&tags, &mut *conn, read, write_both).unwrap_err();
-        assert_eq!(refused.status, 412, "{refused:?}");
-        assert_ne!(refused.current_etag, Some(tags.etag(5).to_string()), "item 2's version, bound to item 1");
-        // Other writers bring item 1 to 5; a client with a tag for 5 that it
-        // was handed, not read, would write over their changes.
-        diesel::sql_query("UPDATE items SET stock = 3, lock_version = 5 WHERE id = 1").execute(&mut conn).unwrap();
-        if let Some(handed) = refused.current_etag {
-            let again = IfMatchTags(handed.parse().unwrap());
-            let overwrite = again.apply(&tags, &mut *conn, read, |c, v| Item::update_by_version(c, 1, v, items::stock.eq(0)));
-            assert!(overwrite.is_err(), "{overwrite:?}");
-        }
-        assert_eq!(stock_of!(&mut conn, 1), 3, "the other writers' change stands");
+        refused_without_the_other_rows_tag!(conn, |c| {
+            Item::update_by_version(c, 2, 0, items::stock.eq(1)) // a stale copy of item 2
+        });
     }
 
     /// As above, for a row of another table that the application's Rust code
@@ -426,26 +452,10 @@ lockkit_tests::backend_tests! {
         seed_items(&mut conn, &[(1, 10)]);
         diesel::sql_query("CREATE TABLE items_archive (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL, lock_version INTEGER NOT NULL)").execute(&mut conn).unwrap();
         diesel::sql_query("INSERT INTO items_archive (id, stock, lock_version) VALUES (1, 10, 5)").execute(&mut conn).unwrap();
-        let tags = tags_of(1);
+        let tags = refused_without_the_other_rows_tag!(conn, |c| {
+            ArchivedItem::update_by_version(c, 1, 0, archive::items::stock.eq(1)) // a stale copy of the archived row 1
+        });
         let read = |c: &mut Conn| -> Result<i32, lockkit::Error> { Ok(items::table.find(1).select(items::lock_version).first(c)?) };
-        let write_both = |c: &mut Conn, v: i32| {
-            c.transaction(|c| {
-                Item::update_by_version(c, 1, v, items::stock.eq(1))?;
-                // A stale copy of the archived row 1.
-                ArchivedItem::update_by_version(c, 1, 0, archive::items::stock.eq(1))
-            })
-        };
-        let sent = IfMatchTags(tags.etag(0).to_string().parse().unwrap());
-        let refused = sent.apply(&tags, &mut *conn, read, write_both).unwrap_err();
-        assert_eq!(refused.status, 412, "{refused:?}");
-        assert_ne!(refused.current_etag, Some(tags.etag(5).to_string()), "the archived row's version, bound to item 1");
-        diesel::sql_query("UPDATE items SET stock = 3, lock_version = 5 WHERE id = 1").execute(&mut conn).unwrap();
-        if let Some(handed) = refused.current_etag {
-            let again = IfMatchTags(handed.parse().unwrap());
-            let overwrite = again.apply(&tags, &mut *conn, read, |c, v| Item::update_by_version(c, 1, v, items::stock.eq(0)));
-            assert!(overwrite.is_err(), "{overwrite:?}");
-        }
-        assert_eq!(stock_of!(&mut conn, 1), 3, "the other writers' change stands");
         // The resource's own stale report (another writer got in between the
         // check and the write) still hands out its current tag.
         let own = IfMatchTags(tags.etag(5).to_string().parse().unwrap());
