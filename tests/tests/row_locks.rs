@@ -996,4 +996,38 @@ mod mysql_only {
             "row K's version advanced once"
         );
     }
+
+    #[test]
+    fn lock_all_reports_a_key_without_a_row_beside_two_rows_the_collation_holds_equal() {
+        // A declared key the database does not enforce, under a collation
+        // that holds "k" and "K" equal: key "K" finds both rows, key "z" none.
+        // The two rows, whose keys differ in their bytes, must not stand in
+        // for the two keys.
+        diesel::table! {
+            ci_twins (code) {
+                code -> Text,
+                stock -> Integer,
+            }
+        }
+        #[derive(Debug, Queryable, Selectable, Lockable)]
+        #[diesel(table_name = ci_twins, primary_key(code))]
+        struct CiTwin {
+            code: String,
+            #[allow(dead_code)]
+            stock: i32,
+        }
+        let db = lockkit_tests::TestDb::<MysqlConnection>::new("lock_all_ci_twins");
+        let mut conn = db.connect();
+        exec(
+            &mut conn,
+            "CREATE TABLE ci_twins (code VARCHAR(8) NOT NULL, stock INT NOT NULL) \
+             CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci; \
+             INSERT INTO ci_twins VALUES ('k', 1), ('K', 2)",
+        );
+        let keys = ["K".to_owned(), "z".to_owned()];
+        let locked = locked_transaction(&mut conn, LockOptions::default(), |c| {
+            CiTwin::lock_all(c, &keys)
+        });
+        assert!(matches!(locked, Err(Error::NotFound)), "{locked:?}");
+    }
 }

@@ -561,16 +561,21 @@ where
 }
 
 /// Whether `locked`, the rows the first read of `chunk` returned (in the
-/// server's key order), may leave a key of `chunk` without its row: fewer rows
-/// than keys, or two rows with one key (a key the database does not enforce
-/// unique), which would hide a key without a row. [`Lockable::lock_all`] then
-/// reads the keys [`unmatched`] says again.
+/// server's key order), may leave a key of `chunk` without its row. Complete
+/// is only the usual answer: one row for each key, in the keys' own order
+/// (the server's for integer and UUID keys, and for text under a binary
+/// collation). Anything else may hide a key without a row behind rows of
+/// another: two rows with one key (a key the database does not enforce
+/// unique), or with keys the column's collation holds equal ("k" and "K",
+/// both found by "K"), or rows in another order. [`Lockable::lock_all`] then
+/// reads the keys [`unmatched`] says again, and sends nothing more when it
+/// says none.
 pub(crate) fn incomplete<M>(chunk: &[M::Key], locked: &[M]) -> bool
 where
     M: Lockable,
     M::Key: Ord,
 {
-    locked.len() < chunk.len() || locked.windows(2).any(|pair| pair[0].key() == pair[1].key())
+    locked.len() != chunk.len() || locked.iter().zip(chunk).any(|(row, key)| row.key() != *key)
 }
 
 /// The keys of `chunk` that no row of `locked` has: a key without a row; keys
