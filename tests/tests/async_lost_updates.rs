@@ -84,6 +84,31 @@ async_backend_tests! {
             "a rolled-back delete had cleared the journal"
         );
     }
+
+    /// The blocking side's twin (`lost_updates.rs`): a delete that commits,
+    /// and the row inserted again past the old version, at the number a
+    /// rolled-back write left in `a`: `a`'s write must not land on it.
+    async fn a_committed_delete_does_not_make_the_journal_forget_a_rolled_back_write(db) {
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let mut a = item!(&mut conn, 1);
+        let rolled_back = locked_transaction(&mut conn, LockOptions::default(), async |c| {
+            a.stock = 5;
+            a.update_versioned(c).await?;
+            Err::<(), _>(Error::NoRowMatched)
+        })
+        .await;
+        assert!(rolled_back.is_err());
+        item!(&mut conn, 1).delete_versioned(&mut conn).await.unwrap();
+        lockkit_tests::exec(
+            &mut db.conn(),
+            "INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'new', 99, 1)",
+        );
+        a.stock = 3;
+        let written = a.update_versioned(&mut conn).await;
+        assert!(matches!(written, Err(Error::Stale(_))), "{written:?}");
+        assert_eq!(item!(&mut conn, 1).stock, 99, "the new row stands");
+    }
 }
 
 #[cfg(feature = "mysql")]

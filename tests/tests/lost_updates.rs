@@ -259,6 +259,23 @@ mod journal {
             );
         }
 
+        fn a_committed_delete_does_not_make_the_journal_forget_a_rolled_back_write(db) {
+            // As above, with a delete that commits (in autocommit), and the
+            // row inserted again "with a version past the old one", as the
+            // README advises: past 0, at 1, the very number `a` holds from its
+            // rolled-back write. `a`'s write, an edit of the deleted row, must
+            // not land on the new one.
+            let mut conn = db.conn();
+            let mut a = rolled_back_write!(conn, 5);
+            assert_eq!(a.lock_version, 1);
+            item!(&mut conn, 1).delete_versioned(&mut conn).unwrap();
+            exec(&mut conn, "INSERT INTO items (id, name, stock, lock_version) VALUES (1, 'new', 99, 1)");
+            a.stock = 3;
+            let written = a.update_versioned(&mut conn);
+            assert!(matches!(written, Err(Error::Stale(_))), "{written:?}");
+            assert_eq!(stock_of!(&mut conn, 1), 99, "the new row stands");
+        }
+
     }
 }
 

@@ -802,11 +802,16 @@ pub(crate) fn written<W: Watched>(
     // struct hold them too. They go once a write outside a transaction moves
     // the row past them.
     let Some(to) = to else {
-        // Deleted: nothing can match the row again, once the delete commits. A
-        // delete inside a transaction may still be rolled back, with the row
-        // and the rolled-back versions other structs hold: those stay.
+        // Deleted at `from`. Inside a transaction the delete may still be
+        // rolled back, with the row and the rolled-back versions other
+        // structs hold: those stay. Committed, the numbers up to `from` go,
+        // as after a write to `from + 1`; the ones past it stay: a row
+        // inserted again "with a version past the old one" (the README's
+        // advice) may take exactly the number a rolled-back write left.
         if depth.is_none() {
-            registry().remove(&row, through);
+            registry().remove(&row, |e| {
+                through(e) && e.version <= from && !matches!(e.state, State::Open { .. })
+            });
         }
         return None;
     };
