@@ -36,6 +36,13 @@
 //! * a restock is a read and `update_versioned` in
 //!   `asynchronous::transaction_with_retry`, run again on a conflict.
 //!
+//! What this service leaves out, on purpose, to stay small: `sell` and
+//! `restock` are not idempotent (a client that lost the answer and sends the
+//! request again sells twice: take an `Idempotency-Key` with
+//! `lockkit::asynchronous::idempotency::run`), and its tags are the plain
+//! `"v<version>"`, which item 2 at the same version also matches (bound tags,
+//! `lockkit::etag::ETagSecret`, fit one item only; see the README).
+//!
 //! A client that goes away mid-request drops its handler's future, with the
 //! transaction still open on the connection: the pool sees it when the
 //! connection comes back and closes it, which ends the transaction and frees

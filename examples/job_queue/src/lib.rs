@@ -123,7 +123,10 @@ pub fn lock_options(backend: Backend) -> LockOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Claim {
     /// `lockkit::queue::claim` in `lockkit::locked_transaction`:
-    /// `LIMIT n FOR UPDATE SKIP LOCKED` (SQLite: `BEGIN IMMEDIATE`). Exactly once.
+    /// `LIMIT n FOR UPDATE SKIP LOCKED` (SQLite: `BEGIN IMMEDIATE`). Exactly
+    /// once for work that is the claim transaction's own writes, as here; work
+    /// outside the database (an email, an HTTP call) runs at least once, again
+    /// after a worker died before its `COMMIT`.
     #[default]
     SkipLocked,
     /// Read `LIMIT n` pending rows without a lock, process them, then mark them
