@@ -344,6 +344,70 @@ async_backend_tests! {
         assert_eq!(stock!(&mut other), 9);
     }
 
+    async fn a_call_whose_work_panics_inside_your_transaction_rolls_back_its_own_level_only(db) {
+        // The blocking side's panic guard, on diesel-async: a lockkit call
+        // whose work panics rolls back its own level (item 1's decrement),
+        // and the panic goes on. Your transaction, which caught it, commits
+        // its own work (item 2's sale): no level of the call is left for its
+        // commit to release in place of the transaction's.
+        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
+        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 1).await;
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        let mut conn = pool.get().await.unwrap();
+        let outcome = (*conn)
+            .transaction(async |conn| {
+                sell_one!(&mut *conn, 2)?;
+                let panicked = async_common::caught_panic(decrement!(&mut *conn, LockOptions::default(), then {
+                    if std::hint::black_box(true) {
+                        panic!("a bug in the work");
+                    }
+                }))
+                .await;
+                assert!(panicked.is_err(), "the panic went on");
+                Ok::<_, Error>(())
+            })
+            .await;
+        drop(conn);
+        assert_left_clean(&mut *pool.get().await.unwrap(), &mut other, BACKEND, "after the transaction").await;
+        let sold: i32 = items::table.find(2).select(items::stock).first(&mut other).await.unwrap();
+        assert!(outcome.is_ok() && sold == 9, "the transaction returned {outcome:?}, and item 2's stock is {sold}");
+        assert_eq!(stock!(&mut other), 10, "the panicking call's work is rolled back");
+    }
+
+    async fn a_call_whose_work_panics_on_a_held_connection_leaves_no_transaction_open(db) {
+        // Outermost, on a connection held without a pool (one writer that
+        // catches each job's panic): the call's transaction is rolled back,
+        // and the next job's work commits, not nests in it.
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut held: Async = async_common::connect(&db.url, BACKEND).await;
+        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
+        let panicked = async_common::caught_panic(decrement!(&mut held, LockOptions::default(), then {
+            if std::hint::black_box(true) {
+                panic!("a bug in the job");
+            }
+        }))
+        .await;
+        assert!(panicked.is_err(), "the panic went on");
+        assert!(!in_transaction(&mut held), "the call's transaction is still open");
+        decrement!(&mut held, None).await.unwrap();
+        assert_eq!(stock!(&mut other), 9, "the next job's decrement committed");
+        // The same for a retried transaction's attempt.
+        let policy = lockkit::RetryPolicy::immediate(3);
+        let panicked = async_common::caught_panic(lockkit::asynchronous::transaction_with_retry(
+            &mut held,
+            &policy,
+            async |conn: &mut Async| -> Result<(), Error> {
+                sell_one!(&mut *conn, 1)?;
+                panic!("a bug in the job");
+            },
+        ))
+        .await;
+        assert!(panicked.is_err(), "the panic went on");
+        assert!(!in_transaction(&mut held), "the attempt's transaction is still open");
+        decrement!(&mut held, None).await.unwrap();
+        assert_eq!(stock!(&mut other), 8, "the panicking attempt's sale rolled back, the next decrement committed");
+    }
+
     async fn bb8_discards_a_connection_dropped_inside_with_lock(db) {
         seed_items(&mut db.conn(), &[(1, 1_000)]);
         let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 1).await;

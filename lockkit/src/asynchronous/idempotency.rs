@@ -53,8 +53,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::connection::{ended_by_statement, AsyncLockingConnection, Level, Restore};
-use super::transaction::end;
-use super::work::{CatchUnwind, ConnWork};
+use super::transaction::{end, Panicked};
+use super::work::ConnWork;
 use crate::clock::now_millis;
 use crate::error::Error;
 use crate::http::idempotency::{
@@ -111,7 +111,7 @@ where
     // A panic of the work is caught only to roll back and release the key (a
     // retry must run the work again), then goes on.
     let mut level = Level::opened(&mut *conn);
-    let worked = CatchUnwind(Box::pin(work(&mut *level))).await;
+    let worked = Panicked::catch(work(&mut *level)).await;
     // Work that failed or panicked: an end the journal is not sure of asked
     // first, as on the blocking side.
     let watched = &mut journal::AsyncWatched(&mut *level);
@@ -141,7 +141,7 @@ where
             if !committed_on_own {
                 release(conn, key, started_at).await;
             }
-            std::panic::resume_unwind(panic);
+            panic.resume();
         }
     };
     let result = match worked {

@@ -56,7 +56,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use super::connection::{refuse_broken, AsyncLockingConnection, Level, Restore, Unsettled};
-use super::transaction::end;
+use super::transaction::{end, Panicked};
 use super::work::{AsyncWork, ConnWork};
 use crate::error::Error;
 use crate::lease::fence::admitted;
@@ -223,14 +223,19 @@ where
     super::connection::begin_transaction(conn).await?;
     let mut level = Level::opened(conn);
     let conn = &mut *level;
-    let result = match C::raise(conn, resource, fence.0).await {
-        Ok(newer) => match admitted(resource, fence, newer) {
-            Ok(()) => work(conn).await.map_err(Failure::Closure),
+    let fenced = async {
+        match C::raise(conn, resource, fence.0).await {
+            Ok(newer) => match admitted(resource, fence, newer) {
+                Ok(()) => work(conn).await.map_err(Failure::Closure),
+                Err(err) => Err(Failure::Lockkit(err)),
+            },
             Err(err) => Err(Failure::Lockkit(err)),
-        },
-        Err(err) => Err(Failure::Lockkit(err)),
+        }
     };
-    end(level, began, Restore::Nothing, result).await
+    match Panicked::catch(fenced).await {
+        Ok(result) => end(level, began, Restore::Nothing, result).await,
+        Err(panicked) => panicked.end(level, began, Restore::Nothing).await.resume(),
+    }
 }
 
 /// The database lease store on a diesel-async connection: the blocking side's

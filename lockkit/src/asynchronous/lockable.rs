@@ -65,7 +65,7 @@ use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::RunQueryDsl;
 
 use super::connection::{open_locked, AsyncLockingConnection, Level, Unsettled};
-use super::transaction::end;
+use super::transaction::{end, Panicked};
 use super::versioned::{AsyncVersionQuery, AsyncVersioned};
 use super::work::{ConnWork, RowWork};
 use crate::error::classification::classify;
@@ -157,16 +157,26 @@ where
     let mut level = Level::opened(&mut *unsettled.conn);
     let conn = &mut *level;
     let mut held = None;
-    let result = match lock_row::<M, C>(conn, key, options).await {
-        Ok((row, mut lock)) => {
-            // Nested in the caller's transaction, the lock lasts until the
-            // caller's end, which lockkit does not see (the blocking side
-            // hands it to the outer lockkit transaction's scope).
-            lock.recorded = !began.nested;
-            held = Some(lock);
-            f(conn, row).await.map_err(Failure::Closure)
+    let work = async {
+        match lock_row::<M, C>(conn, key, options).await {
+            Ok((row, mut lock)) => {
+                // Nested in the caller's transaction, the lock lasts until the
+                // caller's end, which lockkit does not see (the blocking side
+                // hands it to the outer lockkit transaction's scope).
+                lock.recorded = !began.nested;
+                held = Some(lock);
+                f(conn, row).await.map_err(Failure::Closure)
+            }
+            Err(err) => Err(Failure::Lockkit(err)),
         }
-        Err(err) => Err(Failure::Lockkit(err)),
+    };
+    let result = match Panicked::catch(work).await {
+        Ok(result) => result,
+        Err(panicked) => {
+            let panicked = panicked.end(level, began, restore).await;
+            unsettled.settled();
+            panicked.resume()
+        }
     };
     let result = end(level, began, restore, result).await;
     unsettled.settled();
@@ -227,8 +237,14 @@ where
     let began = super::connection::began(conn).await.map_err(E::from)?;
     let (mut unsettled, restore) = open_locked(conn, &options).await.map_err(E::from)?;
     let mut level = Level::opened(&mut *unsettled.conn);
-    let conn = &mut *level;
-    let result = f(conn).await.map_err(Failure::Closure);
+    let result = match Panicked::catch(f(&mut *level)).await {
+        Ok(result) => result.map_err(Failure::Closure),
+        Err(panicked) => {
+            let panicked = panicked.end(level, began, restore).await;
+            unsettled.settled();
+            panicked.resume()
+        }
+    };
     let result = end(level, began, restore, result).await;
     unsettled.settled();
     result

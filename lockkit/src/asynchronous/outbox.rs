@@ -62,7 +62,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use super::connection::{open_locked, refuse_broken, AsyncLockingConnection, Level, Unsettled};
-use super::transaction::end;
+use super::transaction::{end, Panicked};
 use super::work::{AsyncWork, ConnWork};
 use crate::clock::now_millis;
 use crate::error::Error;
@@ -298,7 +298,7 @@ where
     let (mut unsettled, restore) = open_locked(conn, &LockOptions::default()).await?;
     let mut level = Level::opened(&mut *unsettled.conn);
     let conn = &mut *level;
-    let result = async {
+    let work = async {
         let batch = C::claim_due(conn, limit, now_millis()).await?;
         let mut relayed = Relayed {
             claimed: batch.len(),
@@ -313,8 +313,15 @@ where
             relayed.count(&mark);
         }
         Ok(relayed)
-    }
-    .await;
+    };
+    let result = match Panicked::catch(work).await {
+        Ok(result) => result,
+        Err(panicked) => {
+            let panicked = panicked.end(level, began, restore).await;
+            unsettled.settled();
+            panicked.resume()
+        }
+    };
     let result = end(level, began, restore, result).await;
     unsettled.settled();
     result
@@ -359,13 +366,23 @@ where
     let (mut unsettled, restore) = open_locked(conn, &LockOptions::default()).await?;
     let mut level = Level::opened(&mut *unsettled.conn);
     let conn = &mut *level;
-    let result = match C::record_received(conn, inbox.consumer(), message_id, now_millis()).await {
-        Ok(true) => apply(conn)
-            .await
-            .map(Received::Applied)
-            .map_err(Failure::Closure),
-        Ok(false) => Ok(Received::Duplicate),
-        Err(err) => Err(Failure::Lockkit(err)),
+    let work = async {
+        match C::record_received(conn, inbox.consumer(), message_id, now_millis()).await {
+            Ok(true) => apply(conn)
+                .await
+                .map(Received::Applied)
+                .map_err(Failure::Closure),
+            Ok(false) => Ok(Received::Duplicate),
+            Err(err) => Err(Failure::Lockkit(err)),
+        }
+    };
+    let result = match Panicked::catch(work).await {
+        Ok(result) => result,
+        Err(panicked) => {
+            let panicked = panicked.end(level, began, restore).await;
+            unsettled.settled();
+            panicked.resume()
+        }
     };
     let result = end(level, began, restore, result).await;
     unsettled.settled();

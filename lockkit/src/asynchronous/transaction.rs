@@ -257,6 +257,50 @@ where
     result
 }
 
+/// A panic of a call's work, caught while the call's [`Level`] is open: the
+/// blocking side's panic guard. Left to the level's guard, the panic would
+/// leave the level open, to be found by the caller's next statement: on
+/// PostgreSQL and MySQL/MariaDB the connection marked broken, and on SQLite,
+/// whose connection a panicking thread cannot reach, not even that (your own
+/// transaction's commit would then release the call's savepoint in place of
+/// committing, and return `Ok`).
+pub(crate) struct Panicked(Box<dyn std::any::Any + Send>);
+
+impl Panicked {
+    /// Awaits `work`, the part of a call that runs your code, catching its
+    /// panic.
+    pub(crate) async fn catch<F: std::future::Future>(work: F) -> Result<F::Output, Panicked> {
+        let mut work = std::pin::pin!(work);
+        std::future::poll_fn(|cx| {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work.as_mut().poll(cx)))
+            {
+                Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+                Ok(std::task::Poll::Ready(output)) => std::task::Poll::Ready(Ok(output)),
+                Err(panic) => std::task::Poll::Ready(Err(Panicked(panic))),
+            }
+        })
+        .await
+    }
+
+    /// Ends the call's `level` as a failed work's ([`end`]: rolled back, the
+    /// session setting put back), before the panic goes on.
+    pub(crate) async fn end<C: AsyncLockingConnection>(
+        self,
+        level: Level<'_, C>,
+        began: impl Into<Begun>,
+        restore: Restore,
+    ) -> Self {
+        let failed = Err(Failure::Lockkit(Error::InvalidInput("the work panicked")));
+        let _ = end::<C, (), Error>(level, began, restore, failed).await;
+        self
+    }
+
+    /// Lets the panic go on.
+    pub(crate) fn resume(self) -> ! {
+        std::panic::resume_unwind(self.0)
+    }
+}
+
 /// One attempt of a retried call's work (`transaction_with_retry`,
 /// `serializable`) in the transaction just begun on `conn`: `op` under the
 /// level's guard ([`Level`]), then [`end`].
@@ -272,8 +316,18 @@ where
     F: ConnAttempt<C, T, E>,
 {
     let mut level = Level::opened(conn);
-    let result = op(&mut *level).await.map_err(Failure::Closure);
-    end(level, began, Restore::Nothing, result).await
+    match Panicked::catch(op(&mut *level)).await {
+        Ok(result) => {
+            end(
+                level,
+                began,
+                Restore::Nothing,
+                result.map_err(Failure::Closure),
+            )
+            .await
+        }
+        Err(panicked) => panicked.end(level, began, Restore::Nothing).await.resume(),
+    }
 }
 
 /// After lockkit's own outermost transaction on `conn` ended: sends again,

@@ -33,11 +33,7 @@
 //! # }
 //! ```
 
-use std::any::Any;
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
 /// Declares one closure shape: `$name`, the closure of that kind and arguments
 /// whose future is named `Fut` (the pattern diesel-async's `transaction` uses),
@@ -108,24 +104,4 @@ closure_shape! {
     /// returning `Result<T, E>`, whose future is `Send`: the closure of
     /// `retry`, `transaction_with_retry` and `serializable`.
     ConnAttempt(&mut C) -> Result<T, E>;
-}
-
-/// Awaits a closure's future, catching a panic of its polls (the blocking
-/// side's `catch_unwind`): for the calls that must put something right before
-/// the panic goes on, as an idempotency key's release. Boxed: the future is
-/// polled through a `Pin<Box<_>>`, without `unsafe`.
-#[cfg_attr(not(feature = "idempotency"), allow(dead_code))]
-pub(crate) struct CatchUnwind<F>(pub(crate) Pin<Box<F>>);
-
-impl<F: Future> Future for CatchUnwind<F> {
-    type Output = Result<F::Output, Box<dyn Any + Send>>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let inner = self.get_mut().0.as_mut();
-        match std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
-            Err(panic) => Poll::Ready(Err(panic)),
-        }
-    }
 }
