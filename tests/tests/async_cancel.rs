@@ -391,6 +391,22 @@ async_backend_tests! {
         assert!(!in_transaction(&mut held), "the call's transaction is still open");
         decrement!(&mut held, None).await.unwrap();
         assert_eq!(stock!(&mut other), 9, "the next job's decrement committed");
+        // The same for `locked_transaction`.
+        let panicked = async_common::caught_panic(lockkit::asynchronous::locked_transaction(
+            &mut held,
+            LockOptions::default(),
+            async |conn: &mut Async| -> Result<(), Error> {
+                sell_one!(&mut *conn, 1)?;
+                if std::hint::black_box(true) {
+                    panic!("a bug in the job");
+                }
+                Ok(())
+            },
+        ))
+        .await;
+        assert!(panicked.is_err(), "the panic went on");
+        assert!(!in_transaction(&mut held), "locked_transaction's transaction is still open");
+        assert_eq!(stock!(&mut other), 9, "the panicking work's sale rolled back");
         // The same for a retried transaction's attempt.
         let policy = lockkit::RetryPolicy::immediate(3);
         let panicked = async_common::caught_panic(lockkit::asynchronous::transaction_with_retry(

@@ -569,7 +569,8 @@ where
 /// unique), or with keys the column's collation holds equal ("k" and "K",
 /// both found by "K"), or rows in another order. [`Lockable::lock_all`] then
 /// reads the keys [`unmatched`] says again, and sends nothing more when it
-/// says none.
+/// says none. A key whose row is stored under other bytes that the collation
+/// holds equal ("k" finding "K") is one of those: read again on its own.
 pub(crate) fn incomplete<M>(chunk: &[M::Key], locked: &[M]) -> bool
 where
     M: Lockable,
