@@ -426,6 +426,36 @@ lockkit_tests::backend_tests! {
         });
     }
 
+    /// Another row the write also wrote, deleted meanwhile: the refusal is a
+    /// failed precondition (412, no tag), not this resource's 404, which the
+    /// client would take for "item 1 is gone".
+    fn a_refusal_for_another_rows_deletion_is_not_this_resources_404(db) {
+        let mut conn = db.conn();
+        seed_items(&mut conn, &[(1, 10), (2, 10)]);
+        diesel::sql_query("DELETE FROM items WHERE id = 2").execute(&mut conn).unwrap();
+        let tags = tags_of(1);
+        let read = |c: &mut Conn| -> Result<i32, lockkit::Error> { Ok(items::table.find(1).select(items::lock_version).first(c)?) };
+        let sent = IfMatchTags(tags.etag(0).to_string().parse().unwrap());
+        let refused = sent
+            .apply(&tags, &mut *conn, read, |c, v| {
+                c.transaction(|c| {
+                    Item::update_by_version(c, 1, v, items::stock.eq(1))?;
+                    Item::update_by_version(c, 2, 0, items::stock.eq(1)) // item 2, deleted
+                })
+            })
+            .unwrap_err();
+        assert_eq!((refused.status, refused.current_etag.clone()), (412, None), "{refused:?}");
+        assert_eq!(stock_of!(&mut conn, 1), 10, "nothing written");
+        // Item 1's own deletion is still its 404.
+        let gone = IfMatchTags(tags.etag(0).to_string().parse().unwrap())
+            .apply(&tags, &mut *conn, |_| Ok(0), |c, v| {
+                diesel::sql_query("DELETE FROM items WHERE id = 1").execute(c)?;
+                Item::update_by_version(c, 1, v, items::stock.eq(1))
+            })
+            .unwrap_err();
+        assert_eq!(gone.status, 404, "{gone:?}");
+    }
+
     /// As above, for a row of another table that the application's Rust code
     /// names as this one: a `table!` module also called `items` (another
     /// schema's, or one that `sql_name` renames) is another table, and its

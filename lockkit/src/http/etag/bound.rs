@@ -251,7 +251,9 @@ impl ResourceTags {
     /// ETag and no version in the detail. The tag is given only when the stale
     /// report is of this resource (the table and key it was made with, the key
     /// as the report formats it): a report of another row written in the same
-    /// request gives none, as its version is not this resource's.
+    /// request gives none, as its version is not this resource's; and where
+    /// that other row was deleted, the answer is `412`, not this resource's
+    /// `404`.
     pub fn problem(&self, error: &Error) -> Problem {
         Problem::render(error, Rendering::Bound(self))
     }

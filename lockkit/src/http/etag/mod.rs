@@ -541,6 +541,17 @@ enum Refusal<'a> {
     Failed,
 }
 
+/// The stale report of a versioned write behind `error`, also inside a
+/// [`TransactionAborted`](Error::TransactionAborted).
+#[cfg(feature = "bound-etags")]
+fn stale_report(error: &Error) -> Option<&StaleObjectError> {
+    match error {
+        Error::Stale(stale) => Some(stale),
+        Error::TransactionAborted(aborted) => stale_report(aborted.cause()),
+        _ => None,
+    }
+}
+
 impl<'a> Refusal<'a> {
     fn of(error: &'a Error, version_in: VersionIn) -> Self {
         match error {
@@ -746,6 +757,18 @@ impl Problem {
             _ => VersionIn::IfMatch,
         };
         let refusal = Refusal::of(error, version_in);
+        // A resource with bound tags knows its own row: a stale report of
+        // another row, deleted, that the request also wrote is not this
+        // resource's `404` (the client would take it for gone), but a
+        // precondition that failed, as for another row that changed.
+        #[cfg(feature = "bound-etags")]
+        let refusal = match (&rendering, refusal) {
+            (Rendering::Bound(tags), Refusal::NotFound) => match stale_report(error) {
+                Some(stale) if !tags.names(stale) => Refusal::Changed(stale, version_in),
+                _ => Refusal::NotFound,
+            },
+            (_, refusal) => refusal,
+        };
         // The row's version now, where the refusal is that it changed.
         let current = match &refusal {
             Refusal::Changed(stale, _) => match stale.current {
