@@ -257,6 +257,31 @@ macro_rules! until_waiting {
     };
 }
 
+/// Items 1 and 2 at stock 10; on a pooled connection, your own
+/// transaction that sells one of item 2, then runs `$then` (`$conn` its
+/// connection) and returns `Ok`. The connection, given back, is left clean
+/// (no transaction, no lock). Evaluates to the pool, another connection, the
+/// transaction's outcome and item 2's stock.
+macro_rules! around_item_2s_sale {
+    ($db:expr, |$conn:ident| $then:block) => {{
+        seed_items(&mut $db.conn(), &[(1, 10), (2, 10)]);
+        let pool = async_common::bb8_pool::<Async>(&$db.url, BACKEND, 1).await;
+        let mut other: Async = async_common::connect(&$db.url, BACKEND).await;
+        let mut conn = pool.get().await.unwrap();
+        let outcome = (*conn)
+            .transaction(async |$conn| {
+                sell_one!(&mut *$conn, 2)?;
+                $then
+                Ok::<_, Error>(())
+            })
+            .await;
+        drop(conn);
+        assert_left_clean(&mut *pool.get().await.unwrap(), &mut other, BACKEND, "after the transaction").await;
+        let sold: i32 = items::table.find(2).select(items::stock).first(&mut other).await.unwrap();
+        (pool, other, outcome, sold)
+    }};
+}
+
 async_backend_tests! {
     async fn a_held_connection_refuses_the_next_transaction_instead_of_nesting_it(db) {
         // The hazard the pool's check removes, shown: no pool discards the
@@ -320,20 +345,9 @@ async_backend_tests! {
         // leaves its savepoint open. The transaction's commit must not
         // release that savepoint only and return Ok, with the transaction
         // still open and item 2's sale lost with the connection.
-        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
-        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 1).await;
-        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
-        let mut conn = pool.get().await.unwrap();
-        let outcome = (*conn)
-            .transaction(async |conn| {
-                sell_one!(&mut *conn, 2)?;
-                give_up_on_item_1!(conn);
-                Ok::<_, Error>(())
-            })
-            .await;
-        drop(conn);
-        assert_left_clean(&mut *pool.get().await.unwrap(), &mut other, BACKEND, "after the transaction").await;
-        let sold: i32 = items::table.find(2).select(items::stock).first(&mut other).await.unwrap();
+        let (pool, mut other, outcome, sold) = around_item_2s_sale!(db, |conn| {
+            give_up_on_item_1!(conn);
+        });
         assert!(
             matches!(outcome, Err(Error::Database(diesel::result::Error::BrokenTransactionManager))) && sold == 10,
             "the transaction returned {outcome:?}, and item 2's stock is {sold}"
@@ -350,26 +364,15 @@ async_backend_tests! {
         // and the panic goes on. Your transaction, which caught it, commits
         // its own work (item 2's sale): no level of the call is left for its
         // commit to release in place of the transaction's.
-        seed_items(&mut db.conn(), &[(1, 10), (2, 10)]);
-        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 1).await;
-        let mut other: Async = async_common::connect(&db.url, BACKEND).await;
-        let mut conn = pool.get().await.unwrap();
-        let outcome = (*conn)
-            .transaction(async |conn| {
-                sell_one!(&mut *conn, 2)?;
-                let panicked = async_common::caught_panic(decrement!(&mut *conn, LockOptions::default(), then {
-                    if std::hint::black_box(true) {
-                        panic!("a bug in the work");
-                    }
-                }))
-                .await;
-                assert!(panicked.is_err(), "the panic went on");
-                Ok::<_, Error>(())
-            })
+        let (_pool, mut other, outcome, sold) = around_item_2s_sale!(db, |conn| {
+            let panicked = async_common::caught_panic(decrement!(&mut *conn, LockOptions::default(), then {
+                if std::hint::black_box(true) {
+                    panic!("a bug in the work");
+                }
+            }))
             .await;
-        drop(conn);
-        assert_left_clean(&mut *pool.get().await.unwrap(), &mut other, BACKEND, "after the transaction").await;
-        let sold: i32 = items::table.find(2).select(items::stock).first(&mut other).await.unwrap();
+            assert!(panicked.is_err(), "the panic went on");
+        });
         assert!(outcome.is_ok() && sold == 9, "the transaction returned {outcome:?}, and item 2's stock is {sold}");
         assert_eq!(stock!(&mut other), 10, "the panicking call's work is rolled back");
     }

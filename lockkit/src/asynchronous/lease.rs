@@ -56,7 +56,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use super::connection::{refuse_broken, AsyncLockingConnection, Level, Restore, Unsettled};
-use super::transaction::{end, Panicked};
+use super::transaction::{end_caught, Panicked};
 use super::work::{AsyncWork, ConnWork};
 use crate::error::Error;
 use crate::lease::fence::admitted;
@@ -232,10 +232,9 @@ where
             Err(err) => Err(Failure::Lockkit(err)),
         }
     };
-    match Panicked::catch(fenced).await {
-        Ok(result) => end(level, began, Restore::Nothing, result).await,
-        Err(panicked) => panicked.end(level, began, Restore::Nothing).await.resume(),
-    }
+    let worked = Panicked::catch(fenced).await;
+    let ended = end_caught(level, began, Restore::Nothing, worked).await;
+    ended.unwrap_or_else(|panicked| panicked.resume())
 }
 
 /// The database lease store on a diesel-async connection: the blocking side's

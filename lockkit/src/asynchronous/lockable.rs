@@ -65,7 +65,7 @@ use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::RunQueryDsl;
 
 use super::connection::{open_locked, AsyncLockingConnection, Level, Unsettled};
-use super::transaction::{end, Panicked};
+use super::transaction::{end_caught, Panicked};
 use super::versioned::{AsyncVersionQuery, AsyncVersioned};
 use super::work::{ConnWork, RowWork};
 use crate::error::classification::classify;
@@ -170,19 +170,12 @@ where
             Err(err) => Err(Failure::Lockkit(err)),
         }
     };
-    let result = match Panicked::catch(work).await {
-        Ok(result) => result,
-        Err(panicked) => {
-            let panicked = panicked.end(level, began, restore).await;
-            unsettled.settled();
-            panicked.resume()
-        }
-    };
-    let result = end(level, began, restore, result).await;
+    let worked = Panicked::catch(work).await;
+    let ended = end_caught(level, began, restore, worked).await;
     unsettled.settled();
     // The transaction has ended: the hold is recorded.
     drop(held);
-    result
+    ended.unwrap_or_else(|panicked| panicked.resume())
 }
 
 /// The row lock [`with_lock`] took: what the blocking side's transaction scope
@@ -237,17 +230,10 @@ where
     let began = super::connection::began(conn).await.map_err(E::from)?;
     let (mut unsettled, restore) = open_locked(conn, &options).await.map_err(E::from)?;
     let mut level = Level::opened(&mut *unsettled.conn);
-    let result = match Panicked::catch(f(&mut *level)).await {
-        Ok(result) => result.map_err(Failure::Closure),
-        Err(panicked) => {
-            let panicked = panicked.end(level, began, restore).await;
-            unsettled.settled();
-            panicked.resume()
-        }
-    };
-    let result = end(level, began, restore, result).await;
+    let worked = Panicked::catch(async { f(&mut *level).await.map_err(Failure::Closure) }).await;
+    let ended = end_caught(level, began, restore, worked).await;
     unsettled.settled();
-    result
+    ended.unwrap_or_else(|panicked| panicked.resume())
 }
 
 /// The locked read of [`with_lock`], in its transaction: the row, its version

@@ -62,7 +62,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use super::connection::{open_locked, refuse_broken, AsyncLockingConnection, Level, Unsettled};
-use super::transaction::{end, Panicked};
+use super::transaction::{end_caught, Panicked};
 use super::work::{AsyncWork, ConnWork};
 use crate::clock::now_millis;
 use crate::error::Error;
@@ -314,17 +314,10 @@ where
         }
         Ok(relayed)
     };
-    let result = match Panicked::catch(work).await {
-        Ok(result) => result,
-        Err(panicked) => {
-            let panicked = panicked.end(level, began, restore).await;
-            unsettled.settled();
-            panicked.resume()
-        }
-    };
-    let result = end(level, began, restore, result).await;
+    let worked = Panicked::catch(work).await;
+    let ended = end_caught(level, began, restore, worked).await;
     unsettled.settled();
-    result
+    ended.unwrap_or_else(|panicked| panicked.resume())
 }
 
 /// Writes one relay mark in the claiming transaction.
@@ -376,17 +369,10 @@ where
             Err(err) => Err(Failure::Lockkit(err)),
         }
     };
-    let result = match Panicked::catch(work).await {
-        Ok(result) => result,
-        Err(panicked) => {
-            let panicked = panicked.end(level, began, restore).await;
-            unsettled.settled();
-            panicked.resume()
-        }
-    };
-    let result = end(level, began, restore, result).await;
+    let worked = Panicked::catch(work).await;
+    let ended = end_caught(level, began, restore, worked).await;
     unsettled.settled();
-    result
+    ended.unwrap_or_else(|panicked| panicked.resume())
 }
 
 /// Deletes `inbox`'s ids recorded `age` ago or earlier; returns how many:

@@ -301,6 +301,26 @@ impl Panicked {
     }
 }
 
+/// [`end`] for the answer of work awaited under [`Panicked::catch`]: its
+/// result, or its panic once the level ended ([`Panicked::end`]), to be let
+/// go on ([`Panicked::resume`]) after whatever the call settles first.
+pub(crate) async fn end_caught<C, T, E>(
+    level: Level<'_, C>,
+    began: impl Into<Begun>,
+    restore: Restore,
+    worked: Result<Result<T, Failure<E>>, Panicked>,
+) -> Result<Result<T, E>, Panicked>
+where
+    C: AsyncLockingConnection,
+    E: From<Error> + Send,
+    T: Send,
+{
+    match worked {
+        Ok(result) => Ok(end(level, began, restore, result).await),
+        Err(panicked) => Err(panicked.end(level, began, restore).await),
+    }
+}
+
 /// One attempt of a retried call's work (`transaction_with_retry`,
 /// `serializable`) in the transaction just begun on `conn`: `op` under the
 /// level's guard ([`Level`]), then [`end`].
@@ -316,18 +336,9 @@ where
     F: ConnAttempt<C, T, E>,
 {
     let mut level = Level::opened(conn);
-    match Panicked::catch(op(&mut *level)).await {
-        Ok(result) => {
-            end(
-                level,
-                began,
-                Restore::Nothing,
-                result.map_err(Failure::Closure),
-            )
-            .await
-        }
-        Err(panicked) => panicked.end(level, began, Restore::Nothing).await.resume(),
-    }
+    let worked = Panicked::catch(async { op(&mut *level).await.map_err(Failure::Closure) }).await;
+    let ended = end_caught(level, began, Restore::Nothing, worked).await;
+    ended.unwrap_or_else(|panicked| panicked.resume())
 }
 
 /// After lockkit's own outermost transaction on `conn` ended: sends again,
