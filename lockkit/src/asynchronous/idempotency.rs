@@ -136,8 +136,7 @@ where
     let worked = match worked {
         Ok(worked) => worked,
         Err(panic) => {
-            let rolled_back = Err(Failure::Lockkit(Error::InvalidInput("the work panicked")));
-            let _ = end::<C, Outcome<R>, E>(level, began, Restore::Nothing, rolled_back).await;
+            let panic = panic.end(level, began, Restore::Nothing).await;
             if !committed_on_own {
                 release(conn, key, started_at).await;
             }
