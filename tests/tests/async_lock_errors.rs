@@ -1188,6 +1188,9 @@ mod mysql_only {
         Nothing,
         /// After the deadlock, writes item 3 with a statement of its own.
         WritesAfter,
+        /// As `WritesAfter`, with MariaDB's `SET STATEMENT .. FOR`, which
+        /// runs the write after `FOR`.
+        WritesAfterInSetStatement,
         /// As `WritesAfter`, then waits for a job another session holds, and
         /// returns the lock wait timeout (which on a server without
         /// `--innodb-rollback-on-timeout` ends nothing: the end lockkit finds
@@ -1223,6 +1226,7 @@ mod mysql_only {
         let all = [
             Around::Nothing,
             Around::WritesAfter,
+            Around::WritesAfterInSetStatement,
             Around::WritesAfterThenTimesOut,
             Around::VersionedBefore,
         ];
@@ -1268,6 +1272,13 @@ mod mysql_only {
                                 .execute(conn)
                                 .await?;
                         }
+                        if around == Around::WritesAfterInSetStatement {
+                            diesel::sql_query(
+                                "SET STATEMENT max_statement_time = 5 FOR UPDATE items SET stock = stock - 1 WHERE id = 3",
+                            )
+                            .execute(conn)
+                            .await?;
+                        }
                         if around == Around::WritesAfterThenTimesOut && attempt == 1 {
                             conn.batch_execute("SET SESSION innodb_lock_wait_timeout = 1").await?;
                             conn.batch_execute("UPDATE jobs SET payload = 'work' WHERE id = 7").await?;
@@ -1292,7 +1303,9 @@ mod mysql_only {
                 .await
                 .unwrap();
             match around {
-                Around::WritesAfter | Around::WritesAfterThenTimesOut => {
+                Around::WritesAfter
+                | Around::WritesAfterInSetStatement
+                | Around::WritesAfterThenTimesOut => {
                     assert_eq!(
                         (runs, stock, lines, others),
                         (1, 10, 0, vec![(3, 9)]),

@@ -803,6 +803,22 @@ fn first_word(sql: &str) -> &str {
         .unwrap_or_default()
 }
 
+/// Whether `sql` is MariaDB's `SET STATEMENT <settings> FOR <statement>`,
+/// which runs the statement after `FOR` (any other `SET` sets variables).
+/// Read off its first two words; a variable's name (`@statement`,
+/// `statement_x`) is not the second word `STATEMENT`.
+fn runs_a_statement(sql: &str) -> bool {
+    let mut words = sql
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '@'))
+        .filter(|word| !word.is_empty());
+    words
+        .next()
+        .is_some_and(|word| word.eq_ignore_ascii_case("SET"))
+        && words
+            .next()
+            .is_some_and(|word| word.eq_ignore_ascii_case("STATEMENT"))
+}
+
 /// Whether the first word of a statement is `keyword`, in any case.
 fn first_word_is(query: &dyn std::fmt::Display, keyword: &str) -> bool {
     read_start(query, |sql| first_word(sql).eq_ignore_ascii_case(keyword)).unwrap_or(false)
@@ -820,11 +836,15 @@ const TRANSACTION_WORDS: [&str; 6] = [
 ];
 
 /// Whether a statement writes nothing a rerun could apply twice: a read, a
-/// session setting, or a transaction statement. Anything else (also a
-/// statement whose start cannot be read) may write.
+/// session setting (not MariaDB's `SET STATEMENT .. FOR`, which runs a
+/// statement that may write), or a transaction statement. Anything else
+/// (also a statement whose start cannot be read) may write.
 fn only_reads(query: &dyn std::fmt::Display) -> bool {
     read_start(query, |sql| {
         let word = first_word(sql);
+        if runs_a_statement(sql) {
+            return false;
+        }
         ["SELECT", "SHOW", "SET", "DESCRIBE", "DESC", "EXPLAIN"]
             .iter()
             .chain(&TRANSACTION_WORDS)
@@ -861,7 +881,7 @@ fn may_commit_implicitly(query: &dyn std::fmt::Display) -> bool {
             "set" => {
                 let next = words.next().unwrap_or_default();
                 next.starts_with("password")
-                    || next == "statement"
+                    || runs_a_statement(sql)
                     || lower.match_indices("autocommit").any(|(at, _)| {
                         // Not a user variable (`@my_autocommit`) or another
                         // name that holds the word; `@@autocommit` is it.
@@ -899,10 +919,7 @@ fn may_answer_with_rows(query: &dyn std::fmt::Display) -> bool {
         if is("SET") {
             // MariaDB's `SET STATEMENT .. FOR <statement>` runs a statement
             // that may answer with rows; any other `SET` does not.
-            sql.trim_start_matches(|c: char| c.is_whitespace())[word.len()..]
-                .split(|c: char| !c.is_ascii_alphabetic())
-                .find(|next| !next.is_empty())
-                .is_some_and(|next| next.eq_ignore_ascii_case("STATEMENT"))
+            runs_a_statement(sql)
         } else if TRANSACTION_WORDS
             .iter()
             .chain(&never)
