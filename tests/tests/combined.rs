@@ -1549,6 +1549,64 @@ mod mysql_only {
         );
     }
 
+    /// A unique index with an expression part (MySQL 8.0.13 and later)
+    /// holds its columns unique only where the expression is not NULL, the
+    /// usual stand-in for a partial index (live rows unique, archived rows
+    /// not): it does not make the key unique, and a key matching a live and
+    /// an archived row writes nothing. MariaDB has no expression parts: there
+    /// the index cannot be made, so no such table can mislead the check.
+    #[test]
+    fn a_unique_index_with_an_expression_part_does_not_make_the_key_unique() {
+        let db = TestDb::<MysqlConnection>::new("expression_index");
+        let mut conn = db.conn();
+        let made = diesel::sql_query(
+            "ALTER TABLE twins ADD COLUMN archived INTEGER NULL, \
+             ADD UNIQUE KEY live_twin ((IF(archived IS NULL, 1, NULL)), id)",
+        )
+        .execute(&mut conn);
+        let version: String =
+            diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>("VERSION()"))
+                .get_result(&mut conn)
+                .unwrap();
+        if version.contains("MariaDB") {
+            let err = made
+                .expect_err("MariaDB made an index with an expression part: run the case on it");
+            assert!(err.to_string().contains("syntax"), "{err}");
+            return;
+        }
+        made.unwrap();
+        exec(
+            &mut conn,
+            "INSERT INTO twins (id, label, lock_version, archived) VALUES (1, 'live', 1, NULL)",
+        );
+        exec(
+            &mut conn,
+            "INSERT INTO twins (id, label, lock_version, archived) VALUES (1, 'archived', 1, 1)",
+        );
+        let labels = |conn: &mut MysqlConnection| {
+            twins::table
+                .order(twins::label)
+                .select((twins::label, twins::lock_version))
+                .load::<(String, i32)>(conn)
+                .unwrap()
+        };
+        let before = labels(&mut conn);
+        let mut live = Twin {
+            id: 1,
+            label: "edited".into(),
+            lock_version: 1,
+        };
+        let err = live.update_versioned(&mut conn).unwrap_err();
+        assert!(
+            matches!(err, Error::AmbiguousKey { table: "twins", .. }),
+            "{err:?}"
+        );
+        assert_eq!(labels(&mut conn), before, "nothing was written");
+        let err = live.delete_versioned(&mut conn).unwrap_err();
+        assert!(matches!(err, Error::AmbiguousKey { .. }), "{err:?}");
+        assert_eq!(labels(&mut conn), before, "nothing was deleted");
+    }
+
     #[test]
     fn lock_all_with_keys_equal_under_the_collation_returns_the_one_row() {
         let db = TestDb::<MysqlConnection>::new("collation_keys");

@@ -108,7 +108,8 @@ pub trait OptimisticBackend: Backend + crate::sealed::Sealed {
 
     /// The catalog query behind [`key_is_unique`](Self::key_is_unique), with its
     /// values bound: one row, a `BIGINT` column `unique_key`, non-zero when a
-    /// unique index covers only (some of) `key_columns` of `table` in `schema`
+    /// unique index that holds every row (not partial, no expression part)
+    /// covers only (some of) `key_columns` of `table` in `schema`
     /// (`None`: the one the connection finds, through its `search_path` or in
     /// its database), and a text column `schema`, the schema the connection
     /// finds the table in, as [`table_schema_query`](Self::table_schema_query)
@@ -485,6 +486,10 @@ mod mysql {
             )
         }
 
+        // A part that is an expression (MySQL 8.0.13 and later; its
+        // `COLUMN_NAME` is NULL) may be NULL for some rows, which the index
+        // then leaves alone, as a partial index would: such an index does not
+        // count.
         fn key_is_unique_query(
             schema: Option<&str>,
             table: &str,
@@ -496,7 +501,7 @@ mod mysql {
                     WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
                       AND NON_UNIQUE = 0 \
                     GROUP BY INDEX_NAME \
-                   HAVING SUM(FIND_IN_SET(COLUMN_NAME, ?) = 0) = 0) AS unique_indexes",
+                   HAVING SUM(COLUMN_NAME IS NULL OR FIND_IN_SET(COLUMN_NAME, ?) = 0) = 0) AS unique_indexes",
             )
             .into_boxed()
             .bind::<Nullable<Text>, _>(schema.map(str::to_owned))
