@@ -551,29 +551,35 @@ mod servers {
             assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
         }
 
-        fn a_write_run_by_set_statement_after_letting_a_deadlock_go_is_not_run_again(db) {
-            // MariaDB's `SET STATEMENT .. FOR <statement>` runs the statement
-            // after `FOR`: an order line written that way after the work let
-            // its deadlock go commits on its own, as the plain INSERT above
-            // does, and a rerun would write it twice.
+        fn a_write_that_starts_like_a_read_after_letting_a_deadlock_go_is_not_run_again(db) {
+            // Two ways to write an order line whose first word reads like a
+            // read: MariaDB's `SET STATEMENT .. FOR <statement>`, which runs
+            // the statement after `FOR`, and a batch of statements whose first
+            // one reads. Sent after the work let its deadlock go, the line
+            // commits on its own, as the plain INSERT above does, and a rerun
+            // would write it twice.
             if BACKEND != "mysql" {
                 return;
             }
-            let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
-                orders_with_retry(&mut conn, |conn, attempt| {
-                    let _ = work(conn, attempt); // let go
-                    let line = format!(
-                        "SET STATEMENT max_statement_time = 5 FOR INSERT INTO orders (id, item_id, qty) VALUES ({}, NULL, 1)",
-                        100 + attempt
-                    );
-                    diesel::sql_query(line).execute(conn)?;
-                    Ok::<_, Error>(())
-                })
-            });
-            assert_eq!(attempts, 1, "{outcome:?}");
-            assert!(outcome.as_ref().is_err_and(|err| !err.is_retryable()), "{outcome:?}");
-            assert_eq!((stock_of!(&mut conn), order_lines!(&mut conn)), (10, 1), "the line, once");
-            assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
+            for set_statement in [true, false] {
+                let (outcome, attempts, mut conn) = deadlock_first_attempt!(db, |conn, work| {
+                    orders_with_retry(&mut conn, |conn, attempt| {
+                        let _ = work(conn, attempt); // let go
+                        let insert = format!("INSERT INTO orders (id, item_id, qty) VALUES ({}, NULL, 1)", 100 + attempt);
+                        if set_statement {
+                            diesel::sql_query(format!("SET STATEMENT max_statement_time = 5 FOR {insert}")).execute(conn)?;
+                        } else {
+                            diesel::connection::SimpleConnection::batch_execute(conn, &format!("SET @line = 1; {insert}"))?;
+                        }
+                        Ok::<_, Error>(())
+                    })
+                });
+                assert_eq!(attempts, 1, "set_statement: {set_statement}, {outcome:?}");
+                assert!(outcome.as_ref().is_err_and(|err| !err.is_retryable()), "{outcome:?}");
+                let counts = (stock_of!(&mut conn), order_lines!(&mut conn));
+                assert_eq!(counts, (10, 1), "set_statement: {set_statement}: the line, once");
+                assert!(!lockkit::LockingConnection::in_transaction(&mut conn));
+            }
         }
 
         fn a_write_after_a_let_go_lock_wait_timeout_counts_only_if_it_follows_the_deadlock(db) {

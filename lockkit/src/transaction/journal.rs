@@ -835,14 +835,22 @@ const TRANSACTION_WORDS: [&str; 6] = [
     "RELEASE",
 ];
 
+/// Whether `sql` is a batch of several statements (`batch_execute`'s), read
+/// off its first `;` (a `;` in a string counts too).
+fn several_statements(sql: &str) -> bool {
+    sql.split_once(';')
+        .is_some_and(|(_, rest)| !rest.trim().is_empty())
+}
+
 /// Whether a statement writes nothing a rerun could apply twice: a read, a
 /// session setting (not MariaDB's `SET STATEMENT .. FOR`, which runs a
 /// statement that may write), or a transaction statement. Anything else
-/// (also a statement whose start cannot be read) may write.
+/// (also a statement whose start cannot be read, and a batch of several
+/// statements, whose first word says nothing of the others) may write.
 fn only_reads(query: &dyn std::fmt::Display) -> bool {
     read_start(query, |sql| {
         let word = first_word(sql);
-        if runs_a_statement(sql) {
+        if runs_a_statement(sql) || several_statements(sql) {
             return false;
         }
         ["SELECT", "SHOW", "SET", "DESCRIBE", "DESC", "EXPLAIN"]
@@ -869,10 +877,7 @@ fn may_commit_implicitly(query: &dyn std::fmt::Display) -> bool {
             return false;
         }
         // A batch of several statements: any of them may commit.
-        if sql
-            .split_once(';')
-            .is_some_and(|(_, rest)| !rest.trim().is_empty())
-        {
+        if several_statements(sql) {
             return true;
         }
         let lower = sql.to_ascii_lowercase();
