@@ -1,15 +1,17 @@
 //! `lockkit::asynchronous::atomic` and `serializable` on PostgreSQL, MariaDB
-//! and SQLite, with 8 tasks of a multi-threaded runtime through a bb8 pool:
-//! counters added in SQL are exact, a conditional update never oversells, and
-//! a read-modify-write in `SERIALIZABLE` transactions, retried, gives an exact
-//! total where the same code in plain transactions loses updates.
+//! and SQLite, on tasks of a multi-threaded runtime: with 8 tasks through a
+//! bb8 pool, counters added in SQL are exact, a conditional update never
+//! oversells, and a read-modify-write in `SERIALIZABLE` transactions, retried,
+//! gives an exact total where the same code in plain transactions loses
+//! updates; two tasks with a connection each in `SERIALIZABLE` transactions
+//! keep the on-call invariant (no write skew).
 
 #![cfg(feature = "async")]
 
 #[macro_use]
 mod async_common;
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use async_common::{on_tasks, patient, rounds_on_tasks};
@@ -17,8 +19,8 @@ use diesel::{ExpressionMethods, QueryDsl};
 use diesel_async::RunQueryDsl;
 use lockkit::asynchronous::atomic::{counter, update, update_counters, update_if};
 use lockkit::Error;
-use lockkit_tests::schema::items;
-use lockkit_tests::seed_items;
+use lockkit_tests::schema::{doctors, items};
+use lockkit_tests::{exec, seed_items};
 
 const TASKS: usize = 8;
 const ROUNDS: usize = 25;
@@ -122,5 +124,46 @@ async_backend_tests! {
         });
         let stock = stock!(&mut *pool.get().await.unwrap());
         assert_eq!(stock, 999, "{TASKS} decrements, one recorded");
+    }
+
+    async fn serializable_keeps_the_on_call_invariant(db) {
+        // The blocking side's test (pessimistic.rs) on two tasks, each with a
+        // connection of its own: two doctors on call; each may go off duty only
+        // if another stays on. Both read "2 on call" before either writes.
+        let doctors_sql = "INSERT INTO doctors (id, name, on_call) VALUES (1, 'alice', true), (2, 'bob', true)";
+        exec(&mut db.conn(), doctors_sql);
+        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+        let went_off: Vec<bool> = on_tasks(2, |task| {
+            let (url, barrier) = (db.url.clone(), barrier.clone());
+            async move {
+                let mut conn: Async = async_common::connect(&url, BACKEND).await;
+                let policy = lockkit::RetryPolicy::default().max_attempts(10);
+                let first = AtomicBool::new(true);
+                let id = task as i32 + 1;
+                lockkit::asynchronous::serializable(&mut conn, &policy, async |conn| {
+                    let on_call = doctors::table.filter(doctors::on_call.eq(true)).count();
+                    let on_call: i64 = on_call.get_result(&mut *conn).await?;
+                    // Not on SQLite: its BEGIN IMMEDIATE keeps the second task
+                    // out until the first commits, so it could not get here.
+                    if first.swap(false, Ordering::Relaxed) && BACKEND != "sqlite" {
+                        barrier.wait().await; // both have read "2 on call"
+                    }
+                    if on_call < 2 {
+                        return Ok::<_, Error>(false);
+                    }
+                    let off = diesel::update(doctors::table.find(id)).set(doctors::on_call.eq(false));
+                    off.execute(&mut *conn).await?;
+                    Ok(true)
+                })
+                .await
+                .unwrap()
+            }
+        })
+        .await;
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let on_call = doctors::table.filter(doctors::on_call.eq(true));
+        let on_call: i64 = on_call.count().get_result(&mut conn).await.unwrap();
+        assert_eq!(on_call, 1, "one doctor stays on call: {went_off:?}");
+        assert_eq!(went_off.iter().filter(|w| **w).count(), 1, "{went_off:?}");
     }
 }

@@ -21,7 +21,7 @@ use lockkit::{lock_waits, queue, retry, CurrentState, Error, LockOptions, RetryP
 use lockkit_tests::db::TestBackend;
 use lockkit_tests::lock_waits::look_until;
 use lockkit_tests::models::{Item, Job};
-use lockkit_tests::schema::{items, jobs, orders};
+use lockkit_tests::schema::{doctors, items, jobs, orders};
 use lockkit_tests::{exec, idempotency_migrations, lease_migrations, seed_items, TestDb};
 
 #[derive(diesel::MultiConnection)]
@@ -93,6 +93,14 @@ fn stock(conn: &mut AnyConnection, id: i32) -> i32 {
 
 fn order_lines(conn: &mut AnyConnection) -> i64 {
     orders::table.count().get_result(conn).unwrap()
+}
+
+/// The doctors on call.
+fn doctors_on_call(conn: &mut AnyConnection) -> QueryResult<i64> {
+    doctors::table
+        .filter(doctors::on_call.eq(true))
+        .count()
+        .get_result(conn)
 }
 
 /// One unit of item 2 sold by `atomic::update_if`, if it has one left: the
@@ -347,6 +355,46 @@ lockkit_tests::backend_tests! {
         });
         assert!(matches!(failed, Err(Error::NoRowMatched)));
         assert_eq!(order_lines(&mut conn), 0, "rolled back");
+    }
+
+    fn serializable_through_the_enum_keeps_the_on_call_invariant(db) {
+        // pessimistic.rs's write skew, on two threads with an enum each: two
+        // doctors on call; each may go off duty only if another stays on.
+        let doctors_sql = "INSERT INTO doctors (id, name, on_call) VALUES (1, 'alice', true), (2, 'bob', true)";
+        exec(&mut db.conn(), doctors_sql);
+        let policy = RetryPolicy::default().max_attempts(10);
+        let barrier = Barrier::new(2);
+        let went_off: Vec<bool> = thread::scope(|s| {
+            let runs: Vec<_> = [1, 2]
+                .into_iter()
+                .map(|id| {
+                    let (barrier, policy, url) = (&barrier, &policy, db.url.as_str());
+                    s.spawn(move || {
+                        let mut conn = any_at::<Conn>(url);
+                        let mut first = true;
+                        lockkit::serializable(&mut conn, policy, |conn: &mut AnyConnection| {
+                            let on_call = doctors_on_call(conn)?;
+                            // Not on SQLite: its BEGIN IMMEDIATE keeps the second
+                            // thread out until the first commits.
+                            if std::mem::take(&mut first) && BACKEND != "sqlite" {
+                                barrier.wait(); // both have read "2 on call"
+                            }
+                            if on_call < 2 {
+                                return Ok::<_, Error>(false);
+                            }
+                            let off = diesel::update(doctors::table.find(id));
+                            off.set(doctors::on_call.eq(false)).execute(conn)?;
+                            Ok(true)
+                        })
+                        .unwrap()
+                    })
+                })
+                .collect();
+            runs.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        let on_call = doctors_on_call(&mut any(&db)).unwrap();
+        assert_eq!(on_call, 1, "one doctor stays on call: {went_off:?}");
+        assert_eq!(went_off.iter().filter(|w| **w).count(), 1, "{went_off:?}");
     }
 
     fn a_rolled_back_versioned_write_through_the_enum_never_overwrites_a_later_one(db) {
