@@ -19,7 +19,9 @@
 //! the middle of `BEGIN`, `COMMIT` or `ROLLBACK`) instead of handing it to the
 //! next user. Closing it ends the server session, and with it the transaction
 //! and its row locks. `tests/tests/async_cancel.rs` drops `with_lock` at every await
-//! point and checks both.
+//! point and checks both. (Not diesel-async 0.9.2's mobc pool, whose check-in
+//! test keeps a connection that `is_broken` and closes a sound one: README,
+//! "Cancellation".)
 //!
 //! A session setting a call sends before its `BEGIN` (the lock timeout of
 //! [`LockOptions::timeout`](crate::LockOptions::timeout), SQLite's busy
