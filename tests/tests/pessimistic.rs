@@ -455,6 +455,53 @@ mod servers {
             }
         }
 
+        fn two_workers_claiming_at_once_get_other_jobs_where_plain_reads_get_the_same(db) {
+            // Both workers read their batch, and only then (the barrier) mark
+            // it done. A plain read inside a transaction hands both the same
+            // jobs: each runs them, and the second's marks wait for the
+            // first's, then write over them (the naive queue). `queue::claim`
+            // hands the second worker the next jobs.
+            let pending = || jobs::table.filter(jobs::done.eq(false)).order(jobs::id).select(jobs::id);
+            for claim in [false, true] {
+                exec(&mut db.conn(), "DELETE FROM jobs");
+                let values: Vec<String> = (1..=6).map(|id| format!("({id}, 'job {id}', false)")).collect();
+                exec(&mut db.conn(), &format!("INSERT INTO jobs (id, payload, done) VALUES {}", values.join(", ")));
+                let barrier = Barrier::new(2);
+                let batches: Vec<Vec<i32>> = thread::scope(|s| {
+                    let workers: Vec<_> = (0..2)
+                        .map(|_| s.spawn(|| {
+                            let mut conn = db.connect();
+                            let run = |conn: &mut Conn| {
+                                let ids: Vec<i32> = if claim {
+                                    queue::claim(conn, pending(), 3)?
+                                } else {
+                                    pending().limit(3).load(conn)?
+                                };
+                                barrier.wait(); // both have their batch
+                                for id in &ids {
+                                    diesel::update(jobs::table.find(id)).set(jobs::done.eq(true)).execute(conn)?;
+                                }
+                                Ok::<_, lockkit::Error>(ids)
+                            };
+                            if claim {
+                                locked_transaction(&mut conn, LockOptions::default(), run).unwrap()
+                            } else {
+                                conn.transaction(run).unwrap()
+                            }
+                        }))
+                        .collect();
+                    workers.into_iter().map(|w| w.join().unwrap()).collect()
+                });
+                let mut processed: Vec<i32> = batches.concat();
+                processed.sort();
+                if claim {
+                    assert_eq!(processed, (1..=6).collect::<Vec<_>>(), "each job once: {batches:?}");
+                } else {
+                    assert_eq!(processed, [1, 1, 2, 2, 3, 3], "plain reads: both ran the same jobs");
+                }
+            }
+        }
+
         fn a_claim_skips_a_held_job_without_waiting(db) {
 
             let values: Vec<String> = (1..=3).map(|id| format!("({id}, 'job {id}', false)")).collect();
