@@ -1500,3 +1500,58 @@ fn sqlite_with_lock_commits_behind_a_reader_whatever_its_wait_for_the_lock() {
     }
     assert_eq!(stock_of!(&mut db.connect()), 8);
 }
+
+/// SQLite in WAL mode: your own deferred transaction read (its snapshot is
+/// fixed), another connection committed a sale since, and a `with_lock`
+/// nested there, under a `retry`, needs the write lock: SQLite refuses it at
+/// once (the snapshot is stale) on every attempt, as the README says, and
+/// nothing is written from the stale row; the other sale stands.
+#[cfg(feature = "sqlite")]
+#[test]
+fn sqlite_a_nested_lock_in_a_transaction_whose_snapshot_went_stale_writes_nothing() {
+    use diesel::SqliteConnection;
+    let db = TestDb::<SqliteConnection>::new("stale_snapshot_nested_lock");
+    seed_items(&mut db.conn(), &[(1, 10)]);
+    let mut conn = db.connect();
+    let mut other = db.connect();
+    let mut attempts = 0;
+    let outcome = conn.transaction(|c| {
+        let seen = stock_of!(c); // fixes the transaction's snapshot
+        exec(
+            &mut other,
+            "UPDATE items SET stock = stock - 3 WHERE id = 1",
+        );
+        let sold = lockkit::retry(&RetryPolicy::immediate(3), |_| {
+            attempts += 1;
+            lockkit::with_lock(c, 1, LockOptions::default(), |c, item: Item| {
+                diesel::update(items::table.find(1))
+                    .set(items::stock.eq(item.stock - 1))
+                    .execute(c)?;
+                Ok::<_, Error>(item.stock)
+            })
+        });
+        Ok::<_, Error>((seen, sold))
+    });
+    let (seen, sold) = outcome.unwrap();
+    assert_eq!(seen, 10);
+    // SQLite's refusal (`SQLITE_BUSY_SNAPSHOT`) reads as a lock error.
+    let refused = |last: &Error| matches!(last, Error::LockTimeout);
+    let exhausted =
+        matches!(&sold, Err(Error::RetriesExhausted { attempts: 3, last }) if refused(last));
+    assert!(exhausted, "{sold:?}");
+    assert_eq!(attempts, 3, "every attempt refused: {sold:?}");
+    assert_eq!(
+        stock_of!(&mut db.connect()),
+        7,
+        "the other sale stands, nothing stale written"
+    );
+    // A new transaction sees the sale and sells from it.
+    lockkit::with_lock(&mut conn, 1, LockOptions::default(), |c, item: Item| {
+        diesel::update(items::table.find(1))
+            .set(items::stock.eq(item.stock - 1))
+            .execute(c)?;
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+    assert_eq!(stock_of!(&mut db.connect()), 6);
+}
