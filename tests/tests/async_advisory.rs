@@ -1,7 +1,9 @@
 //! Advisory locks and lock waits on diesel-async, on PostgreSQL and MariaDB
 //! (SQLite has neither), with several tasks of a multi-threaded runtime:
 //! `advisory::with_lock` serializes a read-modify-write that loses updates
-//! without it; a future dropped while it holds a session lock leaves its
+//! without it, also in a transaction (on PostgreSQL the lock inside it, held
+//! until COMMIT; on MySQL/MariaDB, which refuse that, the transaction inside
+//! the lock); a future dropped while it holds a session lock leaves its
 //! connection marked broken, so the pool closes it and the lock is free for
 //! the next user; a transaction lock ends with a rollback; `lock_waits` shows
 //! a real waiter and the session in its way.
@@ -90,6 +92,27 @@ macro_rules! drop_while_holding {
     }};
 }
 
+/// Reads item 1's stock on `$conn`, pauses, and writes it back one more: a
+/// read-modify-write that loses increments unless something serializes it. A
+/// future of a `Result<(), Error>`, as `read_modify_write!`.
+macro_rules! increment {
+    ($conn:expr) => {
+        async {
+            let stock: i32 = lockkit_tests::schema::items::table
+                .find(1)
+                .select(lockkit_tests::schema::items::stock)
+                .get_result(&mut *$conn)
+                .await?;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            diesel::update(lockkit_tests::schema::items::table.find(1))
+                .set(lockkit_tests::schema::items::stock.eq(stock + 1))
+                .execute(&mut *$conn)
+                .await?;
+            Ok::<_, Error>(())
+        }
+    };
+}
+
 async_server_tests! {
     async fn with_lock_serializes_a_read_modify_write_that_loses_updates_without_it(db) {
         seed_items(&mut db.conn(), &[(1, 1_000)]);
@@ -116,6 +139,67 @@ async_server_tests! {
         })
         .await;
         assert_eq!(stock!(&mut *pool.get().await.unwrap()), 999 - (TASKS * ROUNDS) as i32, "no decrement lost");
+        assert!(lock_is_free(&mut *pool.get().await.unwrap(), key).await, "and the lock was released");
+    }
+
+    async fn a_read_modify_write_in_a_transaction_takes_the_lock_in_it_or_before_it(db) {
+        // On PostgreSQL the lock taken inside the transaction is a transaction
+        // lock, held until COMMIT: the next holder reads what the last one
+        // committed. On MySQL/MariaDB a session lock would be released before
+        // COMMIT: refused there, so the lock is taken first and the
+        // transaction runs inside it.
+        const TASKS: usize = 4;
+        const ROUNDS: usize = 25;
+        seed_items(&mut db.conn(), &[(1, 0)]);
+        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, TASKS as u32).await;
+        let key = key(&db.url);
+        if BACKEND == "mysql" {
+            let mut conn = pool.get().await.unwrap();
+            let options = LockOptions::default();
+            let refused = lockkit::asynchronous::locked_transaction(&mut *conn, options, async |conn: &mut Async| {
+                let waited = advisory::with_lock(conn, key, async |_| Ok::<_, Error>(())).await;
+                let tried = advisory::try_with_lock(conn, key, async |_| Ok::<_, Error>(())).await;
+                Ok::<_, Error>([waited.err(), tried.err()])
+            })
+            .await
+            .unwrap();
+            for err in refused {
+                assert!(matches!(err, Some(Error::AlreadyInTransaction)), "{err:?}");
+            }
+            assert!(!broken(&mut *conn));
+            assert!(lock_is_free(&mut *pool.get().await.unwrap(), key).await, "nothing was locked");
+        }
+        on_tasks(TASKS, |_| {
+            let pool = pool.clone();
+            async move {
+                for _ in 0..ROUNDS {
+                    let mut conn = pool.get().await.unwrap();
+                    let options = LockOptions::default();
+                    if BACKEND == "postgres" {
+                        // The lock inside the transaction.
+                        lockkit::asynchronous::locked_transaction(&mut *conn, options, async |conn: &mut Async| {
+                            advisory::with_lock(conn, key, async |conn: &mut Async| increment!(conn).await)
+                                .await
+                        })
+                        .await
+                        .unwrap();
+                    } else {
+                        // The transaction inside the lock.
+                        advisory::with_lock(&mut *conn, key, async |conn: &mut Async| {
+                            lockkit::asynchronous::locked_transaction(conn, options, async |conn: &mut Async| {
+                                increment!(conn).await
+                            })
+                            .await
+                        })
+                        .await
+                        .unwrap();
+                    }
+                }
+            }
+        })
+        .await;
+        let stock = stock!(&mut *pool.get().await.unwrap());
+        assert_eq!(stock, (TASKS * ROUNDS) as i32, "no increment lost");
         assert!(lock_is_free(&mut *pool.get().await.unwrap(), key).await, "and the lock was released");
     }
 

@@ -1,15 +1,18 @@
 //! Database leases and fenced writes on diesel-async, on PostgreSQL, MariaDB
 //! and SQLite: tasks of a multi-threaded runtime racing for one lease through a
 //! bb8 pool find one holder; the next holder gets a larger fence, and the old
-//! holder's fenced write is refused once the new one has written.
+//! holder's fenced write is refused once the new one has written, also when
+//! the two race on tasks, and in the caller's transaction; holders contending
+//! with a short TTL land no write over a newer holder's.
 
 #![cfg(feature = "async")]
 
 #[macro_use]
 mod async_common;
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use diesel::{ExpressionMethods, QueryDsl};
 use diesel_async::RunQueryDsl;
@@ -18,7 +21,7 @@ use lockkit::asynchronous::lease;
 use lockkit::lease::Fence;
 use lockkit::Error;
 use lockkit_tests::schema::items;
-use lockkit_tests::{lease_migrations, seed_items};
+use lockkit_tests::{exec, lease_migrations, seed_items};
 
 const TASKS: usize = 8;
 
@@ -33,6 +36,104 @@ macro_rules! fenced_set {
             Ok::<_, Error>(())
         })
         .await
+    };
+}
+
+diesel::table! {
+    docs (id) {
+        id -> Integer,
+        body -> Text,
+        counter -> Integer,
+        last_fence -> BigInt,
+    }
+}
+
+/// The lease and fence tables, and `docs` row 1, as the blocking `lease.rs`'s
+/// `setup`.
+fn setup<C: diesel::Connection + MigrationHarness<C::Backend>>(conn: &mut C, backend: &str) {
+    conn.run_pending_migrations(lease_migrations(backend))
+        .unwrap();
+    exec(conn, "CREATE TABLE docs (id INTEGER PRIMARY KEY, body VARCHAR(100) NOT NULL, counter INTEGER NOT NULL, last_fence BIGINT NOT NULL)");
+    exec(
+        conn,
+        "INSERT INTO docs (id, body, counter, last_fence) VALUES (1, 'initial', 0, 0)",
+    );
+}
+
+/// What the tasks of a contention run saw, as the blocking `contend`'s
+/// counters.
+#[derive(Default)]
+struct Contention {
+    landed: AtomicI64,
+    refused: AtomicUsize,
+    older_after_newer: AtomicUsize,
+    believers: AtomicUsize,
+    most_believers: AtomicUsize,
+    others: Mutex<Vec<String>>,
+}
+
+impl Contention {
+    /// Whether the run has shown enough: the last three assertions hold.
+    fn enough(&self) -> bool {
+        // `AtomicUsize::load`, not diesel-async's `RunQueryDsl::load`.
+        AtomicI64::load(&self.landed, Ordering::SeqCst) >= 10
+            && AtomicUsize::load(&self.refused, Ordering::SeqCst) > 0
+            && AtomicUsize::load(&self.most_believers, Ordering::SeqCst) >= 2
+    }
+
+    /// At least 2.5 s, and on until [`enough`](Self::enough), for at most a
+    /// minute.
+    fn go_on(&self, started: Instant) -> bool {
+        let elapsed = started.elapsed();
+        elapsed < Duration::from_millis(2500)
+            || (elapsed < Duration::from_secs(60) && !self.enough())
+    }
+}
+
+/// One holder's turn in a contention run, as the blocking `read_pause_write`:
+/// a fenced read of the counter on `$data`, a pause (one in four past the
+/// TTL), a fenced write of the read plus one and `$fence`. Counts in
+/// `$older_after_newer` the writes that find a newer holder's fence in the
+/// row. A macro: the connection is the calling test's `Async`.
+macro_rules! read_pause_write {
+    ($data:expr, $fence:expr, $older_after_newer:expr) => {
+        async {
+            let fence: Fence = $fence;
+            let older_after_newer: &AtomicUsize = $older_after_newer;
+            let read = lease::fenced($data, "counter", fence, async |conn: &mut Async| {
+                Ok::<_, Error>(
+                    docs::table
+                        .find(1)
+                        .select(docs::counter)
+                        .first::<i32>(conn)
+                        .await?,
+                )
+            })
+            .await?;
+            let pause = if fastrand::u8(0..4) == 0 {
+                40..70
+            } else {
+                0..10
+            };
+            tokio::time::sleep(Duration::from_millis(fastrand::u64(pause))).await;
+            lease::fenced($data, "counter", fence, async |conn: &mut Async| {
+                // What the data itself says: the last writer's fence.
+                let last_fence = docs::table
+                    .find(1)
+                    .select(docs::last_fence)
+                    .first::<i64>(conn)
+                    .await?;
+                if last_fence > fence.0 {
+                    older_after_newer.fetch_add(1, Ordering::SeqCst);
+                }
+                diesel::update(docs::table.find(1))
+                    .set((docs::counter.eq(read + 1), docs::last_fence.eq(fence.0)))
+                    .execute(conn)
+                    .await?;
+                Ok::<_, Error>(())
+            })
+            .await
+        }
     };
 }
 
@@ -173,6 +274,177 @@ async_backend_tests! {
             assert!(matches!(granted, Ok(Err(Error::Busy))), "{granted:?}");
         }
         drop(conn);
+    }
+
+    async fn an_older_fence_racing_a_newer_one_on_a_new_resource_never_writes_after_it(db) {
+        // As the blocking `first_fence` test, on tasks: holders 7 and 8 write
+        // a resource nobody fenced before, at once: 8 first (it holds the
+        // fence's row until it commits), then 7, which must be refused (on
+        // MySQL/MariaDB the row is created, then raised).
+        db.conn().run_pending_migrations(lease_migrations(BACKEND)).unwrap();
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+        let newer = tokio::spawn({
+            let (url, barrier) = (db.url.clone(), barrier.clone());
+            async move {
+                let mut conn: Async = async_common::connect(&url, BACKEND).await;
+                lease::fenced(&mut conn, "report", Fence(8), async |c: &mut Async| {
+                    barrier.wait().await;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    diesel::update(items::table.find(1))
+                        .set(items::stock.eq(8))
+                        .execute(c)
+                        .await?;
+                    Ok::<_, Error>(())
+                })
+                .await
+            }
+        });
+        let older = tokio::spawn({
+            let (url, barrier) = (db.url.clone(), barrier.clone());
+            async move {
+                let mut conn: Async = async_common::connect(&url, BACKEND).await;
+                barrier.wait().await;
+                lease::fenced(&mut conn, "report", Fence(7), async |c: &mut Async| {
+                    diesel::update(items::table.find(1))
+                        .set(items::stock.eq(7))
+                        .execute(c)
+                        .await?;
+                    Ok::<_, Error>(())
+                })
+                .await
+            }
+        });
+        let (newer, older) = (newer.await.unwrap(), older.await.unwrap());
+        newer.unwrap();
+        assert!(matches!(older, Err(Error::Fenced { fence: 7, current: 8, .. })), "{older:?}");
+        let mut check: Async = async_common::connect(&db.url, BACKEND).await;
+        assert_eq!(stock!(&mut check), 8, "the newer holder's write stands");
+    }
+
+    async fn db_lease_contending_holders_never_both_write(db) {
+        // As the blocking `contend` with the database store, on tasks: they
+        // contend for one lease with a short TTL; each holder reads the
+        // counter through a fenced read, pauses for a random while (one in
+        // four past its TTL, so holders overlap), and writes back its read
+        // plus one through a fenced write, with its fence. The counter must
+        // end equal to the writes that landed, and no write may find a newer
+        // holder's fence in the row it overwrites.
+        const TASKS: usize = 6;
+        setup(&mut db.connect(), BACKEND);
+        let ttl = Duration::from_millis(30);
+        let started = Instant::now();
+        let seen = Arc::new(Contention::default());
+        async_common::on_tasks(TASKS, |_| {
+            let (url, seen) = (db.url.clone(), seen.clone());
+            async move {
+                let mut store: Async = async_common::connect(&url, BACKEND).await;
+                let mut data: Async = async_common::connect(&url, BACKEND).await;
+                while seen.go_on(started) {
+                    let held = match lease::acquire(&mut store, "counter", ttl).await {
+                        Ok(held) => held,
+                        Err(Error::Busy) => {
+                            tokio::time::sleep(Duration::from_millis(fastrand::u64(1..4))).await;
+                            continue;
+                        }
+                        Err(err) => panic!("acquire: {err}"),
+                    };
+                    let now = seen.believers.fetch_add(1, Ordering::SeqCst) + 1;
+                    seen.most_believers.fetch_max(now, Ordering::SeqCst);
+                    let fence = held.fence();
+                    let outcome = read_pause_write!(&mut data, fence, &seen.older_after_newer).await;
+                    seen.believers.fetch_sub(1, Ordering::SeqCst);
+                    match held.release().await {
+                        Ok(()) | Err(Error::LeaseLost) => {}
+                        Err(err) => panic!("release: {err}"),
+                    }
+                    match outcome {
+                        Ok(()) => {
+                            seen.landed.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Err(Error::Fenced { .. }) => {
+                            seen.refused.fetch_add(1, Ordering::SeqCst);
+                        }
+                        // SQLite's busy database, InnoDB's deadlocks: rolled back, nothing landed.
+                        Err(err) if err.is_retryable() => {
+                            seen.others.lock().unwrap().push(err.to_string())
+                        }
+                        Err(err) => panic!("fenced: {err}"),
+                    }
+                }
+            }
+        })
+        .await;
+        let seen = Arc::into_inner(seen).unwrap();
+        let landed = seen.landed.into_inner();
+        let mut check: Async = async_common::connect(&db.url, BACKEND).await;
+        let counter: i32 = docs::table.find(1).select(docs::counter).first(&mut check).await.unwrap();
+        let (refused, most) = (seen.refused.into_inner(), seen.most_believers.into_inner());
+        eprintln!(
+            "landed {landed}, refused {refused}, at most {most} believed they held it, others {:?}",
+            seen.others.lock().unwrap()
+        );
+        assert_eq!(
+            i64::from(counter),
+            landed,
+            "no write of a holder that overran its lease landed over a newer one"
+        );
+        let older_after_newer = seen.older_after_newer.into_inner();
+        assert_eq!(older_after_newer, 0, "a holder wrote after a newer holder had written");
+        assert!(landed >= 10, "landed {landed}");
+        assert!(most >= 2, "holders never overlapped: the test would prove nothing");
+        assert!(refused > 0, "no late write was refused: the test would prove nothing");
+    }
+}
+
+/// A fenced write inside the caller's transaction, which read before it (on
+/// MySQL/MariaDB that read fixes the transaction's REPEATABLE READ snapshot):
+/// a newer holder fenced the resource after that read, on another connection.
+/// The older write is refused, and the refusal is `Error::Fenced` naming the
+/// newer fence, as the blocking `nested_in_a_transaction_that_read`.
+mod nested_in_a_transaction_that_read {
+    use diesel_async::AsyncConnection;
+
+    use super::*;
+
+    async_server_tests! {
+        async fn an_older_fence_is_refused_as_fenced_with_the_newer_one(db) {
+            db.conn().run_pending_migrations(lease_migrations(BACKEND)).unwrap();
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+            let mut newer: Async = async_common::connect(&db.url, BACKEND).await;
+            let older = conn
+                .transaction(async |c| {
+                    let read = stock!(&mut *c); // the caller's own read
+                    assert_eq!(read, 10);
+                    // Meanwhile the newer holder writes the resource.
+                    fenced_set!(&mut newer, Fence(8), 8).unwrap();
+                    Ok::<_, Error>(fenced_set!(c, Fence(7), 7))
+                })
+                .await
+                .unwrap();
+            assert_eq!(stock!(&mut newer), 8, "the newer holder's write stands");
+            assert!(matches!(older, Err(Error::Fenced { fence: 7, current: 8, .. })), "{older:?}");
+        }
+
+        async fn an_older_fence_is_refused_with_the_newer_one_when_the_caller_saw_an_older_one(db) {
+            // The resource had fence 5 when the caller read; 8 since.
+            db.conn().run_pending_migrations(lease_migrations(BACKEND)).unwrap();
+            seed_items(&mut db.conn(), &[(1, 10)]);
+            let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+            let mut newer: Async = async_common::connect(&db.url, BACKEND).await;
+            let nothing = async |_: &mut Async| Ok::<_, Error>(());
+            lease::fenced(&mut newer, "report", Fence(5), nothing).await.unwrap();
+            let older = conn
+                .transaction(async |c| {
+                    let _ = stock!(&mut *c);
+                    lease::fenced(&mut newer, "report", Fence(8), nothing).await.unwrap();
+                    Ok::<_, Error>(lease::fenced(c, "report", Fence(7), nothing).await)
+                })
+                .await
+                .unwrap();
+            assert!(matches!(older, Err(Error::Fenced { fence: 7, current: 8, .. })), "{older:?}");
+        }
     }
 }
 
