@@ -26,6 +26,27 @@ use serde::{Deserialize, Serialize};
 
 const TASKS: usize = 8;
 
+diesel::table! {
+    /// The columns of lockkit's idempotency table that the tests look at.
+    lockkit_idempotency_keys (principal, idempotency_key) {
+        principal -> Text,
+        idempotency_key -> Text,
+        started_at -> BigInt,
+    }
+}
+
+/// When the request that owns key `$key` took it, as `$conn` reads it.
+macro_rules! started_at_of {
+    ($conn:expr, $key:expr) => {
+        lockkit_idempotency_keys::table
+            .filter(lockkit_idempotency_keys::idempotency_key.eq($key))
+            .select(lockkit_idempotency_keys::started_at)
+            .first::<i64>($conn)
+            .await
+            .unwrap()
+    };
+}
+
 /// The response a request stores and its repeats replay.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Order {
@@ -256,6 +277,157 @@ async_backend_tests! {
         drop(conn);
         let mut other: Async = async_common::connect(&db.url, BACKEND).await;
         assert_eq!(idempotency::purge_expired(&keys, &mut other).await.unwrap(), 1, "not purged before");
+    }
+
+    /// The blocking test of that name: the slow owner has its key when the
+    /// fast request starts, past the lease, and goes on until the fast one
+    /// has taken the key over, however late either task runs. Its sale must
+    /// be rolled back and its run refused; the stock shows one sale.
+    async fn an_owner_that_overruns_its_lease_is_rolled_back(db) {
+        db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
+        seed_items(&mut db.conn(), &[(1, 100)]);
+        let keys = Idempotency { lease: Duration::from_millis(100), ..Idempotency::default() };
+        let (claimed, has_claimed) = tokio::sync::oneshot::channel();
+        let (starts, fast_starts) = tokio::sync::oneshot::channel::<()>();
+        let url = db.url.clone();
+        let slow = tokio::spawn(async move {
+            let mut conn: Async = async_common::connect(&url, BACKEND).await;
+            let mut watcher: Async = async_common::connect(&url, BACKEND).await;
+            idempotency::run(&keys, &mut conn, "tenant-1", "k", "fp", async |conn: &mut Async| {
+                let left = sell_one!(conn)?;
+                let claimed_at = started_at_of!(&mut watcher, "k");
+                claimed.send(()).unwrap();
+                fast_starts.await.unwrap();
+                if BACKEND == "sqlite" {
+                    // The take-over waits for this transaction: it needs the
+                    // database's write lock.
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                } else {
+                    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+                    while started_at_of!(&mut watcher, "k") == claimed_at {
+                        assert!(std::time::Instant::now() < deadline, "the fast request never took the key over");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+                Ok::<_, Error>(Order { order: 1, left })
+            })
+            .await
+        });
+        has_claimed.await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        starts.send(()).unwrap();
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let fast = idempotency::run(&keys, &mut conn, "tenant-1", "k", "fp", async |conn: &mut Async| {
+            let left = sell_one!(conn)?;
+            Ok::<_, Error>(Order { order: 2, left })
+        })
+        .await;
+        let slow = slow.await.unwrap();
+        if BACKEND == "sqlite" {
+            // SQLite serializes writers: the take-over waits for the slow
+            // owner's commit, then finds the key done.
+            assert_eq!(slow.unwrap(), Outcome::Ran(Order { order: 1, left: 99 }));
+            assert_eq!(fast.unwrap(), Outcome::Replayed(Order { order: 1, left: 99 }));
+        } else {
+            assert_eq!(fast.unwrap(), Outcome::Ran(Order { order: 2, left: 99 }), "took the expired lease over");
+            assert!(matches!(slow, Err(Error::IdempotencyInProgress)), "{slow:?}");
+        }
+        assert_eq!(stock!(&mut conn), 99, "sold once");
+    }
+
+    /// The blocking test of that name, clients A and B sending the same key
+    /// and request at the same time: each runs its own order, and never gets
+    /// the other's stored response.
+    async fn a_key_belongs_to_its_principal(db) {
+        db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
+        seed_items(&mut db.conn(), &[(1, 100)]);
+        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, 2).await;
+        let keys = Idempotency { wait_while_running: Duration::from_secs(20), ..Idempotency::default() };
+        let request = fingerprint("POST", "/orders", br#"{"item":1,"qty":1}"#);
+        macro_rules! order_for {
+            ($conn:expr, $request:expr, $principal:expr, $who:expr) => {
+                idempotency::run(&keys, $conn, $principal, "order-1", $request, async |conn: &mut Async| {
+                    sell_one!(conn)?;
+                    // The other client's request arrives while this one runs.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Ok::<_, Error>(format!("201 order for {}", $who))
+                })
+            };
+        }
+        let start = Arc::new(tokio::sync::Barrier::new(2));
+        let both = async_common::on_tasks(2, |n| {
+            let (pool, start, request) = (pool.clone(), start.clone(), request.clone());
+            let (principal, who) = [("client-a", "a"), ("client-b", "b")][n];
+            async move {
+                let mut conn = pool.get().await.expect("pooled connection");
+                start.wait().await;
+                order_for!(&mut *conn, &request, principal, who).await.unwrap()
+            }
+        })
+        .await;
+        assert_eq!(both, [Outcome::Ran("201 order for a".to_owned()), Outcome::Ran("201 order for b".to_owned())]);
+        let mut conn = pool.get().await.unwrap();
+        assert_eq!(stock!(&mut *conn), 98, "both orders ran");
+        // Each replays its own.
+        for (who, response) in [("client-a", "201 order for a"), ("client-b", "201 order for b")] {
+            let again = idempotency::run(&keys, &mut *conn, who, "order-1", &request, async |_conn: &mut Async| -> Result<String, Error> {
+                panic!("ran twice")
+            })
+            .await;
+            assert_eq!(again.unwrap(), Outcome::Replayed(response.to_owned()));
+        }
+        // Principals are compared exactly too.
+        let c = order_for!(&mut *conn, &request, "CLIENT-A", "c").await.unwrap();
+        assert_eq!(c, Outcome::Ran("201 order for c".to_owned()));
+        for bad in ["", "\0"] {
+            let refused = order_for!(&mut *conn, &request, bad, "nobody").await;
+            assert!(matches!(refused, Err(Error::InvalidInput(_))), "{bad:?}: {refused:?}");
+        }
+        assert_eq!(stock!(&mut *conn), 97);
+    }
+
+    /// The blocking test of that name: three clients send one key three
+    /// times each, all at once. Each client's work runs once; its repeats get
+    /// its response or are refused while it runs, never another client's.
+    async fn concurrent_clients_sharing_a_key_each_run_once(db) {
+        const CLIENTS: usize = 3;
+        const REPEATS: usize = 3;
+        db.conn().run_pending_migrations(idempotency_migrations(BACKEND)).unwrap();
+        seed_items(&mut db.conn(), &[(1, 100)]);
+        let pool = async_common::bb8_pool::<Async>(&db.url, BACKEND, (CLIENTS * REPEATS) as u32).await;
+        let keys = Idempotency::default();
+        let request = fingerprint("POST", "/orders", b"qty=1");
+        let start = Arc::new(tokio::sync::Barrier::new(CLIENTS * REPEATS));
+        let outcomes = async_common::on_tasks(CLIENTS * REPEATS, |n| {
+            let (pool, start, request) = (pool.clone(), start.clone(), request.clone());
+            let client = n % CLIENTS;
+            async move {
+                let mut conn = pool.get().await.expect("pooled connection");
+                start.wait().await;
+                let principal = format!("client-{client}");
+                let ran = idempotency::run(&keys, &mut *conn, &principal, "order-1", &request, async |conn: &mut Async| {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    sell_one!(conn)?;
+                    Ok::<_, Error>(format!("201 for client-{client}"))
+                })
+                .await;
+                (client, ran)
+            }
+        })
+        .await;
+        for client in 0..CLIENTS {
+            let mine: Vec<_> = outcomes.iter().filter(|(c, _)| *c == client).map(|(_, o)| o).collect();
+            let ran = mine.iter().filter(|o| matches!(o, Ok(Outcome::Ran(_)))).count();
+            assert_eq!(ran, 1, "client-{client}: {mine:?}");
+            for outcome in mine {
+                match outcome {
+                    Ok(response) => assert_eq!(response.clone().into_inner(), format!("201 for client-{client}")),
+                    Err(err) => assert!(matches!(err, Error::IdempotencyInProgress), "{err}"),
+                }
+            }
+        }
+        let mut conn = pool.get().await.unwrap();
+        assert_eq!(stock!(&mut *conn), 100 - CLIENTS as i32, "once per client");
     }
 }
 

@@ -429,6 +429,90 @@ async_backend_tests! {
         .await;
         assert!(matches!(missing, Err(Error::NotFound)), "{missing:?}");
     }
+
+    /// The blocking `locking_in_opposite_orders_deadlocks_and_lock_all_never_does`:
+    /// two tasks lock rows {1, 2} and {2, 1} through `lock_all`, in the same
+    /// round each time, and write from what they read. No round may fail
+    /// (a deadlock fails the test), and no decrement may be lost. On SQLite
+    /// the writers take turns: the totals only.
+    async fn lock_all_in_opposite_orders_never_deadlocks(db) {
+        const ROUNDS: usize = 25;
+        seed_items(&mut db.conn(), &[(1, 100), (2, 100)]);
+        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+        // Every round's outcome, so that a task whose round failed still meets
+        // the other at the next barrier, and the test fails instead of hanging.
+        let outcomes = on_tasks(2, |task| {
+            let (url, barrier) = (db.url.clone(), barrier.clone());
+            let order = [[1, 2], [2, 1]][task];
+            async move {
+                let mut conn: Async = async_common::connect(&url, BACKEND).await;
+                let mut outcomes = Vec::with_capacity(ROUNDS);
+                for round in 0..ROUNDS {
+                    barrier.wait().await;
+                    let outcome = lockkit::asynchronous::locked_transaction(&mut conn, LockOptions::default(), async |conn| {
+                        let rows: Vec<Item> = lockkit::asynchronous::lock_all(conn, &order).await?;
+                        for row in rows {
+                            diesel::update(items::table.find(row.id))
+                                .set(items::stock.eq(row.stock - 1))
+                                .execute(conn)
+                                .await?;
+                        }
+                        Ok::<_, Error>(())
+                    })
+                    .await;
+                    outcomes.push((order, round, outcome));
+                }
+                outcomes
+            }
+        })
+        .await;
+        for (order, round, outcome) in outcomes.into_iter().flatten() {
+            outcome.unwrap_or_else(|e| panic!("lock_all never deadlocks: {order:?}, round {round}: {e:?}"));
+        }
+        let mut conn: Async = async_common::connect(&db.url, BACKEND).await;
+        let left = 100 - 2 * ROUNDS as i32;
+        assert_eq!(stocks!(&mut conn), [left; 2], "every decrement counted");
+        // Each lock_all advanced both rows' versions: every lock was taken.
+        assert_eq!(each_item!(&mut conn, lock_version), [2 * ROUNDS as i32; 2]);
+    }
+}
+
+/// The first half of the blocking
+/// `locking_in_opposite_orders_deadlocks_and_lock_all_never_does`, the
+/// baseline `lock_all_in_opposite_orders_never_deadlocks` is measured against:
+/// one row at a time, {1, 2} against {2, 1}, each task holding its first row
+/// when it asks for its second. The server must break the deadlock: one of
+/// the two fails with `Deadlock`. (SQLite has no row locks.)
+mod one_row_at_a_time {
+    use super::*;
+
+    async_server_tests! {
+        async fn locking_one_row_at_a_time_in_opposite_orders_deadlocks(db) {
+            seed_items(&mut db.conn(), &[(1, 100), (2, 100)]);
+            let barrier = Arc::new(tokio::sync::Barrier::new(2));
+            let outcomes = on_tasks(2, |task| {
+                let (url, barrier) = (db.url.clone(), barrier.clone());
+                let order = [[1, 2], [2, 1]][task];
+                async move {
+                    let mut conn: Async = async_common::connect(&url, BACKEND).await;
+                    lockkit::asynchronous::locked_transaction(&mut conn, LockOptions::default(), async |conn| {
+                        for (i, id) in order.into_iter().enumerate() {
+                            let _: Item = items::table.find(id).for_update().first(conn).await?;
+                            if i == 0 {
+                                barrier.wait().await;
+                            }
+                        }
+                        Ok::<_, Error>(())
+                    })
+                    .await
+                }
+            })
+            .await;
+            let deadlocks = outcomes.iter().filter(|o| matches!(o, Err(Error::Deadlock))).count();
+            assert_eq!(deadlocks, 1, "{outcomes:?}");
+            assert!(outcomes.iter().any(Result::is_ok), "the other went on: {outcomes:?}");
+        }
+    }
 }
 
 /// The row-lock holds on `items` that `work` records, run on a thread and a
