@@ -303,6 +303,46 @@ pub fn audit_idempotent_sales(
     }
 }
 
+/// The audit of `clients` clients that each sent one key several times at
+/// once (`outcomes`: each request's client and answer), under principals of
+/// their own: each client's work ran exactly once, and each of its repeats
+/// got its response (`201 for client-{c}`) or was refused while it ran,
+/// never another client's.
+#[cfg(feature = "harness")]
+pub fn audit_clients_sharing_a_key(
+    clients: usize,
+    outcomes: &[(
+        usize,
+        Result<lockkit::idempotency::Outcome<String>, lockkit::Error>,
+    )],
+) {
+    use lockkit::idempotency::Outcome;
+    for client in 0..clients {
+        let mine: Vec<_> = outcomes
+            .iter()
+            .filter(|(c, _)| *c == client)
+            .map(|(_, o)| o)
+            .collect();
+        let ran = mine
+            .iter()
+            .filter(|o| matches!(o, Ok(Outcome::Ran(_))))
+            .count();
+        assert_eq!(ran, 1, "client-{client}: {mine:?}");
+        for outcome in mine {
+            match outcome {
+                Ok(response) => assert_eq!(
+                    response.clone().into_inner(),
+                    format!("201 for client-{client}")
+                ),
+                Err(err) => assert!(
+                    matches!(err, lockkit::Error::IdempotencyInProgress),
+                    "{err}"
+                ),
+            }
+        }
+    }
+}
+
 /// The migration of lockkit's lease and fence tables for `backend`.
 #[cfg(feature = "harness")]
 pub fn lease_migrations(backend: &str) -> lockkit::migrations::ShippedMigration {
@@ -311,6 +351,20 @@ pub fn lease_migrations(backend: &str) -> lockkit::migrations::ShippedMigration 
         "mysql" => lockkit::lease::MYSQL_MIGRATIONS,
         _ => lockkit::lease::SQLITE_MIGRATIONS,
     }
+}
+
+/// Creates [`docs`](schema::docs) with its row 1 (`'initial'`, counter 0,
+/// fence 0), in the same SQL on every backend.
+pub fn create_docs<C: diesel::Connection>(conn: &mut C) {
+    exec(
+        conn,
+        "CREATE TABLE docs (id INTEGER PRIMARY KEY, body VARCHAR(100) NOT NULL, \
+         counter INTEGER NOT NULL, last_fence BIGINT NOT NULL)",
+    );
+    exec(
+        conn,
+        "INSERT INTO docs (id, body, counter, last_fence) VALUES (1, 'initial', 0, 0)",
+    );
 }
 
 /// The migration of lockkit's outbox and inbox tables for `backend`

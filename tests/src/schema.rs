@@ -104,6 +104,32 @@ diesel::table! {
 }
 
 diesel::table! {
+    /// lockkit's idempotency table (its shipped migration creates it), to
+    /// read back and to stage rows in.
+    lockkit_idempotency_keys (principal, idempotency_key) {
+        principal -> Text,
+        idempotency_key -> Text,
+        fingerprint -> Text,
+        state -> Text,
+        response -> Nullable<Text>,
+        started_at -> BigInt,
+        finished_at -> Nullable<BigInt>,
+    }
+}
+
+diesel::table! {
+    /// The one row fenced writers write in the lease tests: a body, a counter
+    /// and the fence of its last write; made by
+    /// [`create_docs`](crate::create_docs), not by the migrations.
+    docs (id) {
+        id -> Integer,
+        body -> Text,
+        counter -> Integer,
+        last_fence -> BigInt,
+    }
+}
+
+diesel::table! {
     /// A model stamped by the database's clock (`#[lockkit(updated_at)]`);
     /// made by [`create_notes`](crate::create_notes), not by the migrations.
     notes (id) {

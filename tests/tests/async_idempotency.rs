@@ -20,20 +20,11 @@ use lockkit::asynchronous::idempotency;
 use lockkit::idempotency::{fingerprint, Idempotency, Outcome};
 use lockkit::Error;
 use lockkit_tests::models::Item;
-use lockkit_tests::schema::items;
+use lockkit_tests::schema::{items, lockkit_idempotency_keys};
 use lockkit_tests::{idempotency_migrations, seed_items};
 use serde::{Deserialize, Serialize};
 
 const TASKS: usize = 8;
-
-diesel::table! {
-    /// The columns of lockkit's idempotency table that the tests look at.
-    lockkit_idempotency_keys (principal, idempotency_key) {
-        principal -> Text,
-        idempotency_key -> Text,
-        started_at -> BigInt,
-    }
-}
 
 /// When the request that owns key `$key` took it, as `$conn` reads it.
 macro_rules! started_at_of {
@@ -415,17 +406,7 @@ async_backend_tests! {
             }
         })
         .await;
-        for client in 0..CLIENTS {
-            let mine: Vec<_> = outcomes.iter().filter(|(c, _)| *c == client).map(|(_, o)| o).collect();
-            let ran = mine.iter().filter(|o| matches!(o, Ok(Outcome::Ran(_)))).count();
-            assert_eq!(ran, 1, "client-{client}: {mine:?}");
-            for outcome in mine {
-                match outcome {
-                    Ok(response) => assert_eq!(response.clone().into_inner(), format!("201 for client-{client}")),
-                    Err(err) => assert!(matches!(err, Error::IdempotencyInProgress), "{err}"),
-                }
-            }
-        }
+        lockkit_tests::audit_clients_sharing_a_key(CLIENTS, &outcomes);
         let mut conn = pool.get().await.unwrap();
         assert_eq!(stock!(&mut *conn), 100 - CLIENTS as i32, "once per client");
     }

@@ -20,8 +20,8 @@ use diesel_migrations::MigrationHarness;
 use lockkit::asynchronous::lease;
 use lockkit::lease::Fence;
 use lockkit::Error;
-use lockkit_tests::schema::items;
-use lockkit_tests::{exec, lease_migrations, seed_items};
+use lockkit_tests::schema::{docs, items};
+use lockkit_tests::{lease_migrations, seed_items};
 
 const TASKS: usize = 8;
 
@@ -39,25 +39,12 @@ macro_rules! fenced_set {
     };
 }
 
-diesel::table! {
-    docs (id) {
-        id -> Integer,
-        body -> Text,
-        counter -> Integer,
-        last_fence -> BigInt,
-    }
-}
-
 /// The lease and fence tables, and `docs` row 1, as the blocking `lease.rs`'s
 /// `setup`.
 fn setup<C: diesel::Connection + MigrationHarness<C::Backend>>(conn: &mut C, backend: &str) {
     conn.run_pending_migrations(lease_migrations(backend))
         .unwrap();
-    exec(conn, "CREATE TABLE docs (id INTEGER PRIMARY KEY, body VARCHAR(100) NOT NULL, counter INTEGER NOT NULL, last_fence BIGINT NOT NULL)");
-    exec(
-        conn,
-        "INSERT INTO docs (id, body, counter, last_fence) VALUES (1, 'initial', 0, 0)",
-    );
+    lockkit_tests::create_docs(conn);
 }
 
 /// What the tasks of a contention run saw, as the blocking `contend`'s

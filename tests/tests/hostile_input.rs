@@ -437,16 +437,6 @@ struct RawLegacy {
     lock_version: Option<i32>,
 }
 
-diesel::table! {
-    /// lockkit's idempotency table (its migration creates it), to read it back.
-    lockkit_idempotency_keys (principal, idempotency_key) {
-        principal -> Text,
-        idempotency_key -> Text,
-        fingerprint -> Text,
-        response -> Nullable<Text>,
-    }
-}
-
 /// Loads one row of `$table` as `$model`.
 macro_rules! load {
     ($conn:expr, $table:ident, $model:ty, $key:expr) => {

@@ -35,15 +35,6 @@ macro_rules! prepare {
     }};
 }
 
-diesel::table! {
-    /// The columns of lockkit's idempotency table that the tests look at.
-    lockkit_idempotency_keys (principal, idempotency_key) {
-        principal -> Text,
-        idempotency_key -> Text,
-        started_at -> BigInt,
-    }
-}
-
 /// When the request that owns key `$key` took it, as `$conn` reads it.
 macro_rules! started_at_of {
     ($conn:expr, $key:expr) => {
@@ -366,17 +357,7 @@ lockkit_tests::backend_tests! {
                 .collect();
             threads.into_iter().map(|t| t.join().unwrap()).collect()
         });
-        for client in 0..CLIENTS {
-            let mine: Vec<_> = outcomes.iter().filter(|(c, _)| *c == client).map(|(_, o)| o).collect();
-            let ran = mine.iter().filter(|o| matches!(o, Ok(Outcome::Ran(_)))).count();
-            assert_eq!(ran, 1, "client-{client}: {mine:?}");
-            for outcome in mine {
-                match outcome {
-                    Ok(response) => assert_eq!(response.clone().into_inner(), format!("201 for client-{client}")),
-                    Err(err) => assert!(matches!(err, Error::IdempotencyInProgress), "{err}"),
-                }
-            }
-        }
+        lockkit_tests::audit_clients_sharing_a_key(CLIENTS, &outcomes);
         assert_eq!(stock_of!(&mut db.conn()), 100 - CLIENTS as i32, "once per client");
     }
 

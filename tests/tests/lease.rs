@@ -14,16 +14,8 @@ use diesel::prelude::*;
 use diesel_migrations::MigrationHarness;
 use lockkit::lease::{self, Fence, FenceStore, LeaseStore};
 use lockkit::{AsLockingConnection, Error};
+use lockkit_tests::schema::docs;
 use lockkit_tests::{exec, lease_migrations, TestRedis};
-
-diesel::table! {
-    docs (id) {
-        id -> Integer,
-        body -> Text,
-        counter -> Integer,
-        last_fence -> BigInt,
-    }
-}
 
 /// The data the holders write: one row, a body and a counter.
 trait Docs: Connection + FenceStore + AsLockingConnection<Conn = Self> {
@@ -57,11 +49,7 @@ docs!(
 fn setup<C: Connection + MigrationHarness<C::Backend>>(conn: &mut C, backend: &str) {
     conn.run_pending_migrations(lease_migrations(backend))
         .unwrap();
-    exec(conn, "CREATE TABLE docs (id INTEGER PRIMARY KEY, body VARCHAR(100) NOT NULL, counter INTEGER NOT NULL, last_fence BIGINT NOT NULL)");
-    exec(
-        conn,
-        "INSERT INTO docs (id, body, counter, last_fence) VALUES (1, 'initial', 0, 0)",
-    );
+    lockkit_tests::create_docs(conn);
 }
 
 /// Writes `body` into `docs` row 1: a plain write, or fenced with `fence`.
