@@ -487,9 +487,9 @@ mod mysql {
         }
 
         // A part that is an expression (MySQL 8.0.13 and later; its
-        // `COLUMN_NAME` is NULL) may be NULL for some rows, which the index
-        // then leaves alone, as a partial index would: such an index does not
-        // count.
+        // `COLUMN_NAME` is NULL) is not a key column: it may read a column
+        // outside the key, or be NULL for some rows, which the index then
+        // leaves alone as a partial index would. Such an index does not count.
         fn key_is_unique_query(
             schema: Option<&str>,
             table: &str,
