@@ -355,6 +355,7 @@ pub fn lease_migrations(backend: &str) -> lockkit::migrations::ShippedMigration 
 
 /// Creates [`docs`](schema::docs) with its row 1 (`'initial'`, counter 0,
 /// fence 0), in the same SQL on every backend.
+#[cfg(feature = "harness")]
 pub fn create_docs<C: diesel::Connection>(conn: &mut C) {
     exec(
         conn,
