@@ -2293,3 +2293,62 @@ pub(crate) fn rolled_back_unwatched(address: usize, level: u32) {
         hook(address, level);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_reads_takes_reads_settings_and_transaction_statements() {
+        for sql in [
+            "SELECT 1",
+            "select * from items for update",
+            "SHOW VARIABLES",
+            "SET @statement = 1",
+            "SET statement_x = 1",
+            "SET SESSION innodb_lock_wait_timeout = 1",
+            "START TRANSACTION READ WRITE",
+            "RELEASE SAVEPOINT lockkit_1",
+            "SELECT 1;",
+            "SELECT 1;  \n",
+        ] {
+            assert!(only_reads(&sql), "{sql}");
+        }
+    }
+
+    #[test]
+    fn only_reads_counts_what_may_write() {
+        for sql in [
+            "INSERT INTO orders VALUES (1)",
+            "UPDATE items SET stock = 1",
+            // MariaDB's `SET STATEMENT .. FOR` runs the statement after `FOR`.
+            "SET STATEMENT max_statement_time = 5 FOR INSERT INTO orders VALUES (1)",
+            "set statement max_statement_time=5 for update items set stock = 1",
+            "SET/**/STATEMENT max_statement_time = 5 FOR DELETE FROM orders",
+            // A batch: its first word says nothing of the others.
+            "SET @x = 1; INSERT INTO orders VALUES (@x)",
+            "SELECT 1; DELETE FROM orders",
+            // Starts that say nothing.
+            "/* a comment */ SELECT 1",
+            "(SELECT 1) UNION (SELECT 2)",
+            "CALL restock()",
+            "DO restock()",
+            "",
+        ] {
+            assert!(!only_reads(&sql), "{sql}");
+        }
+    }
+
+    #[test]
+    fn set_statement_may_commit_and_answer_with_rows_as_its_statement_may() {
+        let set_statement = "SET STATEMENT max_statement_time = 5 FOR SELECT 1";
+        assert!(may_commit_implicitly(&set_statement));
+        assert!(may_answer_with_rows(&set_statement));
+        for setting in ["SET @statement = 1", "SET SESSION sql_mode = ''"] {
+            assert!(!may_commit_implicitly(&setting), "{setting}");
+            assert!(!may_answer_with_rows(&setting), "{setting}");
+        }
+        assert!(may_commit_implicitly(&"SET autocommit = 1"));
+        assert!(may_commit_implicitly(&"SELECT 1; CREATE TABLE t (id INT)"));
+    }
+}
