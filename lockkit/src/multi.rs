@@ -248,6 +248,12 @@ macro_rules! dispatch {
                 }
             }
 
+            fn commit_marked(&mut self) -> diesel::QueryResult<()> {
+                match self.dispatch() {
+                    $(BackendConn::$variant(conn) => conn.commit_marked(),)+
+                }
+            }
+
             fn transaction_ended(&mut self, cause: Option<&Error>) -> Option<Error> {
                 match self.dispatch() {
                     $(BackendConn::$variant(conn) => conn.transaction_ended(cause),)+

@@ -13,6 +13,7 @@
 use diesel::{CombineDsl, Connection, ExpressionMethods, MysqlConnection, QueryDsl, RunQueryDsl};
 use lockkit::prelude::*;
 use lockkit::{Error, LockOptions, RetryPolicy};
+use lockkit_tests::aborts::open_a_stand_in;
 use lockkit_tests::models::Item;
 use lockkit_tests::schema::items;
 use lockkit_tests::{exec, seed_items, stock_of, TestDb};
@@ -139,6 +140,47 @@ fn a_transaction_the_server_ended_is_run_again_by_the_retrying_calls() {
 
     runs.store(0, Ordering::SeqCst);
     lockkit::retry(&policy, |_| with_lock_on_1(&mut conn, work)).unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(stock(&mut db.conn()), 6);
+}
+
+/// The server may end the transaction after the work's last statement, where
+/// no write of the work follows to be refused: nothing of it ran outside the
+/// transaction (a write there would have been refused and seen), so the
+/// retrying calls run it again, once, also where the end comes under a nested
+/// call.
+#[test]
+fn a_transaction_the_server_ended_after_its_last_write_is_run_again() {
+    let (db, mut conn) = guarded("ro_session_end_last");
+    let policy = RetryPolicy::immediate(3);
+    let runs = AtomicU32::new(0);
+    let work = |c: &mut MysqlConnection| {
+        let sold = take_one(c)?;
+        if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+            exec(c, "ROLLBACK");
+        }
+        Ok::<_, Error>(sold)
+    };
+    lockkit::transaction_with_retry(&mut conn, &policy, work).unwrap();
+    assert_eq!(runs.swap(0, Ordering::SeqCst), 2);
+    assert_eq!(stock(&mut db.conn()), 9);
+
+    lockkit::retry(&policy, |_| with_lock_on_1(&mut conn, work)).unwrap();
+    assert_eq!(runs.swap(0, Ordering::SeqCst), 2);
+    assert_eq!(stock(&mut db.conn()), 8);
+
+    lockkit::transaction_with_retry(&mut conn, &policy, |c| with_lock_on_1(c, work)).unwrap();
+    assert_eq!(runs.swap(0, Ordering::SeqCst), 2);
+    assert_eq!(stock(&mut db.conn()), 7);
+
+    // A stand-in opened meanwhile (a nested call's, on another connection):
+    // lockkit asks the server before `COMMIT`, which finds the end first.
+    let mut other = db.connect();
+    lockkit::transaction_with_retry(&mut conn, &policy, |c| {
+        open_a_stand_in(&mut other);
+        work(c)
+    })
+    .unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 2);
     assert_eq!(stock(&mut db.conn()), 6);
 }
@@ -514,6 +556,51 @@ mod asynchronous {
         )
         .await
         .unwrap();
+        assert_eq!(AtomicU32::load(&runs, Ordering::SeqCst), 2);
+        assert_eq!(stock(&mut db.conn()), 8);
+    }
+
+    /// As `a_transaction_the_server_ended_after_its_last_write_is_run_again`.
+    #[tokio::test]
+    async fn a_transaction_the_server_ended_after_its_last_write_is_run_again_on_async() {
+        let db = TestDb::<MysqlConnection>::new("ro_session_async_end_last");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn = read_only(&db).await;
+        let runs = AtomicU32::new(0);
+        let policy = RetryPolicy::immediate(3);
+        lockkit::asynchronous::transaction_with_retry(&mut conn, &policy, async |c| {
+            let sold = take_one(c).await?;
+            if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                c.batch_execute("ROLLBACK").await?;
+            }
+            Ok::<_, Error>(sold)
+        })
+        .await
+        .unwrap();
+        assert_eq!(runs.swap(0, Ordering::SeqCst), 2);
+        assert_eq!(stock(&mut db.conn()), 9);
+
+        // `with_lock` reports the end as the retryable `Deadlock` a retry
+        // takes up; the rerun sells once.
+        for expected in [Err(()), Ok(1)] {
+            let outcome = lockkit::asynchronous::with_lock(
+                &mut conn,
+                1,
+                LockOptions::default(),
+                async |c, _: Item| {
+                    let sold = take_one(c).await?;
+                    if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                        c.batch_execute("ROLLBACK").await?;
+                    }
+                    Ok::<_, Error>(sold)
+                },
+            )
+            .await;
+            match expected {
+                Ok(sold) => assert_eq!(outcome.unwrap(), sold),
+                Err(()) => assert!(matches!(outcome, Err(Error::Deadlock)), "{outcome:?}"),
+            }
+        }
         assert_eq!(AtomicU32::load(&runs, Ordering::SeqCst), 2);
         assert_eq!(stock(&mut db.conn()), 8);
     }

@@ -191,6 +191,15 @@ pub trait AsyncLockingConnection:
         Self::TransactionManager::begin_transaction(self)
     }
 
+    /// Before diesel-async's `COMMIT` of a level whose work succeeded: the
+    /// blocking connection's
+    /// [`Control::commit_marked`](crate::transaction::Control::commit_marked).
+    /// The default: nothing.
+    #[doc(hidden)]
+    fn commit_marked(&mut self) -> impl Future<Output = QueryResult<()>> + Send {
+        std::future::ready(Ok(()))
+    }
+
     /// Begins a top-level `SERIALIZABLE` transaction (SQLite: `BEGIN
     /// IMMEDIATE`), with the blocking side's statements.
     #[doc(hidden)]
@@ -1203,16 +1212,23 @@ mod mysql {
 
         async fn begin_level(&mut self) -> QueryResult<()> {
             if transaction_depth(self) == 0 {
-                let begun = diesel_async::AnsiTransactionManager::begin_transaction_sql(
-                    self,
-                    crate::transaction::MYSQL_BEGIN,
-                )
-                .await;
+                // As on the blocking side: marked on a guarded session.
+                let marked = journal::guarded(&mut journal::AsyncWatched(&mut *self));
+                let begin = match marked {
+                    true => crate::transaction::MYSQL_BEGIN_MARKED,
+                    false => crate::transaction::MYSQL_BEGIN,
+                };
+                let begun =
+                    diesel_async::AnsiTransactionManager::begin_transaction_sql(self, begin).await;
                 // As on the blocking side: a server running read-only takes
                 // diesel-async's `BEGIN` where it may refuse `READ WRITE`.
                 match begun {
                     Err(diesel::result::Error::DatabaseError(_, info))
                         if crate::error::classification::is_read_only_server(info.message()) => {}
+                    Ok(()) if marked => {
+                        journal::began_marked(&mut journal::AsyncWatched(self));
+                        return Ok(());
+                    }
                     begun => return begun,
                 }
             }
@@ -1272,6 +1288,18 @@ mod mysql {
             };
             unsettled.settled();
             begun
+        }
+
+        async fn commit_marked(&mut self) -> QueryResult<()> {
+            // As on the blocking side.
+            if transaction_depth(self) != 1
+                || !journal::take_marked(&mut journal::AsyncWatched(&mut *self))
+            {
+                return Ok(());
+            }
+            self.batch_execute(crate::transaction::MYSQL_COMMIT_MARKED)
+                .await
+                .map_err(crate::transaction::ended_before_commit)
         }
 
         async fn transaction_ended(&mut self, cause: Option<&Error>) -> Option<Error> {

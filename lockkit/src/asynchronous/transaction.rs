@@ -144,10 +144,13 @@ where
             Ok(value) => match conn.restore(&restore, true).await {
                 Ok(()) => {
                     restore = restore.after_end();
-                    C::TransactionManager::commit_transaction(conn)
-                        .await
-                        .map(|()| value)
-                        .map_err(Failure::Diesel)
+                    match conn.commit_marked().await {
+                        Ok(()) => C::TransactionManager::commit_transaction(conn)
+                            .await
+                            .map(|()| value)
+                            .map_err(Failure::Diesel),
+                        Err(err) => Err(Failure::Diesel(err)),
+                    }
                 }
                 Err(err) => Err(Failure::Diesel(err)),
             },

@@ -591,10 +591,12 @@ pub(crate) mod mysql {
             if crate::transaction::in_transaction(self) {
                 return AnsiTransactionManager::begin_transaction(self);
             }
-            match AnsiTransactionManager::begin_transaction_sql(
-                self,
-                crate::transaction::MYSQL_BEGIN,
-            ) {
+            let marked = crate::transaction::journal::guarded(self);
+            let begin = match marked {
+                true => crate::transaction::MYSQL_BEGIN_MARKED,
+                false => crate::transaction::MYSQL_BEGIN,
+            };
+            match AnsiTransactionManager::begin_transaction_sql(self, begin) {
                 // A server running read-only (a replica) refuses `READ WRITE`
                 // to some users where it takes Diesel's `BEGIN`; nothing
                 // writes there anyway.
@@ -603,7 +605,25 @@ pub(crate) mod mysql {
                 {
                     AnsiTransactionManager::begin_transaction(self)
                 }
+                Ok(()) if marked => {
+                    crate::transaction::journal::began_marked(self);
+                    Ok(())
+                }
                 begun => begun,
+            }
+        }
+
+        fn commit_marked(&mut self) -> diesel::QueryResult<()> {
+            use diesel::connection::SimpleConnection;
+            // A savepoint's release leaves the mark to the outermost level.
+            if crate::transaction::transaction_depth(self) != 1 {
+                return Ok(());
+            }
+            match crate::transaction::journal::take_marked(self) {
+                true => self
+                    .batch_execute(crate::transaction::MYSQL_COMMIT_MARKED)
+                    .map_err(crate::transaction::ended_before_commit),
+                false => Ok(()),
             }
         }
 

@@ -19,6 +19,44 @@ pub(crate) const PG_BEGIN_SERIALIZABLE: &str = "BEGIN TRANSACTION ISOLATION LEVE
 /// Galera; README, "Galera"). Diesel's own `BEGIN` is read-only there.
 #[cfg(feature = "mysql")]
 pub(crate) const MYSQL_BEGIN: &str = "START TRANSACTION READ WRITE";
+/// [`MYSQL_BEGIN`] on a session that refuses writes outside transactions
+/// (README, "Galera"), with a savepoint only this transaction holds: the
+/// server may end the transaction without an error after the work's last
+/// statement, where no write of the work follows to be refused, and a `COMMIT`
+/// with no transaction open succeeds. [`MYSQL_COMMIT_MARKED`] then fails
+/// instead of committing nothing.
+#[cfg(feature = "mysql")]
+pub(crate) const MYSQL_BEGIN_MARKED: &str = "START TRANSACTION READ WRITE; SAVEPOINT lockkit_open";
+/// The `COMMIT` of a transaction begun with [`MYSQL_BEGIN_MARKED`], sent as one
+/// batch: where the savepoint went with a transaction the server ended, its
+/// release fails and the `COMMIT` is not run ([`ended_before_commit`]).
+/// Diesel's own `COMMIT` follows, with no transaction left to end, to close
+/// its books.
+#[cfg(feature = "mysql")]
+pub(crate) const MYSQL_COMMIT_MARKED: &str = "RELEASE SAVEPOINT lockkit_open; COMMIT";
+/// What a failed [`MYSQL_COMMIT_MARKED`] whose savepoint was gone (1305)
+/// becomes: InnoDB's words for a deadlock, which lockkit classifies as
+/// [`Error::Deadlock`](crate::Error::Deadlock), retryable. Nothing of the work
+/// committed: it ran on a session that refuses writes outside transactions,
+/// and a write of it after the end would have been refused.
+#[cfg(feature = "mysql")]
+pub(crate) fn ended_before_commit(err: diesel::result::Error) -> diesel::result::Error {
+    match &err {
+        diesel::result::Error::DatabaseError(_, info)
+            if info.message().starts_with("SAVEPOINT lockkit_open ")
+                && info.message().ends_with("does not exist") =>
+        {
+            diesel::result::Error::DatabaseError(
+                diesel::result::DatabaseErrorKind::SerializationFailure,
+                Box::new(ENDED_BEFORE_COMMIT.to_owned()),
+            )
+        }
+        _ => err,
+    }
+}
+#[cfg(feature = "mysql")]
+const ENDED_BEFORE_COMMIT: &str = "Deadlock found when trying to get lock (the server had ended \
+     the transaction without an error before its COMMIT: the savepoint it began with was gone)";
 /// MySQL/MariaDB: a write lockkit makes outside any transaction, refused there
 /// on a session made read-only, is sent again in a transaction of its own,
 /// begun so (one round trip), and ended with [`MYSQL_END_ALONE`] before its
@@ -76,7 +114,7 @@ where
     E: From<diesel::result::Error>,
 {
     conn.begin_level()?;
-    let result = f(conn);
+    let result = f(conn).and_then(|value| conn.commit_marked().map(|()| value).map_err(E::from));
     end_level(conn, result)
 }
 

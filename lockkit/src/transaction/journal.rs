@@ -450,6 +450,11 @@ struct Aborts {
     /// counted, a statement before that ended the transaction. Until lockkit
     /// asks the server ([`answered`]) or the transaction ends.
     missed: bool,
+    /// MySQL/MariaDB: the open transaction began with a savepoint that only it
+    /// holds ([`MYSQL_BEGIN_MARKED`](crate::transaction::MYSQL_BEGIN_MARKED),
+    /// on a `guarded` session), which its `COMMIT` releases first
+    /// ([`take_marked`]).
+    marked: bool,
 }
 
 /// What [`Aborts::orphaned`] keeps: the error of the statement that rolled the
@@ -522,8 +527,7 @@ impl Aborts {
         {
             return None;
         }
-        let trusted = self.guarded && !self.implicit_commit;
-        match (&self.ended_by, trusted) {
+        match (&self.ended_by, self.nothing_writes_outside()) {
             (None, true) => Some((
                 DatabaseErrorKind::SerializationFailure,
                 SILENT_END.to_owned(),
@@ -540,6 +544,17 @@ impl Aborts {
             }
             (Some(_), _) => None,
         }
+    }
+
+    /// Whether no statement of the open transaction can have written outside
+    /// it: the session refuses writes outside transactions (`guarded`) and no
+    /// statement since it began may have committed it itself
+    /// (`implicit_commit`). An end the server made without an error then let
+    /// nothing of the work commit on its own: the writes before it went with
+    /// the transaction, and one after it was refused, which the journal sees
+    /// ([`silent_end`](Self::silent_end)).
+    fn nothing_writes_outside(&self) -> bool {
+        self.guarded && !self.implicit_commit
     }
 
     /// Nothing (any more) ended the open transaction: a rollback to a
@@ -576,6 +591,7 @@ impl Aborts {
         self.unsure = false;
         self.wrote_while_unsure = false;
         self.missed = false;
+        self.marked = false;
         self.settle();
     }
 
@@ -1813,6 +1829,45 @@ pub(crate) fn knows_of_end<W: Watched>(conn: &mut W) -> bool {
         .is_some_and(|journal| {
             journal.aborts.ended_by.is_some() || !journal.aborts.reported.is_empty()
         })
+}
+
+/// Whether the session behind `conn` refuses writes outside transactions
+/// ([`Aborts::guarded`]). `false` where no journal watches `conn`.
+#[cfg(feature = "mysql")]
+pub(crate) fn guarded<W: Watched>(conn: &mut W) -> bool {
+    conn.slot()
+        .downcast_mut::<Journal>()
+        .is_some_and(|journal| journal.aborts.guarded)
+}
+
+/// The transaction just begun on `conn` holds the savepoint
+/// [`MYSQL_BEGIN_MARKED`](crate::transaction::MYSQL_BEGIN_MARKED) opens
+/// ([`Aborts::marked`]).
+#[cfg(feature = "mysql")]
+pub(crate) fn began_marked<W: Watched>(conn: &mut W) {
+    if let Some(journal) = conn.slot().downcast_mut::<Journal>() {
+        journal.aborts.marked = true;
+    }
+}
+
+/// Whether the open transaction on `conn` began marked ([`began_marked`]):
+/// then its `COMMIT` is [`MYSQL_COMMIT_MARKED`](crate::transaction::MYSQL_COMMIT_MARKED).
+/// Asked once, at the end.
+#[cfg(feature = "mysql")]
+pub(crate) fn take_marked<W: Watched>(conn: &mut W) -> bool {
+    conn.slot()
+        .downcast_mut::<Journal>()
+        .is_some_and(|journal| std::mem::take(&mut journal.aborts.marked))
+}
+
+/// Whether no statement of the open transaction on `conn` can have written
+/// outside it ([`Aborts::nothing_writes_outside`]): a session that refuses
+/// writes outside transactions, where nothing may have committed the
+/// transaction itself. `false` where no journal watches `conn`.
+pub(crate) fn nothing_writes_outside<W: Watched>(conn: &mut W) -> bool {
+    conn.slot()
+        .downcast_mut::<Journal>()
+        .is_some_and(|journal| journal.aborts.nothing_writes_outside())
 }
 
 /// Whether a statement of the work that may write succeeded on `conn` after

@@ -97,6 +97,16 @@ pub trait Control: Connection + Sized + 'static {
         Self::TransactionManager::begin_transaction(self)
     }
 
+    /// Before Diesel's `COMMIT` of a level whose work succeeded: on
+    /// MySQL/MariaDB, the outermost transaction begun with
+    /// [`MYSQL_BEGIN_MARKED`](crate::transaction::MYSQL_BEGIN_MARKED) commits
+    /// with [`MYSQL_COMMIT_MARKED`](crate::transaction::MYSQL_COMMIT_MARKED),
+    /// which fails where the server ended it. The default: nothing.
+    #[doc(hidden)]
+    fn commit_marked(&mut self) -> diesel::QueryResult<()> {
+        Ok(())
+    }
+
     /// After a nested transaction failed (with `cause` when lockkit can see it):
     /// whether the server has ended the whole transaction, and why. Asked on
     /// error paths only. Where the server answers that the transaction is
@@ -494,6 +504,13 @@ const ENDED_UNSEEN: &str = "the transaction ended before lockkit's COMMIT: a dea
 /// where the work wrote after such a read, [`reported_end`] makes that end not
 /// retryable).
 ///
+/// So does an end on a session that refuses writes outside transactions, where
+/// no statement of the transaction may have committed it itself
+/// ([`journal::nothing_writes_outside`]; README, "Galera"): a write after the
+/// end would have been refused, which the journal reads as the end it is, so
+/// none came after it, and nothing of the work committed on its own. Galera
+/// ends a transaction so between its last statement and the question.
+///
 /// Otherwise the server has no transaction open although every statement of
 /// the work succeeded, as far as lockkit knows: one of them ended it without an
 /// error (a statement that commits implicitly; on MariaDB Galera, an abort for
@@ -511,7 +528,10 @@ pub(crate) fn ended_silently<W: journal::Watched>(
 ) -> Option<Error> {
     match ended {
         Some(Error::Deadlock)
-            if journal::watches(conn) && !journal::knows_of_end(conn) && !unsure =>
+            if journal::watches(conn)
+                && !journal::knows_of_end(conn)
+                && !unsure
+                && !journal::nothing_writes_outside(conn) =>
         {
             Some(unseen(if nested {
                 ENDED_SILENTLY_UNDER_NESTED
