@@ -247,6 +247,36 @@ fn a_write_refused_after_the_work_committed_itself_is_not_run_again() {
     }
 }
 
+/// Work whose last statement committed the transaction itself, with no write
+/// after it to be refused: its writes stand, and lockkit's `COMMIT` reports
+/// them once. The savepoint lockkit began with went with that commit, and its
+/// missing release is not an end the server made: the work is not run again.
+#[test]
+fn work_that_committed_itself_last_is_run_once() {
+    let (db, mut conn) = guarded("ro_session_commit_last");
+    let ends = ["COMMIT", "CREATE TABLE items (id INT)", "DO 0; COMMIT"];
+    for (n, end) in ends.into_iter().enumerate() {
+        let runs = AtomicU32::new(0);
+        let outcome = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            take_one(c)?;
+            let _ = diesel::connection::SimpleConnection::batch_execute(c, end);
+            Ok::<_, Error>(())
+        });
+        // DDL that fails after its commit is itself refused on the session,
+        // after the commit: `ReadOnly`, as a refused write after a commit is.
+        match end.starts_with("CREATE") {
+            true => assert!(
+                matches!(outcome, Err(Error::ReadOnly)),
+                "{end}: {outcome:?}"
+            ),
+            false => assert!(outcome.is_ok(), "{end}: {outcome:?}"),
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{end}");
+        assert_eq!(stock(&mut db.conn()), 9 - n as i32, "{end}");
+    }
+}
+
 /// The same refusal met by a nested lockkit call, whose owner (here lockkit's
 /// outer call) may retry: the nested call hands on the refusal, which no
 /// retry takes up, not a deadlock's end.
@@ -558,6 +588,29 @@ mod asynchronous {
         .unwrap();
         assert_eq!(AtomicU32::load(&runs, Ordering::SeqCst), 2);
         assert_eq!(stock(&mut db.conn()), 8);
+    }
+
+    /// As `work_that_committed_itself_last_is_run_once`.
+    #[tokio::test]
+    async fn work_that_committed_itself_last_is_run_once_on_async() {
+        let db = TestDb::<MysqlConnection>::new("ro_session_async_commit_last");
+        seed_items(&mut db.conn(), &[(1, 10)]);
+        let mut conn = read_only(&db).await;
+        let runs = AtomicU32::new(0);
+        let outcome = lockkit::asynchronous::transaction_with_retry(
+            &mut conn,
+            &RetryPolicy::immediate(3),
+            async |c| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                take_one(c).await?;
+                c.batch_execute("COMMIT").await?;
+                Ok::<_, Error>(())
+            },
+        )
+        .await;
+        assert!(outcome.is_ok(), "{outcome:?}");
+        assert_eq!(AtomicU32::load(&runs, Ordering::SeqCst), 1);
+        assert_eq!(stock(&mut db.conn()), 9);
     }
 
     /// As `a_transaction_the_server_ended_after_its_last_write_is_run_again`.

@@ -1292,9 +1292,11 @@ mod mysql {
 
         async fn commit_marked(&mut self) -> QueryResult<()> {
             // As on the blocking side.
-            if transaction_depth(self) != 1
-                || !journal::take_marked(&mut journal::AsyncWatched(&mut *self))
-            {
+            if transaction_depth(self) != 1 {
+                return Ok(());
+            }
+            let watched = &mut journal::AsyncWatched(&mut *self);
+            if !journal::take_marked(watched) || !journal::nothing_writes_outside(watched) {
                 return Ok(());
             }
             self.batch_execute(crate::transaction::MYSQL_COMMIT_MARKED)
