@@ -325,9 +325,16 @@ macro_rules! async_idempotency_store {
                         .await;
                 level.ending();
                 let ended = match inserted {
-                    Ok(_) => {
-                        <Self as diesel_async::AsyncConnection>::TransactionManager::commit_transaction(&mut *level).await
-                    }
+                    // Begun marked on a read-only session: committed so too.
+                    Ok(_) => match AsyncLockingConnection::commit_marked(&mut *level).await {
+                        Ok(()) => {
+                            <Self as diesel_async::AsyncConnection>::TransactionManager::commit_transaction(&mut *level).await
+                        }
+                        Err(err) => {
+                            let _ = <Self as diesel_async::AsyncConnection>::TransactionManager::rollback_transaction(&mut *level).await;
+                            Err(err)
+                        }
+                    },
                     Err(_) => {
                         <Self as diesel_async::AsyncConnection>::TransactionManager::rollback_transaction(&mut *level).await
                     }
