@@ -278,7 +278,10 @@ pub(crate) fn needs_row_ids<W: Watched>(conn: &mut W) -> bool {
 
 /// The row's identity for the journal: database, schema, table and key
 /// (`table`: the schema the model's `table!` names, so that `archive.items` is
-/// not the `items` of the connection's schema), or `None` when the write needs
+/// not the `items` of the connection's schema; `key` as its type prints it, so
+/// two spellings the database compares equal, under a case-insensitive
+/// collation or `char(n)` padding, name two rows here: a limit the README
+/// states), or `None` when the write needs
 /// none (nothing recorded, no transaction). Only then is `table` asked.
 ///
 /// The database id is read with `fetch` once per journaled connection, at its
