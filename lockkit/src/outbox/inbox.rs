@@ -102,7 +102,11 @@ impl Inbox {
     /// again: a publish that failed unconfirmed (the broker stored it, its ack
     /// was lost) is retried after its backoff, or, as a dead letter, when you
     /// [`requeue`](crate::outbox::requeue) it, perhaps days later. A message
-    /// older than its record would be applied again.
+    /// older than its record would be applied again. Both times come from
+    /// the clock of the machine that runs the call (a consumer's when it
+    /// records, the purging job's here): keep `age` longer by the largest
+    /// difference between those clocks, or a consumer whose clock runs behind
+    /// has its records purged early.
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")] {
