@@ -1295,13 +1295,13 @@ mod mysql {
             if transaction_depth(self) != 1 {
                 return Ok(());
             }
-            let watched = &mut journal::AsyncWatched(&mut *self);
-            if !journal::take_marked(watched) || !journal::nothing_writes_outside(watched) {
-                return Ok(());
+            match journal::marked_commit(&mut journal::AsyncWatched(&mut *self)) {
+                Some(commit) => self
+                    .batch_execute(commit)
+                    .await
+                    .map_err(crate::transaction::ended_before_commit),
+                None => Ok(()),
             }
-            self.batch_execute(crate::transaction::MYSQL_COMMIT_MARKED)
-                .await
-                .map_err(crate::transaction::ended_before_commit)
         }
 
         async fn transaction_ended(&mut self, cause: Option<&Error>) -> Option<Error> {

@@ -31,6 +31,14 @@ pub async fn read_only_outside_transactions(
     conn.batch_execute(crate::transaction::SET_READ_ONLY)
         .await
         .map_err(classify)?;
-    crate::transaction::journal::guard(&mut crate::transaction::journal::AsyncWatched(conn));
+    let version: String =
+        diesel_async::RunQueryDsl::get_result(crate::transaction::server_version(), &mut *conn)
+            .await
+            .map_err(classify)?;
+    let mariadb = crate::transaction::is_mariadb(&version);
+    crate::transaction::journal::guard(
+        &mut crate::transaction::journal::AsyncWatched(conn),
+        mariadb,
+    );
     Ok(())
 }

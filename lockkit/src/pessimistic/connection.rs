@@ -619,15 +619,11 @@ pub(crate) mod mysql {
             if crate::transaction::transaction_depth(self) != 1 {
                 return Ok(());
             }
-            // Not after a statement of the work that may have committed the
-            // transaction itself: the savepoint went with that commit, and
-            // what came before it stands, which a rerun would apply twice.
-            let marked = crate::transaction::journal::take_marked(self);
-            match marked && crate::transaction::journal::nothing_writes_outside(self) {
-                true => self
-                    .batch_execute(crate::transaction::MYSQL_COMMIT_MARKED)
+            match crate::transaction::journal::marked_commit(self) {
+                Some(commit) => self
+                    .batch_execute(commit)
                     .map_err(crate::transaction::ended_before_commit),
-                false => Ok(()),
+                None => Ok(()),
             }
         }
 

@@ -450,6 +450,12 @@ struct Aborts {
     /// counted, a statement before that ended the transaction. Until lockkit
     /// asks the server ([`answered`]) or the transaction ends.
     missed: bool,
+    /// MariaDB: the server answers `@@in_transaction`, which the `COMMIT` of
+    /// a `marked` transaction asks
+    /// ([`MARIADB_COMMIT_MARKED`](crate::transaction::MARIADB_COMMIT_MARKED)).
+    /// Told with `guarded`.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    answers_in_transaction: bool,
     /// MySQL/MariaDB: the open transaction began with a savepoint that only it
     /// holds ([`MYSQL_BEGIN_MARKED`](crate::transaction::MYSQL_BEGIN_MARKED),
     /// on a `guarded` session), which its `COMMIT` releases first
@@ -1850,14 +1856,23 @@ pub(crate) fn began_marked<W: Watched>(conn: &mut W) {
     }
 }
 
-/// Whether the open transaction on `conn` began marked ([`began_marked`]):
-/// then its `COMMIT` is [`MYSQL_COMMIT_MARKED`](crate::transaction::MYSQL_COMMIT_MARKED).
-/// Asked once, at the end.
+/// The batch that commits the open transaction on `conn` where it began
+/// marked ([`began_marked`]; asked once, at the end):
+/// [`MYSQL_COMMIT_MARKED`](crate::transaction::MYSQL_COMMIT_MARKED), or
+/// [`MARIADB_COMMIT_MARKED`](crate::transaction::MARIADB_COMMIT_MARKED) where
+/// the server answers `@@in_transaction`. `None` where it did not begin so,
+/// and where a statement of it may have committed it itself
+/// ([`Aborts::nothing_writes_outside`]): the savepoint went with that commit,
+/// and what came before it stands, which a rerun would apply twice; Diesel's
+/// plain `COMMIT` ends it then.
 #[cfg(feature = "mysql")]
-pub(crate) fn take_marked<W: Watched>(conn: &mut W) -> bool {
-    conn.slot()
-        .downcast_mut::<Journal>()
-        .is_some_and(|journal| std::mem::take(&mut journal.aborts.marked))
+pub(crate) fn marked_commit<W: Watched>(conn: &mut W) -> Option<&'static str> {
+    let aborts = &mut conn.slot().downcast_mut::<Journal>()?.aborts;
+    let marked = std::mem::take(&mut aborts.marked);
+    (marked && aborts.nothing_writes_outside()).then_some(match aborts.answers_in_transaction {
+        true => crate::transaction::MARIADB_COMMIT_MARKED,
+        false => crate::transaction::MYSQL_COMMIT_MARKED,
+    })
 }
 
 /// Whether no statement of the open transaction on `conn` can have written
@@ -2133,10 +2148,13 @@ pub(crate) fn ended_unseen<W: Watched>(conn: &mut W) -> Option<u32> {
 /// The session behind `conn` refuses writes outside transactions
 /// ([`Aborts::guarded`]): installs the journal if the connection has none
 /// (one with instrumentation of its own is not watched).
+/// `mariadb`: the server answers `@@in_transaction`
+/// ([`Aborts::answers_in_transaction`]).
 #[cfg(feature = "mysql")]
-pub(crate) fn guard<W: Watched>(conn: &mut W) {
+pub(crate) fn guard<W: Watched>(conn: &mut W, mariadb: bool) {
     if let Some(journal) = journal_of(conn) {
         journal.aborts.guarded = true;
+        journal.aborts.answers_in_transaction = mariadb;
         // Told inside a transaction: the statements before were not looked
         // at, and any of them may have committed it.
         if journal.aborts.depth > 0 {

@@ -55,7 +55,7 @@ pub(crate) use panic_guard::PanicGuard;
 #[cfg(feature = "mysql")]
 pub use read_only_sessions::read_only_outside_transactions;
 #[cfg(all(feature = "mysql", feature = "async"))]
-pub(crate) use read_only_sessions::SET_READ_ONLY;
+pub(crate) use read_only_sessions::{is_mariadb, server_version, SET_READ_ONLY};
 
 use crate::error::classification::classify;
 use crate::error::Aborted;

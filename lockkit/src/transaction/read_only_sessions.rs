@@ -5,7 +5,9 @@
 use crate::error::{classify, Error};
 
 /// Makes the MySQL/MariaDB session behind `conn` refuse writes outside
-/// transactions (`SET SESSION TRANSACTION READ ONLY`), and tells lockkit so.
+/// transactions (`SET SESSION TRANSACTION READ ONLY`), and tells lockkit so
+/// (with the server's `VERSION()`, read here: on MariaDB the `COMMIT` of
+/// lockkit's transactions also asks `@@in_transaction`; docs/SQL.md).
 ///
 /// lockkit's transactions begin read-write whatever the session's default. A
 /// statement the server runs after it ended a transaction without an error
@@ -50,14 +52,32 @@ use crate::error::{classify, Error};
 ///
 /// # Errors
 ///
-/// The server's refusal of the `SET`, classified as every lockkit error is.
+/// The server's refusal of the `SET`, or a failure to read `VERSION()`,
+/// classified as every lockkit error is.
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub fn read_only_outside_transactions(conn: &mut diesel::MysqlConnection) -> Result<(), Error> {
     use diesel::connection::SimpleConnection;
+    use diesel::RunQueryDsl;
     conn.batch_execute(SET_READ_ONLY).map_err(classify)?;
-    super::journal::guard(conn);
+    let version: String = server_version().get_result(conn).map_err(classify)?;
+    super::journal::guard(conn, is_mariadb(&version));
     Ok(())
+}
+
+/// `SELECT VERSION()`: which server the session is on, read once where a
+/// session is made read-only (MariaDB's commit of a marked transaction asks
+/// it `@@in_transaction`; MySQL has no such variable). Blocking and async.
+#[cfg(feature = "mysql")]
+pub(crate) fn server_version(
+) -> diesel::dsl::select<diesel::expression::SqlLiteral<diesel::sql_types::Text>> {
+    diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>("VERSION()"))
+}
+
+/// Whether [`server_version`]'s answer is MariaDB's (`10.11.6-MariaDB-..`).
+#[cfg(feature = "mysql")]
+pub(crate) fn is_mariadb(version: &str) -> bool {
+    version.contains("MariaDB")
 }
 
 /// The session setting of [`read_only_outside_transactions`].
