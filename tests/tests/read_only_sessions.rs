@@ -185,6 +185,44 @@ fn a_transaction_the_server_ended_after_its_last_write_is_run_again() {
     assert_eq!(stock(&mut db.conn()), 6);
 }
 
+/// What a guarded session's transaction sends on the suite's MariaDB: it
+/// begins with its savepoint, and its commit asks `@@in_transaction` inside
+/// the batch before the `COMMIT` (Galera's silent end may leave the savepoint
+/// in place; docs/SQL.md).
+#[test]
+fn on_mariadb_the_commit_batch_asks_whether_the_transaction_is_open() {
+    use diesel::connection::InstrumentationEvent;
+    use std::sync::{Arc, Mutex};
+    let db = TestDb::<MysqlConnection>::new("ro_session_commit_sql");
+    seed_items(&mut db.conn(), &[(1, 10)]);
+    let sent = Arc::new(Mutex::new(Vec::<String>::new()));
+    let mut conn = db.connect();
+    let log = Arc::clone(&sent);
+    conn.set_instrumentation(lockkit::journal::Journal::wrap(
+        move |event: InstrumentationEvent<'_>| {
+            if let InstrumentationEvent::StartQuery { query, .. } = event {
+                log.lock().unwrap().push(query.to_string());
+            }
+        },
+    ));
+    lockkit::read_only_outside_transactions(&mut conn).unwrap();
+    lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(1), take_one).unwrap();
+    assert_eq!(stock(&mut db.conn()), 9);
+    let sent = sent.lock().unwrap();
+    let tail: Vec<&str> = sent
+        .iter()
+        .map(String::as_str)
+        .skip_while(|q| !q.starts_with("START"))
+        .collect();
+    assert!(
+        tail.first().is_some_and(|q| *q == "START TRANSACTION READ WRITE; SAVEPOINT lockkit_open")
+            && tail.iter().any(|q| q.starts_with(
+                "RELEASE SAVEPOINT lockkit_open; BEGIN NOT ATOMIC IF @@in_transaction = 0 THEN SIGNAL"
+            ) && q.ends_with("END IF; END; COMMIT")),
+        "{tail:#?}"
+    );
+}
+
 /// Work that lets the refused write go and returns `Ok` is not committed as a
 /// success: lockkit's `COMMIT` would commit nothing of it.
 #[test]

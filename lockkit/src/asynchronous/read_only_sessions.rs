@@ -21,7 +21,8 @@ use crate::error::{classify, Error};
 ///
 /// # Errors
 ///
-/// The server's refusal of the `SET`, classified as every lockkit error is.
+/// The server's refusal of the `SET`, or a failure of the question after it,
+/// classified as every lockkit error is.
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub async fn read_only_outside_transactions(
@@ -31,11 +32,12 @@ pub async fn read_only_outside_transactions(
     conn.batch_execute(crate::transaction::SET_READ_ONLY)
         .await
         .map_err(classify)?;
-    let version: String =
-        diesel_async::RunQueryDsl::get_result(crate::transaction::server_version(), &mut *conn)
-            .await
-            .map_err(classify)?;
-    let mariadb = crate::transaction::is_mariadb(&version);
+    let answer = diesel_async::RunQueryDsl::get_result(
+        crate::transaction::in_transaction_probe(),
+        &mut *conn,
+    )
+    .await;
+    let mariadb = crate::transaction::answers_in_transaction(answer)?;
     crate::transaction::journal::guard(
         &mut crate::transaction::journal::AsyncWatched(conn),
         mariadb,

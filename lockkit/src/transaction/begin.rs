@@ -39,7 +39,10 @@ pub(crate) const MYSQL_COMMIT_MARKED: &str = "RELEASE SAVEPOINT lockkit_open; CO
 /// `@@in_transaction` before the `COMMIT`, and fails as a deadlock where no
 /// transaction is open. Measured on a three-node cluster: with the release
 /// alone, about one run in eight of the read-only writers' test had a write
-/// reported and not committed; with the question, none in 37.
+/// reported and not committed; with the question, none in 40. Sent where
+/// the session was made read-only through
+/// [`read_only_outside_transactions`](crate::read_only_outside_transactions),
+/// which asks whether the server answers `@@in_transaction`.
 #[cfg(feature = "mysql")]
 pub(crate) const MARIADB_COMMIT_MARKED: &str = "RELEASE SAVEPOINT lockkit_open; \
      BEGIN NOT ATOMIC IF @@in_transaction = 0 THEN SIGNAL SQLSTATE '40001' SET MYSQL_ERRNO = 1213, \

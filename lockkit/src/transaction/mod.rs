@@ -55,7 +55,7 @@ pub(crate) use panic_guard::PanicGuard;
 #[cfg(feature = "mysql")]
 pub use read_only_sessions::read_only_outside_transactions;
 #[cfg(all(feature = "mysql", feature = "async"))]
-pub(crate) use read_only_sessions::{is_mariadb, server_version, SET_READ_ONLY};
+pub(crate) use read_only_sessions::{answers_in_transaction, in_transaction_probe, SET_READ_ONLY};
 
 use crate::error::classification::classify;
 use crate::error::Aborted;
@@ -100,8 +100,8 @@ pub trait Control: Connection + Sized + 'static {
     /// Before Diesel's `COMMIT` of a level whose work succeeded: on
     /// MySQL/MariaDB, the outermost transaction begun with
     /// [`MYSQL_BEGIN_MARKED`](crate::transaction::MYSQL_BEGIN_MARKED) commits
-    /// with [`MYSQL_COMMIT_MARKED`](crate::transaction::MYSQL_COMMIT_MARKED),
-    /// which fails where the server ended it. The default: nothing.
+    /// with the batch [`journal::marked_commit`] picks, which fails where the
+    /// server ended it. The default: nothing.
     #[doc(hidden)]
     fn commit_marked(&mut self) -> diesel::QueryResult<()> {
         Ok(())

@@ -6,8 +6,8 @@ use crate::error::{classify, Error};
 
 /// Makes the MySQL/MariaDB session behind `conn` refuse writes outside
 /// transactions (`SET SESSION TRANSACTION READ ONLY`), and tells lockkit so
-/// (with the server's `VERSION()`, read here: on MariaDB the `COMMIT` of
-/// lockkit's transactions also asks `@@in_transaction`; docs/SQL.md).
+/// (with whether the server answers `@@in_transaction`, asked here: on
+/// MariaDB the `COMMIT` of lockkit's transactions also asks it; docs/SQL.md).
 ///
 /// lockkit's transactions begin read-write whatever the session's default. A
 /// statement the server runs after it ended a transaction without an error
@@ -52,7 +52,7 @@ use crate::error::{classify, Error};
 ///
 /// # Errors
 ///
-/// The server's refusal of the `SET`, or a failure to read `VERSION()`,
+/// The server's refusal of the `SET`, or a failure of the question after it,
 /// classified as every lockkit error is.
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
@@ -60,24 +60,38 @@ pub fn read_only_outside_transactions(conn: &mut diesel::MysqlConnection) -> Res
     use diesel::connection::SimpleConnection;
     use diesel::RunQueryDsl;
     conn.batch_execute(SET_READ_ONLY).map_err(classify)?;
-    let version: String = server_version().get_result(conn).map_err(classify)?;
-    super::journal::guard(conn, is_mariadb(&version));
+    let answers = answers_in_transaction(in_transaction_probe().get_result(conn))?;
+    super::journal::guard(conn, answers);
     Ok(())
 }
 
-/// `SELECT VERSION()`: which server the session is on, read once where a
-/// session is made read-only (MariaDB's commit of a marked transaction asks
-/// it `@@in_transaction`; MySQL has no such variable). Blocking and async.
+/// `SELECT CAST(@@in_transaction AS SIGNED)`, sent once where a session is
+/// made read-only: whether the server answers it (MariaDB does; the `COMMIT`
+/// of a marked transaction then asks it, docs/SQL.md). Asked of the variable
+/// itself, not read off `VERSION()`, which a server started with `--version`
+/// or a proxy may answer for it. Blocking and async.
 #[cfg(feature = "mysql")]
-pub(crate) fn server_version(
-) -> diesel::dsl::select<diesel::expression::SqlLiteral<diesel::sql_types::Text>> {
-    diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>("VERSION()"))
+pub(crate) fn in_transaction_probe(
+) -> diesel::dsl::select<diesel::expression::SqlLiteral<diesel::sql_types::BigInt>> {
+    diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+        "CAST(@@in_transaction AS SIGNED)",
+    ))
 }
 
-/// Whether [`server_version`]'s answer is MariaDB's (`10.11.6-MariaDB-..`).
+/// What [`in_transaction_probe`] answered: `true` where the server has the
+/// variable, `false` where it has none (MySQL's 1193, "Unknown system
+/// variable"); another failure is the call's.
 #[cfg(feature = "mysql")]
-pub(crate) fn is_mariadb(version: &str) -> bool {
-    version.contains("MariaDB")
+pub(crate) fn answers_in_transaction(answer: diesel::QueryResult<i64>) -> Result<bool, Error> {
+    match answer {
+        Ok(_) => Ok(true),
+        Err(diesel::result::Error::DatabaseError(_, info))
+            if info.message().starts_with("Unknown system variable") =>
+        {
+            Ok(false)
+        }
+        Err(err) => Err(classify(err)),
+    }
 }
 
 /// The session setting of [`read_only_outside_transactions`].
