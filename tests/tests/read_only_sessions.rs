@@ -258,6 +258,27 @@ fn a_refused_write_in_the_callers_own_read_only_transaction_ends_nothing() {
     assert!(matches!(read, Ok(10)), "{read:?}");
 }
 
+/// Under `transaction_with_retry` (3 attempts): work that takes one, runs
+/// `end` (which may commit the transaction itself) and, with `write_after`,
+/// takes one more. What the call returned, and how often the work ran.
+fn committing_itself(
+    conn: &mut MysqlConnection,
+    end: &str,
+    write_after: bool,
+) -> (Result<(), Error>, u32) {
+    let runs = AtomicU32::new(0);
+    let outcome = lockkit::transaction_with_retry(conn, &RetryPolicy::immediate(3), |c| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        take_one(c)?;
+        let _ = diesel::connection::SimpleConnection::batch_execute(c, end);
+        match write_after {
+            true => take_one(c).map(drop),
+            false => Ok(()),
+        }
+    });
+    (outcome, runs.into_inner())
+}
+
 /// A statement of the work that commits the transaction itself (here a raw
 /// `COMMIT`; DDL does so too) is not an end the server made silently: the
 /// refused write after it is `ReadOnly`, which no retry takes up, since the
@@ -269,18 +290,12 @@ fn a_write_refused_after_the_work_committed_itself_is_not_run_again() {
     // batch's first statement commits nothing, its second does.
     let ends = ["COMMIT", "CREATE TABLE items (id INT)", "DO 0; COMMIT"];
     for (n, end) in ends.into_iter().enumerate() {
-        let runs = AtomicU32::new(0);
-        let outcome = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c| {
-            runs.fetch_add(1, Ordering::SeqCst);
-            take_one(c)?;
-            let _ = diesel::connection::SimpleConnection::batch_execute(c, end);
-            take_one(c)
-        });
+        let (outcome, runs) = committing_itself(&mut conn, end, true);
         assert!(
             matches!(outcome, Err(Error::ReadOnly)),
             "{end}: {outcome:?}"
         );
-        assert_eq!(runs.load(Ordering::SeqCst), 1, "{end}");
+        assert_eq!(runs, 1, "{end}");
         assert_eq!(stock(&mut db.conn()), 9 - n as i32, "{end}");
     }
 }
@@ -294,13 +309,7 @@ fn work_that_committed_itself_last_is_run_once() {
     let (db, mut conn) = guarded("ro_session_commit_last");
     let ends = ["COMMIT", "CREATE TABLE items (id INT)", "DO 0; COMMIT"];
     for (n, end) in ends.into_iter().enumerate() {
-        let runs = AtomicU32::new(0);
-        let outcome = lockkit::transaction_with_retry(&mut conn, &RetryPolicy::immediate(3), |c| {
-            runs.fetch_add(1, Ordering::SeqCst);
-            take_one(c)?;
-            let _ = diesel::connection::SimpleConnection::batch_execute(c, end);
-            Ok::<_, Error>(())
-        });
+        let (outcome, runs) = committing_itself(&mut conn, end, false);
         // DDL that fails after its commit is itself refused on the session,
         // after the commit: `ReadOnly`, as a refused write after a commit is.
         match end.starts_with("CREATE") {
@@ -310,7 +319,7 @@ fn work_that_committed_itself_last_is_run_once() {
             ),
             false => assert!(outcome.is_ok(), "{end}: {outcome:?}"),
         }
-        assert_eq!(runs.load(Ordering::SeqCst), 1, "{end}");
+        assert_eq!(runs, 1, "{end}");
         assert_eq!(stock(&mut db.conn()), 9 - n as i32, "{end}");
     }
 }
